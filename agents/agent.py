@@ -1,0 +1,141 @@
+"""The ``Agent``: handlers declared with a decorator, served over NATS."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agents.errors import AgentConfigError
+from agents.runtime import AgentRuntime
+from broker import Broker, Names
+from envelopes import AgentCard, Intent
+from envelopes.types import TOKEN_PATTERN
+
+_TOKEN = re.compile(TOKEN_PATTERN)
+
+Handler = Callable[..., Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HandlerSpec:
+    """A registered handler and the intent it serves."""
+
+    topic: str
+    func: Handler
+    intent: Intent
+    is_async: bool
+
+    @property
+    def deadline_ms(self) -> int | None:
+        return self.intent.deadline_ms
+
+
+class Agent:
+    """An agent: an identity, tags, and handlers for topics.
+
+        agent = Agent("summarizer-1", tags={"role": "worker"}, startup_delay=0)
+
+        @agent.handler("summarize", version="1.0", capacity=4, deadline_ms=8000)
+        async def summarize(ctx: TaskContext, payload: dict) -> dict: ...
+
+        async with agent.running(nats_url):   # registered and consuming
+            ...
+
+    Handlers may be ``async def`` (run on the event loop) or plain functions
+    (run in worker threads, so a blocking handler never stalls the loop).
+    """
+
+    def __init__(
+        self,
+        agent_id: str,
+        *,
+        tags: dict[str, str] | None = None,
+        heartbeat_interval: float = 15.0,
+        startup_delay: float = 60.0,
+    ) -> None:
+        if not _TOKEN.match(agent_id):
+            raise AgentConfigError(
+                f"agent_id {agent_id!r}: use 1-128 letters, digits, '_' or '-'"
+                " (it becomes part of NATS subjects)"
+            )
+        if heartbeat_interval <= 0:
+            raise AgentConfigError(f"heartbeat_interval must be positive, got {heartbeat_interval}")
+        if startup_delay < 0:
+            raise AgentConfigError(f"startup_delay must be 0 or more, got {startup_delay}")
+        self.agent_id = agent_id
+        self.tags = dict(tags or {})
+        self.heartbeat_interval = heartbeat_interval
+        self.startup_delay = startup_delay
+        self.handlers: dict[str, HandlerSpec] = {}
+
+    def handler(
+        self,
+        topic: str,
+        *,
+        version: str = "1",
+        capacity: int = 10,
+        deadline_ms: int | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated function as the handler of ``topic``."""
+        if not _TOKEN.match(topic):
+            raise AgentConfigError(f"topic {topic!r}: use 1-128 letters, digits, '_' or '-'")
+        if topic in self.handlers:
+            raise AgentConfigError(f"topic {topic!r} already has a handler on {self.agent_id}")
+        if capacity < 1:
+            raise AgentConfigError(f"capacity of {topic!r} must be at least 1, got {capacity}")
+        if deadline_ms is not None and deadline_ms < 1:
+            raise AgentConfigError(f"deadline_ms of {topic!r} must be positive, got {deadline_ms}")
+
+        def register(func: Handler) -> Handler:
+            if len(inspect.signature(func).parameters) != 2:
+                raise AgentConfigError(
+                    f"handler {func.__name__} for {topic!r} must take (ctx, payload)"
+                )
+            self.handlers[topic] = HandlerSpec(
+                topic=topic,
+                func=func,
+                intent=Intent(version=version, capacity=capacity, deadline_ms=deadline_ms),
+                is_async=inspect.iscoroutinefunction(func),
+            )
+            return func
+
+        return register
+
+    @property
+    def capacity(self) -> int:
+        """How many tasks this agent runs at once: the sum of its handlers' capacities."""
+        return sum(spec.intent.capacity for spec in self.handlers.values())
+
+    def card(self, **instance: Any) -> AgentCard:
+        """The card this agent registers; ``instance`` adds host, pid, epoch, …"""
+        intents = {topic: spec.intent for topic, spec in self.handlers.items()}
+        return AgentCard(agent_id=self.agent_id, intents=intents, tags=self.tags, **instance)
+
+    @contextlib.asynccontextmanager
+    async def running(
+        self,
+        nats_url: str | None = None,
+        *,
+        broker: Broker | None = None,
+        names: Names | None = None,
+    ) -> AsyncIterator[AgentRuntime]:
+        """Serve for the duration of the block: registered, consuming, then drained."""
+        if not self.handlers:
+            raise AgentConfigError(f"agent {self.agent_id} has no handlers")
+        async with contextlib.AsyncExitStack() as stack:
+            if broker is None:
+                broker = await stack.enter_async_context(
+                    Broker(nats_url, name=f"agent:{self.agent_id}", names=names)
+                )
+            runtime = AgentRuntime(self, broker)
+            await stack.enter_async_context(runtime)
+            yield runtime
+
+    async def run(self, nats_url: str | None = None) -> None:
+        """Serve until cancelled (Ctrl-C in ``reach agent``)."""
+        async with self.running(nats_url) as runtime:
+            await runtime.wait_closed()

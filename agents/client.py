@@ -1,0 +1,179 @@
+"""``ReachClient``: publish tasks and invoke agents from any Python program."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self
+
+import msgspec
+
+import envelopes
+from agents.errors import (
+    REJECTION_REASONS,
+    DeadlineExceeded,
+    NotAcknowledged,
+    Rejected,
+    TaskFailed,
+)
+from broker import Broker
+from broker.lifecycle import trace_of
+from envelopes import Ack, Budget, ErrorReply, Event, Priority, Progress, Result, Task, new_id
+from envelopes import headers as h
+
+OnAck = Callable[[Ack], Awaitable[None] | None]
+OnProgress = Callable[[Progress], Awaitable[None] | None]
+
+
+class ReachClient:
+    """A connection for sending work to agents.
+
+    async with ReachClient(nats_url) as client:
+        result = await client.invoke("summarize", {"text": "..."})
+        message_id, trace_id = await client.publish("summarize", {"text": "..."})
+    """
+
+    def __init__(
+        self, nats_url: str | None = None, *, broker: Broker | None = None, name: str = "client"
+    ) -> None:
+        self._own_broker = broker is None
+        self.broker = broker or Broker(nats_url, name=name)
+
+    async def __aenter__(self) -> Self:
+        if self._own_broker:
+            await self.broker.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._own_broker:
+            await self.broker.close()
+
+    def task(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        priority: Priority = "P1",
+        ttl_ms: int | None = None,
+        trace_id: str | None = None,
+        message_id: str | None = None,
+        reply_to: str | None = None,
+        budget: Budget | None = None,
+    ) -> Task:
+        """Build a task envelope (validated as the coordinator will validate it)."""
+        message_id = message_id or new_id()
+        fields: dict[str, Any] = {
+            "v": 1, "kind": "task", "message_id": message_id,
+            "trace_id": trace_id or message_id, "topic": topic, "payload": payload,
+            "priority": priority, "reply_to": reply_to,
+            "created_at": time.time_ns() // 1_000_000,
+        }  # fmt: skip
+        if ttl_ms is not None:
+            fields["ttl_ms"] = ttl_ms
+        if budget is not None:
+            fields["budget"] = budget
+        return envelopes.decode_task(envelopes.encode(fields))
+
+    async def submit(self, task: Task) -> None:
+        """Publish a built task to ``reach.task.<topic>``."""
+        await self.broker.publish(
+            self.broker.names.task(task.topic), envelopes.encode(task), headers=h.task_headers(task)
+        )
+
+    async def publish(self, topic: str, payload: Any, **options: Any) -> tuple[str, str]:
+        """Fire and forget; returns ``(message_id, trace_id)``."""
+        task = self.task(topic, payload, **options)
+        await self.submit(task)
+        return task.message_id, task.trace_id
+
+    async def invoke(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        priority: Priority = "P1",
+        ack_deadline_ms: int = 2_000,
+        execute_deadline_ms: int = 30_000,
+        trace_id: str | None = None,
+        on_ack: OnAck | None = None,
+        on_progress: OnProgress | None = None,
+    ) -> Any:
+        """Send a task and wait for its result.
+
+        Raises :class:`NotAcknowledged` if no agent accepts it within
+        ``ack_deadline_ms``, :class:`DeadlineExceeded` if the result does not
+        arrive within ``execute_deadline_ms`` after that, :class:`Rejected` when
+        the coordinator refuses it and :class:`TaskFailed` when the handler fails.
+        """
+        inbox = self.broker.nc.new_inbox()
+        replies: asyncio.Queue[envelopes.Reply] = asyncio.Queue()
+
+        async def collect(msg: Any) -> None:
+            with contextlib.suppress(envelopes.DecodeError):
+                replies.put_nowait(envelopes.decode_reply(msg.data))
+
+        task = self.task(
+            topic, payload, priority=priority, trace_id=trace_id, reply_to=inbox,
+            ttl_ms=ack_deadline_ms + execute_deadline_ms,
+            budget=Budget(ack_ms=ack_deadline_ms, execute_ms=execute_deadline_ms),
+        )  # fmt: skip
+        sub = await self.broker.nc.subscribe(inbox, cb=collect)
+        try:
+            await self.submit(task)
+            return await _await_result(task, replies, on_ack, on_progress)
+        finally:
+            await sub.unsubscribe()
+
+    async def status(self, message_id: str) -> list[Event]:
+        """The recorded lifecycle events of ``message_id``, oldest first."""
+        return await trace_of(self.broker, message_id)
+
+
+async def _await_result(
+    task: Task,
+    replies: asyncio.Queue[envelopes.Reply],
+    on_ack: OnAck | None,
+    on_progress: OnProgress | None,
+) -> Any:
+    ids = {"message_id": task.message_id, "trace_id": task.trace_id}
+    loop = asyncio.get_running_loop()
+    ack_by = loop.time() + task.budget.ack_ms / 1000
+    done_by: float | None = None
+    while True:
+        deadline = done_by if done_by is not None else ack_by
+        try:
+            message = await asyncio.wait_for(replies.get(), max(0.0, deadline - loop.time()))
+        except TimeoutError:
+            if done_by is None:
+                raise NotAcknowledged(
+                    f"no agent acknowledged {task.topic!r} within {task.budget.ack_ms} ms", **ids
+                ) from None
+            raise DeadlineExceeded(
+                f"{task.topic!r} did not complete within {task.budget.execute_ms} ms", **ids
+            ) from None
+        match message:
+            case Ack():
+                done_by = done_by or loop.time() + task.budget.execute_ms / 1000
+                await _call(on_ack, message)
+            case Progress():
+                await _call(on_progress, message)
+            case Result():
+                return message.result
+            case ErrorReply(error=error):
+                cls = Rejected if error.type in REJECTION_REASONS else TaskFailed
+                raise cls(error, **ids)
+
+
+async def _call(callback: Callable[[Any], Any] | None, message: msgspec.Struct) -> None:
+    if callback is not None:
+        outcome = callback(message)
+        if asyncio.iscoroutine(outcome):
+            await outcome

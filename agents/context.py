@@ -1,0 +1,87 @@
+"""What a handler gets besides its payload: the envelope, the clock, a way to report."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from envelopes import Priority, Task, new_id
+
+
+class TaskContext:
+    """The task being handled, its remaining time, and progress reporting.
+
+    ``remaining_ms()`` counts down from the smaller of the handler's deadline and
+    the envelope's execute budget, on the monotonic clock.
+    """
+
+    def __init__(
+        self,
+        envelope: Task,
+        *,
+        agent_id: str,
+        deadline_ms: int,
+        report_progress: Callable[[str], Awaitable[None]],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.envelope = envelope
+        self.agent_id = agent_id
+        self.deadline_ms = deadline_ms
+        self._report_progress = report_progress
+        self._loop = loop
+        self._started = time.monotonic()
+
+    @property
+    def message_id(self) -> str:
+        return self.envelope.message_id
+
+    @property
+    def trace_id(self) -> str:
+        return self.envelope.trace_id
+
+    @property
+    def topic(self) -> str:
+        return self.envelope.topic
+
+    @property
+    def attempt(self) -> int:
+        return self.envelope.attempt
+
+    def elapsed_ms(self) -> int:
+        return int((time.monotonic() - self._started) * 1000)
+
+    def remaining_ms(self) -> int:
+        """Milliseconds left before this handler's deadline (never negative)."""
+        return max(0, self.deadline_ms - self.elapsed_ms())
+
+    async def progress(self, note: str = "") -> None:
+        """Tell the sender the task is still being worked on (and keep it from redelivery)."""
+        await self._report_progress(note)
+
+    def progress_sync(self, note: str = "", timeout: float = 5.0) -> None:
+        """:meth:`progress` for a synchronous handler running in a worker thread."""
+        future = asyncio.run_coroutine_threadsafe(self._report_progress(note), self._loop)
+        future.result(timeout)
+
+    def child_task(self, topic: str, payload: Any, *, priority: Priority | None = None) -> Task:
+        """A task for another agent in the same trace, with the budget that is left."""
+        remaining = max(1, self.remaining_ms())
+        budget = msgspec.structs.replace(
+            self.envelope.budget, execute_ms=min(self.envelope.budget.execute_ms, remaining)
+        )
+        return Task(
+            v=1,
+            message_id=new_id(),
+            trace_id=self.trace_id,
+            topic=topic,
+            payload=payload,
+            from_agent=self.agent_id,
+            ttl_ms=remaining,
+            priority=priority or self.envelope.priority,
+            budget=budget,
+            created_at=time.time_ns() // 1_000_000,
+        )

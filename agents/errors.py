@@ -1,0 +1,65 @@
+"""Errors of the agent SDK.
+
+ReachError                   root of everything this package raises
+├── AgentConfigError         an Agent or handler was declared wrongly
+├── PermanentError           raised by a handler: do not retry this task
+└── InvokeError              ReachClient.invoke() did not get a result
+    ├── NotAcknowledged      no agent accepted the task within the ack deadline
+    ├── DeadlineExceeded     accepted, but no result within the execute deadline
+    ├── TaskFailed           the agent reported an error (``.error``)
+    └── Rejected             the coordinator refused it (``.reason``: no_route, expired, …)
+"""
+
+from __future__ import annotations
+
+from envelopes import ErrorInfo
+
+
+class ReachError(Exception):
+    """Root of the SDK's exceptions."""
+
+
+class AgentConfigError(ReachError):
+    """An Agent, handler or client option is wrong; the message names it."""
+
+
+class PermanentError(ReachError):
+    """Raise from a handler when trying again cannot help (bad input, business refusal)."""
+
+
+class InvokeError(ReachError):
+    """An invocation ended without a result."""
+
+    def __init__(self, message: str, *, message_id: str, trace_id: str) -> None:
+        super().__init__(message)
+        self.message_id = message_id
+        self.trace_id = trace_id
+
+
+class NotAcknowledged(InvokeError):
+    """No agent acknowledged the task within the ack deadline."""
+
+
+class DeadlineExceeded(InvokeError):
+    """The task was accepted but did not complete within the execute deadline."""
+
+
+class TaskFailed(InvokeError):
+    """The handler failed; ``error`` is what the agent reported."""
+
+    def __init__(self, error: ErrorInfo, *, message_id: str, trace_id: str) -> None:
+        super().__init__(f"{error.type}: {error.message}", message_id=message_id, trace_id=trace_id)
+        self.error = error
+
+
+class Rejected(TaskFailed):
+    """The task was refused before any handler ran; ``reason`` says why."""
+
+    @property
+    def reason(self) -> str:
+        return self.error.type
+
+
+REJECTION_REASONS = frozenset(
+    {"no_route", "expired", "invalid_envelope", "backpressure", "rate_limited", "circuit_open"}
+)

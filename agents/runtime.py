@@ -1,0 +1,327 @@
+"""A running agent: its registration, one consumer and worker pool per priority,
+and the execution of each task from receipt to result."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import msgspec
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.msg import Msg
+
+import envelopes
+from agents.context import TaskContext
+from agents.errors import PermanentError
+from broker import Broker, BrokerError
+from broker.consume import ConsumerSpec, bind
+from broker.lifecycle import dead_letter, emit, event_for, now_ms, reply
+from envelopes import (
+    PRIORITIES,
+    Ack,
+    AgentCard,
+    Capacity,
+    DecodeError,
+    ErrorInfo,
+    Priority,
+    Progress,
+    Result,
+    Task,
+)
+
+if TYPE_CHECKING:
+    from agents.agent import Agent, HandlerSpec
+
+log = structlog.get_logger("agents")
+
+FETCH_WAIT_S = 0.5
+DRAIN_TIMEOUT_S = 10.0
+ACK_WAIT_S = 30.0
+_card_decoder = msgspec.json.Decoder(AgentCard)
+
+
+class AgentRuntime:
+    """One process serving an :class:`Agent`; made by ``Agent.running()``."""
+
+    def __init__(self, agent: Agent, broker: Broker) -> None:
+        self.agent = agent
+        self.broker = broker
+        self.card: AgentCard | None = None
+        self._stopping = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._pools = {p: WorkerPool(agent.capacity) for p in PRIORITIES}
+
+    async def __aenter__(self) -> Self:
+        if self._loops or self._closed.is_set():
+            raise RuntimeError("an AgentRuntime runs once; call Agent.running() again")
+        if self.agent.startup_delay:
+            # Spread the registrations of a fleet that starts at once (seed 000).
+            await asyncio.sleep(random.uniform(0, self.agent.startup_delay))
+        subs = {p: await bind(self.broker.js, self._consumer(p)) for p in PRIORITIES}
+        await self._register()
+        self._loops = [
+            asyncio.create_task(self._consume(p, sub), name=f"{self.agent.agent_id}-{p}")
+            for p, sub in subs.items()
+        ]
+        log.info("agent serving", agent_id=self.agent.agent_id, topics=sorted(self.agent.handlers))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def wait_closed(self) -> None:
+        await self._closed.wait()
+
+    async def stop(self) -> None:
+        """Stop taking work, let running handlers finish, mark the card stopped."""
+        if self._closed.is_set():
+            return
+        self._stopping.set()
+        await _finish(self._loops, FETCH_WAIT_S * 4)
+        await _finish(list(self._in_flight), DRAIN_TIMEOUT_S)
+        with contextlib.suppress(BrokerError):
+            await self._put_card(status="stopped")
+        self._closed.set()
+        log.info("agent stopped", agent_id=self.agent.agent_id)
+
+    # -- registration -------------------------------------------------------------
+    def _consumer(self, priority: Priority) -> ConsumerSpec:
+        names = self.broker.names
+        return ConsumerSpec(
+            stream=names.dispatch_stream(priority),
+            durable=names.agent_consumer(self.agent.agent_id, priority),
+            filter_subjects=(names.dispatch(self.agent.agent_id, priority),),
+            ack_wait_s=ACK_WAIT_S,
+            max_ack_pending=self.agent.capacity,
+        )
+
+    async def _register(self) -> None:
+        kv = await self.broker.kv(self.broker.names.agents_bucket)
+        epoch = 1
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            entry = await kv.get(self.agent.agent_id)
+            with contextlib.suppress(msgspec.DecodeError):
+                epoch = _card_decoder.decode(entry.value or b"").epoch + 1
+        self.card = self.agent.card(
+            host=socket.gethostname(), pid=os.getpid(), started_at=now_ms(), epoch=epoch
+        )
+        await self._put_card(status="running")
+
+    async def _put_card(self, *, status: str) -> None:
+        assert self.card is not None
+        self.card = msgspec.structs.replace(self.card, status=status)
+        kv = await self.broker.kv(self.broker.names.agents_bucket)
+        try:
+            await kv.put(self.agent.agent_id, envelopes.encode(self.card))
+        except nats.errors.Error as exc:
+            raise BrokerError(f"cannot write agent card: {exc}") from exc
+
+    # -- consuming ----------------------------------------------------------------
+    async def _consume(self, priority: Priority, sub: Any) -> None:
+        pool = self._pools[priority]
+        while not self._stopping.is_set():
+            await pool.wait_free()
+            try:
+                messages = await sub.fetch(pool.free, timeout=FETCH_WAIT_S)
+            except nats.errors.TimeoutError:
+                continue
+            except nats.errors.Error as exc:
+                log.warning("fetch failed", priority=priority, error=str(exc))
+                continue
+            for msg in messages:
+                pool.take()
+                self._spawn(self._handle(msg, pool))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _handle(self, msg: Msg, pool: WorkerPool) -> None:
+        try:
+            await self._settle(msg)
+        finally:
+            pool.give()
+
+    async def _settle(self, msg: Msg) -> None:
+        try:
+            task = envelopes.decode_task(msg.data)
+        except DecodeError as exc:
+            await self._undecodable(msg, exc)
+            await msg.ack()
+            return
+        try:
+            with structlog.contextvars.bound_contextvars(
+                message_id=task.message_id, trace_id=task.trace_id, agent_id=self.agent.agent_id
+            ):
+                await self._execute(msg, task)
+        except BrokerError as exc:
+            log.warning("could not report task outcome, will see it again", error=str(exc))
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=1.0)
+            return
+        await msg.ack()
+
+    # -- executing ----------------------------------------------------------------
+    async def _execute(self, msg: Msg, task: Task) -> None:
+        spec = self.agent.handlers.get(task.topic)
+        if spec is None:
+            error = ErrorInfo(type="no_handler", message=f"{self.agent.agent_id} does not serve"
+                              f" {task.topic!r}", retryable=False)  # fmt: skip
+            await self._report_failure(task, error)
+            return
+        queued_ms = now_ms() - int(msg.metadata.timestamp.timestamp() * 1000)
+        if queued_ms >= task.ttl_ms:
+            error = ErrorInfo(type="expired", message=f"ttl {task.ttl_ms} ms passed in the"
+                              f" queue of {self.agent.agent_id}", retryable=False)  # fmt: skip
+            await self._report(task, "expired", error)
+            return
+        deadline_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
+        await self._accept(task)
+        ctx = TaskContext(
+            task,
+            agent_id=self.agent.agent_id,
+            deadline_ms=deadline_ms,
+            report_progress=lambda note: self._progress(msg, task, note),
+            loop=asyncio.get_running_loop(),
+        )
+        started = time.monotonic()
+        try:
+            result = await _call(spec, ctx, task.payload, deadline_ms)
+        except Exception as exc:  # every handler failure is reported, none is lost
+            await self._report_failure(task, _error_info(exc, deadline_ms))
+            return
+        duration_ms = int((time.monotonic() - started) * 1000)
+        await self._complete(task, result, duration_ms)
+
+    async def _accept(self, task: Task) -> None:
+        free = self._pools[task.priority].free
+        ack = Ack(**_about(task, self.agent.agent_id), capacity=Capacity(free_slots=free))
+        await asyncio.gather(
+            reply(self.broker, task, ack),
+            emit(self.broker, event_for(task, "accepted", agent_id=self.agent.agent_id)),
+        )
+
+    async def _progress(self, msg: Msg, task: Task, note: str) -> None:
+        await asyncio.gather(
+            msg.in_progress(),
+            reply(self.broker, task, Progress(**_about(task, self.agent.agent_id), note=note)),
+            emit(self.broker, event_for(task, "progress", agent_id=self.agent.agent_id,
+                                        note=note)),
+        )  # fmt: skip
+
+    async def _complete(self, task: Task, result: Any, duration_ms: int) -> None:
+        await emit(
+            self.broker,
+            event_for(task, "completed", agent_id=self.agent.agent_id,
+                      result=result, duration_ms=duration_ms),
+        )  # fmt: skip
+        await reply(self.broker, task, Result(**_about(task, self.agent.agent_id), result=result))
+        log.debug("completed", duration_ms=duration_ms)
+
+    async def _report_failure(self, task: Task, error: ErrorInfo) -> None:
+        log.info("handler failed", error_type=error.type, error=error.message)
+        await self._report(task, "failed", error)
+
+    async def _report(self, task: Task, event: str, error: ErrorInfo) -> None:
+        """Tell the coordinator, which decides between retry and dead letter."""
+        await emit(
+            self.broker,
+            event_for(task, event, agent_id=self.agent.agent_id, task=task, error=error),
+        )
+
+    async def _undecodable(self, msg: Msg, exc: DecodeError) -> None:
+        headers = dict(msg.headers or {})
+        message_id = envelopes.stable_id(
+            int(msg.metadata.timestamp.timestamp() * 1e9), msg.metadata.stream,
+            msg.metadata.sequence.stream,
+        )  # fmt: skip
+        log.warning("undecodable dispatch", subject=msg.subject, error=str(exc))
+        await dead_letter(
+            self.broker, reason="invalid_envelope", message_id=message_id, trace_id=message_id,
+            topic="_invalid", raw=msg.data, headers=headers,
+            error=ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False),
+        )  # fmt: skip
+
+
+async def _call(spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline_ms: int) -> Any:
+    timeout = deadline_ms / 1000
+    if spec.is_async:
+        async with asyncio.timeout(timeout):
+            return await spec.func(ctx, payload)
+    # A thread cannot be cancelled: past the deadline its late result is discarded.
+    return await asyncio.wait_for(asyncio.to_thread(spec.func, ctx, payload), timeout)
+
+
+def _error_info(exc: Exception, deadline_ms: int) -> ErrorInfo:
+    if isinstance(exc, TimeoutError):
+        return ErrorInfo(
+            type="deadline_exceeded", message=f"handler ran past {deadline_ms} ms", retryable=True
+        )
+    return ErrorInfo(
+        type=type(exc).__name__,
+        message=str(exc) or type(exc).__name__,
+        retryable=not isinstance(exc, PermanentError),
+    )
+
+
+def _about(task: Task, agent_id: str) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "message_id": task.message_id,
+        "trace_id": task.trace_id,
+        "topic": task.topic,
+        "from_agent": agent_id,
+        "to_agent": task.from_agent,
+        "attempt": task.attempt,
+        "created_at": now_ms(),
+    }
+
+
+class WorkerPool:
+    """How many tasks of one priority run at once, and a way to wait for room."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.busy = 0
+        self._freed = asyncio.Event()
+
+    @property
+    def free(self) -> int:
+        return self.size - self.busy
+
+    async def wait_free(self) -> None:
+        while self.free <= 0:
+            self._freed.clear()
+            await self._freed.wait()
+
+    def take(self) -> None:
+        self.busy += 1
+
+    def give(self) -> None:
+        self.busy -= 1
+        self._freed.set()
+
+
+async def _finish(tasks: list[asyncio.Task[None]], timeout: float) -> None:
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)

@@ -1,0 +1,169 @@
+"""The connection to NATS: one async context manager that owns it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from enum import Enum
+from types import TracebackType
+from typing import Self
+
+import nats
+import nats.js
+import structlog
+from nats.aio.client import Client as NATS
+from nats.js import api
+from nats.js.kv import KeyValue
+
+from broker.errors import BrokerError, ConnectError, translated
+from broker.names import Names
+
+log = structlog.get_logger("broker")
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+_FIRST_CONNECT_ATTEMPTS = 2
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The URL to use: the one given, else ``$NATS_URL``, else the local default."""
+    return url or os.environ.get("NATS_URL") or DEFAULT_URL
+
+
+class _State(Enum):
+    UNOPENED = 1
+    OPEN = 2
+    CLOSED = 3
+
+
+class Broker:
+    """A NATS connection with JetStream, ready for Agent-Reach.
+
+    Reconnects forever with jittered waits (a service outlives a server restart),
+    but the first connect fails fast with :class:`ConnectError`.
+
+        async with Broker(url, name="coordinator") as broker:
+            await broker.publish(...)
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        name: str = "agent-reach",
+        names: Names | None = None,
+        connect_timeout: float = 2.0,
+        request_timeout: float = 5.0,
+    ) -> None:
+        self.url = resolve_url(url)
+        self.name = name
+        self.names = names or Names()
+        self.request_timeout = request_timeout
+        self._connect_timeout = connect_timeout
+        self._nc: NATS | None = None
+        self._js: nats.js.JetStreamContext | None = None
+        self._buckets: dict[str, KeyValue] = {}
+        self._state = _State.UNOPENED
+        self._first_error: Exception | None = None
+
+    async def __aenter__(self) -> Self:
+        if self._state is not _State.UNOPENED:
+            raise BrokerError("a Broker cannot be opened twice; create a new one")
+        self._state = _State.OPEN
+        try:
+            self._nc = await nats.connect(
+                self.url,
+                name=self.name,
+                connect_timeout=self._connect_timeout,
+                allow_reconnect=True,
+                # Bounded for the first connect, so a wrong URL fails fast; unbounded
+                # once connected (set below), so a service rides out server restarts.
+                max_reconnect_attempts=_FIRST_CONNECT_ATTEMPTS,
+                reconnect_time_wait=0.5,
+                ping_interval=10,
+                max_outstanding_pings=3,
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+            )
+        except Exception as exc:
+            self._state = _State.CLOSED
+            reason = str(self._first_error or exc) or type(exc).__name__
+            raise ConnectError(f"cannot connect to NATS at {self.url}: {reason}") from None
+        self._nc.options["max_reconnect_attempts"] = -1
+        self._js = self._nc.jetstream(timeout=self.request_timeout)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Flush what is pending and close; safe to call twice.
+
+        Not ``drain()``: it waits out the server side of every open pull request,
+        which holds a shutdown for the whole drain timeout.
+        """
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        if self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(Exception):  # disconnected: nothing can be flushed
+                await self._nc.flush(timeout=2)
+            await self._nc.close()
+
+    @property
+    def nc(self) -> NATS:
+        if self._nc is None or self._state is not _State.OPEN:
+            raise BrokerError("the Broker is not open; use `async with Broker(...)`")
+        return self._nc
+
+    @property
+    def js(self) -> nats.js.JetStreamContext:
+        if self._js is None or self._state is not _State.OPEN:
+            raise BrokerError("the Broker is not open; use `async with Broker(...)`")
+        return self._js
+
+    async def publish(
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> api.PubAck:
+        """JetStream publish; a ``Nats-Msg-Id`` header makes the stream drop duplicates."""
+        with translated(subject=subject):
+            return await self.js.publish(
+                subject, data, headers=headers, timeout=timeout or self.request_timeout
+            )
+
+    async def publish_core(
+        self, subject: str, data: bytes, *, headers: dict[str, str] | None = None
+    ) -> None:
+        """Plain core-NATS publish (replies to an inbox)."""
+        with translated(subject=subject):
+            await self.nc.publish(subject, data, headers=headers)
+
+    async def kv(self, bucket: str) -> KeyValue:
+        """The KV bucket (cached per connection)."""
+        if bucket not in self._buckets:
+            with translated():
+                self._buckets[bucket] = await self.js.key_value(bucket)
+        return self._buckets[bucket]
+
+    async def _on_error(self, exc: Exception) -> None:
+        if self._nc is None:  # still in the first connect: reported as ConnectError
+            self._first_error = self._first_error or exc
+            return
+        log.warning("nats error", error=str(exc) or type(exc).__name__, url=self.url)
+
+    async def _on_disconnected(self) -> None:
+        if self._state is _State.OPEN:
+            log.warning("nats disconnected", url=self.url)
+
+    async def _on_reconnected(self) -> None:
+        log.info("nats reconnected", url=self.url)

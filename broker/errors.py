@@ -1,0 +1,118 @@
+"""Errors raised by the broker layer; nats-py errors are translated here, by JetStream
+error code, so the rest of Agent-Reach never sees a nats-py exception.
+
+    BrokerError                    root of everything this package raises
+    ├── ConnectError               no server reachable at the URL
+    ├── BrokerTimeout              a request to the server did not answer in time
+    ├── NoStreamError              no stream listens on the subject (not provisioned)
+    ├── JetStreamError             the server refused an API call (carries err_code)
+    │   ├── StreamNotFound
+    │   ├── ConsumerNotFound
+    │   ├── WrongLastSequence      optimistic concurrency on a KV key or stream lost
+    │   └── SubjectFull            per-subject limit reached with discard-new
+    ├── ProvisionError             a stream or bucket cannot be brought to its spec
+    └── EmbeddedServerError        the embedded nats-server could not start
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import nats.errors
+import nats.js.errors
+
+# JetStream API error codes (nats-server server/errors.json).
+STREAM_NOT_FOUND = 10059
+CONSUMER_NOT_FOUND = 10014
+STREAM_NAME_IN_USE = 10058
+WRONG_LAST_SEQUENCE = 10071
+SUBJECT_FULL = 10077
+
+
+class BrokerError(Exception):
+    """Root of the broker package's exceptions."""
+
+
+class ConnectError(BrokerError):
+    """No NATS server could be reached."""
+
+
+class BrokerTimeout(BrokerError):
+    """The server did not answer in time."""
+
+
+class NoStreamError(BrokerError):
+    """A JetStream publish found no stream for its subject."""
+
+
+class JetStreamError(BrokerError):
+    """The JetStream API refused a request."""
+
+    def __init__(self, description: str, *, err_code: int | None = None) -> None:
+        super().__init__(f"{description} (err_code={err_code})" if err_code else description)
+        self.description = description
+        self.err_code = err_code
+
+
+class StreamNotFound(JetStreamError):
+    """The stream does not exist."""
+
+
+class ConsumerNotFound(JetStreamError):
+    """The consumer does not exist."""
+
+
+class WrongLastSequence(JetStreamError):
+    """A conditional write lost the race: someone wrote first."""
+
+
+class SubjectFull(JetStreamError):
+    """The subject holds as many messages as its limit allows."""
+
+
+class ProvisionError(BrokerError):
+    """A stream or bucket could not be created or updated to its spec."""
+
+
+class EmbeddedServerError(BrokerError):
+    """The embedded nats-server could not be started."""
+
+
+_BY_CODE: dict[int, type[JetStreamError]] = {
+    STREAM_NOT_FOUND: StreamNotFound,
+    CONSUMER_NOT_FOUND: ConsumerNotFound,
+    WRONG_LAST_SEQUENCE: WrongLastSequence,
+    SUBJECT_FULL: SubjectFull,
+}
+
+
+def translate(exc: BaseException, *, subject: str | None = None) -> BrokerError:
+    """The broker exception for a nats-py exception."""
+    if isinstance(exc, BrokerError):
+        return exc
+    if isinstance(exc, nats.js.errors.KeyWrongLastSequenceError):
+        return WrongLastSequence(
+            str(exc.description or "wrong last sequence"), err_code=WRONG_LAST_SEQUENCE
+        )
+    if isinstance(exc, nats.js.errors.APIError):
+        code = exc.err_code
+        cls = _BY_CODE.get(code or 0, JetStreamError)
+        return cls(exc.description or type(exc).__name__, err_code=code)
+    if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
+        where = f" on subject {subject!r}" if subject else ""
+        return NoStreamError(f"no stream listens{where}; run `reach provision`")
+    if isinstance(exc, nats.errors.TimeoutError | TimeoutError):
+        return BrokerTimeout(f"timed out{f' on {subject!r}' if subject else ''}")
+    if isinstance(exc, nats.errors.NoServersError | ConnectionRefusedError | OSError):
+        return ConnectError(str(exc) or type(exc).__name__)
+    return BrokerError(f"{type(exc).__name__}: {exc}")
+
+
+@contextmanager
+def translated(*, subject: str | None = None) -> Iterator[None]:
+    """Re-raise nats-py errors inside the block as broker errors."""
+    try:
+        yield
+    except (nats.errors.Error, TimeoutError, OSError) as exc:
+        raise translate(exc, subject=subject) from exc

@@ -1,0 +1,124 @@
+"""Publishing what happens to a message: lifecycle events and dead letters.
+
+Both are deduplicated by ``Nats-Msg-Id``, so a process that crashes after
+publishing and does its work again does not record it twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+import envelopes
+from broker.connection import Broker
+from broker.reader import read_stream
+from envelopes import DeadLetter, ErrorInfo, Event, Task
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def event_for(task: Task, event: str, *, agent_id: str | None = None, **detail: Any) -> Event:
+    """An event about ``task``, carrying its ids, topic and attempt."""
+    return Event(
+        v=1,
+        event=event,
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+        topic=task.topic,
+        attempt=task.attempt,
+        agent_id=agent_id,
+        at_ms=now_ms(),
+        detail=detail,
+    )
+
+
+async def emit(broker: Broker, event: Event) -> None:
+    """Publish ``event`` to ``reach.event.<event>.<topic>.<trace_id>.<message_id>``."""
+    subject = broker.names.event(event.event, event.topic, event.trace_id, event.message_id)
+    msg_id = f"{event.message_id}-{event.event}-{event.attempt}"
+    if event.event == "progress":  # many per attempt, each one counts
+        msg_id += f"-{event.at_ms}"
+    await broker.publish(subject, envelopes.encode(event), headers={"Nats-Msg-Id": msg_id})
+
+
+async def reply(broker: Broker, task: Task, message: envelopes.Reply) -> None:
+    """Send an ack, progress, result or error to the task's ``reply_to``, if it has one."""
+    if task.reply_to:
+        headers = {
+            "Reach-Trace-Id": task.trace_id,
+            "Reach-Kind": str(type(message).__struct_config__.tag),
+        }
+        await broker.publish_core(task.reply_to, envelopes.encode(message), headers=headers)
+
+
+async def trace_of(broker: Broker, message_id: str) -> list[Event]:
+    """Every recorded event of ``message_id``, oldest first."""
+    stored = await read_stream(
+        broker.js, broker.names.events_stream, broker.names.events_of_message(message_id)
+    )
+    return [envelopes.decode_event(m.data) for m in stored]
+
+
+async def dead_letter(
+    broker: Broker,
+    *,
+    reason: str,
+    task: Task | None = None,
+    message_id: str,
+    trace_id: str,
+    topic: str,
+    error: ErrorInfo | None = None,
+    raw: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> DeadLetter:
+    """Publish a dead letter to ``reach.dlq.<reason>.<topic>`` with the trace so far,
+    and record a ``dead_lettered`` event."""
+    trace = await trace_of(broker, message_id)
+    letter = DeadLetter(
+        v=1,
+        reason=reason,
+        message_id=message_id,
+        trace_id=trace_id,
+        topic=topic,
+        attempts=task.attempt if task else 0,
+        envelope=task,
+        raw=_printable(raw),
+        headers=dict(headers or {}),
+        error=error,
+        trace=trace,
+        at_ms=now_ms(),
+    )
+    await broker.publish(
+        broker.names.dlq(reason, topic),
+        envelopes.encode(letter),
+        headers={"Nats-Msg-Id": f"dlq-{message_id}", "Reach-Trace-Id": trace_id},
+    )
+    await emit(
+        broker,
+        Event(
+            v=1,
+            event="dead_lettered",
+            message_id=message_id,
+            trace_id=trace_id,
+            topic=topic,
+            attempt=task.attempt if task else 1,
+            at_ms=letter.at_ms,
+            detail={"reason": reason, "error": msgspec.to_builtins(error) if error else None},
+        ),
+    )
+    return letter
+
+
+def _printable(raw: bytes | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(raw).decode("ascii")

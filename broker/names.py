@@ -1,0 +1,103 @@
+"""Subject, stream and bucket names, all derived from one prefix (``reach``)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from envelopes import PRIORITIES, Priority
+
+DEFAULT_PREFIX: Final = "reach"
+
+
+class Names(msgspec.Struct, frozen=True):
+    """Every name Agent-Reach uses on the broker, for one prefix."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    # -- subjects ---------------------------------------------------------------
+    def task(self, topic: str) -> str:
+        return f"{self.prefix}.task.{topic}"
+
+    @property
+    def tasks_wildcard(self) -> str:
+        return f"{self.prefix}.task.>"
+
+    def topic_of_task_subject(self, subject: str) -> str:
+        """``reach.task.summarize`` → ``summarize`` (everything after the prefix)."""
+        return subject[len(self.prefix) + len(".task.") :]
+
+    def dispatch(self, agent_id: str, priority: Priority) -> str:
+        return f"{self.prefix}.agent.{agent_id}.{priority.lower()}"
+
+    def dispatch_wildcard(self, priority: Priority) -> str:
+        return f"{self.prefix}.agent.*.{priority.lower()}"
+
+    def event(self, event: str, topic: str, trace_id: str, message_id: str) -> str:
+        return f"{self.prefix}.event.{event}.{topic}.{trace_id}.{message_id}"
+
+    def events_of_message(self, message_id: str) -> str:
+        return f"{self.prefix}.event.*.*.*.{message_id}"
+
+    def events_of_trace(self, trace_id: str) -> str:
+        return f"{self.prefix}.event.*.*.{trace_id}.*"
+
+    def events_of_kind(self, event: str) -> str:
+        return f"{self.prefix}.event.{event}.>"
+
+    @property
+    def events_wildcard(self) -> str:
+        return f"{self.prefix}.event.>"
+
+    def dlq(self, reason: str, topic: str) -> str:
+        return f"{self.prefix}.dlq.{reason}.{topic}"
+
+    @property
+    def dlq_wildcard(self) -> str:
+        return f"{self.prefix}.dlq.>"
+
+    # -- streams ----------------------------------------------------------------
+    @property
+    def tasks_stream(self) -> str:
+        return f"{self.prefix.upper()}_TASKS"
+
+    def dispatch_stream(self, priority: Priority) -> str:
+        return f"{self.prefix.upper()}_DISPATCH_{priority}"
+
+    @property
+    def dispatch_streams(self) -> dict[Priority, str]:
+        return {p: self.dispatch_stream(p) for p in PRIORITIES}
+
+    @property
+    def events_stream(self) -> str:
+        return f"{self.prefix.upper()}_EVENTS"
+
+    @property
+    def dlq_stream(self) -> str:
+        return f"{self.prefix.upper()}_DLQ"
+
+    # -- KV buckets -------------------------------------------------------------
+    @property
+    def agents_bucket(self) -> str:
+        return f"{self.prefix}_agents"
+
+    @property
+    def heartbeats_bucket(self) -> str:
+        return f"{self.prefix}_heartbeats"
+
+    @property
+    def liveness_bucket(self) -> str:
+        return f"{self.prefix}_liveness"
+
+    # -- durable consumers ------------------------------------------------------
+    @property
+    def coordinator_intake(self) -> str:
+        return "coordinator-intake"
+
+    @property
+    def coordinator_outcomes(self) -> str:
+        return "coordinator-outcomes"
+
+    def agent_consumer(self, agent_id: str, priority: Priority) -> str:
+        return f"agent-{agent_id}-{priority.lower()}"

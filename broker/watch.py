@@ -1,0 +1,70 @@
+"""Watching a KV bucket as a plain async iterator of changes (no sentinel values)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from broker.errors import translated
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A key's new value, or ``value=None`` when it was deleted or purged."""
+
+    key: str
+    value: bytes | None
+    revision: int
+
+
+class BucketWatch:
+    """Every key's latest value, then each change as it happens.
+
+    ``initial`` is set once the values present at the start were delivered.
+
+        async with BucketWatch(kv) as watch:
+            async for change in watch:
+                ...
+    """
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+        self._watcher: KeyValue.KeyWatcher | None = None
+        self.initial = asyncio.Event()
+
+    async def __aenter__(self) -> Self:
+        with translated():
+            self._watcher = await self._kv.watchall()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._watcher is not None:
+            await self._watcher.stop()
+
+    def __aiter__(self) -> AsyncIterator[Change]:
+        return self._changes()
+
+    async def _changes(self) -> AsyncIterator[Change]:
+        assert self._watcher is not None, "use `async with BucketWatch(...)`"
+        async for entry in self._watcher:
+            if entry is None:  # nats-py's "initial values delivered" marker
+                self.initial.set()
+                continue
+            deleted = entry.operation in (KV_DEL, KV_PURGE)
+            yield Change(
+                key=entry.key,
+                value=None if deleted else entry.value,
+                revision=entry.revision or 0,
+            )
+            if entry.delta == 0:
+                self.initial.set()

@@ -1,0 +1,40 @@
+"""The coordinator's configuration, read from YAML into a frozen Struct."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+Positive = Annotated[int, msgspec.Meta(gt=0)]
+PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class ConfigError(Exception):
+    """The configuration file is missing or wrong; the message names where."""
+
+
+class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Tunables of one coordinator replica (every replica should share them)."""
+
+    prefix: str = "reach"
+    intake_batch: Positive = 64
+    intake_ack_wait_s: PositiveSeconds = 30.0
+    outcome_batch: Positive = 64
+
+
+def load_config(path: Path | str | None) -> CoordinatorConfig:
+    """Decode the YAML file at ``path``, or the defaults when ``path`` is None."""
+    if path is None:
+        return CoordinatorConfig()
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read coordinator config {path}: {exc.strerror}") from None
+    try:
+        return (
+            msgspec.yaml.decode(raw, type=CoordinatorConfig) if raw.strip() else CoordinatorConfig()
+        )
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -1,0 +1,29 @@
+"""The one way a task ends badly: a dead letter, plus an error to its sender."""
+
+from __future__ import annotations
+
+import structlog
+
+from broker import Broker
+from broker.lifecycle import dead_letter, now_ms, reply
+from envelopes import ErrorInfo, ErrorReply, Task
+
+log = structlog.get_logger("coordinator")
+
+
+async def end_with_error(broker: Broker, task: Task, reason: str, error: ErrorInfo) -> None:
+    """Dead-letter ``task`` as ``reason`` and send ``error`` to its ``reply_to``."""
+    log.info("dead-lettered", reason=reason, error=error.message)
+    await dead_letter(
+        broker, reason=reason, task=task, message_id=task.message_id,
+        trace_id=task.trace_id, topic=task.topic, error=error,
+    )  # fmt: skip
+    await reply(broker, task, error_reply(task, error))
+
+
+def error_reply(task: Task, error: ErrorInfo) -> ErrorReply:
+    """The ``error`` envelope answering ``task``."""
+    return ErrorReply(
+        v=1, message_id=task.message_id, trace_id=task.trace_id, topic=task.topic,
+        attempt=task.attempt, error=error, created_at=now_ms(),
+    )  # fmt: skip

@@ -1,0 +1,115 @@
+"""The coordinator service: shared work through durable consumers, no private state.
+
+Every replica binds the same durable consumers, so JetStream spreads intake and
+outcome messages across them; a replica that dies leaves its unacknowledged
+messages to be redelivered to the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import structlog
+from nats.aio.msg import Msg
+
+from broker import Broker, BrokerError
+from broker.consume import ConsumerSpec, batches, bind
+from coordinator.config import CoordinatorConfig
+from coordinator.directory import AgentDirectory
+from coordinator.intake import Intake
+from coordinator.outcomes import OUTCOME_EVENTS, Outcomes
+
+log = structlog.get_logger("coordinator")
+
+Handler = Callable[[Msg], Awaitable[None]]
+RETRY_DELAY_S = 1.0
+BUG_DELAY_S = 5.0
+
+
+class Coordinator:
+    """Routes intake tasks to agents and dead-letters what cannot complete.
+
+    async with Coordinator(broker).running():
+        ...  # serving until the block exits
+    """
+
+    def __init__(self, broker: Broker, config: CoordinatorConfig | None = None) -> None:
+        self.broker = broker
+        self.config = config or CoordinatorConfig()
+        self.directory = AgentDirectory(broker)
+        self._intake = Intake(broker, self.directory)
+        self._outcomes = Outcomes(broker)
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Serve until cancelled; ``ready`` is set once every loop is consuming."""
+        names = self.broker.names
+        directory_ready = asyncio.Event()
+        intake = ConsumerSpec(
+            stream=names.tasks_stream,
+            durable=names.coordinator_intake,
+            filter_subjects=(names.tasks_wildcard,),
+            ack_wait_s=self.config.intake_ack_wait_s,
+        )
+        outcomes = ConsumerSpec(
+            stream=names.events_stream,
+            durable=names.coordinator_outcomes,
+            filter_subjects=tuple(names.events_of_kind(e) for e in OUTCOME_EVENTS),
+        )
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.directory.follow(directory_ready), name="directory")
+            await directory_ready.wait()
+            intake_sub = await bind(self.broker.js, intake)
+            outcome_sub = await bind(self.broker.js, outcomes)
+            group.create_task(
+                _consume(intake_sub, self.config.intake_batch, self._intake.handle), name="intake"
+            )
+            group.create_task(
+                _consume(outcome_sub, self.config.outcome_batch, self._outcomes.handle),
+                name="outcomes",
+            )
+            log.info("coordinator serving", url=self.broker.url)
+            if ready is not None:
+                ready.set()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Coordinator]:
+        """Run in the background for the duration of the block."""
+        ready = asyncio.Event()
+        task = asyncio.create_task(self.run(ready), name="coordinator")
+        waiter = asyncio.create_task(ready.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if task.done():
+            task.result()  # raises whatever stopped it before it was ready
+        try:
+            yield self
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _consume(sub: object, batch: int, handle: Handler) -> None:
+    async for messages in batches(sub, size=batch):  # type: ignore[arg-type]
+        await asyncio.gather(*(_settle(msg, handle) for msg in messages))
+
+
+async def _settle(msg: Msg, handle: Handler) -> None:
+    """Handle, then ack; a broker failure leaves the message to come back later."""
+    try:
+        await handle(msg)
+    except BrokerError as exc:
+        await _later(msg, RETRY_DELAY_S, "broker error, will retry", error=str(exc))
+        return
+    except Exception:  # a bug must not stop the service; the message comes back later
+        await _later(msg, BUG_DELAY_S, "unexpected error, will retry", exc_info=True)
+        return
+    await msg.ack()
+
+
+async def _later(msg: Msg, delay_s: float, why: str, **fields: object) -> None:
+    log.warning(why, subject=msg.subject, **fields)
+    with contextlib.suppress(Exception):
+        await msg.nak(delay=delay_s)

@@ -1,0 +1,60 @@
+"""JSON codec for envelope v1, with errors that name the JSON path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from envelopes.errors import DecodeError
+from envelopes.types import DeadLetter, Event, Message, Reply, Task
+
+_encoder = msgspec.json.Encoder()
+_message_decoder = msgspec.json.Decoder(Message)
+_reply_decoder = msgspec.json.Decoder(Reply)
+_task_decoder = msgspec.json.Decoder(Task)
+_event_decoder = msgspec.json.Decoder(Event)
+_dead_letter_decoder = msgspec.json.Decoder(DeadLetter)
+_any_decoder = msgspec.json.Decoder()
+
+
+def encode(message: msgspec.Struct | Any) -> bytes:
+    """Serialize an envelope (or any msgspec-encodable value) to JSON bytes."""
+    return _encoder.encode(message)
+
+
+def decode(data: bytes | str) -> Message:
+    """Decode any envelope kind; raises :class:`DecodeError` naming the bad field."""
+    return _decode(_message_decoder, data)
+
+
+def decode_task(data: bytes | str) -> Task:
+    """Decode an envelope that must be a task."""
+    return _decode(_task_decoder, data)
+
+
+def decode_reply(data: bytes | str) -> Reply:
+    """Decode what an agent sends to ``reply_to``: ack, progress, result or error."""
+    return _decode(_reply_decoder, data)
+
+
+def decode_event(data: bytes | str) -> Event:
+    """Decode a lifecycle event from ``REACH_EVENTS``."""
+    return _decode(_event_decoder, data)
+
+
+def decode_dead_letter(data: bytes | str) -> DeadLetter:
+    """Decode an entry of ``REACH_DLQ``."""
+    return _decode(_dead_letter_decoder, data)
+
+
+def decode_json(data: bytes | str) -> Any:
+    """Decode plain JSON, raising :class:`DecodeError` for malformed input."""
+    return _decode(_any_decoder, data)
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str) -> Any:
+    try:
+        return decoder.decode(data)
+    except msgspec.DecodeError as exc:  # ValidationError is a subclass
+        raise DecodeError(str(exc)) from None

@@ -1,0 +1,27 @@
+"""The NATS header names an envelope is mirrored into, so tools that read only
+headers (``nats pub -H``, ``nats stream view``, JetStream deduplication) see them."""
+
+from __future__ import annotations
+
+from envelopes.types import Task
+
+MSG_ID = "Nats-Msg-Id"
+TRACE_ID = "Reach-Trace-Id"
+PRIORITY = "Reach-Priority"
+TTL = "Reach-TTL"
+REPLY_TO = "Reach-Reply-To"
+KIND = "Reach-Kind"
+
+
+def task_headers(task: Task, *, msg_id: str | None = None) -> dict[str, str]:
+    """Headers for publishing ``task``; ``msg_id`` overrides the dedup key."""
+    headers = {
+        MSG_ID: msg_id or task.message_id,
+        TRACE_ID: task.trace_id,
+        PRIORITY: task.priority,
+        TTL: str(task.ttl_ms),
+        KIND: "task",
+    }
+    if task.reply_to:
+        headers[REPLY_TO] = task.reply_to
+    return headers

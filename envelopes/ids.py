@@ -1,0 +1,36 @@
+"""Time-ordered identifiers (UUIDv7, RFC 9562)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+
+
+def new_id() -> str:
+    """A fresh UUIDv7: sorts by creation time, unique without coordination."""
+    return _uuid7(time.time_ns() // 1_000_000, int.from_bytes(os.urandom(10)))
+
+
+def stable_id(timestamp_ns: int, *parts: object) -> str:
+    """A UUIDv7 whose time is ``timestamp_ns`` and whose random bits come from ``parts``.
+
+    Used where an id must be the same on every redelivery of one broker message
+    (for example a bare body with no ``Nats-Msg-Id``): derive it from the stream
+    name and sequence, and a coordinator that crashes and sees the message again
+    assigns the same id, so downstream deduplication still holds.
+    """
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=10).digest()
+    return _uuid7(timestamp_ns // 1_000_000, int.from_bytes(digest))
+
+
+def _uuid7(unix_ms: int, rand80: int) -> str:
+    rand_a = (rand80 >> 68) & 0xFFF
+    rand_b = rand80 & ((1 << 62) - 1)
+    value = (unix_ms & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76
+    value |= rand_a << 64
+    value |= 0b10 << 62
+    value |= rand_b
+    return str(uuid.UUID(int=value))

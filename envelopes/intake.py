@@ -1,0 +1,120 @@
+"""Turn what arrives on ``reach.task.<topic>`` into a :class:`Task`.
+
+Two forms are accepted. A JSON object holding both ``v`` and ``kind`` is a full
+envelope and is validated strictly. Anything else is a bare body (what
+``nats pub reach.task.x '{"text": "hi"}'`` sends): it becomes the payload, and
+the envelope fields come from the ``Nats-Msg-Id`` / ``Reach-*`` headers or
+defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from envelopes import headers as h
+from envelopes.codec import decode_json, decode_task
+from envelopes.errors import DecodeError
+from envelopes.types import DEFAULT_TTL_MS, PRIORITIES, TOKEN_PATTERN, Priority, Task
+
+_TOKEN = re.compile(TOKEN_PATTERN)
+
+
+def is_envelope(document: object) -> bool:
+    """Whether a decoded JSON document claims to be an envelope."""
+    return isinstance(document, dict) and "v" in document and "kind" in document
+
+
+def task_from_intake(
+    data: bytes,
+    headers: Mapping[str, str] | None,
+    *,
+    topic: str,
+    received_ms: int,
+    fallback_id: str,
+) -> Task:
+    """Decode or wrap an intake message.
+
+    ``topic`` comes from the subject; ``fallback_id`` is the message id to use
+    when a bare body carries no ``Nats-Msg-Id``. Raises :class:`DecodeError`
+    naming the field or header at fault.
+    """
+    _check_token(topic, "subject topic")
+    document = decode_json(data)
+    if is_envelope(document):
+        task = decode_task(data)
+        if task.topic != topic:
+            raise DecodeError(
+                f"Envelope topic {task.topic!r} does not match subject topic {topic!r}"
+                " - at `$.topic`"
+            )
+        return task
+    return wrap_body(
+        document, headers or {}, topic=topic, received_ms=received_ms, fallback_id=fallback_id
+    )
+
+
+def wrap_body(
+    payload: object,
+    headers: Mapping[str, str],
+    *,
+    topic: str,
+    received_ms: int,
+    fallback_id: str,
+) -> Task:
+    """Wrap a bare JSON body into a task, taking envelope fields from headers."""
+    message_id = _token_header(headers, h.MSG_ID) or fallback_id
+    return Task(
+        v=1,
+        message_id=message_id,
+        trace_id=_token_header(headers, h.TRACE_ID) or message_id,
+        topic=topic,
+        payload=payload,
+        ttl_ms=_ttl_header(headers),
+        reply_to=headers.get(h.REPLY_TO) or None,
+        priority=_priority_header(headers),
+        created_at=received_ms,
+    )
+
+
+def _token_header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None or value == "":
+        return None
+    _check_token(value, f"header {name}")
+    return value
+
+
+def _ttl_header(headers: Mapping[str, str]) -> int:
+    raw = headers.get(h.TTL)
+    if raw is None or raw == "":
+        return DEFAULT_TTL_MS
+    try:
+        ttl = int(raw)
+    except ValueError:
+        ttl = 0
+    if ttl <= 0:
+        raise DecodeError(
+            f"Expected a positive whole number of milliseconds, got {raw!r}",
+            path=f"header {h.TTL}",
+        )
+    return ttl
+
+
+def _priority_header(headers: Mapping[str, str]) -> Priority:
+    raw = headers.get(h.PRIORITY)
+    if raw is None or raw == "":
+        return "P1"
+    value = raw.strip().upper()
+    for priority in PRIORITIES:
+        if value == priority:
+            return priority
+    raise DecodeError(f"Expected one of P0, P1, P2, got {raw!r}", path=f"header {h.PRIORITY}")
+
+
+def _check_token(value: str, where: str) -> None:
+    if not _TOKEN.match(value):
+        raise DecodeError(
+            f"Expected 1-128 characters of letters, digits, '_' or '-', got {value!r}",
+            path=where,
+        )

@@ -1,0 +1,103 @@
+"""The first path end to end: intake → coordinator → agent → result, events, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import envelopes
+from agents import Agent, ReachClient, TaskContext
+from broker import Broker, read_stream
+from envelopes import headers as h
+
+
+def make_agent(agent_id: str = "worker-1") -> tuple[Agent, list[object]]:
+    seen: list[object] = []
+    agent = Agent(agent_id, tags={"role": "worker"}, startup_delay=0)
+
+    @agent.handler("summarize", capacity=4)
+    async def summarize(ctx: TaskContext, payload: dict) -> dict:
+        seen.append(payload)
+        return {"summary": payload["text"][:5], "trace_id": ctx.trace_id}
+
+    return agent, seen
+
+
+async def test_bare_body_with_headers_reaches_agent_and_replies(broker, coordinator, watcher):
+    """A bare JSON body on core NATS with Reach headers (what `nats pub` sends) completes."""
+    agent, seen = make_agent()
+    inbox = broker.nc.new_inbox()
+    replies = await broker.nc.subscribe(inbox)
+    async with agent.running(broker=broker):
+        await broker.nc.publish(
+            broker.names.task("summarize"),
+            b'{"text": "hello world"}',
+            headers={h.MSG_ID: "op-1", h.TRACE_ID: "trace-op-1", h.REPLY_TO: inbox},
+        )
+        completed = await watcher.event("completed", message_id="op-1")
+        kinds = []
+        while "result" not in kinds:
+            reply = envelopes.decode_reply((await replies.next_msg(timeout=5)).data)
+            kinds.append(reply.__struct_config__.tag)
+    assert seen == [{"text": "hello world"}]
+    assert completed.trace_id == "trace-op-1"
+    assert completed.detail["result"] == {"summary": "hello", "trace_id": "trace-op-1"}
+    assert kinds == ["ack", "result"]
+    assert [e.event for e in watcher.events if e.message_id == "op-1"] == [
+        "routed",
+        "accepted",
+        "completed",
+    ]
+
+
+async def test_envelope_task_keeps_its_trace_id(broker, coordinator):
+    """A full envelope task comes back as a result carrying the same trace_id."""
+    agent, _ = make_agent()
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke("summarize", {"text": "abcdefgh"}, trace_id="order-42")
+    assert result == {"summary": "abcde", "trace_id": "order-42"}
+
+
+async def test_malformed_json_is_dead_lettered_with_its_path(broker, coordinator, watcher):
+    """Malformed JSON and a wrongly typed envelope field end in REACH_DLQ as invalid_envelope."""
+    await broker.nc.publish(broker.names.task("summarize"), b'{"text": ', headers={h.MSG_ID: "m1"})
+    bad_field = (
+        b'{"v": 1, "kind": "task", "message_id": "m2", "trace_id": "t2",'
+        b' "topic": "summarize", "ttl_ms": "soon"}'
+    )
+    await broker.nc.publish(broker.names.task("summarize"), bad_field)
+    first = await watcher.dead_letter("invalid_envelope")
+    await watcher.event("dead_lettered", message_id="m2")
+    second = next(d for d in watcher.dead_letters if d.message_id == "m2")
+    assert first.message_id == "m1"
+    assert first.raw == '{"text": '
+    assert first.error is not None and first.error.type == "invalid_envelope"
+    assert first.error.message.endswith("- at `$`")
+    assert second.error is not None and "$.ttl_ms" in second.error.message
+    stored = await read_stream(broker.js, broker.names.dlq_stream, broker.names.dlq_wildcard)
+    assert [m.subject for m in stored] == ["reach.dlq.invalid_envelope.summarize"] * 2
+
+
+async def test_topic_without_agent_is_dead_lettered_no_route(broker, coordinator, watcher):
+    """A topic no agent serves ends as no_route, and the invoker is told at once."""
+    async with ReachClient(broker=broker) as client:
+        with pytest.raises(Exception) as caught:
+            await client.invoke("translate", {"text": "hola"})
+    letter = await watcher.dead_letter("no_route", topic="translate")
+    assert caught.value.reason == "no_route"  # type: ignore[attr-defined]
+    assert letter.envelope is not None and letter.envelope.payload == {"text": "hola"}
+    assert [e.event for e in letter.trace] == []  # nothing happened before it was refused
+
+
+async def test_same_message_id_twice_runs_once(broker, coordinator, watcher):
+    """Publishing one message_id twice executes the handler once (JetStream dedup)."""
+    agent, seen = make_agent()
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        task = client.task("summarize", {"text": "once only"}, message_id="dup-1")
+        await client.submit(task)
+        await client.submit(task)
+        await client.publish("summarize", {"text": "after"}, message_id="after-1")
+        await watcher.event("completed", message_id="after-1")
+        await watcher.event("completed", message_id="dup-1")
+    assert seen.count({"text": "once only"}) == 1

@@ -1,0 +1,93 @@
+"""Test helpers that await what happens on the broker instead of sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Self
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+import envelopes
+from broker import Broker
+from envelopes import DeadLetter, Event
+
+
+class Watcher:
+    """Records every event and dead letter published while it is open."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self.events: list[Event] = []
+        self.dead_letters: list[DeadLetter] = []
+        self._changed = asyncio.Condition()
+        self._subs: list[Subscription] = []
+
+    async def __aenter__(self) -> Self:
+        names = self._broker.names
+        self._subs = [
+            await self._broker.nc.subscribe(names.events_wildcard, cb=self._on_event),
+            await self._broker.nc.subscribe(names.dlq_wildcard, cb=self._on_dead_letter),
+        ]
+        await self._broker.nc.flush()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+
+    async def _on_event(self, msg: Msg) -> None:
+        self.events.append(envelopes.decode_event(msg.data))
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _on_dead_letter(self, msg: Msg) -> None:
+        self.dead_letters.append(envelopes.decode_dead_letter(msg.data))
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def event(
+        self, kind: str, *, topic: str | None = None, message_id: str | None = None,
+        timeout: float = 10.0,
+    ) -> Event:  # fmt: skip
+        """The first event of ``kind`` (and topic / message id, if given)."""
+
+        def found() -> Event | None:
+            for event in self.events:
+                if event.event == kind and topic in (None, event.topic) and (
+                    message_id in (None, event.message_id)
+                ):
+                    return event
+            return None
+
+        return await self._until(found, f"event {kind} topic={topic} id={message_id}", timeout)
+
+    async def dead_letter(
+        self, reason: str, *, topic: str | None = None, timeout: float = 10.0
+    ) -> DeadLetter:
+        """The first dead letter with ``reason`` (and topic, if given)."""
+
+        def found() -> DeadLetter | None:
+            for letter in self.dead_letters:
+                if letter.reason == reason and topic in (None, letter.topic):
+                    return letter
+            return None
+
+        return await self._until(found, f"dead letter {reason} topic={topic}", timeout)
+
+    async def _until(self, found, what: str, timeout: float):  # type: ignore[no-untyped-def]
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._changed:
+                    while (hit := found()) is None:
+                        await self._changed.wait()
+                    return hit
+        except TimeoutError:
+            seen = [(e.event, e.topic) for e in self.events]
+            raise AssertionError(f"no {what} within {timeout}s; saw events {seen}") from None
