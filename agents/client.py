@@ -19,7 +19,7 @@ from agents.errors import (
     Rejected,
     TaskFailed,
 )
-from broker import Broker
+from broker import Broker, Names
 from broker.lifecycle import trace_of
 from envelopes import Ack, Budget, ErrorReply, Event, Priority, Progress, Result, Task, new_id
 from envelopes import headers as h
@@ -37,10 +37,15 @@ class ReachClient:
     """
 
     def __init__(
-        self, nats_url: str | None = None, *, broker: Broker | None = None, name: str = "client"
+        self,
+        nats_url: str | None = None,
+        *,
+        broker: Broker | None = None,
+        names: Names | None = None,
+        name: str = "client",
     ) -> None:
         self._own_broker = broker is None
-        self.broker = broker or Broker(nats_url, name=name)
+        self.broker = broker or Broker(nats_url, name=name, names=names)
 
     async def __aenter__(self) -> Self:
         if self._own_broker:
@@ -71,11 +76,16 @@ class ReachClient:
         """Build a task envelope (validated as the coordinator will validate it)."""
         message_id = message_id or new_id()
         fields: dict[str, Any] = {
-            "v": 1, "kind": "task", "message_id": message_id,
-            "trace_id": trace_id or message_id, "topic": topic, "payload": payload,
-            "priority": priority, "reply_to": reply_to,
+            "v": 1,
+            "kind": "task",
+            "message_id": message_id,
+            "trace_id": trace_id or message_id,
+            "topic": topic,
+            "payload": payload,
+            "priority": priority,
+            "reply_to": reply_to,
             "created_at": time.time_ns() // 1_000_000,
-        }  # fmt: skip
+        }
         if ttl_ms is not None:
             fields["ttl_ms"] = ttl_ms
         if budget is not None:
@@ -121,10 +131,14 @@ class ReachClient:
                 replies.put_nowait(envelopes.decode_reply(msg.data))
 
         task = self.task(
-            topic, payload, priority=priority, trace_id=trace_id, reply_to=inbox,
+            topic,
+            payload,
+            priority=priority,
+            trace_id=trace_id,
+            reply_to=inbox,
             ttl_ms=ack_deadline_ms + execute_deadline_ms,
             budget=Budget(ack_ms=ack_deadline_ms, execute_ms=execute_deadline_ms),
-        )  # fmt: skip
+        )
         sub = await self.broker.nc.subscribe(inbox, cb=collect)
         try:
             await self.submit(task)

@@ -22,7 +22,7 @@ import envelopes
 from agents.context import TaskContext
 from agents.errors import PermanentError
 from broker import Broker, BrokerError
-from broker.consume import ConsumerSpec, bind
+from broker.consume import ConsumerSpec, bind, fetch
 from broker.lifecycle import dead_letter, emit, event_for, now_ms, reply
 from envelopes import (
     PRIORITIES,
@@ -137,11 +137,10 @@ class AgentRuntime:
         while not self._stopping.is_set():
             await pool.wait_free()
             try:
-                messages = await sub.fetch(pool.free, timeout=FETCH_WAIT_S)
-            except nats.errors.TimeoutError:
-                continue
-            except nats.errors.Error as exc:
+                messages = await fetch(sub, pool.free, wait_s=FETCH_WAIT_S)
+            except BrokerError as exc:
                 log.warning("fetch failed", priority=priority, error=str(exc))
+                await asyncio.sleep(FETCH_WAIT_S)  # a broken connection: do not spin
                 continue
             for msg in messages:
                 pool.take()
@@ -181,14 +180,20 @@ class AgentRuntime:
     async def _execute(self, msg: Msg, task: Task) -> None:
         spec = self.agent.handlers.get(task.topic)
         if spec is None:
-            error = ErrorInfo(type="no_handler", message=f"{self.agent.agent_id} does not serve"
-                              f" {task.topic!r}", retryable=False)  # fmt: skip
+            error = ErrorInfo(
+                type="no_handler",
+                message=f"{self.agent.agent_id} does not serve {task.topic!r}",
+                retryable=False,
+            )
             await self._report_failure(task, error)
             return
         queued_ms = now_ms() - int(msg.metadata.timestamp.timestamp() * 1000)
         if queued_ms >= task.ttl_ms:
-            error = ErrorInfo(type="expired", message=f"ttl {task.ttl_ms} ms passed in the"
-                              f" queue of {self.agent.agent_id}", retryable=False)  # fmt: skip
+            error = ErrorInfo(
+                type="expired",
+                message=f"ttl {task.ttl_ms} ms passed in the queue of {self.agent.agent_id}",
+                retryable=False,
+            )
             await self._report(task, "expired", error)
             return
         deadline_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
@@ -221,16 +226,20 @@ class AgentRuntime:
         await asyncio.gather(
             msg.in_progress(),
             reply(self.broker, task, Progress(**_about(task, self.agent.agent_id), note=note)),
-            emit(self.broker, event_for(task, "progress", agent_id=self.agent.agent_id,
-                                        note=note)),
-        )  # fmt: skip
+            emit(self.broker, event_for(task, "progress", agent_id=self.agent.agent_id, note=note)),
+        )
 
     async def _complete(self, task: Task, result: Any, duration_ms: int) -> None:
         await emit(
             self.broker,
-            event_for(task, "completed", agent_id=self.agent.agent_id,
-                      result=result, duration_ms=duration_ms),
-        )  # fmt: skip
+            event_for(
+                task,
+                "completed",
+                agent_id=self.agent.agent_id,
+                result=result,
+                duration_ms=duration_ms,
+            ),
+        )
         await reply(self.broker, task, Result(**_about(task, self.agent.agent_id), result=result))
         log.debug("completed", duration_ms=duration_ms)
 
@@ -248,15 +257,21 @@ class AgentRuntime:
     async def _undecodable(self, msg: Msg, exc: DecodeError) -> None:
         headers = dict(msg.headers or {})
         message_id = envelopes.stable_id(
-            int(msg.metadata.timestamp.timestamp() * 1e9), msg.metadata.stream,
+            int(msg.metadata.timestamp.timestamp() * 1e9),
+            msg.metadata.stream,
             msg.metadata.sequence.stream,
-        )  # fmt: skip
+        )
         log.warning("undecodable dispatch", subject=msg.subject, error=str(exc))
         await dead_letter(
-            self.broker, reason="invalid_envelope", message_id=message_id, trace_id=message_id,
-            topic="_invalid", raw=msg.data, headers=headers,
+            self.broker,
+            reason="invalid_envelope",
+            message_id=message_id,
+            trace_id=message_id,
+            topic="_invalid",
+            raw=msg.data,
+            headers=headers,
             error=ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False),
-        )  # fmt: skip
+        )
 
 
 async def _call(spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline_ms: int) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -49,15 +50,27 @@ async def bind(
         return await js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
 
 
+async def fetch(
+    sub: nats.js.JetStreamContext.PullSubscription, size: int, *, wait_s: float = 1.0
+) -> list[Msg]:
+    """Up to ``size`` messages, or none after ``wait_s`` of idleness (never a timeout error)."""
+    try:
+        return await sub.fetch(size, timeout=wait_s)
+    except (nats.errors.TimeoutError, TimeoutError):
+        # nats-py raises both kinds for an idle wait, and one of them also when the
+        # fetch is cancelled: a pending cancel must still stop the caller.
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError from None
+        return []
+    except nats.errors.Error as exc:
+        raise translate(exc) from exc
+
+
 async def batches(
     sub: nats.js.JetStreamContext.PullSubscription, *, size: int, wait_s: float = 1.0
 ) -> AsyncIterator[list[Msg]]:
-    """Fetch forever; an idle wait yields nothing rather than raising."""
+    """Fetch forever, yielding each non-empty batch."""
     while True:
-        try:
-            messages = await sub.fetch(size, timeout=wait_s)
-        except nats.errors.TimeoutError:
-            continue
-        except nats.errors.Error as exc:
-            raise translate(exc) from exc
-        yield messages
+        if messages := await fetch(sub, size, wait_s=wait_s):
+            yield messages

@@ -73,11 +73,17 @@ class EmbeddedServer:
         binary = find_server_binary()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self._process = await asyncio.create_subprocess_exec(
-            str(binary), "-js", "-a", self.host, "-p", str(self.port),
-            "-sd", str(self.store_dir),
+            str(binary),
+            "-js",
+            "-a",
+            self.host,
+            "-p",
+            str(self.port),
+            "-sd",
+            str(self.store_dir),
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         try:
             await asyncio.wait_for(self._wait_ready(), self.ready_timeout)
         except TimeoutError:

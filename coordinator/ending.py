@@ -15,15 +15,25 @@ async def end_with_error(broker: Broker, task: Task, reason: str, error: ErrorIn
     """Dead-letter ``task`` as ``reason`` and send ``error`` to its ``reply_to``."""
     log.info("dead-lettered", reason=reason, error=error.message)
     await dead_letter(
-        broker, reason=reason, task=task, message_id=task.message_id,
-        trace_id=task.trace_id, topic=task.topic, error=error,
-    )  # fmt: skip
+        broker,
+        reason=reason,
+        task=task,
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+        topic=task.topic,
+        error=error,
+    )
     await reply(broker, task, error_reply(task, error))
 
 
 def error_reply(task: Task, error: ErrorInfo) -> ErrorReply:
     """The ``error`` envelope answering ``task``."""
     return ErrorReply(
-        v=1, message_id=task.message_id, trace_id=task.trace_id, topic=task.topic,
-        attempt=task.attempt, error=error, created_at=now_ms(),
-    )  # fmt: skip
+        v=1,
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+        topic=task.topic,
+        attempt=task.attempt,
+        error=error,
+        created_at=now_ms(),
+    )

@@ -67,9 +67,13 @@ class Intake:
         routed = msgspec.structs.replace(task, to_agent=card.agent_id)
         await emit(
             self._broker,
-            event_for(routed, "routed", agent_id=card.agent_id,
-                      candidates=sorted(c.agent_id for c in candidates)),
-        )  # fmt: skip
+            event_for(
+                routed,
+                "routed",
+                agent_id=card.agent_id,
+                candidates=sorted(c.agent_id for c in candidates),
+            ),
+        )
         subject = self._broker.names.dispatch(card.agent_id, task.priority)
         headers = h.task_headers(routed, msg_id=f"{task.message_id}-{task.attempt}")
         await self._broker.publish(subject, envelopes.encode(routed), headers=headers)
@@ -88,11 +92,22 @@ class Intake:
         error = ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False)
         log.warning("invalid envelope", message_id=message_id, subject=msg.subject, error=str(exc))
         await dead_letter(
-            self._broker, reason="invalid_envelope", message_id=message_id, trace_id=trace_id,
-            topic=topic, error=error, raw=msg.data, headers=headers,
-        )  # fmt: skip
-        stub = Task(v=1, message_id=message_id, trace_id=trace_id, topic=topic,
-                    reply_to=headers.get(h.REPLY_TO))  # fmt: skip
+            self._broker,
+            reason="invalid_envelope",
+            message_id=message_id,
+            trace_id=trace_id,
+            topic=topic,
+            error=error,
+            raw=msg.data,
+            headers=headers,
+        )
+        stub = Task(
+            v=1,
+            message_id=message_id,
+            trace_id=trace_id,
+            topic=topic,
+            reply_to=headers.get(h.REPLY_TO),
+        )
         await reply(self._broker, stub, error_reply(stub, error))
 
 

@@ -1,7 +1,7 @@
 """The smallest agent: answers ``echo`` with its payload and ``shout`` in capitals.
 
-    reach agent examples.echo:agent
-    nats pub reach.task.echo '{"text": "hello"}'
+reach agent examples.echo:agent
+nats pub reach.task.echo '{"text": "hello"}'
 """
 
 from agents import Agent, TaskContext

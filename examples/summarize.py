@@ -1,7 +1,7 @@
 """A ``summarize`` agent that reports progress while it works.
 
-    reach agent examples.summarize:agent
-    nats pub reach.task.summarize '{"text": "NATS is a connective technology. It is fast."}'
+reach agent examples.summarize:agent
+nats pub reach.task.summarize '{"text": "NATS is a connective technology. It is fast."}'
 """
 
 from agents import Agent, PermanentError, TaskContext
@@ -16,5 +16,8 @@ async def summarize(ctx: TaskContext, payload: dict[str, str]) -> dict[str, obje
         raise PermanentError("payload needs a non-empty 'text' field")
     await ctx.progress("reading")
     sentences = [s.strip() for s in text.replace("!", ".").split(".") if s.strip()]
-    return {"summary": sentences[0] + "." if sentences else "", "sentences": len(sentences),
-            "words": len(text.split())}  # fmt: skip
+    return {
+        "summary": sentences[0] + "." if sentences else "",
+        "sentences": len(sentences),
+        "words": len(text.split()),
+    }

@@ -44,9 +44,11 @@ async def broker(nats_url: str, names: Names) -> AsyncIterator[Broker]:
 @pytest.fixture
 async def coordinator(broker: Broker) -> AsyncIterator[Coordinator]:
     """A running coordinator on its own connection, like a real deployment."""
-    async with Broker(broker.url, names=broker.names, name="coordinator") as own:
-        async with Coordinator(own).running() as running:
-            yield running
+    async with (
+        Broker(broker.url, names=broker.names, name="coordinator") as own,
+        Coordinator(own).running() as running,
+    ):
+        yield running
 
 
 @pytest.fixture

@@ -53,15 +53,21 @@ class Watcher:
             self._changed.notify_all()
 
     async def event(
-        self, kind: str, *, topic: str | None = None, message_id: str | None = None,
+        self,
+        kind: str,
+        *,
+        topic: str | None = None,
+        message_id: str | None = None,
         timeout: float = 10.0,
-    ) -> Event:  # fmt: skip
+    ) -> Event:
         """The first event of ``kind`` (and topic / message id, if given)."""
 
         def found() -> Event | None:
             for event in self.events:
-                if event.event == kind and topic in (None, event.topic) and (
-                    message_id in (None, event.message_id)
+                if (
+                    event.event == kind
+                    and topic in (None, event.topic)
+                    and (message_id in (None, event.message_id))
                 ):
                     return event
             return None

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 import envelopes
 from agents import Agent, ReachClient, TaskContext
-from broker import Broker, read_stream
+from broker import read_stream
 from envelopes import headers as h
 
 

@@ -1,0 +1,270 @@
+"""The ``reach`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+import envelopes
+from agents import Agent, ReachClient, ReachError
+from broker import DEFAULT_URL, Broker, BrokerError, Names, Topology, provision, read_stream
+from coordinator import ConfigError, Coordinator, load_config
+from envelopes import EnvelopeError
+from reach import trace as tracing
+from reach.logs import configure_logging
+from reach.serving import nats_server, provisioned, until_signal
+
+
+class UsageError(Exception):
+    """A mistake in the command line."""
+
+
+USER_ERRORS = (ReachError, BrokerError, EnvelopeError, ConfigError, UsageError)
+
+Command = Callable[[argparse.Namespace], Awaitable[int]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``reach`` console script."""
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    try:
+        return asyncio.run(args.command(args))
+    except USER_ERRORS as exc:
+        print(f"reach: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+# -- commands ---------------------------------------------------------------------
+async def cmd_up(args: argparse.Namespace) -> int:
+    """Embedded nats-server (unless --nats-url / $NATS_URL), provision, coordinator."""
+    async with nats_server(args.nats_url, port=args.port, data_dir=args.data_dir) as url:
+        await _coordinate(url, args)
+    return 0
+
+
+async def cmd_coordinator(args: argparse.Namespace) -> int:
+    await _coordinate(args.nats_url or DEFAULT_URL, args)
+    return 0
+
+
+async def _coordinate(url: str, args: argparse.Namespace) -> None:
+    config = load_config(args.config)
+    names = Names(prefix=args.prefix or config.prefix)
+    async with (
+        provisioned(url, names, name="coordinator") as broker,
+        Coordinator(broker, config).running(),
+    ):
+        await until_signal(f"coordinator serving on {url}")
+
+
+async def cmd_agent(args: argparse.Namespace) -> int:
+    agent = _load_agent(args.target)
+    if args.startup_delay is not None:
+        agent.startup_delay = args.startup_delay
+    async with agent.running(args.nats_url or DEFAULT_URL, names=_names(args)):
+        await until_signal(f"agent {agent.agent_id} serving {sorted(agent.handlers)}")
+    return 0
+
+
+async def cmd_publish(args: argparse.Namespace) -> int:
+    payload = _json_argument(args.json)
+    async with ReachClient(args.nats_url, names=_names(args), name="reach-cli") as client:
+        if args.wait:
+            result = await client.invoke(
+                args.topic, payload, priority=args.priority, trace_id=args.trace_id
+            )
+            print(json.dumps(result, ensure_ascii=False))
+            return 0
+        message_id, trace_id = await client.publish(
+            args.topic,
+            payload,
+            priority=args.priority,
+            trace_id=args.trace_id,
+            message_id=args.message_id,
+            ttl_ms=args.ttl_ms,
+        )
+    print(json.dumps({"message_id": message_id, "trace_id": trace_id}))
+    return 0
+
+
+async def cmd_trace(args: argparse.Namespace) -> int:
+    async with Broker(args.nats_url, names=_names(args), name="reach-cli") as broker:
+        steps = await tracing.collect(broker, args.id)
+    print(tracing.render(args.id, steps))
+    return 0 if steps else 1
+
+
+async def cmd_provision(args: argparse.Namespace) -> int:
+    names = _names(args)
+    async with Broker(args.nats_url, names=names, name="reach-cli") as broker:
+        outcomes = await provision(broker.js, Topology.default(names))
+    for name, outcome in outcomes.items():
+        print(f"{name:<24} {outcome}")
+    return 0
+
+
+async def cmd_schema(args: argparse.Namespace) -> int:
+    text = json.dumps(envelopes.json_schema(), indent=2)
+    if args.out:
+        await asyncio.to_thread(Path(args.out).write_text, text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+async def cmd_agents(args: argparse.Namespace) -> int:
+    from coordinator import AgentDirectory
+
+    async with Broker(args.nats_url, names=_names(args), name="reach-cli") as broker:
+        directory = AgentDirectory(broker)
+        await directory.refresh()
+    cards = sorted(directory.cards.values(), key=lambda c: c.agent_id)
+    if not cards:
+        print("no agents registered")
+    for card in cards:
+        intents = ", ".join(
+            f"{t}@{i.version}x{i.capacity}" for t, i in sorted(card.intents.items())
+        )
+        tags = ",".join(f"{k}={v}" for k, v in sorted(card.tags.items()))
+        print(f"{card.agent_id:<24} {card.status:<8} epoch {card.epoch:<3} {intents}  {tags}")
+    return 0
+
+
+async def cmd_dlq(args: argparse.Namespace) -> int:
+    if args.action == "show" and not args.id:
+        raise UsageError("dlq show needs the message_id of a dead letter")
+    names = _names(args)
+    subject = names.dlq(args.reason or "*", args.topic or "*")
+    async with Broker(args.nats_url, names=names, name="reach-cli") as broker:
+        stored = await read_stream(broker.js, names.dlq_stream, subject)
+    letters = [envelopes.decode_dead_letter(m.data) for m in stored]
+    if args.action == "show":
+        chosen = [d for d in letters if d.message_id == args.id]
+        if not chosen:
+            raise UsageError(f"no dead letter with message_id {args.id!r}")
+        print(json.dumps(msgspec.to_builtins(chosen[-1]), indent=2, ensure_ascii=False))
+        return 0
+    for letter in letters:
+        error = letter.error.message if letter.error else ""
+        print(f"{letter.message_id:<38} {letter.reason:<18} {letter.topic:<20} {error}")
+    if not letters:
+        print("no dead letters")
+    return 0
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from reach.demo import run_demo
+
+    async with nats_server(args.nats_url, port=args.port, data_dir=args.data_dir) as url:
+        return await run_demo(url, _names(args))
+
+
+# -- helpers ----------------------------------------------------------------------
+def _names(args: argparse.Namespace) -> Names:
+    return Names(prefix=args.prefix or "reach")
+
+
+def _json_argument(text: str) -> Any:
+    try:
+        return envelopes.decode_json(text)
+    except envelopes.DecodeError as exc:
+        raise UsageError(f"JSON argument is not valid JSON: {exc}") from None
+
+
+def _load_agent(target: str) -> Agent:
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"expected MODULE:OBJECT (e.g. examples.echo:agent), got {target!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {module_name!r}: {exc}") from None
+    agent = getattr(module, attr, None)
+    if not isinstance(agent, Agent):
+        raise UsageError(f"{target} is {type(agent).__name__}, not an agents.Agent")
+    return agent
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--nats-url",
+        default=os.environ.get("NATS_URL"),
+        help=f"NATS server (default $NATS_URL, then {DEFAULT_URL})",
+    )
+    common.add_argument("--prefix", default=None, help="subject prefix (default reach)")
+    common.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    common.add_argument("--log-format", default="auto", choices=["auto", "console", "json"])
+
+    parser = argparse.ArgumentParser(prog="reach", description="Agent-Reach over NATS JetStream")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    def command(name: str, func: Command, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(command=func)
+        return p
+
+    def embedded_options(p: argparse.ArgumentParser, port: int) -> None:
+        p.add_argument(
+            "--port",
+            type=int,
+            default=port,
+            help=f"embedded server port (default {port}; -1 = any free port)",
+        )
+        p.add_argument(
+            "--data-dir",
+            type=Path,
+            default=Path(".reach/nats"),
+            help="embedded server store (default ./.reach/nats)",
+        )
+
+    up = command("up", cmd_up, "run the coordinator, with an embedded nats-server unless a URL")
+    embedded_options(up, 4222)
+    up.add_argument("--config", help="coordinator YAML config")
+    coord = command("coordinator", cmd_coordinator, "run a coordinator replica")
+    coord.add_argument("--config", help="coordinator YAML config")
+    agent = command("agent", cmd_agent, "serve an Agent object: MODULE:OBJECT")
+    agent.add_argument("target", metavar="MODULE:OBJECT")
+    agent.add_argument(
+        "--startup-delay",
+        type=float,
+        default=None,
+        help="upper bound of the random delay before registering (s)",
+    )
+    pub = command("publish", cmd_publish, "publish a task: TOPIC JSON")
+    pub.add_argument("topic")
+    pub.add_argument("json")
+    pub.add_argument("--priority", choices=["P0", "P1", "P2"], default="P1")
+    pub.add_argument("--ttl-ms", type=int, default=None)
+    pub.add_argument("--trace-id", default=None)
+    pub.add_argument("--message-id", default=None)
+    pub.add_argument("--wait", action="store_true", help="wait for the result and print it")
+    tr = command("trace", cmd_trace, "every lifecycle event of a message_id or trace_id")
+    tr.add_argument("id")
+    command("provision", cmd_provision, "create or update every stream and bucket")
+    schema = command("schema", cmd_schema, "print the JSON Schema of envelope v1")
+    schema.add_argument("--out", help="write to this file instead")
+    command("agents", cmd_agents, "list registered agents")
+    dlq = command("dlq", cmd_dlq, "dead letters: list | show ID")
+    dlq.add_argument("action", choices=["list", "show"])
+    dlq.add_argument("id", nargs="?")
+    dlq.add_argument("--reason", default=None)
+    dlq.add_argument("--topic", default=None)
+    demo = command("demo", cmd_demo, "embedded server + coordinator + example agents + tasks")
+    embedded_options(demo, -1)
+    return parser

@@ -1,0 +1,73 @@
+"""``reach demo``: the whole path on one machine, then a clean exit.
+
+Starts the coordinator and the example agents, sends a few tasks the ways
+operators and programs do, and prints each result and its trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+from agents import ReachClient, TaskFailed
+from broker import Names
+from coordinator import Coordinator
+from envelopes import headers as h
+from examples.echo import agent as echo_agent
+from examples.summarize import agent as summarize_agent
+from reach import trace as tracing
+from reach.serving import provisioned
+
+TEXT = "NATS moves messages between agents. JetStream keeps them. Agent-Reach makes them arrive."
+
+
+async def run_demo(url: str, names: Names) -> int:
+    """Run the demo against ``url``; returns the exit code."""
+    async with contextlib.AsyncExitStack() as stack:
+        broker = await stack.enter_async_context(provisioned(url, names, name="coordinator"))
+        await stack.enter_async_context(Coordinator(broker).running())
+        for agent in (echo_agent, summarize_agent):
+            await stack.enter_async_context(agent.running(url, names=names))
+        client = await stack.enter_async_context(ReachClient(url, names=names, name="demo"))
+        print(f"Agent-Reach demo on {url}\n")
+        trace_ids = [
+            await _invoke(client, "summarize", {"text": TEXT}),
+            await _invoke(client, "shout", {"text": "reach every agent"}),
+            await _invoke(client, "translate", {"text": "no agent serves this topic"}),
+        ]
+        trace_ids.append(await _like_nats_pub(client))
+        for trace_id in trace_ids:
+            print(tracing.render(trace_id, await tracing.collect(broker, trace_id)), end="\n\n")
+    return 0
+
+
+async def _invoke(client: ReachClient, topic: str, payload: object) -> str:
+    trace_id = f"demo-{topic}"
+    print(f"→ invoke {topic} {json.dumps(payload)}")
+    try:
+        result = await client.invoke(topic, payload, trace_id=trace_id, execute_deadline_ms=5_000)
+        print(f"  result: {json.dumps(result, ensure_ascii=False)}\n")
+    except TaskFailed as exc:
+        print(f"  {type(exc).__name__}: {exc}\n")
+    return trace_id
+
+
+async def _like_nats_pub(client: ReachClient) -> str:
+    """A bare JSON body with headers on core NATS, as `nats pub -H …` sends it."""
+    broker = client.broker
+    inbox = broker.nc.new_inbox()
+    sub = await broker.nc.subscribe(inbox)
+    body = b'{"text": "sent like nats pub"}'
+    print(f"→ nats pub {broker.names.task('echo')} '{body.decode()}'")
+    await broker.nc.publish(
+        broker.names.task("echo"),
+        body,
+        headers={h.TRACE_ID: "demo-nats-pub", h.REPLY_TO: inbox},
+    )
+    while True:
+        reply = (await sub.next_msg(timeout=10)).data
+        if b'"kind":"result"' in reply:
+            print(f"  reply: {reply.decode()}\n")
+            break
+    await sub.unsubscribe()
+    return "demo-nats-pub"

@@ -1,0 +1,94 @@
+"""``reach trace ID``: every lifecycle event of a message or a trace, for a person to read."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import envelopes
+from broker import Broker, read_stream
+from envelopes import DecodeError, Event
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """An event with the broker's time of recording it."""
+
+    at: dt.datetime
+    seq: int
+    event: Event
+
+
+async def collect(broker: Broker, some_id: str) -> list[Step]:
+    """Events whose message_id or trace_id is ``some_id``, in the order the broker stored them."""
+    names = broker.names
+    found: dict[int, Step] = {}
+    for subject in (names.events_of_message(some_id), names.events_of_trace(some_id)):
+        for stored in await read_stream(broker.js, names.events_stream, subject):
+            try:
+                event = envelopes.decode_event(stored.data)
+            except DecodeError:
+                continue  # not ours to show; the stream only holds what we publish
+            at = dt.datetime.fromtimestamp(stored.timestamp_ns / 1e9, dt.UTC)
+            found[stored.stream_seq] = Step(at=at, seq=stored.stream_seq, event=event)
+    return [found[seq] for seq in sorted(found)]
+
+
+def render(some_id: str, steps: list[Step]) -> str:
+    """A block per message, a line per event: time, offset, event, agent, details."""
+    if not steps:
+        return f"no events recorded for {some_id!r} (is it a message_id or trace_id?)"
+    start = steps[0].at
+    messages: dict[str, list[Step]] = {}
+    for step in steps:
+        messages.setdefault(step.event.message_id, []).append(step)
+    trace_ids = sorted({s.event.trace_id for s in steps})
+    lines = [f"trace {', '.join(trace_ids)} · {len(messages)} message(s)"]
+    for message_id, own in messages.items():
+        lines.append(f"message {message_id}  topic {own[0].event.topic}")
+        for step in own:
+            lines.append(_line(step, start))
+    return "\n".join(lines)
+
+
+def _line(step: Step, start: dt.datetime) -> str:
+    event = step.event
+    clock = step.at.astimezone().strftime("%H:%M:%S.%f")[:-3]
+    offset = (step.at - start).total_seconds() * 1000
+    agent = event.agent_id or "coordinator"
+    attempt = f"#{event.attempt}"
+    since = f"+{offset:.1f}ms"
+    line = f"  {clock} {since:>10}  {event.event:<14} {attempt:<3} {agent:<20} "
+    return (line + _detail(event)).rstrip()
+
+
+def _detail(event: Event) -> str:
+    d = event.detail
+    match event.event:
+        case "routed":
+            return f"→ {event.agent_id} (candidates: {', '.join(d.get('candidates', []))})"
+        case "completed":
+            return f"in {d.get('duration_ms', '?')} ms, result {_short(d.get('result'))}"
+        case "failed" | "expired":
+            return _error(d.get("error"))
+        case "dead_lettered":
+            error = d.get("error") or {}
+            return f"reason {d.get('reason')}: {error.get('message', '')}"
+        case "progress":
+            return str(d.get("note", ""))
+        case _:
+            return _short(d) if d else ""
+
+
+def _error(error: Any) -> str:
+    if not isinstance(error, dict):
+        return ""
+    retry = "" if error.get("retryable", True) else " (permanent)"
+    return f"{error.get('type')}: {error.get('message')}{retry}"
+
+
+def _short(value: Any, width: int = 80) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= width else text[: width - 1] + "…"

@@ -1,0 +1,81 @@
+"""Running the real command-line tools: the operator's `nats` and our `reach`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pty
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+VENV_BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="session")
+def nats_cli() -> Path:
+    """The `nats` binary; without it these tests skip, or fail under REACH_REQUIRE_NATS_CLI."""
+    found = shutil.which("nats") or shutil.which("nats", path=str(VENV_BIN))
+    if found is None:
+        reason = "the nats CLI is not installed (go install github.com/nats-io/natscli/nats@v0.5.0)"
+        if os.environ.get("REACH_REQUIRE_NATS_CLI") == "1":
+            pytest.fail(f"REACH_REQUIRE_NATS_CLI=1 but {reason}")
+        pytest.skip(reason)
+    return Path(found)
+
+
+async def run(
+    *argv: str | Path, timeout: float = 30.0, env: dict[str, str] | None = None
+) -> Completed:
+    """Run a command without blocking the event loop (the coordinator shares it)."""
+    process = await asyncio.create_subprocess_exec(
+        *map(str, argv),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout)
+    assert process.returncode is not None
+    return Completed(process.returncode, out.decode(), err.decode())
+
+
+async def run_in_terminal(*argv: str | Path, timeout: float = 30.0) -> Completed:
+    """Run a command on a pseudo-terminal, for tools that page only on a terminal."""
+    leader, follower = pty.openpty()
+    process = await asyncio.create_subprocess_exec(
+        *map(str, argv), stdin=follower, stdout=follower, stderr=follower
+    )
+    os.close(follower)
+    chunks: list[bytes] = []
+
+    def read_all() -> None:
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal closes when the process exits
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(asyncio.gather(asyncio.to_thread(read_all), process.wait()), timeout)
+    finally:
+        os.close(leader)
+    assert process.returncode is not None
+    return Completed(process.returncode, b"".join(chunks).decode(errors="replace"), "")
+
+
+def reach_command() -> Path:
+    return VENV_BIN / "reach"

@@ -1,0 +1,145 @@
+"""The `reach` command line, run as a user runs it: a separate process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+
+from agents import Agent, TaskContext
+from tests.cli.conftest import reach_command, run
+
+
+def worker() -> Agent:
+    agent = Agent("cli-reach-worker", tags={"role": "worker"}, startup_delay=0)
+
+    @agent.handler("count", capacity=2)
+    async def count(ctx: TaskContext, payload: dict) -> dict:
+        return {"n": len(payload["items"])}
+
+    return agent
+
+
+async def reach(broker, *args: str):
+    return await run(reach_command(), *args, "--nats-url", broker.url,
+                     "--prefix", broker.names.prefix, "--log-format", "json")  # fmt: skip
+
+
+async def test_publish_then_trace_shows_the_lifecycle(broker, coordinator, watcher):
+    """`reach publish` returns ids; `reach trace` prints routed, accepted, completed in order."""
+    async with worker().running(broker=broker):
+        published = await reach(broker, "publish", "count", '{"items": [1, 2]}',
+                                "--trace-id", "cli-trace")  # fmt: skip
+        assert published.returncode == 0, published.stderr
+        ids = json.loads(published.stdout)
+        await watcher.event("completed", message_id=ids["message_id"])
+    traced = await reach(broker, "trace", "cli-trace")
+    assert traced.returncode == 0, traced.stderr
+    lines = traced.stdout.splitlines()
+    assert lines[0] == "trace cli-trace · 1 message(s)"
+    kinds = [line.split()[2] for line in lines[2:]]
+    assert kinds == ["routed", "accepted", "completed"]
+    assert '{"n": 2}' in lines[-1]
+
+
+async def test_publish_wait_prints_the_result(broker, coordinator):
+    """`reach publish --wait` prints the handler's result."""
+    async with worker().running(broker=broker):
+        done = await reach(broker, "publish", "count", '{"items": [1, 2, 3]}', "--wait")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"n": 3}
+
+
+async def test_provision_twice_reports_unchanged(broker):
+    """`reach provision` is idempotent: the second run changes nothing."""
+    done = await reach(broker, "provision")
+    assert done.returncode == 0, done.stderr
+    outcomes = dict(line.split() for line in done.stdout.splitlines())
+    assert set(outcomes.values()) == {"unchanged"}
+    assert broker.names.dlq_stream in outcomes
+
+
+async def test_agents_and_dlq_commands(broker, coordinator, watcher):
+    """`reach agents` lists cards; `reach dlq list|show` shows dead letters."""
+    async with worker().running(broker=broker):
+        agents = await reach(broker, "agents")
+        await reach(broker, "publish", "nobody_serves_this", "{}", "--message-id", "lost-1")
+        await watcher.dead_letter("no_route")
+    assert "cli-reach-worker" in agents.stdout and "running" in agents.stdout
+    listed = await reach(broker, "dlq", "list")
+    assert "lost-1" in listed.stdout and "no_route" in listed.stdout
+    shown = await reach(broker, "dlq", "show", "lost-1")
+    letter = json.loads(shown.stdout)
+    assert letter["reason"] == "no_route"
+    assert letter["envelope"]["topic"] == "nobody_serves_this"
+
+
+async def test_schema_is_json_schema_of_every_kind():
+    """`reach schema` prints a JSON Schema naming every envelope kind."""
+    done = await run(reach_command(), "schema")
+    schema = json.loads(done.stdout)
+    assert {"Task", "Ack", "Progress", "Result", "ErrorReply", "Event", "DeadLetter"} <= set(
+        schema["$defs"]
+    )
+
+
+async def test_user_mistakes_are_one_line_without_traceback(broker):
+    """Unreachable server, bad JSON and a bad agent target: one clear line, exit 1."""
+    unreachable = await run(reach_command(), "trace", "x", "--nats-url", "nats://127.0.0.1:1")
+    bad_json = await reach(broker, "publish", "count", "{nope")
+    bad_target = await reach(broker, "agent", "no_such_module:agent")
+    for done, expected in [
+        (unreachable, "cannot connect to NATS at nats://127.0.0.1:1"),
+        (bad_json, "JSON argument is not valid JSON"),
+        (bad_target, "cannot import 'no_such_module'"),
+    ]:
+        assert done.returncode == 1
+        assert "Traceback" not in done.stderr
+        assert done.stderr.strip().splitlines()[-1].startswith("reach: error: ")
+        assert expected in done.stderr
+
+
+async def test_up_on_a_taken_port_is_one_clear_line(tmp_path):
+    """`reach up --port N` with N taken says so in one line."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = await run(reach_command(), "up", "--port", str(port), "--data-dir",
+                         str(tmp_path / "nats"), env={"NATS_URL": ""})  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"reach: error: port {port} on 127.0.0.1 is already in use: stop what holds it,"
+        " choose another with --port, or pass --nats-url to use that server"
+    )
+
+
+async def test_up_serves_with_embedded_server_and_stops_on_ctrl_c(tmp_path):
+    """`reach up` starts nats-server and the coordinator, and exits 0 on SIGINT."""
+    process = await asyncio.create_subprocess_exec(
+        reach_command(), "up", "--port", "-1", "--data-dir", str(tmp_path / "nats"),
+        "--log-format", "json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "NATS_URL": ""},
+    )  # fmt: skip
+    assert process.stderr is not None
+    async with asyncio.timeout(20):
+        while b"coordinator serving on" not in (line := await process.stderr.readline()):
+            assert line, "reach up exited before serving"
+    url = line.decode().split("serving on ")[1].split()[0]
+    process.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(process.wait(), 20) == 0
+    assert (tmp_path / "nats" / "jetstream").is_dir()
+    refused = await run(reach_command(), "agents", "--nats-url", url)
+    assert "cannot connect" in refused.stderr  # the embedded server stopped with it
+
+
+async def test_demo_runs_and_exits_cleanly(tmp_path):
+    """`reach demo` prints results and traces, then exits 0."""
+    done = await run(reach_command(), "demo", "--data-dir", str(tmp_path / "nats"),
+                     "--log-level", "warning", env={"NATS_URL": ""}, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert '"REACH EVERY AGENT"' in done.stdout
+    assert "Rejected: no_route" in done.stdout
+    assert done.stdout.count("completed") >= 3
