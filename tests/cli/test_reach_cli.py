@@ -23,15 +23,24 @@ def worker() -> Agent:
 
 
 async def reach(broker, *args: str):
-    return await run(reach_command(), *args, "--nats-url", broker.url,
-                     "--prefix", broker.names.prefix, "--log-format", "json")  # fmt: skip
+    return await run(
+        reach_command(),
+        *args,
+        "--nats-url",
+        broker.url,
+        "--prefix",
+        broker.names.prefix,
+        "--log-format",
+        "json",
+    )
 
 
 async def test_publish_then_trace_shows_the_lifecycle(broker, coordinator, watcher):
     """`reach publish` returns ids; `reach trace` prints routed, accepted, completed in order."""
     async with worker().running(broker=broker):
-        published = await reach(broker, "publish", "count", '{"items": [1, 2]}',
-                                "--trace-id", "cli-trace")  # fmt: skip
+        published = await reach(
+            broker, "publish", "count", '{"items": [1, 2]}', "--trace-id", "cli-trace"
+        )
         assert published.returncode == 0, published.stderr
         ids = json.loads(published.stdout)
         await watcher.event("completed", message_id=ids["message_id"])
@@ -107,8 +116,15 @@ async def test_up_on_a_taken_port_is_one_clear_line(tmp_path):
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        done = await run(reach_command(), "up", "--port", str(port), "--data-dir",
-                         str(tmp_path / "nats"), env={"NATS_URL": ""})  # fmt: skip
+        done = await run(
+            reach_command(),
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "nats"),
+            env={"NATS_URL": ""},
+        )
     assert done.returncode == 1
     assert done.stderr.strip() == (
         f"reach: error: port {port} on 127.0.0.1 is already in use: stop what holds it,"
@@ -119,10 +135,18 @@ async def test_up_on_a_taken_port_is_one_clear_line(tmp_path):
 async def test_up_serves_with_embedded_server_and_stops_on_ctrl_c(tmp_path):
     """`reach up` starts nats-server and the coordinator, and exits 0 on SIGINT."""
     process = await asyncio.create_subprocess_exec(
-        reach_command(), "up", "--port", "-1", "--data-dir", str(tmp_path / "nats"),
-        "--log-format", "json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        reach_command(),
+        "up",
+        "--port",
+        "-1",
+        "--data-dir",
+        str(tmp_path / "nats"),
+        "--log-format",
+        "json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "NATS_URL": ""},
-    )  # fmt: skip
+    )
     assert process.stderr is not None
     async with asyncio.timeout(20):
         while b"coordinator serving on" not in (line := await process.stderr.readline()):
@@ -137,8 +161,16 @@ async def test_up_serves_with_embedded_server_and_stops_on_ctrl_c(tmp_path):
 
 async def test_demo_runs_and_exits_cleanly(tmp_path):
     """`reach demo` prints results and traces, then exits 0."""
-    done = await run(reach_command(), "demo", "--data-dir", str(tmp_path / "nats"),
-                     "--log-level", "warning", env={"NATS_URL": ""}, timeout=60)  # fmt: skip
+    done = await run(
+        reach_command(),
+        "demo",
+        "--data-dir",
+        str(tmp_path / "nats"),
+        "--log-level",
+        "warning",
+        env={"NATS_URL": ""},
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert '"REACH EVERY AGENT"' in done.stdout
     assert "Rejected: no_route" in done.stdout

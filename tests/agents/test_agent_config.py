@@ -1,0 +1,58 @@
+"""Declaring an Agent: mistakes are caught when the decorator runs, naming the option."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents import Agent, AgentConfigError
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Agent("has space"), "agent_id 'has space'"),
+        (lambda: Agent("a", heartbeat_interval=0), "heartbeat_interval"),
+        (lambda: Agent("a", startup_delay=-1), "startup_delay"),
+        (lambda: Agent("a").handler("a.b"), "topic 'a.b'"),
+        (lambda: Agent("a").handler("t", capacity=0), "capacity of 't'"),
+        (lambda: Agent("a").handler("t", deadline_ms=0), "deadline_ms of 't'"),
+    ],
+)
+def test_bad_options_name_themselves(build, message):
+    """Each wrong option raises AgentConfigError that names it."""
+    with pytest.raises(AgentConfigError, match=message.replace(".", r"\.")):
+        build()
+
+
+def test_handler_must_take_ctx_and_payload():
+    """A handler with the wrong signature is refused at registration."""
+    agent = Agent("a")
+    with pytest.raises(AgentConfigError, match=r"must take \(ctx, payload\)"):
+        agent.handler("t")(lambda payload: payload)
+
+
+def test_a_topic_has_one_handler():
+    """Registering a second handler for a topic is refused."""
+    agent = Agent("a")
+    agent.handler("t")(lambda ctx, payload: payload)
+    with pytest.raises(AgentConfigError, match="already has a handler"):
+        agent.handler("t")(lambda ctx, payload: payload)
+
+
+def test_card_lists_intents_with_version_and_capacity():
+    """The card carries each intent's version, capacity and deadline, and the tags."""
+    agent = Agent("a", tags={"region": "cn-east"})
+    agent.handler("refund", version="2.1", capacity=100, deadline_ms=8000)(lambda c, p: p)
+    card = agent.card(epoch=3)
+    assert card.intents["refund"].version == "2.1"
+    assert card.intents["refund"].capacity == 100
+    assert card.intents["refund"].deadline_ms == 8000
+    assert card.tags == {"region": "cn-east"} and card.epoch == 3
+    assert agent.capacity == 100
+
+
+async def test_an_agent_without_handlers_does_not_start(nats_url):
+    """Running an agent with no handlers is a configuration error."""
+    with pytest.raises(AgentConfigError, match="has no handlers"):
+        async with Agent("empty", startup_delay=0).running(nats_url):
+            pass

@@ -1,0 +1,136 @@
+"""Executing tasks on a real server: replies in order, failures, deadlines, expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import msgspec
+import pytest
+
+import envelopes
+from agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
+from envelopes import AgentCard
+from envelopes import headers as h
+
+
+def agent_with_handlers() -> Agent:
+    agent = Agent("exec-1", startup_delay=0)
+
+    @agent.handler("slow_report", capacity=2)
+    async def slow_report(ctx: TaskContext, payload: dict) -> dict:
+        await ctx.progress("half way")
+        return {"done": True, "attempt": ctx.attempt}
+
+    @agent.handler("blocking", capacity=2)
+    def blocking(ctx: TaskContext, payload: dict) -> dict:
+        time.sleep(0.05)  # a blocking call: must not run on the event loop
+        return {"thread": threading.current_thread().name}
+
+    @agent.handler("refuse")
+    async def refuse(ctx: TaskContext, payload: dict) -> dict:
+        raise PermanentError("order 7 is already refunded")
+
+    @agent.handler("crash")
+    async def crash(ctx: TaskContext, payload: dict) -> dict:
+        raise RuntimeError("database unavailable")
+
+    @agent.handler("overrun", deadline_ms=100)
+    async def overrun(ctx: TaskContext, payload: dict) -> dict:
+        await asyncio.sleep(30)
+        return {}
+
+    return agent
+
+
+async def test_invoke_sees_ack_then_progress_then_result(broker, coordinator):
+    """on_ack, on_progress and the result arrive in that order."""
+    seen: list[str] = []
+    async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke(
+            "slow_report", {}, on_ack=lambda a: seen.append("ack"),
+            on_progress=lambda p: seen.append(f"progress:{p.note}"),
+        )  # fmt: skip
+    assert seen == ["ack", "progress:half way"]
+    assert result == {"done": True, "attempt": 1}
+
+
+async def test_sync_handler_runs_in_a_worker_thread(broker, coordinator):
+    """A plain function handler runs off the event loop."""
+    async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke("blocking", {})
+    assert result["thread"] != threading.main_thread().name
+
+
+async def test_permanent_error_is_rejected(broker, coordinator, watcher):
+    """A PermanentError ends in REACH_DLQ as rejected, and the caller gets the error."""
+    async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
+        with pytest.raises(TaskFailed) as caught:
+            await client.invoke("refuse", {"order": 7})
+    letter = await watcher.dead_letter("rejected", topic="refuse")
+    assert caught.value.error.type == "PermanentError"
+    assert caught.value.error.retryable is False
+    assert letter.error is not None and letter.error.message == "order 7 is already refunded"
+    assert letter.envelope is not None and letter.envelope.payload == {"order": 7}
+    assert [e.event for e in letter.trace] == ["routed", "accepted", "failed"]
+
+
+async def test_other_failures_end_as_retries_exhausted(broker, coordinator, watcher):
+    """An ordinary exception is retryable; with no retries left it ends as retries_exhausted."""
+    async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
+        with pytest.raises(TaskFailed, match="RuntimeError: database unavailable"):
+            await client.invoke("crash", {})
+    letter = await watcher.dead_letter("retries_exhausted", topic="crash")
+    assert letter.error is not None and letter.error.retryable
+    assert letter.attempts == 1
+
+
+async def test_deadline_cancels_an_async_handler(broker, coordinator, watcher):
+    """A handler past its deadline_ms is cancelled and reported as deadline_exceeded."""
+    async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
+        with pytest.raises(TaskFailed) as caught:
+            await client.invoke("overrun", {})
+    assert caught.value.error.type == "deadline_exceeded"
+    failed = await watcher.event("failed", topic="overrun")
+    assert failed.detail["error"]["message"] == "handler ran past 100 ms"
+
+
+async def test_a_task_that_expired_in_the_agent_queue_is_not_run(broker, coordinator, watcher):
+    """A dispatched task whose ttl passed while queued is dead-lettered as expired, not run."""
+    agent = agent_with_handlers()
+    task = envelopes.Task(v=1, message_id="stale-1", trace_id="stale-1", topic="slow_report",
+                          ttl_ms=200, to_agent=agent.agent_id)  # fmt: skip
+    await broker.publish(broker.names.dispatch(agent.agent_id, "P1"), envelopes.encode(task))
+    await asyncio.sleep(0.3)  # the passing of the ttl is what this test is about
+    async with agent.running(broker=broker):
+        letter = await watcher.dead_letter("expired", topic="slow_report")
+    assert letter.message_id == "stale-1"
+    assert not any(e.event == "accepted" for e in watcher.events)
+
+
+async def test_undecodable_dispatch_is_dead_lettered(broker, coordinator, watcher):
+    """Garbage on an agent's dispatch subject ends in REACH_DLQ, not in silence."""
+    agent = agent_with_handlers()
+    subject = broker.names.dispatch(agent.agent_id, "P0")
+    await broker.publish(subject, b"\xff not json", headers={h.MSG_ID: "junk"})
+    async with agent.running(broker=broker):
+        letter = await watcher.dead_letter("invalid_envelope")
+    assert letter.raw == "base64:" + "/yBub3QganNvbg=="
+    assert letter.headers[h.MSG_ID] == "junk"
+
+
+async def test_registration_reuses_the_record_and_raises_the_epoch(broker):
+    """Restarting with the same id keeps one record, epoch + 1, and marks it stopped on exit."""
+    kv = await broker.kv(broker.names.agents_bucket)
+    agent = agent_with_handlers()
+    async with agent.running(broker=broker):
+        first = msgspec.json.decode((await kv.get(agent.agent_id)).value, type=AgentCard)
+    async with agent.running(broker=broker):
+        second = msgspec.json.decode((await kv.get(agent.agent_id)).value, type=AgentCard)
+    stopped = msgspec.json.decode((await kv.get(agent.agent_id)).value, type=AgentCard)
+    assert (first.epoch, second.epoch) == (1, 2)
+    assert first.status == second.status == "running"
+    assert stopped.status == "stopped"
+    assert await kv.keys() == [agent.agent_id]
+    assert sorted(first.intents) == ["blocking", "crash", "overrun", "refuse", "slow_report"]

@@ -1,0 +1,109 @@
+"""The broker boundary: publish with dedup, nats-py errors translated, reading streams."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from broker import (
+    Broker,
+    BrokerError,
+    ConnectError,
+    ConsumerNotFound,
+    EmbeddedServer,
+    EmbeddedServerError,
+    NoStreamError,
+    StreamNotFound,
+    read_stream,
+)
+from broker.errors import translated
+from broker.watch import BucketWatch
+
+
+async def test_same_msg_id_is_stored_once(broker):
+    """A repeated Nats-Msg-Id is acknowledged as a duplicate and not stored again."""
+    subject = broker.names.task("echo")
+    first = await broker.publish(subject, b"{}", headers={"Nats-Msg-Id": "same"})
+    second = await broker.publish(subject, b"{}", headers={"Nats-Msg-Id": "same"})
+    assert not first.duplicate and second.duplicate
+    assert second.seq == first.seq
+
+
+async def test_publish_without_stream_is_no_stream_error(broker):
+    """Publishing where no stream listens says to provision."""
+    with pytest.raises(NoStreamError, match="reach provision"):
+        await broker.publish("nowhere.at.all", b"x")
+
+
+async def test_errors_are_translated_by_code(broker):
+    """Missing stream and consumer become typed errors carrying the JetStream code."""
+    with pytest.raises(StreamNotFound) as stream, translated():
+        await broker.js.stream_info("NO_SUCH_STREAM")
+    with pytest.raises(ConsumerNotFound) as consumer, translated():
+        await broker.js.consumer_info(broker.names.tasks_stream, "no-such-consumer")
+    assert stream.value.err_code == 10059
+    assert consumer.value.err_code == 10014
+
+
+async def test_unreachable_server_fails_fast():
+    """A URL with no server is a ConnectError within seconds, not a retry loop."""
+    started = time.monotonic()
+    with pytest.raises(ConnectError, match=r"cannot connect to NATS at nats://127\.0\.0\.1:1"):
+        async with Broker("nats://127.0.0.1:1"):
+            pass
+    assert time.monotonic() - started < 10
+
+
+async def test_a_broker_cannot_be_reopened(nats_url):
+    """Reuse after close is refused."""
+    broker = Broker(nats_url)
+    async with broker:
+        pass
+    with pytest.raises(BrokerError, match="cannot be opened twice"):
+        await broker.__aenter__()
+
+
+async def test_read_stream_returns_matching_messages_in_order(broker):
+    """Only the filtered subjects, oldest first; nothing for an unknown id."""
+    names = broker.names
+    for event in ("routed", "accepted", "completed"):
+        await broker.publish(names.event(event, "echo", "t1", "m1"), event.encode())
+    await broker.publish(names.event("routed", "echo", "t2", "m2"), b"other")
+    found = await read_stream(broker.js, names.events_stream, names.events_of_message("m1"))
+    assert [m.data for m in found] == [b"routed", b"accepted", b"completed"]
+    assert found[0].timestamp_ns <= found[-1].timestamp_ns
+    assert await read_stream(broker.js, names.events_stream, names.events_of_message("m3")) == []
+
+
+async def test_bucket_watch_sees_initial_values_changes_and_deletes(broker):
+    """A watch yields what is there, then each put and delete, with no sentinels."""
+    kv = await broker.kv(broker.names.liveness_bucket)
+    await kv.put("a", b"1")
+    async with BucketWatch(kv) as watch:
+        changes = aiter(watch)
+        first = await anext(changes)
+        await kv.put("b", b"2")
+        second = await anext(changes)
+        await kv.delete("a")
+        third = await anext(changes)
+    assert (first.key, first.value) == ("a", b"1")
+    assert watch.initial.is_set()
+    assert (second.key, second.value) == ("b", b"2")
+    assert (third.key, third.value) == ("a", None)
+
+
+async def test_embedded_server_without_binary_is_a_clear_error(monkeypatch, tmp_path):
+    """A missing nats-server binary is one sentence, not a traceback."""
+    monkeypatch.setenv("REACH_NATS_SERVER", str(tmp_path / "missing"))
+    with pytest.raises(EmbeddedServerError, match="is not an executable file"):
+        async with EmbeddedServer(port=-1, store_dir=tmp_path):
+            pass
+
+
+async def test_embedded_server_on_taken_port_names_the_port(nats_url, tmp_path):
+    """Starting a second server on a taken port names the port and what to do."""
+    async with EmbeddedServer(port=-1, store_dir=tmp_path / "a") as first:
+        with pytest.raises(EmbeddedServerError, match=f"port {first.port} on 127.0.0.1 is already"):
+            async with EmbeddedServer(port=first.port, store_dir=tmp_path / "b"):
+                pass

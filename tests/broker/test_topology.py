@@ -1,0 +1,57 @@
+"""Provisioning every stream and bucket from one description, idempotently."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from broker import Outcome, ProvisionError, Topology, provision
+
+
+async def test_provision_creates_everything_then_changes_nothing(broker):
+    """A second run reports every stream and bucket unchanged."""
+    topology = Topology.default(broker.names)
+    again = await provision(broker.js, topology)
+    assert set(again.values()) == {Outcome.UNCHANGED}
+    names = broker.names
+    expected = {names.tasks_stream, names.events_stream, names.dlq_stream,
+                *names.dispatch_streams.values(), names.agents_bucket,
+                names.heartbeats_bucket, names.liveness_bucket}  # fmt: skip
+    assert set(again) == expected
+    info = await broker.js.stream_info(names.tasks_stream)
+    assert info.config.subjects == [f"{names.prefix}.task.>"]
+    assert info.config.retention == "workqueue"
+
+
+async def test_changed_limits_are_applied(broker):
+    """A new max_age on a stream and a new history on a bucket reach the server."""
+    base = Topology.default(broker.names)
+    streams = tuple(
+        dataclasses.replace(s, max_age_s=3600.0) if s.name == broker.names.events_stream else s
+        for s in base.streams
+    )
+    buckets = tuple(
+        dataclasses.replace(b, history=3) if b.name == broker.names.agents_bucket else b
+        for b in base.buckets
+    )
+    outcomes = await provision(broker.js, Topology(streams=streams, buckets=buckets))
+    assert outcomes[broker.names.events_stream] is Outcome.UPDATED
+    assert outcomes[broker.names.agents_bucket] is Outcome.UPDATED
+    assert outcomes[broker.names.dlq_stream] is Outcome.UNCHANGED
+    events = await broker.js.stream_info(broker.names.events_stream)
+    agents = await broker.js.stream_info(f"KV_{broker.names.agents_bucket}")
+    assert events.config.max_age == 3600.0
+    assert agents.config.max_msgs_per_subject == 3
+
+
+async def test_a_change_the_server_cannot_make_is_a_clear_error(broker):
+    """Changing the retention of an existing stream names the stream and the field."""
+    base = Topology.default(broker.names)
+    streams = tuple(
+        dataclasses.replace(s, retention="limits") if s.name == broker.names.tasks_stream else s
+        for s in base.streams
+    )
+    with pytest.raises(ProvisionError) as caught:
+        await provision(broker.js, Topology(streams=streams, buckets=base.buckets))
+    assert f"stream {broker.names.tasks_stream}: retention" in str(caught.value)

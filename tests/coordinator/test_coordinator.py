@@ -1,0 +1,115 @@
+"""The coordinator: shared work across replicas, nothing lost while it is down, config."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+
+import pytest
+
+import envelopes
+from agents import Agent, ReachClient, TaskContext
+from broker import Broker
+from coordinator import ConfigError, Coordinator, CoordinatorConfig, load_config
+from envelopes import AgentCard, Intent
+
+
+def counting_agent(agent_id: str, runs: Counter[str]) -> Agent:
+    agent = Agent(agent_id, startup_delay=0)
+
+    @agent.handler("count", capacity=8)
+    async def count(ctx: TaskContext, payload: dict) -> dict:
+        runs[ctx.message_id] += 1
+        return {"by": agent_id}
+
+    return agent
+
+
+@contextlib.asynccontextmanager
+async def replica(broker: Broker):
+    async with (
+        Broker(broker.url, names=broker.names, name="replica") as own,
+        Coordinator(own, CoordinatorConfig(intake_batch=4)).running() as running,
+    ):
+        yield running
+
+
+async def test_two_replicas_share_intake_and_each_task_runs_once(broker, watcher):
+    """With two coordinators and two agents, 40 tasks complete once each."""
+    runs: Counter[str] = Counter()
+    async with (
+        replica(broker), replica(broker),
+        counting_agent("count-a", runs).running(broker=broker),
+        counting_agent("count-b", runs).running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):  # fmt: skip
+        ids = [(await client.publish("count", {"i": i}))[0] for i in range(40)]
+        for message_id in ids:
+            await watcher.event("completed", message_id=message_id)
+    assert set(runs) == set(ids)
+    assert set(runs.values()) == {1}
+    routed = [e for e in watcher.events if e.event == "routed"]
+    assert len(routed) == 40
+
+
+async def test_tasks_published_while_no_coordinator_runs_are_not_lost(broker, watcher):
+    """Intake waits in REACH_TASKS until a coordinator starts, then every task completes."""
+    runs: Counter[str] = Counter()
+    async with ReachClient(broker=broker) as client:
+        ids = [(await client.publish("count", {"i": i}))[0] for i in range(5)]
+    async with counting_agent("late", runs).running(broker=broker), replica(broker):
+        for message_id in ids:
+            await watcher.event("completed", message_id=message_id)
+    assert sorted(runs) == sorted(ids)
+
+
+async def test_a_card_written_a_moment_ago_is_found(broker, coordinator, watcher):
+    """A miss re-reads the registry before deciding no_route."""
+    kv = await broker.kv(broker.names.agents_bucket)
+    card = AgentCard(agent_id="fresh", intents={"fresh_topic": Intent()})
+    await kv.put("fresh", envelopes.encode(card))
+    async with ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("fresh_topic", {})
+    routed = await watcher.event("routed", message_id=message_id)
+    assert routed.agent_id == "fresh"
+
+
+async def test_stopped_agents_get_no_work(broker, coordinator, watcher):
+    """An agent whose card says stopped is not a candidate: the task is no_route."""
+    runs: Counter[str] = Counter()
+    async with counting_agent("gone", runs).running(broker=broker):
+        pass
+    async with ReachClient(broker=broker) as client:
+        await client.publish("count", {})
+    letter = await watcher.dead_letter("no_route", topic="count")
+    assert letter.error is not None and "no agent serves topic 'count'" in letter.error.message
+    assert not runs
+
+
+async def test_intake_expiry_uses_the_broker_timestamp(broker, watcher):
+    """A task whose ttl passed before a coordinator read it is dead-lettered as expired."""
+    async with ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("count", {}, ttl_ms=100)
+    await asyncio.sleep(0.2)  # the ttl passing is what this test is about
+    async with replica(broker):
+        letter = await watcher.dead_letter("expired", topic="count")
+    assert letter.message_id == message_id
+    assert "passed in intake" in (letter.error.message if letter.error else "")
+
+
+def test_config_file_errors_name_the_field(tmp_path):
+    """A wrong value in the YAML config names its path; a missing file names the file."""
+    bad = tmp_path / "coordinator.yaml"
+    bad.write_text("intake_batch: -3\n")
+    with pytest.raises(ConfigError, match=r"\$\.intake_batch"):
+        load_config(bad)
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("intake_bathc: 3\n")
+    with pytest.raises(ConfigError, match="unknown field `intake_bathc`"):
+        load_config(unknown)
+    with pytest.raises(ConfigError, match="cannot read coordinator config"):
+        load_config(tmp_path / "missing.yaml")
+    good = tmp_path / "good.yaml"
+    good.write_text("intake_batch: 8\n")
+    assert load_config(good).intake_batch == 8

@@ -1,0 +1,177 @@
+"""Envelope v1 codec: round trips, path-bearing errors, and nothing but DecodeError."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import envelopes
+from envelopes import (
+    Ack,
+    Budget,
+    Capacity,
+    DeadLetter,
+    DecodeError,
+    ErrorInfo,
+    ErrorReply,
+    Event,
+    Progress,
+    Result,
+    Task,
+)
+
+tokens = st.from_regex(r"\A[A-Za-z0-9_-]{1,40}\Z")
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+ms = st.integers(1, 10**9)
+about = {
+    "v": st.just(1),
+    "message_id": tokens,
+    "trace_id": tokens,
+    "topic": tokens,
+    "from_agent": st.none() | tokens,
+    "to_agent": st.none() | tokens,
+    "attempt": st.integers(1, 50),
+    "created_at": st.integers(0, 2**41),
+}
+tasks = st.builds(
+    Task,
+    **about,
+    payload=json_values,
+    ttl_ms=ms,
+    reply_to=st.none() | st.text(min_size=1, max_size=30),
+    priority=st.sampled_from(["P0", "P1", "P2"]),
+    budget=st.builds(Budget, seek_ms=ms, ack_ms=ms, execute_ms=ms),
+)
+errors = st.builds(ErrorInfo, type=tokens, message=st.text(max_size=40), retryable=st.booleans())
+events = st.builds(
+    Event,
+    **about,
+    event=tokens,
+    agent_id=st.none() | tokens,
+    at_ms=st.integers(0, 2**41),
+    detail=st.dictionaries(st.text(max_size=8), json_values, max_size=3),
+)
+messages = st.one_of(
+    tasks,
+    st.builds(Ack, **about, capacity=st.none() | st.builds(Capacity, free_slots=st.integers(0, 9))),
+    st.builds(Progress, **about, note=st.text(max_size=30)),
+    st.builds(Result, **about, result=json_values),
+    st.builds(ErrorReply, **about, error=errors),
+    events,
+    st.builds(
+        DeadLetter,
+        v=st.just(1),
+        reason=tokens,
+        message_id=tokens,
+        trace_id=tokens,
+        topic=tokens,
+        attempts=st.integers(0, 9),
+        envelope=st.none() | tasks,
+        error=st.none() | errors,
+        trace=st.lists(events, max_size=3),
+    ),
+)
+
+
+@given(messages)
+@settings(max_examples=300)
+def test_every_kind_round_trips(message):
+    """encode → decode gives back an equal envelope of the same kind."""
+    assert envelopes.decode(envelopes.encode(message)) == message
+
+
+@given(st.binary(max_size=200))
+@settings(max_examples=500)
+def test_arbitrary_bytes_raise_only_decode_error(data):
+    """Any bytes either decode or raise the project's DecodeError, naming a path."""
+    try:
+        envelopes.decode(data)
+    except DecodeError as exc:
+        assert exc.path.startswith("$")
+        assert f"- at `{exc.path}`" in str(exc)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            ["v", "kind", "message_id", "topic", "ttl_ms", "priority", "budget", "attempt"]
+        ),
+        json_values,
+    )
+)
+def test_arbitrary_objects_raise_only_decode_error(document):
+    """Any JSON object either decodes or raises DecodeError."""
+    with contextlib.suppress(DecodeError):
+        envelopes.decode_task(json.dumps(document).encode())
+
+
+def task_json(**overrides: object) -> bytes:
+    fields = {"v": 1, "kind": "task", "message_id": "m1", "trace_id": "t1", "topic": "echo"}
+    fields.update(overrides)
+    return json.dumps({k: v for k, v in fields.items() if v is not ...}).encode()
+
+
+@pytest.mark.parametrize(
+    ("document", "path", "text"),
+    [
+        (task_json(ttl_ms="5"), "$.ttl_ms", "Expected `int`, got `str`"),
+        (task_json(ttl_ms=0), "$.ttl_ms", "Expected `int` >= 1"),
+        (task_json(v=2), "$.v", "Invalid enum value 2"),
+        (task_json(priority="P9"), "$.priority", "Invalid enum value 'P9'"),
+        (task_json(message_id=...), "$", "missing required field `message_id`"),
+        (task_json(message_id="has.dot"), "$.message_id", "regex"),
+        (task_json(budget={"ack_ms": "x"}), "$.budget.ack_ms", "Expected `int`"),
+        (task_json(kind="result"), "$.kind", "Invalid value 'result'"),
+        (b'{"v": 1, "kind"', "$", "truncated"),
+    ],
+)
+def test_decode_errors_name_the_field(document, path, text):
+    """A wrong field is reported with its JSON path and what was expected."""
+    with pytest.raises(DecodeError) as caught:
+        envelopes.decode_task(document)
+    assert caught.value.path == path
+    assert text in str(caught.value)
+
+
+def test_unknown_fields_are_ignored():
+    """A newer sender's extra fields do not break an older reader."""
+    task = envelopes.decode_task(task_json(added_in_v1_5={"x": 1}))
+    assert task.message_id == "m1"
+
+
+def test_defaults_follow_the_design():
+    """ttl 30 s, priority P1, attempt 1, ACK within 2 s."""
+    task = envelopes.decode_task(task_json())
+    assert (task.ttl_ms, task.priority, task.attempt, task.budget.ack_ms) == (
+        30_000,
+        "P1",
+        1,
+        2_000,
+    )
+
+
+def test_new_ids_are_time_ordered_uuid7():
+    """message ids sort by creation time and carry version 7."""
+    ids = [envelopes.new_id() for _ in range(50)]
+    assert all(i[14] == "7" for i in ids)
+    assert len(set(ids)) == 50
+    assert envelopes.stable_id(10**18, "S", 1) == envelopes.stable_id(10**18, "S", 1)
+    assert envelopes.stable_id(10**18, "S", 1) != envelopes.stable_id(10**18, "S", 2)
+
+
+def test_schema_covers_every_kind_and_requires_core_fields():
+    """The JSON Schema names each kind's tag and the required fields of a task."""
+    schema = envelopes.json_schema()
+    task = schema["$defs"]["Task"]
+    assert task["properties"]["kind"] == {"enum": ["task"]}
+    assert {"v", "kind", "message_id", "trace_id", "topic"} <= set(task["required"])
