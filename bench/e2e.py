@@ -1,0 +1,126 @@
+"""Tasks per second through the whole Agent-Reach path, against raw nats-py on the same server.
+
+    .venv/bin/python bench/e2e.py [--tasks 5000] [--window 256]
+
+Reach path: publish a task → coordinator routes → agent runs a no-op handler →
+``completed`` event observed. Baseline, measured in the same run on the same
+server: publish to one stream, pull-consume in batches, ack. Both publish with
+the same number of publishes in flight. Uses an embedded nats-server on a free
+loopback port unless NATS_URL is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator
+
+from nats.js import api
+
+from agents import Agent, ReachClient, TaskContext
+from broker import Broker, EmbeddedServer, Names, Topology, provision
+from coordinator import Coordinator, CoordinatorConfig
+from reach.logs import configure_logging
+
+
+async def publish_all(publish, count: int, window: int) -> None:  # type: ignore[no-untyped-def]
+    """Keep ``window`` publishes in flight until ``count`` are acknowledged."""
+    for start in range(0, count, window):
+        await asyncio.gather(*(publish(i) for i in range(start, min(count, start + window))))
+
+
+async def baseline(url: str, count: int, window: int) -> float:
+    """Raw nats-py: JetStream publish, pull-consume in batches of 100, ack."""
+    async with Broker(url, name="bench-baseline") as broker:
+        js = broker.js
+        await js.add_stream(api.StreamConfig(name="BENCH", subjects=["bench.>"],
+                                             retention=api.RetentionPolicy.WORK_QUEUE))  # fmt: skip
+        sub = await js.pull_subscribe("bench.x", durable="bench", stream="BENCH")
+        body = b'{"n": 1}'
+        started = time.perf_counter()
+
+        async def consume() -> None:
+            seen = 0
+            while seen < count:
+                try:
+                    messages = await sub.fetch(100, timeout=1)
+                except TimeoutError:
+                    continue
+                for msg in messages:
+                    await msg.ack()
+                seen += len(messages)
+
+        consumer = asyncio.create_task(consume())
+        await publish_all(lambda i: js.publish("bench.x", body), count, window)
+        await consumer
+        elapsed = time.perf_counter() - started
+        await js.delete_stream("BENCH")
+    return count / elapsed
+
+
+async def reach_path(url: str, count: int, window: int) -> float:
+    """Publish → coordinator → agent no-op → completed event observed."""
+    names = Names(prefix="bench")
+    agent = Agent("bench-noop", startup_delay=0)
+
+    @agent.handler("noop", capacity=256)
+    async def noop(ctx: TaskContext, payload: object) -> object:
+        return None
+
+    async with Broker(url, names=names, name="bench-coordinator") as broker:
+        await provision(broker.js, Topology.default(names))
+        done = asyncio.Event()
+        completed = 0
+
+        async def on_completed(msg) -> None:  # type: ignore[no-untyped-def]
+            nonlocal completed
+            completed += 1
+            if completed >= count:
+                done.set()
+
+        watch = await broker.nc.subscribe(names.events_of_kind("completed"), cb=on_completed)
+        async with (
+            Coordinator(broker, CoordinatorConfig(intake_batch=128)).running(),
+            agent.running(url, names=names),
+            ReachClient(url, names=names, name="bench-client") as client,
+        ):
+            started = time.perf_counter()
+            await publish_all(lambda i: client.publish("noop", {"n": i}), count, window)
+            await asyncio.wait_for(done.wait(), timeout=300)
+            elapsed = time.perf_counter() - started
+        await watch.unsubscribe()
+    return count / elapsed
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=5000)
+    parser.add_argument("--window", type=int, default=256, help="publishes in flight")
+    args = parser.parse_args()
+    configure_logging("warning", "console")
+    async with nats_server() as url:
+        raw = await baseline(url, args.tasks, args.window)
+        reach = await reach_path(url, args.tasks, args.window)
+    print(f"tasks: {args.tasks}, publishes in flight: {args.window}")
+    print(f"raw nats-py  publish → pull → ack : {raw:9.0f} msg/s")
+    print(f"agent-reach  publish → completed  : {reach:9.0f} tasks/s")
+    print(f"ratio reach / raw                 : {reach / raw:9.1%}")
+
+
+@contextlib.asynccontextmanager
+async def nats_server() -> AsyncIterator[str]:
+    """``$NATS_URL``, or an embedded nats-server on a free loopback port for the run."""
+    if url := os.environ.get("NATS_URL"):
+        yield url
+        return
+    with tempfile.TemporaryDirectory(prefix="reach-bench-") as store:
+        async with EmbeddedServer(port=-1, store_dir=store) as server:
+            yield server.url
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
