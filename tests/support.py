@@ -75,13 +75,22 @@ class Watcher:
         return await self._until(found, f"event {kind} topic={topic} id={message_id}", timeout)
 
     async def dead_letter(
-        self, reason: str, *, topic: str | None = None, timeout: float = 10.0
+        self,
+        reason: str,
+        *,
+        topic: str | None = None,
+        message_id: str | None = None,
+        timeout: float = 10.0,
     ) -> DeadLetter:
-        """The first dead letter with ``reason`` (and topic, if given)."""
+        """The first dead letter with ``reason`` (and topic / message id, if given)."""
 
         def found() -> DeadLetter | None:
             for letter in self.dead_letters:
-                if letter.reason == reason and topic in (None, letter.topic):
+                if (
+                    letter.reason == reason
+                    and topic in (None, letter.topic)
+                    and message_id in (None, letter.message_id)
+                ):
                     return letter
             return None
 

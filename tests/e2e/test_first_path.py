@@ -65,10 +65,8 @@ async def test_malformed_json_is_dead_lettered_with_its_path(broker, coordinator
         b' "topic": "summarize", "ttl_ms": "soon"}'
     )
     await broker.nc.publish(broker.names.task("summarize"), bad_field)
-    first = await watcher.dead_letter("invalid_envelope")
-    await watcher.event("dead_lettered", message_id="m2")
-    second = next(d for d in watcher.dead_letters if d.message_id == "m2")
-    assert first.message_id == "m1"
+    first = await watcher.dead_letter("invalid_envelope", message_id="m1")
+    second = await watcher.dead_letter("invalid_envelope", message_id="m2")
     assert first.raw == '{"text": '
     assert first.error is not None and first.error.type == "invalid_envelope"
     assert first.error.message.endswith("- at `$`")
