@@ -56,6 +56,8 @@ class Agent:
         tags: dict[str, str] | None = None,
         heartbeat_interval: float = 15.0,
         startup_delay: float = 60.0,
+        ack_wait: float = 30.0,
+        max_deliver: int = 5,
     ) -> None:
         if not _TOKEN.match(agent_id):
             raise AgentConfigError(
@@ -66,10 +68,16 @@ class Agent:
             raise AgentConfigError(f"heartbeat_interval must be positive, got {heartbeat_interval}")
         if startup_delay < 0:
             raise AgentConfigError(f"startup_delay must be 0 or more, got {startup_delay}")
+        if ack_wait <= 0:
+            raise AgentConfigError(f"ack_wait must be positive, got {ack_wait}")
+        if max_deliver < 1:
+            raise AgentConfigError(f"max_deliver must be at least 1, got {max_deliver}")
         self.agent_id = agent_id
         self.tags = dict(tags or {})
         self.heartbeat_interval = heartbeat_interval
         self.startup_delay = startup_delay
+        self.ack_wait = ack_wait
+        self.max_deliver = max_deliver
         self.handlers: dict[str, HandlerSpec] = {}
 
     def handler(
@@ -79,16 +87,15 @@ class Agent:
         version: str = "1",
         capacity: int = 10,
         deadline_ms: int | None = None,
+        max_attempts: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as the handler of ``topic``."""
         if not _TOKEN.match(topic):
             raise AgentConfigError(f"topic {topic!r}: use 1-128 letters, digits, '_' or '-'")
         if topic in self.handlers:
             raise AgentConfigError(f"topic {topic!r} already has a handler on {self.agent_id}")
-        if capacity < 1:
-            raise AgentConfigError(f"capacity of {topic!r} must be at least 1, got {capacity}")
-        if deadline_ms is not None and deadline_ms < 1:
-            raise AgentConfigError(f"deadline_ms of {topic!r} must be positive, got {deadline_ms}")
+        _at_least(1, capacity=capacity, topic=topic)
+        _at_least(1, max_attempts=max_attempts, deadline_ms=deadline_ms, topic=topic)
 
         def register(func: Handler) -> Handler:
             if len(inspect.signature(func).parameters) != 2:
@@ -98,7 +105,12 @@ class Agent:
             self.handlers[topic] = HandlerSpec(
                 topic=topic,
                 func=func,
-                intent=Intent(version=version, capacity=capacity, deadline_ms=deadline_ms),
+                intent=Intent(
+                    version=version,
+                    capacity=capacity,
+                    deadline_ms=deadline_ms,
+                    max_attempts=max_attempts,
+                ),
                 is_async=inspect.iscoroutinefunction(func),
             )
             return func
@@ -139,3 +151,9 @@ class Agent:
         """Serve until cancelled (Ctrl-C in ``reach agent``)."""
         async with self.running(nats_url) as runtime:
             await runtime.wait_closed()
+
+
+def _at_least(minimum: int, *, topic: str, **options: int | None) -> None:
+    for name, value in options.items():
+        if value is not None and value < minimum:
+            raise AgentConfigError(f"{name} of {topic!r} must be at least {minimum}, got {value}")

@@ -26,12 +26,14 @@ class TaskContext:
         agent_id: str,
         deadline_ms: int,
         report_progress: Callable[[str], Awaitable[None]],
+        submit: Callable[[Task], Awaitable[None]],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.envelope = envelope
         self.agent_id = agent_id
         self.deadline_ms = deadline_ms
         self._report_progress = report_progress
+        self._submit = submit
         self._loop = loop
         self._started = time.monotonic()
 
@@ -66,6 +68,12 @@ class TaskContext:
         """:meth:`progress` for a synchronous handler running in a worker thread."""
         future = asyncio.run_coroutine_threadsafe(self._report_progress(note), self._loop)
         future.result(timeout)
+
+    async def publish(self, topic: str, payload: Any, *, priority: Priority | None = None) -> Task:
+        """Send a task to another agent in the same trace, passing on the budget that is left."""
+        task = self.child_task(topic, payload, priority=priority)
+        await self._submit(task)
+        return task
 
     def child_task(self, topic: str, payload: Any, *, priority: Priority | None = None) -> Task:
         """A task for another agent in the same trace, with the budget that is left."""

@@ -21,6 +21,7 @@ from nats.aio.msg import Msg
 import envelopes
 from agents.context import TaskContext
 from agents.errors import PermanentError
+from agents.executions import AlreadyDone, Busy, Claimed, ExecutionRecords
 from broker import Broker, BrokerError
 from broker.consume import ConsumerSpec, bind, fetch
 from broker.lifecycle import dead_letter, emit, event_for, now_ms, reply
@@ -36,6 +37,7 @@ from envelopes import (
     Result,
     Task,
 )
+from envelopes.headers import task_headers
 
 if TYPE_CHECKING:
     from agents.agent import Agent, HandlerSpec
@@ -44,7 +46,7 @@ log = structlog.get_logger("agents")
 
 FETCH_WAIT_S = 0.5
 DRAIN_TIMEOUT_S = 10.0
-ACK_WAIT_S = 30.0
+LEASE_GRACE_MS = 5_000
 _card_decoder = msgspec.json.Decoder(AgentCard)
 
 
@@ -60,6 +62,8 @@ class AgentRuntime:
         self._loops: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[None]] = set()
         self._pools = {p: WorkerPool(agent.capacity) for p in PRIORITIES}
+        self._latency = LatencyEstimate()
+        self._executions: ExecutionRecords
 
     async def __aenter__(self) -> Self:
         if self._loops or self._closed.is_set():
@@ -67,6 +71,9 @@ class AgentRuntime:
         if self.agent.startup_delay:
             # Spread the registrations of a fleet that starts at once (seed 000).
             await asyncio.sleep(random.uniform(0, self.agent.startup_delay))
+        self._executions = ExecutionRecords(
+            await self.broker.kv(self.broker.names.executions_bucket), self.agent.agent_id
+        )
         subs = {p: await bind(self.broker.js, self._consumer(p)) for p in PRIORITIES}
         await self._register()
         self._loops = [
@@ -106,8 +113,9 @@ class AgentRuntime:
             stream=names.dispatch_stream(priority),
             durable=names.agent_consumer(self.agent.agent_id, priority),
             filter_subjects=(names.dispatch(self.agent.agent_id, priority),),
-            ack_wait_s=ACK_WAIT_S,
+            ack_wait_s=self.agent.ack_wait,
             max_ack_pending=self.agent.capacity,
+            max_deliver=self.agent.max_deliver,
         )
 
     async def _register(self) -> None:
@@ -172,16 +180,20 @@ class AgentRuntime:
             with structlog.contextvars.bound_contextvars(
                 message_id=task.message_id, trace_id=task.trace_id, agent_id=self.agent.agent_id
             ):
-                await self._execute(msg, task)
+                retry_in_s = await self._execute(msg, task)
         except BrokerError as exc:
             log.warning("could not report task outcome, will see it again", error=str(exc))
+            retry_in_s = 1.0
+        if retry_in_s is None:
+            await msg.ack()
+        else:
             with contextlib.suppress(Exception):
-                await msg.nak(delay=1.0)
-            return
-        await msg.ack()
+                await msg.nak(delay=retry_in_s)
 
     # -- executing ----------------------------------------------------------------
-    async def _execute(self, msg: Msg, task: Task) -> None:
+    async def _execute(self, msg: Msg, task: Task) -> float | None:
+        """Run ``task`` at most once; returns when to see it again, or None when done."""
+        dispatched_ms = int(msg.metadata.timestamp.timestamp() * 1000)
         spec = self.agent.handlers.get(task.topic)
         if spec is None:
             error = ErrorInfo(
@@ -189,38 +201,61 @@ class AgentRuntime:
                 message=f"{self.agent.agent_id} does not serve {task.topic!r}",
                 retryable=False,
             )
-            await self._report_failure(task, error)
-            return
-        queued_ms = now_ms() - int(msg.metadata.timestamp.timestamp() * 1000)
-        if queued_ms >= task.ttl_ms:
+            await self._report(task, "failed", error, dispatched_ms)
+            return None
+        if now_ms() - dispatched_ms >= task.ttl_ms:
             error = ErrorInfo(
                 type="expired",
                 message=f"ttl {task.ttl_ms} ms passed in the queue of {self.agent.agent_id}",
                 retryable=False,
             )
-            await self._report(task, "expired", error)
-            return
+            await self._report(task, "expired", error, dispatched_ms)
+            return None
         deadline_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
+        claim = await self._executions.claim(task, lease_ms=deadline_ms + LEASE_GRACE_MS)
+        match claim:
+            case Busy(retry_in_s=retry_in_s):
+                log.info("another delivery holds this message", retry_in_s=retry_in_s)
+                return retry_in_s
+            case AlreadyDone(record=record):
+                log.info("already executed; sending the stored result again")
+                await self._complete(task, record.result, duration_ms=0)
+                return None
+        assert isinstance(claim, Claimed)
         await self._accept(task)
         ctx = TaskContext(
             task,
             agent_id=self.agent.agent_id,
             deadline_ms=deadline_ms,
             report_progress=lambda note: self._progress(msg, task, note),
+            submit=self._submit,
             loop=asyncio.get_running_loop(),
         )
         started = time.monotonic()
         try:
             result = await _call(spec, ctx, task.payload, deadline_ms)
         except Exception as exc:  # every handler failure is reported, none is lost
-            await self._report_failure(task, _error_info(exc, deadline_ms))
-            return
+            error = _error_info(exc, deadline_ms)
+            await self._executions.fail(task, claim, error)
+            log.info("handler failed", error_type=error.type, error=error.message)
+            await self._report(task, "failed", error, dispatched_ms)
+            return None
         duration_ms = int((time.monotonic() - started) * 1000)
+        self._latency.observe(duration_ms)
+        await self._executions.finish(task, claim, result)
         await self._complete(task, result, duration_ms)
+        return None
+
+    async def _submit(self, task: Task) -> None:
+        await self.broker.publish(
+            self.broker.names.task(task.topic), envelopes.encode(task), headers=task_headers(task)
+        )
 
     async def _accept(self, task: Task) -> None:
-        free = self._pools[task.priority].free
-        ack = Ack(**_about(task, self.agent.agent_id), capacity=Capacity(free_slots=free))
+        capacity = Capacity(
+            free_slots=self._pools[task.priority].free, est_latency_ms=self._latency.estimate_ms
+        )
+        ack = Ack(**_about(task, self.agent.agent_id), capacity=capacity)
         await asyncio.gather(
             reply(self.broker, task, ack),
             emit(self.broker, event_for(task, "accepted", agent_id=self.agent.agent_id)),
@@ -247,16 +282,10 @@ class AgentRuntime:
         await reply(self.broker, task, Result(**_about(task, self.agent.agent_id), result=result))
         log.debug("completed", duration_ms=duration_ms)
 
-    async def _report_failure(self, task: Task, error: ErrorInfo) -> None:
-        log.info("handler failed", error_type=error.type, error=error.message)
-        await self._report(task, "failed", error)
-
-    async def _report(self, task: Task, event: str, error: ErrorInfo) -> None:
+    async def _report(self, task: Task, event: str, error: ErrorInfo, dispatched_ms: int) -> None:
         """Tell the coordinator, which decides between retry and dead letter."""
-        await emit(
-            self.broker,
-            event_for(task, event, agent_id=self.agent.agent_id, task=task, error=error),
-        )
+        detail = {"task": task, "error": error, "dispatched_at_ms": dispatched_ms}
+        await emit(self.broker, event_for(task, event, agent_id=self.agent.agent_id, **detail))
 
     async def _undecodable(self, msg: Msg, exc: DecodeError) -> None:
         headers = dict(msg.headers or {})
@@ -310,6 +339,24 @@ def _about(task: Task, agent_id: str) -> dict[str, Any]:
         "attempt": task.attempt,
         "created_at": now_ms(),
     }
+
+
+class LatencyEstimate:
+    """A moving average of handler latency, for the capacity an ``ack`` advertises."""
+
+    def __init__(self, weight: float = 0.2) -> None:
+        self._weight = weight
+        self._average: float | None = None
+
+    @property
+    def estimate_ms(self) -> int:
+        return int(self._average or 0)
+
+    def observe(self, duration_ms: int) -> None:
+        if self._average is None:
+            self._average = float(duration_ms)
+        else:
+            self._average += self._weight * (duration_ms - self._average)
 
 
 class WorkerPool:

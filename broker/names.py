@@ -90,6 +90,21 @@ class Names(msgspec.Struct, frozen=True):
     def liveness_bucket(self) -> str:
         return f"{self.prefix}_liveness"
 
+    @property
+    def executions_bucket(self) -> str:
+        return f"{self.prefix}_executions"
+
+    # -- advisories -------------------------------------------------------------
+    @property
+    def advisories_stream(self) -> str:
+        return f"{self.prefix.upper()}_ADVISORIES"
+
+    @property
+    def max_deliveries_advisories(self) -> tuple[str, ...]:
+        """JetStream's advisories when a message of a dispatch stream hit max_deliver."""
+        prefix = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+        return tuple(f"{prefix}.{stream}.*" for stream in self.dispatch_streams.values())
+
     # -- durable consumers ------------------------------------------------------
     @property
     def coordinator_intake(self) -> str:
@@ -98,6 +113,10 @@ class Names(msgspec.Struct, frozen=True):
     @property
     def coordinator_outcomes(self) -> str:
         return "coordinator-outcomes"
+
+    @property
+    def coordinator_advisories(self) -> str:
+        return "coordinator-advisories"
 
     def agent_consumer(self, agent_id: str, priority: Priority) -> str:
         return f"agent-{agent_id}-{priority.lower()}"

@@ -87,7 +87,7 @@ class Topology:
     buckets: tuple[BucketSpec, ...]
 
     @classmethod
-    def default(cls, names: Names | None = None) -> Topology:
+    def default(cls, names: Names | None = None, *, executions_ttl_s: float = DAY) -> Topology:
         """Every stream and bucket of SPEC.md, with the design's defaults."""
         n = names or Names()
         dispatch = tuple(
@@ -115,6 +115,12 @@ class Topology:
                     description="Lifecycle events of every message",
                 ),
                 StreamSpec(
+                    name=n.advisories_stream,
+                    subjects=n.max_deliveries_advisories,
+                    max_age_s=7 * DAY,
+                    description="JetStream advisories the coordinator acts on",
+                ),
+                StreamSpec(
                     name=n.dlq_stream,
                     subjects=(n.dlq_wildcard,),
                     max_age_s=30 * DAY,
@@ -126,6 +132,11 @@ class Topology:
                 BucketSpec(name=n.agents_bucket, description="Agent cards by agent_id"),
                 BucketSpec(name=n.heartbeats_bucket, description="Agent heartbeats"),
                 BucketSpec(name=n.liveness_bucket, history=5, description="Agent liveness"),
+                BucketSpec(
+                    name=n.executions_bucket,
+                    ttl_s=executions_ttl_s,
+                    description="Execution records by message_id (exactly-once effect)",
+                ),
             ),
         )
 

@@ -22,6 +22,15 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     intake_batch: Positive = 64
     intake_ack_wait_s: PositiveSeconds = 30.0
     outcome_batch: Positive = 64
+    max_attempts: Positive = 3
+    attempts_by_topic: dict[str, Positive] = {}
+    retry_base_s: PositiveSeconds = 1.0
+    retry_cap_s: PositiveSeconds = 30.0
+
+    def attempts_for(self, topic: str, intent_setting: int | None) -> int:
+        """How many attempts ``topic`` gets: this config's per-topic value, else the
+        intent's own setting on the agent card, else ``max_attempts``."""
+        return self.attempts_by_topic.get(topic) or intent_setting or self.max_attempts
 
 
 def load_config(path: Path | str | None) -> CoordinatorConfig:

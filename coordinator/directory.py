@@ -47,13 +47,16 @@ class AgentDirectory:
             finally:
                 waiter.cancel()
 
-    async def serving(self, topic: str) -> list[AgentCard]:
-        """Running agents that serve ``topic``; on a miss the bucket is read again."""
-        found = self._serving(topic)
-        if not found:
+    async def candidates(self, topic: str) -> tuple[list[AgentCard], list[AgentCard]]:
+        """(running agents that serve ``topic``, every registered one that does).
+
+        When none is running the bucket is read again before the answer is believed.
+        """
+        running, registered = self._serving(topic)
+        if not running:
             await self.refresh()
-            found = self._serving(topic)
-        return found
+            running, registered = self._serving(topic)
+        return running, registered
 
     async def refresh(self) -> None:
         """Read every card from the bucket."""
@@ -68,8 +71,9 @@ class AgentDirectory:
                 raise translate(exc) from exc
             self._apply(Change(key=key, value=entry.value, revision=entry.revision or 0))
 
-    def _serving(self, topic: str) -> list[AgentCard]:
-        return [card for card in self._cards.values() if card.serves(topic)]
+    def _serving(self, topic: str) -> tuple[list[AgentCard], list[AgentCard]]:
+        registered = [card for card in self._cards.values() if topic in card.intents]
+        return [card for card in registered if card.status == "running"], registered
 
     def _apply(self, change: Change) -> None:
         if change.value is None:

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import random
 import re
-import time
 
-import msgspec
 import structlog
 from nats.aio.msg import Msg
 
-import envelopes
 from broker import Broker
-from broker.lifecycle import dead_letter, emit, event_for, reply
-from coordinator.directory import AgentDirectory
-from coordinator.ending import end_with_error, error_reply
+from broker.lifecycle import dead_letter, now_ms, reply
+from coordinator.ending import error_reply
+from coordinator.router import Router
 from envelopes import DecodeError, ErrorInfo, Task, decode_json, stable_id, task_from_intake
 from envelopes import headers as h
 from envelopes.types import TOKEN_PATTERN
@@ -26,14 +22,14 @@ INVALID_TOPIC = "_invalid"
 
 
 class Intake:
-    """Validates, wraps, checks expiry and routes one intake message at a time."""
+    """Validates or wraps each intake message, then hands it to the router."""
 
-    def __init__(self, broker: Broker, directory: AgentDirectory) -> None:
+    def __init__(self, broker: Broker, router: Router) -> None:
         self._broker = broker
-        self._directory = directory
+        self._router = router
 
-    async def handle(self, msg: Msg) -> None:
-        """Decide the message's fate; the caller acknowledges it afterwards."""
+    async def handle(self, msg: Msg) -> float | None:
+        """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
         meta = msg.metadata
         received_ns = int(meta.timestamp.timestamp() * 1e9)
         topic = self._broker.names.topic_of_task_subject(msg.subject)
@@ -48,40 +44,15 @@ class Intake:
             )
         except DecodeError as exc:
             await self._invalid(msg, topic, fallback_id, exc)
-            return
+            return None
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, topic=task.topic
         ):
-            spent_ms = time.time_ns() // 1_000_000 - received_ns // 1_000_000
-            if spent_ms >= task.ttl_ms:
-                await self._fail(task, "expired", f"ttl {task.ttl_ms} ms passed in intake")
-                return
-            await self._route(msgspec.structs.replace(task, ttl_ms=task.ttl_ms - max(spent_ms, 0)))
-
-    async def _route(self, task: Task) -> None:
-        candidates = await self._directory.serving(task.topic)
-        if not candidates:
-            await self._fail(task, "no_route", f"no agent serves topic {task.topic!r}")
-            return
-        card = random.choice(candidates)
-        routed = msgspec.structs.replace(task, to_agent=card.agent_id)
-        await emit(
-            self._broker,
-            event_for(
-                routed,
-                "routed",
-                agent_id=card.agent_id,
-                candidates=sorted(c.agent_id for c in candidates),
-            ),
-        )
-        subject = self._broker.names.dispatch(card.agent_id, task.priority)
-        headers = h.task_headers(routed, msg_id=f"{task.message_id}-{task.attempt}")
-        await self._broker.publish(subject, envelopes.encode(routed), headers=headers)
-        log.debug("routed", agent_id=card.agent_id)
-
-    async def _fail(self, task: Task, reason: str, message: str) -> None:
-        error = ErrorInfo(type=reason, message=message, retryable=False)
-        await end_with_error(self._broker, task, reason, error)
+            # The ttl runs from the broker's receipt, on this coordinator's clock.
+            spent_ms = max(0, now_ms() - received_ns // 1_000_000)
+            return await self._router.dispatch(
+                task, left_ms=task.ttl_ms - spent_ms, waited=meta.num_delivered - 1
+            )
 
     async def _invalid(self, msg: Msg, topic: str, fallback_id: str, exc: DecodeError) -> None:
         headers = dict(msg.headers or {})

@@ -1,4 +1,10 @@
-"""Act on what agents report: a failed or expired task ends in the dead-letter stream."""
+"""Act on what agents report: retry a failed task, or end it in the dead-letter stream.
+
+The backoff between attempts lives here and only here: the ``failed`` event is
+negatively acknowledged with the backoff as its delay, and its redelivery
+dispatches the next attempt. So the wait survives a coordinator restart, and
+JetStream's own redelivery never stacks another backoff underneath.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,12 @@ from nats.aio.msg import Msg
 
 import envelopes
 from broker import Broker
+from broker.lifecycle import emit, event_for, now_ms
+from coordinator.config import CoordinatorConfig
+from coordinator.directory import AgentDirectory
 from coordinator.ending import end_with_error
+from coordinator.retry import backoff_s
+from coordinator.router import Router
 from envelopes import DecodeError, ErrorInfo, Event, Task
 
 log = structlog.get_logger("coordinator.outcomes")
@@ -17,12 +28,18 @@ OUTCOME_EVENTS = ("failed", "expired")
 
 
 class Outcomes:
-    """Turns ``failed`` and ``expired`` events into dead letters and error replies."""
+    """Turns ``failed`` and ``expired`` events into retries or dead letters."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(
+        self, broker: Broker, router: Router, directory: AgentDirectory, config: CoordinatorConfig
+    ) -> None:
         self._broker = broker
+        self._router = router
+        self._directory = directory
+        self._config = config
 
-    async def handle(self, msg: Msg) -> None:
+    async def handle(self, msg: Msg) -> float | None:
+        """None to acknowledge the event, or seconds until it should come back."""
         try:
             event = envelopes.decode_event(msg.data)
             task = msgspec.convert(event.detail.get("task"), Task)
@@ -30,14 +47,49 @@ class Outcomes:
         except (DecodeError, msgspec.ValidationError) as exc:
             # Agents publish these; one that cannot be read is a bug to see, not to retry.
             log.error("unreadable outcome event", subject=msg.subject, error=str(exc))
-            return
+            return None
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, agent_id=event.agent_id
         ):
-            await end_with_error(self._broker, task, _reason(event, error), error)
+            return await self._decide(event, task, error, msg.metadata.num_delivered)
 
+    async def _decide(
+        self, event: Event, task: Task, error: ErrorInfo, delivered: int
+    ) -> float | None:
+        if event.event == "expired":
+            await end_with_error(self._broker, task, "expired", error)
+            return None
+        if not error.retryable:
+            await end_with_error(self._broker, task, "rejected", error)
+            return None
+        if task.attempt >= self._max_attempts(task, event.agent_id):
+            await end_with_error(self._broker, task, "retries_exhausted", error)
+            return None
+        if delivered == 1:
+            return await self._schedule(task, error)
+        return await self._retry(event, task, waited=delivered - 2)
 
-def _reason(event: Event, error: ErrorInfo) -> str:
-    if event.event == "expired":
-        return "expired"
-    return "retries_exhausted" if error.retryable else "rejected"
+    async def _schedule(self, task: Task, error: ErrorInfo) -> float:
+        delay = backoff_s(
+            task.attempt, base_s=self._config.retry_base_s, cap_s=self._config.retry_cap_s
+        )
+        log.info("retry scheduled", attempt=task.attempt + 1, delay_s=round(delay, 3))
+        await emit(
+            self._broker,
+            event_for(task, "retry_scheduled", next_attempt=task.attempt + 1,
+                      delay_ms=int(delay * 1000), error=error),
+        )  # fmt: skip
+        return delay
+
+    async def _retry(self, event: Event, task: Task, *, waited: int) -> float | None:
+        dispatched_at_ms = int(event.detail.get("dispatched_at_ms") or event.at_ms)
+        left_ms = task.ttl_ms - max(0, now_ms() - dispatched_at_ms)
+        retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None)
+        return await self._router.dispatch(
+            retry, left_ms=left_ms, waited=waited, where="between retries"
+        )
+
+    def _max_attempts(self, task: Task, agent_id: str | None) -> int:
+        card = self._directory.cards.get(agent_id or "")
+        intent = card.intents.get(task.topic) if card else None
+        return self._config.attempts_for(task.topic, intent.max_attempts if intent else None)

@@ -16,14 +16,17 @@ from nats.aio.msg import Msg
 
 from broker import Broker, BrokerError
 from broker.consume import ConsumerSpec, batches, bind
+from coordinator.advisories import Advisories
 from coordinator.config import CoordinatorConfig
 from coordinator.directory import AgentDirectory
 from coordinator.intake import Intake
 from coordinator.outcomes import OUTCOME_EVENTS, Outcomes
+from coordinator.router import Router
 
 log = structlog.get_logger("coordinator")
 
-Handler = Callable[[Msg], Awaitable[None]]
+# A handler returns None when the message is settled, or seconds until it should come back.
+Handler = Callable[[Msg], Awaitable[float | None]]
 RETRY_DELAY_S = 1.0
 BUG_DELAY_S = 5.0
 
@@ -39,8 +42,10 @@ class Coordinator:
         self.broker = broker
         self.config = config or CoordinatorConfig()
         self.directory = AgentDirectory(broker)
-        self._intake = Intake(broker, self.directory)
-        self._outcomes = Outcomes(broker)
+        self.router = Router(broker, self.directory)
+        self._intake = Intake(broker, self.router)
+        self._outcomes = Outcomes(broker, self.router, self.directory, self.config)
+        self._advisories = Advisories(broker)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Serve until cancelled; ``ready`` is set once every loop is consuming."""
@@ -57,18 +62,22 @@ class Coordinator:
             durable=names.coordinator_outcomes,
             filter_subjects=tuple(names.events_of_kind(e) for e in OUTCOME_EVENTS),
         )
+        advisories = ConsumerSpec(
+            stream=names.advisories_stream,
+            durable=names.coordinator_advisories,
+            filter_subjects=names.max_deliveries_advisories,
+        )
         async with asyncio.TaskGroup() as group:
             group.create_task(self.directory.follow(directory_ready), name="directory")
             await directory_ready.wait()
-            intake_sub = await bind(self.broker.js, intake)
-            outcome_sub = await bind(self.broker.js, outcomes)
-            group.create_task(
-                _consume(intake_sub, self.config.intake_batch, self._intake.handle), name="intake"
+            loops = (
+                (intake, self.config.intake_batch, self._intake.handle),
+                (outcomes, self.config.outcome_batch, self._outcomes.handle),
+                (advisories, 16, self._advisories.handle),
             )
-            group.create_task(
-                _consume(outcome_sub, self.config.outcome_batch, self._outcomes.handle),
-                name="outcomes",
-            )
+            for spec, batch, handle in loops:
+                sub = await bind(self.broker.js, spec)
+                group.create_task(_consume(sub, batch, handle), name=spec.durable)
             log.info("coordinator serving", url=self.broker.url)
             if ready is not None:
                 ready.set()
@@ -99,14 +108,18 @@ async def _consume(sub: object, batch: int, handle: Handler) -> None:
 async def _settle(msg: Msg, handle: Handler) -> None:
     """Handle, then ack; a broker failure leaves the message to come back later."""
     try:
-        await handle(msg)
+        retry_in_s = await handle(msg)
     except BrokerError as exc:
         await _later(msg, RETRY_DELAY_S, "broker error, will retry", error=str(exc))
         return
     except Exception:  # a bug must not stop the service; the message comes back later
         await _later(msg, BUG_DELAY_S, "unexpected error, will retry", exc_info=True)
         return
-    await msg.ack()
+    if retry_in_s is None:
+        await msg.ack()
+    else:
+        with contextlib.suppress(Exception):
+            await msg.nak(delay=retry_in_s)
 
 
 async def _later(msg: Msg, delay_s: float, why: str, **fields: object) -> None:

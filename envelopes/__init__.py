@@ -1,7 +1,7 @@
 """Envelope v1: the typed messages of Agent-Reach and their JSON codec."""
 
 from envelopes import headers
-from envelopes.cards import AgentCard, Intent
+from envelopes.cards import AgentCard, Execution, Intent
 from envelopes.codec import (
     decode,
     decode_dead_letter,
@@ -44,6 +44,7 @@ __all__ = [
     "ErrorInfo",
     "ErrorReply",
     "Event",
+    "Execution",
     "Intent",
     "Message",
     "Priority",

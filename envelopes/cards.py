@@ -1,12 +1,12 @@
-"""The agent card: what an agent registers in the ``reach_agents`` bucket."""
+"""Records agents keep in KV: the agent card and execution records."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
-from envelopes.types import Token
+from envelopes.types import ErrorInfo, Token
 
 
 class Intent(msgspec.Struct, frozen=True, kw_only=True):
@@ -15,6 +15,7 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
     version: str = "1"
     capacity: int = 10
     deadline_ms: int | None = None
+    max_attempts: int | None = None  # None: the coordinator's default
 
 
 class AgentCard(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,5 +31,21 @@ class AgentCard(msgspec.Struct, frozen=True, kw_only=True):
     epoch: int = 1
     status: Literal["running", "stopped"] = "running"
 
-    def serves(self, topic: str) -> bool:
-        return self.status == "running" and topic in self.intents
+
+class Execution(msgspec.Struct, frozen=True, kw_only=True):
+    """An agent's record of running one message, in ``reach_executions`` by message_id.
+
+    ``running`` holds a lease: until ``lease_until_ms`` no other delivery of the
+    message may run it. ``done`` keeps the result, so a redelivery or a republish
+    gets it again without running twice. ``failed`` lets the next attempt run.
+    """
+
+    v: Literal[1] = 1
+    message_id: str
+    state: Literal["running", "done", "failed"]
+    agent_id: str
+    attempt: int = 1
+    lease_until_ms: int = 0
+    result: Any = None
+    error: ErrorInfo | None = None
+    finished_at_ms: int = 0

@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from broker import Broker, EmbeddedServer, Names, Topology, provision
-from coordinator import Coordinator
+from coordinator import Coordinator, CoordinatorConfig
 from tests.support import Watcher
+
+# Short retry intervals: the design's 1, 2, 4 … s would only make the tests slow.
+FAST = CoordinatorConfig(retry_base_s=0.05, retry_cap_s=0.2)
 
 
 @pytest.fixture
@@ -46,7 +49,7 @@ async def coordinator(broker: Broker) -> AsyncIterator[Coordinator]:
     """A running coordinator on its own connection, like a real deployment."""
     async with (
         Broker(broker.url, names=broker.names, name="coordinator") as own,
-        Coordinator(own).running() as running,
+        Coordinator(own, FAST).running() as running,
     ):
         yield running
 

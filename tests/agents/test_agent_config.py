@@ -16,6 +16,8 @@ from agents import Agent, AgentConfigError
         (lambda: Agent("a").handler("a.b"), "topic 'a.b'"),
         (lambda: Agent("a").handler("t", capacity=0), "capacity of 't'"),
         (lambda: Agent("a").handler("t", deadline_ms=0), "deadline_ms of 't'"),
+        (lambda: Agent("a").handler("t", max_attempts=0), "max_attempts of 't'"),
+        (lambda: Agent("a", ack_wait=0), "ack_wait"),
     ],
 )
 def test_bad_options_name_themselves(build, message):

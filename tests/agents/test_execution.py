@@ -73,17 +73,21 @@ async def test_permanent_error_is_rejected(broker, coordinator, watcher):
     assert caught.value.error.retryable is False
     assert letter.error is not None and letter.error.message == "order 7 is already refunded"
     assert letter.envelope is not None and letter.envelope.payload == {"order": 7}
-    assert [e.event for e in letter.trace] == ["routed", "accepted", "failed"]
+    assert [e.event for e in letter.trace] == ["routed", "accepted", "failed"]  # no retry
 
 
-async def test_other_failures_end_as_retries_exhausted(broker, coordinator, watcher):
-    """An ordinary exception is retryable; with no retries left it ends as retries_exhausted."""
+async def test_always_failing_handler_ends_after_the_configured_attempts(
+    broker, coordinator, watcher
+):
+    """An ordinary exception is retried; after 3 attempts it ends as retries_exhausted."""
     async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
         with pytest.raises(TaskFailed, match="RuntimeError: database unavailable"):
             await client.invoke("crash", {})
     letter = await watcher.dead_letter("retries_exhausted", topic="crash")
     assert letter.error is not None and letter.error.retryable
-    assert letter.attempts == 1
+    assert letter.attempts == 3
+    failed = [e.attempt for e in letter.trace if e.event == "failed"]
+    assert failed == [1, 2, 3]
 
 
 async def test_deadline_cancels_an_async_handler(broker, coordinator, watcher):

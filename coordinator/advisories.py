@@ -1,0 +1,81 @@
+"""A dispatched message that JetStream gave up on (max deliveries) becomes a dead letter.
+
+The advisory is captured in a stream, so it waits for a coordinator that is down.
+Dispatch streams are work queues: the message stays until removed, so it is
+read, dead-lettered, and only then deleted — never the other way round.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.msg import Msg
+
+import envelopes
+from broker import Broker
+from broker.errors import translate
+from broker.lifecycle import dead_letter
+from coordinator.ending import end_with_error
+from envelopes import DecodeError, ErrorInfo
+
+log = structlog.get_logger("coordinator.advisories")
+
+
+class MaxDeliveries(msgspec.Struct, frozen=True):
+    """The parts of ``io.nats.jetstream.advisory.v1.max_deliver`` we use."""
+
+    stream: str
+    consumer: str
+    stream_seq: int
+    deliveries: int
+
+
+_decoder = msgspec.json.Decoder(MaxDeliveries)
+
+
+class Advisories:
+    """Turns max-deliveries advisories of dispatch streams into ``retries_exhausted``."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    async def handle(self, msg: Msg) -> None:
+        try:
+            advisory = _decoder.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            log.error("unreadable advisory", subject=msg.subject, error=str(exc))
+            return
+        try:
+            stored = await self._broker.js.get_msg(advisory.stream, advisory.stream_seq)
+        except nats.js.errors.NotFoundError:
+            return  # acknowledged or removed since: nothing was lost
+        except nats.errors.Error as exc:
+            raise translate(exc) from exc
+        error = ErrorInfo(
+            type="max_deliveries",
+            message=f"delivered {advisory.deliveries} times to {advisory.consumer}"
+            " without an acknowledgement",
+            retryable=False,
+        )
+        await self._dead_letter(stored.data or b"", dict(stored.headers or {}), error)
+        try:
+            await self._broker.js.delete_msg(advisory.stream, advisory.stream_seq)
+        except nats.js.errors.NotFoundError:
+            pass
+        except nats.errors.Error as exc:
+            raise translate(exc) from exc
+
+    async def _dead_letter(self, data: bytes, headers: dict[str, str], error: ErrorInfo) -> None:
+        try:
+            task = envelopes.decode_task(data)
+        except DecodeError:
+            message_id = headers.get("Nats-Msg-Id", "unknown").replace(".", "_")
+            await dead_letter(
+                self._broker, reason="retries_exhausted", message_id=message_id,
+                trace_id=message_id, topic="_invalid", error=error, raw=data, headers=headers,
+            )  # fmt: skip
+            return
+        log.warning("max deliveries reached", message_id=task.message_id, error=error.message)
+        await end_with_error(self._broker, task, "retries_exhausted", error)
