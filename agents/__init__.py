@@ -2,6 +2,7 @@
 
 from agents.agent import Agent, HandlerSpec
 from agents.client import ReachClient
+from agents.compensation import Compensation, CompensationWorker
 from agents.context import TaskContext
 from agents.errors import (
     AgentConfigError,
@@ -19,6 +20,8 @@ __all__ = [
     "Agent",
     "AgentConfigError",
     "AgentRuntime",
+    "Compensation",
+    "CompensationWorker",
     "DeadlineExceeded",
     "HandlerSpec",
     "InvokeError",

@@ -51,9 +51,10 @@ Claim = Claimed | AlreadyDone | Busy
 class ExecutionRecords:
     """Claims and outcomes of messages, shared by every agent."""
 
-    def __init__(self, kv: KeyValue, agent_id: str) -> None:
+    def __init__(self, kv: KeyValue, agent_id: str, epoch: int) -> None:
         self._kv = kv
         self._agent_id = agent_id
+        self._epoch = epoch
 
     async def claim(self, task: Task, lease_ms: int) -> Claim:
         """Take the right to run ``task``, unless it ran already or runs elsewhere."""
@@ -87,7 +88,7 @@ class ExecutionRecords:
             current = None  # an unreadable record must not block the message forever
         if current is not None and current.state == "done":
             return AlreadyDone(current)
-        if current is not None and current.state == "running":
+        if current is not None and current.state == "running" and not self._outlived(current):
             left_ms = current.lease_until_ms - _now_ms()
             if left_ms > 0:
                 return Busy(retry_in_s=left_ms / 1000)
@@ -100,6 +101,10 @@ class ExecutionRecords:
         except nats.errors.Error as exc:
             raise translate(exc) from exc
         return Claimed(revision)
+
+    def _outlived(self, record: Execution) -> bool:
+        """The holder was an earlier process of this agent: it is gone, its lease with it."""
+        return record.agent_id == self._agent_id and record.epoch < self._epoch
 
     async def _write(self, task: Task, claim: Claimed, record: Execution) -> None:
         try:
@@ -115,6 +120,7 @@ class ExecutionRecords:
             message_id=task.message_id,
             state=state,  # type: ignore[arg-type]
             agent_id=self._agent_id,
+            epoch=self._epoch,
             attempt=task.attempt,
             finished_at_ms=_now_ms() if state != "running" else 0,
             **fields,

@@ -46,7 +46,8 @@ log = structlog.get_logger("agents")
 
 FETCH_WAIT_S = 0.5
 DRAIN_TIMEOUT_S = 10.0
-LEASE_GRACE_MS = 5_000
+BUSY_POLL_S = 0.5
+LEASE_GRACE_MS = 1_000  # time to record the outcome after the deadline
 _card_decoder = msgspec.json.Decoder(AgentCard)
 
 
@@ -71,11 +72,14 @@ class AgentRuntime:
         if self.agent.startup_delay:
             # Spread the registrations of a fleet that starts at once (seed 000).
             await asyncio.sleep(random.uniform(0, self.agent.startup_delay))
+        await self._register()
+        assert self.card is not None
         self._executions = ExecutionRecords(
-            await self.broker.kv(self.broker.names.executions_bucket), self.agent.agent_id
+            await self.broker.kv(self.broker.names.executions_bucket),
+            self.agent.agent_id,
+            self.card.epoch,
         )
         subs = {p: await bind(self.broker.js, self._consumer(p)) for p in PRIORITIES}
-        await self._register()
         self._loops = [
             asyncio.create_task(self._consume(p, sub), name=f"{self.agent.agent_id}-{p}")
             for p, sub in subs.items()
@@ -212,11 +216,8 @@ class AgentRuntime:
             await self._report(task, "expired", error, dispatched_ms)
             return None
         deadline_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
-        claim = await self._executions.claim(task, lease_ms=deadline_ms + LEASE_GRACE_MS)
+        claim = await self._claim(msg, task, lease_ms=deadline_ms + LEASE_GRACE_MS)
         match claim:
-            case Busy(retry_in_s=retry_in_s):
-                log.info("another delivery holds this message", retry_in_s=retry_in_s)
-                return retry_in_s
             case AlreadyDone(record=record):
                 log.info("already executed; sending the stored result again")
                 await self._complete(task, record.result, duration_ms=0)
@@ -245,6 +246,20 @@ class AgentRuntime:
         await self._executions.finish(task, claim, result)
         await self._complete(task, result, duration_ms)
         return None
+
+    async def _claim(self, msg: Msg, task: Task, *, lease_ms: int) -> Claimed | AlreadyDone:
+        """Claim the message, waiting here while another delivery holds it.
+
+        The wait is not a redelivery: a duplicate that came back through nak would
+        count towards max_deliver and could dead-letter a message that completes.
+        """
+        while True:
+            claim = await self._executions.claim(task, lease_ms=lease_ms)
+            if not isinstance(claim, Busy):
+                return claim
+            log.info("another delivery holds this message", retry_in_s=claim.retry_in_s)
+            await msg.in_progress()
+            await asyncio.sleep(min(claim.retry_in_s, BUSY_POLL_S))
 
     async def _submit(self, task: Task) -> None:
         await self.broker.publish(

@@ -44,6 +44,7 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     message_id: str
     state: Literal["running", "done", "failed"]
     agent_id: str
+    epoch: int = 0
     attempt: int = 1
     lease_until_ms: int = 0
     result: Any = None

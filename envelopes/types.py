@@ -71,6 +71,7 @@ class Task(_AboutTask, frozen=True, kw_only=True, tag="task"):
     reply_to: str | None = None
     priority: Priority = DEFAULT_PRIORITY
     budget: Budget = Budget()
+    replay_of: str | None = None  # the dead-lettered message_id this task replays
 
 
 class Ack(_AboutTask, frozen=True, kw_only=True, tag="ack"):

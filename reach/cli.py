@@ -8,6 +8,7 @@ import importlib
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,10 @@ import msgspec
 
 import envelopes
 from agents import Agent, ReachClient, ReachError
+from agents.compensation import replay
 from broker import DEFAULT_URL, Broker, BrokerError, Names, Topology, provision, read_stream
 from coordinator import ConfigError, Coordinator, load_config
-from envelopes import EnvelopeError
+from envelopes import DeadLetter, EnvelopeError
 from reach import trace as tracing
 from reach.logs import configure_logging
 from reach.serving import nats_server, provisioned, until_signal
@@ -143,25 +145,49 @@ async def cmd_agents(args: argparse.Namespace) -> int:
 
 
 async def cmd_dlq(args: argparse.Namespace) -> int:
-    if args.action == "show" and not args.id:
-        raise UsageError("dlq show needs the message_id of a dead letter")
+    if args.action in ("show", "replay") and not args.id:
+        raise UsageError(f"dlq {args.action} needs the message_id of a dead letter")
     names = _names(args)
-    subject = names.dlq(args.reason or "*", args.topic or "*")
     async with Broker(args.nats_url, names=names, name="reach-cli") as broker:
-        stored = await read_stream(broker.js, names.dlq_stream, subject)
-    letters = [envelopes.decode_dead_letter(m.data) for m in stored]
+        stored = await read_stream(
+            broker.js, names.dlq_stream, names.dlq(args.reason or "*", args.topic or "*")
+        )
+        letters = [envelopes.decode_dead_letter(m.data) for m in stored]
+        if args.action == "replay":
+            task = await replay(broker, _find(letters, args.id), topic=args.to_topic)
+            print(json.dumps({"message_id": task.message_id, "trace_id": task.trace_id}))
+            return 0
     if args.action == "show":
-        chosen = [d for d in letters if d.message_id == args.id]
-        if not chosen:
-            raise UsageError(f"no dead letter with message_id {args.id!r}")
-        print(json.dumps(msgspec.to_builtins(chosen[-1]), indent=2, ensure_ascii=False))
-        return 0
+        print(
+            json.dumps(msgspec.to_builtins(_find(letters, args.id)), indent=2, ensure_ascii=False)
+        )
+    elif args.action == "stats":
+        _print_stats(letters)
+    else:
+        _print_letters(letters)
+    return 0
+
+
+def _find(letters: list[DeadLetter], message_id: str) -> DeadLetter:
+    for letter in reversed(letters):
+        if letter.message_id == message_id:
+            return letter
+    raise UsageError(f"no dead letter with message_id {message_id!r}")
+
+
+def _print_letters(letters: list[DeadLetter]) -> None:
     for letter in letters:
         error = letter.error.message if letter.error else ""
         print(f"{letter.message_id:<38} {letter.reason:<18} {letter.topic:<20} {error}")
     if not letters:
         print("no dead letters")
-    return 0
+
+
+def _print_stats(letters: list[DeadLetter]) -> None:
+    counts = Counter((letter.reason, letter.topic) for letter in letters)
+    for (reason, topic), count in sorted(counts.items()):
+        print(f"{reason:<20} {topic:<24} {count:>6}")
+    print(f"{'total':<45} {len(letters):>6}")
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
@@ -260,9 +286,10 @@ def _parser() -> argparse.ArgumentParser:
     schema = command("schema", cmd_schema, "print the JSON Schema of envelope v1")
     schema.add_argument("--out", help="write to this file instead")
     command("agents", cmd_agents, "list registered agents")
-    dlq = command("dlq", cmd_dlq, "dead letters: list | show ID")
-    dlq.add_argument("action", choices=["list", "show"])
+    dlq = command("dlq", cmd_dlq, "dead letters: list | show ID | replay ID | stats")
+    dlq.add_argument("action", choices=["list", "show", "replay", "stats"])
     dlq.add_argument("id", nargs="?")
+    dlq.add_argument("--to-topic", default=None, help="replay to another topic")
     dlq.add_argument("--reason", default=None)
     dlq.add_argument("--topic", default=None)
     demo = command("demo", cmd_demo, "embedded server + coordinator + example agents + tasks")

@@ -6,12 +6,14 @@ import asyncio
 from types import TracebackType
 from typing import Self
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 import envelopes
 from broker import Broker
-from envelopes import DeadLetter, Event
+from broker.watch import BucketWatch
+from envelopes import AgentCard, DeadLetter, Event
 
 
 class Watcher:
@@ -106,3 +108,16 @@ class Watcher:
         except TimeoutError:
             seen = [(e.event, e.topic) for e in self.events]
             raise AssertionError(f"no {what} within {timeout}s; saw events {seen}") from None
+
+
+async def wait_for_card(
+    broker: Broker, agent_id: str, *, status: str, timeout: float = 20.0
+) -> None:
+    """Until the agent's card in the registry has ``status``."""
+    kv = await broker.kv(broker.names.agents_bucket)
+    async with asyncio.timeout(timeout), BucketWatch(kv) as watch:
+        async for change in watch:
+            if change.key != agent_id or change.value is None:
+                continue
+            if msgspec.json.decode(change.value, type=AgentCard).status == status:
+                return

@@ -83,6 +83,24 @@ async def test_agents_and_dlq_commands(broker, coordinator, watcher):
     letter = json.loads(shown.stdout)
     assert letter["reason"] == "no_route"
     assert letter["envelope"]["topic"] == "nobody_serves_this"
+    stats = await reach(broker, "dlq", "stats")
+    assert stats.stdout.split()[:3] == ["no_route", "nobody_serves_this", "1"]
+
+
+async def test_dlq_replay_sends_the_task_again(broker, coordinator, watcher):
+    """`reach dlq replay ID --to-topic T` republishes a dead letter, which then completes."""
+    await reach(broker, "publish", "nobody_serves_this", '{"items": [1]}', "--message-id", "lost-2")
+    await watcher.dead_letter("no_route", message_id="lost-2")
+    async with worker().running(broker=broker):
+        replayed = await reach(broker, "dlq", "replay", "lost-2", "--to-topic", "count")
+        assert replayed.returncode == 0, replayed.stderr
+        new_id = json.loads(replayed.stdout)["message_id"]
+        completed = await watcher.event("completed", message_id=new_id)
+    assert completed.detail["result"] == {"n": 1}
+    missing = await reach(broker, "dlq", "replay", "never-was")
+    assert (
+        missing.returncode == 1 and "no dead letter with message_id 'never-was'" in missing.stderr
+    )
 
 
 async def test_schema_is_json_schema_of_every_kind():

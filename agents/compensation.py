@@ -1,0 +1,167 @@
+"""``CompensationWorker``: consume dead letters and decide — replay, compensate, alert."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
+
+import msgspec
+import structlog
+from nats.aio.msg import Msg
+
+import envelopes
+from agents.errors import ReachError
+from broker import Broker, BrokerError, Names
+from broker.consume import ConsumerSpec, batches, bind
+from broker.lifecycle import emit, now_ms
+from envelopes import DeadLetter, DecodeError, Event, Task, new_id
+from envelopes import headers as h
+
+log = structlog.get_logger("agents.compensation")
+
+DeadLetterHandler = Callable[[DeadLetter, "Compensation"], Awaitable[None]]
+RETRY_DELAY_S = 5.0
+
+
+class Compensation:
+    """What a handler can do with a dead letter: replay it or mark it resolved."""
+
+    def __init__(self, broker: Broker, worker: str) -> None:
+        self.broker = broker
+        self.worker = worker
+
+    async def replay(
+        self, letter: DeadLetter, *, topic: str | None = None, ttl_ms: int | None = None
+    ) -> Task:
+        """Publish the dead-lettered task again, as a new message in the same trace."""
+        return await replay(self.broker, letter, topic=topic, ttl_ms=ttl_ms)
+
+    async def resolve(self, letter: DeadLetter, note: str) -> None:
+        """Record that the dead letter was dealt with, and how."""
+        await resolve(self.broker, letter, note, by=self.worker)
+
+
+class CompensationWorker:
+    """Consumes ``REACH_DLQ`` filtered by reason and topic, one handler call per entry.
+
+        async def refund_back(letter: DeadLetter, comp: Compensation) -> None:
+            await comp.replay(letter, topic="manual_review")
+
+        worker = CompensationWorker("refunds", refund_back, reasons=["expired"])
+        async with worker.running(nats_url):
+            ...
+
+    Workers with the same name share the work. A handler that raises leaves the
+    entry to come back later; one that returns has dealt with it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        handler: DeadLetterHandler,
+        *,
+        reasons: Iterable[str] = ("*",),
+        topics: Iterable[str] = ("*",),
+    ) -> None:
+        self.name = name
+        self.handler = handler
+        self.reasons = tuple(reasons)
+        self.topics = tuple(topics)
+        if not self.reasons or not self.topics:
+            raise ReachError("a CompensationWorker needs at least one reason and one topic")
+
+    @contextlib.asynccontextmanager
+    async def running(
+        self,
+        nats_url: str | None = None,
+        *,
+        broker: Broker | None = None,
+        names: Names | None = None,
+    ) -> AsyncIterator[CompensationWorker]:
+        """Consume for the duration of the block."""
+        async with contextlib.AsyncExitStack() as stack:
+            if broker is None:
+                broker = await stack.enter_async_context(
+                    Broker(nats_url, name=f"compensation:{self.name}", names=names)
+                )
+            sub = await bind(broker.js, self._consumer(broker.names))
+            compensation = Compensation(broker, self.name)
+            loop = asyncio.create_task(self._consume(sub, compensation), name=self.name)
+            try:
+                yield self
+            finally:
+                loop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
+
+    def _consumer(self, names: Names) -> ConsumerSpec:
+        subjects = tuple(names.dlq(r, t) for r in self.reasons for t in self.topics)
+        return ConsumerSpec(
+            stream=names.dlq_stream, durable=f"compensation-{self.name}", filter_subjects=subjects
+        )
+
+    async def _consume(self, sub: Any, compensation: Compensation) -> None:
+        async for messages in batches(sub, size=16):
+            for msg in messages:
+                await self._handle(msg, compensation)
+
+    async def _handle(self, msg: Msg, compensation: Compensation) -> None:
+        try:
+            letter = envelopes.decode_dead_letter(msg.data)
+        except DecodeError as exc:
+            log.error("unreadable dead letter left in place", subject=msg.subject, error=str(exc))
+            await msg.term()
+            return
+        try:
+            await self.handler(letter, compensation)
+        except Exception:  # the entry stays; a fix or a later try may succeed
+            log.exception("compensation handler failed", message_id=letter.message_id)
+            await msg.nak(delay=RETRY_DELAY_S)
+            return
+        await msg.ack()
+
+
+async def replay(
+    broker: Broker, letter: DeadLetter, *, topic: str | None = None, ttl_ms: int | None = None
+) -> Task:
+    """Republish a dead letter's task with a new message_id in the same trace."""
+    if letter.envelope is None:
+        raise ReachError(
+            f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay"
+        )
+    original = letter.envelope
+    task = msgspec.structs.replace(
+        original,
+        message_id=new_id(),
+        topic=topic or original.topic,
+        attempt=1,
+        to_agent=None,
+        ttl_ms=ttl_ms or envelopes.types.DEFAULT_TTL_MS,
+        replay_of=letter.message_id,
+        created_at=time.time_ns() // 1_000_000,
+    )
+    await broker.publish(
+        broker.names.task(task.topic), envelopes.encode(task), headers=h.task_headers(task)
+    )
+    await _record(broker, letter, "replayed", replayed_as=task.message_id, topic=task.topic)
+    return task
+
+
+async def resolve(broker: Broker, letter: DeadLetter, note: str, *, by: str) -> None:
+    """Record a ``resolved`` event for the dead letter's message."""
+    await _record(broker, letter, "resolved", note=note, by=by)
+
+
+async def _record(broker: Broker, letter: DeadLetter, event: str, **detail: Any) -> None:
+    try:
+        await emit(
+            broker,
+            Event(v=1, event=event, message_id=letter.message_id, trace_id=letter.trace_id,
+                  topic=letter.topic, attempt=max(1, letter.attempts), at_ms=now_ms(),
+                  detail=detail),
+        )  # fmt: skip
+    except BrokerError as exc:
+        raise ReachError(f"cannot record {event} for {letter.message_id}: {exc}") from exc

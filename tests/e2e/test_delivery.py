@@ -1,0 +1,232 @@
+"""Reliable delivery end to end: retries, exactly-once effect, crashes, dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import envelopes
+from agents import (
+    Agent,
+    Compensation,
+    CompensationWorker,
+    NotAcknowledged,
+    PermanentError,
+    ReachClient,
+    TaskContext,
+)
+from broker.consume import ConsumerSpec, bind
+from envelopes import AgentCard, DeadLetter, Intent
+from envelopes import headers as h
+from tests.cli.conftest import reach_command
+from tests.support import wait_for_card
+
+REPO = Path(__file__).parents[2]
+
+
+def flaky_agent(runs: Counter[str], **options: object) -> Agent:
+    agent = Agent("flaky-1", startup_delay=0, **options)  # type: ignore[arg-type]
+
+    @agent.handler("flaky")
+    async def flaky(ctx: TaskContext, payload: dict) -> dict:
+        runs[ctx.message_id] += 1
+        if ctx.attempt < 3:
+            raise ConnectionError(f"upstream down (attempt {ctx.attempt})")
+        return {"ok": ctx.attempt}
+
+    @agent.handler("hopeless", max_attempts=5)
+    async def hopeless(ctx: TaskContext, payload: dict) -> dict:
+        raise ConnectionError("still down")
+
+    @agent.handler("slow", capacity=4)
+    async def slow(ctx: TaskContext, payload: dict) -> dict:
+        runs[ctx.message_id] += 1
+        for _ in range(payload.get("beats", 0)):
+            await asyncio.sleep(payload["beat_s"])  # the work itself takes time
+            await ctx.progress("still working")
+        return {"beats": payload.get("beats", 0)}
+
+    return agent
+
+
+async def test_flaky_handler_succeeds_on_the_third_attempt(broker, coordinator, watcher):
+    """Two failures then success: one completion, three attempts, growing delays."""
+    runs: Counter[str] = Counter()
+    async with flaky_agent(runs).running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke("flaky", {})
+        message_id = next(iter(runs))
+        events = await client.status(message_id)
+    assert result == {"ok": 3}
+    assert runs[message_id] == 3
+    assert [e.event for e in events if e.event in ("failed", "completed")] == [
+        "failed", "failed", "completed",
+    ]  # fmt: skip
+    assert [e.attempt for e in events if e.event == "routed"] == [1, 2, 3]
+    delays = [e.detail["delay_ms"] for e in events if e.event == "retry_scheduled"]
+    assert len(delays) == 2 and delays[0] < delays[1]
+
+
+async def test_per_intent_attempts_are_honoured(broker, coordinator, watcher):
+    """An intent declared with max_attempts=5 is tried exactly five times."""
+    runs: Counter[str] = Counter()
+    async with flaky_agent(runs).running(broker=broker), ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("hopeless", {})
+        letter = await watcher.dead_letter("retries_exhausted", message_id=message_id)
+    assert letter.attempts == 5
+    assert [e.attempt for e in letter.trace if e.event == "failed"] == [1, 2, 3, 4, 5]
+
+
+async def test_progress_beyond_the_ack_wait_prevents_redelivery(broker, coordinator, watcher):
+    """A task running 3 times the agent's ack wait, sending progress, is delivered once."""
+    runs: Counter[str] = Counter()
+    agent = flaky_agent(runs, ack_wait=0.5)
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke("slow", {"beats": 6, "beat_s": 0.25})
+        consumer = broker.names.agent_consumer(agent.agent_id, "P1")
+        info = await broker.js.consumer_info(broker.names.dispatch_stream("P1"), consumer)
+    assert result == {"beats": 6}
+    assert sum(runs.values()) == 1
+    assert info.num_redelivered == 0
+    assert [e.event for e in watcher.events].count("accepted") == 1
+
+
+async def test_a_redelivered_task_is_not_run_again(broker, coordinator, watcher):
+    """The same message reaching the agent twice (past dedup) runs once; both get the result."""
+    runs: Counter[str] = Counter()
+    agent = flaky_agent(runs)
+    task = envelopes.Task(v=1, message_id="twice-1", trace_id="twice-1", topic="slow",
+                          payload={}, to_agent=agent.agent_id)  # fmt: skip
+    subject = broker.names.dispatch(agent.agent_id, "P1")
+    async with agent.running(broker=broker):
+        await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "copy-1"})
+        await watcher.event("completed", message_id="twice-1")
+        await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "copy-2"})
+        await _until_consumed(broker, agent)
+    assert runs["twice-1"] == 1
+
+
+async def test_concurrent_deliveries_of_one_message_run_once(broker, coordinator, watcher):
+    """One message_id dispatched to two agents at once runs on exactly one of them."""
+    runs: Counter[str] = Counter()
+    first, second = flaky_agent(runs), Agent("flaky-2", startup_delay=0)
+    second.handlers = first.handlers  # the same handlers under another identity
+    task = envelopes.Task(v=1, message_id="both-1", trace_id="both-1", topic="slow",
+                          payload={"beats": 2, "beat_s": 0.1})  # fmt: skip
+    async with first.running(broker=broker), second.running(broker=broker):
+        await asyncio.gather(*(
+            broker.publish(broker.names.dispatch(a.agent_id, "P1"), envelopes.encode(task))
+            for a in (first, second)
+        ))  # fmt: skip
+        await watcher.event("completed", message_id="both-1")
+        await _until_consumed(broker, first)
+        await _until_consumed(broker, second)
+    assert runs["both-1"] == 1
+
+
+async def test_frozen_agent_is_not_acknowledged_within_the_ack_deadline(broker, coordinator):
+    """An agent that is registered but takes nothing: invoke fails at the ack deadline."""
+    kv = await broker.kv(broker.names.agents_bucket)
+    await kv.put(
+        "frozen", envelopes.encode(AgentCard(agent_id="frozen", intents={"ice": Intent()}))
+    )
+    started = time.monotonic()
+    async with ReachClient(broker=broker) as client:
+        with pytest.raises(NotAcknowledged, match="within 300 ms"):
+            await client.invoke("ice", {}, ack_deadline_ms=300)
+    assert time.monotonic() - started < 2.0
+
+
+async def test_compensation_worker_replays_a_dead_letter_that_then_completes(
+    broker, coordinator, watcher
+):
+    """A rejected task is replayed by a compensation worker to another topic and completes."""
+    agent = Agent("careful", startup_delay=0)
+
+    @agent.handler("strict")
+    async def strict(ctx: TaskContext, payload: dict) -> dict:
+        raise PermanentError("amount above limit")
+
+    @agent.handler("manual_review")
+    async def manual_review(ctx: TaskContext, payload: dict) -> dict:
+        return {"reviewed": payload["amount"]}
+
+    async def send_to_review(letter: DeadLetter, comp: Compensation) -> None:
+        await comp.replay(letter, topic="manual_review")
+
+    worker = CompensationWorker("reviews", send_to_review, reasons=["rejected"], topics=["strict"])
+    async with (
+        agent.running(broker=broker),
+        worker.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        message_id, trace_id = await client.publish("strict", {"amount": 900})
+        completed = await watcher.event("completed", topic="manual_review")
+        replayed = await watcher.event("replayed", message_id=message_id)
+    assert completed.trace_id == trace_id
+    assert completed.detail["result"] == {"reviewed": 900}
+    assert replayed.detail["replayed_as"] == completed.message_id
+
+
+async def test_max_deliveries_become_dead_letters(broker, coordinator, watcher):
+    """A dispatched message nobody acknowledges, past max_deliver, is dead-lettered first."""
+    names = broker.names
+    spec = ConsumerSpec(stream=names.dispatch_stream("P1"), durable="agent-stuck-p1",
+                        filter_subjects=(names.dispatch("stuck", "P1"),), ack_wait_s=0.2,
+                        max_deliver=2)  # fmt: skip
+    sub = await bind(broker.js, spec)
+    task = envelopes.Task(v=1, message_id="stuck-1", trace_id="stuck-1", topic="slow")
+    await broker.publish(names.dispatch("stuck", "P1"), envelopes.encode(task))
+    for _ in range(3):  # delivered twice, never acknowledged; the third pull finds it spent
+        with contextlib.suppress(TimeoutError):
+            await sub.fetch(1, timeout=1)
+    letter = await watcher.dead_letter("retries_exhausted", message_id="stuck-1")
+    assert letter.error is not None and letter.error.type == "max_deliveries"
+    assert letter.envelope == task
+    info = await broker.js.stream_info(names.dispatch_stream("P1"))
+    assert info.state.messages == 0  # removed only after the dead letter was written
+
+
+async def test_agent_killed_mid_task_completes_after_restart_once(broker, coordinator, watcher,
+                                                                  tmp_path):  # fmt: skip
+    """kill -9 during a task: after a restart it completes, and its side effect happens once."""
+    log = tmp_path / "side_effects.log"
+    start = [reach_command(), "agent", "tests.e2e.victim:agent", "--nats-url", broker.url,
+             "--prefix", broker.names.prefix, "--log-format", "json"]  # fmt: skip
+    env = {**os.environ, "VICTIM_LOG": str(log)}
+    first = await asyncio.create_subprocess_exec(*start, cwd=REPO, env=env,
+                                                 stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+    await wait_for_card(broker, "victim", status="running")
+    async with ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("slow_write", {})
+    await watcher.event("progress", message_id=message_id)
+    first.send_signal(signal.SIGKILL)
+    await first.wait()
+    assert log.read_text() == "start\n"
+    second = await asyncio.create_subprocess_exec(*start, cwd=REPO, env=env,
+                                                  stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+    try:
+        completed = await watcher.event("completed", message_id=message_id, timeout=20)
+    finally:
+        second.send_signal(signal.SIGINT)
+        await second.wait()
+    assert completed.detail["result"] == {"written": True}
+    assert log.read_text().count("done") == 1
+
+
+async def _until_consumed(broker, agent: Agent) -> None:
+    """Wait until the agent acknowledged everything dispatched to it (bounded)."""
+    stream = broker.names.dispatch_stream("P1")
+    consumer = broker.names.agent_consumer(agent.agent_id, "P1")
+    async with asyncio.timeout(10):
+        while True:
+            info = await broker.js.consumer_info(stream, consumer)
+            if info.num_pending == 0 and info.num_ack_pending == 0:
+                return
+            await asyncio.sleep(0.05)  # polling the consumer's state: there is no event for it
