@@ -9,6 +9,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -216,14 +217,15 @@ class AgentRuntime:
             await self._report(task, "expired", error, dispatched_ms)
             return None
         deadline_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
-        claim = await self._claim(msg, task, lease_ms=deadline_ms + LEASE_GRACE_MS)
-        match claim:
-            case AlreadyDone(record=record):
-                log.info("already executed; sending the stored result again")
-                await self._complete(task, record.result, duration_ms=0)
-                return None
-        assert isinstance(claim, Claimed)
-        await self._accept(task)
+        # Acknowledging while claiming saves a round trip; a duplicate that turns out
+        # to be done already acknowledges, then answers with the stored result.
+        claim, _ = await asyncio.gather(
+            self._claim(msg, task, lease_ms=deadline_ms + LEASE_GRACE_MS), self._accept(task)
+        )
+        if isinstance(claim, AlreadyDone):
+            log.info("already executed; sending the stored result again")
+            await self._complete(task, claim.record.result, duration_ms=0)
+            return None
         ctx = TaskContext(
             task,
             agent_id=self.agent.agent_id,
@@ -243,8 +245,9 @@ class AgentRuntime:
             return None
         duration_ms = int((time.monotonic() - started) * 1000)
         self._latency.observe(duration_ms)
-        await self._executions.finish(task, claim, result)
-        await self._complete(task, result, duration_ms)
+        await self._complete(
+            task, result, duration_ms, keep=self._executions.finish(task, claim, result)
+        )
         return None
 
     async def _claim(self, msg: Msg, task: Task, *, lease_ms: int) -> Claimed | AlreadyDone:
@@ -283,18 +286,26 @@ class AgentRuntime:
             emit(self.broker, event_for(task, "progress", agent_id=self.agent.agent_id, note=note)),
         )
 
-    async def _complete(self, task: Task, result: Any, duration_ms: int) -> None:
-        await emit(
-            self.broker,
-            event_for(
-                task,
-                "completed",
-                agent_id=self.agent.agent_id,
-                result=result,
-                duration_ms=duration_ms,
-            ),
+    async def _complete(
+        self,
+        task: Task,
+        result: Any,
+        duration_ms: int,
+        keep: Coroutine[Any, Any, None] | None = None,
+    ) -> None:
+        """Answer the sender while ``keep`` records the result, then tell the coordinator.
+
+        The record is written before the ``completed`` event and before the
+        message is acknowledged, so a crash in between runs nothing twice.
+        """
+        answer = reply(
+            self.broker, task, Result(**_about(task, self.agent.agent_id), result=result)
         )
-        await reply(self.broker, task, Result(**_about(task, self.agent.agent_id), result=result))
+        await asyncio.gather(answer, *([keep] if keep else []))
+        completed = event_for(
+            task, "completed", agent_id=self.agent.agent_id, result=result, duration_ms=duration_ms
+        )
+        await emit(self.broker, completed)
         log.debug("completed", duration_ms=duration_ms)
 
     async def _report(self, task: Task, event: str, error: ErrorInfo, dispatched_ms: int) -> None:

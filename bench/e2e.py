@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
-import tempfile
 import time
-from collections.abc import AsyncIterator
 
+from common import nats_server
 from nats.js import api
 
 from agents import Agent, ReachClient, TaskContext
-from broker import Broker, EmbeddedServer, Names, Topology, provision
+from broker import Broker, Names, Topology, provision
 from coordinator import Coordinator, CoordinatorConfig
 from reach.logs import configure_logging
 
@@ -109,17 +106,6 @@ async def main() -> None:
     print(f"raw nats-py  publish → pull → ack : {raw:9.0f} msg/s")
     print(f"agent-reach  publish → completed  : {reach:9.0f} tasks/s")
     print(f"ratio reach / raw                 : {reach / raw:9.1%}")
-
-
-@contextlib.asynccontextmanager
-async def nats_server() -> AsyncIterator[str]:
-    """``$NATS_URL``, or an embedded nats-server on a free loopback port for the run."""
-    if url := os.environ.get("NATS_URL"):
-        yield url
-        return
-    with tempfile.TemporaryDirectory(prefix="reach-bench-") as store:
-        async with EmbeddedServer(port=-1, store_dir=store) as server:
-            yield server.url
 
 
 if __name__ == "__main__":

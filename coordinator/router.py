@@ -55,11 +55,11 @@ class Router:
         card = random.choice(running)
         routed = msgspec.structs.replace(task, to_agent=card.agent_id, ttl_ms=left_ms)
         candidates = sorted(c.agent_id for c in running)
-        await emit(
-            self._broker, event_for(routed, "routed", agent_id=card.agent_id, candidates=candidates)
-        )
         subject = self._broker.names.dispatch(card.agent_id, task.priority)
         headers = h.task_headers(routed, msg_id=f"{task.message_id}-{task.attempt}")
+        # The event first: a trace must never show an agent at work before the routing.
+        routed_event = event_for(routed, "routed", agent_id=card.agent_id, candidates=candidates)
+        await emit(self._broker, routed_event)
         await self._broker.publish(subject, envelopes.encode(routed), headers=headers)
         log.debug("routed", agent_id=card.agent_id, attempt=task.attempt)
         return None

@@ -138,3 +138,47 @@ async def test_registration_reuses_the_record_and_raises_the_epoch(broker):
     assert stopped.status == "stopped"
     assert await kv.keys() == [agent.agent_id]
     assert sorted(first.intents) == ["blocking", "crash", "overrun", "refuse", "slow_report"]
+
+
+async def test_child_tasks_carry_the_trace_and_what_is_left_of_the_budget(
+    broker, coordinator, watcher
+):
+    """A task a handler publishes keeps the trace_id and gets at most the remaining budget."""
+    agent = Agent("parent-1", startup_delay=0)
+
+    @agent.handler("plan", deadline_ms=5_000)
+    async def plan(ctx: TaskContext, payload: dict) -> dict:
+        child = await ctx.publish("write", {"outline": 1})
+        return {"child": child.message_id}
+
+    @agent.handler("write")
+    async def write(ctx: TaskContext, payload: dict) -> dict:
+        return {"budget_ms": ctx.envelope.budget.execute_ms, "from": ctx.envelope.from_agent}
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke("plan", {}, trace_id="saga-1")
+        child = await watcher.event("completed", message_id=result["child"])
+    assert child.trace_id == "saga-1"
+    assert 0 < child.detail["result"]["budget_ms"] <= 5_000
+    assert child.detail["result"]["from"] == "parent-1"
+
+
+async def test_a_sync_handler_past_its_deadline_has_its_late_result_discarded(
+    broker, coordinator, watcher
+):
+    """A blocking handler cannot be cancelled: its result after the deadline is not sent."""
+    agent = Agent("sleepy-1", startup_delay=0)
+    finished = threading.Event()
+
+    @agent.handler("doze", deadline_ms=100, max_attempts=1)
+    def doze(ctx: TaskContext, payload: dict) -> dict:
+        time.sleep(0.3)
+        finished.set()
+        return {"late": True}
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        with pytest.raises(TaskFailed) as caught:
+            await client.invoke("doze", {})
+        await asyncio.to_thread(finished.wait, 5)
+    assert caught.value.error.type == "deadline_exceeded"
+    assert not [e for e in watcher.events if e.event == "completed"]

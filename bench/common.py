@@ -1,0 +1,27 @@
+"""Shared pieces of the benchmarks: a server for the run and percentiles."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+from collections.abc import AsyncIterator
+
+from broker import EmbeddedServer
+
+
+@contextlib.asynccontextmanager
+async def nats_server() -> AsyncIterator[str]:
+    """``$NATS_URL``, or an embedded nats-server on a free loopback port for the run."""
+    if url := os.environ.get("NATS_URL"):
+        yield url
+        return
+    with tempfile.TemporaryDirectory(prefix="reach-bench-") as store:
+        async with EmbeddedServer(port=-1, store_dir=store) as server:
+            yield server.url
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """The q-th percentile (0-100) of ``samples``."""
+    return statistics.quantiles(samples, n=100, method="inclusive")[int(q) - 1]
