@@ -5,17 +5,21 @@ from __future__ import annotations
 import contextlib
 import inspect
 import re
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agents.errors import AgentConfigError
+from agents.liveness import resolve_agent_id
 from agents.runtime import AgentRuntime
 from broker import Broker, Names
 from envelopes import AgentCard, Intent
 from envelopes.types import TOKEN_PATTERN
 
 _TOKEN = re.compile(TOKEN_PATTERN)
+DEFAULT_IDENTITY_FILE = Path(".reach/agent-id")
 
 Handler = Callable[..., Any]
 
@@ -51,14 +55,18 @@ class Agent:
 
     def __init__(
         self,
-        agent_id: str,
+        agent_id: str | None = None,
         *,
         tags: dict[str, str] | None = None,
         heartbeat_interval: float = 15.0,
         startup_delay: float = 60.0,
         ack_wait: float = 30.0,
         max_deliver: int = 5,
+        identity_file: str | Path = DEFAULT_IDENTITY_FILE,
+        watchdog_threshold: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        agent_id = resolve_agent_id(agent_id, Path(identity_file))
         if not _TOKEN.match(agent_id):
             raise AgentConfigError(
                 f"agent_id {agent_id!r}: use 1-128 letters, digits, '_' or '-'"
@@ -78,6 +86,8 @@ class Agent:
         self.startup_delay = startup_delay
         self.ack_wait = ack_wait
         self.max_deliver = max_deliver
+        self.watchdog_threshold = watchdog_threshold or heartbeat_interval
+        self.clock = clock
         self.handlers: dict[str, HandlerSpec] = {}
 
     def handler(

@@ -159,9 +159,16 @@ async def _record(broker: Broker, letter: DeadLetter, event: str, **detail: Any)
     try:
         await emit(
             broker,
-            Event(v=1, event=event, message_id=letter.message_id, trace_id=letter.trace_id,
-                  topic=letter.topic, attempt=max(1, letter.attempts), at_ms=now_ms(),
-                  detail=detail),
-        )  # fmt: skip
+            Event(
+                v=1,
+                event=event,
+                message_id=letter.message_id,
+                trace_id=letter.trace_id,
+                topic=letter.topic,
+                attempt=max(1, letter.attempts),
+                at_ms=now_ms(),
+                detail=detail,
+            ),
+        )
     except BrokerError as exc:
         raise ReachError(f"cannot record {event} for {letter.message_id}: {exc}") from exc

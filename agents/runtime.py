@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
-import socket
 import time
 from collections.abc import Coroutine
 from types import TracebackType
@@ -23,6 +21,8 @@ import envelopes
 from agents.context import TaskContext
 from agents.errors import PermanentError
 from agents.executions import AlreadyDone, Busy, Claimed, ExecutionRecords
+from agents.liveness import Heartbeats, Load, Presence, Watchdog
+from agents.registration import await_slot, write_card
 from broker import Broker, BrokerError
 from broker.consume import ConsumerSpec, bind, fetch
 from broker.lifecycle import dead_letter, emit, event_for, now_ms, reply
@@ -46,10 +46,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger("agents")
 
 FETCH_WAIT_S = 0.5
+PRESENCE_CHECK_S = 0.5
 DRAIN_TIMEOUT_S = 10.0
 BUSY_POLL_S = 0.5
 LEASE_GRACE_MS = 1_000  # time to record the outcome after the deadline
-_card_decoder = msgspec.json.Decoder(AgentCard)
 
 
 class AgentRuntime:
@@ -66,26 +66,52 @@ class AgentRuntime:
         self._pools = {p: WorkerPool(agent.capacity) for p in PRIORITIES}
         self._latency = LatencyEstimate()
         self._executions: ExecutionRecords
+        self._presence: Presence | None = None
+        self._duties: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Self:
         if self._loops or self._closed.is_set():
             raise RuntimeError("an AgentRuntime runs once; call Agent.running() again")
-        if self.agent.startup_delay:
+        agent = self.agent
+        if agent.startup_delay:
             # Spread the registrations of a fleet that starts at once (seed 000).
-            await asyncio.sleep(random.uniform(0, self.agent.startup_delay))
-        await self._register()
-        assert self.card is not None
+            await asyncio.sleep(random.uniform(0, agent.startup_delay))
+        self._presence = Presence(
+            self.broker, agent.agent_id, version=_version(agent), tags=agent.tags
+        )
+        await self._presence.check_free(timeout_s=PRESENCE_CHECK_S)
+        await self._presence.start()
+        interval = await await_slot(self.broker, agent.agent_id) or agent.heartbeat_interval
+        self.card = await write_card(self.broker, agent.card(status="running"))
         self._executions = ExecutionRecords(
             await self.broker.kv(self.broker.names.executions_bucket),
-            self.agent.agent_id,
+            agent.agent_id,
             self.card.epoch,
         )
         subs = {p: await bind(self.broker.js, self._consumer(p)) for p in PRIORITIES}
+        self.heartbeats = Heartbeats(
+            self.broker,
+            agent.agent_id,
+            self.card.epoch,
+            interval_s=interval,
+            load=self._load,
+            clock=agent.clock,
+        )
+        self.watchdog = Watchdog(agent.watchdog_threshold)
+        self._duties = [
+            asyncio.create_task(self.heartbeats.run(), name=f"{agent.agent_id}-heartbeats"),
+            asyncio.create_task(self.watchdog.run(), name=f"{agent.agent_id}-watchdog"),
+        ]
         self._loops = [
-            asyncio.create_task(self._consume(p, sub), name=f"{self.agent.agent_id}-{p}")
+            asyncio.create_task(self._consume(p, sub), name=f"{agent.agent_id}-{p}")
             for p, sub in subs.items()
         ]
-        log.info("agent serving", agent_id=self.agent.agent_id, topics=sorted(self.agent.handlers))
+        log.info(
+            "agent serving",
+            agent_id=agent.agent_id,
+            epoch=self.card.epoch,
+            topics=sorted(agent.handlers),
+        )
         return self
 
     async def __aexit__(
@@ -106,8 +132,14 @@ class AgentRuntime:
         self._stopping.set()
         await _finish(self._loops, FETCH_WAIT_S * 4)
         await _finish(list(self._in_flight), DRAIN_TIMEOUT_S)
+        await _finish(self._duties, 0)
         with contextlib.suppress(BrokerError):
             await self._put_card(status="stopped")
+        with contextlib.suppress(Exception):  # tells the coordinator at once: stopped, not lost
+            kv = await self.broker.kv(self.broker.names.heartbeats_bucket)
+            await kv.delete(self.agent.agent_id)
+        if self._presence is not None:
+            await self._presence.stop()
         self._closed.set()
         log.info("agent stopped", agent_id=self.agent.agent_id)
 
@@ -122,18 +154,6 @@ class AgentRuntime:
             max_ack_pending=self.agent.capacity,
             max_deliver=self.agent.max_deliver,
         )
-
-    async def _register(self) -> None:
-        kv = await self.broker.kv(self.broker.names.agents_bucket)
-        epoch = 1
-        with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            entry = await kv.get(self.agent.agent_id)
-            with contextlib.suppress(msgspec.DecodeError):
-                epoch = _card_decoder.decode(entry.value or b"").epoch + 1
-        self.card = self.agent.card(
-            host=socket.gethostname(), pid=os.getpid(), started_at=now_ms(), epoch=epoch
-        )
-        await self._put_card(status="running")
 
     async def _put_card(self, *, status: str) -> None:
         assert self.card is not None
@@ -264,6 +284,14 @@ class AgentRuntime:
             await msg.in_progress()
             await asyncio.sleep(min(claim.retry_in_s, BUSY_POLL_S))
 
+    def _load(self) -> Load:
+        pools = self._pools.values()
+        return Load(
+            in_flight=sum(p.busy for p in pools),
+            free_slots=sum(p.free for p in pools),
+            latency_ms=self._latency.estimate_ms,
+        )
+
     async def _submit(self, task: Task) -> None:
         await self.broker.publish(
             self.broker.names.task(task.topic), envelopes.encode(task), headers=task_headers(task)
@@ -365,6 +393,11 @@ def _about(task: Task, agent_id: str) -> dict[str, Any]:
         "attempt": task.attempt,
         "created_at": now_ms(),
     }
+
+
+def _version(agent: Agent) -> str:
+    versions = sorted({spec.intent.version for spec in agent.handlers.values()})
+    return versions[0] if len(versions) == 1 and versions[0].count(".") == 2 else "0.0.0"
 
 
 class LatencyEstimate:

@@ -34,8 +34,11 @@ async def baseline(url: str, count: int, window: int) -> float:
     """Raw nats-py: JetStream publish, pull-consume in batches of 100, ack."""
     async with Broker(url, name="bench-baseline") as broker:
         js = broker.js
-        await js.add_stream(api.StreamConfig(name="BENCH", subjects=["bench.>"],
-                                             retention=api.RetentionPolicy.WORK_QUEUE))  # fmt: skip
+        await js.add_stream(
+            api.StreamConfig(
+                name="BENCH", subjects=["bench.>"], retention=api.RetentionPolicy.WORK_QUEUE
+            )
+        )
         sub = await js.pull_subscribe("bench.x", durable="bench", stream="BENCH")
         body = b'{"n": 1}'
         started = time.perf_counter()

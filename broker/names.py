@@ -57,6 +57,26 @@ class Names(msgspec.Struct, frozen=True):
     def dlq_wildcard(self) -> str:
         return f"{self.prefix}.dlq.>"
 
+    # -- control (core NATS request/reply) -------------------------------------
+    def presence(self, agent_id: str) -> str:
+        """Answered by a live agent process; no responders means its connection is gone."""
+        return f"{self.prefix}.presence.{agent_id}"
+
+    def ping(self, agent_id: str) -> str:
+        """The application-level ping, answered from the agent's task loop."""
+        return f"{self.prefix}.ping.{agent_id}"
+
+    def agent_control(self, agent_id: str) -> str:
+        return f"{self.prefix}.ctl.agent.{agent_id}"
+
+    @property
+    def register(self) -> str:
+        return f"{self.prefix}.ctl.register"
+
+    @property
+    def clear(self) -> str:
+        return f"{self.prefix}.ctl.clear"
+
     # -- streams ----------------------------------------------------------------
     @property
     def tasks_stream(self) -> str:
@@ -93,6 +113,10 @@ class Names(msgspec.Struct, frozen=True):
     @property
     def executions_bucket(self) -> str:
         return f"{self.prefix}_executions"
+
+    @property
+    def leases_bucket(self) -> str:
+        return f"{self.prefix}_leases"
 
     # -- advisories -------------------------------------------------------------
     @property

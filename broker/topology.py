@@ -132,6 +132,7 @@ class Topology:
                 BucketSpec(name=n.agents_bucket, description="Agent cards by agent_id"),
                 BucketSpec(name=n.heartbeats_bucket, description="Agent heartbeats"),
                 BucketSpec(name=n.liveness_bucket, history=5, description="Agent liveness"),
+                BucketSpec(name=n.leases_bucket, description="Coordinator duties that run once"),
                 BucketSpec(
                     name=n.executions_bucket,
                     ttl_s=executions_ttl_s,

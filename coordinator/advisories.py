@@ -73,9 +73,15 @@ class Advisories:
         except DecodeError:
             message_id = headers.get("Nats-Msg-Id", "unknown").replace(".", "_")
             await dead_letter(
-                self._broker, reason="retries_exhausted", message_id=message_id,
-                trace_id=message_id, topic="_invalid", error=error, raw=data, headers=headers,
-            )  # fmt: skip
+                self._broker,
+                reason="retries_exhausted",
+                message_id=message_id,
+                trace_id=message_id,
+                topic="_invalid",
+                error=error,
+                raw=data,
+                headers=headers,
+            )
             return
         log.warning("max deliveries reached", message_id=task.message_id, error=error.message)
         await end_with_error(self._broker, task, "retries_exhausted", error)

@@ -76,9 +76,14 @@ class Outcomes:
         log.info("retry scheduled", attempt=task.attempt + 1, delay_s=round(delay, 3))
         await emit(
             self._broker,
-            event_for(task, "retry_scheduled", next_attempt=task.attempt + 1,
-                      delay_ms=int(delay * 1000), error=error),
-        )  # fmt: skip
+            event_for(
+                task,
+                "retry_scheduled",
+                next_attempt=task.attempt + 1,
+                delay_ms=int(delay * 1000),
+                error=error,
+            ),
+        )
         return delay
 
     async def _retry(self, event: Event, task: Task, *, waited: int) -> float | None:

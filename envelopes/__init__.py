@@ -1,7 +1,17 @@
 """Envelope v1: the typed messages of Agent-Reach and their JSON codec."""
 
 from envelopes import headers
-from envelopes.cards import AgentCard, Execution, Intent
+from envelopes.cards import (
+    AgentCard,
+    AgentControl,
+    Execution,
+    Heartbeat,
+    Intent,
+    Liveness,
+    LivenessState,
+    RegisterReply,
+    RegisterRequest,
+)
 from envelopes.codec import (
     decode,
     decode_dead_letter,
@@ -36,6 +46,7 @@ __all__ = [
     "PRIORITIES",
     "Ack",
     "AgentCard",
+    "AgentControl",
     "Budget",
     "Capacity",
     "DeadLetter",
@@ -45,10 +56,15 @@ __all__ = [
     "ErrorReply",
     "Event",
     "Execution",
+    "Heartbeat",
     "Intent",
+    "Liveness",
+    "LivenessState",
     "Message",
     "Priority",
     "Progress",
+    "RegisterReply",
+    "RegisterRequest",
     "Reply",
     "Result",
     "Task",

@@ -49,9 +49,11 @@ async def test_invoke_sees_ack_then_progress_then_result(broker, coordinator):
     seen: list[str] = []
     async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
         result = await client.invoke(
-            "slow_report", {}, on_ack=lambda a: seen.append("ack"),
+            "slow_report",
+            {},
+            on_ack=lambda a: seen.append("ack"),
             on_progress=lambda p: seen.append(f"progress:{p.note}"),
-        )  # fmt: skip
+        )
     assert seen == ["ack", "progress:half way"]
     assert result == {"done": True, "attempt": 1}
 
@@ -103,8 +105,14 @@ async def test_deadline_cancels_an_async_handler(broker, coordinator, watcher):
 async def test_a_task_that_expired_in_the_agent_queue_is_not_run(broker, coordinator, watcher):
     """A dispatched task whose ttl passed while queued is dead-lettered as expired, not run."""
     agent = agent_with_handlers()
-    task = envelopes.Task(v=1, message_id="stale-1", trace_id="stale-1", topic="slow_report",
-                          ttl_ms=200, to_agent=agent.agent_id)  # fmt: skip
+    task = envelopes.Task(
+        v=1,
+        message_id="stale-1",
+        trace_id="stale-1",
+        topic="slow_report",
+        ttl_ms=200,
+        to_agent=agent.agent_id,
+    )
     await broker.publish(broker.names.dispatch(agent.agent_id, "P1"), envelopes.encode(task))
     await asyncio.sleep(0.3)  # the passing of the ttl is what this test is about
     async with agent.running(broker=broker):

@@ -15,10 +15,18 @@ async def test_provision_creates_everything_then_changes_nothing(broker):
     again = await provision(broker.js, topology)
     assert set(again.values()) == {Outcome.UNCHANGED}
     names = broker.names
-    expected = {names.tasks_stream, names.events_stream, names.dlq_stream,
-                *names.dispatch_streams.values(), names.agents_bucket,
-                names.heartbeats_bucket, names.liveness_bucket, names.advisories_stream,
-                names.executions_bucket}  # fmt: skip
+    expected = {
+        names.tasks_stream,
+        names.events_stream,
+        names.dlq_stream,
+        *names.dispatch_streams.values(),
+        names.agents_bucket,
+        names.heartbeats_bucket,
+        names.liveness_bucket,
+        names.advisories_stream,
+        names.executions_bucket,
+        names.leases_bucket,
+    }
     assert set(again) == expected
     info = await broker.js.stream_info(names.tasks_stream)
     assert info.config.subjects == [f"{names.prefix}.task.>"]

@@ -39,11 +39,12 @@ async def test_two_replicas_share_intake_and_each_task_runs_once(broker, watcher
     """With two coordinators and two agents, 40 tasks complete once each."""
     runs: Counter[str] = Counter()
     async with (
-        replica(broker), replica(broker),
+        replica(broker),
+        replica(broker),
         counting_agent("count-a", runs).running(broker=broker),
         counting_agent("count-b", runs).running(broker=broker),
         ReachClient(broker=broker) as client,
-    ):  # fmt: skip
+    ):
         ids = [(await client.publish("count", {"i": i}))[0] for i in range(40)]
         for message_id in ids:
             await watcher.event("completed", message_id=message_id)

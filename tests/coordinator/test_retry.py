@@ -10,9 +10,17 @@ from coordinator import CoordinatorConfig
 from coordinator.retry import backoff_s
 
 
-@pytest.mark.parametrize(("attempt", "low", "high"), [(1, 0.8, 1.2), (2, 1.6, 2.4), (3, 3.2, 4.8),
-                                                      (5, 12.8, 19.2), (6, 25.6, 30.0),
-                                                      (12, 30.0, 30.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("attempt", "low", "high"),
+    [
+        (1, 0.8, 1.2),
+        (2, 1.6, 2.4),
+        (3, 3.2, 4.8),
+        (5, 12.8, 19.2),
+        (6, 25.6, 30.0),
+        (12, 30.0, 30.0),
+    ],
+)
 def test_backoff_doubles_with_jitter_and_is_capped(attempt, low, high):
     """1, 2, 4 … s with ±20 % jitter, never above 30 s."""
     rng = random.Random(7)

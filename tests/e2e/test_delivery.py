@@ -66,8 +66,10 @@ async def test_flaky_handler_succeeds_on_the_third_attempt(broker, coordinator, 
     assert result == {"ok": 3}
     assert runs[message_id] == 3
     assert [e.event for e in events if e.event in ("failed", "completed")] == [
-        "failed", "failed", "completed",
-    ]  # fmt: skip
+        "failed",
+        "failed",
+        "completed",
+    ]
     assert [e.attempt for e in events if e.event == "routed"] == [1, 2, 3]
     delays = [e.detail["delay_ms"] for e in events if e.event == "retry_scheduled"]
     assert len(delays) == 2 and delays[0] < delays[1]
@@ -101,8 +103,14 @@ async def test_a_redelivered_task_is_not_run_again(broker, coordinator, watcher)
     """The same message reaching the agent twice (past dedup) runs once; both get the result."""
     runs: Counter[str] = Counter()
     agent = flaky_agent(runs)
-    task = envelopes.Task(v=1, message_id="twice-1", trace_id="twice-1", topic="slow",
-                          payload={}, to_agent=agent.agent_id)  # fmt: skip
+    task = envelopes.Task(
+        v=1,
+        message_id="twice-1",
+        trace_id="twice-1",
+        topic="slow",
+        payload={},
+        to_agent=agent.agent_id,
+    )
     subject = broker.names.dispatch(agent.agent_id, "P1")
     async with agent.running(broker=broker):
         await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "copy-1"})
@@ -117,13 +125,20 @@ async def test_concurrent_deliveries_of_one_message_run_once(broker, coordinator
     runs: Counter[str] = Counter()
     first, second = flaky_agent(runs), Agent("flaky-2", startup_delay=0)
     second.handlers = first.handlers  # the same handlers under another identity
-    task = envelopes.Task(v=1, message_id="both-1", trace_id="both-1", topic="slow",
-                          payload={"beats": 2, "beat_s": 0.1})  # fmt: skip
+    task = envelopes.Task(
+        v=1,
+        message_id="both-1",
+        trace_id="both-1",
+        topic="slow",
+        payload={"beats": 2, "beat_s": 0.1},
+    )
     async with first.running(broker=broker), second.running(broker=broker):
-        await asyncio.gather(*(
-            broker.publish(broker.names.dispatch(a.agent_id, "P1"), envelopes.encode(task))
-            for a in (first, second)
-        ))  # fmt: skip
+        await asyncio.gather(
+            *(
+                broker.publish(broker.names.dispatch(a.agent_id, "P1"), envelopes.encode(task))
+                for a in (first, second)
+            )
+        )
         await watcher.event("completed", message_id="both-1")
         await _until_consumed(broker, first)
         await _until_consumed(broker, second)
@@ -177,9 +192,13 @@ async def test_compensation_worker_replays_a_dead_letter_that_then_completes(
 async def test_max_deliveries_become_dead_letters(broker, coordinator, watcher):
     """A dispatched message nobody acknowledges, past max_deliver, is dead-lettered first."""
     names = broker.names
-    spec = ConsumerSpec(stream=names.dispatch_stream("P1"), durable="agent-stuck-p1",
-                        filter_subjects=(names.dispatch("stuck", "P1"),), ack_wait_s=0.2,
-                        max_deliver=2)  # fmt: skip
+    spec = ConsumerSpec(
+        stream=names.dispatch_stream("P1"),
+        durable="agent-stuck-p1",
+        filter_subjects=(names.dispatch("stuck", "P1"),),
+        ack_wait_s=0.2,
+        max_deliver=2,
+    )
     sub = await bind(broker.js, spec)
     task = envelopes.Task(v=1, message_id="stuck-1", trace_id="stuck-1", topic="slow")
     await broker.publish(names.dispatch("stuck", "P1"), envelopes.encode(task))
@@ -193,15 +212,26 @@ async def test_max_deliveries_become_dead_letters(broker, coordinator, watcher):
     assert info.state.messages == 0  # removed only after the dead letter was written
 
 
-async def test_agent_killed_mid_task_completes_after_restart_once(broker, coordinator, watcher,
-                                                                  tmp_path):  # fmt: skip
+async def test_agent_killed_mid_task_completes_after_restart_once(
+    broker, coordinator, watcher, tmp_path
+):
     """kill -9 during a task: after a restart it completes, and its side effect happens once."""
     log = tmp_path / "side_effects.log"
-    start = [reach_command(), "agent", "tests.e2e.victim:agent", "--nats-url", broker.url,
-             "--prefix", broker.names.prefix, "--log-format", "json"]  # fmt: skip
+    start = [
+        reach_command(),
+        "agent",
+        "tests.e2e.victim:agent",
+        "--nats-url",
+        broker.url,
+        "--prefix",
+        broker.names.prefix,
+        "--log-format",
+        "json",
+    ]
     env = {**os.environ, "VICTIM_LOG": str(log)}
-    first = await asyncio.create_subprocess_exec(*start, cwd=REPO, env=env,
-                                                 stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+    first = await asyncio.create_subprocess_exec(
+        *start, cwd=REPO, env=env, stderr=asyncio.subprocess.DEVNULL
+    )
     await wait_for_card(broker, "victim", status="running")
     async with ReachClient(broker=broker) as client:
         message_id, _ = await client.publish("slow_write", {})
@@ -209,8 +239,9 @@ async def test_agent_killed_mid_task_completes_after_restart_once(broker, coordi
     first.send_signal(signal.SIGKILL)
     await first.wait()
     assert log.read_text() == "start\n"
-    second = await asyncio.create_subprocess_exec(*start, cwd=REPO, env=env,
-                                                  stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+    second = await asyncio.create_subprocess_exec(
+        *start, cwd=REPO, env=env, stderr=asyncio.subprocess.DEVNULL
+    )
     try:
         completed = await watcher.event("completed", message_id=message_id, timeout=20)
     finally:
