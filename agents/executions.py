@@ -67,9 +67,10 @@ class ExecutionRecords:
             raise translate(exc) from exc
         return await self._contend(task, record)
 
-    async def finish(self, task: Task, claim: Claimed, result: Any) -> None:
-        """Keep the result, for any later delivery of the same message."""
-        await self._write(task, claim, self._record(task, "done", result=result))
+    async def finish(self, task: Task, claim: Claimed, result: Any) -> bool:
+        """Keep the result for any later delivery; False when the claim was taken away
+        (the task was reassigned meanwhile) and this result must not be used."""
+        return await self._write(task, claim, self._record(task, "done", result=result))
 
     async def fail(self, task: Task, claim: Claimed, error: ErrorInfo) -> None:
         """Release the claim so that a retry of the message may run it."""
@@ -106,14 +107,15 @@ class ExecutionRecords:
         """The holder was an earlier process of this agent: it is gone, its lease with it."""
         return record.agent_id == self._agent_id and record.epoch < self._epoch
 
-    async def _write(self, task: Task, claim: Claimed, record: Execution) -> None:
+    async def _write(self, task: Task, claim: Claimed, record: Execution) -> bool:
         try:
             await self._kv.update(task.message_id, envelopes.encode(record), last=claim.revision)
         except nats.js.errors.KeyWrongLastSequenceError:
-            # Our lease lapsed and another delivery took over; its outcome stands.
-            return
+            # Our lease lapsed or the task was reassigned; the other outcome stands.
+            return False
         except nats.errors.Error as exc:
             raise translate(exc) from exc
+        return True
 
     def _record(self, task: Task, state: str, **fields: Any) -> Execution:
         return Execution(

@@ -30,14 +30,14 @@ from nats.aio.subscription import Subscription
 import envelopes
 from agents.errors import AgentConfigError, ReachError
 from broker import Broker
-from broker.lifecycle import emit, now_ms
-from envelopes import AgentControl, Event, Heartbeat, new_id
+from broker.errors import honour_cancellation
+from broker.lifecycle import agent_event, emit
+from envelopes import AgentControl, Heartbeat
 
 log = structlog.get_logger("agents.liveness")
 
 JITTER = 0.2
 CLOCK_DRIFT_S = 5.0
-AGENT_TOPIC = "_agent"  # the topic of events about an agent rather than a task
 
 
 class AgentIdInUse(ReachError):
@@ -123,12 +123,15 @@ class Presence:
         )
 
     async def stop(self) -> None:
-        if self._service is not None:
+        """Stop answering; safe to call twice."""
+        service, self._service = self._service, None
+        sub, self._sub = self._sub, None
+        if service is not None:
             with contextlib.suppress(Exception):
-                await self._service.stop()
-        if self._sub is not None:
+                await asyncio.wait_for(service.stop(), 2.0)
+        if sub is not None:
             with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+                await sub.unsubscribe()
 
 
 async def _answer(msg: Msg) -> None:
@@ -171,6 +174,7 @@ class Heartbeats:
         try:
             while True:
                 await self._beat(kv)
+                honour_cancellation()
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), jittered(self.interval_s))
@@ -221,20 +225,6 @@ class Heartbeats:
             log.info("heartbeat interval changed", interval_s=control.heartbeat_interval_s)
             self.interval_s = control.heartbeat_interval_s
             self._wake.set()  # beat now, so the coordinator sees the new interval at once
-
-
-def agent_event(agent_id: str, event: str, **detail: Any) -> Event:
-    """An event about an agent (not a task): topic ``_agent``, trace = the agent id."""
-    return Event(
-        v=1,
-        event=event,
-        message_id=new_id(),
-        trace_id=agent_id,
-        topic=AGENT_TOPIC,
-        agent_id=agent_id,
-        at_ms=now_ms(),
-        detail=detail,
-    )
 
 
 class Watchdog:

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Coroutine
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -25,6 +24,7 @@ from agents.liveness import Heartbeats, Load, Presence, Watchdog
 from agents.registration import await_slot, write_card
 from broker import Broker, BrokerError
 from broker.consume import ConsumerSpec, bind, fetch
+from broker.errors import honour_cancellation
 from broker.lifecycle import dead_letter, emit, event_for, now_ms, reply
 from envelopes import (
     PRIORITIES,
@@ -130,7 +130,9 @@ class AgentRuntime:
         if self._closed.is_set():
             return
         self._stopping.set()
-        await _finish(self._loops, FETCH_WAIT_S * 4)
+        # Fetching loops hold no work: stop them now rather than after their current wait.
+        # A message a pending pull delivers after this comes back after the ack wait.
+        await _finish(self._loops, 0)
         await _finish(list(self._in_flight), DRAIN_TIMEOUT_S)
         await _finish(self._duties, 0)
         with contextlib.suppress(BrokerError):
@@ -168,6 +170,7 @@ class AgentRuntime:
     async def _consume(self, priority: Priority, sub: Any) -> None:
         pool = self._pools[priority]
         while not self._stopping.is_set():
+            honour_cancellation()
             await pool.wait_free()
             try:
                 messages = await fetch(sub, pool.free, wait_s=FETCH_WAIT_S)
@@ -265,9 +268,14 @@ class AgentRuntime:
             return None
         duration_ms = int((time.monotonic() - started) * 1000)
         self._latency.observe(duration_ms)
-        await self._complete(
-            task, result, duration_ms, keep=self._executions.finish(task, claim, result)
-        )
+        if not await self._executions.finish(task, claim, result):
+            # Fenced: the task was reassigned while this ran; the new attempt answers.
+            log.warning("late result rejected: the task was reassigned")
+            await emit(
+                self.broker, event_for(task, "late_result_rejected", agent_id=self.agent.agent_id)
+            )
+            return None
+        await self._complete(task, result, duration_ms)
         return None
 
     async def _claim(self, msg: Msg, task: Task, *, lease_ms: int) -> Claimed | AlreadyDone:
@@ -314,27 +322,13 @@ class AgentRuntime:
             emit(self.broker, event_for(task, "progress", agent_id=self.agent.agent_id, note=note)),
         )
 
-    async def _complete(
-        self,
-        task: Task,
-        result: Any,
-        duration_ms: int,
-        keep: Coroutine[Any, Any, None] | None = None,
-    ) -> None:
-        """Answer the sender while ``keep`` records the result, then tell the coordinator.
-
-        The record is written before the ``completed`` event and before the
-        message is acknowledged, so a crash in between runs nothing twice.
-        """
-        answer = reply(
-            self.broker, task, Result(**_about(task, self.agent.agent_id), result=result)
-        )
-        await asyncio.gather(answer, *([keep] if keep else []))
+    async def _complete(self, task: Task, result: Any, duration_ms: int) -> None:
+        """Answer the sender, then tell the coordinator (the result is already recorded)."""
+        await reply(self.broker, task, Result(**_about(task, self.agent.agent_id), result=result))
         completed = event_for(
             task, "completed", agent_id=self.agent.agent_id, result=result, duration_ms=duration_ms
         )
         await emit(self.broker, completed)
-        log.debug("completed", duration_ms=duration_ms)
 
     async def _report(self, task: Task, event: str, error: ErrorInfo, dispatched_ms: int) -> None:
         """Tell the coordinator, which decides between retry and dead letter."""

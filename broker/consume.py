@@ -11,7 +11,7 @@ import nats.js
 from nats.aio.msg import Msg
 from nats.js import api
 
-from broker.errors import translate, translated
+from broker.errors import honour_cancellation, translate, translated
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,5 +72,6 @@ async def batches(
 ) -> AsyncIterator[list[Msg]]:
     """Fetch forever, yielding each non-empty batch."""
     while True:
+        honour_cancellation()
         if messages := await fetch(sub, size, wait_s=wait_s):
             yield messages

@@ -16,6 +16,7 @@ error code, so the rest of Agent-Reach never sees a nats-py exception.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -107,6 +108,17 @@ def translate(exc: BaseException, *, subject: str | None = None) -> BrokerError:
     if isinstance(exc, nats.errors.NoServersError | ConnectionRefusedError | OSError):
         return ConnectError(str(exc) or type(exc).__name__)
     return BrokerError(f"{type(exc).__name__}: {exc}")
+
+
+def honour_cancellation() -> None:
+    """Raise CancelledError if this task was asked to stop.
+
+    nats-py swallows CancelledError in places (a flush, a publish waiting for
+    room), so a loop around nats calls checks this each turn or it may never end.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 @contextmanager

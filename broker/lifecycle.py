@@ -38,6 +38,23 @@ def event_for(about: Task, event: str, /, *, agent_id: str | None = None, **deta
     )
 
 
+AGENT_TOPIC = "_agent"  # the topic of events about an agent rather than a task
+
+
+def agent_event(agent_id: str, event: str, **detail: Any) -> Event:
+    """An event about an agent (not a task): topic ``_agent``, trace = the agent id."""
+    return Event(
+        v=1,
+        event=event,
+        message_id=envelopes.new_id(),
+        trace_id=agent_id,
+        topic=AGENT_TOPIC,
+        agent_id=agent_id,
+        at_ms=now_ms(),
+        detail=detail,
+    )
+
+
 async def emit(broker: Broker, event: Event) -> None:
     """Publish ``event`` to ``reach.event.<event>.<topic>.<trace_id>.<message_id>``."""
     subject = broker.names.event(event.event, event.topic, event.trace_id, event.message_id)

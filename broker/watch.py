@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -48,8 +49,10 @@ class BucketWatch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._watcher is not None:
-            await self._watcher.stop()
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            with contextlib.suppress(Exception):  # closing: the subscription may be gone already
+                await watcher.stop()
 
     def __aiter__(self) -> AsyncIterator[Change]:
         return self._changes()

@@ -26,6 +26,12 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     attempts_by_topic: dict[str, Positive] = {}
     retry_base_s: PositiveSeconds = 1.0
     retry_cap_s: PositiveSeconds = 30.0
+    liveness_tick_s: PositiveSeconds = 1.0
+    probe_connection_s: PositiveSeconds = 3.0
+    probe_ping_s: PositiveSeconds = 5.0
+    flapping_limit: Positive = 3  # OFFLINE more often than this in an hour: quarantined
+    registration_rate: PositiveSeconds = 20.0  # per second, per coordinator replica
+    registration_burst: Positive = 20
 
     def attempts_for(self, topic: str, intent_setting: int | None) -> int:
         """How many attempts ``topic`` gets: this config's per-topic value, else the

@@ -16,13 +16,14 @@ import structlog
 from nats.js.kv import KeyValue
 
 from broker import Broker
-from broker.errors import translate
+from broker.errors import honour_cancellation, translate
 from broker.watch import BucketWatch, Change
-from envelopes import AgentCard
+from envelopes import AgentCard, Liveness
 
 log = structlog.get_logger("coordinator.directory")
 
 _card_decoder = msgspec.json.Decoder(AgentCard)
+_liveness_decoder = msgspec.json.Decoder(Liveness)
 
 
 class AgentDirectory:
@@ -31,6 +32,7 @@ class AgentDirectory:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._cards: dict[str, AgentCard] = {}
+        self.liveness: dict[str, Liveness] = {}
 
     @property
     def cards(self) -> dict[str, AgentCard]:
@@ -38,14 +40,30 @@ class AgentDirectory:
 
     async def follow(self, ready: asyncio.Event) -> None:
         """Keep the cache current until cancelled; ``ready`` is set after the first load."""
-        kv = await self._broker.kv(self._broker.names.agents_bucket)
-        async with BucketWatch(kv) as watch:
-            waiter = asyncio.create_task(self._signal(watch, ready))
+        names = self._broker.names
+        cards = await self._broker.kv(names.agents_bucket)
+        liveness = await self._broker.kv(names.liveness_bucket)
+        async with BucketWatch(cards) as card_watch, BucketWatch(liveness) as liveness_watch:
+            waiter = asyncio.create_task(self._signal(card_watch, liveness_watch, ready))
             try:
-                async for change in watch:
-                    self._apply(change)
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(self._follow_liveness(liveness_watch))
+                    async for change in card_watch:
+                        self._apply(change)
+                        honour_cancellation()
             finally:
                 waiter.cancel()
+
+    async def _follow_liveness(self, watch: BucketWatch) -> None:
+        async for change in watch:
+            honour_cancellation()
+            if change.value is None:
+                self.liveness.pop(change.key, None)
+                continue
+            try:
+                self.liveness[change.key] = _liveness_decoder.decode(change.value)
+            except msgspec.DecodeError as exc:
+                log.warning("ignoring unreadable liveness", agent_id=change.key, error=str(exc))
 
     async def candidates(self, topic: str) -> tuple[list[AgentCard], list[AgentCard]]:
         """(running agents that serve ``topic``, every registered one that does).
@@ -73,7 +91,16 @@ class AgentDirectory:
 
     def _serving(self, topic: str) -> tuple[list[AgentCard], list[AgentCard]]:
         registered = [card for card in self._cards.values() if topic in card.intents]
-        return [card for card in registered if card.status == "running"], registered
+        return [card for card in registered if self.can_take_work(card)], registered
+
+    def can_take_work(self, card: AgentCard) -> bool:
+        """Running and not quarantined; not SUSPECT or OFFLINE unless restarted since."""
+        if card.status != "running":
+            return False
+        judged = self.liveness.get(card.agent_id)
+        if judged is None or judged.state in ("UNKNOWN", "ONLINE"):
+            return judged is None or not judged.quarantined
+        return not judged.quarantined and judged.epoch < card.epoch
 
     def _apply(self, change: Change) -> None:
         if change.value is None:
@@ -86,8 +113,9 @@ class AgentDirectory:
             self._cards.pop(change.key, None)
 
     @staticmethod
-    async def _signal(watch: BucketWatch, ready: asyncio.Event) -> None:
-        await watch.initial.wait()
+    async def _signal(cards: BucketWatch, liveness: BucketWatch, ready: asyncio.Event) -> None:
+        await cards.initial.wait()
+        await liveness.initial.wait()
         ready.set()
 
 

@@ -14,14 +14,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import structlog
 from nats.aio.msg import Msg
 
+import envelopes
 from broker import Broker, BrokerError
 from broker.consume import ConsumerSpec, batches, bind
 from coordinator.advisories import Advisories
 from coordinator.config import CoordinatorConfig
 from coordinator.directory import AgentDirectory
 from coordinator.intake import Intake
+from coordinator.liveness import LivenessMonitor
 from coordinator.outcomes import OUTCOME_EVENTS, Outcomes
 from coordinator.router import Router
+from coordinator.tokens import TokenBucket
+from envelopes import RegisterReply
 
 log = structlog.get_logger("coordinator")
 
@@ -46,6 +50,10 @@ class Coordinator:
         self._intake = Intake(broker, self.router)
         self._outcomes = Outcomes(broker, self.router, self.directory, self.config)
         self._advisories = Advisories(broker)
+        self.liveness = LivenessMonitor(broker, self.router, self.config)
+        self._registrations = TokenBucket(
+            self.config.registration_rate, self.config.registration_burst
+        )
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Serve until cancelled; ``ready`` is set once every loop is consuming."""
@@ -70,6 +78,10 @@ class Coordinator:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.directory.follow(directory_ready), name="directory")
             await directory_ready.wait()
+            group.create_task(self.liveness.run(), name="liveness")
+            nc = self.broker.nc
+            await nc.subscribe(names.register, queue="coordinators", cb=self._on_register)
+            await nc.subscribe(names.clear, queue="coordinators", cb=self._on_clear)
             loops = (
                 (intake, self.config.intake_batch, self._intake.handle),
                 (outcomes, self.config.outcome_batch, self._outcomes.handle),
@@ -81,6 +93,18 @@ class Coordinator:
             log.info("coordinator serving", url=self.broker.url)
             if ready is not None:
                 ready.set()
+
+    async def _on_register(self, msg: Msg) -> None:
+        wait_s = self._registrations.take()
+        reply = RegisterReply(ok=wait_s == 0.0, retry_after_ms=int(wait_s * 1000) + 1)
+        if not reply.ok:
+            log.info("too many registrations; asked to retry", retry_after_ms=reply.retry_after_ms)
+        await msg.respond(envelopes.encode(reply))
+
+    async def _on_clear(self, msg: Msg) -> None:
+        agent_id = msg.data.decode(errors="replace")
+        cleared = await self.liveness.clear(agent_id)
+        await msg.respond(b"cleared" if cleared else b"unknown agent")
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Coordinator]:

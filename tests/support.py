@@ -76,6 +76,33 @@ class Watcher:
 
         return await self._until(found, f"event {kind} topic={topic} id={message_id}", timeout)
 
+    async def state(
+        self,
+        agent_id: str,
+        state: str,
+        *,
+        reason: str | None = None,
+        after: Event | None = None,
+        timeout: float = 10.0,
+    ) -> Event:
+        """The first liveness transition of ``agent_id`` to ``state`` (and reason),
+        after the transition ``after`` when given."""
+
+        def found() -> Event | None:
+            states = self.states(agent_id)
+            if after is not None:
+                states = states[states.index(after) + 1 :]
+            for event in states:
+                if event.detail["state"] == state and reason in (None, event.detail["reason"]):
+                    return event
+            return None
+
+        return await self._until(found, f"{agent_id} {state} {reason or ''}", timeout)
+
+    def states(self, agent_id: str) -> list[Event]:
+        """Every liveness transition of ``agent_id`` seen so far."""
+        return [e for e in self.events if e.event == "agent_state" and e.agent_id == agent_id]
+
     async def dead_letter(
         self,
         reason: str,

@@ -1,0 +1,228 @@
+"""Liveness through a real server and real agent processes, with short intervals (0.2 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from agents import Agent, ReachClient, TaskContext
+from agents.liveness import AgentIdInUse
+from broker import Broker
+from coordinator import Coordinator, CoordinatorConfig
+from envelopes import AgentCard, Liveness
+from tests.cli.conftest import reach_command
+from tests.support import wait_for_card
+
+REPO = Path(__file__).parents[2]
+INTERVAL = 0.2
+LIVELY = CoordinatorConfig(
+    liveness_tick_s=0.05,
+    probe_connection_s=0.3,
+    probe_ping_s=0.3,
+    retry_base_s=0.05,
+    retry_cap_s=0.2,
+)
+
+
+@contextlib.asynccontextmanager
+async def lively_coordinator(broker: Broker, config: CoordinatorConfig = LIVELY):
+    async with (
+        Broker(broker.url, names=broker.names, name="coordinator") as own,
+        Coordinator(own, config).running() as running,
+    ):
+        yield running
+
+
+@pytest.fixture
+async def coordinator(broker) -> AsyncIterator[Coordinator]:
+    async with lively_coordinator(broker) as running:
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def pulse_process(broker: Broker, agent_id: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`reach agent tests.e2e.pulse:agent` as its own process, serving until the block ends."""
+    env = {**os.environ, "PULSE_ID": agent_id, "PULSE_INTERVAL": str(INTERVAL)}
+    process = await asyncio.create_subprocess_exec(
+        reach_command(),
+        "agent",
+        "tests.e2e.pulse:agent",
+        "--nats-url",
+        broker.url,
+        "--prefix",
+        broker.names.prefix,
+        "--log-format",
+        "json",
+        cwd=REPO,
+        env=env,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        await wait_for_card(broker, agent_id, status="running")
+        yield process
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGKILL)
+        await process.wait()
+
+
+def local_agent(agent_id: str, **options: object) -> Agent:
+    agent = Agent(agent_id, startup_delay=0, heartbeat_interval=INTERVAL, **options)  # type: ignore[arg-type]
+
+    @agent.handler("noop")
+    async def noop(ctx: TaskContext, payload: object) -> object:
+        return payload
+
+    return agent
+
+
+async def test_killed_agent_goes_suspect_then_offline_in_time(broker, coordinator, watcher):
+    """kill -9: SUSPECT after 3 intervals, OFFLINE as soon as the probe finds no connection."""
+    async with pulse_process(broker, "doomed") as process:
+        await watcher.state("doomed", "ONLINE")
+        process.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        await watcher.state("doomed", "SUSPECT")
+        suspect_after = time.monotonic() - killed
+        offline = await watcher.state("doomed", "OFFLINE")
+        offline_after = time.monotonic() - killed
+    budget = 3 * INTERVAL * 1.2 + LIVELY.liveness_tick_s + 0.3  # jitter, sweep, scheduling
+    assert suspect_after <= budget
+    assert offline_after <= budget + LIVELY.probe_connection_s
+    assert offline.detail["reason"] == "connection gone"
+
+
+async def test_blocked_loop_is_unresponsive_not_offline(broker, coordinator, watcher):
+    """An agent whose event loop is held is SUSPECT `unresponsive`, and ONLINE again after."""
+    async with pulse_process(broker, "stuck"), ReachClient(broker=broker) as client:
+        await watcher.state("stuck", "ONLINE")
+        result = await client.invoke("block", {"seconds": 3.0}, execute_deadline_ms=20_000)
+        unresponsive = await watcher.state("stuck", "SUSPECT", reason="unresponsive")
+        back = await watcher.state("stuck", "ONLINE", after=unresponsive)
+    assert result == {"blocked": 3.0}
+    states = [(e.detail["state"], e.detail["reason"]) for e in watcher.states("stuck")]
+    assert ("OFFLINE", "no heartbeat for 5 intervals") not in states
+    assert all(state != "OFFLINE" for state, _ in states)
+    assert back.detail["was"] == "SUSPECT"
+
+
+async def test_busy_cpu_bound_sync_handler_stays_online(broker, coordinator, watcher):
+    """Two seconds of CPU-bound work in a sync handler: heartbeats keep flowing."""
+    async with pulse_process(broker, "busy"), ReachClient(broker=broker) as client:
+        await watcher.state("busy", "ONLINE")
+        result = await client.invoke("burn", {"seconds": 2.0}, execute_deadline_ms=20_000)
+    assert result == {"burned": 2.0}
+    assert [e.detail["state"] for e in watcher.states("busy")] == ["ONLINE"]
+
+
+async def test_restart_with_the_same_id_is_online_with_a_new_epoch(broker, coordinator, watcher):
+    """Same id again: one record, epoch + 1, ONLINE; a second live process is refused."""
+    agent = local_agent("phoenix")
+    async with agent.running(broker=broker):
+        await watcher.state("phoenix", "ONLINE")
+        with pytest.raises(AgentIdInUse, match="in use by another live process"):
+            async with local_agent("phoenix").running(broker.url, names=broker.names):
+                pass
+    async with agent.running(broker=broker) as again:
+        await _until(lambda: _liveness(coordinator, "phoenix", again.card.epoch))
+    kv = await broker.kv(broker.names.agents_bucket)
+    card = msgspec.json.decode((await kv.get("phoenix")).value, type=AgentCard)
+    assert card.epoch == 2
+    states = [(e.detail["state"], e.detail["reason"]) for e in watcher.states("phoenix")]
+    assert states[:3] == [("ONLINE", "heartbeat"), ("OFFLINE", "stopped"), ("ONLINE", "heartbeat")]
+
+
+async def test_skewed_clock_sends_clock_drift_and_changes_nothing(broker, coordinator, watcher):
+    """An agent whose wall clock jumps 10 s: a clock_drift event, and it stays ONLINE."""
+    jumps = iter([0.0] + [10.0] * 10_000)
+    agent = local_agent("skewed", clock=lambda: time.time() + next(jumps))
+    async with agent.running(broker=broker):
+        drift = await watcher.event("clock_drift", topic="_agent")
+        await asyncio.sleep(5 * INTERVAL)  # several heartbeats: the judgement must not move
+    assert drift.agent_id == "skewed" and drift.detail["drift_s"] >= 5
+    assert [e.detail["state"] for e in watcher.states("skewed")][:1] == ["ONLINE"]
+    assert "SUSPECT" not in [e.detail["state"] for e in watcher.states("skewed")]
+
+
+async def test_tasks_of_a_lost_agent_complete_elsewhere_and_its_late_result_is_rejected(
+    broker, coordinator, watcher
+):
+    """An agent gone silent mid-task: the task completes once on another agent; the old
+    agent's late result is fenced off."""
+    release = asyncio.Event()
+    lost, spare = Agent("lost", startup_delay=0, heartbeat_interval=INTERVAL), local_agent("spare")
+    runs: list[str] = []
+
+    @lost.handler("noop", deadline_ms=30_000)
+    async def slow_noop(ctx: TaskContext, payload: object) -> object:
+        runs.append("lost")
+        await release.wait()
+        return {"by": "lost"}
+
+    async with lost.running(broker=broker) as lost_runtime, ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("noop", {"n": 1})
+        await watcher.event("accepted", message_id=message_id)
+        # The agent vanishes from the coordinator's view (a partition), its handler still running.
+        lost_runtime._duties[0].cancel()
+        await lost_runtime._presence.stop()
+        await watcher.state("lost", "OFFLINE")
+        async with spare.running(broker=broker):
+            done = await watcher.event("completed", message_id=message_id)
+            release.set()
+            await watcher.event("late_result_rejected", message_id=message_id)
+    assert done.agent_id == "spare" and done.attempt == 2
+    assert [e.agent_id for e in watcher.events if e.event == "completed"] == ["spare"]
+
+
+async def test_coordinator_restart_causes_no_false_offline(broker, watcher):
+    """Restarting the coordinator keeps live agents ONLINE: grace, not mass OFFLINE."""
+    async with local_agent("steady").running(broker=broker):
+        async with lively_coordinator(broker):
+            await watcher.state("steady", "ONLINE")
+        await asyncio.sleep(6 * INTERVAL)  # longer than the offline threshold, no coordinator
+        async with lively_coordinator(broker):
+            await asyncio.sleep(6 * INTERVAL)  # a full threshold under the new coordinator
+    assert [e.detail["state"] for e in watcher.states("steady")] == ["ONLINE"]
+
+
+async def test_many_agents_register_together_within_the_rate_limit(broker, watcher):
+    """200 agents at once against a limit of 50/s (burst 10): all register, none crash."""
+    config = msgspec.structs.replace(LIVELY, registration_rate=50.0, registration_burst=10)
+    # A slow heartbeat: 200 agents beating every 0.2 s would only measure this one process.
+    agents = [Agent(f"crowd-{i:03d}", startup_delay=0, heartbeat_interval=5.0) for i in range(200)]
+    for agent in agents:
+        agent.handler("noop")(_noop)
+    async with lively_coordinator(broker, config), contextlib.AsyncExitStack() as stack:
+        await asyncio.gather(*(stack.enter_async_context(a.running(broker=broker)) for a in agents))
+        kv = await broker.kv(broker.names.agents_bucket)
+        cards = [
+            msgspec.json.decode((await kv.get(a.agent_id)).value, type=AgentCard) for a in agents
+        ]
+    assert all(card.status == "running" for card in cards)
+    started = sorted(card.started_at for card in cards)
+    busiest = max(sum(1 for t in started if s <= t < s + 1000) for s in started)
+    assert busiest <= 10 + 50 + 5  # burst + one second of refill, and a little clock slack
+    assert started[-1] - started[0] >= 2000  # the crowd was spread, not let in at once
+
+
+async def _noop(ctx: TaskContext, payload: object) -> object:
+    return payload
+
+
+def _liveness(coordinator: Coordinator, agent_id: str, epoch: int) -> bool:
+    record: Liveness | None = coordinator.directory.liveness.get(agent_id)
+    return record is not None and record.state == "ONLINE" and record.epoch == epoch
+
+
+async def _until(condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110 - an in-memory view has no event of its own
+            await asyncio.sleep(0.02)
