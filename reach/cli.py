@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import nats.errors
 
 import envelopes
 from agents import Agent, ReachClient, ReachError
@@ -21,6 +22,7 @@ from agents.compensation import replay
 from broker import DEFAULT_URL, Broker, BrokerError, Names, Topology, provision, read_stream
 from coordinator import ConfigError, Coordinator, load_config
 from envelopes import DeadLetter, EnvelopeError
+from reach import agents_table
 from reach import trace as tracing
 from reach.logs import configure_logging
 from reach.serving import nats_server, provisioned, until_signal
@@ -127,21 +129,29 @@ async def cmd_schema(args: argparse.Namespace) -> int:
 
 
 async def cmd_agents(args: argparse.Namespace) -> int:
-    from coordinator import AgentDirectory
-
     async with Broker(args.nats_url, names=_names(args), name="reach-cli") as broker:
-        directory = AgentDirectory(broker)
-        await directory.refresh()
-    cards = sorted(directory.cards.values(), key=lambda c: c.agent_id)
-    if not cards:
-        print("no agents registered")
-    for card in cards:
-        intents = ", ".join(
-            f"{t}@{i.version}x{i.capacity}" for t, i in sorted(card.intents.items())
-        )
-        tags = ",".join(f"{k}={v}" for k, v in sorted(card.tags.items()))
-        print(f"{card.agent_id:<24} {card.status:<8} epoch {card.epoch:<3} {intents}  {tags}")
-    return 0
+        if args.action == "clear":
+            return await _clear(broker, args.id)
+        while True:
+            table = agents_table.render(await agents_table.collect(broker))
+            if not args.watch:
+                print(table)
+                return 0
+            print("\033[2J\033[H" + table, flush=True)  # clear the screen, then redraw
+            await asyncio.sleep(args.watch)
+
+
+async def _clear(broker: Broker, agent_id: str | None) -> int:
+    if not agent_id:
+        raise UsageError("agents clear needs the id of a quarantined agent")
+    try:
+        answer = await broker.nc.request(broker.names.clear, agent_id.encode(), timeout=5)
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        raise UsageError(
+            "no coordinator answered; is `reach up` or `reach coordinator` running?"
+        ) from None
+    print(f"{agent_id}: {answer.data.decode()}")
+    return 0 if answer.data == b"cleared" else 1
 
 
 async def cmd_dlq(args: argparse.Namespace) -> int:
@@ -285,7 +295,17 @@ def _parser() -> argparse.ArgumentParser:
     command("provision", cmd_provision, "create or update every stream and bucket")
     schema = command("schema", cmd_schema, "print the JSON Schema of envelope v1")
     schema.add_argument("--out", help="write to this file instead")
-    command("agents", cmd_agents, "list registered agents")
+    agents = command("agents", cmd_agents, "registered agents and their liveness | clear ID")
+    agents.add_argument("action", nargs="?", choices=["list", "clear"], default="list")
+    agents.add_argument("id", nargs="?")
+    agents.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=None,
+        help="redraw every N seconds (default 2) until Ctrl-C",
+    )
     dlq = command("dlq", cmd_dlq, "dead letters: list | show ID | replay ID | stats")
     dlq.add_argument("action", choices=["list", "show", "replay", "stats"])
     dlq.add_argument("id", nargs="?")

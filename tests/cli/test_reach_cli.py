@@ -10,6 +10,7 @@ import socket
 
 from agents import Agent, TaskContext
 from tests.cli.conftest import reach_command, run
+from tests.support import wait_for_card
 
 
 def worker() -> Agent:
@@ -76,7 +77,9 @@ async def test_agents_and_dlq_commands(broker, coordinator, watcher):
         agents = await reach(broker, "agents")
         await reach(broker, "publish", "nobody_serves_this", "{}", "--message-id", "lost-1")
         await watcher.dead_letter("no_route")
-    assert "cli-reach-worker" in agents.stdout and "running" in agents.stdout
+    row = next(line for line in agents.stdout.splitlines() if line.startswith("cli-reach-worker"))
+    assert row.split()[1] in ("ONLINE", "UNKNOWN")
+    assert "count@1" in row
     listed = await reach(broker, "dlq", "list")
     assert "lost-1" in listed.stdout and "no_route" in listed.stdout
     shown = await reach(broker, "dlq", "show", "lost-1")
@@ -193,3 +196,16 @@ async def test_demo_runs_and_exits_cleanly(tmp_path):
     assert '"REACH EVERY AGENT"' in done.stdout
     assert "Rejected: no_route" in done.stdout
     assert done.stdout.count("completed") >= 3
+
+
+async def test_agents_clear_needs_a_coordinator_and_a_known_agent(broker, coordinator):
+    """`reach agents clear ID` answers for a known agent and refuses an unknown one."""
+    async with worker().running(broker=broker):
+        await wait_for_card(broker, "cli-reach-worker", status="running")
+        async with asyncio.timeout(10):
+            while "cli-reach-worker" not in coordinator.liveness.agents:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)  # the monitor's in-memory view has no event
+        cleared = await reach(broker, "agents", "clear", "cli-reach-worker")
+    unknown = await reach(broker, "agents", "clear", "nobody")
+    assert cleared.returncode == 0 and "cleared" in cleared.stdout
+    assert unknown.returncode == 1 and "unknown agent" in unknown.stdout
