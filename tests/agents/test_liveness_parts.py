@@ -28,7 +28,7 @@ def test_unwritable_identity_file_is_a_config_error(tmp_path):
     """An identity file that cannot be used names itself."""
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(AgentConfigError, match="identity file .*agent-id"):
+    with pytest.raises(AgentConfigError, match=r"identity file .*agent-id"):
         Agent(identity_file=blocker / "agent-id")
 
 
