@@ -20,7 +20,7 @@ import nats.errors
 import structlog
 
 import envelopes
-from broker import Broker
+from broker import Broker, BrokerError
 from broker.errors import honour_cancellation
 from broker.lifecycle import agent_event, emit, now_ms
 from broker.watch import BucketWatch, Change
@@ -84,8 +84,10 @@ class LivenessMonitor:
                     await self._on_heartbeat(change)
                     honour_cancellation()
         finally:
-            sweeper.cancel()
-            await asyncio.gather(sweeper, return_exceptions=True)
+            probes = [t.probe for t in self.agents.values() if t.probe and not t.probe.done()]
+            for task in (sweeper, *probes):
+                task.cancel()
+            await asyncio.gather(sweeper, *probes, return_exceptions=True)
 
     async def clear(self, agent_id: str) -> bool:
         """Lift an agent's quarantine (``reach agents clear``)."""
@@ -162,6 +164,12 @@ class LivenessMonitor:
 
     async def _probe(self, tracked: Tracked) -> None:
         """Probe once, and once more if needed; never more per SUSPECT episode."""
+        try:
+            await self._probe_episode(tracked)
+        except BrokerError as exc:  # the sweep judges by silence alone from here on
+            log.warning("probe failed", agent_id=tracked.agent_id, error=str(exc))
+
+    async def _probe_episode(self, tracked: Tracked) -> None:
         for _ in range(2):
             connected, answers = await self._probe_once(tracked.agent_id)
             if tracked.state != "SUSPECT":
