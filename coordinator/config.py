@@ -27,6 +27,8 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     retry_base_s: PositiveSeconds = 1.0
     retry_cap_s: PositiveSeconds = 30.0
     liveness_tick_s: PositiveSeconds = 1.0
+    heartbeat_reread_s: PositiveSeconds = 60.0
+    lease_ttl_s: PositiveSeconds = 10.0  # a dead replica's duties move after at most this
     probe_connection_s: PositiveSeconds = 3.0
     probe_ping_s: PositiveSeconds = 5.0
     flapping_limit: Positive = 3  # OFFLINE more often than this in an hour: quarantined

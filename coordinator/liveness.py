@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 import nats.errors
+import nats.js.errors
 import structlog
 
 import envelopes
@@ -50,6 +51,7 @@ class Tracked:
     quarantined: bool = False
     offline_at_ms: list[int] = field(default_factory=list)
     connected: bool = False  # a probe found its connection alive during this SUSPECT episode
+    revision: int = 0  # of the last heartbeat taken into account
     probe: asyncio.Task[None] | None = None
 
     def record(self) -> Liveness:
@@ -78,6 +80,7 @@ class LivenessMonitor:
         await self._restore()
         heartbeats = await self._broker.kv(self._broker.names.heartbeats_bucket)
         sweeper = asyncio.create_task(self._sweep_forever(), name="liveness-sweep")
+        rereader = asyncio.create_task(self._reread_forever(), name="liveness-reread")
         try:
             async with BucketWatch(heartbeats) as watch:
                 async for change in watch:
@@ -85,9 +88,33 @@ class LivenessMonitor:
                     honour_cancellation()
         finally:
             probes = [t.probe for t in self.agents.values() if t.probe and not t.probe.done()]
-            for task in (sweeper, *probes):
+            for task in (sweeper, rereader, *probes):
                 task.cancel()
-            await asyncio.gather(sweeper, *probes, return_exceptions=True)
+            await asyncio.gather(sweeper, rereader, *probes, return_exceptions=True)
+
+    async def reread(self) -> None:
+        """Read every heartbeat again: a watch can stall after a broker failover, and a
+        heartbeat it missed must not make a live agent look silent."""
+        kv = await self._broker.kv(self._broker.names.heartbeats_bucket)
+        try:
+            keys = await kv.keys()
+        except nats.js.errors.NoKeysError:
+            return
+        for key in keys:
+            with contextlib.suppress(
+                nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError
+            ):
+                entry = await kv.get(key)
+                await self._on_heartbeat(Change(key, entry.value, entry.revision or 0))
+
+    async def _reread_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.heartbeat_reread_s)  # the re-read's own period
+            try:
+                await self.reread()
+            except nats.errors.Error as exc:
+                log.warning("heartbeat re-read failed", error=str(exc) or type(exc).__name__)
+            honour_cancellation()
 
     async def clear(self, agent_id: str) -> bool:
         """Lift an agent's quarantine (``reach agents clear``)."""
@@ -121,6 +148,10 @@ class LivenessMonitor:
 
     async def _on_heartbeat(self, change: Change) -> None:
         tracked = self.agents.get(change.key)
+        if tracked is not None and 0 < change.revision <= tracked.revision:
+            return  # seen already (the periodic re-read finds mostly these)
+        if tracked is not None:
+            tracked.revision = change.revision
         if change.value is None:  # deleted by an agent that stopped cleanly
             if tracked is not None and tracked.state != "OFFLINE":
                 await self._transition(tracked, "OFFLINE", "stopped")
@@ -132,7 +163,10 @@ class LivenessMonitor:
             return
         if tracked is None:
             tracked = self.agents[change.key] = Tracked(
-                agent_id=change.key, interval_s=beat.interval_s, last_seen=time.monotonic()
+                agent_id=change.key,
+                interval_s=beat.interval_s,
+                last_seen=time.monotonic(),
+                revision=change.revision,
             )
         tracked.last_seen = time.monotonic()
         tracked.interval_s = beat.interval_s

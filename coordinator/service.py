@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import structlog
@@ -21,11 +23,12 @@ from coordinator.advisories import Advisories
 from coordinator.config import CoordinatorConfig
 from coordinator.directory import AgentDirectory
 from coordinator.intake import Intake
+from coordinator.lease import Lease
 from coordinator.liveness import LivenessMonitor
 from coordinator.outcomes import OUTCOME_EVENTS, Outcomes
 from coordinator.router import Router
 from coordinator.tokens import TokenBucket
-from envelopes import RegisterReply
+from envelopes import RegisterReply, new_id
 
 log = structlog.get_logger("coordinator")
 
@@ -51,6 +54,7 @@ class Coordinator:
         self._outcomes = Outcomes(broker, self.router, self.directory, self.config)
         self._advisories = Advisories(broker)
         self.liveness = LivenessMonitor(broker, self.router, self.config)
+        self.replica_id = f"{socket.gethostname()}-{os.getpid()}-{new_id()[-8:]}"
         self._registrations = TokenBucket(
             self.config.registration_rate, self.config.registration_burst
         )
@@ -78,7 +82,8 @@ class Coordinator:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.directory.follow(directory_ready), name="directory")
             await directory_ready.wait()
-            group.create_task(self.liveness.run(), name="liveness")
+            lease = Lease(self.broker, "liveness", self.replica_id, ttl_s=self.config.lease_ttl_s)
+            group.create_task(lease.hold(self.liveness.run), name="liveness")
             nc = self.broker.nc
             await nc.subscribe(names.register, queue="coordinators", cb=self._on_register)
             await nc.subscribe(names.clear, queue="coordinators", cb=self._on_clear)

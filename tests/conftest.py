@@ -14,7 +14,7 @@ from coordinator import Coordinator, CoordinatorConfig
 from tests.support import Watcher
 
 # Short retry intervals: the design's 1, 2, 4 … s would only make the tests slow.
-FAST = CoordinatorConfig(retry_base_s=0.05, retry_cap_s=0.2)
+FAST = CoordinatorConfig(retry_base_s=0.05, retry_cap_s=0.2, lease_ttl_s=0.6)
 
 
 @pytest.fixture

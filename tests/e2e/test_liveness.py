@@ -29,6 +29,7 @@ LIVELY = CoordinatorConfig(
     probe_ping_s=0.3,
     retry_base_s=0.05,
     retry_cap_s=0.2,
+    lease_ttl_s=0.6,
 )
 
 
@@ -226,3 +227,36 @@ async def _until(condition, timeout: float = 10.0) -> None:  # type: ignore[no-u
     async with asyncio.timeout(timeout):
         while not condition():  # noqa: ASYNC110 - an in-memory view has no event of its own
             await asyncio.sleep(0.02)
+
+
+async def test_a_heartbeat_missed_by_the_watch_is_found_by_the_reread(broker):
+    """The periodic re-read takes in heartbeats a stalled watch never delivered."""
+    from coordinator.liveness import LivenessMonitor
+    from coordinator.router import Router
+    from envelopes import Heartbeat, encode
+
+    monitor = LivenessMonitor(broker, Router(broker, None), LIVELY)  # type: ignore[arg-type]
+    kv = await broker.kv(broker.names.heartbeats_bucket)
+    await kv.put("unseen", encode(Heartbeat(agent_id="unseen", epoch=3, seq=1, interval_s=1.0)))
+    await monitor.reread()
+    assert monitor.agents["unseen"].state == "ONLINE"
+    assert monitor.agents["unseen"].epoch == 3
+    before = monitor.agents["unseen"].since_ms
+    await monitor.reread()  # nothing new: no second transition
+    assert monitor.agents["unseen"].since_ms == before
+
+
+async def test_one_replica_judges_liveness_and_another_takes_over(broker, watcher):
+    """Two coordinators: one holds the liveness lease; when it stops, the other judges."""
+    async with local_agent("watched").running(broker=broker) as runtime:
+        async with lively_coordinator(broker) as first, lively_coordinator(broker) as second:
+            await watcher.state("watched", "ONLINE")
+            leaders = [c for c in (first, second) if "watched" in c.liveness.agents]
+            assert len(leaders) == 1
+        async with lively_coordinator(broker) as survivor:
+            runtime._duties[0].cancel()  # heartbeats stop: the survivor must notice
+            await runtime._presence.stop()
+            offline = await watcher.state("watched", "OFFLINE")
+        assert "watched" in survivor.liveness.agents
+    assert offline.detail["reason"] == "connection gone"
+    assert [e.detail["state"] for e in watcher.states("watched")][:1] == ["ONLINE"]
