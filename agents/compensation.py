@@ -17,6 +17,7 @@ from agents.errors import ReachError
 from broker import Broker, BrokerError, Names
 from broker.consume import ConsumerSpec, batches, bind
 from broker.lifecycle import emit, now_ms
+from broker.tasks import cancel_and_wait
 from envelopes import DeadLetter, DecodeError, Event, Task, new_id
 from envelopes import headers as h
 
@@ -93,9 +94,7 @@ class CompensationWorker:
             try:
                 yield self
             finally:
-                loop.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await loop
+                await cancel_and_wait(loop)
 
     def _consumer(self, names: Names) -> ConsumerSpec:
         subjects = tuple(names.dlq(r, t) for r in self.reasons for t in self.topics)

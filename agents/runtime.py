@@ -26,6 +26,7 @@ from broker import Broker, BrokerError
 from broker.consume import ConsumerSpec, bind, fetch
 from broker.errors import honour_cancellation
 from broker.lifecycle import dead_letter, emit, event_for, now_ms, reply
+from broker.tasks import cancel_and_wait
 from envelopes import (
     PRIORITIES,
     Ack,
@@ -441,6 +442,4 @@ async def _finish(tasks: list[asyncio.Task[None]], timeout: float) -> None:
     if not tasks:
         return
     _, pending = await asyncio.wait(tasks, timeout=timeout)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
+    await cancel_and_wait(*pending)

@@ -21,6 +21,7 @@ import structlog
 import envelopes
 from broker import Broker
 from broker.errors import honour_cancellation
+from broker.tasks import cancel_and_wait
 
 log = structlog.get_logger("coordinator.lease")
 
@@ -56,7 +57,8 @@ class Lease:
                     running = asyncio.create_task(duty(), name=f"lease-{self._name}")
                 elif not self.held and running is not None:
                     log.warning("lease lost; duty stopped", lease=self._name)
-                    running = await _stop(running)
+                    await _stop(running)
+                    running = None
                 if running is not None and running.done():
                     running.result()  # the duty failed: let the service see it
                 await asyncio.sleep(self._ttl_s / 3)  # the renewal period
@@ -96,6 +98,4 @@ class Lease:
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    return None
+    await cancel_and_wait(task)

@@ -24,6 +24,7 @@ import envelopes
 from broker import Broker, BrokerError
 from broker.errors import honour_cancellation
 from broker.lifecycle import agent_event, emit, now_ms
+from broker.tasks import cancel_and_wait
 from broker.watch import BucketWatch, Change
 from coordinator.config import CoordinatorConfig
 from coordinator.reassign import reassign_tasks
@@ -88,9 +89,7 @@ class LivenessMonitor:
                     honour_cancellation()
         finally:
             probes = [t.probe for t in self.agents.values() if t.probe and not t.probe.done()]
-            for task in (sweeper, rereader, *probes):
-                task.cancel()
-            await asyncio.gather(sweeper, rereader, *probes, return_exceptions=True)
+            await cancel_and_wait(sweeper, rereader, *probes)
 
     async def reread(self) -> None:
         """Read every heartbeat again: a watch can stall after a broker failover, and a

@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 import envelopes
 from broker import Broker, BrokerError
 from broker.consume import ConsumerSpec, batches, bind
+from broker.tasks import cancel_and_wait
 from coordinator.advisories import Advisories
 from coordinator.config import CoordinatorConfig
 from coordinator.directory import AgentDirectory
@@ -124,9 +125,9 @@ class Coordinator:
         try:
             yield self
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
 
 
 async def _consume(sub: object, batch: int, handle: Handler) -> None:

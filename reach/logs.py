@@ -10,6 +10,9 @@ import structlog
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     """Console lines in a terminal, JSON lines elsewhere (``fmt`` = auto, console, json)."""
+    # asyncio's child watcher reports a subprocess that exits at once (a nats-server on a
+    # taken port) as "Unknown child process"; the CLI says what happened in its own words.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     if fmt == "auto":
         fmt = "console" if sys.stderr.isatty() else "json"
     renderer: structlog.typing.Processor = (

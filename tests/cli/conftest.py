@@ -79,3 +79,17 @@ async def run_in_terminal(*argv: str | Path, timeout: float = 30.0) -> Completed
 
 def reach_command() -> Path:
     return VENV_BIN / "reach"
+
+
+def reach_argv(broker, *args: str) -> list[str | Path]:  # type: ignore[no-untyped-def]
+    """A `reach` command line aimed at ``broker``'s server and prefix."""
+    return [
+        reach_command(),
+        *args,
+        "--nats-url",
+        broker.url,
+        "--prefix",
+        broker.names.prefix,
+        "--log-format",
+        "json",
+    ]

@@ -9,7 +9,7 @@ import signal
 import socket
 
 from agents import Agent, TaskContext
-from tests.cli.conftest import reach_command, run
+from tests.cli.conftest import reach_argv, reach_command, run
 from tests.support import wait_for_card
 
 
@@ -24,16 +24,7 @@ def worker() -> Agent:
 
 
 async def reach(broker, *args: str):
-    return await run(
-        reach_command(),
-        *args,
-        "--nats-url",
-        broker.url,
-        "--prefix",
-        broker.names.prefix,
-        "--log-format",
-        "json",
-    )
+    return await run(*reach_argv(broker, *args))
 
 
 async def test_publish_then_trace_shows_the_lifecycle(broker, coordinator, watcher):

@@ -25,7 +25,7 @@ from agents import (
 from broker.consume import ConsumerSpec, bind
 from envelopes import AgentCard, DeadLetter, Intent
 from envelopes import headers as h
-from tests.cli.conftest import reach_command
+from tests.cli.conftest import reach_argv
 from tests.support import wait_for_card
 
 REPO = Path(__file__).parents[2]
@@ -217,17 +217,7 @@ async def test_agent_killed_mid_task_completes_after_restart_once(
 ):
     """kill -9 during a task: after a restart it completes, and its side effect happens once."""
     log = tmp_path / "side_effects.log"
-    start = [
-        reach_command(),
-        "agent",
-        "tests.e2e.victim:agent",
-        "--nats-url",
-        broker.url,
-        "--prefix",
-        broker.names.prefix,
-        "--log-format",
-        "json",
-    ]
+    start = reach_argv(broker, "agent", "tests.e2e.victim:agent")
     env = {**os.environ, "VICTIM_LOG": str(log)}
     first = await asyncio.create_subprocess_exec(
         *start, cwd=REPO, env=env, stderr=asyncio.subprocess.DEVNULL

@@ -18,7 +18,7 @@ from agents.liveness import AgentIdInUse
 from broker import Broker
 from coordinator import Coordinator, CoordinatorConfig
 from envelopes import AgentCard, Liveness
-from tests.cli.conftest import reach_command
+from tests.cli.conftest import reach_argv
 from tests.support import wait_for_card
 
 REPO = Path(__file__).parents[2]
@@ -53,15 +53,7 @@ async def pulse_process(broker: Broker, agent_id: str) -> AsyncIterator[asyncio.
     """`reach agent tests.e2e.pulse:agent` as its own process, serving until the block ends."""
     env = {**os.environ, "PULSE_ID": agent_id, "PULSE_INTERVAL": str(INTERVAL)}
     process = await asyncio.create_subprocess_exec(
-        reach_command(),
-        "agent",
-        "tests.e2e.pulse:agent",
-        "--nats-url",
-        broker.url,
-        "--prefix",
-        broker.names.prefix,
-        "--log-format",
-        "json",
+        *reach_argv(broker, "agent", "tests.e2e.pulse:agent"),
         cwd=REPO,
         env=env,
         stderr=asyncio.subprocess.DEVNULL,
