@@ -131,9 +131,9 @@ class AgentRuntime:
         if self._closed.is_set():
             return
         self._stopping.set()
-        # Fetching loops hold no work: stop them now rather than after their current wait.
-        # A message a pending pull delivers after this comes back after the ack wait.
-        await _finish(self._loops, 0)
+        # Let each loop finish its current fetch: a pull request cut short would leave the
+        # server delivering into a dead inbox, and that message would wait out the ack wait.
+        await _finish(self._loops, FETCH_WAIT_S * 4)
         await _finish(list(self._in_flight), DRAIN_TIMEOUT_S)
         await _finish(self._duties, 0)
         with contextlib.suppress(BrokerError):

@@ -28,6 +28,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     retry_cap_s: PositiveSeconds = 30.0
     liveness_tick_s: PositiveSeconds = 1.0
     heartbeat_reread_s: PositiveSeconds = 60.0
+    adaptive_beats: Positive = 20  # beats before an interval goes back, or an idle one doubles
     lease_ttl_s: PositiveSeconds = 10.0  # a dead replica's duties move after at most this
     probe_connection_s: PositiveSeconds = 3.0
     probe_ping_s: PositiveSeconds = 5.0

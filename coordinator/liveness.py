@@ -26,10 +26,11 @@ from broker.errors import honour_cancellation
 from broker.lifecycle import agent_event, emit, now_ms
 from broker.tasks import cancel_and_wait
 from broker.watch import BucketWatch, Change
+from coordinator.adaptive import Cadence
 from coordinator.config import CoordinatorConfig
 from coordinator.reassign import reassign_tasks
 from coordinator.router import Router
-from envelopes import Heartbeat, Liveness, LivenessState
+from envelopes import AgentControl, Heartbeat, Liveness, LivenessState
 
 log = structlog.get_logger("coordinator.liveness")
 
@@ -54,6 +55,7 @@ class Tracked:
     connected: bool = False  # a probe found its connection alive during this SUSPECT episode
     revision: int = 0  # of the last heartbeat taken into account
     probe: asyncio.Task[None] | None = None
+    cadence: Cadence | None = None
 
     def record(self) -> Liveness:
         return Liveness(
@@ -169,9 +171,26 @@ class LivenessMonitor:
             )
         tracked.last_seen = time.monotonic()
         tracked.interval_s = beat.interval_s
+        if tracked.cadence is None or beat.epoch != tracked.epoch:
+            tracked.cadence = Cadence(beat.interval_s, self._config.adaptive_beats)
         tracked.epoch = beat.epoch
+        recovered = tracked.state == "SUSPECT"
         if tracked.state != "ONLINE":
             await self._transition(tracked, "ONLINE", "heartbeat")
+        if recovered:
+            await self._ask_interval(tracked, tracked.cadence.after_recovery())
+        elif (wanted := tracked.cadence.on_beat(beat.in_flight)) is not None:
+            await self._ask_interval(tracked, wanted)
+
+    async def _ask_interval(self, tracked: Tracked, interval_s: float) -> None:
+        log.info(
+            "asking for a new heartbeat interval", agent_id=tracked.agent_id, interval_s=interval_s
+        )
+        control = envelopes.encode(AgentControl(heartbeat_interval_s=interval_s))
+        with contextlib.suppress(nats.errors.Error):
+            await self._broker.nc.publish(
+                self._broker.names.agent_control(tracked.agent_id), control
+            )
 
     # -- sweeping -----------------------------------------------------------------
     async def _sweep_forever(self) -> None:

@@ -67,3 +67,11 @@ async def test_nats_kv_ls_lists_registered_agents(nats_cli, broker):
         listed = await run(nats_cli, "--server", broker.url, "kv", "ls", bucket)
     assert listed.returncode == 0, listed.stderr
     assert "cli-worker" in listed.stdout.split()
+
+
+async def test_nats_micro_ls_lists_live_agents(nats_cli, broker):
+    """`nats micro ls` shows each live agent as a reach-agent service instance."""
+    async with summarizer().running(broker=broker):
+        listed = await run(nats_cli, "--server", broker.url, "micro", "ls")
+    assert listed.returncode == 0, listed.stderr
+    assert "reach-agent" in listed.stdout

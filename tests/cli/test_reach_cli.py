@@ -200,3 +200,21 @@ async def test_agents_clear_needs_a_coordinator_and_a_known_agent(broker, coordi
     unknown = await reach(broker, "agents", "clear", "nobody")
     assert cleared.returncode == 0 and "cleared" in cleared.stdout
     assert unknown.returncode == 1 and "unknown agent" in unknown.stdout
+
+
+async def test_agents_watch_redraws_until_ctrl_c(broker, coordinator):
+    """`reach agents --watch 0.1` redraws the table until interrupted."""
+    async with worker().running(broker=broker):
+        process = await asyncio.create_subprocess_exec(
+            *reach_argv(broker, "agents", "--watch", "0.1"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        assert process.stdout is not None
+        drawn = b""
+        async with asyncio.timeout(20):
+            while drawn.count(b"AGENT") < 2:
+                drawn += await process.stdout.read(4096)
+        process.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(process.wait(), 10) == 130
+    assert b"cli-reach-worker" in drawn

@@ -193,12 +193,14 @@ async def test_many_agents_register_together_within_the_rate_limit(broker, watch
     agents = [Agent(f"crowd-{i:03d}", startup_delay=0, heartbeat_interval=5.0) for i in range(200)]
     for agent in agents:
         agent.handler("noop")(_noop)
-    async with lively_coordinator(broker, config), contextlib.AsyncExitStack() as stack:
-        await asyncio.gather(*(stack.enter_async_context(a.running(broker=broker)) for a in agents))
+    running = [a.running(broker=broker) for a in agents]
+    async with lively_coordinator(broker, config):
+        await asyncio.gather(*(r.__aenter__() for r in running))
         kv = await broker.kv(broker.names.agents_bucket)
         cards = [
             msgspec.json.decode((await kv.get(a.agent_id)).value, type=AgentCard) for a in agents
         ]
+        await asyncio.gather(*(r.__aexit__(None, None, None) for r in running))
     assert all(card.status == "running" for card in cards)
     started = sorted(card.started_at for card in cards)
     busiest = max(sum(1 for t in started if s <= t < s + 1000) for s in started)
@@ -252,3 +254,46 @@ async def test_one_replica_judges_liveness_and_another_takes_over(broker, watche
         assert "watched" in survivor.liveness.agents
     assert offline.detail["reason"] == "connection gone"
     assert [e.detail["state"] for e in watcher.states("watched")][:1] == ["ONLINE"]
+
+
+async def test_an_idle_agent_is_told_to_beat_less_often(broker, watcher):
+    """After a few idle beats the coordinator doubles the agent's interval; it complies."""
+    config = msgspec.structs.replace(LIVELY, adaptive_beats=3)
+    async with (
+        lively_coordinator(broker, config) as coordinator,
+        local_agent("idler").running(broker=broker) as runtime,
+    ):
+        await _until(lambda: runtime.heartbeats.interval_s == 2 * INTERVAL)
+        await _until(lambda: coordinator.liveness.agents["idler"].interval_s == 2 * INTERVAL)
+    assert [e.detail["state"] for e in watcher.states("idler")][:1] == ["ONLINE"]
+
+
+async def test_an_agent_that_keeps_going_offline_is_quarantined_until_cleared(broker, watcher):
+    """More than 3 OFFLINE in an hour: quarantined, no work, until `agents clear`."""
+    agent = local_agent("flaky-link")
+    async with lively_coordinator(broker) as coordinator:
+        for _ in range(4):
+            async with agent.running(broker=broker) as runtime:
+                online = await watcher.state("flaky-link", "ONLINE", after=_last(watcher))
+                runtime._duties[0].cancel()  # the link drops: no heartbeat, no presence
+                await runtime._presence.stop()
+                await watcher.state("flaky-link", "OFFLINE", after=online)
+        record = coordinator.liveness.agents["flaky-link"]
+        assert record.quarantined
+        async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+            await _until(lambda: coordinator.liveness.agents["flaky-link"].state == "ONLINE")
+            card = coordinator.directory.cards["flaky-link"]
+            assert not coordinator.directory.can_take_work(card)
+            cleared = await broker.nc.request(broker.names.clear, b"flaky-link", timeout=5)
+            assert cleared.data == b"cleared"
+            await _until(
+                lambda: coordinator.directory.can_take_work(
+                    coordinator.directory.cards["flaky-link"]
+                )
+            )
+            assert await client.invoke("noop", {"ok": 1}) == {"ok": 1}
+
+
+def _last(watcher):  # type: ignore[no-untyped-def]
+    states = watcher.states("flaky-link")
+    return states[-1] if states else None
