@@ -15,6 +15,7 @@ from agents.errors import AgentConfigError
 from agents.liveness import resolve_agent_id
 from agents.runtime import AgentRuntime
 from broker import Broker, Names
+from broker.connection import connected
 from envelopes import AgentCard, Intent
 from envelopes.types import TOKEN_PATTERN
 
@@ -148,13 +149,11 @@ class Agent:
         """Serve for the duration of the block: registered, consuming, then drained."""
         if not self.handlers:
             raise AgentConfigError(f"agent {self.agent_id} has no handlers")
-        async with contextlib.AsyncExitStack() as stack:
-            if broker is None:
-                broker = await stack.enter_async_context(
-                    Broker(nats_url, name=f"agent:{self.agent_id}", names=names)
-                )
-            runtime = AgentRuntime(self, broker)
-            await stack.enter_async_context(runtime)
+        name = f"agent:{self.agent_id}"
+        async with (
+            connected(broker, nats_url, name=name, names=names) as connection,
+            AgentRuntime(self, connection) as runtime,
+        ):
             yield runtime
 
     async def run(self, nats_url: str | None = None) -> None:

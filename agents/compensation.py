@@ -15,6 +15,7 @@ from nats.aio.msg import Msg
 import envelopes
 from agents.errors import ReachError
 from broker import Broker, BrokerError, Names
+from broker.connection import connected
 from broker.consume import ConsumerSpec, batches, bind
 from broker.lifecycle import emit, now_ms
 from broker.tasks import cancel_and_wait
@@ -83,13 +84,10 @@ class CompensationWorker:
         names: Names | None = None,
     ) -> AsyncIterator[CompensationWorker]:
         """Consume for the duration of the block."""
-        async with contextlib.AsyncExitStack() as stack:
-            if broker is None:
-                broker = await stack.enter_async_context(
-                    Broker(nats_url, name=f"compensation:{self.name}", names=names)
-                )
-            sub = await bind(broker.js, self._consumer(broker.names))
-            compensation = Compensation(broker, self.name)
+        name = f"compensation:{self.name}"
+        async with connected(broker, nats_url, name=name, names=names) as connection:
+            sub = await bind(connection.js, self._consumer(connection.names))
+            compensation = Compensation(connection, self.name)
             loop = asyncio.create_task(self._consume(sub, compensation), name=self.name)
             try:
                 yield self

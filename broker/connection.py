@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import AsyncIterator
 from enum import Enum
 from types import TracebackType
 from typing import Self
@@ -27,6 +28,18 @@ _FIRST_CONNECT_ATTEMPTS = 2
 def resolve_url(url: str | None = None) -> str:
     """The URL to use: the one given, else ``$NATS_URL``, else the local default."""
     return url or os.environ.get("NATS_URL") or DEFAULT_URL
+
+
+@contextlib.asynccontextmanager
+async def connected(
+    broker: Broker | None, nats_url: str | None, *, name: str, names: Names | None = None
+) -> AsyncIterator[Broker]:
+    """``broker`` when the caller shares one (it stays open), else a connection of our own."""
+    if broker is not None:
+        yield broker
+        return
+    async with Broker(nats_url, name=name, names=names) as own:
+        yield own
 
 
 class _State(Enum):
