@@ -16,7 +16,7 @@ from agents.liveness import resolve_agent_id
 from agents.runtime import AgentRuntime
 from broker import Broker, Names
 from broker.connection import connected
-from envelopes import AgentCard, Intent
+from envelopes import AgentCard, Intent, RateLimit
 from envelopes.types import TOKEN_PATTERN
 
 _TOKEN = re.compile(TOKEN_PATTERN)
@@ -66,6 +66,7 @@ class Agent:
         identity_file: str | Path = DEFAULT_IDENTITY_FILE,
         watchdog_threshold: float | None = None,
         clock: Callable[[], float] = time.time,
+        rate_limit: RateLimit | None = None,
     ) -> None:
         agent_id = resolve_agent_id(agent_id, Path(identity_file))
         if not _TOKEN.match(agent_id):
@@ -89,6 +90,7 @@ class Agent:
         self.max_deliver = max_deliver
         self.watchdog_threshold = watchdog_threshold or heartbeat_interval
         self.clock = clock
+        self.rate_limit = rate_limit
         self.handlers: dict[str, HandlerSpec] = {}
 
     def handler(
@@ -136,7 +138,13 @@ class Agent:
     def card(self, **instance: Any) -> AgentCard:
         """The card this agent registers; ``instance`` adds host, pid, epoch, …"""
         intents = {topic: spec.intent for topic, spec in self.handlers.items()}
-        return AgentCard(agent_id=self.agent_id, intents=intents, tags=self.tags, **instance)
+        return AgentCard(
+            agent_id=self.agent_id,
+            intents=intents,
+            tags=self.tags,
+            rate_limit=self.rate_limit,
+            **instance,
+        )
 
     @contextlib.asynccontextmanager
     async def running(

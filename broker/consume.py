@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import nats.errors
 import nats.js
+import structlog
 from nats.aio.msg import Msg
 from nats.js import api
 
-from broker.errors import honour_cancellation, translate, translated
+from broker.errors import BrokerError, honour_cancellation, translate, translated
+
+log = structlog.get_logger("broker.consume")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,3 +80,52 @@ async def batches(
         honour_cancellation()
         if messages := await fetch(sub, size, wait_s=wait_s):
             yield messages
+
+
+async def follow(
+    js: nats.js.JetStreamContext,
+    *,
+    stream: str,
+    filter_subjects: tuple[str, ...],
+    since_ms: int,
+    size: int = 256,
+) -> AsyncIterator[Msg]:
+    """Every message on ``filter_subjects`` stored since ``since_ms``, then each new one.
+
+    A private consumer that acknowledges nothing, so every process that follows
+    sees every message. When it is lost (a server restart), it is made again from
+    the next stream sequence, so nothing is skipped or seen twice.
+    """
+    start: dict[str, object] = {
+        "deliver_policy": api.DeliverPolicy.BY_START_TIME,
+        "opt_start_time": _rfc3339(since_ms),
+    }
+    while True:
+        config = api.ConsumerConfig(
+            filter_subject=filter_subjects[0] if len(filter_subjects) == 1 else None,
+            filter_subjects=list(filter_subjects) if len(filter_subjects) > 1 else None,
+            ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=30.0,
+            mem_storage=True,
+            **start,  # type: ignore[arg-type]
+        )
+        with translated(subject=", ".join(filter_subjects)):
+            sub = await js.pull_subscribe("", stream=stream, config=config)
+        try:
+            async for messages in batches(sub, size=size, wait_s=1.0):
+                for msg in messages:
+                    start = {
+                        "deliver_policy": api.DeliverPolicy.BY_START_SEQUENCE,
+                        "opt_start_seq": msg.metadata.sequence.stream + 1,
+                    }
+                    yield msg
+        except BrokerError as exc:
+            log.warning("following a stream failed; starting again", stream=stream, error=str(exc))
+            await asyncio.sleep(1.0)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+
+def _rfc3339(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat().replace("+00:00", "Z")

@@ -61,6 +61,8 @@ async def emit(broker: Broker, event: Event) -> None:
     msg_id = f"{event.message_id}-{event.event}-{event.attempt}"
     if event.event == "progress":  # many per attempt, each one counts
         msg_id += f"-{event.at_ms}"
+    elif event.event == "routed":  # an agent that refuses leads to routing again
+        msg_id += f"-{event.agent_id}"
     await broker.publish(subject, envelopes.encode(event), headers={"Nats-Msg-Id": msg_id})
 
 

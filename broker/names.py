@@ -31,6 +31,10 @@ class Names(msgspec.Struct, frozen=True):
     def dispatch(self, agent_id: str, priority: Priority) -> str:
         return f"{self.prefix}.agent.{agent_id}.{priority.lower()}"
 
+    def agent_of_dispatch_subject(self, subject: str) -> str:
+        """``reach.agent.worker-1.p0`` → ``worker-1``."""
+        return subject[len(self.prefix) + len(".agent.") : -len(".p0")]
+
     def dispatch_wildcard(self, priority: Priority) -> str:
         return f"{self.prefix}.agent.*.{priority.lower()}"
 
@@ -77,6 +81,11 @@ class Names(msgspec.Struct, frozen=True):
     def clear(self) -> str:
         return f"{self.prefix}.ctl.clear"
 
+    @property
+    def routes_reload(self) -> str:
+        """Every coordinator replica answers: it re-reads its routing rules."""
+        return f"{self.prefix}.ctl.routes.reload"
+
     # -- streams ----------------------------------------------------------------
     @property
     def tasks_stream(self) -> str:
@@ -117,6 +126,10 @@ class Names(msgspec.Struct, frozen=True):
     @property
     def leases_bucket(self) -> str:
         return f"{self.prefix}_leases"
+
+    @property
+    def breakers_bucket(self) -> str:
+        return f"{self.prefix}_breakers"
 
     # -- advisories -------------------------------------------------------------
     @property

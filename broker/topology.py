@@ -8,6 +8,7 @@ names the stream and the field.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -18,10 +19,13 @@ from nats.js import api
 
 from broker.errors import JetStreamError, ProvisionError, translate
 from broker.names import Names
+from envelopes import Priority
 
 log = structlog.get_logger("broker.topology")
 
 DAY = 24 * 3600.0
+# Per-agent dispatch queue capacity per priority (P0 small: urgent work must not queue).
+DEFAULT_QUEUE_CAPACITY: dict[Priority, int] = {"P0": 10, "P1": 200, "P2": 1000}
 
 
 class Outcome(StrEnum):
@@ -87,14 +91,27 @@ class Topology:
     buckets: tuple[BucketSpec, ...]
 
     @classmethod
-    def default(cls, names: Names | None = None, *, executions_ttl_s: float = DAY) -> Topology:
-        """Every stream and bucket of SPEC.md, with the design's defaults."""
+    def default(
+        cls,
+        names: Names | None = None,
+        *,
+        executions_ttl_s: float = DAY,
+        queue_capacity: Mapping[Priority, int] | None = None,
+    ) -> Topology:
+        """Every stream and bucket of SPEC.md, with the design's defaults.
+
+        Each agent's dispatch subject holds at most ``queue_capacity[priority]``
+        messages (queued or unacknowledged); the broker refuses more.
+        """
         n = names or Names()
+        capacity = {**DEFAULT_QUEUE_CAPACITY, **(queue_capacity or {})}
         dispatch = tuple(
             StreamSpec(
                 name=stream,
                 subjects=(n.dispatch_wildcard(priority),),
                 retention="workqueue",
+                max_msgs_per_subject=capacity[priority],
+                discard_new_per_subject=True,
                 description=f"Tasks dispatched to one agent, priority {priority}",
             )
             for priority, stream in n.dispatch_streams.items()
@@ -133,6 +150,11 @@ class Topology:
                 BucketSpec(name=n.heartbeats_bucket, description="Agent heartbeats"),
                 BucketSpec(name=n.liveness_bucket, history=5, description="Agent liveness"),
                 BucketSpec(name=n.leases_bucket, description="Coordinator duties that run once"),
+                BucketSpec(
+                    name=n.breakers_bucket,
+                    history=5,
+                    description="Circuit breakers per agent.intent, isolation per agent",
+                ),
                 BucketSpec(
                     name=n.executions_bucket,
                     ttl_s=executions_ttl_s,

@@ -27,11 +27,13 @@ _liveness_decoder = msgspec.json.Decoder(Liveness)
 
 
 class AgentDirectory:
-    """Agent cards by id, current within milliseconds of a change in the bucket."""
+    """Agent cards by id (and by intent), current within milliseconds of a change in the
+    bucket, and the coordinator's liveness verdicts."""
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._cards: dict[str, AgentCard] = {}
+        self._by_intent: dict[str, list[AgentCard]] | None = None  # rebuilt after a change
         self.liveness: dict[str, Liveness] = {}
 
     @property
@@ -65,16 +67,15 @@ class AgentDirectory:
             except msgspec.DecodeError as exc:
                 log.warning("ignoring unreadable liveness", agent_id=change.key, error=str(exc))
 
-    async def candidates(self, topic: str) -> tuple[list[AgentCard], list[AgentCard]]:
-        """(running agents that serve ``topic``, every registered one that does).
-
-        When none is running the bucket is read again before the answer is believed.
-        """
-        running, registered = self._serving(topic)
-        if not running:
-            await self.refresh()
-            running, registered = self._serving(topic)
-        return running, registered
+    def serving(self, intent: str) -> list[AgentCard]:
+        """Every registered agent whose card lists ``intent``, running or not."""
+        if self._by_intent is None:
+            index: dict[str, list[AgentCard]] = {}
+            for card in self._cards.values():
+                for name in card.intents:
+                    index.setdefault(name, []).append(card)
+            self._by_intent = index
+        return self._by_intent.get(intent, [])
 
     async def refresh(self) -> None:
         """Read every card from the bucket."""
@@ -89,20 +90,27 @@ class AgentDirectory:
                 raise translate(exc) from exc
             self._apply(Change(key=key, value=entry.value, revision=entry.revision or 0))
 
-    def _serving(self, topic: str) -> tuple[list[AgentCard], list[AgentCard]]:
-        registered = [card for card in self._cards.values() if topic in card.intents]
-        return [card for card in registered if self.can_take_work(card)], registered
-
     def can_take_work(self, card: AgentCard) -> bool:
-        """Running and not quarantined; not SUSPECT or OFFLINE unless restarted since."""
+        return self.why_not_working(card) is None
+
+    def why_not_working(self, card: AgentCard) -> str | None:
+        """None for a running, ONLINE (or not yet judged), unquarantined agent; else why not.
+
+        A SUSPECT or OFFLINE verdict about an earlier process of the agent does not count.
+        """
         if card.status != "running":
-            return False
+            return f"agent {card.status}"
         judged = self.liveness.get(card.agent_id)
-        if judged is None or judged.state in ("UNKNOWN", "ONLINE"):
-            return judged is None or not judged.quarantined
-        return not judged.quarantined and judged.epoch < card.epoch
+        if judged is None:
+            return None
+        if judged.quarantined:
+            return "agent quarantined"
+        if judged.state in ("UNKNOWN", "ONLINE") or judged.epoch < card.epoch:
+            return None
+        return f"agent {judged.state}"
 
     def _apply(self, change: Change) -> None:
+        self._by_intent = None
         if change.value is None:
             self._cards.pop(change.key, None)
             return

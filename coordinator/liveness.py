@@ -29,7 +29,6 @@ from broker.watch import BucketWatch, Change
 from coordinator.adaptive import Cadence
 from coordinator.config import CoordinatorConfig
 from coordinator.reassign import reassign_tasks
-from coordinator.router import Router
 from envelopes import AgentControl, Heartbeat, Liveness, LivenessState
 
 log = structlog.get_logger("coordinator.liveness")
@@ -73,9 +72,8 @@ class Tracked:
 class LivenessMonitor:
     """Follows heartbeats, sweeps for silence, probes, and records each transition."""
 
-    def __init__(self, broker: Broker, router: Router, config: CoordinatorConfig) -> None:
+    def __init__(self, broker: Broker, config: CoordinatorConfig) -> None:
         self._broker = broker
-        self._router = router
         self._config = config
         self.agents: dict[str, Tracked] = {}
 
@@ -281,7 +279,7 @@ class LivenessMonitor:
                 ),
             )
         if state == "OFFLINE":
-            await reassign_tasks(self._broker, self._router, tracked.agent_id)
+            await reassign_tasks(self._broker, tracked.agent_id)
 
     def _count_offline(self, tracked: Tracked) -> None:
         now = now_ms()

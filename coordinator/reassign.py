@@ -19,15 +19,15 @@ import structlog
 import envelopes
 from broker import Broker
 from broker.lifecycle import now_ms
-from coordinator.router import Router
 from envelopes import DecodeError, ErrorInfo, Execution, Task
+from envelopes.headers import task_headers
 
 log = structlog.get_logger("coordinator.reassign")
 
 _execution = msgspec.json.Decoder(Execution)
 
 
-async def reassign_tasks(broker: Broker, router: Router, agent_id: str) -> int:
+async def reassign_tasks(broker: Broker, agent_id: str) -> int:
     """Re-dispatch every task waiting for ``agent_id``; returns how many."""
     moved = 0
     for priority, stream in broker.names.dispatch_streams.items():
@@ -39,7 +39,7 @@ async def reassign_tasks(broker: Broker, router: Router, agent_id: str) -> int:
             except nats.js.errors.NotFoundError:
                 break
             seq = (stored.seq or seq) + 1
-            if await _move(broker, router, stored.data or b"", stored.time):
+            if await _move(broker, stored.data or b"", stored.time):
                 moved += 1
             await broker.js.delete_msg(stream, stored.seq or 0)
     if moved:
@@ -47,16 +47,24 @@ async def reassign_tasks(broker: Broker, router: Router, agent_id: str) -> int:
     return moved
 
 
-async def _move(broker: Broker, router: Router, data: bytes, dispatched: object) -> bool:
+async def _move(broker: Broker, data: bytes, dispatched: object) -> bool:
+    """Send the task through intake again as its next attempt, with the ttl it has left.
+
+    Intake, not the router directly: when no agent can take it now it waits there,
+    on the broker, instead of being lost with this call.
+    """
     try:
         task = envelopes.decode_task(data)
     except DecodeError:
         return False  # the agent's consumer would have dead-lettered it; nothing to move
     await _fence(broker, task)
     dispatched_ms = int(dispatched.timestamp() * 1000) if dispatched else now_ms()  # type: ignore[attr-defined]
-    retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None)
     left_ms = task.ttl_ms - max(0, now_ms() - dispatched_ms)
-    await router.dispatch(retry, left_ms=left_ms, where="reassignment")
+    retry = msgspec.structs.replace(
+        task, attempt=task.attempt + 1, to_agent=None, ttl_ms=max(1, left_ms)
+    )
+    headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
+    await broker.publish(broker.names.task(task.topic), envelopes.encode(retry), headers=headers)
     return True
 
 

@@ -12,22 +12,26 @@ import contextlib
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import structlog
 from nats.aio.msg import Msg
 
 import envelopes
-from broker import Broker, BrokerError
+from broker import Broker, BrokerError, Topology, provision
 from broker.consume import ConsumerSpec, batches, bind
 from broker.tasks import cancel_and_wait
 from coordinator.advisories import Advisories
+from coordinator.breakers import BreakerBoard
 from coordinator.config import CoordinatorConfig
 from coordinator.directory import AgentDirectory
 from coordinator.intake import Intake
 from coordinator.lease import Lease
 from coordinator.liveness import LivenessMonitor
 from coordinator.outcomes import OUTCOME_EVENTS, Outcomes
+from coordinator.queues import QueueDepths
 from coordinator.router import Router
+from coordinator.routes import RouteReloader
 from coordinator.tokens import TokenBucket
 from envelopes import RegisterReply, new_id
 
@@ -46,16 +50,29 @@ class Coordinator:
         ...  # serving until the block exits
     """
 
-    def __init__(self, broker: Broker, config: CoordinatorConfig | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        config: CoordinatorConfig | None = None,
+        *,
+        config_path: Path | str | None = None,
+    ) -> None:
         self.broker = broker
         self.config = config or CoordinatorConfig()
         self.directory = AgentDirectory(broker)
-        self.router = Router(broker, self.directory)
+        self.breakers = BreakerBoard(broker, self.config.breakers)
+        self.queues = QueueDepths(broker, self.config.queues)
+        self.router = Router(
+            broker, self.directory, self.config, breakers=self.breakers, queues=self.queues
+        )
         self._intake = Intake(broker, self.router)
         self._outcomes = Outcomes(broker, self.router, self.directory, self.config)
         self._advisories = Advisories(broker)
-        self.liveness = LivenessMonitor(broker, self.router, self.config)
+        self.liveness = LivenessMonitor(broker, self.config)
         self.replica_id = f"{socket.gethostname()}-{os.getpid()}-{new_id()[-8:]}"
+        self.routes = RouteReloader(
+            self.router, Path(config_path) if config_path else None, self.replica_id
+        )
         self._registrations = TokenBucket(
             self.config.registration_rate, self.config.registration_burst
         )
@@ -63,7 +80,6 @@ class Coordinator:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Serve until cancelled; ``ready`` is set once every loop is consuming."""
         names = self.broker.names
-        directory_ready = asyncio.Event()
         intake = ConsumerSpec(
             stream=names.tasks_stream,
             durable=names.coordinator_intake,
@@ -80,14 +96,26 @@ class Coordinator:
             durable=names.coordinator_advisories,
             filter_subjects=names.max_deliveries_advisories,
         )
+        # The per-agent queue capacities are this config's: the broker enforces them.
+        capacities = self.config.queues.capacities
+        await provision(self.broker.js, Topology.default(names, queue_capacity=capacities))
         async with asyncio.TaskGroup() as group:
-            group.create_task(self.directory.follow(directory_ready), name="directory")
-            await directory_ready.wait()
+            views = {
+                "directory": self.directory.follow,
+                "breakers": self.breakers.run,
+                "queues": self.queues.run,
+            }
+            for name, follow in views.items():
+                view_ready = asyncio.Event()
+                group.create_task(follow(view_ready), name=name)
+                await view_ready.wait()
+            group.create_task(self.routes.watch(self.config.routes_poll_s), name="routes")
             lease = Lease(self.broker, "liveness", self.replica_id, ttl_s=self.config.lease_ttl_s)
             group.create_task(lease.hold(self.liveness.run), name="liveness")
             nc = self.broker.nc
             await nc.subscribe(names.register, queue="coordinators", cb=self._on_register)
             await nc.subscribe(names.clear, queue="coordinators", cb=self._on_clear)
+            await nc.subscribe(names.routes_reload, cb=self.routes.on_request)  # every replica
             loops = (
                 (intake, self.config.intake_batch, self._intake.handle),
                 (outcomes, self.config.outcome_batch, self._outcomes.handle),

@@ -18,10 +18,14 @@ class TokenBucket:
 
     def take(self) -> float:
         """Take a token: 0.0 when granted, else the seconds until one will be there."""
+        wait = self.wait()
+        if wait == 0.0:
+            self._tokens -= 1
+        return wait
+
+    def wait(self) -> float:
+        """Seconds until a token is there (0.0: now), taking nothing."""
         now = self._clock()
         self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.rate)
         self._at = now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return 0.0
-        return (1 - self._tokens) / self.rate
+        return 0.0 if self._tokens >= 1 else (1 - self._tokens) / self.rate

@@ -9,6 +9,7 @@ from envelopes.cards import (
     Intent,
     Liveness,
     LivenessState,
+    RateLimit,
     RegisterReply,
     RegisterRequest,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "Message",
     "Priority",
     "Progress",
+    "RateLimit",
     "RegisterReply",
     "RegisterRequest",
     "Reply",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -18,6 +18,13 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
     max_attempts: int | None = None  # None: the coordinator's default
 
 
+class RateLimit(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A token bucket: ``rate`` tasks per second sustained, ``burst`` at once."""
+
+    rate: Annotated[float, msgspec.Meta(gt=0)]
+    burst: Annotated[int, msgspec.Meta(gt=0)]
+
+
 class AgentCard(msgspec.Struct, frozen=True, kw_only=True):
     """An agent's record, keyed by ``agent_id``; ``epoch`` rises on every start."""
 
@@ -30,6 +37,7 @@ class AgentCard(msgspec.Struct, frozen=True, kw_only=True):
     started_at: int = 0
     epoch: int = 1
     status: Literal["running", "stopped"] = "running"
+    rate_limit: RateLimit | None = None  # how fast the coordinator may send it work
 
 
 class Execution(msgspec.Struct, frozen=True, kw_only=True):

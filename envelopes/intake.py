@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+import msgspec
+
 from envelopes import headers as h
 from envelopes.codec import decode_json, decode_task
 from envelopes.errors import DecodeError
@@ -48,7 +50,8 @@ def task_from_intake(
                 f"Envelope topic {task.topic!r} does not match subject topic {topic!r}"
                 " - at `$.topic`"
             )
-        return task
+        extra = custom_headers(headers)
+        return msgspec.structs.replace(task, headers={**extra, **task.headers}) if extra else task
     return wrap_body(
         document, headers or {}, topic=topic, received_ms=received_ms, fallback_id=fallback_id
     )
@@ -74,7 +77,17 @@ def wrap_body(
         reply_to=headers.get(h.REPLY_TO) or None,
         priority=_priority_header(headers),
         created_at=received_ms,
+        headers=custom_headers(headers),
     )
+
+
+def custom_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """The headers a sender chose (not ``Nats-*`` nor ``Reach-*``), for routing rules."""
+    return {
+        name: value
+        for name, value in (headers or {}).items()
+        if not name.startswith(("Nats-", "Reach-"))
+    }
 
 
 def _token_header(headers: Mapping[str, str], name: str) -> str | None:

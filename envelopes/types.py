@@ -72,6 +72,8 @@ class Task(_AboutTask, frozen=True, kw_only=True, tag="task"):
     priority: Priority = DEFAULT_PRIORITY
     budget: Budget = Budget()
     replay_of: str | None = None  # the dead-lettered message_id this task replays
+    # The intake message's own headers (not Nats-*/Reach-*), kept for routing rules.
+    headers: dict[str, str] = {}
 
 
 class Ack(_AboutTask, frozen=True, kw_only=True, tag="ack"):

@@ -68,7 +68,7 @@ async def _coordinate(url: str, args: argparse.Namespace) -> None:
     names = Names(prefix=args.prefix or config.prefix)
     async with (
         provisioned(url, names, name="coordinator") as broker,
-        Coordinator(broker, config).running(),
+        Coordinator(broker, config, config_path=args.config).running(),
     ):
         await until_signal(f"coordinator serving on {url}")
 

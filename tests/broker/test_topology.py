@@ -26,11 +26,28 @@ async def test_provision_creates_everything_then_changes_nothing(broker):
         names.advisories_stream,
         names.executions_bucket,
         names.leases_bucket,
+        names.breakers_bucket,
     }
     assert set(again) == expected
     info = await broker.js.stream_info(names.tasks_stream)
     assert info.config.subjects == [f"{names.prefix}.task.>"]
     assert info.config.retention == "workqueue"
+
+
+async def test_each_agent_queue_is_capped_by_the_broker(broker):
+    """A dispatch subject refuses the message past its priority's capacity (discard new)."""
+    from broker import SubjectFull
+
+    capped = Topology.default(broker.names, queue_capacity={"P0": 2})
+    await provision(broker.js, capped)
+    subject = broker.names.dispatch("busy-agent", "P0")
+    for _ in range(2):
+        await broker.publish(subject, b"{}")
+    with pytest.raises(SubjectFull):
+        await broker.publish(subject, b"{}")
+    await broker.publish(broker.names.dispatch("other-agent", "P0"), b"{}")  # per agent
+    info = await broker.js.stream_info(broker.names.dispatch_stream("P0"))
+    assert info.config.max_msgs_per_subject == 2
 
 
 async def test_changed_limits_are_applied(broker):

@@ -226,10 +226,9 @@ async def _until(condition, timeout: float = 10.0) -> None:  # type: ignore[no-u
 async def test_a_heartbeat_missed_by_the_watch_is_found_by_the_reread(broker):
     """The periodic re-read takes in heartbeats a stalled watch never delivered."""
     from coordinator.liveness import LivenessMonitor
-    from coordinator.router import Router
     from envelopes import Heartbeat, encode
 
-    monitor = LivenessMonitor(broker, Router(broker, None), LIVELY)  # type: ignore[arg-type]
+    monitor = LivenessMonitor(broker, LIVELY)
     kv = await broker.kv(broker.names.heartbeats_bucket)
     await kv.put("unseen", encode(Heartbeat(agent_id="unseen", epoch=3, seq=1, interval_s=1.0)))
     await monitor.reread()

@@ -1,0 +1,287 @@
+"""Every circuit breaker, shared by all coordinator replicas through ``reach_breakers``.
+
+Each replica follows the agents' outcome events (``completed``, ``failed``,
+``expired``) from ``window_s`` ago, so each holds the same sliding windows and
+consecutive-failure counts without writing per call. Only transitions are
+written, as conditional KV updates: when two replicas see the same reason to
+open a breaker, one write wins and the other finds it open already. Trials are
+named by message id in the record, so their outcome is counted once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import msgspec
+import nats.errors
+import nats.js.errors
+import structlog
+
+import envelopes
+from broker import Broker, WrongLastSequence
+from broker.consume import follow
+from broker.errors import honour_cancellation, translate
+from broker.lifecycle import agent_event, emit, now_ms
+from broker.watch import BucketWatch, Change
+from coordinator.breaker import (
+    OK,
+    WHOLE_AGENT,
+    Admission,
+    BreakerRecord,
+    Window,
+    admission,
+    after_trial,
+    breaker_key,
+    opened,
+    overdue,
+    trip_reason,
+    with_trial,
+)
+from coordinator.config import BreakerConfig
+from envelopes import DecodeError, Event
+
+log = structlog.get_logger("coordinator.breakers")
+
+OUTCOMES = ("completed", "failed", "expired")
+SWEEP_S = 1.0
+_record = msgspec.json.Decoder(BreakerRecord)
+Change_ = Callable[[BreakerRecord | None], BreakerRecord | None]
+
+
+class BreakerBoard:
+    """Breakers per (agent, intent) and isolation per agent, as the router asks about them."""
+
+    def __init__(
+        self, broker: Broker, config: BreakerConfig, clock: Callable[[], int] = now_ms
+    ) -> None:
+        self._broker = broker
+        self._config = config
+        self._clock = clock
+        self.records: dict[str, BreakerRecord] = {}
+        self._revisions: dict[str, int] = {}
+        self._windows: dict[str, Window] = {}
+        self._failures_in_a_row: dict[str, int] = {}
+
+    # -- what the router asks ---------------------------------------------------------
+    def admission(self, agent_id: str, intent: str) -> tuple[Admission, str]:
+        """May ``agent_id`` take a call for ``intent`` now; and the key of the deciding record."""
+        now = self._clock()
+        for key, trials in (
+            (agent_id, 1),
+            (breaker_key(agent_id, intent), self._config.trial_calls),
+        ):
+            verdict = admission(self.records.get(key), now, trials)
+            if verdict is not OK:
+                return verdict, key
+        return OK, ""
+
+    @property
+    def isolated(self) -> list[str]:
+        return sorted(r.agent_id for r in self.records.values() if _isolation(r) and _tripped(r))
+
+    async def begin_trial(self, key: str, message_id: str) -> bool:
+        """Record ``message_id`` as a trial call of ``key``; False when no trial is free."""
+        needed = 1 if "." not in key else self._config.trial_calls
+
+        def trial(record: BreakerRecord | None) -> BreakerRecord | None:
+            if admission(record, self._clock(), needed).verdict != "trial" or record is None:
+                return None
+            return with_trial(record, message_id, self._clock(), self._config)
+
+        return await self._transition(key, trial) is not None
+
+    # -- keeping current --------------------------------------------------------------
+    async def run(self, ready: asyncio.Event) -> None:
+        """Follow the bucket and the outcome events until cancelled."""
+        kv = await self._broker.kv(self._broker.names.breakers_bucket)
+        async with BucketWatch(kv) as watch, asyncio.TaskGroup() as group:
+            group.create_task(self._follow_records(watch))
+            await watch.initial.wait()
+            group.create_task(self._follow_outcomes())
+            group.create_task(self._sweep_forever())
+            ready.set()
+
+    async def _follow_records(self, watch: BucketWatch) -> None:
+        async for change in watch:
+            honour_cancellation()
+            self._apply(change)
+
+    def _apply(self, change: Change) -> None:
+        if change.value is None:
+            self.records.pop(change.key, None)
+            self._revisions.pop(change.key, None)
+            return
+        if change.revision < self._revisions.get(change.key, 0):
+            return  # our own newer write arrived first
+        try:
+            self.records[change.key] = _record.decode(change.value)
+            self._revisions[change.key] = change.revision
+        except msgspec.DecodeError as exc:
+            log.warning("ignoring unreadable breaker", key=change.key, error=str(exc))
+
+    async def _follow_outcomes(self) -> None:
+        names = self._broker.names
+        async for msg in follow(
+            self._broker.js,
+            stream=names.events_stream,
+            filter_subjects=tuple(names.events_of_kind(kind) for kind in OUTCOMES),
+            since_ms=self._clock() - int(self._config.window_s * 1000),
+        ):
+            honour_cancellation()
+            try:
+                event = envelopes.decode_event(msg.data)
+            except DecodeError:
+                continue
+            at_ms = int(msg.metadata.timestamp.timestamp() * 1000)
+            try:
+                await self.record_outcome(event, at_ms)
+            except Exception:  # one bad write must not stop the breakers
+                log.exception("breaker update failed", message_id=event.message_id)
+
+    async def record_outcome(self, event: Event, at_ms: int) -> None:
+        """Count one agent-reported outcome (``at_ms``: when the broker stored it)."""
+        if not event.agent_id or not _counts(event):
+            return
+        ok = event.event == "completed"
+        agent_id, key = event.agent_id, breaker_key(event.agent_id, event.topic)
+        await self._count_in_a_row(agent_id, ok, at_ms)
+        window = self._windows.setdefault(key, Window(self._config.window_s))
+        window.add(at_ms, ok)
+        for trial_key, needed in ((agent_id, 1), (key, self._config.trial_calls)):
+            await self._report_trial(trial_key, event.message_id, ok=ok, needed=needed)
+        if not ok:
+            await self._maybe_trip(key, agent_id, event.topic, window, at_ms)
+
+    async def _count_in_a_row(self, agent_id: str, ok: bool, at_ms: int) -> None:
+        isolation = self.records.get(agent_id)
+        if isolation is not None and at_ms < isolation.counted_from_ms:
+            return
+        in_a_row = 0 if ok else self._failures_in_a_row.get(agent_id, 0) + 1
+        self._failures_in_a_row[agent_id] = in_a_row
+        if in_a_row < self._config.isolation_failures:
+            return
+        reason = f"{in_a_row} failures in a row"
+
+        def isolate(record: BreakerRecord | None) -> BreakerRecord | None:
+            if record is not None and _tripped(record):
+                return None
+            base = record or BreakerRecord(agent_id=agent_id)
+            return opened(base, self._clock(), reason, self._config)
+
+        await self._transition(agent_id, isolate)
+
+    async def _report_trial(self, key: str, message_id: str, *, ok: bool, needed: int) -> None:
+        record = self.records.get(key)
+        if record is None or message_id not in record.trials:
+            return
+
+        def report(current: BreakerRecord | None) -> BreakerRecord | None:
+            if current is None:
+                return None
+            return after_trial(
+                current, message_id, ok=ok, now_ms=self._clock(), needed=needed, config=self._config
+            )
+
+        await self._transition(key, report)
+
+    async def _maybe_trip(
+        self, key: str, agent_id: str, intent: str, window: Window, at_ms: int
+    ) -> None:
+        record = self.records.get(key)
+        if record is not None and record.state != "closed":
+            return
+        calls, errors = window.counts(at_ms, record.counted_from_ms if record else 0)
+        reason = trip_reason(calls, errors, self._config)
+        if reason is None:
+            return
+
+        def trip(current: BreakerRecord | None) -> BreakerRecord | None:
+            if current is not None and current.state != "closed":
+                return None
+            base = current or BreakerRecord(agent_id=agent_id, intent=intent)
+            return opened(base, self._clock(), reason, self._config)
+
+        await self._transition(key, trip)
+
+    async def _sweep_forever(self) -> None:
+        """Open again half-open breakers whose trials never reported."""
+        while True:
+            honour_cancellation()
+            await asyncio.sleep(SWEEP_S)
+            now = self._clock()
+            for key, record in list(self.records.items()):
+                if overdue(record, now, self._config) is not None:
+                    await self._transition(
+                        key, lambda r: overdue(r, self._clock(), self._config) if r else None
+                    )
+
+    # -- writing ----------------------------------------------------------------------
+    async def _transition(self, key: str, change: Change_) -> BreakerRecord | None:
+        """Apply ``change`` with a conditional write, re-reading after a lost race."""
+        kv = await self._broker.kv(self._broker.names.breakers_bucket)
+        for _ in range(5):
+            before = self.records.get(key)
+            after = change(before)
+            if after is None:
+                return None
+            data = envelopes.encode(after)
+            try:
+                if before is None:
+                    revision = await kv.create(key, data)
+                else:
+                    revision = await kv.update(key, data, last=self._revisions.get(key, 0))
+            except (nats.js.errors.KeyWrongLastSequenceError, WrongLastSequence):
+                await self._reread(key)
+                continue
+            except nats.errors.Error as exc:
+                raise translate(exc) from exc
+            self.records[key], self._revisions[key] = after, revision
+            await self._announce(before, after)
+            return after
+        log.warning("breaker write kept losing races; leaving it", key=key)
+        return None
+
+    async def _reread(self, key: str) -> None:
+        kv = await self._broker.kv(self._broker.names.breakers_bucket)
+        try:
+            entry = await kv.get(key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            self.records.pop(key, None)
+            self._revisions.pop(key, None)
+            return
+        except nats.errors.Error as exc:
+            raise translate(exc) from exc
+        self._apply(Change(key=key, value=entry.value, revision=entry.revision or 0))
+
+    async def _announce(self, before: BreakerRecord | None, after: BreakerRecord) -> None:
+        if before is not None and before.state == after.state:
+            return
+        kind = _EVENT_NAMES[_isolation(after)][after.state]
+        log.info(kind, agent_id=after.agent_id, intent=after.intent, reason=after.reason)
+        detail: dict[str, object] = {"reason": after.reason, "isolated_agents": len(self.isolated)}
+        if after.intent:
+            detail["intent"] = after.intent
+        await emit(self._broker, agent_event(after.agent_id, kind, **detail))
+
+
+_EVENT_NAMES = {
+    False: {"open": "breaker_opened", "half_open": "breaker_half_open", "closed": "breaker_closed"},
+    True: {"open": "agent_isolated", "half_open": "isolation_trial", "closed": "agent_restored"},
+}
+
+
+def _isolation(record: BreakerRecord) -> bool:
+    return record.intent == WHOLE_AGENT
+
+
+def _tripped(record: BreakerRecord) -> bool:
+    return record.state != "closed"
+
+
+def _counts(event: Event) -> bool:
+    """Outcomes that say something about the agent: not a task refused as invalid."""
+    if event.event != "failed":
+        return True
+    error = event.detail.get("error")
+    return not (isinstance(error, dict) and error.get("retryable") is False)

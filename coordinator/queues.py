@@ -1,0 +1,94 @@
+"""How full each agent's dispatch queue is, per priority, with watermarks.
+
+The broker is the truth: a work-queue stream keeps a dispatched message until
+the agent acknowledges it, and each agent's subject is capped (discard-new per
+subject). This view reads the per-subject counts every ``refresh_s`` and adds
+what this replica dispatched since, so the router can prefer the less loaded and
+stop feeding an agent above the high watermark until it drains below the low one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from broker import Broker, BrokerError
+from broker.errors import honour_cancellation, translated
+from coordinator.config import QueueConfig
+from envelopes import PRIORITIES, Priority
+
+log = structlog.get_logger("coordinator.queues")
+
+Slot = tuple[str, Priority]
+
+
+class QueueDepths:
+    """Queue depth and watermark state per (agent, priority)."""
+
+    def __init__(self, broker: Broker, config: QueueConfig) -> None:
+        self._broker = broker
+        self._config = config
+        self._depths: dict[Slot, int] = {}
+        self._above: set[Slot] = set()  # passed the high watermark, not yet below the low
+
+    def capacity(self, priority: Priority) -> int:
+        return self._config.capacity_of(priority)
+
+    def depth(self, agent_id: str, priority: Priority) -> int:
+        return self._depths.get((agent_id, priority), 0)
+
+    def load(self, agent_id: str, priority: Priority) -> float:
+        """How full the queue is, 0 (empty) to 1 (at capacity)."""
+        return self.depth(agent_id, priority) / self.capacity(priority)
+
+    def why_full(self, agent_id: str, priority: Priority) -> str | None:
+        """None while the agent may take work at ``priority``; else why not."""
+        if (agent_id, priority) not in self._above:
+            return None
+        depth, capacity = self.depth(agent_id, priority), self.capacity(priority)
+        return f"{priority} queue above high watermark ({depth}/{capacity})"
+
+    def dispatched(self, agent_id: str, priority: Priority) -> None:
+        slot = (agent_id, priority)
+        self._depths[slot] = self._depths.get(slot, 0) + 1
+        self._judge(slot)
+
+    def refused(self, agent_id: str, priority: Priority) -> None:
+        """The broker said the queue is at capacity."""
+        slot = (agent_id, priority)
+        self._depths[slot] = max(self._depths.get(slot, 0), self.capacity(priority))
+        self._judge(slot)
+
+    async def run(self, ready: asyncio.Event) -> None:
+        """Read the depths every ``refresh_s`` until cancelled."""
+        while True:
+            honour_cancellation()
+            try:
+                await self.refresh()
+            except BrokerError as exc:
+                log.warning("cannot read queue depths", error=str(exc))
+            ready.set()
+            await asyncio.sleep(self._config.refresh_s)
+
+    async def refresh(self) -> None:
+        depths: dict[Slot, int] = {}
+        names = self._broker.names
+        for priority in PRIORITIES:
+            wildcard = names.dispatch_wildcard(priority)
+            with translated(subject=wildcard):
+                info = await self._broker.js.stream_info(
+                    names.dispatch_stream(priority), subjects_filter=wildcard
+                )
+            for subject, count in (info.state.subjects or {}).items():
+                depths[(names.agent_of_dispatch_subject(subject), priority)] = count
+        self._depths = depths
+        for slot in set(depths) | self._above:
+            self._judge(slot)
+
+    def _judge(self, slot: Slot) -> None:
+        ratio = self._depths.get(slot, 0) / self.capacity(slot[1])
+        if ratio >= self._config.high_watermark:
+            self._above.add(slot)
+        elif ratio <= self._config.low_watermark:
+            self._above.discard(slot)
