@@ -72,8 +72,12 @@ class ReachClient:
         message_id: str | None = None,
         reply_to: str | None = None,
         budget: Budget | None = None,
+        headers: dict[str, str] | None = None,
     ) -> Task:
-        """Build a task envelope (validated as the coordinator will validate it)."""
+        """Build a task envelope (validated as the coordinator will validate it).
+
+        ``headers`` are free key/values that routing rules can match (``header.<Name>``).
+        """
         message_id = message_id or new_id()
         fields: dict[str, Any] = {
             "v": 1,
@@ -90,6 +94,8 @@ class ReachClient:
             fields["ttl_ms"] = ttl_ms
         if budget is not None:
             fields["budget"] = budget
+        if headers:
+            fields["headers"] = headers
         return envelopes.decode_task(envelopes.encode(fields))
 
     async def submit(self, task: Task) -> None:

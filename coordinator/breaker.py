@@ -156,7 +156,8 @@ class Window:
 
     def counts(self, now_ms: int, since_ms: int = 0) -> tuple[int, int]:
         """(calls, errors) in the window ending at ``now_ms``, not before ``since_ms``."""
-        horizon = max(now_ms - int(self.span_s * 1000), since_ms) // 1000
+        # The second holding ``since_ms`` is left out whole: a reset forgets, never remembers.
+        horizon = max((now_ms - int(self.span_s * 1000)) // 1000, -(-since_ms // 1000))
         while self.seconds and self.seconds[0][0] < now_ms // 1000 - self.span_s:
             self.seconds.popleft()
         calls = errors = 0

@@ -13,6 +13,7 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 
 from broker import Broker
+from coordinator.breaker import BreakerRecord
 from envelopes import AgentCard, Heartbeat, Liveness
 
 T = TypeVar("T")
@@ -24,6 +25,11 @@ class Row:
     liveness: Liveness | None
     heartbeat: Heartbeat | None
     beat_age_s: float | None
+    breakers: tuple[BreakerRecord, ...] = ()  # not closed: open or half-open
+
+    @property
+    def isolated(self) -> bool:
+        return any(not b.intent for b in self.breakers)
 
 
 async def collect(broker: Broker) -> list[Row]:
@@ -32,20 +38,30 @@ async def collect(broker: Broker) -> list[Row]:
     cards = await _all(await broker.kv(names.agents_bucket), AgentCard)
     judged = await _all(await broker.kv(names.liveness_bucket), Liveness)
     beats = await _all(await broker.kv(names.heartbeats_bucket), Heartbeat)
+    breakers = await _all(await broker.kv(names.breakers_bucket), BreakerRecord)
+    tripped: dict[str, list[BreakerRecord]] = {}
+    for record, _ in breakers.values():
+        if record.state != "closed":
+            tripped.setdefault(record.agent_id, []).append(record)
     rows = []
     for agent_id in sorted(cards):
         card, _ = cards[agent_id]
         beat, beat_at = beats.get(agent_id, (None, None))
         age = time.time() - beat_at.timestamp() if beat_at else None
-        rows.append(Row(card, judged.get(agent_id, (None, None))[0], beat, age))
+        open_ones = tuple(sorted(tripped.get(agent_id, []), key=lambda r: r.intent))
+        rows.append(Row(card, judged.get(agent_id, (None, None))[0], beat, age, open_ones))
     return rows
 
 
 def render(rows: list[Row]) -> str:
     if not rows:
         return "no agents registered"
-    header = f"{'AGENT':<22} {'STATE':<9} {'SINCE':<9} {'BEAT':>6} {'LOAD':>7}  INTENTS  TAGS"
-    return "\n".join([header, *(_line(row) for row in rows)])
+    header = (
+        f"{'AGENT':<22} {'STATE':<9} {'SINCE':<9} {'BEAT':>6} {'LOAD':>7}  INTENTS  TAGS  BREAKERS"
+    )
+    isolated = sum(row.isolated for row in rows)
+    footer = f"{len(rows)} agents, {isolated} isolated"
+    return "\n".join([header, *(_line(row) for row in rows), footer])
 
 
 def _line(row: Row) -> str:
@@ -59,8 +75,12 @@ def _line(row: Row) -> str:
     age = f"{row.beat_age_s:.1f}s" if row.beat_age_s is not None else "-"
     load = f"{beat.in_flight}/{beat.in_flight + beat.free_slots}" if beat else "-"
     intents = ",".join(f"{t}@{i.version}" for t, i in sorted(card.intents.items()))
-    tags = ",".join(f"{k}={v}" for k, v in sorted(card.tags.items()))
-    return f"{card.agent_id:<22} {state:<9} {since:<9} {age:>6} {load:>7}  {intents}  {tags}"
+    tags = ",".join(f"{k}={v}" for k, v in sorted(card.tags.items())) or "-"
+    breakers = ",".join(f"{b.intent or 'ISOLATED'}:{b.state}" for b in row.breakers) or "-"
+    return (
+        f"{card.agent_id:<22} {state:<9} {since:<9} {age:>6} {load:>7}"
+        f"  {intents}  {tags}  {breakers}"
+    )
 
 
 async def _all(kv: KeyValue, kind: type[T]) -> dict[str, tuple[T, dt.datetime | None]]:

@@ -21,6 +21,7 @@ from agents import Agent, ReachClient, ReachError
 from agents.compensation import replay
 from broker import DEFAULT_URL, Broker, BrokerError, Names, Topology, provision, read_stream
 from coordinator import ConfigError, Coordinator, load_config
+from coordinator.routes import ReloadReply
 from envelopes import DeadLetter, EnvelopeError
 from reach import agents_table
 from reach import trace as tracing
@@ -112,8 +113,10 @@ async def cmd_trace(args: argparse.Namespace) -> int:
 
 async def cmd_provision(args: argparse.Namespace) -> int:
     names = _names(args)
+    capacities = load_config(args.config).queues.capacities
+    topology = Topology.default(names, queue_capacity=capacities)
     async with Broker(args.nats_url, names=names, name="reach-cli") as broker:
-        outcomes = await provision(broker.js, Topology.default(names))
+        outcomes = await provision(broker.js, topology)
     for name, outcome in outcomes.items():
         print(f"{name:<24} {outcome}")
     return 0
@@ -152,6 +155,48 @@ async def _clear(broker: Broker, agent_id: str | None) -> int:
         ) from None
     print(f"{agent_id}: {answer.data.decode()}")
     return 0 if answer.data == b"cleared" else 1
+
+
+async def cmd_routes(args: argparse.Namespace) -> int:
+    if args.action == "check":
+        if not args.file:
+            raise UsageError("routes check needs the config file to check")
+        routing = load_config(args.file).routing
+        for rule in routing.rules:
+            print(f"{rule.name:<24} {'fallback' if rule.fallback else rule.match.topic}")
+        print(f"{args.file}: {len(routing.rules)} rules, fallback {routing.fallback.name!r}")
+        return 0
+    async with Broker(args.nats_url, names=_names(args), name="reach-cli") as broker:
+        answers = await gather_replies(broker, broker.names.routes_reload, wait_s=args.wait)
+    if not answers:
+        raise UsageError("no coordinator answered; is `reach up` or `reach coordinator` running?")
+    failed = 0
+    for answer in answers:
+        reply = msgspec.json.decode(answer, type=ReloadReply)
+        if reply.ok:
+            print(f"{reply.replica}: reloaded {len(reply.rules)} rules: {', '.join(reply.rules)}")
+        else:
+            failed += 1
+            print(f"{reply.replica}: not reloaded: {reply.error}")
+    return 1 if failed else 0
+
+
+async def gather_replies(broker: Broker, subject: str, *, wait_s: float) -> list[bytes]:
+    """Ask every listener on ``subject`` and collect the answers that come within ``wait_s``."""
+    inbox = broker.nc.new_inbox()
+    answers: list[bytes] = []
+    sub = await broker.nc.subscribe(inbox)
+    try:
+        await broker.nc.publish(subject, b"", reply=inbox)
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                answers.append((await sub.next_msg(timeout=left)).data)
+            except nats.errors.TimeoutError:
+                break
+    finally:
+        await sub.unsubscribe()
+    return answers
 
 
 async def cmd_dlq(args: argparse.Namespace) -> int:
@@ -292,7 +337,8 @@ def _parser() -> argparse.ArgumentParser:
     pub.add_argument("--wait", action="store_true", help="wait for the result and print it")
     tr = command("trace", cmd_trace, "every lifecycle event of a message_id or trace_id")
     tr.add_argument("id")
-    command("provision", cmd_provision, "create or update every stream and bucket")
+    prov = command("provision", cmd_provision, "create or update every stream and bucket")
+    prov.add_argument("--config", help="coordinator YAML config (its queue capacities)")
     schema = command("schema", cmd_schema, "print the JSON Schema of envelope v1")
     schema.add_argument("--out", help="write to this file instead")
     agents = command("agents", cmd_agents, "registered agents and their liveness | clear ID")
@@ -305,6 +351,12 @@ def _parser() -> argparse.ArgumentParser:
         const=2.0,
         default=None,
         help="redraw every N seconds (default 2) until Ctrl-C",
+    )
+    routes = command("routes", cmd_routes, "routing rules: reload (every replica) | check FILE")
+    routes.add_argument("action", choices=["reload", "check"])
+    routes.add_argument("file", nargs="?", help="the coordinator config to check")
+    routes.add_argument(
+        "--wait", type=float, default=1.0, help="seconds to collect replicas' answers (reload)"
     )
     dlq = command("dlq", cmd_dlq, "dead letters: list | show ID | replay ID | stats")
     dlq.add_argument("action", choices=["list", "show", "replay", "stats"])

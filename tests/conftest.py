@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -52,6 +53,23 @@ async def coordinator(broker: Broker) -> AsyncIterator[Coordinator]:
         Coordinator(own, FAST).running() as running,
     ):
         yield running
+
+
+@pytest.fixture
+def start_coordinator(broker: Broker):  # type: ignore[no-untyped-def]
+    """Start a coordinator with a config of the test's own: ``async with start(config):``."""
+
+    @contextlib.asynccontextmanager
+    async def start(
+        config: CoordinatorConfig, config_path: Path | None = None
+    ) -> AsyncIterator[Coordinator]:
+        async with (
+            Broker(broker.url, names=broker.names, name="coordinator") as own,
+            Coordinator(own, config, config_path=config_path).running() as running,
+        ):
+            yield running
+
+    return start
 
 
 @pytest.fixture

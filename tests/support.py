@@ -125,6 +125,16 @@ class Watcher:
 
         return await self._until(found, f"dead letter {reason} topic={topic}", timeout)
 
+    async def until(self, found, what: str, timeout: float = 20.0):  # type: ignore[no-untyped-def]
+        """Until ``found()`` returns something other than None (re-checked on each arrival)."""
+        return await self._until(found, what, timeout)
+
+    def count(self, kind: str, ids: set[str] | None = None) -> int:
+        """How many events of ``kind`` (about one of ``ids``, if given) arrived so far."""
+        return sum(
+            1 for e in self.events if e.event == kind and (ids is None or e.message_id in ids)
+        )
+
     async def _until(self, found, what: str, timeout: float):  # type: ignore[no-untyped-def]
         try:
             async with asyncio.timeout(timeout):
@@ -148,3 +158,10 @@ async def wait_for_card(
                 continue
             if msgspec.json.decode(change.value, type=AgentCard).status == status:
                 return
+
+
+async def eventually(condition, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    """Until ``condition()`` holds, for in-memory views that have no event of their own."""
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
