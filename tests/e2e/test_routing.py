@@ -185,6 +185,7 @@ async def test_reload_mid_traffic_loses_nothing(broker, start_coordinator, watch
         ReachClient(broker=broker) as client,
     ):
         first = await publish_many(client, "work", 300)
+        await watcher.until(lambda: watcher.count("completed", first) >= 50 or None, "50 done")
         path.write_text(RELOADABLE.format(name="to-b", pool="b"))
         answer = await broker.nc.request(broker.names.routes_reload, b"", timeout=5)
         assert b'"ok":true' in answer.data and b"to-b" in answer.data
