@@ -1,7 +1,7 @@
 """Every circuit breaker, shared by all coordinator replicas through ``reach_breakers``.
 
-Each replica follows the agents' outcome events (``completed``, ``failed``,
-``expired``) from ``window_s`` ago, so each holds the same sliding windows and
+Each replica is handed every outcome event agents report (``coordinator.feed``)
+from ``window_s`` ago, so each holds the same sliding windows and
 consecutive-failure counts without writing per call. Only transitions are
 written, as conditional KV updates: when two replicas see the same reason to
 open a breaker, one write wins and the other finds it open already. Trials are
@@ -20,7 +20,6 @@ import structlog
 
 import envelopes
 from broker import Broker, WrongLastSequence
-from broker.consume import follow
 from broker.errors import honour_cancellation, translate
 from broker.lifecycle import agent_event, emit, now_ms
 from broker.watch import BucketWatch, Change
@@ -39,11 +38,10 @@ from coordinator.breaker import (
     with_trial,
 )
 from coordinator.config import BreakerConfig
-from envelopes import DecodeError, Event
+from envelopes import Event
 
 log = structlog.get_logger("coordinator.breakers")
 
-OUTCOMES = ("completed", "failed", "expired")
 SWEEP_S = 1.0
 _record = msgspec.json.Decoder(BreakerRecord)
 Change_ = Callable[[BreakerRecord | None], BreakerRecord | None]
@@ -93,12 +91,11 @@ class BreakerBoard:
 
     # -- keeping current --------------------------------------------------------------
     async def run(self, ready: asyncio.Event) -> None:
-        """Follow the bucket and the outcome events until cancelled."""
+        """Follow the bucket until cancelled; outcomes arrive through :meth:`record_outcome`."""
         kv = await self._broker.kv(self._broker.names.breakers_bucket)
         async with BucketWatch(kv) as watch, asyncio.TaskGroup() as group:
             group.create_task(self._follow_records(watch))
             await watch.initial.wait()
-            group.create_task(self._follow_outcomes())
             group.create_task(self._sweep_forever())
             ready.set()
 
@@ -119,25 +116,6 @@ class BreakerBoard:
             self._revisions[change.key] = change.revision
         except msgspec.DecodeError as exc:
             log.warning("ignoring unreadable breaker", key=change.key, error=str(exc))
-
-    async def _follow_outcomes(self) -> None:
-        names = self._broker.names
-        async for msg in follow(
-            self._broker.js,
-            stream=names.events_stream,
-            filter_subjects=tuple(names.events_of_kind(kind) for kind in OUTCOMES),
-            since_ms=self._clock() - int(self._config.window_s * 1000),
-        ):
-            honour_cancellation()
-            try:
-                event = envelopes.decode_event(msg.data)
-            except DecodeError:
-                continue
-            at_ms = int(msg.metadata.timestamp.timestamp() * 1000)
-            try:
-                await self.record_outcome(event, at_ms)
-            except Exception:  # one bad write must not stop the breakers
-                log.exception("breaker update failed", message_id=event.message_id)
 
     async def record_outcome(self, event: Event, at_ms: int) -> None:
         """Count one agent-reported outcome (``at_ms``: when the broker stored it)."""

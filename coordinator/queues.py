@@ -16,7 +16,7 @@ import structlog
 from broker import Broker, BrokerError
 from broker.errors import honour_cancellation, translated
 from coordinator.config import QueueConfig
-from envelopes import PRIORITIES, Priority
+from envelopes import PRIORITIES, Event, Priority
 
 log = structlog.get_logger("coordinator.queues")
 
@@ -30,13 +30,16 @@ class QueueDepths:
         self._broker = broker
         self._config = config
         self._depths: dict[Slot, int] = {}
+        # Dispatched by this replica since the last read, until the agent reports back.
+        self._unread: dict[Slot, set[str]] = {}
         self._above: set[Slot] = set()  # passed the high watermark, not yet below the low
 
     def capacity(self, priority: Priority) -> int:
         return self._config.capacity_of(priority)
 
     def depth(self, agent_id: str, priority: Priority) -> int:
-        return self._depths.get((agent_id, priority), 0)
+        slot = (agent_id, priority)
+        return self._depths.get(slot, 0) + len(self._unread.get(slot, ()))
 
     def load(self, agent_id: str, priority: Priority) -> float:
         """How full the queue is, 0 (empty) to 1 (at capacity)."""
@@ -49,10 +52,21 @@ class QueueDepths:
         depth, capacity = self.depth(agent_id, priority), self.capacity(priority)
         return f"{priority} queue above high watermark ({depth}/{capacity})"
 
-    def dispatched(self, agent_id: str, priority: Priority) -> None:
+    def dispatched(self, agent_id: str, priority: Priority, message_id: str) -> None:
         slot = (agent_id, priority)
-        self._depths[slot] = self._depths.get(slot, 0) + 1
+        self._unread.setdefault(slot, set()).add(message_id)
         self._judge(slot)
+
+    async def finished(self, event: Event, stored_ms: int) -> None:
+        """An agent reported an outcome: that task has left its queue."""
+        if event.agent_id is None:
+            return
+        for priority in PRIORITIES:
+            slot = (event.agent_id, priority)
+            unread = self._unread.get(slot)
+            if unread and event.message_id in unread:
+                unread.discard(event.message_id)
+                self._judge(slot)
 
     def refused(self, agent_id: str, priority: Priority) -> None:
         """The broker said the queue is at capacity."""
@@ -72,6 +86,8 @@ class QueueDepths:
             await asyncio.sleep(self._config.refresh_s)
 
     async def refresh(self) -> None:
+        # What is dispatched from here on is counted apart, so the read cannot miss it.
+        self._unread = {}
         depths: dict[Slot, int] = {}
         names = self._broker.names
         for priority in PRIORITIES:
@@ -87,7 +103,7 @@ class QueueDepths:
             self._judge(slot)
 
     def _judge(self, slot: Slot) -> None:
-        ratio = self._depths.get(slot, 0) / self.capacity(slot[1])
+        ratio = self.depth(*slot) / self.capacity(slot[1])
         if ratio >= self._config.high_watermark:
             self._above.add(slot)
         elif ratio <= self._config.low_watermark:

@@ -29,7 +29,7 @@ from coordinator.ending import end_with_error
 from coordinator.limits import RateLimiter
 from coordinator.queues import QueueDepths
 from coordinator.rules import RoutingConfig, Rule, pools_of
-from coordinator.selection import Choice, Fleet
+from coordinator.selection import Choice, Excluded, Fleet
 from envelopes import ErrorInfo, Task
 from envelopes import headers as h
 
@@ -93,7 +93,7 @@ class Router:
             await self.end(task, reason, f"rule {rule.name!r} sends {task.topic!r} to the DLQ")
             return None
         pools = pools_of(rule.to, task.topic)
-        excluded: dict[str, str] = {}
+        excluded: dict[str, Excluded] = {}
         refreshed = False
         rate_waited_s = 0.0
         choice = Choice()
@@ -113,25 +113,29 @@ class Router:
             refusal = await self._send(task, rule, choice, left_ms)
             if refusal is None:
                 return None
-            excluded[choice.agent.agent_id] = refusal
+            if refusal[0] != "rate":  # a rate limit is seen, with its wait, on the next pick
+                excluded[choice.agent.agent_id] = refusal
         return await self._unroutable(task, rule, choice, left_ms=left_ms, waited=waited)
 
     def _rate_wait(self, choice: Choice, waited_s: float) -> float | None:
         """How long to wait for a token when only rate limits stand in the way; else None."""
-        if set(choice.hindrances) - {"rate", "down", "excluded"} or "rate" not in choice.hindrances:
+        if set(choice.hindrances) - {"rate", "down"} or "rate" not in choice.hindrances:
             return None
         if waited_s + choice.rate_wait_s > self.limiter.config.wait_s:
             return None
         return choice.rate_wait_s
 
-    async def _send(self, task: Task, rule: Rule, choice: Choice, left_ms: int) -> str | None:
+    async def _send(self, task: Task, rule: Rule, choice: Choice, left_ms: int) -> Excluded | None:
         """Dispatch to the chosen agent; None when sent, else why that agent refused."""
         card = choice.agent
         assert card is not None
+        # Taken before any await: concurrent decisions must not spend the same token.
+        if (wait_s := self.limiter.agent_wait(card, take=True)) > 0:
+            return "rate", f"rate limited for {wait_s * 1000:.0f} ms"
         if choice.trial_key and not await self.fleet.breakers.begin_trial(
             choice.trial_key, task.message_id
         ):
-            return "its breaker's trial calls were taken meanwhile"
+            return "circuit", "its breaker's trial calls were taken meanwhile"
         routed = msgspec.structs.replace(
             task, topic=choice.intent, to_agent=card.agent_id, ttl_ms=left_ms
         )
@@ -144,9 +148,8 @@ class Router:
         except SubjectFull:
             self.fleet.queues.refused(card.agent_id, task.priority)
             log.info("agent queue full; trying another", agent_id=card.agent_id)
-            return f"{task.priority} queue full (refused by the broker)"
-        self.fleet.queues.dispatched(card.agent_id, task.priority)
-        self.limiter.agent_wait(card, take=True)
+            return "full", f"{task.priority} queue full (refused by the broker)"
+        self.fleet.queues.dispatched(card.agent_id, task.priority, task.message_id)
         log.debug("routed", agent_id=card.agent_id, rule=rule.name, attempt=task.attempt)
         return None
 

@@ -22,7 +22,8 @@ from coordinator.queues import QueueDepths
 from coordinator.rules import Pool
 from envelopes import AgentCard, Priority
 
-Hindrance = Literal["down", "circuit", "full", "rate", "excluded"]
+Hindrance = Literal["down", "circuit", "full", "rate"]
+Excluded = tuple[Hindrance, str]  # an agent that refused this task already, and why
 
 
 @dataclass(slots=True)
@@ -70,7 +71,7 @@ class Fleet:
         self._rng = rng or random.Random()
 
     def choose(
-        self, pools: Sequence[Pool], priority: Priority, excluded: Mapping[str, str]
+        self, pools: Sequence[Pool], priority: Priority, excluded: Mapping[str, Excluded]
     ) -> Choice:
         choice = Choice()
         sized = [self._size(pool, priority, excluded, choice) for pool in pools]
@@ -88,7 +89,7 @@ class Fleet:
         return choice
 
     def _size(
-        self, pool: Pool, priority: Priority, excluded: Mapping[str, str], choice: Choice
+        self, pool: Pool, priority: Priority, excluded: Mapping[str, Excluded], choice: Choice
     ) -> _Pool:
         sized = _Pool(pool)
         for card in self.directory.serving(pool.intent):
@@ -114,11 +115,11 @@ class Fleet:
         card: AgentCard,
         intent: str,
         priority: Priority,
-        excluded: Mapping[str, str],
+        excluded: Mapping[str, Excluded],
         pool: _Pool,
     ) -> tuple[Hindrance | None, str]:
         if card.agent_id in excluded:
-            return "excluded", excluded[card.agent_id]
+            return excluded[card.agent_id]
         if why := self.directory.why_not_working(card):
             return "down", why
         admission, key = self.breakers.admission(card.agent_id, intent)

@@ -25,6 +25,7 @@ from coordinator.advisories import Advisories
 from coordinator.breakers import BreakerBoard
 from coordinator.config import CoordinatorConfig
 from coordinator.directory import AgentDirectory
+from coordinator.feed import follow_outcomes
 from coordinator.intake import Intake
 from coordinator.lease import Lease
 from coordinator.liveness import LivenessMonitor
@@ -109,6 +110,12 @@ class Coordinator:
                 view_ready = asyncio.Event()
                 group.create_task(follow(view_ready), name=name)
                 await view_ready.wait()
+            outcomes_feed = follow_outcomes(
+                self.broker,
+                since_s=self.config.breakers.window_s,
+                handlers=(self.breakers.record_outcome, self.queues.finished),
+            )
+            group.create_task(outcomes_feed, name="outcome-feed")
             group.create_task(self.routes.watch(self.config.routes_poll_s), name="routes")
             lease = Lease(self.broker, "liveness", self.replica_id, ttl_s=self.config.lease_ttl_s)
             group.create_task(lease.hold(self.liveness.run), name="liveness")

@@ -1,0 +1,307 @@
+"""Protection through a real server: priority isolation, backpressure, breakers, isolation,
+token buckets."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import time
+from collections import Counter
+
+import msgspec
+import pytest
+
+import envelopes
+from agents import Agent, ReachClient, Rejected, TaskContext, TaskFailed
+from broker import Broker
+from coordinator.breaker import BreakerRecord
+from coordinator.config import BreakerConfig, QueueConfig, RateLimits
+from envelopes import RateLimit, Task, new_id
+from envelopes.headers import task_headers
+from reach import agents_table
+from tests.e2e.routing_support import all_completed, fast, publish_many, routed, serving, worker
+from tests.support import Watcher, eventually
+
+
+def gated(agent_id: str, gate: asyncio.Event, *, topic: str = "work", hold: str = "P0") -> Agent:
+    """An agent whose tasks of priority ``hold`` wait for ``gate``; the others return at once."""
+    agent = Agent(agent_id, startup_delay=0)
+
+    @agent.handler(topic, capacity=20)
+    async def handle(ctx: TaskContext, payload: object) -> str:
+        if ctx.envelope.priority == hold:
+            await gate.wait()
+        return agent_id
+
+    return agent
+
+
+async def direct_backlog(broker: Broker, agent_id: str, priority: str, n: int) -> None:
+    """Put ``n`` tasks straight into an agent's dispatch queue (what routing would build up)."""
+    subject = broker.names.dispatch(agent_id, priority)  # type: ignore[arg-type]
+    for start in range(0, n, 500):
+        batch = []
+        for _ in range(start, min(n, start + 500)):
+            task = Task(
+                v=1,
+                message_id=(mid := new_id()),
+                trace_id=mid,
+                topic="work",
+                to_agent=agent_id,
+                priority=priority,  # type: ignore[arg-type]
+            )
+            batch.append(
+                broker.publish(subject, envelopes.encode(task), headers=task_headers(task))
+            )
+        await asyncio.gather(*batch)
+
+
+async def p0_latencies(client: ReachClient, n: int) -> list[float]:
+    latencies = []
+    for i in range(n):
+        start = time.perf_counter()
+        await client.invoke("work", {"i": i}, priority="P0")
+        latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+async def test_a_p2_backlog_does_not_delay_p0(broker, start_coordinator):
+    """P0 latency with 10,000 P2 tasks queued for the same agent stays within a small factor
+    of P0 latency without them (both measured here)."""
+    gate = asyncio.Event()
+    agent = gated("busy", gate, hold="P2")
+    config = fast(queues=QueueConfig(capacity={"P2": 20_000}))
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, agent),
+        ReachClient(broker=broker) as client,
+    ):
+        await p0_latencies(client, 5)  # warm up
+        quiet = await p0_latencies(client, 30)
+        await direct_backlog(broker, "busy", "P2", 10_000)
+        loaded = await p0_latencies(client, 30)
+        backlog = (await broker.js.stream_info(broker.names.dispatch_stream("P2"))).state.messages
+        await broker.js.purge_stream(broker.names.dispatch_stream("P2"))
+        gate.set()
+    quiet_p50, loaded_p50 = statistics.median(quiet), statistics.median(loaded)
+    print(f"P0 p50 {quiet_p50 * 1000:.2f} ms quiet, {loaded_p50 * 1000:.2f} ms with backlog")
+    assert backlog >= 9_900  # the backlog was there while P0 was measured
+    assert loaded_p50 <= 3 * max(quiet_p50, 0.002)
+
+
+async def test_a_full_p0_queue_is_rejected_at_once(broker, start_coordinator, watcher):
+    """Above the high watermark an agent gets nothing; with no other agent the task is
+    rejected as backpressure within 100 ms (error to reply_to, and a DLQ entry); another
+    agent takes the work; the first gets work again once drained below the low watermark."""
+    gate = asyncio.Event()
+    stuck = gated("stuck", gate)
+    async with (
+        start_coordinator(fast()) as coordinator,
+        serving(broker, coordinator, stuck),
+        ReachClient(broker=broker) as client,
+    ):
+        held = await publish_many(client, "work", 8, priority="P0")  # 80 % of 10
+        await watcher.until(lambda: watcher.count("accepted", held) >= 8 or None, "8 accepted")
+        start = time.perf_counter()
+        with pytest.raises(Rejected) as caught:
+            await client.invoke("work", {}, priority="P0")
+        elapsed = time.perf_counter() - start
+        letter = await watcher.dead_letter("rejected", topic="work")
+        async with serving(broker, coordinator, worker("spare", Counter())):
+            assert await client.invoke("work", {}, priority="P0") == {"by": "spare"}
+        assert await client.invoke("work", {}, priority="P1") == "stuck"  # other priorities flow
+        gate.set()
+        await all_completed(watcher, held)
+        await eventually(lambda: coordinator.queues.why_full("stuck", "P0") is None)
+        assert await client.invoke("work", {}, priority="P0") == "stuck"
+    assert caught.value.reason == "backpressure"
+    assert elapsed < 0.1, f"rejection took {elapsed * 1000:.0f} ms"
+    assert letter.error is not None and letter.error.type == "backpressure"
+    assert "stuck: P0 queue above high watermark (8/10)" in letter.error.message
+    spare_decision = next(e for e in routed(watcher) if e.agent_id == "spare")
+    assert "above high watermark" in spare_decision.detail["passed_over"]["stuck"]
+
+
+async def test_the_broker_refuses_what_the_view_has_not_seen(broker, start_coordinator, watcher):
+    """When the router's view of a queue is stale, the broker's per-subject cap still holds:
+    the refused dispatch becomes a backpressure rejection."""
+    gate = asyncio.Event()
+    stuck = gated("stuck", gate)
+    config = fast(queues=QueueConfig(refresh_s=3600))  # read once at start, then never
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, stuck),
+        ReachClient(broker=broker) as client,
+    ):
+        await direct_backlog(broker, "stuck", "P0", 10)
+        with pytest.raises(Rejected) as caught:
+            await client.invoke("work", {}, priority="P0")
+        gate.set()
+    assert caught.value.reason == "backpressure"
+    assert "P0 queue full (refused by the broker)" in caught.value.error.message
+
+
+def breaker_pair(broken: dict[str, bool], counts: Counter[str]) -> tuple[Agent, Agent]:
+    """x serves flaky (failing while broken) and steady; y serves flaky."""
+    x = Agent("x", startup_delay=0)
+
+    @x.handler("flaky")
+    async def flaky(ctx: TaskContext, payload: object) -> str:
+        counts["x-flaky"] += 1
+        if broken["x"]:
+            raise RuntimeError("downstream is down")
+        return "x"
+
+    @x.handler("steady")
+    async def steady(ctx: TaskContext, payload: object) -> str:
+        counts["x-steady"] += 1
+        return "x"
+
+    return x, worker("y", counts, topics=("flaky",))
+
+
+async def test_a_breaker_opens_for_one_intent_and_recovers_through_half_open(
+    broker, start_coordinator, watcher
+):
+    """x's breaker for flaky opens; x's steady keeps flowing; flaky goes to y (or is
+    refused as circuit_open when nobody else serves it); trials close it again."""
+    broken, counts = {"x": True}, Counter[str]()
+    x, y = breaker_pair(broken, counts)
+    breakers = BreakerConfig(
+        min_calls=4, error_ratio=0.4, open_s=1.0, trial_calls=2, isolation_failures=100
+    )
+    config = fast(max_attempts=1, breakers=breakers)
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, x),
+        ReachClient(broker=broker) as client,
+    ):
+        for _ in range(4):
+            with pytest.raises(TaskFailed):
+                await client.invoke("flaky", {})
+        opened = await watcher.event("breaker_opened")
+        await eventually(lambda: coordinator.breakers.admission("x", "flaky")[0].verdict != "ok")
+        with pytest.raises(Rejected) as refused:
+            await client.invoke("flaky", {})
+        assert [await client.invoke("steady", {}) for _ in range(5)] == ["x"] * 5
+        table = agents_table.render(await agents_table.collect(broker))
+        async with serving(broker, coordinator, y):
+            assert await client.invoke("flaky", {}) == {"by": "y"}
+            broken["x"] = False
+            for _ in range(100):  # paced traffic until the trials have closed it
+                await client.invoke("flaky", {})
+                if watcher.count("breaker_closed"):
+                    break
+                await asyncio.sleep(0.05)
+            closed = await watcher.event("breaker_closed")
+    assert opened.agent_id == "x" and opened.detail["intent"] == "flaky"
+    assert "4 of 4 calls failed" in opened.detail["reason"]
+    assert refused.value.reason == "circuit_open"
+    assert "circuit of flaky open" in refused.value.error.message
+    assert "flaky:open" in next(line for line in table.splitlines() if line.startswith("x "))
+    half_open = await watcher.event("breaker_half_open")
+    assert half_open.agent_id == closed.agent_id == "x"
+    trials = [e for e in routed(watcher) if e.detail.get("trial") == "x.flaky"]
+    assert len(trials) == 2 and all(e.agent_id == "x" for e in trials)
+    assert counts["x-steady"] == 5
+    kv = await broker.kv(broker.names.breakers_bucket)
+    record = msgspec.json.decode((await kv.get("x.flaky")).value or b"", type=BreakerRecord)
+    assert record.state == "closed" and record.trials == []
+
+
+async def test_an_agent_failing_everything_is_isolated_until_a_trial_succeeds(
+    broker, start_coordinator, watcher
+):
+    """5 failures in a row across intents isolate the agent (reported with the count);
+    one good trial after open_s restores it."""
+    broken = {"z": True}
+    z = Agent("z", startup_delay=0)
+
+    async def fail_while_broken(ctx: TaskContext, payload: object) -> str:
+        if broken["z"]:
+            raise RuntimeError("disk full")
+        return "z"
+
+    z.handler("a")(fail_while_broken)
+    z.handler("b")(fail_while_broken)
+    breakers = BreakerConfig(min_calls=1000, open_s=1.0, isolation_failures=5)
+    async with (
+        start_coordinator(fast(max_attempts=1, breakers=breakers)) as coordinator,
+        serving(broker, coordinator, z),
+        ReachClient(broker=broker) as client,
+    ):
+        for topic in "ababa":
+            with pytest.raises(TaskFailed):
+                await client.invoke(topic, {})
+        isolated = await watcher.event("agent_isolated")
+        await eventually(lambda: coordinator.breakers.isolated == ["z"])
+        with pytest.raises(Rejected) as refused:
+            await client.invoke("b", {})
+        table = agents_table.render(await agents_table.collect(broker))
+        broken["z"] = False
+        for _ in range(100):
+            with contextlib.suppress(Rejected):
+                await client.invoke("b", {})
+            if watcher.count("agent_restored"):
+                break
+            await asyncio.sleep(0.05)
+        restored = await watcher.event("agent_restored")
+    assert isolated.agent_id == "z" and isolated.detail["isolated_agents"] == 1
+    assert isolated.detail["reason"] == "5 failures in a row"
+    assert "agent isolated" in refused.value.error.message
+    assert "ISOLATED:open" in table and "1 isolated" in table
+    assert restored.detail["isolated_agents"] == 0
+
+
+async def test_an_agent_token_bucket_holds_its_rate(broker, start_coordinator, watcher):
+    """An agent limited to 20/s (burst 5) never gets more; the excess waits briefly and is
+    then rejected as rate_limited."""
+    counts: Counter[str] = Counter()
+    limited = worker("limited", counts, rate_limit=RateLimit(rate=20, burst=5))
+    config = fast(rate_limits=RateLimits(wait_s=0.05))
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, limited),
+        ReachClient(broker=broker) as client,
+    ):
+        sent: set[str] = set()
+        for _ in range(4):  # 120 tasks over about 1.5 s: twice the allowed rate
+            sent |= await publish_many(client, "work", 30)
+            await asyncio.sleep(0.5)
+        await watcher.until(
+            lambda: watcher.count("completed", sent) + len(_rejected(watcher, sent)) == 120 or None,
+            "every task completed or rejected",
+        )
+    times = sorted(e.at_ms for e in routed(watcher, sent))
+    for i, at in enumerate(times):  # never more than burst + rate * elapsed (+1 for rounding)
+        assert i + 1 <= 5 + 20 * (at - times[0]) / 1000 + 1, (i, at - times[0])
+    rejected = _rejected(watcher, sent)
+    assert len(times) >= 20 and len(rejected) >= 30
+    assert {d.error.type for d in rejected if d.error} == {"rate_limited"}
+    assert counts["limited"] == len(times)
+
+
+def _rejected(watcher: Watcher, ids: set[str]) -> list[envelopes.DeadLetter]:
+    return [d for d in watcher.dead_letters if d.reason == "rejected" and d.message_id in ids]
+
+
+async def test_a_topic_token_bucket_limits_intake(broker, start_coordinator, watcher):
+    """A topic over its rate at intake is rejected as rate_limited, naming the topic."""
+    counts: Counter[str] = Counter()
+    limits = RateLimits(topics={"work": RateLimit(rate=1, burst=3)}, wait_s=0)
+    async with (
+        start_coordinator(fast(rate_limits=limits)) as coordinator,
+        serving(broker, coordinator, worker("w", counts, topics=("work", "free"))),
+        ReachClient(broker=broker) as client,
+    ):
+        sent = await publish_many(client, "work", 20)
+        free = await publish_many(client, "free", 20)
+        await watcher.until(
+            lambda: watcher.count("completed", sent) + len(_rejected(watcher, sent)) == 20 or None,
+            "every task completed or rejected",
+        )
+        await all_completed(watcher, free)
+    rejected = _rejected(watcher, sent)
+    assert 3 <= watcher.count("completed", sent) <= 4 and len(rejected) >= 16
+    assert all(d.error and "topic 'work' is over its rate" in d.error.message for d in rejected)
