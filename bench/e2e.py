@@ -21,7 +21,12 @@ from nats.js import api
 from agents import Agent, ReachClient, TaskContext
 from broker import Broker, Names, Topology, provision
 from coordinator import Coordinator, CoordinatorConfig
+from coordinator.config import QueueConfig
 from reach.logs import configure_logging
+
+# One agent takes every task: its queue must hold what is in flight, or the run measures
+# backpressure rejections instead of throughput.
+CONFIG = CoordinatorConfig(intake_batch=128, queues=QueueConfig(capacity={"P1": 4096}))
 
 
 async def publish_all(publish, count: int, window: int) -> None:  # type: ignore[no-untyped-def]
@@ -84,7 +89,7 @@ async def reach_path(url: str, count: int, window: int) -> float:
 
         watch = await broker.nc.subscribe(names.events_of_kind("completed"), cb=on_completed)
         async with (
-            Coordinator(broker, CoordinatorConfig(intake_batch=128)).running(),
+            Coordinator(broker, CONFIG).running(),
             agent.running(url, names=names),
             ReachClient(url, names=names, name="bench-client") as client,
         ):

@@ -57,6 +57,7 @@ class BreakerBoard:
         self._config = config
         self._clock = clock
         self.records: dict[str, BreakerRecord] = {}
+        self._tripped: set[str] = set()  # agents with a breaker that is not closed
         self._revisions: dict[str, int] = {}
         self._windows: dict[str, Window] = {}
         self._failures_in_a_row: dict[str, int] = {}
@@ -64,6 +65,8 @@ class BreakerBoard:
     # -- what the router asks ---------------------------------------------------------
     def admission(self, agent_id: str, intent: str) -> tuple[Admission, str]:
         """May ``agent_id`` take a call for ``intent`` now; and the key of the deciding record."""
+        if agent_id not in self._tripped:
+            return OK, ""
         now = self._clock()
         for key, trials in (
             (agent_id, 1),
@@ -73,6 +76,10 @@ class BreakerBoard:
             if verdict is not OK:
                 return verdict, key
         return OK, ""
+
+    def tripped_agents(self) -> set[str]:
+        """Agents with a breaker or an isolation that is not closed."""
+        return self._tripped
 
     @property
     def isolated(self) -> list[str]:
@@ -106,16 +113,25 @@ class BreakerBoard:
 
     def _apply(self, change: Change) -> None:
         if change.value is None:
-            self.records.pop(change.key, None)
-            self._revisions.pop(change.key, None)
+            self._store(change.key, None, 0)
             return
         if change.revision < self._revisions.get(change.key, 0):
             return  # our own newer write arrived first
         try:
-            self.records[change.key] = _record.decode(change.value)
-            self._revisions[change.key] = change.revision
+            self._store(change.key, _record.decode(change.value), change.revision)
         except msgspec.DecodeError as exc:
             log.warning("ignoring unreadable breaker", key=change.key, error=str(exc))
+
+    def _store(self, key: str, record: BreakerRecord | None, revision: int) -> None:
+        old = self.records.pop(key, None)
+        self._revisions.pop(key, None)
+        if record is not None:
+            self.records[key], self._revisions[key] = record, revision
+        for agent_id in {r.agent_id for r in (old, record) if r is not None}:
+            if any(_tripped(r) for r in self.records.values() if r.agent_id == agent_id):
+                self._tripped.add(agent_id)
+            else:
+                self._tripped.discard(agent_id)
 
     async def record_outcome(self, event: Event, at_ms: int) -> None:
         """Count one agent-reported outcome (``at_ms``: when the broker stored it)."""
@@ -214,7 +230,7 @@ class BreakerBoard:
                 continue
             except nats.errors.Error as exc:
                 raise translate(exc) from exc
-            self.records[key], self._revisions[key] = after, revision
+            self._store(key, after, revision)
             await self._announce(before, after)
             return after
         log.warning("breaker write kept losing races; leaving it", key=key)
@@ -225,8 +241,7 @@ class BreakerBoard:
         try:
             entry = await kv.get(key)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            self.records.pop(key, None)
-            self._revisions.pop(key, None)
+            self._store(key, None, 0)
             return
         except nats.errors.Error as exc:
             raise translate(exc) from exc

@@ -34,6 +34,7 @@ class AgentDirectory:
         self._broker = broker
         self._cards: dict[str, AgentCard] = {}
         self._by_intent: dict[str, list[AgentCard]] | None = None  # rebuilt after a change
+        self.version = 0  # rises with every change of a card
         self.liveness: dict[str, Liveness] = {}
 
     @property
@@ -111,6 +112,7 @@ class AgentDirectory:
 
     def _apply(self, change: Change) -> None:
         self._by_intent = None
+        self.version += 1
         if change.value is None:
             self._cards.pop(change.key, None)
             return

@@ -160,7 +160,7 @@ class Router:
             "rule": rule.name,
             "pool": choice.pool,
             "candidates": sorted(choice.candidates)[:SHOWN],
-            "candidates_total": len(choice.candidates),
+            "candidates_total": choice.registered,
             "passed_over": passed_over,
         }
         if choice.trial_key:

@@ -19,6 +19,7 @@ last rule is the fallback and must say so; a table without one is refused.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import operator
 import re
 from collections.abc import Callable, Mapping
@@ -119,9 +120,16 @@ class Match(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     where: list[Condition] = []
 
     def holds(self, task: Task) -> bool:
-        return fnmatch.fnmatchcase(task.topic, self.topic) and all(
-            c.holds(task) for c in self.where
-        )
+        return _topic_matcher(self.topic)(task.topic) and all(c.holds(task) for c in self.where)
+
+
+@functools.cache
+def _topic_matcher(pattern: str) -> Callable[[str], bool]:
+    if not any(ch in pattern for ch in "*?["):
+        return pattern.__eq__
+    if pattern == "*":
+        return lambda _: True
+    return re.compile(fnmatch.translate(pattern)).match  # type: ignore[return-value]
 
 
 class Target(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

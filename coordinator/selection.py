@@ -5,6 +5,11 @@ that can take work now, so a split or a canary shifts away from a destination
 that is down, tripped or full, and back as it recovers. Within the pool a
 breaker that wants a trial call gets it first; otherwise the less loaded of two
 random agents wins (power of two choices).
+
+A large pool is judged on a random sample of ``SAMPLE`` agents (plus any with a
+tripped breaker), so a decision costs the same with 1,000 agents as with 50;
+only when the sample holds no agent that can take work is the whole pool read,
+so a refusal always has its true reason.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from coordinator.queues import QueueDepths
 from coordinator.rules import Pool
 from envelopes import AgentCard, Priority
 
+SAMPLE = 32
 Hindrance = Literal["down", "circuit", "full", "rate"]
 Excluded = tuple[Hindrance, str]  # an agent that refused this task already, and why
 
@@ -43,14 +49,20 @@ class Choice:
 
 @dataclass(slots=True)
 class _Pool:
+    """One pool as judged for one decision."""
+
     pool: Pool
+    members: int = 0  # registered agents the pool admits
+    judged: list[str] = field(default_factory=list)  # all of them, or a sample
     ready: list[AgentCard] = field(default_factory=list)
     trials: dict[str, str] = field(default_factory=dict)  # agent_id → breaker key
-    members: int = 0
+    passed_over: dict[str, str] = field(default_factory=dict)
+    hindrances: Counter[Hindrance] = field(default_factory=Counter)
+    rate_wait_s: float = float("inf")
 
     @property
     def share(self) -> float:
-        return self.pool.weight * len(self.ready) / self.members if self.members else 0.0
+        return self.pool.weight * len(self.ready) / len(self.judged) if self.judged else 0.0
 
 
 class Fleet:
@@ -69,12 +81,19 @@ class Fleet:
         self.queues = queues
         self.limiter = limiter
         self._rng = rng or random.Random()
+        self._membership: dict[Pool, tuple[int, list[AgentCard]]] = {}
 
     def choose(
         self, pools: Sequence[Pool], priority: Priority, excluded: Mapping[str, Excluded]
     ) -> Choice:
         choice = Choice()
-        sized = [self._size(pool, priority, excluded, choice) for pool in pools]
+        sized = [self._size(pool, priority, excluded) for pool in pools]
+        for judged in sized:
+            choice.registered += judged.members
+            choice.candidates += judged.judged
+            choice.passed_over.update(judged.passed_over)
+            choice.hindrances.update(judged.hindrances)
+            choice.rate_wait_s = min(choice.rate_wait_s, judged.rate_wait_s)
         weighted = [p for p in sized if p.share > 0]
         if not weighted:
             return choice
@@ -88,27 +107,61 @@ class Fleet:
             choice.agent = self._least_loaded_of_two(picked.ready, priority)
         return choice
 
-    def _size(
-        self, pool: Pool, priority: Priority, excluded: Mapping[str, Excluded], choice: Choice
+    def _size(self, pool: Pool, priority: Priority, excluded: Mapping[str, Excluded]) -> _Pool:
+        members = self._members(pool)
+        if len(members) > SAMPLE:
+            sampled = self._judge(pool, self._sample(members), priority, excluded)
+            if sampled.ready:
+                sampled.members = len(members)
+                return sampled
+        judged = self._judge(pool, members, priority, excluded)
+        judged.members = len(members)
+        return judged
+
+    def _sample(self, members: list[AgentCard]) -> list[AgentCard]:
+        """``SAMPLE`` random members, and every member with a tripped breaker (for trials)."""
+        sample = self._rng.sample(members, SAMPLE)
+        tripped = self.breakers.tripped_agents()
+        if tripped:
+            chosen = {c.agent_id for c in sample}
+            sample += [c for c in members if c.agent_id in tripped and c.agent_id not in chosen]
+        return sample
+
+    def _judge(
+        self,
+        pool: Pool,
+        cards: list[AgentCard],
+        priority: Priority,
+        excluded: Mapping[str, Excluded],
     ) -> _Pool:
-        sized = _Pool(pool)
-        for card in self.directory.serving(pool.intent):
-            if not pool.admits(card.agent_id, card.tags):
-                continue
-            sized.members += 1
-            choice.registered += 1
-            choice.candidates.append(card.agent_id)
-            hindrance, why = self._hindrance(card, pool.intent, priority, excluded, sized)
+        judged = _Pool(pool, judged=[c.agent_id for c in cards])
+        for card in cards:
+            hindrance, why = self._hindrance(card, pool.intent, priority, excluded, judged)
             if hindrance is None:
-                sized.ready.append(card)
-            else:
-                choice.passed_over[card.agent_id] = why
-                choice.hindrances[hindrance] += 1
-                if hindrance == "rate":
-                    choice.rate_wait_s = min(
-                        choice.rate_wait_s, self.limiter.agent_wait(card, take=False)
-                    )
-        return sized
+                judged.ready.append(card)
+                continue
+            judged.passed_over[card.agent_id] = why
+            judged.hindrances[hindrance] += 1
+            if hindrance == "rate":
+                wait = self.limiter.agent_wait(card, take=False)
+                judged.rate_wait_s = min(judged.rate_wait_s, wait)
+        return judged
+
+    def _members(self, pool: Pool) -> list[AgentCard]:
+        """The registered agents ``pool`` admits (cached until a card changes)."""
+        version = self.directory.version
+        cached = self._membership.get(pool)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        members = [
+            card
+            for card in self.directory.serving(pool.intent)
+            if pool.admits(card.agent_id, card.tags)
+        ]
+        if len(self._membership) > 1024:
+            self._membership.clear()
+        self._membership[pool] = (version, members)
+        return members
 
     def _hindrance(
         self,
