@@ -191,9 +191,11 @@ async def gather_replies(broker: Broker, subject: str, *, wait_s: float) -> list
         deadline = asyncio.get_running_loop().time() + wait_s
         while (left := deadline - asyncio.get_running_loop().time()) > 0:
             try:
-                answers.append((await sub.next_msg(timeout=left)).data)
+                answer = await sub.next_msg(timeout=left)
             except nats.errors.TimeoutError:
                 break
+            if answer.data:  # an empty one is the server's "no responders" status
+                answers.append(answer.data)
     finally:
         await sub.unsubscribe()
     return answers

@@ -68,7 +68,7 @@ def _detail(event: Event) -> str:
     d = event.detail
     match event.event:
         case "routed":
-            return f"→ {event.agent_id} (candidates: {', '.join(d.get('candidates', []))})"
+            return _routed(event)
         case "completed":
             return f"in {d.get('duration_ms', '?')} ms, result {_short(d.get('result'))}"
         case "failed" | "expired":
@@ -80,6 +80,18 @@ def _detail(event: Event) -> str:
             return str(d.get("note", ""))
         case _:
             return _short(d) if d else ""
+
+
+def _routed(event: Event) -> str:
+    d = event.detail
+    rule = f"rule {d['rule']}: " if "rule" in d else ""
+    line = f"{rule}→ {event.agent_id} (candidates: {', '.join(d.get('candidates', []))})"
+    if d.get("trial"):
+        line += " trial call"
+    passed = d.get("passed_over") or {}
+    if passed:
+        line += "; passed over " + "; ".join(f"{a}: {why}" for a, why in passed.items())
+    return line
 
 
 def _error(error: Any) -> str:

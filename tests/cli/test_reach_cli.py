@@ -218,3 +218,55 @@ async def test_agents_watch_redraws_until_ctrl_c(broker, coordinator):
         process.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(process.wait(), 10) == 130
     assert b"cli-reach-worker" in drawn
+
+
+ROUTES = """
+routing:
+  rules:
+    - name: counting
+      match: {topic: count}
+      to: {tags: "role=worker"}
+    - {name: fallback, fallback: true, to: {dlq: no_route}}
+"""
+
+
+async def test_routes_check_and_reload(broker, start_coordinator, tmp_path):
+    """`reach routes check FILE` validates offline; `reach routes reload` makes every
+    replica re-read its file and says which did; a bad file is one clear line."""
+    from coordinator import CoordinatorConfig
+
+    path = tmp_path / "coordinator.yaml"
+    path.write_text(ROUTES)
+    checked = await reach(broker, "routes", "check", str(path))
+    assert checked.returncode == 0, checked.stderr
+    assert "2 rules, fallback 'fallback'" in checked.stdout
+    nobody = await reach(broker, "routes", "reload", "--wait", "0.3")
+    assert nobody.returncode != 0 and "no coordinator answered" in nobody.stderr
+    async with (
+        start_coordinator(CoordinatorConfig(), path),
+        start_coordinator(CoordinatorConfig(), path) as second,
+    ):
+        reloaded = await reach(broker, "routes", "reload", "--wait", "0.5")
+        assert reloaded.returncode == 0, reloaded.stderr
+        assert reloaded.stdout.count("reloaded 2 rules: counting, fallback") == 2
+        assert [r.name for r in second.router.routing.rules] == ["counting", "fallback"]
+        path.write_text(ROUTES.replace("fallback: true, ", ""))
+        refused = await reach(broker, "routes", "check", str(path))
+        assert refused.returncode != 0
+        assert (
+            refused.stderr.count("\n") == 1
+            and "the last rule must be the fallback" in refused.stderr
+        )
+        bad = await reach(broker, "routes", "reload", "--wait", "0.5")
+        assert bad.returncode == 1 and bad.stdout.count("not reloaded") == 2
+
+
+async def test_trace_shows_the_rule_and_who_was_passed_over(broker, coordinator, watcher):
+    """A routed step in `reach trace` names its rule."""
+    async with worker().running(broker=broker):
+        published = await reach(broker, "publish", "count", '{"items": []}', "--trace-id", "tr-r")
+        assert published.returncode == 0, published.stderr
+        await watcher.event("completed", message_id=json.loads(published.stdout)["message_id"])
+    traced = await reach(broker, "trace", "tr-r")
+    routed_line = next(line for line in traced.stdout.splitlines() if " routed " in line)
+    assert "rule default: → cli-reach-worker" in routed_line

@@ -230,3 +230,17 @@ def test_bad_protection_settings_are_refused(tmp_path, yaml: str, message: str) 
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert message in str(caught.value)
+
+
+def test_the_shipped_example_config_loads() -> None:
+    """deploy/coordinator/coordinator.yaml is a valid config that routes as its comments say."""
+    from pathlib import Path
+
+    config = load_config(Path(__file__).parents[2] / "deploy/coordinator/coordinator.yaml")
+    routing = config.routing
+    assert routing.first_match(task("refund", {"amount": 5000})).name == "big-refunds-to-review"
+    assert routing.first_match(task("summarize")).name == "summarize-ab"
+    assert routing.first_match(task("refund_application", {"amount": 1})).name == "refunds-canary"
+    assert routing.fallback.name == "fallback"
+    assert config.queues.capacity_of("P0") == 10
+    assert config.rate_limits.agents["worker-cn-east-01"].rate == 20

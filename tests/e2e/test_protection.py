@@ -20,7 +20,15 @@ from coordinator.config import BreakerConfig, QueueConfig, RateLimits
 from envelopes import RateLimit, Task, new_id
 from envelopes.headers import task_headers
 from reach import agents_table
-from tests.e2e.routing_support import all_completed, fast, publish_many, routed, serving, worker
+from tests.e2e.routing_support import (
+    all_completed,
+    fast,
+    publish_many,
+    routed,
+    serving,
+    table,
+    worker,
+)
 from tests.support import Watcher, eventually
 
 
@@ -305,3 +313,70 @@ async def test_a_topic_token_bucket_limits_intake(broker, start_coordinator, wat
     rejected = _rejected(watcher, sent)
     assert 3 <= watcher.count("completed", sent) <= 4 and len(rejected) >= 16
     assert all(d.error and "topic 'work' is over its rate" in d.error.message for d in rejected)
+
+
+async def test_two_replicas_share_one_breaker(broker, start_coordinator, watcher):
+    """Every replica sees the same breaker, opened by one conditional write."""
+    broken, counts = {"x": True}, Counter[str]()
+    x, _ = breaker_pair(broken, counts)
+    breakers = BreakerConfig(min_calls=4, open_s=30, isolation_failures=100)
+    config = fast(max_attempts=1, breakers=breakers)
+    async with (
+        start_coordinator(config) as one,
+        start_coordinator(config) as two,
+        serving(broker, one, x),
+        ReachClient(broker=broker) as client,
+    ):
+        for _ in range(4):
+            with pytest.raises(TaskFailed):
+                await client.invoke("flaky", {})
+        await watcher.event("breaker_opened")
+        await eventually(
+            lambda: all(
+                c.breakers.admission("x", "flaky")[0].verdict == "blocked" for c in (one, two)
+            )
+        )
+        for _ in range(4):  # whichever replica takes it, the answer is the same
+            with pytest.raises(Rejected):
+                await client.invoke("flaky", {})
+        assert await client.invoke("steady", {}) == "x"
+    assert watcher.count("breaker_opened") == 1
+
+
+async def test_a_split_shifts_away_from_an_overloaded_pool_and_back(
+    broker, start_coordinator, watcher
+):
+    """A pool whose agent is above its high watermark gets no share until it drains."""
+    gate = asyncio.Event()
+    slow = Agent("slow", tags={"pool": "a"}, startup_delay=0)
+
+    @slow.handler("work", capacity=20)
+    async def held(ctx: TaskContext, payload: object) -> str:
+        await gate.wait()
+        return "slow"
+
+    fast_one = worker("quick", Counter(), tags={"pool": "b"})
+    halves = table("""
+rules:
+  - name: halves
+    to: {split: [{weight: 50, to: {tags: "pool=a"}}, {weight: 50, to: {tags: "pool=b"}}]}
+  - {name: fallback, fallback: true, to: {dlq: no_route}}
+""")
+    config = fast(routing=halves, queues=QueueConfig(capacity={"P1": 10}))
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, slow, fast_one),
+        ReachClient(broker=broker) as client,
+    ):
+        for _ in range(100):  # until 8 tasks hang on slow: 80 % of its queue
+            if sum(e.agent_id == "slow" for e in routed(watcher)) >= 8:
+                break
+            one = await publish_many(client, "work", 1)
+            await watcher.until(lambda one=one: routed(watcher, one) or None, "routed")
+        # One at a time, so the quick agent's own queue never fills.
+        during = [await client.invoke("work", {}) for _ in range(20)]
+        gate.set()
+        await eventually(lambda: coordinator.queues.why_full("slow", "P1") is None)
+        after = [await client.invoke("work", {}) for _ in range(20)]
+    assert during == [{"by": "quick"}] * 20
+    assert "slow" in after
