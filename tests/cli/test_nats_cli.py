@@ -75,3 +75,43 @@ async def test_nats_micro_ls_lists_live_agents(nats_cli, broker):
         listed = await run(nats_cli, "--server", broker.url, "micro", "ls")
     assert listed.returncode == 0, listed.stderr
     assert "reach-agent" in listed.stdout
+
+
+async def test_nats_pub_headers_steer_routing_rules(nats_cli, broker, start_coordinator, watcher):
+    """A header set with `nats pub -H` is matched by a rule (`header.<Name>`)."""
+    import msgspec
+
+    from coordinator import CoordinatorConfig
+    from coordinator.rules import RoutingConfig
+
+    rules = msgspec.yaml.decode(
+        b"""
+rules:
+  - name: by-header
+    match: {where: [{field: header.X-Lane, op: "==", value: express}]}
+    to: {intent: express}
+  - {name: fallback, fallback: true, to: {}}
+""",
+        type=RoutingConfig,
+    )
+    express = Agent("cli-express", startup_delay=0)
+
+    @express.handler("express")
+    async def fast_lane(ctx: TaskContext, payload: dict) -> str:
+        return "express"
+
+    async with (
+        start_coordinator(CoordinatorConfig(routing=rules)),
+        summarizer().running(broker=broker),
+        express.running(broker=broker),
+    ):
+        subject = broker.names.task("summarize")
+        body = '{"text": "a b"}'
+        args = (nats_cli, "--server", broker.url, "pub", subject, body)
+        steered = await run(*args, "-H", "X-Lane:express", "-H", "Nats-Msg-Id:lane-1")
+        plain = await run(*args, "-H", "Nats-Msg-Id:lane-2")
+        assert steered.returncode == plain.returncode == 0
+        to_express = await watcher.event("completed", message_id="lane-1")
+        to_summarizer = await watcher.event("completed", message_id="lane-2")
+    assert to_express.agent_id == "cli-express" and to_express.topic == "express"
+    assert to_summarizer.agent_id == "cli-worker"
