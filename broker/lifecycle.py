@@ -95,6 +95,7 @@ async def dead_letter(
     error: ErrorInfo | None = None,
     raw: bytes | None = None,
     headers: Mapping[str, str] | None = None,
+    state: Any = None,
 ) -> DeadLetter:
     """Publish a dead letter to ``reach.dlq.<reason>.<topic>`` with the trace so far,
     and record a ``dead_lettered`` event."""
@@ -112,6 +113,7 @@ async def dead_letter(
         error=error,
         trace=trace,
         at_ms=now_ms(),
+        state=state,
     )
     await broker.publish(
         broker.names.dlq(reason, topic),

@@ -61,6 +61,36 @@ class Names(msgspec.Struct, frozen=True):
     def dlq_wildcard(self) -> str:
         return f"{self.prefix}.dlq.>"
 
+    # -- workflows --------------------------------------------------------------
+    def workflow_reply(self, instance_id: str) -> str:
+        """Where a workflow's step tasks answer (captured by ``REACH_WORKFLOWS``)."""
+        return f"{self.prefix}.wf.reply.{instance_id}"
+
+    def workflow_timer(self, instance_id: str) -> str:
+        return f"{self.prefix}.wf.timer.{instance_id}"
+
+    def workflow_signal(self, instance_id: str, event: str) -> str:
+        return f"{self.prefix}.wf.signal.{instance_id}.{event}"
+
+    def workflow_cancel(self, instance_id: str) -> str:
+        return f"{self.prefix}.wf.cancel.{instance_id}"
+
+    @property
+    def workflows_wildcard(self) -> str:
+        return f"{self.prefix}.wf.>"
+
+    @property
+    def workflows_stream(self) -> str:
+        return f"{self.prefix.upper()}_WORKFLOWS"
+
+    @property
+    def workflows_bucket(self) -> str:
+        return f"{self.prefix}_workflows"
+
+    @property
+    def coordinator_workflows(self) -> str:
+        return "coordinator-workflows"
+
     # -- control (core NATS request/reply) -------------------------------------
     def presence(self, agent_id: str) -> str:
         """Answered by a live agent process; no responders means its connection is gone."""

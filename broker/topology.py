@@ -138,6 +138,12 @@ class Topology:
                     description="JetStream advisories the coordinator acts on",
                 ),
                 StreamSpec(
+                    name=n.workflows_stream,
+                    subjects=(n.workflows_wildcard,),
+                    retention="workqueue",
+                    description="Workflow step replies, timers, signals and cancels",
+                ),
+                StreamSpec(
                     name=n.dlq_stream,
                     subjects=(n.dlq_wildcard,),
                     max_age_s=30 * DAY,
@@ -150,6 +156,11 @@ class Topology:
                 BucketSpec(name=n.heartbeats_bucket, description="Agent heartbeats"),
                 BucketSpec(name=n.liveness_bucket, history=5, description="Agent liveness"),
                 BucketSpec(name=n.leases_bucket, description="Coordinator duties that run once"),
+                BucketSpec(
+                    name=n.workflows_bucket,
+                    history=5,
+                    description="Workflow instances: state, steps, outputs, deadlines",
+                ),
                 BucketSpec(
                     name=n.breakers_bucket,
                     history=5,

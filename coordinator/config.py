@@ -9,7 +9,9 @@ import msgspec
 
 from broker.topology import DEFAULT_QUEUE_CAPACITY
 from coordinator.rules import RoutingConfig
+from coordinator.workflow_spec import WorkflowSpec
 from envelopes import Priority, RateLimit
+from envelopes.types import Token
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
@@ -96,6 +98,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     queues: QueueConfig = QueueConfig()
     breakers: BreakerConfig = BreakerConfig()
     rate_limits: RateLimits = RateLimits()
+    workflows: dict[Token, WorkflowSpec] = {}  # started by a task on reach.task.<name>
 
     def attempts_for(self, topic: str, intent_setting: int | None) -> int:
         """How many attempts ``topic`` gets: this config's per-topic value, else the

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
 
 from broker import Broker
@@ -11,8 +13,11 @@ from envelopes import ErrorInfo, ErrorReply, Task
 log = structlog.get_logger("coordinator")
 
 
-async def end_with_error(broker: Broker, task: Task, reason: str, error: ErrorInfo) -> None:
-    """Dead-letter ``task`` as ``reason`` and send ``error`` to its ``reply_to``."""
+async def end_with_error(
+    broker: Broker, task: Task, reason: str, error: ErrorInfo, *, state: Any = None
+) -> None:
+    """Dead-letter ``task`` as ``reason`` (with ``state``, if any) and send ``error`` to its
+    ``reply_to``."""
     log.info("dead-lettered", reason=reason, error=error.message)
     await dead_letter(
         broker,
@@ -22,6 +27,7 @@ async def end_with_error(broker: Broker, task: Task, reason: str, error: ErrorIn
         trace_id=task.trace_id,
         topic=task.topic,
         error=error,
+        state=state,
     )
     await reply(broker, task, error_reply(task, error))
 

@@ -11,6 +11,7 @@ from broker import Broker
 from broker.lifecycle import dead_letter, now_ms, reply
 from coordinator.ending import error_reply
 from coordinator.router import Router
+from coordinator.workflows import WorkflowEngine
 from envelopes import DecodeError, ErrorInfo, Task, decode_json, stable_id, task_from_intake
 from envelopes import headers as h
 from envelopes.types import TOKEN_PATTERN
@@ -24,9 +25,10 @@ INVALID_TOPIC = "_invalid"
 class Intake:
     """Validates or wraps each intake message, then hands it to the router."""
 
-    def __init__(self, broker: Broker, router: Router) -> None:
+    def __init__(self, broker: Broker, router: Router, workflows: WorkflowEngine) -> None:
         self._broker = broker
         self._router = router
+        self._workflows = workflows
 
     async def handle(self, msg: Msg) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
@@ -48,6 +50,9 @@ class Intake:
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, topic=task.topic
         ):
+            if self._workflows.serves(task.topic):
+                await self._workflows.start(task, seen_before=meta.num_delivered > 1)
+                return None
             # The ttl runs from the broker's receipt, on this coordinator's clock.
             spent_ms = max(0, now_ms() - received_ns // 1_000_000)
             return await self._router.dispatch(

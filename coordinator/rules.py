@@ -89,14 +89,17 @@ class Condition(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         found = _lookup(task, self.field)
         if self.op == "exists":
             return (found is not _MISSING) == (self.value is not False)
-        if found is _MISSING:
-            return False
-        if self.op == "in":
-            return found in self.value
-        try:
-            return bool(_COMPARE[self.op](found, self.value))
-        except TypeError:  # "<" between a number and a string: simply not a match
-            return False
+        return found is not _MISSING and compare(found, self.op, self.value)
+
+
+def compare(found: Any, op: Op, value: Any) -> bool:
+    """``found op value`` for every operator but ``exists``; incomparable values do not match."""
+    if op == "in":
+        return isinstance(value, list) and found in value
+    try:
+        return bool(_COMPARE[op](found, value))
+    except (TypeError, KeyError):  # "<" between a number and a string: simply not a match
+        return False
 
 
 def _lookup(task: Task, field: str) -> Any:

@@ -34,6 +34,7 @@ from coordinator.queues import QueueDepths
 from coordinator.router import Router
 from coordinator.routes import RouteReloader
 from coordinator.tokens import TokenBucket
+from coordinator.workflows import WorkflowEngine
 from envelopes import RegisterReply, new_id
 
 log = structlog.get_logger("coordinator")
@@ -66,7 +67,8 @@ class Coordinator:
         self.router = Router(
             broker, self.directory, self.config, breakers=self.breakers, queues=self.queues
         )
-        self._intake = Intake(broker, self.router)
+        self.workflows = WorkflowEngine(broker, self.config.workflows)
+        self._intake = Intake(broker, self.router, self.workflows)
         self._outcomes = Outcomes(broker, self.router, self.directory, self.config)
         self._advisories = Advisories(broker)
         self.liveness = LivenessMonitor(broker, self.config)
@@ -91,6 +93,12 @@ class Coordinator:
             stream=names.events_stream,
             durable=names.coordinator_outcomes,
             filter_subjects=tuple(names.events_of_kind(e) for e in OUTCOME_EVENTS),
+        )
+        workflows = ConsumerSpec(
+            stream=names.workflows_stream,
+            durable=names.coordinator_workflows,
+            filter_subjects=(names.workflows_wildcard,),
+            max_ack_pending=-1,  # timers wait here, held back until due
         )
         advisories = ConsumerSpec(
             stream=names.advisories_stream,
@@ -127,10 +135,13 @@ class Coordinator:
                 (intake, self.config.intake_batch, self._intake.handle),
                 (outcomes, self.config.outcome_batch, self._outcomes.handle),
                 (advisories, 16, self._advisories.handle),
+                (workflows, self.config.outcome_batch, self.workflows.handle),
             )
             for spec, batch, handle in loops:
                 sub = await bind(self.broker.js, spec)
                 group.create_task(_consume(sub, batch, handle), name=spec.durable)
+            if self.config.workflows:
+                await self.workflows.resume_all()
             log.info("coordinator serving", url=self.broker.url)
             if ready is not None:
                 ready.set()

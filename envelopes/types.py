@@ -136,6 +136,7 @@ class DeadLetter(_Base, frozen=True, kw_only=True, tag="dead_letter"):
     error: ErrorInfo | None = None
     trace: list[Event] = []
     at_ms: int = 0
+    state: Any = None  # workflow_failed: the workflow's whole coordination record
 
 
 Message = Task | Ack | Progress | Result | ErrorReply | Event | DeadLetter

@@ -1,0 +1,310 @@
+"""The workflow engine: the coordinator drives multi-agent work; agents never drive each other.
+
+A task on ``reach.task.<workflow>`` starts an instance, keyed by its message id
+in ``reach_workflows``. Its steps are ordinary tasks (so routing, retries and
+idempotency apply) whose ``reply_to`` is ``reach.wf.reply.<instance>``; the
+``REACH_WORKFLOWS`` stream keeps those replies, the timers
+(``reach.wf.timer.<instance>``, held back by a delayed negative ack until due),
+signals and cancels, and every coordinator replica shares one durable consumer
+of it. Each message is applied to the record with a conditional write, then its
+actions are carried out; a message seen again (the replica died in between)
+repeats every action the record calls for, all of them idempotent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+
+import msgspec
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.msg import Msg
+
+import envelopes
+from broker import Broker, WrongLastSequence
+from broker.errors import translate
+from broker.lifecycle import emit, event_for, now_ms, reply
+from coordinator.ending import end_with_error, error_reply
+from coordinator.workflow_run import (
+    Action,
+    Dispatch,
+    Finish,
+    Note,
+    Run,
+    StepRun,
+    Timer,
+    WorkflowRecord,
+    new_record,
+)
+from coordinator.workflow_spec import WorkflowSpec
+from envelopes import Ack, DecodeError, ErrorReply, Result, Task
+from envelopes import headers as h
+
+log = structlog.get_logger("coordinator.workflows")
+
+_record = msgspec.json.Decoder(WorkflowRecord)
+CAS_TRIES = 20
+
+
+class TimerDue(msgspec.Struct, frozen=True, kw_only=True):
+    key: str
+    visit: int
+    due_ms: int
+
+
+class WorkflowEngine:
+    """Starts and advances workflow instances; any replica can take any message."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        specs: Mapping[str, WorkflowSpec],
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self._broker = broker
+        self.specs = dict(specs)
+        self._clock = clock
+
+    def serves(self, topic: str) -> bool:
+        return topic in self.specs
+
+    # -- starting ---------------------------------------------------------------------
+    async def start(self, task: Task, *, seen_before: bool) -> None:
+        """Create the instance of ``task`` (once) and dispatch its first steps."""
+        spec = self.specs[task.topic]
+        record = new_record(task.topic, task, spec, self._clock())
+        run = Run(spec, record, self._clock())
+        run.start()
+        kv = await self._broker.kv(self._broker.names.workflows_bucket)
+        try:
+            await kv.create(record.instance_id, envelopes.encode(record))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            log.info("workflow exists already; resuming", instance_id=record.instance_id)
+            await self._resume(record.instance_id)
+            return
+        except nats.errors.Error as exc:
+            raise translate(exc) from exc
+        await reply(self._broker, task, _ack(task))
+        await self._carry_out(record, run.actions)
+
+    # -- the REACH_WORKFLOWS consumer -------------------------------------------------
+    async def handle(self, msg: Msg) -> float | None:
+        """None to acknowledge ``msg``, or seconds until it should come back (a timer)."""
+        names = self._broker.names
+        kind, _, rest = msg.subject[len(names.prefix) + len(".wf.") :].partition(".")
+        instance_id, _, event = rest.partition(".")
+        seen_before = msg.metadata.num_delivered > 1
+        match kind:
+            case "reply":
+                return await self._on_reply(instance_id, msg.data, seen_before)
+            case "timer":  # a timer comes back by design: not a sign of a crash
+                return await self._on_timer(instance_id, msg.data)
+            case "signal":
+                await self._apply(instance_id, lambda run: run.on_signal(event), seen_before)
+            case "cancel":
+                await self._apply(instance_id, Run.cancel, seen_before)
+            case _:
+                log.warning("unknown workflow message", subject=msg.subject)
+        return None
+
+    async def _on_reply(self, instance_id: str, data: bytes, seen_before: bool) -> None:
+        try:
+            answer = envelopes.decode_reply(data)
+        except DecodeError as exc:
+            log.error("unreadable step reply", instance_id=instance_id, error=str(exc))
+            return None
+        match answer:
+            case Result(message_id=message_id, result=output):
+                apply = lambda run: run.on_result(message_id, output=output, error=None)  # noqa: E731
+            case ErrorReply(message_id=message_id, error=error):
+                apply = lambda run: run.on_result(message_id, error=error)  # noqa: E731
+            case _:
+                return None  # acks and progress of a step: nothing to decide
+        await self._apply(instance_id, apply, seen_before)
+        return None
+
+    async def _on_timer(self, instance_id: str, data: bytes) -> float | None:
+        try:
+            due = msgspec.json.decode(data, type=TimerDue)
+        except msgspec.DecodeError as exc:
+            log.error("unreadable workflow timer", instance_id=instance_id, error=str(exc))
+            return None
+        wait_ms = due.due_ms - self._clock()
+        if wait_ms > 0:
+            return wait_ms / 1000
+        await self._apply(instance_id, lambda run: run.on_timer(due.key, due.visit), False)
+        return None
+
+    # -- applying -----------------------------------------------------------------------
+    async def _apply(
+        self, instance_id: str, change: Callable[[Run], bool], seen_before: bool
+    ) -> None:
+        """Apply ``change`` to the instance with a conditional write, then its actions."""
+        kv = await self._broker.kv(self._broker.names.workflows_bucket)
+        for _ in range(CAS_TRIES):
+            loaded = await self._load(instance_id)
+            if loaded is None:
+                return
+            record, revision, spec = loaded
+            run = Run(spec, record, self._clock())
+            if not change(run):
+                if seen_before:  # maybe applied just before a crash: do what it called for
+                    run.resume()
+                    await self._carry_out(record, run.actions)
+                return
+            try:
+                await kv.update(instance_id, envelopes.encode(record), last=revision)
+            except (nats.js.errors.KeyWrongLastSequenceError, WrongLastSequence):
+                continue  # another replica wrote first: read again, decide again
+            except nats.errors.Error as exc:
+                raise translate(exc) from exc
+            await self._carry_out(record, run.actions)
+            return
+        log.warning("workflow record kept changing under us; will retry", instance_id=instance_id)
+        raise WrongLastSequence(f"workflow {instance_id}: too many concurrent changes")
+
+    async def _load(self, instance_id: str) -> tuple[WorkflowRecord, int, WorkflowSpec] | None:
+        kv = await self._broker.kv(self._broker.names.workflows_bucket)
+        try:
+            entry = await kv.get(instance_id)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            log.warning("message for an unknown workflow instance", instance_id=instance_id)
+            return None
+        except nats.errors.Error as exc:
+            raise translate(exc) from exc
+        record = _record.decode(entry.value or b"")
+        spec = self.specs.get(record.workflow)
+        if spec is None:
+            log.error("workflow no longer defined; instance left as is", workflow=record.workflow)
+            return None
+        return record, entry.revision or 0, spec
+
+    async def _resume(self, instance_id: str) -> None:
+        loaded = await self._load(instance_id)
+        if loaded is not None:
+            record, _, spec = loaded
+            run = Run(spec, record, self._clock())
+            run.resume()
+            await self._carry_out(record, run.actions)
+
+    async def resume_all(self) -> int:
+        """Repeat what every unfinished instance calls for (idempotent); how many there were."""
+        kv = await self._broker.kv(self._broker.names.workflows_bucket)
+        try:
+            keys = await kv.keys()
+        except nats.js.errors.NoKeysError:
+            return 0
+        except nats.errors.Error as exc:
+            raise translate(exc) from exc
+        resumed = 0
+        for key in keys:
+            loaded = await self._load(key)
+            if loaded is not None and not loaded[0].finished:
+                await self._resume(key)
+                resumed += 1
+        if resumed:
+            log.info("unfinished workflows resumed", count=resumed)
+        return resumed
+
+    # -- actions --------------------------------------------------------------------------
+    async def _carry_out(self, record: WorkflowRecord, actions: list[Action]) -> None:
+        for action in actions:
+            match action:
+                case Dispatch(run=run):
+                    await self._dispatch(record, run)
+                case Timer(key=key, visit=visit, due_ms=due_ms):
+                    await self._arm(record, key, visit, due_ms)
+                case Note(event=event, key=key, detail=detail):
+                    await self._note(record, event, key, detail)
+                case Finish():
+                    await self._finish(record)
+
+    async def _dispatch(self, record: WorkflowRecord, run: StepRun) -> None:
+        task = step_task(self._broker, record, run)
+        subject = self._broker.names.task(task.topic)
+        await self._broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
+
+    async def _arm(self, record: WorkflowRecord, key: str, visit: int, due_ms: int) -> None:
+        names = self._broker.names
+        body = envelopes.encode(TimerDue(key=key, visit=visit, due_ms=due_ms))
+        dedup = f"{record.instance_id}-{key}-{visit}-timer"
+        await self._broker.publish(
+            names.workflow_timer(record.instance_id), body, headers={h.MSG_ID: dedup}
+        )
+
+    async def _note(
+        self, record: WorkflowRecord, event: str, key: str, detail: dict[str, object]
+    ) -> None:
+        about = record.task
+        if key:
+            about = step_task(self._broker, record, record.steps[key])
+        detail = {"workflow": record.workflow, **detail}
+        await emit(self._broker, event_for(about, event, **detail))
+
+    async def _finish(self, record: WorkflowRecord) -> None:
+        task = record.task
+        if record.status == "completed":
+            answer = Result(
+                v=1,
+                message_id=task.message_id,
+                trace_id=task.trace_id,
+                topic=task.topic,
+                result=record.result,
+                created_at=self._clock(),
+            )
+            await reply(self._broker, task, answer)
+            return
+        error = record.error or envelopes.ErrorInfo(type="failed", message="workflow failed")
+        if record.status == "cancelled":
+            await reply(self._broker, task, error_reply(task, error))
+            return
+        state = msgspec.to_builtins(record)
+        await end_with_error(self._broker, task, "workflow_failed", error, state=state)
+
+
+def step_task(broker: Broker, record: WorkflowRecord, run: StepRun) -> Task:
+    """The task of one step visit, answering to the instance's reply subject."""
+    left_ms = max(1, record.deadline_ms - now_ms())
+    if run.deadline_ms:
+        left_ms = max(1, min(left_ms, run.deadline_ms - now_ms()))
+    return Task(
+        v=1,
+        message_id=run.message_id,
+        trace_id=record.trace_id,
+        topic=run.intent or record.workflow,
+        payload=run.input,
+        reply_to=broker.names.workflow_reply(record.instance_id),
+        priority=run.priority,
+        ttl_ms=left_ms,
+        created_at=run.started_ms,
+    )
+
+
+def _ack(task: Task) -> Ack:
+    return Ack(
+        v=1,
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+        topic=task.topic,
+        created_at=now_ms(),
+    )
+
+
+async def cancel(broker: Broker, instance_id: str) -> None:
+    """Ask the coordinator (any replica) to cancel ``instance_id``."""
+    await broker.publish(broker.names.workflow_cancel(instance_id), b"")
+
+
+async def signal(broker: Broker, instance_id: str, event: str) -> None:
+    """Send ``event`` to a state machine instance waiting for it."""
+    await broker.publish(broker.names.workflow_signal(instance_id, event), b"")
+
+
+async def read_record(broker: Broker, instance_id: str) -> WorkflowRecord | None:
+    kv = await broker.kv(broker.names.workflows_bucket)
+    with contextlib.suppress(nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+        entry = await kv.get(instance_id)
+        return _record.decode(entry.value or b"")
+    return None

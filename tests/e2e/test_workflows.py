@@ -1,0 +1,312 @@
+"""Workflows through real agents and a real server: chains, fan-outs, state machines,
+recovery, compensation, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import msgspec
+import pytest
+
+from agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
+from coordinator import workflow as wf
+from coordinator.workflow_spec import WorkflowSpec
+from coordinator.workflows import read_record
+from tests.e2e.routing_support import fast, serving
+
+ARTICLE = """
+chain:
+  - {name: plan, intent: plan}
+  - {name: write, intent: write, input: {outline: "$.plan.outline", topic: "$.input.topic"}}
+  - {name: review, intent: review}
+  - {name: publish, intent: publish}
+"""
+
+
+def workflows(**yaml: str) -> dict[str, WorkflowSpec]:
+    return {
+        name: msgspec.yaml.decode(text.encode(), type=WorkflowSpec) for name, text in yaml.items()
+    }
+
+
+def newsroom(counts: Counter[str]) -> Agent:
+    """plan → write → review → publish, each counting its runs and passing work on."""
+    agent = Agent("newsroom", startup_delay=0)
+
+    @agent.handler("plan")
+    async def plan(ctx: TaskContext, payload: dict) -> dict:
+        counts["plan"] += 1
+        return {"outline": ["intro", payload["topic"], "outro"]}
+
+    @agent.handler("write")
+    async def write(ctx: TaskContext, payload: dict) -> dict:
+        counts["write"] += 1
+        return {"text": " / ".join(payload["outline"]), "topic": payload["topic"]}
+
+    @agent.handler("review")
+    async def review(ctx: TaskContext, payload: dict) -> dict:
+        counts["review"] += 1
+        return {**payload, "approved": True}
+
+    @agent.handler("publish")
+    async def publish(ctx: TaskContext, payload: dict) -> dict:
+        counts["publish"] += 1
+        return {"url": f"/articles/{payload['topic']}", "approved": payload["approved"]}
+
+    return agent
+
+
+async def test_a_four_step_chain_passes_outputs_on(broker, start_coordinator, watcher):
+    """plan → write → review → publish: each output becomes (or is mapped into) the next
+    input, and the starter gets the last output."""
+    counts: Counter[str] = Counter()
+    config = fast(workflows=workflows(article=ARTICLE))
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, newsroom(counts)),
+        ReachClient(broker=broker) as client,
+    ):
+        result = await client.invoke("article", {"topic": "nats"}, trace_id="article-1")
+        done = await watcher.event("workflow_completed")
+        record = await read_record(broker, done.message_id)
+    assert result == {"url": "/articles/nats", "approved": True}
+    assert counts == Counter(plan=1, write=1, review=1, publish=1)
+    assert record is not None and record.status == "completed"
+    assert record.steps["write"].input == {"outline": ["intro", "nats", "outro"], "topic": "nats"}
+    assert record.completed_order == ["plan", "write", "review", "publish"]
+    step_routes = [e for e in watcher.events if e.event == "routed"]
+    assert {e.trace_id for e in step_routes} == {"article-1"}  # every step in the trace
+    assert [e.topic for e in step_routes] == ["plan", "write", "review", "publish"]
+
+
+def test_the_python_builder_equals_the_yaml() -> None:
+    """The builder makes the same definitions as YAML (chain, fan-out, state machine)."""
+    built = wf.chain(
+        wf.step("plan", "plan"),
+        wf.step("write", "write", input={"outline": "$.plan.outline", "topic": "$.input.topic"}),
+        wf.step("review", "review"),
+        wf.step("publish", "publish"),
+    )
+    assert built == workflows(article=ARTICLE)["article"]
+    assert (
+        wf.fanout([wf.step("a", "x"), wf.step("b", "y")], join=wf.Join(policy="quorum", quorum=1))
+        == workflows(
+            f="fanout: {branches: [{name: a, intent: x}, {name: b, intent: y}],"
+            " join: {policy: quorum, quorum: 1}}"
+        )["f"]
+    )
+    machine = wf.machine(
+        "pending",
+        {
+            "pending": wf.state("charge", next=[wf.go("done", when=("paid", "==", True))]),
+            "done": wf.state(terminal=True),
+        },
+    )
+    assert machine == workflows(ORDER_SMALL=ORDER_SMALL)["ORDER_SMALL"]
+
+
+ORDER_SMALL = """
+states:
+  initial: pending
+  states:
+    pending: {intent: charge, next: [{when: {field: paid, op: "==", value: true}, to: done}]}
+    done: {terminal: true}
+"""
+
+RESEARCH = """
+fanout:
+  branches:
+    - {name: web, intent: search_web}
+    - {name: papers, intent: search_papers}
+    - {name: news, intent: search_news, timeout_s: 0.5, on_timeout: partial}
+  join: {policy: all}
+  then: {name: merge, intent: merge}
+"""
+
+QUORUM = """
+fanout:
+  branches:
+    - {name: web, intent: search_web}
+    - {name: papers, intent: search_papers}
+    - {name: news, intent: search_news}
+  join: {policy: quorum, quorum: 2}
+  then: {name: merge, intent: merge}
+"""
+
+
+def researchers(news_gate: asyncio.Event, counts: Counter[str]) -> Agent:
+    agent = Agent("researcher", startup_delay=0)
+
+    @agent.handler("search_web")
+    async def web(ctx: TaskContext, payload: dict) -> list[str]:
+        counts["web"] += 1
+        return [f"web:{payload['q']}"]
+
+    @agent.handler("search_papers")
+    async def papers(ctx: TaskContext, payload: dict) -> list[str]:
+        counts["papers"] += 1
+        return [f"paper:{payload['q']}"]
+
+    @agent.handler("search_news")
+    async def news(ctx: TaskContext, payload: dict) -> list[str]:
+        counts["news"] += 1
+        await news_gate.wait()  # stuck until the test lets it go
+        return ["news: too late"]
+
+    @agent.handler("merge")
+    async def merge(ctx: TaskContext, payload: dict) -> dict:
+        counts["merge"] += 1
+        return payload
+
+    return agent
+
+
+async def test_a_branch_that_times_out_gives_a_partial_join(broker, start_coordinator):
+    """Three branches, one stuck past its timeout: the join gets two results and the
+    timeout reason, and the stuck branch blocks nothing."""
+    gate, counts = asyncio.Event(), Counter[str]()
+    async with (
+        start_coordinator(fast(workflows=workflows(research=RESEARCH))) as coordinator,
+        serving(broker, coordinator, researchers(gate, counts)),
+        ReachClient(broker=broker) as client,
+    ):
+        merged = await client.invoke("research", {"q": "nats"})
+        gate.set()
+    assert merged["results"] == {"web": ["web:nats"], "papers": ["paper:nats"]}
+    assert merged["missing"] == {"news": "step 'news' did not finish within 0.5 s"}
+    assert counts["merge"] == 1
+
+
+async def test_a_quorum_of_two_out_of_three(broker, start_coordinator, watcher):
+    """quorum: 2 joins as soon as two branches are done; the third's late result is ignored."""
+    gate, counts = asyncio.Event(), Counter[str]()
+    async with (
+        start_coordinator(fast(workflows=workflows(research=QUORUM))) as coordinator,
+        serving(broker, coordinator, researchers(gate, counts)),
+        ReachClient(broker=broker) as client,
+    ):
+        merged = await client.invoke("research", {"q": "kv"})
+        done = await watcher.event("workflow_completed")
+        gate.set()
+        late = await watcher.event("completed", topic="search_news")
+        record = await read_record(broker, done.message_id)
+    assert merged == {
+        "results": {"web": ["web:kv"], "papers": ["paper:kv"]},
+        "missing": {"news": "not finished when joined"},
+    }
+    assert late.detail["result"] == ["news: too late"]
+    assert record is not None and record.steps["news"].status == "cancelled"
+    assert record.result == merged
+
+
+ORDER = """
+states:
+  initial: pending
+  states:
+    pending:
+      intent: charge
+      next:
+        - {when: {field: paid, value: true}, to: paid}
+        - {to: refunded}
+    paid: {intent: reserve_stock, next: [{to: processing}]}
+    processing: {intent: ship, next: [{to: done}]}
+    done: {terminal: true, input: {order: "$.input.order", tracking: "$.processing.tracking"}}
+    refunded: {intent: refund, terminal: true}
+"""
+
+
+def shop(log: list[str]) -> Agent:
+    agent = Agent("shop", startup_delay=0)
+
+    @agent.handler("charge")
+    async def charge(ctx: TaskContext, payload: dict) -> dict:
+        log.append(f"charge {payload['order']}")
+        return {"paid": payload["card"] == "ok", "order": payload["order"]}
+
+    @agent.handler("reserve_stock")
+    async def reserve(ctx: TaskContext, payload: dict) -> dict:
+        log.append(f"reserve {payload['order']}")
+        return payload
+
+    @agent.handler("ship")
+    async def ship(ctx: TaskContext, payload: dict) -> dict:
+        log.append(f"ship {payload['order']}")
+        return {"tracking": f"T-{payload['order']}"}
+
+    @agent.handler("refund")
+    async def refund(ctx: TaskContext, payload: dict) -> dict:
+        log.append(f"refund {payload['order']}")
+        return {"refunded": payload["order"]}
+
+    return agent
+
+
+async def test_an_order_state_machine_and_its_refund_branch(broker, start_coordinator, watcher):
+    """pending → paid → processing → done for a good card; pending → refunded for a bad one."""
+    log: list[str] = []
+    async with (
+        start_coordinator(fast(workflows=workflows(order=ORDER))) as coordinator,
+        serving(broker, coordinator, shop(log)),
+        ReachClient(broker=broker) as client,
+    ):
+        shipped = await client.invoke("order", {"order": "o1", "card": "ok"})
+        refunded = await client.invoke("order", {"order": "o2", "card": "declined"})
+        ends = [e for e in watcher.events if e.event == "workflow_completed"]
+    assert shipped == {"order": "o1", "tracking": "T-o1"}
+    assert refunded == {"refunded": "o2"}
+    assert log == ["charge o1", "reserve o1", "ship o1", "charge o2", "refund o2"]
+    paths = [e.detail["path"] for e in ends]
+    assert paths == [["pending", "paid", "processing", "done"], ["pending", "refunded"]]
+
+
+SAGA = """
+on_failure: compensate
+chain:
+  - {name: reserve, intent: reserve, compensate: release}
+  - {name: charge, intent: charge_card, compensate: refund_card}
+  - {name: notify, intent: notify}
+  - {name: ship, intent: ship_parcel, compensate: recall}
+"""
+
+
+def warehouse(log: list[str], *, ship_gate: asyncio.Event | None = None) -> Agent:
+    agent = Agent("warehouse", startup_delay=0)
+
+    def record(name: str):  # type: ignore[no-untyped-def]
+        async def handle(ctx: TaskContext, payload: Any) -> dict:
+            log.append(name)
+            if name == "ship_parcel":
+                if ship_gate is None:
+                    raise PermanentError("no courier for this address")
+                await ship_gate.wait()
+            return {"done": name}
+
+        return handle
+
+    for intent in ("reserve", "release", "charge_card", "refund_card", "notify", "ship_parcel"):
+        agent.handler(intent)(record(intent))
+    return agent
+
+
+async def test_saga_compensation_runs_in_reverse_after_a_failing_step(
+    broker, start_coordinator, watcher
+):
+    """ship fails for good: charge, then reserve are compensated (notify has no undo), the
+    starter gets the error, and workflow_failed carries the whole state."""
+    log: list[str] = []
+    async with (
+        start_coordinator(fast(workflows=workflows(fulfil=SAGA))) as coordinator,
+        serving(broker, coordinator, warehouse(log)),
+        ReachClient(broker=broker) as client,
+    ):
+        with pytest.raises(TaskFailed) as failed:
+            await client.invoke("fulfil", {"order": "o9"})
+        letter = await watcher.dead_letter("workflow_failed")
+    assert log == ["reserve", "charge_card", "notify", "ship_parcel", "refund_card", "release"]
+    assert failed.value.error.type == "PermanentError"
+    assert letter.state is not None and letter.state["status"] == "failed"
+    assert list(letter.state["compensations"]) == ["charge", "reserve"]
+    assert letter.state["steps"]["ship"]["status"] == "failed"
+    assert letter.envelope is not None and letter.envelope.payload == {"order": "o9"}
