@@ -22,8 +22,11 @@ from agents.compensation import replay
 from broker import DEFAULT_URL, Broker, BrokerError, Names, Topology, provision, read_stream
 from coordinator import ConfigError, Coordinator, load_config
 from coordinator.routes import ReloadReply
+from coordinator.workflows import cancel as workflow_cancel
+from coordinator.workflows import read_record
+from coordinator.workflows import signal as workflow_signal
 from envelopes import DeadLetter, EnvelopeError
-from reach import agents_table
+from reach import agents_table, workflows_view
 from reach import trace as tracing
 from reach.logs import configure_logging
 from reach.serving import nats_server, provisioned, until_signal
@@ -107,8 +110,54 @@ async def cmd_publish(args: argparse.Namespace) -> int:
 async def cmd_trace(args: argparse.Namespace) -> int:
     async with Broker(args.nats_url, names=_names(args), name="reach-cli") as broker:
         steps = await tracing.collect(broker, args.id)
+        instances = {args.id} | {
+            s.event.message_id for s in steps if s.event.event == "workflow_started"
+        }
+        records = [r for i in sorted(instances) if (r := await read_record(broker, i))]
+    for record in records:
+        print(workflows_view.tree(record))
     print(tracing.render(args.id, steps))
-    return 0 if steps else 1
+    return 0 if steps or records else 1
+
+
+async def cmd_workflows(args: argparse.Namespace) -> int:
+    if args.action != "list" and not args.id:
+        raise UsageError(f"workflows {args.action} needs the id of a workflow instance")
+    if args.action == "signal" and not args.event:
+        raise UsageError("workflows signal needs an event name: workflows signal ID EVENT")
+    async with Broker(args.nats_url, names=_names(args), name="reach-cli") as broker:
+        if args.action == "list":
+            print(workflows_view.table(await workflows_view.all_records(broker)))
+            return 0
+        record = await read_record(broker, args.id)
+        if record is None:
+            raise UsageError(f"no workflow instance {args.id!r}")
+        if args.action == "show":
+            print(workflows_view.tree(record))
+            return 0
+        if args.action == "signal":
+            await workflow_signal(broker, args.id, args.event)
+            print(f"{args.id}: signalled {args.event}")
+            return 0
+        if record.finished:
+            print(f"{args.id}: already {record.status}")
+            return 1
+        await workflow_cancel(broker, args.id)
+        record = await _until_finished(broker, args.id, args.wait)
+    print(workflows_view.tree(record) if record else f"{args.id}: cancel requested")
+    return 0
+
+
+async def _until_finished(broker: Broker, instance_id: str, wait_s: float):  # type: ignore[no-untyped-def]
+    """The record once it has finished, or the latest one after ``wait_s``."""
+    deadline = asyncio.get_running_loop().time() + wait_s
+    record = await read_record(broker, instance_id)
+    while record is not None and not record.finished:
+        if asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)  # a person is waiting at the terminal; polling is fine here
+        record = await read_record(broker, instance_id)
+    return record
 
 
 async def cmd_provision(args: argparse.Namespace) -> int:
@@ -354,6 +403,11 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="redraw every N seconds (default 2) until Ctrl-C",
     )
+    flows = command("workflows", cmd_workflows, "workflow instances: list | show ID | cancel ID")
+    flows.add_argument("action", choices=["list", "show", "cancel", "signal"])
+    flows.add_argument("id", nargs="?")
+    flows.add_argument("event", nargs="?", help="for signal: the event to send")
+    flows.add_argument("--wait", type=float, default=10.0, help="cancel: seconds to wait for it")
     routes = command("routes", cmd_routes, "routing rules: reload (every replica) | check FILE")
     routes.add_argument("action", choices=["reload", "check"])
     routes.add_argument("file", nargs="?", help="the coordinator config to check")

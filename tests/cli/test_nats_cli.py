@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agents import Agent, TaskContext
+from coordinator.workflows import read_record
 from tests.cli.conftest import run, run_in_terminal
 
 pytestmark = pytest.mark.nats_cli
@@ -115,3 +116,42 @@ rules:
         to_summarizer = await watcher.event("completed", message_id="lane-2")
     assert to_express.agent_id == "cli-express" and to_express.topic == "express"
     assert to_summarizer.agent_id == "cli-worker"
+
+
+async def test_nats_pub_starts_a_workflow(nats_cli, broker, start_coordinator, watcher):
+    """`nats pub reach.task.<workflow>` starts an instance keyed by its Nats-Msg-Id."""
+    import msgspec
+
+    from coordinator import CoordinatorConfig
+    from coordinator.workflow_spec import WorkflowSpec
+
+    spec = msgspec.yaml.decode(
+        b"chain: [{name: count, intent: summarize}, {name: double, intent: double}]",
+        type=WorkflowSpec,
+    )
+    doubler = Agent("cli-doubler", startup_delay=0)
+
+    @doubler.handler("double")
+    async def double(ctx: TaskContext, payload: dict) -> int:
+        return payload["words"] * 2
+
+    async with (
+        start_coordinator(CoordinatorConfig(workflows={"wordcount": spec})),
+        summarizer().running(broker=broker),
+        doubler.running(broker=broker),
+    ):
+        sent = await run(
+            nats_cli,
+            "--server",
+            broker.url,
+            "pub",
+            broker.names.task("wordcount"),
+            '{"text": "one two three"}',
+            "-H",
+            "Nats-Msg-Id:wf-from-cli",
+        )
+        assert sent.returncode == 0, sent.stderr
+        done = await watcher.event("workflow_completed", message_id="wf-from-cli")
+        record = await read_record(broker, "wf-from-cli")
+    assert done.topic == "wordcount"
+    assert record is not None and record.result == 6

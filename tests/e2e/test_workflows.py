@@ -4,6 +4,7 @@ recovery, compensation, cancel."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -14,6 +15,7 @@ from agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
 from coordinator import workflow as wf
 from coordinator.workflow_spec import WorkflowSpec
 from coordinator.workflows import read_record
+from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast, serving
 
 ARTICLE = """
@@ -310,3 +312,176 @@ async def test_saga_compensation_runs_in_reverse_after_a_failing_step(
     assert list(letter.state["compensations"]) == ["charge", "reserve"]
     assert letter.state["steps"]["ship"]["status"] == "failed"
     assert letter.envelope is not None and letter.envelope.payload == {"order": "o9"}
+
+
+async def test_cancel_mid_flight_stops_and_compensates(broker, start_coordinator, watcher):
+    """`reach workflows cancel ID` while a step runs: nothing more is dispatched, completed
+    steps are compensated, the starter hears `cancelled`; the late step result is ignored."""
+    log: list[str] = []
+    gate = asyncio.Event()
+    async with (
+        start_coordinator(fast(workflows=workflows(fulfil=SAGA))) as coordinator,
+        serving(broker, coordinator, warehouse(log, ship_gate=gate)),
+        ReachClient(broker=broker) as client,
+    ):
+        starting = asyncio.create_task(
+            client.invoke("fulfil", {"order": "o7"}, ack_deadline_ms=5000)
+        )
+        shipping = await watcher.event("accepted", topic="ship_parcel")
+        instance = (await watcher.event("workflow_started")).message_id
+        cancelled = await run(*reach_argv(broker, "workflows", "cancel", instance))
+        with pytest.raises(TaskFailed) as stopped:
+            await starting
+        gate.set()
+        await watcher.event("completed", message_id=shipping.message_id)
+        record = await read_record(broker, instance)
+        shown = await run(*reach_argv(broker, "workflows", "list"))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "cancelled" in cancelled.stdout.splitlines()[0]
+    assert stopped.value.error.type == "cancelled"
+    assert log == [
+        "reserve",
+        "charge_card",
+        "notify",
+        "ship_parcel",
+        "refund_card",
+        "release",
+    ]
+    assert record is not None and record.status == "cancelled"
+    assert record.steps["ship"].status == "cancelled"  # its late result changed nothing
+    assert f"{instance}" in shown.stdout and "cancelled" in shown.stdout
+
+
+NESTED = """
+chain:
+  - {name: draft, intent: article}
+  - {name: announce, intent: announce, input: {link: "$.draft.url"}}
+"""
+
+
+async def test_a_step_may_be_another_workflow(broker, start_coordinator, watcher):
+    """A step whose intent names a workflow runs it as a child, in the same trace."""
+    counts: Counter[str] = Counter()
+    herald = Agent("herald", startup_delay=0)
+
+    @herald.handler("announce")
+    async def announce(ctx: TaskContext, payload: dict) -> str:
+        return f"read {payload['link']}"
+
+    flows = workflows(article=ARTICLE, campaign=NESTED)
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, newsroom(counts), herald),
+        ReachClient(broker=broker) as client,
+    ):
+        said = await client.invoke("campaign", {"topic": "kv"}, trace_id="campaign-1")
+    assert said == "read /articles/kv"
+    started = [e for e in watcher.events if e.event == "workflow_started"]
+    assert [e.topic for e in started] == ["campaign", "article"]
+    assert {e.trace_id for e in started} == {"campaign-1"}
+    assert counts["publish"] == 1
+
+
+APPROVAL = """
+states:
+  initial: submitted
+  states:
+    submitted:
+      intent: check
+      next:
+        - {event: approve, to: approved}
+        - {event: reject, to: rejected}
+    approved: {terminal: true, input: {ok: true}}
+    rejected: {terminal: true, input: {ok: false}}
+"""
+
+
+async def test_a_state_machine_moves_on_an_event(broker, start_coordinator, watcher):
+    """A state that waits for events moves on `reach workflows signal ID EVENT`."""
+    checker = Agent("checker", startup_delay=0)
+
+    @checker.handler("check")
+    async def check(ctx: TaskContext, payload: object) -> str:
+        return "looks fine"
+
+    async with (
+        start_coordinator(fast(workflows=workflows(approval=APPROVAL))) as coordinator,
+        serving(broker, coordinator, checker),
+        ReachClient(broker=broker) as client,
+    ):
+        waiting = asyncio.create_task(client.invoke("approval", {}))
+        await watcher.event("completed", topic="check")
+        instance = (await watcher.event("workflow_started")).message_id
+        signalled = await run(*reach_argv(broker, "workflows", "signal", instance, "approve"))
+        outcome = await waiting
+        shown = await run(*reach_argv(broker, "workflows", "show", instance))
+    assert signalled.returncode == 0, signalled.stderr
+    assert outcome == {"ok": True}
+    assert "path: submitted → approved" in shown.stdout
+
+
+async def test_trace_shows_a_workflow_as_a_tree(broker, start_coordinator, watcher):
+    """`reach trace ID` starts with the workflow's tree: each step's state and timing."""
+    counts: Counter[str] = Counter()
+    async with (
+        start_coordinator(fast(workflows=workflows(article=ARTICLE))) as coordinator,
+        serving(broker, coordinator, newsroom(counts)),
+        ReachClient(broker=broker) as client,
+    ):
+        await client.invoke("article", {"topic": "t"}, trace_id="tree-1")
+        traced = await run(*reach_argv(broker, "trace", "tree-1"))
+    assert traced.returncode == 0, traced.stderr
+    lines = traced.stdout.splitlines()
+    assert lines[0].startswith("workflow article ") and "· completed" in lines[0]
+    steps = [line.split()[1] for line in lines[1:5]]
+    assert steps == ["plan", "write", "review", "publish"]
+    assert all(" completed " in line for line in lines[1:5])
+    assert "└─ publish" in lines[4]
+
+
+async def test_a_killed_coordinator_mid_chain_is_resumed_and_no_step_runs_twice(
+    broker, start_coordinator, watcher, tmp_path
+):
+    """kill -9 of the coordinator while `write` runs; a new coordinator finishes the chain,
+    and every step's side effect happened once."""
+    counts: Counter[str] = Counter()
+    writing, gate = asyncio.Event(), asyncio.Event()
+    room = newsroom(counts)
+    plain_write = room.handlers["write"].func
+
+    async def slow_write(ctx: TaskContext, payload: dict) -> dict:
+        writing.set()
+        await gate.wait()
+        return await plain_write(ctx, payload)
+
+    room.handlers["write"] = dataclasses.replace(room.handlers["write"], func=slow_write)
+    config_path = tmp_path / "coordinator.yaml"
+    config_path.write_text(
+        "retry_base_s: 0.05\nretry_cap_s: 0.2\nworkflows:\n  article:\n"
+        + "\n".join("    " + line for line in ARTICLE.strip().splitlines())
+        + "\n"
+    )
+    first = await asyncio.create_subprocess_exec(
+        *map(str, reach_argv(broker, "coordinator", "--config", str(config_path))),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        async with room.running(broker=broker), ReachClient(broker=broker) as client:
+            starting = asyncio.create_task(
+                client.invoke("article", {"topic": "crash"}, ack_deadline_ms=20_000)
+            )
+            await asyncio.wait_for(writing.wait(), 20)
+            first.kill()  # SIGKILL: no shutdown of any kind
+            await first.wait()
+            gate.set()
+            from coordinator import load_config
+
+            async with start_coordinator(load_config(config_path)):
+                result = await asyncio.wait_for(starting, 60)
+    finally:
+        if first.returncode is None:
+            first.kill()
+            await first.wait()
+    assert result == {"url": "/articles/crash", "approved": True}
+    assert counts == Counter(plan=1, write=1, review=1, publish=1)
