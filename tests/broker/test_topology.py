@@ -27,6 +27,8 @@ async def test_provision_creates_everything_then_changes_nothing(broker):
         names.executions_bucket,
         names.leases_bucket,
         names.breakers_bucket,
+        names.workflows_stream,
+        names.workflows_bucket,
     }
     assert set(again) == expected
     info = await broker.js.stream_info(names.tasks_stream)
