@@ -244,3 +244,14 @@ def test_the_shipped_example_config_loads() -> None:
     assert routing.fallback.name == "fallback"
     assert config.queues.capacity_of("P0") == 10
     assert config.rate_limits.agents["worker-cn-east-01"].rate == 20
+
+
+def test_the_shipped_example_workflows_load() -> None:
+    """The example config's workflows are valid, each of its form."""
+    from pathlib import Path
+
+    config = load_config(Path(__file__).parents[2] / "deploy/coordinator/coordinator.yaml")
+    flows = config.workflows
+    assert [s.name for s in flows["article"].graph()] == ["plan", "write", "review", "publish"]
+    assert flows["research"].graph()[-1].join.quorum == 2
+    assert flows["order"].is_machine
