@@ -226,7 +226,7 @@ class Run:
                     self._start_step(step)
                     progressed = True
         final = self.record.steps.get(list(self._graph)[-1])
-        if final is not None and final.status == "completed":
+        if self.record.status == "running" and final is not None and final.status == "completed":
             self._complete(final.output)
 
     def _readiness(self, step: Step) -> tuple[Literal["ready", "wait", "impossible"], str]:

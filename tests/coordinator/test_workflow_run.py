@@ -185,3 +185,13 @@ def test_bad_workflows_are_refused_with_the_path(tmp_path, yaml: str, message: s
         load_config(path)
     assert message in str(caught.value)
     assert "$.workflows" in str(caught.value)
+
+
+def test_a_fan_out_without_a_join_step_completes_once() -> None:
+    """The implicit pass-through join finishes the workflow exactly once."""
+    flow = spec("fanout: {branches: [{name: a, intent: x}, {name: b, intent: y}]}")
+    record, _ = started(flow)
+    step(record, flow, "a", 1)
+    last = step(record, flow, "b", 2)
+    assert sum(isinstance(a, Finish) for a in last.actions) == 1
+    assert record.result == {"results": {"a": 1, "b": 2}, "missing": {}}

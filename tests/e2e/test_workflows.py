@@ -485,3 +485,35 @@ async def test_a_killed_coordinator_mid_chain_is_resumed_and_no_step_runs_twice(
             await first.wait()
     assert result == {"url": "/articles/crash", "approved": True}
     assert counts == Counter(plan=1, write=1, review=1, publish=1)
+
+
+async def test_two_replicas_share_the_instances_without_losing_a_step(
+    broker, start_coordinator, watcher
+):
+    """Two coordinator replicas take the replies of 20 concurrent fan-outs between them:
+    every instance completes, each branch ran once (conditional writes, no lost update)."""
+    counts: Counter[str] = Counter()
+    fan = "fanout: {branches: [{name: a, intent: count_a}, {name: b, intent: count_b},"
+    fan += " {name: c, intent: count_c}]}"
+    counter = Agent("counter", startup_delay=0)
+
+    def counting(name: str):  # type: ignore[no-untyped-def]
+        async def count(ctx: TaskContext, payload: dict) -> str:
+            counts[name] += 1
+            return name
+
+        return count
+
+    for name in ("count_a", "count_b", "count_c"):
+        counter.handler(name, capacity=30)(counting(name))
+    config = fast(workflows=workflows(fan=fan))
+    async with (
+        start_coordinator(config) as one,
+        start_coordinator(config),
+        serving(broker, one, counter),
+        ReachClient(broker=broker) as client,
+    ):
+        results = await asyncio.gather(*(client.invoke("fan", {"i": i}) for i in range(20)))
+    assert all(r["results"] == {"a": "count_a", "b": "count_b", "c": "count_c"} for r in results)
+    assert counts == Counter(count_a=20, count_b=20, count_c=20)
+    assert watcher.count("workflow_completed") == 20
