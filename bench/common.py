@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import statistics
 import tempfile
 from collections.abc import AsyncIterator
 
-from broker import EmbeddedServer
+from broker import Broker, EmbeddedServer
 
 
 @contextlib.asynccontextmanager
@@ -25,3 +26,21 @@ async def nats_server() -> AsyncIterator[str]:
 def percentile(samples: list[float], q: float) -> float:
     """The q-th percentile (0-100) of ``samples``."""
     return statistics.quantiles(samples, n=100, method="inclusive")[int(q) - 1]
+
+
+@contextlib.asynccontextmanager
+async def counting(broker: Broker, subject: str, count: int) -> AsyncIterator[asyncio.Event]:
+    """An event that is set once ``count`` messages have arrived on ``subject``."""
+    done, seen = asyncio.Event(), 0
+
+    async def arrived(msg: object) -> None:
+        nonlocal seen
+        seen += 1
+        if seen >= count:
+            done.set()
+
+    subscription = await broker.nc.subscribe(subject, cb=arrived)
+    try:
+        yield done
+    finally:
+        await subscription.unsubscribe()

@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import time
 
-from common import nats_server
+from common import counting, nats_server
 from nats.js import api
 
 from agents import Agent, ReachClient, TaskContext
@@ -78,17 +78,8 @@ async def reach_path(url: str, count: int, window: int) -> float:
 
     async with Broker(url, names=names, name="bench-coordinator") as broker:
         await provision(broker.js, Topology.default(names))
-        done = asyncio.Event()
-        completed = 0
-
-        async def on_completed(msg) -> None:  # type: ignore[no-untyped-def]
-            nonlocal completed
-            completed += 1
-            if completed >= count:
-                done.set()
-
-        watch = await broker.nc.subscribe(names.events_of_kind("completed"), cb=on_completed)
         async with (
+            counting(broker, names.events_of_kind("completed"), count) as done,
             Coordinator(broker, CONFIG).running(),
             agent.running(url, names=names),
             ReachClient(url, names=names, name="bench-client") as client,
@@ -97,7 +88,6 @@ async def reach_path(url: str, count: int, window: int) -> float:
             await publish_all(lambda i: client.publish("noop", {"n": i}), count, window)
             await asyncio.wait_for(done.wait(), timeout=300)
             elapsed = time.perf_counter() - started
-        await watch.unsubscribe()
     return count / elapsed
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import statistics
 import time
 
 import msgspec
-from common import nats_server
+from common import counting, nats_server
 from e2e import baseline, publish_all
 
 import envelopes
@@ -112,32 +113,21 @@ async def throughput(url: str, routing: RoutingConfig, count: int, window: int, 
     )
     async with Broker(url, names=names, name="bench-coordinator") as broker:
         await provision(broker.js, Topology.default(names))
-        done, completed = asyncio.Event(), 0
-
-        async def on_completed(msg) -> None:  # type: ignore[no-untyped-def]
-            nonlocal completed
-            completed += 1
-            if completed >= count:
-                done.set()
-
-        watch = await broker.nc.subscribe(names.events_of_kind("completed"), cb=on_completed)
-        async with (
-            Coordinator(broker, config).running(),
-            ReachClient(url, names=names, name="bench-client") as client,
-        ):
-            runs = [agent.running(url, names=names) for agent in fleet]
-            for run in runs:
-                await run.__aenter__()
-            try:
-                payload = {"region": "region-3", "amount": 10}
-                started = time.perf_counter()
-                await publish_all(lambda i: client.publish("work", payload), count, window)
-                await asyncio.wait_for(done.wait(), timeout=300)
-                elapsed = time.perf_counter() - started
-            finally:
-                for run in runs:
-                    await run.__aexit__(None, None, None)
-        await watch.unsubscribe()
+        async with contextlib.AsyncExitStack() as stack:
+            done = await stack.enter_async_context(
+                counting(broker, names.events_of_kind("completed"), count)
+            )
+            await stack.enter_async_context(Coordinator(broker, config).running())
+            client = await stack.enter_async_context(
+                ReachClient(url, names=names, name="bench-client")
+            )
+            for agent in fleet:
+                await stack.enter_async_context(agent.running(url, names=names))
+            payload = {"region": "region-3", "amount": 10}
+            started = time.perf_counter()
+            await publish_all(lambda i: client.publish("work", payload), count, window)
+            await asyncio.wait_for(done.wait(), timeout=300)
+            elapsed = time.perf_counter() - started
     return count / elapsed
 
 

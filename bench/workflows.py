@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import time
 
-from common import nats_server
+from common import counting, nats_server
 from e2e import baseline, publish_all
 
 from agents import Agent, ReachClient, TaskContext
@@ -52,16 +52,8 @@ async def rate(url: str, label: str, count: int, window: int) -> float:
     topic, ending = ("flow", "workflow_completed") if spec else ("noop", "completed")
     async with Broker(url, names=names, name="bench-coordinator") as broker:
         await provision(broker.js, Topology.default(names))
-        done, finished = asyncio.Event(), 0
-
-        async def on_end(msg) -> None:  # type: ignore[no-untyped-def]
-            nonlocal finished
-            finished += 1
-            if finished >= count:
-                done.set()
-
-        watch = await broker.nc.subscribe(names.events_of_kind(ending), cb=on_end)
         async with (
+            counting(broker, names.events_of_kind(ending), count) as done,
             Coordinator(broker, config).running(),
             agents[0].running(url, names=names),
             agents[1].running(url, names=names),
@@ -71,7 +63,6 @@ async def rate(url: str, label: str, count: int, window: int) -> float:
             await publish_all(lambda i: client.publish(topic, {"n": i}), count, window)
             await asyncio.wait_for(done.wait(), timeout=600)
             elapsed = time.perf_counter() - started
-        await watch.unsubscribe()
     return count / elapsed
 
 
