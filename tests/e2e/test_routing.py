@@ -190,6 +190,9 @@ async def test_reload_mid_traffic_loses_nothing(broker, start_coordinator, watch
         answer = await broker.nc.request(broker.names.routes_reload, b"", timeout=5)
         assert b'"ok":true' in answer.data and b"to-b" in answer.data
         second = await publish_many(client, "work", 300)
+        await watcher.until(
+            lambda: any(e.detail["rule"] == "to-b" for e in routed(watcher)) or None, "to-b used"
+        )
         path.write_text(RELOADABLE.format(name="back-to-a", pool="a"))
         await eventually(lambda: coordinator.router.routing.rules[0].name == "back-to-a")
         third = await publish_many(client, "work", 100)
