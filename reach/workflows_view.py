@@ -33,8 +33,8 @@ async def all_records(broker: Broker) -> list[WorkflowRecord]:
 def table(records: list[WorkflowRecord]) -> str:
     if not records:
         return "no workflow instances"
-    header = f"{'INSTANCE':<40} {'WORKFLOW':<16} {'STATUS':<13} {'STARTED':<9} {'STEPS':>5}  NOW"
-    lines = [header]
+    header = f"{'INSTANCE':<40} {'WORKFLOW':<16} {'STATUS':<13} {'STARTED':<9} {'DONE':>5}  NOW"
+    lines = [header]  # DONE: completed of the steps started so far
     for r in records:
         done = sum(s.status == "completed" for s in r.steps.values())
         now = r.current or ", ".join(k for k, s in r.steps.items() if s.status == "running")
