@@ -380,3 +380,56 @@ rules:
         after = [await client.invoke("work", {}) for _ in range(20)]
     assert during == [{"by": "quick"}] * 20
     assert "slow" in after
+
+
+async def test_a_trial_that_never_reports_opens_the_breaker_again(
+    broker, start_coordinator, watcher
+):
+    """A half-open breaker whose trial call hangs is opened again after trial_timeout_s,
+    and later offers a new trial: it never stays stuck half-open."""
+    hang = asyncio.Event()
+    mode = {"x": "fail"}
+    x = Agent("x", startup_delay=0)
+
+    @x.handler("flaky", capacity=5)
+    async def flaky(ctx: TaskContext, payload: object) -> str:
+        if mode["x"] == "fail":
+            raise RuntimeError("down")
+        if mode["x"] == "hang":
+            await hang.wait()
+        return "x"
+
+    breakers = BreakerConfig(
+        min_calls=3, open_s=0.3, trial_calls=1, trial_timeout_s=0.5, isolation_failures=100
+    )
+    async with (
+        start_coordinator(fast(max_attempts=1, breakers=breakers)) as coordinator,
+        serving(broker, coordinator, x),
+        ReachClient(broker=broker) as client,
+    ):
+        for _ in range(3):
+            with pytest.raises(TaskFailed):
+                await client.invoke("flaky", {})
+        await watcher.event("breaker_opened")
+        mode["x"] = "hang"
+        await eventually(lambda: coordinator.breakers.admission("x", "flaky")[0].verdict == "trial")
+        stuck = await publish_many(client, "flaky", 1)  # the trial: it never reports
+        await watcher.event("breaker_half_open")
+        reopened = await watcher.until(
+            lambda: next(
+                (
+                    e
+                    for e in watcher.events
+                    if e.event == "breaker_opened" and "trial" in e.detail["reason"]
+                ),
+                None,
+            ),
+            "opened again",
+        )
+        mode["x"] = "ok"
+        await eventually(lambda: coordinator.breakers.admission("x", "flaky")[0].verdict == "trial")
+        assert await client.invoke("flaky", {}) == "x"  # a new trial, and it closes it
+        await watcher.event("breaker_closed")
+        hang.set()
+    assert reopened.detail["reason"] == "trial calls did not report in time"
+    assert routed(watcher, stuck)[0].detail["trial"] == "x.flaky"
