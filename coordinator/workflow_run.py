@@ -410,7 +410,8 @@ class Run:
     def _complete(self, result: Any) -> None:
         self.record.status, self.record.result, self.record.ended_ms = "completed", result, self.now
         self._cancel_leftovers()
-        self.actions.append(Note("workflow_completed", detail={"path": self.record.path}))
+        detail = {"path": self.record.path} if self.spec.is_machine else {}
+        self.actions.append(Note("workflow_completed", detail=detail))
         self.actions.append(Finish())
 
     def _fail(self, error: ErrorInfo) -> None:

@@ -11,38 +11,58 @@ import json
 
 from agents import ReachClient, TaskFailed
 from broker import Names
-from coordinator import Coordinator
+from coordinator import Coordinator, CoordinatorConfig
+from coordinator import workflow as wf
+from coordinator.workflows import read_record
 from envelopes import headers as h
+from envelopes import new_id
 from examples.echo import agent as echo_agent
 from examples.summarize import agent as summarize_agent
 from reach import trace as tracing
+from reach import workflows_view
 from reach.serving import provisioned
 
+# A two-step workflow over the example agents: the summary's first sentence, shouted.
+HEADLINE = wf.chain(
+    wf.step("summary", "summarize"),
+    wf.step("headline", "shout", input={"text": "$.summary.summary"}),
+)
 TEXT = "NATS moves messages between agents. JetStream keeps them. Agent-Reach makes them arrive."
 
 
 async def run_demo(url: str, names: Names) -> int:
-    """Run the demo against ``url``; returns the exit code."""
+    """Run the demo against ``url``; returns the exit code.
+
+    Trace ids end with this run's own suffix: the demo's store outlives a run, and a
+    trace must not gather the events of earlier runs.
+    """
+    run_id = new_id()[-6:]
     async with contextlib.AsyncExitStack() as stack:
         broker = await stack.enter_async_context(provisioned(url, names, name="coordinator"))
-        await stack.enter_async_context(Coordinator(broker).running())
+        config = CoordinatorConfig(workflows={"headline": HEADLINE})
+        await stack.enter_async_context(Coordinator(broker, config).running())
         for agent in (echo_agent, summarize_agent):
             await stack.enter_async_context(agent.running(url, names=names))
         client = await stack.enter_async_context(ReachClient(url, names=names, name="demo"))
         print(f"Agent-Reach demo on {url}\n")
         trace_ids = [
-            await _invoke(client, "summarize", {"text": TEXT}),
-            await _invoke(client, "shout", {"text": "reach every agent"}),
-            await _invoke(client, "translate", {"text": "no agent serves this topic"}),
+            await _invoke(client, "summarize", {"text": TEXT}, run_id),
+            await _invoke(client, "shout", {"text": "reach every agent"}, run_id),
+            await _invoke(client, "translate", {"text": "no agent serves this topic"}, run_id),
         ]
-        trace_ids.append(await _like_nats_pub(client))
+        trace_ids.append(await _like_nats_pub(client, run_id))
+        trace_ids.append(await _invoke(client, "headline", {"text": TEXT}, run_id))
         for trace_id in trace_ids:
-            print(tracing.render(trace_id, await tracing.collect(broker, trace_id)), end="\n\n")
+            steps = await tracing.collect(broker, trace_id)
+            for started in (s.event for s in steps if s.event.event == "workflow_started"):
+                if record := await read_record(broker, started.message_id):
+                    print(workflows_view.tree(record))
+            print(tracing.render(trace_id, steps), end="\n\n")
     return 0
 
 
-async def _invoke(client: ReachClient, topic: str, payload: object) -> str:
-    trace_id = f"demo-{topic}"
+async def _invoke(client: ReachClient, topic: str, payload: object, run_id: str) -> str:
+    trace_id = f"demo-{topic}-{run_id}"
     print(f"→ invoke {topic} {json.dumps(payload)}")
     try:
         result = await client.invoke(topic, payload, trace_id=trace_id, execute_deadline_ms=5_000)
@@ -52,7 +72,7 @@ async def _invoke(client: ReachClient, topic: str, payload: object) -> str:
     return trace_id
 
 
-async def _like_nats_pub(client: ReachClient) -> str:
+async def _like_nats_pub(client: ReachClient, run_id: str) -> str:
     """A bare JSON body with headers on core NATS, as `nats pub -H …` sends it."""
     broker = client.broker
     inbox = broker.nc.new_inbox()
@@ -62,7 +82,7 @@ async def _like_nats_pub(client: ReachClient) -> str:
     await broker.nc.publish(
         broker.names.task("echo"),
         body,
-        headers={h.TRACE_ID: "demo-nats-pub", h.REPLY_TO: inbox},
+        headers={h.TRACE_ID: f"demo-nats-pub-{run_id}", h.REPLY_TO: inbox},
     )
     while True:
         reply = (await sub.next_msg(timeout=10)).data
@@ -70,4 +90,4 @@ async def _like_nats_pub(client: ReachClient) -> str:
             print(f"  reply: {reply.decode()}\n")
             break
     await sub.unsubscribe()
-    return "demo-nats-pub"
+    return f"demo-nats-pub-{run_id}"

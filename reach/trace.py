@@ -60,7 +60,7 @@ def _line(step: Step, start: dt.datetime) -> str:
     agent = event.agent_id or "coordinator"
     attempt = f"#{event.attempt}"
     since = f"+{offset:.1f}ms"
-    line = f"  {clock} {since:>10}  {event.event:<14} {attempt:<3} {agent:<20} "
+    line = f"  {clock} {since:>10}  {event.event:<18} {attempt:<3} {agent:<20} "
     return (line + _detail(event)).rstrip()
 
 

@@ -187,6 +187,8 @@ async def test_demo_runs_and_exits_cleanly(tmp_path):
     assert '"REACH EVERY AGENT"' in done.stdout
     assert "Rejected: no_route" in done.stdout
     assert done.stdout.count("completed") >= 3
+    assert '"NATS MOVES MESSAGES BETWEEN AGENTS."' in done.stdout  # the headline workflow
+    assert "workflow headline " in done.stdout and "└─ headline" in done.stdout
 
 
 async def test_agents_clear_needs_a_coordinator_and_a_known_agent(broker, coordinator):
