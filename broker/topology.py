@@ -159,6 +159,7 @@ class Topology:
                 BucketSpec(
                     name=n.workflows_bucket,
                     history=5,
+                    ttl_s=7 * DAY,  # an instance is kept a week after its last change
                     description="Workflow instances: state, steps, outputs, deadlines",
                 ),
                 BucketSpec(

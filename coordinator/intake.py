@@ -50,14 +50,18 @@ class Intake:
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, topic=task.topic
         ):
-            if self._workflows.serves(task.topic):
-                await self._workflows.start(task, seen_before=meta.num_delivered > 1)
-                return None
             # The ttl runs from the broker's receipt, on this coordinator's clock.
-            spent_ms = max(0, now_ms() - received_ns // 1_000_000)
-            return await self._router.dispatch(
-                task, left_ms=task.ttl_ms - spent_ms, waited=meta.num_delivered - 1
-            )
+            left_ms = task.ttl_ms - max(0, now_ms() - received_ns // 1_000_000)
+            seen_before = meta.num_delivered > 1
+            if not self._workflows.serves(task.topic):
+                return await self._router.dispatch(
+                    task, left_ms=left_ms, waited=meta.num_delivered - 1
+                )
+            if left_ms <= 0 and not seen_before:  # seen before: it may have started already
+                await self._router.end(task, "expired", f"ttl {task.ttl_ms} ms passed in intake")
+                return None
+            await self._workflows.start(task, seen_before=seen_before)
+            return None
 
     async def _invalid(self, msg: Msg, topic: str, fallback_id: str, exc: DecodeError) -> None:
         headers = dict(msg.headers or {})

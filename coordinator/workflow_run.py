@@ -377,7 +377,7 @@ class Run:
         intent: str | None,
         payload: Any,
         timeout_s: float | None,
-        priority: Priority,
+        priority: Priority | None,
     ) -> StepRun:
         previous = self.record.steps.get(key)
         visit = (previous.visit if previous else 0) + 1
@@ -387,7 +387,7 @@ class Run:
             intent=intent or "",
             input=payload,
             started_ms=self.now,
-            priority=priority,
+            priority=priority or self.record.task.priority,
         )
         self.record.steps[key] = run
         if intent is None:

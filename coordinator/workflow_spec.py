@@ -78,7 +78,7 @@ class Step(msgspec.Struct, **_Strict):  # type: ignore[misc]
     on_timeout: OnTimeout = "fail"
     fallback_intent: Token | None = None
     compensate: Token | None = None  # the intent that undoes this step (saga)
-    priority: Priority = "P1"
+    priority: Priority | None = None  # default: the starting task's
 
     def __post_init__(self) -> None:
         if self.name in RESERVED:
@@ -140,7 +140,7 @@ class State(msgspec.Struct, **_Strict):  # type: ignore[misc]
     on_timeout: str | None = None  # a state to go to; else the workflow fails
     on_error: str | None = None  # a state to go to when the intent's task fails for good
     compensate: Token | None = None
-    priority: Priority = "P1"
+    priority: Priority | None = None  # default: the starting task's
 
     def __post_init__(self) -> None:
         if self.terminal and self.next:

@@ -195,3 +195,14 @@ def test_a_fan_out_without_a_join_step_completes_once() -> None:
     last = step(record, flow, "b", 2)
     assert sum(isinstance(a, Finish) for a in last.actions) == 1
     assert record.result == {"results": {"a": 1, "b": 2}, "missing": {}}
+
+
+def test_steps_inherit_the_starting_priority_unless_they_set_their_own() -> None:
+    """A P0 workflow's steps are P0, but a step may say otherwise."""
+    flow = spec("chain: [{name: a, intent: x}, {name: b, intent: y, priority: P2}]")
+    task = Task(v=1, message_id="wf2", trace_id="t", topic="flow", priority="P0")
+    record = new_record("flow", task, flow, now_ms=0)
+    Run(flow, record, 0).start()
+    assert record.steps["a"].priority == "P0"
+    step(record, flow, "a", 1)
+    assert record.steps["b"].priority == "P2"
