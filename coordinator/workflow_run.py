@@ -411,8 +411,8 @@ class Run:
         self.record.status, self.record.result, self.record.ended_ms = "completed", result, self.now
         self._cancel_leftovers()
         detail = {"path": self.record.path} if self.spec.is_machine else {}
-        self.actions.append(Note("workflow_completed", detail=detail))
         self.actions.append(Finish())
+        self.actions.append(Note("workflow_completed", detail=detail))
 
     def _fail(self, error: ErrorInfo) -> None:
         self._cancel_leftovers()
@@ -431,10 +431,10 @@ class Run:
         self.record.status = self.record.ending or "failed"
         self.record.ended_ms = self.now
         error = self.record.error
+        self.actions.append(Finish())
         self.actions.append(
             Note(f"workflow_{self.record.status}", detail={"error": msgspec.to_builtins(error)})
         )
-        self.actions.append(Finish())
 
     def _to_undo(self) -> list[str]:
         """Completed steps with a compensating intent, not yet undone, latest first."""

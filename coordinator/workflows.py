@@ -244,6 +244,7 @@ class WorkflowEngine:
         await emit(self._broker, event_for(about, event, **detail))
 
     async def _finish(self, record: WorkflowRecord) -> None:
+        await self._drop_timers(record.instance_id)
         task = record.task
         if record.status == "completed":
             answer = Result(
@@ -262,6 +263,16 @@ class WorkflowEngine:
             return
         state = msgspec.to_builtins(record)
         await end_with_error(self._broker, task, "workflow_failed", error, state=state)
+
+    async def _drop_timers(self, instance_id: str) -> None:
+        """Remove an ended instance's timers (its deadline would otherwise wait for hours)."""
+        names = self._broker.names
+        try:
+            await self._broker.js.purge_stream(
+                names.workflows_stream, subject=names.workflow_timer(instance_id)
+            )
+        except nats.errors.Error as exc:
+            log.warning("could not drop workflow timers", instance_id=instance_id, error=str(exc))
 
 
 def step_task(broker: Broker, record: WorkflowRecord, run: StepRun) -> Task:

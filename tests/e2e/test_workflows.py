@@ -73,14 +73,25 @@ async def test_a_four_step_chain_passes_outputs_on(broker, start_coordinator, wa
         result = await client.invoke("article", {"topic": "nats"}, trace_id="article-1")
         done = await watcher.event("workflow_completed")
         record = await read_record(broker, done.message_id)
+        left = await _drained(broker)
     assert result == {"url": "/articles/nats", "approved": True}
     assert counts == Counter(plan=1, write=1, review=1, publish=1)
+    assert left == 0  # no reply, and no timer of the ended instance, is left waiting
     assert record is not None and record.status == "completed"
     assert record.steps["write"].input == {"outline": ["intro", "nats", "outro"], "topic": "nats"}
     assert record.completed_order == ["plan", "write", "review", "publish"]
     step_routes = [e for e in watcher.events if e.event == "routed"]
     assert {e.trace_id for e in step_routes} == {"article-1"}  # every step in the trace
     assert [e.topic for e in step_routes] == ["plan", "write", "review", "publish"]
+
+
+async def _drained(broker, timeout: float = 5.0) -> int:  # type: ignore[no-untyped-def]
+    """Messages left in REACH_WORKFLOWS once the last acks have landed (an ack has no event)."""
+    stream = broker.names.workflows_stream
+    async with asyncio.timeout(timeout):
+        while left := (await broker.js.stream_info(stream)).state.messages:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    return left
 
 
 def test_the_python_builder_equals_the_yaml() -> None:
