@@ -72,7 +72,7 @@ async def test_malformed_json_is_dead_lettered_with_its_path(broker, coordinator
     assert first.error.message.endswith("- at `$`")
     assert second.error is not None and "$.ttl_ms" in second.error.message
     stored = await read_stream(broker.js, broker.names.dlq_stream, broker.names.dlq_wildcard)
-    assert [m.subject for m in stored] == ["reach.dlq.invalid_envelope.summarize"] * 2
+    assert [m.subject for m in stored] == [broker.names.dlq("invalid_envelope", "summarize")] * 2
 
 
 async def test_topic_without_agent_is_dead_lettered_no_route(broker, coordinator, watcher):
