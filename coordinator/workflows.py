@@ -102,7 +102,15 @@ class WorkflowEngine:
             case "timer":  # a timer comes back by design: not a sign of a crash
                 return await self._on_timer(instance_id, msg.data)
             case "signal":
-                await self._apply(instance_id, lambda run: run.on_signal(event), seen_before)
+                taken = await self._apply(
+                    instance_id, lambda run: run.on_signal(event), seen_before
+                )
+                if not taken:
+                    log.warning(
+                        "signal not taken: no state waits for it",
+                        instance_id=instance_id,
+                        event=event,
+                    )
             case "cancel":
                 await self._apply(instance_id, Run.cancel, seen_before)
             case _:
@@ -140,20 +148,21 @@ class WorkflowEngine:
     # -- applying -----------------------------------------------------------------------
     async def _apply(
         self, instance_id: str, change: Callable[[Run], bool], seen_before: bool
-    ) -> None:
-        """Apply ``change`` to the instance with a conditional write, then its actions."""
+    ) -> bool:
+        """Apply ``change`` to the instance with a conditional write, then its actions;
+        False when it changed nothing."""
         kv = await self._broker.kv(self._broker.names.workflows_bucket)
         for _ in range(CAS_TRIES):
             loaded = await self._load(instance_id)
             if loaded is None:
-                return
+                return False
             record, revision, spec = loaded
             run = Run(spec, record, self._clock())
             if not change(run):
                 if seen_before:  # maybe applied just before a crash: do what it called for
                     run.resume()
                     await self._carry_out(record, run.actions)
-                return
+                return False
             try:
                 await kv.update(instance_id, envelopes.encode(record), last=revision)
             except (nats.js.errors.KeyWrongLastSequenceError, WrongLastSequence):
@@ -161,7 +170,7 @@ class WorkflowEngine:
             except nats.errors.Error as exc:
                 raise translate(exc) from exc
             await self._carry_out(record, run.actions)
-            return
+            return True
         log.warning("workflow record kept changing under us; will retry", instance_id=instance_id)
         raise WrongLastSequence(f"workflow {instance_id}: too many concurrent changes")
 

@@ -135,13 +135,13 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         if args.action == "show":
             print(workflows_view.tree(record))
             return 0
-        if args.action == "signal":
-            await workflow_signal(broker, args.id, args.event)
-            print(f"{args.id}: signalled {args.event}")
-            return 0
         if record.finished:
             print(f"{args.id}: already {record.status}")
             return 1
+        if args.action == "signal":
+            await workflow_signal(broker, args.id, args.event)
+            print(f"{args.id}: signalled {args.event} (in state {record.current or '-'})")
+            return 0
         await workflow_cancel(broker, args.id)
         record = await _until_finished(broker, args.id, args.wait)
     print(workflows_view.tree(record) if record else f"{args.id}: cancel requested")
