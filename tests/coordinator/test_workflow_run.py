@@ -206,3 +206,17 @@ def test_steps_inherit_the_starting_priority_unless_they_set_their_own() -> None
     assert record.steps["a"].priority == "P0"
     step(record, flow, "a", 1)
     assert record.steps["b"].priority == "P2"
+
+
+def test_a_step_waits_for_all_it_is_after() -> None:
+    """steps with `after`: a diamond a → (b, c) → d; d starts only when b and c are done."""
+    flow = spec(
+        "steps: [{name: a, intent: x}, {name: b, intent: y, after: [a]},"
+        " {name: c, intent: z, after: [a]}, {name: d, intent: w, after: [b, c]}]"
+    )
+    record, run = started(flow, "in")
+    assert dispatched(run) == ["a"]
+    assert sorted(dispatched(step(record, flow, "a", "A"))) == ["b", "c"]
+    assert dispatched(step(record, flow, "b", "B")) == []  # c is not done yet
+    assert dispatched(step(record, flow, "c", "C")) == ["d"]
+    assert record.steps["d"].input == {"results": {"b": "B", "c": "C"}, "missing": {}}
