@@ -83,3 +83,19 @@ async def test_a_change_the_server_cannot_make_is_a_clear_error(broker):
     with pytest.raises(ProvisionError) as caught:
         await provision(broker.js, Topology(streams=streams, buckets=base.buckets))
     assert f"stream {broker.names.tasks_stream}: retention" in str(caught.value)
+
+
+async def test_uncapped_dispatch_streams_are_capped_in_place(broker):
+    """Dispatch streams made before queue caps existed are updated, not refused."""
+    base = Topology.default(broker.names)
+    uncapped = tuple(
+        dataclasses.replace(s, max_msgs_per_subject=-1, discard_new_per_subject=False)
+        if s.name in broker.names.dispatch_streams.values()
+        else s
+        for s in base.streams
+    )
+    await provision(broker.js, Topology(streams=uncapped, buckets=base.buckets))
+    outcomes = await provision(broker.js, Topology.default(broker.names, queue_capacity={"P0": 5}))
+    assert outcomes[broker.names.dispatch_stream("P0")] == Outcome.UPDATED
+    config = (await broker.js.stream_info(broker.names.dispatch_stream("P0"))).config
+    assert (config.max_msgs_per_subject, config.discard_new_per_subject) == (5, True)
