@@ -220,3 +220,26 @@ def test_a_step_waits_for_all_it_is_after() -> None:
     assert dispatched(step(record, flow, "b", "B")) == []  # c is not done yet
     assert dispatched(step(record, flow, "c", "C")) == ["d"]
     assert record.steps["d"].input == {"results": {"b": "B", "c": "C"}, "missing": {}}
+
+
+def test_a_state_that_times_out_goes_to_its_on_timeout_state() -> None:
+    """A state's timer moves the machine to on_timeout; without one the workflow fails."""
+    flow = spec(
+        "states: {initial: wait, states: {wait: {intent: x, timeout_s: 2, on_timeout: gave_up,"
+        " next: [{to: done}]}, gave_up: {terminal: true}, done: {terminal: true}}}"
+    )
+    record, run = started(flow)
+    assert Timer("wait", 1, 3_000) in run.actions
+    assert not Run(flow, record, 2_000).on_timer("wait", 2)  # not this visit's timer
+    late = Run(flow, record, 3_000)
+    assert late.on_timer("wait", 1)
+    assert record.status == "completed" and record.path == ["wait", "gave_up"]
+    assert record.steps["wait"].status == "timed_out"
+    strict = spec(
+        "states: {initial: wait, states: {wait: {intent: x, timeout_s: 2, next: [{to: done}]},"
+        " done: {terminal: true}}}"
+    )
+    record, _ = started(strict)
+    Run(strict, record, 3_000).on_timer("wait", 1)
+    assert record.status == "failed" and record.error is not None
+    assert record.error.type == "timeout"

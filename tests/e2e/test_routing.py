@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
+import msgspec
 import pytest
 
 import envelopes
 from agents import Agent, ReachClient, Rejected, TaskContext
 from coordinator.config import QueueConfig
 from envelopes import Liveness
+from envelopes.headers import task_headers
 from tests.e2e.routing_support import (
     all_completed,
     fast,
@@ -245,3 +248,41 @@ rules:
         with pytest.raises(Rejected) as caught:
             await client.invoke("work", {})
     assert caught.value.reason == "no_route"
+
+
+async def test_one_agent_destination_and_the_less_loaded_of_two(broker, start_coordinator, watcher):
+    """`to: {agent: X}` sends every task to X; in a pool, the agent with the shorter queue
+    gets the work (power of two choices on queue depth)."""
+    counts: Counter[str] = Counter()
+    gate = asyncio.Event()
+    busy = Agent("busy", startup_delay=0)
+
+    @busy.handler("work", capacity=10)
+    async def held(ctx: TaskContext, payload: dict) -> dict:
+        if payload.get("hold"):
+            await gate.wait()
+        counts["busy"] += 1
+        return {"by": "busy"}
+
+    rules = table("""
+rules:
+  - {name: pinned, match: {topic: pinned}, to: {agent: idle, intent: work}}
+  - {name: fallback, fallback: true, to: {}}
+""")
+    async with (
+        start_coordinator(fast(routing=rules)) as coordinator,
+        serving(broker, coordinator, busy, worker("idle", counts)),
+        ReachClient(broker=broker) as client,
+    ):
+        pinned = await publish_many(client, "pinned", 10)
+        await all_completed(watcher, pinned)
+        for _ in range(5):  # five held tasks queued straight at busy (P1 cap is 200)
+            hold = client.task("work", {"hold": True})
+            hold = msgspec.structs.replace(hold, to_agent="busy")
+            subject = broker.names.dispatch("busy", "P1")
+            await broker.publish(subject, envelopes.encode(hold), headers=task_headers(hold))
+        await eventually(lambda: coordinator.queues.depth("busy", "P1") >= 5)
+        light = [await client.invoke("work", {}) for _ in range(20)]
+        gate.set()
+    assert {e.agent_id for e in routed(watcher, pinned)} == {"idle"}
+    assert light.count({"by": "idle"}) >= 18, light
