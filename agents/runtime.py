@@ -25,7 +25,7 @@ from agents.registration import await_slot, write_card
 from broker import Broker, BrokerError
 from broker.consume import ConsumerSpec, bind, fetch
 from broker.errors import honour_cancellation
-from broker.lifecycle import dead_letter, emit, event_for, now_ms, reply
+from broker.lifecycle import about, dead_letter, emit, event_for, now_ms, reply
 from broker.tasks import cancel_and_wait
 from envelopes import (
     PRIORITIES,
@@ -378,16 +378,8 @@ def _error_info(exc: Exception, deadline_ms: int) -> ErrorInfo:
 
 
 def _about(task: Task, agent_id: str) -> dict[str, Any]:
-    return {
-        "v": 1,
-        "message_id": task.message_id,
-        "trace_id": task.trace_id,
-        "topic": task.topic,
-        "from_agent": agent_id,
-        "to_agent": task.from_agent,
-        "attempt": task.attempt,
-        "created_at": now_ms(),
-    }
+    """An agent's answer: from this agent, to the task's sender."""
+    return about(task, from_agent=agent_id, to_agent=task.from_agent)
 
 
 def _version(agent: Agent) -> str:

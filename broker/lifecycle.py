@@ -23,19 +23,25 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def event_for(about: Task, event: str, /, *, agent_id: str | None = None, **detail: Any) -> Event:
+def about(task: Task, **fields: Any) -> dict[str, Any]:
+    """The fields every reply and event about ``task`` repeats (its ids, topic and attempt),
+    stamped now; ``fields`` add to or override them."""
+    return {
+        "v": 1,
+        "message_id": task.message_id,
+        "trace_id": task.trace_id,
+        "topic": task.topic,
+        "attempt": task.attempt,
+        "created_at": now_ms(),
+        **fields,
+    }
+
+
+def event_for(about_: Task, event: str, /, *, agent_id: str | None = None, **detail: Any) -> Event:
     """An event about a task, carrying its ids, topic and attempt; ``detail`` is free-form."""
-    return Event(
-        v=1,
-        event=event,
-        message_id=about.message_id,
-        trace_id=about.trace_id,
-        topic=about.topic,
-        attempt=about.attempt,
-        agent_id=agent_id,
-        at_ms=now_ms(),
-        detail=detail,
-    )
+    fields = about(about_, event=event, agent_id=agent_id, detail=detail)
+    fields["at_ms"] = fields.pop("created_at")
+    return Event(**fields)
 
 
 AGENT_TOPIC = "_agent"  # the topic of events about an agent rather than a task

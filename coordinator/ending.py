@@ -7,7 +7,7 @@ from typing import Any
 import structlog
 
 from broker import Broker
-from broker.lifecycle import dead_letter, now_ms, reply
+from broker.lifecycle import about, dead_letter, reply
 from envelopes import ErrorInfo, ErrorReply, Task
 
 log = structlog.get_logger("coordinator")
@@ -34,12 +34,4 @@ async def end_with_error(
 
 def error_reply(task: Task, error: ErrorInfo) -> ErrorReply:
     """The ``error`` envelope answering ``task``."""
-    return ErrorReply(
-        v=1,
-        message_id=task.message_id,
-        trace_id=task.trace_id,
-        topic=task.topic,
-        attempt=task.attempt,
-        error=error,
-        created_at=now_ms(),
-    )
+    return ErrorReply(**about(task, error=error))

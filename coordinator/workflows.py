@@ -25,7 +25,7 @@ from nats.aio.msg import Msg
 import envelopes
 from broker import Broker, WrongLastSequence
 from broker.errors import translate
-from broker.lifecycle import emit, event_for, now_ms, reply
+from broker.lifecycle import about, emit, event_for, now_ms, reply
 from coordinator.ending import end_with_error, error_reply
 from coordinator.workflow_run import (
     Action,
@@ -86,7 +86,7 @@ class WorkflowEngine:
             return
         except nats.errors.Error as exc:
             raise translate(exc) from exc
-        await reply(self._broker, task, _ack(task))
+        await reply(self._broker, task, Ack(**about(task)))
         await self._carry_out(record, run.actions)
 
     # -- the REACH_WORKFLOWS consumer -------------------------------------------------
@@ -256,15 +256,7 @@ class WorkflowEngine:
         await self._drop_timers(record.instance_id)
         task = record.task
         if record.status == "completed":
-            answer = Result(
-                v=1,
-                message_id=task.message_id,
-                trace_id=task.trace_id,
-                topic=task.topic,
-                result=record.result,
-                created_at=self._clock(),
-            )
-            await reply(self._broker, task, answer)
+            await reply(self._broker, task, Result(**about(task, result=record.result)))
             return
         error = record.error or envelopes.ErrorInfo(type="failed", message="workflow failed")
         if record.status == "cancelled":
@@ -299,16 +291,6 @@ def step_task(broker: Broker, record: WorkflowRecord, run: StepRun) -> Task:
         priority=run.priority,
         ttl_ms=left_ms,
         created_at=run.started_ms,
-    )
-
-
-def _ack(task: Task) -> Ack:
-    return Ack(
-        v=1,
-        message_id=task.message_id,
-        trace_id=task.trace_id,
-        topic=task.topic,
-        created_at=now_ms(),
     )
 
 
