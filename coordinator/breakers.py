@@ -11,7 +11,7 @@ named by message id in the record, so their outcome is counted once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import msgspec
 import nats.errors
@@ -57,7 +57,7 @@ class BreakerBoard:
         self._config = config
         self._clock = clock
         self.records: dict[str, BreakerRecord] = {}
-        self._tripped: set[str] = set()  # agents with a breaker that is not closed
+        self._tripped: dict[str, set[str]] = {}  # agent → keys of its breakers not closed
         self._revisions: dict[str, int] = {}
         self._windows: dict[str, Window] = {}
         self._failures_in_a_row: dict[str, int] = {}
@@ -68,29 +68,32 @@ class BreakerBoard:
         if agent_id not in self._tripped:
             return OK, ""
         now = self._clock()
-        for key, trials in (
-            (agent_id, 1),
-            (breaker_key(agent_id, intent), self._config.trial_calls),
-        ):
-            verdict = admission(self.records.get(key), now, trials)
+        for key in (agent_id, breaker_key(agent_id, intent)):
+            verdict = admission(self.records.get(key), now, self._trials(key))
             if verdict is not OK:
                 return verdict, key
         return OK, ""
 
-    def tripped_agents(self) -> set[str]:
+    def tripped_agents(self) -> Collection[str]:
         """Agents with a breaker or an isolation that is not closed."""
-        return self._tripped
+        return self._tripped.keys()
+
+    def _trials(self, key: str) -> int:
+        """Trial calls a half-open record takes: one to lift an isolation, else trial_calls."""
+        return self._config.trial_calls if "." in key else 1
 
     @property
     def isolated(self) -> list[str]:
-        return sorted(r.agent_id for r in self.records.values() if _isolation(r) and _tripped(r))
+        return sorted(agent for agent, keys in self._tripped.items() if agent in keys)
 
     async def begin_trial(self, key: str, message_id: str) -> bool:
         """Record ``message_id`` as a trial call of ``key``; False when no trial is free."""
-        needed = 1 if "." not in key else self._config.trial_calls
 
         def trial(record: BreakerRecord | None) -> BreakerRecord | None:
-            if admission(record, self._clock(), needed).verdict != "trial" or record is None:
+            if (
+                record is None
+                or admission(record, self._clock(), self._trials(key)).verdict != "trial"
+            ):
                 return None
             return with_trial(record, message_id, self._clock(), self._config)
 
@@ -125,13 +128,15 @@ class BreakerBoard:
     def _store(self, key: str, record: BreakerRecord | None, revision: int) -> None:
         old = self.records.pop(key, None)
         self._revisions.pop(key, None)
-        if record is not None:
-            self.records[key], self._revisions[key] = record, revision
-        for agent_id in {r.agent_id for r in (old, record) if r is not None}:
-            if any(_tripped(r) for r in self.records.values() if r.agent_id == agent_id):
-                self._tripped.add(agent_id)
-            else:
-                self._tripped.discard(agent_id)
+        if old is not None and (keys := self._tripped.get(old.agent_id)):
+            keys.discard(key)
+            if not keys:
+                del self._tripped[old.agent_id]
+        if record is None:
+            return
+        self.records[key], self._revisions[key] = record, revision
+        if _tripped(record):
+            self._tripped.setdefault(record.agent_id, set()).add(key)
 
     async def record_outcome(self, event: Event, at_ms: int) -> None:
         """Count one agent-reported outcome (``at_ms``: when the broker stored it)."""
@@ -142,8 +147,8 @@ class BreakerBoard:
         await self._count_in_a_row(agent_id, ok, at_ms)
         window = self._windows.setdefault(key, Window(self._config.window_s))
         window.add(at_ms, ok)
-        for trial_key, needed in ((agent_id, 1), (key, self._config.trial_calls)):
-            await self._report_trial(trial_key, event.message_id, ok=ok, needed=needed)
+        for trial_key in (agent_id, key):
+            await self._report_trial(trial_key, event.message_id, ok=ok)
         if not ok:
             await self._maybe_trip(key, agent_id, event.topic, window, at_ms)
 
@@ -165,7 +170,7 @@ class BreakerBoard:
 
         await self._transition(agent_id, isolate)
 
-    async def _report_trial(self, key: str, message_id: str, *, ok: bool, needed: int) -> None:
+    async def _report_trial(self, key: str, message_id: str, *, ok: bool) -> None:
         record = self.records.get(key)
         if record is None or message_id not in record.trials:
             return
@@ -173,8 +178,9 @@ class BreakerBoard:
         def report(current: BreakerRecord | None) -> BreakerRecord | None:
             if current is None:
                 return None
+            now, needed = self._clock(), self._trials(key)
             return after_trial(
-                current, message_id, ok=ok, now_ms=self._clock(), needed=needed, config=self._config
+                current, message_id, ok=ok, now_ms=now, needed=needed, config=self._config
             )
 
         await self._transition(key, report)
