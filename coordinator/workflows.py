@@ -14,6 +14,7 @@ repeats every action the record calls for, all of them idempotent.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable, Mapping
 
 import msgspec
@@ -25,7 +26,7 @@ from nats.aio.msg import Msg
 import envelopes
 from broker import Broker, WrongLastSequence
 from broker.errors import translate
-from broker.lifecycle import about, emit, event_for, now_ms, reply
+from broker.lifecycle import about, dead_letter, emit, event_for, now_ms, reply
 from coordinator.ending import end_with_error, error_reply
 from coordinator.workflow_run import (
     Action,
@@ -39,13 +40,16 @@ from coordinator.workflow_run import (
     new_record,
 )
 from coordinator.workflow_spec import WorkflowSpec
-from envelopes import Ack, DecodeError, ErrorReply, Result, Task
+from envelopes import Ack, DecodeError, ErrorInfo, ErrorReply, Result, Task, stable_id
 from envelopes import headers as h
+from envelopes.types import TOKEN_PATTERN
 
 log = structlog.get_logger("coordinator.workflows")
 
 _record = msgspec.json.Decoder(WorkflowRecord)
+_TOKEN = re.compile(TOKEN_PATTERN)
 CAS_TRIES = 20
+WORKFLOW_TOPIC = "_workflow"  # the topic of dead letters about workflow messages
 
 
 class TimerDue(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,7 +86,8 @@ class WorkflowEngine:
             await kv.create(record.instance_id, envelopes.encode(record))
         except nats.js.errors.KeyWrongLastSequenceError:
             log.info("workflow exists already; resuming", instance_id=record.instance_id)
-            await self._resume(record.instance_id)
+            if (loaded := await self._load(record.instance_id)) is not None:
+                await self._resume(loaded[0], loaded[2])
             return
         except nats.errors.Error as exc:
             raise translate(exc) from exc
@@ -96,49 +101,64 @@ class WorkflowEngine:
         kind, _, rest = msg.subject[len(names.prefix) + len(".wf.") :].partition(".")
         instance_id, _, event = rest.partition(".")
         seen_before = msg.metadata.num_delivered > 1
-        match kind:
-            case "reply":
-                return await self._on_reply(instance_id, msg.data, seen_before)
-            case "timer":  # a timer comes back by design: not a sign of a crash
-                return await self._on_timer(instance_id, msg.data)
-            case "signal":
-                taken = await self._apply(
-                    instance_id, lambda run: run.on_signal(event), seen_before
-                )
-                if not taken:
-                    log.warning(
-                        "signal not taken: no state waits for it",
-                        instance_id=instance_id,
-                        event=event,
-                    )
-            case "cancel":
-                await self._apply(instance_id, Run.cancel, seen_before)
-            case _:
-                log.warning("unknown workflow message", subject=msg.subject)
+        try:
+            match kind:
+                case "reply":
+                    await self._on_reply(instance_id, msg.data, seen_before)
+                case "timer":  # a timer comes back by design: not a sign of a crash
+                    return await self._on_timer(instance_id, msg.data)
+                case "signal":
+                    await self._on_signal(instance_id, event, seen_before)
+                case "cancel":
+                    await self._apply(instance_id, Run.cancel, seen_before)
+                case _:
+                    raise DecodeError(f"no workflow message kind {kind!r}", path="subject")
+        except (DecodeError, msgspec.DecodeError) as exc:
+            await self._refuse(msg, instance_id, str(exc))
         return None
 
     async def _on_reply(self, instance_id: str, data: bytes, seen_before: bool) -> None:
-        try:
-            answer = envelopes.decode_reply(data)
-        except DecodeError as exc:
-            log.error("unreadable step reply", instance_id=instance_id, error=str(exc))
-            return None
+        answer = envelopes.decode_reply(data)
         match answer:
-            case Result(message_id=message_id, result=output):
-                apply = lambda run: run.on_result(message_id, output=output, error=None)  # noqa: E731
-            case ErrorReply(message_id=message_id, error=error):
-                apply = lambda run: run.on_result(message_id, error=error)  # noqa: E731
+            case Result():
+                output, error = answer.result, None
+            case ErrorReply():
+                output, error = None, answer.error
             case _:
-                return None  # acks and progress of a step: nothing to decide
-        await self._apply(instance_id, apply, seen_before)
-        return None
+                return  # acks and progress of a step: nothing to decide
+        message_id = answer.message_id
+        await self._apply(
+            instance_id,
+            lambda run: run.on_result(message_id, output=output, error=error),
+            seen_before,
+        )
+
+    async def _on_signal(self, instance_id: str, event: str, seen_before: bool) -> None:
+        if not await self._apply(instance_id, lambda run: run.on_signal(event), seen_before):
+            log.warning(
+                "signal not taken: no state waits for it", instance_id=instance_id, event=event
+            )
+
+    async def _refuse(self, msg: Msg, instance_id: str, why: str) -> None:
+        """A workflow message that cannot be read goes to the DLQ, saying what was wrong."""
+        meta = msg.metadata
+        message_id = stable_id(
+            int(meta.timestamp.timestamp() * 1e9), meta.stream, meta.sequence.stream
+        )
+        log.error("unreadable workflow message", subject=msg.subject, error=why)
+        await dead_letter(
+            self._broker,
+            reason="invalid_envelope",
+            message_id=message_id,
+            trace_id=instance_id if _TOKEN.match(instance_id) else message_id,
+            topic=WORKFLOW_TOPIC,
+            error=ErrorInfo(type="invalid_envelope", message=why, retryable=False),
+            raw=msg.data,
+            headers={**(msg.headers or {}), "Reach-Subject": msg.subject},
+        )
 
     async def _on_timer(self, instance_id: str, data: bytes) -> float | None:
-        try:
-            due = msgspec.json.decode(data, type=TimerDue)
-        except msgspec.DecodeError as exc:
-            log.error("unreadable workflow timer", instance_id=instance_id, error=str(exc))
-            return None
+        due = msgspec.json.decode(data, type=TimerDue)
         wait_ms = due.due_ms - self._clock()
         if wait_ms > 0:
             return wait_ms / 1000
@@ -190,13 +210,10 @@ class WorkflowEngine:
             return None
         return record, entry.revision or 0, spec
 
-    async def _resume(self, instance_id: str) -> None:
-        loaded = await self._load(instance_id)
-        if loaded is not None:
-            record, _, spec = loaded
-            run = Run(spec, record, self._clock())
-            run.resume()
-            await self._carry_out(record, run.actions)
+    async def _resume(self, record: WorkflowRecord, spec: WorkflowSpec) -> None:
+        run = Run(spec, record, self._clock())
+        run.resume()
+        await self._carry_out(record, run.actions)
 
     async def resume_all(self) -> int:
         """Repeat what every unfinished instance calls for (idempotent); how many there were."""
@@ -211,7 +228,7 @@ class WorkflowEngine:
         for key in keys:
             loaded = await self._load(key)
             if loaded is not None and not loaded[0].finished:
-                await self._resume(key)
+                await self._resume(loaded[0], loaded[2])
                 resumed += 1
         if resumed:
             log.info("unfinished workflows resumed", count=resumed)
@@ -231,9 +248,27 @@ class WorkflowEngine:
                     await self._finish(record)
 
     async def _dispatch(self, record: WorkflowRecord, run: StepRun) -> None:
-        task = step_task(self._broker, record, run)
+        task = self._step_task(record, run)
         subject = self._broker.names.task(task.topic)
         await self._broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
+
+    def _step_task(self, record: WorkflowRecord, run: StepRun) -> Task:
+        """The task of one step visit, answering to the instance's reply subject."""
+        now = self._clock()
+        left_ms = max(1, record.deadline_ms - now)
+        if run.deadline_ms:
+            left_ms = max(1, min(left_ms, run.deadline_ms - now))
+        return Task(
+            v=1,
+            message_id=run.message_id,
+            trace_id=record.trace_id,
+            topic=run.intent or record.workflow,
+            payload=run.input,
+            reply_to=self._broker.names.workflow_reply(record.instance_id),
+            priority=run.priority,
+            ttl_ms=left_ms,
+            created_at=run.started_ms,
+        )
 
     async def _arm(self, record: WorkflowRecord, key: str, visit: int, due_ms: int) -> None:
         names = self._broker.names
@@ -248,7 +283,7 @@ class WorkflowEngine:
     ) -> None:
         about = record.task
         if key:
-            about = step_task(self._broker, record, record.steps[key])
+            about = self._step_task(record, record.steps[key])
         detail = {"workflow": record.workflow, **detail}
         await emit(self._broker, event_for(about, event, **detail))
 
@@ -258,7 +293,7 @@ class WorkflowEngine:
         if record.status == "completed":
             await reply(self._broker, task, Result(**about(task, result=record.result)))
             return
-        error = record.error or envelopes.ErrorInfo(type="failed", message="workflow failed")
+        error = record.error or ErrorInfo(type="failed", message="workflow failed")
         if record.status == "cancelled":
             await reply(self._broker, task, error_reply(task, error))
             return
@@ -274,24 +309,6 @@ class WorkflowEngine:
             )
         except nats.errors.Error as exc:
             log.warning("could not drop workflow timers", instance_id=instance_id, error=str(exc))
-
-
-def step_task(broker: Broker, record: WorkflowRecord, run: StepRun) -> Task:
-    """The task of one step visit, answering to the instance's reply subject."""
-    left_ms = max(1, record.deadline_ms - now_ms())
-    if run.deadline_ms:
-        left_ms = max(1, min(left_ms, run.deadline_ms - now_ms()))
-    return Task(
-        v=1,
-        message_id=run.message_id,
-        trace_id=record.trace_id,
-        topic=run.intent or record.workflow,
-        payload=run.input,
-        reply_to=broker.names.workflow_reply(record.instance_id),
-        priority=run.priority,
-        ttl_ms=left_ms,
-        created_at=run.started_ms,
-    )
 
 
 async def cancel(broker: Broker, instance_id: str) -> None:

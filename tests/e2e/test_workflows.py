@@ -528,3 +528,25 @@ async def test_two_replicas_share_the_instances_without_losing_a_step(
     assert all(r["results"] == {"a": "count_a", "b": "count_b", "c": "count_c"} for r in results)
     assert counts == Counter(count_a=20, count_b=20, count_c=20)
     assert watcher.count("workflow_completed") == 20
+
+
+async def test_an_unreadable_workflow_message_is_dead_lettered(broker, start_coordinator, watcher):
+    """A garbled step reply or timer, or an unknown kind, ends in REACH_DLQ with the reason."""
+    async with start_coordinator(fast(workflows=workflows(article=ARTICLE))):
+        names = broker.names
+        await broker.publish(names.workflow_reply("some-instance"), b'{"kind": "result"')
+        await broker.publish(names.workflow_timer("some-instance"), b'{"key": 1}')
+        await broker.publish(f"{names.prefix}.wf.bogus.some-instance", b"{}")
+        await watcher.until(lambda: len(watcher.dead_letters) >= 3 or None, "3 dead letters")
+    letters = watcher.dead_letters
+    assert {d.reason for d in letters} == {"invalid_envelope"}
+    assert {d.trace_id for d in letters} == {"some-instance"}
+    messages = sorted(d.error.message for d in letters if d.error)
+    assert "no workflow message kind 'bogus' - at `subject`" in messages
+    assert any("truncated" in m for m in messages)
+    assert any("$.key" in m for m in messages)
+    assert {d.headers["Reach-Subject"].split(".")[2] for d in letters} == {
+        "reply",
+        "timer",
+        "bogus",
+    }
