@@ -176,6 +176,13 @@ class Topology:
         )
 
 
+def queue_caps(names: Names, queue_capacity: Mapping[Priority, int]) -> Topology:
+    """Only the dispatch streams, with these per-agent queue capacities."""
+    full = Topology.default(names, queue_capacity=queue_capacity)
+    dispatch = set(names.dispatch_streams.values())
+    return Topology(streams=tuple(s for s in full.streams if s.name in dispatch), buckets=())
+
+
 async def provision(js: nats.js.JetStreamContext, topology: Topology) -> dict[str, Outcome]:
     """Bring every stream and bucket to its spec; returns what happened to each."""
     outcomes: dict[str, Outcome] = {}

@@ -18,9 +18,10 @@ import structlog
 from nats.aio.msg import Msg
 
 import envelopes
-from broker import Broker, BrokerError, Topology, provision
+from broker import Broker, BrokerError, provision
 from broker.consume import ConsumerSpec, batches, bind
 from broker.tasks import cancel_and_wait
+from broker.topology import queue_caps
 from coordinator.advisories import Advisories
 from coordinator.breakers import BreakerBoard
 from coordinator.config import CoordinatorConfig
@@ -106,8 +107,7 @@ class Coordinator:
             filter_subjects=names.max_deliveries_advisories,
         )
         # The per-agent queue capacities are this config's: the broker enforces them.
-        capacities = self.config.queues.capacities
-        await provision(self.broker.js, Topology.default(names, queue_capacity=capacities))
+        await provision(self.broker.js, queue_caps(names, self.config.queues.capacities))
         async with asyncio.TaskGroup() as group:
             views = {
                 "directory": self.directory.follow,

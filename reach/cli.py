@@ -71,7 +71,9 @@ async def _coordinate(url: str, args: argparse.Namespace) -> None:
     config = load_config(args.config)
     names = Names(prefix=args.prefix or config.prefix)
     async with (
-        provisioned(url, names, name="coordinator") as broker,
+        provisioned(
+            url, names, name="coordinator", queue_capacity=config.queues.capacities
+        ) as broker,
         Coordinator(broker, config, config_path=args.config).running(),
     ):
         await until_signal(f"coordinator serving on {url}")

@@ -6,12 +6,13 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import structlog
 
 from broker import Broker, EmbeddedServer, Names, Topology, provision
+from envelopes import Priority
 
 log = structlog.get_logger("reach")
 
@@ -27,10 +28,12 @@ async def nats_server(url: str | None, *, port: int, data_dir: Path) -> AsyncIte
 
 
 @contextlib.asynccontextmanager
-async def provisioned(url: str, names: Names, *, name: str) -> AsyncIterator[Broker]:
+async def provisioned(
+    url: str, names: Names, *, name: str, queue_capacity: Mapping[Priority, int] | None = None
+) -> AsyncIterator[Broker]:
     """A connection whose streams and buckets exist (provisioning is idempotent)."""
     async with Broker(url, names=names, name=name) as broker:
-        await provision(broker.js, Topology.default(names))
+        await provision(broker.js, Topology.default(names, queue_capacity=queue_capacity))
         yield broker
 
 
