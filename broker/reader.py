@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
+import msgspec
+import nats.errors
 import nats.js
+import nats.js.errors
 from nats.js import api
+from nats.js.kv import KeyValue
 
-from broker.errors import translated
+from broker.errors import translate, translated
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +79,32 @@ def _stored(msg: nats.aio.msg.Msg) -> StoredMessage:
         headers=dict(msg.headers or {}),
         timestamp_ns=int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredValue(Generic[T]):
+    """A KV value decoded, with the broker's time of writing it."""
+
+    value: T
+    written: dt.datetime | None
+
+
+async def read_bucket(kv: KeyValue, kind: type[T]) -> dict[str, StoredValue[T]]:
+    """Every key's value decoded as ``kind``; keys deleted meanwhile or not of that kind are
+    left out (a snapshot for people to read, not for decisions)."""
+    try:
+        keys = await kv.keys()
+    except nats.js.errors.NoKeysError:
+        return {}
+    except nats.errors.Error as exc:
+        raise translate(exc) from exc
+    found: dict[str, StoredValue[T]] = {}
+    for key in keys:
+        try:
+            entry = await kv.get(key)
+            found[key] = StoredValue(
+                msgspec.json.decode(entry.value or b"", type=kind), entry.created
+            )
+        except (nats.errors.Error, msgspec.DecodeError):
+            continue
+    return found

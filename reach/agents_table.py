@@ -5,18 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import time
 from dataclasses import dataclass
-from typing import TypeVar
-
-import msgspec
-import nats.errors
-import nats.js.errors
-from nats.js.kv import KeyValue
 
 from broker import Broker
+from broker.reader import read_bucket
 from coordinator.breaker import BreakerRecord
 from envelopes import AgentCard, Heartbeat, Liveness
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,21 +28,23 @@ class Row:
 async def collect(broker: Broker) -> list[Row]:
     """One row per registered agent, sorted by id."""
     names = broker.names
-    cards = await _all(await broker.kv(names.agents_bucket), AgentCard)
-    judged = await _all(await broker.kv(names.liveness_bucket), Liveness)
-    beats = await _all(await broker.kv(names.heartbeats_bucket), Heartbeat)
-    breakers = await _all(await broker.kv(names.breakers_bucket), BreakerRecord)
+    cards = await read_bucket(await broker.kv(names.agents_bucket), AgentCard)
+    judged = await read_bucket(await broker.kv(names.liveness_bucket), Liveness)
+    beats = await read_bucket(await broker.kv(names.heartbeats_bucket), Heartbeat)
+    breakers = await read_bucket(await broker.kv(names.breakers_bucket), BreakerRecord)
     tripped: dict[str, list[BreakerRecord]] = {}
-    for record, _ in breakers.values():
-        if record.state != "closed":
-            tripped.setdefault(record.agent_id, []).append(record)
+    for stored in breakers.values():
+        if stored.value.state != "closed":
+            tripped.setdefault(stored.value.agent_id, []).append(stored.value)
     rows = []
     for agent_id in sorted(cards):
-        card, _ = cards[agent_id]
-        beat, beat_at = beats.get(agent_id, (None, None))
-        age = time.time() - beat_at.timestamp() if beat_at else None
+        beat = beats.get(agent_id)
+        written = beat.written if beat else None
+        age = time.time() - written.timestamp() if written else None
+        liveness = judged[agent_id].value if agent_id in judged else None
         open_ones = tuple(sorted(tripped.get(agent_id, []), key=lambda r: r.intent))
-        rows.append(Row(card, judged.get(agent_id, (None, None))[0], beat, age, open_ones))
+        heartbeat = beat.value if beat else None
+        rows.append(Row(cards[agent_id].value, liveness, heartbeat, age, open_ones))
     return rows
 
 
@@ -81,18 +76,3 @@ def _line(row: Row) -> str:
         f"{card.agent_id:<22} {state:<9} {since:<9} {age:>6} {load:>7}"
         f"  {intents}  {tags}  {breakers}"
     )
-
-
-async def _all(kv: KeyValue, kind: type[T]) -> dict[str, tuple[T, dt.datetime | None]]:
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
-        return {}
-    found: dict[str, tuple[T, dt.datetime | None]] = {}
-    for key in keys:
-        try:
-            entry = await kv.get(key)
-            found[key] = (msgspec.json.decode(entry.value or b"", type=kind), entry.created)
-        except (nats.errors.Error, msgspec.DecodeError):
-            continue  # deleted meanwhile, or not ours to show
-    return found

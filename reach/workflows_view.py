@@ -4,30 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 
-import msgspec
-import nats.errors
-import nats.js.errors
-
 from broker import Broker
+from broker.reader import read_bucket
 from coordinator.workflow_run import StepRun, WorkflowRecord
-
-_record = msgspec.json.Decoder(WorkflowRecord)
 
 
 async def all_records(broker: Broker) -> list[WorkflowRecord]:
     """Every instance in ``reach_workflows``, newest first."""
     kv = await broker.kv(broker.names.workflows_bucket)
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
-        return []
-    records = []
-    for key in keys:
-        try:
-            records.append(_record.decode((await kv.get(key)).value or b""))
-        except (nats.errors.Error, msgspec.DecodeError):
-            continue  # deleted meanwhile, or not ours to show
-    return sorted(records, key=lambda r: r.started_ms, reverse=True)
+    stored = await read_bucket(kv, WorkflowRecord)
+    return sorted((s.value for s in stored.values()), key=lambda r: r.started_ms, reverse=True)
 
 
 def table(records: list[WorkflowRecord]) -> str:
