@@ -11,6 +11,14 @@ from tests.cli.conftest import run, run_in_terminal
 pytestmark = pytest.mark.nats_cli
 
 
+async def nats_pub(nats_cli, broker, topic: str, body: str, *headers: str):  # type: ignore[no-untyped-def]
+    """`nats pub reach.task.<topic> BODY -H Name:value ...`, as an operator types it."""
+    flags = [arg for header in headers for arg in ("-H", header)]
+    return await run(
+        nats_cli, "--server", broker.url, "pub", broker.names.task(topic), body, *flags
+    )
+
+
 def summarizer() -> Agent:
     agent = Agent("cli-worker", tags={"role": "worker"}, startup_delay=0)
 
@@ -24,14 +32,11 @@ def summarizer() -> Agent:
 async def test_nats_pub_reaches_an_agent(nats_cli, broker, coordinator, watcher):
     """`nats pub reach.task.<topic> '<json>'` with a trace header is executed by an agent."""
     async with summarizer().running(broker=broker):
-        done = await run(
+        done = await nats_pub(
             nats_cli,
-            "--server",
-            broker.url,
-            "pub",
-            broker.names.task("summarize"),
+            broker,
+            "summarize",
             '{"text": "three little words"}',
-            "-H",
             "Reach-Trace-Id:from-cli",
         )
         assert done.returncode == 0, done.stderr
@@ -42,16 +47,7 @@ async def test_nats_pub_reaches_an_agent(nats_cli, broker, coordinator, watcher)
 
 async def test_nats_stream_view_shows_dead_letters(nats_cli, broker, coordinator, watcher):
     """`nats stream view REACH_DLQ` shows an invalid body's dead letter with its reason."""
-    sent = await run(
-        nats_cli,
-        "--server",
-        broker.url,
-        "pub",
-        broker.names.task("summarize"),
-        '{"text": ',
-        "-H",
-        "Nats-Msg-Id:broken-1",
-    )
+    sent = await nats_pub(nats_cli, broker, "summarize", '{"text": ', "Nats-Msg-Id:broken-1")
     assert sent.returncode == 0, sent.stderr
     await watcher.dead_letter("invalid_envelope")
     stream = broker.names.dlq_stream
@@ -106,11 +102,11 @@ rules:
         summarizer().running(broker=broker),
         express.running(broker=broker),
     ):
-        subject = broker.names.task("summarize")
         body = '{"text": "a b"}'
-        args = (nats_cli, "--server", broker.url, "pub", subject, body)
-        steered = await run(*args, "-H", "X-Lane:express", "-H", "Nats-Msg-Id:lane-1")
-        plain = await run(*args, "-H", "Nats-Msg-Id:lane-2")
+        steered = await nats_pub(
+            nats_cli, broker, "summarize", body, "X-Lane:express", "Nats-Msg-Id:lane-1"
+        )
+        plain = await nats_pub(nats_cli, broker, "summarize", body, "Nats-Msg-Id:lane-2")
         assert steered.returncode == plain.returncode == 0
         to_express = await watcher.event("completed", message_id="lane-1")
         to_summarizer = await watcher.event("completed", message_id="lane-2")
@@ -140,15 +136,8 @@ async def test_nats_pub_starts_a_workflow(nats_cli, broker, start_coordinator, w
         summarizer().running(broker=broker),
         doubler.running(broker=broker),
     ):
-        sent = await run(
-            nats_cli,
-            "--server",
-            broker.url,
-            "pub",
-            broker.names.task("wordcount"),
-            '{"text": "one two three"}',
-            "-H",
-            "Nats-Msg-Id:wf-from-cli",
+        sent = await nats_pub(
+            nats_cli, broker, "wordcount", '{"text": "one two three"}', "Nats-Msg-Id:wf-from-cli"
         )
         assert sent.returncode == 0, sent.stderr
         done = await watcher.event("workflow_completed", message_id="wf-from-cli")

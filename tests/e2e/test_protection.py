@@ -4,7 +4,6 @@ token buckets."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
 import time
 from collections import Counter
@@ -197,12 +196,12 @@ async def test_a_breaker_opens_for_one_intent_and_recovers_through_half_open(
         async with serving(broker, coordinator, y):
             assert await client.invoke("flaky", {}) == {"by": "y"}
             broken["x"] = False
-            for _ in range(100):  # paced traffic until the trials have closed it
-                await client.invoke("flaky", {})
-                if watcher.count("breaker_closed"):
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(
+                lambda: coordinator.breakers.admission("x", "flaky")[0].verdict == "trial"
+            )
+            trials = [await client.invoke("flaky", {}) for _ in range(2)]  # trial_calls = 2
             closed = await watcher.event("breaker_closed")
+    assert trials == ["x", "x"]  # the trials go to x although y is ready
     assert opened.agent_id == "x" and opened.detail["intent"] == "flaky"
     assert "4 of 4 calls failed" in opened.detail["reason"]
     assert refused.value.reason == "circuit_open"
@@ -248,12 +247,8 @@ async def test_an_agent_failing_everything_is_isolated_until_a_trial_succeeds(
             await client.invoke("b", {})
         table = agents_table.render(await agents_table.collect(broker))
         broken["z"] = False
-        for _ in range(100):
-            with contextlib.suppress(Rejected):
-                await client.invoke("b", {})
-            if watcher.count("agent_restored"):
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: coordinator.breakers.admission("z", "b")[0].verdict == "trial")
+        assert await client.invoke("b", {}) == "z"  # the one trial that lifts the isolation
         restored = await watcher.event("agent_restored")
     assert isolated.agent_id == "z" and isolated.detail["isolated_agents"] == 1
     assert isolated.detail["reason"] == "5 failures in a row"
