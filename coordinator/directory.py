@@ -8,6 +8,8 @@ believed, because a card written a moment ago may not have arrived yet.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from types import MappingProxyType
 
 import msgspec
 import nats.errors
@@ -38,8 +40,9 @@ class AgentDirectory:
         self.liveness: dict[str, Liveness] = {}
 
     @property
-    def cards(self) -> dict[str, AgentCard]:
-        return dict(self._cards)
+    def cards(self) -> Mapping[str, AgentCard]:
+        """A read-only view (no copy: the router asks on every failure)."""
+        return MappingProxyType(self._cards)
 
     async def follow(self, ready: asyncio.Event) -> None:
         """Keep the cache current until cancelled; ``ready`` is set after the first load."""
