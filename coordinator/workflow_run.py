@@ -252,8 +252,9 @@ class Run:
     def _start_step(self, step: Step, *, intent: str | None = None) -> None:
         payload = self._input_of(step)
         run = self._begin(step.name, intent or step.intent, payload, step.timeout_s, step.priority)
-        if run.status == "completed":  # no intent: the input passes through
-            self._completed(step.name, run)
+        # Without an intent the input passes through at once; _advance's loop carries on.
+        if run.status == "completed":
+            self.record.completed_order.append(step.name)
 
     def _input_of(self, step: Step) -> Any:
         after = step.after or []
@@ -288,17 +289,17 @@ class Run:
             self._state_ended(key, run)
             return
         if error is None:
-            self._completed(key, run)
+            self._completed(key)
             return
         if self._tolerated(key):
             self._advance()
         else:
             self._fail(error)
 
-    def _completed(self, key: str, run: StepRun) -> None:
+    def _completed(self, key: str) -> None:
+        """A graph step is done: remember the order (for the saga), start what it unblocks."""
         self.record.completed_order.append(key)
-        if self.spec.states is None:
-            self._advance()
+        self._advance()
 
     def _tolerated(self, key: str) -> bool:
         """A step may fail when every step after it only needs some of its dependencies."""
