@@ -14,7 +14,8 @@ import nats.js.errors
 from nats.js import api
 from nats.js.kv import KeyValue
 
-from broker.errors import translate, translated
+from broker.errors import translated
+from broker.watch import snapshot
 
 T = TypeVar("T")
 
@@ -90,21 +91,14 @@ class StoredValue(Generic[T]):
 
 
 async def read_bucket(kv: KeyValue, kind: type[T]) -> dict[str, StoredValue[T]]:
-    """Every key's value decoded as ``kind``; keys deleted meanwhile or not of that kind are
-    left out (a snapshot for people to read, not for decisions)."""
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
-        return {}
-    except nats.errors.Error as exc:
-        raise translate(exc) from exc
+    """Every key's value decoded as ``kind`` (values not of that kind are left out): a
+    snapshot for people to read, through one watch."""
     found: dict[str, StoredValue[T]] = {}
-    for key in keys:
+    for change in await snapshot(kv):
         try:
-            entry = await kv.get(key)
-            found[key] = StoredValue(
-                msgspec.json.decode(entry.value or b"", type=kind), entry.created
+            found[change.key] = StoredValue(
+                msgspec.json.decode(change.value or b"", type=kind), change.written
             )
-        except (nats.errors.Error, msgspec.DecodeError):
+        except msgspec.DecodeError:
             continue
     return found

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -21,6 +22,7 @@ class Change:
     key: str
     value: bytes | None
     revision: int
+    written: dt.datetime | None = None  # the broker's time of the write
 
 
 class BucketWatch:
@@ -63,11 +65,36 @@ class BucketWatch:
             if entry is None:  # nats-py's "initial values delivered" marker
                 self.initial.set()
                 continue
-            deleted = entry.operation in (KV_DEL, KV_PURGE)
-            yield Change(
-                key=entry.key,
-                value=None if deleted else entry.value,
-                revision=entry.revision or 0,
-            )
+            yield _change(entry)
             if entry.delta == 0:
                 self.initial.set()
+
+    async def snapshot(self) -> list[Change]:
+        """The values present when the watch began (deleted keys left out), then stop."""
+        assert self._watcher is not None, "use `async with BucketWatch(...)`"
+        found: list[Change] = []
+        async for entry in self._watcher:
+            if entry is None:
+                break
+            if (change := _change(entry)).value is not None:
+                found.append(change)
+            if entry.delta == 0:
+                break
+        self.initial.set()
+        return found
+
+
+async def snapshot(kv: KeyValue) -> list[Change]:
+    """Every key's current value, read through one watch rather than a request per key."""
+    async with BucketWatch(kv) as watch:
+        return await watch.snapshot()
+
+
+def _change(entry: KeyValue.Entry) -> Change:
+    deleted = entry.operation in (KV_DEL, KV_PURGE)
+    return Change(
+        key=entry.key,
+        value=None if deleted else entry.value,
+        revision=entry.revision or 0,
+        written=entry.created,
+    )

@@ -27,6 +27,7 @@ import envelopes
 from broker import Broker, WrongLastSequence
 from broker.errors import translate
 from broker.lifecycle import about, dead_letter, emit, event_for, now_ms, reply
+from broker.watch import snapshot
 from coordinator.ending import end_with_error, error_reply
 from coordinator.workflow_run import (
     Action,
@@ -218,18 +219,21 @@ class WorkflowEngine:
     async def resume_all(self) -> int:
         """Repeat what every unfinished instance calls for (idempotent); how many there were."""
         kv = await self._broker.kv(self._broker.names.workflows_bucket)
-        try:
-            keys = await kv.keys()
-        except nats.js.errors.NoKeysError:
-            return 0
-        except nats.errors.Error as exc:
-            raise translate(exc) from exc
         resumed = 0
-        for key in keys:
-            loaded = await self._load(key)
-            if loaded is not None and not loaded[0].finished:
-                await self._resume(loaded[0], loaded[2])
-                resumed += 1
+        for change in await snapshot(kv):
+            try:
+                record = _record.decode(change.value or b"")
+            except msgspec.DecodeError as exc:
+                log.error("unreadable workflow record left alone", key=change.key, error=str(exc))
+                continue
+            spec = self.specs.get(record.workflow)
+            if record.finished:
+                continue
+            if spec is None:
+                log.error("workflow no longer defined; left as is", instance_id=change.key)
+                continue
+            await self._resume(record, spec)
+            resumed += 1
         if resumed:
             log.info("unfinished workflows resumed", count=resumed)
         return resumed

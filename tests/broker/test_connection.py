@@ -107,3 +107,18 @@ async def test_embedded_server_on_taken_port_names_the_port(nats_url, tmp_path):
         with pytest.raises(EmbeddedServerError, match=f"port {first.port} on 127.0.0.1 is already"):
             async with EmbeddedServer(port=first.port, store_dir=tmp_path / "b"):
                 pass
+
+
+async def test_a_bucket_snapshot_reads_every_live_key_through_one_watch(broker):
+    """snapshot() returns the keys present (not deleted ones) and stops, even when empty."""
+    from broker.watch import snapshot
+
+    kv = await broker.kv(broker.names.leases_bucket)
+    assert await snapshot(kv) == []
+    await kv.put("a", b"1")
+    await kv.put("b", b"2")
+    await kv.put("a", b"3")
+    await kv.delete("b")
+    (only,) = await snapshot(kv)
+    assert (only.key, only.value) == ("a", b"3")
+    assert only.written is not None
