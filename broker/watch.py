@@ -85,9 +85,13 @@ class BucketWatch:
 
 
 async def snapshot(kv: KeyValue) -> list[Change]:
-    """Every key's current value, read through one watch rather than a request per key."""
+    """Every key's current value, read through one watch rather than a request per key.
+
+    Raises only :class:`~broker.errors.BrokerError`.
+    """
     async with BucketWatch(kv) as watch:
-        return await watch.snapshot()
+        with translated():
+            return await watch.snapshot()
 
 
 def _change(entry: KeyValue.Entry) -> Change:

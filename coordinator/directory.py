@@ -12,14 +12,11 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 import msgspec
-import nats.errors
-import nats.js.errors
 import structlog
-from nats.js.kv import KeyValue
 
 from broker import Broker
-from broker.errors import honour_cancellation, translate
-from broker.watch import BucketWatch, Change
+from broker.errors import honour_cancellation
+from broker.watch import BucketWatch, Change, snapshot
 from envelopes import AgentCard, Liveness
 
 log = structlog.get_logger("coordinator.directory")
@@ -82,17 +79,13 @@ class AgentDirectory:
         return self._by_intent.get(intent, [])
 
     async def refresh(self) -> None:
-        """Read every card from the bucket."""
+        """Read every card from the bucket again (cards gone from it are dropped)."""
         kv = await self._broker.kv(self._broker.names.agents_bucket)
-        for key in await _keys(kv):
-            try:
-                entry = await kv.get(key)
-            except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-                self._cards.pop(key, None)  # deleted since keys() answered
-                continue
-            except nats.errors.Error as exc:
-                raise translate(exc) from exc
-            self._apply(Change(key=key, value=entry.value, revision=entry.revision or 0))
+        present = await snapshot(kv)
+        for gone in self._cards.keys() - {change.key for change in present}:
+            self._apply(Change(key=gone, value=None, revision=0))
+        for change in present:
+            self._apply(change)
 
     def can_take_work(self, card: AgentCard) -> bool:
         return self.why_not_working(card) is None
@@ -130,12 +123,3 @@ class AgentDirectory:
         await cards.initial.wait()
         await liveness.initial.wait()
         ready.set()
-
-
-async def _keys(kv: KeyValue) -> list[str]:
-    try:
-        return await kv.keys()
-    except nats.js.errors.NoKeysError:
-        return []
-    except nats.errors.Error as exc:
-        raise translate(exc) from exc

@@ -25,7 +25,7 @@ from broker import Broker, BrokerError
 from broker.errors import honour_cancellation
 from broker.lifecycle import agent_event, emit, now_ms
 from broker.tasks import cancel_and_wait
-from broker.watch import BucketWatch, Change
+from broker.watch import BucketWatch, Change, snapshot
 from coordinator.adaptive import Cadence
 from coordinator.config import CoordinatorConfig
 from coordinator.reassign import reassign_tasks
@@ -95,23 +95,15 @@ class LivenessMonitor:
         """Read every heartbeat again: a watch can stall after a broker failover, and a
         heartbeat it missed must not make a live agent look silent."""
         kv = await self._broker.kv(self._broker.names.heartbeats_bucket)
-        try:
-            keys = await kv.keys()
-        except nats.js.errors.NoKeysError:
-            return
-        for key in keys:
-            with contextlib.suppress(
-                nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError
-            ):
-                entry = await kv.get(key)
-                await self._on_heartbeat(Change(key, entry.value, entry.revision or 0))
+        for change in await snapshot(kv):
+            await self._on_heartbeat(change)
 
     async def _reread_forever(self) -> None:
         while True:
             await asyncio.sleep(self._config.heartbeat_reread_s)  # the re-read's own period
             try:
                 await self.reread()
-            except nats.errors.Error as exc:
+            except (nats.errors.Error, BrokerError) as exc:
                 log.warning("heartbeat re-read failed", error=str(exc) or type(exc).__name__)
             honour_cancellation()
 
@@ -129,10 +121,11 @@ class LivenessMonitor:
     async def _restore(self) -> None:
         """Rebuild from KV; every agent starts with a full offline threshold of grace."""
         kv = await self._broker.kv(self._broker.names.liveness_bucket)
-        with contextlib.suppress(nats.errors.Error):
-            for key in await kv.keys():
-                with contextlib.suppress(nats.errors.Error, msgspec.DecodeError):
-                    record = _liveness.decode((await kv.get(key)).value or b"")
+        with contextlib.suppress(nats.errors.Error, BrokerError):
+            for change in await snapshot(kv):
+                key = change.key
+                with contextlib.suppress(msgspec.DecodeError):
+                    record = _liveness.decode(change.value or b"")
                     self.agents[key] = Tracked(
                         agent_id=key,
                         interval_s=record.interval_s or 15.0,
