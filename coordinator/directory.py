@@ -8,6 +8,7 @@ believed, because a card written a moment ago may not have arrived yet.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from types import MappingProxyType
 
@@ -20,6 +21,8 @@ from broker.watch import BucketWatch, Change, snapshot
 from envelopes import AgentCard, Liveness
 
 log = structlog.get_logger("coordinator.directory")
+
+REFRESH_MIN_S = 0.05
 
 _card_decoder = msgspec.json.Decoder(AgentCard)
 _liveness_decoder = msgspec.json.Decoder(Liveness)
@@ -34,6 +37,8 @@ class AgentDirectory:
         self._cards: dict[str, AgentCard] = {}
         self._by_intent: dict[str, list[AgentCard]] | None = None  # rebuilt after a change
         self.version = 0  # rises with every change of a card
+        self._refreshing: asyncio.Task[None] | None = None
+        self._refreshed_at = 0.0
         self.liveness: dict[str, Liveness] = {}
 
     @property
@@ -79,7 +84,20 @@ class AgentDirectory:
         return self._by_intent.get(intent, [])
 
     async def refresh(self) -> None:
-        """Read every card from the bucket again (cards gone from it are dropped)."""
+        """Read every card from the bucket again (cards gone from it are dropped).
+
+        Callers at the same moment share one read, and reads are at least
+        ``REFRESH_MIN_S`` apart: a flood of tasks nobody serves must not become a
+        flood of bucket reads.
+        """
+        now = time.monotonic()
+        running = self._refreshing
+        if running is None or (running.done() and now - self._refreshed_at >= REFRESH_MIN_S):
+            self._refreshed_at = now
+            self._refreshing = running = asyncio.create_task(self._read_all())
+        await asyncio.shield(running)
+
+    async def _read_all(self) -> None:
         kv = await self._broker.kv(self._broker.names.agents_bucket)
         present = await snapshot(kv)
         for gone in self._cards.keys() - {change.key for change in present}:
