@@ -1,10 +1,10 @@
 """The Agent-Reach SDK: write agents, invoke them, handle dead letters."""
 
-from agents.agent import Agent, HandlerSpec
-from agents.client import ReachClient
-from agents.compensation import Compensation, CompensationWorker
-from agents.context import TaskContext
-from agents.errors import (
+from agentreach.agents.agent import Agent, HandlerSpec
+from agentreach.agents.client import ReachClient
+from agentreach.agents.compensation import Compensation, CompensationWorker
+from agentreach.agents.context import TaskContext
+from agentreach.agents.errors import (
     AgentConfigError,
     DeadlineExceeded,
     InvokeError,
@@ -14,7 +14,7 @@ from agents.errors import (
     Rejected,
     TaskFailed,
 )
-from agents.runtime import AgentRuntime
+from agentreach.agents.runtime import AgentRuntime
 
 __all__ = [
     "Agent",

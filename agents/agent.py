@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.errors import AgentConfigError
-from agents.liveness import resolve_agent_id
-from agents.runtime import AgentRuntime
-from broker import Broker, Names
-from broker.connection import connected
-from envelopes import AgentCard, Intent, RateLimit
-from envelopes.types import TOKEN_PATTERN
+from agentreach.agents.errors import AgentConfigError
+from agentreach.agents.liveness import resolve_agent_id
+from agentreach.agents.runtime import AgentRuntime
+from agentreach.broker import Broker, Names
+from agentreach.broker.connection import connected
+from agentreach.envelopes import AgentCard, Intent, RateLimit
+from agentreach.envelopes.types import TOKEN_PATTERN
 
 _TOKEN = re.compile(TOKEN_PATTERN)
 DEFAULT_IDENTITY_FILE = Path(".reach/agent-id")

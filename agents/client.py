@@ -10,19 +10,29 @@ from types import TracebackType
 from typing import Any, Self
 
 import msgspec
-
-import envelopes
-from agents.errors import (
+from agentreach.agents.errors import (
     REJECTION_REASONS,
     DeadlineExceeded,
     NotAcknowledged,
     Rejected,
     TaskFailed,
 )
-from broker import Broker, Names
-from broker.lifecycle import trace_of
-from envelopes import Ack, Budget, ErrorReply, Event, Priority, Progress, Result, Task, new_id
-from envelopes import headers as h
+from agentreach.broker import Broker, Names
+from agentreach.broker.lifecycle import trace_of
+from agentreach.envelopes import (
+    Ack,
+    Budget,
+    ErrorReply,
+    Event,
+    Priority,
+    Progress,
+    Result,
+    Task,
+    new_id,
+)
+from agentreach.envelopes import headers as h
+
+from agentreach import envelopes
 
 OnAck = Callable[[Ack], Awaitable[None] | None]
 OnProgress = Callable[[Progress], Awaitable[None] | None]

@@ -10,17 +10,17 @@ from typing import Any
 
 import msgspec
 import structlog
+from agentreach.agents.errors import ReachError
+from agentreach.broker import Broker, BrokerError, Names
+from agentreach.broker.connection import connected
+from agentreach.broker.consume import ConsumerSpec, batches, bind
+from agentreach.broker.lifecycle import emit, now_ms
+from agentreach.broker.tasks import cancel_and_wait
+from agentreach.envelopes import DeadLetter, DecodeError, Event, Task, new_id
+from agentreach.envelopes import headers as h
 from nats.aio.msg import Msg
 
-import envelopes
-from agents.errors import ReachError
-from broker import Broker, BrokerError, Names
-from broker.connection import connected
-from broker.consume import ConsumerSpec, batches, bind
-from broker.lifecycle import emit, now_ms
-from broker.tasks import cancel_and_wait
-from envelopes import DeadLetter, DecodeError, Event, Task, new_id
-from envelopes import headers as h
+from agentreach import envelopes
 
 log = structlog.get_logger("agents.compensation")
 

@@ -8,8 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-
-from envelopes import Priority, Task, new_id
+from agentreach.envelopes import Priority, Task, new_id
 
 
 class TaskContext:

@@ -12,7 +12,7 @@ ReachError                   root of everything this package raises
 
 from __future__ import annotations
 
-from envelopes import ErrorInfo
+from agentreach.envelopes import ErrorInfo
 
 
 class ReachError(Exception):

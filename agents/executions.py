@@ -15,11 +15,11 @@ from typing import Any
 import msgspec
 import nats.errors
 import nats.js.errors
+from agentreach.broker.errors import translate
+from agentreach.envelopes import ErrorInfo, Execution, Task
 from nats.js.kv import KeyValue
 
-import envelopes
-from broker.errors import translate
-from envelopes import ErrorInfo, Execution, Task
+from agentreach import envelopes
 
 _decoder = msgspec.json.Decoder(Execution)
 

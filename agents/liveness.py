@@ -24,15 +24,15 @@ import msgspec
 import nats.errors
 import nats.micro
 import structlog
+from agentreach.agents.errors import AgentConfigError, ReachError
+from agentreach.broker import Broker
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.lifecycle import agent_event, emit
+from agentreach.envelopes import AgentControl, Heartbeat
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-import envelopes
-from agents.errors import AgentConfigError, ReachError
-from broker import Broker
-from broker.errors import honour_cancellation
-from broker.lifecycle import agent_event, emit
-from envelopes import AgentControl, Heartbeat
+from agentreach import envelopes
 
 log = structlog.get_logger("agents.liveness")
 

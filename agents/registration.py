@@ -11,13 +11,13 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
+from agentreach.agents.liveness import AgentIdInUse
+from agentreach.broker import Broker
+from agentreach.broker.errors import translate
+from agentreach.broker.lifecycle import now_ms
+from agentreach.envelopes import AgentCard, RegisterReply, RegisterRequest
 
-import envelopes
-from agents.liveness import AgentIdInUse
-from broker import Broker
-from broker.errors import translate
-from broker.lifecycle import now_ms
-from envelopes import AgentCard, RegisterReply, RegisterRequest
+from agentreach import envelopes
 
 log = structlog.get_logger("agents.registration")
 

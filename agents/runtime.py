@@ -14,20 +14,17 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
-from nats.aio.msg import Msg
-
-import envelopes
-from agents.context import TaskContext
-from agents.errors import PermanentError
-from agents.executions import AlreadyDone, Busy, Claimed, ExecutionRecords
-from agents.liveness import Heartbeats, Load, Presence, Watchdog
-from agents.registration import await_slot, write_card
-from broker import Broker, BrokerError
-from broker.consume import ConsumerSpec, bind, fetch
-from broker.errors import honour_cancellation
-from broker.lifecycle import about, dead_letter, emit, event_for, now_ms, reply
-from broker.tasks import cancel_and_wait
-from envelopes import (
+from agentreach.agents.context import TaskContext
+from agentreach.agents.errors import PermanentError
+from agentreach.agents.executions import AlreadyDone, Busy, Claimed, ExecutionRecords
+from agentreach.agents.liveness import Heartbeats, Load, Presence, Watchdog
+from agentreach.agents.registration import await_slot, write_card
+from agentreach.broker import Broker, BrokerError
+from agentreach.broker.consume import ConsumerSpec, bind, fetch
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.lifecycle import about, dead_letter, emit, event_for, now_ms, reply
+from agentreach.broker.tasks import cancel_and_wait
+from agentreach.envelopes import (
     PRIORITIES,
     Ack,
     AgentCard,
@@ -39,10 +36,13 @@ from envelopes import (
     Result,
     Task,
 )
-from envelopes.headers import task_headers
+from agentreach.envelopes.headers import task_headers
+from nats.aio.msg import Msg
+
+from agentreach import envelopes
 
 if TYPE_CHECKING:
-    from agents.agent import Agent, HandlerSpec
+    from agentreach.agents.agent import Agent, HandlerSpec
 
 log = structlog.get_logger("agents")
 

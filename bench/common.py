@@ -9,7 +9,7 @@ import statistics
 import tempfile
 from collections.abc import AsyncIterator
 
-from broker import Broker, EmbeddedServer
+from agentreach.broker import Broker, EmbeddedServer
 
 
 @contextlib.asynccontextmanager

@@ -15,14 +15,14 @@ import argparse
 import asyncio
 import time
 
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, Names, Topology, provision
+from agentreach.coordinator import Coordinator, CoordinatorConfig
+from agentreach.coordinator.config import QueueConfig
 from common import counting, nats_server
 from nats.js import api
 
-from agents import Agent, ReachClient, TaskContext
-from broker import Broker, Names, Topology, provision
-from coordinator import Coordinator, CoordinatorConfig
-from coordinator.config import QueueConfig
-from reach.logs import configure_logging
+from agentreach.cli.logs import configure_logging
 
 # One agent takes every task: its queue must hold what is in flight, or the run measures
 # backpressure rejections instead of throughput.

@@ -14,13 +14,13 @@ import argparse
 import asyncio
 import time
 
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, Names, Topology, provision
+from agentreach.coordinator import Coordinator
 from common import nats_server, percentile
 from nats.js import api
 
-from agents import Agent, ReachClient, TaskContext
-from broker import Broker, Names, Topology, provision
-from coordinator import Coordinator
-from reach.logs import configure_logging
+from agentreach.cli.logs import configure_logging
 
 
 async def request_reply(url: str, rounds: int) -> list[float]:

@@ -16,13 +16,13 @@ import heapq
 import random
 import time
 
+from agentreach.broker import Broker, Names, Topology, provision
+from agentreach.coordinator import Coordinator, CoordinatorConfig
+from agentreach.envelopes import Heartbeat
 from common import nats_server, percentile
 
-import envelopes
-from broker import Broker, Names, Topology, provision
-from coordinator import Coordinator, CoordinatorConfig
-from envelopes import Heartbeat
-from reach.logs import configure_logging
+from agentreach import envelopes
+from agentreach.cli.logs import configure_logging
 
 
 async def main() -> None:

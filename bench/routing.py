@@ -20,18 +20,18 @@ import statistics
 import time
 
 import msgspec
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, Names, Topology, provision
+from agentreach.broker.watch import Change
+from agentreach.coordinator import Coordinator, CoordinatorConfig
+from agentreach.coordinator.config import QueueConfig
+from agentreach.coordinator.rules import RoutingConfig, pools_of
+from agentreach.envelopes import AgentCard, Intent, Task
 from common import counting, nats_server
 from e2e import baseline, publish_all
 
-import envelopes
-from agents import Agent, ReachClient, TaskContext
-from broker import Broker, Names, Topology, provision
-from broker.watch import Change
-from coordinator import Coordinator, CoordinatorConfig
-from coordinator.config import QueueConfig
-from coordinator.rules import RoutingConfig, pools_of
-from envelopes import AgentCard, Intent, Task
-from reach.logs import configure_logging
+from agentreach import envelopes
+from agentreach.cli.logs import configure_logging
 
 REGIONS = [f"region-{i}" for i in range(10)]
 

@@ -14,15 +14,15 @@ import argparse
 import asyncio
 import time
 
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, Names, Topology, provision
+from agentreach.coordinator import Coordinator, CoordinatorConfig
+from agentreach.coordinator import workflow as wf
+from agentreach.coordinator.config import QueueConfig
 from common import counting, nats_server
 from e2e import baseline, publish_all
 
-from agents import Agent, ReachClient, TaskContext
-from broker import Broker, Names, Topology, provision
-from coordinator import Coordinator, CoordinatorConfig
-from coordinator import workflow as wf
-from coordinator.config import QueueConfig
-from reach.logs import configure_logging
+from agentreach.cli.logs import configure_logging
 
 SHAPES = {
     "single task": None,

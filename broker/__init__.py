@@ -1,8 +1,8 @@
 """The NATS / JetStream layer: connection, names, topology, embedded server."""
 
-from broker.connection import DEFAULT_URL, Broker, resolve_url
-from broker.embedded import EmbeddedServer, find_server_binary
-from broker.errors import (
+from agentreach.broker.connection import DEFAULT_URL, Broker, resolve_url
+from agentreach.broker.embedded import EmbeddedServer, find_server_binary
+from agentreach.broker.errors import (
     BrokerError,
     BrokerTimeout,
     ConnectError,
@@ -15,9 +15,9 @@ from broker.errors import (
     SubjectFull,
     WrongLastSequence,
 )
-from broker.names import Names
-from broker.reader import StoredMessage, read_stream
-from broker.topology import BucketSpec, Outcome, StreamSpec, Topology, provision
+from agentreach.broker.names import Names
+from agentreach.broker.reader import StoredMessage, read_stream
+from agentreach.broker.topology import BucketSpec, Outcome, StreamSpec, Topology, provision
 
 __all__ = [
     "DEFAULT_URL",

@@ -12,12 +12,11 @@ from typing import Self
 import nats
 import nats.js
 import structlog
+from agentreach.broker.errors import BrokerError, ConnectError, translated
+from agentreach.broker.names import Names
 from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.kv import KeyValue
-
-from broker.errors import BrokerError, ConnectError, translated
-from broker.names import Names
 
 log = structlog.get_logger("broker")
 

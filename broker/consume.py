@@ -11,10 +11,9 @@ from datetime import UTC, datetime
 import nats.errors
 import nats.js
 import structlog
+from agentreach.broker.errors import BrokerError, honour_cancellation, translate, translated
 from nats.aio.msg import Msg
 from nats.js import api
-
-from broker.errors import BrokerError, honour_cancellation, translate, translated
 
 log = structlog.get_logger("broker.consume")
 

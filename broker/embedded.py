@@ -14,8 +14,7 @@ from types import TracebackType
 from typing import Self
 
 import structlog
-
-from broker.errors import EmbeddedServerError
+from agentreach.broker.errors import EmbeddedServerError
 
 log = structlog.get_logger("broker.embedded")
 

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+from agentreach.broker.connection import Broker
+from agentreach.broker.reader import read_stream
+from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task
 
-import envelopes
-from broker.connection import Broker
-from broker.reader import read_stream
-from envelopes import DeadLetter, ErrorInfo, Event, Task
+from agentreach import envelopes
 
 
 def now_ms() -> int:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 import msgspec
-
-from envelopes import PRIORITIES, Priority
+from agentreach.envelopes import PRIORITIES, Priority
 
 DEFAULT_PREFIX: Final = "reach"
 

@@ -11,11 +11,10 @@ import msgspec
 import nats.errors
 import nats.js
 import nats.js.errors
+from agentreach.broker.errors import translated
+from agentreach.broker.watch import snapshot
 from nats.js import api
 from nats.js.kv import KeyValue
-
-from broker.errors import translated
-from broker.watch import snapshot
 
 T = TypeVar("T")
 

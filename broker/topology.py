@@ -15,11 +15,10 @@ from typing import Literal
 
 import nats.js
 import structlog
+from agentreach.broker.errors import JetStreamError, ProvisionError, translate
+from agentreach.broker.names import Names
+from agentreach.envelopes import Priority
 from nats.js import api
-
-from broker.errors import JetStreamError, ProvisionError, translate
-from broker.names import Names
-from envelopes import Priority
 
 log = structlog.get_logger("broker.topology")
 

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
+from agentreach.broker.errors import translated
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
-
-from broker.errors import translated
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,11 +4,11 @@ Workflows are defined in the config's ``workflows:`` section or built in Python
 with ``coordinator.workflow_spec`` (``chain``, ``fanout``, ``steps``, ``machine``).
 """
 
-from coordinator import workflow_spec as workflow
-from coordinator.config import ConfigError, CoordinatorConfig, load_config
-from coordinator.directory import AgentDirectory
-from coordinator.service import Coordinator
-from coordinator.workflow_spec import WorkflowSpec
+from agentreach.coordinator import workflow_spec as workflow
+from agentreach.coordinator.config import ConfigError, CoordinatorConfig, load_config
+from agentreach.coordinator.directory import AgentDirectory
+from agentreach.coordinator.service import Coordinator
+from agentreach.coordinator.workflow_spec import WorkflowSpec
 
 __all__ = [
     "AgentDirectory",

@@ -11,14 +11,14 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
+from agentreach.broker import Broker
+from agentreach.broker.errors import translate
+from agentreach.broker.lifecycle import dead_letter
+from agentreach.coordinator.ending import end_with_error
+from agentreach.envelopes import DecodeError, ErrorInfo
 from nats.aio.msg import Msg
 
-import envelopes
-from broker import Broker
-from broker.errors import translate
-from broker.lifecycle import dead_letter
-from coordinator.ending import end_with_error
-from envelopes import DecodeError, ErrorInfo
+from agentreach import envelopes
 
 log = structlog.get_logger("coordinator.advisories")
 

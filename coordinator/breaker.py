@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
-
-from coordinator.config import BreakerConfig
+from agentreach.coordinator.config import BreakerConfig
 
 BreakerState = Literal["closed", "open", "half_open"]
 WHOLE_AGENT = ""

@@ -17,13 +17,11 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
-
-import envelopes
-from broker import Broker, WrongLastSequence
-from broker.errors import honour_cancellation, translate
-from broker.lifecycle import agent_event, emit, now_ms
-from broker.watch import BucketWatch, Change
-from coordinator.breaker import (
+from agentreach.broker import Broker, WrongLastSequence
+from agentreach.broker.errors import honour_cancellation, translate
+from agentreach.broker.lifecycle import agent_event, emit, now_ms
+from agentreach.broker.watch import BucketWatch, Change
+from agentreach.coordinator.breaker import (
     OK,
     WHOLE_AGENT,
     Admission,
@@ -37,8 +35,10 @@ from coordinator.breaker import (
     trip_reason,
     with_trial,
 )
-from coordinator.config import BreakerConfig
-from envelopes import Event
+from agentreach.coordinator.config import BreakerConfig
+from agentreach.envelopes import Event
+
+from agentreach import envelopes
 
 log = structlog.get_logger("coordinator.breakers")
 

@@ -6,12 +6,11 @@ from pathlib import Path
 from typing import Annotated
 
 import msgspec
-
-from broker.topology import DEFAULT_QUEUE_CAPACITY
-from coordinator.rules import RoutingConfig
-from coordinator.workflow_spec import WorkflowSpec
-from envelopes import Priority, RateLimit
-from envelopes.types import Token
+from agentreach.broker.topology import DEFAULT_QUEUE_CAPACITY
+from agentreach.coordinator.rules import RoutingConfig
+from agentreach.coordinator.workflow_spec import WorkflowSpec
+from agentreach.envelopes import Priority, RateLimit
+from agentreach.envelopes.types import Token
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]

@@ -14,11 +14,10 @@ from types import MappingProxyType
 
 import msgspec
 import structlog
-
-from broker import Broker
-from broker.errors import honour_cancellation
-from broker.watch import BucketWatch, Change, snapshot
-from envelopes import AgentCard, Liveness
+from agentreach.broker import Broker
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.watch import BucketWatch, Change, snapshot
+from agentreach.envelopes import AgentCard, Liveness
 
 log = structlog.get_logger("coordinator.directory")
 

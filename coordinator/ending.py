@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import structlog
-
-from broker import Broker
-from broker.lifecycle import about, dead_letter, reply
-from envelopes import ErrorInfo, ErrorReply, Task
+from agentreach.broker import Broker
+from agentreach.broker.lifecycle import about, dead_letter, reply
+from agentreach.envelopes import ErrorInfo, ErrorReply, Task
 
 log = structlog.get_logger("coordinator")
 

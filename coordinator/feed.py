@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
+from agentreach.broker import Broker
+from agentreach.broker.consume import follow
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.lifecycle import now_ms
+from agentreach.envelopes import DecodeError, Event
 
-import envelopes
-from broker import Broker
-from broker.consume import follow
-from broker.errors import honour_cancellation
-from broker.lifecycle import now_ms
-from envelopes import DecodeError, Event
+from agentreach import envelopes
 
 log = structlog.get_logger("coordinator.feed")
 

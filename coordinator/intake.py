@@ -5,16 +5,22 @@ from __future__ import annotations
 import re
 
 import structlog
+from agentreach.broker import Broker
+from agentreach.broker.lifecycle import dead_letter, now_ms, reply
+from agentreach.coordinator.ending import error_reply
+from agentreach.coordinator.router import Router
+from agentreach.coordinator.workflows import WorkflowEngine
+from agentreach.envelopes import (
+    DecodeError,
+    ErrorInfo,
+    Task,
+    decode_json,
+    stable_id,
+    task_from_intake,
+)
+from agentreach.envelopes import headers as h
+from agentreach.envelopes.types import TOKEN_PATTERN
 from nats.aio.msg import Msg
-
-from broker import Broker
-from broker.lifecycle import dead_letter, now_ms, reply
-from coordinator.ending import error_reply
-from coordinator.router import Router
-from coordinator.workflows import WorkflowEngine
-from envelopes import DecodeError, ErrorInfo, Task, decode_json, stable_id, task_from_intake
-from envelopes import headers as h
-from envelopes.types import TOKEN_PATTERN
 
 log = structlog.get_logger("coordinator.intake")
 

@@ -17,11 +17,11 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
+from agentreach.broker import Broker
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.tasks import cancel_and_wait
 
-import envelopes
-from broker import Broker
-from broker.errors import honour_cancellation
-from broker.tasks import cancel_and_wait
+from agentreach import envelopes
 
 log = structlog.get_logger("coordinator.lease")
 

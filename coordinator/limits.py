@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from coordinator.config import RateLimits
-from coordinator.tokens import TokenBucket
-from envelopes import AgentCard, RateLimit
+from agentreach.coordinator.config import RateLimits
+from agentreach.coordinator.tokens import TokenBucket
+from agentreach.envelopes import AgentCard, RateLimit
 
 
 class RateLimiter:

@@ -19,17 +19,17 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
+from agentreach.broker import Broker, BrokerError
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.lifecycle import agent_event, emit, now_ms
+from agentreach.broker.tasks import cancel_and_wait
+from agentreach.broker.watch import BucketWatch, Change, snapshot
+from agentreach.coordinator.adaptive import Cadence
+from agentreach.coordinator.config import CoordinatorConfig
+from agentreach.coordinator.reassign import reassign_tasks
+from agentreach.envelopes import AgentControl, Heartbeat, Liveness, LivenessState
 
-import envelopes
-from broker import Broker, BrokerError
-from broker.errors import honour_cancellation
-from broker.lifecycle import agent_event, emit, now_ms
-from broker.tasks import cancel_and_wait
-from broker.watch import BucketWatch, Change, snapshot
-from coordinator.adaptive import Cadence
-from coordinator.config import CoordinatorConfig
-from coordinator.reassign import reassign_tasks
-from envelopes import AgentControl, Heartbeat, Liveness, LivenessState
+from agentreach import envelopes
 
 log = structlog.get_logger("coordinator.liveness")
 

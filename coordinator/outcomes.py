@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import msgspec
 import structlog
+from agentreach.broker import Broker
+from agentreach.broker.lifecycle import emit, event_for, now_ms
+from agentreach.coordinator.config import CoordinatorConfig
+from agentreach.coordinator.directory import AgentDirectory
+from agentreach.coordinator.ending import end_with_error
+from agentreach.coordinator.retry import backoff_s
+from agentreach.coordinator.router import Router
+from agentreach.envelopes import DecodeError, ErrorInfo, Event, Task
 from nats.aio.msg import Msg
 
-import envelopes
-from broker import Broker
-from broker.lifecycle import emit, event_for, now_ms
-from coordinator.config import CoordinatorConfig
-from coordinator.directory import AgentDirectory
-from coordinator.ending import end_with_error
-from coordinator.retry import backoff_s
-from coordinator.router import Router
-from envelopes import DecodeError, ErrorInfo, Event, Task
+from agentreach import envelopes
 
 log = structlog.get_logger("coordinator.outcomes")
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 
 import structlog
-
-from broker import Broker, BrokerError
-from broker.errors import honour_cancellation, translated
-from coordinator.config import QueueConfig
-from envelopes import PRIORITIES, Event, Priority
+from agentreach.broker import Broker, BrokerError
+from agentreach.broker.errors import honour_cancellation, translated
+from agentreach.coordinator.config import QueueConfig
+from agentreach.envelopes import PRIORITIES, Event, Priority
 
 log = structlog.get_logger("coordinator.queues")
 

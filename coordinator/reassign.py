@@ -15,12 +15,12 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
+from agentreach.broker import Broker
+from agentreach.broker.lifecycle import now_ms
+from agentreach.envelopes import DecodeError, ErrorInfo, Execution, Task
+from agentreach.envelopes.headers import task_headers
 
-import envelopes
-from broker import Broker
-from broker.lifecycle import now_ms
-from envelopes import DecodeError, ErrorInfo, Execution, Task
-from envelopes.headers import task_headers
+from agentreach import envelopes
 
 log = structlog.get_logger("coordinator.reassign")
 

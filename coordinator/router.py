@@ -18,20 +18,20 @@ import asyncio
 
 import msgspec
 import structlog
+from agentreach.broker import Broker, SubjectFull
+from agentreach.broker.lifecycle import emit, event_for
+from agentreach.coordinator.breakers import BreakerBoard
+from agentreach.coordinator.config import CoordinatorConfig
+from agentreach.coordinator.directory import AgentDirectory
+from agentreach.coordinator.ending import end_with_error
+from agentreach.coordinator.limits import RateLimiter
+from agentreach.coordinator.queues import QueueDepths
+from agentreach.coordinator.rules import RoutingConfig, Rule, pools_of
+from agentreach.coordinator.selection import Choice, Excluded, Fleet
+from agentreach.envelopes import ErrorInfo, Task
+from agentreach.envelopes import headers as h
 
-import envelopes
-from broker import Broker, SubjectFull
-from broker.lifecycle import emit, event_for
-from coordinator.breakers import BreakerBoard
-from coordinator.config import CoordinatorConfig
-from coordinator.directory import AgentDirectory
-from coordinator.ending import end_with_error
-from coordinator.limits import RateLimiter
-from coordinator.queues import QueueDepths
-from coordinator.rules import RoutingConfig, Rule, pools_of
-from coordinator.selection import Choice, Excluded, Fleet
-from envelopes import ErrorInfo, Task
-from envelopes import headers as h
+from agentreach import envelopes
 
 log = structlog.get_logger("coordinator.router")
 

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import msgspec
 import structlog
+from agentreach.broker.errors import honour_cancellation
+from agentreach.coordinator.config import ConfigError, load_config
+from agentreach.coordinator.router import Router
 from nats.aio.msg import Msg
-
-from broker.errors import honour_cancellation
-from coordinator.config import ConfigError, load_config
-from coordinator.router import Router
 
 log = structlog.get_logger("coordinator.routes")
 

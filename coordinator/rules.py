@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
-
-from envelopes import Task
-from envelopes.types import TOKEN_PATTERN, Token
+from agentreach.envelopes import Task
+from agentreach.envelopes.types import TOKEN_PATTERN, Token
 
 Op = Literal["==", "!=", "<", "<=", ">", ">=", "in", "exists"]
 Percent = Annotated[float, msgspec.Meta(gt=0, lt=100)]

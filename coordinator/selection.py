@@ -20,12 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from coordinator.breakers import BreakerBoard
-from coordinator.directory import AgentDirectory
-from coordinator.limits import RateLimiter
-from coordinator.queues import QueueDepths
-from coordinator.rules import Pool
-from envelopes import AgentCard, Priority
+from agentreach.coordinator.breakers import BreakerBoard
+from agentreach.coordinator.directory import AgentDirectory
+from agentreach.coordinator.limits import RateLimiter
+from agentreach.coordinator.queues import QueueDepths
+from agentreach.coordinator.rules import Pool
+from agentreach.envelopes import AgentCard, Priority
 
 SAMPLE = 32
 Hindrance = Literal["down", "circuit", "full", "rate"]

@@ -15,28 +15,28 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import structlog
+from agentreach.broker import Broker, BrokerError, provision
+from agentreach.broker.consume import ConsumerSpec, batches, bind
+from agentreach.broker.tasks import cancel_and_wait
+from agentreach.broker.topology import queue_caps
+from agentreach.coordinator.advisories import Advisories
+from agentreach.coordinator.breakers import BreakerBoard
+from agentreach.coordinator.config import CoordinatorConfig
+from agentreach.coordinator.directory import AgentDirectory
+from agentreach.coordinator.feed import follow_outcomes
+from agentreach.coordinator.intake import Intake
+from agentreach.coordinator.lease import Lease
+from agentreach.coordinator.liveness import LivenessMonitor
+from agentreach.coordinator.outcomes import OUTCOME_EVENTS, Outcomes
+from agentreach.coordinator.queues import QueueDepths
+from agentreach.coordinator.router import Router
+from agentreach.coordinator.routes import RouteReloader
+from agentreach.coordinator.tokens import TokenBucket
+from agentreach.coordinator.workflows import WorkflowEngine
+from agentreach.envelopes import RegisterReply, new_id
 from nats.aio.msg import Msg
 
-import envelopes
-from broker import Broker, BrokerError, provision
-from broker.consume import ConsumerSpec, batches, bind
-from broker.tasks import cancel_and_wait
-from broker.topology import queue_caps
-from coordinator.advisories import Advisories
-from coordinator.breakers import BreakerBoard
-from coordinator.config import CoordinatorConfig
-from coordinator.directory import AgentDirectory
-from coordinator.feed import follow_outcomes
-from coordinator.intake import Intake
-from coordinator.lease import Lease
-from coordinator.liveness import LivenessMonitor
-from coordinator.outcomes import OUTCOME_EVENTS, Outcomes
-from coordinator.queues import QueueDepths
-from coordinator.router import Router
-from coordinator.routes import RouteReloader
-from coordinator.tokens import TokenBucket
-from coordinator.workflows import WorkflowEngine
-from envelopes import RegisterReply, new_id
+from agentreach import envelopes
 
 log = structlog.get_logger("coordinator")
 

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
-
-from coordinator.workflow_spec import MAX_STATE_VISITS, Step, WorkflowSpec, render
-from envelopes import ErrorInfo, Priority, Task
+from agentreach.coordinator.workflow_spec import MAX_STATE_VISITS, Step, WorkflowSpec, render
+from agentreach.envelopes import ErrorInfo, Priority, Task
 
 StepStatus = Literal["waiting", "running", "completed", "failed", "timed_out", "cancelled"]
 WorkflowStatus = Literal["running", "compensating", "completed", "failed", "cancelled"]

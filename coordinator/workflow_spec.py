@@ -37,10 +37,9 @@ import re
 from typing import Annotated, Any, Literal
 
 import msgspec
-
-from coordinator.rules import Op, compare
-from envelopes import Priority
-from envelopes.types import Token
+from agentreach.coordinator.rules import Op, compare
+from agentreach.envelopes import Priority
+from agentreach.envelopes.types import Token
 
 StepName = Annotated[
     str, msgspec.Meta(pattern=r"^[A-Za-z0-9_]{1,40}$", description="letters, digits, '_'")

@@ -21,15 +21,12 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
-from nats.aio.msg import Msg
-
-import envelopes
-from broker import Broker, WrongLastSequence
-from broker.errors import translate
-from broker.lifecycle import about, dead_letter, emit, event_for, now_ms, reply
-from broker.watch import snapshot
-from coordinator.ending import end_with_error, error_reply
-from coordinator.workflow_run import (
+from agentreach.broker import Broker, WrongLastSequence
+from agentreach.broker.errors import translate
+from agentreach.broker.lifecycle import about, dead_letter, emit, event_for, now_ms, reply
+from agentreach.broker.watch import snapshot
+from agentreach.coordinator.ending import end_with_error, error_reply
+from agentreach.coordinator.workflow_run import (
     Action,
     Dispatch,
     Finish,
@@ -40,10 +37,13 @@ from coordinator.workflow_run import (
     WorkflowRecord,
     new_record,
 )
-from coordinator.workflow_spec import WorkflowSpec
-from envelopes import Ack, DecodeError, ErrorInfo, ErrorReply, Result, Task, stable_id
-from envelopes import headers as h
-from envelopes.types import TOKEN_PATTERN
+from agentreach.coordinator.workflow_spec import WorkflowSpec
+from agentreach.envelopes import Ack, DecodeError, ErrorInfo, ErrorReply, Result, Task, stable_id
+from agentreach.envelopes import headers as h
+from agentreach.envelopes.types import TOKEN_PATTERN
+from nats.aio.msg import Msg
+
+from agentreach import envelopes
 
 log = structlog.get_logger("coordinator.workflows")
 

@@ -1,7 +1,7 @@
 """Envelope v1: the typed messages of Agent-Reach and their JSON codec."""
 
-from envelopes import headers
-from envelopes.cards import (
+from agentreach.envelopes import headers
+from agentreach.envelopes.cards import (
     AgentCard,
     AgentControl,
     Execution,
@@ -13,7 +13,7 @@ from envelopes.cards import (
     RegisterReply,
     RegisterRequest,
 )
-from envelopes.codec import (
+from agentreach.envelopes.codec import (
     decode,
     decode_dead_letter,
     decode_event,
@@ -22,11 +22,11 @@ from envelopes.codec import (
     decode_task,
     encode,
 )
-from envelopes.errors import DecodeError, EnvelopeError
-from envelopes.ids import new_id, stable_id
-from envelopes.intake import is_envelope, task_from_intake, wrap_body
-from envelopes.schema import json_schema
-from envelopes.types import (
+from agentreach.envelopes.errors import DecodeError, EnvelopeError
+from agentreach.envelopes.ids import new_id, stable_id
+from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
+from agentreach.envelopes.schema import json_schema
+from agentreach.envelopes.types import (
     PRIORITIES,
     Ack,
     Budget,

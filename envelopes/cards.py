@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-
-from envelopes.types import ErrorInfo, Token
+from agentreach.envelopes.types import ErrorInfo, Token
 
 
 class Intent(msgspec.Struct, frozen=True, kw_only=True):

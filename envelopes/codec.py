@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-
-from envelopes.errors import DecodeError
-from envelopes.types import DeadLetter, Event, Message, Reply, Task
+from agentreach.envelopes.errors import DecodeError
+from agentreach.envelopes.types import DeadLetter, Event, Message, Reply, Task
 
 _encoder = msgspec.json.Encoder()
 _message_decoder = msgspec.json.Decoder(Message)

@@ -13,11 +13,10 @@ import re
 from collections.abc import Mapping
 
 import msgspec
-
-from envelopes import headers as h
-from envelopes.codec import decode_json, decode_task
-from envelopes.errors import DecodeError
-from envelopes.types import DEFAULT_TTL_MS, PRIORITIES, TOKEN_PATTERN, Priority, Task
+from agentreach.envelopes import headers as h
+from agentreach.envelopes.codec import decode_json, decode_task
+from agentreach.envelopes.errors import DecodeError
+from agentreach.envelopes.types import DEFAULT_TTL_MS, PRIORITIES, TOKEN_PATTERN, Priority, Task
 
 _TOKEN = re.compile(TOKEN_PATTERN)
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-
-from envelopes.types import Message
+from agentreach.envelopes.types import Message
 
 SCHEMA_ID = "urn:agent-reach:envelope:v1"
 

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from agentreach.broker import Broker, EmbeddedServer, Names, Topology, provision
+from agentreach.coordinator import Coordinator, CoordinatorConfig
 
-from broker import Broker, EmbeddedServer, Names, Topology, provision
-from coordinator import Coordinator, CoordinatorConfig
 from tests.support import Watcher
 
 # Short retry intervals: the design's 1, 2, 4 … s would only make the tests slow.

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from agents import Agent, AgentConfigError
+from agentreach.agents import Agent, AgentConfigError
 
 
 @pytest.mark.parametrize(

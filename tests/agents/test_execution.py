@@ -8,11 +8,11 @@ import time
 
 import msgspec
 import pytest
+from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
+from agentreach.envelopes import AgentCard
+from agentreach.envelopes import headers as h
 
-import envelopes
-from agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
-from envelopes import AgentCard
-from envelopes import headers as h
+from agentreach import envelopes
 
 
 def agent_with_handlers() -> Agent:

@@ -7,10 +7,9 @@ import random
 import time
 
 import pytest
+from agentreach.agents import Agent, AgentConfigError
+from agentreach.agents.liveness import Watchdog, jittered
 from structlog.testing import capture_logs
-
-from agents import Agent, AgentConfigError
-from agents.liveness import Watchdog, jittered
 
 
 def test_generated_identity_is_kept_across_restarts(tmp_path):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from broker import (
+from agentreach.broker import (
     Broker,
     BrokerError,
     ConnectError,
@@ -17,8 +16,8 @@ from broker import (
     StreamNotFound,
     read_stream,
 )
-from broker.errors import translated
-from broker.watch import BucketWatch
+from agentreach.broker.errors import translated
+from agentreach.broker.watch import BucketWatch
 
 
 async def test_same_msg_id_is_stored_once(broker):
@@ -111,7 +110,7 @@ async def test_embedded_server_on_taken_port_names_the_port(nats_url, tmp_path):
 
 async def test_a_bucket_snapshot_reads_every_live_key_through_one_watch(broker):
     """snapshot() returns the keys present (not deleted ones) and stops, even when empty."""
-    from broker.watch import snapshot
+    from agentreach.broker.watch import snapshot
 
     kv = await broker.kv(broker.names.leases_bucket)
     assert await snapshot(kv) == []

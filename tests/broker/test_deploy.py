@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker import find_server_binary
+from agentreach.broker import find_server_binary
 
 CONFIG = Path(__file__).parents[2] / "deploy" / "nats" / "nats-server.conf"
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from broker import Outcome, ProvisionError, Topology, provision
+from agentreach.broker import Outcome, ProvisionError, Topology, provision
 
 
 async def test_provision_creates_everything_then_changes_nothing(broker):
@@ -38,7 +37,7 @@ async def test_provision_creates_everything_then_changes_nothing(broker):
 
 async def test_each_agent_queue_is_capped_by_the_broker(broker):
     """A dispatch subject refuses the message past its priority's capacity (discard new)."""
-    from broker import SubjectFull
+    from agentreach.broker import SubjectFull
 
     capped = Topology.default(broker.names, queue_capacity={"P0": 2})
     await provision(broker.js, capped)

@@ -8,7 +8,8 @@ import os
 import signal
 import socket
 
-from agents import Agent, TaskContext
+from agentreach.agents import Agent, TaskContext
+
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.support import wait_for_card
 
@@ -235,7 +236,7 @@ routing:
 async def test_routes_check_and_reload(broker, start_coordinator, tmp_path):
     """`reach routes check FILE` validates offline; `reach routes reload` makes every
     replica re-read its file and says which did; a bad file is one clear line."""
-    from coordinator import CoordinatorConfig
+    from agentreach.coordinator import CoordinatorConfig
 
     path = tmp_path / "coordinator.yaml"
     path.write_text(ROUTES)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.adaptive import Cadence
+from agentreach.coordinator.adaptive import Cadence
 
 
 def test_after_a_scare_the_interval_halves_until_healthy_again():

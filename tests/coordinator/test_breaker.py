@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.breaker import (
+from agentreach.coordinator.breaker import (
     BreakerRecord,
     Window,
     admission,
@@ -12,7 +12,7 @@ from coordinator.breaker import (
     trip_reason,
     with_trial,
 )
-from coordinator.config import BreakerConfig
+from agentreach.coordinator.config import BreakerConfig
 
 CONFIG = BreakerConfig(min_calls=5, error_ratio=0.4, open_s=10, trial_calls=2, trial_timeout_s=3)
 CLOSED = BreakerRecord(agent_id="x", intent="pay")

@@ -7,12 +7,12 @@ import contextlib
 from collections import Counter
 
 import pytest
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker
+from agentreach.coordinator import ConfigError, Coordinator, CoordinatorConfig, load_config
+from agentreach.envelopes import AgentCard, Intent
 
-import envelopes
-from agents import Agent, ReachClient, TaskContext
-from broker import Broker
-from coordinator import ConfigError, Coordinator, CoordinatorConfig, load_config
-from envelopes import AgentCard, Intent
+from agentreach import envelopes
 
 
 def counting_agent(agent_id: str, runs: Counter[str]) -> Agent:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from coordinator import CoordinatorConfig
-from coordinator.retry import backoff_s
+from agentreach.coordinator import CoordinatorConfig
+from agentreach.coordinator.retry import backoff_s
 
 
 @pytest.mark.parametrize(

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-
-from coordinator import ConfigError, load_config
-from coordinator.config import CoordinatorConfig
-from coordinator.rules import Condition, Match, RoutingConfig, parse_tags, pools_of
-from envelopes import Task
+from agentreach.coordinator import ConfigError, load_config
+from agentreach.coordinator.config import CoordinatorConfig
+from agentreach.coordinator.rules import Condition, Match, RoutingConfig, parse_tags, pools_of
+from agentreach.envelopes import Task
 
 
 def task(topic: str = "refund", payload: object = None, **fields: object) -> Task:

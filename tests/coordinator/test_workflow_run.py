@@ -6,9 +6,8 @@ from typing import Any
 
 import msgspec
 import pytest
-
-from coordinator import ConfigError, load_config
-from coordinator.workflow_run import (
+from agentreach.coordinator import ConfigError, load_config
+from agentreach.coordinator.workflow_run import (
     DEADLINE,
     Dispatch,
     Finish,
@@ -18,8 +17,8 @@ from coordinator.workflow_run import (
     message_id_of,
     new_record,
 )
-from coordinator.workflow_spec import WorkflowSpec, render
-from envelopes import ErrorInfo, Task
+from agentreach.coordinator.workflow_spec import WorkflowSpec, render
+from agentreach.envelopes import ErrorInfo, Task
 
 
 def spec(yaml: str) -> WorkflowSpec:

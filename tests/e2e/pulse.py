@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from agents import Agent, TaskContext
+from agentreach.agents import Agent, TaskContext
 
 agent = Agent(
     os.environ.get("PULSE_ID", "pulse"),

@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import msgspec
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker
+from agentreach.coordinator import Coordinator, CoordinatorConfig
+from agentreach.coordinator.rules import RoutingConfig
+from agentreach.envelopes import Event
 
-from agents import Agent, ReachClient, TaskContext
-from broker import Broker
-from coordinator import Coordinator, CoordinatorConfig
-from coordinator.rules import RoutingConfig
-from envelopes import Event
 from tests.conftest import FAST
 from tests.support import Watcher, eventually
 

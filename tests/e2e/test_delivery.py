@@ -11,9 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-import envelopes
-from agents import (
+from agentreach.agents import (
     Agent,
     Compensation,
     CompensationWorker,
@@ -22,9 +20,11 @@ from agents import (
     ReachClient,
     TaskContext,
 )
-from broker.consume import ConsumerSpec, bind
-from envelopes import AgentCard, DeadLetter, Intent
-from envelopes import headers as h
+from agentreach.broker.consume import ConsumerSpec, bind
+from agentreach.envelopes import AgentCard, DeadLetter, Intent
+from agentreach.envelopes import headers as h
+
+from agentreach import envelopes
 from tests.cli.conftest import reach_argv
 from tests.support import wait_for_card
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import read_stream
+from agentreach.envelopes import headers as h
 
-import envelopes
-from agents import Agent, ReachClient, TaskContext
-from broker import read_stream
-from envelopes import headers as h
+from agentreach import envelopes
 
 
 def make_agent(agent_id: str = "worker-1") -> tuple[Agent, list[object]]:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.agents.liveness import AgentIdInUse
+from agentreach.broker import Broker
+from agentreach.coordinator import Coordinator, CoordinatorConfig
+from agentreach.envelopes import AgentCard, Liveness
 
-from agents import Agent, ReachClient, TaskContext
-from agents.liveness import AgentIdInUse
-from broker import Broker
-from coordinator import Coordinator, CoordinatorConfig
-from envelopes import AgentCard, Liveness
 from tests.cli.conftest import reach_argv
 from tests.support import wait_for_card
 
@@ -225,8 +225,8 @@ async def _until(condition, timeout: float = 10.0) -> None:  # type: ignore[no-u
 
 async def test_a_heartbeat_missed_by_the_watch_is_found_by_the_reread(broker):
     """The periodic re-read takes in heartbeats a stalled watch never delivered."""
-    from coordinator.liveness import LivenessMonitor
-    from envelopes import Heartbeat, encode
+    from agentreach.coordinator.liveness import LivenessMonitor
+    from agentreach.envelopes import Heartbeat, encode
 
     monitor = LivenessMonitor(broker, LIVELY)
     kv = await broker.kv(broker.names.heartbeats_bucket)

@@ -10,15 +10,15 @@ from collections import Counter
 
 import msgspec
 import pytest
+from agentreach.agents import Agent, ReachClient, Rejected, TaskContext, TaskFailed
+from agentreach.broker import Broker
+from agentreach.coordinator.breaker import BreakerRecord
+from agentreach.coordinator.config import BreakerConfig, QueueConfig, RateLimits
+from agentreach.envelopes import RateLimit, Task, new_id
+from agentreach.envelopes.headers import task_headers
 
-import envelopes
-from agents import Agent, ReachClient, Rejected, TaskContext, TaskFailed
-from broker import Broker
-from coordinator.breaker import BreakerRecord
-from coordinator.config import BreakerConfig, QueueConfig, RateLimits
-from envelopes import RateLimit, Task, new_id
-from envelopes.headers import task_headers
-from reach import agents_table
+from agentreach import envelopes
+from agentreach.cli import agents_table
 from tests.e2e.routing_support import (
     all_completed,
     fast,

@@ -7,12 +7,12 @@ from collections import Counter
 
 import msgspec
 import pytest
+from agentreach.agents import Agent, ReachClient, Rejected, TaskContext
+from agentreach.coordinator.config import QueueConfig
+from agentreach.envelopes import Liveness
+from agentreach.envelopes.headers import task_headers
 
-import envelopes
-from agents import Agent, ReachClient, Rejected, TaskContext
-from coordinator.config import QueueConfig
-from envelopes import Liveness
-from envelopes.headers import task_headers
+from agentreach import envelopes
 from tests.e2e.routing_support import (
     all_completed,
     fast,
@@ -177,7 +177,7 @@ async def test_reload_mid_traffic_loses_nothing(broker, start_coordinator, watch
     completes once, the later ones by the new rule."""
     path = tmp_path / "coordinator.yaml"
     path.write_text(RELOADABLE.format(name="to-a", pool="a"))
-    from coordinator import load_config
+    from agentreach.coordinator import load_config
 
     config = fast(routing=load_config(path).routing, queues=ROOMY, routes_poll_s=0.05)
     counts: Counter[str] = Counter()

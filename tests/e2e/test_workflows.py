@@ -10,11 +10,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
+from agentreach.coordinator import workflow as wf
+from agentreach.coordinator.workflow_spec import WorkflowSpec
+from agentreach.coordinator.workflows import read_record
 
-from agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
-from coordinator import workflow as wf
-from coordinator.workflow_spec import WorkflowSpec
-from coordinator.workflows import read_record
 from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast, serving
 
@@ -486,7 +486,7 @@ async def test_a_killed_coordinator_mid_chain_is_resumed_and_no_step_runs_twice(
             first.kill()  # SIGKILL: no shutdown of any kind
             await first.wait()
             gate.set()
-            from coordinator import load_config
+            from agentreach.coordinator import load_config
 
             async with start_coordinator(load_config(config_path)):
                 result = await asyncio.wait_for(starting, 60)

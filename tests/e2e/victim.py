@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from agents import Agent, TaskContext
+from agentreach.agents import Agent, TaskContext
 
 agent = Agent("victim", startup_delay=0, ack_wait=1.0)
 

@@ -6,11 +6,7 @@ import contextlib
 import json
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-import envelopes
-from envelopes import (
+from agentreach.envelopes import (
     Ack,
     Budget,
     Capacity,
@@ -23,6 +19,10 @@ from envelopes import (
     Result,
     Task,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentreach import envelopes
 
 tokens = st.from_regex(r"\A[A-Za-z0-9_-]{1,40}\Z")
 json_values = st.recursive(

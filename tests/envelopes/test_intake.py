@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from envelopes import DecodeError, task_from_intake
-from envelopes import headers as h
+from agentreach.envelopes import DecodeError, task_from_intake
+from agentreach.envelopes import headers as h
 
 
 def intake(data: bytes, headers: dict[str, str] | None = None, topic: str = "summarize"):

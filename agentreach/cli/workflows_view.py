@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from broker import Broker
-from broker.reader import read_bucket
-from coordinator.workflow_run import StepRun, WorkflowRecord
+from agentreach.broker import Broker
+from agentreach.broker.reader import read_bucket
+from agentreach.coordinator.workflow_run import StepRun, WorkflowRecord
 
 
 async def all_records(broker: Broker) -> list[WorkflowRecord]:

@@ -9,18 +9,18 @@ from __future__ import annotations
 import contextlib
 import json
 
-from agents import ReachClient, TaskFailed
-from broker import Names
-from coordinator import Coordinator, CoordinatorConfig
-from coordinator import workflow as wf
-from coordinator.workflows import read_record
-from envelopes import headers as h
-from envelopes import new_id
-from examples.echo import agent as echo_agent
-from examples.summarize import agent as summarize_agent
-from reach import trace as tracing
-from reach import workflows_view
-from reach.serving import provisioned
+from agentreach.agents import ReachClient, TaskFailed
+from agentreach.broker import Names
+from agentreach.cli import trace as tracing
+from agentreach.cli import workflows_view
+from agentreach.cli.serving import provisioned
+from agentreach.coordinator import Coordinator, CoordinatorConfig
+from agentreach.coordinator import workflow as wf
+from agentreach.coordinator.workflows import read_record
+from agentreach.envelopes import headers as h
+from agentreach.envelopes import new_id
+from agentreach.examples.echo import agent as echo_agent
+from agentreach.examples.summarize import agent as summarize_agent
 
 # A two-step workflow over the example agents: the summary's first sentence, shouted.
 HEADLINE = wf.chain(

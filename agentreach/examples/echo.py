@@ -1,10 +1,10 @@
 """The smallest agent: answers ``echo`` with its payload and ``shout`` in capitals.
 
-reach agent examples.echo:agent
+reach agent agentreach.examples.echo:agent
 nats pub reach.task.echo '{"text": "hello"}'
 """
 
-from agents import Agent, TaskContext
+from agentreach.agents import Agent, TaskContext
 
 agent = Agent("echo-1", tags={"role": "demo"}, startup_delay=0)  # demo agents start at once
 

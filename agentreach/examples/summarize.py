@@ -1,10 +1,10 @@
 """A ``summarize`` agent that reports progress while it works.
 
-reach agent examples.summarize:agent
+reach agent agentreach.examples.summarize:agent
 nats pub reach.task.summarize '{"text": "NATS is a connective technology. It is fast."}'
 """
 
-from agents import Agent, PermanentError, TaskContext
+from agentreach.agents import Agent, PermanentError, TaskContext
 
 agent = Agent("summarizer-1", tags={"role": "worker"}, startup_delay=0)
 

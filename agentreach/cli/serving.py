@@ -11,8 +11,8 @@ from pathlib import Path
 
 import structlog
 
-from broker import Broker, EmbeddedServer, Names, Topology, provision
-from envelopes import Priority
+from agentreach.broker import Broker, EmbeddedServer, Names, Topology, provision
+from agentreach.envelopes import Priority
 
 log = structlog.get_logger("reach")
 

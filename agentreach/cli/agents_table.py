@@ -6,10 +6,10 @@ import datetime as dt
 import time
 from dataclasses import dataclass
 
-from broker import Broker
-from broker.reader import read_bucket
-from coordinator.breaker import BreakerRecord
-from envelopes import AgentCard, Heartbeat, Liveness
+from agentreach.broker import Broker
+from agentreach.broker.reader import read_bucket
+from agentreach.coordinator.breaker import BreakerRecord
+from agentreach.envelopes import AgentCard, Heartbeat, Liveness
 
 
 @dataclass(frozen=True, slots=True)

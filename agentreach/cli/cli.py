@@ -16,20 +16,28 @@ from typing import Any
 import msgspec
 import nats.errors
 
-import envelopes
-from agents import Agent, ReachClient, ReachError
-from agents.compensation import replay
-from broker import DEFAULT_URL, Broker, BrokerError, Names, Topology, provision, read_stream
-from coordinator import ConfigError, Coordinator, load_config
-from coordinator.routes import ReloadReply
-from coordinator.workflows import cancel as workflow_cancel
-from coordinator.workflows import read_record
-from coordinator.workflows import signal as workflow_signal
-from envelopes import DeadLetter, EnvelopeError
-from reach import agents_table, workflows_view
-from reach import trace as tracing
-from reach.logs import configure_logging
-from reach.serving import nats_server, provisioned, until_signal
+from agentreach import envelopes
+from agentreach.agents import Agent, ReachClient, ReachError
+from agentreach.agents.compensation import replay
+from agentreach.broker import (
+    DEFAULT_URL,
+    Broker,
+    BrokerError,
+    Names,
+    Topology,
+    provision,
+    read_stream,
+)
+from agentreach.cli import agents_table, workflows_view
+from agentreach.cli import trace as tracing
+from agentreach.cli.logs import configure_logging
+from agentreach.cli.serving import nats_server, provisioned, until_signal
+from agentreach.coordinator import ConfigError, Coordinator, load_config
+from agentreach.coordinator.routes import ReloadReply
+from agentreach.coordinator.workflows import cancel as workflow_cancel
+from agentreach.coordinator.workflows import read_record
+from agentreach.coordinator.workflows import signal as workflow_signal
+from agentreach.envelopes import DeadLetter, EnvelopeError
 
 
 class UsageError(Exception):
@@ -299,7 +307,7 @@ def _print_stats(letters: list[DeadLetter]) -> None:
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
-    from reach.demo import run_demo
+    from agentreach.cli.demo import run_demo
 
     async with nats_server(args.nats_url, port=args.port, data_dir=args.data_dir) as url:
         return await run_demo(url, _names(args))
@@ -320,7 +328,9 @@ def _json_argument(text: str) -> Any:
 def _load_agent(target: str) -> Agent:
     module_name, _, attr = target.partition(":")
     if not module_name or not attr:
-        raise UsageError(f"expected MODULE:OBJECT (e.g. examples.echo:agent), got {target!r}")
+        raise UsageError(
+            f"expected MODULE:OBJECT (e.g. agentreach.examples.echo:agent), got {target!r}"
+        )
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
@@ -328,7 +338,7 @@ def _load_agent(target: str) -> Agent:
         raise UsageError(f"cannot import {module_name!r}: {exc}") from None
     agent = getattr(module, attr, None)
     if not isinstance(agent, Agent):
-        raise UsageError(f"{target} is {type(agent).__name__}, not an agents.Agent")
+        raise UsageError(f"{target} is {type(agent).__name__}, not an agentreach.Agent")
     return agent
 
 

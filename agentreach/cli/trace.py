@@ -7,9 +7,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import envelopes
-from broker import Broker, read_stream
-from envelopes import DecodeError, Event
+from agentreach import envelopes
+from agentreach.broker import Broker, read_stream
+from agentreach.envelopes import DecodeError, Event
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,24 @@
+"""The one root of every exception Agent-Reach raises, so a program (and the ``reach``
+command line) can catch them all with one ``except ReachError``.
+
+    ReachError
+    ├── EnvelopeError               agentreach.envelopes: bytes that are not a valid envelope
+    │   └── DecodeError
+    ├── BrokerError                 agentreach.broker: NATS / JetStream failures, translated
+    │   ├── ConnectError, BrokerTimeout, NoResponders, NoStreamError, ProvisionError, …
+    │   └── JetStreamError          StreamNotFound, ConsumerNotFound, WrongLastSequence, …
+    ├── ConfigError                 agentreach.coordinator: a configuration file is wrong
+    ├── AgentConfigError            agentreach.agents: an Agent or handler declared wrongly
+    ├── AgentIdInUse                another live process serves this agent_id
+    ├── PermanentError              raised by a handler: do not retry this task
+    └── InvokeError                 ReachClient.invoke() got no result
+        ├── NotAcknowledged, DeadlineExceeded
+        └── TaskFailed
+            └── Rejected
+"""
+
+from __future__ import annotations
+
+
+class ReachError(Exception):
+    """Root of every exception Agent-Reach raises."""
