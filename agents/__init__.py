@@ -1,4 +1,7 @@
-"""The Agent-Reach SDK: write agents, invoke them, handle dead letters."""
+"""The Agent-Reach SDK: write agents, invoke them, handle dead letters.
+
+Everything here is re-exported from :mod:`agentreach`.
+"""
 
 from agentreach.agents.agent import Agent, HandlerSpec
 from agentreach.agents.client import ReachClient
@@ -6,11 +9,11 @@ from agentreach.agents.compensation import Compensation, CompensationWorker
 from agentreach.agents.context import TaskContext
 from agentreach.agents.errors import (
     AgentConfigError,
+    AgentIdInUse,
     DeadlineExceeded,
     InvokeError,
     NotAcknowledged,
     PermanentError,
-    ReachError,
     Rejected,
     TaskFailed,
 )
@@ -19,6 +22,7 @@ from agentreach.agents.runtime import AgentRuntime
 __all__ = [
     "Agent",
     "AgentConfigError",
+    "AgentIdInUse",
     "AgentRuntime",
     "Compensation",
     "CompensationWorker",
@@ -28,7 +32,6 @@ __all__ = [
     "NotAcknowledged",
     "PermanentError",
     "ReachClient",
-    "ReachError",
     "Rejected",
     "TaskContext",
     "TaskFailed",

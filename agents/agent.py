@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -12,15 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from agentreach.agents.errors import AgentConfigError
-from agentreach.agents.liveness import resolve_agent_id
+from agentreach.agents.identity import DEFAULT_IDENTITY_FILE, resolve_agent_id
 from agentreach.agents.runtime import AgentRuntime
 from agentreach.broker import Broker, Names
 from agentreach.broker.connection import connected
-from agentreach.envelopes import AgentCard, Intent, RateLimit
-from agentreach.envelopes.types import TOKEN_PATTERN
-
-_TOKEN = re.compile(TOKEN_PATTERN)
-DEFAULT_IDENTITY_FILE = Path(".reach/agent-id")
+from agentreach.envelopes import AgentCard, Intent, RateLimit, is_token
 
 Handler = Callable[..., Any]
 
@@ -69,7 +64,7 @@ class Agent:
         rate_limit: RateLimit | None = None,
     ) -> None:
         agent_id = resolve_agent_id(agent_id, Path(identity_file))
-        if not _TOKEN.match(agent_id):
+        if not is_token(agent_id):
             raise AgentConfigError(
                 f"agent_id {agent_id!r}: use 1-128 letters, digits, '_' or '-'"
                 " (it becomes part of NATS subjects)"
@@ -103,7 +98,7 @@ class Agent:
         max_attempts: int | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as the handler of ``topic``."""
-        if not _TOKEN.match(topic):
+        if not is_token(topic):
             raise AgentConfigError(f"topic {topic!r}: use 1-128 letters, digits, '_' or '-'")
         if topic in self.handlers:
             raise AgentConfigError(f"topic {topic!r} already has a handler on {self.agent_id}")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self
 
 import msgspec
+
+from agentreach import envelopes
 from agentreach.agents.errors import (
     REJECTION_REASONS,
     DeadlineExceeded,
@@ -17,7 +18,7 @@ from agentreach.agents.errors import (
     Rejected,
     TaskFailed,
 )
-from agentreach.broker import Broker, Names
+from agentreach.broker import Broker, Inbound, Names
 from agentreach.broker.lifecycle import trace_of
 from agentreach.envelopes import (
     Ack,
@@ -29,10 +30,9 @@ from agentreach.envelopes import (
     Result,
     Task,
     new_id,
+    now_ms,
 )
 from agentreach.envelopes import headers as h
-
-from agentreach import envelopes
 
 OnAck = Callable[[Ack], Awaitable[None] | None]
 OnProgress = Callable[[Progress], Awaitable[None] | None]
@@ -98,7 +98,7 @@ class ReachClient:
             "payload": payload,
             "priority": priority,
             "reply_to": reply_to,
-            "created_at": time.time_ns() // 1_000_000,
+            "created_at": now_ms(),
         }
         if ttl_ms is not None:
             fields["ttl_ms"] = ttl_ms
@@ -139,10 +139,10 @@ class ReachClient:
         arrive within ``execute_deadline_ms`` after that, :class:`Rejected` when
         the coordinator refuses it and :class:`TaskFailed` when the handler fails.
         """
-        inbox = self.broker.nc.new_inbox()
+        inbox = self.broker.new_inbox()
         replies: asyncio.Queue[envelopes.Reply] = asyncio.Queue()
 
-        async def collect(msg: Any) -> None:
+        async def collect(msg: Inbound) -> None:
             with contextlib.suppress(envelopes.DecodeError):
                 replies.put_nowait(envelopes.decode_reply(msg.data))
 
@@ -155,12 +155,9 @@ class ReachClient:
             ttl_ms=ack_deadline_ms + execute_deadline_ms,
             budget=Budget(ack_ms=ack_deadline_ms, execute_ms=execute_deadline_ms),
         )
-        sub = await self.broker.nc.subscribe(inbox, cb=collect)
-        try:
+        async with await self.broker.subscribe(inbox, collect):
             await self.submit(task)
             return await _await_result(task, replies, on_ack, on_progress)
-        finally:
-            await sub.unsubscribe()
 
     async def status(self, message_id: str) -> list[Event]:
         """The recorded lifecycle events of ``message_id``, oldest first."""

@@ -4,23 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import msgspec
 import structlog
-from agentreach.agents.errors import ReachError
-from agentreach.broker import Broker, BrokerError, Names
-from agentreach.broker.connection import connected
-from agentreach.broker.consume import ConsumerSpec, batches, bind
-from agentreach.broker.lifecycle import emit, now_ms
-from agentreach.broker.tasks import cancel_and_wait
-from agentreach.envelopes import DeadLetter, DecodeError, Event, Task, new_id
-from agentreach.envelopes import headers as h
-from nats.aio.msg import Msg
 
 from agentreach import envelopes
+from agentreach.broker import Broker, BrokerError, Delivery, Names, PullConsumer
+from agentreach.broker.connection import connected
+from agentreach.broker.consume import ConsumerSpec, bind
+from agentreach.broker.lifecycle import emit
+from agentreach.broker.tasks import cancel_and_wait
+from agentreach.envelopes import DeadLetter, DecodeError, Event, Task, new_id, now_ms
+from agentreach.envelopes import headers as h
+from agentreach.errors import ReachError
 
 log = structlog.get_logger("agents.compensation")
 
@@ -86,9 +84,9 @@ class CompensationWorker:
         """Consume for the duration of the block."""
         name = f"compensation:{self.name}"
         async with connected(broker, nats_url, name=name, names=names) as connection:
-            sub = await bind(connection.js, self._consumer(connection.names))
+            consumer = await bind(connection, self._consumer(connection.names))
             compensation = Compensation(connection, self.name)
-            loop = asyncio.create_task(self._consume(sub, compensation), name=self.name)
+            loop = asyncio.create_task(self._consume(consumer, compensation), name=self.name)
             try:
                 yield self
             finally:
@@ -100,12 +98,12 @@ class CompensationWorker:
             stream=names.dlq_stream, durable=f"compensation-{self.name}", filter_subjects=subjects
         )
 
-    async def _consume(self, sub: Any, compensation: Compensation) -> None:
-        async for messages in batches(sub, size=16):
-            for msg in messages:
-                await self._handle(msg, compensation)
+    async def _consume(self, consumer: PullConsumer, compensation: Compensation) -> None:
+        async for deliveries in consumer.batches(size=16):
+            for delivery in deliveries:
+                await self._handle(delivery, compensation)
 
-    async def _handle(self, msg: Msg, compensation: Compensation) -> None:
+    async def _handle(self, msg: Delivery, compensation: Compensation) -> None:
         try:
             letter = envelopes.decode_dead_letter(msg.data)
         except DecodeError as exc:
@@ -116,7 +114,7 @@ class CompensationWorker:
             await self.handler(letter, compensation)
         except Exception:  # the entry stays; a fix or a later try may succeed
             log.exception("compensation handler failed", message_id=letter.message_id)
-            await msg.nak(delay=RETRY_DELAY_S)
+            await msg.nak(RETRY_DELAY_S)
             return
         await msg.ack()
 
@@ -136,9 +134,9 @@ async def replay(
         topic=topic or original.topic,
         attempt=1,
         to_agent=None,
-        ttl_ms=ttl_ms or envelopes.types.DEFAULT_TTL_MS,
+        ttl_ms=ttl_ms or envelopes.DEFAULT_TTL_MS,
         replay_of=letter.message_id,
-        created_at=time.time_ns() // 1_000_000,
+        created_at=now_ms(),
     )
     await broker.publish(
         broker.names.task(task.topic), envelopes.encode(task), headers=h.task_headers(task)

@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
-from agentreach.envelopes import Priority, Task, new_id
+
+from agentreach.envelopes import Priority, Task, new_id, now_ms
 
 
 class TaskContext:
@@ -90,5 +91,5 @@ class TaskContext:
             ttl_ms=remaining,
             priority=priority or self.envelope.priority,
             budget=budget,
-            created_at=time.time_ns() // 1_000_000,
+            created_at=now_ms(),
         )

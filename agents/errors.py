@@ -1,26 +1,28 @@
-"""Errors of the agent SDK.
+"""Errors of the agent SDK, under the one root :class:`agentreach.errors.ReachError`.
 
-ReachError                   root of everything this package raises
+ReachError
 ├── AgentConfigError         an Agent or handler was declared wrongly
+├── AgentIdInUse             another live process already serves this agent_id
 ├── PermanentError           raised by a handler: do not retry this task
 └── InvokeError              ReachClient.invoke() did not get a result
     ├── NotAcknowledged      no agent accepted the task within the ack deadline
     ├── DeadlineExceeded     accepted, but no result within the execute deadline
-    ├── TaskFailed           the agent reported an error (``.error``)
-    └── Rejected             the coordinator refused it (``.reason``: no_route, expired, …)
+    └── TaskFailed           the agent reported an error (``.error``)
+        └── Rejected         the coordinator refused it (``.reason``: no_route, expired, …)
 """
 
 from __future__ import annotations
 
 from agentreach.envelopes import ErrorInfo
-
-
-class ReachError(Exception):
-    """Root of the SDK's exceptions."""
+from agentreach.errors import ReachError
 
 
 class AgentConfigError(ReachError):
     """An Agent, handler or client option is wrong; the message names it."""
+
+
+class AgentIdInUse(ReachError):
+    """Another live process already serves this agent_id."""
 
 
 class PermanentError(ReachError):

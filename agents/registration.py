@@ -8,21 +8,15 @@ import random
 import socket
 
 import msgspec
-import nats.errors
-import nats.js.errors
 import structlog
-from agentreach.agents.liveness import AgentIdInUse
-from agentreach.broker import Broker
-from agentreach.broker.errors import translate
-from agentreach.broker.lifecycle import now_ms
-from agentreach.envelopes import AgentCard, RegisterReply, RegisterRequest
 
 from agentreach import envelopes
+from agentreach.agents.errors import AgentIdInUse
+from agentreach.broker import Broker, BrokerTimeout, NoResponders, WrongLastSequence
+from agentreach.envelopes import AgentCard, RegisterReply, RegisterRequest, decode_as, now_ms
 
 log = structlog.get_logger("agents.registration")
 
-_card_decoder = msgspec.json.Decoder(AgentCard)
-_reply_decoder = msgspec.json.Decoder(RegisterReply)
 SLOT_TIMEOUT_S = 2.0
 MAX_RETRY_S = 10.0
 
@@ -37,13 +31,13 @@ async def await_slot(broker: Broker, agent_id: str) -> float | None:
     waited = 0
     while True:
         try:
-            answer = await broker.nc.request(broker.names.register, request, timeout=SLOT_TIMEOUT_S)
-        except nats.errors.NoRespondersError:
+            answer = await broker.request(broker.names.register, request, timeout=SLOT_TIMEOUT_S)
+        except NoResponders:
             log.warning("no coordinator answered the registration; registering directly")
             return None
-        except nats.errors.TimeoutError:
+        except BrokerTimeout:
             answer = None
-        reply = _reply_decoder.decode(answer.data) if answer is not None else None
+        reply = decode_as(answer.data, RegisterReply) if answer is not None else None
         if reply is not None and reply.ok:
             return reply.heartbeat_interval_s
         waited += 1
@@ -59,32 +53,19 @@ async def write_card(broker: Broker, card: AgentCard) -> AgentCard:
     The write is conditional on the record read, so two processes registering
     the same id at once cannot both succeed.
     """
-    kv = await broker.kv(broker.names.agents_bucket)
-    revision = None
-    epoch = 1
-    try:
-        entry = await kv.get(card.agent_id)
-        revision = entry.revision
-        epoch = _card_decoder.decode(entry.value or b"").epoch + 1
-    except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-        pass
-    except msgspec.DecodeError:
-        log.warning("replacing an unreadable agent card", agent_id=card.agent_id)
-    except nats.errors.Error as exc:
-        raise translate(exc) from exc
-    card = msgspec.structs.replace(
-        card, epoch=epoch, host=socket.gethostname(), pid=os.getpid(), started_at=now_ms()
+    cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+    stamped = msgspec.structs.replace(
+        card, host=socket.gethostname(), pid=os.getpid(), started_at=now_ms()
     )
-    data = envelopes.encode(card)
+
+    def next_epoch(previous: AgentCard | None) -> AgentCard:
+        return msgspec.structs.replace(stamped, epoch=previous.epoch + 1 if previous else 1)
+
     try:
-        if revision is None:
-            await kv.create(card.agent_id, data)
-        else:
-            await kv.update(card.agent_id, data, last=revision)
-    except nats.js.errors.KeyWrongLastSequenceError:
+        swap = await cards.cas(card.agent_id, next_epoch, tries=1)
+    except WrongLastSequence:
         raise AgentIdInUse(
             f"agent_id {card.agent_id!r} was registered by another process at the same moment"
         ) from None
-    except nats.errors.Error as exc:
-        raise translate(exc) from exc
-    return card
+    assert swap.entry is not None
+    return swap.entry.value

@@ -15,18 +15,19 @@ import argparse
 import asyncio
 import time
 
-from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker, Names, Topology, provision
-from agentreach.coordinator import Coordinator, CoordinatorConfig
-from agentreach.coordinator.config import QueueConfig
 from common import counting, nats_server
 from nats.js import api
 
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, Names, Topology, provision
 from agentreach.cli.logs import configure_logging
+from agentreach.coordinator import Coordinator, CoordinatorConfig, IntakeConfig, QueueConfig
 
 # One agent takes every task: its queue must hold what is in flight, or the run measures
 # backpressure rejections instead of throughput.
-CONFIG = CoordinatorConfig(intake_batch=128, queues=QueueConfig(capacity={"P1": 4096}))
+CONFIG = CoordinatorConfig(
+    intake=IntakeConfig(batch=128), queues=QueueConfig(capacity={"P1": 4096})
+)
 
 
 async def publish_all(publish, count: int, window: int) -> None:  # type: ignore[no-untyped-def]
@@ -77,7 +78,7 @@ async def reach_path(url: str, count: int, window: int) -> float:
         return None
 
     async with Broker(url, names=names, name="bench-coordinator") as broker:
-        await provision(broker.js, Topology.default(names))
+        await provision(broker, Topology.default(names))
         async with (
             counting(broker, names.events_of_kind("completed"), count) as done,
             Coordinator(broker, CONFIG).running(),

@@ -14,13 +14,13 @@ import argparse
 import asyncio
 import time
 
-from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker, Names, Topology, provision
-from agentreach.coordinator import Coordinator
 from common import nats_server, percentile
 from nats.js import api
 
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, Names, Topology, provision
 from agentreach.cli.logs import configure_logging
+from agentreach.coordinator import Coordinator
 
 
 async def request_reply(url: str, rounds: int) -> list[float]:
@@ -60,7 +60,7 @@ async def reach_invoke(url: str, rounds: int) -> list[float]:
         return payload
 
     async with Broker(url, names=names, name="bench-coordinator") as broker:
-        await provision(broker.js, Topology.default(names))
+        await provision(broker, Topology.default(names))
         async with (
             Coordinator(broker).running(),
             agent.running(url, names=names),

@@ -16,13 +16,13 @@ import heapq
 import random
 import time
 
-from agentreach.broker import Broker, Names, Topology, provision
-from agentreach.coordinator import Coordinator, CoordinatorConfig
-from agentreach.envelopes import Heartbeat
 from common import nats_server, percentile
 
 from agentreach import envelopes
+from agentreach.broker import Broker, Names, Topology, provision
 from agentreach.cli.logs import configure_logging
+from agentreach.coordinator import Coordinator, CoordinatorConfig, LivenessConfig
+from agentreach.envelopes import Heartbeat
 
 
 async def main() -> None:
@@ -39,7 +39,7 @@ async def main() -> None:
     state: dict[str, list[tuple[str, float]]] = {}
     last_beat: dict[str, float] = {}
     async with nats_server() as url, Broker(url, names=names, name="bench-live") as broker:
-        await provision(broker.js, Topology.default(names))
+        await provision(broker, Topology.default(names))
 
         async def on_state(msg) -> None:  # type: ignore[no-untyped-def]
             event = envelopes.decode_event(msg.data)
@@ -49,7 +49,9 @@ async def main() -> None:
 
         await broker.nc.subscribe(names.events_of_kind("agent_state"), cb=on_state)
         config = CoordinatorConfig(
-            liveness_tick_s=min(1.0, args.interval / 10), probe_connection_s=1.0, probe_ping_s=1.0
+            liveness=LivenessConfig(
+                tick_s=min(1.0, args.interval / 10), probe_connection_s=1.0, probe_ping_s=1.0
+            )
         )
         async with (
             Broker(url, names=names, name="bench-coordinator") as own,

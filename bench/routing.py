@@ -20,18 +20,17 @@ import statistics
 import time
 
 import msgspec
-from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker, Names, Topology, provision
-from agentreach.broker.watch import Change
-from agentreach.coordinator import Coordinator, CoordinatorConfig
-from agentreach.coordinator.config import QueueConfig
-from agentreach.coordinator.rules import RoutingConfig, pools_of
-from agentreach.envelopes import AgentCard, Intent, Task
 from common import counting, nats_server
 from e2e import baseline, publish_all
 
 from agentreach import envelopes
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, Names, Topology, provision
+from agentreach.broker.watch import Change
 from agentreach.cli.logs import configure_logging
+from agentreach.coordinator import Coordinator, CoordinatorConfig, IntakeConfig, QueueConfig
+from agentreach.coordinator.routing.rules import RoutingConfig, pools_of
+from agentreach.envelopes import AgentCard, Intent, Task
 
 REGIONS = [f"region-{i}" for i in range(10)]
 
@@ -109,10 +108,10 @@ async def throughput(url: str, routing: RoutingConfig, count: int, window: int, 
             return None
 
     config = CoordinatorConfig(
-        intake_batch=128, routing=routing, queues=QueueConfig(capacity={"P1": 4096})
+        intake=IntakeConfig(batch=128), routing=routing, queues=QueueConfig(capacity={"P1": 4096})
     )
     async with Broker(url, names=names, name="bench-coordinator") as broker:
-        await provision(broker.js, Topology.default(names))
+        await provision(broker, Topology.default(names))
         async with contextlib.AsyncExitStack() as stack:
             done = await stack.enter_async_context(
                 counting(broker, names.events_of_kind("completed"), count)

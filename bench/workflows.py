@@ -14,15 +14,14 @@ import argparse
 import asyncio
 import time
 
-from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker, Names, Topology, provision
-from agentreach.coordinator import Coordinator, CoordinatorConfig
-from agentreach.coordinator import workflow as wf
-from agentreach.coordinator.config import QueueConfig
 from common import counting, nats_server
 from e2e import baseline, publish_all
 
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, Names, Topology, provision
 from agentreach.cli.logs import configure_logging
+from agentreach.coordinator import Coordinator, CoordinatorConfig, IntakeConfig, QueueConfig
+from agentreach.coordinator import workflow as wf
 
 SHAPES = {
     "single task": None,
@@ -38,7 +37,7 @@ async def rate(url: str, label: str, count: int, window: int) -> float:
     names = Names(prefix=f"benchwf{len(label)}")
     spec = SHAPES[label]
     config = CoordinatorConfig(
-        intake_batch=128,
+        intake=IntakeConfig(batch=128),
         queues=QueueConfig(capacity={"P1": 8192}),
         workflows={"flow": spec} if spec else {},
     )
@@ -51,7 +50,7 @@ async def rate(url: str, label: str, count: int, window: int) -> float:
 
     topic, ending = ("flow", "workflow_completed") if spec else ("noop", "completed")
     async with Broker(url, names=names, name="bench-coordinator") as broker:
-        await provision(broker.js, Topology.default(names))
+        await provision(broker, Topology.default(names))
         async with (
             counting(broker, names.events_of_kind(ending), count) as done,
             Coordinator(broker, config).running(),

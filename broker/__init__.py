@@ -1,6 +1,14 @@
-"""The NATS / JetStream layer: connection, names, topology, embedded server."""
+"""The NATS / JetStream layer, the only part of Agent-Reach that talks to nats-py.
 
+Connection (:class:`Broker`), names, topology and provisioning, typed KV buckets with
+compare-and-set, consumers and the messages they deliver, reading streams, lifecycle
+publishing (events, replies, dead letters), presence probes, the embedded nats-server.
+Every nats-py exception is translated into a :class:`BrokerError` here.
+"""
+
+from agentreach.broker.bucket import Bucket, Contended, Entry, Swap
 from agentreach.broker.connection import DEFAULT_URL, Broker, resolve_url
+from agentreach.broker.consume import ConsumerSpec, PullConsumer, bind, follow
 from agentreach.broker.embedded import EmbeddedServer, find_server_binary
 from agentreach.broker.errors import (
     BrokerError,
@@ -9,38 +17,55 @@ from agentreach.broker.errors import (
     ConsumerNotFound,
     EmbeddedServerError,
     JetStreamError,
+    NoResponders,
     NoStreamError,
     ProvisionError,
     StreamNotFound,
     SubjectFull,
     WrongLastSequence,
 )
+from agentreach.broker.messages import Delivery, Inbound, Subscription
 from agentreach.broker.names import Names
-from agentreach.broker.reader import StoredMessage, read_stream
+from agentreach.broker.streams import StoredMessage, read_stream
 from agentreach.broker.topology import BucketSpec, Outcome, StreamSpec, Topology, provision
+from agentreach.broker.watch import BucketWatch, Change
 
 __all__ = [
     "DEFAULT_URL",
     "Broker",
     "BrokerError",
     "BrokerTimeout",
+    "Bucket",
     "BucketSpec",
+    "BucketWatch",
+    "Change",
     "ConnectError",
     "ConsumerNotFound",
+    "ConsumerSpec",
+    "Contended",
+    "Delivery",
     "EmbeddedServer",
     "EmbeddedServerError",
+    "Entry",
+    "Inbound",
     "JetStreamError",
     "Names",
+    "NoResponders",
     "NoStreamError",
     "Outcome",
     "ProvisionError",
+    "PullConsumer",
     "StoredMessage",
     "StreamNotFound",
     "StreamSpec",
     "SubjectFull",
+    "Subscription",
+    "Swap",
     "Topology",
     "WrongLastSequence",
+    "bind",
     "find_server_binary",
+    "follow",
     "provision",
     "read_stream",
     "resolve_url",

@@ -7,16 +7,29 @@ import os
 from collections.abc import AsyncIterator
 from enum import Enum
 from types import TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 import nats
+import nats.errors
 import nats.js
+import nats.js.errors
 import structlog
-from agentreach.broker.errors import BrokerError, ConnectError, translated
-from agentreach.broker.names import Names
 from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.kv import KeyValue
+
+from agentreach.broker.bucket import Bucket
+from agentreach.broker.errors import (
+    BrokerError,
+    ConnectError,
+    StreamNotFound,
+    translate,
+    translated,
+)
+from agentreach.broker.messages import Inbound, InboundHandler, Subscription
+from agentreach.broker.names import Names
+
+T = TypeVar("T")
 
 log = structlog.get_logger("broker")
 
@@ -161,11 +174,52 @@ class Broker:
             await self.nc.publish(subject, data, headers=headers)
 
     async def kv(self, bucket: str) -> KeyValue:
-        """The KV bucket (cached per connection)."""
+        """The nats-py KV bucket (cached per connection), for this package's own use."""
         if bucket not in self._buckets:
-            with translated():
+            try:
                 self._buckets[bucket] = await self.js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                raise StreamNotFound(
+                    f"KV bucket {bucket} does not exist: run `reach provision`"
+                    " (or start the coordinator, which provisions)",
+                    err_code=10059,
+                ) from None
+            except nats.errors.Error as exc:
+                raise translate(exc, subject=bucket) from exc
         return self._buckets[bucket]
+
+    async def bucket(self, name: str, kind: type[T]) -> Bucket[T]:
+        """The KV bucket ``name`` holding records of ``kind``."""
+        return Bucket(await self.kv(name), kind, name)
+
+    async def subscribe(
+        self, subject: str, handler: InboundHandler | None = None, *, queue: str = ""
+    ) -> Subscription:
+        """A core subscription; ``handler`` gets each message (or read them with ``next``).
+        Subscribers sharing a ``queue`` name each get a share of the messages."""
+        callback = None
+        if handler is not None:
+
+            async def callback(msg: object) -> None:
+                await handler(Inbound(msg))  # type: ignore[arg-type]
+
+        with translated(subject=subject):
+            return Subscription(await self.nc.subscribe(subject, queue=queue, cb=callback))
+
+    async def request(self, subject: str, data: bytes = b"", *, timeout: float) -> Inbound:
+        """Ask and wait for one answer: raises NoResponders at once when nobody listens,
+        BrokerTimeout when nobody answers within ``timeout`` seconds."""
+        with translated(subject=subject):
+            return Inbound(await self.nc.request(subject, data, timeout=timeout))
+
+    def new_inbox(self) -> str:
+        """A unique subject to receive answers on."""
+        return self.nc.new_inbox()
+
+    async def flush(self, timeout: float = 2.0) -> None:
+        """Wait until the server has seen everything published so far."""
+        with translated():
+            await self.nc.flush(timeout=timeout)
 
     async def _on_error(self, exc: Exception) -> None:
         if self._nc is None:  # still in the first connect: reported as ConnectError

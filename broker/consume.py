@@ -1,4 +1,5 @@
-"""Durable pull consumers: created or updated from a typed spec, read in batches."""
+"""Durable pull consumers: created or updated from a typed spec, read in batches of
+:class:`~agentreach.broker.messages.Delivery`."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import nats.aio.msg
 import nats.errors
 import nats.js
 import structlog
-from agentreach.broker.errors import BrokerError, honour_cancellation, translate, translated
-from nats.aio.msg import Msg
 from nats.js import api
+
+from agentreach.broker.connection import Broker
+from agentreach.broker.errors import BrokerError, honour_cancellation, translate, translated
+from agentreach.broker.messages import Delivery
 
 log = structlog.get_logger("broker.consume")
 
@@ -45,19 +49,36 @@ class ConsumerSpec:
         )
 
 
-async def bind(
-    js: nats.js.JetStreamContext, spec: ConsumerSpec
-) -> nats.js.JetStreamContext.PullSubscription:
+class PullConsumer:
+    """A pull subscription bound to a durable consumer."""
+
+    def __init__(self, sub: nats.js.JetStreamContext.PullSubscription, spec: ConsumerSpec) -> None:
+        self._sub = sub
+        self.spec = spec
+
+    async def fetch(self, size: int, *, wait_s: float = 1.0) -> list[Delivery]:
+        """Up to ``size`` messages, or none after ``wait_s`` of idleness (never a timeout)."""
+        return [Delivery(m) for m in await _fetch(self._sub, size, wait_s)]
+
+    async def batches(self, *, size: int, wait_s: float = 1.0) -> AsyncIterator[list[Delivery]]:
+        """Fetch forever, yielding each non-empty batch."""
+        while True:
+            honour_cancellation()
+            if deliveries := await self.fetch(size, wait_s=wait_s):
+                yield deliveries
+
+
+async def bind(broker: Broker, spec: ConsumerSpec) -> PullConsumer:
     """Create or update the consumer, then bind a pull subscription to it."""
     with translated(subject=", ".join(spec.filter_subjects)):
-        await js.add_consumer(spec.stream, config=spec.config())
-        return await js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
+        await broker.js.add_consumer(spec.stream, config=spec.config())
+        sub = await broker.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
+    return PullConsumer(sub, spec)
 
 
-async def fetch(
-    sub: nats.js.JetStreamContext.PullSubscription, size: int, *, wait_s: float = 1.0
-) -> list[Msg]:
-    """Up to ``size`` messages, or none after ``wait_s`` of idleness (never a timeout error)."""
+async def _fetch(
+    sub: nats.js.JetStreamContext.PullSubscription, size: int, wait_s: float
+) -> list[nats.aio.msg.Msg]:
     try:
         return await sub.fetch(size, timeout=wait_s)
     except (nats.errors.TimeoutError, TimeoutError):
@@ -71,24 +92,14 @@ async def fetch(
         raise translate(exc) from exc
 
 
-async def batches(
-    sub: nats.js.JetStreamContext.PullSubscription, *, size: int, wait_s: float = 1.0
-) -> AsyncIterator[list[Msg]]:
-    """Fetch forever, yielding each non-empty batch."""
-    while True:
-        honour_cancellation()
-        if messages := await fetch(sub, size, wait_s=wait_s):
-            yield messages
-
-
 async def follow(
-    js: nats.js.JetStreamContext,
+    broker: Broker,
     *,
     stream: str,
     filter_subjects: tuple[str, ...],
     since_ms: int,
     size: int = 256,
-) -> AsyncIterator[Msg]:
+) -> AsyncIterator[Delivery]:
     """Every message on ``filter_subjects`` stored since ``since_ms``, then each new one.
 
     A private consumer that acknowledges nothing, so every process that follows
@@ -109,15 +120,18 @@ async def follow(
             **start,  # type: ignore[arg-type]
         )
         with translated(subject=", ".join(filter_subjects)):
-            sub = await js.pull_subscribe("", stream=stream, config=config)
+            sub = await broker.js.pull_subscribe("", stream=stream, config=config)
+        consumer = PullConsumer(
+            sub, ConsumerSpec(stream=stream, durable="", filter_subjects=filter_subjects)
+        )
         try:
-            async for messages in batches(sub, size=size, wait_s=1.0):
-                for msg in messages:
+            async for deliveries in consumer.batches(size=size, wait_s=1.0):
+                for delivery in deliveries:
                     start = {
                         "deliver_policy": api.DeliverPolicy.BY_START_SEQUENCE,
-                        "opt_start_seq": msg.metadata.sequence.stream + 1,
+                        "opt_start_seq": delivery.stream_seq + 1,
                     }
-                    yield msg
+                    yield delivery
         except BrokerError as exc:
             log.warning("following a stream failed; starting again", stream=stream, error=str(exc))
             await asyncio.sleep(1.0)

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Self
 
 import structlog
+
 from agentreach.broker.errors import EmbeddedServerError
 
 log = structlog.get_logger("broker.embedded")

@@ -1,9 +1,10 @@
 """Errors raised by the broker layer; nats-py errors are translated here, by JetStream
 error code, so the rest of Agent-Reach never sees a nats-py exception.
 
-    BrokerError                    root of everything this package raises
+    BrokerError                    root of everything this package raises (a ReachError)
     ├── ConnectError               no server reachable at the URL
     ├── BrokerTimeout              a request to the server did not answer in time
+    ├── NoResponders               nobody listens on a request's subject
     ├── NoStreamError              no stream listens on the subject (not provisioned)
     ├── JetStreamError             the server refused an API call (carries err_code)
     │   ├── StreamNotFound
@@ -23,6 +24,8 @@ from contextlib import contextmanager
 import nats.errors
 import nats.js.errors
 
+from agentreach.errors import ReachError
+
 # JetStream API error codes (nats-server server/errors.json).
 STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
@@ -31,7 +34,7 @@ WRONG_LAST_SEQUENCE = 10071
 SUBJECT_FULL = 10077
 
 
-class BrokerError(Exception):
+class BrokerError(ReachError):
     """Root of the broker package's exceptions."""
 
 
@@ -41,6 +44,10 @@ class ConnectError(BrokerError):
 
 class BrokerTimeout(BrokerError):
     """The server did not answer in time."""
+
+
+class NoResponders(BrokerError):
+    """A request found nobody subscribed to its subject (the server said so at once)."""
 
 
 class NoStreamError(BrokerError):
@@ -100,9 +107,11 @@ def translate(exc: BaseException, *, subject: str | None = None) -> BrokerError:
         code = exc.err_code
         cls = _BY_CODE.get(code or 0, JetStreamError)
         return cls(exc.description or type(exc).__name__, err_code=code)
-    if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
+    if isinstance(exc, nats.js.errors.NoStreamResponseError):
         where = f" on subject {subject!r}" if subject else ""
         return NoStreamError(f"no stream listens{where}; run `reach provision`")
+    if isinstance(exc, nats.errors.NoRespondersError):
+        return NoResponders(f"nobody answers{f' on {subject!r}' if subject else ''}")
     if isinstance(exc, nats.errors.TimeoutError | TimeoutError):
         return BrokerTimeout(f"timed out{f' on {subject!r}' if subject else ''}")
     if isinstance(exc, nats.errors.NoServersError | ConnectionRefusedError | OSError):

@@ -7,20 +7,15 @@ publishing and does its work again does not record it twice.
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
-from agentreach.broker.connection import Broker
-from agentreach.broker.reader import read_stream
-from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task
 
 from agentreach import envelopes
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+from agentreach.broker.connection import Broker
+from agentreach.broker.streams import read_stream
+from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms
 
 
 def about(task: Task, **fields: Any) -> dict[str, Any]:
@@ -85,7 +80,7 @@ async def reply(broker: Broker, task: Task, message: envelopes.Reply) -> None:
 async def trace_of(broker: Broker, message_id: str) -> list[Event]:
     """Every recorded event of ``message_id``, oldest first."""
     stored = await read_stream(
-        broker.js, broker.names.events_stream, broker.names.events_of_message(message_id)
+        broker, broker.names.events_stream, broker.names.events_of_message(message_id)
     )
     return [envelopes.decode_event(m.data) for m in stored]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 import msgspec
+
 from agentreach.envelopes import PRIORITIES, Priority
 
 DEFAULT_PREFIX: Final = "reach"

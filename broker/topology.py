@@ -15,10 +15,12 @@ from typing import Literal
 
 import nats.js
 import structlog
+from nats.js import api
+
+from agentreach.broker.connection import Broker
 from agentreach.broker.errors import JetStreamError, ProvisionError, translate
 from agentreach.broker.names import Names
 from agentreach.envelopes import Priority
-from nats.js import api
 
 log = structlog.get_logger("broker.topology")
 
@@ -182,8 +184,9 @@ def queue_caps(names: Names, queue_capacity: Mapping[Priority, int]) -> Topology
     return Topology(streams=tuple(s for s in full.streams if s.name in dispatch), buckets=())
 
 
-async def provision(js: nats.js.JetStreamContext, topology: Topology) -> dict[str, Outcome]:
+async def provision(broker: Broker, topology: Topology) -> dict[str, Outcome]:
     """Bring every stream and bucket to its spec; returns what happened to each."""
+    js = broker.js
     outcomes: dict[str, Outcome] = {}
     for stream in topology.streams:
         outcomes[stream.name] = await _ensure_stream(js, stream.config())

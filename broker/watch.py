@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-from agentreach.broker.errors import translated
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from agentreach.broker.errors import translated
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +21,7 @@ class Change:
     key: str
     value: bytes | None
     revision: int
-    written: dt.datetime | None = None  # the broker's time of the write
+    written_ms: int = 0  # the broker's time of the write
 
 
 class BucketWatch:
@@ -86,7 +86,7 @@ class BucketWatch:
 async def snapshot(kv: KeyValue) -> list[Change]:
     """Every key's current value, read through one watch rather than a request per key.
 
-    Raises only :class:`~broker.errors.BrokerError`.
+    Raises only :class:`~agentreach.broker.errors.BrokerError`.
     """
     async with BucketWatch(kv) as watch:
         with translated():
@@ -99,5 +99,5 @@ def _change(entry: KeyValue.Entry) -> Change:
         key=entry.key,
         value=None if deleted else entry.value,
         revision=entry.revision or 0,
-        written=entry.created,
+        written_ms=int(entry.created.timestamp() * 1000) if entry.created else 0,
     )

@@ -1,20 +1,46 @@
-"""The coordinator service: routing, protection, dispatch, dead-lettering and workflows.
+"""The coordinator service, in wings with one concern each:
 
-Workflows are defined in the config's ``workflows:`` section or built in Python
-with ``coordinator.workflow_spec`` (``chain``, ``fanout``, ``steps``, ``machine``).
+- :mod:`.routing`: rules, the fleet of agents and the choice among them, the router, reloads;
+- :mod:`.protection`: circuit breakers, queue depths and watermarks, rate limits;
+- :mod:`.delivery`: outcomes, retries, max-delivery advisories, dead letters;
+- :mod:`.liveness`: heartbeats judged, probes, adaptive cadence, reassignment, registration;
+- :mod:`.workflows`: definitions, the pure run logic, the engine and its control.
+
+At the top: :mod:`.service` (the :class:`Coordinator`), :mod:`.intake`, :mod:`.config`,
+:mod:`.lease`, and :mod:`.conditions` (the matcher rules and workflows share).
+Workflows are defined in the config's ``workflows:`` section or built in Python with
+``agentreach.coordinator.workflow`` (``chain``, ``fanout``, ``steps``, ``machine``).
 """
 
-from agentreach.coordinator import workflow_spec as workflow
-from agentreach.coordinator.config import ConfigError, CoordinatorConfig, load_config
-from agentreach.coordinator.directory import AgentDirectory
+from agentreach.coordinator.config import (
+    ConfigError,
+    CoordinatorConfig,
+    DeliveryConfig,
+    IntakeConfig,
+    load_config,
+)
+from agentreach.coordinator.liveness.monitor import LivenessConfig
+from agentreach.coordinator.protection.circuit import BreakerConfig
+from agentreach.coordinator.protection.queues import QueueConfig
+from agentreach.coordinator.protection.rate_limits import RateLimits
+from agentreach.coordinator.routing.directory import AgentDirectory
+from agentreach.coordinator.routing.rules import RoutingConfig
 from agentreach.coordinator.service import Coordinator
-from agentreach.coordinator.workflow_spec import WorkflowSpec
+from agentreach.coordinator.workflows import builder as workflow
+from agentreach.coordinator.workflows.spec import WorkflowSpec
 
 __all__ = [
     "AgentDirectory",
+    "BreakerConfig",
     "ConfigError",
     "Coordinator",
     "CoordinatorConfig",
+    "DeliveryConfig",
+    "IntakeConfig",
+    "LivenessConfig",
+    "QueueConfig",
+    "RateLimits",
+    "RoutingConfig",
     "WorkflowSpec",
     "load_config",
     "workflow",

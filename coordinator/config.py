@@ -1,108 +1,91 @@
-"""The coordinator's configuration, read from YAML into a frozen Struct."""
+"""The coordinator's configuration, read from YAML into frozen Structs: one section per
+concern, so a mistake fails at start with the path of the mistake.
+
+    prefix: reach
+    intake:      {batch: 64, ack_wait_s: 30}
+    delivery:    {max_attempts: 3, attempts_by_topic: {}, base_s: 1, cap_s: 30, batch: 64}
+    liveness:    {tick_s: 1, probe_connection_s: 3, probe_ping_s: 5, ...}
+    lease_ttl_s: 10
+    routing:     {min_confidence: 0, rules: [...], reload_poll_s: 1}
+    queues:      {capacity: {P0: 10, P1: 200, P2: 1000}, high_watermark: 0.8, ...}
+    breakers:    {window_s: 300, error_ratio: 0.4, ...}
+    rate_limits: {topics: {...}, agents: {...}, wait_s: 0.1}
+    workflows:   {<name>: <definition>}
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import msgspec
-from agentreach.broker.topology import DEFAULT_QUEUE_CAPACITY
-from agentreach.coordinator.rules import RoutingConfig
-from agentreach.coordinator.workflow_spec import WorkflowSpec
-from agentreach.envelopes import Priority, RateLimit
-from agentreach.envelopes.types import Token
+import structlog
 
-Positive = Annotated[int, msgspec.Meta(gt=0)]
-PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
-Ratio = Annotated[float, msgspec.Meta(gt=0, le=1)]
+from agentreach.coordinator.delivery.retries import RetryConfig
+from agentreach.coordinator.liveness.monitor import LivenessConfig
+from agentreach.coordinator.protection.circuit import BreakerConfig
+from agentreach.coordinator.protection.queues import QueueConfig
+from agentreach.coordinator.protection.rate_limits import RateLimits
+from agentreach.coordinator.routing.rules import RoutingConfig
+from agentreach.coordinator.units import Positive, PositiveSeconds
+from agentreach.coordinator.workflows.spec import WorkflowSpec
+from agentreach.envelopes.messages import Token
+from agentreach.errors import ReachError
+
+log = structlog.get_logger("coordinator.config")
 
 
-class ConfigError(Exception):
+class ConfigError(ReachError):
     """The configuration file is missing or wrong; the message names where."""
 
 
-class QueueConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Per-agent dispatch queues: a broker-enforced capacity per priority, and watermarks.
+class IntakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the coordinator takes tasks from ``REACH_TASKS``."""
 
-    An agent whose queue passes ``high_watermark`` of its capacity gets no new work
-    until it is back under ``low_watermark``.
-    """
-
-    capacity: dict[Priority, Positive] = {}
-    high_watermark: Ratio = 0.8
-    low_watermark: Ratio = 0.5
-    refresh_s: PositiveSeconds = 0.25  # how often queue depths are read from the broker
-
-    def __post_init__(self) -> None:
-        if self.low_watermark >= self.high_watermark:
-            raise ValueError(
-                f"low_watermark {self.low_watermark} must be below"
-                f" high_watermark {self.high_watermark}"
-            )
-
-    def capacity_of(self, priority: Priority) -> int:
-        return self.capacity.get(priority) or DEFAULT_QUEUE_CAPACITY[priority]
-
-    @property
-    def capacities(self) -> dict[Priority, int]:
-        return {p: self.capacity_of(p) for p in DEFAULT_QUEUE_CAPACITY}
+    batch: Positive = 64
+    ack_wait_s: PositiveSeconds = 30.0
 
 
-class BreakerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Circuit breakers per (agent, intent), and isolation of an agent that keeps failing."""
+class DeliveryConfig(RetryConfig, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Retries and dead-lettering of what agents report; ``batch`` outcome events at a time."""
 
-    window_s: PositiveSeconds = 300.0
-    error_ratio: Ratio = 0.4
-    min_calls: Positive = 10
-    open_s: PositiveSeconds = 10.0
-    trial_calls: Positive = 3
-    trial_timeout_s: PositiveSeconds = 30.0  # trials that never report count as failures
-    isolation_failures: Positive = 5  # consecutive failures of one agent across intents
-
-
-class RateLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Token buckets per topic (at intake) and per agent (overriding the agent's card).
-
-    Over the limit a task waits at most ``wait_s``, then is rejected as ``rate_limited``.
-    Each coordinator replica keeps its own buckets.
-    """
-
-    topics: dict[str, RateLimit] = {}
-    agents: dict[str, RateLimit] = {}
-    wait_s: Annotated[float, msgspec.Meta(ge=0)] = 0.1
+    batch: Positive = 64
 
 
 class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Tunables of one coordinator replica (every replica should share them)."""
 
     prefix: str = "reach"
-    intake_batch: Positive = 64
-    intake_ack_wait_s: PositiveSeconds = 30.0
-    outcome_batch: Positive = 64
-    max_attempts: Positive = 3
-    attempts_by_topic: dict[str, Positive] = {}
-    retry_base_s: PositiveSeconds = 1.0
-    retry_cap_s: PositiveSeconds = 30.0
-    liveness_tick_s: PositiveSeconds = 1.0
-    heartbeat_reread_s: PositiveSeconds = 60.0
-    adaptive_beats: Positive = 20  # beats before an interval goes back, or an idle one doubles
+    intake: IntakeConfig = IntakeConfig()
+    delivery: DeliveryConfig = DeliveryConfig()
+    liveness: LivenessConfig = LivenessConfig()
     lease_ttl_s: PositiveSeconds = 10.0  # a dead replica's duties move after at most this
-    probe_connection_s: PositiveSeconds = 3.0
-    probe_ping_s: PositiveSeconds = 5.0
-    flapping_limit: Positive = 3  # OFFLINE more often than this in an hour: quarantined
-    registration_rate: PositiveSeconds = 20.0  # per second, per coordinator replica
-    registration_burst: Positive = 20
     routing: RoutingConfig = RoutingConfig()
-    routes_poll_s: PositiveSeconds = 1.0  # how often the config file is checked for changes
     queues: QueueConfig = QueueConfig()
     breakers: BreakerConfig = BreakerConfig()
     rate_limits: RateLimits = RateLimits()
     workflows: dict[Token, WorkflowSpec] = {}  # started by a task on reach.task.<name>
 
-    def attempts_for(self, topic: str, intent_setting: int | None) -> int:
-        """How many attempts ``topic`` gets: this config's per-topic value, else the
-        intent's own setting on the agent card, else ``max_attempts``."""
-        return self.attempts_by_topic.get(topic) or intent_setting or self.max_attempts
+
+# Keys of the flat layout before sections (0.1), and where they live now.
+_MOVED = {
+    "intake_batch": ("intake", "batch"),
+    "intake_ack_wait_s": ("intake", "ack_wait_s"),
+    "outcome_batch": ("delivery", "batch"),
+    "max_attempts": ("delivery", "max_attempts"),
+    "attempts_by_topic": ("delivery", "attempts_by_topic"),
+    "retry_base_s": ("delivery", "base_s"),
+    "retry_cap_s": ("delivery", "cap_s"),
+    "liveness_tick_s": ("liveness", "tick_s"),
+    "heartbeat_reread_s": ("liveness", "heartbeat_reread_s"),
+    "adaptive_beats": ("liveness", "adaptive_beats"),
+    "probe_connection_s": ("liveness", "probe_connection_s"),
+    "probe_ping_s": ("liveness", "probe_ping_s"),
+    "flapping_limit": ("liveness", "flapping_limit"),
+    "registration_rate": ("liveness", "registration_rate"),
+    "registration_burst": ("liveness", "registration_burst"),
+    "routes_poll_s": ("routing", "reload_poll_s"),
+}
 
 
 def load_config(path: Path | str | None) -> CoordinatorConfig:
@@ -114,8 +97,25 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read coordinator config {path}: {exc.strerror}") from None
     try:
-        return (
-            msgspec.yaml.decode(raw, type=CoordinatorConfig) if raw.strip() else CoordinatorConfig()
-        )
-    except msgspec.DecodeError as exc:
+        document = msgspec.yaml.decode(raw) if raw.strip() else {}
+        return msgspec.convert(_sectioned(document, path), CoordinatorConfig)
+    except msgspec.DecodeError as exc:  # ValidationError is one
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def _sectioned(document: Any, path: Path | str) -> Any:
+    """Move the keys of the flat 0.1 layout into their sections (and say so)."""
+    if not isinstance(document, dict):
+        return document
+    moved = [key for key in document if key in _MOVED]
+    for key in moved:
+        section, name = _MOVED[key]
+        target = document.setdefault(section, {})
+        if isinstance(target, dict):
+            target.setdefault(name, document.pop(key))
+    if moved:
+        where = ", ".join(f"{k} → {'.'.join(_MOVED[k])}" for k in moved)
+        log.warning(
+            "config keys moved into sections; please update the file", path=str(path), moved=where
+        )
+    return document

@@ -2,29 +2,27 @@
 
 from __future__ import annotations
 
-import re
-
 import structlog
-from agentreach.broker import Broker
-from agentreach.broker.lifecycle import dead_letter, now_ms, reply
-from agentreach.coordinator.ending import error_reply
-from agentreach.coordinator.router import Router
-from agentreach.coordinator.workflows import WorkflowEngine
+
+from agentreach.broker import Broker, Delivery
+from agentreach.broker.lifecycle import dead_letter, reply
+from agentreach.coordinator.delivery.dead_letters import error_reply
+from agentreach.coordinator.routing.router import Router
+from agentreach.coordinator.workflows.engine import WorkflowEngine
 from agentreach.envelopes import (
     DecodeError,
     ErrorInfo,
     Task,
     decode_json,
+    is_token,
     stable_id,
     task_from_intake,
+    ttl_left_ms,
 )
 from agentreach.envelopes import headers as h
-from agentreach.envelopes.types import TOKEN_PATTERN
-from nats.aio.msg import Msg
 
 log = structlog.get_logger("coordinator.intake")
 
-_TOKEN = re.compile(TOKEN_PATTERN)
 INVALID_TOPIC = "_invalid"
 
 
@@ -36,18 +34,16 @@ class Intake:
         self._router = router
         self._workflows = workflows
 
-    async def handle(self, msg: Msg) -> float | None:
+    async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
-        meta = msg.metadata
-        received_ns = int(meta.timestamp.timestamp() * 1e9)
         topic = self._broker.names.topic_of_task_subject(msg.subject)
-        fallback_id = stable_id(received_ns, meta.stream, meta.sequence.stream)
+        fallback_id = stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq)
         try:
             task = task_from_intake(
                 msg.data,
                 msg.headers,
                 topic=topic,
-                received_ms=received_ns // 1_000_000,
+                received_ms=msg.timestamp_ms,
                 fallback_id=fallback_id,
             )
         except DecodeError as exc:
@@ -57,11 +53,11 @@ class Intake:
             message_id=task.message_id, trace_id=task.trace_id, topic=task.topic
         ):
             # The ttl runs from the broker's receipt, on this coordinator's clock.
-            left_ms = task.ttl_ms - max(0, now_ms() - received_ns // 1_000_000)
-            seen_before = meta.num_delivered > 1
+            left_ms = ttl_left_ms(task.ttl_ms, msg.timestamp_ms)
+            seen_before = msg.num_delivered > 1
             if not self._workflows.serves(task.topic):
                 return await self._router.dispatch(
-                    task, left_ms=left_ms, waited=meta.num_delivered - 1
+                    task, left_ms=left_ms, waited=msg.num_delivered - 1
                 )
             if left_ms <= 0 and not seen_before:  # seen before: it may have started already
                 await self._router.end(task, "expired", f"ttl {task.ttl_ms} ms passed in intake")
@@ -69,7 +65,7 @@ class Intake:
             await self._workflows.start(task, seen_before=seen_before)
             return None
 
-    async def _invalid(self, msg: Msg, topic: str, fallback_id: str, exc: DecodeError) -> None:
+    async def _invalid(self, msg: Delivery, topic: str, fallback_id: str, exc: DecodeError) -> None:
         headers = dict(msg.headers or {})
         claimed = _claimed_ids(msg.data)
         message_id = _token_or(headers.get(h.MSG_ID) or claimed.get("message_id"), fallback_id)
@@ -107,4 +103,4 @@ def _claimed_ids(data: bytes) -> dict[str, object]:
 
 
 def _token_or(value: object, fallback: str) -> str:
-    return value if isinstance(value, str) and _TOKEN.match(value) else fallback
+    return value if is_token(value) else fallback  # type: ignore[return-value]

@@ -10,28 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable
 
-import msgspec
-import nats.errors
-import nats.js.errors
 import structlog
-from agentreach.broker import Broker
+
+from agentreach.broker import Broker, BrokerError, Bucket, WrongLastSequence
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.tasks import cancel_and_wait
-
-from agentreach import envelopes
+from agentreach.envelopes import LeaseRecord, now_ms
 
 log = structlog.get_logger("coordinator.lease")
-
-
-class LeaseRecord(msgspec.Struct, frozen=True):
-    holder: str
-    until_ms: int
-
-
-_decoder = msgspec.json.Decoder(LeaseRecord)
 
 
 class Lease:
@@ -57,45 +45,40 @@ class Lease:
                     running = asyncio.create_task(duty(), name=f"lease-{self._name}")
                 elif not self.held and running is not None:
                     log.warning("lease lost; duty stopped", lease=self._name)
-                    await _stop(running)
+                    await cancel_and_wait(running)
                     running = None
                 if running is not None and running.done():
                     running.result()  # the duty failed: let the service see it
                 await asyncio.sleep(self._ttl_s / 3)  # the renewal period
         finally:
             if running is not None:
-                await _stop(running)
+                await cancel_and_wait(running)
             if self.held:
                 await self._release()
 
     async def _take_or_renew(self) -> bool:
-        kv = await self._broker.kv(self._broker.names.leases_bucket)
-        now = int(time.time() * 1000)
-        mine = envelopes.encode(LeaseRecord(self._holder, now + int(self._ttl_s * 1000)))
+        now = now_ms()
+        mine = LeaseRecord(self._holder, now + int(self._ttl_s * 1000))
+
+        def take(current: LeaseRecord | None) -> LeaseRecord | None:
+            if current is not None and current.holder != self._holder and current.until_ms > now:
+                return None  # someone else's, and still valid
+            return mine
+
         try:
-            entry = await kv.get(self._name)
-        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-            entry = None
-        except nats.errors.Error as exc:
+            swap = await (await self._leases()).cas(self._name, take, tries=1)
+        except WrongLastSequence:
+            return False  # someone else wrote first
+        except BrokerError as exc:
             log.warning("lease unreadable", lease=self._name, error=str(exc))
             return False
-        try:
-            if entry is None:
-                self._revision = await kv.create(self._name, mine)
-                return True
-            current = _decoder.decode(entry.value or b"")
-            if current.holder != self._holder and current.until_ms > now:
-                return False
-            self._revision = await kv.update(self._name, mine, last=entry.revision)
-            return True
-        except (nats.errors.Error, msgspec.DecodeError):
-            return False  # someone else wrote first, or the record is not ours to read
+        if swap.written and swap.entry is not None:
+            self._revision = swap.entry.revision
+        return swap.written
 
     async def _release(self) -> None:
-        kv = await self._broker.kv(self._broker.names.leases_bucket)
-        with contextlib.suppress(Exception):
-            await kv.delete(self._name, last=self._revision)
+        with contextlib.suppress(BrokerError):
+            await (await self._leases()).delete(self._name, last=self._revision)
 
-
-async def _stop(task: asyncio.Task[None]) -> None:
-    await cancel_and_wait(task)
+    async def _leases(self) -> Bucket[LeaseRecord]:
+        return await self._broker.bucket(self._broker.names.leases_bucket, LeaseRecord)

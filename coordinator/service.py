@@ -1,8 +1,10 @@
-"""The coordinator service: shared work through durable consumers, no private state.
+"""The coordinator service: wires the wings together and runs their loops.
 
 Every replica binds the same durable consumers, so JetStream spreads intake and
 outcome messages across them; a replica that dies leaves its unacknowledged
-messages to be redelivered to the others.
+messages to be redelivered to the others. The views each replica keeps (agents,
+breakers, queue depths) are rebuilt from KV and streams at start; duties that must
+run once (liveness) run under a lease.
 """
 
 from __future__ import annotations
@@ -15,35 +17,35 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import structlog
-from agentreach.broker import Broker, BrokerError, provision
-from agentreach.broker.consume import ConsumerSpec, batches, bind
+
+from agentreach.broker import Broker, BrokerError, ConsumerSpec, Delivery, PullConsumer, bind
 from agentreach.broker.tasks import cancel_and_wait
-from agentreach.broker.topology import queue_caps
-from agentreach.coordinator.advisories import Advisories
-from agentreach.coordinator.breakers import BreakerBoard
+from agentreach.broker.topology import provision, queue_caps
 from agentreach.coordinator.config import CoordinatorConfig
-from agentreach.coordinator.directory import AgentDirectory
-from agentreach.coordinator.feed import follow_outcomes
+from agentreach.coordinator.delivery.advisories import Advisories
+from agentreach.coordinator.delivery.outcomes import OUTCOME_EVENTS, Outcomes
 from agentreach.coordinator.intake import Intake
 from agentreach.coordinator.lease import Lease
-from agentreach.coordinator.liveness import LivenessMonitor
-from agentreach.coordinator.outcomes import OUTCOME_EVENTS, Outcomes
-from agentreach.coordinator.queues import QueueDepths
-from agentreach.coordinator.router import Router
-from agentreach.coordinator.routes import RouteReloader
-from agentreach.coordinator.tokens import TokenBucket
-from agentreach.coordinator.workflows import WorkflowEngine
-from agentreach.envelopes import RegisterReply, new_id
-from nats.aio.msg import Msg
-
-from agentreach import envelopes
+from agentreach.coordinator.liveness.control import LivenessControl
+from agentreach.coordinator.liveness.monitor import LivenessMonitor
+from agentreach.coordinator.protection.breaker_board import BreakerBoard
+from agentreach.coordinator.protection.outcome_feed import follow_outcomes
+from agentreach.coordinator.protection.queues import QueueDepths
+from agentreach.coordinator.protection.rate_limits import RateLimiter
+from agentreach.coordinator.routing.directory import AgentDirectory
+from agentreach.coordinator.routing.fleet import Fleet
+from agentreach.coordinator.routing.reload import RouteReloader
+from agentreach.coordinator.routing.router import Router
+from agentreach.coordinator.workflows.engine import WorkflowEngine
+from agentreach.envelopes import new_id
 
 log = structlog.get_logger("coordinator")
 
 # A handler returns None when the message is settled, or seconds until it should come back.
-Handler = Callable[[Msg], Awaitable[float | None]]
+Handler = Callable[[Delivery], Awaitable[float | None]]
 RETRY_DELAY_S = 1.0
 BUG_DELAY_S = 5.0
+ADVISORY_BATCH = 16
 
 
 class Coordinator:
@@ -61,39 +63,83 @@ class Coordinator:
         config_path: Path | str | None = None,
     ) -> None:
         self.broker = broker
-        self.config = config or CoordinatorConfig()
-        self.directory = AgentDirectory(broker)
-        self.breakers = BreakerBoard(broker, self.config.breakers)
-        self.queues = QueueDepths(broker, self.config.queues)
-        self.router = Router(
-            broker, self.directory, self.config, breakers=self.breakers, queues=self.queues
-        )
-        self.workflows = WorkflowEngine(broker, self.config.workflows)
-        self._intake = Intake(broker, self.router, self.workflows)
-        self._outcomes = Outcomes(broker, self.router, self.directory, self.config)
-        self._advisories = Advisories(broker)
-        self.liveness = LivenessMonitor(broker, self.config)
+        self.config = config = config or CoordinatorConfig()
         self.replica_id = f"{socket.gethostname()}-{os.getpid()}-{new_id()[-8:]}"
+        self.directory = AgentDirectory(broker)
+        self.breakers = BreakerBoard(broker, config.breakers)
+        self.queues = QueueDepths(broker, config.queues)
+        fleet = Fleet(self.directory, self.breakers, self.queues, RateLimiter(config.rate_limits))
+        self.router = Router(broker, fleet, config.routing)
+        self.workflows = WorkflowEngine(broker, config.workflows)
+        self.liveness = LivenessMonitor(broker, config.liveness)
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id
         )
-        self._registrations = TokenBucket(
-            self.config.registration_rate, self.config.registration_burst
-        )
+        self._intake = Intake(broker, self.router, self.workflows)
+        self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery)
+        self._advisories = Advisories(broker)
+        self._control = LivenessControl(config.liveness, self.liveness)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Serve until cancelled; ``ready`` is set once every loop is consuming."""
+        # The per-agent queue capacities are this config's: the broker enforces them.
+        await provision(self.broker, queue_caps(self.broker.names, self.config.queues.capacities))
+        async with asyncio.TaskGroup() as group:
+            await self._follow_views(group)
+            lease = Lease(self.broker, "liveness", self.replica_id, ttl_s=self.config.lease_ttl_s)
+            group.create_task(lease.hold(self.liveness.run), name="liveness")
+            await self._answer_requests()
+            for spec, batch, handle in self._loops():
+                consumer = await bind(self.broker, spec)
+                group.create_task(_consume(consumer, batch, handle), name=spec.durable)
+            if self.config.workflows:
+                await self.workflows.resume_all()
+            log.info("coordinator serving", replica=self.replica_id)
+            if ready is not None:
+                ready.set()
+
+    async def _follow_views(self, group: asyncio.TaskGroup) -> None:
+        """Start what every replica keeps current, each ready before routing begins."""
+        views = {
+            "directory": self.directory.follow,
+            "breakers": self.breakers.run,
+            "queues": self.queues.run,
+        }
+        for name, follow in views.items():
+            view_ready = asyncio.Event()
+            group.create_task(follow(view_ready), name=name)
+            await view_ready.wait()
+        outcomes_feed = follow_outcomes(
+            self.broker,
+            since_s=self.config.breakers.window_s,
+            handlers=(self.breakers.record_outcome, self.queues.finished),
+        )
+        group.create_task(outcomes_feed, name="outcome-feed")
+        group.create_task(self.routes.watch(self.config.routing.reload_poll_s), name="routes")
+
+    async def _answer_requests(self) -> None:
         names = self.broker.names
+        await self.broker.subscribe(names.register, self._control.on_register, queue="coordinators")
+        await self.broker.subscribe(names.clear, self._control.on_clear, queue="coordinators")
+        await self.broker.subscribe(names.routes_reload, self.routes.on_request)  # every replica
+
+    def _loops(self) -> list[tuple[ConsumerSpec, int, Handler]]:
+        names, config = self.broker.names, self.config
         intake = ConsumerSpec(
             stream=names.tasks_stream,
             durable=names.coordinator_intake,
             filter_subjects=(names.tasks_wildcard,),
-            ack_wait_s=self.config.intake_ack_wait_s,
+            ack_wait_s=config.intake.ack_wait_s,
         )
         outcomes = ConsumerSpec(
             stream=names.events_stream,
             durable=names.coordinator_outcomes,
             filter_subjects=tuple(names.events_of_kind(e) for e in OUTCOME_EVENTS),
+        )
+        advisories = ConsumerSpec(
+            stream=names.advisories_stream,
+            durable=names.coordinator_advisories,
+            filter_subjects=names.max_deliveries_advisories,
         )
         workflows = ConsumerSpec(
             stream=names.workflows_stream,
@@ -101,62 +147,12 @@ class Coordinator:
             filter_subjects=(names.workflows_wildcard,),
             max_ack_pending=-1,  # timers wait here, held back until due
         )
-        advisories = ConsumerSpec(
-            stream=names.advisories_stream,
-            durable=names.coordinator_advisories,
-            filter_subjects=names.max_deliveries_advisories,
-        )
-        # The per-agent queue capacities are this config's: the broker enforces them.
-        await provision(self.broker.js, queue_caps(names, self.config.queues.capacities))
-        async with asyncio.TaskGroup() as group:
-            views = {
-                "directory": self.directory.follow,
-                "breakers": self.breakers.run,
-                "queues": self.queues.run,
-            }
-            for name, follow in views.items():
-                view_ready = asyncio.Event()
-                group.create_task(follow(view_ready), name=name)
-                await view_ready.wait()
-            outcomes_feed = follow_outcomes(
-                self.broker,
-                since_s=self.config.breakers.window_s,
-                handlers=(self.breakers.record_outcome, self.queues.finished),
-            )
-            group.create_task(outcomes_feed, name="outcome-feed")
-            group.create_task(self.routes.watch(self.config.routes_poll_s), name="routes")
-            lease = Lease(self.broker, "liveness", self.replica_id, ttl_s=self.config.lease_ttl_s)
-            group.create_task(lease.hold(self.liveness.run), name="liveness")
-            nc = self.broker.nc
-            await nc.subscribe(names.register, queue="coordinators", cb=self._on_register)
-            await nc.subscribe(names.clear, queue="coordinators", cb=self._on_clear)
-            await nc.subscribe(names.routes_reload, cb=self.routes.on_request)  # every replica
-            loops = (
-                (intake, self.config.intake_batch, self._intake.handle),
-                (outcomes, self.config.outcome_batch, self._outcomes.handle),
-                (advisories, 16, self._advisories.handle),
-                (workflows, self.config.outcome_batch, self.workflows.handle),
-            )
-            for spec, batch, handle in loops:
-                sub = await bind(self.broker.js, spec)
-                group.create_task(_consume(sub, batch, handle), name=spec.durable)
-            if self.config.workflows:
-                await self.workflows.resume_all()
-            log.info("coordinator serving", url=self.broker.url)
-            if ready is not None:
-                ready.set()
-
-    async def _on_register(self, msg: Msg) -> None:
-        wait_s = self._registrations.take()
-        reply = RegisterReply(ok=wait_s == 0.0, retry_after_ms=int(wait_s * 1000) + 1)
-        if not reply.ok:
-            log.info("too many registrations; asked to retry", retry_after_ms=reply.retry_after_ms)
-        await msg.respond(envelopes.encode(reply))
-
-    async def _on_clear(self, msg: Msg) -> None:
-        agent_id = msg.data.decode(errors="replace")
-        cleared = await self.liveness.clear(agent_id)
-        await msg.respond(b"cleared" if cleared else b"unknown agent")
+        return [
+            (intake, config.intake.batch, self._intake.handle),
+            (outcomes, config.delivery.batch, self._outcomes.handle),
+            (advisories, ADVISORY_BATCH, self._advisories.handle),
+            (workflows, config.delivery.batch, self.workflows.handle),
+        ]
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Coordinator]:
@@ -176,29 +172,29 @@ class Coordinator:
                 raise task.exception()  # type: ignore[misc]
 
 
-async def _consume(sub: object, batch: int, handle: Handler) -> None:
-    async for messages in batches(sub, size=batch):  # type: ignore[arg-type]
-        await asyncio.gather(*(_settle(msg, handle) for msg in messages))
+async def _consume(consumer: PullConsumer, batch: int, handle: Handler) -> None:
+    async for deliveries in consumer.batches(size=batch):
+        await asyncio.gather(*(_settle(delivery, handle) for delivery in deliveries))
 
 
-async def _settle(msg: Msg, handle: Handler) -> None:
+async def _settle(delivery: Delivery, handle: Handler) -> None:
     """Handle, then ack; a broker failure leaves the message to come back later."""
     try:
-        retry_in_s = await handle(msg)
+        retry_in_s = await handle(delivery)
     except BrokerError as exc:
-        await _later(msg, RETRY_DELAY_S, "broker error, will retry", error=str(exc))
+        await _later(delivery, RETRY_DELAY_S, "broker error, will retry", error=str(exc))
         return
     except Exception:  # a bug must not stop the service; the message comes back later
-        await _later(msg, BUG_DELAY_S, "unexpected error, will retry", exc_info=True)
+        await _later(delivery, BUG_DELAY_S, "unexpected error, will retry", exc_info=True)
         return
-    if retry_in_s is None:
-        await msg.ack()
-    else:
-        with contextlib.suppress(Exception):
-            await msg.nak(delay=retry_in_s)
+    with contextlib.suppress(BrokerError):  # unsettled, it comes back after the ack wait
+        if retry_in_s is None:
+            await delivery.ack()
+        else:
+            await delivery.nak(retry_in_s)
 
 
-async def _later(msg: Msg, delay_s: float, why: str, **fields: object) -> None:
-    log.warning(why, subject=msg.subject, **fields)
-    with contextlib.suppress(Exception):
-        await msg.nak(delay=delay_s)
+async def _later(delivery: Delivery, delay_s: float, why: str, **fields: object) -> None:
+    log.warning(why, subject=delivery.subject, **fields)
+    with contextlib.suppress(BrokerError):
+        await delivery.nak(delay_s)

@@ -1,20 +1,21 @@
-"""Envelope v1: the typed messages of Agent-Reach and their JSON codec."""
+"""Envelope v1 and every record on the wire: typed messages, KV records and their JSON codec.
+
+- :mod:`~agentreach.envelopes.messages`: the envelopes (task, ack, progress, result, error,
+  event, dead letter);
+- :mod:`~agentreach.envelopes.registry`: agent cards, heartbeats, liveness, registration;
+- :mod:`~agentreach.envelopes.executions`: run-once execution records;
+- :mod:`~agentreach.envelopes.coordination`: the coordinator's breaker, lease, workflow and
+  timer records;
+- :mod:`~agentreach.envelopes.codec`, :mod:`~agentreach.envelopes.intake`,
+  :mod:`~agentreach.envelopes.headers`, :mod:`~agentreach.envelopes.schema`,
+  :mod:`~agentreach.envelopes.clock`, :mod:`~agentreach.envelopes.ids`.
+"""
 
 from agentreach.envelopes import headers
-from agentreach.envelopes.cards import (
-    AgentCard,
-    AgentControl,
-    Execution,
-    Heartbeat,
-    Intent,
-    Liveness,
-    LivenessState,
-    RateLimit,
-    RegisterReply,
-    RegisterRequest,
-)
+from agentreach.envelopes.clock import now_ms, ttl_left_ms
 from agentreach.envelopes.codec import (
     decode,
+    decode_as,
     decode_dead_letter,
     decode_event,
     decode_json,
@@ -22,12 +23,23 @@ from agentreach.envelopes.codec import (
     decode_task,
     encode,
 )
+from agentreach.envelopes.coordination import (
+    BreakerRecord,
+    LeaseRecord,
+    ReloadReply,
+    StepRun,
+    TimerDue,
+    WorkflowRecord,
+    breaker_key,
+)
 from agentreach.envelopes.errors import DecodeError, EnvelopeError
+from agentreach.envelopes.executions import Execution
 from agentreach.envelopes.ids import new_id, stable_id
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
-from agentreach.envelopes.schema import json_schema
-from agentreach.envelopes.types import (
+from agentreach.envelopes.messages import (
+    DEFAULT_TTL_MS,
     PRIORITIES,
+    TOKEN_PATTERN,
     Ack,
     Budget,
     Capacity,
@@ -41,13 +53,29 @@ from agentreach.envelopes.types import (
     Reply,
     Result,
     Task,
+    is_token,
 )
+from agentreach.envelopes.registry import (
+    AgentCard,
+    AgentControl,
+    Heartbeat,
+    Intent,
+    Liveness,
+    LivenessState,
+    RateLimit,
+    RegisterReply,
+    RegisterRequest,
+)
+from agentreach.envelopes.schema import json_schema
 
 __all__ = [
+    "DEFAULT_TTL_MS",
     "PRIORITIES",
+    "TOKEN_PATTERN",
     "Ack",
     "AgentCard",
     "AgentControl",
+    "BreakerRecord",
     "Budget",
     "Capacity",
     "DeadLetter",
@@ -59,6 +87,7 @@ __all__ = [
     "Execution",
     "Heartbeat",
     "Intent",
+    "LeaseRecord",
     "Liveness",
     "LivenessState",
     "Message",
@@ -67,10 +96,16 @@ __all__ = [
     "RateLimit",
     "RegisterReply",
     "RegisterRequest",
+    "ReloadReply",
     "Reply",
     "Result",
+    "StepRun",
     "Task",
+    "TimerDue",
+    "WorkflowRecord",
+    "breaker_key",
     "decode",
+    "decode_as",
     "decode_dead_letter",
     "decode_event",
     "decode_json",
@@ -79,9 +114,12 @@ __all__ = [
     "encode",
     "headers",
     "is_envelope",
+    "is_token",
     "json_schema",
     "new_id",
+    "now_ms",
     "stable_id",
     "task_from_intake",
+    "ttl_left_ms",
     "wrap_body",
 ]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, TypeVar
 
 import msgspec
+
 from agentreach.envelopes.errors import DecodeError
-from agentreach.envelopes.types import DeadLetter, Event, Message, Reply, Task
+from agentreach.envelopes.messages import DeadLetter, Event, Message, Reply, Task
 
 _encoder = msgspec.json.Encoder()
 _message_decoder = msgspec.json.Decoder(Message)
@@ -15,6 +17,7 @@ _task_decoder = msgspec.json.Decoder(Task)
 _event_decoder = msgspec.json.Decoder(Event)
 _dead_letter_decoder = msgspec.json.Decoder(DeadLetter)
 _any_decoder = msgspec.json.Decoder()
+T = TypeVar("T")
 
 
 def encode(message: msgspec.Struct | Any) -> bytes:
@@ -50,6 +53,16 @@ def decode_dead_letter(data: bytes | str) -> DeadLetter:
 def decode_json(data: bytes | str) -> Any:
     """Decode plain JSON, raising :class:`DecodeError` for malformed input."""
     return _decode(_any_decoder, data)
+
+
+def decode_as(data: bytes | str, kind: type[T]) -> T:
+    """Decode a record of ``kind`` (an agent card, a heartbeat, …) with a decoder made once."""
+    return _decode(_decoder_for(kind), data)  # type: ignore[no-any-return]
+
+
+@functools.cache
+def _decoder_for(kind: type[Any]) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(kind)
 
 
 def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str) -> Any:

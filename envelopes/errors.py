@@ -1,6 +1,6 @@
 """Errors raised by the envelope layer.
 
-EnvelopeError                 root of everything this package raises
+EnvelopeError                 root of everything this package raises (a ReachError)
 └── DecodeError               bytes or headers that are not a valid envelope v1
 """
 
@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import re
 
+from agentreach.errors import ReachError
+
 _PATH = re.compile(r" - at `(?P<path>[^`]+)`$")
 
 
-class EnvelopeError(Exception):
+class EnvelopeError(ReachError):
     """Root of the envelope package's exceptions."""
 
 

@@ -3,7 +3,7 @@ headers (``nats pub -H``, ``nats stream view``, JetStream deduplication) see the
 
 from __future__ import annotations
 
-from agentreach.envelopes.types import Task
+from agentreach.envelopes.messages import Task
 
 MSG_ID = "Nats-Msg-Id"
 TRACE_ID = "Reach-Trace-Id"

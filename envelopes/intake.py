@@ -9,16 +9,14 @@ defaults.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import msgspec
+
 from agentreach.envelopes import headers as h
 from agentreach.envelopes.codec import decode_json, decode_task
 from agentreach.envelopes.errors import DecodeError
-from agentreach.envelopes.types import DEFAULT_TTL_MS, PRIORITIES, TOKEN_PATTERN, Priority, Task
-
-_TOKEN = re.compile(TOKEN_PATTERN)
+from agentreach.envelopes.messages import DEFAULT_TTL_MS, PRIORITIES, Priority, Task, is_token
 
 
 def is_envelope(document: object) -> bool:
@@ -125,7 +123,7 @@ def _priority_header(headers: Mapping[str, str]) -> Priority:
 
 
 def _check_token(value: str, where: str) -> None:
-    if not _TOKEN.match(value):
+    if not is_token(value):
         raise DecodeError(
             f"Expected 1-128 characters of letters, digits, '_' or '-', got {value!r}",
             path=where,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from agentreach.envelopes.types import Message
+
+from agentreach.envelopes.messages import Message
 
 SCHEMA_ID = "urn:agent-reach:envelope:v1"
 

@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from agentreach.broker import Broker, EmbeddedServer, Names, Topology, provision
-from agentreach.coordinator import Coordinator, CoordinatorConfig
 
+from agentreach.broker import Broker, EmbeddedServer, Names, Topology, provision
+from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig
 from tests.support import Watcher
 
 # Short retry intervals: the design's 1, 2, 4 … s would only make the tests slow.
-FAST = CoordinatorConfig(retry_base_s=0.05, retry_cap_s=0.2, lease_ttl_s=0.6)
+FAST = CoordinatorConfig(delivery=DeliveryConfig(base_s=0.05, cap_s=0.2), lease_ttl_s=0.6)
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def names() -> Names:
 async def broker(nats_url: str, names: Names) -> AsyncIterator[Broker]:
     """A provisioned connection."""
     async with Broker(nats_url, names=names, name="test") as connection:
-        await provision(connection.js, Topology.default(names))
+        await provision(connection, Topology.default(names))
         yield connection
 
 

@@ -7,13 +7,13 @@ from types import TracebackType
 from typing import Self
 
 import msgspec
-from agentreach.broker import Broker
-from agentreach.broker.watch import BucketWatch
-from agentreach.envelopes import AgentCard, DeadLetter, Event
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from agentreach import envelopes
+from agentreach.broker import Broker
+from agentreach.broker.watch import BucketWatch
+from agentreach.envelopes import AgentCard, DeadLetter, Event
 
 
 class Watcher:

@@ -1,0 +1,5 @@
+"""The ``reach`` command line."""
+
+from agentreach.cli.main import main
+
+__all__ = ["main"]

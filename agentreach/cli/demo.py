@@ -12,8 +12,8 @@ import json
 from agentreach.agents import ReachClient, TaskFailed
 from agentreach.broker import Names
 from agentreach.cli import trace as tracing
-from agentreach.cli import workflows_view
-from agentreach.cli.serving import provisioned
+from agentreach.cli import workflows as workflows_view
+from agentreach.cli.serve import provisioned
 from agentreach.coordinator import Coordinator, CoordinatorConfig
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import read_record
@@ -75,19 +75,18 @@ async def _invoke(client: ReachClient, topic: str, payload: object, run_id: str)
 async def _like_nats_pub(client: ReachClient, run_id: str) -> str:
     """A bare JSON body with headers on core NATS, as `nats pub -H …` sends it."""
     broker = client.broker
-    inbox = broker.nc.new_inbox()
-    sub = await broker.nc.subscribe(inbox)
+    inbox = broker.new_inbox()
     body = b'{"text": "sent like nats pub"}'
     print(f"→ nats pub {broker.names.task('echo')} '{body.decode()}'")
-    await broker.nc.publish(
-        broker.names.task("echo"),
-        body,
-        headers={h.TRACE_ID: f"demo-nats-pub-{run_id}", h.REPLY_TO: inbox},
-    )
-    while True:
-        reply = (await sub.next_msg(timeout=10)).data
-        if b'"kind":"result"' in reply:
-            print(f"  reply: {reply.decode()}\n")
-            break
-    await sub.unsubscribe()
+    async with await broker.subscribe(inbox) as replies:
+        await broker.publish_core(
+            broker.names.task("echo"),
+            body,
+            headers={h.TRACE_ID: f"demo-nats-pub-{run_id}", h.REPLY_TO: inbox},
+        )
+        while True:
+            reply = (await replies.next(timeout_s=10)).data
+            if b'"kind":"result"' in reply:
+                print(f"  reply: {reply.decode()}\n")
+                break
     return f"demo-nats-pub-{run_id}"

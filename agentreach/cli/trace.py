@@ -1,7 +1,9 @@
-"""``reach trace ID``: every lifecycle event of a message or a trace, for a person to read."""
+"""``reach trace ID``: every lifecycle event of a message or a trace (and the tree of the
+workflows it started), for a person to read."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 from dataclasses import dataclass
@@ -9,7 +11,28 @@ from typing import Any
 
 from agentreach import envelopes
 from agentreach.broker import Broker, read_stream
+from agentreach.cli import workflows
+from agentreach.cli.options import Commands, names_of
+from agentreach.coordinator.workflows import read_record
 from agentreach.envelopes import DecodeError, Event
+
+
+def register(commands: Commands) -> None:
+    trace = commands.add("trace", cmd_trace, "every lifecycle event of a message_id or trace_id")
+    trace.add_argument("id")
+
+
+async def cmd_trace(args: argparse.Namespace) -> int:
+    async with Broker(args.nats_url, names=names_of(args), name="reach-cli") as broker:
+        steps = await collect(broker, args.id)
+        instances = {args.id} | {
+            s.event.message_id for s in steps if s.event.event == "workflow_started"
+        }
+        records = [r for i in sorted(instances) if (r := await read_record(broker, i))]
+    for record in records:
+        print(workflows.tree(record))
+    print(render(args.id, steps))
+    return 0 if steps or records else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +49,7 @@ async def collect(broker: Broker, some_id: str) -> list[Step]:
     names = broker.names
     found: dict[int, Step] = {}
     for subject in (names.events_of_message(some_id), names.events_of_trace(some_id)):
-        for stored in await read_stream(broker.js, names.events_stream, subject):
+        for stored in await read_stream(broker, names.events_stream, subject):
             try:
                 event = envelopes.decode_event(stored.data)
             except DecodeError:

@@ -8,11 +8,11 @@ import time
 
 import msgspec
 import pytest
+
+from agentreach import envelopes
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
 from agentreach.envelopes import AgentCard
 from agentreach.envelopes import headers as h
-
-from agentreach import envelopes
 
 
 def agent_with_handlers() -> Agent:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+
 from agentreach.broker import Outcome, ProvisionError, Topology, provision
 
 
 async def test_provision_creates_everything_then_changes_nothing(broker):
     """A second run reports every stream and bucket unchanged."""
     topology = Topology.default(broker.names)
-    again = await provision(broker.js, topology)
+    again = await provision(broker, topology)
     assert set(again.values()) == {Outcome.UNCHANGED}
     names = broker.names
     expected = {
@@ -40,7 +41,7 @@ async def test_each_agent_queue_is_capped_by_the_broker(broker):
     from agentreach.broker import SubjectFull
 
     capped = Topology.default(broker.names, queue_capacity={"P0": 2})
-    await provision(broker.js, capped)
+    await provision(broker, capped)
     subject = broker.names.dispatch("busy-agent", "P0")
     for _ in range(2):
         await broker.publish(subject, b"{}")
@@ -62,7 +63,7 @@ async def test_changed_limits_are_applied(broker):
         dataclasses.replace(b, history=3) if b.name == broker.names.agents_bucket else b
         for b in base.buckets
     )
-    outcomes = await provision(broker.js, Topology(streams=streams, buckets=buckets))
+    outcomes = await provision(broker, Topology(streams=streams, buckets=buckets))
     assert outcomes[broker.names.events_stream] is Outcome.UPDATED
     assert outcomes[broker.names.agents_bucket] is Outcome.UPDATED
     assert outcomes[broker.names.dlq_stream] is Outcome.UNCHANGED
@@ -80,7 +81,7 @@ async def test_a_change_the_server_cannot_make_is_a_clear_error(broker):
         for s in base.streams
     )
     with pytest.raises(ProvisionError) as caught:
-        await provision(broker.js, Topology(streams=streams, buckets=base.buckets))
+        await provision(broker, Topology(streams=streams, buckets=base.buckets))
     assert f"stream {broker.names.tasks_stream}: retention" in str(caught.value)
 
 
@@ -93,8 +94,8 @@ async def test_uncapped_dispatch_streams_are_capped_in_place(broker):
         else s
         for s in base.streams
     )
-    await provision(broker.js, Topology(streams=uncapped, buckets=base.buckets))
-    outcomes = await provision(broker.js, Topology.default(broker.names, queue_capacity={"P0": 5}))
+    await provision(broker, Topology(streams=uncapped, buckets=base.buckets))
+    outcomes = await provision(broker, Topology.default(broker.names, queue_capacity={"P0": 5}))
     assert outcomes[broker.names.dispatch_stream("P0")] == Outcome.UPDATED
     config = (await broker.js.stream_info(broker.names.dispatch_stream("P0"))).config
     assert (config.max_msgs_per_subject, config.discard_new_per_subject) == (5, True)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from agentreach.agents import Agent, TaskContext
 from agentreach.coordinator.workflows import read_record
-
 from tests.cli.conftest import run, run_in_terminal
 
 pytestmark = pytest.mark.nats_cli
@@ -77,8 +77,9 @@ async def test_nats_micro_ls_lists_live_agents(nats_cli, broker):
 async def test_nats_pub_headers_steer_routing_rules(nats_cli, broker, start_coordinator, watcher):
     """A header set with `nats pub -H` is matched by a rule (`header.<Name>`)."""
     import msgspec
+
     from agentreach.coordinator import CoordinatorConfig
-    from agentreach.coordinator.rules import RoutingConfig
+    from agentreach.coordinator.routing.rules import RoutingConfig
 
     rules = msgspec.yaml.decode(
         b"""
@@ -116,8 +117,9 @@ rules:
 async def test_nats_pub_starts_a_workflow(nats_cli, broker, start_coordinator, watcher):
     """`nats pub reach.task.<workflow>` starts an instance keyed by its Nats-Msg-Id."""
     import msgspec
+
     from agentreach.coordinator import CoordinatorConfig
-    from agentreach.coordinator.workflow_spec import WorkflowSpec
+    from agentreach.coordinator.workflows.spec import WorkflowSpec
 
     spec = msgspec.yaml.decode(
         b"chain: [{name: count, intent: summarize}, {name: double, intent: double}]",

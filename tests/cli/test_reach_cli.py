@@ -9,7 +9,6 @@ import signal
 import socket
 
 from agentreach.agents import Agent, TaskContext
-
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.support import wait_for_card
 

@@ -7,12 +7,19 @@ import contextlib
 from collections import Counter
 
 import pytest
-from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker
-from agentreach.coordinator import ConfigError, Coordinator, CoordinatorConfig, load_config
-from agentreach.envelopes import AgentCard, Intent
+from structlog.testing import capture_logs
 
 from agentreach import envelopes
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker
+from agentreach.coordinator import (
+    ConfigError,
+    Coordinator,
+    CoordinatorConfig,
+    IntakeConfig,
+    load_config,
+)
+from agentreach.envelopes import AgentCard, Intent
 
 
 def counting_agent(agent_id: str, runs: Counter[str]) -> Agent:
@@ -30,7 +37,7 @@ def counting_agent(agent_id: str, runs: Counter[str]) -> Agent:
 async def replica(broker: Broker):
     async with (
         Broker(broker.url, names=broker.names, name="replica") as own,
-        Coordinator(own, CoordinatorConfig(intake_batch=4)).running() as running,
+        Coordinator(own, CoordinatorConfig(intake=IntakeConfig(batch=4))).running() as running,
     ):
         yield running
 
@@ -118,8 +125,8 @@ async def test_intake_expiry_uses_the_broker_timestamp(broker, watcher):
 def test_config_file_errors_name_the_field(tmp_path):
     """A wrong value in the YAML config names its path; a missing file names the file."""
     bad = tmp_path / "coordinator.yaml"
-    bad.write_text("intake_batch: -3\n")
-    with pytest.raises(ConfigError, match=r"\$\.intake_batch"):
+    bad.write_text("intake: {batch: -3}\n")
+    with pytest.raises(ConfigError, match=r"\$\.intake\.batch"):
         load_config(bad)
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("intake_bathc: 3\n")
@@ -128,5 +135,17 @@ def test_config_file_errors_name_the_field(tmp_path):
     with pytest.raises(ConfigError, match="cannot read coordinator config"):
         load_config(tmp_path / "missing.yaml")
     good = tmp_path / "good.yaml"
-    good.write_text("intake_batch: 8\n")
-    assert load_config(good).intake_batch == 8
+    good.write_text("intake: {batch: 8}\n")
+    assert load_config(good).intake.batch == 8
+
+
+def test_flat_keys_of_the_old_layout_move_into_their_sections(tmp_path):
+    """A 0.1 config (flat keys) still loads, each key in its section, and the move is logged."""
+    old = tmp_path / "old.yaml"
+    old.write_text("max_attempts: 5\nretry_base_s: 0.5\nliveness_tick_s: 2\nroutes_poll_s: 3\n")
+    with capture_logs() as logs:
+        config = load_config(old)
+    assert config.delivery.max_attempts == 5 and config.delivery.base_s == 0.5
+    assert config.liveness.tick_s == 2 and config.routing.reload_poll_s == 3
+    (moved,) = [e for e in logs if e["event"].startswith("config keys moved")]
+    assert "retry_base_s → delivery.base_s" in moved["moved"]

@@ -9,14 +9,16 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import msgspec
+
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
 from agentreach.coordinator import Coordinator, CoordinatorConfig
-from agentreach.coordinator.rules import RoutingConfig
+from agentreach.coordinator.routing.rules import RoutingConfig
 from agentreach.envelopes import Event
-
 from tests.conftest import FAST
 from tests.support import Watcher, eventually
+
+ONE_ATTEMPT = msgspec.structs.replace(FAST.delivery, max_attempts=1)
 
 
 def fast(**changes: Any) -> CoordinatorConfig:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -11,6 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from agentreach import envelopes
 from agentreach.agents import (
     Agent,
     Compensation,
@@ -23,8 +24,6 @@ from agentreach.agents import (
 from agentreach.broker.consume import ConsumerSpec, bind
 from agentreach.envelopes import AgentCard, DeadLetter, Intent
 from agentreach.envelopes import headers as h
-
-from agentreach import envelopes
 from tests.cli.conftest import reach_argv
 from tests.support import wait_for_card
 
@@ -199,12 +198,11 @@ async def test_max_deliveries_become_dead_letters(broker, coordinator, watcher):
         ack_wait_s=0.2,
         max_deliver=2,
     )
-    sub = await bind(broker.js, spec)
+    consumer = await bind(broker, spec)
     task = envelopes.Task(v=1, message_id="stuck-1", trace_id="stuck-1", topic="slow")
     await broker.publish(names.dispatch("stuck", "P1"), envelopes.encode(task))
     for _ in range(3):  # delivered twice, never acknowledged; the third pull finds it spent
-        with contextlib.suppress(TimeoutError):
-            await sub.fetch(1, timeout=1)
+        await consumer.fetch(1, wait_s=1)
     letter = await watcher.dead_letter("retries_exhausted", message_id="stuck-1")
     assert letter.error is not None and letter.error.type == "max_deliveries"
     assert letter.envelope == task

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
+from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import read_stream
 from agentreach.envelopes import headers as h
-
-from agentreach import envelopes
 
 
 def make_agent(agent_id: str = "worker-1") -> tuple[Agent, list[object]]:
@@ -71,7 +71,7 @@ async def test_malformed_json_is_dead_lettered_with_its_path(broker, coordinator
     assert first.error is not None and first.error.type == "invalid_envelope"
     assert first.error.message.endswith("- at `$`")
     assert second.error is not None and "$.ttl_ms" in second.error.message
-    stored = await read_stream(broker.js, broker.names.dlq_stream, broker.names.dlq_wildcard)
+    stored = await read_stream(broker, broker.names.dlq_stream, broker.names.dlq_wildcard)
     assert [m.subject for m in stored] == [broker.names.dlq("invalid_envelope", "summarize")] * 2
 
 

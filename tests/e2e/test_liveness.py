@@ -12,25 +12,27 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.agents.liveness import AgentIdInUse
-from agentreach.broker import Broker
-from agentreach.coordinator import Coordinator, CoordinatorConfig
-from agentreach.envelopes import AgentCard, Liveness
 
+from agentreach.agents import Agent, AgentIdInUse, ReachClient, TaskContext
+from agentreach.broker import Broker
+from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig, LivenessConfig
+from agentreach.envelopes import AgentCard, Liveness
 from tests.cli.conftest import reach_argv
 from tests.support import wait_for_card
 
 REPO = Path(__file__).parents[2]
 INTERVAL = 0.2
 LIVELY = CoordinatorConfig(
-    liveness_tick_s=0.05,
-    probe_connection_s=0.3,
-    probe_ping_s=0.3,
-    retry_base_s=0.05,
-    retry_cap_s=0.2,
+    liveness=LivenessConfig(tick_s=0.05, probe_connection_s=0.3, probe_ping_s=0.3),
+    delivery=DeliveryConfig(base_s=0.05, cap_s=0.2),
     lease_ttl_s=0.6,
 )
+
+
+def lively(**liveness: object) -> CoordinatorConfig:
+    """LIVELY with some of its liveness settings changed."""
+    changed = msgspec.structs.replace(LIVELY.liveness, **liveness)
+    return msgspec.structs.replace(LIVELY, liveness=changed)
 
 
 @contextlib.asynccontextmanager
@@ -87,9 +89,9 @@ async def test_killed_agent_goes_suspect_then_offline_in_time(broker, coordinato
         suspect_after = time.monotonic() - killed
         offline = await watcher.state("doomed", "OFFLINE")
         offline_after = time.monotonic() - killed
-    budget = 3 * INTERVAL * 1.2 + LIVELY.liveness_tick_s + 0.3  # jitter, sweep, scheduling
+    budget = 3 * INTERVAL * 1.2 + LIVELY.liveness.tick_s + 0.3  # jitter, sweep, scheduling
     assert suspect_after <= budget
-    assert offline_after <= budget + LIVELY.probe_connection_s
+    assert offline_after <= budget + LIVELY.liveness.probe_connection_s
     assert offline.detail["reason"] == "connection gone"
 
 
@@ -188,7 +190,7 @@ async def test_coordinator_restart_causes_no_false_offline(broker, watcher):
 
 async def test_many_agents_register_together_within_the_rate_limit(broker, watcher):
     """200 agents at once against a limit of 50/s (burst 10): all register, none crash."""
-    config = msgspec.structs.replace(LIVELY, registration_rate=50.0, registration_burst=10)
+    config = lively(registration_rate=50.0, registration_burst=10)
     # A slow heartbeat: 200 agents beating every 0.2 s would only measure this one process.
     agents = [Agent(f"crowd-{i:03d}", startup_delay=0, heartbeat_interval=5.0) for i in range(200)]
     for agent in agents:
@@ -225,10 +227,10 @@ async def _until(condition, timeout: float = 10.0) -> None:  # type: ignore[no-u
 
 async def test_a_heartbeat_missed_by_the_watch_is_found_by_the_reread(broker):
     """The periodic re-read takes in heartbeats a stalled watch never delivered."""
-    from agentreach.coordinator.liveness import LivenessMonitor
+    from agentreach.coordinator.liveness.monitor import LivenessMonitor
     from agentreach.envelopes import Heartbeat, encode
 
-    monitor = LivenessMonitor(broker, LIVELY)
+    monitor = LivenessMonitor(broker, LIVELY.liveness)
     kv = await broker.kv(broker.names.heartbeats_bucket)
     await kv.put("unseen", encode(Heartbeat(agent_id="unseen", epoch=3, seq=1, interval_s=1.0)))
     await monitor.reread()
@@ -257,7 +259,7 @@ async def test_one_replica_judges_liveness_and_another_takes_over(broker, watche
 
 async def test_an_idle_agent_is_told_to_beat_less_often(broker, watcher):
     """After a few idle beats the coordinator doubles the agent's interval; it complies."""
-    config = msgspec.structs.replace(LIVELY, adaptive_beats=3)
+    config = lively(adaptive_beats=3)
     async with (
         lively_coordinator(broker, config) as coordinator,
         local_agent("idler").running(broker=broker) as runtime,

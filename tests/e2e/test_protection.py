@@ -10,16 +10,16 @@ from collections import Counter
 
 import msgspec
 import pytest
-from agentreach.agents import Agent, ReachClient, Rejected, TaskContext, TaskFailed
-from agentreach.broker import Broker
-from agentreach.coordinator.breaker import BreakerRecord
-from agentreach.coordinator.config import BreakerConfig, QueueConfig, RateLimits
-from agentreach.envelopes import RateLimit, Task, new_id
-from agentreach.envelopes.headers import task_headers
 
 from agentreach import envelopes
-from agentreach.cli import agents_table
+from agentreach.agents import Agent, ReachClient, Rejected, TaskContext, TaskFailed
+from agentreach.broker import Broker
+from agentreach.cli import agents as agents_table
+from agentreach.coordinator import BreakerConfig, QueueConfig, RateLimits
+from agentreach.envelopes import BreakerRecord, RateLimit, Task, new_id
+from agentreach.envelopes.headers import task_headers
 from tests.e2e.routing_support import (
+    ONE_ATTEMPT,
     all_completed,
     fast,
     publish_many,
@@ -178,7 +178,7 @@ async def test_a_breaker_opens_for_one_intent_and_recovers_through_half_open(
     breakers = BreakerConfig(
         min_calls=4, error_ratio=0.4, open_s=1.0, trial_calls=2, isolation_failures=100
     )
-    config = fast(max_attempts=1, breakers=breakers)
+    config = fast(delivery=ONE_ATTEMPT, breakers=breakers)
     async with (
         start_coordinator(config) as coordinator,
         serving(broker, coordinator, x),
@@ -234,7 +234,7 @@ async def test_an_agent_failing_everything_is_isolated_until_a_trial_succeeds(
     z.handler("b")(fail_while_broken)
     breakers = BreakerConfig(min_calls=1000, open_s=1.0, isolation_failures=5)
     async with (
-        start_coordinator(fast(max_attempts=1, breakers=breakers)) as coordinator,
+        start_coordinator(fast(delivery=ONE_ATTEMPT, breakers=breakers)) as coordinator,
         serving(broker, coordinator, z),
         ReachClient(broker=broker) as client,
     ):
@@ -315,7 +315,7 @@ async def test_two_replicas_share_one_breaker(broker, start_coordinator, watcher
     broken, counts = {"x": True}, Counter[str]()
     x, _ = breaker_pair(broken, counts)
     breakers = BreakerConfig(min_calls=4, open_s=30, isolation_failures=100)
-    config = fast(max_attempts=1, breakers=breakers)
+    config = fast(delivery=ONE_ATTEMPT, breakers=breakers)
     async with (
         start_coordinator(config) as one,
         start_coordinator(config) as two,
@@ -398,7 +398,7 @@ async def test_a_trial_that_never_reports_opens_the_breaker_again(
         min_calls=3, open_s=0.3, trial_calls=1, trial_timeout_s=0.5, isolation_failures=100
     )
     async with (
-        start_coordinator(fast(max_attempts=1, breakers=breakers)) as coordinator,
+        start_coordinator(fast(delivery=ONE_ATTEMPT, breakers=breakers)) as coordinator,
         serving(broker, coordinator, x),
         ReachClient(broker=broker) as client,
     ):

@@ -7,12 +7,12 @@ from collections import Counter
 
 import msgspec
 import pytest
-from agentreach.agents import Agent, ReachClient, Rejected, TaskContext
-from agentreach.coordinator.config import QueueConfig
-from agentreach.envelopes import Liveness
-from agentreach.envelopes.headers import task_headers
 
 from agentreach import envelopes
+from agentreach.agents import Agent, ReachClient, Rejected, TaskContext
+from agentreach.coordinator import QueueConfig
+from agentreach.envelopes import Liveness
+from agentreach.envelopes.headers import task_headers
 from tests.e2e.routing_support import (
     all_completed,
     fast,
@@ -179,7 +179,8 @@ async def test_reload_mid_traffic_loses_nothing(broker, start_coordinator, watch
     path.write_text(RELOADABLE.format(name="to-a", pool="a"))
     from agentreach.coordinator import load_config
 
-    config = fast(routing=load_config(path).routing, queues=ROOMY, routes_poll_s=0.05)
+    routing = msgspec.structs.replace(load_config(path).routing, reload_poll_s=0.05)
+    config = fast(routing=routing, queues=ROOMY)
     counts: Counter[str] = Counter()
     fleet = [worker("a1", counts, tags={"pool": "a"}), worker("b1", counts, tags={"pool": "b"})]
     async with (

@@ -10,11 +10,11 @@ from typing import Any
 
 import msgspec
 import pytest
+
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
 from agentreach.coordinator import workflow as wf
-from agentreach.coordinator.workflow_spec import WorkflowSpec
 from agentreach.coordinator.workflows import read_record
-
+from agentreach.coordinator.workflows.spec import WorkflowSpec
 from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast, serving
 
@@ -468,7 +468,7 @@ async def test_a_killed_coordinator_mid_chain_is_resumed_and_no_step_runs_twice(
     room.handlers["write"] = dataclasses.replace(room.handlers["write"], func=slow_write)
     config_path = tmp_path / "coordinator.yaml"
     config_path.write_text(
-        "retry_base_s: 0.05\nretry_cap_s: 0.2\nworkflows:\n  article:\n"
+        "delivery: {base_s: 0.05, cap_s: 0.2}\nworkflows:\n  article:\n"
         + "\n".join("    " + line for line in ARTICLE.strip().splitlines())
         + "\n"
     )

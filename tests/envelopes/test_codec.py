@@ -6,6 +6,10 @@ import contextlib
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentreach import envelopes
 from agentreach.envelopes import (
     Ack,
     Budget,
@@ -19,10 +23,6 @@ from agentreach.envelopes import (
     Result,
     Task,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from agentreach import envelopes
 
 tokens = st.from_regex(r"\A[A-Za-z0-9_-]{1,40}\Z")
 json_values = st.recursive(

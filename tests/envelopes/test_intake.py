@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from agentreach.envelopes import DecodeError, task_from_intake
 from agentreach.envelopes import headers as h
 

@@ -1,0 +1,119 @@
+"""``reach agents [--watch] | clear ID``: who is registered, how the coordinator judges them,
+their load and breakers; lifting a quarantine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import time
+from dataclasses import dataclass
+
+from agentreach.broker import Broker, BrokerTimeout, NoResponders
+from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.envelopes import AgentCard, BreakerRecord, Heartbeat, Liveness
+
+
+def register(commands: Commands) -> None:
+    agents = commands.add("agents", cmd_agents, "registered agents and their liveness | clear ID")
+    agents.add_argument("action", nargs="?", choices=["list", "clear"], default="list")
+    agents.add_argument("id", nargs="?")
+    agents.add_argument(
+        "--watch",
+        type=float,
+        nargs="?",
+        const=2.0,
+        default=None,
+        help="redraw every N seconds (default 2) until Ctrl-C",
+    )
+
+
+async def cmd_agents(args: argparse.Namespace) -> int:
+    async with Broker(args.nats_url, names=names_of(args), name="reach-cli") as broker:
+        if args.action == "clear":
+            return await _clear(broker, args.id)
+        while True:
+            drawn = render(await collect(broker))
+            if not args.watch:
+                print(drawn)
+                return 0
+            print("\033[2J\033[H" + drawn, flush=True)  # clear the screen, then redraw
+            await asyncio.sleep(args.watch)
+
+
+async def _clear(broker: Broker, agent_id: str | None) -> int:
+    if not agent_id:
+        raise UsageError("agents clear needs the id of a quarantined agent")
+    try:
+        answer = await broker.request(broker.names.clear, agent_id.encode(), timeout=5)
+    except (NoResponders, BrokerTimeout):
+        raise UsageError(
+            "no coordinator answered; is `reach up` or `reach coordinator` running?"
+        ) from None
+    print(f"{agent_id}: {answer.data.decode()}")
+    return 0 if answer.data == b"cleared" else 1
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    card: AgentCard
+    liveness: Liveness | None
+    heartbeat: Heartbeat | None
+    beat_age_s: float | None
+    breakers: tuple[BreakerRecord, ...] = ()  # not closed: open or half-open
+
+    @property
+    def isolated(self) -> bool:
+        return any(not b.intent for b in self.breakers)
+
+
+async def collect(broker: Broker) -> list[Row]:
+    """One row per registered agent, sorted by id."""
+    names = broker.names
+    cards = await (await broker.bucket(names.agents_bucket, AgentCard)).snapshot()
+    judged = await (await broker.bucket(names.liveness_bucket, Liveness)).snapshot()
+    beats = await (await broker.bucket(names.heartbeats_bucket, Heartbeat)).snapshot()
+    breakers = await (await broker.bucket(names.breakers_bucket, BreakerRecord)).snapshot()
+    tripped: dict[str, list[BreakerRecord]] = {}
+    for stored in breakers.values():
+        if stored.value.state != "closed":
+            tripped.setdefault(stored.value.agent_id, []).append(stored.value)
+    rows = []
+    for agent_id in sorted(cards):
+        beat = beats.get(agent_id)
+        age = time.time() - beat.written_ms / 1000 if beat and beat.written_ms else None
+        liveness = judged[agent_id].value if agent_id in judged else None
+        open_ones = tuple(sorted(tripped.get(agent_id, []), key=lambda r: r.intent))
+        heartbeat = beat.value if beat else None
+        rows.append(Row(cards[agent_id].value, liveness, heartbeat, age, open_ones))
+    return rows
+
+
+def render(rows: list[Row]) -> str:
+    if not rows:
+        return "no agents registered"
+    header = (
+        f"{'AGENT':<22} {'STATE':<9} {'SINCE':<9} {'BEAT':>6} {'LOAD':>7}  INTENTS  TAGS  BREAKERS"
+    )
+    isolated = sum(row.isolated for row in rows)
+    footer = f"{len(rows)} agents, {isolated} isolated"
+    return "\n".join([header, *(_line(row) for row in rows), footer])
+
+
+def _line(row: Row) -> str:
+    card, judged, beat = row.card, row.liveness, row.heartbeat
+    state = judged.state if judged else ("UNKNOWN" if card.status == "running" else "STOPPED")
+    if judged and judged.quarantined:
+        state = "QUARANT."
+    since = (
+        dt.datetime.fromtimestamp(judged.since_ms / 1000).strftime("%H:%M:%S") if judged else "-"
+    )
+    age = f"{row.beat_age_s:.1f}s" if row.beat_age_s is not None else "-"
+    load = f"{beat.in_flight}/{beat.in_flight + beat.free_slots}" if beat else "-"
+    intents = ",".join(f"{t}@{i.version}" for t, i in sorted(card.intents.items()))
+    tags = ",".join(f"{k}={v}" for k, v in sorted(card.tags.items())) or "-"
+    breakers = ",".join(f"{b.intent or 'ISOLATED'}:{b.state}" for b in row.breakers) or "-"
+    return (
+        f"{card.agent_id:<22} {state:<9} {since:<9} {age:>6} {load:>7}"
+        f"  {intents}  {tags}  {breakers}"
+    )

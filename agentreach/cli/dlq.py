@@ -1,0 +1,69 @@
+"""``reach dlq list | show ID | replay ID | stats``: the dead letters of ``REACH_DLQ``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+
+import msgspec
+
+from agentreach import envelopes
+from agentreach.agents.compensation import replay
+from agentreach.broker import Broker, read_stream
+from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.envelopes import DeadLetter
+
+
+def register(commands: Commands) -> None:
+    dlq = commands.add("dlq", cmd_dlq, "dead letters: list | show ID | replay ID | stats")
+    dlq.add_argument("action", choices=["list", "show", "replay", "stats"])
+    dlq.add_argument("id", nargs="?")
+    dlq.add_argument("--to-topic", default=None, help="replay to another topic")
+    dlq.add_argument("--reason", default=None)
+    dlq.add_argument("--topic", default=None)
+
+
+async def cmd_dlq(args: argparse.Namespace) -> int:
+    if args.action in ("show", "replay") and not args.id:
+        raise UsageError(f"dlq {args.action} needs the message_id of a dead letter")
+    names = names_of(args)
+    async with Broker(args.nats_url, names=names, name="reach-cli") as broker:
+        stored = await read_stream(
+            broker, names.dlq_stream, names.dlq(args.reason or "*", args.topic or "*")
+        )
+        letters = [envelopes.decode_dead_letter(m.data) for m in stored]
+        if args.action == "replay":
+            task = await replay(broker, _find(letters, args.id), topic=args.to_topic)
+            print(json.dumps({"message_id": task.message_id, "trace_id": task.trace_id}))
+            return 0
+    if args.action == "show":
+        letter = msgspec.to_builtins(_find(letters, args.id))
+        print(json.dumps(letter, indent=2, ensure_ascii=False))
+    elif args.action == "stats":
+        _print_stats(letters)
+    else:
+        _print_letters(letters)
+    return 0
+
+
+def _find(letters: list[DeadLetter], message_id: str) -> DeadLetter:
+    for letter in reversed(letters):
+        if letter.message_id == message_id:
+            return letter
+    raise UsageError(f"no dead letter with message_id {message_id!r}")
+
+
+def _print_letters(letters: list[DeadLetter]) -> None:
+    for letter in letters:
+        error = letter.error.message if letter.error else ""
+        print(f"{letter.message_id:<38} {letter.reason:<18} {letter.topic:<20} {error}")
+    if not letters:
+        print("no dead letters")
+
+
+def _print_stats(letters: list[DeadLetter]) -> None:
+    counts = Counter((letter.reason, letter.topic) for letter in letters)
+    for (reason, topic), count in sorted(counts.items()):
+        print(f"{reason:<20} {topic:<24} {count:>6}")
+    print(f"{'total':<45} {len(letters):>6}")

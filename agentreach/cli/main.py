@@ -1,0 +1,35 @@
+"""``reach``: the command line of Agent-Reach. Each command group is a module of its own."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from agentreach.cli import agents, dlq, provision, publish, routes, serve, trace, workflows
+from agentreach.cli.logs import configure_logging
+from agentreach.cli.options import Commands
+from agentreach.errors import ReachError
+
+GROUPS = (serve, publish, trace, provision, agents, workflows, routes, dlq)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``reach`` console script."""
+    args = parser().parse_args(argv)
+    configure_logging(args.log_level, args.log_format)
+    try:
+        return asyncio.run(args.command(args))
+    except ReachError as exc:
+        print(f"reach: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="reach", description="Agent-Reach over NATS JetStream")
+    commands = Commands(root)
+    for group in GROUPS:
+        group.register(commands)
+    return root

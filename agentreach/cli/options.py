@@ -1,0 +1,75 @@
+"""What every ``reach`` command shares: the common options, the command registry, and
+turning arguments into names, JSON and URLs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from agentreach import envelopes
+from agentreach.broker import DEFAULT_URL, Names
+from agentreach.errors import ReachError
+
+Command = Callable[[argparse.Namespace], Awaitable[int]]
+
+
+class UsageError(ReachError):
+    """A mistake in the command line."""
+
+
+class Commands:
+    """Adds subcommands that all take the common options."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self._sub = parser.add_subparsers(required=True, metavar="COMMAND")
+        self._common = _common_options()
+
+    def add(self, name: str, run: Command, help: str) -> argparse.ArgumentParser:
+        parser = self._sub.add_parser(name, parents=[self._common], help=help, description=help)
+        parser.set_defaults(command=run)
+        return parser
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--nats-url",
+        default=os.environ.get("NATS_URL"),
+        help=f"NATS server (default $NATS_URL, then {DEFAULT_URL})",
+    )
+    common.add_argument("--prefix", default=None, help="subject prefix (default reach)")
+    common.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    common.add_argument("--log-format", default="auto", choices=["auto", "console", "json"])
+    return common
+
+
+def embedded_server_options(parser: argparse.ArgumentParser, port: int) -> None:
+    """``--port`` and ``--data-dir`` of the embedded nats-server."""
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=port,
+        help=f"embedded server port (default {port}; -1 = any free port)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".reach/nats"),
+        help="embedded server store (default ./.reach/nats)",
+    )
+
+
+def names_of(args: argparse.Namespace) -> Names:
+    return Names(prefix=args.prefix or "reach")
+
+
+def json_argument(text: str) -> Any:
+    try:
+        return envelopes.decode_json(text)
+    except envelopes.DecodeError as exc:
+        raise UsageError(f"JSON argument is not valid JSON: {exc}") from None

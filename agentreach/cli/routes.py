@@ -1,0 +1,50 @@
+"""``reach routes reload`` (every coordinator replica answers) and ``reach routes check FILE``."""
+
+from __future__ import annotations
+
+import argparse
+
+from agentreach.broker import Broker
+from agentreach.broker.requests import gather_replies
+from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.coordinator import load_config
+from agentreach.envelopes import ReloadReply, decode_as
+
+
+def register(commands: Commands) -> None:
+    routes = commands.add(
+        "routes", cmd_routes, "routing rules: reload (every replica) | check FILE"
+    )
+    routes.add_argument("action", choices=["reload", "check"])
+    routes.add_argument("file", nargs="?", help="the coordinator config to check")
+    routes.add_argument(
+        "--wait", type=float, default=1.0, help="seconds to collect replicas' answers (reload)"
+    )
+
+
+async def cmd_routes(args: argparse.Namespace) -> int:
+    if args.action == "check":
+        return _check(args.file)
+    async with Broker(args.nats_url, names=names_of(args), name="reach-cli") as broker:
+        answers = await gather_replies(broker, broker.names.routes_reload, wait_s=args.wait)
+    if not answers:
+        raise UsageError("no coordinator answered; is `reach up` or `reach coordinator` running?")
+    failed = 0
+    for answer in answers:
+        reply = decode_as(answer, ReloadReply)
+        if reply.ok:
+            print(f"{reply.replica}: reloaded {len(reply.rules)} rules: {', '.join(reply.rules)}")
+        else:
+            failed += 1
+            print(f"{reply.replica}: not reloaded: {reply.error}")
+    return 1 if failed else 0
+
+
+def _check(path: str | None) -> int:
+    if not path:
+        raise UsageError("routes check needs the config file to check")
+    routing = load_config(path).routing
+    for rule in routing.rules:
+        print(f"{rule.name:<24} {'fallback' if rule.fallback else rule.match.topic}")
+    print(f"{path}: {len(routing.rules)} rules, fallback {routing.fallback.name!r}")
+    return 0

@@ -1,0 +1,113 @@
+"""``reach workflows list | show ID | cancel ID | signal ID EVENT``, and the workflow trees
+``reach trace`` prints: instances as tables and trees."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+
+from agentreach.broker import Broker
+from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
+from agentreach.envelopes import StepRun, WorkflowRecord
+
+
+def register(commands: Commands) -> None:
+    flows = commands.add(
+        "workflows", cmd_workflows, "workflow instances: list | show ID | cancel ID"
+    )
+    flows.add_argument("action", choices=["list", "show", "cancel", "signal"])
+    flows.add_argument("id", nargs="?")
+    flows.add_argument("event", nargs="?", help="for signal: the event to send")
+    flows.add_argument("--wait", type=float, default=10.0, help="cancel: seconds to wait for it")
+
+
+async def cmd_workflows(args: argparse.Namespace) -> int:
+    if args.action != "list" and not args.id:
+        raise UsageError(f"workflows {args.action} needs the id of a workflow instance")
+    if args.action == "signal" and not args.event:
+        raise UsageError("workflows signal needs an event name: workflows signal ID EVENT")
+    async with Broker(args.nats_url, names=names_of(args), name="reach-cli") as broker:
+        if args.action == "list":
+            print(table(await all_records(broker)))
+            return 0
+        record = await read_record(broker, args.id)
+        if record is None:
+            raise UsageError(f"no workflow instance {args.id!r}")
+        if args.action == "show":
+            print(tree(record))
+            return 0
+        if record.finished:
+            print(f"{args.id}: already {record.status}")
+            return 1
+        if args.action == "signal":
+            await signal(broker, args.id, args.event)
+            print(f"{args.id}: signalled {args.event} (in state {record.current or '-'})")
+            return 0
+        await cancel(broker, args.id)
+        ended = await _until_finished(broker, args.id, args.wait)
+    print(tree(ended) if ended else f"{args.id}: cancel requested")
+    return 0
+
+
+async def _until_finished(broker: Broker, instance_id: str, wait_s: float) -> WorkflowRecord | None:
+    """The record once it has finished, or the latest one after ``wait_s``."""
+    deadline = asyncio.get_running_loop().time() + wait_s
+    record = await read_record(broker, instance_id)
+    while record is not None and not record.finished:
+        if asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)  # a person is waiting at the terminal; polling is fine here
+        record = await read_record(broker, instance_id)
+    return record
+
+
+def table(records: list[WorkflowRecord]) -> str:
+    if not records:
+        return "no workflow instances"
+    header = f"{'INSTANCE':<40} {'WORKFLOW':<16} {'STATUS':<13} {'STARTED':<9} {'DONE':>5}  NOW"
+    lines = [header]  # DONE: completed of the steps started so far
+    for r in records:
+        done = sum(s.status == "completed" for s in r.steps.values())
+        now = r.current or ", ".join(k for k, s in r.steps.items() if s.status == "running")
+        started = _clock(r.started_ms)
+        lines.append(
+            f"{r.instance_id:<40} {r.workflow:<16} {r.status:<13} {started:<9}"
+            f" {done:>2}/{len(r.steps):<2}  {now or '-'}"
+        )
+    return "\n".join(lines)
+
+
+def tree(record: WorkflowRecord) -> str:
+    """The instance, then one line per step (and compensation) with its state and timing."""
+    took = f", {record.ended_ms - record.started_ms} ms" if record.ended_ms else ""
+    lines = [
+        f"workflow {record.workflow} {record.instance_id} · {record.status}{took}"
+        f" · trace {record.trace_id}"
+    ]
+    if record.path:
+        lines.append(f"  path: {' → '.join(record.path)}")
+    steps = list(record.steps.items())
+    undo = [(f"undo {key}", run) for key, run in record.compensations.items()]
+    for i, (key, run) in enumerate(steps + undo):
+        branch = "└─" if i == len(steps) + len(undo) - 1 else "├─"
+        lines.append(f"  {branch} {_step(key, run, record.started_ms)}")
+    if record.error is not None:
+        lines.append(f"  error: {record.error.type}: {record.error.message}")
+    return "\n".join(lines)
+
+
+def _step(key: str, run: StepRun, start_ms: int) -> str:
+    offset = f"+{run.started_ms - start_ms}ms" if run.started_ms else ""
+    took = f"{run.ended_ms - run.started_ms} ms" if run.ended_ms and run.started_ms else ""
+    visit = f" (visit {run.visit})" if run.visit > 1 else ""
+    line = f"{key:<14} {run.status:<10} {offset:>9} {took:>8}  {run.intent or '(pass-through)'}"
+    line += f"{visit}  {run.message_id}"
+    if run.error is not None:
+        line += f"  {run.error.type}: {run.error.message}"
+    return line.rstrip()
+
+
+def _clock(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000).strftime("%H:%M:%S") if ms else "-"

@@ -1,0 +1,123 @@
+"""The agent's heartbeats: ``reach_heartbeats/<agent_id>`` every interval ± 20 %.
+
+The coordinator judges them on its own receive time; the agent's clock travels
+along only as information (and a jump in it is reported as ``clock_drift``). The
+coordinator may ask for another interval on ``reach.ctl.agent.<agent_id>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from agentreach.broker import Broker, BrokerError, Bucket, Inbound
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.lifecycle import agent_event, emit
+from agentreach.envelopes import AgentControl, DecodeError, Heartbeat, decode_as
+
+log = structlog.get_logger("agents.heartbeats")
+
+JITTER = 0.2
+CLOCK_DRIFT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What a heartbeat says about the agent's work."""
+
+    in_flight: int
+    free_slots: int
+    latency_ms: int
+
+
+def jittered(interval_s: float, rng: random.Random | None = None) -> float:
+    """``interval_s`` ± 20 %, so a fleet started together does not beat in step."""
+    return interval_s * (1 + (rng or random).uniform(-JITTER, JITTER))
+
+
+class Heartbeats:
+    """Writes a heartbeat every interval ± 20 % and applies the coordinator's instructions."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        agent_id: str,
+        epoch: int,
+        *,
+        interval_s: float,
+        load: Callable[[], Load],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._broker = broker
+        self._agent_id = agent_id
+        self._epoch = epoch
+        self.interval_s = interval_s
+        self._load = load
+        self._clock = clock
+        self._seq = 0
+        self._wake = asyncio.Event()
+        self._last: tuple[float, float] | None = None  # (wall, monotonic) at the last beat
+
+    async def run(self) -> None:
+        """Beat until cancelled; a failed write is logged and the next one tried."""
+        names = self._broker.names
+        bucket = await self._broker.bucket(names.heartbeats_bucket, Heartbeat)
+        async with await self._broker.subscribe(
+            names.agent_control(self._agent_id), self._on_control
+        ):
+            while True:
+                await self._beat(bucket)
+                honour_cancellation()
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), jittered(self.interval_s))
+
+    async def _beat(self, bucket: Bucket[Heartbeat]) -> None:
+        self._seq += 1
+        wall, mono = self._clock(), time.monotonic()
+        load = self._load()
+        beat = Heartbeat(
+            agent_id=self._agent_id,
+            epoch=self._epoch,
+            seq=self._seq,
+            interval_s=self.interval_s,
+            in_flight=load.in_flight,
+            free_slots=load.free_slots,
+            latency_ms=load.latency_ms,
+            agent_time_ms=int(wall * 1000),
+        )
+        try:
+            await bucket.put(self._agent_id, beat)
+        except BrokerError as exc:
+            log.warning("heartbeat not written", error=str(exc))
+        await self._check_clock(wall, mono)
+
+    async def _check_clock(self, wall: float, mono: float) -> None:
+        last, self._last = self._last, (wall, mono)
+        if last is None:
+            return
+        drift = (wall - last[0]) - (mono - last[1])
+        if abs(drift) > CLOCK_DRIFT_S:
+            log.warning("clock drift", drift_s=round(drift, 3))
+            with contextlib.suppress(BrokerError):
+                await emit(
+                    self._broker,
+                    agent_event(self._agent_id, "clock_drift", drift_s=round(drift, 3)),
+                )
+
+    async def _on_control(self, msg: Inbound) -> None:
+        try:
+            control = decode_as(msg.data, AgentControl)
+        except DecodeError as exc:
+            log.warning("ignoring unreadable control message", error=str(exc))
+            return
+        if control.heartbeat_interval_s and control.heartbeat_interval_s > 0:
+            log.info("heartbeat interval changed", interval_s=control.heartbeat_interval_s)
+            self.interval_s = control.heartbeat_interval_s
+            self._wake.set()  # beat now, so the coordinator sees the new interval at once

@@ -1,0 +1,164 @@
+"""A KV bucket of typed records, with one compare-and-set for every conditional change.
+
+    agents = await broker.bucket(names.agents_bucket, AgentCard)
+    card = await agents.get("worker-1")           # Entry[AgentCard] | None
+    swap = await agents.cas("worker-1", bump_epoch)
+    if swap.written: ...
+
+:meth:`Bucket.cas` reads the key, asks ``change`` for its new value, and writes it
+only if nobody wrote in between (the revision it read is the condition); a lost
+race reads again and asks again. ``change`` returns None to leave the key as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.js.kv import KeyValue
+
+from agentreach.broker.errors import WrongLastSequence, translate, translated
+from agentreach.broker.watch import BucketWatch, snapshot
+from agentreach.envelopes import DecodeError, decode_as, encode
+
+log = structlog.get_logger("broker.bucket")
+
+T = TypeVar("T")
+CAS_TRIES = 20
+_UNREAD = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry(Generic[T]):
+    """A key's value and the revision it was read or written at."""
+
+    key: str
+    value: T
+    revision: int
+    written_ms: int = 0  # the broker's time of the write; 0 where the read does not say
+
+
+@dataclass(frozen=True, slots=True)
+class Swap(Generic[T]):
+    """What :meth:`Bucket.cas` did: ``written`` tells whether ``change`` wrote; ``entry`` is
+    the key now (the value written, or the one ``change`` declined to replace)."""
+
+    written: bool
+    entry: Entry[T] | None
+
+
+class Contended(WrongLastSequence):
+    """A compare-and-set lost the race every time it tried."""
+
+
+class Bucket(Generic[T]):
+    """Typed access to one KV bucket; values are JSON-encoded records of ``kind``."""
+
+    def __init__(self, kv: KeyValue, kind: type[T], name: str) -> None:
+        self._kv = kv
+        self._kind = kind
+        self.name = name
+
+    async def get(self, key: str) -> Entry[T] | None:
+        """The key's value, or None when it is absent or deleted; raises DecodeError when
+        the stored value is not a ``kind``."""
+        value, revision = await self._read(key)
+        if revision == 0:
+            return None
+        return Entry(key, decode_as(value, self._kind), revision)
+
+    async def create(self, key: str, value: T) -> int:
+        """Write ``value`` if the key is absent (or deleted); raises WrongLastSequence if not."""
+        with translated(subject=f"{self.name}/{key}"):
+            return await self._kv.create(key, encode(value))
+
+    async def update(self, key: str, value: T, *, last: int) -> int:
+        """Write ``value`` if the key is still at revision ``last``; raises WrongLastSequence."""
+        with translated(subject=f"{self.name}/{key}"):
+            return await self._kv.update(key, encode(value), last=last)
+
+    async def put(self, key: str, value: T) -> int:
+        """Write ``value`` whatever the key holds."""
+        with translated(subject=f"{self.name}/{key}"):
+            return await self._kv.put(key, encode(value))
+
+    async def delete(self, key: str, *, last: int | None = None) -> None:
+        """Delete the key (only if still at revision ``last``, when given)."""
+        with translated(subject=f"{self.name}/{key}"):
+            await self._kv.delete(key, last=last)
+
+    async def cas(
+        self,
+        key: str,
+        change: Callable[[T | None], T | None],
+        *,
+        tries: int = CAS_TRIES,
+        known: Entry[T] | object | None = _UNREAD,
+    ) -> Swap[T]:
+        """Replace the key's value with ``change(current)`` unless someone wrote meanwhile.
+
+        ``current`` is None when the key is absent (or holds something unreadable, which
+        the new value then replaces). ``known`` is a value already read (or None for
+        "absent"), used for the first try instead of a read. After ``tries`` lost races
+        raises :class:`Contended`.
+        """
+        for attempt in range(tries):
+            if attempt == 0 and known is not _UNREAD:
+                current = known if isinstance(known, Entry) else None
+            else:
+                current = await self._current(key)
+            new = change(current.value if current else None)
+            if new is None:
+                return Swap(False, current)
+            try:
+                if current is None or current.revision == 0:
+                    revision = await self.create(key, new)
+                else:
+                    revision = await self.update(key, new, last=current.revision)
+            except WrongLastSequence:
+                continue  # someone wrote first: read again, decide again
+            return Swap(True, Entry(key, new, revision))
+        raise Contended(f"{self.name}/{key} changed under us {tries} times in a row")
+
+    def watch(self) -> BucketWatch:
+        """Every key's latest value, then each change (raw bytes; see :class:`BucketWatch`)."""
+        return BucketWatch(self._kv)
+
+    async def snapshot(self) -> dict[str, Entry[T]]:
+        """Every key's current value, read through one watch; unreadable values are left out."""
+        found: dict[str, Entry[T]] = {}
+        for change in await snapshot(self._kv):
+            try:
+                value = decode_as(change.value or b"", self._kind)
+            except DecodeError as exc:
+                log.warning(
+                    "unreadable record left out", bucket=self.name, key=change.key, error=str(exc)
+                )
+                continue
+            found[change.key] = Entry(change.key, value, change.revision, change.written_ms)
+        return found
+
+    async def _read(self, key: str) -> tuple[bytes, int]:
+        """The stored bytes and revision; revision 0 when the key is absent or deleted."""
+        try:
+            entry = await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError:  # deleted keys too
+            return b"", 0
+        except nats.errors.Error as exc:
+            raise translate(exc, subject=f"{self.name}/{key}") from exc
+        return entry.value or b"", entry.revision or 0
+
+    async def _current(self, key: str) -> Entry[T] | None:
+        """For cas: the key's entry; an unreadable value as ``None`` at its revision."""
+        value, revision = await self._read(key)
+        if revision == 0:
+            return None
+        try:
+            return Entry(key, decode_as(value, self._kind), revision)
+        except DecodeError as exc:
+            log.warning("replacing an unreadable record", bucket=self.name, key=key, error=str(exc))
+            return Entry(key, None, revision)  # type: ignore[arg-type]

@@ -1,0 +1,111 @@
+"""Presence and ping: how a coordinator tells a live agent process from a gone one.
+
+The agent answers ``reach.presence.<id>`` with a plain subscription: when its
+process is gone, the server answers "no responders" at once. ``reach.ping.<id>``
+is a NATS micro service endpoint (service ``reach-agent``, so ``nats micro ls``
+lists live agents), answered from the agent's event loop: silence there with a
+live connection means the agent is stuck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+import nats.micro
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from agentreach.broker.connection import Broker
+from agentreach.broker.errors import translated
+
+SERVICE_NAME = "reach-agent"
+
+
+class Presence:
+    """The agent's side: answers presence and ping while the process lives."""
+
+    def __init__(self, broker: Broker, agent_id: str, *, version: str, tags: dict[str, str]):
+        self._broker = broker
+        self._agent_id = agent_id
+        self._version = version
+        self._tags = tags
+        self._sub: Subscription | None = None
+        self._service: Any = None
+
+    async def someone_else_answers(self, timeout_s: float) -> bool:
+        """Whether another live process already answers for this agent id."""
+        subject = self._broker.names.presence(self._agent_id)
+        with translated(subject=subject):
+            try:
+                await self._broker.nc.request(subject, b"", timeout=timeout_s)
+            except nats.errors.NoRespondersError:
+                return False
+            except nats.errors.TimeoutError:
+                pass  # a process holds the id but does not answer: still not ours to take
+        return True
+
+    async def start(self) -> None:
+        nc = self._broker.nc
+        names = self._broker.names
+        with translated(subject=names.presence(self._agent_id)):
+            self._sub = await nc.subscribe(names.presence(self._agent_id), cb=_answer)
+            self._service = await nats.micro.add_service(
+                nc,
+                name=SERVICE_NAME,
+                version=self._version,
+                description=f"Agent-Reach agent {self._agent_id}",
+                metadata={"agent_id": self._agent_id, **self._tags},
+            )
+            await self._service.add_endpoint(
+                name="ping", subject=names.ping(self._agent_id), handler=_pong
+            )
+
+    async def stop(self) -> None:
+        """Stop answering; safe to call twice."""
+        service, self._service = self._service, None
+        sub, self._sub = self._sub, None
+        if service is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(service.stop(), 2.0)
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+
+async def _answer(msg: Msg) -> None:
+    await msg.respond(b"here")
+
+
+async def _pong(request: Any) -> None:
+    await request.respond(b"pong")
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """What one probe found: is the agent's connection there, does its loop answer."""
+
+    connected: bool
+    answers: bool
+
+
+async def probe(
+    broker: Broker, agent_id: str, *, connection_s: float, ping_s: float
+) -> ProbeResult:
+    """Ask presence (within ``connection_s``), then ping (within ``ping_s``)."""
+    names, nc = broker.names, broker.nc
+    with translated(subject=names.presence(agent_id)):
+        try:
+            await nc.request(names.presence(agent_id), b"", timeout=connection_s)
+        except nats.errors.NoRespondersError:
+            return ProbeResult(connected=False, answers=False)
+        except nats.errors.TimeoutError:
+            pass  # the subscription exists: only its owner is not answering
+        try:
+            await nc.request(names.ping(agent_id), b"", timeout=ping_s)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return ProbeResult(connected=True, answers=False)
+    return ProbeResult(connected=True, answers=True)

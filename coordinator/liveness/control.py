@@ -1,0 +1,35 @@
+"""What agents and operators ask of the liveness side: a registration slot (rate limited
+per coordinator replica, so a fleet that starts at once registers in waves) and the
+lifting of a quarantine (``reach agents clear``)."""
+
+from __future__ import annotations
+
+import structlog
+
+from agentreach import envelopes
+from agentreach.broker import Inbound
+from agentreach.coordinator.liveness.monitor import LivenessConfig, LivenessMonitor
+from agentreach.coordinator.protection.rate_limits import TokenBucket
+from agentreach.envelopes import RegisterReply
+
+log = structlog.get_logger("coordinator.liveness")
+
+
+class LivenessControl:
+    """Answers ``reach.ctl.register`` and ``reach.ctl.clear``."""
+
+    def __init__(self, config: LivenessConfig, monitor: LivenessMonitor) -> None:
+        self._monitor = monitor
+        self._registrations = TokenBucket(config.registration_rate, config.registration_burst)
+
+    async def on_register(self, msg: Inbound) -> None:
+        wait_s = self._registrations.take()
+        reply = RegisterReply(ok=wait_s == 0.0, retry_after_ms=int(wait_s * 1000) + 1)
+        if not reply.ok:
+            log.info("too many registrations; asked to retry", retry_after_ms=reply.retry_after_ms)
+        await msg.respond(envelopes.encode(reply))
+
+    async def on_clear(self, msg: Inbound) -> None:
+        agent_id = msg.data.decode(errors="replace")
+        cleared = await self._monitor.clear(agent_id)
+        await msg.respond(b"cleared" if cleared else b"unknown agent")

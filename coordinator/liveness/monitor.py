@@ -1,0 +1,297 @@
+"""The coordinator's side of liveness: UNKNOWN → ONLINE → SUSPECT → OFFLINE.
+
+Judged on this coordinator's receive time of each heartbeat, never on the
+agent's clock. Entering SUSPECT probes the agent once (plus one retry):
+the presence subject tells whether its connection still exists (the server
+answers "no responders" at once when it does not), the ping whether its task
+loop answers. A restarted coordinator gives every agent one offline threshold
+of grace instead of declaring them all gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+import structlog
+
+from agentreach import envelopes
+from agentreach.broker import Broker, BrokerError, Change
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.lifecycle import agent_event, emit
+from agentreach.broker.presence import probe
+from agentreach.broker.tasks import cancel_and_wait
+from agentreach.coordinator.liveness.cadence import Cadence
+from agentreach.coordinator.liveness.reassign import reassign_tasks
+from agentreach.coordinator.units import Positive, PositiveSeconds
+from agentreach.envelopes import (
+    AgentControl,
+    DecodeError,
+    Heartbeat,
+    Liveness,
+    LivenessState,
+    decode_as,
+    now_ms,
+)
+
+log = structlog.get_logger("coordinator.liveness")
+
+HOUR_MS = 3_600_000
+
+
+class LivenessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How agents are judged: SUSPECT after 3 heartbeat intervals, OFFLINE after 5 or a
+    failed probe; registrations are rate limited per coordinator replica."""
+
+    tick_s: PositiveSeconds = 1.0  # how often silence is looked for
+    heartbeat_reread_s: PositiveSeconds = 60.0  # re-read every heartbeat, in case a watch stalled
+    adaptive_beats: Positive = 20  # beats before an interval goes back, or an idle one doubles
+    probe_connection_s: PositiveSeconds = 3.0
+    probe_ping_s: PositiveSeconds = 5.0
+    flapping_limit: Positive = 3  # OFFLINE more often than this in an hour: quarantined
+    registration_rate: PositiveSeconds = 20.0  # per second, per coordinator replica
+    registration_burst: Positive = 20
+
+
+@dataclass
+class Tracked:
+    """What the coordinator knows of one agent."""
+
+    agent_id: str
+    interval_s: float
+    last_seen: float  # monotonic, this process
+    state: LivenessState = "UNKNOWN"
+    since_ms: int = 0
+    reason: str = ""
+    epoch: int = 0
+    quarantined: bool = False
+    offline_at_ms: list[int] = field(default_factory=list)
+    connected: bool = False  # a probe found its connection alive during this SUSPECT episode
+    revision: int = 0  # of the last heartbeat taken into account
+    probe: asyncio.Task[None] | None = None
+    cadence: Cadence | None = None
+
+    def record(self) -> Liveness:
+        return Liveness(
+            agent_id=self.agent_id,
+            state=self.state,
+            since_ms=self.since_ms,
+            reason=self.reason,
+            epoch=self.epoch,
+            interval_s=self.interval_s,
+            quarantined=self.quarantined,
+            offline_at_ms=self.offline_at_ms,
+        )
+
+
+class LivenessMonitor:
+    """Follows heartbeats, sweeps for silence, probes, and records each transition."""
+
+    def __init__(self, broker: Broker, config: LivenessConfig) -> None:
+        self._broker = broker
+        self._config = config
+        self.agents: dict[str, Tracked] = {}
+
+    async def run(self) -> None:
+        await self._restore()
+        heartbeats = await self._broker.bucket(self._broker.names.heartbeats_bucket, Heartbeat)
+        sweeper = asyncio.create_task(self._sweep_forever(), name="liveness-sweep")
+        rereader = asyncio.create_task(self._reread_forever(), name="liveness-reread")
+        try:
+            async with heartbeats.watch() as watch:
+                async for change in watch:
+                    await self._on_heartbeat(change)
+                    honour_cancellation()
+        finally:
+            probes = [t.probe for t in self.agents.values() if t.probe and not t.probe.done()]
+            await cancel_and_wait(sweeper, rereader, *probes)
+
+    async def reread(self) -> None:
+        """Read every heartbeat again: a watch can stall after a broker failover, and a
+        heartbeat it missed must not make a live agent look silent."""
+        heartbeats = await self._broker.bucket(self._broker.names.heartbeats_bucket, Heartbeat)
+        for entry in (await heartbeats.snapshot()).values():
+            await self._on_beat(entry.key, entry.revision, entry.value)
+
+    async def _reread_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.heartbeat_reread_s)  # the re-read's own period
+            try:
+                await self.reread()
+            except BrokerError as exc:
+                log.warning("heartbeat re-read failed", error=str(exc))
+            honour_cancellation()
+
+    async def clear(self, agent_id: str) -> bool:
+        """Lift an agent's quarantine (``reach agents clear``)."""
+        tracked = self.agents.get(agent_id)
+        if tracked is None:
+            return False
+        tracked.quarantined = False
+        tracked.offline_at_ms = []
+        await self._transition(tracked, tracked.state, "cleared by an operator")
+        return True
+
+    # -- inputs -------------------------------------------------------------------
+    async def _restore(self) -> None:
+        """Rebuild from KV; every agent starts with a full offline threshold of grace."""
+        verdicts = await self._broker.bucket(self._broker.names.liveness_bucket, Liveness)
+        try:
+            restored = await verdicts.snapshot()
+        except BrokerError as exc:
+            log.warning("liveness verdicts not restored", error=str(exc))
+            return
+        for key, entry in restored.items():
+            record = entry.value
+            self.agents[key] = Tracked(
+                agent_id=key,
+                interval_s=record.interval_s or 15.0,
+                last_seen=time.monotonic(),
+                state=record.state,
+                since_ms=record.since_ms,
+                reason=record.reason,
+                epoch=record.epoch,
+                quarantined=record.quarantined,
+                offline_at_ms=list(record.offline_at_ms),
+            )
+
+    async def _on_heartbeat(self, change: Change) -> None:
+        if change.value is None:  # deleted by an agent that stopped cleanly
+            await self._on_beat(change.key, change.revision, None)
+            return
+        try:
+            beat = decode_as(change.value, Heartbeat)
+        except DecodeError as exc:
+            log.warning("ignoring unreadable heartbeat", agent_id=change.key, error=str(exc))
+            return
+        await self._on_beat(change.key, change.revision, beat)
+
+    async def _on_beat(self, agent_id: str, revision: int, beat: Heartbeat | None) -> None:
+        """A heartbeat at ``revision``, or None when the key was deleted."""
+        tracked = self.agents.get(agent_id)
+        if tracked is not None and 0 < revision <= tracked.revision:
+            return  # seen already (the periodic re-read finds mostly these)
+        if tracked is not None:
+            tracked.revision = revision
+        if beat is None:
+            if tracked is not None and tracked.state != "OFFLINE":
+                await self._transition(tracked, "OFFLINE", "stopped")
+            return
+        if tracked is None:
+            tracked = self.agents[agent_id] = Tracked(
+                agent_id=agent_id,
+                interval_s=beat.interval_s,
+                last_seen=time.monotonic(),
+                revision=revision,
+            )
+        tracked.last_seen = time.monotonic()
+        tracked.interval_s = beat.interval_s
+        if tracked.cadence is None or beat.epoch != tracked.epoch:
+            tracked.cadence = Cadence(beat.interval_s, self._config.adaptive_beats)
+        tracked.epoch = beat.epoch
+        recovered = tracked.state == "SUSPECT"
+        if tracked.state != "ONLINE":
+            await self._transition(tracked, "ONLINE", "heartbeat")
+        if recovered:
+            await self._ask_interval(tracked, tracked.cadence.after_recovery())
+        elif (wanted := tracked.cadence.on_beat(beat.in_flight)) is not None:
+            await self._ask_interval(tracked, wanted)
+
+    async def _ask_interval(self, tracked: Tracked, interval_s: float) -> None:
+        log.info(
+            "asking for a new heartbeat interval", agent_id=tracked.agent_id, interval_s=interval_s
+        )
+        control = envelopes.encode(AgentControl(heartbeat_interval_s=interval_s))
+        with contextlib.suppress(BrokerError):
+            await self._broker.publish_core(
+                self._broker.names.agent_control(tracked.agent_id), control
+            )
+
+    # -- sweeping -----------------------------------------------------------------
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.tick_s)  # the sweep's own period
+            for tracked in list(self.agents.values()):
+                await self._sweep(tracked)
+                honour_cancellation()
+
+    async def _sweep(self, tracked: Tracked) -> None:
+        silent_for = time.monotonic() - tracked.last_seen
+        if tracked.state in ("ONLINE", "UNKNOWN") and silent_for > 3 * tracked.interval_s:
+            tracked.connected = False
+            await self._transition(tracked, "SUSPECT", "missed heartbeats")
+            tracked.probe = asyncio.create_task(self._probe(tracked))
+        elif (
+            tracked.state == "SUSPECT"
+            and not tracked.connected
+            and silent_for > 5 * tracked.interval_s
+            and (tracked.probe is None or tracked.probe.done())
+        ):
+            await self._transition(tracked, "OFFLINE", "no heartbeat for 5 intervals")
+
+    async def _probe(self, tracked: Tracked) -> None:
+        """Probe once, and once more if needed; never more per SUSPECT episode."""
+        try:
+            await self._probe_episode(tracked)
+        except BrokerError as exc:  # the sweep judges by silence alone from here on
+            log.warning("probe failed", agent_id=tracked.agent_id, error=str(exc))
+
+    async def _probe_episode(self, tracked: Tracked) -> None:
+        for _ in range(2):
+            found = await probe(
+                self._broker,
+                tracked.agent_id,
+                connection_s=self._config.probe_connection_s,
+                ping_s=self._config.probe_ping_s,
+            )
+            if tracked.state != "SUSPECT":
+                return  # a heartbeat came meanwhile
+            if found.answers:
+                tracked.connected = True
+                await self._transition(tracked, "SUSPECT", "slow")
+                return
+            if not found.connected:
+                continue
+        if found.connected:
+            tracked.connected = True
+            await self._transition(tracked, "SUSPECT", "unresponsive")
+            with contextlib.suppress(BrokerError):
+                await emit(
+                    self._broker, agent_event(tracked.agent_id, "alert", problem="unresponsive")
+                )
+        else:
+            await self._transition(tracked, "OFFLINE", "connection gone")
+
+    # -- transitions --------------------------------------------------------------
+    async def _transition(self, tracked: Tracked, state: LivenessState, reason: str) -> None:
+        before = tracked.state
+        tracked.state, tracked.reason, tracked.since_ms = state, reason, now_ms()
+        if state == "OFFLINE" and reason != "stopped":
+            self._count_offline(tracked)
+        log.info("liveness", agent_id=tracked.agent_id, state=state, was=before, reason=reason)
+        verdicts = await self._broker.bucket(self._broker.names.liveness_bucket, Liveness)
+        with contextlib.suppress(BrokerError):
+            await verdicts.put(tracked.agent_id, tracked.record())
+        with contextlib.suppress(BrokerError):
+            await emit(
+                self._broker,
+                agent_event(
+                    tracked.agent_id,
+                    "agent_state",
+                    state=state,
+                    was=before,
+                    reason=reason,
+                    quarantined=tracked.quarantined,
+                ),
+            )
+        if state == "OFFLINE":
+            await reassign_tasks(self._broker, tracked.agent_id)
+
+    def _count_offline(self, tracked: Tracked) -> None:
+        now = now_ms()
+        tracked.offline_at_ms = [t for t in tracked.offline_at_ms if now - t < HOUR_MS] + [now]
+        if len(tracked.offline_at_ms) > self._config.flapping_limit:
+            tracked.quarantined = True

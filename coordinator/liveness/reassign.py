@@ -1,0 +1,74 @@
+"""An agent went OFFLINE: its unfinished tasks go to another agent, fenced from the old one.
+
+What was dispatched to it and not acknowledged is still in its dispatch
+subjects (work-queue streams keep a message until it is acknowledged). Each is
+dispatched again with the same message_id and attempt + 1. Before that, its
+execution record is marked failed: a late ``finish`` from the old agent then
+loses the conditional write, and its result is rejected instead of sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgspec
+import structlog
+
+from agentreach import envelopes
+from agentreach.broker import Broker, WrongLastSequence
+from agentreach.broker.streams import StoredMessage, delete_message, next_message
+from agentreach.envelopes import DecodeError, ErrorInfo, Execution, Task, ttl_left_ms
+from agentreach.envelopes.headers import task_headers
+
+log = structlog.get_logger("coordinator.reassign")
+
+
+async def reassign_tasks(broker: Broker, agent_id: str) -> int:
+    """Re-dispatch every task waiting for ``agent_id``; returns how many."""
+    moved = 0
+    for priority, stream in broker.names.dispatch_streams.items():
+        subject = broker.names.dispatch(agent_id, priority)
+        seq = 1
+        while (stored := await next_message(broker, stream, subject, from_seq=seq)) is not None:
+            seq = stored.stream_seq + 1
+            if await _move(broker, stored):
+                moved += 1
+            await delete_message(broker, stream, stored.stream_seq)
+    if moved:
+        log.info("tasks reassigned", agent_id=agent_id, count=moved)
+    return moved
+
+
+async def _move(broker: Broker, stored: StoredMessage) -> bool:
+    """Send the task through intake again as its next attempt, with the ttl it has left.
+
+    Intake, not the router directly: when no agent can take it now it waits there,
+    on the broker, instead of being lost with this call.
+    """
+    try:
+        task = envelopes.decode_task(stored.data)
+    except DecodeError:
+        return False  # the agent's consumer would have dead-lettered it; nothing to move
+    await _fence(broker, task)
+    left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
+    retry = msgspec.structs.replace(
+        task, attempt=task.attempt + 1, to_agent=None, ttl_ms=max(1, left_ms)
+    )
+    headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
+    await broker.publish(broker.names.task(task.topic), envelopes.encode(retry), headers=headers)
+    return True
+
+
+async def _fence(broker: Broker, task: Task) -> None:
+    """Take a running claim away from the old agent, so its late result cannot land."""
+    executions = await broker.bucket(broker.names.executions_bucket, Execution)
+    reassigned = ErrorInfo(type="reassigned", message="its agent went OFFLINE", retryable=True)
+
+    def fenced(record: Execution | None) -> Execution | None:
+        if record is None or record.state != "running":
+            return None
+        return msgspec.structs.replace(record, state="failed", error=reassigned)
+
+    # Losing this race means it finished just now: the next attempt finds the stored result.
+    with contextlib.suppress(WrongLastSequence):
+        await executions.cas(task.message_id, fenced, tries=1)

@@ -1,0 +1,139 @@
+"""How full each agent's dispatch queue is, per priority, with watermarks.
+
+The broker is the truth: a work-queue stream keeps a dispatched message until
+the agent acknowledges it, and each agent's subject is capped (discard-new per
+subject). This view reads the per-subject counts every ``refresh_s`` and adds
+what this replica dispatched since, so the router can prefer the less loaded and
+stop feeding an agent above the high watermark until it drains below the low one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import structlog
+
+from agentreach.broker import Broker, BrokerError
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.streams import subject_counts
+from agentreach.broker.topology import DEFAULT_QUEUE_CAPACITY
+from agentreach.coordinator.units import Positive, PositiveSeconds, Ratio
+from agentreach.envelopes import PRIORITIES, Event, Priority
+
+log = structlog.get_logger("coordinator.queues")
+
+
+class QueueConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Per-agent dispatch queues: a broker-enforced capacity per priority, and watermarks.
+
+    An agent whose queue passes ``high_watermark`` of its capacity gets no new work
+    until it is back under ``low_watermark``.
+    """
+
+    capacity: dict[Priority, Positive] = {}
+    high_watermark: Ratio = 0.8
+    low_watermark: Ratio = 0.5
+    refresh_s: PositiveSeconds = 0.25  # how often queue depths are read from the broker
+
+    def __post_init__(self) -> None:
+        if self.low_watermark >= self.high_watermark:
+            raise ValueError(
+                f"low_watermark {self.low_watermark} must be below"
+                f" high_watermark {self.high_watermark}"
+            )
+
+    def capacity_of(self, priority: Priority) -> int:
+        return self.capacity.get(priority) or DEFAULT_QUEUE_CAPACITY[priority]
+
+    @property
+    def capacities(self) -> dict[Priority, int]:
+        return {p: self.capacity_of(p) for p in DEFAULT_QUEUE_CAPACITY}
+
+
+Slot = tuple[str, Priority]
+
+
+class QueueDepths:
+    """Queue depth and watermark state per (agent, priority)."""
+
+    def __init__(self, broker: Broker, config: QueueConfig) -> None:
+        self._broker = broker
+        self._config = config
+        self._depths: dict[Slot, int] = {}
+        # Dispatched by this replica since the last read, until the agent reports back.
+        self._unread: dict[Slot, set[str]] = {}
+        self._above: set[Slot] = set()  # passed the high watermark, not yet below the low
+
+    def capacity(self, priority: Priority) -> int:
+        return self._config.capacity_of(priority)
+
+    def depth(self, agent_id: str, priority: Priority) -> int:
+        slot = (agent_id, priority)
+        return self._depths.get(slot, 0) + len(self._unread.get(slot, ()))
+
+    def load(self, agent_id: str, priority: Priority) -> float:
+        """How full the queue is, 0 (empty) to 1 (at capacity)."""
+        return self.depth(agent_id, priority) / self.capacity(priority)
+
+    def why_full(self, agent_id: str, priority: Priority) -> str | None:
+        """None while the agent may take work at ``priority``; else why not."""
+        if (agent_id, priority) not in self._above:
+            return None
+        depth, capacity = self.depth(agent_id, priority), self.capacity(priority)
+        return f"{priority} queue above high watermark ({depth}/{capacity})"
+
+    def dispatched(self, agent_id: str, priority: Priority, message_id: str) -> None:
+        slot = (agent_id, priority)
+        self._unread.setdefault(slot, set()).add(message_id)
+        self._judge(slot)
+
+    async def finished(self, event: Event, stored_ms: int) -> None:
+        """An agent reported an outcome: that task has left its queue."""
+        if event.agent_id is None:
+            return
+        for priority in PRIORITIES:
+            slot = (event.agent_id, priority)
+            unread = self._unread.get(slot)
+            if unread and event.message_id in unread:
+                unread.discard(event.message_id)
+                self._judge(slot)
+
+    def refused(self, agent_id: str, priority: Priority) -> None:
+        """The broker said the queue is at capacity."""
+        slot = (agent_id, priority)
+        self._depths[slot] = max(self._depths.get(slot, 0), self.capacity(priority))
+        self._judge(slot)
+
+    async def run(self, ready: asyncio.Event) -> None:
+        """Read the depths every ``refresh_s`` until cancelled."""
+        while True:
+            honour_cancellation()
+            try:
+                await self.refresh()
+            except BrokerError as exc:
+                log.warning("cannot read queue depths", error=str(exc))
+            ready.set()
+            await asyncio.sleep(self._config.refresh_s)
+
+    async def refresh(self) -> None:
+        # What is dispatched from here on is counted apart, so the read cannot miss it.
+        self._unread = {}
+        depths: dict[Slot, int] = {}
+        names = self._broker.names
+        for priority in PRIORITIES:
+            counts = await subject_counts(
+                self._broker, names.dispatch_stream(priority), names.dispatch_wildcard(priority)
+            )
+            for subject, count in counts.items():
+                depths[(names.agent_of_dispatch_subject(subject), priority)] = count
+        self._depths = depths
+        for slot in set(depths) | self._above:
+            self._judge(slot)
+
+    def _judge(self, slot: Slot) -> None:
+        ratio = self.depth(*slot) / self.capacity(slot[1])
+        if ratio >= self._config.high_watermark:
+            self._above.add(slot)
+        elif ratio <= self._config.low_watermark:
+            self._above.discard(slot)

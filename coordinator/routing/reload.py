@@ -1,0 +1,70 @@
+"""Reloading routing rules without a restart: on a change of the config file, or when
+``reach routes reload`` asks every replica on ``reach.ctl.routes.reload``.
+
+Only the ``routing`` section is applied; a file that does not decode keeps the
+rules in use and says what is wrong. Decisions under way finish with the table
+they started with, and nothing queued is touched, so no task is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import structlog
+
+from agentreach import envelopes
+from agentreach.broker import Inbound
+from agentreach.broker.errors import honour_cancellation
+from agentreach.coordinator.config import ConfigError, load_config
+from agentreach.coordinator.routing.router import Router
+from agentreach.envelopes import ReloadReply
+
+log = structlog.get_logger("coordinator.routing.reload")
+
+
+class RouteReloader:
+    """Re-reads the coordinator's config file into the router's rule table."""
+
+    def __init__(self, router: Router, path: Path | None, replica: str) -> None:
+        self._router = router
+        self._path = path
+        self._replica = replica
+        self._seen = self._stamp()
+
+    def reload(self) -> ReloadReply:
+        if self._path is None:
+            return self._reply(ok=False, error="this coordinator was started without --config")
+        self._seen = self._stamp()
+        try:
+            routing = load_config(self._path).routing
+        except ConfigError as exc:
+            log.error("routing rules not reloaded", error=str(exc))
+            return self._reply(ok=False, error=str(exc))
+        self._router.reload(routing)
+        return self._reply(ok=True)
+
+    async def on_request(self, msg: Inbound) -> None:
+        await msg.respond(envelopes.encode(self.reload()))
+
+    async def watch(self, every_s: float) -> None:
+        """Reload whenever the file changes, until cancelled."""
+        if self._path is None:
+            return
+        while True:
+            honour_cancellation()
+            await asyncio.sleep(every_s)
+            if self._stamp() != self._seen:
+                log.info("config file changed; reloading routing rules", path=str(self._path))
+                self.reload()
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            stat = self._path.stat() if self._path else None
+        except OSError:
+            return None
+        return (stat.st_mtime_ns, stat.st_size) if stat else None
+
+    def _reply(self, *, ok: bool, error: str = "") -> ReloadReply:
+        rules = [r.name for r in self._router.routing.rules]
+        return ReloadReply(replica=self._replica, ok=ok, rules=rules, error=error)

@@ -1,0 +1,196 @@
+"""Sending a task to an agent that can take it — or saying, at once, why not.
+
+The first matching rule names the destination. Its pools are searched for an
+agent that is alive, whose breaker allows the call, whose queue is below the
+high watermark and whose token bucket has a token. When none is found:
+
+- nobody serves the destination: the fallback rule, and after it ``no_route``;
+- every such agent is full: ``rejected`` as ``backpressure``;
+- every such agent is rate limited: a short bounded wait, then ``rate_limited``;
+- every such agent's breaker is open: the fallback rule, then ``circuit_open``;
+- they exist but are stopped or not ONLINE: wait within the task's ttl, then
+  ``expired`` (a restarting agent picks it up; nothing waits in a dead queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import structlog
+
+from agentreach import envelopes
+from agentreach.broker import Broker, SubjectFull
+from agentreach.broker.lifecycle import emit, event_for
+from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
+from agentreach.coordinator.routing.rules import RoutingConfig, Rule, pools_of
+from agentreach.envelopes import ErrorInfo, Task
+from agentreach.envelopes import headers as h
+
+log = structlog.get_logger("coordinator.router")
+
+WAIT_FIRST_S = 0.05
+WAIT_MAX_S = 1.0
+MAX_PICKS = 8  # agents tried for one task before giving up on this pass
+SHOWN = 20  # candidates and passed-over agents listed in a routed event
+
+
+class Router:
+    """Chooses an agent for a task by the rules and dispatches it on its priority stream."""
+
+    def __init__(self, broker: Broker, fleet: Fleet, routing: RoutingConfig) -> None:
+        self._broker = broker
+        self.fleet = fleet
+        self.limiter = fleet.limiter
+        self.routing = routing
+
+    def reload(self, routing: RoutingConfig) -> None:
+        """Use ``routing`` from the next decision on; decisions under way finish as they are."""
+        self.routing = routing
+        log.info("routing rules loaded", rules=[r.name for r in routing.rules])
+
+    async def dispatch(
+        self, task: Task, *, left_ms: int, waited: int = 0, where: str = "intake"
+    ) -> float | None:
+        """Dispatch ``task`` with ``left_ms`` of its ttl left (the envelope carries that on).
+
+        Returns None once the task is dispatched or ended, or the seconds to wait
+        before asking again when its agents exist but none can take it now;
+        ``waited`` counts the times it has waited already.
+        """
+        if left_ms <= 0:
+            await self.end(task, "expired", f"ttl {task.ttl_ms} ms passed in {where}")
+            return None
+        if where == "intake" and waited == 0 and not await self._topic_admits(task):
+            return None
+        rule = self.routing.first_match(task)
+        return await self._route(task, rule, left_ms=left_ms, waited=waited)
+
+    async def _route(self, task: Task, rule: Rule, *, left_ms: int, waited: int) -> float | None:
+        if rule.to.dlq:
+            reason = rule.to.dlq
+            await self.end(task, reason, f"rule {rule.name!r} sends {task.topic!r} to the DLQ")
+            return None
+        pools = pools_of(rule.to, task.topic)
+        excluded: dict[str, Excluded] = {}
+        refreshed = False
+        rate_waited_s = 0.0
+        choice = Choice()
+        for _ in range(MAX_PICKS):
+            choice = self.fleet.choose(pools, task.priority, excluded)
+            if choice.registered == 0 and not refreshed:
+                await self.fleet.refresh()  # a card written a moment ago may be missing
+                refreshed = True
+                continue
+            if choice.agent is None:
+                wait_s = self._rate_wait(choice, rate_waited_s)
+                if wait_s is None:
+                    break
+                await asyncio.sleep(wait_s)
+                rate_waited_s += wait_s
+                continue
+            refusal = await self._send(task, rule, choice, left_ms)
+            if refusal is None:
+                return None
+            if refusal[0] != "rate":  # a rate limit is seen, with its wait, on the next pick
+                excluded[choice.agent.agent_id] = refusal
+        return await self._unroutable(task, rule, choice, left_ms=left_ms, waited=waited)
+
+    def _rate_wait(self, choice: Choice, waited_s: float) -> float | None:
+        """How long to wait for a token when only rate limits stand in the way; else None."""
+        if set(choice.hindrances) - {"rate", "down"} or "rate" not in choice.hindrances:
+            return None
+        if waited_s + choice.rate_wait_s > self.limiter.config.wait_s:
+            return None
+        return choice.rate_wait_s
+
+    async def _send(self, task: Task, rule: Rule, choice: Choice, left_ms: int) -> Excluded | None:
+        """Dispatch to the chosen agent; None when sent, else why that agent refused."""
+        card = choice.agent
+        assert card is not None
+        if (refusal := await self.fleet.admit(choice, task.message_id)) is not None:
+            return refusal
+        routed = msgspec.structs.replace(
+            task, topic=choice.intent, to_agent=card.agent_id, ttl_ms=left_ms
+        )
+        # The event first: a trace must never show an agent at work before the routing.
+        await emit(self._broker, self._routed_event(routed, rule, choice))
+        subject = self._broker.names.dispatch(card.agent_id, task.priority)
+        headers = h.task_headers(routed, msg_id=f"{task.message_id}-{task.attempt}")
+        try:
+            await self._broker.publish(subject, envelopes.encode(routed), headers=headers)
+        except SubjectFull:
+            log.info("agent queue full; trying another", agent_id=card.agent_id)
+            return self.fleet.refused(card.agent_id, task.priority)
+        self.fleet.dispatched(card.agent_id, task.priority, task.message_id)
+        log.debug("routed", agent_id=card.agent_id, rule=rule.name, attempt=task.attempt)
+        return None
+
+    def _routed_event(self, routed: Task, rule: Rule, choice: Choice) -> envelopes.Event:
+        assert choice.agent is not None
+        passed_over = dict(list(choice.passed_over.items())[:SHOWN])
+        detail: dict[str, object] = {
+            "rule": rule.name,
+            "pool": choice.pool,
+            "candidates": sorted(choice.candidates)[:SHOWN],
+            "candidates_total": choice.registered,
+            "passed_over": passed_over,
+        }
+        if choice.trial_key:
+            detail["trial"] = choice.trial_key
+        return event_for(routed, "routed", agent_id=choice.agent.agent_id, **detail)
+
+    async def _unroutable(
+        self, task: Task, rule: Rule, choice: Choice, *, left_ms: int, waited: int
+    ) -> float | None:
+        hindrances = choice.hindrances
+        if hindrances["full"]:
+            await self.reject(task, "backpressure", _why(task, "every queue is full", choice))
+            return None
+        if hindrances["rate"]:
+            await self.reject(task, "rate_limited", _why(task, "all over their rate", choice))
+            return None
+        if choice.registered == 0 or hindrances["circuit"]:
+            return await self._fall_back(task, rule, choice, left_ms=left_ms, waited=waited)
+        log.info("no agent can take it now; waiting", registered=choice.registered)
+        return min(WAIT_FIRST_S * 2**waited, WAIT_MAX_S, left_ms / 1000 + 0.01)
+
+    async def _fall_back(
+        self, task: Task, rule: Rule, choice: Choice, *, left_ms: int, waited: int
+    ) -> float | None:
+        fallback = self.routing.fallback
+        if not rule.fallback:
+            log.info("falling back", rule=rule.name, fallback=fallback.name)
+            return await self._route(task, fallback, left_ms=left_ms, waited=waited)
+        if choice.registered == 0:
+            await self.end(task, "no_route", f"no agent serves topic {task.topic!r}")
+        else:
+            await self.reject(task, "circuit_open", _why(task, "every breaker is open", choice))
+        return None
+
+    async def _topic_admits(self, task: Task) -> bool:
+        """Take the topic's token, waiting briefly if need be; False when it was rejected."""
+        waited_s = 0.0
+        while (wait_s := self.limiter.topic_wait(task.topic)) > 0:
+            if waited_s + wait_s > self.limiter.config.wait_s:
+                await self.reject(task, "rate_limited", f"topic {task.topic!r} is over its rate")
+                return False
+            await asyncio.sleep(wait_s)
+            waited_s += wait_s
+        return True
+
+    async def end(self, task: Task, reason: str, message: str) -> None:
+        """End ``task`` for good as ``reason`` (not retryable)."""
+        error = ErrorInfo(type=reason, message=message, retryable=False)
+        await end_with_error(self._broker, task, reason, error)
+
+    async def reject(self, task: Task, kind: str, message: str) -> None:
+        """Refuse ``task`` now as ``kind`` (backpressure, rate_limited, …); it may be sent again."""
+        error = ErrorInfo(type=kind, message=message, retryable=True)
+        await end_with_error(self._broker, task, "rejected", error)
+
+
+def _why(task: Task, summary: str, choice: Choice) -> str:
+    shown = "; ".join(f"{a}: {why}" for a, why in list(choice.passed_over.items())[:5])
+    return f"{summary} for {task.topic!r} ({shown})"

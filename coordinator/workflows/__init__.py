@@ -1,0 +1,13 @@
+"""Workflows: chain, fan-out / fan-in, step graphs and state machines over ordinary tasks.
+
+- :mod:`.spec`: the definitions (from YAML) and :mod:`.builder` (the same in Python);
+- :mod:`.run`: how one instance moves on (pure);
+- :mod:`.engine`: the coordinator's side, records in KV and messages on ``REACH_WORKFLOWS``;
+- :mod:`.control`: reading, cancelling and signalling instances from outside.
+"""
+
+from agentreach.coordinator.workflows.control import all_records, cancel, read_record, signal
+from agentreach.coordinator.workflows.engine import WorkflowEngine
+from agentreach.coordinator.workflows.spec import WorkflowSpec
+
+__all__ = ["WorkflowEngine", "WorkflowSpec", "all_records", "cancel", "read_record", "signal"]

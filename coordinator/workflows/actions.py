@@ -1,0 +1,52 @@
+"""What moving a workflow instance on asks the engine to do: dispatch a step's task, arm a
+timer, publish a note, announce the end. Each is idempotent, so repeating them after a
+crash is safe: a step's message id derives from the instance, the step and the visit."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentreach.envelopes import StepRun
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Send ``run`` as a task (reply to the workflow's reply subject)."""
+
+    key: str
+    run: StepRun
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    key: str
+    visit: int
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """An event to publish: about the workflow (``key`` "") or one step's visit."""
+
+    event: str
+    key: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The workflow ended (completed, failed or cancelled): answer its starter."""
+
+
+Action = Dispatch | Timer | Note | Finish
+
+
+def message_id_of(instance_id: str, key: str, visit: int | str) -> str:
+    """A step visit's message id; derived, so that a repeated dispatch is a duplicate."""
+    candidate = f"{instance_id}-{key}-{visit}"
+    if len(candidate) <= 128:
+        return candidate
+    digest = hashlib.sha256(instance_id.encode()).hexdigest()[:32]
+    return f"wf{digest}-{key}-{visit}"

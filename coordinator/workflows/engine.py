@@ -1,0 +1,296 @@
+"""The workflow engine: the coordinator drives multi-agent work; agents never drive each other.
+
+A task on ``reach.task.<workflow>`` starts an instance, keyed by its message id
+in ``reach_workflows``. Its steps are ordinary tasks (so routing, retries and
+idempotency apply) whose ``reply_to`` is ``reach.wf.reply.<instance>``; the
+``REACH_WORKFLOWS`` stream keeps those replies, the timers
+(``reach.wf.timer.<instance>``, held back by a delayed negative ack until due),
+signals and cancels, and every coordinator replica shares one durable consumer
+of it. Each message is applied to the record with a conditional write, then its
+actions are carried out; a message seen again (the replica died in between)
+repeats every action the record calls for, all of them idempotent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import msgspec
+import structlog
+
+from agentreach import envelopes
+from agentreach.broker import Broker, BrokerError, Bucket, Delivery, WrongLastSequence
+from agentreach.broker.lifecycle import about, dead_letter, emit, event_for, reply
+from agentreach.broker.streams import purge_subject
+from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
+from agentreach.coordinator.workflows.run import (
+    Action,
+    Dispatch,
+    Finish,
+    Note,
+    Run,
+    StepRun,
+    Timer,
+    new_record,
+)
+from agentreach.coordinator.workflows.spec import WorkflowSpec
+from agentreach.envelopes import (
+    Ack,
+    DecodeError,
+    ErrorInfo,
+    ErrorReply,
+    Result,
+    Task,
+    TimerDue,
+    WorkflowRecord,
+    decode_as,
+    is_token,
+    now_ms,
+    stable_id,
+)
+from agentreach.envelopes import headers as h
+
+log = structlog.get_logger("coordinator.workflows")
+
+WORKFLOW_TOPIC = "_workflow"  # the topic of dead letters about workflow messages
+
+
+class WorkflowEngine:
+    """Starts and advances workflow instances; any replica can take any message."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        specs: Mapping[str, WorkflowSpec],
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self._broker = broker
+        self.specs = dict(specs)
+        self._clock = clock
+
+    def serves(self, topic: str) -> bool:
+        return topic in self.specs
+
+    # -- starting ---------------------------------------------------------------------
+    async def start(self, task: Task, *, seen_before: bool) -> None:
+        """Create the instance of ``task`` (once) and dispatch its first steps."""
+        spec = self.specs[task.topic]
+        record = new_record(task.topic, task, spec, self._clock())
+        run = Run(spec, record, self._clock())
+        run.start()
+        records = await self._records()
+        try:
+            await records.create(record.instance_id, record)
+        except WrongLastSequence:
+            log.info("workflow exists already; resuming", instance_id=record.instance_id)
+            if (existing := await records.get(record.instance_id)) is not None:
+                await self._resume(existing.value)
+            return
+        await reply(self._broker, task, Ack(**about(task)))
+        await self._carry_out(record, run.actions)
+
+    # -- the REACH_WORKFLOWS consumer -------------------------------------------------
+    async def handle(self, msg: Delivery) -> float | None:
+        """None to acknowledge ``msg``, or seconds until it should come back (a timer)."""
+        names = self._broker.names
+        kind, _, rest = msg.subject[len(names.prefix) + len(".wf.") :].partition(".")
+        instance_id, _, event = rest.partition(".")
+        seen_before = msg.num_delivered > 1
+        try:
+            match kind:
+                case "reply":
+                    await self._on_reply(instance_id, msg.data, seen_before)
+                case "timer":  # a timer comes back by design: not a sign of a crash
+                    return await self._on_timer(instance_id, msg.data)
+                case "signal":
+                    await self._on_signal(instance_id, event, seen_before)
+                case "cancel":
+                    await self._apply(instance_id, Run.cancel, seen_before)
+                case _:
+                    raise DecodeError(f"no workflow message kind {kind!r}", path="subject")
+        except DecodeError as exc:
+            await self._refuse(msg, instance_id, str(exc))
+        return None
+
+    async def _on_reply(self, instance_id: str, data: bytes, seen_before: bool) -> None:
+        answer = envelopes.decode_reply(data)
+        match answer:
+            case Result():
+                output, error = answer.result, None
+            case ErrorReply():
+                output, error = None, answer.error
+            case _:
+                return  # acks and progress of a step: nothing to decide
+        message_id = answer.message_id
+        await self._apply(
+            instance_id,
+            lambda run: run.on_result(message_id, output=output, error=error),
+            seen_before,
+        )
+
+    async def _on_signal(self, instance_id: str, event: str, seen_before: bool) -> None:
+        if not await self._apply(instance_id, lambda run: run.on_signal(event), seen_before):
+            log.warning(
+                "signal not taken: no state waits for it", instance_id=instance_id, event=event
+            )
+
+    async def _refuse(self, msg: Delivery, instance_id: str, why: str) -> None:
+        """A workflow message that cannot be read goes to the DLQ, saying what was wrong."""
+        message_id = stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq)
+        log.error("unreadable workflow message", subject=msg.subject, error=why)
+        await dead_letter(
+            self._broker,
+            reason="invalid_envelope",
+            message_id=message_id,
+            trace_id=instance_id if is_token(instance_id) else message_id,
+            topic=WORKFLOW_TOPIC,
+            error=ErrorInfo(type="invalid_envelope", message=why, retryable=False),
+            raw=msg.data,
+            headers={**(msg.headers or {}), "Reach-Subject": msg.subject},
+        )
+
+    async def _on_timer(self, instance_id: str, data: bytes) -> float | None:
+        due = decode_as(data, TimerDue)
+        wait_ms = due.due_ms - self._clock()
+        if wait_ms > 0:
+            return wait_ms / 1000
+        await self._apply(instance_id, lambda run: run.on_timer(due.key, due.visit), False)
+        return None
+
+    # -- applying -----------------------------------------------------------------------
+    async def _apply(
+        self, instance_id: str, change: Callable[[Run], bool], seen_before: bool
+    ) -> bool:
+        """Apply ``change`` to the instance with a conditional write, then its actions;
+        False when it changed nothing."""
+        runs: list[Run] = []
+
+        def advance(record: WorkflowRecord | None) -> WorkflowRecord | None:
+            runs.clear()
+            spec = self._spec_of(record, instance_id)
+            if record is None or spec is None:
+                return None
+            run = Run(spec, record, self._clock())
+            runs.append(run)
+            return record if change(run) else None
+
+        swap = await (await self._records()).cas(instance_id, advance)
+        if not runs:
+            return False
+        run = runs[-1]
+        if swap.written:
+            await self._carry_out(run.record, run.actions)
+            return True
+        if seen_before:  # maybe applied just before a crash: do what it called for
+            run.resume()
+            await self._carry_out(run.record, run.actions)
+        return False
+
+    def _spec_of(self, record: WorkflowRecord | None, instance_id: str) -> WorkflowSpec | None:
+        if record is None:
+            log.warning("message for an unknown workflow instance", instance_id=instance_id)
+            return None
+        spec = self.specs.get(record.workflow)
+        if spec is None:
+            log.error("workflow no longer defined; instance left as is", workflow=record.workflow)
+        return spec
+
+    async def _records(self) -> Bucket[WorkflowRecord]:
+        return await self._broker.bucket(self._broker.names.workflows_bucket, WorkflowRecord)
+
+    async def _resume(self, record: WorkflowRecord) -> None:
+        spec = self._spec_of(record, record.instance_id)
+        if spec is None:
+            return
+        run = Run(spec, record, self._clock())
+        run.resume()
+        await self._carry_out(record, run.actions)
+
+    async def resume_all(self) -> int:
+        """Repeat what every unfinished instance calls for (idempotent); how many there were."""
+        unfinished = [
+            entry.value
+            for entry in (await (await self._records()).snapshot()).values()
+            if not entry.value.finished and entry.value.workflow in self.specs
+        ]
+        for record in unfinished:
+            await self._resume(record)
+        if unfinished:
+            log.info("unfinished workflows resumed", count=len(unfinished))
+        return len(unfinished)
+
+    # -- actions --------------------------------------------------------------------------
+    async def _carry_out(self, record: WorkflowRecord, actions: list[Action]) -> None:
+        for action in actions:
+            match action:
+                case Dispatch(run=run):
+                    await self._dispatch(record, run)
+                case Timer(key=key, visit=visit, due_ms=due_ms):
+                    await self._arm(record, key, visit, due_ms)
+                case Note(event=event, key=key, detail=detail):
+                    await self._note(record, event, key, detail)
+                case Finish():
+                    await self._finish(record)
+
+    async def _dispatch(self, record: WorkflowRecord, run: StepRun) -> None:
+        task = self._step_task(record, run)
+        subject = self._broker.names.task(task.topic)
+        await self._broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
+
+    def _step_task(self, record: WorkflowRecord, run: StepRun) -> Task:
+        """The task of one step visit, answering to the instance's reply subject."""
+        now = self._clock()
+        left_ms = max(1, record.deadline_ms - now)
+        if run.deadline_ms:
+            left_ms = max(1, min(left_ms, run.deadline_ms - now))
+        return Task(
+            v=1,
+            message_id=run.message_id,
+            trace_id=record.trace_id,
+            topic=run.intent or record.workflow,
+            payload=run.input,
+            reply_to=self._broker.names.workflow_reply(record.instance_id),
+            priority=run.priority,
+            ttl_ms=left_ms,
+            created_at=run.started_ms,
+        )
+
+    async def _arm(self, record: WorkflowRecord, key: str, visit: int, due_ms: int) -> None:
+        names = self._broker.names
+        body = envelopes.encode(TimerDue(key=key, visit=visit, due_ms=due_ms))
+        dedup = f"{record.instance_id}-{key}-{visit}-timer"
+        await self._broker.publish(
+            names.workflow_timer(record.instance_id), body, headers={h.MSG_ID: dedup}
+        )
+
+    async def _note(
+        self, record: WorkflowRecord, event: str, key: str, detail: dict[str, object]
+    ) -> None:
+        about = record.task
+        if key:
+            about = self._step_task(record, record.steps[key])
+        detail = {"workflow": record.workflow, **detail}
+        await emit(self._broker, event_for(about, event, **detail))
+
+    async def _finish(self, record: WorkflowRecord) -> None:
+        await self._drop_timers(record.instance_id)
+        task = record.task
+        if record.status == "completed":
+            await reply(self._broker, task, Result(**about(task, result=record.result)))
+            return
+        error = record.error or ErrorInfo(type="failed", message="workflow failed")
+        if record.status == "cancelled":
+            await reply(self._broker, task, error_reply(task, error))
+            return
+        state = msgspec.to_builtins(record)
+        await end_with_error(self._broker, task, "workflow_failed", error, state=state)
+
+    async def _drop_timers(self, instance_id: str) -> None:
+        """Remove an ended instance's timers (its deadline would otherwise wait for hours)."""
+        names = self._broker.names
+        try:
+            await purge_subject(
+                self._broker, names.workflows_stream, names.workflow_timer(instance_id)
+            )
+        except BrokerError as exc:
+            log.warning("could not drop workflow timers", instance_id=instance_id, error=str(exc))

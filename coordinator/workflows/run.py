@@ -1,0 +1,396 @@
+"""One workflow instance: its coordination record and how it moves on (pure; no I/O).
+
+Each entry point (start, a step's result, a timer, a signal, a cancel) changes
+the record and lists the actions it calls for: tasks to dispatch, timers to
+arm, notes to publish, the end to announce. The engine writes the record first
+(conditionally) and then carries the actions out; they are idempotent (message
+ids derive from instance, step and visit), so after a crash :meth:`Run.resume`
+may list them all again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from agentreach.coordinator.workflows.actions import (
+    Action,
+    Dispatch,
+    Finish,
+    Note,
+    Timer,
+    message_id_of,
+)
+from agentreach.coordinator.workflows.spec import MAX_STATE_VISITS, Step, WorkflowSpec
+from agentreach.coordinator.workflows.templates import render
+from agentreach.envelopes import ErrorInfo, Priority, StepRun, Task, WorkflowRecord
+
+DEADLINE = "_deadline"  # the timer of the whole workflow
+SETTLED: frozenset[str] = frozenset({"completed", "failed", "timed_out", "cancelled"})
+
+
+def new_record(workflow: str, task: Task, spec: WorkflowSpec, now_ms: int) -> WorkflowRecord:
+    return WorkflowRecord(
+        instance_id=task.message_id,
+        workflow=workflow,
+        trace_id=task.trace_id,
+        task=task,
+        started_ms=now_ms,
+        deadline_ms=now_ms + int(spec.ttl_s * 1000),
+    )
+
+
+class Run:
+    """Moves one record on; ``actions`` lists what the engine must then do."""
+
+    def __init__(self, spec: WorkflowSpec, record: WorkflowRecord, now_ms: int) -> None:
+        self.spec = spec
+        self.record = record
+        self.now = now_ms
+        self.actions: list[Action] = []
+        self._graph = {s.name: s for s in spec.graph()} if not spec.is_machine else {}
+
+    # -- entry points -------------------------------------------------------------
+    def start(self) -> None:
+        self.actions.append(Timer(DEADLINE, 0, self.record.deadline_ms))
+        self.actions.append(Note("workflow_started"))
+        if self.spec.states is not None:
+            self._enter(self.spec.states.initial, self.record.task.payload)
+        else:
+            self._advance()
+
+    def on_result(self, message_id: str, *, output: Any = None, error: ErrorInfo | None) -> bool:
+        """A step's task ended; False when it is not a step this record waits for."""
+        for run in self.record.compensations.values():
+            if run.message_id == message_id and run.status == "running":
+                self._settle(run, output=output, error=error)
+                self._compensate_next()
+                return True
+        for key, run in self.record.steps.items():
+            if run.message_id == message_id and run.status == "running":
+                if self.record.status != "running":
+                    self._settle(run, output=output, error=error)
+                    return True
+                self._step_ended(key, run, output=output, error=error)
+                return True
+        return False
+
+    def on_timer(self, key: str, visit: int) -> bool:
+        if self.record.status != "running":
+            return False
+        if key == DEADLINE:
+            ttl = f"{self.spec.ttl_s:g} s"
+            self._fail(ErrorInfo(type="expired", message=f"workflow ttl {ttl} passed"))
+            return True
+        run = self.record.steps.get(key)
+        if run is None or run.status != "running" or run.visit != visit:
+            return False  # it ended in time, or this is an older visit's timer
+        self._timed_out(key, run)
+        return True
+
+    def on_signal(self, event: str) -> bool:
+        """An outside event; it moves a state machine whose state waits for it."""
+        machine, current = self.spec.states, self.record.current
+        if machine is None or current is None or self.record.status != "running":
+            return False
+        for transition in machine.states[current].next:
+            if transition.event == event:
+                run = self.record.steps[current]
+                if run.status == "running":
+                    run.status, run.ended_ms = "cancelled", self.now
+                self.actions.append(Note("signal_taken", current, {"event": event}))
+                self._enter(transition.to, run.output)
+                return True
+        return False
+
+    def cancel(self) -> bool:
+        if self.record.status != "running":
+            return False
+        for run in self.record.steps.values():
+            if run.status in ("running", "waiting"):
+                run.status, run.ended_ms = "cancelled", self.now
+        cancelled = ErrorInfo(type="cancelled", message="cancelled by an operator")
+        self._end_badly(cancelled, "cancelled")
+        return True
+
+    def resume(self) -> None:
+        """Every action the record's present state calls for (after a crash, say)."""
+        record = self.record
+        if record.finished:
+            self.actions.append(Finish())
+            return
+        self.actions.append(Timer(DEADLINE, 0, record.deadline_ms))
+        for key, run in record.steps.items():
+            if run.status == "running":
+                self.actions.append(Dispatch(key, run))
+                if run.deadline_ms:
+                    self.actions.append(Timer(key, run.visit, run.deadline_ms))
+        for key, run in record.compensations.items():
+            if run.status == "running":
+                self.actions.append(Dispatch(f"{key}-undo", run))
+
+    # -- graphs (chain, fan-out, steps) -------------------------------------------
+    def _advance(self) -> None:
+        """Start every step whose dependencies allow it; finish when the last step is done."""
+        progressed = True
+        while progressed and self.record.status == "running":
+            progressed = False
+            for step in self._graph.values():
+                run = self.record.steps.get(step.name)
+                if run is not None and run.status != "waiting":
+                    continue
+                verdict, why = self._readiness(step)
+                if verdict == "impossible":
+                    self._fail(ErrorInfo(type="join_failed", message=why, retryable=False))
+                    return
+                if verdict == "ready":
+                    self._start_step(step)
+                    progressed = True
+        final = self.record.steps.get(list(self._graph)[-1])
+        if self.record.status == "running" and final is not None and final.status == "completed":
+            self._complete(final.output)
+
+    def _readiness(self, step: Step) -> tuple[Literal["ready", "wait", "impossible"], str]:
+        after = step.after or []
+        if not after:
+            return "ready", ""
+        runs = [self.record.steps.get(name) or StepRun() for name in after]
+        done = sum(r.status == "completed" for r in runs)
+        missing = sum(r.status == "timed_out" for r in runs)  # timed out with on_timeout partial
+        pending = sum(r.status not in SETTLED for r in runs)
+        policy = step.join.policy
+        if policy == "all":
+            if done + missing == len(runs):
+                return "ready", ""
+            return "wait", ""
+        needed = 1 if policy == "any" else (step.join.quorum or 1)
+        if done >= needed:
+            return "ready", ""
+        if done + pending < needed:
+            return "impossible", f"step {step.name!r} needs {needed} of {after}, only {done} done"
+        return "wait", ""
+
+    def _start_step(self, step: Step, *, intent: str | None = None) -> None:
+        payload = self._input_of(step)
+        run = self._begin(step.name, intent or step.intent, payload, step.timeout_s, step.priority)
+        # Without an intent the input passes through at once; _advance's loop carries on.
+        if run.status == "completed":
+            self.record.completed_order.append(step.name)
+
+    def _input_of(self, step: Step) -> Any:
+        after = step.after or []
+        outputs = self._outputs()
+        if not after:
+            default = self.record.task.payload
+        elif len(after) == 1:
+            default = outputs.get(after[0])
+        else:
+            default = self._join_value(after)
+        if step.input is None:
+            return default
+        context = {"input": self.record.task.payload, "prev": default, **outputs}
+        if len(after) > 1:
+            context.update(default)
+        return render(step.input, context)
+
+    def _join_value(self, after: list[str]) -> dict[str, Any]:
+        results, missing = {}, {}
+        for name in after:
+            run = self.record.steps.get(name) or StepRun()
+            if run.status == "completed":
+                results[name] = run.output
+            else:
+                reason = run.error.message if run.error else run.status
+                missing[name] = reason if run.status in SETTLED else "not finished when joined"
+        return {"results": results, "missing": missing}
+
+    def _step_ended(self, key: str, run: StepRun, *, output: Any, error: ErrorInfo | None) -> None:
+        self._settle(run, output=output, error=error)
+        if self.spec.states is not None:
+            self._state_ended(key, run)
+            return
+        if error is None:
+            self._completed(key)
+            return
+        if self._tolerated(key):
+            self._advance()
+        else:
+            self._fail(error)
+
+    def _completed(self, key: str) -> None:
+        """A graph step is done: remember the order (for the saga), start what it unblocks."""
+        self.record.completed_order.append(key)
+        self._advance()
+
+    def _tolerated(self, key: str) -> bool:
+        """A step may fail when every step after it only needs some of its dependencies."""
+        dependents = [s for s in self._graph.values() if key in (s.after or [])]
+        return bool(dependents) and all(s.join.policy != "all" for s in dependents)
+
+    def _timed_out(self, key: str, run: StepRun) -> None:
+        if self.spec.states is not None:
+            state = self.spec.states.states[key]
+            run.status, run.ended_ms = "timed_out", self.now
+            run.error = _timeout_error(key, state.timeout_s)
+            self.actions.append(Note("step_timed_out", key, {"visit": run.visit}))
+            if state.on_timeout:
+                self._enter(state.on_timeout, {"timed_out": key})
+            else:
+                self._fail(run.error)
+            return
+        step = self._graph[key]
+        run.error = _timeout_error(key, step.timeout_s)
+        self.actions.append(Note("step_timed_out", key, {"visit": run.visit}))
+        if step.on_timeout == "fallback":
+            self._start_step(step, intent=step.fallback_intent)
+            return
+        run.status, run.ended_ms = "timed_out", self.now
+        if step.on_timeout == "partial":
+            self._advance()
+        else:
+            self._fail(run.error)
+
+    # -- state machines -----------------------------------------------------------
+    def _enter(self, name: str, given: Any) -> None:
+        assert self.spec.states is not None
+        if len(self.record.path) >= MAX_STATE_VISITS:
+            message = f"more than {MAX_STATE_VISITS} state changes: a loop?"
+            self._fail(ErrorInfo(type="too_many_states", message=message, retryable=False))
+            return
+        self.record.current = name
+        self.record.path.append(name)
+        state = self.spec.states.states[name]
+        payload = given
+        if state.input is not None:
+            context = {"input": self.record.task.payload, "prev": given, **self._outputs()}
+            payload = render(state.input, context)
+        run = self._begin(name, state.intent, payload, state.timeout_s, state.priority)
+        if run.status == "completed":
+            self._state_ended(name, run)
+
+    def _state_ended(self, name: str, run: StepRun) -> None:
+        assert self.spec.states is not None
+        state = self.spec.states.states[name]
+        if run.error is not None:
+            if state.on_error:
+                self._enter(state.on_error, {"error": msgspec.to_builtins(run.error)})
+            else:
+                self._fail(run.error)
+            return
+        self.record.completed_order.append(name)
+        if state.terminal:
+            self._complete(run.output)
+            return
+        for transition in state.next:
+            if transition.event is None and (
+                transition.when is None or transition.when.holds(run.output)
+            ):
+                self._enter(transition.to, run.output)
+                return
+        if not any(t.event for t in state.next):
+            message = f"no transition from state {name!r} matches its result"
+            self._fail(ErrorInfo(type="no_transition", message=message, retryable=False))
+        # otherwise: wait here for one of the state's events
+
+    # -- shared ---------------------------------------------------------------------
+    def _begin(
+        self,
+        key: str,
+        intent: str | None,
+        payload: Any,
+        timeout_s: float | None,
+        priority: Priority | None,
+    ) -> StepRun:
+        previous = self.record.steps.get(key)
+        visit = (previous.visit if previous else 0) + 1
+        run = StepRun(
+            visit=visit,
+            message_id=message_id_of(self.record.instance_id, key, visit),
+            intent=intent or "",
+            input=payload,
+            started_ms=self.now,
+            priority=priority or self.record.task.priority,
+        )
+        self.record.steps[key] = run
+        if intent is None:
+            run.status, run.output, run.ended_ms = "completed", payload, self.now
+            return run
+        run.status = "running"
+        if timeout_s is not None:
+            run.deadline_ms = self.now + int(timeout_s * 1000)
+            self.actions.append(Timer(key, visit, run.deadline_ms))
+        self.actions.append(Dispatch(key, run))
+        return run
+
+    def _settle(self, run: StepRun, *, output: Any, error: ErrorInfo | None) -> None:
+        run.status = "failed" if error is not None else "completed"
+        run.output, run.error, run.ended_ms = output, error, self.now
+
+    def _outputs(self) -> dict[str, Any]:
+        return {k: r.output for k, r in self.record.steps.items() if r.status == "completed"}
+
+    def _complete(self, result: Any) -> None:
+        self.record.status, self.record.result, self.record.ended_ms = "completed", result, self.now
+        self._cancel_leftovers()
+        detail = {"path": self.record.path} if self.spec.is_machine else {}
+        self.actions.append(Finish())
+        self.actions.append(Note("workflow_completed", detail=detail))
+
+    def _fail(self, error: ErrorInfo) -> None:
+        self._cancel_leftovers()
+        self._end_badly(error, "failed")
+
+    def _end_badly(self, error: ErrorInfo, ending: Literal["failed", "cancelled"]) -> None:
+        self.record.error, self.record.ending = error, ending
+        if self.spec.on_failure == "compensate" and self._to_undo():
+            self.record.status = "compensating"
+            self.actions.append(Note("compensating", detail={"undo": self._to_undo()}))
+            self._compensate_next()
+            return
+        self._finish_badly()
+
+    def _finish_badly(self) -> None:
+        self.record.status = self.record.ending or "failed"
+        self.record.ended_ms = self.now
+        error = self.record.error
+        self.actions.append(Finish())
+        self.actions.append(
+            Note(f"workflow_{self.record.status}", detail={"error": msgspec.to_builtins(error)})
+        )
+
+    def _to_undo(self) -> list[str]:
+        """Completed steps with a compensating intent, not yet undone, latest first."""
+        undone = self.record.compensations
+        pending = (k for k in reversed(self.record.completed_order) if k not in undone)
+        return list(dict.fromkeys(k for k in pending if self.spec.compensation_of(k)))
+
+    def _compensate_next(self) -> None:
+        if any(r.status == "running" for r in self.record.compensations.values()):
+            return
+        pending = self._to_undo()
+        if not pending:
+            self._finish_badly()
+            return
+        key = pending[0]
+        done = self.record.steps[key]
+        run = StepRun(
+            status="running",
+            visit=done.visit,
+            message_id=message_id_of(self.record.instance_id, key, "undo"),
+            intent=self.spec.compensation_of(key) or "",
+            input={"step": key, "input": done.input, "output": done.output},
+            started_ms=self.now,
+            priority=done.priority,
+        )
+        self.record.compensations[key] = run
+        self.actions.append(Dispatch(f"{key}-undo", run))
+
+    def _cancel_leftovers(self) -> None:
+        for run in self.record.steps.values():
+            if run.status in ("running", "waiting"):
+                run.status, run.ended_ms = "cancelled", self.now
+
+
+def _timeout_error(key: str, timeout_s: float | None) -> ErrorInfo:
+    return ErrorInfo(type="timeout", message=f"step {key!r} did not finish within {timeout_s:g} s")

@@ -1,0 +1,228 @@
+"""Workflow definitions: chain, fan-out / fan-in and state machines, from YAML or Python.
+
+    workflows:
+      article:                      # started by a task on reach.task.article
+        on_failure: compensate      # saga: undo completed steps in reverse order
+        chain:
+          - {name: plan, intent: plan}
+          - {name: write, intent: write, input: {outline: "$.plan.outline", topic: "$.input.topic"}}
+          - {name: publish, intent: publish, compensate: unpublish}
+      research:
+        fanout:
+          branches:
+            - {name: web, intent: search_web, timeout_s: 2, on_timeout: partial}
+            - {name: papers, intent: search_papers}
+          join: {policy: quorum, quorum: 1}
+          then: {name: merge, intent: merge}     # gets {"results": {...}, "missing": {...}}
+      order:
+        states:
+          initial: pending
+          states:
+            pending: {intent: charge, next: [{when: {field: paid, value: true}, to: paid},
+                                             {to: refunded}]}
+            paid: {intent: ship, next: [{to: done}]}
+            done: {terminal: true}
+            refunded: {intent: refund, terminal: true}
+
+The same structures are built in Python with ``chain``, ``fanout``, ``steps`` and
+``machine`` from :mod:`agentreach.coordinator.workflows.builder`. Chains and fan-outs become
+one graph of steps (:meth:`WorkflowSpec.graph`); a step's ``intent`` may name another workflow.
+Inputs are templates: a string ``"$.a.b"`` is the value at that path of
+``{"input": <the workflow's payload>, <step>: <its output>, ...}``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from agentreach.coordinator.conditions import Comparison, lookup
+from agentreach.coordinator.workflows.templates import check_template
+from agentreach.envelopes import Priority
+from agentreach.envelopes.messages import Token
+
+StepName = Annotated[
+    str, msgspec.Meta(pattern=r"^[A-Za-z0-9_]{1,40}$", description="letters, digits, '_'")
+]
+PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
+Policy = Literal["all", "any", "quorum"]
+OnTimeout = Literal["fail", "partial", "fallback"]
+RESERVED = frozenset({"input", "prev", "results", "missing"})
+MAX_STATE_VISITS = 100
+
+_Strict = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True}
+
+
+class Join(msgspec.Struct, **_Strict):  # type: ignore[misc]
+    """When a step with several dependencies may start: all, any, or a quorum of them done."""
+
+    policy: Policy = "all"
+    quorum: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.policy == "quorum") != (self.quorum is not None):
+            raise ValueError("'quorum: N' goes with `policy: quorum`, and only with it")
+
+
+class Step(msgspec.Struct, **_Strict):  # type: ignore[misc]
+    """One unit of work: a task for ``intent`` (or, without one, its input passed on)."""
+
+    name: StepName
+    intent: Token | None = None
+    input: Any = None  # template; default: the previous output, the join, or the input
+    after: list[StepName] | None = None  # dependencies besides the form's own
+    join: Join = Join()
+    timeout_s: PositiveSeconds | None = None
+    on_timeout: OnTimeout = "fail"
+    fallback_intent: Token | None = None
+    compensate: Token | None = None  # the intent that undoes this step (saga)
+    priority: Priority | None = None  # default: the starting task's
+
+    def __post_init__(self) -> None:
+        if self.name in RESERVED:
+            raise ValueError(f"step name {self.name!r} is reserved")
+        if (self.on_timeout == "fallback") != (self.fallback_intent is not None):
+            raise ValueError("'fallback_intent' goes with `on_timeout: fallback`, and only with it")
+        if self.on_timeout != "fail" and self.timeout_s is None:
+            raise ValueError(f"'on_timeout: {self.on_timeout}' needs a timeout_s")
+        check_template(self.input)
+
+
+class FanOut(msgspec.Struct, **_Strict):  # type: ignore[misc]
+    branches: list[Step]
+    join: Join = Join()
+    then: Step | None = None  # the join step; without it the workflow's result is the join
+
+    def __post_init__(self) -> None:
+        if len(self.branches) < 2:
+            raise ValueError("a fan-out needs at least two branches")
+        if self.join.quorum is not None and self.join.quorum > len(self.branches):
+            raise ValueError(
+                f"quorum {self.join.quorum} is more than the {len(self.branches)} branches"
+            )
+
+
+class When(Comparison, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A condition on the state's result: the value at ``field`` (dotted; "" = all of it)."""
+
+    def holds(self, result: Any) -> bool:
+        return self.holds_for(lookup(result, self.field))
+
+
+class Transition(msgspec.Struct, **_Strict):  # type: ignore[misc]
+    """Go ``to`` a state when ``when`` holds for the result, or when ``event`` is signalled;
+    with neither, always (an "otherwise", so it goes last)."""
+
+    to: str
+    when: When | None = None
+    event: Token | None = None
+
+    def __post_init__(self) -> None:
+        if self.when is not None and self.event is not None:
+            raise ValueError("a transition is taken on a result ('when') or an 'event', not both")
+
+
+class State(msgspec.Struct, **_Strict):  # type: ignore[misc]
+    intent: Token | None = None
+    input: Any = None  # template; default: the previous state's output
+    next: list[Transition] = []
+    terminal: bool = False
+    timeout_s: PositiveSeconds | None = None
+    on_timeout: str | None = None  # a state to go to; else the workflow fails
+    on_error: str | None = None  # a state to go to when the intent's task fails for good
+    compensate: Token | None = None
+    priority: Priority | None = None  # default: the starting task's
+
+    def __post_init__(self) -> None:
+        if self.terminal and self.next:
+            raise ValueError("a terminal state has no 'next'")
+        if not self.terminal and not self.next:
+            raise ValueError("a state that is not terminal needs 'next' transitions")
+        if self.on_timeout is not None and self.timeout_s is None:
+            raise ValueError("'on_timeout' needs a timeout_s")
+        check_template(self.input)
+
+
+class Machine(msgspec.Struct, **_Strict):  # type: ignore[misc]
+    initial: str
+    states: dict[StepName, State]
+
+    def __post_init__(self) -> None:
+        names = set(self.states)
+        if self.initial not in names:
+            raise ValueError(f"initial state {self.initial!r} is not among the states")
+        for name, state in self.states.items():
+            jumps = [state.on_timeout, state.on_error]
+            for target in [t.to for t in state.next] + [j for j in jumps if j]:
+                if target not in names:
+                    raise ValueError(f"state {name!r} goes to unknown state {target!r}")
+        if not any(state.terminal for state in self.states.values()):
+            raise ValueError("a state machine needs a terminal state")
+
+
+class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
+    """One workflow: exactly one of ``chain``, ``fanout``, ``steps`` (a graph with ``after``)
+    or ``states``."""
+
+    chain: list[Step] | None = None
+    fanout: FanOut | None = None
+    steps: list[Step] | None = None
+    states: Machine | None = None
+    on_failure: Literal["fail", "compensate"] = "fail"
+    ttl_s: PositiveSeconds = 300.0  # the whole workflow's deadline
+
+    def __post_init__(self) -> None:
+        forms = [f for f in ("chain", "fanout", "steps", "states") if getattr(self, f) is not None]
+        if len(forms) != 1:
+            found = forms or "none"
+            raise ValueError(f"a workflow has exactly one of chain, fanout, steps, states: {found}")
+        if self.states is None:
+            _check_graph(self.graph())
+
+    @property
+    def is_machine(self) -> bool:
+        return self.states is not None
+
+    def compensation_of(self, key: str) -> str | None:
+        """The intent that undoes step (or state) ``key``, if it has one."""
+        if self.states is not None:
+            return self.states.states[key].compensate
+        return next((s.compensate for s in self.graph() if s.name == key), None)
+
+    def graph(self) -> list[Step]:
+        """The steps in order, each with every dependency in ``after``; the last is the result."""
+        if self.chain is not None:
+            return [
+                msgspec.structs.replace(
+                    step,
+                    after=[*([self.chain[i - 1].name] if i else []), *(step.after or [])],
+                )
+                for i, step in enumerate(self.chain)
+            ]
+        if self.fanout is not None:
+            branches = [
+                msgspec.structs.replace(b, after=b.after or []) for b in self.fanout.branches
+            ]
+            join = self.fanout.then or Step(name="join")
+            names = [b.name for b in branches]
+            return [*branches, msgspec.structs.replace(join, after=names, join=self.fanout.join)]
+        return [msgspec.structs.replace(s, after=s.after or []) for s in self.steps or []]
+
+
+def _check_graph(graph: list[Step]) -> None:
+    names = [s.name for s in graph]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"step names must be unique; repeated: {repeated}")
+    known: set[str] = set()
+    for step in graph:  # dependencies must come earlier: that also rules out cycles
+        for dependency in step.after or []:
+            if dependency not in names:
+                raise ValueError(f"step {step.name!r} is after unknown step {dependency!r}")
+            if dependency not in known:
+                raise ValueError(f"step {step.name!r} must come after {dependency!r}")
+        quorum = step.join.quorum
+        if quorum is not None and quorum > len(step.after or []):
+            raise ValueError(f"step {step.name!r}: quorum {quorum} is more than its dependencies")
+        known.add(step.name)

@@ -1,0 +1,23 @@
+"""Time as the wire counts it: milliseconds since the epoch, and what is left of a ttl.
+
+Expiry is judged on the clock of the process that judges (a coordinator or an agent)
+against the broker's time of storing a message, never against a sender's clock.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def now_ms() -> int:
+    """This process's wall clock in milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def ttl_left_ms(ttl_ms: int, since_ms: int, now: int | None = None) -> int:
+    """What is left of ``ttl_ms`` counted from ``since_ms`` (negative once it has passed).
+
+    A ``since_ms`` in the future (clocks apart) counts as now: a ttl never grows.
+    """
+    elapsed = (now_ms() if now is None else now) - since_ms
+    return ttl_ms - max(0, elapsed)

@@ -1,0 +1,112 @@
+"""Records the coordinator keeps in KV and on its own subjects: circuit breakers, leases,
+workflow instances and their timers, and the answers of a routes reload.
+
+They are wire formats like the envelopes: other replicas, the ``reach`` command line and
+tools read them, so they evolve by the same rules (new fields with defaults).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from agentreach.envelopes.messages import ErrorInfo, Priority, Task
+
+BreakerState = Literal["closed", "open", "half_open"]
+WHOLE_AGENT = ""
+
+
+class BreakerRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """In ``reach_breakers`` under :func:`breaker_key`; shared by every coordinator replica."""
+
+    v: Literal[1] = 1
+    agent_id: str
+    intent: str = WHOLE_AGENT
+    state: BreakerState = "closed"
+    since_ms: int = 0
+    reason: str = ""
+    open_until_ms: int = 0
+    trials: list[str] = []  # message ids of trial calls not reported yet
+    trial_ok: int = 0
+    trial_deadline_ms: int = 0
+    counted_from_ms: int = 0  # outcomes before this moment no longer count
+
+    @property
+    def key(self) -> str:
+        return breaker_key(self.agent_id, self.intent)
+
+
+def breaker_key(agent_id: str, intent: str) -> str:
+    """``agent.intent`` for a breaker; the bare ``agent`` for its isolation."""
+    return f"{agent_id}.{intent}" if intent else agent_id
+
+
+class LeaseRecord(msgspec.Struct, frozen=True):
+    """A duty held by one coordinator replica until ``until_ms``, in ``reach_leases``."""
+
+    holder: str
+    until_ms: int
+
+
+StepStatus = Literal["waiting", "running", "completed", "failed", "timed_out", "cancelled"]
+WorkflowStatus = Literal["running", "compensating", "completed", "failed", "cancelled"]
+
+
+class StepRun(msgspec.Struct, kw_only=True):
+    """A step (or a state's latest visit, or a compensation) of one instance."""
+
+    status: StepStatus = "waiting"
+    visit: int = 0
+    message_id: str = ""
+    intent: str = ""
+    input: Any = None
+    output: Any = None
+    error: ErrorInfo | None = None
+    started_ms: int = 0
+    ended_ms: int = 0
+    deadline_ms: int = 0
+    priority: Priority = "P1"
+
+
+class WorkflowRecord(msgspec.Struct, kw_only=True):
+    """In ``reach_workflows`` under the instance id (the starting task's message id)."""
+
+    v: Literal[1] = 1
+    instance_id: str
+    workflow: str
+    trace_id: str
+    task: Task  # the starting task: its payload, reply_to, priority
+    status: WorkflowStatus = "running"
+    started_ms: int = 0
+    ended_ms: int = 0
+    deadline_ms: int = 0
+    steps: dict[str, StepRun] = {}
+    current: str | None = None  # state machines: the state now
+    path: list[str] = []  # state machines: every state entered, in order
+    completed_order: list[str] = []  # the saga undoes these in reverse
+    compensations: dict[str, StepRun] = {}
+    ending: Literal["", "failed", "cancelled"] = ""  # what compensation ends as
+    result: Any = None
+    error: ErrorInfo | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+
+class TimerDue(msgspec.Struct, frozen=True, kw_only=True):
+    """A workflow timer on ``reach.wf.timer.<instance>``: step ``key``'s ``visit`` is due."""
+
+    key: str
+    visit: int
+    due_ms: int
+
+
+class ReloadReply(msgspec.Struct, frozen=True, kw_only=True):
+    """One replica's answer to ``reach.ctl.routes.reload``."""
+
+    replica: str
+    ok: bool
+    rules: list[str] = []
+    error: str = ""

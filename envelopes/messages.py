@@ -1,0 +1,149 @@
+"""Envelope v1: every message between agents, the coordinator and workers.
+
+One frozen base, tagged by ``kind`` so each type keeps a stable wire name. New
+fields only ever arrive with defaults and unknown fields are ignored, so older
+readers keep working (msgspec's schema-evolution rules).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+Priority = Literal["P0", "P1", "P2"]
+PRIORITIES: tuple[Priority, ...] = ("P0", "P1", "P2")
+
+# Ids and topics become subject tokens (reach.task.<topic>, reach.event.….<message_id>),
+# so they may not hold dots, wildcards or white space.
+TOKEN_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
+Token = Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN, description="subject-safe token")]
+_TOKEN = re.compile(TOKEN_PATTERN)
+PositiveMs = Annotated[int, msgspec.Meta(gt=0, description="milliseconds")]
+
+DEFAULT_TTL_MS = 30_000
+DEFAULT_PRIORITY: Priority = "P1"
+
+
+def is_token(value: object) -> bool:
+    """Whether ``value`` may stand as one token of a subject (an id, a topic)."""
+    return isinstance(value, str) and _TOKEN.match(value) is not None
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True):
+    """Timeout budget in ms, passed on (reduced by what was spent) to downstream tasks."""
+
+    seek_ms: PositiveMs = 1_000
+    ack_ms: PositiveMs = 2_000
+    execute_ms: PositiveMs = 30_000
+
+
+class Capacity(msgspec.Struct, frozen=True, kw_only=True):
+    """What an agent can still take, sent with its ``ack``."""
+
+    free_slots: int
+    est_latency_ms: int = 0
+
+
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """Why something failed. ``retryable`` false means: do not try again."""
+
+    type: str
+    message: str
+    retryable: bool = True
+
+
+class _Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    v: Literal[1]
+
+
+class _AboutTask(_Base, frozen=True, kw_only=True):
+    """Fields shared by a task and everything said about it (replies, events)."""
+
+    message_id: Token
+    trace_id: Token
+    topic: Token
+    from_agent: str | None = None
+    to_agent: str | None = None
+    attempt: Annotated[int, msgspec.Meta(ge=1)] = 1
+    created_at: int = 0
+
+
+class Task(_AboutTask, frozen=True, kw_only=True, tag="task"):
+    """Work for the agent that serves ``topic``."""
+
+    payload: Any = None
+    ttl_ms: PositiveMs = DEFAULT_TTL_MS
+    reply_to: str | None = None
+    priority: Priority = DEFAULT_PRIORITY
+    budget: Budget = Budget()
+    replay_of: str | None = None  # the dead-lettered message_id this task replays
+    # The intake message's own headers (not Nats-*/Reach-*), kept for routing rules.
+    headers: dict[str, str] = {}
+
+
+class Ack(_AboutTask, frozen=True, kw_only=True, tag="ack"):
+    """The agent accepted the task (phase one of the two-phase ACK)."""
+
+    capacity: Capacity | None = None
+
+
+class Progress(_AboutTask, frozen=True, kw_only=True, tag="progress"):
+    """The agent is still working on the task."""
+
+    note: str = ""
+
+
+class Result(_AboutTask, frozen=True, kw_only=True, tag="result"):
+    """The task completed; ``result`` is the handler's return value."""
+
+    result: Any = None
+
+
+class ErrorReply(_AboutTask, frozen=True, kw_only=True, tag="error"):
+    """The task failed."""
+
+    error: ErrorInfo
+
+
+Reply = Ack | Progress | Result | ErrorReply
+
+
+class Event(_AboutTask, frozen=True, kw_only=True, tag="event"):
+    """One step in a message's life, published to ``REACH_EVENTS``.
+
+    ``event`` names the step (received, routed, accepted, completed, failed,
+    dead_lettered, …); ``at_ms`` is the publisher's clock and only informational:
+    order comes from the stream.
+    """
+
+    event: str
+    agent_id: str | None = None
+    at_ms: int = 0
+    detail: dict[str, Any] = {}
+
+
+class DeadLetter(_Base, frozen=True, kw_only=True, tag="dead_letter"):
+    """A message that will not complete, with everything a worker needs to act.
+
+    ``envelope`` is the task when it could be decoded; otherwise ``raw`` holds
+    the body as received (text, or ``base64:`` + base64 for non-UTF-8 bytes)
+    and ``headers`` the headers it came with.
+    """
+
+    reason: str
+    message_id: str
+    trace_id: str
+    topic: str
+    attempts: int = 0
+    envelope: Task | None = None
+    raw: str | None = None
+    headers: dict[str, str] = {}
+    error: ErrorInfo | None = None
+    trace: list[Event] = []
+    at_ms: int = 0
+    state: Any = None  # workflow_failed: the workflow's whole coordination record
+
+
+Message = Task | Ack | Progress | Result | ErrorReply | Event | DeadLetter

@@ -1,0 +1,96 @@
+"""The registry of agents in KV: cards, heartbeats, liveness verdicts, registration and
+control messages."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from agentreach.envelopes.messages import Token
+
+
+class Intent(msgspec.Struct, frozen=True, kw_only=True):
+    """One topic an agent serves."""
+
+    version: str = "1"
+    capacity: int = 10
+    deadline_ms: int | None = None
+    max_attempts: int | None = None  # None: the coordinator's default
+
+
+class RateLimit(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A token bucket: ``rate`` tasks per second sustained, ``burst`` at once."""
+
+    rate: Annotated[float, msgspec.Meta(gt=0)]
+    burst: Annotated[int, msgspec.Meta(gt=0)]
+
+
+class AgentCard(msgspec.Struct, frozen=True, kw_only=True):
+    """An agent's record, keyed by ``agent_id``; ``epoch`` rises on every start."""
+
+    v: Literal[1] = 1
+    agent_id: Token
+    intents: dict[str, Intent]
+    tags: dict[str, str] = {}
+    host: str = ""
+    pid: int = 0
+    started_at: int = 0
+    epoch: int = 1
+    status: Literal["running", "stopped"] = "running"
+    rate_limit: RateLimit | None = None  # how fast the coordinator may send it work
+
+
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
+    """What an agent writes to ``reach_heartbeats/<agent_id>`` every interval.
+
+    ``agent_time_ms`` is informational: liveness is judged on the coordinator's
+    receive time, never on the agent's clock.
+    """
+
+    v: Literal[1] = 1
+    agent_id: str
+    epoch: int
+    seq: int
+    interval_s: float
+    in_flight: int = 0
+    free_slots: int = 0
+    latency_ms: int = 0
+    agent_time_ms: int = 0
+
+
+LivenessState = Literal["UNKNOWN", "ONLINE", "SUSPECT", "OFFLINE"]
+
+
+class Liveness(msgspec.Struct, frozen=True, kw_only=True):
+    """The coordinator's judgement of an agent, in ``reach_liveness/<agent_id>``."""
+
+    v: Literal[1] = 1
+    agent_id: str
+    state: LivenessState
+    since_ms: int
+    reason: str = ""
+    epoch: int = 0
+    interval_s: float = 0.0
+    quarantined: bool = False
+    offline_at_ms: list[int] = []  # recent OFFLINE transitions, for the flapping cap
+
+
+class RegisterRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """An agent asks a coordinator for a registration slot (rate limited)."""
+
+    agent_id: str
+
+
+class RegisterReply(msgspec.Struct, frozen=True, kw_only=True):
+    """``ok`` false means: too many registrations, try again after ``retry_after_ms``."""
+
+    ok: bool
+    retry_after_ms: int = 0
+    heartbeat_interval_s: float | None = None
+
+
+class AgentControl(msgspec.Struct, frozen=True, kw_only=True):
+    """The coordinator's instructions to one agent on ``reach.ctl.agent.<agent_id>``."""
+
+    heartbeat_interval_s: float | None = None

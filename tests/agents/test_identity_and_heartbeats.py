@@ -1,0 +1,55 @@
+"""Agent-side liveness parts that need no server: identity, jitter, the watchdog."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+from structlog.testing import capture_logs
+
+from agentreach.agents import Agent, AgentConfigError
+from agentreach.agents.heartbeats import jittered
+from agentreach.agents.watchdog import Watchdog
+
+
+def test_generated_identity_is_kept_across_restarts(tmp_path):
+    """Without an explicit id, one is generated once and read back on every start."""
+    identity = tmp_path / "state" / "agent-id"
+    first = Agent(identity_file=identity)
+    second = Agent(identity_file=identity)
+    assert first.agent_id == second.agent_id
+    assert first.agent_id.startswith("agent-")
+    assert identity.read_text().strip() == first.agent_id
+    assert Agent("explicit", identity_file=identity).agent_id == "explicit"
+
+
+def test_unwritable_identity_file_is_a_config_error(tmp_path):
+    """An identity file that cannot be used names itself."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(AgentConfigError, match=r"identity file .*agent-id"):
+        Agent(identity_file=blocker / "agent-id")
+
+
+def test_heartbeat_jitter_stays_within_twenty_percent():
+    """Intervals spread over ±20 % so a fleet does not beat in step."""
+    rng = random.Random(3)
+    beats = [jittered(15.0, rng) for _ in range(1000)]
+    assert 12.0 <= min(beats) < 12.5 and 17.5 < max(beats) <= 18.0
+
+
+async def test_watchdog_reports_a_held_loop_with_its_stack():
+    """Blocking the loop past the threshold logs 'heartbeat lag detected' with the culprit."""
+    watchdog = Watchdog(threshold_s=0.1)
+    runner = asyncio.create_task(watchdog.run())
+    await asyncio.sleep(0.05)
+    with capture_logs() as logs:
+        time.sleep(0.4)  # noqa: ASYNC251 - holding the loop is what is under test
+        await asyncio.sleep(0.05)
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+    lags = [entry for entry in logs if entry["event"] == "heartbeat lag detected"]
+    assert watchdog.lags_detected == 1
+    assert lags and "test_watchdog_reports_a_held_loop_with_its_stack" in lags[0]["stack"]

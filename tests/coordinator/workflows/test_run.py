@@ -1,0 +1,246 @@
+"""Workflow definitions and the pure run logic: no server, the actions each event calls for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from agentreach.coordinator import ConfigError, load_config
+from agentreach.coordinator.workflows.run import (
+    DEADLINE,
+    Dispatch,
+    Finish,
+    Run,
+    Timer,
+    WorkflowRecord,
+    message_id_of,
+    new_record,
+)
+from agentreach.coordinator.workflows.spec import WorkflowSpec
+from agentreach.coordinator.workflows.templates import render
+from agentreach.envelopes import ErrorInfo, Task
+
+
+def spec(yaml: str) -> WorkflowSpec:
+    return msgspec.yaml.decode(yaml.encode(), type=WorkflowSpec)
+
+
+def started(definition: WorkflowSpec, payload: Any = None) -> tuple[WorkflowRecord, Run]:
+    task = Task(v=1, message_id="wf1", trace_id="t1", topic="flow", payload=payload)
+    record = new_record("flow", task, definition, now_ms=1_000)
+    run = Run(definition, record, 1_000)
+    run.start()
+    return record, run
+
+
+def dispatched(run: Run) -> list[str]:
+    return [a.key for a in run.actions if isinstance(a, Dispatch)]
+
+
+def step(record: WorkflowRecord, definition: WorkflowSpec, name: str, output: Any = None,
+         error: ErrorInfo | None = None, now: int = 2_000) -> Run:  # fmt: off
+    run = Run(definition, record, now)
+    assert run.on_result(record.steps[name].message_id, output=output, error=error)
+    return run
+
+
+def test_templates_pick_paths_and_keep_literals() -> None:
+    """ "$.a.b" is a path into the context; other values stay as they are."""
+    context = {"input": {"topic": "x"}, "plan": {"outline": [1, 2]}}
+    template = {"o": "$.plan.outline", "first": "$.plan.outline.0", "t": "$.input.topic", "k": 3}
+    assert render(template, context) == {"o": [1, 2], "first": 1, "t": "x", "k": 3}
+    assert render("$.nothing.here", context) is None
+
+
+def test_a_chain_dispatches_one_step_at_a_time() -> None:
+    """Each step starts when the one before completed, with its output as input."""
+    flow = spec("chain: [{name: a, intent: x}, {name: b, intent: y}]")
+    record, run = started(flow, {"n": 1})
+    assert dispatched(run) == ["a"] and record.steps["a"].input == {"n": 1}
+    assert Timer(DEADLINE, 0, 301_000) in run.actions
+    after_a = step(record, flow, "a", {"n": 2})
+    assert dispatched(after_a) == ["b"] and record.steps["b"].input == {"n": 2}
+    after_b = step(record, flow, "b", "done")
+    assert record.status == "completed" and record.result == "done"
+    assert any(isinstance(a, Finish) for a in after_b.actions)
+    assert record.steps["b"].message_id == message_id_of("wf1", "b", 1) == "wf1-b-1"
+
+
+def test_a_result_for_an_unknown_or_finished_step_changes_nothing() -> None:
+    """Late and duplicate replies are recognised and ignored."""
+    flow = spec("chain: [{name: a, intent: x}]")
+    record, _ = started(flow)
+    step(record, flow, "a", 1)
+    again = Run(flow, record, 3_000)
+    assert not again.on_result("wf1-a-1", output=2, error=None)
+    assert not again.on_result("someone-else", output=2, error=None)
+    assert record.result == 1
+
+
+def test_fallback_on_timeout_runs_another_intent_as_a_new_visit() -> None:
+    """on_timeout: fallback dispatches fallback_intent with a new message id."""
+    flow = spec(
+        "chain: [{name: a, intent: x, timeout_s: 1, on_timeout: fallback, fallback_intent: z}]"
+    )
+    record, _ = started(flow)
+    timer = Run(flow, record, 2_500)
+    assert timer.on_timer("a", 1)
+    assert record.steps["a"].intent == "z" and record.steps["a"].message_id == "wf1-a-2"
+    assert dispatched(timer) == ["a"]
+    assert not Run(flow, record, 2_600).on_timer("a", 1)  # the old visit's timer is stale
+
+
+def test_any_join_takes_the_first_and_a_failure_is_tolerated() -> None:
+    """policy any: one failed branch is fine; the first success starts the join step."""
+    flow = spec(
+        "fanout: {branches: [{name: a, intent: x}, {name: b, intent: y}],"
+        " join: {policy: any}, then: {name: j, intent: j}}"
+    )
+    record, run = started(flow)
+    assert sorted(dispatched(run)) == ["a", "b"]
+    failed = step(record, flow, "a", error=ErrorInfo(type="boom", message="no"))
+    assert record.status == "running" and dispatched(failed) == []
+    joined = step(record, flow, "b", [1])
+    assert dispatched(joined) == ["j"]
+    assert record.steps["j"].input == {"results": {"b": [1]}, "missing": {"a": "no"}}
+
+
+def test_an_impossible_quorum_fails_the_workflow() -> None:
+    """quorum 2 of 2 with one failure cannot be met: the workflow fails at once."""
+    flow = spec(
+        "fanout: {branches: [{name: a, intent: x}, {name: b, intent: y}],"
+        " join: {policy: quorum, quorum: 2}}"
+    )
+    record, _ = started(flow)
+    step(record, flow, "a", error=ErrorInfo(type="boom", message="no"))
+    assert record.status == "failed"
+    assert record.error is not None and record.error.type == "join_failed"
+
+
+def test_a_state_machine_without_a_matching_transition_fails() -> None:
+    """No transition matching the result is a failure that says so."""
+    flow = spec(
+        "states: {initial: s, states: {s: {intent: x, next: [{when: {field: ok, value: true},"
+        " to: t}]}, t: {terminal: true}}}"
+    )
+    record, _ = started(flow)
+    step(record, flow, "s", {"ok": False})
+    assert record.status == "failed"
+    assert record.error is not None and "no transition from state 's'" in record.error.message
+
+
+def test_a_state_machine_loop_is_cut_off() -> None:
+    """A machine that keeps going round fails after 100 state changes."""
+    flow = spec("states: {initial: a, states: {a: {next: [{to: a}]}, z: {terminal: true}}}")
+    record, _ = started(flow)
+    assert record.status == "failed"
+    assert record.error is not None and record.error.type == "too_many_states"
+
+
+def test_resume_lists_what_the_record_calls_for() -> None:
+    """After a crash, resume repeats the running steps' dispatches and timers."""
+    flow = spec("chain: [{name: a, intent: x, timeout_s: 5}, {name: b, intent: y}]")
+    record, _ = started(flow)
+    again = Run(flow, record, 1_500)
+    again.resume()
+    assert dispatched(again) == ["a"]
+    assert Timer("a", 1, 6_000) in again.actions
+
+
+@pytest.mark.parametrize(
+    ("yaml", "message"),
+    [
+        ("{}", "exactly one of chain, fanout, steps, states"),
+        (
+            "chain: [{name: a}], fanout: {branches: [{name: b}, {name: c}]}",
+            "exactly one of chain, fanout, steps, states: ['chain', 'fanout']",
+        ),
+        ("chain: [{name: a, intent: x}, {name: a, intent: y}]", "repeated: ['a']"),
+        ("chain: [{name: input, intent: x}]", "step name 'input' is reserved"),
+        ("steps: [{name: a, intent: x, after: [b]}]", "after unknown step 'b'"),
+        ("steps: [{name: a, after: [b]}, {name: b}]", "must come after 'b'"),
+        ("chain: [{name: 'a b', intent: x}]", "`$.workflows[...].chain[0].name`"),
+        ("chain: [{name: a, intent: x, on_timeout: partial}]", "needs a timeout_s"),
+        ("chain: [{name: a, intent: x, timeout_s: 1, on_timeout: fallback}]", "fallback_intent"),
+        ("chain: [{name: a, input: '$nope'}]", "is not a path"),
+        ("fanout: {branches: [{name: a}]}", "at least two branches"),
+        (
+            "fanout: {branches: [{name: a}, {name: b}], join: {policy: quorum, quorum: 3}}",
+            "quorum 3 is more than the 2 branches",
+        ),
+        ("fanout: {branches: [{name: a}, {name: b}], join: {quorum: 1}}", "'quorum: N' goes"),
+        ("states: {initial: x, states: {a: {terminal: true}}}", "initial state 'x'"),
+        ("states: {initial: a, states: {a: {next: [{to: b}]}}}", "unknown state 'b'"),
+        ("states: {initial: a, states: {a: {next: [{to: a}]}}}", "needs a terminal state"),
+        ("states: {initial: a, states: {a: {}}}", "needs 'next' transitions"),
+        ("chain: [{name: a, intent: x, retries: 3}]", "unknown field `retries`"),
+    ],
+)
+def test_bad_workflows_are_refused_with_the_path(tmp_path, yaml: str, message: str) -> None:
+    """A bad definition fails at load time, naming where."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"workflows:\n  w: {{{yaml}}}\n" if yaml != "{}" else "workflows: {w: {}}")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert message in str(caught.value)
+    assert "$.workflows" in str(caught.value)
+
+
+def test_a_fan_out_without_a_join_step_completes_once() -> None:
+    """The implicit pass-through join finishes the workflow exactly once."""
+    flow = spec("fanout: {branches: [{name: a, intent: x}, {name: b, intent: y}]}")
+    record, _ = started(flow)
+    step(record, flow, "a", 1)
+    last = step(record, flow, "b", 2)
+    assert sum(isinstance(a, Finish) for a in last.actions) == 1
+    assert record.result == {"results": {"a": 1, "b": 2}, "missing": {}}
+
+
+def test_steps_inherit_the_starting_priority_unless_they_set_their_own() -> None:
+    """A P0 workflow's steps are P0, but a step may say otherwise."""
+    flow = spec("chain: [{name: a, intent: x}, {name: b, intent: y, priority: P2}]")
+    task = Task(v=1, message_id="wf2", trace_id="t", topic="flow", priority="P0")
+    record = new_record("flow", task, flow, now_ms=0)
+    Run(flow, record, 0).start()
+    assert record.steps["a"].priority == "P0"
+    step(record, flow, "a", 1)
+    assert record.steps["b"].priority == "P2"
+
+
+def test_a_step_waits_for_all_it_is_after() -> None:
+    """steps with `after`: a diamond a → (b, c) → d; d starts only when b and c are done."""
+    flow = spec(
+        "steps: [{name: a, intent: x}, {name: b, intent: y, after: [a]},"
+        " {name: c, intent: z, after: [a]}, {name: d, intent: w, after: [b, c]}]"
+    )
+    record, run = started(flow, "in")
+    assert dispatched(run) == ["a"]
+    assert sorted(dispatched(step(record, flow, "a", "A"))) == ["b", "c"]
+    assert dispatched(step(record, flow, "b", "B")) == []  # c is not done yet
+    assert dispatched(step(record, flow, "c", "C")) == ["d"]
+    assert record.steps["d"].input == {"results": {"b": "B", "c": "C"}, "missing": {}}
+
+
+def test_a_state_that_times_out_goes_to_its_on_timeout_state() -> None:
+    """A state's timer moves the machine to on_timeout; without one the workflow fails."""
+    flow = spec(
+        "states: {initial: wait, states: {wait: {intent: x, timeout_s: 2, on_timeout: gave_up,"
+        " next: [{to: done}]}, gave_up: {terminal: true}, done: {terminal: true}}}"
+    )
+    record, run = started(flow)
+    assert Timer("wait", 1, 3_000) in run.actions
+    assert not Run(flow, record, 2_000).on_timer("wait", 2)  # not this visit's timer
+    late = Run(flow, record, 3_000)
+    assert late.on_timer("wait", 1)
+    assert record.status == "completed" and record.path == ["wait", "gave_up"]
+    assert record.steps["wait"].status == "timed_out"
+    strict = spec(
+        "states: {initial: wait, states: {wait: {intent: x, timeout_s: 2, next: [{to: done}]},"
+        " done: {terminal: true}}}"
+    )
+    record, _ = started(strict)
+    Run(strict, record, 3_000).on_timer("wait", 1)
+    assert record.status == "failed" and record.error is not None
+    assert record.error.type == "timeout"
