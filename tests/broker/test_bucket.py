@@ -1,0 +1,88 @@
+"""Typed KV buckets: conditional writes, one compare-and-set for every read-decide-write."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from agentreach.broker import Contended, WrongLastSequence
+from agentreach.envelopes import LeaseRecord
+
+
+@pytest.fixture
+async def leases(broker):
+    return await broker.bucket(broker.names.leases_bucket, LeaseRecord)
+
+
+async def test_create_update_and_get_round_trip(leases):
+    """create writes only where nothing is; update only at the revision read."""
+    first = await leases.create("duty", LeaseRecord("a", 1))
+    with pytest.raises(WrongLastSequence):
+        await leases.create("duty", LeaseRecord("b", 2))
+    second = await leases.update("duty", LeaseRecord("a", 3), last=first)
+    with pytest.raises(WrongLastSequence):
+        await leases.update("duty", LeaseRecord("b", 4), last=first)
+    entry = await leases.get("duty")
+    assert entry is not None and entry.value == LeaseRecord("a", 3)
+    assert entry.revision == second
+    await leases.delete("duty")
+    assert await leases.get("duty") is None
+    await leases.create("duty", LeaseRecord("c", 5))  # a deleted key can be created again
+
+
+async def test_cas_writes_what_change_returns_and_declines_on_none(leases):
+    """change(None) creates; change(current) replaces; a None answer leaves the key alone."""
+    made = await leases.cas("duty", lambda current: current or LeaseRecord("a", 1))
+    assert made.written and made.entry is not None and made.entry.value.holder == "a"
+    kept = await leases.cas("duty", lambda current: None)
+    assert not kept.written and kept.entry == made.entry
+    bumped = await leases.cas(
+        "duty", lambda current: msgspec.structs.replace(current, until_ms=current.until_ms + 1)
+    )
+    assert bumped.entry is not None and bumped.entry.value.until_ms == 2
+
+
+async def test_cas_reads_again_after_a_lost_race(leases):
+    """Concurrent increments through cas lose no update: each lost race reads and decides again."""
+    await leases.create("counter", LeaseRecord("n", 0))
+
+    def increment(current: LeaseRecord | None) -> LeaseRecord:
+        assert current is not None
+        return LeaseRecord("n", current.until_ms + 1)
+
+    await asyncio.gather(*(leases.cas("counter", increment) for _ in range(10)))
+    entry = await leases.get("counter")
+    assert entry is not None and entry.value.until_ms == 10
+
+
+async def test_cas_from_a_stale_view_and_contention(leases):
+    """A stale ``known`` value loses once and is corrected; no try left raises Contended."""
+    written = await leases.create("duty", LeaseRecord("a", 1))
+    await leases.update("duty", LeaseRecord("b", 2), last=written)
+    stale = (await leases.cas("duty", lambda c: None)).entry
+    assert stale is not None
+    await leases.update("duty", LeaseRecord("c", 3), last=stale.revision)
+    seen: list[str] = []
+
+    def note(current: LeaseRecord | None) -> LeaseRecord:
+        assert current is not None
+        seen.append(current.holder)
+        return LeaseRecord("d", 4)
+
+    swap = await leases.cas("duty", note, known=stale)
+    assert swap.written and seen == ["b", "c"]  # the stale view first, then the fresh read
+    with pytest.raises(Contended):
+        await leases.cas("duty", note, known=stale, tries=1)
+
+
+async def test_unreadable_values_are_replaced_by_cas_and_left_out_of_snapshots(broker, leases):
+    """A value that is not a record: cas sees None (and replaces it), snapshot leaves it out."""
+    kv = await broker.kv(broker.names.leases_bucket)
+    await kv.put("garbled", b"{not json")
+    await leases.put("fine", LeaseRecord("a", 1))
+    assert set(await leases.snapshot()) == {"fine"}
+    swap = await leases.cas("garbled", lambda current: current or LeaseRecord("new", 1))
+    assert swap.written
+    assert set(await leases.snapshot()) == {"fine", "garbled"}
