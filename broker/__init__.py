@@ -7,8 +7,9 @@ Every nats-py exception is translated into a :class:`BrokerError` here.
 """
 
 from agentreach.broker.bucket import Bucket, Contended, Entry, Swap
-from agentreach.broker.connection import DEFAULT_URL, Broker, resolve_url
+from agentreach.broker.connection import Broker
 from agentreach.broker.consume import ConsumerSpec, PullConsumer, bind, follow
+from agentreach.broker.direct import read_stream
 from agentreach.broker.embedded import EmbeddedServer, find_server_binary
 from agentreach.broker.errors import (
     BrokerError,
@@ -22,12 +23,15 @@ from agentreach.broker.errors import (
     ProvisionError,
     StreamNotFound,
     SubjectFull,
+    Unavailable,
     WrongLastSequence,
 )
 from agentreach.broker.messages import Delivery, Inbound, Subscription
 from agentreach.broker.names import Names
-from agentreach.broker.streams import StoredMessage, read_stream
-from agentreach.broker.topology import BucketSpec, Outcome, StreamSpec, Topology, provision
+from agentreach.broker.provisioning import Provisioner, provision, wait_provisioned
+from agentreach.broker.streams import StoredMessage
+from agentreach.broker.topology import BucketSpec, Outcome, StreamSpec, Topology
+from agentreach.broker.urls import DEFAULT_URL, redacted, resolve_url, server_list
 from agentreach.broker.watch import BucketWatch, Change
 
 __all__ = [
@@ -54,6 +58,7 @@ __all__ = [
     "NoStreamError",
     "Outcome",
     "ProvisionError",
+    "Provisioner",
     "PullConsumer",
     "StoredMessage",
     "StreamNotFound",
@@ -62,11 +67,15 @@ __all__ = [
     "Subscription",
     "Swap",
     "Topology",
+    "Unavailable",
     "WrongLastSequence",
     "bind",
     "find_server_binary",
     "follow",
     "provision",
     "read_stream",
+    "redacted",
     "resolve_url",
+    "server_list",
+    "wait_provisioned",
 ]

@@ -14,16 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import nats.errors
 import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
+from agentreach.broker.direct import last_per_subject
 from agentreach.broker.errors import WrongLastSequence, translate, translated
-from agentreach.broker.watch import BucketWatch, snapshot
+from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import DecodeError, decode_as, encode
+
+if TYPE_CHECKING:
+    from agentreach.broker.connection import Broker
 
 log = structlog.get_logger("broker.bucket")
 
@@ -58,7 +62,8 @@ class Contended(WrongLastSequence):
 class Bucket(Generic[T]):
     """Typed access to one KV bucket; values are JSON-encoded records of ``kind``."""
 
-    def __init__(self, kv: KeyValue, kind: type[T], name: str) -> None:
+    def __init__(self, broker: Broker, kv: KeyValue, kind: type[T], name: str) -> None:
+        self._broker = broker
         self._kv = kv
         self._kind = kind
         self.name = name
@@ -129,17 +134,20 @@ class Bucket(Generic[T]):
         return BucketWatch(self._kv)
 
     async def snapshot(self) -> dict[str, Entry[T]]:
-        """Every key's current value, read through one watch; unreadable values are left out."""
+        """Every key's current value, in one batched read (no consumer); deleted keys and
+        unreadable values are left out."""
         found: dict[str, Entry[T]] = {}
-        for change in await snapshot(self._kv):
-            try:
-                value = decode_as(change.value or b"", self._kind)
-            except DecodeError as exc:
-                log.warning(
-                    "unreadable record left out", bucket=self.name, key=change.key, error=str(exc)
-                )
+        prefix = f"$KV.{self.name}."
+        for stored in await last_per_subject(self._broker, f"KV_{self.name}", f"{prefix}>"):
+            if stored.headers.get("KV-Operation") in ("DEL", "PURGE"):
                 continue
-            found[change.key] = Entry(change.key, value, change.revision, change.written_ms)
+            key = stored.subject.removeprefix(prefix)
+            try:
+                value = decode_as(stored.data, self._kind)
+            except DecodeError as exc:
+                log.warning("unreadable record left out", bucket=self.name, key=key, error=str(exc))
+                continue
+            found[key] = Entry(key, value, stored.stream_seq, stored.timestamp_ms)
         return found
 
     async def _read(self, key: str) -> tuple[bytes, int]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import os
+import random
 from collections.abc import AsyncIterator
 from enum import Enum
 from types import TracebackType
@@ -28,29 +29,32 @@ from agentreach.broker.errors import (
 )
 from agentreach.broker.messages import Inbound, InboundHandler, Subscription
 from agentreach.broker.names import Names
+from agentreach.broker.urls import redacted, resolve_url, server_list
 
 T = TypeVar("T")
 
 log = structlog.get_logger("broker")
 
-DEFAULT_URL = "nats://127.0.0.1:4222"
 _FIRST_CONNECT_ATTEMPTS = 2
-
-
-def resolve_url(url: str | None = None) -> str:
-    """The URL to use: the one given, else ``$NATS_URL``, else the local default."""
-    return url or os.environ.get("NATS_URL") or DEFAULT_URL
+WAIT_FIRST_S = 1.0
+WAIT_CAP_S = 30.0
 
 
 @contextlib.asynccontextmanager
 async def connected(
-    broker: Broker | None, nats_url: str | None, *, name: str, names: Names | None = None
+    broker: Broker | None,
+    nats_url: str | None,
+    *,
+    name: str,
+    names: Names | None = None,
+    wait: bool = False,
 ) -> AsyncIterator[Broker]:
-    """``broker`` when the caller shares one (it stays open), else a connection of our own."""
+    """``broker`` when the caller shares one (it stays open), else a connection of our own
+    (which waits for the server to come up when ``wait`` is set)."""
     if broker is not None:
         yield broker
         return
-    async with Broker(nats_url, name=name, names=names) as own:
+    async with Broker(nats_url, name=name, names=names, wait=wait) as own:
         yield own
 
 
@@ -63,8 +67,10 @@ class _State(Enum):
 class Broker:
     """A NATS connection with JetStream, ready for Agent-Reach.
 
-    Reconnects forever with jittered waits (a service outlives a server restart),
-    but the first connect fails fast with :class:`ConnectError`.
+    ``url`` may list several servers, comma-separated. Once connected it reconnects
+    forever (a service outlives a server restart). The first connect fails fast with
+    :class:`ConnectError`, unless ``wait`` is set: then it tries again after 1, 2, 4 … s
+    (capped at 30 s, jittered), saying once per try what it waits for, and never gives up.
 
         async with Broker(url, name="coordinator") as broker:
             await broker.publish(...)
@@ -78,8 +84,11 @@ class Broker:
         names: Names | None = None,
         connect_timeout: float = 2.0,
         request_timeout: float = 5.0,
+        wait: bool = False,
     ) -> None:
         self.url = resolve_url(url)
+        self.shown_url = redacted(self.url)
+        self._wait = wait
         self.name = name
         self.names = names or Names()
         self.request_timeout = request_timeout
@@ -89,21 +98,51 @@ class Broker:
         self._buckets: dict[str, KeyValue] = {}
         self._state = _State.UNOPENED
         self._first_error: Exception | None = None
+        self._down_since: float | None = None
+        self.reconnects = 0  # how often the connection came back (views may need a grace)
 
     async def __aenter__(self) -> Self:
         if self._state is not _State.UNOPENED:
             raise BrokerError("a Broker cannot be opened twice; create a new one")
         self._state = _State.OPEN
+        tries = 0
+        while True:
+            try:
+                self._nc = await self._connect()
+                break
+            except ConnectError as exc:
+                if not self._wait:
+                    self._state = _State.CLOSED
+                    raise
+                wait_s = min(WAIT_CAP_S, WAIT_FIRST_S * 2**tries) * random.uniform(0.8, 1.2)
+                tries += 1
+                log.warning(
+                    "waiting for NATS",
+                    url=self.shown_url,
+                    error=str(exc),
+                    retry_in_s=round(wait_s, 1),
+                )
+                await asyncio.sleep(wait_s)
+        if tries:
+            log.info("connected to NATS", url=self.shown_url)
+        self._nc.options["max_reconnect_attempts"] = -1
+        self._js = self._nc.jetstream(timeout=self.request_timeout)
+        return self
+
+    async def _connect(self) -> NATS:
+        self._first_error = None
         try:
-            self._nc = await nats.connect(
-                self.url,
+            return await nats.connect(
+                servers=server_list(self.url),
                 name=self.name,
                 connect_timeout=self._connect_timeout,
                 allow_reconnect=True,
-                # Bounded for the first connect, so a wrong URL fails fast; unbounded
-                # once connected (set below), so a service rides out server restarts.
-                max_reconnect_attempts=_FIRST_CONNECT_ATTEMPTS,
-                reconnect_time_wait=0.5,
+                # Bounded for the first connect, so a wrong URL fails fast (a waiting one
+                # has its own backoff); unbounded once connected (set by the caller), so a
+                # service rides out restarts.
+                max_reconnect_attempts=1 if self._wait else _FIRST_CONNECT_ATTEMPTS,
+                # Each process waits its own time, so a fleet does not reconnect in step.
+                reconnect_time_wait=random.uniform(0.5, 1.5),
                 ping_interval=10,
                 max_outstanding_pings=3,
                 error_cb=self._on_error,
@@ -111,12 +150,8 @@ class Broker:
                 reconnected_cb=self._on_reconnected,
             )
         except Exception as exc:
-            self._state = _State.CLOSED
             reason = str(self._first_error or exc) or type(exc).__name__
-            raise ConnectError(f"cannot connect to NATS at {self.url}: {reason}") from None
-        self._nc.options["max_reconnect_attempts"] = -1
-        self._js = self._nc.jetstream(timeout=self.request_timeout)
-        return self
+            raise ConnectError(f"cannot connect to NATS at {self.shown_url}: {reason}") from None
 
     async def __aexit__(
         self,
@@ -138,7 +173,9 @@ class Broker:
         if self._nc is not None and not self._nc.is_closed:
             with contextlib.suppress(Exception):  # disconnected: nothing can be flushed
                 await self._nc.flush(timeout=2)
-            await self._nc.close()
+            # A connection lost just now fails its last write; it is closed all the same.
+            with contextlib.suppress(ConnectionError, nats.errors.Error):
+                await self._nc.close()
 
     @property
     def nc(self) -> NATS:
@@ -190,7 +227,7 @@ class Broker:
 
     async def bucket(self, name: str, kind: type[T]) -> Bucket[T]:
         """The KV bucket ``name`` holding records of ``kind``."""
-        return Bucket(await self.kv(name), kind, name)
+        return Bucket(self, await self.kv(name), kind, name)
 
     async def subscribe(
         self, subject: str, handler: InboundHandler | None = None, *, queue: str = ""
@@ -221,15 +258,28 @@ class Broker:
         with translated():
             await self.nc.flush(timeout=timeout)
 
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is up now (it may be reconnecting)."""
+        return self._nc is not None and self._nc.is_connected
+
     async def _on_error(self, exc: Exception) -> None:
         if self._nc is None:  # still in the first connect: reported as ConnectError
             self._first_error = self._first_error or exc
             return
-        log.warning("nats error", error=str(exc) or type(exc).__name__, url=self.url)
+        if self._state is not _State.OPEN or self._down_since is not None:
+            # Closing, or already said it is down: one line per outage, not one per retry.
+            log.debug("nats error", error=str(exc) or type(exc).__name__)
+            return
+        log.warning("nats error", error=str(exc) or type(exc).__name__, url=self.shown_url)
 
     async def _on_disconnected(self) -> None:
-        if self._state is _State.OPEN:
-            log.warning("nats disconnected", url=self.url)
+        if self._state is _State.OPEN and self._down_since is None:
+            self._down_since = asyncio.get_running_loop().time()
+            log.warning("nats disconnected; reconnecting", url=self.shown_url)
 
     async def _on_reconnected(self) -> None:
-        log.info("nats reconnected", url=self.url)
+        down_s = asyncio.get_running_loop().time() - (self._down_since or 0.0)
+        self._down_since = None
+        self.reconnects += 1
+        log.info("nats reconnected", url=self.shown_url, down_s=round(down_s, 2))

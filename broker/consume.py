@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -16,10 +16,21 @@ import structlog
 from nats.js import api
 
 from agentreach.broker.connection import Broker
-from agentreach.broker.errors import BrokerError, honour_cancellation, translate, translated
+from agentreach.broker.errors import (
+    BrokerError,
+    ConsumerNotFound,
+    StreamNotFound,
+    Unavailable,
+    honour_cancellation,
+    translate,
+    translated,
+)
 from agentreach.broker.messages import Delivery
 
 log = structlog.get_logger("broker.consume")
+
+RETRY_FIRST_S = 0.5
+RETRY_CAP_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,31 +60,91 @@ class ConsumerSpec:
         )
 
 
-class PullConsumer:
-    """A pull subscription bound to a durable consumer."""
+OnMissing = Callable[[str], Awaitable[None]]
 
-    def __init__(self, sub: nats.js.JetStreamContext.PullSubscription, spec: ConsumerSpec) -> None:
+
+class PullConsumer:
+    """A pull subscription bound to a durable consumer, that keeps consuming through
+    failures: a failed fetch is said once, retried after 0.5, 1, 2 … s (capped), and the
+    consumer is made again when it is gone (``on_missing`` is asked to bring back a
+    stream that is gone too)."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        spec: ConsumerSpec,
+        sub: nats.js.JetStreamContext.PullSubscription,
+        *,
+        on_missing: OnMissing | None = None,
+    ) -> None:
+        self._broker = broker
         self._sub = sub
+        self._on_missing = on_missing
+        self._failing_since: float | None = None
+        self._retry_s = RETRY_FIRST_S
         self.spec = spec
 
     async def fetch(self, size: int, *, wait_s: float = 1.0) -> list[Delivery]:
-        """Up to ``size`` messages, or none after ``wait_s`` of idleness (never a timeout)."""
+        """Up to ``size`` messages, or none after ``wait_s`` of idleness; raises BrokerError."""
         return [Delivery(m) for m in await _fetch(self._sub, size, wait_s)]
+
+    async def next_batch(self, size: int, *, wait_s: float = 1.0) -> list[Delivery]:
+        """Like :meth:`fetch`, but a failure is handled here: an empty batch after a pause."""
+        try:
+            deliveries = await self.fetch(size, wait_s=wait_s)
+        except BrokerError as exc:
+            await self._recover(exc)
+            return []
+        if self._failing_since is not None:
+            paused_s = asyncio.get_running_loop().time() - self._failing_since
+            log.info("consuming again", consumer=self.spec.durable, paused_s=round(paused_s, 1))
+            self._failing_since, self._retry_s = None, RETRY_FIRST_S
+        return deliveries
 
     async def batches(self, *, size: int, wait_s: float = 1.0) -> AsyncIterator[list[Delivery]]:
         """Fetch forever, yielding each non-empty batch."""
         while True:
             honour_cancellation()
-            if deliveries := await self.fetch(size, wait_s=wait_s):
+            if deliveries := await self.next_batch(size, wait_s=wait_s):
                 yield deliveries
 
+    async def _recover(self, exc: BrokerError) -> None:
+        if self._failing_since is None:
+            self._failing_since = asyncio.get_running_loop().time()
+            log.warning("consuming paused; retrying", consumer=self.spec.durable, error=str(exc))
+        await asyncio.sleep(self._retry_s)
+        self._retry_s = min(RETRY_CAP_S, self._retry_s * 2)
+        if isinstance(exc, Unavailable | ConsumerNotFound | StreamNotFound):
+            await self._rebind()
 
-async def bind(broker: Broker, spec: ConsumerSpec) -> PullConsumer:
+    async def _rebind(self) -> None:
+        """Make the consumer again (it is gone, or its stream is)."""
+        try:
+            sub = await _subscribe(self._broker, self.spec)
+        except StreamNotFound:
+            if self._on_missing is not None:
+                await self._on_missing(f"stream {self.spec.stream} is gone")
+            return
+        except BrokerError:
+            return  # still down: the next failure comes back here
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
+        self._sub = sub
+
+
+async def bind(
+    broker: Broker, spec: ConsumerSpec, *, on_missing: OnMissing | None = None
+) -> PullConsumer:
     """Create or update the consumer, then bind a pull subscription to it."""
+    return PullConsumer(broker, spec, await _subscribe(broker, spec), on_missing=on_missing)
+
+
+async def _subscribe(
+    broker: Broker, spec: ConsumerSpec
+) -> nats.js.JetStreamContext.PullSubscription:
     with translated(subject=", ".join(spec.filter_subjects)):
         await broker.js.add_consumer(spec.stream, config=spec.config())
-        sub = await broker.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
-    return PullConsumer(sub, spec)
+        return await broker.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
 
 
 async def _fetch(
@@ -110,34 +181,47 @@ async def follow(
         "deliver_policy": api.DeliverPolicy.BY_START_TIME,
         "opt_start_time": _rfc3339(since_ms),
     }
+    failing = False
     while True:
-        config = api.ConsumerConfig(
-            filter_subject=filter_subjects[0] if len(filter_subjects) == 1 else None,
-            filter_subjects=list(filter_subjects) if len(filter_subjects) > 1 else None,
-            ack_policy=api.AckPolicy.NONE,
-            inactive_threshold=30.0,
-            mem_storage=True,
-            **start,  # type: ignore[arg-type]
-        )
-        with translated(subject=", ".join(filter_subjects)):
-            sub = await broker.js.pull_subscribe("", stream=stream, config=config)
-        consumer = PullConsumer(
-            sub, ConsumerSpec(stream=stream, durable="", filter_subjects=filter_subjects)
-        )
+        honour_cancellation()
+        sub = None
         try:
-            async for deliveries in consumer.batches(size=size, wait_s=1.0):
-                for delivery in deliveries:
+            sub = await _follower(broker, stream, filter_subjects, start)
+            if failing:
+                log.info("following again", stream=stream)
+                failing = False
+            while True:
+                honour_cancellation()
+                for delivery in [Delivery(m) for m in await _fetch(sub, size, 1.0)]:
                     start = {
                         "deliver_policy": api.DeliverPolicy.BY_START_SEQUENCE,
                         "opt_start_seq": delivery.stream_seq + 1,
                     }
                     yield delivery
         except BrokerError as exc:
-            log.warning("following a stream failed; starting again", stream=stream, error=str(exc))
-            await asyncio.sleep(1.0)
+            if not failing:
+                log.warning("following a stream failed; retrying", stream=stream, error=str(exc))
+            failing = True
+            await asyncio.sleep(RETRY_FIRST_S * 2)
         finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            if sub is not None:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+
+async def _follower(
+    broker: Broker, stream: str, filter_subjects: tuple[str, ...], start: dict[str, object]
+) -> nats.js.JetStreamContext.PullSubscription:
+    config = api.ConsumerConfig(
+        filter_subject=filter_subjects[0] if len(filter_subjects) == 1 else None,
+        filter_subjects=list(filter_subjects) if len(filter_subjects) > 1 else None,
+        ack_policy=api.AckPolicy.NONE,
+        inactive_threshold=30.0,
+        mem_storage=True,
+        **start,  # type: ignore[arg-type]
+    )
+    with translated(subject=", ".join(filter_subjects)):
+        return await broker.js.pull_subscribe("", stream=stream, config=config)
 
 
 def _rfc3339(ms: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import re
 import shutil
@@ -69,12 +70,14 @@ class EmbeddedServer:
         self._process: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
         self._tail: deque[str] = deque(maxlen=20)
+        self._lock: int | None = None
 
     async def __aenter__(self) -> Self:
         if self._process is not None:
             raise EmbeddedServerError("this EmbeddedServer was already started")
         binary = find_server_binary()
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_store()
         self._process = await asyncio.create_subprocess_exec(
             str(binary),
             "-js",
@@ -124,6 +127,26 @@ class EmbeddedServer:
             self._drain.cancel()
             await asyncio.gather(self._drain, return_exceptions=True)
             self._drain = None
+        if self._lock is not None:
+            os.close(self._lock)  # closing releases the lock
+            self._lock = None
+
+    def _lock_store(self) -> None:
+        """Hold the store for this server alone: two servers on one store corrupt it."""
+        path = self.store_dir / ".reach-lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise EmbeddedServerError(
+                f"the store {self.store_dir} is in use by {holder} (a running `reach up` or"
+                " demo); stop it, or give this one another --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()}".encode())
+        self._lock = fd
 
     async def _wait_ready(self) -> None:
         assert self._process is not None and self._process.stderr is not None

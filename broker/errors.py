@@ -5,12 +5,14 @@ error code, so the rest of Agent-Reach never sees a nats-py exception.
     ├── ConnectError               no server reachable at the URL
     ├── BrokerTimeout              a request to the server did not answer in time
     ├── NoResponders               nobody listens on a request's subject
-    ├── NoStreamError              no stream listens on the subject (not provisioned)
+    ├── NoStreamError              no stream answered a publish (restarting, or not provisioned)
     ├── JetStreamError             the server refused an API call (carries err_code)
     │   ├── StreamNotFound
     │   ├── ConsumerNotFound
     │   ├── WrongLastSequence      optimistic concurrency on a KV key or stream lost
-    │   └── SubjectFull            per-subject limit reached with discard-new
+    │   ├── SubjectFull            per-subject limit reached with discard-new
+    │   └── Unavailable            JetStream did not serve the request (503): a stream or
+    │                              consumer gone, or a leader being elected
     ├── ProvisionError             a stream or bucket cannot be brought to its spec
     └── EmbeddedServerError        the embedded nats-server could not start
 """
@@ -79,6 +81,10 @@ class SubjectFull(JetStreamError):
     """The subject holds as many messages as its limit allows."""
 
 
+class Unavailable(JetStreamError):
+    """JetStream answered 503: nothing serves this stream or consumer right now."""
+
+
 class ProvisionError(BrokerError):
     """A stream or bucket could not be created or updated to its spec."""
 
@@ -105,11 +111,17 @@ def translate(exc: BaseException, *, subject: str | None = None) -> BrokerError:
         )
     if isinstance(exc, nats.js.errors.APIError):
         code = exc.err_code
+        if code not in _BY_CODE and isinstance(exc, nats.js.errors.ServiceUnavailableError):
+            where = f" for {subject!r}" if subject else ""
+            return Unavailable(f"JetStream unavailable{where} (503)", err_code=code)
         cls = _BY_CODE.get(code or 0, JetStreamError)
         return cls(exc.description or type(exc).__name__, err_code=code)
     if isinstance(exc, nats.js.errors.NoStreamResponseError):
-        where = f" on subject {subject!r}" if subject else ""
-        return NoStreamError(f"no stream listens{where}; run `reach provision`")
+        where = f" on {subject!r}" if subject else ""
+        return NoStreamError(
+            f"no stream answered{where}: the server is restarting, or the streams are not"
+            " provisioned (`reach provision`)"
+        )
     if isinstance(exc, nats.errors.NoRespondersError):
         return NoResponders(f"nobody answers{f' on {subject!r}' if subject else ''}")
     if isinstance(exc, nats.errors.TimeoutError | TimeoutError):

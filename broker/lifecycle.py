@@ -14,8 +14,9 @@ import msgspec
 
 from agentreach import envelopes
 from agentreach.broker.connection import Broker
-from agentreach.broker.streams import read_stream
-from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms
+from agentreach.broker.direct import read_stream
+from agentreach.broker.messages import Delivery
+from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms, stable_id
 
 
 def about(task: Task, **fields: Any) -> dict[str, Any]:
@@ -40,6 +41,8 @@ def event_for(about_: Task, event: str, /, *, agent_id: str | None = None, **det
 
 
 AGENT_TOPIC = "_agent"  # the topic of events about an agent rather than a task
+# Events that may come many times for one attempt, each one counting.
+REPEATABLE = frozenset({"progress", "signal_ignored"})
 
 
 def agent_event(agent_id: str, event: str, **detail: Any) -> Event:
@@ -60,7 +63,7 @@ async def emit(broker: Broker, event: Event) -> None:
     """Publish ``event`` to ``reach.event.<event>.<topic>.<trace_id>.<message_id>``."""
     subject = broker.names.event(event.event, event.topic, event.trace_id, event.message_id)
     msg_id = f"{event.message_id}-{event.event}-{event.attempt}"
-    if event.event == "progress":  # many per attempt, each one counts
+    if event.event in REPEATABLE:
         msg_id += f"-{event.at_ms}"
     elif event.event == "routed":  # an agent that refuses leads to routing again
         msg_id += f"-{event.agent_id}"
@@ -135,6 +138,31 @@ async def dead_letter(
         ),
     )
     return letter
+
+
+async def dead_letter_delivery(
+    broker: Broker,
+    delivery: Delivery,
+    *,
+    reason: str,
+    error: ErrorInfo,
+    topic: str,
+    trace_id: str | None = None,
+) -> DeadLetter:
+    """Dead-letter a stored message that could not be handled as it is: its bytes, headers
+    and subject go into the letter, under an id derived from its stream and sequence (the
+    same on every redelivery, so it is recorded once)."""
+    message_id = stable_id(delivery.timestamp_ns, delivery.stream, delivery.stream_seq)
+    return await dead_letter(
+        broker,
+        reason=reason,
+        message_id=message_id,
+        trace_id=trace_id or message_id,
+        topic=topic,
+        error=error,
+        raw=delivery.data,
+        headers={**delivery.headers, "Reach-Subject": delivery.subject},
+    )
 
 
 def _printable(raw: bytes | None) -> str | None:

@@ -61,6 +61,13 @@ class Names(msgspec.Struct, frozen=True):
     def dlq_wildcard(self) -> str:
         return f"{self.prefix}.dlq.>"
 
+    def reply_allowed(self, subject: str) -> bool:
+        """Whether a task's replies may go to ``subject``: anywhere but our own subjects
+        (a reply there would forge a task, an event or a dead letter), except a workflow's
+        reply subject, which the coordinator itself gives its steps."""
+        own = f"{self.prefix}."
+        return not subject.startswith(own) or subject.startswith(f"{own}wf.reply.")
+
     # -- workflows --------------------------------------------------------------
     def workflow_reply(self, instance_id: str) -> str:
         """Where a workflow's step tasks answer (captured by ``REACH_WORKFLOWS``)."""
@@ -168,9 +175,16 @@ class Names(msgspec.Struct, frozen=True):
 
     @property
     def max_deliveries_advisories(self) -> tuple[str, ...]:
-        """JetStream's advisories when a message of a dispatch stream hit max_deliver."""
+        """JetStream's advisories when a message hit max_deliver: in a dispatch stream, or
+        in a stream the coordinator consumes (intake, outcome events, workflows)."""
         prefix = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
-        return tuple(f"{prefix}.{stream}.*" for stream in self.dispatch_streams.values())
+        streams = [
+            *self.dispatch_streams.values(),
+            self.tasks_stream,
+            self.events_stream,
+            self.workflows_stream,
+        ]
+        return tuple(f"{prefix}.{stream}.*" for stream in streams)
 
     # -- durable consumers ------------------------------------------------------
     @property

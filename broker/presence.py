@@ -16,11 +16,14 @@ from typing import Any
 
 import nats.errors
 import nats.micro
+import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from agentreach.broker.connection import Broker
 from agentreach.broker.errors import translated
+
+log = structlog.get_logger("broker.presence")
 
 SERVICE_NAME = "reach-agent"
 
@@ -37,7 +40,12 @@ class Presence:
         self._service: Any = None
 
     async def someone_else_answers(self, timeout_s: float) -> bool:
-        """Whether another live process already answers for this agent id."""
+        """Whether another live process answers for this agent id already.
+
+        Only an answer counts: a subscriber that answers nothing (``nats sub '>'``, or a
+        process whose loop is stuck) must not keep the agent from starting; the new
+        process's higher epoch fences a stuck one's late results.
+        """
         subject = self._broker.names.presence(self._agent_id)
         with translated(subject=subject):
             try:
@@ -45,7 +53,11 @@ class Presence:
             except nats.errors.NoRespondersError:
                 return False
             except nats.errors.TimeoutError:
-                pass  # a process holds the id but does not answer: still not ours to take
+                log.warning(
+                    "a subscriber on the presence subject did not answer; starting anyway",
+                    subject=subject,
+                )
+                return False
         return True
 
     async def start(self) -> None:

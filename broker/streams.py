@@ -1,22 +1,23 @@
-"""Reading and editing what a stream stores: a subject's messages from the start, one
-message by sequence, deleting and purging, per-subject counts.
-
-Readers use a short-lived consumer that acknowledges nothing, so they change nothing on
-the stream and any number can run at once.
-"""
+"""Reading and editing what a stream stores: one message by sequence (or the next on a
+subject), deleting and purging, per-subject counts. Many messages at once are read with
+batched direct gets (:func:`agentreach.broker.direct.messages_on`)."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import nats.errors
 import nats.js.errors
-from nats.aio.msg import Msg
-from nats.js import api
 
-from agentreach.broker.connection import Broker
 from agentreach.broker.errors import translate, translated
+
+if TYPE_CHECKING:
+    from agentreach.broker.connection import Broker
+
+
+# "no message found", "sequence not found": acknowledged or removed meanwhile.
+_GONE = frozenset({10037, 10043})
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,42 +33,6 @@ class StoredMessage:
     @property
     def timestamp_ms(self) -> int:
         return self.timestamp_ns // 1_000_000
-
-
-async def read_stream(
-    broker: Broker,
-    stream: str,
-    filter_subject: str,
-    *,
-    limit: int = 10_000,
-    batch: int = 256,
-    timeout: float = 2.0,
-) -> list[StoredMessage]:
-    """Every message of ``stream`` on ``filter_subject`` (wildcards allowed), oldest first."""
-    config = api.ConsumerConfig(
-        filter_subject=filter_subject,
-        ack_policy=api.AckPolicy.NONE,
-        deliver_policy=api.DeliverPolicy.ALL,
-        inactive_threshold=30.0,
-        mem_storage=True,
-    )
-    with translated(subject=filter_subject):
-        sub = await broker.js.pull_subscribe(filter_subject, stream=stream, config=config)
-    found: list[StoredMessage] = []
-    try:
-        with translated(subject=filter_subject):
-            if (await sub.consumer_info()).num_pending == 0:
-                return found
-        while len(found) < limit:
-            with translated(subject=filter_subject):
-                messages = await sub.fetch(min(batch, limit - len(found)), timeout=timeout)
-            found.extend(_consumed(m) for m in messages)
-            if messages[-1].metadata.num_pending == 0:
-                break
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-    return found
 
 
 async def get_message(broker: Broker, stream: str, seq: int) -> StoredMessage | None:
@@ -88,6 +53,10 @@ async def delete_message(broker: Broker, stream: str, seq: int) -> bool:
         return await broker.js.delete_msg(stream, seq)
     except nats.js.errors.NotFoundError:
         return False
+    except nats.js.errors.APIError as exc:
+        if exc.err_code in _GONE:
+            return False
+        raise translate(exc, subject=stream) from exc
     except nats.errors.Error as exc:
         raise translate(exc, subject=stream) from exc
 
@@ -110,6 +79,10 @@ async def _get(broker: Broker, stream: str, **where: object) -> StoredMessage | 
         raw = await broker.js.get_msg(stream, **where)  # type: ignore[arg-type]
     except nats.js.errors.NotFoundError:
         return None
+    except nats.js.errors.APIError as exc:
+        if exc.err_code in _GONE:
+            return None
+        raise translate(exc, subject=stream) from exc
     except nats.errors.Error as exc:
         raise translate(exc, subject=stream) from exc
     return StoredMessage(
@@ -118,15 +91,4 @@ async def _get(broker: Broker, stream: str, **where: object) -> StoredMessage | 
         data=raw.data or b"",
         headers=dict(raw.headers or {}),
         timestamp_ns=int(raw.time.timestamp() * 1e9) if raw.time else 0,
-    )
-
-
-def _consumed(msg: Msg) -> StoredMessage:
-    meta = msg.metadata
-    return StoredMessage(
-        stream_seq=meta.sequence.stream,
-        subject=msg.subject,
-        data=msg.data,
-        headers=dict(msg.headers or {}),
-        timestamp_ns=int(meta.timestamp.timestamp() * 1e9) if meta.timestamp else 0,
     )

@@ -1,10 +1,5 @@
-"""The declarative description of every stream and bucket, and idempotent provisioning.
-
-``provision()`` creates what is missing and applies changed limits to what
-exists, so running it again never fails. A change the server cannot apply in
-place (a different retention policy, say) is a :class:`ProvisionError` that
-names the stream and the field.
-"""
+"""The declarative description of every stream and bucket Agent-Reach uses, with the
+design's defaults; :mod:`agentreach.broker.provisioning` brings a server to it."""
 
 from __future__ import annotations
 
@@ -13,16 +8,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-import nats.js
-import structlog
 from nats.js import api
 
-from agentreach.broker.connection import Broker
-from agentreach.broker.errors import JetStreamError, ProvisionError, translate
 from agentreach.broker.names import Names
 from agentreach.envelopes import Priority
-
-log = structlog.get_logger("broker.topology")
 
 DAY = 24 * 3600.0
 # Per-agent dispatch queue capacity per priority (P0 small: urgent work must not queue).
@@ -182,101 +171,3 @@ def queue_caps(names: Names, queue_capacity: Mapping[Priority, int]) -> Topology
     full = Topology.default(names, queue_capacity=queue_capacity)
     dispatch = set(names.dispatch_streams.values())
     return Topology(streams=tuple(s for s in full.streams if s.name in dispatch), buckets=())
-
-
-async def provision(broker: Broker, topology: Topology) -> dict[str, Outcome]:
-    """Bring every stream and bucket to its spec; returns what happened to each."""
-    js = broker.js
-    outcomes: dict[str, Outcome] = {}
-    for stream in topology.streams:
-        outcomes[stream.name] = await _ensure_stream(js, stream.config())
-    for bucket in topology.buckets:
-        outcomes[bucket.name] = await _ensure_bucket(js, bucket)
-    for name, outcome in outcomes.items():
-        log.debug("provisioned", name=name, outcome=str(outcome))
-    return outcomes
-
-
-async def _existing(js: nats.js.JetStreamContext, stream: str) -> api.StreamConfig | None:
-    try:
-        return (await js.stream_info(stream)).config
-    except nats.js.errors.NotFoundError:
-        return None
-
-
-async def _ensure_stream(js: nats.js.JetStreamContext, wanted: api.StreamConfig) -> Outcome:
-    assert wanted.name is not None
-    existing = await _existing(js, wanted.name)
-    if existing is None:
-        try:
-            await js.add_stream(wanted)
-        except nats.js.errors.APIError as exc:
-            raise _provision_error(wanted.name, exc) from exc
-        return Outcome.CREATED
-    return await _update_if_changed(js, existing, wanted)
-
-
-async def _ensure_bucket(js: nats.js.JetStreamContext, bucket: BucketSpec) -> Outcome:
-    existing = await _existing(js, f"KV_{bucket.name}")
-    if existing is None:
-        try:
-            await js.create_key_value(bucket.config())
-        except nats.js.errors.APIError as exc:
-            raise _provision_error(bucket.name, exc) from exc
-        return Outcome.CREATED
-    wanted = api.StreamConfig.from_response(existing.as_dict())
-    wanted.max_msgs_per_subject = bucket.history
-    wanted.max_age = bucket.ttl_s
-    wanted.description = bucket.description or None
-    return await _update_if_changed(js, existing, wanted)
-
-
-_MANAGED = (
-    "subjects",
-    "retention",
-    "max_age",
-    "duplicate_window",
-    "max_msgs_per_subject",
-    "discard",
-    "discard_new_per_subject",
-    "description",
-)
-_IMMUTABLE = ("retention", "storage")
-
-
-async def _update_if_changed(
-    js: nats.js.JetStreamContext, existing: api.StreamConfig, wanted: api.StreamConfig
-) -> Outcome:
-    changed = [f for f in _MANAGED if _norm(getattr(existing, f)) != _norm(getattr(wanted, f))]
-    if not changed:
-        return Outcome.UNCHANGED
-    for field in _IMMUTABLE:
-        if field in changed:
-            raise ProvisionError(
-                f"stream {wanted.name}: {field} is {getattr(existing, field)} on the server"
-                f" but the spec wants {getattr(wanted, field)}; the server cannot change it in"
-                " place (delete the stream to recreate it)"
-            )
-    merged = api.StreamConfig.from_response(existing.as_dict())
-    for field in changed:
-        setattr(merged, field, getattr(wanted, field))
-    try:
-        await js.update_stream(merged)
-    except nats.js.errors.APIError as exc:
-        raise _provision_error(wanted.name, exc) from exc
-    log.info("stream updated", stream=wanted.name, fields=changed)
-    return Outcome.UPDATED
-
-
-def _norm(value: object) -> object:
-    if isinstance(value, list):
-        return sorted(value)
-    if value in (None, 0, 0.0, "", -1):
-        return None
-    return value
-
-
-def _provision_error(name: str | None, exc: nats.js.errors.APIError) -> ProvisionError:
-    broker_error = translate(exc)
-    code = broker_error.err_code if isinstance(broker_error, JetStreamError) else None
-    return ProvisionError(f"cannot provision {name}: {exc.description} (err_code={code})")

@@ -38,6 +38,7 @@ from agentreach.envelopes.ids import new_id, stable_id
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
 from agentreach.envelopes.messages import (
     DEFAULT_TTL_MS,
+    MAX_TTL_MS,
     PRIORITIES,
     TOKEN_PATTERN,
     Ack,
@@ -53,6 +54,7 @@ from agentreach.envelopes.messages import (
     Reply,
     Result,
     Task,
+    is_reply_subject,
     is_token,
 )
 from agentreach.envelopes.registry import (
@@ -70,6 +72,7 @@ from agentreach.envelopes.schema import json_schema
 
 __all__ = [
     "DEFAULT_TTL_MS",
+    "MAX_TTL_MS",
     "PRIORITIES",
     "TOKEN_PATTERN",
     "Ack",
@@ -114,6 +117,7 @@ __all__ = [
     "encode",
     "headers",
     "is_envelope",
+    "is_reply_subject",
     "is_token",
     "json_schema",
     "new_id",

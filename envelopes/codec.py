@@ -70,3 +70,5 @@ def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str) -> Any:
         return decoder.decode(data)
     except msgspec.DecodeError as exc:  # ValidationError is a subclass
         raise DecodeError(str(exc)) from None
+    except RecursionError:
+        raise DecodeError("JSON is nested too deeply to decode", path="$") from None

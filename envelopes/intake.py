@@ -9,14 +9,27 @@ defaults.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 
 import msgspec
 
 from agentreach.envelopes import headers as h
 from agentreach.envelopes.codec import decode_json, decode_task
 from agentreach.envelopes.errors import DecodeError
-from agentreach.envelopes.messages import DEFAULT_TTL_MS, PRIORITIES, Priority, Task, is_token
+from agentreach.envelopes.messages import (
+    DEFAULT_TTL_MS,
+    MAX_TTL_MS,
+    PRIORITIES,
+    Priority,
+    Task,
+    is_reply_subject,
+    is_token,
+)
+
+_DIGITS = re.compile(r"^[0-9]{1,12}$")
+# Whether replies may go to a subject; the coordinator refuses its own namespace.
+ReplyPolicy = Callable[[str], bool]
 
 
 def is_envelope(document: object) -> bool:
@@ -31,12 +44,14 @@ def task_from_intake(
     topic: str,
     received_ms: int,
     fallback_id: str,
+    reply_allowed: ReplyPolicy | None = None,
 ) -> Task:
     """Decode or wrap an intake message.
 
     ``topic`` comes from the subject; ``fallback_id`` is the message id to use
-    when a bare body carries no ``Nats-Msg-Id``. Raises :class:`DecodeError`
-    naming the field or header at fault.
+    when a bare body carries no ``Nats-Msg-Id``; ``reply_allowed`` refuses reply
+    subjects replies must not go to. Raises :class:`DecodeError` naming the field or
+    header at fault.
     """
     _check_token(topic, "subject topic")
     document = decode_json(data)
@@ -47,11 +62,14 @@ def task_from_intake(
                 f"Envelope topic {task.topic!r} does not match subject topic {topic!r}"
                 " - at `$.topic`"
             )
+        _check_reply(task.reply_to, reply_allowed, "$.reply_to")
         extra = custom_headers(headers)
         return msgspec.structs.replace(task, headers={**extra, **task.headers}) if extra else task
-    return wrap_body(
+    task = wrap_body(
         document, headers or {}, topic=topic, received_ms=received_ms, fallback_id=fallback_id
     )
+    _check_reply(task.reply_to, reply_allowed, f"header {h.REPLY_TO}")
+    return task
 
 
 def wrap_body(
@@ -71,7 +89,7 @@ def wrap_body(
         topic=topic,
         payload=payload,
         ttl_ms=_ttl_header(headers),
-        reply_to=headers.get(h.REPLY_TO) or None,
+        reply_to=_reply_header(headers),
         priority=_priority_header(headers),
         created_at=received_ms,
         headers=custom_headers(headers),
@@ -99,16 +117,31 @@ def _ttl_header(headers: Mapping[str, str]) -> int:
     raw = headers.get(h.TTL)
     if raw is None or raw == "":
         return DEFAULT_TTL_MS
-    try:
-        ttl = int(raw)
-    except ValueError:
-        ttl = 0
-    if ttl <= 0:
+    if not _DIGITS.match(raw) or not 0 < int(raw) <= MAX_TTL_MS:
         raise DecodeError(
-            f"Expected a positive whole number of milliseconds, got {raw!r}",
+            f"Expected a whole number of milliseconds from 1 to {MAX_TTL_MS}, got {raw!r}",
             path=f"header {h.TTL}",
         )
-    return ttl
+    return int(raw)
+
+
+def _reply_header(headers: Mapping[str, str]) -> str | None:
+    raw = headers.get(h.REPLY_TO)
+    if not raw:
+        return None
+    if not is_reply_subject(raw):
+        raise DecodeError(
+            f"Expected one NATS subject (no spaces, wildcards or $), got {raw!r}",
+            path=f"header {h.REPLY_TO}",
+        )
+    return raw
+
+
+def _check_reply(reply_to: str | None, allowed: ReplyPolicy | None, where: str) -> None:
+    if reply_to and allowed is not None and not allowed(reply_to):
+        raise DecodeError(
+            f"Replies may not go to {reply_to!r}, a subject of Agent-Reach itself", path=where
+        )
 
 
 def _priority_header(headers: Mapping[str, str]) -> Priority:

@@ -20,10 +20,24 @@ PRIORITIES: tuple[Priority, ...] = ("P0", "P1", "P2")
 TOKEN_PATTERN = r"^[A-Za-z0-9_-]{1,128}$"
 Token = Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN, description="subject-safe token")]
 _TOKEN = re.compile(TOKEN_PATTERN)
-PositiveMs = Annotated[int, msgspec.Meta(gt=0, description="milliseconds")]
+MAX_TTL_MS = 86_400_000  # a day: past that, a task is history, not work
+PositiveMs = Annotated[
+    int, msgspec.Meta(gt=0, le=MAX_TTL_MS, description="milliseconds, at most a day")
+]
+# Where replies may go: one literal NATS subject, not a system one ($JS…, $SYS…).
+REPLY_PATTERN = r"^(?!\$)[^.\s*>]+(\.[^.\s*>]+)*$"
+_REPLY = re.compile(REPLY_PATTERN)
+ReplySubject = Annotated[
+    str, msgspec.Meta(pattern=REPLY_PATTERN, max_length=256, description="a NATS subject")
+]
 
 DEFAULT_TTL_MS = 30_000
 DEFAULT_PRIORITY: Priority = "P1"
+
+
+def is_reply_subject(value: object) -> bool:
+    """Whether ``value`` is a subject replies may be sent to (a literal, non-system one)."""
+    return isinstance(value, str) and len(value) <= 256 and _REPLY.match(value) is not None
 
 
 def is_token(value: object) -> bool:
@@ -75,7 +89,7 @@ class Task(_AboutTask, frozen=True, kw_only=True, tag="task"):
 
     payload: Any = None
     ttl_ms: PositiveMs = DEFAULT_TTL_MS
-    reply_to: str | None = None
+    reply_to: ReplySubject | None = None
     priority: Priority = DEFAULT_PRIORITY
     budget: Budget = Budget()
     replay_of: str | None = None  # the dead-lettered message_id this task replays

@@ -1,0 +1,119 @@
+"""Reading stored messages with batched direct gets: one request answers many messages, and
+no consumer is made (a burst of readers must never approach the server's consumer limit).
+
+``$JS.API.DIRECT.GET.<stream>`` with ``{"batch": N, "next_by_subj": S, "seq": Q}`` answers
+every message on S (wildcards allowed) from sequence Q, up to N, then an end-of-batch status;
+``{"multi_last": [S], "batch": N}`` answers the last message of each subject matching S.
+Streams and KV buckets are provisioned with direct gets allowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from typing import TYPE_CHECKING, Any
+
+import nats.errors
+
+from agentreach.broker.errors import BrokerError, BrokerTimeout, translated
+from agentreach.broker.streams import StoredMessage
+
+if TYPE_CHECKING:
+    from agentreach.broker.connection import Broker
+
+BATCH = 1000
+_END = {"204", "404"}  # end of batch; nothing (more) found
+_TOO_MANY = "413"
+
+
+async def messages_on(
+    broker: Broker, stream: str, subject: str, *, from_seq: int = 1, limit: int = 100_000
+) -> list[StoredMessage]:
+    """Every message of ``stream`` on ``subject`` from ``from_seq``, oldest first (≤ limit)."""
+    found: list[StoredMessage] = []
+    while len(found) < limit:
+        size = min(BATCH, limit - len(found))
+        request = {"batch": size, "next_by_subj": subject, "seq": from_seq}
+        page, pending = await _batch(broker, stream, request)
+        found += page
+        if not page or pending == 0:
+            break
+        from_seq = page[-1].stream_seq + 1
+    return found
+
+
+async def last_per_subject(broker: Broker, stream: str, subject: str) -> list[StoredMessage]:
+    """The last message of each subject matching ``subject`` (a KV bucket's current values)."""
+    try:
+        page, _ = await _batch(broker, stream, {"multi_last": [subject], "batch": BATCH * 10})
+    except _TooMany:
+        pass  # more subjects than one answer may hold: read them all, keep the last of each
+    else:
+        return page
+    latest: dict[str, StoredMessage] = {}
+    for message in await messages_on(broker, stream, subject, limit=10_000_000):
+        latest[message.subject] = message
+    return sorted(latest.values(), key=lambda m: m.stream_seq)
+
+
+class _TooMany(Exception):
+    """The server refused to answer that many subjects in one batch (413)."""
+
+
+async def _batch(
+    broker: Broker, stream: str, request: dict[str, Any], *, timeout_s: float = 5.0
+) -> tuple[list[StoredMessage], int]:
+    """One batched direct get: the messages, and how many more the server says are pending."""
+    subject = f"$JS.API.DIRECT.GET.{stream}"
+    found: list[StoredMessage] = []
+    with translated(subject=subject):
+        inbox = broker.nc.new_inbox()
+        sub = await broker.nc.subscribe(inbox)
+        try:
+            await broker.nc.publish(subject, json.dumps(request).encode(), reply=inbox)
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=timeout_s)
+                except nats.errors.TimeoutError:
+                    raise BrokerTimeout(f"direct get on {stream} did not finish") from None
+                headers = msg.headers or {}
+                status = headers.get("Status")
+                if status is None:
+                    found.append(_stored(msg.data, headers))
+                    continue
+                if status == _TOO_MANY:
+                    raise _TooMany
+                if status in _END:
+                    return found, int(headers.get("Nats-Num-Pending", 0))
+                if status == "503":  # no responders: direct gets not allowed, or no stream
+                    raise BrokerError(f"stream {stream} does not answer direct gets")
+                raise BrokerError(f"direct get on {stream}: status {status}")
+        finally:
+            await asyncio.shield(sub.unsubscribe())
+
+
+def _stored(data: bytes, headers: dict[str, str]) -> StoredMessage:
+    return StoredMessage(
+        stream_seq=int(headers.get("Nats-Sequence", 0)),
+        subject=headers.get("Nats-Subject", ""),
+        data=data,
+        headers={k: v for k, v in headers.items() if not k.startswith("Nats-")},
+        timestamp_ns=_ns(headers.get("Nats-Time-Stamp", "")),
+    )
+
+
+def _ns(stamp: str) -> int:
+    """RFC 3339 with up to nanoseconds (``2026-11-30T04:49:49.544575647Z``) → ns since epoch."""
+    if not stamp:
+        return 0
+    base, _, fraction = stamp.rstrip("Z").partition(".")
+    seconds = dt.datetime.fromisoformat(base).replace(tzinfo=dt.UTC).timestamp()
+    return int(seconds) * 1_000_000_000 + int((fraction or "0")[:9].ljust(9, "0"))
+
+
+async def read_stream(
+    broker: Broker, stream: str, filter_subject: str, *, limit: int = 10_000
+) -> list[StoredMessage]:
+    """Every message of ``stream`` on ``filter_subject`` (wildcards allowed), oldest first."""
+    return await messages_on(broker, stream, filter_subject, limit=limit)
