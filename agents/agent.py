@@ -154,7 +154,7 @@ class Agent:
             raise AgentConfigError(f"agent {self.agent_id} has no handlers")
         name = f"agent:{self.agent_id}"
         async with (
-            connected(broker, nats_url, name=name, names=names) as connection,
+            connected(broker, nats_url, name=name, names=names, wait=True) as connection,
             AgentRuntime(self, connection) as runtime,
         ):
             yield runtime

@@ -9,11 +9,23 @@ same agent (a lower epoch) is taken over at once.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentreach.broker import Bucket, WrongLastSequence
+import structlog
+
+from agentreach.broker import BrokerError, Bucket, WrongLastSequence
 from agentreach.envelopes import ErrorInfo, Execution, Task, now_ms
+
+log = structlog.get_logger("agents.claims")
+
+RECORD_TRIES = 6  # about 8 s of broker trouble before the delivery is handed back
+RECORD_BACKOFF_S = 0.25
+KEPT = 10_000  # outcomes waiting to be recorded, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +52,16 @@ class Busy:
 Claim = Claimed | AlreadyDone | Busy
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one run of a handler ended with: its result, or an error."""
+
+    claim: Claimed
+    result: Any = None
+    error: ErrorInfo | None = None
+    duration_ms: int = 0
+
+
 class Claims:
     """This agent's claims and outcomes of messages, in a bucket shared by every agent."""
 
@@ -47,6 +69,9 @@ class Claims:
         self._bucket = bucket
         self._agent_id = agent_id
         self._epoch = epoch
+        # Outcomes not yet recorded (the broker failing): a redelivery answers from these
+        # instead of running the handler a second time.
+        self._unrecorded: OrderedDict[str, Outcome] = OrderedDict()
 
     async def claim(self, task: Task, lease_ms: int) -> Claim:
         """Take the right to run ``task``, unless it ran already or runs elsewhere."""
@@ -61,14 +86,36 @@ class Claims:
         left_ms = held.lease_until_ms - now_ms() if held else 0
         return Busy(retry_in_s=max(left_ms, 100) / 1000)
 
-    async def finish(self, task: Task, claim: Claimed, result: Any) -> bool:
-        """Keep the result for any later delivery; False when the claim was taken away
-        (the task was reassigned meanwhile) and this result must not be used."""
-        return await self._write(task, claim, self._record(task, "done", result=result))
+    def unrecorded(self, message_id: str) -> Outcome | None:
+        """The outcome of a run of ``message_id`` that is still waiting to be recorded."""
+        return self._unrecorded.get(message_id)
 
-    async def fail(self, task: Task, claim: Claimed, error: ErrorInfo) -> None:
-        """Release the claim so that a retry of the message may run it."""
-        await self._write(task, claim, self._record(task, "failed", error=error))
+    async def record(
+        self, task: Task, outcome: Outcome, *, still_working: Callable[[], Awaitable[None]]
+    ) -> bool:
+        """Write the outcome into the claim's record, trying again while the broker fails.
+
+        The outcome is kept meanwhile, so a redelivery answers from it instead of running
+        the handler again; after the last try the BrokerError is raised. Returns False when
+        the claim was taken away (the task was reassigned) and a result must not be used.
+        """
+        self._unrecorded[task.message_id] = outcome
+        while len(self._unrecorded) > KEPT:
+            self._unrecorded.popitem(last=False)
+        for attempt in range(RECORD_TRIES):
+            try:
+                written = await self._write(task, outcome)
+                break
+            except BrokerError as exc:
+                if attempt == RECORD_TRIES - 1:
+                    raise
+                if attempt == 0:
+                    log.warning("outcome not recorded yet; kept and retried", error=str(exc))
+                await asyncio.sleep(RECORD_BACKOFF_S * 2**attempt)
+                with contextlib.suppress(BrokerError):
+                    await still_working()
+        self._unrecorded.pop(task.message_id, None)
+        return written
 
     def _take(self, held: Execution | None, mine: Execution) -> Execution | None:
         """``mine`` when the message is free to run here; None when it ran or runs elsewhere."""
@@ -81,11 +128,18 @@ class Claims:
             return mine  # its holder is gone: an earlier process of ours, or a lapsed lease
         return None
 
-    async def _write(self, task: Task, claim: Claimed, record: Execution) -> bool:
+    async def _write(self, task: Task, outcome: Outcome) -> bool:
+        if outcome.error is None:
+            record = self._record(task, "done", result=outcome.result)
+        else:
+            record = self._record(task, "failed", error=outcome.error)
         try:
-            await self._bucket.update(task.message_id, record, last=claim.revision)
+            await self._bucket.update(task.message_id, record, last=outcome.claim.revision)
         except WrongLastSequence:
-            return False  # our lease lapsed or the task was reassigned; the other outcome stands
+            # Our lease lapsed or the task was reassigned, and that outcome stands; or an
+            # earlier try of ours was written though its answer got lost.
+            held = await self._bucket.get(task.message_id)
+            return held is not None and _same_write(held.value, record)
         return True
 
     def _record(
@@ -100,3 +154,12 @@ class Claims:
             finished_at_ms=now_ms() if state != "running" else 0,
             **fields,
         )
+
+
+def _same_write(held: Execution, written: Execution) -> bool:
+    return (held.agent_id, held.epoch, held.attempt, held.state) == (
+        written.agent_id,
+        written.epoch,
+        written.attempt,
+        written.state,
+    )

@@ -14,6 +14,7 @@ from agentreach import envelopes
 from agentreach.agents.errors import (
     REJECTION_REASONS,
     DeadlineExceeded,
+    InvokeError,
     NotAcknowledged,
     Rejected,
     TaskFailed,
@@ -56,6 +57,7 @@ class ReachClient:
     ) -> None:
         self._own_broker = broker is None
         self.broker = broker or Broker(nats_url, name=name, names=names)
+        self._waiting: set[asyncio.Queue[envelopes.Reply | None]] = set()
 
     async def __aenter__(self) -> Self:
         if self._own_broker:
@@ -68,6 +70,8 @@ class ReachClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        for replies in self._waiting:  # pending invokes end now, not at their deadlines
+            replies.put_nowait(None)
         if self._own_broker:
             await self.broker.close()
 
@@ -140,7 +144,7 @@ class ReachClient:
         the coordinator refuses it and :class:`TaskFailed` when the handler fails.
         """
         inbox = self.broker.new_inbox()
-        replies: asyncio.Queue[envelopes.Reply] = asyncio.Queue()
+        replies: asyncio.Queue[envelopes.Reply | None] = asyncio.Queue()
 
         async def collect(msg: Inbound) -> None:
             with contextlib.suppress(envelopes.DecodeError):
@@ -155,9 +159,13 @@ class ReachClient:
             ttl_ms=ack_deadline_ms + execute_deadline_ms,
             budget=Budget(ack_ms=ack_deadline_ms, execute_ms=execute_deadline_ms),
         )
-        async with await self.broker.subscribe(inbox, collect):
-            await self.submit(task)
-            return await _await_result(task, replies, on_ack, on_progress)
+        self._waiting.add(replies)
+        try:
+            async with await self.broker.subscribe(inbox, collect):
+                await self.submit(task)
+                return await _await_result(task, replies, on_ack, on_progress)
+        finally:
+            self._waiting.discard(replies)
 
     async def status(self, message_id: str) -> list[Event]:
         """The recorded lifecycle events of ``message_id``, oldest first."""
@@ -166,7 +174,7 @@ class ReachClient:
 
 async def _await_result(
     task: Task,
-    replies: asyncio.Queue[envelopes.Reply],
+    replies: asyncio.Queue[envelopes.Reply | None],
     on_ack: OnAck | None,
     on_progress: OnProgress | None,
 ) -> Any:
@@ -187,6 +195,8 @@ async def _await_result(
                 f"{task.topic!r} did not complete within {task.budget.execute_ms} ms", **ids
             ) from None
         match message:
+            case None:
+                raise InvokeError(f"the client was closed while {task.topic!r} ran", **ids)
             case Ack():
                 done_by = done_by or loop.time() + task.budget.execute_ms / 1000
                 await _call(on_ack, message)

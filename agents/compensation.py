@@ -83,7 +83,7 @@ class CompensationWorker:
     ) -> AsyncIterator[CompensationWorker]:
         """Consume for the duration of the block."""
         name = f"compensation:{self.name}"
-        async with connected(broker, nats_url, name=name, names=names) as connection:
+        async with connected(broker, nats_url, name=name, names=names, wait=True) as connection:
             consumer = await bind(connection, self._consumer(connection.names))
             compensation = Compensation(connection, self.name)
             loop = asyncio.create_task(self._consume(consumer, compensation), name=self.name)

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from agentreach import envelopes
-from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims
+from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
 from agentreach.agents.context import TaskContext
 from agentreach.agents.errors import PermanentError
 from agentreach.broker import Broker, BrokerError, Delivery
-from agentreach.broker.lifecycle import about, dead_letter, emit, event_for, reply
+from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event_for, reply
 from agentreach.envelopes import (
     Ack,
     Capacity,
@@ -102,6 +102,10 @@ class Executor:
     async def _execute(self, delivery: Delivery, task: Task) -> float | None:
         """Run ``task`` at most once; returns when to see it again, or None when done."""
         dispatched_ms = delivery.timestamp_ms
+        if (kept := self._claims.unrecorded(task.message_id)) is not None:
+            log.info("answering a redelivery from an outcome not yet recorded")
+            await self._conclude(delivery, task, kept, dispatched_ms)
+            return None
         spec = self.agent.handlers.get(task.topic)
         if spec is None:
             message = f"{self.agent.agent_id} does not serve {task.topic!r}"
@@ -148,20 +152,30 @@ class Executor:
         try:
             result = await _call(spec, ctx, task.payload, deadline_ms)
         except Exception as exc:  # every handler failure is reported, none is lost
-            error = _error_info(exc, deadline_ms)
-            await self._claims.fail(task, claim, error)
+            outcome = Outcome(claim, error=_error_info(exc, deadline_ms))
+        else:
+            duration_ms = int((time.monotonic() - started) * 1000)
+            self.latency.observe(duration_ms)
+            outcome = Outcome(claim, result=result, duration_ms=duration_ms)
+        await self._conclude(delivery, task, outcome, dispatched_ms)
+
+    async def _conclude(
+        self, delivery: Delivery, task: Task, outcome: Outcome, dispatched_ms: int
+    ) -> None:
+        """Record the outcome (it survives a broker outage meanwhile), then report it."""
+        recorded = await self._claims.record(task, outcome, still_working=delivery.in_progress)
+        if outcome.error is not None:
+            error = outcome.error
             log.info("handler failed", error_type=error.type, error=error.message)
             await self._report(task, "failed", error, dispatched_ms)
             return
-        duration_ms = int((time.monotonic() - started) * 1000)
-        self.latency.observe(duration_ms)
-        if not await self._claims.finish(task, claim, result):
+        if not recorded:
             # Fenced: the task was reassigned while this ran; the new attempt answers.
             log.warning("late result rejected: the task was reassigned")
             rejected = event_for(task, "late_result_rejected", agent_id=self.agent.agent_id)
             await emit(self.broker, rejected)
             return
-        await self._complete(task, result, duration_ms)
+        await self._complete(task, outcome.result, outcome.duration_ms)
 
     async def _claim(
         self, delivery: Delivery, task: Task, *, lease_ms: int
@@ -215,19 +229,10 @@ class Executor:
         await emit(self.broker, event_for(task, event, agent_id=self.agent.agent_id, **detail))
 
     async def _undecodable(self, delivery: Delivery, exc: DecodeError) -> None:
-        message_id = envelopes.stable_id(
-            delivery.timestamp_ns, delivery.stream, delivery.stream_seq
-        )
         log.warning("undecodable dispatch", subject=delivery.subject, error=str(exc))
-        await dead_letter(
-            self.broker,
-            reason="invalid_envelope",
-            message_id=message_id,
-            trace_id=message_id,
-            topic=UNDECODABLE_TOPIC,
-            raw=delivery.data,
-            headers=dict(delivery.headers),
-            error=ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False),
+        error = ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False)
+        await dead_letter_delivery(
+            self.broker, delivery, reason="invalid_envelope", error=error, topic=UNDECODABLE_TOPIC
         )
 
     def _about(self, task: Task) -> dict[str, Any]:

@@ -18,7 +18,15 @@ from agentreach.agents.execution import Executor
 from agentreach.agents.heartbeats import Heartbeats, Load
 from agentreach.agents.registration import await_slot, write_card
 from agentreach.agents.watchdog import Watchdog
-from agentreach.broker import Broker, BrokerError, ConsumerSpec, Delivery, PullConsumer, bind
+from agentreach.broker import (
+    Broker,
+    BrokerError,
+    ConsumerSpec,
+    Delivery,
+    PullConsumer,
+    bind,
+    wait_provisioned,
+)
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.presence import Presence
 from agentreach.broker.tasks import cancel_and_wait
@@ -82,6 +90,7 @@ class AgentRuntime:
         if agent.startup_delay:
             # Spread the registrations of a fleet that starts at once.
             await asyncio.sleep(random.uniform(0, agent.startup_delay))
+        await self._await_topology()
         await self._claim_identity()
         interval = await await_slot(self.broker, agent.agent_id) or agent.heartbeat_interval
         self.card = await write_card(self.broker, agent.card(status="running"))
@@ -138,6 +147,16 @@ class AgentRuntime:
         log.info("agent stopped", agent_id=self.agent.agent_id)
 
     # -- starting -----------------------------------------------------------------
+    async def _await_topology(self) -> None:
+        """Wait for the coordinator (or ``reach provision``) to have made what an agent uses:
+        an agent started first, or together with it, waits instead of exiting."""
+        names = self.broker.names
+        await wait_provisioned(
+            self.broker,
+            streams=[*names.dispatch_streams.values(), names.tasks_stream, names.events_stream],
+            buckets=[names.agents_bucket, names.heartbeats_bucket, names.executions_bucket],
+        )
+
     async def _claim_identity(self) -> None:
         """Answer for this agent id, refusing when another live process does already."""
         agent = self.agent
@@ -191,13 +210,8 @@ class AgentRuntime:
         while not self._stopping.is_set():
             honour_cancellation()
             await pool.wait_free()
-            try:
-                deliveries = await consumer.fetch(pool.free, wait_s=FETCH_WAIT_S)
-            except BrokerError as exc:
-                log.warning("fetch failed", priority=priority, error=str(exc))
-                await asyncio.sleep(FETCH_WAIT_S)  # a broken connection: do not spin
-                continue
-            for delivery in deliveries:
+            # A failed fetch (the server restarting) is said once and retried with backoff.
+            for delivery in await consumer.next_batch(pool.free, wait_s=FETCH_WAIT_S):
                 pool.take()
                 task = asyncio.create_task(self._handle(delivery, pool))
                 self._in_flight.add(task)
