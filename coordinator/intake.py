@@ -14,6 +14,7 @@ from agentreach.envelopes import (
     ErrorInfo,
     Task,
     decode_json,
+    is_reply_subject,
     is_token,
     stable_id,
     task_from_intake,
@@ -45,6 +46,7 @@ class Intake:
                 topic=topic,
                 received_ms=msg.timestamp_ms,
                 fallback_id=fallback_id,
+                reply_allowed=self._broker.names.reply_allowed,
             )
         except DecodeError as exc:
             await self._invalid(msg, topic, fallback_id, exc)
@@ -57,7 +59,10 @@ class Intake:
             seen_before = msg.num_delivered > 1
             if not self._workflows.serves(task.topic):
                 return await self._router.dispatch(
-                    task, left_ms=left_ms, waited=msg.num_delivered - 1
+                    task,
+                    left_ms=left_ms,
+                    waited=msg.num_delivered - 1,
+                    origin=f"t{msg.stream_seq}",
                 )
             if left_ms <= 0 and not seen_before:  # seen before: it may have started already
                 await self._router.end(task, "expired", f"ttl {task.ttl_ms} ms passed in intake")
@@ -83,14 +88,12 @@ class Intake:
             raw=msg.data,
             headers=headers,
         )
-        stub = Task(
-            v=1,
-            message_id=message_id,
-            trace_id=trace_id,
-            topic=topic,
-            reply_to=headers.get(h.REPLY_TO),
-        )
-        await reply(self._broker, stub, error_reply(stub, error))
+        reply_to = headers.get(h.REPLY_TO) or ""
+        if is_reply_subject(reply_to) and self._broker.names.reply_allowed(reply_to):
+            stub = Task(
+                v=1, message_id=message_id, trace_id=trace_id, topic=topic, reply_to=reply_to
+            )
+            await reply(self._broker, stub, error_reply(stub, error))
 
 
 def _claimed_ids(data: bytes) -> dict[str, object]:

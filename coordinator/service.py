@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,10 +19,10 @@ from pathlib import Path
 
 import structlog
 
-from agentreach.broker import Broker, BrokerError, ConsumerSpec, Delivery, PullConsumer, bind
+from agentreach.broker import Broker, ConsumerSpec, Provisioner, Topology, bind, provision
 from agentreach.broker.tasks import cancel_and_wait
-from agentreach.broker.topology import provision, queue_caps
 from agentreach.coordinator.config import CoordinatorConfig
+from agentreach.coordinator.consumption import Consumption, Handler
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import OUTCOME_EVENTS, Outcomes
 from agentreach.coordinator.intake import Intake
@@ -41,11 +42,13 @@ from agentreach.envelopes import new_id
 
 log = structlog.get_logger("coordinator")
 
-# A handler returns None when the message is settled, or seconds until it should come back.
-Handler = Callable[[Delivery], Awaitable[float | None]]
-RETRY_DELAY_S = 1.0
-BUG_DELAY_S = 5.0
 ADVISORY_BATCH = 16
+RESTART_FIRST_S = 1.0
+RESTART_CAP_S = 30.0
+# Delivery limits: a backstop under the poison path. A task waiting for an agent comes back
+# at most every 10 s within its ttl (a day at most), so intake never needs more.
+MAX_DELIVER_INTAKE = 20_000
+MAX_DELIVER_OTHER = 1_000
 
 
 class Coordinator:
@@ -79,19 +82,25 @@ class Coordinator:
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery)
         self._advisories = Advisories(broker)
         self._control = LivenessControl(config.liveness, self.liveness)
+        topology = Topology.default(broker.names, queue_capacity=config.queues.capacities)
+        self._topology = topology
+        self._provisioner = Provisioner(broker, topology)
+        self._consumption = Consumption(broker, self._provisioner)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Serve until cancelled; ``ready`` is set once every loop is consuming."""
-        # The per-agent queue capacities are this config's: the broker enforces them.
-        await provision(self.broker, queue_caps(self.broker.names, self.config.queues.capacities))
+        # Every stream and bucket, with this config's per-agent queue capacities (the broker
+        # enforces them); idempotent, so replicas and restarts may all do it.
+        await provision(self.broker, self._topology)
         async with asyncio.TaskGroup() as group:
             await self._follow_views(group)
             lease = Lease(self.broker, "liveness", self.replica_id, ttl_s=self.config.lease_ttl_s)
-            group.create_task(lease.hold(self.liveness.run), name="liveness")
+            _keep(group, "liveness", lambda: lease.hold(self.liveness.run))
             await self._answer_requests()
             for spec, batch, handle in self._loops():
-                consumer = await bind(self.broker, spec)
-                group.create_task(_consume(consumer, batch, handle), name=spec.durable)
+                consumer = await bind(self.broker, spec, on_missing=self._provisioner.ensure)
+                run = self._consumption.run
+                _keep(group, spec.durable, functools.partial(run, consumer, batch, handle))
             if self.config.workflows:
                 await self.workflows.resume_all()
             log.info("coordinator serving", replica=self.replica_id)
@@ -107,20 +116,21 @@ class Coordinator:
         }
         for name, follow in views.items():
             view_ready = asyncio.Event()
-            group.create_task(follow(view_ready), name=name)
+            _keep(group, name, functools.partial(follow, view_ready))
             await view_ready.wait()
-        outcomes_feed = follow_outcomes(
+        outcomes_feed = functools.partial(
+            follow_outcomes,
             self.broker,
             since_s=self.config.breakers.window_s,
             handlers=(self.breakers.record_outcome, self.queues.finished),
         )
-        group.create_task(outcomes_feed, name="outcome-feed")
-        group.create_task(self.routes.watch(self.config.routing.reload_poll_s), name="routes")
+        _keep(group, "outcome-feed", outcomes_feed)
+        _keep(group, "routes", lambda: self.routes.watch(self.config.routing.reload_poll_s))
 
     async def _answer_requests(self) -> None:
         names = self.broker.names
         await self.broker.subscribe(names.register, self._control.on_register, queue="coordinators")
-        await self.broker.subscribe(names.clear, self._control.on_clear, queue="coordinators")
+        await self.broker.subscribe(names.clear, self._control.on_clear)  # the judge answers
         await self.broker.subscribe(names.routes_reload, self.routes.on_request)  # every replica
 
     def _loops(self) -> list[tuple[ConsumerSpec, int, Handler]]:
@@ -130,22 +140,26 @@ class Coordinator:
             durable=names.coordinator_intake,
             filter_subjects=(names.tasks_wildcard,),
             ack_wait_s=config.intake.ack_wait_s,
+            max_deliver=MAX_DELIVER_INTAKE,
         )
         outcomes = ConsumerSpec(
             stream=names.events_stream,
             durable=names.coordinator_outcomes,
             filter_subjects=tuple(names.events_of_kind(e) for e in OUTCOME_EVENTS),
+            max_deliver=MAX_DELIVER_INTAKE,  # retries wait within the ttl too
         )
         advisories = ConsumerSpec(
             stream=names.advisories_stream,
             durable=names.coordinator_advisories,
             filter_subjects=names.max_deliveries_advisories,
+            max_deliver=MAX_DELIVER_OTHER,
         )
         workflows = ConsumerSpec(
             stream=names.workflows_stream,
             durable=names.coordinator_workflows,
             filter_subjects=(names.workflows_wildcard,),
             max_ack_pending=-1,  # timers wait here, held back until due
+            max_deliver=MAX_DELIVER_OTHER,
         )
         return [
             (intake, config.intake.batch, self._intake.handle),
@@ -172,29 +186,20 @@ class Coordinator:
                 raise task.exception()  # type: ignore[misc]
 
 
-async def _consume(consumer: PullConsumer, batch: int, handle: Handler) -> None:
-    async for deliveries in consumer.batches(size=batch):
-        await asyncio.gather(*(_settle(delivery, handle) for delivery in deliveries))
+def _keep(group: asyncio.TaskGroup, name: str, loop: Callable[[], Awaitable[None]]) -> None:
+    """Run ``loop`` in ``group`` for good: one that fails (a bug, an error nobody caught)
+    is said loudly and started again after a pause, instead of stopping every other loop
+    of the service with it."""
 
+    async def kept() -> None:
+        pause_s = RESTART_FIRST_S
+        while True:
+            try:
+                await loop()
+                return
+            except Exception:
+                log.exception("a coordinator loop failed; starting it again", loop=name)
+            await asyncio.sleep(pause_s)
+            pause_s = min(RESTART_CAP_S, pause_s * 2)
 
-async def _settle(delivery: Delivery, handle: Handler) -> None:
-    """Handle, then ack; a broker failure leaves the message to come back later."""
-    try:
-        retry_in_s = await handle(delivery)
-    except BrokerError as exc:
-        await _later(delivery, RETRY_DELAY_S, "broker error, will retry", error=str(exc))
-        return
-    except Exception:  # a bug must not stop the service; the message comes back later
-        await _later(delivery, BUG_DELAY_S, "unexpected error, will retry", exc_info=True)
-        return
-    with contextlib.suppress(BrokerError):  # unsettled, it comes back after the ack wait
-        if retry_in_s is None:
-            await delivery.ack()
-        else:
-            await delivery.nak(retry_in_s)
-
-
-async def _later(delivery: Delivery, delay_s: float, why: str, **fields: object) -> None:
-    log.warning(why, subject=delivery.subject, **fields)
-    with contextlib.suppress(BrokerError):
-        await delivery.nak(delay_s)
+    group.create_task(kept(), name=name)

@@ -13,9 +13,9 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.lifecycle import dead_letter
-from agentreach.broker.streams import delete_message, get_message
+from agentreach.broker.streams import StoredMessage, delete_message, get_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
-from agentreach.envelopes import DecodeError, ErrorInfo, decode_as
+from agentreach.envelopes import DecodeError, ErrorInfo, Task, decode_as, is_token, stable_id
 
 log = structlog.get_logger("coordinator.advisories")
 
@@ -30,7 +30,8 @@ class MaxDeliveries(msgspec.Struct, frozen=True):
 
 
 class Advisories:
-    """Turns max-deliveries advisories of dispatch streams into ``retries_exhausted``."""
+    """Turns max-deliveries advisories into ``retries_exhausted`` dead letters: a dispatched
+    task no agent acknowledged, or a message the coordinator itself never got through."""
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
@@ -50,24 +51,39 @@ class Advisories:
             " without an acknowledgement",
             retryable=False,
         )
-        await self._dead_letter(stored.data, stored.headers, error)
-        await delete_message(self._broker, advisory.stream, advisory.stream_seq)
+        await self._dead_letter(stored, error)
+        if advisory.stream != self._broker.names.events_stream:  # events are history: kept
+            await delete_message(self._broker, advisory.stream, advisory.stream_seq)
 
-    async def _dead_letter(self, data: bytes, headers: dict[str, str], error: ErrorInfo) -> None:
-        try:
-            task = envelopes.decode_task(data)
-        except DecodeError:
-            message_id = headers.get("Nats-Msg-Id", "unknown").replace(".", "_")
-            await dead_letter(
-                self._broker,
-                reason="retries_exhausted",
-                message_id=message_id,
-                trace_id=message_id,
-                topic="_invalid",
-                error=error,
-                raw=data,
-                headers=headers,
-            )
+    async def _dead_letter(self, stored: StoredMessage, error: ErrorInfo) -> None:
+        task = _task_in(stored.data)
+        if task is not None:
+            log.warning("max deliveries reached", message_id=task.message_id, error=error.message)
+            await end_with_error(self._broker, task, "retries_exhausted", error)
             return
-        log.warning("max deliveries reached", message_id=task.message_id, error=error.message)
-        await end_with_error(self._broker, task, "retries_exhausted", error)
+        claimed = stored.headers.get("Nats-Msg-Id")
+        message_id = claimed if is_token(claimed) else None
+        message_id = message_id or stable_id(stored.timestamp_ns, stored.subject, stored.stream_seq)
+        await dead_letter(
+            self._broker,
+            reason="retries_exhausted",
+            message_id=message_id,
+            trace_id=message_id,
+            topic="_invalid",
+            error=error,
+            raw=stored.data,
+            headers={**stored.headers, "Reach-Subject": stored.subject},
+        )
+
+
+def _task_in(data: bytes) -> Task | None:
+    """The task a stored message is (a dispatch) or is about (an outcome event), if any."""
+    try:
+        return envelopes.decode_task(data)
+    except DecodeError:
+        pass
+    try:
+        event = envelopes.decode_event(data)
+        return msgspec.convert(event.detail.get("task"), Task)
+    except (DecodeError, msgspec.ValidationError):
+        return None

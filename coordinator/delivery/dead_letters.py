@@ -18,7 +18,6 @@ async def end_with_error(
 ) -> None:
     """Dead-letter ``task`` as ``reason`` (with ``state``, if any) and send ``error`` to its
     ``reply_to``."""
-    log.info("dead-lettered", reason=reason, error=error.message)
     await dead_letter(
         broker,
         reason=reason,
@@ -29,6 +28,7 @@ async def end_with_error(
         error=error,
         state=state,
     )
+    log.info("dead-lettered", reason=reason, error=error.message)  # said once it is so
     await reply(broker, task, error_reply(task, error))
 
 

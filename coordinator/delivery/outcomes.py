@@ -8,12 +8,14 @@ JetStream's own redelivery never stacks another backoff underneath.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import msgspec
 import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
-from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.lifecycle import dead_letter_delivery, emit, event_for
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.routing.directory import AgentDirectory
@@ -23,6 +25,7 @@ from agentreach.envelopes import DecodeError, ErrorInfo, Event, Task, ttl_left_m
 log = structlog.get_logger("coordinator.outcomes")
 
 OUTCOME_EVENTS = ("failed", "expired")
+T = TypeVar("T")
 
 
 class Outcomes:
@@ -40,20 +43,24 @@ class Outcomes:
         """None to acknowledge the event, or seconds until it should come back."""
         try:
             event = envelopes.decode_event(msg.data)
-            task = msgspec.convert(event.detail.get("task"), Task)
-            error = msgspec.convert(event.detail.get("error"), ErrorInfo)
-        except (DecodeError, msgspec.ValidationError) as exc:
-            # Agents publish these; one that cannot be read is a bug to see, not to retry.
-            log.error("unreadable outcome event", subject=msg.subject, error=str(exc))
+        except DecodeError as exc:
+            await self._unreadable(msg, exc)
+            return None
+        try:
+            task = _detail(event, "task", Task)
+            error = _detail(event, "error", ErrorInfo)
+        except DecodeError as exc:
+            await self._incomplete(event, exc)
             return None
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, agent_id=event.agent_id
         ):
-            return await self._decide(event, task, error, msg.num_delivered)
+            return await self._decide(event, task, error, msg)
 
     async def _decide(
-        self, event: Event, task: Task, error: ErrorInfo, delivered: int
+        self, event: Event, task: Task, error: ErrorInfo, msg: Delivery
     ) -> float | None:
+        delivered = msg.num_delivered
         if event.event == "expired":
             await end_with_error(self._broker, task, "expired", error)
             return None
@@ -65,7 +72,7 @@ class Outcomes:
             return None
         if delivered == 1:
             return await self._schedule(task, error)
-        return await self._retry(event, task, waited=delivered - 2)
+        return await self._retry(event, task, waited=delivered - 2, origin=f"e{msg.stream_seq}")
 
     async def _schedule(self, task: Task, error: ErrorInfo) -> float:
         delay = self._config.backoff_s(task.attempt)
@@ -82,15 +89,53 @@ class Outcomes:
         )
         return delay
 
-    async def _retry(self, event: Event, task: Task, *, waited: int) -> float | None:
+    async def _retry(self, event: Event, task: Task, *, waited: int, origin: str) -> float | None:
         dispatched_at_ms = int(event.detail.get("dispatched_at_ms") or event.at_ms)
         left_ms = ttl_left_ms(task.ttl_ms, dispatched_at_ms)
         retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None)
         return await self._router.dispatch(
-            retry, left_ms=left_ms, waited=waited, where="between retries"
+            retry, left_ms=left_ms, waited=waited, origin=origin, where="between retries"
         )
+
+    async def _unreadable(self, msg: Delivery, exc: DecodeError) -> None:
+        """An outcome that is not an event at all: its bytes go to the dead-letter stream."""
+        log.error("unreadable outcome event", subject=msg.subject, error=str(exc))
+        error = ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False)
+        await dead_letter_delivery(
+            self._broker, msg, reason="invalid_envelope", error=error, topic="_invalid"
+        )
+
+    async def _incomplete(self, event: Event, exc: DecodeError) -> None:
+        """An outcome without the task it is about cannot be retried: the task is ended with
+        what the event says of it, naming what was missing (an agent not following the
+        protocol)."""
+        log.error("outcome event without its task", message_id=event.message_id, error=str(exc))
+        stub = Task(
+            v=1,
+            message_id=event.message_id,
+            trace_id=event.trace_id,
+            topic=event.topic,
+            attempt=event.attempt,
+        )
+        error = ErrorInfo(
+            type="invalid_envelope",
+            message=f"{event.event} event from {event.agent_id or 'an agent'}: {exc}",
+            retryable=False,
+        )
+        await end_with_error(self._broker, stub, "invalid_envelope", error)
 
     def _max_attempts(self, task: Task, agent_id: str | None) -> int:
         card = self._directory.cards.get(agent_id or "")
         intent = card.intents.get(task.topic) if card else None
         return self._config.attempts_for(task.topic, intent.max_attempts if intent else None)
+
+
+def _detail(event: Event, field: str, kind: type[T]) -> T:
+    """``event.detail[field]`` as ``kind``; DecodeError naming ``$.detail.<field>`` if not."""
+    try:
+        return msgspec.convert(event.detail.get(field), kind)
+    except msgspec.ValidationError as exc:
+        if field not in event.detail:
+            raise DecodeError(f"Object missing required field `{field}` - at `$.detail`") from None
+        text, _, inner = str(exc).partition(" - at `$")
+        raise DecodeError(f"{text} - at `$.detail.{field}{inner.rstrip('`')}`") from None

@@ -30,6 +30,9 @@ class LivenessControl:
         await msg.respond(envelopes.encode(reply))
 
     async def on_clear(self, msg: Inbound) -> None:
+        """Every replica hears it; the one judging liveness (holding its lease) answers."""
+        if not self._monitor.active:
+            return
         agent_id = msg.data.decode(errors="replace")
         cleared = await self._monitor.clear(agent_id)
         await msg.respond(b"cleared" if cleared else b"unknown agent")

@@ -52,6 +52,9 @@ class LivenessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     probe_connection_s: PositiveSeconds = 3.0
     probe_ping_s: PositiveSeconds = 5.0
     flapping_limit: Positive = 3  # OFFLINE more often than this in an hour: quarantined
+    # A SUSPECT agent whose connection is there but that does not heartbeat (stuck, or a
+    # wildcard subscriber answering nothing in its place) goes OFFLINE after this many.
+    unresponsive_intervals: Positive = 20
     registration_rate: PositiveSeconds = 20.0  # per second, per coordinator replica
     registration_burst: Positive = 20
 
@@ -94,8 +97,16 @@ class LivenessMonitor:
         self._broker = broker
         self._config = config
         self.agents: dict[str, Tracked] = {}
+        self.active = False  # judging now: this replica holds the liveness lease
 
     async def run(self) -> None:
+        self.active = True
+        try:
+            await self._judge()
+        finally:
+            self.active = False
+
+    async def _judge(self) -> None:
         await self._restore()
         heartbeats = await self._broker.bucket(self._broker.names.heartbeats_bucket, Heartbeat)
         sweeper = asyncio.create_task(self._sweep_forever(), name="liveness-sweep")
@@ -103,7 +114,8 @@ class LivenessMonitor:
         try:
             async with heartbeats.watch() as watch:
                 async for change in watch:
-                    await self._on_heartbeat(change)
+                    # What the watch replays at start was written before: judge it by its age.
+                    await self._on_heartbeat(change, replayed=not watch.initial.is_set())
                     honour_cancellation()
         finally:
             probes = [t.probe for t in self.agents.values() if t.probe and not t.probe.done()]
@@ -114,7 +126,7 @@ class LivenessMonitor:
         heartbeat it missed must not make a live agent look silent."""
         heartbeats = await self._broker.bucket(self._broker.names.heartbeats_bucket, Heartbeat)
         for entry in (await heartbeats.snapshot()).values():
-            await self._on_beat(entry.key, entry.revision, entry.value)
+            await self._on_beat(entry.key, entry.revision, entry.value, entry.written_ms)
 
     async def _reread_forever(self) -> None:
         while True:
@@ -158,7 +170,7 @@ class LivenessMonitor:
                 offline_at_ms=list(record.offline_at_ms),
             )
 
-    async def _on_heartbeat(self, change: Change) -> None:
+    async def _on_heartbeat(self, change: Change, *, replayed: bool = False) -> None:
         if change.value is None:  # deleted by an agent that stopped cleanly
             await self._on_beat(change.key, change.revision, None)
             return
@@ -167,10 +179,14 @@ class LivenessMonitor:
         except DecodeError as exc:
             log.warning("ignoring unreadable heartbeat", agent_id=change.key, error=str(exc))
             return
-        await self._on_beat(change.key, change.revision, beat)
+        written_ms = change.written_ms if replayed else 0
+        await self._on_beat(change.key, change.revision, beat, written_ms)
 
-    async def _on_beat(self, agent_id: str, revision: int, beat: Heartbeat | None) -> None:
-        """A heartbeat at ``revision``, or None when the key was deleted."""
+    async def _on_beat(
+        self, agent_id: str, revision: int, beat: Heartbeat | None, written_ms: int = 0
+    ) -> None:
+        """A heartbeat at ``revision``, or None when the key was deleted; ``written_ms`` (the
+        broker's time) is given for one written before it was read, to judge its age."""
         tracked = self.agents.get(agent_id)
         if tracked is not None and 0 < revision <= tracked.revision:
             return  # seen already (the periodic re-read finds mostly these)
@@ -179,6 +195,19 @@ class LivenessMonitor:
         if beat is None:
             if tracked is not None and tracked.state != "OFFLINE":
                 await self._transition(tracked, "OFFLINE", "stopped")
+            return
+        # A heartbeat read at start (after a restart or a lease hand-over) may be an old one
+        # of an agent long gone: it counts from when it was written, not from now.
+        age_s = max(0, now_ms() - written_ms) / 1000 if written_ms else 0.0
+        if age_s > 3 * beat.interval_s:
+            if tracked is None:
+                self.agents[agent_id] = Tracked(
+                    agent_id=agent_id,
+                    interval_s=beat.interval_s,
+                    last_seen=time.monotonic() - age_s,
+                    revision=revision,
+                    epoch=beat.epoch,
+                )
             return
         if tracked is None:
             tracked = self.agents[agent_id] = Tracked(
@@ -212,11 +241,25 @@ class LivenessMonitor:
 
     # -- sweeping -----------------------------------------------------------------
     async def _sweep_forever(self) -> None:
+        reconnects = self._broker.reconnects
         while True:
             await asyncio.sleep(self._config.tick_s)  # the sweep's own period
+            if not self._broker.connected:
+                continue  # our own outage says nothing about the agents
+            if self._broker.reconnects != reconnects:
+                reconnects = self._broker.reconnects
+                self._grace()
             for tracked in list(self.agents.values()):
                 await self._sweep(tracked)
                 honour_cancellation()
+
+    def _grace(self) -> None:
+        """After this replica's connection came back, heartbeats missed meanwhile were not
+        the agents' fault: each gets a full threshold again, as after a restart."""
+        now = time.monotonic()
+        for tracked in self.agents.values():
+            if tracked.state != "OFFLINE":
+                tracked.last_seen = max(tracked.last_seen, now)
 
     async def _sweep(self, tracked: Tracked) -> None:
         silent_for = time.monotonic() - tracked.last_seen
@@ -224,13 +267,10 @@ class LivenessMonitor:
             tracked.connected = False
             await self._transition(tracked, "SUSPECT", "missed heartbeats")
             tracked.probe = asyncio.create_task(self._probe(tracked))
-        elif (
-            tracked.state == "SUSPECT"
-            and not tracked.connected
-            and silent_for > 5 * tracked.interval_s
-            and (tracked.probe is None or tracked.probe.done())
-        ):
-            await self._transition(tracked, "OFFLINE", "no heartbeat for 5 intervals")
+        elif tracked.state == "SUSPECT" and (tracked.probe is None or tracked.probe.done()):
+            limit = self._config.unresponsive_intervals if tracked.connected else 5
+            if silent_for > limit * tracked.interval_s:
+                await self._transition(tracked, "OFFLINE", f"no heartbeat for {limit} intervals")
 
     async def _probe(self, tracked: Tracked) -> None:
         """Probe once, and once more if needed; never more per SUSPECT episode."""
@@ -288,7 +328,7 @@ class LivenessMonitor:
                 ),
             )
         if state == "OFFLINE":
-            await reassign_tasks(self._broker, tracked.agent_id)
+            await reassign_tasks(self._broker, tracked.agent_id, epoch=tracked.epoch)
 
     def _count_offline(self, tracked: Tracked) -> None:
         now = now_ms()

@@ -17,21 +17,26 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, WrongLastSequence
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
-from agentreach.envelopes import DecodeError, ErrorInfo, Execution, Task, ttl_left_ms
+from agentreach.envelopes import AgentCard, DecodeError, ErrorInfo, Execution, Task, ttl_left_ms
 from agentreach.envelopes.headers import task_headers
 
 log = structlog.get_logger("coordinator.reassign")
 
 
-async def reassign_tasks(broker: Broker, agent_id: str) -> int:
-    """Re-dispatch every task waiting for ``agent_id``; returns how many."""
+async def reassign_tasks(broker: Broker, agent_id: str, *, epoch: int = 0) -> int:
+    """Re-dispatch every task waiting for ``agent_id``, whose process ``epoch`` went OFFLINE;
+    returns how many. Nothing moves when a newer process of the agent is up already: its
+    consumer (the same durable) takes those tasks itself."""
+    if await _newer_process(broker, agent_id, epoch):
+        log.info("a newer process serves the agent; nothing to reassign", agent_id=agent_id)
+        return 0
     moved = 0
     for priority, stream in broker.names.dispatch_streams.items():
         subject = broker.names.dispatch(agent_id, priority)
         seq = 1
         while (stored := await next_message(broker, stream, subject, from_seq=seq)) is not None:
             seq = stored.stream_seq + 1
-            if await _move(broker, stored):
+            if await _move(broker, stored, agent_id, epoch):
                 moved += 1
             await delete_message(broker, stream, stored.stream_seq)
     if moved:
@@ -39,7 +44,13 @@ async def reassign_tasks(broker: Broker, agent_id: str) -> int:
     return moved
 
 
-async def _move(broker: Broker, stored: StoredMessage) -> bool:
+async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
+    cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+    card = await cards.get(agent_id)
+    return card is not None and card.value.status == "running" and card.value.epoch > epoch
+
+
+async def _move(broker: Broker, stored: StoredMessage, agent_id: str, epoch: int) -> bool:
     """Send the task through intake again as its next attempt, with the ttl it has left.
 
     Intake, not the router directly: when no agent can take it now it waits there,
@@ -49,7 +60,7 @@ async def _move(broker: Broker, stored: StoredMessage) -> bool:
         task = envelopes.decode_task(stored.data)
     except DecodeError:
         return False  # the agent's consumer would have dead-lettered it; nothing to move
-    await _fence(broker, task)
+    await _fence(broker, task, agent_id, epoch)
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     retry = msgspec.structs.replace(
         task, attempt=task.attempt + 1, to_agent=None, ttl_ms=max(1, left_ms)
@@ -59,13 +70,16 @@ async def _move(broker: Broker, stored: StoredMessage) -> bool:
     return True
 
 
-async def _fence(broker: Broker, task: Task) -> None:
-    """Take a running claim away from the old agent, so its late result cannot land."""
+async def _fence(broker: Broker, task: Task, agent_id: str, epoch: int) -> None:
+    """Take a running claim away from the gone process (that agent, that epoch or older),
+    so its late result cannot land; a claim of anyone else stands."""
     executions = await broker.bucket(broker.names.executions_bucket, Execution)
     reassigned = ErrorInfo(type="reassigned", message="its agent went OFFLINE", retryable=True)
 
     def fenced(record: Execution | None) -> Execution | None:
-        if record is None or record.state != "running":
+        if record is None or record.state != "running" or record.agent_id != agent_id:
+            return None
+        if epoch and record.epoch > epoch:
             return None
         return msgspec.structs.replace(record, state="failed", error=reassigned)
 

@@ -15,6 +15,7 @@ high watermark and whose token bucket has a token. When none is found:
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import msgspec
 import structlog
@@ -32,6 +33,8 @@ log = structlog.get_logger("coordinator.router")
 
 WAIT_FIRST_S = 0.05
 WAIT_MAX_S = 1.0
+WAIT_LONG_S = 10.0  # after a minute of waiting: a task may wait a day, its checks must not
+LONG_AFTER = 60
 MAX_PICKS = 8  # agents tried for one task before giving up on this pass
 SHOWN = 20  # candidates and passed-over agents listed in a routed event
 
@@ -51,13 +54,23 @@ class Router:
         log.info("routing rules loaded", rules=[r.name for r in routing.rules])
 
     async def dispatch(
-        self, task: Task, *, left_ms: int, waited: int = 0, where: str = "intake"
+        self,
+        task: Task,
+        *,
+        left_ms: int,
+        origin: str,
+        waited: int = 0,
+        where: str = "intake",
     ) -> float | None:
         """Dispatch ``task`` with ``left_ms`` of its ttl left (the envelope carries that on).
 
         Returns None once the task is dispatched or ended, or the seconds to wait
         before asking again when its agents exist but none can take it now;
-        ``waited`` counts the times it has waited already.
+        ``waited`` counts the times it has waited already. ``origin`` names the stored
+        message this decision answers (``t<seq>`` of intake, ``e<seq>`` of an outcome):
+        the same decision made again after a crash is then dropped as a duplicate, while
+        a task sent again with the same id is dispatched (and answered by its agent from
+        the execution record).
         """
         if left_ms <= 0:
             await self.end(task, "expired", f"ttl {task.ttl_ms} ms passed in {where}")
@@ -65,9 +78,10 @@ class Router:
         if where == "intake" and waited == 0 and not await self._topic_admits(task):
             return None
         rule = self.routing.first_match(task)
-        return await self._route(task, rule, left_ms=left_ms, waited=waited)
+        return await self._route(_Pending(task, left_ms, waited, origin), rule)
 
-    async def _route(self, task: Task, rule: Rule, *, left_ms: int, waited: int) -> float | None:
+    async def _route(self, pending: _Pending, rule: Rule) -> float | None:
+        task = pending.task
         if rule.to.dlq:
             reason = rule.to.dlq
             await self.end(task, reason, f"rule {rule.name!r} sends {task.topic!r} to the DLQ")
@@ -90,12 +104,12 @@ class Router:
                 await asyncio.sleep(wait_s)
                 rate_waited_s += wait_s
                 continue
-            refusal = await self._send(task, rule, choice, left_ms)
+            refusal = await self._send(pending, rule, choice)
             if refusal is None:
                 return None
             if refusal[0] != "rate":  # a rate limit is seen, with its wait, on the next pick
                 excluded[choice.agent.agent_id] = refusal
-        return await self._unroutable(task, rule, choice, left_ms=left_ms, waited=waited)
+        return await self._unroutable(pending, rule, choice)
 
     def _rate_wait(self, choice: Choice, waited_s: float) -> float | None:
         """How long to wait for a token when only rate limits stand in the way; else None."""
@@ -105,19 +119,21 @@ class Router:
             return None
         return choice.rate_wait_s
 
-    async def _send(self, task: Task, rule: Rule, choice: Choice, left_ms: int) -> Excluded | None:
+    async def _send(self, pending: _Pending, rule: Rule, choice: Choice) -> Excluded | None:
         """Dispatch to the chosen agent; None when sent, else why that agent refused."""
+        task = pending.task
         card = choice.agent
         assert card is not None
         if (refusal := await self.fleet.admit(choice, task.message_id)) is not None:
             return refusal
         routed = msgspec.structs.replace(
-            task, topic=choice.intent, to_agent=card.agent_id, ttl_ms=left_ms
+            task, topic=choice.intent, to_agent=card.agent_id, ttl_ms=pending.left_ms
         )
         # The event first: a trace must never show an agent at work before the routing.
         await emit(self._broker, self._routed_event(routed, rule, choice))
         subject = self._broker.names.dispatch(card.agent_id, task.priority)
-        headers = h.task_headers(routed, msg_id=f"{task.message_id}-{task.attempt}")
+        dedup = f"{task.message_id}-{task.attempt}-{pending.origin}"
+        headers = h.task_headers(routed, msg_id=dedup)
         try:
             await self._broker.publish(subject, envelopes.encode(routed), headers=headers)
         except SubjectFull:
@@ -141,9 +157,8 @@ class Router:
             detail["trial"] = choice.trial_key
         return event_for(routed, "routed", agent_id=choice.agent.agent_id, **detail)
 
-    async def _unroutable(
-        self, task: Task, rule: Rule, choice: Choice, *, left_ms: int, waited: int
-    ) -> float | None:
+    async def _unroutable(self, pending: _Pending, rule: Rule, choice: Choice) -> float | None:
+        task, waited = pending.task, pending.waited
         hindrances = choice.hindrances
         if hindrances["full"]:
             await self.reject(task, "backpressure", _why(task, "every queue is full", choice))
@@ -152,17 +167,16 @@ class Router:
             await self.reject(task, "rate_limited", _why(task, "all over their rate", choice))
             return None
         if choice.registered == 0 or hindrances["circuit"]:
-            return await self._fall_back(task, rule, choice, left_ms=left_ms, waited=waited)
+            return await self._fall_back(pending, rule, choice)
         log.info("no agent can take it now; waiting", registered=choice.registered)
-        return min(WAIT_FIRST_S * 2**waited, WAIT_MAX_S, left_ms / 1000 + 0.01)
+        longest = WAIT_MAX_S if waited < LONG_AFTER else WAIT_LONG_S
+        return min(WAIT_FIRST_S * 2**waited, longest, pending.left_ms / 1000 + 0.01)
 
-    async def _fall_back(
-        self, task: Task, rule: Rule, choice: Choice, *, left_ms: int, waited: int
-    ) -> float | None:
-        fallback = self.routing.fallback
+    async def _fall_back(self, pending: _Pending, rule: Rule, choice: Choice) -> float | None:
+        task, fallback = pending.task, self.routing.fallback
         if not rule.fallback:
             log.info("falling back", rule=rule.name, fallback=fallback.name)
-            return await self._route(task, fallback, left_ms=left_ms, waited=waited)
+            return await self._route(pending, fallback)
         if choice.registered == 0:
             await self.end(task, "no_route", f"no agent serves topic {task.topic!r}")
         else:
@@ -189,6 +203,17 @@ class Router:
         """Refuse ``task`` now as ``kind`` (backpressure, rate_limited, …); it may be sent again."""
         error = ErrorInfo(type=kind, message=message, retryable=True)
         await end_with_error(self._broker, task, "rejected", error)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """One routing decision under way: the task, what is left of its ttl, how often it
+    waited already, and which stored message it answers."""
+
+    task: Task
+    left_ms: int
+    waited: int
+    origin: str
 
 
 def _why(task: Task, summary: str, choice: Choice) -> str:

@@ -20,7 +20,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, Bucket, Delivery, WrongLastSequence
-from agentreach.broker.lifecycle import about, dead_letter, emit, event_for, reply
+from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event_for, reply
 from agentreach.broker.streams import purge_subject
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
 from agentreach.coordinator.workflows.run import (
@@ -46,7 +46,6 @@ from agentreach.envelopes import (
     decode_as,
     is_token,
     now_ms,
-    stable_id,
 )
 from agentreach.envelopes import headers as h
 
@@ -129,24 +128,26 @@ class WorkflowEngine:
         )
 
     async def _on_signal(self, instance_id: str, event: str, seen_before: bool) -> None:
-        if not await self._apply(instance_id, lambda run: run.on_signal(event), seen_before):
-            log.warning(
-                "signal not taken: no state waits for it", instance_id=instance_id, event=event
-            )
+        if await self._apply(instance_id, lambda run: run.on_signal(event), seen_before):
+            return
+        log.warning(
+            "signal not taken: no state waits for it", instance_id=instance_id, signal=event
+        )
+        records = await self._records()
+        if (entry := await records.get(instance_id)) is not None:
+            ignored = event_for(entry.value.task, "signal_ignored", signal=event)
+            await emit(self._broker, ignored)
 
     async def _refuse(self, msg: Delivery, instance_id: str, why: str) -> None:
         """A workflow message that cannot be read goes to the DLQ, saying what was wrong."""
-        message_id = stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq)
         log.error("unreadable workflow message", subject=msg.subject, error=why)
-        await dead_letter(
+        await dead_letter_delivery(
             self._broker,
+            msg,
             reason="invalid_envelope",
-            message_id=message_id,
-            trace_id=instance_id if is_token(instance_id) else message_id,
-            topic=WORKFLOW_TOPIC,
             error=ErrorInfo(type="invalid_envelope", message=why, retryable=False),
-            raw=msg.data,
-            headers={**(msg.headers or {}), "Reach-Subject": msg.subject},
+            topic=WORKFLOW_TOPIC,
+            trace_id=instance_id if is_token(instance_id) else None,
         )
 
     async def _on_timer(self, instance_id: str, data: bytes) -> float | None:

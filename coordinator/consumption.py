@@ -1,0 +1,108 @@
+"""How the coordinator consumes its streams: each message is handled, then settled.
+
+A handler returns None when the message is done (acknowledged) or the seconds after
+which it should come back (a wait, a backoff, a timer). A broker failure leaves the
+message to come back a second later; a stream or bucket that has gone is provisioned
+again. A message whose handling keeps crashing (a bug, or an input nobody foresaw) is
+dead-lettered as ``poison`` after a few tries, so it never loops forever; every
+consumer also has a delivery limit whose advisory ends in the dead-letter stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from agentreach.broker import (
+    Broker,
+    BrokerError,
+    BrokerTimeout,
+    Delivery,
+    NoStreamError,
+    Provisioner,
+    PullConsumer,
+    StreamNotFound,
+)
+from agentreach.broker.lifecycle import dead_letter_delivery
+from agentreach.envelopes import ErrorInfo
+
+log = structlog.get_logger("coordinator")
+
+Handler = Callable[[Delivery], Awaitable[float | None]]
+RETRY_DELAY_S = 1.0
+POISON_AFTER = 3  # crashes before a message is dead-lettered as poison
+REMEMBERED = 10_000  # messages whose crashes are counted at once
+
+
+class Consumption:
+    """Runs one consumer's messages through a handler, settling each exactly once."""
+
+    def __init__(self, broker: Broker, provisioner: Provisioner) -> None:
+        self._broker = broker
+        self._provisioner = provisioner
+        self._crashes: OrderedDict[tuple[str, int], int] = OrderedDict()
+
+    async def run(self, consumer: PullConsumer, batch: int, handle: Handler) -> None:
+        """Consume until cancelled, a batch at a time."""
+        async for deliveries in consumer.batches(size=batch):
+            await asyncio.gather(*(self.settle(d, handle) for d in deliveries))
+
+    async def settle(self, delivery: Delivery, handle: Handler) -> None:
+        try:
+            retry_in_s = await handle(delivery)
+        except (NoStreamError, StreamNotFound, BrokerTimeout) as exc:
+            # A stream may be gone (a timeout too: a subscriber on its subjects, such as
+            # `nats sub`, turns "no stream" into silence): make sure, then try again.
+            await self._provisioner.ensure(str(exc))
+            await _later(delivery, RETRY_DELAY_S, "broker error, will retry", error=str(exc))
+            return
+        except BrokerError as exc:
+            await _later(delivery, RETRY_DELAY_S, "broker error, will retry", error=str(exc))
+            return
+        except Exception as exc:  # a bug must not stop the service, nor loop forever
+            await self._crashed(delivery, exc)
+            return
+        with contextlib.suppress(BrokerError):  # unsettled, it comes back after the ack wait
+            if retry_in_s is None:
+                await delivery.ack()
+            else:
+                await delivery.nak(retry_in_s)
+
+    async def _crashed(self, delivery: Delivery, exc: Exception) -> None:
+        key = (delivery.stream, delivery.stream_seq)
+        crashes = self._crashes.pop(key, 0) + 1
+        if crashes < POISON_AFTER:
+            self._crashes[key] = crashes
+            while len(self._crashes) > REMEMBERED:
+                self._crashes.popitem(last=False)
+            log.warning("handling crashed, will retry", subject=delivery.subject, exc_info=True)
+            with contextlib.suppress(BrokerError):
+                await delivery.nak(RETRY_DELAY_S * crashes)
+            return
+        log.error("handling keeps crashing; dead-lettered as poison", subject=delivery.subject)
+        message = f"handling failed {crashes} times: {type(exc).__name__}: {exc}"
+        error = ErrorInfo(type="poison", message=message[:1000], retryable=False)
+        try:
+            await dead_letter_delivery(
+                self._broker, delivery, reason="poison", error=error, topic=_topic_of(delivery)
+            )
+        except BrokerError as failed:
+            await _later(delivery, RETRY_DELAY_S, "poison not dead-lettered yet", error=str(failed))
+            return
+        with contextlib.suppress(BrokerError):
+            await delivery.ack()  # dealt with: it is in the dead-letter stream now
+
+
+def _topic_of(delivery: Delivery) -> str:
+    """A token for the dead letter's subject: ``_`` and the stream's name."""
+    return f"_{delivery.stream.lower()}"
+
+
+async def _later(delivery: Delivery, delay_s: float, why: str, **fields: object) -> None:
+    log.warning(why, subject=delivery.subject, **fields)
+    with contextlib.suppress(BrokerError):
+        await delivery.nak(delay_s)
