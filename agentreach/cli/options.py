@@ -48,7 +48,9 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
-def embedded_server_options(parser: argparse.ArgumentParser, port: int) -> None:
+def embedded_server_options(
+    parser: argparse.ArgumentParser, port: int, *, store: Path = Path(".reach/nats")
+) -> None:
     """``--port`` and ``--data-dir`` of the embedded nats-server."""
     parser.add_argument(
         "--port",
@@ -59,8 +61,8 @@ def embedded_server_options(parser: argparse.ArgumentParser, port: int) -> None:
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=Path(".reach/nats"),
-        help="embedded server store (default ./.reach/nats)",
+        default=store,
+        help=f"embedded server store (default ./{store})",
     )
 
 

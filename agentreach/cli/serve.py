@@ -23,6 +23,8 @@ from agentreach.envelopes import Priority
 
 log = structlog.get_logger("reach")
 
+DEMO_STORE = Path(".reach/demo/nats")
+
 
 def register(commands: Commands) -> None:
     up = commands.add(
@@ -41,7 +43,7 @@ def register(commands: Commands) -> None:
         help="upper bound of the random delay before registering (s)",
     )
     demo = commands.add("demo", cmd_demo, "embedded server + coordinator + example agents + tasks")
-    embedded_server_options(demo, -1)
+    embedded_server_options(demo, -1, store=DEMO_STORE)
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
@@ -57,15 +59,14 @@ async def cmd_coordinator(args: argparse.Namespace) -> int:
 
 
 async def _coordinate(url: str, args: argparse.Namespace) -> None:
+    """Serve until a signal; the coordinator waits for NATS and provisions at start."""
     config = load_config(args.config)
     names = Names(prefix=args.prefix or config.prefix)
     async with (
-        provisioned(
-            url, names, name="coordinator", queue_capacity=config.queues.capacities
-        ) as broker,
+        Broker(url, names=names, name="coordinator", wait=True) as broker,
         Coordinator(broker, config, config_path=args.config).running(),
     ):
-        await until_signal(f"coordinator serving on {url}")
+        await until_signal(f"coordinator serving on {broker.shown_url}")
 
 
 async def cmd_agent(args: argparse.Namespace) -> int:
@@ -80,6 +81,7 @@ async def cmd_agent(args: argparse.Namespace) -> int:
 async def cmd_demo(args: argparse.Namespace) -> int:
     from agentreach.cli.demo import run_demo
 
+    # Its own store: the demo must never share (or spoil) the one `reach up` serves from.
     async with nats_server(args.nats_url, port=args.port, data_dir=args.data_dir) as url:
         return await run_demo(url, names_of(args))
 

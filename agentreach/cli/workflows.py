@@ -7,10 +7,10 @@ import argparse
 import asyncio
 import datetime as dt
 
-from agentreach.broker import Broker
+from agentreach.broker import Broker, read_stream
 from agentreach.cli.options import Commands, UsageError, names_of
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
-from agentreach.envelopes import StepRun, WorkflowRecord
+from agentreach.envelopes import StepRun, WorkflowRecord, decode_event, now_ms
 
 
 def register(commands: Commands) -> None:
@@ -20,7 +20,9 @@ def register(commands: Commands) -> None:
     flows.add_argument("action", choices=["list", "show", "cancel", "signal"])
     flows.add_argument("id", nargs="?")
     flows.add_argument("event", nargs="?", help="for signal: the event to send")
-    flows.add_argument("--wait", type=float, default=10.0, help="cancel: seconds to wait for it")
+    flows.add_argument(
+        "--wait", type=float, default=10.0, help="cancel, signal: seconds to wait for the effect"
+    )
 
 
 async def cmd_workflows(args: argparse.Namespace) -> int:
@@ -42,13 +44,45 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
             print(f"{args.id}: already {record.status}")
             return 1
         if args.action == "signal":
-            await signal(broker, args.id, args.event)
-            print(f"{args.id}: signalled {args.event} (in state {record.current or '-'})")
-            return 0
+            return await _signal(broker, record, args.event, args.wait)
         await cancel(broker, args.id)
         ended = await _until_finished(broker, args.id, args.wait)
     print(tree(ended) if ended else f"{args.id}: cancel requested")
     return 0
+
+
+async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: float) -> int:
+    """Send ``event`` and say whether a state took it (0) or none waits for it (1)."""
+    sent_ms = now_ms()
+    await signal(broker, record.instance_id, event)
+    deadline = asyncio.get_running_loop().time() + wait_s
+    state = f"in state {record.current or '-'}"
+    while asyncio.get_running_loop().time() < deadline:
+        now = await read_record(broker, record.instance_id)
+        if now is not None and (now.path != record.path or now.status != record.status):
+            print(f"{record.instance_id}: {event} taken {state}; now {now.current or now.status}")
+            return 0
+        if await _ignored(broker, record.instance_id, event, sent_ms):
+            print(f"{record.instance_id}: no state waits for {event} ({state}); nothing changed")
+            return 1
+        await asyncio.sleep(0.1)  # a person is waiting at the terminal; polling is fine here
+    print(f"{record.instance_id}: signalled {event} ({state}); no answer yet")
+    return 0
+
+
+async def _ignored(broker: Broker, instance_id: str, event: str, since_ms: int) -> bool:
+    names = broker.names
+    for stored in await read_stream(
+        broker, names.events_stream, names.events_of_message(instance_id)
+    ):
+        seen = decode_event(stored.data)
+        if (
+            seen.event == "signal_ignored"
+            and seen.detail.get("signal") == event
+            and stored.timestamp_ms >= since_ms - 1000  # clocks of broker and CLI apart
+        ):
+            return True
+    return False
 
 
 async def _until_finished(broker: Broker, instance_id: str, wait_s: float) -> WorkflowRecord | None:
