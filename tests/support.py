@@ -165,3 +165,12 @@ async def eventually(condition, timeout: float = 10.0) -> None:  # type: ignore[
     async with asyncio.timeout(timeout):
         while not condition():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
+
+
+async def until_true(check, timeout: float = 20.0, every_s: float = 0.1):  # type: ignore[no-untyped-def]
+    """Until ``await check()`` is truthy (for broker state that has no event of its own);
+    returns what it returned."""
+    async with asyncio.timeout(timeout):
+        while not (found := await check()):  # noqa: ASYNC110
+            await asyncio.sleep(every_s)
+        return found

@@ -9,6 +9,7 @@ import signal
 import socket
 
 from agentreach.agents import Agent, TaskContext
+from agentreach.broker import EmbeddedServer
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.support import wait_for_card
 
@@ -171,6 +172,32 @@ async def test_up_serves_with_embedded_server_and_stops_on_ctrl_c(tmp_path):
     assert "cannot connect" in refused.stderr  # the embedded server stopped with it
 
 
+async def test_a_store_in_use_is_refused_in_one_line(tmp_path):
+    """A second server (a demo beside `reach up`) on the same store is refused, not let in
+    to corrupt it; the demo's own store is elsewhere by default."""
+    async with EmbeddedServer(port=-1, store_dir=tmp_path / "nats"):
+        done = await run(
+            reach_command(),
+            "up",
+            "--port",
+            "-1",
+            "--data-dir",
+            str(tmp_path / "nats"),
+            env={"NATS_URL": ""},
+        )
+    assert done.returncode == 1
+    assert "is in use by process" in done.stderr and "Traceback" not in done.stderr
+    assert "default ./.reach/demo/nats" in (await run(reach_command(), "demo", "--help")).stdout
+
+
+async def test_agents_watch_refuses_a_period_below_half_a_second(broker):
+    """`reach agents --watch 0` (or -1) is a usage error, not a loop hammering the server."""
+    for period in ("0", "-1"):
+        done = await reach(broker, "agents", "--watch", period)
+        assert done.returncode == 1
+        assert "--watch takes seconds between redraws, at least 0.5" in done.stderr
+
+
 async def test_demo_runs_and_exits_cleanly(tmp_path):
     """`reach demo` prints results and traces, then exits 0."""
     done = await run(
@@ -205,10 +232,10 @@ async def test_agents_clear_needs_a_coordinator_and_a_known_agent(broker, coordi
 
 
 async def test_agents_watch_redraws_until_ctrl_c(broker, coordinator):
-    """`reach agents --watch 0.1` redraws the table until interrupted."""
+    """`reach agents --watch 0.5` redraws the table until interrupted."""
     async with worker().running(broker=broker):
         process = await asyncio.create_subprocess_exec(
-            *reach_argv(broker, "agents", "--watch", "0.1"),
+            *reach_argv(broker, "agents", "--watch", "0.5"),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
         )
@@ -216,7 +243,9 @@ async def test_agents_watch_redraws_until_ctrl_c(broker, coordinator):
         drawn = b""
         async with asyncio.timeout(20):
             while drawn.count(b"AGENT") < 2:
-                drawn += await process.stdout.read(4096)
+                chunk = await process.stdout.read(4096)
+                assert chunk, f"reach agents --watch ended: {drawn!r}"
+                drawn += chunk
         process.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(process.wait(), 10) == 130
     assert b"cli-reach-worker" in drawn

@@ -298,3 +298,36 @@ async def test_an_agent_that_keeps_going_offline_is_quarantined_until_cleared(br
 def _last(watcher):  # type: ignore[no-untyped-def]
     states = watcher.states("flaky-link")
     return states[-1] if states else None
+
+
+async def test_a_silent_wildcard_subscriber_neither_blocks_a_start_nor_keeps_the_dead(
+    broker, coordinator, watcher
+):
+    """A `nats sub '>'`-like subscriber on the presence subject answers nothing: the agent
+    still starts, and once killed it still goes OFFLINE (after the unresponsive limit)."""
+    listener = await broker.nc.subscribe(f"{broker.names.prefix}.presence.>")
+    try:
+        async with pulse_process(broker, "overheard") as process:
+            await watcher.state("overheard", "ONLINE")
+            process.send_signal(signal.SIGKILL)
+            suspect = await watcher.state("overheard", "SUSPECT", reason="unresponsive")
+            limit = LIVELY.liveness.unresponsive_intervals
+            offline = await watcher.state("overheard", "OFFLINE", after=suspect, timeout=20)
+    finally:
+        await listener.unsubscribe()
+    assert offline.detail["reason"] == f"no heartbeat for {limit} intervals"
+
+
+async def test_a_coordinator_restart_does_not_bring_a_dead_agent_back(broker, watcher):
+    """An agent gone long ago left its last heartbeat in KV: a new coordinator (or a new
+    holder of the liveness lease) reads it as old, not as a sign of life."""
+    async with lively_coordinator(broker), pulse_process(broker, "ghost") as process:
+        await watcher.state("ghost", "ONLINE")
+        process.send_signal(signal.SIGKILL)
+        await watcher.state("ghost", "OFFLINE")
+    await asyncio.sleep(6 * INTERVAL)  # the last heartbeat grows older than 3 intervals
+    async with lively_coordinator(broker) as second:
+        await _until(lambda: second.liveness.active)
+        await asyncio.sleep(3 * INTERVAL)  # a few sweeps of the new judge
+    states = [e.detail["state"] for e in watcher.states("ghost")]
+    assert states.count("ONLINE") == 1, states

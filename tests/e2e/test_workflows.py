@@ -431,6 +431,38 @@ async def test_a_state_machine_moves_on_an_event(broker, start_coordinator, watc
     assert "path: submitted → approved" in shown.stdout
 
 
+async def test_a_signal_no_state_waits_for_is_said_and_not_redelivered(
+    broker, start_coordinator, watcher
+):
+    """`reach workflows signal ID nope`: exit 1 naming it, the instance untouched, and the
+    signal settled (no crash, no redelivery every few seconds)."""
+    checker = Agent("checker", startup_delay=0)
+
+    @checker.handler("check")
+    async def check(ctx: TaskContext, payload: object) -> str:
+        return "looks fine"
+
+    async with (
+        start_coordinator(fast(workflows=workflows(approval=APPROVAL))) as coordinator,
+        serving(broker, coordinator, checker),
+        ReachClient(broker=broker) as client,
+    ):
+        waiting = asyncio.create_task(client.invoke("approval", {}))
+        await watcher.event("completed", topic="check")
+        instance = (await watcher.event("workflow_started")).message_id
+        ignored = await run(*reach_argv(broker, "workflows", "signal", instance, "nope"))
+        taken = await run(*reach_argv(broker, "workflows", "signal", instance, "reject"))
+        outcome = await waiting
+        info = await broker.js.consumer_info(
+            broker.names.workflows_stream, broker.names.coordinator_workflows
+        )
+    assert ignored.returncode == 1, ignored.stdout + ignored.stderr
+    assert "no state waits for nope" in ignored.stdout
+    assert taken.returncode == 0 and "reject taken" in taken.stdout
+    assert outcome == {"ok": False}
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0
+
+
 async def test_trace_shows_a_workflow_as_a_tree(broker, start_coordinator, watcher):
     """`reach trace ID` starts with the workflow's tree: each step's state and timing."""
     counts: Counter[str] = Counter()

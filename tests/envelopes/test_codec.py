@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from agentreach import envelopes
 from agentreach.envelopes import (
+    MAX_TTL_MS,
     Ack,
     Budget,
     Capacity,
@@ -32,7 +33,7 @@ json_values = st.recursive(
     ),
     max_leaves=12,
 )
-ms = st.integers(1, 10**9)
+ms = st.integers(1, MAX_TTL_MS)
 about = {
     "v": st.just(1),
     "message_id": tokens,
@@ -48,7 +49,7 @@ tasks = st.builds(
     **about,
     payload=json_values,
     ttl_ms=ms,
-    reply_to=st.none() | st.text(min_size=1, max_size=30),
+    reply_to=st.none() | st.from_regex(r"\A[A-Za-z0-9_]{1,10}(\.[A-Za-z0-9_]{1,10}){0,3}\Z"),
     priority=st.sampled_from(["P0", "P1", "P2"]),
     budget=st.builds(Budget, seek_ms=ms, ack_ms=ms, execute_ms=ms),
 )

@@ -8,8 +8,20 @@ from agentreach.envelopes import DecodeError, task_from_intake
 from agentreach.envelopes import headers as h
 
 
-def intake(data: bytes, headers: dict[str, str] | None = None, topic: str = "summarize"):
-    return task_from_intake(data, headers, topic=topic, received_ms=1_000, fallback_id="gen-1")
+def intake(
+    data: bytes,
+    headers: dict[str, str] | None = None,
+    topic: str = "summarize",
+    reply_allowed=None,  # type: ignore[no-untyped-def]
+):
+    return task_from_intake(
+        data,
+        headers,
+        topic=topic,
+        received_ms=1_000,
+        fallback_id="gen-1",
+        reply_allowed=reply_allowed,
+    )
 
 
 def test_bare_body_takes_fields_from_headers():
@@ -60,6 +72,12 @@ def test_an_object_with_v_and_kind_is_an_envelope():
     [
         ({h.TTL: "soon"}, "summarize", "header Reach-TTL"),
         ({h.TTL: "-5"}, "summarize", "header Reach-TTL"),
+        ({h.TTL: " 5"}, "summarize", "header Reach-TTL"),
+        ({h.TTL: "1e3"}, "summarize", "header Reach-TTL"),
+        ({h.TTL: "99999999999999999999999"}, "summarize", "header Reach-TTL"),
+        ({h.REPLY_TO: "_INBOX.a b"}, "summarize", "header Reach-Reply-To"),
+        ({h.REPLY_TO: "_INBOX.>"}, "summarize", "header Reach-Reply-To"),
+        ({h.REPLY_TO: "$SYS.REQ.SERVER.PING"}, "summarize", "header Reach-Reply-To"),
         ({h.PRIORITY: "urgent"}, "summarize", "header Reach-Priority"),
         ({h.MSG_ID: "has space"}, "summarize", "header Nats-Msg-Id"),
         ({}, "a.b", "subject topic"),
@@ -77,3 +95,17 @@ def test_envelope_topic_must_match_subject():
     with pytest.raises(DecodeError) as caught:
         intake(b'{"v": 1, "kind": "task", "message_id": "e1", "trace_id": "t", "topic": "other"}')
     assert caught.value.path == "$.topic"
+
+
+def test_replies_into_our_own_namespace_are_refused_but_workflow_replies_pass():
+    """The coordinator's policy: no reply into reach.* except a workflow's reply subject."""
+    from agentreach.broker import Names
+
+    policy = Names().reply_allowed
+    for bad in ("reach.dlq.x.y", "reach.task.t", "reach.event.a.b.c.d"):
+        with pytest.raises(DecodeError) as caught:
+            intake(b"{}", {h.REPLY_TO: bad}, reply_allowed=policy)
+        assert caught.value.path == "header Reach-Reply-To"
+    ok = intake(b"{}", {h.REPLY_TO: "reach.wf.reply.i1"}, reply_allowed=policy)
+    assert ok.reply_to == "reach.wf.reply.i1"
+    assert intake(b"{}", {h.REPLY_TO: "_INBOX.abc"}, reply_allowed=policy).reply_to == "_INBOX.abc"

@@ -1,0 +1,168 @@
+"""Bad input ends in the dead-letter stream with its reason, never in a loop or a crash."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentreach import envelopes
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import ConsumerSpec, Provisioner, Topology, bind, read_stream
+from agentreach.coordinator.consumption import POISON_AFTER, Consumption
+from agentreach.envelopes import Event, Task
+from agentreach.envelopes import headers as h
+from tests.support import until_true
+
+
+def echo_agent() -> Agent:
+    agent = Agent("echo-bad-input", startup_delay=0)
+
+    @agent.handler("echo")
+    async def echo(ctx: TaskContext, payload: object) -> object:
+        return payload
+
+    return agent
+
+
+async def test_deeply_nested_json_is_dead_lettered_not_retried(broker, coordinator, watcher):
+    """JSON nested 10,000 deep is an invalid envelope at once (no RecursionError loop)."""
+    body = b"[" * 10_000 + b"]" * 10_000
+    await broker.publish(broker.names.task("echo"), body, headers={h.MSG_ID: "deep-1"})
+    letter = await watcher.dead_letter("invalid_envelope", message_id="deep-1")
+    assert letter.error is not None and "nested too deeply" in letter.error.message
+
+    async def settled() -> bool:  # not left to come back
+        info = await broker.js.stream_info(broker.names.tasks_stream)
+        return info.state.messages == 0
+
+    await until_true(settled, timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("headers", "named"),
+    [
+        ({h.TTL: "5ms"}, "header Reach-TTL"),
+        ({h.TTL: "-1"}, "header Reach-TTL"),
+        ({h.TTL: "99999999999999999999999"}, "header Reach-TTL"),
+        ({h.TTL: "86400001"}, "header Reach-TTL"),
+        ({h.REPLY_TO: "reach.dlq.forged.echo"}, "header Reach-Reply-To"),
+        ({h.REPLY_TO: "reach.task.echo"}, "header Reach-Reply-To"),
+        ({h.REPLY_TO: "reach.agent.echo-bad-input.p1"}, "header Reach-Reply-To"),
+        ({h.REPLY_TO: "$JS.API.STREAM.DELETE.REACH_DLQ"}, "header Reach-Reply-To"),
+        ({h.REPLY_TO: "a b"}, "header Reach-Reply-To"),
+    ],
+)
+async def test_garbage_headers_are_refused_by_name(broker, coordinator, watcher, headers, named):
+    """A bounded ttl, and replies never into our own subjects nor the system's."""
+    message_id = f"garbage-{abs(hash(str(headers)))}"
+    forged = await broker.nc.subscribe(f"{broker.names.prefix}.dlq.forged.>")
+    await broker.publish(
+        broker.names.task("echo"), b"{}", headers={h.MSG_ID: message_id, **headers}
+    )
+    letter = await watcher.dead_letter("invalid_envelope", message_id=message_id)
+    assert letter.error is not None and f"at `{named}`" in letter.error.message
+    with pytest.raises(TimeoutError):  # nothing was sent to the reply subject
+        await asyncio.wait_for(forged.next_msg(timeout=0.3), 0.5)
+    assert await broker.js.stream_info(broker.names.dlq_stream)  # still there
+
+
+async def test_a_full_envelope_replying_into_our_namespace_is_refused(broker, coordinator, watcher):
+    """The same rule for a full envelope's ``reply_to``, named by its JSON path."""
+    task = Task(
+        v=1, message_id="env-reply", trace_id="t", topic="echo", reply_to="reach.event.x.y.z.w"
+    )
+    await broker.publish(broker.names.task("echo"), envelopes.encode(task))
+    letter = await watcher.dead_letter("invalid_envelope", message_id="env-reply")
+    assert letter.error is not None and "at `$.reply_to`" in letter.error.message
+
+
+async def test_a_failed_event_without_its_task_is_dead_lettered(broker, coordinator, watcher):
+    """A non-Python agent's ``failed`` event lacking ``detail.task`` ends the task, naming it."""
+    event = Event(
+        v=1,
+        event="failed",
+        message_id="no-task-1",
+        trace_id="no-task-1",
+        topic="echo",
+        agent_id="ts-agent",
+        detail={"error": {"type": "Boom", "message": "x", "retryable": True}},
+    )
+    subject = broker.names.event("failed", "echo", "no-task-1", "no-task-1")
+    await broker.publish(subject, envelopes.encode(event))
+    letter = await watcher.dead_letter("invalid_envelope", message_id="no-task-1")
+    assert letter.error is not None and "at `$.detail`" in letter.error.message
+    assert "`task`" in letter.error.message
+
+
+async def test_a_message_that_keeps_crashing_its_handler_is_dead_lettered_as_poison(
+    broker, watcher
+):
+    """A handler that raises on a message: a few tries, then the message is dead-lettered
+    as ``poison`` with the error, and acknowledged."""
+    names = broker.names
+    spec = ConsumerSpec(
+        stream=names.tasks_stream, durable="poison-test", filter_subjects=(names.tasks_wildcard,)
+    )
+    consumer = await bind(broker, spec)
+    tries = 0
+
+    async def crashing(delivery: object) -> float | None:
+        nonlocal tries
+        tries += 1
+        raise ValueError("this input breaks the handler")
+
+    consumption = Consumption(broker, Provisioner(broker, Topology.default(names)))
+    runner = asyncio.create_task(consumption.run(consumer, 8, crashing))
+    try:
+        await broker.publish(names.task("echo"), b'{"x": 1}', headers={h.MSG_ID: "poison-1"})
+        letter = await watcher.dead_letter("poison", timeout=20)
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+    assert tries == POISON_AFTER
+    assert letter.error is not None and "ValueError: this input breaks" in letter.error.message
+    assert letter.raw == '{"x": 1}'
+
+
+async def test_the_same_task_sent_again_is_answered_again(broker, coordinator, watcher):
+    """A full envelope sent twice with the same id (no dedup header): both senders get the
+    result; the handler ran once."""
+    runs: list[str] = []
+    agent = Agent("once-more", startup_delay=0)
+
+    @agent.handler("echo")
+    async def echo(ctx: TaskContext, payload: object) -> object:
+        runs.append(ctx.message_id)
+        return payload
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        results = []
+        for _ in range(2):
+            inbox = broker.nc.new_inbox()
+            sub = await broker.nc.subscribe(inbox)
+            task = client.task("echo", {"n": 1}, message_id="same-id", reply_to=inbox)
+            await broker.nc.publish(broker.names.task("echo"), envelopes.encode(task))
+            while True:
+                reply = envelopes.decode_reply((await sub.next_msg(timeout=10)).data)
+                if isinstance(reply, envelopes.Result):
+                    results.append(reply.result)
+                    break
+            await sub.unsubscribe()
+    assert results == [{"n": 1}, {"n": 1}]
+    assert runs == ["same-id"]
+
+
+async def test_a_dead_letter_storm_makes_no_consumers(broker, coordinator, watcher):
+    """300 bad messages in a burst: each dead letter reads its trace without a consumer,
+    and a real task is still served at once."""
+    names = broker.names
+    for i in range(300):
+        await broker.publish(names.task("echo"), b"{bad", headers={h.MSG_ID: f"storm-{i}"})
+    await watcher.dead_letter("invalid_envelope", message_id="storm-299", timeout=30)
+    account = await broker.js.account_info()
+    assert account.consumers < 20, account.consumers
+    async with echo_agent().running(broker=broker), ReachClient(broker=broker) as client:
+        assert await client.invoke("echo", {"ok": True}) == {"ok": True}
+    stored = await read_stream(broker, names.dlq_stream, names.dlq("invalid_envelope", "echo"))
+    assert len(stored) == 300

@@ -1,0 +1,134 @@
+"""Start-up order and server restarts: nothing exits, no result is lost, nothing runs twice."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import Counter
+from pathlib import Path
+
+from structlog.testing import capture_logs
+
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, EmbeddedServer, Names, wait_provisioned
+from agentreach.coordinator import Coordinator
+from tests.conftest import FAST
+from tests.support import wait_for_card
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def counting_agent(agent_id: str, runs: Counter[str], gate: asyncio.Event | None = None) -> Agent:
+    agent = Agent(agent_id, startup_delay=0, ack_wait=2.0)
+
+    @agent.handler("count")
+    async def count(ctx: TaskContext, payload: dict) -> dict:
+        runs[ctx.message_id] += 1
+        if gate is not None:
+            await gate.wait()
+        return {"n": payload.get("n", 0)}
+
+    return agent
+
+
+async def test_agent_and_coordinator_wait_for_a_server_that_is_not_up_yet(tmp_path: Path):
+    """Both started before nats-server: they wait (saying so), then serve once it is up."""
+    port, runs = free_port(), Counter[str]()
+    url = f"nats://127.0.0.1:{port}"
+    with capture_logs() as logs:
+        agent = asyncio.create_task(counting_agent("early-bird", runs).run(url))
+        coordinator = asyncio.create_task(_coordinate(url))
+        await asyncio.sleep(2.5)  # the server is down on purpose for this long
+        assert not agent.done() and not coordinator.done()
+        async with EmbeddedServer(port=port, store_dir=tmp_path / "nats"):
+            async with ReachClient(url) as client:
+                names = client.broker.names
+                await wait_provisioned(client.broker, streams=[], buckets=[names.agents_bucket])
+                await wait_for_card(client.broker, "early-bird", status="running", timeout=30)
+                result = await client.invoke("count", {"n": 7}, ack_deadline_ms=20_000)
+            agent.cancel()
+            coordinator.cancel()
+            await asyncio.gather(agent, coordinator, return_exceptions=True)
+    assert result == {"n": 7}
+    waits = [e for e in logs if e["event"] == "waiting for NATS"]
+    assert waits and all(e["url"] == url for e in waits)
+
+
+async def _coordinate(url: str) -> None:
+    async with (
+        Broker(url, name="coordinator", wait=True) as broker,
+        Coordinator(broker, FAST).running(),
+    ):
+        await asyncio.Event().wait()
+
+
+async def test_agent_on_an_unprovisioned_server_waits_for_the_coordinator(nats_url, names):
+    """An agent first on a fresh server waits for the streams; it serves once they exist."""
+    runs: Counter[str] = Counter()
+    with capture_logs() as logs:
+        agent = asyncio.create_task(counting_agent("first", runs).run(nats_url))
+        await asyncio.sleep(1.0)  # no coordinator yet, on purpose
+        assert not agent.done()
+        async with (
+            Broker(nats_url, names=names, name="coordinator") as broker,
+            Coordinator(broker, FAST).running(),
+            ReachClient(broker=broker) as client,
+        ):
+            await wait_for_card(broker, "first", status="running", timeout=30)
+            result = await client.invoke("count", {"n": 1}, ack_deadline_ms=20_000)
+        agent.cancel()
+        await asyncio.gather(agent, return_exceptions=True)
+    assert result == {"n": 1}
+    missing = [e for e in logs if e["event"].startswith("waiting for the streams and buckets")]
+    assert missing and names.agents_bucket in missing[0]["missing"]
+
+
+async def test_a_result_survives_a_server_restart_and_runs_once(tmp_path: Path):
+    """The server goes away while the handler runs: its result is kept, recorded once the
+    server is back, and the redelivery is answered from it instead of a second run."""
+    port, runs, gate = free_port(), Counter[str](), asyncio.Event()
+    url, store = f"nats://127.0.0.1:{port}", tmp_path / "nats"
+    server = EmbeddedServer(port=port, store_dir=store)
+    await server.__aenter__()
+    try:
+        async with (
+            Broker(url, names=Names(), name="coordinator", wait=True) as broker,
+            Coordinator(broker, FAST).running(),
+            counting_agent("steady", runs, gate).running(url),
+            ReachClient(url) as client,
+        ):
+            message_id, _ = await client.publish("count", {"n": 3}, ttl_ms=120_000)
+            await _until(lambda: runs[message_id] == 1)
+            await server.stop()  # the handler finishes while the server is down
+            gate.set()
+            await asyncio.sleep(9)  # longer than the agent keeps retrying the record write
+            server = EmbeddedServer(port=port, store_dir=store)
+            await server.__aenter__()
+            completed = await _completed(client, message_id)
+    finally:
+        await server.stop()
+    assert runs[message_id] == 1
+    assert completed
+
+
+async def _until(condition, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+
+
+async def _completed(client: ReachClient, message_id: str, timeout: float = 60.0) -> bool:
+    """Until the message has its ``completed`` event (read back from the stream)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                events = await client.status(message_id)
+            except Exception:
+                events = []
+            if any(e.event == "completed" for e in events):
+                return True
+            await asyncio.sleep(0.2)
