@@ -63,5 +63,13 @@ class Rejected(TaskFailed):
 
 
 REJECTION_REASONS = frozenset(
-    {"no_route", "expired", "invalid_envelope", "backpressure", "rate_limited", "circuit_open"}
+    {
+        "no_route",
+        "expired",
+        "invalid_envelope",
+        "backpressure",
+        "rate_limited",
+        "circuit_open",
+        "too_large",
+    }
 )

@@ -23,6 +23,7 @@ from agentreach.broker.errors import (
     ProvisionError,
     StreamNotFound,
     SubjectFull,
+    TooLarge,
     Unavailable,
     WrongLastSequence,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "SubjectFull",
     "Subscription",
     "Swap",
+    "TooLarge",
     "Topology",
     "Unavailable",
     "WrongLastSequence",

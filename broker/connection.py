@@ -249,6 +249,11 @@ class Broker:
         with translated(subject=subject):
             return Inbound(await self.nc.request(subject, data, timeout=timeout))
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server takes, in bytes."""
+        return self.nc.max_payload
+
     def new_inbox(self) -> str:
         """A unique subject to receive answers on."""
         return self.nc.new_inbox()

@@ -29,6 +29,23 @@ from agentreach.broker.messages import Delivery
 
 log = structlog.get_logger("broker.consume")
 
+
+def _status_of(msg: nats.aio.msg.Msg | None) -> str | None:
+    """nats-py's test for a server status message, made safe for stored messages.
+
+    nats-py tells a status (no messages, timeout, heartbeat) from data by a ``Status``
+    header alone, so a stored message carrying that header (anyone may set one with
+    ``nats pub -H Status:500``) was dropped, or raised on every fetch and stalled the
+    consumer. A stored message always comes with an ack subject; a status never does.
+    """
+    if msg is not None and (msg.reply or "").startswith("$JS.ACK."):
+        return None
+    return _nats_status_of(msg)
+
+
+_nats_status_of = nats.js.JetStreamContext.is_status_msg
+nats.js.JetStreamContext.is_status_msg = staticmethod(_status_of)  # type: ignore[method-assign]
+
 RETRY_FIRST_S = 0.5
 RETRY_CAP_S = 5.0
 

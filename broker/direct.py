@@ -78,7 +78,9 @@ async def _batch(
                 except nats.errors.TimeoutError:
                     raise BrokerTimeout(f"direct get on {stream} did not finish") from None
                 headers = msg.headers or {}
-                status = headers.get("Status")
+                # A stored message may carry a header named Status too: a real status has
+                # no sequence.
+                status = None if "Nats-Sequence" in headers else headers.get("Status", "")
                 if status is None:
                     found.append(_stored(msg.data, headers))
                     continue

@@ -13,6 +13,7 @@ error code, so the rest of Agent-Reach never sees a nats-py exception.
     │   ├── SubjectFull            per-subject limit reached with discard-new
     │   └── Unavailable            JetStream did not serve the request (503): a stream or
     │                              consumer gone, or a leader being elected
+    ├── TooLarge                   a message is over the server's max payload
     ├── ProvisionError             a stream or bucket cannot be brought to its spec
     └── EmbeddedServerError        the embedded nats-server could not start
 """
@@ -85,6 +86,10 @@ class Unavailable(JetStreamError):
     """JetStream answered 503: nothing serves this stream or consumer right now."""
 
 
+class TooLarge(BrokerError):
+    """A message is larger than the server's max payload."""
+
+
 class ProvisionError(BrokerError):
     """A stream or bucket could not be created or updated to its spec."""
 
@@ -124,6 +129,8 @@ def translate(exc: BaseException, *, subject: str | None = None) -> BrokerError:
         )
     if isinstance(exc, nats.errors.NoRespondersError):
         return NoResponders(f"nobody answers{f' on {subject!r}' if subject else ''}")
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return TooLarge(f"message too large for the server{f' on {subject!r}' if subject else ''}")
     if isinstance(exc, nats.errors.TimeoutError | TimeoutError):
         return BrokerTimeout(f"timed out{f' on {subject!r}' if subject else ''}")
     if isinstance(exc, nats.errors.NoServersError | ConnectionRefusedError | OSError):

@@ -40,6 +40,8 @@ def event_for(about_: Task, event: str, /, *, agent_id: str | None = None, **det
     return Event(**fields)
 
 
+HEADROOM = 4096  # for a dead letter's headers and framing under the server's max payload
+RAW_KEPT = 65_536  # characters of an oversized raw body a dead letter keeps
 AGENT_TOPIC = "_agent"  # the topic of events about an agent rather than a task
 # Events that may come many times for one attempt, each one counting.
 REPEATABLE = frozenset({"progress", "signal_ignored"})
@@ -119,9 +121,12 @@ async def dead_letter(
         at_ms=now_ms(),
         state=state,
     )
+    data = envelopes.encode(letter)
+    if len(data) > broker.max_payload - HEADROOM:
+        letter, data = _fitted(letter, broker.max_payload - HEADROOM)
     await broker.publish(
         broker.names.dlq(reason, topic),
-        envelopes.encode(letter),
+        data,
         headers={"Nats-Msg-Id": f"dlq-{message_id}", "Reach-Trace-Id": trace_id},
     )
     await emit(
@@ -163,6 +168,27 @@ async def dead_letter_delivery(
         raw=delivery.data,
         headers={**delivery.headers, "Reach-Subject": delivery.subject},
     )
+
+
+def _fitted(letter: DeadLetter, limit: int) -> tuple[DeadLetter, bytes]:
+    """The letter cut down to ``limit`` bytes, marked ``truncated``: first the details of its
+    trace, then the raw body, then the task's payload (what a large message carries)."""
+    bare = [msgspec.structs.replace(event, detail={}) for event in letter.trace]
+    cuts = (
+        {"trace": bare},
+        {"raw": letter.raw[:RAW_KEPT] + "…" if letter.raw else letter.raw},
+        {"envelope": msgspec.structs.replace(letter.envelope, payload=None)}
+        if letter.envelope
+        else {},
+        {"state": None, "headers": {}},
+    )
+    letter = msgspec.structs.replace(letter, truncated=True)
+    for cut in cuts:
+        letter = msgspec.structs.replace(letter, **cut)
+        data = envelopes.encode(letter)
+        if len(data) <= limit:
+            break
+    return letter, data
 
 
 def _printable(raw: bytes | None) -> str | None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import json
+import math
 from typing import Any, TypeVar
 
 import msgspec
@@ -65,10 +67,44 @@ def _decoder_for(kind: type[Any]) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(kind)
 
 
+class _Huge:
+    """A number no decoder of ours takes (``1e400``), marked where it stands."""
+
+
+def _out_of_range_at(data: bytes | str) -> str | None:
+    """The JSON path of the first number out of range; msgspec names only its container."""
+    try:
+        document = json.loads(data, parse_float=_finite_or_huge)
+    except (ValueError, RecursionError):
+        return None
+    return _path_to(document, "$")
+
+
+def _finite_or_huge(text: str) -> float | _Huge:
+    value = float(text)
+    return _Huge() if math.isinf(value) else value
+
+
+def _path_to(value: Any, path: str) -> str | None:
+    if isinstance(value, _Huge):
+        return path
+    if not isinstance(value, dict | list):
+        return None
+    children = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, child in children:
+        step = f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]"
+        if (found := _path_to(child, step)) is not None:
+            return found
+    return None
+
+
 def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str) -> Any:
     try:
         return decoder.decode(data)
     except msgspec.DecodeError as exc:  # ValidationError is a subclass
-        raise DecodeError(str(exc)) from None
+        message = str(exc)
+        if message.startswith("Number out of range") and (path := _out_of_range_at(data)):
+            raise DecodeError("Number out of range", path=path) from None
+        raise DecodeError(message) from None
     except RecursionError:
         raise DecodeError("JSON is nested too deeply to decode", path="$") from None

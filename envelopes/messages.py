@@ -158,6 +158,7 @@ class DeadLetter(_Base, frozen=True, kw_only=True, tag="dead_letter"):
     trace: list[Event] = []
     at_ms: int = 0
     state: Any = None  # workflow_failed: the workflow's whole coordination record
+    truncated: bool = False  # parts left out to fit the server's largest message
 
 
 Message = Task | Ack | Progress | Result | ErrorReply | Event | DeadLetter

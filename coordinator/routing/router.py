@@ -21,7 +21,7 @@ import msgspec
 import structlog
 
 from agentreach import envelopes
-from agentreach.broker import Broker, SubjectFull
+from agentreach.broker import Broker, SubjectFull, TooLarge
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
@@ -139,6 +139,11 @@ class Router:
         except SubjectFull:
             log.info("agent queue full; trying another", agent_id=card.agent_id)
             return self.fleet.refused(card.agent_id, task.priority)
+        except TooLarge:  # the envelope grew past the server's limit: it can never be sent
+            message = f"the task is larger than the server's {self._broker.max_payload} bytes"
+            error = ErrorInfo(type="too_large", message=message, retryable=False)
+            await end_with_error(self._broker, task, "rejected", error)
+            return None
         self.fleet.dispatched(card.agent_id, task.priority, task.message_id)
         log.debug("routed", agent_id=card.agent_id, rule=rule.name, attempt=task.attempt)
         return None

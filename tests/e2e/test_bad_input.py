@@ -166,3 +166,29 @@ async def test_a_dead_letter_storm_makes_no_consumers(broker, coordinator, watch
         assert await client.invoke("echo", {"ok": True}) == {"ok": True}
     stored = await read_stream(broker, names.dlq_stream, names.dlq("invalid_envelope", "echo"))
     assert len(stored) == 300
+
+
+async def test_a_message_with_a_status_header_is_served_not_taken_for_a_status(
+    broker, coordinator, watcher
+):
+    """`nats pub -H Status:500` made nats-py take the stored message for a server status
+    and stall the consumer; it is an ordinary task."""
+    async with echo_agent().running(broker=broker):
+        await broker.publish(
+            broker.names.task("echo"), b'{"n": 5}', headers={h.MSG_ID: "st-1", "Status": "500"}
+        )
+        completed = await watcher.event("completed", message_id="st-1")
+    assert completed.detail["result"] == {"n": 5}
+
+
+async def test_a_task_larger_than_the_server_takes_is_rejected_not_retried(
+    broker, coordinator, watcher
+):
+    """A body just under the max payload grows past it in its envelope: rejected as
+    too_large, its dead letter cut down to fit."""
+    body = b'"' + b"a" * (broker.max_payload - 200) + b'"'
+    async with echo_agent().running(broker=broker):
+        await broker.publish(broker.names.task("echo"), body, headers={h.MSG_ID: "huge-1"})
+        letter = await watcher.dead_letter("rejected", message_id="huge-1", timeout=20)
+    assert letter.error is not None and letter.error.type == "too_large"
+    assert letter.truncated and letter.envelope is not None and letter.envelope.payload is None

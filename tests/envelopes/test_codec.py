@@ -176,3 +176,13 @@ def test_schema_covers_every_kind_and_requires_core_fields():
     task = schema["$defs"]["Task"]
     assert task["properties"]["kind"] == {"enum": ["task"]}
     assert {"v", "kind", "message_id", "trace_id", "topic"} <= set(task["required"])
+
+
+def test_a_number_out_of_range_is_named_by_its_path():
+    """msgspec names only the container of ``1e400``; the error names the field."""
+    with pytest.raises(DecodeError) as caught:
+        envelopes.decode_task(
+            b'{"v": 1, "kind": "task", "message_id": "m", "trace_id": "t",'
+            b' "topic": "x", "payload": {"a": [1, 1e400]}}'
+        )
+    assert caught.value.path == "$.payload.a[1]"
