@@ -33,7 +33,7 @@ from agentreach.envelopes.coordination import (
     breaker_key,
 )
 from agentreach.envelopes.errors import DecodeError, EnvelopeError
-from agentreach.envelopes.executions import Execution
+from agentreach.envelopes.executions import Execution, execution_key, executions_of
 from agentreach.envelopes.ids import new_id, stable_id
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
 from agentreach.envelopes.messages import (
@@ -53,6 +53,7 @@ from agentreach.envelopes.messages import (
     Progress,
     Reply,
     Result,
+    Routed,
     Task,
     is_reply_subject,
     is_token,
@@ -102,6 +103,7 @@ __all__ = [
     "ReloadReply",
     "Reply",
     "Result",
+    "Routed",
     "StepRun",
     "Task",
     "TimerDue",
@@ -115,6 +117,8 @@ __all__ = [
     "decode_reply",
     "decode_task",
     "encode",
+    "execution_key",
+    "executions_of",
     "headers",
     "is_envelope",
     "is_reply_subject",
