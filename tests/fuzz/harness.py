@@ -176,14 +176,17 @@ class Ledger:
         )
 
     async def until_settled(self, nos: Iterable[int], timeout: float) -> list[int]:
-        """Wait until each of ``nos`` has a fate, at most ``timeout`` s; the ones without."""
+        """Wait until each of ``nos`` has a fate (or one with the same message id has), at
+        most ``timeout`` s; the ones without."""
         waiting = list(nos)
         try:
             async with asyncio.timeout(timeout), self._changed:
-                await self._changed.wait_for(lambda: all(self.fates[n].settled for n in waiting))
+                await self._changed.wait_for(
+                    lambda: all(self.id_settled(self.fates[n]) for n in waiting)
+                )
         except TimeoutError:
             pass
-        return [n for n in waiting if not self.fates[n].settled]
+        return [n for n in waiting if not self.id_settled(self.fates[n])]
 
     async def changed(self, timeout: float) -> None:
         """Until the next fate arrives, at most ``timeout`` s."""
