@@ -13,6 +13,7 @@ from agentreach.broker.consume import ConsumerSpec, PullConsumer, bind, follow
 from agentreach.broker.direct import read_stream
 from agentreach.broker.embedded import EmbeddedServer, find_server_binary
 from agentreach.broker.errors import (
+    AuthenticationFailed,
     BrokerError,
     BrokerTimeout,
     ConnectError,
@@ -39,6 +40,7 @@ from agentreach.broker.watch import BucketWatch, Change
 __all__ = [
     "DEFAULT_URL",
     "Auth",
+    "AuthenticationFailed",
     "Broker",
     "BrokerError",
     "BrokerTimeout",

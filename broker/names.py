@@ -163,6 +163,14 @@ class Names(msgspec.Struct, frozen=True):
     def registrations(self) -> str:
         return f"{self.prefix}.ctl.register.*"
 
+    def status(self, caller: str) -> str:
+        """A caller asks the coordinator for the events of one of its own messages."""
+        return f"{self.prefix}.ctl.status.{caller}"
+
+    @property
+    def statuses(self) -> str:
+        return f"{self.prefix}.ctl.status.*"
+
     @property
     def clear(self) -> str:
         return f"{self.prefix}.ctl.clear"
