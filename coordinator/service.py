@@ -25,6 +25,7 @@ from agentreach.coordinator.config import ConfigError, CoordinatorConfig
 from agentreach.coordinator.consumption import Consumption, Handler
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import OUTCOME_EVENTS, Outcomes
+from agentreach.coordinator.delivery.status import StatusDesk
 from agentreach.coordinator.intake import Intake
 from agentreach.coordinator.lease import Lease
 from agentreach.coordinator.liveness.control import LivenessControl
@@ -77,6 +78,7 @@ class Coordinator:
             grants = Grants.from_config(config.security)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"security.seal_key_file: {exc}") from None
+        broker.dedup_secret = broker.dedup_secret or grants.key  # replicas share the key
         self.router = Router(broker, fleet, config.routing, grants)
         self.workflows = WorkflowEngine(broker, config.workflows)
         self.liveness = LivenessMonitor(broker, config.liveness)
@@ -139,6 +141,8 @@ class Coordinator:
         )
         await self.broker.subscribe(names.clear, self._control.on_clear)  # the judge answers
         await self.broker.subscribe(names.routes_reload, self.routes.on_request)  # every replica
+        status = StatusDesk(self.broker)
+        await self.broker.subscribe(names.statuses, status.on_request, queue="coordinators")
 
     def _loops(self) -> list[tuple[ConsumerSpec, int, Handler]]:
         names, config = self.broker.names, self.config

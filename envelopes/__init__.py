@@ -68,6 +68,8 @@ from agentreach.envelopes.registry import (
     RateLimit,
     RegisterReply,
     RegisterRequest,
+    StatusReply,
+    StatusRequest,
 )
 from agentreach.envelopes.schema import json_schema
 
@@ -104,6 +106,8 @@ __all__ = [
     "Reply",
     "Result",
     "Routed",
+    "StatusReply",
+    "StatusRequest",
     "StepRun",
     "Task",
     "TimerDue",

@@ -144,6 +144,7 @@ class Event(_AboutTask, frozen=True, kw_only=True, tag="event"):
 
     event: str
     agent_id: str | None = None
+    caller: Token | None = None  # who sent the task (its intake subject's sender)
     at_ms: int = 0
     detail: dict[str, Any] = {}
 
