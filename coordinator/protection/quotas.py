@@ -7,9 +7,10 @@ and decides again. So three replicas admitting one caller together never admit m
 the one bucket would.
 
 Each replica keeps the record and revision it last wrote or read. While no other replica
-writes, an admission is one KV write; a refusal needs no round trip at all when the kept
+writes the caller's record, an admission is one KV write; after another did, the write
+fails and a read and a write follow. A refusal needs no round trip at all when the kept
 record has no token by now: other replicas only ever take tokens, so the stored bucket
-holds no more than the kept one does.
+holds no more than the kept one does. Refills are counted on each replica's wall clock.
 """
 
 from __future__ import annotations
