@@ -225,6 +225,11 @@ class Names(msgspec.Struct, frozen=True):
     def breakers_bucket(self) -> str:
         return f"{self.prefix}_breakers"
 
+    @property
+    def quotas_bucket(self) -> str:
+        """Callers' token buckets, shared by every coordinator replica."""
+        return f"{self.prefix}_quotas"
+
     # -- advisories -------------------------------------------------------------
     @property
     def advisories_stream(self) -> str:

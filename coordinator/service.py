@@ -34,6 +34,7 @@ from agentreach.coordinator.protection.breaker_board import BreakerBoard
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.protection.outcome_feed import follow_outcomes
 from agentreach.coordinator.protection.queues import QueueDepths
+from agentreach.coordinator.protection.quotas import CallerQuotas
 from agentreach.coordinator.protection.rate_limits import RateLimiter
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.fleet import Fleet
@@ -85,7 +86,8 @@ class Coordinator:
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id
         )
-        self._intake = Intake(broker, self.router, self.workflows)
+        self.quotas = CallerQuotas(broker, config.rate_limits)
+        self._intake = Intake(broker, self.router, self.workflows, self.quotas)
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
         self._advisories = Advisories(broker)
         self._control = LivenessControl(config.liveness, self.liveness)

@@ -4,8 +4,8 @@
   event, dead letter);
 - :mod:`~agentreach.envelopes.registry`: agent cards, heartbeats, liveness, registration;
 - :mod:`~agentreach.envelopes.executions`: run-once execution records;
-- :mod:`~agentreach.envelopes.coordination`: the coordinator's breaker, lease, workflow and
-  timer records;
+- :mod:`~agentreach.envelopes.coordination`: the coordinator's breaker, lease, quota,
+  workflow and timer records;
 - :mod:`~agentreach.envelopes.codec`, :mod:`~agentreach.envelopes.intake`,
   :mod:`~agentreach.envelopes.headers`, :mod:`~agentreach.envelopes.schema`,
   :mod:`~agentreach.envelopes.clock`, :mod:`~agentreach.envelopes.ids`.
@@ -26,6 +26,7 @@ from agentreach.envelopes.codec import (
 from agentreach.envelopes.coordination import (
     BreakerRecord,
     LeaseRecord,
+    QuotaRecord,
     ReloadReply,
     StepRun,
     TimerDue,
@@ -99,6 +100,7 @@ __all__ = [
     "Message",
     "Priority",
     "Progress",
+    "QuotaRecord",
     "RateLimit",
     "RegisterReply",
     "RegisterRequest",

@@ -61,11 +61,13 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """Why something failed. ``retryable`` false means: do not try again."""
+    """Why something failed. ``retryable`` false means: do not try again; ``retry_after_ms``,
+    when given, is how long to wait before trying (a quota refills by then)."""
 
     type: str
     message: str
     retryable: bool = True
+    retry_after_ms: int | None = None
 
 
 class _Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
