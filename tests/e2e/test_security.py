@@ -32,6 +32,7 @@ from agentreach.agents import (
     CompensationWorker,
     PermanentError,
     ReachClient,
+    Rejected,
     TaskContext,
     TaskFailed,
 )
@@ -48,6 +49,8 @@ from agentreach.broker import (
 from agentreach.broker.lifecycle import trace_of
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator.protection.grants import SecurityConfig
+from agentreach.coordinator.protection.rate_limits import RateLimits
+from agentreach.envelopes import RateLimit
 from tests.conftest import FAST
 from tests.secured import SecuredDeployment, secured_server
 
@@ -127,7 +130,9 @@ async def arena(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Arena
     deployment = SecuredDeployment(root / "auth")
     server_log: list[str] = []
     config = msgspec.structs.replace(
-        FAST, security=SecurityConfig(seal_key_file=deployment.seal_key_file)
+        FAST,
+        security=SecurityConfig(seal_key_file=deployment.seal_key_file),
+        rate_limits=RateLimits(callers={"greedy": RateLimit(rate=0.1, burst=2)}),
     )
     x_seen: list[Any] = []
     release = asyncio.Event()
@@ -929,3 +934,16 @@ async def test_parties_work_under_their_permissions(arena: Arena) -> None:
                 await asyncio.sleep(0.05)
     stored = await read_stream(arena.admin, NAMES.events_stream, "reach.event.replayed.>")
     assert any(m.subject.endswith(".fixer") for m in stored)  # recorded as the worker itself
+
+
+async def test_a_caller_over_its_quota_is_rate_limited(arena: Arena) -> None:
+    """The quota is the authenticated caller's: ``greedy`` gets 2, then ``rate_limited``."""
+    greedy = ReachClient(arena.url, name="greedy", auth=arena.deployment.auth("caller", "greedy"))
+    async with greedy:
+        for n in range(2):
+            assert await greedy.invoke("summarize", {"n": n}) == {"summary": "real"}
+        with pytest.raises(Rejected) as refused:
+            await greedy.invoke("summarize", {"n": 3})
+    assert refused.value.reason == "rate_limited"
+    assert refused.value.error.retry_after_ms is not None
+    assert refused.value.error.retry_after_ms > 0
