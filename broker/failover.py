@@ -9,7 +9,8 @@ elected" (wait, and write again) from "not provisioned" (say so at once).
 
 A write that found no responder was not stored, so writing it again is always safe. A write
 that timed out may have been stored; it is written again only when it carries a
-``Nats-Msg-Id``, which makes the stream drop the second copy.
+``Nats-Msg-Id``, which makes the stream drop the second copy. A timeout may also mean that
+no stream exists and a plain subscriber holds the subject: the meta leader says so too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import nats.errors
 import nats.js.errors
 import structlog
 
-from agentreach.broker.errors import Unavailable, honour_cancellation, translate
+from agentreach.broker.errors import NoStreamError, Unavailable, honour_cancellation, translate
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
@@ -37,6 +38,7 @@ ELECTION_BUDGET_S = 15.0  # above the slowest election seen (8.6 s), with room f
 RETRY_FIRST_S = 0.1
 RETRY_CAP_S = 1.0
 META_TIMEOUT_S = 2.0
+_UNANSWERED = (nats.js.errors.NoStreamResponseError, nats.errors.TimeoutError, TimeoutError)
 
 
 async def through_elections(
@@ -62,16 +64,16 @@ async def through_elections(
     while True:
         try:
             return await write()
-        except nats.js.errors.NoStreamResponseError as exc:
+        except _UNANSWERED as exc:
+            # A timeout may mean no stream too: a plain subscriber on the subject (`nats sub`)
+            # answers nothing where a missing stream would have said so.
             if listens is None:
                 listens = await stream_listens(broker, subject)
             if listens is False:
+                raise _no_stream(subject) from exc
+            if not retry_timeouts and not isinstance(exc, nats.js.errors.NoStreamResponseError):
                 raise translate(exc, subject=subject) from exc
             failure: Exception = exc
-        except (nats.errors.TimeoutError, TimeoutError) as exc:
-            if not retry_timeouts:
-                raise translate(exc, subject=subject) from exc
-            failure = exc
         except nats.errors.Error as exc:
             raise translate(exc, subject=subject) from exc
         honour_cancellation()
@@ -83,6 +85,13 @@ async def through_elections(
         log.debug("no stream leader yet; writing again", subject=subject, retry_in_s=delay)
         await asyncio.sleep(delay * random.uniform(0.5, 1.0))
         delay = min(RETRY_CAP_S, delay * 2)
+
+
+def _no_stream(subject: str) -> NoStreamError:
+    return NoStreamError(
+        f"no stream answered on {subject!r}: the streams are not provisioned"
+        " (`reach provision`, or start the coordinator)"
+    )
 
 
 async def stream_listens(broker: Broker, subject: str) -> bool | None:
