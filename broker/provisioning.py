@@ -126,22 +126,19 @@ async def _ensure_bucket(
     js: nats.js.JetStreamContext, bucket: BucketSpec, may_shrink: bool
 ) -> _Change:
     existing = await _existing(js, bucket.stream)
-    created = existing is None
     if existing is None:
-        await js.create_key_value(bucket.config())
-        existing = await _existing(js, bucket.stream)
-        assert existing is not None
+        await js.add_stream(bucket.config())
+        return _Change(Outcome.CREATED)
+    # Only what we manage changes; the rest of a bucket's stream stays as it was made.
+    spec = bucket.config()
     wanted = api.StreamConfig.from_response(existing.as_dict())
     wanted.max_msgs_per_subject = bucket.history
     wanted.max_age = bucket.ttl_s
     wanted.description = bucket.description or None
-    # A writer of its own key could wipe the whole bucket with a roll-up header: no roll-ups
-    # (Agent-Reach deletes keys, it never purges them).
-    wanted.allow_rollup_hdrs, wanted.deny_purge = False, True
+    wanted.allow_rollup_hdrs, wanted.deny_purge = spec.allow_rollup_hdrs, spec.deny_purge
     wanted.num_replicas = bucket.replicas
-    wanted.placement = bucket.config().placement
-    change = await _update_if_changed(js, existing, wanted, may_shrink)
-    return _Change(Outcome.CREATED) if created else change
+    wanted.placement = spec.placement
+    return await _update_if_changed(js, existing, wanted, may_shrink)
 
 
 class _Change:

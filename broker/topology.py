@@ -16,6 +16,7 @@ from agentreach.broker.replication import AUTO, Replicas
 from agentreach.envelopes import Priority
 
 DAY = 24 * 3600.0
+KV_DUPLICATE_WINDOW_S = 120.0  # nats-py's for a bucket (or its ttl, when shorter)
 # Per-agent dispatch queue capacity per priority (P0 small: urgent work must not queue).
 DEFAULT_QUEUE_CAPACITY: dict[Priority, int] = {"P0": 10, "P1": 200, "P2": 1000}
 
@@ -79,15 +80,28 @@ class BucketSpec:
         """The stream that holds the bucket."""
         return f"KV_{self.name}"
 
-    def config(self) -> api.KeyValueConfig:
-        return api.KeyValueConfig(
-            bucket=self.name,
+    def config(self) -> api.StreamConfig:
+        """The bucket's stream, as nats-py's ``create_key_value`` makes it, and then ours:
+        no roll-ups and no purges (a writer of one key could wipe the whole bucket; we delete
+        keys, we never purge them), the replicas and the placement. Made in one step: on a
+        cluster a change right after the creation waits for the new stream's leader."""
+        return api.StreamConfig(
+            name=self.stream,
             description=self.description or None,
-            history=self.history,
-            ttl=self.ttl_s or None,
+            subjects=[f"$KV.{self.name}.>"],
+            allow_direct=True,
+            allow_rollup_hdrs=False,
+            allow_msg_ttl=True,
+            deny_delete=True,
+            deny_purge=True,
+            discard=api.DiscardPolicy.NEW,
+            duplicate_window=min(KV_DUPLICATE_WINDOW_S, self.ttl_s or KV_DUPLICATE_WINDOW_S),
+            max_age=self.ttl_s,
+            max_consumers=-1,
+            max_msgs=-1,
+            max_msgs_per_subject=self.history,
+            num_replicas=self.replicas,
             storage=api.StorageType.FILE,
-            direct=True,
-            replicas=self.replicas,
             placement=_placement(self.placement_tags),
         )
 
