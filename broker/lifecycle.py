@@ -108,9 +108,7 @@ async def trace_of(broker: Broker, message_id: str) -> list[Event]:
     return [event for _, event in authentic(broker.names, stored)]
 
 
-def authentic(
-    names: Names, stored: list[StoredMessage]
-) -> list[tuple[StoredMessage, Event]]:
+def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMessage, Event]]:
     """The events that are what they claim, oldest first: the coordinator's own, and an
     agent's about a task only when it was that agent the coordinator routed the attempt to
     (the sender token of each subject is unforgeable under permissions). Unreadable ones and
