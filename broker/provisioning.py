@@ -178,6 +178,10 @@ async def _update_if_changed(
     if "num_replicas" in changed and (wanted.num_replicas or 1) < before and not may_shrink:
         changed.remove("num_replicas")  # auto never shrinks: a node may just be down
         log.info("keeping the replicas (replicas: auto never scales down)", stream=wanted.name)
+    if "placement" in changed and not _norm(wanted, "placement"):
+        # No profile asked for: the placement is left as it is, so that a process started
+        # without --durable never moves the work streams off the servers that sync always.
+        changed.remove("placement")
     if not changed:
         return _Change(Outcome.UNCHANGED)
     for field in _IMMUTABLE:
