@@ -8,11 +8,13 @@ the config, and what ``replicas: auto`` means on the server at hand.
 
 A normal account cannot ask how many JetStream peers a cluster has (that takes the system
 account), so ``auto`` asks the server to create a throwaway R3 stream: created means three
-peers or more; refused as "not clustered" (10074) or "no suitable peers" (10005) means one.
+peers or more; refused as "not clustered" (10074), or as "no suitable peers" (10005) for a few
+seconds running, means one.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Literal
 
 import msgspec
@@ -36,6 +38,8 @@ DURABLE_TAG = "sync:always"
 NOT_CLUSTERED = 10074  # "replicas > 1 not supported in non-clustered mode"
 NO_SUITABLE_PEERS = 10005  # "insufficient resources" / "no suitable peers for placement"
 CLUSTERED_REPLICAS = 3
+PEERS_PATIENCE_S = 5.0  # a peer that has just started is "offline" for a moment
+PATIENCE_S = 30.0  # a cluster that has just started has no meta leader for a moment
 
 
 class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -72,9 +76,37 @@ def parse_replicas(text: str) -> Replicas:
 
 
 async def resolve_replicas(broker: Broker, setting: Replicas) -> int:
-    """The number of replicas ``setting`` means on this server."""
+    """The number of replicas ``setting`` means on this server.
+
+    A cluster that has just started may not count its peers yet ("no suitable peers") or not
+    answer at all (no meta leader): the probe is made again for a few seconds before it
+    concludes one replica, or up to half a minute before it gives up.
+    """
     if setting != AUTO:
         return int(setting)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        try:
+            return await _probe(broker)
+        except _TooFewPeers:
+            if loop.time() - started > PEERS_PATIENCE_S:
+                log.debug("replicas auto: 1 (fewer than 3 JetStream peers)")
+                return 1
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            if loop.time() - started > PATIENCE_S:
+                raise translate(exc, subject="$JS.API.STREAM.CREATE") from exc
+        except nats.errors.Error as exc:
+            raise translate(exc, subject="$JS.API.STREAM.CREATE") from exc
+        await asyncio.sleep(1.0)
+
+
+class _TooFewPeers(Exception):
+    pass
+
+
+async def _probe(broker: Broker) -> int:
+    """Place a throwaway R3 stream: 3 when the server can, 1 when it is not clustered."""
     name = f"{broker.names.prefix.upper()}_REPLICA_PROBE_{NUID().next().decode()}"
     probe = api.StreamConfig(
         name=name,
@@ -87,12 +119,12 @@ async def resolve_replicas(broker: Broker, setting: Replicas) -> int:
     try:
         await broker.js.add_stream(probe)
     except nats.js.errors.APIError as exc:
-        if exc.err_code in (NOT_CLUSTERED, NO_SUITABLE_PEERS):
+        if exc.err_code == NOT_CLUSTERED:
             log.debug("replicas auto: 1", why=exc.description)
             return 1
+        if exc.err_code == NO_SUITABLE_PEERS:
+            raise _TooFewPeers from exc
         raise ProvisionError(f"cannot tell the cluster's size: {exc.description}") from exc
-    except nats.errors.Error as exc:
-        raise translate(exc, subject="$JS.API.STREAM.CREATE") from exc
     try:
         await broker.js.delete_stream(name)
     except nats.errors.Error as exc:  # it holds nothing; say so, and go on
