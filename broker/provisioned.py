@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import nats.errors
 import nats.js
@@ -20,9 +19,12 @@ from agentreach.broker.topology import Outcome
 SETTLE_POLL_S = 0.25
 
 
-class Change(Protocol):
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What provisioning did to one stream, and its replica count before, when it scaled it."""
+
     outcome: Outcome
-    replicas_before: int | None
+    replicas_before: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from agentreach.broker.errors import (
     translated,
 )
 from agentreach.broker.failover import stream_names
-from agentreach.broker.provisioned import Provisioning, wait_settled
+from agentreach.broker.provisioned import Change, Provisioning, wait_settled
 from agentreach.broker.replication import AUTO, NO_SUITABLE_PEERS, NOT_CLUSTERED, resolve_replicas
 from agentreach.broker.topology import BucketSpec, Outcome, StreamSpec, Topology
 
@@ -59,7 +59,7 @@ async def provision(
     if topology.replicas == AUTO:
         topology = topology.with_replicas(replicas)  # type: ignore[arg-type]
     js = broker.js
-    changes: list[tuple[str, str, _Change]] = []
+    changes: list[tuple[str, str, Change]] = []
     with translated():  # a ProvisionError passes through; anything else is a BrokerError
         for stream in topology.streams:
             change = await _patiently(stream, lambda s=stream: _ensure_stream(js, s, may_shrink))
@@ -77,8 +77,8 @@ async def provision(
 
 
 async def _patiently(
-    spec: StreamSpec | BucketSpec, ensure: Callable[[], Awaitable[_Change]]
-) -> _Change:
+    spec: StreamSpec | BucketSpec, ensure: Callable[[], Awaitable[Change]]
+) -> Change:
     """``await ensure()``, again while the JetStream API does not answer (a fresh cluster
     still electing its meta leader) for up to :data:`PATIENCE_S`, or finds too few peers for
     the spec's replicas (a peer that has just started is "offline" for a moment) for up to
@@ -113,22 +113,22 @@ async def _existing(js: nats.js.JetStreamContext, stream: str) -> api.StreamConf
 
 async def _ensure_stream(
     js: nats.js.JetStreamContext, spec: StreamSpec, may_shrink: bool
-) -> _Change:
+) -> Change:
     wanted = spec.config()
     existing = await _existing(js, spec.name)
     if existing is None:
         await js.add_stream(wanted)
-        return _Change(Outcome.CREATED)
+        return Change(Outcome.CREATED)
     return await _update_if_changed(js, existing, wanted, may_shrink)
 
 
 async def _ensure_bucket(
     js: nats.js.JetStreamContext, bucket: BucketSpec, may_shrink: bool
-) -> _Change:
+) -> Change:
     existing = await _existing(js, bucket.stream)
     if existing is None:
         await js.add_stream(bucket.config())
-        return _Change(Outcome.CREATED)
+        return Change(Outcome.CREATED)
     # Only what we manage changes; the rest of a bucket's stream stays as it was made.
     spec = bucket.config()
     wanted = api.StreamConfig.from_response(existing.as_dict())
@@ -139,14 +139,6 @@ async def _ensure_bucket(
     wanted.num_replicas = bucket.replicas
     wanted.placement = spec.placement
     return await _update_if_changed(js, existing, wanted, may_shrink)
-
-
-class _Change:
-    """What ensuring one stream did, and its replica count before, when that changed."""
-
-    def __init__(self, outcome: Outcome, replicas_before: int | None = None) -> None:
-        self.outcome = outcome
-        self.replicas_before = replicas_before
 
 
 _MANAGED = (
@@ -172,7 +164,7 @@ async def _update_if_changed(
     existing: api.StreamConfig,
     wanted: api.StreamConfig,
     may_shrink: bool,
-) -> _Change:
+) -> Change:
     changed = [f for f in _MANAGED if _norm(existing, f) != _norm(wanted, f)]
     before = existing.num_replicas or 1
     if "num_replicas" in changed and (wanted.num_replicas or 1) < before and not may_shrink:
@@ -183,7 +175,7 @@ async def _update_if_changed(
         # without --durable never moves the work streams off the servers that sync always.
         changed.remove("placement")
     if not changed:
-        return _Change(Outcome.UNCHANGED)
+        return Change(Outcome.UNCHANGED)
     for field in _IMMUTABLE:
         if field in changed:
             raise ProvisionError(
@@ -197,7 +189,7 @@ async def _update_if_changed(
     await js.update_stream(merged)
     log.info("stream updated", stream=wanted.name, fields=changed)
     scaled = before if "num_replicas" in changed else None
-    return _Change(Outcome.UPDATED, scaled)
+    return Change(Outcome.UPDATED, scaled)
 
 
 def _norm(config: api.StreamConfig, field: str) -> object:
