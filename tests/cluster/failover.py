@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentreach import ReachClient
-from agentreach.broker import BrokerError, Names
+from agentreach.broker import BrokerError, Names, Topology
 from tests.chaos.accounting import Accounting, account
 from tests.chaos.harness import settle
 from tests.chaos.observe import InFlight, dead_letters
@@ -192,7 +192,7 @@ async def _fail_over(
     if not await publisher.reached(plan.kill_at_task):
         return
     cluster, names = deployment.cluster, Names()
-    streams = [*_streams(names)]
+    streams = _streams(names)
     leaders = {s: await cluster.leader_of(s) for s in streams}
     victim = leaders[names.tasks_stream]
     assert victim is not None, "REACH_TASKS has no leader before the kill"
@@ -242,16 +242,9 @@ def _replica_elsewhere(deployment: FailoverDeployment, victim: int) -> str:
 
 
 def _streams(names: Names) -> list[str]:
-    kv = ("agents", "heartbeats", "liveness", "leases", "workflows", "breakers", "executions")
-    return [
-        names.tasks_stream,
-        *names.dispatch_streams.values(),
-        names.events_stream,
-        names.advisories_stream,
-        names.workflows_stream,
-        names.dlq_stream,
-        *(f"KV_{getattr(names, f'{b}_bucket')}" for b in kv),
-    ]
+    """Every stream of the topology, buckets' included."""
+    topology = Topology.default(names)
+    return [s.name for s in topology.streams] + [b.stream for b in topology.buckets]
 
 
 def longest_gap(records: Sequence[Record], since: float) -> float | None:
