@@ -2,6 +2,7 @@
 concern, so a mistake fails at start with the path of the mistake.
 
     prefix: reach
+    broker:      {replicas: auto, durable: false, durable_tags: [sync:always]}
     intake:      {batch: 64, ack_wait_s: 30}
     delivery:    {max_attempts: 3, attempts_by_topic: {}, base_s: 1, cap_s: 30, batch: 64}
     liveness:    {tick_s: 1, probe_connection_s: 3, probe_ping_s: 5, ...}
@@ -27,6 +28,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from agentreach.broker import BrokerConfig
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.liveness.monitor import LivenessConfig
 from agentreach.coordinator.protection.circuit import BreakerConfig
@@ -63,6 +65,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     """Tunables of one coordinator replica (every replica should share them)."""
 
     prefix: str = "reach"
+    broker: BrokerConfig = BrokerConfig()  # replicas and placement of streams and buckets
     intake: IntakeConfig = IntakeConfig()
     delivery: DeliveryConfig = DeliveryConfig()
     liveness: LivenessConfig = LivenessConfig()

@@ -91,7 +91,12 @@ class Coordinator:
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
         self._advisories = Advisories(broker)
         self._control = LivenessControl(config.liveness, self.liveness)
-        topology = Topology.default(broker.names, queue_capacity=config.queues.capacities)
+        topology = Topology.default(
+            broker.names,
+            queue_capacity=config.queues.capacities,
+            replicas=config.broker.replicas,
+            work_tags=config.broker.work_tags,
+        )
         self._topology = topology
         self._provisioner = Provisioner(broker, topology)
         self._consumption = Consumption(broker, self._provisioner)

@@ -55,11 +55,14 @@ async def test_publish_wait_prints_the_result(broker, coordinator):
 
 
 async def test_provision_twice_reports_unchanged(broker):
-    """`reach provision` is idempotent: the second run changes nothing."""
+    """`reach provision` is idempotent: the second run changes nothing; it says what auto
+    resolved to, and each stream's replicas (one on a single server)."""
     done = await reach(broker, "provision")
     assert done.returncode == 0, done.stderr
-    outcomes = dict(line.split() for line in done.stdout.splitlines())
-    assert set(outcomes.values()) == {"unchanged"}
+    head, *rows = done.stdout.splitlines()
+    outcomes = {row.split()[0]: row.split()[1:3] for row in rows}
+    assert head.startswith("replicas: auto → 1;")
+    assert {tuple(v) for v in outcomes.values()} == {("unchanged", "R1")}
     assert broker.names.dlq_stream in outcomes
 
 
