@@ -7,7 +7,7 @@ presence probes, the embedded nats-server and an embedded cluster of them.
 Every nats-py exception is translated into a :class:`BrokerError` here.
 """
 
-from agentreach.broker.auth import Auth
+from agentreach.broker.auth import Auth, AuthConfig
 from agentreach.broker.bucket import Bucket, Contended, Entry, Swap
 from agentreach.broker.cluster import EmbeddedCluster
 from agentreach.broker.connection import Broker
@@ -44,6 +44,7 @@ from agentreach.broker.watch import BucketWatch, Change
 __all__ = [
     "DEFAULT_URL",
     "Auth",
+    "AuthConfig",
     "AuthenticationFailed",
     "Broker",
     "BrokerConfig",

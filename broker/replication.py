@@ -24,6 +24,7 @@ import structlog
 from nats.js import api
 from nats.nuid import NUID
 
+from agentreach.broker.auth import AuthConfig
 from agentreach.broker.errors import ProvisionError, translate
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     replicas: Replicas = AUTO
     durable: bool = False
     durable_tags: tuple[str, ...] = (DURABLE_TAG,)
+    url: str | None = None  # the seed list; --nats-url and NATS_URL come first
+    auth: AuthConfig = AuthConfig()  # --creds etc. and NATS_CREDS etc. come first
 
     @property
     def work_tags(self) -> tuple[str, ...]:

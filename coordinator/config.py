@@ -2,7 +2,8 @@
 concern, so a mistake fails at start with the path of the mistake.
 
     prefix: reach
-    broker:      {replicas: auto, durable: false, durable_tags: [sync:always]}
+    broker:      {replicas: auto, durable: false, durable_tags: [sync:always], url: …,
+                  auth: {creds, nkey, token_file, user, password_file, tls_ca, tls_cert, …}}
     intake:      {batch: 64, ack_wait_s: 30}
     delivery:    {max_attempts: 3, attempts_by_topic: {}, base_s: 1, cap_s: 30, batch: 64}
     liveness:    {tick_s: 1, probe_connection_s: 3, probe_ping_s: 5, ...}

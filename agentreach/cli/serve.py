@@ -95,7 +95,7 @@ async def cmd_up(args: argparse.Namespace) -> int:
 
 
 async def cmd_coordinator(args: argparse.Namespace) -> int:
-    await _coordinate(args.nats_url or DEFAULT_URL, args)
+    await _coordinate(args.nats_url or load_config(args.config).broker.url or DEFAULT_URL, args)
     return 0
 
 
@@ -105,7 +105,13 @@ async def _coordinate(url: str, args: argparse.Namespace) -> None:
     config = msgspec.structs.replace(config, broker=broker_config_of(args, config.broker))
     names = Names(prefix=args.prefix or config.prefix)
     async with (
-        Broker(url, names=names, name="coordinator", wait=True, auth=auth_of(args)) as broker,
+        Broker(
+            url,
+            names=names,
+            name="coordinator",
+            wait=True,
+            auth=auth_of(args).merged(config.broker.auth.auth()),
+        ) as broker,
         Coordinator(broker, config, config_path=args.config).running(),
     ):
         await until_signal(f"coordinator serving on {broker.shown_url}")
