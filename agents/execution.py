@@ -122,7 +122,7 @@ class Executor:
         # to be done already acknowledges, then answers with the stored result.
         claim, _ = await asyncio.gather(
             self._claim(delivery, task, lease_ms=deadline_ms + LEASE_GRACE_MS),
-            self._accept(task),
+            self._accept(task, dispatched_ms),
         )
         if isinstance(claim, AlreadyDone):
             log.info("already executed; sending the stored result again")
@@ -197,14 +197,19 @@ class Executor:
         subject = self.broker.names.task(task.topic)
         await self.broker.publish(subject, envelopes.encode(task), headers=task_headers(task))
 
-    async def _accept(self, task: Task) -> None:
+    async def _accept(self, task: Task, dispatched_ms: int) -> None:
         capacity = Capacity(
             free_slots=self._free_slots(task), est_latency_ms=self.latency.estimate_ms
         )
         ack = Ack(**self._about(task), capacity=capacity)
         await asyncio.gather(
             reply(self.broker, task, ack),
-            emit(self.broker, event_for(task, "accepted", agent_id=self.agent.agent_id)),
+            emit(
+                self.broker,
+                event_for(
+                    task, "accepted", agent_id=self.agent.agent_id, dispatched_at_ms=dispatched_ms
+                ),
+            ),
         )
 
     async def _progress(self, delivery: Delivery, task: Task, note: str) -> None:

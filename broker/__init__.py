@@ -7,6 +7,7 @@ Every nats-py exception is translated into a :class:`BrokerError` here.
 """
 
 from agentreach.broker.bucket import Bucket, Contended, Entry, Swap
+from agentreach.broker.claim_check import ClaimCheck, PayloadUnavailable
 from agentreach.broker.connection import Broker
 from agentreach.broker.consume import ConsumerSpec, PullConsumer, bind, follow
 from agentreach.broker.direct import read_stream
@@ -44,6 +45,7 @@ __all__ = [
     "BucketSpec",
     "BucketWatch",
     "Change",
+    "ClaimCheck",
     "ConnectError",
     "ConsumerNotFound",
     "ConsumerSpec",
@@ -58,6 +60,7 @@ __all__ = [
     "NoResponders",
     "NoStreamError",
     "Outcome",
+    "PayloadUnavailable",
     "ProvisionError",
     "Provisioner",
     "PullConsumer",

@@ -61,6 +61,27 @@ class Names(msgspec.Struct, frozen=True):
     def dlq_wildcard(self) -> str:
         return f"{self.prefix}.dlq.>"
 
+    def audit(self, status: str, topic: str, trace_id: str, message_id: str) -> str:
+        return f"{self.prefix}.audit.{status}.{topic}.{trace_id}.{message_id}"
+
+    def audit_of_message(self, message_id: str) -> str:
+        return f"{self.prefix}.audit.*.*.*.{message_id}"
+
+    def audit_of_trace(self, trace_id: str) -> str:
+        return f"{self.prefix}.audit.*.*.{trace_id}.*"
+
+    @property
+    def audit_wildcard(self) -> str:
+        return f"{self.prefix}.audit.>"
+
+    def call(self, topic: str) -> str:
+        """Core request/reply: ``nats req reach.call.<topic> JSON`` answers with the result."""
+        return f"{self.prefix}.call.{topic}"
+
+    @property
+    def calls_wildcard(self) -> str:
+        return f"{self.prefix}.call.*"
+
     def reply_allowed(self, subject: str) -> bool:
         """Whether a task's replies may go to ``subject``: anywhere but our own subjects
         (a reply there would forge a task, an event or a dead letter), except a workflow's
@@ -119,6 +140,11 @@ class Names(msgspec.Struct, frozen=True):
         return f"{self.prefix}.ctl.clear"
 
     @property
+    def status(self) -> str:
+        """Every coordinator replica answers with its status (a core request)."""
+        return f"{self.prefix}.ctl.status"
+
+    @property
     def routes_reload(self) -> str:
         """Every coordinator replica answers: it re-reads its routing rules."""
         return f"{self.prefix}.ctl.routes.reload"
@@ -142,6 +168,15 @@ class Names(msgspec.Struct, frozen=True):
     @property
     def dlq_stream(self) -> str:
         return f"{self.prefix.upper()}_DLQ"
+
+    @property
+    def audit_stream(self) -> str:
+        return f"{self.prefix.upper()}_AUDIT"
+
+    @property
+    def payloads_bucket(self) -> str:
+        """The Object Store bucket of claim-checked payloads and results."""
+        return f"{self.prefix}_payloads"
 
     # -- KV buckets -------------------------------------------------------------
     @property
@@ -198,6 +233,14 @@ class Names(msgspec.Struct, frozen=True):
     @property
     def coordinator_advisories(self) -> str:
         return "coordinator-advisories"
+
+    @property
+    def coordinator_metrics(self) -> str:
+        return "coordinator-metrics"
+
+    @property
+    def coordinator_audit(self) -> str:
+        return "coordinator-audit"
 
     def agent_consumer(self, agent_id: str, priority: Priority) -> str:
         return f"agent-{agent_id}-{priority.lower()}"

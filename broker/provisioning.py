@@ -23,7 +23,7 @@ from agentreach.broker.errors import (
     translate,
     translated,
 )
-from agentreach.broker.topology import BucketSpec, Outcome, Topology
+from agentreach.broker.topology import BucketSpec, ObjectStoreSpec, Outcome, Topology
 
 log = structlog.get_logger("broker.provisioning")
 
@@ -40,6 +40,8 @@ async def provision(broker: Broker, topology: Topology) -> dict[str, Outcome]:
             outcomes[stream.name] = await _ensure_stream(js, stream.config())
         for bucket in topology.buckets:
             outcomes[bucket.name] = await _ensure_bucket(js, bucket)
+        for store in topology.objects:
+            outcomes[store.name] = await _ensure_object_store(js, store)
     for name, outcome in outcomes.items():
         log.debug("provisioned", name=name, outcome=str(outcome))
     return outcomes
@@ -76,6 +78,20 @@ async def _ensure_bucket(js: nats.js.JetStreamContext, bucket: BucketSpec) -> Ou
     wanted.max_msgs_per_subject = bucket.history
     wanted.max_age = bucket.ttl_s
     wanted.description = bucket.description or None
+    return await _update_if_changed(js, existing, wanted)
+
+
+async def _ensure_object_store(js: nats.js.JetStreamContext, store: ObjectStoreSpec) -> Outcome:
+    existing = await _existing(js, f"OBJ_{store.name}")
+    if existing is None:
+        try:
+            await js.create_object_store(store.name, config=store.config())
+        except nats.js.errors.APIError as exc:
+            raise _provision_error(store.name, exc) from exc
+        return Outcome.CREATED
+    wanted = api.StreamConfig.from_response(existing.as_dict())
+    wanted.max_age = store.ttl_s
+    wanted.description = store.description or None
     return await _update_if_changed(js, existing, wanted)
 
 

@@ -76,9 +76,27 @@ class BucketSpec:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ObjectStoreSpec:
+    """One Object Store bucket (claim-checked payloads)."""
+
+    name: str
+    ttl_s: float = 0.0
+    description: str = ""
+
+    def config(self) -> api.ObjectStoreConfig:
+        return api.ObjectStoreConfig(
+            bucket=self.name,
+            description=self.description or None,
+            ttl=self.ttl_s or None,
+            storage=api.StorageType.FILE,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Topology:
     streams: tuple[StreamSpec, ...]
     buckets: tuple[BucketSpec, ...]
+    objects: tuple[ObjectStoreSpec, ...] = ()
 
     @classmethod
     def default(
@@ -87,6 +105,8 @@ class Topology:
         *,
         executions_ttl_s: float = DAY,
         queue_capacity: Mapping[Priority, int] | None = None,
+        audit_days: float = 30.0,
+        payload_days: float = 30.0,
     ) -> Topology:
         """Every stream and bucket of SPEC.md, with the design's defaults.
 
@@ -140,6 +160,13 @@ class Topology:
                     duplicate_window_s=3600.0,
                     description="Dead letters: reach.dlq.<reason>.<topic>",
                 ),
+                StreamSpec(
+                    name=n.audit_stream,
+                    subjects=(n.audit_wildcard,),
+                    max_age_s=audit_days * DAY,
+                    duplicate_window_s=3600.0,
+                    description="One audit record per finished message",
+                ),
             ),
             buckets=(
                 BucketSpec(name=n.agents_bucket, description="Agent cards by agent_id"),
@@ -161,6 +188,13 @@ class Topology:
                     name=n.executions_bucket,
                     ttl_s=executions_ttl_s,
                     description="Execution records by message_id (exactly-once effect)",
+                ),
+            ),
+            objects=(
+                ObjectStoreSpec(
+                    name=n.payloads_bucket,
+                    ttl_s=payload_days * DAY,
+                    description="Claim-checked payloads and results too large to travel inline",
                 ),
             ),
         )

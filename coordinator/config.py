@@ -11,6 +11,9 @@ concern, so a mistake fails at start with the path of the mistake.
     breakers:    {window_s: 300, error_ratio: 0.4, ...}
     rate_limits: {topics: {...}, agents: {...}, wait_s: 0.1}
     workflows:   {<name>: <definition>}
+    metrics:     {port: 9464, host: 127.0.0.1}        # /metrics, /healthz, /readyz
+    audit:       {enabled: true, keep_days: 30}
+    claim_check: {threshold_bytes: 262144, keep_days: 30}
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ import structlog
 
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.liveness.monitor import LivenessConfig
+from agentreach.coordinator.observability.config import (
+    AuditConfig,
+    ClaimCheckConfig,
+    MetricsConfig,
+)
 from agentreach.coordinator.protection.circuit import BreakerConfig
 from agentreach.coordinator.protection.queues import QueueConfig
 from agentreach.coordinator.protection.rate_limits import RateLimits
@@ -65,6 +73,9 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     breakers: BreakerConfig = BreakerConfig()
     rate_limits: RateLimits = RateLimits()
     workflows: dict[Token, WorkflowSpec] = {}  # started by a task on reach.task.<name>
+    metrics: MetricsConfig = MetricsConfig()
+    audit: AuditConfig = AuditConfig()
+    claim_check: ClaimCheckConfig = ClaimCheckConfig()
 
 
 # Keys of the flat layout before sections (0.1), and where they live now.

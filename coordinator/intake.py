@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import structlog
 
 from agentreach.broker import Broker, Delivery
@@ -30,10 +32,18 @@ INVALID_TOPIC = "_invalid"
 class Intake:
     """Validates or wraps each intake message, then hands it to the router."""
 
-    def __init__(self, broker: Broker, router: Router, workflows: WorkflowEngine) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        router: Router,
+        workflows: WorkflowEngine,
+        *,
+        on_taken: Callable[[str, str, int], None] | None = None,
+    ) -> None:
         self._broker = broker
         self._router = router
         self._workflows = workflows
+        self._on_taken = on_taken  # (topic, priority, stored_ms) of each task taken in once
 
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
@@ -51,6 +61,8 @@ class Intake:
         except DecodeError as exc:
             await self._invalid(msg, topic, fallback_id, exc)
             return None
+        if self._on_taken is not None and msg.num_delivered == 1:
+            self._on_taken(task.topic, task.priority, msg.timestamp_ms)
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, topic=task.topic
         ):

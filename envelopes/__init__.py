@@ -11,7 +11,8 @@
   :mod:`~agentreach.envelopes.clock`, :mod:`~agentreach.envelopes.ids`.
 """
 
-from agentreach.envelopes import headers
+from agentreach.envelopes import headers, tracecontext
+from agentreach.envelopes.audit import AuditRecord, Summary, summarize
 from agentreach.envelopes.clock import now_ms, ttl_left_ms
 from agentreach.envelopes.codec import (
     decode,
@@ -49,6 +50,7 @@ from agentreach.envelopes.messages import (
     ErrorReply,
     Event,
     Message,
+    PayloadRef,
     Priority,
     Progress,
     Reply,
@@ -78,6 +80,7 @@ __all__ = [
     "Ack",
     "AgentCard",
     "AgentControl",
+    "AuditRecord",
     "BreakerRecord",
     "Budget",
     "Capacity",
@@ -94,6 +97,7 @@ __all__ = [
     "Liveness",
     "LivenessState",
     "Message",
+    "PayloadRef",
     "Priority",
     "Progress",
     "RateLimit",
@@ -103,6 +107,7 @@ __all__ = [
     "Reply",
     "Result",
     "StepRun",
+    "Summary",
     "Task",
     "TimerDue",
     "WorkflowRecord",
@@ -123,7 +128,9 @@ __all__ = [
     "new_id",
     "now_ms",
     "stable_id",
+    "summarize",
     "task_from_intake",
+    "tracecontext",
     "ttl_left_ms",
     "wrap_body",
 ]

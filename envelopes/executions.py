@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from agentreach.envelopes.messages import ErrorInfo
+from agentreach.envelopes.messages import ErrorInfo, PayloadRef
 
 
 class Execution(msgspec.Struct, frozen=True, kw_only=True):
@@ -25,5 +25,6 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int = 1
     lease_until_ms: int = 0
     result: Any = None
+    result_ref: PayloadRef | None = None  # a result kept in the Object Store
     error: ErrorInfo | None = None
     finished_at_ms: int = 0

@@ -60,6 +60,16 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
     est_latency_ms: int = 0
 
 
+class PayloadRef(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a payload or result too large to travel inline is kept (a claim check): an
+    object in the JetStream Object Store, with its size and SHA-256 to check it by."""
+
+    bucket: str
+    name: str
+    size: int
+    sha256: str
+
+
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Why something failed. ``retryable`` false means: do not try again."""
 
@@ -95,6 +105,10 @@ class Task(_AboutTask, frozen=True, kw_only=True, tag="task"):
     replay_of: str | None = None  # the dead-lettered message_id this task replays
     # The intake message's own headers (not Nats-*/Reach-*), kept for routing rules.
     headers: dict[str, str] = {}
+    # The broker's time of storing the task in intake (ms): reach latency counts from it.
+    received_ms: int = 0
+    traceparent: str | None = None  # W3C trace context, passed on to every step
+    payload_ref: PayloadRef | None = None  # set instead of ``payload`` when it was too large
 
 
 class Ack(_AboutTask, frozen=True, kw_only=True, tag="ack"):
@@ -113,6 +127,7 @@ class Result(_AboutTask, frozen=True, kw_only=True, tag="result"):
     """The task completed; ``result`` is the handler's return value."""
 
     result: Any = None
+    result_ref: PayloadRef | None = None  # set instead of ``result`` when it was too large
 
 
 class ErrorReply(_AboutTask, frozen=True, kw_only=True, tag="error"):
@@ -136,6 +151,8 @@ class Event(_AboutTask, frozen=True, kw_only=True, tag="event"):
     agent_id: str | None = None
     at_ms: int = 0
     detail: dict[str, Any] = {}
+    priority: Priority = DEFAULT_PRIORITY  # the task's
+    received_ms: int = 0  # the task's intake time on the broker's clock (0: not known)
 
 
 class DeadLetter(_Base, frozen=True, kw_only=True, tag="dead_letter"):

@@ -27,6 +27,7 @@ from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.rules import RoutingConfig, Rule, pools_of
 from agentreach.envelopes import ErrorInfo, Task
+from agentreach.envelopes.audit import summary_of_task
 from agentreach.envelopes import headers as h
 
 log = structlog.get_logger("coordinator.router")
@@ -160,6 +161,8 @@ class Router:
         }
         if choice.trial_key:
             detail["trial"] = choice.trial_key
+        if routed.attempt == 1:  # what the message's audit record summarises as its input
+            detail["input"] = msgspec.to_builtins(summary_of_task(routed))
         return event_for(routed, "routed", agent_id=choice.agent.agent_id, **detail)
 
     async def _unroutable(self, pending: _Pending, rule: Rule, choice: Choice) -> float | None:

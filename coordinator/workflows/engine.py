@@ -271,6 +271,8 @@ class WorkflowEngine:
         if key:
             about = self._step_task(record, record.steps[key])
         detail = {"workflow": record.workflow, **detail}
+        if event.startswith("workflow_") and record.ended_ms:
+            detail["duration_ms"] = record.ended_ms - record.started_ms
         await emit(self._broker, event_for(about, event, **detail))
 
     async def _finish(self, record: WorkflowRecord) -> None:
