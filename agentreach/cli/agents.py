@@ -14,12 +14,31 @@ from agentreach.cli.options import Commands, UsageError, names_of
 from agentreach.envelopes import AgentCard, BreakerRecord, Heartbeat, Liveness
 
 MIN_WATCH_S = 0.5
+LOAD_EXPLAINED = (
+    "LOAD is in-flight/slots from the agent's last heartbeat: handlers running now, out of how"
+    " many it runs at once\n(the sum of its handlers' capacity, per priority). Work queued"
+    " before those slots is queue depth\n(`reach top`, reach_queue_depth)."
+)
 
 
 def register(commands: Commands) -> None:
-    agents = commands.add("agents", cmd_agents, "registered agents and their liveness | clear ID")
-    agents.add_argument("action", nargs="?", choices=["list", "clear"], default="list")
-    agents.add_argument("id", nargs="?")
+    agents = commands.add(
+        "agents",
+        cmd_agents,
+        "registered agents and their liveness | clear ID",
+        example=("reach agents --watch", "reach agents clear worker-cn-east-01"),
+    )
+    agents.description = (
+        "Registered agents, as the coordinator judges them.\n\n" + LOAD_EXPLAINED + "\n"
+    )
+    agents.add_argument(
+        "action",
+        nargs="?",
+        choices=["list", "clear"],
+        default="list",
+        help="list (default) the agents, or clear the quarantine of one",
+    )
+    agents.add_argument("id", nargs="?", help="clear: the quarantined agent's id")
     agents.add_argument(
         "--watch",
         type=float,
@@ -100,7 +119,7 @@ def render(rows: list[Row]) -> str:
         f"{'AGENT':<22} {'STATE':<9} {'SINCE':<9} {'BEAT':>6} {'LOAD':>7}  INTENTS  TAGS  BREAKERS"
     )
     isolated = sum(row.isolated for row in rows)
-    footer = f"{len(rows)} agents, {isolated} isolated"
+    footer = f"{len(rows)} agents, {isolated} isolated · LOAD = handlers running / slots"
     return "\n".join([header, *(_line(row) for row in rows), footer])
 
 

@@ -16,12 +16,25 @@ from agentreach.envelopes import DeadLetter
 
 
 def register(commands: Commands) -> None:
-    dlq = commands.add("dlq", cmd_dlq, "dead letters: list | show ID | replay ID | stats")
-    dlq.add_argument("action", choices=["list", "show", "replay", "stats"])
-    dlq.add_argument("id", nargs="?")
+    dlq = commands.add(
+        "dlq",
+        cmd_dlq,
+        "dead letters: list | show ID | replay ID | stats",
+        example=(
+            "reach dlq list --reason expired",
+            "reach dlq show 0190f3c2-…",
+            "reach dlq replay 0190f3c2-… --to-topic manual_review",
+        ),
+    )
+    dlq.add_argument(
+        "action",
+        choices=["list", "show", "replay", "stats"],
+        help="list them, show one (JSON), replay one as a new task, or count them",
+    )
+    dlq.add_argument("id", nargs="?", help="show, replay: the dead letter's message_id")
     dlq.add_argument("--to-topic", default=None, help="replay to another topic")
-    dlq.add_argument("--reason", default=None)
-    dlq.add_argument("--topic", default=None)
+    dlq.add_argument("--reason", default=None, help="only letters with this reason")
+    dlq.add_argument("--topic", default=None, help="only letters of this topic")
 
 
 async def cmd_dlq(args: argparse.Namespace) -> int:

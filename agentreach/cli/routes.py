@@ -13,9 +13,16 @@ from agentreach.envelopes import ReloadReply, decode_as
 
 def register(commands: Commands) -> None:
     routes = commands.add(
-        "routes", cmd_routes, "routing rules: reload (every replica) | check FILE"
+        "routes",
+        cmd_routes,
+        "routing rules: reload (every replica) | check FILE",
+        example=("reach routes check deploy/coordinator/coordinator.yaml", "reach routes reload"),
     )
-    routes.add_argument("action", choices=["reload", "check"])
+    routes.add_argument(
+        "action",
+        choices=["reload", "check"],
+        help="reload: every coordinator re-reads its rules; check: validate a file offline",
+    )
     routes.add_argument("file", nargs="?", help="the coordinator config to check")
     routes.add_argument(
         "--wait", type=float, default=1.0, help="seconds to collect replicas' answers (reload)"

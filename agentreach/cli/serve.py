@@ -17,6 +17,7 @@ import structlog
 
 from agentreach.agents import Agent
 from agentreach.broker import DEFAULT_URL, Broker, EmbeddedServer, Names, Topology, provision
+from agentreach.cli.coordinating import coordinator_options, with_cli_options
 from agentreach.cli.options import Commands, UsageError, embedded_server_options, names_of
 from agentreach.coordinator import Coordinator, load_config
 from agentreach.envelopes import Priority
@@ -28,21 +29,41 @@ DEMO_STORE = Path(".reach/demo/nats")
 
 def register(commands: Commands) -> None:
     up = commands.add(
-        "up", cmd_up, "run the coordinator, with an embedded nats-server unless a URL"
+        "up",
+        cmd_up,
+        "run the coordinator, with an embedded nats-server unless a URL",
+        example="reach up --config deploy/coordinator/coordinator.yaml",
     )
     embedded_server_options(up, 4222)
-    up.add_argument("--config", help="coordinator YAML config")
-    coordinator = commands.add("coordinator", cmd_coordinator, "run a coordinator replica")
-    coordinator.add_argument("--config", help="coordinator YAML config")
-    agent = commands.add("agent", cmd_agent, "serve an Agent object: MODULE:OBJECT")
-    agent.add_argument("target", metavar="MODULE:OBJECT")
+    coordinator = commands.add(
+        "coordinator",
+        cmd_coordinator,
+        "run a coordinator replica",
+        example="reach coordinator --nats-url nats://10.0.0.5:4222 --metrics-port 9465",
+    )
+    for parser in (up, coordinator):
+        coordinator_options(parser)
+    agent = commands.add(
+        "agent",
+        cmd_agent,
+        "serve an Agent object: MODULE:OBJECT",
+        example="reach agent agentreach.examples.summarize:agent",
+    )
+    agent.add_argument(
+        "target", metavar="MODULE:OBJECT", help="the module and the Agent in it (cwd importable)"
+    )
     agent.add_argument(
         "--startup-delay",
         type=float,
         default=None,
         help="upper bound of the random delay before registering (s)",
     )
-    demo = commands.add("demo", cmd_demo, "embedded server + coordinator + example agents + tasks")
+    demo = commands.add(
+        "demo",
+        cmd_demo,
+        "embedded server + coordinator + example agents + tasks",
+        example="reach demo",
+    )
     embedded_server_options(demo, -1, store=DEMO_STORE)
 
 
@@ -60,13 +81,14 @@ async def cmd_coordinator(args: argparse.Namespace) -> int:
 
 async def _coordinate(url: str, args: argparse.Namespace) -> None:
     """Serve until a signal; the coordinator waits for NATS and provisions at start."""
-    config = load_config(args.config)
+    config = with_cli_options(load_config(args.config), args)
     names = Names(prefix=args.prefix or config.prefix)
     async with (
         Broker(url, names=names, name="coordinator", wait=True) as broker,
-        Coordinator(broker, config, config_path=args.config).running(),
+        Coordinator(broker, config, config_path=args.config).running() as coordinator,
     ):
-        await until_signal(f"coordinator serving on {broker.shown_url}")
+        shown = f"; metrics on {coordinator.metrics_url}metrics" if coordinator.metrics_url else ""
+        await until_signal(f"coordinator serving on {broker.shown_url}{shown}")
 
 
 async def cmd_agent(args: argparse.Namespace) -> int:

@@ -27,8 +27,8 @@ from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.rules import RoutingConfig, Rule, pools_of
 from agentreach.envelopes import ErrorInfo, Task
-from agentreach.envelopes.audit import summary_of_task
 from agentreach.envelopes import headers as h
+from agentreach.envelopes.audit import summary_of_task
 
 log = structlog.get_logger("coordinator.router")
 
