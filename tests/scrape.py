@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -14,10 +15,15 @@ async def http_get(url: str, *, headers: dict[str, str] | None = None) -> tuple[
     host, _, port = hostport.partition(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    writer.write(f"GET /{path} HTTP/1.1\r\nHost: {hostport}\r\n{extra}\r\n".encode())
-    await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
+    request = f"GET /{path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n{extra}\r\n"
+    try:
+        writer.write(request.encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
     head, _, body = raw.partition(b"\r\n\r\n")
     return int(head.split()[1]), body.decode()
 

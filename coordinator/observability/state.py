@@ -116,7 +116,11 @@ class StateCollector(Collector):
 
     def _queues(self) -> Iterator[GaugeMetricFamily]:
         queues = self._views.queues
-        slots = sorted(queues.slots())
+        # Every running agent at every priority, so an empty queue reads 0, not "no data".
+        running = [
+            c.agent_id for c in self._views.directory.cards.values() if c.status == "running"
+        ]
+        slots = sorted(queues.slots() | {(a, p) for a in running for p in PRIORITIES})
         yield _gauge(
             "reach_queue_depth",
             "Messages queued or unacknowledged in an agent's dispatch subject.",
