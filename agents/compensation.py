@@ -137,6 +137,7 @@ async def replay(
         ttl_ms=ttl_ms or envelopes.DEFAULT_TTL_MS,
         replay_of=letter.message_id,
         created_at=now_ms(),
+        received_ms=0,  # a new message: its reach latency starts at its own intake
     )
     await broker.publish(
         broker.names.task(task.topic), envelopes.encode(task), headers=h.task_headers(task)

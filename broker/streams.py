@@ -111,3 +111,10 @@ async def stream_size(broker: Broker, stream: str) -> tuple[int, int]:
     with translated(subject=stream):
         info = await broker.js.stream_info(stream)
     return info.state.messages, info.state.last_seq
+
+
+async def per_subject_limit(broker: Broker, stream: str) -> int:
+    """The most messages ``stream`` keeps on one subject (-1: no limit)."""
+    with translated(subject=stream):
+        info = await broker.js.stream_info(stream)
+    return info.config.max_msgs_per_subject or -1

@@ -10,6 +10,7 @@ import sys
 from agentreach.cli import (
     agents,
     completion,
+    dashboard,
     dlq,
     provision,
     publish,
@@ -23,7 +24,18 @@ from agentreach.cli.options import Commands
 from agentreach.errors import ReachError
 
 # completion last: it reads every other command's options.
-GROUPS = (serve, publish, trace, provision, agents, workflows, routes, dlq, completion)
+GROUPS = (
+    serve,
+    publish,
+    trace,
+    provision,
+    agents,
+    workflows,
+    routes,
+    dlq,
+    dashboard,
+    completion,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
