@@ -13,19 +13,21 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import structlog
 
 from agentreach import envelopes
 from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
 from agentreach.agents.context import TaskContext
 from agentreach.agents.errors import PermanentError
-from agentreach.broker import Broker, BrokerError, Delivery
+from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, PayloadUnavailable
 from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event_for, reply
 from agentreach.envelopes import (
     Ack,
     Capacity,
     DecodeError,
     ErrorInfo,
+    PayloadRef,
     Progress,
     Result,
     Task,
@@ -71,9 +73,11 @@ class Executor:
         claims: Claims,
         *,
         free_slots: Callable[[Task], int],
+        claim_check: ClaimCheck | None = None,
     ) -> None:
         self.agent = agent
         self.broker = broker
+        self.claim_check = claim_check or ClaimCheck(broker)
         self.latency = LatencyEstimate()
         self._claims = claims
         self._free_slots = free_slots
@@ -126,7 +130,8 @@ class Executor:
         )
         if isinstance(claim, AlreadyDone):
             log.info("already executed; sending the stored result again")
-            await self._complete(task, claim.record.result, duration_ms=0)
+            record = claim.record
+            await self._complete(task, record.result, duration_ms=0, ref=record.result_ref)
             return None
         await self._run(delivery, task, spec, claim, deadline_ms, dispatched_ms)
         return None
@@ -150,13 +155,19 @@ class Executor:
         )
         started = time.monotonic()
         try:
-            result = await _call(spec, ctx, task.payload, deadline_ms)
+            payload = await self.claim_check.payload_of(task)  # a claim-checked one is fetched
+            result = await _call(spec, ctx, payload, deadline_ms)
+            # Stowed before it is recorded: the record and the reply stay small.
+            result, ref = await self.claim_check.stow_result(task, result)
+        except PayloadUnavailable as exc:
+            error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
+            outcome = Outcome(claim, error=error)
         except Exception as exc:  # every handler failure is reported, none is lost
             outcome = Outcome(claim, error=_error_info(exc, deadline_ms))
         else:
             duration_ms = int((time.monotonic() - started) * 1000)
             self.latency.observe(duration_ms)
-            outcome = Outcome(claim, result=result, duration_ms=duration_ms)
+            outcome = Outcome(claim, result=result, duration_ms=duration_ms, result_ref=ref)
         await self._conclude(delivery, task, outcome, dispatched_ms)
 
     async def _conclude(
@@ -175,7 +186,7 @@ class Executor:
             rejected = event_for(task, "late_result_rejected", agent_id=self.agent.agent_id)
             await emit(self.broker, rejected)
             return
-        await self._complete(task, outcome.result, outcome.duration_ms)
+        await self._complete(task, outcome.result, outcome.duration_ms, ref=outcome.result_ref)
 
     async def _claim(
         self, delivery: Delivery, task: Task, *, lease_ms: int
@@ -220,11 +231,14 @@ class Executor:
             emit(self.broker, event_for(task, "progress", agent_id=agent_id, note=note)),
         )
 
-    async def _complete(self, task: Task, result: Any, duration_ms: int) -> None:
+    async def _complete(
+        self, task: Task, result: Any, duration_ms: int, *, ref: PayloadRef | None = None
+    ) -> None:
         """Answer the sender, then tell the coordinator (the result is already recorded)."""
-        await reply(self.broker, task, Result(**self._about(task), result=result))
+        await reply(self.broker, task, Result(**self._about(task), result=result, result_ref=ref))
+        shown = {"result_ref": msgspec.to_builtins(ref)} if ref else {"result": result}
         completed = event_for(
-            task, "completed", agent_id=self.agent.agent_id, result=result, duration_ms=duration_ms
+            task, "completed", agent_id=self.agent.agent_id, duration_ms=duration_ms, **shown
         )
         await emit(self.broker, completed)
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import structlog
 
-from agentreach.broker import Broker, Delivery
+from agentreach.broker import Broker, ClaimCheck, Delivery
 from agentreach.broker.lifecycle import dead_letter, reply
 from agentreach.coordinator.delivery.dead_letters import error_reply
 from agentreach.coordinator.routing.router import Router
@@ -39,11 +39,13 @@ class Intake:
         workflows: WorkflowEngine,
         *,
         on_taken: Callable[[str, str, int], None] | None = None,
+        claim_check: ClaimCheck | None = None,
     ) -> None:
         self._broker = broker
         self._router = router
         self._workflows = workflows
         self._on_taken = on_taken  # (topic, priority, stored_ms) of each task taken in once
+        self._claim_check = claim_check or ClaimCheck(broker)
 
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
@@ -63,6 +65,8 @@ class Intake:
             return None
         if self._on_taken is not None and msg.num_delivered == 1:
             self._on_taken(task.topic, task.priority, msg.timestamp_ms)
+        if len(msg.data) > self._claim_check.threshold_bytes:  # a large `nats pub` body
+            task = await self._claim_check.stow_task(task)
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, topic=task.topic
         ):

@@ -22,6 +22,7 @@ import structlog
 
 from agentreach.broker import (
     Broker,
+    ClaimCheck,
     ConsumerSpec,
     Inbound,
     Provisioner,
@@ -31,6 +32,7 @@ from agentreach.broker import (
     provision,
 )
 from agentreach.broker.tasks import cancel_and_wait
+from agentreach.coordinator.calls import Calls
 from agentreach.coordinator.config import CoordinatorConfig
 from agentreach.coordinator.consumption import Consumption, Handler
 from agentreach.coordinator.delivery.advisories import Advisories
@@ -118,7 +120,15 @@ class Coordinator:
         )
         self.registry.register(StateCollector(views, self._sampled))
         self.metrics_url: str | None = None
-        self._intake = Intake(broker, self.router, self.workflows, on_taken=self.flow.taken_in)
+        self.claim_check = ClaimCheck(broker, config.claim_check.threshold_bytes)
+        self._calls = Calls(broker, self.claim_check)
+        self._intake = Intake(
+            broker,
+            self.router,
+            self.workflows,
+            on_taken=self.flow.taken_in,
+            claim_check=self.claim_check,
+        )
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery)
         self._advisories = Advisories(broker)
         self._control = LivenessControl(config.liveness, self.liveness)
@@ -191,6 +201,7 @@ class Coordinator:
         await self.broker.subscribe(names.clear, self._control.on_clear)  # the judge answers
         await self.broker.subscribe(names.routes_reload, self.routes.on_request)  # every replica
         await self.broker.subscribe(names.status, self._on_status)  # every replica
+        await self._calls.start()  # one replica of the queue group takes each call
 
     def _loops(self) -> list[tuple[ConsumerSpec, int, Handler]]:
         names, config = self.broker.names, self.config

@@ -26,7 +26,7 @@ from agentreach.broker.lifecycle import emit, event_for
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.rules import RoutingConfig, Rule, pools_of
-from agentreach.envelopes import ErrorInfo, Task
+from agentreach.envelopes import ErrorInfo, Task, tracecontext
 from agentreach.envelopes import headers as h
 from agentreach.envelopes.audit import summary_of_task
 
@@ -128,7 +128,12 @@ class Router:
         if (refusal := await self.fleet.admit(choice, task.message_id)) is not None:
             return refusal
         routed = msgspec.structs.replace(
-            task, topic=choice.intent, to_agent=card.agent_id, ttl_ms=pending.left_ms
+            task,
+            topic=choice.intent,
+            to_agent=card.agent_id,
+            ttl_ms=pending.left_ms,
+            # The dispatch is a hop of its own in the caller's trace (W3C trace context).
+            traceparent=tracecontext.child(task.traceparent, task.message_id, task.attempt),
         )
         # The event first: a trace must never show an agent at work before the routing.
         await emit(self._broker, self._routed_event(routed, rule, choice))
