@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from agentreach.broker import Broker, BrokerTimeout, NoResponders
 from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.envelopes import AgentCard, BreakerRecord, Heartbeat, Liveness
 
 MIN_WATCH_S = 0.5
@@ -55,6 +56,9 @@ async def cmd_agents(args: argparse.Namespace) -> int:
     async with Broker(args.nats_url, names=names_of(args), name="reach-cli") as broker:
         if args.action == "clear":
             return await _clear(broker, args.id)
+        await warn_without_coordinator(
+            broker, "STATE is the last verdict recorded, and nobody judges liveness now"
+        )
         while True:
             drawn = render(await collect(broker))
             if not args.watch:
@@ -70,9 +74,7 @@ async def _clear(broker: Broker, agent_id: str | None) -> int:
     try:
         answer = await broker.request(broker.names.clear, agent_id.encode(), timeout=5)
     except (NoResponders, BrokerTimeout):
-        raise UsageError(
-            "no coordinator answered; is `reach up` or `reach coordinator` running?"
-        ) from None
+        raise UsageError(NOT_RUNNING) from None
     print(f"{agent_id}: {answer.data.decode()}")
     return 0 if answer.data == b"cleared" else 1
 

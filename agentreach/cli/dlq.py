@@ -12,6 +12,7 @@ from agentreach import envelopes
 from agentreach.agents.compensation import replay
 from agentreach.broker import Broker, read_stream
 from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.cli.status import warn_without_coordinator
 from agentreach.envelopes import DeadLetter
 
 
@@ -48,6 +49,7 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         letters = [envelopes.decode_dead_letter(m.data) for m in stored]
         if args.action == "replay":
             task = await replay(broker, _find(letters, args.id), topic=args.to_topic)
+            await warn_without_coordinator(broker, "the replayed task waits in REACH_TASKS")
             print(json.dumps({"message_id": task.message_id, "trace_id": task.trace_id}))
             return 0
     if args.action == "show":

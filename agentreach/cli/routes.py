@@ -7,6 +7,7 @@ import argparse
 from agentreach.broker import Broker
 from agentreach.broker.requests import gather_replies
 from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.cli.status import NOT_RUNNING
 from agentreach.coordinator import load_config
 from agentreach.envelopes import ReloadReply, decode_as
 
@@ -35,7 +36,7 @@ async def cmd_routes(args: argparse.Namespace) -> int:
     async with Broker(args.nats_url, names=names_of(args), name="reach-cli") as broker:
         answers = await gather_replies(broker, broker.names.routes_reload, wait_s=args.wait)
     if not answers:
-        raise UsageError("no coordinator answered; is `reach up` or `reach coordinator` running?")
+        raise UsageError(NOT_RUNNING)
     failed = 0
     for answer in answers:
         reply = decode_as(answer, ReloadReply)

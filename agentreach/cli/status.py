@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from agentreach.broker import Broker
@@ -22,3 +23,11 @@ async def coordinators(broker: Broker, *, wait_s: float = 0.3) -> list[dict[str,
         if isinstance(status, dict):
             found.append(status)
     return sorted(found, key=lambda s: str(s.get("replica")))
+
+
+async def warn_without_coordinator(broker: Broker, consequence: str) -> bool:
+    """Say on stderr that no coordinator runs, and what follows; True when one runs."""
+    if await coordinators(broker):
+        return True
+    print(f"reach: warning: {NOT_RUNNING}; {consequence}", file=sys.stderr)
+    return False

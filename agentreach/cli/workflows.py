@@ -9,6 +9,7 @@ import datetime as dt
 
 from agentreach.broker import Broker, read_stream
 from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.cli.status import warn_without_coordinator
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
 from agentreach.envelopes import StepRun, WorkflowRecord, decode_event, now_ms
 
@@ -50,6 +51,7 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         if record.finished:
             print(f"{args.id}: already {record.status}")
             return 1
+        await warn_without_coordinator(broker, "nothing acts on it until one starts")
         if args.action == "signal":
             return await _signal(broker, record, args.event, args.wait)
         await cancel(broker, args.id)
