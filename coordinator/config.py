@@ -103,6 +103,7 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
     """Decode the YAML file at ``path``, or the defaults when ``path`` is None."""
     if path is None:
         return CoordinatorConfig()
+    document: Any = None
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
@@ -111,7 +112,21 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
         document = msgspec.yaml.decode(raw) if raw.strip() else {}
         return msgspec.convert(_sectioned(document, path), CoordinatorConfig)
     except msgspec.DecodeError as exc:  # ValidationError is one
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{path}: {_with_workflow_named(str(exc), document)}") from None
+
+
+def _with_workflow_named(message: str, document: Any) -> str:
+    """msgspec shows a dict key as ``[...]``; a mistake in a workflow names the workflow."""
+    marker = "`$.workflows[...]"
+    if marker not in message or not isinstance(document, dict):
+        return message
+    for name, definition in (document.get("workflows") or {}).items():
+        try:
+            msgspec.convert(definition, WorkflowSpec)
+        except msgspec.ValidationError:
+            text = message.replace(marker, f"`$.workflows.{name}")
+            return f"workflow {name!r}: {text}"
+    return message
 
 
 def _sectioned(document: Any, path: Path | str) -> Any:
