@@ -350,3 +350,13 @@ async def test_every_option_has_help_and_every_command_an_example():
     completion = await run(reach_command(), "completion", "bash")
     assert "complete -o default -F _reach reach" in completion.stdout
     assert "--metrics-port" in completion.stdout and "dashboard" in completion.stdout
+
+
+async def test_reach_top_once_prints_the_essentials(broker, coordinator):
+    """`reach top --once`: the five metrics, the coordinators, the agents with LOAD."""
+    async with worker().running(broker=broker):
+        top = await reach(broker, "top", "--once")
+    assert top.returncode == 0, top.stderr
+    for shown in ("Success rate", "P99 reach latency", "Isolated agents", "1 coordinator replica"):
+        assert shown in top.stdout, top.stdout
+    assert "cli-reach-worker" in top.stdout and "LOAD" in top.stdout

@@ -77,6 +77,8 @@ async def test_two_replicas_count_each_event_once(broker, watcher: Watcher):
     assert failed == 3
     assert sum(total(f, "reach_latency_seconds_count", topic="double") for f in found) == 12
     assert sum(total(f, "reach_dispatches_total") for f in found) == 15
+    assert sum(total(f, "reach_tasks_received_total") for f in found) == 15
+    assert sum(total(f, "reach_intake_lag_seconds_count") for f in found) == 15
     for f in found:  # state is the same on every replica: the rules take max
         assert total(f, "reach_queue_capacity", priority="P1") == 200
         assert total(f, "reach_agents", state="STOPPED") == 0
