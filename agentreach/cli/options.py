@@ -29,11 +29,15 @@ class Commands:
         self.parsers: dict[str, argparse.ArgumentParser] = {}
 
     def add(
-        self, name: str, run: Command, help: str, *, example: str | tuple[str, ...]
+        self, name: str, run: Command, help: str, *, example: str | tuple[str, ...] = ()
     ) -> argparse.ArgumentParser:
+        """A command; ``example`` is shown under its --help (tests insist every command has
+        one)."""
         examples = (example,) if isinstance(example, str) else example
-        epilog = "example" + ("s" if len(examples) > 1 else "") + ":\n"
-        epilog += "\n".join(f"  {line}" for line in examples)
+        epilog = None
+        if examples:
+            epilog = "example" + ("s" if len(examples) > 1 else "") + ":\n"
+            epilog += "\n".join(f"  {line}" for line in examples)
         parser = self._sub.add_parser(
             name,
             parents=[self._common],

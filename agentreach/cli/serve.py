@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
+import prometheus_client
 import structlog
 
 from agentreach.agents import Agent
@@ -81,6 +82,9 @@ async def cmd_coordinator(args: argparse.Namespace) -> int:
 
 async def _coordinate(url: str, args: argparse.Namespace) -> None:
     """Serve until a signal; the coordinator waits for NATS and provisions at start."""
+    # The _created series of counters are used by no rule: in our own process, leave them out
+    # (a library must not change this for the program that embeds it).
+    prometheus_client.disable_created_metrics()
     config = with_cli_options(load_config(args.config), args)
     names = Names(prefix=args.prefix or config.prefix)
     async with (

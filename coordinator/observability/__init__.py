@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-import prometheus_client
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from agentreach.coordinator.observability.audit import TERMINAL, AuditWriter
@@ -26,9 +25,6 @@ from agentreach.coordinator.observability.endpoint import Readiness, endpoint
 from agentreach.coordinator.observability.flow import FOLDED, FlowMetrics
 from agentreach.coordinator.observability.http import HttpServer
 from agentreach.coordinator.observability.state import Sampled, StateCollector, Views
-
-# The _created series of counters are not used by any rule; they only double the output.
-prometheus_client.disable_created_metrics()
 
 __all__ = [
     "FOLDED",
