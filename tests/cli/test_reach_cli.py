@@ -360,3 +360,35 @@ async def test_reach_top_once_prints_the_essentials(broker, coordinator):
     for shown in ("Success rate", "P99 reach latency", "Isolated agents", "1 coordinator replica"):
         assert shown in top.stdout, top.stdout
     assert "cli-reach-worker" in top.stdout and "LOAD" in top.stdout
+
+
+async def test_a_workflow_built_in_python_is_served_by_reach_coordinator(broker, watcher, tmp_path):
+    """`reach coordinator --workflows flows:WORKFLOWS` serves workflows built with
+    `agentreach.coordinator.workflow`, as the README writes them."""
+    (tmp_path / "flows.py").write_text(
+        "from agentreach.coordinator import workflow as wf\n"
+        "WORKFLOWS = {'twice': wf.chain(wf.step('one', 'count'), wf.step('two', 'count',"
+        " input={'items': ['$.one.n']}))}\n"
+    )
+    argv = reach_argv(
+        broker, "coordinator", "--workflows", "flows:WORKFLOWS", "--metrics-port", "-1"
+    )
+    process = await asyncio.create_subprocess_exec(
+        *map(str, argv),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        async with worker().running(broker=broker):
+            await broker.publish(
+                broker.names.task("twice"), b'{"items": [1, 2, 3]}', headers={"Nats-Msg-Id": "py-1"}
+            )
+            done = await watcher.event("workflow_completed", message_id="py-1", timeout=30)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 20)
+    assert done.detail["workflow"] == "twice"
+    wrong = await reach(broker, "coordinator", "--workflows", "flows:NOPE")  # not in this cwd
+    assert wrong.returncode != 0
+    assert wrong.stderr == "reach: error: cannot import 'flows': No module named 'flows'\n"
