@@ -6,6 +6,7 @@ publishing (events, replies, dead letters), presence probes, the embedded nats-s
 Every nats-py exception is translated into a :class:`BrokerError` here.
 """
 
+from agentreach.broker.auth import Auth
 from agentreach.broker.bucket import Bucket, Contended, Entry, Swap
 from agentreach.broker.claim_check import ClaimCheck, PayloadUnavailable
 from agentreach.broker.connection import Broker
@@ -38,6 +39,7 @@ from agentreach.broker.watch import BucketWatch, Change
 
 __all__ = [
     "DEFAULT_URL",
+    "Auth",
     "Broker",
     "BrokerError",
     "BrokerTimeout",

@@ -1,8 +1,9 @@
 """Calls: core request/reply whose answer is the task's result.
 
-``nats req reach.call.summarize '{"text": "..."}'`` gets the storage receipt of nothing
-and the result of the task: a coordinator replica (one of the queue group) publishes the
-body to ``reach.task.<topic>`` with its own reply subject, lets acks and progress pass,
+``nats req reach.call.summarize '{"text": "..."}'`` gets the result of the task, not a
+storage receipt: a coordinator replica (one of the queue group) publishes the body to
+``reach.task.<topic>`` (``reach.call.<topic>.<sender>`` to ``reach.task.<topic>.<sender>``,
+so the caller is named as on intake) with its own reply subject, lets acks and progress pass,
 and answers the requester once, with the result (its JSON) or with ``{"error": {...}}``
 and the header ``Reach-Kind: error``. Headers of the request (``Nats-Msg-Id``,
 ``Reach-Trace-Id``, ``Reach-Priority``, ``Reach-TTL``, ``traceparent``) count as for
@@ -57,7 +58,7 @@ class Calls:
     async def _on_call(self, msg: Inbound) -> None:
         if not msg.reply:
             return  # a publish, not a request: nobody to answer (use reach.task.<topic>)
-        topic = msg.subject[len(self._broker.names.prefix) + len(".call.") :]
+        topic, sender = self._broker.names.call_subject_parts(msg.subject)
         headers = {k: v for k, v in msg.headers.items() if k != h.REPLY_TO}
         headers.setdefault(h.MSG_ID, new_id())
         key = f"{self._inbox}.{next(self._counter)}"
@@ -72,7 +73,8 @@ class Calls:
         )
         self._waiting[key] = (msg.reply, timer)
         try:
-            await self._broker.publish(self._broker.names.task(topic), data, headers=headers)
+            subject = self._broker.names.task(topic, sender)  # the caller stays the sender
+            await self._broker.publish(subject, data, headers=headers)
         except BrokerError as exc:
             self._forget(key)
             error = {"type": "not_published", "message": str(exc)}

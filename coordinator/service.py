@@ -33,7 +33,7 @@ from agentreach.broker import (
 )
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator.calls import Calls
-from agentreach.coordinator.config import CoordinatorConfig
+from agentreach.coordinator.config import ConfigError, CoordinatorConfig
 from agentreach.coordinator.consumption import Consumption, Handler
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import OUTCOME_EVENTS, Outcomes
@@ -55,6 +55,7 @@ from agentreach.coordinator.observability import (
     serving,
 )
 from agentreach.coordinator.protection.breaker_board import BreakerBoard
+from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.protection.outcome_feed import follow_outcomes
 from agentreach.coordinator.protection.queues import QueueDepths
 from agentreach.coordinator.protection.rate_limits import RateLimiter
@@ -97,7 +98,11 @@ class Coordinator:
         self.breakers = BreakerBoard(broker, config.breakers)
         self.queues = QueueDepths(broker, config.queues)
         fleet = Fleet(self.directory, self.breakers, self.queues, RateLimiter(config.rate_limits))
-        self.router = Router(broker, fleet, config.routing)
+        try:
+            grants = Grants.from_config(config.security)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"security.seal_key_file: {exc}") from None
+        self.router = Router(broker, fleet, config.routing, grants)
         self.workflows = WorkflowEngine(broker, config.workflows)
         self.liveness = LivenessMonitor(broker, config.liveness)
         self.routes = RouteReloader(
@@ -129,7 +134,7 @@ class Coordinator:
             on_taken=self.flow.taken_in,
             claim_check=self.claim_check,
         )
-        self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery)
+        self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
         self._advisories = Advisories(broker)
         self._control = LivenessControl(config.liveness, self.liveness)
         topology = Topology.default(
@@ -197,7 +202,9 @@ class Coordinator:
 
     async def _answer_requests(self) -> None:
         names = self.broker.names
-        await self.broker.subscribe(names.register, self._control.on_register, queue="coordinators")
+        await self.broker.subscribe(
+            names.registrations, self._control.on_register, queue="coordinators"
+        )
         await self.broker.subscribe(names.clear, self._control.on_clear)  # the judge answers
         await self.broker.subscribe(names.routes_reload, self.routes.on_request)  # every replica
         await self.broker.subscribe(names.status, self._on_status)  # every replica

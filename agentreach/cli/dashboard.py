@@ -8,8 +8,7 @@ import importlib.metadata
 
 import structlog
 
-from agentreach.broker import Broker
-from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.cli.options import Commands, UsageError, broker_of
 from agentreach.cli.serve import until_signal
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import Board, DashboardApp, History, render
@@ -73,7 +72,7 @@ def _history(args: argparse.Namespace) -> History:
 async def cmd_dashboard(args: argparse.Namespace) -> int:
     history = _history(args)
     async with (
-        Broker(args.nats_url, names=names_of(args), name="reach-dashboard") as broker,
+        broker_of(args, name="reach-dashboard") as broker,
         Board(broker, history, read_only=args.read_only, version=_version()) as board,
         HttpServer(DashboardApp(board), host=args.host, port=args.port) as server,  # type: ignore[arg-type]
     ):
@@ -91,7 +90,7 @@ async def cmd_top(args: argparse.Namespace) -> int:
     if args.interval < 0.5:
         raise UsageError("--interval takes seconds between redraws, at least 0.5")
     async with (
-        Broker(args.nats_url, names=names_of(args), name="reach-top") as broker,
+        broker_of(args, name="reach-top") as broker,
         Board(broker, _history(args)) as board,
     ):
         while True:

@@ -7,7 +7,7 @@ import json
 import sys
 
 from agentreach.agents import ReachClient
-from agentreach.cli.options import Commands, UsageError, json_argument, names_of
+from agentreach.cli.options import Commands, UsageError, broker_of, json_argument
 from agentreach.cli.status import coordinators
 from agentreach.envelopes import Ack, Progress
 
@@ -51,7 +51,7 @@ async def cmd_publish(args: argparse.Namespace) -> int:
     payload = json_argument(args.json)
     if args.ttl_ms is not None and args.ttl_ms <= 0:
         raise UsageError(f"--ttl-ms takes a positive number of ms, got {args.ttl_ms}")
-    async with ReachClient(args.nats_url, names=names_of(args), name="reach-cli") as client:
+    async with broker_of(args) as broker, ReachClient(broker=broker) as client:
         running = await coordinators(client.broker)
         if args.wait:
             if not running:

@@ -19,7 +19,13 @@ import structlog
 from agentreach.agents import Agent
 from agentreach.broker import DEFAULT_URL, Broker, EmbeddedServer, Names, Topology, provision
 from agentreach.cli.coordinating import coordinator_options, with_cli_options
-from agentreach.cli.options import Commands, UsageError, embedded_server_options, names_of
+from agentreach.cli.options import (
+    Commands,
+    UsageError,
+    auth_of,
+    embedded_server_options,
+    names_of,
+)
 from agentreach.coordinator import Coordinator, load_config
 from agentreach.envelopes import Priority
 
@@ -88,7 +94,7 @@ async def _coordinate(url: str, args: argparse.Namespace) -> None:
     config = with_cli_options(load_config(args.config), args)
     names = Names(prefix=args.prefix or config.prefix)
     async with (
-        Broker(url, names=names, name="coordinator", wait=True) as broker,
+        Broker(url, names=names, name="coordinator", wait=True, auth=auth_of(args)) as broker,
         Coordinator(broker, config, config_path=args.config).running() as coordinator,
     ):
         shown = f"; metrics on {coordinator.metrics_url}metrics" if coordinator.metrics_url else ""
@@ -99,7 +105,8 @@ async def cmd_agent(args: argparse.Namespace) -> int:
     agent = load_agent(args.target)
     if args.startup_delay is not None:
         agent.startup_delay = args.startup_delay
-    async with agent.running(args.nats_url or DEFAULT_URL, names=names_of(args)):
+    url = args.nats_url or DEFAULT_URL
+    async with agent.running(url, names=names_of(args), auth=auth_of(args)):
         await until_signal(f"agent {agent.agent_id} serving {sorted(agent.handlers)}")
     return 0
 
