@@ -11,7 +11,8 @@
   :mod:`~agentreach.envelopes.clock`, :mod:`~agentreach.envelopes.ids`.
 """
 
-from agentreach.envelopes import headers
+from agentreach.envelopes import headers, tracecontext
+from agentreach.envelopes.audit import AuditRecord, Summary, summarize
 from agentreach.envelopes.clock import now_ms, ttl_left_ms
 from agentreach.envelopes.codec import (
     decode,
@@ -50,6 +51,7 @@ from agentreach.envelopes.messages import (
     ErrorReply,
     Event,
     Message,
+    PayloadRef,
     Priority,
     Progress,
     Reply,
@@ -69,8 +71,8 @@ from agentreach.envelopes.registry import (
     RateLimit,
     RegisterReply,
     RegisterRequest,
-    StatusReply,
-    StatusRequest,
+    TraceReply,
+    TraceRequest,
 )
 from agentreach.envelopes.schema import json_schema
 
@@ -82,6 +84,7 @@ __all__ = [
     "Ack",
     "AgentCard",
     "AgentControl",
+    "AuditRecord",
     "BreakerRecord",
     "Budget",
     "Capacity",
@@ -98,6 +101,7 @@ __all__ = [
     "Liveness",
     "LivenessState",
     "Message",
+    "PayloadRef",
     "Priority",
     "Progress",
     "QuotaRecord",
@@ -108,9 +112,10 @@ __all__ = [
     "Reply",
     "Result",
     "Routed",
-    "StatusReply",
-    "StatusRequest",
+    "TraceReply",
+    "TraceRequest",
     "StepRun",
+    "Summary",
     "Task",
     "TimerDue",
     "WorkflowRecord",
@@ -133,7 +138,9 @@ __all__ = [
     "new_id",
     "now_ms",
     "stable_id",
+    "summarize",
     "task_from_intake",
+    "tracecontext",
     "ttl_left_ms",
     "wrap_body",
 ]

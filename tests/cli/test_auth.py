@@ -156,5 +156,6 @@ async def test_the_coordinator_takes_its_server_and_creds_from_its_config(tmp_pa
 
 
 def test_config_credentials_name_a_missing_file():
-    with pytest.raises(ConnectError, match=r"broker\.auth\.token_file /nowhere/token does not exist"):
+    missing = r"broker\.auth\.token_file /nowhere/token does not exist"
+    with pytest.raises(ConnectError, match=missing):
         AuthConfig(token_file="/nowhere/token").auth()
