@@ -30,9 +30,9 @@ from agentreach.envelopes import (
     Priority,
     Progress,
     Result,
+    Task,
     TraceReply,
     TraceRequest,
-    Task,
     new_id,
     now_ms,
 )
