@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import re
 import signal
@@ -112,7 +113,8 @@ async def test_an_operator_sees_the_alert_fire_and_watches_it(tmp_path):
             seen: dict[str, object] = {}
             async with asyncio.timeout(120):
                 while not (
-                    all(rule in seen for rule in RULES)
+                    # a ratio is NaN until both of its rates have two scrapes
+                    all(rule in seen and not math.isnan(seen[rule]) for rule in RULES)
                     and (seen.get("alerts") or {}).get("ReachAgentsIsolated") == "firing"
                 ):
                     await reach("publish", "summarize", '{"text": "Fast. Yes."}', "--nats-url", url)
