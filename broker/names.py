@@ -168,6 +168,11 @@ class Names(msgspec.Struct, frozen=True):
     def breakers_bucket(self) -> str:
         return f"{self.prefix}_breakers"
 
+    @property
+    def manual_bucket(self) -> str:
+        """Tasks waiting for a person (manual review), by message id."""
+        return f"{self.prefix}_manual"
+
     # -- advisories -------------------------------------------------------------
     @property
     def advisories_stream(self) -> str:

@@ -14,6 +14,7 @@ from agentreach.broker.names import Names
 from agentreach.envelopes import Priority
 
 DAY = 24 * 3600.0
+MANUAL_KEPT_S = 8 * DAY  # a manual-review item may wait a week, then is kept a day
 # Per-agent dispatch queue capacity per priority (P0 small: urgent work must not queue).
 DEFAULT_QUEUE_CAPACITY: dict[Priority, int] = {"P0": 10, "P1": 200, "P2": 1000}
 
@@ -156,6 +157,12 @@ class Topology:
                     name=n.breakers_bucket,
                     history=5,
                     description="Circuit breakers per agent.intent, isolation per agent",
+                ),
+                BucketSpec(
+                    name=n.manual_bucket,
+                    history=5,
+                    ttl_s=MANUAL_KEPT_S,
+                    description="Tasks waiting for a person (manual review), by message_id",
                 ),
                 BucketSpec(
                     name=n.executions_bucket,

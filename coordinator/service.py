@@ -35,6 +35,7 @@ from agentreach.coordinator.protection.queues import QueueDepths
 from agentreach.coordinator.protection.rate_limits import RateLimiter
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.fleet import Fleet
+from agentreach.coordinator.routing.manual import ManualQueue
 from agentreach.coordinator.routing.reload import RouteReloader
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.workflows.engine import WorkflowEngine
@@ -72,7 +73,8 @@ class Coordinator:
         self.breakers = BreakerBoard(broker, config.breakers)
         self.queues = QueueDepths(broker, config.queues)
         fleet = Fleet(self.directory, self.breakers, self.queues, RateLimiter(config.rate_limits))
-        self.router = Router(broker, fleet, config.routing)
+        self.manual = ManualQueue(broker, config.manual)
+        self.router = Router(broker, fleet, config.routing, self.manual)
         self.workflows = WorkflowEngine(broker, config.workflows)
         self.liveness = LivenessMonitor(broker, config.liveness)
         self.routes = RouteReloader(
@@ -113,6 +115,7 @@ class Coordinator:
             "directory": self.directory.follow,
             "breakers": self.breakers.run,
             "queues": self.queues.run,
+            "manual": self.manual.run,
         }
         for name, follow in views.items():
             view_ready = asyncio.Event()

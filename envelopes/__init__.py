@@ -6,6 +6,7 @@
 - :mod:`~agentreach.envelopes.executions`: run-once execution records;
 - :mod:`~agentreach.envelopes.coordination`: the coordinator's breaker, lease, workflow and
   timer records;
+- :mod:`~agentreach.envelopes.manual`: tasks waiting in a manual-review queue;
 - :mod:`~agentreach.envelopes.codec`, :mod:`~agentreach.envelopes.intake`,
   :mod:`~agentreach.envelopes.headers`, :mod:`~agentreach.envelopes.schema`,
   :mod:`~agentreach.envelopes.clock`, :mod:`~agentreach.envelopes.ids`.
@@ -36,6 +37,7 @@ from agentreach.envelopes.errors import DecodeError, EnvelopeError
 from agentreach.envelopes.executions import Execution
 from agentreach.envelopes.ids import new_id, stable_id
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
+from agentreach.envelopes.manual import ManualItem, ManualStatus
 from agentreach.envelopes.messages import (
     DEFAULT_TTL_MS,
     MAX_TTL_MS,
@@ -43,6 +45,7 @@ from agentreach.envelopes.messages import (
     TOKEN_PATTERN,
     Ack,
     Budget,
+    Candidate,
     Capacity,
     DeadLetter,
     ErrorInfo,
@@ -52,6 +55,7 @@ from agentreach.envelopes.messages import (
     Priority,
     Progress,
     Reply,
+    Resolution,
     Result,
     Task,
     is_reply_subject,
@@ -80,6 +84,7 @@ __all__ = [
     "AgentControl",
     "BreakerRecord",
     "Budget",
+    "Candidate",
     "Capacity",
     "DeadLetter",
     "DecodeError",
@@ -93,6 +98,8 @@ __all__ = [
     "LeaseRecord",
     "Liveness",
     "LivenessState",
+    "ManualItem",
+    "ManualStatus",
     "Message",
     "Priority",
     "Progress",
@@ -101,6 +108,7 @@ __all__ = [
     "RegisterRequest",
     "ReloadReply",
     "Reply",
+    "Resolution",
     "Result",
     "StepRun",
     "Task",

@@ -29,6 +29,7 @@ async def test_provision_creates_everything_then_changes_nothing(broker):
         names.breakers_bucket,
         names.workflows_stream,
         names.workflows_bucket,
+        names.manual_bucket,
     }
     assert set(again) == expected
     info = await broker.js.stream_info(names.tasks_stream)
