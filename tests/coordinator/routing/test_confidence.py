@@ -145,3 +145,18 @@ def test_only_described_intents_can_be_resolved_to() -> None:
         },
     )
     assert set(intent_texts(card)) == {"refund", "shown"}
+
+
+def test_the_shipped_example_routes_resolved_tasks_as_its_comments_say() -> None:
+    """deploy/coordinator/coordinator.yaml: fraud by confidence to risk control, customer
+    service or the fraud desk; anything else unsure to the review queue."""
+    from pathlib import Path
+
+    config = load_config(Path(__file__).parents[3] / "deploy/coordinator/coordinator.yaml")
+    routing = config.routing
+    assert routing.resolve is not None and routing.resolve.topics == ["auto"]
+    assert routing.decide(resolved("risk_review", 0.9)).to.agent == "risk_control_agent"
+    assert routing.decide(resolved("risk_review", 0.7)).rule.name == "fraud-to-service"
+    assert routing.decide(resolved("risk_review", 0.5)).to.manual == "fraud-desk"
+    assert routing.decide(resolved("complaint", 0.5)).to == MANUAL_REVIEW
+    assert config.manual.ttl_s == 86400
