@@ -12,7 +12,9 @@ words are lower-cased, stop words dropped, and a Snowball stemmer (PyStemmer, 0.
 from __future__ import annotations
 
 import re
+import threading
 import unicodedata
+from collections.abc import Callable
 from typing import Literal
 
 import Stemmer
@@ -69,7 +71,16 @@ class Tokenizer:
             raise ValueError(f"chinese must be 'bigram' or 'unibigram', not {chinese!r}")
         self.chinese = chinese
         self.stemming = stemming
-        self._stem = Stemmer.Stemmer("english").stemWord if stemming else str
+        self._local = threading.local()
+
+    @property
+    def _stem(self) -> Callable[[str], str]:
+        # One stemmer per thread: PyStemmer's objects are not thread-safe, and a refit in a
+        # worker thread tokenizes while the event loop tokenizes requests.
+        stem = getattr(self._local, "stem", None)
+        if stem is None:
+            stem = self._local.stem = Stemmer.Stemmer("english").stemWord if self.stemming else str
+        return stem  # type: ignore[no-any-return]
 
     def __call__(self, text: str) -> list[str]:
         """Tokens of ``text``; order is kept, duplicates are not removed."""
