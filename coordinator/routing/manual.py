@@ -116,6 +116,7 @@ class ManualQueue:
 
     async def _expire_due(self, bucket: Bucket[ManualItem]) -> None:
         while True:
+            self._changed.clear()  # before looking: a change from now on wakes the wait below
             now = now_ms()
             due = [key for key, deadline in self._deadlines.items() if deadline <= now]
             for key in due:
@@ -124,7 +125,6 @@ class ManualQueue:
             wait_s = IDLE_CHECK_S
             if self._deadlines:
                 wait_s = min(wait_s, max(0.0, (min(self._deadlines.values()) - now) / 1000))
-            self._changed.clear()
             try:
                 async with asyncio.timeout(wait_s):
                     await self._changed.wait()
