@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from agentreach.coordinator import ConfigError, load_config
 from agentreach.coordinator.routing.intents import resolver as resolver_module
 from agentreach.coordinator.routing.intents.errors import ScorerUnavailable
 from agentreach.coordinator.routing.intents.resolver import (
@@ -14,6 +15,7 @@ from agentreach.coordinator.routing.intents.resolver import (
     ResolveConfig,
     Resolving,
 )
+from agentreach.coordinator.routing.intents.types import Scored
 from agentreach.envelopes import AgentCard, Intent, Task
 
 REFUND = Intent(description="Refunds for paid orders: money back 退款", examples=["refund me"])
@@ -98,3 +100,42 @@ async def test_a_huge_text_is_read_only_as_far_as_its_start(text: str) -> None:
     resolver = IntentResolver(directory, ResolveConfig())  # type: ignore[arg-type]
     assert (await resolver.resolve(task("refund me"))).confidence > 0.9
     assert (await resolver.resolve(task(text + " refund me"))).confidence < 0.3
+
+
+class KeywordScorer:
+    """A scorer of one's own: an intent is sure when its name is in the text."""
+
+    name = "keywords"
+
+    def __init__(self) -> None:
+        self.intents: list[str] = []
+
+    def fit(self, intents) -> None:  # type: ignore[no-untyped-def]
+        self.intents = sorted(intents)
+
+    def rank(self, text: str, k: int = 5) -> list[Scored]:
+        scored = [Scored(i, 1.0 if i in text else 0.0, 0.0) for i in self.intents]
+        return sorted(scored, key=lambda s: -s.confidence)[:k]
+
+
+def test_a_scorer_of_ones_own_is_named_module_colon_factory(tmp_path) -> None:
+    """`resolve.scorer: module:factory` loads your scorer; a wrong one fails at start."""
+    own = "tests.coordinator.routing.intents.test_resolver:KeywordScorer"
+    config = tmp_path / "c.yaml"
+    config.write_text(f"routing:\n  resolve: {{scorer: '{own}'}}\n")
+    resolve = load_config(config).routing.resolve
+    assert resolve is not None and resolve.scorer == own
+    directory = Directory(AgentCard(agent_id="cs", intents={"refund_application": REFUND}))
+    resolver = IntentResolver(directory, resolve)  # type: ignore[arg-type]
+    assert resolver.index.scorer.name == "keywords"
+    config.write_text("routing:\n  resolve: {scorer: 'tests.nowhere:Scorer'}\n")
+    with pytest.raises(ConfigError, match="cannot be loaded"):
+        load_config(config)
+
+
+async def test_own_scorer_resolves() -> None:
+    """The resolver uses whatever the factory returns."""
+    directory = Directory(AgentCard(agent_id="cs", intents={"refund_application": REFUND}))
+    resolver = IntentResolver(directory, ResolveConfig(), scorer=KeywordScorer())  # type: ignore[arg-type]
+    resolved = await resolver.resolve(task("about refund_application please"))
+    assert resolved.topic == "refund_application" and resolved.confidence == 1.0
