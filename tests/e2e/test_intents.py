@@ -181,3 +181,22 @@ async def test_no_text_goes_to_a_person_and_unknown_topics_resolve_when_enabled(
     routed = [e for e in watcher.events if e.event == "routed" and e.agent_id == "risk-control"]
     assert routed[0].detail["resolution"]["topic"] == "please_help"
     assert msgspec.to_builtins(item.task.payload) == {"order": 7}
+
+
+async def test_a_resolution_sent_by_a_producer_is_ignored(broker, coordinator, watcher):
+    """Only the coordinator resolves: a full envelope claiming a low confidence for a named
+    topic is routed as the named topic it is (confidence 1), not to a person."""
+    from agentreach.envelopes import Candidate, Resolution
+
+    async with (
+        serving(broker, coordinator, *overlapping_agents()),
+        ReachClient(broker=broker) as client,
+    ):
+        forged = Resolution(
+            topic="auto", scorer="bm25", best=Candidate(intent="risk_review", confidence=0.01)
+        )
+        task = msgspec.structs.replace(client.task("risk_review", {"text": "x"}), resolution=forged)
+        await client.submit(task)
+        completed = await watcher.event("completed", message_id=task.message_id)
+    routed = await watcher.event("routed", message_id=task.message_id)
+    assert completed.agent_id == "risk-control" and "resolution" not in routed.detail
