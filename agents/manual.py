@@ -8,10 +8,12 @@
 
 Each step is a compare-and-set on the item in KV ``reach_manual``, so of two people answering
 the same task exactly one succeeds; the other is told who answered. A take lapses after
-``take_s`` (a person who walked away does not block the item for ever). An answer goes to
-the task's ``reply_to`` as its ``result`` and is recorded as the task's ``completed`` event;
-``send`` republishes the task on a topic the person chose, as a new message in the same
-trace with the same ``reply_to``, so the caller gets that agent's answer instead.
+``take_s`` (a person who walked away does not block the item for ever). The coordinator
+carries each step out at once: an answer goes to the task's ``reply_to`` as its ``result``
+and into its trace as ``completed``; a task sent on is published on the topic the person
+chose, as a new message in the same trace with the same ``reply_to``, so the caller gets that
+agent's answer instead. People need no right to publish tasks, events or replies: only to
+write this bucket.
 """
 
 from __future__ import annotations
@@ -22,11 +24,8 @@ from typing import Any
 
 import msgspec
 
-from agentreach import envelopes
 from agentreach.broker import Broker, Bucket
-from agentreach.broker.lifecycle import about, emit, event_for, reply
-from agentreach.envelopes import ManualItem, Result, Task, is_token, new_id, now_ms
-from agentreach.envelopes import headers as h
+from agentreach.envelopes import ManualItem, is_token, new_id, now_ms
 from agentreach.errors import ReachError
 
 TAKE_S = 15 * 60.0
@@ -69,58 +68,37 @@ class ManualReview:
                 item, status="taken", taken_by=self.by, taken_until_ms=until
             )
 
-        item = await self._change(message_id, take)
-        await emit(self._broker, event_for(item.task, "manual_taken", by=self.by, queue=item.queue))
-        return item
+        return await self._change(message_id, take)
 
     async def answer(self, message_id: str, result: Any) -> ManualItem:
-        """Answer the task: ``result`` goes to its caller and into its trace as ``completed``."""
+        """Answer the task: the coordinator sends ``result`` to its caller as the task's
+        ``result`` and records it as ``completed``."""
 
         def answer(item: ManualItem, now: int) -> ManualItem:
             return msgspec.structs.replace(
                 item, status="answered", answer=result, ended_by=self.by, ended_ms=now
             )
 
-        item = await self._change(message_id, answer)
-        task = item.task
-        duration_ms = item.ended_ms - item.entered_ms
-        completed = event_for(
-            task, "completed", result=result, duration_ms=duration_ms, answered_by=self.by
-        )
-        await emit(self._broker, completed)
-        await reply(self._broker, task, Result(**about(task, result=result)))
-        return item
+        return await self._change(message_id, answer)
 
-    async def send(self, message_id: str, topic: str) -> Task:
-        """Send the task on to ``topic`` (the person's choice of intent): a new message in the
-        same trace, answering the same ``reply_to``."""
+    async def send(self, message_id: str, topic: str) -> ManualItem:
+        """Send the task on to ``topic`` (the person's choice of intent): the coordinator
+        publishes it as a new message (``sent_as``) in the same trace, answering the same
+        ``reply_to``."""
         if not is_token(topic):
             raise ManualReviewError(f"topic {topic!r}: use 1-128 letters, digits, '_' or '-'")
 
         def send(item: ManualItem, now: int) -> ManualItem:
             return msgspec.structs.replace(
-                item, status="sent", sent_to=topic, ended_by=self.by, ended_ms=now
+                item,
+                status="sent",
+                sent_to=topic,
+                sent_as=new_id(),
+                ended_by=self.by,
+                ended_ms=now,
             )
 
-        item = await self._change(message_id, send)
-        original = item.task
-        task = msgspec.structs.replace(
-            original,
-            message_id=new_id(),
-            topic=topic,
-            attempt=1,
-            to_agent=None,
-            ttl_ms=envelopes.DEFAULT_TTL_MS,
-            resolution=None,
-            created_at=now_ms(),
-        )
-        await emit(
-            self._broker,
-            event_for(original, "manual_sent", by=self.by, topic=topic, sent_as=task.message_id),
-        )
-        subject = self._broker.names.task(topic)
-        await self._broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
-        return task
+        return await self._change(message_id, send)
 
     async def _change(
         self, message_id: str, change: Callable[[ManualItem, int], ManualItem]

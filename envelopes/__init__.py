@@ -34,7 +34,7 @@ from agentreach.envelopes.coordination import (
     breaker_key,
 )
 from agentreach.envelopes.errors import DecodeError, EnvelopeError
-from agentreach.envelopes.executions import Execution
+from agentreach.envelopes.executions import Execution, execution_key, executions_of
 from agentreach.envelopes.ids import new_id, stable_id
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
 from agentreach.envelopes.manual import ManualItem, ManualStatus
@@ -57,6 +57,7 @@ from agentreach.envelopes.messages import (
     Reply,
     Resolution,
     Result,
+    Routed,
     Task,
     is_reply_subject,
     is_token,
@@ -110,6 +111,7 @@ __all__ = [
     "Reply",
     "Resolution",
     "Result",
+    "Routed",
     "StepRun",
     "Task",
     "TimerDue",
@@ -123,6 +125,8 @@ __all__ = [
     "decode_reply",
     "decode_task",
     "encode",
+    "execution_key",
+    "executions_of",
     "headers",
     "is_envelope",
     "is_reply_subject",

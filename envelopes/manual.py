@@ -2,7 +2,9 @@
 
 The coordinator writes it when a task goes to a manual-review queue (its intent was not sure
 enough, or a rule sends it there); people and programs take it, answer it or send it on, each
-step a compare-and-set on the record, so two people never answer the same task.
+step a compare-and-set on the record, so two people never answer the same task. The
+coordinator then carries the step out (the answer to the caller, the task to its new topic)
+and marks it ``delivered_ms``.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ class ManualItem(msgspec.Struct, frozen=True, kw_only=True):
     taken_by: str = ""
     taken_until_ms: int = 0  # a take lapses then, and anyone may take the item
     answer: Any = None
-    sent_to: str = ""  # the topic a person sent the task on to
+    sent_to: str = ""  # the topic a person sent the task on to ...
+    sent_as: str = ""  # ... as a new message with this id
     ended_by: str = ""
     ended_ms: int = 0
+    delivered_ms: int = 0  # when the coordinator carried out the answer or the send
 
     @property
     def open(self) -> bool:

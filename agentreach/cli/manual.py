@@ -59,10 +59,10 @@ async def _act(review: ManualReview, args: argparse.Namespace, answer: Any) -> i
             print(f"{item.message_id}: taken by {item.taken_by} for {args.take_s:g} s")
         case "answer":
             item = await review.answer(args.id, answer)
-            print(f"{item.message_id}: answered by {item.ended_by}; the caller has the result")
+            print(f"{item.message_id}: answered by {item.ended_by}; it goes to the caller")
         case "send":
-            task = await review.send(args.id, args.value)
-            print(json.dumps({"message_id": task.message_id, "topic": task.topic}))
+            item = await review.send(args.id, args.value)
+            print(json.dumps({"message_id": item.sent_as, "topic": item.sent_to}))
     return 0
 
 

@@ -52,22 +52,24 @@ def overlapping_agents() -> tuple[Agent, Agent]:
 
 
 class Caller:
-    """Every reply arriving on one subject, by message id, awaited without sleeping."""
+    """Every reply arriving for one reply subject, by message id, awaited without sleeping:
+    on the subject itself (an operator's inbox) or on ``<subject>.<sender>`` (a reply box)."""
 
     def __init__(self, broker: Broker, subject: str) -> None:
         self._broker = broker
         self.subject = subject
         self.replies: list[envelopes.Reply] = []
         self._arrived = asyncio.Condition()
-        self._sub: Subscription | None = None
+        self._subs: list[Subscription] = []
 
     async def __aenter__(self) -> Self:
-        self._sub = await self._broker.subscribe(self.subject, self._on_reply)
+        for subject in (self.subject, f"{self.subject}.*"):
+            self._subs.append(await self._broker.subscribe(subject, self._on_reply))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        if self._sub is not None:
-            await self._sub.close()
+        for sub in self._subs:
+            await sub.close()
 
     async def _on_reply(self, msg: Inbound) -> None:
         self.replies.append(envelopes.decode_reply(msg.data))

@@ -43,7 +43,7 @@ async def test_an_unsure_request_waits_for_a_person_whose_answer_the_caller_gets
     async with (
         serving(broker, coordinator, *overlapping_agents()),
         ReachClient(broker=broker) as client,
-        Caller(broker, "callers.unsure") as caller,
+        Caller(broker, broker.names.reply_box("client", "unsure")) as caller,
     ):
         message_id, _ = await client.publish("auto", {"text": UNSURE}, reply_to=caller.subject)
         progress = await caller.reply(message_id, "progress")
@@ -84,7 +84,7 @@ async def test_nobody_answering_in_time_ends_the_task_as_expired(
         start_coordinator(config) as coordinator,
         serving(broker, coordinator, *overlapping_agents()),
         ReachClient(broker=broker) as client,
-        Caller(broker, "callers.late") as caller,
+        Caller(broker, broker.names.reply_box("client", "late")) as caller,
     ):
         message_id, _ = await client.publish("auto", {"text": UNSURE}, reply_to=caller.subject)
         letter = await watcher.dead_letter("expired", message_id=message_id)
@@ -144,18 +144,19 @@ async def test_a_person_sends_the_task_on_and_the_caller_gets_that_agents_answer
     async with (
         serving(broker, coordinator, *overlapping_agents()),
         ReachClient(broker=broker) as client,
-        Caller(broker, "callers.sent") as caller,
+        Caller(broker, broker.names.reply_box("client", "sent")) as caller,
     ):
         message_id, trace_id = await client.publish(
             "auto", {"text": UNSURE}, reply_to=caller.subject
         )
         await caller.reply(message_id, "ack")
-        task = await ManualReview(broker, by="carol").send(message_id, "risk_review")
-        result = await caller.reply(task.message_id, "result")
+        item = await ManualReview(broker, by="carol").send(message_id, "risk_review")
+        result = await caller.reply(item.sent_as, "result")
         sent = await watcher.event("manual_sent", message_id=message_id)
-    assert task.trace_id == trace_id and task.topic == "risk_review"
+        completed = await watcher.event("completed", message_id=item.sent_as)
+    assert item.sent_to == "risk_review" and completed.trace_id == trace_id
     assert result.result == {"frozen": True, "by": "risk-control"}  # type: ignore[union-attr]
-    assert sent.detail["sent_as"] == task.message_id
+    assert sent.detail["sent_as"] == item.sent_as and sent.detail["by"] == "carol"
 
 
 async def test_no_text_goes_to_a_person_and_unknown_topics_resolve_when_enabled(
