@@ -8,6 +8,7 @@ from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import read_stream
 from agentreach.envelopes import headers as h
+from tests.support import until_true
 
 
 def make_agent(agent_id: str = "worker-1") -> tuple[Agent, list[object]]:
@@ -71,7 +72,12 @@ async def test_malformed_json_is_dead_lettered_with_its_path(broker, coordinator
     assert first.error is not None and first.error.type == "invalid_envelope"
     assert first.error.message.endswith("- at `$`")
     assert second.error is not None and "$.ttl_ms" in second.error.message
-    stored = await read_stream(broker, broker.names.dlq_stream, broker.names.dlq_wildcard)
+
+    async def both_stored():  # the watcher may hear a dead letter before the stream stores it
+        stored = await read_stream(broker, broker.names.dlq_stream, broker.names.dlq_wildcard)
+        return stored if len(stored) >= 2 else None
+
+    stored = await until_true(both_stored)
     assert [m.subject for m in stored] == [broker.names.dlq("invalid_envelope", "summarize")] * 2
 
 
