@@ -201,3 +201,26 @@ async def test_a_resolution_sent_by_a_producer_is_ignored(broker, coordinator, w
         completed = await watcher.event("completed", message_id=task.message_id)
     routed = await watcher.event("routed", message_id=task.message_id)
     assert completed.agent_id == "risk-control" and "resolution" not in routed.detail
+
+
+async def test_an_answer_given_while_no_coordinator_runs_reaches_the_caller_later(
+    broker, start_coordinator, watcher
+):
+    """People change only the record: an answer written while every coordinator is down is
+    carried out by the next one to hold the lease."""
+    agents = overlapping_agents()
+    async with Caller(broker, "callers.restart") as caller:
+        async with start_coordinator(fast()) as coordinator, serving(broker, coordinator, *agents):
+            await broker.publish(  # the operator's bare form: replies to any plain subject
+                broker.names.task("auto"),
+                msgspec.json.encode({"text": UNSURE}),
+                headers={"Nats-Msg-Id": "restart-1", "Reach-Reply-To": caller.subject},
+            )
+            await caller.reply("restart-1", "progress")
+        await ManualReview(broker, by="dora").answer("restart-1", {"late": True})
+        assert [r for r in caller.replies if type(r).__struct_config__.tag == "result"] == []
+        async with start_coordinator(fast()):
+            result = await caller.reply("restart-1", "result")
+            completed = await watcher.event("completed", message_id="restart-1")
+    assert result.result == {"late": True}  # type: ignore[union-attr]
+    assert completed.detail["answered_by"] == "dora"
