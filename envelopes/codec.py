@@ -68,13 +68,18 @@ def _decoder_for(kind: type[Any]) -> msgspec.json.Decoder[Any]:
 
 
 class _Huge:
-    """A number no decoder of ours takes (``1e400``), marked where it stands."""
+    """A number no decoder of ours takes (``1e400``, an integer of thousands of digits),
+    marked where it stands."""
+
+
+# What msgspec says of such numbers, naming only their container (or ``$[...]``).
+_OUT_OF_RANGE = ("Number out of range", "Integer value out of range")
 
 
 def _out_of_range_at(data: bytes | str) -> str | None:
     """The JSON path of the first number out of range; msgspec names only its container."""
     try:
-        document = json.loads(data, parse_float=_finite_or_huge)
+        document = json.loads(data, parse_float=_finite_or_huge, parse_int=_int_or_huge)
     except (ValueError, RecursionError):
         return None
     return _path_to(document, "$")
@@ -83,6 +88,13 @@ def _out_of_range_at(data: bytes | str) -> str | None:
 def _finite_or_huge(text: str) -> float | _Huge:
     value = float(text)
     return _Huge() if math.isinf(value) else value
+
+
+def _int_or_huge(text: str) -> int | _Huge:
+    try:
+        return int(text)
+    except ValueError:  # past Python's limit of digits for int(str)
+        return _Huge()
 
 
 def _path_to(value: Any, path: str) -> str | None:
@@ -103,8 +115,8 @@ def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str) -> Any:
         return decoder.decode(data)
     except msgspec.DecodeError as exc:  # ValidationError is a subclass
         message = str(exc)
-        if message.startswith("Number out of range") and (path := _out_of_range_at(data)):
-            raise DecodeError("Number out of range", path=path) from None
+        if message.startswith(_OUT_OF_RANGE) and (path := _out_of_range_at(data)):
+            raise DecodeError(message.partition(" - at ")[0], path=path) from None
         raise DecodeError(message) from None
     except RecursionError:
         raise DecodeError("JSON is nested too deeply to decode", path="$") from None
