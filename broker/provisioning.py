@@ -45,6 +45,11 @@ async def provision(broker: Broker, topology: Topology) -> dict[str, Outcome]:
     return outcomes
 
 
+# "stream name already in use with a different configuration": another process (a second
+# coordinator starting at the same moment) made it first, and may have updated it since.
+_IN_USE = 10058
+
+
 async def _existing(js: nats.js.JetStreamContext, stream: str) -> api.StreamConfig | None:
     try:
         return (await js.stream_info(stream)).config
@@ -59,21 +64,26 @@ async def _ensure_stream(js: nats.js.JetStreamContext, wanted: api.StreamConfig)
         try:
             await js.add_stream(wanted)
         except nats.js.errors.APIError as exc:
-            raise _provision_error(wanted.name, exc) from exc
-        return Outcome.CREATED
+            if exc.err_code != _IN_USE or (existing := await _existing(js, wanted.name)) is None:
+                raise _provision_error(wanted.name, exc) from exc
+        else:
+            return Outcome.CREATED
     return await _update_if_changed(js, existing, wanted)
 
 
 async def _ensure_bucket(js: nats.js.JetStreamContext, bucket: BucketSpec) -> Outcome:
     existing = await _existing(js, f"KV_{bucket.name}")
-    created = existing is None
+    created = False
     if existing is None:
         try:
             await js.create_key_value(bucket.config())
+            created = True
         except nats.js.errors.APIError as exc:
-            raise _provision_error(bucket.name, exc) from exc
+            if exc.err_code != _IN_USE:
+                raise _provision_error(bucket.name, exc) from exc
         existing = await _existing(js, f"KV_{bucket.name}")
-        assert existing is not None
+        if existing is None:
+            raise ProvisionError(f"cannot provision {bucket.name}: it vanished as it was made")
     wanted = api.StreamConfig.from_response(existing.as_dict())
     wanted.max_msgs_per_subject = bucket.history
     wanted.max_age = bucket.ttl_s

@@ -100,3 +100,22 @@ async def test_uncapped_dispatch_streams_are_capped_in_place(broker):
     assert outcomes[broker.names.dispatch_stream("P0")] == Outcome.UPDATED
     config = (await broker.js.stream_info(broker.names.dispatch_stream("P0"))).config
     assert (config.max_msgs_per_subject, config.discard_new_per_subject) == (5, True)
+
+
+async def test_a_bucket_another_process_made_meanwhile_is_taken_as_it_is(broker, monkeypatch):
+    """Two coordinators starting together: the other one made (and already updated) a bucket
+    between our look and our create; the create's "already in use" is not a failure."""
+    from agentreach.broker import provisioning
+
+    real, looked = provisioning._existing, set()
+
+    async def first_look_misses(js, stream):  # type: ignore[no-untyped-def]
+        if stream not in looked:
+            looked.add(stream)
+            return None
+        return await real(js, stream)
+
+    monkeypatch.setattr(provisioning, "_existing", first_look_misses)
+    topology = Topology.default(broker.names)  # the fixture provisioned it all already
+    outcomes = await provision(broker, topology)
+    assert {outcomes[b.name] for b in topology.buckets} == {Outcome.UNCHANGED}
