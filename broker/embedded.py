@@ -10,6 +10,7 @@ import shutil
 import sys
 import sysconfig
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -51,7 +52,9 @@ def find_server_binary() -> Path:
 class EmbeddedServer:
     """A local nats-server with JetStream, started on enter and stopped on exit.
 
-    ``port=-1`` picks a free port; :attr:`url` tells which once it is ready.
+    ``port=-1`` picks a free port; :attr:`url` tells which once it is ready. With
+    ``config``, the server reads that file instead (listen address, store, cluster and
+    all); ``store_dir`` is then only where the store's lock is held.
     """
 
     def __init__(
@@ -61,11 +64,16 @@ class EmbeddedServer:
         port: int = 4222,
         store_dir: Path | str = DEFAULT_STORE_DIR,
         ready_timeout: float = 10.0,
+        config: Path | None = None,
+        on_log: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_log`` gets each line the server logs."""
         self.host = host
         self.port = port
         self.store_dir = Path(store_dir)
         self.ready_timeout = ready_timeout
+        self.config = config
+        self._on_log = on_log
         self.url = ""
         self._process: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
@@ -78,15 +86,13 @@ class EmbeddedServer:
         binary = find_server_binary()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self._lock_store()
+        if self.config is not None:
+            args = ["-c", str(self.config)]
+        else:
+            args = ["-js", "-a", self.host, "-p", str(self.port), "-sd", str(self.store_dir)]
         self._process = await asyncio.create_subprocess_exec(
             str(binary),
-            "-js",
-            "-a",
-            self.host,
-            "-p",
-            str(self.port),
-            "-sd",
-            str(self.store_dir),
+            *args,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -123,6 +129,21 @@ class EmbeddedServer:
             except TimeoutError:
                 process.kill()
                 await process.wait()
+        await self._released()
+
+    async def kill(self) -> None:
+        """kill -9: no lame duck, no flush; what a crash or a lost host looks like."""
+        process = self._process
+        if process is not None and process.returncode is None:
+            process.kill()
+            await process.wait()
+        await self._released()
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    async def _released(self) -> None:
         if self._drain is not None:
             self._drain.cancel()
             await asyncio.gather(self._drain, return_exceptions=True)
@@ -152,7 +173,7 @@ class EmbeddedServer:
         assert self._process is not None and self._process.stderr is not None
         port: str | None = None
         while line := (await self._process.stderr.readline()).decode(errors="replace"):
-            self._tail.append(line.rstrip())
+            self._logged(line.rstrip())
             if match := _LISTENING.search(line):
                 port = match.group("port")
             if _READY in line and port:
@@ -165,7 +186,12 @@ class EmbeddedServer:
         # nats-server blocks once the pipe is full, so the rest must be read.
         assert self._process is not None and self._process.stderr is not None
         while line := await self._process.stderr.readline():
-            self._tail.append(line.decode(errors="replace").rstrip())
+            self._logged(line.decode(errors="replace").rstrip())
+
+    def _logged(self, line: str) -> None:
+        self._tail.append(line)
+        if self._on_log is not None:
+            self._on_log(line)
 
     def _failure_reason(self) -> str:
         text = "\n".join(self._tail)

@@ -2,6 +2,8 @@
 concern, so a mistake fails at start with the path of the mistake.
 
     prefix: reach
+    broker:      {replicas: auto, durable: false, durable_tags: [sync:always], url: …,
+                  auth: {creds, nkey, token_file, user, password_file, tls_ca, tls_cert, …}}
     intake:      {batch: 64, ack_wait_s: 30}
     delivery:    {max_attempts: 3, attempts_by_topic: {}, base_s: 1, cap_s: 30, batch: 64}
     liveness:    {tick_s: 1, probe_connection_s: 3, probe_ping_s: 5, ...}
@@ -11,9 +13,14 @@ concern, so a mistake fails at start with the path of the mistake.
     manual:      {ttl_s: 86400}
     queues:      {capacity: {P0: 10, P1: 200, P2: 1000}, high_watermark: 0.8, ...}
     breakers:    {window_s: 300, error_ratio: 0.4, ...}
-    rate_limits: {topics: {...}, agents: {...}, wait_s: 0.1}
+    rate_limits: {topics: {...}, agents: {...}, wait_s: 0.1,
+                  callers: {default: {rate: 100, burst: 200}, <caller>: {rate: 10, burst: 50}}}
     security:    {seal_key_file: /etc/reach/auth/coordinator.seal}
     workflows:   {<name>: <definition>}
+
+``rate_limits.callers`` gives callers quotas (``default``: every caller not named): one token
+bucket per caller in KV ``reach_quotas``, shared by every replica; without it, no caller is
+limited. The topics' and agents' buckets are each replica's own.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from agentreach.broker import BrokerConfig
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.liveness.monitor import LivenessConfig
 from agentreach.coordinator.protection.circuit import BreakerConfig
@@ -61,6 +69,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     """Tunables of one coordinator replica (every replica should share them)."""
 
     prefix: str = "reach"
+    broker: BrokerConfig = BrokerConfig()  # replicas and placement of streams and buckets
     intake: IntakeConfig = IntakeConfig()
     delivery: DeliveryConfig = DeliveryConfig()
     liveness: LivenessConfig = LivenessConfig()

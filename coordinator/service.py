@@ -25,6 +25,7 @@ from agentreach.coordinator.config import ConfigError, CoordinatorConfig
 from agentreach.coordinator.consumption import Consumption, Handler
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import OUTCOME_EVENTS, Outcomes
+from agentreach.coordinator.delivery.status import StatusDesk
 from agentreach.coordinator.intake import Intake
 from agentreach.coordinator.lease import Lease
 from agentreach.coordinator.liveness.control import LivenessControl
@@ -33,6 +34,7 @@ from agentreach.coordinator.protection.breaker_board import BreakerBoard
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.protection.outcome_feed import follow_outcomes
 from agentreach.coordinator.protection.queues import QueueDepths
+from agentreach.coordinator.protection.quotas import CallerQuotas
 from agentreach.coordinator.protection.rate_limits import RateLimiter
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.fleet import Fleet
@@ -78,6 +80,7 @@ class Coordinator:
             grants = Grants.from_config(config.security)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"security.seal_key_file: {exc}") from None
+        broker.dedup_secret = broker.dedup_secret or grants.key  # replicas share the key
         self.manual = ManualQueue(broker, config.manual)
         self.router = Router(broker, fleet, config.routing, grants, manual=self.manual)
         self.workflows = WorkflowEngine(broker, config.workflows)
@@ -85,11 +88,17 @@ class Coordinator:
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id
         )
-        self._intake = Intake(broker, self.router, self.workflows)
+        self.quotas = CallerQuotas(broker, config.rate_limits)
+        self._intake = Intake(broker, self.router, self.workflows, self.quotas)
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
         self._advisories = Advisories(broker)
         self._control = LivenessControl(config.liveness, self.liveness)
-        topology = Topology.default(broker.names, queue_capacity=config.queues.capacities)
+        topology = Topology.default(
+            broker.names,
+            queue_capacity=config.queues.capacities,
+            replicas=config.broker.replicas,
+            work_tags=config.broker.work_tags,
+        )
         self._topology = topology
         self._provisioner = Provisioner(broker, topology)
         self._consumption = Consumption(broker, self._provisioner)
@@ -144,6 +153,8 @@ class Coordinator:
         )
         await self.broker.subscribe(names.clear, self._control.on_clear)  # the judge answers
         await self.broker.subscribe(names.routes_reload, self.routes.on_request)  # every replica
+        status = StatusDesk(self.broker)
+        await self.broker.subscribe(names.statuses, status.on_request, queue="coordinators")
 
     def _loops(self) -> list[tuple[ConsumerSpec, int, Handler]]:
         names, config = self.broker.names, self.config

@@ -4,8 +4,8 @@
   event, dead letter);
 - :mod:`~agentreach.envelopes.registry`: agent cards, heartbeats, liveness, registration;
 - :mod:`~agentreach.envelopes.executions`: run-once execution records;
-- :mod:`~agentreach.envelopes.coordination`: the coordinator's breaker, lease, workflow and
-  timer records;
+- :mod:`~agentreach.envelopes.coordination`: the coordinator's breaker, lease, quota,
+  workflow and timer records;
 - :mod:`~agentreach.envelopes.manual`: tasks waiting in a manual-review queue;
 - :mod:`~agentreach.envelopes.codec`, :mod:`~agentreach.envelopes.intake`,
   :mod:`~agentreach.envelopes.headers`, :mod:`~agentreach.envelopes.schema`,
@@ -27,6 +27,7 @@ from agentreach.envelopes.codec import (
 from agentreach.envelopes.coordination import (
     BreakerRecord,
     LeaseRecord,
+    QuotaRecord,
     ReloadReply,
     StepRun,
     TimerDue,
@@ -72,6 +73,8 @@ from agentreach.envelopes.registry import (
     RateLimit,
     RegisterReply,
     RegisterRequest,
+    StatusReply,
+    StatusRequest,
 )
 from agentreach.envelopes.schema import json_schema
 
@@ -104,6 +107,7 @@ __all__ = [
     "Message",
     "Priority",
     "Progress",
+    "QuotaRecord",
     "RateLimit",
     "RegisterReply",
     "RegisterRequest",
@@ -112,6 +116,8 @@ __all__ = [
     "Resolution",
     "Result",
     "Routed",
+    "StatusReply",
+    "StatusRequest",
     "StepRun",
     "Task",
     "TimerDue",

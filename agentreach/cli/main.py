@@ -8,6 +8,7 @@ import sys
 
 from agentreach.cli import (
     agents,
+    auth,
     dlq,
     manual,
     provision,
@@ -21,7 +22,7 @@ from agentreach.cli.logs import configure_logging
 from agentreach.cli.options import Commands
 from agentreach.errors import ReachError
 
-GROUPS = (serve, publish, trace, provision, agents, workflows, routes, dlq, manual)
+GROUPS = (serve, publish, trace, provision, agents, workflows, routes, dlq, auth, manual)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,7 +103,7 @@ def _detail(event: Event) -> str:
             return f"taken in manual-review queue {d.get('queue')!r}"
         case "manual_sent":
             return f"sent on to {d.get('topic')!r} as {d.get('sent_as')}"
-        case "failed" | "expired":
+        case "failed" | "expired" | "rejected":
             return _error(d.get("error"))
         case "dead_lettered":
             error = d.get("error") or {}

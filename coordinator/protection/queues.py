@@ -18,7 +18,7 @@ from agentreach.broker import Broker, BrokerError
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.streams import subject_counts
 from agentreach.broker.topology import DEFAULT_QUEUE_CAPACITY
-from agentreach.coordinator.units import Positive, PositiveSeconds, Ratio
+from agentreach.coordinator.units import NonNegativeSeconds, Positive, PositiveSeconds, Ratio
 from agentreach.envelopes import PRIORITIES, Event, Priority
 
 log = structlog.get_logger("coordinator.queues")
@@ -28,13 +28,17 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Per-agent dispatch queues: a broker-enforced capacity per priority, and watermarks.
 
     An agent whose queue passes ``high_watermark`` of its capacity gets no new work
-    until it is back under ``low_watermark``.
+    until it is back under ``low_watermark``. A task whose every candidate is that full
+    waits for room, within its ttl, for up to ``full_wait_s`` (a burst, such as the backlog
+    released after a failover, drains in seconds); after that, or at once with 0, it is
+    rejected as ``backpressure``, so that a sender facing a lasting overload learns it.
     """
 
     capacity: dict[Priority, Positive] = {}
     high_watermark: Ratio = 0.8
     low_watermark: Ratio = 0.5
     refresh_s: PositiveSeconds = 0.25  # how often queue depths are read from the broker
+    full_wait_s: NonNegativeSeconds = 10.0
 
     def __post_init__(self) -> None:
         if self.low_watermark >= self.high_watermark:
@@ -67,6 +71,11 @@ class QueueDepths:
 
     def capacity(self, priority: Priority) -> int:
         return self._config.capacity_of(priority)
+
+    @property
+    def full_wait_s(self) -> float:
+        """How long a task whose every candidate is full waits for room."""
+        return self._config.full_wait_s
 
     def depth(self, agent_id: str, priority: Priority) -> int:
         slot = (agent_id, priority)

@@ -5,7 +5,8 @@ agent that is alive, whose breaker allows the call, whose queue is below the
 high watermark and whose token bucket has a token. When none is found:
 
 - nobody serves the destination: the fallback rule, and after it ``no_route``;
-- every such agent is full: ``rejected`` as ``backpressure``;
+- every such agent is full: wait for room up to ``queues.full_wait_s`` within the ttl,
+  then ``rejected`` as ``backpressure``;
 - every such agent is rate limited: a short bounded wait, then ``rate_limited``;
 - every such agent's breaker is open: the fallback rule, then ``circuit_open``;
 - they exist but are stopped or not ONLINE: wait within the task's ttl, then
@@ -19,6 +20,9 @@ a manual-review queue, and never falls back to an agent.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import msgspec
@@ -27,7 +31,7 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, SubjectFull, TooLarge
 from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, reply
-from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.delivery.dead_letters import end_with_error, refuse
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.intents.resolver import Resolving, describe, text_of
@@ -46,6 +50,7 @@ LONG_AFTER = 60
 WAIT_CAP_S = 1.0  # the longest wait for a run elsewhere to finish before looking again
 MAX_PICKS = 8  # agents tried for one task before giving up on this pass
 SHOWN = 20  # candidates and passed-over agents listed in a routed event
+REMEMBERED = 100_000  # tasks waiting for room whose first full encounter is kept
 
 
 class Router:
@@ -68,6 +73,14 @@ class Router:
         self.resolving = Resolving(fleet.directory, routing.resolve)
         self._grants = grants or Grants(None)
         self._run_once = RunOnce(broker)
+        # When each task waiting for room first found every queue full (monotonic s). Kept in
+        # memory: a task that moves to another replica starts its wait again, within its ttl.
+        self._full_since: OrderedDict[str, float] = OrderedDict()
+
+    @property
+    def waiting_for_room(self) -> Collection[str]:
+        """Tasks that found every candidate's queue full and wait for room (on this replica)."""
+        return self._full_since.keys()
 
     def reload(self, routing: RoutingConfig) -> None:
         """Use ``routing`` from the next decision on; decisions under way finish as they are."""
@@ -224,6 +237,7 @@ class Router:
             await end_with_error(self._broker, task, "rejected", error)
             return None
         self.fleet.dispatched(card.agent_id, task.priority, task.message_id)
+        self._full_since.pop(task.message_id, None)
         log.debug("routed", agent_id=card.agent_id, rule=decision.rule.name, attempt=task.attempt)
         return None
 
@@ -252,6 +266,8 @@ class Router:
         task, waited = pending.task, pending.waited
         hindrances = choice.hindrances
         if hindrances["full"]:
+            if (wait_s := self._room_wait(pending)) is not None:
+                return wait_s
             await self.reject(task, "backpressure", _why(task, "every queue is full", choice))
             return None
         if hindrances["rate"]:
@@ -262,6 +278,21 @@ class Router:
         log.info("no agent can take it now; waiting", registered=choice.registered)
         longest = WAIT_MAX_S if waited < LONG_AFTER else WAIT_LONG_S
         return min(WAIT_FIRST_S * 2**waited, longest, pending.left_ms / 1000 + 0.01)
+
+    def _room_wait(self, pending: _Pending) -> float | None:
+        """Seconds until a task whose candidates are all full asks again; None once it has
+        waited ``queues.full_wait_s`` (or would outlive its ttl)."""
+        limit_s = self.fleet.queues.full_wait_s
+        now = time.monotonic()
+        since = self._full_since.setdefault(pending.task.message_id, now)
+        while len(self._full_since) > REMEMBERED:
+            self._full_since.popitem(last=False)
+        left_s = min(limit_s - (now - since), pending.left_ms / 1000)
+        if left_s <= 0:
+            self._full_since.pop(pending.task.message_id, None)
+            return None
+        log.info("every queue is full; waiting for room", waited_s=round(now - since, 2))
+        return min(WAIT_FIRST_S * 2 ** min(pending.waited, 8), WAIT_MAX_S, left_s)
 
     async def _fall_back(
         self, pending: _Pending, decision: Decision, choice: Choice
@@ -302,10 +333,24 @@ class Router:
         error = ErrorInfo(type=reason, message=message, retryable=False)
         await end_with_error(self._broker, task, reason, error)
 
-    async def reject(self, task: Task, kind: str, message: str) -> None:
-        """Refuse ``task`` now as ``kind`` (backpressure, rate_limited, …); it may be sent again."""
-        error = ErrorInfo(type=kind, message=message, retryable=True)
-        await end_with_error(self._broker, task, "rejected", error)
+    async def reject(
+        self,
+        task: Task,
+        kind: str,
+        message: str,
+        *,
+        retry_after_ms: int | None = None,
+        dead_letter: bool = True,
+        **detail: object,
+    ) -> None:
+        """Refuse ``task`` now as ``kind`` (backpressure, rate_limited, …); it may be sent
+        again (after ``retry_after_ms``, when given). It is dead-lettered as ``rejected``;
+        with ``dead_letter=False`` only a ``rejected`` event records it, with ``detail``."""
+        error = ErrorInfo(type=kind, message=message, retryable=True, retry_after_ms=retry_after_ms)
+        if dead_letter:
+            await end_with_error(self._broker, task, "rejected", error)
+        else:
+            await refuse(self._broker, task, error, **detail)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,10 @@ async def test_provision_creates_everything_then_changes_nothing(broker):
         names.executions_bucket,
         names.leases_bucket,
         names.breakers_bucket,
+        names.quotas_bucket,
+        names.manual_bucket,
         names.workflows_stream,
         names.workflows_bucket,
-        names.manual_bucket,
     }
     assert set(again) == expected
     info = await broker.js.stream_info(names.tasks_stream)
@@ -102,20 +103,14 @@ async def test_uncapped_dispatch_streams_are_capped_in_place(broker):
     assert (config.max_msgs_per_subject, config.discard_new_per_subject) == (5, True)
 
 
-async def test_a_bucket_another_process_made_meanwhile_is_taken_as_it_is(broker, monkeypatch):
-    """Two coordinators starting together: the other one made (and already updated) a bucket
-    between our look and our create; the create's "already in use" is not a failure."""
-    from agentreach.broker import provisioning
-
-    real, looked = provisioning._existing, set()
-
-    async def first_look_misses(js, stream):  # type: ignore[no-untyped-def]
-        if stream not in looked:
-            looked.add(stream)
-            return None
-        return await real(js, stream)
-
-    monkeypatch.setattr(provisioning, "_existing", first_look_misses)
-    topology = Topology.default(broker.names)  # the fixture provisioned it all already
-    outcomes = await provision(broker, topology)
-    assert {outcomes[b.name] for b in topology.buckets} == {Outcome.UNCHANGED}
+async def test_buckets_are_made_whole_in_one_step(broker):
+    """A bucket's stream is created with what nats-py gives a bucket, no roll-ups and no purges
+    (a writer of one key cannot wipe the bucket), and its replicas; it stays unchanged."""
+    info = await broker.js.stream_info(f"KV_{broker.names.agents_bucket}")
+    config = info.config
+    assert config.subjects == [f"$KV.{broker.names.agents_bucket}.>"]
+    assert config.deny_delete and config.deny_purge and not config.allow_rollup_hdrs
+    assert config.allow_direct and config.max_msgs_per_subject == 1
+    assert config.num_replicas == 1
+    again = await provision(broker, Topology.default(broker.names))
+    assert again[broker.names.agents_bucket] is Outcome.UNCHANGED

@@ -13,6 +13,7 @@ from tests.cli.conftest import reach_argv, run
 from tests.cli.test_nats_cli import nats_pub
 from tests.e2e.intent_support import SURE_REFUND, SURE_RISK, UNSURE, Caller, overlapping_agents
 from tests.e2e.routing_support import serving
+from tests.secured import operators_reply_to
 
 pytestmark = pytest.mark.nats_cli
 
@@ -28,9 +29,10 @@ async def test_operator_resolves_free_text_and_answers_the_unsure_one(
 ):
     """Sure requests are routed with their confidence; the unsure one waits in `reach manual
     list`; `reach manual answer` delivers the person's answer to the caller's reply subject."""
+    reply_to, _ = operators_reply_to(broker, "operator")  # secured: the operator's own box
     async with (
         serving(broker, coordinator, *overlapping_agents()),
-        Caller(broker, "callers.operator") as caller,
+        Caller(broker, reply_to) as caller,
     ):
         for message_id, text in (
             ("auto-1", SURE_REFUND),
@@ -44,7 +46,7 @@ async def test_operator_resolves_free_text_and_answers_the_unsure_one(
                 "auto",
                 body,
                 f"Nats-Msg-Id:{message_id}",
-                "Reach-Reply-To:callers.operator",
+                f"Reach-Reply-To:{reply_to}",
             )
             assert sent.returncode == 0, sent.stderr
         await watcher.event("completed", message_id="auto-1")

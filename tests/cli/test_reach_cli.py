@@ -55,11 +55,14 @@ async def test_publish_wait_prints_the_result(broker, coordinator):
 
 
 async def test_provision_twice_reports_unchanged(broker):
-    """`reach provision` is idempotent: the second run changes nothing."""
+    """`reach provision` is idempotent: the second run changes nothing; it says what auto
+    resolved to, and each stream's replicas (one on a single server)."""
     done = await reach(broker, "provision")
     assert done.returncode == 0, done.stderr
-    outcomes = dict(line.split() for line in done.stdout.splitlines())
-    assert set(outcomes.values()) == {"unchanged"}
+    head, *rows = done.stdout.splitlines()
+    outcomes = {row.split()[0]: row.split()[1:3] for row in rows}
+    assert head.startswith("replicas: auto → 1;")
+    assert {tuple(v) for v in outcomes.values()} == {("unchanged", "R1")}
     assert broker.names.dlq_stream in outcomes
 
 
@@ -161,9 +164,12 @@ async def test_up_serves_with_embedded_server_and_stops_on_ctrl_c(tmp_path):
         env={**os.environ, "NATS_URL": ""},
     )
     assert process.stderr is not None
+    said: list[bytes] = []
     async with asyncio.timeout(20):
         while b"coordinator serving on" not in (line := await process.stderr.readline()):
             assert line, "reach up exited before serving"
+            said.append(line)
+    assert any(b"development server: no authentication, loopback only" in s for s in said)
     url = line.decode().split("serving on ")[1].split()[0]
     process.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(process.wait(), 20) == 0

@@ -10,6 +10,7 @@ from agentreach.coordinator.routing.manual import ManualConfig
 from agentreach.envelopes import Progress
 from tests.e2e.intent_support import SURE_REFUND, SURE_RISK, UNSURE, Caller, overlapping_agents
 from tests.e2e.routing_support import fast, serving, table
+from tests.secured import operators_reply_to
 
 
 async def test_free_text_reaches_the_described_agent_with_its_confidence(
@@ -209,9 +210,10 @@ async def test_an_answer_given_while_no_coordinator_runs_reaches_the_caller_late
     """People change only the record: an answer written while every coordinator is down is
     carried out by the next one to hold the lease."""
     agents = overlapping_agents()
-    async with Caller(broker, "callers.restart") as caller:
+    reply_to, _ = operators_reply_to(broker, "restart")  # secured: the operator's own box
+    async with Caller(broker, reply_to) as caller:
         async with start_coordinator(fast()) as coordinator, serving(broker, coordinator, *agents):
-            await broker.publish(  # the operator's bare form: replies to any plain subject
+            await broker.publish(  # the operator's bare form
                 broker.names.task("auto"),
                 msgspec.json.encode({"text": UNSURE}),
                 headers={"Nats-Msg-Id": "restart-1", "Reach-Reply-To": caller.subject},
