@@ -76,10 +76,17 @@ class _Huge:
 _OUT_OF_RANGE = ("Number out of range", "Integer value out of range")
 
 
+class _Pairs(list[tuple[str, Any]]):
+    """An object's members in order, duplicates kept: a huge number under a key given twice
+    is still found (a dict would keep only the last value)."""
+
+
 def _out_of_range_at(data: bytes | str) -> str | None:
     """The JSON path of the first number out of range; msgspec names only its container."""
     try:
-        document = json.loads(data, parse_float=_finite_or_huge, parse_int=_int_or_huge)
+        document = json.loads(
+            data, parse_float=_finite_or_huge, parse_int=_int_or_huge, object_pairs_hook=_Pairs
+        )
     except (ValueError, RecursionError):
         return None
     return _path_to(document, "$")
@@ -100,9 +107,12 @@ def _int_or_huge(text: str) -> int | _Huge:
 def _path_to(value: Any, path: str) -> str | None:
     if isinstance(value, _Huge):
         return path
-    if not isinstance(value, dict | list):
+    if isinstance(value, _Pairs):
+        children: Any = value
+    elif isinstance(value, list):
+        children = enumerate(value)
+    else:
         return None
-    children = value.items() if isinstance(value, dict) else enumerate(value)
     for key, child in children:
         step = f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]"
         if (found := _path_to(child, step)) is not None:
