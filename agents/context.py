@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from agentreach.envelopes import Priority, Task, new_id, now_ms
+from agentreach.envelopes import Priority, Task, new_id, now_ms, tracecontext
 
 
 class TaskContext:
@@ -53,6 +53,11 @@ class TaskContext:
     def attempt(self) -> int:
         return self.envelope.attempt
 
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C ``traceparent`` of this hop, to join the caller's OpenTelemetry trace."""
+        return self.envelope.traceparent
+
     def elapsed_ms(self) -> int:
         return int((time.monotonic() - self._started) * 1000)
 
@@ -81,10 +86,12 @@ class TaskContext:
         budget = msgspec.structs.replace(
             self.envelope.budget, execute_ms=min(self.envelope.budget.execute_ms, remaining)
         )
+        message_id = new_id()
         return Task(
             v=1,
-            message_id=new_id(),
+            message_id=message_id,
             trace_id=self.trace_id,
+            traceparent=tracecontext.child(self.envelope.traceparent, message_id),
             topic=topic,
             payload=payload,
             from_agent=self.agent_id,

@@ -9,6 +9,7 @@ Every nats-py exception is translated into a :class:`BrokerError` here.
 
 from agentreach.broker.auth import Auth, AuthConfig
 from agentreach.broker.bucket import Bucket, Contended, Entry, Swap
+from agentreach.broker.claim_check import ClaimCheck, PayloadUnavailable
 from agentreach.broker.cluster import EmbeddedCluster
 from agentreach.broker.connection import Broker
 from agentreach.broker.consume import ConsumerSpec, PullConsumer, bind, follow
@@ -54,6 +55,7 @@ __all__ = [
     "BucketSpec",
     "BucketWatch",
     "Change",
+    "ClaimCheck",
     "ConnectError",
     "ConsumerNotFound",
     "ConsumerSpec",
@@ -69,6 +71,7 @@ __all__ = [
     "NoResponders",
     "NoStreamError",
     "Outcome",
+    "PayloadUnavailable",
     "ProvisionError",
     "Provisioned",
     "Provisioner",

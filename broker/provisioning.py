@@ -30,7 +30,13 @@ from agentreach.broker.errors import (
 from agentreach.broker.failover import stream_names
 from agentreach.broker.provisioned import Change, Provisioning, wait_settled
 from agentreach.broker.replication import AUTO, NO_SUITABLE_PEERS, NOT_CLUSTERED, resolve_replicas
-from agentreach.broker.topology import BucketSpec, Outcome, StreamSpec, Topology
+from agentreach.broker.topology import (
+    BucketSpec,
+    ObjectStoreSpec,
+    Outcome,
+    StreamSpec,
+    Topology,
+)
 
 log = structlog.get_logger("broker.provisioning")
 
@@ -67,6 +73,9 @@ async def provision(
         for bucket in topology.buckets:
             change = await _patiently(bucket, lambda b=bucket: _ensure_bucket(js, b, may_shrink))
             changes.append((bucket.name, bucket.stream, change))
+        for store in topology.objects:
+            change = await _patiently(store, lambda o=store: _ensure_objects(js, o, may_shrink))
+            changes.append((store.name, store.stream, change))
     # Replication catches up in the background: wait for every stream at once.
     details = await asyncio.gather(
         *(wait_settled(js, name, stream, change, settle_s) for name, stream, change in changes)
@@ -77,7 +86,7 @@ async def provision(
 
 
 async def _patiently(
-    spec: StreamSpec | BucketSpec, ensure: Callable[[], Awaitable[Change]]
+    spec: StreamSpec | BucketSpec | ObjectStoreSpec, ensure: Callable[[], Awaitable[Change]]
 ) -> Change:
     """``await ensure()``, again while the JetStream API does not answer (a fresh cluster
     still electing its meta leader) for up to :data:`PATIENCE_S`, or finds too few peers for
@@ -138,6 +147,21 @@ async def _ensure_bucket(
     wanted.allow_rollup_hdrs, wanted.deny_purge = spec.allow_rollup_hdrs, spec.deny_purge
     wanted.num_replicas = bucket.replicas
     wanted.placement = spec.placement
+    return await _update_if_changed(js, existing, wanted, may_shrink)
+
+
+async def _ensure_objects(
+    js: nats.js.JetStreamContext, store: ObjectStoreSpec, may_shrink: bool
+) -> Change:
+    existing = await _existing(js, store.stream)
+    if existing is None:
+        await js.create_object_store(store.name, config=store.config())
+        return Change(Outcome.CREATED)
+    wanted = api.StreamConfig.from_response(existing.as_dict())
+    wanted.max_age = store.ttl_s
+    wanted.description = store.description or None
+    wanted.num_replicas = store.replicas
+    wanted.placement = store.config().placement
     return await _update_if_changed(js, existing, wanted, may_shrink)
 
 

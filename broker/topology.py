@@ -112,6 +112,32 @@ def _placement(tags: tuple[str, ...]) -> api.Placement | None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ObjectStoreSpec:
+    """One Object Store bucket (claim-checked payloads)."""
+
+    name: str
+    ttl_s: float = 0.0
+    description: str = ""
+    replicas: int = 1
+    placement_tags: tuple[str, ...] = ()
+
+    @property
+    def stream(self) -> str:
+        """The stream that holds the store."""
+        return f"OBJ_{self.name}"
+
+    def config(self) -> api.ObjectStoreConfig:
+        return api.ObjectStoreConfig(
+            bucket=self.name,
+            description=self.description or None,
+            ttl=self.ttl_s or None,
+            storage=api.StorageType.FILE,
+            replicas=self.replicas,
+            placement=_placement(self.placement_tags),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Topology:
     """Every stream and bucket, and the replica setting they were made for: ``auto`` is
     resolved by :func:`~agentreach.broker.provisioning.provision` on the server at hand;
@@ -119,6 +145,7 @@ class Topology:
 
     streams: tuple[StreamSpec, ...]
     buckets: tuple[BucketSpec, ...]
+    objects: tuple[ObjectStoreSpec, ...] = ()
     replicas: Replicas | None = None
 
     @classmethod
@@ -130,6 +157,8 @@ class Topology:
         queue_capacity: Mapping[Priority, int] | None = None,
         replicas: Replicas = AUTO,
         work_tags: Sequence[str] = (),
+        audit_days: float = 30.0,
+        payload_days: float = 30.0,
     ) -> Topology:
         """Every stream and bucket of SPEC.md, with the design's defaults.
 
@@ -191,6 +220,13 @@ class Topology:
                     description="Dead letters: reach.dlq.<reason>.<topic>",
                     placement_tags=work,
                 ),
+                StreamSpec(
+                    name=n.audit_stream,
+                    subjects=(n.audit_wildcard,),
+                    max_age_s=audit_days * DAY,
+                    duplicate_window_s=3600.0,
+                    description="One audit record per finished message",
+                ),
             ),
             buckets=(
                 BucketSpec(name=n.agents_bucket, description="Agent cards by agent_id"),
@@ -225,6 +261,13 @@ class Topology:
                     description="Execution records by message_id (exactly-once effect)",
                 ),
             ),
+            objects=(
+                ObjectStoreSpec(
+                    name=n.payloads_bucket,
+                    ttl_s=payload_days * DAY,
+                    description="Claim-checked payloads and results too large to travel inline",
+                ),
+            ),
         ).with_replicas(replicas)
 
     def with_replicas(self, replicas: Replicas) -> Topology:
@@ -236,6 +279,7 @@ class Topology:
         return Topology(
             streams=tuple(dataclasses.replace(s, replicas=count) for s in self.streams),
             buckets=tuple(dataclasses.replace(b, replicas=count) for b in self.buckets),
+            objects=tuple(dataclasses.replace(o, replicas=count) for o in self.objects),
             replicas=replicas,
         )
 

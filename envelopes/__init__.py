@@ -12,7 +12,8 @@
   :mod:`~agentreach.envelopes.clock`, :mod:`~agentreach.envelopes.ids`.
 """
 
-from agentreach.envelopes import headers
+from agentreach.envelopes import headers, tracecontext
+from agentreach.envelopes.audit import AuditRecord, Summary, summarize
 from agentreach.envelopes.clock import now_ms, ttl_left_ms
 from agentreach.envelopes.codec import (
     decode,
@@ -53,6 +54,7 @@ from agentreach.envelopes.messages import (
     ErrorReply,
     Event,
     Message,
+    PayloadRef,
     Priority,
     Progress,
     Reply,
@@ -73,8 +75,8 @@ from agentreach.envelopes.registry import (
     RateLimit,
     RegisterReply,
     RegisterRequest,
-    StatusReply,
-    StatusRequest,
+    TraceReply,
+    TraceRequest,
 )
 from agentreach.envelopes.schema import json_schema
 
@@ -86,6 +88,7 @@ __all__ = [
     "Ack",
     "AgentCard",
     "AgentControl",
+    "AuditRecord",
     "BreakerRecord",
     "Budget",
     "Candidate",
@@ -105,6 +108,7 @@ __all__ = [
     "ManualItem",
     "ManualStatus",
     "Message",
+    "PayloadRef",
     "Priority",
     "Progress",
     "QuotaRecord",
@@ -116,11 +120,12 @@ __all__ = [
     "Resolution",
     "Result",
     "Routed",
-    "StatusReply",
-    "StatusRequest",
     "StepRun",
+    "Summary",
     "Task",
     "TimerDue",
+    "TraceReply",
+    "TraceRequest",
     "WorkflowRecord",
     "breaker_key",
     "decode",
@@ -141,7 +146,9 @@ __all__ = [
     "new_id",
     "now_ms",
     "stable_id",
+    "summarize",
     "task_from_intake",
+    "tracecontext",
     "ttl_left_ms",
     "wrap_body",
 ]

@@ -92,6 +92,13 @@ def _out_of_range_at(data: bytes | str) -> str | None:
     return _path_to(document, "$")
 
 
+def _int_or_huge(text: str) -> int | _Huge:
+    try:
+        return int(text)
+    except ValueError:  # more digits than Python converts (4,300): msgspec refuses it too
+        return _Huge()
+
+
 def _finite_or_huge(text: str) -> float | _Huge:
     value = float(text)
     return _Huge() if math.isinf(value) else value

@@ -29,6 +29,7 @@ LAYERS: dict[str, float] = {
     "agentreach.auth": 3,
     "agentreach.cli": 4,
     "agentreach.examples": 3.5,  # like any program written with the SDK
+    "agentreach.dashboard": 3.7,  # reads the coordinator's views, replays with the SDK
 }
 FOREIGN_NAMES = ("agents", "broker", "coordinator", "envelopes", "examples", "reach")
 

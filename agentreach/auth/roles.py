@@ -17,7 +17,7 @@ import re
 from typing import Any, Final
 
 from agentreach.broker import Names, Topology
-from agentreach.envelopes import PRIORITIES
+from agentreach.envelopes import MAX_TTL_MS, PRIORITIES
 
 NAME: Final = "{{name()}}"
 ROLES: Final = ("agent", "caller", "worker", "coordinator", "operator")
@@ -32,8 +32,10 @@ AGENT_EVENTS: Final = (
     "clock_drift",
 )
 WORKER_EVENTS: Final = ("replayed", "resolved")
-# A responder may answer each request it received once, within 10 s (probes, discovery).
+# A responder may answer each request it received once, within 10 s (probes, discovery);
+# the coordinator within a task's longest ttl (a `reach.call` is answered with its result).
 _ONE_RESPONSE: Final = {"max": 1, "ttl": 10_000_000_000}
+_ONE_RESULT: Final = {"max": 1, "ttl": (MAX_TTL_MS + 60_000) * 1_000_000}
 # Which streams capture a subject: asked while a write finds no stream leader (an election).
 _STREAM_NAMES: Final = "$JS.API.STREAM.NAMES"
 _NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
@@ -108,6 +110,7 @@ def agent(names: Names) -> Permissions:
         f"{n.prefix}.reply.*.*.{me}",  # a result to a caller's box, in its own name
         f"{n.workflow_reply('*')}.{me}",  # a result to a workflow step
         n.task("*", me),  # sub-tasks, as a caller
+        n.call("*", me),
         n.register(me),
         n.presence(me),  # "does another process serve my id already?"
     ]
@@ -129,7 +132,7 @@ def agent(names: Names) -> Permissions:
 def caller(names: Names) -> Permissions:
     """Intake as itself and replies in its own box space; nothing else."""
     return _permissions(
-        [names.task("*", NAME), names.status(NAME), _STREAM_NAMES],
+        [names.task("*", NAME), names.call("*", NAME), names.trace_request(NAME), _STREAM_NAMES],
         [_inbox(), names.reply_box(NAME, ">")],
     )
 
@@ -165,6 +168,7 @@ def coordinator(names: Names) -> Permissions:
             f"$JS.API.CONSUMER.DELETE.{dlq}.>",
         ],
         respond=True,
+        response=_ONE_RESULT,
     )
 
 
@@ -179,6 +183,7 @@ def _permissions(
     *,
     deny_publish: list[str] | None = None,
     respond: bool = False,
+    response: dict[str, int] = _ONE_RESPONSE,
 ) -> Permissions:
     result: Permissions = {
         "pub": {"allow": sorted(set(publish))},
@@ -187,7 +192,7 @@ def _permissions(
     if deny_publish:
         result["pub"]["deny"] = sorted(deny_publish)
     if respond:
-        result["resp"] = _ONE_RESPONSE
+        result["resp"] = response
     return result
 
 

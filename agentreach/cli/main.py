@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import sys
 
 from agentreach.cli import (
     agents,
     auth,
+    completion,
+    dashboard,
     dlq,
     manual,
     provision,
@@ -22,7 +25,21 @@ from agentreach.cli.logs import configure_logging
 from agentreach.cli.options import Commands
 from agentreach.errors import ReachError
 
-GROUPS = (serve, publish, trace, provision, agents, workflows, routes, dlq, auth, manual)
+# completion last: it reads every other command's options.
+GROUPS = (
+    serve,
+    publish,
+    trace,
+    provision,
+    agents,
+    workflows,
+    routes,
+    dlq,
+    auth,
+    manual,
+    dashboard,
+    completion,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,8 +56,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="reach", description="Agent-Reach over NATS JetStream")
+    root = argparse.ArgumentParser(
+        prog="reach",
+        description="Agent-Reach over NATS JetStream: `reach COMMAND --help` shows each one's"
+        " options and an example.",
+        epilog="example:\n  reach up    # then, in another terminal:"
+        " reach agent agentreach.examples.summarize:agent",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    root.add_argument("--version", action="version", version=f"reach {_version()}")
     commands = Commands(root)
     for group in GROUPS:
         group.register(commands)
     return root
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("agentreach")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"

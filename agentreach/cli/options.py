@@ -23,15 +23,33 @@ class UsageError(ReachError):
 
 
 class Commands:
-    """Adds subcommands that all take the common options."""
+    """Adds subcommands that all take the common options, each with an example."""
 
     def __init__(self, parser: argparse.ArgumentParser) -> None:
         self._sub = parser.add_subparsers(required=True, metavar="COMMAND")
         self._common = _common_options()
+        self.parsers: dict[str, argparse.ArgumentParser] = {}
 
-    def add(self, name: str, run: Command, help: str) -> argparse.ArgumentParser:
-        parser = self._sub.add_parser(name, parents=[self._common], help=help, description=help)
+    def add(
+        self, name: str, run: Command, help: str, *, example: str | tuple[str, ...] = ()
+    ) -> argparse.ArgumentParser:
+        """A command; ``example`` is shown under its --help (tests insist every command has
+        one)."""
+        examples = (example,) if isinstance(example, str) else example
+        epilog = None
+        if examples:
+            epilog = "example" + ("s" if len(examples) > 1 else "") + ":\n"
+            epilog += "\n".join(f"  {line}" for line in examples)
+        parser = self._sub.add_parser(
+            name,
+            parents=[self._common],
+            help=help,
+            description=help,
+            epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         parser.set_defaults(command=run)
+        self.parsers[name] = parser
         return parser
 
 
@@ -43,7 +61,6 @@ def _common_options() -> argparse.ArgumentParser:
         help=f"NATS server, or several comma-separated (a cluster's seed list);"
         f" default $NATS_URL, then {DEFAULT_URL}",
     )
-    common.add_argument("--prefix", default=None, help="subject prefix (default reach)")
     secured = common.add_argument_group(
         "authentication (default: the nats CLI's variables NATS_CREDS, NATS_NKEY, …)"
     )
@@ -57,9 +74,20 @@ def _common_options() -> argparse.ArgumentParser:
     secured.add_argument("--tls-key", type=Path, help="client key (PEM)")
     secured.add_argument("--tls-first", action="store_true", help="TLS before the NATS handshake")
     common.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+        "--prefix", default=None, help="subject, stream and bucket prefix (default reach)"
     )
-    common.add_argument("--log-format", default="auto", choices=["auto", "console", "json"])
+    common.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe log lines shown, on stderr (default info)",
+    )
+    common.add_argument(
+        "--log-format",
+        default="auto",
+        choices=["auto", "console", "json"],
+        help="log lines for people (console) or machines (json); auto: console on a terminal",
+    )
     return common
 
 

@@ -20,12 +20,22 @@ from agentreach.coordinator import load_config
 
 
 def register(commands: Commands) -> None:
-    prov = commands.add("provision", cmd_provision, "create or update every stream and bucket")
+    prov = commands.add(
+        "provision",
+        cmd_provision,
+        "create or update every stream and bucket",
+        example="reach provision --config deploy/coordinator/coordinator.yaml",
+    )
     prov.add_argument(
         "--config", help="coordinator YAML config (its queue capacities and broker section)"
     )
     replication_options(prov)
-    schema = commands.add("schema", cmd_schema, "print the JSON Schema of envelope v1")
+    schema = commands.add(
+        "schema",
+        cmd_schema,
+        "print the JSON Schema of envelope v1",
+        example="reach schema --out envelope.schema.json",
+    )
     schema.add_argument("--out", help="write to this file instead")
 
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import msgspec
+import prometheus_client
 import structlog
 
 from agentreach.agents import Agent
@@ -26,6 +27,7 @@ from agentreach.broker import (
     Topology,
     provision,
 )
+from agentreach.cli.coordinating import coordinator_options, with_cli_options
 from agentreach.cli.options import (
     Commands,
     UsageError,
@@ -47,7 +49,10 @@ NATS_STORE = Path(".reach/nats")  # the default --data-dir of `reach up`
 
 def register(commands: Commands) -> None:
     up = commands.add(
-        "up", cmd_up, "run the coordinator, with an embedded nats-server unless a URL"
+        "up",
+        cmd_up,
+        "run the coordinator, with an embedded nats-server unless a URL",
+        example="reach up --config deploy/coordinator/coordinator.yaml",
     )
     embedded_server_options(up, 4222, store=NATS_STORE)
     up.add_argument(
@@ -58,20 +63,36 @@ def register(commands: Commands) -> None:
         help="start N embedded nats-servers as one JetStream cluster on loopback (client ports"
         " from --port, routes +2000, monitoring +4000; stores under ./.reach/cluster)",
     )
-    up.add_argument("--config", help="coordinator YAML config")
-    replication_options(up)
-    coordinator = commands.add("coordinator", cmd_coordinator, "run a coordinator replica")
-    coordinator.add_argument("--config", help="coordinator YAML config")
-    replication_options(coordinator)
-    agent = commands.add("agent", cmd_agent, "serve an Agent object: MODULE:OBJECT")
-    agent.add_argument("target", metavar="MODULE:OBJECT")
+    coordinator = commands.add(
+        "coordinator",
+        cmd_coordinator,
+        "run a coordinator replica",
+        example="reach coordinator --nats-url nats://10.0.0.5:4222 --metrics-port 9465",
+    )
+    for parser in (up, coordinator):
+        coordinator_options(parser)
+        replication_options(parser)
+    agent = commands.add(
+        "agent",
+        cmd_agent,
+        "serve an Agent object: MODULE:OBJECT",
+        example="reach agent agentreach.examples.summarize:agent",
+    )
+    agent.add_argument(
+        "target", metavar="MODULE:OBJECT", help="the module and the Agent in it (cwd importable)"
+    )
     agent.add_argument(
         "--startup-delay",
         type=float,
         default=None,
         help="upper bound of the random delay before registering (s)",
     )
-    demo = commands.add("demo", cmd_demo, "embedded server + coordinator + example agents + tasks")
+    demo = commands.add(
+        "demo",
+        cmd_demo,
+        "embedded server + coordinator + example agents + tasks",
+        example="reach demo",
+    )
     embedded_server_options(demo, -1, store=DEMO_STORE)
 
 
@@ -101,7 +122,10 @@ async def cmd_coordinator(args: argparse.Namespace) -> int:
 
 async def _coordinate(url: str, args: argparse.Namespace) -> None:
     """Serve until a signal; the coordinator waits for NATS and provisions at start."""
-    config = load_config(args.config)
+    # The _created series of counters are used by no rule: in our own process, leave them out
+    # (a library must not change this for the program that embeds it).
+    prometheus_client.disable_created_metrics()
+    config = with_cli_options(load_config(args.config), args)
     config = msgspec.structs.replace(config, broker=broker_config_of(args, config.broker))
     names = Names(prefix=args.prefix or config.prefix)
     async with (
@@ -112,9 +136,10 @@ async def _coordinate(url: str, args: argparse.Namespace) -> None:
             wait=True,
             auth=auth_of(args).merged(config.broker.auth.auth()),
         ) as broker,
-        Coordinator(broker, config, config_path=args.config).running(),
+        Coordinator(broker, config, config_path=args.config).running() as coordinator,
     ):
-        await until_signal(f"coordinator serving on {broker.shown_url}")
+        shown = f"; metrics on {coordinator.metrics_url}metrics" if coordinator.metrics_url else ""
+        await until_signal(f"coordinator serving on {broker.shown_url}{shown}")
 
 
 async def cmd_agent(args: argparse.Namespace) -> int:

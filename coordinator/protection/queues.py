@@ -90,7 +90,18 @@ class QueueDepths:
         if (agent_id, priority) not in self._above:
             return None
         depth, capacity = self.depth(agent_id, priority), self.capacity(priority)
-        return f"{priority} queue above high watermark ({depth}/{capacity})"
+        if depth / capacity >= self._config.high_watermark:
+            return f"{priority} queue above the high watermark ({depth}/{capacity})"
+        # Between the watermarks: it passed the high one and has not drained enough yet.
+        low = int(capacity * self._config.low_watermark)
+        return (
+            f"{priority} queue still above the low watermark (hysteresis):"
+            f" {depth}/{capacity}, fed again at {low}"
+        )
+
+    def slots(self) -> set[Slot]:
+        """Every (agent, priority) with something queued or dispatched since the last read."""
+        return set(self._depths) | {slot for slot, ids in self._unread.items() if ids}
 
     def dispatched(self, agent_id: str, priority: Priority, message_id: str) -> None:
         slot = (agent_id, priority)

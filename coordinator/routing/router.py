@@ -38,8 +38,9 @@ from agentreach.coordinator.routing.intents.resolver import Resolving, describe,
 from agentreach.coordinator.routing.manual import ManualConfig, ManualQueue
 from agentreach.coordinator.routing.rules import Decision, RoutingConfig, pools_of
 from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce
-from agentreach.envelopes import ErrorInfo, Execution, Result, Routed, Task
+from agentreach.envelopes import ErrorInfo, Execution, Result, Routed, Task, tracecontext
 from agentreach.envelopes import headers as h
+from agentreach.envelopes.audit import summary_of_task
 
 log = structlog.get_logger("coordinator.router")
 
@@ -213,7 +214,12 @@ class Router:
         if (refusal := await self.fleet.admit(choice, task.message_id)) is not None:
             return refusal
         routed = msgspec.structs.replace(
-            task, topic=choice.intent, to_agent=card.agent_id, ttl_ms=pending.left_ms
+            task,
+            topic=choice.intent,
+            to_agent=card.agent_id,
+            ttl_ms=pending.left_ms,
+            # The dispatch is a hop of its own in the caller's trace (W3C trace context).
+            traceparent=tracecontext.child(task.traceparent, task.message_id, task.attempt),
         )
         # The event first: a trace must never show an agent at work before the routing; the
         # sender hears whose replies to expect before that agent can send any.
@@ -253,6 +259,8 @@ class Router:
         }
         if choice.trial_key:
             detail["trial"] = choice.trial_key
+        if routed.attempt == 1:  # what the message's audit record summarises as its input
+            detail["input"] = msgspec.to_builtins(summary_of_task(routed))
         if routed.resolution is not None:
             detail["resolution"] = msgspec.to_builtins(routed.resolution)
             detail["needed"] = decision.needed

@@ -31,6 +31,8 @@ async def test_provision_creates_everything_then_changes_nothing(broker):
         names.manual_bucket,
         names.workflows_stream,
         names.workflows_bucket,
+        names.audit_stream,
+        names.payloads_bucket,
     }
     assert set(again) == expected
     info = await broker.js.stream_info(names.tasks_stream)

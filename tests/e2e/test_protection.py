@@ -126,9 +126,9 @@ async def test_a_full_p0_queue_is_rejected_at_once(broker, start_coordinator, wa
     assert caught.value.reason == "backpressure"
     assert elapsed < 0.1, f"rejection took {elapsed * 1000:.0f} ms"
     assert letter.error is not None and letter.error.type == "backpressure"
-    assert "stuck: P0 queue above high watermark (8/10)" in letter.error.message
+    assert "stuck: P0 queue above the high watermark (8/10)" in letter.error.message
     spare_decision = next(e for e in routed(watcher) if e.agent_id == "spare")
-    assert "above high watermark" in spare_decision.detail["passed_over"]["stuck"]
+    assert "above the high watermark" in spare_decision.detail["passed_over"]["stuck"]
 
 
 async def test_a_burst_above_the_watermark_waits_for_room(broker, start_coordinator, watcher):
