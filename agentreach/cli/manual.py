@@ -11,8 +11,7 @@ from typing import Any
 import msgspec
 
 from agentreach.agents.manual import TAKE_S, ManualReview, ManualReviewError
-from agentreach.broker import Broker
-from agentreach.cli.options import Commands, UsageError, json_argument, names_of
+from agentreach.cli.options import Commands, UsageError, broker_of, json_argument
 from agentreach.envelopes import ManualItem
 
 NEEDS = {"show": "ID", "take": "ID", "answer": "ID JSON", "send": "ID TOPIC"}
@@ -23,9 +22,17 @@ def register(commands: Commands) -> None:
         "manual",
         cmd_manual,
         "tasks waiting for a person: list | show ID | take ID | answer ID JSON | send ID TOPIC",
+        example=(
+            "reach manual list",
+            "reach manual take 01J9Z8X3K4 --as alice",
+            """reach manual answer 01J9Z8X3K4 '{"refund": "approved"}'""",
+            "reach manual send 01J9Z8X3K4 refund.process",
+        ),
     )
-    manual.add_argument("action", choices=["list", *NEEDS])
-    manual.add_argument("id", nargs="?")
+    manual.add_argument(
+        "action", choices=["list", *NEEDS], help="list | show | take | answer | send"
+    )
+    manual.add_argument("id", nargs="?", help="the waiting task's message_id")
     manual.add_argument("value", nargs="?", help="the answer (JSON) or the topic to send to")
     manual.add_argument("--queue", default=None, help="only this queue (list)")
     manual.add_argument("--all", action="store_true", help="also answered, sent and expired")
@@ -39,7 +46,7 @@ async def cmd_manual(args: argparse.Namespace) -> int:
     if args.action in NEEDS and (not args.id or (" " in NEEDS[args.action] and not args.value)):
         raise UsageError(f"manual {args.action} needs {NEEDS[args.action]}")
     answer = json_argument(args.value) if args.action == "answer" else None
-    async with Broker(args.nats_url, names=names_of(args), name="reach-cli") as broker:
+    async with broker_of(args) as broker:
         review = ManualReview(broker, by=args.person)
         try:
             return await _act(review, args, answer)
