@@ -9,9 +9,12 @@ command line) can catch them all with one ``except ReachError``.
     │   ├── BrokerTimeout, NoResponders, NoStreamError, ProvisionError, …
     │   └── JetStreamError          StreamNotFound, ConsumerNotFound, WrongLastSequence, …
     ├── ConfigError                 agentreach.coordinator: a configuration file is wrong
+    ├── IntentError                 agentreach.coordinator.routing.intents
+    │   └── ScorerUnavailable       a scorer's extra (or model wheel) is not installed
     ├── AgentConfigError            agentreach.agents: an Agent or handler declared wrongly
     ├── AgentIdInUse                another live process serves this agent_id
     ├── PermanentError              raised by a handler: do not retry this task
+    ├── ManualReviewError           ManualReview: the item is gone, closed or held by another
     └── InvokeError                 ReachClient.invoke() got no result
         ├── NotAcknowledged, DeadlineExceeded
         └── TaskFailed

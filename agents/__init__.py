@@ -17,6 +17,7 @@ from agentreach.agents.errors import (
     Rejected,
     TaskFailed,
 )
+from agentreach.agents.manual import ManualReview, ManualReviewError
 from agentreach.agents.runtime import AgentRuntime
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "DeadlineExceeded",
     "HandlerSpec",
     "InvokeError",
+    "ManualReview",
+    "ManualReviewError",
     "NotAcknowledged",
     "PermanentError",
     "ReachClient",

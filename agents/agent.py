@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,9 @@ class Agent:
 
         agent = Agent("summarizer-1", tags={"role": "worker"}, startup_delay=0)
 
-        @agent.handler("summarize", version="1.0", capacity=4, deadline_ms=8000)
+        @agent.handler("summarize", version="1.0", capacity=4, deadline_ms=8000,
+                       description="Summarises a text in one sentence.",
+                       examples=["summarise this article", "tl;dr please"])
         async def summarize(ctx: TaskContext, payload: dict) -> dict: ...
 
         async with agent.running(nats_url):   # registered and consuming
@@ -100,14 +102,21 @@ class Agent:
         capacity: int = 10,
         deadline_ms: int | None = None,
         max_attempts: int | None = None,
+        description: str = "",
+        examples: Sequence[str] = (),
     ) -> Callable[[Handler], Handler]:
-        """Register the decorated function as the handler of ``topic``."""
+        """Register the decorated function as the handler of ``topic``.
+
+        ``description`` and ``examples`` say in words what it does (in any language); the
+        coordinator matches requests that name no topic (``reach.task.auto``) against them.
+        """
         if not is_token(topic):
             raise AgentConfigError(f"topic {topic!r}: use 1-128 letters, digits, '_' or '-'")
         if topic in self.handlers:
             raise AgentConfigError(f"topic {topic!r} already has a handler on {self.agent_id}")
         _at_least(1, capacity=capacity, topic=topic)
         _at_least(1, max_attempts=max_attempts, deadline_ms=deadline_ms, topic=topic)
+        examples = _described(topic, description, examples)
 
         def register(func: Handler) -> Handler:
             if len(inspect.signature(func).parameters) != 2:
@@ -122,6 +131,8 @@ class Agent:
                     capacity=capacity,
                     deadline_ms=deadline_ms,
                     max_attempts=max_attempts,
+                    description=description,
+                    examples=examples,
                 ),
                 is_async=inspect.iscoroutinefunction(func),
             )
@@ -171,6 +182,24 @@ class Agent:
         """Serve until cancelled (Ctrl-C in ``reach agent``)."""
         async with self.running(nats_url, auth=auth) as runtime:
             await runtime.wait_closed()
+
+
+MAX_DESCRIBED = 8_000  # characters of description and examples together, per intent
+
+
+def _described(topic: str, description: str, examples: Sequence[str]) -> list[str]:
+    """The examples as a list, after checking both are text of a sensible size (the card is
+    one KV value, read by every coordinator)."""
+    if isinstance(examples, str) or not all(isinstance(e, str) for e in examples):
+        raise AgentConfigError(f"examples of {topic!r} must be a list of strings")
+    if not isinstance(description, str):
+        raise AgentConfigError(f"description of {topic!r} must be a string")
+    size = len(description) + sum(len(e) for e in examples)
+    if size > MAX_DESCRIBED:
+        raise AgentConfigError(
+            f"description and examples of {topic!r} hold {size} characters; at most {MAX_DESCRIBED}"
+        )
+    return list(examples)
 
 
 def _at_least(minimum: int, *, topic: str, **options: int | None) -> None:

@@ -271,6 +271,11 @@ class Names(msgspec.Struct, frozen=True):
         """Callers' token buckets, shared by every coordinator replica."""
         return f"{self.prefix}_quotas"
 
+    @property
+    def manual_bucket(self) -> str:
+        """Tasks waiting for a person (manual review), by message id."""
+        return f"{self.prefix}_manual"
+
     # -- advisories -------------------------------------------------------------
     @property
     def advisories_stream(self) -> str:

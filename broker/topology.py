@@ -17,6 +17,7 @@ from agentreach.envelopes import Priority
 
 DAY = 24 * 3600.0
 KV_DUPLICATE_WINDOW_S = 120.0  # nats-py's for a bucket (or its ttl, when shorter)
+MANUAL_KEPT_S = 8 * DAY  # a manual-review item may wait a week, then is kept a day
 # Per-agent dispatch queue capacity per priority (P0 small: urgent work must not queue).
 DEFAULT_QUEUE_CAPACITY: dict[Priority, int] = {"P0": 10, "P1": 200, "P2": 1000}
 
@@ -247,6 +248,12 @@ class Topology:
                     name=n.quotas_bucket,
                     # No ttl: a record dropped early would hand its caller a full bucket.
                     description="Token buckets per caller, shared by every coordinator replica",
+                ),
+                BucketSpec(
+                    name=n.manual_bucket,
+                    history=5,
+                    ttl_s=MANUAL_KEPT_S,
+                    description="Tasks waiting for a person (manual review), by message_id",
                 ),
                 BucketSpec(
                     name=n.executions_bucket,

@@ -8,7 +8,9 @@ concern, so a mistake fails at start with the path of the mistake.
     delivery:    {max_attempts: 3, attempts_by_topic: {}, base_s: 1, cap_s: 30, batch: 64}
     liveness:    {tick_s: 1, probe_connection_s: 3, probe_ping_s: 5, ...}
     lease_ttl_s: 10
-    routing:     {min_confidence: 0, rules: [...], reload_poll_s: 1}
+    routing:     {min_confidence: 0.75, below: {manual: review}, rules: [...], resolve: {...},
+                  reload_poll_s: 1}
+    manual:      {ttl_s: 86400}
     queues:      {capacity: {P0: 10, P1: 200, P2: 1000}, high_watermark: 0.8, ...}
     breakers:    {window_s: 300, error_ratio: 0.4, ...}
     rate_limits: {topics: {...}, agents: {...}, wait_s: 0.1,
@@ -44,6 +46,7 @@ from agentreach.coordinator.protection.circuit import BreakerConfig
 from agentreach.coordinator.protection.grants import SecurityConfig
 from agentreach.coordinator.protection.queues import QueueConfig
 from agentreach.coordinator.protection.rate_limits import RateLimits
+from agentreach.coordinator.routing.manual import ManualConfig
 from agentreach.coordinator.routing.rules import RoutingConfig
 from agentreach.coordinator.units import Positive, PositiveSeconds
 from agentreach.coordinator.workflows.spec import WorkflowSpec
@@ -80,6 +83,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     liveness: LivenessConfig = LivenessConfig()
     lease_ttl_s: PositiveSeconds = 10.0  # a dead replica's duties move after at most this
     routing: RoutingConfig = RoutingConfig()
+    manual: ManualConfig = ManualConfig()  # tasks waiting for a person (manual review)
     queues: QueueConfig = QueueConfig()
     breakers: BreakerConfig = BreakerConfig()
     rate_limits: RateLimits = RateLimits()

@@ -63,6 +63,7 @@ from agentreach.coordinator.protection.quotas import CallerQuotas
 from agentreach.coordinator.protection.rate_limits import RateLimiter
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.fleet import Fleet
+from agentreach.coordinator.routing.manual import ManualQueue
 from agentreach.coordinator.routing.reload import RouteReloader
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.workflows.engine import WorkflowEngine
@@ -105,7 +106,8 @@ class Coordinator:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"security.seal_key_file: {exc}") from None
         broker.dedup_secret = broker.dedup_secret or grants.key  # replicas share the key
-        self.router = Router(broker, fleet, config.routing, grants)
+        self.manual = ManualQueue(broker, config.manual)
+        self.router = Router(broker, fleet, config.routing, grants, manual=self.manual)
         self.workflows = WorkflowEngine(broker, config.workflows)
         self.liveness = LivenessMonitor(broker, config.liveness)
         self.routes = RouteReloader(
@@ -118,6 +120,7 @@ class Coordinator:
         self.readiness = Readiness(broker)
         self._sampled = Sampled(broker)
         self._lease = Lease(broker, "liveness", self.replica_id, ttl_s=config.lease_ttl_s)
+        self._manual_lease = Lease(broker, "manual", self.replica_id, ttl_s=config.lease_ttl_s)
         views = Views(
             directory=self.directory,
             breakers=lambda: self.breakers.records,
@@ -171,6 +174,8 @@ class Coordinator:
             await self._follow_views(group)
             _keep(group, "liveness", lambda: self._lease.hold(self.liveness.run))
             _keep(group, "stream-sizes", self._sampled.run)
+            # People's answers to manual-review items are carried out once, by one replica.
+            _keep(group, "manual", lambda: self._manual_lease.hold(self.manual.run))
             await self._answer_requests()
             consumers: list[PullConsumer] = []
             for spec, batch, handle in self._loops():
@@ -286,7 +291,11 @@ class Coordinator:
             "why_not_ready": self.readiness.why_not(),
             "version": _version(),
             "prefix": self.broker.names.prefix,
-            "duties": ["liveness"] if self._lease.held else [],
+            "duties": [
+                duty
+                for duty, lease in (("liveness", self._lease), ("manual", self._manual_lease))
+                if lease.held
+            ],
             "metrics": f"{self.metrics_url}metrics" if self.metrics_url else None,
         }
 

@@ -6,6 +6,7 @@
 - :mod:`~agentreach.envelopes.executions`: run-once execution records;
 - :mod:`~agentreach.envelopes.coordination`: the coordinator's breaker, lease, quota,
   workflow and timer records;
+- :mod:`~agentreach.envelopes.manual`: tasks waiting in a manual-review queue;
 - :mod:`~agentreach.envelopes.codec`, :mod:`~agentreach.envelopes.intake`,
   :mod:`~agentreach.envelopes.headers`, :mod:`~agentreach.envelopes.schema`,
   :mod:`~agentreach.envelopes.clock`, :mod:`~agentreach.envelopes.ids`.
@@ -38,6 +39,7 @@ from agentreach.envelopes.errors import DecodeError, EnvelopeError
 from agentreach.envelopes.executions import Execution, execution_key, executions_of
 from agentreach.envelopes.ids import new_id, stable_id
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
+from agentreach.envelopes.manual import ManualItem, ManualStatus
 from agentreach.envelopes.messages import (
     DEFAULT_TTL_MS,
     MAX_TTL_MS,
@@ -45,6 +47,7 @@ from agentreach.envelopes.messages import (
     TOKEN_PATTERN,
     Ack,
     Budget,
+    Candidate,
     Capacity,
     DeadLetter,
     ErrorInfo,
@@ -55,6 +58,7 @@ from agentreach.envelopes.messages import (
     Priority,
     Progress,
     Reply,
+    Resolution,
     Result,
     Routed,
     Task,
@@ -87,6 +91,7 @@ __all__ = [
     "AuditRecord",
     "BreakerRecord",
     "Budget",
+    "Candidate",
     "Capacity",
     "DeadLetter",
     "DecodeError",
@@ -100,6 +105,8 @@ __all__ = [
     "LeaseRecord",
     "Liveness",
     "LivenessState",
+    "ManualItem",
+    "ManualStatus",
     "Message",
     "PayloadRef",
     "Priority",
@@ -110,6 +117,7 @@ __all__ = [
     "RegisterRequest",
     "ReloadReply",
     "Reply",
+    "Resolution",
     "Result",
     "Routed",
     "StepRun",

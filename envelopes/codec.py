@@ -68,13 +68,25 @@ def _decoder_for(kind: type[Any]) -> msgspec.json.Decoder[Any]:
 
 
 class _Huge:
-    """A number no decoder of ours takes (``1e400``), marked where it stands."""
+    """A number no decoder of ours takes (``1e400``, an integer of thousands of digits),
+    marked where it stands."""
+
+
+# What msgspec says of such numbers, naming only their container (or ``$[...]``).
+_OUT_OF_RANGE = ("Number out of range", "Integer value out of range")
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """An object's members in order, duplicates kept: a huge number under a key given twice
+    is still found (a dict would keep only the last value)."""
 
 
 def _out_of_range_at(data: bytes | str) -> str | None:
     """The JSON path of the first number out of range; msgspec names only its container."""
     try:
-        document = json.loads(data, parse_float=_finite_or_huge, parse_int=_int_or_huge)
+        document = json.loads(
+            data, parse_float=_finite_or_huge, parse_int=_int_or_huge, object_pairs_hook=_Pairs
+        )
     except (ValueError, RecursionError):
         return None
     return _path_to(document, "$")
@@ -92,12 +104,22 @@ def _finite_or_huge(text: str) -> float | _Huge:
     return _Huge() if math.isinf(value) else value
 
 
+def _int_or_huge(text: str) -> int | _Huge:
+    try:
+        return int(text)
+    except ValueError:  # past Python's limit of digits for int(str)
+        return _Huge()
+
+
 def _path_to(value: Any, path: str) -> str | None:
     if isinstance(value, _Huge):
         return path
-    if not isinstance(value, dict | list):
+    if isinstance(value, _Pairs):
+        children: Any = value
+    elif isinstance(value, list):
+        children = enumerate(value)
+    else:
         return None
-    children = value.items() if isinstance(value, dict) else enumerate(value)
     for key, child in children:
         step = f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]"
         if (found := _path_to(child, step)) is not None:
@@ -110,9 +132,8 @@ def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str) -> Any:
         return decoder.decode(data)
     except msgspec.DecodeError as exc:  # ValidationError is a subclass
         message = str(exc)
-        out_of_range = ("Number out of range", "Integer value out of range")
-        if message.startswith(out_of_range) and (path := _out_of_range_at(data)):
-            raise DecodeError(message.split(" - at ")[0], path=path) from None
+        if message.startswith(_OUT_OF_RANGE) and (path := _out_of_range_at(data)):
+            raise DecodeError(message.partition(" - at ")[0], path=path) from None
         raise DecodeError(message) from None
     except RecursionError:
         raise DecodeError("JSON is nested too deeply to decode", path="$") from None

@@ -80,6 +80,30 @@ class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
     retry_after_ms: int | None = None
 
 
+class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    """One intent a request's text may mean, with the calibrated probability that it does."""
+
+    intent: str
+    confidence: float
+    evidence: float = 0.0  # the scorer's raw match strength, before calibration
+
+
+class Resolution(msgspec.Struct, frozen=True, kw_only=True):
+    """How the coordinator found a task's intent from its text (intent resolution): the best
+    candidate and the runner-up, among the intents of every live agent."""
+
+    topic: str  # what the task was published on: ``auto``, or a topic nobody serves
+    scorer: str
+    best: Candidate | None = None
+    runner_up: Candidate | None = None
+    note: str = ""  # why there is no candidate (no text, no intent described)
+
+    @property
+    def confidence(self) -> float:
+        """The best candidate's confidence; 0 without one."""
+        return self.best.confidence if self.best else 0.0
+
+
 class _Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
     v: Literal[1]
 
@@ -114,6 +138,14 @@ class Task(_AboutTask, frozen=True, kw_only=True, tag="task"):
     received_ms: int = 0
     traceparent: str | None = None  # W3C trace context, passed on to every step
     payload_ref: PayloadRef | None = None  # set instead of ``payload`` when it was too large
+    # Set when the coordinator chose ``topic`` from the payload's text, not the sender.
+    resolution: Resolution | None = None
+
+    @property
+    def confidence(self) -> float:
+        """How sure the coordinator is of ``topic``: 1 when the sender named it, the
+        resolution's confidence when it was found from the text."""
+        return 1.0 if self.resolution is None else self.resolution.confidence
 
 
 class Ack(_AboutTask, frozen=True, kw_only=True, tag="ack"):

@@ -11,12 +11,15 @@ from agentreach.envelopes.messages import Event, Token
 
 
 class Intent(msgspec.Struct, frozen=True, kw_only=True):
-    """One topic an agent serves."""
+    """One topic an agent serves; ``description`` and ``examples`` say in words what it does,
+    so that a request that names no topic can be matched to it (intent resolution)."""
 
     version: str = "1"
     capacity: int = 10
     deadline_ms: int | None = None
     max_attempts: int | None = None  # None: the coordinator's default
+    description: str = ""
+    examples: list[str] = []
 
 
 class RateLimit(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

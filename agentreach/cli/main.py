@@ -13,6 +13,7 @@ from agentreach.cli import (
     completion,
     dashboard,
     dlq,
+    manual,
     provision,
     publish,
     routes,
@@ -35,6 +36,7 @@ GROUPS = (
     routes,
     dlq,
     auth,
+    manual,
     dashboard,
     completion,
 )

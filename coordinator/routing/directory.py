@@ -35,6 +35,7 @@ class AgentDirectory:
         self._refreshing: asyncio.Task[None] | None = None
         self._refreshed_at = 0.0
         self.liveness: dict[str, Liveness] = {}
+        self.liveness_version = 0  # rises with every change of a liveness verdict
 
     @property
     def cards(self) -> Mapping[str, AgentCard]:
@@ -60,6 +61,7 @@ class AgentDirectory:
     async def _follow_liveness(self, watch: BucketWatch) -> None:
         async for change in watch:
             honour_cancellation()
+            self.liveness_version += 1
             if change.value is None:
                 self.liveness.pop(change.key, None)
                 continue
@@ -119,6 +121,14 @@ class AgentDirectory:
         if judged.state in ("UNKNOWN", "ONLINE") or judged.epoch < card.epoch:
             return None
         return f"agent {judged.state}"
+
+    def is_live(self, card: AgentCard) -> bool:
+        """Whether ``card``'s agent is running and not judged OFFLINE (a SUSPECT or
+        quarantined agent is still live: it is expected back)."""
+        if card.status != "running":
+            return False
+        judged = self.liveness.get(card.agent_id)
+        return judged is None or judged.state != "OFFLINE" or judged.epoch < card.epoch
 
     def _apply(self, change: Change) -> None:
         self._by_intent = None

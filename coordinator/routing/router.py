@@ -11,6 +11,10 @@ high watermark and whose token bucket has a token. When none is found:
 - every such agent's breaker is open: the fallback rule, then ``circuit_open``;
 - they exist but are stopped or not ONLINE: wait within the task's ttl, then
   ``expired`` (a restarting agent picks it up; nothing waits in a dead queue).
+
+A task on a resolve topic (``reach.task.auto``) first gets its intent from its text; when
+that intent is not sure enough for any rule it goes to the ``below`` destination, by default
+a manual-review queue, and never falls back to an agent.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, re
 from agentreach.coordinator.delivery.dead_letters import end_with_error, refuse
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
-from agentreach.coordinator.routing.rules import RoutingConfig, Rule, pools_of
+from agentreach.coordinator.routing.intents.resolver import Resolving, describe, text_of
+from agentreach.coordinator.routing.manual import ManualConfig, ManualQueue
+from agentreach.coordinator.routing.rules import Decision, RoutingConfig, pools_of
 from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce
 from agentreach.envelopes import ErrorInfo, Execution, Result, Routed, Task, tracecontext
 from agentreach.envelopes import headers as h
@@ -52,12 +58,20 @@ class Router:
     """Chooses an agent for a task by the rules and dispatches it on its priority stream."""
 
     def __init__(
-        self, broker: Broker, fleet: Fleet, routing: RoutingConfig, grants: Grants | None = None
+        self,
+        broker: Broker,
+        fleet: Fleet,
+        routing: RoutingConfig,
+        grants: Grants | None = None,
+        *,
+        manual: ManualQueue | None = None,
     ) -> None:
         self._broker = broker
         self.fleet = fleet
         self.limiter = fleet.limiter
+        self.manual = manual or ManualQueue(broker, ManualConfig())
         self.routing = routing
+        self.resolving = Resolving(fleet.directory, routing.resolve)
         self._grants = grants or Grants(None)
         self._run_once = RunOnce(broker)
         # When each task waiting for room first found every queue full (monotonic s). Kept in
@@ -72,6 +86,8 @@ class Router:
     def reload(self, routing: RoutingConfig) -> None:
         """Use ``routing`` from the next decision on; decisions under way finish as they are."""
         self.routing = routing
+        if not self.resolving.same(routing.resolve):
+            self.resolving = Resolving(self.fleet.directory, routing.resolve)
         log.info("routing rules loaded", rules=[r.name for r in routing.rules])
 
     async def dispatch(
@@ -105,16 +121,59 @@ class Router:
             case Running(left_s=left_s):
                 log.info("an agent runs it now; waiting", left_s=round(left_s, 3))
                 return min(left_s + 0.05, WAIT_CAP_S)
-        rule = self.routing.first_match(task)
-        return await self._route(_Pending(task, left_ms, waited, origin), rule)
+        if where == "intake" and (task := await self._resolved(task)) is None:
+            return None
+        decision = self.routing.decide(task)
+        return await self._route(_Pending(task, left_ms, waited, origin), decision)
 
-    async def _route(self, pending: _Pending, rule: Rule) -> float | None:
-        task = pending.task
-        if rule.to.dlq:
-            reason = rule.to.dlq
+    async def _resolved(self, task: Task) -> Task | None:
+        """``task`` with its intent found from its text when it needs that; None when it
+        needed it and cannot have it (ended as ``no_route``, saying what to install)."""
+        if task.resolution is not None:  # only the coordinator resolves: not taken from senders
+            task = msgspec.structs.replace(task, resolution=None)
+        if not await self._needs_resolving(task):
+            return task
+        resolver = self.resolving.resolver()
+        if isinstance(resolver, str):
+            why = f"topic {task.topic!r} is resolved from its text, but {resolver}"
+            await self.end(task, "no_route", why)
+            return None
+        resolved = await resolver.resolve(task)
+        assert resolved.resolution is not None
+        log.info("resolved", to=describe(resolved.resolution), text_from=task.topic)
+        return resolved
+
+    async def _needs_resolving(self, task: Task) -> bool:
+        """A resolve topic, or (with ``unknown_topics``) a topic with text that no rule but
+        the fallback and no agent serves (workflows were served before the router)."""
+        config = self.resolving.config
+        if task.topic in config.topics:
+            return True
+        if not config.unknown_topics or text_of(task.payload, config.text_field) is None:
+            return False
+        if not self.routing.decide(task).rule.fallback:
+            return False
+        directory = self.fleet.directory
+        if not directory.serving(task.topic):
+            await self.fleet.refresh()  # a card written a moment ago may be missing
+        return not directory.serving(task.topic)
+
+    async def _route(self, pending: _Pending, decision: Decision) -> float | None:
+        task, rule = pending.task, decision.rule
+        if decision.to.dlq:
+            reason = decision.to.dlq
             await self.end(task, reason, f"rule {rule.name!r} sends {task.topic!r} to the DLQ")
             return None
-        pools = pools_of(rule.to, task.topic)
+        if decision.to.manual:
+            await self.manual.enqueue(
+                task,
+                queue=decision.to.manual,
+                rule=rule.name,
+                reason=_manual_reason(task, decision),
+                needed=decision.needed,
+            )
+            return None
+        pools = pools_of(decision.to, task.topic)
         excluded: dict[str, Excluded] = {}
         refreshed = False
         rate_waited_s = 0.0
@@ -132,12 +191,12 @@ class Router:
                 await asyncio.sleep(wait_s)
                 rate_waited_s += wait_s
                 continue
-            refusal = await self._send(pending, rule, choice)
+            refusal = await self._send(pending, decision, choice)
             if refusal is None:
                 return None
             if refusal[0] != "rate":  # a rate limit is seen, with its wait, on the next pick
                 excluded[choice.agent.agent_id] = refusal
-        return await self._unroutable(pending, rule, choice)
+        return await self._unroutable(pending, decision, choice)
 
     def _rate_wait(self, choice: Choice, waited_s: float) -> float | None:
         """How long to wait for a token when only rate limits stand in the way; else None."""
@@ -147,7 +206,7 @@ class Router:
             return None
         return choice.rate_wait_s
 
-    async def _send(self, pending: _Pending, rule: Rule, choice: Choice) -> Excluded | None:
+    async def _send(self, pending: _Pending, decision: Decision, choice: Choice) -> Excluded | None:
         """Dispatch to the chosen agent; None when sent, else why that agent refused."""
         task = pending.task
         card = choice.agent
@@ -164,7 +223,7 @@ class Router:
         )
         # The event first: a trace must never show an agent at work before the routing; the
         # sender hears whose replies to expect before that agent can send any.
-        await emit(self._broker, self._routed_event(routed, rule, choice))
+        await emit(self._broker, self._routed_event(routed, decision, choice))
         if task.reply_to and self._broker.names.signed_reply(task.reply_to):
             notice = Routed(**about(routed), agent_id=card.agent_id)
             await reply(self._broker, routed, notice)
@@ -185,14 +244,14 @@ class Router:
             return None
         self.fleet.dispatched(card.agent_id, task.priority, task.message_id)
         self._full_since.pop(task.message_id, None)
-        log.debug("routed", agent_id=card.agent_id, rule=rule.name, attempt=task.attempt)
+        log.debug("routed", agent_id=card.agent_id, rule=decision.rule.name, attempt=task.attempt)
         return None
 
-    def _routed_event(self, routed: Task, rule: Rule, choice: Choice) -> envelopes.Event:
+    def _routed_event(self, routed: Task, decision: Decision, choice: Choice) -> envelopes.Event:
         assert choice.agent is not None
         passed_over = dict(list(choice.passed_over.items())[:SHOWN])
         detail: dict[str, object] = {
-            "rule": rule.name,
+            "rule": decision.rule.name,
             "pool": choice.pool,
             "candidates": sorted(choice.candidates)[:SHOWN],
             "candidates_total": choice.registered,
@@ -202,9 +261,16 @@ class Router:
             detail["trial"] = choice.trial_key
         if routed.attempt == 1:  # what the message's audit record summarises as its input
             detail["input"] = msgspec.to_builtins(summary_of_task(routed))
+        if routed.resolution is not None:
+            detail["resolution"] = msgspec.to_builtins(routed.resolution)
+            detail["needed"] = decision.needed
+        if decision.below:
+            detail["below"] = True
         return event_for(routed, "routed", agent_id=choice.agent.agent_id, **detail)
 
-    async def _unroutable(self, pending: _Pending, rule: Rule, choice: Choice) -> float | None:
+    async def _unroutable(
+        self, pending: _Pending, decision: Decision, choice: Choice
+    ) -> float | None:
         task, waited = pending.task, pending.waited
         hindrances = choice.hindrances
         if hindrances["full"]:
@@ -216,7 +282,7 @@ class Router:
             await self.reject(task, "rate_limited", _why(task, "all over their rate", choice))
             return None
         if choice.registered == 0 or hindrances["circuit"]:
-            return await self._fall_back(pending, rule, choice)
+            return await self._fall_back(pending, decision, choice)
         log.info("no agent can take it now; waiting", registered=choice.registered)
         longest = WAIT_MAX_S if waited < LONG_AFTER else WAIT_LONG_S
         return min(WAIT_FIRST_S * 2**waited, longest, pending.left_ms / 1000 + 0.01)
@@ -236,11 +302,14 @@ class Router:
         log.info("every queue is full; waiting for room", waited_s=round(now - since, 2))
         return min(WAIT_FIRST_S * 2 ** min(pending.waited, 8), WAIT_MAX_S, left_s)
 
-    async def _fall_back(self, pending: _Pending, rule: Rule, choice: Choice) -> float | None:
+    async def _fall_back(
+        self, pending: _Pending, decision: Decision, choice: Choice
+    ) -> float | None:
         task, fallback = pending.task, self.routing.fallback
-        if not rule.fallback:
-            log.info("falling back", rule=rule.name, fallback=fallback.name)
-            return await self._route(pending, fallback)
+        # A task sent where the unsure ones go never falls back to a pool of agents.
+        if not decision.rule.fallback and not decision.below:
+            log.info("falling back", rule=decision.rule.name, fallback=fallback.name)
+            return await self._route(pending, Decision(fallback, fallback.to, decision.needed))
         if choice.registered == 0:
             await self.end(task, "no_route", f"no agent serves topic {task.topic!r}")
         else:
@@ -301,6 +370,15 @@ class _Pending:
     left_ms: int
     waited: int
     origin: str
+
+
+def _manual_reason(task: Task, decision: Decision) -> str:
+    """Why a task waits for a person, in one line for the queue and the trace."""
+    rule = decision.rule.name
+    if not decision.below:
+        return f"rule {rule!r} sends {task.topic!r} to manual review"
+    basis = describe(task.resolution) if task.resolution else f"topic {task.topic!r}"
+    return f"below {decision.needed:.2f} for rule {rule!r}: {basis}"
 
 
 def _why(task: Task, summary: str, choice: Choice) -> str:

@@ -2,12 +2,27 @@
 
 A rule matches a task by topic (exact or glob) and by conditions on envelope,
 header or payload fields, and names a destination: an intent pool, one agent,
-a tag selector, a weighted split, a canary, or the dead-letter stream. The
-last rule is the fallback and must say so; a table without one is refused.
+a tag selector, a weighted split, a canary, a manual-review queue or the
+dead-letter stream. The last rule is the fallback and must say so; a table
+without one is refused.
+
+Every task carries a confidence in its topic: 1 when the sender named it, the
+calibrated probability of the resolved intent when the coordinator found it from
+the text (``reach.task.auto``). A matching rule takes the task only when that
+confidence, times the rule's own ``confidence`` (default 1), reaches the rule's
+``min_confidence`` (default ``routing.min_confidence``); otherwise the table goes
+on, and if no later rule takes it the task goes to the ``below`` destination of
+the first rule that matched (default ``routing.below``: manual review). So the
+table ``intent → destination, confidence, fallback`` reads as written:
 
     routing:
-      min_confidence: 0.5
+      min_confidence: 0.75
       rules:
+        - name: refunds-to-risk
+          match: {topic: refund_application}
+          min_confidence: 0.87
+          to: {agent: risk_control_agent}
+          below: {manual: review}
         - name: big-refunds
           match: {topic: "refund_*", where: [{field: payload.amount, op: ">=", value: 1000}]}
           to: {intent: manual_review}
@@ -28,6 +43,8 @@ from typing import Annotated, Any
 import msgspec
 
 from agentreach.coordinator.conditions import MISSING, Comparison, lookup
+from agentreach.coordinator.routing.intents.resolver import ResolveConfig
+from agentreach.coordinator.routing.intents.scorers import check_scorer
 from agentreach.envelopes import Task, is_token
 from agentreach.envelopes.messages import Token
 
@@ -139,12 +156,14 @@ class Destination(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     split: list[Share] | None = None
     canary: Canary | None = None
     dlq: Token | None = None
+    manual: Token | None = None  # a manual-review queue, drained with `reach manual`
 
     def __post_init__(self) -> None:
         parse_tags(self.tags)
         pool_fields = self.intent or self.agent or self.tags
-        if self.dlq and (pool_fields or self.split or self.canary):
-            raise ValueError("'dlq' cannot be combined with any other destination")
+        for end in ("dlq", "manual"):
+            if getattr(self, end) and (pool_fields or self.split or self.canary or self.ends != 1):
+                raise ValueError(f"'{end}' cannot be combined with any other destination")
         if self.split is not None:
             if pool_fields or self.canary:
                 raise ValueError("'split' cannot be combined with intent, agent, tags or canary")
@@ -153,12 +172,25 @@ class Destination(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         if self.canary and self.agent:
             raise ValueError("a canary needs a pool of agents, not one 'agent'")
 
+    @property
+    def ends(self) -> int:
+        """How many of the destinations that are not agents (dlq, manual) are named."""
+        return bool(self.dlq) + bool(self.manual)
+
+
+MANUAL_REVIEW = Destination(manual="review")
+
 
 class Rule(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One row of the table: which tasks (``match``), where (``to``), how sure the task's
+    topic must be (``min_confidence``), and where it goes when it is less sure (``below``)."""
+
     name: str
     to: Destination
     match: Match = Match()
-    confidence: Confidence = 1.0
+    confidence: Confidence = 1.0  # how sure you are of this route; multiplies the task's
+    min_confidence: Confidence | None = None  # None: routing.min_confidence
+    below: Destination | None = None  # None: routing.below
     fallback: bool = False
 
     def __post_init__(self) -> None:
@@ -173,12 +205,26 @@ def default_rules() -> list[Rule]:
     return [Rule(name="default", fallback=True, to=Destination())]
 
 
-class RoutingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The ordered rule table. Rules whose confidence is below ``min_confidence`` are skipped
-    (never the fallback)."""
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where the table sends a task: ``rule``'s destination, or (``below``) the destination
+    for tasks whose confidence did not reach what ``rule`` needed."""
 
-    min_confidence: Confidence = 0.0
+    rule: Rule
+    to: Destination
+    needed: float
+    below: bool = False
+
+
+class RoutingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The ordered rule table; see the module's docstring for how confidence is used.
+    ``resolve`` says which tasks get their intent from their text (None: ``reach.task.auto``,
+    when the ``intents`` extra is installed)."""
+
+    min_confidence: Confidence = 0.75
+    below: Destination = MANUAL_REVIEW
     rules: list[Rule] = msgspec.field(default_factory=default_rules)
+    resolve: ResolveConfig | None = None
     reload_poll_s: Annotated[float, msgspec.Meta(gt=0)] = 1.0  # config file checks; at start
 
     def __post_init__(self) -> None:
@@ -194,19 +240,34 @@ class RoutingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"rule names must be unique; repeated: {duplicates}")
+        if self.resolve is not None and self.resolve.topics:
+            check_scorer(self.resolve.scorer)  # asked for: a missing extra fails at start
 
     @property
     def fallback(self) -> Rule:
         return self.rules[-1]
 
     def first_match(self, task: Task) -> Rule:
-        """The first rule (confident enough) that takes ``task``; the fallback otherwise."""
+        """The rule whose destination (or ``below`` destination) ``task`` goes to."""
+        return self.decide(task).rule
+
+    def decide(self, task: Task) -> Decision:
+        """The first matching rule sure enough of ``task``; else the ``below`` destination of
+        the first rule that matched. A task whose topic the sender named always has the
+        fallback rule: only a resolved one can be too unsure for every rule."""
+        unsure: Decision | None = None
         for rule in self.rules:
-            if rule.fallback:
-                return rule
-            if rule.confidence >= self.min_confidence and rule.match.holds(task):
-                return rule
-        return self.fallback
+            if not (rule.fallback or rule.match.holds(task)):
+                continue
+            needed = self.min_confidence if rule.min_confidence is None else rule.min_confidence
+            if task.confidence * rule.confidence >= needed or (
+                rule.fallback and task.resolution is None
+            ):
+                return Decision(rule, rule.to, needed)
+            if unsure is None:
+                unsure = Decision(rule, rule.below or self.below, needed, below=True)
+        assert unsure is not None  # the fallback rule matches every task
+        return unsure
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,8 +290,9 @@ class Pool:
 
 
 def pools_of(destination: Destination, topic: str) -> list[Pool]:
-    """The pools ``destination`` spreads a task of ``topic`` over (none for a dlq)."""
-    if destination.dlq:
+    """The pools ``destination`` spreads a task of ``topic`` over (none for a dlq or a manual
+    review queue)."""
+    if destination.ends:
         return []
     if destination.split is not None:
         return [

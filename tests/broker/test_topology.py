@@ -28,6 +28,7 @@ async def test_provision_creates_everything_then_changes_nothing(broker):
         names.leases_bucket,
         names.breakers_bucket,
         names.quotas_bucket,
+        names.manual_bucket,
         names.workflows_stream,
         names.workflows_bucket,
         names.audit_stream,

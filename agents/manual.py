@@ -1,0 +1,146 @@
+"""``ManualReview``: the people's side of manual-review queues — list, take, answer, send on.
+
+    async with ReachClient(url) as client:
+        review = ManualReview(client.broker, by="alice")
+        for item in await review.items(queue="review"):
+            await review.take(item.message_id)            # "I am on it": others are told so
+            await review.answer(item.message_id, {"refunded": True})   # the caller's result
+
+Each step is a compare-and-set on the item in KV ``reach_manual``, so of two people answering
+the same task exactly one succeeds; the other is told who answered. A take lapses after
+``take_s`` (a person who walked away does not block the item for ever). The coordinator
+carries each step out at once: an answer goes to the task's ``reply_to`` as its ``result``
+and into its trace as ``completed``; a task sent on is published on the topic the person
+chose, as a new message in the same trace with the same ``reply_to``, so the caller gets that
+agent's answer instead. People need no right to publish tasks, events or replies: only to
+write this bucket.
+"""
+
+from __future__ import annotations
+
+import getpass
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from agentreach.broker import Broker, Bucket
+from agentreach.envelopes import ManualItem, is_token, new_id, now_ms
+from agentreach.errors import ReachError
+
+TAKE_S = 15 * 60.0
+
+
+class ManualReviewError(ReachError):
+    """The item is not there, or not open, or someone else holds it; the message says which."""
+
+
+class ManualReview:
+    """Manual-review queues as seen by a person (``by``) or a program answering for one."""
+
+    def __init__(self, broker: Broker, *, by: str | None = None) -> None:
+        self._broker = broker
+        self.by = by or _user()
+
+    async def items(self, *, queue: str | None = None, closed: bool = False) -> list[ManualItem]:
+        """The items waiting (or taken), oldest first; with ``closed`` the answered, sent and
+        expired ones the bucket still keeps too."""
+        found = await (await self._bucket()).snapshot()
+        items = [entry.value for entry in found.values()]
+        return sorted(
+            (i for i in items if (closed or i.open) and queue in (None, i.queue)),
+            key=lambda i: (i.entered_ms, i.message_id),
+        )
+
+    async def get(self, message_id: str) -> ManualItem:
+        """One item, open or not."""
+        entry = await (await self._bucket()).get(message_id)
+        if entry is None:
+            raise ManualReviewError(f"no manual-review item {message_id!r}")
+        return entry.value
+
+    async def take(self, message_id: str, *, take_s: float = TAKE_S) -> ManualItem:
+        """Hold the item for ``take_s`` (again, if this person holds it already)."""
+
+        def take(item: ManualItem, now: int) -> ManualItem:
+            until = now + int(take_s * 1000)
+            return msgspec.structs.replace(
+                item, status="taken", taken_by=self.by, taken_until_ms=until
+            )
+
+        return await self._change(message_id, take)
+
+    async def answer(self, message_id: str, result: Any) -> ManualItem:
+        """Answer the task: the coordinator sends ``result`` to its caller as the task's
+        ``result`` and records it as ``completed``."""
+
+        def answer(item: ManualItem, now: int) -> ManualItem:
+            return msgspec.structs.replace(
+                item, status="answered", answer=result, ended_by=self.by, ended_ms=now
+            )
+
+        return await self._change(message_id, answer)
+
+    async def send(self, message_id: str, topic: str) -> ManualItem:
+        """Send the task on to ``topic`` (the person's choice of intent): the coordinator
+        publishes it as a new message (``sent_as``) in the same trace, answering the same
+        ``reply_to``."""
+        if not is_token(topic):
+            raise ManualReviewError(f"topic {topic!r}: use 1-128 letters, digits, '_' or '-'")
+
+        def send(item: ManualItem, now: int) -> ManualItem:
+            return msgspec.structs.replace(
+                item,
+                status="sent",
+                sent_to=topic,
+                sent_as=new_id(),
+                ended_by=self.by,
+                ended_ms=now,
+            )
+
+        return await self._change(message_id, send)
+
+    async def _change(
+        self, message_id: str, change: Callable[[ManualItem, int], ManualItem]
+    ) -> ManualItem:
+        """Apply ``change`` if the item is open and nobody else holds it; else say why not."""
+        refused: list[str] = []
+
+        def guarded(item: ManualItem | None) -> ManualItem | None:
+            refused.clear()
+            now = now_ms()
+            if item is None:
+                refused.append(f"no manual-review item {message_id!r}")
+            elif not item.open:
+                refused.append(_closed(item))
+            elif (holder := item.holder(now)) and holder != self.by:
+                left_s = (item.taken_until_ms - now) // 1000
+                refused.append(f"{message_id} is taken by {holder} for {left_s} s more")
+            else:
+                return change(item, now)
+            return None
+
+        swap = await (await self._bucket()).cas(message_id, guarded)
+        if not swap.written or swap.entry is None:
+            raise ManualReviewError(refused[0] if refused else f"{message_id} did not change")
+        return swap.entry.value
+
+    async def _bucket(self) -> Bucket[ManualItem]:
+        return await self._broker.bucket(self._broker.names.manual_bucket, ManualItem)
+
+
+def _closed(item: ManualItem) -> str:
+    match item.status:
+        case "answered":
+            return f"{item.message_id} was answered by {item.ended_by}"
+        case "sent":
+            return f"{item.message_id} was sent on to {item.sent_to!r} by {item.ended_by}"
+        case _:
+            return f"{item.message_id} expired: nobody answered it in time"
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment (a container): say so
+        return "unknown"

@@ -1,0 +1,52 @@
+"""A task waiting for a person: the record in ``reach_manual`` (key: the task's message id).
+
+The coordinator writes it when a task goes to a manual-review queue (its intent was not sure
+enough, or a rule sends it there); people and programs take it, answer it or send it on, each
+step a compare-and-set on the record, so two people never answer the same task. The
+coordinator then carries the step out (the answer to the caller, the task to its new topic)
+and marks it ``delivered_ms``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from agentreach.envelopes.messages import Task
+
+ManualStatus = Literal["waiting", "taken", "answered", "sent", "expired"]
+OPEN: tuple[ManualStatus, ...] = ("waiting", "taken")
+
+
+class ManualItem(msgspec.Struct, frozen=True, kw_only=True):
+    """One task in a manual-review queue, and what became of it."""
+
+    v: Literal[1] = 1
+    message_id: str
+    queue: str
+    task: Task
+    reason: str  # why a person must look: the rule, the confidence and what it needed
+    rule: str = ""
+    entered_ms: int = 0
+    deadline_ms: int = 0  # still open then: dead-lettered as expired
+    status: ManualStatus = "waiting"
+    taken_by: str = ""
+    taken_until_ms: int = 0  # a take lapses then, and anyone may take the item
+    answer: Any = None
+    sent_to: str = ""  # the topic a person sent the task on to ...
+    sent_as: str = ""  # ... as a new message with this id
+    ended_by: str = ""
+    ended_ms: int = 0
+    delivered_ms: int = 0  # when the coordinator carried out the answer or the send
+
+    @property
+    def open(self) -> bool:
+        """Whether the item still waits for someone (waiting, or taken and not done)."""
+        return self.status in OPEN
+
+    def holder(self, now_ms: int) -> str:
+        """Who holds the item now: the person whose take has not lapsed, or ""."""
+        if self.status == "taken" and now_ms < self.taken_until_ms:
+            return self.taken_by
+        return ""
