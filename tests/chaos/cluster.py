@@ -44,7 +44,9 @@ class ChaosCluster:
         self.kills: list[Kill] = []
         self.outages: list[Outage] = []
         self.coordinators = {
-            name: self._service(name, "coordinator", "--config", str(self.config_path))
+            name: self._service(
+                name, "coordinator", "--config", str(self.config_path), "--metrics-port", "0"
+            )
             for name in (f"coordinator-{i}" for i in range(1, coordinators + 1))
         }
         self.agents = {

@@ -50,7 +50,9 @@ class FailoverDeployment:
         self.kills: list[Kill] = []
         names = [name for name in placement if name.startswith("coordinator-")]
         self.coordinators = {
-            name: self._service(name, "coordinator", "--config", str(self.config_path))
+            name: self._service(
+                name, "coordinator", "--config", str(self.config_path), "--metrics-port", "0"
+            )
             for name in names
         }
         self.agents = {
