@@ -13,11 +13,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import structlog
 
 from agentreach import envelopes
 from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
 from agentreach.agents.context import TaskContext
+from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.errors import PermanentError
 from agentreach.broker import Broker, BrokerError, Delivery
 from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event_for, reply
@@ -29,6 +31,7 @@ from agentreach.envelopes import (
     Progress,
     Result,
     Task,
+    now_ms,
     ttl_left_ms,
 )
 from agentreach.envelopes.headers import task_headers
@@ -39,7 +42,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("agents")
 
 BUSY_POLL_S = 0.5
-LEASE_GRACE_MS = 1_000  # time to record the outcome after the deadline
 UNDECODABLE_TOPIC = "_invalid"
 
 
@@ -77,6 +79,9 @@ class Executor:
         self.latency = LatencyEstimate()
         self._claims = claims
         self._free_slots = free_slots
+        # message_id → at_ms of its last progress event: the event's dedup id ends with it,
+        # so two reports within one millisecond must still differ.
+        self._progress_at: dict[str, int] = {}
 
     async def settle(self, delivery: Delivery) -> None:
         """Execute the delivery, then acknowledge it, or hand it back to come again later."""
@@ -117,18 +122,18 @@ class Executor:
             error = ErrorInfo(type="expired", message=message, retryable=False)
             await self._report(task, "expired", error, dispatched_ms)
             return None
-        deadline_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
+        window_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
         # Acknowledging while claiming saves a round trip; a duplicate that turns out
         # to be done already acknowledges, then answers with the stored result.
         claim, _ = await asyncio.gather(
-            self._claim(delivery, task, lease_ms=deadline_ms + LEASE_GRACE_MS),
+            self._claim(delivery, task, lease_ms=window_ms + LEASE_GRACE_MS),
             self._accept(task),
         )
         if isinstance(claim, AlreadyDone):
             log.info("already executed; sending the stored result again")
             await self._complete(task, claim.record.result, duration_ms=0)
             return None
-        await self._run(delivery, task, spec, claim, deadline_ms, dispatched_ms)
+        await self._run(delivery, task, spec, claim, dispatched_ms)
         return None
 
     async def _run(
@@ -137,26 +142,34 @@ class Executor:
         task: Task,
         spec: HandlerSpec,
         claim: Claimed,
-        deadline_ms: int,
         dispatched_ms: int,
     ) -> None:
+        deadline = Deadline(budget_ms=task.budget.execute_ms, window_ms=spec.deadline_ms)
+
+        async def progressed(note: str) -> None:
+            await self._progress(delivery, task, note)
+            if deadline.extend() and not await self._claims.renew(task, claim, deadline.lease_ms()):
+                log.warning("claim lost while running: this run's result will be refused")
+
         ctx = TaskContext(
             task,
             agent_id=self.agent.agent_id,
-            deadline_ms=deadline_ms,
-            report_progress=lambda note: self._progress(delivery, task, note),
+            deadline=deadline,
+            report_progress=progressed,
             submit=self._submit,
             loop=asyncio.get_running_loop(),
         )
         started = time.monotonic()
         try:
-            result = await _call(spec, ctx, task.payload, deadline_ms)
+            result = await _call(spec, ctx, task.payload, deadline)
         except Exception as exc:  # every handler failure is reported, none is lost
-            outcome = Outcome(claim, error=_error_info(exc, deadline_ms))
+            outcome = Outcome(claim, error=_error_info(exc, deadline.total_ms))
         else:
             duration_ms = int((time.monotonic() - started) * 1000)
             self.latency.observe(duration_ms)
             outcome = Outcome(claim, result=result, duration_ms=duration_ms)
+        finally:
+            self._progress_at.pop(task.message_id, None)
         await self._conclude(delivery, task, outcome, dispatched_ms)
 
     async def _conclude(
@@ -208,11 +221,13 @@ class Executor:
         )
 
     async def _progress(self, delivery: Delivery, task: Task, note: str) -> None:
-        agent_id = self.agent.agent_id
+        event = event_for(task, "progress", agent_id=self.agent.agent_id, note=note)
+        at_ms = max(now_ms(), self._progress_at.get(task.message_id, 0) + 1)
+        self._progress_at[task.message_id] = at_ms
         await asyncio.gather(
             delivery.in_progress(),
             reply(self.broker, task, Progress(**self._about(task), note=note)),
-            emit(self.broker, event_for(task, "progress", agent_id=agent_id, note=note)),
+            emit(self.broker, msgspec.structs.replace(event, at_ms=at_ms)),
         )
 
     async def _complete(self, task: Task, result: Any, duration_ms: int) -> None:
@@ -240,13 +255,13 @@ class Executor:
         return about(task, from_agent=self.agent.agent_id, to_agent=task.from_agent)
 
 
-async def _call(spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline_ms: int) -> Any:
-    timeout = deadline_ms / 1000
-    if spec.is_async:
-        async with asyncio.timeout(timeout):
+async def _call(spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline: Deadline) -> Any:
+    async with asyncio.timeout(None) as scope:
+        deadline.enforce(scope)
+        if spec.is_async:
             return await spec.func(ctx, payload)
-    # A thread cannot be cancelled: past the deadline its late result is discarded.
-    return await asyncio.wait_for(asyncio.to_thread(spec.func, ctx, payload), timeout)
+        # A thread cannot be cancelled: past the deadline its late result is discarded.
+        return await asyncio.to_thread(spec.func, ctx, payload)
 
 
 def _error_info(exc: Exception, deadline_ms: int) -> ErrorInfo:
