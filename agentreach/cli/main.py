@@ -6,12 +6,22 @@ import argparse
 import asyncio
 import sys
 
-from agentreach.cli import agents, dlq, provision, publish, routes, serve, trace, workflows
+from agentreach.cli import (
+    agents,
+    dlq,
+    provision,
+    publish,
+    routes,
+    schema,
+    serve,
+    trace,
+    workflows,
+)
 from agentreach.cli.logs import configure_logging
 from agentreach.cli.options import Commands
 from agentreach.errors import ReachError
 
-GROUPS = (serve, publish, trace, provision, agents, workflows, routes, dlq)
+GROUPS = (serve, publish, trace, provision, schema, agents, workflows, routes, dlq)
 
 
 def main(argv: list[str] | None = None) -> int:
