@@ -73,9 +73,11 @@ class Heartbeats:
             names.agent_control(self._agent_id), self._on_control
         ):
             while True:
+                # Cleared before the beat: a new interval that arrives while the beat is being
+                # written must still wake the wait below, or its "beat at once" is lost.
+                self._wake.clear()
                 await self._beat(bucket)
                 honour_cancellation()
-                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), jittered(self.interval_s))
 

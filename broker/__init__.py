@@ -8,7 +8,14 @@ Every nats-py exception is translated into a :class:`BrokerError` here.
 
 from agentreach.broker.bucket import Bucket, Contended, Entry, Swap
 from agentreach.broker.connection import Broker
-from agentreach.broker.consume import ConsumerSpec, PullConsumer, bind, follow
+from agentreach.broker.consume import (
+    ConsumerSpec,
+    ConsumerState,
+    PullConsumer,
+    bind,
+    consumer_state,
+    follow,
+)
 from agentreach.broker.direct import read_stream
 from agentreach.broker.embedded import EmbeddedServer, find_server_binary
 from agentreach.broker.errors import (
@@ -47,6 +54,7 @@ __all__ = [
     "ConnectError",
     "ConsumerNotFound",
     "ConsumerSpec",
+    "ConsumerState",
     "Contended",
     "Delivery",
     "EmbeddedServer",
@@ -72,6 +80,7 @@ __all__ = [
     "Unavailable",
     "WrongLastSequence",
     "bind",
+    "consumer_state",
     "find_server_binary",
     "follow",
     "provision",

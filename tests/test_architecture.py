@@ -27,6 +27,7 @@ LAYERS: dict[str, float] = {
     "agentreach.agents": 3,
     "agentreach.coordinator": 3,
     "agentreach.cli": 4,
+    "agentreach.conformance": 3.75,  # drives an agent from outside; `reach conformance` runs it
     "agentreach.examples": 3.5,  # like any program written with the SDK
 }
 FOREIGN_NAMES = ("agents", "broker", "coordinator", "envelopes", "examples", "reach")

@@ -8,6 +8,7 @@ import sys
 
 from agentreach.cli import (
     agents,
+    conformance,
     dlq,
     provision,
     publish,
@@ -21,12 +22,22 @@ from agentreach.cli.logs import configure_logging
 from agentreach.cli.options import Commands
 from agentreach.errors import ReachError
 
-GROUPS = (serve, publish, trace, provision, schema, agents, workflows, routes, dlq)
+GROUPS = (serve, publish, trace, provision, schema, agents, workflows, routes, dlq, conformance)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``reach`` console script."""
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # What follows `--` is a command line of its own (`reach conformance ID -- node agent.js`).
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    root = parser()
+    args = root.parse_args(argv)
+    if extra and not getattr(args, "takes_command", False):
+        root.error(f"unexpected arguments after --: {' '.join(extra)}")
+    args.extra = extra
     configure_logging(args.log_level, args.log_format)
     try:
         return asyncio.run(args.command(args))

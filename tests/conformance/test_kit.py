@@ -1,0 +1,87 @@
+"""`reach conformance` against the Python SDK's conformance agent, and the kit catching an
+agent that breaks the protocol."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from agentreach.agents import Agent
+from agentreach.agents import claims as sdk_claims
+from agentreach.agents import heartbeats as sdk_heartbeats
+from agentreach.agents.claims import Claimed
+from agentreach.conformance import CLAUSES, Status, run_conformance
+from agentreach.examples import conformance as example
+from tests.cli.conftest import reach_argv, reach_command, run
+
+
+async def test_the_python_sdk_passes_every_clause(broker, coordinator):
+    """`reach conformance ID -- reach agent …` starts, drives, crashes, restarts and stops the
+    example agent: every clause passes, none is skipped."""
+    agent_command = [
+        str(reach_command()),
+        "agent",
+        "agentreach.examples.conformance:agent",
+        "--nats-url",
+        broker.url,
+        "--prefix",
+        broker.names.prefix,
+        "--log-format",
+        "json",
+    ]
+    argv = [*reach_argv(broker, "conformance", "conformance-py"), "--", *agent_command]
+    done = await run(*argv, timeout=240)
+    lines = done.stdout.splitlines()
+    verdicts = [line.split()[0] for line in lines if line.startswith("  ")]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(verdicts) == len(CLAUSES)
+    assert set(verdicts) <= {"PASS", "WARN"}, done.stdout
+    assert "conformance-py: CONFORMS to agent protocol v1" in lines[-1]
+
+
+def conformance_agent(agent_id: str) -> Agent:
+    """The example agent's handler, served under another id (in this process)."""
+    agent = Agent(agent_id, startup_delay=0)
+    agent.handler("conformance", capacity=8)(example.conformance)
+    return agent
+
+
+async def judge(broker, agent: Agent, *clauses: str):  # type: ignore[no-untyped-def]
+    async with agent.running(broker=broker):
+        report = await run_conformance(broker, agent.agent_id, only=set(clauses), out=io.StringIO())
+    return {v.name: v for v in report.verdicts}
+
+
+async def test_an_agent_that_runs_duplicates_twice_fails_run_once(broker, coordinator, monkeypatch):
+    """An agent that claims nothing (every delivery runs) fails the run-once clauses."""
+
+    async def claim_everything(self, task, lease_ms):  # type: ignore[no-untyped-def]
+        return Claimed(revision=0)
+
+    monkeypatch.setattr(sdk_claims.Claims, "claim", claim_everything)
+    verdicts = await judge(broker, conformance_agent("careless-1"), "run_once.duplicates")
+    assert verdicts["run_once.duplicates"].status is Status.FAIL
+    assert "the handler ran 3 times" in verdicts["run_once.duplicates"].detail
+
+
+async def test_an_agent_without_jitter_fails_the_heartbeat_clause(broker, coordinator, monkeypatch):
+    """Heartbeats at exactly the interval (no ±20 % jitter) fail clause 4."""
+    monkeypatch.setattr(sdk_heartbeats, "jittered", lambda interval_s, rng=None: interval_s)
+    verdicts = await judge(broker, conformance_agent("metronome-1"), "liveness.heartbeats")
+    assert verdicts["liveness.heartbeats"].status is Status.FAIL
+    assert "no jitter" in verdicts["liveness.heartbeats"].detail
+
+
+async def test_without_a_coordinator_the_kit_says_so(broker):
+    """No coordinator running: one line naming what to start, exit 1."""
+    done = await run(*reach_argv(broker, "conformance", "nobody-1"))
+    assert done.returncode == 1
+    assert "no coordinator answers" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("clause", ["nope", "99"])
+async def test_an_unknown_clause_is_a_usage_error(broker, clause):
+    """--only names clauses by number or name; anything else is refused."""
+    done = await run(*reach_argv(broker, "conformance", "x", "--only", clause))
+    assert done.returncode == 1 and f"no clause {clause}" in done.stderr
