@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from agentreach.broker.lifecycle import trace_of
-from agentreach.conformance.report import Checks, Failed
+from agentreach.conformance.report import Checks, Failed, Skipped
 from agentreach.conformance.session import Exchange, Session
 from agentreach.envelopes import AGENT_EVENTS, Budget, DecodeError, Event, decode_detail, new_id
 from agentreach.envelopes.events import CompletedDetail, OutcomeDetail
+
+MAX_FILL = 64  # slots the kit fills to hold a task in the agent's queue
 
 
 def first(items: list[Any]) -> Any:
@@ -158,14 +160,26 @@ async def deadline(s: Session, c: Checks) -> str:
 
 async def expired(s: Session, c: Checks) -> str:
     """§10.4: a task whose ttl passed in the queue is not run; expired is published."""
-    ex = await s.dispatch(s.task({"op": "sleep", "ms": 10}, ttl_ms=1))
+    # The agent's P2 slots are filled first, so the task surely waits in its queue (the
+    # consumer's max ack pending holds it back) until its ttl has passed.
+    capacity = sum(intent.capacity for intent in (await s.card()).intents.values())
+    if capacity > MAX_FILL:
+        raise Skipped(f"capacity {capacity}: too many slots to fill")
+    blockers = [
+        await s.dispatch(s.task({"op": "sleep", "ms": 600}, priority="P2")) for _ in range(capacity)
+    ]
+    await s.until(lambda: all(b.runs() for b in blockers) or None, 10.0, "every slot busy")
+    ex = await s.dispatch(s.task({"op": "sleep", "ms": 10}, ttl_ms=100, priority="P2"))
     detail = await outcome(s, ex, "expired", 10.0)
     c.must(detail.error.type == "expired", f"error.type {detail.error.type!r}")
     c.must(not detail.error.retryable, "expired is not retryable")
     await s.quiet()
     c.must(ex.runs() == 0 and not ex.replies_of("result"), "the handler ran")
     c.should(not ex.replies_of("ack"), "no ack for a task not taken")
-    return "expired, not run"
+    await s.until(
+        lambda: all(b.replies_of("result") for b in blockers) or None, 10.0, "the blockers' results"
+    )
+    return f"expired after waiting behind {capacity} running tasks, not run"
 
 
 async def unknown_topic(s: Session, c: Checks) -> str:
