@@ -9,6 +9,7 @@ Every outcome is reported to the coordinator as an event (``completed``, ``faile
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.errors import PermanentError
 from agentreach.broker import Broker, BrokerError, Delivery
 from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event_for, reply
+from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
     Ack,
     Capacity,
@@ -160,6 +162,9 @@ class Executor:
             loop=asyncio.get_running_loop(),
         )
         started = time.monotonic()
+        # A handler longer than the ack wait would be redelivered (and count towards
+        # max_deliver) although it runs: tell the server it is still being worked on.
+        keepalive = asyncio.create_task(_keep_alive(delivery, self.agent.ack_wait / 2))
         try:
             result = await _call(spec, ctx, task.payload, deadline)
         except Exception as exc:  # every handler failure is reported, none is lost
@@ -169,6 +174,7 @@ class Executor:
             self.latency.observe(duration_ms)
             outcome = Outcome(claim, result=result, duration_ms=duration_ms)
         finally:
+            await cancel_and_wait(keepalive)
             self._progress_at.pop(task.message_id, None)
         await self._conclude(delivery, task, outcome, dispatched_ms)
 
@@ -253,6 +259,13 @@ class Executor:
     def _about(self, task: Task) -> dict[str, Any]:
         """An agent's answer: from this agent, to the task's sender."""
         return about(task, from_agent=self.agent.agent_id, to_agent=task.from_agent)
+
+
+async def _keep_alive(delivery: Delivery, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(max(0.1, every_s))  # the keep-alive's own period
+        with contextlib.suppress(BrokerError):  # the next one may get through
+            await delivery.in_progress()
 
 
 async def _call(spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline: Deadline) -> Any:

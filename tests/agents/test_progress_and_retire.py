@@ -105,3 +105,22 @@ async def test_stop_marks_its_own_card_stopped_and_deletes_its_heartbeat(broker)
     card = await cards.get(agent.agent_id)
     assert card is not None and card.value.status == "stopped"
     assert await beats.get(agent.agent_id) is None
+
+
+async def test_a_handler_longer_than_the_ack_wait_is_not_redelivered(broker, coordinator):
+    """A handler that runs past the consumer's ack wait without reporting progress keeps its
+    message: it is not delivered again meanwhile (one ack, one run)."""
+    agent = Agent("steady-1", startup_delay=0, ack_wait=1.0)
+    runs: list[int] = []
+
+    @agent.handler("long_haul")
+    async def long_haul(ctx: TaskContext, payload: dict) -> dict:
+        runs.append(ctx.attempt)
+        await asyncio.sleep(2.5)  # the length of the work is what this test is about
+        return {}
+
+    acks: list[object] = []
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        await client.invoke("long_haul", {}, on_ack=acks.append)
+    assert len(acks) == 1
+    assert runs == [1]
