@@ -16,8 +16,11 @@ import type { Logger } from "./log.js";
 import { Names } from "./names.js";
 import { sleep } from "./timing.js";
 
-/** JetStream's error code for a failed "expected last subject sequence" (a lost CAS). */
-export const WRONG_LAST_SEQUENCE = 10071;
+/**
+ * JetStream's error codes for a failed "expected last subject sequence" (a lost CAS): 10071,
+ * and 10164 from a replicated (R>1) stream; the two mean the same.
+ */
+export const WRONG_LAST_SEQUENCE = [10071, 10164];
 const STREAM_NOT_FOUND = 10059;
 // The server is not there (yet): worth waiting for.
 const WAITABLE = new Set<string>([ErrorCode.ConnectionRefused, ErrorCode.ConnectionTimeout, ErrorCode.Timeout]);
@@ -160,5 +163,5 @@ export function fromHeaders(h: MsgHdrs | undefined): Record<string, string> {
 
 /** Whether `err` is JetStream refusing a conditional write (someone wrote first). */
 export function isWrongLastSequence(err: unknown): boolean {
-  return (err as NatsError | undefined)?.api_error?.err_code === WRONG_LAST_SEQUENCE;
+  return WRONG_LAST_SEQUENCE.includes((err as NatsError | undefined)?.api_error?.err_code ?? 0);
 }
