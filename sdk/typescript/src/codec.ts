@@ -9,7 +9,7 @@ import type { Budget, Priority, Task } from "./types.js";
 /** Ids and topics become subject tokens, so they may not hold dots, wildcards or spaces. */
 export const TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
 /** Where replies may go: one literal NATS subject, not a system one (`$JS…`, `$SYS…`). */
-export const REPLY_SUBJECT = /^(?!\$)[^.\s*>]+(\.[^.\s*>]+)*$/;
+export const REPLY_SUBJECT = /^[^.\s*>$][^.\s*>]*(\.[^.\s*>]+)*$/;
 /** A ttl or budget: a day at most (past that, a task is history, not work). */
 export const MAX_MS = 86_400_000;
 export const DEFAULT_TTL_MS = 30_000;

@@ -821,7 +821,7 @@ export interface Task {
    */
   ttl_ms: number;
   /**
-   * a NATS subject — pattern `^(?!\$)[^.\s*>]+(\.[^.\s*>]+)*$`, at most 256 characters, default null
+   * a NATS subject — pattern `^[^.\s*>$][^.\s*>]*(\.[^.\s*>]+)*$`, at most 256 characters, default null
    */
   reply_to: string | null;
   /**
