@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,27 +121,3 @@ async def probe(
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
             return ProbeResult(connected=True, answers=False)
     return ProbeResult(connected=True, answers=True)
-
-
-async def service_instances(broker: Broker, name: str, *, wait_s: float) -> list[dict[str, Any]]:
-    """What every running instance of the NATS micro service ``name`` says of itself
-    (``$SRV.INFO.<name>``: id, version, metadata, endpoints), collected for ``wait_s``."""
-    nc = broker.nc
-    found: list[dict[str, Any]] = []
-    inbox = nc.new_inbox()
-    with translated(subject=f"$SRV.INFO.{name}"):
-        sub = await nc.subscribe(inbox)
-        try:
-            await nc.publish(f"$SRV.INFO.{name}", b"", reply=inbox)
-            loop = asyncio.get_running_loop()
-            until = loop.time() + wait_s
-            while (left := until - loop.time()) > 0:
-                try:
-                    msg = await sub.next_msg(timeout=left)
-                except nats.errors.TimeoutError:
-                    break
-                with contextlib.suppress(ValueError):
-                    found.append(json.loads(msg.data))
-        finally:
-            await asyncio.shield(sub.unsubscribe())
-    return found

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from typing import Any
 
 from agentreach import envelopes
 from agentreach.broker import BrokerTimeout, NoResponders, consumer_state
-from agentreach.broker.presence import SERVICE_NAME, service_instances
+from agentreach.broker.presence import SERVICE_NAME
+from agentreach.broker.requests import gather_replies
 from agentreach.conformance.report import Checks, Failed
 from agentreach.conformance.session import Session
 from agentreach.envelopes import PRIORITIES, AgentControl, Heartbeat
@@ -73,7 +75,8 @@ async def probes(s: Session, c: Checks) -> str:
             raise Failed(f"nobody subscribes to {subject} ({what})") from None
         except BrokerTimeout:
             raise Failed(f"{what} on {subject} not answered within {timeout_s:g} s") from None
-    instances = await service_instances(s.broker, SERVICE_NAME, wait_s=1.0)
+    answers = await gather_replies(s.broker, f"$SRV.INFO.{SERVICE_NAME}", wait_s=1.0)
+    instances = [_json_object(answer) for answer in answers]
     mine = [i for i in instances if (i.get("metadata") or {}).get("agent_id") == s.agent_id]
     c.should(len(mine) == 1, f"one '{SERVICE_NAME}' micro service instance for the agent")
     if mine:
@@ -150,3 +153,11 @@ def _first(s: Session, start: int, match) -> float | None:  # type: ignore[no-un
         if isinstance(beat.body, Heartbeat) and match(beat.body):
             return beat.at
     return None
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    try:
+        found = envelopes.decode_json(data)
+    except envelopes.DecodeError:
+        return {}
+    return found if isinstance(found, dict) else {}
