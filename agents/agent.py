@@ -13,7 +13,7 @@ from typing import Any
 from agentreach.agents.errors import AgentConfigError
 from agentreach.agents.identity import DEFAULT_IDENTITY_FILE, resolve_agent_id
 from agentreach.agents.runtime import AgentRuntime
-from agentreach.broker import Broker, Names
+from agentreach.broker import Auth, Broker, Names
 from agentreach.broker.connection import connected
 from agentreach.envelopes import AgentCard, Intent, RateLimit, is_token
 
@@ -148,20 +148,24 @@ class Agent:
         *,
         broker: Broker | None = None,
         names: Names | None = None,
+        auth: Auth | None = None,
     ) -> AsyncIterator[AgentRuntime]:
-        """Serve for the duration of the block: registered, consuming, then drained."""
+        """Serve for the duration of the block: registered, consuming, then drained.
+
+        ``auth`` proves the agent's identity to NATS (default: ``NATS_CREDS`` and the
+        other variables the ``nats`` CLI reads)."""
         if not self.handlers:
             raise AgentConfigError(f"agent {self.agent_id} has no handlers")
         name = f"agent:{self.agent_id}"
         async with (
-            connected(broker, nats_url, name=name, names=names, wait=True) as connection,
+            connected(broker, nats_url, name=name, names=names, wait=True, auth=auth) as connection,
             AgentRuntime(self, connection) as runtime,
         ):
             yield runtime
 
-    async def run(self, nats_url: str | None = None) -> None:
+    async def run(self, nats_url: str | None = None, *, auth: Auth | None = None) -> None:
         """Serve until cancelled (Ctrl-C in ``reach agent``)."""
-        async with self.running(nats_url) as runtime:
+        async with self.running(nats_url, auth=auth) as runtime:
             await runtime.wait_closed()
 
 

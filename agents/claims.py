@@ -1,10 +1,12 @@
 """Exactly-once effect on top of at-least-once delivery: claim a message before running it.
 
-The claim is a conditional write in the shared ``reach_executions`` bucket, so two
-deliveries of one message_id (a redelivery, a republish, a retry on another
-agent) cannot both run it. A claim is a lease: if its holder dies, the message
-runs again once the lease has passed; a lease held by an earlier process of the
-same agent (a lower epoch) is taken over at once.
+The claim is a conditional write of this agent's record of the message in
+``reach_executions`` (``<caller>.<message_id>.<agent_id>``: each agent writes only its own), so two
+deliveries of one message to it (a redelivery, a republish) cannot both run it; across
+agents the coordinator reads every agent's record of a message before dispatching it
+again. A claim is a lease: if its holder dies, the message runs again once the lease has
+passed; a lease held by an earlier process of the same agent (a lower epoch) is taken
+over at once.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Literal
 import structlog
 
 from agentreach.broker import BrokerError, Bucket, WrongLastSequence
-from agentreach.envelopes import ErrorInfo, Execution, Task, now_ms
+from agentreach.envelopes import ErrorInfo, Execution, Task, execution_key, now_ms
 
 log = structlog.get_logger("agents.claims")
 
@@ -79,7 +81,7 @@ class Claims:
     async def claim(self, task: Task, lease_ms: int) -> Claim:
         """Take the right to run ``task``, unless it ran already or runs elsewhere."""
         mine = self._record(task, "running", lease_until_ms=now_ms() + lease_ms)
-        swap = await self._bucket.cas(task.message_id, lambda held: self._take(held, mine))
+        swap = await self._bucket.cas(self._key(task), lambda held: self._take(held, mine))
         if swap.written:
             assert swap.entry is not None
             return Claimed(swap.entry.revision, mine.lease_until_ms)
@@ -100,7 +102,7 @@ class Claims:
             record = self._record(task, "running", lease_until_ms=until)
             try:
                 claim.revision = await self._bucket.update(
-                    task.message_id, record, last=claim.revision
+                    self._key(task), record, last=claim.revision
                 )
             except WrongLastSequence:
                 return False
@@ -159,13 +161,17 @@ class Claims:
         else:
             record = self._record(task, "failed", error=outcome.error)
         try:
-            await self._bucket.update(task.message_id, record, last=outcome.claim.revision)
+            await self._bucket.update(self._key(task), record, last=outcome.claim.revision)
         except WrongLastSequence:
             # Our lease lapsed or the task was reassigned, and that outcome stands; or an
             # earlier try of ours was written though its answer got lost.
-            held = await self._bucket.get(task.message_id)
+            held = await self._bucket.get(self._key(task))
             return held is not None and _same_write(held.value, record)
         return True
+
+    def _key(self, task: Task) -> str:
+        """Each agent writes only its own record of a message (permissions make it so)."""
+        return execution_key(task.caller, task.message_id, self._agent_id)
 
     def _record(
         self, task: Task, state: Literal["running", "done", "failed"], **fields: Any
@@ -176,6 +182,7 @@ class Claims:
             agent_id=self._agent_id,
             epoch=self._epoch,
             attempt=task.attempt,
+            caller=task.caller,
             finished_at_ms=now_ms() if state != "running" else 0,
             **fields,
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self
@@ -19,7 +18,8 @@ from agentreach.agents.errors import (
     Rejected,
     TaskFailed,
 )
-from agentreach.broker import Broker, Inbound, Names
+from agentreach.agents.replies import ReplyBox
+from agentreach.broker import Auth, Broker, Names
 from agentreach.broker.lifecycle import trace_of
 from agentreach.envelopes import (
     Ack,
@@ -54,10 +54,17 @@ class ReachClient:
         broker: Broker | None = None,
         names: Names | None = None,
         name: str = "client",
+        auth: Auth | None = None,
     ) -> None:
         self._own_broker = broker is None
-        self.broker = broker or Broker(nats_url, name=name, names=names)
+        self.broker = broker or Broker(nats_url, name=name, names=names, auth=auth)
+        self._name = name
         self._waiting: set[asyncio.Queue[envelopes.Reply | None]] = set()
+
+    @property
+    def caller(self) -> str:
+        """Who this client is: the name in its credentials, else the ``name`` given."""
+        return self.broker.auth.identity or self._name
 
     async def __aenter__(self) -> Self:
         if self._own_broker:
@@ -114,9 +121,8 @@ class ReachClient:
 
     async def submit(self, task: Task) -> None:
         """Publish a built task to ``reach.task.<topic>``."""
-        await self.broker.publish(
-            self.broker.names.task(task.topic), envelopes.encode(task), headers=h.task_headers(task)
-        )
+        subject = self.broker.names.task(task.topic, self.caller)
+        await self.broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
 
     async def publish(self, topic: str, payload: Any, **options: Any) -> tuple[str, str]:
         """Fire and forget; returns ``(message_id, trace_id)``."""
@@ -143,25 +149,20 @@ class ReachClient:
         arrive within ``execute_deadline_ms`` after that, :class:`Rejected` when
         the coordinator refuses it and :class:`TaskFailed` when the handler fails.
         """
-        inbox = self.broker.new_inbox()
-        replies: asyncio.Queue[envelopes.Reply | None] = asyncio.Queue()
-
-        async def collect(msg: Inbound) -> None:
-            with contextlib.suppress(envelopes.DecodeError):
-                replies.put_nowait(envelopes.decode_reply(msg.data))
-
+        box = ReplyBox(self.broker.names, self.caller, new_id())
+        replies = box.replies
         task = self.task(
             topic,
             payload,
             priority=priority,
             trace_id=trace_id,
-            reply_to=inbox,
+            reply_to=box.subject,
             ttl_ms=ack_deadline_ms + execute_deadline_ms,
             budget=Budget(ack_ms=ack_deadline_ms, execute_ms=execute_deadline_ms),
         )
         self._waiting.add(replies)
         try:
-            async with await self.broker.subscribe(inbox, collect):
+            async with await self.broker.subscribe(box.wildcard, box.collect):
                 await self.submit(task)
                 return await _await_result(task, replies, on_ack, on_progress)
         finally:

@@ -11,10 +11,11 @@ import msgspec
 import structlog
 
 from agentreach import envelopes
-from agentreach.broker import Broker, BrokerError, Delivery, Names, PullConsumer
+from agentreach.broker import Auth, Broker, BrokerError, Delivery, Names, PullConsumer
 from agentreach.broker.connection import connected
 from agentreach.broker.consume import ConsumerSpec, bind
 from agentreach.broker.lifecycle import emit
+from agentreach.broker.names import OPERATOR
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import DeadLetter, DecodeError, Event, Task, new_id, now_ms
 from agentreach.envelopes import headers as h
@@ -37,11 +38,11 @@ class Compensation:
         self, letter: DeadLetter, *, topic: str | None = None, ttl_ms: int | None = None
     ) -> Task:
         """Publish the dead-lettered task again, as a new message in the same trace."""
-        return await replay(self.broker, letter, topic=topic, ttl_ms=ttl_ms)
+        return await replay(self.broker, letter, topic=topic, ttl_ms=ttl_ms, sender=self.worker)
 
     async def resolve(self, letter: DeadLetter, note: str) -> None:
         """Record that the dead letter was dealt with, and how."""
-        await resolve(self.broker, letter, note, by=self.worker)
+        await resolve(self.broker, letter, note, by=self.worker, sender=self.worker)
 
 
 class CompensationWorker:
@@ -80,10 +81,13 @@ class CompensationWorker:
         *,
         broker: Broker | None = None,
         names: Names | None = None,
+        auth: Auth | None = None,
     ) -> AsyncIterator[CompensationWorker]:
         """Consume for the duration of the block."""
         name = f"compensation:{self.name}"
-        async with connected(broker, nats_url, name=name, names=names, wait=True) as connection:
+        async with connected(
+            broker, nats_url, name=name, names=names, wait=True, auth=auth
+        ) as connection:
             consumer = await bind(connection, self._consumer(connection.names))
             compensation = Compensation(connection, self.name)
             loop = asyncio.create_task(self._consume(consumer, compensation), name=self.name)
@@ -120,9 +124,16 @@ class CompensationWorker:
 
 
 async def replay(
-    broker: Broker, letter: DeadLetter, *, topic: str | None = None, ttl_ms: int | None = None
+    broker: Broker,
+    letter: DeadLetter,
+    *,
+    topic: str | None = None,
+    ttl_ms: int | None = None,
+    sender: str | None = None,
 ) -> Task:
-    """Republish a dead letter's task with a new message_id in the same trace."""
+    """Republish a dead letter's task with a new message_id in the same trace, as
+    ``sender`` (a worker; the bare operators' form without one). Its replies went to a
+    sender long gone, so the replay has none."""
     if letter.envelope is None:
         raise ReachError(
             f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay"
@@ -136,21 +147,27 @@ async def replay(
         to_agent=None,
         ttl_ms=ttl_ms or envelopes.DEFAULT_TTL_MS,
         replay_of=letter.message_id,
+        reply_to=None,
         created_at=now_ms(),
     )
     await broker.publish(
-        broker.names.task(task.topic), envelopes.encode(task), headers=h.task_headers(task)
+        broker.names.task(task.topic, sender), envelopes.encode(task), headers=h.task_headers(task)
     )
-    await _record(broker, letter, "replayed", replayed_as=task.message_id, topic=task.topic)
+    done = {"replayed_as": task.message_id, "topic": task.topic}
+    await _record(broker, letter, "replayed", sender=sender, **done)
     return task
 
 
-async def resolve(broker: Broker, letter: DeadLetter, note: str, *, by: str) -> None:
+async def resolve(
+    broker: Broker, letter: DeadLetter, note: str, *, by: str, sender: str | None = None
+) -> None:
     """Record a ``resolved`` event for the dead letter's message."""
-    await _record(broker, letter, "resolved", note=note, by=by)
+    await _record(broker, letter, "resolved", sender=sender, note=note, by=by)
 
 
-async def _record(broker: Broker, letter: DeadLetter, event: str, **detail: Any) -> None:
+async def _record(
+    broker: Broker, letter: DeadLetter, event: str, *, sender: str | None, **detail: Any
+) -> None:
     try:
         await emit(
             broker,
@@ -164,6 +181,7 @@ async def _record(broker: Broker, letter: DeadLetter, event: str, **detail: Any)
                 at_ms=now_ms(),
                 detail=detail,
             ),
+            sender=sender or OPERATOR,
         )
     except BrokerError as exc:
         raise ReachError(f"cannot record {event} for {letter.message_id}: {exc}") from exc

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -23,7 +24,7 @@ from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.errors import PermanentError
 from agentreach.broker import Broker, BrokerError, Delivery
-from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event_for, reply
+from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, printable, reply
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
     Ack,
@@ -65,6 +66,24 @@ class LatencyEstimate:
             self._average += self._weight * (duration_ms - self._average)
 
 
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One delivery of a task to this agent, with what the coordinator handed out with it."""
+
+    delivery: Delivery
+    task: Task
+
+    @property
+    def dispatched_ms(self) -> int:
+        return self.delivery.timestamp_ms
+
+    @property
+    def grant(self) -> str | None:
+        """The coordinator's proof that this attempt was given to this agent; every event
+        about it carries the grant back."""
+        return self.delivery.headers.get(GRANT_HEADER)
+
+
 class Executor:
     """Runs the deliveries of one agent process; ``free_slots`` tells an ack what is left."""
 
@@ -85,6 +104,10 @@ class Executor:
         # so two reports within one millisecond must still differ.
         self._progress_at: dict[str, int] = {}
 
+    @property
+    def _me(self) -> str:
+        return self.agent.agent_id
+
     async def settle(self, delivery: Delivery) -> None:
         """Execute the delivery, then acknowledge it, or hand it back to come again later."""
         try:
@@ -95,9 +118,9 @@ class Executor:
             return
         try:
             with structlog.contextvars.bound_contextvars(
-                message_id=task.message_id, trace_id=task.trace_id, agent_id=self.agent.agent_id
+                message_id=task.message_id, trace_id=task.trace_id, agent_id=self._me
             ):
-                retry_in_s = await self._execute(delivery, task)
+                retry_in_s = await self._execute(Job(delivery, task))
         except BrokerError as exc:
             log.warning("could not report task outcome, will see it again", error=str(exc))
             retry_in_s = 1.0
@@ -106,56 +129,49 @@ class Executor:
         else:
             await delivery.nak(retry_in_s)
 
-    async def _execute(self, delivery: Delivery, task: Task) -> float | None:
-        """Run ``task`` at most once; returns when to see it again, or None when done."""
-        dispatched_ms = delivery.timestamp_ms
+    async def _execute(self, job: Job) -> float | None:
+        """Run the task at most once; returns when to see it again, or None when done."""
+        task = job.task
         if (kept := self._claims.unrecorded(task.message_id)) is not None:
             log.info("answering a redelivery from an outcome not yet recorded")
-            await self._conclude(delivery, task, kept, dispatched_ms)
+            await self._conclude(job, kept)
             return None
         spec = self.agent.handlers.get(task.topic)
         if spec is None:
-            message = f"{self.agent.agent_id} does not serve {task.topic!r}"
+            message = f"{self._me} does not serve {task.topic!r}"
             error = ErrorInfo(type="no_handler", message=message, retryable=False)
-            await self._report(task, "failed", error, dispatched_ms)
+            await self._report(job, "failed", error)
             return None
-        if ttl_left_ms(task.ttl_ms, dispatched_ms) <= 0:
-            message = f"ttl {task.ttl_ms} ms passed in the queue of {self.agent.agent_id}"
+        if ttl_left_ms(task.ttl_ms, job.dispatched_ms) <= 0:
+            message = f"ttl {task.ttl_ms} ms passed in the queue of {self._me}"
             error = ErrorInfo(type="expired", message=message, retryable=False)
-            await self._report(task, "expired", error, dispatched_ms)
+            await self._report(job, "expired", error)
             return None
         window_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
         # Acknowledging while claiming saves a round trip; a duplicate that turns out
         # to be done already acknowledges, then answers with the stored result.
         claim, _ = await asyncio.gather(
-            self._claim(delivery, task, lease_ms=window_ms + LEASE_GRACE_MS),
-            self._accept(task),
+            self._claim(job, lease_ms=window_ms + LEASE_GRACE_MS), self._accept(job)
         )
         if isinstance(claim, AlreadyDone):
             log.info("already executed; sending the stored result again")
-            await self._complete(task, claim.record.result, duration_ms=0)
+            await self._complete(job, claim.record.result, duration_ms=0)
             return None
-        await self._run(delivery, task, spec, claim, dispatched_ms)
+        await self._run(job, spec, claim)
         return None
 
-    async def _run(
-        self,
-        delivery: Delivery,
-        task: Task,
-        spec: HandlerSpec,
-        claim: Claimed,
-        dispatched_ms: int,
-    ) -> None:
+    async def _run(self, job: Job, spec: HandlerSpec, claim: Claimed) -> None:
+        task = job.task
         deadline = Deadline(budget_ms=task.budget.execute_ms, window_ms=spec.deadline_ms)
 
         async def progressed(note: str) -> None:
-            await self._progress(delivery, task, note)
+            await self._progress(job, note)
             if deadline.extend() and not await self._claims.renew(task, claim, deadline.lease_ms()):
                 log.warning("claim lost while running: this run's result will be refused")
 
         ctx = TaskContext(
             task,
-            agent_id=self.agent.agent_id,
+            agent_id=self._me,
             deadline=deadline,
             report_progress=progressed,
             submit=self._submit,
@@ -164,7 +180,7 @@ class Executor:
         started = time.monotonic()
         # A handler longer than the ack wait would be redelivered (and count towards
         # max_deliver) although it runs: tell the server it is still being worked on.
-        keepalive = asyncio.create_task(_keep_alive(delivery, self.agent.ack_wait / 2))
+        keepalive = asyncio.create_task(_keep_alive(job.delivery, self.agent.ack_wait / 2))
         try:
             result = await _call(spec, ctx, task.payload, deadline)
         except Exception as exc:  # every handler failure is reported, none is lost
@@ -176,89 +192,105 @@ class Executor:
         finally:
             await cancel_and_wait(keepalive)
             self._progress_at.pop(task.message_id, None)
-        await self._conclude(delivery, task, outcome, dispatched_ms)
+        await self._conclude(job, outcome)
 
-    async def _conclude(
-        self, delivery: Delivery, task: Task, outcome: Outcome, dispatched_ms: int
-    ) -> None:
+    async def _conclude(self, job: Job, outcome: Outcome) -> None:
         """Record the outcome (it survives a broker outage meanwhile), then report it."""
+        delivery, task = job.delivery, job.task
         recorded = await self._claims.record(task, outcome, still_working=delivery.in_progress)
         if outcome.error is not None:
             error = outcome.error
             log.info("handler failed", error_type=error.type, error=error.message)
-            await self._report(task, "failed", error, dispatched_ms)
+            await self._report(job, "failed", error)
             return
         if not recorded:
             # Fenced: the task was reassigned while this ran; the new attempt answers.
             log.warning("late result rejected: the task was reassigned")
-            rejected = event_for(task, "late_result_rejected", agent_id=self.agent.agent_id)
-            await emit(self.broker, rejected)
+            await self._say(job, "late_result_rejected")
             return
-        await self._complete(task, outcome.result, outcome.duration_ms)
+        await self._complete(job, outcome.result, outcome.duration_ms)
 
-    async def _claim(
-        self, delivery: Delivery, task: Task, *, lease_ms: int
-    ) -> Claimed | AlreadyDone:
+    async def _claim(self, job: Job, *, lease_ms: int) -> Claimed | AlreadyDone:
         """Claim the message, waiting here while another delivery holds it.
 
         The wait is not a redelivery: a duplicate that came back through nak would
         count towards max_deliver and could dead-letter a message that completes.
         """
         while True:
-            claim = await self._claims.claim(task, lease_ms=lease_ms)
+            claim = await self._claims.claim(job.task, lease_ms=lease_ms)
             if not isinstance(claim, Busy):
                 return claim
             log.info("another delivery holds this message", retry_in_s=claim.retry_in_s)
-            await delivery.in_progress()
+            await job.delivery.in_progress()
             await asyncio.sleep(min(claim.retry_in_s, BUSY_POLL_S))
 
     async def _submit(self, task: Task) -> None:
-        subject = self.broker.names.task(task.topic)
+        """A sub-task this agent sends, as itself."""
+        subject = self.broker.names.task(task.topic, self._me)
         await self.broker.publish(subject, envelopes.encode(task), headers=task_headers(task))
 
-    async def _accept(self, task: Task) -> None:
+    async def _accept(self, job: Job) -> None:
+        task = job.task
         capacity = Capacity(
             free_slots=self._free_slots(task), est_latency_ms=self.latency.estimate_ms
         )
         ack = Ack(**self._about(task), capacity=capacity)
         await asyncio.gather(
-            reply(self.broker, task, ack),
-            emit(self.broker, event_for(task, "accepted", agent_id=self.agent.agent_id)),
+            reply(self.broker, task, ack, sender=self._me), self._say(job, "accepted")
         )
 
-    async def _progress(self, delivery: Delivery, task: Task, note: str) -> None:
-        event = event_for(task, "progress", agent_id=self.agent.agent_id, note=note)
+    async def _progress(self, job: Job, note: str) -> None:
+        task = job.task
+        progress = Progress(**self._about(task), note=note)
         at_ms = max(now_ms(), self._progress_at.get(task.message_id, 0) + 1)
         self._progress_at[task.message_id] = at_ms
         await asyncio.gather(
-            delivery.in_progress(),
-            reply(self.broker, task, Progress(**self._about(task), note=note)),
-            emit(self.broker, msgspec.structs.replace(event, at_ms=at_ms)),
+            job.delivery.in_progress(),
+            reply(self.broker, task, progress, sender=self._me),
+            self._say(job, "progress", at_ms=at_ms, note=note),
         )
 
-    async def _complete(self, task: Task, result: Any, duration_ms: int) -> None:
+    async def _complete(self, job: Job, result: Any, duration_ms: int) -> None:
         """Answer the sender, then tell the coordinator (the result is already recorded)."""
-        await reply(self.broker, task, Result(**self._about(task), result=result))
-        completed = event_for(
-            task, "completed", agent_id=self.agent.agent_id, result=result, duration_ms=duration_ms
-        )
-        await emit(self.broker, completed)
+        answer = Result(**self._about(job.task), result=result)
+        await reply(self.broker, job.task, answer, sender=self._me)
+        await self._say(job, "completed", result=result, duration_ms=duration_ms)
 
-    async def _report(self, task: Task, event: str, error: ErrorInfo, dispatched_ms: int) -> None:
+    async def _report(self, job: Job, event: str, error: ErrorInfo) -> None:
         """Tell the coordinator, which decides between retry and dead letter."""
-        detail = {"task": task, "error": error, "dispatched_at_ms": dispatched_ms}
-        await emit(self.broker, event_for(task, event, agent_id=self.agent.agent_id, **detail))
+        detail = {"task": job.task, "error": error, "dispatched_at_ms": job.dispatched_ms}
+        await self._say(job, event, **detail)
+
+    async def _say(self, job: Job, event: str, *, at_ms: int = 0, **detail: Any) -> None:
+        """An event about the job, as this agent, carrying the coordinator's grant back
+        (``at_ms``, when given, replaces the publisher's clock: progress keeps it rising)."""
+        if job.grant:
+            detail["grant"] = job.grant
+        said = event_for(job.task, event, agent_id=self._me, **detail)
+        if at_ms:
+            said = msgspec.structs.replace(said, at_ms=at_ms)
+        await emit(self.broker, said, sender=self._me)
 
     async def _undecodable(self, delivery: Delivery, exc: DecodeError) -> None:
+        """A dispatch that is not a task: the coordinator dead-letters it, from our report."""
         log.warning("undecodable dispatch", subject=delivery.subject, error=str(exc))
-        error = ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False)
-        await dead_letter_delivery(
-            self.broker, delivery, reason="invalid_envelope", error=error, topic=UNDECODABLE_TOPIC
+        message_id = envelopes.stable_id(
+            delivery.timestamp_ns, delivery.stream, delivery.stream_seq
         )
+        stub = Task(v=1, message_id=message_id, trace_id=message_id, topic=UNDECODABLE_TOPIC)
+        event = event_for(
+            stub,
+            "failed",
+            agent_id=self._me,
+            error=ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False),
+            raw=printable(delivery.data),
+            headers=dict(delivery.headers),
+        )
+        await emit(self.broker, event, sender=self._me)
 
     def _about(self, task: Task) -> dict[str, Any]:
         """An agent's answer: from this agent, to the task's sender."""
-        return about(task, from_agent=self.agent.agent_id, to_agent=task.from_agent)
+        return about(task, from_agent=self._me, to_agent=task.from_agent)
 
 
 async def _keep_alive(delivery: Delivery, every_s: float) -> None:

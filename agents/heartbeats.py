@@ -118,10 +118,8 @@ class Heartbeats:
         if abs(drift) > CLOCK_DRIFT_S:
             log.warning("clock drift", drift_s=round(drift, 3))
             with contextlib.suppress(BrokerError):
-                await emit(
-                    self._broker,
-                    agent_event(self._agent_id, "clock_drift", drift_s=round(drift, 3)),
-                )
+                drifted = agent_event(self._agent_id, "clock_drift", drift_s=round(drift, 3))
+                await emit(self._broker, drifted, sender=self._agent_id)
 
     async def _on_control(self, msg: Inbound) -> None:
         try:

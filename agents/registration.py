@@ -31,7 +31,8 @@ async def await_slot(broker: Broker, agent_id: str) -> float | None:
     waited = 0
     while True:
         try:
-            answer = await broker.request(broker.names.register, request, timeout=SLOT_TIMEOUT_S)
+            subject = broker.names.register(agent_id)
+            answer = await broker.request(subject, request, timeout=SLOT_TIMEOUT_S)
         except NoResponders:
             log.warning("no coordinator answered the registration; registering directly")
             return None

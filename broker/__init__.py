@@ -6,6 +6,7 @@ publishing (events, replies, dead letters), presence probes, the embedded nats-s
 Every nats-py exception is translated into a :class:`BrokerError` here.
 """
 
+from agentreach.broker.auth import Auth
 from agentreach.broker.bucket import Bucket, Contended, Entry, Swap
 from agentreach.broker.connection import Broker
 from agentreach.broker.consume import (
@@ -44,6 +45,7 @@ from agentreach.broker.watch import BucketWatch, Change
 
 __all__ = [
     "DEFAULT_URL",
+    "Auth",
     "Broker",
     "BrokerError",
     "BrokerTimeout",

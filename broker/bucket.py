@@ -12,7 +12,7 @@ race reads again and asks again. ``change`` returns None to leave the key as it 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -21,8 +21,9 @@ import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
-from agentreach.broker.direct import last_per_subject
+from agentreach.broker.direct import last_per_subject, messages_on
 from agentreach.broker.errors import WrongLastSequence, translate, translated
+from agentreach.broker.streams import StoredMessage
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import DecodeError, decode_as, encode
 
@@ -133,12 +134,25 @@ class Bucket(Generic[T]):
         """Every key's latest value, then each change (raw bytes; see :class:`BucketWatch`)."""
         return BucketWatch(self._kv)
 
+    async def matching(self, pattern: str) -> dict[str, Entry[T]]:
+        """The current values of the keys matching ``pattern`` (``a.*``), in one batched read;
+        deleted keys and unreadable values are left out."""
+        prefix = f"$KV.{self.name}."
+        latest: dict[str, StoredMessage] = {}
+        for stored in await messages_on(self._broker, f"KV_{self.name}", prefix + pattern):
+            latest[stored.subject] = stored
+        return self._entries(latest.values(), prefix)
+
     async def snapshot(self) -> dict[str, Entry[T]]:
         """Every key's current value, in one batched read (no consumer); deleted keys and
         unreadable values are left out."""
-        found: dict[str, Entry[T]] = {}
         prefix = f"$KV.{self.name}."
-        for stored in await last_per_subject(self._broker, f"KV_{self.name}", f"{prefix}>"):
+        stored = await last_per_subject(self._broker, f"KV_{self.name}", f"{prefix}>")
+        return self._entries(stored, prefix)
+
+    def _entries(self, messages: Iterable[StoredMessage], prefix: str) -> dict[str, Entry[T]]:
+        found: dict[str, Entry[T]] = {}
+        for stored in messages:
             if stored.headers.get("KV-Operation") in ("DEL", "PURGE"):
                 continue
             key = stored.subject.removeprefix(prefix)

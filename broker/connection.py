@@ -19,6 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.kv import KeyValue
 
+from agentreach.broker.auth import Auth
 from agentreach.broker.bucket import Bucket
 from agentreach.broker.errors import (
     BrokerError,
@@ -48,13 +49,14 @@ async def connected(
     name: str,
     names: Names | None = None,
     wait: bool = False,
+    auth: Auth | None = None,
 ) -> AsyncIterator[Broker]:
     """``broker`` when the caller shares one (it stays open), else a connection of our own
     (which waits for the server to come up when ``wait`` is set)."""
     if broker is not None:
         yield broker
         return
-    async with Broker(nats_url, name=name, names=names, wait=wait) as own:
+    async with Broker(nats_url, name=name, names=names, wait=wait, auth=auth) as own:
         yield own
 
 
@@ -85,8 +87,10 @@ class Broker:
         connect_timeout: float = 2.0,
         request_timeout: float = 5.0,
         wait: bool = False,
+        auth: Auth | None = None,
     ) -> None:
         self.url = resolve_url(url)
+        self.auth = auth if auth is not None else Auth.from_env()
         self.shown_url = redacted(self.url)
         self._wait = wait
         self.name = name
@@ -131,9 +135,11 @@ class Broker:
 
     async def _connect(self) -> NATS:
         self._first_error = None
+        servers = server_list(self.url)
+        options = self.auth.connect_options(servers)
         try:
             return await nats.connect(
-                servers=server_list(self.url),
+                servers=servers,
                 name=self.name,
                 connect_timeout=self._connect_timeout,
                 allow_reconnect=True,
@@ -148,9 +154,12 @@ class Broker:
                 error_cb=self._on_error,
                 disconnected_cb=self._on_disconnected,
                 reconnected_cb=self._on_reconnected,
+                **options,
             )
         except Exception as exc:
             reason = str(self._first_error or exc) or type(exc).__name__
+            if "uthorization" in reason or "uthentication" in reason:
+                reason += " (check --creds / NATS_CREDS, or the server's users)"
             raise ConnectError(f"cannot connect to NATS at {self.shown_url}: {reason}") from None
 
     async def __aexit__(

@@ -11,12 +11,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+import structlog
 
 from agentreach import envelopes
 from agentreach.broker.connection import Broker
 from agentreach.broker.direct import read_stream
 from agentreach.broker.messages import Delivery
+from agentreach.broker.names import COORDINATOR, Names
+from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms, stable_id
+
+log = structlog.get_logger("broker.lifecycle")
 
 
 def about(task: Task, **fields: Any) -> dict[str, Any]:
@@ -40,11 +45,17 @@ def event_for(about_: Task, event: str, /, *, agent_id: str | None = None, **det
     return Event(**fields)
 
 
+# The coordinator's proof, on a dispatch, that the attempt was given to that agent.
+GRANT_HEADER = "Reach-Grant"
 HEADROOM = 4096  # for a dead letter's headers and framing under the server's max payload
 RAW_KEPT = 65_536  # characters of an oversized raw body a dead letter keeps
 AGENT_TOPIC = "_agent"  # the topic of events about an agent rather than a task
 # Events that may come many times for one attempt, each one counting.
 REPEATABLE = frozenset({"progress", "signal_ignored"})
+# What an agent says about a task it was given.
+AGENT_TASK_EVENTS = frozenset(
+    {"accepted", "progress", "completed", "failed", "expired", "late_result_rejected"}
+)
 
 
 def agent_event(agent_id: str, event: str, **detail: Any) -> Event:
@@ -61,33 +72,72 @@ def agent_event(agent_id: str, event: str, **detail: Any) -> Event:
     )
 
 
-async def emit(broker: Broker, event: Event) -> None:
-    """Publish ``event`` to ``reach.event.<event>.<topic>.<trace_id>.<message_id>``."""
-    subject = broker.names.event(event.event, event.topic, event.trace_id, event.message_id)
-    msg_id = f"{event.message_id}-{event.event}-{event.attempt}"
-    if event.event in REPEATABLE:
-        msg_id += f"-{event.at_ms}"
-    elif event.event == "routed":  # an agent that refuses leads to routing again
-        msg_id += f"-{event.agent_id}"
-    await broker.publish(subject, envelopes.encode(event), headers={"Nats-Msg-Id": msg_id})
+async def emit(broker: Broker, event: Event, *, sender: str = COORDINATOR) -> None:
+    """Publish ``event`` as ``sender`` (an agent or worker id; the coordinator by default) to
+    ``reach.event.<event>.<topic>.<trace_id>.<message_id>.<sender>``."""
+    subject = broker.names.event(event.event, event.topic, event.trace_id, event.message_id, sender)
+    headers = None
+    if event.event not in REPEATABLE:
+        # Dedup is stream-wide: with the sender in the id, nobody can pre-empt another's.
+        msg_id = f"{event.message_id}-{event.event}-{event.attempt}-{sender}"
+        if event.event == "routed":  # an agent that refuses leads to routing again
+            msg_id += f"-{event.agent_id}"
+        headers = {"Nats-Msg-Id": msg_id}
+    await broker.publish(subject, envelopes.encode(event), headers=headers)
 
 
-async def reply(broker: Broker, task: Task, message: envelopes.Reply) -> None:
-    """Send an ack, progress, result or error to the task's ``reply_to``, if it has one."""
+async def reply(
+    broker: Broker, task: Task, message: envelopes.Reply, *, sender: str = COORDINATOR
+) -> None:
+    """Send an ack, progress, result, error or routed notice to the task's ``reply_to``, if
+    it has one, as ``sender`` (see :meth:`Names.reply_subject`)."""
     if task.reply_to:
         headers = {
             "Reach-Trace-Id": task.trace_id,
             "Reach-Kind": str(type(message).__struct_config__.tag),
         }
-        await broker.publish_core(task.reply_to, envelopes.encode(message), headers=headers)
+        subject = broker.names.reply_subject(task.reply_to, sender)
+        await broker.publish_core(subject, envelopes.encode(message), headers=headers)
 
 
 async def trace_of(broker: Broker, message_id: str) -> list[Event]:
-    """Every recorded event of ``message_id``, oldest first."""
+    """Every authentic recorded event of ``message_id``, oldest first (see :func:`authentic`)."""
     stored = await read_stream(
         broker, broker.names.events_stream, broker.names.events_of_message(message_id)
     )
-    return [envelopes.decode_event(m.data) for m in stored]
+    return [event for _, event in authentic(broker.names, stored)]
+
+
+def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMessage, Event]]:
+    """The events that are what they claim, oldest first: the coordinator's own, and an
+    agent's about a task only when it was that agent the coordinator routed the attempt to
+    (the sender token of each subject is unforgeable under permissions). Unreadable ones and
+    the rest are left out, and said so in the log."""
+    decoded: list[tuple[StoredMessage, Event, str]] = []
+    for message in stored:
+        try:
+            event = envelopes.decode_event(message.data)
+        except envelopes.DecodeError:
+            continue
+        decoded.append((message, event, names.sender_of_event_subject(message.subject)))
+    routed: dict[tuple[str, int], set[str]] = {}
+    for _, event, sender in decoded:
+        if event.event == "routed" and sender == COORDINATOR and event.agent_id:
+            routed.setdefault((event.message_id, event.attempt), set()).add(event.agent_id)
+    kept = [(m, e) for m, e, s in decoded if _authentic(e, s, routed)]
+    if len(kept) < len(decoded):
+        log.warning("events not from whom they claim left out", count=len(decoded) - len(kept))
+    return kept
+
+
+def _authentic(event: Event, sender: str, routed: dict[tuple[str, int], set[str]]) -> bool:
+    if sender == COORDINATOR:
+        return True
+    if event.agent_id not in (None, sender):
+        return False  # a body claiming someone else
+    if event.event in AGENT_TASK_EVENTS:
+        return sender in routed.get((event.message_id, event.attempt), ())
+    return True
 
 
 async def dead_letter(
@@ -114,7 +164,7 @@ async def dead_letter(
         topic=topic,
         attempts=task.attempt if task else 0,
         envelope=task,
-        raw=_printable(raw),
+        raw=printable(raw),
         headers=dict(headers or {}),
         error=error,
         trace=trace,
@@ -191,7 +241,7 @@ def _fitted(letter: DeadLetter, limit: int) -> tuple[DeadLetter, bytes]:
     return letter, data
 
 
-def _printable(raw: bytes | None) -> str | None:
+def printable(raw: bytes | None) -> str | None:
     if raw is None:
         return None
     try:

@@ -9,6 +9,10 @@ import msgspec
 from agentreach.envelopes import PRIORITIES, Priority
 
 DEFAULT_PREFIX: Final = "reach"
+# The sender token of what the coordinator itself publishes (a name no party may take).
+COORDINATOR: Final = "_coordinator"
+# The sender token of an operator's action without an identity of its own (open servers).
+OPERATOR: Final = "_operator"
 
 
 class Names(msgspec.Struct, frozen=True):
@@ -17,16 +21,30 @@ class Names(msgspec.Struct, frozen=True):
     prefix: str = DEFAULT_PREFIX
 
     # -- subjects ---------------------------------------------------------------
-    def task(self, topic: str) -> str:
-        return f"{self.prefix}.task.{topic}"
+    # Whatever a party sends names the sender in its subject's last token, so that
+    # permissions can make it unforgeable and receivers can check the body's claims.
+    def task(self, topic: str, sender: str | None = None) -> str:
+        """Intake: ``reach.task.<topic>.<sender>`` for a caller, an agent's sub-task or a
+        worker's replay; the bare ``reach.task.<topic>`` for operators and the coordinator."""
+        subject = f"{self.prefix}.task.{topic}"
+        return f"{subject}.{sender}" if sender else subject
 
     @property
     def tasks_wildcard(self) -> str:
         return f"{self.prefix}.task.>"
 
     def topic_of_task_subject(self, subject: str) -> str:
-        """``reach.task.summarize`` → ``summarize`` (everything after the prefix)."""
-        return subject[len(self.prefix) + len(".task.") :]
+        """``reach.task.summarize.alice`` → ``summarize``."""
+        return self.task_subject_parts(subject)[0]
+
+    def task_subject_parts(self, subject: str) -> tuple[str, str | None]:
+        """``reach.task.<topic>[.<sender>]`` → (topic, sender or None); a subject with more
+        tokens keeps them in the topic, which then fails the topic's validation."""
+        rest = subject[len(self.prefix) + len(".task.") :]
+        topic, dot, sender = rest.partition(".")
+        if dot and sender and "." not in sender:
+            return topic, sender
+        return rest, None
 
     def dispatch(self, agent_id: str, priority: Priority) -> str:
         return f"{self.prefix}.agent.{agent_id}.{priority.lower()}"
@@ -38,14 +56,18 @@ class Names(msgspec.Struct, frozen=True):
     def dispatch_wildcard(self, priority: Priority) -> str:
         return f"{self.prefix}.agent.*.{priority.lower()}"
 
-    def event(self, event: str, topic: str, trace_id: str, message_id: str) -> str:
-        return f"{self.prefix}.event.{event}.{topic}.{trace_id}.{message_id}"
+    def event(self, event: str, topic: str, trace_id: str, message_id: str, sender: str) -> str:
+        """``reach.event.<event>.<topic>.<trace_id>.<message_id>.<sender>``."""
+        return f"{self.prefix}.event.{event}.{topic}.{trace_id}.{message_id}.{sender}"
+
+    def sender_of_event_subject(self, subject: str) -> str:
+        return subject.rsplit(".", 1)[-1]
 
     def events_of_message(self, message_id: str) -> str:
-        return f"{self.prefix}.event.*.*.*.{message_id}"
+        return f"{self.prefix}.event.*.*.*.{message_id}.*"
 
     def events_of_trace(self, trace_id: str) -> str:
-        return f"{self.prefix}.event.*.*.{trace_id}.*"
+        return f"{self.prefix}.event.*.*.{trace_id}.*.*"
 
     def events_of_kind(self, event: str) -> str:
         return f"{self.prefix}.event.{event}.>"
@@ -63,10 +85,33 @@ class Names(msgspec.Struct, frozen=True):
 
     def reply_allowed(self, subject: str) -> bool:
         """Whether a task's replies may go to ``subject``: anywhere but our own subjects
-        (a reply there would forge a task, an event or a dead letter), except a workflow's
-        reply subject, which the coordinator itself gives its steps."""
+        (a reply there would forge a task, an event or a dead letter), except a caller's
+        reply box and a workflow's reply subject."""
         own = f"{self.prefix}."
-        return not subject.startswith(own) or subject.startswith(f"{own}wf.reply.")
+        return not subject.startswith(own) or self.signed_reply(subject)
+
+    def reply_box(self, caller: str, box: str) -> str:
+        """Where ``caller`` receives the replies to its tasks: ``reach.reply.<caller>.<box>``;
+        each reply arrives on ``<box subject>.<sender>``."""
+        return f"{self.prefix}.reply.{caller}.{box}"
+
+    def caller_of_reply_box(self, subject: str) -> str | None:
+        """``reach.reply.alice.b1`` → ``alice``; None for any other subject."""
+        head = f"{self.prefix}.reply."
+        if not subject.startswith(head):
+            return None
+        caller, dot, box = subject[len(head) :].partition(".")
+        return caller if dot and box and "." not in box else None
+
+    def reply_subject(self, reply_to: str, sender: str) -> str:
+        """Where a reply from ``sender`` goes: ``<reply_to>.<sender>`` for a reply box or a
+        workflow (the sender made unforgeable there); ``reply_to`` itself for an operator's
+        own inbox (``nats pub -H Reach-Reply-To:…``)."""
+        return f"{reply_to}.{sender}" if self.signed_reply(reply_to) else reply_to
+
+    def signed_reply(self, subject: str) -> bool:
+        """Whether replies to ``subject`` carry their sender's token (a box, a workflow)."""
+        return subject.startswith((f"{self.prefix}.reply.", f"{self.prefix}.wf.reply."))
 
     # -- workflows --------------------------------------------------------------
     def workflow_reply(self, instance_id: str) -> str:
@@ -110,9 +155,13 @@ class Names(msgspec.Struct, frozen=True):
     def agent_control(self, agent_id: str) -> str:
         return f"{self.prefix}.ctl.agent.{agent_id}"
 
+    def register(self, agent_id: str) -> str:
+        """An agent asks for a registration slot as itself."""
+        return f"{self.prefix}.ctl.register.{agent_id}"
+
     @property
-    def register(self) -> str:
-        return f"{self.prefix}.ctl.register"
+    def registrations(self) -> str:
+        return f"{self.prefix}.ctl.register.*"
 
     @property
     def clear(self) -> str:

@@ -66,17 +66,23 @@ async def _ensure_stream(js: nats.js.JetStreamContext, wanted: api.StreamConfig)
 
 async def _ensure_bucket(js: nats.js.JetStreamContext, bucket: BucketSpec) -> Outcome:
     existing = await _existing(js, f"KV_{bucket.name}")
+    created = existing is None
     if existing is None:
         try:
             await js.create_key_value(bucket.config())
         except nats.js.errors.APIError as exc:
             raise _provision_error(bucket.name, exc) from exc
-        return Outcome.CREATED
+        existing = await _existing(js, f"KV_{bucket.name}")
+        assert existing is not None
     wanted = api.StreamConfig.from_response(existing.as_dict())
     wanted.max_msgs_per_subject = bucket.history
     wanted.max_age = bucket.ttl_s
     wanted.description = bucket.description or None
-    return await _update_if_changed(js, existing, wanted)
+    # A writer of its own key could wipe the whole bucket with a roll-up header: no roll-ups
+    # (Agent-Reach deletes keys, it never purges them).
+    wanted.allow_rollup_hdrs, wanted.deny_purge = False, True
+    outcome = await _update_if_changed(js, existing, wanted)
+    return Outcome.CREATED if created else outcome
 
 
 _MANAGED = (
@@ -87,6 +93,9 @@ _MANAGED = (
     "max_msgs_per_subject",
     "discard",
     "discard_new_per_subject",
+    "deny_delete",
+    "deny_purge",
+    "allow_rollup_hdrs",
     "description",
 )
 _IMMUTABLE = ("retention", "storage")

@@ -35,6 +35,7 @@ class StreamSpec:
     duplicate_window_s: float = 120.0
     max_msgs_per_subject: int = -1
     discard_new_per_subject: bool = False
+    deny_delete: bool = False  # history nobody may edit (events, dead letters)
     description: str = ""
 
     def config(self) -> api.StreamConfig:
@@ -51,6 +52,7 @@ class StreamSpec:
             if self.discard_new_per_subject
             else api.DiscardPolicy.OLD,
             discard_new_per_subject=self.discard_new_per_subject,
+            deny_delete=self.deny_delete,
             allow_direct=True,
         )
 
@@ -117,6 +119,7 @@ class Topology:
                 *dispatch,
                 StreamSpec(
                     name=n.events_stream,
+                    deny_delete=True,
                     subjects=(n.events_wildcard,),
                     max_age_s=7 * DAY,
                     description="Lifecycle events of every message",
@@ -135,6 +138,7 @@ class Topology:
                 ),
                 StreamSpec(
                     name=n.dlq_stream,
+                    deny_delete=True,
                     subjects=(n.dlq_wildcard,),
                     max_age_s=30 * DAY,
                     duplicate_window_s=3600.0,

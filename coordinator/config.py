@@ -10,6 +10,7 @@ concern, so a mistake fails at start with the path of the mistake.
     queues:      {capacity: {P0: 10, P1: 200, P2: 1000}, high_watermark: 0.8, ...}
     breakers:    {window_s: 300, error_ratio: 0.4, ...}
     rate_limits: {topics: {...}, agents: {...}, wait_s: 0.1}
+    security:    {seal_key_file: /etc/reach/auth/coordinator.seal}
     workflows:   {<name>: <definition>}
 """
 
@@ -24,6 +25,7 @@ import structlog
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.liveness.monitor import LivenessConfig
 from agentreach.coordinator.protection.circuit import BreakerConfig
+from agentreach.coordinator.protection.grants import SecurityConfig
 from agentreach.coordinator.protection.queues import QueueConfig
 from agentreach.coordinator.protection.rate_limits import RateLimits
 from agentreach.coordinator.routing.rules import RoutingConfig
@@ -64,6 +66,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     queues: QueueConfig = QueueConfig()
     breakers: BreakerConfig = BreakerConfig()
     rate_limits: RateLimits = RateLimits()
+    security: SecurityConfig = SecurityConfig()
     workflows: dict[Token, WorkflowSpec] = {}  # started by a task on reach.task.<name>
 
 

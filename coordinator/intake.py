@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import structlog
 
 from agentreach.broker import Broker, Delivery
@@ -21,6 +22,7 @@ from agentreach.envelopes import (
     ttl_left_ms,
 )
 from agentreach.envelopes import headers as h
+from agentreach.envelopes.intake import ReplyPolicy
 
 log = structlog.get_logger("coordinator.intake")
 
@@ -37,7 +39,7 @@ class Intake:
 
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
-        topic = self._broker.names.topic_of_task_subject(msg.subject)
+        topic, sender = self._broker.names.task_subject_parts(msg.subject)
         fallback_id = stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq)
         try:
             task = task_from_intake(
@@ -46,11 +48,13 @@ class Intake:
                 topic=topic,
                 received_ms=msg.timestamp_ms,
                 fallback_id=fallback_id,
-                reply_allowed=self._broker.names.reply_allowed,
+                reply_allowed=self._reply_policy(sender),
             )
         except DecodeError as exc:
-            await self._invalid(msg, topic, fallback_id, exc)
+            await self._invalid(msg, topic, fallback_id, exc, sender)
             return None
+        if sender is not None:  # the subject names the sender; a body's own claim gives way
+            task = msgspec.structs.replace(task, caller=sender)
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, topic=task.topic
         ):
@@ -70,7 +74,17 @@ class Intake:
             await self._workflows.start(task, seen_before=seen_before)
             return None
 
-    async def _invalid(self, msg: Delivery, topic: str, fallback_id: str, exc: DecodeError) -> None:
+    def _reply_policy(self, sender: str | None) -> ReplyPolicy:
+        """Where replies may go: a sender's own reply box only (``reach.reply.<sender>.…``);
+        for the bare operators' form, anywhere outside our own subjects."""
+        names = self._broker.names
+        if sender is None:
+            return names.reply_allowed
+        return lambda subject: names.caller_of_reply_box(subject) == sender
+
+    async def _invalid(
+        self, msg: Delivery, topic: str, fallback_id: str, exc: DecodeError, sender: str | None
+    ) -> None:
         headers = dict(msg.headers or {})
         claimed = _claimed_ids(msg.data)
         message_id = _token_or(headers.get(h.MSG_ID) or claimed.get("message_id"), fallback_id)
@@ -89,7 +103,7 @@ class Intake:
             headers=headers,
         )
         reply_to = headers.get(h.REPLY_TO) or ""
-        if is_reply_subject(reply_to) and self._broker.names.reply_allowed(reply_to):
+        if is_reply_subject(reply_to) and self._reply_policy(sender)(reply_to):
             stub = Task(
                 v=1, message_id=message_id, trace_id=trace_id, topic=topic, reply_to=reply_to
             )

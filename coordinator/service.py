@@ -21,7 +21,7 @@ import structlog
 
 from agentreach.broker import Broker, ConsumerSpec, Provisioner, Topology, bind, provision
 from agentreach.broker.tasks import cancel_and_wait
-from agentreach.coordinator.config import CoordinatorConfig
+from agentreach.coordinator.config import ConfigError, CoordinatorConfig
 from agentreach.coordinator.consumption import Consumption, Handler
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import OUTCOME_EVENTS, Outcomes
@@ -30,6 +30,7 @@ from agentreach.coordinator.lease import Lease
 from agentreach.coordinator.liveness.control import LivenessControl
 from agentreach.coordinator.liveness.monitor import LivenessMonitor
 from agentreach.coordinator.protection.breaker_board import BreakerBoard
+from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.protection.outcome_feed import follow_outcomes
 from agentreach.coordinator.protection.queues import QueueDepths
 from agentreach.coordinator.protection.rate_limits import RateLimiter
@@ -72,14 +73,18 @@ class Coordinator:
         self.breakers = BreakerBoard(broker, config.breakers)
         self.queues = QueueDepths(broker, config.queues)
         fleet = Fleet(self.directory, self.breakers, self.queues, RateLimiter(config.rate_limits))
-        self.router = Router(broker, fleet, config.routing)
+        try:
+            grants = Grants.from_config(config.security)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"security.seal_key_file: {exc}") from None
+        self.router = Router(broker, fleet, config.routing, grants)
         self.workflows = WorkflowEngine(broker, config.workflows)
         self.liveness = LivenessMonitor(broker, config.liveness)
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id
         )
         self._intake = Intake(broker, self.router, self.workflows)
-        self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery)
+        self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
         self._advisories = Advisories(broker)
         self._control = LivenessControl(config.liveness, self.liveness)
         topology = Topology.default(broker.names, queue_capacity=config.queues.capacities)
@@ -129,7 +134,9 @@ class Coordinator:
 
     async def _answer_requests(self) -> None:
         names = self.broker.names
-        await self.broker.subscribe(names.register, self._control.on_register, queue="coordinators")
+        await self.broker.subscribe(
+            names.registrations, self._control.on_register, queue="coordinators"
+        )
         await self.broker.subscribe(names.clear, self._control.on_clear)  # the judge answers
         await self.broker.subscribe(names.routes_reload, self.routes.on_request)  # every replica
 

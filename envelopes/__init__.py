@@ -35,7 +35,7 @@ from agentreach.envelopes.coordination import (
 )
 from agentreach.envelopes.errors import DecodeError, EnvelopeError
 from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS, decode_detail
-from agentreach.envelopes.executions import Execution
+from agentreach.envelopes.executions import Execution, execution_key, executions_of
 from agentreach.envelopes.ids import new_id, stable_id
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
 from agentreach.envelopes.messages import (
@@ -55,6 +55,7 @@ from agentreach.envelopes.messages import (
     Progress,
     Reply,
     Result,
+    Routed,
     Task,
     is_reply_subject,
     is_token,
@@ -106,6 +107,7 @@ __all__ = [
     "ReloadReply",
     "Reply",
     "Result",
+    "Routed",
     "StepRun",
     "Task",
     "TimerDue",
@@ -121,6 +123,8 @@ __all__ = [
     "decode_reply",
     "decode_task",
     "encode",
+    "execution_key",
+    "executions_of",
     "headers",
     "is_envelope",
     "is_reply_subject",

@@ -2,7 +2,8 @@
 
 An :class:`~agentreach.envelopes.messages.Event` carries ``detail``, an object whose keys
 depend on ``event``. The shapes below are part of the wire contract: agents publish the
-first group (and the coordinator acts on ``completed``, ``failed`` and ``expired``), the
+first group (and the coordinator acts on ``completed``, ``failed`` and ``expired``; a
+``failed`` about a dispatch that was no task has :class:`UndecodableDetail`), the
 coordinator publishes the second. Unknown keys are ignored, like unknown fields anywhere,
 so a publisher may add keys; it may not leave out or retype the ones listed here.
 """
@@ -26,17 +27,23 @@ class _Detail(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # -- published by agents ---------------------------------------------------------------
-class AcceptedDetail(_Detail, frozen=True, kw_only=True):
-    """``accepted``: the agent took the task (it sent its ``ack``). No keys."""
+class _AboutGrantedTask(_Detail, frozen=True, kw_only=True):
+    # The dispatch's Reach-Grant header, echoed in every event an agent publishes about the
+    # task (absent when the dispatch had none: a deployment without a seal key).
+    grant: str | None = None
 
 
-class ProgressDetail(_Detail, frozen=True, kw_only=True):
+class AcceptedDetail(_AboutGrantedTask, frozen=True, kw_only=True):
+    """``accepted``: the agent took the task (it sent its ``ack``). No other keys."""
+
+
+class ProgressDetail(_AboutGrantedTask, frozen=True, kw_only=True):
     """``progress``: the handler reported progress."""
 
     note: str
 
 
-class CompletedDetail(_Detail, frozen=True, kw_only=True):
+class CompletedDetail(_AboutGrantedTask, frozen=True, kw_only=True):
     """``completed``: the result was recorded and sent (``duration_ms`` 0 when a duplicate
     delivery was answered from the execution record)."""
 
@@ -44,7 +51,7 @@ class CompletedDetail(_Detail, frozen=True, kw_only=True):
     duration_ms: NonNegative
 
 
-class OutcomeDetail(_Detail, frozen=True, kw_only=True):
+class OutcomeDetail(_AboutGrantedTask, frozen=True, kw_only=True):
     """``failed`` and ``expired``: the whole task as received (the coordinator builds the
     retry from it), why, and the broker time of the dispatch (for the ttl left)."""
 
@@ -53,8 +60,18 @@ class OutcomeDetail(_Detail, frozen=True, kw_only=True):
     dispatched_at_ms: NonNegative = 0
 
 
-class LateResultRejectedDetail(_Detail, frozen=True, kw_only=True):
-    """``late_result_rejected``: a result lost its claim (fenced) and was not sent. No keys."""
+class UndecodableDetail(_Detail, frozen=True, kw_only=True):
+    """``failed`` about a dispatch that was no task (topic ``_invalid``, a message id the
+    agent derived from the stream and sequence): its bytes and headers, and why; the
+    coordinator dead-letters it as ``invalid_envelope``."""
+
+    error: ErrorInfo
+    raw: str | None  # the body as text, or "base64:" + base64 when it is not UTF-8
+    headers: dict[str, str] = {}
+
+
+class LateResultRejectedDetail(_AboutGrantedTask, frozen=True, kw_only=True):
+    """``late_result_rejected``: a result lost its claim (fenced) and was not sent."""
 
 
 class DeadLetteredDetail(_Detail, frozen=True, kw_only=True):
@@ -101,9 +118,20 @@ class AgentStateDetail(_Detail, frozen=True, kw_only=True):
 
 
 class AlertDetail(_Detail, frozen=True, kw_only=True):
-    """``alert`` (about an agent): something an operator should look at."""
+    """``alert`` (about an agent): something an operator should look at — ``unresponsive``,
+    or ``impersonation`` (an event dropped: ``why``, the agent it ``claimed``, its ``kind``
+    and ``message_id``)."""
 
     problem: str
+    why: str | None = None
+    claimed: str | None = None
+    kind: str | None = None
+    message_id: str | None = None
+
+
+class AnsweredFromRecordDetail(_Detail, frozen=True, kw_only=True):
+    """``answered_from_record``: the message had finished on ``agent_id`` (the event's), and
+    its stored result answered instead of a new run. No keys."""
 
 
 class BreakerDetail(_Detail, frozen=True, kw_only=True):
@@ -128,7 +156,6 @@ AGENT_EVENTS: dict[str, type[_Detail]] = {
     "failed": OutcomeDetail,
     "expired": OutcomeDetail,
     "late_result_rejected": LateResultRejectedDetail,
-    "dead_lettered": DeadLetteredDetail,
     "clock_drift": ClockDriftDetail,
 }
 COORDINATOR_EVENTS: dict[str, type[_Detail]] = {
@@ -149,15 +176,23 @@ COORDINATOR_EVENTS: dict[str, type[_Detail]] = {
         BreakerDetail,
     ),
     "signal_ignored": SignalIgnoredDetail,
+    "answered_from_record": AnsweredFromRecordDetail,
 }
 EVENT_DETAILS: dict[str, type[_Detail]] = {**COORDINATOR_EVENTS, **AGENT_EVENTS}
+
+
+def detail_type(event: Event) -> type[_Detail] | None:
+    """The type of ``event.detail`` (None for a free-form one, such as a workflow's notes)."""
+    if event.event == "failed" and "raw" in event.detail and "task" not in event.detail:
+        return UndecodableDetail
+    return EVENT_DETAILS.get(event.event)
 
 
 def decode_detail(event: Event) -> _Detail | None:
     """``event.detail`` as the type its event name fixes (None for an event whose detail is
     free-form, such as a workflow's notes); raises :class:`DecodeError` naming the path
     below ``$.detail`` when it does not fit."""
-    kind = EVENT_DETAILS.get(event.event)
+    kind = detail_type(event)
     if kind is None:
         return None
     try:

@@ -10,7 +10,8 @@ from agentreach.envelopes.messages import ErrorInfo
 
 
 class Execution(msgspec.Struct, frozen=True, kw_only=True):
-    """An agent's record of running one message, in ``reach_executions`` by message_id.
+    """An agent's record of running one message, in ``reach_executions`` under
+    :func:`execution_key` (each agent writes only its own).
 
     ``running`` holds a lease: until ``lease_until_ms`` no other delivery of the
     message may run it. ``done`` keeps the result, so a redelivery or a republish
@@ -27,3 +28,19 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     result: Any = None
     error: ErrorInfo | None = None
     finished_at_ms: int = 0
+    caller: str | None = None  # the task's sender: a stored result answers only that sender
+
+
+NO_CALLER = "_"  # the caller token of a task sent in the bare operators' form
+
+
+def execution_key(caller: str | None, message_id: str, agent_id: str) -> str:
+    """The key of ``agent_id``'s record of ``caller``'s ``message_id`` in
+    ``reach_executions``: one caller's id never meets another's record, and an agent may
+    write only keys that end in its own id."""
+    return f"{caller or NO_CALLER}.{message_id}.{agent_id}"
+
+
+def executions_of(caller: str | None, message_id: str) -> str:
+    """The keys of every agent's record of ``caller``'s ``message_id`` (a KV pattern)."""
+    return f"{caller or NO_CALLER}.{message_id}.*"

@@ -140,7 +140,9 @@ def _reply_header(headers: Mapping[str, str]) -> str | None:
 def _check_reply(reply_to: str | None, allowed: ReplyPolicy | None, where: str) -> None:
     if reply_to and allowed is not None and not allowed(reply_to):
         raise DecodeError(
-            f"Replies may not go to {reply_to!r}, a subject of Agent-Reach itself", path=where
+            f"Replies may not go to {reply_to!r}: a sender's replies go to its own box"
+            " (<prefix>.reply.<sender>.<box>), and none into Agent-Reach's own subjects",
+            path=where,
         )
 
 

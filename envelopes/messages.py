@@ -94,6 +94,9 @@ class Task(_AboutTask, frozen=True, kw_only=True, tag="task"):
     priority: Priority = DEFAULT_PRIORITY
     budget: Budget = Budget()
     replay_of: str | None = None  # the dead-lettered message_id this task replays
+    # Who sent it: the sender token of its intake subject, set by the coordinator (a body's
+    # own claim is replaced); None for the bare operators' form.
+    caller: Token | None = None
     # The intake message's own headers (not Nats-*/Reach-*), kept for routing rules.
     headers: dict[str, str] = {}
 
@@ -122,7 +125,14 @@ class ErrorReply(_AboutTask, frozen=True, kw_only=True, tag="error"):
     error: ErrorInfo
 
 
-Reply = Ack | Progress | Result | ErrorReply
+class Routed(_AboutTask, frozen=True, kw_only=True, tag="routed"):
+    """The coordinator tells the sender which agent has this attempt: replies from any
+    other agent are not about this task."""
+
+    agent_id: Token
+
+
+Reply = Ack | Progress | Result | ErrorReply | Routed
 
 
 class Event(_AboutTask, frozen=True, kw_only=True, tag="event"):
@@ -162,4 +172,4 @@ class DeadLetter(_Base, frozen=True, kw_only=True, tag="dead_letter"):
     truncated: bool = False  # parts left out to fit the server's largest message
 
 
-Message = Task | Ack | Progress | Result | ErrorReply | Event | DeadLetter
+Message = Task | Ack | Progress | Result | ErrorReply | Routed | Event | DeadLetter

@@ -20,7 +20,7 @@ from agentreach.envelopes.coordination import (
     TimerDue,
     WorkflowRecord,
 )
-from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS
+from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS, UndecodableDetail
 from agentreach.envelopes.executions import Execution
 from agentreach.envelopes.messages import (
     Ack,
@@ -30,6 +30,7 @@ from agentreach.envelopes.messages import (
     Message,
     Progress,
     Result,
+    Routed,
     Task,
 )
 from agentreach.envelopes.registry import (
@@ -53,6 +54,7 @@ RECORDS: dict[str, tuple[Any, str]] = {
     "progress": (Progress, "Reply to reply_to: the agent is still working on the task."),
     "result": (Result, "Reply to reply_to: the task completed."),
     "error": (ErrorReply, "Reply to reply_to from the coordinator: the task failed for good."),
+    "routed": (Routed, "Reply to reply_to from the coordinator: which agent has this attempt."),
     "event": (Event, "A lifecycle event on reach.event.<event>.<topic>.<trace_id>.<message_id>."),
     "dead_letter": (DeadLetter, "A dead letter on reach.dlq.<reason>.<topic> (REACH_DLQ)."),
     "agent_card": (AgentCard, "An agent's card: KV reach_agents, key = agent_id."),
@@ -70,6 +72,11 @@ RECORDS: dict[str, tuple[Any, str]] = {
         )
         for name, kind in sorted(EVENT_DETAILS.items())
     },
+    "events/failed_undecodable": (
+        UndecodableDetail,
+        "The `detail` of a `failed` event about a dispatch that was no task (published by"
+        " agents; topic `_invalid`).",
+    ),
     "coordination/breaker": (BreakerRecord, "Informative: KV reach_breakers."),
     "coordination/lease": (LeaseRecord, "Informative: KV reach_leases."),
     "coordination/workflow": (WorkflowRecord, "Informative: KV reach_workflows."),

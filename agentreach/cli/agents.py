@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from agentreach.broker import Broker, BrokerTimeout, NoResponders
-from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.cli.options import Commands, UsageError, broker_of
 from agentreach.envelopes import AgentCard, BreakerRecord, Heartbeat, Liveness
 
 MIN_WATCH_S = 0.5
@@ -33,7 +33,7 @@ def register(commands: Commands) -> None:
 async def cmd_agents(args: argparse.Namespace) -> int:
     if args.watch is not None and args.watch < MIN_WATCH_S:
         raise UsageError(f"--watch takes seconds between redraws, at least {MIN_WATCH_S}")
-    async with Broker(args.nats_url, names=names_of(args), name="reach-cli") as broker:
+    async with broker_of(args) as broker:
         if args.action == "clear":
             return await _clear(broker, args.id)
         while True:

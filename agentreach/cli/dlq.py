@@ -10,8 +10,8 @@ import msgspec
 
 from agentreach import envelopes
 from agentreach.agents.compensation import replay
-from agentreach.broker import Broker, read_stream
-from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.broker import read_stream
+from agentreach.cli.options import Commands, UsageError, broker_of, names_of
 from agentreach.envelopes import DeadLetter
 
 
@@ -28,7 +28,7 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
     if args.action in ("show", "replay") and not args.id:
         raise UsageError(f"dlq {args.action} needs the message_id of a dead letter")
     names = names_of(args)
-    async with Broker(args.nats_url, names=names, name="reach-cli") as broker:
+    async with broker_of(args) as broker:
         stored = await read_stream(
             broker, names.dlq_stream, names.dlq(args.reason or "*", args.topic or "*")
         )

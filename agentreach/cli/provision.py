@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from agentreach.broker import Broker, Topology, provision
-from agentreach.cli.options import Commands, names_of
+from agentreach.broker import Topology, provision
+from agentreach.cli.options import Commands, broker_of, names_of
 from agentreach.coordinator import load_config
 
 
@@ -18,7 +18,7 @@ async def cmd_provision(args: argparse.Namespace) -> int:
     names = names_of(args)
     capacities = load_config(args.config).queues.capacities
     topology = Topology.default(names, queue_capacity=capacities)
-    async with Broker(args.nats_url, names=names, name="reach-cli") as broker:
+    async with broker_of(args) as broker:
         outcomes = await provision(broker, topology)
     for name, outcome in outcomes.items():
         print(f"{name:<24} {outcome}")

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from agentreach.agents import ReachClient
-from agentreach.cli.options import Commands, json_argument, names_of
+from agentreach.cli.options import Commands, broker_of, json_argument
 
 
 def register(commands: Commands) -> None:
@@ -22,7 +22,7 @@ def register(commands: Commands) -> None:
 
 async def cmd_publish(args: argparse.Namespace) -> int:
     payload = json_argument(args.json)
-    async with ReachClient(args.nats_url, names=names_of(args), name="reach-cli") as client:
+    async with broker_of(args) as broker, ReachClient(broker=broker) as client:
         if args.wait:
             result = await client.invoke(
                 args.topic, payload, priority=args.priority, trace_id=args.trace_id

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from agentreach.broker import Broker
 from agentreach.broker.requests import gather_replies
-from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.cli.options import Commands, UsageError, broker_of
 from agentreach.coordinator import load_config
 from agentreach.envelopes import ReloadReply, decode_as
 
@@ -25,7 +24,7 @@ def register(commands: Commands) -> None:
 async def cmd_routes(args: argparse.Namespace) -> int:
     if args.action == "check":
         return _check(args.file)
-    async with Broker(args.nats_url, names=names_of(args), name="reach-cli") as broker:
+    async with broker_of(args) as broker:
         answers = await gather_replies(broker, broker.names.routes_reload, wait_s=args.wait)
     if not answers:
         raise UsageError("no coordinator answered; is `reach up` or `reach coordinator` running?")

@@ -17,7 +17,13 @@ import structlog
 
 from agentreach.agents import Agent
 from agentreach.broker import DEFAULT_URL, Broker, EmbeddedServer, Names, Topology, provision
-from agentreach.cli.options import Commands, UsageError, embedded_server_options, names_of
+from agentreach.cli.options import (
+    Commands,
+    UsageError,
+    auth_of,
+    embedded_server_options,
+    names_of,
+)
 from agentreach.coordinator import Coordinator, load_config
 from agentreach.envelopes import Priority
 
@@ -63,7 +69,7 @@ async def _coordinate(url: str, args: argparse.Namespace) -> None:
     config = load_config(args.config)
     names = Names(prefix=args.prefix or config.prefix)
     async with (
-        Broker(url, names=names, name="coordinator", wait=True) as broker,
+        Broker(url, names=names, name="coordinator", wait=True, auth=auth_of(args)) as broker,
         Coordinator(broker, config, config_path=args.config).running(),
     ):
         await until_signal(f"coordinator serving on {broker.shown_url}")
@@ -73,7 +79,8 @@ async def cmd_agent(args: argparse.Namespace) -> int:
     agent = load_agent(args.target)
     if args.startup_delay is not None:
         agent.startup_delay = args.startup_delay
-    async with agent.running(args.nats_url or DEFAULT_URL, names=names_of(args)):
+    url = args.nats_url or DEFAULT_URL
+    async with agent.running(url, names=names_of(args), auth=auth_of(args)):
         await until_signal(f"agent {agent.agent_id} serving {sorted(agent.handlers)}")
     return 0
 

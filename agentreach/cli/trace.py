@@ -9,12 +9,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agentreach import envelopes
-from agentreach.broker import Broker, read_stream
+from agentreach.broker import Broker, StoredMessage, read_stream
+from agentreach.broker.lifecycle import authentic
 from agentreach.cli import workflows
-from agentreach.cli.options import Commands, names_of
+from agentreach.cli.options import Commands, broker_of
 from agentreach.coordinator.workflows import read_record
-from agentreach.envelopes import DecodeError, Event
+from agentreach.envelopes import Event
 
 
 def register(commands: Commands) -> None:
@@ -23,7 +23,7 @@ def register(commands: Commands) -> None:
 
 
 async def cmd_trace(args: argparse.Namespace) -> int:
-    async with Broker(args.nats_url, names=names_of(args), name="reach-cli") as broker:
+    async with broker_of(args) as broker:
         steps = await collect(broker, args.id)
         instances = {args.id} | {
             s.event.message_id for s in steps if s.event.event == "workflow_started"
@@ -45,18 +45,22 @@ class Step:
 
 
 async def collect(broker: Broker, some_id: str) -> list[Step]:
-    """Events whose message_id or trace_id is ``some_id``, in the order the broker stored them."""
+    """Events whose message_id or trace_id is ``some_id``, in the order the broker stored them;
+    events not from whom they claim are left out (see ``lifecycle.authentic``)."""
     names = broker.names
-    found: dict[int, Step] = {}
+    stored: dict[int, StoredMessage] = {}
     for subject in (names.events_of_message(some_id), names.events_of_trace(some_id)):
-        for stored in await read_stream(broker, names.events_stream, subject):
-            try:
-                event = envelopes.decode_event(stored.data)
-            except DecodeError:
-                continue  # not ours to show; the stream only holds what we publish
-            at = dt.datetime.fromtimestamp(stored.timestamp_ns / 1e9, dt.UTC)
-            found[stored.stream_seq] = Step(at=at, seq=stored.stream_seq, event=event)
-    return [found[seq] for seq in sorted(found)]
+        for message in await read_stream(broker, names.events_stream, subject):
+            stored[message.stream_seq] = message
+    ordered = [stored[seq] for seq in sorted(stored)]
+    return [
+        Step(
+            at=dt.datetime.fromtimestamp(message.timestamp_ns / 1e9, dt.UTC),
+            seq=message.stream_seq,
+            event=event,
+        )
+        for message, event in authentic(names, ordered)
+    ]
 
 
 def render(some_id: str, steps: list[Step]) -> str:

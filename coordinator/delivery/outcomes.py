@@ -15,9 +15,10 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
-from agentreach.broker.lifecycle import dead_letter_delivery, emit, event_for
+from agentreach.broker.lifecycle import dead_letter, dead_letter_delivery, emit, event_for
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.delivery.retries import RetryConfig
+from agentreach.coordinator.protection.grants import Grants, impersonation
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.router import Router
 from agentreach.envelopes import DecodeError, ErrorInfo, Event, Task, ttl_left_ms
@@ -32,12 +33,18 @@ class Outcomes:
     """Turns ``failed`` and ``expired`` events into retries or dead letters."""
 
     def __init__(
-        self, broker: Broker, router: Router, directory: AgentDirectory, config: RetryConfig
+        self,
+        broker: Broker,
+        router: Router,
+        directory: AgentDirectory,
+        config: RetryConfig,
+        grants: Grants | None = None,
     ) -> None:
         self._broker = broker
         self._router = router
         self._directory = directory
         self._config = config
+        self._grants = grants or Grants(None)
 
     async def handle(self, msg: Delivery) -> float | None:
         """None to acknowledge the event, or seconds until it should come back."""
@@ -46,11 +53,21 @@ class Outcomes:
         except DecodeError as exc:
             await self._unreadable(msg, exc)
             return None
+        sender = self._broker.names.sender_of_event_subject(msg.subject)
+        if event.agent_id != sender:
+            await impersonation(self._broker, sender, event, "the event names another agent")
+            return None
+        if "raw" in event.detail and "task" not in event.detail:
+            await self._undecodable(event)
+            return None
         try:
             task = _detail(event, "task", Task)
             error = _detail(event, "error", ErrorInfo)
         except DecodeError as exc:
             await self._incomplete(event, exc)
+            return None
+        if not self._grants.holds(event.detail.get("grant"), task, sender):
+            await impersonation(self._broker, sender, event, "no grant for this attempt")
             return None
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, agent_id=event.agent_id
@@ -105,6 +122,24 @@ class Outcomes:
             self._broker, msg, reason="invalid_envelope", error=error, topic="_invalid"
         )
 
+    async def _undecodable(self, event: Event) -> None:
+        """An agent got a dispatch that was no task: its bytes go to the dead-letter stream."""
+        error = _detail(event, "error", ErrorInfo)
+        raw = event.detail.get("raw")
+        await dead_letter(
+            self._broker,
+            reason="invalid_envelope",
+            message_id=event.message_id,
+            trace_id=event.trace_id,
+            topic=event.topic,
+            error=error,
+            raw=raw.encode() if isinstance(raw, str) else None,
+            headers={
+                **_strings(event.detail.get("headers")),
+                "Reach-Reported-By": event.agent_id or "",
+            },
+        )
+
     async def _incomplete(self, event: Event, exc: DecodeError) -> None:
         """An outcome without the task it is about cannot be retried: the task is ended with
         what the event says of it, naming what was missing (an agent not following the
@@ -128,6 +163,13 @@ class Outcomes:
         card = self._directory.cards.get(agent_id or "")
         intent = card.intents.get(task.topic) if card else None
         return self._config.attempts_for(task.topic, intent.max_attempts if intent else None)
+
+
+def _strings(value: object) -> dict[str, str]:
+    """A string-to-string mapping out of a detail (anything else in it left out)."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _detail(event: Event, field: str, kind: type[T]) -> T:

@@ -10,19 +10,28 @@ from agentreach import envelopes
 from agentreach.broker import Inbound
 from agentreach.coordinator.liveness.monitor import LivenessConfig, LivenessMonitor
 from agentreach.coordinator.protection.rate_limits import TokenBucket
-from agentreach.envelopes import RegisterReply
+from agentreach.envelopes import DecodeError, RegisterReply, RegisterRequest, decode_as
 
 log = structlog.get_logger("coordinator.liveness")
 
 
 class LivenessControl:
-    """Answers ``reach.ctl.register`` and ``reach.ctl.clear``."""
+    """Answers ``reach.ctl.register.<agent_id>`` and ``reach.ctl.clear``."""
 
     def __init__(self, config: LivenessConfig, monitor: LivenessMonitor) -> None:
         self._monitor = monitor
         self._registrations = TokenBucket(config.registration_rate, config.registration_burst)
 
     async def on_register(self, msg: Inbound) -> None:
+        """An agent asks on ``reach.ctl.register.<agent_id>`` as itself; a body naming
+        another agent is refused."""
+        try:
+            request = decode_as(msg.data, RegisterRequest)
+        except DecodeError:
+            return
+        if msg.subject.rsplit(".", 1)[-1] != request.agent_id:
+            log.warning("registration as another agent refused", subject=msg.subject)
+            return
         wait_s = self._registrations.take()
         reply = RegisterReply(ok=wait_s == 0.0, retry_after_ms=int(wait_s * 1000) + 1)
         if not reply.ok:

@@ -17,7 +17,15 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, WrongLastSequence
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
-from agentreach.envelopes import AgentCard, DecodeError, ErrorInfo, Execution, Task, ttl_left_ms
+from agentreach.envelopes import (
+    AgentCard,
+    DecodeError,
+    ErrorInfo,
+    Execution,
+    Task,
+    execution_key,
+    ttl_left_ms,
+)
 from agentreach.envelopes.headers import task_headers
 
 log = structlog.get_logger("coordinator.reassign")
@@ -84,5 +92,6 @@ async def _fence(broker: Broker, task: Task, agent_id: str, epoch: int) -> None:
         return msgspec.structs.replace(record, state="failed", error=reassigned)
 
     # Losing this race means it finished just now: the next attempt finds the stored result.
+    key = execution_key(task.caller, task.message_id, agent_id)
     with contextlib.suppress(WrongLastSequence):
-        await executions.cas(task.message_id, fenced, tries=1)
+        await executions.cas(key, fenced, tries=1)

@@ -40,6 +40,8 @@ async def follow_outcomes(
             event = envelopes.decode_event(msg.data)
         except DecodeError:
             continue
+        if event.agent_id != names.sender_of_event_subject(msg.subject):
+            continue  # not that agent's to say (the outcome handling raises the alert)
         stored_ms = msg.timestamp_ms
         for handle in handlers:
             try:

@@ -22,11 +22,13 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, SubjectFull, TooLarge
-from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.rules import RoutingConfig, Rule, pools_of
-from agentreach.envelopes import ErrorInfo, Task
+from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce
+from agentreach.envelopes import ErrorInfo, Execution, Result, Routed, Task
 from agentreach.envelopes import headers as h
 
 log = structlog.get_logger("coordinator.router")
@@ -35,6 +37,7 @@ WAIT_FIRST_S = 0.05
 WAIT_MAX_S = 1.0
 WAIT_LONG_S = 10.0  # after a minute of waiting: a task may wait a day, its checks must not
 LONG_AFTER = 60
+WAIT_CAP_S = 1.0  # the longest wait for a run elsewhere to finish before looking again
 MAX_PICKS = 8  # agents tried for one task before giving up on this pass
 SHOWN = 20  # candidates and passed-over agents listed in a routed event
 
@@ -42,11 +45,15 @@ SHOWN = 20  # candidates and passed-over agents listed in a routed event
 class Router:
     """Chooses an agent for a task by the rules and dispatches it on its priority stream."""
 
-    def __init__(self, broker: Broker, fleet: Fleet, routing: RoutingConfig) -> None:
+    def __init__(
+        self, broker: Broker, fleet: Fleet, routing: RoutingConfig, grants: Grants | None = None
+    ) -> None:
         self._broker = broker
         self.fleet = fleet
         self.limiter = fleet.limiter
         self.routing = routing
+        self._grants = grants or Grants(None)
+        self._run_once = RunOnce(broker)
 
     def reload(self, routing: RoutingConfig) -> None:
         """Use ``routing`` from the next decision on; decisions under way finish as they are."""
@@ -77,6 +84,13 @@ class Router:
             return None
         if where == "intake" and waited == 0 and not await self._topic_admits(task):
             return None
+        match await self._run_once.verdict(task):
+            case RanAlready(record=record):
+                await self._answer_from(task, record)
+                return None
+            case Running(left_s=left_s):
+                log.info("an agent runs it now; waiting", left_s=round(left_s, 3))
+                return min(left_s + 0.05, WAIT_CAP_S)
         rule = self.routing.first_match(task)
         return await self._route(_Pending(task, left_ms, waited, origin), rule)
 
@@ -129,11 +143,17 @@ class Router:
         routed = msgspec.structs.replace(
             task, topic=choice.intent, to_agent=card.agent_id, ttl_ms=pending.left_ms
         )
-        # The event first: a trace must never show an agent at work before the routing.
+        # The event first: a trace must never show an agent at work before the routing; the
+        # sender hears whose replies to expect before that agent can send any.
         await emit(self._broker, self._routed_event(routed, rule, choice))
+        if task.reply_to and self._broker.names.signed_reply(task.reply_to):
+            notice = Routed(**about(routed), agent_id=card.agent_id)
+            await reply(self._broker, routed, notice)
         subject = self._broker.names.dispatch(card.agent_id, task.priority)
         dedup = f"{task.message_id}-{task.attempt}-{pending.origin}"
         headers = h.task_headers(routed, msg_id=dedup)
+        if grant := self._grants.sign(routed, card.agent_id):
+            headers[GRANT_HEADER] = grant
         try:
             await self._broker.publish(subject, envelopes.encode(routed), headers=headers)
         except SubjectFull:
@@ -198,6 +218,15 @@ class Router:
             await asyncio.sleep(wait_s)
             waited_s += wait_s
         return True
+
+    async def _answer_from(self, task: Task, record: Execution) -> None:
+        """The message ran already (a republish, a retry after its result was recorded):
+        its stored result answers, and nothing runs again."""
+        log.info("ran already; answering from its record", agent_id=record.agent_id)
+        answer = Result(**about(task, from_agent=record.agent_id), result=record.result)
+        await reply(self._broker, task, answer)
+        ran = event_for(task, "answered_from_record", agent_id=record.agent_id)
+        await emit(self._broker, ran)
 
     async def end(self, task: Task, reason: str, message: str) -> None:
         """End ``task`` for good as ``reason`` (not retryable)."""

@@ -9,7 +9,7 @@ import msgspec
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker.lifecycle import trace_of
-from agentreach.envelopes import AgentCard, Budget, Execution, Heartbeat
+from agentreach.envelopes import AgentCard, Budget, Execution, Heartbeat, execution_key
 
 
 async def test_every_progress_report_is_recorded_even_within_one_millisecond(
@@ -47,7 +47,8 @@ async def test_progress_gives_the_handler_its_deadline_again_and_extends_the_cla
         for _ in range(5):
             await asyncio.sleep(0.15)
             await ctx.progress("still going")
-            record = await executions.get(ctx.message_id)
+            key = execution_key(ctx.envelope.caller, ctx.message_id, ctx.agent_id)
+            record = await executions.get(key)
             assert record is not None
             leases.append(record.value.lease_until_ms)
         return {"deadline_ms": ctx.deadline_ms}

@@ -68,8 +68,8 @@ async def test_read_stream_returns_matching_messages_in_order(broker):
     """Only the filtered subjects, oldest first; nothing for an unknown id."""
     names = broker.names
     for event in ("routed", "accepted", "completed"):
-        await broker.publish(names.event(event, "echo", "t1", "m1"), event.encode())
-    await broker.publish(names.event("routed", "echo", "t2", "m2"), b"other")
+        await broker.publish(names.event(event, "echo", "t1", "m1", "a1"), event.encode())
+    await broker.publish(names.event("routed", "echo", "t2", "m2", "a1"), b"other")
     found = await read_stream(broker, names.events_stream, names.events_of_message("m1"))
     assert [m.data for m in found] == [b"routed", b"accepted", b"completed"]
     assert found[0].timestamp_ns <= found[-1].timestamp_ns

@@ -88,7 +88,7 @@ async def test_a_failed_event_without_its_task_is_dead_lettered(broker, coordina
         agent_id="ts-agent",
         detail={"error": {"type": "Boom", "message": "x", "retryable": True}},
     )
-    subject = broker.names.event("failed", "echo", "no-task-1", "no-task-1")
+    subject = broker.names.event("failed", "echo", "no-task-1", "no-task-1", "ts-agent")
     await broker.publish(subject, envelopes.encode(event))
     letter = await watcher.dead_letter("invalid_envelope", message_id="no-task-1")
     assert letter.error is not None and "at `$.detail`" in letter.error.message

@@ -119,8 +119,11 @@ async def test_a_redelivered_task_is_not_run_again(broker, coordinator, watcher)
     assert runs["twice-1"] == 1
 
 
-async def test_concurrent_deliveries_of_one_message_run_once(broker, coordinator, watcher):
-    """One message_id dispatched to two agents at once runs on exactly one of them."""
+async def test_a_message_sent_again_while_it_runs_never_runs_on_a_second_agent(
+    broker, coordinator, watcher
+):
+    """The same message id twice while one agent runs it (two agents serve the topic): the
+    second waits for the first run, is answered from its record, and runs nowhere."""
     runs: Counter[str] = Counter()
     first, second = flaky_agent(runs), Agent("flaky-2", startup_delay=0)
     second.handlers = first.handlers  # the same handlers under another identity
@@ -129,19 +132,17 @@ async def test_concurrent_deliveries_of_one_message_run_once(broker, coordinator
         message_id="both-1",
         trace_id="both-1",
         topic="slow",
-        payload={"beats": 2, "beat_s": 0.1},
+        payload={"beats": 4, "beat_s": 0.1},
     )
     async with first.running(broker=broker), second.running(broker=broker):
-        await asyncio.gather(
-            *(
-                broker.publish(broker.names.dispatch(a.agent_id, "P1"), envelopes.encode(task))
-                for a in (first, second)
-            )
-        )
-        await watcher.event("completed", message_id="both-1")
+        await broker.publish(broker.names.task("slow"), envelopes.encode(task))
+        await watcher.event("accepted", message_id="both-1")
+        await broker.publish(broker.names.task("slow"), envelopes.encode(task))  # no dedup id
+        await watcher.event("answered_from_record", message_id="both-1", timeout=20)
         await _until_consumed(broker, first)
         await _until_consumed(broker, second)
     assert runs["both-1"] == 1
+    assert watcher.count("completed", {"both-1"}) == 1
 
 
 async def test_frozen_agent_is_not_acknowledged_within_the_ack_deadline(broker, coordinator):

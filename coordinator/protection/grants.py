@@ -1,0 +1,91 @@
+"""Grants: the coordinator's proof, on each dispatch, that an attempt was given to one agent.
+
+With a seal key shared by the coordinator replicas (``security.seal_key_file``, made by
+``reach auth init``), every dispatch carries ``Reach-Grant``: an HMAC of the task's ids,
+attempt, topic, priority, reply subject and caller, and the agent it went to. Every event
+an agent sends about the task carries it back; the coordinator acts on an outcome (a
+retry, a dead letter) only when the grant matches, so no agent can make it retry, redirect
+or end a task it was not given. Without a key (an open development server, where everyone
+is trusted) there are no grants and nothing is checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from pathlib import Path
+
+import msgspec
+import structlog
+
+from agentreach.broker import Broker
+from agentreach.broker.lifecycle import agent_event, emit
+from agentreach.envelopes import Event, Task
+
+log = structlog.get_logger("coordinator.grants")
+
+GRANT_LENGTH = 32
+
+
+class SecurityConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a secured deployment adds: the replicas' shared seal key (a file of hex)."""
+
+    seal_key_file: str | None = None
+
+
+class Grants:
+    """Signs and checks grants with the seal key (or does nothing without one)."""
+
+    def __init__(self, key: bytes | None) -> None:
+        self._key = key
+
+    @classmethod
+    def from_config(cls, config: SecurityConfig) -> Grants:
+        if config.seal_key_file is None:
+            return cls(None)
+        text = Path(config.seal_key_file).read_text().strip()
+        return cls(bytes.fromhex(text))
+
+    @property
+    def enabled(self) -> bool:
+        return self._key is not None
+
+    def sign(self, task: Task, agent_id: str) -> str | None:
+        """The grant for ``task`` (as dispatched) given to ``agent_id``; None without a key."""
+        if self._key is None:
+            return None
+        parts = (
+            task.message_id,
+            str(task.attempt),
+            agent_id,
+            task.topic,
+            task.priority,
+            task.trace_id,
+            task.reply_to or "",
+            task.caller or "",
+        )
+        digest = hmac.new(self._key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
+        return digest[:GRANT_LENGTH]
+
+    def holds(self, grant: object, task: Task, agent_id: str) -> bool:
+        """Whether ``grant`` is the one given with ``task`` to ``agent_id`` (always, without
+        a key)."""
+        expected = self.sign(task, agent_id)
+        if expected is None:
+            return True
+        return isinstance(grant, str) and hmac.compare_digest(grant, expected)
+
+
+async def impersonation(broker: Broker, sender: str, event: Event, why: str) -> None:
+    """An event that is not what it claims: dropped, and an ``alert`` says who tried."""
+    log.warning("impersonation refused", sender=sender, claimed=event.agent_id, why=why)
+    alert = agent_event(
+        sender,
+        "alert",
+        problem="impersonation",
+        why=why,
+        claimed=event.agent_id,
+        kind=event.event,
+        message_id=event.message_id,
+    )
+    await emit(broker, alert)

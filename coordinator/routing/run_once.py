@@ -1,0 +1,59 @@
+"""Run-once across agents: before a message is dispatched (again), every agent's record of
+it is read. A run that finished answers from its stored result instead of running again;
+a run still under a live lease is waited for. Each agent writes only its own records, so
+this look across them is the coordinator's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentreach.broker import Broker, Bucket
+from agentreach.envelopes import Execution, Task, executions_of, now_ms
+
+WAIT_CAP_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class RanAlready:
+    """The message finished on an agent: this is its record (with the result)."""
+
+    record: Execution
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """An agent runs the message now, under a lease that ends in ``left_s``."""
+
+    left_s: float
+
+
+Verdict = RanAlready | Running | None
+
+
+class RunOnce:
+    """Reads the agents' records of a message (one batched read)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._bucket: Bucket[Execution] | None = None
+
+    async def verdict(self, task: Task) -> Verdict:
+        """What the records say of ``task``: finished, running elsewhere, or free to run."""
+        records = await (await self._records()).matching(
+            executions_of(task.caller, task.message_id)
+        )
+        now = now_ms()
+        running = 0
+        for entry in records.values():
+            record = entry.value
+            if record.state == "done":
+                return RanAlready(record)
+            if record.state == "running" and record.lease_until_ms > now:
+                running = max(running, record.lease_until_ms - now)
+        return Running(running / 1000) if running else None
+
+    async def _records(self) -> Bucket[Execution]:
+        if self._bucket is None:
+            names = self._broker.names
+            self._bucket = await self._broker.bucket(names.executions_bucket, Execution)
+        return self._bucket
