@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentreach.broker import Broker
-from agentreach.cli.options import Commands, UsageError, names_of
+from agentreach.cli.options import Commands, UsageError, broker_of
 from agentreach.conformance import CLAUSES, run_conformance
 
 
@@ -41,7 +40,7 @@ async def cmd_conformance(args: argparse.Namespace) -> int:
         + (f" · command {' '.join(command)}" if command else ""),
         flush=True,
     )
-    async with Broker(args.nats_url, names=names_of(args), name="reach-conformance") as broker:
+    async with broker_of(args, name="reach-conformance") as broker:
         report = await run_conformance(
             broker,
             args.agent_id,

@@ -23,7 +23,7 @@ from agentreach.conformance.report import (
     Status,
     Verdict,
 )
-from agentreach.conformance.session import Session
+from agentreach.conformance.session import CALLER, Session
 from agentreach.envelopes import RegisterRequest
 
 ClauseRun = Callable[[Session, Checks], Awaitable[str]]
@@ -97,13 +97,12 @@ async def run_conformance(
 
 async def _preflight(s: Session) -> None:
     """A coordinator must be running, and the agent serving (started here when given)."""
-    request = envelopes.encode(RegisterRequest(agent_id="reach-conformance"))
+    request = envelopes.encode(RegisterRequest(agent_id=CALLER))
+    subject = s.names.register(CALLER)
     try:
-        await s.broker.request(s.names.register, request, timeout=3.0)
+        await s.broker.request(subject, request, timeout=3.0)
     except (NoResponders, BrokerTimeout):
-        raise NotReady(
-            f"no coordinator answers {s.names.register}: start one (reach up) first"
-        ) from None
+        raise NotReady(f"no coordinator answers {subject}: start one (reach up) first") from None
     if s.process is None:
         try:
             card = await s.card()

@@ -89,7 +89,7 @@ async def crash(s: Session, c: Checks) -> str:
     c.must(result == {"slept_ms": 3_000}, f"result {result!r}")
     await s.quiet()
     c.must(ex.runs() == 2, f"{ex.runs()} runs: killed mid-run, it must run again, once")
-    record = await s.execution(ex.task.message_id)
+    record = await s.execution(ex.task)
     c.must(
         record is not None and (record.state, record.epoch) == ("done", card.epoch),
         f"record {record}",

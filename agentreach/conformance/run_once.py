@@ -1,5 +1,6 @@
-"""Clauses about run-once execution: duplicates, claims left by a crash, claims held by
-someone else, and the fencing of a late result (§13, §14)."""
+"""Clauses about run-once execution: duplicates, claims left by a crash, a claim held by
+another delivery, and the fencing of a late result (§13, §14). Each agent keeps its own
+records (``<caller>.<message_id>.<agent_id>``); across agents, the coordinator looks."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from agentreach.conformance.report import Checks, Failed
 from agentreach.conformance.session import Exchange, Session
 from agentreach.conformance.tasks import first
 from agentreach.envelopes import ErrorInfo, Execution, Task, now_ms
-
-GHOST = "reach-conformance-ghost"  # the "other agent" whose claims the kit writes
 
 
 async def duplicates(s: Session, c: Checks) -> str:
@@ -26,27 +25,27 @@ async def duplicates(s: Session, c: Checks) -> str:
     c.must(ex.runs() == 1, f"the handler ran {ex.runs()} times")
     results = [r.result for r in ex.replies_of("result")]
     c.must(all(r == results[0] for r in results), f"results differ: {results}")
-    record = await s.execution(task.message_id)
+    record = await s.execution(task)
     c.must(record is not None and record.state == "done", f"execution record {record}")
     return "three deliveries, one run, the same result three times"
 
 
 async def takeover(s: Session, c: Checks) -> str:
-    """A claim of an earlier process of this agent (a crash) is taken at once, as is a lapsed
-    claim of another agent and a failed record (a retry)."""
+    """Its own claim left by an earlier process (a crash) is taken at once, as is a lapsed
+    one, and a failed record (a retry) runs again."""
     epoch = (await s.card()).epoch
     cases = {
         "an earlier process's live claim": _record(s.agent_id, epoch - 1, now_ms() + 120_000),
-        "another agent's lapsed claim": _record(GHOST, 7, now_ms() - 1_000),
-        "a failed run": _record(GHOST, 7, 0, state="failed"),
+        "a lapsed claim": _record(s.agent_id, epoch, now_ms() - 1_000),
+        "a failed run": _record(s.agent_id, epoch, 0, state="failed"),
     }
     for what, held in cases.items():
         task = s.task({"op": "echo", "value": what})
-        await (await s.executions()).create(task.message_id, _keyed(held, task))
+        await (await s.executions()).create(s.execution_key(task), _keyed(held, task))
         ex = await s.dispatch(task)
         result = await _result(s, ex, 5.0, f"result despite {what}")
         c.must(result == {"value": what, "attempt": 1}, f"{what}: result {result!r}")
-        record = await s.execution(task.message_id)
+        record = await s.execution(task)
         c.must(
             record is not None and (record.state, record.epoch) == ("done", epoch),
             f"{what}: record {record}",
@@ -55,25 +54,29 @@ async def takeover(s: Session, c: Checks) -> str:
 
 
 async def busy(s: Session, c: Checks) -> str:
-    """A live claim of another agent is waited for, not run over; its result is answered."""
+    """A live claim of this process (another delivery of the message, running now) is waited
+    for, not run over; when it ends, its recorded result answers."""
+    epoch = (await s.card()).epoch
     task = s.task({"op": "sleep", "ms": 10})
     executions = await s.executions()
-    held = _keyed(_record(GHOST, 7, now_ms() + 30_000), task)
-    revision = await executions.create(task.message_id, held)
+    key = s.execution_key(task)
+    revision = await executions.create(
+        key, _keyed(_record(s.agent_id, epoch, now_ms() + 30_000), task)
+    )
     ex = await s.dispatch(task)
     await s.quiet(1.0)
     c.must(ex.runs() == 0, "ran a message another delivery holds")
     c.must(not ex.replies_of("result"), "answered before the other delivery finished")
-    done = _keyed(_record(GHOST, 7, 0, state="done"), task, result={"by": GHOST})
+    done = _keyed(_record(s.agent_id, epoch, 0, state="done"), task, result={"by": "the other"})
     try:
-        await executions.update(task.message_id, done, last=revision)
+        await executions.update(key, done, last=revision)
     except WrongLastSequence:
-        raise Failed("the agent wrote over another agent's live claim") from None
+        raise Failed("the agent wrote over a live claim of another delivery") from None
     result = await _result(s, ex, 5.0, "the other delivery's result")
-    c.must(result == {"by": GHOST}, f"answered {result!r}, not the recorded result")
+    c.must(result == {"by": "the other"}, f"answered {result!r}, not the recorded result")
     await s.quiet()
     c.must(ex.runs() == 0, "ran it after all")
-    return "waited while another agent held the claim, then answered from its record"
+    return "waited while another delivery held the claim, then answered from its record"
 
 
 async def fencing(s: Session, c: Checks) -> str:
@@ -83,8 +86,9 @@ async def fencing(s: Session, c: Checks) -> str:
     ex = await s.dispatch(task)
     await s.until(lambda: ex.runs() or None, 5.0, "the handler start")
     executions = await s.executions()
+    key = s.execution_key(task)
     for _ in range(5):  # a lease renewal may slip in between the read and the write
-        entry = await executions.get(task.message_id)
+        entry = await executions.get(key)
         c.must(entry is not None, "no claim in reach_executions while the handler runs")
         assert entry is not None
         claim = entry.value
@@ -94,7 +98,7 @@ async def fencing(s: Session, c: Checks) -> str:
         reassigned = ErrorInfo(type="reassigned", message="fenced by reach conformance")
         fenced = _keyed(claim, task, state="failed", error=reassigned, lease_until_ms=0)
         try:
-            await executions.update(task.message_id, fenced, last=entry.revision)
+            await executions.update(key, fenced, last=entry.revision)
             break
         except WrongLastSequence:
             continue
@@ -105,7 +109,7 @@ async def fencing(s: Session, c: Checks) -> str:
     await s.quiet()
     c.must(not ex.replies_of("result"), "the fenced result was sent")
     c.must(not ex.events_of("completed"), "completed was published for a fenced result")
-    after = await s.execution(task.message_id)
+    after = await s.execution(task)
     c.must(after is not None and after.state == "failed", f"the fence was overwritten: {after}")
     return "late result not sent; late_result_rejected published"
 

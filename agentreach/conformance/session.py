@@ -14,6 +14,7 @@ import msgspec
 
 from agentreach import envelopes
 from agentreach.broker import Broker, Bucket, Inbound, Subscription
+from agentreach.broker.lifecycle import GRANT_HEADER
 from agentreach.conformance.process import AgentProcess
 from agentreach.conformance.report import Failed
 from agentreach.envelopes import (
@@ -26,6 +27,7 @@ from agentreach.envelopes import (
     Heartbeat,
     Priority,
     Task,
+    execution_key,
     new_id,
     now_ms,
 )
@@ -33,6 +35,8 @@ from agentreach.envelopes import headers as h
 
 T = TypeVar("T")
 QUIET_S = 0.3  # how long "nothing more came" is watched for
+CALLER = "reach-conformance"  # the kit's sender token when it calls as a client
+AGENT_REPLIES = ("ack", "progress", "result", "error")  # not the coordinator's routed notice
 
 
 @dataclass
@@ -42,6 +46,7 @@ class Seen:
     body: Any
     headers: dict[str, str]
     at: float
+    subject: str = ""
 
 
 @dataclass
@@ -52,9 +57,14 @@ class Exchange:
     replies: list[Seen] = field(default_factory=list)
     events: list[Seen] = field(default_factory=list)
     sent_at: float = 0.0
+    grant: str | None = None  # the Reach-Grant the kit put on its dispatches of the task
 
     def replies_of(self, kind: str) -> list[Any]:
         return [r.body for r in self.replies if r.body.__struct_config__.tag == kind]
+
+    def agent_replies(self) -> list[Seen]:
+        """What came back on the reply subject, without the coordinator's routed notices."""
+        return [r for r in self.replies if r.body.__struct_config__.tag in AGENT_REPLIES]
 
     def events_of(self, name: str) -> list[Event]:
         return [e.body for e in self.events if e.body.event == name]
@@ -136,12 +146,18 @@ class Session:
             created_at=now_ms(),
         )
 
-    async def submit(self, task: Task) -> Exchange:
-        """Send ``task`` to intake, as a client does: the coordinator routes it."""
+    def boxed(self, task: Task) -> Task:
+        """``task`` sent by the kit as a caller with a reply box of its own (replies then come
+        back on ``<box>.<sender>``)."""
+        box = self.names.reply_box(CALLER, new_id().replace("-", ""))
+        return msgspec.structs.replace(task, reply_to=box)
+
+    async def submit(self, task: Task, *, as_caller: bool = False) -> Exchange:
+        """Send ``task`` to intake, as a client does: the coordinator routes it. As a caller
+        (``reach.task.<topic>.<caller>``), the task's ``caller`` is the kit's token."""
         exchange = await self._watch(task)
-        await self.broker.publish(
-            self.names.task(task.topic), envelopes.encode(task), headers=h.task_headers(task)
-        )
+        subject = self.names.task(task.topic, CALLER if as_caller else None)
+        await self.broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
         return exchange
 
     async def dispatch(self, task: Task, *, msg_id: str | None = None) -> Exchange:
@@ -150,6 +166,9 @@ class Session:
         exchange = self.exchanges.get(task.message_id) or await self._watch(task)
         routed = msgspec.structs.replace(task, to_agent=self.agent_id)
         headers = h.task_headers(routed, msg_id=msg_id or f"{task.message_id}-{new_id()}")
+        # A grant of the kit's own: the agent must echo whatever the dispatch carries.
+        exchange.grant = exchange.grant or f"kit{new_id().replace('-', '')[:29]}"
+        headers[GRANT_HEADER] = exchange.grant
         subject = self.names.dispatch(self.agent_id, task.priority)
         await self.broker.publish(subject, envelopes.encode(routed), headers=headers)
         return exchange
@@ -171,7 +190,10 @@ class Session:
                 await self._add(exchange.events, envelopes.decode_event(msg.data), msg)
 
         if task.reply_to:
-            self._subs.append(await self.broker.subscribe(task.reply_to, on_reply))
+            # A reply box gets each reply on <box>.<sender>; any other subject as it is.
+            boxed = task.reply_to.startswith(f"{self.names.prefix}.reply.")
+            subject = f"{task.reply_to}.>" if boxed else task.reply_to
+            self._subs.append(await self.broker.subscribe(subject, on_reply))
         subject = self.names.events_of_message(task.message_id)
         self._subs.append(await self.broker.subscribe(subject, on_event))
         await self.broker.flush()  # subscribed before anything can answer
@@ -179,7 +201,7 @@ class Session:
 
     # -- seeing ---------------------------------------------------------------------------
     async def _add(self, into: list[Seen], body: Any, msg: Inbound) -> None:
-        into.append(Seen(body, dict(msg.headers), self.now()))
+        into.append(Seen(body, dict(msg.headers), self.now(), msg.subject))
         async with self._changed:
             self._changed.notify_all()
 
@@ -257,9 +279,15 @@ class Session:
     async def executions(self) -> Bucket[Execution]:
         return await self.broker.bucket(self.names.executions_bucket, Execution)
 
-    async def execution(self, message_id: str) -> Execution | None:
+    def execution_key(self, task: Task, *, caller: str | None = None) -> str:
+        """The key of the agent's record of ``task`` (as ``caller`` sent it, when given)."""
+        return execution_key(caller or task.caller, task.message_id, self.agent_id)
+
+    async def execution(self, task: Task, *, caller: str | None = None) -> Execution | None:
+        """The agent's record of ``task`` in ``reach_executions``, or None."""
+        key = self.execution_key(task, caller=caller)
         try:
-            entry = await (await self.executions()).get(message_id)
+            entry = await (await self.executions()).get(key)
         except DecodeError as exc:
-            raise Failed(f"execution record of {message_id} is unreadable: {exc}") from None
+            raise Failed(f"execution record {key} is unreadable: {exc}") from None
         return entry.value if entry else None
