@@ -1,11 +1,12 @@
 /**
  * Run-once effect on top of at-least-once delivery: claim a message before running it.
  *
- * The claim is a conditional write in the shared `reach_executions` bucket, so two
- * deliveries of one message_id (a redelivery, a republish, a retry on another
- * agent) cannot both run it. A claim is a lease: when its holder dies, the message
- * runs again once the lease has passed; a lease held by an earlier process of the
- * same agent (a lower epoch) is taken over at once.
+ * The claim is a conditional write of this agent's record of the message in
+ * `reach_executions` (`<caller>.<message_id>.<agent_id>`), so two deliveries of one
+ * message to this agent (a redelivery, a republish) cannot both run it; across agents
+ * the coordinator reads every agent's record before dispatching again. A claim is a
+ * lease: when its holder dies, the message runs again once the lease has passed; a
+ * lease held by an earlier process of the same agent (a lower epoch) is taken over at once.
  */
 
 import type { KV } from "nats";
@@ -78,7 +79,7 @@ export class Claims {
     const leaseUntil = nowMs() + leaseMs;
     const record = this.recordOf(task, "running", { lease_until_ms: leaseUntil });
     try {
-      return new Claimed(await this.kv.create(task.message_id, encode(record)), leaseUntil);
+      return new Claimed(await this.kv.create(this.key(task), encode(record)), leaseUntil);
     } catch (err) {
       if (!isWrongLastSequence(err)) throw err;
     }
@@ -96,7 +97,7 @@ export class Claims {
       if (until <= claim.leaseUntilMs) return true;
       const record = this.recordOf(task, "running", { lease_until_ms: until });
       try {
-        claim.revision = await this.kv.update(task.message_id, encode(record), claim.revision);
+        claim.revision = await this.kv.update(this.key(task), encode(record), claim.revision);
         claim.leaseUntilMs = until;
         return true;
       } catch (err) {
@@ -143,14 +144,14 @@ export class Claims {
         ? this.recordOf(task, "done", { result: outcome.result ?? null })
         : this.recordOf(task, "failed", { error: outcome.error });
     try {
-      await this.kv.update(task.message_id, encode(record), outcome.claim.revision);
+      await this.kv.update(this.key(task), encode(record), outcome.claim.revision);
       return true;
     } catch (err) {
       if (!isWrongLastSequence(err)) throw err;
     }
     // Our lease lapsed or the task was reassigned, and that outcome stands; or an earlier
     // try of ours was written though its answer got lost.
-    const held = await this.read(task.message_id);
+    const held = await this.read(this.key(task));
     return (
       held !== null &&
       held.agent_id === record.agent_id &&
@@ -161,7 +162,7 @@ export class Claims {
   }
 
   private async contend(task: Task, record: Execution): Promise<Claim> {
-    const entry = await this.kv.get(task.message_id);
+    const entry = await this.kv.get(this.key(task));
     if (entry === null || entry.operation !== "PUT") {
       return { kind: "busy", retryInMs: 100 }; // vanished between create and get: try again
     }
@@ -172,7 +173,7 @@ export class Claims {
       if (leftMs > 0) return { kind: "busy", retryInMs: leftMs };
     }
     try {
-      const revision = await this.kv.update(task.message_id, encode(record), entry.revision);
+      const revision = await this.kv.update(this.key(task), encode(record), entry.revision);
       return new Claimed(revision, record.lease_until_ms);
     } catch (err) {
       if (isWrongLastSequence(err)) return { kind: "busy", retryInMs: 100 }; // lost the race
@@ -180,8 +181,17 @@ export class Claims {
     }
   }
 
-  private async read(messageId: string): Promise<Execution | null> {
-    const entry = await this.kv.get(messageId);
+  /**
+   * This agent's record of the task: `<caller>.<message_id>.<agent_id>` (`_` for a task sent
+   * without a caller). Each agent writes only its own records; across agents the
+   * coordinator reads them all before dispatching a message again.
+   */
+  private key(task: Task): string {
+    return `${task.caller ?? "_"}.${task.message_id}.${this.agentId}`;
+  }
+
+  private async read(key: string): Promise<Execution | null> {
+    const entry = await this.kv.get(key);
     return entry === null || entry.operation !== "PUT" ? null : parse(entry.value);
   }
 
@@ -202,6 +212,7 @@ export class Claims {
       result: null,
       error: null,
       finished_at_ms: state === "running" ? 0 : nowMs(),
+      caller: task.caller ?? null,
       ...fields,
     };
   }

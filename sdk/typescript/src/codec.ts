@@ -63,6 +63,7 @@ export function decodeTask(data: Uint8Array): Task {
     priority: r.optional("priority", "P1", (v, at) => literal(v, at, PRIORITIES)) as Priority,
     budget: r.optional("budget", { ...DEFAULT_BUDGET }, budget),
     replay_of: r.optional("replay_of", null, nullableString),
+    caller: r.optional("caller", null, nullableToken),
     headers: r.optional("headers", {}, stringMap),
   };
 }
@@ -120,6 +121,10 @@ function token(value: unknown, at: string): string {
     throw new DecodeError(`Expected \`str\` matching regex '${TOKEN.source}' - at \`${at}\``);
   }
   return value;
+}
+
+function nullableToken(value: unknown, at: string): string | null {
+  return value === null ? null : token(value, at);
 }
 
 function nullableString(value: unknown, at: string): string | null {

@@ -100,6 +100,7 @@ export class TaskContext {
       priority: options.priority ?? this.envelope.priority,
       budget: { ...this.envelope.budget, execute_ms: Math.min(this.envelope.budget.execute_ms, remaining) },
       replay_of: null,
+      caller: null, // the coordinator sets it from the subject: this agent
       headers: {},
     };
   }

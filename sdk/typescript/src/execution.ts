@@ -16,12 +16,14 @@ import { TaskContext } from "./context.js";
 import { DecodeError, PermanentError, ReachError } from "./errors.js";
 import type { Claim, Claimed, Claims, Outcome } from "./claims.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
-import { about, deadLetter, emit, eventFor, reply } from "./lifecycle.js";
+import { about, emit, eventFor, printable, reply } from "./lifecycle.js";
 import type { Logger } from "./log.js";
 import { sleep } from "./timing.js";
 import type { ErrorInfo, Priority, Task } from "./types.js";
 
 const BUSY_POLL_MS = 500;
+/** The coordinator's proof, on a dispatch, that the attempt was given to this agent. */
+const GRANT_HEADER = "Reach-Grant";
 
 /** A handler: `(ctx, payload) => result`, sync or async. */
 export type Handler<P = any, R = unknown> = (ctx: TaskContext, payload: P) => R | Promise<R>;
@@ -109,21 +111,21 @@ export class Executor {
     const spec = this.handlers.get(task.topic);
     if (spec === undefined) {
       const error = { type: "no_handler", message: `${agentId} does not serve '${task.topic}'`, retryable: false };
-      await this.report(task, "failed", error, dispatchedMs);
+      await this.report(msg, task, "failed", error, dispatchedMs);
       return null;
     }
     if (nowMs() - dispatchedMs >= task.ttl_ms) {
       const error = { type: "expired", message: `ttl ${task.ttl_ms} ms passed in the queue of ${agentId}`, retryable: false };
-      await this.report(task, "expired", error, dispatchedMs);
+      await this.report(msg, task, "expired", error, dispatchedMs);
       return null;
     }
     const windowMs = Math.min(spec.deadlineMs ?? task.budget.execute_ms, task.budget.execute_ms);
     // Acknowledging while claiming saves a round trip; a duplicate that turns out
     // to be done already acknowledges, then answers with the stored result.
-    const [claim] = await Promise.all([this.claim(msg, task, windowMs + LEASE_GRACE_MS), this.accept(task)]);
+    const [claim] = await Promise.all([this.claim(msg, task, windowMs + LEASE_GRACE_MS), this.accept(msg, task)]);
     if (claim.kind === "done") {
       this.log.info("already executed; sending the stored result again", { message_id: task.message_id });
-      await this.complete(task, claim.record.result, 0);
+      await this.complete(msg, task, claim.record.result, 0);
       return null;
     }
     const outcome = await this.run(msg, task, spec, claim);
@@ -137,16 +139,16 @@ export class Executor {
     if (outcome.error !== undefined) {
       const error = outcome.error;
       this.log.info("handler failed", { message_id: task.message_id, error_type: error.type, error: error.message });
-      await this.report(task, "failed", error, dispatchedMs);
+      await this.report(msg, task, "failed", error, dispatchedMs);
       return;
     }
     if (!recorded) {
       // Fenced: the task was reassigned while this ran; the new attempt answers.
       this.log.warn("late result rejected: the task was reassigned", { message_id: task.message_id });
-      await emit(this.conn, eventFor(task, "late_result_rejected", this.agentId));
+      await this.say(msg, task, "late_result_rejected");
       return;
     }
-    await this.complete(task, outcome.result, outcome.durationMs);
+    await this.complete(msg, task, outcome.result, outcome.durationMs);
   }
 
   /** Call the handler under its deadline, keeping the message from redelivery meanwhile. */
@@ -201,8 +203,9 @@ export class Executor {
     }
   }
 
+  /** A sub-task this agent sends, as itself (`reach.task.<topic>.<agent_id>`). */
   private async submit(task: Task): Promise<void> {
-    await this.conn.publish(this.conn.names.task(task.topic), encode(task), {
+    await this.conn.publish(this.conn.names.task(task.topic, this.agentId), encode(task), {
       "Nats-Msg-Id": task.message_id,
       "Reach-Trace-Id": task.trace_id,
       "Reach-Priority": task.priority,
@@ -211,47 +214,58 @@ export class Executor {
     });
   }
 
-  private async accept(task: Task): Promise<void> {
+  private async accept(msg: JsMsg, task: Task): Promise<void> {
     const capacity = { free_slots: this.freeSlots(task.priority), est_latency_ms: this.latency.estimateMs };
-    reply(this.conn, task, { kind: "ack", ...about(task, this.agentId), capacity });
-    await emit(this.conn, eventFor(task, "accepted", this.agentId));
+    reply(this.conn, task, { kind: "ack", ...about(task, this.agentId), capacity }, this.agentId);
+    await this.say(msg, task, "accepted");
   }
 
   private async progress(msg: JsMsg, task: Task, note: string): Promise<void> {
     msg.working();
-    reply(this.conn, task, { kind: "progress", ...about(task, this.agentId), note });
-    // Each progress event is its own dedup id (by its time): keep those times distinct.
+    reply(this.conn, task, { kind: "progress", ...about(task, this.agentId), note }, this.agentId);
+    // Progress events keep a rising at_ms per message: the order a reader sees.
     const last = this.lastProgressAt.get(task.message_id) ?? 0;
     const atMs = Math.max(nowMs(), last + 1);
     this.lastProgressAt.set(task.message_id, atMs);
-    await emit(this.conn, eventFor(task, "progress", this.agentId, { note }, atMs));
+    await this.say(msg, task, "progress", { note }, atMs);
   }
 
   /** Answer the sender, then tell the coordinator (the result is already recorded). */
-  private async complete(task: Task, result: unknown, durationMs: number): Promise<void> {
-    reply(this.conn, task, { kind: "result", ...about(task, this.agentId), result: result ?? null });
-    await emit(this.conn, eventFor(task, "completed", this.agentId, { result: result ?? null, duration_ms: durationMs }));
+  private async complete(msg: JsMsg, task: Task, result: unknown, durationMs: number): Promise<void> {
+    reply(this.conn, task, { kind: "result", ...about(task, this.agentId), result: result ?? null }, this.agentId);
+    await this.say(msg, task, "completed", { result: result ?? null, duration_ms: durationMs });
   }
 
   /** Tell the coordinator, which decides between retry and dead letter. */
-  private async report(task: Task, event: "failed" | "expired", error: ErrorInfo, dispatchedMs: number): Promise<void> {
-    const detail = { task, error, dispatched_at_ms: dispatchedMs };
-    await emit(this.conn, eventFor(task, event, this.agentId, detail));
+  private async report(
+    msg: JsMsg,
+    task: Task,
+    event: "failed" | "expired",
+    error: ErrorInfo,
+    dispatchedMs: number,
+  ): Promise<void> {
+    await this.say(msg, task, event, { task, error, dispatched_at_ms: dispatchedMs });
   }
 
+  /** An event about the task, as this agent, carrying the coordinator's grant back. */
+  private async say(msg: JsMsg, task: Task, event: string, detail: Record<string, unknown> = {}, atMs?: number): Promise<void> {
+    const grant = msg.headers?.get(GRANT_HEADER);
+    const withGrant = grant ? { ...detail, grant } : detail;
+    await emit(this.conn, eventFor(task, event, this.agentId, withGrant, atMs), this.agentId);
+  }
+
+  /** A dispatch that is not a task: reported (its bytes, headers, why); the coordinator dead-letters it. */
   private async undecodable(msg: JsMsg, err: DecodeError): Promise<void> {
     const info = msg.info;
     const messageId = stableId(Math.floor(info.timestampNanos / 1e6), info.stream, info.streamSequence);
     this.log.warn("undecodable dispatch", { subject: msg.subject, error: err.message });
-    await deadLetter(this.conn, {
-      reason: "invalid_envelope",
-      messageId,
-      traceId: messageId,
-      topic: "_invalid",
-      raw: msg.data,
-      headers: { ...fromHeaders(msg.headers), "Reach-Subject": msg.subject },
+    const stub = { message_id: messageId, trace_id: messageId, topic: "_invalid", attempt: 1 } as Task;
+    const detail = {
       error: { type: "invalid_envelope", message: err.message, retryable: false },
-    });
+      raw: printable(msg.data),
+      headers: fromHeaders(msg.headers),
+    };
+    await emit(this.conn, eventFor(stub, "failed", this.agentId, detail), this.agentId);
   }
 }
 

@@ -193,7 +193,7 @@ export class Heartbeats {
     const driftS = Math.round(driftMs) / 1000;
     this.log.warn("clock drift", { drift_s: driftS });
     try {
-      await emit(this.conn, agentEvent(this.agentId, "clock_drift", { drift_s: driftS }));
+      await emit(this.conn, agentEvent(this.agentId, "clock_drift", { drift_s: driftS }), this.agentId);
     } catch {
       // informational only
     }

@@ -3,20 +3,34 @@
 import type { Priority } from "./types.js";
 
 export const DEFAULT_PREFIX = "reach";
+/** The sender token of what the coordinator publishes (no party may take it). */
+export const COORDINATOR = "_coordinator";
 
 export class Names {
   constructor(readonly prefix: string = DEFAULT_PREFIX) {}
 
-  task(topic: string): string {
-    return `${this.prefix}.task.${topic}`;
+  /** Intake; an agent's sub-task names the agent as its sender: `reach.task.<topic>.<id>`. */
+  task(topic: string, sender?: string): string {
+    return sender ? `${this.prefix}.task.${topic}.${sender}` : `${this.prefix}.task.${topic}`;
   }
 
   dispatch(agentId: string, priority: Priority): string {
     return `${this.prefix}.agent.${agentId}.${priority.toLowerCase()}`;
   }
 
-  event(event: string, topic: string, traceId: string, messageId: string): string {
-    return `${this.prefix}.event.${event}.${topic}.${traceId}.${messageId}`;
+  /** `reach.event.<event>.<topic>.<trace_id>.<message_id>.<sender>`. */
+  event(event: string, topic: string, traceId: string, messageId: string, sender: string): string {
+    return `${this.prefix}.event.${event}.${topic}.${traceId}.${messageId}.${sender}`;
+  }
+
+  /**
+   * Where a reply from `sender` goes: `<reply_to>.<sender>` for a caller's reply box
+   * (`reach.reply.<caller>.<box>`) or a workflow (`reach.wf.reply.<instance>`), so the
+   * sender is in the subject; `reply_to` itself for any other subject (an operator's inbox).
+   */
+  replySubject(replyTo: string, sender: string): string {
+    const signed = replyTo.startsWith(`${this.prefix}.reply.`) || replyTo.startsWith(`${this.prefix}.wf.reply.`);
+    return signed ? `${replyTo}.${sender}` : replyTo;
   }
 
   dlq(reason: string, topic: string): string {
@@ -35,8 +49,9 @@ export class Names {
     return `${this.prefix}.ctl.agent.${agentId}`;
   }
 
-  get register(): string {
-    return `${this.prefix}.ctl.register`;
+  /** An agent asks for its registration slot as itself. */
+  register(agentId: string): string {
+    return `${this.prefix}.ctl.register.${agentId}`;
   }
 
   get tasksStream(): string {

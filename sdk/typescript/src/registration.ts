@@ -30,7 +30,7 @@ export async function awaitSlot(
   for (let tries = 1; ; tries++) {
     let answer: RegisterReply | null = null;
     try {
-      const msg = await conn.nc.request(conn.names.register, request, { timeout: SLOT_TIMEOUT_MS });
+      const msg = await conn.nc.request(conn.names.register(agentId), request, { timeout: SLOT_TIMEOUT_MS });
       answer = decodeJson(msg.data) as RegisterReply;
     } catch (err) {
       const code = (err as NatsError).code;

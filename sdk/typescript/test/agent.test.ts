@@ -216,7 +216,7 @@ describe("run-once", () => {
     assert.deepEqual(a.result, { calls: 1 });
     assert.deepEqual(b.result, { calls: 1 });
     assert.equal(calls, 1);
-    const record = await (await kv("reach_executions")).get(t.message_id);
+    const record = await (await kv("reach_executions")).get(`_.${t.message_id}.${id}`);
     assert.equal(record?.json<Execution>().state, "done");
     first.close();
     second.close();
@@ -255,12 +255,13 @@ describe("run-once", () => {
     await entered.opened;
     // What the coordinator does when the agent goes OFFLINE: the running claim becomes failed.
     const executions = await kv("reach_executions");
-    const entry = await executions.get(t.message_id);
+    const key = `_.${t.message_id}.${agent.agentId}`; // this agent's record (no caller)
+    const entry = await executions.get(key);
     const record = entry!.json<Execution>();
     assert.equal(record.state, "running");
     assert.equal(record.epoch, agent.epoch);
     const fenced = { ...record, state: "failed", error: { type: "reassigned", message: "test", retryable: true } };
-    await executions.update(t.message_id, JSON.stringify(fenced), entry!.revision);
+    await executions.update(key, JSON.stringify(fenced), entry!.revision);
     release.open();
     const rejected = await events.next((e) => e.event === "late_result_rejected");
     assert.equal(rejected.agent_id, agent.agentId);
@@ -294,7 +295,7 @@ describe("the agent's queue", () => {
     replies.close();
   });
 
-  it("dead-letters an undecodable dispatch as invalid_envelope", async () => {
+  it("reports an undecodable dispatch, which the coordinator dead-letters as invalid_envelope", async () => {
     const id = unique("ts-garbage");
     await started(newAgent(id).handler(unique("any"), () => null));
     const dlq = new Watcher<DeadLetter>(stack.nc, "reach.dlq.invalid_envelope._invalid");
@@ -306,6 +307,7 @@ describe("the agent's queue", () => {
     assert.equal(letter.error?.type, "invalid_envelope");
     assert.match(letter.error?.message ?? "", /at `\$`/);
     assert.equal(letter.headers["Nats-Msg-Id"], `garbage-${id}`);
+    assert.equal(letter.headers["Reach-Reported-By"], id);
     dlq.close();
   });
 });

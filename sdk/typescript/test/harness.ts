@@ -196,6 +196,7 @@ export function task(topic: string, payload: unknown, fields: Partial<Task> = {}
     priority: "P1",
     budget: { seek_ms: 1_000, ack_ms: 2_000, execute_ms: 20_000 },
     replay_of: null,
+    caller: null,
     headers: {},
     ...fields,
   };
@@ -221,7 +222,7 @@ export async function send(
 
 /** Events of one message, as they are published. */
 export function eventsOf(stack: Stack, messageId: string): Watcher<Event> {
-  return new Watcher<Event>(stack.nc, `reach.event.*.*.*.${messageId}`);
+  return new Watcher<Event>(stack.nc, `reach.event.*.*.*.${messageId}.*`);
 }
 
 /** Wait until `kv[key]` satisfies `match` (null: the key is absent or deleted). */

@@ -3,9 +3,14 @@
 // defaults in, and writers write every field.
 
 /**
- * `accepted`: the agent took the task (it sent its `ack`). No keys.
+ * `accepted`: the agent took the task (it sent its `ack`). No other keys.
  */
-export interface AcceptedDetail {}
+export interface AcceptedDetail {
+  /**
+   * default null
+   */
+  grant: string | null;
+}
 
 /**
  * The agent accepted the task (phase one of the two-phase ACK).
@@ -111,11 +116,35 @@ export interface AgentStateDetail {
 }
 
 /**
- * `alert` (about an agent): something an operator should look at.
+ * `alert` (about an agent): something an operator should look at — `unresponsive`,
+ * or `impersonation` (an event dropped: `why`, the agent it `claimed`, its `kind`
+ * and `message_id`).
  */
 export interface AlertDetail {
   problem: string;
+  /**
+   * default null
+   */
+  why: string | null;
+  /**
+   * default null
+   */
+  claimed: string | null;
+  /**
+   * default null
+   */
+  kind: string | null;
+  /**
+   * default null
+   */
+  message_id: string | null;
 }
+
+/**
+ * `answered_from_record`: the message had finished on `agent_id` (the event's), and
+ * its stored result answered instead of a new run. No keys.
+ */
+export interface AnsweredFromRecordDetail {}
 
 /**
  * `breaker_opened`, `breaker_half_open`, `breaker_closed` (`intent` set) and
@@ -221,6 +250,10 @@ export interface ClockDriftDetail {
  * delivery was answered from the execution record).
  */
 export interface CompletedDetail {
+  /**
+   * default null
+   */
+  grant: string | null;
   result: unknown;
   /**
    * >= 0
@@ -394,7 +427,8 @@ export interface Event {
 }
 
 /**
- * An agent's record of running one message, in `reach_executions` by message_id.
+ * An agent's record of running one message, in `reach_executions` under
+ * :func:`execution_key` (each agent writes only its own).
  *
  * `running` holds a lease: until `lease_until_ms` no other delivery of the
  * message may run it. `done` keeps the result, so a redelivery or a republish
@@ -432,6 +466,10 @@ export interface Execution {
    * default 0
    */
   finished_at_ms: number;
+  /**
+   * default null
+   */
+  caller: string | null;
 }
 
 /**
@@ -490,9 +528,14 @@ export interface Intent {
 }
 
 /**
- * `late_result_rejected`: a result lost its claim (fenced) and was not sent. No keys.
+ * `late_result_rejected`: a result lost its claim (fenced) and was not sent.
  */
-export interface LateResultRejectedDetail {}
+export interface LateResultRejectedDetail {
+  /**
+   * default null
+   */
+  grant: string | null;
+}
 
 /**
  * A duty held by one coordinator replica until `until_ms`, in `reach_leases`.
@@ -540,6 +583,10 @@ export interface Liveness {
  * retry from it), why, and the broker time of the dispatch (for the ttl left).
  */
 export interface OutcomeDetail {
+  /**
+   * default null
+   */
+  grant: string | null;
   task: Task;
   error: ErrorInfo;
   /**
@@ -592,6 +639,10 @@ export interface Progress {
  * `progress`: the handler reported progress.
  */
 export interface ProgressDetail {
+  /**
+   * default null
+   */
+  grant: string | null;
   note: string;
 }
 
@@ -700,6 +751,47 @@ export interface RetryScheduledDetail {
    */
   delay_ms: number;
   error: ErrorInfo;
+}
+
+/**
+ * The coordinator tells the sender which agent has this attempt: replies from any
+ * other agent are not about this task.
+ */
+export interface Routed {
+  kind: "routed";
+  v: 1;
+  /**
+   * subject-safe token — pattern `^[A-Za-z0-9_-]{1,128}$`
+   */
+  message_id: string;
+  /**
+   * subject-safe token — pattern `^[A-Za-z0-9_-]{1,128}$`
+   */
+  trace_id: string;
+  /**
+   * subject-safe token — pattern `^[A-Za-z0-9_-]{1,128}$`
+   */
+  topic: string;
+  /**
+   * default null
+   */
+  from_agent: string | null;
+  /**
+   * default null
+   */
+  to_agent: string | null;
+  /**
+   * >= 1, default 1
+   */
+  attempt: number;
+  /**
+   * default 0
+   */
+  created_at: number;
+  /**
+   * subject-safe token — pattern `^[A-Za-z0-9_-]{1,128}$`
+   */
+  agent_id: string;
 }
 
 /**
@@ -837,6 +929,10 @@ export interface Task {
    */
   replay_of: string | null;
   /**
+   * subject-safe token — pattern `^[A-Za-z0-9_-]{1,128}$`, default null
+   */
+  caller: string | null;
+  /**
    * default {}
    */
   headers: Record<string, string>;
@@ -849,6 +945,20 @@ export interface TimerDue {
   key: string;
   visit: number;
   due_ms: number;
+}
+
+/**
+ * `failed` about a dispatch that was no task (topic `_invalid`, a message id the
+ * agent derived from the stream and sequence): its bytes and headers, and why; the
+ * coordinator dead-letters it as `invalid_envelope`.
+ */
+export interface UndecodableDetail {
+  error: ErrorInfo;
+  raw: string | null;
+  /**
+   * default {}
+   */
+  headers: Record<string, string>;
 }
 
 /**
@@ -916,7 +1026,7 @@ export interface WorkflowRecord {
 /**
  * Any envelope v1, told apart by `kind`.
  */
-export type Envelope = Task | Ack | Progress | Result | ErrorReply | Event | DeadLetter;
+export type Envelope = Task | Ack | Progress | Result | ErrorReply | Routed | Event | DeadLetter;
 
 /** The `detail` of each lifecycle event whose shape is fixed, by event name. */
 export interface EventDetails {
@@ -925,6 +1035,7 @@ export interface EventDetails {
   "agent_restored": BreakerDetail;
   "agent_state": AgentStateDetail;
   "alert": AlertDetail;
+  "answered_from_record": AnsweredFromRecordDetail;
   "breaker_closed": BreakerDetail;
   "breaker_half_open": BreakerDetail;
   "breaker_opened": BreakerDetail;
@@ -933,6 +1044,7 @@ export interface EventDetails {
   "dead_lettered": DeadLetteredDetail;
   "expired": OutcomeDetail;
   "failed": OutcomeDetail;
+  "failed_undecodable": UndecodableDetail;
   "isolation_trial": BreakerDetail;
   "late_result_rejected": LateResultRejectedDetail;
   "progress": ProgressDetail;
