@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from agentreach.agents import Agent
+from agentreach.agents import Agent, execution
 from agentreach.agents import claims as sdk_claims
 from agentreach.agents import heartbeats as sdk_heartbeats
 from agentreach.agents.claims import Claimed
@@ -85,3 +85,13 @@ async def test_an_unknown_clause_is_a_usage_error(broker, clause):
     """--only names clauses by number or name; anything else is refused."""
     done = await run(*reach_argv(broker, "conformance", "x", "--only", clause))
     assert done.returncode == 1 and f"no clause {clause}" in done.stderr
+
+
+async def test_an_agent_that_drops_the_grant_fails_the_event_clause(
+    broker, coordinator, monkeypatch
+):
+    """An agent whose events do not carry the dispatch's grant back fails clause 17."""
+    monkeypatch.setattr(execution.Job, "grant", property(lambda job: None))
+    verdicts = await judge(broker, conformance_agent("graceless-1"), "6", "events.format")
+    assert verdicts["events.format"].status is Status.FAIL
+    assert "grant not echoed" in verdicts["events.format"].detail
