@@ -5,7 +5,8 @@ command line) can catch them all with one ``except ReachError``.
     ├── EnvelopeError               agentreach.envelopes: bytes that are not a valid envelope
     │   └── DecodeError
     ├── BrokerError                 agentreach.broker: NATS / JetStream failures, translated
-    │   ├── ConnectError, BrokerTimeout, NoResponders, NoStreamError, ProvisionError, …
+    │   ├── ConnectError            AuthenticationFailed: the server refused the credentials
+    │   ├── BrokerTimeout, NoResponders, NoStreamError, ProvisionError, …
     │   └── JetStreamError          StreamNotFound, ConsumerNotFound, WrongLastSequence, …
     ├── ConfigError                 agentreach.coordinator: a configuration file is wrong
     ├── AgentConfigError            agentreach.agents: an Agent or handler declared wrongly

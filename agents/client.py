@@ -29,6 +29,8 @@ from agentreach.envelopes import (
     Priority,
     Progress,
     Result,
+    StatusReply,
+    StatusRequest,
     Task,
     new_id,
     now_ms,
@@ -168,9 +170,17 @@ class ReachClient:
         finally:
             self._waiting.discard(replies)
 
-    async def status(self, message_id: str) -> list[Event]:
-        """The recorded lifecycle events of ``message_id``, oldest first."""
-        return await trace_of(self.broker, message_id)
+    async def status(self, message_id: str, *, timeout_s: float = 5.0) -> list[Event]:
+        """The recorded lifecycle events of ``message_id``, oldest first.
+
+        With credentials (a secured deployment) the coordinator answers, and only about this
+        caller's own messages; on an open server the client reads the event stream itself."""
+        if self.broker.auth.identity is None:
+            return await trace_of(self.broker, message_id)
+        request = envelopes.encode(StatusRequest(message_id=message_id))
+        subject = self.broker.names.status(self.caller)
+        answer = await self.broker.request(subject, request, timeout=timeout_s)
+        return envelopes.decode_as(answer.data, StatusReply).events
 
 
 async def _await_result(

@@ -20,6 +20,7 @@ from agentreach.broker.consume import (
 from agentreach.broker.direct import read_stream
 from agentreach.broker.embedded import EmbeddedServer, find_server_binary
 from agentreach.broker.errors import (
+    AuthenticationFailed,
     BrokerError,
     BrokerTimeout,
     ConnectError,
@@ -46,6 +47,7 @@ from agentreach.broker.watch import BucketWatch, Change
 __all__ = [
     "DEFAULT_URL",
     "Auth",
+    "AuthenticationFailed",
     "Broker",
     "BrokerError",
     "BrokerTimeout",

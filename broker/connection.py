@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import random
 from collections.abc import AsyncIterator
 from enum import Enum
@@ -22,6 +24,7 @@ from nats.js.kv import KeyValue
 from agentreach.broker.auth import Auth
 from agentreach.broker.bucket import Bucket
 from agentreach.broker.errors import (
+    AuthenticationFailed,
     BrokerError,
     ConnectError,
     StreamNotFound,
@@ -58,6 +61,16 @@ async def connected(
         return
     async with Broker(nats_url, name=name, names=names, wait=wait, auth=auth) as own:
         yield own
+
+
+MSG_ID = "Nats-Msg-Id"
+
+
+def sealed_id(msg_id: str, secret: bytes) -> str:
+    """``msg_id`` with a MAC only holders of ``secret`` can make: the same for the same id
+    (so duplicates still meet), impossible for anyone else to publish first."""
+    mac = hmac.new(secret, msg_id.encode(), hashlib.sha256).hexdigest()[:16]
+    return f"{msg_id}-{mac}"
 
 
 class _State(Enum):
@@ -104,6 +117,10 @@ class Broker:
         self._first_error: Exception | None = None
         self._down_since: float | None = None
         self.reconnects = 0  # how often the connection came back (views may need a grace)
+        # With a secret, every Nats-Msg-Id this connection publishes is made unguessable:
+        # dedup is stream-wide, so whoever may publish into a stream could otherwise
+        # suppress a message by publishing its id first (see :meth:`publish`).
+        self.dedup_secret: bytes | None = None
 
     async def __aenter__(self) -> Self:
         if self._state is not _State.UNOPENED:
@@ -115,7 +132,7 @@ class Broker:
                 self._nc = await self._connect()
                 break
             except ConnectError as exc:
-                if not self._wait:
+                if not self._wait or isinstance(exc, AuthenticationFailed):
                     self._state = _State.CLOSED
                     raise
                 wait_s = min(WAIT_CAP_S, WAIT_FIRST_S * 2**tries) * random.uniform(0.8, 1.2)
@@ -137,8 +154,9 @@ class Broker:
         self._first_error = None
         servers = server_list(self.url)
         options = self.auth.connect_options(servers)
+        nc = NATS()
         try:
-            return await nats.connect(
+            await nc.connect(
                 servers=servers,
                 name=self.name,
                 connect_timeout=self._connect_timeout,
@@ -157,10 +175,16 @@ class Broker:
                 **options,
             )
         except Exception as exc:
+            with contextlib.suppress(Exception):
+                await nc.close()  # nats-py leaves the socket of a refused connect open
             reason = str(self._first_error or exc) or type(exc).__name__
+            message = f"cannot connect to NATS at {self.shown_url}: {reason}"
             if "uthorization" in reason or "uthentication" in reason:
-                reason += " (check --creds / NATS_CREDS, or the server's users)"
-            raise ConnectError(f"cannot connect to NATS at {self.shown_url}: {reason}") from None
+                raise AuthenticationFailed(
+                    f"{message} (check --creds / NATS_CREDS, or the server's users)"
+                ) from None
+            raise ConnectError(message) from None
+        return nc
 
     async def __aexit__(
         self,
@@ -207,6 +231,8 @@ class Broker:
         timeout: float | None = None,
     ) -> api.PubAck:
         """JetStream publish; a ``Nats-Msg-Id`` header makes the stream drop duplicates."""
+        if self.dedup_secret and headers and MSG_ID in headers:
+            headers = {**headers, MSG_ID: sealed_id(headers[MSG_ID], self.dedup_secret)}
         with translated(subject=subject):
             return await self.js.publish(
                 subject, data, headers=headers, timeout=timeout or self.request_timeout

@@ -10,6 +10,7 @@ import shutil
 import sys
 import sysconfig
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -61,11 +62,18 @@ class EmbeddedServer:
         port: int = 4222,
         store_dir: Path | str = DEFAULT_STORE_DIR,
         ready_timeout: float = 10.0,
+        config: Path | None = None,
+        on_log: Callable[[str], None] | None = None,
     ) -> None:
+        """``config`` is a nats-server config file (e.g. one that includes the ``auth.conf``
+        of ``reach auth init``); the arguments here override what it says. ``on_log`` gets
+        each line the server logs."""
         self.host = host
         self.port = port
         self.store_dir = Path(store_dir)
         self.ready_timeout = ready_timeout
+        self.config = config
+        self._on_log = on_log
         self.url = ""
         self._process: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
@@ -78,8 +86,10 @@ class EmbeddedServer:
         binary = find_server_binary()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self._lock_store()
+        config = ["-c", str(self.config)] if self.config else []
         self._process = await asyncio.create_subprocess_exec(
             str(binary),
+            *config,
             "-js",
             "-a",
             self.host,
@@ -152,7 +162,7 @@ class EmbeddedServer:
         assert self._process is not None and self._process.stderr is not None
         port: str | None = None
         while line := (await self._process.stderr.readline()).decode(errors="replace"):
-            self._tail.append(line.rstrip())
+            self._logged(line.rstrip())
             if match := _LISTENING.search(line):
                 port = match.group("port")
             if _READY in line and port:
@@ -165,7 +175,12 @@ class EmbeddedServer:
         # nats-server blocks once the pipe is full, so the rest must be read.
         assert self._process is not None and self._process.stderr is not None
         while line := await self._process.stderr.readline():
-            self._tail.append(line.decode(errors="replace").rstrip())
+            self._logged(line.decode(errors="replace").rstrip())
+
+    def _logged(self, line: str) -> None:
+        self._tail.append(line)
+        if self._on_log is not None:
+            self._on_log(line)
 
     def _failure_reason(self) -> str:
         text = "\n".join(self._tail)

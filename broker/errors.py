@@ -46,6 +46,10 @@ class ConnectError(BrokerError):
     """No NATS server could be reached."""
 
 
+class AuthenticationFailed(ConnectError):
+    """The server refused the credentials (or their absence): waiting will not help."""
+
+
 class BrokerTimeout(BrokerError):
     """The server did not answer in time."""
 

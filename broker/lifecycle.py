@@ -40,7 +40,7 @@ def about(task: Task, **fields: Any) -> dict[str, Any]:
 
 def event_for(about_: Task, event: str, /, *, agent_id: str | None = None, **detail: Any) -> Event:
     """An event about a task, carrying its ids, topic and attempt; ``detail`` is free-form."""
-    fields = about(about_, event=event, agent_id=agent_id, detail=detail)
+    fields = about(about_, event=event, agent_id=agent_id, caller=about_.caller, detail=detail)
     fields["at_ms"] = fields.pop("created_at")
     return Event(**fields)
 
@@ -82,6 +82,10 @@ async def emit(broker: Broker, event: Event, *, sender: str = COORDINATOR) -> No
         msg_id = f"{event.message_id}-{event.event}-{event.attempt}-{sender}"
         if event.event == "routed":  # an agent that refuses leads to routing again
             msg_id += f"-{event.agent_id}"
+        grant = event.detail.get("grant")
+        if sender != COORDINATOR and isinstance(grant, str):
+            # Only the coordinator and this agent know the grant: nobody can pre-empt the id.
+            msg_id += f"-{grant[:16]}"
         headers = {"Nats-Msg-Id": msg_id}
     await broker.publish(subject, envelopes.encode(event), headers=headers)
 

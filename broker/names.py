@@ -163,6 +163,14 @@ class Names(msgspec.Struct, frozen=True):
     def registrations(self) -> str:
         return f"{self.prefix}.ctl.register.*"
 
+    def status(self, caller: str) -> str:
+        """A caller asks the coordinator for the events of one of its own messages."""
+        return f"{self.prefix}.ctl.status.{caller}"
+
+    @property
+    def statuses(self) -> str:
+        return f"{self.prefix}.ctl.status.*"
+
     @property
     def clear(self) -> str:
         return f"{self.prefix}.ctl.clear"
@@ -216,6 +224,11 @@ class Names(msgspec.Struct, frozen=True):
     @property
     def breakers_bucket(self) -> str:
         return f"{self.prefix}_breakers"
+
+    @property
+    def quotas_bucket(self) -> str:
+        """Callers' token buckets, shared by every coordinator replica."""
+        return f"{self.prefix}_quotas"
 
     # -- advisories -------------------------------------------------------------
     @property

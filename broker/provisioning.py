@@ -81,7 +81,7 @@ async def _ensure_bucket(js: nats.js.JetStreamContext, bucket: BucketSpec) -> Ou
     # A writer of its own key could wipe the whole bucket with a roll-up header: no roll-ups
     # (Agent-Reach deletes keys, it never purges them).
     wanted.allow_rollup_hdrs, wanted.deny_purge = False, True
-    outcome = await _update_if_changed(js, existing, wanted)
+    outcome = await _update_if_changed(js, existing, wanted, quiet=created)
     return Outcome.CREATED if created else outcome
 
 
@@ -102,7 +102,11 @@ _IMMUTABLE = ("retention", "storage")
 
 
 async def _update_if_changed(
-    js: nats.js.JetStreamContext, existing: api.StreamConfig, wanted: api.StreamConfig
+    js: nats.js.JetStreamContext,
+    existing: api.StreamConfig,
+    wanted: api.StreamConfig,
+    *,
+    quiet: bool = False,
 ) -> Outcome:
     changed = [f for f in _MANAGED if _norm(getattr(existing, f)) != _norm(getattr(wanted, f))]
     if not changed:
@@ -121,7 +125,8 @@ async def _update_if_changed(
         await js.update_stream(merged)
     except nats.js.errors.APIError as exc:
         raise _provision_error(wanted.name, exc) from exc
-    log.info("stream updated", stream=wanted.name, fields=changed)
+    if not quiet:
+        log.info("stream updated", stream=wanted.name, fields=changed)
     return Outcome.UPDATED
 
 

@@ -162,6 +162,11 @@ class Topology:
                     description="Circuit breakers per agent.intent, isolation per agent",
                 ),
                 BucketSpec(
+                    name=n.quotas_bucket,
+                    # No ttl: a record dropped early would hand its caller a full bucket.
+                    description="Token buckets per caller, shared by every coordinator replica",
+                ),
+                BucketSpec(
                     name=n.executions_bucket,
                     ttl_s=executions_ttl_s,
                     description="Execution records by message_id (exactly-once effect)",

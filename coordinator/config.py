@@ -9,9 +9,14 @@ concern, so a mistake fails at start with the path of the mistake.
     routing:     {min_confidence: 0, rules: [...], reload_poll_s: 1}
     queues:      {capacity: {P0: 10, P1: 200, P2: 1000}, high_watermark: 0.8, ...}
     breakers:    {window_s: 300, error_ratio: 0.4, ...}
-    rate_limits: {topics: {...}, agents: {...}, wait_s: 0.1}
+    rate_limits: {topics: {...}, agents: {...}, wait_s: 0.1,
+                  callers: {default: {rate: 100, burst: 200}, <caller>: {rate: 10, burst: 50}}}
     security:    {seal_key_file: /etc/reach/auth/coordinator.seal}
     workflows:   {<name>: <definition>}
+
+``rate_limits.callers`` gives callers quotas (``default``: every caller not named): one token
+bucket per caller in KV ``reach_quotas``, shared by every replica; without it, no caller is
+limited. The topics' and agents' buckets are each replica's own.
 """
 
 from __future__ import annotations

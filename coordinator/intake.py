@@ -1,4 +1,5 @@
-"""From a message on ``reach.task.<topic>`` to a dispatched task or a dead letter."""
+"""From a message on ``reach.task.<topic>[.<sender>]`` to a dispatched task, a dead letter,
+or a refusal of a caller over its quota."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import structlog
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.lifecycle import dead_letter, reply
 from agentreach.coordinator.delivery.dead_letters import error_reply
+from agentreach.coordinator.protection.quotas import CallerQuotas
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.workflows.engine import WorkflowEngine
 from agentreach.envelopes import (
@@ -32,10 +34,17 @@ INVALID_TOPIC = "_invalid"
 class Intake:
     """Validates or wraps each intake message, then hands it to the router."""
 
-    def __init__(self, broker: Broker, router: Router, workflows: WorkflowEngine) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        router: Router,
+        workflows: WorkflowEngine,
+        quotas: CallerQuotas | None = None,
+    ) -> None:
         self._broker = broker
         self._router = router
         self._workflows = workflows
+        self._quotas = quotas
 
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
@@ -61,6 +70,10 @@ class Intake:
             # The ttl runs from the broker's receipt, on this coordinator's clock.
             left_ms = ttl_left_ms(task.ttl_ms, msg.timestamp_ms)
             seen_before = msg.num_delivered > 1
+            # Only the caller the subject names is charged (permissions make it the real
+            # one), once: a republish on the bare form (a reassignment) is not a new call.
+            if sender is not None and not seen_before and not await self._within_quota(task):
+                return None
             if not self._workflows.serves(task.topic):
                 return await self._router.dispatch(
                     task,
@@ -73,6 +86,27 @@ class Intake:
                 return None
             await self._workflows.start(task, seen_before=seen_before)
             return None
+
+    async def _within_quota(self, task: Task) -> bool:
+        """Take a token of the caller's quota; False when the task was refused for it
+        (an error to the caller and a ``rejected`` event, no dead letter)."""
+        if self._quotas is None or task.caller is None:
+            return True
+        over = await self._quotas.admit(task.caller)
+        if over is None:
+            return True
+        limit = over.limit
+        await self._router.reject(
+            task,
+            "rate_limited",
+            f"caller {over.caller!r} is over its quota {over.quota!r} "
+            f"({limit.rate:g}/s, burst {limit.burst}); retry in {over.retry_after_ms} ms",
+            retry_after_ms=over.retry_after_ms,
+            dead_letter=False,
+            caller=over.caller,
+            quota={"name": over.quota, "rate": limit.rate, "burst": limit.burst},
+        )
+        return False
 
     def _reply_policy(self, sender: str | None) -> ReplyPolicy:
         """Where replies may go: a sender's own reply box only (``reach.reply.<sender>.…``);

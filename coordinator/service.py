@@ -25,6 +25,7 @@ from agentreach.coordinator.config import ConfigError, CoordinatorConfig
 from agentreach.coordinator.consumption import Consumption, Handler
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import OUTCOME_EVENTS, Outcomes
+from agentreach.coordinator.delivery.status import StatusDesk
 from agentreach.coordinator.intake import Intake
 from agentreach.coordinator.lease import Lease
 from agentreach.coordinator.liveness.control import LivenessControl
@@ -33,6 +34,7 @@ from agentreach.coordinator.protection.breaker_board import BreakerBoard
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.protection.outcome_feed import follow_outcomes
 from agentreach.coordinator.protection.queues import QueueDepths
+from agentreach.coordinator.protection.quotas import CallerQuotas
 from agentreach.coordinator.protection.rate_limits import RateLimiter
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.fleet import Fleet
@@ -77,13 +79,15 @@ class Coordinator:
             grants = Grants.from_config(config.security)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"security.seal_key_file: {exc}") from None
+        broker.dedup_secret = broker.dedup_secret or grants.key  # replicas share the key
         self.router = Router(broker, fleet, config.routing, grants)
         self.workflows = WorkflowEngine(broker, config.workflows)
         self.liveness = LivenessMonitor(broker, config.liveness)
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id
         )
-        self._intake = Intake(broker, self.router, self.workflows)
+        self.quotas = CallerQuotas(broker, config.rate_limits)
+        self._intake = Intake(broker, self.router, self.workflows, self.quotas)
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
         self._advisories = Advisories(broker)
         self._control = LivenessControl(config.liveness, self.liveness)
@@ -139,6 +143,8 @@ class Coordinator:
         )
         await self.broker.subscribe(names.clear, self._control.on_clear)  # the judge answers
         await self.broker.subscribe(names.routes_reload, self.routes.on_request)  # every replica
+        status = StatusDesk(self.broker)
+        await self.broker.subscribe(names.statuses, status.on_request, queue="coordinators")
 
     def _loops(self) -> list[tuple[ConsumerSpec, int, Handler]]:
         names, config = self.broker.names, self.config

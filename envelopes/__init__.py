@@ -5,8 +5,8 @@
 - :mod:`~agentreach.envelopes.registry`: agent cards, heartbeats, liveness, registration;
 - :mod:`~agentreach.envelopes.executions`: run-once execution records;
 - :mod:`~agentreach.envelopes.events`: the ``detail`` of each lifecycle event;
-- :mod:`~agentreach.envelopes.coordination`: the coordinator's breaker, lease, workflow and
-  timer records;
+- :mod:`~agentreach.envelopes.coordination`: the coordinator's breaker, lease, quota,
+  workflow and timer records;
 - :mod:`~agentreach.envelopes.codec`, :mod:`~agentreach.envelopes.intake`,
   :mod:`~agentreach.envelopes.headers`, :mod:`~agentreach.envelopes.schema`,
   :mod:`~agentreach.envelopes.clock`, :mod:`~agentreach.envelopes.ids`.
@@ -27,6 +27,7 @@ from agentreach.envelopes.codec import (
 from agentreach.envelopes.coordination import (
     BreakerRecord,
     LeaseRecord,
+    QuotaRecord,
     ReloadReply,
     StepRun,
     TimerDue,
@@ -70,6 +71,8 @@ from agentreach.envelopes.registry import (
     RateLimit,
     RegisterReply,
     RegisterRequest,
+    StatusReply,
+    StatusRequest,
 )
 from agentreach.envelopes.schema import all_schemas, json_schema
 
@@ -101,6 +104,7 @@ __all__ = [
     "Message",
     "Priority",
     "Progress",
+    "QuotaRecord",
     "RateLimit",
     "RegisterReply",
     "RegisterRequest",
@@ -108,6 +112,8 @@ __all__ = [
     "Reply",
     "Result",
     "Routed",
+    "StatusReply",
+    "StatusRequest",
     "StepRun",
     "Task",
     "TimerDue",

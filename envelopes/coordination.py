@@ -1,5 +1,5 @@
 """Records the coordinator keeps in KV and on its own subjects: circuit breakers, leases,
-workflow instances and their timers, and the answers of a routes reload.
+callers' quotas, workflow instances and their timers, and the answers of a routes reload.
 
 They are wire formats like the envelopes: other replicas, the ``reach`` command line and
 tools read them, so they evolve by the same rules (new fields with defaults).
@@ -47,6 +47,14 @@ class LeaseRecord(msgspec.Struct, frozen=True):
 
     holder: str
     until_ms: int
+
+
+class QuotaRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A caller's token bucket in ``reach_quotas`` (key: the caller): ``tokens`` left at
+    ``at_ms``; every replica refills it from there and takes from it by compare-and-set."""
+
+    tokens: float
+    at_ms: int
 
 
 StepStatus = Literal["waiting", "running", "completed", "failed", "timed_out", "cancelled"]

@@ -62,11 +62,13 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """Why something failed. ``retryable`` false means: do not try again."""
+    """Why something failed. ``retryable`` false means: do not try again; ``retry_after_ms``,
+    when given, is how long to wait before trying (a quota refills by then)."""
 
     type: str
     message: str
     retryable: bool = True
+    retry_after_ms: int | None = None
 
 
 class _Base(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
@@ -145,6 +147,7 @@ class Event(_AboutTask, frozen=True, kw_only=True, tag="event"):
 
     event: str
     agent_id: str | None = None
+    caller: Token | None = None  # who sent the task (its intake subject's sender)
     at_ms: int = 0
     detail: dict[str, Any] = {}
 

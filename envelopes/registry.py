@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from agentreach.envelopes.messages import Token
+from agentreach.envelopes.messages import Event, Token
 
 
 class Intent(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,6 +88,20 @@ class RegisterReply(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     retry_after_ms: int = 0
     heartbeat_interval_s: float | None = None
+
+
+class StatusRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A caller's question on ``reach.ctl.status.<caller>``: the trace of its message."""
+
+    message_id: str
+
+
+class StatusReply(msgspec.Struct, frozen=True, kw_only=True):
+    """The recorded events of the message, oldest first; empty when the message is not the
+    asking caller's (or unknown). ``truncated``: the oldest ones did not fit one reply."""
+
+    events: list[Event] = []
+    truncated: bool = False
 
 
 class AgentControl(msgspec.Struct, frozen=True, kw_only=True):

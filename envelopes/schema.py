@@ -16,6 +16,7 @@ import msgspec
 from agentreach.envelopes.coordination import (
     BreakerRecord,
     LeaseRecord,
+    QuotaRecord,
     ReloadReply,
     TimerDue,
     WorkflowRecord,
@@ -40,6 +41,8 @@ from agentreach.envelopes.registry import (
     Liveness,
     RegisterReply,
     RegisterRequest,
+    StatusReply,
+    StatusRequest,
 )
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -64,6 +67,8 @@ RECORDS: dict[str, tuple[Any, str]] = {
     "register_request": (RegisterRequest, "Request on reach.ctl.register (core request/reply)."),
     "register_reply": (RegisterReply, "The coordinator's answer on reach.ctl.register."),
     "agent_control": (AgentControl, "Coordinator to agent, on reach.ctl.agent.<agent_id>."),
+    "status_request": (StatusRequest, "A caller asks on reach.ctl.status.<caller> (request)."),
+    "status_reply": (StatusReply, "The coordinator's answer on reach.ctl.status.<caller>."),
     **{
         f"events/{name}": (
             kind,
@@ -79,6 +84,7 @@ RECORDS: dict[str, tuple[Any, str]] = {
     ),
     "coordination/breaker": (BreakerRecord, "Informative: KV reach_breakers."),
     "coordination/lease": (LeaseRecord, "Informative: KV reach_leases."),
+    "coordination/quota": (QuotaRecord, "Informative: KV reach_quotas (key: the caller)."),
     "coordination/workflow": (WorkflowRecord, "Informative: KV reach_workflows."),
     "coordination/timer": (TimerDue, "Informative: a workflow timer on reach.wf.timer.<id>."),
     "coordination/reload_reply": (ReloadReply, "Informative: answer on reach.ctl.routes.reload."),

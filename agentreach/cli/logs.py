@@ -3,9 +3,33 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
+from typing import Any
 
 import structlog
+
+SECRET_KEYS = frozenset({"password", "token", "seed", "nkey", "creds", "jwt", "secret"})
+# user:password@ or token@ inside a URL (nats://, tls://, ws://, …)
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<userinfo>[^/@\s,]+)@")
+
+
+def redact_secrets(
+    logger: Any, method: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """A second net under the code's own care: values of secret-named keys become ``***``,
+    and credentials inside URLs are cut from every string value."""
+    for key, value in event.items():
+        if key.lower() in SECRET_KEYS and value is not None:
+            event[key] = "***"
+        elif isinstance(value, str) and "@" in value:
+            event[key] = _URL_CREDENTIALS.sub(_hide_userinfo, value)
+    return event
+
+
+def _hide_userinfo(match: re.Match[str]) -> str:
+    user, has_password, _ = match["userinfo"].partition(":")
+    return f"{match['scheme']}{user}:***@" if has_password else f"{match['scheme']}***@"
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -24,6 +48,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
             structlog.processors.format_exc_info,
+            redact_secrets,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),

@@ -8,6 +8,7 @@ import sys
 
 from agentreach.cli import (
     agents,
+    auth,
     conformance,
     dlq,
     provision,
@@ -22,7 +23,19 @@ from agentreach.cli.logs import configure_logging
 from agentreach.cli.options import Commands
 from agentreach.errors import ReachError
 
-GROUPS = (serve, publish, trace, provision, schema, agents, workflows, routes, dlq, conformance)
+GROUPS = (
+    serve,
+    publish,
+    trace,
+    provision,
+    schema,
+    agents,
+    workflows,
+    routes,
+    dlq,
+    auth,
+    conformance,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

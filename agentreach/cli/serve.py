@@ -118,6 +118,10 @@ async def nats_server(url: str | None, *, port: int, data_dir: Path) -> AsyncIte
         yield url
         return
     async with EmbeddedServer(port=port, store_dir=data_dir) as server:
+        log.warning(
+            "development server: no authentication, loopback only (README: Securing a deployment)",
+            url=server.url,
+        )
         yield server.url
 
 

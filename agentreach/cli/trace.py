@@ -98,7 +98,7 @@ def _detail(event: Event) -> str:
             return _routed(event)
         case "completed":
             return f"in {d.get('duration_ms', '?')} ms, result {_short(d.get('result'))}"
-        case "failed" | "expired":
+        case "failed" | "expired" | "rejected":
             return _error(d.get("error"))
         case "dead_lettered":
             error = d.get("error") or {}

@@ -128,8 +128,11 @@ class Session:
         to_agent: str | None = None,
         priority: Priority = "P1",
     ) -> Task:
-        """A task for the agent, in a trace of its own."""
+        """A task for the agent, in a trace of its own, whose replies come to a reply box of
+        the kit's (``reach.reply.reach-conformance.<box>``: where an agent may answer even on
+        a server with permissions)."""
         message_id = new_id()
+        box = self.names.reply_box(CALLER, message_id.replace("-", ""))
         return Task(
             v=1,
             message_id=message_id,
@@ -139,18 +142,12 @@ class Session:
             ttl_ms=ttl_ms,
             budget=budget or Budget(),
             attempt=attempt,
-            reply_to=self.broker.new_inbox() if reply else None,
+            reply_to=box if reply else None,
             to_agent=to_agent,
             priority=priority,
-            from_agent="reach-conformance",
+            from_agent=CALLER,
             created_at=now_ms(),
         )
-
-    def boxed(self, task: Task) -> Task:
-        """``task`` sent by the kit as a caller with a reply box of its own (replies then come
-        back on ``<box>.<sender>``)."""
-        box = self.names.reply_box(CALLER, new_id().replace("-", ""))
-        return msgspec.structs.replace(task, reply_to=box)
 
     async def submit(self, task: Task, *, as_caller: bool = False) -> Exchange:
         """Send ``task`` to intake, as a client does: the coordinator routes it. As a caller
@@ -166,7 +163,9 @@ class Session:
         exchange = self.exchanges.get(task.message_id) or await self._watch(task)
         routed = msgspec.structs.replace(task, to_agent=self.agent_id)
         headers = h.task_headers(routed, msg_id=msg_id or f"{task.message_id}-{new_id()}")
-        # A grant of the kit's own: the agent must echo whatever the dispatch carries.
+        # A grant of the kit's own: the agent must echo whatever the dispatch carries. (A
+        # coordinator with a seal key ignores the outcome events of these tasks: they are the
+        # kit's, and it reads them itself.)
         exchange.grant = exchange.grant or f"kit{new_id().replace('-', '')[:29]}"
         headers[GRANT_HEADER] = exchange.grant
         subject = self.names.dispatch(self.agent_id, task.priority)

@@ -1,13 +1,15 @@
-"""The one way a task ends badly: a dead letter with its reason, plus an error to its sender."""
+"""How a task ends badly: a dead letter with its reason, or a ``rejected`` event for what
+its sender may cause at will; either way an error to its sender."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import structlog
 
 from agentreach.broker import Broker
-from agentreach.broker.lifecycle import about, dead_letter, reply
+from agentreach.broker.lifecycle import about, dead_letter, emit, event_for, reply
 from agentreach.envelopes import ErrorInfo, ErrorReply, Task
 
 log = structlog.get_logger("coordinator")
@@ -29,6 +31,17 @@ async def end_with_error(
         state=state,
     )
     log.info("dead-lettered", reason=reason, error=error.message)  # said once it is so
+    await reply(broker, task, error_reply(task, error))
+
+
+async def refuse(broker: Broker, task: Task, error: ErrorInfo, **detail: Any) -> None:
+    """Refuse ``task`` without a dead letter: a ``rejected`` event carrying ``error`` and
+    ``detail``, and ``error`` to its ``reply_to``. For refusals a sender can cause as often
+    as it likes (a caller over its quota), which must not fill the dead-letter stream:
+    nothing there needs anyone to act."""
+    rejected = event_for(task, "rejected", error=msgspec.to_builtins(error), **detail)
+    await emit(broker, rejected)
+    log.info("refused", error=error.message)
     await reply(broker, task, error_reply(task, error))
 
 

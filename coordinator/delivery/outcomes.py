@@ -25,7 +25,8 @@ from agentreach.envelopes import DecodeError, ErrorInfo, Event, Task, ttl_left_m
 
 log = structlog.get_logger("coordinator.outcomes")
 
-OUTCOME_EVENTS = ("failed", "expired")
+# What the coordinator acts on (failed, expired), and completed only to check who says it.
+OUTCOME_EVENTS = ("failed", "expired", "completed")
 T = TypeVar("T")
 
 
@@ -57,6 +58,8 @@ class Outcomes:
         if event.agent_id != sender:
             await impersonation(self._broker, sender, event, "the event names another agent")
             return None
+        if event.event == "completed":
+            return None  # nothing to decide: the caller has its result, the trace its record
         if "raw" in event.detail and "task" not in event.detail:
             await self._undecodable(event)
             return None

@@ -47,6 +47,10 @@ class Grants:
         return cls(bytes.fromhex(text))
 
     @property
+    def key(self) -> bytes | None:
+        return self._key
+
+    @property
     def enabled(self) -> bool:
         return self._key is not None
 

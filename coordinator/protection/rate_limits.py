@@ -1,4 +1,5 @@
-"""Token buckets: per topic (at intake) and per agent, as this replica enforces them."""
+"""Token buckets: per topic (at intake) and per agent, as this replica enforces them; the
+configuration of callers' quotas too, which every replica shares (:mod:`.quotas`)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,34 @@ import msgspec
 
 from agentreach.coordinator.units import NonNegativeSeconds
 from agentreach.envelopes import AgentCard, RateLimit
+from agentreach.envelopes.messages import Token
+
+# The quota of every caller not named in ``RateLimits.callers``.
+DEFAULT_CALLER = "default"
 
 
 class RateLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Token buckets per topic (at intake) and per agent (overriding the agent's card).
+    """Token buckets per topic (at intake), per agent (overriding the agent's card) and
+    per caller.
 
-    Over the limit a task waits at most ``wait_s``, then is rejected as ``rate_limited``.
-    Each coordinator replica keeps its own buckets.
+    Over a topic's or an agent's limit a task waits at most ``wait_s``, then is rejected
+    as ``rate_limited``; each coordinator replica keeps its own buckets of those. Callers'
+    quotas (``callers``: ``default`` for everyone not named) are one bucket per caller in
+    KV, shared by every replica; a task over its caller's quota is refused at once.
     """
 
     topics: dict[str, RateLimit] = {}
     agents: dict[str, RateLimit] = {}
+    callers: dict[Token, RateLimit] = {}
     wait_s: NonNegativeSeconds = 0.1
+
+    def caller_quota(self, caller: str) -> tuple[str, RateLimit] | None:
+        """``caller``'s quota and its name there (the caller's, else ``default``); None
+        when it has none."""
+        for name in (caller, DEFAULT_CALLER):
+            if (limit := self.callers.get(name)) is not None:
+                return name, limit
+        return None
 
 
 class TokenBucket:

@@ -23,7 +23,7 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, SubjectFull, TooLarge
 from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, reply
-from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.delivery.dead_letters import end_with_error, refuse
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.rules import RoutingConfig, Rule, pools_of
@@ -233,10 +233,24 @@ class Router:
         error = ErrorInfo(type=reason, message=message, retryable=False)
         await end_with_error(self._broker, task, reason, error)
 
-    async def reject(self, task: Task, kind: str, message: str) -> None:
-        """Refuse ``task`` now as ``kind`` (backpressure, rate_limited, …); it may be sent again."""
-        error = ErrorInfo(type=kind, message=message, retryable=True)
-        await end_with_error(self._broker, task, "rejected", error)
+    async def reject(
+        self,
+        task: Task,
+        kind: str,
+        message: str,
+        *,
+        retry_after_ms: int | None = None,
+        dead_letter: bool = True,
+        **detail: object,
+    ) -> None:
+        """Refuse ``task`` now as ``kind`` (backpressure, rate_limited, …); it may be sent
+        again (after ``retry_after_ms``, when given). It is dead-lettered as ``rejected``;
+        with ``dead_letter=False`` only a ``rejected`` event records it, with ``detail``."""
+        error = ErrorInfo(type=kind, message=message, retryable=True, retry_after_ms=retry_after_ms)
+        if dead_letter:
+            await end_with_error(self._broker, task, "rejected", error)
+        else:
+            await refuse(self._broker, task, error, **detail)
 
 
 @dataclass(frozen=True, slots=True)

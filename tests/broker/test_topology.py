@@ -27,6 +27,7 @@ async def test_provision_creates_everything_then_changes_nothing(broker):
         names.executions_bucket,
         names.leases_bucket,
         names.breakers_bucket,
+        names.quotas_bucket,
         names.workflows_stream,
         names.workflows_bucket,
     }

@@ -178,9 +178,12 @@ async def test_up_serves_with_embedded_server_and_stops_on_ctrl_c(tmp_path):
         env={**os.environ, "NATS_URL": ""},
     )
     assert process.stderr is not None
+    said: list[bytes] = []
     async with asyncio.timeout(20):
         while b"coordinator serving on" not in (line := await process.stderr.readline()):
             assert line, "reach up exited before serving"
+            said.append(line)
+    assert any(b"development server: no authentication, loopback only" in s for s in said)
     url = line.decode().split("serving on ")[1].split()[0]
     process.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(process.wait(), 20) == 0

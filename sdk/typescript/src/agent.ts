@@ -3,6 +3,7 @@
 import { randomBytes } from "node:crypto";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
+import { credsAuthenticator } from "nats";
 import type { ConnectionOptions } from "nats";
 
 import { TOKEN } from "./codec.js";
@@ -38,6 +39,11 @@ export interface AgentOptions {
   logger?: Logger;
   /** Timeout of each JetStream request (default 5 000). */
   requestTimeoutMs?: number;
+  /**
+   * A `.creds` file (a secured deployment): default `$NATS_CREDS`. Replies then come under
+   * the inbox prefix `_INBOX_<name>` of the creds' user, which nobody else may read.
+   */
+  creds?: string;
 }
 
 export interface HandlerOptions {
@@ -74,6 +80,7 @@ export class Agent {
   readonly maxDeliver: number;
   readonly rateLimit: RateLimit | null;
   readonly names: Names;
+  readonly creds: string | null;
   readonly handlers = new Map<string, HandlerSpec>();
   private readonly log: Logger;
   private readonly requestTimeoutMs: number;
@@ -105,6 +112,7 @@ export class Agent {
     }
     this.rateLimit = options.rateLimit ?? null;
     this.names = new Names(options.prefix);
+    this.creds = options.creds ?? process.env.NATS_CREDS ?? null;
     this.log = options.logger ?? jsonLogger("info");
     this.requestTimeoutMs = positive("requestTimeoutMs", options.requestTimeoutMs ?? 5_000);
   }
@@ -194,7 +202,7 @@ export class Agent {
   }
 
   private async open(servers: Servers): Promise<void> {
-    const options = connectionOptions(servers, this.agentId);
+    const options = connectionOptions(servers, this.agentId, this.creds);
     const conn = await Connection.open(options, this.names, this.requestTimeoutMs, this.log, this.aborted.signal);
     this.conn = conn;
     if (this.state !== "starting") throw new ReachError("the agent was stopped while starting");
@@ -231,7 +239,7 @@ export class Agent {
   }
 }
 
-function connectionOptions(servers: Servers, agentId: string): ConnectionOptions {
+function connectionOptions(servers: Servers, agentId: string, creds: string | null): ConnectionOptions {
   const base: ConnectionOptions =
     typeof servers === "string" || Array.isArray(servers)
       ? { servers: typeof servers === "string" ? servers.split(",").map((s) => s.trim()) : servers }
@@ -243,8 +251,37 @@ function connectionOptions(servers: Servers, agentId: string): ConnectionOptions
     reconnectTimeWait: 500,
     pingInterval: 10_000,
     maxPingOut: 3,
+    ...(creds === null ? {} : credsOptions(creds)),
     ...base,
   };
+}
+
+/** Authentication by a `.creds` file, and the inbox prefix of its user. */
+function credsOptions(path: string): Partial<ConnectionOptions> {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (err) {
+    throw new AgentConfigError(`cannot read creds file ${path}: ${(err as Error).message}`);
+  }
+  const name = userNameOf(text);
+  return {
+    authenticator: credsAuthenticator(new TextEncoder().encode(text)),
+    ...(name ? { inboxPrefix: `_INBOX_${name}` } : {}),
+  };
+}
+
+/** The `name` claim of the user JWT in a creds file (read, not verified: the server does). */
+function userNameOf(creds: string): string | null {
+  const jwt = /-----BEGIN NATS USER JWT-----\s*([A-Za-z0-9_.=-]+)\s*------END NATS USER JWT------/.exec(creds)?.[1];
+  const payload = jwt?.split(".")[1];
+  if (!payload) return null;
+  try {
+    const claims = JSON.parse(Buffer.from(payload, "base64url").toString("utf8")) as { name?: unknown };
+    return typeof claims.name === "string" ? claims.name : null;
+  } catch {
+    return null;
+  }
 }
 
 /** `agentId` if given; else the id kept in `identityFile`, created on first use. */

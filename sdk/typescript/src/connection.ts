@@ -68,8 +68,10 @@ export class Connection {
       }
     }
     try {
-      const jsm = await nc.jetstreamManager({ timeout: requestTimeoutMs });
-      return new Connection(nc, nc.jetstream({ timeout: requestTimeoutMs }), jsm, names, requestTimeoutMs);
+      // No account-info probe (checkAPI): an agent's permissions do not include $JS.API.INFO.
+      const jsm = await nc.jetstreamManager({ timeout: requestTimeoutMs, checkAPI: false });
+      const js = nc.jetstream({ timeout: requestTimeoutMs, checkAPI: false });
+      return new Connection(nc, js, jsm, names, requestTimeoutMs);
     } catch (err) {
       await nc.close();
       throw err;
@@ -120,7 +122,9 @@ export class Connection {
   kv(bucket: string): Promise<KV> {
     let kv = this.buckets.get(bucket);
     if (kv === undefined) {
-      kv = this.js.views.kv(bucket, { bindOnly: true });
+      // Direct gets by key (the buckets are provisioned with them): the read an agent's
+      // permissions allow is the subject-suffixed one, of its own keys only.
+      kv = this.js.views.kv(bucket, { bindOnly: true, allow_direct: true });
       kv.catch(() => this.buckets.delete(bucket)); // try again next time
       this.buckets.set(bucket, kv);
     }

@@ -110,12 +110,12 @@ export class Executor {
     }
     const spec = this.handlers.get(task.topic);
     if (spec === undefined) {
-      const error = { type: "no_handler", message: `${agentId} does not serve '${task.topic}'`, retryable: false };
+      const error = failure("no_handler", `${agentId} does not serve '${task.topic}'`, false);
       await this.report(msg, task, "failed", error, dispatchedMs);
       return null;
     }
     if (nowMs() - dispatchedMs >= task.ttl_ms) {
-      const error = { type: "expired", message: `ttl ${task.ttl_ms} ms passed in the queue of ${agentId}`, retryable: false };
+      const error = failure("expired", `ttl ${task.ttl_ms} ms passed in the queue of ${agentId}`, false);
       await this.report(msg, task, "expired", error, dispatchedMs);
       return null;
     }
@@ -261,7 +261,7 @@ export class Executor {
     this.log.warn("undecodable dispatch", { subject: msg.subject, error: err.message });
     const stub = { message_id: messageId, trace_id: messageId, topic: "_invalid", attempt: 1 } as Task;
     const detail = {
-      error: { type: "invalid_envelope", message: err.message, retryable: false },
+      error: failure("invalid_envelope", err.message, false),
       raw: printable(msg.data),
       headers: fromHeaders(msg.headers),
     };
@@ -276,16 +276,21 @@ class DeadlineExceeded extends ReachError {
   }
 }
 
+/** An ErrorInfo, every field written (no `retry_after_ms`: that is the coordinator's). */
+function failure(type: string, message: string, retryable: boolean): ErrorInfo {
+  return { type, message, retryable, retry_after_ms: null };
+}
+
 /** How a handler failure is reported: its class name, message, and whether to retry. */
 export function errorInfo(err: unknown): ErrorInfo {
   if (err instanceof DeadlineExceeded) {
-    return { type: "deadline_exceeded", message: err.message, retryable: true };
+    return failure("deadline_exceeded", err.message, true);
   }
   if (err instanceof Error) {
     const type = err.constructor?.name || err.name || "Error";
-    return { type, message: err.message || type, retryable: !(err instanceof PermanentError) };
+    return failure(type, err.message || type, !(err instanceof PermanentError));
   }
-  return { type: "Error", message: String(err), retryable: true };
+  return failure("Error", String(err), true);
 }
 
 /** Run `action`, ignoring a throw (a settle on a connection that is gone). */

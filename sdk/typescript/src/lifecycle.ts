@@ -48,13 +48,20 @@ export function eventFor(
     agent_id: agentId,
     at_ms: atMs,
     detail,
+    caller: task.caller ?? null, // who sent the task: a caller reads its own traces by it
   };
 }
 
-/** The dedup id of an event: one per (message, event, attempt, sender); none for progress. */
+/**
+ * The dedup id of an event: one per (message, event, attempt, sender), plus the first 16
+ * characters of the dispatch's grant when it had one (only the coordinator and this agent
+ * know it, so nobody can publish the id first); none for progress.
+ */
 export function eventMsgId(event: Event, sender: string): string | null {
   if (REPEATABLE.has(event.event)) return null;
-  return `${event.message_id}-${event.event}-${event.attempt}-${sender}`;
+  const id = `${event.message_id}-${event.event}-${event.attempt}-${sender}`;
+  const grant = event.detail.grant;
+  return typeof grant === "string" ? `${id}-${grant.slice(0, 16)}` : id;
 }
 
 /** Publish `event` as `sender` to `<prefix>.event.<event>.<topic>.<trace_id>.<message_id>.<sender>`. */

@@ -123,7 +123,7 @@ describe("serving tasks", () => {
     assert.deepEqual(result.result, { attempt: 2 });
     assert.deepEqual(attempts, [1, 2]);
     const failed = await events.next((e) => e.event === "failed");
-    assert.deepEqual(failed.detail.error, { type: "Error", message: "upstream hiccup", retryable: true });
+    assert.deepEqual(failed.detail.error, { type: "Error", message: "upstream hiccup", retryable: true, retry_after_ms: null });
     assert.equal((failed.detail.task as { message_id: string }).message_id, t.message_id);
     assert.equal(typeof failed.detail.dispatched_at_ms, "number");
     await events.next((e) => e.event === "retry_scheduled");
@@ -145,7 +145,7 @@ describe("serving tasks", () => {
     const replies = await send(stack, t);
     const letter = await dlq.next((d) => d.message_id === t.message_id, 15_000);
     assert.equal(letter.reason, "rejected");
-    assert.deepEqual(letter.error, { type: "PermanentError", message: "order 7 does not exist", retryable: false });
+    assert.deepEqual(letter.error, { type: "PermanentError", message: "order 7 does not exist", retryable: false, retry_after_ms: null });
     const stored = await stack.jsm.streams.getMessage("REACH_DLQ", { last_by_subj: `reach.dlq.rejected.${topic}` });
     assert.equal(stored.json<DeadLetter>().message_id, t.message_id);
     const error = await replies.next((r) => r.kind === "error");
@@ -189,7 +189,7 @@ describe("deadlines and progress", () => {
     const events = eventsOf(stack, t.message_id);
     const replies = await send(stack, t);
     const failed = await events.next((e) => e.event === "failed");
-    assert.deepEqual(failed.detail.error, { type: "deadline_exceeded", message: "handler ran past 600 ms", retryable: true });
+    assert.deepEqual(failed.detail.error, { type: "deadline_exceeded", message: "handler ran past 600 ms", retryable: true, retry_after_ms: null });
     replies.close();
     events.close();
   });

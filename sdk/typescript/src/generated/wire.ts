@@ -325,7 +325,8 @@ export interface DeadLetteredDetail {
 }
 
 /**
- * Why something failed. `retryable` false means: do not try again.
+ * Why something failed. `retryable` false means: do not try again; `retry_after_ms`,
+ * when given, is how long to wait before trying (a quota refills by then).
  */
 export interface ErrorInfo {
   type: string;
@@ -334,6 +335,10 @@ export interface ErrorInfo {
    * default true
    */
   retryable: boolean;
+  /**
+   * default null
+   */
+  retry_after_ms: number | null;
 }
 
 /**
@@ -416,6 +421,10 @@ export interface Event {
    * default null
    */
   agent_id: string | null;
+  /**
+   * subject-safe token — pattern `^[A-Za-z0-9_-]{1,128}$`, default null
+   */
+  caller: string | null;
   /**
    * default 0
    */
@@ -647,6 +656,15 @@ export interface ProgressDetail {
 }
 
 /**
+ * A caller's token bucket in `reach_quotas` (key: the caller): `tokens` left at
+ * `at_ms`; every replica refills it from there and takes from it by compare-and-set.
+ */
+export interface QuotaRecord {
+  tokens: number;
+  at_ms: number;
+}
+
+/**
  * A token bucket: `rate` tasks per second sustained, `burst` at once.
  */
 export interface RateLimit {
@@ -818,6 +836,28 @@ export interface RoutedDetail {
  */
 export interface SignalIgnoredDetail {
   signal: string;
+}
+
+/**
+ * The recorded events of the message, oldest first; empty when the message is not the
+ * asking caller's (or unknown). `truncated`: the oldest ones did not fit one reply.
+ */
+export interface StatusReply {
+  /**
+   * default []
+   */
+  events: Event[];
+  /**
+   * default false
+   */
+  truncated: boolean;
+}
+
+/**
+ * A caller's question on `reach.ctl.status.<caller>`: the trace of its message.
+ */
+export interface StatusRequest {
+  message_id: string;
 }
 
 /**

@@ -1,0 +1,270 @@
+"""The auth directory: every key, JWT and creds file of one Agent-Reach deployment.
+
+Decentralized JWT auth: an operator signs two accounts (``SYS`` for the server's own use,
+``REACH`` for every party); ``REACH`` lists one *scoped* signing key per role, and a user
+signed by a role key gets that role's template (:mod:`agentreach.auth.roles`). Issuing a
+user is an offline act — the server checks the chain when the user connects — so adding an
+agent or a caller needs no restart. Account changes (revocations) are pushed to the running
+servers (``$SYS.REQ.CLAIMS.UPDATE``, the full resolver keeps them on every node).
+
+Layout (secrets 0600 in 0700 directories)::
+
+    registry.json                  names → role, public key, issued at; names are unique
+    operator/operator.nk, .jwt     the operator identity: keep the seed offline after init
+    operator/signing.nk            signs the account JWTs
+    accounts/{SYS,REACH}.{nk,jwt}  the accounts (keep REACH.nk offline: it signs nothing)
+    signing/<role>.nk              one scoped signing key per role, and sys.nk
+    creds/<role>/<name>.creds      what each party connects with (``--creds``)
+    creds/sys/push.creds           the system user of ``reach auth push``
+    coordinator.seal               the coordinator replicas' shared key for grants
+    server/auth.conf               included by the nats-server config
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from agentreach.auth import jwt, roles
+from agentreach.auth.jwt import Key
+from agentreach.broker import Auth, Broker, Names
+from agentreach.errors import ReachError
+
+ACCOUNT = "REACH"
+COORDINATOR = "coordinator"
+ADMIN = "admin"
+
+
+class AuthError(ReachError):
+    """A mistake with the auth directory or a name; the message says which."""
+
+
+class AuthDirectory:
+    """Creates and reads an auth directory (see the module's documentation)."""
+
+    def __init__(self, root: Path | str, *, names: Names | None = None) -> None:
+        self.root = Path(root)
+        self.names = names or Names()
+
+    # -- paths ----------------------------------------------------------------------
+    @property
+    def server_config(self) -> Path:
+        return self.root / "server" / "auth.conf"
+
+    @property
+    def seal_key(self) -> Path:
+        return self.root / "coordinator.seal"
+
+    def creds(self, role: str, name: str) -> Path:
+        return self.root / "creds" / role / f"{name}.creds"
+
+    @property
+    def exists(self) -> bool:
+        return (self.root / "operator" / "operator.jwt").exists()
+
+    # -- init -----------------------------------------------------------------------
+    def init(self, *, resolver_dir: Path | None = None) -> None:
+        """Operator, accounts, role keys, the coordinator's and an ``admin``'s creds, the seal
+        key and the server include. Refuses to overwrite an existing directory."""
+        if self.exists:
+            raise AuthError(f"{self.root} already holds an operator; refusing to overwrite it")
+        operator = self._new_key("operator/operator.nk", "operator")
+        operator_signing = self._new_key("operator/signing.nk", "operator")
+        system = self._new_key("accounts/SYS.nk", "account")
+        self._new_key(f"accounts/{ACCOUNT}.nk", "account")
+        for role in roles.ROLES:
+            self._new_key(f"signing/{role}.nk", "account")
+        system_signing = self._new_key("signing/sys.nk", "account")
+        self._write(
+            "operator/operator.jwt",
+            jwt.encode(
+                jwt.operator_claims(
+                    "agent-reach",
+                    operator,
+                    signing_key=operator_signing.public,
+                    system_account=system.public,
+                ),
+                operator,
+            ),
+        )
+        self._write(
+            "accounts/SYS.jwt",
+            jwt.encode(
+                jwt.account_claims(
+                    "SYS", system, signing_keys=[system_signing.public], jetstream=False
+                ),
+                operator_signing,
+            ),
+        )
+        self._save_registry({"users": {}, "revoked": {}})
+        self.write_account()
+        jwt.write_secret(self.seal_key, secrets.token_hex(32) + "\n")
+        self._issue_push_user(system, system_signing)
+        self.write_server_config(resolver_dir=resolver_dir)
+        self.issue("coordinator", COORDINATOR)
+        self.issue("operator", ADMIN)
+
+    def _issue_push_user(self, system: Key, signing: Key) -> None:
+        push = Key.new("user")
+        claims = jwt.user_claims(
+            "push", push.public, issuer_account=system.public, permissions={"pub": {}, "sub": {}}
+        )
+        jwt.write_creds(self.creds("sys", "push"), jwt.encode(claims, signing), push)
+
+    def write_account(self) -> str:
+        """(Re-)sign the REACH account: JetStream on, a scoped key per role, revocations."""
+        scoped = [
+            jwt.scoped_signing_key(
+                self._key(f"signing/{role}.nk"), role, roles.permissions(role, self.names)
+            )
+            for role in roles.ROLES
+        ]
+        token = jwt.encode(
+            jwt.account_claims(
+                ACCOUNT,
+                self._key(f"accounts/{ACCOUNT}.nk"),
+                signing_keys=scoped,  # type: ignore[arg-type]
+                jetstream=True,
+                revocations=self._registry()["revoked"],
+            ),
+            self._key("operator/signing.nk"),
+        )
+        self._write(f"accounts/{ACCOUNT}.jwt", token)
+        return token
+
+    def write_server_config(self, *, resolver_dir: Path | None = None) -> Path:
+        """``server/auth.conf`` (see :meth:`server_config_text`)."""
+        text = self.server_config_text(resolver_dir or self.root / "server" / "jwt")
+        return jwt.write_secret(self.server_config, text)
+
+    def server_config_text(self, resolver_dir: Path) -> str:
+        """What a nats-server includes: trust the operator, keep accounts with the full
+        resolver in ``resolver_dir`` (pushed updates apply at once and survive restarts),
+        both accounts preloaded. Public JWTs only, no seed."""
+        system = self._key("accounts/SYS.nk").public
+        reach = self._key(f"accounts/{ACCOUNT}.nk").public
+        return f"""# Made by `reach auth init`: decentralized JWT auth for Agent-Reach.
+# Include it from the nats-server config (`include auth.conf`). It holds public JWTs only.
+operator: {self._read("operator/operator.jwt")}
+system_account: {system}
+resolver: {{
+  type: full
+  dir: "{resolver_dir.resolve()}"
+  allow_delete: false
+  interval: "2m"
+  timeout: "1.9s"
+}}
+resolver_preload: {{
+  {system}: {self._read("accounts/SYS.jwt")}
+  {reach}: {self._read(f"accounts/{ACCOUNT}.jwt")}
+}}
+"""
+
+    # -- users ----------------------------------------------------------------------
+    def issue(self, role: str, name: str, *, expires_s: int | None = None) -> Path:
+        """A new user of ``role`` called ``name``: a new nkey, a JWT signed by the role's
+        key, a creds file. No server is touched. Issuing a name again replaces its creds
+        (the old ones keep working until revoked)."""
+        self._require()
+        if role not in roles.ROLES:
+            raise AuthError(f"unknown role {role!r}: one of {', '.join(roles.ROLES)}")
+        try:
+            roles.check_name(name, role)
+        except ValueError as exc:
+            raise AuthError(str(exc)) from None
+        registry = self._registry()
+        known = registry["users"].get(name)
+        if known and known["role"] != role:
+            raise AuthError(
+                f"{name!r} is already issued as {known['role']}; names are unique across roles"
+            )
+        user = Key.new("user")
+        claims = jwt.user_claims(
+            name,
+            user.public,
+            issuer_account=self._key(f"accounts/{ACCOUNT}.nk").public,
+            tags=[f"role:{role}"],
+            expires_s=expires_s,
+        )
+        path = jwt.write_creds(
+            self.creds(role, name), jwt.encode(claims, self._key(f"signing/{role}.nk")), user
+        )
+        issued = [*known.get("keys", []), user.public] if known else [user.public]
+        registry["users"][name] = {"role": role, "keys": issued, "issued_at": int(time.time())}
+        self._save_registry(registry)
+        return path
+
+    def revoke(self, name: str) -> None:
+        """Revoke every JWT issued to ``name`` so far (re-signs the account: then push)."""
+        self._require()
+        registry = self._registry()
+        user = registry["users"].get(name)
+        if user is None:
+            raise AuthError(f"no user called {name!r} in {self.root}")
+        now = int(time.time())
+        for key in user["keys"]:  # covers JWTs of that key issued up to now
+            registry["revoked"][key] = now
+        self._save_registry(registry)
+        self.write_account()
+
+    def account_token(self) -> str:
+        """The current REACH account JWT (public: what ``push`` sends)."""
+        return self._read(f"accounts/{ACCOUNT}.jwt")
+
+    def users(self) -> dict[str, dict[str, Any]]:
+        return dict(self._registry()["users"])
+
+    def role_of(self, name: str) -> str:
+        user = self._registry()["users"].get(name)
+        if user is None:
+            raise AuthError(f"no user called {name!r} in {self.root}")
+        return str(user["role"])
+
+    def revoked(self, name: str) -> bool:
+        user = self._registry()["users"].get(name, {})
+        return bool(user) and all(k in self._registry()["revoked"] for k in user["keys"])
+
+    # -- files ----------------------------------------------------------------------
+    def _require(self) -> None:
+        if not self.exists:
+            raise AuthError(f"{self.root} is not an auth directory; run `reach auth init` first")
+
+    def _new_key(self, relative: str, kind: jwt.KeyKind) -> Key:
+        key = Key.new(kind)
+        self._write(relative, key.seed)
+        return key
+
+    def _key(self, relative: str) -> Key:
+        return Key.from_seed(self._read(relative))
+
+    def _read(self, relative: str) -> str:
+        try:
+            return (self.root / relative).read_text().strip()
+        except OSError as exc:
+            raise AuthError(f"{self.root / relative}: {exc.strerror}") from None
+
+    def _write(self, relative: str, text: str) -> None:
+        jwt.write_secret(self.root / relative, text + "\n")
+
+    def _registry(self) -> dict[str, Any]:
+        path = self.root / "registry.json"
+        return json.loads(path.read_text()) if path.exists() else {"users": {}, "revoked": {}}
+
+    def _save_registry(self, registry: dict[str, Any]) -> None:
+        jwt.write_secret(self.root / "registry.json", json.dumps(registry, indent=2) + "\n")
+
+
+async def push(directory: AuthDirectory, nats_url: str | None, *, auth: Auth | None = None) -> str:
+    """Send the REACH account JWT to the running servers: revocations (and changed
+    templates) apply at once, without a restart. Returns the server's answer."""
+    credentials = auth or Auth(creds=directory.creds("sys", "push"))
+    token = directory.account_token()
+    async with Broker(nats_url, name="reach-auth-push", auth=credentials) as broker:
+        answer = await broker.request("$SYS.REQ.CLAIMS.UPDATE", token.encode(), timeout=5.0)
+    reply = json.loads(answer.data)
+    if "error" in reply:
+        raise AuthError(f"the server refused the account update: {reply['error']}")
+    return str(reply.get("data", {}).get("message", reply))

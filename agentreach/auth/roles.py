@@ -1,0 +1,214 @@
+"""Who may do what: one permission template per role, in NATS subject terms.
+
+A user issued by a role's scoped signing key gets exactly that role's template, with
+``{{name()}}`` replaced by the user's name — an agent's name is its ``agent_id``, a caller's
+its caller name. Anything not allowed is denied, and the server logs each violation.
+
+What makes the names stick: everything a party publishes names the sender in its subject's
+last token (events, replies, intake, registration), and the template allows that token to be
+the party's own name only. Templates inside a token (``agent-{{name()}}-p1``,
+``_INBOX_{{name()}}``) need nats-server 2.11 or later; an older server takes them literally,
+which fails closed (the agent is refused, nobody gains anything).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from agentreach.broker import Names
+from agentreach.envelopes import PRIORITIES
+
+NAME: Final = "{{name()}}"
+ROLES: Final = ("agent", "caller", "worker", "coordinator", "operator")
+# Events an agent may publish about its tasks, and a worker about dead letters.
+AGENT_EVENTS: Final = (
+    "accepted",
+    "progress",
+    "completed",
+    "failed",
+    "expired",
+    "late_result_rejected",
+    "clock_drift",
+)
+WORKER_EVENTS: Final = ("replayed", "resolved")
+# A responder may answer each request it received once, within 10 s (probes, discovery).
+_ONE_RESPONSE: Final = {"max": 1, "ttl": 10_000_000_000}
+_NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_RESERVED: Final = ("coordinator", "compensation")
+
+Permissions = dict[str, Any]
+
+
+def permissions(role: str, names: Names) -> Permissions:
+    """The template of ``role`` for the subjects of ``names``."""
+    templates = {
+        "agent": agent,
+        "caller": caller,
+        "worker": worker,
+        "coordinator": coordinator,
+        "operator": operator,
+    }
+    if role not in templates:
+        raise ValueError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
+    return templates[role](names)
+
+
+def expanded(role: str, name: str, names: Names) -> Permissions:
+    """What the user ``name`` of ``role`` may do, ``{{name()}}`` filled in."""
+
+    def fill(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace(NAME, name)
+        if isinstance(value, list):
+            return [fill(item) for item in value]
+        if isinstance(value, dict):
+            return {key: fill(item) for key, item in value.items()}
+        return value
+
+    return fill(permissions(role, names))
+
+
+def check_name(name: str, role: str) -> str:
+    """A name fills subject tokens: letters, digits, ``_`` and ``-``, and no system name."""
+    if not _NAME_PATTERN.fullmatch(name):
+        raise ValueError(
+            f"{role} name {name!r}: use letters, digits, '_' and '-', starting with a letter"
+            " or digit (it becomes a subject token)"
+        )
+    if role in ("agent", "caller", "worker") and name.lower().startswith(_RESERVED):
+        raise ValueError(f"{role} name {name!r} is reserved for the system")
+    return name
+
+
+def agent(names: Names) -> Permissions:
+    """Its own dispatch consumers, card, heartbeat and execution records; events, replies,
+    sub-tasks and registration as itself; answers to its own probes."""
+    n, me = names, NAME
+    publish: list[str] = []
+    for priority in PRIORITIES:
+        publish += _pull_consumer(
+            n.dispatch_stream(priority),
+            n.agent_consumer(me, priority),
+            filter_subject=n.dispatch(me, priority),
+        )
+    publish += _stream_info(
+        *n.dispatch_streams.values(), n.tasks_stream, n.events_stream
+    )  # waits for the coordinator to have provisioned them
+    publish += _own_key(n.agents_bucket, me, read=True)  # its card, read for the next epoch
+    publish += _own_key(n.heartbeats_bucket, me, read=False)
+    # Execution records are keyed <caller>.<message_id>.<agent_id>: the agent's own name is
+    # the last token, so a wildcard in a read still only reaches its own records.
+    publish += _own_key(n.executions_bucket, f"*.*.{me}", read=True)
+    publish += [n.event(kind, "*", "*", "*", me) for kind in AGENT_EVENTS]
+    publish += [
+        f"{n.prefix}.reply.*.*.{me}",  # a result to a caller's box, in its own name
+        f"{n.workflow_reply('*')}.{me}",  # a result to a workflow step
+        n.task("*", me),  # sub-tasks, as a caller
+        n.register(me),
+        n.presence(me),  # "does another process serve my id already?"
+    ]
+    subscribe = [
+        _inbox(),
+        n.presence(me),
+        n.ping(me),
+        n.agent_control(me),
+        n.reply_box(me, ">"),  # replies to its own sub-tasks
+        # NATS micro discovery (``nats micro ls``) of the presence service: its ids are
+        # random, so any id; Agent-Reach never trusts a discovery answer.
+        *(f"$SRV.{verb}" for verb in ("PING", "INFO", "STATS")),
+        "$SRV.*.reach-agent",
+        "$SRV.*.reach-agent.*",
+    ]
+    return _permissions(publish, subscribe, respond=True)
+
+
+def caller(names: Names) -> Permissions:
+    """Intake as itself and replies in its own box space; nothing else."""
+    return _permissions(
+        [names.task("*", NAME), names.status(NAME)],  # status: the trace of its own tasks
+        [_inbox(), names.reply_box(NAME, ">")],
+    )
+
+
+def worker(names: Names) -> Permissions:
+    """A compensation worker: reads and settles the dead letters through its own consumer,
+    replays as itself and records ``replayed``/``resolved`` as itself; deletes nothing."""
+    n, consumer = names, f"compensation-{NAME}"
+    publish = _pull_consumer(n.dlq_stream, consumer, filter_subject=None)
+    # nats-py names a single filter in the create subject; any filter of the DLQ is fine.
+    publish.append(f"$JS.API.CONSUMER.CREATE.{n.dlq_stream}.{consumer}.>")
+    publish += _stream_info(n.dlq_stream, n.tasks_stream, n.events_stream)
+    publish += [n.task("*", NAME)]
+    publish += [n.event(kind, "*", "*", "*", NAME) for kind in WORKER_EVENTS]
+    return _permissions(publish, [_inbox(), n.reply_box(NAME, ">")])
+
+
+def coordinator(names: Names) -> Permissions:
+    """The service identity: all of the prefix and the JetStream API it needs, but it
+    deletes no stream and no dead letter (those are the operators')."""
+    p, dlq = names.prefix, names.dlq_stream
+    return _permissions(
+        [f"{p}.>", "$JS.API.>", "$JS.ACK.>", "$KV.>"],
+        [_inbox(), f"{p}.>"],
+        deny_publish=[
+            "$JS.API.STREAM.DELETE.>",
+            f"$JS.API.STREAM.PURGE.{dlq}",
+            f"$JS.API.STREAM.MSG.DELETE.{dlq}",
+            f"$JS.API.CONSUMER.DELETE.{dlq}.>",
+        ],
+        respond=True,
+    )
+
+
+def operator(names: Names) -> Permissions:
+    """People operating the system: everything in the account (``nats``, ``reach dlq``…)."""
+    return _permissions([">"], [">"])
+
+
+def _permissions(
+    publish: list[str],
+    subscribe: list[str],
+    *,
+    deny_publish: list[str] | None = None,
+    respond: bool = False,
+) -> Permissions:
+    result: Permissions = {
+        "pub": {"allow": sorted(set(publish))},
+        "sub": {"allow": sorted(set(subscribe))},
+    }
+    if deny_publish:
+        result["pub"]["deny"] = sorted(deny_publish)
+    if respond:
+        result["resp"] = _ONE_RESPONSE
+    return result
+
+
+def _inbox() -> str:
+    """Replies, JetStream API answers and pull deliveries: nobody else may read them."""
+    return f"_INBOX_{NAME}.>"
+
+
+def _pull_consumer(stream: str, consumer: str, *, filter_subject: str | None) -> list[str]:
+    """Binding, pulling and acking one durable pull consumer. With ``filter_subject`` only
+    the filtered create form is allowed, and the server refuses a body whose filter differs
+    from the subject's: the user cannot widen it."""
+    create = f"$JS.API.CONSUMER.CREATE.{stream}.{consumer}"
+    return [
+        f"{create}.{filter_subject}" if filter_subject else create,
+        f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+        f"$JS.ACK.{stream}.{consumer}.>",
+    ]
+
+
+def _stream_info(*streams: str) -> list[str]:
+    return [f"$JS.API.STREAM.INFO.{stream}" for stream in streams]
+
+
+def _own_key(bucket: str, key: str, *, read: bool) -> list[str]:
+    """Writing (and reading) keys that end in the user's own name."""
+    subjects = [f"$JS.API.STREAM.INFO.KV_{bucket}", f"$KV.{bucket}.{key}"]
+    if read:  # only the subject-suffixed direct get: the bare form takes any subject
+        subjects.append(f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}")
+    return subjects

@@ -1,0 +1,150 @@
+"""Callers' quotas: one token bucket per caller, shared by every coordinator replica.
+
+A caller's bucket is a :class:`QuotaRecord` in KV ``reach_quotas``: the tokens left at
+``at_ms``. A replica admits a task by refilling the record up to now and taking a token, in
+one compare-and-set on the revision it saw last; a replica that lost the race reads again
+and decides again. So three replicas admitting one caller together never admit more than
+the one bucket would.
+
+Each replica keeps the record and revision it last wrote or read. While no other replica
+writes the caller's record, an admission is one KV write; after another did, the write
+fails and a read and a write follow. A refusal needs no round trip at all when the kept
+record has no token by now: other replicas only ever take tokens, so the stored bucket
+holds no more than the kept one does. Refills are counted on each replica's wall clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from agentreach.broker import Broker, Bucket, Contended, Entry
+from agentreach.coordinator.protection.rate_limits import RateLimits
+from agentreach.envelopes import QuotaRecord, RateLimit, is_token, now_ms
+
+KEPT = 10_000  # callers whose record this replica keeps (the least recent go first)
+
+
+def refilled(record: QuotaRecord | None, limit: RateLimit, at_ms: int) -> QuotaRecord:
+    """``record`` refilled at ``limit.rate`` up to ``at_ms``; a new caller's is full.
+
+    A clock behind the record's refills nothing and does not move it back, so no span of
+    time is refilled twice (a clock ahead refills early, by its lead at most)."""
+    if record is None:
+        return QuotaRecord(tokens=float(limit.burst), at_ms=at_ms)
+    at = max(record.at_ms, at_ms)
+    tokens = record.tokens + (at - record.at_ms) * limit.rate / 1000
+    return QuotaRecord(tokens=min(float(limit.burst), tokens), at_ms=at)
+
+
+def taken(record: QuotaRecord | None, limit: RateLimit, at_ms: int) -> QuotaRecord | None:
+    """``record`` with one token taken at ``at_ms``; None when it has none."""
+    full = refilled(record, limit, at_ms)
+    if full.tokens < 1:
+        return None
+    return msgspec.structs.replace(full, tokens=full.tokens - 1)
+
+
+def wait_ms(record: QuotaRecord | None, limit: RateLimit, at_ms: int) -> int:
+    """Milliseconds from ``at_ms`` until ``record`` has a token (0: it has one)."""
+    tokens = refilled(record, limit, at_ms).tokens
+    return 0 if tokens >= 1 else math.ceil((1 - tokens) * 1000 / limit.rate)
+
+
+def quota_key(caller: str) -> str:
+    """The caller's key: its name, or a digest of a name that is no token (an open server
+    lets a subject carry any characters; a KV key may not)."""
+    return caller if is_token(caller) else "=" + hashlib.sha256(caller.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class OverQuota:
+    """Why a caller's task was refused: its quota (by its name in the config: the
+    caller's or ``default``), and when a token will be there."""
+
+    caller: str
+    quota: str
+    limit: RateLimit
+    retry_after_ms: int
+
+
+@dataclass(slots=True)
+class _Kept:
+    """What this replica knows of one caller: its last record (None: not seen yet), and a
+    lock so that its tasks take their tokens one after another here (no race lost to
+    ourselves)."""
+
+    entry: Entry[QuotaRecord] | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class CallerQuotas:
+    """Admits a caller's task while its shared bucket has a token."""
+
+    def __init__(
+        self, broker: Broker, config: RateLimits, *, clock: Callable[[], int] = now_ms
+    ) -> None:
+        self._broker = broker
+        self._config = config
+        self._clock = clock
+        self._kept: OrderedDict[str, _Kept] = OrderedDict()
+        self._bucket: Bucket[QuotaRecord] | None = None
+        self.admitted = 0  # tasks of callers with a quota, since start
+        self.refused = 0
+
+    async def admit(self, caller: str) -> OverQuota | None:
+        """Take a token of ``caller``'s quota: None when taken (or it has no quota), else
+        why not. Callers without a quota cost no round trip."""
+        quota = self._config.caller_quota(caller)
+        if quota is None:
+            return None
+        kept = self._keep(caller)
+        async with kept.lock:
+            wait = await self._take(caller, quota[1], kept)
+        if not wait:
+            self.admitted += 1
+            return None
+        self.refused += 1
+        return OverQuota(caller, *quota, wait)
+
+    async def _take(self, caller: str, limit: RateLimit, kept: _Kept) -> int:
+        """Take a token: 0 when taken, else the milliseconds until one is there."""
+        known = kept.entry
+        if known is not None and (wait := wait_ms(known.value, limit, self._clock())):
+            return wait  # the store has no more tokens than the record we kept
+        bucket = await self._records()
+        try:
+            swap = await bucket.cas(
+                quota_key(caller),
+                lambda current: taken(current, limit, self._clock()),
+                known=known,  # None: try it as a new caller; a lost race reads the record
+            )
+        except Contended:  # other replicas won every race for this caller: it is busy enough
+            kept.entry = None
+            return math.ceil(1000 / limit.rate)
+        kept.entry = swap.entry
+        if swap.written:
+            return 0
+        record = swap.entry.value if swap.entry else None
+        return max(1, wait_ms(record, limit, self._clock()))
+
+    def _keep(self, caller: str) -> _Kept:
+        kept = self._kept.get(caller)
+        if kept is None:
+            kept = self._kept[caller] = _Kept()
+            if len(self._kept) > KEPT:
+                self._kept.popitem(last=False)
+        self._kept.move_to_end(caller)
+        return kept
+
+    async def _records(self) -> Bucket[QuotaRecord]:
+        if self._bucket is None:
+            names = self._broker.names
+            self._bucket = await self._broker.bucket(names.quotas_bucket, QuotaRecord)
+        return self._bucket

@@ -1,0 +1,123 @@
+"""``reach auth``: a deployment's identities made, shown, revoked and pushed, as an operator
+would, against a real secured nats-server; and secrets kept out of log lines."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from agentreach.broker import Auth, AuthenticationFailed, Broker
+from agentreach.cli.logs import redact_secrets
+from tests.cli.conftest import VENV_BIN, run
+from tests.secured import SecuredDeployment, secured_server
+from tests.support import eventually
+
+REACH = VENV_BIN / "reach"
+
+
+async def reach_auth(directory: Path, *args: str, **env: str):  # type: ignore[no-untyped-def]
+    return await run(REACH, "auth", *args, "--dir", directory, env=env)
+
+
+async def test_init_and_issue_write_private_files_and_print_only_paths(tmp_path):
+    directory = tmp_path / "auth"
+    made = await reach_auth(directory, "init")
+    assert made.returncode == 0, made.stderr
+    assert "include" in made.stdout and "coordinator.creds" in made.stdout
+    issued = await reach_auth(directory, "agent", "worker-1")
+    assert issued.returncode == 0, issued.stderr
+    creds = directory / "creds" / "agent" / "worker-1.creds"
+    assert f"--creds {creds}" in issued.stdout
+    seed = creds.read_text().split("-----BEGIN USER NKEY SEED-----\n")[1].split("\n")[0]
+    assert seed.startswith("SU") and seed not in made.stdout + issued.stdout
+    for path in [directory, *directory.rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode & 0o077 == 0, f"{path} is readable by others ({oct(mode)})"
+
+
+async def test_names_are_unique_across_roles_and_must_be_tokens(tmp_path):
+    directory = tmp_path / "auth"
+    await reach_auth(directory, "init")
+    await reach_auth(directory, "caller", "alice")
+    twice = await reach_auth(directory, "agent", "alice")
+    assert twice.returncode == 1
+    assert twice.stderr.strip() == (
+        "reach: error: 'alice' is already issued as caller; names are unique across roles"
+    )
+    dotted = await reach_auth(directory, "agent", "bad.name")
+    assert dotted.returncode == 1 and "becomes a subject token" in dotted.stderr
+    reserved = await reach_auth(directory, "agent", "coordinator-2")
+    assert reserved.returncode == 1 and "reserved" in reserved.stderr
+    again = await reach_auth(directory, "init")
+    assert again.returncode == 1 and "refusing to overwrite" in again.stderr
+    missing = await reach_auth(tmp_path / "nowhere", "agent", "w1")
+    assert missing.returncode == 1 and "reach auth init" in missing.stderr
+
+
+async def test_show_expands_the_template_and_list_names_every_party(tmp_path):
+    directory = tmp_path / "auth"
+    await reach_auth(directory, "init")
+    await reach_auth(directory, "agent", "worker-7")
+    shown = await reach_auth(directory, "show", "worker-7")
+    assert shown.returncode == 0, shown.stderr
+    permissions = json.loads(shown.stdout.split("\n", 1)[1])
+    assert "$KV.reach_heartbeats.worker-7" in permissions["pub"]["allow"]
+    assert "reach.event.completed.*.*.*.worker-7" in permissions["pub"]["allow"]
+    assert "_INBOX_worker-7.>" in permissions["sub"]["allow"]
+    assert not any("{{" in s for s in permissions["pub"]["allow"])
+    listed = await reach_auth(directory, "list")
+    assert listed.stdout.split() == [
+        "operator",
+        "admin",
+        "coordinator",
+        "coordinator",
+        "agent",
+        "worker-7",
+    ]
+
+
+async def test_a_new_agent_connects_without_a_restart_and_a_revoked_one_is_cut_off(tmp_path):
+    deployment = SecuredDeployment(tmp_path / "auth")
+    async with secured_server(deployment, tmp_path / "server") as server:
+        pid = server._process.pid
+        directory = deployment.directory.root
+        issued = await reach_auth(directory, "agent", "late-joiner")
+        assert issued.returncode == 0, issued.stderr
+        creds = Auth(creds=directory / "creds" / "agent" / "late-joiner.creds")
+        async with Broker(server.url, auth=creds) as late:
+            assert late.connected
+            revoked = await reach_auth(directory, "revoke", "late-joiner")
+            assert revoked.returncode == 0 and "reach auth push" in revoked.stdout
+            pushed = await reach_auth(directory, "push", "--nats-url", server.url)
+            assert pushed.returncode == 0, pushed.stderr
+            assert "pushed the account" in pushed.stdout
+            await eventually(lambda: not late.connected)  # the server closed it at once
+        with pytest.raises(AuthenticationFailed, match="check --creds"):
+            async with Broker(server.url, auth=creds):
+                pass
+        assert server._process.pid == pid  # never restarted
+        listed = await reach_auth(directory, "list")
+        assert "late-joiner (revoked)" in listed.stdout
+
+
+def test_log_lines_never_carry_secrets():
+    event = redact_secrets(
+        None,
+        "info",
+        {
+            "event": "connecting",
+            "url": "nats://alice:hunter2@h1:4222,tls://s3cr3t@h2:4222",
+            "password": "hunter2",
+            "token": "s3cr3t",
+            "error": "refused at nats://bob:pw@h3",
+            "agent_id": "worker-1",
+        },
+    )
+    text = json.dumps(event)
+    for secret in ("hunter2", "s3cr3t", ":pw@"):
+        assert secret not in text
+    assert event["url"] == "nats://alice:***@h1:4222,tls://***@h2:4222"
+    assert event["agent_id"] == "worker-1"

@@ -1,0 +1,108 @@
+"""Callers' quotas through a real server: refused at intake as rate_limited, held across
+coordinator replicas, one caller's quota leaving the others alone, no dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from agentreach import envelopes
+from agentreach.agents import ReachClient, Rejected
+from agentreach.broker import Broker
+from agentreach.coordinator import IntakeConfig, RateLimits
+from agentreach.envelopes import QuotaRecord, RateLimit, Task, new_id, now_ms
+from agentreach.envelopes.headers import task_headers
+from tests.e2e.routing_support import fast, publish_many, serving, worker
+from tests.support import Watcher, eventually
+
+
+def refused(watcher: Watcher, ids: set[str]) -> list[envelopes.Event]:
+    return [e for e in watcher.events if e.event == "rejected" and e.message_id in ids]
+
+
+async def operator_task(broker: Broker, *, caller: str) -> str:
+    """An operator's task on the bare ``reach.task.work``, its body claiming ``caller``."""
+    message_id = new_id()
+    task = Task(v=1, message_id=message_id, trace_id=message_id, topic="work", caller=caller)
+    subject = broker.names.task("work")
+    await broker.publish(subject, envelopes.encode(task), headers=task_headers(task))
+    return message_id
+
+
+async def test_a_caller_over_its_quota_is_refused_as_rate_limited(
+    broker, start_coordinator, watcher
+):
+    """Past its burst a caller's invoke raises Rejected: rate_limited, retryable, with a
+    hint of when to retry; a `rejected` event names the caller and its quota, and nothing
+    is dead-lettered."""
+    counts: Counter[str] = Counter()
+    limits = RateLimits(callers={"alice": RateLimit(rate=0.2, burst=2)})
+    async with (
+        start_coordinator(fast(rate_limits=limits)) as coordinator,
+        serving(broker, coordinator, worker("w", counts)),
+        ReachClient(broker=broker, name="alice") as alice,
+    ):
+        for i in range(2):
+            assert await alice.invoke("work", {"i": i}) == {"by": "w"}
+        with pytest.raises(Rejected) as caught:
+            await alice.invoke("work", {"i": 2})
+        event = await watcher.event("rejected", message_id=caught.value.message_id)
+    error = caught.value.error
+    assert caught.value.reason == "rate_limited" and error.retryable
+    assert error.retry_after_ms is not None and 0 < error.retry_after_ms <= 5_000
+    assert "caller 'alice' is over its quota 'alice' (0.2/s, burst 2)" in error.message
+    assert event.detail["caller"] == "alice"
+    assert event.detail["quota"] == {"name": "alice", "rate": 0.2, "burst": 2}
+    assert event.detail["error"]["type"] == "rate_limited"
+    assert counts["w"] == 2
+    assert watcher.count("dead_lettered") == 0 and watcher.dead_letters == []
+
+
+async def test_three_replicas_hold_one_quota_per_caller(broker, start_coordinator, watcher):
+    """Three coordinators together admit no more of alice's flood than burst + rate *
+    elapsed (and no fewer than its refills), one write of her shared record each; the rest
+    is refused at intake without a dead letter. Bob (no quota) and an operator's bare task
+    claiming alice are not limited."""
+    counts: Counter[str] = Counter()
+    limits = RateLimits(callers={"alice": RateLimit(rate=4, burst=5)})
+    config = fast(rate_limits=limits, intake=IntakeConfig(batch=4))
+    async with (
+        start_coordinator(config) as one,
+        start_coordinator(config) as two,
+        start_coordinator(config) as three,
+        worker("w", counts).running(broker=broker),
+        ReachClient(broker=broker, name="alice") as alice,
+        ReachClient(broker=broker, name="bob") as bob,
+    ):
+        replicas = (one, two, three)
+        await eventually(lambda: all("w" in c.directory.cards for c in replicas))
+        start_ms = now_ms()
+        flood: set[str] = set()
+        for _ in range(4):  # 60 tasks in waves over about 1.2 s: far beyond the rate
+            flood |= await publish_many(alice, "work", 15)
+            await asyncio.sleep(0.4)
+        free = await publish_many(bob, "work", 30)
+        operator = {await operator_task(broker, caller="alice") for _ in range(5)}
+
+        def settled() -> bool | None:
+            done = watcher.count("completed", flood) + len(refused(watcher, flood)) == 60
+            others = watcher.count("completed", free | operator) == 35
+            return (done and others) or None
+
+        await watcher.until(settled, "every task completed or refused", timeout=60)
+    admitted = 60 - len(refused(watcher, flood))
+    records = await broker.bucket(broker.names.quotas_bucket, QuotaRecord)
+    record = await records.get("alice")
+    assert record is not None
+    window_s = (record.value.at_ms - start_ms) / 1000  # first publish → last admission
+    assert 5 + 4 <= admitted <= 5 + 4 * window_s + 1e-9, (admitted, window_s)
+    assert record.revision == admitted  # one write per admission, whichever replica
+    assert sum(c.quotas.admitted for c in replicas) == admitted
+    assert sum(c.quotas.refused for c in replicas) == 60 - admitted
+    assert sum(1 for c in replicas if c.quotas.admitted + c.quotas.refused) >= 2
+    assert {e.detail["caller"] for e in refused(watcher, flood)} == {"alice"}
+    assert refused(watcher, free | operator) == []
+    assert counts["w"] == admitted + 35
+    assert watcher.count("dead_lettered") == 0 and watcher.dead_letters == []
