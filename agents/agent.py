@@ -14,6 +14,7 @@ from agentreach.agents.errors import AgentConfigError
 from agentreach.agents.identity import DEFAULT_IDENTITY_FILE, resolve_agent_id
 from agentreach.agents.runtime import AgentRuntime
 from agentreach.broker import Auth, Broker, Names
+from agentreach.broker.claim_check import DEFAULT_THRESHOLD as DEFAULT_CLAIM_CHECK_BYTES
 from agentreach.broker.connection import connected
 from agentreach.envelopes import AgentCard, Intent, RateLimit, is_token
 
@@ -62,6 +63,7 @@ class Agent:
         watchdog_threshold: float | None = None,
         clock: Callable[[], float] = time.time,
         rate_limit: RateLimit | None = None,
+        claim_check_bytes: int = DEFAULT_CLAIM_CHECK_BYTES,
     ) -> None:
         agent_id = resolve_agent_id(agent_id, Path(identity_file))
         if not is_token(agent_id):
@@ -86,6 +88,8 @@ class Agent:
         self.watchdog_threshold = watchdog_threshold or heartbeat_interval
         self.clock = clock
         self.rate_limit = rate_limit
+        # Results above this size go to the Object Store; the reply carries a reference.
+        self.claim_check_bytes = claim_check_bytes
         self.handlers: dict[str, HandlerSpec] = {}
 
     def handler(

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import structlog
 
 from agentreach.broker import BrokerError, Bucket, WrongLastSequence
-from agentreach.envelopes import ErrorInfo, Execution, Task, execution_key, now_ms
+from agentreach.envelopes import ErrorInfo, Execution, PayloadRef, Task, execution_key, now_ms
 
 log = structlog.get_logger("agents.claims")
 
@@ -65,6 +65,7 @@ class Outcome:
     result: Any = None
     error: ErrorInfo | None = None
     duration_ms: int = 0
+    result_ref: PayloadRef | None = None  # the result, claim-checked when it was large
 
 
 class Claims:
@@ -157,7 +158,9 @@ class Claims:
 
     async def _write(self, task: Task, outcome: Outcome) -> bool:
         if outcome.error is None:
-            record = self._record(task, "done", result=outcome.result)
+            record = self._record(
+                task, "done", result=outcome.result, result_ref=outcome.result_ref
+            )
         else:
             record = self._record(task, "failed", error=outcome.error)
         try:

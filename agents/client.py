@@ -19,7 +19,8 @@ from agentreach.agents.errors import (
     TaskFailed,
 )
 from agentreach.agents.replies import ReplyBox
-from agentreach.broker import Auth, Broker, Names
+from agentreach.broker import Auth, Broker, ClaimCheck, Names
+from agentreach.broker.claim_check import DEFAULT_THRESHOLD
 from agentreach.broker.lifecycle import trace_of
 from agentreach.envelopes import (
     Ack,
@@ -29,9 +30,9 @@ from agentreach.envelopes import (
     Priority,
     Progress,
     Result,
-    StatusReply,
-    StatusRequest,
     Task,
+    TraceReply,
+    TraceRequest,
     new_id,
     now_ms,
 )
@@ -57,10 +58,13 @@ class ReachClient:
         names: Names | None = None,
         name: str = "client",
         auth: Auth | None = None,
+        claim_check_bytes: int = DEFAULT_THRESHOLD,
     ) -> None:
         self._own_broker = broker is None
         self.broker = broker or Broker(nats_url, name=name, names=names, auth=auth)
         self._name = name
+        # Payloads and results above this size travel through the Object Store.
+        self.claim_check = ClaimCheck(self.broker, claim_check_bytes)
         self._waiting: set[asyncio.Queue[envelopes.Reply | None]] = set()
 
     @property
@@ -96,10 +100,12 @@ class ReachClient:
         reply_to: str | None = None,
         budget: Budget | None = None,
         headers: dict[str, str] | None = None,
+        traceparent: str | None = None,
     ) -> Task:
         """Build a task envelope (validated as the coordinator will validate it).
 
-        ``headers`` are free key/values that routing rules can match (``header.<Name>``).
+        ``headers`` are free key/values that routing rules can match (``header.<Name>``);
+        ``traceparent`` (W3C) joins the task to the caller's OpenTelemetry trace.
         """
         message_id = message_id or new_id()
         fields: dict[str, Any] = {
@@ -119,10 +125,13 @@ class ReachClient:
             fields["budget"] = budget
         if headers:
             fields["headers"] = headers
+        if traceparent:
+            fields["traceparent"] = envelopes.tracecontext.normalized(traceparent)
         return envelopes.decode_task(envelopes.encode(fields))
 
     async def submit(self, task: Task) -> None:
-        """Publish a built task to ``reach.task.<topic>``."""
+        """Publish a built task to ``reach.task.<topic>`` (a large payload is claim-checked)."""
+        task = await self.claim_check.stow_task(task)
         subject = self.broker.names.task(task.topic, self.caller)
         await self.broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
 
@@ -141,6 +150,9 @@ class ReachClient:
         ack_deadline_ms: int = 2_000,
         execute_deadline_ms: int = 30_000,
         trace_id: str | None = None,
+        message_id: str | None = None,
+        ttl_ms: int | None = None,
+        traceparent: str | None = None,
         on_ack: OnAck | None = None,
         on_progress: OnProgress | None = None,
     ) -> Any:
@@ -150,6 +162,8 @@ class ReachClient:
         ``ack_deadline_ms``, :class:`DeadlineExceeded` if the result does not
         arrive within ``execute_deadline_ms`` after that, :class:`Rejected` when
         the coordinator refuses it and :class:`TaskFailed` when the handler fails.
+        ``ttl_ms`` defaults to both deadlines together; a result too large to travel
+        inline is fetched from the Object Store.
         """
         box = ReplyBox(self.broker.names, self.caller, new_id())
         replies = box.replies
@@ -158,15 +172,18 @@ class ReachClient:
             payload,
             priority=priority,
             trace_id=trace_id,
+            message_id=message_id,
             reply_to=box.subject,
-            ttl_ms=ack_deadline_ms + execute_deadline_ms,
+            ttl_ms=ttl_ms or ack_deadline_ms + execute_deadline_ms,
             budget=Budget(ack_ms=ack_deadline_ms, execute_ms=execute_deadline_ms),
+            traceparent=traceparent,
         )
         self._waiting.add(replies)
         try:
             async with await self.broker.subscribe(box.wildcard, box.collect):
                 await self.submit(task)
-                return await _await_result(task, replies, on_ack, on_progress)
+                result = await _await_result(task, replies, on_ack, on_progress)
+                return await self.claim_check.result_of(*result)
         finally:
             self._waiting.discard(replies)
 
@@ -177,10 +194,10 @@ class ReachClient:
         caller's own messages; on an open server the client reads the event stream itself."""
         if self.broker.auth.identity is None:
             return await trace_of(self.broker, message_id)
-        request = envelopes.encode(StatusRequest(message_id=message_id))
-        subject = self.broker.names.status(self.caller)
+        request = envelopes.encode(TraceRequest(message_id=message_id))
+        subject = self.broker.names.trace_request(self.caller)
         answer = await self.broker.request(subject, request, timeout=timeout_s)
-        return envelopes.decode_as(answer.data, StatusReply).events
+        return envelopes.decode_as(answer.data, TraceReply).events
 
 
 async def _await_result(
@@ -214,7 +231,7 @@ async def _await_result(
             case Progress():
                 await _call(on_progress, message)
             case Result():
-                return message.result
+                return message.result, message.result_ref
             case ErrorReply(error=error):
                 cls = Rejected if error.type in REJECTION_REASONS else TaskFailed
                 raise cls(error, **ids)

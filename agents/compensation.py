@@ -149,6 +149,7 @@ async def replay(
         replay_of=letter.message_id,
         reply_to=None,
         created_at=now_ms(),
+        received_ms=0,  # a new message: its reach latency starts at its own intake
     )
     await broker.publish(
         broker.names.task(task.topic, sender), envelopes.encode(task), headers=h.task_headers(task)

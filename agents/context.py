@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from agentreach.agents.deadline import Deadline
-from agentreach.envelopes import Priority, Task, new_id, now_ms
+from agentreach.envelopes import Priority, Task, new_id, now_ms, tracecontext
 
 
 class TaskContext:
@@ -58,6 +58,11 @@ class TaskContext:
         """The handler's deadline in ms after its start (progress may move it later)."""
         return self._deadline.total_ms
 
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C ``traceparent`` of this hop, to join the caller's OpenTelemetry trace."""
+        return self.envelope.traceparent
+
     def elapsed_ms(self) -> int:
         return int((self._loop.time() - self._deadline.started) * 1000)
 
@@ -88,10 +93,12 @@ class TaskContext:
         budget = msgspec.structs.replace(
             self.envelope.budget, execute_ms=min(self.envelope.budget.execute_ms, remaining)
         )
+        message_id = new_id()
         return Task(
             v=1,
-            message_id=new_id(),
+            message_id=message_id,
             trace_id=self.trace_id,
+            traceparent=tracecontext.child(self.envelope.traceparent, message_id),
             topic=topic,
             payload=payload,
             from_agent=self.agent_id,

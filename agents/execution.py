@@ -23,7 +23,7 @@ from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.errors import PermanentError
-from agentreach.broker import Broker, BrokerError, Delivery
+from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, PayloadUnavailable
 from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, printable, reply
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
@@ -31,6 +31,7 @@ from agentreach.envelopes import (
     Capacity,
     DecodeError,
     ErrorInfo,
+    PayloadRef,
     Progress,
     Result,
     Task,
@@ -94,9 +95,11 @@ class Executor:
         claims: Claims,
         *,
         free_slots: Callable[[Task], int],
+        claim_check: ClaimCheck | None = None,
     ) -> None:
         self.agent = agent
         self.broker = broker
+        self.claim_check = claim_check or ClaimCheck(broker)
         self.latency = LatencyEstimate()
         self._claims = claims
         self._free_slots = free_slots
@@ -155,7 +158,8 @@ class Executor:
         )
         if isinstance(claim, AlreadyDone):
             log.info("already executed; sending the stored result again")
-            await self._complete(job, claim.record.result, duration_ms=0)
+            record = claim.record
+            await self._complete(job, record.result, duration_ms=0, ref=record.result_ref)
             return None
         await self._run(job, spec, claim)
         return None
@@ -182,13 +186,19 @@ class Executor:
         # max_deliver) although it runs: tell the server it is still being worked on.
         keepalive = asyncio.create_task(_keep_alive(job.delivery, self.agent.ack_wait / 2))
         try:
-            result = await _call(spec, ctx, task.payload, deadline)
+            payload = await self.claim_check.payload_of(job.task)  # a claim-checked one is fetched
+            result = await _call(spec, ctx, payload, deadline)
+            # Stowed before it is recorded: the record and the reply stay small.
+            result, ref = await self.claim_check.stow_result(job.task, result)
+        except PayloadUnavailable as exc:
+            error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
+            outcome = Outcome(claim, error=error)
         except Exception as exc:  # every handler failure is reported, none is lost
             outcome = Outcome(claim, error=_error_info(exc, deadline.total_ms))
         else:
             duration_ms = int((time.monotonic() - started) * 1000)
             self.latency.observe(duration_ms)
-            outcome = Outcome(claim, result=result, duration_ms=duration_ms)
+            outcome = Outcome(claim, result=result, duration_ms=duration_ms, result_ref=ref)
         finally:
             await cancel_and_wait(keepalive)
             self._progress_at.pop(task.message_id, None)
@@ -208,7 +218,7 @@ class Executor:
             log.warning("late result rejected: the task was reassigned")
             await self._say(job, "late_result_rejected")
             return
-        await self._complete(job, outcome.result, outcome.duration_ms)
+        await self._complete(job, outcome.result, outcome.duration_ms, ref=outcome.result_ref)
 
     async def _claim(self, job: Job, *, lease_ms: int) -> Claimed | AlreadyDone:
         """Claim the message, waiting here while another delivery holds it.
@@ -236,7 +246,8 @@ class Executor:
         )
         ack = Ack(**self._about(task), capacity=capacity)
         await asyncio.gather(
-            reply(self.broker, task, ack, sender=self._me), self._say(job, "accepted")
+            reply(self.broker, task, ack, sender=self._me),
+            self._say(job, "accepted", dispatched_at_ms=job.dispatched_ms),
         )
 
     async def _progress(self, job: Job, note: str) -> None:
@@ -250,11 +261,14 @@ class Executor:
             self._say(job, "progress", at_ms=at_ms, note=note),
         )
 
-    async def _complete(self, job: Job, result: Any, duration_ms: int) -> None:
+    async def _complete(
+        self, job: Job, result: Any, duration_ms: int, *, ref: PayloadRef | None = None
+    ) -> None:
         """Answer the sender, then tell the coordinator (the result is already recorded)."""
-        answer = Result(**self._about(job.task), result=result)
+        answer = Result(**self._about(job.task), result=result, result_ref=ref)
         await reply(self.broker, job.task, answer, sender=self._me)
-        await self._say(job, "completed", result=result, duration_ms=duration_ms)
+        shown = {"result_ref": msgspec.to_builtins(ref)} if ref else {"result": result}
+        await self._say(job, "completed", duration_ms=duration_ms, **shown)
 
     async def _report(self, job: Job, event: str, error: ErrorInfo) -> None:
         """Tell the coordinator, which decides between retry and dead letter."""

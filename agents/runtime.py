@@ -21,6 +21,7 @@ from agentreach.agents.watchdog import Watchdog
 from agentreach.broker import (
     Broker,
     BrokerError,
+    ClaimCheck,
     ConsumerSpec,
     Delivery,
     Entry,
@@ -104,6 +105,7 @@ class AgentRuntime:
             self.broker,
             Claims(executions, agent.agent_id, self.card.epoch),
             free_slots=lambda task: self._pools[task.priority].free,
+            claim_check=ClaimCheck(self.broker, agent.claim_check_bytes),
         )
         consumers = {p: await bind(self.broker, self._consumer(p)) for p in PRIORITIES}
         self._start_duties(interval)

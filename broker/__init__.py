@@ -1,13 +1,16 @@
 """The NATS / JetStream layer, the only part of Agent-Reach that talks to nats-py.
 
-Connection (:class:`Broker`), names, topology and provisioning, typed KV buckets with
-compare-and-set, consumers and the messages they deliver, reading streams, lifecycle
-publishing (events, replies, dead letters), presence probes, the embedded nats-server.
+Connection (:class:`Broker`, to one server or a cluster's seed list), names, topology,
+replication and provisioning, typed KV buckets with compare-and-set, consumers and the
+messages they deliver, reading streams, lifecycle publishing (events, replies, dead letters),
+presence probes, the embedded nats-server and an embedded cluster of them.
 Every nats-py exception is translated into a :class:`BrokerError` here.
 """
 
-from agentreach.broker.auth import Auth
+from agentreach.broker.auth import Auth, AuthConfig
 from agentreach.broker.bucket import Bucket, Contended, Entry, Swap
+from agentreach.broker.claim_check import ClaimCheck, PayloadUnavailable
+from agentreach.broker.cluster import EmbeddedCluster
 from agentreach.broker.connection import Broker
 from agentreach.broker.consume import (
     ConsumerSpec,
@@ -38,7 +41,9 @@ from agentreach.broker.errors import (
 )
 from agentreach.broker.messages import Delivery, Inbound, Subscription
 from agentreach.broker.names import Names
+from agentreach.broker.provisioned import Provisioned, Provisioning
 from agentreach.broker.provisioning import Provisioner, provision, wait_provisioned
+from agentreach.broker.replication import BrokerConfig, Replicas, parse_replicas, resolve_replicas
 from agentreach.broker.streams import StoredMessage
 from agentreach.broker.topology import BucketSpec, Outcome, StreamSpec, Topology
 from agentreach.broker.urls import DEFAULT_URL, redacted, resolve_url, server_list
@@ -47,20 +52,24 @@ from agentreach.broker.watch import BucketWatch, Change
 __all__ = [
     "DEFAULT_URL",
     "Auth",
+    "AuthConfig",
     "AuthenticationFailed",
     "Broker",
+    "BrokerConfig",
     "BrokerError",
     "BrokerTimeout",
     "Bucket",
     "BucketSpec",
     "BucketWatch",
     "Change",
+    "ClaimCheck",
     "ConnectError",
     "ConsumerNotFound",
     "ConsumerSpec",
     "ConsumerState",
     "Contended",
     "Delivery",
+    "EmbeddedCluster",
     "EmbeddedServer",
     "EmbeddedServerError",
     "Entry",
@@ -70,9 +79,13 @@ __all__ = [
     "NoResponders",
     "NoStreamError",
     "Outcome",
+    "PayloadUnavailable",
     "ProvisionError",
+    "Provisioned",
     "Provisioner",
+    "Provisioning",
     "PullConsumer",
+    "Replicas",
     "StoredMessage",
     "StreamNotFound",
     "StreamSpec",
@@ -87,9 +100,11 @@ __all__ = [
     "consumer_state",
     "find_server_binary",
     "follow",
+    "parse_replicas",
     "provision",
     "read_stream",
     "redacted",
+    "resolve_replicas",
     "resolve_url",
     "server_list",
     "wait_provisioned",

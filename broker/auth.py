@@ -16,9 +16,50 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agentreach.broker.errors import ConnectError
 
 _CREDS_JWT = "-----BEGIN NATS USER JWT-----"
+
+
+class AuthConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Credentials in a config file, as paths: the secrets themselves stay in their files.
+
+    broker:
+      auth: {creds: /etc/reach/creds/coordinator.creds, tls_ca: /etc/reach/tls/ca.pem}
+    """
+
+    creds: str | None = None
+    nkey: str | None = None
+    token_file: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_first: bool = False
+
+    def auth(self) -> Auth:
+        """The :class:`Auth` these paths make; raises ConnectError naming a missing file."""
+
+        def path(value: str | None) -> Path | None:
+            return Path(value) if value else None
+
+        def secret(value: str | None, what: str) -> str | None:
+            return _readable(Path(value), what).read_text().strip() if value else None
+
+        return Auth(
+            creds=path(self.creds),
+            nkey=path(self.nkey),
+            token=secret(self.token_file, "broker.auth.token_file"),
+            user=self.user,
+            password=secret(self.password_file, "broker.auth.password_file"),
+            tls_ca=path(self.tls_ca),
+            tls_cert=path(self.tls_cert),
+            tls_key=path(self.tls_key),
+            tls_first=self.tls_first,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ race reads again and asks again. ``change`` returns None to leave the key as it 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -22,7 +22,8 @@ import structlog
 from nats.js.kv import KeyValue
 
 from agentreach.broker.direct import last_per_subject, messages_on
-from agentreach.broker.errors import WrongLastSequence, translate, translated
+from agentreach.broker.errors import WrongLastSequence, translate
+from agentreach.broker.failover import through_elections
 from agentreach.broker.streams import StoredMessage
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import DecodeError, decode_as, encode
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("broker.bucket")
 
 T = TypeVar("T")
+W = TypeVar("W")
 CAS_TRIES = 20
 _UNREAD = object()
 
@@ -77,25 +79,31 @@ class Bucket(Generic[T]):
             return None
         return Entry(key, decode_as(value, self._kind), revision)
 
+    # Writes ride out a leader election of the bucket's stream (see broker.failover): one
+    # that found no leader was not stored, so it is made again. One that timed out is not:
+    # it may have been stored, and a conditional write made again would then lose to itself.
     async def create(self, key: str, value: T) -> int:
         """Write ``value`` if the key is absent (or deleted); raises WrongLastSequence if not."""
-        with translated(subject=f"{self.name}/{key}"):
-            return await self._kv.create(key, encode(value))
+        data = encode(value)
+        return await self._write(key, lambda: self._kv.create(key, data))
 
     async def update(self, key: str, value: T, *, last: int) -> int:
         """Write ``value`` if the key is still at revision ``last``; raises WrongLastSequence."""
-        with translated(subject=f"{self.name}/{key}"):
-            return await self._kv.update(key, encode(value), last=last)
+        data = encode(value)
+        return await self._write(key, lambda: self._kv.update(key, data, last=last))
 
     async def put(self, key: str, value: T) -> int:
         """Write ``value`` whatever the key holds."""
-        with translated(subject=f"{self.name}/{key}"):
-            return await self._kv.put(key, encode(value))
+        data = encode(value)
+        return await self._write(key, lambda: self._kv.put(key, data))
 
     async def delete(self, key: str, *, last: int | None = None) -> None:
         """Delete the key (only if still at revision ``last``, when given)."""
-        with translated(subject=f"{self.name}/{key}"):
-            await self._kv.delete(key, last=last)
+        await self._write(key, lambda: self._kv.delete(key, last=last))
+
+    async def _write(self, key: str, write: Callable[[], Awaitable[W]]) -> W:
+        subject = f"$KV.{self.name}.{key}"
+        return await through_elections(write, self._broker, subject=subject, retry_timeouts=False)
 
     async def cas(
         self,

@@ -31,9 +31,10 @@ from agentreach.broker.errors import (
     translate,
     translated,
 )
+from agentreach.broker.failover import ELECTION_BUDGET_S, through_elections
 from agentreach.broker.messages import Inbound, InboundHandler, Subscription
 from agentreach.broker.names import Names
-from agentreach.broker.urls import redacted, resolve_url, server_list
+from agentreach.broker.urls import jittered_reconnect, redacted, resolve_url, server_list
 
 T = TypeVar("T")
 
@@ -82,10 +83,13 @@ class _State(Enum):
 class Broker:
     """A NATS connection with JetStream, ready for Agent-Reach.
 
-    ``url`` may list several servers, comma-separated. Once connected it reconnects
-    forever (a service outlives a server restart). The first connect fails fast with
-    :class:`ConnectError`, unless ``wait`` is set: then it tries again after 1, 2, 4 … s
-    (capped at 30 s, jittered), saying once per try what it waits for, and never gives up.
+    ``url`` may list several servers, comma-separated (a cluster's seed list). Once
+    connected it reconnects forever (a service outlives a server restart), to whichever
+    server answers, after a jittered pause so a fleet does not come back in step. The first
+    connect fails fast with :class:`ConnectError`, unless ``wait`` is set: then it tries
+    again after 1, 2, 4 … s (capped at 30 s, jittered), saying once per try what it waits
+    for, and never gives up. A JetStream write rides out a leader election for up to
+    ``election_budget_s``.
 
         async with Broker(url, name="coordinator") as broker:
             await broker.publish(...)
@@ -101,10 +105,13 @@ class Broker:
         request_timeout: float = 5.0,
         wait: bool = False,
         auth: Auth | None = None,
+        election_budget_s: float = ELECTION_BUDGET_S,
     ) -> None:
         self.url = resolve_url(url)
         self.auth = auth if auth is not None else Auth.from_env()
         self.shown_url = redacted(self.url)
+        self.servers = server_list(self.url)  # raises ConnectError naming a malformed entry
+        self.election_budget_s = election_budget_s
         self._wait = wait
         self.name = name
         self.names = names or Names()
@@ -152,7 +159,7 @@ class Broker:
 
     async def _connect(self) -> NATS:
         self._first_error = None
-        servers = server_list(self.url)
+        servers = self.servers
         options = self.auth.connect_options(servers)
         nc = NATS()
         try:
@@ -165,8 +172,10 @@ class Broker:
                 # has its own backoff); unbounded once connected (set by the caller), so a
                 # service rides out restarts.
                 max_reconnect_attempts=1 if self._wait else _FIRST_CONNECT_ATTEMPTS,
-                # Each process waits its own time, so a fleet does not reconnect in step.
+                # Each process waits its own time, so a fleet does not reconnect in step:
+                # for the first connect here, and for every reconnect in the handler.
                 reconnect_time_wait=random.uniform(0.5, 1.5),
+                reconnect_to_server_handler=jittered_reconnect(),
                 ping_interval=10,
                 max_outstanding_pings=3,
                 error_cb=self._on_error,
@@ -230,13 +239,20 @@ class Broker:
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
     ) -> api.PubAck:
-        """JetStream publish; a ``Nats-Msg-Id`` header makes the stream drop duplicates."""
+        """JetStream publish; a ``Nats-Msg-Id`` header makes the stream drop duplicates.
+
+        While the stream has no leader (an election) the publish is made again, for up to
+        ``election_budget_s``; raises NoStreamError at once when no stream listens.
+        """
         if self.dedup_secret and headers and MSG_ID in headers:
             headers = {**headers, MSG_ID: sealed_id(headers[MSG_ID], self.dedup_secret)}
-        with translated(subject=subject):
-            return await self.js.publish(
-                subject, data, headers=headers, timeout=timeout or self.request_timeout
-            )
+        js, wait_s = self.js, timeout or self.request_timeout
+        return await through_elections(
+            lambda: js.publish(subject, data, headers=headers, timeout=wait_s),
+            self,
+            subject=subject,
+            retry_timeouts=bool(headers and MSG_ID in headers),
+        )
 
     async def publish_core(
         self, subject: str, data: bytes, *, headers: dict[str, str] | None = None
@@ -322,4 +338,11 @@ class Broker:
         down_s = asyncio.get_running_loop().time() - (self._down_since or 0.0)
         self._down_since = None
         self.reconnects += 1
-        log.info("nats reconnected", url=self.shown_url, down_s=round(down_s, 2))
+        log.info("nats reconnected", server=self.server, down_s=round(down_s, 2))
+
+    @property
+    def server(self) -> str:
+        """The server connected to now (host:port, never credentials), or ``""``."""
+        nc = self._nc
+        uri = nc.connected_url if nc is not None and nc.is_connected else None
+        return f"{uri.hostname}:{uri.port}" if uri is not None else ""

@@ -61,6 +61,9 @@ class ConsumerSpec:
     max_ack_pending: int = 1000
     max_deliver: int = -1
     inactive_threshold_s: float | None = None
+    # Start at messages stored from now on (only when the consumer is first made; an
+    # existing one resumes where it stopped): for views of history nobody asked to replay.
+    new_only: bool = False
 
     def config(self) -> api.ConsumerConfig:
         return api.ConsumerConfig(
@@ -69,7 +72,7 @@ class ConsumerSpec:
             filter_subject=self.filter_subjects[0] if len(self.filter_subjects) == 1 else None,
             filter_subjects=list(self.filter_subjects) if len(self.filter_subjects) > 1 else None,
             ack_policy=api.AckPolicy.EXPLICIT,
-            deliver_policy=api.DeliverPolicy.ALL,
+            deliver_policy=api.DeliverPolicy.NEW if self.new_only else api.DeliverPolicy.ALL,
             ack_wait=self.ack_wait_s,
             max_ack_pending=self.max_ack_pending,
             max_deliver=self.max_deliver,
@@ -100,6 +103,11 @@ class PullConsumer:
         self._failing_since: float | None = None
         self._retry_s = RETRY_FIRST_S
         self.spec = spec
+
+    @property
+    def failing(self) -> bool:
+        """Whether fetching fails now (it is paused and retrying)."""
+        return self._failing_since is not None
 
     async def fetch(self, size: int, *, wait_s: float = 1.0) -> list[Delivery]:
         """Up to ``size`` messages, or none after ``wait_s`` of idleness; raises BrokerError."""

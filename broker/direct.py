@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import nats.errors
 
-from agentreach.broker.errors import BrokerError, BrokerTimeout, translated
+from agentreach.broker.errors import (
+    STREAM_NOT_FOUND,
+    BrokerError,
+    BrokerTimeout,
+    StreamNotFound,
+    translated,
+)
 from agentreach.broker.streams import StoredMessage
 
 if TYPE_CHECKING:
@@ -88,8 +94,12 @@ async def _batch(
                     raise _TooMany
                 if status in _END:
                     return found, int(headers.get("Nats-Num-Pending", 0))
-                if status == "503":  # no responders: direct gets not allowed, or no stream
-                    raise BrokerError(f"stream {stream} does not answer direct gets")
+                if status == "503":  # no responders: no such stream, or no direct gets
+                    raise StreamNotFound(
+                        f"stream {stream} does not exist (or does not answer direct gets):"
+                        " run `reach provision` (or start the coordinator, which provisions)",
+                        err_code=STREAM_NOT_FOUND,
+                    )
                 raise BrokerError(f"direct get on {stream}: status {status}")
         finally:
             await asyncio.shield(sub.unsubscribe())

@@ -52,7 +52,9 @@ def find_server_binary() -> Path:
 class EmbeddedServer:
     """A local nats-server with JetStream, started on enter and stopped on exit.
 
-    ``port=-1`` picks a free port; :attr:`url` tells which once it is ready.
+    ``port=-1`` picks a free port; :attr:`url` tells which once it is ready. With
+    ``config``, the server reads that file instead (listen address, store, cluster and
+    all); ``store_dir`` is then only where the store's lock is held.
     """
 
     def __init__(
@@ -65,9 +67,7 @@ class EmbeddedServer:
         config: Path | None = None,
         on_log: Callable[[str], None] | None = None,
     ) -> None:
-        """``config`` is a nats-server config file (e.g. one that includes the ``auth.conf``
-        of ``reach auth init``); the arguments here override what it says. ``on_log`` gets
-        each line the server logs."""
+        """``on_log`` gets each line the server logs."""
         self.host = host
         self.port = port
         self.store_dir = Path(store_dir)
@@ -86,17 +86,13 @@ class EmbeddedServer:
         binary = find_server_binary()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self._lock_store()
-        config = ["-c", str(self.config)] if self.config else []
+        if self.config is not None:
+            args = ["-c", str(self.config)]
+        else:
+            args = ["-js", "-a", self.host, "-p", str(self.port), "-sd", str(self.store_dir)]
         self._process = await asyncio.create_subprocess_exec(
             str(binary),
-            *config,
-            "-js",
-            "-a",
-            self.host,
-            "-p",
-            str(self.port),
-            "-sd",
-            str(self.store_dir),
+            *args,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -133,6 +129,21 @@ class EmbeddedServer:
             except TimeoutError:
                 process.kill()
                 await process.wait()
+        await self._released()
+
+    async def kill(self) -> None:
+        """kill -9: no lame duck, no flush; what a crash or a lost host looks like."""
+        process = self._process
+        if process is not None and process.returncode is None:
+            process.kill()
+            await process.wait()
+        await self._released()
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    async def _released(self) -> None:
         if self._drain is not None:
             self._drain.cancel()
             await asyncio.gather(self._drain, return_exceptions=True)

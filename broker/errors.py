@@ -126,7 +126,11 @@ def translate(exc: BaseException, *, subject: str | None = None) -> BrokerError:
             where = f" for {subject!r}" if subject else ""
             return Unavailable(f"JetStream unavailable{where} (503)", err_code=code)
         cls = _BY_CODE.get(code or 0, JetStreamError)
-        return cls(exc.description or type(exc).__name__, err_code=code)
+        description = exc.description or type(exc).__name__
+        if cls is StreamNotFound:  # the server is new, or was wiped: say what to do
+            where = f" ({subject})" if subject else ""
+            description += f"{where}: run `reach provision` (or start the coordinator)"
+        return cls(description, err_code=code)
     if isinstance(exc, nats.js.errors.NoStreamResponseError):
         where = f" on {subject!r}" if subject else ""
         return NoStreamError(

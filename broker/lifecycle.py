@@ -20,6 +20,7 @@ from agentreach.broker.messages import Delivery
 from agentreach.broker.names import COORDINATOR, Names
 from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms, stable_id
+from agentreach.envelopes.audit import summary_of_task
 
 log = structlog.get_logger("broker.lifecycle")
 
@@ -42,7 +43,7 @@ def event_for(about_: Task, event: str, /, *, agent_id: str | None = None, **det
     """An event about a task, carrying its ids, topic and attempt; ``detail`` is free-form."""
     fields = about(about_, event=event, agent_id=agent_id, caller=about_.caller, detail=detail)
     fields["at_ms"] = fields.pop("created_at")
-    return Event(**fields)
+    return Event(**fields, priority=about_.priority, received_ms=about_.received_ms)
 
 
 # The coordinator's proof, on a dispatch, that the attempt was given to that agent.
@@ -193,7 +194,9 @@ async def dead_letter(
             topic=topic,
             attempt=task.attempt if task else 1,
             at_ms=letter.at_ms,
-            detail={"reason": reason, "error": msgspec.to_builtins(error) if error else None},
+            detail=_letter_detail(reason, task, error),
+            priority=task.priority if task else "P1",
+            received_ms=task.received_ms if task else 0,
         ),
     )
     return letter
@@ -222,6 +225,16 @@ async def dead_letter_delivery(
         raw=delivery.data,
         headers={**delivery.headers, "Reach-Subject": delivery.subject},
     )
+
+
+def _letter_detail(reason: str, task: Task | None, error: ErrorInfo | None) -> dict[str, Any]:
+    detail: dict[str, Any] = {
+        "reason": reason,
+        "error": msgspec.to_builtins(error) if error else None,
+    }
+    if task is not None:  # what the audit record of the message summarises as its input
+        detail["input"] = msgspec.to_builtins(summary_of_task(task))
+    return detail
 
 
 def _fitted(letter: DeadLetter, limit: int) -> tuple[DeadLetter, bytes]:

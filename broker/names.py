@@ -83,6 +83,33 @@ class Names(msgspec.Struct, frozen=True):
     def dlq_wildcard(self) -> str:
         return f"{self.prefix}.dlq.>"
 
+    def audit(self, status: str, topic: str, trace_id: str, message_id: str) -> str:
+        return f"{self.prefix}.audit.{status}.{topic}.{trace_id}.{message_id}"
+
+    def audit_of_message(self, message_id: str) -> str:
+        return f"{self.prefix}.audit.*.*.*.{message_id}"
+
+    def audit_of_trace(self, trace_id: str) -> str:
+        return f"{self.prefix}.audit.*.*.{trace_id}.*"
+
+    @property
+    def audit_wildcard(self) -> str:
+        return f"{self.prefix}.audit.>"
+
+    def call(self, topic: str, sender: str | None = None) -> str:
+        """Core request/reply: ``nats req reach.call.<topic>[.<sender>] JSON`` answers with
+        the result; the sender token counts as on ``reach.task.<topic>.<sender>``."""
+        subject = f"{self.prefix}.call.{topic}"
+        return f"{subject}.{sender}" if sender else subject
+
+    @property
+    def calls_wildcard(self) -> str:
+        return f"{self.prefix}.call.>"
+
+    def call_subject_parts(self, subject: str) -> tuple[str, str | None]:
+        """``reach.call.<topic>[.<sender>]`` → (topic, sender or None)."""
+        return self.task_subject_parts(self.task(subject[len(self.prefix) + len(".call.") :]))
+
     def reply_allowed(self, subject: str) -> bool:
         """Whether a task's replies may go to ``subject``: anywhere but our own subjects
         (a reply there would forge a task, an event or a dead letter), except a caller's
@@ -163,17 +190,22 @@ class Names(msgspec.Struct, frozen=True):
     def registrations(self) -> str:
         return f"{self.prefix}.ctl.register.*"
 
-    def status(self, caller: str) -> str:
+    def trace_request(self, caller: str) -> str:
         """A caller asks the coordinator for the events of one of its own messages."""
-        return f"{self.prefix}.ctl.status.{caller}"
+        return f"{self.prefix}.ctl.trace.{caller}"
 
     @property
-    def statuses(self) -> str:
-        return f"{self.prefix}.ctl.status.*"
+    def trace_requests(self) -> str:
+        return f"{self.prefix}.ctl.trace.*"
 
     @property
     def clear(self) -> str:
         return f"{self.prefix}.ctl.clear"
+
+    @property
+    def status(self) -> str:
+        """Every coordinator replica answers with its status (a core request)."""
+        return f"{self.prefix}.ctl.status"
 
     @property
     def routes_reload(self) -> str:
@@ -199,6 +231,15 @@ class Names(msgspec.Struct, frozen=True):
     @property
     def dlq_stream(self) -> str:
         return f"{self.prefix.upper()}_DLQ"
+
+    @property
+    def audit_stream(self) -> str:
+        return f"{self.prefix.upper()}_AUDIT"
+
+    @property
+    def payloads_bucket(self) -> str:
+        """The Object Store bucket of claim-checked payloads and results."""
+        return f"{self.prefix}_payloads"
 
     # -- KV buckets -------------------------------------------------------------
     @property
@@ -260,6 +301,14 @@ class Names(msgspec.Struct, frozen=True):
     @property
     def coordinator_advisories(self) -> str:
         return "coordinator-advisories"
+
+    @property
+    def coordinator_metrics(self) -> str:
+        return "coordinator-metrics"
+
+    @property
+    def coordinator_audit(self) -> str:
+        return "coordinator-audit"
 
     def agent_consumer(self, agent_id: str, priority: Priority) -> str:
         return f"agent-{agent_id}-{priority.lower()}"

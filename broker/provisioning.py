@@ -1,15 +1,19 @@
 """Bringing a server to the topology: idempotent provisioning, re-provisioning what went
 missing, and waiting until someone else (the coordinator) has provisioned.
 
-``provision()`` creates what is missing and applies changed limits to what exists, so
-running it again never fails. A change the server cannot apply in place (a different
-retention policy, say) is a :class:`ProvisionError` that names the stream and the field.
+``provision()`` creates what is missing and applies changed limits, replica counts and
+placement to what exists, so running it again never fails. A change the server cannot apply
+in place (a different retention policy, say) is a :class:`ProvisionError` that names the
+stream and the field. Replicas are scaled in place: raising the setting turns R1 streams and
+buckets into R3 without losing a message (a work-queue stream with consumers pauses about
+ten seconds while it is re-mapped).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 
 import nats.errors
 import nats.js
@@ -23,26 +27,90 @@ from agentreach.broker.errors import (
     translate,
     translated,
 )
-from agentreach.broker.topology import BucketSpec, Outcome, Topology
+from agentreach.broker.failover import stream_names
+from agentreach.broker.provisioned import Change, Provisioning, wait_settled
+from agentreach.broker.replication import AUTO, NO_SUITABLE_PEERS, NOT_CLUSTERED, resolve_replicas
+from agentreach.broker.topology import (
+    BucketSpec,
+    ObjectStoreSpec,
+    Outcome,
+    StreamSpec,
+    Topology,
+)
 
 log = structlog.get_logger("broker.provisioning")
 
 WAIT_FIRST_S = 1.0
 WAIT_CAP_S = 30.0
+# A cluster that has just started (or lost its meta leader) may time out a JetStream API
+# request or two: provisioning asks again for this long before it gives up.
+PATIENCE_S = 30.0
+PEERS_PATIENCE_S = 5.0
+RECONFIGURING = 10226  # "stream reconfiguration already in progress": a scale not done yet
+SETTLE_S = 60.0  # how long a scaled or moved stream may take to have every replica current
 
 
-async def provision(broker: Broker, topology: Topology) -> dict[str, Outcome]:
-    """Bring every stream and bucket to its spec; returns what happened to each."""
+async def provision(
+    broker: Broker, topology: Topology, *, settle_s: float = SETTLE_S
+) -> Provisioning:
+    """Bring every stream and bucket to its spec; returns what happened to each (a mapping of
+    name to :class:`Outcome`, with the replicas, placement and leader of each).
+
+    ``replicas: auto`` is resolved on this server, and never scales a stream down. Streams
+    whose replicas or placement changed are awaited (up to ``settle_s``) until every
+    replica is current, so the report says where they are, not where they are going.
+    """
+    may_shrink = topology.replicas != AUTO
+    replicas = await resolve_replicas(broker, topology.replicas or 1)
+    if topology.replicas == AUTO:
+        topology = topology.with_replicas(replicas)  # type: ignore[arg-type]
     js = broker.js
-    outcomes: dict[str, Outcome] = {}
+    changes: list[tuple[str, str, Change]] = []
     with translated():  # a ProvisionError passes through; anything else is a BrokerError
         for stream in topology.streams:
-            outcomes[stream.name] = await _ensure_stream(js, stream.config())
+            change = await _patiently(stream, lambda s=stream: _ensure_stream(js, s, may_shrink))
+            changes.append((stream.name, stream.name, change))
         for bucket in topology.buckets:
-            outcomes[bucket.name] = await _ensure_bucket(js, bucket)
-    for name, outcome in outcomes.items():
-        log.debug("provisioned", name=name, outcome=str(outcome))
-    return outcomes
+            change = await _patiently(bucket, lambda b=bucket: _ensure_bucket(js, b, may_shrink))
+            changes.append((bucket.name, bucket.stream, change))
+        for store in topology.objects:
+            change = await _patiently(store, lambda o=store: _ensure_objects(js, o, may_shrink))
+            changes.append((store.name, store.stream, change))
+    # Replication catches up in the background: wait for every stream at once.
+    details = await asyncio.gather(
+        *(wait_settled(js, name, stream, change, settle_s) for name, stream, change in changes)
+    )
+    for item in details:
+        log.debug("provisioned", **item.fields())
+    return Provisioning(details, replicas=replicas)
+
+
+async def _patiently(
+    spec: StreamSpec | BucketSpec | ObjectStoreSpec, ensure: Callable[[], Awaitable[Change]]
+) -> Change:
+    """``await ensure()``, again while the JetStream API does not answer (a fresh cluster
+    still electing its meta leader) for up to :data:`PATIENCE_S`, or finds too few peers for
+    the spec's replicas (a peer that has just started is "offline" for a moment) for up to
+    :data:`PEERS_PATIENCE_S`, or is still scaling it from an earlier run; then a
+    ProvisionError that says why."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        try:
+            return await ensure()
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, TimeoutError):
+            if loop.time() - started > PATIENCE_S:
+                raise
+            log.info("JetStream API not answering yet; asking again", name=spec.name)
+        except nats.js.errors.APIError as exc:
+            waited_s = loop.time() - started
+            if not (
+                (exc.err_code == NO_SUITABLE_PEERS and waited_s < PEERS_PATIENCE_S)
+                or (exc.err_code == RECONFIGURING and waited_s < PATIENCE_S)
+            ):
+                raise _provision_error(spec.name, exc, spec.replicas, spec.placement_tags) from exc
+            log.info("cannot place it yet; asking again", name=spec.name, why=exc.description)
+        await asyncio.sleep(1.0)
 
 
 async def _existing(js: nats.js.JetStreamContext, stream: str) -> api.StreamConfig | None:
@@ -52,37 +120,49 @@ async def _existing(js: nats.js.JetStreamContext, stream: str) -> api.StreamConf
         return None
 
 
-async def _ensure_stream(js: nats.js.JetStreamContext, wanted: api.StreamConfig) -> Outcome:
-    assert wanted.name is not None
-    existing = await _existing(js, wanted.name)
+async def _ensure_stream(
+    js: nats.js.JetStreamContext, spec: StreamSpec, may_shrink: bool
+) -> Change:
+    wanted = spec.config()
+    existing = await _existing(js, spec.name)
     if existing is None:
-        try:
-            await js.add_stream(wanted)
-        except nats.js.errors.APIError as exc:
-            raise _provision_error(wanted.name, exc) from exc
-        return Outcome.CREATED
-    return await _update_if_changed(js, existing, wanted)
+        await js.add_stream(wanted)
+        return Change(Outcome.CREATED)
+    return await _update_if_changed(js, existing, wanted, may_shrink)
 
 
-async def _ensure_bucket(js: nats.js.JetStreamContext, bucket: BucketSpec) -> Outcome:
-    existing = await _existing(js, f"KV_{bucket.name}")
-    created = existing is None
+async def _ensure_bucket(
+    js: nats.js.JetStreamContext, bucket: BucketSpec, may_shrink: bool
+) -> Change:
+    existing = await _existing(js, bucket.stream)
     if existing is None:
-        try:
-            await js.create_key_value(bucket.config())
-        except nats.js.errors.APIError as exc:
-            raise _provision_error(bucket.name, exc) from exc
-        existing = await _existing(js, f"KV_{bucket.name}")
-        assert existing is not None
+        await js.add_stream(bucket.config())
+        return Change(Outcome.CREATED)
+    # Only what we manage changes; the rest of a bucket's stream stays as it was made.
+    spec = bucket.config()
     wanted = api.StreamConfig.from_response(existing.as_dict())
     wanted.max_msgs_per_subject = bucket.history
     wanted.max_age = bucket.ttl_s
     wanted.description = bucket.description or None
-    # A writer of its own key could wipe the whole bucket with a roll-up header: no roll-ups
-    # (Agent-Reach deletes keys, it never purges them).
-    wanted.allow_rollup_hdrs, wanted.deny_purge = False, True
-    outcome = await _update_if_changed(js, existing, wanted, quiet=created)
-    return Outcome.CREATED if created else outcome
+    wanted.allow_rollup_hdrs, wanted.deny_purge = spec.allow_rollup_hdrs, spec.deny_purge
+    wanted.num_replicas = bucket.replicas
+    wanted.placement = spec.placement
+    return await _update_if_changed(js, existing, wanted, may_shrink)
+
+
+async def _ensure_objects(
+    js: nats.js.JetStreamContext, store: ObjectStoreSpec, may_shrink: bool
+) -> Change:
+    existing = await _existing(js, store.stream)
+    if existing is None:
+        await js.create_object_store(store.name, config=store.config())
+        return Change(Outcome.CREATED)
+    wanted = api.StreamConfig.from_response(existing.as_dict())
+    wanted.max_age = store.ttl_s
+    wanted.description = store.description or None
+    wanted.num_replicas = store.replicas
+    wanted.placement = store.config().placement
+    return await _update_if_changed(js, existing, wanted, may_shrink)
 
 
 _MANAGED = (
@@ -97,6 +177,8 @@ _MANAGED = (
     "deny_purge",
     "allow_rollup_hdrs",
     "description",
+    "num_replicas",
+    "placement",
 )
 _IMMUTABLE = ("retention", "storage")
 
@@ -105,12 +187,19 @@ async def _update_if_changed(
     js: nats.js.JetStreamContext,
     existing: api.StreamConfig,
     wanted: api.StreamConfig,
-    *,
-    quiet: bool = False,
-) -> Outcome:
-    changed = [f for f in _MANAGED if _norm(getattr(existing, f)) != _norm(getattr(wanted, f))]
+    may_shrink: bool,
+) -> Change:
+    changed = [f for f in _MANAGED if _norm(existing, f) != _norm(wanted, f)]
+    before = existing.num_replicas or 1
+    if "num_replicas" in changed and (wanted.num_replicas or 1) < before and not may_shrink:
+        changed.remove("num_replicas")  # auto never shrinks: a node may just be down
+        log.info("keeping the replicas (replicas: auto never scales down)", stream=wanted.name)
+    if "placement" in changed and not _norm(wanted, "placement"):
+        # No profile asked for: the placement is left as it is, so that a process started
+        # without --durable never moves the work streams off the servers that sync always.
+        changed.remove("placement")
     if not changed:
-        return Outcome.UNCHANGED
+        return Change(Outcome.UNCHANGED)
     for field in _IMMUTABLE:
         if field in changed:
             raise ProvisionError(
@@ -121,16 +210,18 @@ async def _update_if_changed(
     merged = api.StreamConfig.from_response(existing.as_dict())
     for field in changed:
         setattr(merged, field, getattr(wanted, field))
-    try:
-        await js.update_stream(merged)
-    except nats.js.errors.APIError as exc:
-        raise _provision_error(wanted.name, exc) from exc
-    if not quiet:
-        log.info("stream updated", stream=wanted.name, fields=changed)
-    return Outcome.UPDATED
+    await js.update_stream(merged)
+    log.info("stream updated", stream=wanted.name, fields=changed)
+    scaled = before if "num_replicas" in changed else None
+    return Change(Outcome.UPDATED, scaled)
 
 
-def _norm(value: object) -> object:
+def _norm(config: api.StreamConfig, field: str) -> object:
+    value = getattr(config, field)
+    if field == "num_replicas":
+        return value or 1
+    if field == "placement":
+        return tuple(sorted(value.tags or ())) if value is not None else ()
     if isinstance(value, list):
         return sorted(value)
     if value in (None, 0, 0.0, "", -1):
@@ -138,15 +229,32 @@ def _norm(value: object) -> object:
     return value
 
 
-def _provision_error(name: str | None, exc: nats.js.errors.APIError) -> ProvisionError:
+def _provision_error(
+    name: str | None, exc: nats.js.errors.APIError, replicas: int, tags: tuple[str, ...]
+) -> ProvisionError:
     broker_error = translate(exc)
     code = broker_error.err_code if isinstance(broker_error, JetStreamError) else None
+    if code == NOT_CLUSTERED:
+        return ProvisionError(
+            f"cannot provision {name} with {replicas} replicas: this server is not part of a"
+            f" JetStream cluster; use --replicas 1 or auto (err_code={code})"
+        )
+    if code == NO_SUITABLE_PEERS:
+        servers = f"servers tagged {', '.join(tags)}" if tags else "servers"
+        return ProvisionError(
+            f"cannot provision {name} with {replicas} replicas: it needs {replicas} {servers},"
+            f" and fewer are up ({exc.description}; err_code={code})"
+        )
     return ProvisionError(f"cannot provision {name}: {exc.description} (err_code={code})")
 
 
 class Provisioner:
     """Provisions ``topology`` again when something of it went missing (a stream deleted by
-    hand, a store lost): at most once per ``min_interval_s``, however many ask at once."""
+    hand, a store lost): at most once per ``min_interval_s``, however many ask at once.
+
+    It first asks the meta leader which streams exist, one cheap request: during a leader
+    election (everything exists, nothing answers writes) it stops there, quietly.
+    """
 
     def __init__(self, broker: Broker, topology: Topology, *, min_interval_s: float = 5.0):
         self._broker = broker
@@ -167,8 +275,17 @@ class Provisioner:
         await asyncio.shield(self._running)
 
     async def _provision(self, why: str) -> None:
+        topology = self._topology
+        wanted = {s.name for s in topology.streams} | {b.stream for b in topology.buckets}
         try:
-            outcomes = await provision(self._broker, self._topology)
+            missing = wanted - set(await stream_names(self._broker))
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.debug("cannot list the streams now", why=why, error=str(exc))
+            return
+        if not missing:
+            return
+        try:
+            outcomes = await provision(self._broker, topology)
         except Exception as exc:
             log.warning("could not check the streams and buckets", why=why, error=str(exc))
             return

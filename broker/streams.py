@@ -92,3 +92,29 @@ async def _get(broker: Broker, stream: str, **where: object) -> StoredMessage | 
         headers=dict(raw.headers or {}),
         timestamp_ns=int(raw.time.timestamp() * 1e9) if raw.time else 0,
     )
+
+
+async def consumer_backlog(broker: Broker, stream: str, durable: str) -> int | None:
+    """Messages a durable consumer has not had acknowledged yet (pending plus unacknowledged);
+    None when it does not exist."""
+    try:
+        info = await broker.js.consumer_info(stream, durable)
+    except nats.js.errors.NotFoundError:
+        return None
+    except nats.errors.Error as exc:
+        raise translate(exc, subject=stream) from exc
+    return (info.num_pending or 0) + (info.num_ack_pending or 0)
+
+
+async def stream_size(broker: Broker, stream: str) -> tuple[int, int]:
+    """``(messages, last sequence)`` of a stream."""
+    with translated(subject=stream):
+        info = await broker.js.stream_info(stream)
+    return info.state.messages, info.state.last_seq
+
+
+async def per_subject_limit(broker: Broker, stream: str) -> int:
+    """The most messages ``stream`` keeps on one subject (-1: no limit)."""
+    with translated(subject=stream):
+        info = await broker.js.stream_info(stream)
+    return info.config.max_msgs_per_subject or -1

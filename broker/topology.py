@@ -3,7 +3,8 @@ design's defaults; :mod:`agentreach.broker.provisioning` brings a server to it."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -11,9 +12,11 @@ from typing import Literal
 from nats.js import api
 
 from agentreach.broker.names import Names
+from agentreach.broker.replication import AUTO, Replicas
 from agentreach.envelopes import Priority
 
 DAY = 24 * 3600.0
+KV_DUPLICATE_WINDOW_S = 120.0  # nats-py's for a bucket (or its ttl, when shorter)
 # Per-agent dispatch queue capacity per priority (P0 small: urgent work must not queue).
 DEFAULT_QUEUE_CAPACITY: dict[Priority, int] = {"P0": 10, "P1": 200, "P2": 1000}
 
@@ -37,6 +40,8 @@ class StreamSpec:
     discard_new_per_subject: bool = False
     deny_delete: bool = False  # history nobody may edit (events, dead letters)
     description: str = ""
+    replicas: int = 1
+    placement_tags: tuple[str, ...] = ()  # on servers carrying every one of these tags
 
     def config(self) -> api.StreamConfig:
         return api.StreamConfig(
@@ -54,6 +59,8 @@ class StreamSpec:
             discard_new_per_subject=self.discard_new_per_subject,
             deny_delete=self.deny_delete,
             allow_direct=True,
+            num_replicas=self.replicas,
+            placement=_placement(self.placement_tags),
         )
 
 
@@ -65,22 +72,80 @@ class BucketSpec:
     history: int = 1
     ttl_s: float = 0.0  # 0 = keys never expire
     description: str = ""
+    replicas: int = 1
+    placement_tags: tuple[str, ...] = ()
 
-    def config(self) -> api.KeyValueConfig:
-        return api.KeyValueConfig(
+    @property
+    def stream(self) -> str:
+        """The stream that holds the bucket."""
+        return f"KV_{self.name}"
+
+    def config(self) -> api.StreamConfig:
+        """The bucket's stream, as nats-py's ``create_key_value`` makes it, and then ours:
+        no roll-ups and no purges (a writer of one key could wipe the whole bucket; we delete
+        keys, we never purge them), the replicas and the placement. Made in one step: on a
+        cluster a change right after the creation waits for the new stream's leader."""
+        return api.StreamConfig(
+            name=self.stream,
+            description=self.description or None,
+            subjects=[f"$KV.{self.name}.>"],
+            allow_direct=True,
+            allow_rollup_hdrs=False,
+            allow_msg_ttl=True,
+            deny_delete=True,
+            deny_purge=True,
+            discard=api.DiscardPolicy.NEW,
+            duplicate_window=min(KV_DUPLICATE_WINDOW_S, self.ttl_s or KV_DUPLICATE_WINDOW_S),
+            max_age=self.ttl_s,
+            max_consumers=-1,
+            max_msgs=-1,
+            max_msgs_per_subject=self.history,
+            num_replicas=self.replicas,
+            storage=api.StorageType.FILE,
+            placement=_placement(self.placement_tags),
+        )
+
+
+def _placement(tags: tuple[str, ...]) -> api.Placement | None:
+    return api.Placement(tags=list(tags)) if tags else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObjectStoreSpec:
+    """One Object Store bucket (claim-checked payloads)."""
+
+    name: str
+    ttl_s: float = 0.0
+    description: str = ""
+    replicas: int = 1
+    placement_tags: tuple[str, ...] = ()
+
+    @property
+    def stream(self) -> str:
+        """The stream that holds the store."""
+        return f"OBJ_{self.name}"
+
+    def config(self) -> api.ObjectStoreConfig:
+        return api.ObjectStoreConfig(
             bucket=self.name,
             description=self.description or None,
-            history=self.history,
             ttl=self.ttl_s or None,
             storage=api.StorageType.FILE,
-            direct=True,
+            replicas=self.replicas,
+            placement=_placement(self.placement_tags),
         )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Topology:
+    """Every stream and bucket, and the replica setting they were made for: ``auto`` is
+    resolved by :func:`~agentreach.broker.provisioning.provision` on the server at hand;
+    None means each spec's own ``replicas``."""
+
     streams: tuple[StreamSpec, ...]
     buckets: tuple[BucketSpec, ...]
+    objects: tuple[ObjectStoreSpec, ...] = ()
+    replicas: Replicas | None = None
 
     @classmethod
     def default(
@@ -89,14 +154,21 @@ class Topology:
         *,
         executions_ttl_s: float = DAY,
         queue_capacity: Mapping[Priority, int] | None = None,
+        replicas: Replicas = AUTO,
+        work_tags: Sequence[str] = (),
+        audit_days: float = 30.0,
+        payload_days: float = 30.0,
     ) -> Topology:
         """Every stream and bucket of SPEC.md, with the design's defaults.
 
         Each agent's dispatch subject holds at most ``queue_capacity[priority]``
-        messages (queued or unacknowledged); the broker refuses more.
+        messages (queued or unacknowledged); the broker refuses more. ``work_tags`` place
+        the streams that carry work (tasks, dispatch, dead letters) on servers with those
+        tags: the durability profile.
         """
         n = names or Names()
         capacity = {**DEFAULT_QUEUE_CAPACITY, **(queue_capacity or {})}
+        work = tuple(work_tags)
         dispatch = tuple(
             StreamSpec(
                 name=stream,
@@ -105,6 +177,7 @@ class Topology:
                 max_msgs_per_subject=capacity[priority],
                 discard_new_per_subject=True,
                 description=f"Tasks dispatched to one agent, priority {priority}",
+                placement_tags=work,
             )
             for priority, stream in n.dispatch_streams.items()
         )
@@ -115,6 +188,7 @@ class Topology:
                     subjects=(n.tasks_wildcard,),
                     retention="workqueue",
                     description="Task intake: reach.task.<topic>",
+                    placement_tags=work,
                 ),
                 *dispatch,
                 StreamSpec(
@@ -143,6 +217,14 @@ class Topology:
                     max_age_s=30 * DAY,
                     duplicate_window_s=3600.0,
                     description="Dead letters: reach.dlq.<reason>.<topic>",
+                    placement_tags=work,
+                ),
+                StreamSpec(
+                    name=n.audit_stream,
+                    subjects=(n.audit_wildcard,),
+                    max_age_s=audit_days * DAY,
+                    duplicate_window_s=3600.0,
+                    description="One audit record per finished message",
                 ),
             ),
             buckets=(
@@ -172,6 +254,26 @@ class Topology:
                     description="Execution records by message_id (exactly-once effect)",
                 ),
             ),
+            objects=(
+                ObjectStoreSpec(
+                    name=n.payloads_bucket,
+                    ttl_s=payload_days * DAY,
+                    description="Claim-checked payloads and results too large to travel inline",
+                ),
+            ),
+        ).with_replicas(replicas)
+
+    def with_replicas(self, replicas: Replicas) -> Topology:
+        """Every stream and bucket at ``replicas`` (``auto`` is kept as the setting, for
+        provisioning to resolve)."""
+        if replicas == AUTO:
+            return dataclasses.replace(self, replicas=AUTO)
+        count = int(replicas)
+        return Topology(
+            streams=tuple(dataclasses.replace(s, replicas=count) for s in self.streams),
+            buckets=tuple(dataclasses.replace(b, replicas=count) for b in self.buckets),
+            objects=tuple(dataclasses.replace(o, replicas=count) for o in self.objects),
+            replicas=replicas,
         )
 
 
@@ -179,4 +281,5 @@ def queue_caps(names: Names, queue_capacity: Mapping[Priority, int]) -> Topology
     """Only the dispatch streams, with these per-agent queue capacities."""
     full = Topology.default(names, queue_capacity=queue_capacity)
     dispatch = set(names.dispatch_streams.values())
-    return Topology(streams=tuple(s for s in full.streams if s.name in dispatch), buckets=())
+    streams = tuple(s for s in full.streams if s.name in dispatch)
+    return Topology(streams=streams, buckets=(), replicas=full.replicas)

@@ -4,11 +4,21 @@ how it may be shown (never with its password or token)."""
 from __future__ import annotations
 
 import os
+import random
 import re
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from nats.aio.client import Server
+
+from agentreach.broker.errors import ConnectError
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 _CREDENTIALS = re.compile(r"(?<=://)[^@/]*@")
+SCHEMES = ("nats", "tls", "ws", "wss")
+RECONNECT_FIRST_S = 0.25
+RECONNECT_CAP_S = 5.0
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -17,9 +27,53 @@ def resolve_url(url: str | None = None) -> str:
 
 
 def server_list(url: str) -> list[str]:
-    """``nats://a:4222,nats://b:4222`` → each server; a bare ``host:port`` gets ``nats://``."""
+    """``nats://a:4222,nats://b:4222`` → each server; a bare ``host:port`` gets ``nats://``.
+
+    Raises :class:`ConnectError` naming an entry that is not a server URL.
+    """
     servers = [part.strip() for part in url.split(",") if part.strip()]
-    return [s if "://" in s else f"nats://{s}" for s in servers] or [DEFAULT_URL]
+    servers = [s if "://" in s else f"nats://{s}" for s in servers] or [DEFAULT_URL]
+    for server in servers:
+        _check(server)
+    return servers
+
+
+def _check(server: str) -> None:
+    parts = urlsplit(server)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    malformed = port == -1 or parts.path not in ("", "/")
+    if parts.scheme not in SCHEMES or not parts.hostname or malformed:
+        raise ConnectError(
+            f"{_redact_one(server)!r} is not a NATS server URL (expected nats://host:port;"
+            " several are separated by commas)"
+        )
+
+
+Reconnect = Callable[[list[Server], dict[str, Any]], tuple[Server | None, float]]
+
+
+def jittered_reconnect(
+    first_s: float = RECONNECT_FIRST_S, cap_s: float = RECONNECT_CAP_S
+) -> Reconnect:
+    """nats-py's ``reconnect_to_server_handler``: which server to try next, and after how long.
+
+    One of the servers that failed least since they last answered, so that every seed is
+    tried before any twice; after a random pause up to ``first_s`` doubled per round of
+    failures (capped at ``cap_s``), so that a fleet whose server died does not come back in
+    step. (Choosing no server would make nats-py try the first one of the pool every time.)
+    """
+
+    def choose(servers: list[Server], server_info: dict[str, Any]) -> tuple[Server | None, float]:
+        if not servers:
+            return None, first_s
+        fewest = min(server.reconnects for server in servers)
+        pick = random.choice([server for server in servers if server.reconnects == fewest])
+        return pick, random.uniform(0, min(cap_s, first_s * 2**fewest))
+
+    return choose
 
 
 def redacted(url: str) -> str:

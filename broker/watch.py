@@ -1,4 +1,12 @@
-"""Watching a KV bucket as a plain async iterator of changes (no sentinel values)."""
+"""Watching a KV bucket as a plain async iterator of changes (no sentinel values).
+
+The watch is an ordered push consumer on the bucket's stream, like nats-py's ``kv.watch()``,
+but with an idle heartbeat of one second instead of five: the consumer lives on one server,
+and when that server dies (or the stream's leader changes) nothing tells the client except
+the missing heartbeats. nats-py makes the consumer again, from the next sequence, after two
+missed heartbeats; with 5 s ones a watch fell 15-18 s behind after a kill -9, with 1 s ones
+it resumes as soon as the new leader is elected.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +17,16 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+import nats.aio.msg
+from nats.js import api
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from agentreach.broker.errors import translated
+
+IDLE_HEARTBEAT_S = 1.0
+INACTIVE_THRESHOLD_S = 300.0  # a watch whose process died is cleaned up by the server
+KV_MARKER_REASON = "Nats-Marker-Reason"  # nats-server 2.11+: TTL and age expiry markers
+_DELETED_BY_MARKER = {"MaxAge": KV_PURGE, "Purge": KV_PURGE, "Remove": KV_DEL}
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +39,9 @@ class Change:
     written_ms: int = 0  # the broker's time of the write
 
 
+_INITIAL_DONE = object()  # in the queue only: the values present at the start are through
+
+
 class BucketWatch:
     """Every key's latest value, then each change as it happens.
 
@@ -34,14 +52,33 @@ class BucketWatch:
                 ...
     """
 
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, *, idle_heartbeat_s: float = IDLE_HEARTBEAT_S) -> None:
         self._kv = kv
-        self._watcher: KeyValue.KeyWatcher | None = None
+        self._idle_heartbeat_s = idle_heartbeat_s
+        self._sub: nats.js.JetStreamContext.PushSubscription | None = None
+        self._queue: asyncio.Queue[Change | object] = asyncio.Queue()
+        self._initial_queued = False
         self.initial = asyncio.Event()
 
     async def __aenter__(self) -> Self:
-        with translated():
-            self._watcher = await self._kv.watchall()
+        kv = self._kv
+        with translated(subject=f"{kv._pre}>"):
+            self._sub = await kv._js.subscribe(
+                f"{kv._pre}>",
+                stream=kv._stream,
+                cb=self._on_message,
+                ordered_consumer=True,
+                idle_heartbeat=self._idle_heartbeat_s,
+                deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+                inactive_threshold=INACTIVE_THRESHOLD_S,
+            )
+            try:
+                info = await self._sub.consumer_info()
+            except BaseException:
+                await self._stop()
+                raise
+        if info.num_pending == 0 and self._sub.delivered == 0:
+            self._initial_through()
         return self
 
     async def __aexit__(
@@ -50,37 +87,68 @@ class BucketWatch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        watcher, self._watcher = self._watcher, None
-        if watcher is not None:
+        await self._stop()
+
+    async def _stop(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
             with contextlib.suppress(Exception):  # closing: the subscription may be gone already
-                await watcher.stop()
+                await sub.unsubscribe()
+
+    async def _on_message(self, msg: nats.aio.msg.Msg) -> None:
+        meta = msg.metadata
+        headers = msg.headers or {}
+        operation = headers.get(KV_OP)
+        if operation is None and KV_MARKER_REASON in headers:
+            operation = _DELETED_BY_MARKER.get(headers[KV_MARKER_REASON])
+            if operation is None:  # a marker of a kind not known yet: not a value
+                self._maybe_initial(meta.num_pending)
+                return
+        deleted = operation in (KV_DEL, KV_PURGE)
+        self._queue.put_nowait(
+            Change(
+                key=msg.subject[len(self._kv._pre) :],
+                value=None if deleted else msg.data,
+                revision=meta.sequence.stream,
+                written_ms=int(meta.timestamp.timestamp() * 1000) if meta.timestamp else 0,
+            )
+        )
+        self._maybe_initial(meta.num_pending)
+
+    def _maybe_initial(self, pending: int) -> None:
+        if pending == 0:
+            self._initial_through()
+
+    def _initial_through(self) -> None:
+        if not self._initial_queued:
+            self._initial_queued = True
+            self._queue.put_nowait(_INITIAL_DONE)
 
     def __aiter__(self) -> AsyncIterator[Change]:
         return self._changes()
 
     async def _changes(self) -> AsyncIterator[Change]:
-        assert self._watcher is not None, "use `async with BucketWatch(...)`"
-        async for entry in self._watcher:
-            if entry is None:  # nats-py's "initial values delivered" marker
+        assert self._sub is not None, "use `async with BucketWatch(...)`"
+        while True:
+            item = await self._queue.get()
+            if item is _INITIAL_DONE:
                 self.initial.set()
                 continue
-            yield _change(entry)
-            if entry.delta == 0:
-                self.initial.set()
+            assert isinstance(item, Change)
+            yield item
 
     async def snapshot(self) -> list[Change]:
         """The values present when the watch began (deleted keys left out), then stop."""
-        assert self._watcher is not None, "use `async with BucketWatch(...)`"
-        found: list[Change] = []
-        async for entry in self._watcher:
-            if entry is None:
-                break
-            if (change := _change(entry)).value is not None:
-                found.append(change)
-            if entry.delta == 0:
-                break
+        assert self._sub is not None, "use `async with BucketWatch(...)`"
+        found: dict[str, Change] = {}
+        while (item := await self._queue.get()) is not _INITIAL_DONE:
+            assert isinstance(item, Change)
+            if item.value is None:
+                found.pop(item.key, None)
+            else:
+                found[item.key] = item
         self.initial.set()
-        return found
+        return list(found.values())
 
 
 async def snapshot(kv: KeyValue) -> list[Change]:
@@ -91,13 +159,3 @@ async def snapshot(kv: KeyValue) -> list[Change]:
     async with BucketWatch(kv) as watch:
         with translated():
             return await watch.snapshot()
-
-
-def _change(entry: KeyValue.Entry) -> Change:
-    deleted = entry.operation in (KV_DEL, KV_PURGE)
-    return Change(
-        key=entry.key,
-        value=None if deleted else entry.value,
-        revision=entry.revision or 0,
-        written_ms=int(entry.created.timestamp() * 1000) if entry.created else 0,
-    )

@@ -12,6 +12,7 @@ Workflows are defined in the config's ``workflows:`` section or built in Python 
 ``agentreach.coordinator.workflow`` (``chain``, ``fanout``, ``steps``, ``machine``).
 """
 
+from agentreach.coordinator import workflow
 from agentreach.coordinator.config import (
     ConfigError,
     CoordinatorConfig,
@@ -26,7 +27,6 @@ from agentreach.coordinator.protection.rate_limits import RateLimits
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.rules import RoutingConfig
 from agentreach.coordinator.service import Coordinator
-from agentreach.coordinator.workflows import builder as workflow
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 
 __all__ = [

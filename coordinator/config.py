@@ -2,6 +2,8 @@
 concern, so a mistake fails at start with the path of the mistake.
 
     prefix: reach
+    broker:      {replicas: auto, durable: false, durable_tags: [sync:always], url: …,
+                  auth: {creds, nkey, token_file, user, password_file, tls_ca, tls_cert, …}}
     intake:      {batch: 64, ack_wait_s: 30}
     delivery:    {max_attempts: 3, attempts_by_topic: {}, base_s: 1, cap_s: 30, batch: 64}
     liveness:    {tick_s: 1, probe_connection_s: 3, probe_ping_s: 5, ...}
@@ -13,6 +15,9 @@ concern, so a mistake fails at start with the path of the mistake.
                   callers: {default: {rate: 100, burst: 200}, <caller>: {rate: 10, burst: 50}}}
     security:    {seal_key_file: /etc/reach/auth/coordinator.seal}
     workflows:   {<name>: <definition>}
+    metrics:     {port: 9464, host: 127.0.0.1}        # /metrics, /healthz, /readyz
+    audit:       {enabled: true, keep_days: 30}
+    claim_check: {threshold_bytes: 262144, keep_days: 30}
 
 ``rate_limits.callers`` gives callers quotas (``default``: every caller not named): one token
 bucket per caller in KV ``reach_quotas``, shared by every replica; without it, no caller is
@@ -27,8 +32,14 @@ from typing import Any
 import msgspec
 import structlog
 
+from agentreach.broker import BrokerConfig
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.liveness.monitor import LivenessConfig
+from agentreach.coordinator.observability.config import (
+    AuditConfig,
+    ClaimCheckConfig,
+    MetricsConfig,
+)
 from agentreach.coordinator.protection.circuit import BreakerConfig
 from agentreach.coordinator.protection.grants import SecurityConfig
 from agentreach.coordinator.protection.queues import QueueConfig
@@ -63,6 +74,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     """Tunables of one coordinator replica (every replica should share them)."""
 
     prefix: str = "reach"
+    broker: BrokerConfig = BrokerConfig()  # replicas and placement of streams and buckets
     intake: IntakeConfig = IntakeConfig()
     delivery: DeliveryConfig = DeliveryConfig()
     liveness: LivenessConfig = LivenessConfig()
@@ -73,6 +85,9 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     rate_limits: RateLimits = RateLimits()
     security: SecurityConfig = SecurityConfig()
     workflows: dict[Token, WorkflowSpec] = {}  # started by a task on reach.task.<name>
+    metrics: MetricsConfig = MetricsConfig()
+    audit: AuditConfig = AuditConfig()
+    claim_check: ClaimCheckConfig = ClaimCheckConfig()
 
 
 # Keys of the flat layout before sections (0.1), and where they live now.
@@ -100,6 +115,7 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
     """Decode the YAML file at ``path``, or the defaults when ``path`` is None."""
     if path is None:
         return CoordinatorConfig()
+    document: Any = None
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
@@ -108,7 +124,21 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
         document = msgspec.yaml.decode(raw) if raw.strip() else {}
         return msgspec.convert(_sectioned(document, path), CoordinatorConfig)
     except msgspec.DecodeError as exc:  # ValidationError is one
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{path}: {_with_workflow_named(str(exc), document)}") from None
+
+
+def _with_workflow_named(message: str, document: Any) -> str:
+    """msgspec shows a dict key as ``[...]``; a mistake in a workflow names the workflow."""
+    marker = "`$.workflows[...]"
+    if marker not in message or not isinstance(document, dict):
+        return message
+    for name, definition in (document.get("workflows") or {}).items():
+        try:
+            msgspec.convert(definition, WorkflowSpec)
+        except msgspec.ValidationError:
+            text = message.replace(marker, f"`$.workflows.{name}")
+            return f"workflow {name!r}: {text}"
+    return message
 
 
 def _sectioned(document: Any, path: Path | str) -> Any:

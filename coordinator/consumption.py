@@ -45,6 +45,7 @@ class Consumption:
         self._broker = broker
         self._provisioner = provisioner
         self._crashes: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._failing_since: float | None = None  # broker errors said once per outage
 
     async def run(self, consumer: PullConsumer, batch: int, handle: Handler) -> None:
         """Consume until cancelled, a batch at a time."""
@@ -56,21 +57,40 @@ class Consumption:
             retry_in_s = await handle(delivery)
         except (NoStreamError, StreamNotFound, BrokerTimeout) as exc:
             # A stream may be gone (a timeout too: a subscriber on its subjects, such as
-            # `nats sub`, turns "no stream" into silence): make sure, then try again.
+            # `nats sub`, turns "no stream" into silence): make sure (one request while
+            # nothing is missing), then try again.
             await self._provisioner.ensure(str(exc))
-            await _later(delivery, RETRY_DELAY_S, "broker error, will retry", error=str(exc))
+            await self._later(delivery, exc)
             return
-        except BrokerError as exc:
-            await _later(delivery, RETRY_DELAY_S, "broker error, will retry", error=str(exc))
+        except BrokerError as exc:  # a leader election that outlasted the write's patience
+            await self._later(delivery, exc)
             return
         except Exception as exc:  # a bug must not stop the service, nor loop forever
             await self._crashed(delivery, exc)
             return
+        self._recovered()
         with contextlib.suppress(BrokerError):  # unsettled, it comes back after the ack wait
             if retry_in_s is None:
                 await delivery.ack()
             else:
                 await delivery.nak(retry_in_s)
+
+    async def _later(self, delivery: Delivery, exc: BrokerError) -> None:
+        """The message comes back in a second; said once per run of failures, not per message
+        (a leader election fails every message of a batch for seconds)."""
+        if self._failing_since is None:
+            self._failing_since = asyncio.get_running_loop().time()
+            log.warning("broker errors; messages will be retried", error=str(exc))
+        else:
+            log.debug("broker error, will retry", subject=delivery.subject, error=str(exc))
+        with contextlib.suppress(BrokerError):
+            await delivery.nak(RETRY_DELAY_S)
+
+    def _recovered(self) -> None:
+        if self._failing_since is not None:
+            failed_s = asyncio.get_running_loop().time() - self._failing_since
+            self._failing_since = None
+            log.info("handling messages again", failed_s=round(failed_s, 1))
 
     async def _crashed(self, delivery: Delivery, exc: Exception) -> None:
         key = (delivery.stream, delivery.stream_seq)

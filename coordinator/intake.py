@@ -3,10 +3,12 @@ or a refusal of a caller over its quota."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 import structlog
 
-from agentreach.broker import Broker, Delivery
+from agentreach.broker import Broker, ClaimCheck, Delivery
 from agentreach.broker.lifecycle import dead_letter, reply
 from agentreach.coordinator.delivery.dead_letters import error_reply
 from agentreach.coordinator.protection.quotas import CallerQuotas
@@ -40,11 +42,16 @@ class Intake:
         router: Router,
         workflows: WorkflowEngine,
         quotas: CallerQuotas | None = None,
+        *,
+        on_taken: Callable[[str, str, int], None] | None = None,
+        claim_check: ClaimCheck | None = None,
     ) -> None:
         self._broker = broker
         self._router = router
         self._workflows = workflows
         self._quotas = quotas
+        self._on_taken = on_taken  # (topic, priority, stored_ms) of each task taken in once
+        self._claim_check = claim_check or ClaimCheck(broker)
 
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
@@ -64,6 +71,10 @@ class Intake:
             return None
         if sender is not None:  # the subject names the sender; a body's own claim gives way
             task = msgspec.structs.replace(task, caller=sender)
+        if self._on_taken is not None and msg.num_delivered == 1:
+            self._on_taken(task.topic, task.priority, msg.timestamp_ms)
+        if len(msg.data) > self._claim_check.threshold_bytes:  # a large `nats pub` body
+            task = await self._claim_check.stow_task(task)
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, topic=task.topic
         ):

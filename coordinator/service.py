@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.metadata
 import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,17 +20,41 @@ from pathlib import Path
 
 import structlog
 
-from agentreach.broker import Broker, ConsumerSpec, Provisioner, Topology, bind, provision
+from agentreach.broker import (
+    Broker,
+    ClaimCheck,
+    ConsumerSpec,
+    Inbound,
+    Provisioner,
+    PullConsumer,
+    Topology,
+    bind,
+    provision,
+)
 from agentreach.broker.tasks import cancel_and_wait
+from agentreach.coordinator.calls import Calls
 from agentreach.coordinator.config import ConfigError, CoordinatorConfig
 from agentreach.coordinator.consumption import Consumption, Handler
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import OUTCOME_EVENTS, Outcomes
-from agentreach.coordinator.delivery.status import StatusDesk
+from agentreach.coordinator.delivery.traces import TraceDesk
 from agentreach.coordinator.intake import Intake
 from agentreach.coordinator.lease import Lease
 from agentreach.coordinator.liveness.control import LivenessControl
 from agentreach.coordinator.liveness.monitor import LivenessMonitor
+from agentreach.coordinator.observability import (
+    FOLDED,
+    TERMINAL,
+    AuditWriter,
+    FlowMetrics,
+    Readiness,
+    Sampled,
+    StateCollector,
+    Views,
+    WorkflowCensus,
+    new_registry,
+    serving,
+)
 from agentreach.coordinator.protection.breaker_board import BreakerBoard
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.protection.outcome_feed import follow_outcomes
@@ -41,7 +66,7 @@ from agentreach.coordinator.routing.fleet import Fleet
 from agentreach.coordinator.routing.reload import RouteReloader
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.workflows.engine import WorkflowEngine
-from agentreach.envelopes import new_id
+from agentreach.envelopes import encode, new_id
 
 log = structlog.get_logger("coordinator")
 
@@ -87,11 +112,44 @@ class Coordinator:
             self.router, Path(config_path) if config_path else None, self.replica_id
         )
         self.quotas = CallerQuotas(broker, config.rate_limits)
-        self._intake = Intake(broker, self.router, self.workflows, self.quotas)
+        self.registry = new_registry()
+        self.flow = FlowMetrics(self.registry, self._serves)
+        self.census = WorkflowCensus(broker)
+        self.readiness = Readiness(broker)
+        self._sampled = Sampled(broker)
+        self._lease = Lease(broker, "liveness", self.replica_id, ttl_s=config.lease_ttl_s)
+        views = Views(
+            directory=self.directory,
+            breakers=lambda: self.breakers.records,
+            queues=self.queues,
+            census=self.census,
+            ready=lambda: self.readiness.ready,
+            lease_held=lambda: self._lease.held,
+            info={"replica": self.replica_id, "version": _version(), "prefix": broker.names.prefix},
+        )
+        self.registry.register(StateCollector(views, self._sampled))
+        self.metrics_url: str | None = None
+        self.claim_check = ClaimCheck(broker, config.claim_check.threshold_bytes)
+        self._calls = Calls(broker, self.claim_check)
+        self._intake = Intake(
+            broker,
+            self.router,
+            self.workflows,
+            self.quotas,
+            on_taken=self.flow.taken_in,
+            claim_check=self.claim_check,
+        )
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
         self._advisories = Advisories(broker)
         self._control = LivenessControl(config.liveness, self.liveness)
-        topology = Topology.default(broker.names, queue_capacity=config.queues.capacities)
+        topology = Topology.default(
+            broker.names,
+            queue_capacity=config.queues.capacities,
+            replicas=config.broker.replicas,
+            work_tags=config.broker.work_tags,
+            audit_days=config.audit.keep_days,
+            payload_days=config.claim_check.keep_days,
+        )
         self._topology = topology
         self._provisioner = Provisioner(broker, topology)
         self._consumption = Consumption(broker, self._provisioner)
@@ -100,18 +158,30 @@ class Coordinator:
         """Serve until cancelled; ``ready`` is set once every loop is consuming."""
         # Every stream and bucket, with this config's per-agent queue capacities (the broker
         # enforces them); idempotent, so replicas and restarts may all do it.
-        await provision(self.broker, self._topology)
+        async with serving(self.config.metrics, self.registry, self.readiness) as http:
+            if http is not None:
+                self.metrics_url = http.url
+                log.info("metrics and health served", url=f"{http.url}metrics")
+            await provision(self.broker, self._topology)
+            self.readiness.provisioned = True
+            await self._serve(ready)
+
+    async def _serve(self, ready: asyncio.Event | None) -> None:
         async with asyncio.TaskGroup() as group:
             await self._follow_views(group)
-            lease = Lease(self.broker, "liveness", self.replica_id, ttl_s=self.config.lease_ttl_s)
-            _keep(group, "liveness", lambda: lease.hold(self.liveness.run))
+            _keep(group, "liveness", lambda: self._lease.hold(self.liveness.run))
+            _keep(group, "stream-sizes", self._sampled.run)
             await self._answer_requests()
+            consumers: list[PullConsumer] = []
             for spec, batch, handle in self._loops():
                 consumer = await bind(self.broker, spec, on_missing=self._provisioner.ensure)
+                consumers.append(consumer)
                 run = self._consumption.run
                 _keep(group, spec.durable, functools.partial(run, consumer, batch, handle))
+            self.readiness.consumers = consumers
             if self.config.workflows:
                 await self.workflows.resume_all()
+            self.readiness.serving = True
             log.info("coordinator serving", replica=self.replica_id)
             if ready is not None:
                 ready.set()
@@ -122,6 +192,7 @@ class Coordinator:
             "directory": self.directory.follow,
             "breakers": self.breakers.run,
             "queues": self.queues.run,
+            "workflow-census": self.census.follow,
         }
         for name, follow in views.items():
             view_ready = asyncio.Event()
@@ -143,8 +214,10 @@ class Coordinator:
         )
         await self.broker.subscribe(names.clear, self._control.on_clear)  # the judge answers
         await self.broker.subscribe(names.routes_reload, self.routes.on_request)  # every replica
-        status = StatusDesk(self.broker)
-        await self.broker.subscribe(names.statuses, status.on_request, queue="coordinators")
+        await self.broker.subscribe(names.status, self._on_status)  # every replica
+        traces = TraceDesk(self.broker)
+        await self.broker.subscribe(names.trace_requests, traces.on_request, queue="coordinators")
+        await self._calls.start()  # one replica of the queue group takes each call
 
     def _loops(self) -> list[tuple[ConsumerSpec, int, Handler]]:
         names, config = self.broker.names, self.config
@@ -174,12 +247,52 @@ class Coordinator:
             max_ack_pending=-1,  # timers wait here, held back until due
             max_deliver=MAX_DELIVER_OTHER,
         )
-        return [
+        # Counting and auditing start at new events: history is not counted as one burst.
+        metrics = ConsumerSpec(
+            stream=names.events_stream,
+            durable=names.coordinator_metrics,
+            filter_subjects=tuple(names.events_of_kind(e) for e in FOLDED),
+            max_ack_pending=10_000,
+            max_deliver=MAX_DELIVER_OTHER,
+            new_only=True,
+        )
+        loops: list[tuple[ConsumerSpec, int, Handler]] = [
             (intake, config.intake.batch, self._intake.handle),
             (outcomes, config.delivery.batch, self._outcomes.handle),
             (advisories, ADVISORY_BATCH, self._advisories.handle),
             (workflows, config.delivery.batch, self.workflows.handle),
+            (metrics, config.metrics.batch, self.flow.handle),
         ]
+        if config.audit.enabled:
+            audit = ConsumerSpec(
+                stream=names.events_stream,
+                durable=names.coordinator_audit,
+                filter_subjects=tuple(names.events_of_kind(e) for e in TERMINAL),
+                max_deliver=MAX_DELIVER_OTHER,
+                new_only=True,
+            )
+            loops.append((audit, config.audit.batch, AuditWriter(self.broker).handle))
+        return loops
+
+    def _serves(self, topic: str) -> bool:
+        """Whether an agent or a workflow serves ``topic`` (it may be a metric label)."""
+        return bool(self.directory.serving(topic)) or self.workflows.serves(topic)
+
+    def status(self) -> dict[str, object]:
+        """What ``reach.ctl.status`` answers: this replica, and whether it is ready."""
+        return {
+            "replica": self.replica_id,
+            "ready": self.readiness.ready,
+            "why_not_ready": self.readiness.why_not(),
+            "version": _version(),
+            "prefix": self.broker.names.prefix,
+            "duties": ["liveness"] if self._lease.held else [],
+            "metrics": f"{self.metrics_url}metrics" if self.metrics_url else None,
+        }
+
+    async def _on_status(self, msg: Inbound) -> None:
+        if msg.reply:
+            await msg.respond(encode(self.status()))
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Coordinator]:
@@ -197,6 +310,13 @@ class Coordinator:
             await cancel_and_wait(task)
             if not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("agentreach")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def _keep(group: asyncio.TaskGroup, name: str, loop: Callable[[], Awaitable[None]]) -> None:

@@ -12,7 +12,8 @@
   :mod:`~agentreach.envelopes.clock`, :mod:`~agentreach.envelopes.ids`.
 """
 
-from agentreach.envelopes import headers
+from agentreach.envelopes import headers, tracecontext
+from agentreach.envelopes.audit import AuditRecord, Summary, summarize
 from agentreach.envelopes.clock import now_ms, ttl_left_ms
 from agentreach.envelopes.codec import (
     decode,
@@ -52,6 +53,7 @@ from agentreach.envelopes.messages import (
     ErrorReply,
     Event,
     Message,
+    PayloadRef,
     Priority,
     Progress,
     Reply,
@@ -71,8 +73,8 @@ from agentreach.envelopes.registry import (
     RateLimit,
     RegisterReply,
     RegisterRequest,
-    StatusReply,
-    StatusRequest,
+    TraceReply,
+    TraceRequest,
 )
 from agentreach.envelopes.schema import all_schemas, json_schema
 
@@ -86,6 +88,7 @@ __all__ = [
     "Ack",
     "AgentCard",
     "AgentControl",
+    "AuditRecord",
     "BreakerRecord",
     "Budget",
     "Capacity",
@@ -102,6 +105,7 @@ __all__ = [
     "Liveness",
     "LivenessState",
     "Message",
+    "PayloadRef",
     "Priority",
     "Progress",
     "QuotaRecord",
@@ -112,11 +116,12 @@ __all__ = [
     "Reply",
     "Result",
     "Routed",
-    "StatusReply",
-    "StatusRequest",
     "StepRun",
+    "Summary",
     "Task",
     "TimerDue",
+    "TraceReply",
+    "TraceRequest",
     "WorkflowRecord",
     "all_schemas",
     "breaker_key",
@@ -139,7 +144,9 @@ __all__ = [
     "new_id",
     "now_ms",
     "stable_id",
+    "summarize",
     "task_from_intake",
+    "tracecontext",
     "ttl_left_ms",
     "wrap_body",
 ]

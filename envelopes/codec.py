@@ -74,10 +74,17 @@ class _Huge:
 def _out_of_range_at(data: bytes | str) -> str | None:
     """The JSON path of the first number out of range; msgspec names only its container."""
     try:
-        document = json.loads(data, parse_float=_finite_or_huge)
+        document = json.loads(data, parse_float=_finite_or_huge, parse_int=_int_or_huge)
     except (ValueError, RecursionError):
         return None
     return _path_to(document, "$")
+
+
+def _int_or_huge(text: str) -> int | _Huge:
+    try:
+        return int(text)
+    except ValueError:  # more digits than Python converts (4,300): msgspec refuses it too
+        return _Huge()
 
 
 def _finite_or_huge(text: str) -> float | _Huge:
@@ -103,8 +110,9 @@ def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str) -> Any:
         return decoder.decode(data)
     except msgspec.DecodeError as exc:  # ValidationError is a subclass
         message = str(exc)
-        if message.startswith("Number out of range") and (path := _out_of_range_at(data)):
-            raise DecodeError("Number out of range", path=path) from None
+        out_of_range = ("Number out of range", "Integer value out of range")
+        if message.startswith(out_of_range) and (path := _out_of_range_at(data)):
+            raise DecodeError(message.split(" - at ")[0], path=path) from None
         raise DecodeError(message) from None
     except RecursionError:
         raise DecodeError("JSON is nested too deeply to decode", path="$") from None

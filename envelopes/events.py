@@ -16,7 +16,7 @@ import msgspec
 
 from agentreach.envelopes.codec import decode_as, encode
 from agentreach.envelopes.errors import DecodeError
-from agentreach.envelopes.messages import ErrorInfo, Event, Task
+from agentreach.envelopes.messages import ErrorInfo, Event, PayloadRef, Task
 from agentreach.envelopes.registry import LivenessState
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -34,7 +34,10 @@ class _AboutGrantedTask(_Detail, frozen=True, kw_only=True):
 
 
 class AcceptedDetail(_AboutGrantedTask, frozen=True, kw_only=True):
-    """``accepted``: the agent took the task (it sent its ``ack``). No other keys."""
+    """``accepted``: the agent took the task (it sent its ``ack``); the broker time of the
+    dispatch, for the time the task waited in the agent's queue."""
+
+    dispatched_at_ms: NonNegative = 0
 
 
 class ProgressDetail(_AboutGrantedTask, frozen=True, kw_only=True):
@@ -45,9 +48,11 @@ class ProgressDetail(_AboutGrantedTask, frozen=True, kw_only=True):
 
 class CompletedDetail(_AboutGrantedTask, frozen=True, kw_only=True):
     """``completed``: the result was recorded and sent (``duration_ms`` 0 when a duplicate
-    delivery was answered from the execution record)."""
+    delivery was answered from the execution record). A result too large to travel is in the
+    Object Store: then ``result_ref`` names it instead of ``result``."""
 
-    result: Any
+    result: Any = None
+    result_ref: PayloadRef | None = None
     duration_ms: NonNegative
 
 
@@ -143,6 +148,13 @@ class BreakerDetail(_Detail, frozen=True, kw_only=True):
     intent: str | None = None
 
 
+class RejectedDetail(_Detail, frozen=True, kw_only=True):
+    """``rejected``: a task refused without a dead letter (a caller over its quota): the
+    error its sender got; the refusal may add keys (``caller``, ``quota``)."""
+
+    error: ErrorInfo
+
+
 class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
     """``signal_ignored``: a workflow signal arrived that no state was waiting for."""
 
@@ -177,6 +189,7 @@ COORDINATOR_EVENTS: dict[str, type[_Detail]] = {
     ),
     "signal_ignored": SignalIgnoredDetail,
     "answered_from_record": AnsweredFromRecordDetail,
+    "rejected": RejectedDetail,
 }
 EVENT_DETAILS: dict[str, type[_Detail]] = {**COORDINATOR_EVENTS, **AGENT_EVENTS}
 

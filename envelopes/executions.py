@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from agentreach.envelopes.messages import ErrorInfo
+from agentreach.envelopes.messages import ErrorInfo, PayloadRef
 
 
 class Execution(msgspec.Struct, frozen=True, kw_only=True):
@@ -26,6 +26,7 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     attempt: int = 1
     lease_until_ms: int = 0
     result: Any = None
+    result_ref: PayloadRef | None = None  # a result kept in the Object Store
     error: ErrorInfo | None = None
     finished_at_ms: int = 0
     caller: str | None = None  # the task's sender: a stored result answers only that sender

@@ -11,6 +11,7 @@ PRIORITY = "Reach-Priority"
 TTL = "Reach-TTL"
 REPLY_TO = "Reach-Reply-To"
 KIND = "Reach-Kind"
+TRACEPARENT = "traceparent"  # W3C Trace Context
 
 
 def task_headers(task: Task, *, msg_id: str | None = None) -> dict[str, str]:
@@ -24,4 +25,6 @@ def task_headers(task: Task, *, msg_id: str | None = None) -> dict[str, str]:
     }
     if task.reply_to:
         headers[REPLY_TO] = task.reply_to
+    if task.traceparent:
+        headers[TRACEPARENT] = task.traceparent
     return headers

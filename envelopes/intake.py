@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 import msgspec
 
 from agentreach.envelopes import headers as h
+from agentreach.envelopes import tracecontext
 from agentreach.envelopes.codec import decode_json, decode_task
 from agentreach.envelopes.errors import DecodeError
 from agentreach.envelopes.messages import (
@@ -64,7 +65,14 @@ def task_from_intake(
             )
         _check_reply(task.reply_to, reply_allowed, "$.reply_to")
         extra = custom_headers(headers)
-        return msgspec.structs.replace(task, headers={**extra, **task.headers}) if extra else task
+        header = (headers or {}).get(h.TRACEPARENT)
+        traceparent = task.traceparent or tracecontext.normalized(header)
+        return msgspec.structs.replace(
+            task,
+            headers={**extra, **task.headers},
+            received_ms=task.received_ms or received_ms,
+            traceparent=traceparent,
+        )
     task = wrap_body(
         document, headers or {}, topic=topic, received_ms=received_ms, fallback_id=fallback_id
     )
@@ -82,26 +90,31 @@ def wrap_body(
 ) -> Task:
     """Wrap a bare JSON body into a task, taking envelope fields from headers."""
     message_id = _token_header(headers, h.MSG_ID) or fallback_id
+    traceparent = tracecontext.normalized(headers.get(h.TRACEPARENT))
+    trace_id = _token_header(headers, h.TRACE_ID) or tracecontext.trace_id_of(traceparent)
     return Task(
         v=1,
         message_id=message_id,
-        trace_id=_token_header(headers, h.TRACE_ID) or message_id,
+        trace_id=trace_id or message_id,
         topic=topic,
         payload=payload,
         ttl_ms=_ttl_header(headers),
         reply_to=_reply_header(headers),
         priority=_priority_header(headers),
         created_at=received_ms,
+        received_ms=received_ms,
+        traceparent=traceparent,
         headers=custom_headers(headers),
     )
 
 
 def custom_headers(headers: Mapping[str, str] | None) -> dict[str, str]:
-    """The headers a sender chose (not ``Nats-*`` nor ``Reach-*``), for routing rules."""
+    """The headers a sender chose (not ``Nats-*``, ``Reach-*`` nor ``traceparent``, which
+    has a field of its own), for routing rules."""
     return {
         name: value
         for name, value in (headers or {}).items()
-        if not name.startswith(("Nats-", "Reach-"))
+        if not name.startswith(("Nats-", "Reach-")) and name.lower() != h.TRACEPARENT
     }
 
 

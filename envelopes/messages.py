@@ -61,6 +61,16 @@ class Capacity(msgspec.Struct, frozen=True, kw_only=True):
     est_latency_ms: int = 0
 
 
+class PayloadRef(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a payload or result too large to travel inline is kept (a claim check): an
+    object in the JetStream Object Store, with its size and SHA-256 to check it by."""
+
+    bucket: str
+    name: str
+    size: int
+    sha256: str
+
+
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Why something failed. ``retryable`` false means: do not try again; ``retry_after_ms``,
     when given, is how long to wait before trying (a quota refills by then)."""
@@ -101,6 +111,10 @@ class Task(_AboutTask, frozen=True, kw_only=True, tag="task"):
     caller: Token | None = None
     # The intake message's own headers (not Nats-*/Reach-*), kept for routing rules.
     headers: dict[str, str] = {}
+    # The broker's time of storing the task in intake (ms): reach latency counts from it.
+    received_ms: int = 0
+    traceparent: str | None = None  # W3C trace context, passed on to every step
+    payload_ref: PayloadRef | None = None  # set instead of ``payload`` when it was too large
 
 
 class Ack(_AboutTask, frozen=True, kw_only=True, tag="ack"):
@@ -119,6 +133,7 @@ class Result(_AboutTask, frozen=True, kw_only=True, tag="result"):
     """The task completed; ``result`` is the handler's return value."""
 
     result: Any = None
+    result_ref: PayloadRef | None = None  # set instead of ``result`` when it was too large
 
 
 class ErrorReply(_AboutTask, frozen=True, kw_only=True, tag="error"):
@@ -150,6 +165,8 @@ class Event(_AboutTask, frozen=True, kw_only=True, tag="event"):
     caller: Token | None = None  # who sent the task (its intake subject's sender)
     at_ms: int = 0
     detail: dict[str, Any] = {}
+    priority: Priority = DEFAULT_PRIORITY  # the task's
+    received_ms: int = 0  # the task's intake time on the broker's clock (0: not known)
 
 
 class DeadLetter(_Base, frozen=True, kw_only=True, tag="dead_letter"):

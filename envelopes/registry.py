@@ -90,13 +90,13 @@ class RegisterReply(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_interval_s: float | None = None
 
 
-class StatusRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """A caller's question on ``reach.ctl.status.<caller>``: the trace of its message."""
+class TraceRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A caller's question on ``reach.ctl.trace.<caller>``: the trace of its message."""
 
     message_id: str
 
 
-class StatusReply(msgspec.Struct, frozen=True, kw_only=True):
+class TraceReply(msgspec.Struct, frozen=True, kw_only=True):
     """The recorded events of the message, oldest first; empty when the message is not the
     asking caller's (or unknown). ``truncated``: the oldest ones did not fit one reply."""
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from agentreach.envelopes.audit import AuditRecord
 from agentreach.envelopes.coordination import (
     BreakerRecord,
     LeaseRecord,
@@ -41,8 +42,8 @@ from agentreach.envelopes.registry import (
     Liveness,
     RegisterReply,
     RegisterRequest,
-    StatusReply,
-    StatusRequest,
+    TraceReply,
+    TraceRequest,
 )
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -67,8 +68,8 @@ RECORDS: dict[str, tuple[Any, str]] = {
     "register_request": (RegisterRequest, "Request on reach.ctl.register (core request/reply)."),
     "register_reply": (RegisterReply, "The coordinator's answer on reach.ctl.register."),
     "agent_control": (AgentControl, "Coordinator to agent, on reach.ctl.agent.<agent_id>."),
-    "status_request": (StatusRequest, "A caller asks on reach.ctl.status.<caller> (request)."),
-    "status_reply": (StatusReply, "The coordinator's answer on reach.ctl.status.<caller>."),
+    "trace_request": (TraceRequest, "A caller asks on reach.ctl.trace.<caller> (request)."),
+    "trace_reply": (TraceReply, "The coordinator's answer on reach.ctl.trace.<caller>."),
     **{
         f"events/{name}": (
             kind,
@@ -88,6 +89,10 @@ RECORDS: dict[str, tuple[Any, str]] = {
     "coordination/workflow": (WorkflowRecord, "Informative: KV reach_workflows."),
     "coordination/timer": (TimerDue, "Informative: a workflow timer on reach.wf.timer.<id>."),
     "coordination/reload_reply": (ReloadReply, "Informative: answer on reach.ctl.routes.reload."),
+    "coordination/audit": (
+        AuditRecord,
+        "Informative: an audit record on reach.audit.<status>.<topic>.<trace_id>.<message_id>.",
+    ),
 }
 
 

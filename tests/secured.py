@@ -45,12 +45,16 @@ class SecuredDeployment:
         return str(self.directory.seal_key)
 
     def server_config(self, folder: Path) -> Path:
-        """A nats-server config of its own for a server whose files live in ``folder``."""
+        """A nats-server config of its own for a server whose files live in ``folder``: a
+        free loopback port, JetStream, the deployment's accounts."""
         folder.mkdir(parents=True, exist_ok=True)
         include = folder / "auth.conf"
         include.write_text(self.directory.server_config_text(folder / "jwt"))
         config = folder / "nats-server.conf"
-        config.write_text('include "auth.conf"\n')
+        config.write_text(
+            f'listen: "127.0.0.1:-1"\njetstream {{ store_dir: "{folder / "store"}" }}\n'
+            'include "auth.conf"\n'
+        )
         return config
 
 

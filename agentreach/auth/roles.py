@@ -16,8 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-from agentreach.broker import Names
-from agentreach.envelopes import PRIORITIES
+from agentreach.broker import Names, Topology
+from agentreach.envelopes import MAX_TTL_MS, PRIORITIES
 
 NAME: Final = "{{name()}}"
 ROLES: Final = ("agent", "caller", "worker", "coordinator", "operator")
@@ -32,8 +32,12 @@ AGENT_EVENTS: Final = (
     "clock_drift",
 )
 WORKER_EVENTS: Final = ("replayed", "resolved")
-# A responder may answer each request it received once, within 10 s (probes, discovery).
+# A responder may answer each request it received once, within 10 s (probes, discovery);
+# the coordinator within a task's longest ttl (a `reach.call` is answered with its result).
 _ONE_RESPONSE: Final = {"max": 1, "ttl": 10_000_000_000}
+_ONE_RESULT: Final = {"max": 1, "ttl": (MAX_TTL_MS + 60_000) * 1_000_000}
+# Which streams capture a subject: asked while a write finds no stream leader (an election).
+_STREAM_NAMES: Final = "$JS.API.STREAM.NAMES"
 _NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _RESERVED: Final = ("coordinator", "compensation")
 
@@ -95,6 +99,7 @@ def agent(names: Names) -> Permissions:
     publish += _stream_info(
         *n.dispatch_streams.values(), n.tasks_stream, n.events_stream
     )  # waits for the coordinator to have provisioned them
+    publish.append(_STREAM_NAMES)
     publish += _own_key(n.agents_bucket, me, read=True)  # its card, read for the next epoch
     publish += _own_key(n.heartbeats_bucket, me, read=False)
     # Execution records are keyed <caller>.<message_id>.<agent_id>: the agent's own name is
@@ -105,6 +110,7 @@ def agent(names: Names) -> Permissions:
         f"{n.prefix}.reply.*.*.{me}",  # a result to a caller's box, in its own name
         f"{n.workflow_reply('*')}.{me}",  # a result to a workflow step
         n.task("*", me),  # sub-tasks, as a caller
+        n.call("*", me),
         n.register(me),
         n.presence(me),  # "does another process serve my id already?"
     ]
@@ -126,7 +132,7 @@ def agent(names: Names) -> Permissions:
 def caller(names: Names) -> Permissions:
     """Intake as itself and replies in its own box space; nothing else."""
     return _permissions(
-        [names.task("*", NAME), names.status(NAME)],  # status: the trace of its own tasks
+        [names.task("*", NAME), names.call("*", NAME), names.trace_request(NAME), _STREAM_NAMES],
         [_inbox(), names.reply_box(NAME, ">")],
     )
 
@@ -139,6 +145,7 @@ def worker(names: Names) -> Permissions:
     # nats-py names a single filter in the create subject; any filter of the DLQ is fine.
     publish.append(f"$JS.API.CONSUMER.CREATE.{n.dlq_stream}.{consumer}.>")
     publish += _stream_info(n.dlq_stream, n.tasks_stream, n.events_stream)
+    publish.append(_STREAM_NAMES)
     publish += [n.task("*", NAME)]
     publish += [n.event(kind, "*", "*", "*", NAME) for kind in WORKER_EVENTS]
     return _permissions(publish, [_inbox(), n.reply_box(NAME, ">")])
@@ -147,17 +154,21 @@ def worker(names: Names) -> Permissions:
 def coordinator(names: Names) -> Permissions:
     """The service identity: all of the prefix and the JetStream API it needs, but it
     deletes no stream and no dead letter (those are the operators')."""
-    p, dlq = names.prefix, names.dlq_stream
+    p, dlq, events = names.prefix, names.dlq_stream, names.events_stream
+    topology = Topology.default(names)
+    ours = [s.name for s in topology.streams] + [f"KV_{b.name}" for b in topology.buckets]
     return _permissions(
         [f"{p}.>", "$JS.API.>", "$JS.ACK.>", "$KV.>"],
         [_inbox(), f"{p}.>"],
         deny_publish=[
-            "$JS.API.STREAM.DELETE.>",
-            f"$JS.API.STREAM.PURGE.{dlq}",
-            f"$JS.API.STREAM.MSG.DELETE.{dlq}",
+            # (named, not STREAM.DELETE.>: `replicas: auto` deletes a probe stream it made)
+            *(f"$JS.API.STREAM.DELETE.{name}" for name in ours),
+            *(f"$JS.API.STREAM.PURGE.{name}" for name in (dlq, events)),
+            *(f"$JS.API.STREAM.MSG.DELETE.{name}" for name in (dlq, events)),
             f"$JS.API.CONSUMER.DELETE.{dlq}.>",
         ],
         respond=True,
+        response=_ONE_RESULT,
     )
 
 
@@ -172,6 +183,7 @@ def _permissions(
     *,
     deny_publish: list[str] | None = None,
     respond: bool = False,
+    response: dict[str, int] = _ONE_RESPONSE,
 ) -> Permissions:
     result: Permissions = {
         "pub": {"allow": sorted(set(publish))},
@@ -180,7 +192,7 @@ def _permissions(
     if deny_publish:
         result["pub"]["deny"] = sorted(deny_publish)
     if respond:
-        result["resp"] = _ONE_RESPONSE
+        result["resp"] = response
     return result
 
 

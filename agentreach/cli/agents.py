@@ -11,15 +11,35 @@ from dataclasses import dataclass
 
 from agentreach.broker import Broker, BrokerTimeout, NoResponders
 from agentreach.cli.options import Commands, UsageError, broker_of
+from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.envelopes import AgentCard, BreakerRecord, Heartbeat, Liveness
 
 MIN_WATCH_S = 0.5
+LOAD_EXPLAINED = (
+    "LOAD is in-flight/slots from the agent's last heartbeat: handlers running now, out of how"
+    " many it runs at once\n(the sum of its handlers' capacity, per priority). Work queued"
+    " before those slots is queue depth\n(`reach top`, reach_queue_depth)."
+)
 
 
 def register(commands: Commands) -> None:
-    agents = commands.add("agents", cmd_agents, "registered agents and their liveness | clear ID")
-    agents.add_argument("action", nargs="?", choices=["list", "clear"], default="list")
-    agents.add_argument("id", nargs="?")
+    agents = commands.add(
+        "agents",
+        cmd_agents,
+        "registered agents and their liveness | clear ID",
+        example=("reach agents --watch", "reach agents clear worker-cn-east-01"),
+    )
+    agents.description = (
+        "Registered agents, as the coordinator judges them.\n\n" + LOAD_EXPLAINED + "\n"
+    )
+    agents.add_argument(
+        "action",
+        nargs="?",
+        choices=["list", "clear"],
+        default="list",
+        help="list (default) the agents, or clear the quarantine of one",
+    )
+    agents.add_argument("id", nargs="?", help="clear: the quarantined agent's id")
     agents.add_argument(
         "--watch",
         type=float,
@@ -36,6 +56,9 @@ async def cmd_agents(args: argparse.Namespace) -> int:
     async with broker_of(args) as broker:
         if args.action == "clear":
             return await _clear(broker, args.id)
+        await warn_without_coordinator(
+            broker, "STATE is the last verdict recorded, and nobody judges liveness now"
+        )
         while True:
             drawn = render(await collect(broker))
             if not args.watch:
@@ -51,9 +74,7 @@ async def _clear(broker: Broker, agent_id: str | None) -> int:
     try:
         answer = await broker.request(broker.names.clear, agent_id.encode(), timeout=5)
     except (NoResponders, BrokerTimeout):
-        raise UsageError(
-            "no coordinator answered; is `reach up` or `reach coordinator` running?"
-        ) from None
+        raise UsageError(NOT_RUNNING) from None
     print(f"{agent_id}: {answer.data.decode()}")
     return 0 if answer.data == b"cleared" else 1
 
@@ -100,7 +121,7 @@ def render(rows: list[Row]) -> str:
         f"{'AGENT':<22} {'STATE':<9} {'SINCE':<9} {'BEAT':>6} {'LOAD':>7}  INTENTS  TAGS  BREAKERS"
     )
     isolated = sum(row.isolated for row in rows)
-    footer = f"{len(rows)} agents, {isolated} isolated"
+    footer = f"{len(rows)} agents, {isolated} isolated · LOAD = handlers running / slots"
     return "\n".join([header, *(_line(row) for row in rows), footer])
 
 

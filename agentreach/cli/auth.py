@@ -15,6 +15,7 @@ Secrets are written 0600 and never printed: the commands print paths.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -52,9 +53,13 @@ async def cmd_auth(args: argparse.Namespace) -> int:
     if args.action == "init":
         return _init(directory)
     if args.action == "push":
-        # The system user of the directory, unless the command line names other creds.
-        explicit = auth_of(args)
-        message = await push(directory, args.nats_url, auth=explicit if explicit.creds else None)
+        # As the directory's system user (not $NATS_CREDS, a party's own), unless --creds
+        # names another; TLS as the flags and the environment say.
+        system_user = args.creds or directory.creds("sys", "push")
+        auth = dataclasses.replace(
+            auth_of(args), creds=system_user, nkey=None, token=None, user=None, password=None
+        )
+        message = await push(directory, args.nats_url, auth=auth)
         print(f"pushed the account: {message}")
         return 0
     if args.action == "list":

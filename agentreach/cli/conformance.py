@@ -15,6 +15,10 @@ def register(commands: Commands) -> None:
         cmd_conformance,
         "drive a running agent (any language) through agent protocol v1, clause by clause;"
         " with its COMMAND after --, the kit also starts, crashes, restarts and stops it",
+        example=(
+            "reach conformance conformance-py -- reach agent agentreach.examples.conformance:agent",
+            "reach conformance my-agent --only 5,task.progress",
+        ),
     )
     conformance.add_argument("agent_id", metavar="AGENT_ID")
     conformance.add_argument(

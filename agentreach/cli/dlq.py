@@ -12,16 +12,30 @@ from agentreach import envelopes
 from agentreach.agents.compensation import replay
 from agentreach.broker import read_stream
 from agentreach.cli.options import Commands, UsageError, broker_of, names_of
+from agentreach.cli.status import warn_without_coordinator
 from agentreach.envelopes import DeadLetter
 
 
 def register(commands: Commands) -> None:
-    dlq = commands.add("dlq", cmd_dlq, "dead letters: list | show ID | replay ID | stats")
-    dlq.add_argument("action", choices=["list", "show", "replay", "stats"])
-    dlq.add_argument("id", nargs="?")
+    dlq = commands.add(
+        "dlq",
+        cmd_dlq,
+        "dead letters: list | show ID | replay ID | stats",
+        example=(
+            "reach dlq list --reason expired",
+            "reach dlq show 0190f3c2-…",
+            "reach dlq replay 0190f3c2-… --to-topic manual_review",
+        ),
+    )
+    dlq.add_argument(
+        "action",
+        choices=["list", "show", "replay", "stats"],
+        help="list them, show one (JSON), replay one as a new task, or count them",
+    )
+    dlq.add_argument("id", nargs="?", help="show, replay: the dead letter's message_id")
     dlq.add_argument("--to-topic", default=None, help="replay to another topic")
-    dlq.add_argument("--reason", default=None)
-    dlq.add_argument("--topic", default=None)
+    dlq.add_argument("--reason", default=None, help="only letters with this reason")
+    dlq.add_argument("--topic", default=None, help="only letters of this topic")
 
 
 async def cmd_dlq(args: argparse.Namespace) -> int:
@@ -35,6 +49,7 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         letters = [envelopes.decode_dead_letter(m.data) for m in stored]
         if args.action == "replay":
             task = await replay(broker, _find(letters, args.id), topic=args.to_topic)
+            await warn_without_coordinator(broker, "the replayed task waits in REACH_TASKS")
             print(json.dumps({"message_id": task.message_id, "trace_id": task.trace_id}))
             return 0
     if args.action == "show":

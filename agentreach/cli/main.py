@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import sys
 
 from agentreach.cli import (
     agents,
     auth,
+    completion,
     conformance,
+    dashboard,
     dlq,
     provision,
     publish,
@@ -23,6 +26,7 @@ from agentreach.cli.logs import configure_logging
 from agentreach.cli.options import Commands
 from agentreach.errors import ReachError
 
+# completion last: it reads every other command's options.
 GROUPS = (
     serve,
     publish,
@@ -34,7 +38,9 @@ GROUPS = (
     routes,
     dlq,
     auth,
+    dashboard,
     conformance,
+    completion,
 )
 
 
@@ -62,8 +68,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="reach", description="Agent-Reach over NATS JetStream")
+    root = argparse.ArgumentParser(
+        prog="reach",
+        description="Agent-Reach over NATS JetStream: `reach COMMAND --help` shows each one's"
+        " options and an example.",
+        epilog="example:\n  reach up    # then, in another terminal:"
+        " reach agent agentreach.examples.summarize:agent",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    root.add_argument("--version", action="version", version=f"reach {_version()}")
     commands = Commands(root)
     for group in GROUPS:
         group.register(commands)
     return root
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("agentreach")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"

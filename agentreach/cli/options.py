@@ -9,8 +9,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agentreach import envelopes
-from agentreach.broker import DEFAULT_URL, Auth, Broker, Names
+from agentreach.broker import DEFAULT_URL, Auth, Broker, BrokerConfig, Names, parse_replicas
 from agentreach.errors import ReachError
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
@@ -21,15 +23,33 @@ class UsageError(ReachError):
 
 
 class Commands:
-    """Adds subcommands that all take the common options."""
+    """Adds subcommands that all take the common options, each with an example."""
 
     def __init__(self, parser: argparse.ArgumentParser) -> None:
         self._sub = parser.add_subparsers(required=True, metavar="COMMAND")
         self._common = _common_options()
+        self.parsers: dict[str, argparse.ArgumentParser] = {}
 
-    def add(self, name: str, run: Command, help: str) -> argparse.ArgumentParser:
-        parser = self._sub.add_parser(name, parents=[self._common], help=help, description=help)
+    def add(
+        self, name: str, run: Command, help: str, *, example: str | tuple[str, ...] = ()
+    ) -> argparse.ArgumentParser:
+        """A command; ``example`` is shown under its --help (tests insist every command has
+        one)."""
+        examples = (example,) if isinstance(example, str) else example
+        epilog = None
+        if examples:
+            epilog = "example" + ("s" if len(examples) > 1 else "") + ":\n"
+            epilog += "\n".join(f"  {line}" for line in examples)
+        parser = self._sub.add_parser(
+            name,
+            parents=[self._common],
+            help=help,
+            description=help,
+            epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         parser.set_defaults(command=run)
+        self.parsers[name] = parser
         return parser
 
 
@@ -38,9 +58,9 @@ def _common_options() -> argparse.ArgumentParser:
     common.add_argument(
         "--nats-url",
         default=os.environ.get("NATS_URL"),
-        help=f"NATS server (default $NATS_URL, then {DEFAULT_URL})",
+        help=f"NATS server, or several comma-separated (a cluster's seed list);"
+        f" default $NATS_URL, then {DEFAULT_URL}",
     )
-    common.add_argument("--prefix", default=None, help="subject prefix (default reach)")
     secured = common.add_argument_group(
         "authentication (default: the nats CLI's variables NATS_CREDS, NATS_NKEY, …)"
     )
@@ -54,9 +74,20 @@ def _common_options() -> argparse.ArgumentParser:
     secured.add_argument("--tls-key", type=Path, help="client key (PEM)")
     secured.add_argument("--tls-first", action="store_true", help="TLS before the NATS handshake")
     common.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+        "--prefix", default=None, help="subject, stream and bucket prefix (default reach)"
     )
-    common.add_argument("--log-format", default="auto", choices=["auto", "console", "json"])
+    common.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe log lines shown, on stderr (default info)",
+    )
+    common.add_argument(
+        "--log-format",
+        default="auto",
+        choices=["auto", "console", "json"],
+        help="log lines for people (console) or machines (json); auto: console on a terminal",
+    )
     return common
 
 
@@ -106,6 +137,41 @@ def _secret(path: Path | None, flag: str) -> str | None:
         return path.read_text().strip()
     except OSError as exc:
         raise UsageError(f"{flag} {path}: {exc.strerror}") from None
+
+
+def replication_options(parser: argparse.ArgumentParser) -> None:
+    """``--replicas`` and ``--durable``: they override the config's ``broker`` section."""
+    parser.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=None,
+        help="replicas of every stream and bucket: auto (3 on a JetStream cluster of 3 or"
+        " more servers, else 1), 1, 3 or 5 (default: the config's broker.replicas, auto)",
+    )
+    parser.add_argument(
+        "--durable",
+        action="store_true",
+        default=None,
+        help="place the task, dispatch and dead-letter streams on servers tagged"
+        " sync:always (the config's broker.durable_tags)",
+    )
+
+
+def _replicas(text: str) -> object:
+    try:
+        return parse_replicas(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def broker_config_of(args: argparse.Namespace, config: BrokerConfig) -> BrokerConfig:
+    """The config's ``broker`` section with what ``--replicas`` / ``--durable`` override."""
+    changes: dict[str, Any] = {}
+    if getattr(args, "replicas", None) is not None:
+        changes["replicas"] = args.replicas
+    if getattr(args, "durable", None):
+        changes["durable"] = True
+    return msgspec.structs.replace(config, **changes) if changes else config
 
 
 def names_of(args: argparse.Namespace) -> Names:

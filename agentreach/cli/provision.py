@@ -5,21 +5,47 @@ from __future__ import annotations
 import argparse
 
 from agentreach.broker import Topology, provision
-from agentreach.cli.options import Commands, broker_of, names_of
+from agentreach.cli.options import (
+    Commands,
+    broker_config_of,
+    broker_of,
+    names_of,
+    replication_options,
+)
 from agentreach.coordinator import load_config
 
 
 def register(commands: Commands) -> None:
-    prov = commands.add("provision", cmd_provision, "create or update every stream and bucket")
-    prov.add_argument("--config", help="coordinator YAML config (its queue capacities)")
+    prov = commands.add(
+        "provision",
+        cmd_provision,
+        "create or update every stream and bucket",
+        example="reach provision --config deploy/coordinator/coordinator.yaml",
+    )
+    prov.add_argument(
+        "--config", help="coordinator YAML config (its queue capacities and broker section)"
+    )
+    replication_options(prov)
 
 
 async def cmd_provision(args: argparse.Namespace) -> int:
     names = names_of(args)
-    capacities = load_config(args.config).queues.capacities
-    topology = Topology.default(names, queue_capacity=capacities)
+    config = load_config(args.config)
+    replication = broker_config_of(args, config.broker)
+    topology = Topology.default(
+        names,
+        queue_capacity=config.queues.capacities,
+        replicas=replication.replicas,
+        work_tags=replication.work_tags,
+    )
     async with broker_of(args) as broker:
-        outcomes = await provision(broker, topology)
-    for name, outcome in outcomes.items():
-        print(f"{name:<24} {outcome}")
+        report = await provision(broker, topology)
+    setting = replication.replicas
+    resolved = f"auto → {report.replicas}" if setting == "auto" else str(setting)
+    print(f"replicas: {resolved}; work streams placed on: {_tags(replication.work_tags)}")
+    print(report.table())
     return 0
+
+
+def _tags(tags: tuple[str, ...]) -> str:
+    return ", ".join(tags) if tags else "any server (no durability profile)"

@@ -1,34 +1,65 @@
-"""``reach publish TOPIC JSON``: send a task, and with ``--wait`` print its result."""
+"""``reach publish TOPIC JSON``: send a task, and with ``--wait`` follow it to its result."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from agentreach.agents import ReachClient
-from agentreach.cli.options import Commands, broker_of, json_argument
+from agentreach.cli.options import Commands, UsageError, broker_of, json_argument
+from agentreach.cli.status import coordinators
+from agentreach.envelopes import Ack, Progress
 
 
 def register(commands: Commands) -> None:
-    pub = commands.add("publish", cmd_publish, "publish a task: TOPIC JSON")
-    pub.add_argument("topic")
-    pub.add_argument("json")
-    pub.add_argument("--priority", choices=["P0", "P1", "P2"], default="P1")
-    pub.add_argument("--ttl-ms", type=int, default=None)
-    pub.add_argument("--trace-id", default=None)
-    pub.add_argument("--message-id", default=None)
-    pub.add_argument("--wait", action="store_true", help="wait for the result and print it")
+    pub = commands.add(
+        "publish",
+        cmd_publish,
+        "publish a task: TOPIC JSON",
+        example=(
+            """reach publish summarize '{"text": "NATS is fast. Agents are many."}' --wait""",
+            'reach publish refund_application \'{"order_id": "1"}\' --priority P0 --ttl-ms 8000',
+        ),
+    )
+    pub.add_argument("topic", help="the intent, e.g. summarize (the task goes to reach.task.TOPIC)")
+    pub.add_argument("json", help="the payload, as JSON")
+    pub.add_argument(
+        "--priority", choices=["P0", "P1", "P2"], default="P1", help="P0 most urgent (default P1)"
+    )
+    pub.add_argument(
+        "--ttl-ms", type=int, default=None, help="how long the task may live (default 30000)"
+    )
+    pub.add_argument("--trace-id", default=None, help="the trace to join (default: a new one)")
+    pub.add_argument(
+        "--message-id", default=None, help="the task's id; publishing it twice runs it once"
+    )
+    pub.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the task: print its acknowledgement and progress (stderr), then the result",
+    )
+    pub.add_argument(
+        "--ack-ms",
+        type=int,
+        default=2000,
+        help="with --wait: how long an agent may take to accept it (default 2000)",
+    )
 
 
 async def cmd_publish(args: argparse.Namespace) -> int:
     payload = json_argument(args.json)
+    if args.ttl_ms is not None and args.ttl_ms <= 0:
+        raise UsageError(f"--ttl-ms takes a positive number of ms, got {args.ttl_ms}")
     async with broker_of(args) as broker, ReachClient(broker=broker) as client:
+        running = await coordinators(client.broker)
         if args.wait:
-            result = await client.invoke(
-                args.topic, payload, priority=args.priority, trace_id=args.trace_id
-            )
-            print(json.dumps(result, ensure_ascii=False))
-            return 0
+            if not running:
+                raise UsageError(
+                    "no coordinator is running, so nothing would route the task: start"
+                    " `reach up` or `reach coordinator` (nothing was published)"
+                )
+            return await _wait(client, args, payload)
         message_id, trace_id = await client.publish(
             args.topic,
             payload,
@@ -38,4 +69,36 @@ async def cmd_publish(args: argparse.Namespace) -> int:
             ttl_ms=args.ttl_ms,
         )
     print(json.dumps({"message_id": message_id, "trace_id": trace_id}))
+    if not running:
+        print(
+            "reach: warning: no coordinator is running; the task waits in REACH_TASKS until"
+            " one starts (`reach up` or `reach coordinator`), within its ttl",
+            file=sys.stderr,
+        )
+    return 0
+
+
+async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) -> int:
+    ttl_ms = args.ttl_ms or 30_000
+
+    def acked(ack: Ack) -> None:
+        free = f", {ack.capacity.free_slots} free slots" if ack.capacity else ""
+        print(f"accepted by {ack.from_agent or 'an agent'}{free}", file=sys.stderr, flush=True)
+
+    def progressed(progress: Progress) -> None:
+        print(f"progress: {progress.note or '(still working)'}", file=sys.stderr, flush=True)
+
+    result = await client.invoke(
+        args.topic,
+        payload,
+        priority=args.priority,
+        trace_id=args.trace_id,
+        message_id=args.message_id,
+        ttl_ms=ttl_ms,
+        ack_deadline_ms=min(args.ack_ms, ttl_ms),
+        execute_deadline_ms=ttl_ms,
+        on_ack=acked,
+        on_progress=progressed,
+    )
+    print(json.dumps(result, ensure_ascii=False))
     return 0

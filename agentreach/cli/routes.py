@@ -6,15 +6,23 @@ import argparse
 
 from agentreach.broker.requests import gather_replies
 from agentreach.cli.options import Commands, UsageError, broker_of
+from agentreach.cli.status import NOT_RUNNING
 from agentreach.coordinator import load_config
 from agentreach.envelopes import ReloadReply, decode_as
 
 
 def register(commands: Commands) -> None:
     routes = commands.add(
-        "routes", cmd_routes, "routing rules: reload (every replica) | check FILE"
+        "routes",
+        cmd_routes,
+        "routing rules: reload (every replica) | check FILE",
+        example=("reach routes check deploy/coordinator/coordinator.yaml", "reach routes reload"),
     )
-    routes.add_argument("action", choices=["reload", "check"])
+    routes.add_argument(
+        "action",
+        choices=["reload", "check"],
+        help="reload: every coordinator re-reads its rules; check: validate a file offline",
+    )
     routes.add_argument("file", nargs="?", help="the coordinator config to check")
     routes.add_argument(
         "--wait", type=float, default=1.0, help="seconds to collect replicas' answers (reload)"
@@ -27,7 +35,7 @@ async def cmd_routes(args: argparse.Namespace) -> int:
     async with broker_of(args) as broker:
         answers = await gather_replies(broker, broker.names.routes_reload, wait_s=args.wait)
     if not answers:
-        raise UsageError("no coordinator answered; is `reach up` or `reach coordinator` running?")
+        raise UsageError(NOT_RUNNING)
     failed = 0
     for answer in answers:
         reply = decode_as(answer, ReloadReply)
@@ -42,8 +50,13 @@ async def cmd_routes(args: argparse.Namespace) -> int:
 def _check(path: str | None) -> int:
     if not path:
         raise UsageError("routes check needs the config file to check")
-    routing = load_config(path).routing
+    config = load_config(path)
+    routing = config.routing
     for rule in routing.rules:
         print(f"{rule.name:<24} {'fallback' if rule.fallback else rule.match.topic}")
     print(f"{path}: {len(routing.rules)} rules, fallback {routing.fallback.name!r}")
+    for name, spec in config.workflows.items():
+        form = next(f for f in ("chain", "fanout", "steps", "states") if getattr(spec, f))
+        size = len(spec.states.states) if spec.states else len(spec.graph())
+        print(f"workflow {name:<15} {form}, {size} {'states' if spec.states else 'steps'}")
     return 0

@@ -16,6 +16,7 @@ def register(commands: Commands) -> None:
         "schema",
         cmd_schema,
         "print the JSON Schema of envelope v1, of one record (NAME), or of every record (--all)",
+        example=("reach schema task", "reach schema --all --out schemas"),
     )
     schema.add_argument("name", nargs="?", metavar="NAME", help="e.g. task, agent_card, …")
     schema.add_argument(

@@ -13,16 +13,29 @@ import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
+import msgspec
+import prometheus_client
 import structlog
 
 from agentreach.agents import Agent
-from agentreach.broker import DEFAULT_URL, Broker, EmbeddedServer, Names, Topology, provision
+from agentreach.broker import (
+    DEFAULT_URL,
+    Broker,
+    EmbeddedCluster,
+    EmbeddedServer,
+    Names,
+    Topology,
+    provision,
+)
+from agentreach.cli.coordinating import coordinator_options, with_cli_options
 from agentreach.cli.options import (
     Commands,
     UsageError,
     auth_of,
+    broker_config_of,
     embedded_server_options,
     names_of,
+    replication_options,
 )
 from agentreach.coordinator import Coordinator, load_config
 from agentreach.envelopes import Priority
@@ -30,49 +43,103 @@ from agentreach.envelopes import Priority
 log = structlog.get_logger("reach")
 
 DEMO_STORE = Path(".reach/demo/nats")
+CLUSTER_STORE = Path(".reach/cluster")
+NATS_STORE = Path(".reach/nats")  # the default --data-dir of `reach up`
 
 
 def register(commands: Commands) -> None:
     up = commands.add(
-        "up", cmd_up, "run the coordinator, with an embedded nats-server unless a URL"
+        "up",
+        cmd_up,
+        "run the coordinator, with an embedded nats-server unless a URL",
+        example="reach up --config deploy/coordinator/coordinator.yaml",
     )
-    embedded_server_options(up, 4222)
-    up.add_argument("--config", help="coordinator YAML config")
-    coordinator = commands.add("coordinator", cmd_coordinator, "run a coordinator replica")
-    coordinator.add_argument("--config", help="coordinator YAML config")
-    agent = commands.add("agent", cmd_agent, "serve an Agent object: MODULE:OBJECT")
-    agent.add_argument("target", metavar="MODULE:OBJECT")
+    embedded_server_options(up, 4222, store=NATS_STORE)
+    up.add_argument(
+        "--cluster",
+        type=int,
+        metavar="N",
+        default=None,
+        help="start N embedded nats-servers as one JetStream cluster on loopback (client ports"
+        " from --port, routes +2000, monitoring +4000; stores under ./.reach/cluster)",
+    )
+    coordinator = commands.add(
+        "coordinator",
+        cmd_coordinator,
+        "run a coordinator replica",
+        example="reach coordinator --nats-url nats://10.0.0.5:4222 --metrics-port 9465",
+    )
+    for parser in (up, coordinator):
+        coordinator_options(parser)
+        replication_options(parser)
+    agent = commands.add(
+        "agent",
+        cmd_agent,
+        "serve an Agent object: MODULE:OBJECT",
+        example="reach agent agentreach.examples.summarize:agent",
+    )
+    agent.add_argument(
+        "target", metavar="MODULE:OBJECT", help="the module and the Agent in it (cwd importable)"
+    )
     agent.add_argument(
         "--startup-delay",
         type=float,
         default=None,
         help="upper bound of the random delay before registering (s)",
     )
-    demo = commands.add("demo", cmd_demo, "embedded server + coordinator + example agents + tasks")
+    demo = commands.add(
+        "demo",
+        cmd_demo,
+        "embedded server + coordinator + example agents + tasks",
+        example="reach demo",
+    )
     embedded_server_options(demo, -1, store=DEMO_STORE)
 
 
 async def cmd_up(args: argparse.Namespace) -> int:
-    """Embedded nats-server (unless --nats-url / $NATS_URL), provision, coordinator."""
+    """Embedded nats-server or cluster (unless --nats-url / $NATS_URL), provision, coordinator."""
+    if args.cluster is not None:
+        if args.nats_url:
+            raise UsageError("--cluster starts its own servers: leave out --nats-url / $NATS_URL")
+        if args.cluster < 1:
+            raise UsageError(f"--cluster needs a number of servers, 1 or more, not {args.cluster}")
+        # The stores go under ./.reach/cluster unless --data-dir says where.
+        store = CLUSTER_STORE if args.data_dir == NATS_STORE else args.data_dir
+        port = None if args.port == -1 else args.port
+        async with EmbeddedCluster(args.cluster, client_port=port, store_dir=store) as cluster:
+            print(f"reach: agents and tools: export NATS_URL={cluster.url}", file=sys.stderr)
+            await _coordinate(cluster.url, args)
+        return 0
     async with nats_server(args.nats_url, port=args.port, data_dir=args.data_dir) as url:
         await _coordinate(url, args)
     return 0
 
 
 async def cmd_coordinator(args: argparse.Namespace) -> int:
-    await _coordinate(args.nats_url or DEFAULT_URL, args)
+    await _coordinate(args.nats_url or load_config(args.config).broker.url or DEFAULT_URL, args)
     return 0
 
 
 async def _coordinate(url: str, args: argparse.Namespace) -> None:
     """Serve until a signal; the coordinator waits for NATS and provisions at start."""
-    config = load_config(args.config)
+    # The _created series of counters are used by no rule: in our own process, leave them out
+    # (a library must not change this for the program that embeds it).
+    prometheus_client.disable_created_metrics()
+    config = with_cli_options(load_config(args.config), args)
+    config = msgspec.structs.replace(config, broker=broker_config_of(args, config.broker))
     names = Names(prefix=args.prefix or config.prefix)
     async with (
-        Broker(url, names=names, name="coordinator", wait=True, auth=auth_of(args)) as broker,
-        Coordinator(broker, config, config_path=args.config).running(),
+        Broker(
+            url,
+            names=names,
+            name="coordinator",
+            wait=True,
+            auth=auth_of(args).merged(config.broker.auth.auth()),
+        ) as broker,
+        Coordinator(broker, config, config_path=args.config).running() as coordinator,
     ):
-        await until_signal(f"coordinator serving on {broker.shown_url}")
+        shown = f"; metrics on {coordinator.metrics_url}metrics" if coordinator.metrics_url else ""
+        await until_signal(f"coordinator serving on {broker.shown_url}{shown}")
 
 
 async def cmd_agent(args: argparse.Namespace) -> int:

@@ -18,8 +18,13 @@ from agentreach.envelopes import Event
 
 
 def register(commands: Commands) -> None:
-    trace = commands.add("trace", cmd_trace, "every lifecycle event of a message_id or trace_id")
-    trace.add_argument("id")
+    trace = commands.add(
+        "trace",
+        cmd_trace,
+        "every lifecycle event of a message_id or trace_id",
+        example=("reach trace first", "reach trace 4bf92f3577b34da6a3ce929d0e0e4736"),
+    )
+    trace.add_argument("id", help="a message_id, a trace_id (or a W3C trace id), a workflow id")
 
 
 async def cmd_trace(args: argparse.Namespace) -> int:

@@ -9,16 +9,24 @@ import datetime as dt
 
 from agentreach.broker import Broker, read_stream
 from agentreach.cli.options import Commands, UsageError, broker_of
+from agentreach.cli.status import warn_without_coordinator
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
 from agentreach.envelopes import StepRun, WorkflowRecord, decode_event, now_ms
 
 
 def register(commands: Commands) -> None:
     flows = commands.add(
-        "workflows", cmd_workflows, "workflow instances: list | show ID | cancel ID"
+        "workflows",
+        cmd_workflows,
+        "workflow instances: list | show ID | cancel ID | signal ID EVENT",
+        example=("reach workflows show article-1", "reach workflows signal order-7 paid"),
     )
-    flows.add_argument("action", choices=["list", "show", "cancel", "signal"])
-    flows.add_argument("id", nargs="?")
+    flows.add_argument(
+        "action",
+        choices=["list", "show", "cancel", "signal"],
+        help="list instances, show one's steps, cancel it, or signal it an event",
+    )
+    flows.add_argument("id", nargs="?", help="the instance id (the starting task's message_id)")
     flows.add_argument("event", nargs="?", help="for signal: the event to send")
     flows.add_argument(
         "--wait", type=float, default=10.0, help="cancel, signal: seconds to wait for the effect"
@@ -43,6 +51,7 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         if record.finished:
             print(f"{args.id}: already {record.status}")
             return 1
+        await warn_without_coordinator(broker, "nothing acts on it until one starts")
         if args.action == "signal":
             return await _signal(broker, record, args.event, args.wait)
         await cancel(broker, args.id)

@@ -18,7 +18,7 @@ from agentreach.broker import Broker, BrokerError
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.streams import subject_counts
 from agentreach.broker.topology import DEFAULT_QUEUE_CAPACITY
-from agentreach.coordinator.units import Positive, PositiveSeconds, Ratio
+from agentreach.coordinator.units import NonNegativeSeconds, Positive, PositiveSeconds, Ratio
 from agentreach.envelopes import PRIORITIES, Event, Priority
 
 log = structlog.get_logger("coordinator.queues")
@@ -28,13 +28,17 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Per-agent dispatch queues: a broker-enforced capacity per priority, and watermarks.
 
     An agent whose queue passes ``high_watermark`` of its capacity gets no new work
-    until it is back under ``low_watermark``.
+    until it is back under ``low_watermark``. A task whose every candidate is that full
+    waits for room, within its ttl, for up to ``full_wait_s`` (a burst, such as the backlog
+    released after a failover, drains in seconds); after that, or at once with 0, it is
+    rejected as ``backpressure``, so that a sender facing a lasting overload learns it.
     """
 
     capacity: dict[Priority, Positive] = {}
     high_watermark: Ratio = 0.8
     low_watermark: Ratio = 0.5
     refresh_s: PositiveSeconds = 0.25  # how often queue depths are read from the broker
+    full_wait_s: NonNegativeSeconds = 10.0
 
     def __post_init__(self) -> None:
         if self.low_watermark >= self.high_watermark:
@@ -68,6 +72,11 @@ class QueueDepths:
     def capacity(self, priority: Priority) -> int:
         return self._config.capacity_of(priority)
 
+    @property
+    def full_wait_s(self) -> float:
+        """How long a task whose every candidate is full waits for room."""
+        return self._config.full_wait_s
+
     def depth(self, agent_id: str, priority: Priority) -> int:
         slot = (agent_id, priority)
         return self._depths.get(slot, 0) + len(self._unread.get(slot, ()))
@@ -81,7 +90,18 @@ class QueueDepths:
         if (agent_id, priority) not in self._above:
             return None
         depth, capacity = self.depth(agent_id, priority), self.capacity(priority)
-        return f"{priority} queue above high watermark ({depth}/{capacity})"
+        if depth / capacity >= self._config.high_watermark:
+            return f"{priority} queue above the high watermark ({depth}/{capacity})"
+        # Between the watermarks: it passed the high one and has not drained enough yet.
+        low = int(capacity * self._config.low_watermark)
+        return (
+            f"{priority} queue still above the low watermark (hysteresis):"
+            f" {depth}/{capacity}, fed again at {low}"
+        )
+
+    def slots(self) -> set[Slot]:
+        """Every (agent, priority) with something queued or dispatched since the last read."""
+        return set(self._depths) | {slot for slot, ids in self._unread.items() if ids}
 
     def dispatched(self, agent_id: str, priority: Priority, message_id: str) -> None:
         slot = (agent_id, priority)

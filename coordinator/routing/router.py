@@ -5,7 +5,8 @@ agent that is alive, whose breaker allows the call, whose queue is below the
 high watermark and whose token bucket has a token. When none is found:
 
 - nobody serves the destination: the fallback rule, and after it ``no_route``;
-- every such agent is full: ``rejected`` as ``backpressure``;
+- every such agent is full: wait for room up to ``queues.full_wait_s`` within the ttl,
+  then ``rejected`` as ``backpressure``;
 - every such agent is rate limited: a short bounded wait, then ``rate_limited``;
 - every such agent's breaker is open: the fallback rule, then ``circuit_open``;
 - they exist but are stopped or not ONLINE: wait within the task's ttl, then
@@ -15,6 +16,9 @@ high watermark and whose token bucket has a token. When none is found:
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import msgspec
@@ -28,8 +32,9 @@ from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.rules import RoutingConfig, Rule, pools_of
 from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce
-from agentreach.envelopes import ErrorInfo, Execution, Result, Routed, Task
+from agentreach.envelopes import ErrorInfo, Execution, Result, Routed, Task, tracecontext
 from agentreach.envelopes import headers as h
+from agentreach.envelopes.audit import summary_of_task
 
 log = structlog.get_logger("coordinator.router")
 
@@ -40,6 +45,7 @@ LONG_AFTER = 60
 WAIT_CAP_S = 1.0  # the longest wait for a run elsewhere to finish before looking again
 MAX_PICKS = 8  # agents tried for one task before giving up on this pass
 SHOWN = 20  # candidates and passed-over agents listed in a routed event
+REMEMBERED = 100_000  # tasks waiting for room whose first full encounter is kept
 
 
 class Router:
@@ -54,6 +60,14 @@ class Router:
         self.routing = routing
         self._grants = grants or Grants(None)
         self._run_once = RunOnce(broker)
+        # When each task waiting for room first found every queue full (monotonic s). Kept in
+        # memory: a task that moves to another replica starts its wait again, within its ttl.
+        self._full_since: OrderedDict[str, float] = OrderedDict()
+
+    @property
+    def waiting_for_room(self) -> Collection[str]:
+        """Tasks that found every candidate's queue full and wait for room (on this replica)."""
+        return self._full_since.keys()
 
     def reload(self, routing: RoutingConfig) -> None:
         """Use ``routing`` from the next decision on; decisions under way finish as they are."""
@@ -141,7 +155,12 @@ class Router:
         if (refusal := await self.fleet.admit(choice, task.message_id)) is not None:
             return refusal
         routed = msgspec.structs.replace(
-            task, topic=choice.intent, to_agent=card.agent_id, ttl_ms=pending.left_ms
+            task,
+            topic=choice.intent,
+            to_agent=card.agent_id,
+            ttl_ms=pending.left_ms,
+            # The dispatch is a hop of its own in the caller's trace (W3C trace context).
+            traceparent=tracecontext.child(task.traceparent, task.message_id, task.attempt),
         )
         # The event first: a trace must never show an agent at work before the routing; the
         # sender hears whose replies to expect before that agent can send any.
@@ -165,6 +184,7 @@ class Router:
             await end_with_error(self._broker, task, "rejected", error)
             return None
         self.fleet.dispatched(card.agent_id, task.priority, task.message_id)
+        self._full_since.pop(task.message_id, None)
         log.debug("routed", agent_id=card.agent_id, rule=rule.name, attempt=task.attempt)
         return None
 
@@ -180,12 +200,16 @@ class Router:
         }
         if choice.trial_key:
             detail["trial"] = choice.trial_key
+        if routed.attempt == 1:  # what the message's audit record summarises as its input
+            detail["input"] = msgspec.to_builtins(summary_of_task(routed))
         return event_for(routed, "routed", agent_id=choice.agent.agent_id, **detail)
 
     async def _unroutable(self, pending: _Pending, rule: Rule, choice: Choice) -> float | None:
         task, waited = pending.task, pending.waited
         hindrances = choice.hindrances
         if hindrances["full"]:
+            if (wait_s := self._room_wait(pending)) is not None:
+                return wait_s
             await self.reject(task, "backpressure", _why(task, "every queue is full", choice))
             return None
         if hindrances["rate"]:
@@ -196,6 +220,21 @@ class Router:
         log.info("no agent can take it now; waiting", registered=choice.registered)
         longest = WAIT_MAX_S if waited < LONG_AFTER else WAIT_LONG_S
         return min(WAIT_FIRST_S * 2**waited, longest, pending.left_ms / 1000 + 0.01)
+
+    def _room_wait(self, pending: _Pending) -> float | None:
+        """Seconds until a task whose candidates are all full asks again; None once it has
+        waited ``queues.full_wait_s`` (or would outlive its ttl)."""
+        limit_s = self.fleet.queues.full_wait_s
+        now = time.monotonic()
+        since = self._full_since.setdefault(pending.task.message_id, now)
+        while len(self._full_since) > REMEMBERED:
+            self._full_since.popitem(last=False)
+        left_s = min(limit_s - (now - since), pending.left_ms / 1000)
+        if left_s <= 0:
+            self._full_since.pop(pending.task.message_id, None)
+            return None
+        log.info("every queue is full; waiting for room", waited_s=round(now - since, 2))
+        return min(WAIT_FIRST_S * 2 ** min(pending.waited, 8), WAIT_MAX_S, left_s)
 
     async def _fall_back(self, pending: _Pending, rule: Rule, choice: Choice) -> float | None:
         task, fallback = pending.task, self.routing.fallback

@@ -19,7 +19,14 @@ import msgspec
 import structlog
 
 from agentreach import envelopes
-from agentreach.broker import Broker, BrokerError, Bucket, Delivery, WrongLastSequence
+from agentreach.broker import (
+    Broker,
+    BrokerError,
+    Bucket,
+    ClaimCheck,
+    Delivery,
+    WrongLastSequence,
+)
 from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event_for, reply
 from agentreach.broker.streams import purge_subject
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
@@ -46,6 +53,7 @@ from agentreach.envelopes import (
     decode_as,
     is_token,
     now_ms,
+    tracecontext,
 )
 from agentreach.envelopes import headers as h
 
@@ -66,6 +74,7 @@ class WorkflowEngine:
         self._broker = broker
         self.specs = dict(specs)
         self._clock = clock
+        self._claim_check = ClaimCheck(broker)  # large step results are fetched to map them
 
     def serves(self, topic: str) -> bool:
         return topic in self.specs
@@ -115,7 +124,10 @@ class WorkflowEngine:
         answer = envelopes.decode_reply(data)
         match answer:
             case Result():
-                output, error = answer.result, None
+                output, error = (
+                    await self._claim_check.result_of(answer.result, answer.result_ref),
+                    None,
+                )
             case ErrorReply():
                 output, error = None, answer.error
             case _:
@@ -254,6 +266,7 @@ class WorkflowEngine:
             priority=run.priority,
             ttl_ms=left_ms,
             created_at=run.started_ms,
+            traceparent=tracecontext.child(record.task.traceparent, run.message_id),
         )
 
     async def _arm(self, record: WorkflowRecord, key: str, visit: int, due_ms: int) -> None:
@@ -271,6 +284,8 @@ class WorkflowEngine:
         if key:
             about = self._step_task(record, record.steps[key])
         detail = {"workflow": record.workflow, **detail}
+        if event.startswith("workflow_") and record.ended_ms:
+            detail["duration_ms"] = record.ended_ms - record.started_ms
         await emit(self._broker, event_for(about, event, **detail))
 
     async def _finish(self, record: WorkflowRecord) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from urllib.parse import urlparse
 
 import pytest
+from nats.aio.client import Server
 
 from agentreach.broker import (
     Broker,
@@ -18,6 +20,7 @@ from agentreach.broker import (
     read_stream,
 )
 from agentreach.broker.errors import translated
+from agentreach.broker.urls import jittered_reconnect, server_list
 from agentreach.broker.watch import BucketWatch
 
 
@@ -122,3 +125,39 @@ async def test_a_bucket_snapshot_reads_every_live_key_through_one_watch(broker):
     (only,) = await snapshot(kv)
     assert (only.key, only.value) == ("a", b"3")
     assert only.written_ms > 0
+
+
+def test_a_seed_list_is_split_and_each_entry_checked():
+    """Comma-separated servers (with or without a scheme) are each a server; a malformed one
+    is named, with its password hidden."""
+    assert server_list(" nats://a:4222, b:4223 ,tls://c") == [
+        "nats://a:4222",
+        "nats://b:4223",
+        "tls://c",
+    ]
+    with pytest.raises(ConnectError, match=r"'nats://u:\*\*\*@a:42x' is not a NATS server URL"):
+        server_list("nats://ok:4222,nats://u:secret@a:42x")
+
+
+def test_reconnects_try_every_server_before_any_twice_after_a_growing_jittered_pause():
+    """The handler picks among the servers that failed least, and waits at most 0.25 s times
+    2 per round of failures (capped at 5 s)."""
+    choose = jittered_reconnect()
+    pool = [
+        Server(uri=urlparse("nats://a:1"), reconnects=2),
+        Server(uri=urlparse("nats://b:1"), reconnects=1),
+        Server(uri=urlparse("nats://c:1"), reconnects=1),
+    ]
+    picks = [choose(pool, {}) for _ in range(200)]
+    assert {server.uri.netloc for server, _ in picks} == {"b:1", "c:1"}
+    assert all(0 <= delay <= 0.5 for _, delay in picks)
+    assert max(delay for _, delay in picks) > 0.25  # jittered over the whole range
+    far = [Server(uri=urlparse("nats://a:1"), reconnects=30)]
+    assert all(choose(far, {})[1] <= 5.0 for _ in range(50))
+
+
+async def test_a_dead_first_seed_is_passed_over(nats_url):
+    """With the first server of the seed list down, the connection is made to the next."""
+    async with Broker(f"nats://127.0.0.1:1,{nats_url}") as broker:
+        assert broker.connected
+        assert nats_url.endswith(broker.server)

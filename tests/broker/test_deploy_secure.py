@@ -109,8 +109,7 @@ async def test_secure_configs_are_valid(tmp_path, name):
 async def test_the_local_secure_config_admits_only_issued_parties(tmp_path):
     deployment = SecuredDeployment(tmp_path / "auth")
     config = _deployed(tmp_path, "local.conf", deployment)
-    # The embedded server names its own store and port on the command line.
-    config.write_text(config.read_text().split("jetstream {")[0])
+    config.write_text(config.read_text().replace("127.0.0.1:4222", "127.0.0.1:-1"))
     async with EmbeddedServer(port=-1, store_dir=tmp_path / "store", config=config) as server:
         async with Broker(server.url, auth=deployment.auth("agent", "worker-1")) as agent:
             assert agent.connected

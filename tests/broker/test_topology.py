@@ -30,6 +30,8 @@ async def test_provision_creates_everything_then_changes_nothing(broker):
         names.quotas_bucket,
         names.workflows_stream,
         names.workflows_bucket,
+        names.audit_stream,
+        names.payloads_bucket,
     }
     assert set(again) == expected
     info = await broker.js.stream_info(names.tasks_stream)
@@ -100,3 +102,16 @@ async def test_uncapped_dispatch_streams_are_capped_in_place(broker):
     assert outcomes[broker.names.dispatch_stream("P0")] == Outcome.UPDATED
     config = (await broker.js.stream_info(broker.names.dispatch_stream("P0"))).config
     assert (config.max_msgs_per_subject, config.discard_new_per_subject) == (5, True)
+
+
+async def test_buckets_are_made_whole_in_one_step(broker):
+    """A bucket's stream is created with what nats-py gives a bucket, no roll-ups and no purges
+    (a writer of one key cannot wipe the bucket), and its replicas; it stays unchanged."""
+    info = await broker.js.stream_info(f"KV_{broker.names.agents_bucket}")
+    config = info.config
+    assert config.subjects == [f"$KV.{broker.names.agents_bucket}.>"]
+    assert config.deny_delete and config.deny_purge and not config.allow_rollup_hdrs
+    assert config.allow_direct and config.max_msgs_per_subject == 1
+    assert config.num_replicas == 1
+    again = await provision(broker, Topology.default(broker.names))
+    assert again[broker.names.agents_bucket] is Outcome.UNCHANGED

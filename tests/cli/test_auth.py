@@ -3,13 +3,16 @@ would, against a real secured nats-server; and secrets kept out of log lines."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import stat
 from pathlib import Path
 
 import pytest
 
-from agentreach.broker import Auth, AuthenticationFailed, Broker
+from agentreach.broker import Auth, AuthConfig, AuthenticationFailed, Broker, ConnectError
 from agentreach.cli.logs import redact_secrets
 from tests.cli.conftest import VENV_BIN, run
 from tests.secured import SecuredDeployment, secured_server
@@ -121,3 +124,38 @@ def test_log_lines_never_carry_secrets():
         assert secret not in text
     assert event["url"] == "nats://alice:***@h1:4222,tls://***@h2:4222"
     assert event["agent_id"] == "worker-1"
+
+
+async def test_the_coordinator_takes_its_server_and_creds_from_its_config(tmp_path):
+    """``broker.url`` and ``broker.auth`` in the config; nothing on the command line."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    async with secured_server(deployment, tmp_path / "server") as server:
+        config = tmp_path / "coordinator.yaml"
+        creds = deployment.coordinator.creds
+        config.write_text(f"broker:\n  url: {server.url}\n  auth: {{creds: {creds}}}\n")
+        env = {**os.environ, "NATS_URL": "", "NATS_CREDS": ""}
+        process = await asyncio.create_subprocess_exec(
+            str(REACH),
+            "coordinator",
+            "--config",
+            str(config),
+            "--log-format",
+            "json",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        assert process.stderr is not None
+        try:
+            async with asyncio.timeout(30):
+                while b"coordinator serving on" not in (line := await process.stderr.readline()):
+                    assert line, "reach coordinator exited before serving"
+        finally:
+            process.send_signal(signal.SIGINT)
+            await asyncio.wait_for(process.wait(), 20)
+
+
+def test_config_credentials_name_a_missing_file():
+    missing = r"broker\.auth\.token_file /nowhere/token does not exist"
+    with pytest.raises(ConnectError, match=missing):
+        AuthConfig(token_file="/nowhere/token").auth()

@@ -144,3 +144,37 @@ async def test_nats_pub_starts_a_workflow(nats_cli, broker, start_coordinator, w
         record = await read_record(broker, "wf-from-cli")
     assert done.topic == "wordcount"
     assert record is not None and record.result == 6
+
+
+async def test_nats_req_on_reach_call_returns_the_result(nats_cli, broker, coordinator, watcher):
+    """`nats req reach.call.<topic> '<json>'` prints the task's result, not a storage
+    receipt; a task that fails answers with its error; with no coordinator, no responders."""
+    async with summarizer().running(broker=broker):
+        asked = await run(
+            nats_cli,
+            "--server",
+            broker.url,
+            "req",
+            broker.names.call("summarize"),
+            '{"text": "four words right here"}',
+            "-H",
+            "Reach-Trace-Id:called",
+            "--timeout",
+            "10s",
+        )
+        assert asked.returncode == 0, asked.stderr
+        assert '{"words":4}' in asked.stdout
+        completed = await watcher.event("completed", topic="summarize")
+        assert completed.trace_id == "called"
+        failed = await run(
+            nats_cli,
+            "--server",
+            broker.url,
+            "req",
+            broker.names.call("nobody_serves_this"),
+            "{}",
+            "--timeout",
+            "10s",
+        )
+    assert failed.returncode == 0, failed.stderr
+    assert '"type":"no_route"' in failed.stdout

@@ -56,11 +56,14 @@ async def test_publish_wait_prints_the_result(broker, coordinator):
 
 
 async def test_provision_twice_reports_unchanged(broker):
-    """`reach provision` is idempotent: the second run changes nothing."""
+    """`reach provision` is idempotent: the second run changes nothing; it says what auto
+    resolved to, and each stream's replicas (one on a single server)."""
     done = await reach(broker, "provision")
     assert done.returncode == 0, done.stderr
-    outcomes = dict(line.split() for line in done.stdout.splitlines())
-    assert set(outcomes.values()) == {"unchanged"}
+    head, *rows = done.stdout.splitlines()
+    outcomes = {row.split()[0]: row.split()[1:3] for row in rows}
+    assert head.startswith("replicas: auto → 1;")
+    assert {tuple(v) for v in outcomes.values()} == {("unchanged", "R1")}
     assert broker.names.dlq_stream in outcomes
 
 
@@ -292,7 +295,7 @@ async def test_routes_check_and_reload(broker, start_coordinator, tmp_path):
     assert checked.returncode == 0, checked.stderr
     assert "2 rules, fallback 'fallback'" in checked.stdout
     nobody = await reach(broker, "routes", "reload", "--wait", "0.3")
-    assert nobody.returncode != 0 and "no coordinator answered" in nobody.stderr
+    assert nobody.returncode != 0 and "no coordinator is running" in nobody.stderr
     async with (
         start_coordinator(CoordinatorConfig(), path),
         start_coordinator(CoordinatorConfig(), path) as second,
@@ -321,3 +324,94 @@ async def test_trace_shows_the_rule_and_who_was_passed_over(broker, coordinator,
     traced = await reach(broker, "trace", "tr-r")
     routed_line = next(line for line in traced.stdout.splitlines() if " routed " in line)
     assert "rule default: → cli-reach-worker" in routed_line
+
+
+async def test_the_readme_workflow_walkthrough_runs_as_written(broker, watcher):
+    """`reach coordinator --config deploy/coordinator/coordinator.yaml` with the newsroom
+    example agent: `article` goes plan → write → review → publish and completes."""
+    from pathlib import Path
+
+    from agentreach.examples.newsroom import agent as newsroom
+
+    config = Path(__file__).parents[2] / "deploy" / "coordinator" / "coordinator.yaml"
+    argv = reach_argv(broker, "coordinator", "--config", str(config), "--metrics-port", "0")
+    process = await asyncio.create_subprocess_exec(
+        *map(str, argv), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    try:
+        async with newsroom.running(broker=broker):
+            await broker.publish(
+                broker.names.task("article"),
+                b'{"topic": "nats"}',
+                headers={"Nats-Msg-Id": "article-1"},
+            )
+            done = await watcher.event("workflow_completed", message_id="article-1", timeout=30)
+        shown = await reach(broker, "workflows", "show", "article-1")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 20)
+    assert done.detail["workflow"] == "article"
+    assert shown.returncode == 0, shown.stderr
+    steps = [line.split()[1] for line in shown.stdout.splitlines()[1:5]]
+    assert steps == ["plan", "write", "review", "publish"]
+    assert "completed" in shown.stdout.splitlines()[0]
+
+
+async def test_every_option_has_help_and_every_command_an_example():
+    """`reach --version`, and in `reach COMMAND --help` every option says what it does and
+    an example follows."""
+    from agentreach.cli.main import parser
+
+    root = parser()
+    version = await run(reach_command(), "--version")
+    assert version.returncode == 0 and version.stdout.startswith("reach ")
+    commands = next(a for a in root._actions if a.dest == "command" or a.choices)
+    for name, sub in commands.choices.items():
+        assert sub.epilog and sub.epilog.startswith("example"), name
+        for action in sub._actions:
+            assert action.help, f"reach {name}: {action.option_strings or action.dest} has no help"
+    completion = await run(reach_command(), "completion", "bash")
+    assert "complete -o default -F _reach reach" in completion.stdout
+    assert "--metrics-port" in completion.stdout and "dashboard" in completion.stdout
+
+
+async def test_reach_top_once_prints_the_essentials(broker, coordinator):
+    """`reach top --once`: the five metrics, the coordinators, the agents with LOAD."""
+    async with worker().running(broker=broker):
+        top = await reach(broker, "top", "--once")
+    assert top.returncode == 0, top.stderr
+    for shown in ("Success rate", "P99 reach latency", "Isolated agents", "1 coordinator replica"):
+        assert shown in top.stdout, top.stdout
+    assert "cli-reach-worker" in top.stdout and "LOAD" in top.stdout
+
+
+async def test_a_workflow_built_in_python_is_served_by_reach_coordinator(broker, watcher, tmp_path):
+    """`reach coordinator --workflows flows:WORKFLOWS` serves workflows built with
+    `agentreach.coordinator.workflow`, as the README writes them."""
+    (tmp_path / "flows.py").write_text(
+        "from agentreach.coordinator import workflow as wf\n"
+        "WORKFLOWS = {'twice': wf.chain(wf.step('one', 'count'), wf.step('two', 'count',"
+        " input={'items': ['$.one.n']}))}\n"
+    )
+    argv = reach_argv(
+        broker, "coordinator", "--workflows", "flows:WORKFLOWS", "--metrics-port", "-1"
+    )
+    process = await asyncio.create_subprocess_exec(
+        *map(str, argv),
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        async with worker().running(broker=broker):
+            await broker.publish(
+                broker.names.task("twice"), b'{"items": [1, 2, 3]}', headers={"Nats-Msg-Id": "py-1"}
+            )
+            done = await watcher.event("workflow_completed", message_id="py-1", timeout=30)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 20)
+    assert done.detail["workflow"] == "twice"
+    wrong = await reach(broker, "coordinator", "--workflows", "flows:NOPE")  # not in this cwd
+    assert wrong.returncode != 0
+    assert wrong.stderr == "reach: error: cannot import 'flows': No module named 'flows'\n"

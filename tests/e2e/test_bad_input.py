@@ -183,12 +183,20 @@ async def test_a_message_with_a_status_header_is_served_not_taken_for_a_status(
 
 
 async def test_a_task_larger_than_the_server_takes_is_rejected_not_retried(
-    broker, coordinator, watcher
+    broker, start_coordinator, watcher
 ):
-    """A body just under the max payload grows past it in its envelope: rejected as
-    too_large, its dead letter cut down to fit."""
+    """Without the claim check (a threshold above the server's limit), a body just under
+    the max payload grows past it in its envelope: rejected as too_large, its dead letter
+    cut down to fit."""
+    import msgspec
+
+    from agentreach.coordinator.observability import ClaimCheckConfig
+    from tests.conftest import FAST
+
+    no_claim_check = ClaimCheckConfig(threshold_bytes=broker.max_payload * 2)
+    config = msgspec.structs.replace(FAST, claim_check=no_claim_check)
     body = b'"' + b"a" * (broker.max_payload - 200) + b'"'
-    async with echo_agent().running(broker=broker):
+    async with start_coordinator(config), echo_agent().running(broker=broker):
         await broker.publish(broker.names.task("echo"), body, headers={h.MSG_ID: "huge-1"})
         letter = await watcher.dead_letter("rejected", message_id="huge-1", timeout=20)
     assert letter.error is not None and letter.error.type == "too_large"

@@ -9,6 +9,7 @@ from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import read_stream
 from agentreach.envelopes import headers as h
 from tests.secured import operators_reply_to
+from tests.support import until_true
 
 
 def make_agent(agent_id: str = "worker-1") -> tuple[Agent, list[object]]:
@@ -73,8 +74,14 @@ async def test_malformed_json_is_dead_lettered_with_its_path(broker, coordinator
     assert first.error is not None and first.error.type == "invalid_envelope"
     assert first.error.message.endswith("- at `$`")
     assert second.error is not None and "$.ttl_ms" in second.error.message
-    stored = await read_stream(broker, broker.names.dlq_stream, broker.names.dlq_wildcard)
-    assert [m.subject for m in stored] == [broker.names.dlq("invalid_envelope", "summarize")] * 2
+
+    async def both_stored() -> list[str] | None:
+        # A subscriber hears a letter as the stream takes it, maybe before it is stored.
+        stored = await read_stream(broker, broker.names.dlq_stream, broker.names.dlq_wildcard)
+        return [m.subject for m in stored] if len(stored) >= 2 else None
+
+    subjects = await until_true(both_stored, timeout=5)
+    assert subjects == [broker.names.dlq("invalid_envelope", "summarize")] * 2
 
 
 async def test_topic_without_agent_is_dead_lettered_no_route(broker, coordinator, watcher):

@@ -103,8 +103,9 @@ async def test_a_full_p0_queue_is_rejected_at_once(broker, start_coordinator, wa
     agent takes the work; the first gets work again once drained below the low watermark."""
     gate = asyncio.Event()
     stuck = gated("stuck", gate)
+    at_once = fast(queues=QueueConfig(full_wait_s=0))
     async with (
-        start_coordinator(fast()) as coordinator,
+        start_coordinator(at_once) as coordinator,
         serving(broker, coordinator, stuck),
         ReachClient(broker=broker) as client,
     ):
@@ -125,9 +126,36 @@ async def test_a_full_p0_queue_is_rejected_at_once(broker, start_coordinator, wa
     assert caught.value.reason == "backpressure"
     assert elapsed < 0.1, f"rejection took {elapsed * 1000:.0f} ms"
     assert letter.error is not None and letter.error.type == "backpressure"
-    assert "stuck: P0 queue above high watermark (8/10)" in letter.error.message
+    assert "stuck: P0 queue above the high watermark (8/10)" in letter.error.message
     spare_decision = next(e for e in routed(watcher) if e.agent_id == "spare")
-    assert "above high watermark" in spare_decision.detail["passed_over"]["stuck"]
+    assert "above the high watermark" in spare_decision.detail["passed_over"]["stuck"]
+
+
+async def test_a_burst_above_the_watermark_waits_for_room(broker, start_coordinator, watcher):
+    """With every queue above the high watermark, a task waits (up to queues.full_wait_s)
+    instead of being rejected: it runs once the queue drains; one that outwaits the limit
+    is rejected as backpressure."""
+    gate = asyncio.Event()
+    stuck = gated("stuck", gate)
+    config = fast(queues=QueueConfig(full_wait_s=1.5))
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, stuck),
+        ReachClient(broker=broker) as client,
+    ):
+        held = await publish_many(client, "work", 8, priority="P0")  # 80 % of 10
+        await watcher.until(lambda: watcher.count("accepted", held) >= 8 or None, "8 accepted")
+        outwaited = time.perf_counter()
+        with pytest.raises(Rejected) as caught:
+            await client.invoke("work", {}, priority="P0", ack_deadline_ms=5000)
+        outwaited = time.perf_counter() - outwaited
+        waiting, _ = await client.publish("work", {}, priority="P0")
+        await eventually(lambda: waiting in coordinator.router.waiting_for_room)
+        gate.set()
+        await all_completed(watcher, {*held, waiting})
+    assert caught.value.reason == "backpressure"
+    assert outwaited >= 1.5, f"rejected after {outwaited:.2f} s, before full_wait_s"
+    assert not [d for d in watcher.dead_letters if d.message_id == waiting]
 
 
 async def test_the_broker_refuses_what_the_view_has_not_seen(broker, start_coordinator, watcher):
@@ -135,7 +163,8 @@ async def test_the_broker_refuses_what_the_view_has_not_seen(broker, start_coord
     the refused dispatch becomes a backpressure rejection."""
     gate = asyncio.Event()
     stuck = gated("stuck", gate)
-    config = fast(queues=QueueConfig(refresh_s=3600))  # read once at start, then never
+    # Read once at start, then never; rejected at once.
+    config = fast(queues=QueueConfig(refresh_s=3600, full_wait_s=0))
     async with (
         start_coordinator(config) as coordinator,
         serving(broker, coordinator, stuck),

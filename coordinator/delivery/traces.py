@@ -1,4 +1,4 @@
-"""``reach.ctl.status.<caller>``: a caller reads the trace of its own message through the
+"""``reach.ctl.trace.<caller>``: a caller reads the trace of its own message through the
 coordinator (under permissions a caller cannot read ``REACH_EVENTS``, which holds every
 caller's results)."""
 
@@ -10,14 +10,14 @@ from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, Inbound, read_stream
 from agentreach.broker.lifecycle import authentic
 from agentreach.broker.names import COORDINATOR
-from agentreach.envelopes import DecodeError, Event, StatusReply, StatusRequest, decode_as
+from agentreach.envelopes import DecodeError, Event, TraceReply, TraceRequest, decode_as
 
 log = structlog.get_logger("coordinator.status")
 
 HEADROOM = 1024  # bytes kept free under the server's max payload
 
 
-class StatusDesk:
+class TraceDesk:
     """Answers a caller with the events of a message it sent, and nothing of anyone else's."""
 
     def __init__(self, broker: Broker) -> None:
@@ -26,7 +26,7 @@ class StatusDesk:
     async def on_request(self, msg: Inbound) -> None:
         caller = msg.subject.rsplit(".", 1)[-1]
         try:
-            request = decode_as(msg.data, StatusRequest)
+            request = decode_as(msg.data, TraceRequest)
         except DecodeError:
             return  # nobody to tell what: the asking client times out and says so
         names = self._broker.names
@@ -50,6 +50,6 @@ class StatusDesk:
         """The reply, without its oldest events when all would not fit one message."""
         limit = self._broker.max_payload - HEADROOM
         kept, truncated = list(events), False
-        while len(data := envelopes.encode(StatusReply(events=kept, truncated=truncated))) > limit:
+        while len(data := envelopes.encode(TraceReply(events=kept, truncated=truncated))) > limit:
             kept, truncated = kept[len(kept) // 4 + 1 :], True
         return data

@@ -1,0 +1,106 @@
+"""The options ``reach up`` and ``reach coordinator`` share: the config file, the metrics
+port, and workflows built in Python."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import socket
+import sys
+
+import msgspec
+
+from agentreach.cli.options import UsageError
+from agentreach.coordinator import CoordinatorConfig, WorkflowSpec
+from agentreach.envelopes import is_token
+
+DEFAULT_METRICS_PORT = 9464  # what deploy/prometheus/prometheus.yml scrapes
+
+
+def coordinator_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="coordinator YAML config")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        default=None,
+        help="serve /metrics, /healthz and /readyz on PORT (default: the config's metrics.port,"
+        f" else {DEFAULT_METRICS_PORT}; 0 = any free port; -1 = none)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        default=None,
+        help="address to serve metrics on (default: the config's, else 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--workflows",
+        metavar="MODULE:OBJECT",
+        action="append",
+        default=[],
+        help="workflows built in Python: a dict of name → workflow (agentreach.coordinator."
+        "workflow); repeatable, added to the config's",
+    )
+
+
+def with_cli_options(config: CoordinatorConfig, args: argparse.Namespace) -> CoordinatorConfig:
+    """``config`` with the command line's metrics port and Python workflows applied."""
+    port = args.metrics_port
+    host = args.metrics_host or config.metrics.host
+    if port is None and config.metrics.port is None:
+        # The default only: a second replica on this host takes another port, and says so.
+        port = DEFAULT_METRICS_PORT if _free(host, DEFAULT_METRICS_PORT) else 0
+        if port == 0:
+            print(
+                f"reach: metrics port {DEFAULT_METRICS_PORT} is taken (another replica?);"
+                " serving metrics on a free port instead: pass --metrics-port to choose",
+                file=sys.stderr,
+            )
+    elif port is None:
+        port = config.metrics.port
+    assert port is not None
+    if port < -1 or port > 65535:
+        raise UsageError(f"--metrics-port takes 0-65535, or -1 for none; got {port}")
+    metrics = msgspec.structs.replace(config.metrics, port=None if port == -1 else port, host=host)
+    workflows = dict(config.workflows)
+    for target in args.workflows:
+        for name, spec in load_workflows(target).items():
+            if not is_token(name):
+                raise UsageError(f"workflow name {name!r} of {target}: use letters, digits, _ -")
+            if name in workflows:
+                raise UsageError(f"workflow {name!r} of {target} is defined in the config too")
+            workflows[name] = spec
+    return msgspec.structs.replace(config, metrics=metrics, workflows=workflows)
+
+
+def _free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def load_workflows(target: str) -> dict[str, WorkflowSpec]:
+    """The workflows named ``MODULE:OBJECT``: a dict of name → WorkflowSpec."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise UsageError(
+            f"--workflows expects MODULE:OBJECT (e.g. myflows:WORKFLOWS), got {target!r}"
+        )
+    sys.path.insert(0, os.getcwd())
+    try:
+        found = getattr(importlib.import_module(module_name), attr, None)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {module_name!r}: {exc}") from None
+    if not isinstance(found, dict) or not all(
+        isinstance(k, str) and isinstance(v, WorkflowSpec) for k, v in found.items()
+    ):
+        raise UsageError(
+            f"{target} is {type(found).__name__}; expected a dict of name → workflow, e.g."
+            " {'article': workflow.chain(workflow.step('plan', 'plan'), ...)}"
+        )
+    return found

@@ -1,0 +1,110 @@
+"""``reach dashboard`` (a live web page) and ``reach top`` (the same in a terminal)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+
+import structlog
+
+from agentreach.cli.options import Commands, UsageError, broker_of
+from agentreach.cli.serve import until_signal
+from agentreach.coordinator.observability import HttpServer
+from agentreach.dashboard import Board, DashboardApp, History, render
+
+log = structlog.get_logger("reach")
+
+
+def register(commands: Commands) -> None:
+    dashboard = commands.add(
+        "dashboard",
+        cmd_dashboard,
+        "serve the live dashboard: the five metrics, agents, dead letters, workflows, traces",
+        example=("reach dashboard                # then open http://127.0.0.1:8765/",),
+    )
+    dashboard.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this host)"
+    )
+    dashboard.add_argument(
+        "--port", type=int, default=8765, help="port to listen on (default 8765; 0 = any free one)"
+    )
+    dashboard.add_argument(
+        "--read-only", action="store_true", help="no replay buttons; replays are refused"
+    )
+    top = commands.add(
+        "top",
+        cmd_top,
+        "the five metrics, agents and dead letters in the terminal, redrawn",
+        example=("reach top", "reach top --once"),
+    )
+    top.add_argument(
+        "--interval", type=float, default=2.0, help="seconds between redraws (default 2)"
+    )
+    top.add_argument("--once", action="store_true", help="print once and exit")
+    for parser in (dashboard, top):
+        parser.add_argument(
+            "--window-min",
+            type=float,
+            default=30.0,
+            help="minutes of history in the charts (default 30); read from REACH_EVENTS at start",
+        )
+        parser.add_argument(
+            "--step-s",
+            type=float,
+            default=10.0,
+            help="seconds between points of the charts (default 10)",
+        )
+        parser.add_argument(
+            "--period-min",
+            type=float,
+            default=10.0,
+            help="the P99 latency is of this many minutes, against as many before (default 10)",
+        )
+
+
+def _history(args: argparse.Namespace) -> History:
+    if args.step_s <= 0 or args.window_min <= 0 or args.period_min <= 0:
+        raise UsageError("--step-s, --window-min and --period-min take positive numbers")
+    return History(step_s=args.step_s, window_s=args.window_min * 60, period_s=args.period_min * 60)
+
+
+async def cmd_dashboard(args: argparse.Namespace) -> int:
+    history = _history(args)
+    async with (
+        broker_of(args, name="reach-dashboard") as broker,
+        Board(broker, history, read_only=args.read_only, version=_version()) as board,
+        HttpServer(DashboardApp(board), host=args.host, port=args.port) as server,  # type: ignore[arg-type]
+    ):
+        if args.host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning(
+                "the dashboard has no login; anyone who reaches it can see and replay",
+                host=args.host,
+            )
+        print(f"dashboard on {server.url}", flush=True)
+        await until_signal(f"dashboard on {server.url}")
+    return 0
+
+
+async def cmd_top(args: argparse.Namespace) -> int:
+    if args.interval < 0.5:
+        raise UsageError("--interval takes seconds between redraws, at least 0.5")
+    async with (
+        broker_of(args, name="reach-top") as broker,
+        Board(broker, _history(args)) as board,
+    ):
+        while True:
+            drawn = render(board.snapshot())
+            if args.once:
+                print(drawn)
+                return 0
+            print("\033[2J\033[H" + drawn, flush=True)  # clear the screen, then redraw
+            await asyncio.sleep(args.interval)
+            await board.refresh()
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("agentreach")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"

@@ -1,0 +1,15 @@
+"""The operator's live view: ``reach dashboard`` (a web page, no build step, no CDN) and
+``reach top`` (the same essentials in a terminal).
+
+- :mod:`.views`: what is shown, kept current from the broker (read only);
+- :mod:`.history`: the five metrics over time, from the dashboard's own fold of the events;
+- :mod:`.sections`, :mod:`.trace`: the snapshot's sections and a message's stages as JSON;
+- :mod:`.server`: the HTTP API and the page (``index.html``); :mod:`.top`: the terminal.
+"""
+
+from agentreach.dashboard.history import History
+from agentreach.dashboard.server import DashboardApp
+from agentreach.dashboard.top import render
+from agentreach.dashboard.views import Board
+
+__all__ = ["Board", "DashboardApp", "History", "render"]

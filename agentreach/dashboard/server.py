@@ -1,0 +1,173 @@
+"""The dashboard's HTTP API and page: ``GET /`` (the page), ``GET /api/snapshot``,
+``GET /api/events`` (server-sent events), ``GET /api/trace/<id>``, ``POST
+/api/dlq/<message_id>/replay``, ``/healthz`` and ``/readyz``.
+
+The page and this API are one process of their own (``reach dashboard``): any number may
+run, none holds what another needs. It listens on loopback and has no login, so replaying
+a dead letter needs the header ``X-Reach-Request: 1``: a page of another site cannot send
+a custom header without a CORS preflight, which this server never answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+
+import msgspec
+
+from agentreach.agents.compensation import replay
+from agentreach.broker import BrokerError, read_stream
+from agentreach.coordinator.observability.http import Request, Response, Streamed
+from agentreach.dashboard.trace import trace_of
+from agentreach.dashboard.views import Board
+from agentreach.envelopes import DecodeError, decode_dead_letter, is_token
+from agentreach.errors import ReachError
+
+SNAPSHOT_EVERY_S = 300.0  # a whole snapshot again, to correct any drift
+KEEPALIVE_S = 15.0
+SECTIONS = ("agents", "dead_letters", "workflows", "alerts")
+
+
+class DashboardApp:
+    """The request handler of the dashboard."""
+
+    def __init__(self, board: Board, *, tick_s: float = 1.0) -> None:
+        self.board = board
+        self._tick_s = tick_s
+        self._page = resources.files("agentreach.dashboard").joinpath("index.html").read_bytes()
+
+    async def __call__(self, request: Request) -> Response | Streamed:
+        path = request.path
+        if request.method == "POST" and path.startswith("/api/dlq/") and path.endswith("/replay"):
+            return await self._replay(
+                request, path.removeprefix("/api/dlq/").removesuffix("/replay")
+            )
+        if request.method not in ("GET", "HEAD"):
+            return Response.error(405, f"{request.method} is not served on {path}")
+        if path in ("/", "/index.html"):
+            return Response(200, self._page, "text/html; charset=utf-8")
+        if path == "/api/snapshot":
+            return Response.of_json(self.board.snapshot())
+        if path == "/api/events":
+            return Streamed(self._events())
+        if path.startswith("/api/trace/"):
+            return await self._trace(path.removeprefix("/api/trace/"))
+        if path == "/healthz":
+            return Response(200, b"ok\n")
+        if path == "/readyz":
+            ready = self.board.ready.is_set() and self.board.broker.connected
+            return Response(200 if ready else 503, b"ready\n" if ready else b"not ready\n")
+        return Response.error(404, f"no {path} here")
+
+    async def _events(self) -> AsyncIterator[bytes]:
+        """A snapshot first, then each section that changed and a metrics point every step."""
+        board, counter = self.board, 0
+
+        def event(name: str, data: Any) -> bytes:
+            nonlocal counter
+            counter += 1
+            body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+            return f"id: {counter}\nevent: {name}\ndata: {body}\n\n".encode()
+
+        snapshot = board.snapshot()
+        last = {name: json.dumps(snapshot[name]) for name in SECTIONS}
+        yield b"retry: 3000\n\n" + event("snapshot", snapshot)
+        loop = asyncio.get_running_loop()
+        step_s = board.history.step_ms / 1000
+        next_point = loop.time() + step_s
+        resnapshot = loop.time() + SNAPSHOT_EVERY_S
+        quiet_since = loop.time()
+        while True:
+            await asyncio.sleep(self._tick_s)
+            metrics = board.metrics(full=False)
+            now = {
+                "agents": board.snapshot_section("agents"),
+                "dead_letters": board.snapshot_section("dead_letters"),
+                "workflows": board.snapshot_section("workflows"),
+                "alerts": board.alerts(metrics),
+            }
+            sent = False
+            if loop.time() >= resnapshot:
+                resnapshot = loop.time() + SNAPSHOT_EVERY_S
+                yield event("snapshot", board.snapshot())
+                continue
+            for name, value in now.items():
+                text = json.dumps(value)
+                if text != last[name]:
+                    last[name] = text
+                    yield event(name, value)
+                    sent = True
+            if loop.time() >= next_point:
+                next_point += step_s
+                yield event("metrics", {"at_ms": metrics["at_ms"], "series": metrics["series"]})
+                sent = True
+            if sent:
+                quiet_since = loop.time()
+            elif loop.time() - quiet_since >= KEEPALIVE_S:
+                quiet_since = loop.time()
+                yield b": keepalive\n\n"
+
+    async def _trace(self, some_id: str) -> Response:
+        if not is_token(some_id):
+            return Response.error(400, f"{some_id!r} is not a message id or trace id")
+        try:
+            found = await asyncio.wait_for(trace_of(self.board.broker, some_id), 5)
+        except (BrokerError, TimeoutError) as exc:
+            return Response.error(503, f"cannot read REACH_EVENTS now: {exc}")
+        if found is None:
+            return Response.error(404, f"no events for {some_id!r} in REACH_EVENTS (kept 7 days)")
+        return Response.of_json(found)
+
+    async def _replay(self, request: Request, message_id: str) -> Response:
+        if request.headers.get("x-reach-request") != "1":
+            return Response.error(403, "replaying needs the header X-Reach-Request: 1")
+        if self.board.read_only:
+            return Response.error(403, "this dashboard is read-only (--read-only)")
+        origin, host = request.headers.get("origin"), request.headers.get("host", "")
+        if origin and origin.split("://", 1)[-1] != host:
+            return Response.error(403, f"requests from {origin} are not accepted")
+        try:
+            body = request.json()
+            options = msgspec.convert(body, _ReplayBody)
+        except (ValueError, msgspec.ValidationError) as exc:
+            return Response.error(400, f"the body must be {{topic?, ttl_ms?}} JSON: {exc}")
+        letter = await self._letter(message_id)
+        if letter is None:
+            return Response.error(404, f"no dead letter {message_id!r} in REACH_DLQ")
+        if letter.envelope is None:
+            return Response.error(409, f"{message_id} ({letter.reason}) has no task to replay")
+        try:
+            task = await replay(
+                self.board.broker, letter, topic=options.topic, ttl_ms=options.ttl_ms
+            )
+        except ReachError as exc:
+            return Response.error(503, str(exc))
+        self.board.replayed[message_id] = task.message_id
+        reply = {
+            "message_id": task.message_id,
+            "trace_id": task.trace_id,
+            "topic": task.topic,
+            "replay_of": message_id,
+        }
+        return Response.of_json(reply, 202)
+
+    async def _letter(self, message_id: str) -> Any:
+        names = self.board.broker.names
+        for stored in reversed(
+            await read_stream(self.board.broker, names.dlq_stream, names.dlq_wildcard)
+        ):
+            try:
+                letter = decode_dead_letter(stored.data)
+            except DecodeError:
+                continue
+            if letter.message_id == message_id:
+                return letter
+        return None
+
+
+class _ReplayBody(msgspec.Struct, forbid_unknown_fields=True):
+    topic: str | None = None
+    ttl_ms: int | None = None

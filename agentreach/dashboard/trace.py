@@ -1,0 +1,88 @@
+"""A message's (or a trace's) stages as the dashboard draws them on a timeline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentreach.broker import Broker, read_stream
+from agentreach.envelopes import DecodeError, Event, decode_event
+
+MAX_MESSAGES = 50
+ENDINGS = {"completed": "completed", "dead_lettered": "dead_lettered"}
+
+
+async def trace_of(broker: Broker, some_id: str) -> dict[str, Any] | None:
+    """The stages of message ``some_id``, or else of every message of trace ``some_id``."""
+    names = broker.names
+    stored = await read_stream(broker, names.events_stream, names.events_of_message(some_id))
+    if not stored:
+        stored = await read_stream(broker, names.events_stream, names.events_of_trace(some_id))
+    events: list[tuple[float, Event]] = []
+    for message in stored:
+        try:
+            events.append((message.timestamp_ns / 1e6, decode_event(message.data)))
+        except DecodeError:
+            continue
+    if not events:
+        return None
+    by_message: dict[str, list[tuple[float, Event]]] = {}
+    for at, event in events:
+        if event.message_id in by_message or len(by_message) < MAX_MESSAGES:
+            by_message.setdefault(event.message_id, []).append((at, event))
+    messages = [_message(message_id, own) for message_id, own in by_message.items()]
+    messages.sort(key=lambda m: m["started_ms"])
+    return {"query": some_id, "trace_id": events[0][1].trace_id, "messages": messages}
+
+
+def _message(message_id: str, own: list[tuple[float, Event]]) -> dict[str, Any]:
+    first_at, first = own[0]
+    status, reason, ended = "in_flight", None, None
+    for at, event in own:
+        if event.event in ENDINGS:
+            status, ended = ENDINGS[event.event], at
+            reason = event.detail.get("reason") if event.event == "dead_lettered" else None
+    return {
+        "message_id": message_id,
+        "topic": first.topic,
+        "priority": first.priority,
+        "status": status,
+        "reason": reason,
+        "started_ms": first_at,
+        "ended_ms": ended,
+        "stages": [
+            {
+                "event": event.event,
+                "at_ms": at,
+                "offset_ms": round(at - first_at, 3),
+                "attempt": event.attempt,
+                "agent_id": event.agent_id,
+                "note": _note(event),
+            }
+            for at, event in own
+        ],
+    }
+
+
+def _note(event: Event) -> str:
+    d = event.detail
+    match event.event:
+        case "routed":
+            passed = d.get("passed_over") or {}
+            line = f"rule {d.get('rule', '?')}: → {event.agent_id}"
+            if passed:
+                line += "; passed over " + "; ".join(f"{a}: {why}" for a, why in passed.items())
+            return line
+        case "completed":
+            return f"in {d.get('duration_ms', '?')} ms"
+        case "failed" | "expired":
+            error = d.get("error") or {}
+            return f"{error.get('type', '')}: {error.get('message', '')}"
+        case "dead_lettered":
+            error = d.get("error") or {}
+            return f"reason {d.get('reason')}: {error.get('message', '')}"
+        case "progress":
+            return str(d.get("note", ""))
+        case "retry_scheduled":
+            return f"attempt {d.get('next_attempt')} in {d.get('delay_ms')} ms"
+        case _:
+            return ""

@@ -1,0 +1,311 @@
+"""What the dashboard and ``reach top`` show, kept current from the broker: the same views
+as a coordinator (agents, liveness, breakers, queues, workflows), read only, plus its own
+fold of the events for the five metrics, dead letters and the coordinators' status."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from agentreach.broker import Broker, BrokerError, follow
+from agentreach.broker.direct import messages_on
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.requests import gather_replies
+from agentreach.broker.streams import per_subject_limit, stream_size
+from agentreach.broker.tasks import cancel_and_wait
+from agentreach.coordinator.observability import FOLDED, BreakerView, Sampled, WorkflowCensus
+from agentreach.coordinator.observability.census import _follow
+from agentreach.coordinator.protection.queues import QueueConfig, QueueDepths
+from agentreach.coordinator.routing.directory import AgentDirectory
+from agentreach.dashboard import sections
+from agentreach.dashboard.history import KEYS, LABELS, THRESHOLDS, History, judge
+from agentreach.envelopes import (
+    PRIORITIES,
+    DeadLetter,
+    DecodeError,
+    Heartbeat,
+    decode_as,
+    decode_dead_letter,
+    decode_event,
+    decode_json,
+    now_ms,
+)
+
+log = structlog.get_logger("dashboard")
+
+RECENT_LETTERS = 50
+REFRESH_S = 2.0
+ALERT_NAMES = {
+    "success_rate": ("ReachSuccessRateLow", "critical"),
+    "p99_latency": ("ReachLatencyP99Up", "warning"),
+    "queue_fill": ("ReachQueueDepthHigh", "warning"),
+    "retry_rate": ("ReachRetryRateHigh", "warning"),
+    "isolated_agents": ("ReachAgentsIsolated", "critical"),
+}
+
+
+class Heartbeats:
+    """The last heartbeat of every agent, with the broker's time of writing it."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self.beats: dict[str, tuple[Heartbeat, int]] = {}
+
+    async def follow(self, ready: asyncio.Event) -> None:
+        kv_name = self._broker.names.heartbeats_bucket
+        await _follow(self._broker, kv_name, self._apply, ready)
+
+    def _apply(self, key: str, value: bytes | None) -> None:
+        if value is None:
+            self.beats.pop(key, None)
+            return
+        with contextlib.suppress(DecodeError):
+            self.beats[key] = (decode_as(value, Heartbeat), now_ms())
+
+
+class Board:
+    """Everything the dashboard shows, current within a second or two."""
+
+    def __init__(
+        self, broker: Broker, history: History, *, read_only: bool = False, version: str = ""
+    ) -> None:
+        self.broker = broker
+        self.history = history
+        self.read_only = read_only
+        self.version = version
+        self.directory = AgentDirectory(broker)
+        self.breakers = BreakerView(broker)
+        self.heartbeats = Heartbeats(broker)
+        self.census = WorkflowCensus(broker)
+        self.queues: QueueDepths | None = None
+        self.sampled = Sampled(broker)
+        self.letters: list[tuple[int, int, DeadLetter]] = []  # (seq, stored_ms, letter)
+        self.replayed: dict[str, str] = {}
+        self.resolved: dict[str, dict[str, Any]] = {}
+        self.replicas: list[dict[str, Any]] = []
+        self.ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- running -------------------------------------------------------------------------
+    async def __aenter__(self) -> Board:
+        names = self.broker.names
+        capacity = {
+            p: await per_subject_limit(self.broker, names.dispatch_stream(p)) for p in PRIORITIES
+        }
+        self.queues = QueueDepths(
+            self.broker, QueueConfig(capacity={p: c for p, c in capacity.items() if c > 0})
+        )
+        views: dict[str, Callable[[asyncio.Event], Awaitable[None]]] = {
+            "directory": self.directory.follow,
+            "breakers": self.breakers.follow,
+            "heartbeats": self.heartbeats.follow,
+            "census": self.census.follow,
+            "queues": self.queues.run,
+        }
+        for name, view in views.items():
+            ready = asyncio.Event()
+            self._tasks.append(asyncio.create_task(view(ready), name=f"dashboard-{name}"))
+            waiter = asyncio.create_task(ready.wait())
+            await asyncio.wait({waiter, self._tasks[-1]}, return_when=asyncio.FIRST_COMPLETED)
+            if self._tasks[-1].done():
+                waiter.cancel()
+                self._tasks[-1].result()  # raises why the view could not start
+        for loop in (self._fold, self._refresh, self.sampled.run):
+            self._tasks.append(asyncio.create_task(loop()))
+        await self.refresh()
+        self.ready.set()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await cancel_and_wait(*self._tasks)
+
+    async def _fold(self) -> None:
+        names = self.broker.names
+        kinds = (*FOLDED, "replayed", "resolved")
+        async for msg in follow(
+            self.broker,
+            stream=names.events_stream,
+            filter_subjects=tuple(names.events_of_kind(k) for k in kinds),
+            since_ms=now_ms() - self.history.since_ms_back,
+        ):
+            honour_cancellation()
+            try:
+                event = decode_event(msg.data)
+            except DecodeError:
+                continue
+            self.history.fold(event, msg.timestamp_ms)
+            if event.event == "replayed":
+                self.replayed[event.message_id] = str(event.detail.get("replayed_as", ""))
+            elif event.event == "resolved":
+                self.resolved[event.message_id] = {**event.detail, "at_ms": msg.timestamp_ms}
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            try:
+                await self.refresh()
+            except BrokerError as exc:
+                log.warning("cannot refresh the dashboard's views", error=str(exc))
+
+    async def refresh(self) -> None:
+        """Dead letters, coordinators and the sampled metrics, read again."""
+        self.letters = await self._recent_letters()
+        self.replicas = []
+        for answer in await gather_replies(self.broker, self.broker.names.status, wait_s=0.3):
+            with contextlib.suppress(DecodeError):
+                self.replicas.append(decode_json(answer))
+        self.history.sample(
+            now_ms(), queue_fill=self._worst_queue()[0], isolated=len(self.breakers.isolated)
+        )
+
+    async def _recent_letters(self) -> list[tuple[int, int, DeadLetter]]:
+        names = self.broker.names
+        _, last = await stream_size(self.broker, names.dlq_stream)
+        if not last:
+            return []
+        stored = await messages_on(
+            self.broker,
+            names.dlq_stream,
+            names.dlq_wildcard,
+            from_seq=max(1, last - 4 * RECENT_LETTERS),
+        )
+        found = []
+        for message in stored[-RECENT_LETTERS:]:
+            with contextlib.suppress(DecodeError):
+                found.append(
+                    (message.stream_seq, message.timestamp_ms, decode_dead_letter(message.data))
+                )
+        return found[::-1]
+
+    # -- the snapshot (docs: the dashboard's HTTP API) -----------------------------------
+    def _worst_queue(self) -> tuple[float | None, dict[str, Any] | None]:
+        if self.queues is None:
+            return None, None
+        running = [c.agent_id for c in self.directory.cards.values() if c.status == "running"]
+        worst: tuple[float, dict[str, Any]] | None = None
+        for agent in running:
+            for p in PRIORITIES:
+                depth, capacity = self.queues.depth(agent, p), self.queues.capacity(p)
+                ratio = depth / capacity
+                if worst is None or ratio > worst[0]:
+                    worst = (
+                        ratio,
+                        {"agent_id": agent, "priority": p, "depth": depth, "capacity": capacity},
+                    )
+        return (worst[0], worst[1]) if worst else (None, None)
+
+    def metrics(self, *, full: bool) -> dict[str, Any]:
+        now = now_ms()
+        points = self.history.points(now)
+        values = self.history.values(now)
+        _, worst = self._worst_queue()
+        series = {}
+        for key in KEYS:
+            label, unit = LABELS[key]
+            threshold = THRESHOLDS[key]
+            state, since = judge(key, points[key], values["previous"])
+            entry: dict[str, Any] = {
+                "key": key,
+                "label": label,
+                "unit": unit,
+                "value": values[key],
+                "state": state,
+                "since_ms": since,
+                "threshold": dataclasses.asdict(threshold),
+                "detail": self._detail(key, values, worst),
+            }
+            if key == "p99_latency":
+                entry["previous"] = values["previous"]
+            if key == "queue_fill":
+                entry["worst"] = worst
+            if full:
+                entry["points"] = points[key]
+            else:
+                entry["point"] = points[key][-1] if points[key] else None
+            series[key] = entry
+        step_s = self.history.step_ms / 1000
+        return {
+            "step_s": step_s,
+            "window_s": self.history.window_ms / 1000,
+            "series": series,
+            "at_ms": now,
+        }
+
+    def _detail(self, key: str, values: dict[str, Any], worst: dict[str, Any] | None) -> str:
+        match key:
+            case "success_rate" | "retry_rate":
+                return (
+                    "over the last 5 min"
+                    if values[key] is not None
+                    else "nothing finished in 5 min"
+                )
+            case "p99_latency":
+                period_s = self.history.period_ms / 1000
+                period = f"{period_s / 60:g} min" if period_s >= 60 else f"{period_s:g} s"
+                return f"intake → completed, last {period}"
+            case "queue_fill":
+                if worst is None:
+                    return "no agent running"
+                return (
+                    f"{worst['agent_id']} {worst['priority']} {worst['depth']}/{worst['capacity']}"
+                )
+            case _:
+                isolated = self.breakers.isolated
+                return ", ".join(isolated) if isolated else "none"
+
+    def alerts(self, metrics: dict[str, Any]) -> list[dict[str, Any]]:
+        found = []
+        for key, entry in metrics["series"].items():
+            if entry["state"] != "firing":
+                continue
+            name, severity = ALERT_NAMES[key]
+            why = f"{entry['detail']} ({entry['threshold']['text']})"
+            found.append(
+                {
+                    "name": name,
+                    "metric": key,
+                    "severity": severity,
+                    "since_ms": entry["since_ms"],
+                    "summary": f"{entry['label']}: {why}",
+                }
+            )
+        return found
+
+    def system(self) -> dict[str, Any]:
+        return {
+            "prefix": self.broker.names.prefix,
+            "version": self.version,
+            "nats": self.broker.shown_url,
+            "replicas": [
+                {
+                    "replica": r.get("replica"),
+                    "ready": r.get("ready"),
+                    "duties": r.get("duties", []),
+                }
+                for r in self.replicas
+            ],
+            "read_only": self.read_only,
+            "source": "events",
+        }
+
+    def snapshot_section(self, name: str) -> Any:
+        """One of the sections that the event stream sends when it changed."""
+        return getattr(sections, name)(self)
+
+    def snapshot(self) -> dict[str, Any]:
+        metrics = self.metrics(full=True)
+        return {
+            "v": 1,
+            "at_ms": metrics.pop("at_ms"),
+            "system": self.system(),
+            "metrics": metrics,
+            "alerts": self.alerts(metrics),
+            "agents": sections.agents(self),
+            "dead_letters": sections.dead_letters(self),
+            "workflows": sections.workflows(self),
+        }

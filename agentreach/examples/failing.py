@@ -1,0 +1,15 @@
+"""An agent that fails every task it gets: for trying retries, breakers, isolation, the
+dead-letter stream and the alerts (``ReachAgentsIsolated`` fires after 5 failures in a row).
+
+reach agent agentreach.examples.failing:agent
+reach publish unreliable '{"n": 1}'       # retried 3 times, then dead-lettered
+"""
+
+from agentreach.agents import Agent, TaskContext
+
+agent = Agent("failing-1", tags={"role": "demo"}, startup_delay=0)
+
+
+@agent.handler("unreliable", version="1.0", capacity=4)
+async def unreliable(ctx: TaskContext, payload: object) -> object:
+    raise RuntimeError(f"unreliable always fails (attempt {ctx.attempt})")

@@ -1,0 +1,135 @@
+"""Calls: core request/reply whose answer is the task's result.
+
+``nats req reach.call.summarize '{"text": "..."}'`` gets the result of the task, not a
+storage receipt: a coordinator replica (one of the queue group) publishes the body to
+``reach.task.<topic>`` (``reach.call.<topic>.<sender>`` to ``reach.task.<topic>.<sender>``,
+so the caller is named as on intake) with its own reply subject, lets acks and progress pass,
+and answers the requester once, with the result (its JSON) or with ``{"error": {...}}``
+and the header ``Reach-Kind: error``. Headers of the request (``Nats-Msg-Id``,
+``Reach-Trace-Id``, ``Reach-Priority``, ``Reach-TTL``, ``traceparent``) count as for
+``nats pub``. Nobody answers when no coordinator runs: the requester hears so at once.
+The wait lives in the replica that took the call; if it dies, the requester times out
+while the task itself still completes (it is durable in ``REACH_TASKS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+
+import structlog
+
+from agentreach import envelopes
+from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound
+from agentreach.envelopes import (
+    DEFAULT_TTL_MS,
+    MAX_TTL_MS,
+    DecodeError,
+    ErrorReply,
+    Result,
+    is_envelope,
+    new_id,
+)
+from agentreach.envelopes import headers as h
+
+log = structlog.get_logger("coordinator.calls")
+
+GRACE_S = 1.0  # past the task's ttl, the coordinator's own verdict has had time to arrive
+
+
+class Calls:
+    """Answers ``reach.call.<topic>`` requests with the task's result."""
+
+    def __init__(self, broker: Broker, claim_check: ClaimCheck) -> None:
+        self._broker = broker
+        self._claim_check = claim_check
+        self._inbox = ""
+        self._counter = itertools.count(1)
+        self._waiting: dict[str, tuple[str, asyncio.TimerHandle]] = {}
+        self._answering: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._inbox = self._broker.new_inbox()
+        await self._broker.subscribe(f"{self._inbox}.*", self._on_reply)
+        names = self._broker.names
+        await self._broker.subscribe(names.calls_wildcard, self._on_call, queue="coordinators")
+
+    async def _on_call(self, msg: Inbound) -> None:
+        if not msg.reply:
+            return  # a publish, not a request: nobody to answer (use reach.task.<topic>)
+        topic, sender = self._broker.names.call_subject_parts(msg.subject)
+        headers = {k: v for k, v in msg.headers.items() if k != h.REPLY_TO}
+        headers.setdefault(h.MSG_ID, new_id())
+        key = f"{self._inbox}.{next(self._counter)}"
+        data = msg.data
+        with contextlib.suppress(DecodeError):  # malformed: intake refuses it, and answers
+            data = _with_reply_to(data, key)
+        headers[h.REPLY_TO] = key
+        ttl = headers.get(h.TTL, "")
+        ttl_ms = int(ttl) if ttl.isdigit() and 0 < int(ttl) <= MAX_TTL_MS else DEFAULT_TTL_MS
+        timer = asyncio.get_running_loop().call_later(
+            ttl_ms / 1000 + GRACE_S, self._give_up, key, ttl_ms
+        )
+        self._waiting[key] = (msg.reply, timer)
+        try:
+            subject = self._broker.names.task(topic, sender)  # the caller stays the sender
+            await self._broker.publish(subject, data, headers=headers)
+        except BrokerError as exc:
+            self._forget(key)
+            error = {"type": "not_published", "message": str(exc)}
+            await self._answer(msg.reply, {"error": error}, error=True)
+
+    async def _on_reply(self, msg: Inbound) -> None:
+        if msg.subject not in self._waiting:
+            return
+        try:
+            reply = envelopes.decode_reply(msg.data)
+        except DecodeError:
+            return
+        match reply:
+            case Result():
+                requester = self._forget(msg.subject)
+                try:
+                    result = await self._claim_check.result_of(reply.result, reply.result_ref)
+                except BrokerError as exc:
+                    error = {"type": "payload_unavailable", "message": str(exc)}
+                    await self._answer(requester, {"error": error}, error=True)
+                    return
+                await self._answer(requester, result)
+            case ErrorReply():
+                requester = self._forget(msg.subject)
+                error = envelopes.decode_json(envelopes.encode(reply.error))
+                await self._answer(requester, {"error": error}, error=True)
+            case _:
+                return  # ack, progress: the requester waits for the end
+
+    def _forget(self, key: str) -> str:
+        requester, timer = self._waiting.pop(key)
+        timer.cancel()
+        return requester
+
+    def _give_up(self, key: str, ttl_ms: int) -> None:
+        if key not in self._waiting:
+            return
+        requester = self._forget(key)
+        error = {"type": "no_result", "message": f"no result within the task's ttl ({ttl_ms} ms)"}
+        answer = asyncio.create_task(self._answer(requester, {"error": error}, error=True))
+        self._answering.add(answer)
+        answer.add_done_callback(self._answering.discard)
+
+    async def _answer(self, requester: str, value: object, *, error: bool = False) -> None:
+        headers = {h.KIND: "error" if error else "result"}
+        try:
+            await self._broker.publish_core(requester, envelopes.encode(value), headers=headers)
+        except BrokerError as exc:
+            log.warning("could not answer a call", error=str(exc))
+
+
+def _with_reply_to(data: bytes, reply_to: str) -> bytes:
+    """A full envelope answers to ``reply_to``; a bare body gets it from the header."""
+    document = envelopes.decode_json(data)
+    if not is_envelope(document):
+        return data
+    document["reply_to"] = reply_to
+    return envelopes.encode(document)

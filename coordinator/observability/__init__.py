@@ -1,0 +1,68 @@
+"""What the coordinator tells about itself: Prometheus metrics (flow counted once across
+replicas, state computed from the views), health and readiness, and audit records.
+
+- :mod:`.flow`: counters and histograms, fed by the ``coordinator-metrics`` consumer;
+- :mod:`.state`: gauges computed at scrape time; :mod:`.census`: views they read;
+- :mod:`.endpoint` on :mod:`.http`: ``/metrics``, ``/healthz``, ``/readyz``;
+- :mod:`.audit`: one record per finished message in ``REACH_AUDIT``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+from agentreach.coordinator.observability.audit import TERMINAL, AuditWriter
+from agentreach.coordinator.observability.census import BreakerView, WorkflowCensus
+from agentreach.coordinator.observability.config import (
+    AuditConfig,
+    ClaimCheckConfig,
+    MetricsConfig,
+)
+from agentreach.coordinator.observability.endpoint import Readiness, endpoint
+from agentreach.coordinator.observability.flow import FOLDED, FlowMetrics
+from agentreach.coordinator.observability.http import HttpServer
+from agentreach.coordinator.observability.state import Sampled, StateCollector, Views
+
+__all__ = [
+    "FOLDED",
+    "TERMINAL",
+    "AuditConfig",
+    "AuditWriter",
+    "BreakerView",
+    "ClaimCheckConfig",
+    "FlowMetrics",
+    "HttpServer",
+    "MetricsConfig",
+    "Readiness",
+    "Sampled",
+    "StateCollector",
+    "Views",
+    "WorkflowCensus",
+    "new_registry",
+    "serving",
+]
+
+
+def new_registry() -> CollectorRegistry:
+    """A registry of this replica's own, with the process and Python collectors."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    config: MetricsConfig, registry: CollectorRegistry, readiness: Readiness
+) -> AsyncIterator[HttpServer | None]:
+    """The HTTP endpoint for the block, when ``config.port`` is set."""
+    if config.port is None:
+        yield None
+        return
+    handler = endpoint(registry, readiness)
+    async with HttpServer(handler, host=config.host, port=config.port) as server:  # type: ignore[arg-type]
+        yield server

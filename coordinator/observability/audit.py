@@ -1,0 +1,142 @@
+"""Audit records: one per finished message, written to ``REACH_AUDIT``.
+
+A durable consumer shared by every replica (``coordinator-audit``) takes each terminal
+event (``completed``, ``dead_lettered``, ``workflow_completed``), reads the message's
+events once, and publishes the record under ``Nats-Msg-Id: audit-<message_id>``: a
+redelivered terminal event adds no second record. It is apart from the metrics' consumer,
+so audit falling behind never makes the counters late.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import structlog
+
+from agentreach.broker import Broker, Delivery, read_stream
+from agentreach.broker.streams import StoredMessage
+from agentreach.envelopes import (
+    AuditRecord,
+    DecodeError,
+    ErrorInfo,
+    Event,
+    PayloadRef,
+    Summary,
+    decode_event,
+    encode,
+    summarize,
+)
+from agentreach.envelopes.audit import Durations, Stage
+
+log = structlog.get_logger("coordinator.audit")
+
+TERMINAL = ("completed", "dead_lettered", "workflow_completed")
+_PHASE_OF = {"routed": "queued", "accepted": "executing", "failed": "retry_wait"}
+_ENDS_PHASE = {"queued": {"accepted"}, "executing": {"completed", "failed", "expired"}}
+
+
+class AuditWriter:
+    """The ``coordinator-audit`` consumer's handler."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    async def handle(self, msg: Delivery) -> None:
+        try:
+            ending = decode_event(msg.data)
+        except DecodeError:
+            return
+        names = self._broker.names
+        stored = await read_stream(
+            self._broker, names.events_stream, names.events_of_message(ending.message_id)
+        )
+        record = audit_record(ending, msg.timestamp_ms, stored)
+        subject = names.audit(record.status, ending.topic, ending.trace_id, ending.message_id)
+        await self._broker.publish(
+            subject, encode(record), headers={"Nats-Msg-Id": f"audit-{ending.message_id}"}
+        )
+
+
+def audit_record(ending: Event, ended_ms: int, stored: list[StoredMessage]) -> AuditRecord:
+    """The record of the message ``ending`` finished, from its stored events."""
+    events: list[tuple[float, Event]] = []
+    for message in stored:
+        try:
+            events.append((message.timestamp_ns / 1e6, decode_event(message.data)))
+        except DecodeError:
+            continue
+    if not events:
+        events = [(float(ended_ms), ending)]
+    first_ms = events[0][0]
+    received = ending.received_ms or first_ms
+    shown = [(t, e) for t, e in events if e.event != "progress"]
+    return AuditRecord(
+        message_id=ending.message_id,
+        trace_id=ending.trace_id,
+        topic=ending.topic,
+        priority=ending.priority,
+        status="dead_lettered" if ending.event == "dead_lettered" else "completed",
+        reason=ending.detail.get("reason") if ending.event == "dead_lettered" else None,
+        received_ms=int(received),
+        ended_ms=ended_ms,
+        attempts=max(e.attempt for _, e in events),
+        agents=list(
+            dict.fromkeys(e.agent_id for _, e in events if e.event == "routed" and e.agent_id)
+        ),
+        durations=_durations(events, received, ended_ms),
+        stages=[Stage(e.event, round(t - first_ms, 3), e.attempt, e.agent_id) for t, e in shown],
+        progress_events=len(events) - len(shown),
+        input=_input(events),
+        output=_output(ending),
+        error=_error(ending),
+    )
+
+
+def _durations(events: list[tuple[float, Event]], received: float, ended: float) -> Durations:
+    spent = {"queued": 0.0, "executing": 0.0, "retry_wait": 0.0}
+    routed = [t for t, e in events if e.event == "routed"]
+    phase, since = "", 0.0
+    for at, event in events:
+        if phase and (event.event in _ENDS_PHASE.get(phase, ()) or event.event == "routed"):
+            spent[phase] += at - since
+            phase = ""
+        if event.event in _PHASE_OF:
+            phase, since = _PHASE_OF[event.event], at
+    return Durations(
+        total=round(max(0.0, ended - received), 3),
+        intake=round(max(0.0, routed[0] - received), 3) if routed else 0.0,
+        **{k: round(v, 3) for k, v in spent.items()},
+    )
+
+
+def _input(events: list[tuple[float, Event]]) -> Summary | None:
+    for _, event in events:
+        if event.event in ("routed", "dead_lettered") and isinstance(
+            event.detail.get("input"), dict
+        ):
+            try:
+                return msgspec.convert(event.detail["input"], Summary)
+            except msgspec.ValidationError:
+                return None
+    return None
+
+
+def _output(ending: Event) -> Summary | None:
+    if ending.event == "dead_lettered":
+        return None
+    ref = ending.detail.get("result_ref")
+    if isinstance(ref, dict):
+        try:
+            return summarize(None, ref=msgspec.convert(ref, PayloadRef))
+        except msgspec.ValidationError:
+            return None
+    return summarize(ending.detail.get("result"))
+
+
+def _error(ending: Event) -> ErrorInfo | None:
+    error = ending.detail.get("error")
+    if not isinstance(error, dict):
+        return None
+    try:
+        return msgspec.convert(error, ErrorInfo)
+    except msgspec.ValidationError:
+        return None

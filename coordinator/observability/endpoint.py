@@ -1,0 +1,64 @@
+"""The coordinator's HTTP endpoint: ``/metrics`` for Prometheus, ``/healthz`` (the process
+answers) and ``/readyz`` (connected, provisioned, consuming) for probes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from agentreach.broker import Broker, PullConsumer
+from agentreach.coordinator.observability.http import Request, Response
+
+
+@dataclass
+class Readiness:
+    """Whether this replica can do its work now, and if not, why."""
+
+    broker: Broker
+    provisioned: bool = False
+    serving: bool = False  # every loop bound and every view loaded
+    consumers: Sequence[PullConsumer] = field(default_factory=list)
+
+    def why_not(self) -> str | None:
+        if not self.broker.connected:
+            return "not connected to NATS"
+        if not self.provisioned:
+            return "streams and buckets not provisioned yet"
+        if not self.serving:
+            return "starting: views loading, consumers binding"
+        failing = [c.spec.durable for c in self.consumers if c.failing]
+        if failing:
+            return f"consumers paused: {', '.join(failing)}"
+        return None
+
+    @property
+    def ready(self) -> bool:
+        return self.why_not() is None
+
+
+def endpoint(registry: CollectorRegistry, readiness: Readiness) -> Callable[..., object]:
+    """The request handler: ``/metrics``, ``/healthz``, ``/readyz``."""
+
+    async def handle(request: Request) -> Response:
+        if request.method not in ("GET", "HEAD"):
+            return Response.error(405, "only GET is served here")
+        match request.path:
+            case "/metrics":
+                # On the event loop, like every view it reads: no dict changes under it.
+                return Response(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            case "/healthz":
+                return Response(200, b"ok\n")
+            case "/readyz":
+                why = readiness.why_not()
+                if why is None:
+                    return Response(200, b"ready\n")
+                return Response(503, f"not ready: {why}\n".encode())
+            case "/":
+                text = "Agent-Reach coordinator: /metrics, /healthz, /readyz\n"
+                return Response(200, text.encode())
+            case _:
+                return Response.error(404, f"no {request.path} here: /metrics, /healthz, /readyz")
+
+    return handle

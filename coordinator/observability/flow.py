@@ -1,0 +1,264 @@
+"""Flow metrics: counters and histograms of what happened, each event counted once.
+
+The events are taken from ``REACH_EVENTS`` through one durable consumer that every
+coordinator replica shares (``coordinator-metrics``), so JetStream hands each event to one
+replica, which counts it and then acknowledges it. Each replica exports what it counted;
+the alert rules add the replicas up (``sum(rate(...))``). A replica that restarts starts
+from 0, which ``rate()`` reads as a counter reset; the consumer resumes where it stopped,
+so events published while no replica ran are counted late, never lost (the lag is
+``reach_metrics_feed_lag_seconds``). What a replica counted but nobody scraped before it
+died is lost with it: at most one scrape interval of that replica's share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from agentreach.broker import Delivery
+from agentreach.envelopes import DecodeError, Event, decode_event, now_ms
+
+OTHER_TOPIC = "_other"  # topics nobody serves: anyone may publish to reach.task.<anything>
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+REJECTIONS = ("backpressure", "rate_limited", "circuit_open")
+BREAKER_EVENTS = {
+    "breaker_opened": ("intent", "open"),
+    "breaker_half_open": ("intent", "half_open"),
+    "breaker_closed": ("intent", "closed"),
+    "agent_isolated": ("agent", "open"),
+    "isolation_trial": ("agent", "half_open"),
+    "agent_restored": ("agent", "closed"),
+}
+WORKFLOW_ENDS = {"workflow_completed", "workflow_failed", "workflow_cancelled"}
+# What the fold is handed: progress, the bulkiest kind, is not among them.
+FOLDED = (
+    "routed",
+    "accepted",
+    "completed",
+    "failed",
+    "dead_lettered",
+    "late_result_rejected",
+    "agent_state",
+    *BREAKER_EVENTS,
+    "workflow_started",
+    *sorted(WORKFLOW_ENDS),
+)
+
+
+class FlowMetrics:
+    """The counters and histograms of one replica, and the fold that feeds them."""
+
+    def __init__(self, registry: CollectorRegistry, known_topic: Callable[[str], bool]) -> None:
+        self._known_topic = known_topic
+        self.last_stored_ms = 0
+        self.behind = 0  # events the consumer still holds after the last one taken
+        r = registry
+        self.finished = Counter(
+            "reach_tasks_finished",
+            "Tasks that reached a final state, by outcome (completed, or the dead-letter reason).",
+            ["topic", "priority", "outcome"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "reach_latency_seconds",
+            "Reach latency: the broker's receipt of the task to its completed event.",
+            ["topic", "priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.execution = Histogram(
+            "reach_execution_seconds",
+            "Time inside the agent's handler, as the agent reported it.",
+            ["topic"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ack_latency = Histogram(
+            "reach_ack_latency_seconds",
+            "Dispatch to the agent's acknowledgement (time queued at the agent).",
+            ["priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.dispatches = Counter(
+            "reach_dispatches",
+            "Tasks sent to an agent's queue, retries included.",
+            ["topic", "priority"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "reach_retries",
+            "Dispatches that are retries or reassignments (attempt > 1).",
+            ["topic", "priority"],
+            registry=r,
+        )
+        self.attempts_failed = Counter(
+            "reach_attempts_failed",
+            "Attempts an agent reported as failed.",
+            ["topic", "retryable"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "reach_dead_letters",
+            "Messages written to REACH_DLQ, by reason.",
+            ["reason", "topic"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "reach_rejections",
+            "Tasks refused by protection: backpressure, rate limits, open breakers.",
+            ["kind", "topic"],
+            registry=r,
+        )
+        self.late_results = Counter(
+            "reach_late_results",
+            "Results fenced off because the task was reassigned meanwhile.",
+            ["topic"],
+            registry=r,
+        )
+        self.agent_transitions = Counter(
+            "reach_agent_transitions",
+            "Liveness transitions; a high OFFLINE rate means agents flap.",
+            ["state"],
+            registry=r,
+        )
+        self.breaker_transitions = Counter(
+            "reach_breaker_transitions",
+            "Circuit breaker (scope intent) and isolation (scope agent) transitions.",
+            ["scope", "to"],
+            registry=r,
+        )
+        self.workflows_started = Counter(
+            "reach_workflows_started", "Workflow instances started.", ["workflow"], registry=r
+        )
+        self.workflows_finished = Counter(
+            "reach_workflows_finished",
+            "Workflow instances ended, by status.",
+            ["workflow", "status"],
+            registry=r,
+        )
+        self.workflow_duration = Histogram(
+            "reach_workflow_duration_seconds",
+            "Start to end of a workflow instance.",
+            ["workflow", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.folded = Counter(
+            "reach_events_folded", "Events counted by this replica.", ["event"], registry=r
+        )
+        self.received = Counter(
+            "reach_tasks_received",
+            "Tasks taken in from reach.task.<topic> (first delivery, decoded).",
+            ["topic", "priority"],
+            registry=r,
+        )
+        self.intake_lag = Histogram(
+            "reach_intake_lag_seconds",
+            "How long a task waited in REACH_TASKS before a coordinator looked at it.",
+            ["priority"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.feed_lag = Gauge(
+            "reach_metrics_feed_lag_seconds",
+            "How far the counters are behind REACH_EVENTS (0 while caught up).",
+            registry=r,
+        )
+        self.feed_lag.set_function(self._lag_s)
+
+    def topic(self, topic: str) -> str:
+        """The topic as a label: only topics an agent or a workflow serves make series."""
+        return topic if self._known_topic(topic) else OTHER_TOPIC
+
+    # -- the fold ------------------------------------------------------------------------
+    async def handle(self, msg: Delivery) -> None:
+        """The ``coordinator-metrics`` consumer's handler: count one event."""
+        self.last_stored_ms, self.behind = msg.timestamp_ms, msg.pending
+        try:
+            event = decode_event(msg.data)
+        except DecodeError:
+            return  # not an event of ours: nothing to count
+        self.fold(event, msg.timestamp_ms)
+
+    def fold(self, event: Event, stored_ms: int) -> None:
+        """Count ``event``, stored by the broker at ``stored_ms``."""
+        kind, detail = event.event, event.detail
+        self.folded.labels(kind).inc()
+        topic, priority = self.topic(event.topic), event.priority
+        match kind:
+            case "routed":
+                self.dispatches.labels(topic, priority).inc()
+                if event.attempt > 1:
+                    self.retries.labels(topic, priority).inc()
+            case "accepted":
+                dispatched = _number(detail.get("dispatched_at_ms"))
+                if dispatched:
+                    self.ack_latency.labels(priority).observe(_seconds(stored_ms - dispatched))
+            case "completed":
+                self._completed(event, topic, stored_ms)
+                if (duration := _number(detail.get("duration_ms"))) is not None:
+                    self.execution.labels(topic).observe(duration / 1000)
+            case "failed":
+                error = detail.get("error")
+                retryable = not (isinstance(error, dict) and error.get("retryable") is False)
+                self.attempts_failed.labels(topic, str(retryable).lower()).inc()
+            case "dead_lettered":
+                self._dead_lettered(event, topic)
+            case "late_result_rejected":
+                self.late_results.labels(topic).inc()
+            case "agent_state":
+                self.agent_transitions.labels(str(detail.get("state", "UNKNOWN"))).inc()
+            case "workflow_started":
+                self.workflows_started.labels(topic).inc()
+            case _ if kind in BREAKER_EVENTS:
+                self.breaker_transitions.labels(*BREAKER_EVENTS[kind]).inc()
+            case _ if kind in WORKFLOW_ENDS:
+                self._workflow_ended(event, topic, stored_ms)
+
+    def _completed(self, event: Event, topic: str, stored_ms: int) -> None:
+        self.finished.labels(topic, event.priority, "completed").inc()
+        if event.received_ms:  # 0: an event from an agent that does not carry it
+            self.latency.labels(topic, event.priority).observe(
+                _seconds(stored_ms - event.received_ms)
+            )
+
+    def _dead_lettered(self, event: Event, topic: str) -> None:
+        reason = str(event.detail.get("reason", "unknown"))
+        self.finished.labels(topic, event.priority, reason).inc()
+        self.dead_letters.labels(reason, topic).inc()
+        error = event.detail.get("error")
+        kind = error.get("type") if isinstance(error, dict) else None
+        if reason == "rejected" and kind in REJECTIONS:
+            self.rejections.labels(kind, topic).inc()
+
+    def _workflow_ended(self, event: Event, topic: str, stored_ms: int) -> None:
+        status = event.event.removeprefix("workflow_")
+        self.workflows_finished.labels(topic, status).inc()
+        if (duration := _number(event.detail.get("duration_ms"))) is not None:
+            self.workflow_duration.labels(topic, status).observe(duration / 1000)
+        if status == "completed":
+            # The workflow's own task completed (a failed one is dead-lettered, and counted so).
+            self._completed(event, topic, stored_ms)
+
+    # -- counted in intake ---------------------------------------------------------------
+    def taken_in(self, topic: str, priority: str, stored_ms: int) -> None:
+        """A task decoded in intake on its first delivery, stored at ``stored_ms``."""
+        self.received.labels(self.topic(topic), priority).inc()
+        self.intake_lag.labels(priority).observe(_seconds(now_ms() - stored_ms))
+
+    def _lag_s(self) -> float:
+        if not self.behind or not self.last_stored_ms:
+            return 0.0
+        return _seconds(now_ms() - self.last_stored_ms)
+
+
+def _seconds(ms: float) -> float:
+    return max(0.0, ms / 1000)
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

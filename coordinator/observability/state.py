@@ -1,0 +1,220 @@
+"""State metrics: gauges of how things are now, computed when Prometheus scrapes.
+
+Every replica holds the same views (agents and liveness, breakers, queue depths, workflows
+in flight), so every replica exports the same values and the rules take ``max``, never
+``sum``. The gauges are computed from the views at scrape time (no ``set()`` from handlers),
+so an agent that leaves drops out of the output by itself. A replica that is not ready
+exports none of them: before its views are loaded it would report zeros, and ``max``
+cannot tell a zero from a truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import structlog
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from agentreach.broker import Broker, BrokerError
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.streams import consumer_backlog, subject_counts
+from agentreach.coordinator.observability.census import WorkflowCensus
+from agentreach.coordinator.protection.queues import QueueDepths
+from agentreach.coordinator.routing.directory import AgentDirectory
+from agentreach.envelopes import PRIORITIES, BreakerRecord
+
+log = structlog.get_logger("coordinator.metrics")
+
+LIVENESS_STATES = ("UNKNOWN", "ONLINE", "SUSPECT", "OFFLINE", "STOPPED")
+BREAKER_STATES = ("closed", "open", "half_open")
+SAMPLE_S = 5.0
+
+
+@dataclass
+class Views:
+    """What the gauges read; the coordinator's own views (or a dashboard's copies)."""
+
+    directory: AgentDirectory
+    breakers: Callable[[], dict[str, BreakerRecord]]
+    queues: QueueDepths
+    census: WorkflowCensus
+    ready: Callable[[], bool]
+    lease_held: Callable[[], bool] = lambda: False
+    info: dict[str, str] = field(default_factory=dict)
+
+
+class Sampled:
+    """Numbers read from the broker every few seconds rather than at each scrape."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self.intake_backlog: int | None = None
+        self.dlq_by_reason: dict[str, int] = {}
+
+    async def run(self) -> None:
+        while True:
+            honour_cancellation()
+            try:
+                await self.sample()
+            except BrokerError as exc:
+                log.debug("cannot sample stream sizes", error=str(exc))
+            await asyncio.sleep(SAMPLE_S)
+
+    async def sample(self) -> None:
+        names = self._broker.names
+        self.intake_backlog = await consumer_backlog(
+            self._broker, names.tasks_stream, names.coordinator_intake
+        )
+        counts = await subject_counts(self._broker, names.dlq_stream, names.dlq_wildcard)
+        by_reason: dict[str, int] = {}
+        start = len(names.prefix) + len(".dlq.")
+        for subject, count in counts.items():
+            reason = subject[start:].split(".", 1)[0]
+            by_reason[reason] = by_reason.get(reason, 0) + count
+        self.dlq_by_reason = by_reason
+
+
+class StateCollector(Collector):
+    """Yields the state gauges from the views, at each scrape."""
+
+    def __init__(self, views: Views, sampled: Sampled) -> None:
+        self._views = views
+        self._sampled = sampled
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []  # computed at collection: nothing to describe ahead
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        views = self._views
+        ready = views.ready()
+        yield _gauge(
+            "reach_coordinator_ready", "1 when /readyz would answer 200.", [], [([], ready)]
+        )
+        info = sorted(views.info.items())
+        yield _gauge(
+            "reach_coordinator_info",
+            "This replica's identity.",
+            [k for k, _ in info],
+            [([v for _, v in info], 1)],
+        )
+        yield _gauge(
+            "reach_lease_held",
+            "1 on the replica that runs a duty; the sum over replicas should be 1.",
+            ["duty"],
+            [(["liveness"], views.lease_held())],
+        )
+        if not ready:
+            return
+        yield from self._queues()
+        yield from self._agents()
+        yield from self._breakers()
+        yield from self._workflows()
+        yield from self._sampled_gauges()
+
+    def _queues(self) -> Iterator[GaugeMetricFamily]:
+        queues = self._views.queues
+        # Every running agent at every priority, so an empty queue reads 0, not "no data".
+        running = [
+            c.agent_id for c in self._views.directory.cards.values() if c.status == "running"
+        ]
+        slots = sorted(queues.slots() | {(a, p) for a in running for p in PRIORITIES})
+        yield _gauge(
+            "reach_queue_depth",
+            "Messages queued or unacknowledged in an agent's dispatch subject.",
+            ["agent", "priority"],
+            [([a, p], queues.depth(a, p)) for a, p in slots],
+        )
+        yield _gauge(
+            "reach_queue_capacity",
+            "Per-agent queue capacity at this priority (enforced by the broker).",
+            ["priority"],
+            [([p], queues.capacity(p)) for p in PRIORITIES],
+        )
+        yield _gauge(
+            "reach_queue_above_watermark",
+            "1 while the router does not feed this queue (above high, not yet below low).",
+            ["agent", "priority"],
+            [([a, p], queues.why_full(a, p) is not None) for a, p in slots],
+        )
+
+    def _agents(self) -> Iterator[GaugeMetricFamily]:
+        directory = self._views.directory
+        counts = dict.fromkeys(LIVENESS_STATES, 0)
+        quarantined = 0
+        for card in directory.cards.values():
+            judged = directory.liveness.get(card.agent_id)
+            if card.status != "running":
+                counts["STOPPED"] += 1
+            else:
+                counts[judged.state if judged else "UNKNOWN"] += 1
+            quarantined += bool(judged and judged.quarantined)
+        yield _gauge(
+            "reach_agents",
+            "Registered agents by liveness state (STOPPED: stopped on purpose).",
+            ["state"],
+            [([s], n) for s, n in counts.items()],
+        )
+        yield _gauge(
+            "reach_agents_quarantined",
+            "Agents quarantined for flapping (`reach agents clear ID` lifts it).",
+            [],
+            [([], quarantined)],
+        )
+
+    def _breakers(self) -> Iterator[GaugeMetricFamily]:
+        records = self._views.breakers()
+        isolated = sum(1 for r in records.values() if not r.intent and r.state != "closed")
+        yield _gauge(
+            "reach_isolated_agents",
+            "Agents isolated after consecutive failures (open or half-open).",
+            [],
+            [([], isolated)],
+        )
+        samples = [
+            ([r.agent_id, r.intent, state], r.state == state)
+            for r in sorted(records.values(), key=lambda r: r.key)
+            for state in BREAKER_STATES
+        ]
+        yield _gauge(
+            "reach_breaker_state",
+            'Breaker state per (agent, intent), one-hot; intent="" is the agent\'s isolation.',
+            ["agent", "intent", "state"],
+            samples,
+        )
+
+    def _workflows(self) -> Iterator[GaugeMetricFamily]:
+        counts = self._views.census.by_status()
+        yield _gauge(
+            "reach_workflows",
+            "Workflow instances in flight.",
+            ["workflow", "status"],
+            [([w, s], n) for (w, s), n in sorted(counts.items())],
+        )
+
+    def _sampled_gauges(self) -> Iterator[GaugeMetricFamily]:
+        backlog = self._sampled.intake_backlog
+        if backlog is not None:
+            yield _gauge(
+                "reach_intake_pending",
+                "Tasks in REACH_TASKS not routed yet (pending or being handled).",
+                [],
+                [([], backlog)],
+            )
+        yield _gauge(
+            "reach_dlq_messages",
+            "Dead letters kept in REACH_DLQ, by reason.",
+            ["reason"],
+            [([r], n) for r, n in sorted(self._sampled.dlq_by_reason.items())],
+        )
+
+
+def _gauge(
+    name: str, help: str, labels: list[str], samples: list[tuple[list[str], float]]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, float(value))
+    return family

@@ -1,0 +1,16 @@
+"""Workflows built in Python, as the README writes them:
+
+    from agentreach.coordinator import workflow as wf         # or
+    from agentreach.coordinator.workflow import chain, step
+
+    WORKFLOWS = {"article": wf.chain(wf.step("plan", "plan"), wf.step("write", "write"))}
+
+Serve them with ``reach up --workflows mymodule:WORKFLOWS`` (or ``reach coordinator``), or
+``Coordinator(broker, CoordinatorConfig(workflows=WORKFLOWS))``. The functions are those of
+:mod:`agentreach.coordinator.workflows.builder`.
+"""
+
+from agentreach.coordinator.workflows.builder import chain, fanout, go, machine, state, step, steps
+from agentreach.coordinator.workflows.spec import Join, WorkflowSpec
+
+__all__ = ["Join", "WorkflowSpec", "chain", "fanout", "go", "machine", "state", "step", "steps"]

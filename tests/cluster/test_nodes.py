@@ -1,0 +1,83 @@
+"""A cluster as a user meets it: processes connected to different nodes work together, and
+`reach up --cluster 3` gives a development cluster in one command."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+from pathlib import Path
+
+from agentreach import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, EmbeddedCluster
+from agentreach.coordinator import Coordinator
+from tests.cli.conftest import reach_command, run
+from tests.conftest import FAST
+
+SERVING = re.compile(r"coordinator serving on (\S+)")
+
+
+async def test_an_agent_and_the_coordinator_on_different_nodes(tmp_path: Path):
+    """The coordinator on n1, the agent on n2 and the caller on n3: a task is routed, run and
+    answered across the cluster's routes."""
+    agent = Agent("far-away", startup_delay=0)
+
+    @agent.handler("where", capacity=2)
+    async def where(ctx: TaskContext, payload: dict) -> dict:
+        return {"asked_on": payload["node"]}
+
+    async with (
+        EmbeddedCluster(3, store_dir=tmp_path / "cluster") as cluster,
+        Broker(cluster.url_of(0), name="coordinator") as on_n1,
+        Coordinator(on_n1, FAST).running(),
+        Broker(cluster.url_of(1), name="agent") as on_n2,
+        agent.running(broker=on_n2),
+        ReachClient(cluster.url_of(2), name="caller") as on_n3,
+    ):
+        result = await on_n3.invoke("where", {"node": "n3"}, execute_deadline_ms=10_000)
+        servers = {on_n1.server, on_n2.server, on_n3.broker.server}
+    assert result == {"asked_on": "n3"}
+    assert len(servers) == 3, servers
+
+
+async def test_reach_up_cluster_starts_three_nodes_and_provisions_r3(tmp_path: Path):
+    """`reach up --cluster 3` starts three nodes on loopback, says the seed list to export,
+    and provisions every stream with three replicas."""
+    process = await asyncio.create_subprocess_exec(
+        reach_command(),
+        "up",
+        "--cluster",
+        "3",
+        "--port",
+        "-1",
+        "--data-dir",
+        str(tmp_path / "cluster"),
+        "--log-format",
+        "json",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env={k: v for k, v in os.environ.items() if k != "NATS_URL"},
+        start_new_session=True,
+    )
+    try:
+        lines: list[str] = []
+        assert process.stderr is not None
+        async with asyncio.timeout(60):
+            while not (serving := SERVING.search("\n".join(lines[-1:]))):
+                line = await process.stderr.readline()
+                assert line, "reach up exited:\n" + "\n".join(lines[-20:])
+                lines.append(line.decode().rstrip())
+        exported = next(line for line in lines if "export NATS_URL=" in line)
+        seeds = exported.split("export NATS_URL=")[1].strip()
+        provisioned = await run(reach_command(), "provision", "--nats-url", seeds)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 30)
+    assert serving.group(1) == seeds and len(seeds.split(",")) == 3
+    assert provisioned.returncode == 0, provisioned.stderr
+    head, *rows = provisioned.stdout.splitlines()
+    assert head.startswith("replicas: auto → 3;")
+    assert {tuple(row.split()[1:3]) for row in rows} == {("unchanged", "R3")}
+    assert process.returncode in (0, -signal.SIGTERM)

@@ -1,0 +1,128 @@
+"""The coordinator's Prometheus metrics, health and readiness, against a real nats-server."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker
+from agentreach.broker.lifecycle import emit, event_for
+from agentreach.coordinator import Coordinator
+from agentreach.coordinator.observability import MetricsConfig
+from agentreach.envelopes import Task
+from tests.conftest import FAST
+from tests.scrape import http_get, scrape, total
+from tests.support import Watcher, until_true
+
+WITH_METRICS = msgspec.structs.replace(FAST, metrics=MetricsConfig(port=0))
+
+
+def agents() -> tuple[Agent, Agent]:
+    good = Agent("metrics-good", startup_delay=0)
+
+    @good.handler("double", capacity=8)
+    async def double(ctx: TaskContext, payload: dict) -> dict:
+        return {"n": payload["n"] * 2}
+
+    bad = Agent("metrics-bad", startup_delay=0)
+
+    @bad.handler("explode", capacity=8, max_attempts=1)
+    async def explode(ctx: TaskContext, payload: dict) -> dict:
+        raise RuntimeError("always fails")
+
+    return good, bad
+
+
+@contextlib.asynccontextmanager
+async def replica(broker: Broker) -> AsyncIterator[Coordinator]:
+    async with (
+        Broker(broker.url, names=broker.names, name="coordinator") as own,
+        Coordinator(own, WITH_METRICS).running() as running,
+    ):
+        yield running
+
+
+async def test_two_replicas_count_each_event_once(broker, watcher: Watcher):
+    """With two replicas, the sum of their counters is exact, and their gauges agree."""
+    good, bad = agents()
+    async with (
+        replica(broker) as first,
+        replica(broker) as second,
+        good.running(broker=broker),
+        bad.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        ids = [await client.publish("double", {"n": i}) for i in range(12)]
+        ids += [await client.publish("explode", {}) for _ in range(3)]
+        for message_id, _ in ids[:12]:
+            await watcher.event("completed", message_id=message_id)
+        for message_id, _ in ids[12:]:
+            await watcher.dead_letter("retries_exhausted", message_id=message_id)
+
+        async def counted() -> list[dict] | None:
+            found = [await scrape(first.metrics_url), await scrape(second.metrics_url)]
+            done = sum(total(f, "reach_tasks_finished_total") for f in found)
+            return found if done >= 15 else None
+
+        found = await until_true(counted)
+    finished = [total(f, "reach_tasks_finished_total", topic="double") for f in found]
+    assert sum(finished) == 12
+    failed = sum(
+        total(f, "reach_tasks_finished_total", topic="explode", outcome="retries_exhausted")
+        for f in found
+    )
+    assert failed == 3
+    assert sum(total(f, "reach_latency_seconds_count", topic="double") for f in found) == 12
+    assert sum(total(f, "reach_dispatches_total") for f in found) == 15
+    assert sum(total(f, "reach_tasks_received_total") for f in found) == 15
+    assert sum(total(f, "reach_intake_lag_seconds_count") for f in found) == 15
+    for f in found:  # state is the same on every replica: the rules take max
+        assert total(f, "reach_queue_capacity", priority="P1") == 200
+        assert total(f, "reach_agents", state="STOPPED") == 0
+        assert total(f, "reach_coordinator_ready") == 1
+
+
+async def test_a_restarted_replica_counts_from_zero_and_misses_nothing(broker, watcher):
+    """Counters restart at 0 (no history replayed), and events stored while no replica ran
+    are counted by the next one."""
+    good, _ = agents()
+    async with good.running(broker=broker), ReachClient(broker=broker) as client:
+        async with replica(broker) as first:
+            for i in range(3):
+                await client.invoke("double", {"n": i})
+            await until_true(lambda: _finished(first.metrics_url, 3), timeout=10)
+        # No replica runs: an event stored now waits in the consumer.
+        late = Task(v=1, message_id="late-1", trace_id="late-1", topic="double", received_ms=1)
+        await emit(broker, event_for(late, "completed", agent_id="metrics-good", duration_ms=5))
+        async with replica(broker) as second:
+            await client.invoke("double", {"n": 9})
+            found = await until_true(lambda: _finished(second.metrics_url, 2), timeout=10)
+    assert total(found, "reach_tasks_finished_total", topic="double") == 2  # not 5
+
+
+async def _finished(url: str, at_least: int) -> dict | None:
+    found = await scrape(url)
+    return found if total(found, "reach_tasks_finished_total") >= at_least else None
+
+
+async def test_health_and_readiness(broker):
+    """/healthz answers while the process runs; /readyz once connected, provisioned and
+    consuming; /metrics carries the five metrics' families."""
+    async with replica(broker) as running:
+        url = running.metrics_url
+        assert await http_get(url + "healthz") == (200, "ok\n")
+        assert await http_get(url + "readyz") == (200, "ready\n")
+        status, body = await http_get(url + "nowhere")
+        assert status == 404 and "metrics" in body
+        found = await scrape(url)
+        assert total(found, "reach_isolated_agents") == 0
+        assert ("reach_metrics_feed_lag_seconds", ()) in found
+        running.readiness.serving = False  # as while its views load
+        status, body = await http_get(url + "readyz")
+        assert status == 503 and "starting" in body
+        gauges = await scrape(url)
+        assert total(gauges, "reach_coordinator_ready") == 0
+        assert not any(name == "reach_isolated_agents" for name, _ in gauges)

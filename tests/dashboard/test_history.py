@@ -1,0 +1,60 @@
+"""The dashboard's own fold: the five metrics' definitions and the alert states."""
+
+from __future__ import annotations
+
+from agentreach.dashboard.history import History, judge, quantile
+from agentreach.envelopes import Event
+
+
+def event(kind: str, *, attempt: int = 1, received_ms: int = 0, **detail: object) -> Event:
+    return Event(
+        v=1,
+        event=kind,
+        message_id="m",
+        trace_id="t",
+        topic="x",
+        attempt=attempt,
+        received_ms=received_ms,
+        detail=detail,
+    )
+
+
+def test_quantile_interpolates_like_histogram_quantile():
+    """Linear within the bucket that holds the rank; the top finite bound past the last."""
+    counts = [0] * 16
+    counts[3] = 100  # everything in (0.025, 0.05]
+    assert abs(quantile(0.5, counts) - 0.0375) < 1e-9
+    assert quantile(0.99, [0] * 16) is None
+    assert quantile(0.99, [0] * 15 + [5]) == 300.0
+
+
+def test_success_and_retry_rates_follow_the_rules_definitions():
+    """Success = completed ÷ finished except invalid_envelope; retries ÷ dispatches; 5 min."""
+    history = History(step_s=10, window_s=600, period_s=60)
+    now = 1_000_000_000
+    for _ in range(3):
+        history.fold(event("completed", received_ms=now - 50), now)
+    history.fold(event("dead_lettered", reason="retries_exhausted"), now)
+    history.fold(event("dead_lettered", reason="invalid_envelope"), now)  # the sender's mistake
+    history.fold(event("routed"), now)
+    history.fold(event("routed", attempt=2), now)
+    history.sample(now, queue_fill=0.25, isolated=1)
+    values = history.values(now)
+    assert values["success_rate"] == 0.75
+    assert values["retry_rate"] == 0.5
+    assert values["queue_fill"] == 0.25 and values["isolated_agents"] == 1
+    assert 0.025 < values["p99_latency"] <= 0.05
+    assert history.values(now + 400_000)["success_rate"] is None  # out of the 5 minutes
+
+
+def test_alert_states_wait_out_their_for():
+    """Crossed for less than `for`: pending; for longer: firing; isolated fires at once."""
+    step = 10_000
+    low = [[t * step, 0.9] for t in range(20)]  # 190 s below 99.5 %
+    assert judge("success_rate", low[:10], None)[0] == "pending"  # 90 s < 2 min
+    state, since = judge("success_rate", low, None)
+    assert state == "firing" and since == 0
+    assert judge("isolated_agents", [[0, 0], [step, 1]], None)[0] == "firing"
+    assert judge("retry_rate", [[0, None]], None)[0] == "no_data"
+    assert judge("p99_latency", [[0, 2.0]], 1.0)[0] == "pending"
+    assert judge("p99_latency", [[0, 1.2]], 1.0)[0] == "ok"

@@ -1,0 +1,106 @@
+"""Large payloads through the Object Store (claim check), audit records of finished
+messages, and the W3C traceparent carried to every hop."""
+
+from __future__ import annotations
+
+import msgspec
+
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import read_stream
+from agentreach.envelopes import AuditRecord, decode_as, decode_task
+from agentreach.envelopes import headers as h
+from tests.support import until_true
+
+BIG = "x" * 300_000  # over the 256 KiB threshold, under NATS's 1 MiB
+
+
+def mirror() -> Agent:
+    agent = Agent("claim-mirror", startup_delay=0)
+
+    @agent.handler("mirror", capacity=4)
+    async def echo(ctx: TaskContext, payload: dict) -> dict:
+        return {"length": len(payload["text"]), "text": payload["text"], "tp": ctx.traceparent}
+
+    @agent.handler("fan", capacity=4)
+    async def fan(ctx: TaskContext, payload: dict) -> dict:
+        child = ctx.child_task("mirror", {"text": "small"})
+        return {"child_traceparent": child.traceparent, "mine": ctx.traceparent}
+
+    return agent
+
+
+async def test_large_payloads_and_results_travel_by_reference(broker, coordinator, watcher):
+    """A 300 KB payload and result go through the Object Store: the handler and the caller
+    see the values, the wire carries references."""
+    async with mirror().running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke("mirror", {"text": BIG}, execute_deadline_ms=10_000)
+        completed = await watcher.event("completed", topic="mirror")
+    assert result["length"] == len(BIG) and result["text"] == BIG
+    assert "result" not in completed.detail
+    ref = completed.detail["result_ref"]
+    assert ref["bucket"] == broker.names.payloads_bucket and ref["size"] > 300_000
+    routed = await watcher.event("routed", topic="mirror")
+    assert routed.detail["input"]["bytes"] > 300_000
+    assert routed.detail["input"]["ref"]["name"].endswith("/payload")
+
+
+async def test_a_large_nats_pub_body_is_claim_checked_at_intake(broker, coordinator, watcher):
+    """A bare body over the threshold is stowed by intake, so the agent's queue holds a
+    reference; the agent still gets the whole payload."""
+    body = msgspec.json.encode({"text": BIG})
+    async with mirror().running(broker=broker):
+        await broker.publish(broker.names.task("mirror"), body, headers={h.MSG_ID: "big-pub"})
+        completed = await watcher.event("completed", message_id="big-pub", timeout=20)
+    assert completed.detail["result_ref"]["size"] > 300_000
+
+
+async def test_every_finished_message_has_one_audit_record(broker, coordinator, watcher):
+    """A completed and a dead-lettered message each get one compact record in REACH_AUDIT:
+    stages, durations, input and output summaries, status."""
+    names = broker.names
+    async with mirror().running(broker=broker), ReachClient(broker=broker) as client:
+        await client.invoke("mirror", {"text": "hello"}, trace_id="audited")
+        lost, _ = await client.publish("nobody_serves", {"a": 1})
+        await watcher.dead_letter("no_route", message_id=lost)
+
+        async def records() -> list[AuditRecord] | None:
+            stored = await read_stream(broker, names.audit_stream, names.audit_wildcard)
+            found = [decode_as(m.data, AuditRecord) for m in stored]
+            return found if len(found) >= 2 else None
+
+        found = await until_true(records)
+    done = next(r for r in found if r.status == "completed")
+    assert done.trace_id == "audited" and done.topic == "mirror"
+    assert [s.event for s in done.stages] == ["routed", "accepted", "completed"]
+    assert done.agents == ["claim-mirror"] and done.attempts == 1
+    assert done.durations.total >= done.durations.executing > 0
+    assert done.input is not None and done.input.preview == '{"text":"hello"}'
+    assert done.output is not None and '"length":5' in done.output.preview
+    letter = next(r for r in found if r.status == "dead_lettered")
+    assert letter.reason == "no_route" and letter.message_id == lost
+    assert letter.error is not None and letter.error.type == "no_route"
+    assert letter.input is not None and letter.input.bytes == len('{"a":1}')
+    assert len(found) == 2  # one each, no duplicates
+
+
+async def test_traceparent_is_accepted_and_carried_to_every_hop(broker, coordinator, watcher):
+    """A `traceparent` header on intake: the trace id becomes the Reach trace id, the agent
+    sees a traceparent of the same trace, and a child task carries it on."""
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    header = f"00-{trace}-00f067aa0ba902b7-01"
+    sub = await broker.subscribe(broker.names.dispatch("claim-mirror", "P1"))
+    async with mirror().running(broker=broker):
+        await broker.publish(
+            broker.names.task("fan"), b"{}", headers={h.MSG_ID: "traced-1", "traceparent": header}
+        )
+        completed = await watcher.event("completed", message_id="traced-1")
+        dispatched = await sub.next(timeout_s=5)
+    await sub.close()
+    assert completed.trace_id == trace  # `reach trace <W3C trace id>` finds it
+    mine = completed.detail["result"]["mine"]
+    child = completed.detail["result"]["child_traceparent"]
+    assert mine.split("-")[1] == trace and mine != header  # the dispatch is its own hop
+    assert child.split("-")[1] == trace and child != mine
+    task = decode_task(dispatched.data)
+    assert task.traceparent == mine and dispatched.headers["traceparent"] == mine
+    assert task.received_ms > 0

@@ -1,0 +1,124 @@
+"""The live dashboard in a real headless Chromium, against a running system; the screenshot
+is kept as a test artifact (``artifacts/dashboard.png``, or under ``$REACH_ARTIFACTS``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from agentreach.agents import ReachClient
+from agentreach.coordinator.observability import HttpServer
+from agentreach.dashboard import Board, DashboardApp, History, render
+from agentreach.examples.echo import agent as echo_agent
+from agentreach.examples.failing import agent as failing_agent
+from agentreach.examples.summarize import agent as summarizer
+from tests.e2e.browser import FIVE, Browser, chromium
+from tests.scrape import http_get
+
+REPO = Path(__file__).parents[2]
+
+
+def _artifacts() -> Path:
+    folder = Path(os.environ.get("REACH_ARTIFACTS") or REPO / "artifacts")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _browser() -> str:
+    found = chromium()
+    if found is None:
+        if os.environ.get("CI") or os.environ.get("REACH_REQUIRE_CHROMIUM") == "1":
+            pytest.fail("CI needs chromium (Debian: apt-get install chromium)")
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    return found
+
+
+async def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
+    rest = url.removeprefix("http://")
+    hostport, _, path = rest.partition("/")
+    host, _, port = hostport.partition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    writer.write(
+        f"POST /{path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Length: {len(body)}\r\n"
+        f"Content-Type: application/json\r\n{head}\r\n".encode()
+        + body
+    )
+    raw = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    await writer.wait_closed()
+    status, _, rest_ = raw.partition(b"\r\n\r\n")
+    return int(status.split()[1]), json.loads(rest_)
+
+
+def _live(facts: dict) -> bool:
+    metrics = facts.get("metrics") or {}
+    return (
+        facts.get("live") == "live"
+        and facts.get("updates", 0) >= 2
+        and all(key in metrics for key in FIVE)
+        and {"summarizer-1", "failing-1", "echo-1"} <= set(facts.get("agents", []))
+        and "isolated" in (facts.get("agentText") or {}).get("failing-1", "")
+        and metrics["success_rate"]["value"] not in ("", None)
+        and float(metrics["success_rate"]["value"]) < 1
+        and facts.get("traceDrawn")
+        and len(facts.get("deadLetterReasons", [])) >= 1
+    )
+
+
+async def test_the_dashboard_shows_a_running_system_live(broker, coordinator, watcher):
+    """Chromium renders the five metrics (success below 100 % with an agent that fails every
+    task), the agents with the failing one isolated, dead letters by reason, a trace drawn
+    on its timeline, and applies live updates; a replay needs X-Reach-Request."""
+    executable = _browser()
+    async with (
+        summarizer.running(broker=broker),
+        failing_agent.running(broker=broker),
+        echo_agent.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        done = [await client.publish("summarize", {"text": f"Fast. Run {i}."}) for i in range(4)]
+        failed = [await client.publish("unreliable", {"n": i}) for i in range(3)]
+        for message_id, _ in done:
+            await watcher.event("completed", message_id=message_id)
+        for message_id, _ in failed:  # retries exhausted, or refused once it is isolated
+            await watcher.event("dead_lettered", message_id=message_id)
+        await watcher.event("agent_isolated")
+        history = History(step_s=1, window_s=120, period_s=30)
+        async with (
+            Board(broker, history, version="test") as board,
+            HttpServer(DashboardApp(board, tick_s=0.25)) as server,  # type: ignore[arg-type]
+        ):
+            shot = _artifacts() / "dashboard.png"
+            url = f"{server.url}#trace={done[0][0]}"
+
+            def look() -> dict:
+                with Browser(executable, 1400, 1100) as browser:
+                    session = browser.open(url)
+                    facts = browser.wait_for(session, _live, timeout=40)
+                    browser.screenshot(session, shot)
+                    return facts
+
+            facts = await asyncio.to_thread(look)
+            print(f"\ndashboard screenshot: {shot}")
+            assert _live(facts), facts
+            assert facts["traceId"] == done[0][1]
+            assert facts["metrics"]["isolated_agents"]["state"] == "firing"
+            assert facts["letters"] >= 3 and facts["replayButtons"] >= 3
+            assert shot.stat().st_size > 10_000
+
+            letter = f"{server.url}api/dlq/{failed[0][0]}/replay"
+            refused, body = await _post(letter, b"{}", {})
+            assert refused == 403 and "X-Reach-Request" in body["error"]
+            accepted, body = await _post(letter, b"{}", {"X-Reach-Request": "1"})
+            assert accepted == 202 and body["replay_of"] == failed[0][0]
+            replayed = await watcher.event("replayed", message_id=failed[0][0])
+            assert replayed.detail["replayed_as"] == body["message_id"]
+            status, text = await http_get(f"{server.url}api/trace/nothing-here")
+            assert status == 404 and "no events" in text
+            terminal = render(board.snapshot())
+    assert "Success rate" in terminal and "failing-1" in terminal and "ISOLATED" in terminal
