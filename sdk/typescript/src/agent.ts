@@ -8,6 +8,7 @@ import type { ConnectionOptions } from "nats";
 
 import { TOKEN } from "./codec.js";
 import { Connection } from "./connection.js";
+import { DEFAULT_CLAIM_CHECK_BYTES } from "./claimcheck.js";
 import { AgentConfigError, ReachError } from "./errors.js";
 import { jsonLogger } from "./log.js";
 import type { Logger } from "./log.js";
@@ -39,6 +40,11 @@ export interface AgentOptions {
   logger?: Logger;
   /** Timeout of each JetStream request (default 5 000). */
   requestTimeoutMs?: number;
+  /**
+   * Results whose JSON is larger than this many bytes go to the Object Store, the reply
+   * carrying a reference (default 262 144: 256 KiB).
+   */
+  claimCheckBytes?: number;
   /**
    * A `.creds` file (a secured deployment): default `$NATS_CREDS`. Replies then come under
    * the inbox prefix `_INBOX_<name>` of the creds' user, which nobody else may read.
@@ -78,6 +84,7 @@ export class Agent {
   readonly startupDelayMs: number;
   readonly ackWaitMs: number;
   readonly maxDeliver: number;
+  readonly claimCheckBytes: number;
   readonly rateLimit: RateLimit | null;
   readonly names: Names;
   readonly creds: string | null;
@@ -115,6 +122,7 @@ export class Agent {
     this.creds = options.creds ?? process.env.NATS_CREDS ?? null;
     this.log = options.logger ?? jsonLogger("info");
     this.requestTimeoutMs = positive("requestTimeoutMs", options.requestTimeoutMs ?? 5_000);
+    this.claimCheckBytes = positive("claimCheckBytes", options.claimCheckBytes ?? DEFAULT_CLAIM_CHECK_BYTES);
   }
 
   /** Register `fn` as the handler of `topic`. */
@@ -217,6 +225,7 @@ export class Agent {
         handlers: this.handlers,
         card: () => this.card(),
         capacity: this.capacity,
+        claimCheckBytes: this.claimCheckBytes,
       },
       conn,
       this.log,

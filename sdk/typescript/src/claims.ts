@@ -15,7 +15,7 @@ import { decodeJson, encode, nowMs } from "./codec.js";
 import { isWrongLastSequence } from "./connection.js";
 import type { Logger } from "./log.js";
 import { sleep } from "./timing.js";
-import type { ErrorInfo, Execution, Task } from "./types.js";
+import type { ErrorInfo, Execution, PayloadRef, Task } from "./types.js";
 
 const RECORD_TRIES = 6; // about 8 s of broker trouble before the delivery is handed back
 const RECORD_BACKOFF_MS = 250;
@@ -57,6 +57,8 @@ export type Claim = Claimed | AlreadyDone | Busy;
 export interface Outcome {
   claim: Claimed;
   result?: unknown;
+  /** The result, claim-checked when it was large (then `result` is null). */
+  resultRef?: PayloadRef | null;
   error?: ErrorInfo;
   durationMs: number;
 }
@@ -141,7 +143,7 @@ export class Claims {
   private async write(task: Task, outcome: Outcome): Promise<boolean> {
     const record =
       outcome.error === undefined
-        ? this.recordOf(task, "done", { result: outcome.result ?? null })
+        ? this.recordOf(task, "done", { result: outcome.result ?? null, result_ref: outcome.resultRef ?? null })
         : this.recordOf(task, "failed", { error: outcome.error });
     try {
       await this.kv.update(this.key(task), encode(record), outcome.claim.revision);
@@ -210,6 +212,7 @@ export class Claims {
       attempt: task.attempt,
       lease_until_ms: 0,
       result: null,
+      result_ref: null,
       error: null,
       finished_at_ms: state === "running" ? 0 : nowMs(),
       caller: task.caller ?? null,

@@ -4,7 +4,7 @@ import { createHash, randomBytes } from "node:crypto";
 
 import { DecodeError } from "./errors.js";
 import { PRIORITIES } from "./types.js";
-import type { Budget, Priority, Task } from "./types.js";
+import type { Budget, PayloadRef, Priority, Task } from "./types.js";
 
 /** Ids and topics become subject tokens, so they may not hold dots, wildcards or spaces. */
 export const TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
@@ -65,6 +65,9 @@ export function decodeTask(data: Uint8Array): Task {
     replay_of: r.optional("replay_of", null, nullableString),
     caller: r.optional("caller", null, nullableToken),
     headers: r.optional("headers", {}, stringMap),
+    received_ms: r.optional("received_ms", 0, (v, at) => int(v, at, {})),
+    traceparent: r.optional("traceparent", null, nullableString),
+    payload_ref: r.optional("payload_ref", null, nullablePayloadRef),
   };
 }
 
@@ -170,6 +173,26 @@ function budget(value: unknown, at: string): Budget {
     ack_ms: r.optional("ack_ms", DEFAULT_BUDGET.ack_ms, positive),
     execute_ms: r.optional("execute_ms", DEFAULT_BUDGET.execute_ms, positive),
   };
+}
+
+/** A claim check: where a payload too large to travel inline is kept. */
+function nullablePayloadRef(value: unknown, at: string): PayloadRef | null {
+  if (value === null) return null;
+  const r = new Reader(value, at);
+  r.object();
+  return {
+    bucket: r.required("bucket", string),
+    name: r.required("name", string),
+    size: r.required("size", (v, where) => int(v, where, {})),
+    sha256: r.required("sha256", string),
+  };
+}
+
+function string(value: unknown, at: string): string {
+  if (typeof value !== "string") {
+    throw new DecodeError(`Expected \`str\`, got \`${typeName(value)}\` - at \`${at}\``);
+  }
+  return value;
 }
 
 function stringMap(value: unknown, at: string): Record<string, string> {

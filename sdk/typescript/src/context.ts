@@ -4,6 +4,7 @@ import { performance } from "node:perf_hooks";
 
 import { newId, nowMs } from "./codec.js";
 import type { Deadline } from "./deadline.js";
+import { child } from "./tracecontext.js";
 import type { Priority, Task } from "./types.js";
 
 export interface ContextHooks {
@@ -56,6 +57,11 @@ export class TaskContext {
     return this.envelope.attempt;
   }
 
+  /** The W3C `traceparent` of this hop (null when the caller sent none), to join its trace. */
+  get traceparent(): string | null {
+    return this.envelope.traceparent ?? null;
+  }
+
   elapsedMs(): number {
     return Math.floor(performance.now() - this.deadline.started);
   }
@@ -84,10 +90,11 @@ export class TaskContext {
   /** A task for another agent in the same trace, with the budget that is left. */
   childTask(topic: string, payload: unknown, options: { priority?: Priority } = {}): Task {
     const remaining = Math.max(1, this.remainingMs());
+    const messageId = newId();
     return {
       kind: "task",
       v: 1,
-      message_id: newId(),
+      message_id: messageId,
       trace_id: this.traceId,
       topic,
       payload,
@@ -102,6 +109,9 @@ export class TaskContext {
       replay_of: null,
       caller: null, // the coordinator sets it from the subject: this agent
       headers: {},
+      received_ms: 0, // the coordinator's intake sets it
+      traceparent: child(this.envelope.traceparent, messageId),
+      payload_ref: null,
     };
   }
 }

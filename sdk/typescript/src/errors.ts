@@ -5,7 +5,9 @@
  * ├── AgentConfigError    an Agent or handler was declared wrongly (thrown at once)
  * ├── AgentIdInUse        another live process already serves this agent_id
  * ├── PermanentError      thrown by a handler: do not retry this task
- * └── DecodeError         a record on the wire is not what the protocol says
+ * ├── DecodeError         a record on the wire is not what the protocol says
+ * └── PayloadUnavailable  a claim-checked payload is gone or does not match its SHA-256
+ *                         (in claimcheck.ts)
  */
 
 export class ReachError extends Error {

@@ -15,11 +15,13 @@ import type { Connection } from "./connection.js";
 import { TaskContext } from "./context.js";
 import { DecodeError, PermanentError, ReachError } from "./errors.js";
 import type { Claim, Claimed, Claims, Outcome } from "./claims.js";
+import { PayloadUnavailable } from "./claimcheck.js";
+import type { ClaimCheck } from "./claimcheck.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
 import { about, emit, eventFor, printable, reply } from "./lifecycle.js";
 import type { Logger } from "./log.js";
 import { sleep } from "./timing.js";
-import type { ErrorInfo, Priority, Task } from "./types.js";
+import type { ErrorInfo, PayloadRef, Priority, Result, Task } from "./types.js";
 
 const BUSY_POLL_MS = 500;
 /** The coordinator's proof, on a dispatch, that the attempt was given to this agent. */
@@ -42,6 +44,8 @@ export interface ExecutorOptions {
   handlers: Map<string, HandlerSpec>;
   ackWaitMs: number;
   records: Claims;
+  /** Reads claim-checked payloads, stows large results. */
+  claimCheck: ClaimCheck;
   /** Free worker slots of a priority, for the capacity an `ack` advertises. */
   freeSlots: (priority: Priority) => number;
   log: Logger;
@@ -53,6 +57,7 @@ export class Executor {
   private readonly handlers: Map<string, HandlerSpec>;
   private readonly ackWaitMs: number;
   private readonly records: Claims;
+  private readonly claimCheck: ClaimCheck;
   private readonly freeSlots: (priority: Priority) => number;
   private readonly log: Logger;
   private readonly aborts = new Set<AbortController>();
@@ -66,6 +71,7 @@ export class Executor {
     this.handlers = options.handlers;
     this.ackWaitMs = options.ackWaitMs;
     this.records = options.records;
+    this.claimCheck = options.claimCheck;
     this.freeSlots = options.freeSlots;
     this.log = options.log;
   }
@@ -122,10 +128,13 @@ export class Executor {
     const windowMs = Math.min(spec.deadlineMs ?? task.budget.execute_ms, task.budget.execute_ms);
     // Acknowledging while claiming saves a round trip; a duplicate that turns out
     // to be done already acknowledges, then answers with the stored result.
-    const [claim] = await Promise.all([this.claim(msg, task, windowMs + LEASE_GRACE_MS), this.accept(msg, task)]);
+    const [claim] = await Promise.all([
+      this.claim(msg, task, windowMs + LEASE_GRACE_MS),
+      this.accept(msg, task, dispatchedMs),
+    ]);
     if (claim.kind === "done") {
       this.log.info("already executed; sending the stored result again", { message_id: task.message_id });
-      await this.complete(msg, task, claim.record.result, 0);
+      await this.complete(msg, task, claim.record.result, 0, claim.record.result_ref ?? null);
       return null;
     }
     const outcome = await this.run(msg, task, spec, claim);
@@ -148,7 +157,7 @@ export class Executor {
       await this.say(msg, task, "late_result_rejected");
       return;
     }
-    await this.complete(msg, task, outcome.result, outcome.durationMs);
+    await this.complete(msg, task, outcome.result, outcome.durationMs, outcome.resultRef ?? null);
   }
 
   /** Call the handler under its deadline, keeping the message from redelivery meanwhile. */
@@ -173,12 +182,18 @@ export class Executor {
       const passed = new Promise<never>((_, reject) => {
         deadline.enforce(() => reject(new DeadlineExceeded(deadline.totalMs)));
       });
-      const result = await Promise.race([Promise.resolve().then(() => spec.fn(ctx, task.payload)), passed]);
+      const payload = await this.claimCheck.payloadOf(task); // a claim-checked one is fetched
+      const returned = await Promise.race([Promise.resolve().then(() => spec.fn(ctx, payload)), passed]);
+      // Stowed before it is recorded: the record and the reply stay small.
+      const [result, resultRef] = await this.claimCheck.stowResult(task, returned);
       const durationMs = Math.floor(performance.now() - started);
       this.latency.observe(durationMs);
-      return { claim, result: result ?? null, durationMs };
+      return { claim, result, resultRef, durationMs };
     } catch (err) {
       if (err instanceof DeadlineExceeded) abort.abort(err); // a promise cannot be cancelled: tell it
+      if (err instanceof PayloadUnavailable) {
+        return { claim, error: failure("payload_unavailable", err.message, false), durationMs: 0 };
+      }
       return { claim, error: errorInfo(err), durationMs: 0 };
     } finally {
       deadline.clear();
@@ -205,19 +220,23 @@ export class Executor {
 
   /** A sub-task this agent sends, as itself (`reach.task.<topic>.<agent_id>`). */
   private async submit(task: Task): Promise<void> {
-    await this.conn.publish(this.conn.names.task(task.topic, this.agentId), encode(task), {
+    const headers: Record<string, string> = {
       "Nats-Msg-Id": task.message_id,
       "Reach-Trace-Id": task.trace_id,
       "Reach-Priority": task.priority,
       "Reach-TTL": String(task.ttl_ms),
       "Reach-Kind": "task",
-    });
+    };
+    if (task.reply_to) headers["Reach-Reply-To"] = task.reply_to;
+    if (task.traceparent) headers.traceparent = task.traceparent;
+    await this.conn.publish(this.conn.names.task(task.topic, this.agentId), encode(task), headers);
   }
 
-  private async accept(msg: JsMsg, task: Task): Promise<void> {
+  /** The ack to the sender and `accepted` (with the broker time of the dispatch) to all. */
+  private async accept(msg: JsMsg, task: Task, dispatchedMs: number): Promise<void> {
     const capacity = { free_slots: this.freeSlots(task.priority), est_latency_ms: this.latency.estimateMs };
     reply(this.conn, task, { kind: "ack", ...about(task, this.agentId), capacity }, this.agentId);
-    await this.say(msg, task, "accepted");
+    await this.say(msg, task, "accepted", { dispatched_at_ms: dispatchedMs });
   }
 
   private async progress(msg: JsMsg, task: Task, note: string): Promise<void> {
@@ -230,10 +249,21 @@ export class Executor {
     await this.say(msg, task, "progress", { note }, atMs);
   }
 
-  /** Answer the sender, then tell the coordinator (the result is already recorded). */
-  private async complete(msg: JsMsg, task: Task, result: unknown, durationMs: number): Promise<void> {
-    reply(this.conn, task, { kind: "result", ...about(task, this.agentId), result: result ?? null }, this.agentId);
-    await this.say(msg, task, "completed", { result: result ?? null, duration_ms: durationMs });
+  /**
+   * Answer the sender, then tell the coordinator (the result is already recorded). A
+   * claim-checked result travels as its reference: `result_ref` instead of `result`.
+   */
+  private async complete(
+    msg: JsMsg,
+    task: Task,
+    result: unknown,
+    durationMs: number,
+    ref: PayloadRef | null,
+  ): Promise<void> {
+    const answer: Result = { kind: "result", ...about(task, this.agentId), result: ref ? null : (result ?? null), result_ref: ref };
+    reply(this.conn, task, answer, this.agentId);
+    const shown = ref ? { result_ref: ref } : { result: result ?? null };
+    await this.say(msg, task, "completed", { ...shown, duration_ms: durationMs });
   }
 
   /** Tell the coordinator, which decides between retry and dead letter. */

@@ -2,6 +2,7 @@
 
 export { Agent, DEFAULT_IDENTITY_FILE } from "./agent.js";
 export type { AgentOptions, HandlerOptions, Servers } from "./agent.js";
+export { DEFAULT_CLAIM_CHECK_BYTES, PayloadUnavailable } from "./claimcheck.js";
 export { decodeTask, newId } from "./codec.js";
 export { TaskContext } from "./context.js";
 export { AgentConfigError, AgentIdInUse, DecodeError, PermanentError, ReachError } from "./errors.js";

@@ -49,6 +49,8 @@ export function eventFor(
     at_ms: atMs,
     detail,
     caller: task.caller ?? null, // who sent the task: a caller reads its own traces by it
+    priority: task.priority ?? "P1",
+    received_ms: task.received_ms ?? 0, // the task's intake time on the broker's clock
   };
 }
 

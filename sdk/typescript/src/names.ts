@@ -78,6 +78,11 @@ export class Names {
     return `${this.prefix}_executions`;
   }
 
+  /** The Object Store bucket of claim-checked payloads and results. */
+  get payloadsBucket(): string {
+    return `${this.prefix}_payloads`;
+  }
+
   agentConsumer(agentId: string, priority: Priority): string {
     return `agent-${agentId}-${priority.toLowerCase()}`;
   }

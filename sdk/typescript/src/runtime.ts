@@ -11,6 +11,7 @@ import { isWrongLastSequence } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { ReachError } from "./errors.js";
 import { LEASE_GRACE_MS } from "./deadline.js";
+import { ClaimCheck } from "./claimcheck.js";
 import { Executor, quietly } from "./execution.js";
 import type { HandlerSpec } from "./execution.js";
 import { Claims } from "./claims.js";
@@ -39,6 +40,8 @@ export interface RuntimeConfig {
   handlers: Map<string, HandlerSpec>;
   card: () => AgentCard;
   capacity: number;
+  /** Results larger than this (bytes of JSON) go to the Object Store. */
+  claimCheckBytes: number;
 }
 
 export class AgentRuntime {
@@ -92,6 +95,7 @@ export class AgentRuntime {
       handlers: config.handlers,
       ackWaitMs: config.ackWaitMs,
       records: new Claims(kv, config.agentId, this.card.epoch, this.log),
+      claimCheck: new ClaimCheck(conn.js, conn.names.payloadsBucket, config.claimCheckBytes),
       freeSlots: (priority) => this.pools[priority].free,
       log: this.log,
     });

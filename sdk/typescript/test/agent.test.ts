@@ -4,13 +4,15 @@
  */
 
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { spawn } from "node:child_process";
 import { after, before, describe, it } from "node:test";
 import { headers } from "nats";
 import type { KV } from "nats";
 
 import { Agent, AgentIdInUse, PermanentError, ReachError } from "../src/index.js";
-import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, Result } from "../src/index.js";
+import { newId } from "../src/index.js";
+import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Result } from "../src/index.js";
 import { binary, eventsOf, Gate, kvUntil, send, startStack, task, terminate, Watcher } from "./harness.js";
 import type { Stack } from "./harness.js";
 
@@ -153,6 +155,84 @@ describe("serving tasks", () => {
     assert.equal(calls, 1);
     dlq.close();
     replies.close();
+  });
+});
+
+describe("claim check and trace context", () => {
+  const BIG = "x".repeat(300_000); // over the 256 KiB threshold, under NATS's 1 MiB
+  const TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+  async function stowed(name: string, value: unknown): Promise<PayloadRef> {
+    const data = new TextEncoder().encode(JSON.stringify(value));
+    const store = await stack.nc.jetstream().views.os("reach_payloads");
+    await store.putBlob({ name }, data);
+    const sha256 = createHash("sha256").update(data).digest("hex");
+    return { bucket: "reach_payloads", name, size: data.length, sha256 };
+  }
+
+  async function fetched(ref: PayloadRef): Promise<unknown> {
+    const store = await stack.nc.jetstream().views.os(ref.bucket);
+    return JSON.parse(new TextDecoder().decode((await store.getBlob(ref.name))!));
+  }
+
+  it("reads a payload_ref, stows a large result, passes the traceparent on, stamps accepted", async () => {
+    const topic = unique("mirror");
+    let seenTraceparent: string | null = null;
+    let childTraceparent: string | null = null;
+    const agent = await started(
+      newAgent(unique("ts-mirror")).handler(topic, (ctx, p: { text: string }) => {
+        seenTraceparent = ctx.traceparent;
+        childTraceparent = ctx.childTask("elsewhere", null).traceparent;
+        return { length: p.text.length, text: p.text };
+      }),
+    );
+    const messageId = newId();
+    const ref = await stowed(`${messageId}/payload`, { text: BIG });
+    const t = task(topic, null, { message_id: messageId, payload_ref: ref, traceparent: TRACEPARENT });
+    const events = eventsOf(stack, t.message_id);
+    const sentAt = Date.now();
+    const replies = await send(stack, t);
+    const result = (await replies.next((r) => r.kind === "result", 15_000)) as Result;
+    assert.equal(result.result, null);
+    assert.equal(result.result_ref!.name, `${messageId}/1/result`);
+    assert.deepEqual(await fetched(result.result_ref!), { length: BIG.length, text: BIG });
+    const completed = await events.next((e) => e.event === "completed");
+    assert.equal("result" in completed.detail, false);
+    assert.deepEqual(completed.detail.result_ref, result.result_ref);
+    const accepted = await events.next((e) => e.event === "accepted");
+    const dispatchedAt = accepted.detail.dispatched_at_ms as number;
+    assert.ok(dispatchedAt >= sentAt - 1_000 && dispatchedAt <= accepted.at_ms, `dispatched_at_ms ${dispatchedAt}`);
+    assert.equal(accepted.priority, "P1");
+    assert.ok(accepted.received_ms > 0, "events carry the task's intake time");
+    // The coordinator gives the dispatch a hop of its own in the caller's trace; the child another.
+    const [, traceId] = TRACEPARENT.split("-");
+    assert.match(seenTraceparent!, new RegExp(`^00-${traceId}-[0-9a-f]{16}-01$`));
+    assert.match(childTraceparent!, new RegExp(`^00-${traceId}-[0-9a-f]{16}-01$`));
+    assert.notEqual(childTraceparent, seenTraceparent);
+    const record = await kvUntil<Execution>(await kv("reach_executions"), `_.${messageId}.${agent.agentId}`, (r) => r?.state === "done");
+    assert.deepEqual(record!.result_ref, result.result_ref);
+    assert.equal(record!.result, null);
+    replies.close();
+    events.close();
+  });
+
+  it("fails a task whose payload_ref is gone as payload_unavailable, not retryable", async () => {
+    const topic = unique("gone");
+    let calls = 0;
+    await started(newAgent(unique("ts-gone")).handler(topic, () => (calls += 1)));
+    const ref = { bucket: "reach_payloads", name: `${newId()}/payload`, size: 10, sha256: "0".repeat(64) };
+    const t = task(topic, null, { payload_ref: ref });
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t);
+    const failed = await events.next((e) => e.event === "failed", 15_000);
+    const error = failed.detail.error as { type: string; retryable: boolean; message: string };
+    assert.equal(error.type, "payload_unavailable");
+    assert.equal(error.retryable, false);
+    assert.match(error.message, /no longer stored/);
+    await replies.next((r) => r.kind === "error", 15_000);
+    assert.equal(calls, 0);
+    replies.close();
+    events.close();
   });
 });
 

@@ -18,6 +18,18 @@ describe("decodeTask", () => {
     assert.deepEqual(task.budget, { seek_ms: 1_000, ack_ms: 2_000, execute_ms: 30_000 });
     assert.equal(task.reply_to, null);
     assert.deepEqual(task.headers, {});
+    assert.equal(task.received_ms, 0);
+    assert.equal(task.traceparent, null);
+    assert.equal(task.payload_ref, null);
+  });
+
+  it("reads a claim check and a traceparent", () => {
+    const ref = { bucket: "reach_payloads", name: "m-1/payload", size: 3, sha256: "ab" };
+    const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const task = decodeTask(enc({ ...minimal, payload_ref: ref, traceparent, received_ms: 5 }));
+    assert.deepEqual(task.payload_ref, ref);
+    assert.equal(task.traceparent, traceparent);
+    assert.equal(task.received_ms, 5);
   });
 
   it("ignores unknown fields", () => {
@@ -40,6 +52,8 @@ describe("decodeTask", () => {
     ["a budget over a day", { ...minimal, budget: { execute_ms: 86_400_001 } }, /at `\$.budget.execute_ms`/],
     ["a system reply subject", { ...minimal, reply_to: "$JS.API.x" }, /matching regex .* - at `\$.reply_to`/],
     ["a wildcard reply subject", { ...minimal, reply_to: "a.>" }, /matching regex .* - at `\$.reply_to`/],
+    ["a claim check without its digest", { ...minimal, payload_ref: { bucket: "b", name: "n", size: 1 } }, /missing required field `sha256` - at `\$.payload_ref`/],
+    ["a claim check of a fractional size", { ...minimal, payload_ref: { bucket: "b", name: "n", size: 1.5, sha256: "x" } }, /at `\$.payload_ref.size`/],
   ];
   for (const [what, input, message] of bad) {
     it(`rejects ${what}, naming the field`, () => {

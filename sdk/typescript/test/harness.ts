@@ -198,6 +198,9 @@ export function task(topic: string, payload: unknown, fields: Partial<Task> = {}
     replay_of: null,
     caller: null,
     headers: {},
+    received_ms: 0,
+    traceparent: null,
+    payload_ref: null,
     ...fields,
   };
 }

@@ -3,13 +3,18 @@
 // defaults in, and writers write every field.
 
 /**
- * `accepted`: the agent took the task (it sent its `ack`). No other keys.
+ * `accepted`: the agent took the task (it sent its `ack`); the broker time of the
+ * dispatch, for the time the task waited in the agent's queue.
  */
 export interface AcceptedDetail {
   /**
    * default null
    */
   grant: string | null;
+  /**
+   * >= 0, default 0
+   */
+  dispatched_at_ms: number;
 }
 
 /**
@@ -147,6 +152,73 @@ export interface AlertDetail {
 export interface AnsweredFromRecordDetail {}
 
 /**
+ * On `reach.audit.<status>.<topic>.<trace_id>.<message_id>` in `REACH_AUDIT`.
+ */
+export interface AuditRecord {
+  kind: "audit";
+  /**
+   * default 1
+   */
+  v: 1;
+  message_id: string;
+  trace_id: string;
+  topic: string;
+  /**
+   * default "P1"
+   */
+  priority: "P0" | "P1" | "P2";
+  /**
+   * default null
+   */
+  traceparent: string | null;
+  status: "completed" | "dead_lettered";
+  /**
+   * default null
+   */
+  reason: string | null;
+  /**
+   * default 0
+   */
+  received_ms: number;
+  /**
+   * default 0
+   */
+  ended_ms: number;
+  /**
+   * default 1
+   */
+  attempts: number;
+  /**
+   * default []
+   */
+  agents: string[];
+  /**
+   * default {"total":0,"intake":0,"queued":0,"executing":0,"retry_wait":0}
+   */
+  durations: Durations;
+  /**
+   * default []
+   */
+  stages: Stage[];
+  /**
+   * default 0
+   */
+  progress_events: number;
+  /**
+   * default null
+   */
+  input: Summary | null;
+  /**
+   * default null
+   */
+  output: Summary | null;
+  /**
+   * default null
+   */
+  error: ErrorInfo | null;
+}
+
+/**
  * `breaker_opened`, `breaker_half_open`, `breaker_closed` (`intent` set) and
  * `agent_isolated`, `isolation_trial`, `agent_restored` (about a whole agent).
  */
@@ -247,14 +319,22 @@ export interface ClockDriftDetail {
 
 /**
  * `completed`: the result was recorded and sent (`duration_ms` 0 when a duplicate
- * delivery was answered from the execution record).
+ * delivery was answered from the execution record). A result too large to travel is in the
+ * Object Store: then `result_ref` names it instead of `result`.
  */
 export interface CompletedDetail {
   /**
    * default null
    */
   grant: string | null;
+  /**
+   * default null
+   */
   result: unknown;
+  /**
+   * default null
+   */
+  result_ref: PayloadRef | null;
   /**
    * >= 0
    */
@@ -322,6 +402,32 @@ export interface DeadLetteredDetail {
    * default null
    */
   error: ErrorInfo | null;
+}
+
+/**
+ * Milliseconds by phase, all from the broker's timestamps.
+ */
+export interface Durations {
+  /**
+   * default 0
+   */
+  total: number;
+  /**
+   * default 0
+   */
+  intake: number;
+  /**
+   * default 0
+   */
+  queued: number;
+  /**
+   * default 0
+   */
+  executing: number;
+  /**
+   * default 0
+   */
+  retry_wait: number;
 }
 
 /**
@@ -433,6 +539,14 @@ export interface Event {
    * default {}
    */
   detail: Record<string, unknown>;
+  /**
+   * default "P1"
+   */
+  priority: "P0" | "P1" | "P2";
+  /**
+   * default 0
+   */
+  received_ms: number;
 }
 
 /**
@@ -467,6 +581,10 @@ export interface Execution {
    * default null
    */
   result: unknown;
+  /**
+   * default null
+   */
+  result_ref: PayloadRef | null;
   /**
    * default null
    */
@@ -605,6 +723,17 @@ export interface OutcomeDetail {
 }
 
 /**
+ * Where a payload or result too large to travel inline is kept (a claim check): an
+ * object in the JetStream Object Store, with its size and SHA-256 to check it by.
+ */
+export interface PayloadRef {
+  bucket: string;
+  name: string;
+  size: number;
+  sha256: string;
+}
+
+/**
  * The agent is still working on the task.
  */
 export interface Progress {
@@ -701,6 +830,14 @@ export interface RegisterRequest {
 }
 
 /**
+ * `rejected`: a task refused without a dead letter (a caller over its quota): the
+ * error its sender got; the refusal may add keys (`caller`, `quota`).
+ */
+export interface RejectedDetail {
+  error: ErrorInfo;
+}
+
+/**
  * One replica's answer to `reach.ctl.routes.reload`.
  */
 export interface ReloadReply {
@@ -754,6 +891,10 @@ export interface Result {
    * default null
    */
   result: unknown;
+  /**
+   * default null
+   */
+  result_ref: PayloadRef | null;
 }
 
 /**
@@ -839,26 +980,9 @@ export interface SignalIgnoredDetail {
 }
 
 /**
- * The recorded events of the message, oldest first; empty when the message is not the
- * asking caller's (or unknown). `truncated`: the oldest ones did not fit one reply.
+ * `[event, offset_ms, attempt, agent]`: one lifecycle event, from the first one.
  */
-export interface StatusReply {
-  /**
-   * default []
-   */
-  events: Event[];
-  /**
-   * default false
-   */
-  truncated: boolean;
-}
-
-/**
- * A caller's question on `reach.ctl.status.<caller>`: the trace of its message.
- */
-export interface StatusRequest {
-  message_id: string;
-}
+export type Stage = unknown[];
 
 /**
  * A step (or a state's latest visit, or a compensation) of one instance.
@@ -908,6 +1032,23 @@ export interface StepRun {
    * default "P1"
    */
   priority: "P0" | "P1" | "P2";
+}
+
+/**
+ * What a payload or result was, without keeping it: its encoded size, its digest, the
+ * first characters of its JSON, and where it is kept when it was claim-checked.
+ */
+export interface Summary {
+  bytes: number;
+  sha256: string;
+  /**
+   * default ""
+   */
+  preview: string;
+  /**
+   * default null
+   */
+  ref: PayloadRef | null;
 }
 
 /**
@@ -976,6 +1117,18 @@ export interface Task {
    * default {}
    */
   headers: Record<string, string>;
+  /**
+   * default 0
+   */
+  received_ms: number;
+  /**
+   * default null
+   */
+  traceparent: string | null;
+  /**
+   * default null
+   */
+  payload_ref: PayloadRef | null;
 }
 
 /**
@@ -985,6 +1138,28 @@ export interface TimerDue {
   key: string;
   visit: number;
   due_ms: number;
+}
+
+/**
+ * The recorded events of the message, oldest first; empty when the message is not the
+ * asking caller's (or unknown). `truncated`: the oldest ones did not fit one reply.
+ */
+export interface TraceReply {
+  /**
+   * default []
+   */
+  events: Event[];
+  /**
+   * default false
+   */
+  truncated: boolean;
+}
+
+/**
+ * A caller's question on `reach.ctl.trace.<caller>`: the trace of its message.
+ */
+export interface TraceRequest {
+  message_id: string;
 }
 
 /**
@@ -1088,6 +1263,7 @@ export interface EventDetails {
   "isolation_trial": BreakerDetail;
   "late_result_rejected": LateResultRejectedDetail;
   "progress": ProgressDetail;
+  "rejected": RejectedDetail;
   "retry_scheduled": RetryScheduledDetail;
   "routed": RoutedDetail;
   "signal_ignored": SignalIgnoredDetail;
