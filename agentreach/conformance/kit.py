@@ -52,14 +52,15 @@ CLAUSES = (
     Clause("10", "task.expired", tasks.expired),
     Clause("11", "task.unknown_topic", tasks.unknown_topic),
     Clause("12", "task.invalid_envelope", tasks.invalid_envelope),
-    Clause("13", "run_once.duplicates", run_once.duplicates),
-    Clause("14", "run_once.takeover", run_once.takeover),
-    Clause("15", "run_once.busy", run_once.busy),
-    Clause("16", "fencing.late_result", run_once.fencing),
-    Clause("17", "events.format", tasks.event_format),
-    Clause("18", "identity.one_process", lifecycle.one_process),
-    Clause("19", "crash.redelivery", lifecycle.crash),
-    Clause("20", "stop.graceful", lifecycle.graceful_stop),
+    Clause("13", "task.claim_check", tasks.claim_check),
+    Clause("14", "run_once.duplicates", run_once.duplicates),
+    Clause("15", "run_once.takeover", run_once.takeover),
+    Clause("16", "run_once.busy", run_once.busy),
+    Clause("17", "fencing.late_result", run_once.fencing),
+    Clause("18", "events.format", tasks.event_format),
+    Clause("19", "identity.one_process", lifecycle.one_process),
+    Clause("20", "crash.redelivery", lifecycle.crash),
+    Clause("21", "stop.graceful", lifecycle.graceful_stop),
 )
 
 

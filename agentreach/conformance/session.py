@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from agentreach import envelopes
-from agentreach.broker import Broker, Bucket, Inbound, Subscription
+from agentreach.broker import Broker, BrokerError, Bucket, ClaimCheck, Inbound, Subscription
 from agentreach.broker.lifecycle import GRANT_HEADER
 from agentreach.conformance.process import AgentProcess
 from agentreach.conformance.report import Failed
@@ -25,6 +25,7 @@ from agentreach.envelopes import (
     Event,
     Execution,
     Heartbeat,
+    PayloadRef,
     Priority,
     Task,
     execution_key,
@@ -94,6 +95,7 @@ class Session:
         self._changed = asyncio.Condition()
         self._subs: list[Subscription] = []
         self._loop = asyncio.get_running_loop()
+        self.claim_check = ClaimCheck(broker)
 
     async def open(self) -> None:
         names = self.names
@@ -130,7 +132,8 @@ class Session:
     ) -> Task:
         """A task for the agent, in a trace of its own, whose replies come to a reply box of
         the kit's (``reach.reply.reach-conformance.<box>``: where an agent may answer even on
-        a server with permissions)."""
+        a server with permissions). Its ``received_ms`` is set, as intake would set it, so
+        that the kit can see the agent's events echo it."""
         message_id = new_id()
         box = self.names.reply_box(CALLER, message_id.replace("-", ""))
         return Task(
@@ -147,6 +150,7 @@ class Session:
             priority=priority,
             from_agent=CALLER,
             created_at=now_ms(),
+            received_ms=now_ms(),
         )
 
     async def submit(self, task: Task, *, as_caller: bool = False) -> Exchange:
@@ -197,6 +201,17 @@ class Session:
         self._subs.append(await self.broker.subscribe(subject, on_event))
         await self.broker.flush()  # subscribed before anything can answer
         return exchange
+
+    async def stow(self, name: str, value: Any) -> PayloadRef:
+        """``value`` put in the payloads Object Store as a sender's claim check does."""
+        return await self.claim_check.put(name, envelopes.encode(value))
+
+    async def fetch(self, ref: PayloadRef) -> Any:
+        """What a claim check names, checked by its SHA-256 (a Failed when it cannot be)."""
+        try:
+            return envelopes.decode_json(await self.claim_check.get(ref))
+        except (BrokerError, DecodeError) as exc:
+            raise Failed(f"the agent's claim check {ref.bucket}/{ref.name}: {exc}") from None
 
     # -- seeing ---------------------------------------------------------------------------
     async def _add(self, into: list[Seen], body: Any, msg: Inbound) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from agentreach.broker import read_stream
 from agentreach.conformance.report import Checks, Failed, Skipped
 from agentreach.conformance.session import CALLER, Exchange, Session
@@ -15,10 +17,14 @@ from agentreach.envelopes import (
     decode_detail,
     decode_event,
     new_id,
+    now_ms,
 )
-from agentreach.envelopes.events import CompletedDetail, OutcomeDetail
+from agentreach.envelopes.events import AcceptedDetail, CompletedDetail, OutcomeDetail
 
 MAX_FILL = 64  # slots the kit fills to hold a task in the agent's queue
+CLOCKS_APART_MS = 5_000  # how far the agent's clock and the broker's may differ
+LARGE = 300_000  # characters of a payload that a sender claim-checks (over 256 KiB)
+CLAIM_CHECK_BYTES = 262_144  # above this, an agent should claim-check its result too
 
 
 def first(items: list[Any]) -> Any:
@@ -70,6 +76,7 @@ async def ack_and_result(s: Session, c: Checks) -> str:
     c.must(subjects == [signed], f"replies to a box go to <box>.<agent_id>, not {subjects}")
     accepted = await s.until(lambda: first(ex.events_of("accepted")), 5.0, "accepted event")
     c.must(accepted.agent_id == s.agent_id, f"accepted names {accepted.agent_id!r}")
+    _dispatched_at(c, ex, accepted)
     completed = await s.until(lambda: first(ex.events_of("completed")), 5.0, "completed event")
     c.must(completed.agent_id == s.agent_id, f"completed names {completed.agent_id!r}")
     detail = decode_detail(completed)
@@ -89,6 +96,19 @@ async def ack_and_result(s: Session, c: Checks) -> str:
     c.must(len(ex.replies_of("result")) == 1, "exactly one result reply")
     c.must(not ex.replies_of("error"), "an agent never sends an error reply")
     return f"ack in {ack_ms:.0f} ms, result on <box>.<agent>, completed, recorded"
+
+
+def _dispatched_at(c: Checks, ex: Exchange, accepted: Event) -> None:
+    """``accepted`` carries the broker's time of the dispatch (the message's timestamp)."""
+    detail = decode_detail(accepted)
+    assert isinstance(detail, AcceptedDetail)
+    at = detail.dispatched_at_ms
+    c.must(at > 0, "accepted carries dispatched_at_ms, the broker time of the dispatch")
+    sent = ex.task.created_at
+    c.should(
+        sent - CLOCKS_APART_MS <= at <= now_ms() + CLOCKS_APART_MS,
+        f"dispatched_at_ms {at} is not the time of the dispatch (sent at {sent})",
+    )
 
 
 def _about(c: Checks, ex: Exchange, reply: Any, kind: str) -> None:
@@ -238,6 +258,47 @@ async def invalid_envelope(s: Session, c: Checks) -> str:
     return f"dead-lettered: {error.message}"
 
 
+async def claim_check(s: Session, c: Checks) -> str:
+    """§10.10: a task whose payload is claim-checked (``payload_ref``) runs on the stored
+    payload; a large result should travel by reference; a reference to nothing fails as
+    ``payload_unavailable``, not retryable, without running the handler."""
+    value = "x" * LARGE
+    t = s.task(None)
+    ref = await s.stow(f"{t.message_id}/payload", {"op": "echo", "value": value})
+    ex = await s.dispatch(msgspec.structs.replace(t, payload_ref=ref))
+    ended = await s.until(
+        lambda: first(ex.replies_of("result")) or first(ex.events_of("failed")), 15.0, "result"
+    )
+    if isinstance(ended, Event):
+        raise Failed(f"the agent failed the task: {getattr(decode_detail(ended), 'error', None)}")
+    result = ended
+    returned = await s.fetch(result.result_ref) if result.result_ref else result.result
+    c.must(returned == {"value": value, "attempt": 1}, "the handler did not get the stored payload")
+    stowed = result.result_ref is not None
+    c.should(stowed, f"a result over {CLAIM_CHECK_BYTES} B goes by reference")
+    completed = await s.until(lambda: first(ex.events_of("completed")), 5.0, "completed event")
+    detail = decode_detail(completed)
+    assert isinstance(detail, CompletedDetail)
+    c.must(
+        (detail.result, detail.result_ref) == (result.result, result.result_ref),
+        "completed carries what the result reply carried (result or result_ref)",
+    )
+    record = await s.execution(ex.task)
+    c.must(record is not None and record.state == "done", f"execution record: {record}")
+    assert record is not None
+    c.must(record.result_ref == result.result_ref, "the execution record keeps the result_ref")
+    # A reference to an object that is not (or no longer) stored.
+    gone = msgspec.structs.replace(ref, name=f"{new_id()}/payload")
+    lost = await s.dispatch(msgspec.structs.replace(s.task(None), payload_ref=gone))
+    failed = await outcome(s, lost, "failed", 10.0)
+    c.must(not failed.error.retryable, "a payload that cannot be had is not retryable")
+    c.should(failed.error.type == "payload_unavailable", f"error.type {failed.error.type!r}")
+    await s.quiet()
+    c.must(not lost.replies_of("result"), "a result without the payload")
+    how = "by reference" if result.result_ref else "inline"
+    return f"payload read from the Object Store, result {how}; a lost one payload_unavailable"
+
+
 async def event_format(s: Session, c: Checks) -> str:
     """§12: every event the agent published names it as the sender (subject and body), has
     its detail shape and its dedup id, and echoes the dispatch's grant."""
@@ -269,5 +330,12 @@ async def event_format(s: Session, c: Checks) -> str:
                 grant = getattr(detail, "grant", None)
                 c.must(grant == ex.grant, f"{where}: the dispatch's grant not echoed ({grant!r})")
             c.should(event.at_ms > 0, f"{where}: at_ms")
+            if event.event != "clock_drift":
+                task = ex.task
+                c.must(event.priority == task.priority, f"{where}: priority {event.priority}")
+                c.must(
+                    event.received_ms == task.received_ms,
+                    f"{where}: received_ms {event.received_ms}, not the task's {task.received_ms}",
+                )
     c.must(checked > 0, "no agent event seen")
     return f"{checked} agent events: sender, detail shapes, Nats-Msg-Id, grants as specified"

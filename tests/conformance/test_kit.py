@@ -11,6 +11,7 @@ from agentreach.agents import Agent, execution
 from agentreach.agents import claims as sdk_claims
 from agentreach.agents import heartbeats as sdk_heartbeats
 from agentreach.agents.claims import Claimed
+from agentreach.broker import ClaimCheck
 from agentreach.conformance import CLAUSES, Status, run_conformance
 from agentreach.examples import conformance as example
 from tests.cli.conftest import reach_argv, reach_command, run
@@ -94,8 +95,40 @@ async def test_an_unknown_clause_is_a_usage_error(broker, clause):
 async def test_an_agent_that_drops_the_grant_fails_the_event_clause(
     broker, coordinator, monkeypatch
 ):
-    """An agent whose events do not carry the dispatch's grant back fails clause 17."""
+    """An agent whose events do not carry the dispatch's grant back fails clause 18."""
     monkeypatch.setattr(execution.Job, "grant", property(lambda job: None))
     verdicts = await judge(broker, conformance_agent("graceless-1"), "6", "events.format")
     assert verdicts["events.format"].status is Status.FAIL
     assert "grant not echoed" in verdicts["events.format"].detail
+
+
+async def test_an_agent_without_dispatch_time_fails_the_ack_clause(
+    broker, coordinator, monkeypatch
+):
+    """An agent whose ``accepted`` lacks ``dispatched_at_ms`` fails clause 5."""
+    say = execution.Executor._say
+
+    async def forgetful(self, job, event, *, at_ms=0, **detail):  # type: ignore[no-untyped-def]
+        if event == "accepted":
+            detail.pop("dispatched_at_ms", None)
+        await say(self, job, event, at_ms=at_ms, **detail)
+
+    monkeypatch.setattr(execution.Executor, "_say", forgetful)
+    verdicts = await judge(broker, conformance_agent("timeless-1"), "task.ack_and_result")
+    assert verdicts["task.ack_and_result"].status is Status.FAIL
+    assert "dispatched_at_ms" in verdicts["task.ack_and_result"].detail
+
+
+async def test_an_agent_that_ignores_payload_refs_fails_the_claim_check_clause(
+    broker, coordinator, monkeypatch
+):
+    """An agent that hands its handler ``payload`` even when ``payload_ref`` is set fails
+    clause 13, at once (the handler refuses a missing op)."""
+
+    async def inline_only(self, task):  # type: ignore[no-untyped-def]
+        return task.payload
+
+    monkeypatch.setattr(ClaimCheck, "payload_of", inline_only)
+    verdicts = await judge(broker, conformance_agent("refless-1"), "task.claim_check")
+    assert verdicts["task.claim_check"].status is Status.FAIL
+    assert "the agent failed the task" in verdicts["task.claim_check"].detail
