@@ -3,7 +3,9 @@
 ``nats req reach.call.summarize '{"text": "..."}'`` gets the result of the task, not a
 storage receipt: a coordinator replica (one of the queue group) publishes the body to
 ``reach.task.<topic>`` (``reach.call.<topic>.<sender>`` to ``reach.task.<topic>.<sender>``,
-so the caller is named as on intake) with its own reply subject, lets acks and progress pass,
+so the caller is named as on intake) with a reply box of its own for this call
+(``reach.reply.<sender>.<box>``, ``reach.reply.coordinator.<box>`` for the bare form: a box,
+because agents may answer only there on a secured server), lets acks and progress pass,
 and answers the requester once, with the result (its JSON) or with ``{"error": {...}}``
 and the header ``Reach-Kind: error``. Headers of the request (``Nats-Msg-Id``,
 ``Reach-Trace-Id``, ``Reach-Priority``, ``Reach-TTL``, ``traceparent``) count as for
@@ -17,11 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
 from agentreach import envelopes
-from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound
+from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound, Subscription
 from agentreach.envelopes import (
     DEFAULT_TTL_MS,
     MAX_TTL_MS,
@@ -35,7 +40,17 @@ from agentreach.envelopes import headers as h
 
 log = structlog.get_logger("coordinator.calls")
 
+BARE_CALLER = "coordinator"  # whose box the bare form's replies go to (no caller may be named so)
 GRACE_S = 1.0  # past the task's ttl, the coordinator's own verdict has had time to arrive
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A call waiting for its task's result."""
+
+    requester: str  # where the answer goes
+    timer: asyncio.TimerHandle  # the give-up after the task's ttl
+    replies: Subscription  # the call's reply box
 
 
 class Calls:
@@ -44,24 +59,27 @@ class Calls:
     def __init__(self, broker: Broker, claim_check: ClaimCheck) -> None:
         self._broker = broker
         self._claim_check = claim_check
-        self._inbox = ""
+        self._boxes = ""
         self._counter = itertools.count(1)
-        self._waiting: dict[str, tuple[str, asyncio.TimerHandle]] = {}
+        self._waiting: dict[str, _Waiting] = {}
         self._answering: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        self._inbox = self._broker.new_inbox()
-        await self._broker.subscribe(f"{self._inbox}.*", self._on_reply)
+        # One token, unique to this replica, that starts the name of each call's box.
+        self._boxes = "call" + self._broker.new_inbox().rpartition(".")[2]
         names = self._broker.names
         await self._broker.subscribe(names.calls_wildcard, self._on_call, queue="coordinators")
 
     async def _on_call(self, msg: Inbound) -> None:
         if not msg.reply:
             return  # a publish, not a request: nobody to answer (use reach.task.<topic>)
-        topic, sender = self._broker.names.call_subject_parts(msg.subject)
+        names = self._broker.names
+        topic, sender = names.call_subject_parts(msg.subject)
         headers = {k: v for k, v in msg.headers.items() if k != h.REPLY_TO}
         headers.setdefault(h.MSG_ID, new_id())
-        key = f"{self._inbox}.{next(self._counter)}"
+        key = names.reply_box(sender or BARE_CALLER, f"{self._boxes}x{next(self._counter)}")
+        # Each reply arrives on <box>.<agent>; subscribed before the task is published.
+        replies = await self._broker.subscribe(f"{key}.*", self._on_reply)
         data = msg.data
         with contextlib.suppress(DecodeError):  # malformed: intake refuses it, and answers
             data = _with_reply_to(data, key)
@@ -71,7 +89,7 @@ class Calls:
         timer = asyncio.get_running_loop().call_later(
             ttl_ms / 1000 + GRACE_S, self._give_up, key, ttl_ms
         )
-        self._waiting[key] = (msg.reply, timer)
+        self._waiting[key] = _Waiting(msg.reply, timer, replies)
         try:
             subject = self._broker.names.task(topic, sender)  # the caller stays the sender
             await self._broker.publish(subject, data, headers=headers)
@@ -81,7 +99,8 @@ class Calls:
             await self._answer(msg.reply, {"error": error}, error=True)
 
     async def _on_reply(self, msg: Inbound) -> None:
-        if msg.subject not in self._waiting:
+        key = msg.subject.rpartition(".")[0]
+        if key not in self._waiting:
             return
         try:
             reply = envelopes.decode_reply(msg.data)
@@ -89,7 +108,7 @@ class Calls:
             return
         match reply:
             case Result():
-                requester = self._forget(msg.subject)
+                requester = self._forget(key)
                 try:
                     result = await self._claim_check.result_of(reply.result, reply.result_ref)
                 except BrokerError as exc:
@@ -98,25 +117,29 @@ class Calls:
                     return
                 await self._answer(requester, result)
             case ErrorReply():
-                requester = self._forget(msg.subject)
+                requester = self._forget(key)
                 error = envelopes.decode_json(envelopes.encode(reply.error))
                 await self._answer(requester, {"error": error}, error=True)
             case _:
                 return  # ack, progress: the requester waits for the end
 
     def _forget(self, key: str) -> str:
-        requester, timer = self._waiting.pop(key)
-        timer.cancel()
-        return requester
+        waiting = self._waiting.pop(key)
+        waiting.timer.cancel()
+        self._in_background(waiting.replies.close())
+        return waiting.requester
 
     def _give_up(self, key: str, ttl_ms: int) -> None:
         if key not in self._waiting:
             return
         requester = self._forget(key)
         error = {"type": "no_result", "message": f"no result within the task's ttl ({ttl_ms} ms)"}
-        answer = asyncio.create_task(self._answer(requester, {"error": error}, error=True))
-        self._answering.add(answer)
-        answer.add_done_callback(self._answering.discard)
+        self._in_background(self._answer(requester, {"error": error}, error=True))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
 
     async def _answer(self, requester: str, value: object, *, error: bool = False) -> None:
         headers = {h.KIND: "error" if error else "result"}

@@ -34,8 +34,14 @@ def register(commands: Commands) -> None:
         cmd_auth,
         "identities and permissions: init | agent ID | caller NAME | worker NAME"
         " | operator NAME | revoke NAME | push | show NAME | list",
+        example=(
+            "reach auth init",
+            "reach auth agent refund-agent-1 --expires 86400",
+            "reach auth push",
+            "reach auth revoke refund-agent-1",
+        ),
     )
-    auth.add_argument("action", choices=ACTIONS)
+    auth.add_argument("action", choices=ACTIONS, help="what to do: " + " | ".join(ACTIONS))
     auth.add_argument("name", nargs="?", help="the party's name (an agent's: its agent_id)")
     auth.add_argument(
         "--dir",

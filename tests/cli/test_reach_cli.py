@@ -187,7 +187,7 @@ async def test_up_serves_with_embedded_server_and_stops_on_ctrl_c(tmp_path):
             assert line, "reach up exited before serving"
             said.append(line)
     assert any(b"development server: no authentication, loopback only" in s for s in said)
-    url = line.decode().split("serving on ")[1].split()[0]
+    url = line.decode().split("serving on ")[1].split()[0].rstrip(";")
     process.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(process.wait(), 20) == 0
     assert (tmp_path / "nats" / "jetstream").is_dir()

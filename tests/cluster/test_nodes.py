@@ -15,7 +15,7 @@ from agentreach.coordinator import Coordinator
 from tests.cli.conftest import reach_command, run
 from tests.conftest import FAST
 
-SERVING = re.compile(r"coordinator serving on (\S+)")
+SERVING = re.compile(r"coordinator serving on ([^\s;]+)")
 
 
 async def test_an_agent_and_the_coordinator_on_different_nodes(tmp_path: Path):

@@ -4,14 +4,21 @@ messages, and the W3C traceparent carried to every hop."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import read_stream
 from agentreach.envelopes import AuditRecord, decode_as, decode_task
 from agentreach.envelopes import headers as h
+from tests.secured import SECURED
 from tests.support import until_true
 
 BIG = "x" * 300_000  # over the 256 KiB threshold, under NATS's 1 MiB
+# The role templates grant no Object Store access: object names and the chunk consumers
+# nats-py makes cannot be scoped to one party, so a secured server has no claim check yet.
+NO_CLAIM_CHECK = pytest.mark.skipif(
+    SECURED, reason="claim check is not available on a secured server (README: Securing)"
+)
 
 
 def mirror() -> Agent:
@@ -29,6 +36,7 @@ def mirror() -> Agent:
     return agent
 
 
+@NO_CLAIM_CHECK
 async def test_large_payloads_and_results_travel_by_reference(broker, coordinator, watcher):
     """A 300 KB payload and result go through the Object Store: the handler and the caller
     see the values, the wire carries references."""
@@ -44,6 +52,7 @@ async def test_large_payloads_and_results_travel_by_reference(broker, coordinato
     assert routed.detail["input"]["ref"]["name"].endswith("/payload")
 
 
+@NO_CLAIM_CHECK
 async def test_a_large_nats_pub_body_is_claim_checked_at_intake(broker, coordinator, watcher):
     """A bare body over the threshold is stowed by intake, so the agent's queue holds a
     reference; the agent still gets the whole payload."""

@@ -127,7 +127,6 @@ async def test_three_replicas_together_admit_exactly_one_bucket(broker):
         assert await admitted(quotas, "alice", 60) == 5
         clock.ms += 60_000  # full again, not fuller
         assert await admitted(quotas, "alice", 60) == 20
-        assert all(q.admitted > 0 for q in quotas)
         assert sum(q.admitted for q in quotas) == 45
         assert sum(q.refused for q in quotas) == 135
     records = await broker.bucket(broker.names.quotas_bucket, QuotaRecord)
