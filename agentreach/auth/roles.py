@@ -113,7 +113,6 @@ def agent(names: Names) -> Permissions:
         n.call("*", me),
         n.register(me),
         n.presence(me),  # "does another process serve my id already?"
-        *_payloads(n),  # a claim-checked payload read, a large result stowed
     ]
     subscribe = [
         _inbox(),
@@ -131,11 +130,10 @@ def agent(names: Names) -> Permissions:
 
 
 def caller(names: Names) -> Permissions:
-    """Intake as itself, replies in its own box space, and claim checks (a large payload
-    stowed, a large result read); nothing else."""
-    publish = [names.task("*", NAME), names.call("*", NAME), names.trace_request(NAME)]
+    """Intake as itself and replies in its own box space; nothing else."""
     return _permissions(
-        [*publish, _STREAM_NAMES, *_payloads(names)], [_inbox(), names.reply_box(NAME, ">")]
+        [names.task("*", NAME), names.call("*", NAME), names.trace_request(NAME), _STREAM_NAMES],
+        [_inbox(), names.reply_box(NAME, ">")],
     )
 
 
@@ -160,7 +158,7 @@ def coordinator(names: Names) -> Permissions:
     topology = Topology.default(names)
     ours = [s.name for s in topology.streams] + [f"KV_{b.name}" for b in topology.buckets]
     return _permissions(
-        [f"{p}.>", "$JS.API.>", "$JS.ACK.>", "$KV.>", *_payloads(names)],
+        [f"{p}.>", "$JS.API.>", "$JS.ACK.>", "$KV.>"],
         [_inbox(), f"{p}.>"],
         deny_publish=[
             # (named, not STREAM.DELETE.>: `replicas: auto` deletes a probe stream it made)
@@ -213,27 +211,6 @@ def _pull_consumer(stream: str, consumer: str, *, filter_subject: str | None) ->
         f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
-    ]
-
-
-def _payloads(names: Names) -> list[str]:
-    """Claim checks in the Object Store: reading an object (its meta by a message get, its
-    chunks through an ordered consumer with flow control, into the user's inbox) and putting
-    one (chunks, then the meta). Neither purge nor delete, which could not be limited to one
-    object: putting a name again whose old chunks then cannot be purged fails, so a sender
-    stows under a new name (the SDKs name a result by its attempt). Any holder of these can
-    read every stored payload, and overwrite one (which a reader then refuses: its SHA-256,
-    carried in the envelope, no longer matches)."""
-    bucket = names.payloads_bucket
-    stream = f"OBJ_{bucket}"
-    return [
-        *_stream_info(stream),
-        f"$JS.API.STREAM.MSG.GET.{stream}",
-        f"$JS.API.CONSUMER.CREATE.{stream}",  # an ephemeral consumer, both forms
-        f"$JS.API.CONSUMER.CREATE.{stream}.>",
-        f"$JS.FC.{stream}.>",  # flow control answers of the ordered consumer
-        f"$O.{bucket}.C.>",
-        f"$O.{bucket}.M.>",
     ]
 
 
