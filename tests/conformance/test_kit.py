@@ -15,13 +15,14 @@ from agentreach.broker import ClaimCheck
 from agentreach.conformance import CLAUSES, Status, run_conformance
 from agentreach.examples import conformance as example
 from tests.cli.conftest import reach_argv, reach_command, run
-from tests.sdk.test_typescript import own_creds
+from tests.sdk.test_typescript import own_creds, verdicts_but_claim_check
+from tests.secured import SECURED
 
 
 async def test_the_python_sdk_passes_every_clause(broker, coordinator, request):
     """`reach conformance ID -- reach agent …` starts, drives, crashes, restarts and stops the
     example agent: every clause passes, none is skipped (on a secured server, the agent with
-    creds of its own)."""
+    creds of its own, and only the claim check skipped: there is none there)."""
     agent_command = [
         "env",
         *own_creds(request, "conformance-py"),
@@ -41,7 +42,7 @@ async def test_the_python_sdk_passes_every_clause(broker, coordinator, request):
     verdicts = [line.split()[0] for line in lines if line.startswith("  ")]
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(verdicts) == len(CLAUSES)
-    assert set(verdicts) <= {"PASS", "WARN"}, done.stdout
+    assert verdicts_but_claim_check(lines) <= {"PASS", "WARN"}, done.stdout
     assert "conformance-py: CONFORMS to agent protocol v1" in lines[-1]
 
 
@@ -119,6 +120,7 @@ async def test_an_agent_without_dispatch_time_fails_the_ack_clause(
     assert "dispatched_at_ms" in verdicts["task.ack_and_result"].detail
 
 
+@pytest.mark.skipif(SECURED, reason="a secured server has no claim check")
 async def test_an_agent_that_ignores_payload_refs_fails_the_claim_check_clause(
     broker, coordinator, monkeypatch
 ):
