@@ -20,7 +20,9 @@ def register(commands: Commands) -> None:
             "reach conformance my-agent --only 5,task.progress",
         ),
     )
-    conformance.add_argument("agent_id", metavar="AGENT_ID")
+    conformance.add_argument(
+        "agent_id", metavar="AGENT_ID", help="the id of the agent to judge (its card's agent_id)"
+    )
     conformance.add_argument(
         "--topic", default="conformance", help="the agent's conformance topic (default conformance)"
     )
