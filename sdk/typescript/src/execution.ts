@@ -182,8 +182,12 @@ export class Executor {
       const passed = new Promise<never>((_, reject) => {
         deadline.enforce(() => reject(new DeadlineExceeded(deadline.totalMs)));
       });
-      const payload = await this.claimCheck.payloadOf(task); // a claim-checked one is fetched
-      const returned = await Promise.race([Promise.resolve().then(() => spec.fn(ctx, payload)), passed]);
+      // A claim-checked payload is fetched first, within the deadline (and inside the race,
+      // so that a deadline passing meanwhile is never a rejection nobody handles).
+      const handled = Promise.resolve()
+        .then(() => this.claimCheck.payloadOf(task))
+        .then((payload) => spec.fn(ctx, payload));
+      const returned = await Promise.race([handled, passed]);
       // Stowed before it is recorded: the record and the reply stay small.
       const [result, resultRef] = await this.claimCheck.stowResult(task, returned);
       const durationMs = Math.floor(performance.now() - started);
