@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import structlog
@@ -30,11 +30,14 @@ RECORD_BACKOFF_S = 0.25
 KEPT = 10_000  # outcomes waiting to be recorded, at most
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Claimed:
-    """This delivery runs the message; ``revision`` guards the record's next write."""
+    """This delivery runs the message; ``revision`` guards the record's next write (a renewed
+    lease moves it, under ``lock``, so that the outcome is written over the latest one)."""
 
     revision: int
+    lease_until_ms: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +85,33 @@ class Claims:
         swap = await self._bucket.cas(self._key(task), lambda held: self._take(held, mine))
         if swap.written:
             assert swap.entry is not None
-            return Claimed(swap.entry.revision)
+            return Claimed(swap.entry.revision, mine.lease_until_ms)
         held = swap.entry.value if swap.entry else None
         if held is not None and held.state == "done":
             return AlreadyDone(held)
         left_ms = held.lease_until_ms - now_ms() if held else 0
         return Busy(retry_in_s=max(left_ms, 100) / 1000)
+
+    async def renew(self, task: Task, claim: Claimed, lease_ms: int) -> bool:
+        """Extend the claim's lease to ``lease_ms`` from now (a handler that reports progress
+        works on). False when the claim was taken away meanwhile (fenced): the handler's
+        result will be refused; a broker failure is logged, the old lease stands."""
+        until = now_ms() + lease_ms
+        async with claim.lock:
+            if until <= claim.lease_until_ms:
+                return True
+            record = self._record(task, "running", lease_until_ms=until)
+            try:
+                claim.revision = await self._bucket.update(
+                    self._key(task), record, last=claim.revision
+                )
+            except WrongLastSequence:
+                return False
+            except BrokerError as exc:
+                log.warning("lease not extended", error=str(exc))
+                return True
+            claim.lease_until_ms = until
+            return True
 
     def unrecorded(self, message_id: str) -> Outcome | None:
         """The outcome of a run of ``message_id`` that is still waiting to be recorded."""
@@ -107,7 +131,8 @@ class Claims:
             self._unrecorded.popitem(last=False)
         for attempt in range(RECORD_TRIES):
             try:
-                written = await self._write(task, outcome)
+                async with outcome.claim.lock:
+                    written = await self._write(task, outcome)
                 break
             except BrokerError as exc:
                 if attempt == RECORD_TRIES - 1:

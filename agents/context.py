@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 
+from agentreach.agents.deadline import Deadline
 from agentreach.envelopes import Priority, Task, new_id, now_ms, tracecontext
 
 
 class TaskContext:
     """The task being handled, its remaining time, and progress reporting.
 
-    ``remaining_ms()`` counts down from the smaller of the handler's deadline and
-    the envelope's execute budget, on the monotonic clock.
+    ``remaining_ms()`` counts down to the handler's deadline on the monotonic clock: the
+    intent's ``deadline_ms`` (restarted by each :meth:`progress`), never past the
+    envelope's execute budget.
     """
 
     def __init__(
@@ -24,18 +25,17 @@ class TaskContext:
         envelope: Task,
         *,
         agent_id: str,
-        deadline_ms: int,
+        deadline: Deadline,
         report_progress: Callable[[str], Awaitable[None]],
         submit: Callable[[Task], Awaitable[None]],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.envelope = envelope
         self.agent_id = agent_id
-        self.deadline_ms = deadline_ms
+        self._deadline = deadline
         self._report_progress = report_progress
         self._submit = submit
         self._loop = loop
-        self._started = time.monotonic()
 
     @property
     def message_id(self) -> str:
@@ -54,19 +54,26 @@ class TaskContext:
         return self.envelope.attempt
 
     @property
+    def deadline_ms(self) -> int:
+        """The handler's deadline in ms after its start (progress may move it later)."""
+        return self._deadline.total_ms
+
+    @property
     def traceparent(self) -> str | None:
         """The W3C ``traceparent`` of this hop, to join the caller's OpenTelemetry trace."""
         return self.envelope.traceparent
 
     def elapsed_ms(self) -> int:
-        return int((time.monotonic() - self._started) * 1000)
+        return int((self._loop.time() - self._deadline.started) * 1000)
 
     def remaining_ms(self) -> int:
         """Milliseconds left before this handler's deadline (never negative)."""
-        return max(0, self.deadline_ms - self.elapsed_ms())
+        return self._deadline.left_ms()
 
     async def progress(self, note: str = "") -> None:
-        """Tell the sender the task is still being worked on (and keep it from redelivery)."""
+        """Tell the sender the task is still being worked on: this keeps the message from
+        redelivery, and gives the handler its intent's ``deadline_ms`` again (within the
+        task's execute budget), its claim extended to match."""
         await self._report_progress(note)
 
     def progress_sync(self, note: str = "", timeout: float = 5.0) -> None:

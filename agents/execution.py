@@ -9,6 +9,7 @@ Every outcome is reported to the coordinator as an event (``completed``, ``faile
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +21,11 @@ import structlog
 from agentreach import envelopes
 from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
 from agentreach.agents.context import TaskContext
+from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.errors import PermanentError
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, PayloadUnavailable
 from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, printable, reply
+from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
     Ack,
     Capacity,
@@ -32,6 +35,7 @@ from agentreach.envelopes import (
     Progress,
     Result,
     Task,
+    now_ms,
     ttl_left_ms,
 )
 from agentreach.envelopes.headers import task_headers
@@ -42,7 +46,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("agents")
 
 BUSY_POLL_S = 0.5
-LEASE_GRACE_MS = 1_000  # time to record the outcome after the deadline
 UNDECODABLE_TOPIC = "_invalid"
 
 
@@ -100,6 +103,9 @@ class Executor:
         self.latency = LatencyEstimate()
         self._claims = claims
         self._free_slots = free_slots
+        # message_id → at_ms of its last progress event: the event's dedup id ends with it,
+        # so two reports within one millisecond must still differ.
+        self._progress_at: dict[str, int] = {}
 
     @property
     def _me(self) -> str:
@@ -144,44 +150,58 @@ class Executor:
             error = ErrorInfo(type="expired", message=message, retryable=False)
             await self._report(job, "expired", error)
             return None
-        deadline_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
+        window_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
         # Acknowledging while claiming saves a round trip; a duplicate that turns out
         # to be done already acknowledges, then answers with the stored result.
         claim, _ = await asyncio.gather(
-            self._claim(job, lease_ms=deadline_ms + LEASE_GRACE_MS), self._accept(job)
+            self._claim(job, lease_ms=window_ms + LEASE_GRACE_MS), self._accept(job)
         )
         if isinstance(claim, AlreadyDone):
             log.info("already executed; sending the stored result again")
             record = claim.record
             await self._complete(job, record.result, duration_ms=0, ref=record.result_ref)
             return None
-        await self._run(job, spec, claim, deadline_ms)
+        await self._run(job, spec, claim)
         return None
 
-    async def _run(self, job: Job, spec: HandlerSpec, claim: Claimed, deadline_ms: int) -> None:
+    async def _run(self, job: Job, spec: HandlerSpec, claim: Claimed) -> None:
+        task = job.task
+        deadline = Deadline(budget_ms=task.budget.execute_ms, window_ms=spec.deadline_ms)
+
+        async def progressed(note: str) -> None:
+            await self._progress(job, note)
+            if deadline.extend() and not await self._claims.renew(task, claim, deadline.lease_ms()):
+                log.warning("claim lost while running: this run's result will be refused")
+
         ctx = TaskContext(
-            job.task,
+            task,
             agent_id=self._me,
-            deadline_ms=deadline_ms,
-            report_progress=lambda note: self._progress(job, note),
+            deadline=deadline,
+            report_progress=progressed,
             submit=self._submit,
             loop=asyncio.get_running_loop(),
         )
         started = time.monotonic()
+        # A handler longer than the ack wait would be redelivered (and count towards
+        # max_deliver) although it runs: tell the server it is still being worked on.
+        keepalive = asyncio.create_task(_keep_alive(job.delivery, self.agent.ack_wait / 2))
         try:
             payload = await self.claim_check.payload_of(job.task)  # a claim-checked one is fetched
-            result = await _call(spec, ctx, payload, deadline_ms)
+            result = await _call(spec, ctx, payload, deadline)
             # Stowed before it is recorded: the record and the reply stay small.
             result, ref = await self.claim_check.stow_result(job.task, result)
         except PayloadUnavailable as exc:
             error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
             outcome = Outcome(claim, error=error)
         except Exception as exc:  # every handler failure is reported, none is lost
-            outcome = Outcome(claim, error=_error_info(exc, deadline_ms))
+            outcome = Outcome(claim, error=_error_info(exc, deadline.total_ms))
         else:
             duration_ms = int((time.monotonic() - started) * 1000)
             self.latency.observe(duration_ms)
             outcome = Outcome(claim, result=result, duration_ms=duration_ms, result_ref=ref)
+        finally:
+            await cancel_and_wait(keepalive)
+            self._progress_at.pop(task.message_id, None)
         await self._conclude(job, outcome)
 
     async def _conclude(self, job: Job, outcome: Outcome) -> None:
@@ -231,11 +251,14 @@ class Executor:
         )
 
     async def _progress(self, job: Job, note: str) -> None:
-        progress = Progress(**self._about(job.task), note=note)
+        task = job.task
+        progress = Progress(**self._about(task), note=note)
+        at_ms = max(now_ms(), self._progress_at.get(task.message_id, 0) + 1)
+        self._progress_at[task.message_id] = at_ms
         await asyncio.gather(
             job.delivery.in_progress(),
-            reply(self.broker, job.task, progress, sender=self._me),
-            self._say(job, "progress", note=note),
+            reply(self.broker, task, progress, sender=self._me),
+            self._say(job, "progress", at_ms=at_ms, note=note),
         )
 
     async def _complete(
@@ -252,13 +275,15 @@ class Executor:
         detail = {"task": job.task, "error": error, "dispatched_at_ms": job.dispatched_ms}
         await self._say(job, event, **detail)
 
-    async def _say(self, job: Job, event: str, **detail: Any) -> None:
-        """An event about the job, as this agent, carrying the coordinator's grant back."""
+    async def _say(self, job: Job, event: str, *, at_ms: int = 0, **detail: Any) -> None:
+        """An event about the job, as this agent, carrying the coordinator's grant back
+        (``at_ms``, when given, replaces the publisher's clock: progress keeps it rising)."""
         if job.grant:
             detail["grant"] = job.grant
-        await emit(
-            self.broker, event_for(job.task, event, agent_id=self._me, **detail), sender=self._me
-        )
+        said = event_for(job.task, event, agent_id=self._me, **detail)
+        if at_ms:
+            said = msgspec.structs.replace(said, at_ms=at_ms)
+        await emit(self.broker, said, sender=self._me)
 
     async def _undecodable(self, delivery: Delivery, exc: DecodeError) -> None:
         """A dispatch that is not a task: the coordinator dead-letters it, from our report."""
@@ -282,13 +307,20 @@ class Executor:
         return about(task, from_agent=self._me, to_agent=task.from_agent)
 
 
-async def _call(spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline_ms: int) -> Any:
-    timeout = deadline_ms / 1000
-    if spec.is_async:
-        async with asyncio.timeout(timeout):
+async def _keep_alive(delivery: Delivery, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(max(0.1, every_s))  # the keep-alive's own period
+        with contextlib.suppress(BrokerError):  # the next one may get through
+            await delivery.in_progress()
+
+
+async def _call(spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline: Deadline) -> Any:
+    async with asyncio.timeout(None) as scope:
+        deadline.enforce(scope)
+        if spec.is_async:
             return await spec.func(ctx, payload)
-    # A thread cannot be cancelled: past the deadline its late result is discarded.
-    return await asyncio.wait_for(asyncio.to_thread(spec.func, ctx, payload), timeout)
+        # A thread cannot be cancelled: past the deadline its late result is discarded.
+        return await asyncio.to_thread(spec.func, ctx, payload)
 
 
 def _error_info(exc: Exception, deadline_ms: int) -> ErrorInfo:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from agentreach.broker import Broker, BrokerError, Bucket, Inbound
+from agentreach.broker import Broker, BrokerError, Bucket, Inbound, WrongLastSequence
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.envelopes import AgentControl, DecodeError, Heartbeat, decode_as
@@ -61,6 +61,7 @@ class Heartbeats:
         self._load = load
         self._clock = clock
         self._seq = 0
+        self.revision = 0  # of this process's last heartbeat written
         self._wake = asyncio.Event()
         self._last: tuple[float, float] | None = None  # (wall, monotonic) at the last beat
 
@@ -72,9 +73,11 @@ class Heartbeats:
             names.agent_control(self._agent_id), self._on_control
         ):
             while True:
+                # Cleared before the beat: a new interval that arrives while the beat is being
+                # written must still wake the wait below, or its "beat at once" is lost.
+                self._wake.clear()
                 await self._beat(bucket)
                 honour_cancellation()
-                self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), jittered(self.interval_s))
 
@@ -93,10 +96,19 @@ class Heartbeats:
             agent_time_ms=int(wall * 1000),
         )
         try:
-            await bucket.put(self._agent_id, beat)
+            self.revision = await bucket.put(self._agent_id, beat)
         except BrokerError as exc:
             log.warning("heartbeat not written", error=str(exc))
         await self._check_clock(wall, mono)
+
+    async def retire(self) -> None:
+        """Delete the heartbeat (the coordinator then knows at once that the agent stopped),
+        unless another process wrote one since this process's last: that one is live."""
+        bucket = await self._broker.bucket(self._broker.names.heartbeats_bucket, Heartbeat)
+        try:
+            await bucket.delete(self._agent_id, last=self.revision or None)
+        except WrongLastSequence:
+            log.warning("another process heartbeats for this agent id; its heartbeat stands")
 
     async def _check_clock(self, wall: float, mono: float) -> None:
         last, self._last = self._last, (wall, mono)

@@ -12,7 +12,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.agents.errors import AgentIdInUse
-from agentreach.broker import Broker, BrokerTimeout, NoResponders, WrongLastSequence
+from agentreach.broker import Broker, BrokerTimeout, Entry, NoResponders, WrongLastSequence
 from agentreach.envelopes import AgentCard, RegisterReply, RegisterRequest, decode_as, now_ms
 
 log = structlog.get_logger("agents.registration")
@@ -48,8 +48,9 @@ async def await_slot(broker: Broker, agent_id: str) -> float | None:
         await asyncio.sleep(delay)
 
 
-async def write_card(broker: Broker, card: AgentCard) -> AgentCard:
-    """Write ``card`` with the next epoch, reusing the agent's record.
+async def write_card(broker: Broker, card: AgentCard) -> Entry[AgentCard]:
+    """Write ``card`` with the next epoch, reusing the agent's record; returns it with the
+    revision it was written at.
 
     The write is conditional on the record read, so two processes registering
     the same id at once cannot both succeed.
@@ -69,4 +70,18 @@ async def write_card(broker: Broker, card: AgentCard) -> AgentCard:
             f"agent_id {card.agent_id!r} was registered by another process at the same moment"
         ) from None
     assert swap.entry is not None
-    return swap.entry.value
+    return swap.entry
+
+
+async def retire_card(broker: Broker, registered: Entry[AgentCard]) -> bool:
+    """Mark the card ``stopped``, unless a newer process of the id has registered since (its
+    card stands): the write is conditional on the revision this process registered at.
+    Returns whether the card was still this process's."""
+    cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+    stopped = msgspec.structs.replace(registered.value, status="stopped")
+    try:
+        await cards.update(registered.key, stopped, last=registered.revision)
+    except WrongLastSequence:
+        log.warning("a newer process registered this agent id; its card stands")
+        return False
+    return True

@@ -16,7 +16,7 @@ from agentreach.agents.claims import Claims
 from agentreach.agents.errors import AgentIdInUse
 from agentreach.agents.execution import Executor
 from agentreach.agents.heartbeats import Heartbeats, Load
-from agentreach.agents.registration import await_slot, write_card
+from agentreach.agents.registration import await_slot, retire_card, write_card
 from agentreach.agents.watchdog import Watchdog
 from agentreach.broker import (
     Broker,
@@ -24,6 +24,7 @@ from agentreach.broker import (
     ClaimCheck,
     ConsumerSpec,
     Delivery,
+    Entry,
     PullConsumer,
     bind,
     wait_provisioned,
@@ -31,7 +32,7 @@ from agentreach.broker import (
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.presence import Presence
 from agentreach.broker.tasks import cancel_and_wait
-from agentreach.envelopes import PRIORITIES, AgentCard, Execution, Heartbeat, Priority
+from agentreach.envelopes import PRIORITIES, AgentCard, Execution, Priority
 
 if TYPE_CHECKING:
     from agentreach.agents.agent import Agent
@@ -75,6 +76,8 @@ class AgentRuntime:
         self.agent = agent
         self.broker = broker
         self.card: AgentCard | None = None
+        self._registered: Entry[AgentCard] | None = None
+        self.heartbeats: Heartbeats | None = None
         self._stopping = asyncio.Event()
         self._closed = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
@@ -94,7 +97,8 @@ class AgentRuntime:
         await self._await_topology()
         await self._claim_identity()
         interval = await await_slot(self.broker, agent.agent_id) or agent.heartbeat_interval
-        self.card = await write_card(self.broker, agent.card(status="running"))
+        self._registered = await write_card(self.broker, agent.card(status="running"))
+        self.card = self._registered.value
         executions = await self.broker.bucket(self.broker.names.executions_bucket, Execution)
         self._executor = Executor(
             agent,
@@ -139,10 +143,7 @@ class AgentRuntime:
         await _finish(list(self._in_flight), DRAIN_TIMEOUT_S)
         await _finish(self._duties, 0)
         with contextlib.suppress(BrokerError):
-            await self._put_card(status="stopped")
-        with contextlib.suppress(BrokerError):  # tells the coordinator at once: stopped, not lost
-            beats = await self.broker.bucket(self.broker.names.heartbeats_bucket, Heartbeat)
-            await beats.delete(self.agent.agent_id)
+            await self._retire()
         if self._presence is not None:
             await self._presence.stop()
         self._closed.set()
@@ -200,11 +201,16 @@ class AgentRuntime:
             max_deliver=self.agent.max_deliver,
         )
 
-    async def _put_card(self, *, status: str) -> None:
+    async def _retire(self) -> None:
+        """Card ``stopped`` and heartbeat deleted: the coordinator knows at once that this
+        process stopped rather than got lost. Neither is touched when a newer process of the
+        id has registered meanwhile (this one was cut off, say): what it wrote stands."""
+        if self._registered is None or not await retire_card(self.broker, self._registered):
+            return
         assert self.card is not None
-        self.card = msgspec.structs.replace(self.card, status=status)
-        cards = await self.broker.bucket(self.broker.names.agents_bucket, AgentCard)
-        await cards.put(self.agent.agent_id, self.card)
+        self.card = msgspec.structs.replace(self.card, status="stopped")
+        if self.heartbeats is not None:
+            await self.heartbeats.retire()
 
     # -- consuming ----------------------------------------------------------------
     async def _consume(self, priority: Priority, consumer: PullConsumer) -> None:

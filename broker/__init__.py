@@ -12,7 +12,14 @@ from agentreach.broker.bucket import Bucket, Contended, Entry, Swap
 from agentreach.broker.claim_check import ClaimCheck, PayloadUnavailable
 from agentreach.broker.cluster import EmbeddedCluster
 from agentreach.broker.connection import Broker
-from agentreach.broker.consume import ConsumerSpec, PullConsumer, bind, follow
+from agentreach.broker.consume import (
+    ConsumerSpec,
+    ConsumerState,
+    PullConsumer,
+    bind,
+    consumer_state,
+    follow,
+)
 from agentreach.broker.direct import read_stream
 from agentreach.broker.embedded import EmbeddedServer, find_server_binary
 from agentreach.broker.errors import (
@@ -59,6 +66,7 @@ __all__ = [
     "ConnectError",
     "ConsumerNotFound",
     "ConsumerSpec",
+    "ConsumerState",
     "Contended",
     "Delivery",
     "EmbeddedCluster",
@@ -89,6 +97,7 @@ __all__ = [
     "Unavailable",
     "WrongLastSequence",
     "bind",
+    "consumer_state",
     "find_server_binary",
     "follow",
     "parse_replicas",

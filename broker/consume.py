@@ -157,6 +157,47 @@ class PullConsumer:
         self._sub = sub
 
 
+@dataclass(frozen=True, kw_only=True)
+class ConsumerState:
+    """A durable consumer as the server has it: its settings (as in :class:`ConsumerSpec`, with
+    the policies by their API names) and how many messages it holds back."""
+
+    spec: ConsumerSpec
+    ack_policy: str
+    deliver_policy: str
+    num_ack_pending: int
+    num_pending: int
+
+
+async def consumer_state(broker: Broker, stream: str, durable: str) -> ConsumerState | None:
+    """The consumer ``durable`` of ``stream``, or None when it does not exist."""
+    try:
+        info = await broker.js.consumer_info(stream, durable)
+    except nats.js.errors.NotFoundError:
+        return None
+    except nats.errors.Error as exc:
+        raise translate(exc, subject=f"{stream}/{durable}") from exc
+    config = info.config
+    filters = tuple(
+        config.filter_subjects or ([config.filter_subject] if config.filter_subject else [])
+    )
+    return ConsumerState(
+        spec=ConsumerSpec(
+            stream=stream,
+            durable=config.durable_name or "",
+            filter_subjects=filters,
+            ack_wait_s=config.ack_wait or 0.0,
+            max_ack_pending=config.max_ack_pending or 0,
+            max_deliver=config.max_deliver or -1,
+            inactive_threshold_s=config.inactive_threshold or None,
+        ),
+        ack_policy=str(getattr(config.ack_policy, "value", config.ack_policy) or ""),
+        deliver_policy=str(getattr(config.deliver_policy, "value", config.deliver_policy) or ""),
+        num_ack_pending=info.num_ack_pending or 0,
+        num_pending=info.num_pending or 0,
+    )
+
+
 async def bind(
     broker: Broker, spec: ConsumerSpec, *, on_missing: OnMissing | None = None
 ) -> PullConsumer:

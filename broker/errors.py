@@ -34,6 +34,7 @@ STREAM_NOT_FOUND = 10059
 CONSUMER_NOT_FOUND = 10014
 STREAM_NAME_IN_USE = 10058
 WRONG_LAST_SEQUENCE = 10071
+WRONG_LAST_SEQUENCE_REPLICATED = 10164  # the same refusal, from a replicated (R>1) stream
 SUBJECT_FULL = 10077
 
 
@@ -106,6 +107,7 @@ _BY_CODE: dict[int, type[JetStreamError]] = {
     STREAM_NOT_FOUND: StreamNotFound,
     CONSUMER_NOT_FOUND: ConsumerNotFound,
     WRONG_LAST_SEQUENCE: WrongLastSequence,
+    WRONG_LAST_SEQUENCE_REPLICATED: WrongLastSequence,
     SUBJECT_FULL: SubjectFull,
 }
 

@@ -70,7 +70,7 @@ class Presence:
                 name=SERVICE_NAME,
                 version=self._version,
                 description=f"Agent-Reach agent {self._agent_id}",
-                metadata={"agent_id": self._agent_id, **self._tags},
+                metadata={**self._tags, "agent_id": self._agent_id},  # the id wins over a tag
             )
             await self._service.add_endpoint(
                 name="ping", subject=names.ping(self._agent_id), handler=_pong

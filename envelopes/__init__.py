@@ -4,6 +4,7 @@
   event, dead letter);
 - :mod:`~agentreach.envelopes.registry`: agent cards, heartbeats, liveness, registration;
 - :mod:`~agentreach.envelopes.executions`: run-once execution records;
+- :mod:`~agentreach.envelopes.events`: the ``detail`` of each lifecycle event;
 - :mod:`~agentreach.envelopes.coordination`: the coordinator's breaker, lease, quota,
   workflow and timer records;
 - :mod:`~agentreach.envelopes.manual`: tasks waiting in a manual-review queue;
@@ -36,6 +37,7 @@ from agentreach.envelopes.coordination import (
     breaker_key,
 )
 from agentreach.envelopes.errors import DecodeError, EnvelopeError
+from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS, decode_detail
 from agentreach.envelopes.executions import Execution, execution_key, executions_of
 from agentreach.envelopes.ids import new_id, stable_id
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
@@ -78,10 +80,12 @@ from agentreach.envelopes.registry import (
     TraceReply,
     TraceRequest,
 )
-from agentreach.envelopes.schema import json_schema
+from agentreach.envelopes.schema import all_schemas, json_schema
 
 __all__ = [
+    "AGENT_EVENTS",
     "DEFAULT_TTL_MS",
+    "EVENT_DETAILS",
     "MAX_TTL_MS",
     "PRIORITIES",
     "TOKEN_PATTERN",
@@ -127,10 +131,12 @@ __all__ = [
     "TraceReply",
     "TraceRequest",
     "WorkflowRecord",
+    "all_schemas",
     "breaker_key",
     "decode",
     "decode_as",
     "decode_dead_letter",
+    "decode_detail",
     "decode_event",
     "decode_json",
     "decode_reply",

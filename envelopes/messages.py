@@ -24,8 +24,9 @@ MAX_TTL_MS = 86_400_000  # a day: past that, a task is history, not work
 PositiveMs = Annotated[
     int, msgspec.Meta(gt=0, le=MAX_TTL_MS, description="milliseconds, at most a day")
 ]
-# Where replies may go: one literal NATS subject, not a system one ($JS…, $SYS…).
-REPLY_PATTERN = r"^(?!\$)[^.\s*>]+(\.[^.\s*>]+)*$"
+# Where replies may go: one literal NATS subject, not a system one ($JS…, $SYS…). No
+# look-ahead: the pattern is published in the JSON Schema, and RE2 (Go, Rust) has none.
+REPLY_PATTERN = r"^[^.\s*>$][^.\s*>]*(\.[^.\s*>]+)*$"
 _REPLY = re.compile(REPLY_PATTERN)
 ReplySubject = Annotated[
     str, msgspec.Meta(pattern=REPLY_PATTERN, max_length=256, description="a NATS subject")

@@ -28,6 +28,7 @@ LAYERS: dict[str, float] = {
     "agentreach.coordinator": 3,
     "agentreach.auth": 3,
     "agentreach.cli": 4,
+    "agentreach.conformance": 3.75,  # drives an agent from outside; `reach conformance` runs it
     "agentreach.examples": 3.5,  # like any program written with the SDK
     "agentreach.dashboard": 3.7,  # reads the coordinator's views, replays with the SDK
 }

@@ -11,12 +11,14 @@ from agentreach.cli import (
     agents,
     auth,
     completion,
+    conformance,
     dashboard,
     dlq,
     manual,
     provision,
     publish,
     routes,
+    schema,
     serve,
     trace,
     workflows,
@@ -31,6 +33,7 @@ GROUPS = (
     publish,
     trace,
     provision,
+    schema,
     agents,
     workflows,
     routes,
@@ -38,13 +41,24 @@ GROUPS = (
     auth,
     manual,
     dashboard,
+    conformance,
     completion,
 )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``reach`` console script."""
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # What follows `--` is a command line of its own (`reach conformance ID -- node agent.js`).
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    root = parser()
+    args = root.parse_args(argv)
+    if extra and not getattr(args, "takes_command", False):
+        root.error(f"unexpected arguments after --: {' '.join(extra)}")
+    args.extra = extra
     configure_logging(args.log_level, args.log_format)
     try:
         return asyncio.run(args.command(args))

@@ -1,13 +1,9 @@
-"""``reach provision`` (every stream and bucket, idempotent) and ``reach schema``."""
+"""``reach provision``: every stream and bucket, idempotent."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-from pathlib import Path
 
-from agentreach import envelopes
 from agentreach.broker import Topology, provision
 from agentreach.cli.options import (
     Commands,
@@ -30,13 +26,6 @@ def register(commands: Commands) -> None:
         "--config", help="coordinator YAML config (its queue capacities and broker section)"
     )
     replication_options(prov)
-    schema = commands.add(
-        "schema",
-        cmd_schema,
-        "print the JSON Schema of envelope v1",
-        example="reach schema --out envelope.schema.json",
-    )
-    schema.add_argument("--out", help="write to this file instead")
 
 
 async def cmd_provision(args: argparse.Namespace) -> int:
@@ -60,12 +49,3 @@ async def cmd_provision(args: argparse.Namespace) -> int:
 
 def _tags(tags: tuple[str, ...]) -> str:
     return ", ".join(tags) if tags else "any server (no durability profile)"
-
-
-async def cmd_schema(args: argparse.Namespace) -> int:
-    text = json.dumps(envelopes.json_schema(), indent=2)
-    if args.out:
-        await asyncio.to_thread(Path(args.out).write_text, text + "\n")
-    else:
-        print(text)
-    return 0

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import nats.js.errors
 import pytest
 
 from agentreach.broker import Contended, WrongLastSequence
+from agentreach.broker.errors import translate
 from agentreach.envelopes import LeaseRecord
 
 
@@ -86,3 +88,9 @@ async def test_unreadable_values_are_replaced_by_cas_and_left_out_of_snapshots(b
     swap = await leases.cas("garbled", lambda current: current or LeaseRecord("new", 1))
     assert swap.written
     assert set(await leases.snapshot()) == {"fine", "garbled"}
+
+
+def test_a_replicated_streams_wrong_last_sequence_is_the_same_refusal():
+    """10164 (a CAS conflict on an R>1 stream) is a WrongLastSequence, like 10071."""
+    refused = nats.js.errors.APIError(code=400, err_code=10164, description="wrong last sequence")
+    assert isinstance(translate(refused), WrongLastSequence)

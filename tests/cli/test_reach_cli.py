@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+from pathlib import Path
 
 from agentreach.agents import Agent, TaskContext
 from agentreach.broker import EmbeddedServer
@@ -108,6 +109,22 @@ async def test_schema_is_json_schema_of_every_kind():
     assert {"Task", "Ack", "Progress", "Result", "ErrorReply", "Event", "DeadLetter"} <= set(
         schema["$defs"]
     )
+
+
+async def test_schema_all_writes_the_committed_schemas(tmp_path):
+    """`reach schema --all --out DIR` writes every record's schema, as committed in schemas/;
+    an unknown record name is one line and exit 1."""
+    done = await run(reach_command(), "schema", "--all", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    committed = Path(__file__).parents[2] / "schemas"
+    written = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.json"))
+    assert written == sorted(str(p.relative_to(committed)) for p in committed.rglob("*.json"))
+    assert (tmp_path / "events" / "failed.json").read_text() == (
+        committed / "events" / "failed.json"
+    ).read_text()
+    unknown = await run(reach_command(), "schema", "nope")
+    assert unknown.returncode == 1 and "no record 'nope'" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
 
 
 async def test_user_mistakes_are_one_line_without_traceback(broker):

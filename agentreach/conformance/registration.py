@@ -1,0 +1,163 @@
+"""Clauses about an agent at rest: its card, its consumers, its probes, its heartbeats."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from typing import Any
+
+from agentreach import envelopes
+from agentreach.broker import BrokerTimeout, NoResponders, consumer_state
+from agentreach.broker.presence import SERVICE_NAME
+from agentreach.broker.requests import gather_replies
+from agentreach.conformance.report import Checks, Failed
+from agentreach.conformance.session import Session
+from agentreach.envelopes import PRIORITIES, AgentControl, Heartbeat
+
+CADENCE_S = 0.5  # the interval the kit asks for while it watches the beats
+BEATS = 12
+JITTER_STDEV_S = 0.025  # ±20 % of 0.5 s spreads gaps far wider; no jitter at all does not
+
+
+async def card(s: Session, c: Checks) -> str:
+    """§5: the card is a valid record, running, with an epoch, serving the topic."""
+    found = await s.card()
+    c.must(found.agent_id == s.agent_id, f"card says agent_id {found.agent_id!r}")
+    c.must(found.status == "running", f"card status is {found.status!r}, not 'running'")
+    c.must(found.epoch >= 1, f"card epoch is {found.epoch}")
+    c.must(s.topic in found.intents, f"card does not list the topic {s.topic!r}")
+    for topic, intent in found.intents.items():
+        c.must(intent.capacity >= 1, f"intent {topic!r} has capacity {intent.capacity}")
+    c.should(bool(found.host) and found.pid > 0, "host and pid describe the process")
+    c.should(found.started_at > 0, "started_at is the registration time")
+    return f"running, epoch {found.epoch}, intents {sorted(found.intents)}"
+
+
+async def consumers(s: Session, c: Checks) -> str:
+    """§6: three durable pull consumers with the settings the protocol fixes."""
+    found = await s.card()
+    capacity = sum(intent.capacity for intent in found.intents.values())
+    shown = []
+    for priority in PRIORITIES:
+        stream = s.names.dispatch_stream(priority)
+        durable = s.names.agent_consumer(s.agent_id, priority)
+        state = await consumer_state(s.broker, stream, durable)
+        c.must(state is not None, f"no consumer {durable} on {stream}")
+        assert state is not None
+        spec, where = state.spec, f"{durable}:"
+        subject = s.names.dispatch(s.agent_id, priority)
+        c.must(spec.filter_subjects == (subject,), f"{where} filter {spec.filter_subjects}")
+        c.must(state.ack_policy == "explicit", f"{where} ack policy {state.ack_policy}")
+        c.must(state.deliver_policy == "all", f"{where} deliver policy {state.deliver_policy}")
+        c.must(spec.max_deliver >= 1, f"{where} max deliver {spec.max_deliver} is unlimited")
+        c.must(
+            spec.max_ack_pending == capacity,
+            f"{where} max ack pending {spec.max_ack_pending}, not the card's capacity {capacity}",
+        )
+        c.must(spec.ack_wait_s > 0, f"{where} no ack wait")
+        c.should(spec.inactive_threshold_s is None, f"{where} has an inactive threshold")
+        shown.append(priority.lower())
+    return (
+        f"agent-{s.agent_id}-{'/'.join(shown)}: ack wait {spec.ack_wait_s:g} s,"
+        f" max ack pending {capacity}, max deliver {spec.max_deliver}"
+    )
+
+
+async def probes(s: Session, c: Checks) -> str:
+    """§9: presence and the micro-service ping answer; `nats micro` lists the agent."""
+    for subject, timeout_s, what in (
+        (s.names.presence(s.agent_id), 3.0, "presence"),
+        (s.names.ping(s.agent_id), 5.0, "ping"),
+    ):
+        try:
+            await s.broker.request(subject, b"", timeout=timeout_s)
+        except NoResponders:
+            raise Failed(f"nobody subscribes to {subject} ({what})") from None
+        except BrokerTimeout:
+            raise Failed(f"{what} on {subject} not answered within {timeout_s:g} s") from None
+    answers = await gather_replies(s.broker, f"$SRV.INFO.{SERVICE_NAME}", wait_s=1.0)
+    instances = [_json_object(answer) for answer in answers]
+    mine = [i for i in instances if (i.get("metadata") or {}).get("agent_id") == s.agent_id]
+    c.should(len(mine) == 1, f"one '{SERVICE_NAME}' micro service instance for the agent")
+    if mine:
+        subjects = [e.get("subject") for e in mine[0].get("endpoints") or []]
+        c.should(s.names.ping(s.agent_id) in subjects, "the micro service's ping endpoint subject")
+    return f"presence and ping answer; {len(mine)} '{SERVICE_NAME}' instance listed"
+
+
+async def heartbeats(s: Session, c: Checks) -> str:
+    """§7, §8: heartbeats with the card's epoch, a new interval followed at once, beats
+    every interval ± 20 % with jitter, then the old interval again."""
+    epoch = (await s.card()).epoch
+    stored = await (await s.broker.bucket(s.names.heartbeats_bucket, Heartbeat)).get(s.agent_id)
+    c.must(stored is not None, f"no heartbeat in {s.names.heartbeats_bucket}")
+    assert stored is not None
+    first = stored.value
+    c.must(first.epoch == epoch, f"heartbeat epoch {first.epoch}, card epoch {epoch}")
+    c.must(first.interval_s > 0 and first.seq >= 1, "interval_s > 0 and seq >= 1")
+    # Busy meanwhile: an idle agent's interval would be doubled by the coordinator mid-watch.
+    busy = await s.dispatch(s.task({"op": "sleep", "ms": int(BEATS * CADENCE_S * 1500)}))
+    asked_at = s.now()
+    start = len(s.beats)
+    await _ask_interval(s, CADENCE_S)
+    adopted = await s.until(
+        lambda: _first(s, start, lambda b: b.interval_s == CADENCE_S),
+        3.0,
+        f"heartbeat with interval_s {CADENCE_S} after the control message",
+    )
+    c.should(adopted - asked_at < 0.5, "a heartbeat at once after a new interval")
+    begin = len(s.beats) - 1
+    await s.until(
+        lambda: True if len(s.beats) - begin > BEATS else None,
+        BEATS * CADENCE_S * 1.2 + 3,
+        f"{BEATS + 1} heartbeats at {CADENCE_S} s",
+    )
+    beats = s.beats[begin : begin + BEATS + 1]
+    bodies = [b.body for b in beats]
+    c.must(all(isinstance(b, Heartbeat) for b in bodies), f"unreadable heartbeat: {bodies}")
+    seqs = [b.seq for b in bodies]
+    c.must(seqs == sorted(set(seqs)), f"seq does not rise: {seqs}")
+    c.should(seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"seq rises by 1: {seqs}")
+    c.must(all(b.epoch == epoch for b in bodies), "every heartbeat carries the card's epoch")
+    gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(beats)]
+    shown = ", ".join(f"{g:.2f}" for g in gaps)
+    mean = statistics.fmean(gaps)
+    # Generous bounds: the kit sees receive times, on a machine that may be busy.
+    c.must(0.42 <= mean <= 0.6, f"mean gap {mean:.3f} s, not {CADENCE_S} s: {shown}")
+    c.must(all(0.25 <= g <= 1.0 for g in gaps), f"a gap far outside ±20 %: {shown}")
+    c.should(all(0.3 <= g <= 0.75 for g in gaps), f"every gap within ±20 % (+0.1 s): {shown}")
+    spread = statistics.pstdev(gaps)
+    c.must(spread >= JITTER_STDEV_S, f"no jitter: gaps {shown} (stdev {spread:.3f} s)")
+    back = len(s.beats)
+    await _ask_interval(s, first.interval_s)
+    await s.until(
+        lambda: _first(s, back, lambda b: b.interval_s == first.interval_s),
+        3.0,
+        f"heartbeat with interval_s {first.interval_s:g} again, at once",
+    )
+    await s.until(lambda: busy.replies_of("result") or None, 15.0, "the busy task's result")
+    return (
+        f"epoch {epoch}; at {CADENCE_S} s: mean gap {mean:.3f} s, stdev {spread:.3f} s;"
+        f" interval {first.interval_s:g} s restored"
+    )
+
+
+async def _ask_interval(s: Session, interval_s: float) -> None:
+    control = envelopes.encode(AgentControl(heartbeat_interval_s=interval_s))
+    await s.broker.publish_core(s.names.agent_control(s.agent_id), control)
+
+
+def _first(s: Session, start: int, match) -> float | None:  # type: ignore[no-untyped-def]
+    """The receive time of the first heartbeat from ``start`` on that ``match`` accepts."""
+    for beat in s.beats[start:]:
+        if isinstance(beat.body, Heartbeat) and match(beat.body):
+            return beat.at
+    return None
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    try:
+        found = envelopes.decode_json(data)
+    except envelopes.DecodeError:
+        return {}
+    return found if isinstance(found, dict) else {}

@@ -1,0 +1,143 @@
+"""Clauses about run-once execution: duplicates, claims left by a crash, a claim held by
+another delivery, and the fencing of a late result (§13, §14). Each agent keeps its own
+records (``<caller>.<message_id>.<agent_id>``); across agents, the coordinator looks."""
+
+from __future__ import annotations
+
+import msgspec
+
+from agentreach.broker import WrongLastSequence
+from agentreach.conformance.report import Checks, Failed
+from agentreach.conformance.session import Exchange, Session
+from agentreach.conformance.tasks import first
+from agentreach.envelopes import ErrorInfo, Execution, Task, now_ms
+
+
+async def duplicates(s: Session, c: Checks) -> str:
+    """Two deliveries at once and a third after the end: one run, three equal results."""
+    task = s.task({"op": "sleep", "ms": 400})
+    ex = await s.dispatch(task)
+    await s.dispatch(task)
+    await _results(s, ex, 2, 10.0)
+    await s.dispatch(task)
+    await _results(s, ex, 3, 10.0)
+    await s.quiet()
+    c.must(ex.runs() == 1, f"the handler ran {ex.runs()} times")
+    results = [r.result for r in ex.replies_of("result")]
+    c.must(all(r == results[0] for r in results), f"results differ: {results}")
+    record = await s.execution(task)
+    c.must(record is not None and record.state == "done", f"execution record {record}")
+    return "three deliveries, one run, the same result three times"
+
+
+async def takeover(s: Session, c: Checks) -> str:
+    """Its own claim left by an earlier process (a crash) is taken at once, as is a lapsed
+    one, and a failed record (a retry) runs again."""
+    epoch = (await s.card()).epoch
+    cases = {
+        "an earlier process's live claim": _record(s.agent_id, epoch - 1, now_ms() + 120_000),
+        "a lapsed claim": _record(s.agent_id, epoch, now_ms() - 1_000),
+        "a failed run": _record(s.agent_id, epoch, 0, state="failed"),
+    }
+    for what, held in cases.items():
+        task = s.task({"op": "echo", "value": what})
+        await (await s.executions()).create(s.execution_key(task), _keyed(held, task))
+        ex = await s.dispatch(task)
+        result = await _result(s, ex, 5.0, f"result despite {what}")
+        c.must(result == {"value": what, "attempt": 1}, f"{what}: result {result!r}")
+        record = await s.execution(task)
+        c.must(
+            record is not None and (record.state, record.epoch) == ("done", epoch),
+            f"{what}: record {record}",
+        )
+    return "runs at once over " + ", ".join(cases)
+
+
+async def busy(s: Session, c: Checks) -> str:
+    """A live claim of this process (another delivery of the message, running now) is waited
+    for, not run over; when it ends, its recorded result answers."""
+    epoch = (await s.card()).epoch
+    task = s.task({"op": "sleep", "ms": 10})
+    executions = await s.executions()
+    key = s.execution_key(task)
+    revision = await executions.create(
+        key, _keyed(_record(s.agent_id, epoch, now_ms() + 30_000), task)
+    )
+    ex = await s.dispatch(task)
+    await s.quiet(1.0)
+    c.must(ex.runs() == 0, "ran a message another delivery holds")
+    c.must(not ex.replies_of("result"), "answered before the other delivery finished")
+    done = _keyed(_record(s.agent_id, epoch, 0, state="done"), task, result={"by": "the other"})
+    try:
+        await executions.update(key, done, last=revision)
+    except WrongLastSequence:
+        raise Failed("the agent wrote over a live claim of another delivery") from None
+    result = await _result(s, ex, 5.0, "the other delivery's result")
+    c.must(result == {"by": "the other"}, f"answered {result!r}, not the recorded result")
+    await s.quiet()
+    c.must(ex.runs() == 0, "ran it after all")
+    return "waited while another delivery held the claim, then answered from its record"
+
+
+async def fencing(s: Session, c: Checks) -> str:
+    """§14: a result whose claim was taken away is not sent: late_result_rejected instead."""
+    epoch = (await s.card()).epoch
+    task = s.task({"op": "sleep", "ms": 1_500})
+    ex = await s.dispatch(task)
+    await s.until(lambda: ex.runs() or None, 5.0, "the handler start")
+    executions = await s.executions()
+    key = s.execution_key(task)
+    for _ in range(5):  # a lease renewal may slip in between the read and the write
+        entry = await executions.get(key)
+        c.must(entry is not None, "no claim in reach_executions while the handler runs")
+        assert entry is not None
+        claim = entry.value
+        c.must(claim.state == "running", f"record while running: {claim}")
+        c.must((claim.agent_id, claim.epoch) == (s.agent_id, epoch), f"claim {claim}")
+        c.must(claim.lease_until_ms > now_ms(), f"the claim's lease has lapsed: {claim}")
+        reassigned = ErrorInfo(type="reassigned", message="fenced by reach conformance")
+        fenced = _keyed(claim, task, state="failed", error=reassigned, lease_until_ms=0)
+        try:
+            await executions.update(key, fenced, last=entry.revision)
+            break
+        except WrongLastSequence:
+            continue
+    rejected = await s.until(
+        lambda: first(ex.events_of("late_result_rejected")), 8.0, "late_result_rejected event"
+    )
+    c.must(rejected.agent_id == s.agent_id, f"late_result_rejected names {rejected.agent_id!r}")
+    await s.quiet()
+    c.must(not ex.replies_of("result"), "the fenced result was sent")
+    c.must(not ex.events_of("completed"), "completed was published for a fenced result")
+    after = await s.execution(task)
+    c.must(after is not None and after.state == "failed", f"the fence was overwritten: {after}")
+    return "late result not sent; late_result_rejected published"
+
+
+def _record(agent_id: str, epoch: int, lease_until_ms: int, state: str = "running") -> Execution:
+    return Execution(
+        message_id="-",
+        state=state,  # type: ignore[arg-type]
+        agent_id=agent_id,
+        epoch=max(0, epoch),
+        lease_until_ms=lease_until_ms,
+        error=ErrorInfo(type="Error", message="an earlier attempt") if state == "failed" else None,
+        finished_at_ms=now_ms() if state != "running" else 0,
+    )
+
+
+def _keyed(record: Execution, task: Task, **changes: object) -> Execution:
+    return msgspec.structs.replace(record, message_id=task.message_id, **changes)
+
+
+async def _result(s: Session, ex: Exchange, timeout_s: float, what: str) -> object:
+    reply = await s.until(lambda: first(ex.replies_of("result")), timeout_s, what)
+    return reply.result
+
+
+async def _results(s: Session, ex: Exchange, count: int, timeout_s: float) -> None:
+    await s.until(
+        lambda: True if len(ex.replies_of("result")) >= count else None,
+        timeout_s,
+        f"{count} result replies",
+    )

@@ -1,0 +1,216 @@
+"""The ``detail`` of each lifecycle event whose shape is fixed.
+
+An :class:`~agentreach.envelopes.messages.Event` carries ``detail``, an object whose keys
+depend on ``event``. The shapes below are part of the wire contract: agents publish the
+first group (and the coordinator acts on ``completed``, ``failed`` and ``expired``; a
+``failed`` about a dispatch that was no task has :class:`UndecodableDetail`), the
+coordinator publishes the second. Unknown keys are ignored, like unknown fields anywhere,
+so a publisher may add keys; it may not leave out or retype the ones listed here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from agentreach.envelopes.codec import decode_as, encode
+from agentreach.envelopes.errors import DecodeError
+from agentreach.envelopes.messages import ErrorInfo, Event, PayloadRef, Task
+from agentreach.envelopes.registry import LivenessState
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class _Detail(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+# -- published by agents ---------------------------------------------------------------
+class _AboutGrantedTask(_Detail, frozen=True, kw_only=True):
+    # The dispatch's Reach-Grant header, echoed in every event an agent publishes about the
+    # task (absent when the dispatch had none: a deployment without a seal key).
+    grant: str | None = None
+
+
+class AcceptedDetail(_AboutGrantedTask, frozen=True, kw_only=True):
+    """``accepted``: the agent took the task (it sent its ``ack``); the broker time of the
+    dispatch, for the time the task waited in the agent's queue."""
+
+    dispatched_at_ms: NonNegative = 0
+
+
+class ProgressDetail(_AboutGrantedTask, frozen=True, kw_only=True):
+    """``progress``: the handler reported progress."""
+
+    note: str
+
+
+class CompletedDetail(_AboutGrantedTask, frozen=True, kw_only=True):
+    """``completed``: the result was recorded and sent (``duration_ms`` 0 when a duplicate
+    delivery was answered from the execution record). A result too large to travel is in the
+    Object Store: then ``result_ref`` names it instead of ``result``."""
+
+    result: Any = None
+    result_ref: PayloadRef | None = None
+    duration_ms: NonNegative
+
+
+class OutcomeDetail(_AboutGrantedTask, frozen=True, kw_only=True):
+    """``failed`` and ``expired``: the whole task as received (the coordinator builds the
+    retry from it), why, and the broker time of the dispatch (for the ttl left)."""
+
+    task: Task
+    error: ErrorInfo
+    dispatched_at_ms: NonNegative = 0
+
+
+class UndecodableDetail(_Detail, frozen=True, kw_only=True):
+    """``failed`` about a dispatch that was no task (topic ``_invalid``, a message id the
+    agent derived from the stream and sequence): its bytes and headers, and why; the
+    coordinator dead-letters it as ``invalid_envelope``."""
+
+    error: ErrorInfo
+    raw: str | None  # the body as text, or "base64:" + base64 when it is not UTF-8
+    headers: dict[str, str] = {}
+
+
+class LateResultRejectedDetail(_AboutGrantedTask, frozen=True, kw_only=True):
+    """``late_result_rejected``: a result lost its claim (fenced) and was not sent."""
+
+
+class DeadLetteredDetail(_Detail, frozen=True, kw_only=True):
+    """``dead_lettered``: the message went to ``REACH_DLQ`` with this reason."""
+
+    reason: str
+    error: ErrorInfo | None = None
+
+
+class ClockDriftDetail(_Detail, frozen=True, kw_only=True):
+    """``clock_drift`` (about an agent): its wall clock jumped against its monotonic one."""
+
+    drift_s: float
+
+
+# -- published by the coordinator (informative) ------------------------------------------
+class RoutedDetail(_Detail, frozen=True, kw_only=True):
+    """``routed``: the rule that matched, the pool chosen from, who could have taken the task
+    and why the others were passed over (at most 20 of each listed)."""
+
+    rule: str
+    pool: str
+    candidates: list[str]
+    candidates_total: NonNegative
+    passed_over: dict[str, str]
+    trial: str | None = None  # the breaker whose half-open trial this call is
+
+
+class RetryScheduledDetail(_Detail, frozen=True, kw_only=True):
+    """``retry_scheduled``: the failed attempt will be followed by ``next_attempt``."""
+
+    next_attempt: Annotated[int, msgspec.Meta(ge=2)]
+    delay_ms: NonNegative
+    error: ErrorInfo
+
+
+class AgentStateDetail(_Detail, frozen=True, kw_only=True):
+    """``agent_state`` (about an agent): a liveness transition."""
+
+    state: LivenessState
+    was: LivenessState
+    reason: str
+    quarantined: bool
+
+
+class AlertDetail(_Detail, frozen=True, kw_only=True):
+    """``alert`` (about an agent): something an operator should look at — ``unresponsive``,
+    or ``impersonation`` (an event dropped: ``why``, the agent it ``claimed``, its ``kind``
+    and ``message_id``)."""
+
+    problem: str
+    why: str | None = None
+    claimed: str | None = None
+    kind: str | None = None
+    message_id: str | None = None
+
+
+class AnsweredFromRecordDetail(_Detail, frozen=True, kw_only=True):
+    """``answered_from_record``: the message had finished on ``agent_id`` (the event's), and
+    its stored result answered instead of a new run. No keys."""
+
+
+class BreakerDetail(_Detail, frozen=True, kw_only=True):
+    """``breaker_opened``, ``breaker_half_open``, ``breaker_closed`` (``intent`` set) and
+    ``agent_isolated``, ``isolation_trial``, ``agent_restored`` (about a whole agent)."""
+
+    reason: str
+    isolated_agents: NonNegative
+    intent: str | None = None
+
+
+class RejectedDetail(_Detail, frozen=True, kw_only=True):
+    """``rejected``: a task refused without a dead letter (a caller over its quota): the
+    error its sender got; the refusal may add keys (``caller``, ``quota``)."""
+
+    error: ErrorInfo
+
+
+class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
+    """``signal_ignored``: a workflow signal arrived that no state was waiting for."""
+
+    signal: str
+
+
+AGENT_EVENTS: dict[str, type[_Detail]] = {
+    "accepted": AcceptedDetail,
+    "progress": ProgressDetail,
+    "completed": CompletedDetail,
+    "failed": OutcomeDetail,
+    "expired": OutcomeDetail,
+    "late_result_rejected": LateResultRejectedDetail,
+    "clock_drift": ClockDriftDetail,
+}
+COORDINATOR_EVENTS: dict[str, type[_Detail]] = {
+    "routed": RoutedDetail,
+    "retry_scheduled": RetryScheduledDetail,
+    "dead_lettered": DeadLetteredDetail,
+    "agent_state": AgentStateDetail,
+    "alert": AlertDetail,
+    **dict.fromkeys(
+        (
+            "breaker_opened",
+            "breaker_half_open",
+            "breaker_closed",
+            "agent_isolated",
+            "isolation_trial",
+            "agent_restored",
+        ),
+        BreakerDetail,
+    ),
+    "signal_ignored": SignalIgnoredDetail,
+    "answered_from_record": AnsweredFromRecordDetail,
+    "rejected": RejectedDetail,
+}
+EVENT_DETAILS: dict[str, type[_Detail]] = {**COORDINATOR_EVENTS, **AGENT_EVENTS}
+
+
+def detail_type(event: Event) -> type[_Detail] | None:
+    """The type of ``event.detail`` (None for a free-form one, such as a workflow's notes)."""
+    if event.event == "failed" and "raw" in event.detail and "task" not in event.detail:
+        return UndecodableDetail
+    return EVENT_DETAILS.get(event.event)
+
+
+def decode_detail(event: Event) -> _Detail | None:
+    """``event.detail`` as the type its event name fixes (None for an event whose detail is
+    free-form, such as a workflow's notes); raises :class:`DecodeError` naming the path
+    below ``$.detail`` when it does not fit."""
+    kind = detail_type(event)
+    if kind is None:
+        return None
+    try:
+        return decode_as(encode(event.detail), kind)
+    except DecodeError as exc:
+        text, _, path = str(exc).partition(" - at `$")
+        where = f" - at `$.detail{path}" if path else " - at `$.detail`"
+        raise DecodeError(f"{event.event} event: {text}{where}") from None

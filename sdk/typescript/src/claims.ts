@@ -1,0 +1,230 @@
+/**
+ * Run-once effect on top of at-least-once delivery: claim a message before running it.
+ *
+ * The claim is a conditional write of this agent's record of the message in
+ * `reach_executions` (`<caller>.<message_id>.<agent_id>`), so two deliveries of one
+ * message to this agent (a redelivery, a republish) cannot both run it; across agents
+ * the coordinator reads every agent's record before dispatching again. A claim is a
+ * lease: when its holder dies, the message runs again once the lease has passed; a
+ * lease held by an earlier process of the same agent (a lower epoch) is taken over at once.
+ */
+
+import type { KV } from "nats";
+
+import { decodeJson, encode, nowMs } from "./codec.js";
+import { isWrongLastSequence } from "./connection.js";
+import type { Logger } from "./log.js";
+import { sleep } from "./timing.js";
+import type { ErrorInfo, Execution, PayloadRef, Task } from "./types.js";
+
+const RECORD_TRIES = 6; // about 8 s of broker trouble before the delivery is handed back
+const RECORD_BACKOFF_MS = 250;
+const KEPT = 10_000; // outcomes waiting to be recorded, at most
+
+/** This delivery runs the message; `revision` guards the record's next write. */
+export class Claimed {
+  readonly kind = "claimed";
+  private queue: Promise<unknown> = Promise.resolve();
+
+  constructor(
+    public revision: number,
+    public leaseUntilMs: number,
+  ) {}
+
+  /** Run `write` after every write on this claim before it (a renewal and the outcome). */
+  serially<T>(write: () => Promise<T>): Promise<T> {
+    const next = this.queue.then(write, write);
+    this.queue = next.catch(() => undefined);
+    return next;
+  }
+}
+
+/** The message ran before; here is its record (with the result). */
+export interface AlreadyDone {
+  kind: "done";
+  record: Execution;
+}
+
+/** Another delivery holds the lease; try again after `retryInMs`. */
+export interface Busy {
+  kind: "busy";
+  retryInMs: number;
+}
+
+export type Claim = Claimed | AlreadyDone | Busy;
+
+/** What one run of a handler ended with: its result, or an error. */
+export interface Outcome {
+  claim: Claimed;
+  result?: unknown;
+  /** The result, claim-checked when it was large (then `result` is null). */
+  resultRef?: PayloadRef | null;
+  error?: ErrorInfo;
+  durationMs: number;
+}
+
+/** This agent's claims and outcomes of messages, in a bucket shared by every agent. */
+export class Claims {
+  // Outcomes not yet recorded (the broker failing): a redelivery answers from these
+  // instead of running the handler a second time.
+  private readonly unrecordedOutcomes = new Map<string, Outcome>();
+
+  constructor(
+    private readonly kv: KV,
+    private readonly agentId: string,
+    private readonly epoch: number,
+    private readonly log: Logger,
+  ) {}
+
+  /** Take the right to run `task`, unless it ran already or runs elsewhere. */
+  async claim(task: Task, leaseMs: number): Promise<Claim> {
+    const leaseUntil = nowMs() + leaseMs;
+    const record = this.recordOf(task, "running", { lease_until_ms: leaseUntil });
+    try {
+      return new Claimed(await this.kv.create(this.key(task), encode(record)), leaseUntil);
+    } catch (err) {
+      if (!isWrongLastSequence(err)) throw err;
+    }
+    return this.contend(task, record);
+  }
+
+  /**
+   * Extend the claim's lease to `leaseMs` from now (a handler that reports progress works
+   * on). False when the claim was taken away meanwhile (fenced); a broker failure is
+   * logged and the old lease stands.
+   */
+  renew(task: Task, claim: Claimed, leaseMs: number): Promise<boolean> {
+    return claim.serially(async () => {
+      const until = nowMs() + leaseMs;
+      if (until <= claim.leaseUntilMs) return true;
+      const record = this.recordOf(task, "running", { lease_until_ms: until });
+      try {
+        claim.revision = await this.kv.update(this.key(task), encode(record), claim.revision);
+        claim.leaseUntilMs = until;
+        return true;
+      } catch (err) {
+        if (isWrongLastSequence(err)) return false;
+        this.log.warn("lease not extended", { message_id: task.message_id, error: String(err) });
+        return true;
+      }
+    });
+  }
+
+  /** The outcome of a run of `messageId` that is still waiting to be recorded. */
+  unrecorded(messageId: string): Outcome | undefined {
+    return this.unrecordedOutcomes.get(messageId);
+  }
+
+  /**
+   * Write the outcome into the claim's record (`done` with the result, or `failed`),
+   * trying again while the broker fails; the outcome is kept meanwhile, so a redelivery
+   * answers from it. After the last try the error is thrown. False when the claim was
+   * taken away (the task was reassigned): a result must not be used.
+   */
+  async record(task: Task, outcome: Outcome, stillWorking: () => void): Promise<boolean> {
+    this.unrecordedOutcomes.set(task.message_id, outcome);
+    while (this.unrecordedOutcomes.size > KEPT) {
+      this.unrecordedOutcomes.delete(this.unrecordedOutcomes.keys().next().value as string);
+    }
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const written = await outcome.claim.serially(() => this.write(task, outcome));
+        this.unrecordedOutcomes.delete(task.message_id);
+        return written;
+      } catch (err) {
+        if (isWrongLastSequence(err) || attempt === RECORD_TRIES - 1) throw err;
+        if (attempt === 0) this.log.warn("outcome not recorded yet; kept and retried", { error: String(err) });
+        await sleep(RECORD_BACKOFF_MS * 2 ** attempt);
+        stillWorking();
+      }
+    }
+  }
+
+  private async write(task: Task, outcome: Outcome): Promise<boolean> {
+    const record =
+      outcome.error === undefined
+        ? this.recordOf(task, "done", { result: outcome.result ?? null, result_ref: outcome.resultRef ?? null })
+        : this.recordOf(task, "failed", { error: outcome.error });
+    try {
+      await this.kv.update(this.key(task), encode(record), outcome.claim.revision);
+      return true;
+    } catch (err) {
+      if (!isWrongLastSequence(err)) throw err;
+    }
+    // Our lease lapsed or the task was reassigned, and that outcome stands; or an earlier
+    // try of ours was written though its answer got lost.
+    const held = await this.read(this.key(task));
+    return (
+      held !== null &&
+      held.agent_id === record.agent_id &&
+      held.epoch === record.epoch &&
+      held.attempt === record.attempt &&
+      held.state === record.state
+    );
+  }
+
+  private async contend(task: Task, record: Execution): Promise<Claim> {
+    const entry = await this.kv.get(this.key(task));
+    if (entry === null || entry.operation !== "PUT") {
+      return { kind: "busy", retryInMs: 100 }; // vanished between create and get: try again
+    }
+    const current = parse(entry.value); // an unreadable record must not block the message
+    if (current?.state === "done") return { kind: "done", record: current };
+    if (current?.state === "running" && !this.outlived(current)) {
+      const leftMs = current.lease_until_ms - nowMs();
+      if (leftMs > 0) return { kind: "busy", retryInMs: leftMs };
+    }
+    try {
+      const revision = await this.kv.update(this.key(task), encode(record), entry.revision);
+      return new Claimed(revision, record.lease_until_ms);
+    } catch (err) {
+      if (isWrongLastSequence(err)) return { kind: "busy", retryInMs: 100 }; // lost the race
+      throw err;
+    }
+  }
+
+  /**
+   * This agent's record of the task: `<caller>.<message_id>.<agent_id>` (`_` for a task sent
+   * without a caller). Each agent writes only its own records; across agents the
+   * coordinator reads them all before dispatching a message again.
+   */
+  private key(task: Task): string {
+    return `${task.caller ?? "_"}.${task.message_id}.${this.agentId}`;
+  }
+
+  private async read(key: string): Promise<Execution | null> {
+    const entry = await this.kv.get(key);
+    return entry === null || entry.operation !== "PUT" ? null : parse(entry.value);
+  }
+
+  /** The holder was an earlier process of this agent: it is gone, its lease with it. */
+  private outlived(record: Execution): boolean {
+    return record.agent_id === this.agentId && record.epoch < this.epoch;
+  }
+
+  private recordOf(task: Task, state: Execution["state"], fields: Partial<Execution>): Execution {
+    return {
+      v: 1,
+      message_id: task.message_id,
+      state,
+      agent_id: this.agentId,
+      epoch: this.epoch,
+      attempt: task.attempt,
+      lease_until_ms: 0,
+      result: null,
+      result_ref: null,
+      error: null,
+      finished_at_ms: state === "running" ? 0 : nowMs(),
+      caller: task.caller ?? null,
+      ...fields,
+    };
+  }
+}
+
+function parse(value: Uint8Array): Execution | null {
+  try {
+    return decodeJson(value) as Execution;
+  } catch {
+    return null;
+  }
+}

@@ -1,0 +1,171 @@
+/** The NATS connection an agent owns, with JetStream, its KV buckets and the names. */
+
+import { connect, ErrorCode, headers as natsHeaders } from "nats";
+import type {
+  ConnectionOptions,
+  JetStreamClient,
+  JetStreamManager,
+  KV,
+  MsgHdrs,
+  NatsConnection,
+  NatsError,
+} from "nats";
+
+import { ReachError } from "./errors.js";
+import type { Logger } from "./log.js";
+import { Names } from "./names.js";
+import { sleep } from "./timing.js";
+
+/**
+ * JetStream's error codes for a failed "expected last subject sequence" (a lost CAS): 10071,
+ * and 10164 from a replicated (R>1) stream; the two mean the same.
+ */
+export const WRONG_LAST_SEQUENCE = [10071, 10164];
+const STREAM_NOT_FOUND = 10059;
+// The server is not there (yet): worth waiting for.
+const WAITABLE = new Set<string>([ErrorCode.ConnectionRefused, ErrorCode.ConnectionTimeout, ErrorCode.Timeout]);
+const WAIT_FIRST_MS = 1_000;
+const WAIT_CAP_MS = 30_000;
+
+/** 1, 2, 4 … s, capped at 30 s, ± 20 %: how long the n-th wait (from 0) lasts. */
+function backoffMs(tries: number): number {
+  return Math.min(WAIT_CAP_MS, WAIT_FIRST_MS * 2 ** tries) * (0.8 + Math.random() * 0.4);
+}
+
+export class Connection {
+  private readonly buckets = new Map<string, Promise<KV>>();
+
+  private constructor(
+    readonly nc: NatsConnection,
+    readonly js: JetStreamClient,
+    readonly jsm: JetStreamManager,
+    readonly names: Names,
+    readonly requestTimeoutMs: number,
+  ) {}
+
+  /**
+   * Connect, waiting for the server while it is not there yet (1, 2, 4 … s, capped at 30 s,
+   * one log line each time), until `signal` says stop.
+   */
+  static async open(
+    options: ConnectionOptions,
+    names: Names,
+    requestTimeoutMs: number,
+    log: Logger,
+    signal: AbortSignal,
+  ): Promise<Connection> {
+    let nc: NatsConnection | null = null;
+    for (let tries = 0; nc === null; tries++) {
+      try {
+        nc = await connect(options);
+      } catch (err) {
+        const code = (err as NatsError).code;
+        if (!WAITABLE.has(code)) throw err; // a wrong URL or credentials: no use waiting
+        const waitMs = backoffMs(tries);
+        log.warn("waiting for NATS", { error: String(err), retry_in_s: Math.round(waitMs / 100) / 10 });
+        await sleep(waitMs, signal);
+        if (signal.aborted) throw new ReachError("stopped while waiting for NATS");
+      }
+    }
+    try {
+      // No account-info probe (checkAPI): an agent's permissions do not include $JS.API.INFO.
+      const jsm = await nc.jetstreamManager({ timeout: requestTimeoutMs, checkAPI: false });
+      const js = nc.jetstream({ timeout: requestTimeoutMs, checkAPI: false });
+      return new Connection(nc, js, jsm, names, requestTimeoutMs);
+    } catch (err) {
+      await nc.close();
+      throw err;
+    }
+  }
+
+  /**
+   * Until every stream and bucket an agent uses exists: an agent started before the
+   * coordinator has provisioned a fresh server waits (and says what it waits for).
+   */
+  async waitProvisioned(log: Logger, signal: AbortSignal): Promise<void> {
+    const n = this.names;
+    const wanted = [
+      n.dispatchStream("P0"),
+      n.dispatchStream("P1"),
+      n.dispatchStream("P2"),
+      n.tasksStream,
+      n.eventsStream,
+      ...[n.agentsBucket, n.heartbeatsBucket, n.executionsBucket].map((b) => `KV_${b}`),
+    ];
+    for (let tries = 0; ; tries++) {
+      const missing: string[] = [];
+      for (const stream of wanted) {
+        try {
+          await this.jsm.streams.info(stream);
+        } catch (err) {
+          if ((err as NatsError).api_error?.err_code !== STREAM_NOT_FOUND) throw err;
+          missing.push(stream.replace(/^KV_/, ""));
+        }
+      }
+      if (missing.length === 0) return;
+      const waitMs = backoffMs(tries);
+      log.warn("waiting for the streams and buckets: start the coordinator or run `reach provision`", {
+        missing,
+        retry_in_s: Math.round(waitMs / 100) / 10,
+      });
+      await sleep(waitMs, signal);
+      if (signal.aborted) throw new ReachError("stopped while waiting for the streams and buckets");
+    }
+  }
+
+  /** The largest message the server takes, in bytes. */
+  get maxPayload(): number {
+    return this.nc.info?.max_payload ?? 1024 * 1024;
+  }
+
+  /** A provisioned bucket (bound, never created here: the coordinator provisions). */
+  kv(bucket: string): Promise<KV> {
+    let kv = this.buckets.get(bucket);
+    if (kv === undefined) {
+      // Direct gets by key (the buckets are provisioned with them): the read an agent's
+      // permissions allow is the subject-suffixed one, of its own keys only.
+      kv = this.js.views.kv(bucket, { bindOnly: true, allow_direct: true });
+      kv.catch(() => this.buckets.delete(bucket)); // try again next time
+      this.buckets.set(bucket, kv);
+    }
+    return kv;
+  }
+
+  /** JetStream publish; a `Nats-Msg-Id` header makes the stream drop duplicates. */
+  async publish(subject: string, data: Uint8Array, headers: Record<string, string> = {}): Promise<void> {
+    await this.js.publish(subject, data, { headers: toHeaders(headers), timeout: this.requestTimeoutMs });
+  }
+
+  /** Core NATS publish (replies to an inbox). */
+  publishCore(subject: string, data: Uint8Array, headers: Record<string, string> = {}): void {
+    this.nc.publish(subject, data, { headers: toHeaders(headers) });
+  }
+
+  async close(): Promise<void> {
+    if (this.nc.isClosed()) return;
+    try {
+      await this.nc.flush();
+    } catch {
+      // disconnected: nothing left to flush
+    }
+    await this.nc.close();
+  }
+}
+
+export function toHeaders(values: Record<string, string>): MsgHdrs {
+  const h = natsHeaders();
+  for (const [name, value] of Object.entries(values)) h.set(name, value);
+  return h;
+}
+
+export function fromHeaders(h: MsgHdrs | undefined): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (h === undefined) return out;
+  for (const [name, values] of h) out[name] = values[0] ?? "";
+  return out;
+}
+
+/** Whether `err` is JetStream refusing a conditional write (someone wrote first). */
+export function isWrongLastSequence(err: unknown): boolean {
+  return WRONG_LAST_SEQUENCE.includes((err as NatsError | undefined)?.api_error?.err_code ?? 0);
+}

@@ -1,0 +1,117 @@
+/** What a handler gets besides its payload: the envelope, the clock, a way to report. */
+
+import { performance } from "node:perf_hooks";
+
+import { newId, nowMs } from "./codec.js";
+import type { Deadline } from "./deadline.js";
+import { child } from "./tracecontext.js";
+import type { Priority, Task } from "./types.js";
+
+export interface ContextHooks {
+  progress(note: string): Promise<void>;
+  submit(task: Task): Promise<void>;
+}
+
+/**
+ * The task being handled, its remaining time, progress reporting, and
+ * `signal`, aborted when the deadline passes (a promise cannot be cancelled
+ * from outside, so a handler that does long work should pass it on or check it).
+ * The deadline is the intent's `deadlineMs`, restarted by each `progress()`, never
+ * past the task's execute budget.
+ */
+export class TaskContext {
+  readonly envelope: Task;
+  readonly agentId: string;
+  readonly signal: AbortSignal;
+
+  constructor(
+    envelope: Task,
+    agentId: string,
+    private readonly deadline: Deadline,
+    signal: AbortSignal,
+    private readonly hooks: ContextHooks,
+  ) {
+    this.envelope = envelope;
+    this.agentId = agentId;
+    this.signal = signal;
+  }
+
+  /** The handler's deadline in ms after its start (progress may move it later). */
+  get deadlineMs(): number {
+    return this.deadline.totalMs;
+  }
+
+  get messageId(): string {
+    return this.envelope.message_id;
+  }
+
+  get traceId(): string {
+    return this.envelope.trace_id;
+  }
+
+  get topic(): string {
+    return this.envelope.topic;
+  }
+
+  get attempt(): number {
+    return this.envelope.attempt;
+  }
+
+  /** The W3C `traceparent` of this hop (null when the caller sent none), to join its trace. */
+  get traceparent(): string | null {
+    return this.envelope.traceparent ?? null;
+  }
+
+  elapsedMs(): number {
+    return Math.floor(performance.now() - this.deadline.started);
+  }
+
+  /** Milliseconds left before this handler's deadline (never negative). */
+  remainingMs(): number {
+    return this.deadline.leftMs();
+  }
+
+  /**
+   * Tell the sender the task is still being worked on: this keeps the message from
+   * redelivery, and gives the handler its intent's deadline again (within the task's
+   * execute budget), its claim extended to match.
+   */
+  progress(note = ""): Promise<void> {
+    return this.hooks.progress(note);
+  }
+
+  /** Send a task to another agent in the same trace, passing on the budget that is left. */
+  async publish(topic: string, payload: unknown, options: { priority?: Priority } = {}): Promise<Task> {
+    const task = this.childTask(topic, payload, options);
+    await this.hooks.submit(task);
+    return task;
+  }
+
+  /** A task for another agent in the same trace, with the budget that is left. */
+  childTask(topic: string, payload: unknown, options: { priority?: Priority } = {}): Task {
+    const remaining = Math.max(1, this.remainingMs());
+    const messageId = newId();
+    return {
+      kind: "task",
+      v: 1,
+      message_id: messageId,
+      trace_id: this.traceId,
+      topic,
+      payload,
+      from_agent: this.agentId,
+      to_agent: null,
+      attempt: 1,
+      created_at: nowMs(),
+      ttl_ms: remaining,
+      reply_to: null,
+      priority: options.priority ?? this.envelope.priority,
+      budget: { ...this.envelope.budget, execute_ms: Math.min(this.envelope.budget.execute_ms, remaining) },
+      replay_of: null,
+      caller: null, // the coordinator sets it from the subject: this agent
+      headers: {},
+      received_ms: 0, // the coordinator's intake sets it
+      traceparent: child(this.envelope.traceparent, messageId),
+      payload_ref: null,
+    };
+  }
+}

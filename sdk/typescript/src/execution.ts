@@ -1,0 +1,356 @@
+/**
+ * Executing one dispatched message, from receipt to acknowledgement: decode, check
+ * the ttl, claim it (run once), accept it, run the handler within its deadline,
+ * record and report the outcome. The coordinator hears `completed`, `failed` or
+ * `expired` and decides between a retry and a dead letter; the sender gets its
+ * `ack`, `progress` and `result` on its `reply_to`.
+ */
+
+import { performance } from "node:perf_hooks";
+import type { JsMsg, NatsError } from "nats";
+
+import { decodeTask, encode, nowMs, stableId } from "./codec.js";
+import { fromHeaders } from "./connection.js";
+import type { Connection } from "./connection.js";
+import { TaskContext } from "./context.js";
+import { DecodeError, PermanentError, ReachError } from "./errors.js";
+import type { Claim, Claimed, Claims, Outcome } from "./claims.js";
+import { PayloadUnavailable } from "./claimcheck.js";
+import type { ClaimCheck } from "./claimcheck.js";
+import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
+import { about, emit, eventFor, printable, reply } from "./lifecycle.js";
+import type { Logger } from "./log.js";
+import { sleep } from "./timing.js";
+import type { ErrorInfo, PayloadRef, Priority, Result, Task } from "./types.js";
+
+const BUSY_POLL_MS = 500;
+/** The coordinator's proof, on a dispatch, that the attempt was given to this agent. */
+const GRANT_HEADER = "Reach-Grant";
+
+/** A handler: `(ctx, payload) => result`, sync or async. */
+export type Handler<P = any, R = unknown> = (ctx: TaskContext, payload: P) => R | Promise<R>;
+
+export interface HandlerSpec {
+  topic: string;
+  fn: Handler;
+  version: string;
+  capacity: number;
+  deadlineMs: number | null;
+  maxAttempts: number | null;
+}
+
+export interface ExecutorOptions {
+  agentId: string;
+  handlers: Map<string, HandlerSpec>;
+  ackWaitMs: number;
+  records: Claims;
+  /** Reads claim-checked payloads, stows large results. */
+  claimCheck: ClaimCheck;
+  /** Free worker slots of a priority, for the capacity an `ack` advertises. */
+  freeSlots: (priority: Priority) => number;
+  log: Logger;
+}
+
+export class Executor {
+  readonly latency = new LatencyEstimate();
+  private readonly agentId: string;
+  private readonly handlers: Map<string, HandlerSpec>;
+  private readonly ackWaitMs: number;
+  private readonly records: Claims;
+  private readonly claimCheck: ClaimCheck;
+  private readonly freeSlots: (priority: Priority) => number;
+  private readonly log: Logger;
+  private readonly aborts = new Set<AbortController>();
+  private readonly lastProgressAt = new Map<string, number>(); // message_id → at_ms of its last progress
+
+  constructor(
+    private readonly conn: Connection,
+    options: ExecutorOptions,
+  ) {
+    this.agentId = options.agentId;
+    this.handlers = options.handlers;
+    this.ackWaitMs = options.ackWaitMs;
+    this.records = options.records;
+    this.claimCheck = options.claimCheck;
+    this.freeSlots = options.freeSlots;
+    this.log = options.log;
+  }
+
+  /** Tell every running handler (through `ctx.signal`) that it is out of time. */
+  abortAll(reason: Error): void {
+    for (const abort of this.aborts) abort.abort(reason);
+  }
+
+  /** Execute one dispatched message, then acknowledge it or hand it back for later. */
+  async settle(msg: JsMsg): Promise<void> {
+    let task: Task;
+    try {
+      task = decodeTask(msg.data);
+    } catch (err) {
+      if (!(err instanceof DecodeError)) throw err;
+      await this.undecodable(msg, err);
+      msg.ack();
+      return;
+    }
+    let retryInMs: number | null;
+    try {
+      retryInMs = await this.execute(msg, task);
+    } catch (err) {
+      if (!isBrokerError(err)) throw err;
+      this.log.warn("could not report task outcome, will see it again", { message_id: task.message_id, error: String(err) });
+      retryInMs = 1_000;
+    }
+    if (retryInMs === null) msg.ack();
+    else msg.nak(retryInMs);
+  }
+
+  /** Run `task` at most once; returns when to see it again, or null when done. */
+  private async execute(msg: JsMsg, task: Task): Promise<number | null> {
+    const agentId = this.agentId;
+    const dispatchedMs = Math.floor(msg.info.timestampNanos / 1e6);
+    const kept = this.records.unrecorded(task.message_id);
+    if (kept !== undefined) {
+      this.log.info("answering a redelivery from an outcome not yet recorded", { message_id: task.message_id });
+      await this.conclude(msg, task, kept, dispatchedMs);
+      return null;
+    }
+    const spec = this.handlers.get(task.topic);
+    if (spec === undefined) {
+      const error = failure("no_handler", `${agentId} does not serve '${task.topic}'`, false);
+      await this.report(msg, task, "failed", error, dispatchedMs);
+      return null;
+    }
+    if (nowMs() - dispatchedMs >= task.ttl_ms) {
+      const error = failure("expired", `ttl ${task.ttl_ms} ms passed in the queue of ${agentId}`, false);
+      await this.report(msg, task, "expired", error, dispatchedMs);
+      return null;
+    }
+    const windowMs = Math.min(spec.deadlineMs ?? task.budget.execute_ms, task.budget.execute_ms);
+    // Acknowledging while claiming saves a round trip; a duplicate that turns out
+    // to be done already acknowledges, then answers with the stored result.
+    const [claim] = await Promise.all([
+      this.claim(msg, task, windowMs + LEASE_GRACE_MS),
+      this.accept(msg, task, dispatchedMs),
+    ]);
+    if (claim.kind === "done") {
+      this.log.info("already executed; sending the stored result again", { message_id: task.message_id });
+      await this.complete(msg, task, claim.record.result, 0, claim.record.result_ref ?? null);
+      return null;
+    }
+    const outcome = await this.run(msg, task, spec, claim);
+    await this.conclude(msg, task, outcome, dispatchedMs);
+    return null;
+  }
+
+  /** Record the outcome (it survives a broker outage meanwhile), then report it. */
+  private async conclude(msg: JsMsg, task: Task, outcome: Outcome, dispatchedMs: number): Promise<void> {
+    const recorded = await this.records.record(task, outcome, () => quietly(() => msg.working()));
+    if (outcome.error !== undefined) {
+      const error = outcome.error;
+      this.log.info("handler failed", { message_id: task.message_id, error_type: error.type, error: error.message });
+      await this.report(msg, task, "failed", error, dispatchedMs);
+      return;
+    }
+    if (!recorded) {
+      // Fenced: the task was reassigned while this ran; the new attempt answers.
+      this.log.warn("late result rejected: the task was reassigned", { message_id: task.message_id });
+      await this.say(msg, task, "late_result_rejected");
+      return;
+    }
+    await this.complete(msg, task, outcome.result, outcome.durationMs, outcome.resultRef ?? null);
+  }
+
+  /** Call the handler under its deadline, keeping the message from redelivery meanwhile. */
+  private async run(msg: JsMsg, task: Task, spec: HandlerSpec, claim: Claimed): Promise<Outcome> {
+    const abort = new AbortController();
+    this.aborts.add(abort);
+    const deadline = new Deadline(task.budget.execute_ms, spec.deadlineMs);
+    const ctx = new TaskContext(task, this.agentId, deadline, abort.signal, {
+      progress: async (note) => {
+        await this.progress(msg, task, note);
+        if (deadline.extend() && !(await this.records.renew(task, claim, deadline.leaseMs()))) {
+          this.log.warn("claim lost while running: this run's result will be refused", { message_id: task.message_id });
+        }
+      },
+      submit: (child) => this.submit(child),
+    });
+    // A handler longer than the ack wait would be redelivered (and count towards
+    // max_deliver) although it runs: tell the server it is still being worked on.
+    const keepalive = setInterval(() => quietly(() => msg.working()), Math.max(1_000, this.ackWaitMs / 2));
+    const started = performance.now();
+    try {
+      const passed = new Promise<never>((_, reject) => {
+        deadline.enforce(() => reject(new DeadlineExceeded(deadline.totalMs)));
+      });
+      // A claim-checked payload is fetched first, within the deadline (and inside the race,
+      // so that a deadline passing meanwhile is never a rejection nobody handles).
+      const handled = Promise.resolve()
+        .then(() => this.claimCheck.payloadOf(task))
+        .then((payload) => spec.fn(ctx, payload));
+      const returned = await Promise.race([handled, passed]);
+      // Stowed before it is recorded: the record and the reply stay small.
+      const [result, resultRef] = await this.claimCheck.stowResult(task, returned);
+      const durationMs = Math.floor(performance.now() - started);
+      this.latency.observe(durationMs);
+      return { claim, result, resultRef, durationMs };
+    } catch (err) {
+      if (err instanceof DeadlineExceeded) abort.abort(err); // a promise cannot be cancelled: tell it
+      if (err instanceof PayloadUnavailable) {
+        return { claim, error: failure("payload_unavailable", err.message, false), durationMs: 0 };
+      }
+      return { claim, error: errorInfo(err), durationMs: 0 };
+    } finally {
+      deadline.clear();
+      clearInterval(keepalive);
+      this.aborts.delete(abort);
+      this.lastProgressAt.delete(task.message_id);
+    }
+  }
+
+  /**
+   * Claim the message, waiting here while another delivery holds it. The wait
+   * is not a redelivery: a duplicate that came back through nak would count
+   * towards max_deliver and could dead-letter a message that completes.
+   */
+  private async claim(msg: JsMsg, task: Task, leaseMs: number): Promise<Exclude<Claim, { kind: "busy" }>> {
+    for (;;) {
+      const claim = await this.records.claim(task, leaseMs);
+      if (claim.kind !== "busy") return claim;
+      this.log.info("another delivery holds this message", { message_id: task.message_id, retry_in_ms: claim.retryInMs });
+      msg.working();
+      await sleep(Math.min(claim.retryInMs, BUSY_POLL_MS));
+    }
+  }
+
+  /** A sub-task this agent sends, as itself (`reach.task.<topic>.<agent_id>`). */
+  private async submit(task: Task): Promise<void> {
+    const headers: Record<string, string> = {
+      "Nats-Msg-Id": task.message_id,
+      "Reach-Trace-Id": task.trace_id,
+      "Reach-Priority": task.priority,
+      "Reach-TTL": String(task.ttl_ms),
+      "Reach-Kind": "task",
+    };
+    if (task.reply_to) headers["Reach-Reply-To"] = task.reply_to;
+    if (task.traceparent) headers.traceparent = task.traceparent;
+    await this.conn.publish(this.conn.names.task(task.topic, this.agentId), encode(task), headers);
+  }
+
+  /** The ack to the sender and `accepted` (with the broker time of the dispatch) to all. */
+  private async accept(msg: JsMsg, task: Task, dispatchedMs: number): Promise<void> {
+    const capacity = { free_slots: this.freeSlots(task.priority), est_latency_ms: this.latency.estimateMs };
+    reply(this.conn, task, { kind: "ack", ...about(task, this.agentId), capacity }, this.agentId);
+    await this.say(msg, task, "accepted", { dispatched_at_ms: dispatchedMs });
+  }
+
+  private async progress(msg: JsMsg, task: Task, note: string): Promise<void> {
+    msg.working();
+    reply(this.conn, task, { kind: "progress", ...about(task, this.agentId), note }, this.agentId);
+    // Progress events keep a rising at_ms per message: the order a reader sees.
+    const last = this.lastProgressAt.get(task.message_id) ?? 0;
+    const atMs = Math.max(nowMs(), last + 1);
+    this.lastProgressAt.set(task.message_id, atMs);
+    await this.say(msg, task, "progress", { note }, atMs);
+  }
+
+  /**
+   * Answer the sender, then tell the coordinator (the result is already recorded). A
+   * claim-checked result travels as its reference: `result_ref` instead of `result`.
+   */
+  private async complete(
+    msg: JsMsg,
+    task: Task,
+    result: unknown,
+    durationMs: number,
+    ref: PayloadRef | null,
+  ): Promise<void> {
+    const answer: Result = { kind: "result", ...about(task, this.agentId), result: ref ? null : (result ?? null), result_ref: ref };
+    reply(this.conn, task, answer, this.agentId);
+    const shown = ref ? { result_ref: ref } : { result: result ?? null };
+    await this.say(msg, task, "completed", { ...shown, duration_ms: durationMs });
+  }
+
+  /** Tell the coordinator, which decides between retry and dead letter. */
+  private async report(
+    msg: JsMsg,
+    task: Task,
+    event: "failed" | "expired",
+    error: ErrorInfo,
+    dispatchedMs: number,
+  ): Promise<void> {
+    await this.say(msg, task, event, { task, error, dispatched_at_ms: dispatchedMs });
+  }
+
+  /** An event about the task, as this agent, carrying the coordinator's grant back. */
+  private async say(msg: JsMsg, task: Task, event: string, detail: Record<string, unknown> = {}, atMs?: number): Promise<void> {
+    const grant = msg.headers?.get(GRANT_HEADER);
+    const withGrant = grant ? { ...detail, grant } : detail;
+    await emit(this.conn, eventFor(task, event, this.agentId, withGrant, atMs), this.agentId);
+  }
+
+  /** A dispatch that is not a task: reported (its bytes, headers, why); the coordinator dead-letters it. */
+  private async undecodable(msg: JsMsg, err: DecodeError): Promise<void> {
+    const info = msg.info;
+    const messageId = stableId(Math.floor(info.timestampNanos / 1e6), info.stream, info.streamSequence);
+    this.log.warn("undecodable dispatch", { subject: msg.subject, error: err.message });
+    const stub = { message_id: messageId, trace_id: messageId, topic: "_invalid", attempt: 1 } as Task;
+    const detail = {
+      error: failure("invalid_envelope", err.message, false),
+      raw: printable(msg.data),
+      headers: fromHeaders(msg.headers),
+    };
+    await emit(this.conn, eventFor(stub, "failed", this.agentId, detail), this.agentId);
+  }
+}
+
+class DeadlineExceeded extends ReachError {
+  override name = "DeadlineExceeded";
+  constructor(readonly deadlineMs: number) {
+    super(`handler ran past ${deadlineMs} ms`);
+  }
+}
+
+/** An ErrorInfo, every field written (no `retry_after_ms`: that is the coordinator's). */
+function failure(type: string, message: string, retryable: boolean): ErrorInfo {
+  return { type, message, retryable, retry_after_ms: null };
+}
+
+/** How a handler failure is reported: its class name, message, and whether to retry. */
+export function errorInfo(err: unknown): ErrorInfo {
+  if (err instanceof DeadlineExceeded) {
+    return failure("deadline_exceeded", err.message, true);
+  }
+  if (err instanceof Error) {
+    const type = err.constructor?.name || err.name || "Error";
+    return failure(type, err.message || type, !(err instanceof PermanentError));
+  }
+  return failure("Error", String(err), true);
+}
+
+/** Run `action`, ignoring a throw (a settle on a connection that is gone). */
+export function quietly(action: () => void): void {
+  try {
+    action();
+  } catch {
+    // nothing more to do
+  }
+}
+
+function isBrokerError(err: unknown): boolean {
+  return typeof (err as NatsError)?.code === "string" && typeof (err as NatsError)?.isJetStreamError === "function";
+}
+
+/** A moving average of handler latency, for the capacity an `ack` advertises. */
+class LatencyEstimate {
+  private average: number | null = null;
+
+  constructor(private readonly weight = 0.2) {}
+
+  get estimateMs(): number {
+    return Math.floor(this.average ?? 0);
+  }
+
+  observe(durationMs: number): void {
+    this.average = this.average === null ? durationMs : this.average + this.weight * (durationMs - this.average);
+  }
+}

@@ -1,0 +1,234 @@
+/**
+ * The agent's side of liveness: one live process per id, probes, heartbeats.
+ *
+ * Heartbeats go to `reach_heartbeats/<agent_id>` every interval ± 20 %. The
+ * coordinator judges them on its own receive time; the agent's clock travels
+ * along only as information (a jump in it is reported as `clock_drift`).
+ */
+
+import { performance } from "node:perf_hooks";
+import { ErrorCode } from "nats";
+import type { NatsError, Service, Subscription } from "nats";
+
+import { decodeJson, encode, newId, nowMs } from "./codec.js";
+import { isWrongLastSequence } from "./connection.js";
+import type { Connection } from "./connection.js";
+import { AgentIdInUse } from "./errors.js";
+import { emit, eventFor } from "./lifecycle.js";
+import type { Logger } from "./log.js";
+import { jittered, Signal } from "./timing.js";
+import type { AgentControl, Heartbeat, Task } from "./types.js";
+
+const CLOCK_DRIFT_MS = 5_000;
+const HERE = new TextEncoder().encode("here");
+const PONG = new TextEncoder().encode("pong");
+
+/**
+ * Answers the coordinator's probes while the process lives. `presence` is a
+ * plain subscription: once the process is gone the server answers "no
+ * responders" at once. `ping` is an endpoint of the NATS micro service
+ * `reach-agent`, so `nats micro ls` lists live agents.
+ */
+export class Presence {
+  private sub: Subscription | null = null;
+  private service: Service | null = null;
+
+  constructor(
+    private readonly conn: Connection,
+    private readonly agentId: string,
+    private readonly version: string,
+    private readonly tags: Record<string, string>,
+  ) {}
+
+  /**
+   * Refuse to start when another live process answers for this id. Only an answer counts:
+   * a subscriber that answers nothing (`nats sub '>'`, a process whose loop is stuck) must
+   * not keep the agent from starting; the new process's higher epoch fences a stuck one.
+   */
+  async checkFree(timeoutMs: number, log: Logger): Promise<void> {
+    const subject = this.conn.names.presence(this.agentId);
+    try {
+      await this.conn.nc.request(subject, new Uint8Array(), { timeout: timeoutMs });
+    } catch (err) {
+      const code = (err as NatsError).code;
+      if (code === ErrorCode.NoResponders) return;
+      if (code !== ErrorCode.Timeout) throw err;
+      log.warn("a subscriber on the presence subject did not answer; starting anyway", { subject });
+      return;
+    }
+    throw new AgentIdInUse(
+      `agent_id '${this.agentId}' is in use by another live process; stop it or start this one with another id`,
+    );
+  }
+
+  async start(): Promise<void> {
+    const { nc, names } = this.conn;
+    this.sub = nc.subscribe(names.presence(this.agentId), {
+      callback: (_err, msg) => msg.respond(HERE),
+    });
+    this.service = await nc.services.add({
+      name: "reach-agent",
+      version: this.version,
+      description: `Agent-Reach agent ${this.agentId}`,
+      metadata: { ...this.tags, agent_id: this.agentId },
+    });
+    this.service.addEndpoint("ping", {
+      subject: names.ping(this.agentId),
+      handler: (_err, msg) => msg.respond(PONG),
+    });
+  }
+
+  /** Stop answering; safe to call twice. */
+  async stop(): Promise<void> {
+    const { service, sub } = this;
+    this.service = null;
+    this.sub = null;
+    try {
+      await service?.stop();
+    } catch {
+      // the connection may be gone already
+    }
+    sub?.unsubscribe();
+  }
+}
+
+/** What the heartbeat reports about the agent's load. */
+export interface Load {
+  in_flight: number;
+  free_slots: number;
+  latency_ms: number;
+}
+
+/** Writes a heartbeat every interval ± 20 % and applies the coordinator's instructions. */
+export class Heartbeats {
+  intervalS: number;
+  /** Of this process's last heartbeat written (0: none yet). */
+  revision = 0;
+  private seq = 0;
+  private readonly wake = new Signal();
+  private stopping = false;
+  private last: [number, number] | null = null; // (wall ms, monotonic ms) at the last beat
+  private running: Promise<void> | null = null;
+  private control: Subscription | null = null;
+
+  constructor(
+    private readonly conn: Connection,
+    private readonly agentId: string,
+    private readonly epoch: number,
+    intervalS: number,
+    private readonly load: () => Load,
+    private readonly log: Logger,
+  ) {
+    this.intervalS = intervalS;
+  }
+
+  start(): void {
+    this.control = this.conn.nc.subscribe(this.conn.names.agentControl(this.agentId), {
+      callback: (_err, msg) => this.onControl(msg.data),
+    });
+    this.running = this.run().catch((err: unknown) => {
+      this.log.error("heartbeats stopped", { error: String(err) });
+    });
+  }
+
+  async stop(): Promise<void> {
+    this.stopping = true;
+    this.wake.set();
+    this.control?.unsubscribe();
+    await this.running;
+  }
+
+  /**
+   * Delete the heartbeat (the coordinator then knows at once that the agent stopped),
+   * unless another process wrote one since this process's last: that one is live.
+   */
+  async retire(): Promise<void> {
+    const kv = await this.conn.kv(this.conn.names.heartbeatsBucket);
+    try {
+      await kv.delete(this.agentId, this.revision ? { previousSeq: this.revision } : {});
+    } catch (err) {
+      if (!isWrongLastSequence(err)) throw err;
+      this.log.warn("another process heartbeats for this agent id; its heartbeat stands");
+    }
+  }
+
+  private async run(): Promise<void> {
+    const kv = await this.conn.kv(this.conn.names.heartbeatsBucket);
+    while (!this.stopping) {
+      // Cleared before the beat: a new interval that arrives while the beat is being
+      // written must still wake the wait below, or its "beat at once" is lost.
+      this.wake.clear();
+      await this.beat(kv);
+      await delay(jittered(this.intervalS * 1000), this.wake);
+    }
+  }
+
+  private async beat(kv: Awaited<ReturnType<Connection["kv"]>>): Promise<void> {
+    this.seq += 1;
+    const wall = nowMs();
+    const mono = performance.now();
+    const beat: Heartbeat = {
+      v: 1,
+      agent_id: this.agentId,
+      epoch: this.epoch,
+      seq: this.seq,
+      interval_s: this.intervalS,
+      ...this.load(),
+      agent_time_ms: wall,
+    };
+    try {
+      this.revision = await kv.put(this.agentId, encode(beat));
+    } catch (err) {
+      this.log.warn("heartbeat not written", { error: String(err) });
+    }
+    await this.checkClock(wall, mono);
+  }
+
+  private async checkClock(wall: number, mono: number): Promise<void> {
+    const last = this.last;
+    this.last = [wall, mono];
+    if (last === null) return;
+    const driftMs = wall - last[0] - (mono - last[1]);
+    if (Math.abs(driftMs) <= CLOCK_DRIFT_MS) return;
+    const driftS = Math.round(driftMs) / 1000;
+    this.log.warn("clock drift", { drift_s: driftS });
+    try {
+      await emit(this.conn, agentEvent(this.agentId, "clock_drift", { drift_s: driftS }), this.agentId);
+    } catch {
+      // informational only
+    }
+  }
+
+  private onControl(data: Uint8Array): void {
+    let control: AgentControl;
+    try {
+      control = decodeJson(data) as AgentControl;
+    } catch (err) {
+      this.log.warn("ignoring unreadable control message", { error: String(err) });
+      return;
+    }
+    const interval = control?.heartbeat_interval_s;
+    if (typeof interval === "number" && interval > 0) {
+      this.log.info("heartbeat interval changed", { interval_s: interval });
+      this.intervalS = interval;
+      this.wake.set(); // beat now, so the coordinator sees the new interval at once
+    }
+  }
+}
+
+/** An event about an agent rather than a task: topic `_agent`, trace = the agent id. */
+export function agentEvent(agentId: string, event: string, detail: Record<string, unknown>) {
+  const about = { message_id: newId(), trace_id: agentId, topic: "_agent", attempt: 1, from_agent: null } as Task;
+  return eventFor(about, event, agentId, detail);
+}
+
+/** Resolves after `ms` or when `cancel` is set, whichever comes first; never leaks a timer. */
+function delay(ms: number, cancel: Signal): Promise<void> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(resolve, ms);
+    void cancel.wait().then(() => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+}

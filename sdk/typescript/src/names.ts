@@ -1,0 +1,89 @@
+/** Every subject, stream, bucket and consumer name an agent uses, for one prefix. */
+
+import type { Priority } from "./types.js";
+
+export const DEFAULT_PREFIX = "reach";
+/** The sender token of what the coordinator publishes (no party may take it). */
+export const COORDINATOR = "_coordinator";
+
+export class Names {
+  constructor(readonly prefix: string = DEFAULT_PREFIX) {}
+
+  /** Intake; an agent's sub-task names the agent as its sender: `reach.task.<topic>.<id>`. */
+  task(topic: string, sender?: string): string {
+    return sender ? `${this.prefix}.task.${topic}.${sender}` : `${this.prefix}.task.${topic}`;
+  }
+
+  dispatch(agentId: string, priority: Priority): string {
+    return `${this.prefix}.agent.${agentId}.${priority.toLowerCase()}`;
+  }
+
+  /** `reach.event.<event>.<topic>.<trace_id>.<message_id>.<sender>`. */
+  event(event: string, topic: string, traceId: string, messageId: string, sender: string): string {
+    return `${this.prefix}.event.${event}.${topic}.${traceId}.${messageId}.${sender}`;
+  }
+
+  /**
+   * Where a reply from `sender` goes: `<reply_to>.<sender>` for a caller's reply box
+   * (`reach.reply.<caller>.<box>`) or a workflow (`reach.wf.reply.<instance>`), so the
+   * sender is in the subject; `reply_to` itself for any other subject (an operator's inbox).
+   */
+  replySubject(replyTo: string, sender: string): string {
+    const signed = replyTo.startsWith(`${this.prefix}.reply.`) || replyTo.startsWith(`${this.prefix}.wf.reply.`);
+    return signed ? `${replyTo}.${sender}` : replyTo;
+  }
+
+  dlq(reason: string, topic: string): string {
+    return `${this.prefix}.dlq.${reason}.${topic}`;
+  }
+
+  presence(agentId: string): string {
+    return `${this.prefix}.presence.${agentId}`;
+  }
+
+  ping(agentId: string): string {
+    return `${this.prefix}.ping.${agentId}`;
+  }
+
+  agentControl(agentId: string): string {
+    return `${this.prefix}.ctl.agent.${agentId}`;
+  }
+
+  /** An agent asks for its registration slot as itself. */
+  register(agentId: string): string {
+    return `${this.prefix}.ctl.register.${agentId}`;
+  }
+
+  get tasksStream(): string {
+    return `${this.prefix.toUpperCase()}_TASKS`;
+  }
+
+  get eventsStream(): string {
+    return `${this.prefix.toUpperCase()}_EVENTS`;
+  }
+
+  dispatchStream(priority: Priority): string {
+    return `${this.prefix.toUpperCase()}_DISPATCH_${priority}`;
+  }
+
+  get agentsBucket(): string {
+    return `${this.prefix}_agents`;
+  }
+
+  get heartbeatsBucket(): string {
+    return `${this.prefix}_heartbeats`;
+  }
+
+  get executionsBucket(): string {
+    return `${this.prefix}_executions`;
+  }
+
+  /** The Object Store bucket of claim-checked payloads and results. */
+  get payloadsBucket(): string {
+    return `${this.prefix}_payloads`;
+  }
+
+  agentConsumer(agentId: string, priority: Priority): string {
+    return `agent-${agentId}-${priority.toLowerCase()}`;
+  }
+}

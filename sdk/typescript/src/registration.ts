@@ -1,0 +1,81 @@
+/** Registering: a rate-limited slot from a coordinator, then a card with the next epoch. */
+
+import { hostname } from "node:os";
+import { ErrorCode } from "nats";
+import type { NatsError } from "nats";
+
+import { decodeJson, encode, nowMs } from "./codec.js";
+import { isWrongLastSequence } from "./connection.js";
+import type { Connection } from "./connection.js";
+import { AgentIdInUse, ReachError } from "./errors.js";
+import type { Logger } from "./log.js";
+import { sleep } from "./timing.js";
+import type { AgentCard, RegisterReply } from "./types.js";
+
+const SLOT_TIMEOUT_MS = 2_000;
+const MAX_RETRY_MS = 10_000;
+
+/**
+ * Ask the coordinators for a registration slot until one is given. Returns the
+ * heartbeat interval (seconds) a coordinator asks for, if any. With no
+ * coordinator listening at all, the agent registers on its own (and says so).
+ */
+export async function awaitSlot(
+  conn: Connection,
+  agentId: string,
+  log: Logger,
+  signal: AbortSignal,
+): Promise<number | null> {
+  const request = encode({ agent_id: agentId });
+  for (let tries = 1; ; tries++) {
+    let answer: RegisterReply | null = null;
+    try {
+      const msg = await conn.nc.request(conn.names.register(agentId), request, { timeout: SLOT_TIMEOUT_MS });
+      answer = decodeJson(msg.data) as RegisterReply;
+    } catch (err) {
+      const code = (err as NatsError).code;
+      if (code === ErrorCode.NoResponders) {
+        log.warn("no coordinator answered the registration; registering directly");
+        return null;
+      }
+      if (code !== ErrorCode.Timeout) throw err;
+    }
+    if (answer?.ok) return answer.heartbeat_interval_s ?? null;
+    const baseMs = answer ? answer.retry_after_ms : Math.min(MAX_RETRY_MS, 500 * 2 ** tries);
+    const delayMs = baseMs * (1 + Math.random() * 0.5); // a refused crowd must not return at once
+    log.info("registration deferred, retrying", { retry_in_ms: Math.round(delayMs), tries });
+    await sleep(delayMs, signal);
+    if (signal.aborted) throw new ReachError("stopped while waiting for a registration slot");
+  }
+}
+
+/**
+ * Write `card` with the next epoch. The write is conditional on the revision
+ * read, so two processes registering one id at once cannot both succeed.
+ * Returns the card written and its revision.
+ */
+export async function writeCard(conn: Connection, card: AgentCard, log: Logger): Promise<[AgentCard, number]> {
+  const kv = await conn.kv(conn.names.agentsBucket);
+  const entry = await kv.get(card.agent_id);
+  let epoch = 1;
+  let revision: number | null = null;
+  if (entry !== null && entry.operation === "PUT") {
+    revision = entry.revision;
+    try {
+      epoch = (decodeJson(entry.value) as AgentCard).epoch + 1;
+      if (!Number.isInteger(epoch)) epoch = 1;
+    } catch {
+      log.warn("replacing an unreadable agent card");
+    }
+  }
+  const written: AgentCard = { ...card, epoch, host: hostname(), pid: process.pid, started_at: nowMs() };
+  try {
+    const rev = revision === null ? await kv.create(card.agent_id, encode(written)) : await kv.update(card.agent_id, encode(written), revision);
+    return [written, rev];
+  } catch (err) {
+    if (isWrongLastSequence(err)) {
+      throw new AgentIdInUse(`agent_id '${card.agent_id}' was registered by another process at the same moment`);
+    }
+    throw err;
+  }
+}

@@ -1,0 +1,293 @@
+/**
+ * A running agent: registration, then one consumer and worker pool per priority,
+ * heartbeats and probes, until a drained stop. Each message is handed to the Executor.
+ */
+
+import { AckPolicy, DeliverPolicy, nanos } from "nats";
+import type { Consumer, ConsumerConfig, JsMsg, NatsError } from "nats";
+
+import { encode } from "./codec.js";
+import { isWrongLastSequence } from "./connection.js";
+import type { Connection } from "./connection.js";
+import { ReachError } from "./errors.js";
+import { LEASE_GRACE_MS } from "./deadline.js";
+import { ClaimCheck } from "./claimcheck.js";
+import { Executor, quietly } from "./execution.js";
+import type { HandlerSpec } from "./execution.js";
+import { Claims } from "./claims.js";
+import { Heartbeats, Presence } from "./liveness.js";
+import type { Load } from "./liveness.js";
+import { bound } from "./log.js";
+import type { Logger } from "./log.js";
+import { awaitSlot, writeCard } from "./registration.js";
+import { sleep } from "./timing.js";
+import { PRIORITIES } from "./types.js";
+import type { AgentCard, Priority } from "./types.js";
+
+const FETCH_EXPIRES_MS = 1_000; // the client's minimum for a pull request
+const PRESENCE_CHECK_MS = 500;
+const DRAIN_TIMEOUT_MS = 10_000;
+const CONSUMER_EXISTS = 10148; // JetStream: a consumer of that name exists with other settings
+
+/** What the runtime needs from an Agent's configuration. */
+export interface RuntimeConfig {
+  agentId: string;
+  tags: Record<string, string>;
+  heartbeatIntervalMs: number;
+  startupDelayMs: number;
+  ackWaitMs: number;
+  maxDeliver: number;
+  handlers: Map<string, HandlerSpec>;
+  card: () => AgentCard;
+  capacity: number;
+  /** Results larger than this (bytes of JSON) go to the Object Store. */
+  claimCheckBytes: number;
+}
+
+export class AgentRuntime {
+  card: AgentCard | null = null;
+  heartbeats: Heartbeats | null = null;
+  private cardRevision = 0;
+  private readonly stopping = new AbortController();
+  private readonly loops: Promise<void>[] = [];
+  private readonly inFlight = new Set<Promise<void>>();
+  private readonly pools: Record<Priority, WorkerPool>;
+  private readonly presence: Presence;
+  private executor: Executor | null = null;
+  private readonly log: Logger;
+
+  constructor(
+    private readonly config: RuntimeConfig,
+    private readonly conn: Connection,
+    log: Logger,
+  ) {
+    this.log = bound(log, { agent_id: config.agentId });
+    this.pools = { P0: new WorkerPool(config.capacity), P1: new WorkerPool(config.capacity), P2: new WorkerPool(config.capacity) };
+    this.presence = new Presence(conn, config.agentId, serviceVersion(config.handlers), config.tags);
+  }
+
+  get stopped(): boolean {
+    return this.stopping.signal.aborted;
+  }
+
+  /** Make a start under way give up at its next step (stop() then cleans up). */
+  interrupt(): void {
+    this.stopping.abort();
+  }
+
+  async start(): Promise<void> {
+    const { config, conn } = this;
+    if (config.startupDelayMs > 0) {
+      // Spread the registrations of a fleet that starts at once.
+      await sleep(Math.random() * config.startupDelayMs, this.stopping.signal);
+    }
+    this.checkNotStopped();
+    await conn.waitProvisioned(this.log, this.stopping.signal);
+    this.checkNotStopped();
+    await this.presence.checkFree(PRESENCE_CHECK_MS, this.log);
+    await this.presence.start();
+    const askedS = await awaitSlot(conn, config.agentId, this.log, this.stopping.signal);
+    this.checkNotStopped();
+    [this.card, this.cardRevision] = await writeCard(conn, config.card(), this.log);
+    const kv = await conn.kv(conn.names.executionsBucket);
+    this.executor = new Executor(conn, {
+      agentId: config.agentId,
+      handlers: config.handlers,
+      ackWaitMs: config.ackWaitMs,
+      records: new Claims(kv, config.agentId, this.card.epoch, this.log),
+      claimCheck: new ClaimCheck(conn.js, conn.names.payloadsBucket, config.claimCheckBytes),
+      freeSlots: (priority) => this.pools[priority].free,
+      log: this.log,
+    });
+    const consumers = await Promise.all(PRIORITIES.map((p) => this.bind(p)));
+    this.checkNotStopped();
+    const intervalS = askedS ?? config.heartbeatIntervalMs / 1000;
+    this.heartbeats = new Heartbeats(conn, config.agentId, this.card.epoch, intervalS, () => this.load(), this.log);
+    this.heartbeats.start();
+    const executor = this.executor;
+    PRIORITIES.forEach((p, i) => this.loops.push(this.consume(p, consumers[i]!, executor)));
+    this.log.info("agent serving", { epoch: this.card.epoch, topics: [...config.handlers.keys()].sort() });
+  }
+
+  private checkNotStopped(): void {
+    if (this.stopped) throw new ReachError("the agent was stopped while starting");
+  }
+
+  /** Stop taking work, let running handlers finish, mark the card stopped. */
+  async stop(): Promise<void> {
+    this.stopping.abort();
+    // Let each loop finish its current fetch: a pull request cut short would leave the
+    // server delivering into a dead inbox, and that message would wait out the ack wait.
+    await settleWithin(this.loops, FETCH_EXPIRES_MS * 2);
+    if (!(await settleWithin([...this.inFlight], DRAIN_TIMEOUT_MS))) {
+      this.executor?.abortAll(new ReachError("the agent is stopping"));
+      await settleWithin([...this.inFlight], LEASE_GRACE_MS);
+    }
+    await this.heartbeats?.stop();
+    if (this.card !== null) await this.retire();
+    await this.presence.stop();
+    this.log.info("agent stopped");
+  }
+
+  /**
+   * Card stopped and heartbeat deleted: the coordinator knows at once that this process
+   * stopped rather than got lost. Neither is touched when a newer process of the id has
+   * registered meanwhile (this one was cut off, say): what it wrote stands.
+   */
+  private async retire(): Promise<void> {
+    if (!(await this.markStopped())) return;
+    try {
+      await this.heartbeats?.retire();
+    } catch (err) {
+      this.log.warn("heartbeat not deleted", { error: String(err) });
+    }
+  }
+
+  private async markStopped(): Promise<boolean> {
+    if (this.card === null) return false;
+    const card: AgentCard = { ...this.card, status: "stopped" };
+    try {
+      const kv = await this.conn.kv(this.conn.names.agentsBucket);
+      // Conditional: a newer process of this id may have registered since; its card stands.
+      this.cardRevision = await kv.update(this.config.agentId, encode(card), this.cardRevision);
+      this.card = card;
+      return true;
+    } catch (err) {
+      if (isWrongLastSequence(err)) {
+        this.log.warn("a newer process registered this agent id; its card stands");
+      } else {
+        this.log.warn("card not marked stopped", { error: String(err) });
+      }
+      return false;
+    }
+  }
+
+  // -- consuming --------------------------------------------------------------
+  private async bind(priority: Priority): Promise<Consumer> {
+    const { conn, config } = this;
+    const stream = conn.names.dispatchStream(priority);
+    const durable = conn.names.agentConsumer(config.agentId, priority);
+    const settings = {
+      ack_wait: nanos(config.ackWaitMs),
+      max_ack_pending: config.capacity,
+      max_deliver: config.maxDeliver,
+      filter_subject: conn.names.dispatch(config.agentId, priority),
+    };
+    const wanted: Partial<ConsumerConfig> = {
+      name: durable,
+      durable_name: durable,
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+      ...settings,
+    };
+    try {
+      await conn.jsm.consumers.add(stream, wanted);
+    } catch (err) {
+      if ((err as NatsError).api_error?.err_code !== CONSUMER_EXISTS) throw err;
+      await conn.jsm.consumers.update(stream, durable, settings); // created by an earlier run
+    }
+    return conn.js.consumers.get(stream, durable);
+  }
+
+  private async consume(priority: Priority, consumer: Consumer, executor: Executor): Promise<void> {
+    const pool = this.pools[priority];
+    const signal = this.stopping.signal;
+    while (!signal.aborted) {
+      await pool.waitFree(signal);
+      if (signal.aborted) break;
+      try {
+        const messages = await consumer.fetch({ max_messages: pool.free, expires: FETCH_EXPIRES_MS });
+        for await (const msg of messages) {
+          pool.take();
+          this.spawn(this.handle(msg, pool, executor));
+        }
+      } catch (err) {
+        this.log.warn("fetch failed", { priority, error: String(err) });
+        await sleep(FETCH_EXPIRES_MS / 2, signal); // a broken connection: do not spin
+      }
+    }
+  }
+
+  private spawn(work: Promise<void>): void {
+    this.inFlight.add(work);
+    void work.finally(() => this.inFlight.delete(work));
+  }
+
+  private async handle(msg: JsMsg, pool: WorkerPool, executor: Executor): Promise<void> {
+    try {
+      await executor.settle(msg);
+    } catch (err) {
+      // A bug here must not lose the message: it comes back later.
+      this.log.error("task handling crashed; the message will be redelivered", { error: String(err) });
+      quietly(() => msg.nak(5_000)); // the connection may be gone: then it is redelivered anyway
+    } finally {
+      pool.give();
+    }
+  }
+
+  private load(): Load {
+    const pools = Object.values(this.pools);
+    return {
+      in_flight: pools.reduce((n, p) => n + p.busy, 0),
+      free_slots: pools.reduce((n, p) => n + p.free, 0),
+      latency_ms: this.executor?.latency.estimateMs ?? 0,
+    };
+  }
+}
+
+/** The micro service version: the handlers' one semver version, else 0.0.0. */
+function serviceVersion(handlers: Map<string, HandlerSpec>): string {
+  const versions = [...new Set([...handlers.values()].map((h) => h.version))];
+  return versions.length === 1 && /^\d+\.\d+\.\d+$/.test(versions[0]!) ? versions[0]! : "0.0.0";
+}
+
+/** Resolves true when every promise settled within `ms`, false when time ran out. */
+async function settleWithin(promises: Promise<unknown>[], ms: number): Promise<boolean> {
+  if (promises.length === 0) return true;
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), ms);
+  });
+  const all = Promise.allSettled(promises).then(() => true);
+  try {
+    return await Promise.race([all, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** How many tasks of one priority run at once, and a way to wait for room. */
+class WorkerPool {
+  busy = 0;
+  private waiters: Array<() => void> = [];
+
+  constructor(readonly size: number) {}
+
+  get free(): number {
+    return this.size - this.busy;
+  }
+
+  async waitFree(signal: AbortSignal): Promise<void> {
+    while (this.free <= 0 && !signal.aborted) {
+      await new Promise<void>((resolve) => {
+        const done = () => {
+          signal.removeEventListener("abort", done);
+          resolve();
+        };
+        this.waiters.push(done);
+        signal.addEventListener("abort", done, { once: true });
+      });
+    }
+  }
+
+  take(): void {
+    this.busy += 1;
+  }
+
+  give(): void {
+    this.busy -= 1;
+    const waiters = this.waiters;
+    this.waiters = [];
+    for (const wake of waiters) wake();
+  }
+}

@@ -1,0 +1,544 @@
+/**
+ * The TypeScript agent against a real nats-server and the real Python coordinator.
+ * Each test uses its own agent ids and topics, so tests cannot see each other's work.
+ */
+
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import { spawn } from "node:child_process";
+import { after, before, describe, it } from "node:test";
+import { headers } from "nats";
+import type { KV } from "nats";
+
+import { Agent, AgentIdInUse, PermanentError, ReachError } from "../src/index.js";
+import { newId } from "../src/index.js";
+import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Result } from "../src/index.js";
+import { binary, eventsOf, Gate, kvUntil, send, startStack, task, terminate, Watcher } from "./harness.js";
+import type { Stack } from "./harness.js";
+
+const quiet = { debug() {}, info() {}, warn() {}, error() {} };
+let stack: Stack;
+let agents: Agent[] = [];
+let counter = 0;
+
+/** A fresh id for this run, so tests never share agents or topics. */
+function unique(name: string): string {
+  counter += 1;
+  return `${name}-${process.pid}-${counter}`;
+}
+
+async function started(agent: Agent): Promise<Agent> {
+  agents.push(agent);
+  await agent.start(stack.url);
+  return agent;
+}
+
+function newAgent(id: string, options: Partial<ConstructorParameters<typeof Agent>[0]> = {}): Agent {
+  return new Agent({ agentId: id, startupDelayMs: 0, heartbeatIntervalMs: 1_000, logger: quiet, ...options });
+}
+
+async function kv(bucket: string): Promise<KV> {
+  return stack.nc.jetstream().views.kv(bucket, { bindOnly: true });
+}
+
+before(async () => {
+  stack = await startStack();
+});
+
+after(async () => {
+  await Promise.allSettled(agents.map((a) => a.stop()));
+  await stack?.stop();
+});
+
+describe("serving tasks", () => {
+  it("completes a task routed by the coordinator, with ack, accepted and completed", async () => {
+    const topic = unique("echo");
+    const agent = await started(newAgent(unique("ts-echo")).handler(topic, { version: "1.0.0" }, (_ctx, p) => ({ echoed: p })));
+    const t = task(topic, { text: "hi" });
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t);
+    const result = (await replies.next((r) => r.kind === "result")) as Result;
+    assert.deepEqual(result.result, { echoed: { text: "hi" } });
+    assert.equal(result.from_agent, agent.agentId);
+    const ack = await replies.next((r) => r.kind === "ack");
+    assert.equal(ack.kind === "ack" && ack.capacity !== null, true);
+    const completed = await events.next((e) => e.event === "completed");
+    assert.equal(completed.agent_id, agent.agentId);
+    assert.equal(typeof completed.detail.duration_ms, "number");
+    assert.deepEqual(completed.detail.result, { echoed: { text: "hi" } });
+    await events.next((e) => e.event === "accepted");
+    await events.next((e) => e.event === "routed" && e.agent_id === agent.agentId);
+    replies.close();
+    events.close();
+  });
+
+  it("answers `reach publish --wait` from the CLI", async () => {
+    const topic = unique("cli");
+    await started(newAgent(unique("ts-cli")).handler(topic, (_ctx, p: { n: number }) => ({ doubled: p.n * 2 })));
+    const child = spawn(binary("REACH_BIN", "reach"), ["publish", topic, '{"n": 21}', "--wait", "--nats-url", stack.url], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let out = "";
+    child.stdout.on("data", (c: Buffer) => (out += c.toString()));
+    child.stderr.on("data", (c: Buffer) => (out += c.toString()));
+    const timer = setTimeout(() => void terminate(child), 30_000);
+    const code = await new Promise<number | null>((resolve) => child.once("exit", resolve));
+    clearTimeout(timer);
+    assert.equal(code, 0, out);
+    assert.deepEqual(JSON.parse(out.trim().split("\n").pop()!), { doubled: 42 });
+  });
+
+  it("sends progress to the sender before the result", async () => {
+    const topic = unique("slow");
+    await started(
+      newAgent(unique("ts-progress")).handler(topic, async (ctx) => {
+        await ctx.progress("half way");
+        return "done";
+      }),
+    );
+    const t = task(topic, null);
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t);
+    await replies.next((r) => r.kind === "result");
+    const kinds = replies.seen.map((m) => m.body.kind);
+    assert.deepEqual(kinds, ["ack", "progress", "result"]);
+    const progress = await events.next((e) => e.event === "progress");
+    assert.equal(progress.detail.note, "half way");
+    replies.close();
+    events.close();
+  });
+
+  it("retries a retryable failure; the next attempt completes", async () => {
+    const topic = unique("flaky");
+    const attempts: number[] = [];
+    await started(
+      newAgent(unique("ts-flaky")).handler(topic, (ctx) => {
+        attempts.push(ctx.attempt);
+        if (ctx.attempt === 1) throw new Error("upstream hiccup");
+        return { attempt: ctx.attempt };
+      }),
+    );
+    const t = task(topic, null);
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t);
+    const result = (await replies.next((r) => r.kind === "result", 15_000)) as Result;
+    assert.deepEqual(result.result, { attempt: 2 });
+    assert.deepEqual(attempts, [1, 2]);
+    const failed = await events.next((e) => e.event === "failed");
+    assert.deepEqual(failed.detail.error, { type: "Error", message: "upstream hiccup", retryable: true, retry_after_ms: null });
+    assert.equal((failed.detail.task as { message_id: string }).message_id, t.message_id);
+    assert.equal(typeof failed.detail.dispatched_at_ms, "number");
+    await events.next((e) => e.event === "retry_scheduled");
+    replies.close();
+    events.close();
+  });
+
+  it("dead-letters a PermanentError as rejected, without retrying", async () => {
+    const topic = unique("refuse");
+    let calls = 0;
+    await started(
+      newAgent(unique("ts-refuse")).handler(topic, () => {
+        calls += 1;
+        throw new PermanentError("order 7 does not exist");
+      }),
+    );
+    const dlq = new Watcher<DeadLetter>(stack.nc, `reach.dlq.rejected.${topic}`);
+    const t = task(topic, { order: 7 });
+    const replies = await send(stack, t);
+    const letter = await dlq.next((d) => d.message_id === t.message_id, 15_000);
+    assert.equal(letter.reason, "rejected");
+    assert.deepEqual(letter.error, { type: "PermanentError", message: "order 7 does not exist", retryable: false, retry_after_ms: null });
+    const stored = await stack.jsm.streams.getMessage("REACH_DLQ", { last_by_subj: `reach.dlq.rejected.${topic}` });
+    assert.equal(stored.json<DeadLetter>().message_id, t.message_id);
+    const error = await replies.next((r) => r.kind === "error");
+    assert.equal(error.kind === "error" && error.error.type, "PermanentError");
+    assert.equal(calls, 1);
+    dlq.close();
+    replies.close();
+  });
+});
+
+describe("claim check and trace context", () => {
+  const BIG = "x".repeat(300_000); // over the 256 KiB threshold, under NATS's 1 MiB
+  const TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+  async function stowed(name: string, value: unknown): Promise<PayloadRef> {
+    const data = new TextEncoder().encode(JSON.stringify(value));
+    const store = await stack.nc.jetstream().views.os("reach_payloads");
+    await store.putBlob({ name }, data);
+    const sha256 = createHash("sha256").update(data).digest("hex");
+    return { bucket: "reach_payloads", name, size: data.length, sha256 };
+  }
+
+  async function fetched(ref: PayloadRef): Promise<unknown> {
+    const store = await stack.nc.jetstream().views.os(ref.bucket);
+    return JSON.parse(new TextDecoder().decode((await store.getBlob(ref.name))!));
+  }
+
+  it("reads a payload_ref, stows a large result, passes the traceparent on, stamps accepted", async () => {
+    const topic = unique("mirror");
+    let seenTraceparent: string | null = null;
+    let childTraceparent: string | null = null;
+    const agent = await started(
+      newAgent(unique("ts-mirror")).handler(topic, (ctx, p: { text: string }) => {
+        seenTraceparent = ctx.traceparent;
+        childTraceparent = ctx.childTask("elsewhere", null).traceparent;
+        return { length: p.text.length, text: p.text };
+      }),
+    );
+    const messageId = newId();
+    const ref = await stowed(`${messageId}/payload`, { text: BIG });
+    const t = task(topic, null, { message_id: messageId, payload_ref: ref, traceparent: TRACEPARENT });
+    const events = eventsOf(stack, t.message_id);
+    const sentAt = Date.now();
+    const replies = await send(stack, t);
+    const result = (await replies.next((r) => r.kind === "result", 15_000)) as Result;
+    assert.equal(result.result, null);
+    assert.equal(result.result_ref!.name, `${messageId}/1/result`);
+    assert.deepEqual(await fetched(result.result_ref!), { length: BIG.length, text: BIG });
+    const completed = await events.next((e) => e.event === "completed");
+    assert.equal("result" in completed.detail, false);
+    assert.deepEqual(completed.detail.result_ref, result.result_ref);
+    const accepted = await events.next((e) => e.event === "accepted");
+    const dispatchedAt = accepted.detail.dispatched_at_ms as number;
+    assert.ok(dispatchedAt >= sentAt - 1_000 && dispatchedAt <= accepted.at_ms, `dispatched_at_ms ${dispatchedAt}`);
+    assert.equal(accepted.priority, "P1");
+    assert.ok(accepted.received_ms > 0, "events carry the task's intake time");
+    // The coordinator gives the dispatch a hop of its own in the caller's trace; the child another.
+    const [, traceId] = TRACEPARENT.split("-");
+    assert.match(seenTraceparent!, new RegExp(`^00-${traceId}-[0-9a-f]{16}-01$`));
+    assert.match(childTraceparent!, new RegExp(`^00-${traceId}-[0-9a-f]{16}-01$`));
+    assert.notEqual(childTraceparent, seenTraceparent);
+    const record = await kvUntil<Execution>(await kv("reach_executions"), `_.${messageId}.${agent.agentId}`, (r) => r?.state === "done");
+    assert.deepEqual(record!.result_ref, result.result_ref);
+    assert.equal(record!.result, null);
+    replies.close();
+    events.close();
+  });
+
+  it("fails a task whose payload_ref is gone as payload_unavailable, not retryable", async () => {
+    const topic = unique("gone");
+    let calls = 0;
+    await started(newAgent(unique("ts-gone")).handler(topic, () => (calls += 1)));
+    const ref = { bucket: "reach_payloads", name: `${newId()}/payload`, size: 10, sha256: "0".repeat(64) };
+    const t = task(topic, null, { payload_ref: ref });
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t);
+    const failed = await events.next((e) => e.event === "failed", 15_000);
+    const error = failed.detail.error as { type: string; retryable: boolean; message: string };
+    assert.equal(error.type, "payload_unavailable");
+    assert.equal(error.retryable, false);
+    assert.match(error.message, /no longer stored/);
+    await replies.next((r) => r.kind === "error", 15_000);
+    assert.equal(calls, 0);
+    replies.close();
+    events.close();
+  });
+});
+
+describe("deadlines and progress", () => {
+  it("gives a handler that reports progress its deadline again, within the execute budget", async () => {
+    const topic = unique("marathon");
+    await started(
+      newAgent(unique("ts-marathon")).handler(topic, { deadlineMs: 300 }, async (ctx) => {
+        for (let i = 0; i < 4; i++) {
+          await new Promise((resolve) => setTimeout(resolve, 150));
+          await ctx.progress("still going");
+        }
+        return { deadline_ms: ctx.deadlineMs };
+      }),
+    );
+    const t = task(topic, null);
+    const replies = await send(stack, t);
+    const result = (await replies.next((r) => r.kind === "result")) as Result;
+    assert.ok((result.result as { deadline_ms: number }).deadline_ms > 600);
+    replies.close();
+  });
+
+  it("stops a handler at the execute budget however often it reports progress", async () => {
+    const topic = unique("endless");
+    await started(
+      newAgent(unique("ts-endless")).handler(topic, { deadlineMs: 200, maxAttempts: 1 }, async (ctx) => {
+        while (!ctx.signal.aborted) {
+          await new Promise((resolve) => setTimeout(resolve, 50));
+          await ctx.progress("more");
+        }
+      }),
+    );
+    const t = task(topic, null, { budget: { seek_ms: 1_000, ack_ms: 2_000, execute_ms: 600 } });
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t);
+    const failed = await events.next((e) => e.event === "failed");
+    assert.deepEqual(failed.detail.error, { type: "deadline_exceeded", message: "handler ran past 600 ms", retryable: true, retry_after_ms: null });
+    replies.close();
+    events.close();
+  });
+});
+
+describe("run-once", () => {
+  it("runs a message delivered twice once; the duplicate gets the stored result", async () => {
+    const topic = unique("once");
+    const id = unique("ts-once");
+    let calls = 0;
+    await started(
+      newAgent(id).handler(topic, async () => {
+        calls += 1;
+        await new Promise((resolve) => setTimeout(resolve, 200)); // work: the duplicate arrives meanwhile
+        return { calls };
+      }),
+    );
+    const t = task(topic, { x: 1 }, { to_agent: id });
+    const subject = `reach.agent.${id}.p1`;
+    const first = await send(stack, t, { subject, msgId: `${t.message_id}-a` });
+    const second = await send(stack, { ...t, reply_to: null }, { subject, msgId: `${t.message_id}-b` });
+    const a = (await first.next((r) => r.kind === "result")) as Result;
+    const b = (await second.next((r) => r.kind === "result")) as Result;
+    assert.deepEqual(a.result, { calls: 1 });
+    assert.deepEqual(b.result, { calls: 1 });
+    assert.equal(calls, 1);
+    const record = await (await kv("reach_executions")).get(`_.${t.message_id}.${id}`);
+    assert.equal(record?.json<Execution>().state, "done");
+    first.close();
+    second.close();
+  });
+
+  it("answers a republished task (same message_id, next attempt) without running it again", async () => {
+    const topic = unique("again");
+    let calls = 0;
+    await started(newAgent(unique("ts-again")).handler(topic, () => ({ calls: ++calls })));
+    const t = task(topic, null);
+    const first = await send(stack, t);
+    await first.next((r) => r.kind === "result");
+    // Attempt 2 gets past the intake and dispatch dedup windows, as a retry would.
+    const again = await send(stack, { ...t, attempt: 2, reply_to: null }, { msgId: `${t.message_id}-again` });
+    const result = (await again.next((r) => r.kind === "result")) as Result;
+    assert.deepEqual(result.result, { calls: 1 });
+    assert.equal(calls, 1);
+    first.close();
+    again.close();
+  });
+
+  it("rejects a late result once the execution record was fenced", async () => {
+    const topic = unique("fenced");
+    const entered = new Gate();
+    const release = new Gate();
+    const agent = await started(
+      newAgent(unique("ts-fenced")).handler(topic, async () => {
+        entered.open();
+        await release.opened;
+        return "too late";
+      }),
+    );
+    const t = task(topic, null);
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t);
+    await entered.opened;
+    // What the coordinator does when the agent goes OFFLINE: the running claim becomes failed.
+    const executions = await kv("reach_executions");
+    const key = `_.${t.message_id}.${agent.agentId}`; // this agent's record (no caller)
+    const entry = await executions.get(key);
+    const record = entry!.json<Execution>();
+    assert.equal(record.state, "running");
+    assert.equal(record.epoch, agent.epoch);
+    const fenced = { ...record, state: "failed", error: { type: "reassigned", message: "test", retryable: true } };
+    await executions.update(key, JSON.stringify(fenced), entry!.revision);
+    release.open();
+    const rejected = await events.next((e) => e.event === "late_result_rejected");
+    assert.equal(rejected.agent_id, agent.agentId);
+    await stack.nc.flush();
+    assert.equal(replies.count((r) => r.kind === "result"), 0);
+    assert.equal(events.count((e) => e.event === "completed"), 0);
+    replies.close();
+    events.close();
+  });
+});
+
+describe("the agent's queue", () => {
+  it("does not run a task whose ttl passed in its queue: expired dead letter", async () => {
+    const topic = unique("stale");
+    const id = unique("ts-stale");
+    let calls = 0;
+    const dlq = new Watcher<DeadLetter>(stack.nc, `reach.dlq.expired.${topic}`);
+    // Queued before the agent starts, with a ttl shorter than any start-up.
+    const t = task(topic, null, { ttl_ms: 1, to_agent: id });
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t, { subject: `reach.agent.${id}.p1` });
+    await started(newAgent(id).handler(topic, () => ++calls));
+    const expired = await events.next((e) => e.event === "expired");
+    assert.equal(expired.agent_id, id);
+    assert.equal((expired.detail.error as { type: string }).type, "expired");
+    const letter = await dlq.next((d) => d.message_id === t.message_id);
+    assert.equal(letter.reason, "expired");
+    assert.equal(calls, 0);
+    dlq.close();
+    events.close();
+    replies.close();
+  });
+
+  it("reports an undecodable dispatch, which the coordinator dead-letters as invalid_envelope", async () => {
+    const id = unique("ts-garbage");
+    await started(newAgent(id).handler(unique("any"), () => null));
+    const dlq = new Watcher<DeadLetter>(stack.nc, "reach.dlq.invalid_envelope._invalid");
+    const marker = `not json ${id}`;
+    const h = headers();
+    h.set("Nats-Msg-Id", `garbage-${id}`);
+    await stack.nc.jetstream().publish(`reach.agent.${id}.p1`, marker, { headers: h });
+    const letter = await dlq.next((d) => d.raw === marker);
+    assert.equal(letter.error?.type, "invalid_envelope");
+    assert.match(letter.error?.message ?? "", /at `\$`/);
+    assert.equal(letter.headers["Nats-Msg-Id"], `garbage-${id}`);
+    assert.equal(letter.headers["Reach-Reported-By"], id);
+    dlq.close();
+  });
+});
+
+describe("registration and liveness", () => {
+  it("registers a card, beats, answers probes and is listed as a micro service", async () => {
+    const id = unique("ts-card");
+    const topic = unique("carded");
+    const agent = await started(newAgent(id, { tags: { lang: "ts" } }).handler(topic, { version: "2.1.0", capacity: 3, deadlineMs: 5_000 }, () => null));
+    const card = (await (await kv("reach_agents")).get(id))!.json<AgentCard>();
+    assert.equal(card.status, "running");
+    assert.equal(card.epoch, agent.epoch);
+    assert.deepEqual(card.intents[topic], { version: "2.1.0", capacity: 3, deadline_ms: 5_000, max_attempts: null });
+    assert.deepEqual(card.tags, { lang: "ts" });
+    const beat = await kvUntil<Heartbeat>(await kv("reach_heartbeats"), id, (b) => b !== null && b.seq >= 2);
+    assert.equal(beat!.epoch, agent.epoch);
+    assert.equal(beat!.interval_s, 1);
+    assert.equal(beat!.free_slots, 9);
+    await kvUntil<Liveness>(await kv("reach_liveness"), id, (l) => l?.state === "ONLINE");
+    assert.equal((await stack.nc.request(`reach.presence.${id}`, "", { timeout: 2_000 })).string(), "here");
+    assert.equal((await stack.nc.request(`reach.ping.${id}`, "", { timeout: 2_000 })).string(), "pong");
+    const infos = await stack.nc.services.client().info("reach-agent");
+    const mine = [];
+    for await (const info of infos) if (info.metadata?.agent_id === id) mine.push(info);
+    assert.equal(mine.length, 1);
+    assert.equal(mine[0]!.version, "2.1.0");
+    assert.equal(mine[0]!.endpoints[0]!.subject, `reach.ping.${id}`);
+  });
+
+  it("raises the epoch on restart and refuses a second live process with the same id", async () => {
+    const id = unique("ts-epoch");
+    const topic = unique("epoch");
+    const first = await started(newAgent(id).handler(topic, () => null));
+    const twin = newAgent(id).handler(topic, () => null);
+    await assert.rejects(twin.start(stack.url), AgentIdInUse);
+    await first.stop();
+    const second = await started(newAgent(id).handler(topic, () => null));
+    assert.equal(second.epoch, first.epoch + 1);
+  });
+
+  it("gives up a start that is stopped during its startup delay, registering nothing", async () => {
+    const id = unique("ts-early");
+    const agent = newAgent(id, { startupDelayMs: 60_000 }).handler(unique("early"), () => null);
+    const starting = agent.start(stack.url);
+    await agent.stop();
+    await assert.rejects(starting, ReachError);
+    assert.equal(await (await kv("reach_agents")).get(id), null);
+  });
+
+  it("starts although a silent subscriber listens on its presence subject", async () => {
+    const id = unique("ts-tapped");
+    const tap = stack.nc.subscribe(`reach.presence.${id}`, { callback: () => undefined }); // answers nothing
+    await stack.nc.flush();
+    try {
+      const agent = await started(newAgent(id).handler(unique("tapped"), () => null));
+      assert.ok(agent.epoch >= 1);
+    } finally {
+      tap.unsubscribe();
+    }
+  });
+
+  it("leaves the card and heartbeat of a newer process of its id when it stops", async () => {
+    const id = unique("ts-replaced");
+    const agent = await started(newAgent(id, { heartbeatIntervalMs: 30_000 }).handler(unique("replaced"), () => null));
+    const cards = await kv("reach_agents");
+    const beats = await kv("reach_heartbeats");
+    const card = (await cards.get(id))!.json<AgentCard>();
+    const newer = { ...card, epoch: card.epoch + 1, pid: 1 };
+    await cards.put(id, JSON.stringify(newer));
+    await beats.put(id, JSON.stringify({ v: 1, agent_id: id, epoch: newer.epoch, seq: 1, interval_s: 30 }));
+    await agent.stop();
+    const after = (await cards.get(id))!.json<AgentCard>();
+    assert.deepEqual([after.status, after.epoch], ["running", newer.epoch]);
+    assert.equal((await beats.get(id))!.json<Heartbeat>().epoch, newer.epoch);
+  });
+
+  it("waits for the streams and buckets of its prefix, and starts once they are provisioned", async () => {
+    const prefix = `fresh${process.pid}`;
+    const waiting = new Gate();
+    const warn = (event: string) => void (event.startsWith("waiting for the streams") && waiting.open());
+    const logger = { debug() {}, info() {}, warn, error() {} };
+    const agent = newAgent(unique("ts-early-bird"), { prefix, logger }).handler(unique("early"), () => null);
+    agents.push(agent);
+    const starting = agent.start(stack.url);
+    await waiting.opened; // it says so, instead of failing
+    const provision = spawn(binary("REACH_BIN", "reach"), ["provision", "--prefix", prefix, "--nats-url", stack.url], { stdio: "ignore" });
+    assert.equal(await new Promise((resolve) => provision.once("exit", resolve)), 0);
+    await starting;
+    assert.equal(agent.epoch, 1);
+  });
+
+  it("follows the coordinator's control message to change the heartbeat interval", async () => {
+    const id = unique("ts-ctl");
+    await started(newAgent(id).handler(unique("ctl"), () => null));
+    const beats = await kv("reach_heartbeats");
+    await kvUntil<Heartbeat>(beats, id, (b) => b !== null);
+    stack.nc.publish(`reach.ctl.agent.${id}`, JSON.stringify({ heartbeat_interval_s: 0.5 }));
+    const beat = await kvUntil<Heartbeat>(beats, id, (b) => b?.interval_s === 0.5);
+    assert.equal(beat!.interval_s, 0.5);
+  });
+
+  it("stops gracefully: card stopped, heartbeat deleted, coordinator says OFFLINE stopped", async () => {
+    const id = unique("ts-stop");
+    const agent = await started(newAgent(id).handler(unique("stop"), () => null));
+    const liveness = await kv("reach_liveness");
+    await kvUntil<Liveness>(liveness, id, (l) => l?.state === "ONLINE");
+    await agent.stop();
+    const card = (await (await kv("reach_agents")).get(id))!.json<AgentCard>();
+    assert.equal(card.status, "stopped");
+    const beat = await (await kv("reach_heartbeats")).get(id);
+    assert.notEqual(beat?.operation, "PUT");
+    const judged = await kvUntil<Liveness>(liveness, id, (l) => l?.state === "OFFLINE");
+    assert.equal(judged!.reason, "stopped");
+  });
+
+  it("has its unfinished tasks reassigned to another agent after it dies", async () => {
+    const topic = unique("orphan");
+    const deadId = unique("ts-dies");
+    const fixture = new URL("./fixtures/blocking-agent.js", import.meta.url).pathname;
+    const child = spawn(process.execPath, [fixture, stack.url, deadId, topic], { stdio: ["ignore", "pipe", "pipe"] });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error("blocking agent did not start")), 20_000);
+        child.stdout.on("data", (c: Buffer) => {
+          if (c.toString().includes("ready")) {
+            clearTimeout(timer);
+            resolve();
+          }
+        });
+        child.once("exit", (code) => reject(new Error(`blocking agent exited with ${code}`)));
+      });
+      const running = task(topic, "first");
+      const queued = task(topic, "second");
+      const runningEvents = eventsOf(stack, running.message_id);
+      const queuedEvents = eventsOf(stack, queued.message_id);
+      const r1 = await send(stack, running);
+      await runningEvents.next((e) => e.event === "accepted" && e.agent_id === deadId);
+      const r2 = await send(stack, queued);
+      await queuedEvents.next((e) => e.event === "routed" && e.agent_id === deadId);
+      child.kill("SIGKILL"); // a crash: no stop, no card update, the heartbeat stays
+      const rescuer = await started(newAgent(unique("ts-rescuer")).handler(topic, (ctx, p) => ({ p, attempt: ctx.attempt })));
+      const a = (await r1.next((r) => r.kind === "result", 20_000)) as Result;
+      const b = (await r2.next((r) => r.kind === "result", 20_000)) as Result;
+      assert.deepEqual(a.result, { p: "first", attempt: 2 });
+      assert.deepEqual(b.result, { p: "second", attempt: 2 });
+      assert.equal(a.from_agent, rescuer.agentId);
+      const liveness = (await (await kv("reach_liveness")).get(deadId))!.json<Liveness>();
+      assert.equal(liveness.state, "OFFLINE");
+      for (const w of [runningEvents, queuedEvents, r1, r2]) w.close();
+    } finally {
+      await terminate(child);
+    }
+  });
+});

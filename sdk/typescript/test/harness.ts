@@ -1,0 +1,257 @@
+/**
+ * Real processes for the tests: a nats-server with JetStream on a free loopback
+ * port, and the Python coordinator (`reach up --nats-url …`). Everything started
+ * here is stopped by the returned `stop()`; every wait is bounded.
+ */
+
+import { spawn } from "node:child_process";
+import type { ChildProcess } from "node:child_process";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { connect, createInbox, headers } from "nats";
+import type { JetStreamManager, KV, Msg, NatsConnection, Subscription } from "nats";
+
+import type { Event, Reply, Task } from "../src/index.js";
+import { newId } from "../src/index.js";
+
+/** The package root (tests run from build/test/). */
+export const PACKAGE_ROOT = fileURLToPath(new URL("../../", import.meta.url));
+const VENV_BIN = join(PACKAGE_ROOT, "..", "..", ".venv", "bin");
+
+export function binary(envName: string, name: string): string {
+  const path = process.env[envName] ?? join(VENV_BIN, name);
+  if (!existsSync(path)) throw new Error(`${name} not found at ${path}; set ${envName}`);
+  return path;
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      server.close(() => (typeof address === "object" && address ? resolve(address.port) : reject(new Error("no port"))));
+    });
+  });
+}
+
+/** Resolve when `child` writes a line containing `marker` (stdout or stderr), else reject. */
+function waitForOutput(child: ChildProcess, marker: string, timeoutMs: number, what: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    let seen = "";
+    const timer = setTimeout(() => finish(new Error(`${what} not ready within ${timeoutMs} ms:\n${seen.slice(-2000)}`)), timeoutMs);
+    const onData = (chunk: Buffer) => {
+      seen += chunk.toString();
+      if (seen.includes(marker)) finish();
+    };
+    const onExit = (code: number | null) => finish(new Error(`${what} exited (${code}) before ready:\n${seen.slice(-2000)}`));
+    function finish(err?: Error): void {
+      clearTimeout(timer);
+      child.stdout?.off("data", onData);
+      child.stderr?.off("data", onData);
+      child.off("exit", onExit);
+      if (err) reject(err);
+      else resolve();
+    }
+    child.stdout?.on("data", onData);
+    child.stderr?.on("data", onData);
+    child.once("exit", onExit);
+  });
+}
+
+/** SIGTERM, then SIGKILL if it has not exited within `graceMs`. */
+export async function terminate(child: ChildProcess, graceMs = 5_000): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
+  child.kill("SIGTERM");
+  const timer = setTimeout(() => child.kill("SIGKILL"), graceMs);
+  await exited;
+  clearTimeout(timer);
+}
+
+export interface Stack {
+  url: string;
+  nc: NatsConnection;
+  jsm: JetStreamManager;
+  coordinatorLog: () => string;
+  stop(): Promise<void>;
+}
+
+/** Test-speed coordinator settings: quick retries and liveness sweeps. */
+const COORDINATOR_CONFIG = `
+delivery: {base_s: 0.2, cap_s: 1.0}
+liveness: {tick_s: 0.2}
+`;
+
+/** A nats-server, the Python coordinator on it, and a client connection. */
+export async function startStack(): Promise<Stack> {
+  const dir = mkdtempSync(join(tmpdir(), "reach-ts-"));
+  const port = await freePort();
+  const url = `nats://127.0.0.1:${port}`;
+  const children: ChildProcess[] = [];
+  let nc: NatsConnection | null = null;
+  const stop = async () => {
+    await nc?.close();
+    for (const child of children.reverse()) await terminate(child);
+    rmSync(dir, { recursive: true, force: true });
+  };
+  try {
+    const server = spawn(binary("NATS_SERVER_BIN", "nats-server"), ["-js", "-a", "127.0.0.1", "-p", String(port), "-sd", join(dir, "js")], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    children.push(server);
+    await waitForOutput(server, "Server is ready", 10_000, "nats-server");
+    const configPath = join(dir, "coordinator.yaml");
+    writeFileSync(configPath, COORDINATOR_CONFIG);
+    const coordinator = spawn(
+      binary("REACH_BIN", "reach"),
+      ["up", "--nats-url", url, "--log-format", "json", "--config", configPath],
+      { stdio: ["ignore", "pipe", "pipe"], cwd: dir },
+    );
+    children.push(coordinator);
+    let log = "";
+    coordinator.stderr?.on("data", (chunk: Buffer) => (log += chunk.toString()));
+    await waitForOutput(coordinator, "coordinator serving on", 60_000, "reach up");
+    nc = await connect({ servers: url, name: "test-client" });
+    const jsm = await nc.jetstreamManager();
+    return { url, nc, jsm, coordinatorLog: () => log, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+/** Messages on one subject (wildcards allowed), with a bounded wait for a matching one. */
+export class Watcher<T = unknown> {
+  readonly seen: Array<{ subject: string; body: T; msg: Msg }> = [];
+  private readonly sub: Subscription;
+  private waiters: Array<() => void> = [];
+
+  constructor(nc: NatsConnection, subject: string) {
+    this.sub = nc.subscribe(subject, {
+      callback: (_err, msg) => {
+        let body: T;
+        try {
+          body = msg.json<T>();
+        } catch {
+          body = msg.string() as T;
+        }
+        this.seen.push({ subject: msg.subject, body, msg });
+        const waiters = this.waiters;
+        this.waiters = [];
+        for (const wake of waiters) wake();
+      },
+    });
+  }
+
+  /** The first message (seen before or arriving within `timeoutMs`) that `match` accepts. */
+  async next(match: (body: T, subject: string) => boolean, timeoutMs = 10_000, what = "message"): Promise<T> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const found = this.seen.find((m) => match(m.body, m.subject));
+      if (found) return found.body;
+      const left = deadline - Date.now();
+      if (left <= 0) {
+        const seen = this.seen.map((m) => m.subject).join("\n  ");
+        throw new Error(`no ${what} within ${timeoutMs} ms on ${this.sub.getSubject()}; seen:\n  ${seen}`);
+      }
+      await new Promise<void>((resolve) => {
+        const timer = setTimeout(resolve, left);
+        this.waiters.push(() => {
+          clearTimeout(timer);
+          resolve();
+        });
+      });
+    }
+  }
+
+  count(match: (body: T, subject: string) => boolean): number {
+    return this.seen.filter((m) => match(m.body, m.subject)).length;
+  }
+
+  close(): void {
+    this.sub.unsubscribe();
+  }
+}
+
+/** A full task envelope, as a client would send it. */
+export function task(topic: string, payload: unknown, fields: Partial<Task> = {}): Task {
+  const messageId = fields.message_id ?? newId();
+  return {
+    kind: "task",
+    v: 1,
+    message_id: messageId,
+    trace_id: messageId,
+    topic,
+    payload,
+    from_agent: null,
+    to_agent: null,
+    attempt: 1,
+    created_at: Date.now(),
+    ttl_ms: 30_000,
+    reply_to: null,
+    priority: "P1",
+    budget: { seek_ms: 1_000, ack_ms: 2_000, execute_ms: 20_000 },
+    replay_of: null,
+    caller: null,
+    headers: {},
+    received_ms: 0,
+    traceparent: null,
+    payload_ref: null,
+    ...fields,
+  };
+}
+
+/** Publish `t` with its own reply inbox; `replies` collects what comes back. */
+export async function send(
+  stack: Stack,
+  t: Task,
+  options: { subject?: string; msgId?: string } = {},
+): Promise<Watcher<Reply>> {
+  const inbox = t.reply_to ?? createInbox();
+  const replies = new Watcher<Reply>(stack.nc, inbox);
+  await stack.nc.flush(); // the inbox subscription exists before any reply can come
+  const withReply = { ...t, reply_to: inbox };
+  const h = headers();
+  h.set("Nats-Msg-Id", options.msgId ?? t.message_id);
+  h.set("Reach-Trace-Id", t.trace_id);
+  const js = stack.nc.jetstream();
+  await js.publish(options.subject ?? `reach.task.${t.topic}`, JSON.stringify(withReply), { headers: h });
+  return replies;
+}
+
+/** Events of one message, as they are published. */
+export function eventsOf(stack: Stack, messageId: string): Watcher<Event> {
+  return new Watcher<Event>(stack.nc, `reach.event.*.*.*.${messageId}.*`);
+}
+
+/** Wait until `kv[key]` satisfies `match` (null: the key is absent or deleted). */
+export async function kvUntil<T>(kv: KV, key: string, match: (value: T | null) => boolean, timeoutMs = 10_000): Promise<T | null> {
+  const watch = await kv.watch({ key });
+  const timer = setTimeout(() => watch.stop(), timeoutMs);
+  try {
+    for await (const entry of watch) {
+      const value = entry.operation === "PUT" ? (entry.json<T>() as T) : null;
+      if (match(value)) return value;
+    }
+  } finally {
+    clearTimeout(timer);
+    watch.stop();
+  }
+  throw new Error(`${kv.constructor.name} key ${key}: no matching value within ${timeoutMs} ms`);
+}
+
+/** A promise that the test opens by hand (a handler waiting for the test's cue). */
+export class Gate {
+  readonly opened: Promise<void>;
+  open!: () => void;
+
+  constructor() {
+    this.opened = new Promise((resolve) => {
+      this.open = resolve;
+    });
+  }
+}

