@@ -24,6 +24,7 @@ from agentreach.envelopes.coordination import (
 )
 from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS, UndecodableDetail
 from agentreach.envelopes.executions import Execution
+from agentreach.envelopes.manual import ManualItem
 from agentreach.envelopes.messages import (
     Ack,
     DeadLetter,
@@ -86,6 +87,10 @@ RECORDS: dict[str, tuple[Any, str]] = {
     "coordination/breaker": (BreakerRecord, "Informative: KV reach_breakers."),
     "coordination/lease": (LeaseRecord, "Informative: KV reach_leases."),
     "coordination/quota": (QuotaRecord, "Informative: KV reach_quotas (key: the caller)."),
+    "coordination/manual": (
+        ManualItem,
+        "Informative: KV reach_manual (key: the task's message id), a task waiting for a person.",
+    ),
     "coordination/workflow": (WorkflowRecord, "Informative: KV reach_workflows."),
     "coordination/timer": (TimerDue, "Informative: a workflow timer on reach.wf.timer.<id>."),
     "coordination/reload_reply": (ReloadReply, "Informative: answer on reach.ctl.routes.reload."),

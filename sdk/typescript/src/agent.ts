@@ -60,6 +60,10 @@ export interface HandlerOptions {
   deadlineMs?: number;
   /** Attempts the coordinator gives a task of this topic (default: the coordinator's). */
   maxAttempts?: number;
+  /** What this intent is for, in words: the coordinator resolves free-text tasks by it. */
+  description?: string;
+  /** Requests this intent serves, as callers would write them (for the resolution too). */
+  examples?: string[];
 }
 
 /** Where to connect: a URL, a list of URLs, or nats.js connection options. */
@@ -136,6 +140,12 @@ export class Agent {
     if (typeof fn !== "function") throw new AgentConfigError(`handler for '${topic}' must be a function (ctx, payload)`);
     const capacity = options.capacity ?? 10;
     atLeastOne(topic, { capacity, deadlineMs: options.deadlineMs, maxAttempts: options.maxAttempts });
+    const description = options.description ?? "";
+    const examples = options.examples ?? [];
+    if (typeof description !== "string") throw new AgentConfigError(`description of '${topic}' must be a string`);
+    if (!Array.isArray(examples) || !examples.every((example) => typeof example === "string")) {
+      throw new AgentConfigError(`examples of '${topic}' must be a list of strings`);
+    }
     this.handlers.set(topic, {
       topic,
       fn,
@@ -143,6 +153,8 @@ export class Agent {
       capacity,
       deadlineMs: options.deadlineMs ?? null,
       maxAttempts: options.maxAttempts ?? null,
+      description,
+      examples: [...examples],
     });
     return this;
   }
@@ -163,6 +175,8 @@ export class Agent {
         capacity: spec.capacity,
         deadline_ms: spec.deadlineMs,
         max_attempts: spec.maxAttempts,
+        description: spec.description,
+        examples: spec.examples,
       };
     }
     return {

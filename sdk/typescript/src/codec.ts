@@ -4,7 +4,7 @@ import { createHash, randomBytes } from "node:crypto";
 
 import { DecodeError } from "./errors.js";
 import { PRIORITIES } from "./types.js";
-import type { Budget, PayloadRef, Priority, Task } from "./types.js";
+import type { Budget, Candidate, PayloadRef, Priority, Resolution, Task } from "./types.js";
 
 /** Ids and topics become subject tokens, so they may not hold dots, wildcards or spaces. */
 export const TOKEN = /^[A-Za-z0-9_-]{1,128}$/;
@@ -68,6 +68,7 @@ export function decodeTask(data: Uint8Array): Task {
     received_ms: r.optional("received_ms", 0, (v, at) => int(v, at, {})),
     traceparent: r.optional("traceparent", null, nullableString),
     payload_ref: r.optional("payload_ref", null, nullablePayloadRef),
+    resolution: r.optional("resolution", null, nullableResolution),
   };
 }
 
@@ -186,6 +187,38 @@ function nullablePayloadRef(value: unknown, at: string): PayloadRef | null {
     size: r.required("size", (v, where) => int(v, where, {})),
     sha256: r.required("sha256", string),
   };
+}
+
+/** How the coordinator found a task's intent from its text; agents pass it on untouched. */
+function nullableResolution(value: unknown, at: string): Resolution | null {
+  if (value === null) return null;
+  const r = new Reader(value, at);
+  r.object();
+  return {
+    topic: r.required("topic", string),
+    scorer: r.required("scorer", string),
+    best: r.optional("best", null, nullableCandidate),
+    runner_up: r.optional("runner_up", null, nullableCandidate),
+    note: r.optional("note", "", string),
+  };
+}
+
+function nullableCandidate(value: unknown, at: string): Candidate | null {
+  if (value === null) return null;
+  const r = new Reader(value, at);
+  r.object();
+  return {
+    intent: r.required("intent", string),
+    confidence: r.required("confidence", number),
+    evidence: r.optional("evidence", 0, number),
+  };
+}
+
+function number(value: unknown, at: string): number {
+  if (typeof value !== "number") {
+    throw new DecodeError(`Expected \`float\`, got \`${typeName(value)}\` - at \`${at}\``);
+  }
+  return value;
 }
 
 function string(value: unknown, at: string): string {

@@ -112,6 +112,7 @@ export class TaskContext {
       received_ms: 0, // the coordinator's intake sets it
       traceparent: child(this.envelope.traceparent, messageId),
       payload_ref: null,
+      resolution: null,
     };
   }
 }

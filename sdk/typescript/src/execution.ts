@@ -37,6 +37,8 @@ export interface HandlerSpec {
   capacity: number;
   deadlineMs: number | null;
   maxAttempts: number | null;
+  description: string;
+  examples: string[];
 }
 
 export interface ExecutorOptions {

@@ -396,11 +396,18 @@ describe("registration and liveness", () => {
   it("registers a card, beats, answers probes and is listed as a micro service", async () => {
     const id = unique("ts-card");
     const topic = unique("carded");
-    const agent = await started(newAgent(id, { tags: { lang: "ts" } }).handler(topic, { version: "2.1.0", capacity: 3, deadlineMs: 5_000 }, () => null));
+    const agent = await started(newAgent(id, { tags: { lang: "ts" } }).handler(topic, { version: "2.1.0", capacity: 3, deadlineMs: 5_000, description: "Refunds for paid orders", examples: ["I want my money back"] }, () => null));
     const card = (await (await kv("reach_agents")).get(id))!.json<AgentCard>();
     assert.equal(card.status, "running");
     assert.equal(card.epoch, agent.epoch);
-    assert.deepEqual(card.intents[topic], { version: "2.1.0", capacity: 3, deadline_ms: 5_000, max_attempts: null });
+    assert.deepEqual(card.intents[topic], {
+      version: "2.1.0",
+      capacity: 3,
+      deadline_ms: 5_000,
+      max_attempts: null,
+      description: "Refunds for paid orders",
+      examples: ["I want my money back"],
+    });
     assert.deepEqual(card.tags, { lang: "ts" });
     const beat = await kvUntil<Heartbeat>(await kv("reach_heartbeats"), id, (b) => b !== null && b.seq >= 2);
     assert.equal(beat!.epoch, agent.epoch);

@@ -201,6 +201,7 @@ export function task(topic: string, payload: unknown, fields: Partial<Task> = {}
     received_ms: 0,
     traceparent: null,
     payload_ref: null,
+    resolution: null,
     ...fields,
   };
 }

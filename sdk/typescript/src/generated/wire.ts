@@ -300,6 +300,18 @@ export interface Budget {
 }
 
 /**
+ * One intent a request's text may mean, with the calibrated probability that it does.
+ */
+export interface Candidate {
+  intent: string;
+  confidence: number;
+  /**
+   * default 0
+   */
+  evidence: number;
+}
+
+/**
  * What an agent can still take, sent with its `ack`.
  */
 export interface Capacity {
@@ -633,7 +645,8 @@ export interface Heartbeat {
 }
 
 /**
- * One topic an agent serves.
+ * One topic an agent serves; `description` and `examples` say in words what it does,
+ * so that a request that names no topic can be matched to it (intent resolution).
  */
 export interface Intent {
   /**
@@ -652,6 +665,14 @@ export interface Intent {
    * default null
    */
   max_attempts: number | null;
+  /**
+   * default ""
+   */
+  description: string;
+  /**
+   * default []
+   */
+  examples: string[];
 }
 
 /**
@@ -703,6 +724,68 @@ export interface Liveness {
    * default []
    */
   offline_at_ms: number[];
+}
+
+/**
+ * One task in a manual-review queue, and what became of it.
+ */
+export interface ManualItem {
+  /**
+   * default 1
+   */
+  v: 1;
+  message_id: string;
+  queue: string;
+  task: Task;
+  reason: string;
+  /**
+   * default ""
+   */
+  rule: string;
+  /**
+   * default 0
+   */
+  entered_ms: number;
+  /**
+   * default 0
+   */
+  deadline_ms: number;
+  /**
+   * default "waiting"
+   */
+  status: "answered" | "expired" | "sent" | "taken" | "waiting";
+  /**
+   * default ""
+   */
+  taken_by: string;
+  /**
+   * default 0
+   */
+  taken_until_ms: number;
+  /**
+   * default null
+   */
+  answer: unknown;
+  /**
+   * default ""
+   */
+  sent_to: string;
+  /**
+   * default ""
+   */
+  sent_as: string;
+  /**
+   * default ""
+   */
+  ended_by: string;
+  /**
+   * default 0
+   */
+  ended_ms: number;
+  /**
+   * default 0
+   */
+  delivered_ms: number;
 }
 
 /**
@@ -851,6 +934,27 @@ export interface ReloadReply {
    * default ""
    */
   error: string;
+}
+
+/**
+ * How the coordinator found a task's intent from its text (intent resolution): the best
+ * candidate and the runner-up, among the intents of every live agent.
+ */
+export interface Resolution {
+  topic: string;
+  scorer: string;
+  /**
+   * default null
+   */
+  best: Candidate | null;
+  /**
+   * default null
+   */
+  runner_up: Candidate | null;
+  /**
+   * default ""
+   */
+  note: string;
 }
 
 /**
@@ -1129,6 +1233,10 @@ export interface Task {
    * default null
    */
   payload_ref: PayloadRef | null;
+  /**
+   * default null
+   */
+  resolution: Resolution | null;
 }
 
 /**
