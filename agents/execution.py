@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +47,14 @@ if TYPE_CHECKING:
 log = structlog.get_logger("agents")
 
 BUSY_POLL_S = 0.5
+
+
+class _Elsewhere(enum.Enum):
+    ELSEWHERE = "elsewhere"
+
+
+# Another delivery of the message holds its claim and runs it: neither ack nor nak this one.
+ELSEWHERE = _Elsewhere.ELSEWHERE
 UNDECODABLE_TOPIC = "_invalid"
 
 
@@ -127,13 +136,16 @@ class Executor:
         except BrokerError as exc:
             log.warning("could not report task outcome, will see it again", error=str(exc))
             retry_in_s = 1.0
+        if retry_in_s is ELSEWHERE:
+            return  # its ack is the other delivery's to give
         if retry_in_s is None:
             await delivery.ack()
         else:
             await delivery.nak(retry_in_s)
 
-    async def _execute(self, job: Job) -> float | None:
-        """Run the task at most once; returns when to see it again, or None when done."""
+    async def _execute(self, job: Job) -> float | _Elsewhere | None:
+        """Run the task at most once; returns when to see it again, None when done, or
+        ELSEWHERE when another delivery of the message holds its claim."""
         task = job.task
         if (kept := self._claims.unrecorded(task.message_id)) is not None:
             log.info("answering a redelivery from an outcome not yet recorded")
@@ -161,8 +173,19 @@ class Executor:
             record = claim.record
             await self._complete(job, record.result, duration_ms=0, ref=record.result_ref)
             return None
+        if not await self._lease_holds(task, claim, window_ms + LEASE_GRACE_MS):
+            log.warning("claim taken over while this delivery was accepted; the other one runs")
+            return ELSEWHERE
         await self._run(job, spec, claim)
         return None
+
+    async def _lease_holds(self, task: Task, claim: Claimed, lease_ms: int) -> bool:
+        """Claiming and accepting can wait out a leader election; if the lease ran down
+        meanwhile, a redelivery may have taken the message over (and runs it). Renew a lease
+        that lost more than half its grace; False when it was taken."""
+        if claim.lease_until_ms - now_ms() > lease_ms - LEASE_GRACE_MS // 2:
+            return True
+        return await self._claims.renew(task, claim, lease_ms)
 
     async def _run(self, job: Job, spec: HandlerSpec, claim: Claimed) -> None:
         task = job.task

@@ -125,3 +125,45 @@ async def test_a_handler_longer_than_the_ack_wait_is_not_redelivered(broker, coo
         await client.invoke("long_haul", {}, on_ack=acks.append)
     assert len(acks) == 1
     assert runs == [1]
+
+
+async def test_a_delivery_whose_lease_ran_out_while_accepting_leaves_the_run_to_the_redelivery(
+    broker, coordinator, monkeypatch
+):
+    """Accepting can wait out a leader election longer than the claim's lease; the
+    redelivery that came meanwhile takes the message over. The stalled delivery must then
+    not run it too (a stall injected into the first accept stands in for the election)."""
+    from agentreach.agents.execution import Executor
+
+    runs: list[int] = []
+    verdicts: list[bool] = []
+    stalled, decided = asyncio.Event(), asyncio.Event()
+    accept, lease_holds = Executor._accept, Executor._lease_holds
+
+    async def accept_slowly(self: Executor, job) -> None:
+        await accept(self, job)
+        if not stalled.is_set():
+            stalled.set()
+            await asyncio.sleep(2.0)  # past the lease (300 + 1,000 ms) and the ack wait
+
+    async def judged(self: Executor, *args) -> bool:
+        verdict = await lease_holds(self, *args)
+        verdicts.append(verdict)
+        if not verdict:
+            decided.set()
+        return verdict
+
+    monkeypatch.setattr(Executor, "_accept", accept_slowly)
+    monkeypatch.setattr(Executor, "_lease_holds", judged)
+    agent = Agent("stalled-1", startup_delay=0, ack_wait=0.5)
+
+    @agent.handler("once", deadline_ms=300)
+    async def once(ctx: TaskContext, payload: dict) -> dict:
+        runs.append(ctx.attempt)
+        return {"runs": len(runs)}
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke("once", {})
+        await asyncio.wait_for(decided.wait(), 10)  # the stalled delivery is back, and yields
+    assert result == {"runs": 1}
+    assert runs == [1] and verdicts == [True, False]

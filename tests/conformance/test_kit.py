@@ -13,6 +13,7 @@ from agentreach.agents import heartbeats as sdk_heartbeats
 from agentreach.agents.claims import Claimed
 from agentreach.broker import ClaimCheck
 from agentreach.conformance import CLAUSES, Status, run_conformance
+from agentreach.envelopes import now_ms
 from agentreach.examples import conformance as example
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.sdk.test_typescript import own_creds, verdicts_but_claim_check
@@ -63,7 +64,7 @@ async def test_an_agent_that_runs_duplicates_twice_fails_run_once(broker, coordi
     """An agent that claims nothing (every delivery runs) fails the run-once clauses."""
 
     async def claim_everything(self, task, lease_ms):  # type: ignore[no-untyped-def]
-        return Claimed(revision=0)
+        return Claimed(revision=0, lease_until_ms=now_ms() + lease_ms)
 
     monkeypatch.setattr(sdk_claims.Claims, "claim", claim_everything)
     verdicts = await judge(broker, conformance_agent("careless-1"), "run_once.duplicates")
