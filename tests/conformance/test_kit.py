@@ -103,6 +103,15 @@ async def test_an_agent_that_drops_the_grant_fails_the_event_clause(
     assert "grant not echoed" in verdicts["events.format"].detail
 
 
+async def test_the_event_clause_alone_is_skipped_not_failed(broker, coordinator):
+    """Clause 18 judges the events of clauses 5-17: run alone it has none, and says why
+    (SKIP) instead of failing the agent."""
+    verdicts = await judge(broker, conformance_agent("alone-1"), "18")
+    verdict = verdicts["events.format"]
+    assert verdict.status is Status.SKIP, verdict.detail
+    assert "none of them ran" in verdict.detail and "--only 5,18" in verdict.detail
+
+
 async def test_an_agent_without_dispatch_time_fails_the_ack_clause(
     broker, coordinator, monkeypatch
 ):
