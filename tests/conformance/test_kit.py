@@ -3,6 +3,8 @@ agent that breaks the protocol."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 
 import pytest
@@ -77,6 +79,32 @@ async def test_an_agent_without_jitter_fails_the_heartbeat_clause(broker, coordi
     verdicts = await judge(broker, conformance_agent("metronome-1"), "liveness.heartbeats")
     assert verdicts["liveness.heartbeats"].status is Status.FAIL
     assert "no jitter" in verdicts["liveness.heartbeats"].detail
+
+
+async def test_an_agent_that_loses_a_wake_up_fails_the_heartbeat_clause(
+    broker, coordinator, monkeypatch
+):
+    """A heartbeat loop that clears its wake-up signal after the write (the bug both SDKs
+    had) misses a new interval that arrives during a write: clause 4 fails."""
+
+    async def run(self):  # type: ignore[no-untyped-def]
+        names = self._broker.names
+        bucket = await self._broker.bucket(names.heartbeats_bucket, sdk_heartbeats.Heartbeat)
+        async with await self._broker.subscribe(
+            names.agent_control(self._agent_id), self._on_control
+        ):
+            while True:
+                await self._beat(bucket)
+                self._wake.clear()  # after the write: a wake-up meanwhile is lost
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._wake.wait(), sdk_heartbeats.jittered(self.interval_s)
+                    )
+
+    monkeypatch.setattr(sdk_heartbeats.Heartbeats, "run", run)
+    verdicts = await judge(broker, conformance_agent("sleepy-1"), "liveness.heartbeats")
+    assert verdicts["liveness.heartbeats"].status is Status.FAIL
+    assert "during that beat's write" in verdicts["liveness.heartbeats"].detail
 
 
 async def test_without_a_coordinator_the_kit_says_so(broker):
