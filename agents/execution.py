@@ -112,8 +112,8 @@ class Executor:
         self.latency = LatencyEstimate()
         self._claims = claims
         self._free_slots = free_slots
-        # message_id → at_ms of its last progress event: the event's dedup id ends with it,
-        # so two reports within one millisecond must still differ.
+        # message_id → at_ms of its last progress event: progress events carry no dedup id,
+        # and a rising at_ms keeps two reports within one millisecond in order.
         self._progress_at: dict[str, int] = {}
 
     @property

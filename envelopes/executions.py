@@ -11,7 +11,7 @@ from agentreach.envelopes.messages import ErrorInfo, PayloadRef
 
 class Execution(msgspec.Struct, frozen=True, kw_only=True):
     """An agent's record of running one message, in ``reach_executions`` under
-    :func:`execution_key` (each agent writes only its own).
+    ``<caller>.<message_id>.<agent_id>`` (``_`` for no caller; each agent writes only its own).
 
     ``running`` holds a lease: until ``lease_until_ms`` no other delivery of the
     message may run it. ``done`` keeps the result, so a redelivery or a republish

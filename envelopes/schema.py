@@ -60,12 +60,20 @@ RECORDS: dict[str, tuple[Any, str]] = {
     "result": (Result, "Reply to reply_to: the task completed."),
     "error": (ErrorReply, "Reply to reply_to from the coordinator: the task failed for good."),
     "routed": (Routed, "Reply to reply_to from the coordinator: which agent has this attempt."),
-    "event": (Event, "A lifecycle event on reach.event.<event>.<topic>.<trace_id>.<message_id>."),
+    "event": (
+        Event,
+        "A lifecycle event on reach.event.<event>.<topic>.<trace_id>.<message_id>.<sender>"
+        " (the publisher's id; the coordinator's is `_coordinator`).",
+    ),
     "dead_letter": (DeadLetter, "A dead letter on reach.dlq.<reason>.<topic> (REACH_DLQ)."),
     "agent_card": (AgentCard, "An agent's card: KV reach_agents, key = agent_id."),
     "heartbeat": (Heartbeat, "An agent's heartbeat: KV reach_heartbeats, key = agent_id."),
     "liveness": (Liveness, "The coordinator's verdict: KV reach_liveness, key = agent_id."),
-    "execution": (Execution, "A run-once record: KV reach_executions, key = message_id."),
+    "execution": (
+        Execution,
+        "A run-once record: KV reach_executions, key = <caller>.<message_id>.<agent_id>"
+        " (`_` for no caller).",
+    ),
     "register_request": (RegisterRequest, "Request on reach.ctl.register (core request/reply)."),
     "register_reply": (RegisterReply, "The coordinator's answer on reach.ctl.register."),
     "agent_control": (AgentControl, "Coordinator to agent, on reach.ctl.agent.<agent_id>."),
@@ -105,7 +113,7 @@ def json_schema(name: str = "envelope") -> dict[str, Any]:
     """The JSON Schema of record ``name`` (a key of :data:`RECORDS`; default: any envelope,
     discriminated by ``kind``)."""
     kind, description = RECORDS[name]
-    generated = _plain_docs(msgspec.json.schema(kind))
+    generated = _task_kind_optional(_plain_docs(msgspec.json.schema(kind)))
     return {
         "$schema": DIALECT,
         "$id": f"{ID_PREFIX}{name}",
@@ -123,6 +131,17 @@ def all_schemas() -> dict[str, dict[str, Any]]:
 def render(schema: dict[str, Any]) -> str:
     """The text a schema file holds: the same bytes for the same types, every time."""
     return json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+
+
+def _task_kind_optional(schema: dict[str, Any]) -> dict[str, Any]:
+    """A task's ``kind`` may be absent: the decoders (``decode_task``, the TypeScript SDK's)
+    take a body without it as a task, so the schema says ``default: "task"`` instead of
+    requiring it (writers still write it)."""
+    task = schema.get("$defs", {}).get("Task")
+    if task is not None:
+        task["required"] = [f for f in task.get("required", []) if f != "kind"]
+        task["properties"]["kind"] = {**task["properties"]["kind"], "default": "task"}
+    return schema
 
 
 def _plain_docs(value: Any) -> Any:

@@ -32,11 +32,14 @@ CLAUSE_TIMEOUT_S = 120.0
 
 @dataclass(frozen=True)
 class Clause:
-    """One numbered clause of docs/protocol.md §18 and the check that judges it."""
+    """One numbered clause of docs/protocol.md §18 and the check that judges it; a clause
+    that judges what earlier ones left behind ``needs`` at least one of them to have run
+    (not skipped) before it in the same run, and is skipped otherwise."""
 
     number: str
     name: str
     run: ClauseRun
+    needs: tuple[str, ...] = ()
 
 
 CLAUSES = (
@@ -57,7 +60,8 @@ CLAUSES = (
     Clause("15", "run_once.takeover", run_once.takeover),
     Clause("16", "run_once.busy", run_once.busy),
     Clause("17", "fencing.late_result", run_once.fencing),
-    Clause("18", "events.format", tasks.event_format),
+    # The agent's events of the task clauses: alone, it has nothing to judge.
+    Clause("18", "events.format", tasks.event_format, needs=tuple(str(n) for n in range(5, 18))),
     Clause("19", "identity.one_process", lifecycle.one_process),
     Clause("20", "crash.redelivery", lifecycle.crash),
     Clause("21", "stop.graceful", lifecycle.graceful_stop),
@@ -85,7 +89,7 @@ async def run_conformance(
             for clause in CLAUSES:
                 if only and clause.name not in only and clause.number not in only:
                     continue
-                verdict = await _judge(session, clause)
+                verdict = _unmet(clause, report) or await _judge(session, clause)
                 report.verdicts.append(verdict)
                 if out is not None:
                     report.print_line(verdict, out)
@@ -121,6 +125,21 @@ async def _preflight(s: Session) -> None:
         await lifecycle.started(s, after_epoch=before)
     except Failed as exc:
         raise NotReady(f"{exc}; the agent's output:\n{s.process.tail()}") from None
+
+
+def _unmet(clause: Clause, report: Report) -> Verdict | None:
+    """A SKIP verdict when none of the clauses ``clause`` needs ran before it in this run."""
+    if not clause.needs:
+        return None
+    ran = {v.number for v in report.verdicts if v.status is not Status.SKIP}
+    if ran.intersection(clause.needs):
+        return None
+    first, last = clause.needs[0], clause.needs[-1]
+    why = (
+        f"judges what clauses {first} to {last} leave behind, and none of them ran"
+        f" (run it with them, e.g. --only {first},{clause.number})"
+    )
+    return Verdict(clause.number, clause.name, Status.SKIP, why)
 
 
 async def _judge(s: Session, clause: Clause) -> Verdict:

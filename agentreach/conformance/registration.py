@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import time
 from typing import Any
 
 from agentreach import envelopes
@@ -16,6 +17,8 @@ from agentreach.envelopes import PRIORITIES, AgentControl, Heartbeat
 
 CADENCE_S = 0.5  # the interval the kit asks for while it watches the beats
 BEATS = 12
+WAKE_PROBES = 25  # pairs of control messages, the second later by one more step each time
+WAKE_STEP_S = 0.0002
 JITTER_STDEV_S = 0.025  # ±20 % of 0.5 s spreads gaps far wider; no jitter at all does not
 
 
@@ -128,18 +131,34 @@ async def heartbeats(s: Session, c: Checks) -> str:
     c.should(all(0.3 <= g <= 0.75 for g in gaps), f"every gap within ±20 % (+0.1 s): {shown}")
     spread = statistics.pstdev(gaps)
     c.must(spread >= JITTER_STDEV_S, f"no jitter: gaps {shown} (stdev {spread:.3f} s)")
-    back = len(s.beats)
-    await _ask_interval(s, first.interval_s)
-    await s.until(
-        lambda: _first(s, back, lambda b: b.interval_s == first.interval_s),
-        3.0,
-        f"heartbeat with interval_s {first.interval_s:g} again, at once",
-    )
+    await _wake_during_write(s, first.interval_s)
     await s.until(lambda: busy.replies_of("result") or None, 15.0, "the busy task's result")
     return (
         f"epoch {epoch}; at {CADENCE_S} s: mean gap {mean:.3f} s, stdev {spread:.3f} s;"
         f" interval {first.interval_s:g} s restored"
     )
+
+
+async def _wake_during_write(s: Session, restore_s: float) -> None:
+    """§8: a new interval that arrives while a beat is being written still gets its beat at
+    once. The kit cannot see the write; it asks for ``CADENCE_S`` (a beat starts) and then,
+    a moment later, for ``restore_s``, at spacings from 0 to a few milliseconds: an agent that
+    clears its wake-up after the write misses one of them, and is silent for ``restore_s``."""
+    for step in range(WAKE_PROBES):
+        start = len(s.beats)
+        await _ask_interval(s, CADENCE_S)
+        await s.broker.nc.flush()  # the first is on its way before the second is sent
+        spacing_s = step * WAKE_STEP_S
+        until = time.perf_counter() + spacing_s
+        while time.perf_counter() < until:  # finer than the event loop's sleep
+            pass
+        await _ask_interval(s, restore_s)
+        await s.until(
+            lambda: _first(s, start, lambda b: b.interval_s == restore_s),  # noqa: B023
+            3.0,
+            f"heartbeat with interval_s {restore_s:g} at once, asked for"
+            f" {spacing_s * 1000:.1f} ms after {CADENCE_S} s (during that beat's write?)",
+        )
 
 
 async def _ask_interval(s: Session, interval_s: float) -> None:

@@ -32,12 +32,15 @@ async def duplicates(s: Session, c: Checks) -> str:
 
 async def takeover(s: Session, c: Checks) -> str:
     """Its own claim left by an earlier process (a crash) is taken at once, as is a lapsed
-    one, and a failed record (a retry) runs again."""
+    one, and a failed record (a retry) runs again — also the coordinator's fence record, a
+    ``failed`` one that kept its claim's live lease and has no finishing time (§13)."""
     epoch = (await s.card()).epoch
+    live = _record(s.agent_id, epoch, now_ms() + 120_000)
     cases = {
         "an earlier process's live claim": _record(s.agent_id, epoch - 1, now_ms() + 120_000),
         "a lapsed claim": _record(s.agent_id, epoch, now_ms() - 1_000),
         "a failed run": _record(s.agent_id, epoch, 0, state="failed"),
+        "a fence record": msgspec.structs.replace(live, state="failed", error=FENCE),
     }
     for what, held in cases.items():
         task = s.task({"op": "echo", "value": what})
@@ -95,8 +98,8 @@ async def fencing(s: Session, c: Checks) -> str:
         c.must(claim.state == "running", f"record while running: {claim}")
         c.must((claim.agent_id, claim.epoch) == (s.agent_id, epoch), f"claim {claim}")
         c.must(claim.lease_until_ms > now_ms(), f"the claim's lease has lapsed: {claim}")
-        reassigned = ErrorInfo(type="reassigned", message="fenced by reach conformance")
-        fenced = _keyed(claim, task, state="failed", error=reassigned, lease_until_ms=0)
+        # As the coordinator fences (§13): the lease and finished_at_ms 0 are kept.
+        fenced = _keyed(claim, task, state="failed", error=FENCE)
         try:
             await executions.update(key, fenced, last=entry.revision)
             break
@@ -112,6 +115,10 @@ async def fencing(s: Session, c: Checks) -> str:
     after = await s.execution(task)
     c.must(after is not None and after.state == "failed", f"the fence was overwritten: {after}")
     return "late result not sent; late_result_rejected published"
+
+
+# The error of the coordinator's fence record (coordinator/liveness/reassign.py).
+FENCE = ErrorInfo(type="reassigned", message="its agent went OFFLINE", retryable=True)
 
 
 def _record(agent_id: str, epoch: int, lease_until_ms: int, state: str = "running") -> Execution:

@@ -3,6 +3,8 @@ agent that breaks the protocol."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 
 import pytest
@@ -80,6 +82,32 @@ async def test_an_agent_without_jitter_fails_the_heartbeat_clause(broker, coordi
     assert "no jitter" in verdicts["liveness.heartbeats"].detail
 
 
+async def test_an_agent_that_loses_a_wake_up_fails_the_heartbeat_clause(
+    broker, coordinator, monkeypatch
+):
+    """A heartbeat loop that clears its wake-up signal after the write (the bug both SDKs
+    had) misses a new interval that arrives during a write: clause 4 fails."""
+
+    async def run(self):  # type: ignore[no-untyped-def]
+        names = self._broker.names
+        bucket = await self._broker.bucket(names.heartbeats_bucket, sdk_heartbeats.Heartbeat)
+        async with await self._broker.subscribe(
+            names.agent_control(self._agent_id), self._on_control
+        ):
+            while True:
+                await self._beat(bucket)
+                self._wake.clear()  # after the write: a wake-up meanwhile is lost
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._wake.wait(), sdk_heartbeats.jittered(self.interval_s)
+                    )
+
+    monkeypatch.setattr(sdk_heartbeats.Heartbeats, "run", run)
+    verdicts = await judge(broker, conformance_agent("sleepy-1"), "liveness.heartbeats")
+    assert verdicts["liveness.heartbeats"].status is Status.FAIL
+    assert "during that beat's write" in verdicts["liveness.heartbeats"].detail
+
+
 async def test_without_a_coordinator_the_kit_says_so(broker):
     """No coordinator running: one line naming what to start, exit 1."""
     done = await run(*reach_argv(broker, "conformance", "nobody-1"))
@@ -102,6 +130,15 @@ async def test_an_agent_that_drops_the_grant_fails_the_event_clause(
     verdicts = await judge(broker, conformance_agent("graceless-1"), "6", "events.format")
     assert verdicts["events.format"].status is Status.FAIL
     assert "grant not echoed" in verdicts["events.format"].detail
+
+
+async def test_the_event_clause_alone_is_skipped_not_failed(broker, coordinator):
+    """Clause 18 judges the events of clauses 5-17: run alone it has none, and says why
+    (SKIP) instead of failing the agent."""
+    verdicts = await judge(broker, conformance_agent("alone-1"), "18")
+    verdict = verdicts["events.format"]
+    assert verdict.status is Status.SKIP, verdict.detail
+    assert "none of them ran" in verdict.detail and "--only 5,18" in verdict.detail
 
 
 async def test_an_agent_without_dispatch_time_fails_the_ack_clause(

@@ -171,11 +171,15 @@ def test_new_ids_are_time_ordered_uuid7():
 
 
 def test_schema_covers_every_kind_and_requires_core_fields():
-    """The JSON Schema names each kind's tag and the required fields of a task."""
+    """The JSON Schema names each kind's tag and the required fields of a task; a task's
+    ``kind`` defaults to ``task``, as the decoder takes a body without it."""
     schema = envelopes.json_schema()
     task = schema["$defs"]["Task"]
-    assert task["properties"]["kind"] == {"enum": ["task"]}
-    assert {"v", "kind", "message_id", "trace_id", "topic"} <= set(task["required"])
+    assert task["properties"]["kind"] == {"enum": ["task"], "default": "task"}
+    assert {"v", "message_id", "trace_id", "topic"} <= set(task["required"])
+    assert "kind" not in task["required"]
+    kindless = envelopes.decode_task(b'{"v": 1, "message_id": "m", "trace_id": "t", "topic": "x"}')
+    assert envelopes.decode_as(envelopes.encode(kindless), dict)["kind"] == "task"
 
 
 def test_a_number_out_of_range_is_named_by_its_path():

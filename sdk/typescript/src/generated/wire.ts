@@ -563,7 +563,7 @@ export interface Event {
 
 /**
  * An agent's record of running one message, in `reach_executions` under
- * :func:`execution_key` (each agent writes only its own).
+ * `<caller>.<message_id>.<agent_id>` (`_` for no caller; each agent writes only its own).
  *
  * `running` holds a lease: until `lease_until_ms` no other delivery of the
  * message may run it. `done` keeps the result, so a redelivery or a republish
@@ -1159,6 +1159,9 @@ export interface Summary {
  * Work for the agent that serves `topic`.
  */
 export interface Task {
+  /**
+   * default "task"
+   */
   kind: "task";
   v: 1;
   /**
