@@ -26,6 +26,8 @@ import type { ErrorInfo, PayloadRef, Priority, Result, Task } from "./types.js";
 const BUSY_POLL_MS = 500;
 /** The coordinator's proof, on a dispatch, that the attempt was given to this agent. */
 const GRANT_HEADER = "Reach-Grant";
+/** Another delivery of the message holds its claim and runs it: neither ack nor nak this one. */
+const ELSEWHERE = Symbol("elsewhere");
 
 /** A handler: `(ctx, payload) => result`, sync or async. */
 export type Handler<P = any, R = unknown> = (ctx: TaskContext, payload: P) => R | Promise<R>;
@@ -94,7 +96,7 @@ export class Executor {
       msg.ack();
       return;
     }
-    let retryInMs: number | null;
+    let retryInMs: number | null | typeof ELSEWHERE;
     try {
       retryInMs = await this.execute(msg, task);
     } catch (err) {
@@ -102,12 +104,16 @@ export class Executor {
       this.log.warn("could not report task outcome, will see it again", { message_id: task.message_id, error: String(err) });
       retryInMs = 1_000;
     }
+    if (retryInMs === ELSEWHERE) return; // its ack is the other delivery's to give
     if (retryInMs === null) msg.ack();
     else msg.nak(retryInMs);
   }
 
-  /** Run `task` at most once; returns when to see it again, or null when done. */
-  private async execute(msg: JsMsg, task: Task): Promise<number | null> {
+  /**
+   * Run `task` at most once; returns when to see it again, null when done, or ELSEWHERE when
+   * another delivery of the message holds its claim.
+   */
+  private async execute(msg: JsMsg, task: Task): Promise<number | null | typeof ELSEWHERE> {
     const agentId = this.agentId;
     const dispatchedMs = Math.floor(msg.info.timestampNanos / 1e6);
     const kept = this.records.unrecorded(task.message_id);
@@ -139,9 +145,23 @@ export class Executor {
       await this.complete(msg, task, claim.record.result, 0, claim.record.result_ref ?? null);
       return null;
     }
+    if (!(await this.leaseHolds(task, claim, windowMs + LEASE_GRACE_MS))) {
+      this.log.warn("claim taken over while this delivery was accepted; the other one runs", { message_id: task.message_id });
+      return ELSEWHERE;
+    }
     const outcome = await this.run(msg, task, spec, claim);
     await this.conclude(msg, task, outcome, dispatchedMs);
     return null;
+  }
+
+  /**
+   * Claiming and accepting can wait out a leader election; if the lease ran down meanwhile, a
+   * redelivery may have taken the message over (and runs it). Renew a lease that lost more
+   * than half its grace; false when it was taken (protocol §10.6).
+   */
+  private async leaseHolds(task: Task, claim: Claimed, leaseMs: number): Promise<boolean> {
+    if (claim.leaseUntilMs - nowMs() > leaseMs - LEASE_GRACE_MS / 2) return true;
+    return this.records.renew(task, claim, leaseMs);
   }
 
   /** Record the outcome (it survives a broker outage meanwhile), then report it. */
