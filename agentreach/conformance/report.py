@@ -65,8 +65,11 @@ class Report:
             file=out,
             flush=True,
         )
-        for warning in verdict.warnings:
+        shown = verdict.warnings[:SHOWN_WARNINGS]
+        for warning in shown:
             print(f"{'':>12}should: {warning}", file=out, flush=True)
+        if more := len(verdict.warnings) - len(shown):
+            print(f"{'':>12}… and {more} more like these", file=out, flush=True)
 
     def summary(self) -> str:
         parts = [
@@ -77,6 +80,9 @@ class Report:
         ]
         verdict = "CONFORMS to agent protocol v1" if self.ok else "DOES NOT CONFORM"
         return f"{self.agent_id}: {verdict} — " + ", ".join(parts)
+
+
+SHOWN_WARNINGS = 5  # per clause: one missing field warns once per event the kit saw
 
 
 class Checks:

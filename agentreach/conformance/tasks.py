@@ -103,7 +103,7 @@ def _dispatched_at(c: Checks, ex: Exchange, accepted: Event) -> None:
     detail = decode_detail(accepted)
     assert isinstance(detail, AcceptedDetail)
     at = detail.dispatched_at_ms
-    c.must(at > 0, "accepted carries dispatched_at_ms, the broker time of the dispatch")
+    c.should(at > 0, "accepted carries dispatched_at_ms, the broker time of the dispatch")
     sent = ex.task.created_at
     c.should(
         sent - CLOCKS_APART_MS <= at <= now_ms() + CLOCKS_APART_MS,
@@ -338,8 +338,8 @@ async def event_format(s: Session, c: Checks) -> str:
             c.should(event.at_ms > 0, f"{where}: at_ms")
             if event.event != "clock_drift":
                 task = ex.task
-                c.must(event.priority == task.priority, f"{where}: priority {event.priority}")
-                c.must(
+                c.should(event.priority == task.priority, f"{where}: priority {event.priority}")
+                c.should(
                     event.received_ms == task.received_ms,
                     f"{where}: received_ms {event.received_ms}, not the task's {task.received_ms}",
                 )
