@@ -147,7 +147,7 @@ async def _wake_during_write(s: Session, restore_s: float) -> None:
     for step in range(WAKE_PROBES):
         start = len(s.beats)
         await _ask_interval(s, CADENCE_S)
-        await s.broker.nc.flush()  # the first is on its way before the second is sent
+        await s.broker.flush()  # the first is on its way before the second is sent
         spacing_s = step * WAKE_STEP_S
         until = time.perf_counter() + spacing_s
         while time.perf_counter() < until:  # finer than the event loop's sleep
