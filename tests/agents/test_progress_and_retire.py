@@ -11,6 +11,7 @@ import msgspec
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker.lifecycle import trace_of
 from agentreach.envelopes import AgentCard, Budget, Execution, Heartbeat, execution_key
+from tests.support import until_true
 
 
 async def test_every_progress_report_is_recorded_even_within_one_millisecond(
@@ -88,6 +89,8 @@ async def test_stop_leaves_the_card_and_heartbeat_of_a_newer_process(broker):
     beats = await broker.bucket(broker.names.heartbeats_bucket, Heartbeat)
     async with agent.running(broker=broker) as runtime:
         assert runtime.card is not None
+        # its first beat is written once it runs: the newer process's must come after it
+        await until_true(lambda: _has_beat(beats, agent.agent_id))
         newer = msgspec.structs.replace(runtime.card, epoch=runtime.card.epoch + 1, pid=1)
         await cards.put(agent.agent_id, newer)
         beat = Heartbeat(agent_id=agent.agent_id, epoch=newer.epoch, seq=1, interval_s=30)
@@ -96,6 +99,10 @@ async def test_stop_leaves_the_card_and_heartbeat_of_a_newer_process(broker):
     heartbeat = await beats.get(agent.agent_id)
     assert card is not None and (card.value.status, card.value.epoch) == ("running", newer.epoch)
     assert heartbeat is not None and heartbeat.value.epoch == newer.epoch
+
+
+async def _has_beat(beats, agent_id: str) -> bool:  # type: ignore[no-untyped-def]
+    return await beats.get(agent_id) is not None
 
 
 async def test_stop_marks_its_own_card_stopped_and_deletes_its_heartbeat(broker):
