@@ -4,8 +4,11 @@ Judged on this coordinator's receive time of each heartbeat, never on the
 agent's clock. Entering SUSPECT probes the agent once (plus one retry):
 the presence subject tells whether its connection still exists (the server
 answers "no responders" at once when it does not), the ping whether its task
-loop answers. A restarted coordinator gives every agent one offline threshold
-of grace instead of declaring them all gone.
+loop answers. "No responders" is final only when it is still the answer after
+the time a client takes to reconnect: after a server restart, a live agent is
+absent from the server until its reconnect backoff has run. A restarted
+coordinator gives every agent one offline threshold of grace instead of
+declaring them all gone.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, Change
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import agent_event, emit
-from agentreach.broker.presence import probe
+from agentreach.broker.presence import ProbeResult, probe
 from agentreach.broker.tasks import cancel_and_wait
+from agentreach.broker.urls import RECONNECT_CAP_S
 from agentreach.coordinator.liveness.cadence import Cadence
 from agentreach.coordinator.liveness.reassign import reassign_tasks
 from agentreach.coordinator.units import Positive, PositiveSeconds
@@ -51,6 +55,9 @@ class LivenessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     adaptive_beats: Positive = 20  # beats before an interval goes back, or an idle one doubles
     probe_connection_s: PositiveSeconds = 3.0
     probe_ping_s: PositiveSeconds = 5.0
+    # Before the retry of a probe that found no connection: how long a live client may be
+    # away while it reconnects (nats-py's jittered backoff, capped, plus a connect).
+    probe_retry_s: PositiveSeconds = RECONNECT_CAP_S + 2.0
     flapping_limit: Positive = 3  # OFFLINE more often than this in an hour: quarantined
     # A SUSPECT agent whose connection is there but that does not heartbeat (stuck, or a
     # wildcard subscriber answering nothing in its place) goes OFFLINE after this many.
@@ -280,22 +287,17 @@ class LivenessMonitor:
             log.warning("probe failed", agent_id=tracked.agent_id, error=str(exc))
 
     async def _probe_episode(self, tracked: Tracked) -> None:
-        for _ in range(2):
-            found = await probe(
-                self._broker,
-                tracked.agent_id,
-                connection_s=self._config.probe_connection_s,
-                ping_s=self._config.probe_ping_s,
-            )
-            if tracked.state != "SUSPECT":
-                return  # a heartbeat came meanwhile
-            if found.answers:
-                tracked.connected = True
-                await self._transition(tracked, "SUSPECT", "slow")
-                return
-            if not found.connected:
-                continue
-        if found.connected:
+        found = await self._probe_once(tracked)
+        if found is not None and not found.answers:
+            if not found.connected:  # gone for good, or still reconnecting after an outage?
+                await asyncio.sleep(self._config.probe_retry_s)  # the reconnect window itself
+            found = await self._probe_once(tracked)
+        if found is None:
+            return  # a heartbeat came meanwhile
+        if found.answers:
+            tracked.connected = True
+            await self._transition(tracked, "SUSPECT", "slow")
+        elif found.connected:
             tracked.connected = True
             await self._transition(tracked, "SUSPECT", "unresponsive")
             with contextlib.suppress(BrokerError):
@@ -304,6 +306,18 @@ class LivenessMonitor:
                 )
         else:
             await self._transition(tracked, "OFFLINE", "connection gone")
+
+    async def _probe_once(self, tracked: Tracked) -> ProbeResult | None:
+        """What one probe finds, or None when the agent is no longer SUSPECT."""
+        if tracked.state != "SUSPECT":
+            return None
+        found = await probe(
+            self._broker,
+            tracked.agent_id,
+            connection_s=self._config.probe_connection_s,
+            ping_s=self._config.probe_ping_s,
+        )
+        return found if tracked.state == "SUSPECT" else None
 
     # -- transitions --------------------------------------------------------------
     async def _transition(self, tracked: Tracked, state: LivenessState, reason: str) -> None:

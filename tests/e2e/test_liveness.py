@@ -23,7 +23,9 @@ from tests.support import wait_for_card
 REPO = Path(__file__).parents[2]
 INTERVAL = 0.2
 LIVELY = CoordinatorConfig(
-    liveness=LivenessConfig(tick_s=0.05, probe_connection_s=0.3, probe_ping_s=0.3),
+    liveness=LivenessConfig(
+        tick_s=0.05, probe_connection_s=0.3, probe_ping_s=0.3, probe_retry_s=0.3
+    ),
     delivery=DeliveryConfig(base_s=0.05, cap_s=0.2),
     lease_ttl_s=0.6,
 )
@@ -91,7 +93,8 @@ async def test_killed_agent_goes_suspect_then_offline_in_time(broker, coordinato
         offline_after = time.monotonic() - killed
     budget = 3 * INTERVAL * 1.2 + LIVELY.liveness.tick_s + 0.3  # jitter, sweep, scheduling
     assert suspect_after <= budget
-    assert offline_after <= budget + LIVELY.liveness.probe_connection_s
+    probes = LIVELY.liveness
+    assert offline_after <= budget + 2 * probes.probe_connection_s + probes.probe_retry_s
     assert offline.detail["reason"] == "connection gone"
 
 
@@ -255,6 +258,30 @@ async def test_one_replica_judges_liveness_and_another_takes_over(broker, watche
         assert "watched" in survivor.liveness.agents
     assert offline.detail["reason"] == "connection gone"
     assert [e.detail["state"] for e in watcher.states("watched")][:1] == ["ONLINE"]
+
+
+async def test_an_agent_away_for_less_than_a_reconnect_is_not_declared_offline(broker, watcher):
+    """After a server restart a live agent is missing from the server until its reconnect
+    backoff has run: a probe that finds no connection looks again ``probe_retry_s`` later,
+    and an agent back by then is ONLINE again, its tasks never reassigned."""
+    config = lively(probe_retry_s=3.0)
+    async with (
+        lively_coordinator(broker, config),
+        local_agent("away").running(broker=broker) as runtime,
+    ):
+        await watcher.state("away", "ONLINE")
+        # What the server sees of a client that is reconnecting: no subscription, no beats.
+        assert runtime.heartbeats is not None and runtime._presence is not None
+        runtime._duties[0].cancel()
+        await runtime._presence.stop()
+        suspect = await watcher.state("away", "SUSPECT")
+        await asyncio.sleep(1.0)  # the fault itself: away for a second after the first probe
+        await runtime._presence.start()
+        runtime._duties[0] = asyncio.create_task(runtime.heartbeats.run())
+        back = await watcher.state("away", "ONLINE", after=suspect)
+        states = [e.detail["state"] for e in watcher.states("away")]
+    assert back.detail["was"] == "SUSPECT"
+    assert "OFFLINE" not in states
 
 
 async def test_an_idle_agent_is_told_to_beat_less_often(broker, watcher):
