@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import socket
 import sys
 
 import msgspec
@@ -48,21 +47,22 @@ def with_cli_options(config: CoordinatorConfig, args: argparse.Namespace) -> Coo
     """``config`` with the command line's metrics port and Python workflows applied."""
     port = args.metrics_port
     host = args.metrics_host or config.metrics.host
-    if port is None and config.metrics.port is None:
-        # The default only: a second replica on this host takes another port, and says so.
-        port = DEFAULT_METRICS_PORT if _free(host, DEFAULT_METRICS_PORT) else 0
-        if port == 0:
-            print(
-                f"reach: metrics port {DEFAULT_METRICS_PORT} is taken (another replica?);"
-                " serving metrics on a free port instead: pass --metrics-port to choose",
-                file=sys.stderr,
-            )
+    # Only the default port is a preference: a second replica on this host binds another
+    # one instead, and says so.
+    implicit = port is None and config.metrics.port is None
+    if implicit:
+        port = DEFAULT_METRICS_PORT
     elif port is None:
         port = config.metrics.port
     assert port is not None
     if port < -1 or port > 65535:
         raise UsageError(f"--metrics-port takes 0-65535, or -1 for none; got {port}")
-    metrics = msgspec.structs.replace(config.metrics, port=None if port == -1 else port, host=host)
+    metrics = msgspec.structs.replace(
+        config.metrics,
+        port=None if port == -1 else port,
+        host=host,
+        any_port_if_taken=implicit or config.metrics.any_port_if_taken,
+    )
     workflows = dict(config.workflows)
     for target in args.workflows:
         for name, spec in load_workflows(target).items():
@@ -72,16 +72,6 @@ def with_cli_options(config: CoordinatorConfig, args: argparse.Namespace) -> Coo
                 raise UsageError(f"workflow {name!r} of {target} is defined in the config too")
             workflows[name] = spec
     return msgspec.structs.replace(config, metrics=metrics, workflows=workflows)
-
-
-def _free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def load_workflows(target: str) -> dict[str, WorkflowSpec]:

@@ -64,5 +64,10 @@ async def serving(
         yield None
         return
     handler = endpoint(registry, readiness)
-    async with HttpServer(handler, host=config.host, port=config.port) as server:  # type: ignore[arg-type]
+    async with HttpServer(
+        handler,  # type: ignore[arg-type]
+        host=config.host,
+        port=config.port,
+        any_port_if_taken=config.any_port_if_taken,
+    ) as server:
         yield server

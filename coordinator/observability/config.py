@@ -22,6 +22,9 @@ class MetricsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     port: Port | None = None
     host: str = "127.0.0.1"
+    # The port is a preference, not a demand: when it is taken (another replica on this
+    # host), any free one is served instead and said so. What ``reach up`` does with 9464.
+    any_port_if_taken: bool = False
     batch: Positive = 256  # events counted per fetch
 
 

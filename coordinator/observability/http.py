@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -87,22 +88,39 @@ Handler = Callable[[Request], Awaitable[Response | Streamed]]
 
 class HttpServer:
     """Serves ``handler`` on ``host:port`` for the duration of the block (port 0: any free
-    one; :attr:`port` says which)."""
+    one; :attr:`port` says which). With ``any_port_if_taken``, a port in use is a preference
+    given up for any free one (said in the log), decided when binding, not before."""
 
-    def __init__(self, handler: Handler, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        any_port_if_taken: bool = False,
+    ) -> None:
         self._handler = handler
         self.host = host
         self.port = port
+        self._any_port_if_taken = any_port_if_taken
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Self:
         try:
-            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+            self._server = await self._listen(self.port)
         except OSError as exc:
-            raise HttpError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from None
+            if not (self._any_port_if_taken and exc.errno == errno.EADDRINUSE):
+                where = f"{self.host}:{self.port}"
+                raise HttpError(f"cannot listen on {where}: {exc.strerror}") from None
+            wanted = self.port
+            self._server = await self._listen(0)
+            log.warning("port taken (another replica?); serving on a free one", wanted=wanted)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
+
+    async def _listen(self, port: int) -> asyncio.Server:
+        return await asyncio.start_server(self._serve, self.host, port)
 
     async def __aexit__(
         self,

@@ -6,12 +6,14 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import msgspec
+import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator.observability import MetricsConfig
+from agentreach.coordinator.observability.http import HttpError
 from agentreach.envelopes import Task
 from tests.conftest import FAST
 from tests.scrape import http_get, scrape, total
@@ -126,3 +128,24 @@ async def test_health_and_readiness(broker):
         gauges = await scrape(url)
         assert total(gauges, "reach_coordinator_ready") == 0
         assert not any(name == "reach_isolated_agents" for name, _ in gauges)
+
+
+async def test_a_taken_preferred_port_is_given_up_when_binding(broker):
+    """Two replicas on one host, both preferring one port (``reach up``'s 9464 by default):
+    the second serves on another port instead of exiting; a demanded port stays a demand."""
+    async with replica(broker) as first:
+        taken = int(first.metrics_url.rsplit(":", 1)[1].strip("/"))
+        preferred = MetricsConfig(port=taken, any_port_if_taken=True)
+        demanded = MetricsConfig(port=taken)
+        async with (
+            Broker(broker.url, names=broker.names, name="coordinator") as own,
+            Coordinator(own, msgspec.structs.replace(FAST, metrics=preferred)).running() as second,
+        ):
+            assert second.metrics_url != first.metrics_url
+            assert await http_get(second.metrics_url + "healthz") == (200, "ok\n")
+        with pytest.raises(HttpError, match=f"cannot listen on 127.0.0.1:{taken}"):
+            async with (
+                Broker(broker.url, names=broker.names, name="coordinator") as own,
+                Coordinator(own, msgspec.structs.replace(FAST, metrics=demanded)).running(),
+            ):
+                pass
