@@ -86,6 +86,7 @@ class AgentRuntime:
         self._executor: Executor
         self._presence: Presence | None = None
         self._duties: list[asyncio.Task[None]] = []
+        self._consumers: dict[Priority, PullConsumer] = {}
 
     async def __aenter__(self) -> Self:
         if self._loops or self._closed.is_set():
@@ -107,11 +108,11 @@ class AgentRuntime:
             free_slots=lambda task: self._pools[task.priority].free,
             claim_check=ClaimCheck(self.broker, agent.claim_check_bytes),
         )
-        consumers = {p: await bind(self.broker, self._consumer(p)) for p in PRIORITIES}
+        self._consumers = {p: await bind(self.broker, self._consumer(p)) for p in PRIORITIES}
         self._start_duties(interval)
         self._loops = [
             asyncio.create_task(self._consume(p, consumer), name=f"{agent.agent_id}-{p}")
-            for p, consumer in consumers.items()
+            for p, consumer in self._consumers.items()
         ]
         log.info(
             "agent serving",
@@ -137,9 +138,9 @@ class AgentRuntime:
         if self._closed.is_set():
             return
         self._stopping.set()
-        # Let each loop finish its current fetch: a pull request cut short would leave the
-        # server delivering into a dead inbox, and that message would wait out the ack wait.
-        await _finish(self._loops, FETCH_WAIT_S * 4)
+        await _finish(self._loops, 0)
+        for consumer in self._consumers.values():  # what was pulled and not taken comes back
+            await consumer.close()
         await _finish(list(self._in_flight), DRAIN_TIMEOUT_S)
         await _finish(self._duties, 0)
         with contextlib.suppress(BrokerError):

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +25,7 @@ from agentreach.broker.errors import (
     translated,
 )
 from agentreach.broker.messages import Delivery
+from agentreach.broker.pull import Puller
 
 log = structlog.get_logger("broker.consume")
 
@@ -93,12 +93,12 @@ class PullConsumer:
         self,
         broker: Broker,
         spec: ConsumerSpec,
-        sub: nats.js.JetStreamContext.PullSubscription,
+        puller: Puller,
         *,
         on_missing: OnMissing | None = None,
     ) -> None:
         self._broker = broker
-        self._sub = sub
+        self._puller = puller
         self._on_missing = on_missing
         self._failing_since: float | None = None
         self._retry_s = RETRY_FIRST_S
@@ -110,8 +110,9 @@ class PullConsumer:
         return self._failing_since is not None
 
     async def fetch(self, size: int, *, wait_s: float = 1.0) -> list[Delivery]:
-        """Up to ``size`` messages, or none after ``wait_s`` of idleness; raises BrokerError."""
-        return [Delivery(m) for m in await _fetch(self._sub, size, wait_s)]
+        """Up to ``size`` messages as soon as there is one, or none after ``wait_s`` of
+        idleness; raises BrokerError."""
+        return [Delivery(m) for m in await self._puller.fetch(size, wait_s)]
 
     async def next_batch(self, size: int, *, wait_s: float = 1.0) -> list[Delivery]:
         """Like :meth:`fetch`, but a failure is handled here: an empty batch after a pause."""
@@ -133,6 +134,10 @@ class PullConsumer:
             if deliveries := await self.next_batch(size, wait_s=wait_s):
                 yield deliveries
 
+    async def close(self) -> None:
+        """Stop pulling; what was delivered and not yet handed out is given back at once."""
+        await self._puller.close()
+
     async def _recover(self, exc: BrokerError) -> None:
         if self._failing_since is None:
             self._failing_since = asyncio.get_running_loop().time()
@@ -145,16 +150,15 @@ class PullConsumer:
     async def _rebind(self) -> None:
         """Make the consumer again (it is gone, or its stream is)."""
         try:
-            sub = await _subscribe(self._broker, self.spec)
+            puller = await _subscribe(self._broker, self.spec)
         except StreamNotFound:
             if self._on_missing is not None:
                 await self._on_missing(f"stream {self.spec.stream} is gone")
             return
         except BrokerError:
             return  # still down: the next failure comes back here
-        with contextlib.suppress(Exception):
-            await self._sub.unsubscribe()
-        self._sub = sub
+        await self._puller.close()
+        self._puller = puller
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,28 +209,10 @@ async def bind(
     return PullConsumer(broker, spec, await _subscribe(broker, spec), on_missing=on_missing)
 
 
-async def _subscribe(
-    broker: Broker, spec: ConsumerSpec
-) -> nats.js.JetStreamContext.PullSubscription:
+async def _subscribe(broker: Broker, spec: ConsumerSpec) -> Puller:
     with translated(subject=", ".join(spec.filter_subjects)):
         await broker.js.add_consumer(spec.stream, config=spec.config())
-        return await broker.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
-
-
-async def _fetch(
-    sub: nats.js.JetStreamContext.PullSubscription, size: int, wait_s: float
-) -> list[nats.aio.msg.Msg]:
-    try:
-        return await sub.fetch(size, timeout=wait_s)
-    except (nats.errors.TimeoutError, TimeoutError):
-        # nats-py raises both kinds for an idle wait, and one of them also when the
-        # fetch is cancelled: a pending cancel must still stop the caller.
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise asyncio.CancelledError from None
-        return []
-    except nats.errors.Error as exc:
-        raise translate(exc) from exc
+    return await Puller(broker, spec.stream, spec.durable).open()
 
 
 async def follow(
@@ -250,15 +236,15 @@ async def follow(
     failing = False
     while True:
         honour_cancellation()
-        sub = None
+        puller = None
         try:
-            sub = await _follower(broker, stream, filter_subjects, start)
+            puller = await _follower(broker, stream, filter_subjects, start)
             if failing:
                 log.info("following again", stream=stream)
                 failing = False
             while True:
                 honour_cancellation()
-                for delivery in [Delivery(m) for m in await _fetch(sub, size, 1.0)]:
+                for delivery in [Delivery(m) for m in await puller.fetch(size, 1.0)]:
                     start = {
                         "deliver_policy": api.DeliverPolicy.BY_START_SEQUENCE,
                         "opt_start_seq": delivery.stream_seq + 1,
@@ -270,14 +256,13 @@ async def follow(
             failing = True
             await asyncio.sleep(RETRY_FIRST_S * 2)
         finally:
-            if sub is not None:
-                with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+            if puller is not None:
+                await puller.close()
 
 
 async def _follower(
     broker: Broker, stream: str, filter_subjects: tuple[str, ...], start: dict[str, object]
-) -> nats.js.JetStreamContext.PullSubscription:
+) -> Puller:
     config = api.ConsumerConfig(
         filter_subject=filter_subjects[0] if len(filter_subjects) == 1 else None,
         filter_subjects=list(filter_subjects) if len(filter_subjects) > 1 else None,
@@ -287,7 +272,8 @@ async def _follower(
         **start,  # type: ignore[arg-type]
     )
     with translated(subject=", ".join(filter_subjects)):
-        return await broker.js.pull_subscribe("", stream=stream, config=config)
+        info = await broker.js.add_consumer(stream, config=config)
+    return await Puller(broker, stream, info.name).open()
 
 
 def _rfc3339(ms: int) -> str:

@@ -167,7 +167,11 @@ class Coordinator:
                 log.info("metrics and health served", url=f"{http.url}metrics")
             await provision(self.broker, self._topology)
             self.readiness.provisioned = True
-            await self._serve(ready)
+            try:
+                await self._serve(ready)
+            finally:  # what was pulled and not yet handled goes back at once, to a replica
+                for consumer in self.readiness.consumers:
+                    await consumer.close()
 
     async def _serve(self, ready: asyncio.Event | None) -> None:
         async with asyncio.TaskGroup() as group:
