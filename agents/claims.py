@@ -21,6 +21,7 @@ from typing import Any, Literal
 import structlog
 
 from agentreach.broker import BrokerError, Bucket, WrongLastSequence
+from agentreach.broker.bucket import UNREAD
 from agentreach.envelopes import ErrorInfo, Execution, PayloadRef, Task, execution_key, now_ms
 
 log = structlog.get_logger("agents.claims")
@@ -79,10 +80,17 @@ class Claims:
         # instead of running the handler a second time.
         self._unrecorded: OrderedDict[str, Outcome] = OrderedDict()
 
-    async def claim(self, task: Task, lease_ms: int) -> Claim:
-        """Take the right to run ``task``, unless it ran already or runs elsewhere."""
+    async def claim(self, task: Task, lease_ms: int, *, first: bool = False) -> Claim:
+        """Take the right to run ``task``, unless it ran already or runs elsewhere.
+
+        ``first``: this is the message's first delivery to this agent, so no record of it is
+        expected and the claim is written without reading first (one round trip fewer); the
+        write is conditional all the same, and a record that was there after all is read
+        and judged as usual."""
         mine = self._record(task, "running", lease_until_ms=now_ms() + lease_ms)
-        swap = await self._bucket.cas(self._key(task), lambda held: self._take(held, mine))
+        swap = await self._bucket.cas(
+            self._key(task), lambda held: self._take(held, mine), known=None if first else UNREAD
+        )
         if swap.written:
             assert swap.entry is not None
             return Claimed(swap.entry.revision, mine.lease_until_ms)

@@ -249,8 +249,10 @@ class Executor:
         The wait is not a redelivery: a duplicate that came back through nak would
         count towards max_deliver and could dead-letter a message that completes.
         """
+        first = job.task.attempt == 1 and job.delivery.num_delivered == 1
         while True:
-            claim = await self._claims.claim(job.task, lease_ms=lease_ms)
+            claim = await self._claims.claim(job.task, lease_ms=lease_ms, first=first)
+            first = False
             if not isinstance(claim, Busy):
                 return claim
             log.info("another delivery holds this message", retry_in_s=claim.retry_in_s)

@@ -36,7 +36,7 @@ log = structlog.get_logger("broker.bucket")
 T = TypeVar("T")
 W = TypeVar("W")
 CAS_TRIES = 20
-_UNREAD = object()
+UNREAD = object()  # cas(known=UNREAD): read the key first (the default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +111,7 @@ class Bucket(Generic[T]):
         change: Callable[[T | None], T | None],
         *,
         tries: int = CAS_TRIES,
-        known: Entry[T] | object | None = _UNREAD,
+        known: Entry[T] | object | None = UNREAD,
     ) -> Swap[T]:
         """Replace the key's value with ``change(current)`` unless someone wrote meanwhile.
 
@@ -121,7 +121,7 @@ class Bucket(Generic[T]):
         raises :class:`Contended`.
         """
         for attempt in range(tries):
-            if attempt == 0 and known is not _UNREAD:
+            if attempt == 0 and known is not UNREAD:
                 current = known if isinstance(known, Entry) else None
             else:
                 current = await self._current(key)

@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import structlog
@@ -221,9 +222,7 @@ class Router:
             # The dispatch is a hop of its own in the caller's trace (W3C trace context).
             traceparent=tracecontext.child(task.traceparent, task.message_id, task.attempt),
         )
-        # The event first: a trace must never show an agent at work before the routing; the
-        # sender hears whose replies to expect before that agent can send any.
-        await emit(self._broker, self._routed_event(routed, decision, choice))
+        # The sender hears whose replies to expect before that agent can send any.
         if task.reply_to and self._broker.names.signed_reply(task.reply_to):
             notice = Routed(**about(routed), agent_id=card.agent_id)
             await reply(self._broker, routed, notice)
@@ -233,7 +232,14 @@ class Router:
         if grant := self._grants.sign(routed, card.agent_id):
             headers[GRANT_HEADER] = grant
         try:
-            await self._broker.publish(subject, envelopes.encode(routed), headers=headers)
+            # The routed event and the dispatch leave together (one round trip, not two),
+            # the event first on the wire: the agent's own events can only follow the
+            # dispatch. A failure of either sends the decision round again; both are
+            # deduplicated by their ids.
+            await _together(
+                emit(self._broker, self._routed_event(routed, decision, choice)),
+                self._broker.publish(subject, envelopes.encode(routed), headers=headers),
+            )
         except SubjectFull:
             log.info("agent queue full; trying another", agent_id=card.agent_id)
             return self.fleet.refused(card.agent_id, task.priority)
@@ -359,6 +365,14 @@ class Router:
             await end_with_error(self._broker, task, "rejected", error)
         else:
             await refuse(self._broker, task, error, **detail)
+
+
+async def _together(*steps: Coroutine[Any, Any, Any]) -> None:
+    """Run the steps at once, each started (its message written) in the order given, as
+    gather starts them; raises the first failure once all have ended."""
+    for outcome in await asyncio.gather(*steps, return_exceptions=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 @dataclass(frozen=True, slots=True)
