@@ -1,7 +1,8 @@
 """How the coordinator consumes its streams: each message is handled, then settled.
 
-A handler returns None when the message is done (acknowledged) or the seconds after
-which it should come back (a wait, a backoff, a timer). A broker failure leaves the
+Up to a batch of messages is in hand at once, each settled on its own. A handler returns
+None when the message is done (acknowledged) or the seconds after which it should come
+back (a wait, a backoff, a timer). A broker failure leaves the
 message to come back a second later; a stream or bucket that has gone is provisioned
 again. A message whose handling keeps crashing (a bug, or an input nobody foresaw) is
 dead-lettered as ``poison`` after a few tries, so it never loops forever; every
@@ -27,7 +28,9 @@ from agentreach.broker import (
     PullConsumer,
     StreamNotFound,
 )
+from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import dead_letter_delivery
+from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import ErrorInfo
 
 log = structlog.get_logger("coordinator")
@@ -48,9 +51,22 @@ class Consumption:
         self._failing_since: float | None = None  # broker errors said once per outage
 
     async def run(self, consumer: PullConsumer, batch: int, handle: Handler) -> None:
-        """Consume until cancelled, a batch at a time."""
-        async for deliveries in consumer.batches(size=batch):
-            await asyncio.gather(*(self.settle(d, handle) for d in deliveries))
+        """Consume until cancelled, with at most ``batch`` messages in hand: each is settled
+        as soon as it is handled, and its room pulled for again at once, so one slow message
+        (a rate limit's wait, a leader election) holds up no other."""
+        in_hand: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                honour_cancellation()
+                if len(in_hand) >= batch:
+                    await asyncio.wait(in_hand, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                for delivery in await consumer.next_batch(batch - len(in_hand)):
+                    settling = asyncio.create_task(self.settle(delivery, handle))
+                    in_hand.add(settling)
+                    settling.add_done_callback(in_hand.discard)
+        finally:
+            await cancel_and_wait(*in_hand)
 
     async def settle(self, delivery: Delivery, handle: Handler) -> None:
         try:
