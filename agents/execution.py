@@ -162,27 +162,35 @@ class Executor:
             error = ErrorInfo(type="expired", message=message, retryable=False)
             await self._report(job, "expired", error)
             return None
+        # Accepted while claiming and running: the ack and the event are on the wire before
+        # the handler starts (so the event precedes this agent's next one in the stream), but
+        # their round trip is not waited for. A duplicate that turns out to be done already
+        # acknowledges, then answers with the stored result.
+        accepting = asyncio.create_task(self._accept(job))
+        try:
+            return await self._claim_and_run(job, spec)
+        finally:
+            await _published(accepting, "accepted")
+
+    async def _claim_and_run(self, job: Job, spec: HandlerSpec) -> _Elsewhere | None:
+        task = job.task
         window_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
-        # Acknowledging while claiming saves a round trip; a duplicate that turns out
-        # to be done already acknowledges, then answers with the stored result.
-        claim, _ = await asyncio.gather(
-            self._claim(job, lease_ms=window_ms + LEASE_GRACE_MS), self._accept(job)
-        )
+        claim = await self._claim(job, lease_ms=window_ms + LEASE_GRACE_MS)
         if isinstance(claim, AlreadyDone):
             log.info("already executed; sending the stored result again")
             record = claim.record
             await self._complete(job, record.result, duration_ms=0, ref=record.result_ref)
             return None
         if not await self._lease_holds(task, claim, window_ms + LEASE_GRACE_MS):
-            log.warning("claim taken over while this delivery was accepted; the other one runs")
+            log.warning("claim taken over while this delivery was claimed; the other one runs")
             return ELSEWHERE
         await self._run(job, spec, claim)
         return None
 
     async def _lease_holds(self, task: Task, claim: Claimed, lease_ms: int) -> bool:
-        """Claiming and accepting can wait out a leader election; if the lease ran down
-        meanwhile, a redelivery may have taken the message over (and runs it). Renew a lease
-        that lost more than half its grace; False when it was taken."""
+        """Claiming can wait out a leader election; if the lease ran down meanwhile, a
+        redelivery may have taken the message over (and runs it). Renew a lease that lost
+        more than half its grace; False when it was taken."""
         if claim.lease_until_ms - now_ms() > lease_ms - LEASE_GRACE_MS // 2:
             return True
         return await self._claims.renew(task, claim, lease_ms)
@@ -330,6 +338,15 @@ class Executor:
     def _about(self, task: Task) -> dict[str, Any]:
         """An agent's answer: from this agent, to the task's sender."""
         return about(task, from_agent=self._me, to_agent=task.from_agent)
+
+
+async def _published(publishing: asyncio.Task[None], what: str) -> None:
+    """Wait for a report that went out beside the work; one the broker lost is said, not
+    raised: the work it reports on goes on, and its outcome is what counts."""
+    try:
+        await publishing
+    except BrokerError as exc:
+        log.warning("report not published", report=what, error=str(exc))
 
 
 async def _keep_alive(delivery: Delivery, every_s: float) -> None:

@@ -137,24 +137,25 @@ async def test_a_handler_longer_than_the_ack_wait_is_not_redelivered(broker, coo
     assert runs == [1]
 
 
-async def test_a_delivery_whose_lease_ran_out_while_accepting_leaves_the_run_to_the_redelivery(
+async def test_a_delivery_whose_lease_ran_out_while_claiming_leaves_the_run_to_the_redelivery(
     broker, coordinator, monkeypatch
 ):
-    """Accepting can wait out a leader election longer than the claim's lease; the
+    """Claiming can wait out a leader election longer than the claim's lease; the
     redelivery that came meanwhile takes the message over. The stalled delivery must then
-    not run it too (a stall injected into the first accept stands in for the election)."""
+    not run it too (a stall injected after the first claim stands in for the election)."""
     from agentreach.agents.execution import Executor
 
     runs: list[int] = []
     verdicts: list[bool] = []
     stalled, decided = asyncio.Event(), asyncio.Event()
-    accept, lease_holds = Executor._accept, Executor._lease_holds
+    claim, lease_holds = Executor._claim, Executor._lease_holds
 
-    async def accept_slowly(self: Executor, job) -> None:
-        await accept(self, job)
+    async def claim_slowly(self: Executor, job, **options):  # type: ignore[no-untyped-def]
+        taken = await claim(self, job, **options)
         if not stalled.is_set():
             stalled.set()
             await asyncio.sleep(2.0)  # past the lease (300 + 1,000 ms) and the ack wait
+        return taken
 
     async def judged(self: Executor, *args) -> bool:
         verdict = await lease_holds(self, *args)
@@ -163,7 +164,7 @@ async def test_a_delivery_whose_lease_ran_out_while_accepting_leaves_the_run_to_
             decided.set()
         return verdict
 
-    monkeypatch.setattr(Executor, "_accept", accept_slowly)
+    monkeypatch.setattr(Executor, "_claim", claim_slowly)
     monkeypatch.setattr(Executor, "_lease_holds", judged)
     agent = Agent("stalled-1", startup_delay=0, ack_wait=0.5)
 

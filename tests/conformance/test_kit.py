@@ -65,7 +65,7 @@ async def judge(broker, agent: Agent, *clauses: str):  # type: ignore[no-untyped
 async def test_an_agent_that_runs_duplicates_twice_fails_run_once(broker, coordinator, monkeypatch):
     """An agent that claims nothing (every delivery runs) fails the run-once clauses."""
 
-    async def claim_everything(self, task, lease_ms):  # type: ignore[no-untyped-def]
+    async def claim_everything(self, task, lease_ms, **_):  # type: ignore[no-untyped-def]
         return Claimed(revision=0, lease_until_ms=now_ms() + lease_ms)
 
     monkeypatch.setattr(sdk_claims.Claims, "claim", claim_everything)
