@@ -76,6 +76,12 @@ class Auth:
     tls_key: Path | None = None
     tls_first: bool = False  # TLS before the NATS handshake (servers with handshake_first)
 
+    def __post_init__(self) -> None:
+        # A path given as a string (Auth(creds="billing.creds")) is a path all the same.
+        for name in ("creds", "nkey", "tls_ca", "tls_cert", "tls_key"):
+            if isinstance(value := getattr(self, name), str):
+                object.__setattr__(self, name, Path(value))
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Auth:
         """The ``nats`` CLI's variables: NATS_CREDS, NATS_NKEY, NATS_TOKEN, NATS_USER,
@@ -111,11 +117,16 @@ class Auth:
             return None
         return user_name_of(self.creds)
 
+    @property
+    def role(self) -> str | None:
+        """The role of the creds (agent, caller, worker, …), when ``reach auth`` issued them."""
+        return None if self.creds is None else role_of(self.creds)
+
     def connect_options(self, servers: list[str]) -> dict[str, Any]:
         """The nats-py ``connect`` options; raises ConnectError naming a missing file."""
         options: dict[str, Any] = {}
         if self.creds is not None:
-            options["user_credentials"] = str(_readable(self.creds, "creds file"))
+            options["user_credentials"] = str(_creds_file(self.creds))
         if self.nkey is not None:
             options["nkeys_seed"] = str(_readable(self.nkey, "nkey seed file"))
         if self.token is not None:
@@ -146,20 +157,45 @@ class Auth:
 def user_name_of(creds: Path) -> str | None:
     """The ``name`` claim of the user JWT in a creds file (read, not verified: the server
     verifies it; we only need the name for the inbox prefix)."""
+    name = _claims_of(creds).get("name")
+    return name if isinstance(name, str) else None
+
+
+def role_of(creds: Path) -> str | None:
+    """The role ``reach auth`` issued the creds for (their ``role:<role>`` tag), if any."""
+    nats = _claims_of(creds).get("nats")
+    tags = nats.get("tags") if isinstance(nats, dict) else None
+    found = (t for t in tags or [] if isinstance(t, str) and t.startswith("role:"))
+    return next((tag.removeprefix("role:") for tag in found), None)
+
+
+def _claims_of(creds: Path) -> dict[str, Any]:
+    """The claims of the user JWT in a creds file, unverified; {} when there is none."""
     try:
         text = creds.read_text()
     except OSError:
-        return None
+        return {}
     if _CREDS_JWT not in text:
-        return None
+        return {}
     token = text.split(_CREDS_JWT, 1)[1].split("-----", 1)[0].strip().strip("-").strip()
     try:
         claims_b64 = token.split(".")[1]
         claims = json.loads(base64.urlsafe_b64decode(claims_b64 + "=" * (-len(claims_b64) % 4)))
     except (IndexError, ValueError):
-        return None
-    name = claims.get("name")
-    return name if isinstance(name, str) else None
+        return {}
+    return claims if isinstance(claims, dict) else {}
+
+
+def _creds_file(path: Path) -> Path:
+    """``path``, once it looks like a creds file: a user JWT and an nkey seed, each between
+    its ``-----BEGIN …-----`` lines (nats-py's own error for anything else means nothing)."""
+    text = _readable(path, "creds file").read_text(errors="replace")
+    if _CREDS_JWT not in text or "-----BEGIN USER NKEY SEED-----" not in text:
+        raise ConnectError(
+            f"creds file {path} is not a NATS .creds file (no user JWT and nkey seed in it;"
+            " make one with `reach auth agent|caller|worker|operator NAME`)"
+        )
+    return path
 
 
 def _readable(path: Path, what: str) -> Path:

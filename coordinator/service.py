@@ -105,6 +105,12 @@ class Coordinator:
             grants = Grants.from_config(config.security)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"security.seal_key_file: {exc}") from None
+        if broker.auth.identity is not None and not grants.enabled:
+            log.warning(
+                "secured server but no security.seal_key_file: agents' events are not checked"
+                " against their dispatch's grant, and Nats-Msg-Ids carry no MAC"
+                " (`reach auth init` made the key: <auth dir>/coordinator.seal)"
+            )
         broker.dedup_secret = broker.dedup_secret or grants.key  # replicas share the key
         self.manual = ManualQueue(broker, config.manual)
         self.router = Router(broker, fleet, config.routing, grants, manual=self.manual)

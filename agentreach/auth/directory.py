@@ -10,9 +10,9 @@ servers (``$SYS.REQ.CLAIMS.UPDATE``, the full resolver keeps them on every node)
 Layout (secrets 0600 in 0700 directories)::
 
     registry.json                  names → role, public key, issued at; names are unique
-    operator/operator.nk, .jwt     the operator identity: keep the seed offline after init
-    operator/signing.nk            signs the account JWTs
-    accounts/{SYS,REACH}.{nk,jwt}  the accounts (keep REACH.nk offline: it signs nothing)
+    operator/operator.nk, .jwt     the operator identity: the seed may go offline after init
+    operator/signing.nk            signs the account JWTs (each revocation)
+    accounts/{SYS,REACH}.{nk,jwt}  the accounts (their keys name them in every JWT)
     signing/<role>.nk              one scoped signing key per role, and sys.nk
     creds/<role>/<name>.creds      what each party connects with (``--creds``)
     creds/sys/push.creds           the system user of ``reach auth push``
@@ -229,8 +229,18 @@ resolver_preload: {{
 
     # -- files ----------------------------------------------------------------------
     def _require(self) -> None:
-        if not self.exists:
-            raise AuthError(f"{self.root} is not an auth directory; run `reach auth init` first")
+        if self.exists:
+            return
+        if self.root.is_dir() and any(self.root.iterdir()):
+            raise AuthError(
+                f"{self.root} is an incomplete auth directory: operator/operator.jwt is missing."
+                " Restore it from your copy; `reach auth init` elsewhere would make a new"
+                " operator, and no creds issued so far would work with it"
+            )
+        raise AuthError(
+            f"{self.root} is not an auth directory: pass --dir (or set REACH_AUTH_DIR) to"
+            " yours, or run `reach auth init` to make one"
+        )
 
     def _new_key(self, relative: str, kind: jwt.KeyKind) -> Key:
         key = Key.new(kind)

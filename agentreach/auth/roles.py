@@ -130,10 +130,11 @@ def agent(names: Names) -> Permissions:
 
 
 def caller(names: Names) -> Permissions:
-    """Intake as itself and replies in its own box space; nothing else."""
+    """Intake as itself, replies in its own box space, the traces of its own messages, and
+    whether a coordinator runs (``reach publish --wait`` asks first); nothing else."""
+    publish = [names.task("*", NAME), names.call("*", NAME), names.trace_request(NAME)]
     return _permissions(
-        [names.task("*", NAME), names.call("*", NAME), names.trace_request(NAME), _STREAM_NAMES],
-        [_inbox(), names.reply_box(NAME, ">")],
+        [*publish, names.status, _STREAM_NAMES], [_inbox(), names.reply_box(NAME, ">")]
     )
 
 
@@ -146,7 +147,7 @@ def worker(names: Names) -> Permissions:
     publish.append(f"$JS.API.CONSUMER.CREATE.{n.dlq_stream}.{consumer}.>")
     publish += _stream_info(n.dlq_stream, n.tasks_stream, n.events_stream)
     publish.append(_STREAM_NAMES)
-    publish += [n.task("*", NAME)]
+    publish += [n.task("*", NAME), n.status]  # a replay warns when no coordinator runs
     publish += [n.event(kind, "*", "*", "*", NAME) for kind in WORKER_EVENTS]
     return _permissions(publish, [_inbox(), n.reply_box(NAME, ">")])
 

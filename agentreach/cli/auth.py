@@ -90,7 +90,10 @@ async def cmd_auth(args: argparse.Namespace) -> int:
 
 def _init(directory: AuthDirectory) -> int:
     directory.init()
-    print(f"created {directory.root} (keep it private; operator/ and accounts/*.nk offline)")
+    print(
+        f"created {directory.root}: keep it private and backed up; only"
+        " operator/operator.nk may go offline (issuing and revoking need the rest)"
+    )
     print(f"  nats-server:  include {directory.server_config.resolve()}")
     print(f"  coordinator:  --creds {directory.creds('coordinator', 'coordinator')}")
     print(f"                security.seal_key_file: {directory.seal_key}")

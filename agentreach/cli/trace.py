@@ -6,15 +6,26 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
-from agentreach.broker import Broker, StoredMessage, read_stream
+from agentreach import envelopes
+from agentreach.broker import (
+    Broker,
+    BrokerTimeout,
+    NoResponders,
+    StoredMessage,
+    read_stream,
+)
 from agentreach.broker.lifecycle import authentic
 from agentreach.cli import workflows
-from agentreach.cli.options import Commands, broker_of
+from agentreach.cli.options import Commands, UsageError, broker_of
+from agentreach.cli.status import NOT_RUNNING
 from agentreach.coordinator.workflows import read_record
-from agentreach.envelopes import Event
+from agentreach.envelopes import Event, TraceReply, TraceRequest
+
+TRACE_WAIT_S = 5.0
 
 
 def register(commands: Commands) -> None:
@@ -27,8 +38,14 @@ def register(commands: Commands) -> None:
     trace.add_argument("id", help="a message_id, a trace_id (or a W3C trace id), a workflow id")
 
 
+# Parties that may not read REACH_EVENTS: they ask the coordinator for their own messages.
+ASKING_ROLES = ("caller", "agent", "worker")
+
+
 async def cmd_trace(args: argparse.Namespace) -> int:
     async with broker_of(args) as broker:
+        if broker.auth.role in ASKING_ROLES:
+            return await _trace_of_own(broker, args.id)
         steps = await collect(broker, args.id)
         instances = {args.id} | {
             s.event.message_id for s in steps if s.event.event == "workflow_started"
@@ -38,6 +55,33 @@ async def cmd_trace(args: argparse.Namespace) -> int:
         print(workflows.tree(record))
     print(render(args.id, steps))
     return 0 if steps or records else 1
+
+
+async def _trace_of_own(broker: Broker, message_id: str) -> int:
+    """A party's own message, through the coordinator (``reach.ctl.trace.<name>``)."""
+    request = envelopes.encode(TraceRequest(message_id=message_id))
+    subject = broker.names.trace_request(broker.auth.identity or "")
+    try:
+        answer = await broker.request(subject, request, timeout=TRACE_WAIT_S)
+    except (NoResponders, BrokerTimeout):
+        raise UsageError(f"{NOT_RUNNING}: a {broker.auth.role} reads traces through it") from None
+    reply = envelopes.decode_as(answer.data, TraceReply)
+    if not reply.events:
+        who = broker.auth.identity
+        print(
+            f"no events of {message_id!r} among {who}'s own messages (a {broker.auth.role}"
+            " sees only the message ids it sent; an operator's creds read every trace)",
+            file=sys.stderr,
+        )
+        return 1
+    steps = [
+        Step(at=dt.datetime.fromtimestamp(e.at_ms / 1000, dt.UTC), seq=n, event=e)
+        for n, e in enumerate(reply.events)
+    ]
+    print(render(message_id, steps))
+    if reply.truncated:
+        print("(the oldest events did not fit one reply and are left out)")
+    return 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ import pytest
 from nats.aio.client import Server
 
 from agentreach.broker import (
+    Auth,
     Broker,
     BrokerError,
     ConnectError,
@@ -161,3 +162,14 @@ async def test_a_dead_first_seed_is_passed_over(nats_url):
     async with Broker(f"nats://127.0.0.1:1,{nats_url}") as broker:
         assert broker.connected
         assert nats_url.endswith(broker.server)
+
+
+async def test_a_file_that_is_not_a_creds_file_is_named_so(nats_url, tmp_path):
+    """nats-py's own error for a garbage creds file was "object of type 'NoneType' has no
+    len()"; a string path is a path as well (Auth(creds="…") from the README)."""
+    garbage = tmp_path / "billing.creds"
+    garbage.write_text("this is not a creds file\n")
+    with pytest.raises(ConnectError, match=r"is not a NATS \.creds file"):
+        async with Broker(nats_url, auth=Auth(creds=str(garbage))):
+            pass
+    assert Auth(creds=str(garbage)).creds == garbage

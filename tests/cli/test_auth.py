@@ -58,6 +58,22 @@ async def test_names_are_unique_across_roles_and_must_be_tokens(tmp_path):
     assert again.returncode == 1 and "refusing to overwrite" in again.stderr
     missing = await reach_auth(tmp_path / "nowhere", "agent", "w1")
     assert missing.returncode == 1 and "reach auth init" in missing.stderr
+    assert "REACH_AUTH_DIR" in missing.stderr
+
+
+async def test_an_incomplete_directory_is_not_told_to_init_again(tmp_path):
+    """With operator/ moved away (the seed put offline, say), `reach auth` says what is
+    missing instead of suggesting an init that would make every issued creds useless; with
+    only the operator's seed gone, issuing still works."""
+    directory = tmp_path / "auth"
+    await reach_auth(directory, "init")
+    (directory / "operator" / "operator.nk").unlink()  # the one seed that may go offline
+    issued = await reach_auth(directory, "agent", "w1")
+    assert issued.returncode == 0, issued.stderr
+    (directory / "operator" / "operator.jwt").rename(tmp_path / "operator.jwt")
+    broken = await reach_auth(directory, "agent", "w2")
+    assert broken.returncode == 1 and "incomplete auth directory" in broken.stderr
+    assert "would make a new operator" in broken.stderr
 
 
 async def test_show_expands_the_template_and_list_names_every_party(tmp_path):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from agentreach.coordinator import Coordinator
 from agentreach.coordinator.protection.grants import SecurityConfig
 from agentreach.coordinator.protection.rate_limits import RateLimits
 from agentreach.envelopes import RateLimit
+from tests.cli.conftest import reach_command
 from tests.conftest import FAST
 from tests.secured import SecuredDeployment, secured_server
 
@@ -887,6 +889,35 @@ async def test_a_caller_reads_the_trace_of_its_own_tasks_only(arena: Arena) -> N
         assert await bob.status(task.message_id) == []
         mine = await bob.invoke("summarize", {"n": "bob's"})
         assert mine == {"summary": "real"}
+
+
+async def _reach_as(arena: Arena, role: str, name: str, *args: str) -> tuple[int, str, str]:
+    """`reach ARGS` as the party ``name`` of ``role``, with nothing but its creds file."""
+    creds = arena.deployment.auth(role, name).creds
+    argv = [str(reach_command()), *args, "--nats-url", arena.url, "--creds", str(creds)]
+    env = {**os.environ, "NATS_URL": "", "NATS_CREDS": ""}
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_a_caller_uses_the_cli_with_its_own_creds(arena: Arena) -> None:
+    """`reach publish --wait` and `reach trace` as a caller: the first asks whether a
+    coordinator runs, the second asks the coordinator (a caller cannot read REACH_EVENTS)."""
+    code, out, err = await _reach_as(
+        arena, "caller", "alice", "publish", "summarize", '{"n": "cli"}', "--wait"
+    )
+    assert code == 0, err
+    assert '"summary": "real"' in out and "no coordinator" not in err
+    task = arena.held
+    assert task is not None
+    code, out, err = await _reach_as(arena, "caller", "alice", "trace", task.message_id)
+    assert code == 0, err
+    assert "routed" in out and "permissions violation" not in err.lower()
+    code, out, err = await _reach_as(arena, "caller", "bob", "trace", task.message_id)
+    assert code == 1 and "among bob's own messages" in err
 
 
 async def test_parties_work_under_their_permissions(arena: Arena) -> None:
