@@ -43,6 +43,7 @@ log = structlog.get_logger("broker")
 _FIRST_CONNECT_ATTEMPTS = 2
 WAIT_FIRST_S = 1.0
 WAIT_CAP_S = 30.0
+REFUSALS_BEFORE_GIVING_UP = 3  # authorization errors in a row while reconnecting
 
 
 @contextlib.asynccontextmanager
@@ -124,6 +125,11 @@ class Broker:
         self._first_error: Exception | None = None
         self._down_since: float | None = None
         self.reconnects = 0  # how often the connection came back (views may need a grace)
+        # Set once the connection is gone for good without close(): the server closed it for
+        # its credentials (revoked, expired), or keeps refusing them on every reconnect.
+        # Waiting will not help; a service should stop and say so.
+        self.lost = asyncio.Event()
+        self._refusals = 0
         # With a secret, every Nats-Msg-Id this connection publishes is made unguessable:
         # dedup is stream-wide, so whoever may publish into a stream could otherwise
         # suppress a message by publishing its id first (see :meth:`publish`).
@@ -181,6 +187,7 @@ class Broker:
                 error_cb=self._on_error,
                 disconnected_cb=self._on_disconnected,
                 reconnected_cb=self._on_reconnected,
+                closed_cb=self._on_closed,
                 **options,
             )
         except Exception as exc:
@@ -323,6 +330,10 @@ class Broker:
         if self._nc is None:  # still in the first connect: reported as ConnectError
             self._first_error = self._first_error or exc
             return
+        if self._down_since is not None and _refuses_credentials(exc):
+            self._refusals += 1
+            if self._refusals == REFUSALS_BEFORE_GIVING_UP:
+                self._lost("the server refuses this party's credentials (revoked or expired?)")
         if self._state is not _State.OPEN or self._down_since is not None:
             # Closing, or already said it is down: one line per outage, not one per retry.
             log.debug("nats error", error=str(exc) or type(exc).__name__)
@@ -334,9 +345,20 @@ class Broker:
             self._down_since = asyncio.get_running_loop().time()
             log.warning("nats disconnected; reconnecting", url=self.shown_url)
 
+    async def _on_closed(self) -> None:
+        if self._state is _State.OPEN and self._nc is not None:  # not our own close()
+            reason = self._nc.last_error
+            self._lost(f"the server closed the connection for good: {reason or 'no reason given'}")
+
+    def _lost(self, why: str) -> None:
+        if not self.lost.is_set():
+            log.error(why, url=self.shown_url)
+            self.lost.set()
+
     async def _on_reconnected(self) -> None:
         down_s = asyncio.get_running_loop().time() - (self._down_since or 0.0)
         self._down_since = None
+        self._refusals = 0
         self.reconnects += 1
         log.info("nats reconnected", server=self.server, down_s=round(down_s, 2))
 
@@ -346,3 +368,10 @@ class Broker:
         nc = self._nc
         uri = nc.connected_url if nc is not None and nc.is_connected else None
         return f"{uri.hostname}:{uri.port}" if uri is not None else ""
+
+
+def _refuses_credentials(exc: Exception) -> bool:
+    """An authorization error from the server (nats-py gives no one type for it)."""
+    return isinstance(exc, nats.errors.AuthorizationError) or (
+        "authorization violation" in str(exc).lower()
+    )

@@ -20,6 +20,7 @@ import structlog
 from agentreach.agents import Agent
 from agentreach.broker import (
     DEFAULT_URL,
+    AuthenticationFailed,
     Broker,
     EmbeddedCluster,
     EmbeddedServer,
@@ -27,6 +28,7 @@ from agentreach.broker import (
     Topology,
     provision,
 )
+from agentreach.broker.tasks import cancel_and_wait
 from agentreach.cli.coordinating import coordinator_options, with_cli_options
 from agentreach.cli.options import (
     Commands,
@@ -139,7 +141,7 @@ async def _coordinate(url: str, args: argparse.Namespace) -> None:
         Coordinator(broker, config, config_path=args.config).running() as coordinator,
     ):
         shown = f"; metrics on {coordinator.metrics_url}metrics" if coordinator.metrics_url else ""
-        await until_signal(f"coordinator serving on {broker.shown_url}{shown}")
+        await until_signal(f"coordinator serving on {broker.shown_url}{shown}", broker)
 
 
 async def cmd_agent(args: argparse.Namespace) -> int:
@@ -147,8 +149,10 @@ async def cmd_agent(args: argparse.Namespace) -> int:
     if args.startup_delay is not None:
         agent.startup_delay = args.startup_delay
     url = args.nats_url or DEFAULT_URL
-    async with agent.running(url, names=names_of(args), auth=auth_of(args)):
-        await until_signal(f"agent {agent.agent_id} serving {sorted(agent.handlers)}")
+    async with agent.running(url, names=names_of(args), auth=auth_of(args)) as runtime:
+        await until_signal(
+            f"agent {agent.agent_id} serving {sorted(agent.handlers)}", runtime.broker
+        )
     return 0
 
 
@@ -202,15 +206,28 @@ async def provisioned(
         yield broker
 
 
-async def until_signal(announce: str) -> None:
-    """Print ``announce`` once Ctrl-C is caught, then return on SIGINT or SIGTERM."""
+async def until_signal(announce: str, broker: Broker | None = None) -> None:
+    """Print ``announce`` once Ctrl-C is caught, then return on SIGINT or SIGTERM; raise
+    AuthenticationFailed when ``broker``'s connection is lost for good (its credentials
+    revoked or expired)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
         print(f"reach: {announce} (Ctrl-C to stop)", file=sys.stderr, flush=True)
-        await stop.wait()
+        waits = [asyncio.create_task(stop.wait())]
+        if broker is not None:
+            waits.append(asyncio.create_task(broker.lost.wait()))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await cancel_and_wait(*waits)
+        if broker is not None and broker.lost.is_set() and not stop.is_set():
+            raise AuthenticationFailed(
+                f"the server at {broker.shown_url} closed the connection for good (credentials"
+                " revoked or expired?): stopping; issue new ones with `reach auth`"
+            )
         log.info("stopping")
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

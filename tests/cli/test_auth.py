@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from agentreach.broker import Auth, AuthConfig, AuthenticationFailed, Broker, ConnectError
+from agentreach.broker import (
+    Auth,
+    AuthConfig,
+    AuthenticationFailed,
+    Broker,
+    ConnectError,
+    Topology,
+    provision,
+)
 from agentreach.cli.logs import redact_secrets
 from tests.cli.conftest import VENV_BIN, run
 from tests.secured import SecuredDeployment, secured_server
@@ -114,6 +122,8 @@ async def test_a_new_agent_connects_without_a_restart_and_a_revoked_one_is_cut_o
             assert pushed.returncode == 0, pushed.stderr
             assert "pushed the account" in pushed.stdout
             await eventually(lambda: not late.connected)  # the server closed it at once
+            # Gone for good: the connection says so, for a service to stop.
+            await asyncio.wait_for(late.lost.wait(), 30)
         with pytest.raises(AuthenticationFailed, match="check --creds"):
             async with Broker(server.url, auth=creds):
                 pass
@@ -175,3 +185,38 @@ def test_config_credentials_name_a_missing_file():
     missing = r"broker\.auth\.token_file /nowhere/token does not exist"
     with pytest.raises(ConnectError, match=missing):
         AuthConfig(token_file="/nowhere/token").auth()
+
+
+async def test_a_revoked_agent_stops_and_says_why(tmp_path):
+    """`reach agent` whose creds are revoked: the server closes its connection for good, and
+    the process exits 1 saying so, instead of retrying a closed connection forever."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    async with secured_server(deployment, tmp_path / "server") as server:
+        async with Broker(server.url, auth=deployment.admin) as admin:
+            await provision(admin, Topology.default(admin.names))
+        directory = deployment.directory.root
+        assert (await reach_auth(directory, "agent", "echo-1")).returncode == 0
+        creds = directory / "creds" / "agent" / "echo-1.creds"
+        process = await asyncio.create_subprocess_exec(
+            str(REACH),
+            *("agent", "agentreach.examples.echo:agent", "--nats-url", server.url),
+            *("--creds", str(creds), "--log-format", "json"),
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "NATS_URL": "", "NATS_CREDS": ""},
+        )
+        assert process.stderr is not None
+        try:
+            async with asyncio.timeout(30):
+                while b"serving" not in (line := await process.stderr.readline()):
+                    assert line, "reach agent exited before serving"
+            assert (await reach_auth(directory, "revoke", "echo-1")).returncode == 0
+            pushed = await reach_auth(directory, "push", "--nats-url", server.url)
+            assert pushed.returncode == 0, pushed.stderr
+            _, err = await asyncio.wait_for(process.communicate(), 30)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    assert process.returncode == 1
+    assert b"closed the connection for good" in err
