@@ -160,7 +160,8 @@ def _detail(event: Event) -> str:
         case "progress":
             return str(d.get("note", ""))
         case _:
-            return _short(d) if d else ""
+            shown = {k: v for k, v in d.items() if k != "grant"}  # the dispatch's proof, no news
+            return _short(shown) if shown else ""
 
 
 def _routed(event: Event) -> str:

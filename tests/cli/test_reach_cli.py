@@ -45,6 +45,7 @@ async def test_publish_then_trace_shows_the_lifecycle(broker, coordinator, watch
     kinds = [line.split()[2] for line in lines[2:]]
     assert kinds == ["routed", "accepted", "completed"]
     assert '{"n": 2}' in lines[-1]
+    assert "grant" not in traced.stdout  # a secured dispatch's proof is not for people
 
 
 async def test_publish_wait_prints_the_result(broker, coordinator):
