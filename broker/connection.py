@@ -341,7 +341,8 @@ class Broker:
         log.warning("nats error", error=str(exc) or type(exc).__name__, url=self.shown_url)
 
     async def _on_disconnected(self) -> None:
-        if self._state is _State.OPEN and self._down_since is None:
+        # Not during the first connect (self._nc unset): that one fails with its own error.
+        if self._state is _State.OPEN and self._nc is not None and self._down_since is None:
             self._down_since = asyncio.get_running_loop().time()
             log.warning("nats disconnected; reconnecting", url=self.shown_url)
 

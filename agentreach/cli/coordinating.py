@@ -85,7 +85,10 @@ def load_workflows(target: str) -> dict[str, WorkflowSpec]:
     try:
         found = getattr(importlib.import_module(module_name), attr, None)
     except ImportError as exc:
-        raise UsageError(f"cannot import {module_name!r}: {exc}") from None
+        raise UsageError(
+            f"cannot import {module_name!r}: {exc} (run from the folder that holds it, or add"
+            " that folder to PYTHONPATH)"
+        ) from None
     if not isinstance(found, dict) or not all(
         isinstance(k, str) and isinstance(v, WorkflowSpec) for k, v in found.items()
     ):

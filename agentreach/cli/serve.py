@@ -175,7 +175,10 @@ def load_agent(target: str) -> Agent:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UsageError(f"cannot import {module_name!r}: {exc}") from None
+        raise UsageError(
+            f"cannot import {module_name!r}: {exc} (run from the folder that holds it, or add"
+            " that folder to PYTHONPATH)"
+        ) from None
     agent = getattr(module, attr, None)
     if not isinstance(agent, Agent):
         raise UsageError(f"{target} is {type(agent).__name__}, not an agentreach.Agent")
@@ -230,5 +233,15 @@ async def until_signal(announce: str, broker: Broker | None = None) -> None:
             )
         log.info("stopping")
     finally:
+        # A second signal during the shutdown (a process group killed, Ctrl-C twice) must not
+        # cut it short: the card would stay `running` for a process that is gone.
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+            loop.add_signal_handler(sig, _stopping_already)
+
+
+def _stopping_already() -> None:
+    print(
+        "reach: stopping already (running tasks get up to 10 s); SIGKILL ends it at once",
+        file=sys.stderr,
+        flush=True,
+    )

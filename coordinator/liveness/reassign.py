@@ -17,6 +17,7 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, WrongLastSequence
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
+from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.envelopes import (
     AgentCard,
     DecodeError,
@@ -70,9 +71,12 @@ async def _move(broker: Broker, stored: StoredMessage, agent_id: str, epoch: int
         return False  # the agent's consumer would have dead-lettered it; nothing to move
     await _fence(broker, task, agent_id, epoch)
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
-    retry = msgspec.structs.replace(
-        task, attempt=task.attempt + 1, to_agent=None, ttl_ms=max(1, left_ms)
-    )
+    if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
+        message = f"ttl {task.ttl_ms} ms ran out in the queue of {agent_id}, which went OFFLINE"
+        error = ErrorInfo(type="expired", message=message, retryable=False)
+        await end_with_error(broker, task, "expired", error)
+        return True
+    retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None, ttl_ms=left_ms)
     headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
     await broker.publish(broker.names.task(task.topic), envelopes.encode(retry), headers=headers)
     return True

@@ -9,7 +9,7 @@ import signal
 import socket
 from pathlib import Path
 
-from agentreach.agents import Agent, TaskContext
+from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import EmbeddedServer
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.support import wait_for_card
@@ -415,4 +415,45 @@ async def test_a_workflow_built_in_python_is_served_by_reach_coordinator(broker,
     assert done.detail["workflow"] == "twice"
     wrong = await reach(broker, "coordinator", "--workflows", "flows:NOPE")  # not in this cwd
     assert wrong.returncode != 0
-    assert wrong.stderr == "reach: error: cannot import 'flows': No module named 'flows'\n"
+    assert wrong.stderr == (
+        "reach: error: cannot import 'flows': No module named 'flows' (run from the folder"
+        " that holds it, or add that folder to PYTHONPATH)\n"
+    )
+
+
+async def test_a_second_signal_does_not_cut_an_agents_shutdown_short(broker, coordinator, watcher):
+    """A process group killed (two SIGTERMs) or Ctrl-C pressed twice while a task drains:
+    the agent ends its shutdown (the task completes, the card says stopped) instead of
+    dying with its card left `running`."""
+    env = {**os.environ, "PULSE_ID": "draining"}
+    process = await asyncio.create_subprocess_exec(
+        *reach_argv(broker, "agent", "tests.e2e.pulse:agent"),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    assert process.stderr is not None
+
+    async def line_with(marker: bytes) -> None:
+        assert process.stderr is not None
+        while marker not in (line := await process.stderr.readline()):
+            assert line, f"reach agent exited before printing {marker!r}"
+
+    try:
+        async with asyncio.timeout(30):
+            await line_with(b"Ctrl-C to stop")  # printed once the signal handlers are in place
+            async with ReachClient(broker=broker) as client:
+                message_id, _ = await client.publish("burn", {"seconds": 2.0})
+            await watcher.event("accepted", message_id=message_id)
+            process.send_signal(signal.SIGTERM)
+            await line_with(b'"stopping"')
+            process.send_signal(signal.SIGTERM)  # while the burn task drains
+            await line_with(b"stopping already")
+            await wait_for_card(broker, "draining", status="stopped")
+            await process.wait()
+            await watcher.event("completed", message_id=message_id)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0
