@@ -129,6 +129,7 @@ class Broker:
         # its credentials (revoked, expired), or keeps refusing them on every reconnect.
         # Waiting will not help; a service should stop and say so.
         self.lost = asyncio.Event()
+        self.lost_why = ""
         self._refusals = 0
         # With a secret, every Nats-Msg-Id this connection publishes is made unguessable:
         # dedup is stream-wide, so whoever may publish into a stream could otherwise
@@ -354,6 +355,7 @@ class Broker:
     def _lost(self, why: str) -> None:
         if not self.lost.is_set():
             log.error(why, url=self.shown_url)
+            self.lost_why = why
             self.lost.set()
 
     async def _on_reconnected(self) -> None:

@@ -228,8 +228,8 @@ async def until_signal(announce: str, broker: Broker | None = None) -> None:
             await cancel_and_wait(*waits)
         if broker is not None and broker.lost.is_set() and not stop.is_set():
             raise AuthenticationFailed(
-                f"the server at {broker.shown_url} closed the connection for good (credentials"
-                " revoked or expired?): stopping; issue new ones with `reach auth`"
+                f"{broker.lost_why} ({broker.shown_url}): stopping; when the credentials were"
+                " revoked or expired, issue new ones with `reach auth`"
             )
         log.info("stopping")
     finally:
