@@ -41,6 +41,7 @@ from agentreach.broker.errors import (
 )
 from agentreach.broker.messages import Delivery, Inbound, Subscription
 from agentreach.broker.names import Names
+from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.provisioned import Provisioned, Provisioning
 from agentreach.broker.provisioning import Provisioner, provision, wait_provisioned
 from agentreach.broker.replication import BrokerConfig, Replicas, parse_replicas, resolve_replicas
@@ -79,6 +80,7 @@ __all__ = [
     "NoResponders",
     "NoStreamError",
     "Outcome",
+    "Outgoing",
     "PayloadUnavailable",
     "ProvisionError",
     "Provisioned",

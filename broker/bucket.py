@@ -21,9 +21,10 @@ import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
-from agentreach.broker.direct import last_per_subject, messages_on
+from agentreach.broker.direct import last_of_each, last_per_subject, messages_on
 from agentreach.broker.errors import WrongLastSequence, translate
 from agentreach.broker.failover import through_elections
+from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.streams import StoredMessage
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import DecodeError, decode_as, encode
@@ -97,6 +98,10 @@ class Bucket(Generic[T]):
         data = encode(value)
         return await self._write(key, lambda: self._kv.put(key, data))
 
+    def put_message(self, key: str, value: T) -> Outgoing:
+        """What :meth:`put` writes, as a message for :meth:`Broker.publish_all`."""
+        return Outgoing(f"{self._kv._pre}{key}", encode(value))
+
     async def delete(self, key: str, *, last: int | None = None) -> None:
         """Delete the key (only if still at revision ``last``, when given)."""
         await self._write(key, lambda: self._kv.delete(key, last=last))
@@ -150,6 +155,13 @@ class Bucket(Generic[T]):
         for stored in await messages_on(self._broker, f"KV_{self.name}", prefix + pattern):
             latest[stored.subject] = stored
         return self._entries(latest.values(), prefix)
+
+    async def current(self, keys: list[str]) -> dict[str, Entry[T]]:
+        """The current values of ``keys``, in batched reads; absent, deleted and unreadable
+        ones are left out."""
+        prefix = f"$KV.{self.name}."
+        stored = await last_of_each(self._broker, f"KV_{self.name}", [prefix + k for k in keys])
+        return self._entries(stored, prefix)
 
     async def snapshot(self) -> dict[str, Entry[T]]:
         """Every key's current value, in one batched read (no consumer); deleted keys and

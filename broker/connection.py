@@ -7,7 +7,7 @@ import contextlib
 import hashlib
 import hmac
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from enum import Enum
 from types import TracebackType
 from typing import Self, TypeVar
@@ -34,6 +34,7 @@ from agentreach.broker.errors import (
 from agentreach.broker.failover import ELECTION_BUDGET_S, through_elections
 from agentreach.broker.messages import Inbound, InboundHandler, Subscription
 from agentreach.broker.names import Names
+from agentreach.broker.pipelined import Outgoing, PipelinedPublisher
 from agentreach.broker.urls import jittered_reconnect, redacted, resolve_url, server_list
 
 T = TypeVar("T")
@@ -121,6 +122,7 @@ class Broker:
         self._nc: NATS | None = None
         self._js: nats.js.JetStreamContext | None = None
         self._buckets: dict[str, KeyValue] = {}
+        self._pipelined: PipelinedPublisher | None = None
         self._state = _State.UNOPENED
         self._first_error: Exception | None = None
         self._down_since: float | None = None
@@ -252,14 +254,31 @@ class Broker:
         While the stream has no leader (an election) the publish is made again, for up to
         ``election_budget_s``; raises NoStreamError at once when no stream listens.
         """
-        if self.dedup_secret and headers and MSG_ID in headers:
-            headers = {**headers, MSG_ID: sealed_id(headers[MSG_ID], self.dedup_secret)}
+        headers = self.sealed(headers)
         js, wait_s = self.js, timeout or self.request_timeout
         return await through_elections(
             lambda: js.publish(subject, data, headers=headers, timeout=wait_s),
             self,
             subject=subject,
             retry_timeouts=bool(headers and MSG_ID in headers),
+        )
+
+    def sealed(self, headers: dict[str, str] | None) -> dict[str, str] | None:
+        """``headers`` with its ``Nats-Msg-Id`` made unguessable, when this connection has
+        a dedup secret."""
+        if self.dedup_secret and headers and MSG_ID in headers:
+            return {**headers, MSG_ID: sealed_id(headers[MSG_ID], self.dedup_secret)}
+        return headers
+
+    async def publish_all(
+        self, messages: Sequence[Outgoing], *, timeout: float | None = None
+    ) -> list[BrokerError | None]:
+        """JetStream publishes in flight together (see :mod:`agentreach.broker.pipelined`):
+        for each message None when stored, or its error. Nothing is written again here."""
+        if self._pipelined is None:
+            self._pipelined = PipelinedPublisher(self)
+        return await self._pipelined.publish_all(
+            messages, timeout_s=timeout or self.request_timeout
         )
 
     async def publish_core(

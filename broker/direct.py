@@ -63,6 +63,18 @@ async def last_per_subject(broker: Broker, stream: str, subject: str) -> list[St
     return sorted(latest.values(), key=lambda m: m.stream_seq)
 
 
+async def last_of_each(
+    broker: Broker, stream: str, subjects: list[str], *, chunk: int = 256
+) -> list[StoredMessage]:
+    """The last message on each of ``subjects`` (no wildcards) that has one."""
+    found: list[StoredMessage] = []
+    for at in range(0, len(subjects), chunk):
+        wanted = subjects[at : at + chunk]
+        page, _ = await _batch(broker, stream, {"multi_last": wanted, "batch": len(wanted)})
+        found += page
+    return found
+
+
 class _TooMany(Exception):
     """The server refused to answer that many subjects in one batch (413)."""
 

@@ -18,6 +18,7 @@ from agentreach.broker.connection import Broker
 from agentreach.broker.direct import read_stream
 from agentreach.broker.messages import Delivery
 from agentreach.broker.names import COORDINATOR, Names
+from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms, stable_id
 from agentreach.envelopes.audit import summary_of_task
@@ -76,6 +77,12 @@ def agent_event(agent_id: str, event: str, **detail: Any) -> Event:
 async def emit(broker: Broker, event: Event, *, sender: str = COORDINATOR) -> None:
     """Publish ``event`` as ``sender`` (an agent or worker id; the coordinator by default) to
     ``reach.event.<event>.<topic>.<trace_id>.<message_id>.<sender>``."""
+    subject, data, headers = event_message(broker, event, sender=sender)
+    await broker.publish(subject, data, headers=headers)
+
+
+def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) -> Outgoing:
+    """What :func:`emit` publishes, as a message for :meth:`Broker.publish_all`."""
     subject = broker.names.event(event.event, event.topic, event.trace_id, event.message_id, sender)
     headers = None
     if event.event not in REPEATABLE:
@@ -88,7 +95,7 @@ async def emit(broker: Broker, event: Event, *, sender: str = COORDINATOR) -> No
             # Only the coordinator and this agent know the grant: nobody can pre-empt the id.
             msg_id += f"-{grant[:16]}"
         headers = {"Nats-Msg-Id": msg_id}
-    await broker.publish(subject, envelopes.encode(event), headers=headers)
+    return Outgoing(subject, envelopes.encode(event), headers)
 
 
 async def reply(

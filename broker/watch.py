@@ -39,6 +39,24 @@ class Change:
     written_ms: int = 0  # the broker's time of the write
 
 
+def position(msg: nats.aio.msg.Msg) -> tuple[int, int, int]:
+    """A stored message's stream sequence, write time (ms) and messages pending after it.
+
+    Read from the reply subject without nats-py's ``Msg.metadata``, which builds a datetime
+    and two dataclasses per message: a tenth of the coordinator's CPU when it watches the
+    heartbeats of 100,000 agents.
+    """
+    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>, or with a
+    # domain and an account hash after ACK (and a token more at the end).
+    tokens = (msg.reply or "").split(".")
+    at = 5 if len(tokens) == _V1_TOKENS else 7
+    if tokens[:2] != ["$JS", "ACK"] or (at == 7 and len(tokens) < _V2_TOKENS):
+        meta = msg.metadata  # raises NotJSMessageError, as nats-py does
+        return meta.sequence.stream, int(meta.timestamp.timestamp() * 1000), meta.num_pending
+    return int(tokens[at]), int(tokens[at + 2]) // 1_000_000, int(tokens[at + 3])
+
+
+_V1_TOKENS, _V2_TOKENS = 9, 11
 _INITIAL_DONE = object()  # in the queue only: the values present at the start are through
 
 
@@ -96,24 +114,24 @@ class BucketWatch:
                 await sub.unsubscribe()
 
     async def _on_message(self, msg: nats.aio.msg.Msg) -> None:
-        meta = msg.metadata
+        revision, written_ms, pending = position(msg)
         headers = msg.headers or {}
         operation = headers.get(KV_OP)
         if operation is None and KV_MARKER_REASON in headers:
             operation = _DELETED_BY_MARKER.get(headers[KV_MARKER_REASON])
             if operation is None:  # a marker of a kind not known yet: not a value
-                self._maybe_initial(meta.num_pending)
+                self._maybe_initial(pending)
                 return
         deleted = operation in (KV_DEL, KV_PURGE)
         self._queue.put_nowait(
             Change(
                 key=msg.subject[len(self._kv._pre) :],
                 value=None if deleted else msg.data,
-                revision=meta.sequence.stream,
-                written_ms=int(meta.timestamp.timestamp() * 1000) if meta.timestamp else 0,
+                revision=revision,
+                written_ms=written_ms,
             )
         )
-        self._maybe_initial(meta.num_pending)
+        self._maybe_initial(pending)
 
     def _maybe_initial(self, pending: int) -> None:
         if pending == 0:

@@ -30,6 +30,7 @@ from agentreach.broker.tasks import cancel_and_wait
 from agentreach.broker.urls import RECONNECT_CAP_S
 from agentreach.coordinator.liveness.cadence import Cadence
 from agentreach.coordinator.liveness.reassign import reassign_tasks
+from agentreach.coordinator.liveness.verdicts import VerdictWriter
 from agentreach.coordinator.units import Positive, PositiveSeconds
 from agentreach.envelopes import (
     AgentControl,
@@ -51,7 +52,9 @@ class LivenessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     failed probe; registrations are rate limited per coordinator replica."""
 
     tick_s: PositiveSeconds = 1.0  # how often silence is looked for
-    heartbeat_reread_s: PositiveSeconds = 60.0  # re-read every heartbeat, in case a watch stalled
+    # Every heartbeat read again, in case the watch missed an agent's first ones (the ones
+    # of agents about to be judged are read again at each sweep).
+    heartbeat_reread_s: PositiveSeconds = 300.0
     adaptive_beats: Positive = 20  # beats before an interval goes back, or an idle one doubles
     probe_connection_s: PositiveSeconds = 3.0
     probe_ping_s: PositiveSeconds = 5.0
@@ -104,6 +107,7 @@ class LivenessMonitor:
         self._broker = broker
         self._config = config
         self.agents: dict[str, Tracked] = {}
+        self._verdicts = VerdictWriter(broker)
         self.active = False  # judging now: this replica holds the liveness lease
 
     async def run(self) -> None:
@@ -116,6 +120,7 @@ class LivenessMonitor:
     async def _judge(self) -> None:
         await self._restore()
         heartbeats = await self._broker.bucket(self._broker.names.heartbeats_bucket, Heartbeat)
+        writer = asyncio.create_task(self._verdicts.run(), name="liveness-verdicts")
         sweeper = asyncio.create_task(self._sweep_forever(), name="liveness-sweep")
         rereader = asyncio.create_task(self._reread_forever(), name="liveness-reread")
         try:
@@ -127,6 +132,7 @@ class LivenessMonitor:
         finally:
             probes = [t.probe for t in self.agents.values() if t.probe and not t.probe.done()]
             await cancel_and_wait(sweeper, rereader, *probes)
+            await cancel_and_wait(writer)  # after the judges: it writes what they queued
 
     async def reread(self) -> None:
         """Read every heartbeat again: a watch can stall after a broker failover, and a
@@ -256,9 +262,43 @@ class LivenessMonitor:
             if self._broker.reconnects != reconnects:
                 reconnects = self._broker.reconnects
                 self._grace()
-            for tracked in list(self.agents.values()):
-                await self._sweep(tracked)
-                honour_cancellation()
+            await self.sweep()
+            honour_cancellation()
+
+    async def sweep(self) -> None:
+        """Judge every agent silent for longer than its thresholds allow."""
+        overdue = self._overdue()
+        if overdue:
+            await self._look_again(overdue)
+        for tracked in overdue:
+            await self._judge_silent(tracked)
+
+    def _overdue(self) -> list[Tracked]:
+        """The agents whose silence asks for a judgement now: a plain scan, no await per
+        agent (100,000 agents are swept every tick)."""
+        now = time.monotonic()
+        return [
+            tracked
+            for tracked in self.agents.values()
+            if (tracked.state in ("ONLINE", "UNKNOWN", "SUSPECT"))
+            and now - tracked.last_seen > 3 * tracked.interval_s
+        ]
+
+    async def _look_again(self, overdue: list[Tracked]) -> None:
+        """Read the heartbeats of agents about to be judged, in batches: a watch may have
+        missed them (stalled after a failover, or behind), and a heartbeat it missed must
+        not make a live agent look silent."""
+        about_to_suspect = [t.agent_id for t in overdue if t.state in ("ONLINE", "UNKNOWN")]
+        if not about_to_suspect:
+            return
+        heartbeats = await self._broker.bucket(self._broker.names.heartbeats_bucket, Heartbeat)
+        try:
+            found = await heartbeats.current(about_to_suspect)
+        except BrokerError as exc:
+            log.warning("heartbeats not read again before judging", error=str(exc))
+            return
+        for entry in found.values():
+            await self._on_beat(entry.key, entry.revision, entry.value, entry.written_ms)
 
     def _grace(self) -> None:
         """After this replica's connection came back, heartbeats missed meanwhile were not
@@ -268,7 +308,7 @@ class LivenessMonitor:
             if tracked.state != "OFFLINE":
                 tracked.last_seen = max(tracked.last_seen, now)
 
-    async def _sweep(self, tracked: Tracked) -> None:
+    async def _judge_silent(self, tracked: Tracked) -> None:
         silent_for = time.monotonic() - tracked.last_seen
         if tracked.state in ("ONLINE", "UNKNOWN") and silent_for > 3 * tracked.interval_s:
             tracked.connected = False
@@ -326,22 +366,18 @@ class LivenessMonitor:
         if state == "OFFLINE" and reason != "stopped":
             self._count_offline(tracked)
         log.info("liveness", agent_id=tracked.agent_id, state=state, was=before, reason=reason)
-        verdicts = await self._broker.bucket(self._broker.names.liveness_bucket, Liveness)
-        with contextlib.suppress(BrokerError):
-            await verdicts.put(tracked.agent_id, tracked.record())
-        with contextlib.suppress(BrokerError):
-            await emit(
-                self._broker,
-                agent_event(
-                    tracked.agent_id,
-                    "agent_state",
-                    state=state,
-                    was=before,
-                    reason=reason,
-                    quarantined=tracked.quarantined,
-                ),
-            )
+        event = agent_event(
+            tracked.agent_id,
+            "agent_state",
+            state=state,
+            was=before,
+            reason=reason,
+            quarantined=tracked.quarantined,
+        )
+        self._verdicts.put(tracked.record(), event)
         if state == "OFFLINE":
+            # Written before the queue moves: routing reads it, and must not send tasks back.
+            await self._verdicts.written(self._broker.request_timeout)
             await reassign_tasks(self._broker, tracked.agent_id, epoch=tracked.epoch)
 
     def _count_offline(self, tracked: Tracked) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from agentreach.agents import Agent, AgentIdInUse, ReachClient, TaskContext
 from agentreach.broker import Broker
+from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig, LivenessConfig
 from agentreach.envelopes import AgentCard, Liveness
 from tests.cli.conftest import reach_argv
@@ -242,6 +243,27 @@ async def test_a_heartbeat_missed_by_the_watch_is_found_by_the_reread(broker):
     before = monitor.agents["unseen"].since_ms
     await monitor.reread()  # nothing new: no second transition
     assert monitor.agents["unseen"].since_ms == before
+
+
+async def test_a_heartbeat_the_watch_missed_is_read_again_before_judging(broker):
+    """An agent silent to the watch but with a fresh heartbeat in the bucket stays ONLINE;
+    one with none is judged SUSPECT."""
+    from agentreach.coordinator.liveness.monitor import LivenessMonitor, Tracked
+    from agentreach.envelopes import Heartbeat, encode
+
+    monitor = LivenessMonitor(broker, LIVELY.liveness)
+    kv = await broker.kv(broker.names.heartbeats_bucket)
+    await kv.put("quiet", encode(Heartbeat(agent_id="quiet", epoch=1, seq=1, interval_s=1.0)))
+    long_ago = time.monotonic() - 10
+    for agent_id in ("quiet", "gone"):
+        monitor.agents[agent_id] = Tracked(agent_id, 1.0, long_ago, state="ONLINE")
+    await monitor.sweep()
+    probe = monitor.agents["gone"].probe
+    assert probe is not None
+    await cancel_and_wait(probe)
+    assert monitor.agents["quiet"].state == "ONLINE"
+    assert monitor.agents["quiet"].last_seen > long_ago + 5
+    assert monitor.agents["gone"].state == "SUSPECT"
 
 
 async def test_one_replica_judges_liveness_and_another_takes_over(broker, watcher):

@@ -1,0 +1,70 @@
+"""Verdicts written behind the judge: coalesced per agent, events in order, nothing left."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentreach.broker.direct import messages_on
+from agentreach.broker.lifecycle import agent_event
+from agentreach.broker.streams import StoredMessage
+from agentreach.broker.tasks import cancel_and_wait
+from agentreach.coordinator.liveness.verdicts import VerdictWriter
+from agentreach.envelopes import Liveness, LivenessState, decode_event
+
+
+def _queue(writer: VerdictWriter, agent_id: str, state: LivenessState) -> None:
+    writer.put(
+        Liveness(agent_id=agent_id, state=state, since_ms=1),
+        agent_event(agent_id, "agent_state", state=state),
+    )
+
+
+async def _history(broker, agent_id: str) -> list[StoredMessage]:  # type: ignore[no-untyped-def]
+    name = broker.names.liveness_bucket
+    return await messages_on(broker, f"KV_{name}", f"$KV.{name}.{agent_id}")
+
+
+async def test_a_newer_verdict_replaces_an_unwritten_one_and_events_keep_their_order(broker):
+    seen: list[tuple[str, str]] = []
+    all_seen = asyncio.Event()
+
+    async def on_event(msg) -> None:  # type: ignore[no-untyped-def]
+        event = decode_event(msg.data)
+        seen.append((event.agent_id or "", event.detail["state"]))
+        if len(seen) == 3:
+            all_seen.set()
+
+    await broker.nc.subscribe(broker.names.events_of_kind("agent_state"), cb=on_event)
+    writer = VerdictWriter(broker)
+    _queue(writer, "a", "ONLINE")
+    _queue(writer, "a", "SUSPECT")
+    _queue(writer, "b", "ONLINE")
+    running = asyncio.create_task(writer.run())
+    try:
+        assert await writer.written(timeout_s=5)
+        async with asyncio.timeout(5):
+            await all_seen.wait()
+    finally:
+        await cancel_and_wait(running)
+    assert seen == [("a", "ONLINE"), ("a", "SUSPECT"), ("b", "ONLINE")]
+    verdicts = await broker.bucket(broker.names.liveness_bucket, Liveness)
+    entry = await verdicts.get("a")
+    assert entry is not None and entry.value.state == "SUSPECT"
+    assert len(await _history(broker, "a")) == 1  # the ONLINE one was never written
+
+
+async def test_what_is_queued_when_the_writer_stops_is_still_written(broker):
+    writer = VerdictWriter(broker)
+    running = asyncio.create_task(writer.run())
+    await asyncio.sleep(0)  # the writer waits for work
+    _queue(writer, "late", "OFFLINE")
+    await cancel_and_wait(running)
+    verdicts = await broker.bucket(broker.names.liveness_bucket, Liveness)
+    entry = await verdicts.get("late")
+    assert entry is not None and entry.value.state == "OFFLINE"
+
+
+async def test_waiting_for_the_writes_gives_up_when_the_writer_is_not_running(broker):
+    writer = VerdictWriter(broker)
+    _queue(writer, "never", "ONLINE")
+    assert not await writer.written(timeout_s=0.1)
