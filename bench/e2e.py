@@ -36,7 +36,27 @@ async def publish_all(publish, count: int, window: int) -> None:  # type: ignore
         await asyncio.gather(*(publish(i) for i in range(start, min(count, start + window))))
 
 
-async def baseline(url: str, count: int, window: int) -> float:
+def rss_mib() -> float:
+    """This process's resident memory now."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024
+
+
+class Phase:
+    """Wall time, this process's CPU time and RSS over one measured phase."""
+
+    def __enter__(self) -> Phase:
+        self.rss_before = rss_mib()
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.elapsed = time.perf_counter() - self._wall
+        self.cpu_s = time.process_time() - self._cpu
+        self.rss_after = rss_mib()
+
+
+async def baseline(url: str, count: int, window: int) -> Phase:
     """Raw nats-py: JetStream publish, pull-consume in batches of 100, ack."""
     async with Broker(url, name="bench-baseline") as broker:
         js = broker.js
@@ -47,7 +67,6 @@ async def baseline(url: str, count: int, window: int) -> float:
         )
         sub = await js.pull_subscribe("bench.x", durable="bench", stream="BENCH")
         body = b'{"n": 1}'
-        started = time.perf_counter()
 
         async def consume() -> None:
             seen = 0
@@ -60,15 +79,15 @@ async def baseline(url: str, count: int, window: int) -> float:
                     await msg.ack()
                 seen += len(messages)
 
-        consumer = asyncio.create_task(consume())
-        await publish_all(lambda i: js.publish("bench.x", body), count, window)
-        await consumer
-        elapsed = time.perf_counter() - started
+        with Phase() as phase:
+            consumer = asyncio.create_task(consume())
+            await publish_all(lambda i: js.publish("bench.x", body), count, window)
+            await consumer
         await js.delete_stream("BENCH")
-    return count / elapsed
+    return phase
 
 
-async def reach_path(url: str, count: int, window: int) -> float:
+async def reach_path(url: str, count: int, window: int) -> Phase:
     """Publish → coordinator → agent no-op → completed event observed."""
     names = Names(prefix="bench")
     agent = Agent("bench-noop", startup_delay=0)
@@ -85,11 +104,10 @@ async def reach_path(url: str, count: int, window: int) -> float:
             agent.running(url, names=names),
             ReachClient(url, names=names, name="bench-client") as client,
         ):
-            started = time.perf_counter()
-            await publish_all(lambda i: client.publish("noop", {"n": i}), count, window)
-            await asyncio.wait_for(done.wait(), timeout=300)
-            elapsed = time.perf_counter() - started
-    return count / elapsed
+            with Phase() as phase:
+                await publish_all(lambda i: client.publish("noop", {"n": i}), count, window)
+                await asyncio.wait_for(done.wait(), timeout=300)
+    return phase
 
 
 async def main() -> None:
@@ -101,10 +119,20 @@ async def main() -> None:
     async with nats_server() as url:
         raw = await baseline(url, args.tasks, args.window)
         reach = await reach_path(url, args.tasks, args.window)
-    print(f"tasks: {args.tasks}, publishes in flight: {args.window}")
-    print(f"raw nats-py  publish → pull → ack : {raw:9.0f} msg/s")
-    print(f"agent-reach  publish → completed  : {reach:9.0f} tasks/s")
-    print(f"ratio reach / raw                 : {reach / raw:9.1%}")
+    n = args.tasks
+    raw_rate, reach_rate = n / raw.elapsed, n / reach.elapsed
+    print(f"tasks: {n}, publishes in flight: {args.window}")
+    print(f"raw nats-py  publish → pull → ack : {raw_rate:9.0f} msg/s")
+    print(f"agent-reach  publish → completed  : {reach_rate:9.0f} tasks/s")
+    print(f"ratio reach / raw                 : {reach_rate / raw_rate:9.1%}")
+    print(
+        f"Python CPU per message / task     : raw {raw.cpu_s / n * 1e3:.3f} ms,"
+        f" reach {reach.cpu_s / n * 1e3:.3f} ms (client, coordinator and agent together)"
+    )
+    print(
+        f"RSS over the reach run            : {reach.rss_before:.0f} → {reach.rss_after:.0f} MiB"
+        f" ({(reach.rss_after - reach.rss_before) / n * 1024:+.1f} KiB per task)"
+    )
 
 
 if __name__ == "__main__":

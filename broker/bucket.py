@@ -21,7 +21,7 @@ import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
-from agentreach.broker.direct import last_of_each, last_per_subject, messages_on
+from agentreach.broker.direct import last_of_each, last_per_subject
 from agentreach.broker.errors import WrongLastSequence, translate
 from agentreach.broker.failover import through_elections
 from agentreach.broker.pipelined import Outgoing
@@ -149,12 +149,15 @@ class Bucket(Generic[T]):
 
     async def matching(self, pattern: str) -> dict[str, Entry[T]]:
         """The current values of the keys matching ``pattern`` (``a.*``), in one batched read;
-        deleted keys and unreadable values are left out."""
+        deleted keys and unreadable values are left out.
+
+        The last message of each matching key, not every message from the first: the server
+        finds those from its index, while a scan costs the whole bucket (8 ms a read at
+        40,000 keys, and growing).
+        """
         prefix = f"$KV.{self.name}."
-        latest: dict[str, StoredMessage] = {}
-        for stored in await messages_on(self._broker, f"KV_{self.name}", prefix + pattern):
-            latest[stored.subject] = stored
-        return self._entries(latest.values(), prefix)
+        stored = await last_per_subject(self._broker, f"KV_{self.name}", prefix + pattern)
+        return self._entries(stored, prefix)
 
     async def current(self, keys: list[str]) -> dict[str, Entry[T]]:
         """The current values of ``keys``, in batched reads; absent, deleted and unreadable

@@ -222,6 +222,8 @@ class Broker:
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
+        if self._pipelined is not None:
+            await self._pipelined.close()
         if self._nc is not None and not self._nc.is_closed:
             with contextlib.suppress(Exception):  # disconnected: nothing can be flushed
                 await self._nc.flush(timeout=2)
@@ -255,13 +257,20 @@ class Broker:
         ``election_budget_s``; raises NoStreamError at once when no stream listens.
         """
         headers = self.sealed(headers)
-        js, wait_s = self.js, timeout or self.request_timeout
+        wait_s = timeout or self.request_timeout
+        publisher = self._publisher()
         return await through_elections(
-            lambda: js.publish(subject, data, headers=headers, timeout=wait_s),
+            lambda: publisher.publish(subject, data, headers=headers, timeout_s=wait_s),
             self,
             subject=subject,
             retry_timeouts=bool(headers and MSG_ID in headers),
         )
+
+    def _publisher(self) -> PipelinedPublisher:
+        if self._pipelined is None:
+            self.nc  # noqa: B018 - raises BrokerError when the Broker is not open
+            self._pipelined = PipelinedPublisher(self)
+        return self._pipelined
 
     def sealed(self, headers: dict[str, str] | None) -> dict[str, str] | None:
         """``headers`` with its ``Nats-Msg-Id`` made unguessable, when this connection has
@@ -275,9 +284,7 @@ class Broker:
     ) -> list[BrokerError | None]:
         """JetStream publishes in flight together (see :mod:`agentreach.broker.pipelined`):
         for each message None when stored, or its error. Nothing is written again here."""
-        if self._pipelined is None:
-            self._pipelined = PipelinedPublisher(self)
-        return await self._pipelined.publish_all(
+        return await self._publisher().publish_all(
             messages, timeout_s=timeout or self.request_timeout
         )
 

@@ -36,7 +36,12 @@ _TOO_MANY = "413"
 async def messages_on(
     broker: Broker, stream: str, subject: str, *, from_seq: int = 1, limit: int = 100_000
 ) -> list[StoredMessage]:
-    """Every message of ``stream`` on ``subject`` from ``from_seq``, oldest first (≤ limit)."""
+    """Every message of ``stream`` on ``subject`` from ``from_seq``, oldest first (≤ limit).
+
+    The server finds the first message from its subject index, unless the subject's
+    wildcards leave few tokens literal (``a.*.*.*.id.*``): then it looks at every message of
+    the stream, and a read costs more the longer the stream (20 ms at 180,000 messages).
+    """
     found: list[StoredMessage] = []
     while len(found) < limit:
         size = min(BATCH, limit - len(found))
@@ -73,6 +78,17 @@ async def last_of_each(
         page, _ = await _batch(broker, stream, {"multi_last": wanted, "batch": len(wanted)})
         found += page
     return found
+
+
+async def indexed_messages_on(broker: Broker, stream: str, subject: str) -> list[StoredMessage]:
+    """Every message on the subjects matching ``subject``, oldest first, found through the
+    server's subject index: the last message of each matching subject, then each of those
+    subjects on its own (a literal subject is read from the index). For a few subjects in a
+    long stream, where a wildcard read would look at every message (see :func:`messages_on`).
+    """
+    last = await last_per_subject(broker, stream, subject)
+    pages = await asyncio.gather(*(messages_on(broker, stream, m.subject) for m in last))
+    return sorted((m for page in pages for m in page), key=lambda m: m.stream_seq)
 
 
 class _TooMany(Exception):

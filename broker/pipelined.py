@@ -1,26 +1,38 @@
-"""JetStream publishes in flight together: one ack subscription, one timer per batch.
+"""JetStream publishes with one ack subscription per connection and no timer per message.
 
 nats-py's ``js.publish`` is a request: a fresh future, an ``asyncio.wait_for`` timer and a
-JSON parse per message, and its caller waits for each ack before sending the next. A writer
-of many independent messages (the coordinator's liveness verdicts and events) sends them all
-here, then waits once; their acks arrive on one wildcard subscription of this connection.
-The messages reach the server in the order given, so the stream stores them in that order.
+JSON parse per message (a tenth of the coordinator's CPU under load). Here every publish of
+a connection is answered on one wildcard subscription, acks are decoded with msgspec, and
+one reaper fails the publishes whose time is up. A writer of many independent messages
+(liveness verdicts and events) sends them all with :meth:`PipelinedPublisher.publish_all`,
+then waits once. Messages reach the server in the order they are published, so a stream
+stores them in that order.
+
+Failures are raised as nats-py raises them (``NoStreamResponseError`` when no stream
+answers, ``nats.errors.TimeoutError``, ``APIError`` subclasses), so
+:func:`agentreach.broker.failover.through_elections` tells elections from refusals as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 import nats.aio.msg
+import nats.errors
 import nats.js.errors
+from nats.js import api
 
-from agentreach.broker.errors import BrokerError, BrokerTimeout, Unavailable, translate, translated
+from agentreach.broker.errors import BrokerError, translate, translated
+from agentreach.broker.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
+
+REAP_EVERY_S = 0.05  # how late a timeout may be noticed
 
 
 class Outgoing(NamedTuple):
@@ -34,6 +46,8 @@ class Outgoing(NamedTuple):
 class _Ack(msgspec.Struct):
     stream: str = ""
     seq: int = 0
+    duplicate: bool | None = None
+    domain: str | None = None
     error: dict[str, object] | None = None
 
 
@@ -41,52 +55,70 @@ _decode_ack = msgspec.json.Decoder(_Ack).decode
 
 
 class PipelinedPublisher:
-    """Publishes batches of messages and collects their acks; one per connection."""
+    """Publishes and collects acks for one connection (see the module's docstring)."""
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._prefix = ""
         self._sent = 0
-        self._waiting: dict[str, asyncio.Future[BrokerError | None]] = {}
+        self._waiting: dict[str, asyncio.Future[api.PubAck]] = {}
+        self._deadlines: list[tuple[float, str]] = []
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def publish(
+        self, subject: str, data: bytes, *, headers: dict[str, str] | None, timeout_s: float
+    ) -> api.PubAck:
+        """One message, stored: its ack, or the error nats-py would raise."""
+        future = await self._send(Outgoing(subject, data, headers), timeout_s)
+        return await future
 
     async def publish_all(
         self, messages: Sequence[Outgoing], *, timeout_s: float
     ) -> list[BrokerError | None]:
         """Publish every message, then wait up to ``timeout_s`` for all their acks: for each,
         None when it is stored, or the error (a timeout, a stream without a leader, a refusal).
+        ``headers`` are sealed here (see :meth:`Broker.sealed`).
 
         A message that timed out may have been stored; one refused or unanswered was not.
         """
-        if not messages:
-            return []
+        futures = []
+        for message in messages:
+            sealed = message._replace(headers=self._broker.sealed(message.headers))
+            futures.append(await self._send(sealed, timeout_s))
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        return [
+            None if isinstance(outcome, api.PubAck) else _as_broker_error(outcome, message.subject)
+            for outcome, message in zip(outcomes, messages, strict=True)
+        ]
+
+    async def close(self) -> None:
+        if self._reaper is not None:
+            await cancel_and_wait(self._reaper)
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(nats.errors.ConnectionClosedError())
+        self._waiting.clear()
+
+    async def _send(self, message: Outgoing, timeout_s: float) -> asyncio.Future[api.PubAck]:
         nc = self._broker.nc
         if not self._prefix:
             await self._subscribe()
+        self._sent += 1
+        token = str(self._sent)
         loop = asyncio.get_running_loop()
-        pending: list[tuple[str, asyncio.Future[BrokerError | None]]] = []
+        future: asyncio.Future[api.PubAck] = loop.create_future()
+        self._waiting[token] = future
+        heapq.heappush(self._deadlines, (loop.time() + timeout_s, token))
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap(), name="publish-acks-reaper")
+        subject, data, headers = message
         try:
-            for message in messages:
-                self._sent += 1
-                token = str(self._sent)
-                future: asyncio.Future[BrokerError | None] = loop.create_future()
-                self._waiting[token] = future
-                pending.append((token, future))
-                with translated(subject=message.subject):
-                    await nc.publish(
-                        message.subject,
-                        message.data,
-                        reply=self._prefix + token,
-                        headers=self._broker.sealed(message.headers),
-                    )
-            await asyncio.wait([future for _, future in pending], timeout=timeout_s)
-            return [
-                self._outcome(future, subject=message.subject)
-                for (_, future), message in zip(pending, messages, strict=True)
-            ]
-        finally:
-            for token, future in pending:
-                self._waiting.pop(token, None)
-                future.cancel()
+            with translated(subject=subject):
+                await nc.publish(subject, data, reply=self._prefix + token, headers=headers)
+        except BaseException:
+            self._waiting.pop(token, None)
+            raise
+        return future
 
     async def _subscribe(self) -> None:
         prefix = self._broker.new_inbox() + "."
@@ -96,28 +128,42 @@ class PipelinedPublisher:
 
     async def _on_ack(self, msg: nats.aio.msg.Msg) -> None:
         future = self._waiting.pop(msg.subject[len(self._prefix) :], None)
-        if future is not None and not future.done():
-            future.set_result(_answer(msg))
+        if future is None or future.done():
+            return  # timed out already
+        try:
+            future.set_result(_ack_of(msg))
+        except Exception as exc:  # the publisher gets it, as it would from nats-py
+            future.set_exception(exc)
 
-    @staticmethod
-    def _outcome(future: asyncio.Future[BrokerError | None], *, subject: str) -> BrokerError | None:
-        if future.done() and not future.cancelled():
-            return future.result()
-        return BrokerTimeout(f"no ack for a write on {subject!r}")
+    async def _reap(self) -> None:
+        """Fail the publishes whose time is up; ends when none is waiting."""
+        loop = asyncio.get_running_loop()
+        while self._waiting:
+            await asyncio.sleep(REAP_EVERY_S)
+            now = loop.time()
+            while self._deadlines and self._deadlines[0][0] <= now:
+                _, token = heapq.heappop(self._deadlines)
+                future = self._waiting.pop(token, None)
+                if future is not None and not future.done():
+                    future.set_exception(nats.errors.TimeoutError())
+        self._deadlines.clear()  # every entry left belongs to an answered publish
 
 
-def _answer(msg: nats.aio.msg.Msg) -> BrokerError | None:
-    """What a stream's answer says: None when stored."""
+def _ack_of(msg: nats.aio.msg.Msg) -> api.PubAck:
+    """The stream's answer; raises as nats-py's ``js.publish`` does."""
     if msg.headers and msg.headers.get("Status") == "503":
-        return Unavailable(f"no stream answered on {msg.headers.get('Nats-Subject', '?')!r}")
+        raise nats.js.errors.NoStreamResponseError
     try:
         ack = _decode_ack(msg.data)
-    except msgspec.DecodeError:
-        return BrokerError(f"unreadable ack: {msg.data[:200]!r}")
-    if ack.error is None:
-        return None
-    try:
+    except msgspec.DecodeError as exc:
+        raise nats.js.errors.APIError(description=f"unreadable ack: {msg.data[:200]!r}") from exc
+    if ack.error is not None:
         nats.js.errors.APIError.from_error(ack.error)  # raises the error's own class
-    except nats.js.errors.APIError as exc:
-        return translate(exc)
-    return BrokerError(f"refused: {ack.error}")
+    return api.PubAck(stream=ack.stream, seq=ack.seq, domain=ack.domain, duplicate=ack.duplicate)
+
+
+def _as_broker_error(outcome: BaseException | api.PubAck, subject: str) -> BrokerError:
+    if isinstance(outcome, asyncio.CancelledError):
+        raise outcome
+    assert isinstance(outcome, BaseException)
+    return translate(outcome, subject=subject)

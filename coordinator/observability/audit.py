@@ -12,7 +12,8 @@ from __future__ import annotations
 import msgspec
 import structlog
 
-from agentreach.broker import Broker, Delivery, read_stream
+from agentreach.broker import Broker, Delivery
+from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import (
     AuditRecord,
@@ -46,9 +47,10 @@ class AuditWriter:
         except DecodeError:
             return
         names = self._broker.names
-        stored = await read_stream(
-            self._broker, names.events_stream, names.events_of_message(ending.message_id)
-        )
+        # Through the subject index, by topic and trace too: a read by message id alone looks
+        # at every event in the stream, and audit fell further behind the longer it ran.
+        subject = names.events_of_task(ending.topic, ending.trace_id, ending.message_id)
+        stored = await indexed_messages_on(self._broker, names.events_stream, subject)
         record = audit_record(ending, msg.timestamp_ms, stored)
         subject = names.audit(record.status, ending.topic, ending.trace_id, ending.message_id)
         await self._broker.publish(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentreach.broker import Outgoing, Unavailable, WrongLastSequence, read_stream
+from agentreach.broker import NoStreamError, Outgoing, WrongLastSequence, read_stream
 from agentreach.broker.errors import BrokerTimeout
 from agentreach.envelopes import Liveness
 
@@ -31,7 +31,7 @@ async def test_each_message_gets_its_own_outcome(broker):
     results = await broker.publish_all([good, stale, nowhere, good])
     assert results[0] is None and results[3] is None
     assert isinstance(results[1], WrongLastSequence)
-    assert isinstance(results[2], Unavailable) and "no.stream.listens.here" in str(results[2])
+    assert isinstance(results[2], NoStreamError) and "no.stream.listens.here" in str(results[2])
 
 
 async def test_a_message_nobody_acknowledges_times_out(broker):
