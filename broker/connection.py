@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from enum import Enum
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import nats
 import nats.errors
@@ -23,6 +21,7 @@ from nats.js.kv import KeyValue
 
 from agentreach.broker.auth import Auth
 from agentreach.broker.bucket import Bucket
+from agentreach.broker.dedup import MSG_ID, sealed
 from agentreach.broker.errors import (
     AuthenticationFailed,
     BrokerError,
@@ -38,6 +37,7 @@ from agentreach.broker.pipelined import Outgoing, PipelinedPublisher
 from agentreach.broker.urls import jittered_reconnect, redacted, resolve_url, server_list
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 log = structlog.get_logger("broker")
 
@@ -64,16 +64,6 @@ async def connected(
         return
     async with Broker(nats_url, name=name, names=names, wait=wait, auth=auth) as own:
         yield own
-
-
-MSG_ID = "Nats-Msg-Id"
-
-
-def sealed_id(msg_id: str, secret: bytes) -> str:
-    """``msg_id`` with a MAC only holders of ``secret`` can make: the same for the same id
-    (so duplicates still meet), impossible for anyone else to publish first."""
-    mac = hmac.new(secret, msg_id.encode(), hashlib.sha256).hexdigest()[:16]
-    return f"{msg_id}-{mac}"
 
 
 class _State(Enum):
@@ -122,7 +112,7 @@ class Broker:
         self._nc: NATS | None = None
         self._js: nats.js.JetStreamContext | None = None
         self._buckets: dict[str, KeyValue] = {}
-        self._pipelined: PipelinedPublisher | None = None
+        self._shared: dict[type, Any] = {}
         self._state = _State.UNOPENED
         self._first_error: Exception | None = None
         self._down_since: float | None = None
@@ -222,8 +212,9 @@ class Broker:
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
-        if self._pipelined is not None:
-            await self._pipelined.close()
+        for helper in self._shared.values():
+            if hasattr(helper, "close"):
+                await helper.close()
         if self._nc is not None and not self._nc.is_closed:
             with contextlib.suppress(Exception):  # disconnected: nothing can be flushed
                 await self._nc.flush(timeout=2)
@@ -258,7 +249,7 @@ class Broker:
         """
         headers = self.sealed(headers)
         wait_s = timeout or self.request_timeout
-        publisher = self._publisher()
+        publisher = self.shared(PipelinedPublisher)
         return await through_elections(
             lambda: publisher.publish(subject, data, headers=headers, timeout_s=wait_s),
             self,
@@ -266,25 +257,25 @@ class Broker:
             retry_timeouts=bool(headers and MSG_ID in headers),
         )
 
-    def _publisher(self) -> PipelinedPublisher:
-        if self._pipelined is None:
+    def shared(self, kind: Callable[[Broker], S]) -> S:
+        """This connection's one ``kind``, made on first use: the helpers that answer on one
+        subscription per connection (publish acks, direct gets)."""
+        helper = self._shared.get(kind)  # type: ignore[call-overload]
+        if helper is None:
             self.nc  # noqa: B018 - raises BrokerError when the Broker is not open
-            self._pipelined = PipelinedPublisher(self)
-        return self._pipelined
+            helper = self._shared[kind] = kind(self)  # type: ignore[index]
+        return helper  # type: ignore[no-any-return]
 
     def sealed(self, headers: dict[str, str] | None) -> dict[str, str] | None:
-        """``headers`` with its ``Nats-Msg-Id`` made unguessable, when this connection has
-        a dedup secret."""
-        if self.dedup_secret and headers and MSG_ID in headers:
-            return {**headers, MSG_ID: sealed_id(headers[MSG_ID], self.dedup_secret)}
-        return headers
+        """``headers`` with its ``Nats-Msg-Id`` made unguessable (see broker.dedup)."""
+        return sealed(headers, self.dedup_secret)
 
     async def publish_all(
         self, messages: Sequence[Outgoing], *, timeout: float | None = None
     ) -> list[BrokerError | None]:
         """JetStream publishes in flight together (see :mod:`agentreach.broker.pipelined`):
         for each message None when stored, or its error. Nothing is written again here."""
-        return await self._publisher().publish_all(
+        return await self.shared(PipelinedPublisher).publish_all(
             messages, timeout_s=timeout or self.request_timeout
         )
 

@@ -14,7 +14,7 @@ import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any
 
-import nats.errors
+import nats.aio.msg
 
 from agentreach.broker.errors import (
     STREAM_NOT_FOUND,
@@ -99,38 +99,80 @@ async def _batch(
     broker: Broker, stream: str, request: dict[str, Any], *, timeout_s: float = 5.0
 ) -> tuple[list[StoredMessage], int]:
     """One batched direct get: the messages, and how many more the server says are pending."""
-    subject = f"$JS.API.DIRECT.GET.{stream}"
-    found: list[StoredMessage] = []
-    with translated(subject=subject):
-        inbox = broker.nc.new_inbox()
-        sub = await broker.nc.subscribe(inbox)
-        try:
-            await broker.nc.publish(subject, json.dumps(request).encode(), reply=inbox)
-            while True:
+    return await broker.shared(DirectReplies).ask(stream, request, timeout_s=timeout_s)
+
+
+class DirectReplies:
+    """The answers to a connection's direct gets, on one wildcard subscription.
+
+    A subscription made and removed for each read cost a SUB and an UNSUB, and the server's
+    interest churn, several times per task (run-once, audit).
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._prefix = ""
+        self._sent = 0
+        self._reads: dict[str, _Read] = {}
+
+    async def ask(
+        self, stream: str, request: dict[str, Any], *, timeout_s: float
+    ) -> tuple[list[StoredMessage], int]:
+        subject = f"$JS.API.DIRECT.GET.{stream}"
+        nc = self._broker.nc
+        with translated(subject=subject):
+            if not self._prefix:
+                prefix = self._broker.new_inbox() + "."
+                await nc.subscribe(prefix + "*", cb=self._on_reply)
+                self._prefix = prefix
+            self._sent += 1
+            token = str(self._sent)
+            read = _Read(stream, asyncio.get_running_loop().create_future())
+            self._reads[token] = read
+            try:
+                await nc.publish(subject, json.dumps(request).encode(), reply=self._prefix + token)
                 try:
-                    msg = await sub.next_msg(timeout=timeout_s)
-                except nats.errors.TimeoutError:
+                    async with asyncio.timeout(timeout_s):
+                        return await read.done
+                except TimeoutError:
                     raise BrokerTimeout(f"direct get on {stream} did not finish") from None
-                headers = msg.headers or {}
-                # A stored message may carry a header named Status too: a real status has
-                # no sequence.
-                status = None if "Nats-Sequence" in headers else headers.get("Status", "")
-                if status is None:
-                    found.append(_stored(msg.data, headers))
-                    continue
-                if status == _TOO_MANY:
-                    raise _TooMany
-                if status in _END:
-                    return found, int(headers.get("Nats-Num-Pending", 0))
-                if status == "503":  # no responders: no such stream, or no direct gets
-                    raise StreamNotFound(
-                        f"stream {stream} does not exist (or does not answer direct gets):"
-                        " run `reach provision` (or start the coordinator, which provisions)",
-                        err_code=STREAM_NOT_FOUND,
-                    )
-                raise BrokerError(f"direct get on {stream}: status {status}")
-        finally:
-            await asyncio.shield(sub.unsubscribe())
+            finally:
+                self._reads.pop(token, None)
+
+    async def _on_reply(self, msg: nats.aio.msg.Msg) -> None:
+        read = self._reads.get(msg.subject[len(self._prefix) :])
+        if read is not None and not read.done.done():
+            read.take(msg)
+
+
+class _Read:
+    """One direct get's answers so far."""
+
+    def __init__(self, stream: str, done: asyncio.Future[tuple[list[StoredMessage], int]]):
+        self.stream = stream
+        self.done = done
+        self.found: list[StoredMessage] = []
+
+    def take(self, msg: nats.aio.msg.Msg) -> None:
+        headers = msg.headers or {}
+        # A stored message may carry a header named Status too: a real status has no sequence.
+        status = None if "Nats-Sequence" in headers else headers.get("Status", "")
+        if status is None:
+            self.found.append(_stored(msg.data, headers))
+        elif status in _END:
+            self.done.set_result((self.found, int(headers.get("Nats-Num-Pending", 0))))
+        elif status == _TOO_MANY:
+            self.done.set_exception(_TooMany())
+        elif status == "503":  # no responders: no such stream, or no direct gets
+            self.done.set_exception(
+                StreamNotFound(
+                    f"stream {self.stream} does not exist (or does not answer direct gets):"
+                    " run `reach provision` (or start the coordinator, which provisions)",
+                    err_code=STREAM_NOT_FOUND,
+                )
+            )
+        else:
+            self.done.set_exception(BrokerError(f"direct get on {self.stream}: status {status}"))
 
 
 def _stored(data: bytes, headers: dict[str, str]) -> StoredMessage:
