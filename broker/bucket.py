@@ -36,6 +36,7 @@ log = structlog.get_logger("broker.bucket")
 
 T = TypeVar("T")
 W = TypeVar("W")
+EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 CAS_TRIES = 20
 UNREAD = object()  # cas(known=UNREAD): read the key first (the default)
 
@@ -80,23 +81,43 @@ class Bucket(Generic[T]):
             return None
         return Entry(key, decode_as(value, self._kind), revision)
 
-    # Writes ride out a leader election of the bucket's stream (see broker.failover): one
-    # that found no leader was not stored, so it is made again. One that timed out is not:
-    # it may have been stored, and a conditional write made again would then lose to itself.
+    # Writes go through Broker.publish (one ack subscription, no timer per write), and ride
+    # out a leader election of the bucket's stream (see broker.failover): one that found no
+    # leader was not stored, so it is made again. One that timed out is not: it may have
+    # been stored, and a conditional write made again would then lose to itself.
     async def create(self, key: str, value: T) -> int:
         """Write ``value`` if the key is absent (or deleted); raises WrongLastSequence if not."""
         data = encode(value)
-        return await self._write(key, lambda: self._kv.create(key, data))
+        try:
+            return await self._publish(key, data, last=0)
+        except WrongLastSequence:
+            deleted_at = await self._deleted_at(key)  # a delete marker is a revision too
+            if not deleted_at:
+                raise
+            return await self._publish(key, data, last=deleted_at)
 
     async def update(self, key: str, value: T, *, last: int) -> int:
         """Write ``value`` if the key is still at revision ``last``; raises WrongLastSequence."""
-        data = encode(value)
-        return await self._write(key, lambda: self._kv.update(key, data, last=last))
+        return await self._publish(key, encode(value), last=last)
 
     async def put(self, key: str, value: T) -> int:
         """Write ``value`` whatever the key holds."""
-        data = encode(value)
-        return await self._write(key, lambda: self._kv.put(key, data))
+        return await self._publish(key, encode(value))
+
+    async def _publish(self, key: str, data: bytes, *, last: int | None = None) -> int:
+        headers = None if last is None else {EXPECTED_LAST: str(last)}
+        ack = await self._broker.publish(f"{self._kv._pre}{key}", data, headers=headers)
+        return ack.seq
+
+    async def _deleted_at(self, key: str) -> int:
+        """The revision of the key's delete marker, or 0 when the key holds nothing."""
+        try:
+            await self._kv.get(key)
+        except nats.js.errors.KeyNotFoundError as exc:  # nats-py's answer for deleted ones too
+            return (exc.entry.revision or 0) if exc.entry else 0
+        except nats.errors.Error as exc:
+            raise translate(exc, subject=f"{self.name}/{key}") from exc
+        return 0
 
     def put_message(self, key: str, value: T) -> Outgoing:
         """What :meth:`put` writes, as a message for :meth:`Broker.publish_all`."""
