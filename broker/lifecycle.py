@@ -15,7 +15,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker.connection import Broker
-from agentreach.broker.direct import read_stream
+from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.messages import Delivery
 from agentreach.broker.names import COORDINATOR, Names
 from agentreach.broker.pipelined import Outgoing
@@ -114,7 +114,8 @@ async def reply(
 
 async def trace_of(broker: Broker, message_id: str) -> list[Event]:
     """Every authentic recorded event of ``message_id``, oldest first (see :func:`authentic`)."""
-    stored = await read_stream(
+    # Through the subject index: a wildcard read by message id looks at every event stored.
+    stored = await indexed_messages_on(
         broker, broker.names.events_stream, broker.names.events_of_message(message_id)
     )
     return [event for _, event in authentic(broker.names, stored)]

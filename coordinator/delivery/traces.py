@@ -7,7 +7,8 @@ from __future__ import annotations
 import structlog
 
 from agentreach import envelopes
-from agentreach.broker import Broker, BrokerError, Inbound, read_stream
+from agentreach.broker import Broker, BrokerError, Inbound
+from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.lifecycle import authentic
 from agentreach.broker.names import COORDINATOR
 from agentreach.envelopes import DecodeError, Event, TraceReply, TraceRequest, decode_as
@@ -31,7 +32,7 @@ class TraceDesk:
             return  # nobody to tell what: the asking client times out and says so
         names = self._broker.names
         try:
-            stored = await read_stream(
+            stored = await indexed_messages_on(  # not a scan of every event: see broker.direct
                 self._broker, names.events_stream, names.events_of_message(request.message_id)
             )
         except BrokerError as exc:
