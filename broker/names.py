@@ -66,9 +66,10 @@ class Names(msgspec.Struct, frozen=True):
     def events_of_message(self, message_id: str) -> str:
         return f"{self.prefix}.event.*.*.*.{message_id}.*"
 
-    def events_of_task(self, topic: str, trace_id: str, message_id: str) -> str:
-        """The events of one message, cheaper to read than :meth:`events_of_message`."""
-        return f"{self.prefix}.event.*.{topic}.{trace_id}.{message_id}.*"
+    def events_of_message_in_trace(self, trace_id: str, message_id: str) -> str:
+        """The events of one message, cheaper to find than :meth:`events_of_message`. The topic
+        stays a wildcard: an ``auto`` task's events name its topic as resolved."""
+        return f"{self.prefix}.event.*.*.{trace_id}.{message_id}.*"
 
     def events_of_trace(self, trace_id: str) -> str:
         return f"{self.prefix}.event.*.*.{trace_id}.*.*"

@@ -47,9 +47,9 @@ class AuditWriter:
         except DecodeError:
             return
         names = self._broker.names
-        # Through the subject index, by topic and trace too: a read by message id alone looks
-        # at every event in the stream, and audit fell further behind the longer it ran.
-        subject = names.events_of_task(ending.topic, ending.trace_id, ending.message_id)
+        # Through the subject index, by trace too: a read by message id alone looks at every
+        # event in the stream, and audit fell further behind the longer it ran.
+        subject = names.events_of_message_in_trace(ending.trace_id, ending.message_id)
         stored = await indexed_messages_on(self._broker, names.events_stream, subject)
         record = audit_record(ending, msg.timestamp_ms, stored)
         subject = names.audit(record.status, ending.topic, ending.trace_id, ending.message_id)

@@ -21,7 +21,7 @@ async def test_an_indexed_read_finds_every_message_of_each_subject_in_order(brok
     for kind, sender in wanted:
         await broker.publish(names.event(kind, "t", "trace-1", "m-1", sender), kind.encode())
         await broker.publish(names.event(kind, "t", "trace-2", "m-2", sender), b"other task")
-    subject = names.events_of_task("t", "trace-1", "m-1")
+    subject = names.events_of_message_in_trace("trace-1", "m-1")
     found = await indexed_messages_on(broker, names.events_stream, subject)
     assert [m.data.decode() for m in found] == [kind for kind, _ in wanted]
     assert found == await messages_on(broker, names.events_stream, subject)
@@ -29,5 +29,5 @@ async def test_an_indexed_read_finds_every_message_of_each_subject_in_order(brok
 
 async def test_an_indexed_read_of_nothing_is_empty(broker):
     names = broker.names
-    subject = names.events_of_task("t", "no-trace", "no-message")
+    subject = names.events_of_message_in_trace("no-trace", "no-message")
     assert await indexed_messages_on(broker, names.events_stream, subject) == []
