@@ -23,6 +23,7 @@ from agentreach.broker.errors import (
     StreamNotFound,
     translated,
 )
+from agentreach.broker.reply_inbox import ReplyInbox
 from agentreach.broker.streams import StoredMessage
 
 if TYPE_CHECKING:
@@ -103,46 +104,30 @@ async def _batch(
 
 
 class DirectReplies:
-    """The answers to a connection's direct gets, on one wildcard subscription.
-
-    A subscription made and removed for each read cost a SUB and an UNSUB, and the server's
-    interest churn, several times per task (run-once, audit).
-    """
+    """A connection's direct gets, answered on its one reply subscription
+    (``broker.reply_inbox``): a subscription made and removed for each read cost a SUB and
+    an UNSUB, and the server's interest churn, several times per task (run-once, audit)."""
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
-        self._prefix = ""
-        self._sent = 0
-        self._reads: dict[str, _Read] = {}
+        self._inbox = broker.shared(ReplyInbox)
 
     async def ask(
         self, stream: str, request: dict[str, Any], *, timeout_s: float
     ) -> tuple[list[StoredMessage], int]:
         subject = f"$JS.API.DIRECT.GET.{stream}"
-        nc = self._broker.nc
-        with translated(subject=subject):
-            if not self._prefix:
-                prefix = self._broker.new_inbox() + "."
-                await nc.subscribe(prefix + "*", cb=self._on_reply)
-                self._prefix = prefix
-            self._sent += 1
-            token = str(self._sent)
-            read = _Read(stream, asyncio.get_running_loop().create_future())
-            self._reads[token] = read
+        read = _Read(stream, asyncio.get_running_loop().create_future())
+        token, reply = await self._inbox.expect(read.take)
+        try:
+            with translated(subject=subject):
+                await self._broker.nc.publish(subject, json.dumps(request).encode(), reply=reply)
             try:
-                await nc.publish(subject, json.dumps(request).encode(), reply=self._prefix + token)
-                try:
-                    async with asyncio.timeout(timeout_s):
-                        return await read.done
-                except TimeoutError:
-                    raise BrokerTimeout(f"direct get on {stream} did not finish") from None
-            finally:
-                self._reads.pop(token, None)
-
-    async def _on_reply(self, msg: nats.aio.msg.Msg) -> None:
-        read = self._reads.get(msg.subject[len(self._prefix) :])
-        if read is not None and not read.done.done():
-            read.take(msg)
+                async with asyncio.timeout(timeout_s):
+                    return await read.done
+            except TimeoutError:
+                raise BrokerTimeout(f"direct get on {stream} did not finish") from None
+        finally:
+            self._inbox.forget(token)
 
 
 class _Read:
@@ -154,6 +139,8 @@ class _Read:
         self.found: list[StoredMessage] = []
 
     def take(self, msg: nats.aio.msg.Msg) -> None:
+        if self.done.done():
+            return
         headers = msg.headers or {}
         # A stored message may carry a header named Status too: a real status has no sequence.
         status = None if "Nats-Sequence" in headers else headers.get("Status", "")

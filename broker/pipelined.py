@@ -1,12 +1,12 @@
-"""JetStream publishes with one ack subscription per connection and no timer per message.
+"""JetStream publishes answered on one subscription per connection, with no timer per message.
 
 nats-py's ``js.publish`` is a request: a fresh future, an ``asyncio.wait_for`` timer and a
 JSON parse per message (a tenth of the coordinator's CPU under load). Here every publish of
-a connection is answered on one wildcard subscription, acks are decoded with msgspec, and
-one reaper fails the publishes whose time is up. A writer of many independent messages
-(liveness verdicts and events) sends them all with :meth:`PipelinedPublisher.publish_all`,
-then waits once. Messages reach the server in the order they are published, so a stream
-stores them in that order.
+a connection is answered on its one reply subscription (``broker.reply_inbox``), acks are
+decoded with msgspec, and one reaper fails the publishes whose time is up. A writer of many
+independent messages (liveness verdicts and events) sends them all with
+:meth:`PipelinedPublisher.publish_all`, then waits once. Messages reach the server in the
+order they are published, so a stream stores them in that order.
 
 Failures are raised as nats-py raises them (``NoStreamResponseError`` when no stream
 answers, ``nats.errors.TimeoutError``, ``APIError`` subclasses), so
@@ -27,6 +27,7 @@ import nats.js.errors
 from nats.js import api
 
 from agentreach.broker.errors import BrokerError, translate, translated
+from agentreach.broker.reply_inbox import ReplyInbox
 from agentreach.broker.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -59,8 +60,7 @@ class PipelinedPublisher:
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
-        self._prefix = ""
-        self._sent = 0
+        self._inbox = broker.shared(ReplyInbox)
         self._waiting: dict[str, asyncio.Future[api.PubAck]] = {}
         self._deadlines: list[tuple[float, str]] = []
         self._reaper: asyncio.Task[None] | None = None
@@ -94,19 +94,16 @@ class PipelinedPublisher:
     async def close(self) -> None:
         if self._reaper is not None:
             await cancel_and_wait(self._reaper)
-        for future in self._waiting.values():
-            if not future.done():
+        for token in list(self._waiting):
+            future = self._done_with(token)
+            if future is not None and not future.done():
                 future.set_exception(nats.errors.ConnectionClosedError())
-        self._waiting.clear()
 
     async def _send(self, message: Outgoing, timeout_s: float) -> asyncio.Future[api.PubAck]:
         nc = self._broker.nc
-        if not self._prefix:
-            await self._subscribe()
-        self._sent += 1
-        token = str(self._sent)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[api.PubAck] = loop.create_future()
+        token, reply = await self._inbox.expect(lambda msg: self._on_ack(token, msg))
         self._waiting[token] = future
         heapq.heappush(self._deadlines, (loop.time() + timeout_s, token))
         if self._reaper is None or self._reaper.done():
@@ -114,20 +111,18 @@ class PipelinedPublisher:
         subject, data, headers = message
         try:
             with translated(subject=subject):
-                await nc.publish(subject, data, reply=self._prefix + token, headers=headers)
+                await nc.publish(subject, data, reply=reply, headers=headers)
         except BaseException:
-            self._waiting.pop(token, None)
+            self._done_with(token)
             raise
         return future
 
-    async def _subscribe(self) -> None:
-        prefix = self._broker.new_inbox() + "."
-        with translated(subject=prefix + "*"):
-            await self._broker.nc.subscribe(prefix + "*", cb=self._on_ack)
-        self._prefix = prefix
+    def _done_with(self, token: str) -> asyncio.Future[api.PubAck] | None:
+        self._inbox.forget(token)
+        return self._waiting.pop(token, None)
 
-    async def _on_ack(self, msg: nats.aio.msg.Msg) -> None:
-        future = self._waiting.pop(msg.subject[len(self._prefix) :], None)
+    def _on_ack(self, token: str, msg: nats.aio.msg.Msg) -> None:
+        future = self._done_with(token)
         if future is None or future.done():
             return  # timed out already
         try:
@@ -143,7 +138,7 @@ class PipelinedPublisher:
             now = loop.time()
             while self._deadlines and self._deadlines[0][0] <= now:
                 _, token = heapq.heappop(self._deadlines)
-                future = self._waiting.pop(token, None)
+                future = self._done_with(token)
                 if future is not None and not future.done():
                     future.set_exception(nats.errors.TimeoutError())
         self._deadlines.clear()  # every entry left belongs to an answered publish

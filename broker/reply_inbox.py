@@ -1,0 +1,60 @@
+"""One wildcard subscription for the answers to a connection's requests.
+
+nats-py's request machinery (a future and an ``asyncio.wait_for`` per call) and a fresh
+subscription per multi-message answer (a SUB and an UNSUB) both cost more than the request
+itself on the hot path. Publish acks and direct gets take a token here instead, answer on
+``<inbox>.<token>``, and are handed each message for their token as it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import nats.aio.msg
+
+from agentreach.broker.errors import translated
+
+if TYPE_CHECKING:
+    from agentreach.broker.connection import Broker
+
+ReplyHandler = Callable[[nats.aio.msg.Msg], None]
+
+
+class ReplyInbox:
+    """The connection's one reply subscription (``Broker.shared(ReplyInbox)``)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._prefix = ""
+        self._opening = asyncio.Lock()
+        self._sent = 0
+        self._handlers: dict[str, ReplyHandler] = {}
+
+    async def expect(self, handler: ReplyHandler) -> tuple[str, str]:
+        """A new token and its reply subject; ``handler`` gets each message sent to it until
+        :meth:`forget`."""
+        if not self._prefix:
+            await self._open()
+        self._sent += 1
+        token = str(self._sent)
+        self._handlers[token] = handler
+        return token, self._prefix + token
+
+    def forget(self, token: str) -> None:
+        self._handlers.pop(token, None)
+
+    async def _open(self) -> None:
+        async with self._opening:  # two first requests at once make one subscription
+            if self._prefix:
+                return
+            prefix = self._broker.new_inbox() + "."
+            with translated(subject=prefix + "*"):
+                await self._broker.nc.subscribe(prefix + "*", cb=self._on_reply)
+            self._prefix = prefix
+
+    async def _on_reply(self, msg: nats.aio.msg.Msg) -> None:
+        handler = self._handlers.get(msg.subject[len(self._prefix) :])
+        if handler is not None:  # else: answered late, after its asker gave up
+            handler(msg)
