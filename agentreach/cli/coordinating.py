@@ -4,13 +4,10 @@ port, and workflows built in Python."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
-import sys
 
 import msgspec
 
-from agentreach.cli.options import UsageError
+from agentreach.cli.options import UsageError, load_target
 from agentreach.coordinator import CoordinatorConfig, WorkflowSpec
 from agentreach.envelopes import is_token
 
@@ -76,19 +73,9 @@ def with_cli_options(config: CoordinatorConfig, args: argparse.Namespace) -> Coo
 
 def load_workflows(target: str) -> dict[str, WorkflowSpec]:
     """The workflows named ``MODULE:OBJECT``: a dict of name → WorkflowSpec."""
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise UsageError(
-            f"--workflows expects MODULE:OBJECT (e.g. myflows:WORKFLOWS), got {target!r}"
-        )
-    sys.path.insert(0, os.getcwd())
-    try:
-        found = getattr(importlib.import_module(module_name), attr, None)
-    except ImportError as exc:
-        raise UsageError(
-            f"cannot import {module_name!r}: {exc} (run from the folder that holds it, or add"
-            " that folder to PYTHONPATH)"
-        ) from None
+    found = load_target(
+        target, malformed="--workflows expects MODULE:OBJECT (e.g. myflows:WORKFLOWS)"
+    )
     if not isinstance(found, dict) or not all(
         isinstance(k, str) and isinstance(v, WorkflowSpec) for k, v in found.items()
     ):

@@ -4,7 +4,9 @@ turning arguments into names, JSON and URLs."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -176,6 +178,24 @@ def broker_config_of(args: argparse.Namespace, config: BrokerConfig) -> BrokerCo
 
 def names_of(args: argparse.Namespace) -> Names:
     return Names(prefix=args.prefix or "reach")
+
+
+def load_target(target: str, *, malformed: str) -> object:
+    """The object named ``MODULE:OBJECT`` (the current directory is importable), or None
+    when the module has no such name; ``malformed`` is what a target without the colon is
+    told before ``got …``."""
+    module_name, _, attr = target.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"{malformed}, got {target!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(
+            f"cannot import {module_name!r}: {exc} (run from the folder that holds it, or add"
+            " that folder to PYTHONPATH)"
+        ) from None
+    return getattr(module, attr, None)
 
 
 def json_argument(text: str) -> Any:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
-import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -36,6 +34,7 @@ from agentreach.cli.options import (
     auth_of,
     broker_config_of,
     embedded_server_options,
+    load_target,
     names_of,
     replication_options,
 )
@@ -166,20 +165,9 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 
 def load_agent(target: str) -> Agent:
     """The :class:`Agent` named ``MODULE:OBJECT`` (the current directory is importable)."""
-    module_name, _, attr = target.partition(":")
-    if not module_name or not attr:
-        raise UsageError(
-            f"expected MODULE:OBJECT (e.g. agentreach.examples.echo:agent), got {target!r}"
-        )
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(
-            f"cannot import {module_name!r}: {exc} (run from the folder that holds it, or add"
-            " that folder to PYTHONPATH)"
-        ) from None
-    agent = getattr(module, attr, None)
+    agent = load_target(
+        target, malformed="expected MODULE:OBJECT (e.g. agentreach.examples.echo:agent)"
+    )
     if not isinstance(agent, Agent):
         raise UsageError(f"{target} is {type(agent).__name__}, not an agentreach.Agent")
     return agent

@@ -113,9 +113,11 @@ class VerdictWriter:
         if not isinstance(result, BaseException):
             return False
         if not isinstance(result, BrokerError):
-            log.error("liveness verdict not written", agent_id=agent_id, exc_info=result)
+            log.error("liveness verdict or event not written", agent_id=agent_id, exc_info=result)
             return False
         if self._broker.connected and tries + 1 >= TRIES:
-            log.warning("liveness verdict not written", agent_id=agent_id, error=str(result))
+            log.warning(
+                "liveness verdict or event not written", agent_id=agent_id, error=str(result)
+            )
             return False
         return True

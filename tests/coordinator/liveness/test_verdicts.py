@@ -56,7 +56,8 @@ async def test_a_newer_verdict_replaces_an_unwritten_one_and_events_keep_their_o
 async def test_what_is_queued_when_the_writer_stops_is_still_written(broker):
     writer = VerdictWriter(broker)
     running = asyncio.create_task(writer.run())
-    await asyncio.sleep(0)  # the writer waits for work
+    _queue(writer, "early", "ONLINE")
+    assert await writer.written(timeout_s=5)  # the writer runs, and waits for more
     _queue(writer, "late", "OFFLINE")
     await cancel_and_wait(running)
     verdicts = await broker.bucket(broker.names.liveness_bucket, Liveness)
