@@ -153,7 +153,10 @@ def _ack_of(msg: nats.aio.msg.Msg) -> api.PubAck:
     except msgspec.DecodeError as exc:
         raise nats.js.errors.APIError(description=f"unreadable ack: {msg.data[:200]!r}") from exc
     if ack.error is not None:
-        nats.js.errors.APIError.from_error(ack.error)  # raises the error's own class
+        try:
+            nats.js.errors.APIError.from_error(ack.error)  # raises the error's own class
+        except (KeyError, TypeError):  # not the shape of a JetStream error
+            raise nats.js.errors.APIError(description=f"refused: {ack.error}") from None
     return api.PubAck(stream=ack.stream, seq=ack.seq, domain=ack.domain, duplicate=ack.duplicate)
 
 

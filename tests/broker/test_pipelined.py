@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import nats.aio.msg
+import nats.js.errors
+import pytest
+
 from agentreach.broker import NoStreamError, Outgoing, WrongLastSequence, read_stream
 from agentreach.broker.errors import BrokerTimeout
+from agentreach.broker.pipelined import _ack_of
 from agentreach.envelopes import Liveness
 
 
@@ -46,3 +51,12 @@ async def test_a_message_nobody_acknowledges_times_out(broker):
 
 async def test_an_empty_batch_sends_nothing(broker):
     assert await broker.publish_all([]) == []
+
+
+def test_an_ack_of_an_unknown_shape_is_a_refusal_not_a_crash():
+    """An error without JetStream's fields, or an unreadable ack, names what came back."""
+    for data in (b'{"error": {"text": "odd"}}', b"not json"):
+        msg = nats.aio.msg.Msg(_client=None, subject="_INBOX.x.1", data=data)  # type: ignore[arg-type]
+        with pytest.raises(nats.js.errors.APIError) as raised:
+            _ack_of(msg)
+        assert "odd" in str(raised.value) or "not json" in str(raised.value)
