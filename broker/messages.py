@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -18,15 +19,63 @@ from nats.aio.subscription import Subscription as _NatsSubscription
 from agentreach.broker.errors import translated
 
 _NO_HEADERS: MappingProxyType[str, str] = MappingProxyType({})
+_V1_TOKENS, _V2_TOKENS = 9, 11
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a delivered message stands: its stream, consumer, stream sequence, the broker's
+    time of storing it, how often it was delivered and how many messages follow it."""
+
+    stream: str
+    consumer: str
+    delivered: int
+    stream_seq: int
+    timestamp_ns: int
+    pending: int
+
+
+def position_of(msg: Msg) -> Position:
+    """A JetStream message's position, read from its reply subject without nats-py's
+    ``Msg.metadata``, which builds a datetime and two dataclasses per message: a tenth of
+    the coordinator's CPU when it watches the heartbeats of 100,000 agents, and 5 % of it
+    per task.
+
+    Raises nats-py's NotJSMessageError for a message not delivered by a consumer.
+    """
+    # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>, or with a
+    # domain and an account hash after ACK (and a token more at the end).
+    tokens = (msg.reply or "").split(".")
+    at = 2 if len(tokens) == _V1_TOKENS else 4
+    if tokens[:2] != ["$JS", "ACK"] or (at == 4 and len(tokens) < _V2_TOKENS):
+        meta = msg.metadata  # raises, as nats-py does
+        stamp = meta.timestamp
+        return Position(
+            stream=meta.stream,
+            consumer=meta.consumer,
+            delivered=meta.num_delivered or 1,
+            stream_seq=meta.sequence.stream,
+            timestamp_ns=int(stamp.timestamp() * 1e9) if stamp else 0,
+            pending=meta.num_pending or 0,
+        )
+    return Position(
+        stream=tokens[at],
+        consumer=tokens[at + 1],
+        delivered=int(tokens[at + 2]) or 1,
+        stream_seq=int(tokens[at + 3]),
+        timestamp_ns=int(tokens[at + 5]),
+        pending=int(tokens[at + 6]),
+    )
 
 
 class Delivery:
     """One delivery of a stored message by a consumer; settle it exactly once."""
 
-    __slots__ = ("_msg",)
+    __slots__ = ("_msg", "_position")
 
     def __init__(self, msg: Msg) -> None:
         self._msg = msg
+        self._position: Position | None = None
 
     @property
     def subject(self) -> str:
@@ -41,28 +90,33 @@ class Delivery:
         return self._msg.headers or _NO_HEADERS
 
     @property
+    def position(self) -> Position:
+        if self._position is None:
+            self._position = position_of(self._msg)
+        return self._position
+
+    @property
     def stream(self) -> str:
-        return self._msg.metadata.stream
+        return self.position.stream
 
     @property
     def stream_seq(self) -> int:
-        return self._msg.metadata.sequence.stream
+        return self.position.stream_seq
 
     @property
     def num_delivered(self) -> int:
         """1 on the first delivery, then +1 for each redelivery."""
-        return self._msg.metadata.num_delivered or 1
+        return self.position.delivered
 
     @property
     def pending(self) -> int:
         """Messages left for the consumer after this one."""
-        return self._msg.metadata.num_pending or 0
+        return self.position.pending
 
     @property
     def timestamp_ns(self) -> int:
         """The broker's time of storing the message (its clock, not the sender's)."""
-        stamp = self._msg.metadata.timestamp
-        return int(stamp.timestamp() * 1e9) if stamp else 0
+        return self.position.timestamp_ns
 
     @property
     def timestamp_ms(self) -> int:

@@ -1,0 +1,68 @@
+"""Reading a delivered message's position from its reply subject, as nats-py would."""
+
+from __future__ import annotations
+
+import nats.aio.msg
+import nats.errors
+import pytest
+from nats.js import api
+
+from agentreach.broker import Broker, Delivery
+from agentreach.broker.messages import Position, position_of
+
+
+def _msg(reply: str) -> nats.aio.msg.Msg:
+    return nats.aio.msg.Msg(_client=None, subject="$KV.b.k", reply=reply)  # type: ignore[arg-type]
+
+
+def _as_nats_py_reads_it(msg: nats.aio.msg.Msg) -> Position:
+    meta = msg.metadata
+    return Position(
+        stream=meta.stream,
+        consumer=meta.consumer,
+        delivered=meta.num_delivered,
+        stream_seq=meta.sequence.stream,
+        timestamp_ns=int(meta.timestamp.timestamp() * 1e9),
+        pending=meta.num_pending,
+    )
+
+
+def test_position_of_a_v1_reply_subject():
+    msg = _msg("$JS.ACK.KV_b.watch.2.42.7.1764567890123456789.3")
+    assert position_of(msg) == Position("KV_b", "watch", 2, 42, 1764567890123456789, 3)
+    at, nats_py = position_of(msg), _as_nats_py_reads_it(msg)
+    assert (at.stream, at.consumer, at.delivered, at.stream_seq, at.pending) == (
+        nats_py.stream,
+        nats_py.consumer,
+        nats_py.delivered,
+        nats_py.stream_seq,
+        nats_py.pending,
+    )
+    assert abs(at.timestamp_ns - nats_py.timestamp_ns) < 1_000  # nats-py goes through a float
+
+
+def test_position_of_a_v2_reply_subject_with_domain_and_account():
+    msg = _msg("$JS.ACK.hub.ACCHASH.KV_b.watch.1.42.7.1764567890123456789.3.rand")
+    assert position_of(msg) == Position("KV_b", "watch", 1, 42, 1764567890123456789, 3)
+    assert position_of(msg).stream_seq == msg.metadata.sequence.stream
+
+
+def test_a_message_not_from_a_stream_is_refused():
+    with pytest.raises(nats.errors.Error):
+        position_of(_msg("_INBOX.abc.1"))
+
+
+async def test_a_delivery_reads_what_the_server_wrote_in_its_reply_subject(broker: Broker):
+    await broker.js.add_stream(api.StreamConfig(name="POSITIONS", subjects=["positions.>"]))
+    for n in range(3):
+        await broker.js.publish(f"positions.{n}", b"x")
+    sub = await broker.js.pull_subscribe("positions.>", durable="reader", stream="POSITIONS")
+    first, *_ = await sub.fetch(3, timeout=2)
+    delivery = Delivery(first)
+    assert (delivery.stream, delivery.stream_seq, delivery.num_delivered, delivery.pending) == (
+        "POSITIONS",
+        1,
+        1,
+        2,
+    )
+    assert abs(delivery.timestamp_ns - _as_nats_py_reads_it(first).timestamp_ns) < 1_000
