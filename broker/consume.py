@@ -48,6 +48,7 @@ nats.js.JetStreamContext.is_status_msg = staticmethod(_status_of)  # type: ignor
 
 RETRY_FIRST_S = 0.5
 RETRY_CAP_S = 5.0
+ACK_POLICY_FIXED = 10012  # the server's "ack policy can not be updated"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +65,8 @@ class ConsumerSpec:
     # Start at messages stored from now on (only when the consumer is first made; an
     # existing one resumes where it stopped): for views of history nobody asked to replay.
     new_only: bool = False
+    # False: a delivered message is done (ack policy none), for consumers that only count.
+    acknowledged: bool = True
 
     def config(self) -> api.ConsumerConfig:
         return api.ConsumerConfig(
@@ -71,7 +74,7 @@ class ConsumerSpec:
             durable_name=self.durable,
             filter_subject=self.filter_subjects[0] if len(self.filter_subjects) == 1 else None,
             filter_subjects=list(self.filter_subjects) if len(self.filter_subjects) > 1 else None,
-            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_policy=api.AckPolicy.EXPLICIT if self.acknowledged else api.AckPolicy.NONE,
             deliver_policy=api.DeliverPolicy.NEW if self.new_only else api.DeliverPolicy.ALL,
             ack_wait=self.ack_wait_s,
             max_ack_pending=self.max_ack_pending,
@@ -194,6 +197,7 @@ async def consumer_state(broker: Broker, stream: str, durable: str) -> ConsumerS
             max_ack_pending=config.max_ack_pending or 0,
             max_deliver=config.max_deliver or -1,
             inactive_threshold_s=config.inactive_threshold or None,
+            acknowledged=config.ack_policy != api.AckPolicy.NONE,
         ),
         ack_policy=str(getattr(config.ack_policy, "value", config.ack_policy) or ""),
         deliver_policy=str(getattr(config.deliver_policy, "value", config.deliver_policy) or ""),
@@ -211,7 +215,16 @@ async def bind(
 
 async def _subscribe(broker: Broker, spec: ConsumerSpec) -> Puller:
     with translated(subject=", ".join(spec.filter_subjects)):
-        await broker.js.add_consumer(spec.stream, config=spec.config())
+        try:
+            await broker.js.add_consumer(spec.stream, config=spec.config())
+        except nats.js.errors.ServerError as exc:
+            if exc.err_code != ACK_POLICY_FIXED or not spec.new_only:
+                raise
+            # Made by a version that acknowledged differently. One that starts at new
+            # messages keeps no position worth a refusal: it is made again, from now.
+            log.warning("consumer made again: its ack policy changed", consumer=spec.durable)
+            await broker.js.delete_consumer(spec.stream, spec.durable)
+            await broker.js.add_consumer(spec.stream, config=spec.config())
     return await Puller(broker, spec.stream, spec.durable).open()
 
 

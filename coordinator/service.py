@@ -34,7 +34,7 @@ from agentreach.broker import (
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator.calls import Calls
 from agentreach.coordinator.config import ConfigError, CoordinatorConfig
-from agentreach.coordinator.consumption import Consumption, Handler
+from agentreach.coordinator.consumption import Consumption
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import OUTCOME_EVENTS, Outcomes
 from agentreach.coordinator.delivery.traces import TraceDesk
@@ -70,6 +70,7 @@ from agentreach.coordinator.workflows.engine import WorkflowEngine
 from agentreach.envelopes import encode, new_id
 
 log = structlog.get_logger("coordinator")
+Loop = Callable[[PullConsumer], Awaitable[None]]  # consumes one bound consumer until cancelled
 
 ADVISORY_BATCH = 16
 RESTART_FIRST_S = 1.0
@@ -188,11 +189,10 @@ class Coordinator:
             _keep(group, "manual", lambda: self._manual_lease.hold(self.manual.run))
             await self._answer_requests()
             consumers: list[PullConsumer] = []
-            for spec, batch, handle in self._loops():
+            for spec, loop in self._loops():
                 consumer = await bind(self.broker, spec, on_missing=self._provisioner.ensure)
                 consumers.append(consumer)
-                run = self._consumption.run
-                _keep(group, spec.durable, functools.partial(run, consumer, batch, handle))
+                _keep(group, spec.durable, functools.partial(loop, consumer))
             self.readiness.consumers = consumers
             if self.config.workflows:
                 await self.workflows.resume_all()
@@ -234,7 +234,7 @@ class Coordinator:
         await self.broker.subscribe(names.trace_requests, traces.on_request, queue="coordinators")
         await self._calls.start()  # one replica of the queue group takes each call
 
-    def _loops(self) -> list[tuple[ConsumerSpec, int, Handler]]:
+    def _loops(self) -> list[tuple[ConsumerSpec, Loop]]:
         names, config = self.broker.names, self.config
         intake = ConsumerSpec(
             stream=names.tasks_stream,
@@ -267,16 +267,25 @@ class Coordinator:
             stream=names.events_stream,
             durable=names.coordinator_metrics,
             filter_subjects=tuple(names.events_of_kind(e) for e in FOLDED),
-            max_ack_pending=10_000,
-            max_deliver=MAX_DELIVER_OTHER,
             new_only=True,
+            acknowledged=False,
         )
-        loops: list[tuple[ConsumerSpec, int, Handler]] = [
-            (intake, config.intake.batch, self._intake.handle),
-            (outcomes, config.delivery.batch, self._outcomes.handle),
-            (advisories, ADVISORY_BATCH, self._advisories.handle),
-            (workflows, config.delivery.batch, self.workflows.handle),
-            (metrics, config.metrics.batch, self.flow.handle),
+        run, fold = self._consumption.run, self._consumption.fold
+        loops: list[tuple[ConsumerSpec, Loop]] = [
+            (intake, functools.partial(run, batch=config.intake.batch, handle=self._intake.handle)),
+            (
+                outcomes,
+                functools.partial(run, batch=config.delivery.batch, handle=self._outcomes.handle),
+            ),
+            (
+                advisories,
+                functools.partial(run, batch=ADVISORY_BATCH, handle=self._advisories.handle),
+            ),
+            (
+                workflows,
+                functools.partial(run, batch=config.delivery.batch, handle=self.workflows.handle),
+            ),
+            (metrics, functools.partial(fold, batch=config.metrics.batch, count=self.flow.count)),
         ]
         if config.audit.enabled:
             audit = ConsumerSpec(
@@ -286,7 +295,13 @@ class Coordinator:
                 max_deliver=MAX_DELIVER_OTHER,
                 new_only=True,
             )
-            loops.append((audit, config.audit.batch, AuditWriter(self.broker).handle))
+            audit_writer = AuditWriter(self.broker)
+            loops.append(
+                (
+                    audit,
+                    functools.partial(run, batch=config.audit.batch, handle=audit_writer.handle),
+                )
+            )
         return loops
 
     def _serves(self, topic: str) -> bool:

@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
-from agentreach.broker import ConsumerSpec, Delivery, Provisioner, Topology, bind, consumer_state
+import pytest
+from structlog.testing import capture_logs
+
+from agentreach.broker import (
+    BrokerError,
+    ConsumerSpec,
+    Delivery,
+    Provisioner,
+    Topology,
+    bind,
+    consumer_state,
+)
 from agentreach.coordinator.consumption import Consumption
 from agentreach.envelopes import headers as h
 from tests.support import until_true
@@ -55,3 +67,76 @@ async def test_a_slow_message_holds_up_no_other(broker):
         await asyncio.gather(runner, return_exceptions=True)
         await consumer.close()
     assert handled[-1] == b'"slow"'
+
+
+async def test_a_fold_counts_in_order_acknowledges_nothing_and_says_what_it_could_not_count(
+    broker,
+):
+    names = broker.names
+    spec = ConsumerSpec(
+        stream=names.events_stream,
+        durable="fold-test",
+        filter_subjects=(names.events_wildcard,),
+        new_only=True,
+        acknowledged=False,
+    )
+    consumer = await bind(broker, spec)
+    subject = names.event("completed", "echo", "trace", "m", "agent")
+    counted: list[bytes] = []
+    all_counted = asyncio.Event()
+
+    def count(delivery: Delivery) -> None:
+        if delivery.data == b'"bad"':
+            raise ValueError("cannot count this")
+        counted.append(delivery.data)
+        if len(counted) == 3:
+            all_counted.set()
+
+    consumption = Consumption(broker, Provisioner(broker, Topology.default(names)))
+    with capture_logs() as logs:
+        runner = asyncio.create_task(consumption.fold(consumer, 8, count))
+        try:
+            for n, body in enumerate([b'"one"', b'"bad"', b'"two"', b'"three"']):
+                await broker.publish(subject, body, headers={h.MSG_ID: f"f-{n}"})
+            await asyncio.wait_for(all_counted.wait(), timeout=10)
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+            await consumer.close()
+    assert counted == [b'"one"', b'"two"', b'"three"']
+    state = await consumer_state(broker, names.events_stream, "fold-test")
+    assert state is not None and state.ack_policy == "none" and state.num_ack_pending == 0
+    said = [e for e in logs if e["event"] == "a message could not be counted"]
+    assert len(said) == 1 and said[0]["subject"] == subject
+    assert said[0]["stream_seq"] == 2 and said[0]["exc_info"]
+
+
+async def test_a_counting_consumer_made_with_acks_is_made_again_without(broker):
+    """An older version made ``coordinator-metrics`` with explicit acks, which the server
+    cannot change: a consumer that starts at new messages is made again."""
+    names = broker.names
+    explicit = ConsumerSpec(
+        stream=names.events_stream,
+        durable="counting-upgrade",
+        filter_subjects=(names.events_wildcard,),
+        new_only=True,
+    )
+    await (await bind(broker, explicit)).close()
+    upgraded = await bind(broker, dataclasses.replace(explicit, acknowledged=False))
+    await upgraded.close()
+    state = await consumer_state(broker, names.events_stream, "counting-upgrade")
+    assert state is not None and state.ack_policy == "none"
+
+
+async def test_a_consumer_with_history_is_not_made_again_for_a_new_ack_policy(broker):
+    names = broker.names
+    kept = ConsumerSpec(
+        stream=names.events_stream,
+        durable="history-kept",
+        filter_subjects=(names.events_wildcard,),
+    )
+    await (await bind(broker, kept)).close()
+    with pytest.raises(BrokerError, match="ack policy can not be updated"):
+        await bind(broker, dataclasses.replace(kept, acknowledged=False))
+    state = await consumer_state(broker, names.events_stream, "history-kept")
+    assert state is not None and state.ack_policy == "explicit"
