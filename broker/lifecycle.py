@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -119,6 +120,30 @@ async def trace_of(broker: Broker, message_id: str) -> list[Event]:
         broker, broker.names.events_stream, broker.names.events_of_message(message_id)
     )
     return [event for _, event in authentic(broker.names, stored)]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageEvents:
+    """What is stored of one message's events, and which of them are authentic."""
+
+    stored: list[StoredMessage]
+    authentic: list[tuple[StoredMessage, Event]]
+
+    def vouch_for(self, stream_seq: int) -> bool:
+        """Whether the event stored at ``stream_seq`` is authentic (one the stream holds no
+        more cannot be checked against the routing, only by its sender token)."""
+        if all(m.stream_seq != stream_seq for m in self.stored):
+            return True
+        return any(m.stream_seq == stream_seq for m, _ in self.authentic)
+
+
+async def events_of(broker: Broker, trace_id: str, message_id: str) -> MessageEvents:
+    """The stored events of one message, read through the subject index (by trace too: a
+    read by message id alone looks at every event in the stream)."""
+    names = broker.names
+    subject = names.events_of_message_in_trace(trace_id, message_id)
+    stored = await indexed_messages_on(broker, names.events_stream, subject)
+    return MessageEvents(stored, authentic(names, stored))
 
 
 def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMessage, Event]]:

@@ -15,17 +15,24 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
-from agentreach.broker.lifecycle import dead_letter, dead_letter_delivery, emit, event_for
+from agentreach.broker.lifecycle import (
+    dead_letter,
+    dead_letter_delivery,
+    emit,
+    event_for,
+    events_of,
+)
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.delivery.retries import RetryConfig
-from agentreach.coordinator.protection.grants import Grants, impersonation
+from agentreach.coordinator.protection.grants import Grants, impersonation, vouched_sender
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.router import Router
 from agentreach.envelopes import DecodeError, ErrorInfo, Event, Task, ttl_left_ms
 
 log = structlog.get_logger("coordinator.outcomes")
 
-# What the coordinator acts on (failed, expired), and completed only to check who says it.
+# What the coordinator acts on (failed, expired), and completed only to check who says it
+# (when audit is off: the audit writer, which reads every completed event, checks it then).
 OUTCOME_EVENTS = ("failed", "expired", "completed")
 T = TypeVar("T")
 
@@ -54,9 +61,7 @@ class Outcomes:
         except DecodeError as exc:
             await self._unreadable(msg, exc)
             return None
-        sender = self._broker.names.sender_of_event_subject(msg.subject)
-        if event.agent_id != sender:
-            await impersonation(self._broker, sender, event, "the event names another agent")
+        if (sender := await vouched_sender(self._broker, msg.subject, event)) is None:
             return None
         if event.event == "completed":
             return None  # nothing to decide: the caller has its result, the trace its record
@@ -67,7 +72,13 @@ class Outcomes:
             task = _detail(event, "task", Task)
             error = _detail(event, "error", ErrorInfo)
         except DecodeError as exc:
-            await self._incomplete(event, exc)
+            # No grant can be checked without the task: the routing is asked instead, so no
+            # agent ends a task it was not given by sending a broken outcome about it.
+            events = await events_of(self._broker, event.trace_id, event.message_id)
+            if not events.vouch_for(msg.stream_seq):
+                await impersonation(self._broker, sender, event, "the attempt was not routed to it")
+            else:
+                await self._incomplete(event, exc)
             return None
         if not self._grants.holds(event.detail.get("grant"), task, sender):
             await impersonation(self._broker, sender, event, "no grant for this attempt")

@@ -3,8 +3,11 @@
 A durable consumer shared by every replica (``coordinator-audit``) takes each terminal
 event (``completed``, ``dead_lettered``, ``workflow_completed``), reads the message's
 events once, and publishes the record under ``Nats-Msg-Id: audit-<message_id>``: a
-redelivered terminal event adds no second record. It is apart from the metrics' consumer,
-so audit falling behind never makes the counters late.
+redelivered terminal event adds no second record. An ending sent in another agent's name
+or by an agent the attempt was not routed to is refused with an ``alert`` (the outcomes
+consumer leaves that check to it), and a record is built from the authentic events only, as
+``reach trace`` shows them. It is apart from the metrics' consumer, so audit falling behind
+never makes the counters late.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, Delivery
-from agentreach.broker.direct import indexed_messages_on
+from agentreach.broker.lifecycle import events_of
 from agentreach.broker.streams import StoredMessage
+from agentreach.coordinator.protection.grants import impersonation, vouched_sender
 from agentreach.envelopes import (
     AuditRecord,
     DecodeError,
@@ -46,26 +50,28 @@ class AuditWriter:
             ending = decode_event(msg.data)
         except DecodeError:
             return
-        names = self._broker.names
-        # Through the subject index, by trace too: a read by message id alone looks at every
-        # event in the stream, and audit fell further behind the longer it ran.
-        subject = names.events_of_message_in_trace(ending.trace_id, ending.message_id)
-        stored = await indexed_messages_on(self._broker, names.events_stream, subject)
-        record = audit_record(ending, msg.timestamp_ms, stored)
+        broker, names = self._broker, self._broker.names
+        if await vouched_sender(broker, msg.subject, ending) is None:
+            return  # a body claiming another agent: the alert is raised, and no record kept
+        events = await events_of(broker, ending.trace_id, ending.message_id)
+        if not events.vouch_for(msg.stream_seq):
+            # An ending from an agent the attempt was not routed to: the record is kept for
+            # the real one (the first record of a message is its only one).
+            why = "the attempt was not routed to it"
+            await impersonation(broker, names.sender_of_event_subject(msg.subject), ending, why)
+            return
+        record = audit_record(ending, msg.timestamp_ms, events.authentic)
         subject = names.audit(record.status, ending.topic, ending.trace_id, ending.message_id)
-        await self._broker.publish(
+        await broker.publish(
             subject, encode(record), headers={"Nats-Msg-Id": f"audit-{ending.message_id}"}
         )
 
 
-def audit_record(ending: Event, ended_ms: int, stored: list[StoredMessage]) -> AuditRecord:
-    """The record of the message ``ending`` finished, from its stored events."""
-    events: list[tuple[float, Event]] = []
-    for message in stored:
-        try:
-            events.append((message.timestamp_ns / 1e6, decode_event(message.data)))
-        except DecodeError:
-            continue
+def audit_record(
+    ending: Event, ended_ms: int, stored: list[tuple[StoredMessage, Event]]
+) -> AuditRecord:
+    """The record of the message ``ending`` finished, from its stored (authentic) events."""
+    events = [(message.timestamp_ns / 1e6, event) for message, event in stored]
     if not events:
         events = [(float(ended_ms), ending)]
     first_ms = events[0][0]

@@ -19,7 +19,7 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker
-from agentreach.broker.lifecycle import agent_event, emit
+from agentreach.broker.lifecycle import COORDINATOR, agent_event, emit
 from agentreach.envelopes import Event, Task
 
 log = structlog.get_logger("coordinator.grants")
@@ -78,6 +78,18 @@ class Grants:
         if expected is None:
             return True
         return isinstance(grant, str) and hmac.compare_digest(grant, expected)
+
+
+async def vouched_sender(broker: Broker, subject: str, event: Event) -> str | None:
+    """The sender of ``event`` (its subject's last token) when the event names it as its
+    agent; None, after an ``alert`` saying who tried, when it names another. The
+    coordinator's own events name the agent they are about (``routed``) or none (a person's
+    answer); permissions keep agents from sending as the coordinator."""
+    sender = broker.names.sender_of_event_subject(subject)
+    if sender == COORDINATOR or event.agent_id == sender:
+        return sender
+    await impersonation(broker, sender, event, "the event names another agent")
+    return None
 
 
 async def impersonation(broker: Broker, sender: str, event: Event, why: str) -> None:

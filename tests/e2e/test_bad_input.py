@@ -9,6 +9,7 @@ import pytest
 from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import ConsumerSpec, Provisioner, Topology, bind, read_stream
+from agentreach.broker.lifecycle import emit, event_for
 from agentreach.coordinator.consumption import POISON_AFTER, Consumption
 from agentreach.envelopes import Event, Task
 from agentreach.envelopes import headers as h
@@ -78,22 +79,47 @@ async def test_a_full_envelope_replying_into_our_namespace_is_refused(broker, co
     assert letter.error is not None and "at `$.reply_to`" in letter.error.message
 
 
-async def test_a_failed_event_without_its_task_is_dead_lettered(broker, coordinator, watcher):
-    """A non-Python agent's ``failed`` event lacking ``detail.task`` ends the task, naming it."""
-    event = Event(
+def _failed_without_its_task(message_id: str, agent_id: str) -> Event:
+    return Event(
         v=1,
         event="failed",
-        message_id="no-task-1",
-        trace_id="no-task-1",
+        message_id=message_id,
+        trace_id=message_id,
         topic="echo",
-        agent_id="ts-agent",
+        agent_id=agent_id,
         detail={"error": {"type": "Boom", "message": "x", "retryable": True}},
     )
+
+
+async def test_a_failed_event_without_its_task_is_dead_lettered(broker, coordinator, watcher):
+    """A non-Python agent's ``failed`` event lacking ``detail.task`` ends the task it was
+    given, naming what is missing."""
+    routed = Task(v=1, message_id="no-task-1", trace_id="no-task-1", topic="echo")
+    await emit(broker, event_for(routed, "routed", agent_id="ts-agent"))  # as routing does
     subject = broker.names.event("failed", "echo", "no-task-1", "no-task-1", "ts-agent")
-    await broker.publish(subject, envelopes.encode(event))
+    await broker.publish(
+        subject, envelopes.encode(_failed_without_its_task("no-task-1", "ts-agent"))
+    )
     letter = await watcher.dead_letter("invalid_envelope", message_id="no-task-1")
     assert letter.error is not None and "at `$.detail`" in letter.error.message
     assert "`task`" in letter.error.message
+
+
+async def test_a_broken_outcome_about_a_task_given_to_another_ends_nothing(
+    broker, coordinator, watcher
+):
+    """Without its task no grant can be checked: the routing is. An agent the attempt was
+    not routed to raises an alert, and the task is not ended."""
+    routed = Task(v=1, message_id="no-task-2", trace_id="no-task-2", topic="echo")
+    await emit(broker, event_for(routed, "routed", agent_id="ts-agent"))
+    subject = broker.names.event("failed", "echo", "no-task-2", "no-task-2", "intruder")
+    await broker.publish(
+        subject, envelopes.encode(_failed_without_its_task("no-task-2", "intruder"))
+    )
+    alert = await watcher.event("alert", topic="_agent")
+    assert alert.agent_id == "intruder" and alert.detail["message_id"] == "no-task-2"
+    assert alert.detail["why"] == "the attempt was not routed to it"
+    assert not [e for e in watcher.events if e.event == "dead_lettered"]
 
 
 async def test_a_message_that_keeps_crashing_its_handler_is_dead_lettered_as_poison(

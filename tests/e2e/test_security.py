@@ -861,7 +861,8 @@ async def test_anonymous_and_forged_identities_are_refused(arena: Arena) -> None
 
 
 async def test_the_impersonation_is_an_alert_event(arena: Arena) -> None:
-    """An event whose body claims another agent raises an ``alert`` saying who and why."""
+    """An event whose body claims another agent raises an ``alert`` saying who and why, and
+    a forged ``completed`` leaves no audit record."""
     task = arena.held
     assert task is not None
     body = _event(task, "completed", X, marker(), result="forged")
@@ -874,6 +875,9 @@ async def test_the_impersonation_is_an_alert_event(arena: Arena) -> None:
     async with asyncio.timeout(10):
         while not await alert():  # noqa: ASYNC110
             await asyncio.sleep(0.05)
+    # The audit writer raised it, and wrote no record of the lie.
+    audit_of_held = NAMES.audit_of_message(task.message_id)
+    assert await read_stream(arena.admin, NAMES.audit_stream, audit_of_held) == []
 
 
 async def test_a_caller_reads_the_trace_of_its_own_tasks_only(arena: Arena) -> None:
