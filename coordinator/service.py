@@ -243,10 +243,13 @@ class Coordinator:
             ack_wait_s=config.intake.ack_wait_s,
             max_deliver=MAX_DELIVER_INTAKE,
         )
+        # Who says `completed` is checked by the audit writer, which reads it anyway.
+        audited = config.audit.enabled
+        outcome_kinds = [e for e in OUTCOME_EVENTS if not (audited and e == "completed")]
         outcomes = ConsumerSpec(
             stream=names.events_stream,
             durable=names.coordinator_outcomes,
-            filter_subjects=tuple(names.events_of_kind(e) for e in OUTCOME_EVENTS),
+            filter_subjects=tuple(names.events_of_kind(e) for e in outcome_kinds),
             max_deliver=MAX_DELIVER_INTAKE,  # retries wait within the ttl too
         )
         advisories = ConsumerSpec(
@@ -287,7 +290,7 @@ class Coordinator:
             ),
             (metrics, functools.partial(fold, batch=config.metrics.batch, count=self.flow.count)),
         ]
-        if config.audit.enabled:
+        if audited:
             audit = ConsumerSpec(
                 stream=names.events_stream,
                 durable=names.coordinator_audit,
