@@ -3,7 +3,9 @@
     .venv/bin/python bench/e2e.py [--tasks 5000] [--window 256]
 
 Reach path: publish a task → coordinator routes → agent runs a no-op handler →
-``completed`` event observed. Baseline, measured in the same run on the same
+``completed`` event observed; then, apart from the measured phase, the time until every
+task's audit record is written (the audit writer runs behind). Baseline, measured in the
+same run on the same
 server: publish to one stream, pull-consume in batches, ack. Both publish with
 the same number of publishes in flight. Uses an embedded nats-server on a free
 loopback port unless NATS_URL is set.
@@ -48,7 +50,10 @@ class Phase:
     def __enter__(self) -> Phase:
         self.rss_before = rss_mib()
         self._wall, self._cpu = time.perf_counter(), time.process_time()
+        self.started = self._wall
         return self
+
+    audited_s = 0.0
 
     def __exit__(self, *exc: object) -> None:
         self.elapsed = time.perf_counter() - self._wall
@@ -100,6 +105,8 @@ async def reach_path(url: str, count: int, window: int) -> Phase:
         await provision(broker, Topology.default(names))
         async with (
             counting(broker, names.events_of_kind("completed"), count) as done,
+            # The audit writer runs behind the completions: timed apart, after the phase.
+            counting(broker, names.audit_wildcard, count) as audited,
             Coordinator(broker, CONFIG).running(),
             agent.running(url, names=names),
             ReachClient(url, names=names, name="bench-client") as client,
@@ -107,6 +114,8 @@ async def reach_path(url: str, count: int, window: int) -> Phase:
             with Phase() as phase:
                 await publish_all(lambda i: client.publish("noop", {"n": i}), count, window)
                 await asyncio.wait_for(done.wait(), timeout=300)
+            await asyncio.wait_for(audited.wait(), timeout=300)
+            phase.audited_s = time.perf_counter() - phase.started
     return phase
 
 
@@ -125,6 +134,10 @@ async def main() -> None:
     print(f"raw nats-py  publish → pull → ack : {raw_rate:9.0f} msg/s")
     print(f"agent-reach  publish → completed  : {reach_rate:9.0f} tasks/s")
     print(f"ratio reach / raw                 : {reach_rate / raw_rate:9.1%}")
+    print(
+        f"every audit record written after  : {reach.audited_s:9.2f} s"
+        f" ({n / reach.audited_s:.0f} tasks/s publish → audited)"
+    )
     print(
         f"Python CPU per message / task     : raw {raw.cpu_s / n * 1e3:.3f} ms,"
         f" reach {reach.cpu_s / n * 1e3:.3f} ms (client, coordinator and agent together)"
