@@ -5,10 +5,9 @@
 Reach path: publish a task → coordinator routes → agent runs a no-op handler →
 ``completed`` event observed; then, apart from the measured phase, the time until every
 task's audit record is written (the audit writer runs behind). Baseline, measured in the
-same run on the same
-server: publish to one stream, pull-consume in batches, ack. Both publish with
-the same number of publishes in flight. Uses an embedded nats-server on a free
-loopback port unless NATS_URL is set.
+same run on the same server: publish to one stream, pull-consume in batches, ack. Both
+publish with the same number of publishes in flight. Uses an embedded nats-server on a
+free loopback port unless NATS_URL is set.
 """
 
 from __future__ import annotations
