@@ -3,8 +3,10 @@ no consumer is made (a burst of readers must never approach the server's consume
 
 ``$JS.API.DIRECT.GET.<stream>`` with ``{"batch": N, "next_by_subj": S, "seq": Q}`` answers
 every message on S (wildcards allowed) from sequence Q, up to N, then an end-of-batch status;
-``{"multi_last": [S], "batch": N}`` answers the last message of each subject matching S.
-Streams and KV buckets are provisioned with direct gets allowed.
+``{"multi_last": [S], "batch": N}`` answers the last message of each subject matching S
+(``up_to_seq`` sets the moment). Streams and KV buckets are provisioned with direct gets
+allowed. ``$JS.API.STREAM.INFO.<stream>`` with ``{"subjects_filter": S}`` counts the messages
+on each subject matching S, from the same index.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import nats.aio.msg
+import nats.js.errors
 
 from agentreach.broker.errors import (
     STREAM_NOT_FOUND,
@@ -70,26 +74,92 @@ async def last_per_subject(broker: Broker, stream: str, subject: str) -> list[St
 
 
 async def last_of_each(
-    broker: Broker, stream: str, subjects: list[str], *, chunk: int = 256
+    broker: Broker,
+    stream: str,
+    subjects: list[str],
+    *,
+    up_to_seq: int | None = None,
+    chunk: int = 256,
 ) -> list[StoredMessage]:
-    """The last message on each of ``subjects`` (no wildcards) that has one."""
+    """The last message on each of ``subjects`` (no wildcards) that has one (at or before
+    ``up_to_seq``, when given)."""
     found: list[StoredMessage] = []
     for at in range(0, len(subjects), chunk):
         wanted = subjects[at : at + chunk]
-        page, _ = await _batch(broker, stream, {"multi_last": wanted, "batch": len(wanted)})
+        request: dict[str, Any] = {"multi_last": wanted, "batch": len(wanted)}
+        if up_to_seq is not None:
+            request["up_to_seq"] = up_to_seq
+        page, _ = await _batch(broker, stream, request)
         found += page
     return found
 
 
 async def indexed_messages_on(broker: Broker, stream: str, subject: str) -> list[StoredMessage]:
     """Every message on the subjects matching ``subject``, oldest first, found through the
-    server's subject index: the last message of each matching subject, then each of those
-    subjects on its own (a literal subject is read from the index). For a few subjects in a
-    long stream, where a wildcard read would look at every message (see :func:`messages_on`).
+    server's subject index, for a few subjects in a long stream (where a wildcard read would
+    look at every message, see :func:`messages_on`).
+
+    The index counts the messages of each matching subject; a subject that holds one is read
+    with the others in one batch, as of the counted moment (a message written since is left
+    for the next read, not mistaken for the one counted); a subject that holds several (a
+    retry, progress) is read on its own. A task's events cost two round trips and seven
+    messages this way, where a read of each subject's history cost fourteen.
     """
-    last = await last_per_subject(broker, stream, subject)
-    pages = await asyncio.gather(*(messages_on(broker, stream, m.subject) for m in last))
-    return sorted((m for page in pages for m in page), key=lambda m: m.stream_seq)
+    counts, counted_at = await subject_counts(broker, stream, subject)
+    alone = [s for s, n in counts.items() if n == 1]
+    several = [s for s, n in counts.items() if n > 1]
+    pages = await asyncio.gather(
+        last_of_each(broker, stream, alone, up_to_seq=counted_at),
+        *(messages_on(broker, stream, s) for s in several),
+    )
+    found = (m for page in pages for m in page if m.stream_seq <= counted_at)
+    return sorted(found, key=lambda m: m.stream_seq)
+
+
+class _State(msgspec.Struct):
+    last_seq: int = 0
+    subjects: dict[str, int] | None = None  # absent when none matches
+
+
+class _Info(msgspec.Struct):
+    state: _State | None = None
+    total: int = 0
+    limit: int = 0
+    error: dict[str, Any] | None = None
+
+
+async def subject_counts(
+    broker: Broker, stream: str, subject: str, *, timeout_s: float = 5.0
+) -> tuple[dict[str, int], int]:
+    """How many messages each subject matching ``subject`` holds, and the stream's last
+    sequence when they were counted."""
+    counts: dict[str, int] = {}
+    last_seq = 0
+    while True:
+        request = {"subjects_filter": subject, "offset": len(counts)}
+        with translated(subject=f"$JS.API.STREAM.INFO.{stream}"):
+            answer = await broker.nc.request(
+                f"$JS.API.STREAM.INFO.{stream}", json.dumps(request).encode(), timeout=timeout_s
+            )
+            info = _decoded_info(answer.data)
+        assert info.state is not None
+        page = info.state.subjects or {}
+        last_seq = last_seq or info.state.last_seq
+        counts.update(page)
+        if not page or len(counts) >= info.total:
+            return counts, last_seq
+
+
+def _decoded_info(data: bytes) -> _Info:
+    try:
+        info = msgspec.json.decode(data, type=_Info)
+    except msgspec.DecodeError as exc:
+        raise BrokerError(f"unreadable stream info: {data[:200]!r}") from exc
+    if info.error is not None:
+        nats.js.errors.APIError.from_error(info.error)  # raises the error's own class
+    if info.state is None:
+        raise BrokerError(f"stream info without a state: {data[:200]!r}")
+    return info
 
 
 class _TooMany(Exception):
