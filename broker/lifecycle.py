@@ -122,6 +122,13 @@ async def trace_of(broker: Broker, message_id: str) -> list[Event]:
     return [event for _, event in authentic(broker.names, stored)]
 
 
+# An event is judged unrouted only after this many looks, a second apart: the `routed` event
+# and the dispatch are written to two streams, and in a cluster the dispatch (and the agent's
+# answer) may be stored before `routed` is, while the events stream elects a leader.
+UNROUTED_LOOKS = 3
+UNROUTED_LOOK_AGAIN_S = 1.0
+
+
 @dataclass(frozen=True, slots=True)
 class MessageEvents:
     """What is stored of one message's events, and which of them are authentic."""

@@ -16,6 +16,8 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.lifecycle import (
+    UNROUTED_LOOK_AGAIN_S,
+    UNROUTED_LOOKS,
     dead_letter,
     dead_letter_delivery,
     emit,
@@ -76,6 +78,8 @@ class Outcomes:
             # agent ends a task it was not given by sending a broken outcome about it.
             events = await events_of(self._broker, event.trace_id, event.message_id)
             if not events.vouch_for(msg.stream_seq):
+                if msg.num_delivered < UNROUTED_LOOKS:
+                    return UNROUTED_LOOK_AGAIN_S  # its `routed` may be a moment behind
                 await impersonation(self._broker, sender, event, "the attempt was not routed to it")
             else:
                 await self._incomplete(event, exc)

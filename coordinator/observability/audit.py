@@ -16,7 +16,7 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, Delivery
-from agentreach.broker.lifecycle import events_of
+from agentreach.broker.lifecycle import UNROUTED_LOOK_AGAIN_S, UNROUTED_LOOKS, events_of
 from agentreach.broker.streams import StoredMessage
 from agentreach.coordinator.protection.grants import impersonation, vouched_sender
 from agentreach.envelopes import (
@@ -45,26 +45,31 @@ class AuditWriter:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
 
-    async def handle(self, msg: Delivery) -> None:
+    async def handle(self, msg: Delivery) -> float | None:
+        """None once the record is written (or refused), or seconds until the ending is
+        looked at again."""
         try:
             ending = decode_event(msg.data)
         except DecodeError:
-            return
+            return None
         broker, names = self._broker, self._broker.names
         if await vouched_sender(broker, msg.subject, ending) is None:
-            return  # a body claiming another agent: the alert is raised, and no record kept
+            return None  # a body claiming another agent: the alert is raised, no record kept
         events = await events_of(broker, ending.trace_id, ending.message_id)
         if not events.vouch_for(msg.stream_seq):
+            if msg.num_delivered < UNROUTED_LOOKS:
+                return UNROUTED_LOOK_AGAIN_S  # its `routed` may be a moment behind
             # An ending from an agent the attempt was not routed to: the record is kept for
             # the real one (the first record of a message is its only one).
             why = "the attempt was not routed to it"
             await impersonation(broker, names.sender_of_event_subject(msg.subject), ending, why)
-            return
+            return None
         record = audit_record(ending, msg.timestamp_ms, events.authentic)
         subject = names.audit(record.status, ending.topic, ending.trace_id, ending.message_id)
         await broker.publish(
             subject, encode(record), headers={"Nats-Msg-Id": f"audit-{ending.message_id}"}
         )
+        return None
 
 
 def audit_record(

@@ -8,7 +8,8 @@ import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import read_stream
-from agentreach.envelopes import AuditRecord, decode_as, decode_task
+from agentreach.broker.lifecycle import emit, event_for
+from agentreach.envelopes import AuditRecord, Task, decode_as, decode_task
 from agentreach.envelopes import headers as h
 from tests.secured import SECURED
 from tests.support import until_true
@@ -113,3 +114,31 @@ async def test_traceparent_is_accepted_and_carried_to_every_hop(broker, coordina
     task = decode_task(dispatched.data)
     assert task.traceparent == mine and dispatched.headers["traceparent"] == mine
     assert task.received_ms > 0
+
+
+async def test_an_ending_stored_before_its_routed_event_is_recorded_once_routing_shows(
+    broker, coordinator, watcher
+):
+    """In a cluster the dispatch (and the agent's answer) may be stored before the `routed`
+    event: the audit writer looks again before it calls the ending unrouted."""
+    names = broker.names
+    task = Task(v=1, message_id="late-routed", trace_id="late-trace", topic="mirror")
+    completed = event_for(task, "completed", agent_id="worker-late", result={"ok": True})
+    await emit(broker, completed, sender="worker-late")
+
+    async def looked_again() -> bool:
+        info = await broker.js.consumer_info(names.events_stream, names.coordinator_audit)
+        return (info.num_redelivered or 0) >= 1
+
+    await until_true(looked_again)  # its first look found no routing
+    await emit(broker, event_for(task, "routed", agent_id="worker-late"))
+
+    async def record() -> AuditRecord | None:
+        of_task = names.audit_of_message(task.message_id)
+        stored = await read_stream(broker, names.audit_stream, of_task)
+        return decode_as(stored[0].data, AuditRecord) if stored else None
+
+    found = await until_true(record)
+    assert found.agents == ["worker-late"] and found.status == "completed"
+    assert [s.event for s in found.stages] == ["completed", "routed"]  # as stored
+    assert not [e for e in watcher.events if e.event == "alert"]
