@@ -24,6 +24,7 @@ from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.errors import PermanentError
+from agentreach.agents.slots import WorkerPool
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, PayloadUnavailable
 from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, printable, reply
 from agentreach.broker.tasks import cancel_and_wait
@@ -95,7 +96,9 @@ class Job:
 
 
 class Executor:
-    """Runs the deliveries of one agent process; ``free_slots`` tells an ack what is left."""
+    """Runs the deliveries of one agent process, each in a slot of its priority's pool
+    (``slots``) from its acceptance to its handler's outcome: recording and reporting the
+    outcome hold no slot."""
 
     def __init__(
         self,
@@ -103,7 +106,7 @@ class Executor:
         broker: Broker,
         claims: Claims,
         *,
-        free_slots: Callable[[Task], int],
+        slots: Callable[[Task], WorkerPool],
         claim_check: ClaimCheck | None = None,
     ) -> None:
         self.agent = agent
@@ -111,7 +114,7 @@ class Executor:
         self.claim_check = claim_check or ClaimCheck(broker)
         self.latency = LatencyEstimate()
         self._claims = claims
-        self._free_slots = free_slots
+        self._slots = slots
         # message_id → at_ms of its last progress event: progress events carry no dedup id,
         # and a rising at_ms keeps two reports within one millisecond in order.
         self._progress_at: dict[str, int] = {}
@@ -157,22 +160,45 @@ class Executor:
             error = ErrorInfo(type="no_handler", message=message, retryable=False)
             await self._report(job, "failed", error)
             return None
-        if ttl_left_ms(task.ttl_ms, job.dispatched_ms) <= 0:
+        slot = self._slots(task)
+        await self._wait_for(slot, job.delivery)
+        if ttl_left_ms(task.ttl_ms, job.dispatched_ms) <= 0:  # in the queue, or for a slot
             message = f"ttl {task.ttl_ms} ms passed in the queue of {self._me}"
             error = ErrorInfo(type="expired", message=message, retryable=False)
             await self._report(job, "expired", error)
             return None
-        # Accepted while claiming and running: the ack and the event are on the wire before
-        # the handler starts (so the event precedes this agent's next one in the stream), but
-        # their round trip is not waited for. A duplicate that turns out to be done already
-        # acknowledges, then answers with the stored result.
-        accepting = asyncio.create_task(self._accept(job))
+        slot.take()  # no await since the wait: the slot is still free
         try:
-            return await self._claim_and_run(job, spec)
+            # Accepted while claiming and running: the ack and the event are on the wire
+            # before the handler starts (so the event precedes this agent's next one in the
+            # stream), but their round trip is not waited for. A duplicate that turns out to
+            # be done already acknowledges, then answers with the stored result.
+            accepting = asyncio.create_task(self._accept(job))
+            try:
+                ran = await self._claim_and_run(job, spec)
+            finally:
+                await _published(accepting, "accepted")
         finally:
-            await _published(accepting, "accepted")
+            slot.give()
+        if isinstance(ran, Outcome):
+            await self._conclude(job, ran)
+            return None
+        return ran
 
-    async def _claim_and_run(self, job: Job, spec: HandlerSpec) -> _Elsewhere | None:
+    async def _wait_for(self, slot: WorkerPool, delivery: Delivery) -> None:
+        """Until the slot is free, the delivery kept alive meanwhile (a slot frees when a
+        handler ends, which may take longer than the ack wait)."""
+        if slot.free > 0:
+            return
+        keepalive = asyncio.create_task(_keep_alive(delivery, self.agent.ack_wait / 2))
+        try:
+            await slot.wait_free()
+        finally:
+            await cancel_and_wait(keepalive)
+
+    async def _claim_and_run(self, job: Job, spec: HandlerSpec) -> Outcome | _Elsewhere | None:
+        """The handler's outcome, to record and report; None when the message was done
+        already (its stored result is sent again), ELSEWHERE when another delivery runs it."""
         task = job.task
         window_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
         claim = await self._claim(job, lease_ms=window_ms + LEASE_GRACE_MS)
@@ -184,8 +210,7 @@ class Executor:
         if not await self._lease_holds(task, claim, window_ms + LEASE_GRACE_MS):
             log.warning("claim taken over while this delivery was claimed; the other one runs")
             return ELSEWHERE
-        await self._run(job, spec, claim)
-        return None
+        return await self._run(job, spec, claim)
 
     async def _lease_holds(self, task: Task, claim: Claimed, lease_ms: int) -> bool:
         """Claiming can wait out a leader election; if the lease ran down meanwhile, a
@@ -195,7 +220,7 @@ class Executor:
             return True
         return await self._claims.renew(task, claim, lease_ms)
 
-    async def _run(self, job: Job, spec: HandlerSpec, claim: Claimed) -> None:
+    async def _run(self, job: Job, spec: HandlerSpec, claim: Claimed) -> Outcome:
         task = job.task
         deadline = Deadline(budget_ms=task.budget.execute_ms, window_ms=spec.deadline_ms)
 
@@ -233,7 +258,7 @@ class Executor:
         finally:
             await cancel_and_wait(keepalive)
             self._progress_at.pop(task.message_id, None)
-        await self._conclude(job, outcome)
+        return outcome
 
     async def _conclude(self, job: Job, outcome: Outcome) -> None:
         """Record the outcome (it survives a broker outage meanwhile), then report it."""
@@ -275,7 +300,7 @@ class Executor:
     async def _accept(self, job: Job) -> None:
         task = job.task
         capacity = Capacity(
-            free_slots=self._free_slots(task), est_latency_ms=self.latency.estimate_ms
+            free_slots=self._slots(task).free, est_latency_ms=self.latency.estimate_ms
         )
         ack = Ack(**self._about(task), capacity=capacity)
         await asyncio.gather(

@@ -17,6 +17,7 @@ from agentreach.agents.errors import AgentIdInUse
 from agentreach.agents.execution import Executor
 from agentreach.agents.heartbeats import Heartbeats, Load
 from agentreach.agents.registration import await_slot, retire_card, write_card
+from agentreach.agents.slots import WorkerPool
 from agentreach.agents.watchdog import Watchdog
 from agentreach.broker import (
     Broker,
@@ -42,31 +43,9 @@ log = structlog.get_logger("agents")
 FETCH_WAIT_S = 0.5
 PRESENCE_CHECK_S = 0.5
 DRAIN_TIMEOUT_S = 10.0
-
-
-class WorkerPool:
-    """How many tasks of one priority run at once, and a way to wait for room."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.busy = 0
-        self._freed = asyncio.Event()
-
-    @property
-    def free(self) -> int:
-        return self.size - self.busy
-
-    async def wait_free(self) -> None:
-        while self.free <= 0:
-            self._freed.clear()
-            await self._freed.wait()
-
-    def take(self) -> None:
-        self.busy += 1
-
-    def give(self) -> None:
-        self.busy -= 1
-        self._freed.set()
+# Deliveries held per slot: while a handler runs, the next task of its slot is in hand and
+# the last one's outcome is recorded and reported (three round trips no slot waits for).
+IN_HAND_PER_SLOT = 2
 
 
 class AgentRuntime:
@@ -82,7 +61,8 @@ class AgentRuntime:
         self._closed = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[None]] = set()
-        self._pools = {p: WorkerPool(agent.capacity) for p in PRIORITIES}
+        self._pools = {p: WorkerPool(agent.capacity) for p in PRIORITIES}  # handlers
+        self._hands = {p: WorkerPool(agent.capacity * IN_HAND_PER_SLOT) for p in PRIORITIES}
         self._executor: Executor
         self._presence: Presence | None = None
         self._duties: list[asyncio.Task[None]] = []
@@ -105,7 +85,7 @@ class AgentRuntime:
             agent,
             self.broker,
             Claims(executions, agent.agent_id, self.card.epoch),
-            free_slots=lambda task: self._pools[task.priority].free,
+            slots=lambda task: self._pools[task.priority],
             claim_check=ClaimCheck(self.broker, agent.claim_check_bytes),
         )
         self._consumers = {p: await bind(self.broker, self._consumer(p)) for p in PRIORITIES}
@@ -198,7 +178,7 @@ class AgentRuntime:
             durable=names.agent_consumer(self.agent.agent_id, priority),
             filter_subjects=(names.dispatch(self.agent.agent_id, priority),),
             ack_wait_s=self.agent.ack_wait,
-            max_ack_pending=self.agent.capacity,
+            max_ack_pending=self.agent.capacity * IN_HAND_PER_SLOT,
             max_deliver=self.agent.max_deliver,
         )
 
@@ -215,18 +195,18 @@ class AgentRuntime:
 
     # -- consuming ----------------------------------------------------------------
     async def _consume(self, priority: Priority, consumer: PullConsumer) -> None:
-        pool = self._pools[priority]
+        hand = self._hands[priority]
         while not self._stopping.is_set():
             honour_cancellation()
-            await pool.wait_free()
+            await hand.wait_free()
             # A failed fetch (the server restarting) is said once and retried with backoff.
-            for delivery in await consumer.next_batch(pool.free, wait_s=FETCH_WAIT_S):
-                pool.take()
-                task = asyncio.create_task(self._handle(delivery, pool))
+            for delivery in await consumer.next_batch(hand.free, wait_s=FETCH_WAIT_S):
+                hand.take()
+                task = asyncio.create_task(self._handle(delivery, hand))
                 self._in_flight.add(task)
                 task.add_done_callback(self._in_flight.discard)
 
-    async def _handle(self, delivery: Delivery, pool: WorkerPool) -> None:
+    async def _handle(self, delivery: Delivery, hand: WorkerPool) -> None:
         try:
             await self._executor.settle(delivery)
         except Exception:  # a bug here must not lose the message: it comes back later
@@ -234,7 +214,7 @@ class AgentRuntime:
             with contextlib.suppress(Exception):
                 await delivery.nak(5.0)
         finally:
-            pool.give()
+            hand.give()
 
     def _load(self) -> Load:
         pools = self._pools.values()

@@ -1,0 +1,63 @@
+"""A slot is a handler's: the next task waits in hand for it, and recording and reporting an
+outcome hold none."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats.errors
+import pytest
+
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import consumer_state
+from tests.support import until_true
+
+
+async def test_the_next_task_waits_in_hand_for_the_slot_kept_alive_past_the_ack_wait(
+    broker, coordinator
+):
+    """Capacity 1: a second task is delivered while the first runs, is not started until the
+    first handler returns, and is not delivered again although it waits past the ack wait."""
+    agent = Agent("hand-1", startup_delay=0, ack_wait=1.0)
+    release = asyncio.Event()
+    started: list[str] = []
+
+    @agent.handler("hold", capacity=1)
+    async def hold(ctx: TaskContext, payload: dict) -> dict:
+        started.append(payload["n"])
+        if payload["n"] == "first":
+            await release.wait()
+        return payload
+
+    names = broker.names
+    stream, durable = names.dispatch_stream("P1"), names.agent_consumer("hand-1", "P1")
+
+    async def in_hand(count: int) -> bool:
+        state = await consumer_state(broker, stream, durable)
+        return state is not None and state.num_ack_pending == count
+
+    second_acks: list[object] = []
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        state = await consumer_state(broker, stream, durable)
+        assert state is not None and state.spec.max_ack_pending == 2  # twice the capacity
+        first = asyncio.create_task(client.invoke("hold", {"n": "first"}))
+        await until_true(lambda: in_hand(1))
+        second = asyncio.create_task(
+            # Acknowledged when it starts (the ack says a slot took it), after the first.
+            client.invoke(
+                "hold", {"n": "second"}, on_ack=second_acks.append, ack_deadline_ms=30_000
+            )
+        )
+        await until_true(lambda: in_hand(2))  # delivered while the first runs
+        await asyncio.sleep(2.5)  # waiting past the ack wait is what this test is about
+        # Kept alive: the server hands the waiting task to nobody else.
+        thief = await broker.js.pull_subscribe_bind(durable, stream)
+        with pytest.raises(nats.errors.TimeoutError):
+            await thief.fetch(1, timeout=0.5)
+        await thief.unsubscribe()
+        assert started == ["first"]
+        release.set()
+        assert await first == {"n": "first"}
+        assert await second == {"n": "second"}
+    assert started == ["first", "second"]
+    assert len(second_acks) == 1
