@@ -24,7 +24,7 @@ from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.errors import PermanentError
-from agentreach.agents.slots import WorkerPool
+from agentreach.agents.slots import LatencyEstimate, WorkerPool
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, PayloadUnavailable
 from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, printable, reply
 from agentreach.broker.tasks import cancel_and_wait
@@ -57,24 +57,6 @@ class _Elsewhere(enum.Enum):
 # Another delivery of the message holds its claim and runs it: neither ack nor nak this one.
 ELSEWHERE = _Elsewhere.ELSEWHERE
 UNDECODABLE_TOPIC = "_invalid"
-
-
-class LatencyEstimate:
-    """A moving average of handler latency, for the capacity an ``ack`` advertises."""
-
-    def __init__(self, weight: float = 0.2) -> None:
-        self._weight = weight
-        self._average: float | None = None
-
-    @property
-    def estimate_ms(self) -> int:
-        return int(self._average or 0)
-
-    def observe(self, duration_ms: int) -> None:
-        if self._average is None:
-            self._average = float(duration_ms)
-        else:
-            self._average += self._weight * (duration_ms - self._average)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """Room in an agent: how many handlers of one priority run at once (its capacity), and how
 many deliveries it holds (twice that, so the next task is in hand while one runs and the
-outcome of the last is being recorded); a way to wait for either."""
+outcome of the last is being recorded); a way to wait for either, and the handler latency
+an agent advertises with its free slots."""
 
 from __future__ import annotations
 
@@ -31,3 +32,21 @@ class WorkerPool:
     def give(self) -> None:
         self.busy -= 1
         self._freed.set()
+
+
+class LatencyEstimate:
+    """A moving average of handler latency, for the capacity an ``ack`` advertises."""
+
+    def __init__(self, weight: float = 0.2) -> None:
+        self._weight = weight
+        self._average: float | None = None
+
+    @property
+    def estimate_ms(self) -> int:
+        return int(self._average or 0)
+
+    def observe(self, duration_ms: int) -> None:
+        if self._average is None:
+            self._average = float(duration_ms)
+        else:
+            self._average += self._weight * (duration_ms - self._average)
