@@ -89,6 +89,7 @@ class Executor:
         claims: Claims,
         *,
         slots: Callable[[Task], WorkerPool],
+        stopping: asyncio.Event | None = None,
         claim_check: ClaimCheck | None = None,
     ) -> None:
         self.agent = agent
@@ -97,6 +98,7 @@ class Executor:
         self.latency = LatencyEstimate()
         self._claims = claims
         self._slots = slots
+        self._stopping = stopping or asyncio.Event()
         # message_id → at_ms of its last progress event: progress events carry no dedup id,
         # and a rising at_ms keeps two reports within one millisecond in order.
         self._progress_at: dict[str, int] = {}
@@ -143,7 +145,9 @@ class Executor:
             await self._report(job, "failed", error)
             return None
         slot = self._slots(task)
-        await self._wait_for(slot, job.delivery)
+        if not await self._wait_for(slot, job.delivery):
+            log.info("stopping: a task that had not started goes back to the queue")
+            return 0.0
         if ttl_left_ms(task.ttl_ms, job.dispatched_ms) <= 0:  # in the queue, or for a slot
             message = f"ttl {task.ttl_ms} ms passed in the queue of {self._me}"
             error = ErrorInfo(type="expired", message=message, retryable=False)
@@ -167,16 +171,19 @@ class Executor:
             return None
         return ran
 
-    async def _wait_for(self, slot: WorkerPool, delivery: Delivery) -> None:
+    async def _wait_for(self, slot: WorkerPool, delivery: Delivery) -> bool:
         """Until the slot is free, the delivery kept alive meanwhile (a slot frees when a
-        handler ends, which may take longer than the ack wait)."""
+        handler ends, which may take longer than the ack wait); False when the agent began
+        to stop meanwhile: a stopping agent starts nothing new."""
         if slot.free > 0:
-            return
+            return True
         keepalive = asyncio.create_task(_keep_alive(delivery, self.agent.ack_wait / 2))
+        waits = [asyncio.create_task(slot.wait_free()), asyncio.create_task(self._stopping.wait())]
         try:
-            await slot.wait_free()
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await cancel_and_wait(keepalive)
+            await cancel_and_wait(keepalive, *waits)
+        return not self._stopping.is_set()
 
     async def _claim_and_run(self, job: Job, spec: HandlerSpec) -> Outcome | _Elsewhere | None:
         """The handler's outcome, to record and report; None when the message was done

@@ -86,6 +86,7 @@ class AgentRuntime:
             self.broker,
             Claims(executions, agent.agent_id, self.card.epoch),
             slots=lambda task: self._pools[task.priority],
+            stopping=self._stopping,
             claim_check=ClaimCheck(self.broker, agent.claim_check_bytes),
         )
         self._consumers = {p: await bind(self.broker, self._consumer(p)) for p in PRIORITIES}

@@ -61,3 +61,40 @@ async def test_the_next_task_waits_in_hand_for_the_slot_kept_alive_past_the_ack_
         assert await second == {"n": "second"}
     assert started == ["first", "second"]
     assert len(second_acks) == 1
+
+
+async def test_a_stopping_agent_gives_back_the_task_that_waits_for_a_slot(broker, coordinator):
+    """Stopping lets the running handler finish; the task waiting in hand, not started, goes
+    back to the queue (for the next process) instead of being started during the drain."""
+    agent = Agent("hand-2", startup_delay=0)
+    release = asyncio.Event()
+    started: list[str] = []
+
+    @agent.handler("hold", capacity=1)
+    async def hold(ctx: TaskContext, payload: dict) -> dict:
+        started.append(payload["n"])
+        await release.wait()
+        return payload
+
+    names = broker.names
+    stream, durable = names.dispatch_stream("P1"), names.agent_consumer("hand-2", "P1")
+
+    async def in_hand(count: int) -> bool:
+        state = await consumer_state(broker, stream, durable)
+        return state is not None and state.num_ack_pending == count
+
+    async with agent.running(broker=broker) as runtime, ReachClient(broker=broker) as client:
+        await client.publish("hold", {"n": "first"})
+        await until_true(lambda: in_hand(1))
+        await client.publish("hold", {"n": "second"})
+        await until_true(lambda: in_hand(2))
+        stopping = asyncio.create_task(runtime.stop())
+        release.set()
+        await stopping
+    assert started == ["first"]  # not started during the drain
+    async with agent.running(broker=broker):  # not lost: the next process of the id runs it
+
+        async def ran_again() -> bool:
+            return started == ["first", "second"]
+
+        await until_true(ran_again)
