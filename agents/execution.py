@@ -134,10 +134,6 @@ class Executor:
         """Run the task at most once; returns when to see it again, None when done, or
         ELSEWHERE when another delivery of the message holds its claim."""
         task = job.task
-        if (kept := self._claims.unrecorded(task.message_id)) is not None:
-            log.info("answering a redelivery from an outcome not yet recorded")
-            await self._conclude(job, kept)
-            return None
         spec = self.agent.handlers.get(task.topic)
         if spec is None:
             message = f"{self._me} does not serve {task.topic!r}"
@@ -148,28 +144,35 @@ class Executor:
         if not await self._wait_for(slot, job.delivery):
             log.info("stopping: a task that had not started goes back to the queue")
             return 0.0
+        # Looked at once a slot is free: another delivery may have run it meanwhile.
+        if (kept := self._claims.unrecorded(task.message_id)) is not None:
+            log.info("answering a redelivery from an outcome not yet recorded")
+            await self._conclude(job, kept)
+            return None
         if ttl_left_ms(task.ttl_ms, job.dispatched_ms) <= 0:  # in the queue, or for a slot
             message = f"ttl {task.ttl_ms} ms passed in the queue of {self._me}"
             error = ErrorInfo(type="expired", message=message, retryable=False)
             await self._report(job, "expired", error)
             return None
         slot.take()  # no await since the wait: the slot is still free
+        # Accepted while claiming and running: the ack and the event are on the wire before
+        # the handler starts (so the event precedes this agent's next one in the stream), but
+        # their round trip is not waited for. A duplicate that turns out to be done already
+        # acknowledges, then answers with the stored result.
+        accepting = asyncio.create_task(self._accept(job))
         try:
-            # Accepted while claiming and running: the ack and the event are on the wire
-            # before the handler starts (so the event precedes this agent's next one in the
-            # stream), but their round trip is not waited for. A duplicate that turns out to
-            # be done already acknowledges, then answers with the stored result.
-            accepting = asyncio.create_task(self._accept(job))
             try:
                 ran = await self._claim_and_run(job, spec)
             finally:
-                await _published(accepting, "accepted")
+                slot.give()
+            if isinstance(ran, Outcome):
+                # Kept at once, before anything else is awaited: a redelivery that comes
+                # meanwhile (the accepted event stuck in an election) answers from it.
+                await self._conclude(job, ran)
+                return None
+            return ran
         finally:
-            slot.give()
-        if isinstance(ran, Outcome):
-            await self._conclude(job, ran)
-            return None
-        return ran
+            await _published(accepting, "accepted")
 
     async def _wait_for(self, slot: WorkerPool, delivery: Delivery) -> bool:
         """Until the slot is free, the delivery kept alive meanwhile (a slot frees when a

@@ -9,6 +9,7 @@ import nats.errors
 import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.agents.deadline import LEASE_GRACE_MS
 from agentreach.broker import consumer_state
 from tests.support import until_true
 
@@ -98,3 +99,48 @@ async def test_a_stopping_agent_gives_back_the_task_that_waits_for_a_slot(broker
             return started == ["first", "second"]
 
         await until_true(ran_again)
+
+
+async def test_an_outcome_is_kept_before_the_accepted_event_is_waited_for(
+    broker, coordinator, monkeypatch
+):
+    """The `accepted` publish can hang in an election after the handler has returned. The
+    outcome is recorded first, so a redelivery that comes meanwhile (nothing keeps the
+    delivery alive then), even past the claim's lease, answers and does not run it again."""
+    from agentreach.agents.execution import Executor
+
+    stuck = asyncio.Event()
+    accept = Executor._accept
+
+    async def stuck_accepting(self: Executor, job) -> None:  # type: ignore[no-untyped-def]
+        await accept(self, job)
+        if job.delivery.num_delivered == 1:
+            await stuck.wait()  # the first delivery's accepted event is not acknowledged
+
+    monkeypatch.setattr(Executor, "_accept", stuck_accepting)
+    agent = Agent("hand-3", startup_delay=0, ack_wait=0.5)
+    runs: list[int] = []
+
+    @agent.handler("once", capacity=1, deadline_ms=100)
+    async def once(ctx: TaskContext, payload: dict) -> dict:
+        runs.append(ctx.attempt)
+        return {"ok": True}
+
+    names = broker.names
+    stream, durable = names.dispatch_stream("P1"), names.agent_consumer("hand-3", "P1")
+
+    async def redelivered() -> bool:  # one message: a second delivery is a redelivery
+        info = await broker.js.consumer_info(stream, durable)
+        return (info.delivered.consumer_seq or 0) >= 2
+
+    async def settled() -> bool:
+        state = await consumer_state(broker, stream, durable)
+        return state is not None and state.num_ack_pending == 0
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        assert await client.invoke("once", {}) == {"ok": True}
+        await until_true(redelivered)
+        await asyncio.sleep((100 + LEASE_GRACE_MS) / 1000)  # past the claim's lease
+        stuck.set()
+        await until_true(settled)
+    assert runs == [1]
