@@ -24,6 +24,11 @@ async def test_a_deleted_dlq_is_provisioned_again_and_the_letter_lands(
             message_id, _ = await client.publish("nobody_serves_this", {})
         await watcher.dead_letter("no_route", message_id=message_id, timeout=20)
         await until_true(lambda: _stored_letters(broker, message_id))
+
+        async def said() -> bool:  # logged once the letter's ack is back, after it is stored
+            return any(e["event"] == "dead-lettered" for e in logs)
+
+        await until_true(said)
     events = [e["event"] for e in logs]
     again = events.index("streams or buckets were missing; provisioned again")
     assert names.dlq_stream in logs[again]["created"]
