@@ -4,6 +4,7 @@ outcome hold none."""
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import nats.errors
 import pytest
@@ -30,16 +31,10 @@ async def test_the_next_task_waits_in_hand_for_the_slot_kept_alive_past_the_ack_
             await release.wait()
         return payload
 
-    names = broker.names
-    stream, durable = names.dispatch_stream("P1"), names.agent_consumer("hand-1", "P1")
-
-    async def in_hand(count: int) -> bool:
-        state = await consumer_state(broker, stream, durable)
-        return state is not None and state.num_ack_pending == count
-
+    in_hand = functools.partial(_in_hand, broker, "hand-1")
     second_acks: list[object] = []
     async with agent.running(broker=broker), ReachClient(broker=broker) as client:
-        state = await consumer_state(broker, stream, durable)
+        state = await consumer_state(broker, *_consumer_of(broker, "hand-1"))
         assert state is not None and state.spec.max_ack_pending == 2  # twice the capacity
         first = asyncio.create_task(client.invoke("hold", {"n": "first"}))
         await until_true(lambda: in_hand(1))
@@ -52,6 +47,7 @@ async def test_the_next_task_waits_in_hand_for_the_slot_kept_alive_past_the_ack_
         await until_true(lambda: in_hand(2))  # delivered while the first runs
         await asyncio.sleep(2.5)  # waiting past the ack wait is what this test is about
         # Kept alive: the server hands the waiting task to nobody else.
+        stream, durable = _consumer_of(broker, "hand-1")
         thief = await broker.js.pull_subscribe_bind(durable, stream)
         with pytest.raises(nats.errors.TimeoutError):
             await thief.fetch(1, timeout=0.5)
@@ -77,13 +73,7 @@ async def test_a_stopping_agent_gives_back_the_task_that_waits_for_a_slot(broker
         await release.wait()
         return payload
 
-    names = broker.names
-    stream, durable = names.dispatch_stream("P1"), names.agent_consumer("hand-2", "P1")
-
-    async def in_hand(count: int) -> bool:
-        state = await consumer_state(broker, stream, durable)
-        return state is not None and state.num_ack_pending == count
-
+    in_hand = functools.partial(_in_hand, broker, "hand-2")
     async with agent.running(broker=broker) as runtime, ReachClient(broker=broker) as client:
         await client.publish("hold", {"n": "first"})
         await until_true(lambda: in_hand(1))
@@ -126,16 +116,13 @@ async def test_an_outcome_is_kept_before_the_accepted_event_is_waited_for(
         runs.append(ctx.attempt)
         return {"ok": True}
 
-    names = broker.names
-    stream, durable = names.dispatch_stream("P1"), names.agent_consumer("hand-3", "P1")
+    stream, durable = _consumer_of(broker, "hand-3")
 
     async def redelivered() -> bool:  # one message: a second delivery is a redelivery
         info = await broker.js.consumer_info(stream, durable)
         return (info.delivered.consumer_seq or 0) >= 2
 
-    async def settled() -> bool:
-        state = await consumer_state(broker, stream, durable)
-        return state is not None and state.num_ack_pending == 0
+    settled = functools.partial(_in_hand, broker, "hand-3", 0)
 
     async with agent.running(broker=broker), ReachClient(broker=broker) as client:
         assert await client.invoke("once", {}) == {"ok": True}
@@ -144,3 +131,14 @@ async def test_an_outcome_is_kept_before_the_accepted_event_is_waited_for(
         stuck.set()
         await until_true(settled)
     assert runs == [1]
+
+
+def _consumer_of(broker, agent_id: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    names = broker.names
+    return names.dispatch_stream("P1"), names.agent_consumer(agent_id, "P1")
+
+
+async def _in_hand(broker, agent_id: str, count: int) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the agent's P1 consumer has ``count`` deliveries unacknowledged."""
+    state = await consumer_state(broker, *_consumer_of(broker, agent_id))
+    return state is not None and state.num_ack_pending == count
