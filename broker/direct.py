@@ -123,8 +123,7 @@ class _State(msgspec.Struct):
 
 class _Info(msgspec.Struct):
     state: _State | None = None
-    total: int = 0
-    limit: int = 0
+    total: int = 0  # subjects matching, over every page
     error: dict[str, Any] | None = None
 
 
@@ -133,24 +132,23 @@ async def subject_counts(
 ) -> tuple[dict[str, int], int]:
     """How many messages each subject matching ``subject`` holds, and the stream's last
     sequence when they were counted."""
+    api_subject = f"$JS.API.STREAM.INFO.{stream}"
     counts: dict[str, int] = {}
     last_seq = 0
     while True:
-        request = {"subjects_filter": subject, "offset": len(counts)}
-        with translated(subject=f"$JS.API.STREAM.INFO.{stream}"):
-            answer = await broker.nc.request(
-                f"$JS.API.STREAM.INFO.{stream}", json.dumps(request).encode(), timeout=timeout_s
-            )
-            info = _decoded_info(answer.data)
-        assert info.state is not None
-        page = info.state.subjects or {}
-        last_seq = last_seq or info.state.last_seq
+        request = json.dumps({"subjects_filter": subject, "offset": len(counts)}).encode()
+        with translated(subject=api_subject):
+            answer = await broker.nc.request(api_subject, request, timeout=timeout_s)
+            state, total = _decoded_info(answer.data)
+        page = state.subjects or {}
+        last_seq = last_seq or state.last_seq
         counts.update(page)
-        if not page or len(counts) >= info.total:
+        if not page or len(counts) >= total:
             return counts, last_seq
 
 
-def _decoded_info(data: bytes) -> _Info:
+def _decoded_info(data: bytes) -> tuple[_State, int]:
+    """The state and the number of matching subjects of a stream-info answer."""
     try:
         info = msgspec.json.decode(data, type=_Info)
     except msgspec.DecodeError as exc:
@@ -159,7 +157,7 @@ def _decoded_info(data: bytes) -> _Info:
         nats.js.errors.APIError.from_error(info.error)  # raises the error's own class
     if info.state is None:
         raise BrokerError(f"stream info without a state: {data[:200]!r}")
-    return info
+    return info.state, info.total
 
 
 class _TooMany(Exception):
