@@ -16,8 +16,6 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.lifecycle import (
-    UNROUTED_LOOK_AGAIN_S,
-    UNROUTED_LOOKS,
     dead_letter,
     dead_letter_delivery,
     emit,
@@ -26,7 +24,12 @@ from agentreach.broker.lifecycle import (
 )
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.delivery.retries import RetryConfig
-from agentreach.coordinator.protection.grants import Grants, impersonation, vouched_sender
+from agentreach.coordinator.protection.grants import (
+    Grants,
+    impersonation,
+    routing_vouches,
+    vouched_sender,
+)
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.router import Router
 from agentreach.envelopes import DecodeError, ErrorInfo, Event, Task, ttl_left_ms
@@ -77,13 +80,10 @@ class Outcomes:
             # No grant can be checked without the task: the routing is asked instead, so no
             # agent ends a task it was not given by sending a broken outcome about it.
             events = await events_of(self._broker, event.trace_id, event.message_id)
-            if not events.vouch_for(msg.stream_seq):
-                if msg.num_delivered < UNROUTED_LOOKS:
-                    return UNROUTED_LOOK_AGAIN_S  # its `routed` may be a moment behind
-                await impersonation(self._broker, sender, event, "the attempt was not routed to it")
-            else:
+            vouched = await routing_vouches(self._broker, msg, event, events)
+            if vouched is True:
                 await self._incomplete(event, exc)
-            return None
+            return None if isinstance(vouched, bool) else vouched
         if not self._grants.holds(event.detail.get("grant"), task, sender):
             await impersonation(self._broker, sender, event, "no grant for this attempt")
             return None

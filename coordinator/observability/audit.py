@@ -16,9 +16,9 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, Delivery
-from agentreach.broker.lifecycle import UNROUTED_LOOK_AGAIN_S, UNROUTED_LOOKS, events_of
+from agentreach.broker.lifecycle import events_of
 from agentreach.broker.streams import StoredMessage
-from agentreach.coordinator.protection.grants import impersonation, vouched_sender
+from agentreach.coordinator.protection.grants import routing_vouches, vouched_sender
 from agentreach.envelopes import (
     AuditRecord,
     DecodeError,
@@ -56,14 +56,10 @@ class AuditWriter:
         if await vouched_sender(broker, msg.subject, ending) is None:
             return None  # a body claiming another agent: the alert is raised, no record kept
         events = await events_of(broker, ending.trace_id, ending.message_id)
-        if not events.vouch_for(msg.stream_seq):
-            if msg.num_delivered < UNROUTED_LOOKS:
-                return UNROUTED_LOOK_AGAIN_S  # its `routed` may be a moment behind
-            # An ending from an agent the attempt was not routed to: the record is kept for
-            # the real one (the first record of a message is its only one).
-            why = "the attempt was not routed to it"
-            await impersonation(broker, names.sender_of_event_subject(msg.subject), ending, why)
-            return None
+        # An ending from an agent the attempt was not routed to writes no record: it is kept
+        # for the real one (the first record of a message is its only one).
+        if (vouched := await routing_vouches(broker, msg, ending, events)) is not True:
+            return None if vouched is False else vouched
         record = audit_record(ending, msg.timestamp_ms, events.authentic)
         subject = names.audit(record.status, ending.topic, ending.trace_id, ending.message_id)
         await broker.publish(

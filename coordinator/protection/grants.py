@@ -18,8 +18,15 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from agentreach.broker import Broker
-from agentreach.broker.lifecycle import COORDINATOR, agent_event, emit
+from agentreach.broker import Broker, Delivery
+from agentreach.broker.lifecycle import (
+    COORDINATOR,
+    UNROUTED_LOOK_AGAIN_S,
+    UNROUTED_LOOKS,
+    MessageEvents,
+    agent_event,
+    emit,
+)
 from agentreach.envelopes import Event, Task
 
 log = structlog.get_logger("coordinator.grants")
@@ -90,6 +97,21 @@ async def vouched_sender(broker: Broker, subject: str, event: Event) -> str | No
         return sender
     await impersonation(broker, sender, event, "the event names another agent")
     return None
+
+
+async def routing_vouches(
+    broker: Broker, msg: Delivery, event: Event, events: MessageEvents
+) -> bool | float:
+    """True when the delivered ``event`` is authentic (its attempt was routed to its sender);
+    while it is not, the seconds until it is looked at again (``routed`` may be a moment
+    behind), and False, after an ``impersonation`` alert, at the last look."""
+    if events.vouch_for(msg.stream_seq):
+        return True
+    if msg.num_delivered < UNROUTED_LOOKS:
+        return UNROUTED_LOOK_AGAIN_S
+    sender = broker.names.sender_of_event_subject(msg.subject)
+    await impersonation(broker, sender, event, "the attempt was not routed to it")
+    return False
 
 
 async def impersonation(broker: Broker, sender: str, event: Event, why: str) -> None:
