@@ -48,14 +48,13 @@ class Phase:
 
     def __enter__(self) -> Phase:
         self.rss_before = rss_mib()
-        self._wall, self._cpu = time.perf_counter(), time.process_time()
-        self.started = self._wall
+        self.started, self._cpu = time.perf_counter(), time.process_time()
         return self
 
     audited_s = 0.0
 
     def __exit__(self, *exc: object) -> None:
-        self.elapsed = time.perf_counter() - self._wall
+        self.elapsed = time.perf_counter() - self.started
         self.cpu_s = time.process_time() - self._cpu
         self.rss_after = rss_mib()
 
