@@ -30,7 +30,8 @@ RECEIVED_MS = 1_700_000_000_000
 FALLBACK_ID = "fallback-0001"
 ANY_JSON_PATH = "$*"  # a fault of the whole document: any path starting with `$` names it
 
-_PATH = re.compile(r" - at `(?P<path>[^`]*)`$")
+# To the last backtick: msgspec quotes a key as it is, and a fuzzed key may hold a backtick.
+_PATH = re.compile(r" - at `(?P<path>.*)`$", re.DOTALL)
 _DIGITS = re.compile(r"[0-9]+", re.ASCII)
 _ASCII_SPACE = set(" \t\r\n\f\v")
 Kind = Literal["ok", "bad", "either"]
