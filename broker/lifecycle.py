@@ -21,7 +21,16 @@ from agentreach.broker.messages import Delivery
 from agentreach.broker.names import COORDINATOR, Names
 from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.streams import StoredMessage
-from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms, stable_id
+from agentreach.envelopes import (
+    DeadLetter,
+    ErrorInfo,
+    ErrorReply,
+    Event,
+    Result,
+    Task,
+    now_ms,
+    stable_id,
+)
 from agentreach.envelopes.audit import summary_of_task
 
 log = structlog.get_logger("broker.lifecycle")
@@ -104,13 +113,17 @@ async def reply(
 ) -> None:
     """Send an ack, progress, result, error or routed notice to the task's ``reply_to``, if
     it has one, as ``sender`` (see :meth:`Names.reply_subject`)."""
-    if task.reply_to:
-        headers = {
-            "Reach-Trace-Id": task.trace_id,
-            "Reach-Kind": str(type(message).__struct_config__.tag),
-        }
-        subject = broker.names.reply_subject(task.reply_to, sender)
-        await broker.publish_core(subject, envelopes.encode(message), headers=headers)
+    if not task.reply_to:
+        return
+    final = isinstance(message, Result | ErrorReply)
+    if not final and broker.names.workflow_replies(task.reply_to):
+        return  # a workflow reads only a step's result or error, and every reply is stored
+    headers = {
+        "Reach-Trace-Id": task.trace_id,
+        "Reach-Kind": str(type(message).__struct_config__.tag),
+    }
+    subject = broker.names.reply_subject(task.reply_to, sender)
+    await broker.publish_core(subject, envelopes.encode(message), headers=headers)
 
 
 async def trace_of(broker: Broker, message_id: str) -> list[Event]:

@@ -141,6 +141,11 @@ class Names(msgspec.Struct, frozen=True):
         own inbox (``nats pub -H Reach-Reply-To:…``)."""
         return f"{reply_to}.{sender}" if self.signed_reply(reply_to) else reply_to
 
+    def workflow_replies(self, subject: str) -> bool:
+        """Whether ``subject`` is a workflow's reply subject: its engine reads only a step's
+        result or error, and each reply sent there is stored in ``REACH_WORKFLOWS``."""
+        return subject.startswith(f"{self.prefix}.wf.reply.")
+
     def signed_reply(self, subject: str) -> bool:
         """Whether replies to ``subject`` carry their sender's token (a box, a workflow)."""
         return subject.startswith((f"{self.prefix}.reply.", f"{self.prefix}.wf.reply."))

@@ -73,9 +73,13 @@ export async function emit(conn: Connection, event: Event, sender: string): Prom
   await conn.publish(subject, encode(event), msgId === null ? {} : { "Nats-Msg-Id": msgId });
 }
 
-/** Send an ack, progress or result to the task's `reply_to` (as `sender`), if it has one. */
+/**
+ * Send an ack, progress or result to the task's `reply_to` (as `sender`), if it has one; a
+ * workflow is sent only the result (protocol §11).
+ */
 export function reply(conn: Connection, task: Task, message: Reply, sender: string): void {
   if (!task.reply_to) return;
+  if (message.kind !== "result" && conn.names.workflowReplies(task.reply_to)) return;
   conn.publishCore(conn.names.replySubject(task.reply_to, sender), encode(message), {
     "Reach-Trace-Id": task.trace_id,
     "Reach-Kind": message.kind,

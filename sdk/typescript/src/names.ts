@@ -33,6 +33,14 @@ export class Names {
     return signed ? `${replyTo}.${sender}` : replyTo;
   }
 
+  /**
+   * Whether `subject` is a workflow's reply subject: its engine reads only a step's result,
+   * and every reply sent there is stored, so acks and progress are not sent to it.
+   */
+  workflowReplies(subject: string): boolean {
+    return subject.startsWith(`${this.prefix}.wf.reply.`);
+  }
+
   dlq(reason: string, topic: string): string {
     return `${this.prefix}.dlq.${reason}.${topic}`;
   }

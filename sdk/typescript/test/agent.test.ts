@@ -12,7 +12,7 @@ import type { KV } from "nats";
 
 import { Agent, AgentIdInUse, PermanentError, ReachError } from "../src/index.js";
 import { newId } from "../src/index.js";
-import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Result } from "../src/index.js";
+import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Reply, Result } from "../src/index.js";
 import { binary, eventsOf, Gate, kvUntil, send, startStack, task, terminate, Watcher } from "./harness.js";
 import type { Stack } from "./harness.js";
 
@@ -104,6 +104,30 @@ describe("serving tasks", () => {
     assert.deepEqual(kinds, ["ack", "progress", "result"]);
     const progress = await events.next((e) => e.event === "progress");
     assert.equal(progress.detail.note, "half way");
+    replies.close();
+    events.close();
+  });
+
+  it("sends a workflow step's reply subject only the result", async () => {
+    const topic = unique("step");
+    const agent = await started(
+      newAgent(unique("ts-step")).handler(topic, async (ctx) => {
+        await ctx.progress("half way");
+        return "done";
+      }),
+    );
+    const replyTo = `reach.wf.reply.${newId()}`;
+    const replies = new Watcher<Reply>(stack.nc, `${replyTo}.*`);
+    await stack.nc.flush();
+    const t = task(topic, null, { reply_to: replyTo });
+    const events = eventsOf(stack, t.message_id);
+    (await send(stack, t)).close();
+    await events.next((e) => e.event === "completed");
+    await replies.next((r) => r.kind === "result");
+    assert.deepEqual(
+      replies.seen.map((m) => [m.subject, m.body.kind]),
+      [[`${replyTo}.${agent.agentId}`, "result"]],
+    );
     replies.close();
     events.close();
   });
