@@ -30,6 +30,7 @@ from agentreach.broker import (
 from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event_for, reply
 from agentreach.broker.streams import purge_subject
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
+from agentreach.coordinator.workflows.records import HotRecords
 from agentreach.coordinator.workflows.run import (
     Action,
     Dispatch,
@@ -75,6 +76,7 @@ class WorkflowEngine:
         self.specs = dict(specs)
         self._clock = clock
         self._claim_check = ClaimCheck(broker)  # large step results are fetched to map them
+        self.hot = HotRecords()  # what this replica wrote last: the next change reads nothing
 
     def serves(self, topic: str) -> bool:
         return topic in self.specs
@@ -88,12 +90,13 @@ class WorkflowEngine:
         run.start()
         records = await self._records()
         try:
-            await records.create(record.instance_id, record)
+            revision = await records.create(record.instance_id, record)
         except WrongLastSequence:
             log.info("workflow exists already; resuming", instance_id=record.instance_id)
             if (existing := await records.get(record.instance_id)) is not None:
                 await self._resume(existing.value)
             return
+        self.hot.keep(record.instance_id, record, revision)
         await reply(self._broker, task, Ack(**about(task)))
         await self._carry_out(record, run.actions)
 
@@ -187,7 +190,7 @@ class WorkflowEngine:
             runs.append(run)
             return record if change(run) else None
 
-        swap = await (await self._records()).cas(instance_id, advance)
+        swap = await self.hot.cas(await self._records(), instance_id, advance)
         if not runs:
             return False
         run = runs[-1]

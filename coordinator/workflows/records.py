@@ -1,0 +1,65 @@
+"""The workflow records a replica wrote last, kept so that an instance's next change needs
+no read first.
+
+Every message of an instance is applied with a conditional write, so a kept copy cannot make
+a wrong write: the write names the revision the copy was written at, and fails when another
+replica (or this one, before a restart) wrote since; the record is then read and the change
+judged again. A change that finds nothing to do on the copy is judged again on a fresh read
+too, since the copy may be older than the message (a result another replica's dispatch
+awaits). Finished instances are not kept: nothing changes them any more.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+
+import msgspec
+
+from agentreach.broker import Bucket
+from agentreach.broker.bucket import Entry, Swap
+from agentreach.envelopes import WorkflowRecord
+
+HOT_RECORDS = 4096  # instances kept, the most recently written first to go last
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(WorkflowRecord).decode
+
+
+class HotRecords:
+    """The last written revision of each running instance, up to ``limit`` of them, kept as
+    bytes: a change works on a copy of its own and never edits the kept one."""
+
+    def __init__(self, limit: int = HOT_RECORDS) -> None:
+        self._limit = limit
+        self._kept: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def keep(self, key: str, record: WorkflowRecord, revision: int) -> None:
+        """Remember ``record`` as written at ``revision`` (a finished one is forgotten)."""
+        self._kept.pop(key, None)
+        if record.finished:
+            return
+        self._kept[key] = (revision, _encode(record))
+        if len(self._kept) > self._limit:
+            self._kept.popitem(last=False)
+
+    async def cas(
+        self,
+        bucket: Bucket[WorkflowRecord],
+        key: str,
+        change: Callable[[WorkflowRecord | None], WorkflowRecord | None],
+    ) -> Swap[WorkflowRecord]:
+        """:meth:`Bucket.cas` that starts from the kept copy when there is one."""
+        kept = self._kept.pop(key, None)  # gone until written again: a failure forgets it
+        swap = None
+        if kept is not None:
+            revision, data = kept
+            swap = await bucket.cas(key, change, known=Entry(key, _decode(data), revision))
+        if swap is None or not swap.written:
+            swap = await bucket.cas(key, change)
+        if swap.written and swap.entry is not None:
+            self.keep(key, swap.entry.value, swap.entry.revision)
+        return swap
