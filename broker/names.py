@@ -146,6 +146,10 @@ class Names(msgspec.Struct, frozen=True):
         result or error, and each reply sent there is stored in ``REACH_WORKFLOWS``."""
         return subject.startswith(f"{self.prefix}.wf.reply.")
 
+    def sender_of_reply_subject(self, subject: str) -> str:
+        """``<reply box or workflow>.<sender>`` → the sender."""
+        return subject.rsplit(".", 1)[-1]
+
     def signed_reply(self, subject: str) -> bool:
         """Whether replies to ``subject`` carry their sender's token (a box, a workflow)."""
         return subject.startswith((f"{self.prefix}.reply.", f"{self.prefix}.wf.reply."))

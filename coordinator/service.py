@@ -115,7 +115,7 @@ class Coordinator:
         broker.dedup_secret = broker.dedup_secret or grants.key  # replicas share the key
         self.manual = ManualQueue(broker, config.manual)
         self.router = Router(broker, fleet, config.routing, grants, manual=self.manual)
-        self.workflows = WorkflowEngine(broker, config.workflows)
+        self.workflows = WorkflowEngine(broker, config.workflows, grants=grants)
         self.liveness = LivenessMonitor(broker, config.liveness)
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id

@@ -26,8 +26,9 @@ from agentreach.broker.lifecycle import (
     MessageEvents,
     agent_event,
     emit,
+    events_of,
 )
-from agentreach.envelopes import Event, Task
+from agentreach.envelopes import ErrorReply, Event, Reply, Result, Task
 
 log = structlog.get_logger("coordinator.grants")
 
@@ -114,16 +115,43 @@ async def routing_vouches(
     return False
 
 
-async def impersonation(broker: Broker, sender: str, event: Event, why: str) -> None:
-    """An event that is not what it claims: dropped, and an ``alert`` says who tried."""
-    log.warning("impersonation refused", sender=sender, claimed=event.agent_id, why=why)
+async def reply_vouched(broker: Broker, msg: Delivery, answer: Result | ErrorReply) -> bool | float:
+    """True when the delivered ``answer`` (a workflow step's) comes from the coordinator or
+    from the agent its attempt was routed to; while it does not, the seconds until it is
+    looked at again (``routed`` may be a moment behind), and False, after an
+    ``impersonation`` alert, at the last look. Only an agent's reply is read against the
+    routing: an agent never sends an error."""
+    sender = broker.names.sender_of_reply_subject(msg.subject)
+    if sender == COORDINATOR:
+        return True
+    if isinstance(answer, Result):
+        events = await events_of(broker, answer.trace_id, answer.message_id)
+        if any(
+            event.event == "routed" and event.agent_id == sender and event.attempt == answer.attempt
+            for _, event in events.authentic
+        ):
+            return True
+        if msg.num_delivered < UNROUTED_LOOKS:
+            return UNROUTED_LOOK_AGAIN_S
+    await impersonation(broker, sender, answer, "the attempt was not routed to it")
+    return False
+
+
+async def impersonation(broker: Broker, sender: str, claim: Event | Reply, why: str) -> None:
+    """An event or reply that is not what it claims: dropped, and an ``alert`` says who
+    tried."""
+    if isinstance(claim, Event):
+        claimed, kind = claim.agent_id, claim.event
+    else:
+        claimed, kind = claim.from_agent, str(type(claim).__struct_config__.tag)
+    log.warning("impersonation refused", sender=sender, claimed=claimed, why=why)
     alert = agent_event(
         sender,
         "alert",
         problem="impersonation",
         why=why,
-        claimed=event.agent_id,
-        kind=event.event,
-        message_id=event.message_id,
+        claimed=claimed,
+        kind=kind,
+        message_id=claim.message_id,
     )
     await emit(broker, alert)

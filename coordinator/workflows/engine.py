@@ -30,6 +30,7 @@ from agentreach.broker import (
 from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event_for, reply
 from agentreach.broker.streams import purge_subject
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
+from agentreach.coordinator.protection.grants import Grants, reply_vouched
 from agentreach.coordinator.workflows.records import HotRecords
 from agentreach.coordinator.workflows.run import (
     Action,
@@ -71,10 +72,12 @@ class WorkflowEngine:
         broker: Broker,
         specs: Mapping[str, WorkflowSpec],
         clock: Callable[[], int] = now_ms,
+        grants: Grants | None = None,
     ) -> None:
         self._broker = broker
         self.specs = dict(specs)
         self._clock = clock
+        self._grants = grants or Grants(None)  # with a seal key, step results are checked
         self._claim_check = ClaimCheck(broker)  # large step results are fetched to map them
         self.hot = HotRecords()  # what this replica wrote last: the next change reads nothing
 
@@ -110,7 +113,7 @@ class WorkflowEngine:
         try:
             match kind:
                 case "reply":
-                    await self._on_reply(instance_id, msg.data, seen_before)
+                    return await self._on_reply(msg, instance_id, seen_before)
                 case "timer":  # a timer comes back by design: not a sign of a crash
                     return await self._on_timer(instance_id, msg.data)
                 case "signal":
@@ -123,24 +126,29 @@ class WorkflowEngine:
             await self._refuse(msg, instance_id, str(exc))
         return None
 
-    async def _on_reply(self, instance_id: str, data: bytes, seen_before: bool) -> None:
-        answer = envelopes.decode_reply(data)
-        match answer:
-            case Result():
-                output, error = (
-                    await self._claim_check.result_of(answer.result, answer.result_ref),
-                    None,
-                )
-            case ErrorReply():
-                output, error = None, answer.error
-            case _:
-                return  # acks and progress of a step: nothing to decide
+    async def _on_reply(self, msg: Delivery, instance_id: str, seen_before: bool) -> float | None:
+        """None once the reply is applied (or refused), or seconds until it is looked at
+        again (a secured deployment checks that the step's attempt was routed to its sender:
+        anyone may publish as itself to the reply subject of a workflow it was in)."""
+        answer = envelopes.decode_reply(msg.data)
+        if not isinstance(answer, Result | ErrorReply):
+            return None  # an ack or progress of a step: nothing to decide
+        if self._grants.enabled:
+            vouched = await reply_vouched(self._broker, msg, answer)
+            if vouched is not True:
+                return None if vouched is False else vouched
+        if isinstance(answer, Result):
+            output = await self._claim_check.result_of(answer.result, answer.result_ref)
+            error = None
+        else:
+            output, error = None, answer.error
         message_id = answer.message_id
         await self._apply(
             instance_id,
             lambda run: run.on_result(message_id, output=output, error=error),
             seen_before,
         )
+        return None
 
     async def _on_signal(self, instance_id: str, event: str, seen_before: bool) -> None:
         if await self._apply(instance_id, lambda run: run.on_signal(event), seen_before):

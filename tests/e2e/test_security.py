@@ -49,8 +49,10 @@ from agentreach.broker import (
 )
 from agentreach.broker.lifecycle import trace_of
 from agentreach.coordinator import Coordinator
+from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.protection.grants import SecurityConfig
 from agentreach.coordinator.protection.rate_limits import RateLimits
+from agentreach.coordinator.workflows.control import read_record
 from agentreach.envelopes import RateLimit
 from tests.cli.conftest import reach_command
 from tests.conftest import FAST
@@ -79,6 +81,7 @@ class Arena:
     server_log: list[str]
     x_seen: list[Any]  # payloads agent worker-x ran
     release: asyncio.Event  # lets worker-x finish the task it holds
+    release_step: asyncio.Event = field(default_factory=asyncio.Event)  # and the workflow step
     held: envelopes.Task | None = None  # the task worker-x holds, as alice sent it
     pending: asyncio.Task[Any] | None = None  # alice's invoke of the held task
     alice_heard: list[bytes] = field(default_factory=list)  # everything in alice's spaces
@@ -135,14 +138,21 @@ async def arena(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Arena
         FAST,
         security=SecurityConfig(seal_key_file=deployment.seal_key_file),
         rate_limits=RateLimits(callers={"greedy": RateLimit(rate=0.1, burst=2)}),
+        workflows={"held-flow": wf.chain(wf.step("a", "hold-step"))},
     )
     x_seen: list[Any] = []
-    release = asyncio.Event()
+    release, release_step = asyncio.Event(), asyncio.Event()
     agent = Agent(X, startup_delay=0)
 
     @agent.handler("summarize", capacity=8)
     async def summarize(ctx: TaskContext, payload: Any) -> Any:
         x_seen.append(payload)
+        return {"summary": "real"}
+
+    @agent.handler("hold-step")
+    async def hold_step(ctx: TaskContext, payload: Any) -> Any:
+        x_seen.append(payload)
+        await release_step.wait()
         return {"summary": "real"}
 
     @agent.handler("hold", capacity=2)
@@ -167,6 +177,7 @@ async def arena(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Arena
                 ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
             ):
                 arena = Arena(deployment, url, admin, y, a, alice, server_log, x_seen, release)
+                arena.release_step = release_step
                 await a.nc.subscribe("reach.reply.alice.>", cb=_keep(arena.alice_heard))
                 await a.nc.subscribe("_INBOX_alice.trap", cb=_keep(arena.alice_heard))
                 await bob.nc.subscribe("reach.reply.bob.>", cb=_keep(arena.bob_heard))
@@ -776,6 +787,45 @@ async def test_no_attack_succeeds(arena: Arena, attack: Attack) -> None:
     assert succeeded == [], f"{attack.title}: succeeded in attempts {succeeded} of {N}"
     if attack.stopped_by == "permissions":  # the server says so, with the user's key
         assert arena.violations(attack.actor) > before, f"{attack.title}: no violation logged"
+
+
+async def test_a_workflow_step_ends_only_by_the_agent_it_was_routed_to(arena: Arena) -> None:
+    """Y publishes results in its own name to the reply subject of a step given to X (any
+    agent may publish as itself there): the engine looks for the step's routing, refuses
+    each with an alert, and the step ends with X's result."""
+    instance, _ = await arena.alice.publish("held-flow", {"n": "held step"})
+    async with asyncio.timeout(10):
+        while {"n": "held step"} not in arena.x_seen:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+    stored = await read_stream(arena.admin, P1, NAMES.dispatch(X, "P1"))
+    step = envelopes.decode_task(stored[-1].data)
+    assert step.reply_to == NAMES.workflow_reply(instance)
+    refused: list[str] = []
+    all_refused = asyncio.Event()
+
+    async def alert(msg: Any) -> None:
+        event = envelopes.decode_event(msg.data)
+        if event.detail.get("message_id") == step.message_id:
+            refused.append(event.detail.get("kind", ""))
+            if len(refused) == N:
+                all_refused.set()
+
+    sub = await arena.admin.nc.subscribe(NAMES.events_of_kind("alert"), cb=alert)
+    await arena.admin.nc.flush()
+    for _ in range(N):
+        await arena.y.nc.publish(f"{step.reply_to}.{Y}", _result(step, Y, marker()))
+    async with asyncio.timeout(15):
+        await all_refused.wait()
+    await sub.unsubscribe()
+    assert refused == ["result"] * N
+    record = await read_record(arena.admin, instance)
+    assert record is not None and record.steps["a"].status == "running"
+    arena.release_step.set()
+    async with asyncio.timeout(10):
+        while (record := await read_record(arena.admin, instance)) and not record.finished:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+    assert record is not None and record.status == "completed"
+    assert record.result == {"summary": "real"}
 
 
 # -- anonymous and forged identities -----------------------------------------------------
