@@ -300,7 +300,10 @@ class WorkflowEngine:
         await emit(self._broker, event_for(about, event, **detail))
 
     async def _finish(self, record: WorkflowRecord) -> None:
-        await self._drop_timers(record.instance_id)
+        await self._answer(record)
+        await self._drop_timers(record.instance_id)  # after: the caller need not wait for it
+
+    async def _answer(self, record: WorkflowRecord) -> None:
         task = record.task
         if record.status == "completed":
             await reply(self._broker, task, Result(**about(task, result=record.result)))
