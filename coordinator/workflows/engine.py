@@ -262,7 +262,9 @@ class WorkflowEngine:
         await self._broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
 
     def _step_task(self, record: WorkflowRecord, run: StepRun) -> Task:
-        """The task of one step visit, answering to the instance's reply subject."""
+        """The task of one step visit, answering to the instance's reply subject; it may run
+        as long as it has left (its ``timeout_s``, the workflow's deadline), not only for
+        the default execute budget."""
         now = self._clock()
         left_ms = max(1, record.deadline_ms - now)
         if run.deadline_ms:
@@ -276,6 +278,7 @@ class WorkflowEngine:
             reply_to=self._broker.names.workflow_reply(record.instance_id),
             priority=run.priority,
             ttl_ms=left_ms,
+            budget=msgspec.structs.replace(record.task.budget, execute_ms=left_ms),
             created_at=run.started_ms,
             traceparent=tracecontext.child(record.task.traceparent, run.message_id),
         )

@@ -85,6 +85,27 @@ async def test_a_four_step_chain_passes_outputs_on(broker, start_coordinator, wa
     assert [e.topic for e in step_routes] == ["plan", "write", "review", "publish"]
 
 
+async def test_a_step_may_run_as_long_as_its_timeout(broker, start_coordinator):
+    """A step's task carries the time it has left as its execute budget: an agent would
+    otherwise stop its handler at the default 30 s, whatever the step's ``timeout_s``."""
+    agent = Agent("patient", startup_delay=0)
+
+    @agent.handler("ponder")
+    async def ponder(ctx: TaskContext, payload: Any) -> int:
+        return ctx.deadline_ms
+
+    config = fast(
+        workflows=workflows(slow="{ttl_s: 600, chain: [{name: a, intent: ponder, timeout_s: 120}]}")
+    )
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, agent),
+        ReachClient(broker=broker) as client,
+    ):
+        deadline_ms = await client.invoke("slow", {})
+    assert 110_000 < deadline_ms <= 120_000
+
+
 async def _drained(broker, timeout: float = 5.0) -> int:  # type: ignore[no-untyped-def]
     """Messages left in REACH_WORKFLOWS once the last acks have landed (an ack has no event)."""
     stream = broker.names.workflows_stream
