@@ -119,20 +119,21 @@ async def reply_vouched(broker: Broker, msg: Delivery, answer: Result | ErrorRep
     """True when the delivered ``answer`` (a workflow step's) comes from the coordinator or
     from the agent its attempt was routed to; while it does not, the seconds until it is
     looked at again (``routed`` may be a moment behind), and False, after an
-    ``impersonation`` alert, at the last look. Only an agent's reply is read against the
-    routing: an agent never sends an error."""
+    ``impersonation`` alert, at the last look."""
     sender = broker.names.sender_of_reply_subject(msg.subject)
     if sender == COORDINATOR:
         return True
-    if isinstance(answer, Result):
-        events = await events_of(broker, answer.trace_id, answer.message_id)
-        if any(
-            event.event == "routed" and event.agent_id == sender and event.attempt == answer.attempt
-            for _, event in events.authentic
-        ):
-            return True
-        if msg.num_delivered < UNROUTED_LOOKS:
-            return UNROUTED_LOOK_AGAIN_S
+    if isinstance(answer, ErrorReply):
+        await impersonation(broker, sender, answer, "only the coordinator sends an error")
+        return False
+    events = await events_of(broker, answer.trace_id, answer.message_id)
+    if any(
+        event.event == "routed" and event.agent_id == sender and event.attempt == answer.attempt
+        for _, event in events.authentic
+    ):
+        return True
+    if msg.num_delivered < UNROUTED_LOOKS:
+        return UNROUTED_LOOK_AGAIN_S
     await impersonation(broker, sender, answer, "the attempt was not routed to it")
     return False
 

@@ -79,7 +79,7 @@ class WorkflowEngine:
         self._clock = clock
         self._grants = grants or Grants(None)  # with a seal key, step results are checked
         self._claim_check = ClaimCheck(broker)  # large step results are fetched to map them
-        self.hot = HotRecords()  # what this replica wrote last: the next change reads nothing
+        self._hot = HotRecords()  # what this replica wrote last: the next change reads nothing
 
     def serves(self, topic: str) -> bool:
         return topic in self.specs
@@ -99,7 +99,7 @@ class WorkflowEngine:
             if (existing := await records.get(record.instance_id)) is not None:
                 await self._resume(existing.value)
             return
-        self.hot.keep(record.instance_id, record, revision)
+        self._hot.keep(record.instance_id, record, revision)
         await reply(self._broker, task, Ack(**about(task)))
         await self._carry_out(record, run.actions)
 
@@ -198,7 +198,7 @@ class WorkflowEngine:
             runs.append(run)
             return record if change(run) else None
 
-        swap = await self.hot.cas(await self._records(), instance_id, advance)
+        swap = await self._hot.cas(await self._records(), instance_id, advance)
         if not runs:
             return False
         run = runs[-1]

@@ -20,18 +20,22 @@ from agentreach.broker import Bucket
 from agentreach.broker.bucket import Entry, Swap
 from agentreach.envelopes import WorkflowRecord
 
-HOT_RECORDS = 4096  # instances kept, the most recently written first to go last
+HOT_RECORDS = 4096  # running instances kept; the least recently written goes first
+HOT_BYTES = 32 * 1024 * 1024  # and their encoded records together (step outputs are inline)
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(WorkflowRecord).decode
 
 
 class HotRecords:
-    """The last written revision of each running instance, up to ``limit`` of them, kept as
-    bytes: a change works on a copy of its own and never edits the kept one."""
+    """The last written revision of each running instance, up to ``limit`` of them and
+    ``max_bytes`` together, kept as bytes: a change works on a copy of its own and never
+    edits the kept one."""
 
-    def __init__(self, limit: int = HOT_RECORDS) -> None:
+    def __init__(self, limit: int = HOT_RECORDS, max_bytes: int = HOT_BYTES) -> None:
         self._limit = limit
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._kept: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -39,12 +43,20 @@ class HotRecords:
 
     def keep(self, key: str, record: WorkflowRecord, revision: int) -> None:
         """Remember ``record`` as written at ``revision`` (a finished one is forgotten)."""
-        self._kept.pop(key, None)
+        self._forget(key)
         if record.finished:
             return
-        self._kept[key] = (revision, _encode(record))
-        if len(self._kept) > self._limit:
-            self._kept.popitem(last=False)
+        data = _encode(record)
+        self._kept[key] = (revision, data)
+        self._bytes += len(data)
+        while self._kept and (len(self._kept) > self._limit or self._bytes > self._max_bytes):
+            self._forget(next(iter(self._kept)))
+
+    def _forget(self, key: str) -> tuple[int, bytes] | None:
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self._bytes -= len(kept[1])
+        return kept
 
     async def cas(
         self,
@@ -53,7 +65,7 @@ class HotRecords:
         change: Callable[[WorkflowRecord | None], WorkflowRecord | None],
     ) -> Swap[WorkflowRecord]:
         """:meth:`Bucket.cas` that starts from the kept copy when there is one."""
-        kept = self._kept.pop(key, None)  # gone until written again: a failure forgets it
+        kept = self._forget(key)  # gone until written again: a failure forgets it
         swap = None
         if kept is not None:
             revision, data = kept

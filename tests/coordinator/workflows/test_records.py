@@ -107,6 +107,16 @@ async def test_a_failed_change_forgets_the_copy(broker):
     assert swap.entry is not None and swap.entry.value.path == ["after"]
 
 
+def test_the_kept_bytes_are_bounded() -> None:
+    big = record(result="x" * 1000)
+    hot = HotRecords(max_bytes=2 * len(msgspec.msgpack.encode(big)))
+    for revision in range(1, 4):
+        hot.keep(f"i{revision}", big, revision)
+    assert len(hot) == 2
+    hot.keep("huge", record(result="x" * 5000), 4)  # bigger than the whole budget
+    assert len(hot) == 0
+
+
 def test_finished_instances_are_not_kept_and_the_oldest_goes_first() -> None:
     hot = HotRecords(limit=2)
     running = [record() for _ in range(3)]
