@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -136,7 +135,7 @@ async def subject_counts(
     counts: dict[str, int] = {}
     last_seq = 0
     while True:
-        request = json.dumps({"subjects_filter": subject, "offset": len(counts)}).encode()
+        request = msgspec.json.encode({"subjects_filter": subject, "offset": len(counts)})
         with translated(subject=api_subject):
             answer = await broker.nc.request(api_subject, request, timeout=timeout_s)
             state, total = _decoded_info(answer.data)
@@ -188,7 +187,7 @@ class DirectReplies:
         token, reply = await self._inbox.expect(read.take)
         try:
             with translated(subject=subject):
-                await self._broker.nc.publish(subject, json.dumps(request).encode(), reply=reply)
+                await self._broker.nc.publish(subject, msgspec.json.encode(request), reply=reply)
             try:
                 async with asyncio.timeout(timeout_s):
                     return await read.done

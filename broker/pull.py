@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 from collections import deque
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -99,7 +99,7 @@ class Puller:
 
     async def _request(self, size: int, wait_s: float) -> None:
         reply = f"{self._inbox}.{next(self._tokens)}"
-        body = json.dumps({"batch": max(1, size), "expires": int(wait_s * 1e9)}).encode()
+        body = msgspec.json.encode({"batch": max(1, size), "expires": int(wait_s * 1e9)})
         with translated(subject=self._next_subject):
             await self._broker.nc.publish(self._next_subject, body, reply=reply)
         self._open, self._open_left = reply, max(1, size)

@@ -123,7 +123,10 @@ class Fleet:
         weighted = [p for p in sized if p.share > 0]
         if not weighted:
             return choice
-        (picked,) = self._rng.choices(weighted, weights=[p.share for p in weighted])
+        if len(weighted) == 1:
+            picked = weighted[0]  # the common case: no weighted draw to make
+        else:
+            (picked,) = self._rng.choices(weighted, weights=[p.share for p in weighted])
         choice.pool, choice.intent = picked.pool.label, picked.pool.intent
         trial = [c for c in picked.ready if c.agent_id in picked.trials]
         if trial:
