@@ -112,7 +112,8 @@ async def reply(
     broker: Broker, task: Task, message: envelopes.Reply, *, sender: str = COORDINATOR
 ) -> None:
     """Send an ack, progress, result, error or routed notice to the task's ``reply_to``, if
-    it has one, as ``sender`` (see :meth:`Names.reply_subject`)."""
+    it has one, as ``sender`` (see :meth:`Names.reply_subject`). A workflow's reply subject
+    is sent only a result or an error."""
     if not task.reply_to:
         return
     final = isinstance(message, Result | ErrorReply)
@@ -177,7 +178,10 @@ def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMes
             event = envelopes.decode_event(message.data)
         except envelopes.DecodeError:
             continue
-        decoded.append((message, event, names.sender_of_event_subject(message.subject)))
+        sender = names.sender_of_event_subject(message.subject)
+        if sender != COORDINATOR and event.event != names.kind_of_event_subject(message.subject):
+            continue  # a body of another kind than its subject's: permissions vouch for the subject
+        decoded.append((message, event, sender))
     routed: dict[tuple[str, int], set[str]] = {}
     for _, event, sender in decoded:
         if event.event == "routed" and sender == COORDINATOR and event.agent_id:

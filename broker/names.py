@@ -63,6 +63,10 @@ class Names(msgspec.Struct, frozen=True):
     def sender_of_event_subject(self, subject: str) -> str:
         return subject.rsplit(".", 1)[-1]
 
+    def kind_of_event_subject(self, subject: str) -> str:
+        """``reach.event.<event>.…`` → the event's kind, as its subject names it."""
+        return subject[len(self.prefix) + len(".event.") :].partition(".")[0]
+
     def events_of_message(self, message_id: str) -> str:
         return f"{self.prefix}.event.*.*.*.{message_id}.*"
 

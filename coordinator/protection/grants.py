@@ -126,16 +126,28 @@ async def reply_vouched(broker: Broker, msg: Delivery, answer: Result | ErrorRep
     if isinstance(answer, ErrorReply):
         await impersonation(broker, sender, answer, "only the coordinator sends an error")
         return False
-    events = await events_of(broker, answer.trace_id, answer.message_id)
-    if any(
-        event.event == "routed" and event.agent_id == sender and event.attempt == answer.attempt
-        for _, event in events.authentic
-    ):
+    if await step_routed_to(broker, answer, sender):
         return True
     if msg.num_delivered < UNROUTED_LOOKS:
         return UNROUTED_LOOK_AGAIN_S
     await impersonation(broker, sender, answer, "the attempt was not routed to it")
     return False
+
+
+async def step_routed_to(broker: Broker, answer: Result, sender: str) -> bool:
+    """Whether the coordinator routed ``answer``'s attempt to ``sender`` as a task no caller
+    sent (a workflow step): an agent's own task of the same message id, in a trace of its
+    choosing, would name the agent as its caller."""
+    names = broker.names
+    events = await events_of(broker, answer.trace_id, answer.message_id)
+    return any(
+        names.sender_of_event_subject(stored.subject) == COORDINATOR
+        and event.event == "routed"
+        and event.caller is None
+        and event.agent_id == sender
+        and event.attempt == answer.attempt
+        for stored, event in events.authentic
+    )
 
 
 async def impersonation(broker: Broker, sender: str, claim: Event | Reply, why: str) -> None:

@@ -1,11 +1,13 @@
-"""Replies through a real server: a workflow is sent only what its engine reads."""
+"""Replies and traces through a real server: a workflow is sent only what its engine reads,
+and a trace shows only events that are what their subjects say."""
 
 from __future__ import annotations
 
 import asyncio
 
+from agentreach import envelopes
 from agentreach.broker.direct import messages_on
-from agentreach.broker.lifecycle import about, reply
+from agentreach.broker.lifecycle import about, emit, event_for, reply, trace_of
 from agentreach.envelopes import Ack, Capacity, Progress, Result, Task, new_id
 from tests.support import until_true
 
@@ -57,3 +59,19 @@ async def test_a_caller_is_sent_every_reply(broker):
     async with asyncio.timeout(5):
         await all_three.wait()
     assert kinds == ["ack", "progress", "result"]
+
+
+async def test_an_event_of_another_kind_than_its_subject_is_not_in_the_trace(broker):
+    """An agent may publish only its own kinds (permissions vouch for the subject): a
+    ``routed`` body on its ``accepted`` subject would otherwise pass for the coordinator's
+    routing."""
+    names = broker.names
+    task = task_answering_to(names.reply_box("alice", "box-2"))
+    await emit(broker, event_for(task, "routed", agent_id="worker-x"))
+    forged = event_for(task, "routed", agent_id="worker-y")
+    subject = names.event("accepted", task.topic, task.trace_id, task.message_id, "worker-y")
+    await broker.publish(subject, envelopes.encode(forged))
+    await emit(broker, event_for(task, "accepted", agent_id="worker-x"), sender="worker-x")
+    trace = await trace_of(broker, task.message_id)
+    shown = [(e.event, e.agent_id) for e in trace]
+    assert shown == [("routed", "worker-x"), ("accepted", "worker-x")]

@@ -791,8 +791,9 @@ async def test_no_attack_succeeds(arena: Arena, attack: Attack) -> None:
 
 async def test_a_workflow_step_ends_only_by_the_agent_it_was_routed_to(arena: Arena) -> None:
     """Y publishes results in its own name to the reply subject of a step given to X (any
-    agent may publish as itself there): the engine looks for the step's routing, refuses
-    each with an alert, and the step ends with X's result."""
+    agent may publish as itself there), after a forged `routed` event naming itself: the
+    engine looks for the step's routing, refuses each with an alert, and the step ends with
+    X's result."""
     instance, _ = await arena.alice.publish("held-flow", {"n": "held step"})
     async with asyncio.timeout(10):
         while {"n": "held step"} not in arena.x_seen:  # noqa: ASYNC110
@@ -812,6 +813,9 @@ async def test_a_workflow_step_ends_only_by_the_agent_it_was_routed_to(arena: Ar
 
     sub = await arena.admin.nc.subscribe(NAMES.events_of_kind("alert"), cb=alert)
     await arena.admin.nc.flush()
+    # First a routing of its own: a `routed` body on a subject Y may publish on.
+    forged_routing = _event(step, "routed", Y, marker())
+    await arena.y.js.publish(_event_subject(step, "accepted", Y), forged_routing)
     for _ in range(N):
         await arena.y.nc.publish(f"{step.reply_to}.{Y}", _result(step, Y, marker()))
     async with asyncio.timeout(15):
