@@ -262,13 +262,14 @@ class WorkflowEngine:
         await self._broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
 
     def _step_task(self, record: WorkflowRecord, run: StepRun) -> Task:
-        """The task of one step visit, answering to the instance's reply subject; it may run
-        as long as it has left (its ``timeout_s``, the workflow's deadline), not only for
-        the default execute budget."""
+        """The task of one step visit, answering to the instance's reply subject. It may run
+        for its ``timeout_s`` (within the workflow's deadline); a step without one, for the
+        starting task's execute budget, as before each retry."""
         now = self._clock()
         left_ms = max(1, record.deadline_ms - now)
+        execute_ms = min(left_ms, record.task.budget.execute_ms)
         if run.deadline_ms:
-            left_ms = max(1, min(left_ms, run.deadline_ms - now))
+            left_ms = execute_ms = max(1, min(left_ms, run.deadline_ms - now))
         return Task(
             v=1,
             message_id=run.message_id,
@@ -278,7 +279,7 @@ class WorkflowEngine:
             reply_to=self._broker.names.workflow_reply(record.instance_id),
             priority=run.priority,
             ttl_ms=left_ms,
-            budget=msgspec.structs.replace(record.task.budget, execute_ms=left_ms),
+            budget=msgspec.structs.replace(record.task.budget, execute_ms=execute_ms),
             created_at=run.started_ms,
             traceparent=tracecontext.child(record.task.traceparent, run.message_id),
         )

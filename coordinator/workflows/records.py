@@ -14,23 +14,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-import msgspec
-
 from agentreach.broker import Bucket
 from agentreach.broker.bucket import Entry, Swap
-from agentreach.envelopes import WorkflowRecord
+from agentreach.envelopes import WorkflowRecord, decode_as, encode
 
 HOT_RECORDS = 4096  # running instances kept; the least recently written goes first
 HOT_BYTES = 32 * 1024 * 1024  # and their encoded records together (step outputs are inline)
 
-_encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(WorkflowRecord).decode
-
 
 class HotRecords:
     """The last written revision of each running instance, up to ``limit`` of them and
-    ``max_bytes`` together, kept as bytes: a change works on a copy of its own and never
-    edits the kept one."""
+    ``max_bytes`` together, kept as the bytes the bucket stores (the same codec, so anything
+    written can be kept): a change works on a copy of its own and never edits the kept one."""
 
     def __init__(self, limit: int = HOT_RECORDS, max_bytes: int = HOT_BYTES) -> None:
         self._limit = limit
@@ -46,7 +41,7 @@ class HotRecords:
         self._forget(key)
         if record.finished:
             return
-        data = _encode(record)
+        data = encode(record)
         self._kept[key] = (revision, data)
         self._bytes += len(data)
         while self._kept and (len(self._kept) > self._limit or self._bytes > self._max_bytes):
@@ -69,7 +64,8 @@ class HotRecords:
         swap = None
         if kept is not None:
             revision, data = kept
-            swap = await bucket.cas(key, change, known=Entry(key, _decode(data), revision))
+            copy = Entry(key, decode_as(data, WorkflowRecord), revision)
+            swap = await bucket.cas(key, change, known=copy)
         if swap is None or not swap.written:
             swap = await bucket.cas(key, change)
         if swap.written and swap.entry is not None:

@@ -10,7 +10,7 @@ import pytest
 
 from agentreach.broker.bucket import UNREAD, Bucket
 from agentreach.coordinator.workflows.records import HotRecords
-from agentreach.envelopes import Task, WorkflowRecord, new_id
+from agentreach.envelopes import Task, WorkflowRecord, encode, new_id
 
 
 class CountedReads:
@@ -61,6 +61,21 @@ async def test_the_next_change_starts_from_the_kept_copy(broker):
     assert stored is not None and stored.value.path == ["a", "b", "c"]
 
 
+async def test_any_record_the_bucket_takes_is_kept(broker):
+    """JSON numbers of any size: the kept copy is in the bucket's own codec."""
+    hot = HotRecords()
+    counted, first, _ = await kept_record(broker, hot)
+
+    def huge(current: WorkflowRecord | None) -> WorkflowRecord | None:
+        return None if current is None else msgspec.structs.replace(current, result=2**70)
+
+    assert (await hot.cas(counted, first.instance_id, huge)).written  # type: ignore[arg-type]
+    assert len(hot) == 1
+    swap = await hot.cas(counted, first.instance_id, appending("next"))  # type: ignore[arg-type]
+    assert swap.entry is not None and swap.entry.value.result == 2**70
+    assert counted.reads == 0
+
+
 async def test_a_copy_another_writer_overtook_is_read_again(broker):
     """The write names the kept revision, fails, and the change is judged on the new record:
     both writers' changes are kept."""
@@ -109,7 +124,7 @@ async def test_a_failed_change_forgets_the_copy(broker):
 
 def test_the_kept_bytes_are_bounded() -> None:
     big = record(result="x" * 1000)
-    hot = HotRecords(max_bytes=2 * len(msgspec.msgpack.encode(big)))
+    hot = HotRecords(max_bytes=2 * len(encode(big)))
     for revision in range(1, 4):
         hot.keep(f"i{revision}", big, revision)
     assert len(hot) == 2
