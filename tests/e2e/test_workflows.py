@@ -86,8 +86,8 @@ async def test_a_four_step_chain_passes_outputs_on(broker, start_coordinator, wa
 
 
 async def test_a_step_may_run_as_long_as_its_timeout(broker, start_coordinator):
-    """A step's task carries the time it has left as its execute budget: an agent would
-    otherwise stop its handler at the default 30 s, whatever the step's ``timeout_s``."""
+    """A step with a ``timeout_s`` has that long to run (an agent used to stop it at the
+    default 30 s); one without has the starting task's execute budget."""
     agent = Agent("patient", startup_delay=0)
 
     @agent.handler("ponder")
@@ -95,15 +95,20 @@ async def test_a_step_may_run_as_long_as_its_timeout(broker, start_coordinator):
         return ctx.deadline_ms
 
     config = fast(
-        workflows=workflows(slow="{ttl_s: 600, chain: [{name: a, intent: ponder, timeout_s: 120}]}")
+        workflows=workflows(
+            slow="{ttl_s: 600, chain: [{name: a, intent: ponder, timeout_s: 120}]}",
+            untimed="{ttl_s: 600, chain: [{name: a, intent: ponder}]}",
+        )
     )
     async with (
         start_coordinator(config) as coordinator,
         serving(broker, coordinator, agent),
         ReachClient(broker=broker) as client,
     ):
-        deadline_ms = await client.invoke("slow", {})
-    assert 110_000 < deadline_ms <= 120_000
+        timed_ms = await client.invoke("slow", {})
+        untimed_ms = await client.invoke("untimed", {}, execute_deadline_ms=45_000)
+    assert 110_000 < timed_ms <= 120_000
+    assert untimed_ms == 45_000  # the starting task's execute budget, as before each retry
 
 
 async def _drained(broker, timeout: float = 5.0) -> int:  # type: ignore[no-untyped-def]
