@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 import structlog
@@ -93,7 +94,7 @@ async def vouched_sender(broker: Broker, subject: str, event: Event) -> str | No
     agent; None, after an ``alert`` saying who tried, when it names another. The
     coordinator's own events name the agent they are about (``routed``) or none (a person's
     answer); permissions keep agents from sending as the coordinator."""
-    sender = broker.names.sender_of_event_subject(subject)
+    sender = broker.names.sender_of(subject)
     if sender == COORDINATOR or event.agent_id == sender:
         return sender
     await impersonation(broker, sender, event, "the event names another agent")
@@ -108,11 +109,7 @@ async def routing_vouches(
     behind), and False, after an ``impersonation`` alert, at the last look."""
     if events.vouch_for(msg.stream_seq):
         return True
-    if msg.num_delivered < UNROUTED_LOOKS:
-        return UNROUTED_LOOK_AGAIN_S
-    sender = broker.names.sender_of_event_subject(msg.subject)
-    await impersonation(broker, sender, event, "the attempt was not routed to it")
-    return False
+    return await _unrouted(broker, msg, event)
 
 
 async def reply_vouched(broker: Broker, msg: Delivery, answer: Result | ErrorReply) -> bool | float:
@@ -120,7 +117,7 @@ async def reply_vouched(broker: Broker, msg: Delivery, answer: Result | ErrorRep
     from the agent its attempt was routed to; while it does not, the seconds until it is
     looked at again (``routed`` may be a moment behind), and False, after an
     ``impersonation`` alert, at the last look."""
-    sender = broker.names.sender_of_reply_subject(msg.subject)
+    sender = broker.names.sender_of(msg.subject)
     if sender == COORDINATOR:
         return True
     if isinstance(answer, ErrorReply):
@@ -128,9 +125,16 @@ async def reply_vouched(broker: Broker, msg: Delivery, answer: Result | ErrorRep
         return False
     if await step_routed_to(broker, answer, sender):
         return True
+    return await _unrouted(broker, msg, answer)
+
+
+async def _unrouted(broker: Broker, msg: Delivery, claim: Event | Reply) -> float | Literal[False]:
+    """Seconds until ``msg`` is looked at again while its ``routed`` may be a moment behind;
+    False, after an ``impersonation`` alert, at the last look."""
     if msg.num_delivered < UNROUTED_LOOKS:
         return UNROUTED_LOOK_AGAIN_S
-    await impersonation(broker, sender, answer, "the attempt was not routed to it")
+    sender = broker.names.sender_of(msg.subject)
+    await impersonation(broker, sender, claim, "the attempt was not routed to it")
     return False
 
 
@@ -141,7 +145,7 @@ async def step_routed_to(broker: Broker, answer: Result, sender: str) -> bool:
     names = broker.names
     events = await events_of(broker, answer.trace_id, answer.message_id)
     return any(
-        names.sender_of_event_subject(stored.subject) == COORDINATOR
+        names.sender_of(stored.subject) == COORDINATOR
         and event.event == "routed"
         and event.caller is None
         and event.agent_id == sender
