@@ -178,7 +178,7 @@ def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMes
             event = envelopes.decode_event(message.data)
         except envelopes.DecodeError:
             continue
-        sender = names.sender_of_event_subject(message.subject)
+        sender = names.sender_of(message.subject)
         if sender != COORDINATOR and event.event != names.kind_of_event_subject(message.subject):
             continue  # a body of another kind than its subject's: permissions vouch for the subject
         decoded.append((message, event, sender))

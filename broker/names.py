@@ -60,7 +60,8 @@ class Names(msgspec.Struct, frozen=True):
         """``reach.event.<event>.<topic>.<trace_id>.<message_id>.<sender>``."""
         return f"{self.prefix}.event.{event}.{topic}.{trace_id}.{message_id}.{sender}"
 
-    def sender_of_event_subject(self, subject: str) -> str:
+    def sender_of(self, subject: str) -> str:
+        """The sender token an event's subject, or a signed reply's, ends with."""
         return subject.rsplit(".", 1)[-1]
 
     def kind_of_event_subject(self, subject: str) -> str:
@@ -150,13 +151,9 @@ class Names(msgspec.Struct, frozen=True):
         result or error, and each reply sent there is stored in ``REACH_WORKFLOWS``."""
         return subject.startswith(f"{self.prefix}.wf.reply.")
 
-    def sender_of_reply_subject(self, subject: str) -> str:
-        """``<reply box or workflow>.<sender>`` → the sender."""
-        return subject.rsplit(".", 1)[-1]
-
     def signed_reply(self, subject: str) -> bool:
         """Whether replies to ``subject`` carry their sender's token (a box, a workflow)."""
-        return subject.startswith((f"{self.prefix}.reply.", f"{self.prefix}.wf.reply."))
+        return subject.startswith(f"{self.prefix}.reply.") or self.workflow_replies(subject)
 
     # -- workflows --------------------------------------------------------------
     def workflow_reply(self, instance_id: str) -> str:

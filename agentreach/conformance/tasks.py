@@ -320,7 +320,7 @@ async def event_format(s: Session, c: Checks) -> str:
                 detail = decode_detail(event)
             except DecodeError as exc:
                 raise Failed(str(exc)) from None
-            sender = s.names.sender_of_event_subject(seen.subject)
+            sender = s.names.sender_of(seen.subject)
             c.must(sender == s.agent_id, f"{where}: published as {sender!r} (the subject)")
             c.must(event.agent_id == s.agent_id, f"{where}: agent_id {event.agent_id!r}")
             got = seen.headers.get("Nats-Msg-Id")

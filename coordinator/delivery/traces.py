@@ -41,7 +41,7 @@ class TraceDesk:
         trace = authentic(names, stored)
         # Only the coordinator's own events say who the caller was.
         sent_by_caller = any(
-            event.caller == caller and names.sender_of_event_subject(m.subject) == COORDINATOR
+            event.caller == caller and names.sender_of(m.subject) == COORDINATOR
             for m, event in trace
         )
         events = [event for _, event in trace] if sent_by_caller else []

@@ -40,7 +40,7 @@ async def follow_outcomes(
             event = envelopes.decode_event(msg.data)
         except DecodeError:
             continue
-        if event.agent_id != names.sender_of_event_subject(msg.subject):
+        if event.agent_id != names.sender_of(msg.subject):
             continue  # not that agent's to say (the outcome handling raises the alert)
         stored_ms = msg.timestamp_ms
         for handle in handlers:
