@@ -64,12 +64,25 @@ def _role(name: str) -> str:
     return next((role for role in ROLES if role in name), "other")
 
 
+async def _settled(
+    monitor: str, *, every_s: float = 0.2, at_most_s: float = 10.0
+) -> dict[int, tuple[str, int]]:
+    """The counts once they stop moving: the last acks and audit records land after a run."""
+    counts = await asyncio.to_thread(_counts, monitor)
+    for _ in range(int(at_most_s / every_s)):
+        await asyncio.sleep(every_s)
+        again = await asyncio.to_thread(_counts, monitor)
+        if again == counts:
+            break
+        counts = again
+    return counts
+
+
 async def per_unit(monitor: str, units: int, run: Callable[[], Awaitable[object]]) -> Counter[str]:
     """Messages per unit of ``run`` through each role's connections (and ``total``)."""
     before = await asyncio.to_thread(_counts, monitor)
     await run()
-    await asyncio.sleep(1)  # the last acks and the audit writer's records land
-    after = await asyncio.to_thread(_counts, monitor)
+    after = await _settled(monitor)
     spent: Counter[str] = Counter()
     for cid, (name, count) in after.items():
         moved = count - before.get(cid, (name, 0))[1]
