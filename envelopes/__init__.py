@@ -39,7 +39,7 @@ from agentreach.envelopes.coordination import (
 from agentreach.envelopes.errors import DecodeError, EnvelopeError
 from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS, decode_detail
 from agentreach.envelopes.executions import Execution, execution_key, executions_of
-from agentreach.envelopes.ids import new_id, stable_id
+from agentreach.envelopes.ids import new_id, stable_id, unix_ms_of
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
 from agentreach.envelopes.manual import ManualItem, ManualStatus
 from agentreach.envelopes.messages import (
@@ -156,5 +156,6 @@ __all__ = [
     "task_from_intake",
     "tracecontext",
     "ttl_left_ms",
+    "unix_ms_of",
     "wrap_body",
 ]

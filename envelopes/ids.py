@@ -25,6 +25,15 @@ def stable_id(timestamp_ns: int, *parts: object) -> str:
     return _uuid7(timestamp_ns // 1_000_000, int.from_bytes(digest))
 
 
+def unix_ms_of(message_id: str) -> int:
+    """The time a UUIDv7 id carries, in Unix milliseconds; 0 for any other id."""
+    try:
+        value = uuid.UUID(message_id)
+    except ValueError:
+        return 0
+    return value.int >> 80 if value.version == 7 else 0
+
+
 def _uuid7(unix_ms: int, rand80: int) -> str:
     rand_a = (rand80 >> 68) & 0xFFF
     rand_b = rand80 & ((1 << 62) - 1)

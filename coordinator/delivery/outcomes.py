@@ -32,13 +32,22 @@ from agentreach.coordinator.protection.grants import (
 )
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.router import Router
-from agentreach.envelopes import DecodeError, ErrorInfo, Event, Task, ttl_left_ms
+from agentreach.envelopes import (
+    DecodeError,
+    ErrorInfo,
+    Event,
+    Task,
+    stable_id,
+    ttl_left_ms,
+    unix_ms_of,
+)
 
 log = structlog.get_logger("coordinator.outcomes")
 
 # What the coordinator acts on (failed, expired), and completed only to check who says it
 # (when audit is off: the audit writer, which reads every completed event, checks it then).
 OUTCOME_EVENTS = ("failed", "expired", "completed")
+UNDECODABLE_TOPIC = "_invalid"
 T = TypeVar("T")
 
 
@@ -71,7 +80,7 @@ class Outcomes:
         if event.event == "completed":
             return None  # nothing to decide: the caller has its result, the trace its record
         if "raw" in event.detail and "task" not in event.detail:
-            await self._undecodable(event)
+            await self._undecodable(event, sender)
             return None
         try:
             task = _detail(event, "task", Task)
@@ -140,21 +149,24 @@ class Outcomes:
             self._broker, msg, reason="invalid_envelope", error=error, topic="_invalid"
         )
 
-    async def _undecodable(self, event: Event) -> None:
-        """An agent got a dispatch that was no task: its bytes go to the dead-letter stream."""
+    async def _undecodable(self, event: Event, reporter: str) -> None:
+        """An agent got a dispatch that was no task: its bytes go to the dead-letter stream,
+        filed under an id of the report's own (:func:`_letter_id`)."""
         error = _detail(event, "error", ErrorInfo)
         raw = event.detail.get("raw")
+        letter_id = _letter_id(event.message_id, reporter)
         await dead_letter(
             self._broker,
             reason="invalid_envelope",
-            message_id=event.message_id,
-            trace_id=event.trace_id,
-            topic=event.topic,
+            message_id=letter_id,
+            trace_id=letter_id,
+            topic=UNDECODABLE_TOPIC,
             error=error,
             raw=raw.encode() if isinstance(raw, str) else None,
             headers={
                 **_strings(event.detail.get("headers")),
-                "Reach-Reported-By": event.agent_id or "",
+                "Reach-Reported-By": reporter,
+                "Reach-Reported-Id": event.message_id,
             },
         )
 
@@ -199,3 +211,11 @@ def _detail(event: Event, field: str, kind: type[T]) -> T:
             raise DecodeError(f"Object missing required field `{field}` - at `$.detail`") from None
         text, _, inner = str(exc).partition(" - at `$")
         raise DecodeError(f"{text} - at `$.detail.{field}{inner.rstrip('`')}`") from None
+
+
+def _letter_id(reported_id: str, reporter: str) -> str:
+    """The id an undecodable dispatch's dead letter is filed under: derived from the id the
+    agent reported and the agent, so the same report made again is recorded once. It is
+    never the id of another message: an agent naming one would otherwise put a dead letter
+    into its trace, and take the deduplication id its real dead letter is written under."""
+    return stable_id(unix_ms_of(reported_id) * 1_000_000, "undecodable", reporter, reported_id)

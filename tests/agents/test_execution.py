@@ -11,6 +11,7 @@ import pytest
 
 from agentreach import envelopes
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
+from agentreach.broker.lifecycle import emit, event_for, trace_of
 from agentreach.envelopes import AgentCard
 from agentreach.envelopes import headers as h
 
@@ -130,6 +131,26 @@ async def test_undecodable_dispatch_is_dead_lettered(broker, coordinator, watche
         letter = await watcher.dead_letter("invalid_envelope")
     assert letter.raw == "base64:" + "/yBub3QganNvbg=="
     assert letter.headers[h.MSG_ID] == "junk"
+
+
+async def test_a_report_of_an_undecodable_dispatch_cannot_name_another_message(
+    broker, coordinator, watcher
+):
+    """The dead letter of a report has an id of its own: an agent that names a real message
+    in one puts no dead letter into that message's trace, and does not take the id that
+    message's own dead letter is deduplicated by."""
+    victim = envelopes.Task(v=1, message_id="victim-1", trace_id="victim-1", topic="_invalid")
+    error = envelopes.ErrorInfo(type="invalid_envelope", message="forged", retryable=False)
+    report = event_for(victim, "failed", agent_id="liar", error=error, raw="forged", headers={})
+    await emit(broker, report, sender="liar")
+    letter = await watcher.dead_letter("invalid_envelope")
+    assert letter.message_id != "victim-1"
+    assert letter.headers["Reach-Reported-Id"] == "victim-1"
+    assert letter.headers["Reach-Reported-By"] == "liar"
+    assert "dead_lettered" not in [e.event for e in await trace_of(broker, "victim-1")]
+    subject = broker.names.dlq("expired", "anything")
+    stored = await broker.publish(subject, b"{}", headers={h.MSG_ID: "dlq-victim-1"})
+    assert not stored.duplicate
 
 
 async def test_registration_reuses_the_record_and_raises_the_epoch(broker):

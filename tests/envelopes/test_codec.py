@@ -170,6 +170,15 @@ def test_new_ids_are_time_ordered_uuid7():
     assert envelopes.stable_id(10**18, "S", 1) != envelopes.stable_id(10**18, "S", 2)
 
 
+def test_the_time_of_an_id_is_read_back_from_uuid7_only():
+    """``unix_ms_of`` gives the milliseconds a UUIDv7 carries, 0 for any other id."""
+    assert envelopes.unix_ms_of(envelopes.stable_id(1_700_000_000_123_456_789, "S", 1)) == (
+        1_700_000_000_123
+    )
+    assert envelopes.unix_ms_of("victim-1") == 0
+    assert envelopes.unix_ms_of("00000000-0000-4000-8000-000000000000") == 0  # a UUIDv4
+
+
 def test_schema_covers_every_kind_and_requires_core_fields():
     """The JSON Schema names each kind's tag and the required fields of a task; a task's
     ``kind`` defaults to ``task``, as the decoder takes a body without it."""
