@@ -8,7 +8,8 @@ no-op agent in this process, as in ``invoke.py``. For each invoke the first mess
 each stage is found by its subject, and the table gives the median time from the call to
 it, and from the stage before. The raw JetStream round trip (publish → pull → ack) of the
 same server is measured in the same run, for scale. The tap sees a message a little after
-the server routes it, so each offset includes the tap's own delivery (a few tens of µs).
+the server routes it: its lag, the time a core message sent (and flushed) just before each
+invoke takes to reach it, is printed too; it is part of every offset, not of the steps.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from agentreach.cli.logs import configure_logging
 
 PREFIX = "stages"
 GAP_S = 0.05
+MARK = "stages-mark"  # a core message sent just before each invoke: the tap's own lag
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,10 @@ async def tap(url: str) -> None:
     print("\n".join(lines), flush=True)
 
 
-async def timed_invokes(url: str, rounds: int) -> tuple[list[tuple[int, int]], list[str], str]:
-    """``(start ns, end ns)`` of each invoke, the tap's lines, and the agent's id."""
+async def timed_invokes(
+    url: str, rounds: int
+) -> tuple[list[tuple[int, int]], list[int], list[str]]:
+    """``(start ns, end ns)`` of each invoke, when each mark was sent, and the tap's lines."""
     async with reach_stack(url, PREFIX) as client:
         tapping = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -93,9 +97,12 @@ async def timed_invokes(url: str, rounds: int) -> tuple[list[tuple[int, int]], l
         )
         assert tapping.stdin is not None and tapping.stdout is not None
         await asyncio.wait_for(tapping.stdout.readline(), timeout=10)
-        windows = []
+        windows, marks = [], []
         for _ in range(rounds):
             await asyncio.sleep(GAP_S)  # the last one's trailing work (audit, metrics) is done
+            marks.append(time.time_ns())
+            await client.broker.nc.publish(MARK, b"")
+            await client.broker.nc.flush()
             started = time.time_ns()
             await client.invoke("noop", {})
             windows.append((started, time.time_ns()))
@@ -103,13 +110,14 @@ async def timed_invokes(url: str, rounds: int) -> tuple[list[tuple[int, int]], l
         tapping.stdin.write(b"\n")
         await tapping.stdin.drain()
         output, _ = await asyncio.wait_for(tapping.communicate(), timeout=30)
-    return windows, output.decode().splitlines(), f"{PREFIX}-agent"
+    return windows, marks, output.decode().splitlines()
 
 
 def offsets_ms(
-    windows: list[tuple[int, int]], lines: list[str], plan: list[Stage]
-) -> tuple[dict[str, list[float]], list[float]]:
-    """Each stage's offsets from its invoke's start, and each invoke's whole time."""
+    windows: list[tuple[int, int]], marks: list[int], lines: list[str], plan: list[Stage]
+) -> tuple[dict[str, list[float]], list[float], list[float]]:
+    """Each stage's offsets from its invoke's start, each invoke's whole time, and the
+    tap's lag behind each mark."""
     seen = [(int(ns), subject) for ns, _, subject in (line.partition(" ") for line in lines)]
     found: dict[str, list[float]] = {stage.name: [] for stage in plan}
     for started, ended in windows:
@@ -118,7 +126,8 @@ def offsets_ms(
             hits = [ns for ns, s in inside if stage.matches(s)]
             if len(hits) >= stage.nth:
                 found[stage.name].append((hits[stage.nth - 1] - started) / 1e6)
-    return found, [(ended - started) / 1e6 for started, ended in windows]
+    lag = [(next(ns for ns, s in seen if s == MARK and ns >= sent) - sent) / 1e6 for sent in marks]
+    return found, [(ended - started) / 1e6 for started, ended in windows], lag
 
 
 async def main() -> None:
@@ -132,11 +141,12 @@ async def main() -> None:
     configure_logging("warning", "console")
     async with nats_server() as url:
         js = await jetstream_round_trip(url, args.rounds)
-        windows, lines, agent_id = await timed_invokes(url, args.rounds)
-    plan = stages(Names(prefix=PREFIX), agent_id)
-    found, whole = offsets_ms(windows, lines, plan)
+        windows, marks, lines = await timed_invokes(url, args.rounds)
+    plan = stages(Names(prefix=PREFIX), f"{PREFIX}-agent")
+    found, whole, lag = offsets_ms(windows, marks, lines, plan)
     print(f"rounds: {args.rounds}, one at a time, {GAP_S * 1000:.0f} ms apart; medians")
     print(f"raw JetStream publish → consume: p50 {percentile(js, 50) * 1000:.2f} ms")
+    print(f"the tap's lag (a core message to it): p50 {statistics.median(lag):.2f} ms")
     header = ("stage, in the order seen", "from the call", "from the last", "seen")
     print(f"{header[0]:<30} {header[1]:>14} {header[2]:>14} {header[3]:>6}")
     medians = {name: statistics.median(found[name]) for name in found if found[name]}
