@@ -21,7 +21,7 @@ import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
-from agentreach.broker.direct import last_of_each, last_per_subject
+from agentreach.broker.direct import LastValues, last_of_each, last_per_subject
 from agentreach.broker.errors import WrongLastSequence, translate
 from agentreach.broker.failover import through_elections
 from agentreach.broker.pipelined import Outgoing
@@ -169,15 +169,17 @@ class Bucket(Generic[T]):
         return BucketWatch(self._kv)
 
     async def matching(self, pattern: str) -> dict[str, Entry[T]]:
-        """The current values of the keys matching ``pattern`` (``a.*``), in one batched read;
-        deleted keys and unreadable values are left out.
+        """The current values of the keys matching ``pattern`` (``a.*``); deleted keys and
+        unreadable values are left out. Read together with the other reads asked for in the
+        same turn of the event loop (:class:`~agentreach.broker.direct.LastValues`).
 
         The last message of each matching key, not every message from the first: the server
         finds those from its index, while a scan costs the whole bucket (8 ms a read at
         40,000 keys, and growing).
         """
         prefix = f"$KV.{self.name}."
-        stored = await last_per_subject(self._broker, f"KV_{self.name}", prefix + pattern)
+        reads = self._broker.shared(LastValues)
+        stored = await reads.read(f"KV_{self.name}", prefix + pattern)
         return self._entries(stored, prefix)
 
     async def current(self, keys: list[str]) -> dict[str, Entry[T]]:

@@ -28,6 +28,7 @@ from agentreach.broker.errors import (
 )
 from agentreach.broker.reply_inbox import ReplyInbox
 from agentreach.broker.streams import StoredMessage
+from agentreach.broker.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
@@ -70,6 +71,100 @@ async def last_per_subject(broker: Broker, stream: str, subject: str) -> list[St
     for message in await messages_on(broker, stream, subject, limit=10_000_000):
         latest[message.subject] = message
     return sorted(latest.values(), key=lambda m: m.stream_seq)
+
+
+class LastValues:
+    """The last-per-subject reads asked for in one turn of the event loop, sent together:
+    one ``multi_last`` request per stream for up to ``CHUNK`` subjects (wildcards allowed).
+
+    An intake batch's tasks each read their run-once records in the same turn; together
+    they cost one round trip and one end-of-batch message instead of one each. A caller
+    alone waits one turn of the loop more. Each caller gets the messages its subject
+    matches; a read the server refuses as too large is made again for each subject alone.
+    """
+
+    CHUNK = 256
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._asked: dict[str, dict[str, asyncio.Future[list[StoredMessage]]]] = {}
+        self._reading: set[asyncio.Task[None]] = set()
+
+    async def read(self, stream: str, subject: str) -> list[StoredMessage]:
+        """The last message of each subject of ``stream`` matching ``subject``."""
+        loop = asyncio.get_running_loop()
+        asked = self._asked.get(stream)
+        if asked is None:
+            asked = self._asked[stream] = {}
+            loop.call_soon(self._send, stream)
+        future = asked.get(subject)
+        if future is None:
+            future = asked[subject] = loop.create_future()
+        # Shielded: a caller that gives up must not cancel the answer others wait for.
+        return list(await asyncio.shield(future))
+
+    async def close(self) -> None:
+        await cancel_and_wait(*self._reading)
+
+    def _send(self, stream: str) -> None:
+        asked = list(self._asked.pop(stream).items())
+        for at in range(0, len(asked), self.CHUNK):
+            self._start(stream, dict(asked[at : at + self.CHUNK]))
+
+    def _start(self, stream: str, asked: dict[str, asyncio.Future[list[StoredMessage]]]) -> None:
+        reading = asyncio.create_task(self._answer(stream, asked))
+        self._reading.add(reading)
+        reading.add_done_callback(self._reading.discard)
+
+    async def _answer(
+        self, stream: str, asked: dict[str, asyncio.Future[list[StoredMessage]]]
+    ) -> None:
+        try:
+            if len(asked) == 1:
+                ((subject, future),) = asked.items()
+                _settle(future, await last_per_subject(self._broker, stream, subject))
+                return
+            request = {"multi_last": list(asked), "batch": BATCH * 10}
+            page, pending = await _batch(self._broker, stream, request)
+        except _TooMany:
+            page, pending = [], 1
+        except BaseException as exc:
+            for future in asked.values():
+                _fail(future, exc)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return
+        if pending:  # more than one answer holds: each subject on its own
+            for subject, future in asked.items():
+                self._start(stream, {subject: future})
+            return
+        for subject, future in asked.items():
+            _settle(future, [m for m in page if subject_matches(subject, m.subject)])
+
+
+def _settle(future: asyncio.Future[list[StoredMessage]], found: list[StoredMessage]) -> None:
+    if not future.done():
+        future.set_result(found)
+
+
+def _fail(future: asyncio.Future[list[StoredMessage]], exc: BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(exc, asyncio.CancelledError):
+        future.cancel()
+    else:
+        future.set_exception(exc)
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether ``subject`` is one of ``pattern``'s (``*`` one token, ``>`` the rest)."""
+    wanted, tokens = pattern.split("."), subject.split(".")
+    for at, token in enumerate(wanted):
+        if token == ">":
+            return len(tokens) > at
+        if at >= len(tokens) or (token != "*" and token != tokens[at]):
+            return False
+    return len(tokens) == len(wanted)
 
 
 async def last_of_each(

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from agentreach.broker import StreamNotFound
+from agentreach.broker import BrokerTimeout, StreamNotFound
 from agentreach.broker.direct import (
+    LastValues,
     indexed_messages_on,
     last_of_each,
     messages_on,
     subject_counts,
+    subject_matches,
 )
 
 
@@ -71,3 +75,60 @@ async def test_the_last_message_of_a_subject_is_read_as_of_a_sequence(broker):
 async def test_counting_on_a_stream_that_does_not_exist_says_so(broker):
     with pytest.raises(StreamNotFound):
         await subject_counts(broker, "NO_SUCH_STREAM", "x.>")
+
+
+async def test_last_values_asked_in_one_turn_are_read_in_one_request(broker):
+    """Each caller gets the last message of each subject its own pattern matches, and the
+    server is asked once for all of them."""
+    names = broker.names
+    for message in ("m-5", "m-6"):
+        for sender in ("a", "b"):
+            subject = names.event("routed", "t", "trace-5", message, sender)
+            await broker.publish(subject, f"{message}/{sender}".encode())
+    await broker.publish(names.event("routed", "t", "trace-5", "m-5", "a"), b"m-5/a again")
+    reads = broker.shared(LastValues)
+    patterns = [names.events_of_message_in_trace("trace-5", m) for m in ("m-5", "m-6", "m-0")]
+    async with await broker.subscribe(f"$JS.API.DIRECT.GET.{names.events_stream}") as asked:
+        found = await asyncio.gather(*(reads.read(names.events_stream, p) for p in patterns))
+        await asked.next(timeout_s=2)
+        with pytest.raises(BrokerTimeout):  # no second request
+            await asked.next(timeout_s=0.3)
+    assert [sorted(m.data.decode() for m in each) for each in found] == [
+        ["m-5/a again", "m-5/b"],
+        ["m-6/a", "m-6/b"],
+        [],
+    ]
+
+
+async def test_a_caller_that_gives_up_leaves_the_read_to_the_others(broker):
+    names = broker.names
+    subject = names.event("routed", "t", "trace-7", "m-7", "a")
+    await broker.publish(subject, b"kept")
+    reads = broker.shared(LastValues)
+    pattern = names.events_of_message_in_trace("trace-7", "m-7")
+    leaving = asyncio.create_task(reads.read(names.events_stream, pattern))
+    staying = asyncio.create_task(reads.read(names.events_stream, pattern))
+    await asyncio.sleep(0)  # both have asked; the read goes out after this turn
+    leaving.cancel()
+    assert [m.data for m in await staying] == [b"kept"]
+    assert leaving.cancelled()
+
+
+async def test_a_failed_read_fails_every_caller_with_its_error(broker):
+    reads = broker.shared(LastValues)
+    outcomes = await asyncio.gather(
+        reads.read("NO_SUCH_STREAM", "x.a.*"),
+        reads.read("NO_SUCH_STREAM", "x.b.*"),
+        return_exceptions=True,
+    )
+    assert all(isinstance(outcome, StreamNotFound) for outcome in outcomes)
+
+
+def test_subject_patterns_match_as_the_server_matches_them():
+    assert subject_matches("a.*.c", "a.b.c")
+    assert not subject_matches("a.*.c", "a.b.c.d")
+    assert not subject_matches("a.*", "a")
+    assert subject_matches("a.>", "a.b.c")
+    assert not subject_matches("a.>", "a")
+    assert subject_matches("a.b", "a.b")
+    assert not subject_matches("a.b", "a.x")
