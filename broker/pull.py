@@ -30,6 +30,7 @@ from agentreach.broker.errors import (
     Unavailable,
     translated,
 )
+from agentreach.broker.immediate import subscribe_immediate
 
 # A request whose end (408) was not seen is taken as ended this long after its expiry.
 LOST_AFTER_S = 0.25
@@ -56,7 +57,7 @@ class Puller:
 
     async def open(self) -> Puller:
         with translated(subject=self._next_subject):
-            self._sub = await self._broker.nc.subscribe(f"{self._inbox}.*", cb=self._on_msg)
+            self._sub = await subscribe_immediate(self._broker.nc, f"{self._inbox}.*", self._on_msg)
         return self
 
     async def close(self) -> None:
@@ -106,7 +107,7 @@ class Puller:
         self._open_until = asyncio.get_running_loop().time() + wait_s + LOST_AFTER_S
         self._open_reconnects = self._broker.reconnects
 
-    async def _on_msg(self, msg: Msg) -> None:
+    def _on_msg(self, msg: Msg) -> None:
         if msg.reply:  # a stored message: it always comes with its $JS.ACK subject
             self._ready.append(msg)
             self._open_left -= 1

@@ -3,7 +3,8 @@
 nats-py's request machinery (a future and an ``asyncio.wait_for`` per call) and a fresh
 subscription per multi-message answer (a SUB and an UNSUB) both cost more than the request
 itself on the hot path. Publish acks and direct gets take a token here instead, answer on
-``<inbox>.<token>``, and are handed each message for their token as it arrives.
+``<inbox>.<token>``, and are handed each message for their token as the connection reads it
+(:mod:`agentreach.broker.immediate`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 import nats.aio.msg
 
 from agentreach.broker.errors import translated
+from agentreach.broker.immediate import subscribe_immediate
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
@@ -51,10 +53,10 @@ class ReplyInbox:
                 return
             prefix = self._broker.new_inbox() + "."
             with translated(subject=prefix + "*"):
-                await self._broker.nc.subscribe(prefix + "*", cb=self._on_reply)
+                await subscribe_immediate(self._broker.nc, prefix + "*", self._on_reply)
             self._prefix = prefix
 
-    async def _on_reply(self, msg: nats.aio.msg.Msg) -> None:
+    def _on_reply(self, msg: nats.aio.msg.Msg) -> None:
         handler = self._handlers.get(msg.subject[len(self._prefix) :])
         if handler is not None:  # else: answered late, after its asker gave up
             handler(msg)
