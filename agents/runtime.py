@@ -13,7 +13,7 @@ import msgspec
 import structlog
 
 from agentreach.agents.claims import Claims
-from agentreach.agents.errors import AgentIdInUse
+from agentreach.agents.errors import AgentConfigError, AgentIdInUse
 from agentreach.agents.execution import Executor
 from agentreach.agents.heartbeats import Heartbeats, Load
 from agentreach.agents.registration import await_slot, retire_card, write_card
@@ -72,6 +72,7 @@ class AgentRuntime:
         if self._loops or self._closed.is_set():
             raise RuntimeError("an AgentRuntime runs once; call Agent.running() again")
         agent = self.agent
+        self._check_credentials()
         if agent.startup_delay:
             # Spread the registrations of a fleet that starts at once.
             await asyncio.sleep(random.uniform(0, agent.startup_delay))
@@ -141,6 +142,15 @@ class AgentRuntime:
             streams=[*names.dispatch_streams.values(), names.tasks_stream, names.events_stream],
             buckets=[names.agents_bucket, names.heartbeats_bucket, names.executions_bucket],
         )
+
+    def _check_credentials(self) -> None:
+        """Agent creds of another name would have every registration refused: say so now."""
+        auth, agent_id = self.broker.auth, self.agent.agent_id
+        if auth.role == "agent" and auth.identity not in (None, agent_id):
+            raise AgentConfigError(
+                f"the creds are for agent {auth.identity!r}, but this agent is {agent_id!r}:"
+                f" give it creds of its own (`reach auth agent {agent_id}`) or the creds' id"
+            )
 
     async def _claim_identity(self) -> None:
         """Answer for this agent id, refusing when another live process does already."""

@@ -37,6 +37,7 @@ from agentreach.broker.errors import (
     SubjectFull,
     TooLarge,
     Unavailable,
+    UnusableCredentials,
     WrongLastSequence,
 )
 from agentreach.broker.messages import Delivery, Inbound, Subscription
@@ -97,6 +98,7 @@ __all__ = [
     "TooLarge",
     "Topology",
     "Unavailable",
+    "UnusableCredentials",
     "WrongLastSequence",
     "bind",
     "consumer_state",

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from agentreach.broker.errors import ConnectError
+from agentreach.broker.errors import UnusableCredentials
 
 _CREDS_JWT = "-----BEGIN NATS USER JWT-----"
 
@@ -41,7 +41,7 @@ class AuthConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     tls_first: bool = False
 
     def auth(self) -> Auth:
-        """The :class:`Auth` these paths make; raises ConnectError naming a missing file."""
+        """The :class:`Auth` these paths make; raises UnusableCredentials naming a missing file."""
 
         def path(value: str | None) -> Path | None:
             return Path(value) if value else None
@@ -123,7 +123,7 @@ class Auth:
         return None if self.creds is None else role_of(self.creds)
 
     def connect_options(self, servers: list[str]) -> dict[str, Any]:
-        """The nats-py ``connect`` options; raises ConnectError naming a missing file."""
+        """The nats-py ``connect`` options; raises UnusableCredentials naming a missing file."""
         options: dict[str, Any] = {}
         if self.creds is not None:
             options["user_credentials"] = str(_creds_file(self.creds))
@@ -147,7 +147,9 @@ class Auth:
         context = ssl.create_default_context(cafile=cafile)
         if self.tls_cert or self.tls_key:
             if not (self.tls_cert and self.tls_key):
-                raise ConnectError("a TLS client certificate needs both --tls-cert and --tls-key")
+                raise UnusableCredentials(
+                    "a TLS client certificate needs both --tls-cert and --tls-key"
+                )
             cert = _readable(self.tls_cert, "TLS certificate")
             key = _readable(self.tls_key, "TLS key")
             context.load_cert_chain(str(cert), str(key))
@@ -191,7 +193,7 @@ def _creds_file(path: Path) -> Path:
     its ``-----BEGIN …-----`` lines (nats-py's own error for anything else means nothing)."""
     text = _readable(path, "creds file").read_text(errors="replace")
     if _CREDS_JWT not in text or "-----BEGIN USER NKEY SEED-----" not in text:
-        raise ConnectError(
+        raise UnusableCredentials(
             f"creds file {path} is not a NATS .creds file (no user JWT and nkey seed in it;"
             " make one with `reach auth agent|caller|worker|operator NAME`)"
         )
@@ -200,7 +202,7 @@ def _creds_file(path: Path) -> Path:
 
 def _readable(path: Path, what: str) -> Path:
     if not path.is_file():
-        raise ConnectError(f"{what} {path} does not exist")
+        raise UnusableCredentials(f"{what} {path} does not exist")
     if not os.access(path, os.R_OK):
-        raise ConnectError(f"{what} {path} cannot be read")
+        raise UnusableCredentials(f"{what} {path} cannot be read")
     return path

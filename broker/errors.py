@@ -50,6 +50,11 @@ class AuthenticationFailed(ConnectError):
     """The server refused the credentials (or their absence): waiting will not help."""
 
 
+class UnusableCredentials(AuthenticationFailed):
+    """The credentials given cannot be used as they are (a file that is missing, unreadable
+    or of the wrong kind): no server is asked, and waiting will not help."""
+
+
 class BrokerTimeout(BrokerError):
     """The server did not answer in time."""
 

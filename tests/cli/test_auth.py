@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from agentreach.agents import Agent, AgentConfigError
 from agentreach.broker import (
     Auth,
     AuthConfig,
@@ -19,6 +20,7 @@ from agentreach.broker import (
     Broker,
     ConnectError,
     Topology,
+    UnusableCredentials,
     provision,
 )
 from agentreach.cli.logs import redact_secrets
@@ -185,6 +187,30 @@ def test_config_credentials_name_a_missing_file():
     missing = r"broker\.auth\.token_file /nowhere/token does not exist"
     with pytest.raises(ConnectError, match=missing):
         AuthConfig(token_file="/nowhere/token").auth()
+
+
+async def test_a_creds_file_that_is_not_there_is_refused_at_once_not_waited_for(nats_url, tmp_path):
+    """A waiting connection (an agent's) waits for a server, not for a file to appear."""
+    auth = Auth(creds=tmp_path / "summarizer-1.creds")
+    with pytest.raises(UnusableCredentials, match=r"summarizer-1\.creds does not exist"):
+        async with asyncio.timeout(5), Broker(nats_url, auth=auth, wait=True):
+            pass
+
+
+async def test_an_agent_given_the_creds_of_another_says_so_before_registering(tmp_path):
+    deployment = SecuredDeployment(tmp_path / "auth")
+    async with secured_server(deployment, tmp_path / "server") as server:
+        async with Broker(server.url, auth=deployment.admin) as admin:
+            await provision(admin, Topology.default(admin.names))
+        directory = deployment.directory.root
+        assert (await reach_auth(directory, "agent", "summarizer-1")).returncode == 0
+        creds = directory / "creds" / "agent" / "summarizer-1.creds"
+        agent = Agent("newsroom-1", startup_delay=0)
+        agent.handler("noop")(lambda ctx, payload: payload)
+        expected = r"creds are for agent 'summarizer-1', but this agent is 'newsroom-1'"
+        with pytest.raises(AgentConfigError, match=expected):
+            async with asyncio.timeout(10), agent.running(server.url, auth=Auth(creds=creds)):
+                pass
 
 
 async def test_a_revoked_agent_stops_and_says_why(tmp_path):
