@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import re
 import shutil
+import signal
 import sys
 import sysconfig
 from collections import deque
@@ -24,6 +26,8 @@ log = structlog.get_logger("broker.embedded")
 DEFAULT_STORE_DIR = Path(".reach/nats")
 _LISTENING = re.compile(r"Listening for client connections on (?P<host>\S+):(?P<port>\d+)")
 _READY = "Server is ready"
+PID_FILE = ".reach-server-pid"  # in the store: the nats-server started on it, while it runs
+LEFTOVER_STOP_S = 10.0
 
 
 def find_server_binary() -> Path:
@@ -86,6 +90,7 @@ class EmbeddedServer:
         binary = find_server_binary()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self._lock_store()
+        await self._stop_leftover()
         if self.config is not None:
             args = ["-c", str(self.config)]
         else:
@@ -108,6 +113,7 @@ class EmbeddedServer:
             await self.stop()
             raise
         self._drain = asyncio.create_task(self._drain_stderr(), name="nats-server-stderr")
+        (self.store_dir / PID_FILE).write_text(f"{self._process.pid}\n")
         log.info("embedded nats-server ready", url=self.url, store_dir=str(self.store_dir))
         return self
 
@@ -144,6 +150,8 @@ class EmbeddedServer:
         return self._process is not None and self._process.returncode is None
 
     async def _released(self) -> None:
+        if self._lock is not None:  # the pid file is ours while we hold the store
+            (self.store_dir / PID_FILE).unlink(missing_ok=True)
         if self._drain is not None:
             self._drain.cancel()
             await asyncio.gather(self._drain, return_exceptions=True)
@@ -168,6 +176,41 @@ class EmbeddedServer:
         os.ftruncate(fd, 0)
         os.write(fd, f"process {os.getpid()}".encode())
         self._lock = fd
+
+    async def _stop_leftover(self) -> None:
+        """Stop the nats-server an earlier process started on this store and left running
+        (kill -9 of ``reach up`` gives it no chance to stop its child): it holds the port
+        and the store, and nothing else would ever stop it."""
+        try:
+            pid = int((self.store_dir / PID_FILE).read_text())
+        except (OSError, ValueError):
+            return
+        if not self._is_ours(pid):
+            return  # gone, or the number of another process by now
+        log.warning("stopping the nats-server an earlier run left on this store", pid=pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)  # it flushes its store and goes
+        for _ in range(int(LEFTOVER_STOP_S / 0.05)):
+            if not self._is_ours(pid):
+                return
+            await asyncio.sleep(0.05)  # not our child: nothing to wait on but its /proc
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    def _is_ours(self, pid: int) -> bool:
+        """Whether ``pid`` is a nats-server on this store (or config): by its command line,
+        its paths resolved from its own working directory (Linux's /proc; elsewhere False)."""
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            return False
+        if not args or not Path(args[0]).name.startswith("nats-server"):
+            return False
+        flag, ours = ("-c", self.config) if self.config is not None else ("-sd", self.store_dir)
+        given = [args[at + 1] for at, arg in enumerate(args[:-1]) if arg == flag]
+        mine = os.path.realpath(ours)
+        return any(os.path.realpath(os.path.join(cwd, path)) == mine for path in given)
 
     async def _wait_ready(self) -> None:
         assert self._process is not None and self._process.stderr is not None

@@ -1,0 +1,59 @@
+"""The embedded nats-server: what a process that dies without stopping it leaves behind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from agentreach.broker import Broker, EmbeddedServer
+from agentreach.broker.embedded import PID_FILE
+
+# A `reach up` killed with -9 while its embedded server runs.
+KILLED_WHILE_SERVING = """
+import asyncio, os, sys
+from agentreach.broker import EmbeddedServer
+
+async def main():
+    async with EmbeddedServer(port=-1, store_dir=sys.argv[1]) as server:
+        print(server.url, flush=True)
+        os.kill(os.getpid(), 9)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_server_left_by_a_killed_process_is_stopped_before_its_store_is_used(tmp_path):
+    store = tmp_path / "store"
+    killed = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", KILLED_WHILE_SERVING, str(store), stdout=asyncio.subprocess.PIPE
+    )
+    assert killed.stdout is not None
+    url = ""
+    while not url.startswith("nats://"):  # after the server's own log line
+        url = (await asyncio.wait_for(killed.stdout.readline(), 20)).decode().strip()
+    await killed.wait()
+    leftover = int((store / PID_FILE).read_text())
+    try:
+        async with Broker(url) as still_serving:  # the orphan holds the port and the store
+            await still_serving.flush()
+        port = int(url.rsplit(":", 1)[1])
+        async with EmbeddedServer(port=port, store_dir=store) as server, Broker(server.url) as b:
+            await b.flush()
+            assert int((store / PID_FILE).read_text()) != leftover
+        assert not _alive(leftover)
+        assert not (store / PID_FILE).exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(leftover, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for init to reap it."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() != b""
+    except OSError:
+        return False
