@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import os
 import sys
 
 from agentreach.cli import (
@@ -67,11 +68,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`reach … | head`): nothing more to say, and no traceback.
+        # Python would fail again flushing stdout at exit, so it goes to /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="reach",
+        allow_abbrev=False,  # `--ttl 5` is a mistake to name, not `--ttl-ms 5`
         description="Agent-Reach over NATS JetStream: `reach COMMAND --help` shows each one's"
         " options and an example.",
         epilog="example:\n  reach up    # then, in another terminal:"

@@ -44,6 +44,7 @@ class Commands:
             epilog += "\n".join(f"  {line}" for line in examples)
         parser = self._sub.add_parser(
             name,
+            allow_abbrev=False,
             parents=[self._common],
             help=help,
             description=help,

@@ -144,6 +144,28 @@ async def test_user_mistakes_are_one_line_without_traceback(broker):
         assert expected in done.stderr
 
 
+async def test_an_abbreviated_option_is_refused_not_guessed():
+    """`--ttl 5` is not taken for `--ttl-ms 5` (a task that expires at once)."""
+    done = await run(reach_command(), "publish", "summarize", "{}", "--ttl", "5")
+    assert done.returncode == 2
+    assert "unrecognized arguments: --ttl 5" in done.stderr
+
+
+async def test_output_into_a_closed_pipe_ends_without_a_traceback():
+    """`reach … | head`: the reader goes away, and `reach` stops quietly."""
+    reading, writing = os.pipe()
+    os.close(reading)  # nobody reads: the first write fails
+    try:
+        process = await asyncio.create_subprocess_exec(
+            reach_command(), "schema", "--all", stdout=writing, stderr=asyncio.subprocess.PIPE
+        )
+    finally:
+        os.close(writing)
+    _, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 1
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err
+
+
 async def test_up_on_a_taken_port_is_one_clear_line(tmp_path):
     """`reach up --port N` with N taken says so in one line."""
     with socket.socket() as holder:
