@@ -199,6 +199,20 @@ def load_target(target: str, *, malformed: str) -> object:
     return getattr(module, attr, None)
 
 
+def json_text(argument: str) -> str:
+    """The JSON an argument gives: itself; ``@FILE``, the file's; ``-``, stdin's (a shell
+    caps one argument at 128 KiB, payloads travel up to the server's limit and beyond)."""
+    if argument == "-":
+        return sys.stdin.read()
+    if argument.startswith("@"):
+        path = Path(argument[1:])
+        try:
+            return path.read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read the JSON file {path}: {exc.strerror}") from None
+    return argument
+
+
 def json_argument(text: str) -> Any:
     try:
         return envelopes.decode_json(text)

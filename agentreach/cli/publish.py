@@ -7,7 +7,7 @@ import json
 import sys
 
 from agentreach.agents import ReachClient
-from agentreach.cli.options import Commands, UsageError, broker_of, json_argument
+from agentreach.cli.options import Commands, UsageError, broker_of, json_argument, json_text
 from agentreach.cli.status import coordinators
 from agentreach.envelopes import Ack, Progress
 
@@ -20,10 +20,13 @@ def register(commands: Commands) -> None:
         example=(
             """reach publish summarize '{"text": "NATS is fast. Agents are many."}' --wait""",
             'reach publish refund_application \'{"order_id": "1"}\' --priority P0 --ttl-ms 8000',
+            "reach publish summarize @article.json   # or: ... summarize - < article.json",
         ),
     )
     pub.add_argument("topic", help="the intent, e.g. summarize (the task goes to reach.task.TOPIC)")
-    pub.add_argument("json", help="the payload, as JSON")
+    pub.add_argument(
+        "json", help="the payload, as JSON; @FILE reads it from FILE, - from stdin (a large one)"
+    )
     pub.add_argument(
         "--priority", choices=["P0", "P1", "P2"], default="P1", help="P0 most urgent (default P1)"
     )
@@ -48,7 +51,7 @@ def register(commands: Commands) -> None:
 
 
 async def cmd_publish(args: argparse.Namespace) -> int:
-    payload = json_argument(args.json)
+    payload = json_argument(json_text(args.json))
     if args.ttl_ms is not None and args.ttl_ms <= 0:
         raise UsageError(f"--ttl-ms takes a positive number of ms, got {args.ttl_ms}")
     async with broker_of(args) as broker, ReachClient(broker=broker) as client:

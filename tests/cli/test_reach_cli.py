@@ -56,6 +56,30 @@ async def test_publish_wait_prints_the_result(broker, coordinator):
     assert json.loads(done.stdout) == {"n": 3}
 
 
+async def test_publish_takes_a_payload_larger_than_an_argument_from_a_file_or_stdin(
+    broker, coordinator, tmp_path
+):
+    """A shell caps one argument at 128 KiB: `@FILE` and `-` carry a larger payload."""
+    items = list(range(40_000))  # about 230 KB of JSON
+    payload = tmp_path / "items.json"
+    payload.write_text(json.dumps({"items": items}))
+    async with worker().running(broker=broker):
+        from_file = await reach(broker, "publish", "count", f"@{payload}", "--wait")
+        argv = reach_argv(broker, "publish", "count", "-", "--wait")
+        with payload.open() as stdin:
+            piped = await asyncio.create_subprocess_exec(
+                *map(str, argv), stdin=stdin, stdout=asyncio.subprocess.PIPE
+            )
+            out, _ = await asyncio.wait_for(piped.communicate(), 30)
+    assert from_file.returncode == 0, from_file.stderr
+    assert json.loads(from_file.stdout) == {"n": 40_000}
+    assert piped.returncode == 0
+    assert json.loads(out) == {"n": 40_000}
+    missing = await reach(broker, "publish", "count", f"@{tmp_path / 'nowhere.json'}")
+    assert missing.returncode == 1
+    assert "cannot read the JSON file" in missing.stderr
+
+
 async def test_provision_twice_reports_unchanged(broker):
     """`reach provision` is idempotent: the second run changes nothing; it says what auto
     resolved to, and each stream's replicas (one on a single server)."""
