@@ -75,8 +75,22 @@ async def _clear(broker: Broker, agent_id: str | None) -> int:
         answer = await broker.request(broker.names.clear, agent_id.encode(), timeout=5)
     except (NoResponders, BrokerTimeout):
         raise UsageError(NOT_RUNNING) from None
-    print(f"{agent_id}: {answer.data.decode()}")
-    return 0 if answer.data == b"cleared" else 1
+    cleared = answer.data == b"cleared"
+    print(f"{agent_id}: {'quarantine lifted' if cleared else answer.data.decode()}")
+    if cleared and (tripped := await _tripped(broker, agent_id)):
+        shown = ", ".join(f"{b.intent or 'ISOLATED'}:{b.state}" for b in tripped)
+        print(
+            f"{agent_id}: its breakers are not cleared ({shown}): each closes when a trial"
+            " call succeeds, after its open time"
+        )
+    return 0 if cleared else 1
+
+
+async def _tripped(broker: Broker, agent_id: str) -> list[BreakerRecord]:
+    """The agent's breakers that are not closed (an isolation has no intent)."""
+    breakers = await (await broker.bucket(broker.names.breakers_bucket, BreakerRecord)).snapshot()
+    found = (e.value for e in breakers.values() if e.value.agent_id == agent_id)
+    return sorted((b for b in found if b.state != "closed"), key=lambda b: b.intent)
 
 
 @dataclass(frozen=True, slots=True)

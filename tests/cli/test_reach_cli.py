@@ -11,6 +11,7 @@ from pathlib import Path
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import EmbeddedServer
+from agentreach.envelopes import BreakerRecord
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.support import wait_for_card
 
@@ -289,15 +290,22 @@ async def test_demo_runs_and_exits_cleanly(tmp_path):
 
 
 async def test_agents_clear_needs_a_coordinator_and_a_known_agent(broker, coordinator):
-    """`reach agents clear ID` answers for a known agent and refuses an unknown one."""
+    """`reach agents clear ID` answers for a known agent and refuses an unknown one; it lifts
+    a quarantine, and says that an isolation (a breaker) stays until a trial succeeds."""
     async with worker().running(broker=broker):
         await wait_for_card(broker, "cli-reach-worker", status="running")
         async with asyncio.timeout(10):
             while "cli-reach-worker" not in coordinator.liveness.agents:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)  # the monitor's in-memory view has no event
+        breakers = await broker.bucket(broker.names.breakers_bucket, BreakerRecord)
+        isolation = BreakerRecord(agent_id="cli-reach-worker", state="open", reason="test")
+        await breakers.put(isolation.key, isolation)
         cleared = await reach(broker, "agents", "clear", "cli-reach-worker")
     unknown = await reach(broker, "agents", "clear", "nobody")
-    assert cleared.returncode == 0 and "cleared" in cleared.stdout
+    assert cleared.returncode == 0, cleared.stderr
+    lifted, kept = cleared.stdout.splitlines()
+    assert lifted == "cli-reach-worker: quarantine lifted"
+    assert "its breakers are not cleared (ISOLATED:open)" in kept
     assert unknown.returncode == 1 and "unknown agent" in unknown.stdout
 
 
