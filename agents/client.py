@@ -21,7 +21,7 @@ from agentreach.agents.errors import (
 from agentreach.agents.replies import ReplyBox
 from agentreach.broker import Auth, Broker, ClaimCheck, Names
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
-from agentreach.broker.lifecycle import trace_of
+from agentreach.broker.lifecycle import events_of_id
 from agentreach.envelopes import (
     Ack,
     Budget,
@@ -188,12 +188,13 @@ class ReachClient:
             self._waiting.discard(replies)
 
     async def status(self, message_id: str, *, timeout_s: float = 5.0) -> list[Event]:
-        """The recorded lifecycle events of ``message_id``, oldest first.
+        """The recorded lifecycle events of ``message_id`` (or, when no message has that id,
+        of the trace that has it), oldest first.
 
         With credentials (a secured deployment) the coordinator answers, and only about this
         caller's own messages; on an open server the client reads the event stream itself."""
         if self.broker.auth.identity is None:
-            return await trace_of(self.broker, message_id)
+            return await events_of_id(self.broker, message_id)
         request = envelopes.encode(TraceRequest(message_id=message_id))
         subject = self.broker.names.trace_request(self.caller)
         answer = await self.broker.request(subject, request, timeout=timeout_s)

@@ -129,10 +129,19 @@ async def reply(
 
 async def trace_of(broker: Broker, message_id: str) -> list[Event]:
     """Every authentic recorded event of ``message_id``, oldest first (see :func:`authentic`)."""
-    # Through the subject index: a wildcard read by message id looks at every event stored.
-    stored = await indexed_messages_on(
-        broker, broker.names.events_stream, broker.names.events_of_message(message_id)
+    return await _authentic_on(broker, broker.names.events_of_message(message_id))
+
+
+async def events_of_id(broker: Broker, wanted: str) -> list[Event]:
+    """The events of the message ``wanted``, or else of the trace ``wanted``, oldest first."""
+    return await trace_of(broker, wanted) or await _authentic_on(
+        broker, broker.names.events_of_trace(wanted)
     )
+
+
+async def _authentic_on(broker: Broker, subject: str) -> list[Event]:
+    # Through the subject index: a wildcard read by message id looks at every event stored.
+    stored = await indexed_messages_on(broker, broker.names.events_stream, subject)
     return [event for _, event in authentic(broker.names, stored)]
 
 

@@ -70,7 +70,8 @@ async def _trace_of_own(broker: Broker, message_id: str) -> int:
         who = broker.auth.identity
         print(
             f"no events of {message_id!r} among {who}'s own messages (a {broker.auth.role}"
-            " sees only the message ids it sent; an operator's creds read every trace)",
+            " sees only the messages it sent, by message id or trace id; an operator's creds"
+            " read every trace)",
             file=sys.stderr,
         )
         return 1

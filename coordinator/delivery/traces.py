@@ -1,6 +1,6 @@
-"""``reach.ctl.trace.<caller>``: a caller reads the trace of its own message through the
-coordinator (under permissions a caller cannot read ``REACH_EVENTS``, which holds every
-caller's results)."""
+"""``reach.ctl.trace.<caller>``: a caller reads the events of its own messages, by a message
+id or a trace id, through the coordinator (under permissions a caller cannot read
+``REACH_EVENTS``, which holds every caller's results)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from agentreach.broker import Broker, BrokerError, Inbound
 from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.lifecycle import authentic
 from agentreach.broker.names import COORDINATOR
+from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import DecodeError, Event, TraceReply, TraceRequest, decode_as
 
 log = structlog.get_logger("coordinator.status")
@@ -19,7 +20,8 @@ HEADROOM = 1024  # bytes kept free under the server's max payload
 
 
 class TraceDesk:
-    """Answers a caller with the events of a message it sent, and nothing of anyone else's."""
+    """Answers a caller with the events of a message it sent, or of the messages it sent in a
+    trace, and nothing of anyone else's."""
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
@@ -30,22 +32,27 @@ class TraceDesk:
             request = decode_as(msg.data, TraceRequest)
         except DecodeError:
             return  # nobody to tell what: the asking client times out and says so
-        names = self._broker.names
+        names, wanted = self._broker.names, request.message_id
         try:
-            stored = await indexed_messages_on(  # not a scan of every event: see broker.direct
-                self._broker, names.events_stream, names.events_of_message(request.message_id)
-            )
+            stored = await self._read(names.events_of_message(wanted))
+            if not stored:  # not a message id: the id of a trace, then
+                stored = await self._read(names.events_of_trace(wanted))
         except BrokerError as exc:
-            log.warning("status not answered", message_id=request.message_id, error=str(exc))
+            log.warning("status not answered", message_id=wanted, error=str(exc))
             return
         trace = authentic(names, stored)
-        # Only the coordinator's own events say who the caller was.
-        sent_by_caller = any(
-            event.caller == caller and names.sender_of(m.subject) == COORDINATOR
+        # Only the coordinator's own events say who the caller was, message by message.
+        sent_by_caller = {
+            event.message_id
             for m, event in trace
-        )
-        events = [event for _, event in trace] if sent_by_caller else []
+            if event.caller == caller and names.sender_of(m.subject) == COORDINATOR
+        }
+        events = [event for _, event in trace if event.message_id in sent_by_caller]
         await msg.respond(self._fitted(events))
+
+    async def _read(self, subject: str) -> list[StoredMessage]:
+        # Not a scan of every event: see broker.direct.
+        return await indexed_messages_on(self._broker, self._broker.names.events_stream, subject)
 
     def _fitted(self, events: list[Event]) -> bytes:
         """The reply, without its oldest events when all would not fit one message."""

@@ -59,10 +59,12 @@ async def test_flaky_handler_succeeds_on_the_third_attempt(broker, coordinator, 
     """Two failures then success: one completion, three attempts, growing delays."""
     runs: Counter[str] = Counter()
     async with flaky_agent(runs).running(broker=broker), ReachClient(broker=broker) as client:
-        result = await client.invoke("flaky", {})
+        result = await client.invoke("flaky", {}, trace_id="flaky-trace")
         message_id = next(iter(runs))
         events = await client.status(message_id)
+        by_trace = await client.status("flaky-trace")  # the id of the trace works too
     assert result == {"ok": 3}
+    assert by_trace == events
     assert runs[message_id] == 3
     assert [e.event for e in events if e.event in ("failed", "completed")] == [
         "failed",

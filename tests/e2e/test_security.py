@@ -942,9 +942,14 @@ async def test_a_caller_reads_the_trace_of_its_own_tasks_only(arena: Arena) -> N
     own = await arena.alice.status(task.message_id)
     routed = [e for e in own if e.event == "routed"]
     assert routed and routed[0].caller == "alice" and routed[0].agent_id == X
+    await arena.alice.invoke("summarize", {"n": "traced"}, trace_id="alice-trace")
+    by_trace = await arena.alice.status("alice-trace")  # a trace id, not a message id
+    assert {e.event for e in by_trace} >= {"routed", "completed"}
+    assert {e.trace_id for e in by_trace} == {"alice-trace"}
     bob = ReachClient(arena.url, name="bob", auth=arena.deployment.auth("caller", "bob"))
     async with bob:
         assert await bob.status(task.message_id) == []
+        assert await bob.status("alice-trace") == []
         mine = await bob.invoke("summarize", {"n": "bob's"})
         assert mine == {"summary": "real"}
 
