@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 
 from agentreach.broker import Broker, BrokerTimeout, NoResponders
-from agentreach.cli.options import Commands, UsageError, broker_of
+from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.envelopes import AgentCard, BreakerRecord, Heartbeat, Liveness
 
@@ -53,6 +53,7 @@ def register(commands: Commands) -> None:
 async def cmd_agents(args: argparse.Namespace) -> int:
     if args.watch is not None and args.watch < MIN_WATCH_S:
         raise UsageError(f"--watch takes seconds between redraws, at least {MIN_WATCH_S}")
+    operators_only(args, "the agent registry")
     async with broker_of(args) as broker:
         if args.action == "clear":
             return await _clear(broker, args.id)

@@ -8,7 +8,7 @@ import importlib.metadata
 
 import structlog
 
-from agentreach.cli.options import Commands, UsageError, broker_of
+from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
 from agentreach.cli.serve import until_signal
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import Board, DashboardApp, History, render
@@ -89,6 +89,7 @@ async def cmd_dashboard(args: argparse.Namespace) -> int:
 async def cmd_top(args: argparse.Namespace) -> int:
     if args.interval < 0.5:
         raise UsageError("--interval takes seconds between redraws, at least 0.5")
+    operators_only(args, "the state `reach top` shows")
     async with (
         broker_of(args, name="reach-top") as broker,
         Board(broker, _history(args)) as board,

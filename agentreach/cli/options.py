@@ -128,6 +128,17 @@ def auth_of(args: argparse.Namespace) -> Auth:
     return flags.merged(Auth.from_env())
 
 
+def operators_only(args: argparse.Namespace, what: str) -> None:
+    """Refuse at once the creds of a role that may not read ``what``: its reads would be
+    denied by the server, and time out here."""
+    auth = auth_of(args)
+    if auth.role in ("agent", "caller", "worker"):
+        raise UsageError(
+            f"{what} is read with an operator's creds; {auth.identity!r} is a {auth.role}"
+            " (`reach auth operator NAME` issues them)"
+        )
+
+
 def broker_of(args: argparse.Namespace, *, name: str = "reach-cli", wait: bool = False) -> Broker:
     """The connection a command uses: its URL, prefix and credentials."""
     return Broker(args.nats_url, names=names_of(args), name=name, auth=auth_of(args), wait=wait)

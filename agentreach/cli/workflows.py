@@ -8,7 +8,7 @@ import asyncio
 import datetime as dt
 
 from agentreach.broker import Broker, read_stream
-from agentreach.cli.options import Commands, UsageError, broker_of
+from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
 from agentreach.cli.status import warn_without_coordinator
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
 from agentreach.envelopes import StepRun, WorkflowRecord, decode_event, now_ms
@@ -38,6 +38,7 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         raise UsageError(f"workflows {args.action} needs the id of a workflow instance")
     if args.action == "signal" and not args.event:
         raise UsageError("workflows signal needs an event name: workflows signal ID EVENT")
+    operators_only(args, "the workflow records")
     async with broker_of(args) as broker:
         if args.action == "list":
             print(table(await all_records(broker)))
