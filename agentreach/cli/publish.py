@@ -9,7 +9,7 @@ import sys
 from agentreach.agents import ReachClient
 from agentreach.cli.options import Commands, UsageError, broker_of, json_argument, json_text
 from agentreach.cli.status import coordinators
-from agentreach.envelopes import Ack, Progress
+from agentreach.envelopes import MAX_TTL_MS, Ack, Progress
 
 
 def register(commands: Commands) -> None:
@@ -52,8 +52,10 @@ def register(commands: Commands) -> None:
 
 async def cmd_publish(args: argparse.Namespace) -> int:
     payload = json_argument(json_text(args.json))
-    if args.ttl_ms is not None and args.ttl_ms <= 0:
-        raise UsageError(f"--ttl-ms takes a positive number of ms, got {args.ttl_ms}")
+    if args.ttl_ms is not None and not 0 < args.ttl_ms <= MAX_TTL_MS:
+        raise UsageError(
+            f"--ttl-ms takes a number of ms from 1 to {MAX_TTL_MS} (a day), got {args.ttl_ms}"
+        )
     async with broker_of(args) as broker, ReachClient(broker=broker) as client:
         running = await coordinators(client.broker)
         if args.wait:

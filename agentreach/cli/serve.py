@@ -168,6 +168,9 @@ def load_agent(target: str) -> Agent:
     agent = load_target(
         target, malformed="expected MODULE:OBJECT (e.g. agentreach.examples.echo:agent)"
     )
+    if agent is None:
+        module, _, name = target.partition(":")
+        raise UsageError(f"module {module!r} has no {name!r} (expected an agentreach.Agent)")
     if not isinstance(agent, Agent):
         raise UsageError(f"{target} is {type(agent).__name__}, not an agentreach.Agent")
     return agent

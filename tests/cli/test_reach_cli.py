@@ -158,10 +158,14 @@ async def test_user_mistakes_are_one_line_without_traceback(broker):
     unreachable = await run(reach_command(), "trace", "x", "--nats-url", "nats://127.0.0.1:1")
     bad_json = await reach(broker, "publish", "count", "{nope")
     bad_target = await reach(broker, "agent", "no_such_module:agent")
+    no_object = await reach(broker, "agent", "agentreach.examples.summarize:nosuch")
+    too_long = await reach(broker, "publish", "count", "{}", "--ttl-ms", "999999999999")
     for done, expected in [
         (unreachable, "cannot connect to NATS at nats://127.0.0.1:1"),
         (bad_json, "JSON argument is not valid JSON"),
         (bad_target, "cannot import 'no_such_module'"),
+        (no_object, "module 'agentreach.examples.summarize' has no 'nosuch'"),
+        (too_long, "--ttl-ms takes a number of ms from 1 to 86400000 (a day)"),
     ]:
         assert done.returncode == 1
         assert "Traceback" not in done.stderr
