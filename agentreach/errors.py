@@ -5,7 +5,7 @@ command line) can catch them all with one ``except ReachError``.
     ├── EnvelopeError               agentreach.envelopes: bytes that are not a valid envelope
     │   └── DecodeError
     ├── BrokerError                 agentreach.broker: NATS / JetStream failures, translated
-    │   ├── ConnectError            AuthenticationFailed: the server refused the credentials
+    │   ├── ConnectError            AuthenticationFailed: credentials refused or unusable
     │   ├── BrokerTimeout, NoResponders, NoStreamError, ProvisionError, …
     │   └── JetStreamError          StreamNotFound, ConsumerNotFound, WrongLastSequence, …
     ├── ConfigError                 agentreach.coordinator: a configuration file is wrong

@@ -56,7 +56,6 @@ class _Elsewhere(enum.Enum):
 
 # Another delivery of the message holds its claim and runs it: neither ack nor nak this one.
 ELSEWHERE = _Elsewhere.ELSEWHERE
-UNDECODABLE_TOPIC = "_invalid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +340,7 @@ class Executor:
         message_id = envelopes.stable_id(
             delivery.timestamp_ns, delivery.stream, delivery.stream_seq
         )
-        stub = Task(v=1, message_id=message_id, trace_id=message_id, topic=UNDECODABLE_TOPIC)
+        stub = Task(v=1, message_id=message_id, trace_id=message_id, topic=envelopes.INVALID_TOPIC)
         event = event_for(
             stub,
             "failed",

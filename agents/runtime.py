@@ -144,8 +144,14 @@ class AgentRuntime:
         )
 
     def _check_credentials(self) -> None:
-        """Agent creds of another name would have every registration refused: say so now."""
+        """Creds of another agent, or of another role, would have every registration
+        refused: say so now."""
         auth, agent_id = self.broker.auth, self.agent.agent_id
+        if auth.role not in (None, "agent", "operator", "coordinator"):
+            raise AgentConfigError(
+                f"the creds are a {auth.role}'s ({auth.identity!r}), not an agent's: give"
+                f" {agent_id!r} creds of its own (`reach auth agent {agent_id}`)"
+            )
         if auth.role == "agent" and auth.identity not in (None, agent_id):
             raise AgentConfigError(
                 f"the creds are for agent {auth.identity!r}, but this agent is {agent_id!r}:"

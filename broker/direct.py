@@ -128,11 +128,13 @@ class LastValues:
             page, pending = await _batch(self._broker, stream, request)
         except _TooMany:
             page, pending = [], 1
-        except BaseException as exc:
+        except asyncio.CancelledError:  # closing: the readers get a broker error, not cancelled
+            for future in asked.values():
+                _fail(future, BrokerError(f"the connection closed while reading {stream}"))
+            raise
+        except Exception as exc:
             for future in asked.values():
                 _fail(future, exc)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
             return
         if pending:  # more than one answer holds: each subject on its own
             for subject, future in asked.items():
@@ -147,12 +149,8 @@ def _settle(future: asyncio.Future[list[StoredMessage]], found: list[StoredMessa
         future.set_result(found)
 
 
-def _fail(future: asyncio.Future[list[StoredMessage]], exc: BaseException) -> None:
-    if future.done():
-        return
-    if isinstance(exc, asyncio.CancelledError):
-        future.cancel()
-    else:
+def _fail(future: asyncio.Future[list[StoredMessage]], exc: Exception) -> None:
+    if not future.done():
         future.set_exception(exc)
 
 

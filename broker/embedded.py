@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import os
 import re
@@ -101,6 +100,8 @@ class EmbeddedServer:
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
+        # At once, not once ready: a kill -9 during the store's recovery leaves it running too.
+        (self.store_dir / PID_FILE).write_text(f"{self._process.pid}\n")
         try:
             await asyncio.wait_for(self._wait_ready(), self.ready_timeout)
         except TimeoutError:
@@ -113,7 +114,6 @@ class EmbeddedServer:
             await self.stop()
             raise
         self._drain = asyncio.create_task(self._drain_stderr(), name="nats-server-stderr")
-        (self.store_dir / PID_FILE).write_text(f"{self._process.pid}\n")
         log.info("embedded nats-server ready", url=self.url, store_dir=str(self.store_dir))
         return self
 
@@ -180,28 +180,35 @@ class EmbeddedServer:
     async def _stop_leftover(self) -> None:
         """Stop the nats-server an earlier process started on this store and left running
         (kill -9 of ``reach up`` gives it no chance to stop its child): it holds the port
-        and the store, and nothing else would ever stop it."""
+        and the store, and nothing else would ever stop it.
+
+        The process is held by a pidfd before it is looked at, so the signal reaches the
+        process checked even if its number were reused meanwhile (Linux; elsewhere a
+        leftover is not looked for)."""
         try:
             pid = int((self.store_dir / PID_FILE).read_text())
-        except (OSError, ValueError):
-            return
-        if not self._is_ours(pid):
-            return  # gone, or the number of another process by now
-        log.warning("stopping the nats-server an earlier run left on this store", pid=pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)  # it flushes its store and goes
-        for _ in range(int(LEFTOVER_STOP_S / 0.05)):
+            handle = os.pidfd_open(pid)
+        except (OSError, ValueError, AttributeError):
+            return  # no pid file, the process is gone, or no pidfds here
+        try:
             if not self._is_ours(pid):
-                return
-            await asyncio.sleep(0.05)  # not our child: nothing to wait on but its /proc
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+                return  # the number of another process by now
+            log.warning("stopping the nats-server an earlier run left on this store", pid=pid)
+            for sent in (signal.SIGTERM, signal.SIGKILL):  # TERM: it flushes its store
+                signal.pidfd_send_signal(handle, sent)
+                if await _exited(handle, LEFTOVER_STOP_S):
+                    return
+            raise EmbeddedServerError(f"the nats-server {pid} left on {self.store_dir} runs on")
+        except ProcessLookupError:
+            return  # it went by itself
+        finally:
+            os.close(handle)
 
     def _is_ours(self, pid: int) -> bool:
         """Whether ``pid`` is a nats-server on this store (or config): by its command line,
         its paths resolved from its own working directory (Linux's /proc; elsewhere False)."""
         try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            args = os.fsdecode(Path(f"/proc/{pid}/cmdline").read_bytes()).split("\0")
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             return False
@@ -247,3 +254,18 @@ class EmbeddedServer:
 
     def _last_line(self) -> str:
         return self._tail[-1] if self._tail else "(no output)"
+
+
+async def _exited(pidfd: int, within_s: float) -> bool:
+    """Whether the process of ``pidfd`` ends within ``within_s`` (a pidfd turns readable
+    when its process exits: no polling of /proc, no child to wait on)."""
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+    loop.add_reader(pidfd, lambda: ended.done() or ended.set_result(None))
+    try:
+        await asyncio.wait_for(ended, within_s)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(pidfd)

@@ -47,7 +47,8 @@ class ConnectError(BrokerError):
 
 
 class AuthenticationFailed(ConnectError):
-    """The server refused the credentials (or their absence): waiting will not help."""
+    """The server refused the credentials (or their absence), or they cannot be used at all
+    (:class:`UnusableCredentials`): waiting will not help."""
 
 
 class UnusableCredentials(AuthenticationFailed):

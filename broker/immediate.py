@@ -27,16 +27,22 @@ Handler = Callable[[nats.aio.msg.Msg], None]
 
 
 class _HandOver(asyncio.Queue):  # type: ignore[type-arg]
-    """What nats-py takes for the subscription's queue: each message goes to ``handler``."""
+    """What nats-py takes for the subscription's queue: each message goes to ``handler``,
+    and none is ever kept (so ``next_msg`` and ``messages`` have nothing to give)."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, sub: nats.aio.subscription.Subscription, handler: Handler) -> None:
         super().__init__()
+        self._sub = sub
         self._handler = handler
-        self._sub: nats.aio.subscription.Subscription | None = None
+
+    async def get(self) -> nats.aio.msg.Msg:
+        raise RuntimeError("an immediate subscription's messages go to its handler")
+
+    def get_nowait(self) -> nats.aio.msg.Msg:
+        raise RuntimeError("an immediate subscription's messages go to its handler")
 
     def put_nowait(self, item: nats.aio.msg.Msg) -> None:
-        if self._sub is not None:
-            self._sub._pending_size = 0  # nothing waits here: it was handed over
+        self._sub._pending_size = 0  # nothing waits here: it was handed over
         try:
             self._handler(item)
         except Exception:  # a bug in a handler must not end the connection's read loop
@@ -48,9 +54,8 @@ async def subscribe_immediate(
 ) -> nats.aio.subscription.Subscription:
     """Subscribe to ``subject``; ``handler`` gets each message as the connection reads it."""
     sub = await nc.subscribe(subject)  # without a callback nats-py starts no task for it
-    hand_over = _HandOver(handler)
+    hand_over = _HandOver(sub, handler)
     queued, sub._pending_queue = sub._pending_queue, hand_over
-    hand_over._sub = sub
     while not queued.empty():  # what came while the subscription was being made
         hand_over.put_nowait(queued.get_nowait())
     return sub

@@ -10,18 +10,17 @@ itself on the hot path. Publish acks and direct gets take a token here instead, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import nats.aio.msg
 
 from agentreach.broker.errors import translated
-from agentreach.broker.immediate import subscribe_immediate
+from agentreach.broker.immediate import Handler, subscribe_immediate
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
 
-ReplyHandler = Callable[[nats.aio.msg.Msg], None]
+ReplyHandler = Handler
 
 
 class ReplyInbox:

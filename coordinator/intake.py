@@ -15,6 +15,7 @@ from agentreach.coordinator.protection.quotas import CallerQuotas
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.workflows.engine import WorkflowEngine
 from agentreach.envelopes import (
+    INVALID_TOPIC,
     DecodeError,
     ErrorInfo,
     Task,
@@ -29,8 +30,6 @@ from agentreach.envelopes import headers as h
 from agentreach.envelopes.intake import ReplyPolicy
 
 log = structlog.get_logger("coordinator.intake")
-
-INVALID_TOPIC = "_invalid"
 
 
 class Intake:

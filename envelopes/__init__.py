@@ -44,6 +44,7 @@ from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
 from agentreach.envelopes.manual import ManualItem, ManualStatus
 from agentreach.envelopes.messages import (
     DEFAULT_TTL_MS,
+    INVALID_TOPIC,
     MAX_TTL_MS,
     PRIORITIES,
     TOKEN_PATTERN,
@@ -86,6 +87,7 @@ __all__ = [
     "AGENT_EVENTS",
     "DEFAULT_TTL_MS",
     "EVENT_DETAILS",
+    "INVALID_TOPIC",
     "MAX_TTL_MS",
     "PRIORITIES",
     "TOKEN_PATTERN",

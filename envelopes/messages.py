@@ -33,6 +33,8 @@ ReplySubject = Annotated[
 ]
 
 DEFAULT_TTL_MS = 30_000
+# The topic of the dead letters of what is no envelope at all (nothing names a topic then).
+INVALID_TOPIC = "_invalid"
 DEFAULT_PRIORITY: Priority = "P1"
 
 

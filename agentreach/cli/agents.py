@@ -89,9 +89,17 @@ async def _clear(broker: Broker, agent_id: str | None) -> int:
 
 async def _tripped(broker: Broker, agent_id: str) -> list[BreakerRecord]:
     """The agent's breakers that are not closed (an isolation has no intent)."""
+    return (await _not_closed(broker)).get(agent_id, [])
+
+
+async def _not_closed(broker: Broker) -> dict[str, list[BreakerRecord]]:
+    """Each agent's breakers that are open or half-open, by intent (isolation first)."""
     breakers = await (await broker.bucket(broker.names.breakers_bucket, BreakerRecord)).snapshot()
-    found = (e.value for e in breakers.values() if e.value.agent_id == agent_id)
-    return sorted((b for b in found if b.state != "closed"), key=lambda b: b.intent)
+    tripped: dict[str, list[BreakerRecord]] = {}
+    for stored in breakers.values():
+        if stored.value.state != "closed":
+            tripped.setdefault(stored.value.agent_id, []).append(stored.value)
+    return {agent: sorted(found, key=lambda r: r.intent) for agent, found in tripped.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,17 +121,13 @@ async def collect(broker: Broker) -> list[Row]:
     cards = await (await broker.bucket(names.agents_bucket, AgentCard)).snapshot()
     judged = await (await broker.bucket(names.liveness_bucket, Liveness)).snapshot()
     beats = await (await broker.bucket(names.heartbeats_bucket, Heartbeat)).snapshot()
-    breakers = await (await broker.bucket(names.breakers_bucket, BreakerRecord)).snapshot()
-    tripped: dict[str, list[BreakerRecord]] = {}
-    for stored in breakers.values():
-        if stored.value.state != "closed":
-            tripped.setdefault(stored.value.agent_id, []).append(stored.value)
+    tripped = await _not_closed(broker)
     rows = []
     for agent_id in sorted(cards):
         beat = beats.get(agent_id)
         age = time.time() - beat.written_ms / 1000 if beat and beat.written_ms else None
         liveness = judged[agent_id].value if agent_id in judged else None
-        open_ones = tuple(sorted(tripped.get(agent_id, []), key=lambda r: r.intent))
+        open_ones = tuple(tripped.get(agent_id, []))
         heartbeat = beat.value if beat else None
         rows.append(Row(cards[agent_id].value, liveness, heartbeat, age, open_ones))
     return rows

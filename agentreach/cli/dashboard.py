@@ -70,6 +70,7 @@ def _history(args: argparse.Namespace) -> History:
 
 
 async def cmd_dashboard(args: argparse.Namespace) -> int:
+    operators_only(args, "the state the dashboard shows")
     history = _history(args)
     async with (
         broker_of(args, name="reach-dashboard") as broker,

@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = extra
     configure_logging(args.log_level, args.log_format)
     try:
-        return asyncio.run(args.command(args))
+        code = asyncio.run(args.command(args))
+        sys.stdout.flush()  # a short output is written here, not by print: into the pipe too
+        return code
     except ReachError as exc:
         print(f"reach: error: {exc}", file=sys.stderr)
         return 1

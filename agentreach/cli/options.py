@@ -218,9 +218,11 @@ def json_text(argument: str) -> str:
     if argument.startswith("@"):
         path = Path(argument[1:])
         try:
-            return path.read_text()
+            return path.read_text(encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read the JSON file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"the JSON file {path} is not UTF-8 text") from None
     return argument
 
 

@@ -15,7 +15,15 @@ from agentreach.broker import Broker, Delivery
 from agentreach.broker.lifecycle import dead_letter
 from agentreach.broker.streams import StoredMessage, delete_message, get_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
-from agentreach.envelopes import DecodeError, ErrorInfo, Task, decode_as, is_token, stable_id
+from agentreach.envelopes import (
+    INVALID_TOPIC,
+    DecodeError,
+    ErrorInfo,
+    Task,
+    decode_as,
+    is_token,
+    stable_id,
+)
 
 log = structlog.get_logger("coordinator.advisories")
 
@@ -69,7 +77,7 @@ class Advisories:
             reason="retries_exhausted",
             message_id=message_id,
             trace_id=message_id,
-            topic="_invalid",
+            topic=INVALID_TOPIC,
             error=error,
             raw=stored.data,
             headers={**stored.headers, "Reach-Subject": stored.subject},

@@ -33,6 +33,7 @@ from agentreach.coordinator.protection.grants import (
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.router import Router
 from agentreach.envelopes import (
+    INVALID_TOPIC,
     DecodeError,
     ErrorInfo,
     Event,
@@ -47,7 +48,6 @@ log = structlog.get_logger("coordinator.outcomes")
 # What the coordinator acts on (failed, expired), and completed only to check who says it
 # (when audit is off: the audit writer, which reads every completed event, checks it then).
 OUTCOME_EVENTS = ("failed", "expired", "completed")
-UNDECODABLE_TOPIC = "_invalid"
 T = TypeVar("T")
 
 
@@ -146,7 +146,7 @@ class Outcomes:
         log.error("unreadable outcome event", subject=msg.subject, error=str(exc))
         error = ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False)
         await dead_letter_delivery(
-            self._broker, msg, reason="invalid_envelope", error=error, topic="_invalid"
+            self._broker, msg, reason="invalid_envelope", error=error, topic=INVALID_TOPIC
         )
 
     async def _undecodable(self, event: Event, reporter: str) -> None:
@@ -160,7 +160,7 @@ class Outcomes:
             reason="invalid_envelope",
             message_id=letter_id,
             trace_id=letter_id,
-            topic=UNDECODABLE_TOPIC,
+            topic=INVALID_TOPIC,
             error=error,
             raw=raw.encode() if isinstance(raw, str) else None,
             headers={

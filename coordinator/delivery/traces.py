@@ -11,8 +11,14 @@ from agentreach.broker import Broker, BrokerError, Inbound
 from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.lifecycle import authentic
 from agentreach.broker.names import COORDINATOR
-from agentreach.broker.streams import StoredMessage
-from agentreach.envelopes import DecodeError, Event, TraceReply, TraceRequest, decode_as
+from agentreach.envelopes import (
+    DecodeError,
+    Event,
+    TraceReply,
+    TraceRequest,
+    decode_as,
+    is_token,
+)
 
 log = structlog.get_logger("coordinator.status")
 
@@ -33,26 +39,31 @@ class TraceDesk:
         except DecodeError:
             return  # nobody to tell what: the asking client times out and says so
         names, wanted = self._broker.names, request.message_id
+        if not is_token(wanted):  # a wildcard would have every event read
+            await msg.respond(self._fitted([]))
+            return
         try:
-            stored = await self._read(names.events_of_message(wanted))
-            if not stored:  # not a message id: the id of a trace, then
-                stored = await self._read(names.events_of_trace(wanted))
+            events = await self._own(caller, names.events_of_message(wanted))
+            if not events:  # none of the caller's messages has that id: a trace may
+                events = await self._own(caller, names.events_of_trace(wanted))
         except BrokerError as exc:
             log.warning("status not answered", message_id=wanted, error=str(exc))
             return
+        await msg.respond(self._fitted(events))
+
+    async def _own(self, caller: str, subject: str) -> list[Event]:
+        """The authentic events on ``subject`` of the messages ``caller`` sent: only the
+        coordinator's own events say who the caller was, message by message."""
+        names = self._broker.names
+        # Not a scan of every event: see broker.direct.
+        stored = await indexed_messages_on(self._broker, names.events_stream, subject)
         trace = authentic(names, stored)
-        # Only the coordinator's own events say who the caller was, message by message.
         sent_by_caller = {
             event.message_id
             for m, event in trace
             if event.caller == caller and names.sender_of(m.subject) == COORDINATOR
         }
-        events = [event for _, event in trace if event.message_id in sent_by_caller]
-        await msg.respond(self._fitted(events))
-
-    async def _read(self, subject: str) -> list[StoredMessage]:
-        # Not a scan of every event: see broker.direct.
-        return await indexed_messages_on(self._broker, self._broker.names.events_stream, subject)
+        return [event for _, event in trace if event.message_id in sent_by_caller]
 
     def _fitted(self, events: list[Event]) -> bytes:
         """The reply, without its oldest events when all would not fit one message."""

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agentreach.broker import BrokerTimeout, StreamNotFound
+from agentreach.broker import StreamNotFound
 from agentreach.broker.direct import (
     LastValues,
     indexed_messages_on,
@@ -15,6 +15,7 @@ from agentreach.broker.direct import (
     subject_counts,
     subject_matches,
 )
+from agentreach.broker.immediate import subscribe_immediate
 
 
 async def test_an_indexed_read_finds_every_message_of_each_subject_in_order(broker):
@@ -88,11 +89,13 @@ async def test_last_values_asked_in_one_turn_are_read_in_one_request(broker):
     await broker.publish(names.event("routed", "t", "trace-5", "m-5", "a"), b"m-5/a again")
     reads = broker.shared(LastValues)
     patterns = [names.events_of_message_in_trace("trace-5", m) for m in ("m-5", "m-6", "m-0")]
-    async with await broker.subscribe(f"$JS.API.DIRECT.GET.{names.events_stream}") as asked:
-        found = await asyncio.gather(*(reads.read(names.events_stream, p) for p in patterns))
-        await asked.next(timeout_s=2)
-        with pytest.raises(BrokerTimeout):  # no second request
-            await asked.next(timeout_s=0.3)
+    asked: list[bytes] = []
+    subject = f"$JS.API.DIRECT.GET.{names.events_stream}"
+    watching = await subscribe_immediate(broker.nc, subject, lambda msg: asked.append(msg.data))
+    found = await asyncio.gather(*(reads.read(names.events_stream, p) for p in patterns))
+    await broker.flush()  # every request sent has come back to the watcher by now
+    await watching.unsubscribe()
+    assert len(asked) == 1
     assert [sorted(m.data.decode() for m in each) for each in found] == [
         ["m-5/a again", "m-5/b"],
         ["m-6/a", "m-6/b"],

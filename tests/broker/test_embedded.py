@@ -57,3 +57,14 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/cmdline").read_bytes() != b""
     except OSError:
         return False
+
+
+async def test_a_pid_file_naming_another_process_leaves_that_process_alone(tmp_path):
+    """The number in the pid file may belong to anything by now: only a nats-server on this
+    store is stopped (here the number is this test's own process)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / PID_FILE).write_text(f"{os.getpid()}\n")
+    async with EmbeddedServer(port=-1, store_dir=store) as server, Broker(server.url) as b:
+        await b.flush()
+        assert int((store / PID_FILE).read_text()) != os.getpid()

@@ -943,15 +943,18 @@ async def test_a_caller_reads_the_trace_of_its_own_tasks_only(arena: Arena) -> N
     routed = [e for e in own if e.event == "routed"]
     assert routed and routed[0].caller == "alice" and routed[0].agent_id == X
     await arena.alice.invoke("summarize", {"n": "traced"}, trace_id="alice-trace")
-    by_trace = await arena.alice.status("alice-trace")  # a trace id, not a message id
-    assert {e.event for e in by_trace} >= {"routed", "completed"}
-    assert {e.trace_id for e in by_trace} == {"alice-trace"}
     bob = ReachClient(arena.url, name="bob", auth=arena.deployment.auth("caller", "bob"))
     async with bob:
         assert await bob.status(task.message_id) == []
         assert await bob.status("alice-trace") == []
-        mine = await bob.invoke("summarize", {"n": "bob's"})
+        # A message of bob's named like alice's trace hides nothing of hers, shows nothing.
+        mine = await bob.invoke("summarize", {"n": "bob's"}, message_id="alice-trace")
         assert mine == {"summary": "real"}
+        by_trace = await arena.alice.status("alice-trace")  # a trace id, not a message id
+    assert {e.event for e in by_trace} >= {"routed", "completed"}
+    assert {e.trace_id for e in by_trace} == {"alice-trace"}
+    assert "alice-trace" not in {e.message_id for e in by_trace}  # not bob's message
+    assert await arena.alice.status("*") == []  # a wildcard is no id
 
 
 async def _reach_as(arena: Arena, role: str, name: str, *args: str) -> tuple[int, str, str]:
@@ -982,7 +985,7 @@ async def test_a_caller_uses_the_cli_with_its_own_creds(arena: Arena) -> None:
     code, out, err = await _reach_as(arena, "caller", "bob", "trace", task.message_id)
     assert code == 1 and "among bob's own messages" in err
     # What only an operator may read is refused at once, saying so (not a timeout).
-    for command in (("agents",), ("workflows", "list"), ("top", "--once")):
+    for command in (("agents",), ("workflows", "list"), ("top", "--once"), ("dashboard",)):
         code, out, err = await _reach_as(arena, "caller", "alice", *command)
         assert code == 1, command
         assert "is read with an operator's creds; 'alice' is a caller" in err
