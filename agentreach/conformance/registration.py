@@ -17,6 +17,7 @@ from agentreach.envelopes import PRIORITIES, AgentControl, Heartbeat
 
 CADENCE_S = 0.5  # the interval the kit asks for while it watches the beats
 BEATS = 12
+FIRST_BEAT_S = 2.0  # "at once" after the card: what the first heartbeat may take to be stored
 WAKE_PROBES = 25  # pairs of control messages, the second later by one more step each time
 WAKE_STEP_S = 0.0002
 JITTER_STDEV_S = 0.025  # ±20 % of 0.5 s spreads gaps far wider; no jitter at all does not
@@ -94,7 +95,9 @@ async def heartbeats(s: Session, c: Checks) -> str:
     """§7, §8: heartbeats with the card's epoch, a new interval followed at once, beats
     every interval ± 20 % with jitter, then the old interval again."""
     epoch = (await s.card()).epoch
-    stored = await (await s.broker.bucket(s.names.heartbeats_bucket, Heartbeat)).get(s.agent_id)
+    bucket = await s.broker.bucket(s.names.heartbeats_bucket, Heartbeat)
+    # Written at once after the card, so a moment after it: looked for, not read once.
+    stored = await s.poll(lambda: bucket.get(s.agent_id), FIRST_BEAT_S)
     c.must(stored is not None, f"no heartbeat in {s.names.heartbeats_bucket}")
     assert stored is not None
     first = stored.value
