@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import sys
 import time
 from dataclasses import dataclass
 
@@ -65,7 +66,9 @@ async def cmd_agents(args: argparse.Namespace) -> int:
             if not args.watch:
                 print(drawn)
                 return 0
-            print("\033[2J\033[H" + drawn, flush=True)  # clear the screen, then redraw
+            # A terminal is cleared before each redraw; a pipe or file gets each one after the last.
+            clear = "\033[2J\033[H" if sys.stdout.isatty() else "\n"
+            print(clear + drawn, flush=True)
             await asyncio.sleep(args.watch)
 
 

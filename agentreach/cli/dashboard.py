@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import sys
 
 import structlog
 
@@ -100,7 +101,9 @@ async def cmd_top(args: argparse.Namespace) -> int:
             if args.once:
                 print(drawn)
                 return 0
-            print("\033[2J\033[H" + drawn, flush=True)  # clear the screen, then redraw
+            # A terminal is cleared before each redraw; a pipe or file gets each one after the last.
+            clear = "\033[2J\033[H" if sys.stdout.isatty() else "\n"
+            print(clear + drawn, flush=True)
             await asyncio.sleep(args.interval)
             await board.refresh()
 

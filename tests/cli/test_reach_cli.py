@@ -334,6 +334,7 @@ async def test_agents_watch_redraws_until_ctrl_c(broker, coordinator):
         process.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(process.wait(), 10) == 130
     assert b"cli-reach-worker" in drawn
+    assert b"\x1b[2J" not in drawn  # a pipe gets each table after the last, no screen codes
 
 
 ROUTES = """
