@@ -4,6 +4,7 @@ would, against a real secured nats-server; and secrets kept out of log lines."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -189,6 +190,19 @@ def test_config_credentials_name_a_missing_file():
         AuthConfig(token_file="/nowhere/token").auth()
 
 
+@contextlib.asynccontextmanager
+async def provisioned_with_agent(tmp_path: Path, agent_id: str):  # type: ignore[no-untyped-def]
+    """A provisioned secured server, the creds file `reach auth` issued for ``agent_id``, and
+    the directory of `reach auth`."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    async with secured_server(deployment, tmp_path / "server") as server:
+        async with Broker(server.url, auth=deployment.admin) as admin:
+            await provision(admin, Topology.default(admin.names))
+        directory = deployment.directory.root
+        assert (await reach_auth(directory, "agent", agent_id)).returncode == 0
+        yield server, directory / "creds" / "agent" / f"{agent_id}.creds", directory
+
+
 async def test_a_creds_file_that_is_not_there_is_refused_at_once_not_waited_for(nats_url, tmp_path):
     """A waiting connection (an agent's) waits for a server, not for a file to appear."""
     auth = Auth(creds=tmp_path / "summarizer-1.creds")
@@ -198,13 +212,7 @@ async def test_a_creds_file_that_is_not_there_is_refused_at_once_not_waited_for(
 
 
 async def test_an_agent_given_the_creds_of_another_says_so_before_registering(tmp_path):
-    deployment = SecuredDeployment(tmp_path / "auth")
-    async with secured_server(deployment, tmp_path / "server") as server:
-        async with Broker(server.url, auth=deployment.admin) as admin:
-            await provision(admin, Topology.default(admin.names))
-        directory = deployment.directory.root
-        assert (await reach_auth(directory, "agent", "summarizer-1")).returncode == 0
-        creds = directory / "creds" / "agent" / "summarizer-1.creds"
+    async with provisioned_with_agent(tmp_path, "summarizer-1") as (server, creds, _):
         agent = Agent("newsroom-1", startup_delay=0)
         agent.handler("noop")(lambda ctx, payload: payload)
         expected = r"creds are for agent 'summarizer-1', but this agent is 'newsroom-1'"
@@ -216,13 +224,7 @@ async def test_an_agent_given_the_creds_of_another_says_so_before_registering(tm
 async def test_a_revoked_agent_stops_and_says_why(tmp_path):
     """`reach agent` whose creds are revoked: the server closes its connection for good, and
     the process exits 1 saying so, instead of retrying a closed connection forever."""
-    deployment = SecuredDeployment(tmp_path / "auth")
-    async with secured_server(deployment, tmp_path / "server") as server:
-        async with Broker(server.url, auth=deployment.admin) as admin:
-            await provision(admin, Topology.default(admin.names))
-        directory = deployment.directory.root
-        assert (await reach_auth(directory, "agent", "echo-1")).returncode == 0
-        creds = directory / "creds" / "agent" / "echo-1.creds"
+    async with provisioned_with_agent(tmp_path, "echo-1") as (server, creds, directory):
         process = await asyncio.create_subprocess_exec(
             str(REACH),
             *("agent", "agentreach.examples.echo:agent", "--nats-url", server.url),
