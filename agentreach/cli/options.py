@@ -128,11 +128,16 @@ def auth_of(args: argparse.Namespace) -> Auth:
     return flags.merged(Auth.from_env())
 
 
+# Parties that may not read the streams and buckets themselves: they ask the coordinator for
+# what is theirs (their traces), and are refused the rest.
+ASKING_ROLES = ("caller", "agent", "worker")
+
+
 def operators_only(args: argparse.Namespace, what: str) -> None:
     """Refuse at once the creds of a role that may not read ``what``: its reads would be
     denied by the server, and time out here."""
     auth = auth_of(args)
-    if auth.role in ("agent", "caller", "worker"):
+    if auth.role in ASKING_ROLES:
         raise UsageError(
             f"{what} is read with an operator's creds; {auth.identity!r} is a {auth.role}"
             " (`reach auth operator NAME` issues them)"

@@ -20,7 +20,7 @@ from agentreach.broker import (
 )
 from agentreach.broker.lifecycle import authentic
 from agentreach.cli import workflows
-from agentreach.cli.options import Commands, UsageError, broker_of
+from agentreach.cli.options import ASKING_ROLES, Commands, UsageError, broker_of
 from agentreach.cli.status import NOT_RUNNING
 from agentreach.coordinator.workflows import read_record
 from agentreach.envelopes import Event, TraceReply, TraceRequest
@@ -36,10 +36,6 @@ def register(commands: Commands) -> None:
         example=("reach trace first", "reach trace 4bf92f3577b34da6a3ce929d0e0e4736"),
     )
     trace.add_argument("id", help="a message_id, a trace_id (or a W3C trace id), a workflow id")
-
-
-# Parties that may not read REACH_EVENTS: they ask the coordinator for their own messages.
-ASKING_ROLES = ("caller", "agent", "worker")
 
 
 async def cmd_trace(args: argparse.Namespace) -> int:
