@@ -22,7 +22,15 @@ import structlog
 
 from agentreach.broker import BrokerError, Bucket, WrongLastSequence
 from agentreach.broker.bucket import UNREAD
-from agentreach.envelopes import ErrorInfo, Execution, PayloadRef, Task, execution_key, now_ms
+from agentreach.envelopes import (
+    DecodeError,
+    ErrorInfo,
+    Execution,
+    PayloadRef,
+    Task,
+    execution_key,
+    now_ms,
+)
 
 log = structlog.get_logger("agents.claims")
 
@@ -120,6 +128,14 @@ class Claims:
                 return True
             claim.lease_until_ms = until
             return True
+
+    async def done(self, task: Task) -> Execution | None:
+        """This agent's record of ``task`` when it says the message ran to its result."""
+        try:
+            held = await self._bucket.get(self._key(task))
+        except DecodeError:
+            return None  # unreadable: it proves nothing ran
+        return held.value if held is not None and held.value.state == "done" else None
 
     def unrecorded(self, message_id: str) -> Outcome | None:
         """The outcome of a run of ``message_id`` that is still waiting to be recorded."""

@@ -149,9 +149,7 @@ class Executor:
             await self._conclude(job, kept)
             return None
         if ttl_left_ms(task.ttl_ms, job.dispatched_ms) <= 0:  # in the queue, or for a slot
-            message = f"ttl {task.ttl_ms} ms passed in the queue of {self._me}"
-            error = ErrorInfo(type="expired", message=message, retryable=False)
-            await self._report(job, "expired", error)
+            await self._expire(job)
             return None
         slot.take()  # no await since the wait: the slot is still free
         # Accepted while claiming and running: the ack and the event are on the wire before
@@ -172,6 +170,19 @@ class Executor:
             return ran
         finally:
             await _published(accepting, "accepted")
+
+    async def _expire(self, job: Job) -> None:
+        """Report the task expired, unless it ran here already: a redelivery of a message
+        whose acknowledgement was lost (a server failing over) comes back after the ack
+        wait, often past the ttl, and the work it stands for is done."""
+        done = await self._claims.done(job.task)
+        if done is not None:
+            log.info("expired redelivery of a message done here; sending its stored result")
+            await self._complete(job, done.result, duration_ms=0, ref=done.result_ref)
+            return
+        message = f"ttl {job.task.ttl_ms} ms passed in the queue of {self._me}"
+        error = ErrorInfo(type="expired", message=message, retryable=False)
+        await self._report(job, "expired", error)
 
     async def _wait_for(self, slot: WorkerPool, delivery: Delivery) -> bool:
         """Until the slot is free, the delivery kept alive meanwhile (a slot frees when a

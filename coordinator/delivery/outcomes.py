@@ -105,9 +105,9 @@ class Outcomes:
         self, event: Event, task: Task, error: ErrorInfo, msg: Delivery
     ) -> float | None:
         delivered = msg.num_delivered
-        if event.event == "expired":
-            await end_with_error(self._broker, task, "expired", error)
-            return None
+        if event.event == "expired":  # ended so, unless the records say it ran after all
+            where = f"the queue of {event.agent_id or sender}"
+            return await self._router.dispatch(task, left_ms=0, origin="", where=where)
         if not error.retryable:
             await end_with_error(self._broker, task, "rejected", error)
             return None

@@ -18,6 +18,12 @@ from agentreach import envelopes
 from agentreach.broker import Broker, WrongLastSequence
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.routing.run_once import (
+    RanAlready,
+    Running,
+    RunOnce,
+    answer_from_record,
+)
 from agentreach.envelopes import (
     AgentCard,
     DecodeError,
@@ -72,14 +78,27 @@ async def _move(broker: Broker, stored: StoredMessage, agent_id: str, epoch: int
     await _fence(broker, task, agent_id, epoch)
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
-        message = f"ttl {task.ttl_ms} ms ran out in the queue of {agent_id}, which went OFFLINE"
-        error = ErrorInfo(type="expired", message=message, retryable=False)
-        await end_with_error(broker, task, "expired", error)
+        await _expire(broker, task, agent_id)
         return True
     retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None, ttl_ms=left_ms)
     headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
     await broker.publish(broker.names.task(task.topic), envelopes.encode(retry), headers=headers)
     return True
+
+
+async def _expire(broker: Broker, task: Task, agent_id: str) -> None:
+    """Dead-letter the task as expired, unless it ran after all (an agent finished it and
+    its acknowledgement was lost): then its stored result answers. One that another agent
+    runs now is left to that run."""
+    match await RunOnce(broker).verdict(task):
+        case RanAlready(record=record):
+            await answer_from_record(broker, task, record)
+        case Running():
+            log.info("past its ttl, but another agent runs it now", message_id=task.message_id)
+        case None:
+            message = f"ttl {task.ttl_ms} ms ran out in the queue of {agent_id}, which went OFFLINE"
+            error = ErrorInfo(type="expired", message=message, retryable=False)
+            await end_with_error(broker, task, "expired", error)
 
 
 async def _fence(broker: Broker, task: Task, agent_id: str, epoch: int) -> None:

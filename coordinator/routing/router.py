@@ -38,8 +38,13 @@ from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.intents.resolver import Resolving, describe, text_of
 from agentreach.coordinator.routing.manual import ManualConfig, ManualQueue
 from agentreach.coordinator.routing.rules import Decision, RoutingConfig, pools_of
-from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce
-from agentreach.envelopes import ErrorInfo, Execution, Result, Routed, Task, tracecontext
+from agentreach.coordinator.routing.run_once import (
+    RanAlready,
+    Running,
+    RunOnce,
+    answer_from_record,
+)
+from agentreach.envelopes import ErrorInfo, Routed, Task, tracecontext
 from agentreach.envelopes import headers as h
 from agentreach.envelopes.audit import summary_of_task
 
@@ -110,18 +115,21 @@ class Router:
         a task sent again with the same id is dispatched (and answered by its agent from
         the execution record).
         """
-        if left_ms <= 0:
-            await self.end(task, "expired", f"ttl {task.ttl_ms} ms passed in {where}")
+        if where == "intake" and waited == 0 and left_ms > 0 and not await self._topic_admits(task):
             return None
-        if where == "intake" and waited == 0 and not await self._topic_admits(task):
-            return None
+        # Looked at before an expiry too: the ending of a run whose acknowledgement was lost
+        # (a server failing over) comes back after the ack wait, often past the ttl, and
+        # the work it stands for is done.
         match await self._run_once.verdict(task):
             case RanAlready(record=record):
-                await self._answer_from(task, record)
+                await answer_from_record(self._broker, task, record)
                 return None
             case Running(left_s=left_s):
                 log.info("an agent runs it now; waiting", left_s=round(left_s, 3))
                 return min(left_s + 0.05, WAIT_CAP_S)
+        if left_ms <= 0:
+            await self.end(task, "expired", f"ttl {task.ttl_ms} ms passed in {where}")
+            return None
         if where == "intake" and (task := await self._resolved(task)) is None:
             return None
         decision = self.routing.decide(task)
@@ -332,15 +340,6 @@ class Router:
             await asyncio.sleep(wait_s)
             waited_s += wait_s
         return True
-
-    async def _answer_from(self, task: Task, record: Execution) -> None:
-        """The message ran already (a republish, a retry after its result was recorded):
-        its stored result answers, and nothing runs again."""
-        log.info("ran already; answering from its record", agent_id=record.agent_id)
-        answer = Result(**about(task, from_agent=record.agent_id), result=record.result)
-        await reply(self._broker, task, answer)
-        ran = event_for(task, "answered_from_record", agent_id=record.agent_id)
-        await emit(self._broker, ran)
 
     async def end(self, task: Task, reason: str, message: str) -> None:
         """End ``task`` for good as ``reason`` (not retryable)."""

@@ -7,8 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import structlog
+
 from agentreach.broker import Broker, Bucket
-from agentreach.envelopes import Execution, Task, executions_of, now_ms
+from agentreach.broker.lifecycle import about, emit, event_for, reply
+from agentreach.envelopes import Execution, Result, Task, executions_of, now_ms
+
+log = structlog.get_logger("coordinator.run_once")
 
 WAIT_CAP_S = 1.0
 
@@ -57,3 +62,16 @@ class RunOnce:
             names = self._broker.names
             self._bucket = await self._broker.bucket(names.executions_bucket, Execution)
         return self._bucket
+
+
+async def answer_from_record(broker: Broker, task: Task, record: Execution) -> None:
+    """The message ran already (a republish, a retry or a redelivery after its result was
+    recorded): its stored result answers, and nothing runs again."""
+    log.info("ran already; answering from its record", agent_id=record.agent_id)
+    answer = Result(
+        **about(task, from_agent=record.agent_id),
+        result=record.result,
+        result_ref=record.result_ref,
+    )
+    await reply(broker, task, answer)
+    await emit(broker, event_for(task, "answered_from_record", agent_id=record.agent_id))

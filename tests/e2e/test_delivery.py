@@ -22,9 +22,12 @@ from agentreach.agents import (
     TaskContext,
 )
 from agentreach.broker.consume import ConsumerSpec, bind
-from agentreach.envelopes import AgentCard, DeadLetter, Intent
+from agentreach.broker.lifecycle import emit, event_for
+from agentreach.envelopes import AgentCard, DeadLetter, Execution, Intent, execution_key
 from agentreach.envelopes import headers as h
+from agentreach.envelopes.headers import task_headers
 from tests.cli.conftest import reach_argv
+from tests.conftest import FAST
 from tests.support import wait_for_card
 
 REPO = Path(__file__).parents[2]
@@ -104,14 +107,7 @@ async def test_a_redelivered_task_is_not_run_again(broker, coordinator, watcher)
     """The same message reaching the agent twice (past dedup) runs once; both get the result."""
     runs: Counter[str] = Counter()
     agent = flaky_agent(runs)
-    task = envelopes.Task(
-        v=1,
-        message_id="twice-1",
-        trace_id="twice-1",
-        topic="slow",
-        payload={},
-        to_agent=agent.agent_id,
-    )
+    task = _slow_task_for(agent, "twice-1")
     subject = broker.names.dispatch(agent.agent_id, "P1")
     async with agent.running(broker=broker):
         await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "copy-1"})
@@ -119,6 +115,90 @@ async def test_a_redelivered_task_is_not_run_again(broker, coordinator, watcher)
         await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "copy-2"})
         await _until_consumed(broker, agent)
     assert runs["twice-1"] == 1
+
+
+async def test_a_run_delivered_again_past_its_ttl_sends_its_result_again(
+    broker, coordinator, watcher
+):
+    """A server failing over can lose the acknowledgement of a task an agent ran: the task
+    is delivered again after the ack wait, often past its ttl. The agent sends the result
+    it recorded again; the task is not reported expired, nor dead-lettered, nor run twice."""
+    runs: Counter[str] = Counter()
+    agent = flaky_agent(runs)
+    task = _slow_task_for(agent, "late-1", ttl_ms=300)
+    subject = broker.names.dispatch(agent.agent_id, "P1")
+    async with agent.running(broker=broker):
+        await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "late-copy-1"})
+        await watcher.event("completed", message_id="late-1")
+    # The delivery the lost acknowledgement leaves, as it comes back to the agent.
+    await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "late-copy-2"})
+    await asyncio.sleep(0.35)  # the passing of the ttl is what this test is about
+    async with agent.running(broker=broker):
+        await watcher.until(
+            lambda: watcher.count("completed", {"late-1"}) == 2 or None, "the result sent again"
+        )
+        await _until_consumed(broker, agent)
+    [again] = [e for e in watcher.events if e.event == "completed"][1:]
+    assert again.detail["result"] == {"beats": 0}
+    assert runs["late-1"] == 1
+    assert watcher.count("expired", {"late-1"}) == 0
+    assert not [letter for letter in watcher.dead_letters if letter.message_id == "late-1"]
+
+
+async def test_a_task_sent_again_past_its_ttl_after_it_ran_answers_from_its_record(
+    broker, start_coordinator, watcher
+):
+    """The coordinator looks at the execution records before it ends a task as expired:
+    a task that ran (its intake message redelivered after a coordinator crash, or sent
+    again) is answered from its record, not dead-lettered."""
+    runs: Counter[str] = Counter()
+    agent = flaky_agent(runs)
+    task = envelopes.Task(
+        v=1, message_id="again-1", trace_id="again-1", topic="slow", payload={}, ttl_ms=300
+    )
+    intake = broker.names.task("slow")
+    async with agent.running(broker=broker):
+        async with start_coordinator(FAST):
+            headers = task_headers(task, msg_id="again-copy-1")
+            await broker.publish(intake, envelopes.encode(task), headers=headers)
+            await watcher.event("completed", message_id="again-1")
+        headers = task_headers(task, msg_id="again-copy-2")
+        await broker.publish(intake, envelopes.encode(task), headers=headers)
+        await asyncio.sleep(0.35)  # the passing of the ttl is what this test is about
+        async with start_coordinator(FAST):
+            answered = await watcher.event("answered_from_record", message_id="again-1")
+    assert answered.agent_id == agent.agent_id
+    assert runs["again-1"] == 1
+    assert not [letter for letter in watcher.dead_letters if letter.message_id == "again-1"]
+
+
+async def test_an_expired_report_of_a_task_done_already_is_answered_from_its_record(
+    broker, coordinator, watcher
+):
+    """An agent of another SDK may report a redelivery of a task it ran as expired: the
+    coordinator finds the result it recorded, and answers from it instead of dead-lettering
+    work that was done."""
+    task = envelopes.Task(v=1, message_id="done-1", trace_id="done-1", topic="slow", ttl_ms=300)
+    records = await broker.bucket(broker.names.executions_bucket, Execution)
+    done = Execution(
+        message_id="done-1",
+        state="done",
+        agent_id="other-sdk-1",
+        attempt=1,
+        finished_at_ms=envelopes.now_ms(),
+        result={"beats": 0},
+    )
+    await records.create(execution_key(None, "done-1", "other-sdk-1"), done)
+    error = envelopes.ErrorInfo(
+        type="expired", message="ttl 300 ms passed in the queue of other-sdk-1", retryable=False
+    )
+    report = event_for(
+        task, "expired", agent_id="other-sdk-1", task=task, error=error, dispatched_at_ms=1
+    )
+    await emit(broker, report, sender="other-sdk-1")
+    answered = await watcher.event("answered_from_record", message_id="done-1")
+    assert answered.agent_id == "other-sdk-1"
+    assert not [letter for letter in watcher.dead_letters if letter.message_id == "done-1"]
 
 
 async def test_a_message_sent_again_while_it_runs_never_runs_on_a_second_agent(
@@ -240,6 +320,19 @@ async def test_agent_killed_mid_task_completes_after_restart_once(
         await second.wait()
     assert completed.detail["result"] == {"written": True}
     assert log.read_text().count("done") == 1
+
+
+def _slow_task_for(agent: Agent, message_id: str, **fields: int) -> envelopes.Task:
+    """A ``slow`` task without beats, as the coordinator dispatches it to ``agent``."""
+    return envelopes.Task(
+        v=1,
+        message_id=message_id,
+        trace_id=message_id,
+        topic="slow",
+        payload={},
+        to_agent=agent.agent_id,
+        **fields,  # type: ignore[arg-type]
+    )
 
 
 async def _until_consumed(broker, agent: Agent) -> None:

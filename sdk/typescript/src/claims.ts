@@ -110,6 +110,12 @@ export class Claims {
     });
   }
 
+  /** This agent's record of `task` when it says the message ran to its result. */
+  async done(task: Task): Promise<Execution | null> {
+    const record = await this.read(this.key(task));
+    return record?.state === "done" ? record : null;
+  }
+
   /** The outcome of a run of `messageId` that is still waiting to be recorded. */
   unrecorded(messageId: string): Outcome | undefined {
     return this.unrecordedOutcomes.get(messageId);

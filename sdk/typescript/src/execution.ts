@@ -129,8 +129,7 @@ export class Executor {
       return null;
     }
     if (nowMs() - dispatchedMs >= task.ttl_ms) {
-      const error = failure("expired", `ttl ${task.ttl_ms} ms passed in the queue of ${agentId}`, false);
-      await this.report(msg, task, "expired", error, dispatchedMs);
+      await this.expire(msg, task, dispatchedMs);
       return null;
     }
     const windowMs = Math.min(spec.deadlineMs ?? task.budget.execute_ms, task.budget.execute_ms);
@@ -152,6 +151,22 @@ export class Executor {
     const outcome = await this.run(msg, task, spec, claim);
     await this.conclude(msg, task, outcome, dispatchedMs);
     return null;
+  }
+
+  /**
+   * Report the task expired, unless it ran here already: a redelivery of a message whose
+   * acknowledgement was lost (a server failing over) comes back after the ack wait, often
+   * past the ttl, and the work it stands for is done (protocol §10.4).
+   */
+  private async expire(msg: JsMsg, task: Task, dispatchedMs: number): Promise<void> {
+    const done = await this.records.done(task);
+    if (done !== null) {
+      this.log.info("expired redelivery of a message done here; sending its stored result", { message_id: task.message_id });
+      await this.complete(msg, task, done.result, 0, done.result_ref ?? null);
+      return;
+    }
+    const error = failure("expired", `ttl ${task.ttl_ms} ms passed in the queue of ${this.agentId}`, false);
+    await this.report(msg, task, "expired", error, dispatchedMs);
   }
 
   /**

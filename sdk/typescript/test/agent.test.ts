@@ -378,6 +378,27 @@ describe("run-once", () => {
 });
 
 describe("the agent's queue", () => {
+  it("sends the stored result again for a redelivery past its ttl of a task it ran", async () => {
+    // A server failing over can lose the acknowledgement of a task the agent ran: it comes
+    // back after the ack wait, past its ttl, and must not be dead-lettered as expired.
+    const topic = unique("late");
+    const id = unique("ts-late");
+    let calls = 0;
+    const t = task(topic, null, { ttl_ms: 1, to_agent: id });
+    const done = { v: 1, message_id: t.message_id, state: "done", agent_id: id, epoch: 1, attempt: 1, result: { ran: "before" } };
+    await (await kv("reach_executions")).create(`_.${t.message_id}.${id}`, JSON.stringify(done));
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t, { subject: `reach.agent.${id}.p1` });
+    await started(newAgent(id).handler(topic, () => ++calls));
+    const result = (await replies.next((r) => r.kind === "result")) as Result;
+    assert.deepEqual(result.result, { ran: "before" });
+    await events.next((e) => e.event === "completed");
+    assert.equal(events.count((e) => e.event === "expired"), 0);
+    assert.equal(calls, 0);
+    events.close();
+    replies.close();
+  });
+
   it("does not run a task whose ttl passed in its queue: expired dead letter", async () => {
     const topic = unique("stale");
     const id = unique("ts-stale");
