@@ -149,6 +149,13 @@ class EmbeddedServer:
     def running(self) -> bool:
         return self._process is not None and self._process.returncode is None
 
+    async def ended(self) -> int:
+        """Wait until the process ends, of itself or stopped; its exit code (negative: the
+        signal that ended it)."""
+        if self._process is None:
+            raise EmbeddedServerError("this EmbeddedServer was not started")
+        return await self._process.wait()
+
     async def _released(self) -> None:
         if self._lock is not None:  # the pid file is ours while we hold the store
             (self.store_dir / PID_FILE).unlink(missing_ok=True)

@@ -45,6 +45,8 @@ log = structlog.get_logger("reach")
 
 DEMO_STORE = Path(".reach/demo/nats")
 CLUSTER_STORE = Path(".reach/cluster")
+RESTART_AFTER_S = 10.0  # past a leader election (3.5-8.6 s): the failover is seen first
+DEVELOPMENT = "development server: no authentication, loopback only (README: Securing a deployment)"
 NATS_STORE = Path(".reach/nats")  # the default --data-dir of `reach up`
 
 
@@ -63,6 +65,14 @@ def register(commands: Commands) -> None:
         default=None,
         help="start N embedded nats-servers as one JetStream cluster on loopback (client ports"
         " from --port, routes +2000, monitoring +4000; stores under ./.reach/cluster)",
+    )
+    up.add_argument(
+        "--restart-after",
+        type=float,
+        metavar="S",
+        default=RESTART_AFTER_S,
+        help="with --cluster: a node that ends (kill -9, a crash) is started again S seconds"
+        f" later, on its ports and store (default {RESTART_AFTER_S:g}; 0: never)",
     )
     coordinator = commands.add(
         "coordinator",
@@ -108,8 +118,10 @@ async def cmd_up(args: argparse.Namespace) -> int:
         store = CLUSTER_STORE if args.data_dir == NATS_STORE else args.data_dir
         port = None if args.port == -1 else args.port
         async with EmbeddedCluster(args.cluster, client_port=port, store_dir=store) as cluster:
+            log.warning(DEVELOPMENT, urls=cluster.url)
             print(f"reach: agents and tools: export NATS_URL={cluster.url}", file=sys.stderr)
-            await _coordinate(cluster.url, args)
+            async with _kept_up(cluster, args.restart_after):
+                await _coordinate(cluster.url, args)
         return 0
     async with nats_server(args.nats_url, port=args.port, data_dir=args.data_dir) as url:
         await _coordinate(url, args)
@@ -183,11 +195,21 @@ async def nats_server(url: str | None, *, port: int, data_dir: Path) -> AsyncIte
         yield url
         return
     async with EmbeddedServer(port=port, store_dir=data_dir) as server:
-        log.warning(
-            "development server: no authentication, loopback only (README: Securing a deployment)",
-            url=server.url,
-        )
+        log.warning(DEVELOPMENT, url=server.url)
         yield server.url
+
+
+@contextlib.asynccontextmanager
+async def _kept_up(cluster: EmbeddedCluster, restart_after_s: float) -> AsyncIterator[None]:
+    """The block, with each node that ends started again ``restart_after_s`` later (> 0)."""
+    if restart_after_s <= 0:
+        yield
+        return
+    keeping = asyncio.create_task(cluster.keep_up(restart_after_s), name="reach-keep-nodes-up")
+    try:
+        yield
+    finally:
+        await cancel_and_wait(keeping)
 
 
 @contextlib.asynccontextmanager

@@ -106,7 +106,7 @@ class Outcomes:
     ) -> float | None:
         delivered = msg.num_delivered
         if event.event == "expired":  # ended so, unless the records say it ran after all
-            where = f"the queue of {event.agent_id or sender}"
+            where = f"the queue of {event.agent_id or 'an agent'}"
             return await self._router.dispatch(task, left_ms=0, origin="", where=where)
         if not error.retryable:
             await end_with_error(self._broker, task, "rejected", error)

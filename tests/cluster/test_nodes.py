@@ -9,8 +9,11 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
+
 from agentreach import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, EmbeddedCluster
+from agentreach.broker.embedded import PID_FILE
 from agentreach.coordinator import Coordinator
 from tests.cli.conftest import reach_command, run
 from tests.conftest import FAST
@@ -41,9 +44,14 @@ async def test_an_agent_and_the_coordinator_on_different_nodes(tmp_path: Path):
     assert len(servers) == 3, servers
 
 
-async def test_reach_up_cluster_starts_three_nodes_and_provisions_r3(tmp_path: Path):
-    """`reach up --cluster 3` starts three nodes on loopback, says the seed list to export,
-    and provisions every stream with three replicas."""
+async def test_reach_up_cluster_starts_three_nodes_provisions_r3_and_restarts_a_killed_one(
+    tmp_path: Path,
+):
+    """`reach up --cluster 3` starts three nodes on loopback, warns that they are open, says
+    the seed list to export, and provisions every stream with three replicas. A node killed
+    with `kill -9` is started again on its own (here 0.2 s later), and stopped with the rest:
+    nothing is left running."""
+    store = tmp_path / "cluster"
     process = await asyncio.create_subprocess_exec(
         reach_command(),
         "up",
@@ -52,7 +60,9 @@ async def test_reach_up_cluster_starts_three_nodes_and_provisions_r3(tmp_path: P
         "--port",
         "-1",
         "--data-dir",
-        str(tmp_path / "cluster"),
+        str(store),
+        "--restart-after",
+        "0.2",
         "--log-format",
         "json",
         stdin=asyncio.subprocess.DEVNULL,
@@ -61,23 +71,38 @@ async def test_reach_up_cluster_starts_three_nodes_and_provisions_r3(tmp_path: P
         env={k: v for k, v in os.environ.items() if k != "NATS_URL"},
         start_new_session=True,
     )
-    try:
-        lines: list[str] = []
-        assert process.stderr is not None
+    assert process.stderr is not None
+    lines: list[str] = []
+
+    async def until_logged(pattern: re.Pattern[str]) -> re.Match[str]:
         async with asyncio.timeout(60):
-            while not (serving := SERVING.search("\n".join(lines[-1:]))):
-                line = await process.stderr.readline()
+            while not (found := pattern.search("\n".join(lines[-1:]))):
+                line = await process.stderr.readline()  # type: ignore[union-attr]
                 assert line, "reach up exited:\n" + "\n".join(lines[-20:])
                 lines.append(line.decode().rstrip())
+        return found
+
+    try:
+        serving = await until_logged(SERVING)
         exported = next(line for line in lines if "export NATS_URL=" in line)
         seeds = exported.split("export NATS_URL=")[1].strip()
         provisioned = await run(reach_command(), "provision", "--nats-url", seeds)
+        killed = int((store / "n2" / PID_FILE).read_text())
+        os.kill(killed, signal.SIGKILL)
+        await until_logged(re.compile(r'"node": "n2".*"event": "nats node started again"'))
+        restarted = int((store / "n2" / PID_FILE).read_text())
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         await asyncio.wait_for(process.wait(), 30)
     assert serving.group(1) == seeds and len(seeds.split(",")) == 3
+    assert any("development server: no authentication" in line for line in lines)
     assert provisioned.returncode == 0, provisioned.stderr
     head, *rows = provisioned.stdout.splitlines()
     assert head.startswith("replicas: auto → 3;")
     assert {tuple(row.split()[1:3]) for row in rows} == {("unchanged", "R3")}
+    [ended] = [line for line in lines if "nats node ended" in line]
+    assert '"how": "killed by SIGKILL"' in ended
+    assert restarted != killed
+    with pytest.raises(ProcessLookupError):  # stopped with the others
+        os.kill(restarted, 0)
     assert process.returncode in (0, -signal.SIGTERM)
