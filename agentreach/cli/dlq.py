@@ -11,7 +11,7 @@ import msgspec
 from agentreach import envelopes
 from agentreach.agents.compensation import replay
 from agentreach.broker import read_stream
-from agentreach.cli.options import Commands, UsageError, broker_of, names_of
+from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only
 from agentreach.cli.status import warn_without_coordinator
 from agentreach.envelopes import DeadLetter
 
@@ -41,6 +41,7 @@ def register(commands: Commands) -> None:
 async def cmd_dlq(args: argparse.Namespace) -> int:
     if args.action in ("show", "replay") and not args.id:
         raise UsageError(f"dlq {args.action} needs the message_id of a dead letter")
+    operators_only(args, "the dead-letter stream")
     names = names_of(args)
     async with broker_of(args) as broker:
         stored = await read_stream(

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from agentreach.agents.manual import TAKE_S, ManualReview, ManualReviewError
-from agentreach.cli.options import Commands, UsageError, broker_of, json_argument
+from agentreach.cli.options import Commands, UsageError, broker_of, json_argument, operators_only
 from agentreach.envelopes import ManualItem
 
 NEEDS = {"show": "ID", "take": "ID", "answer": "ID JSON", "send": "ID TOPIC"}
@@ -45,6 +45,7 @@ def register(commands: Commands) -> None:
 async def cmd_manual(args: argparse.Namespace) -> int:
     if args.action in NEEDS and (not args.id or (" " in NEEDS[args.action] and not args.value)):
         raise UsageError(f"manual {args.action} needs {NEEDS[args.action]}")
+    operators_only(args, "the manual review queue")
     answer = json_argument(args.value) if args.action == "answer" else None
     async with broker_of(args) as broker:
         review = ManualReview(broker, by=args.person)

@@ -139,7 +139,7 @@ def operators_only(args: argparse.Namespace, what: str) -> None:
     auth = auth_of(args)
     if auth.role in ASKING_ROLES:
         raise UsageError(
-            f"{what} is read with an operator's creds; {auth.identity!r} is a {auth.role}"
+            f"{what} needs an operator's creds; {auth.identity!r} is a {auth.role}"
             " (`reach auth operator NAME` issues them)"
         )
 

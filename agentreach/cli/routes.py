@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from agentreach.broker.requests import gather_replies
-from agentreach.cli.options import Commands, UsageError, broker_of
+from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
 from agentreach.cli.status import NOT_RUNNING
 from agentreach.coordinator import load_config
 from agentreach.envelopes import ReloadReply, decode_as
@@ -32,6 +32,7 @@ def register(commands: Commands) -> None:
 async def cmd_routes(args: argparse.Namespace) -> int:
     if args.action == "check":
         return _check(args.file)
+    operators_only(args, "a routing reload")
     async with broker_of(args) as broker:
         answers = await gather_replies(broker, broker.names.routes_reload, wait_s=args.wait)
     if not answers:

@@ -985,10 +985,19 @@ async def test_a_caller_uses_the_cli_with_its_own_creds(arena: Arena) -> None:
     code, out, err = await _reach_as(arena, "caller", "bob", "trace", task.message_id)
     assert code == 1 and "among bob's own messages" in err
     # What only an operator may read is refused at once, saying so (not a timeout).
-    for command in (("agents",), ("workflows", "list"), ("top", "--once"), ("dashboard",)):
+    operators = (
+        ("agents",),
+        ("workflows", "list"),
+        ("top", "--once"),
+        ("dashboard",),
+        ("dlq", "list"),
+        ("routes", "reload"),
+        ("manual", "list"),
+    )
+    for command in operators:
         code, out, err = await _reach_as(arena, "caller", "alice", *command)
         assert code == 1, command
-        assert "is read with an operator's creds; 'alice' is a caller" in err
+        assert "needs an operator's creds; 'alice' is a caller" in err, command
 
 
 async def test_parties_work_under_their_permissions(arena: Arena) -> None:
