@@ -242,8 +242,9 @@ def _provision_error(
     if code == NO_SUITABLE_PEERS:
         servers = f"servers tagged {', '.join(tags)}" if tags else "servers"
         return ProvisionError(
-            f"cannot provision {name} with {replicas} replicas: it needs {replicas} {servers},"
-            f" and fewer are up ({exc.description}; err_code={code})"
+            f"cannot provision {name} with {replicas} replicas: it needs {replicas} {servers}"
+            " up, and the cluster has fewer (fewer nodes, or nodes down)"
+            f" ({exc.description}; err_code={code})"
         )
     return ProvisionError(f"cannot provision {name}: {exc.description} (err_code={code})")
 

@@ -48,4 +48,6 @@ async def cmd_provision(args: argparse.Namespace) -> int:
 
 
 def _tags(tags: tuple[str, ...]) -> str:
-    return ", ".join(tags) if tags else "any server (no durability profile)"
+    if tags:
+        return ", ".join(tags)
+    return "where they were, else any server (no durability profile asked: none is undone)"
