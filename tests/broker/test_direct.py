@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agentreach.broker import StreamNotFound
+from agentreach.broker import StreamNotFound, direct
 from agentreach.broker.direct import (
     LastValues,
     indexed_messages_on,
@@ -125,6 +125,37 @@ async def test_a_failed_read_fails_every_caller_with_its_error(broker):
         return_exceptions=True,
     )
     assert all(isinstance(outcome, StreamNotFound) for outcome in outcomes)
+
+
+async def test_readers_whose_answers_one_request_cannot_hold_are_read_each_alone(broker):
+    """Together the two patterns match more subjects than the server answers at once (it
+    refuses with 413 past about a thousand): each reader is then answered on its own."""
+    names = broker.names
+    writes = [
+        broker.publish(names.event("progress", "t", f"trace-{group}", f"m-{n}", "a"), b"x")
+        for group in ("8", "9")
+        for n in range(600)
+    ]
+    await asyncio.gather(*writes)
+    reads = broker.shared(LastValues)
+    patterns = [f"{names.prefix}.event.*.t.trace-{group}.*.*" for group in ("8", "9")]
+    found = await asyncio.gather(*(reads.read(names.events_stream, p) for p in patterns))
+    assert [len(each) for each in found] == [600, 600]
+    assert {m.subject.split(".")[4] for m in found[0]} == {"trace-8"}
+
+
+async def test_readers_whose_answers_run_past_one_batch_are_read_each_alone(broker, monkeypatch):
+    """An answer longer than the batch asked for (here 10 messages) leaves some pending: each
+    reader is then answered on its own, with every message its pattern matches."""
+    monkeypatch.setattr(direct, "BATCH", 1)
+    names = broker.names
+    for group in ("10", "11"):
+        for n in range(6):
+            await broker.publish(names.event("routed", "t", f"trace-{group}", f"m-{n}", "a"), b"x")
+    reads = broker.shared(LastValues)
+    patterns = [f"{names.prefix}.event.*.t.trace-{group}.*.*" for group in ("10", "11")]
+    found = await asyncio.gather(*(reads.read(names.events_stream, p) for p in patterns))
+    assert [len(each) for each in found] == [6, 6]
 
 
 def test_subject_patterns_match_as_the_server_matches_them():
