@@ -15,6 +15,7 @@ from agentreach.broker import Broker, Delivery
 from agentreach.broker.lifecycle import dead_letter
 from agentreach.broker.streams import StoredMessage, delete_message, get_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.routing.run_once import RanAlready, RunOnce, answer_from_record
 from agentreach.envelopes import (
     INVALID_TOPIC,
     DecodeError,
@@ -66,6 +67,10 @@ class Advisories:
     async def _dead_letter(self, stored: StoredMessage, error: ErrorInfo) -> None:
         task = _task_in(stored.data)
         if task is not None:
+            # Every acknowledgement of a run lost (servers failing over): the work is done.
+            if isinstance(ran := await RunOnce(self._broker).verdict(task), RanAlready):
+                await answer_from_record(self._broker, task, ran.record)
+                return
             log.warning("max deliveries reached", message_id=task.message_id, error=error.message)
             await end_with_error(self._broker, task, "retries_exhausted", error)
             return

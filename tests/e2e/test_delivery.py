@@ -274,23 +274,31 @@ async def test_compensation_worker_replays_a_dead_letter_that_then_completes(
 async def test_max_deliveries_become_dead_letters(broker, coordinator, watcher):
     """A dispatched message nobody acknowledges, past max_deliver, is dead-lettered first."""
     names = broker.names
-    spec = ConsumerSpec(
-        stream=names.dispatch_stream("P1"),
-        durable="agent-stuck-p1",
-        filter_subjects=(names.dispatch("stuck", "P1"),),
-        ack_wait_s=0.2,
-        max_deliver=2,
-    )
-    consumer = await bind(broker, spec)
     task = envelopes.Task(v=1, message_id="stuck-1", trace_id="stuck-1", topic="slow")
-    await broker.publish(names.dispatch("stuck", "P1"), envelopes.encode(task))
-    for _ in range(3):  # delivered twice, never acknowledged; the third pull finds it spent
-        await consumer.fetch(1, wait_s=1)
+    await _delivered_until_spent(broker, task, "stuck")
     letter = await watcher.dead_letter("retries_exhausted", message_id="stuck-1")
     assert letter.error is not None and letter.error.type == "max_deliveries"
     assert letter.envelope == task
     info = await broker.js.stream_info(names.dispatch_stream("P1"))
     assert info.state.messages == 0  # removed only after the dead letter was written
+
+
+async def test_max_deliveries_of_a_task_that_ran_answer_from_its_record(
+    broker, coordinator, watcher
+):
+    """Past max_deliver, a dispatched task whose run was recorded as done (its agent's
+    acknowledgements lost) is answered from that record, not dead-lettered."""
+    names = broker.names
+    task = envelopes.Task(v=1, message_id="ran-1", trace_id="ran-1", topic="slow")
+    records = await broker.bucket(names.executions_bucket, Execution)
+    done = Execution(message_id="ran-1", state="done", agent_id="acks-lost", result={"ok": 1})
+    await records.create(execution_key(None, "ran-1", "acks-lost"), done)
+    await _delivered_until_spent(broker, task, "acks-lost")
+    answered = await watcher.event("answered_from_record", message_id="ran-1")
+    assert answered.agent_id == "acks-lost"
+    assert not [letter for letter in watcher.dead_letters if letter.message_id == "ran-1"]
+    info = await broker.js.stream_info(names.dispatch_stream("P1"))
+    assert info.state.messages == 0
 
 
 async def test_agent_killed_mid_task_completes_after_restart_once(
@@ -320,6 +328,23 @@ async def test_agent_killed_mid_task_completes_after_restart_once(
         await second.wait()
     assert completed.detail["result"] == {"written": True}
     assert log.read_text().count("done") == 1
+
+
+async def _delivered_until_spent(broker, task: envelopes.Task, agent_id: str) -> None:  # type: ignore[no-untyped-def]
+    """Dispatch ``task`` to ``agent_id``, whose consumer (max_deliver 2) never acknowledges:
+    delivered twice, then given up on by the server (the max-deliveries advisory)."""
+    names = broker.names
+    spec = ConsumerSpec(
+        stream=names.dispatch_stream("P1"),
+        durable=f"agent-{agent_id}-p1",
+        filter_subjects=(names.dispatch(agent_id, "P1"),),
+        ack_wait_s=0.2,
+        max_deliver=2,
+    )
+    consumer = await bind(broker, spec)
+    await broker.publish(names.dispatch(agent_id, "P1"), envelopes.encode(task))
+    for _ in range(3):  # delivered twice, never acknowledged; the third pull finds it spent
+        await consumer.fetch(1, wait_s=1)
 
 
 def _slow_task_for(agent: Agent, message_id: str, **fields: int) -> envelopes.Task:
