@@ -32,6 +32,15 @@ from agentreach.coordinator.protection.grants import (
 )
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.router import Router
+from agentreach.coordinator.routing.run_once import (
+    WAIT_CAP_S,
+    RanAlready,
+    Running,
+    RunOnce,
+    answer_from_record,
+    taken_from,
+    verdict_of,
+)
 from agentreach.envelopes import (
     INVALID_TOPIC,
     DecodeError,
@@ -67,6 +76,7 @@ class Outcomes:
         self._directory = directory
         self._config = config
         self._grants = grants or Grants(None)
+        self._run_once = RunOnce(broker)
 
     async def handle(self, msg: Delivery) -> float | None:
         """None to acknowledge the event, or seconds until it should come back."""
@@ -105,9 +115,22 @@ class Outcomes:
         self, event: Event, task: Task, error: ErrorInfo, msg: Delivery
     ) -> float | None:
         delivered = msg.num_delivered
-        if event.event == "expired":  # ended so, unless the records say it ran after all
-            where = f"the queue of {event.agent_id or 'an agent'}"
-            return await self._router.dispatch(task, left_ms=0, origin="", where=where)
+        records = await self._run_once.records(task)
+        if taken_from(records, event.agent_id, task.attempt):
+            # Fenced: a late failure of the old attempt must not start a retry of its own.
+            log.info("outcome of an attempt taken from its agent; left alone", kind=event.event)
+            return None
+        # A failure or expiry reported of a message that ran (its acknowledgement lost in a
+        # failover, a copy delivered after the ttl) is answered from its record.
+        match verdict_of(records):
+            case RanAlready(record=record):
+                await answer_from_record(self._broker, task, record)
+                return None
+            case Running(left_s=left_s) if event.event == "expired":
+                return min(left_s + 0.05, WAIT_CAP_S)  # that run ends it
+        if event.event == "expired":
+            await end_with_error(self._broker, task, "expired", error)
+            return None
         if not error.retryable:
             await end_with_error(self._broker, task, "rejected", error)
             return None

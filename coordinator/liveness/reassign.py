@@ -19,6 +19,7 @@ from agentreach.broker import Broker, WrongLastSequence
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.routing.run_once import (
+    REASSIGNED,
     RanAlready,
     Running,
     RunOnce,
@@ -105,7 +106,7 @@ async def _fence(broker: Broker, task: Task, agent_id: str, epoch: int) -> None:
     """Take a running claim away from the gone process (that agent, that epoch or older),
     so its late result cannot land; a claim of anyone else stands."""
     executions = await broker.bucket(broker.names.executions_bucket, Execution)
-    reassigned = ErrorInfo(type="reassigned", message="its agent went OFFLINE", retryable=True)
+    reassigned = ErrorInfo(type=REASSIGNED, message="its agent went OFFLINE", retryable=True)
 
     def fenced(record: Execution | None) -> Execution | None:
         if record is None or record.state != "running" or record.agent_id != agent_id:

@@ -16,6 +16,7 @@ from agentreach.envelopes import Execution, Result, Task, executions_of, now_ms
 log = structlog.get_logger("coordinator.run_once")
 
 WAIT_CAP_S = 1.0
+REASSIGNED = "reassigned"  # the error a fenced record holds (coordinator.liveness.reassign)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,24 +45,43 @@ class RunOnce:
 
     async def verdict(self, task: Task) -> Verdict:
         """What the records say of ``task``: finished, running elsewhere, or free to run."""
-        records = await (await self._records()).matching(
-            executions_of(task.caller, task.message_id)
-        )
-        now = now_ms()
-        running = 0
-        for entry in records.values():
-            record = entry.value
-            if record.state == "done":
-                return RanAlready(record)
-            if record.state == "running" and record.lease_until_ms > now:
-                running = max(running, record.lease_until_ms - now)
-        return Running(running / 1000) if running else None
+        return verdict_of(await self.records(task))
+
+    async def records(self, task: Task) -> list[Execution]:
+        """Every agent's record of ``task``'s message."""
+        found = await (await self._records()).matching(executions_of(task.caller, task.message_id))
+        return [entry.value for entry in found.values()]
 
     async def _records(self) -> Bucket[Execution]:
         if self._bucket is None:
             names = self._broker.names
             self._bucket = await self._broker.bucket(names.executions_bucket, Execution)
         return self._bucket
+
+
+def verdict_of(records: list[Execution]) -> Verdict:
+    """Finished (a ``done`` record), running (the longest live lease), or free to run."""
+    now = now_ms()
+    running = 0
+    for record in records:
+        if record.state == "done":
+            return RanAlready(record)
+        if record.state == "running" and record.lease_until_ms > now:
+            running = max(running, record.lease_until_ms - now)
+    return Running(running / 1000) if running else None
+
+
+def taken_from(records: list[Execution], agent_id: str | None, attempt: int) -> bool:
+    """Whether ``attempt`` was taken from ``agent_id`` (its agent went OFFLINE and the task
+    was reassigned): what that agent says of it since no longer counts."""
+    return any(
+        r.agent_id == agent_id
+        and r.attempt == attempt
+        and r.state == "failed"
+        and r.error is not None
+        and r.error.type == REASSIGNED
+        for r in records
+    )
 
 
 async def answer_from_record(broker: Broker, task: Task, record: Execution) -> None:

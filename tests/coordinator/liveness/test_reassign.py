@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from agentreach import envelopes
+from agentreach.broker.lifecycle import emit, event_for
 from agentreach.coordinator.liveness.reassign import reassign_tasks
 from agentreach.envelopes import Execution, execution_key
 
@@ -48,3 +49,38 @@ async def test_a_task_the_gone_agent_finished_is_answered_from_its_record_not_ex
     answered = await watcher.event("answered_from_record", message_id="done-q-1")
     assert answered.agent_id == "gone-2"
     assert not [letter for letter in watcher.dead_letters if letter.message_id == "done-q-1"]
+
+
+async def test_a_late_failure_of_an_attempt_taken_from_its_agent_starts_no_retry(
+    broker, coordinator, watcher
+):
+    """The agent of attempt 1 was judged OFFLINE (it was frozen) and its task reassigned as
+    attempt 2; when it wakes up, its handler's failure of attempt 1 is reported (as the
+    protocol asks). That report must not start a retry of its own: it would be a second
+    attempt 2, and answer the caller twice."""
+    task = await _queued(broker, "late-fail-1", "frozen-1")
+    records = await broker.bucket(broker.names.executions_bucket, Execution)
+    running = Execution(
+        message_id="late-fail-1",
+        state="running",
+        agent_id="frozen-1",
+        lease_until_ms=envelopes.now_ms() + 60_000,
+    )
+    await records.create(execution_key(None, "late-fail-1", "frozen-1"), running)
+    assert await reassign_tasks(broker, "frozen-1") == 1  # past its ttl: expired, fenced
+    error = envelopes.ErrorInfo(type="deadline_exceeded", message="handler ran past 500 ms")
+    late = event_for(task, "failed", agent_id="frozen-1", task=task, error=error)
+    await emit(broker, late, sender="frozen-1")
+    await _until_settled(broker, broker.names.coordinator_outcomes)
+    assert watcher.count("retry_scheduled", {"late-fail-1"}) == 0
+    assert [letter.reason for letter in watcher.dead_letters] == ["expired"]  # the reassignment's
+
+
+async def _until_settled(broker, consumer: str) -> None:  # type: ignore[no-untyped-def]
+    """Until ``consumer`` on the events stream has handled and acknowledged everything."""
+    async with asyncio.timeout(10):
+        while True:
+            info = await broker.js.consumer_info(broker.names.events_stream, consumer)
+            if info.num_pending == 0 and info.num_ack_pending == 0:
+                return
+            await asyncio.sleep(0.05)  # polling the consumer's state: there is no event for it
