@@ -7,6 +7,7 @@ publishing and does its work again does not record it twice.
 from __future__ import annotations
 
 import base64
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -195,20 +196,34 @@ def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMes
     for _, event, sender in decoded:
         if event.event == "routed" and sender == COORDINATOR and event.agent_id:
             routed.setdefault((event.message_id, event.attempt), set()).add(event.agent_id)
-    kept = [(m, e) for m, e, s in decoded if _authentic(e, s, routed)]
-    if len(kept) < len(decoded):
-        log.warning("events not from whom they claim left out", count=len(decoded) - len(kept))
+    kept: list[tuple[StoredMessage, Event]] = []
+    left_out: Counter[str] = Counter()
+    for message, event, sender in decoded:
+        if (why := _not_authentic(event, sender, routed)) is None:
+            kept.append((message, event))
+        else:
+            left_out[why] += 1
+    for why, count in left_out.items():
+        log.warning("events left out", why=why, count=count)
     return kept
 
 
-def _authentic(event: Event, sender: str, routed: dict[tuple[str, int], set[str]]) -> bool:
+def _not_authentic(
+    event: Event, sender: str, routed: dict[tuple[str, int], set[str]]
+) -> str | None:
+    """Why ``event`` is not what it claims; None when it is."""
     if sender == COORDINATOR:
-        return True
+        return None
     if event.agent_id not in (None, sender):
-        return False  # a body claiming someone else
-    if event.event in AGENT_TASK_EVENTS:
-        return sender in routed.get((event.message_id, event.attempt), ())
-    return True
+        return "their body names another agent than their sender"
+    if event.event in AGENT_TASK_EVENTS and sender not in routed.get(
+        (event.message_id, event.attempt), ()
+    ):
+        return (
+            "no routed event gives their attempt to their sender"
+            " (dispatched past the coordinator, or forged)"
+        )
+    return None
 
 
 async def dead_letter(
