@@ -121,13 +121,16 @@ class Outcomes:
             log.info("outcome of an attempt taken from its agent; left alone", kind=event.event)
             return None
         # A failure or expiry reported of a message that ran (its acknowledgement lost in a
-        # failover, a copy delivered after the ttl) is answered from its record.
+        # failover, a copy delivered after the ttl) is answered from its record; one that a
+        # delivery runs now (a redelivery that took over a stalled run's lapsed lease) waits
+        # for that run: it ends the message, or, should it die, the retry happens then.
         match verdict_of(records):
             case RanAlready(record=record):
                 await answer_from_record(self._broker, task, record)
                 return None
-            case Running(left_s=left_s) if event.event == "expired":
-                return min(left_s + 0.05, WAIT_CAP_S)  # that run ends it
+            case Running(left_s=left_s):
+                log.info("reported while a delivery runs it; waiting", left_s=round(left_s, 3))
+                return min(left_s + 0.05, WAIT_CAP_S)
         if event.event == "expired":
             await end_with_error(self._broker, task, "expired", error)
             return None

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from agentreach import envelopes
@@ -201,6 +202,34 @@ async def test_an_expired_report_of_a_task_done_already_is_answered_from_its_rec
     assert not [letter for letter in watcher.dead_letters if letter.message_id == "done-1"]
 
 
+async def test_a_failure_reported_while_a_redelivery_runs_the_task_waits_for_that_run(
+    broker, coordinator, watcher
+):
+    """A stalled agent (its process frozen) lets its claim's lease lapse; the redelivery of
+    the task takes the claim over and runs it. When the stalled run wakes past its deadline,
+    it reports a failure: that must not schedule a retry while the other run goes on; the
+    message ends as that run ends (here done: answered from its record)."""
+    task = envelopes.Task(v=1, message_id="stalled-1", trace_id="stalled-1", topic="slow")
+    records = await broker.bucket(broker.names.executions_bucket, Execution)
+    key = execution_key(None, "stalled-1", "stall-1")
+    running = Execution(
+        message_id="stalled-1",
+        state="running",
+        agent_id="stall-1",
+        lease_until_ms=envelopes.now_ms() + 60_000,
+    )
+    revision = await records.create(key, running)
+    error = envelopes.ErrorInfo(type="deadline_exceeded", message="handler ran past 500 ms")
+    stale = event_for(task, "failed", agent_id="stall-1", task=task, error=error)
+    await emit(broker, stale, sender="stall-1")
+    await _until_looked_at_again(broker, broker.names.coordinator_outcomes)
+    done = msgspec.structs.replace(running, state="done", result={"ran": "once"})
+    await records.update(key, done, last=revision)
+    answered = await watcher.event("answered_from_record", message_id="stalled-1")
+    assert answered.agent_id == "stall-1"
+    assert watcher.count("retry_scheduled", {"stalled-1"}) == 0
+
+
 async def test_a_message_sent_again_while_it_runs_never_runs_on_a_second_agent(
     broker, coordinator, watcher
 ):
@@ -345,6 +374,16 @@ async def _delivered_until_spent(broker, task: envelopes.Task, agent_id: str) ->
     await broker.publish(names.dispatch(agent_id, "P1"), envelopes.encode(task))
     for _ in range(3):  # delivered twice, never acknowledged; the third pull finds it spent
         await consumer.fetch(1, wait_s=1)
+
+
+async def _until_looked_at_again(broker, consumer: str) -> None:  # type: ignore[no-untyped-def]
+    """Until ``consumer`` on the events stream handled a message once and got it again."""
+    stream = broker.names.events_stream
+    async with asyncio.timeout(10):
+        while True:
+            if (await broker.js.consumer_info(stream, consumer)).num_redelivered:
+                return
+            await asyncio.sleep(0.05)  # polling the consumer's state: there is no event for it
 
 
 def _slow_task_for(agent: Agent, message_id: str, **fields: int) -> envelopes.Task:
