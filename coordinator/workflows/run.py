@@ -74,7 +74,24 @@ class Run:
                     return True
                 self._step_ended(key, run, output=output, error=error)
                 return True
+            if run.message_id == message_id and run.status == "cancelled" and error is None:
+                return self._undo_late(key, run, output)
         return False
+
+    def _undo_late(self, key: str, run: StepRun, output: Any) -> bool:
+        """A step cancelled while it ran (the workflow cancelled or failed meanwhile) ended
+        with a result after all: its effect happened, so with ``on_failure: compensate`` it is
+        undone like the steps completed before; False when there is nothing to undo."""
+        if self.spec.on_failure != "compensate" or not self.spec.compensation_of(key):
+            return False
+        if self.record.ending is None or key in self.record.compensations:
+            return False
+        self._settle(run, output=output, error=None)
+        self.record.completed_order.append(key)
+        self.actions.append(Note("compensating_late_step", key))
+        self.record.status = "compensating"
+        self._compensate_next()
+        return True
 
     def on_timer(self, key: str, visit: int) -> bool:
         if self.record.status != "running":
@@ -352,6 +369,8 @@ class Run:
 
     def _finish_badly(self) -> None:
         self.record.status = self.record.ending or "failed"
+        if self.record.ended_ms:  # ended before: a late step's undo is all that happened since
+            return
         self.record.ended_ms = self.now
         error = self.record.error
         self.actions.append(Finish())

@@ -329,7 +329,16 @@ def warehouse(log: list[str], *, ship_gate: asyncio.Event | None = None) -> Agen
 
         return handle
 
-    for intent in ("reserve", "release", "charge_card", "refund_card", "notify", "ship_parcel"):
+    intents = (
+        "reserve",
+        "release",
+        "charge_card",
+        "refund_card",
+        "notify",
+        "ship_parcel",
+        "recall",
+    )
+    for intent in intents:
         agent.handler(intent)(record(intent))
     return agent
 
@@ -358,7 +367,8 @@ async def test_saga_compensation_runs_in_reverse_after_a_failing_step(
 
 async def test_cancel_mid_flight_stops_and_compensates(broker, start_coordinator, watcher):
     """`reach workflows cancel ID` while a step runs: nothing more is dispatched, completed
-    steps are compensated, the starter hears `cancelled`; the late step result is ignored."""
+    steps are compensated, the starter hears `cancelled`; the running step, which completes
+    after the cancel, is compensated then too (its effect happened)."""
     log: list[str] = []
     gate = asyncio.Event()
     async with (
@@ -376,7 +386,9 @@ async def test_cancel_mid_flight_stops_and_compensates(broker, start_coordinator
             await starting
         gate.set()
         await watcher.event("completed", message_id=shipping.message_id)
-        record = await read_record(broker, instance)
+        await watcher.event("compensating_late_step", message_id=shipping.message_id)
+        await watcher.event("completed", topic="recall")
+        record = await _until_record(broker, instance, _undone("ship"))
         shown = await run(*reach_argv(broker, "workflows", "list"))
     assert cancelled.returncode == 0, cancelled.stderr
     assert "cancelled" in cancelled.stdout.splitlines()[0]
@@ -388,10 +400,26 @@ async def test_cancel_mid_flight_stops_and_compensates(broker, start_coordinator
         "ship_parcel",
         "refund_card",
         "release",
+        "recall",
     ]
-    assert record is not None and record.status == "cancelled"
-    assert record.steps["ship"].status == "cancelled"  # its late result changed nothing
+    assert record.steps["ship"].status == "completed"
+    assert list(record.compensations) == ["charge", "reserve", "ship"]
+    assert all(undo.status == "completed" for undo in record.compensations.values())
     assert f"{instance}" in shown.stdout and "cancelled" in shown.stdout
+    assert watcher.count("workflow_cancelled") == 1  # said once, not again after the undo
+
+
+def _undone(key: str):  # type: ignore[no-untyped-def]
+    return lambda r: key in r.compensations and r.compensations[key].status == "completed"
+
+
+async def _until_record(broker, instance: str, wanted):  # type: ignore[no-untyped-def]
+    """The instance's record once ``wanted(record)`` holds (read again until then, bounded)."""
+    async with asyncio.timeout(10):
+        while True:
+            if (record := await read_record(broker, instance)) is not None and wanted(record):
+                return record
+            await asyncio.sleep(0.05)  # the record's write is the engine's: no event for it
 
 
 NESTED = """

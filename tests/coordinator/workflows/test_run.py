@@ -189,6 +189,31 @@ def test_bad_workflows_are_refused_with_the_path(tmp_path, yaml: str, message: s
     assert "$.workflows" in str(caught.value)
 
 
+def test_a_step_that_completes_after_a_cancel_is_compensated_and_the_end_said_once() -> None:
+    """Cancelled while b ran: a is undone and the starter told; b's result comes after all,
+    so b is undone too, and the workflow does not end (or answer) a second time."""
+    flow = spec(
+        "on_failure: compensate\n"
+        "chain: [{name: a, intent: x, compensate: ux}, {name: b, intent: y, compensate: uy}]"
+    )
+    record, _ = started(flow)
+    step(record, flow, "a", output={"a": 1})
+    cancel = Run(flow, record, 3_000)
+    assert cancel.cancel()
+    assert dispatched(cancel) == ["a-undo"]
+    undo_a = Run(flow, record, 3_500)
+    assert undo_a.on_result(record.compensations["a"].message_id, output=None, error=None)
+    assert record.status == "cancelled" and any(isinstance(a, Finish) for a in undo_a.actions)
+    late = Run(flow, record, 4_000)
+    assert late.on_result(record.steps["b"].message_id, output={"b": 2}, error=None)
+    assert dispatched(late) == ["b-undo"]
+    assert record.status == "compensating" and record.steps["b"].status == "completed"
+    undo_b = Run(flow, record, 4_500)
+    assert undo_b.on_result(record.compensations["b"].message_id, output=None, error=None)
+    assert record.status == "cancelled" and record.ended_ms == 3_500
+    assert not any(isinstance(a, Finish) for a in undo_b.actions)
+
+
 def test_a_fan_out_without_a_join_step_completes_once() -> None:
     """The implicit pass-through join finishes the workflow exactly once."""
     flow = spec("fanout: {branches: [{name: a, intent: x}, {name: b, intent: y}]}")
