@@ -30,7 +30,10 @@ from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound, Subscrip
 from agentreach.envelopes import (
     DEFAULT_TTL_MS,
     MAX_TTL_MS,
+    Ack,
+    Budget,
     DecodeError,
+    ErrorInfo,
     ErrorReply,
     Result,
     is_envelope,
@@ -49,8 +52,9 @@ class _Waiting:
     """A call waiting for its task's result."""
 
     requester: str  # where the answer goes
-    timer: asyncio.TimerHandle  # the give-up after the task's ttl
+    timer: asyncio.TimerHandle  # the give-up after the task's ttl (its execution, once accepted)
     replies: Subscription  # the call's reply box
+    execute_ms: int  # the task's execute budget: how long a run may take once accepted
 
 
 class Calls:
@@ -89,13 +93,13 @@ class Calls:
         timer = asyncio.get_running_loop().call_later(
             ttl_ms / 1000 + GRACE_S, self._give_up, key, ttl_ms
         )
-        self._waiting[key] = _Waiting(msg.reply, timer, replies)
+        self._waiting[key] = _Waiting(msg.reply, timer, replies, _execute_ms(data))
         try:
             subject = self._broker.names.task(topic, sender)  # the caller stays the sender
             await self._broker.publish(subject, data, headers=headers)
         except BrokerError as exc:
             self._forget(key)
-            error = {"type": "not_published", "message": str(exc)}
+            error = ErrorInfo(type="not_published", message=str(exc), retryable=True)
             await self._answer(msg.reply, {"error": error}, error=True)
 
     async def _on_reply(self, msg: Inbound) -> None:
@@ -112,16 +116,17 @@ class Calls:
                 try:
                     result = await self._claim_check.result_of(reply.result, reply.result_ref)
                 except BrokerError as exc:
-                    error = {"type": "payload_unavailable", "message": str(exc)}
+                    error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
                     await self._answer(requester, {"error": error}, error=True)
                     return
                 await self._answer(requester, result)
             case ErrorReply():
                 requester = self._forget(key)
-                error = envelopes.decode_json(envelopes.encode(reply.error))
-                await self._answer(requester, {"error": error}, error=True)
+                await self._answer(requester, {"error": reply.error}, error=True)
+            case Ack():
+                self._running(key)
             case _:
-                return  # ack, progress: the requester waits for the end
+                return  # progress: the requester waits for the end
 
     def _forget(self, key: str) -> str:
         waiting = self._waiting.pop(key)
@@ -129,11 +134,28 @@ class Calls:
         self._in_background(waiting.replies.close())
         return waiting.requester
 
+    def _running(self, key: str) -> None:
+        """An agent accepted the task: the ttl (how long it may wait to start) no longer
+        bounds the wait, its execute budget does."""
+        waiting = self._waiting[key]
+        waiting.timer.cancel()
+        waiting.timer = asyncio.get_running_loop().call_later(
+            waiting.execute_ms / 1000 + GRACE_S, self._give_up, key, 0
+        )
+
     def _give_up(self, key: str, ttl_ms: int) -> None:
+        """No answer in time: within the ttl (``ttl_ms``), or, once accepted (0), within the
+        execute budget."""
         if key not in self._waiting:
             return
+        waiting = self._waiting[key]
         requester = self._forget(key)
-        error = {"type": "no_result", "message": f"no result within the task's ttl ({ttl_ms} ms)"}
+        within = (
+            f"the task's ttl ({ttl_ms} ms)"
+            if ttl_ms
+            else f"its execute budget ({waiting.execute_ms} ms) after an agent accepted it"
+        )
+        error = ErrorInfo(type="no_result", message=f"no result within {within}", retryable=False)
         self._in_background(self._answer(requester, {"error": error}, error=True))
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
@@ -147,6 +169,17 @@ class Calls:
             await self._broker.publish_core(requester, envelopes.encode(value), headers=headers)
         except BrokerError as exc:
             log.warning("could not answer a call", error=str(exc))
+
+
+def _execute_ms(data: bytes) -> int:
+    """The execute budget of the task a call sends: its envelope's, or the default."""
+    with contextlib.suppress(DecodeError, TypeError, AttributeError):
+        document = envelopes.decode_json(data)
+        if is_envelope(document):
+            value = document.get("budget", {}).get("execute_ms")
+            if isinstance(value, int) and 0 < value <= MAX_TTL_MS:
+                return value
+    return Budget().execute_ms
 
 
 def _with_reply_to(data: bytes, reply_to: str) -> bytes:
