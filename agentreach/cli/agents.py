@@ -79,15 +79,16 @@ async def _clear(broker: Broker, agent_id: str | None) -> int:
         answer = await broker.request(broker.names.clear, agent_id.encode(), timeout=5)
     except (NoResponders, BrokerTimeout):
         raise UsageError(NOT_RUNNING) from None
-    cleared = answer.data == b"cleared"
-    print(f"{agent_id}: {'quarantine lifted' if cleared else answer.data.decode()}")
-    if cleared and (tripped := await _tripped(broker, agent_id)):
+    said = answer.data.decode(errors="replace")
+    known = said in ("cleared", "not quarantined")
+    print(f"{agent_id}: {'quarantine lifted' if said == 'cleared' else said}")
+    if known and (tripped := await _tripped(broker, agent_id)):
         shown = ", ".join(f"{b.intent or 'ISOLATED'}:{b.state}" for b in tripped)
         print(
             f"{agent_id}: its breakers are not cleared ({shown}): each closes when a trial"
             " call succeeds, after its open time"
         )
-    return 0 if cleared else 1
+    return 0 if known else 1
 
 
 async def _tripped(broker: Broker, agent_id: str) -> list[BreakerRecord]:

@@ -43,5 +43,4 @@ class LivenessControl:
         if not self._monitor.active:
             return
         agent_id = msg.data.decode(errors="replace")
-        cleared = await self._monitor.clear(agent_id)
-        await msg.respond(b"cleared" if cleared else b"unknown agent")
+        await msg.respond((await self._monitor.clear(agent_id)).encode())

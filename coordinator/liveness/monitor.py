@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import msgspec
 import structlog
@@ -150,15 +151,17 @@ class LivenessMonitor:
                 log.warning("heartbeat re-read failed", error=str(exc))
             honour_cancellation()
 
-    async def clear(self, agent_id: str) -> bool:
-        """Lift an agent's quarantine (``reach agents clear``)."""
+    async def clear(self, agent_id: str) -> Literal["cleared", "not quarantined", "unknown agent"]:
+        """Lift an agent's quarantine (``reach agents clear``); what there was to lift."""
         tracked = self.agents.get(agent_id)
         if tracked is None:
-            return False
+            return "unknown agent"
+        if not tracked.quarantined:
+            return "not quarantined"
         tracked.quarantined = False
         tracked.offline_at_ms = []
         await self._transition(tracked, tracked.state, "cleared by an operator")
-        return True
+        return "cleared"
 
     # -- inputs -------------------------------------------------------------------
     async def _restore(self) -> None:

@@ -10,6 +10,8 @@ loses the conditional write, and its result is rejected instead of sent.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
+from typing import Literal
 
 import msgspec
 import structlog
@@ -41,23 +43,24 @@ log = structlog.get_logger("coordinator.reassign")
 
 async def reassign_tasks(broker: Broker, agent_id: str, *, epoch: int = 0) -> int:
     """Re-dispatch every task waiting for ``agent_id``, whose process ``epoch`` went OFFLINE;
-    returns how many. Nothing moves when a newer process of the agent is up already: its
-    consumer (the same durable) takes those tasks itself."""
+    returns how many it took away (sent on, or ended where their ttl had passed). Nothing
+    moves when a newer process of the agent is up already: its consumer (the same durable)
+    takes those tasks itself."""
     if await _newer_process(broker, agent_id, epoch):
         log.info("a newer process serves the agent; nothing to reassign", agent_id=agent_id)
         return 0
-    moved = 0
+    taken: Counter[str] = Counter()
     for priority, stream in broker.names.dispatch_streams.items():
         subject = broker.names.dispatch(agent_id, priority)
         seq = 1
         while (stored := await next_message(broker, stream, subject, from_seq=seq)) is not None:
             seq = stored.stream_seq + 1
-            if await _move(broker, stored, agent_id, epoch):
-                moved += 1
+            if (what := await _move(broker, stored, agent_id, epoch)) is not None:
+                taken[what] += 1
             await delete_message(broker, stream, stored.stream_seq)
-    if moved:
-        log.info("tasks reassigned", agent_id=agent_id, count=moved)
-    return moved
+    if taken:
+        log.info("tasks taken from the agent", agent_id=agent_id, **taken)
+    return taken.total()
 
 
 async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
@@ -66,7 +69,9 @@ async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
     return card is not None and card.value.status == "running" and card.value.epoch > epoch
 
 
-async def _move(broker: Broker, stored: StoredMessage, agent_id: str, epoch: int) -> bool:
+async def _move(
+    broker: Broker, stored: StoredMessage, agent_id: str, epoch: int
+) -> Literal["reassigned", "past_ttl"] | None:
     """Send the task through intake again as its next attempt, with the ttl it has left.
 
     Intake, not the router directly: when no agent can take it now it waits there,
@@ -75,16 +80,16 @@ async def _move(broker: Broker, stored: StoredMessage, agent_id: str, epoch: int
     try:
         task = envelopes.decode_task(stored.data)
     except DecodeError:
-        return False  # the agent's consumer would have dead-lettered it; nothing to move
+        return None  # the agent's consumer would have dead-lettered it; nothing to move
     await _fence(broker, task, agent_id, epoch)
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
         await _expire(broker, task, agent_id)
-        return True
+        return "past_ttl"
     retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None, ttl_ms=left_ms)
     headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
     await broker.publish(broker.names.task(task.topic), envelopes.encode(retry), headers=headers)
-    return True
+    return "reassigned"
 
 
 async def _expire(broker: Broker, task: Task, agent_id: str) -> None:
@@ -97,7 +102,9 @@ async def _expire(broker: Broker, task: Task, agent_id: str) -> None:
         case Running():
             log.info("past its ttl, but another agent runs it now", message_id=task.message_id)
         case None:
-            message = f"ttl {task.ttl_ms} ms ran out in the queue of {agent_id}, which went OFFLINE"
+            message = (
+                f"ttl {task.ttl_ms} ms ran out while it was with {agent_id}, which went OFFLINE"
+            )
             error = ErrorInfo(type="expired", message=message, retryable=False)
             await end_with_error(broker, task, "expired", error)
 

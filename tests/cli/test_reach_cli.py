@@ -298,7 +298,8 @@ async def test_demo_runs_and_exits_cleanly(tmp_path):
 
 async def test_agents_clear_needs_a_coordinator_and_a_known_agent(broker, coordinator):
     """`reach agents clear ID` answers for a known agent and refuses an unknown one; it lifts
-    a quarantine, and says that an isolation (a breaker) stays until a trial succeeds."""
+    a quarantine (and says so only when there was one), and says that an isolation (a
+    breaker) stays until a trial succeeds."""
     async with worker().running(broker=broker):
         await wait_for_card(broker, "cli-reach-worker", status="running")
         async with asyncio.timeout(10):
@@ -307,12 +308,17 @@ async def test_agents_clear_needs_a_coordinator_and_a_known_agent(broker, coordi
         breakers = await broker.bucket(broker.names.breakers_bucket, BreakerRecord)
         isolation = BreakerRecord(agent_id="cli-reach-worker", state="open", reason="test")
         await breakers.put(isolation.key, isolation)
+        not_quarantined = await reach(broker, "agents", "clear", "cli-reach-worker")
+        coordinator.liveness.agents["cli-reach-worker"].quarantined = True  # as flapping does
         cleared = await reach(broker, "agents", "clear", "cli-reach-worker")
     unknown = await reach(broker, "agents", "clear", "nobody")
+    assert not_quarantined.returncode == 0, not_quarantined.stderr
+    assert not_quarantined.stdout.splitlines()[0] == "cli-reach-worker: not quarantined"
     assert cleared.returncode == 0, cleared.stderr
     lifted, kept = cleared.stdout.splitlines()
     assert lifted == "cli-reach-worker: quarantine lifted"
     assert "its breakers are not cleared (ISOLATED:open)" in kept
+    assert not coordinator.liveness.agents["cli-reach-worker"].quarantined
     assert unknown.returncode == 1 and "unknown agent" in unknown.stdout
 
 
