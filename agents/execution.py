@@ -172,14 +172,10 @@ class Executor:
             await _published(accepting, "accepted")
 
     async def _expire(self, job: Job) -> None:
-        """Report the task expired, unless it ran here already: a redelivery of a message
-        whose acknowledgement was lost (a server failing over) comes back after the ack
-        wait, often past the ttl, and the work it stands for is done."""
-        done = await self._claims.done(job.task)
-        if done is not None:
-            log.info("expired redelivery of a message done here; sending its stored result")
-            await self._complete(job, done.result, duration_ms=0, ref=done.result_ref)
-            return
+        """Report the task expired, unless it ran here (a redelivery of a run whose ack was
+        lost in a failover comes back past its ttl): then the stored result goes again."""
+        if (done := await self._claims.done(job.task)) is not None:
+            return await self._complete(job, done.result, duration_ms=0, ref=done.result_ref)
         message = f"ttl {job.task.ttl_ms} ms passed in the queue of {self._me}"
         error = ErrorInfo(type="expired", message=message, retryable=False)
         await self._report(job, "expired", error)

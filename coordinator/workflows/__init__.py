@@ -1,7 +1,7 @@
 """Workflows: chain, fan-out / fan-in, step graphs and state machines over ordinary tasks.
 
 - :mod:`.spec`: the definitions (from YAML) and :mod:`.builder` (the same in Python);
-- :mod:`.run`: how one instance moves on (pure);
+- :mod:`.run`: how one instance moves on, and :mod:`.saga` how it is undone (pure);
 - :mod:`.engine`: the coordinator's side, records in KV and messages on ``REACH_WORKFLOWS``;
 - :mod:`.control`: reading, cancelling and signalling instances from outside.
 """

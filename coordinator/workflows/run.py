@@ -22,6 +22,7 @@ from agentreach.coordinator.workflows.actions import (
     Timer,
     message_id_of,
 )
+from agentreach.coordinator.workflows.saga import Compensation
 from agentreach.coordinator.workflows.spec import MAX_STATE_VISITS, Step, WorkflowSpec
 from agentreach.coordinator.workflows.templates import render
 from agentreach.envelopes import ErrorInfo, Priority, StepRun, Task, WorkflowRecord
@@ -41,7 +42,7 @@ def new_record(workflow: str, task: Task, spec: WorkflowSpec, now_ms: int) -> Wo
     )
 
 
-class Run:
+class Run(Compensation):
     """Moves one record on; ``actions`` lists what the engine must then do."""
 
     def __init__(self, spec: WorkflowSpec, record: WorkflowRecord, now_ms: int) -> None:
@@ -77,21 +78,6 @@ class Run:
             if run.message_id == message_id and run.status == "cancelled" and error is None:
                 return self._undo_late(key, run, output)
         return False
-
-    def _undo_late(self, key: str, run: StepRun, output: Any) -> bool:
-        """A step cancelled while it ran (the workflow cancelled or failed meanwhile) ended
-        with a result after all: its effect happened, so with ``on_failure: compensate`` it is
-        undone like the steps completed before; False when there is nothing to undo."""
-        if self.spec.on_failure != "compensate" or not self.spec.compensation_of(key):
-            return False
-        if self.record.ending is None or key in self.record.compensations:
-            return False
-        self._settle(run, output=output, error=None)
-        self.record.completed_order.append(key)
-        self.actions.append(Note("compensating_late_step", key))
-        self.record.status = "compensating"
-        self._compensate_next()
-        return True
 
     def on_timer(self, key: str, visit: int) -> bool:
         if self.record.status != "running":
@@ -357,53 +343,6 @@ class Run:
     def _fail(self, error: ErrorInfo) -> None:
         self._cancel_leftovers()
         self._end_badly(error, "failed")
-
-    def _end_badly(self, error: ErrorInfo, ending: Literal["failed", "cancelled"]) -> None:
-        self.record.error, self.record.ending = error, ending
-        if self.spec.on_failure == "compensate" and self._to_undo():
-            self.record.status = "compensating"
-            self.actions.append(Note("compensating", detail={"undo": self._to_undo()}))
-            self._compensate_next()
-            return
-        self._finish_badly()
-
-    def _finish_badly(self) -> None:
-        self.record.status = self.record.ending or "failed"
-        if self.record.ended_ms:  # ended before: a late step's undo is all that happened since
-            return
-        self.record.ended_ms = self.now
-        error = self.record.error
-        self.actions.append(Finish())
-        self.actions.append(
-            Note(f"workflow_{self.record.status}", detail={"error": msgspec.to_builtins(error)})
-        )
-
-    def _to_undo(self) -> list[str]:
-        """Completed steps with a compensating intent, not yet undone, latest first."""
-        undone = self.record.compensations
-        pending = (k for k in reversed(self.record.completed_order) if k not in undone)
-        return list(dict.fromkeys(k for k in pending if self.spec.compensation_of(k)))
-
-    def _compensate_next(self) -> None:
-        if any(r.status == "running" for r in self.record.compensations.values()):
-            return
-        pending = self._to_undo()
-        if not pending:
-            self._finish_badly()
-            return
-        key = pending[0]
-        done = self.record.steps[key]
-        run = StepRun(
-            status="running",
-            visit=done.visit,
-            message_id=message_id_of(self.record.instance_id, key, "undo"),
-            intent=self.spec.compensation_of(key) or "",
-            input={"step": key, "input": done.input, "output": done.output},
-            started_ms=self.now,
-            priority=done.priority,
-        )
-        self.record.compensations[key] = run
-        self.actions.append(Dispatch(f"{key}-undo", run))
 
     def _cancel_leftovers(self) -> None:
         for run in self.record.steps.values():
