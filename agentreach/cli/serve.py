@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import prometheus_client
 import structlog
+from prometheus_client import CollectorRegistry
 
 from agentreach.agents import Agent
 from agentreach.broker import (
@@ -39,6 +40,8 @@ from agentreach.cli.options import (
     replication_options,
 )
 from agentreach.coordinator import Coordinator, load_config
+from agentreach.coordinator.observability import serving
+from agentreach.coordinator.observability.endpoint import Readiness
 from agentreach.envelopes import Priority
 
 log = structlog.get_logger("reach")
@@ -141,16 +144,20 @@ async def _coordinate(url: str, args: argparse.Namespace) -> None:
     config = with_cli_options(load_config(args.config), args)
     config = msgspec.structs.replace(config, broker=broker_config_of(args, config.broker))
     names = Names(prefix=args.prefix or config.prefix)
-    async with (
-        Broker(
-            url,
-            names=names,
-            name="coordinator",
-            wait=True,
-            auth=auth_of(args).merged(config.broker.auth.auth()),
-        ) as broker,
-        Coordinator(broker, config, config_path=args.config).running() as coordinator,
-    ):
+    broker = Broker(
+        url,
+        names=names,
+        name="coordinator",
+        wait=True,
+        auth=auth_of(args).merged(config.broker.auth.auth()),
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        # Probes are answered while NATS is waited for (/healthz 200, /readyz 503 "not
+        # connected to NATS"): an orchestrator must not take the wait for a dead process.
+        async with serving(config.metrics, CollectorRegistry(), Readiness(broker)):
+            await stack.enter_async_context(broker)
+        running = Coordinator(broker, config, config_path=args.config).running()
+        coordinator = await stack.enter_async_context(running)
         shown = f"; metrics on {coordinator.metrics_url}metrics" if coordinator.metrics_url else ""
         await until_signal(f"coordinator serving on {broker.shown_url}{shown}", broker)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pty
 import shutil
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,34 @@ async def run(
     out, err = await asyncio.wait_for(process.communicate(), timeout)
     assert process.returncode is not None
     return Completed(process.returncode, out.decode(), err.decode())
+
+
+async def started_until(
+    *argv: str | Path, said: bytes, env: dict[str, str] | None = None, timeout: float = 30.0
+) -> asyncio.subprocess.Process:
+    """Start a long-running command (its own session) and return once its log said
+    ``said``; the caller stops it (``os.killpg(process.pid, ...)``)."""
+    process = await asyncio.create_subprocess_exec(
+        *map(str, argv),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    assert process.stderr is not None
+    try:
+        async with asyncio.timeout(timeout):
+            while said not in (line := await process.stderr.readline()):
+                if not line:
+                    await process.wait()
+                    raise AssertionError(f"{argv[1]} exited ({process.returncode}): {said!r}")
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
+        raise
+    return process
 
 
 async def run_in_terminal(*argv: str | Path, timeout: float = 30.0) -> Completed:

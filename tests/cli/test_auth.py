@@ -25,7 +25,7 @@ from agentreach.broker import (
     provision,
 )
 from agentreach.cli.logs import redact_secrets
-from tests.cli.conftest import VENV_BIN, run
+from tests.cli.conftest import VENV_BIN, run, started_until
 from tests.secured import SecuredDeployment, secured_server
 from tests.support import eventually
 
@@ -163,25 +163,10 @@ async def test_the_coordinator_takes_its_server_and_creds_from_its_config(tmp_pa
         creds = deployment.coordinator.creds
         config.write_text(f"broker:\n  url: {server.url}\n  auth: {{creds: {creds}}}\n")
         env = {**os.environ, "NATS_URL": "", "NATS_CREDS": ""}
-        process = await asyncio.create_subprocess_exec(
-            str(REACH),
-            "coordinator",
-            "--config",
-            str(config),
-            "--log-format",
-            "json",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-        )
-        assert process.stderr is not None
-        try:
-            async with asyncio.timeout(30):
-                while b"coordinator serving on" not in (line := await process.stderr.readline()):
-                    assert line, "reach coordinator exited before serving"
-        finally:
-            process.send_signal(signal.SIGINT)
-            await asyncio.wait_for(process.wait(), 20)
+        command = ("coordinator", "--config", config, "--log-format", "json")
+        process = await started_until(REACH, *command, said=b"coordinator serving on", env=env)
+        process.send_signal(signal.SIGINT)
+        await asyncio.wait_for(process.wait(), 20)
 
 
 def test_config_credentials_name_a_missing_file():

@@ -7,12 +7,14 @@ import json
 import os
 import signal
 import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import EmbeddedServer
 from agentreach.envelopes import BreakerRecord
-from tests.cli.conftest import reach_argv, reach_command, run
+from tests.cli.conftest import reach_argv, reach_command, run, started_until
 from tests.support import wait_for_card
 
 
@@ -525,3 +527,35 @@ async def test_a_second_signal_does_not_cut_an_agents_shutdown_short(broker, coo
             process.kill()
             await process.wait()
     assert process.returncode == 0
+
+
+async def test_a_coordinator_waiting_for_nats_answers_its_probes():
+    """`reach coordinator` started before its server: while it waits, /healthz answers 200
+    and /readyz 503 saying why (an orchestrator must not take the wait for a dead process,
+    nor send it work)."""
+    nats_port, http_port = _free_port(), _free_port()
+    url, metrics = f"nats://127.0.0.1:{nats_port}", str(http_port)
+    command = ("coordinator", "--nats-url", url, "--metrics-port", metrics, "--log-format", "json")
+    process = await started_until(reach_command(), *command, said=b"waiting for NATS")
+    try:
+        health = await asyncio.to_thread(_get, f"http://127.0.0.1:{http_port}/healthz")
+        ready = await asyncio.to_thread(_get, f"http://127.0.0.1:{http_port}/readyz")
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 30)
+    assert health == (200, "ok\n")
+    assert ready == (503, "not ready: not connected to NATS\n")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read().decode()
