@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import signal
 import socket
 import urllib.error
 import urllib.request
@@ -165,25 +164,13 @@ class EmbeddedCluster:
     async def keep_up(self, restart_after_s: float) -> None:
         """Start again, ``restart_after_s`` later, each node that ends although nobody
         stopped it (a ``kill -9`` in a failover trial, a crash), on its ports and store;
-        until cancelled. A node that will not start is tried again as long."""
+        until cancelled (see :meth:`EmbeddedServer.keep_up`)."""
         await asyncio.gather(*(self._keep_up(node, restart_after_s) for node in range(self.size)))
 
     async def _keep_up(self, node: int, after_s: float) -> None:
-        name = self.node_name(node)
-        while (server := self._servers[node]) is not None:
-            code = await server.ended()
-            if self._servers[node] is not server:
-                return  # stopped on purpose
-            how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-            log.warning("nats node ended; starting it again", node=name, how=how, in_s=after_s)
-            await self.stop_node(node)  # releases its store
-            while not self.running(node):
-                await asyncio.sleep(after_s)
-                try:
-                    await self.start(node)
-                except EmbeddedServerError as exc:
-                    log.error("nats node did not start; trying again", node=name, error=str(exc))
-            log.info("nats node started again", node=name, url=self.url_of(node))
+        if (server := self._servers[node]) is not None:
+            with structlog.contextvars.bound_contextvars(node=self.node_name(node)):
+                await server.keep_up(after_s)
 
     async def start(self, node: int) -> None:
         """Start ``node`` again on its ports and store, and wait until it has caught up."""

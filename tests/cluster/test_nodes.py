@@ -89,7 +89,7 @@ async def test_reach_up_cluster_starts_three_nodes_provisions_r3_and_restarts_a_
         provisioned = await run(reach_command(), "provision", "--nats-url", seeds)
         killed = int((store / "n2" / PID_FILE).read_text())
         os.kill(killed, signal.SIGKILL)
-        await until_logged(re.compile(r'"node": "n2".*"event": "nats node started again"'))
+        await until_logged(re.compile(r'"event": "nats-server started again".*"node": "n2"'))
         restarted = int((store / "n2" / PID_FILE).read_text())
     finally:
         os.killpg(process.pid, signal.SIGTERM)
@@ -100,7 +100,7 @@ async def test_reach_up_cluster_starts_three_nodes_provisions_r3_and_restarts_a_
     head, *rows = provisioned.stdout.splitlines()
     assert head.startswith("replicas: auto → 3;")
     assert {tuple(row.split()[1:3]) for row in rows} == {("unchanged", "R3")}
-    [ended] = [line for line in lines if "nats node ended" in line]
+    [ended] = [line for line in lines if "nats-server ended" in line]
     assert '"how": "killed by SIGKILL"' in ended
     assert restarted != killed
     with pytest.raises(ProcessLookupError):  # stopped with the others
