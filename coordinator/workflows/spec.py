@@ -38,7 +38,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from agentreach.coordinator.conditions import Comparison, lookup
-from agentreach.coordinator.workflows.templates import check_template
+from agentreach.coordinator.workflows.templates import check_template, roots_of
 from agentreach.envelopes import Priority
 from agentreach.envelopes.messages import Token
 
@@ -179,6 +179,10 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
             raise ValueError(f"a workflow has exactly one of chain, fanout, steps, states: {found}")
         if self.states is None:
             _check_graph(self.graph())
+            inputs = {step.name: step.input for step in self.graph()}
+        else:
+            inputs = {name: state.input for name, state in self.states.states.items()}
+        _check_paths(inputs)
 
     @property
     def is_machine(self) -> bool:
@@ -208,6 +212,18 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
             names = [b.name for b in branches]
             return [*branches, msgspec.structs.replace(join, after=names, join=self.fanout.join)]
         return [msgspec.structs.replace(s, after=s.after or []) for s in self.steps or []]
+
+
+def _check_paths(inputs: dict[str, Any]) -> None:
+    """Each input path starts at the workflow's input, the previous output, a join's parts,
+    or one of its steps (states): another name would stand for nothing at run time."""
+    known = RESERVED | inputs.keys()
+    for name, template in inputs.items():
+        for root in sorted(roots_of(template) - known):
+            raise ValueError(
+                f"{name!r}: the input path '$.{root}…' names no step; a path starts at"
+                f" {', '.join(sorted(known))}"
+            )
 
 
 def _check_graph(graph: list[Step]) -> None:

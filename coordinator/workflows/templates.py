@@ -23,6 +23,17 @@ def check_template(template: Any) -> None:
             check_template(value)
 
 
+def roots_of(template: Any) -> set[str]:
+    """The first names of the paths in ``template`` (``"$.plan.outline"`` → ``plan``)."""
+    if isinstance(template, str) and _PATH.match(template):
+        return {template[2:].split(".", 1)[0]}
+    if isinstance(template, dict):
+        return set().union(*(roots_of(value) for value in template.values()))
+    if isinstance(template, list):
+        return set().union(*(roots_of(value) for value in template))
+    return set()
+
+
 def render(template: Any, context: dict[str, Any]) -> Any:
     """``template`` with each ``"$.path"`` replaced by its value in ``context`` (None if absent)."""
     if isinstance(template, str) and template.startswith("$."):

@@ -177,6 +177,14 @@ def test_resume_lists_what_the_record_calls_for() -> None:
         ("states: {initial: a, states: {a: {next: [{to: a}]}}}", "needs a terminal state"),
         ("states: {initial: a, states: {a: {}}}", "needs 'next' transitions"),
         ("chain: [{name: a, intent: x, retries: 3}]", "unknown field `retries`"),
+        (
+            'chain: [{name: a, intent: x}, {name: b, intent: y, input: {o: "$.nope.outline"}}]',
+            "'b': the input path '$.nope…' names no step",
+        ),
+        (
+            'states: {initial: a, states: {a: {input: "$.plan.x", terminal: true}}}',
+            "'a': the input path '$.plan…' names no step",
+        ),
     ],
 )
 def test_bad_workflows_are_refused_with_the_path(tmp_path, yaml: str, message: str) -> None:
