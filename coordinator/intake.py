@@ -70,7 +70,8 @@ class Intake:
             return None
         if sender is not None:  # the subject names the sender; a body's own claim gives way
             task = msgspec.structs.replace(task, caller=sender)
-        if self._on_taken is not None and msg.num_delivered == 1:
+        # A reassignment comes back through intake as attempt + 1: not a task taken in.
+        if self._on_taken is not None and msg.num_delivered == 1 and task.attempt == 1:
             self._on_taken(task.topic, task.priority, msg.timestamp_ms)
         if len(msg.data) > self._claim_check.threshold_bytes:  # a large `nats pub` body
             task = await self._claim_check.stow_task(task)

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+
 from agentreach import envelopes
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.coordinator.liveness.reassign import reassign_tasks
+from agentreach.coordinator.observability import MetricsConfig
 from agentreach.envelopes import Execution, execution_key
+from tests.conftest import FAST
+from tests.scrape import scrape, total
 
 
 async def _queued(broker, message_id: str, agent_id: str) -> envelopes.Task:  # type: ignore[no-untyped-def]
@@ -84,3 +89,20 @@ async def _until_settled(broker, consumer: str) -> None:  # type: ignore[no-unty
             if info.num_pending == 0 and info.num_ack_pending == 0:
                 return
             await asyncio.sleep(0.05)  # polling the consumer's state: there is no event for it
+
+
+async def test_a_reassigned_task_is_not_counted_as_received_again(
+    broker, start_coordinator, watcher
+):
+    """A reassignment goes through intake again as attempt 2: the flow metric of tasks taken
+    in counts the task once, at its first attempt, not again."""
+    config = msgspec.structs.replace(FAST, metrics=MetricsConfig(port=0))
+    async with start_coordinator(config) as coordinator:
+        task = envelopes.Task(
+            v=1, message_id="moved-1", trace_id="moved-1", topic="slow", attempt=1, ttl_ms=60_000
+        )
+        await broker.publish(broker.names.dispatch("gone-4", "P1"), envelopes.encode(task))
+        assert await reassign_tasks(broker, "gone-4") == 1
+        await watcher.dead_letter("no_route", message_id="moved-1")  # intake had it: nobody serves
+        scraped = await scrape(coordinator.metrics_url)
+    assert total(scraped, "reach_tasks_received_total") == 0
