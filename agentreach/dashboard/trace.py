@@ -8,21 +8,26 @@ from agentreach.broker import Broker, read_stream
 from agentreach.envelopes import DecodeError, Event, decode_event
 
 MAX_MESSAGES = 50
-ENDINGS = {"completed": "completed", "dead_lettered": "dead_lettered"}
+# The events that end a message (a workflow instance is one too), and the status they give.
+ENDINGS = {
+    "completed": "completed",
+    "answered_from_record": "completed",
+    "dead_lettered": "dead_lettered",
+    "workflow_completed": "completed",
+    "workflow_failed": "dead_lettered",  # its dead letter (workflow_failed) follows
+    "workflow_cancelled": "cancelled",
+}
 
 
 async def trace_of(broker: Broker, some_id: str) -> dict[str, Any] | None:
-    """The stages of message ``some_id``, or else of every message of trace ``some_id``."""
+    """The stages of message ``some_id``, or else of every message of trace ``some_id``;
+    of a workflow instance, those of its steps too (they share its trace)."""
     names = broker.names
-    stored = await read_stream(broker, names.events_stream, names.events_of_message(some_id))
-    if not stored:
-        stored = await read_stream(broker, names.events_stream, names.events_of_trace(some_id))
-    events: list[tuple[float, Event]] = []
-    for message in stored:
-        try:
-            events.append((message.timestamp_ns / 1e6, decode_event(message.data)))
-        except DecodeError:
-            continue
+    events = await _events(broker, names.events_of_message(some_id))
+    if any(event.event == "workflow_started" for _, event in events):
+        events = await _events(broker, names.events_of_trace(events[0][1].trace_id))
+    if not events:
+        events = await _events(broker, names.events_of_trace(some_id))
     if not events:
         return None
     by_message: dict[str, list[tuple[float, Event]]] = {}
@@ -32,6 +37,17 @@ async def trace_of(broker: Broker, some_id: str) -> dict[str, Any] | None:
     messages = [_message(message_id, own) for message_id, own in by_message.items()]
     messages.sort(key=lambda m: m["started_ms"])
     return {"query": some_id, "trace_id": events[0][1].trace_id, "messages": messages}
+
+
+async def _events(broker: Broker, subject: str) -> list[tuple[float, Event]]:
+    """The readable events stored on ``subject``, with their broker time (ms)."""
+    events: list[tuple[float, Event]] = []
+    for message in await read_stream(broker, broker.names.events_stream, subject):
+        try:
+            events.append((message.timestamp_ns / 1e6, decode_event(message.data)))
+        except DecodeError:
+            continue
+    return events
 
 
 def _message(message_id: str, own: list[tuple[float, Event]]) -> dict[str, Any]:

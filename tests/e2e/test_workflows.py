@@ -15,8 +15,10 @@ from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, T
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import read_record
 from agentreach.coordinator.workflows.spec import WorkflowSpec
+from agentreach.dashboard.trace import trace_of
 from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast, serving
+from tests.support import until_true
 
 ARTICLE = """
 chain:
@@ -420,6 +422,35 @@ async def _until_record(broker, instance: str, wanted):  # type: ignore[no-untyp
             if (record := await read_record(broker, instance)) is not None and wanted(record):
                 return record
             await asyncio.sleep(0.05)  # the record's write is the engine's: no event for it
+
+
+async def test_the_dashboard_trace_of_an_instance_shows_its_steps_and_its_end(
+    broker, start_coordinator, watcher
+):
+    """The dashboard's timeline of an instance id: the instance and each of its steps, every
+    one ended (it showed the instance alone, still "in flight", with a total up to now)."""
+    flow = """
+chain:
+  - {name: plan, intent: plan}
+  - {name: write, intent: write, input: {outline: "$.plan.outline", topic: "$.input.topic"}}
+"""
+    async with (
+        start_coordinator(fast(workflows=workflows(draft=flow))) as coordinator,
+        serving(broker, coordinator, newsroom(Counter())),
+        ReachClient(broker=broker) as client,
+    ):
+        await client.invoke("draft", {"topic": "nats"})
+        instance = (await watcher.event("workflow_completed")).message_id
+
+        async def ended() -> dict | None:  # the ending event is stored just after it is seen
+            shown = await trace_of(broker, instance)
+            mine = [m for m in (shown or {}).get("messages", []) if m["message_id"] == instance]
+            return shown if mine and mine[0]["status"] == "completed" else None
+
+        shown = await until_true(ended)
+    topics = sorted(m["topic"] for m in shown["messages"])
+    assert topics == ["draft", "plan", "write"]
+    assert all(m["status"] == "completed" and m["ended_ms"] for m in shown["messages"])
 
 
 NESTED = """
