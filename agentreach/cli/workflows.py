@@ -136,18 +136,22 @@ def tree(record: WorkflowRecord) -> str:
     undo = [(f"undo {key}", run) for key, run in record.compensations.items()]
     for i, (key, run) in enumerate(steps + undo):
         branch = "└─" if i == len(steps) + len(undo) - 1 else "├─"
-        lines.append(f"  {branch} {_step(key, run, record.started_ms)}")
+        # The state a running machine stays in once its work is done waits for a signal.
+        waits = key == record.current and record.status == "running" and run.status == "completed"
+        lines.append(f"  {branch} {_step(key, run, record.started_ms, waits=waits)}")
     if record.error is not None:
         lines.append(f"  error: {record.error.type}: {record.error.message}")
     return "\n".join(lines)
 
 
-def _step(key: str, run: StepRun, start_ms: int) -> str:
+def _step(key: str, run: StepRun, start_ms: int, *, waits: bool = False) -> str:
     offset = f"+{run.started_ms - start_ms}ms" if run.started_ms else ""
     took = f"{run.ended_ms - run.started_ms} ms" if run.ended_ms and run.started_ms else ""
     visit = f" (visit {run.visit})" if run.visit > 1 else ""
     line = f"{key:<14} {run.status:<10} {offset:>9} {took:>8}  {run.intent or '(pass-through)'}"
     line += f"{visit}  {run.message_id}"
+    if waits:
+        line += "  ← waits here for a signal (reach workflows signal ID EVENT)"
     if run.error is not None:
         line += f"  {run.error.type}: {run.error.message}"
     return line.rstrip()

@@ -513,12 +513,19 @@ async def test_a_state_machine_moves_on_an_event(broker, start_coordinator, watc
         waiting = asyncio.create_task(client.invoke("approval", {}))
         await watcher.event("completed", topic="check")
         instance = (await watcher.event("workflow_started")).message_id
+        await _until_record(broker, instance, lambda r: r.steps["submitted"].status == "completed")
+        before = await run(*reach_argv(broker, "workflows", "show", instance))
         signalled = await run(*reach_argv(broker, "workflows", "signal", instance, "approve"))
         outcome = await waiting
         shown = await run(*reach_argv(broker, "workflows", "show", instance))
     assert signalled.returncode == 0, signalled.stderr
     assert outcome == {"ok": True}
+    [waits] = [
+        line for line in before.stdout.splitlines() if "submitted" in line and "check" in line
+    ]
+    assert "completed" in waits and "waits here for a signal" in waits
     assert "path: submitted → approved" in shown.stdout
+    assert "waits here" not in shown.stdout
 
 
 async def test_a_signal_no_state_waits_for_is_said_and_not_redelivered(
