@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 from collections import Counter
 
 import msgspec
 
 from agentreach import envelopes
 from agentreach.agents.compensation import replay
-from agentreach.broker import read_stream
+from agentreach.broker import Broker, read_stream
 from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only
 from agentreach.cli.status import warn_without_coordinator
 from agentreach.envelopes import DeadLetter
@@ -48,7 +50,14 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
             broker, names.dlq_stream, names.dlq(args.reason or "*", args.topic or "*")
         )
         letters = [envelopes.decode_dead_letter(m.data) for m in stored]
+        replays = await _replays(broker) if args.action in ("list", "replay") else {}
         if args.action == "replay":
+            if before := replays.get(args.id):
+                print(
+                    f"reach: {args.id} was replayed before (as {', '.join(before)});"
+                    " replaying it again runs it again",
+                    file=sys.stderr,
+                )
             task = await replay(broker, _find(letters, args.id), topic=args.to_topic)
             await warn_without_coordinator(broker, "the replayed task waits in REACH_TASKS")
             print(json.dumps({"message_id": task.message_id, "trace_id": task.trace_id}))
@@ -59,8 +68,20 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
     elif args.action == "stats":
         _print_stats(letters)
     else:
-        _print_letters(letters)
+        _print_letters(letters, replays)
     return 0
+
+
+async def _replays(broker: Broker) -> dict[str, list[str]]:
+    """Each replayed letter's message id, and what it was replayed as (``replayed`` events)."""
+    names = broker.names
+    stored = await read_stream(broker, names.events_stream, names.events_of_kind("replayed"))
+    replays: dict[str, list[str]] = {}
+    for message in stored:
+        with contextlib.suppress(envelopes.DecodeError):
+            event = envelopes.decode_event(message.data)
+            replays.setdefault(event.message_id, []).append(str(event.detail.get("replayed_as")))
+    return replays
 
 
 def _find(letters: list[DeadLetter], message_id: str) -> DeadLetter:
@@ -70,12 +91,17 @@ def _find(letters: list[DeadLetter], message_id: str) -> DeadLetter:
     raise UsageError(f"no dead letter with message_id {message_id!r}")
 
 
-def _print_letters(letters: list[DeadLetter]) -> None:
-    for letter in letters:
-        error = letter.error.message if letter.error else ""
-        print(f"{letter.message_id:<38} {letter.reason:<18} {letter.topic:<20} {error}")
+def _print_letters(letters: list[DeadLetter], replays: dict[str, list[str]]) -> None:
     if not letters:
         print("no dead letters")
+        return
+    print(f"{'MESSAGE_ID':<38} {'REASON':<18} {'TOPIC':<20} {'REPLAYED':<9} ERROR")
+    for letter in letters:
+        error = letter.error.message if letter.error else ""
+        replayed = "yes" if letter.message_id in replays else "-"
+        print(
+            f"{letter.message_id:<38} {letter.reason:<18} {letter.topic:<20} {replayed:<9} {error}"
+        )
 
 
 def _print_stats(letters: list[DeadLetter]) -> None:

@@ -126,7 +126,14 @@ async def test_dlq_replay_sends_the_task_again(broker, coordinator, watcher):
         assert replayed.returncode == 0, replayed.stderr
         new_id = json.loads(replayed.stdout)["message_id"]
         completed = await watcher.event("completed", message_id=new_id)
+        again = await reach(broker, "dlq", "replay", "lost-2", "--to-topic", "count")
+        listed = await reach(broker, "dlq", "list")
     assert completed.detail["result"] == {"n": 1}
+    assert again.returncode == 0, again.stderr
+    assert f"lost-2 was replayed before (as {new_id})" in again.stderr
+    header, row = listed.stdout.splitlines()
+    assert header.split() == ["MESSAGE_ID", "REASON", "TOPIC", "REPLAYED", "ERROR"]
+    assert row.split()[:4] == ["lost-2", "no_route", "nobody_serves_this", "yes"]
     missing = await reach(broker, "dlq", "replay", "never-was")
     assert (
         missing.returncode == 1 and "no dead letter with message_id 'never-was'" in missing.stderr
