@@ -31,7 +31,12 @@ LEFTOVER_STOP_S = 10.0
 
 def ended_how(code: int) -> str:
     """A process's exit code in words: ``killed by SIGKILL``, ``exit code 1``."""
-    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:  # a real-time signal has no name
+        return f"killed by signal {-code}"
 
 
 def find_server_binary() -> Path:
@@ -170,9 +175,12 @@ class EmbeddedServer:
             log.warning("nats-server ended; starting it again", how=how, in_s=restart_after_s)
             while not self.running:
                 await asyncio.sleep(restart_after_s)
+                if self._stopped:
+                    return  # stopped on purpose meanwhile
                 try:
                     await self.restart()
-                except EmbeddedServerError as exc:
+                except (EmbeddedServerError, OSError) as exc:
+                    self._stopped = False  # the failed start stopped it, not its owner
                     log.error("nats-server did not start; trying again", error=str(exc))
             log.info("nats-server started again", url=self.url)
 

@@ -135,13 +135,15 @@ class Calls:
         return waiting.requester
 
     def _running(self, key: str) -> None:
-        """An agent accepted the task: the ttl (how long it may wait to start) no longer
-        bounds the wait, its execute budget does."""
+        """An agent accepted the task (or a workflow started): the wait lasts its execute
+        budget from now, when that ends after the ttl (how long it may wait to start)."""
         waiting = self._waiting[key]
+        loop = asyncio.get_running_loop()
+        budget_ends = loop.time() + waiting.execute_ms / 1000 + GRACE_S
+        if budget_ends <= waiting.timer.when():
+            return
         waiting.timer.cancel()
-        waiting.timer = asyncio.get_running_loop().call_later(
-            waiting.execute_ms / 1000 + GRACE_S, self._give_up, key, 0
-        )
+        waiting.timer = loop.call_at(budget_ends, self._give_up, key, 0)
 
     def _give_up(self, key: str, ttl_ms: int) -> None:
         """No answer in time: within the ttl (``ttl_ms``), or, once accepted (0), within the

@@ -38,7 +38,7 @@ from agentreach.coordinator.routing.run_once import (
     Running,
     RunOnce,
     answer_from_record,
-    taken_from,
+    superseded,
     verdict_of,
 )
 from agentreach.envelopes import (
@@ -116,9 +116,9 @@ class Outcomes:
     ) -> float | None:
         delivered = msg.num_delivered
         records = await self._run_once.records(task)
-        if taken_from(records, event.agent_id, task.attempt):
-            # Fenced: a late failure of the old attempt must not start a retry of its own.
-            log.info("outcome of an attempt taken from its agent; left alone", kind=event.event)
+        if why := superseded(records, event.agent_id, task.attempt, event.at_ms):
+            # A late report of an old run must not start a retry of its own.
+            log.info("outcome that no longer counts; left alone", kind=event.event, why=why)
             return None
         # A failure or expiry reported of a message that ran (its acknowledgement lost in a
         # failover, a copy delivered after the ttl) is answered from its record; one that a

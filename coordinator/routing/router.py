@@ -299,7 +299,8 @@ class Router:
             return await self._fall_back(pending, decision, choice)
         log.info("no agent can take it now; waiting", registered=choice.registered)
         longest = WAIT_MAX_S if waited < LONG_AFTER else WAIT_LONG_S
-        return min(WAIT_FIRST_S * 2**waited, longest, pending.left_ms / 1000 + 0.01)
+        # The exponent capped: past ~1,000 waits 2**waited no longer fits in a float.
+        return min(WAIT_FIRST_S * 2 ** min(waited, 16), longest, pending.left_ms / 1000 + 0.01)
 
     def _room_wait(self, pending: _Pending) -> float | None:
         """Seconds until a task whose candidates are all full asks again; None once it has

@@ -71,17 +71,24 @@ def verdict_of(records: list[Execution]) -> Verdict:
     return Running(running / 1000) if running else None
 
 
-def taken_from(records: list[Execution], agent_id: str | None, attempt: int) -> bool:
-    """Whether ``attempt`` was taken from ``agent_id`` (its agent went OFFLINE and the task
-    was reassigned): what that agent says of it since no longer counts."""
-    return any(
-        r.agent_id == agent_id
-        and r.attempt == attempt
-        and r.state == "failed"
-        and r.error is not None
-        and r.error.type == REASSIGNED
-        for r in records
-    )
+def superseded(
+    records: list[Execution], agent_id: str | None, attempt: int, reported_at_ms: int
+) -> str | None:
+    """Why what ``agent_id`` reported at ``reported_at_ms`` of ``attempt`` no longer counts,
+    if it does not: a later attempt was dispatched since; the attempt was taken from the
+    agent (it went OFFLINE and the task was reassigned); or a later run of the attempt by the
+    same agent (a redelivery that took a stalled run over) failed since, and reports that
+    itself (a record is written before its report, on the agent's clock)."""
+    for r in records:
+        if r.attempt > attempt:
+            return f"attempt {r.attempt} was dispatched since"
+        if r.agent_id != agent_id or r.attempt != attempt or r.state != "failed":
+            continue
+        if r.error is not None and r.error.type == REASSIGNED:
+            return "the attempt was taken from its agent"
+        if r.finished_at_ms > reported_at_ms:
+            return "a later run of the attempt failed since, and reports for itself"
+    return None
 
 
 async def answer_from_record(broker: Broker, task: Task, record: Execution) -> None:

@@ -75,7 +75,8 @@ class Run(Compensation):
                     return True
                 self._step_ended(key, run, output=output, error=error)
                 return True
-            if run.message_id == message_id and run.status == "cancelled" and error is None:
+            stopped = run.status in ("cancelled", "timed_out")  # its task went on all the same
+            if run.message_id == message_id and stopped and error is None:
                 return self._undo_late(key, run, output)
         return False
 

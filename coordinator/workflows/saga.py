@@ -69,9 +69,10 @@ class Compensation:
         self.actions.append(Dispatch(f"{key}-undo", run))
 
     def _undo_late(self, key: str, run: StepRun, output: Any) -> bool:
-        """A step cancelled while it ran (the workflow cancelled or failed meanwhile) ended
-        with a result after all: its effect happened, so with ``on_failure: compensate`` it is
-        undone like the steps completed before; False when there is nothing to undo."""
+        """A step cancelled while it ran (the workflow cancelled or failed meanwhile), or timed
+        out, ended with a result after all: its effect happened, so with ``on_failure:
+        compensate`` it is undone like the steps completed before, once the workflow ended
+        badly; False when there is nothing to undo."""
         if self.spec.on_failure != "compensate" or not self.spec.compensation_of(key):
             return False
         if self.record.ending is None or key in self.record.compensations:

@@ -164,7 +164,7 @@ async def test_a_task_sent_again_past_its_ttl_after_it_ran_answers_from_its_reco
     runs: Counter[str] = Counter()
     agent = flaky_agent(runs)
     task = envelopes.Task(
-        v=1, message_id="again-1", trace_id="again-1", topic="slow", payload={}, ttl_ms=300
+        v=1, message_id="again-1", trace_id="again-1", topic="slow", payload={}, ttl_ms=1500
     )
     intake = broker.names.task("slow")
     async with agent.running(broker=broker):
@@ -174,7 +174,7 @@ async def test_a_task_sent_again_past_its_ttl_after_it_ran_answers_from_its_reco
             await watcher.event("completed", message_id="again-1")
         headers = task_headers(task, msg_id="again-copy-2")
         await broker.publish(intake, envelopes.encode(task), headers=headers)
-        await asyncio.sleep(0.35)  # the passing of the ttl is what this test is about
+        await asyncio.sleep(1.6)  # the passing of the ttl is what this test is about
         async with start_coordinator(FAST):
             answered = await watcher.event("answered_from_record", message_id="again-1")
     assert answered.agent_id == agent.agent_id

@@ -222,6 +222,26 @@ def test_a_step_that_completes_after_a_cancel_is_compensated_and_the_end_said_on
     assert not any(isinstance(a, Finish) for a in undo_b.actions)
 
 
+def test_a_step_that_timed_out_and_then_completed_is_compensated() -> None:
+    """b's timeout failed the workflow (a was undone); b's task completed all the same:
+    b is undone too."""
+    flow = spec(
+        "on_failure: compensate\n"
+        "chain: [{name: a, intent: x, compensate: ux},"
+        " {name: b, intent: y, compensate: uy, timeout_s: 1}]"
+    )
+    record, _ = started(flow)
+    step(record, flow, "a", output={"a": 1})
+    timer = Run(flow, record, 9_000)
+    assert timer.on_timer("b", record.steps["b"].visit)
+    assert record.steps["b"].status == "timed_out" and dispatched(timer) == ["a-undo"]
+    Run(flow, record, 9_500).on_result(record.compensations["a"].message_id, error=None)
+    assert record.status == "failed"
+    late = Run(flow, record, 10_000)
+    assert late.on_result(record.steps["b"].message_id, output={"b": 2}, error=None)
+    assert dispatched(late) == ["b-undo"]
+
+
 def test_a_fan_out_without_a_join_step_completes_once() -> None:
     """The implicit pass-through join finishes the workflow exactly once."""
     flow = spec("fanout: {branches: [{name: a, intent: x}, {name: b, intent: y}]}")
