@@ -26,6 +26,7 @@ from agentreach.coordinator.routing.run_once import (
     Running,
     RunOnce,
     answer_from_record,
+    verdict_of,
 )
 from agentreach.envelopes import (
     AgentCard,
@@ -34,6 +35,7 @@ from agentreach.envelopes import (
     Execution,
     Task,
     execution_key,
+    now_ms,
     ttl_left_ms,
 )
 from agentreach.envelopes.headers import task_headers
@@ -55,7 +57,10 @@ async def reassign_tasks(broker: Broker, agent_id: str, *, epoch: int = 0) -> in
         seq = 1
         while (stored := await next_message(broker, stream, subject, from_seq=seq)) is not None:
             seq = stored.stream_seq + 1
-            if (what := await _move(broker, stored, agent_id, epoch)) is not None:
+            what = await _move(broker, stored, agent_id, epoch)
+            if what == "kept":
+                continue
+            if what is not None:
                 taken[what] += 1
             await delete_message(broker, stream, stored.stream_seq)
     if taken:
@@ -71,7 +76,7 @@ async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
 
 async def _move(
     broker: Broker, stored: StoredMessage, agent_id: str, epoch: int
-) -> Literal["reassigned", "past_ttl"] | None:
+) -> Literal["reassigned", "past_ttl", "kept"] | None:
     """Send the task through intake again as its next attempt, with the ttl it has left.
 
     Intake, not the router directly: when no agent can take it now it waits there,
@@ -84,29 +89,37 @@ async def _move(
     await _fence(broker, task, agent_id, epoch)
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
-        await _expire(broker, task, agent_id)
-        return "past_ttl"
+        return "past_ttl" if await _expire(broker, task, agent_id) else "kept"
     retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None, ttl_ms=left_ms)
     headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
     await broker.publish(broker.names.task(task.topic), envelopes.encode(retry), headers=headers)
     return "reassigned"
 
 
-async def _expire(broker: Broker, task: Task, agent_id: str) -> None:
+async def _expire(broker: Broker, task: Task, agent_id: str) -> bool:
     """Dead-letter the task as expired, unless it ran after all (an agent finished it and
     its acknowledgement was lost): then its stored result answers. One that another agent
-    runs now is left to that run."""
-    match await RunOnce(broker).verdict(task):
+    runs now is left to that run. False when a process of this very agent holds a live
+    lease of it (a newer one, or one whose fence lost to a renewal): the message then stays
+    in its queue, for that run to acknowledge or a later reassignment to find."""
+    records = await RunOnce(broker).records(task)
+    match verdict_of(records):
         case RanAlready(record=record):
             await answer_from_record(broker, task, record)
         case Running():
+            now = now_ms()
+            mine = (r for r in records if r.agent_id == agent_id and r.state == "running")
+            if any(r.lease_until_ms > now for r in mine):
+                log.info(
+                    "past its ttl, but a process of its agent runs it; kept", agent_id=agent_id
+                )
+                return False
             log.info("past its ttl, but another agent runs it now", message_id=task.message_id)
         case None:
-            message = (
-                f"ttl {task.ttl_ms} ms ran out while it was with {agent_id}, which went OFFLINE"
-            )
+            message = f"ttl {task.ttl_ms} ms ran out with {agent_id}, which went OFFLINE"
             error = ErrorInfo(type="expired", message=message, retryable=False)
             await end_with_error(broker, task, "expired", error)
+    return True
 
 
 async def _fence(broker: Broker, task: Task, agent_id: str, epoch: int) -> None:

@@ -8,6 +8,7 @@ import msgspec
 
 from agentreach import envelopes
 from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.streams import next_message
 from agentreach.coordinator.liveness.reassign import reassign_tasks
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.envelopes import Execution, execution_key
@@ -54,6 +55,31 @@ async def test_a_task_the_gone_agent_finished_is_answered_from_its_record_not_ex
     answered = await watcher.event("answered_from_record", message_id="done-q-1")
     assert answered.agent_id == "gone-2"
     assert not [letter for letter in watcher.dead_letters if letter.message_id == "done-q-1"]
+
+
+async def test_a_task_past_its_ttl_that_a_newer_process_of_the_agent_runs_stays_queued(
+    broker, watcher
+):
+    """The agent's old process (epoch 1) went OFFLINE while its new one (epoch 2, not yet
+    registered) had already taken the task: nothing is dead-lettered, and the message stays
+    in the queue for that run to acknowledge (deleted, a crash of the run would lose it)."""
+    await _queued(broker, "newer-1", "restarted-1")
+    records = await broker.bucket(broker.names.executions_bucket, Execution)
+    running = Execution(
+        message_id="newer-1",
+        state="running",
+        agent_id="restarted-1",
+        epoch=2,
+        lease_until_ms=envelopes.now_ms() + 60_000,
+    )
+    await records.create(execution_key(None, "newer-1", "restarted-1"), running)
+    assert await reassign_tasks(broker, "restarted-1", epoch=1) == 0
+    names = broker.names
+    queued = await next_message(
+        broker, names.dispatch_stream("P1"), names.dispatch("restarted-1", "P1")
+    )
+    assert queued is not None and envelopes.decode_task(queued.data).message_id == "newer-1"
+    assert not watcher.dead_letters
 
 
 async def test_a_late_failure_of_an_attempt_taken_from_its_agent_starts_no_retry(
