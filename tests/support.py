@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import msgspec
 from nats.aio.msg import Msg
@@ -13,7 +13,7 @@ from nats.aio.subscription import Subscription
 from agentreach import envelopes
 from agentreach.broker import Broker
 from agentreach.broker.watch import BucketWatch
-from agentreach.envelopes import AgentCard, DeadLetter, Event
+from agentreach.envelopes import AgentCard, DeadLetter, Event, Execution, execution_key
 
 
 class Watcher:
@@ -174,3 +174,13 @@ async def until_true(check, timeout: float = 20.0, every_s: float = 0.1):  # typ
         while not (found := await check()):  # noqa: ASYNC110
             await asyncio.sleep(every_s)
         return found
+
+
+async def recorded(
+    broker: Broker, message_id: str, agent_id: str, state: str, **fields: Any
+) -> int:
+    """``agent_id``'s execution record of ``message_id`` (sent without a caller), written as
+    its run would write it; returns its revision."""
+    records = await broker.bucket(broker.names.executions_bucket, Execution)
+    record = Execution(message_id=message_id, state=state, agent_id=agent_id, **fields)  # type: ignore[arg-type]
+    return await records.create(execution_key(None, message_id, agent_id), record)

@@ -30,7 +30,7 @@ from agentreach.envelopes import headers as h
 from agentreach.envelopes.headers import task_headers
 from tests.cli.conftest import reach_argv
 from tests.conftest import FAST
-from tests.support import wait_for_card
+from tests.support import recorded, wait_for_card
 
 REPO = Path(__file__).parents[2]
 
@@ -189,16 +189,14 @@ async def test_an_expired_report_of_a_task_done_already_is_answered_from_its_rec
     coordinator finds the result it recorded, and answers from it instead of dead-lettering
     work that was done."""
     task = envelopes.Task(v=1, message_id="done-1", trace_id="done-1", topic="slow", ttl_ms=300)
-    records = await broker.bucket(broker.names.executions_bucket, Execution)
-    done = Execution(
-        message_id="done-1",
-        state="done",
-        agent_id="other-sdk-1",
-        attempt=1,
+    await recorded(
+        broker,
+        "done-1",
+        "other-sdk-1",
+        "done",
         finished_at_ms=envelopes.now_ms(),
         result={"beats": 0},
     )
-    await records.create(execution_key(None, "done-1", "other-sdk-1"), done)
     error = envelopes.ErrorInfo(
         type="expired", message="ttl 300 ms passed in the queue of other-sdk-1", retryable=False
     )
@@ -328,9 +326,7 @@ async def test_max_deliveries_of_a_task_that_ran_answer_from_its_record(
     acknowledgements lost) is answered from that record, not dead-lettered."""
     names = broker.names
     task = envelopes.Task(v=1, message_id="ran-1", trace_id="ran-1", topic="slow")
-    records = await broker.bucket(names.executions_bucket, Execution)
-    done = Execution(message_id="ran-1", state="done", agent_id="acks-lost", result={"ok": 1})
-    await records.create(execution_key(None, "ran-1", "acks-lost"), done)
+    await recorded(broker, "ran-1", "acks-lost", "done", result={"ok": 1})
     await _delivered_until_spent(broker, task, "acks-lost")
     answered = await watcher.event("answered_from_record", message_id="ran-1")
     assert answered.agent_id == "acks-lost"

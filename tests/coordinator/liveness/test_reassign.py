@@ -11,9 +11,9 @@ from agentreach.broker.lifecycle import emit, event_for
 from agentreach.broker.streams import next_message
 from agentreach.coordinator.liveness.reassign import reassign_tasks
 from agentreach.coordinator.observability import MetricsConfig
-from agentreach.envelopes import Execution, execution_key
 from tests.conftest import FAST
 from tests.scrape import scrape, total
+from tests.support import recorded
 
 
 async def _queued(broker, message_id: str, agent_id: str) -> envelopes.Task:  # type: ignore[no-untyped-def]
@@ -42,15 +42,9 @@ async def test_a_task_the_gone_agent_finished_is_answered_from_its_record_not_ex
     failing over), so the task was still queued when the agent went: it is answered from
     that record, not dead-lettered as expired."""
     await _queued(broker, "done-q-1", "gone-2")
-    records = await broker.bucket(broker.names.executions_bucket, Execution)
-    done = Execution(
-        message_id="done-q-1",
-        state="done",
-        agent_id="gone-2",
-        finished_at_ms=envelopes.now_ms(),
-        result={"ok": True},
+    await recorded(
+        broker, "done-q-1", "gone-2", "done", finished_at_ms=envelopes.now_ms(), result={"ok": True}
     )
-    await records.create(execution_key(None, "done-q-1", "gone-2"), done)
     assert await reassign_tasks(broker, "gone-2") == 1
     answered = await watcher.event("answered_from_record", message_id="done-q-1")
     assert answered.agent_id == "gone-2"
@@ -64,15 +58,14 @@ async def test_a_task_past_its_ttl_that_a_newer_process_of_the_agent_runs_stays_
     registered) had already taken the task: nothing is dead-lettered, and the message stays
     in the queue for that run to acknowledge (deleted, a crash of the run would lose it)."""
     await _queued(broker, "newer-1", "restarted-1")
-    records = await broker.bucket(broker.names.executions_bucket, Execution)
-    running = Execution(
-        message_id="newer-1",
-        state="running",
-        agent_id="restarted-1",
+    await recorded(
+        broker,
+        "newer-1",
+        "restarted-1",
+        "running",
         epoch=2,
         lease_until_ms=envelopes.now_ms() + 60_000,
     )
-    await records.create(execution_key(None, "newer-1", "restarted-1"), running)
     assert await reassign_tasks(broker, "restarted-1", epoch=1) == 0
     names = broker.names
     queued = await next_message(
@@ -90,14 +83,9 @@ async def test_a_late_failure_of_an_attempt_taken_from_its_agent_starts_no_retry
     protocol asks). That report must not start a retry of its own: it would be a second
     attempt 2, and answer the caller twice."""
     task = await _queued(broker, "late-fail-1", "frozen-1")
-    records = await broker.bucket(broker.names.executions_bucket, Execution)
-    running = Execution(
-        message_id="late-fail-1",
-        state="running",
-        agent_id="frozen-1",
-        lease_until_ms=envelopes.now_ms() + 60_000,
+    await recorded(
+        broker, "late-fail-1", "frozen-1", "running", lease_until_ms=envelopes.now_ms() + 60_000
     )
-    await records.create(execution_key(None, "late-fail-1", "frozen-1"), running)
     assert await reassign_tasks(broker, "frozen-1") == 1  # past its ttl: expired, fenced
     error = envelopes.ErrorInfo(type="deadline_exceeded", message="handler ran past 500 ms")
     late = event_for(task, "failed", agent_id="frozen-1", task=task, error=error)
