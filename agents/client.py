@@ -19,7 +19,7 @@ from agentreach.agents.errors import (
     TaskFailed,
 )
 from agentreach.agents.replies import ReplyBox
-from agentreach.broker import Auth, Broker, ClaimCheck, Names
+from agentreach.broker import Auth, Broker, ClaimCheck, Names, listen
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
 from agentreach.broker.lifecycle import events_of_id
 from agentreach.envelopes import (
@@ -180,7 +180,7 @@ class ReachClient:
         )
         self._waiting.add(replies)
         try:
-            async with await self.broker.subscribe(box.wildcard, box.collect):
+            async with await listen(self.broker, box.wildcard, box.collect):
                 await self.submit(task)
                 result = await _await_result(task, replies, on_ack, on_progress)
                 return await self.claim_check.result_of(*result)
@@ -212,9 +212,10 @@ async def _await_result(
     ack_by = loop.time() + task.budget.ack_ms / 1000
     done_by: float | None = None
     while True:
-        deadline = done_by if done_by is not None else ack_by
         try:
-            message = await asyncio.wait_for(replies.get(), max(0.0, deadline - loop.time()))
+            # A deadline on the wait itself: wait_for would make a task of every get.
+            async with asyncio.timeout_at(done_by if done_by is not None else ack_by):
+                message = await replies.get()
         except TimeoutError:
             if done_by is None:
                 raise NotAcknowledged(

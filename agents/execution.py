@@ -9,7 +9,6 @@ Every outcome is reported to the coordinator as an event (``completed``, ``faile
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import time
 from collections.abc import Callable
@@ -186,12 +185,12 @@ class Executor:
         to stop meanwhile: a stopping agent starts nothing new."""
         if slot.free > 0:
             return True
-        keepalive = asyncio.create_task(_keep_alive(delivery, self.agent.ack_wait / 2))
         waits = [asyncio.create_task(slot.wait_free()), asyncio.create_task(self._stopping.wait())]
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            async with delivery.kept_alive(self.agent.ack_wait / 2):
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            await cancel_and_wait(keepalive, *waits)
+            await cancel_and_wait(*waits)
         return not self._stopping.is_set()
 
     async def _claim_and_run(self, job: Job, spec: HandlerSpec) -> Outcome | _Elsewhere | None:
@@ -238,12 +237,12 @@ class Executor:
         started = time.monotonic()
         # A handler longer than the ack wait would be redelivered (and count towards
         # max_deliver) although it runs: tell the server it is still being worked on.
-        keepalive = asyncio.create_task(_keep_alive(job.delivery, self.agent.ack_wait / 2))
         try:
-            payload = await self.claim_check.payload_of(job.task)  # a claim-checked one is fetched
-            result = await _call(spec, ctx, payload, deadline)
-            # Stowed before it is recorded: the record and the reply stay small.
-            result, ref = await self.claim_check.stow_result(job.task, result)
+            async with job.delivery.kept_alive(self.agent.ack_wait / 2):
+                payload = await self.claim_check.payload_of(task)  # a claim-checked one is fetched
+                result = await _call(spec, ctx, payload, deadline)
+                # Stowed before it is recorded: the record and the reply stay small.
+                result, ref = await self.claim_check.stow_result(task, result)
         except PayloadUnavailable as exc:
             error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
             outcome = Outcome(claim, error=error)
@@ -254,7 +253,6 @@ class Executor:
             self.latency.observe(duration_ms)
             outcome = Outcome(claim, result=result, duration_ms=duration_ms, result_ref=ref)
         finally:
-            await cancel_and_wait(keepalive)
             self._progress_at.pop(task.message_id, None)
         return outcome
 
@@ -301,10 +299,9 @@ class Executor:
             free_slots=self._slots(task).free, est_latency_ms=self.latency.estimate_ms
         )
         ack = Ack(**self._about(task), capacity=capacity)
-        await asyncio.gather(
-            reply(self.broker, task, ack, sender=self._me),
-            self._say(job, "accepted", dispatched_at_ms=job.dispatched_ms),
-        )
+        # The reply does not wait (core NATS): both leave in one write.
+        await reply(self.broker, task, ack, sender=self._me)
+        await self._say(job, "accepted", dispatched_at_ms=job.dispatched_ms)
 
     async def _progress(self, job: Job, note: str) -> None:
         task = job.task
@@ -370,13 +367,6 @@ async def _published(publishing: asyncio.Task[None], what: str) -> None:
         await publishing
     except BrokerError as exc:
         log.warning("report not published", report=what, error=str(exc))
-
-
-async def _keep_alive(delivery: Delivery, every_s: float) -> None:
-    while True:
-        await asyncio.sleep(max(0.1, every_s))  # the keep-alive's own period
-        with contextlib.suppress(BrokerError):  # the next one may get through
-            await delivery.in_progress()
 
 
 async def _call(spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline: Deadline) -> Any:

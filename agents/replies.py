@@ -35,7 +35,7 @@ class ReplyBox:
     def wildcard(self) -> str:
         return f"{self.subject}.*"
 
-    async def collect(self, msg: Inbound) -> None:
+    def collect(self, msg: Inbound) -> None:
         sender = msg.subject.rsplit(".", 1)[-1]
         try:
             reply = envelopes.decode_reply(msg.data)

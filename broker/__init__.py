@@ -40,6 +40,7 @@ from agentreach.broker.errors import (
     UnusableCredentials,
     WrongLastSequence,
 )
+from agentreach.broker.immediate import listen
 from agentreach.broker.messages import Delivery, Inbound, Subscription
 from agentreach.broker.names import Names
 from agentreach.broker.pipelined import Outgoing
@@ -104,6 +105,7 @@ __all__ = [
     "consumer_state",
     "find_server_binary",
     "follow",
+    "listen",
     "parse_replicas",
     "provision",
     "read_stream",

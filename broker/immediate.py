@@ -15,11 +15,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import nats.aio.client
 import nats.aio.msg
 import nats.aio.subscription
 import structlog
+
+from agentreach.broker.errors import translated
+from agentreach.broker.messages import Inbound, Subscription
+
+if TYPE_CHECKING:
+    from agentreach.broker.connection import Broker
 
 log = structlog.get_logger("broker.immediate")
 
@@ -59,3 +66,12 @@ async def subscribe_immediate(
     while not queued.empty():  # what came while the subscription was being made
         hand_over.put_nowait(queued.get_nowait())
     return sub
+
+
+async def listen(broker: Broker, subject: str, handler: Callable[[Inbound], None]) -> Subscription:
+    """A core subscription of ``broker`` whose ``handler`` gets each message as it is read:
+    for a handler that only sorts a message into a queue (a caller's reply box), with no
+    task of its own and no turn of the event loop per message."""
+    with translated(subject=subject):
+        sub = await subscribe_immediate(broker.nc, subject, lambda msg: handler(Inbound(msg)))
+    return Subscription(sub)

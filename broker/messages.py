@@ -7,8 +7,9 @@ settled (ack, nak with a delay, term) or kept alive (in progress). An
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -16,7 +17,8 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as _NatsSubscription
 
-from agentreach.broker.errors import translated
+from agentreach.broker.errors import BrokerError, translated
+from agentreach.broker.tasks import cancel_and_wait
 
 _NO_HEADERS: MappingProxyType[str, str] = MappingProxyType({})
 _V1_TOKENS, _V2_TOKENS = 9, 11
@@ -140,6 +142,42 @@ class Delivery:
         """Still being worked on: restart the ack wait."""
         with translated(subject=self.subject):
             await self._msg.in_progress()
+
+    @contextlib.asynccontextmanager
+    async def kept_alive(self, every_s: float) -> AsyncIterator[None]:
+        """While the block runs, say :meth:`in_progress` every ``every_s`` (at least 0.1 s),
+        so that work longer than the ack wait is not delivered again meanwhile."""
+        keeper = _KeepAlive(self, max(0.1, every_s))
+        try:
+            yield
+        finally:
+            await keeper.stop()
+
+
+class _KeepAlive:
+    """The timer of :meth:`Delivery.kept_alive`: a timer, not a task per block, since most
+    blocks (a task's run) end long before it fires; one report that fails is left for the
+    next."""
+
+    def __init__(self, delivery: Delivery, every_s: float) -> None:
+        self._delivery, self._every_s = delivery, every_s
+        self._loop = asyncio.get_running_loop()
+        self._saying: asyncio.Task[None] | None = None
+        self._timer = self._loop.call_later(every_s, self._tick)
+
+    def _tick(self) -> None:
+        if self._saying is None or self._saying.done():
+            self._saying = self._loop.create_task(self._say())
+        self._timer = self._loop.call_later(self._every_s, self._tick)
+
+    async def _say(self) -> None:
+        with contextlib.suppress(BrokerError):
+            await self._delivery.in_progress()
+
+    async def stop(self) -> None:
+        self._timer.cancel()
+        if self._saying is not None:
+            await cancel_and_wait(self._saying)
 
 
 class Inbound:

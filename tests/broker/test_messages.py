@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import nats.aio.msg
 import nats.errors
 import pytest
 from nats.js import api
 
-from agentreach.broker import Broker, Delivery
+from agentreach.broker import Broker, Delivery, Inbound, listen
 from agentreach.broker.messages import Position, position_of
 
 
@@ -66,3 +68,44 @@ async def test_a_delivery_reads_what_the_server_wrote_in_its_reply_subject(broke
         2,
     )
     assert abs(delivery.timestamp_ns - _as_nats_py_reads_it(first).timestamp_ns) < 1_000
+
+
+async def test_a_delivery_kept_alive_is_not_delivered_again_until_the_block_ends(broker: Broker):
+    """Inside ``kept_alive`` the delivery outlives its ack wait without coming back; once the
+    block ends without an ack, the keep-alive has stopped and the server delivers it again."""
+    await broker.js.add_stream(api.StreamConfig(name="KEPT", subjects=["kept.>"]))
+    await broker.js.publish("kept.work", b"x")
+    sub = await broker.js.pull_subscribe(
+        "kept.>", durable="worker", stream="KEPT", config=api.ConsumerConfig(ack_wait=0.5)
+    )
+    (first,) = await sub.fetch(1, timeout=2)
+    delivery = Delivery(first)
+    async with delivery.kept_alive(0.15):
+        await asyncio.sleep(1.2)  # work past two ack waits: its length is what is tested
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.fetch(1, timeout=0.3)
+    (again,) = await sub.fetch(1, timeout=3)
+    assert Delivery(again).num_delivered == 2
+    await again.ack()
+
+
+async def test_listen_hands_each_message_over_as_it_is_read_until_closed(broker: Broker):
+    """``listen`` gives the handler every message, in order, as an Inbound; after
+    ``close`` nothing more arrives."""
+    got: list[tuple[str, bytes]] = []
+    ten = asyncio.Event()
+
+    def handle(msg: Inbound) -> None:
+        got.append((msg.subject, msg.data))
+        if len(got) == 10:
+            ten.set()
+
+    listening = await listen(broker, "listen.*", handle)
+    for n in range(10):
+        await broker.nc.publish(f"listen.{n % 2}", str(n).encode())
+    await asyncio.wait_for(ten.wait(), timeout=5)
+    assert got == [(f"listen.{n % 2}", str(n).encode()) for n in range(10)]
+    await listening.close()
+    await broker.nc.publish("listen.0", b"late")
+    await broker.flush()  # the server has seen the publish: had anyone listened, it was sent
+    assert len(got) == 10
