@@ -230,21 +230,18 @@ class Router:
             # The dispatch is a hop of its own in the caller's trace (W3C trace context).
             traceparent=tracecontext.child(task.traceparent, task.message_id, task.attempt),
         )
-        # The sender hears whose replies to expect before that agent can send any.
-        if task.reply_to and self._broker.names.signed_reply(task.reply_to):
-            notice = Routed(**about(routed), agent_id=card.agent_id)
-            await reply(self._broker, routed, notice)
         subject = self._broker.names.dispatch(card.agent_id, task.priority)
         dedup = f"{task.message_id}-{task.attempt}-{pending.origin}"
         headers = h.task_headers(routed, msg_id=dedup)
         if grant := self._grants.sign(routed, card.agent_id):
             headers[GRANT_HEADER] = grant
         try:
-            # The routed event and the dispatch leave together (one round trip, not two),
-            # the event first on the wire: the agent's own events can only follow the
-            # dispatch. A failure of either sends the decision round again; both are
-            # deduplicated by their ids.
+            # The notice to the sender, the routed event and the dispatch leave together, in
+            # that order on the wire (one write, one round trip): the sender learns whose
+            # replies to expect, and the stream has `routed`, before that agent can say
+            # anything. A failure sends the decision round again (the ids deduplicate).
             await _together(
+                self._notify(routed, card.agent_id),
                 emit(self._broker, self._routed_event(routed, decision, choice)),
                 self._broker.publish(subject, envelopes.encode(routed), headers=headers),
             )
@@ -260,6 +257,10 @@ class Router:
         self._full_since.pop(task.message_id, None)
         log.debug("routed", agent_id=card.agent_id, rule=decision.rule.name, attempt=task.attempt)
         return None
+
+    async def _notify(self, routed: Task, agent_id: str) -> None:
+        if routed.reply_to and self._broker.names.signed_reply(routed.reply_to):  # a reply box
+            await reply(self._broker, routed, Routed(**about(routed), agent_id=agent_id))
 
     def _routed_event(self, routed: Task, decision: Decision, choice: Choice) -> envelopes.Event:
         assert choice.agent is not None
@@ -368,8 +369,7 @@ class Router:
 
 
 async def _together(*steps: Coroutine[Any, Any, Any]) -> None:
-    """Run the steps at once, each started (its message written) in the order given, as
-    gather starts them; raises the first failure once all have ended."""
+    """Run the steps at once, started in order; once all ended, raise the first failure."""
     for outcome in await asyncio.gather(*steps, return_exceptions=True):
         if isinstance(outcome, BaseException):
             raise outcome
