@@ -17,7 +17,6 @@ while the task itself still completes (it is durable in ``REACH_TASKS``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -84,16 +83,14 @@ class Calls:
         key = names.reply_box(sender or BARE_CALLER, f"{self._boxes}x{next(self._counter)}")
         # Each reply arrives on <box>.<agent>; subscribed before the task is published.
         replies = await self._broker.subscribe(f"{key}.*", self._on_reply)
-        data = msg.data
-        with contextlib.suppress(DecodeError):  # malformed: intake refuses it, and answers
-            data = _with_reply_to(data, key)
+        data, execute_ms = _addressed(msg.data, key)
         headers[h.REPLY_TO] = key
         ttl = headers.get(h.TTL, "")
         ttl_ms = int(ttl) if ttl.isdigit() and 0 < int(ttl) <= MAX_TTL_MS else DEFAULT_TTL_MS
         timer = asyncio.get_running_loop().call_later(
             ttl_ms / 1000 + GRACE_S, self._give_up, key, ttl_ms
         )
-        self._waiting[key] = _Waiting(msg.reply, timer, replies, _execute_ms(data))
+        self._waiting[key] = _Waiting(msg.reply, timer, replies, execute_ms)
         try:
             subject = self._broker.names.task(topic, sender)  # the caller stays the sender
             await self._broker.publish(subject, data, headers=headers)
@@ -173,21 +170,18 @@ class Calls:
             log.warning("could not answer a call", error=str(exc))
 
 
-def _execute_ms(data: bytes) -> int:
-    """The execute budget of the task a call sends: its envelope's, or the default."""
-    with contextlib.suppress(DecodeError, TypeError, AttributeError):
+def _addressed(data: bytes, reply_to: str) -> tuple[bytes, int]:
+    """The body a call publishes, and its task's execute budget: a full envelope answers to
+    ``reply_to`` and may carry a budget; a bare body gets ``reply_to`` from the header and
+    the default budget, and so does a malformed one (intake refuses it, and answers)."""
+    try:
         document = envelopes.decode_json(data)
-        if is_envelope(document):
-            value = document.get("budget", {}).get("execute_ms")
-            if isinstance(value, int) and 0 < value <= MAX_TTL_MS:
-                return value
-    return Budget().execute_ms
-
-
-def _with_reply_to(data: bytes, reply_to: str) -> bytes:
-    """A full envelope answers to ``reply_to``; a bare body gets it from the header."""
-    document = envelopes.decode_json(data)
+    except DecodeError:
+        return data, Budget().execute_ms
     if not is_envelope(document):
-        return data
+        return data, Budget().execute_ms
     document["reply_to"] = reply_to
-    return envelopes.encode(document)
+    budget = document.get("budget")
+    value = budget.get("execute_ms") if isinstance(budget, dict) else None
+    execute_ms = value if isinstance(value, int) and 0 < value <= MAX_TTL_MS else None
+    return envelopes.encode(document), execute_ms or Budget().execute_ms

@@ -29,3 +29,24 @@ async def test_a_call_whose_task_runs_past_its_ttl_gets_the_result(broker, coord
         )
     assert answer.headers is not None and answer.headers.get(h.KIND) == "result"
     assert envelopes.decode_json(answer.data) == {"slept": 1.5}
+
+
+async def test_a_call_with_a_full_envelope_is_answered_with_its_task_s_end(broker, coordinator):
+    """A call whose body is a whole envelope is answered through the box the gateway gave it
+    (its ``reply_to`` rewritten): here the task's own verdict, once its handler was cut at
+    the envelope's execute budget and its ttl had passed, rather than the gateway's silence."""
+    task = envelopes.Task(
+        v=1,
+        message_id=envelopes.new_id(),
+        trace_id=envelopes.new_id(),
+        topic="nap",
+        payload={"s": 10},  # longer than the budget: the handler is cut at 1.5 s
+        ttl_ms=300,
+        budget=envelopes.Budget(execute_ms=1500),
+    )
+    async with sleeper().running(broker=broker):
+        answer = await broker.nc.request(
+            broker.names.call("nap"), envelopes.encode(task), timeout=10
+        )
+    assert answer.headers is not None and answer.headers.get(h.KIND) == "error"
+    assert envelopes.decode_json(answer.data)["error"]["type"] == "expired"
