@@ -15,12 +15,12 @@ import nats.errors
 import nats.js
 import nats.js.errors
 import structlog
-from nats.aio.client import Client as NATS
 from nats.js import api
 from nats.js.kv import KeyValue
 
 from agentreach.broker.auth import Auth
 from agentreach.broker.bucket import Bucket
+from agentreach.broker.client import Client as NATS
 from agentreach.broker.dedup import MSG_ID, sealed
 from agentreach.broker.errors import (
     AuthenticationFailed,
