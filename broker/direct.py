@@ -87,7 +87,7 @@ class LastValues:
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
-        self._asked: dict[str, dict[str, asyncio.Future[list[StoredMessage]]]] = {}
+        self._asked: dict[str, dict[str, _Askers]] = {}
         self._reading: set[asyncio.Task[None]] = set()
 
     async def read(self, stream: str, subject: str) -> list[StoredMessage]:
@@ -97,11 +97,10 @@ class LastValues:
         if asked is None:
             asked = self._asked[stream] = {}
             loop.call_soon(self._send, stream)
-        future = asked.get(subject)
-        if future is None:
-            future = asked[subject] = loop.create_future()
-        # Shielded: a caller that gives up must not cancel the answer others wait for.
-        return list(await asyncio.shield(future))
+        # A future of the caller's own: one that gives up cancels no other's answer.
+        future: asyncio.Future[list[StoredMessage]] = loop.create_future()
+        asked.setdefault(subject, []).append(future)
+        return list(await future)
 
     async def close(self) -> None:
         await cancel_and_wait(*self._reading)
@@ -111,47 +110,50 @@ class LastValues:
         for at in range(0, len(asked), self.CHUNK):
             self._start(stream, dict(asked[at : at + self.CHUNK]))
 
-    def _start(self, stream: str, asked: dict[str, asyncio.Future[list[StoredMessage]]]) -> None:
+    def _start(self, stream: str, asked: dict[str, _Askers]) -> None:
         reading = asyncio.create_task(self._answer(stream, asked))
         self._reading.add(reading)
         reading.add_done_callback(self._reading.discard)
 
-    async def _answer(
-        self, stream: str, asked: dict[str, asyncio.Future[list[StoredMessage]]]
-    ) -> None:
+    async def _answer(self, stream: str, asked: dict[str, _Askers]) -> None:
         try:
             if len(asked) == 1:
-                ((subject, future),) = asked.items()
-                _settle(future, await last_per_subject(self._broker, stream, subject))
+                ((subject, askers),) = asked.items()
+                _settle(askers, await last_per_subject(self._broker, stream, subject))
                 return
             request = {"multi_last": list(asked), "batch": BATCH * 10}
             page, pending = await _batch(self._broker, stream, request)
         except _TooMany:
             page, pending = [], 1
         except asyncio.CancelledError:  # closing: the readers get a broker error, not cancelled
-            for future in asked.values():
-                _fail(future, BrokerError(f"the connection closed while reading {stream}"))
+            for askers in asked.values():
+                _fail(askers, BrokerError(f"the connection closed while reading {stream}"))
             raise
         except Exception as exc:
-            for future in asked.values():
-                _fail(future, exc)
+            for askers in asked.values():
+                _fail(askers, exc)
             return
         if pending:  # more than one answer holds: each subject on its own
-            for subject, future in asked.items():
-                self._start(stream, {subject: future})
+            for subject, askers in asked.items():
+                self._start(stream, {subject: askers})
             return
-        for subject, future in asked.items():
-            _settle(future, [m for m in page if subject_matches(subject, m.subject)])
+        for subject, askers in asked.items():
+            _settle(askers, [m for m in page if subject_matches(subject, m.subject)])
 
 
-def _settle(future: asyncio.Future[list[StoredMessage]], found: list[StoredMessage]) -> None:
-    if not future.done():
-        future.set_result(found)
+_Askers = list[asyncio.Future[list[StoredMessage]]]  # the callers of one read, each waiting
 
 
-def _fail(future: asyncio.Future[list[StoredMessage]], exc: Exception) -> None:
-    if not future.done():
-        future.set_exception(exc)
+def _settle(askers: _Askers, found: list[StoredMessage]) -> None:
+    for future in askers:
+        if not future.done():  # else: that caller gave up
+            future.set_result(found)
+
+
+def _fail(askers: _Askers, exc: Exception) -> None:
+    for future in askers:
+        if not future.done():
+            future.set_exception(exc)
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
