@@ -193,20 +193,28 @@ async def indexed_messages_on(broker: Broker, stream: str, subject: str) -> list
     server's subject index, for a few subjects in a long stream (where a wildcard read would
     look at every message, see :func:`messages_on`).
 
-    The index counts the messages of each matching subject; a subject that holds one is read
-    with the others in one batch, as of the counted moment (a message written since is left
-    for the next read, not mistaken for the one counted); a subject that holds several (a
-    retry, progress) is read on its own. A task's events cost two round trips and seven
+    The index counts the messages of each matching subject, and the last message of each
+    is read in the same write: a subject counted with one message is answered by its last
+    one, unless that was written after the count (then it is read again, as of the counted
+    moment, so that it is not mistaken for the one counted); a subject that holds several
+    (a retry, progress) is read on its own. A task's events cost one round trip and seven
     messages this way, where a read of each subject's history cost fourteen.
     """
-    counts, counted_at = await subject_counts(broker, stream, subject)
-    alone = [s for s, n in counts.items() if n == 1]
+    (counts, counted_at), lasts = await asyncio.gather(
+        subject_counts(broker, stream, subject), last_per_subject(broker, stream, subject)
+    )
+    last = {m.subject: m for m in lasts}
+    found = [
+        m for s, n in counts.items() if n == 1 and (m := last.get(s)) and m.stream_seq <= counted_at
+    ]
+    known = {m.subject for m in found}
+    alone = [s for s, n in counts.items() if n == 1 and s not in known]
     several = [s for s, n in counts.items() if n > 1]
     pages = await asyncio.gather(
         last_of_each(broker, stream, alone, up_to_seq=counted_at),
         *(messages_on(broker, stream, s) for s in several),
     )
-    found = (m for page in pages for m in page if m.stream_seq <= counted_at)
+    found += (m for page in pages for m in page if m.stream_seq <= counted_at)
     return sorted(found, key=lambda m: m.stream_seq)
 
 

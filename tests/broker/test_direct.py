@@ -40,6 +40,34 @@ async def test_an_indexed_read_finds_every_message_of_each_subject_in_order(brok
     assert found == await messages_on(broker, names.events_stream, subject)
 
 
+async def test_an_indexed_read_takes_no_message_written_after_its_count(broker, monkeypatch):
+    """The count and the last values go out together, and may be answered either side of a
+    new message: a subject counted with one, whose last message came after the count, is
+    read again as of the counted moment (the counted message, not the newer one)."""
+    names = broker.names
+    subject = names.event("progress", "t", "trace-3", "m-3", "agent-a")
+    await broker.publish(subject, b"counted")
+    counted = asyncio.Event()
+    count, read_last = direct.subject_counts, direct.last_per_subject
+
+    async def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return await count(*args, **kwargs)
+        finally:
+            counted.set()
+
+    async def reading_after_a_new_one(*args, **kwargs):  # type: ignore[no-untyped-def]
+        await counted.wait()
+        await broker.publish(subject, b"written after the count")
+        return await read_last(*args, **kwargs)
+
+    monkeypatch.setattr(direct, "subject_counts", counting)
+    monkeypatch.setattr(direct, "last_per_subject", reading_after_a_new_one)
+    wildcard = names.events_of_message_in_trace("trace-3", "m-3")
+    found = await indexed_messages_on(broker, names.events_stream, wildcard)
+    assert [m.data for m in found] == [b"counted"]
+
+
 async def test_an_indexed_read_of_nothing_is_empty(broker):
     names = broker.names
     subject = names.events_of_message_in_trace("no-trace", "no-message")
