@@ -21,8 +21,6 @@ error code, so the rest of Agent-Reach never sees a nats-py exception.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import nats.errors
 import nats.js.errors
@@ -165,10 +163,20 @@ def honour_cancellation() -> None:
         raise asyncio.CancelledError
 
 
-@contextmanager
-def translated(*, subject: str | None = None) -> Iterator[None]:
-    """Re-raise nats-py errors inside the block as broker errors."""
-    try:
-        yield
-    except (nats.errors.Error, TimeoutError, OSError) as exc:
-        raise translate(exc, subject=subject) from exc
+class translated:  # lower case: it reads as what it does, `with translated(subject=s):`
+    """Re-raise nats-py errors inside the block as broker errors.
+
+    A class, not a ``@contextmanager`` generator: it wraps every publish, ack and read,
+    and costs a third of a generator's time per block."""
+
+    __slots__ = ("_subject",)
+
+    def __init__(self, *, subject: str | None = None) -> None:
+        self._subject = subject
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, nats.errors.Error | TimeoutError | OSError):
+            raise translate(exc, subject=self._subject) from exc
