@@ -201,7 +201,7 @@ async def indexed_messages_on(broker: Broker, stream: str, subject: str) -> list
     messages this way, where a read of each subject's history cost fourteen.
     """
     (counts, counted_at), lasts = await asyncio.gather(
-        subject_counts(broker, stream, subject), last_per_subject(broker, stream, subject)
+        subject_counts(broker, stream, subject), _last_values_in_one_answer(broker, stream, subject)
     )
     last = {m.subject: m for m in lasts}
     found = [
@@ -216,6 +216,18 @@ async def indexed_messages_on(broker: Broker, stream: str, subject: str) -> list
     )
     found += (m for page in pages for m in page if m.stream_seq <= counted_at)
     return sorted(found, key=lambda m: m.stream_seq)
+
+
+async def _last_values_in_one_answer(
+    broker: Broker, stream: str, subject: str
+) -> list[StoredMessage]:
+    """The last message of each subject matching ``subject``, as far as one answer holds
+    them (none when the server refuses that many): the caller reads the rest by subject."""
+    try:
+        page, _ = await _batch(broker, stream, {"multi_last": [subject], "batch": BATCH})
+    except _TooMany:
+        return []
+    return page
 
 
 class _State(msgspec.Struct):

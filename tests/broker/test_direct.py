@@ -48,7 +48,7 @@ async def test_an_indexed_read_takes_no_message_written_after_its_count(broker, 
     subject = names.event("progress", "t", "trace-3", "m-3", "agent-a")
     await broker.publish(subject, b"counted")
     counted = asyncio.Event()
-    count, read_last = direct.subject_counts, direct.last_per_subject
+    count, read_last = direct.subject_counts, direct._last_values_in_one_answer
 
     async def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
         try:
@@ -62,10 +62,12 @@ async def test_an_indexed_read_takes_no_message_written_after_its_count(broker, 
         return await read_last(*args, **kwargs)
 
     monkeypatch.setattr(direct, "subject_counts", counting)
-    monkeypatch.setattr(direct, "last_per_subject", reading_after_a_new_one)
+    monkeypatch.setattr(direct, "_last_values_in_one_answer", reading_after_a_new_one)
     wildcard = names.events_of_message_in_trace("trace-3", "m-3")
     found = await indexed_messages_on(broker, names.events_stream, wildcard)
     assert [m.data for m in found] == [b"counted"]
+    stored = await messages_on(broker, names.events_stream, subject)
+    assert len(stored) == 2  # the newer message was there to be mistaken for the counted one
 
 
 async def test_an_indexed_read_of_nothing_is_empty(broker):
