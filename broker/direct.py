@@ -252,7 +252,7 @@ async def subject_counts(
     while True:
         request = msgspec.json.encode({"subjects_filter": subject, "offset": len(counts)})
         with translated(subject=api_subject):
-            answer = await broker.nc.request(api_subject, request, timeout=timeout_s)
+            answer = await broker.shared(ReplyInbox).ask(api_subject, request, timeout_s=timeout_s)
             state, total = _decoded_info(answer.data)
         page = state.subjects or {}
         last_seq = last_seq or state.last_seq

@@ -13,6 +13,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 import nats.aio.msg
+import nats.errors
 
 from agentreach.broker.errors import translated
 from agentreach.broker.immediate import Handler, subscribe_immediate
@@ -45,6 +46,22 @@ class ReplyInbox:
 
     def forget(self, token: str) -> None:
         self._handlers.pop(token, None)
+
+    async def ask(self, subject: str, data: bytes, *, timeout_s: float) -> nats.aio.msg.Msg:
+        """Publish ``data`` to ``subject`` and wait for its one answer; raises as nats-py's
+        ``request`` does (``NoRespondersError`` when nobody listens, a ``TimeoutError``),
+        without its timer task and fresh inbox per call."""
+        answer: asyncio.Future[nats.aio.msg.Msg] = asyncio.get_running_loop().create_future()
+        token, reply = await self.expect(lambda msg: answer.done() or answer.set_result(msg))
+        try:
+            await self._broker.nc.publish(subject, data, reply=reply)
+            async with asyncio.timeout(timeout_s):
+                msg = await answer
+        finally:
+            self.forget(token)
+        if not msg.data and (msg.headers or {}).get("Status") == "503":
+            raise nats.errors.NoRespondersError
+        return msg
 
     async def _open(self) -> None:
         async with self._opening:  # two first requests at once make one subscription
