@@ -299,9 +299,10 @@ class Executor:
             free_slots=self._slots(task).free, est_latency_ms=self.latency.estimate_ms
         )
         ack = Ack(**self._about(task), capacity=capacity)
-        # The reply does not wait (core NATS): both leave in one write.
-        await reply(self.broker, task, ack, sender=self._me)
-        await self._say(job, "accepted", dispatched_at_ms=job.dispatched_ms)
+        try:  # the reply does not wait (core NATS): both leave in one write
+            await reply(self.broker, task, ack, sender=self._me)
+        finally:  # the event goes even when the reply could not
+            await self._say(job, "accepted", dispatched_at_ms=job.dispatched_ms)
 
     async def _progress(self, job: Job, note: str) -> None:
         task = job.task

@@ -369,8 +369,8 @@ class Router:
 
 
 async def _together(*steps: Coroutine[Any, Any, Any]) -> None:
-    """Run the steps at once, started in order; once all ended, raise the first failure."""
-    for outcome in await asyncio.gather(*steps, return_exceptions=True):
+    """Run the steps at once, in order; then raise the last failure (the dispatch is last)."""
+    for outcome in reversed(await asyncio.gather(*steps, return_exceptions=True)):
         if isinstance(outcome, BaseException):
             raise outcome
 
