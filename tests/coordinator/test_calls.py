@@ -6,6 +6,7 @@ import asyncio
 
 from agentreach import envelopes
 from agentreach.agents import Agent, TaskContext
+from agentreach.coordinator.calls import _addressed
 from agentreach.envelopes import headers as h
 
 
@@ -50,3 +51,23 @@ async def test_a_call_with_a_full_envelope_is_answered_with_its_task_s_end(broke
         )
     assert answer.headers is not None and answer.headers.get(h.KIND) == "error"
     assert envelopes.decode_json(answer.data)["error"]["type"] == "expired"
+
+
+def test_a_call_s_body_is_read_once_for_its_reply_address_and_its_budget():
+    """A whole envelope is readdressed and keeps its own execute budget; a bare, malformed
+    or oddly shaped body gets the default budget, and only an envelope is rewritten."""
+    task = envelopes.Task(
+        v=1,
+        message_id="m-1",
+        trace_id="t-1",
+        topic="nap",
+        budget=envelopes.Budget(execute_ms=1500),
+    )
+    data, execute_ms = _addressed(envelopes.encode(task), "reach.reply.c.box")
+    assert execute_ms == 1500
+    assert envelopes.decode_task(data).reply_to == "reach.reply.c.box"
+    default = envelopes.Budget().execute_ms
+    assert _addressed(b'{"s": 1}', "box") == (b'{"s": 1}', default)
+    assert _addressed(b"not json", "box") == (b"not json", default)
+    odd = b'{"v": 1, "kind": "task", "budget": [1500]}'
+    assert _addressed(odd, "box")[1] == default
