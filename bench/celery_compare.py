@@ -29,17 +29,18 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import celery_reach
 from common import counting, nats_server, percentile
 from e2e import publish_all
 
-from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.agents import ReachClient
 from agentreach.broker import Broker, Names, Topology, provision
 from agentreach.cli.logs import configure_logging
 from agentreach.coordinator import Coordinator, CoordinatorConfig, IntakeConfig, QueueConfig
-from agentreach.coordinator import workflow as wf
+from agentreach.errors import ReachError
 
 HERE = Path(__file__).resolve().parent
-CONCURRENCY = 2
+CONCURRENCY = celery_reach.CONCURRENCY
 BLOCK = 50
 WORKER_OPTIONS = (
     *("--pool", "threads", "--concurrency", str(CONCURRENCY), "--loglevel", "warning"),
@@ -98,31 +99,77 @@ def celery_worker() -> Iterator[object]:
                 process.kill()
 
 
+COORDINATOR_YAML = """\
+intake: {batch: 128}
+queues: {capacity: {P1: 8192}}
+"""
+
+
 @contextlib.asynccontextmanager
-async def reach(url: str, prefix: str) -> AsyncIterator[tuple[Broker, ReachClient]]:
-    """A coordinator serving a 3-step chain ``flow`` and one no-op agent of capacity 2."""
+async def reach(url: str, prefix: str, *, apart: bool) -> AsyncIterator[tuple[Broker, ReachClient]]:
+    """A coordinator serving a 3-step chain ``flow`` and one no-op agent of capacity 2: each
+    in a process of its own (``apart``, as deployed), or both in this one."""
     names = Names(prefix=prefix)
-    chain = wf.chain(wf.step("a", "noop"), wf.step("b", "noop"), wf.step("c", "noop"))
+    async with Broker(url, names=names, name=f"{prefix}-bench") as broker:
+        await provision(broker, Topology.default(names))
+        with contextlib.ExitStack() as processes:
+            if apart:
+                processes.enter_context(reach_processes(url, prefix))
+            async with contextlib.AsyncExitStack() as stack:
+                if not apart:
+                    await stack.enter_async_context(in_process(broker, url, names))
+                client = ReachClient(url, names=names, name=f"{prefix}-client")
+                await stack.enter_async_context(client)
+                await _ready(client)
+                yield broker, client
+
+
+@contextlib.asynccontextmanager
+async def in_process(broker: Broker, url: str, names: Names) -> AsyncIterator[None]:
     config = CoordinatorConfig(
         intake=IntakeConfig(batch=128),
         queues=QueueConfig(capacity={"P1": 8192}),
-        workflows={"flow": chain},
+        workflows=celery_reach.workflows,
     )
-    agent = Agent(f"{prefix}-noop", startup_delay=0)
+    agent = celery_reach.agent
+    async with Coordinator(broker, config).running(), agent.running(url, names=names):
+        yield
 
-    @agent.handler("noop", capacity=CONCURRENCY)
-    async def noop(ctx: TaskContext, payload: object) -> object:
-        return payload
 
-    async with Broker(url, names=names, name=f"{prefix}-coordinator") as broker:
-        await provision(broker, Topology.default(names))
-        async with (
-            Coordinator(broker, config).running(),
-            agent.running(url, names=names),
-            ReachClient(url, names=names, name=f"{prefix}-client") as client,
-        ):
-            await client.invoke("noop", {})
-            yield broker, client
+@contextlib.contextmanager
+def reach_processes(url: str, prefix: str) -> Iterator[None]:
+    """``reach coordinator`` and ``reach agent``, as an operator runs them."""
+    reach_cli = str(Path(sys.executable).with_name("reach"))
+    common = ("--nats-url", url, "--prefix", prefix, "--log-level", "warning")
+    with tempfile.TemporaryDirectory(prefix="reach-celery-") as tmp:
+        config = Path(tmp, "coordinator.yaml")
+        config.write_text(COORDINATOR_YAML)
+        coordinator = ("--config", str(config), "--metrics-port", "-1")
+        workflows = ("--workflows", "celery_reach:workflows")
+        commands = [
+            [reach_cli, "coordinator", *common, *coordinator, *workflows],
+            [reach_cli, "agent", *common, "celery_reach:agent"],
+        ]
+        started = [subprocess.Popen(command, cwd=HERE) for command in commands]
+        try:
+            yield
+        finally:
+            for process in started:
+                process.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(10)
+                process.kill()
+
+
+async def _ready(client: ReachClient) -> None:
+    """Once a call goes through: the agent has registered and the coordinator routes."""
+    for _ in range(60):
+        try:
+            await client.invoke("noop", {}, execute_deadline_ms=2000)
+            return
+        except ReachError:
+            await asyncio.sleep(0.5)
+    raise SystemExit("the coordinator and agent did not answer within 30 s")
 
 
 async def latency(noop: object, client: ReachClient, calls: int) -> tuple[list, list]:
@@ -175,13 +222,21 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--tasks", type=int, default=2000)
     parser.add_argument("--chains", type=int, default=300)
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="the coordinator and the agent in this process (default: each in its own)",
+    )
     args = parser.parse_args()
     if why := missing():
         print(f"skipped: {why}")
         return
     configure_logging("warning", "console")
     with celery_worker() as noop:
-        async with nats_server() as url, reach(url, "benchcel") as (broker, client):
+        async with (
+            nats_server() as url,
+            reach(url, "benchcel", apart=not args.together) as (broker, client),
+        ):
             celery_lat, reach_lat = await latency(noop, client, args.calls)
             rates = {}
             for label, count, chained in (
@@ -191,7 +246,9 @@ async def main() -> None:
                 theirs = await asyncio.to_thread(celery_rate, noop, count, chained)
                 ours = await reach_rate(broker, client, count, chained)
                 rates[label] = (theirs, ours)
+    shape = "in the bench's process" if args.together else "each in a process of its own"
     print(f"concurrency {CONCURRENCY} on both sides (Celery threads / agent capacity)")
+    print(f"Celery's worker in a process of its own; Reach's coordinator and agent {shape}")
     print(f"{'measure':<26}{'celery+redis':>14}{'agent-reach':>14}{'reach/celery':>14}")
     for q in (50, 99):
         theirs, ours = _ms(celery_lat, q), _ms(reach_lat, q)
