@@ -15,8 +15,10 @@ it had fetched and not yet counted, a few milliseconds of it).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 from agentreach.broker import Delivery
 from agentreach.envelopes import DecodeError, Event, decode_event, now_ms
@@ -57,6 +59,9 @@ class FlowMetrics:
         self._known_topic = known_topic
         self.last_stored_ms = 0
         self.behind = 0  # events the consumer still holds after the last one taken
+        # Each series' child, found once: prometheus_client's labels() costs 1.5 µs a call,
+        # a few per event (series are never removed, so a child stays valid).
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
         r = registry
         self.finished = Counter(
             "reach_tasks_finished",
@@ -172,6 +177,14 @@ class FlowMetrics:
         )
         self.feed_lag.set_function(self._lag_s)
 
+    def _child(self, metric: MetricWrapperBase, *values: str) -> Any:
+        """``metric.labels(*values)``, remembered."""
+        key = (metric, values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def topic(self, topic: str) -> str:
         """The topic as a label: only topics an agent or a workflow serves make series."""
         return topic if self._known_topic(topic) else OTHER_TOPIC
@@ -179,69 +192,72 @@ class FlowMetrics:
     # -- the fold ------------------------------------------------------------------------
     def count(self, msg: Delivery) -> None:
         """The ``coordinator-metrics`` consumer's fold: count one event."""
-        self.last_stored_ms, self.behind = msg.timestamp_ms, msg.pending
+        stored_ms = msg.timestamp_ms
+        self.last_stored_ms, self.behind = stored_ms, msg.pending
         try:
             event = decode_event(msg.data)
         except DecodeError:
             return  # not an event of ours: nothing to count
-        self.fold(event, msg.timestamp_ms)
+        self.fold(event, stored_ms)
 
     def fold(self, event: Event, stored_ms: int) -> None:
         """Count ``event``, stored by the broker at ``stored_ms``."""
         kind, detail = event.event, event.detail
-        self.folded.labels(kind).inc()
+        self._child(self.folded, kind).inc()
         topic, priority = self.topic(event.topic), event.priority
         match kind:
             case "routed":
-                self.dispatches.labels(topic, priority).inc()
+                self._child(self.dispatches, topic, priority).inc()
                 if event.attempt > 1:
-                    self.retries.labels(topic, priority).inc()
+                    self._child(self.retries, topic, priority).inc()
             case "accepted":
                 dispatched = _number(detail.get("dispatched_at_ms"))
                 if dispatched:
-                    self.ack_latency.labels(priority).observe(_seconds(stored_ms - dispatched))
+                    self._child(self.ack_latency, priority).observe(
+                        _seconds(stored_ms - dispatched)
+                    )
             case "completed":
                 self._completed(event, topic, stored_ms)
                 if (duration := _number(detail.get("duration_ms"))) is not None:
-                    self.execution.labels(topic).observe(duration / 1000)
+                    self._child(self.execution, topic).observe(duration / 1000)
             case "failed":
                 error = detail.get("error")
                 retryable = not (isinstance(error, dict) and error.get("retryable") is False)
-                self.attempts_failed.labels(topic, str(retryable).lower()).inc()
+                self._child(self.attempts_failed, topic, str(retryable).lower()).inc()
             case "dead_lettered":
                 self._dead_lettered(event, topic)
             case "late_result_rejected":
-                self.late_results.labels(topic).inc()
+                self._child(self.late_results, topic).inc()
             case "agent_state":
-                self.agent_transitions.labels(str(detail.get("state", "UNKNOWN"))).inc()
+                self._child(self.agent_transitions, str(detail.get("state", "UNKNOWN"))).inc()
             case "workflow_started":
-                self.workflows_started.labels(topic).inc()
+                self._child(self.workflows_started, topic).inc()
             case _ if kind in BREAKER_EVENTS:
-                self.breaker_transitions.labels(*BREAKER_EVENTS[kind]).inc()
+                self._child(self.breaker_transitions, *BREAKER_EVENTS[kind]).inc()
             case _ if kind in WORKFLOW_ENDS:
                 self._workflow_ended(event, topic, stored_ms)
 
     def _completed(self, event: Event, topic: str, stored_ms: int) -> None:
-        self.finished.labels(topic, event.priority, "completed").inc()
+        self._child(self.finished, topic, event.priority, "completed").inc()
         if event.received_ms:  # 0: an event from an agent that does not carry it
-            self.latency.labels(topic, event.priority).observe(
+            self._child(self.latency, topic, event.priority).observe(
                 _seconds(stored_ms - event.received_ms)
             )
 
     def _dead_lettered(self, event: Event, topic: str) -> None:
         reason = str(event.detail.get("reason", "unknown"))
-        self.finished.labels(topic, event.priority, reason).inc()
-        self.dead_letters.labels(reason, topic).inc()
+        self._child(self.finished, topic, event.priority, reason).inc()
+        self._child(self.dead_letters, reason, topic).inc()
         error = event.detail.get("error")
         kind = error.get("type") if isinstance(error, dict) else None
         if reason == "rejected" and kind in REJECTIONS:
-            self.rejections.labels(kind, topic).inc()
+            self._child(self.rejections, kind, topic).inc()
 
     def _workflow_ended(self, event: Event, topic: str, stored_ms: int) -> None:
         status = event.event.removeprefix("workflow_")
-        self.workflows_finished.labels(topic, status).inc()
+        self._child(self.workflows_finished, topic, status).inc()
         if (duration := _number(event.detail.get("duration_ms"))) is not None:
-            self.workflow_duration.labels(topic, status).observe(duration / 1000)
+            self._child(self.workflow_duration, topic, status).observe(duration / 1000)
         if status == "completed":
             # The workflow's own task completed (a failed one is dead-lettered, and counted so).
             self._completed(event, topic, stored_ms)
@@ -249,8 +265,8 @@ class FlowMetrics:
     # -- counted in intake ---------------------------------------------------------------
     def taken_in(self, topic: str, priority: str, stored_ms: int) -> None:
         """A task decoded in intake on its first delivery, stored at ``stored_ms``."""
-        self.received.labels(self.topic(topic), priority).inc()
-        self.intake_lag.labels(priority).observe(_seconds(now_ms() - stored_ms))
+        self._child(self.received, self.topic(topic), priority).inc()
+        self._child(self.intake_lag, priority).observe(_seconds(now_ms() - stored_ms))
 
     def _lag_s(self) -> float:
         if not self.behind or not self.last_stored_ms:
