@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
@@ -31,6 +30,7 @@ from agentreach.broker.tasks import cancel_and_wait
 from agentreach.broker.urls import RECONNECT_CAP_S
 from agentreach.coordinator.liveness.cadence import Cadence
 from agentreach.coordinator.liveness.reassign import reassign_tasks
+from agentreach.coordinator.liveness.tracked import Registered, Tracked, track_registered
 from agentreach.coordinator.liveness.verdicts import VerdictWriter
 from agentreach.coordinator.units import Positive, PositiveSeconds
 from agentreach.envelopes import (
@@ -53,6 +53,9 @@ class LivenessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     failed probe; registrations are rate limited per coordinator replica."""
 
     tick_s: PositiveSeconds = 1.0  # how often silence is looked for
+    # A registered agent is judged by this interval until its first heartbeat gives its own:
+    # a process that died between registering and beating must not keep its queue forever.
+    first_heartbeat_interval_s: PositiveSeconds = 15.0
     # Every heartbeat read again, in case the watch missed an agent's first ones (the ones
     # of agents about to be judged are read again at each sweep).
     heartbeat_reread_s: PositiveSeconds = 300.0
@@ -70,43 +73,16 @@ class LivenessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     registration_burst: Positive = 20
 
 
-@dataclass
-class Tracked:
-    """What the coordinator knows of one agent."""
-
-    agent_id: str
-    interval_s: float
-    last_seen: float  # monotonic, this process
-    state: LivenessState = "UNKNOWN"
-    since_ms: int = 0
-    reason: str = ""
-    epoch: int = 0
-    quarantined: bool = False
-    offline_at_ms: list[int] = field(default_factory=list)
-    connected: bool = False  # a probe found its connection alive during this SUSPECT episode
-    revision: int = 0  # of the last heartbeat taken into account
-    probe: asyncio.Task[None] | None = None
-    cadence: Cadence | None = None
-
-    def record(self) -> Liveness:
-        return Liveness(
-            agent_id=self.agent_id,
-            state=self.state,
-            since_ms=self.since_ms,
-            reason=self.reason,
-            epoch=self.epoch,
-            interval_s=self.interval_s,
-            quarantined=self.quarantined,
-            offline_at_ms=self.offline_at_ms,
-        )
-
-
 class LivenessMonitor:
     """Follows heartbeats, sweeps for silence, probes, and records each transition."""
 
-    def __init__(self, broker: Broker, config: LivenessConfig) -> None:
+    def __init__(
+        self, broker: Broker, config: LivenessConfig, registered: Registered | None = None
+    ) -> None:
         self._broker = broker
         self._config = config
+        self._registered = registered
+        self._cards_version = -1  # of the cards last looked through for agents not tracked
         self.agents: dict[str, Tracked] = {}
         self._verdicts = VerdictWriter(broker)
         self.active = False  # judging now: this replica holds the liveness lease
@@ -270,11 +246,19 @@ class LivenessMonitor:
 
     async def sweep(self) -> None:
         """Judge every agent silent for longer than its thresholds allow."""
+        self._track_registered()
         overdue = self._overdue()
         if overdue:
             await self._look_again(overdue)
         for tracked in overdue:
             await self._judge_silent(tracked)
+
+    def _track_registered(self) -> None:
+        if self._registered is None or self._registered.version == self._cards_version:
+            return
+        self._cards_version = self._registered.version
+        interval_s = self._config.first_heartbeat_interval_s
+        track_registered(self.agents, self._registered.cards, interval_s)
 
     def _overdue(self) -> list[Tracked]:
         """The agents whose silence asks for a judgement now: a plain scan, no await per

@@ -17,7 +17,7 @@ from agentreach.agents import Agent, AgentIdInUse, ReachClient, TaskContext
 from agentreach.broker import Broker
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig, LivenessConfig
-from agentreach.envelopes import AgentCard, Liveness
+from agentreach.envelopes import AgentCard, Intent, Liveness
 from tests.cli.conftest import reach_argv
 from tests.support import wait_for_card
 
@@ -382,3 +382,21 @@ async def test_a_coordinator_restart_does_not_bring_a_dead_agent_back(broker, wa
         await asyncio.sleep(3 * INTERVAL)  # a few sweeps of the new judge
     states = [e.detail["state"] for e in watcher.states("ghost")]
     assert states.count("ONLINE") == 1, states
+
+
+async def test_a_registered_agent_that_never_beats_has_its_tasks_taken_elsewhere(broker, watcher):
+    """A card with no heartbeat (a process that died between registering and beating) is
+    judged like a silent agent: its queued task is reassigned, not kept past its ttl."""
+    kv = await broker.kv(broker.names.agents_bucket)
+    phantom = AgentCard(agent_id="phantom", intents={"noop": Intent()})
+    await kv.put("phantom", msgspec.json.encode(phantom))
+    config = lively(first_heartbeat_interval_s=INTERVAL)
+    async with lively_coordinator(broker, config), ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("noop", {"n": 1})
+        routed = await watcher.event("routed", message_id=message_id)
+        async with local_agent("spare").running(broker=broker):
+            await watcher.state("phantom", "OFFLINE")
+            done = await watcher.event("completed", message_id=message_id)
+    assert routed.agent_id == "phantom"
+    assert [e.detail["state"] for e in watcher.states("phantom")] == ["SUSPECT", "OFFLINE"]
+    assert done.agent_id == "spare" and done.attempt == 2

@@ -1,0 +1,72 @@
+"""What the coordinator knows of each agent it judges, and which agents it judges: every
+one that heartbeats, and every running agent with a card, beating or not."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from agentreach.coordinator.liveness.cadence import Cadence
+from agentreach.envelopes import AgentCard, Liveness, LivenessState
+
+
+@dataclass
+class Tracked:
+    """What the coordinator knows of one agent."""
+
+    agent_id: str
+    interval_s: float
+    last_seen: float  # monotonic, this process
+    state: LivenessState = "UNKNOWN"
+    since_ms: int = 0
+    reason: str = ""
+    epoch: int = 0
+    quarantined: bool = False
+    offline_at_ms: list[int] = field(default_factory=list)
+    connected: bool = False  # a probe found its connection alive during this SUSPECT episode
+    revision: int = 0  # of the last heartbeat taken into account
+    probe: asyncio.Task[None] | None = None
+    cadence: Cadence | None = None
+
+    def record(self) -> Liveness:
+        return Liveness(
+            agent_id=self.agent_id,
+            state=self.state,
+            since_ms=self.since_ms,
+            reason=self.reason,
+            epoch=self.epoch,
+            interval_s=self.interval_s,
+            quarantined=self.quarantined,
+            offline_at_ms=self.offline_at_ms,
+        )
+
+
+class Registered(Protocol):
+    """The agents' cards, as the coordinator follows them (``AgentDirectory``)."""
+
+    version: int  # rises with every change of a card
+
+    @property
+    def cards(self) -> Mapping[str, AgentCard]: ...
+
+
+def track_registered(
+    agents: dict[str, Tracked], cards: Mapping[str, AgentCard], interval_s: float
+) -> None:
+    """Track each running agent's card that no heartbeat made known (and a new process of an
+    agent judged OFFLINE) from now, as silent since it registered: routing sends it work
+    already, and a process that died between registering and beating would keep it."""
+    now = time.monotonic()
+    for agent_id, card in cards.items():
+        tracked = agents.get(agent_id)
+        if card.status != "running" or (
+            tracked is not None and (tracked.state != "OFFLINE" or tracked.epoch >= card.epoch)
+        ):
+            continue
+        if tracked is None:
+            tracked = agents[agent_id] = Tracked(agent_id, interval_s, now)
+        tracked.state, tracked.epoch, tracked.last_seen = "UNKNOWN", card.epoch, now
+        tracked.interval_s, tracked.cadence = interval_s, None
