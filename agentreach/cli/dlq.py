@@ -13,6 +13,7 @@ import msgspec
 from agentreach import envelopes
 from agentreach.agents.compensation import replay
 from agentreach.broker import Broker, read_stream
+from agentreach.broker.streams import StoredMessage
 from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only
 from agentreach.cli.status import warn_without_coordinator
 from agentreach.envelopes import DeadLetter
@@ -49,7 +50,7 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         stored = await read_stream(
             broker, names.dlq_stream, names.dlq(args.reason or "*", args.topic or "*")
         )
-        letters = [envelopes.decode_dead_letter(m.data) for m in stored]
+        letters = _readable(stored)
         replays = await _replays(broker) if args.action in ("list", "replay") else {}
         if args.action == "replay":
             if before := replays.get(args.id):
@@ -82,6 +83,22 @@ async def _replays(broker: Broker) -> dict[str, list[str]]:
             event = envelopes.decode_event(message.data)
             replays.setdefault(event.message_id, []).append(str(event.detail.get("replayed_as")))
     return replays
+
+
+def _readable(stored: list[StoredMessage]) -> list[DeadLetter]:
+    """The dead letters among ``stored``; anything else in the stream (anyone allowed to
+    publish there may put it there) is named on stderr and skipped, not fatal."""
+    letters: list[DeadLetter] = []
+    for message in stored:
+        try:
+            letters.append(envelopes.decode_dead_letter(message.data))
+        except envelopes.DecodeError as exc:
+            print(
+                f"reach: skipped message {message.stream_seq} of the stream ({message.subject}):"
+                f" not a dead letter: {exc}",
+                file=sys.stderr,
+            )
+    return letters
 
 
 def _find(letters: list[DeadLetter], message_id: str) -> DeadLetter:

@@ -117,6 +117,21 @@ async def test_agents_and_dlq_commands(broker, coordinator, watcher):
     assert stats.stdout.split()[:3] == ["no_route", "nobody_serves_this", "1"]
 
 
+async def test_dlq_commands_skip_what_is_not_a_dead_letter(broker, coordinator, watcher):
+    """A stray publish on the dead-letter stream is named on stderr, not fatal."""
+    await broker.publish(broker.names.dlq("rejected", "junk"), b'{"not": "a letter"}')
+    await reach(broker, "publish", "nobody_serves_this", "{}", "--message-id", "lost-3")
+    await watcher.dead_letter("no_route")
+    for action in ("list", "stats"):
+        done = await reach(broker, "dlq", action)
+        assert done.returncode == 0, done.stderr
+        assert "not a dead letter" in done.stderr and "reach.dlq.rejected.junk" in done.stderr
+    listed = await reach(broker, "dlq", "list")
+    assert "lost-3" in listed.stdout
+    shown = await reach(broker, "dlq", "show", "lost-3")
+    assert json.loads(shown.stdout)["reason"] == "no_route"
+
+
 async def test_dlq_replay_sends_the_task_again(broker, coordinator, watcher):
     """`reach dlq replay ID --to-topic T` republishes a dead letter, which then completes."""
     await reach(broker, "publish", "nobody_serves_this", '{"items": [1]}', "--message-id", "lost-2")
