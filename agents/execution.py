@@ -25,7 +25,7 @@ from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.errors import PermanentError
 from agentreach.agents.slots import LatencyEstimate, WorkerPool
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, PayloadUnavailable
-from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, printable, reply
+from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, reply, reported_raw
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
     Ack,
@@ -351,7 +351,7 @@ class Executor:
             "failed",
             agent_id=self._me,
             error=ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False),
-            raw=printable(delivery.data),
+            **reported_raw(delivery.data),
             headers=dict(delivery.headers),
         )
         await emit(self.broker, event, sender=self._me)

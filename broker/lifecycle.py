@@ -238,9 +238,10 @@ async def dead_letter(
     raw: bytes | None = None,
     headers: Mapping[str, str] | None = None,
     state: Any = None,
+    truncated: bool = False,
 ) -> DeadLetter:
     """Publish a dead letter to ``reach.dlq.<reason>.<topic>`` with the trace so far,
-    and record a ``dead_lettered`` event."""
+    and record a ``dead_lettered`` event (``truncated``: ``raw`` was cut before it came)."""
     trace = await trace_of(broker, message_id)
     letter = DeadLetter(
         v=1,
@@ -256,6 +257,7 @@ async def dead_letter(
         trace=trace,
         at_ms=now_ms(),
         state=state,
+        truncated=truncated,
     )
     data = envelopes.encode(letter)
     if len(data) > broker.max_payload - HEADROOM:
@@ -337,6 +339,15 @@ def _fitted(letter: DeadLetter, limit: int) -> tuple[DeadLetter, bytes]:
         if len(data) <= limit:
             break
     return letter, data
+
+
+def reported_raw(data: bytes) -> dict[str, Any]:
+    """``raw`` (and ``truncated``) of an agent's report of an undecodable dispatch: a body
+    near the server's largest message would not fit in the report once JSON-escaped."""
+    raw = printable(data)
+    if raw is None or len(raw) <= RAW_KEPT:
+        return {"raw": raw}
+    return {"raw": raw[:RAW_KEPT] + "…", "truncated": True}
 
 
 def printable(raw: bytes | None) -> str | None:

@@ -73,6 +73,8 @@ class UndecodableDetail(_Detail, frozen=True, kw_only=True):
     error: ErrorInfo
     raw: str | None  # the body as text, or "base64:" + base64 when it is not UTF-8
     headers: dict[str, str] = {}
+    # raw cut to its first 65,536 characters and "…": the report must fit a message
+    truncated: bool = False
 
 
 class LateResultRejectedDetail(_AboutGrantedTask, frozen=True, kw_only=True):

@@ -189,6 +189,7 @@ class Outcomes:
             topic=INVALID_TOPIC,
             error=error,
             raw=raw.encode() if isinstance(raw, str) else None,
+            truncated=event.detail.get("truncated") is True,
             headers={
                 **_strings(event.detail.get("headers")),
                 "Reach-Reported-By": reporter,

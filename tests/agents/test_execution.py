@@ -11,7 +11,7 @@ import pytest
 
 from agentreach import envelopes
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
-from agentreach.broker.lifecycle import emit, event_for, trace_of
+from agentreach.broker.lifecycle import RAW_KEPT, emit, event_for, trace_of
 from agentreach.envelopes import AgentCard
 from agentreach.envelopes import headers as h
 
@@ -131,6 +131,20 @@ async def test_undecodable_dispatch_is_dead_lettered(broker, coordinator, watche
         letter = await watcher.dead_letter("invalid_envelope")
     assert letter.raw == "base64:" + "/yBub3QganNvbg=="
     assert letter.headers[h.MSG_ID] == "junk"
+
+
+async def test_an_undecodable_dispatch_too_large_to_report_whole_is_reported_cut(
+    broker, coordinator, watcher
+):
+    """A body that would not fit in the report once JSON-escaped (each quote doubles) is
+    reported cut, and its dead letter says so, instead of failing to be reported."""
+    agent = agent_with_handlers()
+    subject = broker.names.dispatch(agent.agent_id, "P0")
+    await broker.publish(subject, b'"' * 600_000)
+    async with agent.running(broker=broker):
+        letter = await watcher.dead_letter("invalid_envelope")
+    assert letter.truncated
+    assert letter.raw == '"' * RAW_KEPT + "…"
 
 
 async def test_a_report_of_an_undecodable_dispatch_cannot_name_another_message(

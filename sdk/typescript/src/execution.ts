@@ -18,7 +18,7 @@ import type { Claim, Claimed, Claims, Outcome } from "./claims.js";
 import { PayloadUnavailable } from "./claimcheck.js";
 import type { ClaimCheck } from "./claimcheck.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
-import { about, emit, eventFor, printable, reply } from "./lifecycle.js";
+import { about, emit, eventFor, reply, reportedRaw } from "./lifecycle.js";
 import type { Logger } from "./log.js";
 import { sleep } from "./timing.js";
 import type { ErrorInfo, PayloadRef, Priority, Result, Task } from "./types.js";
@@ -333,7 +333,7 @@ export class Executor {
     const stub = { message_id: messageId, trace_id: messageId, topic: "_invalid", attempt: 1 } as Task;
     const detail = {
       error: failure("invalid_envelope", err.message, false),
-      raw: printable(msg.data),
+      ...reportedRaw(msg.data),
       headers: fromHeaders(msg.headers),
     };
     await emit(this.conn, eventFor(stub, "failed", this.agentId, detail), this.agentId);

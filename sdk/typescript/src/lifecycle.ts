@@ -86,6 +86,15 @@ export function reply(conn: Connection, task: Task, message: Reply, sender: stri
   });
 }
 
+/** Characters of an undecodable body an agent's report keeps (the report must fit a message). */
+export const RAW_KEPT = 65_536;
+
+/** `raw` (and `truncated`) of a report of an undecodable dispatch: at most RAW_KEPT characters and "…". */
+export function reportedRaw(data: Uint8Array): { raw: string; truncated?: true } {
+  const raw = printable(data);
+  return raw.length <= RAW_KEPT ? { raw } : { raw: `${raw.slice(0, RAW_KEPT)}…`, truncated: true };
+}
+
 /** The body as text, or `base64:` + base64 when it is not UTF-8. */
 export function printable(raw: Uint8Array): string {
   try {

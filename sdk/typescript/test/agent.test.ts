@@ -435,6 +435,18 @@ describe("the agent's queue", () => {
     assert.equal(letter.headers["Reach-Reported-By"], id);
     dlq.close();
   });
+
+  it("reports an undecodable dispatch too large to report whole cut, and its dead letter says so", async () => {
+    const id = unique("ts-huge");
+    await started(newAgent(id).handler(unique("any"), () => null));
+    const dlq = new Watcher<DeadLetter>(stack.nc, "reach.dlq.invalid_envelope._invalid");
+    const body = `${id}${'"'.repeat(600_000)}`; // JSON-escaped, each quote doubles: past 1 MB
+    await stack.nc.jetstream().publish(`reach.agent.${id}.p1`, body);
+    const letter = await dlq.next((d) => d.headers["Reach-Reported-By"] === id);
+    assert.equal(letter.truncated, true);
+    assert.equal(letter.raw, `${body.slice(0, 65_536)}…`);
+    dlq.close();
+  });
 });
 
 describe("registration and liveness", () => {

@@ -1285,6 +1285,10 @@ export interface UndecodableDetail {
    * default {}
    */
   headers: Record<string, string>;
+  /**
+   * default false
+   */
+  truncated: boolean;
 }
 
 /**
