@@ -144,7 +144,7 @@ def _detail(event: Event) -> str:
             return _routed(event)
         case "completed":
             by = "answered by a person, " if d.get("answered_by") else ""
-            return f"{by}in {d.get('duration_ms', '?')} ms, result {_short(d.get('result'))}"
+            return f"{by}in {d.get('duration_ms', '?')} ms, result {_result(d)}"
         case "manual_taken":
             return f"taken in manual-review queue {d.get('queue')!r}"
         case "manual_sent":
@@ -207,6 +207,16 @@ def _error(error: Any) -> str:
         return ""
     retry = "" if error.get("retryable", True) else " (permanent)"
     return f"{error.get('type')}: {error.get('message')}{retry}"
+
+
+def _result(detail: dict[str, Any]) -> str:
+    """The result, or where it is kept when it travelled by claim check."""
+    ref = detail.get("result_ref")
+    if isinstance(ref, dict):
+        return (
+            f"in the object store: {ref.get('bucket')}/{ref.get('name')} ({ref.get('size')} bytes)"
+        )
+    return _short(detail.get("result"))
 
 
 def _short(value: Any, width: int = 80) -> str:

@@ -9,6 +9,7 @@ import pytest
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import read_stream
 from agentreach.broker.lifecycle import emit, event_for
+from agentreach.cli.trace import collect, render
 from agentreach.envelopes import AuditRecord, Task, decode_as, decode_task
 from agentreach.envelopes import headers as h
 from tests.secured import SECURED
@@ -51,6 +52,9 @@ async def test_large_payloads_and_results_travel_by_reference(broker, coordinato
     routed = await watcher.event("routed", topic="mirror")
     assert routed.detail["input"]["bytes"] > 300_000
     assert routed.detail["input"]["ref"]["name"].endswith("/payload")
+    shown = render(completed.trace_id, await collect(broker, completed.trace_id))
+    line = next(line for line in shown.splitlines() if " completed " in line)
+    assert f"result in the object store: {ref['bucket']}/{ref['name']}" in line
 
 
 @NO_CLAIM_CHECK
