@@ -68,8 +68,9 @@ class Intake:
         except DecodeError as exc:
             await self._invalid(msg, topic, fallback_id, exc, sender)
             return None
-        if sender is not None:  # the subject names the sender; a body's own claim gives way
-            task = msgspec.structs.replace(task, caller=sender)
+        if sender is not None:  # the subject names the sender; the body's own claims give way
+            from_agent = sender if task.from_agent is not None else None
+            task = msgspec.structs.replace(task, caller=sender, from_agent=from_agent)
         # A reassignment comes back through intake as attempt + 1: not a task taken in.
         if self._on_taken is not None and msg.num_delivered == 1 and task.attempt == 1:
             self._on_taken(task.topic, task.priority, msg.timestamp_ms)

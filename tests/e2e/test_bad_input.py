@@ -79,6 +79,26 @@ async def test_a_full_envelope_replying_into_our_namespace_is_refused(broker, co
     assert letter.error is not None and "at `$.reply_to`" in letter.error.message
 
 
+async def test_a_sender_named_by_the_subject_cannot_claim_to_be_another_agent(
+    broker, coordinator, watcher
+):
+    """The subject's sender token is who sent it: a body's ``from_agent`` naming someone
+    else gives way (the agent's replies go ``to_agent`` the real sender)."""
+    seen: list[str | None] = []
+    agent = Agent("echo-from", startup_delay=0)
+
+    @agent.handler("echo")
+    async def echo(ctx: TaskContext, payload: object) -> object:
+        seen.append(ctx.envelope.from_agent)
+        return payload
+
+    task = Task(v=1, message_id="from-1", trace_id="from-1", topic="echo", from_agent="victim")
+    async with agent.running(broker=broker):
+        await broker.publish(broker.names.task("echo", "alice"), envelopes.encode(task))
+        await watcher.event("completed", message_id="from-1")
+    assert seen == ["alice"]
+
+
 def _failed_without_its_task(message_id: str, agent_id: str) -> Event:
     return Event(
         v=1,
