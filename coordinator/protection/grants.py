@@ -134,7 +134,11 @@ async def _unrouted(broker: Broker, msg: Delivery, claim: Event | Reply) -> floa
     if msg.num_delivered < UNROUTED_LOOKS:
         return UNROUTED_LOOK_AGAIN_S
     sender = broker.names.sender_of(msg.subject)
-    await impersonation(broker, sender, claim, "the attempt was not routed to it")
+    # Said as what is known: on a server without grants a forged dispatch makes an honest
+    # agent report on a task it was never routed, and the liar is whoever sent that.
+    why = "the attempt was not routed to it (its report on another's task, or a dispatch"
+    why += " the coordinator never sent)"
+    await impersonation(broker, sender, claim, why)
     return False
 
 

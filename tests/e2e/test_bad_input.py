@@ -138,7 +138,7 @@ async def test_a_broken_outcome_about_a_task_given_to_another_ends_nothing(
     )
     alert = await watcher.event("alert", topic="_agent")
     assert alert.agent_id == "intruder" and alert.detail["message_id"] == "no-task-2"
-    assert alert.detail["why"] == "the attempt was not routed to it"
+    assert alert.detail["why"].startswith("the attempt was not routed to it")
     assert not [e for e in watcher.events if e.event == "dead_lettered"]
 
 
