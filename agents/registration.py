@@ -11,7 +11,7 @@ import msgspec
 import structlog
 
 from agentreach import envelopes
-from agentreach.agents.errors import AgentIdInUse
+from agentreach.agents.errors import AgentConfigError, AgentIdInUse
 from agentreach.broker import Broker, BrokerTimeout, Entry, NoResponders, WrongLastSequence
 from agentreach.envelopes import AgentCard, RegisterReply, RegisterRequest, decode_as, now_ms
 
@@ -41,6 +41,8 @@ async def await_slot(broker: Broker, agent_id: str) -> float | None:
         reply = decode_as(answer.data, RegisterReply) if answer is not None else None
         if reply is not None and reply.ok:
             return reply.heartbeat_interval_s
+        if reply is not None and reply.error:
+            raise AgentConfigError(f"the coordinator refused the registration: {reply.error}")
         waited += 1
         base = reply.retry_after_ms / 1000 if reply else min(MAX_RETRY_S, 0.5 * 2**waited)
         delay = base * random.uniform(1.0, 1.5)  # jitter: a refused crowd must not return at once

@@ -86,11 +86,13 @@ class RegisterRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RegisterReply(msgspec.Struct, frozen=True, kw_only=True):
-    """``ok`` false means: too many registrations, try again after ``retry_after_ms``."""
+    """``ok`` false means: too many registrations, try again after ``retry_after_ms``; with
+    an ``error``, the request itself is wrong (what it says), and asking again cannot help."""
 
     ok: bool
     retry_after_ms: int = 0
     heartbeat_interval_s: float | None = None
+    error: str | None = None
 
 
 class TraceRequest(msgspec.Struct, frozen=True, kw_only=True):

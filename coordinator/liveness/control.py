@@ -27,10 +27,13 @@ class LivenessControl:
         another agent is refused."""
         try:
             request = decode_as(msg.data, RegisterRequest)
-        except DecodeError:
+        except DecodeError as exc:
+            await _refuse(msg, f"unreadable registration request: {exc}")
             return
-        if msg.subject.rsplit(".", 1)[-1] != request.agent_id:
+        if (sender := msg.subject.rsplit(".", 1)[-1]) != request.agent_id:
             log.warning("registration as another agent refused", subject=msg.subject)
+            why = f"the body names agent {request.agent_id!r}, the subject {sender!r}"
+            await _refuse(msg, why)
             return
         wait_s = self._registrations.take()
         reply = RegisterReply(ok=wait_s == 0.0, retry_after_ms=int(wait_s * 1000) + 1)
@@ -44,3 +47,8 @@ class LivenessControl:
             return
         agent_id = msg.data.decode(errors="replace")
         await msg.respond((await self._monitor.clear(agent_id)).encode())
+
+
+async def _refuse(msg: Inbound, why: str) -> None:
+    """A request that asking again cannot fix: said, so an agent with the bug stops."""
+    await msg.respond(envelopes.encode(RegisterReply(ok=False, error=why)))

@@ -17,7 +17,7 @@ from agentreach.agents import Agent, AgentIdInUse, ReachClient, TaskContext
 from agentreach.broker import Broker
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig, LivenessConfig
-from agentreach.envelopes import AgentCard, Intent, Liveness
+from agentreach.envelopes import AgentCard, Intent, Liveness, RegisterReply
 from tests.cli.conftest import reach_argv
 from tests.support import wait_for_card
 
@@ -400,3 +400,14 @@ async def test_a_registered_agent_that_never_beats_has_its_tasks_taken_elsewhere
     assert routed.agent_id == "phantom"
     assert [e.detail["state"] for e in watcher.states("phantom")] == ["SUSPECT", "OFFLINE"]
     assert done.agent_id == "spare" and done.attempt == 2
+
+
+async def test_a_registration_request_that_cannot_be_granted_is_told_why(broker, coordinator):
+    """A body naming another agent, or no request at all, gets an error instead of silence:
+    an agent with that bug stops with it rather than retrying for ever."""
+    names = broker.names
+    wrong = msgspec.json.encode({"agent_id": "someone-else"})
+    for body, why in ((wrong, "'someone-else'"), (b"{", "unreadable registration request")):
+        answer = await broker.nc.request(names.register("asker"), body, timeout=5)
+        reply = msgspec.json.decode(answer.data, type=RegisterReply)
+        assert not reply.ok and reply.error is not None and why in reply.error

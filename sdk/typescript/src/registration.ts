@@ -41,6 +41,7 @@ export async function awaitSlot(
       if (code !== ErrorCode.Timeout) throw err;
     }
     if (answer?.ok) return answer.heartbeat_interval_s ?? null;
+    if (answer?.error) throw new ReachError(`the coordinator refused the registration: ${answer.error}`);
     const baseMs = answer ? answer.retry_after_ms : Math.min(MAX_RETRY_MS, 500 * 2 ** tries);
     const delayMs = baseMs * (1 + Math.random() * 0.5); // a refused crowd must not return at once
     log.info("registration deferred, retrying", { retry_in_ms: Math.round(delayMs), tries });

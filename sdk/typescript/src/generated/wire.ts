@@ -891,7 +891,8 @@ export interface RateLimit {
 }
 
 /**
- * `ok` false means: too many registrations, try again after `retry_after_ms`.
+ * `ok` false means: too many registrations, try again after `retry_after_ms`; with
+ * an `error`, the request itself is wrong (what it says), and asking again cannot help.
  */
 export interface RegisterReply {
   ok: boolean;
@@ -903,6 +904,10 @@ export interface RegisterReply {
    * default null
    */
   heartbeat_interval_s: number | null;
+  /**
+   * default null
+   */
+  error: string | null;
 }
 
 /**
