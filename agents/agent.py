@@ -59,7 +59,7 @@ class Agent:
         tags: dict[str, str] | None = None,
         heartbeat_interval: float = 15.0,
         startup_delay: float = 60.0,
-        ack_wait: float = 30.0,
+        ack_wait: float = 10.0,  # well inside the default ttl (30 s): a crash is recovered
         max_deliver: int = 5,
         identity_file: str | Path = DEFAULT_IDENTITY_FILE,
         watchdog_threshold: float | None = None,

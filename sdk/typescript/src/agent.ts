@@ -28,7 +28,7 @@ export interface AgentOptions {
   heartbeatIntervalMs?: number;
   /** Upper bound of the random delay before registering (default 60 000; 0 = none). */
   startupDelayMs?: number;
-  /** The dispatch consumers' ack wait (default 30 000). */
+  /** The dispatch consumers' ack wait (default 10 000: a crashed run comes back well inside the default ttl). */
   ackWaitMs?: number;
   /** The dispatch consumers' max deliveries (default 5). */
   maxDeliver?: number;
@@ -116,7 +116,7 @@ export class Agent {
     if (!(this.startupDelayMs >= 0)) {
       throw new AgentConfigError(`startupDelayMs must be 0 or more, got ${this.startupDelayMs}`);
     }
-    this.ackWaitMs = positive("ackWaitMs", options.ackWaitMs ?? 30_000);
+    this.ackWaitMs = positive("ackWaitMs", options.ackWaitMs ?? 10_000);
     this.maxDeliver = options.maxDeliver ?? 5;
     if (!Number.isInteger(this.maxDeliver) || this.maxDeliver < 1) {
       throw new AgentConfigError(`maxDeliver must be a whole number of at least 1, got ${this.maxDeliver}`);
