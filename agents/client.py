@@ -21,12 +21,14 @@ from agentreach.agents.errors import (
 from agentreach.agents.replies import ReplyBox
 from agentreach.broker import Auth, Broker, ClaimCheck, Names, listen
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
+from agentreach.broker.endings import wait_for_ending
 from agentreach.broker.lifecycle import events_of_id
 from agentreach.envelopes import (
     Ack,
     Budget,
     ErrorReply,
     Event,
+    PayloadRef,
     Priority,
     Progress,
     Result,
@@ -129,11 +131,16 @@ class ReachClient:
             fields["traceparent"] = envelopes.tracecontext.normalized(traceparent)
         return envelopes.decode_task(envelopes.encode(fields))
 
-    async def submit(self, task: Task) -> None:
-        """Publish a built task to ``reach.task.<topic>`` (a large payload is claim-checked)."""
+    async def submit(self, task: Task) -> bool:
+        """Publish a built task to ``reach.task.<topic>`` (a large payload is claim-checked).
+
+        False when the stream held its message id already (sent within the duplicate window):
+        it is not taken in again, and the earlier message's outcome is the answer."""
         task = await self.claim_check.stow_task(task)
         subject = self.broker.names.task(task.topic, self.caller)
-        await self.broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
+        headers = h.task_headers(task)
+        stored = await self.broker.publish(subject, envelopes.encode(task), headers=headers)
+        return not stored.duplicate
 
     async def publish(self, topic: str, payload: Any, **options: Any) -> tuple[str, str]:
         """Fire and forget; returns ``(message_id, trace_id)``."""
@@ -181,11 +188,29 @@ class ReachClient:
         self._waiting.add(replies)
         try:
             async with await listen(self.broker, box.wildcard, box.collect):
-                await self.submit(task)
-                result = await _await_result(task, replies, on_ack, on_progress)
+                if await self.submit(task):
+                    result = await _await_result(task, replies, on_ack, on_progress)
+                else:  # sent before: nobody answers this box, the earlier message's end does
+                    result = await self._earlier_result(task)
                 return await self.claim_check.result_of(*result)
         finally:
             self._waiting.discard(replies)
+
+    async def _earlier_result(self, task: Task) -> tuple[Any, PayloadRef | None]:
+        """The outcome of the message already taken in under ``task``'s id, once it ends."""
+        ids = {"message_id": task.message_id, "trace_id": task.trace_id}
+        within_s = (task.budget.ack_ms + task.budget.execute_ms) / 1000
+        ended = await wait_for_ending(lambda: self.status(task.message_id), within_s=within_s)
+        if ended is None:
+            raise DeadlineExceeded(
+                f"message {task.message_id!r} was sent before and did not end within"
+                f" {within_s * 1000:.0f} ms",
+                **ids,
+            )
+        if ended.error is not None:
+            cls = Rejected if ended.error.type in REJECTION_REASONS else TaskFailed
+            raise cls(ended.error, **ids)
+        return ended.result, ended.result_ref
 
     async def status(self, message_id: str, *, timeout_s: float = 5.0) -> list[Event]:
         """The recorded lifecycle events of ``message_id`` (or, when no message has that id,

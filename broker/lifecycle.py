@@ -277,6 +277,7 @@ async def dead_letter(
             topic=topic,
             attempt=task.attempt if task else 1,
             at_ms=letter.at_ms,
+            caller=task.caller if task else None,  # its sender reads it in its own trace
             detail=_letter_detail(reason, task, error),
             priority=task.priority if task else "P1",
             received_ms=task.received_ms if task else 0,

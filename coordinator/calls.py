@@ -11,12 +11,15 @@ and the header ``Reach-Kind: error``. Headers of the request (``Nats-Msg-Id``,
 ``Reach-Trace-Id``, ``Reach-Priority``, ``Reach-TTL``, ``traceparent``) count as for
 ``nats pub``. Nobody answers when no coordinator runs: the requester hears so at once.
 The wait lives in the replica that took the call; if it dies, the requester times out
-while the task itself still completes (it is durable in ``REACH_TASKS``).
+while the task itself still completes (it is durable in ``REACH_TASKS``). A call whose task
+id the stream holds already (sent again within the duplicate window) is not taken in again:
+it is answered with how the earlier message ends, read from its events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -26,6 +29,9 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound, Subscription
+from agentreach.broker.endings import wait_for_ending
+from agentreach.broker.lifecycle import events_of_id
+from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
     DEFAULT_TTL_MS,
     MAX_TTL_MS,
@@ -34,6 +40,7 @@ from agentreach.envelopes import (
     DecodeError,
     ErrorInfo,
     ErrorReply,
+    PayloadRef,
     Result,
     is_envelope,
     new_id,
@@ -93,11 +100,36 @@ class Calls:
         self._waiting[key] = _Waiting(msg.reply, timer, replies, execute_ms)
         try:
             subject = self._broker.names.task(topic, sender)  # the caller stays the sender
-            await self._broker.publish(subject, data, headers=headers)
+            stored = await self._broker.publish(subject, data, headers=headers)
         except BrokerError as exc:
             self._forget(key)
             error = ErrorInfo(type="not_published", message=str(exc), retryable=True)
             await self._answer(msg.reply, {"error": error}, error=True)
+            return
+        if stored.duplicate:  # sent before: nobody answers this box, the earlier end does
+            message_id = _message_id(data, headers[h.MSG_ID])
+            self._in_background(self._answer_earlier(key, message_id, ttl_ms))
+
+    async def stop(self) -> None:
+        """Stop the answers still being worked on (their callers time out)."""
+        await cancel_and_wait(*self._answering)
+
+    async def _answer_earlier(self, key: str, message_id: str, ttl_ms: int) -> None:
+        """Answer with how the message already taken in under this id ends; the give-up
+        timer answers when it does not end within the ttl."""
+        read = functools.partial(events_of_id, self._broker, message_id)
+        try:
+            ended = await wait_for_ending(read, within_s=ttl_ms / 1000)
+        except BrokerError as exc:
+            log.warning("could not read how an earlier call ended", error=str(exc))
+            return
+        if ended is None or key not in self._waiting:
+            return
+        requester = self._forget(key)
+        if ended.error is not None:
+            await self._answer(requester, {"error": ended.error}, error=True)
+        else:
+            await self._answer_result(requester, ended.result, ended.result_ref)
 
     async def _on_reply(self, msg: Inbound) -> None:
         key = msg.subject.rpartition(".")[0]
@@ -109,14 +141,7 @@ class Calls:
             return
         match reply:
             case Result():
-                requester = self._forget(key)
-                try:
-                    result = await self._claim_check.result_of(reply.result, reply.result_ref)
-                except BrokerError as exc:
-                    error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
-                    await self._answer(requester, {"error": error}, error=True)
-                    return
-                await self._answer(requester, result)
+                await self._answer_result(self._forget(key), reply.result, reply.result_ref)
             case ErrorReply():
                 requester = self._forget(key)
                 await self._answer(requester, {"error": reply.error}, error=True)
@@ -124,6 +149,15 @@ class Calls:
                 self._running(key)
             case _:
                 return  # progress: the requester waits for the end
+
+    async def _answer_result(self, requester: str, result: Any, ref: PayloadRef | None) -> None:
+        try:
+            result = await self._claim_check.result_of(result, ref)
+        except BrokerError as exc:
+            error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
+            await self._answer(requester, {"error": error}, error=True)
+            return
+        await self._answer(requester, result)
 
     def _forget(self, key: str) -> str:
         waiting = self._waiting.pop(key)
@@ -185,3 +219,13 @@ def _addressed(data: bytes, reply_to: str) -> tuple[bytes, int]:
     value = budget.get("execute_ms") if isinstance(budget, dict) else None
     execute_ms = value if isinstance(value, int) and 0 < value <= MAX_TTL_MS else None
     return envelopes.encode(document), execute_ms or Budget().execute_ms
+
+
+def _message_id(data: bytes, header_id: str) -> str:
+    """The id a call's task is recorded under: a full envelope's own, else the header's."""
+    try:
+        document = envelopes.decode_json(data)
+    except DecodeError:
+        return header_id
+    own = document.get("message_id") if is_envelope(document) else None
+    return own if isinstance(own, str) else header_id

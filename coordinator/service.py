@@ -179,6 +179,7 @@ class Coordinator:
             finally:  # what was pulled and not yet handled goes back at once, to a replica
                 for consumer in self.readiness.consumers:
                     await consumer.close()
+                await self._calls.stop()
 
     async def _serve(self, ready: asyncio.Event | None) -> None:
         async with asyncio.TaskGroup() as group:

@@ -53,6 +53,21 @@ async def test_a_call_with_a_full_envelope_is_answered_with_its_task_s_end(broke
     assert envelopes.decode_json(answer.data)["error"]["type"] == "expired"
 
 
+async def test_a_call_sent_again_with_its_id_is_answered_with_the_first_result(broker, coordinator):
+    """The stream drops a call's task sent again within its duplicate window; the gateway
+    answers the second call from the first one's end instead of timing out."""
+    headers = {h.MSG_ID: "call-again-1"}
+    async with sleeper().running(broker=broker):
+        calls = [
+            broker.nc.request(broker.names.call("nap"), b'{"s": 0.3}', timeout=10, headers=headers)
+            for _ in range(2)
+        ]
+        answers = await asyncio.gather(*calls)
+    for answer in answers:
+        assert answer.headers is not None and answer.headers.get(h.KIND) == "result"
+        assert envelopes.decode_json(answer.data) == {"slept": 0.3}
+
+
 def test_a_call_s_body_is_read_once_for_its_reply_address_and_its_budget():
     """A whole envelope is readdressed and keeps its own execute budget; a bare, malformed
     or oddly shaped body gets the default budget, and only an envelope is rewritten."""

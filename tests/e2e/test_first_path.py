@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from agentreach import envelopes
-from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.agents import Agent, ReachClient, TaskContext, TaskFailed
 from agentreach.broker import read_stream
 from agentreach.envelopes import headers as h
 from tests.secured import operators_reply_to
@@ -106,3 +108,22 @@ async def test_same_message_id_twice_runs_once(broker, coordinator, watcher):
         await watcher.event("completed", message_id="after-1")
         await watcher.event("completed", message_id="dup-1")
     assert seen.count({"text": "once only"}) == 1
+
+
+async def test_an_invoke_sent_again_with_its_id_gets_the_first_result(broker, coordinator):
+    """A retry within the stream's duplicate window is not taken in again, and so not run
+    again: it is answered with the earlier message's result, even while that one still runs
+    (a retry after a timed-out call)."""
+    agent, seen = make_agent()
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        first = asyncio.create_task(
+            client.invoke("summarize", {"text": "retried"}, message_id="again-1")
+        )
+        again = await client.invoke("summarize", {"text": "retried"}, message_id="again-1")
+        assert await first == again == {"summary": "retri", "trace_id": "again-1"}
+        with pytest.raises(TaskFailed) as ended:
+            await client.invoke("nobody_serves_this", {}, message_id="again-2")
+        with pytest.raises(TaskFailed) as again_ended:
+            await client.invoke("nobody_serves_this", {}, message_id="again-2")
+    assert seen.count({"text": "retried"}) == 1
+    assert ended.value.error.type == again_ended.value.error.type == "no_route"

@@ -1,0 +1,70 @@
+"""What a message ended with, as its recorded lifecycle events say: for a caller that sends
+a message id the stream holds already (a retry within the duplicate window). The stream
+drops such a publish, so no agent answers the new reply address; the earlier message's
+events are read instead until they end it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from agentreach.envelopes import ErrorInfo, Event, PayloadRef
+
+FIRST_PAUSE_S = 0.05  # between two reads while the earlier message runs, doubling
+LONGEST_PAUSE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A result (inline, or where it is kept) or the error its sender was given."""
+
+    result: Any = None
+    result_ref: PayloadRef | None = None
+    error: ErrorInfo | None = None
+
+
+def ending_of(events: Iterable[Event]) -> Ended | None:
+    """How ``events`` (one message's, oldest first) end it, or None while it has not ended."""
+    for event in events:
+        detail = event.detail
+        match event.event:
+            case "completed":
+                ref = detail.get("result_ref")
+                return Ended(
+                    result=detail.get("result"),
+                    result_ref=msgspec.convert(ref, PayloadRef) if isinstance(ref, dict) else None,
+                )
+            case "dead_lettered" | "rejected":
+                return Ended(error=_error(detail))
+    return None
+
+
+async def wait_for_ending(
+    read: Callable[[], Awaitable[list[Event]]], *, within_s: float
+) -> Ended | None:
+    """Read a message's events (``read``) until they end it; None after ``within_s``."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + within_s
+    pause = FIRST_PAUSE_S
+    while (ended := ending_of(await read())) is None:
+        left = until - loop.time()
+        if left <= 0:
+            return None
+        await asyncio.sleep(min(pause, left))  # nothing to await: the events are polled
+        pause = min(pause * 2, LONGEST_PAUSE_S)
+    return ended
+
+
+def _error(detail: dict[str, Any]) -> ErrorInfo:
+    error = detail.get("error")
+    if isinstance(error, dict):
+        try:
+            return msgspec.convert(error, ErrorInfo)
+        except msgspec.ValidationError:
+            pass
+    reason = str(detail.get("reason", "failed"))
+    return ErrorInfo(type=reason, message=f"the message ended as {reason}", retryable=False)
