@@ -75,6 +75,21 @@ async def write_card(broker: Broker, card: AgentCard) -> Entry[AgentCard]:
     return swap.entry
 
 
+async def restore_card(broker: Broker, card: AgentCard) -> Entry[AgentCard] | None:
+    """Write ``card`` again when the registry does not have it (a server that came back with
+    an empty store, provisioned anew); returns it as written, or None when it was there.
+    Raises BrokerError while the registry is not there (not provisioned again yet)."""
+    cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+    if await cards.get(card.agent_id) is not None:
+        return None
+    try:
+        revision = await cards.create(card.agent_id, card)
+    except WrongLastSequence:
+        return None  # written meanwhile (a new process of the agent): that one stands
+    log.warning("the registry had lost this agent's card; written again", agent_id=card.agent_id)
+    return Entry(card.agent_id, card, revision)
+
+
 async def retire_card(broker: Broker, registered: Entry[AgentCard]) -> bool:
     """Mark the card ``stopped``, unless a newer process of the id has registered since (its
     card stands): the write is conditional on the revision this process registered at.

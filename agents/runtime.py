@@ -16,7 +16,7 @@ from agentreach.agents.claims import Claims
 from agentreach.agents.errors import AgentConfigError, AgentIdInUse
 from agentreach.agents.execution import Executor
 from agentreach.agents.heartbeats import Heartbeats, Load
-from agentreach.agents.registration import await_slot, retire_card, write_card
+from agentreach.agents.registration import await_slot, restore_card, retire_card, write_card
 from agentreach.agents.slots import WorkerPool
 from agentreach.agents.watchdog import Watchdog
 from agentreach.broker import (
@@ -43,6 +43,7 @@ log = structlog.get_logger("agents")
 FETCH_WAIT_S = 0.5
 PRESENCE_CHECK_S = 0.5
 DRAIN_TIMEOUT_S = 10.0
+CARD_CHECK_S = 1.0  # how soon after a reconnect the card is looked for (reconnects are counted)
 # Deliveries held per slot: while a handler runs, the next task of its slot is in hand and
 # the last one's outcome is recorded and reported (three round trips no slot waits for).
 IN_HAND_PER_SLOT = 2
@@ -186,7 +187,25 @@ class AgentRuntime:
         self._duties = [
             asyncio.create_task(self.heartbeats.run(), name=f"{agent.agent_id}-heartbeats"),
             asyncio.create_task(self.watchdog.run(), name=f"{agent.agent_id}-watchdog"),
+            asyncio.create_task(self._keep_card(), name=f"{agent.agent_id}-card"),
         ]
+
+    async def _keep_card(self) -> None:
+        """After each reconnect, write the card again if the server lost it (restarted on an
+        empty store): routing knows an agent by its card, and heartbeats alone do not make
+        one. Until the registry is provisioned again, it is looked for again and again."""
+        seen = self.broker.reconnects
+        while True:
+            await asyncio.sleep(CARD_CHECK_S)  # nothing to await: nats-py only counts them
+            if self.broker.reconnects == seen or self.card is None:
+                continue
+            try:
+                restored = await restore_card(self.broker, self.card)
+            except BrokerError:
+                continue  # the registry is not there (yet)
+            seen = self.broker.reconnects
+            if restored is not None:
+                self._registered = restored
 
     def _consumer(self, priority: Priority) -> ConsumerSpec:
         names = self.broker.names

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
@@ -11,9 +12,11 @@ import pytest
 
 from agentreach import envelopes
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
+from agentreach.broker import Broker, EmbeddedServer, Names, Topology, provision
 from agentreach.broker.lifecycle import RAW_KEPT, emit, event_for, trace_of
 from agentreach.envelopes import AgentCard
 from agentreach.envelopes import headers as h
+from tests.support import until_true
 
 
 def agent_with_handlers() -> Agent:
@@ -184,6 +187,31 @@ async def test_registration_reuses_the_record_and_raises_the_epoch(broker):
     assert sorted(first.intents) == ["blocking", "crash", "overrun", "refuse", "slow_report"]
 
 
+async def test_an_agent_whose_server_came_back_empty_registers_again(tmp_path):
+    """A server restarted on an empty store (then provisioned again) has no card of an agent
+    that rode out the restart; routing knows agents by their cards, so the agent writes its
+    own again, with the epoch it serves under."""
+    names = Names(prefix="rehome")
+    agent = Agent("rehomed-1", startup_delay=0, heartbeat_interval=0.5)
+    agent.handler("noop")(_noop)
+    async with contextlib.AsyncExitStack() as stack:
+        first = await stack.enter_async_context(EmbeddedServer(port=-1, store_dir=tmp_path / "a"))
+        async with Broker(first.url, names=names) as admin:
+            await provision(admin, Topology.default(names))
+        second = EmbeddedServer(port=first.port, store_dir=tmp_path / "b")
+        stack.push_async_callback(second.stop)  # after the agent has stopped
+        runtime = await stack.enter_async_context(agent.running(first.url, names=names))
+        before = runtime.card
+        await first.stop()
+        await second.__aenter__()
+        admin = await stack.enter_async_context(Broker(second.url, names=names))
+        await provision(admin, Topology.default(names))
+        cards = await admin.bucket(names.agents_bucket, AgentCard)
+        found = await until_true(lambda: cards.get(agent.agent_id), timeout=20)
+    assert before is not None and found.value == before
+    assert found.value.status == "running"
+
+
 async def test_child_tasks_carry_the_trace_and_what_is_left_of_the_budget(
     broker, coordinator, watcher
 ):
@@ -226,3 +254,7 @@ async def test_a_sync_handler_past_its_deadline_has_its_late_result_discarded(
         await asyncio.to_thread(finished.wait, 5)
     assert caught.value.error.type == "deadline_exceeded"
     assert not [e for e in watcher.events if e.event == "completed"]
+
+
+async def _noop(ctx: TaskContext, payload: object) -> object:
+    return payload

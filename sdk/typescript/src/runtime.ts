@@ -28,6 +28,7 @@ const FETCH_EXPIRES_MS = 1_000; // the client's minimum for a pull request
 const PRESENCE_CHECK_MS = 500;
 const DRAIN_TIMEOUT_MS = 10_000;
 const CONSUMER_EXISTS = 10148; // JetStream: a consumer of that name exists with other settings
+const CARD_CHECK_MS = 1_000; // while the registry is not provisioned again after a reconnect
 
 /** What the runtime needs from an Agent's configuration. */
 export interface RuntimeConfig {
@@ -104,9 +105,39 @@ export class AgentRuntime {
     const intervalS = askedS ?? config.heartbeatIntervalMs / 1000;
     this.heartbeats = new Heartbeats(conn, config.agentId, this.card.epoch, intervalS, () => this.load(), this.log);
     this.heartbeats.start();
+    void this.keepCard().catch((err) => this.log.warn("card keeper stopped", { error: String(err) }));
     const executor = this.executor;
     PRIORITIES.forEach((p, i) => this.loops.push(this.consume(p, consumers[i]!, executor)));
     this.log.info("agent serving", { epoch: this.card.epoch, topics: [...config.handlers.keys()].sort() });
+  }
+
+  /**
+   * After each reconnect, write the card again if the server lost it (restarted on an empty
+   * store, then provisioned): routing knows an agent by its card, and heartbeats alone do
+   * not make one. Ends when the connection closes.
+   */
+  private async keepCard(): Promise<void> {
+    for await (const status of this.conn.nc.status()) {
+      if (this.stopped) return;
+      if (status.type === "reconnect") await this.restoreCard();
+    }
+  }
+
+  private async restoreCard(): Promise<void> {
+    const signal = this.stopping.signal;
+    while (!signal.aborted && this.card !== null) {
+      try {
+        const kv = await this.conn.kv(this.conn.names.agentsBucket);
+        const entry = await kv.get(this.config.agentId);
+        if (entry !== null && entry.operation === "PUT") return;
+        this.cardRevision = await kv.create(this.config.agentId, encode(this.card));
+        this.log.warn("the registry had lost this agent's card; written again");
+        return;
+      } catch (err) {
+        if (isWrongLastSequence(err)) return; // written meanwhile by a new process: it stands
+        await sleep(CARD_CHECK_MS, signal); // the registry is not there (yet)
+      }
+    }
   }
 
   private checkNotStopped(): void {

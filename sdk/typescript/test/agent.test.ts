@@ -7,13 +7,16 @@ import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { spawn } from "node:child_process";
 import { after, before, describe, it } from "node:test";
-import { headers } from "nats";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { connect, headers } from "nats";
 import type { KV } from "nats";
 
 import { Agent, AgentIdInUse, PermanentError, ReachError } from "../src/index.js";
 import { newId } from "../src/index.js";
 import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Reply, Result } from "../src/index.js";
-import { binary, eventsOf, Gate, kvUntil, send, startStack, task, terminate, Watcher } from "./harness.js";
+import { binary, eventsOf, freePort, Gate, kvUntil, provision, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
 import type { Stack } from "./harness.js";
 
 const quiet = { debug() {}, info() {}, warn() {}, error() {} };
@@ -603,6 +606,37 @@ describe("registration and liveness", () => {
       for (const w of [runningEvents, queuedEvents, r1, r2]) w.close();
     } finally {
       await terminate(child);
+    }
+  });
+});
+
+describe("a server that comes back with an empty store", () => {
+  it("has the agent's card written again, with the epoch it serves under", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "reach-ts-empty-"));
+    const port = await freePort();
+    const url = `nats://127.0.0.1:${port}`;
+    let server = await startServer(port, join(dir, "a"));
+    const agent = newAgent(unique("ts-rehomed")).handler(unique("any"), () => null);
+    try {
+      await provision(url);
+      await agent.start(url);
+      const epoch = agent.epoch;
+      await terminate(server);
+      server = await startServer(port, join(dir, "b"));
+      await provision(url);
+      const nc = await connect({ servers: url, name: "test-empty-store" });
+      try {
+        const cards = await nc.jetstream().views.kv("reach_agents", { bindOnly: true });
+        const card = await kvUntil<AgentCard>(cards, agent.agentId, (c) => c !== null, 30_000);
+        assert.equal(card?.epoch, epoch);
+        assert.equal(card?.status, "running");
+      } finally {
+        await nc.close();
+      }
+    } finally {
+      await agent.stop();
+      await terminate(server);
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 });

@@ -62,6 +62,27 @@ function waitForOutput(child: ChildProcess, marker: string, timeoutMs: number, w
   });
 }
 
+/** A nats-server with JetStream on loopback `port`, its store in `storeDir`, once ready. */
+export async function startServer(port: number, storeDir: string): Promise<ChildProcess> {
+  const server = spawn(binary("NATS_SERVER_BIN", "nats-server"), ["-js", "-a", "127.0.0.1", "-p", String(port), "-sd", storeDir], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  try {
+    await waitForOutput(server, "Server is ready", 10_000, "nats-server");
+  } catch (err) {
+    await terminate(server);
+    throw err;
+  }
+  return server;
+}
+
+/** `reach provision` against `url`: the streams and buckets an agent waits for. */
+export async function provision(url: string): Promise<void> {
+  const child = spawn(binary("REACH_BIN", "reach"), ["provision", "--nats-url", url], { stdio: "ignore" });
+  const code = await new Promise((resolve) => child.once("exit", resolve));
+  if (code !== 0) throw new Error(`reach provision exited ${String(code)}`);
+}
+
 /** SIGTERM, then SIGKILL if it has not exited within `graceMs`. */
 export async function terminate(child: ChildProcess, graceMs = 5_000): Promise<void> {
   if (child.exitCode !== null || child.signalCode !== null) return;
@@ -99,11 +120,7 @@ export async function startStack(): Promise<Stack> {
     rmSync(dir, { recursive: true, force: true });
   };
   try {
-    const server = spawn(binary("NATS_SERVER_BIN", "nats-server"), ["-js", "-a", "127.0.0.1", "-p", String(port), "-sd", join(dir, "js")], {
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    children.push(server);
-    await waitForOutput(server, "Server is ready", 10_000, "nats-server");
+    children.push(await startServer(port, join(dir, "js")));
     const configPath = join(dir, "coordinator.yaml");
     writeFileSync(configPath, COORDINATOR_CONFIG);
     const coordinator = spawn(
