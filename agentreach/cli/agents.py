@@ -150,7 +150,8 @@ def render(rows: list[Row]) -> str:
 
 def _line(row: Row) -> str:
     card, judged, beat = row.card, row.liveness, row.heartbeat
-    state = judged.state if judged else ("UNKNOWN" if card.status == "running" else "STOPPED")
+    # A stopped card is STOPPED whatever its last verdict, as in `reach top` and the metrics.
+    state = "STOPPED" if card.status != "running" else judged.state if judged else "UNKNOWN"
     if judged and judged.quarantined:
         state = "QUARANT."
     since = (

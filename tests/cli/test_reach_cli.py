@@ -107,6 +107,10 @@ async def test_agents_and_dlq_commands(broker, coordinator, watcher):
     row = next(line for line in agents.stdout.splitlines() if line.startswith("cli-reach-worker"))
     assert row.split()[1] in ("ONLINE", "UNKNOWN")
     assert "count@1" in row
+    await watcher.state("cli-reach-worker", "OFFLINE")  # the verdict of a clean stop
+    stopped = await reach(broker, "agents")
+    row = next(line for line in stopped.stdout.splitlines() if line.startswith("cli-reach-worker"))
+    assert row.split()[1] == "STOPPED"  # as `reach top` and the metrics say
     listed = await reach(broker, "dlq", "list")
     assert "lost-1" in listed.stdout and "no_route" in listed.stdout
     shown = await reach(broker, "dlq", "show", "lost-1")
