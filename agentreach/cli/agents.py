@@ -80,15 +80,16 @@ async def _clear(broker: Broker, agent_id: str | None) -> int:
     except (NoResponders, BrokerTimeout):
         raise UsageError(NOT_RUNNING) from None
     said = answer.data.decode(errors="replace")
-    known = said in ("cleared", "not quarantined")
+    if said not in ("cleared", "not quarantined"):
+        raise UsageError(f"{agent_id}: {said}")  # an unknown agent: said as every error is
     print(f"{agent_id}: {'quarantine lifted' if said == 'cleared' else said}")
-    if known and (tripped := await _tripped(broker, agent_id)):
+    if tripped := await _tripped(broker, agent_id):
         shown = ", ".join(f"{b.intent or 'ISOLATED'}:{b.state}" for b in tripped)
         print(
             f"{agent_id}: its breakers are not cleared ({shown}): each closes when a trial"
             " call succeeds, after its open time"
         )
-    return 0 if known else 1
+    return 0
 
 
 async def _tripped(broker: Broker, agent_id: str) -> list[BreakerRecord]:

@@ -25,7 +25,7 @@ from agentreach.cli import (
     workflows,
 )
 from agentreach.cli.logs import configure_logging
-from agentreach.cli.options import Commands
+from agentreach.cli.options import Commands, OneLineParser
 from agentreach.errors import ReachError
 
 # completion last: it reads every other command's options.
@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
     root = parser()
-    args = root.parse_args(argv)
+    args, unknown = root.parse_known_args(argv)
+    if unknown:  # said by the command's own parser, which knows its usage
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra and not getattr(args, "takes_command", False):
         root.error(f"unexpected arguments after --: {' '.join(extra)}")
     args.extra = extra
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(
+    root = OneLineParser(
         prog="reach",
         allow_abbrev=False,  # `--ttl 5` is a mistake to name, not `--ttl-ms 5`
         description="Agent-Reach over NATS JetStream: `reach COMMAND --help` shows each one's"

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -22,6 +22,14 @@ Command = Callable[[argparse.Namespace], Awaitable[int]]
 
 class UsageError(ReachError):
     """A mistake in the command line."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A mistake on the command line is one line that names it and where help is, not
+    argparse's usage block above it (10 lines for a command with the common options)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 class Commands:
@@ -51,7 +59,7 @@ class Commands:
             epilog=epilog,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        parser.set_defaults(command=run)
+        parser.set_defaults(command=run, command_parser=parser)
         self.parsers[name] = parser
         return parser
 

@@ -211,6 +211,19 @@ async def test_an_abbreviated_option_is_refused_not_guessed():
     assert "unrecognized arguments: --ttl 5" in done.stderr
 
 
+async def test_a_command_line_mistake_is_one_line_naming_it_and_the_command():
+    """No usage block: the mistake, by the command that has it, and where its help is."""
+    for argv, said in [
+        (("trace", "a", "b"), "reach trace: error: unrecognized arguments: b"),
+        (("publish", "t", "{}", "--priority", "P9"), "reach publish: error: argument --priority"),
+        (("nosuch",), "reach: error: argument COMMAND: invalid choice: 'nosuch'"),
+    ]:
+        done = await run(reach_command(), *argv)
+        assert done.returncode == 2
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith(said), done.stderr
+        assert done.stderr.rstrip().endswith("--help`)")
+
+
 async def test_output_into_a_closed_pipe_ends_without_a_traceback():
     """`reach … | head`: the reader goes away, and `reach` stops quietly, whether the output
     is written while it runs (a large one) or only when it exits (a short one, buffered)."""
@@ -380,7 +393,8 @@ async def test_agents_clear_needs_a_coordinator_and_a_known_agent(broker, coordi
     assert lifted == "cli-reach-worker: quarantine lifted"
     assert "its breakers are not cleared (ISOLATED:open)" in kept
     assert not coordinator.liveness.agents["cli-reach-worker"].quarantined
-    assert unknown.returncode == 1 and "unknown agent" in unknown.stdout
+    assert unknown.returncode == 1 and unknown.stdout == ""
+    assert unknown.stderr.strip() == "reach: error: nobody: unknown agent"
 
 
 async def test_agents_watch_redraws_until_ctrl_c(broker, coordinator):
