@@ -4,7 +4,7 @@ concern, so a mistake fails at start with the path of the mistake.
     prefix: reach
     broker:      {replicas: auto, durable: false, durable_tags: [sync:always], url: …,
                   auth: {creds, nkey, token_file, user, password_file, tls_ca, tls_cert, …}}
-    intake:      {batch: 64, ack_wait_s: 30}
+    intake:      {batch: 64, ack_wait_s: 5}
     delivery:    {max_attempts: 3, attempts_by_topic: {}, base_s: 1, cap_s: 30, batch: 64}
     liveness:    {tick_s: 1, probe_connection_s: 3, probe_ping_s: 5, ...}
     lease_ttl_s: 10
@@ -64,7 +64,9 @@ class IntakeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """How the coordinator takes tasks from ``REACH_TASKS``."""
 
     batch: Positive = 64
-    ack_wait_s: PositiveSeconds = 30.0
+    # A task a replica died holding is taken by another after this (well inside the default
+    # ttl of 30 s); one that is handled longer is kept alive meanwhile.
+    ack_wait_s: PositiveSeconds = 5.0
 
 
 class DeliveryConfig(RetryConfig, frozen=True, kw_only=True, forbid_unknown_fields=True):

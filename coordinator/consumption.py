@@ -1,7 +1,8 @@
 """How the coordinator consumes its streams: each message is handled, then settled (or,
 for the metrics, counted as it comes: :meth:`Consumption.fold`).
 
-Up to a batch of messages is in hand at once, each settled on its own. A handler returns
+Up to a batch of messages is in hand at once, each settled on its own, and kept alive while
+it is handled (the ack waits are short: what a dead replica held comes back soon). A handler returns
 None when the message is done (acknowledged) or the seconds after which it should come
 back (a wait, a backoff, a timer). A broker failure leaves the
 message to come back a second later; a stream or bucket that has gone is provisioned
@@ -57,6 +58,7 @@ class Consumption:
         as soon as it is handled, and its room pulled for again at once, so one slow message
         (a rate limit's wait, a leader election) holds up no other."""
         in_hand: set[asyncio.Task[None]] = set()
+        keep_alive_s = consumer.spec.ack_wait_s / 2
         try:
             while True:
                 honour_cancellation()
@@ -64,7 +66,7 @@ class Consumption:
                     await asyncio.wait(in_hand, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 for delivery in await consumer.next_batch(batch - len(in_hand)):
-                    settling = asyncio.create_task(self.settle(delivery, handle))
+                    settling = asyncio.create_task(self.settle(delivery, handle, keep_alive_s))
                     in_hand.add(settling)
                     settling.add_done_callback(in_hand.discard)
         finally:
@@ -90,9 +92,18 @@ class Consumption:
                         stream_seq=delivery.stream_seq,
                     )
 
-    async def settle(self, delivery: Delivery, handle: Handler) -> None:
+    async def settle(
+        self, delivery: Delivery, handle: Handler, keep_alive_s: float | None = None
+    ) -> None:
+        """Handle ``delivery`` and settle it; while a handling outlasts ``keep_alive_s`` the
+        message is said to be in progress, so that the ack wait can be short: a replica that
+        dies holding a message gives it up after the ack wait, not after the task's ttl."""
         try:
-            retry_in_s = await handle(delivery)
+            if keep_alive_s is None:
+                retry_in_s = await handle(delivery)
+            else:
+                async with delivery.kept_alive(keep_alive_s):
+                    retry_in_s = await handle(delivery)
         except (NoStreamError, StreamNotFound, BrokerTimeout) as exc:
             # A stream may be gone (a timeout too: a subscriber on its subjects, such as
             # `nats sub`, turns "no stream" into silence): make sure (one request while

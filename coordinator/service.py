@@ -79,6 +79,9 @@ RESTART_CAP_S = 30.0
 # at most every 10 s within its ttl (a day at most), so intake never needs more.
 MAX_DELIVER_INTAKE = 20_000
 MAX_DELIVER_OTHER = 1_000
+# What a replica that died holding a message (an outcome, a workflow's step, an ending to
+# audit) held comes back to another after this; it is kept alive while it is handled.
+ACK_WAIT_S = 5.0
 
 
 class Coordinator:
@@ -251,18 +254,21 @@ class Coordinator:
             stream=names.events_stream,
             durable=names.coordinator_outcomes,
             filter_subjects=tuple(names.events_of_kind(e) for e in outcome_kinds),
+            ack_wait_s=ACK_WAIT_S,
             max_deliver=MAX_DELIVER_INTAKE,  # retries wait within the ttl too
         )
         advisories = ConsumerSpec(
             stream=names.advisories_stream,
             durable=names.coordinator_advisories,
             filter_subjects=names.max_deliveries_advisories,
+            ack_wait_s=ACK_WAIT_S,
             max_deliver=MAX_DELIVER_OTHER,
         )
         workflows = ConsumerSpec(
             stream=names.workflows_stream,
             durable=names.coordinator_workflows,
             filter_subjects=(names.workflows_wildcard,),
+            ack_wait_s=ACK_WAIT_S,
             max_ack_pending=-1,  # timers wait here, held back until due
             max_deliver=MAX_DELIVER_OTHER,
         )
@@ -296,6 +302,7 @@ class Coordinator:
                 stream=names.events_stream,
                 durable=names.coordinator_audit,
                 filter_subjects=tuple(names.events_of_kind(e) for e in TERMINAL),
+                ack_wait_s=ACK_WAIT_S,
                 max_deliver=MAX_DELIVER_OTHER,
                 new_only=True,
             )

@@ -140,3 +140,41 @@ async def test_a_consumer_with_history_is_not_made_again_for_a_new_ack_policy(br
         await bind(broker, dataclasses.replace(kept, acknowledged=False))
     state = await consumer_state(broker, names.events_stream, "history-kept")
     assert state is not None and state.ack_policy == "explicit"
+
+
+async def test_a_message_handled_longer_than_the_ack_wait_is_not_delivered_again(broker):
+    """The ack wait is short (what a dead replica held comes back soon), so a handling that
+    outlasts it says it is in progress: the message is delivered once and settled once."""
+    names = broker.names
+    spec = ConsumerSpec(
+        stream=names.tasks_stream,
+        durable="kept-alive-test",
+        filter_subjects=(names.tasks_wildcard,),
+        ack_wait_s=0.4,
+    )
+    consumer = await bind(broker, spec)
+    handled: list[int] = []
+    done = asyncio.Event()
+
+    async def handle(delivery: Delivery) -> float | None:
+        handled.append(delivery.num_delivered)
+        await asyncio.sleep(1.5)  # the work itself: nearly four ack waits
+        done.set()
+        return None
+
+    consumption = Consumption(broker, Provisioner(broker, Topology.default(names)))
+    runner = asyncio.create_task(consumption.run(consumer, 8, handle))
+    try:
+        await broker.publish(names.task("echo"), b'"long"', headers={h.MSG_ID: "k-long"})
+        await asyncio.wait_for(done.wait(), timeout=10.0)
+
+        async def settled() -> bool:
+            state = await consumer_state(broker, names.tasks_stream, "kept-alive-test")
+            return state is not None and state.num_ack_pending == 0
+
+        await until_true(settled, timeout=10.0)
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await consumer.close()
+    assert handled == [1]

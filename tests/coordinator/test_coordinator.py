@@ -20,6 +20,7 @@ from agentreach.coordinator import (
     load_config,
 )
 from agentreach.envelopes import AgentCard, Intent
+from agentreach.envelopes.messages import DEFAULT_TTL_MS
 
 
 def counting_agent(agent_id: str, runs: Counter[str]) -> Agent:
@@ -70,6 +71,41 @@ async def test_tasks_published_while_no_coordinator_runs_are_not_lost(broker, wa
         for message_id in ids:
             await watcher.event("completed", message_id=message_id)
     assert sorted(runs) == sorted(ids)
+
+
+async def test_a_task_a_dead_replica_held_is_routed_by_another_after_the_intake_ack_wait(
+    broker, watcher
+):
+    """A replica killed while it held a task (fetched, never settled) gives it up after the
+    intake's ack wait, not after the task's ttl: another replica routes it, and it runs."""
+    runs: Counter[str] = Counter()
+    names = broker.names
+    config = CoordinatorConfig(intake=IntakeConfig(ack_wait_s=1.0))
+    async with (
+        Broker(broker.url, names=names, name="replica") as own,
+        Coordinator(own, config).running(),
+    ):
+        pass  # the intake consumer, as a replica makes it
+    dead_replica = await broker.js.pull_subscribe_bind(
+        names.coordinator_intake, stream=names.tasks_stream
+    )
+    async with ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("count", {"i": 1}, ttl_ms=8_000)
+    [held] = await dead_replica.fetch(1, timeout=5)
+    assert envelopes.decode_task(held.data).message_id == message_id
+    async with (
+        Broker(broker.url, names=names, name="replica") as own,
+        Coordinator(own, config).running(),
+        counting_agent("count-a", runs).running(broker=broker),
+    ):
+        await watcher.event("completed", message_id=message_id, timeout=6.0)
+    assert runs == {message_id: 1}
+    assert not watcher.dead_letters
+
+
+def test_the_intake_ack_wait_is_well_inside_the_default_ttl():
+    """What a dead replica held must come back while the task may still run."""
+    assert IntakeConfig().ack_wait_s * 1000 * 3 <= DEFAULT_TTL_MS
 
 
 async def test_a_card_written_a_moment_ago_is_found(broker, coordinator, watcher):
