@@ -32,13 +32,13 @@ def ending_of(events: Iterable[Event]) -> Ended | None:
     for event in events:
         detail = event.detail
         match event.event:
-            case "completed":
+            case "completed" | "workflow_completed":
                 ref = detail.get("result_ref")
                 return Ended(
                     result=detail.get("result"),
                     result_ref=msgspec.convert(ref, PayloadRef) if isinstance(ref, dict) else None,
                 )
-            case "dead_lettered" | "rejected":
+            case "dead_lettered" | "rejected" | "workflow_failed" | "workflow_cancelled":
                 return Ended(error=_error(detail))
     return None
 

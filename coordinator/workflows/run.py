@@ -337,7 +337,11 @@ class Run(Compensation):
     def _complete(self, result: Any) -> None:
         self.record.status, self.record.result, self.record.ended_ms = "completed", result, self.now
         self._cancel_leftovers()
-        detail = {"path": self.record.path} if self.spec.is_machine else {}
+        # The result, as a task's `completed` carries it: a starter that sends its message
+        # again (within the duplicate window, so the stream drops it) is answered from it.
+        detail: dict[str, Any] = {"result": result}
+        if self.spec.is_machine:
+            detail["path"] = self.record.path
         self.actions.append(Finish())
         self.actions.append(Note("workflow_completed", detail=detail))
 

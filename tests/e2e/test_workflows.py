@@ -87,6 +87,26 @@ async def test_a_four_step_chain_passes_outputs_on(broker, start_coordinator, wa
     assert [e.topic for e in step_routes] == ["plan", "write", "review", "publish"]
 
 
+async def test_a_workflow_started_again_with_its_id_answers_the_first_result(
+    broker, start_coordinator, watcher
+):
+    """The stream drops a starting message sent again within its duplicate window: the
+    starter is answered with the first instance's result (from `workflow_completed`), and
+    no step runs twice."""
+    counts: Counter[str] = Counter()
+    config = fast(workflows=workflows(article=ARTICLE))
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, newsroom(counts)),
+        ReachClient(broker=broker) as client,
+    ):
+        first = await client.invoke("article", {"topic": "nats"}, message_id="article-again")
+        again = await client.invoke("article", {"topic": "nats"}, message_id="article-again")
+    assert first == again == {"url": "/articles/nats", "approved": True}
+    assert counts == Counter(plan=1, write=1, review=1, publish=1)
+    assert watcher.count("workflow_started") == 1
+
+
 async def test_a_step_may_run_as_long_as_its_timeout(broker, start_coordinator):
     """A step with a ``timeout_s`` has that long to run (an agent used to stop it at the
     default 30 s); one without has the starting task's execute budget."""
