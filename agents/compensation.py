@@ -66,8 +66,12 @@ class CompensationWorker:
         *,
         reasons: Iterable[str] = ("*",),
         topics: Iterable[str] = ("*",),
+        ack_wait: float = 30.0,
     ) -> None:
+        """``ack_wait``: after it, an entry a dead worker held goes to another (one whose
+        handler runs longer is kept alive meanwhile)."""
         self.name = name
+        self.ack_wait = ack_wait
         self.handler = handler
         self.reasons = tuple(reasons)
         self.topics = tuple(topics)
@@ -99,13 +103,19 @@ class CompensationWorker:
     def _consumer(self, names: Names) -> ConsumerSpec:
         subjects = tuple(names.dlq(r, t) for r in self.reasons for t in self.topics)
         return ConsumerSpec(
-            stream=names.dlq_stream, durable=f"compensation-{self.name}", filter_subjects=subjects
+            stream=names.dlq_stream,
+            durable=f"compensation-{self.name}",
+            filter_subjects=subjects,
+            ack_wait_s=self.ack_wait,
         )
 
     async def _consume(self, consumer: PullConsumer, compensation: Compensation) -> None:
-        async for deliveries in consumer.batches(size=16):
+        # One entry at a time: one fetched with others would wait for their handlers, past
+        # its ack wait, and be compensated again by another worker meanwhile.
+        async for deliveries in consumer.batches(size=1):
             for delivery in deliveries:
-                await self._handle(delivery, compensation)
+                async with delivery.kept_alive(self.ack_wait / 2):
+                    await self._handle(delivery, compensation)
 
     async def _handle(self, msg: Delivery, compensation: Compensation) -> None:
         try:

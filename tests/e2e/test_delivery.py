@@ -23,14 +23,15 @@ from agentreach.agents import (
     ReachClient,
     TaskContext,
 )
+from agentreach.broker import consumer_state
 from agentreach.broker.consume import ConsumerSpec, bind
-from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.lifecycle import dead_letter, emit, event_for
 from agentreach.envelopes import AgentCard, DeadLetter, Execution, Intent, execution_key
 from agentreach.envelopes import headers as h
 from agentreach.envelopes.headers import task_headers
 from tests.cli.conftest import reach_argv
 from tests.conftest import FAST
-from tests.support import recorded, wait_for_card
+from tests.support import recorded, until_true, wait_for_card
 
 REPO = Path(__file__).parents[2]
 
@@ -415,3 +416,31 @@ async def _until_consumed(broker, agent: Agent) -> None:
             if info.num_pending == 0 and info.num_ack_pending == 0:
                 return
             await asyncio.sleep(0.05)  # polling the consumer's state: there is no event for it
+
+
+async def test_a_compensation_slower_than_the_ack_wait_runs_once_per_dead_letter(broker):
+    """A handler may take longer than the worker's ack wait (a refund through a slow bank),
+    and dead letters fetched together wait for each other: none is delivered again (to
+    this worker or another) while it is held, so none is compensated twice."""
+    calls: Counter[str] = Counter()
+
+    async def slow_refund(letter: DeadLetter, comp: Compensation) -> None:
+        calls[letter.message_id] += 1
+        await asyncio.sleep(0.5)  # the refund itself: longer than the ack wait
+
+    ids = [f"slow-refund-{n}" for n in range(3)]
+    for message_id in ids:
+        await dead_letter(
+            broker, reason="expired", message_id=message_id, trace_id=message_id, topic="refund"
+        )
+    worker = CompensationWorker("slow-refunds", slow_refund, ack_wait=0.3)
+    other = CompensationWorker("slow-refunds", slow_refund, ack_wait=0.3)
+    async with worker.running(broker=broker), other.running(broker=broker):
+
+        async def all_settled() -> bool:
+            durable = "compensation-slow-refunds"
+            state = await consumer_state(broker, broker.names.dlq_stream, durable)
+            return state is not None and state.num_pending == state.num_ack_pending == 0
+
+        await until_true(all_settled, timeout=20.0)
+    assert calls == Counter(dict.fromkeys(ids, 1))
