@@ -179,9 +179,12 @@ class Agent:
             yield runtime
 
     async def run(self, nats_url: str | None = None, *, auth: Auth | None = None) -> None:
-        """Serve until cancelled (Ctrl-C in ``reach agent``)."""
+        """Serve until cancelled (Ctrl-C in ``reach agent``); raises AgentIdInUse when a newer
+        process of the id fenced this one out."""
         async with self.running(nats_url, auth=auth) as runtime:
             await runtime.wait_closed()
+        if runtime.replaced.is_set():
+            raise runtime.replaced_error()
 
 
 MAX_DESCRIBED = 8_000  # characters of description and examples together, per intent

@@ -20,11 +20,20 @@ from agentreach.broker import Broker, BrokerError, Bucket, Inbound, WrongLastSeq
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.envelopes import AgentControl, DecodeError, Heartbeat, decode_as
+from agentreach.errors import ReachError
 
 log = structlog.get_logger("agents.heartbeats")
 
 JITTER = 0.2
 CLOCK_DRIFT_S = 5.0
+
+
+class Replaced(ReachError):
+    """A newer process of this agent id heartbeats: this one is fenced out."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__(f"a newer process of this agent id heartbeats (epoch {epoch})")
+        self.epoch = epoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +62,10 @@ class Heartbeats:
         interval_s: float,
         load: Callable[[], Load],
         clock: Callable[[], float] = time.time,
+        on_replaced: Callable[[int], None] | None = None,
     ) -> None:
+        """``on_replaced`` is told the epoch of a newer process of the id once one is found
+        heartbeating (this process was stalled or cut off meanwhile); beating then stops."""
         self._broker = broker
         self._agent_id = agent_id
         self._epoch = epoch
@@ -64,6 +76,7 @@ class Heartbeats:
         self.revision = 0  # of this process's last heartbeat written
         self._wake = asyncio.Event()
         self._last: tuple[float, float] | None = None  # (wall, monotonic) at the last beat
+        self._on_replaced = on_replaced
 
     async def run(self) -> None:
         """Beat until cancelled; a failed write is logged and the next one tried."""
@@ -76,7 +89,18 @@ class Heartbeats:
                 # Cleared before the beat: a new interval that arrives while the beat is being
                 # written must still wake the wait below, or its "beat at once" is lost.
                 self._wake.clear()
-                await self._beat(bucket)
+                try:
+                    await self._beat(bucket)
+                except Replaced as replaced:
+                    log.error(
+                        "a newer process of this agent id heartbeats; this one stops",
+                        agent_id=self._agent_id,
+                        epoch=self._epoch,
+                        newer_epoch=replaced.epoch,
+                    )
+                    if self._on_replaced is not None:
+                        self._on_replaced(replaced.epoch)
+                    return
                 honour_cancellation()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), jittered(self.interval_s))
@@ -96,10 +120,26 @@ class Heartbeats:
             agent_time_ms=int(wall * 1000),
         )
         try:
-            self.revision = await bucket.put(self._agent_id, beat)
+            self.revision = await self._write(bucket, beat)
         except BrokerError as exc:
             log.warning("heartbeat not written", error=str(exc))
         await self._check_clock(wall, mono)
+
+    async def _write(self, bucket: Bucket[Heartbeat], beat: Heartbeat) -> int:
+        """Write ``beat`` on this process's last one: a write in between was another
+        process's, and one of a higher epoch fences this process out (raises Replaced).
+        Anything else in between (a store that came back empty) is written over."""
+        if self.revision:
+            try:
+                return await bucket.update(self._agent_id, beat, last=self.revision)
+            except WrongLastSequence:
+                try:
+                    current = await bucket.get(self._agent_id)
+                except DecodeError:
+                    current = None
+                if current is not None and current.value.epoch > self._epoch:
+                    raise Replaced(current.value.epoch) from None
+        return await bucket.put(self._agent_id, beat)
 
     async def retire(self) -> None:
         """Delete the heartbeat (the coordinator then knows at once that the agent stopped),

@@ -68,6 +68,10 @@ class AgentRuntime:
         self._presence: Presence | None = None
         self._duties: list[asyncio.Task[None]] = []
         self._consumers: dict[Priority, PullConsumer] = {}
+        # Set once a newer process of the id was found heartbeating: this one stops.
+        self.replaced = asyncio.Event()
+        self.replaced_by_epoch = 0
+        self._stopped: asyncio.Future[None] | None = None
 
     async def __aenter__(self) -> Self:
         if self._loops or self._closed.is_set():
@@ -117,9 +121,13 @@ class AgentRuntime:
         await self._closed.wait()
 
     async def stop(self) -> None:
-        """Stop taking work, let running handlers finish, mark the card stopped."""
-        if self._closed.is_set():
-            return
+        """Stop taking work, let running handlers finish, mark the card stopped (once,
+        however many ask: the owner's exit, and a newer process fencing this one out)."""
+        if self._stopped is None:
+            self._stopped = asyncio.ensure_future(self._stop())
+        await self._stopped
+
+    async def _stop(self) -> None:
         self._stopping.set()
         await _finish(self._loops, 0)
         for consumer in self._consumers.values():  # what was pulled and not taken comes back
@@ -182,6 +190,7 @@ class AgentRuntime:
             interval_s=interval_s,
             load=self._load,
             clock=agent.clock,
+            on_replaced=self._on_replaced,
         )
         self.watchdog = Watchdog(agent.watchdog_threshold)
         self._duties = [
@@ -189,6 +198,21 @@ class AgentRuntime:
             asyncio.create_task(self.watchdog.run(), name=f"{agent.agent_id}-watchdog"),
             asyncio.create_task(self._keep_card(), name=f"{agent.agent_id}-card"),
         ]
+
+    def _on_replaced(self, epoch: int) -> None:
+        """A newer process serves this id (this one was stalled, or cut off, meanwhile):
+        take no more work, finish what runs, and stop (§3.4: one live process per id)."""
+        self.replaced_by_epoch = epoch
+        self.replaced.set()
+        self._stopped = asyncio.ensure_future(self._stop())
+
+    def replaced_error(self) -> AgentIdInUse:
+        """What ``Agent.run`` and ``reach agent`` raise once :attr:`replaced` is set."""
+        epoch = self.card.epoch if self.card else 0
+        return AgentIdInUse(
+            f"agent_id {self.agent.agent_id!r} was registered again by a newer process"
+            f" (epoch {self.replaced_by_epoch}; this one's {epoch}): this process stopped"
+        )
 
     async def _keep_card(self) -> None:
         """After each reconnect, write the card again if the server lost it (restarted on an

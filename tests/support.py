@@ -148,15 +148,16 @@ class Watcher:
 
 
 async def wait_for_card(
-    broker: Broker, agent_id: str, *, status: str, timeout: float = 20.0
+    broker: Broker, agent_id: str, *, status: str, epoch: int = 0, timeout: float = 20.0
 ) -> None:
-    """Until the agent's card in the registry has ``status``."""
+    """Until the agent's card in the registry has ``status`` (and at least ``epoch``)."""
     kv = await broker.kv(broker.names.agents_bucket)
     async with asyncio.timeout(timeout), BucketWatch(kv) as watch:
         async for change in watch:
             if change.key != agent_id or change.value is None:
                 continue
-            if msgspec.json.decode(change.value, type=AgentCard).status == status:
+            card = msgspec.json.decode(change.value, type=AgentCard)
+            if card.status == status and card.epoch >= epoch:
                 return
 
 

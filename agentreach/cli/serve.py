@@ -173,8 +173,12 @@ async def cmd_agent(args: argparse.Namespace) -> int:
     url = args.nats_url or DEFAULT_URL
     async with agent.running(url, names=names_of(args), auth=auth_of(args)) as runtime:
         await until_signal(
-            f"agent {agent.agent_id} serving {sorted(agent.handlers)}", runtime.broker
+            f"agent {agent.agent_id} serving {sorted(agent.handlers)}",
+            runtime.broker,
+            ended=runtime.replaced,
         )
+    if runtime.replaced.is_set():
+        raise runtime.replaced_error()
     return 0
 
 
@@ -239,10 +243,12 @@ async def provisioned(
         yield broker
 
 
-async def until_signal(announce: str, broker: Broker | None = None) -> None:
-    """Print ``announce`` once Ctrl-C is caught, then return on SIGINT or SIGTERM; raise
-    AuthenticationFailed when ``broker``'s connection is lost for good (its credentials
-    revoked or expired)."""
+async def until_signal(
+    announce: str, broker: Broker | None = None, *, ended: asyncio.Event | None = None
+) -> None:
+    """Print ``announce`` once Ctrl-C is caught, then return on SIGINT or SIGTERM, or once
+    ``ended`` is set; raise AuthenticationFailed when ``broker``'s connection is lost for
+    good (its credentials revoked or expired)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -252,6 +258,8 @@ async def until_signal(announce: str, broker: Broker | None = None) -> None:
         waits = [asyncio.create_task(stop.wait())]
         if broker is not None:
             waits.append(asyncio.create_task(broker.lost.wait()))
+        if ended is not None:
+            waits.append(asyncio.create_task(ended.wait()))
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:

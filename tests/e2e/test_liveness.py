@@ -54,17 +54,20 @@ async def coordinator(broker) -> AsyncIterator[Coordinator]:
 
 
 @contextlib.asynccontextmanager
-async def pulse_process(broker: Broker, agent_id: str) -> AsyncIterator[asyncio.subprocess.Process]:
-    """`reach agent tests.e2e.pulse:agent` as its own process, serving until the block ends."""
+async def pulse_process(
+    broker: Broker, agent_id: str, *, epoch: int = 0, stderr: int = asyncio.subprocess.DEVNULL
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`reach agent tests.e2e.pulse:agent` as its own process, serving until the block ends
+    (once its card, of at least ``epoch``, is running)."""
     env = {**os.environ, "PULSE_ID": agent_id, "PULSE_INTERVAL": str(INTERVAL)}
     process = await asyncio.create_subprocess_exec(
         *reach_argv(broker, "agent", "tests.e2e.pulse:agent"),
         cwd=REPO,
         env=env,
-        stderr=asyncio.subprocess.DEVNULL,
+        stderr=stderr,
     )
     try:
-        await wait_for_card(broker, agent_id, status="running")
+        await wait_for_card(broker, agent_id, status="running", epoch=epoch)
         yield process
     finally:
         if process.returncode is None:
@@ -137,6 +140,34 @@ async def test_restart_with_the_same_id_is_online_with_a_new_epoch(broker, coord
     assert card.epoch == 2
     states = [(e.detail["state"], e.detail["reason"]) for e in watcher.states("phoenix")]
     assert states[:3] == [("ONLINE", "heartbeat"), ("OFFLINE", "stopped"), ("ONLINE", "heartbeat")]
+
+
+async def test_a_stalled_process_replaced_by_a_newer_one_stops_when_it_resumes(
+    broker, coordinator, watcher
+):
+    """SIGSTOP, then a new process of the same id (the stalled one cannot answer the
+    presence check, so the new one registers at epoch 2), then SIGCONT: the stalled process
+    finds the newer heartbeat over its own, takes no more work and exits with a one-line
+    error; the newer process serves alone, its card and heartbeat untouched."""
+    async with pulse_process(broker, "stalled", stderr=asyncio.subprocess.PIPE) as old:
+        await watcher.state("stalled", "ONLINE")
+        old.send_signal(signal.SIGSTOP)
+        async with (
+            pulse_process(broker, "stalled", epoch=2) as new,
+            ReachClient(broker=broker) as client,
+        ):
+            old.send_signal(signal.SIGCONT)
+            await asyncio.wait_for(old.wait(), timeout=10.0)
+            assert old.stderr is not None
+            said = (await old.stderr.read()).decode()
+            result = await client.invoke("burn", {"seconds": 0.01})
+            kv = await broker.kv(broker.names.agents_bucket)
+            card = msgspec.json.decode((await kv.get("stalled")).value, type=AgentCard)
+            assert new.returncode is None
+    assert old.returncode == 1
+    assert "was registered again by a newer process (epoch 2; this one's 1)" in said
+    assert result == {"burned": 0.01}
+    assert (card.epoch, card.status) == (2, "running")
 
 
 async def test_skewed_clock_sends_clock_drift_and_changes_nothing(broker, coordinator, watcher):
