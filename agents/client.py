@@ -18,11 +18,11 @@ from agentreach.agents.errors import (
     Rejected,
     TaskFailed,
 )
-from agentreach.agents.replies import ReplyBox
 from agentreach.broker import Auth, Broker, ClaimCheck, Names, listen
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
 from agentreach.broker.endings import wait_for_ending
 from agentreach.broker.lifecycle import events_of_id
+from agentreach.broker.reply_box import ReplyBox
 from agentreach.envelopes import (
     Ack,
     Budget,

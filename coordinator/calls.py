@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
+import secrets
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +31,7 @@ from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound, Subscription
 from agentreach.broker.endings import wait_for_ending
 from agentreach.broker.lifecycle import events_of_id
+from agentreach.broker.reply_box import ReplyBox
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
     DEFAULT_TTL_MS,
@@ -41,6 +42,7 @@ from agentreach.envelopes import (
     ErrorInfo,
     ErrorReply,
     PayloadRef,
+    Reply,
     Result,
     is_envelope,
     new_id,
@@ -59,6 +61,7 @@ class _Waiting:
 
     requester: str  # where the answer goes
     timer: asyncio.TimerHandle  # the give-up after the task's ttl (its execution, once accepted)
+    box: ReplyBox  # keeps only the replies of the agent the coordinator announced
     replies: Subscription  # the call's reply box
     execute_ms: int  # the task's execute budget: how long a run may take once accepted
 
@@ -69,14 +72,10 @@ class Calls:
     def __init__(self, broker: Broker, claim_check: ClaimCheck) -> None:
         self._broker = broker
         self._claim_check = claim_check
-        self._boxes = ""
-        self._counter = itertools.count(1)
         self._waiting: dict[str, _Waiting] = {}
         self._answering: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        # One token, unique to this replica, that starts the name of each call's box.
-        self._boxes = "call" + self._broker.new_inbox().rpartition(".")[2]
         names = self._broker.names
         await self._broker.subscribe(names.calls_wildcard, self._on_call, queue="coordinators")
 
@@ -87,9 +86,12 @@ class Calls:
         topic, sender = names.call_subject_parts(msg.subject)
         headers = {k: v for k, v in msg.headers.items() if k != h.REPLY_TO}
         headers.setdefault(h.MSG_ID, new_id())
-        key = names.reply_box(sender or BARE_CALLER, f"{self._boxes}x{next(self._counter)}")
+        # A box nobody can guess (an agent may answer in any box of the caller's), whose
+        # replies count only from the agent the coordinator announces (ReplyBox).
+        box = ReplyBox(names, sender or BARE_CALLER, f"call{secrets.token_hex(16)}")
+        key = box.subject
         # Each reply arrives on <box>.<agent>; subscribed before the task is published.
-        replies = await self._broker.subscribe(f"{key}.*", self._on_reply)
+        replies = await self._broker.subscribe(box.wildcard, self._on_reply)
         data, execute_ms = _addressed(msg.data, key)
         headers[h.REPLY_TO] = key
         ttl = headers.get(h.TTL, "")
@@ -97,7 +99,7 @@ class Calls:
         timer = asyncio.get_running_loop().call_later(
             ttl_ms / 1000 + GRACE_S, self._give_up, key, ttl_ms
         )
-        self._waiting[key] = _Waiting(msg.reply, timer, replies, execute_ms)
+        self._waiting[key] = _Waiting(msg.reply, timer, box, replies, execute_ms)
         try:
             subject = self._broker.names.task(topic, sender)  # the caller stays the sender
             stored = await self._broker.publish(subject, data, headers=headers)
@@ -132,13 +134,16 @@ class Calls:
             await self._answer_result(requester, ended.result, ended.result_ref)
 
     async def _on_reply(self, msg: Inbound) -> None:
-        key = msg.subject.rpartition(".")[0]
-        if key not in self._waiting:
+        waiting = self._waiting.get(msg.subject.rpartition(".")[0])
+        if waiting is None:
             return
-        try:
-            reply = envelopes.decode_reply(msg.data)
-        except DecodeError:
-            return
+        waiting.box.collect(msg)
+        while not waiting.box.replies.empty() and waiting.box.subject in self._waiting:
+            reply = waiting.box.replies.get_nowait()
+            if reply is not None:
+                await self._settle(waiting.box.subject, reply)
+
+    async def _settle(self, key: str, reply: Reply) -> None:
         match reply:
             case Result():
                 await self._answer_result(self._forget(key), reply.result, reply.result_ref)

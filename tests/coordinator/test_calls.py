@@ -86,3 +86,48 @@ def test_a_call_s_body_is_read_once_for_its_reply_address_and_its_budget():
     assert _addressed(b"not json", "box") == (b"not json", default)
     odd = b'{"v": 1, "kind": "task", "budget": [1500]}'
     assert _addressed(odd, "box")[1] == default
+
+
+async def test_a_call_takes_its_answer_only_from_the_announced_agent(broker, coordinator):
+    """Another party that learns a call's box (here: from the stored task) and answers in it
+    first, in its own name or in the announced agent's, is not heard: the requester gets
+    the result of the agent the coordinator routed the task to."""
+    names = broker.names
+    started, release = asyncio.Event(), asyncio.Event()
+    agent = Agent("call-honest", startup_delay=0)
+
+    @agent.handler("slow_echo")
+    async def slow_echo(ctx: TaskContext, payload: dict) -> dict:
+        started.set()
+        await release.wait()
+        return {"echo": payload}
+
+    boxes: list[str] = []
+
+    async def seen(msg) -> None:  # type: ignore[no-untyped-def]
+        boxes.append((msg.headers or {}).get(h.REPLY_TO, ""))  # the body is a bare payload
+
+    tap = await broker.nc.subscribe(names.tasks_wildcard, cb=seen)
+    async with agent.running(broker=broker):
+        calling = asyncio.create_task(
+            broker.nc.request(names.call("slow_echo"), b'{"n": 1}', timeout=10)
+        )
+        await started.wait()
+        [box] = boxes
+        for sender, claimed in (("forger", "forger"), ("forger", "call-honest")):
+            forged = envelopes.Result(
+                v=1,
+                message_id="x",
+                trace_id="x",
+                topic="slow_echo",
+                from_agent=claimed,
+                result={"forged": True},
+            )
+            await broker.nc.publish(f"{box}.{sender}", envelopes.encode(forged))
+        await broker.nc.flush()
+        release.set()
+        answer = await calling
+    await tap.unsubscribe()
+    assert envelopes.decode_json(answer.data) == {"echo": {"n": 1}}
+    assert box.startswith(names.reply_box("coordinator", "call"))
+    assert len(box.rpartition(".")[2]) > 30  # not a counter anybody could guess

@@ -15,11 +15,11 @@ import asyncio
 import structlog
 
 from agentreach import envelopes
-from agentreach.broker import Inbound, Names
-from agentreach.broker.names import COORDINATOR
+from agentreach.broker.messages import Inbound
+from agentreach.broker.names import COORDINATOR, Names
 from agentreach.envelopes import Reply, Routed
 
-log = structlog.get_logger("agents.replies")
+log = structlog.get_logger("broker.reply_box")
 
 
 class ReplyBox:
