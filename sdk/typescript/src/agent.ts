@@ -14,6 +14,7 @@ import { jsonLogger } from "./log.js";
 import type { Logger } from "./log.js";
 import { Names } from "./names.js";
 import { AgentRuntime } from "./runtime.js";
+import { Signal } from "./timing.js";
 import type { Handler, HandlerSpec } from "./execution.js";
 import type { AgentCard, Intent, RateLimit } from "./types.js";
 
@@ -100,6 +101,7 @@ export class Agent {
   private state: "new" | "starting" | "running" | "stopped" = "new";
   private startup: Promise<void> | null = null;
   private closing: Promise<void> | null = null;
+  private readonly stopAsked = new Signal();
   private readonly aborted = new AbortController(); // a stop during start
   private registeredEpoch = 0;
 
@@ -215,11 +217,24 @@ export class Agent {
   }
 
   /**
+   * Start, then serve until stop(). Rejects with AgentIdInUse once a newer process of the id
+   * fenced this one out (it was stalled or cut off meanwhile): this one then stopped on its own.
+   */
+  async run(servers?: Servers): Promise<void> {
+    await this.start(servers);
+    await this.stopAsked.wait();
+    await this.closing;
+    const replaced = this.runtime?.replacedError();
+    if (replaced) throw replaced;
+  }
+
+  /**
    * Stop taking work, let running handlers finish, mark the card stopped, disconnect.
    * Safe to call at any time and more than once; a start under way gives up first.
    */
   stop(): Promise<void> {
     this.closing ??= this.close();
+    this.stopAsked.set();
     return this.closing;
   }
 
@@ -240,6 +255,8 @@ export class Agent {
         card: () => this.card(),
         capacity: this.capacity,
         claimCheckBytes: this.claimCheckBytes,
+        // The stop's outcome reaches run() through `closing`.
+        onReplaced: () => void this.stop().catch(() => undefined),
       },
       conn,
       this.log,

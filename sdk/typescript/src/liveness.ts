@@ -8,12 +8,12 @@
 
 import { performance } from "node:perf_hooks";
 import { ErrorCode } from "nats";
-import type { NatsError, Service, Subscription } from "nats";
+import type { KV, NatsError, Service, Subscription } from "nats";
 
 import { decodeJson, encode, newId, nowMs } from "./codec.js";
 import { isWrongLastSequence } from "./connection.js";
 import type { Connection } from "./connection.js";
-import { AgentIdInUse } from "./errors.js";
+import { AgentIdInUse, ReachError } from "./errors.js";
 import { emit, eventFor } from "./lifecycle.js";
 import type { Logger } from "./log.js";
 import { jittered, Signal } from "./timing.js";
@@ -99,6 +99,15 @@ export interface Load {
   latency_ms: number;
 }
 
+/** A newer process of this agent id heartbeats: this one is fenced out. */
+class Replaced extends ReachError {
+  override name = "Replaced";
+
+  constructor(readonly epoch: number) {
+    super(`a newer process of this agent id heartbeats (epoch ${epoch})`);
+  }
+}
+
 /** Writes a heartbeat every interval ± 20 % and applies the coordinator's instructions. */
 export class Heartbeats {
   intervalS: number;
@@ -118,6 +127,11 @@ export class Heartbeats {
     intervalS: number,
     private readonly load: () => Load,
     private readonly log: Logger,
+    /**
+     * Told the epoch of a newer process of the id once one is found heartbeating (this
+     * process was stalled or cut off meanwhile); beating then stops.
+     */
+    private readonly onReplaced: (epoch: number) => void = () => undefined,
   ) {
     this.intervalS = intervalS;
   }
@@ -158,12 +172,22 @@ export class Heartbeats {
       // Cleared before the beat: a new interval that arrives while the beat is being
       // written must still wake the wait below, or its "beat at once" is lost.
       this.wake.clear();
-      await this.beat(kv);
+      try {
+        await this.beat(kv);
+      } catch (err) {
+        if (!(err instanceof Replaced)) throw err;
+        this.log.error("a newer process of this agent id heartbeats; this one stops", {
+          epoch: this.epoch,
+          newer_epoch: err.epoch,
+        });
+        this.onReplaced(err.epoch);
+        return;
+      }
       await delay(jittered(this.intervalS * 1000), this.wake);
     }
   }
 
-  private async beat(kv: Awaited<ReturnType<Connection["kv"]>>): Promise<void> {
+  private async beat(kv: KV): Promise<void> {
     this.seq += 1;
     const wall = nowMs();
     const mono = performance.now();
@@ -177,11 +201,42 @@ export class Heartbeats {
       agent_time_ms: wall,
     };
     try {
-      this.revision = await kv.put(this.agentId, encode(beat));
+      this.revision = await this.write(kv, encode(beat));
     } catch (err) {
+      if (err instanceof Replaced) throw err;
       this.log.warn("heartbeat not written", { error: String(err) });
     }
     await this.checkClock(wall, mono);
+  }
+
+  /**
+   * Write `beat` on this process's last one: a write in between was another process's, and
+   * one of a higher epoch fences this process out (throws Replaced). Anything else in between
+   * (a store that came back empty) is written over.
+   */
+  private async write(kv: KV, beat: Uint8Array): Promise<number> {
+    if (this.revision) {
+      try {
+        return await kv.update(this.agentId, beat, this.revision);
+      } catch (err) {
+        if (!isWrongLastSequence(err)) throw err;
+        const epoch = await this.currentEpoch(kv);
+        if (epoch > this.epoch) throw new Replaced(epoch);
+      }
+    }
+    return kv.put(this.agentId, beat);
+  }
+
+  /** The epoch of the heartbeat the key holds; 0 when it holds none, or none readable. */
+  private async currentEpoch(kv: KV): Promise<number> {
+    const entry = await kv.get(this.agentId);
+    if (entry === null || entry.operation !== "PUT") return 0;
+    try {
+      const epoch = (decodeJson(entry.value) as Partial<Heartbeat> | null)?.epoch;
+      return Number.isInteger(epoch) ? (epoch as number) : 0;
+    } catch {
+      return 0;
+    }
   }
 
   private async checkClock(wall: number, mono: number): Promise<void> {

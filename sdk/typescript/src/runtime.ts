@@ -9,7 +9,7 @@ import type { Consumer, ConsumerConfig, JsMsg, NatsError } from "nats";
 import { encode } from "./codec.js";
 import { isWrongLastSequence } from "./connection.js";
 import type { Connection } from "./connection.js";
-import { ReachError } from "./errors.js";
+import { AgentIdInUse, ReachError } from "./errors.js";
 import { LEASE_GRACE_MS } from "./deadline.js";
 import { ClaimCheck } from "./claimcheck.js";
 import { Executor, quietly } from "./execution.js";
@@ -43,11 +43,15 @@ export interface RuntimeConfig {
   capacity: number;
   /** Results larger than this (bytes of JSON) go to the Object Store. */
   claimCheckBytes: number;
+  /** Told once a newer process of the id fenced this one out: the owner then stops it. */
+  onReplaced: () => void;
 }
 
 export class AgentRuntime {
   card: AgentCard | null = null;
   heartbeats: Heartbeats | null = null;
+  /** The epoch of a newer process of the id found heartbeating (0: none yet). */
+  replacedBy = 0;
   private cardRevision = 0;
   private readonly stopping = new AbortController();
   private readonly loops: Promise<void>[] = [];
@@ -103,7 +107,8 @@ export class AgentRuntime {
     const consumers = await Promise.all(PRIORITIES.map((p) => this.bind(p)));
     this.checkNotStopped();
     const intervalS = askedS ?? config.heartbeatIntervalMs / 1000;
-    this.heartbeats = new Heartbeats(conn, config.agentId, this.card.epoch, intervalS, () => this.load(), this.log);
+    const onReplaced = (epoch: number) => this.onReplaced(epoch);
+    this.heartbeats = new Heartbeats(conn, config.agentId, this.card.epoch, intervalS, () => this.load(), this.log, onReplaced);
     this.heartbeats.start();
     void this.keepCard().catch((err) => this.log.warn("card keeper stopped", { error: String(err) }));
     const executor = this.executor;
@@ -138,6 +143,25 @@ export class AgentRuntime {
         await sleep(CARD_CHECK_MS, signal); // the registry is not there (yet)
       }
     }
+  }
+
+  /**
+   * A newer process serves this id (this one was stalled, or cut off, meanwhile): it must take
+   * no more work and stop (§3.4: one live process per id). Its card and heartbeat stand, as
+   * the conditional retire leaves them.
+   */
+  private onReplaced(epoch: number): void {
+    this.replacedBy = epoch;
+    this.config.onReplaced();
+  }
+
+  /** What `Agent.run` throws once a newer process fenced this one out; null before. */
+  replacedError(): AgentIdInUse | null {
+    if (this.replacedBy === 0) return null;
+    return new AgentIdInUse(
+      `agent_id '${this.config.agentId}' was registered again by a newer process` +
+        ` (epoch ${this.replacedBy}; this one's ${this.card?.epoch ?? 0}): this process stopped`,
+    );
   }
 
   private checkNotStopped(): void {

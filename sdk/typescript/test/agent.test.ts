@@ -36,6 +36,19 @@ async function started(agent: Agent): Promise<Agent> {
   return agent;
 }
 
+/** `promise`, or a rejection naming `what` once `ms` have passed. */
+async function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: not within ${ms} ms`)), ms);
+  });
+  try {
+    return await Promise.race([promise, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 function newAgent(id: string, options: Partial<ConstructorParameters<typeof Agent>[0]> = {}): Agent {
   return new Agent({ agentId: id, startupDelayMs: 0, heartbeatIntervalMs: 1_000, logger: quiet, ...options });
 }
@@ -531,6 +544,38 @@ describe("registration and liveness", () => {
     assert.equal((await beats.get(id))!.json<Heartbeat>().epoch, newer.epoch);
   });
 
+  it("stops, its run rejecting, once a newer process of its id heartbeats (a stalled one that resumed)", async () => {
+    const id = unique("ts-fenced");
+    const errors: string[] = [];
+    const logger = { ...quiet, error: (event: string) => void errors.push(event) };
+    const agent = newAgent(id, { heartbeatIntervalMs: 200, logger }).handler(unique("fenced"), () => null);
+    agents.push(agent);
+    const running = agent.run(stack.url);
+    const cards = await kv("reach_agents");
+    const beats = await kv("reach_heartbeats");
+    const card = (await kvUntil<AgentCard>(cards, id, (c) => c?.status === "running"))!;
+    await kvUntil<Heartbeat>(beats, id, (b) => b?.epoch === card.epoch); // its first beat is in
+    // What a newer process of the id writes when it registers past this one, then beats.
+    const newer = { ...card, epoch: card.epoch + 1, pid: 1 };
+    await cards.put(id, JSON.stringify(newer));
+    await beats.put(id, JSON.stringify({ v: 1, agent_id: id, epoch: newer.epoch, seq: 1, interval_s: 30 }));
+    await assert.rejects(within(running, 10_000, "the fenced agent's stop"), (err: unknown) => {
+      assert.ok(err instanceof AgentIdInUse);
+      assert.equal(
+        err.message,
+        `agent_id '${id}' was registered again by a newer process (epoch ${newer.epoch}; this one's ${card.epoch}): this process stopped`,
+      );
+      return true;
+    });
+    assert.ok(errors.includes("a newer process of this agent id heartbeats; this one stops"), errors.join("\n"));
+    await assert.rejects(stack.nc.request(`reach.presence.${id}`, "", { timeout: 2_000 })); // no longer answers
+    const after = (await cards.get(id))!.json<AgentCard>();
+    assert.deepEqual([after.status, after.epoch, after.pid], ["running", newer.epoch, 1]);
+    const beat = await beats.get(id);
+    assert.equal(beat?.operation, "PUT");
+    assert.deepEqual([beat!.json<Heartbeat>().epoch, beat!.json<Heartbeat>().seq], [newer.epoch, 1]);
+  });
+
   it("waits for the streams and buckets of its prefix, and starts once they are provisioned", async () => {
     const prefix = `fresh${process.pid}`;
     const waiting = new Gate();
@@ -556,12 +601,15 @@ describe("registration and liveness", () => {
     assert.equal(beat!.interval_s, 0.5);
   });
 
-  it("stops gracefully: card stopped, heartbeat deleted, coordinator says OFFLINE stopped", async () => {
+  it("stops gracefully: run ends, card stopped, heartbeat deleted, coordinator says OFFLINE stopped", async () => {
     const id = unique("ts-stop");
-    const agent = await started(newAgent(id).handler(unique("stop"), () => null));
+    const agent = newAgent(id).handler(unique("stop"), () => null);
+    agents.push(agent);
+    const running = agent.run(stack.url);
     const liveness = await kv("reach_liveness");
     await kvUntil<Liveness>(liveness, id, (l) => l?.state === "ONLINE");
     await agent.stop();
+    await within(running, 5_000, "run() after stop()"); // ends with the stop, without an error
     const card = (await (await kv("reach_agents")).get(id))!.json<AgentCard>();
     assert.equal(card.status, "stopped");
     const beat = await (await kv("reach_heartbeats")).get(id);
