@@ -109,6 +109,7 @@ async def _not_closed(broker: Broker) -> dict[str, list[BreakerRecord]]:
 
 @dataclass(frozen=True, slots=True)
 class Row:
+    key: str  # the card's key in the registry: the agent id
     card: AgentCard
     liveness: Liveness | None
     heartbeat: Heartbeat | None
@@ -134,7 +135,7 @@ async def collect(broker: Broker) -> list[Row]:
         liveness = judged[agent_id].value if agent_id in judged else None
         open_ones = tuple(tripped.get(agent_id, []))
         heartbeat = beat.value if beat else None
-        rows.append(Row(cards[agent_id].value, liveness, heartbeat, age, open_ones))
+        rows.append(Row(agent_id, cards[agent_id].value, liveness, heartbeat, age, open_ones))
     return rows
 
 
@@ -155,6 +156,8 @@ def _line(row: Row) -> str:
     state = "STOPPED" if card.status != "running" else judged.state if judged else "UNKNOWN"
     if judged and judged.quarantined:
         state = "QUARANT."
+    if card.agent_id != row.key:  # the coordinator does not believe it either
+        return f"{row.key:<22} {'IGNORED':<9} its card names another agent, {card.agent_id!r}"
     since = (
         dt.datetime.fromtimestamp(judged.since_ms / 1000).strftime("%H:%M:%S") if judged else "-"
     )

@@ -101,7 +101,7 @@ class AgentDirectory:
             self._apply(Change(key=gone, value=None, revision=0))
         self._by_intent = None
         self.version += 1
-        self._cards.update((key, entry.value) for key, entry in present.items())
+        self._cards.update((key, e.value) for key, e in present.items() if _own(key, e.value))
 
     def can_take_work(self, card: AgentCard) -> bool:
         return self.why_not_working(card) is None
@@ -137,9 +137,14 @@ class AgentDirectory:
             self._cards.pop(change.key, None)
             return
         try:
-            self._cards[change.key] = decode_as(change.value, AgentCard)
+            card = decode_as(change.value, AgentCard)
         except DecodeError as exc:
             log.warning("ignoring unreadable agent card", agent_id=change.key, error=str(exc))
+            self._cards.pop(change.key, None)
+            return
+        if _own(change.key, card):
+            self._cards[change.key] = card
+        else:
             self._cards.pop(change.key, None)
 
     @staticmethod
@@ -147,3 +152,13 @@ class AgentDirectory:
         await cards.initial.wait()
         await liveness.initial.wait()
         ready.set()
+
+
+def _own(key: str, card: AgentCard) -> bool:
+    """Whether the card under ``key`` is that agent's: an agent may write only its own key
+    (under permissions), and a card there naming another agent would draw that agent's
+    tasks into a queue nobody consumes."""
+    if card.agent_id == key:
+        return True
+    log.warning("ignoring a card that names another agent", key=key, names=card.agent_id)
+    return False

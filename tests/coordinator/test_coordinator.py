@@ -21,6 +21,7 @@ from agentreach.coordinator import (
 )
 from agentreach.envelopes import AgentCard, Intent
 from agentreach.envelopes.messages import DEFAULT_TTL_MS
+from tests.cli.conftest import reach_argv, run
 
 
 def counting_agent(agent_id: str, runs: Counter[str]) -> Agent:
@@ -117,6 +118,24 @@ async def test_a_card_written_a_moment_ago_is_found(broker, coordinator, watcher
         message_id, _ = await client.publish("fresh_topic", {})
     routed = await watcher.event("routed", message_id=message_id)
     assert routed.agent_id == "fresh"
+
+
+async def test_a_card_under_another_agent_s_key_draws_no_task(broker, coordinator, watcher):
+    """An agent may write only its own key, but what it writes there could name another
+    agent: such a card is not believed, so the other agent's tasks are not drawn into a
+    queue nobody consumes (here: nobody else serves the topic, so `no_route` at once)."""
+    kv = await broker.kv(broker.names.agents_bucket)
+    spoof = AgentCard(agent_id="victim", intents={"victim_topic": Intent()})
+    await kv.put("spoofer", envelopes.encode(spoof))
+    async with ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("victim_topic", {})
+    letter = await watcher.dead_letter("no_route", message_id=message_id)
+    assert letter.message_id == message_id
+    assert not [e for e in watcher.events if e.event == "routed"]
+    assert "victim" not in coordinator.directory.cards
+    assert "spoofer" not in coordinator.directory.cards
+    shown = await run(*reach_argv(broker, "agents"))
+    assert "spoofer                IGNORED   its card names another agent, 'victim'" in shown.stdout
 
 
 async def test_a_task_nobody_can_take_waits_within_its_ttl_then_expires(
