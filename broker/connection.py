@@ -15,6 +15,7 @@ import nats.errors
 import nats.js
 import nats.js.errors
 import structlog
+from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.kv import KeyValue
 
@@ -31,7 +32,7 @@ from agentreach.broker.errors import (
     translated,
 )
 from agentreach.broker.failover import ELECTION_BUDGET_S, through_elections
-from agentreach.broker.messages import Inbound, InboundHandler, Subscription
+from agentreach.broker.messages import Inbound, InboundHandler, Subscription, core_callback
 from agentreach.broker.names import Names
 from agentreach.broker.pipelined import Outgoing, PipelinedPublisher
 from agentreach.broker.urls import jittered_reconnect, redacted, resolve_url, server_list
@@ -310,12 +311,7 @@ class Broker:
     ) -> Subscription:
         """A core subscription; ``handler`` gets each message (or read them with ``next``).
         Subscribers sharing a ``queue`` name each get a share of the messages."""
-        callback = None
-        if handler is not None:
-
-            async def callback(msg: object) -> None:
-                await handler(Inbound(msg))  # type: ignore[arg-type]
-
+        callback = core_callback(handler) if handler is not None else None
         with translated(subject=subject):
             return Subscription(await self.nc.subscribe(subject, queue=queue, cb=callback))
 

@@ -23,7 +23,7 @@ import nats.aio.subscription
 import structlog
 
 from agentreach.broker.errors import translated
-from agentreach.broker.messages import Inbound, Subscription
+from agentreach.broker.messages import Inbound, Subscription, pushed_from_a_stream
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
@@ -73,5 +73,9 @@ async def listen(broker: Broker, subject: str, handler: Callable[[Inbound], None
     for a handler that only sorts a message into a queue (a caller's reply box), with no
     task of its own and no turn of the event loop per message."""
     with translated(subject=subject):
-        sub = await subscribe_immediate(broker.nc, subject, lambda msg: handler(Inbound(msg)))
+        sub = await subscribe_immediate(
+            broker.nc,
+            subject,
+            lambda msg: None if pushed_from_a_stream(msg) else handler(Inbound(msg)),
+        )
     return Subscription(sub)

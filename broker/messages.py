@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as _NatsSubscription
 
 from agentreach.broker.errors import BrokerError, translated
 from agentreach.broker.tasks import cancel_and_wait
+
+log = structlog.get_logger("broker.messages")
 
 _NO_HEADERS: MappingProxyType[str, str] = MappingProxyType({})
 _V1_TOKENS, _V2_TOKENS = 9, 11
@@ -178,6 +181,37 @@ class _KeepAlive:
         self._timer.cancel()
         if self._saying is not None:
             await cancel_and_wait(self._saying)
+
+
+_logged_deliveries: set[str] = set()
+
+
+def pushed_from_a_stream(msg: Msg) -> bool:
+    """Whether ``msg`` is a stream's delivery (its reply is an ack subject) on a core
+    subject: what a push consumer whose deliver subject someone chose makes the server send
+    there, in its own name, past the permissions that forbid that party to publish there
+    (nats-server checks no permission on a deliver subject). No request, reply or event of
+    the protocol comes so; it is dropped, and said once per subject."""
+    if not (msg.reply or "").startswith("$JS.ACK."):
+        return False
+    if msg.subject not in _logged_deliveries and len(_logged_deliveries) < 1000:
+        _logged_deliveries.add(msg.subject)
+        log.warning(
+            "a stream's delivery on a core subject dropped (a push consumer made to deliver here)",
+            subject=msg.subject,
+            stream_and_consumer=".".join(msg.reply.split(".")[2:4]),
+        )
+    return True
+
+
+def core_callback(handler: InboundHandler) -> Callable[[Msg], Awaitable[None]]:
+    """nats-py's callback for a core subscription whose ``handler`` takes an Inbound."""
+
+    async def callback(msg: Msg) -> None:
+        if not pushed_from_a_stream(msg):
+            await handler(Inbound(msg))
+
+    return callback
 
 
 class Inbound:

@@ -109,3 +109,35 @@ async def test_listen_hands_each_message_over_as_it_is_read_until_closed(broker:
     await broker.nc.publish("listen.0", b"late")
     await broker.flush()  # the server has seen the publish: had anyone listened, it was sent
     assert len(got) == 10
+
+
+async def test_a_stream_s_delivery_pushed_onto_a_core_subject_is_not_handled(broker: Broker):
+    """A party allowed to make a consumer, but not to publish on a coordinator's control
+    subject, could have the server push a stream's messages there (nats-server checks no
+    permission on a deliver subject). Core handlers (``subscribe``, ``listen``) drop them;
+    a real publish on the subject is handled."""
+    names = broker.names
+    subject = f"{names.prefix}.ctl.pushed"
+    handled: list[bytes] = []
+    listened: list[bytes] = []
+    raw: asyncio.Queue[nats.aio.msg.Msg] = asyncio.Queue()
+    got_plain = asyncio.Event()
+
+    async def handle(msg: Inbound) -> None:
+        handled.append(msg.data)
+        got_plain.set()
+
+    await broker.subscribe(subject, handle)
+    await listen(broker, subject, lambda msg: listened.append(msg.data))
+    await broker.nc.subscribe(subject, cb=raw.put)
+    config = api.ConsumerConfig(
+        durable_name="pusher", deliver_subject=subject, filter_subject=names.task("pushed")
+    )
+    await broker.js.add_consumer(names.tasks_stream, config=config)
+    await broker.publish(names.task("pushed"), b'"stored"')
+    pushed = await asyncio.wait_for(raw.get(), timeout=5)
+    await broker.nc.publish(subject, b'"plain"')
+    await asyncio.wait_for(got_plain.wait(), timeout=5)
+    assert pushed.reply.startswith("$JS.ACK.")
+    assert handled == [b'"plain"']
+    assert listened == [b'"plain"']
