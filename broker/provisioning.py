@@ -65,10 +65,14 @@ async def provision(
     if topology.replicas == AUTO:
         topology = topology.with_replicas(replicas)  # type: ignore[arg-type]
     js = broker.js
+    kept = _not_to_update(broker)
     changes: list[tuple[str, str, Change]] = []
     with translated():  # a ProvisionError passes through; anything else is a BrokerError
         for stream in topology.streams:
-            change = await _patiently(stream, lambda s=stream: _ensure_stream(js, s, may_shrink))
+            ours = stream.name not in kept
+            change = await _patiently(
+                stream, lambda s=stream, u=ours: _ensure_stream(js, s, may_shrink, may_update=u)
+            )
             changes.append((stream.name, stream.name, change))
         for bucket in topology.buckets:
             change = await _patiently(bucket, lambda b=bucket: _ensure_bucket(js, b, may_shrink))
@@ -120,15 +124,23 @@ async def _existing(js: nats.js.JetStreamContext, stream: str) -> api.StreamConf
         return None
 
 
+def _not_to_update(broker: Broker) -> frozenset[str]:
+    """Streams these credentials may not update: the coordinator's permissions keep it from
+    the dead letters' and the events' limits (a smaller limit is a purge by another name)."""
+    if broker.auth.role != "coordinator":
+        return frozenset()
+    return frozenset((broker.names.dlq_stream, broker.names.events_stream))
+
+
 async def _ensure_stream(
-    js: nats.js.JetStreamContext, spec: StreamSpec, may_shrink: bool
+    js: nats.js.JetStreamContext, spec: StreamSpec, may_shrink: bool, *, may_update: bool = True
 ) -> Change:
     wanted = spec.config()
     existing = await _existing(js, spec.name)
     if existing is None:
         await js.add_stream(wanted)
         return Change(Outcome.CREATED)
-    return await _update_if_changed(js, existing, wanted, may_shrink)
+    return await _update_if_changed(js, existing, wanted, may_shrink, may_update=may_update)
 
 
 async def _ensure_bucket(
@@ -188,6 +200,8 @@ async def _update_if_changed(
     existing: api.StreamConfig,
     wanted: api.StreamConfig,
     may_shrink: bool,
+    *,
+    may_update: bool = True,
 ) -> Change:
     changed = [f for f in _MANAGED if _norm(existing, f) != _norm(wanted, f)]
     before = existing.num_replicas or 1
@@ -199,6 +213,14 @@ async def _update_if_changed(
         # without --durable never moves the work streams off the servers that sync always.
         changed.remove("placement")
     if not changed:
+        return Change(Outcome.UNCHANGED)
+    if not may_update:
+        log.warning(
+            "stream differs from the topology, and these credentials may not update it:"
+            " run `reach provision` as an operator",
+            stream=wanted.name,
+            fields=changed,
+        )
         return Change(Outcome.UNCHANGED)
     for field in _IMMUTABLE:
         if field in changed:

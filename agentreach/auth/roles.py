@@ -158,6 +158,7 @@ def coordinator(names: Names) -> Permissions:
     p, dlq, events = names.prefix, names.dlq_stream, names.events_stream
     topology = Topology.default(names)
     ours = [s.name for s in topology.streams] + [f"KV_{b.name}" for b in topology.buckets]
+    ours += [o.stream for o in topology.objects]
     return _permissions(
         [f"{p}.>", "$JS.API.>", "$JS.ACK.>", "$KV.>"],
         [_inbox(), f"{p}.>"],
@@ -165,6 +166,8 @@ def coordinator(names: Names) -> Permissions:
             # (named, not STREAM.DELETE.>: `replicas: auto` deletes a probe stream it made)
             *(f"$JS.API.STREAM.DELETE.{name}" for name in ours),
             *(f"$JS.API.STREAM.PURGE.{name}" for name in (dlq, events)),
+            # Smaller limits would drop what they hold: `reach provision` updates them.
+            *(f"$JS.API.STREAM.UPDATE.{name}" for name in (dlq, events)),
             *(f"$JS.API.STREAM.MSG.DELETE.{name}" for name in (dlq, events)),
             f"$JS.API.CONSUMER.DELETE.{dlq}.>",
         ],

@@ -26,6 +26,7 @@ import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client as NATS
+from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import (
@@ -1058,3 +1059,44 @@ async def test_a_caller_over_its_quota_is_rate_limited(arena: Arena) -> None:
     assert refused.value.reason == "rate_limited"
     assert refused.value.error.retry_after_ms is not None
     assert refused.value.error.retry_after_ms > 0
+
+
+async def test_the_coordinator_s_creds_neither_shrink_the_dead_letters_nor_delete_a_store(
+    arena: Arena,
+) -> None:
+    """A smaller limit on REACH_DLQ or REACH_EVENTS is a purge by another name, and the
+    payload store is a stream like the others: the coordinator's permissions refuse both
+    (`reach provision` as an operator updates those streams); the streams stay as they were."""
+    dlq, events = NAMES.dlq_stream, NAMES.events_stream
+    payloads = f"OBJ_{NAMES.payloads_bucket}"
+    if (await quietly(arena.admin.js.stream_info(payloads))) is None:
+        await arena.admin.js.create_object_store(NAMES.payloads_bucket)
+    async with Broker(arena.url, name="coordinator-2", auth=arena.deployment.coordinator) as c:
+        for stream in (dlq, events):
+            config = (await arena.admin.js.stream_info(stream)).config
+            config.max_msgs = 1
+            assert await quietly(c.js.update_stream(config)) is None
+        assert await quietly(c.js.delete_stream(payloads)) is None
+    for stream in (dlq, events):
+        assert (await arena.admin.js.stream_info(stream)).config.max_msgs in (None, -1)
+    assert (await arena.admin.js.stream_info(payloads)).config.name == payloads
+
+
+async def test_a_coordinator_provisions_around_the_streams_it_may_not_update(
+    arena: Arena,
+) -> None:
+    """Where REACH_DLQ differs from the topology (an upgrade changed it), a coordinator's
+    provisioning says that an operator must update it, and goes on; `reach provision` with
+    the operator's creds brings it to the topology."""
+    dlq = NAMES.dlq_stream
+    config = (await arena.admin.js.stream_info(dlq)).config
+    config.description = "changed by hand"
+    await arena.admin.js.update_stream(config)
+    async with Broker(arena.url, name="coordinator-3", auth=arena.deployment.coordinator) as c:
+        with capture_logs() as logs:
+            await provision(c, Topology.default(NAMES))
+    assert (await arena.admin.js.stream_info(dlq)).config.description == "changed by hand"
+    said = [e for e in logs if e.get("stream") == dlq]
+    assert said and "run `reach provision` as an operator" in said[0]["event"]
+    await provision(arena.admin, Topology.default(NAMES))
+    assert (await arena.admin.js.stream_info(dlq)).config.description != "changed by hand"
