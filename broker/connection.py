@@ -15,7 +15,6 @@ import nats.errors
 import nats.js
 import nats.js.errors
 import structlog
-from nats.aio.msg import Msg
 from nats.js import api
 from nats.js.kv import KeyValue
 
