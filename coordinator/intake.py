@@ -66,7 +66,13 @@ class Intake:
                 reply_allowed=self._reply_policy(sender),
             )
         except DecodeError as exc:
-            await self._invalid(msg, topic, fallback_id, exc, sender)
+            stub = self._stub(msg, topic, fallback_id, sender)
+            # Charged as a task would be: a caller over its quota must not flood the DLQ.
+            if sender is not None and msg.num_delivered == 1:
+                stub = msgspec.structs.replace(stub, caller=sender)
+                if not await self._within_quota(stub):
+                    return None
+            await self._invalid(msg, stub, exc)
             return None
         if sender is not None:  # the subject names the sender; the body's own claims give way
             from_agent = sender if task.from_agent is not None else None
@@ -128,31 +134,39 @@ class Intake:
             return names.reply_allowed
         return lambda subject: names.caller_of_reply_box(subject) == sender
 
-    async def _invalid(
-        self, msg: Delivery, topic: str, fallback_id: str, exc: DecodeError, sender: str | None
-    ) -> None:
-        headers = dict(msg.headers or {})
+    def _stub(self, msg: Delivery, topic: str, fallback_id: str, sender: str | None) -> Task:
+        """What an undecodable message claims to be (its ids, and a reply box its sender may
+        be answered in), to dead-letter or refuse it by."""
+        headers = msg.headers or {}
         claimed = _claimed_ids(msg.data)
         message_id = _token_or(headers.get(h.MSG_ID) or claimed.get("message_id"), fallback_id)
         trace_id = _token_or(headers.get(h.TRACE_ID) or claimed.get("trace_id"), message_id)
-        topic = _token_or(topic, INVALID_TOPIC)
+        reply_to = headers.get(h.REPLY_TO) or ""
+        allowed = is_reply_subject(reply_to) and self._reply_policy(sender)(reply_to)
+        return Task(
+            v=1,
+            message_id=message_id,
+            trace_id=trace_id,
+            topic=_token_or(topic, INVALID_TOPIC),
+            reply_to=reply_to if allowed else None,
+        )
+
+    async def _invalid(self, msg: Delivery, stub: Task, exc: DecodeError) -> None:
         error = ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False)
-        log.warning("invalid envelope", message_id=message_id, subject=msg.subject, error=str(exc))
+        log.warning(
+            "invalid envelope", message_id=stub.message_id, subject=msg.subject, error=str(exc)
+        )
         await dead_letter(
             self._broker,
             reason="invalid_envelope",
-            message_id=message_id,
-            trace_id=trace_id,
-            topic=topic,
+            message_id=stub.message_id,
+            trace_id=stub.trace_id,
+            topic=stub.topic,
             error=error,
             raw=msg.data,
-            headers=headers,
+            headers=dict(msg.headers or {}),
         )
-        reply_to = headers.get(h.REPLY_TO) or ""
-        if is_reply_subject(reply_to) and self._reply_policy(sender)(reply_to):
-            stub = Task(
-                v=1, message_id=message_id, trace_id=trace_id, topic=topic, reply_to=reply_to
-            )
+        if stub.reply_to:
             await reply(self._broker, stub, error_reply(stub, error))
 
 

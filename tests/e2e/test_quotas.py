@@ -106,3 +106,24 @@ async def test_three_replicas_hold_one_quota_per_caller(broker, start_coordinato
     assert refused(watcher, free | operator) == []
     assert counts["w"] == admitted + 35
     assert watcher.count("dead_lettered") == 0 and watcher.dead_letters == []
+
+
+async def test_a_caller_over_its_quota_cannot_flood_the_dlq_with_malformed_bodies(
+    broker, start_coordinator, watcher
+):
+    """A malformed body is charged to its caller's quota as a task is: within it, each one is
+    dead-lettered as invalid_envelope (with its reason); past it, refused as rate_limited
+    with a `rejected` event and no dead letter."""
+    limits = RateLimits(callers={"mallet": RateLimit(rate=0.2, burst=3)})
+    subject = broker.names.task("work", "mallet")
+    async with start_coordinator(fast(rate_limits=limits)):
+        ids = [f"junk-{n}" for n in range(8)]
+        for message_id in ids:
+            await broker.publish(subject, b"{not json", headers={"Nats-Msg-Id": message_id})
+        await eventually(lambda: len(watcher.dead_letters) + len(refused(watcher, set(ids))) == 8)
+    assert [d.reason for d in watcher.dead_letters] == ["invalid_envelope"] * 3
+    assert {d.message_id for d in watcher.dead_letters} == set(ids[:3])
+    rejected = refused(watcher, set(ids))
+    assert len(rejected) == 5
+    assert {e.detail["error"]["type"] for e in rejected} == {"rate_limited"}
+    assert {e.detail["caller"] for e in rejected} == {"mallet"}
