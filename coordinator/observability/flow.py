@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
 from agentreach.broker import Delivery
+from agentreach.broker.names import COORDINATOR
 from agentreach.envelopes import DecodeError, Event, decode_event, now_ms
 
 OTHER_TOPIC = "_other"  # topics nobody serves: anyone may publish to reach.task.<anything>
@@ -28,6 +29,12 @@ LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
 REJECTIONS = ("backpressure", "rate_limited", "circuit_open")
+QUOTA = "quota"  # the rejection kind of a caller over its quota: `rejected`, no dead letter
+ALERT_PROBLEMS = ("impersonation", "unresponsive")
+OTHER_PROBLEM = "other"
+# Kinds only the coordinator publishes. Another sender's (an agent's body of such a kind,
+# under a subject of its own) is not counted: an agent must not raise or fake an alert.
+COORDINATOR_ONLY = frozenset({"rejected", "alert"})
 BREAKER_EVENTS = {
     "breaker_opened": ("intent", "open"),
     "breaker_half_open": ("intent", "half_open"),
@@ -45,6 +52,8 @@ FOLDED = (
     "failed",
     "dead_lettered",
     "late_result_rejected",
+    "rejected",
+    "alert",
     "agent_state",
     *BREAKER_EVENTS,
     "workflow_started",
@@ -116,10 +125,18 @@ class FlowMetrics:
         )
         self.rejections = Counter(
             "reach_rejections",
-            "Tasks refused by protection: backpressure, rate limits, open breakers.",
+            "Tasks refused by protection: backpressure, rate limits, quotas, open breakers.",
             ["kind", "topic"],
             registry=r,
         )
+        self.alerts = Counter(
+            "reach_alerts",
+            "Alert events the coordinator raised, by problem (impersonation, unresponsive).",
+            ["problem"],
+            registry=r,
+        )
+        for problem in ALERT_PROBLEMS:  # at 0 from the start: the first one is an increase
+            self._child(self.alerts, problem)
         self.late_results = Counter(
             "reach_late_results",
             "Results fenced off because the task was reassigned meanwhile.",
@@ -198,6 +215,8 @@ class FlowMetrics:
             event = decode_event(msg.data)
         except DecodeError:
             return  # not an event of ours: nothing to count
+        if event.event in COORDINATOR_ONLY and not msg.subject.endswith(f".{COORDINATOR}"):
+            return
         self.fold(event, stored_ms)
 
     def fold(self, event: Event, stored_ms: int) -> None:
@@ -228,6 +247,12 @@ class FlowMetrics:
                 self._dead_lettered(event, topic)
             case "late_result_rejected":
                 self._child(self.late_results, topic).inc()
+            case "rejected":
+                self._rejected(event, topic)
+            case "alert":
+                problem = str(detail.get("problem"))
+                label = problem if problem in ALERT_PROBLEMS else OTHER_PROBLEM
+                self._child(self.alerts, label).inc()
             case "agent_state":
                 self._child(self.agent_transitions, str(detail.get("state", "UNKNOWN"))).inc()
             case "workflow_started":
@@ -248,9 +273,14 @@ class FlowMetrics:
         reason = str(event.detail.get("reason", "unknown"))
         self._child(self.finished, topic, event.priority, reason).inc()
         self._child(self.dead_letters, reason, topic).inc()
-        error = event.detail.get("error")
-        kind = error.get("type") if isinstance(error, dict) else None
+        kind = _error_type(event.detail)
         if reason == "rejected" and kind in REJECTIONS:
+            self._child(self.rejections, kind, topic).inc()
+
+    def _rejected(self, event: Event, topic: str) -> None:
+        """A refusal without a dead letter: a caller over its quota."""
+        kind = QUOTA if "quota" in event.detail else _error_type(event.detail)
+        if kind is not None and (kind == QUOTA or kind in REJECTIONS):
             self._child(self.rejections, kind, topic).inc()
 
     def _workflow_ended(self, event: Event, topic: str, stored_ms: int) -> None:
@@ -276,6 +306,13 @@ class FlowMetrics:
 
 def _seconds(ms: float) -> float:
     return max(0.0, ms / 1000)
+
+
+def _error_type(detail: dict[str, Any]) -> str | None:
+    """The ``type`` of the event's ``error``, if it carries one."""
+    error = detail.get("error")
+    kind = error.get("type") if isinstance(error, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def _number(value: object) -> float | None:

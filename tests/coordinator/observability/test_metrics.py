@@ -10,11 +10,11 @@ import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
-from agentreach.broker.lifecycle import emit, event_for
-from agentreach.coordinator import Coordinator
+from agentreach.broker.lifecycle import agent_event, emit, event_for
+from agentreach.coordinator import Coordinator, CoordinatorConfig, RateLimits
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.coordinator.observability.http import HttpError
-from agentreach.envelopes import Task
+from agentreach.envelopes import Event, RateLimit, Task
 from tests.conftest import FAST
 from tests.scrape import http_get, scrape, total
 from tests.support import Watcher, until_true
@@ -39,10 +39,12 @@ def agents() -> tuple[Agent, Agent]:
 
 
 @contextlib.asynccontextmanager
-async def replica(broker: Broker) -> AsyncIterator[Coordinator]:
+async def replica(
+    broker: Broker, config: CoordinatorConfig = WITH_METRICS
+) -> AsyncIterator[Coordinator]:
     async with (
         Broker(broker.url, names=broker.names, name="coordinator") as own,
-        Coordinator(own, WITH_METRICS).running() as running,
+        Coordinator(own, config).running() as running,
     ):
         yield running
 
@@ -149,3 +151,58 @@ async def test_a_taken_preferred_port_is_given_up_when_binding(broker):
                 Coordinator(own, msgspec.structs.replace(FAST, metrics=demanded)).running(),
             ):
                 pass
+
+
+async def test_quota_refusals_are_counted_as_rejections_of_kind_quota(broker, watcher):
+    """A caller over its quota is refused with a `rejected` event and no dead letter; each
+    refusal counts in reach_rejections_total{kind="quota"}, apart from a topic's rate limit."""
+    good, _ = agents()
+    limits = RateLimits(callers={"alice": RateLimit(rate=0.001, burst=1)})
+    config = msgspec.structs.replace(WITH_METRICS, rate_limits=limits)
+    async with (
+        replica(broker, config) as running,
+        good.running(broker=broker),
+        ReachClient(broker=broker, name="alice") as alice,
+    ):
+        assert await alice.invoke("double", {"n": 1}) == {"n": 2}  # the burst
+        refused = [(await alice.publish("double", {"n": i}))[0] for i in range(5)]
+        for message_id in refused:
+            await watcher.event("rejected", message_id=message_id)
+
+        async def counted() -> dict | None:
+            found = await scrape(running.metrics_url)
+            return found if total(found, "reach_rejections_total") >= 5 else None
+
+        found = await until_true(counted)
+    assert total(found, "reach_rejections_total", kind="quota", topic="double") == 5
+    assert total(found, "reach_rejections_total") == 5
+    assert total(found, "reach_dead_letters_total") == 0
+
+
+async def test_impersonation_alerts_are_counted_and_forged_alerts_are_not(broker, watcher):
+    """The coordinator's `alert` events count in reach_alerts_total by problem (both known
+    problems exported at 0 from the start); an `alert` an agent sends itself counts not."""
+    async with replica(broker) as running:
+        before = await scrape(running.metrics_url)
+        forged = agent_event("mallory", "alert", problem="impersonation")
+        await emit(broker, forged, sender="mallory")
+        task = Task(v=1, message_id="imp-1", trace_id="imp-1", topic="double")
+        claim = event_for(task, "failed", agent_id="victim", task=msgspec.to_builtins(task))
+        await emit(broker, claim, sender="mallory")  # names another agent than its sender
+
+        def raised() -> Event | None:
+            alerts = (e for e in watcher.events if e.event == "alert")
+            return next((e for e in alerts if e.message_id != forged.message_id), None)
+
+        alert = await watcher.until(raised, "the coordinator's alert")
+        assert alert.agent_id == "mallory" and alert.detail["problem"] == "impersonation"
+
+        async def counted() -> dict | None:
+            found = await scrape(running.metrics_url)
+            return found if total(found, "reach_alerts_total") >= 1 else None
+
+        found = await until_true(counted)  # the fold keeps the stream's order: forged first
+    assert total(before, "reach_alerts_total", problem="impersonation") == 0
+    assert total(before, "reach_alerts_total", problem="unresponsive") == 0
+    assert total(found, "reach_alerts_total", problem="impersonation") == 1
+    assert total(found, "reach_alerts_total") == 1
