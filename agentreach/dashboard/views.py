@@ -126,7 +126,10 @@ class Board:
 
     async def _fold(self) -> None:
         names = self.broker.names
-        kinds = (*FOLDED, "replayed", "resolved")
+        # Refusals and alerts make no chart here; a caller past its quota can send them by
+        # the thousand, so they are not read back over the whole window at every start.
+        charted = (kind for kind in FOLDED if kind not in ("rejected", "alert"))
+        kinds = (*charted, "replayed", "resolved")
         async for msg in follow(
             self.broker,
             stream=names.events_stream,
