@@ -12,9 +12,10 @@ import structlog
 from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
 from agentreach.cli.serve import until_signal
 from agentreach.coordinator.observability import HttpServer
-from agentreach.dashboard import Board, DashboardApp, History, render
+from agentreach.dashboard import AllowedHosts, Board, DashboardApp, History, render
 
 log = structlog.get_logger("reach")
+WILDCARDS = ("", "0.0.0.0", "::")  # every address: each request's own is answered
 
 
 def register(commands: Commands) -> None:
@@ -32,6 +33,15 @@ def register(commands: Commands) -> None:
     )
     dashboard.add_argument(
         "--read-only", action="store_true", help="no replay buttons; replays are refused"
+    )
+    dashboard.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name to answer besides localhost, 127.0.0.1, [::1] and the address served"
+        " on (NAME: any port, NAME:PORT: that one); repeatable. Any other Host is refused"
+        " (421): a page of another site could reach the dashboard under its own name",
     )
     top = commands.add(
         "top",
@@ -73,10 +83,19 @@ def _history(args: argparse.Namespace) -> History:
 async def cmd_dashboard(args: argparse.Namespace) -> int:
     operators_only(args, "the state the dashboard shows")
     history = _history(args)
+    listening = [] if args.host in WILDCARDS else [args.host]  # a name to listen on, too
+    try:
+        hosts = AllowedHosts([*listening, *args.allow_host])
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     async with (
         broker_of(args, name="reach-dashboard") as broker,
         Board(broker, history, read_only=args.read_only, version=_version()) as board,
-        HttpServer(DashboardApp(board), host=args.host, port=args.port) as server,  # type: ignore[arg-type]
+        HttpServer(
+            DashboardApp(board, hosts=hosts),  # type: ignore[arg-type]
+            host=args.host,
+            port=args.port,
+        ) as server,
     ):
         if args.host not in ("127.0.0.1", "localhost", "::1"):
             log.warning(

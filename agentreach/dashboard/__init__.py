@@ -4,12 +4,14 @@
 - :mod:`.views`: what is shown, kept current from the broker (read only);
 - :mod:`.history`: the five metrics over time, from the dashboard's own fold of the events;
 - :mod:`.sections`, :mod:`.trace`: the snapshot's sections and a message's stages as JSON;
-- :mod:`.server`: the HTTP API and the page (``index.html``); :mod:`.top`: the terminal.
+- :mod:`.server`: the HTTP API and the page (``index.html``); :mod:`.top`: the terminal;
+- :mod:`.hosts`: the ``Host`` names it answers to (against DNS rebinding).
 """
 
 from agentreach.dashboard.history import History
+from agentreach.dashboard.hosts import AllowedHosts
 from agentreach.dashboard.server import DashboardApp
 from agentreach.dashboard.top import render
 from agentreach.dashboard.views import Board
 
-__all__ = ["Board", "DashboardApp", "History", "render"]
+__all__ = ["AllowedHosts", "Board", "DashboardApp", "History", "render"]

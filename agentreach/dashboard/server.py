@@ -5,7 +5,9 @@
 The page and this API are one process of their own (``reach dashboard``): any number may
 run, none holds what another needs. It listens on loopback and has no login, so replaying
 a dead letter needs the header ``X-Reach-Request: 1``: a page of another site cannot send
-a custom header without a CORS preflight, which this server never answers.
+a custom header without a CORS preflight, which this server never answers. Unless it is
+that site under a name that resolves here (DNS rebinding): so every request must also name
+this server in its ``Host`` (:mod:`.hosts`), or it is answered 421 and nothing else.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import msgspec
 from agentreach.agents.compensation import replay
 from agentreach.broker import BrokerError, read_stream
 from agentreach.coordinator.observability.http import Request, Response, Streamed
+from agentreach.dashboard.hosts import AllowedHosts
 from agentreach.dashboard.trace import trace_of
 from agentreach.dashboard.views import Board
 from agentreach.envelopes import DecodeError, decode_dead_letter, is_token
@@ -32,14 +35,20 @@ SECTIONS = ("agents", "dead_letters", "workflows", "alerts")
 
 
 class DashboardApp:
-    """The request handler of the dashboard."""
+    """The request handler of the dashboard; ``hosts``: the ``Host`` values it answers
+    (by default loopback names and the address a request came in on, with its port)."""
 
-    def __init__(self, board: Board, *, tick_s: float = 1.0) -> None:
+    def __init__(
+        self, board: Board, *, tick_s: float = 1.0, hosts: AllowedHosts | None = None
+    ) -> None:
         self.board = board
         self._tick_s = tick_s
+        self._hosts = hosts or AllowedHosts()
         self._page = resources.files("agentreach.dashboard").joinpath("index.html").read_bytes()
 
     async def __call__(self, request: Request) -> Response | Streamed:
+        if (why := self._hosts.refusal(request)) is not None:
+            return Response.error(421, why)
         path = request.path
         if request.method == "POST" and path.startswith("/api/dlq/") and path.endswith("/replay"):
             return await self._replay(

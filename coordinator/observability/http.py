@@ -36,6 +36,7 @@ REASONS = {
     405: "Method Not Allowed",
     409: "Conflict",
     413: "Payload Too Large",
+    421: "Misdirected Request",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -52,6 +53,7 @@ class Request:
     query: dict[str, list[str]]
     headers: dict[str, str]  # names in lower case
     body: bytes = b""
+    local: tuple[str, int] | None = None  # the address and port it came in on
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body.strip() else {}
@@ -160,8 +162,11 @@ class HttpServer:
                 await writer.wait_closed()
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        local = writer.get_extra_info("sockname")
         try:
-            request = await asyncio.wait_for(_read_request(reader), READ_TIMEOUT_S)
+            request = await asyncio.wait_for(
+                _read_request(reader, (local[0], local[1]) if local else None), READ_TIMEOUT_S
+            )
         except _BadRequest as exc:
             await _write(writer, Response.error(exc.status, str(exc)))
             return
@@ -182,7 +187,9 @@ class _BadRequest(Exception):
         self.status = status
 
 
-async def _read_request(reader: asyncio.StreamReader) -> Request:
+async def _read_request(
+    reader: asyncio.StreamReader, local: tuple[str, int] | None = None
+) -> Request:
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.LimitOverrunError:
@@ -198,13 +205,16 @@ async def _read_request(reader: asyncio.StreamReader) -> Request:
     for line in lines[1:]:
         if ":" in line:
             name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
+            name = name.strip().lower()
+            if name == "host" and name in headers:  # which one a proxy read, nobody knows
+                raise _BadRequest(400, "more than one Host header")
+            headers[name] = value.strip()
     length = int(headers.get("content-length", "0") or 0)
     if length > MAX_BODY:
         raise _BadRequest(413, "request body too large")
     body = await reader.readexactly(length) if length else b""
     url = urlsplit(target)
-    return Request(method.upper(), unquote(url.path), parse_qs(url.query), headers, body)
+    return Request(method.upper(), unquote(url.path), parse_qs(url.query), headers, body, local)
 
 
 async def _write(writer: asyncio.StreamWriter, response: Response, head_only: bool = False) -> None:

@@ -1,0 +1,133 @@
+"""The dashboard's HTTP server answers only requests that name it in their Host: DNS
+rebinding gets a page of another site no further than a 421."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agentreach.broker import Broker
+from agentreach.broker.lifecycle import dead_letter
+from agentreach.coordinator.observability import HttpServer
+from agentreach.dashboard import AllowedHosts, Board, DashboardApp, History
+from agentreach.envelopes import ErrorInfo, Task
+from tests.support import Watcher
+
+
+@contextlib.asynccontextmanager
+async def dashboard(broker: Broker, *extra: str) -> AsyncIterator[HttpServer]:
+    history = History(step_s=1, window_s=60, period_s=30)
+    async with (
+        Board(broker, history, version="test") as board,
+        HttpServer(DashboardApp(board, hosts=AllowedHosts(extra))) as server,  # type: ignore[arg-type]
+    ):
+        yield server
+
+
+async def send(
+    server: HttpServer, method: str, path: str, head: list[str], body: bytes = b""
+) -> tuple[int, str]:
+    """``(status, body)`` of a request with exactly the header lines ``head`` (no Host of
+    its own), as a browser misled by DNS would send it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    lines = [f"{method} {path} HTTP/1.1", *head, f"Content-Length: {len(body)}", "", ""]
+    try:
+        writer.write("\r\n".join(lines).encode() + body)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    status, _, rest = raw.partition(b"\r\n\r\n")
+    return int(status.split()[1]), rest.decode()
+
+
+async def test_a_foreign_host_is_refused_on_every_route_and_replays_nothing(
+    broker: Broker, watcher: Watcher
+):
+    """Host and Origin of another site (the reviewer's rebinding request): 421 on the page,
+    the snapshot, the events, a trace, health, and a replay that would otherwise be taken
+    (the same request naming 127.0.0.1 is: 202), with a body that says how to allow a name."""
+    task = Task(v=1, message_id="rebind-1", trace_id="rebind-1", topic="work")
+    error = ErrorInfo(type="Boom", message="x", retryable=True)
+    await dead_letter(
+        broker,
+        reason="retries_exhausted",
+        task=task,
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+        topic=task.topic,
+        error=error,
+    )
+    async with dashboard(broker) as server:
+        evil = f"evil.example:{server.port}"
+        replay = ("POST", "/api/dlq/rebind-1/replay")
+        for method, path in (
+            ("GET", "/"),
+            ("GET", "/api/snapshot"),
+            ("GET", "/api/events"),
+            ("GET", "/api/trace/rebind-1"),
+            ("GET", "/healthz"),
+            replay,
+        ):
+            head = [f"Host: {evil}", f"Origin: http://{evil}", "X-Reach-Request: 1"]
+            status, body = await send(server, method, path, head, b"{}")
+            assert status == 421, (path, body)
+            error_text = json.loads(body)["error"]
+            assert repr(evil) in error_text and "--allow-host NAME" in error_text
+            assert f"127.0.0.1:{server.port}" in error_text
+        ours = f"127.0.0.1:{server.port}"
+        head = [f"Host: {ours}", f"Origin: http://{ours}", "X-Reach-Request: 1"]
+        status, body = await send(server, *replay, head, b"{}")
+        assert status == 202, body
+        await watcher.event("replayed", message_id="rebind-1")
+    assert watcher.count("replayed") == 1  # the refused one replayed nothing
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        ("127.0.0.1:{port}", 200),
+        ("localhost:{port}", 200),
+        ("LocalHost:{port}", 200),
+        ("[::1]:{port}", 200),
+        ("dash.example.com", 200),  # allowed on any port
+        ("dash.example.com:{port}", 200),
+        ("box:8443", 200),  # allowed on that port only
+        ("box:{port}", 421),
+        ("localhost", 421),  # port 80 is not this one
+        ("localhost:1", 421),
+        ("127.0.0.1.evil.example:{port}", 421),
+        ("localhost:{port}@evil.example", 421),
+        ("", 421),
+    ],
+)
+async def test_loopback_the_served_address_and_allowed_names_are_answered(
+    broker: Broker, host: str, status: int
+):
+    """Loopback names and the address served on, with its port; names the operator
+    allowed (NAME: any port, NAME:PORT: that one); nothing else, a missing Host neither."""
+    async with dashboard(broker, "dash.example.com", "box:8443") as server:
+        head = [f"Host: {host.format(port=server.port)}"] if host else []
+        got, body = await send(server, "GET", "/api/snapshot", head)
+    assert got == status, body
+
+
+async def test_two_host_headers_are_a_bad_request(broker: Broker):
+    """Which Host a proxy in front read is unknown: a request with two is refused."""
+    async with dashboard(broker) as server:
+        ours = f"127.0.0.1:{server.port}"
+        status, body = await send(server, "GET", "/healthz", [f"Host: {ours}", "Host: evil"])
+    assert status == 400 and "Host" in body
+
+
+def test_a_malformed_allowed_name_is_refused_when_built():
+    """A name that no Host could carry is a configuration mistake, said at once."""
+    with pytest.raises(ValueError, match="--allow-host 'a b'"):
+        AllowedHosts(["a b"])
+    assert AllowedHosts(["::1", "Box:8443"]).extra[1].name == "box"
