@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self
@@ -20,12 +21,13 @@ from agentreach.agents.errors import (
 )
 from agentreach.broker import Auth, Broker, ClaimCheck, Names, listen
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
-from agentreach.broker.endings import wait_for_ending
+from agentreach.broker.endings import OthersMessage, wait_for_ending
 from agentreach.broker.lifecycle import events_of_id
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.envelopes import (
     Ack,
     Budget,
+    ErrorInfo,
     ErrorReply,
     Event,
     PayloadRef,
@@ -200,7 +202,13 @@ class ReachClient:
         """The outcome of the message already taken in under ``task``'s id, once it ends."""
         ids = {"message_id": task.message_id, "trace_id": task.trace_id}
         within_s = (task.budget.ack_ms + task.budget.execute_ms) / 1000
-        ended = await wait_for_ending(lambda: self.status(task.message_id), within_s=within_s)
+        read = functools.partial(self._own_status, task.message_id)
+        try:
+            ended = await wait_for_ending(read, within_s=within_s, caller=self.caller)
+        except OthersMessage as exc:
+            taken = f"{exc}: send it under an id of your own"
+            error = ErrorInfo(type="duplicate_id", message=taken, retryable=False)
+            raise Rejected(error, **ids) from None
         if ended is None:
             raise DeadlineExceeded(
                 f"message {task.message_id!r} was sent before and did not end within"
@@ -220,10 +228,22 @@ class ReachClient:
         caller's own messages; on an open server the client reads the event stream itself."""
         if self.broker.auth.identity is None:
             return await events_of_id(self.broker, message_id)
+        return (await self._traced(message_id, timeout_s)).events
+
+    async def _own_status(self, message_id: str) -> list[Event]:
+        """:meth:`status`; raises OthersMessage when the id is another caller's message."""
+        if self.broker.auth.identity is None:
+            return await events_of_id(self.broker, message_id)
+        traced = await self._traced(message_id, 5.0)
+        if traced.others:
+            raise OthersMessage(f"message id {message_id!r} is another caller's message")
+        return traced.events
+
+    async def _traced(self, message_id: str, timeout_s: float) -> TraceReply:
         request = envelopes.encode(TraceRequest(message_id=message_id))
         subject = self.broker.names.trace_request(self.caller)
         answer = await self.broker.request(subject, request, timeout=timeout_s)
-        return envelopes.decode_as(answer.data, TraceReply).events
+        return envelopes.decode_as(answer.data, TraceReply)
 
 
 async def _await_result(

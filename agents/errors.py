@@ -71,5 +71,6 @@ REJECTION_REASONS = frozenset(
         "rate_limited",
         "circuit_open",
         "too_large",
+        "duplicate_id",  # the message id is another caller's message
     }
 )

@@ -18,6 +18,10 @@ FIRST_PAUSE_S = 0.05  # between two reads while the earlier message runs, doubli
 LONGEST_PAUSE_S = 1.0
 
 
+class OthersMessage(Exception):
+    """The id is another caller's message: its end is not this caller's to hear."""
+
+
 @dataclass(frozen=True, slots=True)
 class Ended:
     """A result (inline, or where it is kept) or the error its sender was given."""
@@ -44,19 +48,28 @@ def ending_of(events: Iterable[Event]) -> Ended | None:
 
 
 async def wait_for_ending(
-    read: Callable[[], Awaitable[list[Event]]], *, within_s: float
+    read: Callable[[], Awaitable[list[Event]]], *, within_s: float, caller: str | None = None
 ) -> Ended | None:
-    """Read a message's events (``read``) until they end it; None after ``within_s``."""
+    """Read a message's events (``read``) until they end it; None after ``within_s``.
+    Raises OthersMessage when ``caller`` is given and the events are of another caller's
+    message (a reused id: its result must not reach this caller, nor need it wait)."""
     loop = asyncio.get_running_loop()
     until = loop.time() + within_s
     pause = FIRST_PAUSE_S
-    while (ended := ending_of(await read())) is None:
+    while (ended := ending_of(_own(await read(), caller))) is None:
         left = until - loop.time()
         if left <= 0:
             return None
         await asyncio.sleep(min(pause, left))  # nothing to await: the events are polled
         pause = min(pause * 2, LONGEST_PAUSE_S)
     return ended
+
+
+def _own(events: list[Event], caller: str | None) -> list[Event]:
+    callers = {e.caller for e in events if e.caller is not None} if caller is not None else ()
+    if callers and caller not in callers:
+        raise OthersMessage(f"message id {events[0].message_id!r} is another caller's message")
+    return events
 
 
 def _error(detail: dict[str, Any]) -> ErrorInfo:

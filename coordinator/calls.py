@@ -29,7 +29,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound, Subscription
-from agentreach.broker.endings import wait_for_ending
+from agentreach.broker.endings import Ended, OthersMessage, wait_for_ending
 from agentreach.broker.lifecycle import events_of_id
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.broker.tasks import cancel_and_wait
@@ -110,18 +110,24 @@ class Calls:
             return
         if stored.duplicate:  # sent before: nobody answers this box, the earlier end does
             message_id = _message_id(data, headers[h.MSG_ID])
-            self._in_background(self._answer_earlier(key, message_id, ttl_ms))
+            self._in_background(self._answer_earlier(key, message_id, ttl_ms, sender))
 
     async def stop(self) -> None:
         """Stop the answers still being worked on (their callers time out)."""
         await cancel_and_wait(*self._answering)
 
-    async def _answer_earlier(self, key: str, message_id: str, ttl_ms: int) -> None:
-        """Answer with how the message already taken in under this id ends; the give-up
-        timer answers when it does not end within the ttl."""
+    async def _answer_earlier(
+        self, key: str, message_id: str, ttl_ms: int, caller: str | None
+    ) -> None:
+        """Answer with how the message already taken in under this id ends (unless it is
+        another caller's: then at once, that the id is taken); the give-up timer answers
+        when it does not end within the ttl."""
         read = functools.partial(events_of_id, self._broker, message_id)
         try:
-            ended = await wait_for_ending(read, within_s=ttl_ms / 1000)
+            ended = await wait_for_ending(read, within_s=ttl_ms / 1000, caller=caller)
+        except OthersMessage as exc:
+            taken = f"{exc}: send it under an id of your own"
+            ended = Ended(error=ErrorInfo(type="duplicate_id", message=taken, retryable=False))
         except BrokerError as exc:
             log.warning("could not read how an earlier call ended", error=str(exc))
             return

@@ -103,10 +103,12 @@ class TraceRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 class TraceReply(msgspec.Struct, frozen=True, kw_only=True):
     """The recorded events of the message, oldest first; empty when the message is not the
-    asking caller's (or unknown). ``truncated``: the oldest ones did not fit one reply."""
+    asking caller's (or unknown). ``truncated``: the oldest ones did not fit one reply.
+    ``others``: a message of that id exists, but another caller's (the id is taken)."""
 
     events: list[Event] = []
     truncated: bool = False
+    others: bool = False
 
 
 class AgentControl(msgspec.Struct, frozen=True, kw_only=True):

@@ -43,17 +43,18 @@ class TraceDesk:
             await msg.respond(self._fitted([]))
             return
         try:
-            events = await self._own(caller, names.events_of_message(wanted))
+            events, others = await self._own(caller, names.events_of_message(wanted))
             if not events:  # none of the caller's messages has that id: a trace may
-                events = await self._own(caller, names.events_of_trace(wanted))
+                events, _ = await self._own(caller, names.events_of_trace(wanted))
         except BrokerError as exc:
             log.warning("status not answered", message_id=wanted, error=str(exc))
             return
-        await msg.respond(self._fitted(events))
+        await msg.respond(self._fitted(events, others=others and not events))
 
-    async def _own(self, caller: str, subject: str) -> list[Event]:
-        """The authentic events on ``subject`` of the messages ``caller`` sent: only the
-        coordinator's own events say who the caller was, message by message."""
+    async def _own(self, caller: str, subject: str) -> tuple[list[Event], bool]:
+        """The authentic events on ``subject`` of the messages ``caller`` sent, and whether
+        there are others' too: only the coordinator's own events say who the caller was,
+        message by message."""
         names = self._broker.names
         # Not a scan of every event: see broker.direct.
         stored = await indexed_messages_on(self._broker, names.events_stream, subject)
@@ -63,12 +64,20 @@ class TraceDesk:
             for m, event in trace
             if event.caller == caller and names.sender_of(m.subject) == COORDINATOR
         }
-        return [event for _, event in trace if event.message_id in sent_by_caller]
+        own = [event for _, event in trace if event.message_id in sent_by_caller]
+        return own, len(own) < len(trace)
 
-    def _fitted(self, events: list[Event]) -> bytes:
+    def _fitted(self, events: list[Event], *, others: bool = False) -> bytes:
         """The reply, without its oldest events when all would not fit one message."""
         limit = self._broker.max_payload - HEADROOM
         kept, truncated = list(events), False
-        while len(data := envelopes.encode(TraceReply(events=kept, truncated=truncated))) > limit:
+        while (
+            len(
+                data := envelopes.encode(
+                    TraceReply(events=kept, truncated=truncated, others=others)
+                )
+            )
+            > limit
+        ):
             kept, truncated = kept[len(kept) // 4 + 1 :], True
         return data

@@ -68,6 +68,26 @@ async def test_a_call_sent_again_with_its_id_is_answered_with_the_first_result(b
         assert envelopes.decode_json(answer.data) == {"slept": 0.3}
 
 
+async def test_a_call_under_another_caller_s_message_id_is_refused_at_once(broker, coordinator):
+    """billing's message id sent again by mallory: the stream drops it as a duplicate, and
+    the gateway answers mallory at once that the id is taken, not with billing's result
+    (nor after the ttl)."""
+    headers = {h.MSG_ID: "billing-msg-1"}
+    names = broker.names
+    async with sleeper().running(broker=broker):
+        first = await broker.nc.request(
+            names.call("nap", "billing"), b'{"s": 0.01}', timeout=10, headers=headers
+        )
+        again = await broker.nc.request(
+            names.call("nap", "mallory"), b'{"s": 0.01}', timeout=3, headers=headers
+        )
+    assert envelopes.decode_json(first.data) == {"slept": 0.01}
+    assert again.headers is not None and again.headers.get(h.KIND) == "error"
+    error = envelopes.decode_json(again.data)["error"]
+    assert error["type"] == "duplicate_id"
+    assert "'billing-msg-1' is another caller's message" in error["message"]
+
+
 def test_a_call_s_body_is_read_once_for_its_reply_address_and_its_budget():
     """A whole envelope is readdressed and keeps its own execute budget; a bare, malformed
     or oddly shaped body gets the default budget, and only an envelope is rewritten."""

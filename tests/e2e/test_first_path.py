@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from agentreach import envelopes
-from agentreach.agents import Agent, ReachClient, TaskContext, TaskFailed
+from agentreach.agents import Agent, ReachClient, Rejected, TaskContext, TaskFailed
 from agentreach.broker import read_stream
 from agentreach.envelopes import headers as h
 from tests.secured import operators_reply_to
@@ -127,3 +127,22 @@ async def test_an_invoke_sent_again_with_its_id_gets_the_first_result(broker, co
             await client.invoke("nobody_serves_this", {}, message_id="again-2")
     assert seen.count({"text": "retried"}) == 1
     assert ended.value.error.type == again_ended.value.error.type == "no_route"
+
+
+async def test_an_invoke_under_another_caller_s_message_id_is_rejected_at_once(broker, coordinator):
+    """An id another caller's message has: dropped by the stream as a duplicate, the invoke
+    is refused at once (`duplicate_id`), without that message's result."""
+    agent, seen = make_agent()
+    async with (
+        agent.running(broker=broker),
+        ReachClient(broker=broker, name="billing") as billing,
+        ReachClient(broker=broker, name="mallory") as mallory,
+    ):
+        await billing.invoke("summarize", {"text": "billing's"}, message_id="taken-1")
+        with pytest.raises(Rejected) as refused:
+            await mallory.invoke(
+                "summarize", {"text": "mallory's"}, message_id="taken-1", execute_deadline_ms=3000
+            )
+    assert refused.value.reason == "duplicate_id"
+    assert "'taken-1' is another caller's message" in refused.value.error.message
+    assert seen.count({"text": "mallory's"}) == 0

@@ -1100,3 +1100,19 @@ async def test_a_coordinator_provisions_around_the_streams_it_may_not_update(
     assert said and "run `reach provision` as an operator" in said[0]["event"]
     await provision(arena.admin, Topology.default(NAMES))
     assert (await arena.admin.js.stream_info(dlq)).config.description != "changed by hand"
+
+
+async def test_a_caller_reusing_another_caller_s_message_id_is_refused_at_once(
+    arena: Arena,
+) -> None:
+    """bob sends his task under the id of alice's message: the stream drops it, and the
+    coordinator, asked how it ended, tells bob only that the id is another caller's — not
+    alice's result — so bob's invoke is refused at once as `duplicate_id`."""
+    await arena.alice.invoke("summarize", {"n": "alice-own"}, message_id="alice-owned-1")
+    bob = ReachClient(arena.url, name="bob", auth=arena.deployment.auth("caller", "bob"))
+    async with bob:
+        with pytest.raises(Rejected) as refused:
+            await bob.invoke("summarize", {"n": "bob"}, message_id="alice-owned-1")
+        assert await bob.status("alice-owned-1") == []
+    assert refused.value.reason == "duplicate_id"
+    assert "real" not in refused.value.error.message

@@ -1259,6 +1259,7 @@ export interface TimerDue {
 /**
  * The recorded events of the message, oldest first; empty when the message is not the
  * asking caller's (or unknown). `truncated`: the oldest ones did not fit one reply.
+ * `others`: a message of that id exists, but another caller's (the id is taken).
  */
 export interface TraceReply {
   /**
@@ -1269,6 +1270,10 @@ export interface TraceReply {
    * default false
    */
   truncated: boolean;
+  /**
+   * default false
+   */
+  others: boolean;
 }
 
 /**
