@@ -57,7 +57,6 @@ def _check(path: str | None) -> int:
         print(f"{rule.name:<24} {'fallback' if rule.fallback else rule.match.topic}")
     print(f"{path}: {len(routing.rules)} rules, fallback {routing.fallback.name!r}")
     for name, spec in config.workflows.items():
-        form = next(f for f in ("chain", "fanout", "steps", "states") if getattr(spec, f))
         size = len(spec.states.states) if spec.states else len(spec.graph())
-        print(f"workflow {name:<15} {form}, {size} {'states' if spec.states else 'steps'}")
+        print(f"workflow {name:<15} {spec.form}, {size} {'states' if spec.states else 'steps'}")
     return 0

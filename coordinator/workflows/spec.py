@@ -26,7 +26,8 @@
 
 The same structures are built in Python with ``chain``, ``fanout``, ``steps`` and
 ``machine`` from :mod:`agentreach.coordinator.workflows.builder`. Chains and fan-outs become
-one graph of steps (:meth:`WorkflowSpec.graph`); a step's ``intent`` may name another workflow.
+one graph of steps (:meth:`WorkflowSpec.graph`); a step's ``intent`` may name another workflow
+(one that never leads back to it: :mod:`.nesting`).
 Inputs are templates: a string ``"$.a.b"`` is the value at that path of
 ``{"input": <the workflow's payload>, <step>: <its output>, ...}``.
 """
@@ -49,6 +50,7 @@ PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
 Policy = Literal["all", "any", "quorum"]
 OnTimeout = Literal["fail", "partial", "fallback"]
 RESERVED = frozenset({"input", "prev", "results", "missing"})
+FORMS = ("chain", "fanout", "steps", "states")
 MAX_STATE_VISITS = 100
 
 _Strict = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True}
@@ -150,6 +152,8 @@ class Machine(msgspec.Struct, **_Strict):  # type: ignore[misc]
 
     def __post_init__(self) -> None:
         names = set(self.states)
+        if not names:
+            raise ValueError("a state machine needs states: 'states' is empty")
         if self.initial not in names:
             raise ValueError(f"initial state {self.initial!r} is not among the states")
         for name, state in self.states.items():
@@ -170,13 +174,16 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
     steps: list[Step] | None = None
     states: Machine | None = None
     on_failure: Literal["fail", "compensate"] = "fail"
-    ttl_s: PositiveSeconds = 300.0  # the whole workflow's deadline
+    ttl_s: PositiveSeconds = 300.0  # the whole workflow's; its starting task's ttl may be sooner
 
     def __post_init__(self) -> None:
-        forms = [f for f in ("chain", "fanout", "steps", "states") if getattr(self, f) is not None]
+        forms = [f for f in FORMS if getattr(self, f) is not None]
         if len(forms) != 1:
             found = forms or "none"
             raise ValueError(f"a workflow has exactly one of chain, fanout, steps, states: {found}")
+        for form in ("chain", "steps"):
+            if getattr(self, form) == []:
+                raise ValueError(f"a workflow needs at least one step: '{form}' is empty")
         if self.states is None:
             _check_graph(self.graph())
             inputs = {step.name: step.input for step in self.graph()}
@@ -187,6 +194,11 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
     @property
     def is_machine(self) -> bool:
         return self.states is not None
+
+    @property
+    def form(self) -> str:
+        """Which of chain, fanout, steps, states the workflow is."""
+        return next(f for f in FORMS if getattr(self, f) is not None)
 
     def compensation_of(self, key: str) -> str | None:
         """The intent that undoes step (or state) ``key``, if it has one."""
@@ -231,14 +243,40 @@ def _check_graph(graph: list[Step]) -> None:
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise ValueError(f"step names must be unique; repeated: {repeated}")
-    known: set[str] = set()
-    for step in graph:  # dependencies must come earlier: that also rules out cycles
+    for step in graph:
         for dependency in step.after or []:
             if dependency not in names:
                 raise ValueError(f"step {step.name!r} is after unknown step {dependency!r}")
+    if cycle := cycle_in({s.name: s.after or [] for s in graph}):
+        raise ValueError(f"steps wait for each other: cycle: {' → '.join(cycle)}")
+    known: set[str] = set()
+    for step in graph:  # the last step is the result, so the order is the author's to give
+        for dependency in step.after or []:
             if dependency not in known:
                 raise ValueError(f"step {step.name!r} must come after {dependency!r}")
         quorum = step.join.quorum
         if quorum is not None and quorum > len(step.after or []):
             raise ValueError(f"step {step.name!r}: quorum {quorum} is more than its dependencies")
         known.add(step.name)
+
+
+def cycle_in(edges: dict[str, list[str]]) -> list[str] | None:
+    """A cycle of ``edges`` (name → the names it leads to), as a path that ends where it
+    starts (``["a", "b", "a"]``), or None when there is none."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        path.append(name)
+        for following in edges.get(name, []):
+            if following in path:
+                return [*path[path.index(following) :], following]
+            if following not in done and (found := visit(following)):
+                return found
+        done.add(path.pop())
+        return None
+
+    for name in edges:
+        if name not in done and (found := visit(name)):
+            return found
+    return None
