@@ -18,6 +18,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, WrongLastSequence
+from agentreach.broker.lifecycle import emit, event_for
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.routing.run_once import (
@@ -93,6 +94,12 @@ async def _move(
     retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None, ttl_ms=left_ms)
     headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
     await broker.publish(broker.names.task(task.topic), envelopes.encode(retry), headers=headers)
+    # The trace says why attempt + 1 comes (else nothing stands between the two attempts).
+    gone = ErrorInfo(type=REASSIGNED, message=f"{agent_id} went OFFLINE", retryable=True)
+    scheduled = event_for(
+        task, "retry_scheduled", next_attempt=retry.attempt, delay_ms=0, error=gone
+    )
+    await emit(broker, scheduled)
     return "reassigned"
 
 

@@ -298,7 +298,7 @@ class Router:
             return None
         if choice.registered == 0 or hindrances["circuit"]:
             return await self._fall_back(pending, decision, choice)
-        log.info("no agent can take it now; waiting", registered=choice.registered)
+        (log.info if waited == 0 else log.debug)("no agent can take it now; waiting")
         longest = WAIT_MAX_S if waited < LONG_AFTER else WAIT_LONG_S
         # The exponent capped: past ~1,000 waits 2**waited no longer fits in a float.
         return min(WAIT_FIRST_S * 2 ** min(waited, 16), longest, pending.left_ms / 1000 + 0.01)

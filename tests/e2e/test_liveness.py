@@ -210,6 +210,11 @@ async def test_tasks_of_a_lost_agent_complete_elsewhere_and_its_late_result_is_r
             await watcher.event("late_result_rejected", message_id=message_id)
     assert done.agent_id == "spare" and done.attempt == 2
     assert [e.agent_id for e in watcher.events if e.event == "completed"] == ["spare"]
+    # The trace says why attempt 2 came: its agent went OFFLINE.
+    moved = await watcher.event("retry_scheduled", message_id=message_id)
+    assert moved.detail["next_attempt"] == 2 and moved.detail["delay_ms"] == 0
+    assert moved.detail["error"]["type"] == "reassigned"
+    assert moved.detail["error"]["message"] == "lost went OFFLINE"
 
 
 async def test_coordinator_restart_causes_no_false_offline(broker, watcher):
