@@ -264,12 +264,15 @@ class WorkflowEngine:
     def _step_task(self, record: WorkflowRecord, run: StepRun) -> Task:
         """The task of one step visit, answering to the instance's reply subject. It may run
         for its ``timeout_s`` (within the workflow's deadline); a step without one, for the
-        starting task's execute budget, as before each retry."""
+        starting task's execute budget, as before each retry. A compensation undoes work
+        after the deadline too: it has the starting task's ttl and budget, from now."""
         now = self._clock()
         left_ms = max(1, record.deadline_ms - now)
         execute_ms = min(left_ms, record.task.budget.execute_ms)
         if run.deadline_ms:
             left_ms = execute_ms = max(1, min(left_ms, run.deadline_ms - now))
+        if any(undo.message_id == run.message_id for undo in record.compensations.values()):
+            left_ms, execute_ms = record.task.ttl_ms, record.task.budget.execute_ms
         return Task(
             v=1,
             message_id=run.message_id,
@@ -317,7 +320,8 @@ class WorkflowEngine:
             await reply(self._broker, task, error_reply(task, error))
             return
         state = msgspec.to_builtins(record)
-        await end_with_error(self._broker, task, "workflow_failed", error, state=state)
+        reason = "expired" if error.type == "expired" else "workflow_failed"
+        await end_with_error(self._broker, task, reason, error, state=state)
 
     async def _drop_timers(self, instance_id: str) -> None:
         """Remove an ended instance's timers (its deadline would otherwise wait for hours)."""

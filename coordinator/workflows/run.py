@@ -22,6 +22,7 @@ from agentreach.coordinator.workflows.actions import (
     Timer,
     message_id_of,
 )
+from agentreach.coordinator.workflows.deadline import deadline_of, expiry
 from agentreach.coordinator.workflows.saga import Compensation
 from agentreach.coordinator.workflows.spec import MAX_STATE_VISITS, Step, WorkflowSpec
 from agentreach.coordinator.workflows.templates import render
@@ -38,7 +39,7 @@ def new_record(workflow: str, task: Task, spec: WorkflowSpec, now_ms: int) -> Wo
         trace_id=task.trace_id,
         task=task,
         started_ms=now_ms,
-        deadline_ms=now_ms + int(spec.ttl_s * 1000),
+        deadline_ms=deadline_of(task, spec, now_ms),
     )
 
 
@@ -54,8 +55,10 @@ class Run(Compensation):
 
     # -- entry points -------------------------------------------------------------
     def start(self) -> None:
-        self.actions.append(Timer(DEADLINE, 0, self.record.deadline_ms))
         self.actions.append(Note("workflow_started"))
+        if self._past_deadline():
+            return
+        self.actions.append(Timer(DEADLINE, 0, self.record.deadline_ms))
         if self.spec.states is not None:
             self._enter(self.spec.states.initial, self.record.task.payload)
         else:
@@ -73,6 +76,12 @@ class Run(Compensation):
                 if self.record.status != "running":
                     self._settle(run, output=output, error=error)
                     return True
+                if self.now >= self.record.deadline_ms:  # its timer is late: nothing starts
+                    self._settle(run, output=output, error=error)
+                    if error is None:  # done, so undone too with on_failure: compensate
+                        self.record.completed_order.append(key)
+                    self._expire()
+                    return True
                 self._step_ended(key, run, output=output, error=error)
                 return True
             stopped = run.status in ("cancelled", "timed_out")  # its task went on all the same
@@ -83,9 +92,8 @@ class Run(Compensation):
     def on_timer(self, key: str, visit: int) -> bool:
         if self.record.status != "running":
             return False
-        if key == DEADLINE:
-            ttl = f"{self.spec.ttl_s:g} s"
-            self._fail(ErrorInfo(type="expired", message=f"workflow ttl {ttl} passed"))
+        if key == DEADLINE or self.now >= self.record.deadline_ms:
+            self._expire()
             return True
         run = self.record.steps.get(key)
         if run is None or run.status != "running" or run.visit != visit:
@@ -100,6 +108,8 @@ class Run(Compensation):
             return False
         for transition in machine.states[current].next:
             if transition.event == event:
+                if self._past_deadline():
+                    return True
                 run = self.record.steps[current]
                 if run.status == "running":
                     run.status, run.ended_ms = "cancelled", self.now
@@ -353,6 +363,17 @@ class Run(Compensation):
         for run in self.record.steps.values():
             if run.status in ("running", "waiting"):
                 run.status, run.ended_ms = "cancelled", self.now
+
+    # -- limits -----------------------------------------------------------------------
+    def _past_deadline(self) -> bool:
+        """Whether the deadline passed (its timer may come late): the instance expired."""
+        if self.now < self.record.deadline_ms:
+            return False
+        self._expire()
+        return True
+
+    def _expire(self) -> None:
+        self._fail(expiry(self.record, self.spec))
 
 
 def _timeout_error(key: str, timeout_s: float | None) -> ErrorInfo:

@@ -127,7 +127,7 @@ async def test_a_step_may_run_as_long_as_its_timeout(broker, start_coordinator):
         serving(broker, coordinator, agent),
         ReachClient(broker=broker) as client,
     ):
-        timed_ms = await client.invoke("slow", {})
+        timed_ms = await client.invoke("slow", {}, ttl_ms=600_000)  # the ttl bounds it too
         untimed_ms = await client.invoke("untimed", {}, execute_deadline_ms=45_000)
     assert 110_000 < timed_ms <= 120_000
     assert untimed_ms == 45_000  # the starting task's execute budget, as before each retry
@@ -699,3 +699,49 @@ async def test_an_unreadable_workflow_message_is_dead_lettered(broker, start_coo
         "timer",
         "bogus",
     }
+
+
+def holder(gate: asyncio.Event) -> Agent:
+    """`hold` waits for ``gate``; `unhold`, `tick` and `after_hold` answer at once."""
+    agent = Agent("holder", startup_delay=0)
+
+    @agent.handler("hold")
+    async def hold(ctx: TaskContext, payload: Any) -> str:
+        await gate.wait()
+        return "held"
+
+    for intent in ("unhold", "tick", "after_hold"):
+        agent.handler(intent)(_answering(intent))
+    return agent
+
+
+def _answering(intent: str):  # type: ignore[no-untyped-def]
+    async def answer(ctx: TaskContext, payload: Any) -> str:
+        return intent
+
+    return answer
+
+
+async def test_a_workflow_ends_as_expired_at_its_starting_tasks_ttl(
+    broker, start_coordinator, watcher
+):
+    """Started with a ttl of 1.5 s (its own ttl_s is 300 s) while its first step is held: at
+    the ttl the starter hears `expired`, the instance is dead-lettered as `expired` with its
+    state, and its next step is never dispatched."""
+    gate = asyncio.Event()
+    flows = workflows(ttlchain="chain: [{name: one, intent: hold}, {name: two, intent: tick}]")
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, holder(gate)),
+        ReachClient(broker=broker) as client,
+    ):
+        with pytest.raises(TaskFailed) as expired:
+            await client.invoke("ttlchain", {}, ttl_ms=1500, execute_deadline_ms=10_000)
+        letter = await watcher.dead_letter("expired", topic="ttlchain")
+        gate.set()
+    assert expired.value.error.type == "expired"
+    assert "ttl 1500 ms of the task that started it passed" in expired.value.error.message
+    assert letter.state is not None and letter.state["status"] == "failed"
+    assert letter.state["steps"]["one"]["status"] == "cancelled"
+    assert "two" not in letter.state["steps"]
+    assert not [e for e in watcher.events if e.topic == "tick"]

@@ -59,7 +59,7 @@ def test_a_chain_dispatches_one_step_at_a_time() -> None:
     flow = spec("chain: [{name: a, intent: x}, {name: b, intent: y}]")
     record, run = started(flow, {"n": 1})
     assert dispatched(run) == ["a"] and record.steps["a"].input == {"n": 1}
-    assert Timer(DEADLINE, 0, 301_000) in run.actions
+    assert Timer(DEADLINE, 0, 31_000) in run.actions  # the task's ttl (30 s) ends before ttl_s
     after_a = step(record, flow, "a", {"n": 2})
     assert dispatched(after_a) == ["b"] and record.steps["b"].input == {"n": 2}
     after_b = step(record, flow, "b", "done")
