@@ -33,6 +33,8 @@ def register(commands: Commands) -> None:
         + ", ".join(c.name for c in CLAUSES),
     )
     conformance.set_defaults(takes_command=True)  # the agent's command line, after --
+    usage = conformance.format_usage().removeprefix("usage: ").rstrip()
+    conformance.usage = f"{usage} [-- COMMAND ...]"
 
 
 async def cmd_conformance(args: argparse.Namespace) -> int:
