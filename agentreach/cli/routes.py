@@ -7,7 +7,8 @@ import argparse
 from agentreach.broker.requests import gather_replies
 from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
 from agentreach.cli.status import NOT_RUNNING
-from agentreach.coordinator import load_config
+from agentreach.coordinator import ConfigError, load_config
+from agentreach.coordinator.workflows.nesting import check_nesting
 from agentreach.envelopes import ReloadReply, decode_as
 
 
@@ -52,6 +53,10 @@ def _check(path: str | None) -> int:
     if not path:
         raise UsageError("routes check needs the config file to check")
     config = load_config(path)
+    try:
+        check_nesting(config.workflows)  # what the coordinator refuses at start
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     routing = config.routing
     for rule in routing.rules:
         print(f"{rule.name:<24} {'fallback' if rule.fallback else rule.match.topic}")

@@ -2,6 +2,8 @@
 
 - :mod:`.spec`: the definitions (from YAML) and :mod:`.builder` (the same in Python);
 - :mod:`.run`: how one instance moves on, and :mod:`.saga` how it is undone (pure);
+- :mod:`.deadline`: when an instance ends, done or not; :mod:`.nesting`: workflows that run
+  workflows (no loops, a depth limit);
 - :mod:`.engine`: the coordinator's side, records in KV and messages on ``REACH_WORKFLOWS``;
 - :mod:`.control`: reading, cancelling and signalling instances from outside.
 """

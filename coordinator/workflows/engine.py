@@ -31,6 +31,7 @@ from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event
 from agentreach.broker.streams import purge_subject
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
 from agentreach.coordinator.protection.grants import Grants, reply_vouched
+from agentreach.coordinator.workflows.nesting import check_nesting, child_headers
 from agentreach.coordinator.workflows.records import HotRecords
 from agentreach.coordinator.workflows.run import (
     Action,
@@ -65,7 +66,8 @@ WORKFLOW_TOPIC = "_workflow"  # the topic of dead letters about workflow message
 
 
 class WorkflowEngine:
-    """Starts and advances workflow instances; any replica can take any message."""
+    """Starts and advances workflow instances; any replica can take any message. Raises
+    :class:`ConfigError` when a workflow runs itself, directly or through others."""
 
     def __init__(
         self,
@@ -74,6 +76,7 @@ class WorkflowEngine:
         clock: Callable[[], int] = now_ms,
         grants: Grants | None = None,
     ) -> None:
+        check_nesting(specs)
         self._broker = broker
         self.specs = dict(specs)
         self._clock = clock
@@ -283,6 +286,7 @@ class WorkflowEngine:
             priority=run.priority,
             ttl_ms=left_ms,
             budget=msgspec.structs.replace(record.task.budget, execute_ms=execute_ms),
+            headers=child_headers(record.task) if run.intent in self.specs else {},
             created_at=run.started_ms,
             traceparent=tracecontext.child(record.task.traceparent, run.message_id),
         )

@@ -23,6 +23,7 @@ from agentreach.coordinator.workflows.actions import (
     message_id_of,
 )
 from agentreach.coordinator.workflows.deadline import deadline_of, expiry
+from agentreach.coordinator.workflows.nesting import too_deep
 from agentreach.coordinator.workflows.saga import Compensation
 from agentreach.coordinator.workflows.spec import MAX_STATE_VISITS, Step, WorkflowSpec
 from agentreach.coordinator.workflows.templates import render
@@ -56,7 +57,7 @@ class Run(Compensation):
     # -- entry points -------------------------------------------------------------
     def start(self) -> None:
         self.actions.append(Note("workflow_started"))
-        if self._past_deadline():
+        if self._too_deep() or self._past_deadline():
             return
         self.actions.append(Timer(DEADLINE, 0, self.record.deadline_ms))
         if self.spec.states is not None:
@@ -365,6 +366,12 @@ class Run(Compensation):
                 run.status, run.ended_ms = "cancelled", self.now
 
     # -- limits -----------------------------------------------------------------------
+    def _too_deep(self) -> bool:
+        """Whether this instance runs too far below the one a caller started (it failed)."""
+        if (error := too_deep(self.record)) is not None:
+            self._fail(error)
+        return error is not None
+
     def _past_deadline(self) -> bool:
         """Whether the deadline passed (its timer may come late): the instance expired."""
         if self.now < self.record.deadline_ms:

@@ -17,6 +17,14 @@ from tests.cli.conftest import reach_command, run
             " - at `$.workflows.w1`",
         ),
         (
+            "w2: {chain: [{name: b, intent: fast_b}, {name: again, intent: w2}]}",
+            "cycle: w2 → w2 (`$.workflows.w2` step 'again' runs 'w2')",
+        ),
+        (
+            "a: {chain: [{name: s, intent: b}]}, b: {chain: [{name: t, intent: a}]}",
+            "cycle: a → b → a",
+        ),
+        (
             "w3: {steps: [{name: a, after: [b]}, {name: b, after: [a]}]}",
             "steps wait for each other: cycle: a → b → a",
         ),
@@ -25,7 +33,8 @@ from tests.cli.conftest import reach_command, run
 async def test_a_workflow_the_coordinator_refuses_is_one_line(
     tmp_path, workflows: str, said: str
 ) -> None:
-    """An empty chain and steps that wait for each other are each refused in one line."""
+    """An empty chain, a workflow that runs itself (directly or through another) and steps
+    that wait for each other are each refused in one line."""
     path = tmp_path / "coordinator.yaml"
     path.write_text(f"workflows: {{{workflows}}}\n")
     checked = await run(reach_command(), "routes", "check", str(path))

@@ -14,6 +14,7 @@ import pytest
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import read_record
+from agentreach.coordinator.workflows.nesting import MAX_DEPTH
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.dashboard.trace import trace_of
 from tests.cli.conftest import reach_argv, run
@@ -745,3 +746,27 @@ async def test_a_workflow_ends_as_expired_at_its_starting_tasks_ttl(
     assert letter.state["steps"]["one"]["status"] == "cancelled"
     assert "two" not in letter.state["steps"]
     assert not [e for e in watcher.events if e.topic == "tick"]
+
+
+def _nested(levels: int) -> dict[str, WorkflowSpec]:
+    """n0 runs n1, which runs n2, … down to the last, whose one step passes its input on."""
+    specs = {f"n{i}": wf.chain(wf.step("down", f"n{i + 1}")) for i in range(levels - 1)}
+    specs[f"n{levels - 1}"] = wf.chain(wf.step("bottom"))
+    return specs
+
+
+async def test_workflows_nested_past_the_limit_fail_at_run_time(broker, start_coordinator, watcher):
+    """No loop, but too deep: MAX_DEPTH levels below the caller's workflow run; one more
+    fails there as `too_deep`, and so does every level above it."""
+    levels = MAX_DEPTH + 2
+    async with (
+        start_coordinator(fast(workflows=_nested(levels))),
+        ReachClient(broker=broker) as client,
+    ):
+        assert await client.invoke("n1", "deep enough") == "deep enough"
+        with pytest.raises(TaskFailed) as failed:
+            await client.invoke("n0", "too deep")
+        bottom = await watcher.dead_letter("workflow_failed", topic=f"n{levels - 1}")
+    assert failed.value.error.type == "too_deep"
+    assert bottom.error is not None and f"more than {MAX_DEPTH}" in bottom.error.message
+    assert watcher.count("workflow_completed") == levels - 1  # n1 … n9, the first time

@@ -1,0 +1,106 @@
+"""Workflows that run workflows: loops refused at start, a depth limit at run time."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from agentreach.coordinator import ConfigError
+from agentreach.coordinator import workflow as wf
+from agentreach.coordinator.workflows import WorkflowEngine
+from agentreach.coordinator.workflows.actions import Dispatch
+from agentreach.coordinator.workflows.nesting import (
+    DEPTH_HEADER,
+    MAX_DEPTH,
+    check_nesting,
+    child_headers,
+)
+from agentreach.coordinator.workflows.run import Run, new_record
+from agentreach.coordinator.workflows.spec import WorkflowSpec
+from agentreach.envelopes import Task
+
+
+def flows(**yaml: str) -> dict[str, WorkflowSpec]:
+    return {
+        name: msgspec.yaml.decode(text.encode(), type=WorkflowSpec) for name, text in yaml.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("definitions", "cycle"),
+    [
+        ({"w2": "chain: [{name: a, intent: fast_b}, {name: again, intent: w2}]"}, "w2 → w2"),
+        (
+            {
+                "a": "chain: [{name: s, intent: b}]",
+                "b": "fanout: {branches: [{name: x, intent: c}, {name: y, intent: z}]}",
+                "c": "states: {initial: p, states: {p: {intent: a, terminal: true}}}",
+            },
+            "a → b → c → a",
+        ),
+        ({"u": "chain: [{name: s, intent: x, compensate: u}]"}, "u → u"),
+        (
+            {
+                "f": "chain: [{name: s, intent: x, timeout_s: 1, on_timeout: fallback,"
+                " fallback_intent: f}]"
+            },
+            "f → f",
+        ),
+    ],
+)
+def test_a_workflow_that_runs_itself_is_refused(definitions: dict[str, str], cycle: str) -> None:
+    """Directly, through other workflows, or by its compensation or fallback: the error
+    names the cycle and the step that closes each link."""
+    with pytest.raises(ConfigError) as refused:
+        check_nesting(flows(**definitions))
+    assert f"cycle: {cycle}" in str(refused.value)
+    assert "`$.workflows." in str(refused.value)
+
+
+def test_workflows_that_share_a_child_are_no_cycle() -> None:
+    """Two workflows running the same child, which runs an agent's intent: accepted."""
+    check_nesting(
+        flows(
+            left="chain: [{name: s, intent: shared}]",
+            right="chain: [{name: s, intent: shared}, {name: t, intent: left}]",
+            shared="chain: [{name: s, intent: agent_work}]",
+        )
+    )
+
+
+async def test_the_engine_refuses_a_loop_however_it_was_defined(broker) -> None:
+    """Built in Python and put beside the config's: refused when the coordinator starts."""
+    specs = {"w2": wf.chain(wf.step("a", "fast_b"), wf.step("b", "w2"))}
+    with pytest.raises(ConfigError, match="cycle: w2 → w2"):
+        WorkflowEngine(broker, specs)
+
+
+def test_the_python_builder_refuses_an_empty_workflow() -> None:
+    """wf.chain(), wf.steps() and a machine without states fail when built."""
+    for build, message in [
+        (wf.chain, "'chain' is empty"),
+        (wf.steps, "'steps' is empty"),
+        (lambda: wf.machine("a", {}), "a state machine needs states"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            build()
+
+
+def _start(flow: WorkflowSpec, headers: dict[str, str]) -> tuple[Run, str]:
+    task = Task(v=1, message_id="child", trace_id="t", topic="deep", headers=headers)
+    record = new_record("deep", task, flow, now_ms=0)
+    run = Run(flow, record, 0)
+    run.start()
+    return run, record.status
+
+
+def test_an_instance_nested_too_deep_fails_without_a_step() -> None:
+    """A child MAX_DEPTH levels down runs; one more level fails at once as too_deep."""
+    flow = wf.chain(wf.step("a", "x"))
+    parent = Task(v=1, message_id="p", trace_id="t", topic="deep")
+    assert child_headers(parent) == {DEPTH_HEADER: "1"}
+    run, status = _start(flow, {DEPTH_HEADER: str(MAX_DEPTH)})
+    assert status == "running" and any(isinstance(a, Dispatch) for a in run.actions)
+    run, status = _start(flow, {DEPTH_HEADER: str(MAX_DEPTH + 1)})
+    assert status == "failed" and not any(isinstance(a, Dispatch) for a in run.actions)
+    assert run.record.error is not None and run.record.error.type == "too_deep"
