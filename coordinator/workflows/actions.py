@@ -1,6 +1,6 @@
 """What moving a workflow instance on asks the engine to do: dispatch a step's task, arm a
-timer, publish a note, announce the end. Each is idempotent, so repeating them after a
-crash is safe: a step's message id derives from the instance, the step and the visit."""
+timer, publish a note, let a step go, announce the end. Each is idempotent, so repeating them
+after a crash is safe: a step's message id derives from the instance, the step and the visit."""
 
 from __future__ import annotations
 
@@ -36,11 +36,21 @@ class Note:
 
 
 @dataclass(frozen=True, slots=True)
+class Abandon:
+    """A running step the instance no longer waits for (cancelled, timed out, or the
+    instance ended): a step that is another workflow is cancelled in turn, so that it
+    dispatches nothing more; an agent's task is not interrupted."""
+
+    key: str
+    run: StepRun
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     """The workflow ended (completed, failed or cancelled): answer its starter."""
 
 
-Action = Dispatch | Timer | Note | Finish
+Action = Dispatch | Timer | Note | Abandon | Finish
 
 
 def message_id_of(instance_id: str, key: str, visit: int | str) -> str:

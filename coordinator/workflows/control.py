@@ -20,9 +20,10 @@ async def all_records(broker: Broker) -> list[WorkflowRecord]:
     return sorted(found, key=lambda r: r.started_ms, reverse=True)
 
 
-async def cancel(broker: Broker, instance_id: str) -> None:
-    """Ask the coordinator (any replica) to cancel ``instance_id``."""
-    await broker.publish(broker.names.workflow_cancel(instance_id), b"")
+async def cancel(broker: Broker, instance_id: str, *, why: str = "") -> None:
+    """Ask the coordinator (any replica) to cancel ``instance_id``; ``why`` becomes the
+    message of its error (by default, that an operator cancelled it)."""
+    await broker.publish(broker.names.workflow_cancel(instance_id), why.encode())
 
 
 async def signal(broker: Broker, instance_id: str, event: str) -> None:

@@ -9,6 +9,10 @@ signals and cancels, and every coordinator replica shares one durable consumer
 of it. Each message is applied to the record with a conditional write, then its
 actions are carried out; a message seen again (the replica died in between)
 repeats every action the record calls for, all of them idempotent.
+
+A step whose intent is another workflow starts a child instance, whose id is the
+step's message id: a step its instance stops waiting for (cancelled, timed out, or
+the instance ended) is cancelled in turn, so nothing below a cancel dispatches more.
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event
 from agentreach.broker.streams import purge_subject
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
 from agentreach.coordinator.protection.grants import Grants, reply_vouched
+from agentreach.coordinator.workflows.control import cancel
 from agentreach.coordinator.workflows.nesting import check_nesting, child_headers
 from agentreach.coordinator.workflows.records import HotRecords
 from agentreach.coordinator.workflows.run import (
+    BY_OPERATOR,
+    Abandon,
     Action,
     Dispatch,
     Finish,
@@ -104,7 +111,22 @@ class WorkflowEngine:
             return
         self._hot.keep(record.instance_id, record, revision)
         await reply(self._broker, task, Ack(**about(task)))
+        # Asked once the record exists, so a cancel of the parent after this read finds it.
+        if parent := await self._parent_ended(task):
+            why = f"cancelled with its parent workflow {parent!r}"
+            await self._apply(record.instance_id, lambda run: run.cancel(why), False)
+            return
         await self._carry_out(record, run.actions)
+
+    async def _parent_ended(self, task: Task) -> str | None:
+        """The id of the instance whose step ``task`` is, when that instance no longer runs
+        (cancelled or ended while the step waited in intake)."""
+        names = self._broker.names
+        if task.reply_to is None or not names.workflow_replies(task.reply_to):
+            return None
+        parent = task.reply_to.removeprefix(names.workflow_reply(""))
+        entry = await (await self._records()).get(parent)
+        return parent if entry is not None and entry.value.status != "running" else None
 
     # -- the REACH_WORKFLOWS consumer -------------------------------------------------
     async def handle(self, msg: Delivery) -> float | None:
@@ -122,7 +144,8 @@ class WorkflowEngine:
                 case "signal":
                     await self._on_signal(instance_id, event, seen_before)
                 case "cancel":
-                    await self._apply(instance_id, Run.cancel, seen_before)
+                    why = msg.data[:200].decode(errors="replace") or BY_OPERATOR
+                    await self._apply(instance_id, lambda run: run.cancel(why), seen_before)
                 case _:
                     raise DecodeError(f"no workflow message kind {kind!r}", path="subject")
         except DecodeError as exc:
@@ -256,6 +279,10 @@ class WorkflowEngine:
                     await self._arm(record, key, visit, due_ms)
                 case Note(event=event, key=key, detail=detail):
                     await self._note(record, event, key, detail)
+                case Abandon(run=run) if run.intent in self.specs:
+                    # A child workflow's instance id is its step's message id.
+                    why = f"cancelled with its parent workflow {record.instance_id!r}"
+                    await cancel(self._broker, run.message_id, why=why)
                 case Finish():
                     await self._finish(record)
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from agentreach.coordinator.workflows.actions import (
+    Abandon,
     Action,
     Dispatch,
     Finish,
@@ -28,8 +29,10 @@ from agentreach.coordinator.workflows.saga import Compensation
 from agentreach.coordinator.workflows.spec import MAX_STATE_VISITS, Step, WorkflowSpec
 from agentreach.coordinator.workflows.templates import render
 from agentreach.envelopes import ErrorInfo, Priority, StepRun, Task, WorkflowRecord
+from agentreach.envelopes.coordination import StepStatus
 
 DEADLINE = "_deadline"  # the timer of the whole workflow
+BY_OPERATOR = "cancelled by an operator"  # what a cancel that names no reason says
 SETTLED: frozenset[str] = frozenset({"completed", "failed", "timed_out", "cancelled"})
 
 
@@ -113,25 +116,26 @@ class Run(Compensation):
                     return True
                 run = self.record.steps[current]
                 if run.status == "running":
-                    run.status, run.ended_ms = "cancelled", self.now
+                    self._stop(current, run, "cancelled")
                 self.actions.append(Note("signal_taken", current, {"event": event}))
                 self._enter(transition.to, run.output)
                 return True
         return False
 
-    def cancel(self) -> bool:
+    def cancel(self, why: str = BY_OPERATOR) -> bool:
         if self.record.status != "running":
             return False
-        for run in self.record.steps.values():
-            if run.status in ("running", "waiting"):
-                run.status, run.ended_ms = "cancelled", self.now
-        cancelled = ErrorInfo(type="cancelled", message="cancelled by an operator")
+        self._cancel_leftovers()
+        cancelled = ErrorInfo(type="cancelled", message=why)
         self._end_badly(cancelled, "cancelled")
         return True
 
     def resume(self) -> None:
         """Every action the record's present state calls for (after a crash, say)."""
         record = self.record
+        for key, run in record.steps.items():  # a child let go just before a crash, say
+            if run.status in ("cancelled", "timed_out"):
+                self.actions.append(Abandon(key, run))
         if record.finished:
             self.actions.append(Finish())
             return
@@ -246,7 +250,7 @@ class Run(Compensation):
     def _timed_out(self, key: str, run: StepRun) -> None:
         if self.spec.states is not None:
             state = self.spec.states.states[key]
-            run.status, run.ended_ms = "timed_out", self.now
+            self._stop(key, run, "timed_out")
             run.error = _timeout_error(key, state.timeout_s)
             self.actions.append(Note("step_timed_out", key, {"visit": run.visit}))
             if state.on_timeout:
@@ -257,10 +261,10 @@ class Run(Compensation):
         step = self._graph[key]
         run.error = _timeout_error(key, step.timeout_s)
         self.actions.append(Note("step_timed_out", key, {"visit": run.visit}))
+        self._stop(key, run, "timed_out")
         if step.on_timeout == "fallback":
             self._start_step(step, intent=step.fallback_intent)
             return
-        run.status, run.ended_ms = "timed_out", self.now
         if step.on_timeout == "partial":
             self._advance()
         else:
@@ -361,9 +365,15 @@ class Run(Compensation):
         self._end_badly(error, "failed")
 
     def _cancel_leftovers(self) -> None:
-        for run in self.record.steps.values():
+        for key, run in self.record.steps.items():
             if run.status in ("running", "waiting"):
-                run.status, run.ended_ms = "cancelled", self.now
+                self._stop(key, run, "cancelled")
+
+    def _stop(self, key: str, run: StepRun, status: StepStatus) -> None:
+        """``run`` ends as ``status`` though its task may go on; a child workflow is let go."""
+        if run.status == "running":
+            self.actions.append(Abandon(key, run))
+        run.status, run.ended_ms = status, self.now
 
     # -- limits -----------------------------------------------------------------------
     def _too_deep(self) -> bool:

@@ -723,6 +723,56 @@ def _answering(intent: str):  # type: ignore[no-untyped-def]
     return answer
 
 
+INNER = """
+on_failure: compensate
+chain:
+  - {name: hold, intent: hold, compensate: unhold}
+  - {name: after, intent: after_hold}
+"""
+
+
+async def test_cancelling_a_workflow_cancels_its_child_workflows(
+    broker, start_coordinator, watcher
+):
+    """`reach workflows cancel` of `outer` while its grandchild `inner` holds a step: every
+    level ends cancelled and `inner` dispatches no further step; its held step, completing
+    after the cancel, is compensated as in any cancelled instance."""
+    gate = asyncio.Event()
+    flows = workflows(
+        outer="chain: [{name: middle, intent: middle}]",
+        middle="chain: [{name: inner, intent: inner}]",
+        inner=INNER,
+    )
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, holder(gate)),
+        ReachClient(broker=broker) as client,
+    ):
+        starting = asyncio.create_task(client.invoke("outer", {}, ack_deadline_ms=5000))
+        holding = await watcher.event("accepted", topic="hold")
+        outer = (await watcher.event("workflow_started", topic="outer")).message_id
+        cancelled = await run(*reach_argv(broker, "workflows", "cancel", outer))
+        with pytest.raises(TaskFailed) as stopped:
+            await starting
+        await watcher.event("workflow_cancelled", topic="middle")
+        inner = (await watcher.event("workflow_cancelled", topic="inner")).message_id
+        gate.set()
+
+        def next_move():  # type: ignore[no-untyped-def]
+            late = ("compensating_late_step", "hold"), ("routed", "after_hold")
+            return next((e for e in watcher.events if (e.event, e.topic) in late), None)
+
+        moved = await watcher.until(next_move, "what inner does with the held step's result")
+        await watcher.event("completed", topic="unhold")
+        record = await read_record(broker, inner)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert stopped.value.error.type == "cancelled"
+    assert moved.event == "compensating_late_step" and moved.message_id == holding.message_id
+    assert not [e for e in watcher.events if e.topic == "after_hold"]
+    assert record is not None and record.status == "cancelled" and record.error is not None
+    assert "cancelled with its parent workflow" in record.error.message
+
+
 async def test_a_workflow_ends_as_expired_at_its_starting_tasks_ttl(
     broker, start_coordinator, watcher
 ):

@@ -1,4 +1,5 @@
-"""Workflows that run workflows: loops refused at start, a depth limit at run time."""
+"""Workflows that run workflows: loops refused at start, a depth limit at run time, and
+children let go with their parent."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from agentreach.coordinator import ConfigError
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import WorkflowEngine
-from agentreach.coordinator.workflows.actions import Dispatch
+from agentreach.coordinator.workflows.actions import Abandon, Dispatch
 from agentreach.coordinator.workflows.nesting import (
     DEPTH_HEADER,
     MAX_DEPTH,
@@ -104,3 +105,19 @@ def test_an_instance_nested_too_deep_fails_without_a_step() -> None:
     run, status = _start(flow, {DEPTH_HEADER: str(MAX_DEPTH + 1)})
     assert status == "failed" and not any(isinstance(a, Dispatch) for a in run.actions)
     assert run.record.error is not None and run.record.error.type == "too_deep"
+
+
+def test_a_cancel_lets_every_running_step_go() -> None:
+    """Cancelling an instance lists its running steps (the engine cancels those that are
+    workflows); a resume after a crash lists them again."""
+    flow = wf.fanout([wf.step("a", "child"), wf.step("b", "x")])
+    task = Task(v=1, message_id="wf1", trace_id="t", topic="flow")
+    record = new_record("flow", task, flow, now_ms=0)
+    Run(flow, record, 0).start()
+    cancel = Run(flow, record, 10)
+    assert cancel.cancel("stop")
+    assert sorted(a.key for a in cancel.actions if isinstance(a, Abandon)) == ["a", "b"]
+    assert record.error is not None and record.error.message == "stop"
+    again = Run(flow, record, 20)
+    again.resume()
+    assert sorted(a.key for a in again.actions if isinstance(a, Abandon)) == ["a", "b"]
