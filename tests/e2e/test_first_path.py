@@ -146,3 +146,26 @@ async def test_an_invoke_under_another_caller_s_message_id_is_rejected_at_once(b
     assert refused.value.reason == "duplicate_id"
     assert "'taken-1' is another caller's message" in refused.value.error.message
     assert seen.count({"text": "mallory's"}) == 0
+
+
+async def test_an_invoke_whose_replies_are_lost_is_answered_from_its_events(
+    broker, coordinator, monkeypatch
+):
+    """Replies are core NATS messages: one sent while the caller's connection is down (a
+    server restart) is gone for good. Here every reply is lost: at the ack deadline the
+    client reads the task's events, finds it accepted, and from then on reads them once a
+    second, so the invoke returns the result well before its execute budget runs out."""
+    from agentreach.broker.reply_box import ReplyBox
+
+    monkeypatch.setattr(ReplyBox, "collect", lambda self, msg: None)  # nothing reaches the box
+    agent, seen = make_agent()
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        async with asyncio.timeout(10):  # the execute budget is 60 s
+            result = await client.invoke(
+                "summarize",
+                {"text": "lost replies"},
+                ack_deadline_ms=300,
+                execute_deadline_ms=60_000,
+            )
+    assert result == {"summary": "lost ", "trace_id": result["trace_id"]}
+    assert seen == [{"text": "lost replies"}]
