@@ -88,7 +88,9 @@ async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) 
 
     def acked(ack: Ack) -> None:
         free = f", {ack.capacity.free_slots} free slots" if ack.capacity else ""
-        print(f"accepted by {ack.from_agent or 'an agent'}{free}", file=sys.stderr, flush=True)
+        # Only an agent names itself: the coordinator acknowledges a workflow it started.
+        who = ack.from_agent or "the coordinator: a workflow started"
+        print(f"accepted by {who}{free}", file=sys.stderr, flush=True)
 
     def progressed(progress: Progress) -> None:
         print(f"progress: {progress.note or '(still working)'}", file=sys.stderr, flush=True)

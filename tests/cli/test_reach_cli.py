@@ -60,6 +60,7 @@ async def test_publish_wait_prints_the_result(broker, coordinator):
         done = await reach(broker, "publish", "count", '{"items": [1, 2, 3]}', "--wait")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"n": 3}
+    assert "accepted by cli-reach-worker" in done.stderr
 
 
 async def test_publish_takes_a_payload_larger_than_an_argument_from_a_file_or_stdin(
