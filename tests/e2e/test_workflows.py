@@ -764,7 +764,7 @@ async def test_cancelling_a_workflow_cancels_its_child_workflows(
 
         moved = await watcher.until(next_move, "what inner does with the held step's result")
         await watcher.event("completed", topic="unhold")
-        record = await read_record(broker, inner)
+        record = await _until_record(broker, inner, _undone("hold"))
     assert cancelled.returncode == 0, cancelled.stderr
     assert stopped.value.error.type == "cancelled"
     assert moved.event == "compensating_late_step" and moved.message_id == holding.message_id
