@@ -105,9 +105,13 @@ class WorkflowEngine:
         try:
             revision = await records.create(record.instance_id, record)
         except WrongLastSequence:
+            if (existing := await records.get(record.instance_id)) is None:
+                return
+            if existing.value.finished and not seen_before:  # sent again, past the dup window
+                await self._answer_again(existing.value, task)
+                return
             log.info("workflow exists already; resuming", instance_id=record.instance_id)
-            if (existing := await records.get(record.instance_id)) is not None:
-                await self._resume(existing.value)
+            await self._resume(existing.value)
             return
         self._hot.keep(record.instance_id, record, revision)
         await reply(self._broker, task, Ack(**about(task)))
@@ -340,6 +344,20 @@ class WorkflowEngine:
     async def _finish(self, record: WorkflowRecord) -> None:
         await self._answer(record)
         await self._drop_timers(record.instance_id)  # after: the caller need not wait for it
+
+    async def _answer_again(self, record: WorkflowRecord, task: Task) -> None:
+        """Answer ``task``, a start of an instance that ended already, with how it ended
+        (its own caller only: another's is told the id is taken)."""
+        if task.caller != record.task.caller:
+            message = f"message id {task.message_id!r} is another caller's message"
+            error = ErrorInfo(type="duplicate_id", message=message, retryable=False)
+            await reply(self._broker, task, error_reply(task, error))
+        elif record.status == "completed":
+            await reply(self._broker, task, Result(**about(task, result=record.result)))
+        else:
+            error = record.error or ErrorInfo(type="failed", message=f"workflow {record.status}")
+            await reply(self._broker, task, error_reply(task, error))
+        log.info("workflow ended already; answered again", instance_id=record.instance_id)
 
     async def _answer(self, record: WorkflowRecord) -> None:
         task = record.task

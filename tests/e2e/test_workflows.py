@@ -11,12 +11,14 @@ from typing import Any
 import msgspec
 import pytest
 
+from agentreach import envelopes
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import read_record
 from agentreach.coordinator.workflows.nesting import MAX_DEPTH
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.dashboard.trace import trace_of
+from agentreach.envelopes.headers import task_headers
 from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast, serving
 from tests.support import until_true
@@ -106,6 +108,53 @@ async def test_a_workflow_started_again_with_its_id_answers_the_first_result(
     assert first == again == {"url": "/articles/nats", "approved": True}
     assert counts == Counter(plan=1, write=1, review=1, publish=1)
     assert watcher.count("workflow_started") == 1
+
+
+async def test_a_workflow_started_again_past_the_duplicate_window_answers_from_its_record(
+    broker, start_coordinator
+):
+    """Past the stream's duplicate window a start under a finished instance's id is taken
+    in again: its starter gets the stored result (another caller: that the id is taken),
+    and no step runs again."""
+    counts: Counter[str] = Counter()
+    names = broker.names
+    config = fast(workflows=workflows(article=ARTICLE))
+    heard: asyncio.Queue[tuple[str, envelopes.Reply]] = asyncio.Queue()
+
+    async def keep(msg: Any) -> None:
+        await heard.put((msg.subject.rsplit(".", 1)[-1], envelopes.decode_reply(msg.data)))
+
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, newsroom(counts)),
+        ReachClient(broker=broker, name="alice") as alice,
+    ):
+        first = await alice.invoke("article", {"topic": "nats"}, message_id="article-old")
+        for caller in ("alice", "mallory"):
+            box = names.reply_box(caller, "again")
+            sub = await broker.nc.subscribe(f"{box}.*", cb=keep)
+            task = envelopes.Task(
+                v=1,
+                message_id="article-old",
+                trace_id="article-old",
+                topic="article",
+                payload={"topic": "nats"},
+                reply_to=box,
+            )
+            # A Nats-Msg-Id of its own: what the stream sees once its window has passed.
+            headers = {**task_headers(task), "Nats-Msg-Id": f"article-old-{caller}"}
+            await broker.publish(
+                names.task("article", caller), envelopes.encode(task), headers=headers
+            )
+            sender, answer = await asyncio.wait_for(heard.get(), timeout=10)
+            await sub.unsubscribe()
+            assert sender == "_coordinator"
+            if caller == "alice":
+                assert isinstance(answer, envelopes.Result) and answer.result == first
+            else:
+                assert isinstance(answer, envelopes.ErrorReply)
+                assert answer.error.type == "duplicate_id"
+    assert counts == Counter(plan=1, write=1, review=1, publish=1)
 
 
 async def test_a_step_may_run_as_long_as_its_timeout(broker, start_coordinator):
