@@ -822,12 +822,14 @@ async def test_cancelling_a_workflow_cancels_its_child_workflows(
     assert "cancelled with its parent workflow" in record.error.message
 
 
+@pytest.mark.parametrize("execute_ms", [10_000, 1500])
 async def test_a_workflow_ends_as_expired_at_its_starting_tasks_ttl(
-    broker, start_coordinator, watcher
+    broker, start_coordinator, watcher, execute_ms
 ):
     """Started with a ttl of 1.5 s (its own ttl_s is 300 s) while its first step is held: at
     the ttl the starter hears `expired`, the instance is dead-lettered as `expired` with its
-    state, and its next step is never dispatched."""
+    state, and its next step is never dispatched. A starter that waits exactly the ttl
+    (`reach publish --wait --ttl-ms`) hears the verdict too, not its own timeout."""
     gate = asyncio.Event()
     flows = workflows(ttlchain="chain: [{name: one, intent: hold}, {name: two, intent: tick}]")
     async with (
@@ -836,7 +838,7 @@ async def test_a_workflow_ends_as_expired_at_its_starting_tasks_ttl(
         ReachClient(broker=broker) as client,
     ):
         with pytest.raises(TaskFailed) as expired:
-            await client.invoke("ttlchain", {}, ttl_ms=1500, execute_deadline_ms=10_000)
+            await client.invoke("ttlchain", {}, ttl_ms=1500, execute_deadline_ms=execute_ms)
         letter = await watcher.dead_letter("expired", topic="ttlchain")
         gate.set()
     assert expired.value.error.type == "expired"
