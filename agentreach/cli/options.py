@@ -220,7 +220,25 @@ def load_target(target: str, *, malformed: str) -> object:
             f"cannot import {module_name!r}: {exc} (run from the folder that holds it, or add"
             " that folder to PYTHONPATH)"
         ) from None
+    except SyntaxError as exc:
+        raise UsageError(f"{module_name!r} is not valid Python: {exc}") from None
+    except ReachError as exc:  # a workflow or an agent declared wrongly, as it was imported
+        raise UsageError(f"{module_name!r}: {exc}") from None
+    except ValueError as exc:
+        if not _raised_by_a_definition(exc):
+            raise  # the module's own bug: its traceback says where
+        raise UsageError(f"{module_name!r}: {exc}") from None
     return getattr(module, attr, None)
+
+
+def _raised_by_a_definition(exc: BaseException) -> bool:
+    """Whether a workflow definition refused what the module built (its checks raise
+    ValueError, which msgspec turns into a path when the definition comes from YAML)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return module.startswith("agentreach.coordinator.workflow")
 
 
 def json_text(argument: str) -> str:

@@ -37,11 +37,15 @@ def nats_cli() -> Path:
 
 
 async def run(
-    *argv: str | Path, timeout: float = 30.0, env: dict[str, str] | None = None
+    *argv: str | Path,
+    timeout: float = 30.0,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Completed:
     """Run a command without blocking the event loop (the coordinator shares it)."""
     process = await asyncio.create_subprocess_exec(
         *map(str, argv),
+        cwd=cwd,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -565,6 +565,27 @@ async def test_a_workflow_built_in_python_is_served_by_reach_coordinator(broker,
     )
 
 
+async def test_a_workflow_module_that_builds_a_bad_definition_is_one_line(broker, tmp_path):
+    """A definition the builder refuses as the module is imported, and a module that is not
+    Python, are one line each; the module's own bug keeps its traceback."""
+    (tmp_path / "bad.py").write_text(
+        "from agentreach.coordinator import workflow as wf\nWORKFLOWS = {'w1': wf.chain()}\n"
+    )
+    (tmp_path / "broken.py").write_text("def broken(:\n")
+    (tmp_path / "buggy.py").write_text("raise ValueError('a bug of its own')\n")
+    said = {}
+    for module in ("bad", "broken", "buggy"):
+        argv = reach_argv(broker, "coordinator", "--workflows", f"{module}:WORKFLOWS")
+        said[module] = await run(*argv, cwd=tmp_path)
+    assert said["bad"].returncode != 0
+    assert said["bad"].stderr == (
+        "reach: error: 'bad': a workflow needs at least one step: 'chain' is empty\n"
+    )
+    assert said["broken"].stderr.startswith("reach: error: 'broken' is not valid Python:")
+    assert said["broken"].stderr.count("\n") == 1
+    assert "Traceback" in said["buggy"].stderr and "a bug of its own" in said["buggy"].stderr
+
+
 async def test_a_second_signal_does_not_cut_an_agents_shutdown_short(broker, coordinator, watcher):
     """A process group killed (two SIGTERMs) or Ctrl-C pressed twice while a task drains:
     the agent ends its shutdown (the task completes, the card says stopped) instead of
