@@ -156,6 +156,7 @@ async def replay(
         attempt=1,
         to_agent=None,
         ttl_ms=ttl_ms or envelopes.DEFAULT_TTL_MS,
+        budget=envelopes.Budget(),  # the first caller's patience: nobody waits for this one
         replay_of=letter.message_id,
         reply_to=None,
         created_at=now_ms(),

@@ -66,8 +66,8 @@ async def wait_for_ending(
 
 
 def _own(events: list[Event], caller: str | None) -> list[Event]:
-    callers = {e.caller for e in events if e.caller is not None} if caller is not None else ()
-    if callers and caller not in callers:
+    # A message of no caller (an operator's bare form) is not this caller's either.
+    if caller is not None and events and caller not in {e.caller for e in events}:
         raise OthersMessage(f"message id {events[0].message_id!r} is another caller's message")
     return events
 

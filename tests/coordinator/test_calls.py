@@ -88,6 +88,18 @@ async def test_a_call_under_another_caller_s_message_id_is_refused_at_once(broke
     assert "'billing-msg-1' is another caller's message" in error["message"]
 
 
+async def test_a_call_under_an_operator_s_message_id_is_refused_at_once(broker, coordinator):
+    """A message of no caller (an operator's bare form) is not mallory's either."""
+    headers = {h.MSG_ID: "operator-msg-1"}
+    names = broker.names
+    async with sleeper().running(broker=broker):
+        await broker.nc.request(names.call("nap"), b'{"s": 0.01}', timeout=10, headers=headers)
+        again = await broker.nc.request(
+            names.call("nap", "mallory"), b'{"s": 0.01}', timeout=3, headers=headers
+        )
+    assert envelopes.decode_json(again.data)["error"]["type"] == "duplicate_id"
+
+
 def test_a_call_s_body_is_read_once_for_its_reply_address_and_its_budget():
     """A whole envelope is readdressed and keeps its own execute budget; a bare, malformed
     or oddly shaped body gets the default budget, and only an envelope is rewritten."""

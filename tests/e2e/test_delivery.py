@@ -23,7 +23,7 @@ from agentreach.agents import (
     ReachClient,
     TaskContext,
 )
-from agentreach.broker import consumer_state
+from agentreach.broker import consumer_state, read_stream
 from agentreach.broker.consume import ConsumerSpec, bind
 from agentreach.broker.lifecycle import dead_letter, emit, event_for
 from agentreach.envelopes import AgentCard, DeadLetter, Execution, Intent, execution_key
@@ -444,3 +444,33 @@ async def test_a_compensation_slower_than_the_ack_wait_runs_once_per_dead_letter
 
         await until_true(all_settled, timeout=20.0)
     assert calls == Counter(dict.fromkeys(ids, 1))
+
+
+async def test_a_replay_runs_on_a_fresh_budget(broker, watcher):
+    """A dead letter of a caller that waited 300 ms: its replay has no caller waiting, so it
+    gets the default budget, not the first caller's patience (a handler of 2 s would be cut
+    at 300 ms again, three times, and end as retries_exhausted)."""
+    from agentreach.agents.compensation import replay
+
+    hurried = envelopes.Task(
+        v=1,
+        message_id="hurried-1",
+        trace_id="hurried-1",
+        topic="slow",
+        ttl_ms=300,
+        budget=envelopes.Budget(ack_ms=100, execute_ms=300),
+    )
+    letter = await dead_letter(
+        broker,
+        reason="expired",
+        task=hurried,
+        message_id="hurried-1",
+        trace_id="hurried-1",
+        topic="slow",
+    )
+    again = await replay(broker, letter)
+    stored = await read_stream(broker, broker.names.tasks_stream, broker.names.task("slow"))
+    sent = envelopes.decode_task(stored[-1].data)
+    assert sent.message_id == again.message_id and sent.replay_of == "hurried-1"
+    assert sent.budget == envelopes.Budget()
+    assert sent.ttl_ms == envelopes.DEFAULT_TTL_MS
