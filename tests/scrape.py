@@ -13,19 +13,29 @@ async def http_get(url: str, *, headers: dict[str, str] | None = None) -> tuple[
     rest = url.removeprefix("http://")
     hostport, _, path = rest.partition("/")
     host, _, port = hostport.partition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    request = f"GET /{path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\n{extra}\r\n"
+    head = [f"Host: {hostport}", "Connection: close"]
+    head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    return await http_request(host, int(port), f"GET /{path}", head)
+
+
+async def http_request(
+    host: str, port: int, request_line: str, head: list[str], body: bytes = b""
+) -> tuple[int, str]:
+    """``(status, body)`` of one request with exactly the header lines ``head`` (plus its
+    Content-Length when it has a body): a Host of its own choosing, or none, or two."""
+    reader, writer = await asyncio.open_connection(host, port)
+    length = [f"Content-Length: {len(body)}"] if body else []
+    lines = [f"{request_line} HTTP/1.1", *head, *length, "", ""]
     try:
-        writer.write(request.encode())
+        writer.write("\r\n".join(lines).encode() + body)
         await writer.drain()
         raw = await asyncio.wait_for(reader.read(), 10)
     finally:
         writer.close()
         with contextlib.suppress(Exception):
             await writer.wait_closed()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    return int(head.split()[1]), body.decode()
+    status, _, rest = raw.partition(b"\r\n\r\n")
+    return int(status.split()[1]), rest.decode()
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -3,7 +3,6 @@ rebinding gets a page of another site no further than a 421."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -15,6 +14,7 @@ from agentreach.broker.lifecycle import dead_letter
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import AllowedHosts, Board, DashboardApp, History
 from agentreach.envelopes import ErrorInfo, Task
+from tests.scrape import http_request
 from tests.support import Watcher
 
 
@@ -33,18 +33,7 @@ async def send(
 ) -> tuple[int, str]:
     """``(status, body)`` of a request with exactly the header lines ``head`` (no Host of
     its own), as a browser misled by DNS would send it."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    lines = [f"{method} {path} HTTP/1.1", *head, f"Content-Length: {len(body)}", "", ""]
-    try:
-        writer.write("\r\n".join(lines).encode() + body)
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
-    status, _, rest = raw.partition(b"\r\n\r\n")
-    return int(status.split()[1]), rest.decode()
+    return await http_request("127.0.0.1", server.port, f"{method} {path}", head, body)
 
 
 async def test_a_foreign_host_is_refused_on_every_route_and_replays_nothing(
