@@ -76,11 +76,17 @@ def load_workflows(target: str) -> dict[str, WorkflowSpec]:
     found = load_target(
         target, malformed="--workflows expects MODULE:OBJECT (e.g. myflows:WORKFLOWS)"
     )
-    if not isinstance(found, dict) or not all(
-        isinstance(k, str) and isinstance(v, WorkflowSpec) for k, v in found.items()
-    ):
+    if not isinstance(found, dict):
         raise UsageError(
             f"{target} is {type(found).__name__}; expected a dict of name → workflow, e.g."
             " {'article': workflow.chain(workflow.step('plan', 'plan'), ...)}"
         )
+    for name, spec in found.items():
+        if not isinstance(name, str):
+            raise UsageError(f"{target} has the key {name!r}; a workflow's name is a string")
+        if not isinstance(spec, WorkflowSpec):
+            raise UsageError(
+                f"workflow {name!r} of {target} is {type(spec).__name__}, not a workflow"
+                " (build it with agentreach.coordinator.workflow: chain, fanout, steps, machine)"
+            )
     return found

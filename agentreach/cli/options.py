@@ -15,6 +15,7 @@ import msgspec
 
 from agentreach import envelopes
 from agentreach.broker import DEFAULT_URL, Auth, Broker, BrokerConfig, Names, parse_replicas
+from agentreach.cli.definitions import raised_by_a_definition, refused_where
 from agentreach.errors import ReachError
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
@@ -225,20 +226,11 @@ def load_target(target: str, *, malformed: str) -> object:
     except ReachError as exc:  # a workflow or an agent declared wrongly, as it was imported
         raise UsageError(f"{module_name!r}: {exc}") from None
     except ValueError as exc:
-        if not _raised_by_a_definition(exc):
+        if not raised_by_a_definition(exc):
             raise  # the module's own bug: its traceback says where
-        raise UsageError(f"{module_name!r}: {exc}") from None
+        where = refused_where(exc)
+        raise UsageError(f"{module_name!r}{', ' if where else ''}{where}: {exc}") from None
     return getattr(module, attr, None)
-
-
-def _raised_by_a_definition(exc: BaseException) -> bool:
-    """Whether a workflow definition refused what the module built (its checks raise
-    ValueError, which msgspec turns into a path when the definition comes from YAML)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    module = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
-    return module.startswith("agentreach.coordinator.workflow")
 
 
 def json_text(argument: str) -> str:

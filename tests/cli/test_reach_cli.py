@@ -579,7 +579,8 @@ async def test_a_workflow_module_that_builds_a_bad_definition_is_one_line(broker
         said[module] = await run(*argv, cwd=tmp_path)
     assert said["bad"].returncode != 0
     assert said["bad"].stderr == (
-        "reach: error: 'bad': a workflow needs at least one step: 'chain' is empty\n"
+        "reach: error: 'bad', workflow 'w1' (line 2): a workflow needs at least one step:"
+        " 'chain' is empty\n"
     )
     assert said["broken"].stderr.startswith("reach: error: 'broken' is not valid Python:")
     assert said["broken"].stderr.count("\n") == 1
