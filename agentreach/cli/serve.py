@@ -39,7 +39,7 @@ from agentreach.cli.options import (
     names_of,
     replication_options,
 )
-from agentreach.coordinator import Coordinator, load_config
+from agentreach.coordinator import Coordinator, CoordinatorConfig, load_config
 from agentreach.coordinator.observability import serving
 from agentreach.coordinator.observability.endpoint import Readiness
 from agentreach.envelopes import Priority
@@ -113,6 +113,8 @@ def register(commands: Commands) -> None:
 
 async def cmd_up(args: argparse.Namespace) -> int:
     """Embedded nats-server or cluster (unless --nats-url / $NATS_URL), provision, coordinator."""
+    # A mistake in the config or a --workflows module is told before any server starts.
+    config = coordinator_config(args)
     if args.cluster is not None:
         if args.nats_url:
             raise UsageError("--cluster starts its own servers: leave out --nats-url / $NATS_URL")
@@ -125,28 +127,33 @@ async def cmd_up(args: argparse.Namespace) -> int:
             log.warning(DEVELOPMENT, urls=cluster.url)
             print(f"reach: agents and tools: export NATS_URL={cluster.url}", file=sys.stderr)
             async with _kept_up(cluster, args.restart_after):
-                await _coordinate(cluster.url, args)
+                await _coordinate(cluster.url, args, config)
         return 0
     embedded = nats_server(
         args.nats_url, port=args.port, data_dir=args.data_dir, restart_after_s=args.restart_after
     )
     async with embedded as url:
-        await _coordinate(url, args)
+        await _coordinate(url, args, config)
     return 0
 
 
 async def cmd_coordinator(args: argparse.Namespace) -> int:
-    await _coordinate(args.nats_url or load_config(args.config).broker.url or DEFAULT_URL, args)
+    config = coordinator_config(args)
+    await _coordinate(args.nats_url or config.broker.url or DEFAULT_URL, args, config)
     return 0
 
 
-async def _coordinate(url: str, args: argparse.Namespace) -> None:
+def coordinator_config(args: argparse.Namespace) -> CoordinatorConfig:
+    """The config file's, with what the command line adds and overrides."""
+    config = with_cli_options(load_config(args.config), args)
+    return msgspec.structs.replace(config, broker=broker_config_of(args, config.broker))
+
+
+async def _coordinate(url: str, args: argparse.Namespace, config: CoordinatorConfig) -> None:
     """Serve until a signal; the coordinator waits for NATS and provisions at start."""
     # The _created series of counters are used by no rule: in our own process, leave them out
     # (a library must not change this for the program that embeds it).
     prometheus_client.disable_created_metrics()
-    config = with_cli_options(load_config(args.config), args)
-    config = msgspec.structs.replace(config, broker=broker_config_of(args, config.broker))
     names = Names(prefix=args.prefix or config.prefix)
     broker = Broker(
         url,

@@ -587,6 +587,23 @@ async def test_a_workflow_module_that_builds_a_bad_definition_is_one_line(broker
     assert "Traceback" in said["buggy"].stderr and "a bug of its own" in said["buggy"].stderr
 
 
+async def test_reach_up_refuses_a_bad_workflow_module_before_starting_a_server(tmp_path):
+    """`reach up` checks its --workflows before the embedded nats-server starts: the mistake
+    is the only line, and no server was started (nor its store made) to be torn down."""
+    (tmp_path / "bad.py").write_text(
+        "from agentreach.coordinator import workflow as wf\nWORKFLOWS = {'w1': wf.chain()}\n"
+    )
+    store = tmp_path / "nats"
+    argv = (reach_command(), "up", "--port", "-1", "--data-dir", store, "--metrics-port", "-1")
+    said = await run(*argv, "--workflows", "bad:WORKFLOWS", cwd=tmp_path)
+    assert said.returncode != 0
+    assert said.stderr == (
+        "reach: error: 'bad', workflow 'w1' (line 2): a workflow needs at least one step:"
+        " 'chain' is empty\n"
+    )
+    assert not store.exists()
+
+
 async def test_a_second_signal_does_not_cut_an_agents_shutdown_short(broker, coordinator, watcher):
     """A process group killed (two SIGTERMs) or Ctrl-C pressed twice while a task drains:
     the agent ends its shutdown (the task completes, the card says stopped) instead of
