@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from agentreach import envelopes
 from agentreach.agents import ReachClient
+from agentreach.broker import Broker
 from agentreach.broker.lifecycle import trace_of
 from agentreach.conformance import CLAUSES
 from agentreach.coordinator import load_config
@@ -100,21 +103,39 @@ async def test_the_typescript_sdk_passes_every_clause(broker, coordinator, node_
     assert verdicts_but_claim_check(lines) <= {"PASS", "WARN"}, done.stdout
 
 
-@contextlib.asynccontextmanager
-async def greeter(node_sdk: Path, broker) -> AsyncIterator[None]:  # type: ignore[no-untyped-def]
-    """The TypeScript greeter (examples/greeter.ts) as its own process, until the block ends."""
-    process = await asyncio.create_subprocess_exec(
+async def start_greeter(
+    node_sdk: Path,
+    broker: Broker,
+    *,
+    stderr: int = asyncio.subprocess.DEVNULL,
+    prefix: str | None = None,
+) -> asyncio.subprocess.Process:
+    """The TypeScript greeter (examples/greeter.ts) as its own process (on ``prefix``
+    instead of the broker's when given)."""
+    env = {**os.environ, **node_env(broker), **({"REACH_PREFIX": prefix} if prefix else {})}
+    return await asyncio.create_subprocess_exec(
         "node",
         str(node_sdk / "build" / "examples" / "greeter.js"),
         broker.url,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-        env={**os.environ, **node_env(broker)},
+        stderr=stderr,
+        env=env,
     )
+
+
+async def serving(process: asyncio.subprocess.Process) -> None:
+    """Until the greeter says that it serves (its first line on stdout)."""
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), 60)
+    assert b"greeter serving" in line, line
+
+
+@contextlib.asynccontextmanager
+async def greeter(node_sdk: Path, broker) -> AsyncIterator[None]:  # type: ignore[no-untyped-def]
+    """The TypeScript greeter (examples/greeter.ts) as its own process, until the block ends."""
+    process = await start_greeter(node_sdk, broker)
     try:
-        assert process.stdout is not None
-        line = await asyncio.wait_for(process.stdout.readline(), 60)
-        assert b"greeter serving" in line, line
+        await serving(process)
         yield
     finally:
         if process.returncode is None:
@@ -146,3 +167,62 @@ async def test_a_workflow_runs_steps_in_typescript_and_python(
     }
     assert {("greet", "ts-greeter-1"), ("shout", "echo-1"), ("echo", "echo-1")} <= workers
     assert len(await trace_of(broker, echoed.message_id)) >= 3
+
+
+async def test_a_greeter_fenced_out_by_a_newer_one_exits_1_saying_why(
+    broker, coordinator, node_sdk: Path
+):
+    """The greeter stalled (SIGSTOP) while a second process of its id registers: resumed, it
+    finds the newer heartbeat at its next beat, stops, says why on stderr and exits 1 (not
+    0, as a stop would); the newer one serves on, and SIGINT stops it with 0."""
+    old = await start_greeter(node_sdk, broker, stderr=asyncio.subprocess.PIPE)
+    new: asyncio.subprocess.Process | None = None
+    try:
+        await serving(old)
+        old.send_signal(signal.SIGSTOP)  # cannot answer the presence check: the new one registers
+        new = await start_greeter(node_sdk, broker)
+        await serving(new)
+        old.send_signal(signal.SIGCONT)
+        # A new interval makes it beat at once, rather than up to 18 s later.
+        control = envelopes.encode(envelopes.AgentControl(heartbeat_interval_s=15))
+        await broker.publish_core(broker.names.agent_control("ts-greeter-1"), control)
+        assert await asyncio.wait_for(old.wait(), 30) == 1
+        assert old.stderr is not None
+        said = (await old.stderr.read()).decode().splitlines()
+        assert new.returncode is None
+        new.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(new.wait(), 30) == 0
+    finally:
+        for process in (old, new):
+            if process is not None and process.returncode is None:
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+                await process.wait()
+    assert re.fullmatch(
+        r"ts-greeter-1: AgentIdInUse: agent_id 'ts-greeter-1' was registered again by a newer"
+        r" process \(epoch (\d+); this one's (\d+)\): this process stopped",
+        said[-1],
+    ), said[-3:]
+
+
+async def test_a_greeter_stopped_while_it_starts_exits_0(broker, node_sdk: Path):
+    """SIGTERM while the greeter waits for the streams and buckets (a prefix nobody
+    provisioned): the start gives up, and the process exits 0 without serving."""
+    process = await start_greeter(
+        node_sdk, broker, stderr=asyncio.subprocess.PIPE, prefix=f"unprov{os.getpid()}"
+    )
+    try:
+        assert process.stderr is not None
+        async with asyncio.timeout(60):
+            while b"waiting for the streams and buckets" not in (
+                line := await process.stderr.readline()
+            ):
+                assert line, "the greeter ended before it waited for the streams"
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        assert process.stdout is not None
+        assert b"serving" not in await process.stdout.read()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -8,10 +8,13 @@
  * Settings come from the environment, so the kit can start (and restart) it as a command:
  * REACH_AGENT_ID (default conformance-ts), REACH_CONFORMANCE_TOPIC (default conformance),
  * REACH_ACK_WAIT_S (default 5: a crashed run comes back that soon), REACH_PREFIX, NATS_URL.
+ * SIGINT or SIGTERM stop it (exit 0); a second copy, refused, or a copy fenced out by a
+ * newer one of its id, says why and exits 1.
  */
 
 import { Agent, PermanentError } from "../src/index.js";
 import type { TaskContext } from "../src/index.js";
+import { announcing, serveUntilSignal } from "./service.js";
 
 const url = process.argv[2] ?? process.env.NATS_URL ?? "nats://127.0.0.1:4222";
 const topic = process.env.REACH_CONFORMANCE_TOPIC ?? "conformance";
@@ -21,6 +24,7 @@ const agent = new Agent({
   startupDelayMs: 0,
   ackWaitMs: Number(process.env.REACH_ACK_WAIT_S ?? "5") * 1000,
   prefix: process.env.REACH_PREFIX ?? "reach",
+  logger: announcing(`conformance agent ${process.env.REACH_AGENT_ID ?? "conformance-ts"} serving '${topic}' on ${url}`),
 });
 
 interface Op {
@@ -63,10 +67,4 @@ agent.handler(topic, { version: "1.0.0", capacity: 8 }, async (ctx: TaskContext,
   }
 });
 
-await agent.start(url);
-process.stdout.write(`conformance agent ${agent.agentId} serving '${topic}' on ${url}\n`);
-for (const signal of ["SIGINT", "SIGTERM"] as const) {
-  process.once(signal, () => {
-    void agent.stop().then(() => process.exit(0));
-  });
-}
+await serveUntilSignal(agent, url);

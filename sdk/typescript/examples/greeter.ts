@@ -1,11 +1,13 @@
 /**
  * A TypeScript agent for the mixed demo: serves `greet`, and hands the name on to
- * the Python `echo` agent as a child task in the same trace.
+ * the Python `echo` agent as a child task in the same trace. SIGINT or SIGTERM stop it
+ * (exit 0); fenced out by a newer process of its id, it says so and exits 1.
  *
  *     node build/examples/greeter.js nats://127.0.0.1:4222
  */
 
 import { Agent, PermanentError } from "../src/index.js";
+import { announcing, serveUntilSignal } from "./service.js";
 
 const url = process.argv[2] ?? process.env.NATS_URL ?? "nats://127.0.0.1:4222";
 const agent = new Agent({
@@ -13,6 +15,7 @@ const agent = new Agent({
   tags: { lang: "typescript" },
   startupDelayMs: 0,
   prefix: process.env.REACH_PREFIX ?? "reach",
+  logger: announcing(`greeter serving on ${url}`),
 });
 
 agent.handler("greet", { version: "1.0.0", capacity: 4, deadlineMs: 5_000 }, async (ctx, payload: { name?: string }) => {
@@ -22,10 +25,4 @@ agent.handler("greet", { version: "1.0.0", capacity: 4, deadlineMs: 5_000 }, asy
   return { greeting: `Hello, ${payload.name}!`, echo_message_id: child.message_id, trace_id: ctx.traceId };
 });
 
-await agent.start(url);
-process.stdout.write(`greeter serving on ${url}\n`);
-for (const signal of ["SIGINT", "SIGTERM"] as const) {
-  process.once(signal, () => {
-    void agent.stop().then(() => process.exit(0));
-  });
-}
+await serveUntilSignal(agent, url);
