@@ -89,7 +89,10 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
     started_ms: int = 0
     ended_ms: int = 0
     deadline_ms: int = 0
-    steps: dict[str, StepRun] = {}
+    steps: dict[str, StepRun] = {}  # those started so far
+    # Chains, fan-outs and graphs: the definition's steps, so that progress reads as of all
+    # of them; 0 for a state machine (the states it enters depend on the path taken).
+    steps_total: int = 0
     current: str | None = None  # state machines: the state now
     path: list[str] = []  # state machines: every state entered, in order
     completed_order: list[str] = []  # the saga undoes these in reverse

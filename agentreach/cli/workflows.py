@@ -111,14 +111,16 @@ def table(records: list[WorkflowRecord]) -> str:
     if not records:
         return "no workflow instances"
     header = f"{'INSTANCE':<40} {'WORKFLOW':<16} {'STATUS':<13} {'STARTED':<9} {'DONE':>5}  NOW"
-    lines = [header]  # DONE: completed of the steps started so far
+    # DONE: steps completed of the workflow's steps (a state machine: of the states entered)
+    lines = [header]
     for r in records:
         done = sum(s.status == "completed" for s in r.steps.values())
+        total = r.steps_total or len(r.steps)  # 0: a machine, or a record written before it
         now = r.current or ", ".join(k for k, s in r.steps.items() if s.status == "running")
         started = _clock(r.started_ms)
         lines.append(
             f"{r.instance_id:<40} {r.workflow:<16} {r.status:<13} {started:<9}"
-            f" {done:>2}/{len(r.steps):<2}  {now or '-'}"
+            f" {done:>2}/{total:<2}  {now or '-'}"
         )
     return "\n".join(lines)
 

@@ -132,7 +132,8 @@ def workflows(board: Board) -> dict[str, Any]:
                 "started_ms": r.started_ms,
                 "deadline_ms": r.deadline_ms,
                 "steps_done": r.steps_done,
-                "steps_total": len(r.steps),
+                # A state machine's (and an older record's): the states entered so far
+                "steps_total": r.steps_total or len(r.steps),
                 "running": r.running,
             }
             for r in in_flight

@@ -36,6 +36,7 @@ class InFlight(msgspec.Struct, kw_only=True):
     deadline_ms: int = 0
     current: str | None = None
     steps: dict[str, _StepState] = {}
+    steps_total: int = 0
     compensations: dict[str, _StepState] = {}
 
     @property

@@ -44,6 +44,7 @@ def new_record(workflow: str, task: Task, spec: WorkflowSpec, now_ms: int) -> Wo
         task=task,
         started_ms=now_ms,
         deadline_ms=deadline_of(task, spec, now_ms),
+        steps_total=0 if spec.is_machine else len(spec.graph()),
     )
 
 

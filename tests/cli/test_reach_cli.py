@@ -502,6 +502,53 @@ async def test_the_readme_workflow_walkthrough_runs_as_written(broker, watcher):
     assert "completed" in shown.stdout.splitlines()[0]
 
 
+async def test_workflows_list_counts_done_steps_of_the_whole_workflow(
+    broker, start_coordinator, watcher
+):
+    """DONE is the steps completed of the workflow's steps: a two-step chain failed at its
+    first is 0/2 and a fan-out failed in a branch 1/3 (branches and join), not of the steps
+    started; a state machine's, of the states it entered."""
+    from agentreach.agents import PermanentError
+    from agentreach.coordinator import workflow as wf
+    from tests.e2e.routing_support import fast, serving
+
+    agent = Agent("cli-steps", startup_delay=0)
+
+    @agent.handler("good")
+    async def good(ctx: TaskContext, payload: dict) -> dict:
+        return {"ok": True}
+
+    @agent.handler("bad")
+    async def bad(ctx: TaskContext, payload: dict) -> dict:
+        raise PermanentError("refused")
+
+    flows = {
+        "pair": wf.chain(wf.step("first", "bad"), wf.step("second", "good")),
+        "split": wf.fanout([wf.step("l", "bad"), wf.step("r", "good")], then=wf.step("j", "good")),
+        "order": wf.machine(
+            "pending",
+            {
+                "pending": wf.state("good", next=[wf.go("done", when=("ok", "==", True))]),
+                "done": wf.state("good", terminal=True),
+                "refunded": wf.state("good", terminal=True),
+            },
+        ),
+    }
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, agent),
+    ):
+        failed, completed = "workflow_failed", "workflow_completed"
+        ends = {"pair": failed, "split": failed, "order": completed}
+        for name, end in ends.items():
+            await broker.publish(broker.names.task(name), b"{}", headers={"Nats-Msg-Id": name})
+            await watcher.event(end, message_id=name)
+        listed = await reach(broker, "workflows", "list")
+    assert listed.returncode == 0, listed.stderr
+    done = {line.split()[1]: line.split()[4] for line in listed.stdout.splitlines()[1:]}
+    assert done == {"pair": "0/2", "split": "1/3", "order": "2/2"}
+
+
 async def test_every_option_has_help_and_every_command_an_example():
     """`reach --version`, and in `reach COMMAND --help` every option says what it does and
     an example follows."""

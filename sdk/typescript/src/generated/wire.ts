@@ -1334,6 +1334,10 @@ export interface WorkflowRecord {
    */
   steps: Record<string, StepRun>;
   /**
+   * default 0
+   */
+  steps_total: number;
+  /**
    * default null
    */
   current: string | null;
