@@ -141,11 +141,22 @@ class Outcomes:
             await end_with_error(self._broker, task, "retries_exhausted", error)
             return None
         if delivered == 1:
-            return await self._schedule(task, error)
+            return await self._schedule(event, task, error)
         return await self._retry(event, task, waited=delivered - 2, origin=f"e{msg.stream_seq}")
 
-    async def _schedule(self, task: Task, error: ErrorInfo) -> float:
+    async def _schedule(self, event: Event, task: Task, error: ErrorInfo) -> float | None:
         delay = self._config.backoff_s(task.attempt)
+        left_ms = ttl_left_ms(task.ttl_ms, _dispatched_at_ms(event))
+        if left_ms <= delay * 1000:
+            # No retry could be dispatched within the ttl: say so now, with what failed.
+            when = f"in {int(delay * 1000)} ms, {max(0, left_ms)} ms left"
+            await self._router.end(
+                task,
+                "expired",
+                f"ttl {task.ttl_ms} ms runs out before attempt {task.attempt + 1} ({when});"
+                f" attempt {task.attempt} failed: {error.type}: {error.message}",
+            )
+            return None
         log.info("retry scheduled", attempt=task.attempt + 1, delay_s=round(delay, 3))
         await emit(
             self._broker,
@@ -160,8 +171,7 @@ class Outcomes:
         return delay
 
     async def _retry(self, event: Event, task: Task, *, waited: int, origin: str) -> float | None:
-        dispatched_at_ms = int(event.detail.get("dispatched_at_ms") or event.at_ms)
-        left_ms = ttl_left_ms(task.ttl_ms, dispatched_at_ms)
+        left_ms = ttl_left_ms(task.ttl_ms, _dispatched_at_ms(event))
         retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None)
         return await self._router.dispatch(
             retry, left_ms=left_ms, waited=waited, origin=origin, where="between retries"
@@ -220,6 +230,12 @@ class Outcomes:
         card = self._directory.cards.get(agent_id or "")
         intent = card.intents.get(task.topic) if card else None
         return self._config.attempts_for(task.topic, intent.max_attempts if intent else None)
+
+
+def _dispatched_at_ms(event: Event) -> int:
+    """When the attempt an outcome reports was dispatched: its ttl counts from then."""
+    value = event.detail.get("dispatched_at_ms")
+    return value if isinstance(value, int) and value > 0 else event.at_ms
 
 
 def _strings(value: object) -> dict[str, str]:

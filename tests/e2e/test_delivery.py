@@ -92,6 +92,26 @@ async def test_per_intent_attempts_are_honoured(broker, coordinator, watcher):
     assert [e.attempt for e in letter.trace if e.event == "failed"] == [1, 2, 3, 4, 5]
 
 
+async def test_a_failure_with_no_time_left_for_a_retry_ends_at_once(broker, coordinator, watcher):
+    """A retryable failure after the task's ttl has run out schedules no retry that could
+    only expire: the task is dead-lettered as expired then, naming the attempt's error."""
+    agent = Agent("late-1", startup_delay=0)
+
+    @agent.handler("late")
+    async def late(ctx: TaskContext, payload: dict) -> dict:
+        await asyncio.sleep(0.4)
+        raise ConnectionError("upstream down")
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("late", {}, ttl_ms=300)
+        letter = await watcher.dead_letter("expired", message_id=message_id)
+    assert letter.error is not None
+    assert "runs out before attempt 2" in letter.error.message
+    assert "attempt 1 failed: ConnectionError: upstream down" in letter.error.message
+    assert [e.event for e in letter.trace if e.event == "retry_scheduled"] == []
+    assert [e.attempt for e in letter.trace if e.event == "routed"] == [1]
+
+
 async def test_progress_beyond_the_ack_wait_prevents_redelivery(broker, coordinator, watcher):
     """A task running 3 times the agent's ack wait, sending progress, is delivered once."""
     runs: Counter[str] = Counter()
