@@ -102,7 +102,9 @@ class Coordinator:
         self.config = config = config or CoordinatorConfig()
         self.replica_id = f"{socket.gethostname()}-{os.getpid()}-{new_id()[-8:]}"
         self.directory = AgentDirectory(broker)
-        self.breakers = BreakerBoard(broker, config.breakers)
+        self.breakers = BreakerBoard(
+            broker, config.breakers, declared_deadline=self.directory.declared_deadline
+        )
         self.queues = QueueDepths(broker, config.queues)
         fleet = Fleet(self.directory, self.breakers, self.queues, RateLimiter(config.rate_limits))
         try:

@@ -32,6 +32,7 @@ from agentreach.coordinator.protection.circuit import (
 )
 from agentreach.envelopes import (
     BreakerRecord,
+    Budget,
     DecodeError,
     Event,
     breaker_key,
@@ -43,23 +44,47 @@ from agentreach.envelopes.coordination import WHOLE_AGENT
 log = structlog.get_logger("coordinator.breakers")
 
 SWEEP_S = 1.0
+DEADLINE_EXCEEDED = "deadline_exceeded"
 Transition = Callable[[BreakerRecord | None], BreakerRecord | None]
+# The deadline_ms an agent's card declares for an intent (None: none declared, or no card).
+DeclaredDeadline = Callable[[str, str], int | None]
 
 
 class BreakerBoard:
     """Breakers per (agent, intent) and isolation per agent, as the router asks about them."""
 
     def __init__(
-        self, broker: Broker, config: BreakerConfig, clock: Callable[[], int] = now_ms
+        self,
+        broker: Broker,
+        config: BreakerConfig,
+        clock: Callable[[], int] = now_ms,
+        *,
+        declared_deadline: DeclaredDeadline = lambda agent_id, intent: None,
     ) -> None:
         self._broker = broker
         self._config = config
         self._clock = clock
+        self._declared_deadline = declared_deadline
         self.records: dict[str, BreakerRecord] = {}
         self._tripped: dict[str, set[str]] = {}  # agent → keys of its breakers not closed
         self._revisions: dict[str, int] = {}
         self._windows: dict[str, Window] = {}
         self._failures_in_a_row: dict[str, int] = {}
+
+    def _counts(self, event: Event) -> bool:
+        """Outcomes that say something about the agent to every caller: not a task refused
+        as invalid, and not a handler cut short by its sender's own execute budget — the
+        intent declares no deadline_ms, or a longer one (a caller's tight budget must not
+        close an agent to everyone else)."""
+        if event.event != "failed":
+            return True
+        if _refused_as_invalid(event):
+            return False
+        budget_ms = _cut_short_ms(event)
+        if budget_ms is None:
+            return True
+        declared = self._declared_deadline(event.agent_id or "", event.topic)
+        return declared is not None and declared < budget_ms
 
     # -- what the router asks ---------------------------------------------------------
     def admission(self, agent_id: str, intent: str) -> tuple[Admission, str]:
@@ -138,7 +163,7 @@ class BreakerBoard:
 
     async def record_outcome(self, event: Event, at_ms: int) -> None:
         """Count one agent-reported outcome (``at_ms``: when the broker stored it)."""
-        if not event.agent_id or not _counts(event):
+        if not event.agent_id or not self._counts(event):
             return
         ok = event.event == "completed"
         agent_id, key = event.agent_id, breaker_key(event.agent_id, event.topic)
@@ -267,9 +292,17 @@ def _tripped(record: BreakerRecord) -> bool:
     return record.state != "closed"
 
 
-def _counts(event: Event) -> bool:
-    """Outcomes that say something about the agent: not a task refused as invalid."""
-    if event.event != "failed":
-        return True
+def _refused_as_invalid(event: Event) -> bool:
     error = event.detail.get("error")
-    return not (isinstance(error, dict) and error.get("retryable") is False)
+    return isinstance(error, dict) and error.get("retryable") is False
+
+
+def _cut_short_ms(event: Event) -> int | None:
+    """The execute budget a task had when its handler failed as ``deadline_exceeded``
+    (None for every other outcome)."""
+    error, task = event.detail.get("error"), event.detail.get("task")
+    if not (isinstance(error, dict) and error.get("type") == DEADLINE_EXCEEDED):
+        return None
+    budget = task.get("budget") if isinstance(task, dict) else None
+    execute_ms = budget.get("execute_ms") if isinstance(budget, dict) else None
+    return execute_ms if isinstance(execute_ms, int) else Budget().execute_ms

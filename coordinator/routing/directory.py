@@ -42,6 +42,12 @@ class AgentDirectory:
         """A read-only view (no copy: the router asks on every failure)."""
         return MappingProxyType(self._cards)
 
+    def declared_deadline(self, agent_id: str, intent: str) -> int | None:
+        """The ``deadline_ms`` the agent's card declares for ``intent``, if any."""
+        card = self._cards.get(agent_id)
+        spec = card.intents.get(intent) if card is not None else None
+        return spec.deadline_ms if spec is not None else None
+
     async def follow(self, ready: asyncio.Event) -> None:
         """Keep the cache current until cancelled; ``ready`` is set after the first load."""
         names = self._broker.names

@@ -286,6 +286,43 @@ async def test_an_agent_failing_everything_is_isolated_until_a_trial_succeeds(
     assert restored.detail["isolated_agents"] == 0
 
 
+async def test_a_callers_tight_budget_does_not_count_against_the_agent(
+    broker, start_coordinator, watcher
+):
+    """Handlers cut short by their sender's execute budget say nothing about the agent (the
+    intent declares no shorter deadline): they do not isolate it. Cut by the deadline the
+    intent declares itself, they do."""
+    z = Agent("z", startup_delay=0)
+
+    @z.handler("slow")
+    async def slow(ctx: TaskContext, payload: object) -> str:
+        await asyncio.sleep(2)
+        return "z"
+
+    @z.handler("tight", deadline_ms=150)
+    async def tight(ctx: TaskContext, payload: object) -> str:
+        await asyncio.sleep(2)
+        return "z"
+
+    breakers = BreakerConfig(min_calls=1000, open_s=30, isolation_failures=3)
+    async with (
+        start_coordinator(fast(delivery=ONE_ATTEMPT, breakers=breakers)) as coordinator,
+        serving(broker, coordinator, z),
+        ReachClient(broker=broker) as client,
+    ):
+        for _ in range(3):  # the caller's budget: not counted
+            with pytest.raises(TaskFailed) as failed:
+                await client.invoke("slow", {}, execute_deadline_ms=150)
+            assert failed.value.error.type == "deadline_exceeded"
+        for _ in range(3):  # the intent's own deadline: counted
+            with pytest.raises(TaskFailed):
+                await client.invoke("tight", {})
+        isolated = await watcher.event("agent_isolated")
+    kinds = [(e.event, e.topic) for e in watcher.events if e.event in ("failed", "agent_isolated")]
+    assert kinds.index(("agent_isolated", "_agent")) > kinds.index(("failed", "tight")) + 2
+    assert isolated.detail["reason"] == "3 failures in a row"
+
+
 async def test_an_agent_token_bucket_holds_its_rate(broker, start_coordinator, watcher):
     """An agent limited to 20/s (burst 5) never gets more; the excess waits briefly and is
     then rejected as rate_limited."""
