@@ -138,6 +138,8 @@ class DashboardApp:
         origin, host = request.headers.get("origin"), request.headers.get("host", "")
         if origin and origin.split("://", 1)[-1] != host:
             return Response.error(403, f"requests from {origin} are not accepted")
+        if (why := _not_json(request)) is not None:
+            return Response.error(415, why)
         try:
             body = request.json()
             options = msgspec.convert(body, _ReplayBody)
@@ -175,6 +177,20 @@ class DashboardApp:
             if letter.message_id == message_id:
                 return letter
         return None
+
+
+def _not_json(request: Request) -> str | None:
+    """Why the body of ``request`` is not taken as JSON; None when it is (or there is none).
+    A page of another site may POST text/plain without asking first: never read as JSON."""
+    if not request.body.strip():
+        return None
+    given = request.headers.get("content-type")
+    if given is not None and given.split(";", 1)[0].strip().lower() == "application/json":
+        return None
+    return (
+        "the body must be JSON, sent with Content-Type: application/json"
+        f" (this one's is {given or 'not given'})"
+    )
 
 
 class _ReplayBody(msgspec.Struct, forbid_unknown_fields=True):

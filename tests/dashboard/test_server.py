@@ -72,6 +72,7 @@ async def test_a_foreign_host_is_refused_on_every_route_and_replays_nothing(
             assert f"127.0.0.1:{server.port}" in error_text
         ours = f"127.0.0.1:{server.port}"
         head = [f"Host: {ours}", f"Origin: http://{ours}", "X-Reach-Request: 1"]
+        head.append("Content-Type: application/json")
         status, body = await send(server, *replay, head, b"{}")
         assert status == 202, body
         await watcher.event("replayed", message_id="rebind-1")

@@ -1,0 +1,48 @@
+"""The dashboard's replay endpoint: what a request must carry to replay a dead letter."""
+
+from __future__ import annotations
+
+import json
+
+from agentreach.broker import Broker
+from agentreach.broker.lifecycle import dead_letter
+from agentreach.envelopes import ErrorInfo, Task
+from tests.dashboard.test_server import dashboard, send
+from tests.support import Watcher
+
+
+async def test_a_replay_body_must_be_sent_as_json(broker: Broker, watcher: Watcher):
+    """A body sent as anything but application/json is refused with 415 and replays
+    nothing; as JSON (with a charset, or no body at all) it is taken."""
+    for message_id in ("typed-1", "typed-2"):
+        task = Task(v=1, message_id=message_id, trace_id=message_id, topic="work")
+        await dead_letter(
+            broker,
+            reason="retries_exhausted",
+            task=task,
+            message_id=message_id,
+            trace_id=message_id,
+            topic="work",
+            error=ErrorInfo(type="Boom", message="x", retryable=True),
+        )
+    async with dashboard(broker) as server:
+        ours = [f"Host: 127.0.0.1:{server.port}", "X-Reach-Request: 1", "Connection: close"]
+        replay = ("POST", "/api/dlq/typed-1/replay")
+        refused = {}
+        for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+            typed = [f"Content-Type: {content_type}"] if content_type else []
+            refused[content_type] = await send(server, *replay, [*ours, *typed], b"{}")
+        as_json = ["Content-Type: application/json; charset=utf-8"]
+        taken = await send(server, *replay, [*ours, *as_json], b'{"ttl_ms": 5000}')
+        bare = await send(server, "POST", "/api/dlq/typed-2/replay", ours)
+        await watcher.event("replayed", message_id="typed-1")
+        await watcher.event("replayed", message_id="typed-2")
+    for content_type, (status, body) in refused.items():
+        assert status == 415, (content_type, body)
+        assert json.loads(body)["error"] == (
+            f"the body must be JSON, sent with Content-Type: application/json"
+            f" (this one's is {content_type or 'not given'})"
+        )
+    assert taken[0] == 202, taken
+    assert bare[0] == 202, bare
+    assert watcher.count("replayed") == 2
