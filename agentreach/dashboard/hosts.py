@@ -5,7 +5,9 @@ rebinding). The browser then sends that page's requests to the dashboard as same
 ones, with ``Host`` and ``Origin`` both naming the other site, so comparing the two proves
 nothing, and custom headers need no preflight. What such a request cannot do is name this
 server: so every request, on every route, must name a loopback name or the address it came
-in on, with the port it came in on, or a name the operator allowed (``--allow-host``).
+in on, with the port it came in on, or a name the operator allowed (``--allow-host``). A
+``Host`` without a port is taken for any of these names: browsers leave out a default port (a
+proxy on 80 or 443 in front), and some clients any port; the name is what rebinding cannot fake.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from dataclasses import dataclass
 from agentreach.coordinator.observability.http import Request
 
 LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
-DEFAULT_PORT = 80  # what a Host without a port means
 _NAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]*[a-z0-9_])?|\[[0-9a-f:.]+\]")
 _PORT = re.compile(r"[0-9]{1,5}")
 
@@ -33,7 +34,8 @@ class _Allowed:
 class AllowedHosts:
     """The ``Host`` values the dashboard answers: loopback names and the address a request
     came in on, with the port it came in on; and ``extra`` names (``NAME``: on any port;
-    ``NAME:PORT``: on that one). A malformed extra name raises :class:`ValueError`."""
+    ``NAME:PORT``: on that one); any of those names without a port. A malformed extra name
+    raises :class:`ValueError`."""
 
     def __init__(self, extra: Iterable[str] = ()) -> None:
         self.extra: tuple[_Allowed, ...] = tuple(_allowed(given) for given in extra)
@@ -44,9 +46,9 @@ class AllowedHosts:
         if host is None:
             return False
         name, port = host
-        if any(a.name == name and a.port in (None, port) for a in self.extra):
-            return True
-        return (name, DEFAULT_PORT if port is None else port) in self._local(request)
+        allowed = [(a.name, a.port) for a in self.extra] + self._local(request)
+        # A port of None on either side: any port (an extra NAME, a Host without one).
+        return any(n == name and (None in (p, port) or p == port) for n, p in allowed)
 
     def refusal(self, request: Request) -> str | None:
         """Why ``request`` is not for this dashboard; None when it is."""

@@ -90,7 +90,12 @@ async def test_a_foreign_host_is_refused_on_every_route_and_replays_nothing(
         ("dash.example.com:{port}", 200),
         ("box:8443", 200),  # allowed on that port only
         ("box:{port}", 421),
-        ("localhost", 421),  # port 80 is not this one
+        ("localhost", 200),  # without a port (a browser's default one, or a client's habit)
+        ("127.0.0.1", 200),
+        ("[::1]", 200),
+        ("box", 200),
+        ("evil.example", 421),
+        ("127.0.0.1.evil.example", 421),
         ("localhost:1", 421),
         ("127.0.0.1.evil.example:{port}", 421),
         ("localhost:{port}@evil.example", 421),
@@ -101,7 +106,8 @@ async def test_loopback_the_served_address_and_allowed_names_are_answered(
     broker: Broker, host: str, status: int
 ):
     """Loopback names and the address served on, with its port; names the operator
-    allowed (NAME: any port, NAME:PORT: that one); nothing else, a missing Host neither."""
+    allowed (NAME: any port, NAME:PORT: that one); any of them without a port; nothing
+    else, a missing Host neither."""
     async with dashboard(broker, "dash.example.com", "box:8443") as server:
         head = [f"Host: {host.format(port=server.port)}"] if host else []
         got, body = await send(server, "GET", "/api/snapshot", head)
