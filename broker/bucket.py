@@ -22,8 +22,8 @@ import structlog
 from nats.js.kv import KeyValue
 
 from agentreach.broker.direct import LastValues, last_of_each, last_per_subject
-from agentreach.broker.errors import WrongLastSequence, translate
-from agentreach.broker.failover import through_elections
+from agentreach.broker.errors import StreamNotFound, WrongLastSequence, translate
+from agentreach.broker.failover import stream_names, through_elections
 from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.streams import StoredMessage
 from agentreach.broker.watch import BucketWatch
@@ -62,6 +62,27 @@ class Swap(Generic[T]):
 
 class Contended(WrongLastSequence):
     """A compare-and-set lost the race every time it tried."""
+
+
+async def bound_kv(broker: Broker, bucket: str) -> KeyValue:
+    """The provisioned KV bucket ``bucket``, bound without reading its stream's info.
+
+    Stream info lists every key (``subjects_filter``), so it is not granted to agents or
+    workers; whether the bucket exists is asked from the stream names (any party may). The
+    buckets are provisioned with direct gets: a read of a key is a direct get of its subject.
+    """
+    stream = f"KV_{bucket}"
+    try:
+        found = await stream_names(broker, subject=f"$KV.{bucket}.>")
+    except nats.errors.Error as exc:
+        raise translate(exc, subject=bucket) from exc
+    if stream not in found:
+        raise StreamNotFound(
+            f"KV bucket {bucket} does not exist: run `reach provision`"
+            " (or start the coordinator, which provisions)",
+            err_code=10059,
+        )
+    return KeyValue(name=bucket, stream=stream, pre=f"$KV.{bucket}.", js=broker.js, direct=True)
 
 
 class Bucket(Generic[T]):

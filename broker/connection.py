@@ -19,15 +19,13 @@ from nats.js import api
 from nats.js.kv import KeyValue
 
 from agentreach.broker.auth import Auth
-from agentreach.broker.bucket import Bucket
+from agentreach.broker.bucket import Bucket, bound_kv
 from agentreach.broker.client import Client as NATS
 from agentreach.broker.dedup import MSG_ID, sealed
 from agentreach.broker.errors import (
     AuthenticationFailed,
     BrokerError,
     ConnectError,
-    StreamNotFound,
-    translate,
     translated,
 )
 from agentreach.broker.failover import ELECTION_BUDGET_S, through_elections
@@ -289,16 +287,7 @@ class Broker:
     async def kv(self, bucket: str) -> KeyValue:
         """The nats-py KV bucket (cached per connection), for this package's own use."""
         if bucket not in self._buckets:
-            try:
-                self._buckets[bucket] = await self.js.key_value(bucket)
-            except nats.js.errors.BucketNotFoundError:
-                raise StreamNotFound(
-                    f"KV bucket {bucket} does not exist: run `reach provision`"
-                    " (or start the coordinator, which provisions)",
-                    err_code=10059,
-                ) from None
-            except nats.errors.Error as exc:
-                raise translate(exc, subject=bucket) from exc
+            self._buckets[bucket] = await bound_kv(self, bucket)
         return self._buckets[bucket]
 
     async def bucket(self, name: str, kind: type[T]) -> Bucket[T]:

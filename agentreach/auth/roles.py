@@ -36,7 +36,8 @@ WORKER_EVENTS: Final = ("replayed", "resolved")
 # the coordinator within a task's longest ttl (a `reach.call` is answered with its result).
 _ONE_RESPONSE: Final = {"max": 1, "ttl": 10_000_000_000}
 _ONE_RESULT: Final = {"max": 1, "ttl": (MAX_TTL_MS + 60_000) * 1_000_000}
-# Which streams capture a subject: asked while a write finds no stream leader (an election).
+# Which streams exist, or capture a subject: asked while a write finds no stream leader (an
+# election), and to bind a bucket or wait for provisioning.
 _STREAM_NAMES: Final = "$JS.API.STREAM.NAMES"
 _NAME_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _RESERVED: Final = ("coordinator", "compensation")
@@ -96,9 +97,8 @@ def agent(names: Names) -> Permissions:
             n.agent_consumer(me, priority),
             filter_subject=n.dispatch(me, priority),
         )
-    publish += _stream_info(
-        *n.dispatch_streams.values(), n.tasks_stream, n.events_stream
-    )  # waits for the coordinator to have provisioned them
+    # Which streams exist (it waits for the coordinator to provision them); not their info,
+    # which lists every subject a stream holds (topics, message ids, callers, agents).
     publish.append(_STREAM_NAMES)
     publish += _own_key(n.agents_bucket, me, read=True)  # its card, read for the next epoch
     publish += _own_key(n.heartbeats_bucket, me, read=False)
@@ -145,7 +145,6 @@ def worker(names: Names) -> Permissions:
     publish = _pull_consumer(n.dlq_stream, consumer, filter_subject=None)
     # nats-py names a single filter in the create subject; any filter of the DLQ is fine.
     publish.append(f"$JS.API.CONSUMER.CREATE.{n.dlq_stream}.{consumer}.>")
-    publish += _stream_info(n.dlq_stream, n.tasks_stream, n.events_stream)
     publish.append(_STREAM_NAMES)
     publish += [n.task("*", NAME), n.status]  # a replay warns when no coordinator runs
     publish += [n.event(kind, "*", "*", "*", NAME) for kind in WORKER_EVENTS]
@@ -218,13 +217,9 @@ def _pull_consumer(stream: str, consumer: str, *, filter_subject: str | None) ->
     ]
 
 
-def _stream_info(*streams: str) -> list[str]:
-    return [f"$JS.API.STREAM.INFO.{stream}" for stream in streams]
-
-
 def _own_key(bucket: str, key: str, *, read: bool) -> list[str]:
     """Writing (and reading) keys that end in the user's own name."""
-    subjects = [f"$JS.API.STREAM.INFO.KV_{bucket}", f"$KV.{bucket}.{key}"]
+    subjects = [f"$KV.{bucket}.{key}"]
     if read:  # only the subject-suffixed direct get: the bare form takes any subject
         subjects.append(f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}")
     return subjects

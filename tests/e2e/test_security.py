@@ -85,6 +85,7 @@ class Arena:
     release_step: asyncio.Event = field(default_factory=asyncio.Event)  # and the workflow step
     held: envelopes.Task | None = None  # the task worker-x holds, as alice sent it
     pending: asyncio.Task[Any] | None = None  # alice's invoke of the held task
+    spy: Broker | None = None  # compensation worker spy-w, attacking
     alice_heard: list[bytes] = field(default_factory=list)  # everything in alice's spaces
     bob_heard: list[bytes] = field(default_factory=list)
 
@@ -176,9 +177,11 @@ async def arena(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Arena
                 Broker(url, name="attacker-alice", auth=deployment.auth("caller", "alice")) as a,
                 Broker(url, name="bob", auth=deployment.auth("caller", "bob")) as bob,
                 ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
+                Broker(url, name=WORKER, auth=deployment.auth("worker", "spy-w")) as spy,
             ):
                 arena = Arena(deployment, url, admin, y, a, alice, server_log, x_seen, release)
                 arena.release_step = release_step
+                arena.spy = spy
                 await a.nc.subscribe("reach.reply.alice.>", cb=_keep(arena.alice_heard))
                 await a.nc.subscribe("_INBOX_alice.trap", cb=_keep(arena.alice_heard))
                 await bob.nc.subscribe("reach.reply.bob.>", cb=_keep(arena.bob_heard))
@@ -199,7 +202,7 @@ def _keep(into: list[bytes]) -> Callable[[Any], Awaitable[None]]:
 async def _hold_a_task(arena: Arena) -> None:
     """alice invokes ``hold``: worker-x takes it and keeps it in flight meanwhile."""
     arena.pending = asyncio.create_task(
-        arena.alice.invoke("hold", {"n": "held"}, execute_deadline_ms=120_000)
+        arena.alice.invoke("hold", {"n": "held"}, execute_deadline_ms=600_000)
     )
     async with asyncio.timeout(10):
         while {"n": "held"} not in arena.x_seen:  # noqa: ASYNC110
@@ -232,7 +235,7 @@ def attack(actor: str, title: str, stopped_by: str) -> Callable[[Attempt], Attem
     return register
 
 
-AGENT, CALLER = "attacker-y", "attacker-alice"
+AGENT, CALLER, WORKER = "attacker-y", "attacker-alice", "attacker-w"
 
 
 @attack(AGENT, "pull a task from X's consumer", "permissions")
@@ -746,6 +749,33 @@ async def _caller_redirects(arena: Arena, i: int) -> bool:
     return ran or any(message_id in data for data in arena.bob_heard)
 
 
+async def _lists_subjects(actor: Broker, i: int) -> bool:
+    """Stream info with a subject filter lists every subject a stream holds: topics, trace
+    and message ids, callers, agents. Each stream is asked once over the attempts."""
+    streams = [NAMES.events_stream, NAMES.tasks_stream, P1, NAMES.dlq_stream]
+    streams += [f"KV_{b}" for b in (NAMES.agents_bucket, NAMES.executions_bucket)]
+    streams.append(f"KV_{NAMES.heartbeats_bucket}")
+    for stream in streams[i::N]:
+        ask = actor.nc.request(
+            f"$JS.API.STREAM.INFO.{stream}", b'{"subjects_filter": ">"}', timeout=QUICK
+        )
+        answer = await quietly(ask)
+        if answer is not None and b'"subjects"' in answer.data:
+            return True
+    return False
+
+
+@attack(AGENT, "list the subjects of the streams and buckets (stream info)", "permissions")
+async def _agent_lists_subjects(arena: Arena, i: int) -> bool:
+    return await _lists_subjects(arena.y, i)
+
+
+@attack(WORKER, "list the subjects of the event and task streams (stream info)", "permissions")
+async def _worker_lists_subjects(arena: Arena, i: int) -> bool:
+    assert arena.spy is not None
+    return await _lists_subjects(arena.spy, i)
+
+
 @attack(CALLER, "read the registry and heartbeats", "permissions")
 async def _caller_reads_registry(arena: Arena, i: int) -> bool:
     bucket = NAMES.agents_bucket
@@ -784,7 +814,7 @@ async def _caller_wipes_dlq(arena: Arena, i: int) -> bool:
 async def test_no_attack_succeeds(arena: Arena, attack: Attack) -> None:
     before = arena.violations(attack.actor)
     succeeded = [i for i in range(N) if await attack.attempt(arena, i)]
-    await settle(arena.y, arena.alice_raw)
+    await settle(arena.y, arena.alice_raw, *([arena.spy] if arena.spy else []))
     assert succeeded == [], f"{attack.title}: succeeded in attempts {succeeded} of {N}"
     if attack.stopped_by == "permissions":  # the server says so, with the user's key
         assert arena.violations(attack.actor) > before, f"{attack.title}: no violation logged"

@@ -21,7 +21,6 @@ import { sleep } from "./timing.js";
  * and 10164 from a replicated (R>1) stream; the two mean the same.
  */
 export const WRONG_LAST_SEQUENCE = [10071, 10164];
-const STREAM_NOT_FOUND = 10059;
 // The server is not there (yet): worth waiting for.
 const WAITABLE = new Set<string>([ErrorCode.ConnectionRefused, ErrorCode.ConnectionTimeout, ErrorCode.Timeout]);
 const WAIT_FIRST_MS = 1_000;
@@ -93,15 +92,11 @@ export class Connection {
       ...[n.agentsBucket, n.heartbeatsBucket, n.executionsBucket].map((b) => `KV_${b}`),
     ];
     for (let tries = 0; ; tries++) {
-      const missing: string[] = [];
-      for (const stream of wanted) {
-        try {
-          await this.jsm.streams.info(stream);
-        } catch (err) {
-          if ((err as NatsError).api_error?.err_code !== STREAM_NOT_FOUND) throw err;
-          missing.push(stream.replace(/^KV_/, ""));
-        }
-      }
+      // Stream names, not stream info: info lists every subject a stream holds, and a
+      // secured deployment does not grant it to agents.
+      const existing = new Set<string>();
+      for await (const name of this.jsm.streams.names()) existing.add(name);
+      const missing = wanted.filter((s) => !existing.has(s)).map((s) => s.replace(/^KV_/, ""));
       if (missing.length === 0) return;
       const waitMs = backoffMs(tries);
       log.warn("waiting for the streams and buckets: start the coordinator or run `reach provision`", {
