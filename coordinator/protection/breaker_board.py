@@ -72,13 +72,12 @@ class BreakerBoard:
         self._failures_in_a_row: dict[str, int] = {}
 
     def _counts(self, event: Event) -> bool:
-        """Outcomes that say something about the agent to every caller: not a task refused
-        as invalid, and not a handler cut short by its sender's own execute budget — the
-        intent declares no deadline_ms, or a longer one (a caller's tight budget must not
-        close an agent to everyone else)."""
-        if event.event != "failed":
-            return True
-        if _refused_as_invalid(event):
+        """Outcomes that say something about the agent to every caller. Not those its
+        sender causes: a task refused as invalid, a ttl that ran out before the handler
+        started (``expired``; a backlog is the watermarks' business), or a handler cut short
+        by the sender's own execute budget — unless the intent declares a shorter
+        ``deadline_ms``. One caller's tight limits must not close an agent to everyone."""
+        if event.event == "expired" or _refused_as_invalid(event):
             return False
         budget_ms = _cut_short_ms(event)
         if budget_ms is None:
@@ -293,7 +292,7 @@ def _tripped(record: BreakerRecord) -> bool:
 
 
 def _refused_as_invalid(event: Event) -> bool:
-    error = event.detail.get("error")
+    error = event.detail.get("error") if event.event == "failed" else None
     return isinstance(error, dict) and error.get("retryable") is False
 
 

@@ -1,0 +1,58 @@
+"""Which outcomes a breaker counts: what says something about the agent to every caller,
+not what one sender's own limits caused (pure logic; tests/e2e/test_protection.py runs it
+through a server)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentreach.coordinator import BreakerConfig
+from agentreach.coordinator.protection.breaker_board import BreakerBoard
+from agentreach.envelopes import Event
+
+
+def outcome(kind: str, error: dict[str, Any] | None = None, execute_ms: int = 1500) -> Event:
+    task = {"topic": "slow", "budget": {"execute_ms": execute_ms}}
+    detail = {"task": task, "error": error} if error else {}
+    return Event(
+        v=1, message_id="m", trace_id="t", topic="slow", event=kind, agent_id="z", detail=detail
+    )
+
+
+def deadline(retryable: bool = True) -> dict[str, Any]:
+    return {
+        "type": "deadline_exceeded",
+        "message": "handler ran past 1500 ms",
+        "retryable": retryable,
+    }
+
+
+def board(declared: int | None) -> BreakerBoard:
+    return BreakerBoard(None, BreakerConfig(), declared_deadline=lambda agent, intent: declared)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("event", "declared", "counts"),
+    [
+        (outcome("completed"), None, True),
+        (outcome("failed", {"type": "RuntimeError", "message": "disk full"}), None, True),
+        (
+            outcome("failed", {"type": "rejected", "message": "bad", "retryable": False}),
+            None,
+            False,
+        ),
+        (outcome("expired", {"type": "expired", "message": "ttl 5 ms passed"}), None, False),
+        # cut by the sender's budget: the intent declares no deadline, or a longer one
+        (outcome("failed", deadline()), None, False),
+        (outcome("failed", deadline()), 5000, False),
+        (outcome("failed", deadline()), 1500, False),
+        # cut by the deadline the intent declares itself
+        (outcome("failed", deadline()), 200, True),
+    ],
+)
+def test_a_breaker_counts_what_says_something_about_the_agent(
+    event: Event, declared: int | None, counts: bool
+) -> None:
+    assert board(declared)._counts(event) is counts
