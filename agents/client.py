@@ -4,36 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self
 
-import msgspec
-
 from agentreach import envelopes
-from agentreach.agents.errors import (
-    REJECTION_REASONS,
-    DeadlineExceeded,
-    InvokeError,
-    NotAcknowledged,
-    Rejected,
-    TaskFailed,
+from agentreach.agents.errors import DeadlineExceeded, Rejected
+from agentreach.agents.invocation import (
+    Ending,
+    OnAck,
+    OnProgress,
+    outcome_of,
+    wait_for_result,
 )
-from agentreach.broker import Auth, Broker, BrokerError, ClaimCheck, Names, listen
+from agentreach.broker import Auth, Broker, ClaimCheck, Names, listen
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
-from agentreach.broker.endings import Ended, OthersMessage, ending_of, wait_for_ending
+from agentreach.broker.endings import OthersMessage, wait_for_ending
 from agentreach.broker.lifecycle import events_of_id
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.envelopes import (
-    Ack,
     Budget,
     ErrorInfo,
-    ErrorReply,
     Event,
     PayloadRef,
     Priority,
-    Progress,
-    Result,
     Task,
     TraceReply,
     TraceRequest,
@@ -41,11 +34,6 @@ from agentreach.envelopes import (
     now_ms,
 )
 from agentreach.envelopes import headers as h
-
-RECHECK_S = 1.0  # after a reconnect, how often the events are read for a lost reply
-VERDICT_GRACE_S = 1.0  # past the execute deadline, for the coordinator's verdict to arrive
-OnAck = Callable[[Ack], Awaitable[None] | None]
-OnProgress = Callable[[Progress], Awaitable[None] | None]
 
 
 class ReachClient:
@@ -193,10 +181,10 @@ class ReachClient:
         try:
             async with await listen(self.broker, box.wildcard, box.collect):
                 if await self.submit(task):
-                    ending = _Ending(
+                    ending = Ending(
                         self.broker, functools.partial(self._own_status, task.message_id)
                     )
-                    result = await _await_result(task, replies, on_ack, on_progress, ending)
+                    result = await wait_for_result(task, replies, on_ack, on_progress, ending)
                 else:  # sent before: nobody answers this box, the earlier message's end does
                     result = await self._earlier_result(task)
                 return await self.claim_check.result_of(*result)
@@ -220,7 +208,7 @@ class ReachClient:
                 f" {within_s * 1000:.0f} ms",
                 **ids,
             )
-        return _ended(ended, ids)
+        return outcome_of(ended, ids)
 
     async def status(self, message_id: str, *, timeout_s: float = 5.0) -> list[Event]:
         """The recorded lifecycle events of ``message_id`` (or, when no message has that id,
@@ -246,95 +234,3 @@ class ReachClient:
         subject = self.broker.names.trace_request(self.caller)
         answer = await self.broker.request(subject, request, timeout=timeout_s)
         return envelopes.decode_as(answer.data, TraceReply)
-
-
-class _Ending:
-    """How a message ended, read from its events, for when its replies may have been lost:
-    replies are core NATS messages, and one sent while the connection was down (a server
-    restart) is gone. Read at a deadline, and once a second after a reconnect or a lost ack."""
-
-    def __init__(self, broker: Broker, read: Callable[[], Awaitable[list[Event]]]) -> None:
-        self._broker, self._read = broker, read
-        self._reconnects = broker.reconnects
-        self.lost = False  # a reply is known lost (the events say what it would have said)
-        self.graced = False  # the wait went past the execute deadline for a verdict
-
-    def polled(self) -> bool:
-        """Whether to read the events every second: since a reconnect, or a reply known lost."""
-        return self.lost or self._broker.reconnects != self._reconnects
-
-    async def read(self) -> tuple[Ended | None, bool]:
-        """How it ended (None: not yet), and whether an agent accepted it."""
-        try:
-            events = await self._read()
-        except (BrokerError, OthersMessage):
-            return None, False
-        return ending_of(events), any(e.event == "accepted" for e in events)
-
-
-async def _await_result(
-    task: Task,
-    replies: asyncio.Queue[envelopes.Reply | None],
-    on_ack: OnAck | None,
-    on_progress: OnProgress | None,
-    ending: _Ending,
-) -> Any:
-    ids = {"message_id": task.message_id, "trace_id": task.trace_id}
-    loop = asyncio.get_running_loop()
-    ack_by = loop.time() + task.budget.ack_ms / 1000
-    done_by: float | None = None
-    while True:
-        deadline = done_by if done_by is not None else ack_by
-        look_at = min(deadline, loop.time() + RECHECK_S) if ending.polled() else deadline
-        try:
-            # A deadline on the wait itself: wait_for would make a task of every get.
-            async with asyncio.timeout_at(look_at):
-                message = await replies.get()
-        except TimeoutError:
-            ended, accepted = await ending.read()
-            if ended is not None:
-                return _ended(ended, ids)
-            if accepted and done_by is None:  # its ack was lost: the execute budget runs
-                done_by = loop.time() + task.budget.execute_ms / 1000
-                ending.lost = True
-                continue
-            if loop.time() < deadline:
-                continue
-            if done_by is not None and not ending.graced:
-                # The coordinator's verdict at the same deadline (expired) is a moment behind.
-                ending.graced, done_by = True, deadline + VERDICT_GRACE_S
-                continue
-            if done_by is None:
-                raise NotAcknowledged(
-                    f"no agent acknowledged {task.topic!r} within {task.budget.ack_ms} ms", **ids
-                ) from None
-            raise DeadlineExceeded(
-                f"{task.topic!r} did not complete within {task.budget.execute_ms} ms", **ids
-            ) from None
-        match message:
-            case None:
-                raise InvokeError(f"the client was closed while {task.topic!r} ran", **ids)
-            case Ack():
-                done_by = done_by or loop.time() + task.budget.execute_ms / 1000
-                await _call(on_ack, message)
-            case Progress():
-                await _call(on_progress, message)
-            case Result():
-                return message.result, message.result_ref
-            case ErrorReply(error=error):
-                cls = Rejected if error.type in REJECTION_REASONS else TaskFailed
-                raise cls(error, **ids)
-
-
-def _ended(ended: Ended, ids: dict[str, str]) -> tuple[Any, PayloadRef | None]:
-    if ended.error is not None:
-        cls = Rejected if ended.error.type in REJECTION_REASONS else TaskFailed
-        raise cls(ended.error, **ids)
-    return ended.result, ended.result_ref
-
-
-async def _call(callback: Callable[[Any], Any] | None, message: msgspec.Struct) -> None:
-    if callback is not None:
-        outcome = callback(message)
-        if asyncio.iscoroutine(outcome):
-            await outcome

@@ -1,0 +1,120 @@
+"""Waiting for an invoked task's end: its replies as they come, and its recorded events
+when the replies may have been lost."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
+from agentreach import envelopes
+from agentreach.agents.errors import (
+    REJECTION_REASONS,
+    DeadlineExceeded,
+    InvokeError,
+    NotAcknowledged,
+    Rejected,
+    TaskFailed,
+)
+from agentreach.broker import Broker, BrokerError
+from agentreach.broker.endings import Ended, OthersMessage, ending_of
+from agentreach.envelopes import Ack, ErrorReply, Event, PayloadRef, Progress, Result, Task
+
+RECHECK_S = 1.0  # after a reconnect, how often the events are read for a lost reply
+VERDICT_GRACE_S = 1.0  # past the execute deadline, for the coordinator's verdict to arrive
+OnAck = Callable[[Ack], Awaitable[None] | None]
+OnProgress = Callable[[Progress], Awaitable[None] | None]
+
+
+class Ending:
+    """How a message ended, read from its events, for when its replies may have been lost:
+    replies are core NATS messages, and one sent while the connection was down (a server
+    restart) is gone. Read at a deadline, and once a second after a reconnect or a lost ack."""
+
+    def __init__(self, broker: Broker, read: Callable[[], Awaitable[list[Event]]]) -> None:
+        self._broker, self._read = broker, read
+        self._reconnects = broker.reconnects
+        self.lost = False  # a reply is known lost (the events say what it would have said)
+        self.graced = False  # the wait went past the execute deadline for a verdict
+
+    def polled(self) -> bool:
+        """Whether to read the events every second: since a reconnect, or a reply known lost."""
+        return self.lost or self._broker.reconnects != self._reconnects
+
+    async def read(self) -> tuple[Ended | None, bool]:
+        """How it ended (None: not yet), and whether an agent accepted it."""
+        try:
+            events = await self._read()
+        except (BrokerError, OthersMessage):
+            return None, False
+        return ending_of(events), any(e.event == "accepted" for e in events)
+
+
+async def wait_for_result(
+    task: Task,
+    replies: asyncio.Queue[envelopes.Reply | None],
+    on_ack: OnAck | None,
+    on_progress: OnProgress | None,
+    ending: Ending,
+) -> Any:
+    ids = {"message_id": task.message_id, "trace_id": task.trace_id}
+    loop = asyncio.get_running_loop()
+    ack_by = loop.time() + task.budget.ack_ms / 1000
+    done_by: float | None = None
+    while True:
+        deadline = done_by if done_by is not None else ack_by
+        look_at = min(deadline, loop.time() + RECHECK_S) if ending.polled() else deadline
+        try:
+            # A deadline on the wait itself: wait_for would make a task of every get.
+            async with asyncio.timeout_at(look_at):
+                message = await replies.get()
+        except TimeoutError:
+            ended, accepted = await ending.read()
+            if ended is not None:
+                return outcome_of(ended, ids)
+            if accepted and done_by is None:  # its ack was lost: the execute budget runs
+                done_by = loop.time() + task.budget.execute_ms / 1000
+                ending.lost = True
+                continue
+            if loop.time() < deadline:
+                continue
+            if done_by is not None and not ending.graced:
+                # The coordinator's verdict at the same deadline (expired) is a moment behind.
+                ending.graced, done_by = True, deadline + VERDICT_GRACE_S
+                continue
+            if done_by is None:
+                raise NotAcknowledged(
+                    f"no agent acknowledged {task.topic!r} within {task.budget.ack_ms} ms", **ids
+                ) from None
+            raise DeadlineExceeded(
+                f"{task.topic!r} did not complete within {task.budget.execute_ms} ms", **ids
+            ) from None
+        match message:
+            case None:
+                raise InvokeError(f"the client was closed while {task.topic!r} ran", **ids)
+            case Ack():
+                done_by = done_by or loop.time() + task.budget.execute_ms / 1000
+                await _call(on_ack, message)
+            case Progress():
+                await _call(on_progress, message)
+            case Result():
+                return message.result, message.result_ref
+            case ErrorReply(error=error):
+                cls = Rejected if error.type in REJECTION_REASONS else TaskFailed
+                raise cls(error, **ids)
+
+
+def outcome_of(ended: Ended, ids: dict[str, str]) -> tuple[Any, PayloadRef | None]:
+    if ended.error is not None:
+        cls = Rejected if ended.error.type in REJECTION_REASONS else TaskFailed
+        raise cls(ended.error, **ids)
+    return ended.result, ended.result_ref
+
+
+async def _call(callback: Callable[[Any], Any] | None, message: msgspec.Struct) -> None:
+    if callback is not None:
+        outcome = callback(message)
+        if asyncio.iscoroutine(outcome):
+            await outcome
