@@ -134,9 +134,34 @@ class ReachClient:
         stored = await self.broker.publish(subject, envelopes.encode(task), headers=headers)
         return not stored.duplicate
 
-    async def publish(self, topic: str, payload: Any, **options: Any) -> tuple[str, str]:
-        """Fire and forget; returns ``(message_id, trace_id)``."""
-        task = self.task(topic, payload, **options)
+    async def publish(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        priority: Priority = "P1",
+        ttl_ms: int | None = None,
+        trace_id: str | None = None,
+        message_id: str | None = None,
+        reply_to: str | None = None,
+        budget: Budget | None = None,
+        headers: dict[str, str] | None = None,
+        traceparent: str | None = None,
+    ) -> tuple[str, str]:
+        """Fire and forget; returns ``(message_id, trace_id)``. The options are
+        :meth:`task`'s."""
+        task = self.task(
+            topic,
+            payload,
+            priority=priority,
+            ttl_ms=ttl_ms,
+            trace_id=trace_id,
+            message_id=message_id,
+            reply_to=reply_to,
+            budget=budget,
+            headers=headers,
+            traceparent=traceparent,
+        )
         await self.submit(task)
         return task.message_id, task.trace_id
 
@@ -151,6 +176,7 @@ class ReachClient:
         trace_id: str | None = None,
         message_id: str | None = None,
         ttl_ms: int | None = None,
+        headers: dict[str, str] | None = None,
         traceparent: str | None = None,
         on_ack: OnAck | None = None,
         on_progress: OnProgress | None = None,
@@ -161,8 +187,8 @@ class ReachClient:
         ``ack_deadline_ms``, :class:`DeadlineExceeded` if the result does not
         arrive within ``execute_deadline_ms`` after that, :class:`Rejected` when
         the coordinator refuses it and :class:`TaskFailed` when the handler fails.
-        ``ttl_ms`` defaults to both deadlines together; a result too large to travel
-        inline is fetched from the Object Store.
+        ``ttl_ms`` defaults to both deadlines together; ``headers`` and ``traceparent`` are
+        :meth:`task`'s. A result too large to travel inline is fetched from the Object Store.
         """
         box = ReplyBox(self.broker.names, self.caller, new_id())
         replies = box.replies
@@ -175,6 +201,7 @@ class ReachClient:
             reply_to=box.subject,
             ttl_ms=ttl_ms or ack_deadline_ms + execute_deadline_ms,
             budget=Budget(ack_ms=ack_deadline_ms, execute_ms=execute_deadline_ms),
+            headers=headers,
             traceparent=traceparent,
         )
         self._waiting.add(replies)
