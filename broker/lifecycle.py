@@ -21,6 +21,7 @@ from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.messages import Delivery
 from agentreach.broker.names import COORDINATOR, Names
 from agentreach.broker.pipelined import Outgoing
+from agentreach.broker.runs import runs_of
 from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import (
     DeadLetter,
@@ -99,6 +100,10 @@ def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) ->
     if event.event not in REPEATABLE:
         # Dedup is stream-wide: with the sender in the id, nobody can pre-empt another's.
         msg_id = f"{event.message_id}-{event.event}-{event.attempt}-{sender}"
+        if sender == COORDINATOR and event.caller:
+            # Past the duplicate window another caller may send a message under the same
+            # id: its run's events are its own, not duplicates of the first caller's.
+            msg_id = f"{event.caller}.{msg_id}"
         if event.event == "routed":  # an agent that refuses leads to routing again
             msg_id += f"-{event.agent_id}"
         grant = event.detail.get("grant")
@@ -177,6 +182,11 @@ async def events_of(broker: Broker, trace_id: str, message_id: str) -> MessageEv
     return MessageEvents(stored, authentic(names, stored))
 
 
+def _letter_id(caller: str | None, message_id: str) -> str:
+    """A dead letter's dedup id: one per caller's message (see :func:`runs_of`)."""
+    return f"dlq-{caller}.{message_id}" if caller else f"dlq-{message_id}"
+
+
 def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMessage, Event]]:
     """The events that are what they claim, oldest first: the coordinator's own, and an
     agent's about a task only when it was that agent the coordinator routed the attempt to
@@ -239,10 +249,20 @@ async def dead_letter(
     headers: Mapping[str, str] | None = None,
     state: Any = None,
     truncated: bool = False,
+    caller: str | None = None,
 ) -> DeadLetter:
     """Publish a dead letter to ``reach.dlq.<reason>.<topic>`` with the trace so far,
-    and record a ``dead_lettered`` event (``truncated``: ``raw`` was cut before it came)."""
-    trace = await trace_of(broker, message_id)
+    and record a ``dead_lettered`` event (``truncated``: ``raw`` was cut before it came;
+    ``caller``: who sent what did not decode into ``task``)."""
+    caller = task.caller if task is not None else caller
+    stored = await indexed_messages_on(
+        broker, broker.names.events_stream, broker.names.events_of_message(message_id)
+    )
+    pairs = authentic(broker.names, stored)
+    if caller is not None:  # its own run of that id, no other's
+        trace, _ = runs_of(caller, pairs, broker.names)
+    else:
+        trace = [event for _, event in pairs]
     letter = DeadLetter(
         v=1,
         reason=reason,
@@ -265,7 +285,7 @@ async def dead_letter(
     await broker.publish(
         broker.names.dlq(reason, topic),
         data,
-        headers={"Nats-Msg-Id": f"dlq-{message_id}", "Reach-Trace-Id": trace_id},
+        headers={"Nats-Msg-Id": _letter_id(caller, message_id), "Reach-Trace-Id": trace_id},
     )
     await emit(
         broker,
@@ -277,7 +297,7 @@ async def dead_letter(
             topic=topic,
             attempt=task.attempt if task else 1,
             at_ms=letter.at_ms,
-            caller=task.caller if task else None,  # its sender reads it in its own trace
+            caller=caller,  # its sender reads it in its own trace
             detail=_letter_detail(reason, task, error),
             priority=task.priority if task else "P1",
             received_ms=task.received_ms if task else 0,

@@ -10,7 +10,7 @@ from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, Inbound
 from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.lifecycle import authentic
-from agentreach.broker.names import COORDINATOR
+from agentreach.broker.runs import runs_of
 from agentreach.envelopes import (
     DecodeError,
     Event,
@@ -52,20 +52,12 @@ class TraceDesk:
         await msg.respond(self._fitted(events, others=others and not events))
 
     async def _own(self, caller: str, subject: str) -> tuple[list[Event], bool]:
-        """The authentic events on ``subject`` of the messages ``caller`` sent, and whether
-        there are others' too: only the coordinator's own events say who the caller was,
-        message by message."""
+        """The authentic events on ``subject`` of the runs ``caller`` sent (see
+        :func:`runs_of`), and whether there are others' too."""
         names = self._broker.names
         # Not a scan of every event: see broker.direct.
         stored = await indexed_messages_on(self._broker, names.events_stream, subject)
-        trace = authentic(names, stored)
-        sent_by_caller = {
-            event.message_id
-            for m, event in trace
-            if event.caller == caller and names.sender_of(m.subject) == COORDINATOR
-        }
-        own = [event for _, event in trace if event.message_id in sent_by_caller]
-        return own, len(own) < len(trace)
+        return runs_of(caller, authentic(names, stored), names)
 
     def _fitted(self, events: list[Event], *, others: bool = False) -> bytes:
         """The reply, without its oldest events when all would not fit one message."""

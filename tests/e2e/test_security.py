@@ -55,6 +55,7 @@ from agentreach.coordinator.protection.grants import SecurityConfig
 from agentreach.coordinator.protection.rate_limits import RateLimits
 from agentreach.coordinator.workflows.control import read_record
 from agentreach.envelopes import RateLimit
+from agentreach.envelopes.headers import task_headers
 from tests.cli.conftest import reach_command
 from tests.conftest import FAST
 from tests.secured import SecuredDeployment, secured_server
@@ -986,6 +987,28 @@ async def test_a_caller_reads_the_trace_of_its_own_tasks_only(arena: Arena) -> N
     assert {e.trace_id for e in by_trace} == {"alice-trace"}
     assert "alice-trace" not in {e.message_id for e in by_trace}  # not bob's message
     assert await arena.alice.status("*") == []  # a wildcard is no id
+
+
+async def test_two_callers_runs_of_one_message_id_stay_apart_in_their_traces(arena: Arena) -> None:
+    """Past the duplicate window another caller may send a message under an id already used
+    (simulated here by sending it without a Nats-Msg-Id): each caller reads only its own
+    run, and neither run's events are dropped as duplicates of the other's."""
+    shared = f"shared-{marker().decode()}"
+    await arena.alice.invoke("summarize", {"n": "alice's"}, message_id=shared)
+    bob = ReachClient(arena.url, name="bob", auth=arena.deployment.auth("caller", "bob"))
+    async with bob:
+        task = bob.task("summarize", {"n": "bob's"}, message_id=shared)
+        headers = {k: v for k, v in task_headers(task).items() if k != "Nats-Msg-Id"}
+        subject = NAMES.task("summarize", "bob")
+        await bob.broker.publish(subject, envelopes.encode(task), headers=headers)
+        async with asyncio.timeout(10):
+            while not any(e.event == "completed" for e in await bob.status(shared)):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+        bobs = await bob.status(shared)
+    alices = await arena.alice.status(shared)
+    for events, caller in ((alices, "alice"), (bobs, "bob")):
+        assert {e.caller for e in events if e.event == "routed"} == {caller}
+        assert [e.event for e in events].count("completed") == 1
 
 
 async def _reach_as(arena: Arena, role: str, name: str, *args: str) -> tuple[int, str, str]:
