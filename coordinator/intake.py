@@ -65,13 +65,13 @@ class Intake:
                 fallback_id=fallback_id,
                 reply_allowed=self._reply_policy(sender),
             )
+            if sender is not None:
+                _check_dedup_header(msg.headers, task)
         except DecodeError as exc:
             stub = self._stub(msg, topic, fallback_id, sender)
             # Charged as a task would be: a caller over its quota must not flood the DLQ.
-            if sender is not None and msg.num_delivered == 1:
-                stub = msgspec.structs.replace(stub, caller=sender)
-                if not await self._within_quota(stub):
-                    return None
+            if sender is not None and msg.num_delivered == 1 and not await self._within_quota(stub):
+                return None
             await self._invalid(msg, stub, exc)
             return None
         if sender is not None:  # the subject names the sender; the body's own claims give way
@@ -141,14 +141,18 @@ class Intake:
         claimed = _claimed_ids(msg.data)
         message_id = _token_or(headers.get(h.MSG_ID) or claimed.get("message_id"), fallback_id)
         trace_id = _token_or(headers.get(h.TRACE_ID) or claimed.get("trace_id"), message_id)
-        reply_to = headers.get(h.REPLY_TO) or ""
-        allowed = is_reply_subject(reply_to) and self._reply_policy(sender)(reply_to)
+        policy = self._reply_policy(sender)
+        # The header, or else the body's own field: the error goes where the sender listens.
+        candidates = (headers.get(h.REPLY_TO), claimed.get("reply_to"))
+        allowed = [r for r in candidates if isinstance(r, str) and is_reply_subject(r)]
+        allowed = [r for r in allowed if policy(r)]
         return Task(
             v=1,
             message_id=message_id,
             trace_id=trace_id,
             topic=_token_or(topic, INVALID_TOPIC),
-            reply_to=reply_to if allowed else None,
+            reply_to=allowed[0] if allowed else None,
+            caller=sender,  # its sender reads the dead letter's event in its own trace
         )
 
     async def _invalid(self, msg: Delivery, stub: Task, exc: DecodeError) -> None:
@@ -165,9 +169,21 @@ class Intake:
             error=error,
             raw=msg.data,
             headers=dict(msg.headers or {}),
+            caller=stub.caller,
         )
         if stub.reply_to:
             await reply(self._broker, stub, error_reply(stub, error))
+
+
+def _check_dedup_header(headers: dict[str, str] | None, task: Task) -> None:
+    """A sender's ``Nats-Msg-Id``, when it sends one, is the message id: the stream drops a
+    duplicate by the header, the coordinator and the agents know the message by the body."""
+    header = (headers or {}).get(h.MSG_ID)
+    if header is not None and header != task.message_id:
+        raise DecodeError(
+            f"header {h.MSG_ID} {header!r} is not the message_id {task.message_id!r}: the"
+            " stream drops a message sent again by the header, so the two must be equal"
+        )
 
 
 def _claimed_ids(data: bytes) -> dict[str, object]:

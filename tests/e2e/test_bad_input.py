@@ -247,3 +247,40 @@ async def test_a_task_larger_than_the_server_takes_is_rejected_not_retried(
         letter = await watcher.dead_letter("rejected", message_id="huge-1", timeout=20)
     assert letter.error is not None and letter.error.type == "too_large"
     assert letter.truncated and letter.envelope is not None and letter.envelope.payload is None
+
+
+async def test_a_senders_dedup_header_other_than_its_message_id_is_refused(
+    broker, coordinator, watcher
+):
+    """The stream drops a message sent again by its Nats-Msg-Id, the coordinator knows it by
+    the body's message_id: a sender's two must be equal, or the message is refused by name
+    (answered in its box)."""
+    box = broker.names.reply_box("alice", "dedup-box")
+    replies = await broker.nc.subscribe(f"{box}.*")
+    task = Task(v=1, message_id="hdr-1", trace_id="hdr-1", topic="echo", reply_to=box)
+    headers = {h.MSG_ID: "hdr-1-other"}
+    await broker.publish(
+        broker.names.task("echo", "alice"), envelopes.encode(task), headers=headers
+    )
+    letter = await watcher.dead_letter("invalid_envelope", message_id="hdr-1-other")
+    answer = envelopes.decode_reply((await replies.next_msg(timeout=5)).data)
+    assert letter.error is not None and "Nats-Msg-Id 'hdr-1-other'" in letter.error.message
+    assert isinstance(answer, envelopes.ErrorReply) and answer.error.type == "invalid_envelope"
+
+
+async def test_an_invalid_envelope_is_answered_where_its_body_asks_and_traced_for_its_sender(
+    broker, coordinator, watcher
+):
+    """An envelope that does not decode still names its reply box in its body: the error
+    goes there (no Reach-Reply-To header needed), and its sender finds the dead letter's
+    event in its own trace."""
+    box = broker.names.reply_box("alice", "bad-box")
+    replies = await broker.nc.subscribe(f"{box}.*")
+    body = b'{"v": 1, "kind": "task", "message_id": "bad-1", "trace_id": "bad-1", "topic": "echo",'
+    body += b' "attempt": "one", "reply_to": "' + box.encode() + b'"}'
+    await broker.publish(broker.names.task("echo", "alice"), body, headers={h.MSG_ID: "bad-1"})
+    await watcher.dead_letter("invalid_envelope", message_id="bad-1")
+    answer = envelopes.decode_reply((await replies.next_msg(timeout=5)).data)
+    dead = await watcher.event("dead_lettered", message_id="bad-1")
+    assert isinstance(answer, envelopes.ErrorReply) and "$.attempt" in answer.error.message
+    assert dead.caller == "alice"
