@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from agentreach import envelopes
+from agentreach.agents.arguments import budget_of, task_of
 from agentreach.agents.errors import DeadlineExceeded, Rejected
 from agentreach.agents.invocation import (
     Ending,
@@ -22,6 +23,7 @@ from agentreach.broker.endings import OthersMessage, wait_for_ending
 from agentreach.broker.lifecycle import events_of_id
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.envelopes import (
+    MAX_TTL_MS,
     Budget,
     ErrorInfo,
     Event,
@@ -98,15 +100,18 @@ class ReachClient:
     ) -> Task:
         """Build a task envelope (validated as the coordinator will validate it).
 
-        ``headers`` are free key/values that routing rules can match (``header.<Name>``);
-        ``traceparent`` (W3C) joins the task to the caller's OpenTelemetry trace.
+        ``message_id`` defaults to a new id, ``trace_id`` to the message id and ``ttl_ms`` to
+        30 s; ``headers`` are free key/values that routing rules can match (``header.<Name>``);
+        ``traceparent`` (W3C) joins the task to the caller's OpenTelemetry trace (one that is
+        not valid is ignored, as W3C asks). Raises :class:`InvalidArgument` naming a wrong
+        argument, or a payload that has no JSON form.
         """
-        message_id = message_id or new_id()
+        message_id = new_id() if message_id is None else message_id
         fields: dict[str, Any] = {
             "v": 1,
             "kind": "task",
             "message_id": message_id,
-            "trace_id": trace_id or message_id,
+            "trace_id": message_id if trace_id is None else trace_id,
             "topic": topic,
             "payload": payload,
             "priority": priority,
@@ -117,11 +122,11 @@ class ReachClient:
             fields["ttl_ms"] = ttl_ms
         if budget is not None:
             fields["budget"] = budget
-        if headers:
+        if headers is not None:
             fields["headers"] = headers
         if traceparent:
             fields["traceparent"] = envelopes.tracecontext.normalized(traceparent)
-        return envelopes.decode_task(envelopes.encode(fields))
+        return task_of(fields)
 
     async def submit(self, task: Task) -> bool:
         """Publish a built task to ``reach.task.<topic>`` (a large payload is claim-checked).
@@ -187,9 +192,11 @@ class ReachClient:
         ``ack_deadline_ms``, :class:`DeadlineExceeded` if the result does not
         arrive within ``execute_deadline_ms`` after that, :class:`Rejected` when
         the coordinator refuses it and :class:`TaskFailed` when the handler fails.
-        ``ttl_ms`` defaults to both deadlines together; ``headers`` and ``traceparent`` are
-        :meth:`task`'s. A result too large to travel inline is fetched from the Object Store.
+        ``ttl_ms`` defaults to both deadlines together (at most a day); ``headers`` and
+        ``traceparent`` are :meth:`task`'s. A result too large to travel inline is fetched
+        from the Object Store.
         """
+        budget = budget_of(ack_deadline_ms=ack_deadline_ms, execute_deadline_ms=execute_deadline_ms)
         box = ReplyBox(self.broker.names, self.caller, new_id())
         replies = box.replies
         task = self.task(
@@ -199,8 +206,8 @@ class ReachClient:
             trace_id=trace_id,
             message_id=message_id,
             reply_to=box.subject,
-            ttl_ms=ttl_ms or ack_deadline_ms + execute_deadline_ms,
-            budget=Budget(ack_ms=ack_deadline_ms, execute_ms=execute_deadline_ms),
+            ttl_ms=min(budget.ack_ms + budget.execute_ms, MAX_TTL_MS) if ttl_ms is None else ttl_ms,
+            budget=budget,
             headers=headers,
             traceparent=traceparent,
         )

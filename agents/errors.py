@@ -2,6 +2,7 @@
 
 ReachError
 ├── AgentConfigError         an Agent or handler was declared wrongly
+├── InvalidArgument          a ReachClient call got a wrong argument (also a ValueError)
 ├── AgentIdInUse             another live process already serves this agent_id
 ├── PermanentError           raised by a handler: do not retry this task
 └── InvokeError              ReachClient.invoke() did not get a result
@@ -18,7 +19,17 @@ from agentreach.errors import ReachError
 
 
 class AgentConfigError(ReachError):
-    """An Agent, handler or client option is wrong; the message names it."""
+    """An Agent or handler option is wrong; the message names it."""
+
+
+class InvalidArgument(ReachError, ValueError):
+    """An argument of a :class:`ReachClient` call breaks the envelope's rules, or its payload
+    has no JSON form; ``argument`` is its name as the caller wrote it, and the message starts
+    with it (``ttl_ms=0: …``). Raised before anything is sent."""
+
+    def __init__(self, message: str, *, argument: str) -> None:
+        super().__init__(message)
+        self.argument = argument
 
 
 class AgentIdInUse(ReachError):

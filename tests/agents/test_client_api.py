@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
+from typing import Any
 
-from agentreach.agents import ReachClient
+import pytest
+
+import agentreach
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.envelopes import MAX_TTL_MS, Budget
 from tests.e2e.routing_support import fast, serving, table, worker
 
 TIERS = """
@@ -49,3 +54,78 @@ def test_invoke_takes_every_option_of_task_it_does_not_set_itself():
     task = set(inspect.signature(ReachClient.task).parameters) - {"reply_to", "budget"}
     invoke = set(inspect.signature(ReachClient.invoke).parameters)
     assert task <= invoke, sorted(task - invoke)
+
+
+class Opaque:
+    """Something JSON has no form for."""
+
+
+# (call, its keyword arguments, the argument the error must name)
+WRONG = [
+    ("invoke", {"ttl_ms": 0}, "ttl_ms=0"),
+    ("invoke", {"ack_deadline_ms": 0}, "ack_deadline_ms=0"),
+    ("invoke", {"execute_deadline_ms": -1}, "execute_deadline_ms=-1"),
+    ("invoke", {"ack_deadline_ms": "2000"}, "ack_deadline_ms='2000'"),
+    ("invoke", {"message_id": ""}, "message_id=''"),
+    ("invoke", {"trace_id": "a.b"}, "trace_id='a.b': use 1-128 letters"),
+    ("invoke", {"priority": "P9"}, "priority='P9'"),
+    ("invoke", {"headers": {"X-Tier": 1}}, "headers="),
+    ("invoke", {"ttl_ms": MAX_TTL_MS + 1}, "ttl_ms=86400001"),
+    ("publish", {"ttl_ms": 0}, "ttl_ms=0"),
+    ("publish", {"message_id": "has space"}, "message_id='has space'"),
+    ("publish", {"budget": Budget(ack_ms=0)}, "budget.ack_ms=0"),
+    ("publish", {"reply_to": "$JS.API.x"}, "reply_to='$JS.API.x'"),
+]
+
+
+@pytest.mark.parametrize(("call", "options", "named"), WRONG, ids=[w[2] for w in WRONG])
+async def test_a_wrong_argument_raises_invalid_argument_naming_it(broker, call, options, named):
+    """A wrong argument raises InvalidArgument (a ValueError, exported from agentreach) that
+    names the argument as the caller wrote it, not an envelope path; nothing is sent."""
+    async with ReachClient(broker=broker) as client:
+        send = getattr(client, call)
+        extra: dict[str, Any] = {"ack_deadline_ms": 100} if call == "invoke" else {}
+        with pytest.raises(agentreach.InvalidArgument) as caught:
+            await send("work", {}, **{**extra, **options})
+    assert str(caught.value).startswith(named), str(caught.value)
+    assert "$." not in str(caught.value)
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, agentreach.ReachError)
+
+
+async def test_a_wrong_topic_is_named(broker):
+    """A topic that cannot be a subject token is named, with what a topic may hold."""
+    async with ReachClient(broker=broker) as client:
+        with pytest.raises(agentreach.InvalidArgument, match=r"^topic='a\.b': use 1-128"):
+            await client.publish("a.b", {})
+
+
+@pytest.mark.parametrize("payload", [Opaque(), {"nested": [1, Opaque()]}, {(1, 2): "tuple key"}])
+async def test_a_payload_json_cannot_hold_is_named(broker, payload):
+    """A payload that cannot be encoded as JSON raises InvalidArgument naming the payload
+    and what could not be encoded, not msgspec's bare TypeError."""
+    async with ReachClient(broker=broker) as client:
+        with pytest.raises(agentreach.InvalidArgument, match=r"^payload of 'work'") as caught:
+            await client.publish("work", payload)
+    assert caught.value.argument == "payload"
+
+
+def test_task_checks_its_arguments_too():
+    """task() (no connection needed) raises the same InvalidArgument as publish()."""
+    client = ReachClient("nats://127.0.0.1:47999")
+    with pytest.raises(agentreach.InvalidArgument, match=r"^ttl_ms=0") as caught:
+        client.task("work", {}, ttl_ms=0)
+    assert caught.value.argument == "ttl_ms"
+
+
+async def test_invoke_with_a_day_to_run_keeps_its_ttl_within_a_day(broker, coordinator):
+    """execute_deadline_ms of a day is accepted: the default ttl (both deadlines together)
+    is capped at the longest a task may live, a day."""
+    agent = Agent("patient-1", startup_delay=0)
+
+    @agent.handler("work")
+    async def work(ctx: TaskContext, payload: dict) -> int:
+        return ctx.envelope.ttl_ms
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        ttl_ms = await client.invoke("work", {}, execute_deadline_ms=MAX_TTL_MS)
+    assert MAX_TTL_MS - 60_000 < ttl_ms <= MAX_TTL_MS  # what is left of it when it ran
