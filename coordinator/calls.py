@@ -150,12 +150,15 @@ class Calls:
                 await self._settle(waiting.box.subject, reply)
 
     async def _settle(self, key: str, reply: Reply) -> None:
+        # The answers leave from tasks of their own: forgetting the call closes its reply
+        # box, and with it this callback (a claim-checked result is fetched first).
         match reply:
             case Result():
-                await self._answer_result(self._forget(key), reply.result, reply.result_ref)
+                requester = self._forget(key)
+                self._in_background(self._answer_result(requester, reply.result, reply.result_ref))
             case ErrorReply():
                 requester = self._forget(key)
-                await self._answer(requester, {"error": reply.error}, error=True)
+                self._in_background(self._answer(requester, {"error": reply.error}, error=True))
             case Ack():
                 self._running(key)
             case _:

@@ -68,6 +68,17 @@ async def test_a_large_nats_pub_body_is_claim_checked_at_intake(broker, coordina
     assert completed.detail["result_ref"]["size"] > 300_000
 
 
+@NO_CLAIM_CHECK
+async def test_a_call_whose_result_is_claim_checked_is_answered_with_it(broker, coordinator):
+    """``reach.call`` fetches a result kept in the Object Store and answers with it (its
+    answer used to be cancelled with the call's reply box while it was fetched)."""
+    body = msgspec.json.encode({"text": BIG})
+    async with mirror().running(broker=broker):
+        answer = await broker.nc.request(broker.names.call("mirror"), body, timeout=20)
+    assert answer.headers == {h.KIND: "result"}
+    assert msgspec.json.decode(answer.data)["text"] == BIG
+
+
 async def test_every_finished_message_has_one_audit_record(broker, coordinator, watcher):
     """A completed and a dead-lettered message each get one compact record in REACH_AUDIT:
     stages, durations, input and output summaries, status."""
