@@ -81,6 +81,8 @@ def _history(args: argparse.Namespace) -> History:
 
 
 async def cmd_dashboard(args: argparse.Namespace) -> int:
+    if not 0 <= args.port <= 65535:  # said before connecting, not as bind()'s OverflowError
+        raise UsageError(f"--port takes 0-65535 (0: any free one); got {args.port}")
     operators_only(args, "the state the dashboard shows")
     history = _history(args)
     listening = [] if args.host in WILDCARDS else [args.host]  # a name to listen on, too
