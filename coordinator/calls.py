@@ -85,17 +85,20 @@ class Calls:
         names = self._broker.names
         topic, sender = names.call_subject_parts(msg.subject)
         headers = {k: v for k, v in msg.headers.items() if k != h.REPLY_TO}
-        headers.setdefault(h.MSG_ID, new_id())
         # A box nobody can guess (an agent may answer in any box of the caller's), whose
         # replies count only from the agent the coordinator announces (ReplyBox).
         box = ReplyBox(names, sender or BARE_CALLER, f"call{secrets.token_hex(16)}")
         key = box.subject
         # Each reply arrives on <box>.<agent>; subscribed before the task is published.
         replies = await self._broker.subscribe(box.wildcard, self._on_reply)
-        data, execute_ms = _addressed(msg.data, key)
+        call = _addressed(msg.data, key)
+        data, execute_ms = call.data, call.execute_ms
         headers[h.REPLY_TO] = key
+        # An envelope is known by its own id (intake refuses a differing header).
+        headers.setdefault(h.MSG_ID, call.message_id or new_id())
         ttl = headers.get(h.TTL, "")
-        ttl_ms = int(ttl) if ttl.isdigit() and 0 < int(ttl) <= MAX_TTL_MS else DEFAULT_TTL_MS
+        header_ttl = int(ttl) if ttl.isdigit() and 0 < int(ttl) <= MAX_TTL_MS else None
+        ttl_ms = call.ttl_ms or header_ttl or DEFAULT_TTL_MS  # an envelope's own wins
         timer = asyncio.get_running_loop().call_later(
             ttl_ms / 1000 + GRACE_S, self._give_up, key, ttl_ms
         )
@@ -109,7 +112,7 @@ class Calls:
             await self._answer(msg.reply, {"error": error}, error=True)
             return
         if stored.duplicate:  # sent before: nobody answers this box, the earlier end does
-            message_id = _message_id(data, headers[h.MSG_ID])
+            message_id = call.message_id or headers[h.MSG_ID]
             self._in_background(self._answer_earlier(key, message_id, ttl_ms, sender))
 
     async def stop(self) -> None:
@@ -218,28 +221,40 @@ class Calls:
             log.warning("could not answer a call", error=str(exc))
 
 
-def _addressed(data: bytes, reply_to: str) -> tuple[bytes, int]:
-    """The body a call publishes, and its task's execute budget: a full envelope answers to
-    ``reply_to`` and may carry a budget; a bare body gets ``reply_to`` from the header and
-    the default budget, and so does a malformed one (intake refuses it, and answers)."""
+@dataclass(frozen=True, slots=True)
+class _Addressed:
+    """A call's body as it is published, and what the call reads of it."""
+
+    data: bytes
+    execute_ms: int  # the task's execute budget
+    message_id: str | None = None  # a full envelope's own
+    ttl_ms: int | None = None  # a full envelope's own
+
+
+def _addressed(data: bytes, reply_to: str) -> _Addressed:
+    """The body a call publishes, with what it reads of it: a full envelope answers to
+    ``reply_to`` and may carry its id, ttl and budget; a bare body gets ``reply_to`` from
+    the header and the defaults, and so does a malformed one (intake refuses it, and
+    answers)."""
+    default = _Addressed(data, Budget().execute_ms)
     try:
         document = envelopes.decode_json(data)
     except DecodeError:
-        return data, Budget().execute_ms
+        return default
     if not is_envelope(document):
-        return data, Budget().execute_ms
+        return default
     document["reply_to"] = reply_to
     budget = document.get("budget")
-    value = budget.get("execute_ms") if isinstance(budget, dict) else None
-    execute_ms = value if isinstance(value, int) and 0 < value <= MAX_TTL_MS else None
-    return envelopes.encode(document), execute_ms or Budget().execute_ms
+    execute_ms = _ms(budget.get("execute_ms") if isinstance(budget, dict) else None)
+    own_id = document.get("message_id")
+    return _Addressed(
+        envelopes.encode(document),
+        execute_ms or Budget().execute_ms,
+        message_id=own_id if isinstance(own_id, str) else None,
+        ttl_ms=_ms(document.get("ttl_ms")),
+    )
 
 
-def _message_id(data: bytes, header_id: str) -> str:
-    """The id a call's task is recorded under: a full envelope's own, else the header's."""
-    try:
-        document = envelopes.decode_json(data)
-    except DecodeError:
-        return header_id
-    own = document.get("message_id") if is_envelope(document) else None
-    return own if isinstance(own, str) else header_id
+def _ms(value: object) -> int | None:
+    """A positive number of ms up to a day, or None."""
+    return value if isinstance(value, int) and 0 < value <= MAX_TTL_MS else None

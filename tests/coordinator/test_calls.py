@@ -6,7 +6,7 @@ import asyncio
 
 from agentreach import envelopes
 from agentreach.agents import Agent, TaskContext
-from agentreach.coordinator.calls import _addressed
+from agentreach.coordinator.calls import _Addressed, _addressed
 from agentreach.envelopes import headers as h
 
 
@@ -100,24 +100,42 @@ async def test_a_call_under_an_operator_s_message_id_is_refused_at_once(broker, 
     assert envelopes.decode_json(again.data)["error"]["type"] == "duplicate_id"
 
 
-def test_a_call_s_body_is_read_once_for_its_reply_address_and_its_budget():
-    """A whole envelope is readdressed and keeps its own execute budget; a bare, malformed
-    or oddly shaped body gets the default budget, and only an envelope is rewritten."""
+def test_a_call_s_body_is_read_once_for_its_reply_address_its_id_ttl_and_budget():
+    """A whole envelope is readdressed and keeps its own id, ttl and execute budget (intake
+    refuses a Nats-Msg-Id other than the id); a bare, malformed or oddly shaped body gets
+    the defaults, and only an envelope is rewritten."""
     task = envelopes.Task(
         v=1,
         message_id="m-1",
         trace_id="t-1",
         topic="nap",
+        ttl_ms=4000,
         budget=envelopes.Budget(execute_ms=1500),
     )
-    data, execute_ms = _addressed(envelopes.encode(task), "reach.reply.c.box")
-    assert execute_ms == 1500
-    assert envelopes.decode_task(data).reply_to == "reach.reply.c.box"
+    call = _addressed(envelopes.encode(task), "reach.reply.c.box")
+    assert (call.execute_ms, call.message_id, call.ttl_ms) == (1500, "m-1", 4000)
+    assert envelopes.decode_task(call.data).reply_to == "reach.reply.c.box"
     default = envelopes.Budget().execute_ms
-    assert _addressed(b'{"s": 1}', "box") == (b'{"s": 1}', default)
-    assert _addressed(b"not json", "box") == (b"not json", default)
-    odd = b'{"v": 1, "kind": "task", "budget": [1500]}'
-    assert _addressed(odd, "box")[1] == default
+    for body in (b'{"s": 1}', b"not json"):
+        assert _addressed(body, "box") == _Addressed(body, default)
+    odd = b'{"v": 1, "kind": "task", "budget": [1500], "ttl_ms": "x", "message_id": 7}'
+    assert _addressed(odd, "box").execute_ms == default
+    assert (_addressed(odd, "box").ttl_ms, _addressed(odd, "box").message_id) == (None, None)
+
+
+async def test_a_callers_call_with_a_full_envelope_and_no_msg_id_is_known_by_its_own_id(
+    broker, coordinator
+):
+    """``reach.call.<topic>.<caller>`` with a whole envelope and no Nats-Msg-Id: the task is
+    taken in under the envelope's id (a made-up header would be refused), and sent again it
+    is answered with the first result."""
+    task = envelopes.Task(v=1, message_id="own-id-1", trace_id="t", topic="nap", payload={"s": 0})
+    async with sleeper().running(broker=broker):
+        subject = broker.names.call("nap", "alice")
+        first = await broker.nc.request(subject, envelopes.encode(task), timeout=10)
+        again = await broker.nc.request(subject, envelopes.encode(task), timeout=10)
+    assert first.headers == {h.KIND: "result"} and again.headers == {h.KIND: "result"}
+    assert envelopes.decode_json(again.data) == envelopes.decode_json(first.data)
 
 
 async def test_a_call_takes_its_answer_only_from_the_announced_agent(broker, coordinator):
