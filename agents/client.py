@@ -9,7 +9,12 @@ from typing import Any, Self
 
 from agentreach import envelopes
 from agentreach.agents.arguments import budget_of, task_of
-from agentreach.agents.errors import DeadlineExceeded, Rejected
+from agentreach.agents.coordinator_presence import (
+    NO_COORDINATOR,
+    PublishWarnings,
+    coordinator_runs,
+)
+from agentreach.agents.errors import DeadlineExceeded, NotAcknowledged, Rejected
 from agentreach.agents.invocation import (
     Ending,
     OnAck,
@@ -62,6 +67,7 @@ class ReachClient:
         # Payloads and results above this size travel through the Object Store.
         self.claim_check = ClaimCheck(self.broker, claim_check_bytes)
         self._waiting: set[asyncio.Queue[envelopes.Reply | None]] = set()
+        self._warnings = PublishWarnings(self.broker)
 
     @property
     def caller(self) -> str:
@@ -79,6 +85,7 @@ class ReachClient:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        await self._warnings.close()
         for replies in self._waiting:  # pending invokes end now, not at their deadlines
             replies.put_nowait(None)
         if self._own_broker:
@@ -154,7 +161,11 @@ class ReachClient:
         traceparent: str | None = None,
     ) -> tuple[str, str]:
         """Fire and forget; returns ``(message_id, trace_id)``. The options are
-        :meth:`task`'s."""
+        :meth:`task`'s.
+
+        The task is stored in the task stream before this returns. When no coordinator runs,
+        it waits there until one starts (within its ttl), and a warning is logged: the check
+        runs in the background, at most once a minute, and never delays the publish."""
         task = self.task(
             topic,
             payload,
@@ -168,6 +179,7 @@ class ReachClient:
             traceparent=traceparent,
         )
         await self.submit(task)
+        self._warnings.published(topic, task.message_id)
         return task.message_id, task.trace_id
 
     async def invoke(
@@ -218,12 +230,23 @@ class ReachClient:
                     ending = Ending(
                         self.broker, functools.partial(self._own_status, task.message_id)
                     )
-                    result = await wait_for_result(task, replies, on_ack, on_progress, ending)
+                    try:
+                        result = await wait_for_result(task, replies, on_ack, on_progress, ending)
+                    except NotAcknowledged as exc:
+                        raise await self._unacknowledged(exc) from None
                 else:  # sent before: nobody answers this box, the earlier message's end does
                     result = await self._earlier_result(task)
                 return await self.claim_check.result_of(*result)
         finally:
             self._waiting.discard(replies)
+
+    async def _unacknowledged(self, exc: NotAcknowledged) -> NotAcknowledged:
+        """``exc``, saying so when no coordinator runs: then nothing routes the task, and
+        waiting longer for an agent cannot help. Asked only now, on the failure path."""
+        if await coordinator_runs(self.broker) is not False:
+            return exc
+        ids = {"message_id": exc.message_id, "trace_id": exc.trace_id}
+        return NotAcknowledged(f"{exc}: {NO_COORDINATOR}", **ids)
 
     async def _earlier_result(self, task: Task) -> tuple[Any, PayloadRef | None]:
         """The outcome of the message already taken in under ``task``'s id, once it ends."""

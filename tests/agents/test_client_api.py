@@ -3,16 +3,21 @@ coordinator makes them say."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections import Counter
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 import agentreach
-from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.agents import Agent, NotAcknowledged, ReachClient, TaskContext
+from agentreach.agents.coordinator_presence import coordinator_runs
+from agentreach.broker import Broker
 from agentreach.envelopes import MAX_TTL_MS, Budget
 from tests.e2e.routing_support import fast, serving, table, worker
+from tests.support import eventually
 
 TIERS = """
 rules:
@@ -129,3 +134,58 @@ async def test_invoke_with_a_day_to_run_keeps_its_ttl_within_a_day(broker, coord
     async with agent.running(broker=broker), ReachClient(broker=broker) as client:
         ttl_ms = await client.invoke("work", {}, execute_deadline_ms=MAX_TTL_MS)
     assert MAX_TTL_MS - 60_000 < ttl_ms <= MAX_TTL_MS  # what is left of it when it ran
+
+
+async def test_not_acknowledged_says_when_no_coordinator_runs(broker):
+    """With the streams provisioned but no coordinator, NotAcknowledged says that nothing
+    routes the task and how to start a coordinator, not only that no agent answered."""
+    async with ReachClient(broker=broker) as client:
+        with pytest.raises(NotAcknowledged) as caught:
+            await client.invoke("work", {}, ack_deadline_ms=300)
+    assert str(caught.value) == (
+        "no agent acknowledged 'work' within 300 ms: no coordinator is running"
+        " (start one: reach up / reach coordinator)"
+    )
+
+
+async def test_not_acknowledged_with_a_coordinator_blames_no_coordinator(broker, coordinator):
+    """When a coordinator runs and the agent is busy, NotAcknowledged says only that no
+    agent acknowledged in time."""
+    gate = asyncio.Event()
+    agent = Agent("busy-1", startup_delay=0)
+
+    @agent.handler("work", capacity=1)
+    async def work(ctx: TaskContext, payload: dict) -> str:
+        await gate.wait()
+        return "done"
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        accepted = asyncio.Event()
+        holding = asyncio.create_task(client.invoke("work", {}, on_ack=lambda _: accepted.set()))
+        await accepted.wait()
+        with pytest.raises(NotAcknowledged) as caught:
+            await client.invoke("work", {}, ack_deadline_ms=300)
+        gate.set()
+        assert await holding == "done"
+    assert str(caught.value) == "no agent acknowledged 'work' within 300 ms"
+
+
+async def test_publish_warns_when_no_coordinator_runs(broker):
+    """publish() returns at once, queueing the task; a warning then says that no
+    coordinator runs, so the task waits until one starts."""
+    with capture_logs() as logs:
+        async with ReachClient(broker=broker) as client:
+            await client.publish("work", {})
+            await eventually(lambda: [e for e in logs if e["log_level"] == "warning"])
+    (warning,) = [e for e in logs if e["log_level"] == "warning"]
+    assert warning["event"].startswith("no coordinator is running")
+    assert warning["topic"] == "work"
+
+
+async def test_coordinator_runs_tells_the_three_cases_apart(broker, start_coordinator):
+    """coordinator_runs(): False when nobody listens, True when one answers, None when it
+    cannot be told (here: no connection)."""
+    assert await coordinator_runs(broker) is False
+    async with start_coordinator(fast()):
+        assert await coordinator_runs(broker) is True
+    assert await coordinator_runs(Broker(broker.url, names=broker.names)) is None

@@ -1,0 +1,67 @@
+"""Whether a coordinator runs, asked the way ``reach`` asks (``reach.ctl.status``, which
+every replica answers): so that a caller whose tasks nothing routes hears why, instead of
+a wait that blames the agents."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from agentreach.broker import Broker, BrokerError, NoResponders
+
+log = structlog.get_logger("agents.client")
+
+NO_COORDINATOR = "no coordinator is running (start one: reach up / reach coordinator)"
+ASK_S = 0.5  # a replica answers in milliseconds; "nobody listens" comes back at once
+WARN_EVERY_S = 60.0  # a publisher asks at most this often
+
+
+async def coordinator_runs(broker: Broker, *, timeout_s: float = ASK_S) -> bool | None:
+    """True when a coordinator answers; False when none listens (the server says so at
+    once); None when it cannot be told: no answer in time, no connection, or credentials
+    without the right to ask."""
+    try:
+        await broker.request(broker.names.status, timeout=timeout_s)
+    except NoResponders:
+        return False
+    except BrokerError:
+        return None
+    return True
+
+
+class PublishWarnings:
+    """After a publish, asks in the background whether a coordinator runs, at most once a
+    minute, and logs a warning when none does: the task is queued all the same, and waits
+    in ``REACH_TASKS`` until one starts, within its ttl. The publish never waits for it."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._asked_at: float | None = None
+        self._asking: set[asyncio.Task[None]] = set()
+
+    def published(self, topic: str, message_id: str) -> None:
+        """A task was published: ask, unless asked within the last minute."""
+        now = asyncio.get_running_loop().time()
+        if self._asked_at is not None and now - self._asked_at < WARN_EVERY_S:
+            return
+        self._asked_at = now
+        asking = asyncio.create_task(self._ask(topic, message_id))
+        self._asking.add(asking)
+        asking.add_done_callback(self._asking.discard)
+
+    async def close(self) -> None:
+        """Stop asking. Cancelled before any await of the closing client, so a program that
+        publishes and closes at once (``reach publish``, which warns itself) is not told."""
+        for asking in self._asking:
+            asking.cancel()
+        await asyncio.gather(*self._asking, return_exceptions=True)
+
+    async def _ask(self, topic: str, message_id: str) -> None:
+        if await coordinator_runs(self._broker) is False:
+            log.warning(
+                f"{NO_COORDINATOR}: the task waits in the task stream until one starts,"
+                " within its ttl",
+                topic=topic,
+                message_id=message_id,
+            )
