@@ -35,8 +35,18 @@ from agentreach.envelopes.audit import Durations, Stage
 log = structlog.get_logger("coordinator.audit")
 
 TERMINAL = ("completed", "dead_lettered", "workflow_completed")
-_PHASE_OF = {"routed": "queued", "accepted": "executing", "failed": "retry_wait"}
-_ENDS_PHASE = {"queued": {"accepted"}, "executing": {"completed", "failed", "expired"}}
+# The events that start a phase. A phase lasts until the next one starts or the message
+# ends, so the phases cover its whole life and add up to the total. An agent's `expired`
+# report starts none: a task that expired in an agent's queue was queued until its dead
+# letter. A failure that no routing followed (refused, exhausted, out of time) waits until
+# its dead letter.
+_PHASE_OF = {
+    "routed": "queued",
+    "accepted": "executing",
+    "failed": "retry_wait",
+    "retry_scheduled": "retry_wait",
+    "workflow_started": "executing",  # a workflow's own message runs its steps
+}
 
 
 class AuditWriter:
@@ -101,19 +111,21 @@ def audit_record(
 
 
 def _durations(events: list[tuple[float, Event]], received: float, ended: float) -> Durations:
-    spent = {"queued": 0.0, "executing": 0.0, "retry_wait": 0.0}
-    routed = [t for t, e in events if e.event == "routed"]
-    phase, since = "", 0.0
-    for at, event in events:
-        if phase and (event.event in _ENDS_PHASE.get(phase, ()) or event.event == "routed"):
-            spent[phase] += at - since
-            phase = ""
-        if event.event in _PHASE_OF:
-            phase, since = _PHASE_OF[event.event], at
+    """Each moment from ``received`` to ``ended`` in one phase: intake until the first event
+    that starts a phase, then each phase until the next one starts, the last until the end."""
+    spent = {"intake": 0.0, "queued": 0.0, "executing": 0.0, "retry_wait": 0.0}
+    phase, since = "intake", received
+    for at, event in sorted(events, key=lambda pair: pair[0]):
+        starts = _PHASE_OF.get(event.event)
+        if starts is None:
+            continue
+        # Event times are the broker's in µs, the ends whole ms: keep each inside them.
+        at = max(since, min(at, ended))
+        spent[phase] += at - since
+        phase, since = starts, at
+    spent[phase] += max(0.0, ended - since)
     return Durations(
-        total=round(max(0.0, ended - received), 3),
-        intake=round(max(0.0, routed[0] - received), 3) if routed else 0.0,
-        **{k: round(v, 3) for k, v in spent.items()},
+        total=round(max(0.0, ended - received), 3), **{k: round(v, 3) for k, v in spent.items()}
     )
 
 

@@ -3,6 +3,8 @@ messages, and the W3C traceparent carried to every hop."""
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 
@@ -157,3 +159,50 @@ async def test_an_ending_stored_before_its_routed_event_is_recorded_once_routing
     assert found.agents == ["worker-late"] and found.status == "completed"
     assert [s.event for s in found.stages] == ["completed", "routed"]  # as stored
     assert not [e for e in watcher.events if e.event == "alert"]
+
+
+def timed() -> Agent:
+    agent = Agent("audit-timing", startup_delay=0)
+    tries: dict[str, int] = {}
+
+    @agent.handler("flaky", capacity=4, max_attempts=3)
+    async def flaky(ctx: TaskContext, payload: dict) -> dict:
+        tries[payload["key"]] = tries.get(payload["key"], 0) + 1
+        await asyncio.sleep(0.05)
+        if tries[payload["key"]] <= payload["fails"]:
+            raise RuntimeError("not yet")
+        return {"ok": True}
+
+    @agent.handler("slow", capacity=1)
+    async def slow(ctx: TaskContext, payload: dict) -> dict:
+        await asyncio.sleep(payload["s"])
+        return {"ok": True}
+
+    return agent
+
+
+async def test_audit_durations_add_up_to_the_total(broker, coordinator):
+    """Intake, queued, executing and retry_wait add up to the total for a task retried to
+    completion, one whose retries ran out, and one that expired in the agent's queue (whose
+    time there is queued, not lost)."""
+    names = broker.names
+
+    async def record(message_id: str) -> AuditRecord | None:
+        stored = await read_stream(broker, names.audit_stream, names.audit_of_message(message_id))
+        return decode_as(stored[0].data, AuditRecord) if stored else None
+
+    async with timed().running(broker=broker), ReachClient(broker=broker) as client:
+        retried, _ = await client.publish("flaky", {"key": "a", "fails": 2})
+        exhausted, _ = await client.publish("flaky", {"key": "b", "fails": 3})
+        await client.publish("slow", {"s": 1.2})  # holds the only slot
+        await asyncio.sleep(0.1)
+        expired, _ = await client.publish("slow", {"s": 0}, ttl_ms=400)
+        found = {m: await until_true(lambda m=m: record(m)) for m in (retried, exhausted, expired)}
+    for r in found.values():
+        d = r.durations
+        assert d.intake + d.queued + d.executing + d.retry_wait == pytest.approx(d.total, abs=0.01)
+    assert found[retried].status == "completed" and found[retried].attempts == 3
+    assert found[exhausted].reason == "retries_exhausted" and found[exhausted].durations.retry_wait
+    late = found[expired]
+    assert late.reason == "expired" and late.durations.executing == 0
+    assert late.durations.queued > 700  # waited behind the 1.2 s task, past its 400 ms ttl
