@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +22,9 @@ from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.errors import PermanentError
-from agentreach.agents.slots import LatencyEstimate, WorkerPool
+from agentreach.agents.slots import LatencyEstimate, Room
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, PayloadUnavailable
 from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, reply, reported_raw
-from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
     Ack,
     Capacity,
@@ -76,9 +74,9 @@ class Job:
 
 
 class Executor:
-    """Runs the deliveries of one agent process, each in a slot of its priority's pool
-    (``slots``) from its acceptance to its handler's outcome: recording and reporting the
-    outcome hold no slot."""
+    """Runs the deliveries of one agent process, each in the ``room`` it takes (a place of
+    its handler, a slot of its priority) from its acceptance to its handler's outcome:
+    recording and reporting the outcome hold neither."""
 
     def __init__(
         self,
@@ -86,8 +84,7 @@ class Executor:
         broker: Broker,
         claims: Claims,
         *,
-        slots: Callable[[Task], WorkerPool],
-        stopping: asyncio.Event | None = None,
+        room: Room,
         claim_check: ClaimCheck | None = None,
     ) -> None:
         self.agent = agent
@@ -95,8 +92,7 @@ class Executor:
         self.claim_check = claim_check or ClaimCheck(broker)
         self.latency = LatencyEstimate()
         self._claims = claims
-        self._slots = slots
-        self._stopping = stopping or asyncio.Event()
+        self._room = room
         # message_id → at_ms of its last progress event: progress events carry no dedup id,
         # and a rising at_ms keeps two reports within one millisecond in order.
         self._progress_at: dict[str, int] = {}
@@ -138,19 +134,19 @@ class Executor:
             error = ErrorInfo(type="no_handler", message=message, retryable=False)
             await self._report(job, "failed", error)
             return None
-        slot = self._slots(task)
-        if not await self._wait_for(slot, job.delivery):
+        if not await self._room.enter(task, job.delivery, keep_alive_s=self.agent.ack_wait / 2):
             log.info("stopping: a task that had not started goes back to the queue")
             return 0.0
-        # Looked at once a slot is free: another delivery may have run it meanwhile.
+        # Looked at once in: another delivery may have run it meanwhile.
         if (kept := self._claims.unrecorded(task.message_id)) is not None:
+            self._room.leave(task)
             log.info("answering a redelivery from an outcome not yet recorded")
             await self._conclude(job, kept)
             return None
-        if ttl_left_ms(task.ttl_ms, job.dispatched_ms) <= 0:  # in the queue, or for a slot
+        if ttl_left_ms(task.ttl_ms, job.dispatched_ms) <= 0:  # in the queue, or for room
+            self._room.leave(task)
             await self._expire(job)
             return None
-        slot.take()  # no await since the wait: the slot is still free
         # Accepted while claiming and running: the ack and the event are on the wire before
         # the handler starts (so the event precedes this agent's next one in the stream), but
         # their round trip is not waited for. A duplicate that turns out to be done already
@@ -160,7 +156,7 @@ class Executor:
             try:
                 ran = await self._claim_and_run(job, spec)
             finally:
-                slot.give()
+                self._room.leave(task)
             if isinstance(ran, Outcome):
                 # Kept at once, before anything else is awaited: a redelivery that comes
                 # meanwhile (the accepted event stuck in an election) answers from it.
@@ -178,20 +174,6 @@ class Executor:
         message = f"ttl {job.task.ttl_ms} ms passed in the queue of {self._me}"
         error = ErrorInfo(type="expired", message=message, retryable=False)
         await self._report(job, "expired", error)
-
-    async def _wait_for(self, slot: WorkerPool, delivery: Delivery) -> bool:
-        """Until the slot is free, the delivery kept alive meanwhile (a slot frees when a
-        handler ends, which may take longer than the ack wait); False when the agent began
-        to stop meanwhile: a stopping agent starts nothing new."""
-        if slot.free > 0:
-            return True
-        waits = [asyncio.create_task(slot.wait_free()), asyncio.create_task(self._stopping.wait())]
-        try:
-            async with delivery.kept_alive(self.agent.ack_wait / 2):
-                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await cancel_and_wait(*waits)
-        return not self._stopping.is_set()
 
     async def _claim_and_run(self, job: Job, spec: HandlerSpec) -> Outcome | _Elsewhere | None:
         """The handler's outcome, to record and report; None when the message was done
@@ -296,7 +278,7 @@ class Executor:
     async def _accept(self, job: Job) -> None:
         task = job.task
         capacity = Capacity(
-            free_slots=self._slots(task).free, est_latency_ms=self.latency.estimate_ms
+            free_slots=self._room.free_for(task), est_latency_ms=self.latency.estimate_ms
         )
         ack = Ack(**self._about(task), capacity=capacity)
         try:  # the reply does not wait (core NATS): both leave in one write

@@ -1,5 +1,6 @@
-"""A running agent: registration, then one consumer and worker pool per priority, heartbeats,
-presence and a watchdog, until a drained stop."""
+"""A running agent: registration, then one consumer and worker pool per priority (each
+handler's capacity shared by the three), heartbeats, presence and a watchdog, until a
+drained stop."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from agentreach.agents.errors import AgentConfigError, AgentIdInUse
 from agentreach.agents.execution import Executor
 from agentreach.agents.heartbeats import Heartbeats, Load
 from agentreach.agents.registration import await_slot, restore_card, retire_card, write_card
-from agentreach.agents.slots import WorkerPool
+from agentreach.agents.slots import Room, WorkerPool
 from agentreach.agents.watchdog import Watchdog
 from agentreach.broker import (
     Broker,
@@ -62,7 +63,8 @@ class AgentRuntime:
         self._closed = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[None]] = set()
-        self._pools = {p: WorkerPool(agent.capacity) for p in PRIORITIES}  # handlers
+        capacities = {topic: spec.intent.capacity for topic, spec in agent.handlers.items()}
+        self._room = Room(capacities, stopping=self._stopping)  # where handlers run
         self._hands = {p: WorkerPool(agent.capacity * IN_HAND_PER_SLOT) for p in PRIORITIES}
         self._executor: Executor
         self._presence: Presence | None = None
@@ -91,8 +93,7 @@ class AgentRuntime:
             agent,
             self.broker,
             Claims(executions, agent.agent_id, self.card.epoch),
-            slots=lambda task: self._pools[task.priority],
-            stopping=self._stopping,
+            room=self._room,
             claim_check=ClaimCheck(self.broker, agent.claim_check_bytes),
         )
         self._consumers = {p: await bind(self.broker, self._consumer(p)) for p in PRIORITIES}
@@ -277,10 +278,9 @@ class AgentRuntime:
             hand.give()
 
     def _load(self) -> Load:
-        pools = self._pools.values()
         return Load(
-            in_flight=sum(p.busy for p in pools),
-            free_slots=sum(p.free for p in pools),
+            in_flight=self._room.running,
+            free_slots=self._room.free,
             latency_ms=self._executor.latency.estimate_ms,
         )
 

@@ -1,11 +1,19 @@
-"""Room in an agent: how many handlers of one priority run at once (its capacity), and how
-many deliveries it holds (twice that, so the next task is in hand while one runs and the
-outcome of the last is being recorded); a way to wait for either, and the handler latency
-an agent advertises with its free slots."""
+"""Room in an agent. A handler's ``capacity`` is how many of its tasks run at once, whatever
+their priority (its places); each priority has a pool of slots too, as many as all handlers
+have places, and holds twice that many deliveries (so the next task is in hand while one
+runs and the outcome of the last is being recorded). A way to wait for either, and the
+handler latency an agent advertises with its free slots."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import heapq
+import itertools
+from collections.abc import Mapping
+
+from agentreach.broker import Delivery
+from agentreach.envelopes import PRIORITIES, Priority, Task
 
 
 class WorkerPool:
@@ -32,6 +40,136 @@ class WorkerPool:
     def give(self) -> None:
         self.busy -= 1
         self._freed.set()
+
+
+class HandlerPlaces:
+    """The ``size`` places of one handler, shared by the three priorities. A place that
+    frees passes straight to the most urgent task waiting for one (P0 before P1 before P2,
+    in order of arrival within a priority): a running task is never cut short, but an
+    urgent one is next."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.busy = 0
+        # (priority, arrival, turn): "P0" < "P1" < "P2", so the heap's head is the most urgent
+        self._waiting: list[tuple[Priority, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+
+    @property
+    def free(self) -> int:
+        return self.size - self.busy
+
+    @property
+    def waiting(self) -> int:
+        """Tasks waiting for a place."""
+        return sum(not turn.done() for *_, turn in self._waiting)
+
+    async def take(self, priority: Priority) -> None:
+        """A place for a task of ``priority``: at once when one is free and nobody waits
+        (without suspending), else when it is this task's turn."""
+        if self.free > 0 and not self.waiting:
+            self.busy += 1
+            return
+        entry = (priority, next(self._arrivals), asyncio.get_running_loop().create_future())
+        heapq.heappush(self._waiting, entry)
+        try:
+            await entry[2]
+        except asyncio.CancelledError:
+            if entry[2].done() and not entry[2].cancelled():
+                self.give()  # handed over just as the wait was given up: pass it on
+            else:
+                with contextlib.suppress(ValueError):  # a give() may have dropped it
+                    self._waiting.remove(entry)
+                    heapq.heapify(self._waiting)
+            raise
+
+    def give(self) -> None:
+        """Give a place back: to the next task waiting, else to the free ones."""
+        while self._waiting:
+            *_, turn = heapq.heappop(self._waiting)
+            if not turn.done():  # not given up meanwhile
+                turn.set_result(None)  # the place stays busy: it changes hands
+                return
+        self.busy -= 1
+
+
+class Room:
+    """Where tasks run: a place of their handler (its ``capacity``, shared by the three
+    priorities) and a slot of their priority's pool, both taken when a task is accepted and
+    given back when its handler ends. A pool has as many slots as all handlers have places,
+    so a place of a handler comes with a free slot; the handlers' places are the limit."""
+
+    def __init__(self, capacities: Mapping[str, int], *, stopping: asyncio.Event) -> None:
+        self.places = {topic: HandlerPlaces(size) for topic, size in capacities.items()}
+        self.slots = {p: WorkerPool(sum(capacities.values())) for p in PRIORITIES}
+        self._stopping = stopping
+
+    @property
+    def running(self) -> int:
+        """Tasks running now (all priorities)."""
+        return sum(place.busy for place in self.places.values())
+
+    @property
+    def free(self) -> int:
+        """Tasks that could start now, were they of the right topics: the handlers' free
+        places (the slots of any one priority are at least as many)."""
+        return sum(place.free for place in self.places.values())
+
+    def free_for(self, task: Task) -> int:
+        """More tasks of ``task``'s topic and priority that could start now."""
+        return max(0, min(self._place(task).free, self.slots[task.priority].free))
+
+    async def enter(self, task: Task, delivery: Delivery, *, keep_alive_s: float) -> bool:
+        """Take a place of the task's handler and a slot of its priority, waiting as long as
+        that takes with the delivery kept alive meanwhile (a place frees when a handler ends,
+        which may take longer than the ack wait). False when the agent began to stop first:
+        a stopping agent starts nothing new."""
+        place, slot = self._place(task), self.slots[task.priority]
+        if self._stopping.is_set():
+            return False
+        if place.free > 0 and not place.waiting and slot.free > 0:
+            await place.take(task.priority)  # free: taken without suspending
+            slot.take()
+            return True
+        async with delivery.kept_alive(keep_alive_s):
+            if not await self._take(place, task.priority):
+                return False
+            while slot.free <= 0:  # only for a handler added after the start (not sized in)
+                await slot.wait_free()
+            slot.take()
+        return True
+
+    def leave(self, task: Task) -> None:
+        self._place(task).give()
+        self.slots[task.priority].give()
+
+    def _place(self, task: Task) -> HandlerPlaces:
+        # A handler registered after the start (not on the card either) gets one place.
+        return self.places.setdefault(task.topic, HandlerPlaces(1))
+
+    async def _take(self, place: HandlerPlaces, priority: Priority) -> bool:
+        """Wait for a place unless the agent begins to stop first; a place handed over as
+        the wait is given up (the agent stopping, the waiting task cancelled) passes on."""
+        taking = asyncio.ensure_future(place.take(priority))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait([taking, stopping], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            _give_up(taking, place)
+            raise
+        finally:
+            stopping.cancel()
+        if self._stopping.is_set():
+            _give_up(taking, place)
+            return False
+        return True
+
+
+def _give_up(taking: asyncio.Future[None], place: HandlerPlaces) -> None:
+    if taking.done() and not taking.cancelled():
+        place.give()
+    else:
+        taking.cancel()  # its own handler passes on a place handed to it meanwhile
 
 
 class LatencyEstimate:

@@ -20,8 +20,10 @@ import type { ClaimCheck } from "./claimcheck.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
 import { about, emit, eventFor, reply, reportedRaw } from "./lifecycle.js";
 import type { Logger } from "./log.js";
+import { LatencyEstimate } from "./slots.js";
+import type { Room } from "./slots.js";
 import { sleep } from "./timing.js";
-import type { ErrorInfo, PayloadRef, Priority, Result, Task } from "./types.js";
+import type { ErrorInfo, PayloadRef, Result, Task } from "./types.js";
 
 const BUSY_POLL_MS = 500;
 /** The coordinator's proof, on a dispatch, that the attempt was given to this agent. */
@@ -50,8 +52,8 @@ export interface ExecutorOptions {
   records: Claims;
   /** Reads claim-checked payloads, stows large results. */
   claimCheck: ClaimCheck;
-  /** Free worker slots of a priority, for the capacity an `ack` advertises. */
-  freeSlots: (priority: Priority) => number;
+  /** Where tasks run: a place of their handler, from acceptance to the handler's end. */
+  room: Room;
   log: Logger;
 }
 
@@ -62,7 +64,7 @@ export class Executor {
   private readonly ackWaitMs: number;
   private readonly records: Claims;
   private readonly claimCheck: ClaimCheck;
-  private readonly freeSlots: (priority: Priority) => number;
+  private readonly room: Room;
   private readonly log: Logger;
   private readonly aborts = new Set<AbortController>();
   private readonly lastProgressAt = new Map<string, number>(); // message_id → at_ms of its last progress
@@ -76,7 +78,7 @@ export class Executor {
     this.ackWaitMs = options.ackWaitMs;
     this.records = options.records;
     this.claimCheck = options.claimCheck;
-    this.freeSlots = options.freeSlots;
+    this.room = options.room;
     this.log = options.log;
   }
 
@@ -128,7 +130,39 @@ export class Executor {
       await this.report(msg, task, "failed", error, dispatchedMs);
       return null;
     }
+    if (!(await this.room.enter(task, () => this.keepAlive(msg)))) {
+      this.log.info("stopping: a task that had not started goes back to the queue", { message_id: task.message_id });
+      return 0;
+    }
+    let inside = true;
+    const leave = () => {
+      if (inside) this.room.leave(task); // recording and reporting the outcome hold no place
+      inside = false;
+    };
+    try {
+      return await this.executeInside(msg, task, spec, dispatchedMs, leave);
+    } finally {
+      leave();
+    }
+  }
+
+  /** The rest of `execute`, with a place of the task's handler taken (`leave` gives it back). */
+  private async executeInside(
+    msg: JsMsg,
+    task: Task,
+    spec: HandlerSpec,
+    dispatchedMs: number,
+    leave: () => void,
+  ): Promise<number | null | typeof ELSEWHERE> {
+    const kept = this.records.unrecorded(task.message_id); // another delivery may have run it meanwhile
+    if (kept !== undefined) {
+      leave();
+      this.log.info("answering a redelivery from an outcome not yet recorded", { message_id: task.message_id });
+      await this.conclude(msg, task, kept, dispatchedMs);
+      return null;
+    }
     if (nowMs() - dispatchedMs >= task.ttl_ms) {
+      leave(); // looked at once in: a task that waited for its handler past its ttl is not run
       await this.expire(msg, task, dispatchedMs);
       return null;
     }
@@ -140,6 +174,7 @@ export class Executor {
       this.accept(msg, task, dispatchedMs),
     ]);
     if (claim.kind === "done") {
+      leave();
       this.log.info("already executed; sending the stored result again", { message_id: task.message_id });
       await this.complete(msg, task, claim.record.result, 0, claim.record.result_ref ?? null);
       return null;
@@ -149,8 +184,19 @@ export class Executor {
       return ELSEWHERE;
     }
     const outcome = await this.run(msg, task, spec, claim);
+    leave();
     await this.conclude(msg, task, outcome, dispatchedMs);
     return null;
+  }
+
+  /** Say *in progress* on the delivery every half ack wait, until the returned function is called. */
+  private keepAlive(msg: JsMsg): () => void {
+    const keepalive = setInterval(() => quietly(() => msg.working()), this.keepAliveMs);
+    return () => clearInterval(keepalive);
+  }
+
+  private get keepAliveMs(): number {
+    return Math.max(100, this.ackWaitMs / 2);
   }
 
   /**
@@ -213,7 +259,7 @@ export class Executor {
     });
     // A handler longer than the ack wait would be redelivered (and count towards
     // max_deliver) although it runs: tell the server it is still being worked on.
-    const keepalive = setInterval(() => quietly(() => msg.working()), Math.max(1_000, this.ackWaitMs / 2));
+    const stopKeeping = this.keepAlive(msg);
     const started = performance.now();
     try {
       const passed = new Promise<never>((_, reject) => {
@@ -238,7 +284,7 @@ export class Executor {
       return { claim, error: errorInfo(err), durationMs: 0 };
     } finally {
       deadline.clear();
-      clearInterval(keepalive);
+      stopKeeping();
       this.aborts.delete(abort);
       this.lastProgressAt.delete(task.message_id);
     }
@@ -275,7 +321,7 @@ export class Executor {
 
   /** The ack to the sender and `accepted` (with the broker time of the dispatch) to all. */
   private async accept(msg: JsMsg, task: Task, dispatchedMs: number): Promise<void> {
-    const capacity = { free_slots: this.freeSlots(task.priority), est_latency_ms: this.latency.estimateMs };
+    const capacity = { free_slots: this.room.freeFor(task), est_latency_ms: this.latency.estimateMs };
     reply(this.conn, task, { kind: "ack", ...about(task, this.agentId), capacity }, this.agentId);
     await this.say(msg, task, "accepted", { dispatched_at_ms: dispatchedMs });
   }
@@ -375,19 +421,4 @@ export function quietly(action: () => void): void {
 
 function isBrokerError(err: unknown): boolean {
   return typeof (err as NatsError)?.code === "string" && typeof (err as NatsError)?.isJetStreamError === "function";
-}
-
-/** A moving average of handler latency, for the capacity an `ack` advertises. */
-class LatencyEstimate {
-  private average: number | null = null;
-
-  constructor(private readonly weight = 0.2) {}
-
-  get estimateMs(): number {
-    return Math.floor(this.average ?? 0);
-  }
-
-  observe(durationMs: number): void {
-    this.average = this.average === null ? durationMs : this.average + this.weight * (durationMs - this.average);
-  }
 }

@@ -1,6 +1,7 @@
 /**
- * A running agent: registration, then one consumer and worker pool per priority,
- * heartbeats and probes, until a drained stop. Each message is handed to the Executor.
+ * A running agent: registration, then one consumer and pool of deliveries per priority
+ * (each handler's capacity shared by the three), heartbeats and probes, until a drained
+ * stop. Each message is handed to the Executor.
  */
 
 import { AckPolicy, DeliverPolicy, nanos } from "nats";
@@ -16,6 +17,8 @@ import { Executor, quietly } from "./execution.js";
 import type { HandlerSpec } from "./execution.js";
 import { Claims } from "./claims.js";
 import { Heartbeats, Presence } from "./liveness.js";
+import { Room } from "./slots.js";
+import type { WorkerPool } from "./slots.js";
 import type { Load } from "./liveness.js";
 import { bound } from "./log.js";
 import type { Logger } from "./log.js";
@@ -56,7 +59,7 @@ export class AgentRuntime {
   private readonly stopping = new AbortController();
   private readonly loops: Promise<void>[] = [];
   private readonly inFlight = new Set<Promise<void>>();
-  private readonly pools: Record<Priority, WorkerPool>;
+  private readonly room: Room;
   private readonly presence: Presence;
   private executor: Executor | null = null;
   private readonly log: Logger;
@@ -67,7 +70,8 @@ export class AgentRuntime {
     log: Logger,
   ) {
     this.log = bound(log, { agent_id: config.agentId });
-    this.pools = { P0: new WorkerPool(config.capacity), P1: new WorkerPool(config.capacity), P2: new WorkerPool(config.capacity) };
+    const capacities = new Map([...config.handlers].map(([topic, spec]) => [topic, spec.capacity]));
+    this.room = new Room(capacities, this.stopping.signal);
     this.presence = new Presence(conn, config.agentId, serviceVersion(config.handlers), config.tags);
   }
 
@@ -101,7 +105,7 @@ export class AgentRuntime {
       ackWaitMs: config.ackWaitMs,
       records: new Claims(kv, config.agentId, this.card.epoch, this.log),
       claimCheck: new ClaimCheck(conn.js, conn.names.payloadsBucket, config.claimCheckBytes),
-      freeSlots: (priority) => this.pools[priority].free,
+      room: this.room,
       log: this.log,
     });
     const consumers = await Promise.all(PRIORITIES.map((p) => this.bind(p)));
@@ -245,7 +249,7 @@ export class AgentRuntime {
   }
 
   private async consume(priority: Priority, consumer: Consumer, executor: Executor): Promise<void> {
-    const pool = this.pools[priority];
+    const pool = this.room.pools[priority];
     const signal = this.stopping.signal;
     while (!signal.aborted) {
       await pool.waitFree(signal);
@@ -281,10 +285,9 @@ export class AgentRuntime {
   }
 
   private load(): Load {
-    const pools = Object.values(this.pools);
     return {
-      in_flight: pools.reduce((n, p) => n + p.busy, 0),
-      free_slots: pools.reduce((n, p) => n + p.free, 0),
+      in_flight: this.room.running,
+      free_slots: this.room.free,
       latency_ms: this.executor?.latency.estimateMs ?? 0,
     };
   }
@@ -308,41 +311,5 @@ async function settleWithin(promises: Promise<unknown>[], ms: number): Promise<b
     return await Promise.race([all, timeout]);
   } finally {
     clearTimeout(timer);
-  }
-}
-
-/** How many tasks of one priority run at once, and a way to wait for room. */
-class WorkerPool {
-  busy = 0;
-  private waiters: Array<() => void> = [];
-
-  constructor(readonly size: number) {}
-
-  get free(): number {
-    return this.size - this.busy;
-  }
-
-  async waitFree(signal: AbortSignal): Promise<void> {
-    while (this.free <= 0 && !signal.aborted) {
-      await new Promise<void>((resolve) => {
-        const done = () => {
-          signal.removeEventListener("abort", done);
-          resolve();
-        };
-        this.waiters.push(done);
-        signal.addEventListener("abort", done, { once: true });
-      });
-    }
-  }
-
-  take(): void {
-    this.busy += 1;
-  }
-
-  give(): void {
-    this.busy -= 1;
-    const waiters = this.waiters;
-    this.waiters = [];
-    for (const wake of waiters) wake();
   }
 }

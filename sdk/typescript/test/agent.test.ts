@@ -276,6 +276,62 @@ describe("claim check and trace context", () => {
   });
 });
 
+describe("capacity", () => {
+  it("runs a handler's tasks at most `capacity` at once across priorities; one waiting is kept, unaccepted, and P0 goes next", async () => {
+    const gpu = unique("gpu");
+    const light = unique("light");
+    const id = unique("ts-capacity");
+    const release = new Gate();
+    const startedOrder: string[] = [];
+    let running = 0;
+    let most = 0;
+    await started(
+      newAgent(id, { ackWaitMs: 1_000, heartbeatIntervalMs: 200 })
+        .handler(gpu, { capacity: 1 }, async (_ctx, p: { n: string }) => {
+          startedOrder.push(p.n);
+          most = Math.max(most, ++running);
+          if (p.n === "first") await release.opened;
+          running -= 1;
+          return p;
+        })
+        .handler(light, { capacity: 5 }, (_ctx, p) => p),
+    );
+    const gpuTask = (n: string, priority: "P0" | "P1" | "P2") => task(gpu, { n }, { priority });
+    const inHand = async (priority: string, count: number) => {
+      for (let i = 0; i < 100; i++) {
+        const info = await stack.jsm.consumers.info(`REACH_DISPATCH_${priority}`, `agent-${id}-${priority.toLowerCase()}`);
+        if (info.num_ack_pending === count) return;
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      throw new Error(`${priority}: not ${count} in hand`);
+    };
+    const first = await send(stack, gpuTask("first", "P2"));
+    const ack = await first.next((r) => r.kind === "ack");
+    assert.equal(ack.kind === "ack" && ack.capacity?.free_slots, 0); // gpu's one place is taken
+    const beat = await kvUntil<Heartbeat>(await kv("reach_heartbeats"), id, (b) => b?.in_flight === 1);
+    assert.equal(beat?.free_slots, 5); // light's five places
+    const later = await send(stack, gpuTask("later", "P2"));
+    await inHand("P2", 2);
+    const urgent = await send(stack, gpuTask("urgent", "P0"));
+    await inHand("P0", 1);
+    const beside = await send(stack, task(light, { n: "beside" }));
+    await beside.next((r) => r.kind === "result"); // light is not held up by gpu's queue
+    await new Promise((resolve) => setTimeout(resolve, 2_000)); // past the ack wait: the point
+    assert.deepEqual(startedOrder, ["first"]);
+    assert.equal(later.count((r) => r.kind === "ack") + urgent.count((r) => r.kind === "ack"), 0);
+    await inHand("P2", 2); // kept: neither came again
+    release.open();
+    for (const replies of [first, later, urgent]) await replies.next((r) => r.kind === "result");
+    assert.deepEqual(startedOrder, ["first", "urgent", "later"]);
+    assert.equal(most, 1);
+    for (const replies of [first, later, urgent]) {
+      assert.equal(replies.count((r) => r.kind === "ack"), 1);
+      replies.close();
+    }
+    beside.close();
+  });
+});
+
 describe("deadlines and progress", () => {
   it("gives a handler that reports progress its deadline again, within the execute budget", async () => {
     const topic = unique("marathon");
@@ -485,7 +541,7 @@ describe("registration and liveness", () => {
     const beat = await kvUntil<Heartbeat>(await kv("reach_heartbeats"), id, (b) => b !== null && b.seq >= 2);
     assert.equal(beat!.epoch, agent.epoch);
     assert.equal(beat!.interval_s, 1);
-    assert.equal(beat!.free_slots, 9);
+    assert.equal(beat!.free_slots, 3); // the handler's places, shared by the three priorities
     await kvUntil<Liveness>(await kv("reach_liveness"), id, (l) => l?.state === "ONLINE");
     assert.equal((await stack.nc.request(`reach.presence.${id}`, "", { timeout: 2_000 })).string(), "here");
     assert.equal((await stack.nc.request(`reach.ping.${id}`, "", { timeout: 2_000 })).string(), "pong");

@@ -1,0 +1,188 @@
+/**
+ * Room in an agent. A handler's `capacity` is how many of its tasks run at once, whatever
+ * their priority (its places, shared by the three priorities); each priority has a pool of
+ * as many slots as all handlers have places, one per delivery it holds, so that a full P2
+ * pool never keeps P0 from being fetched (protocol §6). The handler latency an agent
+ * advertises with its free slots.
+ */
+
+import type { Priority, Task } from "./types.js";
+
+/** How many deliveries of one priority the agent holds, and a way to wait for room. */
+export class WorkerPool {
+  busy = 0;
+  private waiters: Array<() => void> = [];
+
+  constructor(readonly size: number) {}
+
+  get free(): number {
+    return this.size - this.busy;
+  }
+
+  async waitFree(signal: AbortSignal): Promise<void> {
+    while (this.free <= 0 && !signal.aborted) {
+      await new Promise<void>((resolve) => {
+        const done = () => {
+          signal.removeEventListener("abort", done);
+          resolve();
+        };
+        this.waiters.push(done);
+        signal.addEventListener("abort", done, { once: true });
+      });
+    }
+  }
+
+  take(): void {
+    this.busy += 1;
+  }
+
+  give(): void {
+    this.busy -= 1;
+    const waiters = this.waiters;
+    this.waiters = [];
+    for (const wake of waiters) wake();
+  }
+}
+
+interface Waiting {
+  priority: Priority;
+  wake: () => void;
+}
+
+/**
+ * The `size` places of one handler, shared by the three priorities. A place that frees
+ * passes straight to the most urgent task waiting for one (P0 before P1 before P2, in
+ * order of arrival within a priority): a running task is never cut short, but an urgent
+ * one is next.
+ */
+export class HandlerPlaces {
+  busy = 0;
+  private readonly queue: Waiting[] = []; // most urgent first
+
+  constructor(readonly size: number) {}
+
+  get free(): number {
+    return this.size - this.busy;
+  }
+
+  get waiting(): number {
+    return this.queue.length;
+  }
+
+  /** Take a place, waiting for one if need be: true once taken, false when `signal` aborted first. */
+  take(priority: Priority, signal: AbortSignal): Promise<boolean> {
+    if (signal.aborted) return Promise.resolve(false);
+    if (this.free > 0 && this.queue.length === 0) {
+      this.busy += 1;
+      return Promise.resolve(true);
+    }
+    return new Promise<boolean>((resolve) => {
+      const entry: Waiting = {
+        priority,
+        wake: () => {
+          signal.removeEventListener("abort", abandon);
+          resolve(true);
+        },
+      };
+      const abandon = () => {
+        const at = this.queue.indexOf(entry);
+        if (at >= 0) this.queue.splice(at, 1);
+        resolve(false);
+      };
+      const after = this.queue.findIndex((w) => w.priority > priority); // "P0" < "P1" < "P2"
+      this.queue.splice(after < 0 ? this.queue.length : after, 0, entry);
+      signal.addEventListener("abort", abandon, { once: true });
+    });
+  }
+
+  /** Give a place back: to the next task waiting (it stays busy, changing hands), else free. */
+  give(): void {
+    const next = this.queue.shift();
+    if (next !== undefined) next.wake();
+    else this.busy -= 1;
+  }
+}
+
+/**
+ * Where tasks run: a place of their handler, taken when a task is accepted and given back
+ * when its handler ends, and the pools of deliveries per priority.
+ */
+export class Room {
+  readonly pools: Record<Priority, WorkerPool>;
+  private readonly places = new Map<string, HandlerPlaces>();
+
+  constructor(
+    capacities: Map<string, number>,
+    private readonly stopping: AbortSignal,
+  ) {
+    for (const [topic, size] of capacities) this.places.set(topic, new HandlerPlaces(size));
+    let total = 0;
+    for (const size of capacities.values()) total += size;
+    this.pools = { P0: new WorkerPool(total), P1: new WorkerPool(total), P2: new WorkerPool(total) };
+  }
+
+  /** Tasks running now (all priorities). */
+  get running(): number {
+    let n = 0;
+    for (const place of this.places.values()) n += place.busy;
+    return n;
+  }
+
+  /** Tasks that could start now, were they of the right topics: the handlers' free places. */
+  get free(): number {
+    let n = 0;
+    for (const place of this.places.values()) n += place.free;
+    return n;
+  }
+
+  /** More tasks of `task`'s topic and priority that could start now. */
+  freeFor(task: Task): number {
+    return Math.max(0, Math.min(this.place(task.topic).free, this.pools[task.priority].free));
+  }
+
+  /**
+   * Take a place of the task's handler, waiting as long as that takes; `keepAlive` is called
+   * when it must wait, and what it returns when the wait ends (a place frees when a handler
+   * ends, which may take longer than the ack wait: the delivery must be kept meanwhile).
+   * False when the agent began to stop first: a stopping agent starts nothing new.
+   */
+  async enter(task: Task, keepAlive: () => () => void): Promise<boolean> {
+    const place = this.place(task.topic);
+    if (this.stopping.aborted) return false;
+    if (place.free > 0 && place.waiting === 0) return place.take(task.priority, this.stopping);
+    const stopKeeping = keepAlive();
+    try {
+      const took = await place.take(task.priority, this.stopping);
+      if (took && this.stopping.aborted) place.give(); // handed over as the stop began
+      return took && !this.stopping.aborted;
+    } finally {
+      stopKeeping();
+    }
+  }
+
+  leave(task: Task): void {
+    this.place(task.topic).give();
+  }
+
+  /** A handler registered after the start (not on the card either) gets one place. */
+  private place(topic: string): HandlerPlaces {
+    let place = this.places.get(topic);
+    if (place === undefined) this.places.set(topic, (place = new HandlerPlaces(1)));
+    return place;
+  }
+}
+
+/** A moving average of handler latency, for the capacity an `ack` advertises. */
+export class LatencyEstimate {
+  private average: number | null = null;
+
+  constructor(private readonly weight = 0.2) {}
+
+  get estimateMs(): number {
+    return Math.floor(this.average ?? 0);
+  }
+
+  observe(durationMs: number): void {
+    this.average = this.average === null ? durationMs : this.average + this.weight * (durationMs - this.average);
+  }
+}
