@@ -54,6 +54,8 @@ def register(commands: Commands) -> None:
 async def cmd_agents(args: argparse.Namespace) -> int:
     if args.watch is not None and args.watch < MIN_WATCH_S:
         raise UsageError(f"--watch takes seconds between redraws, at least {MIN_WATCH_S}")
+    if args.action == "list" and args.id:
+        raise UsageError(f"agents list takes no agent id (got {args.id!r}): it lists them all")
     operators_only(args, "the agent registry")
     async with broker_of(args) as broker:
         if args.action == "clear":

@@ -13,7 +13,7 @@ import msgspec
 from agentreach import envelopes
 from agentreach.agents.compensation import replay
 from agentreach.broker import Broker, read_stream
-from agentreach.broker.streams import StoredMessage
+from agentreach.broker.streams import StoredMessage, subject_counts
 from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only
 from agentreach.cli.status import warn_without_coordinator
 from agentreach.envelopes import DeadLetter
@@ -44,6 +44,10 @@ def register(commands: Commands) -> None:
 async def cmd_dlq(args: argparse.Namespace) -> int:
     if args.action in ("show", "replay") and not args.id:
         raise UsageError(f"dlq {args.action} needs the message_id of a dead letter")
+    if args.action in ("list", "stats") and args.id:
+        raise UsageError(
+            f"dlq {args.action} takes no message_id (got {args.id!r}): reach dlq show {args.id}"
+        )
     operators_only(args, "the dead-letter stream")
     names = names_of(args)
     async with broker_of(args) as broker:
@@ -51,6 +55,8 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
             broker, names.dlq_stream, names.dlq(args.reason or "*", args.topic or "*")
         )
         letters = _readable(stored)
+        filtered = args.reason or args.topic
+        there = await _there(broker) if not letters and filtered and args.action == "list" else {}
         replays = await _replays(broker) if args.action in ("list", "replay") else {}
         if args.action == "replay":
             if before := replays.get(args.id):
@@ -68,9 +74,35 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         print(json.dumps(letter, indent=2, ensure_ascii=False))
     elif args.action == "stats":
         _print_stats(letters)
+    elif not letters and (args.reason or args.topic):
+        _print_none_matching(args.reason, args.topic, there)
     else:
         _print_letters(letters, replays)
     return 0
+
+
+async def _there(broker: Broker) -> dict[str, Counter[str]]:
+    """How many dead letters there are of each reason and of each topic."""
+    names = broker.names
+    counts = await subject_counts(broker, names.dlq_stream, names.dlq("*", "*"))
+    there: dict[str, Counter[str]] = {"reason": Counter(), "topic": Counter()}
+    for subject, count in counts.items():
+        reason, topic = subject.rsplit(".", 2)[1:]
+        there["reason"][reason] += count
+        there["topic"][topic] += count
+    return there
+
+
+def _print_none_matching(
+    reason: str | None, topic: str | None, there: dict[str, Counter[str]]
+) -> None:
+    """No letter matches the filters: which reasons and topics there are (a typo shows)."""
+    wanted = [f"{key} {value!r}" for key, value in (("reason", reason), ("topic", topic)) if value]
+    print(f"no dead letters with {' and '.join(wanted)}")
+    for key, counter in there.items():
+        if counter:
+            listed = ", ".join(f"{name} {n}" for name, n in sorted(counter.items()))
+            print(f"reach: the {key}s there are: {listed}", file=sys.stderr)
 
 
 async def _replays(broker: Broker) -> dict[str, list[str]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -28,6 +29,7 @@ from agentreach.broker import (
     provision,
 )
 from agentreach.broker.tasks import cancel_and_wait
+from agentreach.broker.urls import redacted
 from agentreach.cli.coordinating import coordinator_options, with_cli_options
 from agentreach.cli.options import (
     Commands,
@@ -51,6 +53,7 @@ CLUSTER_STORE = Path(".reach/cluster")
 RESTART_AFTER_S = 10.0  # past a leader election (3.5-8.6 s): the failover is seen first
 DEVELOPMENT = "development server: no authentication, loopback only (README: Securing a deployment)"
 NATS_STORE = Path(".reach/nats")  # the default --data-dir of `reach up`
+UP_PORT = 4222  # the default --port of `reach up`
 
 
 def register(commands: Commands) -> None:
@@ -60,7 +63,7 @@ def register(commands: Commands) -> None:
         "run the coordinator, with an embedded nats-server unless a URL",
         example="reach up --config deploy/coordinator/coordinator.yaml",
     )
-    embedded_server_options(up, 4222, store=NATS_STORE)
+    embedded_server_options(up, UP_PORT, store=NATS_STORE)
     up.add_argument(
         "--cluster",
         type=int,
@@ -129,12 +132,35 @@ async def cmd_up(args: argparse.Namespace) -> int:
             async with _kept_up(cluster, args.restart_after):
                 await _coordinate(cluster.url, args, config)
         return 0
+    _no_embedded_options_for_a_url(args)
     embedded = nats_server(
         args.nats_url, port=args.port, data_dir=args.data_dir, restart_after_s=args.restart_after
     )
     async with embedded as url:
         await _coordinate(url, args, config)
     return 0
+
+
+def _no_embedded_options_for_a_url(args: argparse.Namespace) -> None:
+    """``--port`` / ``--data-dir`` with a server of the user's own would be ignored."""
+    if not args.nats_url:
+        return
+    given = [
+        flag
+        for flag, value, default in (
+            ("--port", args.port, UP_PORT),
+            ("--data-dir", args.data_dir, NATS_STORE),
+        )
+        if value != default
+    ]
+    if given:
+        source = "$NATS_URL" if args.nats_url == os.environ.get("NATS_URL") else "--nats-url"
+        raise UsageError(
+            f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} up the embedded"
+            f" nats-server, but {source}"
+            f" ({redacted(args.nats_url)}) names a server of yours, so none is started:"
+            f" leave out one or the other (unset NATS_URL to embed one)"
+        )
 
 
 async def cmd_coordinator(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -135,6 +136,37 @@ async def test_dlq_commands_skip_what_is_not_a_dead_letter(broker, coordinator, 
     assert "lost-3" in listed.stdout
     shown = await reach(broker, "dlq", "show", "lost-3")
     assert json.loads(shown.stdout)["reason"] == "no_route"
+
+
+async def test_dlq_and_agents_refuse_what_they_would_ignore(broker, coordinator, watcher):
+    """A filter nothing matches says which reasons and topics there are (a typo shows); an
+    id where none is taken is refused, not ignored."""
+    await reach(broker, "publish", "nobody_serves_this", "{}", "--message-id", "lost-4")
+    await watcher.dead_letter("no_route", message_id="lost-4")
+    bogus = await reach(broker, "dlq", "list", "--reason", "bogus")
+    extra = await reach(broker, "dlq", "stats", "lost-4")
+    listed = await reach(broker, "agents", "list", "cli-reach-worker")
+    assert bogus.returncode == 0 and bogus.stdout.strip() == "no dead letters with reason 'bogus'"
+    assert "the reasons there are: no_route 1" in bogus.stderr
+    assert "the topics there are: nobody_serves_this 1" in bogus.stderr
+    assert extra.returncode == 1 and "reach dlq show lost-4" in extra.stderr
+    assert listed.returncode == 1 and "takes no agent id (got 'cli-reach-worker')" in listed.stderr
+
+
+def test_reach_up_refuses_embedded_server_options_with_a_server_of_ones_own(tmp_path):
+    """--port with $NATS_URL set would be ignored (reach up used the URL's server and waited
+    for it): refused, naming both."""
+    env = {**os.environ, "NATS_URL": "nats://127.0.0.1:1"}
+    done = subprocess.run(
+        [str(reach_command()), "up", "--port", "24999", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "--port and --data-dir set up the embedded nats-server, but $NATS_URL" in done.stderr
 
 
 async def test_dlq_replay_sends_the_task_again(broker, coordinator, watcher):
