@@ -140,9 +140,11 @@ async def trace_of(broker: Broker, message_id: str) -> list[Event]:
 
 async def events_of_id(broker: Broker, wanted: str) -> list[Event]:
     """The events of the message ``wanted``, or else of the trace ``wanted``, oldest first."""
-    return await trace_of(broker, wanted) or await _authentic_on(
-        broker, broker.names.events_of_trace(wanted)
-    )
+    if found := await trace_of(broker, wanted):
+        return found
+    # An agent's own events carry its id as their trace: not a message of a trace.
+    traced = await _authentic_on(broker, broker.names.events_of_trace(wanted))
+    return [event for event in traced if event.topic != AGENT_TOPIC]
 
 
 async def _authentic_on(broker: Broker, subject: str) -> list[Event]:

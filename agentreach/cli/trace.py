@@ -18,7 +18,7 @@ from agentreach.broker import (
     StoredMessage,
     read_stream,
 )
-from agentreach.broker.lifecycle import authentic
+from agentreach.broker.lifecycle import AGENT_TOPIC, authentic
 from agentreach.cli import workflows
 from agentreach.cli.options import ASKING_ROLES, Commands, UsageError, broker_of
 from agentreach.cli.status import NOT_RUNNING
@@ -106,6 +106,8 @@ async def collect(broker: Broker, some_id: str) -> list[Step]:
             event=event,
         )
         for message, event in authentic(names, ordered)
+        # An agent's own events carry its id as their trace: not a message of a trace.
+        if event.topic != AGENT_TOPIC or event.message_id == some_id
     ]
 
 

@@ -55,6 +55,22 @@ async def test_publish_then_trace_shows_the_lifecycle(broker, coordinator, watch
     assert "grant" not in traced.stdout  # a secured dispatch's proof is not for people
 
 
+async def test_a_trace_named_like_an_agent_shows_no_events_of_that_agent(
+    broker, coordinator, watcher
+):
+    """An agent's own events (liveness) carry its id as their trace id: a trace of that
+    name shows its messages only."""
+    async with worker().running(broker=broker):
+        await watcher.state("cli-reach-worker", "ONLINE")
+        published = await reach(
+            broker, "publish", "count", '{"items": [1]}', "--trace-id", "cli-reach-worker"
+        )
+        await watcher.event("completed", message_id=json.loads(published.stdout)["message_id"])
+    traced = await reach(broker, "trace", "cli-reach-worker")
+    assert traced.stdout.splitlines()[0] == "trace cli-reach-worker · 1 message(s)"
+    assert "_agent" not in traced.stdout and "agent_state" not in traced.stdout
+
+
 async def test_publish_wait_prints_the_result(broker, coordinator):
     """`reach publish --wait` prints the handler's result."""
     async with worker().running(broker=broker):
