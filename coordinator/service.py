@@ -103,7 +103,10 @@ class Coordinator:
         self.replica_id = f"{socket.gethostname()}-{os.getpid()}-{new_id()[-8:]}"
         self.directory = AgentDirectory(broker)
         self.breakers = BreakerBoard(
-            broker, config.breakers, declared_deadline=self.directory.declared_deadline
+            broker,
+            config.breakers,
+            declared_deadline=self.directory.declared_deadline,
+            gone=self.directory.gone,
         )
         self.queues = QueueDepths(broker, config.queues)
         fleet = Fleet(self.directory, self.breakers, self.queues, RateLimiter(config.rate_limits))

@@ -25,6 +25,7 @@ from agentreach.coordinator.protection.circuit import (
     Window,
     admission,
     after_trial,
+    lifted,
     opened,
     overdue,
     trip_reason,
@@ -48,6 +49,8 @@ DEADLINE_EXCEEDED = "deadline_exceeded"
 Transition = Callable[[BreakerRecord | None], BreakerRecord | None]
 # The deadline_ms an agent's card declares for an intent (None: none declared, or no card).
 DeclaredDeadline = Callable[[str, str], int | None]
+# Why an agent is gone (stopped, OFFLINE), or None while it runs.
+Gone = Callable[[str], str | None]
 
 
 class BreakerBoard:
@@ -60,11 +63,13 @@ class BreakerBoard:
         clock: Callable[[], int] = now_ms,
         *,
         declared_deadline: DeclaredDeadline = lambda agent_id, intent: None,
+        gone: Gone = lambda agent_id: None,
     ) -> None:
         self._broker = broker
         self._config = config
         self._clock = clock
         self._declared_deadline = declared_deadline
+        self._gone = gone
         self.records: dict[str, BreakerRecord] = {}
         self._tripped: dict[str, set[str]] = {}  # agent → keys of its breakers not closed
         self._revisions: dict[str, int] = {}
@@ -227,13 +232,21 @@ class BreakerBoard:
         await self._transition(key, trip)
 
     async def _sweep_forever(self) -> None:
-        """Open again half-open breakers whose trials never reported."""
+        """Open again half-open breakers whose trials never reported; close those of an
+        agent that is gone (no trial would ever come, and it would count as isolated
+        forever): a process that comes back starts afresh."""
         while True:
             honour_cancellation()
             await asyncio.sleep(SWEEP_S)
             now = self._clock()
             for key, record in list(self.records.items()):
-                if overdue(record, now, self._config) is not None:
+                if _tripped(record) and (why := self._gone(record.agent_id)) is not None:
+                    self._failures_in_a_row.pop(record.agent_id, None)
+                    reason = f"the agent is {why}"
+                    await self._transition(
+                        key, lambda r, why=reason: lifted(r, self._clock(), why) if r else None
+                    )
+                elif overdue(record, now, self._config) is not None:
                     await self._transition(
                         key, lambda r: overdue(r, self._clock(), self._config) if r else None
                     )

@@ -72,6 +72,21 @@ def opened(record: BreakerRecord, now_ms: int, reason: str, config: BreakerConfi
     )
 
 
+def lifted(record: BreakerRecord, now_ms: int, reason: str) -> BreakerRecord | None:
+    """Closed for ``reason`` (its agent is gone: no trial would ever come); None when it is
+    closed already."""
+    if record.state == "closed":
+        return None
+    return BreakerRecord(
+        agent_id=record.agent_id,
+        intent=record.intent,
+        state="closed",
+        since_ms=now_ms,
+        reason=reason,
+        counted_from_ms=now_ms,
+    )
+
+
 def with_trial(
     record: BreakerRecord, message_id: str, now_ms: int, config: BreakerConfig
 ) -> BreakerRecord:

@@ -48,6 +48,16 @@ class AgentDirectory:
         spec = card.intents.get(intent) if card is not None else None
         return spec.deadline_ms if spec is not None else None
 
+    def gone(self, agent_id: str) -> str | None:
+        """Why the agent is not coming back by itself (stopped, forgotten, OFFLINE), or None
+        while it runs (a SUSPECT agent is expected back)."""
+        card = self._cards.get(agent_id)
+        if card is None:
+            return "no longer registered"
+        if card.status != "running":
+            return card.status
+        return None if self.is_live(card) else "OFFLINE"
+
     async def follow(self, ready: asyncio.Event) -> None:
         """Keep the cache current until cancelled; ``ready`` is set after the first load."""
         names = self._broker.names

@@ -286,6 +286,28 @@ async def test_an_agent_failing_everything_is_isolated_until_a_trial_succeeds(
     assert restored.detail["isolated_agents"] == 0
 
 
+async def test_an_isolated_agent_that_stops_is_isolated_no_more(broker, start_coordinator, watcher):
+    """A stopped agent never gets the trial that would close its isolation, and would count
+    as isolated forever (the alert with it): its breakers close when it stops."""
+    z = Agent("z", startup_delay=0)
+
+    @z.handler("a")
+    async def fail(ctx: TaskContext, payload: object) -> str:
+        raise RuntimeError("disk full")
+
+    breakers = BreakerConfig(min_calls=1000, open_s=30, isolation_failures=3)
+    async with start_coordinator(fast(delivery=ONE_ATTEMPT, breakers=breakers)) as coordinator:
+        async with serving(broker, coordinator, z), ReachClient(broker=broker) as client:
+            for _ in range(3):
+                with pytest.raises(TaskFailed):
+                    await client.invoke("a", {})
+            await watcher.event("agent_isolated")
+        restored = await watcher.event("agent_restored")
+        await eventually(lambda: coordinator.breakers.isolated == [])
+    assert restored.agent_id == "z" and restored.detail["reason"] == "the agent is stopped"
+    assert restored.detail["isolated_agents"] == 0
+
+
 async def test_a_callers_tight_budget_does_not_count_against_the_agent(
     broker, start_coordinator, watcher
 ):
