@@ -89,7 +89,7 @@ async def _clear(broker: Broker, agent_id: str | None) -> int:
         shown = ", ".join(f"{b.intent or 'ISOLATED'}:{b.state}" for b in tripped)
         print(
             f"{agent_id}: its breakers are not cleared ({shown}): each closes when a trial"
-            " call succeeds, after its open time"
+            " call succeeds, after its open time, or when the agent stops"
         )
     return 0
 
