@@ -31,7 +31,7 @@ from agentreach.errors import ReachError
 
 SNAPSHOT_EVERY_S = 300.0  # a whole snapshot again, to correct any drift
 KEEPALIVE_S = 15.0
-SECTIONS = ("agents", "dead_letters", "workflows", "alerts")
+SECTIONS = ("system", "agents", "dead_letters", "workflows", "alerts")
 
 
 class DashboardApp:
@@ -93,6 +93,7 @@ class DashboardApp:
             await asyncio.sleep(self._tick_s)
             metrics = board.metrics(full=False)
             now = {
+                "system": board.system(),
                 "agents": board.snapshot_section("agents"),
                 "dead_letters": board.snapshot_section("dead_letters"),
                 "workflows": board.snapshot_section("workflows"),

@@ -18,6 +18,9 @@ def render(snapshot: dict[str, Any]) -> str:
         f" replica{'s' if replicas != 1 else ''}{'' if replicas else ' (none running!)'} · {at}",
         "",
     ]
+    if system["stale_since_ms"] is not None:
+        since = dt.datetime.fromtimestamp(system["stale_since_ms"] / 1000).strftime("%H:%M:%S")
+        lines.insert(1, f"  NOT LIVE: it {system['stale_why']}; what follows is as of {since}")
     for entry in snapshot["metrics"]["series"].values():
         value = _value(entry)
         mark = STATE_MARK.get(entry["state"], entry["state"])

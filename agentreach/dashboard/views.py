@@ -88,6 +88,8 @@ class Board:
         self.replayed: dict[str, str] = {}
         self.resolved: dict[str, dict[str, Any]] = {}
         self.replicas: list[dict[str, Any]] = []
+        self.read_ms = 0  # when a refresh last read everything: what is shown is as of then
+        self.unread: str | None = None  # why the last refresh failed; None when it did not
         self.ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -157,14 +159,33 @@ class Board:
 
     async def refresh(self) -> None:
         """Dead letters, coordinators and the sampled metrics, read again."""
-        self.letters = await self._recent_letters()
-        self.replicas = []
-        for answer in await gather_replies(self.broker, self.broker.names.status, wait_s=0.3):
+        try:
+            letters = await self._recent_letters()
+            answers = await gather_replies(self.broker, self.broker.names.status, wait_s=0.3)
+        except BrokerError as exc:
+            self.unread = str(exc)
+            raise
+        replicas = []
+        for answer in answers:
             with contextlib.suppress(DecodeError):
-                self.replicas.append(decode_json(answer))
+                replicas.append(decode_json(answer))
+        # Replaced in one step: a snapshot taken while the replicas answer must not see
+        # an empty list (it did, for the wait, at every refresh).
+        self.letters, self.replicas = letters, replicas
+        self.read_ms, self.unread = now_ms(), None
         self.history.sample(
             now_ms(), queue_fill=self._worst_queue()[0], isolated=len(self.breakers.isolated)
         )
+
+    def staleness(self) -> tuple[int | None, str | None]:
+        """Since when what is shown is not current, and why; ``(None, None)`` while the
+        dashboard reads NATS. The views then keep the last state they saw."""
+        if not self.broker.connected:
+            why = f"lost its connection to NATS ({self.broker.shown_url}); reconnecting"
+            return self.read_ms or None, why
+        if self.unread is not None:
+            return self.read_ms or None, f"cannot read NATS: {self.unread}"
+        return None, None
 
     async def _recent_letters(self) -> list[tuple[int, int, DeadLetter]]:
         names = self.broker.names
@@ -280,10 +301,14 @@ class Board:
         return found
 
     def system(self) -> dict[str, Any]:
+        stale_since, stale_why = self.staleness()
         return {
             "prefix": self.broker.names.prefix,
             "version": self.version,
             "nats": self.broker.shown_url,
+            "connected": self.broker.connected,
+            "stale_since_ms": stale_since,
+            "stale_why": stale_why,
             "replicas": [
                 {
                     "replica": r.get("replica"),

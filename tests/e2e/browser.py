@@ -44,6 +44,11 @@ FACTS_JS = """(() => {
   }
   return {
     live: html.dataset.live,
+    liveText: (document.getElementById("live-text") || {}).textContent,
+    staleSince: Number(html.dataset.staleSince || 0) || null,
+    notLive: (document.getElementById("stale") || { hidden: true }).hidden ? null
+      : document.getElementById("stale").textContent,
+    replicasText: (document.getElementById("replicas") || {}).textContent,
     updates: Number(html.dataset.updates || 0),
     snapshotAt: Number(html.dataset.snapshotAt || 0),
     metrics,

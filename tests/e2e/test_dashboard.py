@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,7 @@ from agentreach.dashboard import Board, DashboardApp, History, render
 from agentreach.examples.echo import agent as echo_agent
 from agentreach.examples.failing import agent as failing_agent
 from agentreach.examples.summarize import agent as summarizer
+from tests.dashboard.test_staleness import killable, own_server
 from tests.e2e.browser import FIVE, Browser, chromium
 from tests.scrape import http_get
 
@@ -122,3 +125,43 @@ async def test_the_dashboard_shows_a_running_system_live(broker, coordinator, wa
             assert status == 404 and "no events" in text
             terminal = render(board.snapshot())
     assert "Success rate" in terminal and "failing-1" in terminal and "ISOLATED" in terminal
+
+
+@own_server
+async def test_the_page_says_it_is_not_live_when_the_dashboard_lost_nats(tmp_path: Path):
+    """With no coordinator the header says so; kill the nats-server and the page turns
+    stale, with a banner naming the lost connection and since when (not "Live"); once the
+    server is back it is live again. The stale page is kept as dashboard-stale.png."""
+    executable = _browser()
+    loop = asyncio.get_running_loop()
+    history = History(step_s=1, window_s=120, period_s=30)
+    async with (
+        killable(tmp_path, coordinator=False) as (nats, broker),
+        Board(broker, history, version="test") as board,
+        HttpServer(DashboardApp(board, tick_s=0.25)) as server,  # type: ignore[arg-type]
+    ):
+        shot = _artifacts() / "dashboard-stale.png"
+
+        def on_loop(work: Coroutine[Any, Any, None]) -> None:
+            asyncio.run_coroutine_threadsafe(work, loop).result(30)
+
+        def look() -> tuple[dict, dict, dict]:
+            with Browser(executable, 1400, 900) as browser:
+                session = browser.open(server.url)
+                live = browser.wait_for(session, lambda f: f.get("live") == "live", timeout=20)
+                on_loop(nats.kill())
+                stale = browser.wait_for(session, lambda f: f.get("live") == "stale", timeout=20)
+                browser.screenshot(session, shot)
+                on_loop(nats.restart())
+                back = browser.wait_for(session, lambda f: f.get("live") == "live", timeout=40)
+                return live, stale, back
+
+        live, stale, back = await asyncio.to_thread(look)
+    print(f"\nstale dashboard screenshot: {shot}")
+    assert live["live"] == "live" and live["notLive"] is None, live
+    assert live["replicasText"] == "no coordinator answers"
+    assert stale["live"] == "stale", stale
+    assert stale["liveText"].startswith("Not live · data as of"), stale
+    assert "lost its connection to NATS" in stale["notLive"], stale
+    assert "not the current one" in stale["notLive"] and stale["staleSince"], stale
+    assert back["live"] == "live" and back["notLive"] is None and not back["staleSince"], back
