@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,6 +22,7 @@ import structlog
 
 from agentreach.broker import BrokerError, Bucket, WrongLastSequence
 from agentreach.broker.bucket import UNREAD
+from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
     DecodeError,
     ErrorInfo,
@@ -128,6 +129,26 @@ class Claims:
                 return True
             claim.lease_until_ms = until
             return True
+
+    @contextlib.asynccontextmanager
+    async def kept(
+        self, task: Task, claim: Claimed, *, lease_ms: int, every_s: float
+    ) -> AsyncIterator[None]:
+        """While the block runs, renew the claim to ``lease_ms`` from now every ``every_s``:
+        work that cannot be stopped keeps the message its own, so that neither a redelivery
+        nor the coordinator (which waits for a live lease) starts it again meanwhile."""
+        renewing = asyncio.create_task(self._renewing(task, claim, lease_ms, every_s))
+        try:
+            yield
+        finally:
+            await cancel_and_wait(renewing)
+
+    async def _renewing(self, task: Task, claim: Claimed, lease_ms: int, every_s: float) -> None:
+        while True:
+            if not await self.renew(task, claim, lease_ms):
+                break
+            await asyncio.sleep(every_s)
+        log.warning("claim lost while running: this run's result will be refused")
 
     async def done(self, task: Task) -> Execution | None:
         """This agent's record of ``task`` when it says the message ran to its result."""

@@ -9,6 +9,7 @@ Every outcome is reported to the coordinator as an event (``completed``, ``faile
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import time
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from agentreach import envelopes
 from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
-from agentreach.agents.errors import PermanentError
+from agentreach.agents.handlers import call, error_info
 from agentreach.agents.slots import LatencyEstimate, Room
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, PayloadUnavailable
 from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, reply, reported_raw
@@ -216,20 +217,28 @@ class Executor:
             submit=self._submit,
             loop=asyncio.get_running_loop(),
         )
+        # A thread past its deadline runs on: its claim is kept live until it ends, renewed
+        # every half ack wait (a crashed process's lease then lapses as its message returns).
+        every_s = self.agent.ack_wait / 2
+        lease_ms = int(self.agent.ack_wait * 1000) + LEASE_GRACE_MS
+
+        def overrun() -> contextlib.AbstractAsyncContextManager[None]:
+            return self._claims.kept(task, claim, lease_ms=lease_ms, every_s=every_s)
+
         started = time.monotonic()
         # A handler longer than the ack wait would be redelivered (and count towards
         # max_deliver) although it runs: tell the server it is still being worked on.
         try:
             async with job.delivery.kept_alive(self.agent.ack_wait / 2):
                 payload = await self.claim_check.payload_of(task)  # a claim-checked one is fetched
-                result = await _call(spec, ctx, payload, deadline)
+                result = await call(spec, ctx, payload, deadline, overrun=overrun)
                 # Stowed before it is recorded: the record and the reply stay small.
                 result, ref = await self.claim_check.stow_result(task, result)
         except PayloadUnavailable as exc:
             error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
             outcome = Outcome(claim, error=error)
         except Exception as exc:  # every handler failure is reported, none is lost
-            outcome = Outcome(claim, error=_error_info(exc, deadline.total_ms))
+            outcome = Outcome(claim, error=error_info(exc, deadline.total_ms))
         else:
             duration_ms = int((time.monotonic() - started) * 1000)
             self.latency.observe(duration_ms)
@@ -350,24 +359,3 @@ async def _published(publishing: asyncio.Task[None], what: str) -> None:
         await publishing
     except BrokerError as exc:
         log.warning("report not published", report=what, error=str(exc))
-
-
-async def _call(spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline: Deadline) -> Any:
-    async with asyncio.timeout(None) as scope:
-        deadline.enforce(scope)
-        if spec.is_async:
-            return await spec.func(ctx, payload)
-        # A thread cannot be cancelled: past the deadline its late result is discarded.
-        return await asyncio.to_thread(spec.func, ctx, payload)
-
-
-def _error_info(exc: Exception, deadline_ms: int) -> ErrorInfo:
-    if isinstance(exc, TimeoutError):
-        return ErrorInfo(
-            type="deadline_exceeded", message=f"handler ran past {deadline_ms} ms", retryable=True
-        )
-    return ErrorInfo(
-        type=type(exc).__name__,
-        message=str(exc) or type(exc).__name__,
-        retryable=not isinstance(exc, PermanentError),
-    )

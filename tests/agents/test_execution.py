@@ -235,26 +235,5 @@ async def test_child_tasks_carry_the_trace_and_what_is_left_of_the_budget(
     assert child.detail["result"]["from"] == "parent-1"
 
 
-async def test_a_sync_handler_past_its_deadline_has_its_late_result_discarded(
-    broker, coordinator, watcher
-):
-    """A blocking handler cannot be cancelled: its result after the deadline is not sent."""
-    agent = Agent("sleepy-1", startup_delay=0)
-    finished = threading.Event()
-
-    @agent.handler("doze", deadline_ms=100, max_attempts=1)
-    def doze(ctx: TaskContext, payload: dict) -> dict:
-        time.sleep(0.3)
-        finished.set()
-        return {"late": True}
-
-    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
-        with pytest.raises(TaskFailed) as caught:
-            await client.invoke("doze", {})
-        await asyncio.to_thread(finished.wait, 5)
-    assert caught.value.error.type == "deadline_exceeded"
-    assert not [e for e in watcher.events if e.event == "completed"]
-
-
 async def _noop(ctx: TaskContext, payload: object) -> object:
     return payload

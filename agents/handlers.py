@@ -1,0 +1,72 @@
+"""Calling a handler within its deadline, and the error a failure of it is reported as.
+
+An ``async def`` handler runs on the event loop and is cancelled when its deadline passes. A
+plain function runs in a worker thread, which cannot be stopped: one past its deadline is
+waited for, with its claim kept live meanwhile, and its outcome — a late result, or its own
+error — is the outcome of the run. Reporting ``deadline_exceeded`` while it still ran would
+let the coordinator start a retry beside it, and the work would happen twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from agentreach.agents.context import TaskContext
+from agentreach.agents.deadline import Deadline
+from agentreach.agents.errors import PermanentError
+from agentreach.envelopes import ErrorInfo
+
+if TYPE_CHECKING:
+    from agentreach.agents.agent import HandlerSpec
+
+log = structlog.get_logger("agents")
+
+OVERRUN = "past its deadline in a thread; it cannot be stopped: its outcome waits for it"
+
+# While a thread runs past its deadline: keeps the run's claim (and so the message) its own.
+Overrun = Callable[[], contextlib.AbstractAsyncContextManager[None]]
+
+
+async def call(
+    spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline: Deadline, *, overrun: Overrun
+) -> Any:
+    """The handler's result; raises what it raised, or TimeoutError past its deadline."""
+    if spec.is_async:
+        async with asyncio.timeout(None) as scope:
+            deadline.enforce(scope)
+            return await spec.func(ctx, payload)
+    return await _in_thread(spec, ctx, payload, deadline, overrun)
+
+
+async def _in_thread(
+    spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline: Deadline, overrun: Overrun
+) -> Any:
+    running = asyncio.ensure_future(asyncio.to_thread(spec.func, ctx, payload))
+    try:
+        async with asyncio.timeout(None) as scope:
+            deadline.enforce(scope)
+            return await asyncio.shield(running)
+    except TimeoutError:
+        if not scope.expired():
+            raise  # the handler's own, in time: reported as deadline_exceeded all the same
+    log.warning(OVERRUN, deadline_ms=deadline.total_ms)
+    async with overrun():
+        return await running
+
+
+def error_info(exc: Exception, deadline_ms: int) -> ErrorInfo:
+    """How a handler's failure is reported: its class name, message, and whether to retry."""
+    if isinstance(exc, TimeoutError):
+        return ErrorInfo(
+            type="deadline_exceeded", message=f"handler ran past {deadline_ms} ms", retryable=True
+        )
+    return ErrorInfo(
+        type=type(exc).__name__,
+        message=str(exc) or type(exc).__name__,
+        retryable=not isinstance(exc, PermanentError),
+    )
