@@ -55,11 +55,20 @@ BARE_CALLER = "coordinator"  # whose box the bare form's replies go to (no calle
 GRACE_S = 1.0  # past the task's ttl, the coordinator's own verdict has had time to arrive
 
 
+@dataclass(frozen=True, slots=True)
+class _Requester:
+    """Where a call's answer goes, and the id of its task (said in ``Reach-Message-Id``, so
+    a requester that gave up can look the task up)."""
+
+    subject: str
+    message_id: str
+
+
 @dataclass(slots=True)
 class _Waiting:
     """A call waiting for its task's result."""
 
-    requester: str  # where the answer goes
+    requester: _Requester  # where the answer goes
     timer: asyncio.TimerHandle  # the give-up after the task's ttl (its execution, once accepted)
     box: ReplyBox  # keeps only the replies of the agent the coordinator announced
     replies: Subscription  # the call's reply box
@@ -102,17 +111,18 @@ class Calls:
         timer = asyncio.get_running_loop().call_later(
             ttl_ms / 1000 + GRACE_S, self._give_up, key, ttl_ms
         )
-        self._waiting[key] = _Waiting(msg.reply, timer, box, replies, execute_ms)
+        requester = _Requester(msg.reply, call.message_id or headers[h.MSG_ID])
+        self._waiting[key] = _Waiting(requester, timer, box, replies, execute_ms)
         try:
             subject = self._broker.names.task(topic, sender)  # the caller stays the sender
             stored = await self._broker.publish(subject, data, headers=headers)
         except BrokerError as exc:
             self._forget(key)
             error = ErrorInfo(type="not_published", message=str(exc), retryable=True)
-            await self._answer(msg.reply, {"error": error}, error=True)
+            await self._answer(requester, {"error": error}, error=True)
             return
         if stored.duplicate:  # sent before: nobody answers this box, the earlier end does
-            message_id = call.message_id or headers[h.MSG_ID]
+            message_id = requester.message_id
             self._in_background(self._answer_earlier(key, message_id, ttl_ms, sender))
 
     async def stop(self) -> None:
@@ -167,7 +177,9 @@ class Calls:
             case _:
                 return  # progress: the requester waits for the end
 
-    async def _answer_result(self, requester: str, result: Any, ref: PayloadRef | None) -> None:
+    async def _answer_result(
+        self, requester: _Requester, result: Any, ref: PayloadRef | None
+    ) -> None:
         try:
             result = await self._claim_check.result_of(result, ref)
         except BrokerError as exc:
@@ -176,7 +188,7 @@ class Calls:
             return
         await self._answer(requester, result)
 
-    def _forget(self, key: str) -> str:
+    def _forget(self, key: str) -> _Requester:
         waiting = self._waiting.pop(key)
         waiting.timer.cancel()
         self._in_background(waiting.replies.close())
@@ -213,10 +225,11 @@ class Calls:
         self._answering.add(task)
         task.add_done_callback(self._answering.discard)
 
-    async def _answer(self, requester: str, value: object, *, error: bool = False) -> None:
-        headers = {h.KIND: "error" if error else "result"}
+    async def _answer(self, requester: _Requester, value: object, *, error: bool = False) -> None:
+        headers = {h.KIND: "error" if error else "result", h.MESSAGE_ID: requester.message_id}
         try:
-            await self._broker.publish_core(requester, envelopes.encode(value), headers=headers)
+            data = envelopes.encode(value)
+            await self._broker.publish_core(requester.subject, data, headers=headers)
         except BrokerError as exc:
             log.warning("could not answer a call", error=str(exc))
 

@@ -7,6 +7,7 @@ from agentreach.envelopes.messages import Task
 
 MSG_ID = "Nats-Msg-Id"
 TRACE_ID = "Reach-Trace-Id"
+MESSAGE_ID = "Reach-Message-Id"  # on a reach.call answer: the id its task is recorded under
 PRIORITY = "Reach-Priority"
 TTL = "Reach-TTL"
 REPLY_TO = "Reach-Reply-To"
