@@ -200,10 +200,20 @@ class ReachClient:
     ) -> Any:
         """Send a task and wait for its result.
 
-        Raises :class:`NotAcknowledged` if no agent accepts it within
-        ``ack_deadline_ms``, :class:`DeadlineExceeded` if the result does not
-        arrive within ``execute_deadline_ms`` after that, :class:`Rejected` when
-        the coordinator refuses it and :class:`TaskFailed` when the handler fails.
+        Raises :class:`InvalidArgument` before sending when an argument is wrong;
+        :class:`NotAcknowledged` if no agent accepts the task within ``ack_deadline_ms``
+        (saying so when no coordinator runs); :class:`DeadlineExceeded` if the result does
+        not arrive within ``execute_deadline_ms`` after that; :class:`Rejected` when the task
+        is refused before any agent took it (nothing ran: safe to send again); and
+        :class:`TaskFailed` when it fails after an agent took it (the handler's error, or
+        a retry refused after an attempt ran).
+
+        After NotAcknowledged or DeadlineExceeded the task is still queued or running and
+        may still complete, until its ttl runs out. To retry safely, invoke again with the
+        same ``message_id`` (the error's ``message_id``): the new call attaches to the first
+        message and answers with how it ends, and the task runs once. A new id sends a
+        second task; never do that for a task that is not idempotent.
+
         ``ttl_ms`` defaults to both deadlines together (at most a day); ``headers`` and
         ``traceparent`` are :meth:`task`'s. A result too large to travel inline is fetched
         from the Object Store.
@@ -252,7 +262,12 @@ class ReachClient:
         """The outcome of the message already taken in under ``task``'s id, once it ends."""
         ids = {"message_id": task.message_id, "trace_id": task.trace_id}
         within_s = (task.budget.ack_ms + task.budget.execute_ms) / 1000
-        read = functools.partial(self._own_status, task.message_id)
+        seen: list[Event] = []
+
+        async def read() -> list[Event]:
+            seen[:] = await self._own_status(task.message_id)
+            return seen
+
         try:
             ended = await wait_for_ending(read, within_s=within_s, caller=self.caller)
         except OthersMessage as exc:
@@ -265,7 +280,7 @@ class ReachClient:
                 f" {within_s * 1000:.0f} ms",
                 **ids,
             )
-        return outcome_of(ended, ids)
+        return outcome_of(ended, ids, ran=any(e.event == "accepted" for e in seen))
 
     async def status(self, message_id: str, *, timeout_s: float = 5.0) -> list[Event]:
         """The recorded lifecycle events of ``message_id`` (or, when no message has that id,

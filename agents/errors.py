@@ -6,10 +6,10 @@ ReachError
 ├── AgentIdInUse             another live process already serves this agent_id
 ├── PermanentError           raised by a handler: do not retry this task
 └── InvokeError              ReachClient.invoke() did not get a result
-    ├── NotAcknowledged      no agent accepted the task within the ack deadline
+    ├── NotAcknowledged      no agent accepted the task within the ack deadline (it stays queued)
     ├── DeadlineExceeded     accepted, but no result within the execute deadline
-    └── TaskFailed           the agent reported an error (``.error``)
-        └── Rejected         the coordinator refused it (``.reason``: no_route, expired, …)
+    └── TaskFailed           it failed after an agent took it (``.error``)
+        └── Rejected         refused before any agent took it (``.reason``: no_route, expired, …)
 """
 
 from __future__ import annotations
@@ -50,15 +50,26 @@ class InvokeError(ReachError):
 
 
 class NotAcknowledged(InvokeError):
-    """No agent acknowledged the task within the ack deadline."""
+    """No agent acknowledged the task within the ack deadline.
+
+    The task is not withdrawn: it stays queued and may still run later, until its ttl runs
+    out (the message says when no coordinator runs to route it). To try again safely,
+    invoke again with the same ``message_id`` (this error's): the new call attaches to the
+    first message and answers with how it ends. Never send a non-idempotent task again
+    under a new id: both could run.
+    """
 
 
 class DeadlineExceeded(InvokeError):
-    """The task was accepted but did not complete within the execute deadline."""
+    """The task was accepted but did not complete within the execute deadline. It may still
+    complete (until its ttl): invoke again with the same ``message_id`` to hear how it ends."""
 
 
 class TaskFailed(InvokeError):
-    """The handler failed; ``error`` is what the agent reported."""
+    """The task failed after an agent took it: ``error`` is what the agent reported or,
+    when a later attempt was refused (its breaker open, the ttl out between retries), that
+    refusal (``error.type``: circuit_open, expired, …), naming the attempt that failed.
+    A handler ran, so sending the task again under a new id may run it twice."""
 
     def __init__(self, error: ErrorInfo, *, message_id: str, trace_id: str) -> None:
         super().__init__(f"{error.type}: {error.message}", message_id=message_id, trace_id=trace_id)
@@ -66,7 +77,10 @@ class TaskFailed(InvokeError):
 
 
 class Rejected(TaskFailed):
-    """The task was refused before any handler ran; ``reason`` says why."""
+    """The task was refused before any agent accepted it, so no handler ran; ``reason``
+    says why (no_route, backpressure, rate_limited, circuit_open, expired, …). Sending it
+    again is safe (after ``error.retry_after_ms``, when given). A refusal after an attempt
+    ran raises :class:`TaskFailed` instead."""
 
     @property
     def reason(self) -> str:

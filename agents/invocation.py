@@ -20,7 +20,16 @@ from agentreach.agents.errors import (
 )
 from agentreach.broker import Broker, BrokerError
 from agentreach.broker.endings import Ended, OthersMessage, ending_of
-from agentreach.envelopes import Ack, ErrorReply, Event, PayloadRef, Progress, Result, Task
+from agentreach.envelopes import (
+    Ack,
+    ErrorInfo,
+    ErrorReply,
+    Event,
+    PayloadRef,
+    Progress,
+    Result,
+    Task,
+)
 
 RECHECK_S = 1.0  # after a reconnect, how often the events are read for a lost reply
 VERDICT_GRACE_S = 1.0  # past the execute deadline, for the coordinator's verdict to arrive
@@ -73,7 +82,7 @@ async def wait_for_result(
         except TimeoutError:
             ended, accepted = await ending.read()
             if ended is not None:
-                return outcome_of(ended, ids)
+                return outcome_of(ended, ids, ran=accepted or done_by is not None)
             if accepted and done_by is None:  # its ack was lost: the execute budget runs
                 done_by = loop.time() + task.budget.execute_ms / 1000
                 ending.lost = True
@@ -101,16 +110,32 @@ async def wait_for_result(
                 await _call(on_progress, message)
             case Result():
                 return message.result, message.result_ref
-            case ErrorReply(error=error):
-                cls = Rejected if error.type in REJECTION_REASONS else TaskFailed
-                raise cls(error, **ids)
+            case ErrorReply(error=error, attempt=attempt):
+                ran = done_by is not None  # acknowledged: a handler took it
+                if not ran and _after_an_attempt(error, attempt):
+                    ran = (await ending.read())[1]  # its ack may have been lost
+                raise failure(error, ids, ran=ran)
 
 
-def outcome_of(ended: Ended, ids: dict[str, str]) -> tuple[Any, PayloadRef | None]:
+def outcome_of(ended: Ended, ids: dict[str, str], *, ran: bool) -> tuple[Any, PayloadRef | None]:
+    """The result ``ended`` holds, or its error raised; ``ran``: an agent accepted it."""
     if ended.error is not None:
-        cls = Rejected if ended.error.type in REJECTION_REASONS else TaskFailed
-        raise cls(ended.error, **ids)
+        raise failure(ended.error, ids, ran=ran)
     return ended.result, ended.result_ref
+
+
+def failure(error: ErrorInfo, ids: dict[str, str], *, ran: bool) -> TaskFailed:
+    """Rejected for a refusal before any agent accepted the task (nothing ran, so sending it
+    again is safe); TaskFailed for a handler's failure, and for a refusal that came after
+    an attempt ran (a retry refused by its breaker, a ttl out between retries)."""
+    refused = error.type in REJECTION_REASONS and not ran
+    return (Rejected if refused else TaskFailed)(error, **ids)
+
+
+def _after_an_attempt(error: ErrorInfo, attempt: int) -> bool:
+    """Whether a refusal may follow an attempt that ran: a retry's (attempt 2 on), or an
+    expiry, which also ends a task whose failed attempt leaves no time for the next."""
+    return error.type in REJECTION_REASONS and (attempt > 1 or error.type == "expired")
 
 
 async def _call(callback: Callable[[Any], Any] | None, message: msgspec.Struct) -> None:

@@ -12,7 +12,14 @@ import pytest
 from structlog.testing import capture_logs
 
 import agentreach
-from agentreach.agents import Agent, NotAcknowledged, ReachClient, TaskContext
+from agentreach.agents import (
+    Agent,
+    NotAcknowledged,
+    ReachClient,
+    Rejected,
+    TaskContext,
+    TaskFailed,
+)
 from agentreach.agents.coordinator_presence import coordinator_runs
 from agentreach.broker import Broker
 from agentreach.envelopes import MAX_TTL_MS, Budget
@@ -189,3 +196,61 @@ async def test_coordinator_runs_tells_the_three_cases_apart(broker, start_coordi
     async with start_coordinator(fast()):
         assert await coordinator_runs(broker) is True
     assert await coordinator_runs(Broker(broker.url, names=broker.names)) is None
+
+
+async def test_a_refusal_after_an_attempt_ran_is_task_failed(broker, coordinator):
+    """Attempt 1 ran and failed, and the ttl ran out before attempt 2: invoke raises
+    TaskFailed (error.type expired), not Rejected, because a handler ran and sending the
+    task again under a new id would run it twice."""
+    agent = Agent("late-1", startup_delay=0)
+
+    @agent.handler("late")
+    async def late(ctx: TaskContext, payload: dict) -> dict:
+        await asyncio.sleep(0.4)
+        raise ConnectionError("upstream down")
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        with pytest.raises(TaskFailed) as caught:
+            await client.invoke("late", {}, ttl_ms=300)
+    assert not isinstance(caught.value, Rejected)
+    assert caught.value.error.type == "expired"
+    assert "attempt 1 failed: ConnectionError: upstream down" in str(caught.value)
+
+
+async def test_an_expiry_before_any_agent_took_it_stays_rejected(broker, coordinator):
+    """A task that expires waiting for a busy agent never ran: invoke raises Rejected."""
+    gate = asyncio.Event()
+    agent = Agent("busy-2", startup_delay=0)
+
+    @agent.handler("work", capacity=1)
+    async def work(ctx: TaskContext, payload: dict) -> str:
+        await gate.wait()
+        return "done"
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        accepted = asyncio.Event()
+        holding = asyncio.create_task(client.invoke("work", {}, on_ack=lambda _: accepted.set()))
+        await accepted.wait()
+        waiting = asyncio.create_task(client.invoke("work", {}, ttl_ms=300))
+        await asyncio.sleep(0.5)  # its ttl runs out while it waits for the one slot
+        gate.set()
+        assert await holding == "done"
+        with pytest.raises(Rejected) as caught:
+            await waiting
+    assert caught.value.reason == "expired"
+
+
+async def test_after_not_acknowledged_the_same_id_gets_the_first_tasks_end(
+    broker, start_coordinator
+):
+    """NotAcknowledged leaves the task queued; invoking again with its message_id, once a
+    coordinator runs, answers with that task's result, and the handler runs once."""
+    runs: Counter[str] = Counter()
+    agent = worker("w-1", runs, topics=("work",))
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        with pytest.raises(NotAcknowledged) as caught:
+            await client.invoke("work", {}, ack_deadline_ms=300)
+        async with start_coordinator(fast()):
+            again = await client.invoke("work", {}, message_id=caught.value.message_id)
+    assert again == {"by": "w-1"}
+    assert runs == {"w-1": 1}
