@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,8 @@ class Agent:
         rate_limit: RateLimit | None = None,
         claim_check_bytes: int = DEFAULT_CLAIM_CHECK_BYTES,
     ) -> None:
-        agent_id = resolve_agent_id(agent_id, Path(identity_file))
+        if agent_id is None:  # "" is a mistake, not "none given"
+            agent_id = resolve_agent_id(agent_id, Path(identity_file))
         if not is_token(agent_id):
             raise AgentConfigError(
                 f"agent_id {agent_id!r}: use 1-128 letters, digits, '_' or '-'"
@@ -82,7 +83,7 @@ class Agent:
         if max_deliver < 1:
             raise AgentConfigError(f"max_deliver must be at least 1, got {max_deliver}")
         self.agent_id = agent_id
-        self.tags = dict(tags or {})
+        self.tags = _checked_tags(tags)
         self.heartbeat_interval = heartbeat_interval
         self.startup_delay = startup_delay
         self.ack_wait = ack_wait
@@ -110,6 +111,11 @@ class Agent:
         ``description`` and ``examples`` say in words what it does (in any language); the
         coordinator matches requests that name no topic (``reach.task.auto``) against them.
         """
+        if callable(topic):  # @agent.handler written without its parentheses
+            raise AgentConfigError(
+                '@agent.handler needs the topic it serves: use @agent.handler("topic") above'
+                f" {getattr(topic, '__name__', 'the handler')}, not a bare @agent.handler"
+            )
         if not is_token(topic):
             raise AgentConfigError(f"topic {topic!r}: use 1-128 letters, digits, '_' or '-'")
         if topic in self.handlers:
@@ -185,6 +191,25 @@ class Agent:
             await runtime.wait_closed()
         if runtime.replaced.is_set():
             raise runtime.replaced_error()
+
+
+def _checked_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
+    """The tags, once each can be told and selected as ``name=value``: that is how routing
+    rules select them (``tags: "role=worker, region=cn-east"``) and ``reach agents`` shows
+    them. They travel as strings, on the card and in the NATS micro metadata."""
+    if tags is None:
+        return {}
+    if not isinstance(tags, Mapping):
+        raise AgentConfigError(f"tags must map names to values, got {type(tags).__name__}")
+    for name, value in tags.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise AgentConfigError(f"tag {name!r}: names and values are strings, got {value!r}")
+        if not name or name != name.strip() or "=" in name or "," in name:
+            raise AgentConfigError(
+                f"tag {name!r}: a name is not empty and holds no '=', ',' or surrounding"
+                ' spaces (rules select tags as "name=value, name=value")'
+            )
+    return dict(tags)
 
 
 MAX_DESCRIBED = 8_000  # characters of description and examples together, per intent

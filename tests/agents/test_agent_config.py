@@ -18,12 +18,45 @@ from agentreach.agents import Agent, AgentConfigError
         (lambda: Agent("a").handler("t", deadline_ms=0), "deadline_ms of 't'"),
         (lambda: Agent("a").handler("t", max_attempts=0), "max_attempts of 't'"),
         (lambda: Agent("a", ack_wait=0), "ack_wait"),
+        (lambda: Agent("a", tags={"pool=a": "x"}), "tag 'pool=a'"),
+        (lambda: Agent("a", tags={"a,b": "x"}), "tag 'a,b'"),
+        (lambda: Agent("a", tags={"": "x"}), "tag ''"),
+        (lambda: Agent("a", tags={" role": "x"}), "tag ' role'"),
+        (lambda: Agent("a", tags={"role": 1}), "tag 'role'"),
+        (lambda: Agent("a", tags=["role=worker"]), "tags"),
     ],
 )
 def test_bad_options_name_themselves(build, message):
     """Each wrong option raises AgentConfigError that names it."""
     with pytest.raises(AgentConfigError, match=message.replace(".", r"\.")):
         build()
+
+
+def test_bare_handler_decorator_says_to_name_the_topic():
+    """@agent.handler without its topic says how to write it, not that a function is no
+    valid topic."""
+    agent = Agent("a")
+    with pytest.raises(AgentConfigError, match=r'use @agent\.handler\("topic"\)') as caught:
+
+        @agent.handler
+        async def summarize(ctx, payload): ...
+
+    assert "<function" not in str(caught.value)
+    assert not agent.handlers
+
+
+def test_an_empty_agent_id_is_refused_not_replaced(tmp_path):
+    """Agent("") is refused; it does not fall back to the identity file (None does)."""
+    identity = tmp_path / "agent-id"
+    with pytest.raises(AgentConfigError, match="agent_id ''"):
+        Agent("", identity_file=identity)
+    assert not identity.exists()
+
+
+def test_tags_that_selectors_can_name_are_kept():
+    """Tag values may hold '=' and spaces inside; the keys and values are kept as given."""
+    tags = {"role": "worker", "region": "cn-east", "expr": "a=b", "team": "data infra"}
+    assert Agent("a", tags=tags).card().tags == tags
 
 
 def test_handler_must_take_ctx_and_payload():
