@@ -172,7 +172,7 @@ class Intake:
             caller=stub.caller,
         )
         if stub.reply_to:
-            await reply(self._broker, stub, error_reply(stub, error))
+            await reply(self._broker, stub, error_reply(stub, error, "invalid_envelope"))
 
 
 def _check_dedup_header(headers: dict[str, str] | None, task: Task) -> None:

@@ -171,9 +171,16 @@ class Result(_AboutTask, frozen=True, kw_only=True, tag="result"):
 
 
 class ErrorReply(_AboutTask, frozen=True, kw_only=True, tag="error"):
-    """The task failed."""
+    """The task failed, for good: the coordinator sends it once the message has ended.
+
+    ``reason`` says how it ended: the dead-letter reason (``retries_exhausted``, ``expired``,
+    ``rejected``, ``no_route``, …), ``refused`` for a refusal that leaves no dead letter (a
+    caller over its quota), ``cancelled`` for a cancelled workflow, ``duplicate_id`` for
+    another caller's id. ``error`` is the last error itself: after retries, the agent's, whose
+    ``retryable`` is the agent's verdict on that attempt, not on sending it again."""
 
     error: ErrorInfo
+    reason: str | None = None  # None: from a coordinator older than this field
 
 
 class Routed(_AboutTask, frozen=True, kw_only=True, tag="routed"):

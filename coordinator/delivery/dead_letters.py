@@ -31,7 +31,7 @@ async def end_with_error(
         state=state,
     )
     log.info("dead-lettered", reason=reason, error=error.message)  # said once it is so
-    await reply(broker, task, error_reply(task, error))
+    await reply(broker, task, error_reply(task, error, reason))
 
 
 async def refuse(broker: Broker, task: Task, error: ErrorInfo, **detail: Any) -> None:
@@ -42,9 +42,9 @@ async def refuse(broker: Broker, task: Task, error: ErrorInfo, **detail: Any) ->
     rejected = event_for(task, "rejected", error=msgspec.to_builtins(error), **detail)
     await emit(broker, rejected)
     log.info("refused", error=error.message)
-    await reply(broker, task, error_reply(task, error))
+    await reply(broker, task, error_reply(task, error, "refused"))
 
 
-def error_reply(task: Task, error: ErrorInfo) -> ErrorReply:
-    """The ``error`` envelope answering ``task``."""
-    return ErrorReply(**about(task, error=error))
+def error_reply(task: Task, error: ErrorInfo, reason: str) -> ErrorReply:
+    """The ``error`` envelope answering ``task``, which ended as ``reason``."""
+    return ErrorReply(**about(task, error=error, reason=reason))

@@ -351,12 +351,12 @@ class WorkflowEngine:
         if task.caller != record.task.caller:
             message = f"message id {task.message_id!r} is another caller's message"
             error = ErrorInfo(type="duplicate_id", message=message, retryable=False)
-            await reply(self._broker, task, error_reply(task, error))
+            await reply(self._broker, task, error_reply(task, error, "duplicate_id"))
         elif record.status == "completed":
             await reply(self._broker, task, Result(**about(task, result=record.result)))
         else:
             error = record.error or ErrorInfo(type="failed", message=f"workflow {record.status}")
-            await reply(self._broker, task, error_reply(task, error))
+            await reply(self._broker, task, error_reply(task, error, _ended_as(record, error)))
         log.info("workflow ended already; answered again", instance_id=record.instance_id)
 
     async def _answer(self, record: WorkflowRecord) -> None:
@@ -366,11 +366,10 @@ class WorkflowEngine:
             return
         error = record.error or ErrorInfo(type="failed", message="workflow failed")
         if record.status == "cancelled":
-            await reply(self._broker, task, error_reply(task, error))
+            await reply(self._broker, task, error_reply(task, error, "cancelled"))
             return
         state = msgspec.to_builtins(record)
-        reason = "expired" if error.type == "expired" else "workflow_failed"
-        await end_with_error(self._broker, task, reason, error, state=state)
+        await end_with_error(self._broker, task, _ended_as(record, error), error, state=state)
 
     async def _drop_timers(self, instance_id: str) -> None:
         """Remove an ended instance's timers (its deadline would otherwise wait for hours)."""
@@ -381,3 +380,10 @@ class WorkflowEngine:
             )
         except BrokerError as exc:
             log.warning("could not drop workflow timers", instance_id=instance_id, error=str(exc))
+
+
+def _ended_as(record: WorkflowRecord, error: ErrorInfo) -> str:
+    """How a workflow that did not complete ended: its dead-letter reason, or cancelled."""
+    if record.status == "cancelled":
+        return "cancelled"
+    return "expired" if error.type == "expired" else "workflow_failed"

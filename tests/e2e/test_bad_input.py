@@ -266,6 +266,7 @@ async def test_a_senders_dedup_header_other_than_its_message_id_is_refused(
     answer = envelopes.decode_reply((await replies.next_msg(timeout=5)).data)
     assert letter.error is not None and "Nats-Msg-Id 'hdr-1-other'" in letter.error.message
     assert isinstance(answer, envelopes.ErrorReply) and answer.error.type == "invalid_envelope"
+    assert answer.reason == "invalid_envelope"
 
 
 async def test_an_invalid_envelope_is_answered_where_its_body_asks_and_traced_for_its_sender(

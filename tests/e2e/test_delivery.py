@@ -31,6 +31,7 @@ from agentreach.envelopes import headers as h
 from agentreach.envelopes.headers import task_headers
 from tests.cli.conftest import reach_argv
 from tests.conftest import FAST
+from tests.secured import operators_reply_to
 from tests.support import recorded, until_true, wait_for_card
 
 REPO = Path(__file__).parents[2]
@@ -90,6 +91,26 @@ async def test_per_intent_attempts_are_honoured(broker, coordinator, watcher):
         letter = await watcher.dead_letter("retries_exhausted", message_id=message_id)
     assert letter.attempts == 5
     assert [e.attempt for e in letter.trace if e.event == "failed"] == [1, 2, 3, 4, 5]
+
+
+async def test_the_final_error_says_how_the_message_ended(broker, coordinator, watcher):
+    """The error reply after the last attempt carries the agent's error, and the reason the
+    message ended with (retries_exhausted): a caller tells it from a refusal."""
+    runs: Counter[str] = Counter()
+    reply_to, listen_on = operators_reply_to(broker, "hopeless-box")
+    replies = await broker.nc.subscribe(listen_on)
+    task = envelopes.Task(
+        v=1, message_id="hopeless-1", trace_id="hopeless-1", topic="hopeless", reply_to=reply_to
+    )
+    async with flaky_agent(runs).running(broker=broker):
+        await broker.publish(broker.names.task("hopeless"), envelopes.encode(task))
+        await watcher.dead_letter("retries_exhausted", message_id="hopeless-1", timeout=30)
+    answers = []
+    while not any(isinstance(a, envelopes.ErrorReply) for a in answers):
+        answers.append(envelopes.decode_reply((await replies.next_msg(timeout=5)).data))
+    final = answers[-1]
+    assert isinstance(final, envelopes.ErrorReply) and final.reason == "retries_exhausted"
+    assert final.error.type == "ConnectionError" and final.error.retryable
 
 
 async def test_a_failure_with_no_time_left_for_a_retry_ends_at_once(broker, coordinator, watcher):

@@ -460,7 +460,13 @@ export interface ErrorInfo {
 }
 
 /**
- * The task failed.
+ * The task failed, for good: the coordinator sends it once the message has ended.
+ *
+ * `reason` says how it ended: the dead-letter reason (`retries_exhausted`, `expired`,
+ * `rejected`, `no_route`, …), `refused` for a refusal that leaves no dead letter (a
+ * caller over its quota), `cancelled` for a cancelled workflow, `duplicate_id` for
+ * another caller's id. `error` is the last error itself: after retries, the agent's, whose
+ * `retryable` is the agent's verdict on that attempt, not on sending it again.
  */
 export interface ErrorReply {
   kind: "error";
@@ -494,6 +500,10 @@ export interface ErrorReply {
    */
   created_at: number;
   error: ErrorInfo;
+  /**
+   * default null
+   */
+  reason: string | null;
 }
 
 /**
