@@ -2,6 +2,8 @@
 
     from agentreach import Agent, TaskContext, ReachClient, CompensationWorker
 
+Also here, from ``agentreach.broker``: ``Auth`` (credentials) and ``Broker`` (a connection
+to share between clients, agents and ``ManualReview``). The package is typed (``py.typed``).
 The packages below this one: ``agentreach.envelopes`` (the wire types and codec),
 ``agentreach.broker`` (the NATS layer), ``agentreach.agents`` (the SDK, re-exported
 here), ``agentreach.coordinator`` (the service) and ``agentreach.cli`` (``reach``).
@@ -10,6 +12,7 @@ here), ``agentreach.coordinator`` (the service) and ``agentreach.cli`` (``reach`
 from agentreach.agents import (
     Agent,
     AgentConfigError,
+    AgentIdInUse,
     Compensation,
     CompensationWorker,
     DeadlineExceeded,
@@ -24,12 +27,16 @@ from agentreach.agents import (
     TaskContext,
     TaskFailed,
 )
+from agentreach.broker import Auth, Broker
 from agentreach.envelopes import DeadLetter, RateLimit, Task
 from agentreach.errors import ReachError
 
 __all__ = [
     "Agent",
     "AgentConfigError",
+    "AgentIdInUse",
+    "Auth",
+    "Broker",
     "Compensation",
     "CompensationWorker",
     "DeadLetter",
