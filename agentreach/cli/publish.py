@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from agentreach.agents import ReachClient
+from agentreach.agents import DeadlineExceeded, NotAcknowledged, ReachClient
 from agentreach.cli.options import Commands, UsageError, broker_of, json_argument, json_text
 from agentreach.cli.status import coordinators
 from agentreach.envelopes import MAX_TTL_MS, Ack, Progress
@@ -95,17 +95,27 @@ async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) 
     def progressed(progress: Progress) -> None:
         print(f"progress: {progress.note or '(still working)'}", file=sys.stderr, flush=True)
 
-    result = await client.invoke(
-        args.topic,
-        payload,
-        priority=args.priority,
-        trace_id=args.trace_id,
-        message_id=args.message_id,
-        ttl_ms=ttl_ms,
-        ack_deadline_ms=min(args.ack_ms, ttl_ms),
-        execute_deadline_ms=ttl_ms,
-        on_ack=acked,
-        on_progress=progressed,
-    )
+    try:
+        result = await client.invoke(
+            args.topic,
+            payload,
+            priority=args.priority,
+            trace_id=args.trace_id,
+            message_id=args.message_id,
+            ttl_ms=ttl_ms,
+            ack_deadline_ms=min(args.ack_ms, ttl_ms),
+            execute_deadline_ms=ttl_ms,
+            on_ack=acked,
+            on_progress=progressed,
+        )
+    except (NotAcknowledged, DeadlineExceeded) as exc:
+        # Neither ends the task: say so before an operator sends it again under a new id.
+        print(
+            f"reach: {exc.message_id} may still run (until its ttl, {ttl_ms} ms): follow it with"
+            f" `reach trace {exc.message_id}`; to wait for it again, send it with --message-id"
+            f" {exc.message_id} (a new id would run it a second time)",
+            file=sys.stderr,
+        )
+        raise
     print(json.dumps(result, ensure_ascii=False))
     return 0

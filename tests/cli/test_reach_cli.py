@@ -116,6 +116,40 @@ async def test_provision_twice_reports_unchanged(broker):
     assert broker.names.dlq_stream in outcomes
 
 
+async def test_publish_wait_that_hears_no_ack_says_the_task_may_still_run(
+    broker, coordinator, watcher
+):
+    """No ack within --ack-ms does not end the task: the error says how to follow it and
+    to wait again under the same id, before an operator runs it twice under a new one."""
+    gate = asyncio.Event()
+    agent = Agent("cli-busy", startup_delay=0)
+
+    @agent.handler("busy", capacity=1)
+    async def busy(ctx: TaskContext, payload: dict) -> dict:
+        await gate.wait()
+        return payload
+
+    async with agent.running(broker=broker):
+        await reach(broker, "publish", "busy", '{"n": 1}')
+        await watcher.event("accepted", topic="busy")
+        waited = await reach(
+            broker,
+            "publish",
+            "busy",
+            '{"n": 2}',
+            "--wait",
+            "--ack-ms",
+            "500",
+            "--message-id",
+            "busy-2",
+        )
+        gate.set()
+        await watcher.event("completed", message_id="busy-2")
+    assert waited.returncode == 1
+    assert "no agent acknowledged 'busy' within 500 ms" in waited.stderr
+    assert "busy-2 may still run" in waited.stderr and "--message-id busy-2" in waited.stderr
+
+
 async def test_agents_and_dlq_commands(broker, coordinator, watcher):
     """`reach agents` lists cards; `reach dlq list|show` shows dead letters."""
     async with worker().running(broker=broker):
