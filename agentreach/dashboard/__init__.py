@@ -3,6 +3,7 @@
 
 - :mod:`.views`: what is shown, kept current from the broker (read only);
 - :mod:`.history`: the five metrics over time, from the dashboard's own fold of the events;
+- :mod:`.alerts`: the rules of ``alerts.yml`` for those five, judged over that history;
 - :mod:`.sections`, :mod:`.trace`: the snapshot's sections and a message's stages as JSON;
 - :mod:`.server`: the HTTP API and the page (``index.html``); :mod:`.top`: the terminal;
 - :mod:`.hosts`: the ``Host`` names it answers to (against DNS rebinding).

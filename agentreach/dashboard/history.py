@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from agentreach.coordinator.observability.flow import LATENCY_BUCKETS
 from agentreach.envelopes import Event
@@ -32,25 +33,6 @@ class Bucket:
     isolated: int | None = None
 
 
-@dataclass(frozen=True)
-class Threshold:
-    op: str
-    value: float
-    for_s: int
-    text: str
-
-    def crossed(self, value: float, previous: float | None = None) -> bool:
-        limit = self.value * previous if previous is not None else self.value
-        return value < limit if self.op == "<" else value > limit
-
-
-THRESHOLDS = {
-    "success_rate": Threshold("<", 0.995, 120, "< 99.5 % for 2 min"),
-    "p99_latency": Threshold(">", 1.3, 300, "> 1.3 x the period before, for 5 min"),
-    "queue_fill": Threshold(">", 0.5, 180, "> 50 % of capacity for 3 min"),
-    "retry_rate": Threshold(">", 0.05, 120, "> 5 % for 2 min"),
-    "isolated_agents": Threshold(">", 0, 0, "> 0, at once"),
-}
 LABELS = {
     "success_rate": ("Success rate", "ratio"),
     "p99_latency": ("P99 reach latency", "seconds"),
@@ -104,19 +86,30 @@ class History:
         first, last = int(start_ms // self.step_ms) + 1, int(end_ms // self.step_ms)
         return [b for k, b in self._buckets.items() if first <= k <= last]
 
-    def values(self, at_ms: int) -> dict[str, float | None]:
-        """The five metrics as they were at ``at_ms`` (and the previous P99)."""
+    def values(self, at_ms: int) -> dict[str, Any]:
+        """The five metrics as they were at ``at_ms``, with what the alerts and the details
+        need: the previous P99, the counts of 5 min, the completions of both P99 periods."""
         recent = self._range(at_ms - RATE_WINDOW_MS, at_ms)
+        completed = sum(b.completed for b in recent)
         finished = sum(b.finished for b in recent)
+        retries = sum(b.retries for b in recent)
         dispatches = sum(b.dispatches for b in recent)
+        period = self._range(at_ms - self.period_ms, at_ms)
+        before = self._range(at_ms - 2 * self.period_ms, at_ms - self.period_ms)
         latest = self._sampled_at(at_ms)
         return {
-            "success_rate": sum(b.completed for b in recent) / finished if finished else None,
-            "p99_latency": self._p99(at_ms - self.period_ms, at_ms),
-            "previous": self._p99(at_ms - 2 * self.period_ms, at_ms - self.period_ms),
+            "success_rate": completed / finished if finished else None,
+            "p99_latency": _p99(period),
+            "previous": _p99(before),
             "queue_fill": latest.queue_fill,
-            "retry_rate": sum(b.retries for b in recent) / dispatches if dispatches else None,
+            "retry_rate": retries / dispatches if dispatches else None,
             "isolated_agents": latest.isolated,
+            "completed": completed,
+            "finished": finished,
+            "retries": retries,
+            "dispatches": dispatches,
+            "period_completed": sum(sum(b.latency) for b in period),
+            "before_completed": sum(sum(b.latency) for b in before),
         }
 
     def _sampled_at(self, at_ms: int) -> Bucket:
@@ -128,41 +121,39 @@ class History:
                 return bucket
         return Bucket()
 
-    def _p99(self, start_ms: float, end_ms: float) -> float | None:
-        counts = [0] * (len(LATENCY_BUCKETS) + 1)
-        for bucket in self._range(start_ms, end_ms):
-            counts = [a + b for a, b in zip(counts, bucket.latency, strict=True)]
-        return quantile(0.99, counts)
+    def rows(self, now_ms: int) -> list[tuple[int, dict[str, Any]]]:
+        """:meth:`values` at every step of the chart window, oldest first."""
+        end = (now_ms // self.step_ms) * self.step_ms
+        times = range(end - self.window_ms + self.step_ms, end + 1, self.step_ms)
+        return [(t, self.values(t)) for t in times]
 
     def points(self, now_ms: int) -> dict[str, list[list[float | None]]]:
         """Each metric at every step of the chart window, oldest first."""
-        end = (now_ms // self.step_ms) * self.step_ms
-        times = range(end - self.window_ms + self.step_ms, end + 1, self.step_ms)
-        rows = [(t, self.values(t)) for t in times]
-        return {key: [[t, v[key]] for t, v in rows] for key in KEYS}
+        return chart(self.rows(now_ms))
 
 
-def judge(
-    key: str, points: list[list[float | None]], previous: float | None
-) -> tuple[str, float | None]:
-    """ok, pending, firing or no_data, as the alert rule would say of these points; and
-    since when the threshold is crossed."""
-    threshold = THRESHOLDS[key]
-    if not points or points[-1][1] is None:
-        return "no_data", None
-    if key == "p99_latency" and previous is None:
-        return "ok", None  # nothing to compare with yet
-    held_from = None
-    for t, value in reversed(points):
-        if value is None or not threshold.crossed(
-            value, previous if key == "p99_latency" else None
-        ):
-            break
-        held_from = t
-    if held_from is None:
-        return "ok", None
-    held_s = (points[-1][0] - held_from) / 1000  # type: ignore[operator]
-    return ("firing" if held_s >= threshold.for_s else "pending"), held_from
+def chart(rows: list[tuple[int, dict[str, Any]]]) -> dict[str, list[list[float | None]]]:
+    """The points of each metric, from :meth:`History.rows`."""
+    return {key: [[t, v[key]] for t, v in rows] for key in KEYS}
+
+
+def _p99(buckets: list[Bucket]) -> float | None:
+    counts = [0] * (len(LATENCY_BUCKETS) + 1)
+    for bucket in buckets:
+        counts = [a + b for a, b in zip(counts, bucket.latency, strict=True)]
+    return quantile(0.99, counts)
+
+
+def shown(key: str, value: float | None) -> str:
+    """``value`` of metric ``key`` as the page and ``reach top`` show it: ``58.0 %``."""
+    if value is None:
+        return "—"
+    unit = LABELS[key][1]
+    if unit == "ratio":
+        return f"{value * 100:.{2 if key == 'success_rate' else 1}f} %"
+    if unit == "seconds":
+        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+    return str(round(value))
 
 
 def quantile(q: float, counts: list[int]) -> float | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from agentreach.dashboard.history import shown
+
 STATE_MARK = {"ok": "ok", "pending": "PENDING", "firing": "FIRING", "no_data": "no data"}
 
 
@@ -22,7 +24,7 @@ def render(snapshot: dict[str, Any]) -> str:
         since = dt.datetime.fromtimestamp(system["stale_since_ms"] / 1000).strftime("%H:%M:%S")
         lines.insert(1, f"  NOT LIVE: it {system['stale_why']}; what follows is as of {since}")
     for entry in snapshot["metrics"]["series"].values():
-        value = _value(entry)
+        value = shown(entry["key"], entry["value"])
         mark = STATE_MARK.get(entry["state"], entry["state"])
         lines.append(
             f"  {entry['label']:<18} {value:>9}  {mark:<8} alert {entry['threshold']['text']:<34}"
@@ -33,17 +35,6 @@ def render(snapshot: dict[str, Any]) -> str:
     lines += ["", _agents(snapshot["agents"]), "", _letters(snapshot["dead_letters"])]
     lines.append(_workflows(snapshot["workflows"]))
     return "\n".join(lines)
-
-
-def _value(entry: dict[str, Any]) -> str:
-    value = entry["value"]
-    if value is None:
-        return "—"
-    if entry["unit"] == "ratio":
-        return f"{value * 100:.{2 if entry['key'] == 'success_rate' else 1}f} %"
-    if entry["unit"] == "seconds":
-        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
-    return str(round(value))
 
 
 def _agents(agents: list[dict[str, Any]]) -> str:

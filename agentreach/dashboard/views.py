@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,7 +22,8 @@ from agentreach.coordinator.observability.census import _follow
 from agentreach.coordinator.protection.queues import QueueConfig, QueueDepths
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.dashboard import sections
-from agentreach.dashboard.history import KEYS, LABELS, THRESHOLDS, History, judge
+from agentreach.dashboard.alerts import RULES, firing, judge
+from agentreach.dashboard.history import KEYS, LABELS, History, chart
 from agentreach.envelopes import (
     PRIORITIES,
     DeadLetter,
@@ -40,13 +40,6 @@ log = structlog.get_logger("dashboard")
 
 RECENT_LETTERS = 50
 REFRESH_S = 2.0
-ALERT_NAMES = {
-    "success_rate": ("ReachSuccessRateLow", "critical"),
-    "p99_latency": ("ReachLatencyP99Up", "warning"),
-    "queue_fill": ("ReachQueueDepthHigh", "warning"),
-    "retry_rate": ("ReachRetryRateHigh", "warning"),
-    "isolated_agents": ("ReachAgentsIsolated", "critical"),
-}
 
 
 class Heartbeats:
@@ -225,14 +218,14 @@ class Board:
 
     def metrics(self, *, full: bool) -> dict[str, Any]:
         now = now_ms()
-        points = self.history.points(now)
+        rows = self.history.rows(now)
+        points = chart(rows)
         values = self.history.values(now)
         _, worst = self._worst_queue()
         series = {}
         for key in KEYS:
             label, unit = LABELS[key]
-            threshold = THRESHOLDS[key]
-            state, since = judge(key, points[key], values["previous"])
+            state, since = judge(key, rows)
             entry: dict[str, Any] = {
                 "key": key,
                 "label": label,
@@ -240,7 +233,7 @@ class Board:
                 "value": values[key],
                 "state": state,
                 "since_ms": since,
-                "threshold": dataclasses.asdict(threshold),
+                "threshold": RULES[key].threshold(key),
                 "detail": self._detail(key, values, worst),
             }
             if key == "p99_latency":
@@ -261,17 +254,24 @@ class Board:
         }
 
     def _detail(self, key: str, values: dict[str, Any], worst: dict[str, Any] | None) -> str:
+        """The counts behind a value, in one line: ``"1,532 of 1,534 completed, 5 min"``."""
         match key:
-            case "success_rate" | "retry_rate":
-                return (
-                    "over the last 5 min"
-                    if values[key] is not None
-                    else "nothing finished in 5 min"
-                )
+            case "success_rate":
+                if not values["finished"]:
+                    return "nothing finished in 5 min"
+                return f"{values['completed']:,} of {values['finished']:,} completed, 5 min"
+            case "retry_rate":
+                if not values["dispatches"]:
+                    return "nothing dispatched in 5 min"
+                retries, dispatches = values["retries"], values["dispatches"]
+                return f"{retries:,} retries of {dispatches:,} dispatches, 5 min"
             case "p99_latency":
                 period_s = self.history.period_ms / 1000
                 period = f"{period_s / 60:g} min" if period_s >= 60 else f"{period_s:g} s"
-                return f"intake → completed, last {period}"
+                done, needed = values["period_completed"], RULES[key].min_completed
+                if done < needed:
+                    return f"{done:,} completed in {period}: too few to judge (< {needed})"
+                return f"{done:,} completed in {period}, {values['before_completed']:,} before"
             case "queue_fill":
                 if worst is None:
                     return "no agent running"
@@ -283,22 +283,7 @@ class Board:
                 return ", ".join(isolated) if isolated else "none"
 
     def alerts(self, metrics: dict[str, Any]) -> list[dict[str, Any]]:
-        found = []
-        for key, entry in metrics["series"].items():
-            if entry["state"] != "firing":
-                continue
-            name, severity = ALERT_NAMES[key]
-            why = f"{entry['detail']} ({entry['threshold']['text']})"
-            found.append(
-                {
-                    "name": name,
-                    "metric": key,
-                    "severity": severity,
-                    "since_ms": entry["since_ms"],
-                    "summary": f"{entry['label']}: {why}",
-                }
-            )
-        return found
+        return firing(metrics["series"])
 
     def system(self) -> dict[str, Any]:
         stale_since, stale_why = self.staleness()

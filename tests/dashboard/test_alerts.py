@@ -1,0 +1,165 @@
+"""The dashboard's alerts are the rules of deploy/prometheus/alerts.yml, judged over its own
+history: same thresholds, `for` and guards; summaries that carry the value."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agentreach.broker import Broker
+from agentreach.dashboard import Board, History
+from agentreach.dashboard.alerts import RULES, judge
+from agentreach.envelopes import Event, now_ms
+
+ALERTS_YML = Path(__file__).parents[2] / "deploy" / "prometheus" / "alerts.yml"
+COMPARISON = re.compile(r"(?<![=!<>])(>=|<=|<|>)\s*(\d+(?:\.\d+)?)")
+
+
+def rules_in_yml() -> dict[str, dict[str, Any]]:
+    groups = msgspec.yaml.decode(ALERTS_YML.read_bytes())["groups"]
+    five = next(g for g in groups if g["name"] == "reach-five-metrics")
+    return {rule["alert"]: rule for rule in five["rules"] if "alert" in rule}
+
+
+def seconds(duration: str | None) -> int:
+    if duration is None:
+        return 0
+    number, unit = int(duration[:-1]), duration[-1]
+    return number * {"s": 1, "m": 60, "h": 3600}[unit]
+
+
+def test_each_alert_has_the_threshold_for_and_guard_of_its_rule_in_alerts_yml():
+    """Every alert of the five metrics in alerts.yml is judged by the dashboard, with the
+    rule's comparison, `for` and severity, and the P99's completions guard (of the period
+    judged, not of the one before): a change to one side fails here until both agree."""
+    found = rules_in_yml()
+    assert {rule.alert for rule in RULES.values()} == set(found)
+    for key, rule in RULES.items():
+        yml = found[rule.alert]
+        comparisons = [(op, float(n)) for op, n in COMPARISON.findall(yml["expr"])]
+        assert comparisons[0] == (rule.op, rule.value), (key, yml["expr"])
+        guards = [(">=", float(rule.min_completed))] if rule.min_completed else []
+        assert comparisons[1:] == guards, (key, yml["expr"])
+        assert seconds(yml.get("for")) == rule.for_s, key
+        assert yml["labels"]["severity"] == rule.severity, key
+    guard = found["ReachLatencyP99Up"]["expr"].split("and on ()")[1]
+    assert "increase(reach_latency_seconds_count[1h])" in guard and "offset" not in guard
+
+
+def test_thresholds_are_said_from_the_numbers_judged():
+    """The text shown beside each metric is made from the rule, so it cannot drift."""
+    assert [rule.text(key) for key, rule in RULES.items()] == [
+        "< 99.5 % for 2 min",
+        "> 1.3 x the period before, for 5 min, of ≥ 100 completions",
+        "> 50 % of capacity for 3 min",
+        "> 5 % for 2 min",
+        "> 0, at once",
+    ]
+
+
+def test_alert_states_wait_out_their_for():
+    """Held for less than `for`: pending; for longer: firing; isolated fires at once."""
+    step = 10_000
+
+    def rows(key: str, *values: float | None, **more: Any) -> list[tuple[int, dict]]:
+        return [(i * step, {key: v, **more}) for i, v in enumerate(values)]
+
+    low = rows("success_rate", *[0.9] * 20)  # 190 s below 99.5 %
+    assert judge("success_rate", low[:10])[0] == "pending"  # 90 s < 2 min
+    assert judge("success_rate", low) == ("firing", 0)
+    assert judge("isolated_agents", rows("isolated_agents", 0, 1))[0] == "firing"
+    assert judge("retry_rate", rows("retry_rate", None))[0] == "no_data"
+    slower = {"previous": 1.0, "period_completed": 100}
+    assert judge("p99_latency", rows("p99_latency", 2.0, **slower))[0] == "pending"
+    assert judge("p99_latency", rows("p99_latency", 1.2, **slower))[0] == "ok"
+
+
+def completed(at_ms: int, latency_ms: int) -> Event:
+    return Event(
+        v=1,
+        event="completed",
+        message_id="m",
+        trace_id="t",
+        topic="x",
+        received_ms=at_ms - latency_ms,
+    )
+
+
+def event(kind: str, *, attempt: int = 1, **detail: object) -> Event:
+    return Event(
+        v=1, event=kind, message_id="m", trace_id="t", topic="x", attempt=attempt, detail=detail
+    )
+
+
+@contextlib.asynccontextmanager
+async def board_of(broker: Broker) -> AsyncIterator[Board]:
+    async with Board(broker, History(step_s=10, window_s=600, period_s=600)) as board:
+        yield board
+
+
+async def test_p99_is_not_judged_on_fewer_than_100_completions(broker: Broker):
+    """21 slow completions after 21 fast ones, held for more than 5 min: the rule's guard
+    (>= 100 completions in the period) keeps it quiet, and the detail says why; with 121
+    it fires, since the condition held plus its 5 min."""
+    async with board_of(broker) as board:
+        now = now_ms()
+
+        def fold(count: int, at_ms: int, latency_ms: int) -> None:
+            for _ in range(count):
+                board.history.fold(completed(at_ms, latency_ms), at_ms)
+
+        fold(21, now - 1_100_000, 40)  # the period before: fast
+        for back_s in range(580, 330, -12):  # the last period: 21 slow ones
+            fold(1, now - back_s * 1000, 2_000)
+        few = board.metrics(full=False)["series"]["p99_latency"]
+        quiet = board.alerts(board.metrics(full=False))
+        for back_s in range(580, 330, -50):
+            fold(20, now - back_s * 1000, 2_000)
+        metrics = board.metrics(full=False)
+        many = metrics["series"]["p99_latency"]
+        alerts = board.alerts(metrics)
+    assert few["state"] == "ok" and quiet == []
+    assert few["detail"] == "21 completed in 10 min: too few to judge (< 100)"
+    assert many["state"] == "firing"
+    assert many["detail"] == "121 completed in 10 min, 21 before"
+    (alert,) = alerts
+    assert alert["name"] == "ReachLatencyP99Up" and alert["severity"] == "warning"
+    assert alert["since_ms"] == many["since_ms"] + 300_000  # firing since, not pending since
+    assert re.fullmatch(
+        r"P99 reach latency: 2\.\d\d s, \d+\.\d\d x the period before"
+        r" \(> 1\.3 x the period before, for 5 min, of ≥ 100 completions\)",
+        alert["summary"],
+    ), alert["summary"]
+
+
+async def test_summaries_carry_the_value_and_details_the_counts(broker: Broker):
+    """As docs/dashboard.md shows them: "Queue depth: 58.0 % (> 50 % of capacity for
+    3 min)", "1,532 of 1,534 completed, 5 min"; an alert's since_ms is when it began
+    firing, so the banner's "for N min" counts from there."""
+    async with board_of(broker) as board:
+        now = now_ms()
+        history = board.history
+        for _ in range(1_532):
+            history.fold(completed(now - 100_000, 50), now - 100_000)
+        for _ in range(2):
+            history.fold(event("dead_lettered", reason="expired"), now - 100_000)
+        for i in range(240):  # 24 of them retries, from 250 s ago
+            history.fold(event("routed", attempt=2 if i < 24 else 1), now - 250_000)
+        for back_s in range(240, -1, -2):  # the fullest queue at 58 % for 4 min
+            history.sample(now - back_s * 1000, queue_fill=0.58, isolated=0)
+        metrics = board.metrics(full=True)
+        alerts = {a["metric"]: a for a in board.alerts(metrics)}
+    series = metrics["series"]
+    assert series["success_rate"]["detail"] == "1,532 of 1,534 completed, 5 min"
+    assert series["success_rate"]["state"] == "ok"  # 99.87 %
+    assert series["retry_rate"]["detail"] == "24 retries of 240 dispatches, 5 min"
+    assert set(alerts) == {"queue_fill", "retry_rate"}
+    assert alerts["queue_fill"]["summary"] == "Queue depth: 58.0 % (> 50 % of capacity for 3 min)"
+    assert alerts["retry_rate"]["summary"] == "Retry rate: 10.0 % (> 5 % for 2 min)"
+    for key, held_s in (("queue_fill", 180), ("retry_rate", 120)):
+        assert alerts[key]["since_ms"] == series[key]["since_ms"] + held_s * 1000
