@@ -22,7 +22,7 @@ from agentreach import envelopes
 from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
-from agentreach.agents.handlers import call, error_info
+from agentreach.agents.handlers import call, error_info, sendable
 from agentreach.agents.slots import LatencyEstimate, Room
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, PayloadUnavailable
 from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, reply, reported_raw
@@ -231,7 +231,7 @@ class Executor:
         try:
             async with job.delivery.kept_alive(self.agent.ack_wait / 2):
                 payload = await self.claim_check.payload_of(task)  # a claim-checked one is fetched
-                result = await call(spec, ctx, payload, deadline, overrun=overrun)
+                result = sendable(await call(spec, ctx, payload, deadline, overrun=overrun))
                 # Stowed before it is recorded: the record and the reply stay small.
                 result, ref = await self.claim_check.stow_result(task, result)
         except PayloadUnavailable as exc:

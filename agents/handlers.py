@@ -1,4 +1,5 @@
-"""Calling a handler within its deadline, and the error a failure of it is reported as.
+"""Calling a handler within its deadline, checking that its result can be sent, and the
+error a failure of either is reported as.
 
 An ``async def`` handler runs on the event loop and is cancelled when its deadline passes. A
 plain function runs in a worker thread, which cannot be stopped: one past its deadline is
@@ -14,8 +15,10 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import structlog
 
+from agentreach import envelopes
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import Deadline
 from agentreach.agents.errors import PermanentError
@@ -59,8 +62,26 @@ async def _in_thread(
         return await running
 
 
+class InvalidResult(Exception):
+    """The handler returned a value that cannot be sent as JSON. Running it again would
+    repeat its work (and its side effects) for the same result: it is not retried."""
+
+
+def sendable(result: Any) -> Any:
+    """``result``, when it can be encoded as JSON; else InvalidResult, saying why."""
+    try:
+        envelopes.encode(result)
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
+        raise InvalidResult(
+            f"the handler's result could not be sent: it cannot be encoded as JSON ({exc})"
+        ) from exc
+    return result
+
+
 def error_info(exc: Exception, deadline_ms: int) -> ErrorInfo:
     """How a handler's failure is reported: its class name, message, and whether to retry."""
+    if isinstance(exc, InvalidResult):
+        return ErrorInfo(type="invalid_result", message=str(exc), retryable=False)
     if isinstance(exc, TimeoutError):
         return ErrorInfo(
             type="deadline_exceeded", message=f"handler ran past {deadline_ms} ms", retryable=True

@@ -235,5 +235,30 @@ async def test_child_tasks_carry_the_trace_and_what_is_left_of_the_budget(
     assert child.detail["result"]["from"] == "parent-1"
 
 
+async def test_a_result_that_cannot_be_encoded_fails_once_as_invalid_result(
+    broker, coordinator, watcher
+):
+    """A handler that returns what JSON cannot carry ran, and would run the same way again:
+    it fails once, not retried, as invalid_result, saying it was the result that failed."""
+    agent = Agent("unsendable-1", startup_delay=0)
+    runs: list[int] = []
+
+    @agent.handler("unsendable")
+    async def unsendable(ctx: TaskContext, payload: dict) -> dict:
+        runs.append(ctx.attempt)
+        return {"when": object()}
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        with pytest.raises(TaskFailed) as caught:
+            await client.invoke("unsendable", {})
+        letter = await watcher.dead_letter("rejected", topic="unsendable")
+    error = caught.value.error
+    assert (error.type, error.retryable) == ("invalid_result", False)
+    assert error.message.startswith("the handler's result could not be sent")
+    assert "Encoding objects of type object is unsupported" in error.message
+    assert runs == [1]
+    assert [e.event for e in letter.trace] == ["routed", "accepted", "failed"]
+
+
 async def _noop(ctx: TaskContext, payload: object) -> object:
     return payload

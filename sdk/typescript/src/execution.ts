@@ -13,11 +13,12 @@ import { decodeTask, encode, nowMs, stableId } from "./codec.js";
 import { fromHeaders } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { TaskContext } from "./context.js";
-import { DecodeError, PermanentError, ReachError } from "./errors.js";
+import { DecodeError } from "./errors.js";
 import type { Claim, Claimed, Claims, Outcome } from "./claims.js";
 import { PayloadUnavailable } from "./claimcheck.js";
 import type { ClaimCheck } from "./claimcheck.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
+import { DeadlineExceeded, errorInfo, failure, sendable } from "./failures.js";
 import { about, emit, eventFor, reply, reportedRaw } from "./lifecycle.js";
 import type { Logger } from "./log.js";
 import { LatencyEstimate } from "./slots.js";
@@ -191,12 +192,8 @@ export class Executor {
 
   /** Say *in progress* on the delivery every half ack wait, until the returned function is called. */
   private keepAlive(msg: JsMsg): () => void {
-    const keepalive = setInterval(() => quietly(() => msg.working()), this.keepAliveMs);
+    const keepalive = setInterval(() => quietly(() => msg.working()), Math.max(100, this.ackWaitMs / 2));
     return () => clearInterval(keepalive);
-  }
-
-  private get keepAliveMs(): number {
-    return Math.max(100, this.ackWaitMs / 2);
   }
 
   /**
@@ -270,7 +267,7 @@ export class Executor {
       const handled = Promise.resolve()
         .then(() => this.claimCheck.payloadOf(task))
         .then((payload) => spec.fn(ctx, payload));
-      const returned = await Promise.race([handled, passed]);
+      const returned = sendable(await Promise.race([handled, passed]));
       // Stowed before it is recorded: the record and the reply stay small.
       const [result, resultRef] = await this.claimCheck.stowResult(task, returned);
       const durationMs = Math.floor(performance.now() - started);
@@ -384,30 +381,6 @@ export class Executor {
     };
     await emit(this.conn, eventFor(stub, "failed", this.agentId, detail), this.agentId);
   }
-}
-
-class DeadlineExceeded extends ReachError {
-  override name = "DeadlineExceeded";
-  constructor(readonly deadlineMs: number) {
-    super(`handler ran past ${deadlineMs} ms`);
-  }
-}
-
-/** An ErrorInfo, every field written (no `retry_after_ms`: that is the coordinator's). */
-function failure(type: string, message: string, retryable: boolean): ErrorInfo {
-  return { type, message, retryable, retry_after_ms: null };
-}
-
-/** How a handler failure is reported: its class name, message, and whether to retry. */
-export function errorInfo(err: unknown): ErrorInfo {
-  if (err instanceof DeadlineExceeded) {
-    return failure("deadline_exceeded", err.message, true);
-  }
-  if (err instanceof Error) {
-    const type = err.constructor?.name || err.name || "Error";
-    return failure(type, err.message || type, !(err instanceof PermanentError));
-  }
-  return failure("Error", String(err), true);
 }
 
 /** Run `action`, ignoring a throw (a settle on a connection that is gone). */

@@ -198,6 +198,40 @@ describe("serving tasks", () => {
   });
 });
 
+describe("results", () => {
+  it("fails a result JSON cannot carry (a BigInt, a cycle) once, not retried, as invalid_result", async () => {
+    const topic = unique("unsendable");
+    let calls = 0;
+    await started(
+      newAgent(unique("ts-unsendable")).handler(topic, (_ctx, p: { kind: string }) => {
+        calls += 1;
+        if (p.kind === "bigint") return { total: 10n };
+        const cycle: Record<string, unknown> = {};
+        cycle.self = cycle;
+        return cycle;
+      }),
+    );
+    const dlq = new Watcher<DeadLetter>(stack.nc, `reach.dlq.rejected.${topic}`);
+    for (const [kind, why] of [["bigint", "BigInt"], ["cycle", "circular"]] as const) {
+      const t = task(topic, { kind });
+      const events = eventsOf(stack, t.message_id);
+      const replies = await send(stack, t);
+      const letter = await dlq.next((d) => d.message_id === t.message_id, 15_000);
+      const failed = await events.next((e) => e.event === "failed");
+      const error = failed.detail.error as { type: string; message: string; retryable: boolean };
+      assert.equal(error.type, "invalid_result");
+      assert.equal(error.retryable, false);
+      assert.match(error.message, /^the handler's result could not be sent: it cannot be encoded as JSON/);
+      assert.ok(error.message.includes(why), error.message);
+      assert.equal(letter.attempts, 1);
+      replies.close();
+      events.close();
+    }
+    assert.equal(calls, 2); // once each
+    dlq.close();
+  });
+});
+
 describe("claim check and trace context", () => {
   const BIG = "x".repeat(300_000); // over the 256 KiB threshold, under NATS's 1 MiB
   const TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

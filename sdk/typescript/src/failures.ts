@@ -1,0 +1,55 @@
+/**
+ * What a handler's failure is reported as (protocol §10.8): its class name, message, and
+ * whether to retry; the deadline passing, and a result that cannot be sent, have types of
+ * their own.
+ */
+
+import { PermanentError, ReachError } from "./errors.js";
+import type { ErrorInfo } from "./types.js";
+
+/** The handler's deadline passed (it is told through `ctx.signal`). */
+export class DeadlineExceeded extends ReachError {
+  override name = "DeadlineExceeded";
+  constructor(readonly deadlineMs: number) {
+    super(`handler ran past ${deadlineMs} ms`);
+  }
+}
+
+/**
+ * The handler returned a value that cannot be sent as JSON (a BigInt, a cycle, a function).
+ * Running it again would repeat its work, and its side effects, for the same result: it is
+ * not retried.
+ */
+export class InvalidResult extends ReachError {
+  override name = "InvalidResult";
+}
+
+/** `result`, when it can be encoded as JSON; else an InvalidResult saying why. */
+export function sendable(result: unknown): unknown {
+  let json: string | undefined;
+  try {
+    json = JSON.stringify(result ?? null);
+  } catch (err) {
+    throw new InvalidResult(`the handler's result could not be sent: it cannot be encoded as JSON (${String((err as Error)?.message ?? err)})`);
+  }
+  if (json === undefined) {
+    throw new InvalidResult(`the handler's result could not be sent: it cannot be encoded as JSON (a ${typeof result} has no JSON form)`);
+  }
+  return result;
+}
+
+/** An ErrorInfo, every field written (no `retry_after_ms`: that is the coordinator's). */
+export function failure(type: string, message: string, retryable: boolean): ErrorInfo {
+  return { type, message, retryable, retry_after_ms: null };
+}
+
+/** How a handler failure is reported: its class name, message, and whether to retry. */
+export function errorInfo(err: unknown): ErrorInfo {
+  if (err instanceof DeadlineExceeded) return failure("deadline_exceeded", err.message, true);
+  if (err instanceof InvalidResult) return failure("invalid_result", err.message, false);
+  if (err instanceof Error) {
+    const type = err.constructor?.name || err.name || "Error";
+    return failure(type, err.message || type, !(err instanceof PermanentError));
+  }
+  return failure("Error", String(err), true);
+}
