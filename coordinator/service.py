@@ -130,7 +130,9 @@ class Coordinator:
         )
         self.quotas = CallerQuotas(broker, config.rate_limits)
         self.registry = new_registry()
-        self.flow = FlowMetrics(self.registry, self._serves)
+        self.flow = FlowMetrics(
+            self.registry, self._serves, topics=self._topics, workflows=lambda: self.workflows.specs
+        )
         self.census = WorkflowCensus(broker)
         self.readiness = Readiness(broker)
         self._sampled = Sampled(broker)
@@ -323,6 +325,10 @@ class Coordinator:
     def _serves(self, topic: str) -> bool:
         """Whether an agent or a workflow serves ``topic`` (it may be a metric label)."""
         return bool(self.directory.serving(topic)) or self.workflows.serves(topic)
+
+    def _topics(self) -> set[str]:
+        """Every topic an agent's card lists: its metric series exist before its first task."""
+        return {intent for card in self.directory.cards.values() for intent in card.intents}
 
     def status(self) -> dict[str, object]:
         """What ``reach.ctl.status`` answers: this replica, and whether it is ready."""

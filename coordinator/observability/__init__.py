@@ -22,8 +22,9 @@ from agentreach.coordinator.observability.config import (
     MetricsConfig,
 )
 from agentreach.coordinator.observability.endpoint import Readiness, endpoint
-from agentreach.coordinator.observability.flow import FOLDED, FlowMetrics
+from agentreach.coordinator.observability.flow import FlowMetrics
 from agentreach.coordinator.observability.http import HttpServer
+from agentreach.coordinator.observability.labels import FOLDED
 from agentreach.coordinator.observability.state import Sampled, StateCollector, Views
 
 __all__ = [

@@ -14,64 +14,75 @@ it had fetched and not yet counted, a few milliseconds of it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector, Metric
 
 from agentreach.broker import Delivery
 from agentreach.broker.names import COORDINATOR
-from agentreach.envelopes import DecodeError, Event, decode_event, now_ms
+from agentreach.coordinator.observability.labels import (
+    ALERT_PROBLEMS,
+    BREAKER_EVENTS,
+    DEAD_LETTER_REASONS,
+    FOLDED,
+    OTHER_PROBLEM,
+    OTHER_TOPIC,
+    QUOTA,
+    REJECTIONS,
+    WORKFLOW_ENDS,
+    WORKFLOW_STATUSES,
+)
+from agentreach.envelopes import (
+    PRIORITIES,
+    DecodeError,
+    Event,
+    LivenessState,
+    decode_event,
+    now_ms,
+)
 
-OTHER_TOPIC = "_other"  # topics nobody serves: anyone may publish to reach.task.<anything>
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
-REJECTIONS = ("backpressure", "rate_limited", "circuit_open")
-QUOTA = "quota"  # the rejection kind of a caller over its quota: `rejected`, no dead letter
-ALERT_PROBLEMS = ("impersonation", "unresponsive")
-OTHER_PROBLEM = "other"
 # Kinds only the coordinator publishes. Another sender's (an agent's body of such a kind,
 # under a subject of its own) is not counted: an agent must not raise or fake an alert.
 COORDINATOR_ONLY = frozenset({"rejected", "alert"})
-BREAKER_EVENTS = {
-    "breaker_opened": ("intent", "open"),
-    "breaker_half_open": ("intent", "half_open"),
-    "breaker_closed": ("intent", "closed"),
-    "agent_isolated": ("agent", "open"),
-    "isolation_trial": ("agent", "half_open"),
-    "agent_restored": ("agent", "closed"),
-}
-WORKFLOW_ENDS = {"workflow_completed", "workflow_failed", "workflow_cancelled"}
-# What the fold is handed: progress, the bulkiest kind, is not among them.
-FOLDED = (
-    "routed",
-    "accepted",
-    "completed",
-    "failed",
-    "dead_lettered",
-    "late_result_rejected",
-    "rejected",
-    "alert",
-    "agent_state",
-    *BREAKER_EVENTS,
-    "workflow_started",
-    *sorted(WORKFLOW_ENDS),
-)
 
 
-class FlowMetrics:
-    """The counters and histograms of one replica, and the fold that feeds them."""
+class FlowMetrics(Collector):
+    """The counters and histograms of one replica, and the fold that feeds them.
 
-    def __init__(self, registry: CollectorRegistry, known_topic: Callable[[str], bool]) -> None:
+    Every counter series whose labels can be known before its first event is there at 0
+    as soon as they are: a series that first appears at 1 looks to ``rate()`` like one that
+    was always 1, so its first increase would be lost (every replica's, after every restart).
+    Closed label sets are created at once; those of a topic on an agent's card (``topics``)
+    or of a configured workflow (``workflows``) by the first collection that finds it.
+    Histograms by topic or workflow are not: 72 series a topic, more than its 47 counters,
+    for quantiles over an hour that one observation lost per restart does not move.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        known_topic: Callable[[str], bool],
+        *,
+        topics: Callable[[], Iterable[str]] = tuple,
+        workflows: Callable[[], Iterable[str]] = tuple,
+    ) -> None:
         self._known_topic = known_topic
+        self._topics, self._workflows = topics, workflows
+        self._primed: set[tuple[str, str]] = {("topic", OTHER_TOPIC)}
         self.last_stored_ms = 0
         self.behind = 0  # events the consumer still holds after the last one taken
         # Each series' child, found once: prometheus_client's labels() costs 1.5 µs a call,
         # a few per event (series are never removed, so a child stays valid).
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
-        r = registry
+        # The metrics live in a registry of their own, collected through this one, so that
+        # each collection can first create the series of topics that became known.
+        r = self._own = CollectorRegistry()
         self.finished = Counter(
             "reach_tasks_finished",
             "Tasks that reached a final state, by outcome (completed, or the dead-letter reason).",
@@ -135,8 +146,6 @@ class FlowMetrics:
             ["problem"],
             registry=r,
         )
-        for problem in ALERT_PROBLEMS:  # at 0 from the start: the first one is an increase
-            self._child(self.alerts, problem)
         self.late_results = Counter(
             "reach_late_results",
             "Results fenced off because the task was reassigned meanwhile.",
@@ -193,6 +202,64 @@ class FlowMetrics:
             registry=r,
         )
         self.feed_lag.set_function(self._lag_s)
+        self._prime_closed_sets()
+        self._prime_topic(OTHER_TOPIC)
+        registry.register(self)
+
+    # -- series at 0 ---------------------------------------------------------------------
+    def describe(self) -> Iterable[Metric]:
+        """The families, for the registry's check of duplicate names."""
+        return self._own.collect()
+
+    def collect(self) -> Iterable[Metric]:
+        """Every series, after creating at 0 those of topics and workflows new since the
+        last collection (a card registered meanwhile)."""
+        self.prime()
+        return self._own.collect()
+
+    def prime(self) -> None:
+        """Create at 0 the series of every topic and workflow known now (once each)."""
+        workflows = list(self._workflows())
+        for topic in (*self._topics(), *workflows):
+            if ("topic", topic) not in self._primed:
+                self._primed.add(("topic", topic))
+                self._prime_topic(topic)
+        for workflow in workflows:
+            if ("workflow", workflow) not in self._primed:
+                self._primed.add(("workflow", workflow))
+                self._prime_workflow(workflow)
+
+    def _prime_closed_sets(self) -> None:
+        for priority in PRIORITIES:
+            self._child(self.ack_latency, priority)
+            self._child(self.intake_lag, priority)
+        for problem in (*ALERT_PROBLEMS, OTHER_PROBLEM):
+            self._child(self.alerts, problem)
+        for state in get_args(LivenessState):
+            self._child(self.agent_transitions, state)
+        for scope_to in dict.fromkeys(BREAKER_EVENTS.values()):
+            self._child(self.breaker_transitions, *scope_to)
+        for kind in FOLDED:
+            self._child(self.folded, kind)
+
+    def _prime_topic(self, topic: str) -> None:
+        for priority in PRIORITIES:
+            for outcome in ("completed", *DEAD_LETTER_REASONS):
+                self._child(self.finished, topic, priority, outcome)
+            for metric in (self.dispatches, self.retries, self.received):
+                self._child(metric, topic, priority)
+        for reason in DEAD_LETTER_REASONS:
+            self._child(self.dead_letters, reason, topic)
+        for kind in (*REJECTIONS, QUOTA):
+            self._child(self.rejections, kind, topic)
+        for retryable in ("true", "false"):
+            self._child(self.attempts_failed, topic, retryable)
+        self._child(self.late_results, topic)
+
+    def _prime_workflow(self, workflow: str) -> None:
+        self._child(self.workflows_started, workflow)
+        for status in WORKFLOW_STATUSES:
+            self._child(self.workflows_finished, workflow, status)
 
     def _child(self, metric: MetricWrapperBase, *values: str) -> Any:
         """``metric.labels(*values)``, remembered."""

@@ -23,6 +23,7 @@ from agentreach.examples.failing import agent as failing_agent
 from agentreach.examples.summarize import agent as summarizer
 from tests.conftest import FAST
 from tests.scrape import http_get
+from tests.support import until_true
 
 DEPLOY = Path(__file__).parents[2] / "deploy" / "prometheus"
 
@@ -164,3 +165,39 @@ def _done(seen: dict) -> bool:
         and alerts.get("ReachAgentsIsolated") == "firing"
         and (alerts.get("ReachSuccessRateLow") in ("pending", "firing"))
     )
+
+
+async def test_the_first_failures_of_a_fresh_coordinator_reach_the_ratios(
+    broker, start_coordinator, watcher, tmp_path
+):
+    """README's walk-through on a fresh coordinator: 20 summarize tasks complete, then 5
+    unreliable ones are dead-lettered, each burst within a scrape or two. The series were
+    exported at 0 before the first task, so rate() sees every increase: the success ratio
+    drops to about 20/25 and ReachSuccessRateLow is on its way (it stayed 1, and silent,
+    while series first appeared at their value)."""
+    config = msgspec.structs.replace(FAST, metrics=MetricsConfig(port=0))
+    async with (
+        start_coordinator(config) as coordinator,
+        summarizer.running(broker=broker),
+        failing_agent.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        target = coordinator.metrics_url.removeprefix("http://").rstrip("/")
+        async with prometheus(target, tmp_path) as url:
+            zero = 'reach_tasks_finished_total{topic="unreliable",outcome="retries_exhausted"}'
+            await until_true(lambda: _query(url, zero), timeout=30)  # at 0 before any task
+            done = {(await client.publish("summarize", {"text": "A. B."}))[0] for _ in range(20)}
+            await watcher.until(lambda: watcher.count("completed", done) == 20 or None, "20")
+            failed = {(await client.publish("unreliable", {"n": 1}))[0] for _ in range(5)}
+            await watcher.until(lambda: watcher.count("dead_lettered", failed) == 5 or None, "5")
+            seen: dict[str, object] = {}
+            try:
+                async with asyncio.timeout(30):
+                    while seen.get("ReachSuccessRateLow") not in ("pending", "firing"):
+                        await asyncio.sleep(1)
+                        if ratio := await _query(url, "reach:success_ratio:rate5m"):
+                            seen["ratio"] = float(ratio[0]["value"][1])
+                        seen.update(await _alerts(url))
+            except TimeoutError:
+                raise AssertionError(f"the failures never reached the ratio: {seen}") from None
+    assert 0.7 < seen["ratio"] < 0.9  # 20 of 25, whatever rate() extrapolates

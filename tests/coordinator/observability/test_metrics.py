@@ -12,9 +12,11 @@ from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
 from agentreach.broker.lifecycle import agent_event, emit, event_for
 from agentreach.coordinator import Coordinator, CoordinatorConfig, RateLimits
+from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.coordinator.observability.http import HttpError
-from agentreach.envelopes import Event, RateLimit, Task
+from agentreach.coordinator.observability.labels import DEAD_LETTER_REASONS
+from agentreach.envelopes import PRIORITIES, Event, RateLimit, Task
 from tests.conftest import FAST
 from tests.scrape import http_get, scrape, total
 from tests.support import Watcher, until_true
@@ -206,3 +208,71 @@ async def test_impersonation_alerts_are_counted_and_forged_alerts_are_not(broker
     assert total(before, "reach_alerts_total", problem="unresponsive") == 0
     assert total(found, "reach_alerts_total", problem="impersonation") == 1
     assert total(found, "reach_alerts_total") == 1
+
+
+def at_zero(found: dict, topic: str) -> list[str]:
+    """What is missing or not 0 among the counter series of ``topic`` known before its
+    first task (empty when all are there at 0)."""
+    by_priority = (
+        "reach_retries_total",
+        "reach_dispatches_total",
+        "reach_tasks_received_total",
+    )
+    wanted = [(name, {"topic": topic, "priority": p}) for name in by_priority for p in PRIORITIES]
+    wanted += [
+        ("reach_tasks_finished_total", {"topic": topic, "priority": p, "outcome": outcome})
+        for p in PRIORITIES
+        for outcome in ("completed", *DEAD_LETTER_REASONS)
+    ]
+    wanted += [
+        ("reach_dead_letters_total", {"reason": r, "topic": topic}) for r in DEAD_LETTER_REASONS
+    ]
+    wanted += [
+        ("reach_rejections_total", {"kind": kind, "topic": topic})
+        for kind in ("backpressure", "rate_limited", "circuit_open", "quota")
+    ]
+    wanted += [
+        ("reach_attempts_failed_total", {"topic": topic, "retryable": "true"}),
+        ("reach_late_results_total", {"topic": topic}),
+    ]
+    missing = []
+    for name, labels in wanted:
+        value = found.get((name, tuple(sorted(labels.items()))))
+        if value != 0:
+            missing.append(f"{name}{labels}: {value}")
+    return missing
+
+
+async def test_known_series_are_exported_at_0_before_their_first_event(broker):
+    """rate() loses the first increase of a series that appears at 1, so a fresh replica
+    exports at 0 the series of every topic an agent's card lists (each outcome, retries,
+    rejections...), of `_other`, of each workflow and of the closed sets; a card
+    registered later adds its topic's at the next scrape, on every replica."""
+    good, bad = agents()
+    twice = wf.chain(wf.step("once", "double"), wf.step("again", "double"))
+    config = msgspec.structs.replace(WITH_METRICS, workflows={"twice": twice})
+    async with replica(broker, config) as first, good.running(broker=broker):
+        found = await until_true(lambda: _with_topic(first.metrics_url, "double"))
+        for topic in ("double", "twice", "_other"):
+            assert at_zero(found, topic) == [], topic
+        assert total(found, "reach_workflows_started_total", workflow="twice") == 0
+        for status in ("completed", "failed", "cancelled"):
+            key = (("status", status), ("workflow", "twice"))
+            assert found[("reach_workflows_finished_total", key)] == 0
+        assert found[("reach_alerts_total", (("problem", "other"),))] == 0
+        assert found[("reach_breaker_transitions_total", (("scope", "agent"), ("to", "open")))] == 0
+        assert ("reach_agent_transitions_total", (("state", "SUSPECT"),)) in found
+        assert ("reach_events_folded_total", (("event", "dead_lettered"),)) in found
+        assert ("reach_ack_latency_seconds_count", (("priority", "P0"),)) in found
+        assert total(found, "reach_dispatches_total") == 0  # no task was sent
+        async with bad.running(broker=broker), replica(broker, config) as second:
+            later = await until_true(lambda: _with_topic(first.metrics_url, "explode"))
+            assert at_zero(later, "explode") == []
+            other = await until_true(lambda: _with_topic(second.metrics_url, "explode"))
+            assert at_zero(other, "double") == at_zero(other, "explode") == []
+
+
+async def _with_topic(url: str, topic: str) -> dict | None:
+    found = await scrape(url)
+    listed = ("reach_retries_total", (("priority", "P1"), ("topic", topic)))
+    return found if listed in found else None

@@ -1,0 +1,46 @@
+"""The label values of the flow metrics that are known before any event: the closed sets
+(outcomes, rejection kinds, alert problems, event kinds...) that the series are created
+with at 0, and the label of a topic nobody serves."""
+
+from __future__ import annotations
+
+OTHER_TOPIC = "_other"  # topics nobody serves: anyone may publish to reach.task.<anything>
+# The reasons the coordinator dead-letters with (a routing rule's `dlq:` may name others).
+DEAD_LETTER_REASONS = (
+    "expired",
+    "retries_exhausted",
+    "no_route",
+    "rejected",
+    "invalid_envelope",
+    "workflow_failed",
+    "poison",
+)
+WORKFLOW_STATUSES = ("completed", "failed", "cancelled")
+REJECTIONS = ("backpressure", "rate_limited", "circuit_open")
+QUOTA = "quota"  # the rejection kind of a caller over its quota: `rejected`, no dead letter
+ALERT_PROBLEMS = ("impersonation", "unresponsive")
+OTHER_PROBLEM = "other"
+BREAKER_EVENTS = {
+    "breaker_opened": ("intent", "open"),
+    "breaker_half_open": ("intent", "half_open"),
+    "breaker_closed": ("intent", "closed"),
+    "agent_isolated": ("agent", "open"),
+    "isolation_trial": ("agent", "half_open"),
+    "agent_restored": ("agent", "closed"),
+}
+WORKFLOW_ENDS = {"workflow_completed", "workflow_failed", "workflow_cancelled"}
+# What the fold is handed: progress, the bulkiest kind, is not among them.
+FOLDED = (
+    "routed",
+    "accepted",
+    "completed",
+    "failed",
+    "dead_lettered",
+    "late_result_rejected",
+    "rejected",
+    "alert",
+    "agent_state",
+    *BREAKER_EVENTS,
+    "workflow_started",
+    *sorted(WORKFLOW_ENDS),
+)
