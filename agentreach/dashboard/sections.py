@@ -64,6 +64,7 @@ def _beat(beat: Any, now: int) -> dict[str, Any] | None:
         return None
     heartbeat, seen_ms = beat
     return {
+        "seen_ms": seen_ms,
         "age_ms": now - seen_ms,
         "interval_s": heartbeat.interval_s,
         "in_flight": heartbeat.in_flight,

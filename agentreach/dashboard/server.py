@@ -82,7 +82,7 @@ class DashboardApp:
             return f"id: {counter}\nevent: {name}\ndata: {body}\n\n".encode()
 
         snapshot = board.snapshot()
-        last = {name: json.dumps(snapshot[name]) for name in SECTIONS}
+        last = {name: _compared(name, snapshot[name]) for name in SECTIONS}
         yield b"retry: 3000\n\n" + event("snapshot", snapshot)
         loop = asyncio.get_running_loop()
         step_s = board.history.step_ms / 1000
@@ -105,7 +105,7 @@ class DashboardApp:
                 yield event("snapshot", board.snapshot())
                 continue
             for name, value in now.items():
-                text = json.dumps(value)
+                text = _compared(name, value)
                 if text != last[name]:
                     last[name] = text
                     yield event(name, value)
@@ -178,6 +178,17 @@ class DashboardApp:
             if letter.message_id == message_id:
                 return letter
         return None
+
+
+def _compared(name: str, section: Any) -> str:
+    """What must differ for ``section`` to be sent again. An agent's heartbeat ages at every
+    tick without anything changing: the page counts the age on from ``seen_ms`` itself."""
+    if name == "agents":
+        section = [
+            {**agent, "heartbeat": agent["heartbeat"] and {**agent["heartbeat"], "age_ms": 0}}
+            for agent in section
+        ]
+    return json.dumps(section)
 
 
 def _not_json(request: Request) -> str | None:

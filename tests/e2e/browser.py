@@ -55,6 +55,8 @@ FACTS_JS = """(() => {
     agents: [...document.querySelectorAll("[data-agent-id]")].map((el) => el.dataset.agentId),
     agentText: Object.fromEntries([...document.querySelectorAll("[data-agent-id]")]
       .map((el) => [el.dataset.agentId, el.textContent.replace(/\\s+/g, " ")])),
+    heartbeats: Object.fromEntries([...document.querySelectorAll("[data-agent-id]")]
+      .map((el) => [el.dataset.agentId, el.querySelector("[data-heartbeat]").textContent])),
     letters: document.querySelectorAll("[data-message-id]").length,
     replayButtons: document.querySelectorAll("[data-replay]").length,
     deadLetterReasons: [...document.querySelectorAll("[data-reason]")]

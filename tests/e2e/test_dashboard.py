@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,8 @@ async def test_the_dashboard_shows_a_running_system_live(broker, coordinator, wa
             assert facts["traceId"] == done[0][1]
             assert facts["metrics"]["isolated_agents"]["state"] == "firing"
             assert facts["letters"] >= 3 and facts["replayButtons"] >= 3
+            # counted on by the page from each heartbeat's seen_ms
+            assert all(re.fullmatch(r"\d+ s", t) for t in facts["heartbeats"].values()), facts
             assert shot.stat().st_size > 10_000
 
             letter = f"{server.url}api/dlq/{failed[0][0]}/replay"
