@@ -57,10 +57,11 @@ class Durations(msgspec.Struct, frozen=True, kw_only=True):
     """Milliseconds by phase, all from the broker's timestamps."""
 
     total: float = 0.0  # intake (or the first stage) to the end: the reach latency
-    intake: float = 0.0  # receipt to the first routing
-    queued: float = 0.0  # routed to accepted, summed over attempts
+    # The four phases add up to ``total`` (docs/metrics.md says where each starts and ends):
+    intake: float = 0.0  # receipt to the first routing (or the end, when never routed)
+    queued: float = 0.0  # routed to accepted (or the end: expired in a queue), summed
     executing: float = 0.0  # accepted to completed or failed, summed
-    retry_wait: float = 0.0  # failed to the next routing, summed
+    retry_wait: float = 0.0  # failed to the next routing (or the end), summed
 
 
 class AuditRecord(msgspec.Struct, frozen=True, kw_only=True, tag="audit", tag_field="kind"):
