@@ -10,7 +10,6 @@ capacity, retries ÷ dispatches over 5 minutes, isolated agents now.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,7 +176,3 @@ def _index(seconds: float) -> int:
         if seconds <= bound:
             return i
     return len(LATENCY_BUCKETS)
-
-
-def finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
