@@ -12,6 +12,7 @@ command line) can catch them all with one ``except ReachError``.
     ├── IntentError                 agentreach.coordinator.routing.intents
     │   └── ScorerUnavailable       a scorer's extra (or model wheel) is not installed
     ├── AgentConfigError            agentreach.agents: an Agent or handler declared wrongly
+    ├── InvalidArgument             a ReachClient call got a wrong argument (also a ValueError)
     ├── AgentIdInUse                another live process serves this agent_id
     ├── PermanentError              raised by a handler: do not retry this task
     ├── ManualReviewError           ManualReview: the item is gone, closed or held by another
