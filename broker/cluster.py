@@ -8,7 +8,9 @@
 
 Each node gets a config written beside its store (the command line has no server tags and
 no ``sync_interval``), in the form of ``deploy/nats/cluster/n1.conf``. Every node lists every
-route, so any two make a quorum and a node restarted alone finds the others.
+route, so any two make a quorum and a node restarted alone finds the others. The configs are
+written only once every store is held: a second cluster refused for a store in use must not
+leave the running one's nodes to come back, at their next restart, on its ports.
 """
 
 from __future__ import annotations
@@ -127,8 +129,16 @@ class EmbeddedCluster:
         if self._entered:
             raise EmbeddedServerError("this EmbeddedCluster was already started")
         self._entered = True
+        servers = [self._server(node) for node in range(self.size)]
         try:
-            await asyncio.gather(*(self._start(node) for node in range(self.size)))
+            for server in servers:  # every store free, or nothing is written
+                server.hold_store()
+        except EmbeddedServerError:
+            await asyncio.gather(*(server.stop() for server in servers))  # their locks
+            raise
+        self._servers[:] = servers
+        try:
+            await asyncio.gather(*(self._begin(node) for node in range(self.size)))
             await self.wait_healthy()
         except BaseException:
             await self.stop()
@@ -180,15 +190,30 @@ class EmbeddedCluster:
     async def _start(self, node: int) -> None:
         if self.running(node):
             raise EmbeddedServerError(f"node {self.node_name(node)} is running already")
+        self._servers[node] = self._server(node)
+        await self._begin(node)
+
+    async def _begin(self, node: int) -> None:
+        server = self._servers[node]
+        assert server is not None
+        try:
+            await server.__aenter__()
+        except BaseException:
+            self._servers[node] = None
+            await server.stop()  # the store it may hold
+            raise
+
+    def _server(self, node: int) -> EmbeddedServer:
+        """The node's server, not started: it writes its config (this cluster's ports) each
+        time it starts, restarts included, once it holds its store."""
         store = self.store_dir / self.node_name(node)
-        store.mkdir(parents=True, exist_ok=True)
-        config = store / "nats-server.conf"
-        config.write_text(self._config(node, store))
-        server = EmbeddedServer(
-            host=self.host, store_dir=store, ready_timeout=self.ready_timeout, config=config
+        return EmbeddedServer(
+            host=self.host,
+            store_dir=store,
+            ready_timeout=self.ready_timeout,
+            config=store / "nats-server.conf",
+            config_text=self._config(node, store),
         )
-        await server.__aenter__()
-        self._servers[node] = server
 
     def _config(self, node: int, store: Path) -> str:
         client, route, http = self._ports[node]

@@ -67,7 +67,10 @@ class EmbeddedServer:
 
     ``port=-1`` picks a free port; :attr:`url` tells which once it is ready. With
     ``config``, the server reads that file instead (listen address, store, cluster and
-    all); ``store_dir`` is then only where the store's lock is held.
+    all); ``store_dir`` is then only where the store's lock is held. ``config_text``, when
+    given, is written to ``config`` at every start, once the store is held: a start refused
+    for a store in use writes nothing, and a restart comes back on exactly these ports
+    whatever the file says meanwhile.
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class EmbeddedServer:
         store_dir: Path | str = DEFAULT_STORE_DIR,
         ready_timeout: float = 10.0,
         config: Path | None = None,
+        config_text: str | None = None,
         on_log: Callable[[str], None] | None = None,
     ) -> None:
         """``on_log`` gets each line the server logs."""
@@ -85,7 +89,10 @@ class EmbeddedServer:
         self.port = port
         self.store_dir = Path(store_dir)
         self.ready_timeout = ready_timeout
+        if config_text is not None and config is None:
+            raise EmbeddedServerError("config_text needs the config path to write it to")
         self.config = config
+        self._config_text = config_text
         self._on_log = on_log
         self.url = ""
         self._process: asyncio.subprocess.Process | None = None
@@ -99,10 +106,11 @@ class EmbeddedServer:
             raise EmbeddedServerError("this EmbeddedServer was already started")
         self._stopped = False
         binary = find_server_binary()
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_store()
+        self.hold_store()
         await self._stop_leftover()
         if self.config is not None:
+            if self._config_text is not None:
+                self.config.write_text(self._config_text)
             args = ["-c", str(self.config)]
         else:
             args = ["-js", "-a", self.host, "-p", str(self.port), "-sd", str(self.store_dir)]
@@ -200,7 +208,9 @@ class EmbeddedServer:
         return await self._process.wait()
 
     async def _released(self) -> None:
-        if self._lock is not None:  # the pid file is ours while we hold the store
+        # The pid file is ours while we hold the store and started a server on it; else it
+        # names a server an earlier run left, which the next start must still find.
+        if self._lock is not None and self._process is not None:
             (self.store_dir / PID_FILE).unlink(missing_ok=True)
         if self._drain is not None:
             self._drain.cancel()
@@ -210,8 +220,13 @@ class EmbeddedServer:
             os.close(self._lock)  # closing releases the lock
             self._lock = None
 
-    def _lock_store(self) -> None:
-        """Hold the store for this server alone: two servers on one store corrupt it."""
+    def hold_store(self) -> None:
+        """Hold the store for this server alone (two servers on one store corrupt it), or
+        raise EmbeddedServerError naming who holds it; done by the start when not before.
+        Released when the server stops."""
+        if self._lock is not None:
+            return
+        self.store_dir.mkdir(parents=True, exist_ok=True)
         path = self.store_dir / ".reach-lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:

@@ -6,11 +6,15 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
+import pytest
+
 from agentreach.broker import Broker, EmbeddedServer
 from agentreach.broker.embedded import PID_FILE
+from agentreach.broker.errors import EmbeddedServerError
 
 # A `reach up` killed with -9 while its embedded server runs.
 KILLED_WHILE_SERVING = """
@@ -68,3 +72,38 @@ async def test_a_pid_file_naming_another_process_leaves_that_process_alone(tmp_p
     async with EmbeddedServer(port=-1, store_dir=store) as server, Broker(server.url) as b:
         await b.flush()
         assert int((store / PID_FILE).read_text()) != os.getpid()
+
+
+async def test_a_restart_writes_its_own_config_whatever_the_file_says_meanwhile(tmp_path):
+    """A server given its config's text writes it at each start, once it holds the store: a
+    file rewritten meanwhile (another process's ports) does not move it to other ports."""
+    store = tmp_path / "store"
+    config = store / "nats-server.conf"
+    text = f'listen: 127.0.0.1:{_free_port()}\njetstream {{ store_dir: "{store}" }}\n'
+    async with EmbeddedServer(store_dir=store, config=config, config_text=text) as server:
+        first = server.url
+        await server.kill()
+        config.write_text(text.replace(first.rsplit(":", 1)[1], str(_free_port())))
+        await server.restart()
+        assert server.url == first
+        assert config.read_text() == text
+        async with Broker(server.url) as b:
+            await b.flush()
+
+
+async def test_a_server_refused_for_a_store_in_use_writes_nothing(tmp_path):
+    """A second server on a store in use is refused before it writes its config."""
+    store = tmp_path / "store"
+    config = store / "nats-server.conf"
+    text = f'listen: 127.0.0.1:{_free_port()}\njetstream {{ store_dir: "{store}" }}\n'
+    async with EmbeddedServer(store_dir=store, config=config, config_text=text):
+        second = EmbeddedServer(store_dir=store, config=config, config_text=text + "# other\n")
+        with pytest.raises(EmbeddedServerError, match="is in use by"):
+            await second.__aenter__()
+        assert config.read_text() == text
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

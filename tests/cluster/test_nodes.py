@@ -14,6 +14,8 @@ import pytest
 from agentreach import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, EmbeddedCluster
 from agentreach.broker.embedded import PID_FILE
+from agentreach.broker.errors import EmbeddedServerError
+from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import Coordinator
 from tests.cli.conftest import reach_command, run
 from tests.conftest import FAST
@@ -106,3 +108,36 @@ async def test_reach_up_cluster_starts_three_nodes_provisions_r3_and_restarts_a_
     with pytest.raises(ProcessLookupError):  # stopped with the others
         os.kill(restarted, 0)
     assert process.returncode in (0, -signal.SIGTERM)
+
+
+async def test_a_second_cluster_on_the_same_stores_leaves_the_running_one_whole(tmp_path: Path):
+    """A second cluster on the stores of a running one (free ports of its own) is refused
+    before it writes anything; a node of the running one killed afterwards is started again
+    by the supervisor on its own ports, and rejoins the others."""
+    store = tmp_path / "cluster"
+    async with EmbeddedCluster(3, store_dir=store) as cluster:
+        configs = {path: path.read_text() for path in store.glob("n*/nats-server.conf")}
+        with pytest.raises(EmbeddedServerError, match="is in use by"):
+            async with EmbeddedCluster(3, store_dir=store):
+                pass
+        assert {path: path.read_text() for path in configs} == configs
+        keeping = asyncio.create_task(cluster.keep_up(0.1))
+        try:
+            killed = int((store / "n2" / PID_FILE).read_text())
+            os.kill(killed, signal.SIGKILL)
+            async with asyncio.timeout(30):
+                while _pid_on(store / "n2") in (None, killed):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)  # polling: no event says "started again"
+            await cluster.wait_healthy()  # n2 on its monitoring port, a current peer again
+            async with Broker(cluster.url_of(1)) as on_n2:
+                assert on_n2.server == cluster.url_of(1).removeprefix("nats://")
+        finally:
+            await cancel_and_wait(keeping)
+
+
+def _pid_on(store: Path) -> int | None:
+    """The nats-server started on ``store``, or None between two of them."""
+    try:
+        return int((store / PID_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
