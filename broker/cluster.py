@@ -267,6 +267,16 @@ class EmbeddedCluster:
                 return self.node_of(found)
         return None
 
+    async def meta_leader(self) -> int | None:
+        """The node the running nodes take for the meta leader now; None while they know
+        none (an election, or a lost majority)."""
+        for node in range(self.size):
+            if self.running(node):
+                leader = ((await self._jsz_of(node, "")).get("meta_cluster") or {}).get("leader")
+                if leader and self.running(self.node_of(leader)):
+                    return self.node_of(leader)
+        return None
+
     async def wait_leader(
         self, stream: str, *, consumer: str | None = None, not_on: int | None = None
     ) -> int:

@@ -24,6 +24,7 @@ from agentreach.broker.errors import (
     translate,
     translated,
 )
+from agentreach.broker.failover import until_answered
 from agentreach.broker.messages import Delivery
 from agentreach.broker.pull import Puller
 
@@ -207,10 +208,24 @@ async def consumer_state(broker: Broker, stream: str, durable: str) -> ConsumerS
 
 
 async def bind(
-    broker: Broker, spec: ConsumerSpec, *, on_missing: OnMissing | None = None
+    broker: Broker,
+    spec: ConsumerSpec,
+    *,
+    on_missing: OnMissing | None = None,
+    patience_s: float | None = None,
 ) -> PullConsumer:
-    """Create or update the consumer, then bind a pull subscription to it."""
-    return PullConsumer(broker, spec, await _subscribe(broker, spec), on_missing=on_missing)
+    """Create or update the consumer, then bind a pull subscription to it.
+
+    A process starting during a leader election, or while most of the cluster's nodes are
+    down, waits here (asking again after 1, 2, 4 … s, saying so each time) instead of
+    exiting: for ever, or ``patience_s``, then Unavailable.
+    """
+    puller = await until_answered(
+        lambda: _subscribe(broker, spec),
+        waiting_for=f"consumer {spec.durable} of stream {spec.stream}",
+        patience_s=patience_s,
+    )
+    return PullConsumer(broker, spec, puller, on_missing=on_missing)
 
 
 async def _subscribe(broker: Broker, spec: ConsumerSpec) -> Puller:

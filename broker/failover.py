@@ -11,6 +11,12 @@ A write that found no responder was not stored, so writing it again is always sa
 that timed out may have been stored; it is written again only when it carries a
 ``Nats-Msg-Id``, which makes the stream drop the second copy. A timeout may also mean that
 no stream exists and a plain subscriber holds the subject: the meta leader says so too.
+
+A process's start (provisioning, creating its consumers, looking for the streams) meets the
+same silence when it starts during an election, or while most of the nodes are down (no
+meta leader: every API request is refused as "temporarily unavailable", 10008). There is
+no write to make again, only a question to ask again: :func:`until_answered` asks it after
+1, 2, 4 … s (capped at 30 s, jittered), one line each time saying what it waits for.
 """
 
 from __future__ import annotations
@@ -25,7 +31,16 @@ import nats.errors
 import nats.js.errors
 import structlog
 
-from agentreach.broker.errors import NoStreamError, Unavailable, honour_cancellation, translate
+from agentreach.broker.errors import (
+    BrokerError,
+    BrokerTimeout,
+    JetStreamError,
+    NoResponders,
+    NoStreamError,
+    Unavailable,
+    honour_cancellation,
+    translate,
+)
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
@@ -39,6 +54,21 @@ RETRY_FIRST_S = 0.1
 RETRY_CAP_S = 1.0
 META_TIMEOUT_S = 2.0
 _UNANSWERED = (nats.js.errors.NoStreamResponseError, nats.errors.TimeoutError, TimeoutError)
+WAIT_FIRST_S = 1.0
+WAIT_CAP_S = 30.0
+JS_UNAVAILABLE = 10008  # "JetStream system temporarily unavailable": no meta leader
+JS_NOT_ENABLED = (10039, 10076)  # 503 too, but for good: waiting would not help
+ELECTING = "the cluster may be electing a leader, or most of its nodes may be down"
+_NO_ANSWER = (
+    nats.errors.TimeoutError,
+    TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.ServiceUnavailableError,
+    BrokerTimeout,
+    NoResponders,
+    Unavailable,
+)
+_CODED = (nats.js.errors.APIError, JetStreamError)
 
 
 async def through_elections(
@@ -87,6 +117,66 @@ async def through_elections(
         delay = min(RETRY_CAP_S, delay * 2)
 
 
+def unanswered(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or what caused it, says that JetStream could not answer now: a
+    timeout, nobody listening on the API, or a 503 (no leader yet; "temporarily
+    unavailable", 10008, for a lost majority). Not JetStream disabled, also a 503."""
+    while exc is not None:
+        code = exc.err_code if isinstance(exc, _CODED) else None
+        if code in JS_NOT_ENABLED:
+            return False
+        if isinstance(exc, _NO_ANSWER) or code == JS_UNAVAILABLE:
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def backoff_s(tries: int) -> float:
+    """The pause after ``tries`` failed tries of a wait: 1, 2, 4 … s, capped at 30 s, then
+    ± 20 % so that a fleet does not retry in step."""
+    return min(WAIT_CAP_S, WAIT_FIRST_S * 2**tries) * random.uniform(0.8, 1.2)
+
+
+async def until_answered(
+    call: Callable[[], Awaitable[T]], *, waiting_for: str, patience_s: float | None = None
+) -> T:
+    """``await call()``, again while JetStream cannot answer it (see :func:`unanswered`),
+    after :func:`backoff_s`, with one warning per try naming ``waiting_for``: for ever (a
+    service's start: nothing exits), or for ``patience_s`` (a command), then
+    :class:`~agentreach.broker.errors.Unavailable` saying why it may be. Any other failure
+    is raised at once."""
+    loop = asyncio.get_running_loop()
+    deadline = None if patience_s is None else loop.time() + patience_s
+    tries = 0
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if not unanswered(exc):
+                raise
+            failure = exc
+        honour_cancellation()
+        wait_s = backoff_s(tries)
+        tries += 1
+        if deadline is not None and loop.time() + wait_s > deadline:
+            raise Unavailable(
+                f"JetStream did not answer for {waiting_for} within {patience_s:g} s"
+                f" ({_said(failure)}): {ELECTING}",
+                err_code=JS_UNAVAILABLE,
+            ) from failure
+        log.warning(
+            f"waiting for JetStream: {ELECTING}",
+            waiting_for=waiting_for,
+            error=_said(failure),
+            retry_in_s=round(wait_s, 1),
+        )
+        await asyncio.sleep(wait_s)
+
+
+def _said(exc: BaseException) -> str:
+    return str(translate(exc)) if not isinstance(exc, BrokerError) else str(exc)
+
+
 def _no_stream(subject: str) -> NoStreamError:
     return NoStreamError(
         f"no stream answered on {subject!r}: the streams are not provisioned"
@@ -99,15 +189,40 @@ async def stream_listens(broker: Broker, subject: str) -> bool | None:
     (it is being elected too): then nobody can tell, and the caller waits."""
     try:
         return bool(await stream_names(broker, subject=subject))
-    except (nats.errors.Error, TimeoutError):
+    except BrokerError:
         return None
 
 
 async def stream_names(broker: Broker, *, subject: str | None = None) -> list[str]:
     """Every stream's name (capturing ``subject``, when given), from the meta leader.
 
-    Raises nats-py's errors: for this package's own use.
+    Raises a BrokerError; when JetStream does not answer, one that names the stream looked
+    for and says why that may be (an operator's command fails with it).
     """
+    try:
+        return await _stream_names(broker, subject)
+    except (nats.errors.Error, TimeoutError) as exc:
+        if not unanswered(exc):
+            raise translate(exc, subject="$JS.API.STREAM.NAMES") from exc
+        error = translate(exc)
+        how = error.description if isinstance(error, JetStreamError) else str(error)
+        said = f"no answer from JetStream about {_looked_for(subject)}: {how}; {ELECTING}"
+        if isinstance(error, JetStreamError):
+            raise Unavailable(said, err_code=error.err_code) from exc
+        raise type(error)(said) from exc
+
+
+def _looked_for(subject: str | None) -> str:
+    """What a listing of the streams was for, in words."""
+    if subject is None:
+        return "which streams exist"
+    if subject.startswith("$KV.") and subject.endswith(".>"):
+        bucket = subject.removeprefix("$KV.").removesuffix(".>")
+        return f"the stream KV_{bucket} (KV bucket {bucket})"
+    return f"the stream of {subject!r}"
+
+
+async def _stream_names(broker: Broker, subject: str | None) -> list[str]:
     names: list[str] = []
     while True:
         request: dict[str, object] = {"offset": len(names)}

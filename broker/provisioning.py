@@ -7,12 +7,16 @@ in place (a different retention policy, say) is a :class:`ProvisionError` that n
 stream and the field. Replicas are scaled in place: raising the setting turns R1 streams and
 buckets into R3 without losing a message (a work-queue stream with consumers pauses about
 ten seconds while it is re-mapped).
+
+A service starting during a leader election, or while most of the cluster's nodes are down,
+waits for JetStream to answer (see :func:`~agentreach.broker.failover.until_answered`), for
+ever; a command waits ``patience_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
+import functools
 from collections.abc import Awaitable, Callable
 
 import nats.errors
@@ -22,12 +26,13 @@ from nats.js import api
 
 from agentreach.broker.connection import Broker
 from agentreach.broker.errors import (
+    BrokerError,
     JetStreamError,
     ProvisionError,
     translate,
     translated,
 )
-from agentreach.broker.failover import stream_names
+from agentreach.broker.failover import backoff_s, stream_names, unanswered, until_answered
 from agentreach.broker.provisioned import Change, Provisioning, wait_settled
 from agentreach.broker.replication import AUTO, NO_SUITABLE_PEERS, NOT_CLUSTERED, resolve_replicas
 from agentreach.broker.topology import (
@@ -40,10 +45,8 @@ from agentreach.broker.topology import (
 
 log = structlog.get_logger("broker.provisioning")
 
-WAIT_FIRST_S = 1.0
-WAIT_CAP_S = 30.0
-# A cluster that has just started (or lost its meta leader) may time out a JetStream API
-# request or two: provisioning asks again for this long before it gives up.
+# How long a command (`reach provision`), or a running service bringing back what went
+# missing, waits for JetStream to answer (a leader election) before it gives up.
 PATIENCE_S = 30.0
 PEERS_PATIENCE_S = 5.0
 RECONFIGURING = 10226  # "stream reconfiguration already in progress": a scale not done yet
@@ -51,7 +54,11 @@ SETTLE_S = 60.0  # how long a scaled or moved stream may take to have every repl
 
 
 async def provision(
-    broker: Broker, topology: Topology, *, settle_s: float = SETTLE_S
+    broker: Broker,
+    topology: Topology,
+    *,
+    settle_s: float = SETTLE_S,
+    patience_s: float | None = None,
 ) -> Provisioning:
     """Bring every stream and bucket to its spec; returns what happened to each (a mapping of
     name to :class:`Outcome`, with the replicas, placement and leader of each).
@@ -59,9 +66,24 @@ async def provision(
     ``replicas: auto`` is resolved on this server, and never scales a stream down. Streams
     whose replicas or placement changed are awaited (up to ``settle_s``) until every
     replica is current, so the report says where they are, not where they are going.
+    While JetStream does not answer (a leader election, most nodes down) it waits, saying
+    so each try: for ever (a service's start), or ``patience_s`` in all, then Unavailable.
     """
+    loop = asyncio.get_running_loop()
+    deadline = None if patience_s is None else loop.time() + patience_s
+
+    def left() -> float | None:
+        return None if deadline is None else max(0.0, deadline - loop.time())
+
+    # The meta leader first: while there is none, the probe below is refused outright.
+    meta = "the meta leader (the list of streams)"
+    await until_answered(lambda: stream_names(broker), waiting_for=meta, patience_s=left())
     may_shrink = topology.replicas != AUTO
-    replicas = await resolve_replicas(broker, topology.replicas or 1)
+    replicas = await until_answered(
+        lambda: resolve_replicas(broker, topology.replicas or 1),
+        waiting_for="the replicas: auto probe",
+        patience_s=left(),
+    )
     if topology.replicas == AUTO:
         topology = topology.with_replicas(replicas)  # type: ignore[arg-type]
     js = broker.js
@@ -70,15 +92,16 @@ async def provision(
     with translated():  # a ProvisionError passes through; anything else is a BrokerError
         for stream in topology.streams:
             ours = stream.name not in kept
-            change = await _patiently(
-                stream, lambda s=stream, u=ours: _ensure_stream(js, s, may_shrink, may_update=u)
-            )
+            ensure = functools.partial(_ensure_stream, js, stream, may_shrink, may_update=ours)
+            change = await _patiently(stream, ensure, left())
             changes.append((stream.name, stream.name, change))
         for bucket in topology.buckets:
-            change = await _patiently(bucket, lambda b=bucket: _ensure_bucket(js, b, may_shrink))
+            ensure = functools.partial(_ensure_bucket, js, bucket, may_shrink)
+            change = await _patiently(bucket, ensure, left())
             changes.append((bucket.name, bucket.stream, change))
         for store in topology.objects:
-            change = await _patiently(store, lambda o=store: _ensure_objects(js, o, may_shrink))
+            ensure = functools.partial(_ensure_objects, js, store, may_shrink)
+            change = await _patiently(store, ensure, left())
             changes.append((store.name, store.stream, change))
     # Replication catches up in the background: wait for every stream at once.
     details = await asyncio.gather(
@@ -90,23 +113,31 @@ async def provision(
 
 
 async def _patiently(
+    spec: StreamSpec | BucketSpec | ObjectStoreSpec,
+    ensure: Callable[[], Awaitable[Change]],
+    patience_s: float | None,
+) -> Change:
+    """``await ensure()``, again while JetStream does not answer (for ever, or
+    ``patience_s``) or cannot place the spec yet (see :func:`_placed`)."""
+    placed = functools.partial(_placed, spec, ensure)
+    return await until_answered(placed, waiting_for=spec.name, patience_s=patience_s)
+
+
+async def _placed(
     spec: StreamSpec | BucketSpec | ObjectStoreSpec, ensure: Callable[[], Awaitable[Change]]
 ) -> Change:
-    """``await ensure()``, again while the JetStream API does not answer (a fresh cluster
-    still electing its meta leader) for up to :data:`PATIENCE_S`, or finds too few peers for
-    the spec's replicas (a peer that has just started is "offline" for a moment) for up to
-    :data:`PEERS_PATIENCE_S`, or is still scaling it from an earlier run; then a
-    ProvisionError that says why."""
+    """``await ensure()``, again while it finds too few peers for the spec's replicas (a peer
+    that has just started is "offline" for a moment) for up to :data:`PEERS_PATIENCE_S`, or
+    while the stream is still scaling from an earlier run for up to :data:`PATIENCE_S`; then
+    a ProvisionError that says why. No answer at all is the caller's to wait for."""
     loop = asyncio.get_running_loop()
     started = loop.time()
     while True:
         try:
             return await ensure()
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError, TimeoutError):
-            if loop.time() - started > PATIENCE_S:
-                raise
-            log.info("JetStream API not answering yet; asking again", name=spec.name)
         except nats.js.errors.APIError as exc:
+            if unanswered(exc):
+                raise
             waited_s = loop.time() - started
             if not (
                 (exc.err_code == NO_SUITABLE_PEERS and waited_s < PEERS_PATIENCE_S)
@@ -302,13 +333,13 @@ class Provisioner:
         wanted = {s.name for s in topology.streams} | {b.stream for b in topology.buckets}
         try:
             missing = wanted - set(await stream_names(self._broker))
-        except (nats.errors.Error, TimeoutError) as exc:
+        except BrokerError as exc:
             log.debug("cannot list the streams now", why=why, error=str(exc))
             return
         if not missing:
             return
         try:
-            outcomes = await provision(self._broker, topology)
+            outcomes = await provision(self._broker, topology, patience_s=PATIENCE_S)
         except Exception as exc:
             log.warning("could not check the streams and buckets", why=why, error=str(exc))
             return
@@ -323,11 +354,15 @@ async def wait_provisioned(broker: Broker, *, streams: list[str], buckets: list[
     """Until every stream and bucket named exists, saying once per try which is missing.
 
     An agent that starts before the coordinator has provisioned a fresh server waits here
-    (1, 2, 4 … s, capped at 30 s, jittered) instead of exiting.
+    (1, 2, 4 … s, capped at 30 s, jittered) instead of exiting; so does one that starts
+    while JetStream cannot say which streams exist (a leader election, most nodes down).
     """
     tries = 0
-    while missing := await _missing(broker, streams, [f"KV_{b}" for b in buckets]):
-        wait_s = min(WAIT_CAP_S, WAIT_FIRST_S * 2**tries) * random.uniform(0.8, 1.2)
+    kv_streams = [f"KV_{b}" for b in buckets]
+    while missing := await until_answered(
+        lambda: _missing(broker, streams, kv_streams), waiting_for="the list of streams"
+    ):
+        wait_s = backoff_s(tries)
         tries += 1
         log.warning(
             "waiting for the streams and buckets: start the coordinator or run `reach provision`",
@@ -342,8 +377,5 @@ async def wait_provisioned(broker: Broker, *, streams: list[str], buckets: list[
 async def _missing(broker: Broker, streams: list[str], kv_streams: list[str]) -> list[str]:
     """Which are not there yet, from the stream names: stream info is not granted to agents
     (it lists every subject of a stream)."""
-    try:
-        existing = set(await stream_names(broker))
-    except nats.errors.Error as exc:
-        raise translate(exc, subject="$JS.API.STREAM.NAMES") from exc
+    existing = set(await stream_names(broker))
     return [s.removeprefix("KV_") for s in [*streams, *kv_streams] if s not in existing]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from agentreach.broker import Topology, provision
+from agentreach.broker.provisioning import PATIENCE_S
 from agentreach.cli.options import (
     Commands,
     broker_config_of,
@@ -39,7 +40,8 @@ async def cmd_provision(args: argparse.Namespace) -> int:
         work_tags=replication.work_tags,
     )
     async with broker_of(args) as broker:
-        report = await provision(broker, topology)
+        # A command: it waits out a leader election, not a cluster whose majority is down.
+        report = await provision(broker, topology, patience_s=PATIENCE_S)
     setting = replication.replicas
     resolved = f"auto → {report.replicas}" if setting == "auto" else str(setting)
     print(f"replicas: {resolved}; work streams placed on: {_tags(replication.work_tags)}")

@@ -1,0 +1,94 @@
+"""Waiting for JetStream to answer at a start: what counts as "no answer", one warning per
+try, and a command's patience that ends in one line saying why."""
+
+from __future__ import annotations
+
+import nats.errors
+import nats.js.errors
+import pytest
+from structlog.testing import capture_logs
+
+from agentreach.broker import BrokerTimeout, ProvisionError, StreamNotFound, Unavailable, failover
+from agentreach.broker.failover import unanswered, until_answered
+
+
+def api_error(code: int, err_code: int, description: str) -> nats.js.errors.APIError:
+    """The error nats-py raises for this answer of the JetStream API."""
+    try:
+        nats.js.errors.APIError.from_error(
+            {"code": code, "err_code": err_code, "description": description}
+        )
+    except nats.js.errors.APIError as raised:
+        return raised
+    raise AssertionError("from_error raises")
+
+
+def test_what_counts_as_no_answer():
+    """Timeouts, no responders and 503s (no leader, or no meta leader: 10008, also behind a
+    ProvisionError it caused) are waited for; JetStream disabled and a refusal are not."""
+    lost_majority = api_error(503, 10008, "JetStream system temporarily unavailable")
+    probe_refused = ProvisionError("cannot tell the cluster's size")
+    probe_refused.__cause__ = lost_majority
+    for exc in (
+        nats.errors.TimeoutError(),
+        nats.errors.NoRespondersError(),
+        lost_majority,
+        probe_refused,
+        BrokerTimeout("timed out"),
+        Unavailable("JetStream unavailable (503)", err_code=10008),
+    ):
+        assert unanswered(exc), exc
+    for exc in (
+        api_error(503, 10039, "jetstream not enabled for account"),
+        api_error(400, 10005, "insufficient resources"),
+        StreamNotFound("stream not found", err_code=10059),
+        ProvisionError("cannot provision"),
+    ):
+        assert not unanswered(exc), exc
+
+
+async def test_it_asks_again_saying_each_time_what_it_waits_for(monkeypatch):
+    """Each failed try is one warning naming what is waited for, then the answer is returned."""
+    monkeypatch.setattr(failover, "backoff_s", lambda tries: 0.01)
+    answers = iter([nats.errors.TimeoutError(), api_error(503, 10008, "unavailable"), "ok"])
+
+    async def ask() -> str:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    with capture_logs() as logs:
+        assert await until_answered(ask, waiting_for="consumer c of stream S") == "ok"
+    assert [line["waiting_for"] for line in logs] == ["consumer c of stream S"] * 2
+    assert all(line["log_level"] == "warning" for line in logs)
+    assert "may be electing a leader" in logs[0]["event"]
+
+
+async def test_a_command_gives_up_after_its_patience_saying_why(monkeypatch):
+    """With a patience, the wait ends in Unavailable naming what did not answer and saying
+    the cluster may be electing a leader or have most of its nodes down."""
+    monkeypatch.setattr(failover, "backoff_s", lambda tries: 0.05)
+
+    async def never() -> None:
+        raise nats.errors.TimeoutError
+
+    with pytest.raises(Unavailable) as raised:
+        await until_answered(never, waiting_for="the list of streams", patience_s=0.2)
+    said = str(raised.value)
+    assert "JetStream did not answer for the list of streams within 0.2 s" in said
+    assert "the cluster may be electing a leader, or most of its nodes may be down" in said
+
+
+async def test_another_failure_is_raised_at_once():
+    """A refusal is not waited for."""
+    tries = 0
+
+    async def refused() -> None:
+        nonlocal tries
+        tries += 1
+        raise api_error(400, 10005, "insufficient resources")
+
+    with pytest.raises(nats.js.errors.APIError):
+        await until_answered(refused, waiting_for="x")
+    assert tries == 1
