@@ -46,7 +46,8 @@ class HandlerPlaces:
     """The ``size`` places of one handler, shared by the three priorities. A place that
     frees passes straight to the most urgent task waiting for one (P0 before P1 before P2,
     in order of arrival within a priority): a running task is never cut short, but an
-    urgent one is next."""
+    urgent one is next. With two places or more, P1 and P2 never take the last free one: a
+    P1/P2 backlog cannot hold every place while P0 waits."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -65,32 +66,41 @@ class HandlerPlaces:
         return sum(not turn.done() for *_, turn in self._waiting)
 
     async def take(self, priority: Priority) -> None:
-        """A place for a task of ``priority``: at once when one is free and nobody waits
-        (without suspending), else when it is this task's turn."""
-        if self.free > 0 and not self.waiting:
-            self.busy += 1
-            return
+        """A place for a task of ``priority``: at once when its turn is now (without
+        suspending), else when it comes."""
         entry = (priority, next(self._arrivals), asyncio.get_running_loop().create_future())
         heapq.heappush(self._waiting, entry)
+        self._hand_out()
         try:
-            await entry[2]
+            await entry[2]  # done already: no suspension
         except asyncio.CancelledError:
             if entry[2].done() and not entry[2].cancelled():
                 self.give()  # handed over just as the wait was given up: pass it on
             else:
-                with contextlib.suppress(ValueError):  # a give() may have dropped it
+                with contextlib.suppress(ValueError):  # a hand-out may have dropped it
                     self._waiting.remove(entry)
                     heapq.heapify(self._waiting)
             raise
 
     def give(self) -> None:
-        """Give a place back: to the next task waiting, else to the free ones."""
-        while self._waiting:
-            *_, turn = heapq.heappop(self._waiting)
-            if not turn.done():  # not given up meanwhile
-                turn.set_result(None)  # the place stays busy: it changes hands
-                return
+        """Give a place back: to the next task waiting that may take it, else to the free
+        ones."""
         self.busy -= 1
+        self._hand_out()
+
+    def _hand_out(self) -> None:
+        """Free places to the most urgent waiting tasks, as far as each may take one."""
+        while self._waiting:
+            priority, _, turn = self._waiting[0]
+            if turn.done():  # given up meanwhile
+                heapq.heappop(self._waiting)
+                continue
+            kept_for_p0 = 1 if self.size > 1 and priority != "P0" else 0
+            if self.free <= kept_for_p0:
+                return  # whoever waits behind is no more urgent
+            heapq.heappop(self._waiting)
+            self.busy += 1
+            turn.set_result(None)
 
 
 class Room:

@@ -11,6 +11,7 @@ import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS
+from agentreach.agents.slots import HandlerPlaces
 from agentreach.broker import consumer_state
 from tests.support import until_true
 
@@ -142,3 +143,23 @@ async def _in_hand(broker, agent_id: str, count: int) -> bool:  # type: ignore[n
     """Whether the agent's P1 consumer has ``count`` deliveries unacknowledged."""
     state = await consumer_state(broker, *_consumer_of(broker, agent_id))
     return state is not None and state.num_ack_pending == count
+
+
+async def test_p1_and_p2_never_take_a_handlers_last_place() -> None:
+    """With two places or more, a P1/P2 backlog leaves one for P0 (priority isolation
+    within one handler's hard limit); with one place there is nothing to keep."""
+    places = HandlerPlaces(2)
+    await places.take("P2")
+    late = asyncio.create_task(places.take("P2"))
+    await asyncio.sleep(0)
+    assert not late.done() and places.free == 1  # the last place is kept for P0
+    await places.take("P0")  # at once, without waiting for the P2 to end
+    assert places.free == 0
+    places.give()  # the P0 ends: still the last place, still not for P2
+    await asyncio.sleep(0)
+    assert not late.done()
+    places.give()  # the first P2 ends: now one may run
+    await asyncio.wait_for(late, 1)
+    single = HandlerPlaces(1)
+    await single.take("P2")
+    assert single.free == 0

@@ -69,10 +69,14 @@ export class HandlerPlaces {
     return this.queue.length;
   }
 
-  /** Take a place, waiting for one if need be: true once taken, false when `signal` aborted first. */
+  /**
+   * Take a place, waiting for one if need be: true once taken, false when `signal` aborted
+   * first. With two places or more, P1 and P2 never take the last free one, so a P1/P2
+   * backlog cannot hold every place while P0 waits.
+   */
   take(priority: Priority, signal: AbortSignal): Promise<boolean> {
     if (signal.aborted) return Promise.resolve(false);
-    if (this.free > 0 && this.queue.length === 0) {
+    if (this.queue.length === 0 && this.free > this.keptForP0(priority)) {
       this.busy += 1;
       return Promise.resolve(true);
     }
@@ -92,14 +96,28 @@ export class HandlerPlaces {
       const after = this.queue.findIndex((w) => w.priority > priority); // "P0" < "P1" < "P2"
       this.queue.splice(after < 0 ? this.queue.length : after, 0, entry);
       signal.addEventListener("abort", abandon, { once: true });
+      this.handOut();
     });
   }
 
-  /** Give a place back: to the next task waiting (it stays busy, changing hands), else free. */
+  /** Give a place back: to the next task waiting that may take it, else free. */
   give(): void {
-    const next = this.queue.shift();
-    if (next !== undefined) next.wake();
-    else this.busy -= 1;
+    this.busy -= 1;
+    this.handOut();
+  }
+
+  private keptForP0(priority: Priority): number {
+    return this.size > 1 && priority !== "P0" ? 1 : 0;
+  }
+
+  /** Free places to the most urgent waiting tasks, as far as each may take one. */
+  private handOut(): void {
+    for (let next = this.queue[0]; next !== undefined; next = this.queue[0]) {
+      if (this.free <= this.keptForP0(next.priority)) return; // those behind are no more urgent
+      this.queue.shift();
+      this.busy += 1;
+      next.wake();
+    }
   }
 }
 

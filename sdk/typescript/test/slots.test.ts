@@ -1,0 +1,29 @@
+/** A handler's places: a hard limit shared by the priorities, one kept for P0. */
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+
+import { HandlerPlaces } from "../src/slots.js";
+
+describe("HandlerPlaces", () => {
+  it("never gives P1 or P2 a handler's last place", async () => {
+    const places = new HandlerPlaces(2);
+    const never = new AbortController().signal;
+    assert.equal(await places.take("P2", never), true);
+    let late = false;
+    const waiting = places.take("P2", never).then((taken) => (late = taken));
+    await Promise.resolve();
+    assert.equal(late, false); // the last place is kept for P0
+    assert.equal(await places.take("P0", never), true); // at once
+    assert.equal(places.free, 0);
+    places.give(); // the P0 ends: still the last place, still not for P2
+    await Promise.resolve();
+    assert.equal(late, false);
+    places.give(); // the first P2 ends: now one may run
+    await waiting;
+    assert.equal(late, true);
+    const single = new HandlerPlaces(1);
+    assert.equal(await single.take("P2", never), true); // one place: nothing to keep
+    assert.equal(single.free, 0);
+  });
+});
