@@ -15,7 +15,7 @@ from nats.aio.client import Server
 from agentreach.broker.errors import ConnectError
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
-_CREDENTIALS = re.compile(r"(?<=://)[^@/]*@")
+_ANY_CREDENTIALS = re.compile(r"[^/@]*@")  # in an entry too malformed to be parsed
 SCHEMES = ("nats", "tls", "ws", "wss")
 RECONNECT_FIRST_S = 0.25
 RECONNECT_CAP_S = 5.0
@@ -29,27 +29,38 @@ def resolve_url(url: str | None = None) -> str:
 def server_list(url: str) -> list[str]:
     """``nats://a:4222,nats://b:4222`` → each server; a bare ``host:port`` gets ``nats://``.
 
-    Raises :class:`ConnectError` naming an entry that is not a server URL.
+    Raises :class:`ConnectError` naming an entry that is not a server URL, as it was typed.
     """
-    servers = [part.strip() for part in url.split(",") if part.strip()]
-    servers = [s if "://" in s else f"nats://{s}" for s in servers] or [DEFAULT_URL]
-    for server in servers:
-        _check(server)
-    return servers
+    typed = [part.strip() for part in url.split(",") if part.strip()]
+    for entry in typed:
+        if not _well_formed(_with_scheme(entry)):
+            raise ConnectError(
+                f"{_shown(entry)!r} is not a NATS server URL (expected nats://host:port;"
+                " several are separated by commas)"
+            )
+    return [_with_scheme(entry) for entry in typed] or [DEFAULT_URL]
 
 
-def _check(server: str) -> None:
+def _with_scheme(entry: str) -> str:
+    return entry if "://" in entry else f"nats://{entry}"
+
+
+def _well_formed(server: str) -> bool:
     parts = urlsplit(server)
     try:
         port = parts.port
     except ValueError:
         port = -1
-    malformed = port == -1 or parts.path not in ("", "/")
-    if parts.scheme not in SCHEMES or not parts.hostname or malformed:
-        raise ConnectError(
-            f"{_redact_one(server)!r} is not a NATS server URL (expected nats://host:port;"
-            " several are separated by commas)"
-        )
+    return (
+        parts.scheme in SCHEMES and bool(parts.hostname) and port != -1 and parts.path in ("", "/")
+    )
+
+
+def _shown(entry: str) -> str:
+    """A malformed entry as typed, its password or token hidden however it is malformed."""
+    if "://" in entry and "@" in urlsplit(entry).netloc:
+        return _redact_one(entry)
+    return _ANY_CREDENTIALS.sub("***@", entry)
 
 
 Reconnect = Callable[[list[Server], dict[str, Any]], tuple[Server | None, float]]
