@@ -174,12 +174,16 @@ class EmbeddedServer:
     async def keep_up(self, restart_after_s: float) -> None:
         """Start the server again, ``restart_after_s`` later, each time it ends although it
         was not stopped (a ``kill -9``, a crash), on its port and store; until cancelled. A
-        start that fails is tried again as long."""
+        start that fails is tried again as long. With ``restart_after_s`` 0 (or less) it is
+        only said that the server ended and is not started again."""
         while True:
             code = await self.ended()
             if self._stopped:
                 return
             how = ended_how(code)
+            if restart_after_s <= 0:
+                log.error("nats-server ended; not starting it again", how=how, restart_after_s=0)
+                return
             log.warning("nats-server ended; starting it again", how=how, in_s=restart_after_s)
             while not self.running:
                 await asyncio.sleep(restart_after_s)

@@ -53,6 +53,11 @@ CLUSTER_STORE = Path(".reach/cluster")
 RESTART_AFTER_S = 10.0  # past a leader election (3.5-8.6 s): the failover is seen first
 DEVELOPMENT = "development server: no authentication, loopback only (README: Securing a deployment)"
 NATS_STORE = Path(".reach/nats")  # the default --data-dir of `reach up`
+TWO_NODES = (
+    "a cluster of 2 nodes tolerates no node failure: replicas auto gives every stream 1"
+    " replica, and a node that stops takes its streams with it; 3 nodes is the smallest"
+    " cluster that rides out the loss of one"
+)
 UP_PORT = 4222  # the default --port of `reach up`
 
 
@@ -123,6 +128,8 @@ async def cmd_up(args: argparse.Namespace) -> int:
             raise UsageError("--cluster starts its own servers: leave out --nats-url / $NATS_URL")
         if args.cluster < 1:
             raise UsageError(f"--cluster needs a number of servers, 1 or more, not {args.cluster}")
+        if args.cluster == 2:
+            log.warning(TWO_NODES)
         # The stores go under ./.reach/cluster unless --data-dir says where.
         store = CLUSTER_STORE if args.data_dir == NATS_STORE else args.data_dir
         port = None if args.port == -1 else args.port
@@ -255,10 +262,8 @@ async def nats_server(
 async def _kept_up(
     servers: EmbeddedServer | EmbeddedCluster, restart_after_s: float
 ) -> AsyncIterator[None]:
-    """The block, with a server that ends started again ``restart_after_s`` later (> 0)."""
-    if restart_after_s <= 0:
-        yield
-        return
+    """The block, with a server that ends started again ``restart_after_s`` later; with 0,
+    said to have ended and left down."""
     keeping = asyncio.create_task(servers.keep_up(restart_after_s), name="reach-keep-nats-up")
     try:
         yield

@@ -1,0 +1,52 @@
+"""`reach up` as an operator meets it: what it says about the servers it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from agentreach.broker.embedded import PID_FILE
+from tests.cli.conftest import reach_command, started_until
+
+ENV = {k: v for k, v in os.environ.items() if k != "NATS_URL"}
+
+
+async def test_a_server_that_ends_with_restart_after_0_is_said_to_stay_down(tmp_path: Path):
+    """With `--restart-after 0`, a killed nats-server is not started again, and reach up says
+    so in one line (before, it said nothing at all)."""
+    store = tmp_path / "nats"
+    process = await started_until(
+        reach_command(),
+        *("up", "--port", "-1", "--data-dir", store, "--restart-after", "0"),
+        *("--metrics-port", "-1", "--log-format", "json"),
+        said=b"coordinator serving on",
+        env=ENV,
+    )
+    assert process.stderr is not None
+    try:
+        os.kill(int((store / PID_FILE).read_text()), signal.SIGKILL)
+        async with asyncio.timeout(20):
+            while b"nats-server ended" not in (line := await process.stderr.readline()):
+                assert line, "reach up exited"
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        await asyncio.wait_for(process.wait(), 30)
+    assert b'"event": "nats-server ended; not starting it again"' in line
+    assert b"killed by SIGKILL" in line
+
+
+async def test_a_cluster_of_two_is_warned_to_tolerate_no_failure(tmp_path: Path):
+    """`reach up --cluster 2` says once that two nodes ride out no node's loss, and that three
+    is the smallest cluster that does."""
+    process = await started_until(
+        reach_command(),
+        *("up", "--cluster", "2", "--port", "-1", "--data-dir", tmp_path / "cluster"),
+        *("--metrics-port", "-1", "--log-format", "json"),
+        said=b"a cluster of 2 nodes tolerates no node failure",
+        env=ENV,
+        timeout=60,
+    )
+    os.killpg(process.pid, signal.SIGINT)
+    await asyncio.wait_for(process.wait(), 30)
