@@ -2,6 +2,11 @@
 count (before and after a scale), placement tags, leader and the other replicas.
 
     REACH_TASKS              updated    R1→R3  [sync:always]  leader n2, replicas n1 n3
+
+A replica that is not current is "catching up" while its leader hears from it; one the leader
+has not heard from lately (or at all, since it became leader), or that the cluster counts as
+offline, is "not current: offline or cut off?": down, or cut off from the others, and it may
+stay so.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from nats.js import api
 from agentreach.broker.topology import Outcome
 
 SETTLE_POLL_S = 0.25
+# Unheard of for this long, a replica is down or cut off, not catching up: the server too
+# stops counting a replica as current after 10 s of silence (its lost-quorum interval).
+SILENT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +47,8 @@ class Provisioned:
     leader: str | None
     peers: tuple[str, ...]  # the other replicas
     current: bool  # every replica has caught up with the leader
+    lagging: tuple[str, ...] = ()  # replicas not current that the leader hears from
+    away: tuple[str, ...] = ()  # replicas not current that the leader does not hear from
 
     def describe(self) -> str:
         scale = f"R{self.replicas_before}→R{self.replicas}" if self.replicas_before else ""
@@ -48,8 +58,15 @@ class Provisioned:
         if self.peers:
             where += f", replicas {' '.join(self.peers)}"
         if not self.current:
-            where += " (catching up)" if self.leader else "no leader yet"
+            where += self._behind() if self.leader else "no leader yet"
         return f"{self.name:<24} {self.outcome:<10} {replicas:<6} {tags:<16} {where}".rstrip()
+
+    def _behind(self) -> str:
+        """Which replicas are not current, and why that may be."""
+        said = [f"{' '.join(self.away)} not current: offline or cut off?"] if self.away else []
+        if self.lagging or not said:  # or replicas not placed yet: none to name
+            said.append(" ".join([*self.lagging, "catching up"]))
+        return f" ({'; '.join(said)})"
 
     def fields(self) -> dict[str, object]:
         return {
@@ -59,6 +76,8 @@ class Provisioned:
             "tags": list(self.tags),
             "leader": self.leader,
             "current": self.current,
+            "lagging": list(self.lagging),
+            "away": list(self.away),
         }
 
 
@@ -115,6 +134,7 @@ def _current(info: api.StreamInfo) -> bool:
 def _provisioned(name: str, info: api.StreamInfo, change: Change) -> Provisioned:
     config, cluster = info.config, info.cluster
     placement = config.placement
+    behind = [p for p in (cluster.replicas or []) if not p.current] if cluster else []
     return Provisioned(
         name=name,
         outcome=change.outcome,
@@ -125,4 +145,13 @@ def _provisioned(name: str, info: api.StreamInfo, change: Change) -> Provisioned
         leader=cluster.leader if cluster is not None and cluster.name else None,
         peers=tuple(sorted(p.name or "?" for p in (cluster.replicas or []))) if cluster else (),
         current=_current(info),
+        lagging=tuple(sorted(p.name or "?" for p in behind if not _away(p))),
+        away=tuple(sorted(p.name or "?" for p in behind if _away(p))),
     )
+
+
+def _away(peer: api.PeerInfo) -> bool:
+    """Not heard from by the leader lately (``active``: how long ago; 0 when never since it
+    became leader), or counted offline: down or cut off, not catching up."""
+    heard_s = (peer.active or 0) / 1e9  # the server reports nanoseconds
+    return bool(peer.offline) or heard_s == 0 or heard_s > SILENT_S

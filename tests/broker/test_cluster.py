@@ -146,3 +146,20 @@ async def _lead_from(broker: Broker, cluster: EmbeddedCluster, stream: str, node
             if leader is not None:
                 await broker.nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", timeout=5)
             await cluster.wait_leader(stream, not_on=leader)
+
+
+async def test_the_report_tells_a_dead_replica_from_one_catching_up(cluster):
+    """After a kill -9 of the node leading REACH_TASKS, `reach provision`'s report names that
+    node as not current, offline or cut off, not as catching up (which it would be for ever)."""
+    async with Broker(cluster.url, name="operator") as broker:
+        names = broker.names
+        await provision(broker, Topology.default(names))
+        victim = await cluster.leader_of(names.tasks_stream)
+        assert victim is not None
+        await cluster.kill(victim)
+        await cluster.wait_leader(names.tasks_stream, not_on=victim)
+        report = await provision(broker, Topology.default(names))
+    [tasks] = [d for d in report.details if d.name == names.tasks_stream]
+    dead = cluster.node_name(victim)
+    assert tasks.away == (dead,) and not tasks.lagging
+    assert tasks.describe().endswith(f"({dead} not current: offline or cut off?)")
