@@ -32,6 +32,7 @@ from agentreach.broker import (
     wait_provisioned,
 )
 from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.failover import until_answered
 from agentreach.broker.presence import Presence
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import PRIORITIES, AgentCard, Execution, Priority
@@ -86,9 +87,17 @@ class AgentRuntime:
         await self._await_topology()
         await self._claim_identity()
         interval = await await_slot(self.broker, agent.agent_id) or agent.heartbeat_interval
-        self._registered = await write_card(self.broker, agent.card(status="running"))
+        # Through a leader election or a lost majority: wait, saying so, as for the streams.
+        names = self.broker.names
+        self._registered = await until_answered(
+            lambda: write_card(self.broker, agent.card(status="running")),
+            waiting_for=f"the agent registry ({names.agents_bucket})",
+        )
         self.card = self._registered.value
-        executions = await self.broker.bucket(self.broker.names.executions_bucket, Execution)
+        executions = await until_answered(
+            lambda: self.broker.bucket(names.executions_bucket, Execution),
+            waiting_for=f"the bucket {names.executions_bucket}",
+        )
         self._executor = Executor(
             agent,
             self.broker,
