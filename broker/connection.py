@@ -112,7 +112,7 @@ class Broker:
         self._buckets: dict[str, KeyValue] = {}
         self._shared: dict[type, Any] = {}
         self._state = _State.UNOPENED
-        self._first_error: Exception | None = None
+        self._connect_errors: list[str] = []  # the first connect's, each failure once
         self._down_since: float | None = None
         self.reconnects = 0  # how often the connection came back (views may need a grace)
         # Set once the connection is gone for good without close(): the server closed it for
@@ -155,7 +155,7 @@ class Broker:
         return self
 
     async def _connect(self) -> NATS:
-        self._first_error = None
+        self._connect_errors = []
         servers = self.servers
         options = self.auth.connect_options(servers)
         nc = NATS()
@@ -184,7 +184,8 @@ class Broker:
         except Exception as exc:
             with contextlib.suppress(Exception):
                 await nc.close()  # nats-py leaves the socket of a refused connect open
-            reason = str(self._first_error or exc) or type(exc).__name__
+            # nats-py raises the last failure (or NoServersError): every seed failed its own way.
+            reason = "; ".join(self._connect_errors) or str(exc) or type(exc).__name__
             message = f"cannot connect to NATS at {self.shown_url}: {reason}"
             if "uthorization" in reason or "uthentication" in reason:
                 raise AuthenticationFailed(
@@ -330,7 +331,9 @@ class Broker:
 
     async def _on_error(self, exc: Exception) -> None:
         if self._nc is None:  # still in the first connect: reported as ConnectError
-            self._first_error = self._first_error or exc
+            said = str(exc) or type(exc).__name__
+            if said not in self._connect_errors:
+                self._connect_errors.append(said)
             return
         if self._down_since is not None and _refuses_credentials(exc):
             self._refusals += 1

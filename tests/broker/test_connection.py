@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from urllib.parse import urlparse
 
@@ -173,3 +174,18 @@ async def test_a_file_that_is_not_a_creds_file_is_named_so(nats_url, tmp_path):
         async with Broker(nats_url, auth=Auth(creds=str(garbage))):
             pass
     assert Auth(creds=str(garbage)).creds == garbage
+
+
+async def test_a_first_connect_names_every_seed_that_failed():
+    """When no seed answers, the error names each one's failure, not only the last tried."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as probe:  # free now, and nobody listens on it
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    with pytest.raises(ConnectError) as raised:
+        async with Broker(",".join(f"nats://127.0.0.1:{port}" for port in ports)):
+            pass
+    reason = str(raised.value).split(": ", 1)[1]
+    for port in ports:
+        assert f"('127.0.0.1', {port})" in reason
