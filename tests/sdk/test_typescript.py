@@ -72,6 +72,7 @@ def node_env(broker) -> dict[str, str]:  # type: ignore[no-untyped-def]
     }
 
 
+@pytest.mark.skipif(SECURED, reason="npm test starts open servers of its own: the same run")
 async def test_the_typescript_sdk_tests_pass(node_sdk: Path):
     """`npm test`: the generated wire types match schemas/, and the SDK's tests pass against
     a real nats-server and the Python coordinator (which they start themselves)."""
