@@ -60,14 +60,18 @@ class HandlerPlaces:
     def free(self) -> int:
         return self.size - self.busy
 
-    @property
-    def waiting(self) -> int:
-        """Tasks waiting for a place."""
-        return sum(not turn.done() for *_, turn in self._waiting)
+    def try_take(self, priority: Priority) -> bool:
+        """A place for a task of ``priority`` now, if one is free to it and no task waits."""
+        if self._waiting or self.free <= self._kept_for_p0(priority):
+            return False
+        self.busy += 1
+        return True
 
     async def take(self, priority: Priority) -> None:
         """A place for a task of ``priority``: at once when its turn is now (without
         suspending), else when it comes."""
+        if self.try_take(priority):
+            return
         entry = (priority, next(self._arrivals), asyncio.get_running_loop().create_future())
         heapq.heappush(self._waiting, entry)
         self._hand_out()
@@ -95,12 +99,14 @@ class HandlerPlaces:
             if turn.done():  # given up meanwhile
                 heapq.heappop(self._waiting)
                 continue
-            kept_for_p0 = 1 if self.size > 1 and priority != "P0" else 0
-            if self.free <= kept_for_p0:
+            if self.free <= self._kept_for_p0(priority):
                 return  # whoever waits behind is no more urgent
             heapq.heappop(self._waiting)
             self.busy += 1
             turn.set_result(None)
+
+    def _kept_for_p0(self, priority: Priority) -> int:
+        return 1 if self.size > 1 and priority != "P0" else 0
 
 
 class Room:
@@ -137,8 +143,7 @@ class Room:
         place, slot = self._place(task), self.slots[task.priority]
         if self._stopping.is_set():
             return False
-        if place.free > 0 and not place.waiting and slot.free > 0:
-            await place.take(task.priority)  # free: taken without suspending
+        if slot.free > 0 and place.try_take(task.priority):
             slot.take()
             return True
         async with delivery.kept_alive(keep_alive_s):

@@ -163,3 +163,19 @@ async def test_p1_and_p2_never_take_a_handlers_last_place() -> None:
     single = HandlerPlaces(1)
     await single.take("P2")
     assert single.free == 0
+
+
+async def test_a_free_place_is_taken_at_once_unless_a_task_waits_or_it_is_kept_for_p0() -> None:
+    """The path every task takes when the agent has room makes no wait of its own; a task
+    that arrives while another waits queues behind it, even if a place is free to it."""
+    places = HandlerPlaces(3)
+    assert places.try_take("P1") and places.try_take("P1")
+    assert not places.try_take("P2")  # the last place is P0's
+    assert places.busy == 2
+    waiting_p1 = asyncio.create_task(places.take("P1"))
+    await asyncio.sleep(0)
+    assert not waiting_p1.done()
+    places.give()  # the freed place goes to the P1 that waits, not to a newcomer
+    assert not places.try_take("P1")
+    await asyncio.wait_for(waiting_p1, 1)
+    assert places.try_take("P0") and places.free == 0
