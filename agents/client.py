@@ -273,7 +273,7 @@ class ReachClient:
         except OthersMessage as exc:
             taken = f"{exc}: send it under an id of your own"
             error = ErrorInfo(type="duplicate_id", message=taken, retryable=False)
-            raise Rejected(error, **ids) from None
+            raise Rejected(error, **ids, ending="duplicate_id") from None
         if ended is None:
             raise DeadlineExceeded(
                 f"message {task.message_id!r} was sent before and did not end within"

@@ -69,18 +69,27 @@ class TaskFailed(InvokeError):
     """The task failed after an agent took it: ``error`` is what the agent reported or,
     when a later attempt was refused (its breaker open, the ttl out between retries), that
     refusal (``error.type``: circuit_open, expired, …), naming the attempt that failed.
-    A handler ran, so sending the task again under a new id may run it twice."""
+    A handler ran, so sending the task again under a new id may run it twice.
 
-    def __init__(self, error: ErrorInfo, *, message_id: str, trace_id: str) -> None:
+    ``ending`` is how the message ended, the error reply's ``reason``: the dead-letter
+    reason (``retries_exhausted``, ``expired``, ``rejected``, ``no_route``, …), ``refused``
+    (no dead letter), ``cancelled``, ``duplicate_id``; None when the coordinator did not
+    say (one older than that field)."""
+
+    def __init__(
+        self, error: ErrorInfo, *, message_id: str, trace_id: str, ending: str | None = None
+    ) -> None:
         super().__init__(f"{error.type}: {error.message}", message_id=message_id, trace_id=trace_id)
         self.error = error
+        self.ending = ending
 
 
 class Rejected(TaskFailed):
     """The task was refused before any agent accepted it, so no handler ran; ``reason``
     says why (no_route, backpressure, rate_limited, circuit_open, expired, …). Sending it
     again is safe (after ``error.retry_after_ms``, when given). A refusal after an attempt
-    ran raises :class:`TaskFailed` instead."""
+    ran raises :class:`TaskFailed` instead. (``reason`` is ``error.type``, the refusal's
+    kind; ``ending`` says whether it left a dead letter: ``refused`` when it did not.)"""
 
     @property
     def reason(self) -> str:

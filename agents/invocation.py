@@ -110,26 +110,28 @@ async def wait_for_result(
                 await _call(on_progress, message)
             case Result():
                 return message.result, message.result_ref
-            case ErrorReply(error=error, attempt=attempt):
+            case ErrorReply(error=error, attempt=attempt, reason=reason):
                 ran = done_by is not None  # acknowledged: a handler took it
                 if not ran and _after_an_attempt(error, attempt):
                     ran = (await ending.read())[1]  # its ack may have been lost
-                raise failure(error, ids, ran=ran)
+                raise failure(error, ids, ran=ran, ending=reason)
 
 
 def outcome_of(ended: Ended, ids: dict[str, str], *, ran: bool) -> tuple[Any, PayloadRef | None]:
     """The result ``ended`` holds, or its error raised; ``ran``: an agent accepted it."""
     if ended.error is not None:
-        raise failure(ended.error, ids, ran=ran)
+        raise failure(ended.error, ids, ran=ran, ending=ended.reason)
     return ended.result, ended.result_ref
 
 
-def failure(error: ErrorInfo, ids: dict[str, str], *, ran: bool) -> TaskFailed:
+def failure(
+    error: ErrorInfo, ids: dict[str, str], *, ran: bool, ending: str | None = None
+) -> TaskFailed:
     """Rejected for a refusal before any agent accepted the task (nothing ran, so sending it
     again is safe); TaskFailed for a handler's failure, and for a refusal that came after
     an attempt ran (a retry refused by its breaker, a ttl out between retries)."""
     refused = error.type in REJECTION_REASONS and not ran
-    return (Rejected if refused else TaskFailed)(error, **ids)
+    return (Rejected if refused else TaskFailed)(error, **ids, ending=ending)
 
 
 def _after_an_attempt(error: ErrorInfo, attempt: int) -> bool:

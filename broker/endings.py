@@ -29,6 +29,7 @@ class Ended:
     result: Any = None
     result_ref: PayloadRef | None = None
     error: ErrorInfo | None = None
+    reason: str | None = None  # how an error ended it, as an error reply's ``reason`` says
 
 
 def ending_of(events: Iterable[Event]) -> Ended | None:
@@ -43,8 +44,20 @@ def ending_of(events: Iterable[Event]) -> Ended | None:
                     result_ref=msgspec.convert(ref, PayloadRef) if isinstance(ref, dict) else None,
                 )
             case "dead_lettered" | "rejected" | "workflow_failed" | "workflow_cancelled":
-                return Ended(error=_error(detail))
+                return Ended(error=_error(detail), reason=_reason(event.event, detail))
     return None
+
+
+def _reason(kind: str, detail: dict[str, Any]) -> str | None:
+    """The ``reason`` the error reply of an ending of ``kind`` carries."""
+    match kind:
+        case "rejected":
+            return "refused"  # a refusal that leaves no dead letter
+        case "workflow_cancelled":
+            return "cancelled"
+        case _:
+            reason = detail.get("reason")
+            return reason if isinstance(reason, str) else None
 
 
 async def wait_for_ending(

@@ -214,6 +214,7 @@ async def test_a_refusal_after_an_attempt_ran_is_task_failed(broker, coordinator
             await client.invoke("late", {}, ttl_ms=300)
     assert not isinstance(caught.value, Rejected)
     assert caught.value.error.type == "expired"
+    assert caught.value.ending == "expired"
     assert "attempt 1 failed: ConnectionError: upstream down" in str(caught.value)
 
 

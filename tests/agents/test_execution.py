@@ -77,6 +77,7 @@ async def test_permanent_error_is_rejected(broker, coordinator, watcher):
     letter = await watcher.dead_letter("rejected", topic="refuse")
     assert caught.value.error.type == "PermanentError"
     assert caught.value.error.retryable is False
+    assert caught.value.ending == "rejected"
     assert letter.error is not None and letter.error.message == "order 7 is already refunded"
     assert letter.envelope is not None and letter.envelope.payload == {"order": 7}
     assert [e.event for e in letter.trace] == ["routed", "accepted", "failed"]  # no retry
@@ -87,8 +88,12 @@ async def test_always_failing_handler_ends_after_the_configured_attempts(
 ):
     """An ordinary exception is retried; after 3 attempts it ends as retries_exhausted."""
     async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
-        with pytest.raises(TaskFailed, match="RuntimeError: database unavailable"):
+        with pytest.raises(TaskFailed, match="RuntimeError: database unavailable") as caught:
             await client.invoke("crash", {})
+        assert caught.value.ending == "retries_exhausted"
+        with pytest.raises(TaskFailed) as again:  # its end, read from its events this time
+            await client.invoke("crash", {}, message_id=caught.value.message_id)
+        assert again.value.ending == "retries_exhausted"
     letter = await watcher.dead_letter("retries_exhausted", topic="crash")
     assert letter.error is not None and letter.error.retryable
     assert letter.attempts == 3

@@ -249,6 +249,7 @@ rules:
         with pytest.raises(Rejected) as caught:
             await client.invoke("work", {})
     assert caught.value.reason == "no_route"
+    assert caught.value.ending == "no_route"
 
 
 async def test_one_agent_destination_and_the_less_loaded_of_two(broker, start_coordinator, watcher):

@@ -1110,6 +1110,7 @@ async def test_a_caller_over_its_quota_is_rate_limited(arena: Arena) -> None:
         with pytest.raises(Rejected) as refused:
             await greedy.invoke("summarize", {"n": 3})
     assert refused.value.reason == "rate_limited"
+    assert refused.value.ending == "refused"  # a caller's own quota leaves no dead letter
     assert refused.value.error.retry_after_ms is not None
     assert refused.value.error.retry_after_ms > 0
 
