@@ -7,8 +7,9 @@ None when the message is done (acknowledged) or the seconds after which it shoul
 back (a wait, a backoff, a timer). A broker failure leaves the
 message to come back a second later; a stream or bucket that has gone is provisioned
 again. A message whose handling keeps crashing (a bug, or an input nobody foresaw) is
-dead-lettered as ``poison`` after a few tries, so it never loops forever; every
-consumer also has a delivery limit whose advisory ends in the dead-letter stream.
+dead-lettered as ``poison`` after a few tries, so it never loops forever (a task's
+sender is answered, and finds the letter in its trace); every consumer also has a
+delivery limit whose advisory ends in the dead-letter stream.
 """
 
 from __future__ import annotations
@@ -33,11 +34,15 @@ from agentreach.broker import (
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import dead_letter_delivery
 from agentreach.broker.tasks import cancel_and_wait
-from agentreach.envelopes import ErrorInfo
+from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.envelopes import ErrorInfo, Task
 
 log = structlog.get_logger("coordinator")
 
 Handler = Callable[[Delivery], Awaitable[float | None]]
+# The task a delivery holds, as its handler would take it in (or None): its sender is
+# answered when the message turns out to be poison.
+TaskOf = Callable[[Delivery], Task | None]
 Fold = Callable[[Delivery], None]
 RETRY_DELAY_S = 1.0
 POISON_AFTER = 3  # crashes before a message is dead-lettered as poison
@@ -53,10 +58,13 @@ class Consumption:
         self._crashes: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._failing_since: float | None = None  # broker errors said once per outage
 
-    async def run(self, consumer: PullConsumer, batch: int, handle: Handler) -> None:
+    async def run(
+        self, consumer: PullConsumer, batch: int, handle: Handler, task_of: TaskOf | None = None
+    ) -> None:
         """Consume until cancelled, with at most ``batch`` messages in hand: each is settled
         as soon as it is handled, and its room pulled for again at once, so one slow message
-        (a rate limit's wait, a leader election) holds up no other."""
+        (a rate limit's wait, a leader election) holds up no other. ``task_of``: the task a
+        message holds, whose sender a poison message's end is told."""
         in_hand: set[asyncio.Task[None]] = set()
         keep_alive_s = consumer.spec.ack_wait_s / 2
         try:
@@ -66,7 +74,9 @@ class Consumption:
                     await asyncio.wait(in_hand, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 for delivery in await consumer.next_batch(batch - len(in_hand)):
-                    settling = asyncio.create_task(self.settle(delivery, handle, keep_alive_s))
+                    settling = asyncio.create_task(
+                        self.settle(delivery, handle, keep_alive_s, task_of)
+                    )
                     in_hand.add(settling)
                     settling.add_done_callback(in_hand.discard)
         finally:
@@ -93,7 +103,11 @@ class Consumption:
                     )
 
     async def settle(
-        self, delivery: Delivery, handle: Handler, keep_alive_s: float | None = None
+        self,
+        delivery: Delivery,
+        handle: Handler,
+        keep_alive_s: float | None = None,
+        task_of: TaskOf | None = None,
     ) -> None:
         """Handle ``delivery`` and settle it; while a handling outlasts ``keep_alive_s`` the
         message is said to be in progress, so that the ack wait can be short: a replica that
@@ -115,7 +129,7 @@ class Consumption:
             await self._later(delivery, exc)
             return
         except Exception as exc:  # a bug must not stop the service, nor loop forever
-            await self._crashed(delivery, exc)
+            await self._crashed(delivery, exc, task_of)
             return
         self._recovered()
         with contextlib.suppress(BrokerError):  # unsettled, it comes back after the ack wait
@@ -141,7 +155,7 @@ class Consumption:
             self._failing_since = None
             log.info("handling messages again", failed_s=round(failed_s, 1))
 
-    async def _crashed(self, delivery: Delivery, exc: Exception) -> None:
+    async def _crashed(self, delivery: Delivery, exc: Exception, task_of: TaskOf | None) -> None:
         key = (delivery.stream, delivery.stream_seq)
         crashes = self._crashes.pop(key, 0) + 1
         if crashes < POISON_AFTER:
@@ -156,14 +170,27 @@ class Consumption:
         message = f"handling failed {crashes} times: {type(exc).__name__}: {exc}"
         error = ErrorInfo(type="poison", message=message[:1000], retryable=False)
         try:
-            await dead_letter_delivery(
-                self._broker, delivery, reason="poison", error=error, topic=_topic_of(delivery)
-            )
+            if (task := _task_in(delivery, task_of)) is not None:
+                await end_with_error(self._broker, task, "poison", error)
+            else:
+                await dead_letter_delivery(
+                    self._broker, delivery, reason="poison", error=error, topic=_topic_of(delivery)
+                )
         except BrokerError as failed:
             await _later(delivery, RETRY_DELAY_S, "poison not dead-lettered yet", error=str(failed))
             return
         with contextlib.suppress(BrokerError):
             await delivery.ack()  # dealt with: it is in the dead-letter stream now
+
+
+def _task_in(delivery: Delivery, task_of: TaskOf | None) -> Task | None:
+    if task_of is None:
+        return None
+    try:
+        return task_of(delivery)
+    except Exception:  # the reading may be what crashes: the raw message is dead-lettered
+        log.warning("no task read from a poison message", exc_info=True)
+        return None
 
 
 def _topic_of(delivery: Delivery) -> str:

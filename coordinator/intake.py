@@ -55,28 +55,16 @@ class Intake:
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
         topic, sender = self._broker.names.task_subject_parts(msg.subject)
-        fallback_id = stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq)
         try:
-            task = task_from_intake(
-                msg.data,
-                msg.headers,
-                topic=topic,
-                received_ms=msg.timestamp_ms,
-                fallback_id=fallback_id,
-                reply_allowed=self._reply_policy(sender),
-            )
-            if sender is not None:
-                _check_dedup_header(msg.headers, task)
+            task = self._taken_in(msg, topic, sender)
         except DecodeError as exc:
+            fallback_id = stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq)
             stub = self._stub(msg, topic, fallback_id, sender)
             # Charged as a task would be: a caller over its quota must not flood the DLQ.
             if sender is not None and msg.num_delivered == 1 and not await self._within_quota(stub):
                 return None
             await self._invalid(msg, stub, exc)
             return None
-        if sender is not None:  # the subject names the sender; the body's own claims give way
-            from_agent = sender if task.from_agent is not None else None
-            task = msgspec.structs.replace(task, caller=sender, from_agent=from_agent)
         # A reassignment comes back through intake as attempt + 1: not a task taken in.
         if self._on_taken is not None and msg.num_delivered == 1 and task.attempt == 1:
             self._on_taken(task.topic, task.priority, msg.timestamp_ms)
@@ -104,6 +92,31 @@ class Intake:
                 return None
             await self._workflows.start(task, seen_before=seen_before)
             return None
+
+    def task_of(self, msg: Delivery) -> Task | None:
+        """The task ``msg`` holds, as :meth:`handle` takes it in (its sender's claims checked
+        against its subject), or None when it holds none."""
+        topic, sender = self._broker.names.task_subject_parts(msg.subject)
+        try:
+            return self._taken_in(msg, topic, sender)
+        except DecodeError:
+            return None
+
+    def _taken_in(self, msg: Delivery, topic: str, sender: str | None) -> Task:
+        task = task_from_intake(
+            msg.data,
+            msg.headers,
+            topic=topic,
+            received_ms=msg.timestamp_ms,
+            fallback_id=stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq),
+            reply_allowed=self._reply_policy(sender),
+        )
+        if sender is None:
+            return task
+        _check_dedup_header(msg.headers, task)
+        # The subject names the sender; the body's own claims give way.
+        from_agent = sender if task.from_agent is not None else None
+        return msgspec.structs.replace(task, caller=sender, from_agent=from_agent)
 
     async def _within_quota(self, task: Task) -> bool:
         """Take a token of the caller's quota; False when the task was refused for it

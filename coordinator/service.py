@@ -34,7 +34,7 @@ from agentreach.broker import (
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator.calls import Calls
 from agentreach.coordinator.config import ConfigError, CoordinatorConfig
-from agentreach.coordinator.consumption import Consumption
+from agentreach.coordinator.consumption import Consumption, Handler, TaskOf
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import OUTCOME_EVENTS, Outcomes
 from agentreach.coordinator.delivery.traces import TraceDesk
@@ -124,7 +124,7 @@ class Coordinator:
         self.manual = ManualQueue(broker, config.manual)
         self.router = Router(broker, fleet, config.routing, grants, manual=self.manual)
         self.workflows = WorkflowEngine(broker, config.workflows, grants=grants)
-        self.liveness = LivenessMonitor(broker, config.liveness, self.directory)
+        self.liveness = LivenessMonitor(broker, config.liveness, self.directory, self.queues.slots)
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id
         )
@@ -287,22 +287,18 @@ class Coordinator:
             new_only=True,
             acknowledged=False,
         )
-        run, fold = self._consumption.run, self._consumption.fold
+        consume = self._consume
         loops: list[tuple[ConsumerSpec, Loop]] = [
-            (intake, functools.partial(run, batch=config.intake.batch, handle=self._intake.handle)),
+            (intake, consume(config.intake.batch, self._intake.handle, self._intake.task_of)),
+            (outcomes, consume(config.delivery.batch, self._outcomes.handle)),
+            (advisories, consume(ADVISORY_BATCH, self._advisories.handle)),
+            (workflows, consume(config.delivery.batch, self.workflows.handle)),
             (
-                outcomes,
-                functools.partial(run, batch=config.delivery.batch, handle=self._outcomes.handle),
+                metrics,
+                functools.partial(
+                    self._consumption.fold, batch=config.metrics.batch, count=self.flow.count
+                ),
             ),
-            (
-                advisories,
-                functools.partial(run, batch=ADVISORY_BATCH, handle=self._advisories.handle),
-            ),
-            (
-                workflows,
-                functools.partial(run, batch=config.delivery.batch, handle=self.workflows.handle),
-            ),
-            (metrics, functools.partial(fold, batch=config.metrics.batch, count=self.flow.count)),
         ]
         if audited:
             audit = ConsumerSpec(
@@ -313,14 +309,12 @@ class Coordinator:
                 max_deliver=MAX_DELIVER_OTHER,
                 new_only=True,
             )
-            audit_writer = AuditWriter(self.broker)
-            loops.append(
-                (
-                    audit,
-                    functools.partial(run, batch=config.audit.batch, handle=audit_writer.handle),
-                )
-            )
+            loops.append((audit, consume(config.audit.batch, AuditWriter(self.broker).handle)))
         return loops
+
+    def _consume(self, batch: int, handle: Handler, task_of: TaskOf | None = None) -> Loop:
+        run = self._consumption.run
+        return functools.partial(run, batch=batch, handle=handle, task_of=task_of)
 
     def _serves(self, topic: str) -> bool:
         """Whether an agent or a workflow serves ``topic`` (it may be a metric label)."""

@@ -7,10 +7,11 @@ import asyncio
 import pytest
 
 from agentreach import envelopes
-from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.agents import Agent, ReachClient, TaskContext, TaskFailed
 from agentreach.broker import ConsumerSpec, Provisioner, Topology, bind, read_stream
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.coordinator.consumption import POISON_AFTER, Consumption
+from agentreach.coordinator.routing.router import Router
 from agentreach.envelopes import Event, Task
 from agentreach.envelopes import headers as h
 from tests.secured import operators_reply_to
@@ -170,6 +171,29 @@ async def test_a_message_that_keeps_crashing_its_handler_is_dead_lettered_as_poi
     assert tries == POISON_AFTER
     assert letter.error is not None and "ValueError: this input breaks" in letter.error.message
     assert letter.raw == '{"x": 1}'
+
+
+async def test_a_task_that_keeps_crashing_intake_is_answered_and_in_its_senders_trace(
+    broker, coordinator, watcher, monkeypatch
+):
+    """A task whose intake keeps crashing ends as ``poison``: its sender is answered at
+    once, not left to its deadline, and the letter is the task's (its envelope and ids)."""
+    routed = Router.dispatch
+
+    async def crashing(self: Router, task: Task, **kwargs: object) -> float | None:
+        if task.topic == "explode":
+            raise ValueError("this task breaks the router")
+        return await routed(self, task, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Router, "dispatch", crashing)
+    async with ReachClient(broker=broker) as client:
+        with pytest.raises(TaskFailed) as caught:
+            await client.invoke("explode", {"n": 1}, ttl_ms=20_000, ack_deadline_ms=15_000)
+    assert caught.value.error.type == "poison" and caught.value.ending == "poison"
+    assert "ValueError: this task breaks the router" in caught.value.error.message
+    letter = await watcher.dead_letter("poison", message_id=caught.value.message_id)
+    assert letter.envelope is not None and letter.envelope.payload == {"n": 1}
+    assert letter.topic == "explode"
 
 
 async def test_the_same_task_sent_again_is_answered_again(broker, coordinator, watcher):
