@@ -250,8 +250,10 @@ async def follow(
     filter_subjects: tuple[str, ...],
     since_ms: int,
     size: int = 256,
+    caught_up: asyncio.Event | None = None,
 ) -> AsyncIterator[Delivery]:
-    """Every message on ``filter_subjects`` stored since ``since_ms``, then each new one.
+    """Every message on ``filter_subjects`` stored since ``since_ms``, then each new one;
+    ``caught_up`` is set once what was stored when it began has been yielded.
 
     A private consumer that acknowledges nothing, so every process that follows
     sees every message. When it is lost (a server restart), it is made again from
@@ -272,12 +274,15 @@ async def follow(
                 failing = False
             while True:
                 honour_cancellation()
-                for delivery in [Delivery(m) for m in await puller.fetch(size, 1.0)]:
+                batch = [Delivery(m) for m in await puller.fetch(size, 1.0)]
+                for delivery in batch:
                     start = {
                         "deliver_policy": api.DeliverPolicy.BY_START_SEQUENCE,
                         "opt_start_seq": delivery.stream_seq + 1,
                     }
                     yield delivery
+                if caught_up is not None and (not batch or batch[-1].pending == 0):
+                    caught_up.set()
         except BrokerError as exc:
             if not failing:
                 log.warning("following a stream failed; retrying", stream=stream, error=str(exc))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.metadata
 import sys
 
@@ -16,6 +17,7 @@ from agentreach.dashboard import AllowedHosts, Board, DashboardApp, History, ren
 
 log = structlog.get_logger("reach")
 WILDCARDS = ("", "0.0.0.0", "::")  # every address: each request's own is answered
+HISTORY_WAIT_S = 30.0  # at most, for `reach top --once` to read the window's events
 
 
 def register(commands: Commands) -> None:
@@ -117,11 +119,14 @@ async def cmd_top(args: argparse.Namespace) -> int:
         broker_of(args, name="reach-top") as broker,
         Board(broker, _history(args)) as board,
     ):
+        if args.once:  # one look: at the whole window, not at what was read by then
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(board.history_read.wait(), HISTORY_WAIT_S)
+            await board.refresh()
+            print(render(board.snapshot()))
+            return 0
         while True:
             drawn = render(board.snapshot())
-            if args.once:
-                print(drawn)
-                return 0
             # A terminal is cleared before each redraw; a pipe or file gets each one after the last.
             clear = "\033[2J\033[H" if sys.stdout.isatty() else "\n"
             print(clear + drawn, flush=True)

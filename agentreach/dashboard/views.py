@@ -84,6 +84,7 @@ class Board:
         self.read_ms = 0  # when a refresh last read everything: what is shown is as of then
         self.unread: str | None = None  # why the last refresh failed; None when it did not
         self.ready = asyncio.Event()
+        self.history_read = asyncio.Event()  # the window's events at start are folded
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- running -------------------------------------------------------------------------
@@ -130,6 +131,7 @@ class Board:
             stream=names.events_stream,
             filter_subjects=tuple(names.events_of_kind(k) for k in kinds),
             since_ms=now_ms() - self.history.since_ms_back,
+            caught_up=self.history_read,
         ):
             honour_cancellation()
             try:
