@@ -9,7 +9,8 @@ the config, and what ``replicas: auto`` means on the server at hand.
 A normal account cannot ask how many JetStream peers a cluster has (that takes the system
 account), so ``auto`` asks the server to create a throwaway R3 stream: created means three
 peers or more; refused as "not clustered" (10074), or as "no suitable peers" (10005) for a few
-seconds running, means one.
+seconds running, means one. Once the task stream has three replicas or more, ``auto`` means
+what it has: with a node down the probe finds too few peers, but the cluster is still one.
 """
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ async def resolve_replicas(broker: Broker, setting: Replicas) -> int:
     """
     if setting != AUTO:
         return int(setting)
+    if (kept := await _replicas_in_place(broker)) >= CLUSTERED_REPLICAS:
+        return kept  # chosen when the cluster was whole: a node down must not make it 1
     loop = asyncio.get_running_loop()
     started = loop.time()
+    unanswered = False
     while True:
         try:
             return await _probe(broker)
@@ -99,9 +103,25 @@ async def resolve_replicas(broker: Broker, setting: Replicas) -> int:
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
             if loop.time() - started > PATIENCE_S:
                 raise translate(exc, subject="$JS.API.STREAM.CREATE") from exc
+            if not unanswered:
+                unanswered = True
+                log.info(
+                    "replicas auto: JetStream does not answer the probe yet; trying again",
+                    for_s=PATIENCE_S,
+                    error=str(exc) or type(exc).__name__,
+                )
         except nats.errors.Error as exc:
             raise translate(exc, subject="$JS.API.STREAM.CREATE") from exc
         await asyncio.sleep(1.0)
+
+
+async def _replicas_in_place(broker: Broker) -> int:
+    """The replicas of the task stream, if it exists (0 if not)."""
+    try:
+        info = await broker.js.stream_info(broker.names.tasks_stream)
+    except nats.js.errors.NotFoundError:
+        return 0
+    return info.config.num_replicas or 1
 
 
 class _TooFewPeers(Exception):

@@ -150,7 +150,8 @@ async def _lead_from(broker: Broker, cluster: EmbeddedCluster, stream: str, node
 
 async def test_the_report_tells_a_dead_replica_from_one_catching_up(cluster):
     """After a kill -9 of the node leading REACH_TASKS, `reach provision`'s report names that
-    node as not current, offline or cut off, not as catching up (which it would be for ever)."""
+    node as not current, offline or cut off, not as catching up (which it would be for ever);
+    `auto` still means the three replicas the streams have, not one."""
     async with Broker(cluster.url, name="operator") as broker:
         names = broker.names
         await provision(broker, Topology.default(names))
@@ -159,6 +160,7 @@ async def test_the_report_tells_a_dead_replica_from_one_catching_up(cluster):
         await cluster.kill(victim)
         await cluster.wait_leader(names.tasks_stream, not_on=victim)
         report = await provision(broker, Topology.default(names))
+    assert report.replicas == 3
     [tasks] = [d for d in report.details if d.name == names.tasks_stream]
     dead = cluster.node_name(victim)
     assert tasks.away == (dead,) and not tasks.lagging
