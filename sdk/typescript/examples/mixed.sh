@@ -41,6 +41,8 @@ wait_for "$WORK/greeter.log" "greeter serving"
 
 echo "--- reach publish greeting (workflow: greet in TypeScript, then shout in Python):"
 "$REACH" publish greeting '{"name": "Ada"}' --wait --trace-id mixed-demo --nats-url "$URL"
+echo "--- the same workflow invoked from TypeScript (examples/caller.ts, ReachClient):"
+node build/examples/caller.js "$URL" greeting '{"name": "Grace"}'
 echo "--- reach agents:"
 "$REACH" agents --nats-url "$URL"
 echo "--- reach trace mixed-demo (both languages, one trace):"

@@ -3,8 +3,6 @@
 import { randomBytes } from "node:crypto";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { dirname } from "node:path";
-import { credsAuthenticator } from "nats";
-import type { ConnectionOptions } from "nats";
 
 import { TOKEN } from "./codec.js";
 import { Connection } from "./connection.js";
@@ -14,6 +12,8 @@ import { jsonLogger } from "./log.js";
 import type { Logger } from "./log.js";
 import { Names } from "./names.js";
 import { AgentRuntime } from "./runtime.js";
+import { connectionOptions, defaultServers, readCreds } from "./servers.js";
+import type { Servers } from "./servers.js";
 import { Signal } from "./timing.js";
 import type { Handler, HandlerSpec } from "./execution.js";
 import type { AgentCard, Intent, RateLimit } from "./types.js";
@@ -67,8 +67,7 @@ export interface HandlerOptions {
   examples?: string[];
 }
 
-/** Where to connect: a URL, a list of URLs, or nats.js connection options. */
-export type Servers = string | string[] | ConnectionOptions;
+export type { Servers } from "./servers.js";
 
 /**
  * An agent.
@@ -201,7 +200,7 @@ export class Agent {
   }
 
   /** Connect, register and start consuming; resolves once the agent serves. */
-  async start(servers: Servers = process.env.NATS_URL ?? "nats://127.0.0.1:4222"): Promise<void> {
+  async start(servers: Servers = defaultServers()): Promise<void> {
     if (this.state !== "new") throw new ReachError("an Agent starts once; create a new one");
     if (this.handlers.size === 0) throw new AgentConfigError(`agent ${this.agentId} has no handlers`);
     this.state = "starting";
@@ -239,7 +238,8 @@ export class Agent {
   }
 
   private async open(servers: Servers): Promise<void> {
-    const options = connectionOptions(servers, this.agentId, this.creds);
+    const creds = this.creds === null ? null : readCreds(this.creds, (m) => new AgentConfigError(m));
+    const options = connectionOptions(servers, `agent:${this.agentId}`, creds);
     const conn = await Connection.open(options, this.names, this.requestTimeoutMs, this.log, this.aborted.signal);
     this.conn = conn;
     if (this.state !== "starting") throw new ReachError("the agent was stopped while starting");
@@ -276,51 +276,6 @@ export class Agent {
     } finally {
       await this.conn?.close();
     }
-  }
-}
-
-function connectionOptions(servers: Servers, agentId: string, creds: string | null): ConnectionOptions {
-  const base: ConnectionOptions =
-    typeof servers === "string" || Array.isArray(servers)
-      ? { servers: typeof servers === "string" ? servers.split(",").map((s) => s.trim()) : servers }
-      : servers;
-  return {
-    name: `agent:${agentId}`,
-    timeout: 2_000,
-    maxReconnectAttempts: -1, // a service rides out server restarts
-    reconnectTimeWait: 500,
-    pingInterval: 10_000,
-    maxPingOut: 3,
-    ...(creds === null ? {} : credsOptions(creds)),
-    ...base,
-  };
-}
-
-/** Authentication by a `.creds` file, and the inbox prefix of its user. */
-function credsOptions(path: string): Partial<ConnectionOptions> {
-  let text: string;
-  try {
-    text = readFileSync(path, "utf8");
-  } catch (err) {
-    throw new AgentConfigError(`cannot read creds file ${path}: ${(err as Error).message}`);
-  }
-  const name = userNameOf(text);
-  return {
-    authenticator: credsAuthenticator(new TextEncoder().encode(text)),
-    ...(name ? { inboxPrefix: `_INBOX_${name}` } : {}),
-  };
-}
-
-/** The `name` claim of the user JWT in a creds file (read, not verified: the server does). */
-function userNameOf(creds: string): string | null {
-  const jwt = /-----BEGIN NATS USER JWT-----\s*([A-Za-z0-9_.=-]+)\s*------END NATS USER JWT------/.exec(creds)?.[1];
-  const payload = jwt?.split(".")[1];
-  if (!payload) return null;
-  try {
-    const claims = JSON.parse(Buffer.from(payload, "base64url").toString("utf8")) as { name?: unknown };
-    return typeof claims.name === "string" ? claims.name : null;
-  } catch {
-    return null;
   }
 }
 

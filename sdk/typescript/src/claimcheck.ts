@@ -3,7 +3,9 @@
  * Object Store (bucket `<prefix>_payloads`) and the envelope carries a `PayloadRef` instead
  * (bucket, name, size, SHA-256). Every reader checks the SHA-256 before it uses what it got.
  * An agent reads a task's `payload_ref`, and stows a result above its threshold (256 KiB by
- * default) as `<message_id>/<attempt>/result`, as the Python SDK does.
+ * default) as `<message_id>/<attempt>/result`; a caller stows a payload above it as
+ * `<message_id>/payload` and reads a `result_ref` — as the Python SDK does. A secured server
+ * grants no Object Store: there, payloads and results must fit in a message.
  */
 
 import { createHash } from "node:crypto";
@@ -13,7 +15,7 @@ import { decodeJson, encode } from "./codec.js";
 import { ReachError } from "./errors.js";
 import type { PayloadRef, Task } from "./types.js";
 
-/** Results whose JSON is larger than this many bytes go to the Object Store. */
+/** Payloads and results whose JSON is larger than this many bytes go to the Object Store. */
 export const DEFAULT_CLAIM_CHECK_BYTES = 262_144;
 
 /** A claim-checked payload is gone (expired, deleted) or does not match its digest. */
@@ -34,6 +36,19 @@ export class ClaimCheck {
   async payloadOf(task: Task): Promise<unknown> {
     if (task.payload_ref === null || task.payload_ref === undefined) return task.payload;
     return decodeJson(await this.get(task.payload_ref));
+  }
+
+  /** `task` with a large payload replaced by a reference (else `task` itself). */
+  async stowTask(task: Task): Promise<Task> {
+    if (task.payload_ref !== null || task.payload === null || task.payload === undefined) return task;
+    const data = encode(task.payload);
+    if (data.length <= this.thresholdBytes) return task;
+    return { ...task, payload: null, payload_ref: await this.put(`${task.message_id}/payload`, data) };
+  }
+
+  /** A result, fetched from the store when it was claim-checked. */
+  async resultOf(result: unknown, ref: PayloadRef | null): Promise<unknown> {
+    return ref === null ? result : decodeJson(await this.get(ref));
   }
 
   /** `[result, null]` when small enough to travel, else `[null, reference]`. */

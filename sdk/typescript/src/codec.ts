@@ -72,6 +72,11 @@ export function decodeTask(data: Uint8Array): Task {
   };
 }
 
+/** A task's budget alone (`$` is the budget object), validated as in a task. */
+export function decodeBudget(data: Uint8Array): Budget {
+  return budget(decodeJson(data), "$");
+}
+
 type Check<T> = (value: unknown, at: string) => T;
 
 class Reader {
@@ -236,6 +241,23 @@ function stringMap(value: unknown, at: string): Record<string, string> {
     }
   }
   return { ...(obj as Record<string, string>) };
+}
+
+/**
+ * The headers a task is published with: the envelope mirrored for tools that read only
+ * headers, and `Nats-Msg-Id` = `message_id`, so that the stream drops a resend.
+ */
+export function taskHeaders(task: Task): Record<string, string> {
+  const headers: Record<string, string> = {
+    "Nats-Msg-Id": task.message_id,
+    "Reach-Trace-Id": task.trace_id,
+    "Reach-Priority": task.priority,
+    "Reach-TTL": String(task.ttl_ms),
+    "Reach-Kind": "task",
+  };
+  if (task.reply_to) headers["Reach-Reply-To"] = task.reply_to;
+  if (task.traceparent) headers.traceparent = task.traceparent;
+  return headers;
 }
 
 /** A fresh UUIDv7 (RFC 9562): sorts by creation time, unique without coordination. */

@@ -9,6 +9,7 @@ import type {
   MsgHdrs,
   NatsConnection,
   NatsError,
+  PubAck,
 } from "nats";
 
 import { ReachError } from "./errors.js";
@@ -33,6 +34,7 @@ function backoffMs(tries: number): number {
 
 export class Connection {
   private readonly buckets = new Map<string, Promise<KV>>();
+  private reconnected = 0;
 
   private constructor(
     readonly nc: NatsConnection,
@@ -66,14 +68,37 @@ export class Connection {
         if (signal.aborted) throw new ReachError("stopped while waiting for NATS");
       }
     }
+    return Connection.over(nc, names, requestTimeoutMs);
+  }
+
+  /** Connect once: a server that is not there is an error at once (a caller's choice). */
+  static async connect(options: ConnectionOptions, names: Names, requestTimeoutMs: number): Promise<Connection> {
+    return Connection.over(await connect(options), names, requestTimeoutMs);
+  }
+
+  private static async over(nc: NatsConnection, names: Names, requestTimeoutMs: number): Promise<Connection> {
     try {
-      // No account-info probe (checkAPI): an agent's permissions do not include $JS.API.INFO.
+      // No account-info probe (checkAPI): the permissions of agents and callers do not
+      // include $JS.API.INFO, and a secured caller may not ask the JetStream API anything.
       const jsm = await nc.jetstreamManager({ timeout: requestTimeoutMs, checkAPI: false });
       const js = nc.jetstream({ timeout: requestTimeoutMs, checkAPI: false });
-      return new Connection(nc, js, jsm, names, requestTimeoutMs);
+      const conn = new Connection(nc, js, jsm, names, requestTimeoutMs);
+      void conn.countReconnects();
+      return conn;
     } catch (err) {
       await nc.close();
       throw err;
+    }
+  }
+
+  /** How many times the connection came back since it was opened. */
+  get reconnects(): number {
+    return this.reconnected;
+  }
+
+  private async countReconnects(): Promise<void> {
+    for await (const status of this.nc.status()) {
+      if (status.type === "reconnect") this.reconnected += 1;
     }
   }
 
@@ -126,9 +151,12 @@ export class Connection {
     return kv;
   }
 
-  /** JetStream publish; a `Nats-Msg-Id` header makes the stream drop duplicates. */
-  async publish(subject: string, data: Uint8Array, headers: Record<string, string> = {}): Promise<void> {
-    await this.js.publish(subject, data, { headers: toHeaders(headers), timeout: this.requestTimeoutMs });
+  /**
+   * JetStream publish; a `Nats-Msg-Id` header makes the stream drop duplicates (the
+   * acknowledgement then says `duplicate`).
+   */
+  publish(subject: string, data: Uint8Array, headers: Record<string, string> = {}): Promise<PubAck> {
+    return this.js.publish(subject, data, { headers: toHeaders(headers), timeout: this.requestTimeoutMs });
   }
 
   /** Core NATS publish (replies to an inbox). */

@@ -1,14 +1,23 @@
 /**
- * Errors of the agent SDK.
+ * Errors of the SDK.
  *
- * ReachError              root of everything this package throws
- * ├── AgentConfigError    an Agent or handler was declared wrongly (thrown at once)
- * ├── AgentIdInUse        another live process already serves this agent_id
- * ├── PermanentError      thrown by a handler: do not retry this task
- * ├── DecodeError         a record on the wire is not what the protocol says
- * └── PayloadUnavailable  a claim-checked payload is gone or does not match its SHA-256
- *                         (in claimcheck.ts)
+ * ReachError                root of everything this package throws
+ * ├── AgentConfigError      an Agent or handler was declared wrongly (thrown at once)
+ * ├── AgentIdInUse          another live process already serves this agent_id
+ * ├── PermanentError        thrown by a handler: do not retry this task
+ * ├── DecodeError           a record on the wire is not what the protocol says
+ * ├── PayloadUnavailable    a claim-checked payload is gone or does not match its SHA-256
+ * │                         (in claimcheck.ts)
+ * ├── InvalidArgument       a ReachClient call got a wrong argument; nothing was sent
+ * └── InvokeError           ReachClient.invoke() did not get a result (`messageId`, `traceId`)
+ *     ├── NotAcknowledged   no agent accepted the task within the ack deadline (it stays queued)
+ *     ├── DeadlineExceeded  accepted, but no result within the execute deadline
+ *     ├── InvokeAborted     the caller's AbortSignal fired (the task goes on)
+ *     └── TaskFailed        it failed after an agent took it (`error`, `reason`)
+ *         └── Rejected      refused before any agent took it: nothing ran
  */
+
+import type { ErrorInfo } from "./types.js";
 
 export class ReachError extends Error {
   override name = "ReachError";
@@ -33,3 +42,122 @@ export class PermanentError extends ReachError {
 export class DecodeError extends ReachError {
   override name = "DecodeError";
 }
+
+/**
+ * An argument of a ReachClient call breaks the envelope's rules, or its payload has no JSON
+ * form; `argument` is its name as the caller wrote it, and the message starts with it
+ * (`ttlMs=0: …`). Thrown before anything is sent.
+ */
+export class InvalidArgument extends ReachError {
+  override name = "InvalidArgument";
+  constructor(
+    message: string,
+    readonly argument: string,
+  ) {
+    super(message);
+  }
+}
+
+/** The ids of the message an invocation is about: invoke again with `messageId` to re-attach. */
+export interface MessageIds {
+  messageId: string;
+  traceId: string;
+}
+
+/** An invocation ended without a result. */
+export class InvokeError extends ReachError {
+  override name = "InvokeError";
+  readonly messageId: string;
+  readonly traceId: string;
+
+  constructor(message: string, ids: MessageIds, options?: { cause?: unknown }) {
+    super(message, options);
+    this.messageId = ids.messageId;
+    this.traceId = ids.traceId;
+  }
+}
+
+/**
+ * No agent acknowledged the task within the ack deadline. The task is not withdrawn: it
+ * stays queued and may still run, until its ttl runs out (the message says when no
+ * coordinator runs to route it). To try again safely, invoke again with this error's
+ * `messageId`: the new call attaches to the first message and answers with how it ends.
+ * Never send a task that is not idempotent again under a new id: both could run.
+ */
+export class NotAcknowledged extends InvokeError {
+  override name = "NotAcknowledged";
+}
+
+/**
+ * The task was accepted but did not complete within the execute deadline. It may still
+ * complete: invoke again with the same `messageId` to hear how it ends.
+ */
+export class DeadlineExceeded extends InvokeError {
+  override name = "DeadlineExceeded";
+}
+
+/**
+ * The `signal` given to invoke() was aborted (`cause` is its reason). Only the waiting
+ * stopped: a task already sent goes on, and invoking again with `messageId` hears its end.
+ */
+export class InvokeAborted extends InvokeError {
+  override name = "InvokeAborted";
+}
+
+/**
+ * The task failed after an agent took it: `error` is what the agent reported or, when a
+ * later attempt was refused (its breaker open, the ttl out between retries), that refusal.
+ * `reason` is how the message ended, from the coordinator's error reply: the dead letter's
+ * reason (`retries_exhausted`, `rejected`, `expired`, `no_route`, `invalid_envelope`, …),
+ * `refused` for a refusal without a dead letter (a caller over its quota), `cancelled`,
+ * `duplicate_id`; null from a coordinator too old to say. A handler ran, so sending the
+ * task again under a new id may run it twice.
+ */
+export class TaskFailed extends InvokeError {
+  override name = "TaskFailed";
+  readonly error: ErrorInfo;
+  readonly reason: string | null;
+
+  constructor(error: ErrorInfo, reason: string | null, ids: MessageIds) {
+    super(`${error.type}: ${error.message}`, ids);
+    this.error = error;
+    this.reason = reason;
+  }
+
+  /** The error's type: a handler's class name, or the coordinator's (`expired`, `no_route`, …). */
+  get type(): string {
+    return this.error.type;
+  }
+
+  /** Whether the same request, sent again as a new message, may succeed. */
+  get retryable(): boolean {
+    return this.error.retryable;
+  }
+
+  /** How long to wait before sending again, when the coordinator says (a caller quota). */
+  get retryAfterMs(): number | null {
+    return this.error.retry_after_ms ?? null;
+  }
+}
+
+/**
+ * The task was refused before any agent accepted it, so no handler ran (`type`: no_route,
+ * expired, invalid_envelope, backpressure, rate_limited, circuit_open, too_large,
+ * duplicate_id). Sending it again is safe (after `retryAfterMs`, when given). A refusal after
+ * an attempt ran is a TaskFailed instead.
+ */
+export class Rejected extends TaskFailed {
+  override name = "Rejected";
+}
+
+/** The error types that, before any agent accepted the task, mean that nothing ran. */
+export const REJECTION_TYPES: ReadonlySet<string> = new Set([
+  "no_route",
+  "expired",
+  "invalid_envelope",
+  "backpressure",
+  "rate_limited",
+  "circuit_open",
+  "too_large",
+  "duplicate_id", // the message id is another caller's message
+]);

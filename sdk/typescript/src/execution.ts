@@ -9,7 +9,7 @@
 import { performance } from "node:perf_hooks";
 import type { JsMsg, NatsError } from "nats";
 
-import { decodeTask, encode, nowMs, stableId } from "./codec.js";
+import { decodeTask, encode, nowMs, stableId, taskHeaders } from "./codec.js";
 import { fromHeaders } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { TaskContext } from "./context.js";
@@ -304,16 +304,7 @@ export class Executor {
 
   /** A sub-task this agent sends, as itself (`reach.task.<topic>.<agent_id>`). */
   private async submit(task: Task): Promise<void> {
-    const headers: Record<string, string> = {
-      "Nats-Msg-Id": task.message_id,
-      "Reach-Trace-Id": task.trace_id,
-      "Reach-Priority": task.priority,
-      "Reach-TTL": String(task.ttl_ms),
-      "Reach-Kind": "task",
-    };
-    if (task.reply_to) headers["Reach-Reply-To"] = task.reply_to;
-    if (task.traceparent) headers.traceparent = task.traceparent;
-    await this.conn.publish(this.conn.names.task(task.topic, this.agentId), encode(task), headers);
+    await this.conn.publish(this.conn.names.task(task.topic, this.agentId), encode(task), taskHeaders(task));
   }
 
   /** The ack to the sender and `accepted` (with the broker time of the dispatch) to all. */

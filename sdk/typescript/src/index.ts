@@ -1,15 +1,36 @@
-/** @agentreach/agent — write Agent-Reach agents in TypeScript (agent protocol v1). */
+/**
+ * @agentreach/agent — Agent-Reach in TypeScript (protocol v1): write agents (`Agent`), and
+ * call them (`ReachClient`).
+ */
 
 export { Agent, DEFAULT_IDENTITY_FILE } from "./agent.js";
-export type { AgentOptions, HandlerOptions, Servers } from "./agent.js";
+export type { AgentOptions, HandlerOptions } from "./agent.js";
 export { DEFAULT_CLAIM_CHECK_BYTES, PayloadUnavailable } from "./claimcheck.js";
+export { ReachClient } from "./client.js";
+export type { InvokeOptions, Published, PublishOptions, ReachClientOptions, TaskOptions } from "./client.js";
 export { decodeTask, newId } from "./codec.js";
 export { TaskContext } from "./context.js";
-export { AgentConfigError, AgentIdInUse, DecodeError, PermanentError, ReachError } from "./errors.js";
+export {
+  AgentConfigError,
+  AgentIdInUse,
+  DeadlineExceeded,
+  DecodeError,
+  InvalidArgument,
+  InvokeAborted,
+  InvokeError,
+  NotAcknowledged,
+  PermanentError,
+  ReachError,
+  Rejected,
+  TaskFailed,
+} from "./errors.js";
+export type { MessageIds } from "./errors.js";
+export type { OnAck, OnProgress } from "./invocation.js";
 export { jsonLogger } from "./log.js";
 export type { Logger, LogLevel } from "./log.js";
 export { DEFAULT_PREFIX, Names } from "./names.js";
 export type { Handler } from "./execution.js";
+export type { Servers } from "./servers.js";
 export { PRIORITIES } from "./types.js";
 export type * from "./types.js";
 

@@ -1,4 +1,4 @@
-/** Every subject, stream, bucket and consumer name an agent uses, for one prefix. */
+/** Every subject, stream, bucket and consumer name an agent or a caller uses, for one prefix. */
 
 import type { Priority } from "./types.js";
 
@@ -12,6 +12,21 @@ export class Names {
   /** Intake; an agent's sub-task names the agent as its sender: `reach.task.<topic>.<id>`. */
   task(topic: string, sender?: string): string {
     return sender ? `${this.prefix}.task.${topic}.${sender}` : `${this.prefix}.task.${topic}`;
+  }
+
+  /** A caller's reply box: replies arrive on `<box>.<sender>`. */
+  replyBox(caller: string, box: string): string {
+    return `${this.prefix}.reply.${caller}.${box}`;
+  }
+
+  /** Where a caller asks the coordinator for the recorded events of its own message. */
+  traceRequest(caller: string): string {
+    return `${this.prefix}.ctl.trace.${caller}`;
+  }
+
+  /** Every coordinator replica answers a request here. */
+  get status(): string {
+    return `${this.prefix}.ctl.status`;
   }
 
   dispatch(agentId: string, priority: Priority): string {

@@ -21,6 +21,11 @@ export function parse(value: unknown): [string, string, string] | null {
   return [traceId, parentId, flags];
 }
 
+/** `value` as it travels (trimmed, lower case) when it is valid; else null (W3C: ignore it). */
+export function normalized(value: string | null | undefined): string | null {
+  return parse(value) === null ? null : (value as string).trim().toLowerCase();
+}
+
 /** The `traceparent` of one hop below `traceparent`: same trace, a parent id of its own. */
 export function child(traceparent: string | null | undefined, ...hop: Array<string | number>): string | null {
   const parts = parse(traceparent);

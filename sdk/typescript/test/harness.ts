@@ -6,12 +6,12 @@
 
 import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { connect, createInbox, headers } from "nats";
+import { connect, createInbox, credsAuthenticator, headers } from "nats";
 import type { JetStreamManager, KV, Msg, NatsConnection, Subscription } from "nats";
 
 import type { Event, Reply, Task } from "../src/index.js";
@@ -123,18 +123,90 @@ export async function startStack(): Promise<Stack> {
     children.push(await startServer(port, join(dir, "js")));
     const configPath = join(dir, "coordinator.yaml");
     writeFileSync(configPath, COORDINATOR_CONFIG);
-    const coordinator = spawn(
-      binary("REACH_BIN", "reach"),
-      ["up", "--nats-url", url, "--log-format", "json", "--config", configPath],
-      { stdio: ["ignore", "pipe", "pipe"], cwd: dir },
-    );
-    children.push(coordinator);
-    let log = "";
-    coordinator.stderr?.on("data", (chunk: Buffer) => (log += chunk.toString()));
-    await waitForOutput(coordinator, "coordinator serving on", 60_000, "reach up");
+    const coordinator = startCoordinator(["up", "--nats-url", url, "--config", configPath], dir);
+    children.push(coordinator.child);
+    await waitForOutput(coordinator.child, "coordinator serving on", 60_000, "reach up");
     nc = await connect({ servers: url, name: "test-client" });
     const jsm = await nc.jetstreamManager();
-    return { url, nc, jsm, coordinatorLog: () => log, stop };
+    return { url, nc, jsm, coordinatorLog: coordinator.log, stop };
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+}
+
+function startCoordinator(args: string[], cwd: string): { child: ChildProcess; log: () => string } {
+  const child = spawn(binary("REACH_BIN", "reach"), [...args, "--log-format", "json"], {
+    stdio: ["ignore", "pipe", "pipe"],
+    cwd,
+  });
+  let log = "";
+  child.stderr?.on("data", (chunk: Buffer) => (log += chunk.toString()));
+  return { child, log: () => log };
+}
+
+/** Run `reach ARGS…` to its end; rejects with its output when it fails. */
+async function reach(args: string[]): Promise<void> {
+  const child = spawn(binary("REACH_BIN", "reach"), args, { stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  child.stdout?.on("data", (chunk: Buffer) => (out += chunk.toString()));
+  child.stderr?.on("data", (chunk: Buffer) => (out += chunk.toString()));
+  const code = await new Promise((resolve) => child.once("exit", resolve));
+  if (code !== 0) throw new Error(`reach ${args.join(" ")} exited ${String(code)}:\n${out}`);
+}
+
+export interface SecuredStack extends Stack {
+  /** The creds file of a new party (`reach auth <role> <name>`): role agent, caller, … */
+  creds(role: "agent" | "caller" | "worker" | "operator", name: string): Promise<string>;
+}
+
+/**
+ * A secured deployment: `reach auth init`, a nats-server that admits only its users
+ * (decentralized JWT auth, loopback), the streams provisioned by an operator, and the
+ * coordinator with its own creds and the seal key. `nc` is an operator's (`admin`).
+ */
+export async function startSecuredStack(): Promise<SecuredStack> {
+  const dir = mkdtempSync(join(tmpdir(), "reach-ts-secured-"));
+  const auth = join(dir, "auth");
+  const port = await freePort();
+  const url = `nats://127.0.0.1:${port}`;
+  const children: ChildProcess[] = [];
+  let nc: NatsConnection | null = null;
+  const stop = async () => {
+    await nc?.close();
+    for (const child of children.reverse()) await terminate(child);
+    rmSync(dir, { recursive: true, force: true });
+  };
+  const creds = async (role: string, name: string) => {
+    await reach(["auth", role, name, "--dir", auth]);
+    return join(auth, "creds", role, `${name}.creds`);
+  };
+  try {
+    await reach(["auth", "init", "--dir", auth]);
+    const serverConfig = join(auth, "server", "nats-server.conf");
+    writeFileSync(
+      serverConfig,
+      `listen: "127.0.0.1:${port}"\njetstream { store_dir: "${join(dir, "js")}" }\ninclude "auth.conf"\n`,
+    );
+    const server = spawn(binary("NATS_SERVER_BIN", "nats-server"), ["-c", serverConfig], { stdio: ["ignore", "pipe", "pipe"] });
+    children.push(server);
+    await waitForOutput(server, "Server is ready", 10_000, "nats-server (secured)");
+    const admin = join(auth, "creds", "operator", "admin.creds");
+    await reach(["provision", "--nats-url", url, "--creds", admin]);
+    const configPath = join(dir, "coordinator.yaml");
+    writeFileSync(configPath, `${COORDINATOR_CONFIG}security: {seal_key_file: "${join(auth, "coordinator.seal")}"}\n`);
+    const coordinatorCreds = join(auth, "creds", "coordinator", "coordinator.creds");
+    const coordinator = startCoordinator(["coordinator", "--nats-url", url, "--creds", coordinatorCreds, "--config", configPath], dir);
+    children.push(coordinator.child);
+    await waitForOutput(coordinator.child, "coordinator serving on", 60_000, "reach coordinator (secured)");
+    nc = await connect({
+      servers: url,
+      name: "test-admin",
+      authenticator: credsAuthenticator(new Uint8Array(readFileSync(admin))),
+      inboxPrefix: "_INBOX_admin",
+    });
+    const jsm = await nc.jetstreamManager();
+    return { url, nc, jsm, coordinatorLog: coordinator.log, stop, creds };
   } catch (err) {
     await stop();
     throw err;

@@ -1,0 +1,298 @@
+/** `ReachClient`: send tasks to agents and wait for their results, from any Node.js program. */
+
+import type { Subscription } from "nats";
+
+import { budgetOf, taskOf } from "./arguments.js";
+import { ClaimCheck, DEFAULT_CLAIM_CHECK_BYTES } from "./claimcheck.js";
+import { encode, MAX_MS, newId, nowMs, taskHeaders, TOKEN } from "./codec.js";
+import { Connection } from "./connection.js";
+import { coordinatorRuns, NO_COORDINATOR, PublishWarnings } from "./coordinatorstatus.js";
+import { endingOf, OthersMessage, Traces } from "./endings.js";
+import { DeadlineExceeded, InvalidArgument, InvokeError, NotAcknowledged, ReachError } from "./errors.js";
+import { aborted, Ending, idsOf, othersMessage, outcomeOf, waitForResult } from "./invocation.js";
+import type { OnAck, OnProgress, Outcome } from "./invocation.js";
+import { jsonLogger } from "./log.js";
+import type { Logger } from "./log.js";
+import { Names } from "./names.js";
+import { ReplyBox } from "./replybox.js";
+import { connectionOptions, defaultServers, readCreds } from "./servers.js";
+import type { Servers } from "./servers.js";
+import { Signal, sleep } from "./timing.js";
+import { normalized } from "./tracecontext.js";
+import type { Budget, Event, Priority, Task } from "./types.js";
+
+const FIRST_PAUSE_MS = 50; // between two reads of an earlier message's events, doubling
+const LONGEST_PAUSE_MS = 1_000;
+
+export interface ReachClientOptions {
+  /**
+   * Who this client is on an open server: the last token of its subjects (default
+   * `client`). With creds, the name of their user wins (the server enforces it).
+   */
+  name?: string;
+  /** A `.creds` file (a secured deployment); default `$NATS_CREDS`. */
+  creds?: string;
+  /** Subject prefix (default `reach`): the coordinator's. */
+  prefix?: string;
+  /** Where log lines go (default JSON lines on stderr from info up). */
+  logger?: Logger;
+  /** Timeout of each request to the server or the coordinator (default 5 000). */
+  requestTimeoutMs?: number;
+  /** Payloads (and results) whose JSON is larger than this go through the Object Store (262 144). */
+  claimCheckBytes?: number;
+}
+
+/** What a task carries besides its topic and payload. */
+export interface TaskOptions {
+  /** `P0` (most urgent), `P1` (default), `P2`. */
+  priority?: Priority;
+  /** How long the task may wait to start (default 30 000; invoke: both deadlines together). */
+  ttlMs?: number;
+  /** The business chain's id (default: the message id). */
+  traceId?: string;
+  /** The request's id (default: a new UUIDv7). Send a request again under the same id. */
+  messageId?: string;
+  /** Where acknowledgements and the result go (publish only; invoke uses a reply box of its own). */
+  replyTo?: string | null;
+  /** The timeout budget in ms (publish only; invoke takes its two deadlines). */
+  budget?: Partial<Budget>;
+  /** Free string pairs that routing rules may match (`header.<Name>`). */
+  headers?: Record<string, string>;
+  /** W3C trace context joining the caller's trace; an invalid one is ignored, as W3C asks. */
+  traceparent?: string | null;
+}
+
+export type PublishOptions = TaskOptions;
+
+export interface InvokeOptions extends Omit<TaskOptions, "replyTo" | "budget"> {
+  /** How long to wait for an agent to accept the task (default 2 000). */
+  ackDeadlineMs?: number;
+  /** How long the handler may run, and how long to wait for the result after the ack (default 30 000). */
+  executeDeadlineMs?: number;
+  /** Called for every acknowledgement (a retry is acknowledged again). */
+  onAck?: OnAck;
+  /** Called for every progress note. */
+  onProgress?: OnProgress;
+  /** Stop waiting (InvokeAborted); the task itself goes on. */
+  signal?: AbortSignal;
+}
+
+/** A published task: its ids, and whether the stream held its message id already. */
+export interface Published {
+  messageId: string;
+  traceId: string;
+  /** Sent before (within the duplicate window): this one was not taken in again. */
+  duplicate: boolean;
+}
+
+/**
+ * A connection for sending work to agents.
+ *
+ *     const client = await ReachClient.connect("nats://127.0.0.1:4222");
+ *     const result = await client.invoke("summarize", { text: "..." });
+ *     const { messageId } = await client.publish("summarize", { text: "..." });
+ *     await client.close();
+ */
+export class ReachClient {
+  private readonly claimCheck: ClaimCheck;
+  private readonly traces: Traces;
+  private readonly warnings: PublishWarnings;
+  private readonly waiting = new Set<ReplyBox>();
+  private readonly closed = new Signal();
+
+  private constructor(
+    private readonly conn: Connection,
+    /** Who this client is: the name in its creds, else the `name` given. */
+    readonly caller: string,
+    private readonly log: Logger,
+    claimCheckBytes: number,
+  ) {
+    this.claimCheck = new ClaimCheck(conn.js, conn.names.payloadsBucket, claimCheckBytes);
+    this.traces = new Traces(conn, caller);
+    this.warnings = new PublishWarnings(conn, log);
+  }
+
+  /**
+   * Connect: `servers` is a URL, a comma-separated list, an array, or nats.js
+   * `ConnectionOptions` (default `$NATS_URL`, then `nats://127.0.0.1:4222`). A server that
+   * is not there, or refuses the credentials, is an error at once.
+   */
+  static async connect(servers: Servers = defaultServers(), options: ReachClientOptions = {}): Promise<ReachClient> {
+    const requestTimeoutMs = positive("requestTimeoutMs", options.requestTimeoutMs ?? 5_000);
+    const claimCheckBytes = positive("claimCheckBytes", options.claimCheckBytes ?? DEFAULT_CLAIM_CHECK_BYTES);
+    const path = options.creds ?? process.env.NATS_CREDS ?? null;
+    const creds = path === null ? null : readCreds(path, (m) => new InvalidArgument(m, "creds"));
+    const caller = creds?.user ?? options.name ?? "client";
+    if (!TOKEN.test(caller)) {
+      const argument = creds?.user ? "creds" : "name";
+      throw new InvalidArgument(`${argument}: the caller's name '${caller}' must be 1-128 letters, digits, '_' or '-'`, argument);
+    }
+    const names = new Names(options.prefix);
+    const conn = await Connection.connect(connectionOptions(servers, `client:${caller}`, creds), names, requestTimeoutMs);
+    return new ReachClient(conn, caller, options.logger ?? jsonLogger("info"), claimCheckBytes);
+  }
+
+  /**
+   * A task envelope, validated as the coordinator will validate it. Throws InvalidArgument
+   * naming a wrong argument, or a payload that has no JSON form.
+   */
+  task(topic: string, payload: unknown, options: TaskOptions = {}): Task {
+    const messageId = options.messageId ?? newId();
+    const traceparent = options.traceparent ? normalized(options.traceparent) : null;
+    return taskOf({
+      v: 1,
+      kind: "task",
+      message_id: messageId,
+      trace_id: options.traceId ?? messageId,
+      topic,
+      payload: payload ?? null,
+      priority: options.priority ?? "P1",
+      reply_to: options.replyTo ?? null,
+      created_at: nowMs(),
+      ttl_ms: options.ttlMs,
+      budget: options.budget,
+      headers: options.headers,
+      traceparent,
+    });
+  }
+
+  /**
+   * Publish a built task to `<prefix>.task.<topic>.<caller>` (a large payload is
+   * claim-checked). False when the stream held its message id already (sent within the
+   * duplicate window): it is not taken in again, and the earlier message's end is the answer.
+   */
+  async submit(task: Task): Promise<boolean> {
+    this.mustBeOpen();
+    const stowed = await this.claimCheck.stowTask(task);
+    const subject = this.conn.names.task(stowed.topic, this.caller);
+    const ack = await this.conn.publish(subject, encode(stowed), taskHeaders(stowed));
+    return !ack.duplicate;
+  }
+
+  /**
+   * Fire and forget: the task is stored in the task stream before this resolves. When no
+   * coordinator runs it waits there until one starts (within its ttl), and a warning is
+   * logged: the check runs in the background, at most once a minute.
+   */
+  async publish(topic: string, payload: unknown, options: PublishOptions = {}): Promise<Published> {
+    const task = this.task(topic, payload, options);
+    const taken = await this.submit(task);
+    this.warnings.published(topic, task.message_id);
+    return { messageId: task.message_id, traceId: task.trace_id, duplicate: !taken };
+  }
+
+  /**
+   * Send a task and wait for its result.
+   *
+   * Throws InvalidArgument before sending when an argument is wrong; NotAcknowledged if no
+   * agent accepts the task within `ackDeadlineMs` (saying so when no coordinator runs);
+   * DeadlineExceeded if the result does not come within `executeDeadlineMs` after that;
+   * Rejected when the task is refused before any agent took it (nothing ran: safe to send
+   * again); TaskFailed when it fails after an agent took it; InvokeAborted when `signal`
+   * is aborted.
+   *
+   * After NotAcknowledged, DeadlineExceeded or InvokeAborted the task is still queued or
+   * running. To retry safely, invoke again with the error's `messageId`: the new call
+   * attaches to the first message and answers with how it ends, and the task runs once.
+   */
+  async invoke<R = unknown>(topic: string, payload: unknown, options: InvokeOptions = {}): Promise<R> {
+    this.mustBeOpen();
+    const budget = budgetOf(options.ackDeadlineMs ?? 2_000, options.executeDeadlineMs ?? 30_000);
+    const boxSubject = this.conn.names.replyBox(this.caller, newId());
+    const task = this.task(topic, payload, {
+      ...options,
+      replyTo: boxSubject,
+      ttlMs: options.ttlMs ?? Math.min(budget.ack_ms + budget.execute_ms, MAX_MS),
+      budget,
+    });
+    if (options.signal?.aborted) throw aborted(task, options.signal);
+    const box = new ReplyBox(boxSubject, task.message_id, this.log);
+    // Subscribed before the task is published: the routed notice can come within a millisecond.
+    const sub: Subscription = this.conn.nc.subscribe(box.wildcard, {
+      callback: (err, msg) => {
+        if (err === null) box.collect(msg.subject, msg.data);
+      },
+    });
+    this.waiting.add(box);
+    try {
+      let outcome: Outcome;
+      if (await this.submit(task)) {
+        const ending = new Ending(this.conn, this.traces, task.message_id);
+        try {
+          outcome = await waitForResult(task, box, ending, options);
+        } catch (err) {
+          throw err instanceof NotAcknowledged ? await this.unacknowledged(err) : err;
+        }
+      } else {
+        outcome = await this.earlierOutcome(task, options.signal); // nobody answers this box
+      }
+      return (await this.claimCheck.resultOf(...outcome)) as R;
+    } finally {
+      this.waiting.delete(box);
+      sub.unsubscribe();
+    }
+  }
+
+  /**
+   * The recorded lifecycle events of `messageId` (or, when no message of this caller has
+   * that id, of its trace of that id), oldest first, as the coordinator answers a caller:
+   * only this caller's own messages.
+   */
+  async status(messageId: string, options: { timeoutMs?: number } = {}): Promise<Event[]> {
+    this.mustBeOpen();
+    return (await this.traces.ask(messageId, options.timeoutMs)).events;
+  }
+
+  /** Pending invokes end now (InvokeError), then the connection closes. Safe to call twice. */
+  async close(): Promise<void> {
+    if (this.closed.isSet) return;
+    this.closed.set();
+    this.warnings.close();
+    for (const box of this.waiting) box.close();
+    await this.conn.close();
+  }
+
+  private mustBeOpen(): void {
+    if (this.closed.isSet) throw new ReachError("the ReachClient is closed; connect a new one");
+  }
+
+  /**
+   * `err`, saying so when no coordinator runs: then nothing routes the task, and waiting
+   * longer for an agent cannot help. Asked only now, on the failure path.
+   */
+  private async unacknowledged(err: NotAcknowledged): Promise<NotAcknowledged> {
+    if ((await coordinatorRuns(this.conn)) !== false) return err;
+    return new NotAcknowledged(`${err.message}: ${NO_COORDINATOR}`, err);
+  }
+
+  /** The end of the message taken in already under `task`'s id, once it ends (§9). */
+  private async earlierOutcome(task: Task, signal: AbortSignal | undefined): Promise<Outcome> {
+    const ids = idsOf(task);
+    const withinMs = task.budget.ack_ms + task.budget.execute_ms;
+    const until = performance.now() + withinMs;
+    for (let pause = FIRST_PAUSE_MS; ; pause = Math.min(pause * 2, LONGEST_PAUSE_MS)) {
+      let events: Event[];
+      try {
+        events = await this.traces.of(task.message_id);
+      } catch (err) {
+        if (err instanceof OthersMessage) throw othersMessage(err, ids);
+        throw new InvokeError(`could not read how message '${task.message_id}' ended: ${String(err)}`, ids, { cause: err });
+      }
+      const ended = endingOf(events);
+      if (ended !== null) return outcomeOf(ended, ids, events.some((e) => e.event === "accepted"));
+      const leftMs = until - performance.now();
+      if (leftMs <= 0) {
+        throw new DeadlineExceeded(`message '${task.message_id}' was sent before and did not end within ${withinMs} ms`, ids);
+      }
+      // Nothing to await: the events are polled.
+      await Promise.race([sleep(Math.min(pause, leftMs), signal), this.closed.wait()]);
+      if (signal?.aborted) throw aborted(task, signal);
+      if (this.closed.isSet) throw new InvokeError(`the client was closed while '${task.topic}' ran`, ids);
+    }
+  }
+}
+
+function positive(name: string, value: number): number {
+  if (!(typeof value === "number" && value > 0)) throw new InvalidArgument(`${name} must be positive, got ${value}`, name);
+  return value;
+}

@@ -1,0 +1,88 @@
+/**
+ * How a message ended, as its recorded lifecycle events say (docs/caller.md §7): for when
+ * its replies may have been lost (replies are core NATS messages: one sent while the
+ * connection was down is gone), and for a resend under an id the stream holds already,
+ * which nobody answers.
+ */
+
+import { decodeJson, encode } from "./codec.js";
+import type { Connection } from "./connection.js";
+import { isPayloadRef } from "./replybox.js";
+import type { ErrorInfo, Event, PayloadRef, TraceReply } from "./types.js";
+
+/** A result (inline, or where it is kept), or the error and how the message ended. */
+export type Ended =
+  | { kind: "result"; result: unknown; resultRef: PayloadRef | null }
+  | { kind: "error"; error: ErrorInfo; reason: string | null };
+
+/** The first ending among `events` (one message's, oldest first), or null: not ended yet. */
+export function endingOf(events: Event[]): Ended | null {
+  for (const { event, detail } of events) {
+    switch (event) {
+      case "completed":
+      case "workflow_completed": {
+        const ref = detail.result_ref;
+        return { kind: "result", result: detail.result ?? null, resultRef: isPayloadRef(ref) ? ref : null };
+      }
+      case "dead_lettered":
+        return { kind: "error", error: errorOf(detail), reason: stringOr(detail.reason, null) };
+      case "rejected": // a refusal that leaves no dead letter (a caller over its quota)
+        return { kind: "error", error: errorOf(detail), reason: "refused" };
+      case "workflow_failed":
+        return { kind: "error", error: errorOf(detail), reason: stringOr(detail.reason, "workflow_failed") };
+      case "workflow_cancelled":
+        return { kind: "error", error: errorOf(detail), reason: "cancelled" };
+    }
+  }
+  return null;
+}
+
+/** The id is another caller's message: its end is not this caller's to hear. */
+export class OthersMessage extends Error {
+  override name = "OthersMessage";
+}
+
+/** The recorded events of a caller's own messages, asked of the coordinator. */
+export class Traces {
+  constructor(
+    private readonly conn: Connection,
+    private readonly caller: string,
+  ) {}
+
+  /**
+   * The events of `messageId`, oldest first (an id that is no message of this caller's may
+   * name a trace: only the events of that very message are kept). Throws OthersMessage when
+   * the id is another caller's message.
+   */
+  async of(messageId: string, timeoutMs = this.conn.requestTimeoutMs): Promise<Event[]> {
+    const reply = await this.ask(messageId, timeoutMs);
+    if (reply.others) throw new OthersMessage(`message id '${messageId}' is another caller's message`);
+    return reply.events.filter((e) => e.message_id === messageId);
+  }
+
+  /** The coordinator's answer as it is: the events of the message, or else of the trace `id`. */
+  async ask(id: string, timeoutMs = this.conn.requestTimeoutMs): Promise<TraceReply> {
+    const subject = this.conn.names.traceRequest(this.caller);
+    const answer = await this.conn.nc.request(subject, encode({ message_id: id }), { timeout: timeoutMs });
+    const reply = decodeJson(answer.data) as Partial<TraceReply>;
+    return { events: reply.events ?? [], truncated: reply.truncated === true, others: reply.others === true };
+  }
+}
+
+function errorOf(detail: Record<string, unknown>): ErrorInfo {
+  const error = detail.error as Partial<ErrorInfo> | undefined;
+  if (typeof error?.type === "string" && typeof error.message === "string") {
+    return {
+      type: error.type,
+      message: error.message,
+      retryable: typeof error.retryable === "boolean" ? error.retryable : true,
+      retry_after_ms: typeof error.retry_after_ms === "number" ? error.retry_after_ms : null,
+    };
+  }
+  const reason = stringOr(detail.reason, "failed");
+  return { type: reason, message: `the message ended as ${reason}`, retryable: false, retry_after_ms: null };
+}
+
+function stringOr<T>(value: unknown, fallback: T): string | T {
+  return typeof value === "string" ? value : fallback;
+}

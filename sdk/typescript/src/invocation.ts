@@ -1,0 +1,163 @@
+/**
+ * Waiting for an invoked task's end: its replies as they come, and its recorded events when
+ * the replies may have been lost (docs/caller.md §8.1, the policy of the Python ReachClient).
+ *
+ * Wait `ack_ms` for the first `ack` (else read the trace: an `accepted` event there means
+ * the ack was lost, and the wait goes on), then `execute_ms` + 1 s from that first ack, then
+ * the trace once more. After a reconnect, or once a reply is known lost, the trace is read
+ * every second as well.
+ */
+
+import type { Connection } from "./connection.js";
+import { endingOf, OthersMessage } from "./endings.js";
+import type { Ended, Traces } from "./endings.js";
+import {
+  DeadlineExceeded,
+  InvokeAborted,
+  InvokeError,
+  NotAcknowledged,
+  Rejected,
+  REJECTION_TYPES,
+  TaskFailed,
+} from "./errors.js";
+import type { MessageIds } from "./errors.js";
+import type { ReplyBox } from "./replybox.js";
+import type { Ack, ErrorInfo, PayloadRef, Progress, Task } from "./types.js";
+
+const RECHECK_MS = 1_000; // after a reconnect, how often the events are read for a lost reply
+const VERDICT_GRACE_MS = 1_000; // past the execute deadline, for the coordinator's verdict
+
+export type OnAck = (ack: Ack) => unknown; // awaited when it returns a promise
+export type OnProgress = (progress: Progress) => unknown;
+
+/** What the wait needs besides the task and its box. */
+export interface Waiting {
+  onAck?: OnAck | undefined;
+  onProgress?: OnProgress | undefined;
+  signal?: AbortSignal | undefined;
+}
+
+/** A result, inline or where it is kept. */
+export type Outcome = [result: unknown, ref: PayloadRef | null];
+
+/** How a message ended, read from its events, for when its replies may have been lost. */
+export class Ending {
+  private readonly reconnectsAtStart: number;
+  lost = false; // a reply is known lost (the events say what it would have said)
+  graced = false; // the wait went past the execute deadline for a verdict
+
+  constructor(
+    private readonly conn: Connection,
+    private readonly traces: Traces,
+    private readonly messageId: string,
+  ) {
+    this.reconnectsAtStart = conn.reconnects;
+  }
+
+  /** Whether to read the events every second: since a reconnect, or a reply known lost. */
+  polled(): boolean {
+    return this.lost || this.conn.reconnects !== this.reconnectsAtStart;
+  }
+
+  /** How it ended (null: not yet, or not known), and whether an agent accepted it. */
+  async read(): Promise<[Ended | null, boolean]> {
+    try {
+      const events = await this.traces.of(this.messageId);
+      return [endingOf(events), events.some((e) => e.event === "accepted")];
+    } catch {
+      return [null, false]; // no answer, another caller's id: the replies decide
+    }
+  }
+}
+
+export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, waiting: Waiting): Promise<Outcome> {
+  const ids = idsOf(task);
+  const ackBy = performance.now() + task.budget.ack_ms;
+  let doneBy: number | null = null;
+  for (;;) {
+    const deadline: number = doneBy ?? ackBy;
+    const lookAt = ending.polled() ? Math.min(deadline, performance.now() + RECHECK_MS) : deadline;
+    const reply = await box.next(lookAt, waiting.signal);
+    if (reply === "aborted") throw aborted(task, waiting.signal);
+    if (reply === "closed") throw new InvokeError(`the client was closed while '${task.topic}' ran`, ids);
+    if (reply === "timeout") {
+      const [ended, accepted] = await ending.read();
+      if (waiting.signal?.aborted) throw aborted(task, waiting.signal);
+      if (ended !== null) return outcomeOf(ended, ids, accepted || doneBy !== null);
+      if (accepted && doneBy === null) {
+        // Its ack was lost: the execute budget runs.
+        doneBy = performance.now() + task.budget.execute_ms;
+        ending.lost = true;
+        continue;
+      }
+      if (performance.now() < deadline) continue;
+      if (doneBy !== null && !ending.graced) {
+        // The coordinator's verdict at the same deadline (expired) is a moment behind.
+        ending.graced = true;
+        doneBy = deadline + VERDICT_GRACE_MS;
+        continue;
+      }
+      if (doneBy === null) {
+        throw new NotAcknowledged(`no agent acknowledged '${task.topic}' within ${task.budget.ack_ms} ms`, ids);
+      }
+      throw new DeadlineExceeded(`'${task.topic}' did not complete within ${task.budget.execute_ms} ms`, ids);
+    }
+    switch (reply.kind) {
+      case "ack":
+        doneBy ??= performance.now() + task.budget.execute_ms;
+        await waiting.onAck?.(reply);
+        break;
+      case "progress":
+        await waiting.onProgress?.(reply);
+        break;
+      case "result":
+        return [reply.result, reply.result_ref];
+      case "error": {
+        let ran = doneBy !== null; // acknowledged: a handler took it
+        if (!ran && afterAnAttempt(reply.error, reply.attempt)) ran = (await ending.read())[1]; // its ack may be lost
+        throw failure(reply.error, reply.reason, ids, ran);
+      }
+    }
+  }
+}
+
+/** The result `ended` holds, or its error thrown; `ran`: an agent accepted the task. */
+export function outcomeOf(ended: Ended, ids: MessageIds, ran: boolean): Outcome {
+  if (ended.kind === "error") throw failure(ended.error, ended.reason, ids, ran);
+  return [ended.result, ended.resultRef];
+}
+
+/**
+ * Rejected for a refusal before any agent accepted the task (nothing ran, so sending it
+ * again is safe); TaskFailed for a handler's failure, and for a refusal that came after an
+ * attempt ran (a retry refused by its breaker, a ttl out between retries).
+ */
+export function failure(error: ErrorInfo, reason: string | null, ids: MessageIds, ran: boolean): TaskFailed {
+  const refused = REJECTION_TYPES.has(error.type) && !ran;
+  return new (refused ? Rejected : TaskFailed)(error, reason, ids);
+}
+
+/** The end of a message the stream held already, for a resend under its id (§9). */
+export function othersMessage(err: OthersMessage, ids: MessageIds): Rejected {
+  const error = { type: "duplicate_id", message: `${err.message}: send it under an id of your own`, retryable: false, retry_after_ms: null };
+  return new Rejected(error, "duplicate_id", ids);
+}
+
+export function aborted(task: Task, signal: AbortSignal | undefined): InvokeAborted {
+  const ids = idsOf(task);
+  return new InvokeAborted(`stopped waiting for '${task.topic}': the signal was aborted (the task goes on)`, ids, {
+    cause: signal?.reason,
+  });
+}
+
+export function idsOf(task: Task): MessageIds {
+  return { messageId: task.message_id, traceId: task.trace_id };
+}
+
+/**
+ * Whether a refusal may follow an attempt that ran: a retry's (attempt 2 on), or an expiry,
+ * which also ends a task whose failed attempt leaves no time for the next.
+ */
+function afterAnAttempt(error: ErrorInfo, attempt: number): boolean {
+  return REJECTION_TYPES.has(error.type) && (attempt > 1 || error.type === "expired");
+}

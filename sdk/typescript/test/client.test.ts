@@ -1,0 +1,367 @@
+/**
+ * The caller's side, `ReachClient`, against a real nats-server, the real Python coordinator
+ * and agents of this SDK. Each test uses its own topics and agent ids.
+ */
+
+import assert from "node:assert/strict";
+import { after, before, describe, it } from "node:test";
+import type { Msg } from "nats";
+
+import { Agent, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, PermanentError, ReachClient, ReachError, Rejected, TaskFailed } from "../src/index.js";
+import type { Ack, Progress, Task } from "../src/index.js";
+import { Gate, startSecuredStack, startStack, Watcher } from "./harness.js";
+import type { SecuredStack, Stack } from "./harness.js";
+
+const quiet = { debug() {}, info() {}, warn() {}, error() {} };
+const TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+let counter = 0;
+
+function unique(name: string): string {
+  counter += 1;
+  return `${name}-${process.pid}-${counter}`;
+}
+
+function newAgent(id: string, creds?: string): Agent {
+  return new Agent({ agentId: id, startupDelayMs: 0, heartbeatIntervalMs: 1_000, logger: quiet, ...(creds ? { creds } : {}) });
+}
+
+/** The error `promise` rejects with (failing when it resolves). */
+async function rejection(promise: Promise<unknown>): Promise<Error> {
+  try {
+    await promise;
+  } catch (err) {
+    return err as Error;
+  }
+  assert.fail("expected a rejection, got a result");
+}
+
+function headersOf(msg: Msg): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [name, values] of msg.headers ?? []) out[name] = values[0] ?? "";
+  return out;
+}
+
+describe("ReachClient on an open server", () => {
+  let stack: Stack;
+  let client: ReachClient;
+  const agents: Agent[] = [];
+
+  async function serving(agent: Agent): Promise<Agent> {
+    agents.push(agent);
+    await agent.start(stack.url);
+    return agent;
+  }
+
+  before(async () => {
+    stack = await startStack();
+    client = await ReachClient.connect(stack.url, { logger: quiet });
+  });
+
+  after(async () => {
+    await client?.close();
+    await Promise.allSettled(agents.map((a) => a.stop()));
+    await stack?.stop();
+  });
+
+  it("invokes: a valid envelope with mirrored headers on the intake, acks and progress, the result", async () => {
+    const topic = unique("echo");
+    await serving(
+      newAgent(unique("ts-echo")).handler(topic, async (ctx, p) => {
+        await ctx.progress("half way");
+        return { echoed: p, traceparent: ctx.traceparent !== null };
+      }),
+    );
+    const intake = new Watcher<Task>(stack.nc, `reach.task.${topic}.*`);
+    const acks: Ack[] = [];
+    const notes: Progress[] = [];
+    const result = await client.invoke(topic, { text: "hi" }, {
+      priority: "P0",
+      traceId: "trace-echo-1",
+      headers: { Tenant: "acme" },
+      traceparent: TRACEPARENT,
+      ackDeadlineMs: 5_000,
+      executeDeadlineMs: 10_000,
+      onAck: (a) => void acks.push(a),
+      onProgress: (p) => void notes.push(p),
+    });
+    assert.deepEqual(result, { echoed: { text: "hi" }, traceparent: true });
+    assert.ok(acks.length >= 1);
+    assert.deepEqual(notes.map((n) => n.note), ["half way"]);
+    const sent = await intake.next(() => true);
+    const [seen] = intake.seen;
+    assert.equal(seen!.subject, `reach.task.${topic}.client`);
+    assert.equal(sent.kind, "task");
+    assert.equal(sent.v, 1);
+    assert.equal(sent.trace_id, "trace-echo-1");
+    assert.equal(sent.priority, "P0");
+    assert.deepEqual(sent.budget, { seek_ms: 1_000, ack_ms: 5_000, execute_ms: 10_000 });
+    assert.equal(sent.ttl_ms, 15_000); // both deadlines together
+    assert.deepEqual(sent.headers, { Tenant: "acme" });
+    assert.equal(sent.traceparent, TRACEPARENT);
+    assert.match(sent.reply_to!, /^reach\.reply\.client\.[A-Za-z0-9_-]+$/);
+    assert.equal(sent.attempt, 1);
+    assert.deepEqual(headersOf(seen!.msg), {
+      "Nats-Msg-Id": sent.message_id,
+      "Reach-Trace-Id": "trace-echo-1",
+      "Reach-Priority": "P0",
+      "Reach-TTL": "15000",
+      "Reach-Kind": "task",
+      "Reach-Reply-To": sent.reply_to!,
+      traceparent: TRACEPARENT,
+    });
+    intake.close();
+  });
+
+  it("throws TaskFailed for a handler's failure, with its type, retryable and the reply's reason", async () => {
+    const topic = unique("refuse");
+    const flaky = unique("flaky");
+    let flakyRuns = 0;
+    await serving(
+      newAgent(unique("ts-fail"))
+        .handler(topic, () => {
+          throw new PermanentError("no such order");
+        })
+        .handler(flaky, { maxAttempts: 2 }, () => {
+          flakyRuns += 1;
+          throw new Error("database down");
+        }),
+    );
+    const permanent = await rejection(client.invoke(topic, { order: 1 }));
+    assert.ok(permanent instanceof TaskFailed && !(permanent instanceof Rejected), String(permanent));
+    assert.equal(permanent.type, "PermanentError");
+    assert.equal(permanent.error.message, "no such order");
+    assert.equal(permanent.retryable, false);
+    assert.equal(permanent.reason, "rejected");
+    assert.match(permanent.messageId, /^[0-9a-f-]{36}$/);
+
+    const exhausted = await rejection(client.invoke(flaky, null));
+    assert.ok(exhausted instanceof TaskFailed && !(exhausted instanceof Rejected), String(exhausted));
+    assert.equal(exhausted.type, "Error");
+    assert.equal(exhausted.retryable, true);
+    assert.equal(exhausted.reason, "retries_exhausted");
+    assert.equal(flakyRuns, 2);
+  });
+
+  it("throws Rejected for no_route: nothing ran", async () => {
+    const err = await rejection(client.invoke(unique("nobody"), null));
+    assert.ok(err instanceof Rejected, String(err));
+    assert.equal(err.type, "no_route");
+    assert.equal(err.reason, "no_route");
+    assert.equal(err.retryable, false);
+  });
+
+  it("throws Rejected expired when no agent accepts the task within its ttl", async () => {
+    // The topic's only agent has stopped: the task waits for it, within its ttl.
+    const topic = unique("stopped");
+    const agent = await serving(newAgent(unique("ts-stopped")).handler(topic, () => "ran"));
+    await agent.stop();
+    const err = await rejection(client.invoke(topic, null, { ttlMs: 800, ackDeadlineMs: 20_000 }));
+    assert.ok(err instanceof Rejected, String(err));
+    assert.equal(err.type, "expired");
+    assert.equal(err.reason, "expired");
+    assert.equal(err.retryable, false);
+  });
+
+  it("rejects wrong arguments with InvalidArgument naming them, before anything is sent", async () => {
+    const topic = unique("strict");
+    const intake = new Watcher<Task>(stack.nc, "reach.task.>");
+    const cycle: Record<string, unknown> = {};
+    cycle.self = cycle;
+    const wrong: Array<[string, () => Promise<unknown>]> = [
+      ["ttlMs", () => client.invoke(topic, null, { ttlMs: 0 })],
+      ["ttlMs", () => client.publish(topic, null, { ttlMs: 86_400_001 })],
+      ["topic", () => client.invoke("a.b", null)],
+      ["messageId", () => client.invoke(topic, null, { messageId: "has space" })],
+      ["priority", () => client.publish(topic, null, { priority: "P9" as "P0" })],
+      ["ackDeadlineMs", () => client.invoke(topic, null, { ackDeadlineMs: -1 })],
+      ["executeDeadlineMs", () => client.invoke(topic, null, { executeDeadlineMs: 1.5 })],
+      ["headers", () => client.publish(topic, null, { headers: { n: 1 as unknown as string } })],
+      ["payload", () => client.invoke(topic, { n: 10n })],
+      ["payload", () => client.publish(topic, cycle)],
+    ];
+    for (const [argument, call] of wrong) {
+      const err = await rejection(call());
+      assert.ok(err instanceof InvalidArgument, `${argument}: ${String(err)}`);
+      assert.equal(err.argument, argument);
+      assert.ok(err.message.startsWith(argument === "payload" ? "payload of" : `${argument}=`), err.message);
+    }
+    // The intake is watched: a valid publish is the first (and only) thing it sees.
+    const { messageId } = await client.publish(topic, null);
+    const first = await intake.next(() => true);
+    assert.equal(first.message_id, messageId);
+    assert.equal(intake.seen.length, 1);
+    intake.close();
+  });
+
+  it("runs a request sent again under the same message id once, both calls getting its result", async () => {
+    const topic = unique("once");
+    const release = new Gate();
+    const running = new Gate();
+    let runs = 0;
+    await serving(
+      newAgent(unique("ts-once")).handler(topic, async (_ctx, p: { n: number }) => {
+        runs += 1;
+        running.open();
+        await release.opened;
+        return { n: p.n, runs };
+      }),
+    );
+    const messageId = unique("order");
+    const first = client.invoke(topic, { n: 1 }, { messageId });
+    await running.opened;
+    // Sent again while the first runs (a lost connection, a restarted caller): it attaches.
+    const second = client.invoke(topic, { n: 2 }, { messageId });
+    release.open();
+    assert.deepEqual(await first, { n: 1, runs: 1 });
+    assert.deepEqual(await second, { n: 1, runs: 1 });
+    // And once more after the end: answered from the record, not run.
+    assert.deepEqual(await client.invoke(topic, { n: 3 }, { messageId }), { n: 1, runs: 1 });
+    assert.equal(runs, 1);
+    const published = await client.publish(topic, { n: 4 }, { messageId });
+    assert.equal(published.duplicate, true);
+  });
+
+  it("throws NotAcknowledged while the agent is busy; invoking again with its message id hears the end", async () => {
+    const topic = unique("queued");
+    const release = new Gate();
+    const running = new Gate();
+    let runs = 0;
+    await serving(
+      newAgent(unique("ts-queued")).handler(topic, { capacity: 1 }, async (_ctx, p: string) => {
+        runs += 1;
+        running.open();
+        await release.opened;
+        return p;
+      }),
+    );
+    const first = client.invoke(topic, "first");
+    await running.opened;
+    const err = await rejection(client.invoke(topic, "second", { ackDeadlineMs: 300, executeDeadlineMs: 20_000, ttlMs: 30_000 }));
+    assert.ok(err instanceof NotAcknowledged, String(err));
+    assert.match(err.message, /within 300 ms/);
+    release.open();
+    assert.equal(await first, "first");
+    assert.equal(await client.invoke(topic, "ignored", { messageId: err.messageId, executeDeadlineMs: 20_000 }), "second");
+    assert.equal(runs, 2);
+  });
+
+  it("stops waiting when the signal is aborted (InvokeAborted), while the task goes on", async () => {
+    const topic = unique("abort");
+    const release = new Gate();
+    await serving(
+      newAgent(unique("ts-abort")).handler(topic, async (ctx) => {
+        await ctx.progress("started");
+        await release.opened;
+        return "finished";
+      }),
+    );
+    const controller = new AbortController();
+    const err = await rejection(client.invoke(topic, null, { signal: controller.signal, onProgress: () => controller.abort("enough") }));
+    assert.ok(err instanceof InvokeAborted, String(err));
+    assert.equal(err.cause, "enough");
+    release.open();
+    assert.equal(await client.invoke(topic, null, { messageId: err.messageId }), "finished");
+    const already = await rejection(client.invoke(topic, null, { signal: AbortSignal.abort() }));
+    assert.ok(already instanceof InvokeAborted);
+  });
+
+  it("claim-checks a large payload into the Object Store and fetches a large result", async () => {
+    const topic = unique("big");
+    const big = "x".repeat(300_000);
+    await serving(newAgent(unique("ts-big")).handler(topic, (_ctx, p: { text: string }) => ({ text: `${p.text}!` })));
+    const intake = new Watcher<Task>(stack.nc, `reach.task.${topic}.*`);
+    const result = await client.invoke<{ text: string }>(topic, { text: big });
+    assert.equal(result.text, `${big}!`);
+    const sent = await intake.next(() => true);
+    assert.equal(sent.payload, null);
+    assert.equal(sent.payload_ref?.name, `${sent.message_id}/payload`);
+    intake.close();
+  });
+
+  it("publishes fire and forget: ids back, headers mirrored, a resend under the id a duplicate", async () => {
+    const topic = unique("fire");
+    const intake = new Watcher<Task>(stack.nc, `reach.task.${topic}.*`);
+    const published = await client.publish(topic, { a: 1 }, { priority: "P2", ttlMs: 5_000, replyTo: "reach.reply.client.mine" });
+    assert.equal(published.traceId, published.messageId);
+    assert.equal(published.duplicate, false);
+    const sent = await intake.next(() => true);
+    assert.equal(sent.message_id, published.messageId);
+    assert.deepEqual(headersOf(intake.seen[0]!.msg), {
+      "Nats-Msg-Id": published.messageId,
+      "Reach-Trace-Id": published.messageId,
+      "Reach-Priority": "P2",
+      "Reach-TTL": "5000",
+      "Reach-Kind": "task",
+      "Reach-Reply-To": "reach.reply.client.mine",
+    });
+    const again = await client.publish(topic, { a: 2 }, { messageId: published.messageId });
+    assert.equal(again.duplicate, true);
+    const events = await client.status(published.messageId);
+    assert.ok(events.every((e) => e.message_id === published.messageId));
+    intake.close();
+  });
+
+  it("ends pending invokes with InvokeError on close, and refuses calls after it", async () => {
+    const topic = unique("closing");
+    const release = new Gate();
+    const running = new Gate();
+    await serving(
+      newAgent(unique("ts-closing")).handler(topic, async () => {
+        running.open();
+        await release.opened;
+      }),
+    );
+    const own = await ReachClient.connect(stack.url, { logger: quiet, name: "closer" });
+    const pending = rejection(own.invoke(topic, null));
+    await running.opened;
+    await own.close();
+    const err = await pending;
+    assert.ok(err instanceof InvokeError && !(err instanceof TaskFailed), String(err));
+    assert.match(err.message, /closed/);
+    const after = await rejection(own.publish(topic, null));
+    assert.ok(after instanceof ReachError);
+    release.open();
+  });
+});
+
+describe("ReachClient on a secured server", () => {
+  let stack: SecuredStack;
+  const agents: Agent[] = [];
+
+  before(async () => {
+    stack = await startSecuredStack();
+  });
+
+  after(async () => {
+    await Promise.allSettled(agents.map((a) => a.stop()));
+    await stack?.stop();
+  });
+
+  it("calls as the user of its creds: own subjects and inbox, results and typed failures", async () => {
+    const topic = unique("secure");
+    const agentId = unique("ts-secure");
+    const agent = newAgent(agentId, await stack.creds("agent", agentId)).handler(topic, (_ctx, p: { fail?: boolean }) => {
+      if (p.fail) throw new PermanentError("refused");
+      return { ok: true };
+    });
+    agents.push(agent);
+    await agent.start(stack.url);
+    const intake = new Watcher<Task>(stack.nc, `reach.task.${topic}.*`);
+    const client = await ReachClient.connect(stack.url, { logger: quiet, creds: await stack.creds("caller", "billing") });
+    try {
+      assert.equal(client.caller, "billing");
+      assert.deepEqual(await client.invoke(topic, {}), { ok: true });
+      await intake.next(() => true);
+      assert.equal(intake.seen[0]!.subject, `reach.task.${topic}.billing`);
+      const err = await rejection(client.invoke(topic, { fail: true }));
+      assert.ok(err instanceof TaskFailed, String(err));
+      assert.equal(err.type, "PermanentError");
+      assert.equal(err.reason, "rejected");
+      const events = await client.status(err.messageId);
+      assert.ok(events.some((e) => e.event === "dead_lettered"), JSON.stringify(events.map((e) => e.event)));
+    } finally {
+      await client.close();
+      intake.close();
+    }
+  });
+});
