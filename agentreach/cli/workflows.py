@@ -1,5 +1,6 @@
 """``reach workflows list | show ID | cancel ID | signal ID EVENT``, and the workflow trees
-``reach trace`` prints: instances as tables and trees."""
+``reach trace`` prints: instances as tables and trees. An operator does all of it; a caller
+cancels the instances it started (its creds read no records)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,19 @@ import argparse
 import asyncio
 import datetime as dt
 
-from agentreach.broker import Broker, read_stream
-from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
-from agentreach.cli.status import warn_without_coordinator
+from agentreach.agents import ReachClient
+from agentreach.broker import Broker, BrokerTimeout, NoResponders, read_stream
+from agentreach.cli.options import Commands, UsageError, auth_of, broker_of, operators_only
+from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
-from agentreach.envelopes import StepRun, WorkflowRecord, decode_event, now_ms
+from agentreach.envelopes import Event, StepRun, WorkflowRecord, decode_event, now_ms
+
+# How an instance's events say it ended (a caller reads those, not the records).
+ENDS = {
+    "workflow_completed": "completed",
+    "workflow_failed": "failed",
+    "workflow_cancelled": "cancelled",
+}
 
 
 def register(commands: Commands) -> None:
@@ -38,6 +47,9 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         raise UsageError(f"workflows {args.action} needs the id of a workflow instance")
     if args.action == "signal" and not args.event:
         raise UsageError("workflows signal needs an event name: workflows signal ID EVENT")
+    if args.action == "cancel" and auth_of(args).role == "caller":
+        async with broker_of(args) as broker, ReachClient(broker=broker) as client:
+            return await _cancel_own(client, args.id, args.wait)
     operators_only(args, "the workflow records")
     async with broker_of(args) as broker:
         if args.action == "list":
@@ -57,8 +69,59 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
             return await _signal(broker, record, args.event, args.wait)
         await cancel(broker, args.id)
         ended = await _until_finished(broker, args.id, args.wait)
-    print(tree(ended) if ended else f"{args.id}: cancel requested")
+    if ended is None:
+        print(f"{args.id}: cancel requested")
+        return 0
+    print(tree(ended))
+    if not ended.finished:
+        print(f"{args.id}: cancel requested; still {ended.status} after {args.wait:g} s")
+    elif ended.status != "cancelled":  # it ended otherwise between the read and the cancel
+        print(f"{args.id}: {ended.status} before the cancel took effect")
+        return 1
     return 0
+
+
+async def _cancel_own(client: ReachClient, instance_id: str, wait_s: float) -> int:
+    """A caller cancels an instance it started. It may not read the records, so the
+    coordinator tells it its instance's events, before and after (as ``reach trace`` does);
+    the coordinator cancels only what the caller started."""
+    events = await _own_events(client, instance_id)
+    if not any(e.event == "workflow_started" for e in events):
+        who = client.caller
+        raise UsageError(
+            f"no workflow instance {instance_id!r} among {who}'s own messages (a caller"
+            " cancels only the instances it started; an operator's creds cancel any)"
+        )
+    if (status := _ended(events)) is not None:
+        print(f"{instance_id}: already {status}")
+        return 1
+    await cancel(client.broker, instance_id, caller=client.caller)
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while (status := _ended(events)) is None:
+        if asyncio.get_running_loop().time() > deadline:
+            print(f"{instance_id}: cancel requested; not ended after {wait_s:g} s")
+            return 0
+        await asyncio.sleep(0.1)  # a person is waiting at the terminal; polling is fine here
+        events = await _own_events(client, instance_id)
+    if status != "cancelled":
+        print(f"{instance_id}: {status} before the cancel took effect")
+        return 1
+    print(f"{instance_id}: cancelled")
+    return 0
+
+
+async def _own_events(client: ReachClient, instance_id: str) -> list[Event]:
+    """The events of the caller's message ``instance_id`` (not of a trace of that id)."""
+    try:
+        events = await client.status(instance_id)
+    except (NoResponders, BrokerTimeout):
+        raise UsageError(f"{NOT_RUNNING}: a caller cancels through it") from None
+    return [e for e in events if e.message_id == instance_id]
+
+
+def _ended(events: list[Event]) -> str | None:
+    """How an instance's events say it ended, or None while it runs."""
+    return next((ENDS[e.event] for e in events if e.event in ENDS), None)
 
 
 async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: float) -> int:

@@ -20,10 +20,19 @@ async def all_records(broker: Broker) -> list[WorkflowRecord]:
     return sorted(found, key=lambda r: r.started_ms, reverse=True)
 
 
-async def cancel(broker: Broker, instance_id: str, *, why: str = "") -> None:
+async def cancel(
+    broker: Broker, instance_id: str, *, why: str = "", caller: str | None = None
+) -> None:
     """Ask the coordinator (any replica) to cancel ``instance_id``; ``why`` becomes the
-    message of its error (by default, that an operator cancelled it)."""
-    await broker.publish(broker.names.workflow_cancel(instance_id), why.encode())
+    message of its error (by default, that an operator, or ``caller``, cancelled it).
+
+    An operator asks on ``reach.wf.cancel.<instance>``; a caller on
+    ``reach.wf.cancel.<instance>.<caller>``, the only form its permissions allow, and the
+    coordinator cancels only an instance that caller started."""
+    subject = broker.names.workflow_cancel(instance_id)
+    if caller is not None:
+        subject = f"{subject}.{caller}"
+    await broker.publish(subject, why.encode())
 
 
 async def signal(broker: Broker, instance_id: str, event: str) -> None:

@@ -33,8 +33,13 @@ from agentreach.broker import (
 )
 from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event_for, reply
 from agentreach.broker.streams import purge_subject
-from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
 from agentreach.coordinator.protection.grants import Grants, reply_vouched
+from agentreach.coordinator.workflows.answers import (
+    answer,
+    answer_again,
+    cancelled_by,
+    may_cancel,
+)
 from agentreach.coordinator.workflows.control import cancel
 from agentreach.coordinator.workflows.nesting import check_nesting, child_headers
 from agentreach.coordinator.workflows.records import HotRecords
@@ -108,7 +113,7 @@ class WorkflowEngine:
             if (existing := await records.get(record.instance_id)) is None:
                 return
             if existing.value.finished and not seen_before:  # sent again, past the dup window
-                await self._answer_again(existing.value, task)
+                await answer_again(self._broker, existing.value, task)
                 return
             log.info("workflow exists already; resuming", instance_id=record.instance_id)
             await self._resume(existing.value)
@@ -148,8 +153,7 @@ class WorkflowEngine:
                 case "signal":
                     await self._on_signal(instance_id, event, seen_before)
                 case "cancel":
-                    why = msg.data[:200].decode(errors="replace") or BY_OPERATOR
-                    await self._apply(instance_id, lambda run: run.cancel(why), seen_before)
+                    await self._on_cancel(instance_id, event or None, msg.data, seen_before)
                 case _:
                     raise DecodeError(f"no workflow message kind {kind!r}", path="subject")
         except DecodeError as exc:
@@ -190,6 +194,29 @@ class WorkflowEngine:
         if (entry := await records.get(instance_id)) is not None:
             ignored = event_for(entry.value.task, "signal_ignored", signal=event)
             await emit(self._broker, ignored)
+
+    async def _on_cancel(
+        self, instance_id: str, asker: str | None, data: bytes, seen_before: bool
+    ) -> None:
+        """Cancel the instance: an operator's (the bare subject) any, a caller's (its name
+        the subject's last token, which permissions make its own) only one it started."""
+        why = cancelled_by(asker, data[:200].decode(errors="replace"), BY_OPERATOR)
+        refused: list[str] = []
+
+        def change(run: Run) -> bool:
+            if may_cancel(run.record, asker):
+                return run.cancel(why)
+            refused.append(run.record.task.caller or "an operator")
+            return False
+
+        await self._apply(instance_id, change, seen_before)
+        if refused:
+            log.warning(
+                "cancel refused: the instance is not the asker's",
+                instance_id=instance_id,
+                asker=asker,
+                started_by=refused[-1],
+            )
 
     async def _refuse(self, msg: Delivery, instance_id: str, why: str) -> None:
         """A workflow message that cannot be read goes to the DLQ, saying what was wrong."""
@@ -342,34 +369,8 @@ class WorkflowEngine:
         await emit(self._broker, event_for(about, event, **detail))
 
     async def _finish(self, record: WorkflowRecord) -> None:
-        await self._answer(record)
+        await answer(self._broker, record)
         await self._drop_timers(record.instance_id)  # after: the caller need not wait for it
-
-    async def _answer_again(self, record: WorkflowRecord, task: Task) -> None:
-        """Answer ``task``, a start of an instance that ended already, with how it ended
-        (its own caller only: another's is told the id is taken)."""
-        if task.caller != record.task.caller:
-            message = f"message id {task.message_id!r} is another caller's message"
-            error = ErrorInfo(type="duplicate_id", message=message, retryable=False)
-            await reply(self._broker, task, error_reply(task, error, "duplicate_id"))
-        elif record.status == "completed":
-            await reply(self._broker, task, Result(**about(task, result=record.result)))
-        else:
-            error = record.error or ErrorInfo(type="failed", message=f"workflow {record.status}")
-            await reply(self._broker, task, error_reply(task, error, _ended_as(record, error)))
-        log.info("workflow ended already; answered again", instance_id=record.instance_id)
-
-    async def _answer(self, record: WorkflowRecord) -> None:
-        task = record.task
-        if record.status == "completed":
-            await reply(self._broker, task, Result(**about(task, result=record.result)))
-            return
-        error = record.error or ErrorInfo(type="failed", message="workflow failed")
-        if record.status == "cancelled":
-            await reply(self._broker, task, error_reply(task, error, "cancelled"))
-            return
-        state = msgspec.to_builtins(record)
-        await end_with_error(self._broker, task, _ended_as(record, error), error, state=state)
 
     async def _drop_timers(self, instance_id: str) -> None:
         """Remove an ended instance's timers (its deadline would otherwise wait for hours)."""
@@ -380,10 +381,3 @@ class WorkflowEngine:
             )
         except BrokerError as exc:
             log.warning("could not drop workflow timers", instance_id=instance_id, error=str(exc))
-
-
-def _ended_as(record: WorkflowRecord, error: ErrorInfo) -> str:
-    """How a workflow that did not complete ended: its dead-letter reason, or cancelled."""
-    if record.status == "cancelled":
-        return "cancelled"
-    return "expired" if error.type == "expired" else "workflow_failed"

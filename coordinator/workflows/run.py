@@ -127,7 +127,7 @@ class Run(Compensation):
         if self.record.status != "running":
             return False
         self._cancel_leftovers()
-        cancelled = ErrorInfo(type="cancelled", message=why)
+        cancelled = ErrorInfo(type="cancelled", message=why, retryable=False)
         self._end_badly(cancelled, "cancelled")
         return True
 
@@ -395,4 +395,5 @@ class Run(Compensation):
 
 
 def _timeout_error(key: str, timeout_s: float | None) -> ErrorInfo:
-    return ErrorInfo(type="timeout", message=f"step {key!r} did not finish within {timeout_s:g} s")
+    message = f"step {key!r} did not finish within {timeout_s:g} s"
+    return ErrorInfo(type="timeout", message=message, retryable=False)

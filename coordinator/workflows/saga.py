@@ -12,6 +12,16 @@ from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import ErrorInfo, StepRun, WorkflowRecord
 
 
+def final_error(error: ErrorInfo) -> ErrorInfo:
+    """``error`` as an instance ends with it: never retryable. The instance's id is its
+    starting message's, and that message sent again is answered with how the instance ended
+    (for as long as the record is kept), so it never runs again; the error of the step that
+    failed it stays as it was in the step's record."""
+    if error.retryable or error.retry_after_ms is not None:
+        return msgspec.structs.replace(error, retryable=False, retry_after_ms=None)
+    return error
+
+
 class Compensation:
     """What :class:`~agentreach.coordinator.workflows.run.Run` does once a run fails or is
     cancelled."""
@@ -22,7 +32,7 @@ class Compensation:
     actions: list[Action]
 
     def _end_badly(self, error: ErrorInfo, ending: Literal["failed", "cancelled"]) -> None:
-        self.record.error, self.record.ending = error, ending
+        self.record.error, self.record.ending = final_error(error), ending
         if self.spec.on_failure == "compensate" and self._to_undo():
             self.record.status = "compensating"
             self.actions.append(Note("compensating", detail={"undo": self._to_undo()}))

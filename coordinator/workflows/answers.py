@@ -1,0 +1,72 @@
+"""What a workflow instance's starter is told when it ends, or when it sends the starting
+message again after the end; and who may cancel an instance."""
+
+from __future__ import annotations
+
+import msgspec
+import structlog
+
+from agentreach.broker import Broker
+from agentreach.broker.lifecycle import about, reply
+from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
+from agentreach.coordinator.workflows.saga import final_error
+from agentreach.envelopes import ErrorInfo, Result, Task, WorkflowRecord
+
+log = structlog.get_logger("coordinator.workflows")
+
+
+async def answer(broker: Broker, record: WorkflowRecord) -> None:
+    """Tell the starter of ``record``, which just ended, how it ended (and dead-letter it
+    when it failed)."""
+    task = record.task
+    if record.status == "completed":
+        await reply(broker, task, Result(**about(task, result=record.result)))
+        return
+    error = _error_of(record)
+    if record.status == "cancelled":
+        await reply(broker, task, error_reply(task, error, "cancelled"))
+        return
+    state = msgspec.to_builtins(record)
+    await end_with_error(broker, task, _ended_as(record, error), error, state=state)
+
+
+async def answer_again(broker: Broker, record: WorkflowRecord, task: Task) -> None:
+    """Answer ``task``, a start of an instance that ended already, with how it ended
+    (its own caller only: another's is told the id is taken)."""
+    if task.caller != record.task.caller:
+        message = f"message id {task.message_id!r} is another caller's message"
+        error = ErrorInfo(type="duplicate_id", message=message, retryable=False)
+        await reply(broker, task, error_reply(task, error, "duplicate_id"))
+    elif record.status == "completed":
+        await reply(broker, task, Result(**about(task, result=record.result)))
+    else:
+        error = _error_of(record)
+        await reply(broker, task, error_reply(task, error, _ended_as(record, error)))
+    log.info("workflow ended already; answered again", instance_id=record.instance_id)
+
+
+def may_cancel(record: WorkflowRecord, asker: str | None) -> bool:
+    """Whether a cancel asked by ``asker`` (the sender token of its subject; None for an
+    operator's bare subject) may end ``record``: a caller cancels only what it started."""
+    return asker is None or asker == record.task.caller
+
+
+def cancelled_by(asker: str | None, why: str, default: str) -> str:
+    """The message of a cancel's error: ``why`` when the asker gave one."""
+    if why:
+        return why
+    return f"cancelled by its caller {asker!r}" if asker else default
+
+
+def _error_of(record: WorkflowRecord) -> ErrorInfo:
+    """The error ``record`` ended with; never retryable (records written before that rule
+    said otherwise of cancels and timeouts)."""
+    fallback = ErrorInfo(type="failed", message=f"workflow {record.status}")
+    return final_error(record.error or fallback)
+
+
+def _ended_as(record: WorkflowRecord, error: ErrorInfo) -> str:
+    """How a workflow that did not complete ended: its dead-letter reason, or cancelled."""
+    if record.status == "cancelled":
+        return "cancelled"
+    return "expired" if error.type == "expired" else "workflow_failed"

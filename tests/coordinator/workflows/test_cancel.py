@@ -1,0 +1,219 @@
+"""Cancelling a workflow instance, on a real server: a caller cancels the instances it
+started (and no other caller's), with its own creds on a secured server; and how a cancelled,
+timed-out or failed instance ends is never `retryable`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from structlog.testing import capture_logs
+
+from agentreach.agents import Agent, ReachClient, TaskContext, TaskFailed
+from agentreach.broker import Auth, Broker, Topology, provision
+from agentreach.coordinator import Coordinator
+from agentreach.coordinator import workflow as wf
+from agentreach.coordinator.workflows import cancel, read_record
+from agentreach.coordinator.workflows.actions import message_id_of
+from agentreach.envelopes import WorkflowRecord
+from tests.cli.conftest import reach_command, run
+from tests.conftest import FAST
+from tests.e2e.routing_support import fast, serving
+from tests.secured import SecuredDeployment, secured_server
+from tests.support import eventually, until_true
+
+HELD = "held-flow"
+
+
+@dataclass
+class Secured:
+    """A secured server with a coordinator serving ``held-flow`` (one step an agent holds
+    until ``release``), and the operator's connection."""
+
+    deployment: SecuredDeployment
+    url: str
+    admin: Broker
+    server_log: list[str]
+    held: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def caller(self, name: str) -> Auth:
+        return self.deployment.auth("caller", name)
+
+    def violations(self, connection: str) -> int:
+        tag = f':{connection}"'
+        return sum(1 for line in self.server_log if tag in line and "Violation" in line)
+
+    async def reach_as(self, name: str, *args: str) -> tuple[int, str, str]:
+        """`reach ARGS` as the caller ``name``, with nothing but its creds file."""
+        creds = self.caller(name).creds
+        argv = [reach_command(), *args, "--nats-url", self.url, "--creds", str(creds)]
+        done = await run(*argv, env={"NATS_URL": "", "NATS_CREDS": ""})
+        return done.returncode, done.stdout, done.stderr
+
+
+@contextlib.asynccontextmanager
+async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
+    deployment = SecuredDeployment(tmp_path / "auth")
+    server_log: list[str] = []
+    config = msgspec.structs.replace(FAST, workflows={HELD: wf.chain(wf.step("a", "hold-step"))})
+    async with (
+        secured_server(deployment, tmp_path / "server", on_log=server_log.append) as server,
+        Broker(server.url, name="admin", auth=deployment.admin) as admin,
+        Broker(server.url, name="coordinator", auth=deployment.coordinator) as own,
+    ):
+        await provision(admin, Topology.default(admin.names))
+        arena = Secured(deployment, server.url, admin, server_log)
+        agent = Agent("holder", startup_delay=0)
+
+        @agent.handler("hold-step")
+        async def hold_step(ctx: TaskContext, payload: Any) -> Any:
+            await arena.held.put(payload)
+            await arena.release.wait()
+            return {"held": payload}
+
+        async with (
+            Coordinator(own, config).running() as coordinator,
+            agent.running(server.url, auth=deployment.auth("agent", "holder")),
+        ):
+            await eventually(lambda: "holder" in coordinator.directory.cards)
+            try:
+                yield arena
+            finally:
+                arena.release.set()  # the agent's drain need not wait for it
+
+
+async def test_a_caller_cancels_its_own_workflow_and_no_other_caller_s(tmp_path: Path) -> None:
+    """bob may publish a cancel only in his own name, and the coordinator refuses it for
+    alice's instance, which runs on; bob's `reach workflows cancel` says it is none of his.
+    alice's own `reach workflows cancel` ends it: her invoke hears `cancelled`, not
+    retryable, saying she cancelled it."""
+    async with (
+        secured(tmp_path) as arena,
+        ReachClient(arena.url, name="alice", auth=arena.caller("alice")) as alice,
+        Broker(arena.url, name="bob", auth=arena.caller("bob")) as bob,
+    ):
+        instance = f"flow-{uuid.uuid4().hex[:8]}"
+        invoked = asyncio.create_task(alice.invoke(HELD, {"n": 1}, message_id=instance))
+        assert await asyncio.wait_for(arena.held.get(), 10) == {"n": 1}
+
+        # Not as an operator (the bare subject), nor in alice's name: the server refuses both.
+        before = arena.violations("bob")
+        bare = bob.names.workflow_cancel(instance)
+        for subject in (bare, f"{bare}.alice"):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(bob.publish(subject, b""), 0.5)
+        await eventually(lambda: arena.violations("bob") >= before + 2)
+        # In his own name the server takes it, and the coordinator refuses it.
+        with capture_logs() as logs:
+            await bob.publish(f"{bare}.bob", b"")
+            await eventually(lambda: any("cancel refused" in e["event"] for e in logs))
+        refused = next(e for e in logs if "cancel refused" in e["event"])
+        assert refused["asker"] == "bob" and refused["started_by"] == "alice"
+        record = await read_record(arena.admin, instance)
+        assert record is not None and record.status == "running"
+        code, out, err = await arena.reach_as("bob", "workflows", "cancel", instance)
+        assert code == 1 and "among bob's own messages" in err, (out, err)
+
+        code, out, err = await arena.reach_as("alice", "workflows", "cancel", instance)
+        assert code == 0, err
+        assert out.strip() == f"{instance}: cancelled"
+        with pytest.raises(TaskFailed) as stopped:
+            await asyncio.wait_for(invoked, 10)
+    error = stopped.value.error
+    assert (error.type, error.retryable) == ("cancelled", False)
+    assert error.message == "cancelled by its caller 'alice'"
+    assert stopped.value.ending == "cancelled"
+
+
+async def test_a_caller_s_cancel_of_an_ended_instance_says_how_it_ended(tmp_path: Path) -> None:
+    """Once alice's instance completed, her cancel changes nothing and says so."""
+    async with (
+        secured(tmp_path) as arena,
+        ReachClient(arena.url, name="alice", auth=arena.caller("alice")) as alice,
+    ):
+        arena.release.set()
+        instance = f"flow-{uuid.uuid4().hex[:8]}"
+        assert await alice.invoke(HELD, {"n": 2}, message_id=instance) == {"held": {"n": 2}}
+        code, out, err = await arena.reach_as("alice", "workflows", "cancel", instance)
+    assert code == 1, err
+    assert out.strip() == f"{instance}: already completed"
+
+
+# -- how instances end: never retryable ---------------------------------------------------
+
+
+def _flows() -> dict[str, wf.WorkflowSpec]:
+    return {
+        "slow": wf.chain(wf.step("a", "stall", timeout_s=0.3)),
+        "held": wf.chain(wf.step("a", "stall")),
+        "broken": wf.chain(wf.step("a", "crash")),
+    }
+
+
+def _stalling(gate: asyncio.Event) -> Agent:
+    agent = Agent("staller", startup_delay=0)
+
+    @agent.handler("stall", capacity=4)
+    async def stall(ctx: TaskContext, payload: Any) -> Any:
+        await gate.wait()
+        return payload
+
+    @agent.handler("crash")
+    async def crash(ctx: TaskContext, payload: Any) -> Any:
+        raise ConnectionError("the backend went away")  # an ordinary, retryable failure
+
+    return agent
+
+
+async def _ended(broker: Broker, instance: str) -> WorkflowRecord:
+    async def finished() -> WorkflowRecord | None:
+        record = await read_record(broker, instance)
+        return record if record is not None and record.finished else None
+
+    return await until_true(finished)  # type: ignore[no-any-return]
+
+
+async def test_cancelled_timed_out_and_failed_instances_are_not_retryable(
+    broker, start_coordinator, watcher
+):
+    """A step past its `timeout_s`, an operator's cancel, and a step that failed with a
+    retryable error all end the instance with `retryable: false`, in the starter's error,
+    the `workflow_*` event and the dead letter; the step keeps its own error as it was."""
+    gate = asyncio.Event()
+    async with (
+        start_coordinator(fast(workflows=_flows())) as coordinator,
+        serving(broker, coordinator, _stalling(gate)),
+        ReachClient(broker=broker) as client,
+    ):
+        with pytest.raises(TaskFailed) as timed_out:
+            await client.invoke("slow", {"n": 1}, message_id="slow-1")
+        letter = await watcher.dead_letter("workflow_failed", message_id="slow-1")
+
+        held = asyncio.create_task(client.invoke("held", {"n": 2}, message_id="held-1"))
+        await watcher.event("accepted", message_id=message_id_of("held-1", "a", 1))
+        await cancel(broker, "held-1")
+        with pytest.raises(TaskFailed) as cancelled:
+            await held
+        cancel_event = await watcher.event("workflow_cancelled", message_id="held-1")
+
+        with pytest.raises(TaskFailed) as failed:
+            await client.invoke("broken", {"n": 3}, message_id="broken-1")
+        broken = await _ended(broker, "broken-1")
+        gate.set()
+    assert timed_out.value.error.type == "timeout" and not timed_out.value.error.retryable
+    assert letter.error is not None and not letter.error.retryable
+    assert cancelled.value.error.type == "cancelled" and not cancelled.value.error.retryable
+    assert cancel_event.detail["error"]["retryable"] is False
+    assert failed.value.error.type == "ConnectionError" and not failed.value.error.retryable
+    assert failed.value.error.retry_after_ms is None
+    step_error = broken.steps["a"].error
+    assert step_error is not None and step_error.retryable  # the agent's, as it said it
+    assert failed.value.ending == "workflow_failed"
