@@ -15,7 +15,8 @@ from agentreach.dashboard.history import LABELS, shown
 @dataclass(frozen=True)
 class Rule:
     """One alert of alerts.yml: ``metric op value`` held for ``for_s``. ``min_completed``
-    is the P99 rule's guard: fewer completions in the period are only the slowest few."""
+    is the P99 rule's guard, on the period and on the one before it is compared with: fewer
+    completions are only the slowest few."""
 
     alert: str
     severity: str
@@ -31,7 +32,8 @@ class Rule:
             return False
         if key == "p99_latency":  # against the period before, as a factor
             previous = values["previous"]
-            if not previous or values["period_completed"] < self.min_completed:
+            enough = min(values["period_completed"], values["before_completed"])
+            if not previous or enough < self.min_completed:
                 return False
             value = value / previous
         return value < self.value if self.op == "<" else value > self.value
@@ -52,7 +54,7 @@ class Rule:
         if key == "p99_latency":
             return (
                 f"{self.op} {self.value:g} x the period before, {held},"
-                f" of ≥ {self.min_completed} completions"
+                f" of ≥ {self.min_completed} completions in each"
             )
         if LABELS[key][1] != "ratio":
             return f"{self.op} {self.value:g}, {held}"

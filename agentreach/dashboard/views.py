@@ -271,9 +271,12 @@ class Board:
                 period_s = self.history.period_ms / 1000
                 period = f"{period_s / 60:g} min" if period_s >= 60 else f"{period_s:g} s"
                 done, needed = values["period_completed"], RULES[key].min_completed
+                before = values["before_completed"]
                 if done < needed:
                     return f"{done:,} completed in {period}: too few to judge (< {needed})"
-                return f"{done:,} completed in {period}, {values['before_completed']:,} before"
+                if before < needed:
+                    return f"{done:,} completed in {period}, {before:,} before: too few to compare"
+                return f"{done:,} completed in {period}, {before:,} before"
             case "queue_fill":
                 if worst is None:
                     return "no agent running"

@@ -36,26 +36,27 @@ def seconds(duration: str | None) -> int:
 def test_each_alert_has_the_threshold_for_and_guard_of_its_rule_in_alerts_yml():
     """Every alert of the five metrics in alerts.yml is judged by the dashboard, with the
     rule's comparison, `for` and severity, and the P99's completions guard (of the period
-    judged, not of the one before): a change to one side fails here until both agree."""
+    judged and of the one before): a change to one side fails here until both agree."""
     found = rules_in_yml()
     assert {rule.alert for rule in RULES.values()} == set(found)
     for key, rule in RULES.items():
         yml = found[rule.alert]
         comparisons = [(op, float(n)) for op, n in COMPARISON.findall(yml["expr"])]
         assert comparisons[0] == (rule.op, rule.value), (key, yml["expr"])
-        guards = [(">=", float(rule.min_completed))] if rule.min_completed else []
+        guards = [(">=", float(rule.min_completed))] * 2 if rule.min_completed else []
         assert comparisons[1:] == guards, (key, yml["expr"])
         assert seconds(yml.get("for")) == rule.for_s, key
         assert yml["labels"]["severity"] == rule.severity, key
-    guard = found["ReachLatencyP99Up"]["expr"].split("and on ()")[1]
-    assert "increase(reach_latency_seconds_count[1h])" in guard and "offset" not in guard
+    period, before = found["ReachLatencyP99Up"]["expr"].split("and on ()")[1:]
+    assert "increase(reach_latency_seconds_count[1h])" in period and "offset" not in period
+    assert "increase(reach_latency_seconds_count[1h] offset 1h)" in before
 
 
 def test_thresholds_are_said_from_the_numbers_judged():
     """The text shown beside each metric is made from the rule, so it cannot drift."""
     assert [rule.text(key) for key, rule in RULES.items()] == [
         "< 99.5 % for 2 min",
-        "> 1.3 x the period before, for 5 min, of ≥ 100 completions",
+        "> 1.3 x the period before, for 5 min, of ≥ 100 completions in each",
         "> 50 % of capacity for 3 min",
         "> 5 % for 2 min",
         "> 0, at once",
@@ -74,9 +75,11 @@ def test_alert_states_wait_out_their_for():
     assert judge("success_rate", low) == ("firing", 0)
     assert judge("isolated_agents", rows("isolated_agents", 0, 1))[0] == "firing"
     assert judge("retry_rate", rows("retry_rate", None))[0] == "no_data"
-    slower = {"previous": 1.0, "period_completed": 100}
+    slower = {"previous": 1.0, "period_completed": 100, "before_completed": 100}
     assert judge("p99_latency", rows("p99_latency", 2.0, **slower))[0] == "pending"
     assert judge("p99_latency", rows("p99_latency", 1.2, **slower))[0] == "ok"
+    few_before = {**slower, "before_completed": 21}  # the slowest few are no baseline
+    assert judge("p99_latency", rows("p99_latency", 2.0, **few_before))[0] == "ok"
 
 
 def completed(at_ms: int, latency_ms: int) -> Event:
@@ -104,8 +107,8 @@ async def board_of(broker: Broker) -> AsyncIterator[Board]:
 
 async def test_p99_is_not_judged_on_fewer_than_100_completions(broker: Broker):
     """21 slow completions after 21 fast ones, held for more than 5 min: the rule's guard
-    (>= 100 completions in the period) keeps it quiet, and the detail says why; with 121
-    it fires, since the condition held plus its 5 min."""
+    (>= 100 completions in the period, and in the one before) keeps it quiet, and the
+    detail says why; with 121 in both it fires, since the condition held plus its 5 min."""
     async with board_of(broker) as board:
         now = now_ms()
 
@@ -120,19 +123,23 @@ async def test_p99_is_not_judged_on_fewer_than_100_completions(broker: Broker):
         quiet = board.alerts(board.metrics(full=False))
         for back_s in range(580, 330, -50):
             fold(20, now - back_s * 1000, 2_000)
+        few_before = board.metrics(full=False)["series"]["p99_latency"]
+        fold(100, now - 1_100_000, 40)
         metrics = board.metrics(full=False)
         many = metrics["series"]["p99_latency"]
         alerts = board.alerts(metrics)
     assert few["state"] == "ok" and quiet == []
     assert few["detail"] == "21 completed in 10 min: too few to judge (< 100)"
+    assert few_before["state"] == "ok"
+    assert few_before["detail"] == "121 completed in 10 min, 21 before: too few to compare"
     assert many["state"] == "firing"
-    assert many["detail"] == "121 completed in 10 min, 21 before"
+    assert many["detail"] == "121 completed in 10 min, 121 before"
     (alert,) = alerts
     assert alert["name"] == "ReachLatencyP99Up" and alert["severity"] == "warning"
     assert alert["since_ms"] == many["since_ms"] + 300_000  # firing since, not pending since
     assert re.fullmatch(
         r"P99 reach latency: 2\.\d\d s, \d+\.\d\d x the period before"
-        r" \(> 1\.3 x the period before, for 5 min, of ≥ 100 completions\)",
+        r" \(> 1\.3 x the period before, for 5 min, of ≥ 100 completions in each\)",
         alert["summary"],
     ), alert["summary"]
 
