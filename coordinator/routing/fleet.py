@@ -47,6 +47,11 @@ class Choice:
     hindrances: Counter[Hindrance] = field(default_factory=Counter)
     rate_wait_s: float = float("inf")
 
+    def why(self, summary: str, topic: str) -> str:
+        """``summary`` for ``topic``, with the first agents passed over and why."""
+        shown = "; ".join(f"{a}: {why}" for a, why in list(self.passed_over.items())[:5])
+        return f"{summary} for {topic!r} ({shown})"
+
 
 @dataclass(slots=True)
 class _Pool:

@@ -128,7 +128,7 @@ class Router:
                 log.info("an agent runs it now; waiting", left_s=round(left_s, 3))
                 return min(left_s + 0.05, WAIT_CAP_S)
         if left_ms <= 0:
-            await self.end(task, "expired", f"ttl {task.ttl_ms} ms passed in {where}")
+            await self.end(task, "expired", self._expiry(task, where, waited))
             return None
         if where == "intake" and (task := await self._resolved(task)) is None:
             return None
@@ -178,7 +178,7 @@ class Router:
                 task,
                 queue=decision.to.manual,
                 rule=rule.name,
-                reason=_manual_reason(task, decision),
+                reason=decision.manual_reason(task),
                 needed=decision.needed,
             )
             return None
@@ -206,6 +206,15 @@ class Router:
             if refusal[0] != "rate":  # a rate limit is seen, with its wait, on the next pick
                 excluded[choice.agent.agent_id] = refusal
         return await self._unroutable(pending, decision, choice)
+
+    def _expiry(self, task: Task, where: str, waited: int) -> str:
+        """Why ``task`` expired: its ttl, and, when it waited, the agents that could not take it."""
+        said = f"ttl {task.ttl_ms} ms passed in {where}"
+        pools = pools_of(self.routing.decide(task).to, task.topic) if waited else ()
+        choice = self.fleet.choose(pools, task.priority, {})
+        if choice.agent is not None or not choice.passed_over:
+            return said
+        return choice.why(f"{said}, waiting: no agent could take it", task.topic)
 
     def _rate_wait(self, choice: Choice, waited_s: float) -> float | None:
         """How long to wait for a token when only rate limits stand in the way; else None."""
@@ -291,10 +300,10 @@ class Router:
         if hindrances["full"]:
             if (wait_s := self._room_wait(pending)) is not None:
                 return wait_s
-            await self.reject(task, "backpressure", _why(task, "every queue is full", choice))
+            await self.reject(task, "backpressure", choice.why("every queue is full", task.topic))
             return None
         if hindrances["rate"]:
-            await self.reject(task, "rate_limited", _why(task, "all over their rate", choice))
+            await self.reject(task, "rate_limited", choice.why("all over their rate", task.topic))
             return None
         if choice.registered == 0 or hindrances["circuit"]:
             return await self._fall_back(pending, decision, choice)
@@ -329,7 +338,7 @@ class Router:
         if choice.registered == 0:
             await self.end(task, "no_route", f"no agent serves topic {task.topic!r}")
         else:
-            await self.reject(task, "circuit_open", _why(task, "every breaker is open", choice))
+            await self.reject(task, "circuit_open", choice.why("every breaker is open", task.topic))
         return None
 
     async def _topic_admits(self, task: Task) -> bool:
@@ -384,17 +393,3 @@ class _Pending:
     left_ms: int
     waited: int
     origin: str
-
-
-def _manual_reason(task: Task, decision: Decision) -> str:
-    """Why a task waits for a person, in one line for the queue and the trace."""
-    rule = decision.rule.name
-    if not decision.below:
-        return f"rule {rule!r} sends {task.topic!r} to manual review"
-    basis = describe(task.resolution) if task.resolution else f"topic {task.topic!r}"
-    return f"below {decision.needed:.2f} for rule {rule!r}: {basis}"
-
-
-def _why(task: Task, summary: str, choice: Choice) -> str:
-    shown = "; ".join(f"{a}: {why}" for a, why in list(choice.passed_over.items())[:5])
-    return f"{summary} for {task.topic!r} ({shown})"

@@ -43,7 +43,7 @@ from typing import Annotated, Any
 import msgspec
 
 from agentreach.coordinator.conditions import MISSING, Comparison, lookup
-from agentreach.coordinator.routing.intents.resolver import ResolveConfig
+from agentreach.coordinator.routing.intents.resolver import ResolveConfig, describe
 from agentreach.coordinator.routing.intents.scorers import check_scorer
 from agentreach.envelopes import Task, is_token
 from agentreach.envelopes.messages import Token
@@ -214,6 +214,13 @@ class Decision:
     to: Destination
     needed: float
     below: bool = False
+
+    def manual_reason(self, task: Task) -> str:
+        """Why ``task`` waits for a person, in one line for the queue and the trace."""
+        if not self.below:
+            return f"rule {self.rule.name!r} sends {task.topic!r} to manual review"
+        basis = describe(task.resolution) if task.resolution else f"topic {task.topic!r}"
+        return f"below {self.needed:.2f} for rule {self.rule.name!r}: {basis}"
 
 
 class RoutingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

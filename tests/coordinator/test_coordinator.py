@@ -141,14 +141,19 @@ async def test_a_card_under_another_agent_s_key_draws_no_task(broker, coordinato
 async def test_a_task_nobody_can_take_waits_within_its_ttl_then_expires(
     broker, coordinator, watcher
 ):
-    """Agents of the topic exist but none is running: the task waits, then ends as expired."""
+    """Agents of the topic exist but none is running: the task waits, then ends as expired,
+    saying which agents could not take it and why."""
     runs: Counter[str] = Counter()
     async with counting_agent("gone", runs).running(broker=broker):
         pass  # registered, now stopped
     async with ReachClient(broker=broker) as client:
         message_id, _ = await client.publish("count", {}, ttl_ms=300)
     letter = await watcher.dead_letter("expired", message_id=message_id)
-    assert letter.error is not None and letter.error.message == "ttl 300 ms passed in intake"
+    assert letter.error is not None
+    assert letter.error.message.startswith(
+        "ttl 300 ms passed in intake, waiting: no agent could take it for 'count' (gone: "
+    ), letter.error.message
+    assert "stopped" in letter.error.message
     assert letter.envelope is not None and letter.envelope.ttl_ms == 300
     assert not runs
 
