@@ -43,6 +43,10 @@ _FIRST_CONNECT_ATTEMPTS = 2
 WAIT_FIRST_S = 1.0
 WAIT_CAP_S = 30.0
 REFUSALS_BEFORE_GIVING_UP = 3  # authorization errors in a row while reconnecting
+# A server that stops answering (frozen, cut off, its host gone) is left after about
+# PING_INTERVAL_S * (MAX_OUTSTANDING_PINGS + 2): 20 s, where nats-py's own 2 min x 2 is 6 min.
+PING_INTERVAL_S = 5
+MAX_OUTSTANDING_PINGS = 2
 
 
 @contextlib.asynccontextmanager
@@ -173,8 +177,8 @@ class Broker:
                 # for the first connect here, and for every reconnect in the handler.
                 reconnect_time_wait=random.uniform(0.5, 1.5),
                 reconnect_to_server_handler=jittered_reconnect(),
-                ping_interval=10,
-                max_outstanding_pings=3,
+                ping_interval=PING_INTERVAL_S,
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                 error_cb=self._on_error,
                 disconnected_cb=self._on_disconnected,
                 reconnected_cb=self._on_reconnected,

@@ -5,6 +5,8 @@ ride out a kill -9 of a stream's leader."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from agentreach.broker import (
     Topology,
     provision,
 )
+from agentreach.broker.embedded import PID_FILE
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import Heartbeat
 
@@ -165,3 +168,21 @@ async def test_the_report_tells_a_dead_replica_from_one_catching_up(cluster):
     dead = cluster.node_name(victim)
     assert tasks.away == (dead,) and not tasks.lagging
     assert tasks.describe().endswith(f"({dead} not current: offline or cut off?)")
+
+
+async def test_a_client_leaves_a_frozen_node_for_another(cluster):
+    """A node that stops answering without closing its sockets (SIGSTOP: a hung host, a
+    partition) is left for another seed after a few missed pings, well within 30 s (it took
+    40 s with nats-py pinging every 10 s and giving up after 3 missed)."""
+    async with Broker(cluster.url, name="frozen-probe") as broker:
+        frozen = broker.server
+        node = next(n for n in range(cluster.size) if cluster.url_of(n).endswith(frozen))
+        pid = int((cluster.store_dir / cluster.node_name(node) / PID_FILE).read_text())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(30):
+                while broker.server == frozen or not broker.connected:  # noqa: ASYNC110
+                    await asyncio.sleep(0.2)  # polling: the reconnect has no event to await
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert broker.server != frozen
