@@ -75,8 +75,7 @@ function unencodable(value: unknown): string | null {
 /** `err` (about `$.budget.ack_ms`) told as the argument it came from. */
 function wrong(fields: Record<string, unknown>, err: DecodeError, said: (field: string) => string): InvalidArgument {
   const match = / - at `\$\.?([^`]*)`/.exec(err.message);
-  const path = (match?.[1] ?? "").split("[", 1)[0] ?? "";
-  const field = path === "" ? "" : path;
+  const field = (match?.[1] ?? "").split("[", 1)[0] ?? ""; // `headers[...]`: the field itself
   const argument = said(field);
   let reason = match === null ? err.message : err.message.slice(0, match.index);
   const rule = RULES[field.split(".").pop() ?? ""] ?? RULES[field.split(".", 1)[0] ?? ""];

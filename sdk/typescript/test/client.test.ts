@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
 import type { Msg } from "nats";
 
-import { Agent, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, PermanentError, ReachClient, ReachError, Rejected, TaskFailed } from "../src/index.js";
+import { Agent, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, PermanentError, ReachClient, ReachError, Rejected, TaskFailed } from "../src/index.js";
 import type { Ack, Progress, Task } from "../src/index.js";
 import { Gate, startSecuredStack, startStack, Watcher } from "./harness.js";
 import type { SecuredStack, Stack } from "./harness.js";
@@ -33,6 +33,13 @@ async function rejection(promise: Promise<unknown>): Promise<Error> {
     return err as Error;
   }
   assert.fail("expected a rejection, got a result");
+}
+
+/** Tasks published on `subject`, watched from before the next publish (the subscription is flushed). */
+async function watching(stack: Stack, subject: string): Promise<Watcher<Task>> {
+  const watcher = new Watcher<Task>(stack.nc, subject);
+  await stack.nc.flush();
+  return watcher;
 }
 
 function headersOf(msg: Msg): Record<string, string> {
@@ -71,7 +78,7 @@ describe("ReachClient on an open server", () => {
         return { echoed: p, traceparent: ctx.traceparent !== null };
       }),
     );
-    const intake = new Watcher<Task>(stack.nc, `reach.task.${topic}.*`);
+    const intake = await watching(stack, `reach.task.${topic}.*`);
     const acks: Ack[] = [];
     const notes: Progress[] = [];
     const result = await client.invoke(topic, { text: "hi" }, {
@@ -162,9 +169,53 @@ describe("ReachClient on an open server", () => {
     assert.equal(err.retryable, false);
   });
 
+  it("throws DeadlineExceeded when no result comes within the execute deadline; the end is heard later by id", async () => {
+    const topic = unique("slow");
+    let runs = 0;
+    await serving(
+      newAgent(unique("ts-slow")).handler(topic, { maxAttempts: 5 }, async (ctx) => {
+        runs += 1;
+        // Outlives every attempt's budget: the agent reports deadline_exceeded, the coordinator retries.
+        await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
+      }),
+    );
+    const err = await rejection(client.invoke(topic, null, { executeDeadlineMs: 500, ttlMs: 20_000 }));
+    assert.ok(err instanceof DeadlineExceeded, String(err));
+    assert.match(err.message, /within 500 ms/);
+    const end = await rejection(client.invoke(topic, null, { messageId: err.messageId, executeDeadlineMs: 20_000 }));
+    assert.ok(end instanceof TaskFailed && !(end instanceof Rejected), String(end));
+    assert.equal(end.type, "deadline_exceeded");
+    assert.equal(end.reason, "retries_exhausted");
+    assert.equal(runs, 5);
+  });
+
+  it("keeps only genuine replies: a result from an agent the task was not routed to is dropped", async () => {
+    const topic = unique("forged");
+    const release = new Gate();
+    const running = new Gate();
+    await serving(
+      newAgent(unique("ts-genuine")).handler(topic, async () => {
+        running.open();
+        await release.opened;
+        return "genuine";
+      }),
+    );
+    const intake = await watching(stack, `reach.task.${topic}.*`);
+    const result = client.invoke(topic, null);
+    const sent = await intake.next(() => true);
+    await running.opened;
+    const forged = { kind: "result", v: 1, message_id: sent.message_id, trace_id: sent.trace_id, topic, attempt: 1, result: "forged" };
+    stack.nc.publish(`${sent.reply_to}.intruder`, JSON.stringify({ ...forged, from_agent: "intruder" }));
+    stack.nc.publish(`${sent.reply_to}.intruder`, JSON.stringify({ ...forged, from_agent: "someone-else" }));
+    await stack.nc.flush();
+    release.open();
+    assert.equal(await result, "genuine");
+    intake.close();
+  });
+
   it("rejects wrong arguments with InvalidArgument naming them, before anything is sent", async () => {
     const topic = unique("strict");
-    const intake = new Watcher<Task>(stack.nc, "reach.task.>");
+    const intake = await watching(stack, "reach.task.>");
     const cycle: Record<string, unknown> = {};
     cycle.self = cycle;
     const wrong: Array<[string, () => Promise<unknown>]> = [
@@ -269,7 +320,7 @@ describe("ReachClient on an open server", () => {
     const topic = unique("big");
     const big = "x".repeat(300_000);
     await serving(newAgent(unique("ts-big")).handler(topic, (_ctx, p: { text: string }) => ({ text: `${p.text}!` })));
-    const intake = new Watcher<Task>(stack.nc, `reach.task.${topic}.*`);
+    const intake = await watching(stack, `reach.task.${topic}.*`);
     const result = await client.invoke<{ text: string }>(topic, { text: big });
     assert.equal(result.text, `${big}!`);
     const sent = await intake.next(() => true);
@@ -280,7 +331,7 @@ describe("ReachClient on an open server", () => {
 
   it("publishes fire and forget: ids back, headers mirrored, a resend under the id a duplicate", async () => {
     const topic = unique("fire");
-    const intake = new Watcher<Task>(stack.nc, `reach.task.${topic}.*`);
+    const intake = await watching(stack, `reach.task.${topic}.*`);
     const published = await client.publish(topic, { a: 1 }, { priority: "P2", ttlMs: 5_000, replyTo: "reach.reply.client.mine" });
     assert.equal(published.traceId, published.messageId);
     assert.equal(published.duplicate, false);
@@ -346,7 +397,7 @@ describe("ReachClient on a secured server", () => {
     });
     agents.push(agent);
     await agent.start(stack.url);
-    const intake = new Watcher<Task>(stack.nc, `reach.task.${topic}.*`);
+    const intake = await watching(stack, `reach.task.${topic}.*`);
     const client = await ReachClient.connect(stack.url, { logger: quiet, creds: await stack.creds("caller", "billing") });
     try {
       assert.equal(client.caller, "billing");
