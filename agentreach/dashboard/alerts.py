@@ -77,15 +77,32 @@ def judge(key: str, rows: list[tuple[int, dict[str, Any]]]) -> tuple[str, int | 
     rule = RULES[key]
     if not rows or rows[-1][1][key] is None:
         return "no_data", None
-    held_from = None
-    for t, values in reversed(rows):
-        if not rule.holds(key, values):
-            break
-        held_from = t
+    if key == "queue_fill" and rows[-1][1].get("queues_over") is not None:
+        held_from = _each_queue_held_from(rows)
+    else:
+        held_from = None
+        for t, values in reversed(rows):
+            if not rule.holds(key, values):
+                break
+            held_from = t
     if held_from is None:
         return "ok", None
     held_s = (rows[-1][0] - held_from) / 1000
     return ("firing" if held_s >= rule.for_s else "pending"), held_from
+
+
+def _each_queue_held_from(rows: list[tuple[int, dict[str, Any]]]) -> int | None:
+    """Since when the queue over the threshold longest without a break has been over it:
+    Prometheus judges each queue (agent and priority) on its own, so two queues taking
+    turns above it fire nothing."""
+    held_from: int | None = None
+    still = set(rows[-1][1]["queues_over"])
+    for t, values in reversed(rows):
+        still &= values.get("queues_over") or frozenset()
+        if not still:
+            break
+        held_from = t
+    return held_from
 
 
 def firing(series: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

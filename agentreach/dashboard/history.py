@@ -10,6 +10,7 @@ capacity, retries ÷ dispatches over 5 minutes, isolated agents now.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ class Bucket:
     retries: int = 0
     latency: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
     queue_fill: float | None = None  # sampled from the views, not folded
+    queues_over: frozenset[str] | None = None  # the queues above the alert's threshold then
     isolated: int | None = None
 
 
@@ -73,9 +75,19 @@ class History:
         elif kind == "dead_lettered" and event.detail.get("reason") != "invalid_envelope":
             self._bucket(stored_ms).finished += 1
 
-    def sample(self, now_ms: int, *, queue_fill: float | None, isolated: int) -> None:
+    def sample(
+        self,
+        now_ms: int,
+        *,
+        queue_fill: float | None,
+        isolated: int,
+        queues_over: Collection[str] | None = None,
+    ) -> None:
+        """The gauges now: the fullest queue's fill, the isolated agents, and which queues
+        are above the alert's threshold (each is judged on its own, as Prometheus does)."""
         bucket = self._bucket(now_ms)
         bucket.queue_fill, bucket.isolated = queue_fill, isolated
+        bucket.queues_over = None if queues_over is None else frozenset(queues_over)
         oldest = (now_ms - self.since_ms_back) // self.step_ms
         for key in [k for k in self._buckets if k < oldest]:
             del self._buckets[key]
@@ -101,6 +113,7 @@ class History:
             "p99_latency": _p99(period),
             "previous": _p99(before),
             "queue_fill": latest.queue_fill,
+            "queues_over": latest.queues_over,
             "retry_rate": retries / dispatches if dispatches else None,
             "isolated_agents": latest.isolated,
             "completed": completed,

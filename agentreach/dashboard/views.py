@@ -169,7 +169,10 @@ class Board:
         self.letters, self.replicas = letters, replicas
         self.read_ms, self.unread = now_ms(), None
         self.history.sample(
-            now_ms(), queue_fill=self._worst_queue()[0], isolated=len(self.breakers.isolated)
+            now_ms(),
+            queue_fill=self._worst_queue()[0],
+            isolated=len(self.breakers.isolated),
+            queues_over=self._queues_over(RULES["queue_fill"].value),
         )
 
     def staleness(self) -> tuple[int | None, str | None]:
@@ -202,21 +205,35 @@ class Board:
         return found[::-1]
 
     # -- the snapshot (docs: the dashboard's HTTP API) -----------------------------------
-    def _worst_queue(self) -> tuple[float | None, dict[str, Any] | None]:
+    def _queues(self) -> list[dict[str, Any]]:
+        """Each running agent's queue of each priority, with its depth and capacity."""
         if self.queues is None:
-            return None, None
+            return []
         running = [c.agent_id for c in self.directory.cards.values() if c.status == "running"]
-        worst: tuple[float, dict[str, Any]] | None = None
-        for agent in running:
-            for p in PRIORITIES:
-                depth, capacity = self.queues.depth(agent, p), self.queues.capacity(p)
-                ratio = depth / capacity
-                if worst is None or ratio > worst[0]:
-                    worst = (
-                        ratio,
-                        {"agent_id": agent, "priority": p, "depth": depth, "capacity": capacity},
-                    )
-        return (worst[0], worst[1]) if worst else (None, None)
+        return [
+            {
+                "agent_id": agent,
+                "priority": p,
+                "depth": self.queues.depth(agent, p),
+                "capacity": self.queues.capacity(p),
+            }
+            for agent in running
+            for p in PRIORITIES
+        ]
+
+    def _worst_queue(self) -> tuple[float | None, dict[str, Any] | None]:
+        queues = self._queues()
+        if not queues:
+            return None, None
+        worst = max(queues, key=lambda q: q["depth"] / q["capacity"])
+        return worst["depth"] / worst["capacity"], worst
+
+    def _queues_over(self, threshold: float) -> set[str]:
+        return {
+            f"{q['agent_id']} {q['priority']}"
+            for q in self._queues()
+            if q["depth"] / q["capacity"] > threshold
+        }
 
     def metrics(self, *, full: bool) -> dict[str, Any]:
         now = now_ms()

@@ -170,3 +170,19 @@ async def test_summaries_carry_the_value_and_details_the_counts(broker: Broker):
     assert alerts["retry_rate"]["summary"] == "Retry rate: 10.0 % (> 5 % for 2 min)"
     for key, held_s in (("queue_fill", 180), ("retry_rate", 120)):
         assert alerts[key]["since_ms"] == series[key]["since_ms"] + held_s * 1000
+
+
+def test_each_queue_is_judged_on_its_own_as_prometheus_does():
+    """Two queues taking turns above 50 % every minute, for 4 min: the fullest queue was
+    over all along, but no one queue for 3 min, so ReachQueueDepthHigh (per agent and
+    priority) would only be pending; one queue over all along fires."""
+    now = now_ms()
+    turns, steady = History(step_s=10, window_s=600), History(step_s=10, window_s=600)
+    for back_s in range(240, -1, -2):
+        at = now - back_s * 1000
+        turn = "worker-a P1" if (back_s // 60) % 2 else "worker-b P1"
+        turns.sample(at, queue_fill=0.58, isolated=0, queues_over={turn})
+        steady.sample(at, queue_fill=0.58, isolated=0, queues_over={"worker-a P1"})
+    state, since = judge("queue_fill", turns.rows(now))
+    assert state == "pending" and since is not None and now - since <= 70_000
+    assert judge("queue_fill", steady.rows(now))[0] == "firing"
