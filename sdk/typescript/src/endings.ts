@@ -17,7 +17,7 @@ export type Ended =
 
 /** The first ending among `events` (one message's, oldest first), or null: not ended yet. */
 export function endingOf(events: Event[]): Ended | null {
-  for (const { event, detail } of events) {
+  for (const { event, detail = {} } of events) {
     switch (event) {
       case "completed":
       case "workflow_completed": {

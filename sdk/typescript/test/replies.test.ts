@@ -1,0 +1,98 @@
+/** What a caller reads back: replies in its box, and how a message's recorded events end it. */
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+
+import { endingOf } from "../src/endings.js";
+import { ReplyBox, decodeReply } from "../src/replybox.js";
+import type { Event } from "../src/index.js";
+
+const enc = (value: unknown) => new TextEncoder().encode(typeof value === "string" ? value : JSON.stringify(value));
+const quiet = { debug() {}, info() {}, warn() {}, error() {} };
+const about = { v: 1, message_id: "m-1", trace_id: "t-1", topic: "echo" };
+
+function event(name: string, detail: Record<string, unknown>): Event {
+  return { kind: "event", ...about, event: name, detail } as unknown as Event;
+}
+
+describe("decodeReply", () => {
+  it("fills in the defaults of an error reply, and keeps its reason", () => {
+    const reply = decodeReply(enc({ kind: "error", ...about, error: { type: "no_route", message: "nobody" }, reason: "no_route", extra: 1 }));
+    assert.deepEqual(reply, {
+      kind: "error",
+      ...about,
+      from_agent: null,
+      to_agent: null,
+      attempt: 1,
+      created_at: 0,
+      error: { type: "no_route", message: "nobody", retryable: true, retry_after_ms: null },
+      reason: "no_route",
+    });
+  });
+
+  it("refuses what is no reply: not JSON, an unknown kind, an error without its type", () => {
+    assert.equal(decodeReply(enc("{not json")), null);
+    assert.equal(decodeReply(enc({ kind: "task", ...about })), null);
+    assert.equal(decodeReply(enc({ kind: "error", ...about, error: { message: "?" } })), null);
+    assert.equal(decodeReply(enc({ kind: "result", ...about, result_ref: { bucket: "b" } })), null);
+  });
+});
+
+describe("ReplyBox", () => {
+  it("counts an agent's reply once the routed notice names it; drops another sender's and another message's", async () => {
+    const box = new ReplyBox("reach.reply.client.b", "m-1", quiet);
+    const result = { kind: "result", ...about, from_agent: "a-1", attempt: 1, result: "ok" };
+    box.collect("reach.reply.client.b.a-1", enc({ kind: "ack", ...about, from_agent: "a-1", attempt: 1 })); // before its notice
+    box.collect("reach.reply.client.b.a-2", enc({ ...result, from_agent: "a-2", result: "not routed to a-2" }));
+    box.collect("reach.reply.client.b.a-2", enc({ ...result, result: "claims to be a-1" }));
+    box.collect("reach.reply.client.b.a-1", enc({ ...result, message_id: "m-2", result: "another message" }));
+    assert.equal(await box.next(performance.now()), "timeout"); // nothing counts yet
+    box.collect("reach.reply.client.b._coordinator", enc({ kind: "routed", ...about, attempt: 1, agent_id: "a-1" }));
+    box.collect("reach.reply.client.b.a-1", enc(result));
+    const first = await box.next(performance.now() + 1_000);
+    const second = await box.next(performance.now() + 1_000);
+    assert.equal(typeof first === "object" && first.kind, "ack");
+    assert.equal(typeof second === "object" && second.kind === "result" && second.result, "ok");
+    assert.equal(await box.next(performance.now()), "timeout");
+  });
+
+  it("ends a wait when the client closes or the signal is aborted", async () => {
+    const box = new ReplyBox("reach.reply.client.b", "m-1", quiet);
+    const controller = new AbortController();
+    const waiting = box.next(performance.now() + 60_000, controller.signal);
+    controller.abort();
+    assert.equal(await waiting, "aborted");
+    const closing = box.next(performance.now() + 60_000);
+    box.close();
+    assert.equal(await closing, "closed");
+  });
+});
+
+describe("endingOf", () => {
+  it("ends with the first ending event: a result, or the error with how the message ended", () => {
+    const ref = { bucket: "reach_payloads", name: "m-1/1/result", size: 3, sha256: "ab" };
+    const error = { type: "Error", message: "boom", retryable: true, retry_after_ms: null };
+    assert.equal(endingOf([event("routed", {}), event("accepted", {})]), null);
+    assert.deepEqual(endingOf([event("completed", { result: null, result_ref: ref }), event("dead_lettered", { error })]), {
+      kind: "result",
+      result: null,
+      resultRef: ref,
+    });
+    assert.deepEqual(endingOf([event("failed", { error }), event("dead_lettered", { reason: "retries_exhausted", error })]), {
+      kind: "error",
+      error,
+      reason: "retries_exhausted",
+    });
+    const quota = { ...error, type: "rate_limited", retry_after_ms: 500 };
+    assert.deepEqual(endingOf([event("rejected", { error: quota })]), { kind: "error", error: quota, reason: "refused" });
+    assert.deepEqual(endingOf([event("workflow_cancelled", { error: { ...error, type: "cancelled" } })])?.kind, "error");
+  });
+
+  it("makes an error of an ending that has none, from its reason", () => {
+    assert.deepEqual(endingOf([event("dead_lettered", { reason: "poison" })]), {
+      kind: "error",
+      error: { type: "poison", message: "the message ended as poison", retryable: false, retry_after_ms: null },
+      reason: "poison",
+    });
+  });
+});
