@@ -12,12 +12,14 @@ import socket
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import msgspec
 import pytest
 
 from agentreach.agents import ReachClient
+from agentreach.broker import Broker
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.examples.failing import agent as failing_agent
 from agentreach.examples.summarize import agent as summarizer
@@ -91,6 +93,24 @@ async def prometheus(target: str, tmp_path: Path) -> AsyncIterator[str]:
         log.close()
 
 
+@contextlib.asynccontextmanager
+async def watched(
+    broker: Broker, start_coordinator: Any, tmp_path: Path
+) -> AsyncIterator[tuple[ReachClient, str]]:
+    """A coordinator with metrics, the summarizer and an agent that fails every task, a
+    client, and a real Prometheus scraping the coordinator (its URL)."""
+    config = msgspec.structs.replace(FAST, metrics=MetricsConfig(port=0))
+    async with (
+        start_coordinator(config) as coordinator,
+        summarizer.running(broker=broker),
+        failing_agent.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        target = coordinator.metrics_url.removeprefix("http://").rstrip("/")
+        async with prometheus(target, tmp_path) as url:
+            yield client, url
+
+
 async def _query(url: str, expr: str) -> list[dict]:
     status, body = await http_get(f"{url}api/v1/query?query={quote(expr)}")
     assert status == 200, body
@@ -108,36 +128,28 @@ async def test_prometheus_scrapes_the_coordinator_and_an_alert_fires(
 ):
     """With one agent that completes and one that fails every task, Prometheus shows the five
     recording rules, ReachAgentsIsolated fires, and ReachSuccessRateLow is on its way."""
-    config = msgspec.structs.replace(FAST, metrics=MetricsConfig(port=0))
-    async with (
-        start_coordinator(config) as coordinator,
-        summarizer.running(broker=broker),
-        failing_agent.running(broker=broker),
-        ReachClient(broker=broker) as client,
-    ):
-        target = coordinator.metrics_url.removeprefix("http://").rstrip("/")
-        async with prometheus(target, tmp_path) as url:
-            seen: dict[str, object] = {}
+    async with watched(broker, start_coordinator, tmp_path) as (client, url):
+        seen: dict[str, object] = {}
 
-            async def load() -> None:  # steady traffic: rate() needs increases between scrapes
-                while True:
-                    await client.publish("summarize", {"text": "NATS is fast. Really."})
-                    await client.publish("unreliable", {"n": 1})
-                    await asyncio.sleep(0.2)
+        async def load() -> None:  # steady traffic: rate() needs increases between scrapes
+            while True:
+                await client.publish("summarize", {"text": "NATS is fast. Really."})
+                await client.publish("unreliable", {"n": 1})
+                await asyncio.sleep(0.2)
 
-            loader = asyncio.create_task(load())
-            try:
-                async with asyncio.timeout(90):
-                    while not _done(seen):
-                        await asyncio.sleep(1)
-                        for rule in RULES:
-                            if result := await _query(url, rule):
-                                seen[rule] = float(result[0]["value"][1])
-                        seen["alerts"] = await _alerts(url)
-            except TimeoutError:
-                raise AssertionError(f"not all seen in Prometheus: {seen}") from None
-            finally:
-                loader.cancel()
+        loader = asyncio.create_task(load())
+        try:
+            async with asyncio.timeout(90):
+                while not _done(seen):
+                    await asyncio.sleep(1)
+                    for rule in RULES:
+                        if result := await _query(url, rule):
+                            seen[rule] = float(result[0]["value"][1])
+                    seen["alerts"] = await _alerts(url)
+        except TimeoutError:
+            raise AssertionError(f"not all seen in Prometheus: {seen}") from None
+        finally:
+            loader.cancel()
     alerts = seen["alerts"]
     assert alerts["ReachAgentsIsolated"] == "firing"
     assert alerts["ReachSuccessRateLow"] in ("pending", "firing")
@@ -175,29 +187,21 @@ async def test_the_first_failures_of_a_fresh_coordinator_reach_the_ratios(
     exported at 0 before the first task, so rate() sees every increase: the success ratio
     drops to about 20/25 and ReachSuccessRateLow is on its way (it stayed 1, and silent,
     while series first appeared at their value)."""
-    config = msgspec.structs.replace(FAST, metrics=MetricsConfig(port=0))
-    async with (
-        start_coordinator(config) as coordinator,
-        summarizer.running(broker=broker),
-        failing_agent.running(broker=broker),
-        ReachClient(broker=broker) as client,
-    ):
-        target = coordinator.metrics_url.removeprefix("http://").rstrip("/")
-        async with prometheus(target, tmp_path) as url:
-            zero = 'reach_tasks_finished_total{topic="unreliable",outcome="retries_exhausted"}'
-            await until_true(lambda: _query(url, zero), timeout=30)  # at 0 before any task
-            done = {(await client.publish("summarize", {"text": "A. B."}))[0] for _ in range(20)}
-            await watcher.until(lambda: watcher.count("completed", done) == 20 or None, "20")
-            failed = {(await client.publish("unreliable", {"n": 1}))[0] for _ in range(5)}
-            await watcher.until(lambda: watcher.count("dead_lettered", failed) == 5 or None, "5")
-            seen: dict[str, object] = {}
-            try:
-                async with asyncio.timeout(30):
-                    while seen.get("ReachSuccessRateLow") not in ("pending", "firing"):
-                        await asyncio.sleep(1)
-                        if ratio := await _query(url, "reach:success_ratio:rate5m"):
-                            seen["ratio"] = float(ratio[0]["value"][1])
-                        seen.update(await _alerts(url))
-            except TimeoutError:
-                raise AssertionError(f"the failures never reached the ratio: {seen}") from None
+    async with watched(broker, start_coordinator, tmp_path) as (client, url):
+        zero = 'reach_tasks_finished_total{topic="unreliable",outcome="retries_exhausted"}'
+        await until_true(lambda: _query(url, zero), timeout=30)  # at 0 before any task
+        done = {(await client.publish("summarize", {"text": "A. B."}))[0] for _ in range(20)}
+        await watcher.until(lambda: watcher.count("completed", done) == 20 or None, "20")
+        failed = {(await client.publish("unreliable", {"n": 1}))[0] for _ in range(5)}
+        await watcher.until(lambda: watcher.count("dead_lettered", failed) == 5 or None, "5")
+        seen: dict[str, object] = {}
+        try:
+            async with asyncio.timeout(30):
+                while seen.get("ReachSuccessRateLow") not in ("pending", "firing"):
+                    await asyncio.sleep(1)
+                    if ratio := await _query(url, "reach:success_ratio:rate5m"):
+                        seen["ratio"] = float(ratio[0]["value"][1])
+                    seen.update(await _alerts(url))
+        except TimeoutError:
+            raise AssertionError(f"the failures never reached the ratio: {seen}") from None
     assert 0.7 < seen["ratio"] < 0.9  # 20 of 25, whatever rate() extrapolates
