@@ -288,17 +288,27 @@ class WorkflowEngine:
         await self._carry_out(record, run.actions)
 
     async def resume_all(self) -> int:
-        """Repeat what every unfinished instance calls for (idempotent); how many there were."""
-        unfinished = [
-            entry.value
-            for entry in (await (await self._records()).snapshot()).values()
+        """Repeat what every unfinished instance calls for (idempotent); how many there were.
+
+        Each one is read again just before: while the snapshot is worked through, the
+        replicas' consumers (this one's too) go on applying cancels and replies, and an
+        instance ended since must not have its steps dispatched and its deadline armed
+        again (past the duplicate window the steps would run again, after its end)."""
+        records = await self._records()
+        listed = [
+            key
+            for key, entry in (await records.snapshot()).items()
             if not entry.value.finished and entry.value.workflow in self.specs
         ]
-        for record in unfinished:
-            await self._resume(record)
-        if unfinished:
-            log.info("unfinished workflows resumed", count=len(unfinished))
-        return len(unfinished)
+        resumed = 0
+        for key in listed:
+            if (entry := await records.get(key)) is None or entry.value.finished:
+                continue
+            await self._resume(entry.value)
+            resumed += 1
+        if resumed:
+            log.info("unfinished workflows resumed", count=resumed)
+        return resumed
 
     # -- actions --------------------------------------------------------------------------
     async def _carry_out(self, record: WorkflowRecord, actions: list[Action]) -> None:

@@ -1,0 +1,92 @@
+"""A replica that starts resumes the unfinished workflow instances, on a real server, while
+the other replicas (and its own consumer) go on moving them: what ended meanwhile stays
+ended."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, Bucket
+from agentreach.coordinator import workflow as wf
+from agentreach.coordinator.workflows import WorkflowEngine, cancel
+from agentreach.coordinator.workflows.actions import message_id_of
+from agentreach.envelopes import WorkflowRecord
+from tests.e2e.routing_support import fast, serving
+
+FLOWS = {"held": wf.chain(wf.step("a", "hold-step"))}
+
+
+class StaleSnapshot:
+    """The workflow records, whose snapshot is out of date once returned: ``meanwhile``
+    (another replica acting) runs between the read and the return."""
+
+    def __init__(self, bucket: Bucket[WorkflowRecord], meanwhile: Callable[[], Awaitable[None]]):
+        self._bucket = bucket
+        self._meanwhile = meanwhile
+
+    async def snapshot(self) -> Any:
+        taken = await self._bucket.snapshot()
+        await self._meanwhile()
+        return taken
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bucket, name)
+
+
+def holding(gate: asyncio.Event) -> Agent:
+    agent = Agent("holder", startup_delay=0)
+
+    @agent.handler("hold-step", capacity=4)
+    async def hold(ctx: TaskContext, payload: Any) -> Any:
+        await gate.wait()
+        return payload
+
+    return agent
+
+
+async def test_a_starting_replica_resumes_only_what_has_not_ended_since_its_snapshot(
+    broker: Broker, start_coordinator, watcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replica B runs two instances; replica A starts and lists both as running, then B
+    cancels one before A gets to it. A dispatches the step of the one still running again
+    (idempotent), and nothing of the cancelled one: no step task, no deadline timer."""
+    names = broker.names
+    gate = asyncio.Event()
+    async with (
+        start_coordinator(fast(workflows=FLOWS)) as replica_b,
+        serving(broker, replica_b, holding(gate)),
+        ReachClient(broker=broker) as client,
+        Broker(broker.url, names=names, name="replica-a") as own,
+    ):
+        for instance in ("kept", "ended"):
+            await client.publish("held", {"n": instance}, message_id=instance)
+            await watcher.event("accepted", message_id=message_id_of(instance, "a", 1))
+
+        async def cancelled_meanwhile() -> None:
+            await cancel(broker, "ended")
+            await watcher.event("workflow_cancelled", message_id="ended")
+
+        bucket = await own.bucket(names.workflows_bucket, WorkflowRecord)
+        stale = StaleSnapshot(bucket, cancelled_meanwhile)
+        published: list[str] = []
+        publish = own.publish
+
+        async def recorded(subject: str, data: bytes, **options: Any) -> Any:
+            published.append(subject)
+            return await publish(subject, data, **options)
+
+        async def records() -> Any:
+            return stale
+
+        replica_a = WorkflowEngine(own, FLOWS)
+        monkeypatch.setattr(replica_a, "_records", records)
+        monkeypatch.setattr(own, "publish", recorded)
+        resumed = await replica_a.resume_all()
+        gate.set()
+    assert resumed == 1
+    assert published == [names.workflow_timer("kept"), names.task("hold-step")]
