@@ -62,7 +62,7 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
             print(tree(record))
             return 0
         if record.finished:
-            print(f"{args.id}: already {record.status}")
+            print(_already(args.id, record.status, record.ended_ms))
             return 1
         await warn_without_coordinator(broker, "nothing acts on it until one starts")
         if args.action == "signal":
@@ -93,7 +93,8 @@ async def _cancel_own(client: ReachClient, instance_id: str, wait_s: float) -> i
             " cancels only the instances it started; an operator's creds cancel any)"
         )
     if (status := _ended(events)) is not None:
-        print(f"{instance_id}: already {status}")
+        ended_ms = next(e.at_ms for e in events if e.event in ENDS)
+        print(_already(instance_id, status, ended_ms))
         return 1
     await cancel(client.broker, instance_id, caller=client.caller)
     deadline = asyncio.get_running_loop().time() + wait_s
@@ -117,6 +118,15 @@ async def _own_events(client: ReachClient, instance_id: str) -> list[Event]:
     except (NoResponders, BrokerTimeout):
         raise UsageError(f"{NOT_RUNNING}: a caller cancels through it") from None
     return [e for e in events if e.message_id == instance_id]
+
+
+def _already(instance_id: str, status: str, ended_ms: int) -> str:
+    """An instance ended before its cancel: say when, since an id used before (the README's
+    ``Nats-Msg-Id:article-1``, say) names the instance that ran then, whatever was sent since."""
+    return (
+        f"{instance_id}: already {status} at {_clock(ended_ms)} (a start sent again under"
+        " this id is answered from that instance, not run again: send a new message id)"
+    )
 
 
 def _ended(events: list[Event]) -> str | None:

@@ -16,6 +16,7 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
+from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext, TaskFailed
 from agentreach.broker import Auth, Broker, Topology, provision
 from agentreach.coordinator import Coordinator
@@ -23,7 +24,8 @@ from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import cancel, read_record
 from agentreach.coordinator.workflows.actions import message_id_of
 from agentreach.envelopes import WorkflowRecord
-from tests.cli.conftest import reach_command, run
+from agentreach.envelopes.headers import task_headers
+from tests.cli.conftest import reach_argv, reach_command, run
 from tests.conftest import FAST
 from tests.e2e.routing_support import fast, serving
 from tests.secured import SecuredDeployment, secured_server
@@ -144,7 +146,8 @@ async def test_a_caller_s_cancel_of_an_ended_instance_says_how_it_ended(tmp_path
         assert await alice.invoke(HELD, {"n": 2}, message_id=instance) == {"held": {"n": 2}}
         code, out, err = await arena.reach_as("alice", "workflows", "cancel", instance)
     assert code == 1, err
-    assert out.strip() == f"{instance}: already completed"
+    assert out.startswith(f"{instance}: already completed at ")
+    assert "answered from that instance, not run again" in out
 
 
 # -- how instances end: never retryable ---------------------------------------------------
@@ -217,3 +220,31 @@ async def test_cancelled_timed_out_and_failed_instances_are_not_retryable(
     step_error = broken.steps["a"].error
     assert step_error is not None and step_error.retryable  # the agent's, as it said it
     assert failed.value.ending == "workflow_failed"
+
+
+async def test_the_cancel_of_an_instance_that_ran_under_a_reused_id_says_when_it_ended(
+    broker, start_coordinator, watcher
+):
+    """A start sent again under an id used before (once the stream forgot the id: a
+    restarted server forgets consumed ones) is answered from the instance that ran then,
+    and runs nothing: `reach workflows cancel` says when that one ended, and why."""
+    gate = asyncio.Event()
+    gate.set()
+    async with (
+        start_coordinator(fast(workflows=_flows())) as coordinator,
+        serving(broker, coordinator, _stalling(gate)),
+        ReachClient(broker=broker) as client,
+    ):
+        await client.invoke("held", {"n": 1}, message_id="reused-1")
+        again = client.task("held", {"n": 2}, message_id="reused-1")
+        # No Nats-Msg-Id: what the stream sees once it has forgotten the id.
+        headers = {k: v for k, v in task_headers(again).items() if k != "Nats-Msg-Id"}
+        subject = broker.names.task("held", client.caller)
+        with capture_logs() as logs:
+            await broker.publish(subject, envelopes.encode(again), headers=headers)
+            await eventually(lambda: any("answered again" in e["event"] for e in logs))
+        cancelled = await run(*reach_argv(broker, "workflows", "cancel", "reused-1"))
+    assert watcher.count("workflow_started") == 1
+    assert cancelled.returncode == 1, cancelled.stderr
+    assert cancelled.stdout.startswith("reused-1: already completed at ")
+    assert "answered from that instance, not run again" in cancelled.stdout
