@@ -8,7 +8,7 @@
 import { decodeJson, encode } from "./codec.js";
 import type { Connection } from "./connection.js";
 import { isPayloadRef } from "./replybox.js";
-import type { ErrorInfo, Event, PayloadRef, TraceReply } from "./types.js";
+import type { ErrorInfo, Event, PayloadRef, TraceReply, TraceRequest } from "./types.js";
 
 /** A result (inline, or where it is kept), or the error and how the message ended. */
 export type Ended =
@@ -63,7 +63,8 @@ export class Traces {
   /** The coordinator's answer as it is: the events of the message, or else of the trace `id`. */
   async ask(id: string, timeoutMs = this.conn.requestTimeoutMs): Promise<TraceReply> {
     const subject = this.conn.names.traceRequest(this.caller);
-    const answer = await this.conn.nc.request(subject, encode({ message_id: id }), { timeout: timeoutMs });
+    const request: TraceRequest = { message_id: id };
+    const answer = await this.conn.nc.request(subject, encode(request), { timeout: timeoutMs });
     const reply = decodeJson(answer.data) as Partial<TraceReply>;
     return { events: reply.events ?? [], truncated: reply.truncated === true, others: reply.others === true };
   }

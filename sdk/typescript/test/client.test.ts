@@ -244,7 +244,7 @@ describe("ReachClient on an open server", () => {
     intake.close();
   });
 
-  it("runs a request sent again under the same message id once, both calls getting its result", async () => {
+  it("runs a request sent again under the same message id once, both calls getting its result; another caller's gets duplicate_id", async () => {
     const topic = unique("once");
     const release = new Gate();
     const running = new Gate();
@@ -270,6 +270,17 @@ describe("ReachClient on an open server", () => {
     assert.equal(runs, 1);
     const published = await client.publish(topic, { n: 4 }, { messageId });
     assert.equal(published.duplicate, true);
+    // Another caller's request under that id hears nothing of it: duplicate_id.
+    const other = await ReachClient.connect(stack.url, { logger: quiet, name: "other" });
+    try {
+      const err = await rejection(other.invoke(topic, { n: 5 }, { messageId }));
+      assert.ok(err instanceof Rejected, String(err));
+      assert.equal(err.type, "duplicate_id");
+      assert.equal(err.reason, "duplicate_id");
+    } finally {
+      await other.close();
+    }
+    assert.equal(runs, 1);
   });
 
   it("throws NotAcknowledged while the agent is busy; invoking again with its message id hears the end", async () => {
