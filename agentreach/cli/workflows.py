@@ -33,7 +33,8 @@ def register(commands: Commands) -> None:
     flows.add_argument(
         "action",
         choices=["list", "show", "cancel", "signal"],
-        help="list instances, show one's steps, cancel it, or signal it an event",
+        help="list instances, show one's steps, cancel it, or signal it an event (with a"
+        " caller's creds: cancel, of an instance it started)",
     )
     flows.add_argument("id", nargs="?", help="the instance id (the starting task's message_id)")
     flows.add_argument("event", nargs="?", help="for signal: the event to send")

@@ -52,10 +52,12 @@ def may_cancel(record: WorkflowRecord, asker: str | None) -> bool:
 
 
 def cancelled_by(asker: str | None, why: str, default: str) -> str:
-    """The message of a cancel's error: ``why`` when the asker gave one."""
-    if why:
-        return why
-    return f"cancelled by its caller {asker!r}" if asker else default
+    """The message of a cancel's error: the reason given (``why``, else ``default``); a
+    caller's names the caller, so that nobody reads it as an operator's."""
+    if asker is None:
+        return why or default
+    by = f"cancelled by its caller {asker!r}"
+    return f"{by}: {why}" if why else by
 
 
 def _error_of(record: WorkflowRecord) -> ErrorInfo:

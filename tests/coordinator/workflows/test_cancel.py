@@ -23,6 +23,8 @@ from agentreach.coordinator import Coordinator
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import cancel, read_record
 from agentreach.coordinator.workflows.actions import message_id_of
+from agentreach.coordinator.workflows.answers import cancelled_by
+from agentreach.coordinator.workflows.run import BY_OPERATOR
 from agentreach.envelopes import WorkflowRecord
 from agentreach.envelopes.headers import task_headers
 from tests.cli.conftest import reach_argv, reach_command, run
@@ -148,6 +150,16 @@ async def test_a_caller_s_cancel_of_an_ended_instance_says_how_it_ended(tmp_path
     assert code == 1, err
     assert out.startswith(f"{instance}: already completed at ")
     assert "answered from that instance, not run again" in out
+
+
+def test_a_caller_s_reason_names_the_caller() -> None:
+    """An operator's cancel says its reason (or that an operator cancelled it); a caller's
+    always names the caller, whatever reason it gives."""
+    assert cancelled_by(None, "", BY_OPERATOR) == BY_OPERATOR
+    assert cancelled_by(None, "maintenance", BY_OPERATOR) == "maintenance"
+    assert cancelled_by("alice", "", BY_OPERATOR) == "cancelled by its caller 'alice'"
+    said = cancelled_by("alice", BY_OPERATOR, BY_OPERATOR)
+    assert said == f"cancelled by its caller 'alice': {BY_OPERATOR}"
 
 
 # -- how instances end: never retryable ---------------------------------------------------
