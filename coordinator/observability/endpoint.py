@@ -3,10 +3,12 @@ answers) and ``/readyz`` (connected, provisioned, consuming) for probes."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from agentreach.broker import Broker, PullConsumer
 from agentreach.coordinator.observability.http import Request, Response
@@ -46,8 +48,12 @@ def endpoint(registry: CollectorRegistry, readiness: Readiness) -> Callable[...,
             return Response.error(405, "only GET is served here")
         match request.path:
             case "/metrics":
-                # On the event loop, like every view it reads: no dict changes under it.
-                return Response(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+                # Read on the event loop, like every view it reads (no dict changes under
+                # it); written out in a thread: the text of a few thousand series takes
+                # twice as long as reading them (20 topics: ~11 ms, then ~20 ms).
+                collected = _Collected(list(registry.collect()))
+                text = await asyncio.to_thread(generate_latest, collected)  # type: ignore[arg-type]
+                return Response(200, text, CONTENT_TYPE_LATEST)
             case "/healthz":
                 return Response(200, b"ok\n")
             case "/readyz":
@@ -62,3 +68,13 @@ def endpoint(registry: CollectorRegistry, readiness: Readiness) -> Callable[...,
                 return Response.error(404, f"no {request.path} here: /metrics, /healthz, /readyz")
 
     return handle
+
+
+@dataclass(frozen=True)
+class _Collected:
+    """Metrics already collected, as ``generate_latest`` reads a registry."""
+
+    metrics: list[Metric]
+
+    def collect(self) -> list[Metric]:
+        return self.metrics
