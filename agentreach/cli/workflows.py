@@ -15,6 +15,7 @@ from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
 from agentreach.envelopes import Event, StepRun, WorkflowRecord, decode_event, now_ms
 
+LONG_AGO_MS = 60_000  # an instance that ended before that was not the one just started
 # How an instance's events say it ended (a caller reads those, not the records).
 ENDS = {
     "workflow_completed": "completed",
@@ -63,7 +64,7 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
             print(tree(record))
             return 0
         if record.finished:
-            print(_already(args.id, record.status, record.ended_ms))
+            print(already(args.id, record.status, record.ended_ms, now_ms()))
             return 1
         await warn_without_coordinator(broker, "nothing acts on it until one starts")
         if args.action == "signal":
@@ -95,7 +96,7 @@ async def _cancel_own(client: ReachClient, instance_id: str, wait_s: float) -> i
         )
     if (status := _ended(events)) is not None:
         ended_ms = next(e.at_ms for e in events if e.event in ENDS)
-        print(_already(instance_id, status, ended_ms))
+        print(already(instance_id, status, ended_ms, now_ms()))
         return 1
     await cancel(client.broker, instance_id, caller=client.caller)
     deadline = asyncio.get_running_loop().time() + wait_s
@@ -121,12 +122,16 @@ async def _own_events(client: ReachClient, instance_id: str) -> list[Event]:
     return [e for e in events if e.message_id == instance_id]
 
 
-def _already(instance_id: str, status: str, ended_ms: int) -> str:
-    """An instance ended before its cancel: say when, since an id used before (the README's
-    ``Nats-Msg-Id:article-1``, say) names the instance that ran then, whatever was sent since."""
+def already(instance_id: str, status: str, ended_ms: int, now: int) -> str:
+    """An instance ended before its cancel or signal: say when. One that ended a while ago
+    may be a surprise: an id used before (the README's ``Nats-Msg-Id:article-1``, say, sent
+    again after a restart) names the instance that ran then, whatever was sent since."""
+    said = f"{instance_id}: already {status} at {_clock(ended_ms)}"
+    if now - ended_ms < LONG_AGO_MS:
+        return said
     return (
-        f"{instance_id}: already {status} at {_clock(ended_ms)} (a start sent again under"
-        " this id is answered from that instance, not run again: send a new message id)"
+        f"{said} (a start sent again under this id is answered from that instance, not run"
+        " again: send a new message id)"
     )
 
 
