@@ -18,11 +18,11 @@ from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext, TaskFailed
-from agentreach.broker import Auth, Broker, Topology, provision
+from agentreach.broker import Auth, Broker, Topology, provision, read_stream
 from agentreach.cli.workflows import _clock, already
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator import workflow as wf
-from agentreach.coordinator.workflows import cancel, read_record
+from agentreach.coordinator.workflows import WorkflowEngine, cancel, read_record
 from agentreach.coordinator.workflows.actions import message_id_of
 from agentreach.coordinator.workflows.answers import cancelled_by
 from agentreach.coordinator.workflows.run import BY_OPERATOR
@@ -268,3 +268,31 @@ def test_an_instance_that_ended_long_ago_is_said_to_be_an_id_used_again() -> Non
     assert just == f"r: already completed at {_clock(ended)}"
     long_ago = already("r", "completed", ended, ended + 60_000)
     assert long_ago.startswith(just) and "not run again: send a new message id" in long_ago
+
+
+async def test_an_operator_s_cancel_that_an_end_overtakes_says_so(broker: Broker) -> None:
+    """The cancel is asked of a running instance, and it ends otherwise before a coordinator
+    applies the cancel (replies queued while none ran are applied first after a restart):
+    `reach workflows cancel` says it completed before the cancel, and exits 1."""
+    names = broker.names
+    flows = _flows()
+    task = envelopes.Task(v=1, message_id="overtaken", trace_id="t", topic="held", payload={})
+    await WorkflowEngine(broker, flows).start(task, seen_before=False)  # no coordinator runs
+    argv = reach_argv(broker, "workflows", "cancel", "overtaken", "--wait", "30")
+    cancelling = asyncio.create_task(run(*argv))
+
+    async def asked() -> bool:
+        stored = await read_stream(broker, names.workflows_stream, names.workflow_cancel(">"))
+        return bool(stored)
+
+    await until_true(asked)  # read as running, and the cancel sent: now the end overtakes it
+    records = await broker.bucket(names.workflows_bucket, WorkflowRecord)
+
+    def completed(record: WorkflowRecord | None) -> WorkflowRecord | None:
+        assert record is not None and record.status == "running"
+        return msgspec.structs.replace(record, status="completed", result={}, ended_ms=1)
+
+    assert (await records.cas("overtaken", completed)).written
+    cancelled = await cancelling
+    assert cancelled.returncode == 1, cancelled.stderr
+    assert cancelled.stdout.splitlines()[-1] == "overtaken: completed before the cancel took effect"
