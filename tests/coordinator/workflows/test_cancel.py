@@ -18,7 +18,16 @@ from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext, TaskFailed
-from agentreach.broker import Auth, Broker, Topology, provision, read_stream
+from agentreach.auth import push, roles
+from agentreach.broker import (
+    Auth,
+    Broker,
+    BrokerTimeout,
+    Names,
+    Topology,
+    provision,
+    read_stream,
+)
 from agentreach.cli.workflows import _clock, already
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator import workflow as wf
@@ -296,3 +305,34 @@ async def test_an_operator_s_cancel_that_an_end_overtakes_says_so(broker: Broker
     cancelled = await cancelling
     assert cancelled.returncode == 1, cancelled.stderr
     assert cancelled.stdout.splitlines()[-1] == "overtaken: completed before the cancel took effect"
+
+
+async def test_a_push_gives_the_callers_of_a_deployment_made_before_their_cancel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deployment whose account was signed with the caller template of before (no
+    workflow cancels): `reach auth push` re-signs it with this version's templates, and a
+    caller may then publish a cancel in its own name, with no server restart."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    directory = deployment.directory
+    current = roles.caller
+
+    def before(names: Names) -> roles.Permissions:
+        template = current(names)
+        template["pub"]["allow"].remove(f"{names.workflow_cancel('*')}.{roles.NAME}")
+        return template
+
+    monkeypatch.setattr(roles, "caller", before)
+    directory.write_account()  # as `reach auth init` of the older version left it
+    monkeypatch.setattr(roles, "caller", current)
+    alice = deployment.auth("caller", "alice")
+    async with secured_server(deployment, tmp_path / "server") as server:
+        async with Broker(server.url, auth=deployment.admin) as admin:
+            await provision(admin, Topology.default(admin.names))
+        subject = f"{Names().workflow_cancel('some-instance')}.alice"
+        async with Broker(server.url, name="alice", auth=alice) as caller:
+            with pytest.raises(BrokerTimeout):
+                await caller.publish(subject, b"", timeout=0.5)
+        await push(directory, server.url)
+        async with Broker(server.url, name="alice", auth=alice) as caller:
+            assert (await caller.publish(subject, b"")).stream == Names().workflows_stream
