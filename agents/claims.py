@@ -47,6 +47,7 @@ class Claimed:
 
     revision: int
     lease_until_ms: int = 0
+    seal: str | None = None  # the dispatch's, in every write of the record
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
 
 
@@ -89,20 +90,22 @@ class Claims:
         # instead of running the handler a second time.
         self._unrecorded: OrderedDict[str, Outcome] = OrderedDict()
 
-    async def claim(self, task: Task, lease_ms: int, *, first: bool = False) -> Claim:
+    async def claim(
+        self, task: Task, lease_ms: int, *, first: bool = False, seal: str | None = None
+    ) -> Claim:
         """Take the right to run ``task``, unless it ran already or runs elsewhere.
 
         ``first``: this is the message's first delivery to this agent, so no record of it is
         expected and the claim is written without reading first (one round trip fewer); the
         write is conditional all the same, and a record that was there after all is read
-        and judged as usual."""
-        mine = self._record(task, "running", lease_until_ms=now_ms() + lease_ms)
+        and judged as usual. ``seal``: the dispatch's, kept in the record."""
+        mine = self._record(task, "running", lease_until_ms=now_ms() + lease_ms, seal=seal)
         swap = await self._bucket.cas(
             self._key(task), lambda held: self._take(held, mine), known=None if first else UNREAD
         )
         if swap.written:
             assert swap.entry is not None
-            return Claimed(swap.entry.revision, mine.lease_until_ms)
+            return Claimed(swap.entry.revision, mine.lease_until_ms, seal)
         held = swap.entry.value if swap.entry else None
         if held is not None and held.state == "done":
             return AlreadyDone(held)
@@ -117,7 +120,7 @@ class Claims:
         async with claim.lock:
             if until <= claim.lease_until_ms:
                 return True
-            record = self._record(task, "running", lease_until_ms=until)
+            record = self._record(task, "running", lease_until_ms=until, seal=claim.seal)
             try:
                 claim.revision = await self._bucket.update(
                     self._key(task), record, last=claim.revision
@@ -202,12 +205,13 @@ class Claims:
         return None
 
     async def _write(self, task: Task, outcome: Outcome) -> bool:
+        seal = outcome.claim.seal
         if outcome.error is None:
             record = self._record(
-                task, "done", result=outcome.result, result_ref=outcome.result_ref
+                task, "done", result=outcome.result, result_ref=outcome.result_ref, seal=seal
             )
         else:
-            record = self._record(task, "failed", error=outcome.error)
+            record = self._record(task, "failed", error=outcome.error, seal=seal)
         try:
             await self._bucket.update(self._key(task), record, last=outcome.claim.revision)
         except WrongLastSequence:

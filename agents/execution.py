@@ -25,7 +25,15 @@ from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.handlers import call, error_info, sendable
 from agentreach.agents.slots import LatencyEstimate, Room
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, PayloadUnavailable
-from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, reply, reported_raw
+from agentreach.broker.lifecycle import (
+    GRANT_HEADER,
+    SEAL_HEADER,
+    about,
+    emit,
+    event_for,
+    reply,
+    reported_raw,
+)
 from agentreach.envelopes import (
     Ack,
     Capacity,
@@ -72,6 +80,12 @@ class Job:
         """The coordinator's proof that this attempt was given to this agent; every event
         about it carries the grant back."""
         return self.delivery.headers.get(GRANT_HEADER)
+
+    @property
+    def seal(self) -> str | None:
+        """The coordinator's seal for this agent's execution record of the attempt: every
+        write of the record carries it, or a secured coordinator does not believe it."""
+        return self.delivery.headers.get(SEAL_HEADER)
 
 
 class Executor:
@@ -271,7 +285,9 @@ class Executor:
         """
         first = job.task.attempt == 1 and job.delivery.num_delivered == 1
         while True:
-            claim = await self._claims.claim(job.task, lease_ms=lease_ms, first=first)
+            claim = await self._claims.claim(
+                job.task, lease_ms=lease_ms, first=first, seal=job.seal
+            )
             first = False
             if not isinstance(claim, Busy):
                 return claim

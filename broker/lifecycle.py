@@ -61,6 +61,7 @@ def event_for(about_: Task, event: str, /, *, agent_id: str | None = None, **det
 
 # The coordinator's proof, on a dispatch, that the attempt was given to that agent.
 GRANT_HEADER = "Reach-Grant"
+SEAL_HEADER = "Reach-Seal"  # copied into the agent's execution record of the attempt
 HEADROOM = 4096  # for a dead letter's headers and framing under the server's max payload
 RAW_KEPT = 65_536  # characters of an oversized raw body a dead letter keeps
 AGENT_TOPIC = "_agent"  # the topic of events about an agent rather than a task

@@ -160,7 +160,7 @@ class Coordinator:
             claim_check=self.claim_check,
         )
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
-        self._advisories = Advisories(broker)
+        self._advisories = Advisories(broker, grants)
         self._control = LivenessControl(config.liveness, self.liveness)
         topology = Topology.default(
             broker.names,

@@ -38,7 +38,7 @@ from agentreach.envelopes.coordination import (
 )
 from agentreach.envelopes.errors import DecodeError, EnvelopeError
 from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS, decode_detail
-from agentreach.envelopes.executions import Execution, execution_key, executions_of
+from agentreach.envelopes.executions import NO_CALLER, Execution, execution_key, executions_of
 from agentreach.envelopes.ids import new_id, stable_id, unix_ms_of
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
 from agentreach.envelopes.manual import ManualItem, ManualStatus
@@ -89,6 +89,7 @@ __all__ = [
     "EVENT_DETAILS",
     "INVALID_TOPIC",
     "MAX_TTL_MS",
+    "NO_CALLER",
     "PRIORITIES",
     "TOKEN_PATTERN",
     "Ack",

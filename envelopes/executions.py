@@ -30,6 +30,9 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     error: ErrorInfo | None = None
     finished_at_ms: int = 0
     caller: str | None = None  # the task's sender: a stored result answers only that sender
+    # The dispatch's ``Reach-Seal``, copied: on a secured deployment the coordinator trusts
+    # only records it sealed (no agent can write another's outcome for a message).
+    seal: str | None = None
 
 
 NO_CALLER = "_"  # the caller token of a task sent in the bare operators' form

@@ -15,6 +15,7 @@ from agentreach.broker import Broker, Delivery
 from agentreach.broker.lifecycle import dead_letter
 from agentreach.broker.streams import StoredMessage, delete_message, get_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.run_once import RanAlready, RunOnce, answer_from_record
 from agentreach.envelopes import (
     INVALID_TOPIC,
@@ -42,8 +43,9 @@ class Advisories:
     """Turns max-deliveries advisories into ``retries_exhausted`` dead letters: a dispatched
     task no agent acknowledged, or a message the coordinator itself never got through."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, grants: Grants | None = None) -> None:
         self._broker = broker
+        self._run_once = RunOnce(broker, grants)
 
     async def handle(self, msg: Delivery) -> None:
         try:
@@ -68,7 +70,7 @@ class Advisories:
         task = _task_in(stored.data)
         if task is not None:
             # Every acknowledgement of a run lost (servers failing over): the work is done.
-            if isinstance(ran := await RunOnce(self._broker).verdict(task), RanAlready):
+            if isinstance(ran := await self._run_once.verdict(task), RanAlready):
                 await answer_from_record(self._broker, task, ran.record)
                 return
             log.warning("max deliveries reached", message_id=task.message_id, error=error.message)

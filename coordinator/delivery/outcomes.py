@@ -38,6 +38,7 @@ from agentreach.coordinator.routing.run_once import (
     Running,
     RunOnce,
     answer_from_record,
+    lease_limit,
     superseded,
     verdict_of,
 )
@@ -76,7 +77,7 @@ class Outcomes:
         self._directory = directory
         self._config = config
         self._grants = grants or Grants(None)
-        self._run_once = RunOnce(broker)
+        self._run_once = RunOnce(broker, self._grants)
 
     async def handle(self, msg: Delivery) -> float | None:
         """None to acknowledge the event, or seconds until it should come back."""
@@ -124,7 +125,7 @@ class Outcomes:
         # failover, a copy delivered after the ttl) is answered from its record; one that a
         # delivery runs now (a redelivery that took over a stalled run's lapsed lease) waits
         # for that run: it ends the message, or, should it die, the retry happens then.
-        match verdict_of(records):
+        match verdict_of(records, until_ms=lease_limit(task)):
             case RanAlready(record=record):
                 await answer_from_record(self._broker, task, record)
                 return None

@@ -29,7 +29,16 @@ from agentreach.broker.lifecycle import (
     emit,
     events_of,
 )
-from agentreach.envelopes import ErrorReply, Event, Reply, Result, Task
+from agentreach.envelopes import (
+    NO_CALLER,
+    ErrorReply,
+    Event,
+    Execution,
+    Reply,
+    Result,
+    Task,
+    execution_key,
+)
 
 log = structlog.get_logger("coordinator.grants")
 
@@ -79,6 +88,26 @@ class Grants:
         )
         digest = hmac.new(self._key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
         return digest[:GRANT_LENGTH]
+
+    def seal(self, caller: str | None, message_id: str, attempt: int, agent_id: str) -> str | None:
+        """The seal of ``agent_id``'s execution record of an attempt it was given (None
+        without a key): it names no more than the record's key and attempt, so the record
+        of every write of that run carries the same one."""
+        if self._key is None:
+            return None
+        parts = ("execution", caller or NO_CALLER, message_id, str(attempt), agent_id)
+        digest = hmac.new(self._key, "|".join(parts).encode(), hashlib.sha256).hexdigest()
+        return digest[:GRANT_LENGTH]
+
+    def sealed(self, record: Execution, key: str) -> bool:
+        """Whether ``record``, stored under ``key``, is one the coordinator gave its agent the
+        attempt for (always, without a key)."""
+        expected = self.seal(record.caller, record.message_id, record.attempt, record.agent_id)
+        if expected is None:
+            return True
+        if key != execution_key(record.caller, record.message_id, record.agent_id):
+            return False  # a body that names another caller, message or agent than its key
+        return isinstance(record.seal, str) and hmac.compare_digest(record.seal, expected)
 
     def holds(self, grant: object, task: Task, agent_id: str) -> bool:
         """Whether ``grant`` is the one given with ``task`` to ``agent_id`` (always, without

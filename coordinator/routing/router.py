@@ -31,7 +31,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, SubjectFull, TooLarge
-from agentreach.broker.lifecycle import GRANT_HEADER, about, emit, event_for, reply
+from agentreach.broker.lifecycle import GRANT_HEADER, SEAL_HEADER, about, emit, event_for, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error, refuse
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
@@ -79,7 +79,7 @@ class Router:
         self.routing = routing
         self.resolving = Resolving(fleet.directory, routing.resolve)
         self._grants = grants or Grants(None)
-        self._run_once = RunOnce(broker)
+        self._run_once = RunOnce(broker, self._grants)
         # When each task waiting for room first found every queue full (monotonic s). Kept in
         # memory: a task that moves to another replica starts its wait again, within its ttl.
         self._full_since: OrderedDict[str, float] = OrderedDict()
@@ -244,6 +244,9 @@ class Router:
         headers = h.task_headers(routed, msg_id=dedup)
         if grant := self._grants.sign(routed, card.agent_id):
             headers[GRANT_HEADER] = grant
+            headers[SEAL_HEADER] = self._grants.seal(  # type: ignore[assignment]
+                routed.caller, routed.message_id, routed.attempt, card.agent_id
+            )
         try:
             # The notice to the sender, the routed event and the dispatch leave together, in
             # that order on the wire (one write, one round trip): the sender learns whose

@@ -1,7 +1,9 @@
 """Run-once across agents: before a message is dispatched (again), every agent's record of
 it is read. A run that finished answers from its stored result instead of running again;
-a run still under a live lease is waited for. Each agent writes only its own records, so
-this look across them is the coordinator's."""
+a run still under a live lease is waited for, never past the task's ttl and a margin. Each
+agent writes only its own records, so this look across them is the coordinator's; on a
+secured deployment it believes only records sealed for an attempt it gave (an agent could
+write, under its own key, a result or a lease for any message)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,17 @@ from dataclasses import dataclass
 import structlog
 
 from agentreach.broker import Broker, Bucket
-from agentreach.broker.lifecycle import about, emit, event_for, reply
+from agentreach.broker.lifecycle import about, agent_event, emit, event_for, reply
+from agentreach.coordinator.protection.grants import Grants
 from agentreach.envelopes import Execution, Result, Task, executions_of, now_ms
 
 log = structlog.get_logger("coordinator.run_once")
 
 WAIT_CAP_S = 1.0
 REASSIGNED = "reassigned"  # the error a fenced record holds (coordinator.liveness.reassign)
+# A lease counts at most this long past the task's ttl (the agent's grace to record its
+# outcome, clock skew): a lease of a day would hold the message, and intake, for a day.
+LEASE_PAST_TTL_MS = 30_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,18 +45,40 @@ Verdict = RanAlready | Running | None
 class RunOnce:
     """Reads the agents' records of a message (one batched read)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, grants: Grants | None = None) -> None:
         self._broker = broker
+        self._grants = grants or Grants(None)
         self._bucket: Bucket[Execution] | None = None
 
     async def verdict(self, task: Task) -> Verdict:
         """What the records say of ``task``: finished, running elsewhere, or free to run."""
-        return verdict_of(await self.records(task))
+        return verdict_of(await self.records(task), until_ms=lease_limit(task))
 
     async def records(self, task: Task) -> list[Execution]:
-        """Every agent's record of ``task``'s message."""
+        """Every agent's record of ``task``'s message that its seal vouches for."""
         found = await (await self._records()).matching(executions_of(task.caller, task.message_id))
-        return [entry.value for entry in found.values()]
+        records = []
+        for key, entry in found.items():
+            if self._grants.sealed(entry.value, key):
+                records.append(entry.value)
+            else:
+                await self._unsealed(key, entry.value)
+        return records
+
+    async def _unsealed(self, key: str, record: Execution) -> None:
+        sender = key.rsplit(".", 1)[-1]
+        why = "an execution record without the seal of an attempt given to it"
+        log.warning("record not believed", key=key, state=record.state, why=why)
+        alert = agent_event(
+            sender,
+            "alert",
+            problem="impersonation",
+            why=why,
+            claimed=record.agent_id,
+            kind="execution",
+            message_id=record.message_id,
+        )
+        await emit(self._broker, alert)
 
     async def _records(self) -> Bucket[Execution]:
         if self._bucket is None:
@@ -59,16 +87,26 @@ class RunOnce:
         return self._bucket
 
 
-def verdict_of(records: list[Execution]) -> Verdict:
-    """Finished (a ``done`` record), running (the longest live lease), or free to run."""
+def verdict_of(records: list[Execution], *, until_ms: int | None = None) -> Verdict:
+    """Finished (a ``done`` record), running (the longest live lease, counted no later than
+    ``until_ms``), or free to run."""
     now = now_ms()
     running = 0
     for record in records:
         if record.state == "done":
             return RanAlready(record)
-        if record.state == "running" and record.lease_until_ms > now:
-            running = max(running, record.lease_until_ms - now)
+        lease_until_ms = min(record.lease_until_ms, until_ms or record.lease_until_ms)
+        if record.state == "running" and lease_until_ms > now:
+            running = max(running, lease_until_ms - now)
     return Running(running / 1000) if running else None
+
+
+def lease_limit(task: Task) -> int | None:
+    """The latest a lease of ``task`` counts until: its ttl's end and a margin (None when
+    the time it was taken in is not known)."""
+    if not task.received_ms:
+        return None
+    return task.received_ms + task.ttl_ms + LEASE_PAST_TTL_MS
 
 
 def superseded(

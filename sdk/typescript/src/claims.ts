@@ -29,6 +29,8 @@ export class Claimed {
   constructor(
     public revision: number,
     public leaseUntilMs: number,
+    /** The dispatch's `Reach-Seal`, kept in every write of the record. */
+    public readonly seal: string | null = null,
   ) {}
 
   /** Run `write` after every write on this claim before it (a renewal and the outcome). */
@@ -76,12 +78,15 @@ export class Claims {
     private readonly log: Logger,
   ) {}
 
-  /** Take the right to run `task`, unless it ran already or runs elsewhere. */
-  async claim(task: Task, leaseMs: number): Promise<Claim> {
+  /**
+   * Take the right to run `task`, unless it ran already or runs elsewhere. `seal`: the
+   * dispatch's `Reach-Seal`, kept in the record (a secured coordinator believes no other).
+   */
+  async claim(task: Task, leaseMs: number, seal: string | null = null): Promise<Claim> {
     const leaseUntil = nowMs() + leaseMs;
-    const record = this.recordOf(task, "running", { lease_until_ms: leaseUntil });
+    const record = this.recordOf(task, "running", { lease_until_ms: leaseUntil, seal });
     try {
-      return new Claimed(await this.kv.create(this.key(task), encode(record)), leaseUntil);
+      return new Claimed(await this.kv.create(this.key(task), encode(record)), leaseUntil, seal);
     } catch (err) {
       if (!isWrongLastSequence(err)) throw err;
     }
@@ -97,7 +102,7 @@ export class Claims {
     return claim.serially(async () => {
       const until = nowMs() + leaseMs;
       if (until <= claim.leaseUntilMs) return true;
-      const record = this.recordOf(task, "running", { lease_until_ms: until });
+      const record = this.recordOf(task, "running", { lease_until_ms: until, seal: claim.seal });
       try {
         claim.revision = await this.kv.update(this.key(task), encode(record), claim.revision);
         claim.leaseUntilMs = until;
@@ -147,10 +152,11 @@ export class Claims {
   }
 
   private async write(task: Task, outcome: Outcome): Promise<boolean> {
+    const seal = outcome.claim.seal;
     const record =
       outcome.error === undefined
-        ? this.recordOf(task, "done", { result: outcome.result ?? null, result_ref: outcome.resultRef ?? null })
-        : this.recordOf(task, "failed", { error: outcome.error });
+        ? this.recordOf(task, "done", { result: outcome.result ?? null, result_ref: outcome.resultRef ?? null, seal })
+        : this.recordOf(task, "failed", { error: outcome.error, seal });
     try {
       await this.kv.update(this.key(task), encode(record), outcome.claim.revision);
       return true;
@@ -182,7 +188,7 @@ export class Claims {
     }
     try {
       const revision = await this.kv.update(this.key(task), encode(record), entry.revision);
-      return new Claimed(revision, record.lease_until_ms);
+      return new Claimed(revision, record.lease_until_ms, record.seal ?? null);
     } catch (err) {
       if (isWrongLastSequence(err)) return { kind: "busy", retryInMs: 100 }; // lost the race
       throw err;
@@ -222,6 +228,7 @@ export class Claims {
       error: null,
       finished_at_ms: state === "running" ? 0 : nowMs(),
       caller: task.caller ?? null,
+      seal: null,
       ...fields,
     };
   }

@@ -29,6 +29,7 @@ import type { ErrorInfo, PayloadRef, Result, Task } from "./types.js";
 const BUSY_POLL_MS = 500;
 /** The coordinator's proof, on a dispatch, that the attempt was given to this agent. */
 const GRANT_HEADER = "Reach-Grant";
+const SEAL_HEADER = "Reach-Seal"; // copied into this agent's execution record of the attempt
 /** Another delivery of the message holds its claim and runs it: neither ack nor nak this one. */
 const ELSEWHERE = Symbol("elsewhere");
 
@@ -294,7 +295,7 @@ export class Executor {
    */
   private async claim(msg: JsMsg, task: Task, leaseMs: number): Promise<Exclude<Claim, { kind: "busy" }>> {
     for (;;) {
-      const claim = await this.records.claim(task, leaseMs);
+      const claim = await this.records.claim(task, leaseMs, msg.headers?.get(SEAL_HEADER) || null);
       if (claim.kind !== "busy") return claim;
       this.log.info("another delivery holds this message", { message_id: task.message_id, retry_in_ms: claim.retryInMs });
       msg.working();

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from agentreach.coordinator.routing.run_once import REASSIGNED, superseded
-from agentreach.envelopes import ErrorInfo, Execution
+import msgspec
+
+from agentreach.coordinator.routing.run_once import (
+    LEASE_PAST_TTL_MS,
+    REASSIGNED,
+    Running,
+    lease_limit,
+    superseded,
+    verdict_of,
+)
+from agentreach.envelopes import ErrorInfo, Execution, Task, now_ms
 
 
 def record(
@@ -41,3 +50,17 @@ def test_a_report_older_than_a_later_failure_of_the_same_attempt_does_not() -> N
     why = superseded([later], "a", 1, 5_000)
     assert why == "a later run of the attempt failed since, and reports for itself"
     assert superseded([later], "b", 1, 5_000) is None  # another agent's record: not its run
+
+
+def test_a_lease_counts_no_later_than_the_task_s_ttl_and_a_margin() -> None:
+    """A run under a day's lease of a task with a 30 s ttl is waited for until the ttl and
+    the margin, not a day: a lease holds the message, and its place in intake."""
+    now = now_ms()
+    task = Task(v=1, message_id="m-1", trace_id="m-1", topic="t", ttl_ms=30_000, received_ms=now)
+    held = msgspec.structs.replace(record("a", 1, "running"), lease_until_ms=now + 86_400_000)
+    limit = lease_limit(task)
+    assert limit == now + 30_000 + LEASE_PAST_TTL_MS
+    running = verdict_of([held], until_ms=limit)
+    assert isinstance(running, Running)
+    assert running.left_s <= (30_000 + LEASE_PAST_TTL_MS) / 1000
+    assert verdict_of([held], until_ms=now - 1) is None  # its ttl and the margin have passed

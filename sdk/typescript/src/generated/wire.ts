@@ -619,6 +619,10 @@ export interface Execution {
    * default null
    */
   caller: string | null;
+  /**
+   * default null
+   */
+  seal: string | null;
 }
 
 /**
