@@ -7,6 +7,12 @@ event and dead letter heavy, and pass the server's largest message. Above
 ``<message_id>/payload`` or ``<message_id>/<attempt>/result`` of the bucket
 ``reach_payloads`` (putting the same name again stores the same bytes: idempotent), and
 every reader checks the SHA-256 before it uses what it got.
+
+On a secured deployment (creds issued by ``reach auth``) the claim check is off, and what
+would be stowed travels inline up to the server's ``max_payload``: the store's subjects
+cannot be scoped to one party (object names are base64 tokens, and a direct get of the
+wildcard ``$O.<bucket>.M.*`` answers with the newest object of anyone), so no party may
+read or write it, and an agent could not read what the coordinator stowed for it.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import nats.js.errors
 
 from agentreach import envelopes
 from agentreach.broker.connection import Broker
-from agentreach.broker.errors import BrokerError, translate
+from agentreach.broker.errors import BrokerError, TooLarge, translate
 from agentreach.envelopes import PayloadRef, Task
 
 DEFAULT_THRESHOLD = 262_144  # 256 KiB
+HEADROOM = 4096  # for an envelope's headers and the other fields beside a large payload
+PARTIES = frozenset({"agent", "caller", "worker"})
 
 
 class PayloadUnavailable(BrokerError):
@@ -37,6 +45,12 @@ class ClaimCheck:
         self._broker = broker
         self.threshold_bytes = threshold_bytes
 
+    @property
+    def in_use(self) -> bool:
+        """False on a secured deployment (creds that ``reach auth`` issued, of any role):
+        large payloads travel inline there, up to the server's ``max_payload``."""
+        return self._broker.auth.role is None
+
     # -- tasks ---------------------------------------------------------------------------
     async def stow_task(self, task: Task) -> Task:
         """``task`` with a large payload replaced by a reference (else ``task`` itself)."""
@@ -45,6 +59,8 @@ class ClaimCheck:
         data = envelopes.encode(task.payload)
         if len(data) <= self.threshold_bytes:
             return task
+        if not self.in_use:
+            return self._inline(task, len(envelopes.encode(task)))
         ref = await self.put(f"{task.message_id}/payload", data)
         return msgspec.structs.replace(task, payload=None, payload_ref=ref)
 
@@ -60,6 +76,14 @@ class ClaimCheck:
         data = envelopes.encode(result)
         if len(data) <= self.threshold_bytes:
             return result, None
+        if not self.in_use:
+            # An execution record holds an inline result, and its bucket takes no more than
+            # the threshold (and a little): the result could be answered but not recorded.
+            raise TooLarge(
+                f"result of {len(data)} bytes is above the claim-check threshold"
+                f" ({self.threshold_bytes} bytes), and a secured deployment has no claim"
+                " check: return less (a reference to where the result is kept, say)"
+            )
         return None, await self.put(f"{task.message_id}/{task.attempt}/result", data)
 
     async def result_of(self, result: Any, ref: PayloadRef | None) -> Any:
@@ -67,6 +91,18 @@ class ClaimCheck:
         if ref is None:
             return result
         return envelopes.decode_json(await self.get(ref))
+
+    def _inline(self, task: Task, size: int) -> Task:
+        """``task`` as it is, when it fits in one message; else a TooLarge that says why."""
+        largest = self._broker.max_payload - HEADROOM
+        if size <= largest:
+            return task
+        raise TooLarge(
+            f"task {task.message_id} is {size} bytes: above the claim-check threshold"
+            f" ({self.threshold_bytes} bytes) and the {largest} bytes a secured deployment"
+            " carries inline (the server's max_payload less headers): a secured deployment"
+            " has no claim check, so send less or raise max_payload"
+        )
 
     # -- the store -----------------------------------------------------------------------
     async def put(self, name: str, data: bytes) -> PayloadRef:
@@ -85,6 +121,12 @@ class ClaimCheck:
         )
 
     async def get(self, ref: PayloadRef) -> bytes:
+        role = self._broker.auth.role
+        if role in PARTIES:  # refused by the server too, but only after a timeout
+            raise PayloadUnavailable(
+                f"{ref.bucket}/{ref.name} is in the Object Store, which a {role} of a secured"
+                " deployment may not read"
+            )
         try:
             store = await self._broker.js.object_store(ref.bucket)
             data = (await store.get(ref.name)).data or b""

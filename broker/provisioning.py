@@ -148,9 +148,9 @@ async def _placed(
         await asyncio.sleep(1.0)
 
 
-async def _existing(js: nats.js.JetStreamContext, stream: str) -> api.StreamConfig | None:
+async def _existing(js: nats.js.JetStreamContext, stream: str) -> api.StreamInfo | None:
     try:
-        return (await js.stream_info(stream)).config
+        return await js.stream_info(stream)
     except nats.js.errors.NotFoundError:
         return None
 
@@ -183,8 +183,9 @@ async def _ensure_bucket(
         return Change(Outcome.CREATED)
     # Only what we manage changes; the rest of a bucket's stream stays as it was made.
     spec = bucket.config()
-    wanted = api.StreamConfig.from_response(existing.as_dict())
+    wanted = api.StreamConfig.from_response(existing.config.as_dict())
     wanted.max_msgs_per_subject = bucket.history
+    wanted.max_msg_size = spec.max_msg_size
     wanted.max_age = bucket.ttl_s
     wanted.description = bucket.description or None
     wanted.allow_rollup_hdrs, wanted.deny_purge = spec.allow_rollup_hdrs, spec.deny_purge
@@ -200,8 +201,9 @@ async def _ensure_objects(
     if existing is None:
         await js.create_object_store(store.name, config=store.config())
         return Change(Outcome.CREATED)
-    wanted = api.StreamConfig.from_response(existing.as_dict())
+    wanted = api.StreamConfig.from_response(existing.config.as_dict())
     wanted.max_age = store.ttl_s
+    wanted.max_bytes = store.max_bytes
     wanted.description = store.description or None
     wanted.num_replicas = store.replicas
     wanted.placement = store.config().placement
@@ -214,6 +216,8 @@ _MANAGED = (
     "max_age",
     "duplicate_window",
     "max_msgs_per_subject",
+    "max_bytes",
+    "max_msg_size",
     "discard",
     "discard_new_per_subject",
     "deny_delete",
@@ -228,12 +232,17 @@ _IMMUTABLE = ("retention", "storage")
 
 async def _update_if_changed(
     js: nats.js.JetStreamContext,
-    existing: api.StreamConfig,
+    info: api.StreamInfo,
     wanted: api.StreamConfig,
     may_shrink: bool,
     *,
     may_update: bool = True,
 ) -> Change:
+    existing = info.config
+    # A byte limit below what the stream holds would make the server drop its oldest.
+    if 0 < (wanted.max_bytes or 0) < (held := info.state.bytes or 0):
+        log.warning("stream holds more than max_bytes: limit kept", stream=wanted.name, held=held)
+        wanted.max_bytes = existing.max_bytes
     changed = [f for f in _MANAGED if _norm(existing, f) != _norm(wanted, f)]
     before = existing.num_replicas or 1
     if "num_replicas" in changed and (wanted.num_replicas or 1) < before and not may_shrink:

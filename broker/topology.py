@@ -11,6 +11,7 @@ from typing import Literal
 
 from nats.js import api
 
+from agentreach.broker.claim_check import DEFAULT_THRESHOLD
 from agentreach.broker.names import Names
 from agentreach.broker.replication import AUTO, Replicas
 from agentreach.envelopes import Priority
@@ -20,6 +21,26 @@ KV_DUPLICATE_WINDOW_S = 120.0  # nats-py's for a bucket (or its ttl, when shorte
 MANUAL_KEPT_S = 8 * DAY  # a manual-review item may wait a week, then is kept a day
 # Per-agent dispatch queue capacity per priority (P0 small: urgent work must not queue).
 DEFAULT_QUEUE_CAPACITY: dict[Priority, int] = {"P0": 10, "P1": 200, "P2": 1000}
+KIB, GIB = 1024, 1024**3
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageLimits:
+    """What any party can make the server keep; -1 is unlimited.
+
+    The streams that carry work refuse a write when full (discard new), so nothing is lost
+    without its writer being told: a caller's publish to a full intake fails, a dead letter
+    the coordinator cannot store keeps its message, which comes back until there is room.
+    A bucket refuses a value above its size with "message size exceeds maximum allowed"."""
+
+    tasks_bytes: int = 1 * GIB  # intake waiting for the coordinator
+    dead_letters_bytes: int = 10 * GIB
+    payloads_bytes: int = 10 * GIB  # the claim check's Object Store
+    # An execution record holds a result up to the claim-check threshold inline; a larger
+    # one is in the Object Store and the record holds its reference.
+    record_bytes: int = DEFAULT_THRESHOLD + 64 * KIB
+    card_bytes: int = 128 * KIB  # an agent's intents, with their descriptions and examples
+    small_value_bytes: int = 16 * KIB  # heartbeats, liveness, breakers, leases, quotas
 
 
 class Outcome(StrEnum):
@@ -39,6 +60,8 @@ class StreamSpec:
     duplicate_window_s: float = 120.0
     max_msgs_per_subject: int = -1
     discard_new_per_subject: bool = False
+    max_bytes: int = -1
+    discard_new: bool = False  # when full, refuse a write instead of dropping the oldest
     deny_delete: bool = False  # history nobody may edit (events, dead letters)
     description: str = ""
     replicas: int = 1
@@ -54,8 +77,9 @@ class StreamSpec:
             max_age=self.max_age_s,
             duplicate_window=self.duplicate_window_s,
             max_msgs_per_subject=self.max_msgs_per_subject,
+            max_bytes=self.max_bytes,
             discard=api.DiscardPolicy.NEW
-            if self.discard_new_per_subject
+            if self.discard_new or self.discard_new_per_subject
             else api.DiscardPolicy.OLD,
             discard_new_per_subject=self.discard_new_per_subject,
             deny_delete=self.deny_delete,
@@ -72,6 +96,7 @@ class BucketSpec:
     name: str
     history: int = 1
     ttl_s: float = 0.0  # 0 = keys never expire
+    max_value_bytes: int = -1  # a larger value is refused
     description: str = ""
     replicas: int = 1
     placement_tags: tuple[str, ...] = ()
@@ -101,6 +126,7 @@ class BucketSpec:
             max_consumers=-1,
             max_msgs=-1,
             max_msgs_per_subject=self.history,
+            max_msg_size=self.max_value_bytes,
             num_replicas=self.replicas,
             storage=api.StorageType.FILE,
             placement=_placement(self.placement_tags),
@@ -117,6 +143,7 @@ class ObjectStoreSpec:
 
     name: str
     ttl_s: float = 0.0
+    max_bytes: int = -1  # when full, a put is refused (an object store discards new)
     description: str = ""
     replicas: int = 1
     placement_tags: tuple[str, ...] = ()
@@ -131,6 +158,7 @@ class ObjectStoreSpec:
             bucket=self.name,
             description=self.description or None,
             ttl=self.ttl_s or None,
+            max_bytes=self.max_bytes,
             storage=api.StorageType.FILE,
             replicas=self.replicas,
             placement=_placement(self.placement_tags),
@@ -159,15 +187,18 @@ class Topology:
         work_tags: Sequence[str] = (),
         audit_days: float = 30.0,
         payload_days: float = 30.0,
+        limits: StorageLimits | None = None,
     ) -> Topology:
         """Every stream and bucket of SPEC.md, with the design's defaults.
 
         Each agent's dispatch subject holds at most ``queue_capacity[priority]``
         messages (queued or unacknowledged); the broker refuses more. ``work_tags`` place
         the streams that carry work (tasks, dispatch, dead letters) on servers with those
-        tags: the durability profile.
+        tags: the durability profile. ``limits`` bound what the streams and buckets keep.
         """
         n = names or Names()
+        lim = limits or StorageLimits()
+        small = lim.small_value_bytes
         capacity = {**DEFAULT_QUEUE_CAPACITY, **(queue_capacity or {})}
         work = tuple(work_tags)
         dispatch = tuple(
@@ -188,6 +219,8 @@ class Topology:
                     name=n.tasks_stream,
                     subjects=(n.tasks_wildcard,),
                     retention="workqueue",
+                    max_bytes=lim.tasks_bytes,
+                    discard_new=True,
                     description="Task intake: reach.task.<topic>",
                     placement_tags=work,
                 ),
@@ -216,6 +249,8 @@ class Topology:
                     deny_delete=True,
                     subjects=(n.dlq_wildcard,),
                     max_age_s=30 * DAY,
+                    max_bytes=lim.dead_letters_bytes,
+                    discard_new=True,  # a letter is kept by its message until there is room
                     duplicate_window_s=3600.0,
                     description="Dead letters: reach.dlq.<reason>.<topic>",
                     placement_tags=work,
@@ -229,10 +264,25 @@ class Topology:
                 ),
             ),
             buckets=(
-                BucketSpec(name=n.agents_bucket, description="Agent cards by agent_id"),
-                BucketSpec(name=n.heartbeats_bucket, description="Agent heartbeats"),
-                BucketSpec(name=n.liveness_bucket, history=5, description="Agent liveness"),
-                BucketSpec(name=n.leases_bucket, description="Coordinator duties that run once"),
+                BucketSpec(
+                    name=n.agents_bucket,
+                    max_value_bytes=lim.card_bytes,
+                    description="Agent cards by agent_id",
+                ),
+                BucketSpec(
+                    name=n.heartbeats_bucket, max_value_bytes=small, description="Agent heartbeats"
+                ),
+                BucketSpec(
+                    name=n.liveness_bucket,
+                    history=5,
+                    max_value_bytes=small,
+                    description="Agent liveness",
+                ),
+                BucketSpec(
+                    name=n.leases_bucket,
+                    max_value_bytes=small,
+                    description="Coordinator duties that run once",
+                ),
                 BucketSpec(
                     name=n.workflows_bucket,
                     history=5,
@@ -242,11 +292,13 @@ class Topology:
                 BucketSpec(
                     name=n.breakers_bucket,
                     history=5,
+                    max_value_bytes=small,
                     description="Circuit breakers per agent.intent, isolation per agent",
                 ),
                 BucketSpec(
                     name=n.quotas_bucket,
                     # No ttl: a record dropped early would hand its caller a full bucket.
+                    max_value_bytes=small,
                     description="Token buckets per caller, shared by every coordinator replica",
                 ),
                 BucketSpec(
@@ -258,6 +310,7 @@ class Topology:
                 BucketSpec(
                     name=n.executions_bucket,
                     ttl_s=executions_ttl_s,
+                    max_value_bytes=lim.record_bytes,
                     description="Execution records by message_id (exactly-once effect)",
                 ),
             ),
@@ -265,6 +318,7 @@ class Topology:
                 ObjectStoreSpec(
                     name=n.payloads_bucket,
                     ttl_s=payload_days * DAY,
+                    max_bytes=lim.payloads_bytes,
                     description="Claim-checked payloads and results too large to travel inline",
                 ),
             ),

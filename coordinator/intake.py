@@ -8,9 +8,9 @@ from collections.abc import Callable
 import msgspec
 import structlog
 
-from agentreach.broker import Broker, ClaimCheck, Delivery
-from agentreach.broker.lifecycle import dead_letter, reply
-from agentreach.coordinator.delivery.dead_letters import error_reply
+from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, TooLarge
+from agentreach.broker.lifecycle import RAW_KEPT, dead_letter, reply
+from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
 from agentreach.coordinator.protection.quotas import CallerQuotas
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.workflows.engine import WorkflowEngine
@@ -30,6 +30,11 @@ from agentreach.envelopes import headers as h
 from agentreach.envelopes.intake import ReplyPolicy
 
 log = structlog.get_logger("coordinator.intake")
+
+# Deliveries a large body's claim check is tried on before its task is dead-lettered: a
+# failure that outlasts three (a refusal the server reports only as a timeout, a store
+# that is full) will not heal while the caller waits.
+STOW_TRIES = 3
 
 
 class Intake:
@@ -68,8 +73,6 @@ class Intake:
         # A reassignment comes back through intake as attempt + 1: not a task taken in.
         if self._on_taken is not None and msg.num_delivered == 1 and task.attempt == 1:
             self._on_taken(task.topic, task.priority, msg.timestamp_ms)
-        if len(msg.data) > self._claim_check.threshold_bytes:  # a large `nats pub` body
-            task = await self._claim_check.stow_task(task)
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, topic=task.topic
         ):
@@ -80,6 +83,11 @@ class Intake:
             # one), once: a republish on the bare form (a reassignment) is not a new call.
             if sender is not None and not seen_before and not await self._within_quota(task):
                 return None
+            if len(msg.data) > self._claim_check.threshold_bytes:  # a large `nats pub` body
+                try:
+                    task = await self._claim_check.stow_task(task)
+                except BrokerError as exc:
+                    return await self._not_stowed(task, exc, msg.num_delivered, left_ms)
             if not self._workflows.serves(task.topic):
                 return await self._router.dispatch(
                     task,
@@ -92,6 +100,23 @@ class Intake:
                 return None
             await self._workflows.start(task, seen_before=seen_before)
             return None
+
+    async def _not_stowed(
+        self, task: Task, exc: BrokerError, delivered: int, left_ms: int
+    ) -> float | None:
+        """After a failed claim check: seconds until the message comes back, or None once
+        the task is dead-lettered (too large to carry, tried ``STOW_TRIES`` times, or out
+        of ttl), with the reason in the letter and in the error its caller gets."""
+        if isinstance(exc, TooLarge) or delivered >= STOW_TRIES or left_ms <= 0:
+            message = f"its payload could not be claim-checked: {exc}"
+            if not isinstance(exc, TooLarge):
+                message += f" ({delivered} tries; is the Object Store there and writable?)"
+            log.error("claim check failed; dead-lettered", error=str(exc), tries=delivered)
+            error = ErrorInfo(type="claim_check_failed", message=message, retryable=False)
+            await end_with_error(self._broker, task, "rejected", error)
+            return None
+        log.warning("claim check failed; will try again", error=str(exc), tries=delivered)
+        return float(2 ** (delivered - 1))
 
     def task_of(self, msg: Delivery) -> Task | None:
         """The task ``msg`` holds, as :meth:`handle` takes it in (its sender's claims checked
@@ -170,6 +195,7 @@ class Intake:
 
     async def _invalid(self, msg: Delivery, stub: Task, exc: DecodeError) -> None:
         error = ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False)
+        raw = _kept(msg.data)
         log.warning(
             "invalid envelope", message_id=stub.message_id, subject=msg.subject, error=str(exc)
         )
@@ -180,8 +206,9 @@ class Intake:
             trace_id=stub.trace_id,
             topic=stub.topic,
             error=error,
-            raw=msg.data,
+            raw=raw,
             headers=dict(msg.headers or {}),
+            truncated=len(raw) < len(msg.data),
             caller=stub.caller,
         )
         if stub.reply_to:
@@ -197,6 +224,15 @@ def _check_dedup_header(headers: dict[str, str] | None, task: Task) -> None:
             f"header {h.MSG_ID} {header!r} is not the message_id {task.message_id!r}: the"
             " stream drops a message sent again by the header, so the two must be equal"
         )
+
+
+def _kept(data: bytes) -> bytes:
+    """The first :data:`RAW_KEPT` characters of an invalid body (bytes, when it is not
+    UTF-8): a sender's malformed megabyte is not kept whole for the dead letters' 30 days."""
+    try:
+        return data.decode("utf-8")[:RAW_KEPT].encode("utf-8")
+    except UnicodeDecodeError:
+        return data[:RAW_KEPT]
 
 
 def _claimed_ids(data: bytes) -> dict[str, object]:

@@ -158,14 +158,18 @@ def worker(names: Names) -> Permissions:
 
 
 def coordinator(names: Names) -> Permissions:
-    """The service identity: all of the prefix and the JetStream API it needs, but it
-    deletes no stream and no dead letter (those are the operators')."""
+    """The service identity: all of the prefix, the JetStream API, the buckets and the
+    payload store, but it deletes no stream and no dead letter (those are the operators').
+    No other party may use the payload store (see :mod:`agentreach.broker.claim_check`)."""
     p, dlq, events = names.prefix, names.dlq_stream, names.events_stream
     topology = Topology.default(names)
     ours = [s.name for s in topology.streams] + [f"KV_{b.name}" for b in topology.buckets]
     ours += [o.stream for o in topology.objects]
+    # The payload store: objects are written to `$O.<bucket>.>`, and a read of a chunked
+    # one is an ordered consumer, whose flow control is answered on `$JS.FC.>`.
+    objects = [f"$O.{o.name}.>" for o in topology.objects]
     return _permissions(
-        [f"{p}.>", "$JS.API.>", "$JS.ACK.>", "$KV.>"],
+        [f"{p}.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", *objects],
         [_inbox(), f"{p}.>"],
         deny_publish=[
             # (named, not STREAM.DELETE.>: `replicas: auto` deletes a probe stream it made)

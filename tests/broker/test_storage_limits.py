@@ -1,0 +1,90 @@
+"""Bounds on what a party can make the server keep: value sizes on the buckets whose
+records are small by design, byte limits that refuse new writes on the streams that carry
+work, and provisioning that never lowers a limit under what a stream holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentreach.broker import JetStreamError, Topology, provision
+from agentreach.broker.claim_check import DEFAULT_THRESHOLD
+from agentreach.broker.topology import StorageLimits
+from agentreach.envelopes import Heartbeat
+
+MESSAGE_TOO_LARGE = 10054  # "message size exceeds maximum allowed"
+
+
+async def test_a_heartbeat_above_its_bucket_size_is_refused(broker):
+    """A 900 KB heartbeat is refused with a clear error; a real one is stored."""
+    heartbeats = await broker.bucket(broker.names.heartbeats_bucket, Heartbeat)
+    beat = Heartbeat(agent_id="a-1", epoch=1, seq=1, interval_s=15.0)
+    await heartbeats.put("a-1", beat)
+    with pytest.raises(JetStreamError, match="maximum") as refused:
+        await broker.publish(f"$KV.{broker.names.heartbeats_bucket}.a-1", b"x" * 900_000)
+    assert refused.value.err_code == MESSAGE_TOO_LARGE
+    assert (await heartbeats.get("a-1")).value == beat  # the real one is still there
+
+
+async def test_an_execution_record_holds_a_result_up_to_the_threshold(broker):
+    """A record with a result at the claim-check threshold is stored; 900 KB is refused."""
+    subject = f"$KV.{broker.names.executions_bucket}.caller.m-1.agent-1"
+    await broker.publish(subject, b'{"result": "' + b"r" * DEFAULT_THRESHOLD + b'"}')
+    with pytest.raises(JetStreamError, match="maximum"):
+        await broker.publish(subject.replace("m-1", "m-2"), b"r" * 900_000)
+
+
+@pytest.mark.parametrize("bucket", ["agents_bucket", "liveness_bucket", "breakers_bucket"])
+async def test_small_buckets_refuse_large_values(broker, bucket):
+    """Cards, liveness and breakers take no megabyte values either."""
+    name = getattr(broker.names, bucket)
+    with pytest.raises(JetStreamError, match="maximum"):
+        await broker.publish(f"$KV.{name}.some-key", b"v" * 900_000)
+
+
+async def test_a_full_dead_letter_stream_refuses_instead_of_dropping(broker):
+    """With its byte limit reached the DLQ refuses a new letter (the writer is told, and
+    keeps the message it could not dead-letter); the letters it holds stay."""
+    limits = StorageLimits(dead_letters_bytes=2_000)
+    await provision(broker, Topology.default(broker.names, limits=limits))
+    subject = broker.names.dlq("expired", "t")
+    await broker.publish(subject, b"a" * 600, headers={"Nats-Msg-Id": "l-1"})
+    with pytest.raises(JetStreamError, match="maximum bytes"):
+        for i in range(2, 6):
+            await broker.publish(subject, b"a" * 600, headers={"Nats-Msg-Id": f"l-{i}"})
+    info = await broker.js.stream_info(broker.names.dlq_stream)
+    assert info.config.discard == "new" and info.state.messages >= 1
+    first = await broker.js.get_msg(broker.names.dlq_stream, seq=1)
+    assert first.data == b"a" * 600  # the oldest letter was not dropped to make room
+
+
+async def test_provisioning_never_lowers_a_limit_under_what_a_stream_holds(broker):
+    """A byte limit below what the stream holds is left as it was (the server would drop
+    the oldest messages to fit it); a larger one is applied."""
+    stream = broker.names.dlq_stream
+    for i in range(5):
+        await broker.publish(
+            broker.names.dlq("expired", "t"), b"b" * 1_000, headers={"Nats-Msg-Id": f"k-{i}"}
+        )
+    before = (await broker.js.stream_info(stream)).config.max_bytes
+    await provision(
+        broker, Topology.default(broker.names, limits=StorageLimits(dead_letters_bytes=1_000))
+    )
+    info = await broker.js.stream_info(stream)
+    assert info.config.max_bytes == before and info.state.messages == 5
+    await provision(
+        broker, Topology.default(broker.names, limits=StorageLimits(dead_letters_bytes=10**6))
+    )
+    assert (await broker.js.stream_info(stream)).config.max_bytes == 10**6
+
+
+async def test_the_limits_reach_the_server(broker):
+    """Provisioning sets the value sizes and byte limits of the topology."""
+    names, limits = broker.names, StorageLimits()
+    heartbeats = await broker.js.stream_info(f"KV_{names.heartbeats_bucket}")
+    records = await broker.js.stream_info(f"KV_{names.executions_bucket}")
+    tasks = await broker.js.stream_info(names.tasks_stream)
+    payloads = await broker.js.stream_info(f"OBJ_{names.payloads_bucket}")
+    assert heartbeats.config.max_msg_size == limits.small_value_bytes
+    assert records.config.max_msg_size == limits.record_bytes
+    assert (tasks.config.max_bytes, tasks.config.discard) == (limits.tasks_bytes, "new")
+    assert payloads.config.max_bytes == limits.payloads_bytes
