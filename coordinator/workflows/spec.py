@@ -258,6 +258,25 @@ def _check_graph(graph: list[Step]) -> None:
         if quorum is not None and quorum > len(step.after or []):
             raise ValueError(f"step {step.name!r}: quorum {quorum} is more than its dependencies")
         known.add(step.name)
+    _check_all_lead_to_the_last(graph)
+
+
+def _check_all_lead_to_the_last(graph: list[Step]) -> None:
+    """The instance completes when its last step does, and stops waiting for any other: a
+    step nothing after it waits for, other than the last, would be cut off by that end."""
+    before = {s.name: s.after or [] for s in graph}
+    reached, pending = set(), [graph[-1].name]
+    while pending:
+        name = pending.pop()
+        if name not in reached:
+            reached.add(name)
+            pending.extend(before[name])
+    if loose := [s.name for s in graph if s.name not in reached]:
+        raise ValueError(
+            f"steps {loose} lead to no later step: the workflow completes when its last step"
+            f" {graph[-1].name!r} does, and would not wait for them; name them in a later"
+            " step's `after`"
+        )
 
 
 def cycle_in(edges: dict[str, list[str]]) -> list[str] | None:

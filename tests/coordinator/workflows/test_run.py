@@ -163,6 +163,11 @@ def test_resume_lists_what_the_record_calls_for() -> None:
         ("steps: [{name: a, after: [b]}, {name: b}]", "must come after 'b'"),
         ("steps: [{name: a, after: [b]}, {name: b, after: [a]}]", "cycle: a → b → a"),
         ("steps: [{name: a, intent: x, after: [a]}]", "cycle: a → a"),
+        (
+            "steps: [{name: a, intent: x}, {name: b, intent: y, after: [a]}, {name: c}]",
+            "steps ['a', 'b'] lead to no later step: the workflow completes when its last"
+            " step 'c' does",
+        ),
         ("chain: []", "a workflow needs at least one step: 'chain' is empty"),
         ("steps: []", "a workflow needs at least one step: 'steps' is empty"),
         ("fanout: {branches: []}", "a fan-out needs at least two branches"),
