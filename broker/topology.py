@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
+import msgspec
 from nats.js import api
 
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
@@ -21,21 +22,24 @@ KV_DUPLICATE_WINDOW_S = 120.0  # nats-py's for a bucket (or its ttl, when shorte
 MANUAL_KEPT_S = 8 * DAY  # a manual-review item may wait a week, then is kept a day
 # Per-agent dispatch queue capacity per priority (P0 small: urgent work must not queue).
 DEFAULT_QUEUE_CAPACITY: dict[Priority, int] = {"P0": 10, "P1": 200, "P2": 1000}
-KIB, GIB = 1024, 1024**3
+KIB = 1024
 
 
-@dataclass(frozen=True, kw_only=True)
-class StorageLimits:
-    """What any party can make the server keep; -1 is unlimited.
+class StorageLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a party can make the server keep (the coordinator config's ``limits:``, in
+    bytes; -1 is unlimited).
 
-    The streams that carry work refuse a write when full (discard new), so nothing is lost
-    without its writer being told: a caller's publish to a full intake fails, a dead letter
-    the coordinator cannot store keeps its message, which comes back until there is room.
-    A bucket refuses a value above its size with "message size exceeds maximum allowed"."""
+    Value sizes are on by default: a bucket refuses a larger value ("message size exceeds
+    maximum allowed", err_code 10054). Byte limits on streams are off by default: JetStream
+    reserves a stream's ``max_bytes`` on every server holding a replica, so a default that
+    fits one server's ``max_file_store`` fails to provision on another; the total is the
+    account's JetStream limit. Set, they refuse new writes when full (discard new), so no
+    work is dropped unseen: a caller's publish to a full intake fails, and a dead letter the
+    coordinator cannot store keeps its message, which comes back until there is room."""
 
-    tasks_bytes: int = 1 * GIB  # intake waiting for the coordinator
-    dead_letters_bytes: int = 10 * GIB
-    payloads_bytes: int = 10 * GIB  # the claim check's Object Store
+    tasks_bytes: int = -1  # intake waiting for the coordinator
+    dead_letters_bytes: int = -1
+    payloads_bytes: int = -1  # the claim check's Object Store
     # An execution record holds a result up to the claim-check threshold inline; a larger
     # one is in the Object Store and the record holds its reference.
     record_bytes: int = DEFAULT_THRESHOLD + 64 * KIB
