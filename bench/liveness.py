@@ -1,15 +1,22 @@
 """Liveness at scale: N simulated agents heartbeating against one coordinator.
 
     .venv/bin/python bench/liveness.py [--agents 10000] [--interval 15] [--duration 60] [--kill 20]
+                                       [--busy 0.0]
 
 The coordinator runs in a process of its own, so its CPU and memory are its own: the bench
 reads them from /proc. Every simulated agent writes its heartbeat into reach_heartbeats
 every interval ±20 % from this process (core publishes to the bucket's subject, flushed
-per batch: the simulator must not be the bottleneck). Counts false SUSPECTs (an agent still
-beating judged SUSPECT), then stops --kill agents halfway and reports how long the
-coordinator took to mark them SUSPECT and OFFLINE, against the thresholds (3 and 5
+per batch: the simulator must not be the bottleneck). Counts false SUSPECTs and OFFLINEs (an
+agent still beating judged so), then stops --kill agents halfway and reports how long the
+coordinator took to mark them SUSPECT and OFFLINE, against the silence thresholds (3 and 5
 intervals after the last beat). Prints the coordinator's share of one core over the second
 half of the run (every agent known by then) and its RSS.
+
+The simulated agents have no presence subscription: the coordinator's presence checks get
+"no responders" from every one, which counts only against an agent whose heartbeat is late
+(none of them answered a check). A killed agent is found that way, once its heartbeat is
+late. --busy makes that share of the agents report a task in flight, so that they are checked
+between heartbeats too (bounded per tick): the cost of the checks at scale.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ async def main() -> None:
     parser.add_argument("--interval", type=float, default=15.0)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--kill", type=int, default=20)
+    parser.add_argument("--busy", type=float, default=0.0, help="share with a task in flight")
     parser.add_argument("--coordinator-at", help=argparse.SUPPRESS)  # the child's mode
     args = parser.parse_args()
     configure_logging("warning", "console")
@@ -49,7 +57,8 @@ async def main() -> None:
     names = Names(prefix=PREFIX)
     ids = [f"sim-{i:06d}" for i in range(args.agents)]
     killed = set(random.Random(1).sample(ids, args.kill))
-    state: dict[str, list[tuple[str, float]]] = {}
+    busy = set(random.Random(3).sample(ids, int(args.busy * len(ids))))
+    state: dict[str, list[tuple[str, float, str]]] = {}
     last_beat: dict[str, float] = {}
     online: set[str] = set()
     async with nats_server() as url, Broker(url, names=names, name="bench-live") as broker:
@@ -58,7 +67,7 @@ async def main() -> None:
         async def on_state(msg) -> None:  # type: ignore[no-untyped-def]
             event = envelopes.decode_event(msg.data)
             state.setdefault(event.agent_id or "", []).append(
-                (event.detail["state"], time.monotonic())
+                (event.detail["state"], time.monotonic(), event.detail["reason"])
             )
             if event.detail["state"] == "ONLINE":
                 online.add(event.agent_id or "")
@@ -79,7 +88,7 @@ async def main() -> None:
             await asyncio.wait_for(child.stdout.readline(), 60)  # "ready"
             usage = Usage(child.pid)
             started = time.monotonic()
-            beats = await beat(broker, ids, killed, last_beat, args, started, usage, online)
+            beats = await beat(broker, ids, killed, busy, last_beat, args, started, usage, online)
             ended = time.monotonic()
             usage.mark("end")
             # Heartbeats have stopped: judgements from here on are not false alarms.
@@ -105,6 +114,10 @@ async def serve_coordinator(url: str, interval: float) -> None:
     ):
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until closed
+    # A task the coordinator left behind keeps asyncio.run from returning: name it.
+    for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        print(f"left running after the coordinator stopped: {task!r}", file=sys.stderr)
+        task.print_stack(file=sys.stderr)
 
 
 class Usage:
@@ -128,7 +141,7 @@ class Usage:
         return (c1 - c0) / (t1 - t0)
 
 
-async def beat(broker, ids, killed, last_beat, args, started, usage, online) -> int:  # type: ignore[no-untyped-def]
+async def beat(broker, ids, killed, busy, last_beat, args, started, usage, online) -> int:  # type: ignore[no-untyped-def]
     subject = f"$KV.{broker.names.heartbeats_bucket}."
     nc = broker.nc
     rng = random.Random(2)
@@ -149,7 +162,10 @@ async def beat(broker, ids, killed, last_beat, args, started, usage, online) -> 
             batch.append(agent_id)
             heapq.heappush(due, (now + args.interval * rng.uniform(0.8, 1.2), agent_id))
         for agent_id in batch:
-            beat = Heartbeat(agent_id=agent_id, epoch=1, seq=0, interval_s=args.interval)
+            in_flight = int(agent_id in busy)
+            beat = Heartbeat(
+                agent_id=agent_id, epoch=1, seq=0, interval_s=args.interval, in_flight=in_flight
+            )
             await nc.publish(subject + agent_id, envelopes.encode(beat))
             last_beat[agent_id] = time.monotonic()
         if batch:
@@ -160,21 +176,29 @@ async def beat(broker, ids, killed, last_beat, args, started, usage, online) -> 
 
 
 def report(args, ids, killed, state, last_beat, beats, ended, usage) -> None:  # type: ignore[no-untyped-def]
-    false_suspects = [
-        a
-        for a in ids
-        if a not in killed and any(s == "SUSPECT" and t < ended for s, t in state.get(a, []))
-    ]
-    suspect_lat, offline_lat = [], []
+    def judged_falsely(judgement: str) -> list[str]:
+        return [
+            a
+            for a in ids
+            if a not in killed and any(s == judgement and t < ended for s, t, _ in state.get(a, []))
+        ]
+
+    suspect_lat, offline_lat, reasons = [], [], set()
     for agent_id in killed:
-        marks = dict(reversed(state.get(agent_id, [])))
+        marks = {s: t for s, t, _ in reversed(state.get(agent_id, []))}
+        reasons |= {f"{s} {why!r}" for s, _, why in state.get(agent_id, []) if s != "ONLINE"}
         if "SUSPECT" in marks:
             suspect_lat.append(marks["SUSPECT"] - last_beat[agent_id])
         if "OFFLINE" in marks:
             offline_lat.append(marks["OFFLINE"] - last_beat[agent_id])
-    print(f"agents: {args.agents}, interval {args.interval:g}s ±20 %, run {args.duration:g}s")
+    print(
+        f"agents: {args.agents} ({args.busy:.0%} with a task in flight),"
+        f" interval {args.interval:g}s ±20 %, run {args.duration:g}s"
+    )
     print(f"heartbeats written: {beats} ({beats / args.duration:.0f}/s)")
-    print(f"false SUSPECT among live agents: {len(false_suspects)}")
+    print(f"false SUSPECT among live agents: {len(judged_falsely('SUSPECT'))}")
+    print(f"false OFFLINE among live agents: {len(judged_falsely('OFFLINE'))}")
+    print(f"the killed agents were judged: {', '.join(sorted(reasons)) or 'not at all'}")
     for name, lat, limit in (("SUSPECT", suspect_lat, 3), ("OFFLINE", offline_lat, 5)):
         if not lat:
             print(f"{name}: none detected of {len(killed)} killed")

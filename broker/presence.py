@@ -104,20 +104,30 @@ class ProbeResult:
     answers: bool
 
 
+async def present(broker: Broker, agent_id: str, *, timeout_s: float) -> bool | None:
+    """Ask presence: True when it answers, False for "no responders" (the agent's connection
+    is not there), None when nothing answered within ``timeout_s`` (the subscription exists:
+    its owner is stuck, or a wildcard subscriber heard the request and answers nothing)."""
+    subject = broker.names.presence(agent_id)
+    with translated(subject=subject):
+        try:
+            await broker.nc.request(subject, b"", timeout=timeout_s)
+        except nats.errors.NoRespondersError:
+            return False
+        except nats.errors.TimeoutError:
+            return None
+    return True
+
+
 async def probe(
     broker: Broker, agent_id: str, *, connection_s: float, ping_s: float
 ) -> ProbeResult:
     """Ask presence (within ``connection_s``), then ping (within ``ping_s``)."""
-    names, nc = broker.names, broker.nc
-    with translated(subject=names.presence(agent_id)):
+    if await present(broker, agent_id, timeout_s=connection_s) is False:
+        return ProbeResult(connected=False, answers=False)
+    with translated(subject=broker.names.ping(agent_id)):
         try:
-            await nc.request(names.presence(agent_id), b"", timeout=connection_s)
-        except nats.errors.NoRespondersError:
-            return ProbeResult(connected=False, answers=False)
-        except nats.errors.TimeoutError:
-            pass  # the subscription exists: only its owner is not answering
-        try:
-            await nc.request(names.ping(agent_id), b"", timeout=ping_s)
+            await broker.nc.request(broker.names.ping(agent_id), b"", timeout=ping_s)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
             return ProbeResult(connected=True, answers=False)
     return ProbeResult(connected=True, answers=True)

@@ -1,7 +1,8 @@
 """The coordinator's side of liveness: UNKNOWN → ONLINE → SUSPECT → OFFLINE.
 
 Judged on this coordinator's receive time of each heartbeat, never on the
-agent's clock. Entering SUSPECT probes the agent once (plus one retry):
+agent's clock (and, between heartbeats, by ``PresenceChecks``). Entering SUSPECT
+by silence probes the agent once (plus one retry):
 the presence subject tells whether its connection still exists (the server
 answers "no responders" at once when it does not), the ping whether its task
 loop answers. "No responders" is final only when it is still the answer after
@@ -29,6 +30,7 @@ from agentreach.broker.presence import ProbeResult, probe
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.broker.urls import RECONNECT_CAP_S
 from agentreach.coordinator.liveness.cadence import Cadence
+from agentreach.coordinator.liveness.presence_checks import PastJitter, PresenceChecks, QueuedSlots
 from agentreach.coordinator.liveness.reassign import reassign_tasks
 from agentreach.coordinator.liveness.tracked import Registered, Tracked, track_registered
 from agentreach.coordinator.liveness.verdicts import VerdictWriter
@@ -65,6 +67,12 @@ class LivenessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # Before the retry of a probe that found no connection: how long a live client may be
     # away while it reconnects (nats-py's jittered backoff, capped, plus a connect).
     probe_retry_s: PositiveSeconds = RECONNECT_CAP_S + 2.0
+    # Between heartbeats, the presence of each agent holding work (or whose heartbeat is
+    # ``late_intervals`` old) is checked this often, at most so many checks started per tick:
+    # a killed agent is found within about ``presence_check_s + probe_retry_s``.
+    presence_check_s: PositiveSeconds = 2.0
+    presence_checks_per_tick: Positive = 100
+    late_intervals: PastJitter = 1.5
     flapping_limit: Positive = 3  # OFFLINE more often than this in an hour: quarantined
     # A SUSPECT agent whose connection is there but that does not heartbeat (stuck, or a
     # wildcard subscriber answering nothing in its place) goes OFFLINE after this many.
@@ -77,13 +85,20 @@ class LivenessMonitor:
     """Follows heartbeats, sweeps for silence, probes, and records each transition."""
 
     def __init__(
-        self, broker: Broker, config: LivenessConfig, registered: Registered | None = None
+        self,
+        broker: Broker,
+        config: LivenessConfig,
+        registered: Registered | None = None,
+        queued: QueuedSlots | None = None,
     ) -> None:
         self._broker = broker
         self._config = config
         self._registered = registered
         self._cards_version = -1  # of the cards last looked through for agents not tracked
         self.agents: dict[str, Tracked] = {}
+        self._checks = PresenceChecks(
+            broker, config, self.agents, queued, judge=self._transition, look_again=self._look_again
+        )
         self._verdicts = VerdictWriter(broker)
         self.active = False  # judging now: this replica holds the liveness lease
 
@@ -100,6 +115,7 @@ class LivenessMonitor:
         writer = asyncio.create_task(self._verdicts.run(), name="liveness-verdicts")
         sweeper = asyncio.create_task(self._sweep_forever(), name="liveness-sweep")
         rereader = asyncio.create_task(self._reread_forever(), name="liveness-reread")
+        checks = asyncio.create_task(self._checks.run(), name="liveness-presence-checks")
         try:
             async with heartbeats.watch() as watch:
                 async for change in watch:
@@ -108,7 +124,7 @@ class LivenessMonitor:
                     honour_cancellation()
         finally:
             probes = [t.probe for t in self.agents.values() if t.probe and not t.probe.done()]
-            await cancel_and_wait(sweeper, rereader, *probes)
+            await cancel_and_wait(sweeper, rereader, checks, *probes)
             await cancel_and_wait(writer)  # after the judges: it writes what they queued
 
     async def reread(self) -> None:
@@ -209,7 +225,7 @@ class LivenessMonitor:
                 revision=revision,
             )
         tracked.last_seen = time.monotonic()
-        tracked.interval_s = beat.interval_s
+        tracked.interval_s, tracked.in_flight = beat.interval_s, beat.in_flight
         if tracked.cadence is None or beat.epoch != tracked.epoch:
             tracked.cadence = Cadence(beat.interval_s, self._config.adaptive_beats)
         tracked.epoch = beat.epoch

@@ -30,6 +30,12 @@ class Tracked:
     revision: int = 0  # of the last heartbeat taken into account
     probe: asyncio.Task[None] | None = None
     cadence: Cadence | None = None
+    in_flight: int = 0  # tasks running, by its last heartbeat
+    # Presence checks between heartbeats (``PresenceChecks``): when the last one started, the
+    # epoch whose process answered one, whether one runs now.
+    checked_at: float = 0.0  # monotonic
+    answered_epoch: int = -1
+    checking: bool = False
 
     def record(self) -> Liveness:
         return Liveness(

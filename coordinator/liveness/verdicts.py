@@ -50,13 +50,14 @@ class VerdictWriter:
     async def written(self, timeout_s: float) -> bool:
         """Wait until every transition queued so far is through; False after ``timeout_s``."""
         target = self._queued
-        async with self._progress:
-            try:
-                await asyncio.wait_for(
-                    self._progress.wait_for(lambda: self._written >= target), timeout_s
-                )
-            except TimeoutError:
-                return False
+        # asyncio.timeout, not wait_for: wait_for runs the wait in a task of its own, which,
+        # cancelled after its caller gave up, takes the condition's lock back and ends holding
+        # it; every later wait then hangs, and so does the liveness duty's shutdown.
+        try:
+            async with asyncio.timeout(timeout_s), self._progress:
+                await self._progress.wait_for(lambda: self._written >= target)
+        except TimeoutError:
+            return False
         return True
 
     async def run(self) -> None:

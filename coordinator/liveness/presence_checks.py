@@ -1,0 +1,212 @@
+"""Presence checks between heartbeats: a dead agent found in seconds, not in five intervals.
+
+A killed process's connection is gone at once, and its presence subject then answers "no
+responders" at once; the silence thresholds take 3 intervals to suspect it (45 s with the
+default 15 s), time in which its in-flight task expires in its queue and routing keeps
+feeding it. So the presence of the agents at risk is asked between heartbeats: every
+``presence_check_s``, each agent that holds work (in flight by its last heartbeat, or queued
+for it) or whose heartbeat is late (``late_intervals`` without one: past the ±20 % jitter).
+At most ``presence_checks_per_tick`` checks start per tick, the agents longest without a sign
+of life first: a fleet of 100,000 costs no more than that.
+
+"No responders" makes the agent SUSPECT ("no connection": no new work goes to it); when it
+is still the answer ``probe_retry_s`` later, with no heartbeat meanwhile and this coordinator
+connected throughout, the agent is OFFLINE ("connection gone") and its tasks are reassigned;
+an answer instead makes it ONLINE again ("connection back"). The pause is for a live agent
+reconnecting after a server restart, which is absent from the server until its backoff has
+run; for the same reason no check starts within ``probe_retry_s`` of this coordinator's own
+(re)connection, when every agent may be reconnecting too. A suspicion not settled (no answer in
+time, a broker error, an outage meanwhile) is checked again at a later tick.
+
+Only an agent that answered a check in this process of it (epoch), or whose heartbeat is late,
+is suspected on "no responders": one that beats without a presence subscription (against the
+protocol) must not be judged gone while it beats. A check that times out says nothing (a stuck
+loop, or a wildcard subscriber that hears the request and answers nothing): the silence
+thresholds judge those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+import msgspec
+import structlog
+
+from agentreach.broker import Broker, BrokerError
+from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.presence import present
+from agentreach.coordinator.liveness.tracked import Tracked
+from agentreach.envelopes import LivenessState
+
+if TYPE_CHECKING:
+    from agentreach.coordinator.liveness.monitor import LivenessConfig
+
+log = structlog.get_logger("coordinator.liveness")
+
+# Intervals without a heartbeat after which it is late: more than one interval and its jitter.
+PastJitter = Annotated[float, msgspec.Meta(gt=1.2)]
+
+# The SUSPECT reason given by a check: such an agent is checked again until it is settled.
+NO_CONNECTION = "no connection"
+
+Judge = Callable[[Tracked, LivenessState, str], Awaitable[None]]
+LookAgain = Callable[[list[Tracked]], Awaitable[None]]
+QueuedSlots = Callable[[], Iterable[tuple[str, str]]]  # (agent, priority) with tasks queued
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """What a check started from; any change since makes what it found stale."""
+
+    last_seen: float
+    epoch: int
+    state: LivenessState
+    reason: str
+    reconnects: int
+
+    @classmethod
+    def now(cls, tracked: Tracked, broker: Broker) -> _Seen:
+        return cls(
+            tracked.last_seen, tracked.epoch, tracked.state, tracked.reason, broker.reconnects
+        )
+
+
+class PresenceChecks:
+    """Checks the presence of the agents at risk each tick, until cancelled (:meth:`run`)."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        config: LivenessConfig,
+        agents: dict[str, Tracked],
+        queued: QueuedSlots | None,
+        *,
+        judge: Judge,
+        look_again: LookAgain,
+    ) -> None:
+        self._broker = broker
+        self._config = config
+        self._agents = agents
+        self._judge = judge  # records a transition (and reassigns on OFFLINE)
+        self._look_again = look_again  # reads heartbeats the watch may not have delivered yet
+        self._queued = queued  # the agents with tasks in their dispatch queues, by priority
+        self._hold_until = 0.0
+
+    async def run(self) -> None:
+        broker, reconnects = self._broker, self._broker.reconnects
+        self._hold()  # a judge that just started: agents may be reconnecting to a new server
+        async with asyncio.TaskGroup() as checks:
+            while True:
+                await asyncio.sleep(self._config.tick_s)  # the checks' own period
+                honour_cancellation()
+                if not broker.connected:
+                    continue  # our own outage: every "no responders" would be ours
+                if broker.reconnects != reconnects:
+                    reconnects = broker.reconnects
+                    self._hold()
+                if time.monotonic() < self._hold_until:
+                    continue
+                for tracked in self.due():
+                    tracked.checking = True
+                    checks.create_task(self._check(tracked))
+
+    def _hold(self) -> None:
+        """No check starts while live agents may still be reconnecting after an outage."""
+        self._hold_until = time.monotonic() + self._config.probe_retry_s
+
+    def due(self) -> list[Tracked]:
+        """The agents to check now: at risk, with no sign of life for ``presence_check_s``,
+        at most ``presence_checks_per_tick``, the longest without one first. A plain scan
+        with no await per agent: it runs every tick over the whole fleet."""
+        now, config = time.monotonic(), self._config
+        every, late = config.presence_check_s, config.late_intervals
+        queued = {agent for agent, _ in self._queued()} if self._queued is not None else set()
+        at_risk = [
+            tracked
+            for tracked in self._agents.values()
+            if (
+                tracked.in_flight > 0
+                or now - tracked.last_seen > late * tracked.interval_s
+                or tracked.agent_id in queued
+                or tracked.state == "SUSPECT"
+            )
+            and (tracked.state in ("ONLINE", "UNKNOWN") or tracked.reason == NO_CONNECTION)
+            and not tracked.checking
+            and now - max(tracked.last_seen, tracked.checked_at) >= every
+        ]
+        return heapq.nsmallest(config.presence_checks_per_tick, at_risk, key=_last_sign)
+
+    async def _check(self, tracked: Tracked) -> None:
+        tracked.checked_at = time.monotonic()
+        try:
+            await self._check_presence(tracked)
+        except BrokerError as exc:  # the silence thresholds still judge it
+            log.warning("presence check failed", agent_id=tracked.agent_id, error=str(exc))
+        finally:
+            tracked.checking = False
+
+    async def _check_presence(self, tracked: Tracked) -> None:
+        """Ask once; after "no responders", SUSPECT, and ask again once the reconnect window
+        has passed. What cannot be settled now (no answer in time, a heartbeat or an outage
+        meanwhile, a broker error) is asked again at a later tick."""
+        seen = _Seen.now(tracked, self._broker)
+        answered = await self._ask(tracked)
+        if answered is None or self._stale(tracked, seen):
+            return
+        if answered or not self._suspicious(tracked):
+            await self._answered(tracked, answered)
+            return
+        if tracked.state != "SUSPECT":
+            await self._look_again([tracked])  # a heartbeat the watch has not delivered yet
+            if self._stale(tracked, seen):
+                return
+            tracked.connected = False
+            await self._judge(tracked, "SUSPECT", NO_CONNECTION)
+            seen = _Seen.now(tracked, self._broker)
+        tracked.probe = asyncio.current_task()
+        log.info("no connection; asking again", agent_id=tracked.agent_id, after_s=self._retry_s)
+        await asyncio.sleep(self._retry_s)  # the reconnect window itself
+        answered = await self._ask(tracked)
+        if answered is None or self._stale(tracked, seen):
+            return
+        if answered:
+            await self._answered(tracked, answered)
+        else:
+            await self._judge(tracked, "OFFLINE", "connection gone")
+
+    async def _ask(self, tracked: Tracked) -> bool | None:
+        timeout_s = self._config.probe_connection_s
+        return await present(self._broker, tracked.agent_id, timeout_s=timeout_s)
+
+    async def _answered(self, tracked: Tracked, answered: bool) -> None:
+        if not answered:
+            return  # "no responders" from an agent it does not count against
+        tracked.answered_epoch = tracked.epoch
+        if tracked.state == "SUSPECT":  # of a check: only those are checked
+            await self._judge(tracked, "ONLINE", "connection back")
+
+    @property
+    def _retry_s(self) -> float:
+        return self._config.probe_retry_s
+
+    def _suspicious(self, tracked: Tracked) -> bool:
+        """Whether "no responders" counts against the agent: it answered before (this very
+        process), or its heartbeat is late too."""
+        if tracked.answered_epoch == tracked.epoch:
+            return True
+        silent_s = time.monotonic() - tracked.last_seen
+        return silent_s > self._config.late_intervals * tracked.interval_s
+
+    def _stale(self, tracked: Tracked, seen: _Seen) -> bool:
+        """Whether what the check found no longer says anything: a heartbeat came, a new
+        process of the agent, another judgement, or this coordinator was away meanwhile."""
+        return _Seen.now(tracked, self._broker) != seen or not self._broker.connected
+
+
+def _last_sign(tracked: Tracked) -> float:
+    return max(tracked.last_seen, tracked.checked_at)
