@@ -1,5 +1,6 @@
 """Benchmark of the intent scorers on the labelled set in bench/data/intents (11 intents as
-agents describe them, 271 requests — half Chinese, 30 out of scope, 28 ambiguous).
+agents describe them, 319 requests — half Chinese, 51 out of scope, 31 ambiguous, 50 of one or
+two words).
 
 For each scorer: top-1 accuracy, then at thresholds 0.3 … 0.9 what happens to every request —
 delivered to its intent, delivered to an intent the labeller also accepted (``alt``), delivered
@@ -10,12 +11,14 @@ cost of one resolution with 1,000 agents, and of building the index.
 
     .venv/bin/python bench/intent.py              # every scorer (minilm needs its model wheel)
     .venv/bin/python bench/intent.py --scorers bm25 --no-scale
-    .venv/bin/python bench/intent.py --fit        # print calibrations fitted on the whole set
+    .venv/bin/python bench/intent.py --fit        # pick pseudo-counts, fit calibrations on all
     .venv/bin/python bench/intent.py --fit --cards mine.json --requests mine.jsonl --no-scale
 
 "wrong" is a delivery to an intent that is neither the label nor one the labeller also
 accepted, or any delivery of an out-of-scope request; "accuracy" counts requests delivered
-right plus out-of-scope ones sent to manual review. Needs the ``intents`` extra.
+right plus out-of-scope ones sent to manual review; "short" requests are those of at most two
+words (``calibration.words``), where a scorer is most easily sure on little evidence. Needs the
+``intents`` extra.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import numpy as np
 from intent_scale import scale
 
 from agentreach.cli.logs import configure_logging
-from agentreach.coordinator.routing.intents.calibration import Calibration, features
+from agentreach.coordinator.routing.intents.calibration import Calibration, features, words
 from agentreach.coordinator.routing.intents.errors import ScorerUnavailable
 from agentreach.coordinator.routing.intents.lexical import BM25Scorer
 from agentreach.coordinator.routing.intents.text import Tokenizer
@@ -47,6 +50,9 @@ RECOMMENDED = 0.75
 WRONG_COST = 4.0  # a wrong delivery costs as much as 4 manual reviews: the threshold 1 - 1/4
 FOLDS = 5
 TOP = 3  # candidates per request used to fit the calibration
+SHORT = 2  # words: a request this short says little, whatever it matches
+LEXICAL_GRID = (0, 1, 2, 4, 6, 8, 10, 15)  # the pseudo-counts --fit tries, in words
+PSEUDO_GRID = {"bm25": LEXICAL_GRID, "bm25-bigram": LEXICAL_GRID, "minilm": (0, 0.5, 1, 2, 3, 5)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,8 +163,9 @@ def table(name: str, ranked: list[Ranked], decided: list[tuple[str, float]]) -> 
         by_lang[lang] = sum(ranked[i].candidates[0][0] == reqs[i].intent for i in idx) / len(idx)
     print(
         f"\n## {name}  (top-1 accuracy on {len(in_scope)} in-scope requests: {top1:.1%};"
-        f" en {by_lang['en']:.1%}, zh {by_lang['zh']:.1%}; ECE {ece(reqs, decided):.3f})"
+        f" en {by_lang['en']:.1%}, zh {by_lang['zh']:.1%})"
     )
+    reliability(reqs, decided)
     print("| threshold | accuracy | delivered right | alt | **wrong** | manual | cost/request |")
     print("|---|---|---|---|---|---|---|")
     rows = {}
@@ -195,18 +202,81 @@ def per_lang(reqs: list[Request], decided: list[tuple[str, float]]) -> None:
     print(f"at {RECOMMENDED}: " + "; ".join(parts))
 
 
-def ece(reqs: list[Request], decided: list[tuple[str, float]], bins: int = 5) -> float:
-    """Expected calibration error of the top-1 confidence: |confidence - accuracy| per bin."""
+def log_loss(reqs: list[Request], decided: list[tuple[str, float]]) -> float:
+    right = np.array([i == r.intent for r, (i, _) in zip(reqs, decided, strict=True)])
     conf = np.array([c for _, c in decided])
-    right = np.array([i == r.intent for r, (i, _) in zip(reqs, decided, strict=True)], dtype=float)
-    which = np.minimum((conf * bins).astype(int), bins - 1)
-    return float(
-        sum(
-            abs(conf[which == b].mean() - right[which == b].mean()) * (which == b).mean()
-            for b in range(bins)
-            if (which == b).any()
-        )
+    return float(-np.log(np.clip(np.where(right, conf, 1 - conf), 1e-12, 1)).mean())
+
+
+def reliability(reqs: list[Request], decided: list[tuple[str, float]]) -> None:
+    """Expected calibration error (|mean confidence - share right| per fifth, weighted) and
+    log-loss; each fifth's mean confidence and share right; what is delivered
+    at the threshold and how much of it is right; how short requests fare."""
+    conf = np.array([c for _, c in decided])
+    right = np.array([i == r.intent for r, (i, _) in zip(reqs, decided, strict=True)])
+    which = np.minimum((conf * 5).astype(int), 4)
+    bins = [
+        f"{b / 5:.1f}+: {conf[which == b].mean():.2f}/{right[which == b].mean():.2f}"
+        f" ({(which == b).sum()})"
+        for b in range(5)
+        if (which == b).any()
+    ]
+    gap = sum(
+        abs(conf[which == b].mean() - right[which == b].mean()) * (which == b).sum()
+        for b in range(5)
+        if (which == b).any()
+    ) / len(conf)
+    print(f"ECE {gap:.3f}, log-loss {log_loss(reqs, decided):.3f}; confidence/share right:")
+    print("  " + ", ".join(bins))
+    sent, short = conf >= RECOMMENDED, np.array([words(r.text) <= SHORT for r in reqs])
+    print(
+        f"at {RECOMMENDED}: delivered {sent.mean():.1%} ({sent.sum()}), {right[sent].mean():.1%}"
+        f" of them to the labelled intent; short requests ({short.sum()}): delivered"
+        f" {(sent & short).sum()}, {(sent & short & right).sum()} to the labelled intent,"
+        f" mean confidence {conf[short].mean():.2f}"
     )
+
+
+def fit_pseudo(
+    name: str, scorer: Scorer, cards: dict[str, IntentText], requests: list[Request]
+) -> None:
+    """--fit: the scorer's pseudo-count with the lowest cross-validated log-loss, and the
+    calibration fitted on every request with it (what DEFAULT_CALIBRATION should be)."""
+    keep, encoder = getattr(scorer, "pseudo_words", None), getattr(scorer, "encoder", None)
+    if encoder is not None:  # each request embedded once, not once per pseudo-count
+        scorer.encoder = _Memo(encoder)  # type: ignore[attr-defined]
+    losses, at = {}, ""
+    for pseudo in PSEUDO_GRID.get(name, ()) if keep is not None else ():
+        scorer.pseudo_words = pseudo  # type: ignore[attr-defined]
+        scorer.fit(cards)
+        ranked = rank_all(scorer, requests)[0]
+        losses[pseudo] = log_loss(requests, cross_validated(ranked))
+    if losses:
+        scorer.pseudo_words = best = min(losses, key=losses.__getitem__)  # type: ignore[attr-defined]
+        scorer.fit(cards)
+        tried = ", ".join(f"{c:g}: {v:.4f}" for c, v in losses.items())
+        print(f"cross-validated log-loss by pseudo_words: {tried}; best {best:g}")
+        at = f" at pseudo_words={best:g}"
+    ranked = rank_all(scorer, requests)[0]
+    print(f"calibration fitted on all requests{at}: {Calibration.fit(samples(ranked))}")
+    if encoder is not None:
+        scorer.encoder = encoder  # type: ignore[attr-defined]
+    if losses:
+        scorer.pseudo_words = keep  # type: ignore[attr-defined]
+        scorer.fit(cards)
+
+
+class _Memo:
+    """An encoder that embeds each text once."""
+
+    def __init__(self, encoder) -> None:  # type: ignore[no-untyped-def]
+        self.encoder, self.seen = encoder, {}
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        new = [t for t in texts if t not in self.seen]
+        if new:
+            self.seen.update(zip(new, self.encoder.encode(new), strict=True))
+        return np.stack([self.seen[t] for t in texts])
 
 
 # ---------------------------------------------------------------------------- learning
@@ -304,7 +374,7 @@ def main() -> None:
             f" one resolution {us:,.0f} µs (mean)"
         )
         if args.fit:
-            print(f"calibration fitted on all requests: {Calibration.fit(samples(ranked))}")
+            fit_pseudo(name, scorer, cards, requests)
     print(
         f"\n## labelled requests appended as examples (at {RECOMMENDED}; the cards' 4 examples"
         " + ~40 % of the requests, judged on the rest)"

@@ -13,7 +13,8 @@ from agentreach.examples.refunds import agents
 
 SURE_REFUND = "The blender arrived broken, I want my money back"
 SURE_RISK = "There is a charge on my card that I did not make"
-UNSURE = "I was charged twice for the same order, please refund the duplicate payment"
+UNSURE = "I see two charges for the same order, please refund the duplicate payment"
+BARE = "blender"  # a word of one refund example, and all the request says
 
 
 def overlapping_agents() -> tuple[Agent, Agent]:

@@ -8,7 +8,14 @@ import msgspec
 from agentreach.agents import ManualReview, ManualReviewError, ReachClient
 from agentreach.coordinator.routing.manual import ManualConfig
 from agentreach.envelopes import Progress
-from tests.e2e.intent_support import SURE_REFUND, SURE_RISK, UNSURE, Caller, overlapping_agents
+from tests.e2e.intent_support import (
+    BARE,
+    SURE_REFUND,
+    SURE_RISK,
+    UNSURE,
+    Caller,
+    overlapping_agents,
+)
 from tests.e2e.routing_support import fast, serving, table
 from tests.secured import operators_reply_to
 
@@ -34,6 +41,33 @@ async def test_free_text_reaches_the_described_agent_with_its_confidence(
     assert resolution["best"]["confidence"] >= routed[0].detail["needed"] == 0.75
     assert resolution["runner_up"]["intent"] == "risk_review"
     assert resolution["runner_up"]["confidence"] < 0.5
+
+
+async def test_a_bare_word_waits_for_a_person_while_the_full_request_is_delivered(
+    broker, coordinator, watcher
+):
+    """A one-word request on `auto` that one intent's example contains ("blender") is not
+    sure enough to deliver: it waits in the manual-review queue, while a full request with the
+    same intent reaches the agent."""
+    async with (
+        serving(broker, coordinator, *overlapping_agents()),
+        ReachClient(broker=broker) as client,
+    ):
+        full = await client.invoke("auto", {"text": SURE_REFUND})
+        bare, _ = await client.publish("auto", {"text": BARE})
+        routed = await watcher.until(
+            lambda: next(
+                (e for e in watcher.events if e.event == "routed" and e.message_id == bare),
+                None,
+            ),
+            "the bare word routed",
+        )
+        (item,) = await ManualReview(broker).items()
+    assert full == {"refunded": True, "by": "customer-service"}
+    best = routed.detail["resolution"]["best"]
+    assert best["intent"] == "refund_application" and best["confidence"] < 0.75
+    assert routed.detail["manual"] == "review" and routed.agent_id is None
+    assert item.message_id == bare and "below 0.75 for rule 'default'" in item.reason
 
 
 async def test_an_unsure_request_waits_for_a_person_whose_answer_the_caller_gets(

@@ -1,9 +1,13 @@
 """Raw scores to calibrated confidence, the same way for every scorer.
 
-A scorer reports, for each intent, its *evidence*: a raw match strength on a scale that does
-not depend on the request's length (for BM25, the share of the request's term weight that the
-intent's best text matches; for embeddings, the cosine). Two numbers per candidate then feed a
-logistic model:
+A scorer reports, for each intent, its *evidence*: a match strength (for BM25, the share of the
+request's term weight that the intent's texts match; for embeddings, the best cosine), times
+:func:`said`, how much the request says: ``n / (n + pseudo_words)`` for a request of ``n``
+:func:`words`. Without that factor a one-word request ("refund", "money", "blender") is wholly
+explained by any intent whose text has the word, and was delivered as surely as a full sentence
+(BM25: 0.999), yet a bare word names the right intent about half the time; the pseudo-count is
+picked by ``bench/intent.py --fit`` (cross-validated log-loss) with the calibration. Two numbers
+per candidate then feed a logistic model:
 
 * ``evidence`` — how much of the request the candidate explains (absolute term: catches
   out-of-scope requests that match nothing well);
@@ -21,12 +25,30 @@ The weights are kept non-negative so that confidence never falls as evidence ris
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from agentreach.coordinator.routing.intents.types import Scored
+
+_LATIN_WORD = re.compile(r"[A-Za-z0-9]+")
+_CJK_CHAR = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+
+
+def words(text: str) -> float:
+    """How much ``text`` says, in words: Latin words, and Chinese characters at 1.5 a word (about
+    a Chinese word's mean length; BM25's tokens would count Chinese text some three times over,
+    bigrams and characters, and at two characters a word Chinese requests came out unsure)."""
+    return len(_LATIN_WORD.findall(text)) + len(_CJK_CHAR.findall(text)) / 1.5
+
+
+def said(text: str, pseudo_words: float) -> float:
+    """The factor on a request's evidence: ``n / (n + pseudo_words)`` for ``n`` words, as if
+    every request also said ``pseudo_words`` words that no intent matches."""
+    n = words(text)
+    return n / (n + pseudo_words) if n + pseudo_words > 0 else 1.0
 
 
 @dataclass(frozen=True, slots=True)

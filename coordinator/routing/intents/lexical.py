@@ -5,10 +5,12 @@ serves it). On our labelled set this beats a document per text scored by its bes
 66 % vs 60 %): a request's words are usually spread over the description and several examples.
 The raw score grows with the request's length and words' rarity, so it is divided by the
 request's *ideal* score — what an average-length text containing each of its words once would
-get, with words no card uses counted at the rarest weight. The quotient (the evidence) says how
-much of the request the intent explains: near 1 for a request made of that intent's words, near
-0 for one about something no agent offers, whatever its length. ``Calibration`` turns evidence
-and margin into a confidence.
+get, with words no card uses counted at the rarest weight. The quotient says how much of the
+request the intent explains: near 1 for a request made of that intent's words, near 0 for one
+about something no agent offers, whatever its length. It is then weighed by how much the request
+says (``calibration.said``: a one-word request is wholly explained by any intent that uses the
+word, and is not therefore as sure as a sentence). ``Calibration`` turns that evidence and the
+margin into a confidence.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ from dataclasses import dataclass
 import bm25s
 import numpy as np
 
-from agentreach.coordinator.routing.intents.calibration import Calibration, ranked
+from agentreach.coordinator.routing.intents.calibration import Calibration, ranked, said
 from agentreach.coordinator.routing.intents.text import Tokenizer
 from agentreach.coordinator.routing.intents.types import IntentText, Scored
 
-# Fitted by ``python bench/intent.py --fit`` on bench/data/intents (271 requests, 11 intents,
-# half Chinese); its cross-validated accuracy is in the README. Refit for your own cards and
-# requests with the same command (``--cards``, ``--requests``) if they disagree.
-DEFAULT_CALIBRATION = Calibration(bias=-1.900, evidence=4.959, margin=6.520)
+# Fitted by ``python bench/intent.py --fit`` on bench/data/intents (319 requests, 11 intents,
+# half Chinese, 48 of them bare words or pairs) with the pseudo-count below, which that command
+# picks by cross-validated log-loss; its accuracy is in the README. Refit both for your own cards
+# and requests with the same command (``--cards``, ``--requests``) if they disagree.
+DEFAULT_CALIBRATION = Calibration(bias=-1.945, evidence=9.284, margin=12.587)
+PSEUDO_WORDS = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +60,14 @@ class BM25Scorer:
         k1: float = 1.2,
         b: float = 0.75,
         oov_weight: float = 1.0,
+        pseudo_words: float = PSEUDO_WORDS,
     ) -> None:
         self.tokenizer = tokenizer or Tokenizer()
         self.calibration = calibration
+        if pseudo_words < 0:
+            raise ValueError(f"pseudo_words must be >= 0, not {pseudo_words}")
         self.k1, self.b, self.oov_weight = k1, b, oov_weight
+        self.pseudo_words = pseudo_words
         self._unit = 1.0 / (1.0 + k1)  # a word seen once in an average-length text
         self._tokens: dict[str, list[str]] = {}  # text -> tokens; survives refits
         self._fitted = _Fitted(names=[])
@@ -95,7 +103,8 @@ class BM25Scorer:
         return ranked(fitted.names, self._evidence(fitted, text), self.calibration, k)
 
     def evidence(self, text: str) -> np.ndarray:
-        """Per intent (in sorted-name order): its BM25 score / the request's ideal score."""
+        """Per intent (in sorted-name order): its BM25 score / the request's ideal score (at
+        most 1), times ``said(text, pseudo_words)``."""
         return self._evidence(self._fitted, text)
 
     def _evidence(self, fitted: _Fitted, text: str) -> np.ndarray:
@@ -107,7 +116,10 @@ class BM25Scorer:
         ids = fitted.bm25.get_tokens_ids(query)
         if not ids or ideal <= 0:
             return evidence
-        evidence[fitted.owners] = fitted.bm25.get_scores_from_ids(ids) / ideal
+        # A word repeated in a short card scores above its ideal (up to k1 + 1 times), but no
+        # intent explains more than all of a request: capped, a bare word stays a bare word.
+        share = np.minimum(fitted.bm25.get_scores_from_ids(ids) / ideal, 1.0)
+        evidence[fitted.owners] = share * said(text, self.pseudo_words)
         return evidence
 
 

@@ -3,7 +3,13 @@ import math
 import numpy as np
 import pytest
 
-from agentreach.coordinator.routing.intents.calibration import Calibration, features, ranked
+from agentreach.coordinator.routing.intents.calibration import (
+    Calibration,
+    features,
+    ranked,
+    said,
+    words,
+)
 
 
 def test_confidence_stays_within_0_and_1_even_for_extreme_inputs():
@@ -69,3 +75,19 @@ def test_ranked_breaks_ties_by_name_and_handles_no_candidates():
     assert [s.intent for s in out] == ["c", "a", "b"]
     assert ranked([], np.zeros(0), cal, 3) == []
     assert math.isclose(out[0].score, 0.9)
+
+
+def test_words_count_latin_words_and_chinese_characters_at_one_and_a_half_each():
+    """A request's length in words, for English and Chinese alike."""
+    assert words("I want my money back") == 5
+    assert words("退款") == pytest.approx(2 / 1.5)
+    assert words("申请退款 order 1234") == pytest.approx(4 / 1.5 + 2)
+    assert words("") == 0 and words("!!! ...") == 0
+
+
+def test_said_weighs_evidence_by_how_much_the_request_says():
+    """n words keep n / (n + pseudo_words) of their evidence; without a pseudo-count, all."""
+    assert said("money", 8) == pytest.approx(1 / 9)
+    assert said("a b c d e f g h", 8) == pytest.approx(0.5)
+    assert said("money", 0) == said("", 0) == 1.0
+    assert said("", 8) == 0.0

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from agentreach.coordinator.routing.intents.calibration import said
 from agentreach.coordinator.routing.intents.embedding import EmbeddingScorer
 from agentreach.coordinator.routing.intents.lexical import BM25Scorer
 from agentreach.coordinator.routing.intents.types import IntentText, Scorer
@@ -111,6 +112,36 @@ def test_bm25_resolves_chinese_requests(cards):
     assert right / len(zh) > 0.65
 
 
+# Each word is in refund_application's examples ("I want my money back for order 1234", "The
+# blender arrived broken, please refund me", "申请退款..."); each was 0.95-1.0.
+BARE_WORDS = ["money", "blender", "refund", "退款"]
+FULL_REFUND = "The blender I ordered arrived broken, I want my money back"
+
+
+@pytest.mark.parametrize("word", BARE_WORDS)
+def test_bm25_is_not_sure_of_a_bare_word_that_one_example_contains(cards, word):
+    """A one-word request resolves to the intent whose example has the word, but below the
+    delivery threshold (0.75); a full request for the same intent stays above it."""
+    s = BM25Scorer()
+    s.fit(cards)
+    bare, full = s.rank(word, k=1)[0], s.rank(FULL_REFUND, k=1)[0]
+    assert bare.intent == full.intent == "refund_application"
+    assert bare.confidence < 0.75 <= full.confidence
+
+
+def test_bm25_evidence_grows_with_what_the_request_says():
+    """The share of a request an intent explains is weighed by how much the request says, so a
+    bare word that the intent explains has less evidence than a sentence it explains."""
+    intents = {"a": IntentText("money back refund order"), "b": IntentText("password reset")}
+    s, unweighed = BM25Scorer(), BM25Scorer(pseudo_words=0)
+    s.fit(intents)
+    unweighed.fit(intents)
+    for text in ("money", "money back refund order"):
+        weight = said(text, s.pseudo_words)
+        assert s.evidence(text) == pytest.approx(unweighed.evidence(text) * weight)
+    assert s.evidence("money")[0] < 0.12 < 0.25 < s.evidence("money back refund order")[0]
+
+
 def test_out_of_scope_requests_get_low_confidence(cards):
     """Requests about nothing any agent does stay well below the default threshold."""
     s = BM25Scorer()
@@ -145,6 +176,26 @@ def test_embedding_refit_embeds_only_new_texts(cards):
     s.fit(dict(cards) | {"gift_card": IntentText("Gift card balance")})
     assert enc.calls == ["Gift card balance"]
     assert s.rank("gift card balance")[0].intent == "gift_card"
+
+
+def test_embedding_evidence_of_a_copied_example_is_weighed_by_its_length():
+    """A request that repeats an example word for word has cosine 1 with it; its evidence is
+    that cosine weighed by how much it says, so a copied bare word is weak evidence."""
+    s = EmbeddingScorer(encoder=HashEncoder())
+    long = "The blender I ordered arrived broken and I want my money back"
+    s.fit({"a": IntentText("refunds", ("blender", long)), "b": IntentText("password reset")})
+    assert s.evidence("blender")[0] == pytest.approx(said("blender", s.pseudo_words))
+    assert s.evidence(long)[0] == pytest.approx(said(long, s.pseudo_words))
+    assert s.evidence("blender")[0] < 0.5 < s.evidence(long)[0]
+
+
+def test_real_minilm_is_not_sure_of_a_bare_word_from_an_example(cards, minilm):
+    """With the bundled model, "blender" (a word of one refund example, not a request) stays
+    below the delivery threshold; a full refund request does not."""
+    s = EmbeddingScorer(encoder=minilm)
+    s.fit(cards)
+    bare, full = s.rank("blender", k=1)[0], s.rank(FULL_REFUND, k=1)[0]
+    assert full.intent == "refund_application" and bare.confidence < 0.75 <= full.confidence
 
 
 def test_real_minilm_resolves_english_and_stays_calibrated(cards, minilm):
