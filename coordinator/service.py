@@ -121,6 +121,8 @@ class Coordinator:
                 " (`reach auth init` made the key: <auth dir>/coordinator.seal)"
             )
         broker.dedup_secret = broker.dedup_secret or grants.key  # replicas share the key
+        # Secured (the seal key): only the intents operators allowed an agent are routed to it.
+        self.directory.enforce_allowances = grants.enabled
         self.manual = ManualQueue(broker, config.manual)
         self.router = Router(broker, fleet, config.routing, grants, manual=self.manual)
         self.workflows = WorkflowEngine(broker, config.workflows, grants=grants)

@@ -5,11 +5,14 @@ Decentralized JWT auth: an operator signs two accounts (``SYS`` for the server's
 signed by a role key gets that role's template (:mod:`agentreach.auth.roles`). Issuing a
 user is an offline act — the server checks the chain when the user connects — so adding an
 agent or a caller needs no restart. Account changes (revocations) are pushed to the running
-servers (``$SYS.REQ.CLAIMS.UPDATE``, the full resolver keeps them on every node).
+servers (``$SYS.REQ.CLAIMS.UPDATE``, the full resolver keeps them on every node), and the
+intents each agent may serve to the allowances bucket
+(:mod:`agentreach.coordinator.routing.allowances`).
 
 Layout (secrets 0600 in 0700 directories)::
 
-    registry.json                  names → role, public key, issued at; names are unique
+    registry.json                  names → role, public key, issued at (an agent's: the
+                                   intents it may serve); names are unique
     operator/operator.nk, .jwt     the operator identity: the seed may go offline after init
     operator/signing.nk            signs the account JWTs (each revocation)
     accounts/{SYS,REACH}.{nk,jwt}  the accounts (their keys name them in every JWT)
@@ -34,6 +37,7 @@ from agentreach.broker import Auth, Broker, Names
 from agentreach.errors import ReachError
 
 ACCOUNT = "REACH"
+ANY_INTENT = "*"  # the pattern that allows every intent
 COORDINATOR = "coordinator"
 ADMIN = "admin"
 
@@ -164,13 +168,25 @@ resolver_preload: {{
 """
 
     # -- users ----------------------------------------------------------------------
-    def issue(self, role: str, name: str, *, expires_s: int | None = None) -> Path:
+    def issue(
+        self,
+        role: str,
+        name: str,
+        *,
+        expires_s: int | None = None,
+        intents: tuple[str, ...] | None = None,
+    ) -> Path:
         """A new user of ``role`` called ``name``: a new nkey, a JWT signed by the role's
         key, a creds file. No server is touched. Issuing a name again replaces its creds
-        (the old ones keep working until revoked)."""
+        (the old ones keep working until revoked). An agent may serve ``intents``
+        (patterns, see :mod:`agentreach.coordinator.routing.allowances`): a new agent given
+        none may serve nothing, one issued again keeps what it had; ``reach auth push``
+        applies them."""
         self._require()
         if role not in roles.ROLES:
             raise AuthError(f"unknown role {role!r}: one of {', '.join(roles.ROLES)}")
+        if intents is not None and role != "agent":
+            raise AuthError(f"only agents serve intents; {name!r} would be a {role}")
         try:
             roles.check_name(name, role)
         except ValueError as exc:
@@ -193,9 +209,40 @@ resolver_preload: {{
             self.creds(role, name), jwt.encode(claims, self._key(f"signing/{role}.nk")), user
         )
         issued = [*known.get("keys", []), user.public] if known else [user.public]
-        registry["users"][name] = {"role": role, "keys": issued, "issued_at": int(time.time())}
+        entry: dict[str, Any] = {"role": role, "keys": issued, "issued_at": int(time.time())}
+        if role == "agent":
+            # Without the field (an agent issued before allowances existed) push allows any.
+            kept = known.get("intents") if known else []
+            entry["intents"] = list(intents) if intents is not None else kept
+            if entry["intents"] is None:
+                del entry["intents"]
+        registry["users"][name] = entry
         self._save_registry(registry)
         return path
+
+    def allow(self, name: str, intents: tuple[str, ...]) -> None:
+        """Replace what agent ``name`` may serve (then ``reach auth push``)."""
+        self._require()
+        registry = self._registry()
+        user = registry["users"].get(name)
+        if user is None or user["role"] != "agent":
+            what = "no user" if user is None else f"a {user['role']}, not an agent,"
+            raise AuthError(f"{name!r} is {what} in {self.root}: only agents serve intents")
+        user["intents"] = list(intents)
+        self._save_registry(registry)
+
+    def intents_of(self, name: str) -> tuple[str, ...]:
+        """What agent ``name`` may serve: an agent issued before allowances existed, any."""
+        user = self._registry()["users"].get(name, {})
+        return tuple(user.get("intents", [ANY_INTENT]))
+
+    def allowances(self) -> dict[str, tuple[str, ...] | None]:
+        """Every agent's allowance for the bucket; None for a revoked one (its key goes)."""
+        return {
+            name: None if self.revoked(name) else self.intents_of(name)
+            for name, user in self._registry()["users"].items()
+            if user["role"] == "agent"
+        }
 
     def revoke(self, name: str) -> None:
         """Revoke every JWT issued to ``name`` so far (re-signs the account: then push)."""

@@ -10,9 +10,10 @@ import sys
 import time
 from dataclasses import dataclass
 
-from agentreach.broker import Broker, BrokerTimeout, NoResponders
+from agentreach.broker import Broker, BrokerTimeout, NoResponders, StreamNotFound
 from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
+from agentreach.coordinator.routing import allowances
 from agentreach.envelopes import AgentCard, BreakerRecord, Heartbeat, Liveness
 
 MIN_WATCH_S = 0.5
@@ -117,6 +118,7 @@ class Row:
     heartbeat: Heartbeat | None
     beat_age_s: float | None
     breakers: tuple[BreakerRecord, ...] = ()  # not closed: open or half-open
+    refused: tuple[tuple[str, str], ...] = ()  # intents not allowed to it, and why
 
     @property
     def isolated(self) -> bool:
@@ -130,6 +132,7 @@ async def collect(broker: Broker) -> list[Row]:
     judged = await (await broker.bucket(names.liveness_bucket, Liveness)).snapshot()
     beats = await (await broker.bucket(names.heartbeats_bucket, Heartbeat)).snapshot()
     tripped = await _not_closed(broker)
+    allowed = await _allowances(broker)
     rows = []
     for agent_id in sorted(cards):
         beat = beats.get(agent_id)
@@ -137,8 +140,22 @@ async def collect(broker: Broker) -> list[Row]:
         liveness = judged[agent_id].value if agent_id in judged else None
         open_ones = tuple(tripped.get(agent_id, []))
         heartbeat = beat.value if beat else None
-        rows.append(Row(agent_id, cards[agent_id].value, liveness, heartbeat, age, open_ones))
+        card = cards[agent_id].value
+        refused: tuple[tuple[str, str], ...] = ()
+        if allowed is not None and card.agent_id == agent_id:
+            refused = tuple(sorted(allowances.refused(card, allowed.get(agent_id)).items()))
+        rows.append(Row(agent_id, card, liveness, heartbeat, age, open_ones, refused))
     return rows
+
+
+async def _allowances(broker: Broker) -> dict[str, allowances.Allowance] | None:
+    """What operators allowed each agent to serve, or None where nobody set allowances (an
+    open server: the coordinator routes every intent a card names)."""
+    try:
+        bucket = await broker.bucket(allowances.bucket_name(broker.names), allowances.Allowance)
+    except StreamNotFound:
+        return None
+    return {key: entry.value for key, entry in (await bucket.snapshot()).items()}
 
 
 def render(rows: list[Row]) -> str:
@@ -168,7 +185,10 @@ def _line(row: Row) -> str:
     intents = ",".join(f"{t}@{i.version}" for t, i in sorted(card.intents.items()))
     tags = ",".join(f"{k}={v}" for k, v in sorted(card.tags.items())) or "-"
     breakers = ",".join(f"{b.intent or 'ISOLATED'}:{b.state}" for b in row.breakers) or "-"
-    return (
+    line = (
         f"{card.agent_id:<22} {state:<9} {since:<9} {age:>6} {load:>7}"
         f"  {intents}  {tags}  {breakers}"
     )
+    # The coordinator routes none of these to it: the card names them, its creds do not.
+    refusals = [f"{'':<22} REFUSED   {intent}: {why}" for intent, why in row.refused]
+    return "\n".join([line, *refusals])

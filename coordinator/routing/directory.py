@@ -3,19 +3,30 @@
 The bucket is the truth; this is a per-process view kept current by a watch,
 so any coordinator replica can route. A miss re-reads the bucket before it is
 believed, because a card written a moment ago may not have arrived yet.
+
+A card is the agent's own claim. With ``enforce_allowances`` (a coordinator with its seal
+key: a secured deployment) only the intents the operators allowed that agent
+(:mod:`agentreach.coordinator.routing.allowances`) are believed; the others are refused, kept in
+``refused`` with the reason, and named once in an ``alert`` event.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from types import MappingProxyType
 
+import msgspec
 import structlog
 
-from agentreach.broker import Broker, BucketWatch, Change
+from agentreach.broker import Broker, BucketWatch, Change, provision
 from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.lifecycle import agent_event, emit
+from agentreach.coordinator.routing import allowances
+from agentreach.coordinator.routing.allowances import Allowance
 from agentreach.envelopes import AgentCard, DecodeError, Liveness, decode_as
 
 log = structlog.get_logger("coordinator.directory")
@@ -27,9 +38,14 @@ class AgentDirectory:
     """Agent cards by id (and by intent), current within milliseconds of a change in the
     bucket, and the coordinator's liveness verdicts."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, *, enforce_allowances: bool = False) -> None:
         self._broker = broker
-        self._cards: dict[str, AgentCard] = {}
+        self.enforce_allowances = enforce_allowances
+        self._cards: dict[str, AgentCard] = {}  # as believed: refused intents left out
+        self._declared: dict[str, AgentCard] = {}  # as written by their agents
+        self._allowed: dict[str, Allowance] = {}
+        self.refused: dict[str, dict[str, str]] = {}  # agent → intent → why
+        self._alerts: list[tuple[AgentCard, dict[str, str]]] = []
         self._by_intent: dict[str, list[AgentCard]] | None = None  # rebuilt after a change
         self.version = 0  # rises with every change of a card
         self._refreshing: asyncio.Task[None] | None = None
@@ -63,16 +79,52 @@ class AgentDirectory:
         names = self._broker.names
         cards = await self._broker.bucket(names.agents_bucket, AgentCard)
         liveness = await self._broker.bucket(names.liveness_bucket, Liveness)
-        async with cards.watch() as card_watch, liveness.watch() as liveness_watch:
-            waiter = asyncio.create_task(self._signal(card_watch, liveness_watch, ready))
+        async with (
+            cards.watch() as card_watch,
+            liveness.watch() as liveness_watch,
+            self._allowances_watch() as allowance_watch,
+        ):
+            watches = [card_watch, liveness_watch, *filter(None, [allowance_watch])]
+            waiter = asyncio.create_task(self._signal(watches, ready))
             try:
                 async with asyncio.TaskGroup() as group:
                     group.create_task(self._follow_liveness(liveness_watch))
+                    if allowance_watch is not None:
+                        group.create_task(self._follow_allowances(allowance_watch))
                     async for change in card_watch:
                         self._apply(change)
+                        await self._raise_alerts()
                         honour_cancellation()
             finally:
                 waiter.cancel()
+
+    @contextlib.asynccontextmanager
+    async def _allowances_watch(self) -> AsyncIterator[BucketWatch | None]:
+        """A watch of the allowances bucket (made if missing) when they are enforced."""
+        if not self.enforce_allowances:
+            yield None
+            return
+        names = self._broker.names
+        await provision(self._broker, allowances.topology(names))
+        bucket = await self._broker.bucket(allowances.bucket_name(names), Allowance)
+        async with bucket.watch() as watch:
+            yield watch
+
+    async def _follow_allowances(self, watch: BucketWatch) -> None:
+        async for change in watch:
+            honour_cancellation()
+            allowance = None
+            if change.value is not None:
+                try:
+                    allowance = decode_as(change.value, Allowance)
+                except DecodeError as exc:  # believed as none: its agent serves nothing
+                    log.warning("unreadable allowance", agent_id=change.key, error=str(exc))
+            if allowance is None:
+                self._allowed.pop(change.key, None)
+            else:
+                self._allowed[change.key] = allowance
+            self._believe(change.key)
+            await self._raise_alerts()
 
     async def _follow_liveness(self, watch: BucketWatch) -> None:
         async for change in watch:
@@ -113,11 +165,15 @@ class AgentDirectory:
     async def _read_all(self) -> None:
         cards = await self._broker.bucket(self._broker.names.agents_bucket, AgentCard)
         present = await cards.snapshot()
-        for gone in self._cards.keys() - present.keys():
+        for gone in self._declared.keys() - present.keys():
             self._apply(Change(key=gone, value=None, revision=0))
         self._by_intent = None
         self.version += 1
-        self._cards.update((key, e.value) for key, e in present.items() if _own(key, e.value))
+        for key, entry in present.items():
+            if _own(key, entry.value):
+                self._declared[key] = entry.value
+                self._believe(key)
+        await self._raise_alerts()
 
     def can_take_work(self, card: AgentCard) -> bool:
         return self.why_not_working(card) is None
@@ -147,26 +203,62 @@ class AgentDirectory:
         return judged is None or judged.state != "OFFLINE" or judged.epoch < card.epoch
 
     def _apply(self, change: Change) -> None:
+        card = None
+        if change.value is not None:
+            try:
+                card = decode_as(change.value, AgentCard)
+            except DecodeError as exc:
+                log.warning("ignoring unreadable agent card", agent_id=change.key, error=str(exc))
+        if card is not None and _own(change.key, card):
+            self._declared[change.key] = card
+        else:
+            self._declared.pop(change.key, None)
+        self._believe(change.key)
+
+    def _believe(self, agent_id: str) -> None:
+        """Put what routing believes of ``agent_id``'s card into the view."""
         self._by_intent = None
         self.version += 1
-        if change.value is None:
-            self._cards.pop(change.key, None)
+        card = self._declared.get(agent_id)
+        if card is None:
+            self._cards.pop(agent_id, None)
+            self.refused.pop(agent_id, None)
             return
-        try:
-            card = decode_as(change.value, AgentCard)
-        except DecodeError as exc:
-            log.warning("ignoring unreadable agent card", agent_id=change.key, error=str(exc))
-            self._cards.pop(change.key, None)
-            return
-        if _own(change.key, card):
-            self._cards[change.key] = card
+        refusals = {}
+        if self.enforce_allowances:
+            refusals = allowances.refused(card, self._allowed.get(agent_id))
+        if refusals and refusals != self.refused.get(agent_id):
+            self._alerts.append((card, refusals))
+        if refusals:
+            self.refused[agent_id] = refusals
         else:
-            self._cards.pop(change.key, None)
+            self.refused.pop(agent_id, None)
+        self._cards[agent_id] = allowances.believed(card, refusals)
+
+    async def _raise_alerts(self) -> None:
+        """One ``alert`` per agent and set of refused intents: its id is derived from them,
+        so the events stream drops the same alert from another replica or a re-read."""
+        while self._alerts:
+            card, refusals = self._alerts.pop(0)
+            log.warning("intents refused", agent_id=card.agent_id, refused=refusals)
+            alert = agent_event(
+                card.agent_id,
+                "alert",
+                problem="intent_not_allowed",
+                intents=sorted(refusals),
+                why=next(iter(refusals.values())),
+                epoch=card.epoch,
+            )
+            digest = hashlib.sha256("|".join(sorted(refusals)).encode()).hexdigest()[:16]
+            alert = msgspec.structs.replace(
+                alert, message_id=f"refused-{card.agent_id}-{card.epoch}-{digest}"
+            )
+            await emit(self._broker, alert)
 
     @staticmethod
-    async def _signal(cards: BucketWatch, liveness: BucketWatch, ready: asyncio.Event) -> None:
-        await cards.initial.wait()
-        await liveness.initial.wait()
+    async def _signal(watches: list[BucketWatch], ready: asyncio.Event) -> None:
+        for watch in watches:
+            await watch.initial.wait()
         ready.set()
 
 

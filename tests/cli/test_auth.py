@@ -106,6 +106,8 @@ async def test_show_expands_the_template_and_list_names_every_party(tmp_path):
         "coordinator",
         "agent",
         "worker-7",
+        "intents:",
+        "nothing",
     ]
 
 

@@ -49,6 +49,7 @@ from agentreach.broker import (
     read_stream,
 )
 from agentreach.broker.lifecycle import trace_of
+from agentreach.cli.auth import push_allowances
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.protection.grants import SecurityConfig
@@ -171,6 +172,9 @@ async def arena(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Arena
             Broker(url, name="coordinator", auth=deployment.coordinator) as coordinator_connection,
         ):
             await provision(admin, Topology.default(admin.names))
+            # The operator allows worker-x the intents it serves (worker-y: none).
+            deployment.directory.issue("agent", X, intents=("summarize", "hold", "hold-step"))
+            await push_allowances(deployment.directory, url)
             async with (
                 Coordinator(coordinator_connection, config).running(),
                 agent.running(url, auth=deployment.auth("agent", X)),
@@ -1055,8 +1059,8 @@ async def test_a_caller_uses_the_cli_with_its_own_creds(arena: Arena) -> None:
 
 
 async def test_parties_work_under_their_permissions(arena: Arena) -> None:
-    """An agent's sub-task, a compensation worker's replay and a new agent issued while the
-    server runs all work with nothing but their own creds."""
+    """An agent's sub-task, a compensation worker's replay and a new agent issued (and
+    allowed its intents) while the server runs all work with nothing but their own creds."""
     deployment = arena.deployment
     parent, child = Agent("planner", startup_delay=0), Agent("helper", startup_delay=0)
 
@@ -1081,6 +1085,9 @@ async def test_parties_work_under_their_permissions(arena: Arena) -> None:
             replayed.append((await compensation.replay(letter)).message_id)
 
     worker = CompensationWorker("fixer", compensate, topics=["step"])
+    deployment.directory.issue("agent", "planner", intents=("plan",))
+    deployment.directory.issue("agent", "helper", intents=("step",))
+    await push_allowances(deployment.directory, arena.url)  # the intents they may serve
     async with (
         parent.running(arena.url, auth=deployment.auth("agent", "planner")),
         child.running(arena.url, auth=deployment.auth("agent", "helper")),

@@ -1,0 +1,171 @@
+"""An agent serves only the intents its credentials allow, on a secured server.
+
+The parties are real: a nats-server with decentralized JWT auth (``reach auth``), a
+coordinator with its service identity and seal key, agents serving through the SDK with
+their own creds, a caller. ``summarizer-1`` may serve ``summarize``; ``evil`` may serve
+``translate`` only, but its card declares ``summarize`` too, with a far larger capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, BrokerError, Topology, provision, read_stream
+from agentreach.cli.auth import push_allowances
+from agentreach.coordinator import Coordinator
+from agentreach.coordinator.protection.grants import SecurityConfig
+from agentreach.coordinator.routing.allowances import Allowance, bucket_name
+from agentreach.envelopes import Event, decode_as
+from tests.cli.conftest import VENV_BIN, run
+from tests.conftest import FAST
+from tests.secured import SecuredDeployment, secured_server
+from tests.support import eventually
+
+HONEST, EVIL = "summarizer-1", "evil"
+TASKS = 8
+
+
+@dataclass
+class Fleet:
+    deployment: SecuredDeployment
+    url: str
+    admin: Broker
+    coordinator: Coordinator
+    caller: ReachClient
+    seen: dict[str, list[Any]] = field(default_factory=dict)
+
+
+def _agent(agent_id: str, seen: list[Any], capacities: dict[str, int]) -> Agent:
+    agent = Agent(agent_id, startup_delay=0, tags={"role": "worker"})
+    for intent, capacity in capacities.items():
+        agent.handler(intent, capacity=capacity)(_recording(agent_id, intent, seen))
+    return agent
+
+
+def _recording(agent_id: str, intent: str, seen: list[Any]) -> Any:
+    async def handle(ctx: TaskContext, payload: Any) -> Any:
+        seen.append((intent, payload))
+        return {"by": agent_id}
+
+    return handle
+
+
+@contextlib.asynccontextmanager
+async def secured_fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
+    deployment = SecuredDeployment(tmp_path / "auth")
+    deployment.directory.issue("agent", HONEST, intents=("summarize",))
+    deployment.directory.issue("agent", EVIL, intents=("translate",))
+    config = msgspec.structs.replace(
+        FAST, security=SecurityConfig(seal_key_file=deployment.seal_key_file)
+    )
+    seen: dict[str, list[Any]] = {HONEST: [], EVIL: []}
+    honest = _agent(HONEST, seen[HONEST], {"summarize": 1})
+    evil = _agent(EVIL, seen[EVIL], {"summarize": 1000, "translate": 5})
+    async with secured_server(deployment, tmp_path / "server") as server:
+        url = server.url
+        async with (
+            Broker(url, name="admin", auth=deployment.admin) as admin,
+            Broker(url, name="coordinator", auth=deployment.coordinator) as own,
+        ):
+            await provision(admin, Topology.default(admin.names))
+            await push_allowances(deployment.directory, url)
+            async with (
+                Coordinator(own, config).running() as coordinator,
+                honest.running(url, auth=deployment.auth("agent", HONEST)),
+                evil.running(url, auth=deployment.auth("agent", EVIL)),
+                ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
+            ):
+                fleet = Fleet(deployment, url, admin, coordinator, alice, seen)
+                await eventually(lambda: EVIL in coordinator.directory.cards, timeout=10)
+                await eventually(lambda: HONEST in coordinator.directory.cards, timeout=10)
+                yield fleet
+
+
+async def _invoke_all(fleet: Fleet, intent: str, count: int) -> list[Any]:
+    calls = [fleet.caller.invoke(intent, {"n": n}) for n in range(count)]
+    async with asyncio.timeout(30):
+        return list(await asyncio.gather(*calls))
+
+
+async def _alerts_about(admin: Broker, agent_id: str) -> list[Event]:
+    subject = f"{admin.names.prefix}.event.alert.*.{agent_id}.>"
+    stored = await read_stream(admin, admin.names.events_stream, subject)
+    return [decode_as(m.data, Event) for m in stored]
+
+
+async def test_an_agent_gets_none_of_the_tasks_of_an_intent_it_is_not_allowed(tmp_path):
+    """evil declares summarize with capacity 1000: every summarize task still goes to the
+    agent allowed it, evil's allowed intent still reaches evil, and one alert names it."""
+    async with secured_fleet(tmp_path) as fleet:
+        results = await _invoke_all(fleet, "summarize", TASKS)
+        assert results == [{"by": HONEST}] * TASKS
+        assert fleet.seen[EVIL] == []
+        assert len(fleet.seen[HONEST]) == TASKS
+        assert await _invoke_all(fleet, "translate", 2) == [{"by": EVIL}] * 2
+        assert [intent for intent, _ in fleet.seen[EVIL]] == ["translate", "translate"]
+        refused = fleet.coordinator.directory.refused
+        assert list(refused) == [EVIL] and list(refused[EVIL]) == ["summarize"]
+        alerts = await _alerts_about(fleet.admin, EVIL)
+        assert len(alerts) == 1, alerts
+        assert alerts[0].detail["problem"] == "intent_not_allowed"
+        assert alerts[0].detail["intents"] == ["summarize"]
+
+
+async def test_reach_agents_says_which_intents_are_refused_and_why(tmp_path):
+    """`reach agents`, as an operator, shows the refused intent of evil with the reason,
+    and nothing refused for the agent serving what it is allowed."""
+    async with secured_fleet(tmp_path) as fleet:
+        creds = fleet.deployment.admin.creds
+        shown = await run(
+            VENV_BIN / "reach", "agents", "--nats-url", fleet.url, "--creds", str(creds)
+        )
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.splitlines()
+        refusals = [line.split() for line in lines if "REFUSED" in line]
+        assert [words[:2] for words in refusals] == [["REFUSED", "summarize:"]], shown.stdout
+        evil_row = next(i for i, line in enumerate(lines) if line.startswith(EVIL))
+        assert "REFUSED" in lines[evil_row + 1]
+        assert "not allowed by its credentials (it may serve: translate)" in lines[evil_row + 1]
+
+
+async def test_an_allowance_pushed_while_the_agent_runs_applies_at_once(tmp_path):
+    """`reach auth allow` then push: the coordinator believes the new allowance without a
+    restart — summarize reaches evil once allowed, and a new refusal raises a new alert."""
+    async with secured_fleet(tmp_path) as fleet:
+        directory = fleet.coordinator.directory
+        fleet.deployment.directory.allow(EVIL, ("summarize", "translate"))
+        await push_allowances(fleet.deployment.directory, fleet.url)
+        await eventually(lambda: EVIL not in directory.refused, timeout=10)
+        assert "summarize" in directory.cards[EVIL].intents
+        fleet.deployment.directory.allow(EVIL, ())
+        await push_allowances(fleet.deployment.directory, fleet.url)
+        await eventually(lambda: len(directory.refused.get(EVIL, {})) == 2, timeout=10)
+        assert await _invoke_all(fleet, "summarize", 3) == [{"by": HONEST}] * 3
+        alerts = await _alerts_about(fleet.admin, EVIL)
+        assert [a.detail["intents"] for a in alerts] == [["summarize"], ["summarize", "translate"]]
+
+
+async def test_an_agent_cannot_write_its_own_allowance(tmp_path):
+    """evil's own creds may not write the allowances bucket: the write fails, and its
+    allowance stays what the operator pushed."""
+    async with secured_fleet(tmp_path) as fleet:
+        names = fleet.admin.names
+        forged = Allowance(agent_id=EVIL, intents=("*",))
+        auth = fleet.deployment.auth("agent", EVIL)
+        async with Broker(fleet.url, name="evil-raw", auth=auth) as raw:
+            with pytest.raises(BrokerError):
+                await raw.publish(f"$KV.{bucket_name(names)}.{EVIL}", msgspec.json.encode(forged))
+        kv = await fleet.admin.js.key_value(bucket_name(names))
+        stored = json.loads((await kv.get(EVIL)).value)
+        assert stored["intents"] == ["translate"]
+        assert list(fleet.coordinator.directory.refused[EVIL]) == ["summarize"]
