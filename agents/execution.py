@@ -149,9 +149,18 @@ class Executor:
             error = ErrorInfo(type="no_handler", message=message, retryable=False)
             await self._report(job, "failed", error)
             return None
-        if not await self._room.enter(task, job.delivery, keep_alive_s=self.agent.ack_wait / 2):
-            log.info("stopping: a task that had not started goes back to the queue")
-            return 0.0
+        left_s = ttl_left_ms(task.ttl_ms, job.dispatched_ms) / 1000
+        keep_alive_s = self.agent.ack_wait / 2
+        entry = await self._room.enter(
+            task, job.delivery, keep_alive_s=keep_alive_s, within_s=left_s
+        )
+        match entry:
+            case "stopping":
+                log.info("stopping: a task that had not started goes back to the queue")
+                return 0.0
+            case "expired":  # its ttl ran out while it waited for its handler's place
+                await self._expire(job)
+                return None
         # Looked at once in: another delivery may have run it meanwhile.
         if (kept := self._claims.unrecorded(task.message_id)) is not None:
             self._room.leave(task)

@@ -11,9 +11,12 @@ import contextlib
 import heapq
 import itertools
 from collections.abc import Mapping
+from typing import Literal
 
 from agentreach.broker import Delivery
 from agentreach.envelopes import PRIORITIES, Priority, Task
+
+Entry = Literal["entered", "stopping", "expired"]
 
 
 class WorkerPool:
@@ -135,24 +138,27 @@ class Room:
         """More tasks of ``task``'s topic and priority that could start now."""
         return max(0, min(self._place(task).free, self.slots[task.priority].free))
 
-    async def enter(self, task: Task, delivery: Delivery, *, keep_alive_s: float) -> bool:
-        """Take a place of the task's handler and a slot of its priority, waiting as long as
-        that takes with the delivery kept alive meanwhile (a place frees when a handler ends,
-        which may take longer than the ack wait). False when the agent began to stop first:
-        a stopping agent starts nothing new."""
+    async def enter(
+        self, task: Task, delivery: Delivery, *, keep_alive_s: float, within_s: float
+    ) -> Entry:
+        """Take a place of the task's handler and a slot of its priority, waiting for one
+        with the delivery kept alive meanwhile (a place frees when a handler ends, which may
+        take longer than the ack wait), for up to ``within_s`` (what is left of its ttl).
+        ``stopping`` when the agent began to stop first (a stopping agent starts nothing
+        new), ``expired`` when the wait outlasted the ttl: both without a place."""
         place, slot = self._place(task), self.slots[task.priority]
         if self._stopping.is_set():
-            return False
+            return "stopping"
         if slot.free > 0 and place.try_take(task.priority):
             slot.take()
-            return True
+            return "entered"
         async with delivery.kept_alive(keep_alive_s):
-            if not await self._take(place, task.priority):
-                return False
+            if (entry := await self._take(place, task.priority, within_s)) != "entered":
+                return entry
             while slot.free <= 0:  # only for a handler added after the start (not sized in)
                 await slot.wait_free()
             slot.take()
-        return True
+        return "entered"
 
     def leave(self, task: Task) -> None:
         self._place(task).give()
@@ -162,13 +168,16 @@ class Room:
         # A handler registered after the start (not on the card either) gets one place.
         return self.places.setdefault(task.topic, HandlerPlaces(1))
 
-    async def _take(self, place: HandlerPlaces, priority: Priority) -> bool:
-        """Wait for a place unless the agent begins to stop first; a place handed over as
-        the wait is given up (the agent stopping, the waiting task cancelled) passes on."""
+    async def _take(self, place: HandlerPlaces, priority: Priority, within_s: float) -> Entry:
+        """Wait for a place unless the agent begins to stop or ``within_s`` passes first; a
+        place handed over as the wait is given up (the agent stopping, the waiting task
+        cancelled, its time out) passes on."""
         taking = asyncio.ensure_future(place.take(priority))
         stopping = asyncio.ensure_future(self._stopping.wait())
         try:
-            await asyncio.wait([taking, stopping], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                [taking, stopping], timeout=max(0.0, within_s), return_when=asyncio.FIRST_COMPLETED
+            )
         except BaseException:
             _give_up(taking, place)
             raise
@@ -176,8 +185,11 @@ class Room:
             stopping.cancel()
         if self._stopping.is_set():
             _give_up(taking, place)
-            return False
-        return True
+            return "stopping"
+        if not taking.done():
+            _give_up(taking, place)
+            return "expired"
+        return "entered"
 
 
 def _give_up(taking: asyncio.Future[None], place: HandlerPlaces) -> None:

@@ -19,8 +19,8 @@ try {
   process.stdout.write(`${JSON.stringify(result)}\n`);
 } catch (err) {
   if (err instanceof TaskFailed) {
-    // Rejected (nothing ran) or TaskFailed (a handler ran): act on type, reason and retryable.
-    process.stderr.write(`${err.name}: ${err.type} (ended as ${err.reason}; retryable: ${err.retryable}): ${err.error.message}\n`);
+    // Rejected (nothing ran) or TaskFailed (a handler ran): act on type, ending and retryable.
+    process.stderr.write(`${err.name}: ${err.type} (ended as ${err.ending}; retryable: ${err.retryable}): ${err.error.message}\n`);
   } else if (err instanceof InvokeError) {
     // NotAcknowledged, DeadlineExceeded: the task may still run; invoke again under its id.
     process.stderr.write(`${err.name}: ${err.message} (message id ${err.messageId})\n`);

@@ -107,7 +107,7 @@ export class InvokeAborted extends InvokeError {
 /**
  * The task failed after an agent took it: `error` is what the agent reported or, when a
  * later attempt was refused (its breaker open, the ttl out between retries), that refusal.
- * `reason` is how the message ended, from the coordinator's error reply: the dead letter's
+ * `ending` is how the message ended, from the coordinator's error reply: the dead letter's
  * reason (`retries_exhausted`, `rejected`, `expired`, `no_route`, `invalid_envelope`, …),
  * `refused` for a refusal without a dead letter (a caller over its quota), `cancelled`,
  * `duplicate_id`; null from a coordinator too old to say. A handler ran, so sending the
@@ -116,12 +116,12 @@ export class InvokeAborted extends InvokeError {
 export class TaskFailed extends InvokeError {
   override name = "TaskFailed";
   readonly error: ErrorInfo;
-  readonly reason: string | null;
+  readonly ending: string | null;
 
-  constructor(error: ErrorInfo, reason: string | null, ids: MessageIds) {
+  constructor(error: ErrorInfo, ending: string | null, ids: MessageIds) {
     super(`${error.type}: ${error.message}`, ids);
     this.error = error;
-    this.reason = reason;
+    this.ending = ending;
   }
 
   /** The error's type: a handler's class name, or the coordinator's (`expired`, `no_route`, …). */
@@ -144,10 +144,16 @@ export class TaskFailed extends InvokeError {
  * The task was refused before any agent accepted it, so no handler ran (`type`: no_route,
  * expired, invalid_envelope, backpressure, rate_limited, circuit_open, too_large,
  * duplicate_id). Sending it again is safe (after `retryAfterMs`, when given). A refusal after
- * an attempt ran is a TaskFailed instead.
+ * an attempt ran is a TaskFailed instead. `reason` is the refusal's kind (`type`), as in
+ * the Python SDK; `ending` says whether it left a dead letter (`refused` when it did not).
  */
 export class Rejected extends TaskFailed {
   override name = "Rejected";
+
+  /** Why it was refused: the error's type (`no_route`, `rate_limited`, …). */
+  get reason(): string {
+    return this.error.type;
+  }
 }
 
 /** The error types that, before any agent accepted the task, mean that nothing ran. */

@@ -132,9 +132,15 @@ export class Executor {
       await this.report(msg, task, "failed", error, dispatchedMs);
       return null;
     }
-    if (!(await this.room.enter(task, () => this.keepAlive(msg)))) {
+    const leftMs = task.ttl_ms - (nowMs() - dispatchedMs);
+    const entry = await this.room.enter(task, () => this.keepAlive(msg), leftMs);
+    if (entry === "stopping") {
       this.log.info("stopping: a task that had not started goes back to the queue", { message_id: task.message_id });
       return 0;
+    }
+    if (entry === "expired") {
+      await this.expire(msg, task, dispatchedMs); // its ttl ran out waiting for its handler's place
+      return null;
     }
     let inside = true;
     const leave = () => {

@@ -121,6 +121,9 @@ export class HandlerPlaces {
   }
 }
 
+/** How a task's wait for its handler's place ended. */
+export type Entry = "entered" | "stopping" | "expired";
+
 /**
  * Where tasks run: a place of their handler, taken when a task is accepted and given back
  * when its handler ends, and the pools of deliveries per priority.
@@ -159,21 +162,32 @@ export class Room {
   }
 
   /**
-   * Take a place of the task's handler, waiting as long as that takes; `keepAlive` is called
-   * when it must wait, and what it returns when the wait ends (a place frees when a handler
-   * ends, which may take longer than the ack wait: the delivery must be kept meanwhile).
-   * False when the agent began to stop first: a stopping agent starts nothing new.
+   * Take a place of the task's handler, waiting for one for up to `withinMs` (what is left
+   * of its ttl); `keepAlive` is called when it must wait, and what it returns when the wait
+   * ends (a place frees when a handler ends, which may take longer than the ack wait: the
+   * delivery must be kept meanwhile). `stopping` when the agent began to stop first (a
+   * stopping agent starts nothing new), `expired` when the wait outlasted the ttl: both
+   * without a place.
    */
-  async enter(task: Task, keepAlive: () => () => void): Promise<boolean> {
+  async enter(task: Task, keepAlive: () => () => void, withinMs: number): Promise<Entry> {
     const place = this.place(task.topic);
-    if (this.stopping.aborted) return false;
-    if (place.free > 0 && place.waiting === 0) return place.take(task.priority, this.stopping);
+    if (this.stopping.aborted) return "stopping";
+    if (place.free > 0 && place.waiting === 0 && (await place.take(task.priority, this.stopping))) {
+      return "entered";
+    }
     const stopKeeping = keepAlive();
+    const waiting = new AbortController();
+    const stop = () => waiting.abort();
+    this.stopping.addEventListener("abort", stop, { once: true });
+    const timer = setTimeout(stop, Math.max(0, withinMs));
     try {
-      const took = await place.take(task.priority, this.stopping);
-      if (took && this.stopping.aborted) place.give(); // handed over as the stop began
-      return took && !this.stopping.aborted;
+      const took = await place.take(task.priority, waiting.signal);
+      if (took && waiting.signal.aborted) place.give(); // handed over as the wait ended
+      if (took && !waiting.signal.aborted) return "entered";
+      return this.stopping.aborted ? "stopping" : "expired";
     } finally {
+      clearTimeout(timer);
+      this.stopping.removeEventListener("abort", stop);
       stopKeeping();
     }
   }

@@ -138,14 +138,14 @@ describe("ReachClient on an open server", () => {
     assert.equal(permanent.type, "PermanentError");
     assert.equal(permanent.error.message, "no such order");
     assert.equal(permanent.retryable, false);
-    assert.equal(permanent.reason, "rejected");
+    assert.equal(permanent.ending, "rejected");
     assert.match(permanent.messageId, /^[0-9a-f-]{36}$/);
 
     const exhausted = await rejection(client.invoke(flaky, null));
     assert.ok(exhausted instanceof TaskFailed && !(exhausted instanceof Rejected), String(exhausted));
     assert.equal(exhausted.type, "Error");
     assert.equal(exhausted.retryable, true);
-    assert.equal(exhausted.reason, "retries_exhausted");
+    assert.equal(exhausted.ending, "retries_exhausted");
     assert.equal(flakyRuns, 2);
   });
 
@@ -154,6 +154,7 @@ describe("ReachClient on an open server", () => {
     assert.ok(err instanceof Rejected, String(err));
     assert.equal(err.type, "no_route");
     assert.equal(err.reason, "no_route");
+    assert.equal(err.ending, "no_route");
     assert.equal(err.retryable, false);
   });
 
@@ -166,7 +167,33 @@ describe("ReachClient on an open server", () => {
     assert.ok(err instanceof Rejected, String(err));
     assert.equal(err.type, "expired");
     assert.equal(err.reason, "expired");
+    assert.equal(err.ending, "expired");
     assert.equal(err.retryable, false);
+  });
+
+  it("throws Rejected expired when the ttl runs out while the task waits for its handler's place", async () => {
+    // The handler's one place is held: the second task, in hand (the agent pulls for both
+    // its handlers' places), expires at its ttl, not when the place frees.
+    const topic = unique("full");
+    const release = new Gate();
+    const running = new Gate();
+    await serving(
+      newAgent(unique("ts-full"))
+        .handler(topic, { capacity: 1 }, async () => {
+          running.open();
+          await release.opened;
+          return "held";
+        })
+        .handler(unique("other"), { capacity: 1 }, () => null),
+    );
+    const first = client.invoke(topic, null, { executeDeadlineMs: 20_000 });
+    await running.opened;
+    const err = await rejection(client.invoke(topic, null, { ttlMs: 800, ackDeadlineMs: 20_000 }));
+    assert.ok(err instanceof Rejected, String(err));
+    assert.equal(err.type, "expired");
+    assert.equal(err.ending, "expired");
+    release.open();
+    assert.equal(await first, "held");
   });
 
   it("throws DeadlineExceeded when no result comes within the execute deadline; the end is heard later by id", async () => {
@@ -185,7 +212,7 @@ describe("ReachClient on an open server", () => {
     const end = await rejection(client.invoke(topic, null, { messageId: err.messageId, executeDeadlineMs: 20_000 }));
     assert.ok(end instanceof TaskFailed && !(end instanceof Rejected), String(end));
     assert.equal(end.type, "deadline_exceeded");
-    assert.equal(end.reason, "retries_exhausted");
+    assert.equal(end.ending, "retries_exhausted");
     assert.equal(runs, 5);
   });
 
@@ -418,7 +445,7 @@ describe("ReachClient on a secured server", () => {
       const err = await rejection(client.invoke(topic, { fail: true }));
       assert.ok(err instanceof TaskFailed, String(err));
       assert.equal(err.type, "PermanentError");
-      assert.equal(err.reason, "rejected");
+      assert.equal(err.ending, "rejected");
       const events = await client.status(err.messageId);
       assert.ok(events.some((e) => e.event === "dead_lettered"), JSON.stringify(events.map((e) => e.event)));
     } finally {
