@@ -108,23 +108,30 @@ class AgentDirectory:
         await provision(self._broker, allowances.topology(names))
         bucket = await self._broker.bucket(allowances.bucket_name(names), Allowance)
         async with bucket.watch() as watch:
+            # Every allowance is known before the first card is judged: a card judged
+            # without its allowance would raise a false alert at each start.
+            for change in await watch.snapshot():
+                self._allow(change)
             yield watch
 
     async def _follow_allowances(self, watch: BucketWatch) -> None:
         async for change in watch:
             honour_cancellation()
-            allowance = None
-            if change.value is not None:
-                try:
-                    allowance = decode_as(change.value, Allowance)
-                except DecodeError as exc:  # believed as none: its agent serves nothing
-                    log.warning("unreadable allowance", agent_id=change.key, error=str(exc))
-            if allowance is None:
-                self._allowed.pop(change.key, None)
-            else:
-                self._allowed[change.key] = allowance
-            self._believe(change.key)
+            self._allow(change)
             await self._raise_alerts()
+
+    def _allow(self, change: Change) -> None:
+        allowance = None
+        if change.value is not None:
+            try:
+                allowance = decode_as(change.value, Allowance)
+            except DecodeError as exc:  # believed as none: its agent serves nothing
+                log.warning("unreadable allowance", agent_id=change.key, error=str(exc))
+        if allowance is None:
+            self._allowed.pop(change.key, None)
+        else:
+            self._allowed[change.key] = allowance
+        self._believe(change.key)
 
     async def _follow_liveness(self, watch: BucketWatch) -> None:
         async for change in watch:

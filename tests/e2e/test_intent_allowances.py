@@ -119,6 +119,23 @@ async def test_an_agent_gets_none_of_the_tasks_of_an_intent_it_is_not_allowed(tm
         assert len(alerts) == 1, alerts
         assert alerts[0].detail["problem"] == "intent_not_allowed"
         assert alerts[0].detail["intents"] == ["summarize"]
+        assert await _alerts_about(fleet.admin, HONEST) == []
+
+
+async def test_another_replica_refuses_the_same_and_alerts_nobody_again(tmp_path):
+    """A second coordinator replica started later judges every card with its allowance
+    already read: the same refusal, no second alert, none about the allowed agent."""
+    async with secured_fleet(tmp_path) as fleet:
+        await eventually(lambda: EVIL in fleet.coordinator.directory.refused, timeout=10)
+        auth = fleet.deployment.coordinator
+        async with (
+            Broker(fleet.url, name="coordinator-2", auth=auth) as own,
+            Coordinator(own, fleet.coordinator.config).running() as second,
+        ):
+            assert second.directory.refused == fleet.coordinator.directory.refused
+            assert await _invoke_all(fleet, "summarize", 4) == [{"by": HONEST}] * 4
+        assert len(await _alerts_about(fleet.admin, EVIL)) == 1
+        assert await _alerts_about(fleet.admin, HONEST) == []
 
 
 async def test_reach_agents_says_which_intents_are_refused_and_why(tmp_path):
