@@ -24,7 +24,14 @@ from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.handlers import call, error_info, sendable
 from agentreach.agents.slots import LatencyEstimate, Room
-from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, PayloadUnavailable
+from agentreach.broker import (
+    Broker,
+    BrokerError,
+    ClaimCheck,
+    Delivery,
+    PayloadUnavailable,
+    TooLarge,
+)
 from agentreach.broker.lifecycle import (
     GRANT_HEADER,
     SEAL_HEADER,
@@ -259,6 +266,9 @@ class Executor:
                 result, ref = await self.claim_check.stow_result(task, result)
         except PayloadUnavailable as exc:
             error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
+            outcome = Outcome(claim, error=error)
+        except TooLarge as exc:  # a result too large to send: running it again cannot help
+            error = ErrorInfo(type="result_too_large", message=str(exc), retryable=False)
             outcome = Outcome(claim, error=error)
         except Exception as exc:  # every handler failure is reported, none is lost
             outcome = Outcome(claim, error=error_info(exc, deadline.total_ms))

@@ -205,4 +205,5 @@ async def test_audit_durations_add_up_to_the_total(broker, coordinator):
     assert found[exhausted].reason == "retries_exhausted" and found[exhausted].durations.retry_wait
     late = found[expired]
     assert late.reason == "expired" and late.durations.executing == 0
-    assert late.durations.queued > 700  # waited behind the 1.2 s task, past its 400 ms ttl
+    # Waited behind the 1.2 s task until its 400 ms ttl ran out, not until that task ended.
+    assert 200 < late.durations.queued < 1_100

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 
-from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.agents import Agent, ReachClient, TaskContext, TaskFailed
 from agentreach.auth import directory as auth_directory
 from agentreach.broker import (
     Broker,
@@ -62,6 +62,11 @@ async def deployment(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
         seen.append(len(payload["text"]))
         return {"length": len(payload["text"])}
 
+    @agent.handler("inflate")
+    async def inflate(ctx: TaskContext, payload: Any) -> Any:
+        seen.append(-1)
+        return {"text": "r" * 400_000}  # above the threshold: no claim check to take it
+
     async with secured_server(auth, root / "server") as server:
         url = server.url
         async with (
@@ -73,7 +78,7 @@ async def deployment(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
             # Intent allowances (`reach auth allow`), where this version has them.
             push_allowances = getattr(auth_directory, "push_allowances", None)
             if push_allowances is not None:
-                auth.directory.allow(AGENT, ("mirror",))
+                auth.directory.allow(AGENT, ("mirror", "inflate"))
                 await push_allowances(auth.directory, url, auth=auth.admin)
             async with (
                 Watcher(admin) as watcher,
@@ -136,3 +141,16 @@ async def test_no_party_reads_the_payload_store(deployment: Deployment) -> None:
     ref = PayloadRef(bucket="reach_payloads", name="x/payload", size=1, sha256="0" * 64)
     with pytest.raises(PayloadUnavailable, match="caller of a secured deployment may not"):
         await ClaimCheck(deployment.caller).get(ref)
+
+
+async def test_a_result_too_large_to_record_fails_once_not_retried(
+    deployment: Deployment,
+) -> None:
+    """A handler's 400 KB result cannot be claim-checked on a secured deployment: the task
+    fails once as result_too_large (not retryable), instead of running again per attempt."""
+    before = deployment.seen.count(-1)
+    with pytest.raises(TaskFailed) as failed:
+        await deployment.client.invoke("inflate", {})
+    assert failed.value.error.type == "result_too_large"
+    assert failed.value.error.retryable is False
+    assert deployment.seen.count(-1) == before + 1
