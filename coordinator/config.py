@@ -34,7 +34,8 @@ from typing import Any
 import msgspec
 import structlog
 
-from agentreach.broker import BrokerConfig
+from agentreach.broker import BrokerConfig, Names, Topology
+from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.liveness.monitor import LivenessConfig
 from agentreach.coordinator.observability.config import (
@@ -94,6 +95,21 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     metrics: MetricsConfig = MetricsConfig()
     audit: AuditConfig = AuditConfig()
     claim_check: ClaimCheckConfig = ClaimCheckConfig()
+    limits: StorageLimits = StorageLimits()  # what streams and buckets keep at most, in bytes
+
+    def topology(self, names: Names, replication: BrokerConfig | None = None) -> Topology:
+        """The streams and buckets this config asks for; ``replication``: the broker section
+        as the command line changed it (``reach provision --replicas``)."""
+        replication = replication or self.broker
+        return Topology.default(
+            names,
+            queue_capacity=self.queues.capacities,
+            replicas=replication.replicas,
+            work_tags=replication.work_tags,
+            audit_days=self.audit.keep_days,
+            payload_days=self.claim_check.keep_days,
+            limits=self.limits,
+        )
 
 
 # Keys of the flat layout before sections (0.1), and where they live now.

@@ -27,7 +27,6 @@ from agentreach.broker import (
     Inbound,
     Provisioner,
     PullConsumer,
-    Topology,
     bind,
     provision,
 )
@@ -164,16 +163,8 @@ class Coordinator:
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
         self._advisories = Advisories(broker, grants)
         self._control = LivenessControl(config.liveness, self.liveness)
-        topology = Topology.default(
-            broker.names,
-            queue_capacity=config.queues.capacities,
-            replicas=config.broker.replicas,
-            work_tags=config.broker.work_tags,
-            audit_days=config.audit.keep_days,
-            payload_days=config.claim_check.keep_days,
-        )
-        self._topology = topology
-        self._provisioner = Provisioner(broker, topology)
+        self._topology = config.topology(broker.names)
+        self._provisioner = Provisioner(broker, self._topology)
         self._consumption = Consumption(broker, self._provisioner)
 
     async def run(self, ready: asyncio.Event | None = None) -> None:

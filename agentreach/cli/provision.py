@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentreach.broker import Topology, provision
+from agentreach.broker import provision
 from agentreach.broker.provisioning import PATIENCE_S
 from agentreach.cli.options import (
     Commands,
@@ -24,7 +24,9 @@ def register(commands: Commands) -> None:
         example="reach provision --config deploy/coordinator/coordinator.yaml",
     )
     prov.add_argument(
-        "--config", help="coordinator YAML config (its queue capacities and broker section)"
+        "--config",
+        help="coordinator YAML config (its queue capacities, broker, audit, claim_check and"
+        " limits sections)",
     )
     replication_options(prov)
 
@@ -33,12 +35,7 @@ async def cmd_provision(args: argparse.Namespace) -> int:
     names = names_of(args)
     config = load_config(args.config)
     replication = broker_config_of(args, config.broker)
-    topology = Topology.default(
-        names,
-        queue_capacity=config.queues.capacities,
-        replicas=replication.replicas,
-        work_tags=replication.work_tags,
-    )
+    topology = config.topology(names, replication)
     async with broker_of(args) as broker:
         # A command: it waits out a leader election, not a cluster whose majority is down.
         report = await provision(broker, topology, patience_s=PATIENCE_S)

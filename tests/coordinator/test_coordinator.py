@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker
+from agentreach.broker import Broker, Names
 from agentreach.coordinator import (
     ConfigError,
     Coordinator,
@@ -209,3 +209,20 @@ def test_flat_keys_of_the_old_layout_move_into_their_sections(tmp_path):
     assert config.liveness.tick_s == 2 and config.routing.reload_poll_s == 3
     (moved,) = [e for e in logs if e["event"].startswith("config keys moved")]
     assert "retry_base_s → delivery.base_s" in moved["moved"]
+
+
+def test_the_config_s_limits_and_keep_days_make_its_topology(tmp_path):
+    """`limits:`, `audit.keep_days` and `claim_check.keep_days` reach the streams, by the
+    coordinator and by `reach provision --config` alike (one ran with what the other reset)."""
+    path = tmp_path / "coordinator.yaml"
+    path.write_text(
+        "limits: {tasks_bytes: 5000000, small_value_bytes: 8192}\n"
+        "audit: {keep_days: 3}\nclaim_check: {keep_days: 2}\n"
+    )
+    names = Names()
+    topology = load_config(str(path)).topology(names)
+    streams = {s.name: s for s in topology.streams}
+    assert streams[names.tasks_stream].max_bytes == 5_000_000
+    assert streams[names.audit_stream].max_age_s == 3 * 86_400
+    heartbeats = next(b for b in topology.buckets if b.name == names.heartbeats_bucket)
+    assert heartbeats.max_value_bytes == 8192
