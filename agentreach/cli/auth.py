@@ -156,7 +156,7 @@ def _init(directory: AuthDirectory) -> int:
     print(f"  coordinator:  --creds {directory.creds('coordinator', 'coordinator')}")
     print(f"                security.seal_key_file: {directory.seal_key}")
     print(f"  operators:    --creds {directory.creds('operator', 'admin')}")
-    print("  next: reach auth agent ID | reach auth caller NAME")
+    print("  next: reach auth agent ID --intents a,b | reach auth caller NAME; reach auth push")
     return 0
 
 
