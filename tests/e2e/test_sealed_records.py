@@ -15,6 +15,7 @@ import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, Topology, provision
+from agentreach.cli.auth import push_allowances
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator.protection.grants import Grants, SecurityConfig
 from agentreach.coordinator.routing.run_once import RanAlready, RunOnce
@@ -60,6 +61,9 @@ async def deployed(tmp_path: Path) -> AsyncIterator[Deployed]:
             Broker(url, name="coordinator", auth=deployment.coordinator) as own,
         ):
             await provision(admin, Topology.default(admin.names))
+            deployment.auth("agent", "honest-1")
+            deployment.directory.allow("honest-1", ("pay",))  # `reach auth allow`, then push
+            await push_allowances(deployment.directory, url, auth=deployment.admin)
             async with (
                 Coordinator(own, config).running(),
                 honest.running(url, auth=deployment.auth("agent", "honest-1")),

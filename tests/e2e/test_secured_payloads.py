@@ -14,7 +14,6 @@ import pytest
 import pytest_asyncio
 
 from agentreach.agents import Agent, ReachClient, TaskContext, TaskFailed
-from agentreach.auth import directory as auth_directory
 from agentreach.broker import (
     Broker,
     ClaimCheck,
@@ -23,6 +22,7 @@ from agentreach.broker import (
     Topology,
     provision,
 )
+from agentreach.cli.auth import push_allowances
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator.protection.grants import SecurityConfig
 from agentreach.envelopes import PayloadRef
@@ -75,11 +75,8 @@ async def deployment(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
         ):
             await provision(admin, Topology.default(admin.names))
             agent_auth = auth.auth("agent", AGENT)
-            # Intent allowances (`reach auth allow`), where this version has them.
-            push_allowances = getattr(auth_directory, "push_allowances", None)
-            if push_allowances is not None:
-                auth.directory.allow(AGENT, ("mirror", "inflate"))
-                await push_allowances(auth.directory, url, auth=auth.admin)
+            auth.directory.allow(AGENT, ("mirror", "inflate"))  # `reach auth allow`, then push
+            await push_allowances(auth.directory, url, auth=auth.admin)
             async with (
                 Watcher(admin) as watcher,
                 Coordinator(coordinator, config).running(),
