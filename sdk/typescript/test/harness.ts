@@ -178,7 +178,13 @@ export async function startSecuredStack(): Promise<SecuredStack> {
     rmSync(dir, { recursive: true, force: true });
   };
   const creds = async (role: string, name: string) => {
-    await reach(["auth", role, name, "--dir", auth]);
+    if (role === "agent") {
+      // An agent serves only the intents its operator allows: any, here, applied by a push.
+      await reach(["auth", role, name, "--dir", auth, "--intents", "*"]);
+      await reach(["auth", "push", "--dir", auth, "--nats-url", url]);
+    } else {
+      await reach(["auth", role, name, "--dir", auth]);
+    }
     return join(auth, "creds", role, `${name}.creds`);
   };
   try {
