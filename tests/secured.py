@@ -7,9 +7,15 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from agentreach.auth import AuthDirectory
 from agentreach.broker import Auth, Broker, EmbeddedServer, Names
+
+if TYPE_CHECKING:
+    from agentreach.coordinator import Coordinator
 
 # REACH_TEST_SECURED=1 runs the whole suite on a secured server: every agent, worker and
 # client connects with creds of its own (as in production), the coordinator with its
@@ -115,3 +121,30 @@ def operators_reply_to(broker: Broker, box: str) -> tuple[str, str]:
         return subject, f"{subject}.*"
     inbox = broker.nc.new_inbox()
     return inbox, inbox
+
+
+@contextlib.asynccontextmanager
+async def sealed_deployment(
+    deployment: SecuredDeployment, folder: Path
+) -> AsyncIterator[tuple[str, Broker, Coordinator]]:
+    """A secured server with its streams provisioned, the deployment's intent allowances
+    pushed (issue agents with ``deployment.directory.issue`` or ``allow`` first), and a
+    coordinator with its own creds and the seal key: ``(url, admin, coordinator)``."""
+    from agentreach.broker import Topology, provision
+    from agentreach.cli.auth import push_allowances
+    from agentreach.coordinator import Coordinator
+    from agentreach.coordinator.protection.grants import SecurityConfig
+    from tests.conftest import FAST
+
+    config = msgspec.structs.replace(
+        FAST, security=SecurityConfig(seal_key_file=deployment.seal_key_file)
+    )
+    async with (
+        secured_server(deployment, folder) as server,
+        Broker(server.url, name="admin", auth=deployment.admin) as admin,
+        Broker(server.url, name="coordinator", auth=deployment.coordinator) as own,
+    ):
+        await provision(admin, Topology.default(admin.names))
+        await push_allowances(deployment.directory, server.url, auth=deployment.admin)
+        async with Coordinator(own, config).running() as coordinator:
+            yield server.url, admin, coordinator

@@ -20,15 +20,13 @@ import msgspec
 import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker, BrokerError, Topology, provision, read_stream
+from agentreach.broker import Broker, BrokerError, read_stream
 from agentreach.cli.auth import push_allowances
 from agentreach.coordinator import Coordinator
-from agentreach.coordinator.protection.grants import SecurityConfig
 from agentreach.coordinator.routing.allowances import Allowance, bucket_name
 from agentreach.envelopes import Event, decode_as
 from tests.cli.conftest import VENV_BIN, run
-from tests.conftest import FAST
-from tests.secured import SecuredDeployment, secured_server
+from tests.secured import SecuredDeployment, sealed_deployment
 from tests.support import eventually
 
 HONEST, EVIL = "summarizer-1", "evil"
@@ -65,30 +63,19 @@ async def secured_fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
     deployment = SecuredDeployment(tmp_path / "auth")
     deployment.directory.issue("agent", HONEST, intents=("summarize",))
     deployment.directory.issue("agent", EVIL, intents=("translate",))
-    config = msgspec.structs.replace(
-        FAST, security=SecurityConfig(seal_key_file=deployment.seal_key_file)
-    )
     seen: dict[str, list[Any]] = {HONEST: [], EVIL: []}
     honest = _agent(HONEST, seen[HONEST], {"summarize": 1})
     evil = _agent(EVIL, seen[EVIL], {"summarize": 1000, "translate": 5})
-    async with secured_server(deployment, tmp_path / "server") as server:
-        url = server.url
-        async with (
-            Broker(url, name="admin", auth=deployment.admin) as admin,
-            Broker(url, name="coordinator", auth=deployment.coordinator) as own,
-        ):
-            await provision(admin, Topology.default(admin.names))
-            await push_allowances(deployment.directory, url)
-            async with (
-                Coordinator(own, config).running() as coordinator,
-                honest.running(url, auth=deployment.auth("agent", HONEST)),
-                evil.running(url, auth=deployment.auth("agent", EVIL)),
-                ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
-            ):
-                fleet = Fleet(deployment, url, admin, coordinator, alice, seen)
-                await eventually(lambda: EVIL in coordinator.directory.cards, timeout=10)
-                await eventually(lambda: HONEST in coordinator.directory.cards, timeout=10)
-                yield fleet
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, coordinator),
+        honest.running(url, auth=deployment.auth("agent", HONEST)),
+        evil.running(url, auth=deployment.auth("agent", EVIL)),
+        ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
+    ):
+        fleet = Fleet(deployment, url, admin, coordinator, alice, seen)
+        await eventually(lambda: EVIL in coordinator.directory.cards, timeout=10)
+        await eventually(lambda: HONEST in coordinator.directory.cards, timeout=10)
+        yield fleet
 
 
 async def _invoke_all(fleet: Fleet, intent: str, count: int) -> list[Any]:

@@ -10,18 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker, Topology, provision
-from agentreach.cli.auth import push_allowances
-from agentreach.coordinator import Coordinator
+from agentreach.broker import Broker
 from agentreach.coordinator.protection.grants import Grants, SecurityConfig
 from agentreach.coordinator.routing.run_once import RanAlready, RunOnce
 from agentreach.envelopes import Execution, Task, execution_key, now_ms
-from tests.conftest import FAST
-from tests.secured import SecuredDeployment, secured_server
+from tests.secured import SecuredDeployment, sealed_deployment
 
 DAY_MS = 86_400_000
 
@@ -44,8 +40,7 @@ class Deployed:
 @pytest.fixture
 async def deployed(tmp_path: Path) -> AsyncIterator[Deployed]:
     deployment = SecuredDeployment(tmp_path / "auth")
-    seal_key = deployment.seal_key_file
-    config = msgspec.structs.replace(FAST, security=SecurityConfig(seal_key_file=seal_key))
+    deployment.directory.issue("agent", "honest-1", intents=("pay",))
     runs: list[str] = []
     honest = Agent("honest-1", startup_delay=0)
 
@@ -54,24 +49,14 @@ async def deployed(tmp_path: Path) -> AsyncIterator[Deployed]:
         runs.append(ctx.message_id)
         return {"paid": True}
 
-    async with secured_server(deployment, tmp_path / "server") as server:
-        url = server.url
-        async with (
-            Broker(url, name="admin", auth=deployment.admin) as admin,
-            Broker(url, name="coordinator", auth=deployment.coordinator) as own,
-        ):
-            await provision(admin, Topology.default(admin.names))
-            deployment.auth("agent", "honest-1")
-            deployment.directory.allow("honest-1", ("pay",))  # `reach auth allow`, then push
-            await push_allowances(deployment.directory, url, auth=deployment.admin)
-            async with (
-                Coordinator(own, config).running(),
-                honest.running(url, auth=deployment.auth("agent", "honest-1")),
-                Broker(url, name="evil", auth=deployment.auth("agent", "evil")) as evil,
-                ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
-            ):
-                grants = Grants.from_config(SecurityConfig(seal_key_file=seal_key))
-                yield Deployed(admin, evil, alice, grants, runs)
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, _),
+        honest.running(url, auth=deployment.auth("agent", "honest-1")),
+        Broker(url, name="evil", auth=deployment.auth("agent", "evil")) as evil,
+        ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
+    ):
+        grants = Grants.from_config(SecurityConfig(seal_key_file=deployment.seal_key_file))
+        yield Deployed(admin, evil, alice, grants, runs)
 
 
 async def test_a_result_an_agent_wrote_for_a_message_it_was_not_given_is_not_believed(

@@ -19,16 +19,10 @@ from agentreach.broker import (
     ClaimCheck,
     PayloadUnavailable,
     TooLarge,
-    Topology,
-    provision,
 )
-from agentreach.cli.auth import push_allowances
-from agentreach.coordinator import Coordinator
-from agentreach.coordinator.protection.grants import SecurityConfig
 from agentreach.envelopes import PayloadRef
 from agentreach.envelopes import headers as h
-from tests.conftest import FAST
-from tests.secured import SecuredDeployment, secured_server
+from tests.secured import SecuredDeployment, sealed_deployment
 from tests.support import Watcher
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -51,9 +45,7 @@ class Deployment:
 async def deployment(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Deployment]:
     root = tmp_path_factory.mktemp("secured-payloads")
     auth = SecuredDeployment(root / "auth")
-    config = msgspec.structs.replace(
-        FAST, security=SecurityConfig(seal_key_file=auth.seal_key_file)
-    )
+    auth.directory.issue("agent", AGENT, intents=("mirror", "inflate"))
     seen: list[int] = []
     agent = Agent(AGENT, startup_delay=0)
 
@@ -67,24 +59,14 @@ async def deployment(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[
         seen.append(-1)
         return {"text": "r" * 400_000}  # above the threshold: no claim check to take it
 
-    async with secured_server(auth, root / "server") as server:
-        url = server.url
-        async with (
-            Broker(url, name="admin", auth=auth.admin) as admin,
-            Broker(url, name="coordinator", auth=auth.coordinator) as coordinator,
-        ):
-            await provision(admin, Topology.default(admin.names))
-            agent_auth = auth.auth("agent", AGENT)
-            auth.directory.allow(AGENT, ("mirror", "inflate"))  # `reach auth allow`, then push
-            await push_allowances(auth.directory, url, auth=auth.admin)
-            async with (
-                Watcher(admin) as watcher,
-                Coordinator(coordinator, config).running(),
-                agent.running(url, auth=agent_auth),
-                Broker(url, name=CALLER, auth=auth.auth("caller", CALLER)) as caller,
-                ReachClient(url, name=CALLER, auth=auth.auth("caller", CALLER)) as client,
-            ):
-                yield Deployment(admin, caller, client, watcher, seen)
+    async with (
+        sealed_deployment(auth, root / "server") as (url, admin, _),
+        Watcher(admin) as watcher,
+        agent.running(url, auth=auth.auth("agent", AGENT)),
+        Broker(url, name=CALLER, auth=auth.auth("caller", CALLER)) as caller,
+        ReachClient(url, name=CALLER, auth=auth.auth("caller", CALLER)) as client,
+    ):
+        yield Deployment(admin, caller, client, watcher, seen)
 
 
 async def test_a_large_nats_pub_body_completes(deployment: Deployment) -> None:
