@@ -158,9 +158,11 @@ class PresenceChecks:
         answered = await self._ask(tracked)
         if answered is None or self._stale(tracked, seen):
             return
-        if answered or not self._suspicious(tracked):
-            await self._answered(tracked, answered)
+        if answered:
+            await self._answered(tracked)
             return
+        if not self._suspicious(tracked):
+            return  # "no responders" does not count against this one
         if tracked.state != "SUSPECT":
             await self._look_again([tracked])  # a heartbeat the watch has not delivered yet
             if self._stale(tracked, seen):
@@ -175,7 +177,7 @@ class PresenceChecks:
         if answered is None or self._stale(tracked, seen):
             return
         if answered:
-            await self._answered(tracked, answered)
+            await self._answered(tracked)
         else:
             await self._judge(tracked, "OFFLINE", "connection gone")
 
@@ -183,9 +185,7 @@ class PresenceChecks:
         timeout_s = self._config.probe_connection_s
         return await present(self._broker, tracked.agent_id, timeout_s=timeout_s)
 
-    async def _answered(self, tracked: Tracked, answered: bool) -> None:
-        if not answered:
-            return  # "no responders" from an agent it does not count against
+    async def _answered(self, tracked: Tracked) -> None:
         tracked.answered_epoch = tracked.epoch
         if tracked.state == "SUSPECT":  # of a check: only those are checked
             await self._judge(tracked, "ONLINE", "connection back")
