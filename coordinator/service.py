@@ -125,7 +125,7 @@ class Coordinator:
         self.manual = ManualQueue(broker, config.manual)
         self.router = Router(broker, fleet, config.routing, grants, manual=self.manual)
         self.workflows = WorkflowEngine(broker, config.workflows, grants=grants)
-        self.liveness = LivenessMonitor(broker, config.liveness, self.directory)
+        self.liveness = LivenessMonitor(broker, config.liveness, self.directory, self.queues.slots)
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id
         )
