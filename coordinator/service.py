@@ -65,6 +65,7 @@ from agentreach.coordinator.routing.fleet import Fleet
 from agentreach.coordinator.routing.manual import ManualQueue
 from agentreach.coordinator.routing.reload import RouteReloader
 from agentreach.coordinator.routing.router import Router
+from agentreach.coordinator.routing.run_once import RunOnce
 from agentreach.coordinator.workflows.engine import WorkflowEngine
 from agentreach.envelopes import encode, new_id
 
@@ -125,7 +126,9 @@ class Coordinator:
         self.manual = ManualQueue(broker, config.manual)
         self.router = Router(broker, fleet, config.routing, grants, manual=self.manual)
         self.workflows = WorkflowEngine(broker, config.workflows, grants=grants)
-        self.liveness = LivenessMonitor(broker, config.liveness, self.directory, self.queues.slots)
+        self.liveness = LivenessMonitor(
+            broker, config.liveness, self.directory, self.queues.slots, RunOnce(broker, grants)
+        )
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id
         )

@@ -34,6 +34,7 @@ from agentreach.coordinator.liveness.presence_checks import PastJitter, Presence
 from agentreach.coordinator.liveness.reassign import reassign_tasks
 from agentreach.coordinator.liveness.tracked import Registered, Tracked, track_registered
 from agentreach.coordinator.liveness.verdicts import VerdictWriter
+from agentreach.coordinator.routing.run_once import RunOnce
 from agentreach.coordinator.units import Positive, PositiveSeconds
 from agentreach.envelopes import (
     AgentControl,
@@ -90,9 +91,11 @@ class LivenessMonitor:
         config: LivenessConfig,
         registered: Registered | None = None,
         queued: QueuedSlots | None = None,
+        run_once: RunOnce | None = None,  # reads execution records (sealed, when secured)
     ) -> None:
         self._broker = broker
         self._config = config
+        self._run_once = run_once or RunOnce(broker)
         self._registered = registered
         self._cards_version = -1  # of the cards last looked through for agents not tracked
         self.agents: dict[str, Tracked] = {}
@@ -381,7 +384,9 @@ class LivenessMonitor:
         if state == "OFFLINE":
             # Written before the queue moves: routing reads it, and must not send tasks back.
             await self._verdicts.written(self._broker.request_timeout)
-            await reassign_tasks(self._broker, tracked.agent_id, epoch=tracked.epoch)
+            await reassign_tasks(
+                self._broker, tracked.agent_id, epoch=tracked.epoch, run_once=self._run_once
+            )
 
     def _count_offline(self, tracked: Tracked) -> None:
         now = now_ms()

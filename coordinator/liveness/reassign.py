@@ -27,6 +27,7 @@ from agentreach.coordinator.routing.run_once import (
     Running,
     RunOnce,
     answer_from_record,
+    lease_limit,
     verdict_of,
 )
 from agentreach.envelopes import (
@@ -44,11 +45,14 @@ from agentreach.envelopes.headers import task_headers
 log = structlog.get_logger("coordinator.reassign")
 
 
-async def reassign_tasks(broker: Broker, agent_id: str, *, epoch: int = 0) -> int:
+async def reassign_tasks(
+    broker: Broker, agent_id: str, *, epoch: int = 0, run_once: RunOnce | None = None
+) -> int:
     """Re-dispatch every task waiting for ``agent_id``, whose process ``epoch`` went OFFLINE;
     returns how many it took away (sent on, or ended where their ttl had passed). Nothing
     moves when a newer process of the agent is up already: its consumer (the same durable)
-    takes those tasks itself."""
+    takes those tasks itself. ``run_once`` reads the records (sealed ones, when secured)."""
+    run_once = run_once or RunOnce(broker)
     if await _newer_process(broker, agent_id, epoch):
         log.info("a newer process serves the agent; nothing to reassign", agent_id=agent_id)
         return 0
@@ -58,7 +62,7 @@ async def reassign_tasks(broker: Broker, agent_id: str, *, epoch: int = 0) -> in
         seq = 1
         while (stored := await next_message(broker, stream, subject, from_seq=seq)) is not None:
             seq = stored.stream_seq + 1
-            what = await _move(broker, stored, agent_id, epoch)
+            what = await _move(broker, stored, agent_id, epoch, run_once)
             if what == "kept":
                 continue
             if what is not None:
@@ -76,7 +80,7 @@ async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
 
 
 async def _move(
-    broker: Broker, stored: StoredMessage, agent_id: str, epoch: int
+    broker: Broker, stored: StoredMessage, agent_id: str, epoch: int, run_once: RunOnce
 ) -> Literal["reassigned", "past_ttl", "kept"] | None:
     """Send the task through intake again as its next attempt, with the ttl it has left.
 
@@ -90,7 +94,7 @@ async def _move(
     await _fence(broker, task, agent_id, epoch)
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
-        return "past_ttl" if await _expire(broker, task, agent_id) else "kept"
+        return "past_ttl" if await _expire(broker, task, agent_id, run_once) else "kept"
     retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None, ttl_ms=left_ms)
     headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
     await broker.publish(broker.names.task(task.topic), envelopes.encode(retry), headers=headers)
@@ -103,14 +107,14 @@ async def _move(
     return "reassigned"
 
 
-async def _expire(broker: Broker, task: Task, agent_id: str) -> bool:
+async def _expire(broker: Broker, task: Task, agent_id: str, run_once: RunOnce) -> bool:
     """Dead-letter the task as expired, unless it ran after all (an agent finished it and
     its acknowledgement was lost): then its stored result answers. One that another agent
     runs now is left to that run. False when a process of this very agent holds a live
     lease of it (a newer one, or one whose fence lost to a renewal): the message then stays
     in its queue, for that run to acknowledge or a later reassignment to find."""
-    records = await RunOnce(broker).records(task)
-    match verdict_of(records):
+    records = await run_once.records(task)
+    match verdict_of(records, until_ms=lease_limit(task)):
         case RanAlready(record=record):
             await answer_from_record(broker, task, record)
         case Running():
