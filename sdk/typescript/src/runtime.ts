@@ -31,6 +31,11 @@ const FETCH_EXPIRES_MS = 1_000; // the client's minimum for a pull request
 const PRESENCE_CHECK_MS = 500;
 const DRAIN_TIMEOUT_MS = 10_000;
 const CONSUMER_EXISTS = 10148; // JetStream: a consumer of that name exists with other settings
+const CONSUMER_NOT_FOUND = 10014;
+const STREAM_NOT_FOUND = 10059;
+// A failing fetch is tried again after 0.5, 1, 2 … s, capped at 5 s (as the Python SDK).
+const RETRY_FIRST_MS = 500;
+const RETRY_CAP_MS = 5_000;
 const CARD_CHECK_MS = 1_000; // while the registry is not provisioned again after a reconnect
 
 /** What the runtime needs from an Agent's configuration. */
@@ -248,9 +253,21 @@ export class AgentRuntime {
     return conn.js.consumers.get(stream, durable);
   }
 
-  private async consume(priority: Priority, consumer: Consumer, executor: Executor): Promise<void> {
+  /**
+   * Fetch from the priority's consumer while the agent runs. A fetch that fails pauses the
+   * loop (0.5, 1, 2 … s, capped at 5 s; one log line when it begins, one when it ends); when
+   * the consumer or its stream is gone (a server that came back on an empty store, an
+   * operator's delete), the consumer is made again with the same settings after each pause,
+   * until its stream is there again (§6: the coordinator never makes it).
+   */
+  private async consume(priority: Priority, bound: Consumer, executor: Executor): Promise<void> {
     const pool = this.room.pools[priority];
     const signal = this.stopping.signal;
+    const durable = this.conn.names.agentConsumer(this.config.agentId, priority);
+    let consumer = bound;
+    let pausedAt: number | null = null; // when fetching began to fail
+    let remade = false; // the consumer was made again during this pause
+    let retryMs = RETRY_FIRST_MS;
     while (!signal.aborted) {
       await pool.waitFree(signal);
       if (signal.aborted) break;
@@ -261,9 +278,37 @@ export class AgentRuntime {
           this.spawn(this.handle(msg, pool, executor));
         }
       } catch (err) {
-        this.log.warn("fetch failed", { priority, error: String(err) });
-        await sleep(FETCH_EXPIRES_MS / 2, signal); // a broken connection: do not spin
+        const gone = consumerGone(err);
+        if (pausedAt === null) {
+          pausedAt = Date.now();
+          const what = gone ? "dispatch consumer gone; making it again" : "fetch failed; retrying";
+          this.log.warn(what, { priority, consumer: durable, error: String(err) });
+        }
+        await sleep(retryMs, signal); // a broken connection or a missing stream: do not spin
+        retryMs = Math.min(RETRY_CAP_MS, retryMs * 2);
+        if (gone && !signal.aborted) {
+          const made = await this.remake(priority);
+          if (made !== null) [consumer, remade] = [made, true];
+        }
+        continue;
       }
+      if (pausedAt !== null) {
+        const pausedS = Math.round((Date.now() - pausedAt) / 100) / 10;
+        this.log.info("consuming again", { priority, consumer: durable, paused_s: pausedS, consumer_made_again: remade });
+        [pausedAt, remade, retryMs] = [null, false, RETRY_FIRST_MS];
+      }
+    }
+  }
+
+  /** The consumer made again (create-or-update, the same settings), or null while it cannot be. */
+  private async remake(priority: Priority): Promise<Consumer | null> {
+    try {
+      return await this.bind(priority);
+    } catch (err) {
+      // Its stream is not provisioned again yet, or the server is not there: the next
+      // fetch fails too, and brings the loop back here after a longer pause.
+      this.log.debug("dispatch consumer not made again yet", { priority, error: String(err) });
+      return null;
     }
   }
 
@@ -291,6 +336,22 @@ export class AgentRuntime {
       latency_ms: this.executor?.latency.estimateMs ?? 0,
     };
   }
+}
+
+/**
+ * Whether a fetch failed because its consumer, or the consumer's stream, is gone: an open
+ * pull ended by `409 Consumer Deleted`, a pull request nobody answers (503, no responders:
+ * no consumer of that name listens), or a look-up answered *consumer not found* (10014) or
+ * *stream not found* (10059).
+ */
+export function consumerGone(err: unknown): boolean {
+  const e = err as Partial<NatsError> | null | undefined;
+  const apiCode = e?.api_error?.err_code;
+  if (apiCode === CONSUMER_NOT_FOUND || apiCode === STREAM_NOT_FOUND) return true;
+  if (e?.code === "503") return true;
+  const message = String(e?.message ?? "").toLowerCase();
+  if (e?.code === "409") return message.includes("consumer deleted");
+  return message === "consumer not found" || message === "stream not found";
 }
 
 /** The micro service version: the handlers' one semver version, else 0.0.0. */

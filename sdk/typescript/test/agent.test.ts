@@ -10,7 +10,7 @@ import { after, before, describe, it } from "node:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { connect, headers } from "nats";
+import { connect, createInbox, headers } from "nats";
 import type { KV } from "nats";
 
 import { Agent, AgentIdInUse, PermanentError, ReachError } from "../src/index.js";
@@ -748,13 +748,111 @@ describe("registration and liveness", () => {
   });
 });
 
+describe("dispatch consumers that are gone", () => {
+  it("makes its deleted consumers again with their settings, says so once each, and serves the next task", async () => {
+    const topic = unique("regone");
+    const id = unique("ts-regone");
+    const warnings: Array<[string, Record<string, unknown>]> = [];
+    const backAt = new Map<unknown, Gate>(["P0", "P1", "P2"].map((p) => [p, new Gate()]));
+    const logger = {
+      debug() {},
+      info(event: string, fields: Record<string, unknown> = {}) {
+        if (event === "consuming again" && fields.consumer_made_again === true) backAt.get(fields.priority)?.open();
+      },
+      warn(event: string, fields: Record<string, unknown> = {}) {
+        warnings.push([event, fields]);
+      },
+      error() {},
+    };
+    await started(newAgent(id, { logger, ackWaitMs: 7_000, maxDeliver: 3 }).handler(topic, { capacity: 2 }, (_ctx, p) => ({ echoed: p })));
+    const consumers = (["P0", "P1", "P2"] as const).map((p) => [`REACH_DISPATCH_${p}`, `agent-${id}-${p.toLowerCase()}`] as const);
+    const settings = async () =>
+      Promise.all(
+        consumers.map(async ([stream, name]) => {
+          const c = (await stack.jsm.consumers.info(stream, name)).config;
+          return [c.durable_name, c.filter_subject, c.ack_policy, c.deliver_policy, c.ack_wait, c.max_ack_pending, c.max_deliver, c.inactive_threshold];
+        }),
+      );
+    const made = await settings();
+    assert.deepEqual(made[1]!.slice(0, 2), [`agent-${id}-p1`, `reach.agent.${id}.p1`]);
+    assert.deepEqual(made[1]!.slice(4, 7), [7_000_000_000, 2, 3]);
+    for (const [stream, name] of consumers) assert.equal(await stack.jsm.consumers.delete(stream, name), true);
+    const t = task(topic, { after: "delete" });
+    const replies = await send(stack, t);
+    const result = (await replies.next((r) => r.kind === "result", 20_000, "result after the consumers were deleted")) as Result;
+    assert.deepEqual(result.result, { echoed: { after: "delete" } });
+    await within(Promise.all([...backAt.values()].map((g) => g.opened)), 20_000, "every priority consuming again");
+    assert.deepEqual(await settings(), made); // the same settings, made again
+    const gone = warnings.filter(([event]) => event === "dispatch consumer gone; making it again");
+    assert.deepEqual(gone.map(([, f]) => f.priority).sort(), ["P0", "P1", "P2"], JSON.stringify(warnings)); // once per outage
+    assert.equal(warnings.length, 3, JSON.stringify(warnings));
+    replies.close();
+  });
+});
+
+describe("a dispatch stream that is gone", () => {
+  it("waits for it with a growing pause, makes the consumer again once it is back, and stops at once meanwhile", async () => {
+    const prefix = `streamless${process.pid}`;
+    const provisioned = async () => {
+      const child = spawn(binary("REACH_BIN", "reach"), ["provision", "--prefix", prefix, "--nats-url", stack.url], { stdio: "ignore" });
+      assert.equal(await new Promise((resolve) => child.once("exit", resolve)), 0);
+    };
+    await provisioned();
+    const topic = unique("streamless");
+    const id = unique("ts-streamless");
+    let gone = new Gate();
+    const thirdTry = new Gate();
+    const back = new Gate();
+    const paused: string[] = [];
+    let tries = 0;
+    const logger = {
+      debug(event: string, fields: Record<string, unknown> = {}) {
+        if (event === "dispatch consumer not made again yet" && fields.priority === "P1" && ++tries === 3) thirdTry.open();
+      },
+      info(event: string, fields: Record<string, unknown> = {}) {
+        if (event === "consuming again" && fields.priority === "P1") back.open();
+      },
+      warn(event: string, fields: Record<string, unknown> = {}) {
+        if (fields.priority !== "P1") return;
+        paused.push(event);
+        gone.open();
+      },
+      error() {},
+    };
+    const agent = await started(newAgent(id, { prefix, logger }).handler(topic, (_ctx, p) => ({ echoed: p })));
+    const stream = `${prefix.toUpperCase()}_DISPATCH_P1`;
+    assert.equal(await stack.jsm.streams.delete(stream), true); // its consumer goes with it
+    await gone.opened;
+    const since = Date.now();
+    await within(thirdTry.opened, 15_000, "three tries to make the consumer");
+    // 0.5 + 1 + 2 s of pauses before the third try: no busy loop.
+    assert.ok(Date.now() - since >= 3_000, `third try after ${Date.now() - since} ms`);
+    await provisioned();
+    await within(back.opened, 15_000, "consuming again once the stream is back");
+    const t = task(topic, { after: "stream" }, { to_agent: id, reply_to: createInbox() });
+    const replies = new Watcher<Reply>(stack.nc, t.reply_to!);
+    await stack.nc.flush();
+    await stack.nc.jetstream().publish(`${prefix}.agent.${id}.p1`, JSON.stringify(t));
+    const result = (await replies.next((r) => r.kind === "result", 15_000, "result once the stream is back")) as Result;
+    assert.deepEqual(result.result, { echoed: { after: "stream" } });
+    replies.close();
+    assert.deepEqual(paused, ["dispatch consumer gone; making it again"]); // once for the whole outage
+    // Gone again: a stop meanwhile ends the wait at once.
+    gone = new Gate();
+    assert.equal(await stack.jsm.streams.delete(stream), true);
+    await gone.opened;
+    await within(agent.stop(), 3_000, "stop while the stream is gone");
+  });
+});
+
 describe("a server that comes back with an empty store", () => {
-  it("has the agent's card written again, with the epoch it serves under", async () => {
+  it("has the agent's card written again, with the epoch it serves under, and its consumers made again", async () => {
     const dir = mkdtempSync(join(tmpdir(), "reach-ts-empty-"));
     const port = await freePort();
     const url = `nats://127.0.0.1:${port}`;
     let server = await startServer(port, join(dir, "a"));
-    const agent = newAgent(unique("ts-rehomed")).handler(unique("any"), () => null);
+    const topic = unique("rehomed");
+    const agent = newAgent(unique("ts-rehomed")).handler(topic, (_ctx, p) => ({ echoed: p }));
     try {
       await provision(url);
       await agent.start(url);
@@ -768,6 +866,17 @@ describe("a server that comes back with an empty store", () => {
         const card = await kvUntil<AgentCard>(cards, agent.agentId, (c) => c !== null, 30_000);
         assert.equal(card?.epoch, epoch);
         assert.equal(card?.status, "running");
+        // Its dispatch consumers were lost with the store: it makes them again and serves
+        // what is dispatched to it (as the coordinator would, once it routes to the card).
+        const t = task(topic, { after: "restart" }, { to_agent: agent.agentId, reply_to: createInbox() });
+        const replies = new Watcher<Reply>(nc, t.reply_to!);
+        await nc.flush();
+        const h = headers();
+        h.set("Nats-Msg-Id", t.message_id);
+        await nc.jetstream().publish(`reach.agent.${agent.agentId}.p1`, JSON.stringify(t), { headers: h });
+        const result = (await replies.next((r) => r.kind === "result", 30_000, "result after the restart")) as Result;
+        assert.deepEqual(result.result, { echoed: { after: "restart" } });
+        replies.close();
       } finally {
         await nc.close();
       }
