@@ -364,7 +364,7 @@ async def test_up_serves_with_embedded_server_and_stops_on_ctrl_c(tmp_path):
     )
     assert process.stderr is not None
     said: list[bytes] = []
-    async with asyncio.timeout(20):
+    async with asyncio.timeout(60):  # a bound for a hang: CI runs two suites at once
         while b"coordinator serving on" not in (line := await process.stderr.readline()):
             assert line, "reach up exited before serving"
             said.append(line)
@@ -490,11 +490,18 @@ async def test_agents_watch_redraws_until_ctrl_c(broker, coordinator):
         )
         assert process.stdout is not None
         drawn = b""
-        async with asyncio.timeout(20):
-            while drawn.count(b"AGENT") < 2:
-                chunk = await process.stdout.read(4096)
-                assert chunk, f"reach agents --watch ended: {drawn!r}"
-                drawn += chunk
+        try:
+            # A bound for a hang, not a speed: a loaded machine (CI runs two suites at once)
+            # takes seconds to start a Python process.
+            async with asyncio.timeout(60):
+                while drawn.count(b"AGENT") < 2:
+                    chunk = await process.stdout.read(4096)
+                    assert chunk, f"reach agents --watch ended: {drawn!r}"
+                    drawn += chunk
+        except BaseException:
+            process.kill()  # not left running into the next test
+            await process.wait()
+            raise
         process.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(process.wait(), 10) == 130
     assert b"cli-reach-worker" in drawn
