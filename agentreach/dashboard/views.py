@@ -168,11 +168,13 @@ class Board:
         # an empty list (it did, for the wait, at every refresh).
         self.letters, self.replicas = letters, replicas
         self.read_ms, self.unread = now_ms(), None
+        queues = self._queues()
+        over = RULES["queue_fill"].value
         self.history.sample(
             now_ms(),
-            queue_fill=self._worst_queue()[0],
+            queue_fill=_worst(queues)[0],
             isolated=len(self.breakers.isolated),
-            queues_over=self._queues_over(RULES["queue_fill"].value),
+            queues_over={f"{q['agent_id']} {q['priority']}" for q in queues if _fill(q) > over},
         )
 
     def staleness(self) -> tuple[int | None, str | None]:
@@ -221,26 +223,12 @@ class Board:
             for p in PRIORITIES
         ]
 
-    def _worst_queue(self) -> tuple[float | None, dict[str, Any] | None]:
-        queues = self._queues()
-        if not queues:
-            return None, None
-        worst = max(queues, key=lambda q: q["depth"] / q["capacity"])
-        return worst["depth"] / worst["capacity"], worst
-
-    def _queues_over(self, threshold: float) -> set[str]:
-        return {
-            f"{q['agent_id']} {q['priority']}"
-            for q in self._queues()
-            if q["depth"] / q["capacity"] > threshold
-        }
-
     def metrics(self, *, full: bool) -> dict[str, Any]:
         now = now_ms()
         rows = self.history.rows(now)
         points = chart(rows)
         values = self.history.values(now)
-        _, worst = self._worst_queue()
+        _, worst = _worst(self._queues())
         series = {}
         for key in KEYS:
             label, unit = LABELS[key]
@@ -344,3 +332,15 @@ class Board:
             "dead_letters": sections.dead_letters(self),
             "workflows": sections.workflows(self),
         }
+
+
+def _fill(queue: dict[str, Any]) -> float:
+    return float(queue["depth"] / queue["capacity"])
+
+
+def _worst(queues: list[dict[str, Any]]) -> tuple[float | None, dict[str, Any] | None]:
+    """The fullest queue's fill, and the queue (None, None when there is none)."""
+    if not queues:
+        return None, None
+    worst = max(queues, key=_fill)
+    return _fill(worst), worst
