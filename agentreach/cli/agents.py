@@ -4,14 +4,13 @@ their load and breakers; lifting a quarantine."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
-import sys
 import time
 from dataclasses import dataclass
 
 from agentreach.broker import Broker, BrokerTimeout, NoResponders, StreamNotFound
 from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
+from agentreach.cli.redraw import redraw_until_interrupted
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.coordinator.routing import allowances
 from agentreach.envelopes import AgentCard, BreakerRecord, Heartbeat, Liveness
@@ -64,15 +63,14 @@ async def cmd_agents(args: argparse.Namespace) -> int:
         await warn_without_coordinator(
             broker, "STATE is the last verdict recorded, and nobody judges liveness now"
         )
-        while True:
-            drawn = render(await collect(broker))
-            if not args.watch:
-                print(drawn)
-                return 0
-            # A terminal is cleared before each redraw; a pipe or file gets each one after the last.
-            clear = "\033[2J\033[H" if sys.stdout.isatty() else "\n"
-            print(clear + drawn, flush=True)
-            await asyncio.sleep(args.watch)
+        if not args.watch:
+            print(render(await collect(broker)))
+            return 0
+        return await redraw_until_interrupted(lambda: _table(broker), args.watch)
+
+
+async def _table(broker: Broker) -> str:
+    return render(await collect(broker))
 
 
 async def _clear(broker: Broker, agent_id: str | None) -> int:

@@ -6,11 +6,11 @@ import argparse
 import asyncio
 import contextlib
 import importlib.metadata
-import sys
 
 import structlog
 
 from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
+from agentreach.cli.redraw import redraw_until_interrupted
 from agentreach.cli.serve import until_signal
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import AllowedHosts, Board, DashboardApp, History, render
@@ -125,13 +125,12 @@ async def cmd_top(args: argparse.Namespace) -> int:
             await board.refresh()
             print(render(board.snapshot()))
             return 0
-        while True:
-            drawn = render(board.snapshot())
-            # A terminal is cleared before each redraw; a pipe or file gets each one after the last.
-            clear = "\033[2J\033[H" if sys.stdout.isatty() else "\n"
-            print(clear + drawn, flush=True)
-            await asyncio.sleep(args.interval)
-            await board.refresh()
+        return await redraw_until_interrupted(lambda: _refreshed(board), args.interval)
+
+
+async def _refreshed(board: Board) -> str:
+    await board.refresh()
+    return render(board.snapshot())
 
 
 def _version() -> str:

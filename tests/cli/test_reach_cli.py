@@ -480,11 +480,16 @@ async def test_agents_clear_needs_a_coordinator_and_a_known_agent(broker, coordi
     assert unknown.stderr.strip() == "reach: error: nobody: unknown agent"
 
 
-async def test_agents_watch_redraws_until_ctrl_c(broker, coordinator):
-    """`reach agents --watch 0.5` redraws the table until interrupted."""
+@pytest.mark.parametrize(
+    ("command", "heading"),
+    [(("agents", "--watch", "0.5"), b"AGENT"), (("top", "--interval", "0.5"), b"Agent-Reach ")],
+    ids=["agents-watch", "top"],
+)
+async def test_redraws_until_ctrl_c(broker, coordinator, command, heading):
+    """`reach agents --watch` and `reach top` redraw until interrupted, and Ctrl-C ends them."""
     async with worker().running(broker=broker):
         process = await asyncio.create_subprocess_exec(
-            *reach_argv(broker, "agents", "--watch", "0.5"),
+            *reach_argv(broker, *command),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
         )
@@ -494,9 +499,9 @@ async def test_agents_watch_redraws_until_ctrl_c(broker, coordinator):
             # A bound for a hang, not a speed: a loaded machine (CI runs two suites at once)
             # takes seconds to start a Python process.
             async with asyncio.timeout(60):
-                while drawn.count(b"AGENT") < 2:
+                while drawn.count(heading) < 2:
                     chunk = await process.stdout.read(4096)
-                    assert chunk, f"reach agents --watch ended: {drawn!r}"
+                    assert chunk, f"reach {command[0]} ended: {drawn!r}"
                     drawn += chunk
         except BaseException:
             process.kill()  # not left running into the next test
