@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 # "no message found", "sequence not found": acknowledged or removed meanwhile.
 _GONE = frozenset({10037, 10043})
+# A delete of a message that is gone fails with "message delete failed" (10057), whose
+# description says "no message found": an agent acknowledged it just before.
+_DELETE_GONE = _GONE | {10057}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +57,7 @@ async def delete_message(broker: Broker, stream: str, seq: int) -> bool:
     except nats.js.errors.NotFoundError:
         return False
     except nats.js.errors.APIError as exc:
-        if exc.err_code in _GONE:
+        if exc.err_code in _DELETE_GONE:
             return False
         raise translate(exc, subject=stream) from exc
     except nats.errors.Error as exc:
