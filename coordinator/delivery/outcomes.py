@@ -23,6 +23,7 @@ from agentreach.broker.lifecycle import (
     events_of,
 )
 from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.protection.grants import (
     Grants,
@@ -133,7 +134,7 @@ class Outcomes:
                 log.info("reported while a delivery runs it; waiting", left_s=round(left_s, 3))
                 return min(left_s + 0.05, WAIT_CAP_S)
         if event.event == "expired":
-            await end_with_error(self._broker, task, "expired", error)
+            await self._expired(event, task, error)
             return None
         if not error.retryable:
             await end_with_error(self._broker, task, "rejected", error)
@@ -144,6 +145,17 @@ class Outcomes:
         if delivered == 1:
             return await self._schedule(event, task, error)
         return await self._retry(event, task, waited=delivered - 2, origin=f"e{msg.stream_seq}")
+
+    async def _expired(self, event: Event, task: Task, error: ErrorInfo) -> None:
+        """End the task its agent found expired, unless the coordinator's sweep of the queues
+        ended it first (or a run of it holds the record now)."""
+        if event.agent_id is not None:
+            seal = self._grants.seal(task.caller, task.message_id, task.attempt, event.agent_id)
+            fenced = await fence_expiry(self._broker, task, event.agent_id, error, seal=seal)
+            if fenced != "end":
+                log.info("expiry reported of a task that is not to end now", why=fenced)
+                return
+        await end_with_error(self._broker, task, EXPIRED, error)
 
     async def _schedule(self, event: Event, task: Task, error: ErrorInfo) -> float | None:
         delay = self._config.backoff_s(task.attempt)
