@@ -38,6 +38,7 @@ from agentreach.broker import BrokerConfig, Names, Topology
 from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.liveness.monitor import LivenessConfig
+from agentreach.coordinator.liveness.queue_expiry import QueueExpiryConfig
 from agentreach.coordinator.observability.config import (
     AuditConfig,
     ClaimCheckConfig,
@@ -84,6 +85,8 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     intake: IntakeConfig = IntakeConfig()
     delivery: DeliveryConfig = DeliveryConfig()
     liveness: LivenessConfig = LivenessConfig()
+    # Tasks past their ttl in the queue of an agent that does not take them.
+    queue_expiry: QueueExpiryConfig = QueueExpiryConfig()
     lease_ttl_s: PositiveSeconds = 10.0  # a dead replica's duties move after at most this
     routing: RoutingConfig = RoutingConfig()
     manual: ManualConfig = ManualConfig()  # tasks waiting for a person (manual review)

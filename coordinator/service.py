@@ -41,6 +41,7 @@ from agentreach.coordinator.intake import Intake
 from agentreach.coordinator.lease import Lease
 from agentreach.coordinator.liveness.control import LivenessControl
 from agentreach.coordinator.liveness.monitor import LivenessMonitor
+from agentreach.coordinator.liveness.queue_expiry import QueueExpiry
 from agentreach.coordinator.observability import (
     FOLDED,
     TERMINAL,
@@ -129,6 +130,7 @@ class Coordinator:
         self.liveness = LivenessMonitor(
             broker, config.liveness, self.directory, self.queues.slots, RunOnce(broker, grants)
         )
+        self.queue_expiry = QueueExpiry(broker, config.queue_expiry, self.queues, grants)
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id
         )
@@ -142,6 +144,9 @@ class Coordinator:
         self._sampled = Sampled(broker)
         self._lease = Lease(broker, "liveness", self.replica_id, ttl_s=config.lease_ttl_s)
         self._manual_lease = Lease(broker, "manual", self.replica_id, ttl_s=config.lease_ttl_s)
+        self._expiry_lease = Lease(
+            broker, "queue_expiry", self.replica_id, ttl_s=config.lease_ttl_s
+        )
         views = Views(
             directory=self.directory,
             breakers=lambda: self.breakers.records,
@@ -194,6 +199,8 @@ class Coordinator:
             _keep(group, "stream-sizes", self._sampled.run)
             # People's answers to manual-review items are carried out once, by one replica.
             _keep(group, "manual", lambda: self._manual_lease.hold(self.manual.run))
+            # Tasks left past their ttl in agents' queues are ended once, by one replica.
+            _keep(group, "queue-expiry", lambda: self._expiry_lease.hold(self.queue_expiry.run))
             await self._answer_requests()
             consumers: list[PullConsumer] = []
             for spec, loop in self._loops():
@@ -330,7 +337,11 @@ class Coordinator:
             "prefix": self.broker.names.prefix,
             "duties": [
                 duty
-                for duty, lease in (("liveness", self._lease), ("manual", self._manual_lease))
+                for duty, lease in (
+                    ("liveness", self._lease),
+                    ("manual", self._manual_lease),
+                    ("queue_expiry", self._expiry_lease),
+                )
                 if lease.held
             ],
             "metrics": f"{self.metrics_url}metrics" if self.metrics_url else None,

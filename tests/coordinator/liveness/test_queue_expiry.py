@@ -1,0 +1,261 @@
+"""Tasks past their ttl in the queue of an ONLINE agent that does not take them, on a real
+server: the coordinator ends them as expired, once, and never one that an agent runs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from agentreach import envelopes
+from agentreach.agents import Agent, ReachClient, Rejected, TaskContext
+from agentreach.agents.runtime import AgentRuntime
+from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.streams import subject_counts
+from agentreach.coordinator import CoordinatorConfig
+from agentreach.coordinator.liveness.queue_expiry import QueueExpiry, QueueExpiryConfig
+from agentreach.coordinator.protection.grants import Grants, SecurityConfig
+from agentreach.coordinator.routing.run_once import RunOnce
+from agentreach.envelopes import ErrorInfo, Priority
+from tests.conftest import FAST
+from tests.coordinator.liveness.test_reassign import _until_settled
+from tests.secured import SecuredDeployment, sealed_deployment
+from tests.support import Watcher, until_true
+
+# The queues gone over every 0.1 s, with 0.2 s of grace past a task's ttl.
+SWEEPING = msgspec.structs.replace(FAST, queue_expiry=QueueExpiryConfig(every_s=0.1, grace_s=0.2))
+# No pass of its own (the test makes them), and no grace: the race is the test's to arrange.
+BY_HAND = msgspec.structs.replace(FAST, queue_expiry=QueueExpiryConfig(every_s=3600, grace_s=0))
+
+
+def _agent(agent_id: str, **handler: object) -> tuple[Agent, asyncio.Event]:
+    """An agent whose one handler holds its place until the returned event is set."""
+    agent = Agent(agent_id, startup_delay=0, heartbeat_interval=0.5)
+    release = asyncio.Event()
+
+    @agent.handler("hold", **handler)  # type: ignore[arg-type]
+    async def hold(ctx: TaskContext, payload: object) -> object:
+        await release.wait()
+        return payload
+
+    return agent, release
+
+
+async def _never_fetch(self: AgentRuntime, priority: Priority, consumer: object) -> None:
+    """A fetch loop stuck for good (the agent beats and answers probes all the same)."""
+    await asyncio.Event().wait()
+
+
+async def _queue_is_empty(broker, agent_id: str) -> bool:  # type: ignore[no-untyped-def]
+    names = broker.names
+    counts = await subject_counts(
+        broker, names.dispatch_stream("P1"), names.dispatch(agent_id, "P1")
+    )
+    return not counts
+
+
+async def test_a_task_queued_for_an_agent_that_never_fetches_ends_expired_once(
+    broker, start_coordinator, watcher, monkeypatch: pytest.MonkeyPatch
+):
+    """An agent that registers and beats but never consumes: a task sent to it with a short
+    ttl ends as `expired` in REACH_DLQ, its sender gets the error, once, while the agent is
+    still ONLINE — not when it stops."""
+    monkeypatch.setattr(AgentRuntime, "_consume", _never_fetch)
+    agent, _ = _agent("unfed-1")
+    async with (
+        start_coordinator(SWEEPING) as coordinator,
+        agent.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        started = time.monotonic()
+        with pytest.raises(Rejected) as caught:
+            await client.invoke("hold", {"n": 1}, ttl_ms=300, ack_deadline_ms=20_000)
+        took_s = time.monotonic() - started
+        message_id = caught.value.message_id
+        letter = await watcher.dead_letter("expired", message_id=message_id)
+        assert await coordinator.queue_expiry.sweep() == 0  # nothing left to end
+        assert await _queue_is_empty(broker, "unfed-1")
+        assert [s.detail["state"] for s in watcher.states("unfed-1")] == ["ONLINE"]
+    assert caught.value.reason == "expired" and caught.value.ending == "expired"
+    assert letter.error is not None
+    assert letter.error.message.endswith(
+        " ms passed in the queue of unfed-1, which did not take it"
+    )
+    assert [d.message_id for d in watcher.dead_letters] == [message_id]
+    assert watcher.count("dead_lettered", {message_id}) == 1
+    assert took_s < 0.3 + 0.2 + 0.1 + 2.0  # ttl, grace, a pass, and the slow machine's share
+
+
+async def test_a_blocked_agent_s_waiting_tasks_end_once_and_its_running_task_completes(
+    broker, start_coordinator, watcher
+):
+    """A handler of capacity 1 holds its place: the tasks behind it end as expired once each
+    (the agent expires what it fetches, the coordinator's passes what stays queued: whoever
+    comes first), and the task it runs past its ttl and grace is not expired but completes."""
+    agent, release = _agent("blocked-1", capacity=1)
+    async with (
+        start_coordinator(SWEEPING) as coordinator,
+        agent.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        running_id, _ = await client.publish("hold", {"n": 0}, ttl_ms=400)
+        await watcher.event("accepted", message_id=running_id)
+        waiting = {(await client.publish("hold", {"n": n}, ttl_ms=300))[0] for n in range(1, 6)}
+
+        def every_one_ended() -> bool | None:
+            ended = {d.message_id for d in watcher.dead_letters} & waiting
+            return True if ended == waiting else None
+
+        await watcher.until(every_one_ended, "every waiting task dead-lettered")
+        # Past the running task's ttl and grace: a pass looks at it, and leaves it.
+        assert await coordinator.queue_expiry.sweep() == 0
+        release.set()
+        done = await watcher.event("completed", message_id=running_id)
+    assert done.agent_id == "blocked-1"
+    letters = [d.message_id for d in watcher.dead_letters]
+    assert sorted(letters) == sorted(waiting), letters  # once each, and not the running one
+    assert all(d.reason == "expired" for d in watcher.dead_letters)
+    assert watcher.count("dead_lettered", waiting) == len(waiting)
+
+
+async def _queued(broker, message_id: str, agent_id: str) -> envelopes.Task:  # type: ignore[no-untyped-def]
+    """A task of 100 ms ttl, dispatched to ``agent_id``'s P1 queue, now past its ttl."""
+    task = envelopes.Task(
+        v=1,
+        message_id=message_id,
+        trace_id=message_id,
+        topic="hold",
+        ttl_ms=100,
+        to_agent=agent_id,
+    )
+    await broker.publish(broker.names.dispatch(agent_id, "P1"), envelopes.encode(task))
+    await asyncio.sleep(0.15)  # the passing of the ttl is what these tests are about
+    return task
+
+
+async def _report_expired(broker, task: envelopes.Task, agent_id: str) -> None:  # type: ignore[no-untyped-def]
+    """The agent's own report (§10.4): it fetched the task at the same moment."""
+    message = f"ttl {task.ttl_ms} ms passed in the queue of {agent_id}"
+    error = ErrorInfo(type="expired", message=message, retryable=False)
+    report = event_for(task, "expired", agent_id=agent_id, task=task, error=error)
+    await emit(broker, report, sender=agent_id)
+
+
+async def test_the_sweep_first_then_the_agent_s_report_ends_the_task_once(
+    broker, start_coordinator, watcher
+):
+    """The coordinator ends a queued task as expired; the report of its agent, which fetched
+    it at that very moment, arrives after: it is left alone."""
+    async with start_coordinator(BY_HAND) as coordinator:
+        task = await _queued(broker, "race-1", "racer-1")
+        await coordinator.queues.refresh()
+        assert await coordinator.queue_expiry.sweep() == 1
+        await _report_expired(broker, task, "racer-1")
+        await _until_settled(broker, broker.names.coordinator_outcomes)
+    assert [d.message_id for d in watcher.dead_letters] == ["race-1"]
+    error = watcher.dead_letters[0].error
+    assert error is not None and error.message.endswith("which did not take it")
+
+
+async def test_the_agent_s_report_first_then_the_sweep_ends_the_task_once(
+    broker, start_coordinator, watcher
+):
+    """The agent reports a task expired, and the coordinator's pass finds it still queued
+    (the agent's acknowledgement not yet there): the pass only removes the copy."""
+    async with start_coordinator(BY_HAND) as coordinator:
+        task = await _queued(broker, "race-2", "racer-2")
+        await _report_expired(broker, task, "racer-2")
+        await watcher.dead_letter("expired", message_id="race-2")
+        await coordinator.queues.refresh()
+        assert await coordinator.queue_expiry.sweep() == 0
+        assert await _queue_is_empty(broker, "racer-2")
+    assert [d.message_id for d in watcher.dead_letters] == ["race-2"]
+    error = watcher.dead_letters[0].error
+    assert error is not None and error.message == "ttl 100 ms passed in the queue of racer-2"
+
+
+class _Depths:
+    """Queue depths of a fleet, as QueueDepths gives them."""
+
+    def __init__(self, depths: dict[tuple[str, Priority], int]) -> None:
+        self.depths = depths
+
+    def slots(self) -> set[tuple[str, Priority]]:
+        return set(self.depths)
+
+    def depth(self, agent_id: str, priority: Priority) -> int:
+        return self.depths.get((agent_id, priority), 0)
+
+
+async def test_a_pass_over_100_000_queues_reads_at_most_its_share(broker):
+    """100,000 agents with tasks queued: a pass picks at most ``reads`` queues to read, in a
+    plain scan (no request per agent)."""
+    config = CoordinatorConfig().queue_expiry
+    depths = _Depths({(f"agent-{i:06d}", "P1"): 1 + i % 7 for i in range(100_000)})
+    expiry = QueueExpiry(broker, config, depths)
+    started = time.perf_counter()
+    due = expiry.due()
+    took_s = time.perf_counter() - started
+    assert len(due) == config.reads
+    assert took_s < 1.0, took_s
+
+
+async def test_a_queue_read_is_read_again_only_when_it_grows_or_comes_due(broker):
+    """A queue whose tasks are far from their ttl is read once, then left until it holds
+    more than it did, or its earliest task comes due."""
+    names = broker.names
+    task = envelopes.Task(v=1, message_id="far-1", trace_id="far-1", topic="hold", ttl_ms=60_000)
+    await broker.publish(names.dispatch("patient-1", "P1"), envelopes.encode(task))
+    depths = _Depths({("patient-1", "P1"): 1})
+    expiry = QueueExpiry(broker, QueueExpiryConfig(grace_s=0), depths)
+    assert expiry.due() == [("patient-1", "P1")]
+    assert await expiry.sweep() == 0
+    assert expiry.due() == []  # read: nothing comes due for a minute
+    depths.depths[("patient-1", "P1")] = 2  # another task, whose ttl may be shorter
+    assert expiry.due() == [("patient-1", "P1")]
+
+
+async def test_on_a_sealed_deployment_the_fence_is_sealed_and_the_sender_is_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Secured, with the seal key: the agent (its own creds) never fetches; alice's task ends
+    expired, and the fence the coordinator wrote in the agent's record carries the seal of
+    that attempt, so every look at the records believes it (no impersonation alert)."""
+    monkeypatch.setattr(AgentRuntime, "_consume", _never_fetch)
+    deployment = SecuredDeployment(tmp_path / "auth")
+    deployment.directory.issue("agent", "sealed-1", intents=("hold",))
+    agent, _ = _agent("sealed-1")
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, coordinator),
+        agent.running(url, auth=deployment.auth("agent", "sealed-1")),
+        ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
+        Watcher(admin) as watcher,
+    ):
+        grants = Grants.from_config(SecurityConfig(seal_key_file=deployment.seal_key_file))
+        expiry = QueueExpiry(
+            coordinator.broker, QueueExpiryConfig(grace_s=0), coordinator.queues, grants
+        )
+        invoking = asyncio.create_task(
+            alice.invoke("hold", {}, message_id="sealed-task", ttl_ms=300, ack_deadline_ms=20_000)
+        )
+        await watcher.event("routed", message_id="sealed-task")
+
+        async def ended() -> bool:  # by this pass, or by the coordinator's own (2 s of grace)
+            await expiry.sweep()
+            return invoking.done()
+
+        await until_true(ended)
+        with pytest.raises(Rejected) as caught:
+            await invoking
+        task = envelopes.Task(
+            v=1, message_id="sealed-task", trace_id="sealed-task", topic="hold", caller="alice"
+        )
+        records = await RunOnce(admin, grants).records(task)
+    assert caught.value.reason == "expired"
+    assert [(r.agent_id, r.state, r.seal is not None) for r in records] == [
+        ("sealed-1", "failed", True)
+    ]
+    assert not [e for e in watcher.events if e.event == "alert"]
