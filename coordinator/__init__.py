@@ -3,7 +3,8 @@
 - :mod:`.routing`: rules, the fleet of agents and the choice among them, the router, reloads;
 - :mod:`.protection`: circuit breakers, queue depths and watermarks, rate limits;
 - :mod:`.delivery`: outcomes, retries, max-delivery advisories, dead letters;
-- :mod:`.liveness`: heartbeats judged, probes, adaptive cadence, reassignment, registration;
+- :mod:`.liveness`: heartbeats judged, probes, adaptive cadence, reassignment, registration,
+  and tasks left past their ttl in agents' queues;
 - :mod:`.workflows`: definitions, the pure run logic, the engine and its control.
 
 At the top: :mod:`.service` (the :class:`Coordinator`), :mod:`.intake`, :mod:`.config`,
@@ -21,6 +22,7 @@ from agentreach.coordinator.config import (
     load_config,
 )
 from agentreach.coordinator.liveness.monitor import LivenessConfig
+from agentreach.coordinator.liveness.queue_expiry import QueueExpiryConfig
 from agentreach.coordinator.protection.circuit import BreakerConfig
 from agentreach.coordinator.protection.queues import QueueConfig
 from agentreach.coordinator.protection.rate_limits import RateLimits
@@ -39,6 +41,7 @@ __all__ = [
     "IntakeConfig",
     "LivenessConfig",
     "QueueConfig",
+    "QueueExpiryConfig",
     "RateLimits",
     "RoutingConfig",
     "WorkflowSpec",

@@ -15,8 +15,8 @@ from agentreach.agents import Agent, ReachClient, Rejected, TaskContext
 from agentreach.agents.runtime import AgentRuntime
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.broker.streams import subject_counts
-from agentreach.coordinator import CoordinatorConfig
-from agentreach.coordinator.liveness.queue_expiry import QueueExpiry, QueueExpiryConfig
+from agentreach.coordinator import CoordinatorConfig, QueueExpiryConfig
+from agentreach.coordinator.liveness.queue_expiry import QueueExpiry
 from agentreach.coordinator.protection.grants import Grants, SecurityConfig
 from agentreach.coordinator.routing.run_once import RunOnce
 from agentreach.envelopes import ErrorInfo, Priority
