@@ -90,6 +90,11 @@ class Claims:
         # instead of running the handler a second time.
         self._unrecorded: OrderedDict[str, Outcome] = OrderedDict()
 
+    @property
+    def epoch(self) -> int:
+        """This process's epoch: its registration number for the agent id."""
+        return self._epoch
+
     async def claim(
         self, task: Task, lease_ms: int, *, first: bool = False, seal: str | None = None
     ) -> Claim:

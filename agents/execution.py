@@ -328,7 +328,8 @@ class Executor:
         try:  # the reply does not wait (core NATS): both leave in one write
             await reply(self.broker, task, ack, sender=self._me)
         finally:  # the event goes even when the reply could not
-            await self._say(job, "accepted", dispatched_at_ms=job.dispatched_ms)
+            epoch = self._claims.epoch
+            await self._say(job, "accepted", dispatched_at_ms=job.dispatched_ms, epoch=epoch)
 
     async def _progress(self, job: Job, note: str) -> None:
         task = job.task

@@ -107,6 +107,9 @@ def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) ->
             msg_id = f"{event.caller}.{msg_id}"
         if event.event == "routed":  # an agent that refuses leads to routing again
             msg_id += f"-{event.agent_id}"
+        epoch = event.detail.get("epoch")
+        if event.event == "accepted" and isinstance(epoch, int) and epoch > 0:
+            msg_id += f"-{epoch}"  # each process that takes the attempt is seen to
         grant = event.detail.get("grant")
         if sender != COORDINATOR and isinstance(grant, str):
             # Only the coordinator and this agent know the grant: nobody can pre-empt the id.

@@ -35,9 +35,12 @@ class _AboutGrantedTask(_Detail, frozen=True, kw_only=True):
 
 class AcceptedDetail(_AboutGrantedTask, frozen=True, kw_only=True):
     """``accepted``: the agent took the task (it sent its ``ack``); the broker time of the
-    dispatch, for the time the task waited in the agent's queue."""
+    dispatch, for the time the task waited in the agent's queue; the epoch of the process
+    that took it (0: not said), so that a process started again on the same attempt shows
+    as a second ``accepted`` in the trace."""
 
     dispatched_at_ms: NonNegative = 0
+    epoch: NonNegative = 0
 
 
 class ProgressDetail(_AboutGrantedTask, frozen=True, kw_only=True):

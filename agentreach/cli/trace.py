@@ -158,8 +158,8 @@ def _detail(event: Event) -> str:
             return f"reason {d.get('reason')}: {error.get('message', '')}"
         case "progress":
             return str(d.get("note", ""))
-        case "accepted":
-            return ""  # its detail (the dispatch's broker time) is for machines
+        case "accepted":  # the dispatch's broker time is for machines; a second process is news
+            return f"by process epoch {d['epoch']}" if d.get("epoch") else ""
         case _:
             shown = {k: v for k, v in d.items() if k != "grant"}  # the dispatch's proof, no news
             return _short(shown) if shown else ""

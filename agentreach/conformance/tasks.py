@@ -99,11 +99,13 @@ async def ack_and_result(s: Session, c: Checks) -> str:
 
 
 def _dispatched_at(c: Checks, ex: Exchange, accepted: Event) -> None:
-    """``accepted`` carries the broker's time of the dispatch (the message's timestamp)."""
+    """``accepted`` carries the broker's time of the dispatch (the message's timestamp) and
+    the process's epoch."""
     detail = decode_detail(accepted)
     assert isinstance(detail, AcceptedDetail)
     at = detail.dispatched_at_ms
     c.should(at > 0, "accepted carries dispatched_at_ms, the broker time of the dispatch")
+    c.should(detail.epoch > 0, "accepted carries epoch, the taking process's (its card's)")
     sent = ex.task.created_at
     c.should(
         sent - CLOCKS_APART_MS <= at <= now_ms() + CLOCKS_APART_MS,
@@ -334,6 +336,9 @@ async def event_format(s: Session, c: Checks) -> str:
                 c.should(got is None, f"{where}: no Nats-Msg-Id on a progress event")
             else:
                 expected = f"{event.message_id}-{event.event}-{event.attempt}-{s.agent_id}"
+                epoch = event.detail.get("epoch")
+                if event.event == "accepted" and isinstance(epoch, int) and epoch > 0:
+                    expected += f"-{epoch}"
                 grant = event.detail.get("grant")
                 if isinstance(grant, str):  # only the coordinator and the agent know it
                     expected += f"-{grant[:16]}"

@@ -29,7 +29,7 @@ from agentreach.broker.lifecycle import dead_letter, emit, event_for
 from agentreach.envelopes import AgentCard, DeadLetter, Execution, Intent, execution_key
 from agentreach.envelopes import headers as h
 from agentreach.envelopes.headers import task_headers
-from tests.cli.conftest import reach_argv
+from tests.cli.conftest import reach_argv, run
 from tests.conftest import FAST
 from tests.secured import operators_reply_to
 from tests.support import recorded, until_true, wait_for_card
@@ -404,6 +404,13 @@ async def test_agent_killed_mid_task_completes_after_restart_once(
         await second.wait()
     assert completed.detail["result"] == {"written": True}
     assert log.read_text().count("done") == 1
+    # Both processes took the attempt, and the trace says so (one `accepted` each).
+    traced = await run(*reach_argv(broker, "trace", message_id))
+    assert traced.returncode == 0, traced.stderr
+    accepted = [line for line in traced.stdout.splitlines() if "accepted" in line]
+    assert len(accepted) == 2, traced.stdout
+    epochs = [int(line.rsplit("epoch ", 1)[1]) for line in accepted]
+    assert epochs[1] > epochs[0] > 0, traced.stdout
 
 
 async def _delivered_until_spent(broker, task: envelopes.Task, agent_id: str) -> None:  # type: ignore[no-untyped-def]

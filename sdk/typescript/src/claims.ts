@@ -74,7 +74,8 @@ export class Claims {
   constructor(
     private readonly kv: KV,
     private readonly agentId: string,
-    private readonly epoch: number,
+    /** This process's epoch: its registration number for the agent id. */
+    readonly epoch: number,
     private readonly log: Logger,
   ) {}
 

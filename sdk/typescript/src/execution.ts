@@ -314,11 +314,11 @@ export class Executor {
     await this.conn.publish(this.conn.names.task(task.topic, this.agentId), encode(task), taskHeaders(task));
   }
 
-  /** The ack to the sender and `accepted` (with the broker time of the dispatch) to all. */
+  /** The ack to the sender and `accepted` (with the broker time of the dispatch and this process's epoch) to all. */
   private async accept(msg: JsMsg, task: Task, dispatchedMs: number): Promise<void> {
     const capacity = { free_slots: this.room.freeFor(task), est_latency_ms: this.latency.estimateMs };
     reply(this.conn, task, { kind: "ack", ...about(task, this.agentId), capacity }, this.agentId);
-    await this.say(msg, task, "accepted", { dispatched_at_ms: dispatchedMs });
+    await this.say(msg, task, "accepted", { dispatched_at_ms: dispatchedMs, epoch: this.records.epoch });
   }
 
   private async progress(msg: JsMsg, task: Task, note: string): Promise<void> {

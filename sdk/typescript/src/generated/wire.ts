@@ -4,7 +4,9 @@
 
 /**
  * `accepted`: the agent took the task (it sent its `ack`); the broker time of the
- * dispatch, for the time the task waited in the agent's queue.
+ * dispatch, for the time the task waited in the agent's queue; the epoch of the process
+ * that took it (0: not said), so that a process started again on the same attempt shows
+ * as a second `accepted` in the trace.
  */
 export interface AcceptedDetail {
   /**
@@ -15,6 +17,10 @@ export interface AcceptedDetail {
    * >= 0, default 0
    */
   dispatched_at_ms: number;
+  /**
+   * >= 0, default 0
+   */
+  epoch: number;
 }
 
 /**
