@@ -345,6 +345,7 @@ class Coordinator:
                 if lease.held
             ],
             "metrics": f"{self.metrics_url}metrics" if self.metrics_url else None,
+            "enforces_allowances": self.directory.enforce_allowances,
         }
 
     async def _on_status(self, msg: Inbound) -> None:

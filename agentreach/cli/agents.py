@@ -60,17 +60,19 @@ async def cmd_agents(args: argparse.Namespace) -> int:
     async with broker_of(args) as broker:
         if args.action == "clear":
             return await _clear(broker, args.id)
-        await warn_without_coordinator(
+        running = await warn_without_coordinator(
             broker, "STATE is the last verdict recorded, and nobody judges liveness now"
         )
+        # Only a coordinator with its seal key refuses what the allowances do not name.
+        enforced = any(status.get("enforces_allowances") for status in running)
         if not args.watch:
-            print(render(await collect(broker)))
+            print(render(await collect(broker, allowances_enforced=enforced)))
             return 0
-        return await redraw_until_interrupted(lambda: _table(broker), args.watch)
+        return await redraw_until_interrupted(lambda: _table(broker, enforced), args.watch)
 
 
-async def _table(broker: Broker) -> str:
-    return render(await collect(broker))
+async def _table(broker: Broker, allowances_enforced: bool) -> str:
+    return render(await collect(broker, allowances_enforced=allowances_enforced))
 
 
 async def _clear(broker: Broker, agent_id: str | None) -> int:
@@ -123,14 +125,15 @@ class Row:
         return any(not b.intent for b in self.breakers)
 
 
-async def collect(broker: Broker) -> list[Row]:
-    """One row per registered agent, sorted by id."""
+async def collect(broker: Broker, *, allowances_enforced: bool = True) -> list[Row]:
+    """One row per registered agent, sorted by id; with the intents refused to each when
+    ``allowances_enforced``."""
     names = broker.names
     cards = await (await broker.bucket(names.agents_bucket, AgentCard)).snapshot()
     judged = await (await broker.bucket(names.liveness_bucket, Liveness)).snapshot()
     beats = await (await broker.bucket(names.heartbeats_bucket, Heartbeat)).snapshot()
     tripped = await _not_closed(broker)
-    allowed = await _allowances(broker)
+    allowed = await _allowances(broker) if allowances_enforced else None
     rows = []
     for agent_id in sorted(cards):
         beat = beats.get(agent_id)

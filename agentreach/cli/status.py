@@ -25,9 +25,10 @@ async def coordinators(broker: Broker, *, wait_s: float = 0.3) -> list[dict[str,
     return sorted(found, key=lambda s: str(s.get("replica")))
 
 
-async def warn_without_coordinator(broker: Broker, consequence: str) -> bool:
-    """Say on stderr that no coordinator runs, and what follows; True when one runs."""
-    if await coordinators(broker):
-        return True
+async def warn_without_coordinator(broker: Broker, consequence: str) -> list[dict[str, Any]]:
+    """Say on stderr that no coordinator runs, and what follows; the status of each replica
+    that runs (empty: none)."""
+    if running := await coordinators(broker):
+        return running
     print(f"reach: warning: {NOT_RUNNING}; {consequence}", file=sys.stderr)
-    return False
+    return running
