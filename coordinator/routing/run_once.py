@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import structlog
 
-from agentreach.broker import Broker, Bucket
+from agentreach.broker import Broker, Bucket, Entry
 from agentreach.broker.lifecycle import about, agent_event, emit, event_for, reply
 from agentreach.coordinator.protection.grants import Grants
-from agentreach.envelopes import Execution, Result, Task, executions_of, now_ms
+from agentreach.envelopes import Execution, Result, Task, executions_of, now_ms, stable_id
 
 log = structlog.get_logger("coordinator.run_once")
 
@@ -62,13 +63,17 @@ class RunOnce:
             if self._grants.sealed(entry.value, key):
                 records.append(entry.value)
             else:
-                await self._unsealed(key, entry.value)
+                await self._unsealed(entry)
         return records
 
-    async def _unsealed(self, key: str, record: Execution) -> None:
+    async def _unsealed(self, entry: Entry[Execution]) -> None:
+        key, record = entry.key, entry.value
         sender = key.rsplit(".", 1)[-1]
         why = "an execution record without the seal of an attempt given to it"
         log.warning("record not believed", key=key, state=record.state, why=why)
+        # One alert per written record, however often it is looked at (each look at the
+        # message, by every replica): the stream drops the others within its dedup window.
+        alert_id = stable_id(entry.written_ms * 1_000_000, "unsealed", key, entry.revision)
         alert = agent_event(
             sender,
             "alert",
@@ -78,7 +83,7 @@ class RunOnce:
             kind="execution",
             message_id=record.message_id,
         )
-        await emit(self._broker, alert)
+        await emit(self._broker, msgspec.structs.replace(alert, message_id=alert_id))
 
     async def _records(self) -> Bucket[Execution]:
         if self._bucket is None:

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker
+from agentreach.broker import Broker, read_stream
 from agentreach.coordinator.protection.grants import Grants, SecurityConfig
 from agentreach.coordinator.routing.run_once import RanAlready, RunOnce
-from agentreach.envelopes import Execution, Task, execution_key, now_ms
+from agentreach.envelopes import Execution, Task, decode_event, execution_key, now_ms
 from tests.secured import SecuredDeployment, sealed_deployment
 
 DAY_MS = 86_400_000
@@ -97,3 +97,27 @@ async def test_the_record_of_the_agent_given_the_attempt_is_believed(deployed: D
     assert isinstance(ran, RanAlready) and ran.record.agent_id == "honest-1"
     assert ran.record.seal is not None
     assert forged is None
+
+
+async def test_a_forged_record_raises_one_alert_however_often_it_is_looked_at(
+    deployed: Deployed,
+) -> None:
+    """Every look at the message (intake, reassignment, queue expiry; each replica) meets the
+    forged record: the events stream records one impersonation alert for it, not one a look."""
+    await deployed.forge("pay-5", state="done", result={"FORGED": True}, finished_at_ms=now_ms())
+    task = Task(v=1, message_id="pay-5", trace_id="pay-5", topic="pay", caller="alice")
+    for _replica in range(2):
+        run_once = RunOnce(deployed.admin, deployed.grants)
+        for _ in range(3):
+            assert await run_once.records(task) == []
+    names = deployed.admin.names
+    stored = await read_stream(deployed.admin, names.events_stream, names.events_of_kind("alert"))
+    alerts = [decode_event(m.data) for m in stored]
+    about = [a for a in alerts if a.detail.get("message_id") == "pay-5"]
+    assert len(about) == 1, about
+    assert about[0].detail["problem"] == "impersonation" and about[0].agent_id == "evil"
+    # Written again, the record is news: one more alert.
+    await deployed.forge("pay-5", state="running", lease_until_ms=now_ms() + DAY_MS)
+    assert await RunOnce(deployed.admin, deployed.grants).records(task) == []
+    stored = await read_stream(deployed.admin, names.events_stream, names.events_of_kind("alert"))
+    assert sum(decode_event(m.data).detail.get("message_id") == "pay-5" for m in stored) == 2
