@@ -23,6 +23,9 @@ MANUAL_KEPT_S = 8 * DAY  # a manual-review item may wait a week, then is kept a 
 # Per-agent dispatch queue capacity per priority (P0 small: urgent work must not queue).
 DEFAULT_QUEUE_CAPACITY: dict[Priority, int] = {"P0": 10, "P1": 200, "P2": 1000}
 KIB = 1024
+# Tasks one intake subject (one caller's topic) holds at most: one or two seconds of intake
+# on a two-core machine, and room for a burst of a thousand published at once.
+DEFAULT_TASKS_PER_SUBJECT = 1000
 
 
 class StorageLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -35,9 +38,16 @@ class StorageLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     fits one server's ``max_file_store`` fails to provision on another; the total is the
     account's JetStream limit. Set, they refuse new writes when full (discard new), so no
     work is dropped unseen: a caller's publish to a full intake fails, and a dead letter the
-    coordinator cannot store keeps its message, which comes back until there is room."""
+    coordinator cannot store keeps its message, which comes back until there is room.
+
+    ``tasks_per_subject`` bounds, in messages, what one intake subject holds not yet taken
+    by the coordinator: ``reach.task.<topic>.<caller>`` is one caller's backlog on one
+    topic, so a caller that floods a topic is refused at the server (``SubjectFull``, err_code
+    10077) past it, instead of standing before every other caller's tasks in the one intake.
+    Its default is on, in messages (no reservation is made for it); -1 turns it off."""
 
     tasks_bytes: int = -1  # intake waiting for the coordinator
+    tasks_per_subject: int = DEFAULT_TASKS_PER_SUBJECT
     dead_letters_bytes: int = -1
     payloads_bytes: int = -1  # the claim check's Object Store
     # An execution record holds a result up to the claim-check threshold inline; a larger
@@ -225,6 +235,9 @@ class Topology:
                     retention="workqueue",
                     max_bytes=lim.tasks_bytes,
                     discard_new=True,
+                    # One caller's flood is refused at its publish, past its own backlog.
+                    max_msgs_per_subject=lim.tasks_per_subject,
+                    discard_new_per_subject=lim.tasks_per_subject > 0,
                     description="Task intake: reach.task.<topic>",
                     placement_tags=work,
                 ),
