@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import enum
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -23,6 +22,7 @@ from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.handlers import call, error_info, sendable
+from agentreach.agents.job import Job
 from agentreach.agents.slots import LatencyEstimate, Room
 from agentreach.broker import (
     Broker,
@@ -33,8 +33,6 @@ from agentreach.broker import (
     TooLarge,
 )
 from agentreach.broker.lifecycle import (
-    GRANT_HEADER,
-    SEAL_HEADER,
     about,
     emit,
     event_for,
@@ -69,30 +67,6 @@ class _Elsewhere(enum.Enum):
 
 # Another delivery of the message holds its claim and runs it: neither ack nor nak this one.
 ELSEWHERE = _Elsewhere.ELSEWHERE
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """One delivery of a task to this agent, with what the coordinator handed out with it."""
-
-    delivery: Delivery
-    task: Task
-
-    @property
-    def dispatched_ms(self) -> int:
-        return self.delivery.timestamp_ms
-
-    @property
-    def grant(self) -> str | None:
-        """The coordinator's proof that this attempt was given to this agent; every event
-        about it carries the grant back."""
-        return self.delivery.headers.get(GRANT_HEADER)
-
-    @property
-    def seal(self) -> str | None:
-        """The coordinator's seal for this agent's execution record of the attempt: every
-        write of the record carries it, or a secured coordinator does not believe it."""
-        return self.delivery.headers.get(SEAL_HEADER)
 
 
 class Executor:
@@ -272,6 +246,8 @@ class Executor:
             outcome = Outcome(claim, error=error)
         except Exception as exc:  # every handler failure is reported, none is lost
             outcome = Outcome(claim, error=error_info(exc, deadline.total_ms))
+            if not isinstance(exc, TimeoutError):  # where it raised, for the handler's author
+                log.warning("handler raised", exc_info=exc)
         else:
             duration_ms = int((time.monotonic() - started) * 1000)
             self.latency.observe(duration_ms)
@@ -336,11 +312,18 @@ class Executor:
         progress = Progress(**self._about(task), note=note)
         at_ms = max(now_ms(), self._progress_at.get(task.message_id, 0) + 1)
         self._progress_at[task.message_id] = at_ms
-        await asyncio.gather(
+        said = await asyncio.gather(
             job.delivery.in_progress(),
             reply(self.broker, task, progress, sender=self._me),
             self._say(job, "progress", at_ms=at_ms, note=note),
+            return_exceptions=True,
         )
+        # A report is news, not work: a server away for a moment must not fail the handler
+        # (its work would be done again), which goes on and records its outcome when it can.
+        for failure in (outcome for outcome in said if isinstance(outcome, BaseException)):
+            if not isinstance(failure, BrokerError):
+                raise failure
+            log.warning("progress not reported", error=str(failure))
 
     async def _complete(
         self, job: Job, result: Any, duration_ms: int, *, ref: PayloadRef | None = None

@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import threading
 import time
+import traceback
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
@@ -99,6 +101,21 @@ async def test_always_failing_handler_ends_after_the_configured_attempts(
     assert letter.attempts == 3
     failed = [e.attempt for e in letter.trace if e.event == "failed"]
     assert failed == [1, 2, 3]
+
+
+async def test_a_handler_that_raises_is_logged_with_where_it_raised(broker, coordinator):
+    """The agent's log names the handler's file and line (a bare `KeyError: 'x'` did not);
+    a deadline, which says nothing by its traceback, is logged without one."""
+    async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
+        with capture_logs() as logs, pytest.raises(TaskFailed):
+            await client.invoke("crash", {}, message_id="crash-logged")
+        with capture_logs() as overrun_logs, pytest.raises(TaskFailed):
+            await client.invoke("overrun", {}, message_id="overrun-logged")
+    raised = [e for e in logs if e["event"] == "handler raised"]
+    assert raised and all(isinstance(e["exc_info"], RuntimeError) for e in raised)
+    frames = traceback.extract_tb(raised[0]["exc_info"].__traceback__)
+    assert frames[-1].name == "crash" and frames[-1].filename == __file__
+    assert not [e for e in overrun_logs if e["event"] == "handler raised"]
 
 
 async def test_deadline_cancels_an_async_handler(broker, coordinator, watcher):

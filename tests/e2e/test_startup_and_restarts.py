@@ -132,3 +132,47 @@ async def _completed(client: ReachClient, message_id: str, timeout: float = 60.0
             if any(e.event == "completed" for e in events):
                 return True
             await asyncio.sleep(0.2)
+
+
+async def test_progress_during_a_server_restart_does_not_fail_the_handler(tmp_path: Path):
+    """A handler reports progress while the server is away: the report is lost, not the
+    work. It used to raise BrokerTimeout into the handler, whose step then ran again."""
+    port, runs, gate = free_port(), Counter[str](), asyncio.Event()
+    url, store = f"nats://127.0.0.1:{port}", tmp_path / "nats"
+    raised: list[BaseException] = []
+    agent = Agent("reporter", startup_delay=0, ack_wait=2.0)
+
+    @agent.handler("report")
+    async def report(ctx: TaskContext, payload: dict) -> dict:
+        runs[ctx.message_id] += 1
+        await gate.wait()
+        try:
+            await ctx.progress("still working")
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+        return {"reported": True}
+
+    server = EmbeddedServer(port=port, store_dir=store)
+    await server.__aenter__()
+    try:
+        async with (
+            Broker(url, names=Names(), name="coordinator", wait=True) as broker,
+            Coordinator(broker, FAST).running(),
+            agent.running(url),
+            ReachClient(url) as client,
+        ):
+            message_id, _ = await client.publish("report", {}, ttl_ms=120_000)
+            await _until(lambda: runs[message_id] == 1)
+            await server.stop()
+            with capture_logs() as logs:
+                gate.set()
+                await _until(lambda: any(e["event"] == "progress not reported" for e in logs))
+            server = EmbeddedServer(port=port, store_dir=store)
+            await server.__aenter__()
+            completed = await _completed(client, message_id)
+    finally:
+        await server.stop()
+    assert raised == []
+    assert runs[message_id] == 1
+    assert completed

@@ -285,6 +285,10 @@ export class Executor {
       if (err instanceof PayloadUnavailable) {
         return { claim, error: failure("payload_unavailable", err.message, false), durationMs: 0 };
       }
+      if (!(err instanceof DeadlineExceeded)) {
+        // Where it raised, for the handler's author (a deadline's stack says nothing).
+        this.log.warn("handler raised", { message_id: task.message_id, stack: err instanceof Error ? err.stack : String(err) });
+      }
       return { claim, error: errorInfo(err), durationMs: 0 };
     } finally {
       deadline.clear();
@@ -321,14 +325,23 @@ export class Executor {
     await this.say(msg, task, "accepted", { dispatched_at_ms: dispatchedMs, epoch: this.records.epoch });
   }
 
+  /**
+   * A report is news, not work: a server away for a moment must not fail the handler (its
+   * work would be done again), which goes on and records its outcome when it can.
+   */
   private async progress(msg: JsMsg, task: Task, note: string): Promise<void> {
-    msg.working();
-    reply(this.conn, task, { kind: "progress", ...about(task, this.agentId), note }, this.agentId);
     // Progress events keep a rising at_ms per message: the order a reader sees.
     const last = this.lastProgressAt.get(task.message_id) ?? 0;
     const atMs = Math.max(nowMs(), last + 1);
     this.lastProgressAt.set(task.message_id, atMs);
-    await this.say(msg, task, "progress", { note }, atMs);
+    try {
+      msg.working();
+      reply(this.conn, task, { kind: "progress", ...about(task, this.agentId), note }, this.agentId);
+      await this.say(msg, task, "progress", { note }, atMs);
+    } catch (err) {
+      if (!isBrokerError(err)) throw err;
+      this.log.warn("progress not reported", { message_id: task.message_id, error: String(err) });
+    }
   }
 
   /**
