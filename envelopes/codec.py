@@ -74,6 +74,9 @@ class _Huge:
 
 # What msgspec says of such numbers, naming only their container (or ``$[...]``).
 _OUT_OF_RANGE = ("Number out of range", "Integer value out of range")
+# What msgspec says of a body that ends too soon; every other syntax error it reports as
+# "JSON is malformed: …", and a body cut short is one too.
+_TRUNCATED = "Input data was truncated"
 
 
 class _Pairs(list[tuple[str, Any]]):
@@ -104,13 +107,6 @@ def _finite_or_huge(text: str) -> float | _Huge:
     return _Huge() if math.isinf(value) else value
 
 
-def _int_or_huge(text: str) -> int | _Huge:
-    try:
-        return int(text)
-    except ValueError:  # past Python's limit of digits for int(str)
-        return _Huge()
-
-
 def _path_to(value: Any, path: str) -> str | None:
     if isinstance(value, _Huge):
         return path
@@ -127,11 +123,20 @@ def _path_to(value: Any, path: str) -> str | None:
     return None
 
 
+def _truncated(data: bytes | str) -> str:
+    """msgspec's "Input data was truncated" said as the JSON mistake it is."""
+    if not data.strip():
+        return "JSON is malformed: empty (the body holds no value)"
+    return "JSON is malformed: truncated (the body ends before the value does)"
+
+
 def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str) -> Any:
     try:
         return decoder.decode(data)
     except msgspec.DecodeError as exc:  # ValidationError is a subclass
         message = str(exc)
+        if message.startswith(_TRUNCATED):
+            raise DecodeError(_truncated(data)) from None
         if message.startswith(_OUT_OF_RANGE) and (path := _out_of_range_at(data)):
             raise DecodeError(message.partition(" - at ")[0], path=path) from None
         raise DecodeError(message) from None

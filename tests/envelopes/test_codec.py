@@ -133,7 +133,8 @@ def task_json(**overrides: object) -> bytes:
         (task_json(message_id="has.dot"), "$.message_id", "regex"),
         (task_json(budget={"ack_ms": "x"}), "$.budget.ack_ms", "Expected `int`"),
         (task_json(kind="result"), "$.kind", "Invalid value 'result'"),
-        (b'{"v": 1, "kind"', "$", "truncated"),
+        (b'{"v": 1, "kind"', "$", "JSON is malformed: truncated (the body ends before"),
+        (b"  ", "$", "JSON is malformed: empty (the body holds no value)"),
     ],
 )
 def test_decode_errors_name_the_field(document, path, text):
