@@ -83,7 +83,15 @@ class AgentRuntime:
         self._check_credentials()
         if agent.startup_delay:
             # Spread the registrations of a fleet that starts at once.
-            await asyncio.sleep(random.uniform(0, agent.startup_delay))
+            delay_s = random.uniform(0, agent.startup_delay)
+            log.info(
+                "registering after a random start-up delay",
+                agent_id=agent.agent_id,
+                delay_s=round(delay_s, 1),
+                startup_delay=agent.startup_delay,
+                hint="startup_delay=0 (reach agent --startup-delay 0) registers at once",
+            )
+            await asyncio.sleep(delay_s)
         await self._await_topology()
         await self._claim_identity()
         interval = await await_slot(self.broker, agent.agent_id) or agent.heartbeat_interval

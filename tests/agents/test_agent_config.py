@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 
-from agentreach.agents import Agent, AgentConfigError
+from agentreach.agents import Agent, AgentConfigError, TaskContext
 
 
 @pytest.mark.parametrize(
@@ -91,3 +92,22 @@ async def test_an_agent_without_handlers_does_not_start(nats_url):
     with pytest.raises(AgentConfigError, match="has no handlers"):
         async with Agent("empty", startup_delay=0).running(nats_url):
             pass
+
+
+async def test_the_start_up_delay_is_said_before_it_is_waited(broker, coordinator):
+    """A new agent waits a random part of ``startup_delay`` (60 s by default) before it
+    registers: it says so at once, with how to start at once, instead of being silent."""
+    agent = Agent("delayed-1", startup_delay=0.2)
+
+    @agent.handler("noop")
+    async def noop(ctx: TaskContext, payload: dict) -> dict:
+        return {}
+
+    with capture_logs() as logs:
+        async with agent.running(broker=broker):
+            pass
+    said = [e for e in logs if e["event"] == "registering after a random start-up delay"]
+    assert len(said) == 1
+    assert 0 <= said[0]["delay_s"] <= 0.2 and said[0]["startup_delay"] == 0.2
+    assert "startup_delay=0" in said[0]["hint"]
+    assert logs.index(said[0]) < [e["event"] for e in logs].index("agent serving")

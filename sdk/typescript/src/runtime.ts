@@ -93,7 +93,13 @@ export class AgentRuntime {
     const { config, conn } = this;
     if (config.startupDelayMs > 0) {
       // Spread the registrations of a fleet that starts at once.
-      await sleep(Math.random() * config.startupDelayMs, this.stopping.signal);
+      const delayMs = Math.random() * config.startupDelayMs;
+      this.log.info("registering after a random start-up delay", {
+        delay_ms: Math.round(delayMs),
+        startup_delay_ms: config.startupDelayMs,
+        hint: "startupDelayMs: 0 registers at once",
+      });
+      await sleep(delayMs, this.stopping.signal);
     }
     this.checkNotStopped();
     await conn.waitProvisioned(this.log, this.stopping.signal);
