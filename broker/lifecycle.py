@@ -288,11 +288,10 @@ async def dead_letter(
     data = envelopes.encode(letter)
     if len(data) > broker.max_payload - HEADROOM:
         letter, data = _fitted(letter, broker.max_payload - HEADROOM)
-    await broker.publish(
-        broker.names.dlq(reason, topic),
-        data,
-        headers={"Nats-Msg-Id": _letter_id(caller, message_id), "Reach-Trace-Id": trace_id},
-    )
+    # The event is stored before the letter is published: a worker can act on the letter
+    # (a ``resolved``, a ``replayed``) only once it exists, so its events come after this
+    # one in the stream's order, which is the trace's. A crash between the two leaves the
+    # event alone; the task's redelivery publishes the letter (the event is deduplicated).
     await emit(
         broker,
         Event(
@@ -308,6 +307,11 @@ async def dead_letter(
             priority=task.priority if task else "P1",
             received_ms=task.received_ms if task else 0,
         ),
+    )
+    await broker.publish(
+        broker.names.dlq(reason, topic),
+        data,
+        headers={"Nats-Msg-Id": _letter_id(caller, message_id), "Reach-Trace-Id": trace_id},
     )
     return letter
 

@@ -183,7 +183,7 @@ async def test_a_report_of_an_undecodable_dispatch_cannot_name_another_message(
     report = event_for(victim, "failed", agent_id="liar", error=error, raw="forged", headers={})
     await emit(broker, report, sender="liar")
     letter = await watcher.dead_letter("invalid_envelope")
-    await watcher.event("dead_lettered", message_id=letter.message_id)  # written after it
+    await watcher.event("dead_lettered", message_id=letter.message_id)  # written before it
     assert letter.message_id != "victim-1"
     assert letter.headers["Reach-Reported-Id"] == "victim-1"
     assert letter.headers["Reach-Reported-By"] == "liar"
