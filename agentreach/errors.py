@@ -17,6 +17,7 @@ command line) can catch them all with one ``except ReachError``.
     ├── PermanentError              raised by a handler: do not retry this task
     ├── ManualReviewError           ManualReview: the item is gone, closed or held by another
     └── InvokeError                 ReachClient.invoke() got no result
+        ├── NotProvisioned          no task stream: run `reach provision` (also a NoStreamError)
         ├── NotAcknowledged, DeadlineExceeded
         └── TaskFailed
             └── Rejected

@@ -14,7 +14,7 @@ from agentreach.agents.coordinator_presence import (
     PublishWarnings,
     coordinator_runs,
 )
-from agentreach.agents.errors import DeadlineExceeded, NotAcknowledged, Rejected
+from agentreach.agents.errors import DeadlineExceeded, NotAcknowledged, NotProvisioned, Rejected
 from agentreach.agents.invocation import (
     Ending,
     OnAck,
@@ -22,7 +22,7 @@ from agentreach.agents.invocation import (
     outcome_of,
     wait_for_result,
 )
-from agentreach.broker import Auth, Broker, ClaimCheck, Names, listen
+from agentreach.broker import Auth, Broker, ClaimCheck, Names, NoStreamError, listen
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
 from agentreach.broker.endings import OthersMessage, wait_for_ending
 from agentreach.broker.lifecycle import events_of_id
@@ -143,7 +143,10 @@ class ReachClient:
         task = await self.claim_check.stow_task(task)
         subject = self.broker.names.task(task.topic, self.caller)
         headers = h.task_headers(task)
-        stored = await self.broker.publish(subject, envelopes.encode(task), headers=headers)
+        try:
+            stored = await self.broker.publish(subject, envelopes.encode(task), headers=headers)
+        except NoStreamError as exc:
+            raise _not_provisioned(task, subject) from exc
         return not stored.duplicate
 
     async def publish(
@@ -165,7 +168,8 @@ class ReachClient:
 
         The task is stored in the task stream before this returns. When no coordinator runs,
         it waits there until one starts (within its ttl), and a warning is logged: the check
-        runs in the background, at most once a minute, and never delays the publish."""
+        runs in the background, at most once a minute, and never delays the publish.
+        Raises :class:`NotProvisioned` when the server has no task stream."""
         task = self.task(
             topic,
             payload,
@@ -201,6 +205,7 @@ class ReachClient:
         """Send a task and wait for its result.
 
         Raises :class:`InvalidArgument` before sending when an argument is wrong;
+        :class:`NotProvisioned` when the server has no task stream (nothing was sent);
         :class:`NotAcknowledged` if no agent accepts the task within ``ack_deadline_ms``
         (saying so when no coordinator runs); :class:`DeadlineExceeded` if the result does
         not arrive within ``execute_deadline_ms`` after that; :class:`Rejected` when the task
@@ -306,3 +311,13 @@ class ReachClient:
         subject = self.broker.names.trace_request(self.caller)
         answer = await self.broker.request(subject, request, timeout=timeout_s)
         return envelopes.decode_as(answer.data, TraceReply)
+
+
+def _not_provisioned(task: Task, subject: str) -> NotProvisioned:
+    return NotProvisioned(
+        f"{task.topic!r} was not sent: no stream on this server takes {subject!r}; provision"
+        " it with `reach provision --nats-url URL` (or start a coordinator on it,"
+        " `reach coordinator`), with the same --prefix",
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+    )

@@ -6,6 +6,7 @@ ReachError
 ├── AgentIdInUse             another live process already serves this agent_id
 ├── PermanentError           raised by a handler: do not retry this task
 └── InvokeError              ReachClient.invoke() did not get a result
+    ├── NotProvisioned       the task was not sent: no stream takes tasks (run `reach provision`)
     ├── NotAcknowledged      no agent accepted the task within the ack deadline (it stays queued)
     ├── DeadlineExceeded     accepted, but no result within the execute deadline
     └── TaskFailed           it failed after an agent took it (``.error``)
@@ -14,6 +15,7 @@ ReachError
 
 from __future__ import annotations
 
+from agentreach.broker import NoStreamError
 from agentreach.envelopes import ErrorInfo
 from agentreach.errors import ReachError
 
@@ -47,6 +49,13 @@ class InvokeError(ReachError):
         super().__init__(message)
         self.message_id = message_id
         self.trace_id = trace_id
+
+
+class NotProvisioned(InvokeError, NoStreamError):
+    """The task was not sent: the server has no stream that takes tasks (it is new, or was
+    wiped, and nobody ran ``reach provision`` or started a coordinator on it), or it has
+    them under another prefix. Nothing runs; once provisioned, sending again is safe. (Also
+    a :class:`~agentreach.broker.NoStreamError`, as it was raised before.)"""
 
 
 class NotAcknowledged(InvokeError):
