@@ -31,7 +31,7 @@ from agentreach.broker.tasks import cancel_and_wait
 from agentreach.broker.urls import RECONNECT_CAP_S
 from agentreach.coordinator.liveness.cadence import Cadence
 from agentreach.coordinator.liveness.presence_checks import PastJitter, PresenceChecks, QueuedSlots
-from agentreach.coordinator.liveness.reassign import reassign_tasks
+from agentreach.coordinator.liveness.reassign import Moves
 from agentreach.coordinator.liveness.tracked import Registered, Tracked, track_registered
 from agentreach.coordinator.liveness.verdicts import VerdictWriter
 from agentreach.coordinator.routing.run_once import RunOnce
@@ -95,7 +95,7 @@ class LivenessMonitor:
     ) -> None:
         self._broker = broker
         self._config = config
-        self._run_once = run_once or RunOnce(broker)
+        self.moves = Moves(broker, run_once or RunOnce(broker))  # OFFLINE agents' queues
         self._registered = registered
         self._cards_version = -1  # of the cards last looked through for agents not tracked
         self.agents: dict[str, Tracked] = {}
@@ -260,7 +260,10 @@ class LivenessMonitor:
             if self._broker.reconnects != reconnects:
                 reconnects = self._broker.reconnects
                 self._grace()
-            await self.sweep()
+            try:
+                await self.sweep()
+            except BrokerError as exc:  # a dead sweep would judge nobody again
+                log.warning("liveness sweep cut short", error=str(exc))
             honour_cancellation()
 
     async def sweep(self) -> None:
@@ -271,6 +274,9 @@ class LivenessMonitor:
             await self._look_again(overdue)
         for tracked in overdue:
             await self._judge_silent(tracked)
+        await self.moves.retry(
+            lambda agent_id: getattr(self.agents.get(agent_id), "state", "") == "OFFLINE"
+        )
 
     def _track_registered(self) -> None:
         if self._registered is None or self._registered.version == self._cards_version:
@@ -384,9 +390,7 @@ class LivenessMonitor:
         if state == "OFFLINE":
             # Written before the queue moves: routing reads it, and must not send tasks back.
             await self._verdicts.written(self._broker.request_timeout)
-            await reassign_tasks(
-                self._broker, tracked.agent_id, epoch=tracked.epoch, run_once=self._run_once
-            )
+            await self.moves.move(tracked.agent_id, tracked.epoch)
 
     def _count_offline(self, tracked: Tracked) -> None:
         now = now_ms()

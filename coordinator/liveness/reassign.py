@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
+from collections.abc import Callable
 from typing import Literal
 
 import msgspec
 import structlog
 
 from agentreach import envelopes
-from agentreach.broker import Broker, WrongLastSequence
+from agentreach.broker import Broker, BrokerError, WrongLastSequence
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
@@ -43,6 +44,44 @@ from agentreach.envelopes import (
 from agentreach.envelopes.headers import task_headers
 
 log = structlog.get_logger("coordinator.reassign")
+
+
+class Moves:
+    """The reassignments of OFFLINE agents' queues, each tried again at every sweep until it
+    went through: a refused write (a full intake subject, a timeout in a failover) must not
+    leave the tasks in the queue of an agent that is gone, nor end the sweep that judges
+    every agent."""
+
+    def __init__(self, broker: Broker, run_once: RunOnce) -> None:
+        self._broker = broker
+        self._run_once = run_once
+        self._unmoved: dict[str, int] = {}  # agent id → the epoch that went OFFLINE
+
+    @property
+    def unmoved(self) -> frozenset[str]:
+        return frozenset(self._unmoved)
+
+    async def move(self, agent_id: str, epoch: int) -> None:
+        """Reassign ``agent_id``'s queued tasks now, or at a later :meth:`retry`."""
+        self._unmoved[agent_id] = epoch
+        await self._try(agent_id)
+
+    async def retry(self, still_offline: Callable[[str], bool]) -> None:
+        """Try the reassignments that failed again, of the agents still OFFLINE."""
+        for agent_id in list(self._unmoved):
+            if still_offline(agent_id):
+                await self._try(agent_id)
+            else:  # back: its own consumer takes its queue again
+                self._unmoved.pop(agent_id, None)
+
+    async def _try(self, agent_id: str) -> None:
+        epoch = self._unmoved[agent_id]
+        try:
+            await reassign_tasks(self._broker, agent_id, epoch=epoch, run_once=self._run_once)
+        except BrokerError as exc:
+            log.warning("queued tasks not moved yet", agent_id=agent_id, error=str(exc))
+            return
+        self._unmoved.pop(agent_id, None)
 
 
 async def reassign_tasks(

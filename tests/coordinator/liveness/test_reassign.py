@@ -7,10 +7,13 @@ import asyncio
 import msgspec
 
 from agentreach import envelopes
+from agentreach.broker import Topology, provision, read_stream
 from agentreach.broker.lifecycle import emit, event_for
-from agentreach.broker.streams import next_message
-from agentreach.coordinator.liveness.reassign import reassign_tasks
+from agentreach.broker.streams import delete_message, next_message
+from agentreach.broker.topology import StorageLimits
+from agentreach.coordinator.liveness.reassign import Moves, reassign_tasks
 from agentreach.coordinator.observability import MetricsConfig
+from agentreach.coordinator.routing.run_once import RunOnce
 from tests.conftest import FAST
 from tests.scrape import scrape, total
 from tests.support import recorded
@@ -120,3 +123,47 @@ async def test_a_reassigned_task_is_not_counted_as_received_again(
         await watcher.dead_letter("no_route", message_id="moved-1")  # intake had it: nobody serves
         scraped = await scrape(coordinator.metrics_url)
     assert total(scraped, "reach_tasks_received_total") == 0
+
+
+async def test_a_reassignment_the_intake_refuses_is_tried_again_until_it_goes_through(broker):
+    """The gone agent's task cannot go back through intake yet (its topic's subject is full):
+    the task stays in the queue, nothing raises into the sweep, and the next try, once there
+    is room, moves it. A refused write used to end the liveness sweep for good."""
+    names = broker.names
+    await provision(broker, Topology.default(names, limits=StorageLimits(tasks_per_subject=1)))
+    waiting = envelopes.Task(v=1, message_id="in-intake-1", trace_id="in-intake-1", topic="busy")
+    await broker.publish(names.task("busy"), envelopes.encode(waiting))  # the subject is full
+    queued = envelopes.Task(
+        v=1, message_id="queued-1", trace_id="queued-1", topic="busy", to_agent="gone-5"
+    )
+    await broker.publish(names.dispatch("gone-5", "P1"), envelopes.encode(queued))
+    moves = Moves(broker, RunOnce(broker))
+    await moves.move("gone-5", epoch=1)
+    assert moves.unmoved == {"gone-5"}
+    stream = names.dispatch_stream("P1")
+    assert await next_message(broker, stream, names.dispatch("gone-5", "P1")) is not None
+    intake = await read_stream(broker, names.tasks_stream, names.task("busy"))
+    await delete_message(broker, names.tasks_stream, intake[0].stream_seq)  # room again
+    await moves.retry(lambda agent_id: True)
+    assert moves.unmoved == frozenset()
+    assert await next_message(broker, stream, names.dispatch("gone-5", "P1")) is None
+    [moved] = await read_stream(broker, names.tasks_stream, names.task("busy"))
+    retry = envelopes.decode_task(moved.data)
+    assert (retry.message_id, retry.attempt) == ("queued-1", 2)
+
+
+async def test_a_reassignment_of_an_agent_back_online_is_not_tried_again(broker):
+    names = broker.names
+    await provision(broker, Topology.default(names, limits=StorageLimits(tasks_per_subject=1)))
+    await broker.publish(
+        names.task("busy"),
+        envelopes.encode(envelopes.Task(v=1, message_id="w-2", trace_id="w-2", topic="busy")),
+    )
+    queued = envelopes.Task(v=1, message_id="q-2", trace_id="q-2", topic="busy", to_agent="back")
+    await broker.publish(names.dispatch("back", "P1"), envelopes.encode(queued))
+    moves = Moves(broker, RunOnce(broker))
+    await moves.move("back", epoch=1)
+    await moves.retry(lambda agent_id: False)  # it came back: its consumer takes its queue
+    assert moves.unmoved == frozenset()
+    stream = names.dispatch_stream("P1")
+    assert await next_message(broker, stream, names.dispatch("back", "P1")) is not None
