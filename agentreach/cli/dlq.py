@@ -1,4 +1,9 @@
-"""``reach dlq list | show ID | replay ID | stats``: the dead letters of ``REACH_DLQ``."""
+"""``reach dlq list | show ID | replay ID | resolve ID | stats``: the dead letters of
+``REACH_DLQ``.
+
+A letter is *open* until someone deals with it: a ``replayed`` event (``reach dlq replay``,
+a worker's ``comp.replay``) makes it *replayed*, a ``resolved`` event (``reach dlq
+resolve``, a worker's ``comp.resolve``) *resolved*; the later of the two counts."""
 
 from __future__ import annotations
 
@@ -11,43 +16,48 @@ from collections import Counter
 import msgspec
 
 from agentreach import envelopes
-from agentreach.agents.compensation import replay
+from agentreach.agents.compensation import replay, resolve
 from agentreach.broker import Broker, read_stream
 from agentreach.broker.streams import StoredMessage, subject_counts
 from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only
 from agentreach.cli.status import warn_without_coordinator
-from agentreach.envelopes import DeadLetter
+from agentreach.envelopes import DeadLetter, Event
+
+SETTLING = ("replayed", "resolved")  # the events that close a letter, as their state
 
 
 def register(commands: Commands) -> None:
     dlq = commands.add(
         "dlq",
         cmd_dlq,
-        "dead letters: list | show ID | replay ID | stats",
+        "dead letters: list | show ID | replay ID | resolve ID | stats",
         example=(
-            "reach dlq list --reason expired",
+            "reach dlq list --open --reason expired",
             "reach dlq show 0190f3c2-…",
             "reach dlq replay 0190f3c2-… --to-topic manual_review",
+            "reach dlq resolve 0190f3c2-… --note 'refunded by hand, ticket 4411'",
         ),
     )
     dlq.add_argument(
         "action",
-        choices=["list", "show", "replay", "stats"],
-        help="list them, show one (JSON), replay one as a new task, or count them",
+        choices=["list", "show", "replay", "resolve", "stats"],
+        help="list them, show one (JSON), replay one as a new task, record one as resolved"
+        " (as a compensation worker does), or count them",
     )
-    dlq.add_argument("id", nargs="?", help="show, replay: the dead letter's message_id")
+    dlq.add_argument("id", nargs="?", help="show, replay, resolve: the dead letter's message_id")
     dlq.add_argument("--to-topic", default=None, help="replay to another topic")
+    dlq.add_argument("--note", default=None, help="resolve: how it was dealt with (required)")
     dlq.add_argument("--reason", default=None, help="only letters with this reason")
     dlq.add_argument("--topic", default=None, help="only letters of this topic")
+    dlq.add_argument(
+        "--open",
+        action="store_true",
+        help="list: only open letters (neither replayed nor resolved)",
+    )
 
 
 async def cmd_dlq(args: argparse.Namespace) -> int:
-    if args.action in ("show", "replay") and not args.id:
-        raise UsageError(f"dlq {args.action} needs the message_id of a dead letter")
-    if args.action in ("list", "stats") and args.id:
-        raise UsageError(
-            f"dlq {args.action} takes no message_id (got {args.id!r}): reach dlq show {args.id}"
-        )
+    _check(args)
     operators_only(args, "the dead-letter stream")
     names = names_of(args)
     async with broker_of(args) as broker:
@@ -57,11 +67,15 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         letters = _readable(stored)
         filtered = args.reason or args.topic
         there = await _there(broker) if not letters and filtered and args.action == "list" else {}
-        replays = await _replays(broker) if args.action in ("list", "replay") else {}
+        settled = await _settled(broker) if args.action in ("list", "replay", "resolve") else {}
+        if args.action == "resolve":
+            return await _resolve(broker, _find(letters, args.id), settled, args.note)
         if args.action == "replay":
-            if before := replays.get(args.id):
+            replays = [e for e in settled.get(args.id, []) if e.event == "replayed"]
+            if replays:
+                before = ", ".join(str(e.detail.get("replayed_as")) for e in replays)
                 print(
-                    f"reach: {args.id} was replayed before (as {', '.join(before)});"
+                    f"reach: {args.id} was replayed before (as {before});"
                     " replaying it again runs it again",
                     file=sys.stderr,
                 )
@@ -77,8 +91,50 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
     elif not letters and (args.reason or args.topic):
         _print_none_matching(args.reason, args.topic, there)
     else:
-        _print_letters(letters, replays)
+        states = {letter.message_id: state_of(settled.get(letter.message_id)) for letter in letters}
+        if args.open:
+            letters = [letter for letter in letters if states[letter.message_id] == "open"]
+        _print_letters(letters, states, only_open=args.open)
     return 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The options that fit the action: refused, not ignored."""
+    if args.action in ("show", "replay", "resolve") and not args.id:
+        raise UsageError(f"dlq {args.action} needs the message_id of a dead letter")
+    if args.action in ("list", "stats") and args.id:
+        raise UsageError(
+            f"dlq {args.action} takes no message_id (got {args.id!r}): reach dlq show {args.id}"
+        )
+    if args.action == "resolve" and not (args.note or "").strip():
+        raise UsageError(
+            "dlq resolve needs --note saying how the letter was dealt with (it is recorded)"
+        )
+    if args.note is not None and args.action != "resolve":
+        raise UsageError(f"--note is for dlq resolve, not dlq {args.action}")
+    if args.open and args.action != "list":
+        raise UsageError(f"--open is for dlq list, not dlq {args.action}")
+
+
+async def _resolve(
+    broker: Broker, letter: DeadLetter, settled: dict[str, list[Event]], note: str
+) -> int:
+    """Record a ``resolved`` event as a worker's ``comp.resolve`` does, by this operator."""
+    if (state := state_of(settled.get(letter.message_id))) == "resolved":
+        last = settled[letter.message_id][-1].detail
+        raise UsageError(
+            f"{letter.message_id} is resolved already (by {last.get('by')}:"
+            f" {last.get('note')!r}); nothing recorded"
+        )
+    by = broker.auth.identity or "operator"
+    await resolve(broker, letter, note.strip(), by=by)
+    print(f"{letter.message_id}: resolved (was {state}), by {by}: {note.strip()}")
+    return 0
+
+
+def state_of(events: list[Event] | None) -> str:
+    """open, or the state the last settling event left: replayed or resolved."""
+    return events[-1].event if events else "open"
 
 
 async def _there(broker: Broker) -> dict[str, Counter[str]]:
@@ -105,16 +161,19 @@ def _print_none_matching(
             print(f"reach: the {key}s there are: {listed}", file=sys.stderr)
 
 
-async def _replays(broker: Broker) -> dict[str, list[str]]:
-    """Each replayed letter's message id, and what it was replayed as (``replayed`` events)."""
+async def _settled(broker: Broker) -> dict[str, list[Event]]:
+    """The ``replayed`` and ``resolved`` events of each dead letter's message id, in the
+    order they were stored."""
     names = broker.names
-    stored = await read_stream(broker, names.events_stream, names.events_of_kind("replayed"))
-    replays: dict[str, list[str]] = {}
-    for message in stored:
+    stored: list[StoredMessage] = []
+    for kind in SETTLING:
+        stored += await read_stream(broker, names.events_stream, names.events_of_kind(kind))
+    settled: dict[str, list[Event]] = {}
+    for message in sorted(stored, key=lambda m: m.stream_seq):
         with contextlib.suppress(envelopes.DecodeError):
             event = envelopes.decode_event(message.data)
-            replays.setdefault(event.message_id, []).append(str(event.detail.get("replayed_as")))
-    return replays
+            settled.setdefault(event.message_id, []).append(event)
+    return settled
 
 
 def _readable(stored: list[StoredMessage]) -> list[DeadLetter]:
@@ -140,17 +199,26 @@ def _find(letters: list[DeadLetter], message_id: str) -> DeadLetter:
     raise UsageError(f"no dead letter with message_id {message_id!r}")
 
 
-def _print_letters(letters: list[DeadLetter], replays: dict[str, list[str]]) -> None:
+def _print_letters(letters: list[DeadLetter], states: dict[str, str], *, only_open: bool) -> None:
+    """A table whose columns are as wide as what they hold (workflow step ids are long)."""
     if not letters:
-        print("no dead letters")
+        print("no open dead letters" if only_open else "no dead letters")
         return
-    print(f"{'MESSAGE_ID':<38} {'REASON':<18} {'TOPIC':<20} {'REPLAYED':<9} ERROR")
-    for letter in letters:
-        error = letter.error.message if letter.error else ""
-        replayed = "yes" if letter.message_id in replays else "-"
-        print(
-            f"{letter.message_id:<38} {letter.reason:<18} {letter.topic:<20} {replayed:<9} {error}"
+    rows = [
+        (
+            letter.message_id,
+            letter.reason,
+            letter.topic,
+            states[letter.message_id],
+            letter.error.message if letter.error else "",
         )
+        for letter in letters
+    ]
+    header = ("MESSAGE_ID", "REASON", "TOPIC", "STATE", "ERROR")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[4]]).rstrip())
 
 
 def _print_stats(letters: list[DeadLetter]) -> None:

@@ -234,8 +234,8 @@ async def test_dlq_replay_sends_the_task_again(broker, coordinator, watcher):
     assert again.returncode == 0, again.stderr
     assert f"lost-2 was replayed before (as {new_id})" in again.stderr
     header, row = listed.stdout.splitlines()
-    assert header.split() == ["MESSAGE_ID", "REASON", "TOPIC", "REPLAYED", "ERROR"]
-    assert row.split()[:4] == ["lost-2", "no_route", "nobody_serves_this", "yes"]
+    assert header.split() == ["MESSAGE_ID", "REASON", "TOPIC", "STATE", "ERROR"]
+    assert row.split()[:4] == ["lost-2", "no_route", "nobody_serves_this", "replayed"]
     missing = await reach(broker, "dlq", "replay", "never-was")
     assert (
         missing.returncode == 1 and "no dead letter with message_id 'never-was'" in missing.stderr

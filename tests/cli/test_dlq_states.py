@@ -1,0 +1,70 @@
+"""`reach dlq`: which letters are open, resolving one from the shell, a table that stays
+aligned."""
+
+from __future__ import annotations
+
+from agentreach.agents import Compensation, CompensationWorker
+from agentreach.envelopes import DeadLetter
+from tests.cli.conftest import reach_argv, run
+
+STEP_ID = "01a238a5-7c1e-7d2a-9f00-3c5be8a1d0f2-research-1"  # a workflow step's message id
+
+
+async def reach(broker, *args: str):  # type: ignore[no-untyped-def]
+    return await run(*reach_argv(broker, *args))
+
+
+async def _lost(broker, watcher, message_id: str, topic: str = "nobody_serves_this") -> None:  # type: ignore[no-untyped-def]
+    sent = await reach(broker, "publish", topic, "{}", "--message-id", message_id)
+    assert sent.returncode == 0, sent.stderr
+    await watcher.dead_letter("no_route", message_id=message_id)
+
+
+async def test_list_shows_each_letters_state_and_open_lists_only_open_ones(
+    broker, coordinator, watcher
+):
+    """A letter a worker resolved says resolved, one replayed says replayed, the rest open;
+    --open lists only those; a long workflow step id keeps every column aligned."""
+
+    async def settle(letter: DeadLetter, comp: Compensation) -> None:
+        await comp.resolve(letter, "refunded by hand")
+
+    worker = CompensationWorker("settles", settle, topics=["settled_by_worker"])
+    async with worker.running(broker=broker):
+        await _lost(broker, watcher, "by-worker", topic="settled_by_worker")
+        await watcher.event("resolved", message_id="by-worker")
+    await _lost(broker, watcher, "replayed-1")
+    await _lost(broker, watcher, STEP_ID)
+    replayed = await reach(broker, "dlq", "replay", "replayed-1")
+    assert replayed.returncode == 0, replayed.stderr
+    await watcher.event("replayed", message_id="replayed-1")
+    listed = await reach(broker, "dlq", "list")
+    only_open = await reach(broker, "dlq", "list", "--open")
+    assert listed.returncode == 0, listed.stderr
+    header, *rows = listed.stdout.splitlines()
+    states = {row.split()[0]: row.split()[3] for row in rows}
+    assert states.pop("by-worker") == "resolved" and states.pop("replayed-1") == "replayed"
+    assert set(states.values()) == {"open"}  # the step's, and the replay's own (no route)
+    for column in ("REASON", "TOPIC", "STATE", "ERROR"):
+        at = header.index(column)
+        assert all(row[at - 2 : at] == "  " and row[at] != " " for row in rows), listed.stdout
+    assert [row.split()[0] for row in only_open.stdout.splitlines()[1:]] == list(states)
+
+
+async def test_resolve_records_what_a_worker_records_once(broker, coordinator, watcher):
+    """`reach dlq resolve ID --note …` records a resolved event with the note and who, as a
+    worker's comp.resolve does; the letter is then resolved, and resolving it again, or
+    without a note, is refused in one line."""
+    await _lost(broker, watcher, "by-hand")
+    bare = await reach(broker, "dlq", "resolve", "by-hand")
+    done = await reach(broker, "dlq", "resolve", "by-hand", "--note", "called the customer")
+    assert done.returncode == 0, done.stderr
+    resolved = await watcher.event("resolved", message_id="by-hand")
+    again = await reach(broker, "dlq", "resolve", "by-hand", "--note", "twice")
+    opened = await reach(broker, "dlq", "list", "--open")
+    assert bare.returncode == 1 and "needs --note" in bare.stderr
+    assert done.stdout.startswith("by-hand: resolved (was open), by ")
+    assert resolved.detail["note"] == "called the customer" and resolved.detail["by"]
+    assert resolved.trace_id == "by-hand" and resolved.topic == "nobody_serves_this"
+    assert again.returncode == 1 and "by-hand is resolved already" in again.stderr
+    assert opened.stdout.strip() == "no open dead letters"
