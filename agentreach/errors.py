@@ -18,6 +18,7 @@ command line) can catch them all with one ``except ReachError``.
     ├── ManualReviewError           ManualReview: the item is gone, closed or held by another
     └── InvokeError                 ReachClient.invoke() got no result
         ├── NotProvisioned          no task stream: run `reach provision` (also a NoStreamError)
+        ├── BacklogFull             the caller's intake backlog on the topic is full (SubjectFull)
         ├── NotAcknowledged, DeadlineExceeded
         └── TaskFailed
             └── Rejected

@@ -10,6 +10,7 @@ from agentreach.agents.context import TaskContext
 from agentreach.agents.errors import (
     AgentConfigError,
     AgentIdInUse,
+    BacklogFull,
     DeadlineExceeded,
     InvalidArgument,
     InvokeError,
@@ -27,6 +28,7 @@ __all__ = [
     "AgentConfigError",
     "AgentIdInUse",
     "AgentRuntime",
+    "BacklogFull",
     "Compensation",
     "CompensationWorker",
     "DeadlineExceeded",

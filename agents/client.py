@@ -14,7 +14,13 @@ from agentreach.agents.coordinator_presence import (
     PublishWarnings,
     coordinator_runs,
 )
-from agentreach.agents.errors import DeadlineExceeded, NotAcknowledged, NotProvisioned, Rejected
+from agentreach.agents.errors import (
+    BacklogFull,
+    DeadlineExceeded,
+    NotAcknowledged,
+    NotProvisioned,
+    Rejected,
+)
 from agentreach.agents.invocation import (
     Ending,
     OnAck,
@@ -22,7 +28,7 @@ from agentreach.agents.invocation import (
     outcome_of,
     wait_for_result,
 )
-from agentreach.broker import Auth, Broker, ClaimCheck, Names, NoStreamError, listen
+from agentreach.broker import Auth, Broker, ClaimCheck, Names, NoStreamError, SubjectFull, listen
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
 from agentreach.broker.endings import OthersMessage, wait_for_ending
 from agentreach.broker.lifecycle import events_of_id
@@ -147,6 +153,14 @@ class ReachClient:
             stored = await self.broker.publish(subject, envelopes.encode(task), headers=headers)
         except NoStreamError as exc:
             raise _not_provisioned(task, subject) from exc
+        except SubjectFull as exc:
+            raise BacklogFull(
+                f"{task.topic!r} was not sent: the intake holds as many of {self.caller!r}'s"
+                " tasks on it as it keeps (limits.tasks_per_subject) that no coordinator took"
+                " yet; send it again once they are taken",
+                message_id=task.message_id,
+                trace_id=task.trace_id,
+            ) from exc
         return not stored.duplicate
 
     async def publish(
@@ -169,7 +183,8 @@ class ReachClient:
         The task is stored in the task stream before this returns. When no coordinator runs,
         it waits there until one starts (within its ttl), and a warning is logged: the check
         runs in the background, at most once a minute, and never delays the publish.
-        Raises :class:`NotProvisioned` when the server has no task stream."""
+        Raises :class:`NotProvisioned` when the server has no task stream, and
+        :class:`BacklogFull` when it holds too many of this caller's tasks on the topic."""
         task = self.task(
             topic,
             payload,
@@ -205,7 +220,8 @@ class ReachClient:
         """Send a task and wait for its result.
 
         Raises :class:`InvalidArgument` before sending when an argument is wrong;
-        :class:`NotProvisioned` when the server has no task stream (nothing was sent);
+        :class:`NotProvisioned` when the server has no task stream, :class:`BacklogFull` when
+        the intake holds too many of this caller's tasks on the topic (nothing was sent);
         :class:`NotAcknowledged` if no agent accepts the task within ``ack_deadline_ms``
         (saying so when no coordinator runs); :class:`DeadlineExceeded` if the result does
         not arrive within ``execute_deadline_ms`` after that; :class:`Rejected` when the task

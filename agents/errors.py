@@ -7,6 +7,7 @@ ReachError
 ├── PermanentError           raised by a handler: do not retry this task
 └── InvokeError              ReachClient.invoke() did not get a result
     ├── NotProvisioned       the task was not sent: no stream takes tasks (run `reach provision`)
+    ├── BacklogFull          the task was not sent: the caller's backlog on the topic is full
     ├── NotAcknowledged      no agent accepted the task within the ack deadline (it stays queued)
     ├── DeadlineExceeded     accepted, but no result within the execute deadline
     └── TaskFailed           it failed after an agent took it (``.error``)
@@ -15,7 +16,7 @@ ReachError
 
 from __future__ import annotations
 
-from agentreach.broker import NoStreamError
+from agentreach.broker import NoStreamError, SubjectFull
 from agentreach.envelopes import ErrorInfo
 from agentreach.errors import ReachError
 
@@ -56,6 +57,14 @@ class NotProvisioned(InvokeError, NoStreamError):
     wiped, and nobody ran ``reach provision`` or started a coordinator on it), or it has
     them under another prefix. Nothing runs; once provisioned, sending again is safe. (Also
     a :class:`~agentreach.broker.NoStreamError`, as it was raised before.)"""
+
+
+class BacklogFull(InvokeError, SubjectFull):
+    """The task was not sent: the intake holds as many of this caller's tasks on the topic
+    as it keeps (``limits.tasks_per_subject``, 1,000 by default) that the coordinator has not
+    taken yet. Nothing runs; send again once they are taken. A caller that floods a topic is
+    held back here instead of standing before every other caller's tasks. (Also a
+    :class:`~agentreach.broker.SubjectFull`, as it was raised before.)"""
 
 
 class NotAcknowledged(InvokeError):
