@@ -6,13 +6,14 @@ signed by a role key gets that role's template (:mod:`agentreach.auth.roles`). I
 user is an offline act — the server checks the chain when the user connects — so adding an
 agent or a caller needs no restart. Account changes (revocations) are pushed to the running
 servers (``$SYS.REQ.CLAIMS.UPDATE``, the full resolver keeps them on every node), and the
-intents each agent may serve to the allowances bucket
-(:mod:`agentreach.coordinator.routing.allowances`).
+intents each agent may serve and the priorities each party may send tasks at to the
+allowances bucket (:mod:`agentreach.coordinator.routing.allowances`).
 
 Layout (secrets 0600 in 0700 directories)::
 
-    registry.json                  names → role, public key, issued at (an agent's: the
-                                   intents it may serve); names are unique
+    registry.json                  names → role, public key, issued at, the priorities it
+                                   may send at (an agent's: the intents it may serve too);
+                                   names are unique
     operator/operator.nk, .jwt     the operator identity: the seed may go offline after init
     operator/signing.nk            signs the account JWTs (each revocation)
     accounts/{SYS,REACH}.{nk,jwt}  the accounts (their keys name them in every JWT)
@@ -34,12 +35,17 @@ from typing import Any
 from agentreach.auth import jwt, roles
 from agentreach.auth.jwt import Key
 from agentreach.broker import Auth, Broker, Names
+from agentreach.envelopes import PRIORITIES, Priority
 from agentreach.errors import ReachError
 
 ACCOUNT = "REACH"
 ANY_INTENT = "*"  # the pattern that allows every intent
 COORDINATOR = "coordinator"
 ADMIN = "admin"
+SENDERS = ("agent", "caller", "worker", "operator")  # the roles that send tasks as themselves
+# A new caller's priorities: P0 only when given (it is the fast lane). Agents' sub-tasks keep
+# the priority of the task they serve, workers replay at a letter's: those get every one.
+NEW_CALLER_PRIORITIES: tuple[Priority, ...] = ("P1", "P2")
 
 
 class AuthError(ReachError):
@@ -175,18 +181,22 @@ resolver_preload: {{
         *,
         expires_s: int | None = None,
         intents: tuple[str, ...] | None = None,
+        priorities: tuple[Priority, ...] | None = None,
     ) -> Path:
         """A new user of ``role`` called ``name``: a new nkey, a JWT signed by the role's
         key, a creds file. No server is touched. Issuing a name again replaces its creds
         (the old ones keep working until revoked). An agent may serve ``intents``
         (patterns, see :mod:`agentreach.coordinator.routing.allowances`): a new agent given
         none may serve nothing, one issued again keeps what it had; ``reach auth push``
-        applies them."""
+        applies them. Tasks it sends may have ``priorities``: a new caller given none P1 and
+        P2, any other party every priority; one issued again keeps what it had."""
         self._require()
         if role not in roles.ROLES:
             raise AuthError(f"unknown role {role!r}: one of {', '.join(roles.ROLES)}")
         if intents is not None and role != "agent":
             raise AuthError(f"only agents serve intents; {name!r} would be a {role}")
+        if priorities is not None and role not in SENDERS:
+            raise AuthError(f"a {role} sends no tasks of its own: no priorities for {name!r}")
         try:
             roles.check_name(name, role)
         except ValueError as exc:
@@ -216,25 +226,61 @@ resolver_preload: {{
             entry["intents"] = list(intents) if intents is not None else kept
             if entry["intents"] is None:
                 del entry["intents"]
+        if role in SENDERS:
+            # Without the field (issued before priorities existed) push allows every one.
+            new = NEW_CALLER_PRIORITIES if role == "caller" else PRIORITIES
+            kept = known.get("priorities") if known else list(new)
+            entry["priorities"] = list(priorities) if priorities is not None else kept
+            if entry["priorities"] is None:
+                del entry["priorities"]
         registry["users"][name] = entry
         self._save_registry(registry)
         return path
 
-    def allow(self, name: str, intents: tuple[str, ...]) -> None:
-        """Replace what agent ``name`` may serve (then ``reach auth push``)."""
+    def allow(
+        self,
+        name: str,
+        intents: tuple[str, ...] | None = None,
+        *,
+        priorities: tuple[Priority, ...] | None = None,
+    ) -> None:
+        """Replace what agent ``name`` may serve, and/or the priorities party ``name`` may
+        send tasks at (then ``reach auth push``)."""
         self._require()
         registry = self._registry()
         user = registry["users"].get(name)
-        if user is None or user["role"] != "agent":
-            what = "no user" if user is None else f"a {user['role']}, not an agent,"
-            raise AuthError(f"{name!r} is {what} in {self.root}: only agents serve intents")
-        user["intents"] = list(intents)
+        if user is None:
+            raise AuthError(f"{name!r} is no user in {self.root}")
+        if intents is not None and user["role"] != "agent":
+            raise AuthError(
+                f"{name!r} is a {user['role']}, not an agent, in {self.root}: only agents"
+                " serve intents"
+            )
+        if priorities is not None and user["role"] not in SENDERS:
+            raise AuthError(f"{name!r} is the {user['role']}: it sends no tasks of its own")
+        if intents is not None:
+            user["intents"] = list(intents)
+        if priorities is not None:
+            user["priorities"] = list(priorities)
         self._save_registry(registry)
 
     def intents_of(self, name: str) -> tuple[str, ...]:
         """What agent ``name`` may serve: an agent issued before allowances existed, any."""
         user = self._registry()["users"].get(name, {})
         return tuple(user.get("intents", [ANY_INTENT]))
+
+    def priorities_of(self, name: str) -> tuple[Priority, ...]:
+        """The priorities ``name`` may send tasks at: one issued before they existed, any."""
+        user = self._registry()["users"].get(name, {})
+        return tuple(user.get("priorities", PRIORITIES))
+
+    def sender_priorities(self) -> dict[str, tuple[Priority, ...] | None]:
+        """Every sending party's priorities for the bucket; None for a revoked one."""
+        return {
+            name: None if self.revoked(name) else self.priorities_of(name)
+            for name, user in self._registry()["users"].items()
+            if user["role"] in SENDERS
+        }
 
     def allowances(self) -> dict[str, tuple[str, ...] | None]:
         """Every agent's allowance for the bucket; None for a revoked one (its key goes)."""

@@ -8,15 +8,24 @@
                                     … and the intents that agent may serve (then push)
     reach auth allow NAME --intents a,b
                                     change what agent NAME may serve (then push)
+    reach auth caller NAME --priorities P0,P1,P2
+    reach auth allow NAME --priorities P1,P2
+                                    the priorities NAME's tasks may have (then push)
     reach auth revoke NAME          revoke its creds (then `reach auth push`)
     reach auth push                 send the account to the running servers, and every
-                                    agent's intents to the allowances bucket
-    reach auth show NAME            what NAME may publish and subscribe (and serve)
-    reach auth list                 every name issued, with its role (and intents)
+                                    agent's intents and every party's priorities to the
+                                    allowances bucket
+    reach auth show NAME            what NAME may publish and subscribe (and serve, send at)
+    reach auth list                 every name issued, with its role (intents, priorities)
 
 An agent issued without --intents may serve none until allowed; one issued again keeps what
 it had; one issued before allowances existed may serve any (``*``) until narrowed. Patterns:
 an intent's name, ``*`` for any, ``prefix*``.
+
+A new caller may send P1 and P2 tasks until given P0 (``--priorities``); agents (their
+sub-tasks), workers (their replays) and operators any priority; anyone issued again keeps
+what it had, anyone issued before priorities existed every one until narrowed. A secured
+coordinator refuses a task above its sender's (error ``priority_not_allowed``).
 
 Secrets are written 0600 and never printed: the commands print paths.
 """
@@ -29,12 +38,16 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from agentreach.auth import AuthDirectory, AuthError, expanded, push
-from agentreach.auth.directory import ADMIN
-from agentreach.broker import Auth, Broker, provision
+from agentreach.auth.directory import ADMIN, SENDERS
+from agentreach.broker import Auth, Broker, Bucket, provision
 from agentreach.cli.options import Commands, UsageError, auth_of, names_of
 from agentreach.coordinator.routing import allowances as allowed
+from agentreach.envelopes import Priority
 
 ISSUING = ("agent", "caller", "worker", "operator")
 ACTIONS = ("init", *ISSUING, "allow", "revoke", "push", "show", "list")
@@ -46,11 +59,12 @@ def register(commands: Commands) -> None:
         "auth",
         cmd_auth,
         "identities and permissions: init | agent ID | caller NAME | worker NAME"
-        " | operator NAME | allow ID | revoke NAME | push | show NAME | list",
+        " | operator NAME | allow NAME | revoke NAME | push | show NAME | list",
         example=(
             "reach auth init",
             "reach auth agent refund-agent-1 --intents refund_application --expires 86400",
             "reach auth allow refund-agent-1 --intents refund_application,refund_status",
+            "reach auth caller checkout --priorities P0,P1,P2",
             "reach auth push",
             "reach auth revoke refund-agent-1",
         ),
@@ -72,10 +86,17 @@ def register(commands: Commands) -> None:
         help="agent, allow: the intents the agent may serve, comma-separated ('*' any,"
         " 'prefix*'; '' none); a new agent without it serves none",
     )
+    auth.add_argument(
+        "--priorities",
+        default=None,
+        help="agent, caller, worker, operator, allow: the priorities its tasks may have,"
+        " comma-separated (P0,P1,P2); a new caller without it P1,P2, others all",
+    )
 
 
 async def cmd_auth(args: argparse.Namespace) -> int:
     directory = AuthDirectory(args.dir, names=names_of(args))
+    intents, priorities = _intents(args), _priorities(args)
     if args.action == "init":
         return _init(directory)
     if args.action == "push":
@@ -90,8 +111,8 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         # Allowances are KV in the REACH account: written as the directory's admin.
         admin = dataclasses.replace(auth, creds=directory.creds("operator", ADMIN))
         changed = await push_allowances(directory, args.nats_url, auth=admin)
-        for name, intents in changed.items():
-            print(f"  {name}: {'allowance removed' if intents == 'revoked' else intents}")
+        for name, allowance in changed.items():
+            print(f"  {name}: {'allowance removed' if allowance == 'revoked' else allowance}")
         print(f"pushed the allowances: {len(changed)} changed")
         return 0
     if args.action == "list":
@@ -100,21 +121,31 @@ async def cmd_auth(args: argparse.Namespace) -> int:
             serves = ""
             if user["role"] == "agent":
                 serves = f"  intents: {allowed.shown(directory.intents_of(name))}"
+            if user["role"] in SENDERS:
+                serves += f"  priorities: {','.join(directory.priorities_of(name))}"
             print(f"{user['role']:<12} {name}{state}{serves}")
         return 0
     if not args.name:
         raise UsageError(f"auth {args.action} needs a name")
-    intents = _intents(args)
     if args.action in ISSUING:
-        path = directory.issue(args.action, args.name, expires_s=args.expires, intents=intents)
+        path = directory.issue(
+            args.action, args.name, expires_s=args.expires, intents=intents, priorities=priorities
+        )
         print(f"{args.action} {args.name}: --creds {path}  (no server restart needed)")
         if args.action == "agent":
             _say_serves(directory, args.name)
+        _say_priorities(directory, args.name)
     elif args.action == "allow":
-        if intents is None:
-            raise UsageError("auth allow needs --intents (a comma-separated list; '' for none)")
-        directory.allow(args.name, intents)
-        _say_serves(directory, args.name)
+        if intents is None and priorities is None:
+            raise UsageError(
+                "auth allow needs --intents (a comma-separated list; '' for none)"
+                " or --priorities (P0,P1,P2)"
+            )
+        directory.allow(args.name, intents, priorities=priorities)
+        if intents is not None:
+            _say_serves(directory, args.name)
+        if priorities is not None:
+            _say_priorities(directory, args.name)
     elif args.action == "revoke":
         directory.revoke(args.name)
         print(f"revoked {args.name}; run `reach auth push` to apply it on the servers")
@@ -123,6 +154,8 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         serves = ""
         if role == "agent":
             serves = f"; may serve: {allowed.shown(directory.intents_of(args.name))}"
+        if role in SENDERS:
+            serves += f"; may send: {','.join(directory.priorities_of(args.name))}"
         print(f"{args.name} ({role}{serves}):")
         print(json.dumps(expanded(role, args.name, directory.names), indent=2))
     return 0
@@ -137,6 +170,28 @@ def _intents(args: argparse.Namespace) -> tuple[str, ...] | None:
         return allowed.parse(args.intents)
     except ValueError as exc:
         raise AuthError(f"--intents: {exc}") from None
+
+
+def _priorities(args: argparse.Namespace) -> tuple[Priority, ...] | None:
+    if args.priorities is None:
+        return None
+    if args.action not in (*SENDERS, "allow"):
+        raise UsageError(
+            f"--priorities is for `auth caller|agent|worker|operator` and `auth allow`,"
+            f" not {args.action}"
+        )
+    try:
+        return allowed.parse_priorities(args.priorities)
+    except ValueError as exc:
+        raise AuthError(f"--priorities: {exc}") from None
+
+
+def _say_priorities(directory: AuthDirectory, name: str) -> None:
+    if directory.role_of(name) in SENDERS:
+        print(
+            f"{name} may send: {','.join(directory.priorities_of(name))}"
+            "  (run `reach auth push` to apply it)"
+        )
 
 
 def _say_serves(directory: AuthDirectory, name: str) -> None:
@@ -163,29 +218,55 @@ def _init(directory: AuthDirectory) -> int:
 async def push_allowances(
     directory: AuthDirectory, nats_url: str | None, *, auth: Auth | None = None
 ) -> dict[str, str]:
-    """Write every agent's allowance to the allowances bucket (made if missing) as the
-    directory's ``admin`` (or ``auth``), and delete those of revoked agents. Returns what
-    changed: agent → its intents as written, or ``revoked``."""
+    """Write every agent's intents and every party's priorities to the allowances bucket
+    (made if missing) as the directory's ``admin`` (or ``auth``), and delete those of
+    revoked parties. Returns what changed, by key (an agent's id, ``priorities.<name>``):
+    what was written, or ``revoked``."""
     credentials = auth or Auth(creds=directory.creds("operator", ADMIN))
-    wanted = directory.allowances()
     now = int(time.time() * 1000)
-    changed: dict[str, str] = {}
+    wanted: dict[str, allowed.Allowance | allowed.SenderPriorities | None] = {}
+    for name, intents in directory.allowances().items():
+        record = allowed.Allowance(agent_id=name, intents=intents or (), set_at=now)
+        wanted[name] = None if intents is None else record
+    for name, priorities in directory.sender_priorities().items():
+        record = allowed.SenderPriorities(sender=name, priorities=priorities or (), set_at=now)
+        wanted[allowed.priorities_key(name)] = None if priorities is None else record
     async with Broker(
         nats_url, names=directory.names, name="reach-auth-allow", auth=credentials
     ) as broker:
         await provision(broker, allowed.topology(broker.names), patience_s=10.0)
-        bucket = await broker.bucket(allowed.bucket_name(broker.names), allowed.Allowance)
-        stored = await bucket.snapshot()
-        for name, intents in sorted(wanted.items()):
-            current = stored.get(name)
-            if intents is None:
-                if current is not None:
-                    await bucket.delete(name)
-                    changed[name] = "revoked"
-                continue
-            if current is not None and current.value.intents == intents:
-                continue
-            record = allowed.Allowance(agent_id=name, intents=intents, set_at=now)
-            await bucket.put(name, record)
-            changed[name] = allowed.shown(intents)
+        name = allowed.bucket_name(broker.names)
+        agents = await broker.bucket(name, allowed.Allowance)
+        senders = await broker.bucket(name, allowed.SenderPriorities)
+        stored: dict[str, Any] = await agents.current(
+            [key for key in wanted if allowed.sender_of_key(key) is None]
+        )
+        stored |= await senders.current([k for k in wanted if allowed.sender_of_key(k)])
+        return await _written(agents, wanted, stored)
+
+
+async def _written(
+    bucket: Bucket[Any],
+    wanted: dict[str, allowed.Allowance | allowed.SenderPriorities | None],
+    stored: dict[str, Any],
+) -> dict[str, str]:
+    """Put the ``wanted`` records that differ from those ``stored`` (ignoring when they were
+    set), delete those wanted gone; what changed, by key."""
+    changed: dict[str, str] = {}
+    for key, record in sorted(wanted.items()):
+        current = stored.get(key)
+        if record is None:
+            if current is not None:
+                await bucket.delete(key)
+                changed[key] = "revoked"
+            continue
+        if current is not None and _same(current.value, record):
+            continue
+        await bucket.put(key, record)
+        shown = record.intents if isinstance(record, allowed.Allowance) else record.priorities
+        changed[key] = allowed.shown(shown)
     return changed
+
+
+def _same(a: Any, b: Any) -> bool:
+    return msgspec.structs.replace(a, set_at=0) == msgspec.structs.replace(b, set_at=0)

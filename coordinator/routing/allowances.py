@@ -12,6 +12,14 @@ only the intents its allowance names; the card's other intents are refused, the 
 naming another agent is ignored.
 
 Patterns: an intent's name, ``*`` for any, or ``prefix*`` for every intent that starts so.
+
+The same bucket holds which priorities each sender may use (:class:`SenderPriorities`, under
+``priorities.<name>``: a name is one subject token, never dotted, so no agent id is such a
+key). ``reach auth caller NAME --priorities P1,P2`` or ``reach auth allow NAME --priorities
+…`` records it, ``reach auth push`` writes it, and a coordinator with its seal key refuses at
+intake a task whose sender (the last token of ``reach.task.<topic>.<sender>``) may not use its
+priority (:mod:`agentreach.coordinator.routing.priorities`). A sender the bucket does not
+name may use :data:`UNLISTED_PRIORITIES`.
 """
 
 from __future__ import annotations
@@ -24,10 +32,14 @@ import msgspec
 
 from agentreach.broker import BucketSpec, Names, Topology
 from agentreach.broker.replication import AUTO
-from agentreach.envelopes import AgentCard
+from agentreach.envelopes import PRIORITIES, AgentCard, Priority
 
 ANY = "*"
 _PATTERN = re.compile(r"[A-Za-z0-9_-]{1,128}\*?|\*")
+PRIORITIES_KEY = "priorities."  # + a sender's name: that sender's SenderPriorities
+# What a new caller may use, and a sender the bucket does not name (one issued since the last
+# push): P0 is for the callers an operator chose, or it is no fast lane.
+UNLISTED_PRIORITIES: tuple[Priority, ...] = ("P1", "P2")
 
 
 class Allowance(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,6 +49,36 @@ class Allowance(msgspec.Struct, frozen=True, kw_only=True):
     agent_id: str
     intents: tuple[str, ...] = ()
     set_at: int = 0  # ms since epoch, informational
+
+
+class SenderPriorities(msgspec.Struct, frozen=True, kw_only=True):
+    """``<prefix>_allowances/priorities.<sender>``: the priorities that sender's tasks may
+    have (a caller's; an agent's sub-tasks; a worker's replays)."""
+
+    v: Literal[1] = 1
+    sender: str
+    priorities: tuple[Priority, ...] = ()
+    set_at: int = 0  # ms since epoch, informational
+
+
+def priorities_key(sender: str) -> str:
+    return PRIORITIES_KEY + sender
+
+
+def sender_of_key(key: str) -> str | None:
+    """The sender whose priorities ``key`` holds, or None for an agent's intent allowance."""
+    return key.removeprefix(PRIORITIES_KEY) if key.startswith(PRIORITIES_KEY) else None
+
+
+def parse_priorities(text: str) -> tuple[Priority, ...]:
+    """``"p1, P0"`` → ``("P0", "P1")``: at least one, any case, in order of urgency."""
+    given = {p.strip().upper() for p in text.split(",") if p.strip()}
+    unknown = sorted(given - set(PRIORITIES))
+    if unknown:
+        raise ValueError(f"priority {unknown[0]!r}: use P0, P1 or P2, comma-separated")
+    if not given:
+        raise ValueError("name at least one of P0, P1, P2 (to stop a party, revoke it)")
+    return tuple(p for p in PRIORITIES if p in given)
 
 
 def bucket_name(names: Names) -> str:

@@ -102,12 +102,16 @@ async def test_show_expands_the_template_and_list_names_every_party(tmp_path):
     assert listed.stdout.split() == [
         "operator",
         "admin",
+        "priorities:",
+        "P0,P1,P2",
         "coordinator",
         "coordinator",
         "agent",
         "worker-7",
         "intents:",
         "nothing",
+        "priorities:",
+        "P0,P1,P2",
     ]
 
 

@@ -32,13 +32,13 @@ async def test_intents_are_recorded_changed_shown_and_pushed(tmp_path):
     listed = (await reach_auth(root, "list")).stdout
     assert "newcomer  intents: translate" in listed
     assert (
-        "(agent; may serve: summarize,sum*):"
+        "(agent; may serve: summarize,sum*; may send: P0,P1,P2):"
         in (await reach_auth(root, "show", "summarizer-1")).stdout
     )
     async with secured_server(deployment, tmp_path / "server") as server:
         pushed = await reach_auth(root, "push", "--nats-url", server.url)
         assert pushed.returncode == 0, pushed.stderr
-        assert "pushed the allowances: 2 changed" in pushed.stdout
+        assert "pushed the allowances: 5 changed" in pushed.stdout  # 2 intents, 3 priorities
         assert (await reach_auth(root, "revoke", "newcomer")).returncode == 0
         assert (
             "newcomer: allowance removed"
