@@ -104,10 +104,11 @@ class TaskFailed(InvokeError):
 
 class Rejected(TaskFailed):
     """The task was refused before any agent accepted it, so no handler ran; ``reason``
-    says why (no_route, backpressure, rate_limited, circuit_open, expired, …). Sending it
-    again is safe (after ``error.retry_after_ms``, when given). A refusal after an attempt
-    ran raises :class:`TaskFailed` instead. (``reason`` is ``error.type``, the refusal's
-    kind; ``ending`` says whether it left a dead letter: ``refused`` when it did not.)"""
+    says why (no_route, backpressure, rate_limited, circuit_open, expired,
+    priority_not_allowed, …). Sending it again is safe (after ``error.retry_after_ms``,
+    when given). A refusal after an attempt ran raises :class:`TaskFailed` instead.
+    (``reason`` is ``error.type``, the refusal's kind; ``ending`` says whether it left a
+    dead letter: ``refused`` when it did not.)"""
 
     @property
     def reason(self) -> str:
@@ -124,5 +125,6 @@ REJECTION_REASONS = frozenset(
         "circuit_open",
         "too_large",
         "duplicate_id",  # the message id is another caller's message
+        "priority_not_allowed",  # the caller may not send tasks of that priority
     }
 )

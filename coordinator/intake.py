@@ -12,6 +12,7 @@ from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, TooLarg
 from agentreach.broker.lifecycle import RAW_KEPT, dead_letter, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
 from agentreach.coordinator.protection.quotas import CallerQuotas
+from agentreach.coordinator.routing.priorities import PriorityAllowances
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.workflows.engine import WorkflowEngine
 from agentreach.envelopes import (
@@ -49,6 +50,7 @@ class Intake:
         *,
         on_taken: Callable[[str, str, int], None] | None = None,
         claim_check: ClaimCheck | None = None,
+        priorities: PriorityAllowances | None = None,
     ) -> None:
         self._broker = broker
         self._router = router
@@ -56,6 +58,7 @@ class Intake:
         self._quotas = quotas
         self._on_taken = on_taken  # (topic, priority, stored_ms) of each task taken in once
         self._claim_check = claim_check or ClaimCheck(broker)
+        self._priorities = priorities or PriorityAllowances()  # none enforced unless given
 
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
@@ -82,6 +85,9 @@ class Intake:
             # Only the caller the subject names is charged (permissions make it the real
             # one), once: a republish on the bare form (a reassignment) is not a new call.
             if sender is not None and not seen_before and not await self._within_quota(task):
+                return None
+            # After the quota: a sender writes these dead letters no faster than its quota.
+            if sender is not None and not await self._priorities.admit(self._broker, task):
                 return None
             if len(msg.data) > self._claim_check.threshold_bytes:  # a large `nats pub` body
                 try:

@@ -167,6 +167,7 @@ class Coordinator:
             self.quotas,
             on_taken=self.flow.taken_in,
             claim_check=self.claim_check,
+            priorities=self.directory.priorities,
         )
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
         self._advisories = Advisories(broker, grants)

@@ -7,7 +7,9 @@ believed, because a card written a moment ago may not have arrived yet.
 A card is the agent's own claim. With ``enforce_allowances`` (a coordinator with its seal
 key: a secured deployment) only the intents the operators allowed that agent
 (:mod:`agentreach.coordinator.routing.allowances`) are believed; the others are refused, kept in
-``refused`` with the reason, and named once in an ``alert`` event.
+``refused`` with the reason, and named once in an ``alert`` event. The same watch keeps
+``priorities`` current: which priorities each sender may use
+(:mod:`agentreach.coordinator.routing.priorities`), judged at intake.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.coordinator.routing import allowances
 from agentreach.coordinator.routing.allowances import Allowance
+from agentreach.coordinator.routing.priorities import PriorityAllowances
 from agentreach.envelopes import AgentCard, DecodeError, Liveness, decode_as
 
 log = structlog.get_logger("coordinator.directory")
@@ -40,6 +43,7 @@ class AgentDirectory:
 
     def __init__(self, broker: Broker, *, enforce_allowances: bool = False) -> None:
         self._broker = broker
+        self.priorities = PriorityAllowances()
         self.enforce_allowances = enforce_allowances
         self._cards: dict[str, AgentCard] = {}  # as believed: refused intents left out
         self._declared: dict[str, AgentCard] = {}  # as written by their agents
@@ -52,6 +56,15 @@ class AgentDirectory:
         self._refreshed_at = 0.0
         self.liveness: dict[str, Liveness] = {}
         self.liveness_version = 0  # rises with every change of a liveness verdict
+
+    @property
+    def enforce_allowances(self) -> bool:
+        """Whether intent and priority allowances are enforced (a secured deployment)."""
+        return self.priorities.enforced
+
+    @enforce_allowances.setter
+    def enforce_allowances(self, enforced: bool) -> None:
+        self.priorities.enforced = enforced
 
     @property
     def cards(self) -> Mapping[str, AgentCard]:
@@ -121,6 +134,9 @@ class AgentDirectory:
             await self._raise_alerts()
 
     def _allow(self, change: Change) -> None:
+        if (sender := allowances.sender_of_key(change.key)) is not None:
+            self.priorities.apply(sender, change.value)
+            return
         allowance = None
         if change.value is not None:
             try:

@@ -143,8 +143,8 @@ export class TaskFailed extends InvokeError {
 /**
  * The task was refused before any agent accepted it, so no handler ran (`type`: no_route,
  * expired, invalid_envelope, backpressure, rate_limited, circuit_open, too_large,
- * duplicate_id). Sending it again is safe (after `retryAfterMs`, when given). A refusal after
- * an attempt ran is a TaskFailed instead. `reason` is the refusal's kind (`type`), as in
+ * duplicate_id, priority_not_allowed). Sending it again is safe (after `retryAfterMs`, when
+ * given). A refusal after an attempt ran is a TaskFailed instead. `reason` is the refusal's kind (`type`), as in
  * the Python SDK; `ending` says whether it left a dead letter (`refused` when it did not).
  */
 export class Rejected extends TaskFailed {
@@ -166,4 +166,5 @@ export const REJECTION_TYPES: ReadonlySet<string> = new Set([
   "circuit_open",
   "too_large",
   "duplicate_id", // the message id is another caller's message
+  "priority_not_allowed", // the caller may not send tasks of that priority
 ]);
