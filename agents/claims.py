@@ -18,8 +18,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import structlog
-
 from agentreach.broker import BrokerError, Bucket, WrongLastSequence
 from agentreach.broker.bucket import UNREAD
 from agentreach.broker.tasks import cancel_and_wait
@@ -32,8 +30,9 @@ from agentreach.envelopes import (
     execution_key,
     now_ms,
 )
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("agents.claims")
+log = get_logger("agents.claims")
 
 RECORD_TRIES = 6  # about 8 s of broker trouble before the delivery is handed back
 RECORD_BACKOFF_S = 0.25

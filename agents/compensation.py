@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 import msgspec
-import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Auth, Broker, BrokerError, Delivery, Names, PullConsumer
@@ -20,8 +19,9 @@ from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import DeadLetter, DecodeError, Event, Task, new_id, now_ms
 from agentreach.envelopes import headers as h
 from agentreach.errors import ReachError
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("agents.compensation")
+log = get_logger("agents.compensation")
 
 DeadLetterHandler = Callable[[DeadLetter, "Compensation"], Awaitable[None]]
 RETRY_DELAY_S = 5.0

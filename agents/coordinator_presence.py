@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-import structlog
-
 from agentreach.broker import Broker, BrokerError, NoResponders
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("agents.client")
+log = get_logger("agents.client")
 
 NO_COORDINATOR = "no coordinator is running (start one: reach up / reach coordinator)"
 ASK_S = 0.5  # a replica answers in milliseconds; "nobody listens" comes back at once

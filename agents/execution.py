@@ -52,11 +52,12 @@ from agentreach.envelopes import (
     ttl_left_ms,
 )
 from agentreach.envelopes.headers import task_headers
+from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
     from agentreach.agents.agent import Agent, HandlerSpec
 
-log = structlog.get_logger("agents")
+log = get_logger("agents")
 
 BUSY_POLL_S = 0.5
 

@@ -16,18 +16,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import structlog
 
 from agentreach import envelopes
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import Deadline
 from agentreach.agents.errors import PermanentError
 from agentreach.envelopes import ErrorInfo
+from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
     from agentreach.agents.agent import HandlerSpec
 
-log = structlog.get_logger("agents")
+log = get_logger("agents")
 
 OVERRUN = "past its deadline in a thread; it cannot be stopped: its outcome waits for it"
 

@@ -14,15 +14,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import structlog
-
 from agentreach.broker import Broker, BrokerError, Bucket, Inbound, WrongLastSequence
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.envelopes import AgentControl, DecodeError, Heartbeat, decode_as
 from agentreach.errors import ReachError
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("agents.heartbeats")
+log = get_logger("agents.heartbeats")
 
 JITTER = 0.2
 CLOCK_DRIFT_S = 5.0

@@ -8,14 +8,14 @@ import random
 import socket
 
 import msgspec
-import structlog
 
 from agentreach import envelopes
 from agentreach.agents.errors import AgentConfigError, AgentIdInUse
 from agentreach.broker import Broker, BrokerTimeout, Entry, NoResponders, WrongLastSequence
 from agentreach.envelopes import AgentCard, RegisterReply, RegisterRequest, decode_as, now_ms
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("agents.registration")
+log = get_logger("agents.registration")
 
 SLOT_TIMEOUT_S = 2.0
 MAX_RETRY_S = 10.0

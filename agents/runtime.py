@@ -11,7 +11,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import msgspec
-import structlog
 
 from agentreach.agents.claims import Claims
 from agentreach.agents.errors import AgentConfigError, AgentIdInUse
@@ -36,11 +35,12 @@ from agentreach.broker.failover import until_answered
 from agentreach.broker.presence import Presence
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import PRIORITIES, AgentCard, Execution, Priority
+from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
     from agentreach.agents.agent import Agent
 
-log = structlog.get_logger("agents")
+log = get_logger("agents")
 
 FETCH_WAIT_S = 0.5
 PRESENCE_CHECK_S = 0.5

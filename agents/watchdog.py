@@ -13,9 +13,9 @@ import threading
 import time
 import traceback
 
-import structlog
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("agents.watchdog")
+log = get_logger("agents.watchdog")
 
 
 class Watchdog:

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 
 import nats.errors
 import nats.js.errors
-import structlog
 from nats.js.kv import KeyValue
 
 from agentreach.broker.direct import LastValues, last_of_each, last_per_subject
@@ -28,11 +27,12 @@ from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.streams import StoredMessage
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import DecodeError, decode_as, encode
+from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
 
-log = structlog.get_logger("broker.bucket")
+log = get_logger("broker.bucket")
 
 T = TypeVar("T")
 W = TypeVar("W")

@@ -30,8 +30,9 @@ import structlog
 
 from agentreach.broker.embedded import EmbeddedServer
 from agentreach.broker.errors import EmbeddedServerError
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("broker.cluster")
+log = get_logger("broker.cluster")
 
 DEFAULT_CLUSTER_DIR = Path(".reach/cluster")
 ROUTE_OFFSET = 2000  # client 4222 → route 6222 → monitoring 8222, as in deploy/nats/cluster

@@ -14,7 +14,6 @@ import nats
 import nats.errors
 import nats.js
 import nats.js.errors
-import structlog
 from nats.js import api
 from nats.js.kv import KeyValue
 
@@ -33,11 +32,12 @@ from agentreach.broker.messages import Inbound, InboundHandler, Subscription, co
 from agentreach.broker.names import Names
 from agentreach.broker.pipelined import Outgoing, PipelinedPublisher
 from agentreach.broker.urls import jittered_reconnect, redacted, resolve_url, server_list
+from agentreach.logs import get_logger
 
 T = TypeVar("T")
 S = TypeVar("S")
 
-log = structlog.get_logger("broker")
+log = get_logger("broker")
 
 _FIRST_CONNECT_ATTEMPTS = 2
 WAIT_FIRST_S = 1.0

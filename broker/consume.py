@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 import nats.aio.msg
 import nats.errors
 import nats.js
-import structlog
 from nats.js import api
 
 from agentreach.broker.connection import Broker
@@ -27,8 +26,9 @@ from agentreach.broker.errors import (
 from agentreach.broker.failover import until_answered
 from agentreach.broker.messages import Delivery
 from agentreach.broker.pull import Puller
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("broker.consume")
+log = get_logger("broker.consume")
 
 
 def _status_of(msg: nats.aio.msg.Msg | None) -> str | None:

@@ -16,11 +16,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-import structlog
-
 from agentreach.broker.errors import EmbeddedServerError
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("broker.embedded")
+log = get_logger("broker.embedded")
 
 DEFAULT_STORE_DIR = Path(".reach/nats")
 _LISTENING = re.compile(r"Listening for client connections on (?P<host>\S+):(?P<port>\d+)")

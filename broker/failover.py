@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, TypeVar
 
 import nats.errors
 import nats.js.errors
-import structlog
 
 from agentreach.broker.errors import (
     BrokerError,
@@ -41,11 +40,12 @@ from agentreach.broker.errors import (
     honour_cancellation,
     translate,
 )
+from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
 
-log = structlog.get_logger("broker.failover")
+log = get_logger("broker.failover")
 
 T = TypeVar("T")
 

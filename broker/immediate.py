@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 import nats.aio.client
 import nats.aio.msg
 import nats.aio.subscription
-import structlog
 
 from agentreach.broker.errors import translated
 from agentreach.broker.messages import Inbound, Subscription, pushed_from_a_stream
+from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
 
-log = structlog.get_logger("broker.immediate")
+log = get_logger("broker.immediate")
 
 Handler = Callable[[nats.aio.msg.Msg], None]
 

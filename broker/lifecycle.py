@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import structlog
 
 from agentreach import envelopes
 from agentreach.broker.connection import Broker
@@ -34,8 +33,9 @@ from agentreach.envelopes import (
     stable_id,
 )
 from agentreach.envelopes.audit import summary_of_task
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("broker.lifecycle")
+log = get_logger("broker.lifecycle")
 
 
 def about(task: Task, **fields: Any) -> dict[str, Any]:

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as _NatsSubscription
 
 from agentreach.broker.errors import BrokerError, translated
 from agentreach.broker.tasks import cancel_and_wait
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("broker.messages")
+log = get_logger("broker.messages")
 
 _NO_HEADERS: MappingProxyType[str, str] = MappingProxyType({})
 _V1_TOKENS, _V2_TOKENS = 9, 11

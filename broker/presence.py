@@ -16,14 +16,14 @@ from typing import Any
 
 import nats.errors
 import nats.micro
-import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from agentreach.broker.connection import Broker
 from agentreach.broker.errors import translated
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("broker.presence")
+log = get_logger("broker.presence")
 
 SERVICE_NAME = "reach-agent"
 

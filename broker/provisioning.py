@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable
 
 import nats.errors
 import nats.js
-import structlog
 from nats.js import api
 
 from agentreach.broker.connection import Broker
@@ -42,8 +41,9 @@ from agentreach.broker.topology import (
     StreamSpec,
     Topology,
 )
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("broker.provisioning")
+log = get_logger("broker.provisioning")
 
 # How long a command (`reach provision`), or a running service bringing back what went
 # missing, waits for JetStream to answer (a leader election) before it gives up.

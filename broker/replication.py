@@ -21,17 +21,17 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 import nats.errors
 import nats.js.errors
-import structlog
 from nats.js import api
 from nats.nuid import NUID
 
 from agentreach.broker.auth import AuthConfig
 from agentreach.broker.errors import ProvisionError, translate
+from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
 
-log = structlog.get_logger("broker.replication")
+log = get_logger("broker.replication")
 
 Replicas = Literal["auto", 1, 3, 5]
 AUTO: Replicas = "auto"

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 
-import structlog
-
 from agentreach import envelopes
 from agentreach.broker.messages import Inbound
 from agentreach.broker.names import COORDINATOR, Names
 from agentreach.envelopes import Reply, Routed
+from agentreach.logs import get_logger
 
-log = structlog.get_logger("broker.reply_box")
+log = get_logger("broker.reply_box")
 
 
 class ReplyBox:

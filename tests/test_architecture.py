@@ -22,6 +22,7 @@ MAX_LINES = 400
 # Lower layers never import higher ones; peers (agents, coordinator) not each other.
 LAYERS: dict[str, float] = {
     "agentreach.errors": 0,
+    "agentreach.logs": 0,  # the SDK's loggers, quiet until the application configures structlog
     "agentreach.envelopes": 1,
     "agentreach.broker": 2,
     "agentreach.agents": 3,
