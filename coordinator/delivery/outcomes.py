@@ -131,7 +131,9 @@ class Outcomes:
                 await answer_from_record(self._broker, task, record)
                 return None
             case Running(left_s=left_s):
-                log.info("reported while a delivery runs it; waiting", left_s=round(left_s, 3))
+                # It comes back every WAIT_CAP_S while that run lasts: said once at info.
+                say = log.info if delivered == 1 else log.debug
+                say("reported while a delivery runs it; waiting", left_s=round(left_s, 3))
                 return min(left_s + 0.05, WAIT_CAP_S)
         if event.event == "expired":
             await self._expired(event, task, error)
