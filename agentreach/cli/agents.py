@@ -1,5 +1,5 @@
-"""``reach agents [--watch] | clear ID``: who is registered, how the coordinator judges them,
-their load and breakers; lifting a quarantine."""
+"""``reach agents [--watch] | clear ID | forget ID``: who is registered, how the coordinator
+judges them, their load and breakers; lifting a quarantine; retiring an agent gone for good."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from agentreach.broker import Broker, BrokerTimeout, NoResponders, StreamNotFound
 from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
 from agentreach.cli.redraw import redraw_until_interrupted
+from agentreach.cli.retirement import forget
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.coordinator.routing import allowances
 from agentreach.envelopes import AgentCard, BreakerRecord, Heartbeat, Liveness
@@ -27,8 +28,12 @@ def register(commands: Commands) -> None:
     agents = commands.add(
         "agents",
         cmd_agents,
-        "registered agents and their liveness | clear ID",
-        example=("reach agents --watch", "reach agents clear worker-cn-east-01"),
+        "registered agents and their liveness | clear ID | forget ID",
+        example=(
+            "reach agents --watch",
+            "reach agents clear worker-cn-east-01",
+            "reach agents forget researcher-2",
+        ),
     )
     agents.description = (
         "Registered agents, as the coordinator judges them.\n\n" + LOAD_EXPLAINED + "\n"
@@ -36,11 +41,14 @@ def register(commands: Commands) -> None:
     agents.add_argument(
         "action",
         nargs="?",
-        choices=["list", "clear"],
+        choices=["list", "clear", "forget"],
         default="list",
-        help="list (default) the agents, or clear the quarantine of one",
+        help="list (default) the agents, clear the quarantine of one, or forget an OFFLINE or"
+        " STOPPED one (its card, heartbeat and liveness are deleted; it may register again)",
     )
-    agents.add_argument("id", nargs="?", help="clear: the quarantined agent's id")
+    agents.add_argument(
+        "id", nargs="?", help="clear: the quarantined agent's id; forget: the retired agent's"
+    )
     agents.add_argument(
         "--watch",
         type=float,
@@ -60,6 +68,11 @@ async def cmd_agents(args: argparse.Namespace) -> int:
     async with broker_of(args) as broker:
         if args.action == "clear":
             return await _clear(broker, args.id)
+        if args.action == "forget":
+            if not args.id:
+                raise UsageError("agents forget needs the id of an OFFLINE or STOPPED agent")
+            print(await forget(broker, args.id))
+            return 0
         running = await warn_without_coordinator(
             broker, "STATE is the last verdict recorded, and nobody judges liveness now"
         )

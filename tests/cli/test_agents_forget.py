@@ -1,0 +1,53 @@
+"""`reach agents forget ID`: retiring an agent that is gone for good."""
+
+from __future__ import annotations
+
+from agentreach.envelopes import AgentCard, Heartbeat, Liveness
+from tests.cli.conftest import reach_argv, run
+from tests.cli.test_reach_cli import worker
+from tests.support import wait_for_card
+
+
+async def reach(broker, *args: str):  # type: ignore[no-untyped-def]
+    return await run(*reach_argv(broker, *args))
+
+
+async def _records(broker, agent_id: str) -> list[object]:  # type: ignore[no-untyped-def]
+    found = []
+    for bucket, kind in (
+        (broker.names.agents_bucket, AgentCard),
+        (broker.names.heartbeats_bucket, Heartbeat),
+        (broker.names.liveness_bucket, Liveness),
+    ):
+        found.append(await (await broker.bucket(bucket, kind)).get(agent_id))
+    return found
+
+
+async def test_forget_removes_a_gone_agent_for_good_and_it_can_register_again(
+    broker, coordinator, watcher
+):
+    """A running agent is refused; once stopped, forget deletes its card, heartbeat and
+    liveness, `reach agents` no longer lists it, the coordinator writes nothing back, and a
+    new start of the same id registers and is judged ONLINE."""
+    async with worker().running(broker=broker):
+        await watcher.state("cli-reach-worker", "ONLINE")
+        refused = await reach(broker, "agents", "forget", "cli-reach-worker")
+    await watcher.state("cli-reach-worker", "OFFLINE")
+    forgotten = await reach(broker, "agents", "forget", "cli-reach-worker")
+    listed = await reach(broker, "agents")
+    unknown = await reach(broker, "agents", "forget", "cli-reach-worker")
+    coordinator_sweeps = [await coordinator.liveness.sweep() for _ in range(3)]
+    gone = await _records(broker, "cli-reach-worker")
+    async with worker().running(broker=broker):
+        await wait_for_card(broker, "cli-reach-worker", status="running")
+        back = await watcher.state("cli-reach-worker", "ONLINE", reason="heartbeat")
+        again = await reach(broker, "agents")
+    assert refused.returncode == 1 and "cli-reach-worker is ONLINE" in refused.stderr
+    assert forgotten.returncode == 0, forgotten.stderr
+    assert forgotten.stdout.startswith("cli-reach-worker: forgotten (was STOPPED)")
+    assert "cli-reach-worker" not in listed.stdout
+    assert unknown.returncode == 1 and "cli-reach-worker: unknown agent" in unknown.stderr
+    assert coordinator_sweeps == [None] * 3 and gone == [None, None, None]
+    assert back is not None
+    row = next(line for line in again.stdout.splitlines() if line.startswith("cli-reach-worker"))
+    assert row.split()[1] == "ONLINE"
