@@ -212,13 +212,12 @@ class LivenessMonitor:
         age_s = max(0, now_ms() - written_ms) / 1000 if written_ms else 0.0
         if age_s > 3 * beat.interval_s:
             if tracked is None:
-                self.agents[agent_id] = Tracked(
-                    agent_id=agent_id,
-                    interval_s=beat.interval_s,
-                    last_seen=time.monotonic() - age_s,
-                    revision=revision,
-                    epoch=beat.epoch,
-                )
+                last_seen = time.monotonic() - age_s
+                tracked = self.agents[agent_id] = Tracked(agent_id, beat.interval_s, last_seen)
+                tracked.revision = revision
+            # The last process and its interval, as its last beat says: a restored verdict is
+            # older after a restart of the agent that made no transition (none was written).
+            tracked.epoch, tracked.interval_s = beat.epoch, beat.interval_s
             return
         if tracked is None:
             tracked = self.agents[agent_id] = Tracked(

@@ -17,7 +17,7 @@ from agentreach.agents import Agent, AgentIdInUse, ReachClient, TaskContext
 from agentreach.broker import Broker
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig, LivenessConfig
-from agentreach.envelopes import AgentCard, Intent, Liveness, RegisterReply
+from agentreach.envelopes import AgentCard, Heartbeat, Intent, Liveness, RegisterReply, Task
 from tests.cli.conftest import reach_argv
 from tests.support import wait_for_card
 
@@ -447,3 +447,27 @@ async def test_a_registration_request_that_cannot_be_granted_is_told_why(broker,
         answer = await broker.nc.request(names.register("asker"), body, timeout=5)
         reply = msgspec.json.decode(answer.data, type=RegisterReply)
         assert not reply.ok and reply.error is not None and why in reply.error
+
+
+async def test_a_dead_agent_restarted_without_a_transition_has_its_tasks_moved(broker, watcher):
+    """The verdict in KV names epoch 1, but the agent was restarted (epoch 2) without a
+    transition, so none was written; then it died. A coordinator that starts now restored
+    epoch 1, took its card's epoch 2 for a newer live process, and left its queued task
+    there: the last heartbeat says which process was last, and the task moves on."""
+    names = broker.names
+    await (await broker.kv(names.liveness_bucket)).put(
+        "swift",
+        msgspec.json.encode(
+            Liveness(agent_id="swift", state="ONLINE", since_ms=1, epoch=1, interval_s=INTERVAL)
+        ),
+    )
+    card = AgentCard(agent_id="swift", intents={"noop": Intent()}, epoch=2, status="running")
+    await (await broker.kv(names.agents_bucket)).put("swift", msgspec.json.encode(card))
+    beat = Heartbeat(agent_id="swift", epoch=2, seq=9, interval_s=INTERVAL)
+    await (await broker.kv(names.heartbeats_bucket)).put("swift", msgspec.json.encode(beat))
+    task = Task(v=1, message_id="left-1", trace_id="left-1", topic="noop", to_agent="swift")
+    await broker.publish(names.dispatch("swift", "P1"), msgspec.json.encode(task))
+    await asyncio.sleep(4 * INTERVAL)  # the last heartbeat grows older than 3 intervals
+    async with lively_coordinator(broker), local_agent("spare").running(broker=broker):
+        done = await watcher.event("completed", message_id="left-1", timeout=20)
+    assert done.agent_id == "spare" and done.attempt == 2
