@@ -1,6 +1,6 @@
 /** `ReachClient`: send tasks to agents and wait for their results, from any Node.js program. */
 
-import type { Subscription } from "nats";
+import type { NatsError, Subscription } from "nats";
 
 import { budgetOf, taskOf } from "./arguments.js";
 import { ClaimCheck, DEFAULT_CLAIM_CHECK_BYTES } from "./claimcheck.js";
@@ -8,7 +8,7 @@ import { encode, MAX_MS, newId, nowMs, taskHeaders, TOKEN } from "./codec.js";
 import { Connection } from "./connection.js";
 import { coordinatorRuns, NO_COORDINATOR, PublishWarnings } from "./coordinatorstatus.js";
 import { endingOf, OthersMessage, Traces } from "./endings.js";
-import { DeadlineExceeded, InvalidArgument, InvokeError, NotAcknowledged, ReachError } from "./errors.js";
+import { BacklogFull, DeadlineExceeded, InvalidArgument, InvokeError, NotAcknowledged, NotProvisioned, ReachError } from "./errors.js";
 import { aborted, Ending, idsOf, othersMessage, outcomeOf, waitForResult } from "./invocation.js";
 import type { OnAck, OnProgress, Outcome } from "./invocation.js";
 import { jsonLogger } from "./log.js";
@@ -165,8 +165,12 @@ export class ReachClient {
     this.mustBeOpen();
     const stowed = await this.claimCheck.stowTask(task);
     const subject = this.conn.names.task(stowed.topic, this.caller);
-    const ack = await this.conn.publish(subject, encode(stowed), taskHeaders(stowed));
-    return !ack.duplicate;
+    try {
+      const ack = await this.conn.publish(subject, encode(stowed), taskHeaders(stowed));
+      return !ack.duplicate;
+    } catch (err) {
+      throw refusedPublish(err, stowed, subject, this.caller) ?? err;
+    }
   }
 
   /**
@@ -295,4 +299,22 @@ export class ReachClient {
 function positive(name: string, value: number): number {
   if (!(typeof value === "number" && value > 0)) throw new InvalidArgument(`${name} must be positive, got ${value}`, name);
   return value;
+}
+
+const SUBJECT_FULL = 10077; // JetStream: maximum messages per subject exceeded
+
+/** The SDK's own error for a task the server did not take, or null for any other failure. */
+function refusedPublish(err: unknown, task: Task, subject: string, caller: string): InvokeError | null {
+  const failure = err as NatsError | null;
+  const ids = { messageId: task.message_id, traceId: task.trace_id };
+  if (failure?.api_error?.err_code === SUBJECT_FULL) {
+    const why = `the intake holds as many of '${caller}''s tasks on it as it keeps (limits.tasks_per_subject)`;
+    return new BacklogFull(`'${task.topic}' was not sent: ${why} that no coordinator took yet; send it again once they are taken`, ids, { cause: err });
+  }
+  if (failure?.code === "503" && !failure.api_error) {
+    // No responders: no stream listens on the subject.
+    const how = "provision it with `reach provision --nats-url URL` (or start a coordinator on it, `reach coordinator`), with the same --prefix";
+    return new NotProvisioned(`'${task.topic}' was not sent: no stream on this server takes '${subject}'; ${how}`, ids, { cause: err });
+  }
+  return null;
 }

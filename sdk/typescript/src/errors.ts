@@ -78,6 +78,24 @@ export class InvokeError extends ReachError {
 }
 
 /**
+ * The task was not sent: the server has no stream that takes tasks (it is new, or was wiped,
+ * and nobody ran `reach provision` or started a coordinator on it), or it has them under
+ * another prefix. Nothing runs; once provisioned, sending again is safe.
+ */
+export class NotProvisioned extends InvokeError {
+  override name = "NotProvisioned";
+}
+
+/**
+ * The task was not sent: the intake holds as many of this caller's tasks on the topic as it
+ * keeps (`limits.tasks_per_subject`, 1,000 by default) that the coordinator has not taken
+ * yet. Nothing runs; send again once they are taken.
+ */
+export class BacklogFull extends InvokeError {
+  override name = "BacklogFull";
+}
+
+/**
  * No agent acknowledged the task within the ack deadline. The task is not withdrawn: it
  * stays queued and may still run, until its ttl runs out (the message says when no
  * coordinator runs to route it). To try again safely, invoke again with this error's

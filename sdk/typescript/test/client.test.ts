@@ -5,11 +5,16 @@
 
 import assert from "node:assert/strict";
 import { after, before, describe, it } from "node:test";
+import type { ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { connect, DiscardPolicy } from "nats";
 import type { Msg } from "nats";
 
-import { Agent, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, PermanentError, ReachClient, ReachError, Rejected, TaskFailed } from "../src/index.js";
+import { Agent, BacklogFull, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, TaskFailed } from "../src/index.js";
 import type { Ack, Progress, Task } from "../src/index.js";
-import { Gate, startSecuredStack, startStack, Watcher } from "./harness.js";
+import { freePort, Gate, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
 import type { SecuredStack, Stack } from "./harness.js";
 
 const quiet = { debug() {}, info() {}, warn() {}, error() {} };
@@ -451,6 +456,52 @@ describe("ReachClient on a secured server", () => {
     } finally {
       await client.close();
       intake.close();
+    }
+  });
+});
+
+describe("ReachClient when the server does not take the task", () => {
+  let server: ChildProcess;
+  let url: string;
+  let dir: string;
+
+  before(async () => {
+    dir = mkdtempSync(join(tmpdir(), "reach-ts-refused-"));
+    const port = await freePort();
+    url = `nats://127.0.0.1:${port}`;
+    server = await startServer(port, join(dir, "js"));
+  });
+
+  after(async () => {
+    await terminate(server);
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("raises NotProvisioned on a server with no task stream, and BacklogFull past the caller's backlog", async () => {
+    const client = await ReachClient.connect(url, { name: "refused-caller", logger: quiet });
+    try {
+      const unsent = await rejection(client.publish("summarize", { n: 1 }, { messageId: "unsent-1" }));
+      assert.ok(unsent instanceof NotProvisioned && unsent instanceof InvokeError, String(unsent));
+      assert.equal(unsent.messageId, "unsent-1");
+      assert.match(unsent.message, /'summarize' was not sent.*reach provision/);
+      // A task intake that keeps one task per caller and topic, as `limits.tasks_per_subject: 1`.
+      const nc = await connect({ servers: url });
+      const jsm = await nc.jetstreamManager();
+      await jsm.streams.add({
+        name: "REACH_TASKS",
+        subjects: ["reach.task.>"],
+        max_msgs_per_subject: 1,
+        discard: DiscardPolicy.New,
+        discard_new_per_subject: true,
+      });
+      await nc.close();
+      await client.publish("summarize", { n: 1 });
+      const full = await rejection(client.invoke("summarize", { n: 2 }, { messageId: "one-too-many" }));
+      assert.ok(full instanceof BacklogFull && full instanceof InvokeError, String(full));
+      assert.equal(full.messageId, "one-too-many");
+      assert.match(full.message, /'summarize' was not sent: .*'refused-caller'.*tasks_per_subject/);
+    } finally {
+      await client.close();
     }
   });
 });
