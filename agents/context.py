@@ -10,6 +10,9 @@ import msgspec
 
 from agentreach.agents.deadline import Deadline
 from agentreach.envelopes import Priority, Task, new_id, now_ms, tracecontext
+from agentreach.logs import get_logger
+
+log = get_logger("agents")
 
 
 class TaskContext:
@@ -77,9 +80,14 @@ class TaskContext:
         await self._report_progress(note)
 
     def progress_sync(self, note: str = "", timeout: float = 5.0) -> None:
-        """:meth:`progress` for a synchronous handler running in a worker thread."""
+        """:meth:`progress` for a synchronous handler running in a worker thread. A report
+        that takes longer than ``timeout`` goes on without the handler, which goes on too (a
+        TimeoutError here would fail its work as ``deadline_exceeded``)."""
         future = asyncio.run_coroutine_threadsafe(self._report_progress(note), self._loop)
-        future.result(timeout)
+        try:
+            future.result(timeout)
+        except TimeoutError:
+            log.warning("progress not reported yet; the handler goes on", timeout_s=timeout)
 
     async def publish(self, topic: str, payload: Any, *, priority: Priority | None = None) -> Task:
         """Send a task to another agent in the same trace, passing on the budget that is left."""

@@ -63,6 +63,10 @@ class HandlerPlaces:
     def free(self) -> int:
         return self.size - self.busy
 
+    def free_to(self, priority: Priority) -> int:
+        """Places a task of ``priority`` could take now (P1/P2 not the one kept for P0)."""
+        return max(0, self.free - self._kept_for_p0(priority))
+
     def try_take(self, priority: Priority) -> bool:
         """A place for a task of ``priority`` now, if one is free to it and no task waits."""
         if self._waiting or self.free <= self._kept_for_p0(priority):
@@ -135,8 +139,9 @@ class Room:
         return sum(place.free for place in self.places.values())
 
     def free_for(self, task: Task) -> int:
-        """More tasks of ``task``'s topic and priority that could start now."""
-        return max(0, min(self._place(task).free, self.slots[task.priority].free))
+        """More tasks of ``task``'s topic and priority that could start now (an ack says it:
+        a P1 place kept for P0 is no room for the caller's next P1 task)."""
+        return max(0, min(self._place(task).free_to(task.priority), self.slots[task.priority].free))
 
     async def enter(
         self, task: Task, delivery: Delivery, *, keep_alive_s: float, within_s: float

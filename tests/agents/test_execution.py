@@ -284,3 +284,22 @@ async def test_a_result_that_cannot_be_encoded_fails_once_as_invalid_result(
 
 async def _noop(ctx: TaskContext, payload: object) -> object:
     return payload
+
+
+async def test_a_slow_progress_report_does_not_fail_a_thread_handler(broker, coordinator):
+    """progress_sync waits ``timeout`` for the report; past it the handler goes on and the
+    report is still sent (it raised TimeoutError, which failed the work as a deadline)."""
+    agent = Agent("sync-reporter", startup_delay=0)
+
+    @agent.handler("sync_report")
+    def sync_report(ctx: TaskContext, payload: dict) -> dict:
+        ctx.progress_sync("half way", timeout=0)  # no report is through in no time
+        return {"done": True}
+
+    notes: list[str] = []
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke(
+            "sync_report", {}, on_progress=lambda progress: notes.append(progress.note)
+        )
+    assert result == {"done": True}
+    assert notes == ["half way"]

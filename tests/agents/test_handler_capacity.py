@@ -152,3 +152,20 @@ async def _in_hand(broker: Broker, agent_id: str, priority: Priority, count: int
     stream, durable = names.dispatch_stream(priority), names.agent_consumer(agent_id, priority)
     state = await consumer_state(broker, stream, durable)
     return state is not None and state.num_ack_pending == count
+
+
+async def test_an_ack_counts_no_place_kept_for_p0_as_free_to_p1(broker, coordinator):
+    """capacity=2 runs one P1 task at a time (the other place is kept for P0): the ack of a
+    P1 task says 0 free slots, not 1, and that of a P0 task 1 (the place left is its own)."""
+    agent = Agent("kept-1", startup_delay=0)
+
+    @agent.handler("pair", capacity=2)
+    async def pair(ctx: TaskContext, payload: dict) -> dict:
+        return payload
+
+    acks: dict[Priority, list[Ack]] = {"P0": [], "P1": []}
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        for priority in ("P1", "P0"):
+            await client.invoke("pair", {}, priority=priority, on_ack=acks[priority].append)
+    assert [ack.capacity.free_slots for ack in acks["P1"] if ack.capacity] == [0]
+    assert [ack.capacity.free_slots for ack in acks["P0"] if ack.capacity] == [1]

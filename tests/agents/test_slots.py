@@ -153,6 +153,7 @@ async def test_p1_and_p2_never_take_a_handlers_last_place() -> None:
     late = asyncio.create_task(places.take("P2"))
     await asyncio.sleep(0)
     assert not late.done() and places.free == 1  # the last place is kept for P0
+    assert (places.free_to("P2"), places.free_to("P1"), places.free_to("P0")) == (0, 0, 1)
     await places.take("P0")  # at once, without waiting for the P2 to end
     assert places.free == 0
     places.give()  # the P0 ends: still the last place, still not for P2

@@ -106,6 +106,11 @@ export class HandlerPlaces {
     this.handOut();
   }
 
+  /** Places a task of `priority` could take now (P1/P2 not the one kept for P0). */
+  freeTo(priority: Priority): number {
+    return Math.max(0, this.free - this.keptForP0(priority));
+  }
+
   private keptForP0(priority: Priority): number {
     return this.size > 1 && priority !== "P0" ? 1 : 0;
   }
@@ -158,7 +163,8 @@ export class Room {
 
   /** More tasks of `task`'s topic and priority that could start now. */
   freeFor(task: Task): number {
-    return Math.max(0, Math.min(this.place(task.topic).free, this.pools[task.priority].free));
+    // A place kept for P0 is no room for the caller's next P1 task: the ack says so.
+    return Math.max(0, Math.min(this.place(task.topic).freeTo(task.priority), this.pools[task.priority].free));
   }
 
   /**

@@ -14,6 +14,7 @@ describe("HandlerPlaces", () => {
     const waiting = places.take("P2", never).then((taken) => (late = taken));
     await Promise.resolve();
     assert.equal(late, false); // the last place is kept for P0
+    assert.deepEqual([places.freeTo("P2"), places.freeTo("P1"), places.freeTo("P0")], [0, 0, 1]);
     assert.equal(await places.take("P0", never), true); // at once
     assert.equal(places.free, 0);
     places.give(); // the P0 ends: still the last place, still not for P2
