@@ -33,6 +33,7 @@ from agentreach.envelopes import (
     stable_id,
 )
 from agentreach.envelopes.audit import summary_of_task
+from agentreach.envelopes.coordination import workflow_step_of
 from agentreach.logs import get_logger
 
 log = get_logger("broker.lifecycle")
@@ -256,10 +257,12 @@ async def dead_letter(
     state: Any = None,
     truncated: bool = False,
     caller: str | None = None,
+    ran: bool | None = None,
 ) -> DeadLetter:
     """Publish a dead letter to ``reach.dlq.<reason>.<topic>`` with the trace so far,
     and record a ``dead_lettered`` event (``truncated``: ``raw`` was cut before it came;
-    ``caller``: who sent what did not decode into ``task``)."""
+    ``caller``: who sent what did not decode into ``task``; ``ran``: as its error reply says).
+    A workflow's step is named in the letter (``workflow``)."""
     caller = task.caller if task is not None else caller
     stored = await indexed_messages_on(
         broker, broker.names.events_stream, broker.names.events_of_message(message_id)
@@ -284,6 +287,7 @@ async def dead_letter(
         at_ms=now_ms(),
         state=state,
         truncated=truncated,
+        workflow=workflow_step_of(broker.names.workflow_of(task.reply_to), task) if task else None,
     )
     data = envelopes.encode(letter)
     if len(data) > broker.max_payload - HEADROOM:
@@ -303,7 +307,7 @@ async def dead_letter(
             attempt=task.attempt if task else 1,
             at_ms=letter.at_ms,
             caller=caller,  # its sender reads it in its own trace
-            detail=_letter_detail(reason, task, error),
+            detail=_letter_detail(reason, task, error, ran),
             priority=task.priority if task else "P1",
             received_ms=task.received_ms if task else 0,
         ),
@@ -341,11 +345,15 @@ async def dead_letter_delivery(
     )
 
 
-def _letter_detail(reason: str, task: Task | None, error: ErrorInfo | None) -> dict[str, Any]:
+def _letter_detail(
+    reason: str, task: Task | None, error: ErrorInfo | None, ran: bool | None
+) -> dict[str, Any]:
     detail: dict[str, Any] = {
         "reason": reason,
         "error": msgspec.to_builtins(error) if error else None,
     }
+    if ran is not None:
+        detail["ran"] = ran
     if task is not None:  # what the audit record of the message summarises as its input
         detail["input"] = msgspec.to_builtins(summary_of_task(task))
     return detail

@@ -160,6 +160,12 @@ class Names(msgspec.Struct, frozen=True):
         """Where a workflow's step tasks answer (captured by ``REACH_WORKFLOWS``)."""
         return f"{self.prefix}.wf.reply.{instance_id}"
 
+    def workflow_of(self, reply_to: str | None) -> str | None:
+        """The instance a task answering to ``reply_to`` is a step of; None: not a step's."""
+        if reply_to is None or not self.workflow_replies(reply_to):
+            return None
+        return reply_to.removeprefix(self.workflow_reply(""))
+
     def workflow_timer(self, instance_id: str) -> str:
         return f"{self.prefix}.wf.timer.{instance_id}"
 

@@ -65,6 +65,7 @@ from agentreach.envelopes.messages import (
     Result,
     Routed,
     Task,
+    WorkflowStep,
     is_reply_subject,
     is_token,
 )
@@ -134,6 +135,7 @@ __all__ = [
     "TraceReply",
     "TraceRequest",
     "WorkflowRecord",
+    "WorkflowStep",
     "all_schemas",
     "breaker_key",
     "decode",

@@ -7,11 +7,12 @@ tools read them, so they evolve by the same rules (new fields with defaults).
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
 
 import msgspec
 
-from agentreach.envelopes.messages import ErrorInfo, Priority, Task
+from agentreach.envelopes.messages import ErrorInfo, Priority, Task, WorkflowStep
 
 BreakerState = Literal["closed", "open", "half_open"]
 WHOLE_AGENT = ""
@@ -105,6 +106,13 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
     def finished(self) -> bool:
         return self.status in ("completed", "failed", "cancelled")
 
+    @property
+    def steps_began(self) -> bool:
+        """Whether the instance dispatched a step (one with an intent: an agent, or a child
+        workflow, may have acted on it). Its caller is told so (``ran``): an instance that
+        ended before any, expired on arrival say, was refused; one past it failed."""
+        return any(run.intent for run in self.steps.values())
+
 
 class TimerDue(msgspec.Struct, frozen=True, kw_only=True):
     """A workflow timer on ``reach.wf.timer.<instance>``: step ``key``'s ``visit`` is due."""
@@ -121,3 +129,33 @@ class ReloadReply(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     rules: list[str] = []
     error: str = ""
+
+
+UNDO = "undo"  # the visit part of a compensating task's message id
+
+
+def step_message_id(instance_id: str, key: str, visit: int | str) -> str:
+    """The message id of visit ``visit`` of step ``key`` (``undo``: its compensation)."""
+    candidate = f"{instance_id}-{key}-{visit}"
+    if len(candidate) <= 128:
+        return candidate
+    return f"{_long_prefix(instance_id)}-{key}-{visit}"
+
+
+def workflow_step_of(instance_id: str | None, task: Task) -> WorkflowStep | None:
+    """The step of instance ``instance_id`` (the one ``task`` answers to, if any) that
+    ``task`` is a visit of; None when its message id is none :func:`step_message_id` gives."""
+    message_id = task.message_id
+    for prefix in (instance_id, _long_prefix(instance_id)) if instance_id else ():
+        if message_id.startswith(f"{prefix}-"):
+            key, _, visit = message_id[len(prefix) + 1 :].rpartition("-")
+            if key and (visit == UNDO or visit.isdigit()):
+                undo = visit == UNDO
+                return WorkflowStep(
+                    instance_id=instance_id, step=key, compensation=undo, handled=not undo
+                )
+    return None
+
+
+def _long_prefix(instance_id: str) -> str:
+    return "wf" + hashlib.sha256(instance_id.encode()).hexdigest()[:32]

@@ -89,6 +89,7 @@ class DeadLetteredDetail(_Detail, frozen=True, kw_only=True):
 
     reason: str
     error: ErrorInfo | None = None
+    ran: bool | None = None  # as the error reply's ``ran`` says (a workflow's: a step began)
 
 
 class ClockDriftDetail(_Detail, frozen=True, kw_only=True):

@@ -181,6 +181,10 @@ class ErrorReply(_AboutTask, frozen=True, kw_only=True, tag="error"):
 
     error: ErrorInfo
     reason: str | None = None  # None: from a coordinator older than this field
+    # Whether work began for it, when the coordinator knows: a workflow says true once it
+    # dispatched a step, false when it ended before any. None: not said (a task's acks and
+    # events tell its caller whether an agent accepted it).
+    ran: bool | None = None
 
 
 class Routed(_AboutTask, frozen=True, kw_only=True, tag="routed"):
@@ -210,6 +214,22 @@ class Event(_AboutTask, frozen=True, kw_only=True, tag="event"):
     received_ms: int = 0  # the task's intake time on the broker's clock (0: not known)
 
 
+class WorkflowStep(msgspec.Struct, frozen=True, kw_only=True):
+    """The workflow instance a dead-lettered task is a step of (``DeadLetter.workflow``).
+
+    ``handled``: the workflow accounts for this failure, so a worker need not act on this
+    letter. Either it absorbed the failure (a branch's ``on_timeout: partial`` or fallback, a
+    state's ``on_error``, a branch a join may do without, a step it no longer waited for) or
+    the failure ended it, and its own letter (``workflow_failed`` or ``expired``, with the
+    whole record) is the one to act on, once. A compensating task's letter is never
+    handled: an undo that failed leaves a completed step's effect in place."""
+
+    instance_id: str
+    step: str
+    compensation: bool = False  # it undoes a completed step (a saga's compensating intent)
+    handled: bool = True
+
+
 class DeadLetter(_Base, frozen=True, kw_only=True, tag="dead_letter"):
     """A message that will not complete, with everything a worker needs to act.
 
@@ -231,6 +251,7 @@ class DeadLetter(_Base, frozen=True, kw_only=True, tag="dead_letter"):
     at_ms: int = 0
     state: Any = None  # workflow_failed: the workflow's whole coordination record
     truncated: bool = False  # parts left out to fit the server's largest message
+    workflow: WorkflowStep | None = None  # the task is a workflow's step
 
 
 Message = Task | Ack | Progress | Result | ErrorReply | Routed | Event | DeadLetter

@@ -16,10 +16,16 @@ log = structlog.get_logger("coordinator")
 
 
 async def end_with_error(
-    broker: Broker, task: Task, reason: str, error: ErrorInfo, *, state: Any = None
+    broker: Broker,
+    task: Task,
+    reason: str,
+    error: ErrorInfo,
+    *,
+    state: Any = None,
+    ran: bool | None = None,
 ) -> None:
     """Dead-letter ``task`` as ``reason`` (with ``state``, if any) and send ``error`` to its
-    ``reply_to``."""
+    ``reply_to``; ``ran``, when known, says whether its work began (a workflow's step)."""
     await dead_letter(
         broker,
         reason=reason,
@@ -29,9 +35,10 @@ async def end_with_error(
         topic=task.topic,
         error=error,
         state=state,
+        ran=ran,
     )
     log.info("dead-lettered", reason=reason, error=error.message)  # said once it is so
-    await reply(broker, task, error_reply(task, error, reason))
+    await reply(broker, task, error_reply(task, error, reason, ran=ran))
 
 
 async def refuse(broker: Broker, task: Task, error: ErrorInfo, **detail: Any) -> None:
@@ -45,6 +52,8 @@ async def refuse(broker: Broker, task: Task, error: ErrorInfo, **detail: Any) ->
     await reply(broker, task, error_reply(task, error, "refused"))
 
 
-def error_reply(task: Task, error: ErrorInfo, reason: str) -> ErrorReply:
+def error_reply(
+    task: Task, error: ErrorInfo, reason: str, *, ran: bool | None = None
+) -> ErrorReply:
     """The ``error`` envelope answering ``task``, which ended as ``reason``."""
-    return ErrorReply(**about(task, error=error, reason=reason))
+    return ErrorReply(**about(task, error=error, reason=reason, ran=ran))

@@ -4,11 +4,11 @@ after a crash is safe: a step's message id derives from the instance, the step a
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentreach.envelopes import StepRun
+from agentreach.envelopes.coordination import step_message_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +53,6 @@ class Finish:
 Action = Dispatch | Timer | Note | Abandon | Finish
 
 
-def message_id_of(instance_id: str, key: str, visit: int | str) -> str:
-    """A step visit's message id; derived, so that a repeated dispatch is a duplicate."""
-    candidate = f"{instance_id}-{key}-{visit}"
-    if len(candidate) <= 128:
-        return candidate
-    digest = hashlib.sha256(instance_id.encode()).hexdigest()[:32]
-    return f"wf{digest}-{key}-{visit}"
+# A step visit's message id, derived so that a repeated dispatch is a duplicate; the envelopes
+# read it back to name the step of a dead letter (``DeadLetter.workflow``).
+message_id_of = step_message_id

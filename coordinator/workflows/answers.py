@@ -22,12 +22,12 @@ async def answer(broker: Broker, record: WorkflowRecord) -> None:
     if record.status == "completed":
         await reply(broker, task, Result(**about(task, result=record.result)))
         return
-    error = _error_of(record)
+    error, ran = _error_of(record), record.steps_began
     if record.status == "cancelled":
-        await reply(broker, task, error_reply(task, error, "cancelled"))
+        await reply(broker, task, error_reply(task, error, "cancelled", ran=ran))
         return
     state = msgspec.to_builtins(record)
-    await end_with_error(broker, task, _ended_as(record, error), error, state=state)
+    await end_with_error(broker, task, _ended_as(record, error), error, state=state, ran=ran)
 
 
 async def answer_again(broker: Broker, record: WorkflowRecord, task: Task) -> None:
@@ -40,8 +40,8 @@ async def answer_again(broker: Broker, record: WorkflowRecord, task: Task) -> No
     elif record.status == "completed":
         await reply(broker, task, Result(**about(task, result=record.result)))
     else:
-        error = _error_of(record)
-        await reply(broker, task, error_reply(task, error, _ended_as(record, error)))
+        error, ran = _error_of(record), record.steps_began
+        await reply(broker, task, error_reply(task, error, _ended_as(record, error), ran=ran))
     log.info("workflow ended already; answered again", instance_id=record.instance_id)
 
 

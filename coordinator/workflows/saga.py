@@ -10,6 +10,7 @@ import msgspec
 from agentreach.coordinator.workflows.actions import Action, Dispatch, Finish, Note, message_id_of
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import ErrorInfo, StepRun, WorkflowRecord
+from agentreach.envelopes.coordination import UNDO
 
 
 def final_error(error: ErrorInfo) -> ErrorInfo:
@@ -48,7 +49,10 @@ class Compensation:
         error = self.record.error
         self.actions.append(Finish())
         self.actions.append(
-            Note(f"workflow_{self.record.status}", detail={"error": msgspec.to_builtins(error)})
+            Note(
+                f"workflow_{self.record.status}",
+                detail={"error": msgspec.to_builtins(error), "ran": self.record.steps_began},
+            )
         )
 
     def _to_undo(self) -> list[str]:
@@ -69,7 +73,7 @@ class Compensation:
         run = StepRun(
             status="running",
             visit=done.visit,
-            message_id=message_id_of(self.record.instance_id, key, "undo"),
+            message_id=message_id_of(self.record.instance_id, key, UNDO),
             intent=self.spec.compensation_of(key) or "",
             input={"step": key, "input": done.input, "output": done.output},
             started_ms=self.now,

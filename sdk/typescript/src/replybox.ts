@@ -158,6 +158,7 @@ export function decodeReply(data: Uint8Array): Reply | Routed | null {
           retry_after_ms: typeof error.retry_after_ms === "number" ? error.retry_after_ms : null,
         },
         reason: typeof doc.reason === "string" ? doc.reason : null,
+        ran: typeof doc.ran === "boolean" ? doc.ran : null,
       } satisfies ErrorReply;
     }
     default:

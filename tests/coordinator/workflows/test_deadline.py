@@ -9,6 +9,7 @@ from agentreach.coordinator.workflows.run import (
     DEADLINE,
     Dispatch,
     Finish,
+    Note,
     Run,
     Timer,
     new_record,
@@ -72,3 +73,18 @@ def test_a_task_expired_before_its_workflow_started_dispatches_nothing() -> None
     assert not [a for a in run.actions if isinstance(a, Dispatch | Timer)]
     assert record.status == "failed" and record.error is not None
     assert record.error.type == "expired"
+
+
+def test_an_instance_says_whether_any_step_began() -> None:
+    """Its caller hears `ran` from it: false for one that expired before dispatching a step
+    (nothing ran: refused), true once a step was dispatched, in its end's note too."""
+
+    def ran(run: Run) -> object:
+        return next(a.detail["ran"] for a in run.actions if isinstance(a, Note) and a.detail)
+
+    record, run = started(ttl_ms=1_000, received_ms=1_000, now=5_000)
+    assert not record.steps_began and ran(run) is False
+    record, _ = started(ttl_ms=6_000, received_ms=1_000, now=1_000)
+    timer = Run(CHAIN, record, 7_000)
+    assert timer.on_timer(DEADLINE, 0)
+    assert record.steps_began and ran(timer) is True

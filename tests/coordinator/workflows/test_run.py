@@ -20,7 +20,8 @@ from agentreach.coordinator.workflows.run import (
 )
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.coordinator.workflows.templates import render
-from agentreach.envelopes import ErrorInfo, Task
+from agentreach.envelopes import ErrorInfo, Task, WorkflowStep
+from agentreach.envelopes.coordination import workflow_step_of
 
 
 def spec(yaml: str) -> WorkflowSpec:
@@ -309,3 +310,17 @@ def test_a_state_that_times_out_goes_to_its_on_timeout_state() -> None:
     Run(strict, record, 3_000).on_timer("wait", 1)
     assert record.status == "failed" and record.error is not None
     assert record.error.type == "timeout"
+
+
+@pytest.mark.parametrize("instance", ["wf1", "x" * 120])
+def test_a_step_task_is_named_back_from_its_message_id(instance: str) -> None:
+    """A dead letter names the step its task is a visit of, short ids and hashed long ones
+    alike (a step's name may hold dashes); a compensating task's letter is not handled."""
+    task = Task(v=1, message_id=message_id_of(instance, "fetch-web", 3), trace_id="t", topic="x")
+    step_of = workflow_step_of(instance, task)
+    assert step_of == WorkflowStep(instance_id=instance, step="fetch-web", handled=True)
+    undo = msgspec.structs.replace(task, message_id=message_id_of(instance, "fetch-web", "undo"))
+    assert workflow_step_of(instance, undo) == WorkflowStep(
+        instance_id=instance, step="fetch-web", compensation=True, handled=False
+    )
+    assert workflow_step_of("other", task) is None and workflow_step_of(None, task) is None

@@ -409,6 +409,10 @@ export interface DeadLetter {
    * default false
    */
   truncated: boolean;
+  /**
+   * default null
+   */
+  workflow: WorkflowStep | null;
 }
 
 /**
@@ -420,6 +424,10 @@ export interface DeadLetteredDetail {
    * default null
    */
   error: ErrorInfo | null;
+  /**
+   * default null
+   */
+  ran: boolean | null;
 }
 
 /**
@@ -510,6 +518,10 @@ export interface ErrorReply {
    * default null
    */
   reason: string | null;
+  /**
+   * default null
+   */
+  ran: boolean | null;
 }
 
 /**
@@ -1385,6 +1397,29 @@ export interface WorkflowRecord {
    * default null
    */
   error: ErrorInfo | null;
+}
+
+/**
+ * The workflow instance a dead-lettered task is a step of (`DeadLetter.workflow`).
+ *
+ * `handled`: the workflow accounts for this failure, so a worker need not act on this
+ * letter. Either it absorbed the failure (a branch's `on_timeout: partial` or fallback, a
+ * state's `on_error`, a branch a join may do without, a step it no longer waited for) or
+ * the failure ended it, and its own letter (`workflow_failed` or `expired`, with the
+ * whole record) is the one to act on, once. A compensating task's letter is never
+ * handled: an undo that failed leaves a completed step's effect in place.
+ */
+export interface WorkflowStep {
+  instance_id: string;
+  step: string;
+  /**
+   * default false
+   */
+  compensation: boolean;
+  /**
+   * default true
+   */
+  handled: boolean;
 }
 
 /**
