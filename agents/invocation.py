@@ -110,16 +110,20 @@ async def wait_for_result(
                 await _call(on_progress, message)
             case Result():
                 return message.result, message.result_ref
-            case ErrorReply(error=error, attempt=attempt, reason=reason):
-                ran = done_by is not None  # acknowledged: a handler took it
-                if not ran and _after_an_attempt(error, attempt):
+            case ErrorReply(error=error, attempt=attempt, reason=reason, ran=said):
+                # A workflow says whether it dispatched a step: its own ack (the instance
+                # was created) tells nothing of that, and no agent accepts the workflow.
+                ran = said if said is not None else done_by is not None  # a handler took it
+                if said is None and not ran and _after_an_attempt(error, attempt):
                     ran = (await ending.read())[1]  # its ack may have been lost
                 raise failure(error, ids, ran=ran, ending=reason)
 
 
 def outcome_of(ended: Ended, ids: dict[str, str], *, ran: bool) -> tuple[Any, PayloadRef | None]:
-    """The result ``ended`` holds, or its error raised; ``ran``: an agent accepted it."""
+    """The result ``ended`` holds, or its error raised; ``ran``: an agent accepted it (what
+    the ending itself says of that, a workflow's, comes first)."""
     if ended.error is not None:
+        ran = ended.ran if ended.ran is not None else ran
         raise failure(ended.error, ids, ran=ran, ending=ended.reason)
     return ended.result, ended.result_ref
 

@@ -30,6 +30,7 @@ class Ended:
     result_ref: PayloadRef | None = None
     error: ErrorInfo | None = None
     reason: str | None = None  # how an error ended it, as an error reply's ``reason`` says
+    ran: bool | None = None  # whether its work began, as an error reply's ``ran`` says
 
 
 def ending_of(events: Iterable[Event]) -> Ended | None:
@@ -44,7 +45,12 @@ def ending_of(events: Iterable[Event]) -> Ended | None:
                     result_ref=msgspec.convert(ref, PayloadRef) if isinstance(ref, dict) else None,
                 )
             case "dead_lettered" | "rejected" | "workflow_failed" | "workflow_cancelled":
-                return Ended(error=_error(detail), reason=_reason(event.event, detail))
+                ran = detail.get("ran")
+                return Ended(
+                    error=_error(detail),
+                    reason=_reason(event.event, detail),
+                    ran=ran if isinstance(ran, bool) else None,
+                )
     return None
 
 

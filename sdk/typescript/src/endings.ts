@@ -13,11 +13,13 @@ import type { ErrorInfo, Event, PayloadRef, TraceReply, TraceRequest } from "./t
 /** A result (inline, or where it is kept), or the error and how the message ended. */
 export type Ended =
   | { kind: "result"; result: unknown; resultRef: PayloadRef | null }
-  | { kind: "error"; error: ErrorInfo; reason: string | null };
+  // `ran`: whether its work began, when the ending says (a workflow's: it dispatched a step)
+  | { kind: "error"; error: ErrorInfo; reason: string | null; ran: boolean | null };
 
 /** The first ending among `events` (one message's, oldest first), or null: not ended yet. */
 export function endingOf(events: Event[]): Ended | null {
   for (const { event, detail = {} } of events) {
+    const ran = typeof detail.ran === "boolean" ? detail.ran : null;
     switch (event) {
       case "completed":
       case "workflow_completed": {
@@ -25,13 +27,13 @@ export function endingOf(events: Event[]): Ended | null {
         return { kind: "result", result: detail.result ?? null, resultRef: isPayloadRef(ref) ? ref : null };
       }
       case "dead_lettered":
-        return { kind: "error", error: errorOf(detail), reason: stringOr(detail.reason, null) };
+        return { kind: "error", error: errorOf(detail), reason: stringOr(detail.reason, null), ran };
       case "rejected": // a refusal that leaves no dead letter (a caller over its quota)
-        return { kind: "error", error: errorOf(detail), reason: "refused" };
+        return { kind: "error", error: errorOf(detail), reason: "refused", ran };
       case "workflow_failed":
-        return { kind: "error", error: errorOf(detail), reason: stringOr(detail.reason, "workflow_failed") };
+        return { kind: "error", error: errorOf(detail), reason: stringOr(detail.reason, "workflow_failed"), ran };
       case "workflow_cancelled":
-        return { kind: "error", error: errorOf(detail), reason: "cancelled" };
+        return { kind: "error", error: errorOf(detail), reason: "cancelled", ran };
     }
   }
   return null;

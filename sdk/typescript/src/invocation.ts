@@ -113,6 +113,9 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
       case "result":
         return [reply.result, reply.result_ref];
       case "error": {
+        // A workflow says whether it dispatched a step: its own ack (the instance was
+        // created) tells nothing of that, and no agent accepts the workflow itself.
+        if (reply.ran !== null) throw failure(reply.error, reply.reason, ids, reply.ran);
         let ran = doneBy !== null; // acknowledged: a handler took it
         if (!ran && afterAnAttempt(reply.error, reply.attempt)) ran = (await ending.read())[1]; // its ack may be lost
         throw failure(reply.error, reply.reason, ids, ran);
@@ -121,9 +124,12 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
   }
 }
 
-/** The result `ended` holds, or its error thrown; `ran`: an agent accepted the task. */
+/**
+ * The result `ended` holds, or its error thrown; `ran`: an agent accepted the task (what the
+ * ending itself says of that, a workflow's, comes first).
+ */
 export function outcomeOf(ended: Ended, ids: MessageIds, ran: boolean): Outcome {
-  if (ended.kind === "error") throw failure(ended.error, ended.reason, ids, ran);
+  if (ended.kind === "error") throw failure(ended.error, ended.reason, ids, ended.ran ?? ran);
   return [ended.result, ended.resultRef];
 }
 

@@ -4,6 +4,8 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
 import { endingOf } from "../src/endings.js";
+import { Rejected, TaskFailed } from "../src/errors.js";
+import { outcomeOf } from "../src/invocation.js";
 import { ReplyBox, decodeReply } from "../src/replybox.js";
 import type { Event } from "../src/index.js";
 
@@ -27,6 +29,7 @@ describe("decodeReply", () => {
       created_at: 0,
       error: { type: "no_route", message: "nobody", retryable: true, retry_after_ms: null },
       reason: "no_route",
+      ran: null,
     });
   });
 
@@ -82,9 +85,10 @@ describe("endingOf", () => {
       kind: "error",
       error,
       reason: "retries_exhausted",
+      ran: null,
     });
     const quota = { ...error, type: "rate_limited", retry_after_ms: 500 };
-    assert.deepEqual(endingOf([event("rejected", { error: quota })]), { kind: "error", error: quota, reason: "refused" });
+    assert.deepEqual(endingOf([event("rejected", { error: quota })]), { kind: "error", error: quota, reason: "refused", ran: null });
     assert.deepEqual(endingOf([event("workflow_cancelled", { error: { ...error, type: "cancelled" } })])?.kind, "error");
   });
 
@@ -93,6 +97,20 @@ describe("endingOf", () => {
       kind: "error",
       error: { type: "poison", message: "the message ended as poison", retryable: false, retry_after_ms: null },
       reason: "poison",
+      ran: null,
     });
+  });
+
+  it("keeps what a workflow's ending says of its steps, which decides Rejected or TaskFailed", () => {
+    const expired = { type: "expired", message: "the ttl passed", retryable: false, retry_after_ms: null };
+    const ids = { messageId: "m-1", traceId: "t-1" };
+    const ran = endingOf([event("workflow_started", {}), event("dead_lettered", { reason: "expired", error: expired, ran: true })]);
+    assert.equal(ran?.kind === "error" && ran.ran, true);
+    // A step ran though no agent accepted the workflow itself: TaskFailed, not Rejected.
+    assert.throws(() => outcomeOf(ran!, ids, false), (err: Error) => err instanceof TaskFailed && !(err instanceof Rejected));
+    const none = endingOf([event("dead_lettered", { reason: "expired", error: expired, ran: false })]);
+    assert.throws(() => outcomeOf(none!, ids, true), Rejected);
+    const reply = decodeReply(enc({ kind: "error", ...about, error: expired, reason: "expired", ran: true }));
+    assert.equal(reply?.kind === "error" && reply.ran, true);
   });
 });

@@ -1,0 +1,60 @@
+"""Rejected or TaskFailed: what a caller concludes from an ending that says whether its
+work began (a workflow's), over the acks and events it saw (pure: no server)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from agentreach.agents import Rejected, TaskFailed
+from agentreach.agents.invocation import Ending, outcome_of, wait_for_result
+from agentreach.broker.endings import Ended, ending_of
+from agentreach.envelopes import Ack, ErrorInfo, ErrorReply, Event, Task
+
+EXPIRED = ErrorInfo(type="expired", message="the ttl passed", retryable=False)
+IDS = {"message_id": "wf-1", "trace_id": "wf-1"}
+TASK = Task(v=1, message_id="wf-1", trace_id="wf-1", topic="brief")
+
+
+class _Broker:
+    reconnects = 0
+
+
+async def _nothing() -> list[Event]:
+    return []
+
+
+async def _ending_of(*replies: Ack | ErrorReply) -> Exception:
+    queue: asyncio.Queue = asyncio.Queue()
+    for message in replies:
+        queue.put_nowait(message)
+    ending = Ending(_Broker(), _nothing)  # type: ignore[arg-type]
+    with pytest.raises(TaskFailed) as raised:
+        await wait_for_result(TASK, queue, None, None, ending)
+    return raised.value
+
+
+async def test_a_workflow_that_dispatched_a_step_is_never_rejected() -> None:
+    """Its expiry says ran: TaskFailed with no ack seen (a lost one), Rejected when it says
+    nothing ran though its instance was acknowledged (created)."""
+    about = {"v": 1, "message_id": "wf-1", "trace_id": "wf-1", "topic": "brief"}
+    ran = ErrorReply(**about, error=EXPIRED, reason="expired", ran=True)
+    assert type(await _ending_of(ran)) is TaskFailed
+    nothing = ErrorReply(**about, error=EXPIRED, reason="expired", ran=False)
+    assert type(await _ending_of(Ack(**about), nothing)) is Rejected
+
+
+def test_an_ending_read_from_events_keeps_what_it_says_of_ran() -> None:
+    """A resend reads the `dead_lettered` event: its `ran` decides over the accepted events
+    (a workflow has none of its own); without one, they decide as before."""
+    detail = {"reason": "expired", "error": {"type": "expired", "message": "ttl"}, "ran": True}
+    event = Event(v=1, message_id="wf-1", trace_id="wf-1", topic="brief", event="dead_lettered")
+    ended = ending_of([msgspec.structs.replace(event, detail=detail)])
+    assert ended is not None and ended.ran is True
+    with pytest.raises(TaskFailed) as raised:
+        outcome_of(ended, IDS, ran=False)
+    assert type(raised.value) is TaskFailed
+    with pytest.raises(Rejected):
+        outcome_of(Ended(error=EXPIRED, reason="expired"), IDS, ran=False)
