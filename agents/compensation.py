@@ -57,6 +57,11 @@ class CompensationWorker:
 
     Workers with the same name share the work. A handler that raises leaves the
     entry to come back later; one that returns has dealt with it.
+
+    A workflow step's letter whose workflow handles the failure (``letter.workflow.handled``:
+    it absorbed it, or it ends with a letter of its own) is acknowledged without a handler
+    call, and logged: act on the workflow's letter, once. ``include_handled=True`` hands
+    those over too. A compensating step's letter is always handed over.
     """
 
     def __init__(
@@ -67,10 +72,13 @@ class CompensationWorker:
         reasons: Iterable[str] = ("*",),
         topics: Iterable[str] = ("*",),
         ack_wait: float = 30.0,
+        include_handled: bool = False,
     ) -> None:
         """``ack_wait``: after it, an entry a dead worker held goes to another (one whose
-        handler runs longer is kept alive meanwhile)."""
+        handler runs longer is kept alive meanwhile); ``include_handled``: hand over the
+        letters of workflow steps whose workflow handles them too."""
         self.name = name
+        self.include_handled = include_handled
         self.ack_wait = ack_wait
         self.handler = handler
         self.reasons = tuple(reasons)
@@ -123,6 +131,17 @@ class CompensationWorker:
         except DecodeError as exc:
             log.error("unreadable dead letter left in place", subject=msg.subject, error=str(exc))
             await msg.term()
+            return
+        step = letter.workflow
+        if step is not None and step.handled and not self.include_handled:
+            log.info(
+                "dead letter left to its workflow, which handles it",
+                message_id=letter.message_id,
+                reason=letter.reason,
+                instance_id=step.instance_id,
+                step=step.step,
+            )
+            await msg.ack()
             return
         try:
             await self.handler(letter, compensation)
