@@ -223,8 +223,9 @@ class ReachClient:
         :class:`NotProvisioned` when the server has no task stream, :class:`BacklogFull` when
         the intake holds too many of this caller's tasks on the topic (nothing was sent);
         :class:`NotAcknowledged` if no agent accepts the task within ``ack_deadline_ms``
-        (saying so when no coordinator runs); :class:`DeadlineExceeded` if the result does
-        not arrive within ``execute_deadline_ms`` after that; :class:`Rejected` when the task
+        (saying so when no coordinator runs); :class:`DeadlineExceeded` if, once accepted,
+        no outcome comes within ``execute_deadline_ms`` nor before the task's ttl runs out
+        (and the coordinator's verdict of it); :class:`Rejected` when the task
         is refused before any agent took it (nothing ran: safe to send again); and
         :class:`TaskFailed` when it fails after an agent took it (the handler's error, or
         a retry refused after an attempt ran).
@@ -235,9 +236,12 @@ class ReachClient:
         message and answers with how it ends, and the task runs once. A new id sends a
         second task; never do that for a task that is not idempotent.
 
-        ``ttl_ms`` defaults to both deadlines together (at most a day); ``headers`` and
-        ``traceparent`` are :meth:`task`'s. A result too large to travel inline is fetched
-        from the Object Store.
+        ``execute_deadline_ms`` is also the handler's budget (each workflow step's too).
+        ``ttl_ms`` bounds when the task may start (a workflow: the whole instance), and the
+        call waits at least that long; it defaults to both deadlines together (at most a
+        day).
+        ``headers`` and ``traceparent`` are :meth:`task`'s. A result too large to travel
+        inline is fetched from the Object Store.
         """
         budget = budget_of(ack_deadline_ms=ack_deadline_ms, execute_deadline_ms=execute_deadline_ms)
         box = ReplyBox(self.broker.names, self.caller, new_id())

@@ -68,9 +68,17 @@ async def wait_for_result(
     on_progress: OnProgress | None,
     ending: Ending,
 ) -> Any:
+    """The task's result (and its reference), or its failure raised. Once accepted, it is
+    waited for ``task.budget.execute_ms`` and at least until its ttl has run out: a
+    workflow is acknowledged at once and lives for its ttl."""
     ids = {"message_id": task.message_id, "trace_id": task.trace_id}
     loop = asyncio.get_running_loop()
     ack_by = loop.time() + task.budget.ack_ms / 1000
+    lives_until = loop.time() + task.ttl_ms / 1000
+
+    def executed_by() -> float:
+        return max(loop.time() + task.budget.execute_ms / 1000, lives_until)
+
     done_by: float | None = None
     while True:
         deadline = done_by if done_by is not None else ack_by
@@ -84,7 +92,7 @@ async def wait_for_result(
             if ended is not None:
                 return outcome_of(ended, ids, ran=accepted or done_by is not None)
             if accepted and done_by is None:  # its ack was lost: the execute budget runs
-                done_by = loop.time() + task.budget.execute_ms / 1000
+                done_by = executed_by()
                 ending.lost = True
                 continue
             if loop.time() < deadline:
@@ -97,14 +105,13 @@ async def wait_for_result(
                 raise NotAcknowledged(
                     f"no agent acknowledged {task.topic!r} within {task.budget.ack_ms} ms", **ids
                 ) from None
-            raise DeadlineExceeded(
-                f"{task.topic!r} did not complete within {task.budget.execute_ms} ms", **ids
-            ) from None
+            late = f"{task.topic!r} did not complete within {task.budget.execute_ms} ms"
+            raise DeadlineExceeded(f"{late} nor its ttl of {task.ttl_ms} ms", **ids) from None
         match message:
             case None:
                 raise InvokeError(f"the client was closed while {task.topic!r} ran", **ids)
             case Ack():
-                done_by = done_by or loop.time() + task.budget.execute_ms / 1000
+                done_by = done_by or executed_by()
                 await _call(on_ack, message)
             case Progress():
                 await _call(on_progress, message)

@@ -15,6 +15,7 @@ from agentreach.agents import (
     Agent,
     Compensation,
     CompensationWorker,
+    DeadlineExceeded,
     ReachClient,
     Rejected,
     TaskContext,
@@ -160,3 +161,21 @@ async def test_an_expired_workflow_is_compensated_once_and_its_caller_hears_it_r
         e for e in watcher.events if e.event == "dead_lettered" and e.message_id == own.message_id
     )
     assert ended.detail["ran"] is True
+
+
+async def test_invoke_waits_as_long_as_the_workflow_lives(broker, start_coordinator):
+    """A workflow acknowledges at once and lives for its ttl (ack + execute deadlines):
+    invoke, which waited the execute deadline from that ack, gave up a moment before the
+    workflow ended (`DeadlineExceeded` at 31 s, `expired` at 32 s with the defaults). It now
+    waits at least until the ttl has run out, and hears how the workflow ended."""
+    gate = asyncio.Event()
+    async with (
+        start_coordinator(fast(workflows=workflows(brief=PLAN_THEN_HOLD))) as coordinator,
+        serving(broker, coordinator, team(gate)),
+        ReachClient(broker=broker) as client,
+    ):
+        with pytest.raises(TaskFailed) as heard:
+            await client.invoke("brief", {}, message_id="brief-ttl", execute_deadline_ms=1_000)
+        gate.set()
+    assert heard.value.error.type == "expired"  # its 3 s ttl, past the 1 s execute deadline
+    assert not isinstance(heard.value, DeadlineExceeded)

@@ -67,7 +67,10 @@ export type PublishOptions = TaskOptions;
 export interface InvokeOptions extends Omit<TaskOptions, "replyTo" | "budget"> {
   /** How long to wait for an agent to accept the task (default 2 000). */
   ackDeadlineMs?: number;
-  /** How long the handler may run, and how long to wait for the result after the ack (default 30 000). */
+  /**
+   * How long the handler (each workflow step) may run, and how long to wait for the result
+   * after the ack, at least until the task's ttl runs out (default 30 000).
+   */
   executeDeadlineMs?: number;
   /** Called for every acknowledgement (a retry is acknowledged again). */
   onAck?: OnAck;
@@ -190,7 +193,8 @@ export class ReachClient {
    *
    * Throws InvalidArgument before sending when an argument is wrong; NotAcknowledged if no
    * agent accepts the task within `ackDeadlineMs` (saying so when no coordinator runs);
-   * DeadlineExceeded if the result does not come within `executeDeadlineMs` after that;
+   * DeadlineExceeded if, once accepted, no outcome comes within `executeDeadlineMs` nor
+   * before the task's ttl runs out (and the coordinator's verdict of it);
    * Rejected when the task is refused before any agent took it (nothing ran: safe to send
    * again); TaskFailed when it fails after an agent took it; InvokeAborted when `signal`
    * is aborted.

@@ -73,6 +73,10 @@ export class Ending {
 export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, waiting: Waiting): Promise<Outcome> {
   const ids = idsOf(task);
   const ackBy = performance.now() + task.budget.ack_ms;
+  // Once accepted, the execute budget and at least the ttl: a workflow is acknowledged at
+  // once and lives for its ttl.
+  const livesUntil = performance.now() + task.ttl_ms;
+  const executedBy = () => Math.max(performance.now() + task.budget.execute_ms, livesUntil);
   let doneBy: number | null = null;
   for (;;) {
     const deadline: number = doneBy ?? ackBy;
@@ -86,7 +90,7 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
       if (ended !== null) return outcomeOf(ended, ids, accepted || doneBy !== null);
       if (accepted && doneBy === null) {
         // Its ack was lost: the execute budget runs.
-        doneBy = performance.now() + task.budget.execute_ms;
+        doneBy = executedBy();
         ending.lost = true;
         continue;
       }
@@ -100,11 +104,11 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
       if (doneBy === null) {
         throw new NotAcknowledged(`no agent acknowledged '${task.topic}' within ${task.budget.ack_ms} ms`, ids);
       }
-      throw new DeadlineExceeded(`'${task.topic}' did not complete within ${task.budget.execute_ms} ms`, ids);
+      throw new DeadlineExceeded(`'${task.topic}' did not complete within ${task.budget.execute_ms} ms nor its ttl of ${task.ttl_ms} ms`, ids);
     }
     switch (reply.kind) {
       case "ack":
-        doneBy ??= performance.now() + task.budget.execute_ms;
+        doneBy ??= executedBy();
         await waiting.onAck?.(reply);
         break;
       case "progress":
