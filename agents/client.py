@@ -48,6 +48,11 @@ from agentreach.envelopes import (
 )
 from agentreach.envelopes import headers as h
 
+# While the intake holds a caller's whole backlog on a topic, its next publish is tried again
+# after these pauses (doubling), until its task's ttl.
+ROOM_PAUSE_FIRST_S = 0.05
+ROOM_PAUSE_CAP_S = 1.0
+
 
 class ReachClient:
     """A connection for sending work to agents.
@@ -144,24 +149,27 @@ class ReachClient:
     async def submit(self, task: Task) -> bool:
         """Publish a built task to ``reach.task.<topic>`` (a large payload is claim-checked).
 
-        False when the stream held its message id already (sent within the duplicate window):
-        it is not taken in again, and the earlier message's outcome is the answer."""
+        While the intake holds as many of this caller's tasks on the topic as it keeps, the
+        publish waits for room (backpressure: a burst goes at the pace the coordinator takes
+        it), up to the task's ttl. False when the stream held its message id already (sent
+        within the duplicate window): it is not taken in again, and the earlier message's
+        outcome is the answer."""
         task = await self.claim_check.stow_task(task)
         subject = self.broker.names.task(task.topic, self.caller)
-        headers = h.task_headers(task)
-        try:
-            stored = await self.broker.publish(subject, envelopes.encode(task), headers=headers)
-        except NoStreamError as exc:
-            raise _not_provisioned(task, subject) from exc
-        except SubjectFull as exc:
-            raise BacklogFull(
-                f"{task.topic!r} was not sent: the intake holds as many of {self.caller!r}'s"
-                " tasks on it as it keeps (limits.tasks_per_subject) that no coordinator took"
-                " yet; send it again once they are taken",
-                message_id=task.message_id,
-                trace_id=task.trace_id,
-            ) from exc
-        return not stored.duplicate
+        data, headers = envelopes.encode(task), h.task_headers(task)
+        loop = asyncio.get_running_loop()
+        give_up_at, pause_s = loop.time() + task.ttl_ms / 1000, ROOM_PAUSE_FIRST_S
+        while True:
+            try:
+                stored = await self.broker.publish(subject, data, headers=headers)
+                return not stored.duplicate
+            except NoStreamError as exc:
+                raise _not_provisioned(task, subject) from exc
+            except SubjectFull as exc:
+                if loop.time() + pause_s > give_up_at:
+                    raise _backlog_full(task, self.caller) from exc
+            await asyncio.sleep(pause_s)  # room comes as the coordinator takes the backlog
+            pause_s = min(pause_s * 2, ROOM_PAUSE_CAP_S)
 
     async def publish(
         self,
@@ -183,8 +191,9 @@ class ReachClient:
         The task is stored in the task stream before this returns. When no coordinator runs,
         it waits there until one starts (within its ttl), and a warning is logged: the check
         runs in the background, at most once a minute, and never delays the publish.
-        Raises :class:`NotProvisioned` when the server has no task stream, and
-        :class:`BacklogFull` when it holds too many of this caller's tasks on the topic."""
+        While the intake holds as many of this caller's tasks on the topic as it keeps, it
+        waits for room (backpressure). Raises :class:`NotProvisioned` when the server has no
+        task stream, and :class:`BacklogFull` when no room came within the task's ttl."""
         task = self.task(
             topic,
             payload,
@@ -221,7 +230,8 @@ class ReachClient:
 
         Raises :class:`InvalidArgument` before sending when an argument is wrong;
         :class:`NotProvisioned` when the server has no task stream, :class:`BacklogFull` when
-        the intake holds too many of this caller's tasks on the topic (nothing was sent);
+        the intake held too many of this caller's tasks on the topic for the task's whole
+        ttl (nothing was sent; until then the call waits for room);
         :class:`NotAcknowledged` if no agent accepts the task within ``ack_deadline_ms``
         (saying so when no coordinator runs); :class:`DeadlineExceeded` if, once accepted,
         no outcome comes within ``execute_deadline_ms`` nor before the task's ttl runs out
@@ -338,6 +348,15 @@ def _not_provisioned(task: Task, subject: str) -> NotProvisioned:
         f"{task.topic!r} was not sent: no stream on this server takes {subject!r}; provision"
         " it with `reach provision --nats-url URL` (or start a coordinator on it,"
         " `reach coordinator`), with the same --prefix",
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+    )
+
+
+def _backlog_full(task: Task, caller: str) -> BacklogFull:
+    return BacklogFull(
+        f"{task.topic!r} was not sent: the intake held as many of {caller!r}'s tasks on it as"
+        f" it keeps (limits.tasks_per_subject) for the task's whole ttl of {task.ttl_ms} ms",
         message_id=task.message_id,
         trace_id=task.trace_id,
     )

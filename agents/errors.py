@@ -60,11 +60,11 @@ class NotProvisioned(InvokeError, NoStreamError):
 
 
 class BacklogFull(InvokeError, SubjectFull):
-    """The task was not sent: the intake holds as many of this caller's tasks on the topic
-    as it keeps (``limits.tasks_per_subject``, 1,000 by default) that the coordinator has not
-    taken yet. Nothing runs; send again once they are taken. A caller that floods a topic is
-    held back here instead of standing before every other caller's tasks. (Also a
-    :class:`~agentreach.broker.SubjectFull`, as it was raised before.)"""
+    """The task was not sent: for its whole ttl the intake held as many of this caller's
+    tasks on the topic as it keeps (``limits.tasks_per_subject``, 1,000 by default) that the
+    coordinator had not taken (``publish`` and ``invoke`` wait for room until then: a caller
+    that floods a topic goes at the pace its tasks are taken, instead of standing before
+    every other caller's). Nothing runs. (Also a :class:`~agentreach.broker.SubjectFull`.)"""
 
 
 class NotAcknowledged(InvokeError):

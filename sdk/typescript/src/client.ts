@@ -161,18 +161,25 @@ export class ReachClient {
 
   /**
    * Publish a built task to `<prefix>.task.<topic>.<caller>` (a large payload is
-   * claim-checked). False when the stream held its message id already (sent within the
-   * duplicate window): it is not taken in again, and the earlier message's end is the answer.
+   * claim-checked). While the intake holds as many of this caller's tasks on the topic as it
+   * keeps, it waits for room (backpressure), up to the task's ttl. False when the stream held
+   * its message id already (sent within the duplicate window): it is not taken in again, and
+   * the earlier message's end is the answer.
    */
   async submit(task: Task): Promise<boolean> {
     this.mustBeOpen();
     const stowed = await this.claimCheck.stowTask(task);
     const subject = this.conn.names.task(stowed.topic, this.caller);
-    try {
-      const ack = await this.conn.publish(subject, encode(stowed), taskHeaders(stowed));
-      return !ack.duplicate;
-    } catch (err) {
-      throw refusedPublish(err, stowed, subject, this.caller) ?? err;
+    const giveUpAt = performance.now() + stowed.ttl_ms;
+    for (let pauseMs = ROOM_PAUSE_FIRST_MS; ; pauseMs = Math.min(pauseMs * 2, ROOM_PAUSE_CAP_MS)) {
+      try {
+        const ack = await this.conn.publish(subject, encode(stowed), taskHeaders(stowed));
+        return !ack.duplicate;
+      } catch (err) {
+        const refused = refusedPublish(err, stowed, subject, this.caller);
+        if (!(refused instanceof BacklogFull) || performance.now() + pauseMs > giveUpAt) throw refused ?? err;
+      }
+      await sleep(pauseMs); // room comes as the coordinator takes the backlog
     }
   }
 
@@ -306,14 +313,18 @@ function positive(name: string, value: number): number {
 }
 
 const SUBJECT_FULL = 10077; // JetStream: maximum messages per subject exceeded
+// While the intake holds a caller's whole backlog on a topic, its next publish is tried again
+// after these pauses (doubling), until its task's ttl.
+const ROOM_PAUSE_FIRST_MS = 50;
+const ROOM_PAUSE_CAP_MS = 1_000;
 
 /** The SDK's own error for a task the server did not take, or null for any other failure. */
 function refusedPublish(err: unknown, task: Task, subject: string, caller: string): InvokeError | null {
   const failure = err as NatsError | null;
   const ids = { messageId: task.message_id, traceId: task.trace_id };
   if (failure?.api_error?.err_code === SUBJECT_FULL) {
-    const why = `the intake holds as many of '${caller}''s tasks on it as it keeps (limits.tasks_per_subject)`;
-    return new BacklogFull(`'${task.topic}' was not sent: ${why} that no coordinator took yet; send it again once they are taken`, ids, { cause: err });
+    const why = `the intake held as many of '${caller}''s tasks on it as it keeps (limits.tasks_per_subject)`;
+    return new BacklogFull(`'${task.topic}' was not sent: ${why} for the task's whole ttl of ${task.ttl_ms} ms`, ids, { cause: err });
   }
   if (failure?.code === "503" && !failure.api_error) {
     // No responders: no stream listens on the subject.

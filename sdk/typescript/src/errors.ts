@@ -87,9 +87,10 @@ export class NotProvisioned extends InvokeError {
 }
 
 /**
- * The task was not sent: the intake holds as many of this caller's tasks on the topic as it
- * keeps (`limits.tasks_per_subject`, 1,000 by default) that the coordinator has not taken
- * yet. Nothing runs; send again once they are taken.
+ * The task was not sent: for its whole ttl the intake held as many of this caller's tasks on
+ * the topic as it keeps (`limits.tasks_per_subject`, 1,000 by default) that the coordinator
+ * had not taken (publish and invoke wait for room until then: a flood goes at the pace its
+ * tasks are taken). Nothing runs.
  */
 export class BacklogFull extends InvokeError {
   override name = "BacklogFull";

@@ -479,7 +479,7 @@ describe("ReachClient when the server does not take the task", () => {
     rmSync(dir, { recursive: true, force: true });
   });
 
-  it("raises NotProvisioned on a server with no task stream, and BacklogFull past the caller's backlog", async () => {
+  it("raises NotProvisioned on a server with no task stream; past the caller's backlog waits for room, then BacklogFull", async () => {
     const client = await ReachClient.connect(url, { name: "refused-caller", logger: quiet });
     try {
       const unsent = await rejection(client.publish("summarize", { n: 1 }, { messageId: "unsent-1" }));
@@ -496,12 +496,20 @@ describe("ReachClient when the server does not take the task", () => {
         discard: DiscardPolicy.New,
         discard_new_per_subject: true,
       });
-      await nc.close();
       await client.publish("summarize", { n: 1 });
-      const full = await rejection(client.invoke("summarize", { n: 2 }, { messageId: "one-too-many" }));
+      const full = await rejection(client.invoke("summarize", { n: 2 }, { messageId: "one-too-many", ttlMs: 300 }));
       assert.ok(full instanceof BacklogFull && full instanceof InvokeError, String(full));
       assert.equal(full.messageId, "one-too-many");
-      assert.match(full.message, /'summarize' was not sent: .*'refused-caller'.*tasks_per_subject/);
+      assert.match(full.message, /'summarize' was not sent: .*'refused-caller'.*tasks_per_subject.*ttl of 300 ms/);
+      // Room comes (the one task is taken): a publish that waited for it goes through.
+      let sent = false;
+      const waiting = client.publish("summarize", { n: 3 }).then(() => (sent = true));
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      assert.equal(sent, false);
+      const stored = await jsm.streams.getMessage("REACH_TASKS", { last_by_subj: "reach.task.summarize.refused-caller" });
+      await jsm.streams.deleteMessage("REACH_TASKS", stored.seq);
+      await waiting;
+      await nc.close();
     } finally {
       await client.close();
     }
