@@ -3,7 +3,9 @@
 
 A letter is *open* until someone deals with it: a ``replayed`` event (``reach dlq replay``,
 a worker's ``comp.replay``) makes it *replayed*, a ``resolved`` event (``reach dlq
-resolve``, a worker's ``comp.resolve``) *resolved*; the later of the two counts."""
+resolve``, a worker's ``comp.resolve``) *resolved*; the later of the two counts. A workflow
+step's letter that its workflow handles (``letter.workflow.handled``: the workflow absorbed
+the failure, or ended with a letter of its own, the one to act on) is *handled*, not open."""
 
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def register(commands: Commands) -> None:
     dlq.add_argument(
         "--open",
         action="store_true",
-        help="list: only open letters (neither replayed nor resolved)",
+        help="list: only open letters (neither replayed, resolved nor handled by a workflow)",
     )
 
 
@@ -91,7 +93,7 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
     elif not letters and (args.reason or args.topic):
         _print_none_matching(args.reason, args.topic, there)
     else:
-        states = {letter.message_id: state_of(settled.get(letter.message_id)) for letter in letters}
+        states = {x.message_id: state_of(settled.get(x.message_id), x) for x in letters}
         if args.open:
             letters = [letter for letter in letters if states[letter.message_id] == "open"]
         _print_letters(letters, states, only_open=args.open)
@@ -132,9 +134,12 @@ async def _resolve(
     return 0
 
 
-def state_of(events: list[Event] | None) -> str:
-    """open, or the state the last settling event left: replayed or resolved."""
-    return events[-1].event if events else "open"
+def state_of(events: list[Event] | None, letter: DeadLetter | None = None) -> str:
+    """The state the last settling event left (replayed or resolved); else handled, for a
+    step letter its workflow handles; else open."""
+    if events:
+        return events[-1].event
+    return "handled" if letter and letter.workflow and letter.workflow.handled else "open"
 
 
 async def _there(broker: Broker) -> dict[str, Counter[str]]:

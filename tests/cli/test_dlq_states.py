@@ -3,8 +3,9 @@ aligned."""
 
 from __future__ import annotations
 
+from agentreach import envelopes
 from agentreach.agents import Compensation, CompensationWorker
-from agentreach.envelopes import DeadLetter
+from agentreach.envelopes import DeadLetter, ErrorInfo, WorkflowStep
 from tests.cli.conftest import reach_argv, run
 
 STEP_ID = "01a238a5-7c1e-7d2a-9f00-3c5be8a1d0f2-research-1"  # a workflow step's message id
@@ -68,3 +69,27 @@ async def test_resolve_records_what_a_worker_records_once(broker, coordinator, w
     assert resolved.trace_id == "by-hand" and resolved.topic == "nobody_serves_this"
     assert again.returncode == 1 and "by-hand is resolved already" in again.stderr
     assert opened.stdout.strip() == "no open dead letters"
+
+
+async def test_a_step_letter_its_workflow_handles_is_listed_handled_not_open(broker):
+    """A branch that ran past its `timeout_s` with `on_timeout: partial` is still
+    dead-lettered, but its workflow absorbed it: `reach dlq list` says handled, and
+    `--open` leaves it out, as a compensation worker does."""
+    names = broker.names
+    for message_id, handled in (("absorbed-research-1", True), ("undo-failed-refund-1", False)):
+        letter = DeadLetter(
+            v=1,
+            reason="expired",
+            message_id=message_id,
+            trace_id=message_id,
+            topic="research",
+            error=ErrorInfo(type="expired", message="ttl passed", retryable=False),
+            workflow=WorkflowStep(instance_id="study-1", step="research", handled=handled),
+        )
+        await broker.publish(names.dlq("expired", "research"), envelopes.encode(letter))
+    listed = await reach(broker, "dlq", "list")
+    only_open = await reach(broker, "dlq", "list", "--open")
+    assert listed.returncode == 0, listed.stderr
+    states = {row.split()[0]: row.split()[3] for row in listed.stdout.splitlines()[1:]}
+    assert states == {"absorbed-research-1": "handled", "undo-failed-refund-1": "open"}
+    assert [row.split()[0] for row in only_open.stdout.splitlines()[1:]] == ["undo-failed-refund-1"]
