@@ -177,6 +177,8 @@ async def test_a_greeter_fenced_out_by_a_newer_one_exits_1_saying_why(
     finds the newer heartbeat at its next beat, stops, says why on stderr and exits 1 (not
     0, as a stop would); the newer one serves on, and SIGINT stops it with 0."""
     old = await start_greeter(node_sdk, broker, stderr=asyncio.subprocess.PIPE)
+    assert old.stderr is not None
+    said_by_old = asyncio.create_task(old.stderr.read())  # read as it goes: a full pipe blocks
     new: asyncio.subprocess.Process | None = None
     try:
         await serving(old)
@@ -184,12 +186,16 @@ async def test_a_greeter_fenced_out_by_a_newer_one_exits_1_saying_why(
         new = await start_greeter(node_sdk, broker)
         await serving(new)
         old.send_signal(signal.SIGCONT)
-        # A new interval makes it beat at once, rather than up to 18 s later.
+        # A new interval makes it beat at once, rather than up to 18 s later; sent again
+        # while it runs, since one sent while it reconnects after the stall is lost.
         control = envelopes.encode(envelopes.AgentControl(heartbeat_interval_s=15))
-        await broker.publish_core(broker.names.agent_control("ts-greeter-1"), control)
-        assert await asyncio.wait_for(old.wait(), 30) == 1
-        assert old.stderr is not None
-        said = (await old.stderr.read()).decode().splitlines()
+        async with asyncio.timeout(30):
+            while old.returncode is None:
+                await broker.publish_core(broker.names.agent_control("ts-greeter-1"), control)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(old.wait(), 1.0)
+        assert old.returncode == 1
+        said = (await said_by_old).decode().splitlines()
         assert new.returncode is None
         new.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(new.wait(), 30) == 0
@@ -199,6 +205,7 @@ async def test_a_greeter_fenced_out_by_a_newer_one_exits_1_saying_why(
                 process.send_signal(signal.SIGCONT)
                 process.kill()
                 await process.wait()
+        await asyncio.wait({said_by_old}, timeout=5)  # its end of file, once it exited
     assert re.fullmatch(
         r"ts-greeter-1: AgentIdInUse: agent_id 'ts-greeter-1' was registered again by a newer"
         r" process \(epoch (\d+); this one's (\d+)\): this process stopped",
