@@ -22,6 +22,30 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+class RestartableServer:
+    """An embedded nats-server on one port and store that a test stops and starts again."""
+
+    def __init__(self, store: Path) -> None:
+        self.port, self._store = free_port(), store
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self._server: EmbeddedServer | None = None
+
+    async def start(self) -> None:
+        self._server = EmbeddedServer(port=self.port, store_dir=self._store)
+        await self._server.__aenter__()
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop()
+
+    async def __aenter__(self) -> RestartableServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
 def counting_agent(agent_id: str, runs: Counter[str], gate: asyncio.Event | None = None) -> Agent:
     agent = Agent(agent_id, startup_delay=0, ack_wait=2.0)
 
@@ -90,11 +114,9 @@ async def test_agent_on_an_unprovisioned_server_waits_for_the_coordinator(nats_u
 async def test_a_result_survives_a_server_restart_and_runs_once(tmp_path: Path):
     """The server goes away while the handler runs: its result is kept, recorded once the
     server is back, and the redelivery is answered from it instead of a second run."""
-    port, runs, gate = free_port(), Counter[str](), asyncio.Event()
-    url, store = f"nats://127.0.0.1:{port}", tmp_path / "nats"
-    server = EmbeddedServer(port=port, store_dir=store)
-    await server.__aenter__()
-    try:
+    runs, gate = Counter[str](), asyncio.Event()
+    async with RestartableServer(tmp_path / "nats") as server:
+        url = server.url
         async with (
             Broker(url, names=Names(), name="coordinator", wait=True) as broker,
             Coordinator(broker, FAST).running(),
@@ -106,11 +128,8 @@ async def test_a_result_survives_a_server_restart_and_runs_once(tmp_path: Path):
             await server.stop()  # the handler finishes while the server is down
             gate.set()
             await asyncio.sleep(9)  # longer than the agent keeps retrying the record write
-            server = EmbeddedServer(port=port, store_dir=store)
-            await server.__aenter__()
+            await server.start()
             completed = await _completed(client, message_id)
-    finally:
-        await server.stop()
     assert runs[message_id] == 1
     assert completed
 
@@ -137,8 +156,7 @@ async def _completed(client: ReachClient, message_id: str, timeout: float = 60.0
 async def test_progress_during_a_server_restart_does_not_fail_the_handler(tmp_path: Path):
     """A handler reports progress while the server is away: the report is lost, not the
     work. It used to raise BrokerTimeout into the handler, whose step then ran again."""
-    port, runs, gate = free_port(), Counter[str](), asyncio.Event()
-    url, store = f"nats://127.0.0.1:{port}", tmp_path / "nats"
+    runs, gate = Counter[str](), asyncio.Event()
     raised: list[BaseException] = []
     agent = Agent("reporter", startup_delay=0, ack_wait=2.0)
 
@@ -153,9 +171,8 @@ async def test_progress_during_a_server_restart_does_not_fail_the_handler(tmp_pa
             raise
         return {"reported": True}
 
-    server = EmbeddedServer(port=port, store_dir=store)
-    await server.__aenter__()
-    try:
+    async with RestartableServer(tmp_path / "nats") as server:
+        url = server.url
         async with (
             Broker(url, names=Names(), name="coordinator", wait=True) as broker,
             Coordinator(broker, FAST).running(),
@@ -168,11 +185,8 @@ async def test_progress_during_a_server_restart_does_not_fail_the_handler(tmp_pa
             with capture_logs() as logs:
                 gate.set()
                 await _until(lambda: any(e["event"] == "progress not reported" for e in logs))
-            server = EmbeddedServer(port=port, store_dir=store)
-            await server.__aenter__()
+            await server.start()
             completed = await _completed(client, message_id)
-    finally:
-        await server.stop()
     assert raised == []
     assert runs[message_id] == 1
     assert completed
