@@ -73,9 +73,15 @@ async def p0_latencies(client: ReachClient, n: int) -> list[float]:
     return latencies
 
 
+async def typical_p0_latency(client: ReachClient, rounds: int = 3, per_round: int = 10) -> float:
+    """The lowest of a few rounds' medians: a burst of load on a shared machine slows one
+    round, a backlog in the way would slow every one."""
+    return min([statistics.median(await p0_latencies(client, per_round)) for _ in range(rounds)])
+
+
 async def test_a_p2_backlog_does_not_delay_p0(broker, start_coordinator):
     """P0 latency with 10,000 P2 tasks queued for the same agent stays within a small factor
-    of P0 latency without them (both measured here)."""
+    of P0 latency without them (both measured here, each as its best round's median)."""
     gate = asyncio.Event()
     agent = gated("busy", gate, hold="P2")
     config = fast(queues=QueueConfig(capacity={"P2": 20_000}))
@@ -85,13 +91,12 @@ async def test_a_p2_backlog_does_not_delay_p0(broker, start_coordinator):
         ReachClient(broker=broker) as client,
     ):
         await p0_latencies(client, 5)  # warm up
-        quiet = await p0_latencies(client, 30)
+        quiet_p50 = await typical_p0_latency(client)
         await direct_backlog(broker, "busy", "P2", 10_000)
-        loaded = await p0_latencies(client, 30)
+        loaded_p50 = await typical_p0_latency(client)
         backlog = (await broker.js.stream_info(broker.names.dispatch_stream("P2"))).state.messages
         await broker.js.purge_stream(broker.names.dispatch_stream("P2"))
         gate.set()
-    quiet_p50, loaded_p50 = statistics.median(quiet), statistics.median(loaded)
     print(f"P0 p50 {quiet_p50 * 1000:.2f} ms quiet, {loaded_p50 * 1000:.2f} ms with backlog")
     assert backlog >= 9_900  # the backlog was there while P0 was measured
     assert loaded_p50 <= 3 * max(quiet_p50, 0.002)
