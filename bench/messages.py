@@ -105,7 +105,7 @@ async def main() -> None:
         rows["no-op task"] = await per_unit(
             monitor, args.tasks, lambda: reach_path(url, args.tasks, 256)
         )
-        async with reach(url, "benchmsg") as (broker, client):
+        async with reach(url, "benchmsg", apart=False) as (broker, client):
             rows["3-step chain"] = await per_unit(
                 monitor, args.chains, lambda: reach_rate(broker, client, args.chains, True)
             )
