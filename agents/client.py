@@ -29,6 +29,7 @@ from agentreach.agents.invocation import (
     wait_for_result,
 )
 from agentreach.broker import Auth, Broker, ClaimCheck, Names, NoStreamError, SubjectFull, listen
+from agentreach.broker.backpressure import publish_when_room
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
 from agentreach.broker.endings import OthersMessage, wait_for_ending
 from agentreach.broker.lifecycle import events_of_id
@@ -47,11 +48,6 @@ from agentreach.envelopes import (
     now_ms,
 )
 from agentreach.envelopes import headers as h
-
-# While the intake holds a caller's whole backlog on a topic, its next publish is tried again
-# after these pauses (doubling), until its task's ttl.
-ROOM_PAUSE_FIRST_S = 0.05
-ROOM_PAUSE_CAP_S = 1.0
 
 
 class ReachClient:
@@ -157,19 +153,15 @@ class ReachClient:
         task = await self.claim_check.stow_task(task)
         subject = self.broker.names.task(task.topic, self.caller)
         data, headers = envelopes.encode(task), h.task_headers(task)
-        loop = asyncio.get_running_loop()
-        give_up_at, pause_s = loop.time() + task.ttl_ms / 1000, ROOM_PAUSE_FIRST_S
-        while True:
-            try:
-                stored = await self.broker.publish(subject, data, headers=headers)
-                return not stored.duplicate
-            except NoStreamError as exc:
-                raise _not_provisioned(task, subject) from exc
-            except SubjectFull as exc:
-                if loop.time() + pause_s > give_up_at:
-                    raise _backlog_full(task, self.caller) from exc
-            await asyncio.sleep(pause_s)  # room comes as the coordinator takes the backlog
-            pause_s = min(pause_s * 2, ROOM_PAUSE_CAP_S)
+        try:
+            stored = await publish_when_room(
+                self.broker, subject, data, headers=headers, within_s=task.ttl_ms / 1000
+            )
+        except NoStreamError as exc:
+            raise _not_provisioned(task, subject) from exc
+        except SubjectFull as exc:
+            raise _backlog_full(task, self.caller) from exc
+        return not stored.duplicate
 
     async def publish(
         self,

@@ -25,9 +25,17 @@ class Names(msgspec.Struct, frozen=True):
     # permissions can make it unforgeable and receivers can check the body's claims.
     def task(self, topic: str, sender: str | None = None) -> str:
         """Intake: ``reach.task.<topic>.<sender>`` for a caller, an agent's sub-task or a
-        worker's replay; the bare ``reach.task.<topic>`` for operators and the coordinator."""
+        worker's replay; the bare ``reach.task.<topic>`` for operators."""
         subject = f"{self.prefix}.task.{topic}"
         return f"{subject}.{sender}" if sender else subject
+
+    def coordinator_task(self, topic: str) -> str:
+        """Intake of the tasks the coordinator publishes itself (reassignments, workflow
+        steps, tasks a person sent on): ``reach.task.<topic>._coordinator``. Each intake
+        subject has a bounded backlog, so on the operators' bare subject a burst of
+        ``nats pub`` would refuse these; intake takes them as the bare form (their caller
+        kept, nobody charged again)."""
+        return self.task(topic, COORDINATOR)
 
     @property
     def tasks_wildcard(self) -> str:

@@ -10,6 +10,7 @@ import structlog
 
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, TooLarge
 from agentreach.broker.lifecycle import RAW_KEPT, dead_letter, reply
+from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
 from agentreach.coordinator.protection.quotas import CallerQuotas
 from agentreach.coordinator.routing.priorities import PriorityAllowances
@@ -62,7 +63,7 @@ class Intake:
 
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
-        topic, sender = self._broker.names.task_subject_parts(msg.subject)
+        topic, sender = self._sender_of(msg.subject)
         try:
             task = self._taken_in(msg, topic, sender)
         except DecodeError as exc:
@@ -127,11 +128,19 @@ class Intake:
     def task_of(self, msg: Delivery) -> Task | None:
         """The task ``msg`` holds, as :meth:`handle` takes it in (its sender's claims checked
         against its subject), or None when it holds none."""
-        topic, sender = self._broker.names.task_subject_parts(msg.subject)
+        topic, sender = self._sender_of(msg.subject)
         try:
             return self._taken_in(msg, topic, sender)
         except DecodeError:
             return None
+
+    def _sender_of(self, subject: str) -> tuple[str, str | None]:
+        """The topic and the sender its subject names; None for the bare form and for the
+        coordinator's own (a task it sends again keeps its caller and is not a new call).
+        No other party may publish as ``_coordinator`` (permissions, and a party's name
+        cannot start with ``_``)."""
+        topic, sender = self._broker.names.task_subject_parts(subject)
+        return topic, None if sender == COORDINATOR else sender
 
     def _taken_in(self, msg: Delivery, topic: str, sender: str | None) -> Task:
         task = task_from_intake(

@@ -19,11 +19,12 @@ import msgspec
 
 from agentreach import envelopes
 from agentreach.agents.compensation import replay, resolve
-from agentreach.broker import Broker, read_stream
+from agentreach.broker import Broker, SubjectFull, read_stream
 from agentreach.broker.streams import StoredMessage, subject_counts
 from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only
 from agentreach.cli.status import warn_without_coordinator
-from agentreach.envelopes import DeadLetter, Event
+from agentreach.envelopes import DeadLetter, Event, Task
+from agentreach.errors import ReachError
 
 SETTLING = ("replayed", "resolved")  # the events that close a letter, as their state
 
@@ -81,7 +82,7 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
                     " replaying it again runs it again",
                     file=sys.stderr,
                 )
-            task = await replay(broker, _find(letters, args.id), topic=args.to_topic)
+            task = await _replayed(broker, _find(letters, args.id), args.to_topic)
             await warn_without_coordinator(broker, "the replayed task waits in REACH_TASKS")
             print(json.dumps({"message_id": task.message_id, "trace_id": task.trace_id}))
             return 0
@@ -195,6 +196,20 @@ def _readable(stored: list[StoredMessage]) -> list[DeadLetter]:
                 file=sys.stderr,
             )
     return letters
+
+
+async def _replayed(broker: Broker, letter: DeadLetter, topic: str | None) -> Task:
+    """Replay ``letter``, or say in one line why the intake refused it."""
+    try:
+        return await replay(broker, letter, topic=topic)
+    except SubjectFull as exc:
+        subject = broker.names.task(topic or letter.topic)
+        raise ReachError(
+            f"{letter.message_id} was not replayed: the intake holds as many tasks on"
+            f" {subject} as it keeps (limits.tasks_per_subject), none taken by a coordinator"
+            f" yet ({exc}); replay it again once they are (`nats stream subjects"
+            f" {broker.names.tasks_stream}` shows each subject's backlog)"
+        ) from exc
 
 
 def _find(letters: list[DeadLetter], message_id: str) -> DeadLetter:

@@ -136,7 +136,9 @@ async def _move(
         return "past_ttl" if await _expire(broker, task, agent_id, run_once) else "kept"
     retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None, ttl_ms=left_ms)
     headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
-    await broker.publish(broker.names.task(task.topic), envelopes.encode(retry), headers=headers)
+    # On its own intake subject: an operator's burst on the bare one cannot refuse it.
+    subject = broker.names.coordinator_task(task.topic)
+    await broker.publish(subject, envelopes.encode(retry), headers=headers)
     # The trace says why attempt + 1 comes (else nothing stands between the two attempts).
     gone = ErrorInfo(type=REASSIGNED, message=f"{agent_id} went OFFLINE", retryable=True)
     scheduled = event_for(

@@ -23,7 +23,8 @@ import msgspec
 import structlog
 
 from agentreach import envelopes
-from agentreach.broker import Broker, Bucket, Change
+from agentreach.broker import Broker, Bucket, Change, SubjectFull
+from agentreach.broker.backpressure import publish_when_room
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import about, emit, event_for, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error
@@ -168,8 +169,25 @@ class ManualQueue:
             original, "manual_sent", by=item.ended_by, topic=task.topic, sent_as=task.message_id
         )
         await emit(self._broker, sent)
-        subject = self._broker.names.task(task.topic)
-        await self._broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
+        subject = self._broker.names.coordinator_task(task.topic)
+        try:  # waits for room: other items wait meanwhile, at most the task's ttl
+            await publish_when_room(
+                self._broker,
+                subject,
+                envelopes.encode(task),
+                headers=h.task_headers(task),
+                within_s=task.ttl_ms / 1000,
+            )
+        except SubjectFull as exc:
+            message = (
+                f"not sent on to {task.topic!r}: for its whole ttl of {task.ttl_ms} ms the"
+                f" intake held as many tasks on {subject!r} as it keeps"
+                f" (limits.tasks_per_subject): {exc}"
+            )
+            log.error("a task sent on by a person was refused", error=message)
+            error = ErrorInfo(type="backlog_full", message=message, retryable=True)
+            await end_with_error(self._broker, task, "rejected", error)
+            return
         log.info("sent on by a person", message_id=original.message_id, to=task.topic)
 
     async def _expire_due(self, bucket: Bucket[ManualItem]) -> None:

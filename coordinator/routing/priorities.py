@@ -10,9 +10,10 @@ sender, the priority and what an operator runs to allow it, and a dead letter ``
 (someone may have to act: allow the caller, or ask it to stop). The caller's quota is
 charged before this check, so a sender cannot write dead letters faster than its quota.
 
-Only a sender named by the subject (``reach.task.<topic>.<sender>``) is judged: the bare
-form is the operators' and the coordinator's own (reassignments, workflow steps), whose
-tasks were judged when their caller sent them. Without the seal key nothing is refused.
+Only a sender named by the subject (``reach.task.<topic>.<sender>``) is judged: not the
+operators' bare form, nor the coordinator's own ``….<topic>._coordinator`` (reassignments,
+workflow steps), whose tasks were judged when their caller sent them. Without the seal key
+nothing is refused.
 """
 
 from __future__ import annotations

@@ -329,7 +329,9 @@ class WorkflowEngine:
 
     async def _dispatch(self, record: WorkflowRecord, run: StepRun) -> None:
         task = self._step_task(record, run)
-        subject = self._broker.names.task(task.topic)
+        # A refused publish (its intake subject full) leaves the message that called for the
+        # step to come back, which dispatches it again, until the workflow's deadline.
+        subject = self._broker.names.coordinator_task(task.topic)
         await self._broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
 
     def _step_task(self, record: WorkflowRecord, run: StepRun) -> Task:

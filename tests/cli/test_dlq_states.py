@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from agentreach import envelopes
 from agentreach.agents import Compensation, CompensationWorker
-from agentreach.envelopes import DeadLetter, ErrorInfo, WorkflowStep
+from agentreach.broker import Topology, provision
+from agentreach.broker.topology import StorageLimits
+from agentreach.envelopes import DeadLetter, ErrorInfo, Task, WorkflowStep
 from tests.cli.conftest import reach_argv, run
 
 STEP_ID = "01a238a5-7c1e-7d2a-9f00-3c5be8a1d0f2-research-1"  # a workflow step's message id
@@ -93,3 +95,30 @@ async def test_a_step_letter_its_workflow_handles_is_listed_handled_not_open(bro
     states = {row.split()[0]: row.split()[3] for row in listed.stdout.splitlines()[1:]}
     assert states == {"absorbed-research-1": "handled", "undo-failed-refund-1": "open"}
     assert [row.split()[0] for row in only_open.stdout.splitlines()[1:]] == ["undo-failed-refund-1"]
+
+
+async def test_a_replay_the_intake_refuses_says_why_in_one_line(broker):
+    """`reach dlq replay` into a topic whose bare intake subject holds its whole backlog
+    (no coordinator has taken it) fails in one line that names the subject and the limit,
+    without a traceback, and records no `replayed` event."""
+    names = broker.names
+    await provision(broker, Topology.default(names, limits=StorageLimits(tasks_per_subject=1)))
+    await broker.publish(names.task("full_topic"), b'{"waiting": true}')
+    task = Task(v=1, message_id="refused-1", trace_id="refused-1", topic="full_topic")
+    letter = DeadLetter(
+        v=1,
+        reason="no_route",
+        message_id="refused-1",
+        trace_id="refused-1",
+        topic="full_topic",
+        envelope=task,
+        error=ErrorInfo(type="no_route", message="nobody served it", retryable=True),
+    )
+    await broker.publish(names.dlq("no_route", "full_topic"), envelopes.encode(letter))
+    refused = await reach(broker, "dlq", "replay", "refused-1")
+    listed = await reach(broker, "dlq", "list")
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("reach: error: refused-1 was not replayed")
+    assert names.task("full_topic") in line and "limits.tasks_per_subject" in line
+    assert listed.stdout.splitlines()[1].split()[3] == "open"  # not replayed

@@ -132,7 +132,8 @@ async def test_a_reassignment_the_intake_refuses_is_tried_again_until_it_goes_th
     names = broker.names
     await provision(broker, Topology.default(names, limits=StorageLimits(tasks_per_subject=1)))
     waiting = envelopes.Task(v=1, message_id="in-intake-1", trace_id="in-intake-1", topic="busy")
-    await broker.publish(names.task("busy"), envelopes.encode(waiting))  # the subject is full
+    # The coordinator's own subject of the topic is full (a mass reassignment, say).
+    await broker.publish(names.coordinator_task("busy"), envelopes.encode(waiting))
     queued = envelopes.Task(
         v=1, message_id="queued-1", trace_id="queued-1", topic="busy", to_agent="gone-5"
     )
@@ -142,12 +143,12 @@ async def test_a_reassignment_the_intake_refuses_is_tried_again_until_it_goes_th
     assert moves.unmoved == {"gone-5"}
     stream = names.dispatch_stream("P1")
     assert await next_message(broker, stream, names.dispatch("gone-5", "P1")) is not None
-    intake = await read_stream(broker, names.tasks_stream, names.task("busy"))
+    intake = await read_stream(broker, names.tasks_stream, names.coordinator_task("busy"))
     await delete_message(broker, names.tasks_stream, intake[0].stream_seq)  # room again
     await moves.retry(lambda agent_id: True)
     assert moves.unmoved == frozenset()
     assert await next_message(broker, stream, names.dispatch("gone-5", "P1")) is None
-    [moved] = await read_stream(broker, names.tasks_stream, names.task("busy"))
+    [moved] = await read_stream(broker, names.tasks_stream, names.coordinator_task("busy"))
     retry = envelopes.decode_task(moved.data)
     assert (retry.message_id, retry.attempt) == ("queued-1", 2)
 
@@ -156,7 +157,7 @@ async def test_a_reassignment_of_an_agent_back_online_is_not_tried_again(broker)
     names = broker.names
     await provision(broker, Topology.default(names, limits=StorageLimits(tasks_per_subject=1)))
     await broker.publish(
-        names.task("busy"),
+        names.coordinator_task("busy"),
         envelopes.encode(envelopes.Task(v=1, message_id="w-2", trace_id="w-2", topic="busy")),
     )
     queued = envelopes.Task(v=1, message_id="q-2", trace_id="q-2", topic="busy", to_agent="back")
@@ -167,3 +168,29 @@ async def test_a_reassignment_of_an_agent_back_online_is_not_tried_again(broker)
     assert moves.unmoved == frozenset()
     stream = names.dispatch_stream("P1")
     assert await next_message(broker, stream, names.dispatch("back", "P1")) is not None
+
+
+async def test_a_reassignment_refused_until_its_ttl_passed_ends_as_expired(broker, watcher):
+    """While the coordinator's own intake subject of its topic stays full, the gone agent's
+    task is tried at every sweep; the first try after its ttl dead-letters it as expired,
+    naming the agent, and nothing is left to try."""
+    names = broker.names
+    await provision(broker, Topology.default(names, limits=StorageLimits(tasks_per_subject=1)))
+    full = envelopes.Task(v=1, message_id="f-3", trace_id="f-3", topic="busy")
+    await broker.publish(names.coordinator_task("busy"), envelopes.encode(full))
+    queued = envelopes.Task(
+        v=1, message_id="q-3", trace_id="q-3", topic="busy", to_agent="gone-6", ttl_ms=500
+    )
+    await broker.publish(names.dispatch("gone-6", "P1"), envelopes.encode(queued))
+    moves = Moves(broker, RunOnce(broker))
+    await moves.move("gone-6", epoch=1)
+    assert moves.unmoved == {"gone-6"}
+    await asyncio.sleep(0.6)  # the passing of the ttl is what this test is about
+    await moves.retry(lambda agent_id: True)
+    letter = await watcher.dead_letter("expired", message_id="q-3")
+    assert letter.error is not None and "gone-6, which went OFFLINE" in letter.error.message
+    assert moves.unmoved == frozenset()
+    assert (
+        await next_message(broker, names.dispatch_stream("P1"), names.dispatch("gone-6", "P1"))
+        is None
+    )

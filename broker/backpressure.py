@@ -1,0 +1,39 @@
+"""Waiting for room on a bounded intake subject: ``REACH_TASKS`` keeps at most
+``limits.tasks_per_subject`` messages per subject and refuses more (``SubjectFull``), so a
+publisher there tries again as the coordinator takes the backlog, until its task's ttl."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats.js import api
+
+from agentreach.broker.connection import Broker
+from agentreach.broker.errors import SubjectFull
+
+# The pauses between tries while a subject is full: doubling from the first to the cap.
+ROOM_PAUSE_FIRST_S = 0.05
+ROOM_PAUSE_CAP_S = 1.0
+
+
+async def publish_when_room(
+    broker: Broker,
+    subject: str,
+    data: bytes,
+    *,
+    headers: dict[str, str] | None,
+    within_s: float,
+) -> api.PubAck:
+    """Publish, trying again while ``subject`` is full, for up to ``within_s``; raises the
+    last :class:`SubjectFull` when no room came by then (nothing was stored). Any other
+    broker error is raised at once."""
+    loop = asyncio.get_running_loop()
+    give_up_at, pause_s = loop.time() + within_s, ROOM_PAUSE_FIRST_S
+    while True:
+        try:
+            return await broker.publish(subject, data, headers=headers)
+        except SubjectFull:
+            if loop.time() + pause_s > give_up_at:
+                raise
+        await asyncio.sleep(pause_s)  # room comes as the coordinator takes the backlog
+        pause_s = min(pause_s * 2, ROOM_PAUSE_CAP_S)
