@@ -1,10 +1,17 @@
-"""``CompensationWorker``: consume dead letters and decide — replay, compensate, alert."""
+"""``CompensationWorker``: consume dead letters and decide — replay, compensate, alert.
+
+A letter is *open* until someone deals with it: a ``replayed`` event (:func:`replay`) makes
+it *replayed*, a ``resolved`` event (:func:`resolve`) *resolved*; the later of the two
+counts. A workflow step's letter that its workflow handles (``letter.workflow.handled``: the
+workflow absorbed the failure, or ended with a letter of its own, the one to act on) is
+*handled*, not open. :func:`letter_state` says which, for ``reach dlq list`` and the
+dashboard alike."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -25,6 +32,16 @@ log = get_logger("agents.compensation")
 
 DeadLetterHandler = Callable[[DeadLetter, "Compensation"], Awaitable[None]]
 RETRY_DELAY_S = 5.0
+SETTLING = ("replayed", "resolved")  # the events that close a letter, as its state
+
+
+def letter_state(settling: Sequence[Event] | None, letter: DeadLetter | None = None) -> str:
+    """The state the last of a letter's ``settling`` events (its ``replayed`` and
+    ``resolved`` ones, in the order stored) left; else ``handled``, for a step letter its
+    workflow handles; else ``open``."""
+    if settling:
+        return settling[-1].event
+    return "handled" if letter and letter.workflow and letter.workflow.handled else "open"
 
 
 class Compensation:

@@ -207,6 +207,17 @@ async def consumer_state(broker: Broker, stream: str, durable: str) -> ConsumerS
     )
 
 
+async def delete_consumer(broker: Broker, stream: str, durable: str) -> bool:
+    """Delete the consumer ``durable`` of ``stream``; False when it did not exist. A work-queue
+    stream keeps the messages it had not acknowledged: deleting drops no work."""
+    try:
+        return bool(await broker.js.delete_consumer(stream, durable))
+    except nats.js.errors.NotFoundError:
+        return False
+    except nats.errors.Error as exc:
+        raise translate(exc, subject=f"{stream}/{durable}") from exc
+
+
 async def bind(
     broker: Broker,
     spec: ConsumerSpec,

@@ -108,6 +108,7 @@ class Coordinator:
             config.breakers,
             declared_deadline=self.directory.declared_deadline,
             gone=self.directory.gone,
+            registered=lambda agent_id: agent_id in self.directory.cards,
         )
         self.queues = QueueDepths(broker, config.queues)
         fleet = Fleet(self.directory, self.breakers, self.queues, RateLimiter(config.rate_limits))
@@ -130,6 +131,8 @@ class Coordinator:
         self.liveness = LivenessMonitor(
             broker, config.liveness, self.directory, self.queues.slots, RunOnce(broker, grants)
         )
+        # A forgotten agent (its card deleted) is forgotten here too, with no restart.
+        self.directory.on_forget(self.liveness.moves.forget, self.breakers.forget)
         self.queue_expiry = QueueExpiry(broker, config.queue_expiry, self.queues, grants)
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id

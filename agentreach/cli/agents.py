@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from agentreach.broker import Broker, BrokerTimeout, NoResponders, StreamNotFound
 from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
 from agentreach.cli.redraw import redraw_until_interrupted
-from agentreach.cli.retirement import forget
+from agentreach.cli.retirement import forget, queued
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.coordinator.routing import allowances
 from agentreach.envelopes import AgentCard, BreakerRecord, Heartbeat, Liveness
@@ -44,7 +44,8 @@ def register(commands: Commands) -> None:
         choices=["list", "clear", "forget"],
         default="list",
         help="list (default) the agents, clear the quarantine of one, or forget an OFFLINE or"
-        " STOPPED one (its card, heartbeat and liveness are deleted; it may register again)",
+        " STOPPED one (its card, heartbeat, liveness, breakers and dispatch consumers are"
+        " deleted, its queued tasks reassigned; it may register again)",
     )
     agents.add_argument(
         "id", nargs="?", help="clear: the quarantined agent's id; forget: the retired agent's"
@@ -72,6 +73,8 @@ async def cmd_agents(args: argparse.Namespace) -> int:
             if not args.id:
                 raise UsageError("agents forget needs the id of an OFFLINE or STOPPED agent")
             print(await forget(broker, args.id))
+            if await queued(broker, args.id):
+                await warn_without_coordinator(broker, "its queued tasks move when one starts")
             return 0
         running = await warn_without_coordinator(
             broker, "STATE is the last verdict recorded, and nobody judges liveness now"

@@ -1,11 +1,6 @@
 """``reach dlq list | show ID | replay ID | resolve ID | stats``: the dead letters of
-``REACH_DLQ``.
-
-A letter is *open* until someone deals with it: a ``replayed`` event (``reach dlq replay``,
-a worker's ``comp.replay``) makes it *replayed*, a ``resolved`` event (``reach dlq
-resolve``, a worker's ``comp.resolve``) *resolved*; the later of the two counts. A workflow
-step's letter that its workflow handles (``letter.workflow.handled``: the workflow absorbed
-the failure, or ended with a letter of its own, the one to act on) is *handled*, not open."""
+``REACH_DLQ``, each with its state (open, replayed, resolved, handled) as
+:func:`agentreach.agents.compensation.letter_state` says, as the dashboard shows it."""
 
 from __future__ import annotations
 
@@ -18,15 +13,13 @@ from collections import Counter
 import msgspec
 
 from agentreach import envelopes
-from agentreach.agents.compensation import replay, resolve
+from agentreach.agents.compensation import SETTLING, letter_state, replay, resolve
 from agentreach.broker import Broker, SubjectFull, read_stream
 from agentreach.broker.streams import StoredMessage, subject_counts
 from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only
 from agentreach.cli.status import warn_without_coordinator
 from agentreach.envelopes import DeadLetter, Event, Task
 from agentreach.errors import ReachError
-
-SETTLING = ("replayed", "resolved")  # the events that close a letter, as their state
 
 
 def register(commands: Commands) -> None:
@@ -94,7 +87,7 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
     elif not letters and (args.reason or args.topic):
         _print_none_matching(args.reason, args.topic, there)
     else:
-        states = {x.message_id: state_of(settled.get(x.message_id), x) for x in letters}
+        states = {x.message_id: letter_state(settled.get(x.message_id), x) for x in letters}
         if args.open:
             letters = [letter for letter in letters if states[letter.message_id] == "open"]
         _print_letters(letters, states, only_open=args.open)
@@ -123,7 +116,7 @@ async def _resolve(
     broker: Broker, letter: DeadLetter, settled: dict[str, list[Event]], note: str
 ) -> int:
     """Record a ``resolved`` event as a worker's ``comp.resolve`` does, by this operator."""
-    if (state := state_of(settled.get(letter.message_id))) == "resolved":
+    if (state := letter_state(settled.get(letter.message_id))) == "resolved":
         last = settled[letter.message_id][-1].detail
         raise UsageError(
             f"{letter.message_id} is resolved already (by {last.get('by')}:"
@@ -133,14 +126,6 @@ async def _resolve(
     await resolve(broker, letter, note.strip(), by=by)
     print(f"{letter.message_id}: resolved (was {state}), by {by}: {note.strip()}")
     return 0
-
-
-def state_of(events: list[Event] | None, letter: DeadLetter | None = None) -> str:
-    """The state the last settling event left (replayed or resolved); else handled, for a
-    step letter its workflow handles; else open."""
-    if events:
-        return events[-1].event
-    return "handled" if letter and letter.workflow and letter.workflow.handled else "open"
 
 
 async def _there(broker: Broker) -> dict[str, Counter[str]]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from agentreach.agents.compensation import letter_state
 from agentreach.envelopes import PRIORITIES, now_ms
 
 if TYPE_CHECKING:
@@ -88,7 +89,8 @@ def _queues(board: Board, agent_id: str) -> dict[str, Any]:
 
 
 def dead_letters(board: Board) -> dict[str, Any]:
-    """Counts by reason (all of ``REACH_DLQ``) and the most recent letters."""
+    """Counts by reason (all of ``REACH_DLQ``) and the most recent letters, each with its
+    state as ``reach dlq list`` says it (open, replayed, resolved, handled)."""
     by_reason = board.sampled.dlq_by_reason
     last: Counter[str] = Counter()
     recent = []
@@ -107,13 +109,20 @@ def dead_letters(board: Board) -> dict[str, Any]:
                 "replayable": letter.envelope is not None,
                 "replayed_as": board.replayed.get(letter.message_id),
                 "resolved": board.resolved.get(letter.message_id),
+                "state": letter_state(board.settling.get(letter.message_id), letter),
             }
         )
     reasons = [
         {"reason": reason, "count": count, "last_ms": last.get(reason) or None}
         for reason, count in sorted(by_reason.items(), key=lambda rc: (-rc[1], rc[0]))
     ]
-    return {"total": sum(by_reason.values()), "by_reason": reasons, "recent": recent}
+    states = Counter(shown["state"] for shown in recent)
+    return {
+        "total": sum(by_reason.values()),
+        "by_reason": reasons,
+        "recent": recent,
+        "open": states["open"],  # of the recent ones
+    }
 
 
 def workflows(board: Board) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import structlog
 
+from agentreach.agents.compensation import SETTLING
 from agentreach.broker import Broker, BrokerError, follow
 from agentreach.broker.direct import messages_on
 from agentreach.broker.errors import honour_cancellation
@@ -28,6 +29,7 @@ from agentreach.envelopes import (
     PRIORITIES,
     DeadLetter,
     DecodeError,
+    Event,
     Heartbeat,
     decode_as,
     decode_dead_letter,
@@ -80,6 +82,8 @@ class Board:
         self.letters: list[tuple[int, int, DeadLetter]] = []  # (seq, stored_ms, letter)
         self.replayed: dict[str, str] = {}
         self.resolved: dict[str, dict[str, Any]] = {}
+        # Each letter's replayed and resolved events in stream order: its state (letter_state).
+        self.settling: dict[str, list[Event]] = {}
         self.replicas: list[dict[str, Any]] = []
         self.read_ms = 0  # when a refresh last read everything: what is shown is as of then
         self.unread: str | None = None  # why the last refresh failed; None when it did not
@@ -125,7 +129,7 @@ class Board:
         # Refusals and alerts make no chart here; a caller past its quota can send them by
         # the thousand, so they are not read back over the whole window at every start.
         charted = (kind for kind in FOLDED if kind not in ("rejected", "alert"))
-        kinds = (*charted, "replayed", "resolved")
+        kinds = (*charted, *SETTLING)
         async for msg in follow(
             self.broker,
             stream=names.events_stream,
@@ -139,6 +143,8 @@ class Board:
             except DecodeError:
                 continue
             self.history.fold(event, msg.timestamp_ms)
+            if event.event in SETTLING:
+                self.settling.setdefault(event.message_id, []).append(event)
             if event.event == "replayed":
                 self.replayed[event.message_id] = str(event.detail.get("replayed_as", ""))
             elif event.event == "resolved":

@@ -95,10 +95,14 @@ class LivenessMonitor:
     ) -> None:
         self._broker = broker
         self._config = config
-        self.moves = Moves(broker, run_once or RunOnce(broker))  # OFFLINE agents' queues
         self._registered = registered
         self._cards_version = -1  # of the cards last looked through for agents not tracked
         self.agents: dict[str, Tracked] = {}
+        # The queues of OFFLINE agents, and of forgotten ones: nobody else takes them.
+        run_once = run_once or RunOnce(broker)
+        self.moves = Moves(
+            broker, run_once, judged=self.agents, registered=registered, queued=queued
+        )
         self._checks = PresenceChecks(
             broker, config, self.agents, queued, judge=self._transition, look_again=self._look_again
         )
@@ -273,9 +277,7 @@ class LivenessMonitor:
             await self._look_again(overdue)
         for tracked in overdue:
             await self._judge_silent(tracked)
-        await self.moves.retry(
-            lambda agent_id: getattr(self.agents.get(agent_id), "state", "") == "OFFLINE"
-        )
+        await self.moves.sweep()
 
     def _track_registered(self) -> None:
         if self._registered is None or self._registered.version == self._cards_version:

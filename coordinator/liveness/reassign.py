@@ -1,4 +1,5 @@
-"""An agent went OFFLINE: its unfinished tasks go to another agent, fenced from the old one.
+"""An agent went OFFLINE (or was forgotten): its unfinished tasks go to another agent, fenced
+from the old one.
 
 What was dispatched to it and not acknowledged is still in its dispatch
 subjects (work-queue streams keep a message until it is acknowledged). Each is
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import msgspec
@@ -22,6 +23,7 @@ from agentreach.broker import Broker, BrokerError, WrongLastSequence
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.liveness.tracked import Registered, Tracked, untrack
 from agentreach.coordinator.routing.run_once import (
     REASSIGNED,
     RanAlready,
@@ -44,40 +46,81 @@ from agentreach.envelopes import (
 from agentreach.envelopes.headers import task_headers
 
 log = structlog.get_logger("coordinator.reassign")
+Queued = Callable[[], Iterable[tuple[str, str]]]  # (agent, priority) with tasks queued
+
+OFFLINE = "went OFFLINE"
+FORGOTTEN = "is no longer registered (forgotten: reach agents forget)"
 
 
 class Moves:
-    """The reassignments of OFFLINE agents' queues, each tried again at every sweep until it
+    """The reassignments of gone agents' queues, each tried again at every sweep until it
     went through: a refused write (a full intake subject, a timeout in a failover) must not
     leave the tasks in the queue of an agent that is gone, nor end the sweep that judges
     every agent."""
 
-    def __init__(self, broker: Broker, run_once: RunOnce) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        run_once: RunOnce,
+        *,
+        judged: dict[str, Tracked] | None = None,
+        registered: Registered | None = None,
+        queued: Queued | None = None,
+    ) -> None:
         self._broker = broker
         self._run_once = run_once
-        self._unmoved: dict[str, int] = {}  # agent id → the epoch that went OFFLINE
+        self._unmoved: dict[str, tuple[int, str]] = {}  # agent id → the epoch gone, and why
+        self._judged = judged if judged is not None else {}
+        self._registered = registered
+        self._queued = queued
 
     @property
     def unmoved(self) -> frozenset[str]:
         return frozenset(self._unmoved)
 
-    async def move(self, agent_id: str, epoch: int) -> None:
-        """Reassign ``agent_id``'s queued tasks now, or at a later :meth:`retry`."""
-        self._unmoved[agent_id] = epoch
+    async def move(self, agent_id: str, epoch: int, *, why: str = OFFLINE) -> None:
+        """Reassign ``agent_id``'s queued tasks now, or at a later :meth:`retry`; ``why``
+        it lost them ends the sentence "``agent_id`` …" in their traces."""
+        self._unmoved[agent_id] = (epoch, why)
         await self._try(agent_id)
 
-    async def retry(self, still_offline: Callable[[str], bool]) -> None:
-        """Try the reassignments that failed again, of the agents still OFFLINE."""
+    async def retry(self, still_gone: Callable[[str], bool]) -> None:
+        """Try the reassignments that failed again, of the agents still gone."""
         for agent_id in list(self._unmoved):
-            if still_offline(agent_id):
+            if still_gone(agent_id):
                 await self._try(agent_id)
             else:  # back: its own consumer takes its queue again
                 self._unmoved.pop(agent_id, None)
 
+    async def sweep(self) -> None:
+        """Retry what did not move, of agents still gone; then move every queue left to an
+        agent nobody knows any more: forgotten by an operator (no card, no verdict), here or
+        while no coordinator ran. Nothing else would ever take those tasks."""
+        await self.retry(self.gone)
+        queued = {agent for agent, _ in self._queued()} if self._queued is not None else set()
+        for agent_id in sorted(queued - self._unmoved.keys()):
+            if agent_id not in self._judged and self.gone(agent_id):
+                await self.move(agent_id, 0, why=FORGOTTEN)
+
+    def forget(self, agent_id: str) -> None:
+        """An operator forgot the agent: it is judged no more, and the next :meth:`sweep`
+        moves what is still queued for it."""
+        untrack(self._judged, agent_id)
+
+    def gone(self, agent_id: str) -> bool:
+        """Whether ``agent_id``'s queue is nobody's: it is judged OFFLINE, or it is neither
+        judged nor registered (forgotten). A card written a moment ago that this view has
+        not seen yet is read again before anything moves (:func:`reassign_tasks`)."""
+        if (tracked := self._judged.get(agent_id)) is not None:
+            return tracked.state == "OFFLINE"
+        return self._registered is not None and agent_id not in self._registered.cards
+
     async def _try(self, agent_id: str) -> None:
-        epoch = self._unmoved[agent_id]
+        epoch, why = self._unmoved[agent_id]
         try:
-            await reassign_tasks(self._broker, agent_id, epoch=epoch, run_once=self._run_once)
+            await reassign_tasks(
+                self._broker, agent_id, epoch=epoch, run_once=self._run_once, why=why
+            )
         except BrokerError as exc:
             log.warning("queued tasks not moved yet", agent_id=agent_id, error=str(exc))
             return
@@ -85,12 +128,18 @@ class Moves:
 
 
 async def reassign_tasks(
-    broker: Broker, agent_id: str, *, epoch: int = 0, run_once: RunOnce | None = None
+    broker: Broker,
+    agent_id: str,
+    *,
+    epoch: int = 0,
+    run_once: RunOnce | None = None,
+    why: str = OFFLINE,
 ) -> int:
-    """Re-dispatch every task waiting for ``agent_id``, whose process ``epoch`` went OFFLINE;
-    returns how many it took away (sent on, or ended where their ttl had passed). Nothing
-    moves when a newer process of the agent is up already: its consumer (the same durable)
-    takes those tasks itself. ``run_once`` reads the records (sealed ones, when secured)."""
+    """Re-dispatch every task waiting for ``agent_id``, whose process ``epoch`` is gone
+    (``why``: it went OFFLINE, or was forgotten); returns how many it took away (sent on, or
+    ended where their ttl had passed). Nothing moves when a newer process of the agent is up
+    already: its consumer (the same durable) takes those tasks itself. ``run_once`` reads
+    the records (sealed ones, when secured)."""
     run_once = run_once or RunOnce(broker)
     if await _newer_process(broker, agent_id, epoch):
         log.info("a newer process serves the agent; nothing to reassign", agent_id=agent_id)
@@ -101,7 +150,7 @@ async def reassign_tasks(
         seq = 1
         while (stored := await next_message(broker, stream, subject, from_seq=seq)) is not None:
             seq = stored.stream_seq + 1
-            what = await _move(broker, stored, agent_id, epoch, run_once)
+            what = await _move(broker, stored, agent_id, epoch, run_once, why)
             if what == "kept":
                 continue
             if what is not None:
@@ -119,7 +168,7 @@ async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
 
 
 async def _move(
-    broker: Broker, stored: StoredMessage, agent_id: str, epoch: int, run_once: RunOnce
+    broker: Broker, stored: StoredMessage, agent_id: str, epoch: int, run_once: RunOnce, why: str
 ) -> Literal["reassigned", "past_ttl", "kept"] | None:
     """Send the task through intake again as its next attempt, with the ttl it has left.
 
@@ -130,17 +179,17 @@ async def _move(
         task = envelopes.decode_task(stored.data)
     except DecodeError:
         return None  # the agent's consumer would have dead-lettered it; nothing to move
-    await _fence(broker, task, agent_id, epoch)
+    await _fence(broker, task, agent_id, epoch, why)
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
-        return "past_ttl" if await _expire(broker, task, agent_id, run_once) else "kept"
+        return "past_ttl" if await _expire(broker, task, agent_id, run_once, why) else "kept"
     retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None, ttl_ms=left_ms)
     headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
     # On its own intake subject: an operator's burst on the bare one cannot refuse it.
     subject = broker.names.coordinator_task(task.topic)
     await broker.publish(subject, envelopes.encode(retry), headers=headers)
     # The trace says why attempt + 1 comes (else nothing stands between the two attempts).
-    gone = ErrorInfo(type=REASSIGNED, message=f"{agent_id} went OFFLINE", retryable=True)
+    gone = ErrorInfo(type=REASSIGNED, message=f"{agent_id} {why}", retryable=True)
     scheduled = event_for(
         task, "retry_scheduled", next_attempt=retry.attempt, delay_ms=0, error=gone
     )
@@ -148,7 +197,7 @@ async def _move(
     return "reassigned"
 
 
-async def _expire(broker: Broker, task: Task, agent_id: str, run_once: RunOnce) -> bool:
+async def _expire(broker: Broker, task: Task, agent_id: str, run_once: RunOnce, why: str) -> bool:
     """Dead-letter the task as expired, unless it ran after all (an agent finished it and
     its acknowledgement was lost): then its stored result answers. One that another agent
     runs now is left to that run. False when a process of this very agent holds a live
@@ -168,17 +217,17 @@ async def _expire(broker: Broker, task: Task, agent_id: str, run_once: RunOnce) 
                 return False
             log.info("past its ttl, but another agent runs it now", message_id=task.message_id)
         case None:
-            message = f"ttl {task.ttl_ms} ms ran out with {agent_id}, which went OFFLINE"
+            message = f"ttl {task.ttl_ms} ms ran out with {agent_id}, which {why}"
             error = ErrorInfo(type="expired", message=message, retryable=False)
             await end_with_error(broker, task, "expired", error)
     return True
 
 
-async def _fence(broker: Broker, task: Task, agent_id: str, epoch: int) -> None:
+async def _fence(broker: Broker, task: Task, agent_id: str, epoch: int, why: str) -> None:
     """Take a running claim away from the gone process (that agent, that epoch or older),
     so its late result cannot land; a claim of anyone else stands."""
     executions = await broker.bucket(broker.names.executions_bucket, Execution)
-    reassigned = ErrorInfo(type=REASSIGNED, message="its agent went OFFLINE", retryable=True)
+    reassigned = ErrorInfo(type=REASSIGNED, message=f"its agent {why}", retryable=True)
 
     def fenced(record: Execution | None) -> Execution | None:
         if record is None or record.state != "running" or record.agent_id != agent_id:

@@ -1,5 +1,6 @@
 """What the coordinator knows of each agent it judges, and which agents it judges: every
-one that heartbeats, and every running agent with a card, beating or not."""
+one that heartbeats, and every running agent with a card, beating or not, until an
+operator forgets it."""
 
 from __future__ import annotations
 
@@ -76,3 +77,12 @@ def track_registered(
             tracked = agents[agent_id] = Tracked(agent_id, interval_s, now)
         tracked.state, tracked.epoch, tracked.last_seen = "UNKNOWN", card.epoch, now
         tracked.interval_s, tracked.cadence = interval_s, None
+
+
+def untrack(agents: dict[str, Tracked], agent_id: str) -> None:
+    """Judge ``agent_id`` no more: an operator forgot it (its card is deleted). A process
+    that registers the id again starts afresh, not as one that went OFFLINE (or flapped)
+    before."""
+    tracked = agents.pop(agent_id, None)
+    if tracked is not None and tracked.probe is not None:
+        tracked.probe.cancel()

@@ -51,6 +51,7 @@ Transition = Callable[[BreakerRecord | None], BreakerRecord | None]
 DeclaredDeadline = Callable[[str, str], int | None]
 # Why an agent is gone (stopped, OFFLINE), or None while it runs.
 Gone = Callable[[str], str | None]
+Registered = Callable[[str], bool]  # whether the agent has a card (is not forgotten)
 
 
 class BreakerBoard:
@@ -64,12 +65,14 @@ class BreakerBoard:
         *,
         declared_deadline: DeclaredDeadline = lambda agent_id, intent: None,
         gone: Gone = lambda agent_id: None,
+        registered: Registered = lambda agent_id: True,
     ) -> None:
         self._broker = broker
         self._config = config
         self._clock = clock
         self._declared_deadline = declared_deadline
         self._gone = gone
+        self._registered = registered
         self.records: dict[str, BreakerRecord] = {}
         self._tripped: dict[str, set[str]] = {}  # agent → keys of its breakers not closed
         self._revisions: dict[str, int] = {}
@@ -166,8 +169,10 @@ class BreakerBoard:
             self._tripped.setdefault(record.agent_id, set()).add(key)
 
     async def record_outcome(self, event: Event, at_ms: int) -> None:
-        """Count one agent-reported outcome (``at_ms``: when the broker stored it)."""
-        if not event.agent_id or not self._counts(event):
+        """Count one agent-reported outcome (``at_ms``: when the broker stored it). Not one
+        of a forgotten agent (a restart reads the window's outcomes again): it would write
+        a breaker back for an id nobody runs, and hand it to the next process of that id."""
+        if not event.agent_id or not self._counts(event) or not self._registered(event.agent_id):
             return
         ok = event.event == "completed"
         agent_id, key = event.agent_id, breaker_key(event.agent_id, event.topic)
@@ -178,6 +183,13 @@ class BreakerBoard:
             await self._report_trial(trial_key, event.message_id, ok=ok)
         if not ok:
             await self._maybe_trip(key, agent_id, event.topic, window, at_ms)
+
+    def forget(self, agent_id: str) -> None:
+        """Drop the outcomes counted of an agent an operator forgot, so that a process that
+        registers the id again starts with none (its records go as their keys are deleted)."""
+        self._failures_in_a_row.pop(agent_id, None)
+        for key in [k for k in self._windows if k.split(".", 1)[0] == agent_id]:
+            del self._windows[key]
 
     async def _count_in_a_row(self, agent_id: str, ok: bool, at_ms: int) -> None:
         isolation = self.records.get(agent_id)

@@ -10,6 +10,11 @@ key: a secured deployment) only the intents the operators allowed that agent
 ``refused`` with the reason, and named once in an ``alert`` event. The same watch keeps
 ``priorities`` current: which priorities each sender may use
 (:mod:`agentreach.coordinator.routing.priorities`), judged at intake.
+
+Nothing but ``reach agents forget`` deletes a card (a stopped agent marks its own
+``stopped``), so a delete tells the views of this process that keep something per agent
+to drop it (:meth:`AgentDirectory.on_forget`): no restart is needed for the coordinator to
+forget an agent, and a process that registers the id again starts afresh.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import MappingProxyType
 
 import msgspec
@@ -56,6 +61,12 @@ class AgentDirectory:
         self._refreshed_at = 0.0
         self.liveness: dict[str, Liveness] = {}
         self.liveness_version = 0  # rises with every change of a liveness verdict
+        self._forgetting: list[Callable[[str], None]] = []
+
+    def on_forget(self, *forget: Callable[[str], None]) -> None:
+        """Call each ``forget(agent_id)`` when a card this view held is deleted (the agent
+        was forgotten by an operator), after the view has dropped it."""
+        self._forgetting += forget
 
     @property
     def enforce_allowances(self) -> bool:
@@ -232,11 +243,16 @@ class AgentDirectory:
                 card = decode_as(change.value, AgentCard)
             except DecodeError as exc:
                 log.warning("ignoring unreadable agent card", agent_id=change.key, error=str(exc))
+        held = None
         if card is not None and _own(change.key, card):
             self._declared[change.key] = card
         else:
-            self._declared.pop(change.key, None)
+            held = self._declared.pop(change.key, None)
         self._believe(change.key)
+        if held is not None and change.value is None:  # deleted, not unreadable
+            log.info("agent forgotten: its card was deleted", agent_id=change.key)
+            for forget in self._forgetting:
+                forget(change.key)
 
     def _believe(self, agent_id: str) -> None:
         """Put what routing believes of ``agent_id``'s card into the view."""

@@ -58,6 +58,8 @@ FACTS_JS = """(() => {
     heartbeats: Object.fromEntries([...document.querySelectorAll("[data-agent-id]")]
       .map((el) => [el.dataset.agentId, el.querySelector("[data-heartbeat]").textContent])),
     letters: document.querySelectorAll("[data-message-id]").length,
+    letterStates: Object.fromEntries([...document.querySelectorAll("[data-message-id]")]
+      .map((el) => [el.dataset.messageId, el.querySelector("[data-letter-state]").textContent])),
     replayButtons: document.querySelectorAll("[data-replay]").length,
     deadLetterReasons: [...document.querySelectorAll("[data-reason]")]
       .map((el) => el.dataset.reason),
