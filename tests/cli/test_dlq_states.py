@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from agentreach import envelopes
 from agentreach.agents import Compensation, CompensationWorker
+from agentreach.broker import read_stream
 from agentreach.envelopes import DeadLetter, ErrorInfo, WorkflowStep
 from tests.cli.conftest import reach_argv, run
 
@@ -93,3 +94,28 @@ async def test_a_step_letter_its_workflow_handles_is_listed_handled_not_open(bro
     states = {row.split()[0]: row.split()[3] for row in listed.stdout.splitlines()[1:]}
     assert states == {"absorbed-research-1": "handled", "undo-failed-refund-1": "open"}
     assert [row.split()[0] for row in only_open.stdout.splitlines()[1:]] == ["undo-failed-refund-1"]
+
+
+async def test_replay_of_a_letter_replayed_max_replays_times_is_refused_unless_forced(broker):
+    """`reach dlq replay ID` of a letter whose task 3 replays led to: one line naming the
+    letter, the count and --force, exit 1, nothing sent; `--max-replays 4` or `--force`
+    replays it (one more in `replays`); --force is refused for other actions."""
+    names = broker.names
+    task = envelopes.Task(v=1, message_id="thrice", trace_id="first", topic="flaky", replays=3)
+    letter = DeadLetter(
+        v=1, reason="no_route", message_id="thrice", trace_id="first", topic="flaky", envelope=task
+    )
+    await broker.publish(names.dlq("no_route", "flaky"), envelopes.encode(letter))
+    refused = await reach(broker, "dlq", "replay", "thrice")
+    assert refused.returncode == 1
+    [line] = refused.stderr.splitlines()
+    assert "thrice (no_route, topic flaky) not replayed" in line
+    assert "replayed 3 times already (--max-replays 3); --force replays it anyway" in line
+    assert await read_stream(broker, names.tasks_stream, names.task("flaky")) == []
+    for allowed in (("--max-replays", "4"), ("--force",)):
+        replayed = await reach(broker, "dlq", "replay", "thrice", *allowed)
+        assert replayed.returncode == 0, replayed.stderr
+    sent = await read_stream(broker, names.tasks_stream, names.task("flaky"))
+    assert [envelopes.decode_task(m.data).replays for m in sent] == [4, 4]
+    misplaced = await reach(broker, "dlq", "list", "--force")
+    assert misplaced.returncode != 0 and "--force is for dlq replay" in misplaced.stderr
