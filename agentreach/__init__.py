@@ -26,6 +26,7 @@ from agentreach.agents import (
     PermanentError,
     ReachClient,
     Rejected,
+    ReplayLimitReached,
     TaskContext,
     TaskFailed,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "ReachClient",
     "ReachError",
     "Rejected",
+    "ReplayLimitReached",
     "Task",
     "TaskContext",
     "TaskFailed",

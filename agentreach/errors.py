@@ -15,6 +15,7 @@ command line) can catch them all with one ``except ReachError``.
     ├── InvalidArgument             a ReachClient call got a wrong argument (also a ValueError)
     ├── AgentIdInUse                another live process serves this agent_id
     ├── PermanentError              raised by a handler: do not retry this task
+    ├── ReplayLimitReached          a dead letter's task was replayed max_replays times already
     ├── ManualReviewError           ManualReview: the item is gone, closed or held by another
     └── InvokeError                 ReachClient.invoke() got no result
         ├── NotProvisioned          no task stream: run `reach provision` (also a NoStreamError)

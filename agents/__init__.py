@@ -18,6 +18,7 @@ from agentreach.agents.errors import (
     NotProvisioned,
     PermanentError,
     Rejected,
+    ReplayLimitReached,
     TaskFailed,
 )
 from agentreach.agents.manual import ManualReview, ManualReviewError
@@ -42,6 +43,7 @@ __all__ = [
     "PermanentError",
     "ReachClient",
     "Rejected",
+    "ReplayLimitReached",
     "TaskContext",
     "TaskFailed",
 ]

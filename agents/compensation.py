@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from agentreach import envelopes
+from agentreach.agents.errors import AgentConfigError, ReplayLimitReached
 from agentreach.broker import Auth, Broker, BrokerError, Delivery, Names, PullConsumer
 from agentreach.broker.connection import connected
 from agentreach.broker.consume import ConsumerSpec, bind
@@ -32,6 +33,9 @@ log = get_logger("agents.compensation")
 
 DeadLetterHandler = Callable[[DeadLetter, "Compensation"], Awaitable[None]]
 RETRY_DELAY_S = 5.0
+# A replay that fails the same way is dead-lettered again: a worker replaying the letters of
+# that reason would replay it without end. Three replays give a slow start time to pass.
+DEFAULT_MAX_REPLAYS = 3
 SETTLING = ("replayed", "resolved")  # the events that close a letter, as its state
 
 
@@ -47,15 +51,33 @@ def letter_state(settling: Sequence[Event] | None, letter: DeadLetter | None = N
 class Compensation:
     """What a handler can do with a dead letter: replay it or mark it resolved."""
 
-    def __init__(self, broker: Broker, worker: str) -> None:
+    def __init__(
+        self, broker: Broker, worker: str, *, max_replays: int = DEFAULT_MAX_REPLAYS
+    ) -> None:
         self.broker = broker
         self.worker = worker
+        self.max_replays = max_replays
 
     async def replay(
-        self, letter: DeadLetter, *, topic: str | None = None, ttl_ms: int | None = None
+        self,
+        letter: DeadLetter,
+        *,
+        topic: str | None = None,
+        ttl_ms: int | None = None,
+        force: bool = False,
     ) -> Task:
-        """Publish the dead-lettered task again, as a new message in the same trace."""
-        return await replay(self.broker, letter, topic=topic, ttl_ms=ttl_ms, sender=self.worker)
+        """Publish the dead-lettered task again, as a new message in the same trace;
+        :class:`ReplayLimitReached` when its task was replayed ``max_replays`` times
+        already, unless ``force``."""
+        return await replay(
+            self.broker,
+            letter,
+            topic=topic,
+            ttl_ms=ttl_ms,
+            sender=self.worker,
+            max_replays=self.max_replays,
+            force=force,
+        )
 
     async def resolve(self, letter: DeadLetter, note: str) -> None:
         """Record that the dead letter was dealt with, and how."""
@@ -73,7 +95,10 @@ class CompensationWorker:
             ...
 
     Workers with the same name share the work. A handler that raises leaves the
-    entry to come back later; one that returns has dealt with it.
+    entry to come back later; one that returns has dealt with it. One whose
+    ``comp.replay`` raised :class:`ReplayLimitReached` (the letter's task was replayed
+    ``max_replays`` times already) has it acknowledged and logged as an error: it stays
+    open for a person (``reach dlq list --open``), and a replay loop ends there.
 
     A workflow step's letter whose workflow handles the failure (``letter.workflow.handled``:
     it absorbed it, or it ends with a letter of its own) is acknowledged without a handler
@@ -90,10 +115,15 @@ class CompensationWorker:
         topics: Iterable[str] = ("*",),
         ack_wait: float = 30.0,
         include_handled: bool = False,
+        max_replays: int = DEFAULT_MAX_REPLAYS,
     ) -> None:
         """``ack_wait``: after it, an entry a dead worker held goes to another (one whose
         handler runs longer is kept alive meanwhile); ``include_handled``: hand over the
-        letters of workflow steps whose workflow handles them too."""
+        letters of workflow steps whose workflow handles them too; ``max_replays``: how
+        many replays may lead to a task ``comp.replay`` replays again."""
+        if isinstance(max_replays, bool) or not isinstance(max_replays, int) or max_replays < 0:
+            raise AgentConfigError(f"max_replays={max_replays!r}: expected an int ≥ 0")
+        self.max_replays = max_replays
         self.name = name
         self.include_handled = include_handled
         self.ack_wait = ack_wait
@@ -118,7 +148,7 @@ class CompensationWorker:
             broker, nats_url, name=name, names=names, wait=True, auth=auth
         ) as connection:
             consumer = await bind(connection, self._consumer(connection.names))
-            compensation = Compensation(connection, self.name)
+            compensation = Compensation(connection, self.name, max_replays=self.max_replays)
             loop = asyncio.create_task(self._consume(consumer, compensation), name=self.name)
             try:
                 yield self
@@ -162,6 +192,16 @@ class CompensationWorker:
             return
         try:
             await self.handler(letter, compensation)
+        except ReplayLimitReached as exc:  # trying again later would be refused again
+            log.error(
+                "replay refused, the dead letter is left open for a person",
+                message_id=letter.message_id,
+                reason=letter.reason,
+                replays=exc.replays,
+                max_replays=exc.max_replays,
+            )
+            await msg.ack()
+            return
         except Exception:  # the entry stays; a fix or a later try may succeed
             log.exception("compensation handler failed", message_id=letter.message_id)
             await msg.nak(RETRY_DELAY_S)
@@ -176,15 +216,28 @@ async def replay(
     topic: str | None = None,
     ttl_ms: int | None = None,
     sender: str | None = None,
+    max_replays: int = DEFAULT_MAX_REPLAYS,
+    force: bool = False,
 ) -> Task:
     """Republish a dead letter's task with a new message_id in the same trace, as
-    ``sender`` (a worker; the bare operators' form without one). Its replies went to a
-    sender long gone, so the replay has none."""
+    ``sender`` (a worker; the bare operators' form without one), its ``replays`` one more.
+    Its replies went to a sender long gone, so the replay has none. Refused
+    (:class:`ReplayLimitReached`) when ``max_replays`` replays led to the task already,
+    unless ``force``."""
     if letter.envelope is None:
         raise ReachError(
             f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay"
         )
     original = letter.envelope
+    if original.replays >= max_replays and not force:
+        raise ReplayLimitReached(
+            f"dead letter {letter.message_id} ({letter.reason}, topic {letter.topic}) not"
+            f" replayed: its task has been replayed {original.replays} times already"
+            f" (max_replays={max_replays})",
+            message_id=letter.message_id,
+            replays=original.replays,
+            max_replays=max_replays,
+        )
     task = msgspec.structs.replace(
         original,
         message_id=new_id(),
@@ -194,6 +247,7 @@ async def replay(
         ttl_ms=ttl_ms or envelopes.DEFAULT_TTL_MS,
         budget=envelopes.Budget(),  # the first caller's patience: nobody waits for this one
         replay_of=letter.message_id,
+        replays=original.replays + 1,
         reply_to=None,
         created_at=now_ms(),
         received_ms=0,  # a new message: its reach latency starts at its own intake
@@ -201,7 +255,7 @@ async def replay(
     await broker.publish(
         broker.names.task(task.topic, sender), envelopes.encode(task), headers=h.task_headers(task)
     )
-    done = {"replayed_as": task.message_id, "topic": task.topic}
+    done = {"replayed_as": task.message_id, "topic": task.topic, "replays": task.replays}
     await _record(broker, letter, "replayed", sender=sender, **done)
     return task
 

@@ -5,6 +5,7 @@ ReachError
 ├── InvalidArgument          a ReachClient call got a wrong argument (also a ValueError)
 ├── AgentIdInUse             another live process already serves this agent_id
 ├── PermanentError           raised by a handler: do not retry this task
+├── ReplayLimitReached       a dead letter's task was replayed max_replays times already
 └── InvokeError              ReachClient.invoke() did not get a result
     ├── NotProvisioned       the task was not sent: no stream takes tasks (run `reach provision`)
     ├── BacklogFull          the task was not sent: the caller's backlog on the topic is full
@@ -41,6 +42,19 @@ class AgentIdInUse(ReachError):
 
 class PermanentError(ReachError):
     """Raise from a handler when trying again cannot help (bad input, business refusal)."""
+
+
+class ReplayLimitReached(ReachError):
+    """A replay refused: the dead letter's task is itself the product of ``replays``
+    replays, as many as ``max_replays`` allows (a worker replaying the letters its own replays
+    cause would go on without end). Nothing was published; ``force=True`` replays anyway.
+    ``message_id`` is the dead letter's."""
+
+    def __init__(self, message: str, *, message_id: str, replays: int, max_replays: int) -> None:
+        super().__init__(message)
+        self.message_id = message_id
+        self.replays = replays
+        self.max_replays = max_replays
 
 
 class InvokeError(ReachError):

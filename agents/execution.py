@@ -23,7 +23,7 @@ from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.handlers import call, error_info, sendable
 from agentreach.agents.job import Job
-from agentreach.agents.slots import LatencyEstimate, Room
+from agentreach.agents.slots import Latencies, Room
 from agentreach.broker import (
     Broker,
     BrokerError,
@@ -87,7 +87,7 @@ class Executor:
         self.agent = agent
         self.broker = broker
         self.claim_check = claim_check or ClaimCheck(broker)
-        self.latency = LatencyEstimate()
+        self.latency = Latencies()
         self._claims = claims
         self._room = room
         # message_id → at_ms of its last progress event: progress events carry no dedup id,
@@ -251,7 +251,7 @@ class Executor:
                 log.warning("handler raised", exc_info=exc)
         else:
             duration_ms = int((time.monotonic() - started) * 1000)
-            self.latency.observe(duration_ms)
+            self.latency.observe(task.topic, duration_ms)
             outcome = Outcome(claim, result=result, duration_ms=duration_ms, result_ref=ref)
         finally:
             self._progress_at.pop(task.message_id, None)
@@ -299,7 +299,7 @@ class Executor:
     async def _accept(self, job: Job) -> None:
         task = job.task
         capacity = Capacity(
-            free_slots=self._room.free_for(task), est_latency_ms=self.latency.estimate_ms
+            free_slots=self._room.free_for(task), est_latency_ms=self.latency.of(task.topic)
         )
         ack = Ack(**self._about(task), capacity=capacity)
         try:  # the reply does not wait (core NATS): both leave in one write

@@ -205,7 +205,7 @@ def _give_up(taking: asyncio.Future[None], place: HandlerPlaces) -> None:
 
 
 class LatencyEstimate:
-    """A moving average of handler latency, for the capacity an ``ack`` advertises."""
+    """A moving average of handler latency."""
 
     def __init__(self, weight: float = 0.2) -> None:
         self._weight = weight
@@ -220,3 +220,28 @@ class LatencyEstimate:
             self._average = float(duration_ms)
         else:
             self._average += self._weight * (duration_ms - self._average)
+
+
+class Latencies:
+    """The moving averages of handler latency an agent advertises: one per topic, for the
+    capacity of an ``ack`` (a caller of a 5 ms topic is not told the average of the 5 s one
+    beside it), and one of every run, for the load of a heartbeat."""
+
+    def __init__(self, weight: float = 0.2) -> None:
+        self._weight = weight
+        self._all = LatencyEstimate(weight)
+        self._by_topic: dict[str, LatencyEstimate] = {}
+
+    @property
+    def estimate_ms(self) -> int:
+        """Of every run, whatever its topic; 0 before the first."""
+        return self._all.estimate_ms
+
+    def of(self, topic: str) -> int:
+        """Of the runs of ``topic``'s handler; 0 before its first."""
+        estimate = self._by_topic.get(topic)
+        return estimate.estimate_ms if estimate is not None else 0
+
+    def observe(self, topic: str, duration_ms: int) -> None:
+        self._all.observe(duration_ms)
+        self._by_topic.setdefault(topic, LatencyEstimate(self._weight)).observe(duration_ms)

@@ -132,6 +132,9 @@ class Task(_AboutTask, frozen=True, kw_only=True, tag="task"):
     priority: Priority = DEFAULT_PRIORITY
     budget: Budget = Budget()
     replay_of: str | None = None  # the dead-lettered message_id this task replays
+    # How many replays led to this task: 0 for a task first sent, the replayed task's + 1
+    # for a replay. A replay of a task replayed ``max_replays`` times is refused unless forced.
+    replays: Annotated[int, msgspec.Meta(ge=0)] = 0
     # Who sent it: the sender token of its intake subject, set by the coordinator (a body's
     # own claim is replaced); None for the bare operators' form.
     caller: Token | None = None
@@ -252,6 +255,11 @@ class DeadLetter(_Base, frozen=True, kw_only=True, tag="dead_letter"):
     state: Any = None  # workflow_failed: the workflow's whole coordination record
     truncated: bool = False  # parts left out to fit the server's largest message
     workflow: WorkflowStep | None = None  # the task is a workflow's step
+
+    @property
+    def replays(self) -> int:
+        """How many replays led to the dead-lettered task (its ``replays``; 0 without one)."""
+        return self.envelope.replays if self.envelope is not None else 0
 
 
 Message = Task | Ack | Progress | Result | ErrorReply | Routed | Event | DeadLetter

@@ -13,12 +13,19 @@ from collections import Counter
 import msgspec
 
 from agentreach import envelopes
-from agentreach.agents.compensation import SETTLING, letter_state, replay, resolve
+from agentreach.agents.compensation import (
+    DEFAULT_MAX_REPLAYS,
+    SETTLING,
+    letter_state,
+    replay,
+    resolve,
+)
+from agentreach.agents.errors import ReplayLimitReached
 from agentreach.broker import Broker, SubjectFull, read_stream
 from agentreach.broker.streams import StoredMessage, subject_counts
 from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only
 from agentreach.cli.status import warn_without_coordinator
-from agentreach.envelopes import DeadLetter, Event, Task
+from agentreach.envelopes import DeadLetter, Event
 from agentreach.errors import ReachError
 
 
@@ -31,6 +38,7 @@ def register(commands: Commands) -> None:
             "reach dlq list --open --reason expired",
             "reach dlq show 0190f3c2-…",
             "reach dlq replay 0190f3c2-… --to-topic manual_review",
+            "reach dlq replay 0190f3c2-… --force   # though replayed 3 times already",
             "reach dlq resolve 0190f3c2-… --note 'refunded by hand, ticket 4411'",
         ),
     )
@@ -43,6 +51,15 @@ def register(commands: Commands) -> None:
     dlq.add_argument("id", nargs="?", help="show, replay, resolve: the dead letter's message_id")
     dlq.add_argument("--to-topic", default=None, help="replay to another topic")
     dlq.add_argument("--note", default=None, help="resolve: how it was dealt with (required)")
+    dlq.add_argument(
+        "--max-replays",
+        type=int,
+        default=DEFAULT_MAX_REPLAYS,
+        metavar="N",
+        help="replay: refuse a letter whose task N replays led to already"
+        f" (default {DEFAULT_MAX_REPLAYS})",
+    )
+    dlq.add_argument("--force", action="store_true", help="replay: even past --max-replays")
     dlq.add_argument("--reason", default=None, help="only letters with this reason")
     dlq.add_argument("--topic", default=None, help="only letters of this topic")
     dlq.add_argument(
@@ -75,7 +92,7 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
                     " replaying it again runs it again",
                     file=sys.stderr,
                 )
-            task = await _replayed(broker, _find(letters, args.id), args.to_topic)
+            task = await _replay(broker, _find(letters, args.id), args)
             await warn_without_coordinator(broker, "the replayed task waits in REACH_TASKS")
             print(json.dumps({"message_id": task.message_id, "trace_id": task.trace_id}))
             return 0
@@ -110,6 +127,33 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--note is for dlq resolve, not dlq {args.action}")
     if args.open and args.action != "list":
         raise UsageError(f"--open is for dlq list, not dlq {args.action}")
+    if args.force and args.action != "replay":
+        raise UsageError(f"--force is for dlq replay, not dlq {args.action}")
+    if args.max_replays < 0:
+        raise UsageError(f"--max-replays {args.max_replays}: expected 0 or more")
+
+
+async def _replay(broker: Broker, letter: DeadLetter, args: argparse.Namespace) -> envelopes.Task:
+    """Replay the letter, unless its task is the product of ``--max-replays`` replays; or
+    say in one line why it was not replayed."""
+    try:
+        return await replay(
+            broker, letter, topic=args.to_topic, max_replays=args.max_replays, force=args.force
+        )
+    except ReplayLimitReached as exc:
+        raise UsageError(
+            f"dead letter {exc.message_id} ({letter.reason}, topic {letter.topic}) not replayed:"
+            f" its task has been replayed {exc.replays} times already (--max-replays"
+            f" {exc.max_replays}); --force replays it anyway"
+        ) from exc
+    except SubjectFull as exc:
+        subject = broker.names.task(args.to_topic or letter.topic)
+        raise ReachError(
+            f"{letter.message_id} was not replayed: the intake holds as many tasks on"
+            f" {subject} as it keeps (limits.tasks_per_subject), none taken by a coordinator"
+            f" yet ({exc}); replay it again once they are (`nats stream subjects"
+            f" {broker.names.tasks_stream}` shows each subject's backlog)"
+        ) from exc
 
 
 async def _resolve(
@@ -181,20 +225,6 @@ def _readable(stored: list[StoredMessage]) -> list[DeadLetter]:
                 file=sys.stderr,
             )
     return letters
-
-
-async def _replayed(broker: Broker, letter: DeadLetter, topic: str | None) -> Task:
-    """Replay ``letter``, or say in one line why the intake refused it."""
-    try:
-        return await replay(broker, letter, topic=topic)
-    except SubjectFull as exc:
-        subject = broker.names.task(topic or letter.topic)
-        raise ReachError(
-            f"{letter.message_id} was not replayed: the intake holds as many tasks on"
-            f" {subject} as it keeps (limits.tasks_per_subject), none taken by a coordinator"
-            f" yet ({exc}); replay it again once they are (`nats stream subjects"
-            f" {broker.names.tasks_stream}` shows each subject's backlog)"
-        ) from exc
 
 
 def _find(letters: list[DeadLetter], message_id: str) -> DeadLetter:

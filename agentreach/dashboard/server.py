@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from agentreach.agents.compensation import replay
+from agentreach.agents.errors import ReplayLimitReached
 from agentreach.broker import BrokerError, read_stream
 from agentreach.coordinator.observability.http import Request, Response, Streamed
 from agentreach.dashboard.hosts import AllowedHosts
@@ -145,7 +146,7 @@ class DashboardApp:
             body = request.json()
             options = msgspec.convert(body, _ReplayBody)
         except (ValueError, msgspec.ValidationError) as exc:
-            return Response.error(400, f"the body must be {{topic?, ttl_ms?}} JSON: {exc}")
+            return Response.error(400, f"the body must be {{topic?, ttl_ms?, force?}} JSON: {exc}")
         letter = await self._letter(message_id)
         if letter is None:
             return Response.error(404, f"no dead letter {message_id!r} in REACH_DLQ")
@@ -153,8 +154,14 @@ class DashboardApp:
             return Response.error(409, f"{message_id} ({letter.reason}) has no task to replay")
         try:
             task = await replay(
-                self.board.broker, letter, topic=options.topic, ttl_ms=options.ttl_ms
+                self.board.broker,
+                letter,
+                topic=options.topic,
+                ttl_ms=options.ttl_ms,
+                force=options.force,
             )
+        except ReplayLimitReached as exc:
+            return Response.error(409, f'{exc}; send {{"force": true}} to replay it anyway')
         except ReachError as exc:
             return Response.error(503, str(exc))
         self.board.replayed[message_id] = task.message_id
@@ -208,3 +215,4 @@ def _not_json(request: Request) -> str | None:
 class _ReplayBody(msgspec.Struct, forbid_unknown_fields=True):
     topic: str | None = None
     ttl_ms: int | None = None
+    force: bool = False  # replay past the replay limit

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agentreach import envelopes
 from agentreach.agents import Compensation, CompensationWorker
-from agentreach.broker import Topology, provision
+from agentreach.broker import Topology, provision, read_stream
 from agentreach.broker.topology import StorageLimits
 from agentreach.envelopes import DeadLetter, ErrorInfo, Task, WorkflowStep
 from tests.cli.conftest import reach_argv, run
@@ -122,3 +122,28 @@ async def test_a_replay_the_intake_refuses_says_why_in_one_line(broker):
     assert line.startswith("reach: error: refused-1 was not replayed")
     assert names.task("full_topic") in line and "limits.tasks_per_subject" in line
     assert listed.stdout.splitlines()[1].split()[3] == "open"  # not replayed
+
+
+async def test_replay_of_a_letter_replayed_max_replays_times_is_refused_unless_forced(broker):
+    """`reach dlq replay ID` of a letter whose task 3 replays led to: one line naming the
+    letter, the count and --force, exit 1, nothing sent; `--max-replays 4` or `--force`
+    replays it (one more in `replays`); --force is refused for other actions."""
+    names = broker.names
+    task = envelopes.Task(v=1, message_id="thrice", trace_id="first", topic="flaky", replays=3)
+    letter = DeadLetter(
+        v=1, reason="no_route", message_id="thrice", trace_id="first", topic="flaky", envelope=task
+    )
+    await broker.publish(names.dlq("no_route", "flaky"), envelopes.encode(letter))
+    refused = await reach(broker, "dlq", "replay", "thrice")
+    assert refused.returncode == 1
+    [line] = refused.stderr.splitlines()
+    assert "thrice (no_route, topic flaky) not replayed" in line
+    assert "replayed 3 times already (--max-replays 3); --force replays it anyway" in line
+    assert await read_stream(broker, names.tasks_stream, names.task("flaky")) == []
+    for allowed in (("--max-replays", "4"), ("--force",)):
+        replayed = await reach(broker, "dlq", "replay", "thrice", *allowed)
+        assert replayed.returncode == 0, replayed.stderr
+    sent = await read_stream(broker, names.tasks_stream, names.task("flaky"))
+    assert [envelopes.decode_task(m.data).replays for m in sent] == [4, 4]
+    misplaced = await reach(broker, "dlq", "list", "--force")
+    assert misplaced.returncode != 0 and "--force is for dlq replay" in misplaced.stderr

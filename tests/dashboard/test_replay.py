@@ -46,3 +46,31 @@ async def test_a_replay_body_must_be_sent_as_json(broker: Broker, watcher: Watch
     assert taken[0] == 202, taken
     assert bare[0] == 202, bare
     assert watcher.count("replayed") == 2
+
+
+async def test_a_letter_replayed_three_times_is_replayed_only_when_forced(
+    broker: Broker, watcher: Watcher
+):
+    """A letter whose task 3 replays led to: 409 naming the letter, the count and how to
+    force it, nothing replayed; with ``{"force": true}`` it is replayed."""
+    task = Task(v=1, message_id="often-1", trace_id="often", topic="work", replays=3)
+    await dead_letter(
+        broker,
+        reason="no_route",
+        task=task,
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+        topic=task.topic,
+    )
+    async with dashboard(broker) as server:
+        ours = [f"Host: 127.0.0.1:{server.port}", "X-Reach-Request: 1", "Connection: close"]
+        ours.append("Content-Type: application/json")
+        replay = ("POST", "/api/dlq/often-1/replay")
+        refused = await send(server, *replay, ours, b"{}")
+        forced = await send(server, *replay, ours, b'{"force": true}')
+        await watcher.event("replayed", message_id="often-1")
+    assert refused[0] == 409, refused
+    error = json.loads(refused[1])["error"]
+    assert "often-1" in error and "replayed 3 times" in error and '"force": true' in error
+    assert forced[0] == 202, forced
+    assert watcher.count("replayed") == 1

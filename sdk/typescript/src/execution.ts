@@ -21,7 +21,7 @@ import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
 import { DeadlineExceeded, errorInfo, failure, sendable } from "./failures.js";
 import { about, emit, eventFor, reply, reportedRaw } from "./lifecycle.js";
 import type { Logger } from "./log.js";
-import { LatencyEstimate } from "./slots.js";
+import { Latencies } from "./slots.js";
 import type { Room } from "./slots.js";
 import { sleep } from "./timing.js";
 import type { ErrorInfo, PayloadRef, Result, Task } from "./types.js";
@@ -60,7 +60,7 @@ export interface ExecutorOptions {
 }
 
 export class Executor {
-  readonly latency = new LatencyEstimate();
+  readonly latency = new Latencies();
   private readonly agentId: string;
   private readonly handlers: Map<string, HandlerSpec>;
   private readonly ackWaitMs: number;
@@ -278,7 +278,7 @@ export class Executor {
       // Stowed before it is recorded: the record and the reply stay small.
       const [result, resultRef] = await this.claimCheck.stowResult(task, returned);
       const durationMs = Math.floor(performance.now() - started);
-      this.latency.observe(durationMs);
+      this.latency.observe(task.topic, durationMs);
       return { claim, result, resultRef, durationMs };
     } catch (err) {
       if (err instanceof DeadlineExceeded) abort.abort(err); // a promise cannot be cancelled: tell it
@@ -320,7 +320,7 @@ export class Executor {
 
   /** The ack to the sender and `accepted` (with the broker time of the dispatch and this process's epoch) to all. */
   private async accept(msg: JsMsg, task: Task, dispatchedMs: number): Promise<void> {
-    const capacity = { free_slots: this.room.freeFor(task), est_latency_ms: this.latency.estimateMs };
+    const capacity = { free_slots: this.room.freeFor(task), est_latency_ms: this.latency.of(task.topic) };
     reply(this.conn, task, { kind: "ack", ...about(task, this.agentId), capacity }, this.agentId);
     await this.say(msg, task, "accepted", { dispatched_at_ms: dispatchedMs, epoch: this.records.epoch });
   }

@@ -210,7 +210,7 @@ export class Room {
   }
 }
 
-/** A moving average of handler latency, for the capacity an `ack` advertises. */
+/** A moving average of handler latency. */
 export class LatencyEstimate {
   private average: number | null = null;
 
@@ -222,5 +222,36 @@ export class LatencyEstimate {
 
   observe(durationMs: number): void {
     this.average = this.average === null ? durationMs : this.average + this.weight * (durationMs - this.average);
+  }
+}
+
+/**
+ * The moving averages of handler latency an agent advertises: one per topic, for the
+ * capacity of an `ack` (a caller of a 5 ms topic is not told the average of the 5 s one
+ * beside it), and one of every run, for the load of a heartbeat.
+ */
+export class Latencies {
+  private readonly all: LatencyEstimate;
+  private readonly byTopic = new Map<string, LatencyEstimate>();
+
+  constructor(private readonly weight = 0.2) {
+    this.all = new LatencyEstimate(weight);
+  }
+
+  /** Of every run, whatever its topic; 0 before the first. */
+  get estimateMs(): number {
+    return this.all.estimateMs;
+  }
+
+  /** Of the runs of `topic`'s handler; 0 before its first. */
+  of(topic: string): number {
+    return this.byTopic.get(topic)?.estimateMs ?? 0;
+  }
+
+  observe(topic: string, durationMs: number): void {
+    this.all.observe(durationMs);
+    let estimate = this.byTopic.get(topic);
+    if (estimate === undefined) this.byTopic.set(topic, (estimate = new LatencyEstimate(this.weight)));
+    estimate.observe(durationMs);
   }
 }

@@ -366,6 +366,36 @@ describe("capacity", () => {
   });
 });
 
+describe("latency estimates", () => {
+  it("acks a fast and a slow topic of one agent each with its own topic's moving average", async () => {
+    const slow = unique("slow-report");
+    const fast = unique("quick-lookup");
+    const slowMs = 300;
+    await started(
+      newAgent(unique("ts-latency"))
+        .handler(slow, async () => {
+          await new Promise((resolve) => setTimeout(resolve, slowMs)); // the work being measured
+          return {};
+        })
+        .handler(fast, () => ({})),
+    );
+    const slowAcks: number[] = [];
+    const fastAcks: number[] = [];
+    // In turn, each after the one before has ended: a mix of the two said ~240 and ~190.
+    for (const topic of [slow, fast, fast, slow]) {
+      const replies = await send(stack, task(topic, {}));
+      const ack = await replies.next((r) => r.kind === "ack");
+      await replies.next((r) => r.kind === "result");
+      replies.close();
+      (topic === slow ? slowAcks : fastAcks).push(ack.kind === "ack" ? (ack.capacity?.est_latency_ms ?? -1) : -1);
+    }
+    const [slowFirst, slowLater] = slowAcks;
+    assert.equal(slowFirst, 0); // before its first run
+    assert.ok(fastAcks.length === 2 && fastAcks.every((ms) => ms >= 0 && ms < 50), `fast: ${fastAcks}`);
+    assert.ok(slowLater !== undefined && slowLater >= slowMs, `slow: ${slowAcks}`);
+  });
+});
+
 describe("deadlines and progress", () => {
   it("gives a handler that reports progress its deadline again, within the execute budget", async () => {
     const topic = unique("marathon");

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { HandlerPlaces } from "../src/slots.js";
+import { HandlerPlaces, Latencies } from "../src/slots.js";
 
 describe("HandlerPlaces", () => {
   it("never gives P1 or P2 a handler's last place", async () => {
@@ -26,5 +26,16 @@ describe("HandlerPlaces", () => {
     const single = new HandlerPlaces(1);
     assert.equal(await single.take("P2", never), true); // one place: nothing to keep
     assert.equal(single.free, 0);
+  });
+});
+
+describe("Latencies", () => {
+  it("keeps a moving average per topic, and one of every run for the heartbeat", () => {
+    const latencies = new Latencies(0.5);
+    for (const [topic, ms] of [["slow", 400], ["fast", 4], ["slow", 200], ["fast", 6]] as const) latencies.observe(topic, ms);
+    assert.equal(latencies.of("slow"), 300);
+    assert.equal(latencies.of("fast"), 5);
+    assert.equal(latencies.of("never"), 0);
+    assert.equal(latencies.estimateMs, 103); // 400, then halfway to 4 (202), to 200 (201), to 6
   });
 });

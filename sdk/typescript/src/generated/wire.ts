@@ -1254,6 +1254,10 @@ export interface Task {
    */
   replay_of: string | null;
   /**
+   * >= 0, default 0
+   */
+  replays: number;
+  /**
    * subject-safe token — pattern `^[A-Za-z0-9_-]{1,128}$`, default null
    */
   caller: string | null;

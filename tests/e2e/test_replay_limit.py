@@ -1,0 +1,91 @@
+"""A replay carries how many replays led to it, and a task replayed ``max_replays`` times
+is not replayed again unless forced: a worker that replays the letters its own replays
+cause stops, instead of replaying without end."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from structlog.testing import capture_logs
+
+from agentreach import envelopes
+from agentreach.agents import AgentConfigError, Compensation, CompensationWorker, ReachClient
+from agentreach.agents.compensation import replay
+from agentreach.agents.errors import ReplayLimitReached
+from agentreach.broker import consumer_state, read_stream
+from agentreach.broker.lifecycle import dead_letter
+from agentreach.envelopes import DeadLetter
+from tests.support import until_true
+
+
+async def test_a_worker_replaying_its_own_no_route_letters_stops_at_the_limit(
+    broker, coordinator, watcher
+):
+    """A worker replays every no_route letter of a topic nobody serves: three replays (each
+    one more in ``replays``), then the fourth letter, whose task three replays led to, is
+    refused, logged with its id and count, acknowledged and left open; nothing more is
+    published. Without the limit it went on without end."""
+
+    async def replay_everything(letter: DeadLetter, comp: Compensation) -> None:
+        await comp.replay(letter)
+
+    worker = CompensationWorker("looper", replay_everything, reasons=["no_route"])
+    with capture_logs() as logs:
+        async with worker.running(broker=broker), ReachClient(broker=broker) as client:
+            first_id, trace_id = await client.publish("nobody_serves_this", {"n": 1})
+
+            async def refused() -> list[dict]:
+                return [log for log in logs if log["event"].startswith("replay refused")]
+
+            [log] = await until_true(refused, timeout=30.0)
+
+            async def settled() -> bool:
+                state = await consumer_state(broker, broker.names.dlq_stream, "compensation-looper")
+                return state is not None and state.num_pending == state.num_ack_pending == 0
+
+            await until_true(settled)
+            assert len(await refused()) == 1
+    stored = await read_stream(broker, broker.names.dlq_stream, broker.names.dlq_wildcard)
+    letters = [envelopes.decode_dead_letter(m.data) for m in stored]
+    assert [x.replays for x in letters] == [0, 1, 2, 3]
+    assert {x.trace_id for x in letters} == {trace_id} and letters[0].message_id == first_id
+    for before, after in itertools.pairwise(letters):
+        assert after.envelope is not None and after.envelope.replay_of == before.message_id
+    last = letters[-1]
+    assert log["log_level"] == "error"
+    assert (log["message_id"], log["replays"], log["max_replays"]) == (last.message_id, 3, 3)
+    assert watcher.count("replayed") == 3
+    assert watcher.count("replayed", {last.message_id}) == 0  # open, for a person
+
+
+async def test_replay_past_the_limit_is_refused_naming_the_letter_unless_forced(broker):
+    """``replay`` of a letter whose task two replays led to, with max_replays=2: a
+    ReplayLimitReached naming the letter and the count, nothing published; forced, it is
+    replayed, with replays 3."""
+    task = envelopes.Task(
+        v=1, message_id="again-2", trace_id="again", topic="flaky", replays=2, replay_of="again-1"
+    )
+    letter = await dead_letter(
+        broker, reason="no_route", task=task, message_id="again-2", trace_id="again", topic="flaky"
+    )
+    with pytest.raises(ReplayLimitReached, match=r"again-2 .* replayed 2 times") as refused:
+        await replay(broker, letter, max_replays=2)
+    assert (refused.value.message_id, refused.value.replays) == ("again-2", 2)
+    intake = broker.names.task("flaky")
+    assert await read_stream(broker, broker.names.tasks_stream, intake) == []
+    forced = await replay(broker, letter, max_replays=2, force=True)
+    [sent] = await read_stream(broker, broker.names.tasks_stream, intake)
+    assert envelopes.decode_task(sent.data) == forced
+    assert (forced.replays, forced.replay_of) == (3, "again-2")
+
+
+def test_a_worker_refuses_a_max_replays_that_is_no_count():
+    """max_replays must be an int ≥ 0: the option is named when the worker is built."""
+
+    async def handle(letter: DeadLetter, comp: Compensation) -> None:
+        return None
+
+    for wrong in (-1, 2.5, True):
+        with pytest.raises(AgentConfigError, match="max_replays"):
+            CompensationWorker("w", handle, max_replays=wrong)  # type: ignore[arg-type]
