@@ -21,7 +21,7 @@ from agentreach.coordinator.config import (
     IntakeConfig,
     load_config,
 )
-from agentreach.coordinator.liveness.monitor import LivenessConfig
+from agentreach.coordinator.liveness.config import LivenessConfig
 from agentreach.coordinator.liveness.queue_expiry import QueueExpiryConfig
 from agentreach.coordinator.protection.circuit import BreakerConfig
 from agentreach.coordinator.protection.queues import QueueConfig

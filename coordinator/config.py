@@ -37,7 +37,7 @@ import structlog
 from agentreach.broker import BrokerConfig, Names, Topology
 from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.delivery.retries import RetryConfig
-from agentreach.coordinator.liveness.monitor import LivenessConfig
+from agentreach.coordinator.liveness.config import LivenessConfig
 from agentreach.coordinator.liveness.queue_expiry import QueueExpiryConfig
 from agentreach.coordinator.observability.config import (
     AuditConfig,

@@ -31,11 +31,12 @@ from agentreach.broker import (
     provision,
 )
 from agentreach.broker.tasks import cancel_and_wait
+from agentreach.coordinator import consumers
 from agentreach.coordinator.calls import Calls
 from agentreach.coordinator.config import ConfigError, CoordinatorConfig
 from agentreach.coordinator.consumption import Consumption, Handler, TaskOf
 from agentreach.coordinator.delivery.advisories import Advisories
-from agentreach.coordinator.delivery.outcomes import OUTCOME_EVENTS, Outcomes
+from agentreach.coordinator.delivery.outcomes import Outcomes
 from agentreach.coordinator.delivery.traces import TraceDesk
 from agentreach.coordinator.intake import Intake
 from agentreach.coordinator.lease import Lease
@@ -43,8 +44,6 @@ from agentreach.coordinator.liveness.control import LivenessControl
 from agentreach.coordinator.liveness.monitor import LivenessMonitor
 from agentreach.coordinator.liveness.queue_expiry import QueueExpiry
 from agentreach.coordinator.observability import (
-    FOLDED,
-    TERMINAL,
     AuditWriter,
     FlowMetrics,
     Readiness,
@@ -76,13 +75,6 @@ Loop = Callable[[PullConsumer], Awaitable[None]]  # consumes one bound consumer 
 ADVISORY_BATCH = 16
 RESTART_FIRST_S = 1.0
 RESTART_CAP_S = 30.0
-# Delivery limits: a backstop under the poison path. A task waiting for an agent comes back
-# at most every 10 s within its ttl (a day at most), so intake never needs more.
-MAX_DELIVER_INTAKE = 20_000
-MAX_DELIVER_OTHER = 1_000
-# What a replica that died holding a message (an outcome, a workflow's step, an ending to
-# audit) held comes back to another after this; it is kept alive while it is handled.
-ACK_WAIT_S = 5.0
 
 
 class Coordinator:
@@ -253,70 +245,26 @@ class Coordinator:
         await self._calls.start()  # one replica of the queue group takes each call
 
     def _loops(self) -> list[tuple[ConsumerSpec, Loop]]:
-        names, config = self.broker.names, self.config
-        intake = ConsumerSpec(
-            stream=names.tasks_stream,
-            durable=names.coordinator_intake,
-            filter_subjects=(names.tasks_wildcard,),
-            ack_wait_s=config.intake.ack_wait_s,
-            max_deliver=MAX_DELIVER_INTAKE,
+        names, config, consume = self.broker.names, self.config, self._consume
+        fold = functools.partial(
+            self._consumption.fold, batch=config.metrics.batch, count=self.flow.count
         )
-        # Who says `completed` is checked by the audit writer, which reads it anyway.
-        audited = config.audit.enabled
-        outcome_kinds = [e for e in OUTCOME_EVENTS if not (audited and e == "completed")]
-        outcomes = ConsumerSpec(
-            stream=names.events_stream,
-            durable=names.coordinator_outcomes,
-            filter_subjects=tuple(names.events_of_kind(e) for e in outcome_kinds),
-            ack_wait_s=ACK_WAIT_S,
-            max_deliver=MAX_DELIVER_INTAKE,  # retries wait within the ttl too
-        )
-        advisories = ConsumerSpec(
-            stream=names.advisories_stream,
-            durable=names.coordinator_advisories,
-            filter_subjects=names.max_deliveries_advisories,
-            ack_wait_s=ACK_WAIT_S,
-            max_deliver=MAX_DELIVER_OTHER,
-        )
-        workflows = ConsumerSpec(
-            stream=names.workflows_stream,
-            durable=names.coordinator_workflows,
-            filter_subjects=(names.workflows_wildcard,),
-            ack_wait_s=ACK_WAIT_S,
-            max_ack_pending=-1,  # timers wait here, held back until due
-            max_deliver=MAX_DELIVER_OTHER,
-        )
-        # Counting and auditing start at new events: history is not counted as one burst.
-        metrics = ConsumerSpec(
-            stream=names.events_stream,
-            durable=names.coordinator_metrics,
-            filter_subjects=tuple(names.events_of_kind(e) for e in FOLDED),
-            new_only=True,
-            acknowledged=False,
-        )
-        consume = self._consume
         loops: list[tuple[ConsumerSpec, Loop]] = [
-            (intake, consume(config.intake.batch, self._intake.handle, self._intake.task_of)),
-            (outcomes, consume(config.delivery.batch, self._outcomes.handle)),
-            (advisories, consume(ADVISORY_BATCH, self._advisories.handle)),
-            (workflows, consume(config.delivery.batch, self.workflows.handle)),
             (
-                metrics,
-                functools.partial(
-                    self._consumption.fold, batch=config.metrics.batch, count=self.flow.count
-                ),
+                consumers.intake(names, config),
+                consume(config.intake.batch, self._intake.handle, self._intake.task_of),
             ),
+            (
+                consumers.outcomes(names, config),
+                consume(config.delivery.batch, self._outcomes.handle),
+            ),
+            (consumers.advisories(names), consume(ADVISORY_BATCH, self._advisories.handle)),
+            (consumers.workflows(names), consume(config.delivery.batch, self.workflows.handle)),
+            (consumers.metrics(names), fold),
         ]
-        if audited:
-            audit = ConsumerSpec(
-                stream=names.events_stream,
-                durable=names.coordinator_audit,
-                filter_subjects=tuple(names.events_of_kind(e) for e in TERMINAL),
-                ack_wait_s=ACK_WAIT_S,
-                max_deliver=MAX_DELIVER_OTHER,
-                new_only=True,
-            )
-            loops.append((audit, consume(config.audit.batch, AuditWriter(self.broker).handle)))
+        if config.audit.enabled:
+            writer = AuditWriter(self.broker)
+            loops.append((consumers.audit(names), consume(config.audit.batch, writer.handle)))
         return loops
 
     def _consume(self, batch: int, handle: Handler, task_of: TaskOf | None = None) -> Loop:

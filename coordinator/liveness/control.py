@@ -8,7 +8,8 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Inbound
-from agentreach.coordinator.liveness.monitor import LivenessConfig, LivenessMonitor
+from agentreach.coordinator.liveness.config import LivenessConfig
+from agentreach.coordinator.liveness.monitor import LivenessMonitor
 from agentreach.coordinator.protection.rate_limits import TokenBucket
 from agentreach.envelopes import DecodeError, RegisterReply, RegisterRequest, decode_as
 

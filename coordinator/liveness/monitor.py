@@ -19,7 +19,6 @@ import contextlib
 import time
 from typing import Literal
 
-import msgspec
 import structlog
 
 from agentreach import envelopes
@@ -28,14 +27,13 @@ from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.broker.presence import ProbeResult, probe
 from agentreach.broker.tasks import cancel_and_wait
-from agentreach.broker.urls import RECONNECT_CAP_S
 from agentreach.coordinator.liveness.cadence import Cadence
-from agentreach.coordinator.liveness.presence_checks import PastJitter, PresenceChecks, QueuedSlots
+from agentreach.coordinator.liveness.config import LivenessConfig
+from agentreach.coordinator.liveness.presence_checks import PresenceChecks, QueuedSlots
 from agentreach.coordinator.liveness.reassign import Moves
 from agentreach.coordinator.liveness.tracked import Registered, Tracked, track_registered
 from agentreach.coordinator.liveness.verdicts import VerdictWriter
 from agentreach.coordinator.routing.run_once import RunOnce
-from agentreach.coordinator.units import Positive, PositiveSeconds
 from agentreach.envelopes import (
     AgentControl,
     DecodeError,
@@ -49,37 +47,6 @@ from agentreach.envelopes import (
 log = structlog.get_logger("coordinator.liveness")
 
 HOUR_MS = 3_600_000
-
-
-class LivenessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How agents are judged: SUSPECT after 3 heartbeat intervals, OFFLINE after 5 or a
-    failed probe; registrations are rate limited per coordinator replica."""
-
-    tick_s: PositiveSeconds = 1.0  # how often silence is looked for
-    # A registered agent is judged by this interval until its first heartbeat gives its own:
-    # a process that died between registering and beating must not keep its queue forever.
-    first_heartbeat_interval_s: PositiveSeconds = 15.0
-    # Every heartbeat read again, in case the watch missed an agent's first ones (the ones
-    # of agents about to be judged are read again at each sweep).
-    heartbeat_reread_s: PositiveSeconds = 300.0
-    adaptive_beats: Positive = 20  # beats before an interval goes back, or an idle one doubles
-    probe_connection_s: PositiveSeconds = 3.0
-    probe_ping_s: PositiveSeconds = 5.0
-    # Before the retry of a probe that found no connection: how long a live client may be
-    # away while it reconnects (nats-py's jittered backoff, capped, plus a connect).
-    probe_retry_s: PositiveSeconds = RECONNECT_CAP_S + 2.0
-    # Between heartbeats, the presence of each agent holding work (or whose heartbeat is
-    # ``late_intervals`` old) is checked this often, at most so many checks started per tick:
-    # a killed agent is found within about ``presence_check_s + probe_retry_s``.
-    presence_check_s: PositiveSeconds = 2.0
-    presence_checks_per_tick: Positive = 100
-    late_intervals: PastJitter = 1.5
-    flapping_limit: Positive = 3  # OFFLINE more often than this in an hour: quarantined
-    # A SUSPECT agent whose connection is there but that does not heartbeat (stuck, or a
-    # wildcard subscriber answering nothing in its place) goes OFFLINE after this many.
-    unresponsive_intervals: Positive = 20
-    registration_rate: PositiveSeconds = 20.0  # per second, per coordinator replica
-    registration_burst: Positive = 20
 
 
 class LivenessMonitor:

@@ -32,9 +32,8 @@ import heapq
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
-import msgspec
 import structlog
 
 from agentreach.broker import Broker, BrokerError
@@ -44,12 +43,9 @@ from agentreach.coordinator.liveness.tracked import Tracked
 from agentreach.envelopes import LivenessState
 
 if TYPE_CHECKING:
-    from agentreach.coordinator.liveness.monitor import LivenessConfig
+    from agentreach.coordinator.liveness.config import LivenessConfig
 
 log = structlog.get_logger("coordinator.liveness")
-
-# Intervals without a heartbeat after which it is late: more than one interval and its jitter.
-PastJitter = Annotated[float, msgspec.Meta(gt=1.2)]
 
 # The SUSPECT reason given by a check: such an agent is checked again until it is settled.
 NO_CONNECTION = "no connection"
