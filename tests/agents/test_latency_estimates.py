@@ -56,4 +56,4 @@ async def test_an_agent_with_a_fast_and_a_slow_topic_acks_each_with_its_own_esti
             await client.invoke(topic, {}, on_ack=on_ack_of(topic))
     assert acks["slow_report"][0] == 0  # before its first run
     assert acks["quick_lookup"][0] < 50 and acks["quick_lookup"][1] < 50
-    assert acks["slow_report"][1] >= SLOW_MS
+    assert acks["slow_report"][1] >= SLOW_MS - 10  # a timer may end a hair early, rounded down

@@ -192,3 +192,17 @@ export function fromHeaders(h: MsgHdrs | undefined): Record<string, string> {
 export function isWrongLastSequence(err: unknown): boolean {
   return WRONG_LAST_SEQUENCE.includes((err as NatsError | undefined)?.api_error?.err_code ?? 0);
 }
+
+/** Run `action`, ignoring a throw (a settle on a connection that is gone). */
+export function quietly(action: () => void): void {
+  try {
+    action();
+  } catch {
+    // nothing more to do
+  }
+}
+
+/** Whether `err` is the NATS client's own (a broker that is gone or refused), not a bug. */
+export function isBrokerError(err: unknown): boolean {
+  return typeof (err as NatsError)?.code === "string" && typeof (err as NatsError)?.isJetStreamError === "function";
+}

@@ -7,10 +7,10 @@
  */
 
 import { performance } from "node:perf_hooks";
-import type { JsMsg, NatsError } from "nats";
+import type { JsMsg } from "nats";
 
 import { decodeTask, encode, nowMs, stableId, taskHeaders } from "./codec.js";
-import { fromHeaders } from "./connection.js";
+import { fromHeaders, isBrokerError, quietly } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { TaskContext } from "./context.js";
 import { DecodeError } from "./errors.js";
@@ -392,17 +392,4 @@ export class Executor {
     };
     await emit(this.conn, eventFor(stub, "failed", this.agentId, detail), this.agentId);
   }
-}
-
-/** Run `action`, ignoring a throw (a settle on a connection that is gone). */
-export function quietly(action: () => void): void {
-  try {
-    action();
-  } catch {
-    // nothing more to do
-  }
-}
-
-function isBrokerError(err: unknown): boolean {
-  return typeof (err as NatsError)?.code === "string" && typeof (err as NatsError)?.isJetStreamError === "function";
 }

@@ -8,12 +8,12 @@ import { AckPolicy, DeliverPolicy, nanos } from "nats";
 import type { Consumer, ConsumerConfig, JsMsg, NatsError } from "nats";
 
 import { encode } from "./codec.js";
-import { isWrongLastSequence } from "./connection.js";
+import { isWrongLastSequence, quietly } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { AgentIdInUse, ReachError } from "./errors.js";
 import { LEASE_GRACE_MS } from "./deadline.js";
 import { ClaimCheck } from "./claimcheck.js";
-import { Executor, quietly } from "./execution.js";
+import { Executor } from "./execution.js";
 import type { HandlerSpec } from "./execution.js";
 import { Claims } from "./claims.js";
 import { Heartbeats, Presence } from "./liveness.js";
