@@ -249,10 +249,20 @@ class AgentDirectory:
         else:
             held = self._declared.pop(change.key, None)
         self._believe(change.key)
-        if held is not None and change.value is None:  # deleted, not unreadable
-            log.info("agent forgotten: its card was deleted", agent_id=change.key)
-            for forget in self._forgetting:
-                forget(change.key)
+        if held is None or change.value is not None:  # not deleted, or unreadable
+            return
+        if self.is_live(held):
+            # Not `reach agents forget`, which refuses a live agent: the agent itself, say.
+            # Its queue and breakers stay; it is judged as before and moved once OFFLINE.
+            log.warning(
+                "the card of a live agent was deleted: nothing more is routed to it, but it"
+                " is not forgotten",
+                agent_id=change.key,
+            )
+            return
+        log.info("agent forgotten: its card was deleted", agent_id=change.key)
+        for forget in self._forgetting:
+            forget(change.key)
 
     def _believe(self, agent_id: str) -> None:
         """Put what routing believes of ``agent_id``'s card into the view."""

@@ -4,8 +4,10 @@ the streams' consumers or in a running coordinator; the tasks still queued for i
 
 from __future__ import annotations
 
+import asyncio
+
 from agentreach import envelopes
-from agentreach.agents import Agent, TaskContext
+from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import consumer_state
 from agentreach.broker.streams import subject_counts
 from agentreach.dashboard import top
@@ -170,3 +172,30 @@ async def test_an_agent_judged_suspect_is_not_forgotten(broker):
         broker.names.agents_bucket,
         broker.names.liveness_bucket,
     }
+
+
+async def test_a_live_agent_whose_card_is_deleted_is_not_forgotten(broker, coordinator, watcher):
+    """Only `reach agents forget` forgets, and it refuses a live agent; a card deleted
+    otherwise (by the agent itself, say: its permissions allow it) while the agent runs a
+    task leaves it judged, its task where it is, and the task runs once, there."""
+    gate = asyncio.Event()
+    agent = Agent(GONE, startup_delay=0)
+
+    @agent.handler("slow_chores")
+    async def hold(ctx: TaskContext, payload: dict) -> dict:
+        await gate.wait()
+        return {"by": GONE}
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        await watcher.state(GONE, "ONLINE")
+        message_id, _ = await client.publish("slow_chores", {})
+        await watcher.event("accepted", message_id=message_id)
+        await (await broker.bucket(broker.names.agents_bucket, AgentCard)).delete(GONE)
+        await eventually(lambda: GONE not in coordinator.directory.cards)
+        await coordinator.liveness.moves.sweep()  # what the next sweep would move
+        judged = GONE in coordinator.liveness.agents
+        gate.set()
+        done = await watcher.event("completed", message_id=message_id)
+    assert judged
+    assert done.agent_id == GONE
+    assert watcher.count("retry_scheduled") == 0 and watcher.count("accepted") == 1
