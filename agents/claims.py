@@ -28,6 +28,7 @@ from agentreach.envelopes import (
     PayloadRef,
     Task,
     execution_key,
+    is_expiry_fence,
     now_ms,
 )
 from agentreach.logs import get_logger
@@ -58,13 +59,20 @@ class AlreadyDone:
 
 
 @dataclass(frozen=True, slots=True)
+class Expired:
+    """The attempt was ended as expired already (its expiry fence stands): not to be run."""
+
+    record: Execution
+
+
+@dataclass(frozen=True, slots=True)
 class Busy:
     """Another delivery holds the lease; try again after ``retry_in_s``."""
 
     retry_in_s: float
 
 
-Claim = Claimed | AlreadyDone | Busy
+Claim = Claimed | AlreadyDone | Expired | Busy
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +121,8 @@ class Claims:
         held = swap.entry.value if swap.entry else None
         if held is not None and held.state == "done":
             return AlreadyDone(held)
+        if held is not None and is_expiry_fence(held, task.attempt):
+            return Expired(held)
         left_ms = held.lease_until_ms - now_ms() if held else 0
         return Busy(retry_in_s=max(left_ms, 100) / 1000)
 
@@ -199,6 +209,8 @@ class Claims:
 
     def _take(self, held: Execution | None, mine: Execution) -> Execution | None:
         """``mine`` when the message is free to run here; None when it ran or runs elsewhere."""
+        if held is not None and is_expiry_fence(held, mine.attempt):
+            return None  # ended as expired, by its agent's report or the coordinator's pass
         if held is None or held.state == "failed":
             return mine  # an unreadable record must not block the message forever
         if held.state == "done":

@@ -18,7 +18,7 @@ import msgspec
 import structlog
 
 from agentreach import envelopes
-from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
+from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Expired, Outcome
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.handlers import call, error_info, sendable
@@ -192,6 +192,15 @@ class Executor:
             record = claim.record
             await self._complete(job, record.result, duration_ms=0, ref=record.result_ref)
             return None
+        if isinstance(claim, Expired):
+            # Past its ttl by the coordinator's clock though not by ours: ours runs behind.
+            log.warning(
+                "not run: the task was ended as expired already (is this host's clock behind?)",
+                ttl_ms=task.ttl_ms,
+                by=claim.record.error.message if claim.record.error else None,
+            )
+            await self._expire(job)
+            return None
         if not await self._lease_holds(task, claim, window_ms + LEASE_GRACE_MS):
             log.warning("claim taken over while this delivery was claimed; the other one runs")
             return ELSEWHERE
@@ -273,7 +282,7 @@ class Executor:
             return
         await self._complete(job, outcome.result, outcome.duration_ms, ref=outcome.result_ref)
 
-    async def _claim(self, job: Job, *, lease_ms: int) -> Claimed | AlreadyDone:
+    async def _claim(self, job: Job, *, lease_ms: int) -> Claimed | AlreadyDone | Expired:
         """Claim the message, waiting here while another delivery holds it.
 
         The wait is not a redelivery: a duplicate that came back through nak would

@@ -38,7 +38,13 @@ from agentreach.envelopes.coordination import (
 )
 from agentreach.envelopes.errors import DecodeError, EnvelopeError
 from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS, decode_detail
-from agentreach.envelopes.executions import NO_CALLER, Execution, execution_key, executions_of
+from agentreach.envelopes.executions import (
+    NO_CALLER,
+    Execution,
+    execution_key,
+    executions_of,
+    is_expiry_fence,
+)
 from agentreach.envelopes.ids import new_id, stable_id, unix_ms_of
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
 from agentreach.envelopes.manual import ManualItem, ManualStatus
@@ -151,6 +157,7 @@ __all__ = [
     "executions_of",
     "headers",
     "is_envelope",
+    "is_expiry_fence",
     "is_reply_subject",
     "is_token",
     "json_schema",

@@ -48,3 +48,15 @@ def execution_key(caller: str | None, message_id: str, agent_id: str) -> str:
 def executions_of(caller: str | None, message_id: str) -> str:
     """The keys of every agent's record of ``caller``'s ``message_id`` (a KV pattern)."""
     return f"{caller or NO_CALLER}.{message_id}.*"
+
+
+def is_expiry_fence(record: Execution, attempt: int) -> bool:
+    """Whether ``record`` ends ``attempt`` as expired: the *expiry fence* that whoever ended
+    the task (its agent's report, or the coordinator's pass over the queues) wrote. No
+    delivery of that attempt may be claimed over it."""
+    return (
+        record.state == "failed"
+        and record.attempt == attempt
+        and record.error is not None
+        and record.error.type == "expired"
+    )

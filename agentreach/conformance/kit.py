@@ -60,11 +60,12 @@ CLAUSES = (
     Clause("15", "run_once.takeover", run_once.takeover),
     Clause("16", "run_once.busy", run_once.busy),
     Clause("17", "fencing.late_result", run_once.fencing),
+    Clause("18", "run_once.expiry_fence", run_once.expiry_fence),
     # The agent's events of the task clauses: alone, it has nothing to judge.
-    Clause("18", "events.format", tasks.event_format, needs=tuple(str(n) for n in range(5, 18))),
-    Clause("19", "identity.one_process", lifecycle.one_process),
-    Clause("20", "crash.redelivery", lifecycle.crash),
-    Clause("21", "stop.graceful", lifecycle.graceful_stop),
+    Clause("19", "events.format", tasks.event_format, needs=tuple(str(n) for n in range(5, 19))),
+    Clause("20", "identity.one_process", lifecycle.one_process),
+    Clause("21", "crash.redelivery", lifecycle.crash),
+    Clause("22", "stop.graceful", lifecycle.graceful_stop),
 )
 
 

@@ -9,7 +9,7 @@ import msgspec
 from agentreach.broker import WrongLastSequence
 from agentreach.conformance.report import Checks, Failed
 from agentreach.conformance.session import Exchange, Session
-from agentreach.conformance.tasks import first
+from agentreach.conformance.tasks import first, outcome
 from agentreach.envelopes import ErrorInfo, Execution, Task, now_ms
 
 
@@ -115,6 +115,31 @@ async def fencing(s: Session, c: Checks) -> str:
     after = await s.execution(task)
     c.must(after is not None and after.state == "failed", f"the fence was overwritten: {after}")
     return "late result not sent; late_result_rejected published"
+
+
+async def expiry_fence(s: Session, c: Checks) -> str:
+    """§13: a task whose attempt was ended as expired (its expiry fence in the agent's record:
+    the coordinator's pass found it past its ttl by its clock) is not run, though by the
+    agent's clock it has ttl left; the agent reports it expired, and the fence stands."""
+    task = s.task({"op": "echo", "value": "ended"}, ttl_ms=60_000)
+    message = f"ttl 60000 ms passed in the queue of {s.agent_id}, which did not take it"
+    error = ErrorInfo(type="expired", message=message, retryable=False)
+    fence = Execution(
+        message_id=task.message_id,
+        state="failed",
+        agent_id=s.agent_id,
+        error=error,
+        finished_at_ms=now_ms(),
+    )
+    await (await s.executions()).create(s.execution_key(task), fence)
+    ex = await s.dispatch(task)
+    detail = await outcome(s, ex, "expired", 10.0)
+    c.must(detail.error.type == "expired", f"error.type {detail.error.type!r}")
+    await s.quiet()
+    c.must(ex.runs() == 0 and not ex.replies_of("result"), "ran a task ended as expired")
+    after = await s.execution(task)
+    c.must(after is not None and after.state == "failed", f"the fence was overwritten: {after}")
+    return "not run over the expiry fence; expired reported"
 
 
 # The error of the coordinator's fence record (coordinator/liveness/reassign.py).

@@ -25,7 +25,14 @@ import structlog
 
 from agentreach.broker import Broker
 from agentreach.coordinator.routing.run_once import lease_limit
-from agentreach.envelopes import ErrorInfo, Execution, Task, execution_key, now_ms
+from agentreach.envelopes import (
+    ErrorInfo,
+    Execution,
+    Task,
+    execution_key,
+    is_expiry_fence,
+    now_ms,
+)
 
 log = structlog.get_logger("coordinator.expiry")
 
@@ -78,13 +85,3 @@ def _standing(record: Execution, task: Task, error: ErrorInfo) -> Fenced | None:
     if is_expiry_fence(record, task.attempt):
         return "end" if record.error == error else "ended"
     return None
-
-
-def is_expiry_fence(record: Execution, attempt: int) -> bool:
-    """Whether ``record`` ends ``attempt`` as expired (an expiry fence of it)."""
-    return (
-        record.state == "failed"
-        and record.attempt == attempt
-        and record.error is not None
-        and record.error.type == EXPIRED
-    )

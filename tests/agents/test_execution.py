@@ -18,7 +18,7 @@ from agentreach.broker import Broker, EmbeddedServer, Names, Topology, provision
 from agentreach.broker.lifecycle import RAW_KEPT, emit, event_for, trace_of
 from agentreach.envelopes import AgentCard
 from agentreach.envelopes import headers as h
-from tests.support import until_true
+from tests.support import recorded, until_true
 
 
 def agent_with_handlers() -> Agent:
@@ -145,6 +145,32 @@ async def test_a_task_that_expired_in_the_agent_queue_is_not_run(broker, coordin
         letter = await watcher.dead_letter("expired", topic="slow_report")
     assert letter.message_id == "stale-1"
     assert not any(e.event == "accepted" for e in watcher.events)
+
+
+async def test_a_task_ended_as_expired_is_not_run_though_its_ttl_seems_left(
+    broker, coordinator, watcher
+):
+    """An agent whose clock runs behind sees ttl left in a task the coordinator's pass over
+    the queues ended already: the attempt's expiry fence stands in its record, so it does
+    not run the task; it reports it expired instead (which ends nothing more)."""
+    agent = agent_with_handlers()
+    task = envelopes.Task(
+        v=1,
+        message_id="fenced-1",
+        trace_id="fenced-1",
+        topic="slow_report",
+        ttl_ms=60_000,
+        to_agent=agent.agent_id,
+    )
+    message = "ttl 60000 ms passed in the queue of exec-1, which did not take it"
+    error = envelopes.ErrorInfo(type="expired", message=message, retryable=False)
+    await recorded(broker, "fenced-1", agent.agent_id, "failed", error=error, finished_at_ms=1)
+    await broker.publish(broker.names.dispatch(agent.agent_id, "P1"), envelopes.encode(task))
+    async with agent.running(broker=broker):
+        reported = await watcher.event("expired", message_id="fenced-1")
+    ran = [e.event for e in watcher.events if e.event in ("progress", "completed", "failed")]
+    assert reported.agent_id == agent.agent_id
+    assert ran == []
 
 
 async def test_undecodable_dispatch_is_dead_lettered(broker, coordinator, watcher):

@@ -125,7 +125,7 @@ async def test_an_unknown_clause_is_a_usage_error(broker, clause):
 async def test_an_agent_that_drops_the_grant_fails_the_event_clause(
     broker, coordinator, monkeypatch
 ):
-    """An agent whose events do not carry the dispatch's grant back fails clause 18."""
+    """An agent whose events do not carry the dispatch's grant back fails clause 19."""
     monkeypatch.setattr(execution.Job, "grant", property(lambda job: None))
     verdicts = await judge(broker, conformance_agent("graceless-1"), "6", "events.format")
     assert verdicts["events.format"].status is Status.FAIL
@@ -133,12 +133,12 @@ async def test_an_agent_that_drops_the_grant_fails_the_event_clause(
 
 
 async def test_the_event_clause_alone_is_skipped_not_failed(broker, coordinator):
-    """Clause 18 judges the events of clauses 5-17: run alone it has none, and says why
+    """Clause 19 judges the events of clauses 5-18: run alone it has none, and says why
     (SKIP) instead of failing the agent."""
-    verdicts = await judge(broker, conformance_agent("alone-1"), "18")
+    verdicts = await judge(broker, conformance_agent("alone-1"), "19")
     verdict = verdicts["events.format"]
     assert verdict.status is Status.SKIP, verdict.detail
-    assert "none of them ran" in verdict.detail and "--only 5,18" in verdict.detail
+    assert "none of them ran" in verdict.detail and "--only 5,19" in verdict.detail
 
 
 async def test_an_agent_without_dispatch_time_is_warned_in_the_ack_clause(

@@ -47,13 +47,19 @@ export interface AlreadyDone {
   record: Execution;
 }
 
+/** The attempt was ended as expired already (its expiry fence stands): not to be run. */
+export interface Expired {
+  kind: "expired";
+  record: Execution;
+}
+
 /** Another delivery holds the lease; try again after `retryInMs`. */
 export interface Busy {
   kind: "busy";
   retryInMs: number;
 }
 
-export type Claim = Claimed | AlreadyDone | Busy;
+export type Claim = Claimed | AlreadyDone | Expired | Busy;
 
 /** What one run of a handler ended with: its result, or an error. */
 export interface Outcome {
@@ -183,6 +189,7 @@ export class Claims {
     }
     const current = parse(entry.value); // an unreadable record must not block the message
     if (current?.state === "done") return { kind: "done", record: current };
+    if (current !== null && isExpiryFence(current, task.attempt)) return { kind: "expired", record: current };
     if (current?.state === "running" && !this.outlived(current)) {
       const leftMs = current.lease_until_ms - nowMs();
       if (leftMs > 0) return { kind: "busy", retryInMs: leftMs };
@@ -241,4 +248,13 @@ function parse(value: Uint8Array): Execution | null {
   } catch {
     return null;
   }
+}
+
+/**
+ * Whether `record` ends `attempt` as expired: the expiry fence that whoever ended the task (its
+ * agent's report, or the coordinator's pass over the queues) wrote. No delivery of that
+ * attempt is claimed over it (protocol §10.4).
+ */
+export function isExpiryFence(record: Execution, attempt: number): boolean {
+  return record.state === "failed" && record.attempt === attempt && record.error?.type === "expired";
 }

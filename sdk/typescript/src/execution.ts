@@ -2,9 +2,8 @@
  * Executing one dispatched message, from receipt to acknowledgement: decode, check
  * the ttl, claim it (run once), accept it, run the handler within its deadline,
  * record and report the outcome. The coordinator hears `completed`, `failed` or
- * `expired` and decides between a retry and a dead letter; the sender gets its
- * `ack`, `progress` and `result` on its `reply_to`.
- */
+ * `expired` and decides between a retry and a dead letter; the sender gets its `ack`,
+ * `progress` and `result` on its `reply_to`. */
 
 import { performance } from "node:perf_hooks";
 import type { JsMsg } from "nats";
@@ -185,6 +184,12 @@ export class Executor {
       leave();
       this.log.info("already executed; sending the stored result again", { message_id: task.message_id });
       await this.complete(msg, task, claim.record.result, 0, claim.record.result_ref ?? null);
+      return null;
+    }
+    if (claim.kind === "expired") {
+      leave(); // past its ttl by the coordinator's clock though not by ours: ours runs behind
+      this.log.warn("not run: ended as expired already (is this host's clock behind?)", { message_id: task.message_id });
+      await this.expire(msg, task, dispatchedMs);
       return null;
     }
     if (!(await this.leaseHolds(task, claim, windowMs + LEASE_GRACE_MS))) {

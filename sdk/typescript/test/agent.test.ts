@@ -557,6 +557,27 @@ describe("the agent's queue", () => {
     replies.close();
   });
 
+  it("does not run a task ended as expired already, though by its clock the ttl is left", async () => {
+    // The coordinator's pass over the queues ended it (its expiry fence is in the agent's
+    // record): an agent whose clock runs behind must not run it anyway.
+    const topic = unique("fenced");
+    const id = unique("ts-fenced");
+    let calls = 0;
+    const t = task(topic, null, { ttl_ms: 60_000, to_agent: id });
+    const error = { type: "expired", message: `ttl 60000 ms passed in the queue of ${id}, which did not take it`, retryable: false };
+    const fence = { v: 1, message_id: t.message_id, state: "failed", agent_id: id, attempt: 1, error, finished_at_ms: 1 };
+    await (await kv("reach_executions")).create(`_.${t.message_id}.${id}`, JSON.stringify(fence));
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t, { subject: `reach.agent.${id}.p1` });
+    await started(newAgent(id).handler(topic, () => ++calls));
+    const expired = await events.next((e) => e.event === "expired");
+    assert.equal(expired.agent_id, id);
+    assert.equal(calls, 0);
+    assert.equal(events.count((e) => e.event === "completed"), 0);
+    events.close();
+    replies.close();
+  });
+
   it("reports an undecodable dispatch, which the coordinator dead-letters as invalid_envelope", async () => {
     const id = unique("ts-garbage");
     await started(newAgent(id).handler(unique("any"), () => null));
