@@ -89,4 +89,4 @@ async def test_a_starting_replica_resumes_only_what_has_not_ended_since_its_snap
         resumed = await replica_a.resume_all()
         gate.set()
     assert resumed == 1
-    assert published == [names.workflow_timer("kept"), names.task("hold-step")]
+    assert published == [names.workflow_timer("kept"), names.coordinator_task("hold-step")]
