@@ -1,10 +1,14 @@
-"""``reach publish TOPIC JSON``: send a task, and with ``--wait`` follow it to its result."""
+"""``reach publish TOPIC JSON``: send a task, and with ``--wait`` follow it to its result;
+``--count N`` sends a burst at the pace intake takes it (nothing dropped, unlike a core
+``nats pub --count``)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+from collections.abc import Callable
 
 from agentreach.agents import DeadlineExceeded, NotAcknowledged, ReachClient
 from agentreach.cli.options import Commands, UsageError, broker_of, json_argument, json_text
@@ -21,6 +25,7 @@ def register(commands: Commands) -> None:
             """reach publish summarize '{"text": "NATS is fast. Agents are many."}' --wait""",
             'reach publish refund_application \'{"order_id": "1"}\' --priority P0 --ttl-ms 8000',
             "reach publish summarize @article.json   # or: ... summarize - < article.json",
+            """reach publish echo '{"n": {{Count}}}' --count 5000   # a burst, none dropped""",
         ),
     )
     pub.add_argument("topic", help="the intent, e.g. summarize (the task goes to reach.task.TOPIC)")
@@ -43,6 +48,13 @@ def register(commands: Commands) -> None:
         help="follow the task: print its acknowledgement and progress (stderr), then the result",
     )
     pub.add_argument(
+        "--count",
+        type=int,
+        default=1,
+        help="send N tasks (each its own id; {{Count}} in JSON is its number, from 1): while"
+        " the intake holds as many of yours on the topic as it keeps, wait for room",
+    )
+    pub.add_argument(
         "--ack-ms",
         type=int,
         default=2000,
@@ -51,13 +63,26 @@ def register(commands: Commands) -> None:
 
 
 async def cmd_publish(args: argparse.Namespace) -> int:
-    payload = json_argument(json_text(args.json))
+    text = json_text(args.json)
+    numbered = args.count > 1  # {{Count}} is each task's number
+
+    def payload_of(number: int) -> object:
+        return json_argument(text.replace("{{Count}}", str(number)) if numbered else text)
+
+    payload = payload_of(1)  # a bad one is refused before anything is sent
     if args.ttl_ms is not None and not 0 < args.ttl_ms <= MAX_TTL_MS:
         raise UsageError(
             f"--ttl-ms takes a number of ms from 1 to {MAX_TTL_MS} (a day), got {args.ttl_ms}"
         )
+    if args.count < 1:
+        raise UsageError(f"--count takes a number of tasks, 1 or more, got {args.count}")
+    if args.count > 1 and (args.wait or args.message_id):
+        raise UsageError("--count sends tasks of their own ids: not with --wait or --message-id")
     async with broker_of(args) as broker, ReachClient(broker=broker) as client:
         running = await coordinators(client.broker)
+        if args.count > 1:
+            await _burst(client, args, payload_of)
+            return _warned(running)
         if args.wait:
             if not running:
                 raise UsageError(
@@ -74,13 +99,42 @@ async def cmd_publish(args: argparse.Namespace) -> int:
             ttl_ms=args.ttl_ms,
         )
     print(json.dumps({"message_id": message_id, "trace_id": trace_id}))
+    return _warned(running)
+
+
+def _warned(running: object) -> int:
     if not running:
         print(
-            "reach: warning: no coordinator is running; the task waits in REACH_TASKS until"
-            " one starts (`reach up` or `reach coordinator`), within its ttl",
+            "reach: warning: no coordinator is running; the tasks wait in REACH_TASKS until"
+            " one starts (`reach up` or `reach coordinator`), within their ttl",
             file=sys.stderr,
         )
     return 0
+
+
+BURST_WINDOW = 64  # publishes in flight
+
+
+async def _burst(
+    client: ReachClient, args: argparse.Namespace, payload_of: Callable[[int], object]
+) -> None:
+    """``--count`` tasks, printed once all are stored, in order of their number."""
+    window = asyncio.Semaphore(BURST_WINDOW)
+
+    async def one(number: int) -> tuple[str, str]:
+        async with window:
+            return await client.publish(
+                args.topic,
+                payload_of(number),
+                priority=args.priority,
+                trace_id=args.trace_id,
+                ttl_ms=args.ttl_ms,
+            )
+
+    sent = await asyncio.gather(*(one(n) for n in range(1, args.count + 1)))
+    for message_id, trace_id in sent:
+        print(json.dumps({"message_id": message_id, "trace_id": trace_id}))
+    print(f"published {len(sent)} tasks on {args.topic}", file=sys.stderr)
 
 
 async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) -> int:
