@@ -116,6 +116,13 @@ async def stream_size(broker: Broker, stream: str) -> tuple[int, int]:
     return info.state.messages, info.state.last_seq
 
 
+async def stream_bounds(broker: Broker, stream: str) -> tuple[int, int]:
+    """``(first sequence, last sequence)`` of a stream: what it still keeps."""
+    with translated(subject=stream):
+        info = await broker.js.stream_info(stream)
+    return info.state.first_seq, info.state.last_seq
+
+
 async def per_subject_limit(broker: Broker, stream: str) -> int:
     """The most messages ``stream`` keeps on one subject (-1: no limit)."""
     with translated(subject=stream):
