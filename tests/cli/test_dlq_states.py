@@ -176,3 +176,6 @@ async def test_replay_of_a_settled_letter_is_refused_in_one_line_unless_forced(
     forced = await reach(broker, "dlq", "replay", "done-once", "--force")
     assert forced.returncode == 0, forced.stderr
     await eventually(lambda: watcher.count("replayed", {"done-once"}) == 2)
+    traced = await reach(broker, "trace", "done-by-hand")
+    [line] = [x for x in traced.stdout.splitlines() if " resolved " in x]
+    assert " operator" in line and "coordinator" not in line, line
