@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
@@ -25,9 +24,9 @@ from agentreach.agents.errors import AgentConfigError, LetterSettled, ReplayLimi
 from agentreach.broker import Auth, Broker, BrokerError, Delivery, Names, PullConsumer
 from agentreach.broker.connection import connected
 from agentreach.broker.consume import ConsumerSpec, bind
-from agentreach.broker.direct import messages_on
 from agentreach.broker.lifecycle import emit
 from agentreach.broker.names import OPERATOR
+from agentreach.broker.streams import last_message
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import DeadLetter, DecodeError, Event, Task, new_id, now_ms
 from agentreach.envelopes import headers as h
@@ -54,20 +53,21 @@ def letter_state(settling: Sequence[Event] | None, letter: DeadLetter | None = N
 
 
 async def settling_of(broker: Broker, letter: DeadLetter) -> list[Event]:
-    """The letter's ``replayed`` and ``resolved`` events, in the order stored: one read of
-    each kind on its subjects (kind, trace and message id literal), which the server finds
-    from its subject index, however long ``REACH_EVENTS`` is. An event without ``by`` (a
-    ``replayed`` one recorded before they had it) gets its sender's token."""
+    """The letter's last ``replayed`` and last ``resolved`` event, in the order stored (so the
+    last of them is its state): two reads by subject, which the server finds from its subject
+    index however long ``REACH_EVENTS`` is, and which a worker's permissions grant alone. An
+    event without ``by`` (a ``replayed`` one recorded before they had it) gets its sender's
+    token."""
     names = broker.names
     reads = (
-        messages_on(
+        last_message(
             broker,
             names.events_stream,
             names.events_of_message_of_kind(kind, letter.trace_id, letter.message_id),
         )
         for kind in SETTLING
     )
-    stored = itertools.chain.from_iterable(await asyncio.gather(*reads))
+    stored = [m for m in await asyncio.gather(*reads) if m is not None]
     events = []
     for message in sorted(stored, key=lambda m: m.stream_seq):
         with contextlib.suppress(DecodeError):
