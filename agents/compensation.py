@@ -4,25 +4,29 @@ A letter is *open* until someone deals with it: a ``replayed`` event (:func:`rep
 it *replayed*, a ``resolved`` event (:func:`resolve`) *resolved*; the later of the two
 counts. A workflow step's letter that its workflow handles (``letter.workflow.handled``: the
 workflow absorbed the failure, or ended with a letter of its own, the one to act on) is
-*handled*, not open. :func:`letter_state` says which, for ``reach dlq list`` and the
-dashboard alike."""
+*handled*, not open. :func:`letter_state` says which, for ``reach dlq list``, the dashboard
+and a worker alike; :func:`settling_of` reads one letter's events. A worker hands over only
+open letters, and :func:`replay` refuses a replayed or resolved one unless forced: replaying
+it again runs its task again."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
 
 from agentreach import envelopes
-from agentreach.agents.errors import AgentConfigError, ReplayLimitReached
+from agentreach.agents.errors import AgentConfigError, LetterSettled, ReplayLimitReached
 from agentreach.broker import Auth, Broker, BrokerError, Delivery, Names, PullConsumer
 from agentreach.broker.connection import connected
 from agentreach.broker.consume import ConsumerSpec, bind
 from agentreach.broker.lifecycle import emit
 from agentreach.broker.names import OPERATOR
+from agentreach.broker.streams import last_message
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import DeadLetter, DecodeError, Event, Task, new_id, now_ms
 from agentreach.envelopes import headers as h
@@ -48,6 +52,54 @@ def letter_state(settling: Sequence[Event] | None, letter: DeadLetter | None = N
     return "handled" if letter and letter.workflow and letter.workflow.handled else "open"
 
 
+async def settling_of(broker: Broker, letter: DeadLetter) -> list[Event]:
+    """The letter's last ``replayed`` and last ``resolved`` event, in the order stored (so the
+    last of them is its state): two reads by subject, which the server finds from its subject
+    index however long ``REACH_EVENTS`` is, and which a worker's permissions grant alone. An
+    event without ``by`` (a ``replayed`` one recorded before they had it) gets its sender's
+    token."""
+    names = broker.names
+    reads = (
+        last_message(
+            broker,
+            names.events_stream,
+            names.events_of_message_of_kind(kind, letter.trace_id, letter.message_id),
+        )
+        for kind in SETTLING
+    )
+    stored = [m for m in await asyncio.gather(*reads) if m is not None]
+    events = []
+    for message in sorted(stored, key=lambda m: m.stream_seq):
+        with contextlib.suppress(DecodeError):
+            event = envelopes.decode_event(message.data)
+            if "by" not in event.detail:
+                detail = {**event.detail, "by": names.sender_of(message.subject)}
+                event = msgspec.structs.replace(event, detail=detail)
+            events.append(event)
+    return events
+
+
+def _settled_refusal(letter: DeadLetter, last: Event) -> LetterSettled:
+    """The :class:`LetterSettled` for a letter whose last settling event is ``last``, in
+    words naming the letter, its state, who and when."""
+    at = datetime.datetime.fromtimestamp(last.at_ms / 1000, datetime.UTC)
+    when = at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    by = last.detail.get("by")
+    how = (
+        f"as {last.detail.get('replayed_as')}"
+        if last.event == "replayed"
+        else f"note {last.detail.get('note')!r}"
+    )
+    return LetterSettled(
+        f"dead letter {letter.message_id} ({letter.reason}, topic {letter.topic}) not replayed:"
+        f" it is {last.event} already, by {by} at {when} ({how})",
+        message_id=letter.message_id,
+        state=last.event,
+        by=str(by) if by is not None else None,
+        at_ms=last.at_ms,
+    )
+
+
 class Compensation:
     """What a handler can do with a dead letter: replay it or mark it resolved."""
 
@@ -68,7 +120,8 @@ class Compensation:
     ) -> Task:
         """Publish the dead-lettered task again, as a new message in the same trace;
         :class:`ReplayLimitReached` when its task was replayed ``max_replays`` times
-        already, unless ``force``."""
+        already, :class:`LetterSettled` when the letter was replayed or resolved already,
+        unless ``force``."""
         return await replay(
             self.broker,
             letter,
@@ -104,6 +157,12 @@ class CompensationWorker:
     it absorbed it, or it ends with a letter of its own) is acknowledged without a handler
     call, and logged: act on the workflow's letter, once. ``include_handled=True`` hands
     those over too. A compensating step's letter is always handed over.
+
+    A letter replayed or resolved already (by a person with ``reach dlq``, the dashboard,
+    or another worker) is acknowledged without a handler call, and logged: a worker deployed
+    or renamed later (its new durable consumer starts at the stream's first letter) would
+    run those tasks again. ``include_settled=True`` hands those over too (``comp.replay``
+    still refuses them unless forced).
     """
 
     def __init__(
@@ -115,17 +174,20 @@ class CompensationWorker:
         topics: Iterable[str] = ("*",),
         ack_wait: float = 30.0,
         include_handled: bool = False,
+        include_settled: bool = False,
         max_replays: int = DEFAULT_MAX_REPLAYS,
     ) -> None:
         """``ack_wait``: after it, an entry a dead worker held goes to another (one whose
         handler runs longer is kept alive meanwhile); ``include_handled``: hand over the
-        letters of workflow steps whose workflow handles them too; ``max_replays``: how
+        letters of workflow steps whose workflow handles them too; ``include_settled``: hand
+        over the letters replayed or resolved already too; ``max_replays``: how
         many replays may lead to a task ``comp.replay`` replays again."""
         if isinstance(max_replays, bool) or not isinstance(max_replays, int) or max_replays < 0:
             raise AgentConfigError(f"max_replays={max_replays!r}: expected an int ≥ 0")
         self.max_replays = max_replays
         self.name = name
         self.include_handled = include_handled
+        self.include_settled = include_settled
         self.ack_wait = ack_wait
         self.handler = handler
         self.reasons = tuple(reasons)
@@ -190,6 +252,16 @@ class CompensationWorker:
             )
             await msg.ack()
             return
+        if not self.include_settled:
+            try:
+                settled = await self._settled(letter, compensation.broker)
+            except BrokerError as exc:  # unknown yet: not handed over, and not dropped
+                log.warning("cannot read the dead letter's state", error=str(exc))
+                await msg.nak(RETRY_DELAY_S)
+                return
+            if settled:
+                await msg.ack()
+                return
         try:
             await self.handler(letter, compensation)
         except ReplayLimitReached as exc:  # trying again later would be refused again
@@ -202,11 +274,36 @@ class CompensationWorker:
             )
             await msg.ack()
             return
+        except LetterSettled as exc:  # settled meanwhile, by someone else: nothing left to do
+            log.info(
+                "replay refused, the dead letter is settled already",
+                message_id=letter.message_id,
+                state=exc.state,
+                by=exc.by,
+            )
+            await msg.ack()
+            return
         except Exception:  # the entry stays; a fix or a later try may succeed
             log.exception("compensation handler failed", message_id=letter.message_id)
             await msg.nak(RETRY_DELAY_S)
             return
         await msg.ack()
+
+    async def _settled(self, letter: DeadLetter, broker: Broker) -> bool:
+        """Whether the letter was replayed or resolved already; logged when it was."""
+        settling = await settling_of(broker, letter)
+        if not settling:
+            return False
+        last = settling[-1]
+        log.info(
+            "dead letter skipped, it is settled already",
+            message_id=letter.message_id,
+            reason=letter.reason,
+            state=last.event,
+            by=last.detail.get("by"),
+            at_ms=last.at_ms,
+        )
+        return True
 
 
 async def replay(
@@ -223,7 +320,8 @@ async def replay(
     ``sender`` (a worker; the bare operators' form without one), its ``replays`` one more.
     Its replies went to a sender long gone, so the replay has none. Refused
     (:class:`ReplayLimitReached`) when ``max_replays`` replays led to the task already,
-    unless ``force``."""
+    unless ``force``; :class:`LetterSettled` when it was replayed or resolved already (its
+    task would run again), unless ``force``."""
     if letter.envelope is None:
         raise ReachError(
             f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay"
@@ -238,6 +336,8 @@ async def replay(
             replays=original.replays,
             max_replays=max_replays,
         )
+    if not force and (settling := await settling_of(broker, letter)):
+        raise _settled_refusal(letter, settling[-1])
     task = msgspec.structs.replace(
         original,
         message_id=new_id(),
@@ -255,7 +355,8 @@ async def replay(
     await broker.publish(
         broker.names.task(task.topic, sender), envelopes.encode(task), headers=h.task_headers(task)
     )
-    done = {"replayed_as": task.message_id, "topic": task.topic, "replays": task.replays}
+    by = sender or broker.auth.identity or "operator"
+    done = {"replayed_as": task.message_id, "topic": task.topic, "replays": task.replays, "by": by}
     await _record(broker, letter, "replayed", sender=sender, **done)
     return task
 

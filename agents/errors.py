@@ -6,6 +6,7 @@ ReachError
 ├── AgentIdInUse             another live process already serves this agent_id
 ├── PermanentError           raised by a handler: do not retry this task
 ├── ReplayLimitReached       a dead letter's task was replayed max_replays times already
+├── LetterSettled            a dead letter was replayed or resolved already: not replayed again
 └── InvokeError              ReachClient.invoke() did not get a result
     ├── NotProvisioned       the task was not sent: no stream takes tasks (run `reach provision`)
     ├── BacklogFull          the task was not sent: the caller's backlog on the topic is full
@@ -55,6 +56,22 @@ class ReplayLimitReached(ReachError):
         self.message_id = message_id
         self.replays = replays
         self.max_replays = max_replays
+
+
+class LetterSettled(ReachError):
+    """A replay refused: the dead letter was dealt with already, ``state`` ``replayed`` or
+    ``resolved`` (its last ``replayed``/``resolved`` event), ``by`` whom and ``at_ms`` when
+    (the event's own). Replaying it again would run its task again. Nothing was published;
+    ``force=True`` replays anyway. ``message_id`` is the dead letter's."""
+
+    def __init__(
+        self, message: str, *, message_id: str, state: str, by: str | None, at_ms: int
+    ) -> None:
+        super().__init__(message)
+        self.message_id = message_id
+        self.state = state
+        self.by = by
+        self.at_ms = at_ms
 
 
 class InvokeError(ReachError):

@@ -84,6 +84,10 @@ class Names(msgspec.Struct, frozen=True):
         stays a wildcard: an ``auto`` task's events name its topic as resolved."""
         return f"{self.prefix}.event.*.*.{trace_id}.{message_id}.*"
 
+    def events_of_message_of_kind(self, event: str, trace_id: str, message_id: str) -> str:
+        """One kind of event about one message: its subject index finds them at once."""
+        return f"{self.prefix}.event.{event}.*.{trace_id}.{message_id}.*"
+
     def events_of_trace(self, trace_id: str) -> str:
         return f"{self.prefix}.event.*.*.{trace_id}.*.*"
 

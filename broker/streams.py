@@ -77,6 +77,12 @@ async def subject_counts(broker: Broker, stream: str, filter_subject: str) -> di
     return dict(info.state.subjects or {})
 
 
+async def last_message(broker: Broker, stream: str, subject: str) -> StoredMessage | None:
+    """The last message of ``stream`` on ``subject`` (wildcards allowed), or None: a direct
+    get whose API subject names ``subject``, so permissions can grant reads of it alone."""
+    return await _get(broker, stream, subject=subject, direct=True)
+
+
 async def _get(broker: Broker, stream: str, **where: object) -> StoredMessage | None:
     try:
         raw = await broker.js.get_msg(stream, **where)  # type: ignore[arg-type]
@@ -114,6 +120,13 @@ async def stream_size(broker: Broker, stream: str) -> tuple[int, int]:
     with translated(subject=stream):
         info = await broker.js.stream_info(stream)
     return info.state.messages, info.state.last_seq
+
+
+async def stream_bounds(broker: Broker, stream: str) -> tuple[int, int]:
+    """``(first sequence, last sequence)`` of a stream: what it still keeps."""
+    with translated(subject=stream):
+        info = await broker.js.stream_info(stream)
+    return info.state.first_seq, info.state.last_seq
 
 
 async def per_subject_limit(broker: Broker, stream: str) -> int:

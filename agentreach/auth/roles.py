@@ -154,6 +154,10 @@ def worker(names: Names) -> Permissions:
     publish.append(_STREAM_NAMES)
     publish += [n.task("*", NAME), n.status]  # a replay warns when no coordinator runs
     publish += [n.event(kind, "*", "*", "*", NAME) for kind in WORKER_EVENTS]
+    # Whether a letter is settled already: the last replayed/resolved event about it, alone.
+    publish += [
+        f"$JS.API.DIRECT.GET.{n.events_stream}.{n.events_of_kind(kind)}" for kind in WORKER_EVENTS
+    ]
     return _permissions(publish, [_inbox(), n.reply_box(NAME, ">")])
 
 

@@ -20,7 +20,7 @@ from agentreach.agents.compensation import (
     replay,
     resolve,
 )
-from agentreach.agents.errors import ReplayLimitReached
+from agentreach.agents.errors import LetterSettled, ReplayLimitReached
 from agentreach.broker import Broker, SubjectFull, read_stream
 from agentreach.broker.streams import StoredMessage, subject_counts
 from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only
@@ -38,7 +38,7 @@ def register(commands: Commands) -> None:
             "reach dlq list --open --reason expired",
             "reach dlq show 0190f3c2-…",
             "reach dlq replay 0190f3c2-… --to-topic manual_review",
-            "reach dlq replay 0190f3c2-… --force   # though replayed 3 times already",
+            "reach dlq replay 0190f3c2-… --force   # though replayed or resolved already",
             "reach dlq resolve 0190f3c2-… --note 'refunded by hand, ticket 4411'",
         ),
     )
@@ -59,7 +59,11 @@ def register(commands: Commands) -> None:
         help="replay: refuse a letter whose task N replays led to already"
         f" (default {DEFAULT_MAX_REPLAYS})",
     )
-    dlq.add_argument("--force", action="store_true", help="replay: even past --max-replays")
+    dlq.add_argument(
+        "--force",
+        action="store_true",
+        help="replay: even a letter replayed or resolved already, or past --max-replays",
+    )
     dlq.add_argument("--reason", default=None, help="only letters with this reason")
     dlq.add_argument("--topic", default=None, help="only letters of this topic")
     dlq.add_argument(
@@ -80,18 +84,10 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         letters = _readable(stored)
         filtered = args.reason or args.topic
         there = await _there(broker) if not letters and filtered and args.action == "list" else {}
-        settled = await _settled(broker) if args.action in ("list", "replay", "resolve") else {}
+        settled = await _settled(broker) if args.action in ("list", "resolve") else {}
         if args.action == "resolve":
             return await _resolve(broker, _find(letters, args.id), settled, args.note)
         if args.action == "replay":
-            replays = [e for e in settled.get(args.id, []) if e.event == "replayed"]
-            if replays:
-                before = ", ".join(str(e.detail.get("replayed_as")) for e in replays)
-                print(
-                    f"reach: {args.id} was replayed before (as {before});"
-                    " replaying it again runs it again",
-                    file=sys.stderr,
-                )
             task = await _replay(broker, _find(letters, args.id), args)
             await warn_without_coordinator(broker, "the replayed task waits in REACH_TASKS")
             print(json.dumps({"message_id": task.message_id, "trace_id": task.trace_id}))
@@ -134,12 +130,14 @@ def _check(args: argparse.Namespace) -> None:
 
 
 async def _replay(broker: Broker, letter: DeadLetter, args: argparse.Namespace) -> envelopes.Task:
-    """Replay the letter, unless its task is the product of ``--max-replays`` replays; or
-    say in one line why it was not replayed."""
+    """Replay the letter, unless it was replayed or resolved already, or its task is the
+    product of ``--max-replays`` replays; or say in one line why it was not replayed."""
     try:
         return await replay(
             broker, letter, topic=args.to_topic, max_replays=args.max_replays, force=args.force
         )
+    except LetterSettled as exc:
+        raise UsageError(f"{exc}; --force replays it anyway") from exc
     except ReplayLimitReached as exc:
         raise UsageError(
             f"dead letter {exc.message_id} ({letter.reason}, topic {letter.topic}) not replayed:"

@@ -19,6 +19,7 @@ from agentreach.broker import (
     read_stream,
 )
 from agentreach.broker.lifecycle import AGENT_TOPIC, authentic
+from agentreach.broker.names import COORDINATOR, OPERATOR
 from agentreach.cli import workflows
 from agentreach.cli.options import ASKING_ROLES, Commands, UsageError, broker_of
 from agentreach.cli.status import NOT_RUNNING
@@ -83,11 +84,13 @@ async def _trace_of_own(broker: Broker, message_id: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """An event with the broker's time of recording it."""
+    """An event with the broker's time of recording it, and who published it (the sender
+    token of its subject; the coordinator's, when a reply carried the events alone)."""
 
     at: dt.datetime
     seq: int
     event: Event
+    sender: str = COORDINATOR
 
 
 async def collect(broker: Broker, some_id: str) -> list[Step]:
@@ -104,6 +107,7 @@ async def collect(broker: Broker, some_id: str) -> list[Step]:
             at=dt.datetime.fromtimestamp(message.timestamp_ns / 1e9, dt.UTC),
             seq=message.stream_seq,
             event=event,
+            sender=names.sender_of(message.subject),
         )
         for message, event in authentic(names, ordered)
         # An agent's own events carry its id as their trace: not a message of a trace.
@@ -132,7 +136,7 @@ def _line(step: Step, start: dt.datetime) -> str:
     event = step.event
     clock = step.at.astimezone().strftime("%H:%M:%S.%f")[:-3]
     offset = (step.at - start).total_seconds() * 1000
-    agent = event.agent_id or _person(event) or "coordinator"
+    agent = event.agent_id or _person(event) or _publisher(step)
     attempt = f"#{event.attempt}"
     since = f"+{offset:.1f}ms"
     line = f"  {clock} {since:>10}  {event.event:<18} {attempt:<3} {agent:<20} "
@@ -202,6 +206,15 @@ def _person(event: Event) -> str:
     """Who acted, when a person did (a manual-review answer, take or send)."""
     who = event.detail.get("answered_by") or event.detail.get("by")
     return f"person:{who}" if who and event.event.startswith(("completed", "manual_")) else ""
+
+
+def _publisher(step: Step) -> str:
+    """Who published an event about no agent: an operator (``operator:<by>``, from ``reach
+    dlq`` or the dashboard), a worker (its name), else the coordinator."""
+    if step.sender == OPERATOR:
+        by = step.event.detail.get("by")
+        return f"operator:{by}" if by and by != "operator" else "operator"
+    return "coordinator" if step.sender == COORDINATOR else step.sender
 
 
 def _error(error: Any) -> str:

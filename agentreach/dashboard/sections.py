@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from agentreach.agents.compensation import letter_state
-from agentreach.envelopes import PRIORITIES, now_ms
+from agentreach.dashboard.letters import OPEN_SHOWN
+from agentreach.envelopes import PRIORITIES, DeadLetter, now_ms
 
 if TYPE_CHECKING:
     from agentreach.dashboard.views import Board
@@ -89,39 +90,42 @@ def _queues(board: Board, agent_id: str) -> dict[str, Any]:
 
 
 def dead_letters(board: Board) -> dict[str, Any]:
-    """Counts by reason (all of ``REACH_DLQ``) and the most recent letters, each with its
-    state as ``reach dlq list`` says it (open, replayed, resolved, handled)."""
+    """Counts by reason (all of ``REACH_DLQ``), the most recent letters, each with its
+    state as ``reach dlq list`` says it (open, replayed, resolved, handled), and the open
+    ones of all (up to ``OPEN_SHOWN``, and how many more)."""
     by_reason = board.sampled.dlq_by_reason
     last: Counter[str] = Counter()
-    recent = []
-    for seq, stored_ms, letter in board.letters:
+    for _, stored_ms, letter in board.letters:
         last[letter.reason] = max(last[letter.reason], stored_ms)
-        recent.append(
-            {
-                "seq": seq,
-                "message_id": letter.message_id,
-                "trace_id": letter.trace_id,
-                "topic": letter.topic,
-                "reason": letter.reason,
-                "attempts": letter.attempts,
-                "error": msgspec.to_builtins(letter.error) if letter.error else None,
-                "at_ms": stored_ms,
-                "replayable": letter.envelope is not None,
-                "replayed_as": board.replayed.get(letter.message_id),
-                "resolved": board.resolved.get(letter.message_id),
-                "state": letter_state(board.settling.get(letter.message_id), letter),
-            }
-        )
     reasons = [
         {"reason": reason, "count": count, "last_ms": last.get(reason) or None}
         for reason, count in sorted(by_reason.items(), key=lambda rc: (-rc[1], rc[0]))
     ]
-    states = Counter(shown["state"] for shown in recent)
+    open_letters = board.open_letters.newest(OPEN_SHOWN)
     return {
         "total": sum(by_reason.values()),
         "by_reason": reasons,
-        "recent": recent,
-        "open": states["open"],  # of the recent ones
+        "recent": [_letter(board, *shown) for shown in board.letters],
+        "open": len(board.open_letters),  # of every letter REACH_DLQ keeps
+        "open_letters": [_letter(board, *shown) for shown in open_letters],
+        "open_not_shown": len(board.open_letters) - len(open_letters),
+    }
+
+
+def _letter(board: Board, seq: int, stored_ms: int, letter: DeadLetter) -> dict[str, Any]:
+    return {
+        "seq": seq,
+        "message_id": letter.message_id,
+        "trace_id": letter.trace_id,
+        "topic": letter.topic,
+        "reason": letter.reason,
+        "attempts": letter.attempts,
+        "error": msgspec.to_builtins(letter.error) if letter.error else None,
+        "at_ms": stored_ms,
+        "replayable": letter.envelope is not None,
+        "replayed_as": board.replayed.get(letter.message_id),
+        "resolved": board.resolved.get(letter.message_id),
+        "state": letter_state(board.settling.get(letter.message_id), letter),
     }
 
 

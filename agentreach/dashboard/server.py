@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from agentreach.agents.compensation import replay
-from agentreach.agents.errors import ReplayLimitReached
+from agentreach.agents.errors import LetterSettled, ReplayLimitReached
 from agentreach.broker import BrokerError, read_stream
 from agentreach.coordinator.observability.http import Request, Response, Streamed
 from agentreach.dashboard.hosts import AllowedHosts
@@ -160,7 +160,7 @@ class DashboardApp:
                 ttl_ms=options.ttl_ms,
                 force=options.force,
             )
-        except ReplayLimitReached as exc:
+        except (ReplayLimitReached, LetterSettled) as exc:
             return Response.error(409, f'{exc}; send {{"force": true}} to replay it anyway')
         except ReachError as exc:
             return Response.error(503, str(exc))
@@ -215,4 +215,4 @@ def _not_json(request: Request) -> str | None:
 class _ReplayBody(msgspec.Struct, forbid_unknown_fields=True):
     topic: str | None = None
     ttl_ms: int | None = None
-    force: bool = False  # replay past the replay limit
+    force: bool = False  # replay a settled letter, or one past the replay limit

@@ -25,6 +25,7 @@ from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.dashboard import sections
 from agentreach.dashboard.alerts import RULES, firing, judge
 from agentreach.dashboard.history import KEYS, LABELS, History, chart
+from agentreach.dashboard.letters import OpenLetters
 from agentreach.envelopes import (
     PRIORITIES,
     DeadLetter,
@@ -82,8 +83,10 @@ class Board:
         self.letters: list[tuple[int, int, DeadLetter]] = []  # (seq, stored_ms, letter)
         self.replayed: dict[str, str] = {}
         self.resolved: dict[str, dict[str, Any]] = {}
-        # Each letter's replayed and resolved events in stream order: its state (letter_state).
+        # Each letter's replayed and resolved events in stream order: its state (letter_state),
+        # all of them kept (7 days): a letter resolved before the charts' window is not open.
         self.settling: dict[str, list[Event]] = {}
+        self.open_letters = OpenLetters(broker)
         self.replicas: list[dict[str, Any]] = []
         self.read_ms = 0  # when a refresh last read everything: what is shown is as of then
         self.unread: str | None = None  # why the last refresh failed; None when it did not
@@ -106,6 +109,7 @@ class Board:
             "heartbeats": self.heartbeats.follow,
             "census": self.census.follow,
             "queues": self.queues.run,
+            "settling": self._follow_settling,
         }
         for name, view in views.items():
             ready = asyncio.Event()
@@ -129,11 +133,10 @@ class Board:
         # Refusals and alerts make no chart here; a caller past its quota can send them by
         # the thousand, so they are not read back over the whole window at every start.
         charted = (kind for kind in FOLDED if kind not in ("rejected", "alert"))
-        kinds = (*charted, *SETTLING)
         async for msg in follow(
             self.broker,
             stream=names.events_stream,
-            filter_subjects=tuple(names.events_of_kind(k) for k in kinds),
+            filter_subjects=tuple(names.events_of_kind(k) for k in charted),
             since_ms=now_ms() - self.history.since_ms_back,
             caught_up=self.history_read,
         ):
@@ -143,8 +146,23 @@ class Board:
             except DecodeError:
                 continue
             self.history.fold(event, msg.timestamp_ms)
-            if event.event in SETTLING:
-                self.settling.setdefault(event.message_id, []).append(event)
+
+    async def _follow_settling(self, ready: asyncio.Event) -> None:
+        """Every ``replayed`` and ``resolved`` event REACH_EVENTS keeps, then each new one."""
+        names = self.broker.names
+        async for msg in follow(
+            self.broker,
+            stream=names.events_stream,
+            filter_subjects=tuple(names.events_of_kind(k) for k in SETTLING),
+            since_ms=0,
+            caught_up=ready,
+        ):
+            honour_cancellation()
+            try:
+                event = decode_event(msg.data)
+            except DecodeError:
+                continue
+            self.settling.setdefault(event.message_id, []).append(event)
             if event.event == "replayed":
                 self.replayed[event.message_id] = str(event.detail.get("replayed_as", ""))
             elif event.event == "resolved":
@@ -162,6 +180,7 @@ class Board:
         """Dead letters, coordinators and the sampled metrics, read again."""
         try:
             letters = await self._recent_letters()
+            await self.open_letters.read(self.settling)
             answers = await gather_replies(self.broker, self.broker.names.status, wait_s=0.3)
         except BrokerError as exc:
             self.unread = str(exc)

@@ -9,6 +9,7 @@ from agentreach.broker import Topology, provision, read_stream
 from agentreach.broker.topology import StorageLimits
 from agentreach.envelopes import DeadLetter, ErrorInfo, Task, WorkflowStep
 from tests.cli.conftest import reach_argv, run
+from tests.support import eventually
 
 STEP_ID = "01a238a5-7c1e-7d2a-9f00-3c5be8a1d0f2-research-1"  # a workflow step's message id
 
@@ -147,3 +148,34 @@ async def test_replay_of_a_letter_replayed_max_replays_times_is_refused_unless_f
     assert [envelopes.decode_task(m.data).replays for m in sent] == [4, 4]
     misplaced = await reach(broker, "dlq", "list", "--force")
     assert misplaced.returncode != 0 and "--force is for dlq replay" in misplaced.stderr
+
+
+async def test_replay_of_a_settled_letter_is_refused_in_one_line_unless_forced(
+    broker, coordinator, watcher
+):
+    """`reach dlq replay ID` of a letter replayed already, or resolved: one line naming the
+    letter, its state, who and when, exit 1, nothing sent; `--force` replays it."""
+    await _lost(broker, watcher, "done-once")
+    await _lost(broker, watcher, "done-by-hand")
+    first = await reach(broker, "dlq", "replay", "done-once")
+    assert first.returncode == 0, first.stderr
+    resolved = await reach(broker, "dlq", "resolve", "done-by-hand", "--note", "paid back")
+    assert resolved.returncode == 0, resolved.stderr
+    await watcher.event("replayed", message_id="done-once")
+    await watcher.event("resolved", message_id="done-by-hand")
+    again = await reach(broker, "dlq", "replay", "done-once")
+    closed = await reach(broker, "dlq", "replay", "done-by-hand")
+    for refused, state in ((again, "replayed"), (closed, "resolved")):
+        assert refused.returncode == 1, refused.stdout
+        [line] = refused.stderr.splitlines()
+        assert f"not replayed: it is {state} already, by " in line, line
+        assert line.endswith("; --force replays it anyway"), line
+    assert "paid back" in closed.stderr
+    assert watcher.count("replayed", {"done-once"}) == 1
+    assert watcher.count("replayed", {"done-by-hand"}) == 0
+    forced = await reach(broker, "dlq", "replay", "done-once", "--force")
+    assert forced.returncode == 0, forced.stderr
+    await eventually(lambda: watcher.count("replayed", {"done-once"}) == 2)
+    traced = await reach(broker, "trace", "done-by-hand")
+    [line] = [x for x in traced.stdout.splitlines() if " resolved " in x]
+    assert " operator" in line and "coordinator" not in line, line

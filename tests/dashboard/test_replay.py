@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from agentreach.agents.compensation import replay, resolve
 from agentreach.broker import Broker
 from agentreach.broker.lifecycle import dead_letter
 from agentreach.envelopes import ErrorInfo, Task
@@ -74,3 +75,41 @@ async def test_a_letter_replayed_three_times_is_replayed_only_when_forced(
     assert "often-1" in error and "replayed 3 times" in error and '"force": true' in error
     assert forced[0] == 202, forced
     assert watcher.count("replayed") == 1
+
+
+async def test_a_settled_letter_is_replayed_only_when_forced(broker: Broker, watcher: Watcher):
+    """A letter replayed once already, and one resolved: 409 naming the letter and its
+    state, nothing replayed; with ``{"force": true}`` each is replayed."""
+    letters = {}
+    for message_id in ("settled-1", "settled-2"):
+        task = Task(v=1, message_id=message_id, trace_id=message_id, topic="work")
+        letters[message_id] = await dead_letter(
+            broker,
+            reason="no_route",
+            task=task,
+            message_id=message_id,
+            trace_id=message_id,
+            topic="work",
+        )
+    await replay(broker, letters["settled-1"])
+    await resolve(broker, letters["settled-2"], "paid back", by="alice")
+    async with dashboard(broker) as server:
+        ours = [f"Host: 127.0.0.1:{server.port}", "X-Reach-Request: 1", "Connection: close"]
+        ours.append("Content-Type: application/json")
+        answers = {}
+        for message_id in letters:
+            path = ("POST", f"/api/dlq/{message_id}/replay")
+            answers[message_id] = (
+                await send(server, *path, ours, b"{}"),
+                await send(server, *path, ours, b'{"force": true}'),
+            )
+        await watcher.event("replayed", message_id="settled-2")
+    for message_id, state in (("settled-1", "replayed"), ("settled-2", "resolved")):
+        refused, forced = answers[message_id]
+        assert refused[0] == 409, refused
+        error = json.loads(refused[1])["error"]
+        assert f"{message_id} (no_route, topic work) not replayed: it is {state} already" in error
+        assert error.endswith('send {"force": true} to replay it anyway')
+        assert forced[0] == 202, forced
+    assert watcher.count("replayed", {"settled-1"}) == 2
+    assert watcher.count("replayed", {"settled-2"}) == 1

@@ -1,0 +1,49 @@
+"""The dashboard's "open only" view shows the open letters of the whole stream, not only
+those among the last 50, up to a bound, with a count of those it leaves out."""
+
+from __future__ import annotations
+
+from agentreach.agents.compensation import resolve
+from agentreach.broker import Broker
+from agentreach.broker.lifecycle import dead_letter
+from agentreach.dashboard import Board, History, sections
+from agentreach.dashboard.views import RECENT_LETTERS
+from agentreach.envelopes import Task
+from tests.support import Watcher, eventually
+
+
+async def test_open_letters_older_than_the_last_50_are_shown(
+    broker: Broker, watcher: Watcher, monkeypatch
+):
+    """Three open letters, then 51 resolved ones: none of the last 50 is open, but the
+    snapshot counts 3 open and lists them newest first; with a bound of 2, it lists 2 and
+    says 1 is not shown. A letter resolved later leaves the list at the next refresh."""
+    ids = [f"old-{n}" for n in range(3)] + [f"new-{n}" for n in range(RECENT_LETTERS + 1)]
+    letters = {}
+    for message_id in ids:
+        task = Task(v=1, message_id=message_id, trace_id=message_id, topic="work")
+        letters[message_id] = await dead_letter(
+            broker,
+            reason="no_route",
+            task=task,
+            message_id=message_id,
+            trace_id=message_id,
+            topic="work",
+        )
+        if message_id.startswith("new-"):
+            await resolve(broker, letters[message_id], "done", by="tester")
+    await watcher.event("resolved", message_id=ids[-1])
+    async with Board(broker, History(step_s=1, window_s=60, period_s=30)) as board:
+        shown = board.snapshot()["dead_letters"]
+        monkeypatch.setattr(sections, "OPEN_SHOWN", 2)
+        bounded = board.snapshot()["dead_letters"]
+        await resolve(broker, letters["old-2"], "done too", by="tester")
+        await eventually(lambda: "old-2" in board.settling)
+        await board.refresh()
+        after = board.snapshot()["dead_letters"]
+    assert [x["state"] for x in shown["recent"]] == ["resolved"] * RECENT_LETTERS
+    assert shown["open"] == 3 and shown["open_not_shown"] == 0
+    assert [x["message_id"] for x in shown["open_letters"]] == ["old-2", "old-1", "old-0"]
+    assert [x["message_id"] for x in bounded["open_letters"]] == ["old-2", "old-1"]
+    assert bounded["open_not_shown"] == 1
+    assert after["open"] == 2

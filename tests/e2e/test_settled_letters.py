@@ -1,0 +1,101 @@
+"""A letter replayed or resolved already is settled: a worker started later does not hand it
+to its handler, and ``replay`` refuses it unless forced, so its task does not run again."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from agentreach import LetterSettled
+from agentreach.agents import Compensation, CompensationWorker
+from agentreach.agents.compensation import replay, resolve, settling_of
+from agentreach.broker import consumer_state, read_stream
+from agentreach.broker.lifecycle import dead_letter
+from agentreach.envelopes import DeadLetter, Task
+from tests.support import eventually, until_true
+
+
+async def _letter(broker, message_id: str) -> DeadLetter:  # type: ignore[no-untyped-def]
+    task = Task(v=1, message_id=message_id, trace_id=message_id, topic="chores")
+    return await dead_letter(
+        broker,
+        reason="no_route",
+        task=task,
+        message_id=message_id,
+        trace_id=message_id,
+        topic="chores",
+    )
+
+
+async def _drained(broker, worker: str) -> None:  # type: ignore[no-untyped-def]
+    async def done() -> bool:
+        state = await consumer_state(broker, broker.names.dlq_stream, f"compensation-{worker}")
+        return state is not None and state.num_pending == state.num_ack_pending == 0
+
+    await until_true(done)
+
+
+async def test_a_new_worker_replays_only_the_open_letter(broker, watcher):
+    """A resolved letter and a replayed one are acknowledged and logged by a worker deployed
+    after they were settled, and not replayed; the open one is handed over and replayed.
+    With include_settled=True every one is handed over, and comp.replay refuses the settled
+    ones (LetterSettled), the worker acknowledging them."""
+    resolved, replayed, _ = [
+        await _letter(broker, m) for m in ("late-resolved", "late-replayed", "late-open")
+    ]
+    await resolve(broker, resolved, "refunded by hand", by="operator")
+    await replay(broker, replayed)
+    await watcher.event("replayed", message_id="late-replayed")
+    handed: list[str] = []
+
+    async def replay_everything(letter: DeadLetter, comp: Compensation) -> None:
+        handed.append(letter.message_id)
+        await comp.replay(letter)
+
+    with capture_logs() as logs:
+        async with CompensationWorker("late", replay_everything).running(broker=broker):
+            await watcher.event("replayed", message_id="late-open")
+            await _drained(broker, "late")
+    assert handed == ["late-open"]
+    skipped = {x["message_id"]: x for x in logs if x["event"].startswith("dead letter skipped")}
+    assert skipped["late-resolved"]["state"] == "resolved"
+    assert skipped["late-resolved"]["by"] == "operator"
+    assert skipped["late-replayed"]["state"] == "replayed"
+    assert set(skipped) == {"late-resolved", "late-replayed"}
+    assert watcher.count("replayed", {"late-resolved"}) == 0
+    assert watcher.count("replayed", {"late-replayed"}) == 1  # the one by hand, no other
+    handed.clear()
+    with capture_logs() as logs:
+        worker = CompensationWorker("every", replay_everything, include_settled=True)
+        async with worker.running(broker=broker):
+            await _drained(broker, "every")
+    assert sorted(handed) == ["late-open", "late-replayed", "late-resolved"]
+    refused = [x for x in logs if x["event"].startswith("replay refused, the dead letter is")]
+    assert {x["message_id"] for x in refused} == set(handed)
+    assert watcher.count("replayed") == 2
+
+
+async def test_replay_refuses_a_settled_letter_unless_forced(broker, watcher):
+    """Replaying a letter replayed already raises LetterSettled naming the letter, its
+    state, who and when, publishing nothing; so does one resolved; forced, each is replayed,
+    and every forced replay of one letter records its own replayed event (the last one judges)."""
+    letter = await _letter(broker, "twice")
+    first = await replay(broker, letter, sender="ops-worker")
+    with pytest.raises(LetterSettled) as refused:
+        await replay(broker, letter)
+    error = refused.value
+    assert (error.message_id, error.state, error.by) == ("twice", "replayed", "ops-worker")
+    assert "twice (no_route, topic chores) not replayed: it is replayed already" in str(error)
+    assert ", by ops-worker at " in str(error)
+    assert f"(as {first.message_id})" in str(error)
+    intake = broker.names.task("chores", "ops-worker")
+    assert len(await read_stream(broker, broker.names.tasks_stream, intake)) == 1
+    await replay(broker, letter, force=True)
+    await replay(broker, letter, force=True)
+    await eventually(lambda: watcher.count("replayed", {"twice"}) == 3)
+    assert [e.event for e in await settling_of(broker, letter)] == ["replayed"]  # the last one
+    other = await _letter(broker, "closed")
+    await resolve(broker, other, "done", by="alice")
+    with pytest.raises(LetterSettled, match=r"it is resolved already, by alice at .*'done'"):
+        await replay(broker, other)
+    assert (await replay(broker, other, force=True)).replay_of == "closed"
