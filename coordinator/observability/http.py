@@ -30,7 +30,9 @@ READ_TIMEOUT_S = 10.0
 REASONS = {
     200: "OK",
     202: "Accepted",
+    303: "See Other",
     400: "Bad Request",
+    401: "Unauthorized",
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
