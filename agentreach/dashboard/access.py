@@ -102,8 +102,7 @@ def _cookies(request: Request, name: str) -> list[str]:
 
 def _unauthorized(*, given: bool) -> Response:
     why = (
-        "the token given is not this dashboard's (a restart makes a new one, unless it was"
-        " started with --access-token-file or REACH_DASHBOARD_TOKEN)"
+        "the token given is not this dashboard's (a restart makes a new one unless given one)"
         if given
         else "this dashboard needs its access token"
     )
