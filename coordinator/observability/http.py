@@ -109,6 +109,7 @@ class HttpServer:
         self._any_port_if_taken = any_port_if_taken
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     async def __aenter__(self) -> Self:
         try:
@@ -132,6 +133,7 @@ class HttpServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._closing = True
         if self._server is not None:
             self._server.close()
         for client in list(self._clients):  # open event streams end with the server
@@ -150,6 +152,9 @@ class HttpServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if self._closing:  # accepted as the server closed: its task started after the cancels
+            writer.close()
+            return
         self._clients.add(task)
         try:
             await self._answer(reader, writer)
