@@ -23,6 +23,14 @@ async def http_request(
 ) -> tuple[int, str]:
     """``(status, body)`` of one request with exactly the header lines ``head`` (plus its
     Content-Length when it has a body): a Host of its own choosing, or none, or two."""
+    status, _, text = await http_exchange(host, port, request_line, head, body)
+    return status, text
+
+
+async def http_exchange(
+    host: str, port: int, request_line: str, head: list[str], body: bytes = b""
+) -> tuple[int, dict[str, str], str]:
+    """:func:`http_request`, with the response's headers too (names in lower case)."""
     reader, writer = await asyncio.open_connection(host, port)
     length = [f"Content-Length: {len(body)}"] if body else []
     lines = [f"{request_line} HTTP/1.1", *head, *length, "", ""]
@@ -34,8 +42,10 @@ async def http_request(
         writer.close()
         with contextlib.suppress(Exception):
             await writer.wait_closed()
-    status, _, rest = raw.partition(b"\r\n\r\n")
-    return int(status.split()[1]), rest.decode()
+    top, _, rest = raw.partition(b"\r\n\r\n")
+    status, *lines = top.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines)}
+    return int(status.split()[1]), headers, rest.decode()
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

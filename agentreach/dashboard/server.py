@@ -3,11 +3,12 @@
 /api/dlq/<message_id>/replay``, ``/healthz`` and ``/readyz``.
 
 The page and this API are one process of their own (``reach dashboard``): any number may
-run, none holds what another needs. It listens on loopback and has no login, so replaying
-a dead letter needs the header ``X-Reach-Request: 1``: a page of another site cannot send
-a custom header without a CORS preflight, which this server never answers. Unless it is
-that site under a name that resolves here (DNS rebinding): so every request must also name
-this server in its ``Host`` (:mod:`.hosts`), or it is answered 421 and nothing else.
+run, none holds what another needs. Its defences, in the order they are checked: every
+request must name this server in its ``Host`` (:mod:`.hosts`: against DNS rebinding), or it
+is answered 421 and nothing else; every route but the probes asks for the access token
+(:mod:`.access`: against other processes on the host), or 401; and replaying a dead letter
+needs the header ``X-Reach-Request: 1``, which a page of another site cannot send without a
+CORS preflight that this server never answers, and an ``Origin``, if any, naming this server.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from agentreach.agents.compensation import replay
 from agentreach.agents.errors import LetterSettled, ReplayLimitReached
 from agentreach.broker import BrokerError, read_stream
 from agentreach.coordinator.observability.http import Request, Response, Streamed
+from agentreach.dashboard.access import Access
 from agentreach.dashboard.hosts import AllowedHosts
 from agentreach.dashboard.trace import trace_of
 from agentreach.dashboard.views import Board
@@ -36,20 +38,30 @@ SECTIONS = ("system", "agents", "dead_letters", "workflows", "alerts")
 
 
 class DashboardApp:
-    """The request handler of the dashboard; ``hosts``: the ``Host`` values it answers
-    (by default loopback names and the address a request came in on, with its port)."""
+    """The request handler of the dashboard. ``token``: the access token every request but
+    ``/healthz`` and ``/readyz`` must carry (None: none is asked, ``--no-token``); ``hosts``:
+    the ``Host`` values it answers (by default loopback names and the address a request came
+    in on, with its port)."""
 
     def __init__(
-        self, board: Board, *, tick_s: float = 1.0, hosts: AllowedHosts | None = None
+        self,
+        board: Board,
+        *,
+        token: str | None,
+        tick_s: float = 1.0,
+        hosts: AllowedHosts | None = None,
     ) -> None:
         self.board = board
         self._tick_s = tick_s
         self._hosts = hosts or AllowedHosts()
+        self._access = Access(token)
         self._page = resources.files("agentreach.dashboard").joinpath("index.html").read_bytes()
 
     async def __call__(self, request: Request) -> Response | Streamed:
         if (why := self._hosts.refusal(request)) is not None:
             return Response.error(421, why)
+        if (refused := self._access.refusal(request)) is not None:
+            return refused
         path = request.path
         if request.method == "POST" and path.startswith("/api/dlq/") and path.endswith("/replay"):
             return await self._replay(

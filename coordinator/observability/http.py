@@ -30,7 +30,9 @@ READ_TIMEOUT_S = 10.0
 REASONS = {
     200: "OK",
     202: "Accepted",
+    303: "See Other",
     400: "Bad Request",
+    401: "Unauthorized",
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
@@ -107,6 +109,7 @@ class HttpServer:
         self._any_port_if_taken = any_port_if_taken
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     async def __aenter__(self) -> Self:
         try:
@@ -130,6 +133,7 @@ class HttpServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self._closing = True
         if self._server is not None:
             self._server.close()
         for client in list(self._clients):  # open event streams end with the server
@@ -148,6 +152,9 @@ class HttpServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        if self._closing:  # accepted as the server closed: its task started after the cancels
+            writer.close()
+            return
         self._clients.add(task)
         try:
             await self._answer(reader, writer)

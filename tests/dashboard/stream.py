@@ -9,13 +9,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from agentreach.coordinator.observability import HttpServer
+from tests.dashboard.token import BEARER
 
 
 @contextlib.asynccontextmanager
 async def event_stream(server: HttpServer) -> AsyncIterator[EventStream]:
-    """``GET /api/events`` on ``server``, open for the block."""
+    """``GET /api/events`` on ``server`` with the tests' token, open for the block."""
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(f"GET /api/events HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode())
+    head = f"Host: 127.0.0.1:{server.port}\r\n{BEARER}\r\n"
+    writer.write(f"GET /api/events HTTP/1.1\r\n{head}\r\n".encode())
     await writer.drain()
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)

@@ -10,6 +10,7 @@ from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import Board, DashboardApp, History
 from agentreach.envelopes import now_ms
 from tests.dashboard.stream import event_stream
+from tests.dashboard.token import TOKEN
 from tests.e2e.routing_support import serving
 from tests.support import eventually
 
@@ -39,7 +40,7 @@ async def test_agents_are_sent_when_they_changed_not_as_their_heartbeats_age(bro
     async with (
         serving(broker, coordinator, idle("steady-1")),
         Board(broker, history) as board,
-        HttpServer(DashboardApp(board, tick_s=0.2)) as server,  # type: ignore[arg-type]
+        HttpServer(DashboardApp(board, token=TOKEN, tick_s=0.2)) as server,  # type: ignore[arg-type]
     ):
         await eventually(lambda: [a["state"] for a in board.snapshot()["agents"]] == ["ONLINE"])
         async with event_stream(server) as stream:

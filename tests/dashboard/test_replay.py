@@ -9,6 +9,7 @@ from agentreach.broker import Broker
 from agentreach.broker.lifecycle import dead_letter
 from agentreach.envelopes import ErrorInfo, Task
 from tests.dashboard.test_server import dashboard, send
+from tests.dashboard.token import BEARER
 from tests.support import Watcher
 
 
@@ -27,7 +28,7 @@ async def test_a_replay_body_must_be_sent_as_json(broker: Broker, watcher: Watch
             error=ErrorInfo(type="Boom", message="x", retryable=True),
         )
     async with dashboard(broker) as server:
-        ours = [f"Host: 127.0.0.1:{server.port}", "X-Reach-Request: 1", "Connection: close"]
+        ours = [f"Host: 127.0.0.1:{server.port}", "X-Reach-Request: 1", "Connection: close", BEARER]
         replay = ("POST", "/api/dlq/typed-1/replay")
         refused = {}
         for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
@@ -64,7 +65,7 @@ async def test_a_letter_replayed_three_times_is_replayed_only_when_forced(
         topic=task.topic,
     )
     async with dashboard(broker) as server:
-        ours = [f"Host: 127.0.0.1:{server.port}", "X-Reach-Request: 1", "Connection: close"]
+        ours = [f"Host: 127.0.0.1:{server.port}", "X-Reach-Request: 1", "Connection: close", BEARER]
         ours.append("Content-Type: application/json")
         replay = ("POST", "/api/dlq/often-1/replay")
         refused = await send(server, *replay, ours, b"{}")

@@ -8,6 +8,7 @@ import json
 from agentreach.agents import Agent, TaskContext
 from agentreach.coordinator import workflow as wf
 from tests.dashboard.test_server import dashboard, send
+from tests.dashboard.token import BEARER
 from tests.e2e.routing_support import fast, serving
 from tests.support import until_true
 
@@ -35,7 +36,7 @@ async def test_a_workflow_in_flight_counts_the_steps_of_its_definition(
             await watcher.event("accepted", topic="hold")
 
             async def in_flight() -> dict | None:
-                head = [f"Host: 127.0.0.1:{server.port}", "Connection: close"]
+                head = [f"Host: 127.0.0.1:{server.port}", "Connection: close", BEARER]
                 status, body = await send(server, "GET", "/api/snapshot", head)
                 assert status == 200, body
                 found = json.loads(body)["workflows"]["in_flight"]

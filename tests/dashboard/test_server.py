@@ -14,18 +14,21 @@ from agentreach.broker.lifecycle import dead_letter
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import AllowedHosts, Board, DashboardApp, History
 from agentreach.envelopes import ErrorInfo, Task
+from tests.dashboard.token import BEARER, TOKEN
 from tests.scrape import http_request
 from tests.support import Watcher
 
 
 @contextlib.asynccontextmanager
-async def dashboard(broker: Broker, *extra: str) -> AsyncIterator[HttpServer]:
+async def dashboard(
+    broker: Broker, *extra: str, token: str | None = TOKEN
+) -> AsyncIterator[HttpServer]:
+    """A dashboard answering the ``extra`` Host names too, asking for ``token``."""
     history = History(step_s=1, window_s=60, period_s=30)
-    async with (
-        Board(broker, history, version="test") as board,
-        HttpServer(DashboardApp(board, hosts=AllowedHosts(extra))) as server,  # type: ignore[arg-type]
-    ):
-        yield server
+    async with Board(broker, history, version="test") as board:
+        app = DashboardApp(board, token=token, hosts=AllowedHosts(extra))
+        async with HttpServer(app) as server:  # type: ignore[arg-type]
+            yield server
 
 
 async def send(
@@ -41,7 +44,8 @@ async def test_a_foreign_host_is_refused_on_every_route_and_replays_nothing(
 ):
     """Host and Origin of another site (the reviewer's rebinding request): 421 on the page,
     the snapshot, the events, a trace, health, and a replay that would otherwise be taken
-    (the same request naming 127.0.0.1 is: 202), with a body that says how to allow a name."""
+    (the same request naming 127.0.0.1 is: 202), with a body that says how to allow a name;
+    the Host is judged first, with the token or without it."""
     task = Task(v=1, message_id="rebind-1", trace_id="rebind-1", topic="work")
     error = ErrorInfo(type="Boom", message="x", retryable=True)
     await dead_letter(
@@ -64,14 +68,15 @@ async def test_a_foreign_host_is_refused_on_every_route_and_replays_nothing(
             ("GET", "/healthz"),
             replay,
         ):
-            head = [f"Host: {evil}", f"Origin: http://{evil}", "X-Reach-Request: 1"]
-            status, body = await send(server, method, path, head, b"{}")
-            assert status == 421, (path, body)
-            error_text = json.loads(body)["error"]
-            assert repr(evil) in error_text and "--allow-host NAME" in error_text
-            assert f"127.0.0.1:{server.port}" in error_text
+            for token in ([BEARER], []):
+                head = [f"Host: {evil}", f"Origin: http://{evil}", "X-Reach-Request: 1", *token]
+                status, body = await send(server, method, path, head, b"{}")
+                assert status == 421, (path, body)
+                error_text = json.loads(body)["error"]
+                assert repr(evil) in error_text and "--allow-host NAME" in error_text
+                assert f"127.0.0.1:{server.port}" in error_text
         ours = f"127.0.0.1:{server.port}"
-        head = [f"Host: {ours}", f"Origin: http://{ours}", "X-Reach-Request: 1"]
+        head = [f"Host: {ours}", f"Origin: http://{ours}", "X-Reach-Request: 1", BEARER]
         head.append("Content-Type: application/json")
         status, body = await send(server, *replay, head, b"{}")
         assert status == 202, body
@@ -110,7 +115,7 @@ async def test_loopback_the_served_address_and_allowed_names_are_answered(
     else, a missing Host neither."""
     async with dashboard(broker, "dash.example.com", "box:8443") as server:
         head = [f"Host: {host.format(port=server.port)}"] if host else []
-        got, body = await send(server, "GET", "/api/snapshot", head)
+        got, body = await send(server, "GET", "/api/snapshot", [*head, BEARER])
     assert got == status, body
 
 

@@ -20,6 +20,7 @@ from agentreach.envelopes import now_ms
 from tests.conftest import FAST
 from tests.dashboard.stream import event_stream
 from tests.dashboard.test_server import send
+from tests.dashboard.token import BEARER, TOKEN
 from tests.secured import SECURED
 
 own_server = pytest.mark.skipif(
@@ -56,7 +57,7 @@ async def killable(
 
 
 async def snapshot(server: HttpServer) -> dict:
-    head = [f"Host: 127.0.0.1:{server.port}", "Connection: close"]
+    head = [f"Host: 127.0.0.1:{server.port}", "Connection: close", BEARER]
     status, body = await send(server, "GET", "/api/snapshot", head)
     assert status == 200, body
     return json.loads(body)
@@ -71,7 +72,7 @@ async def test_a_lost_nats_is_said_in_the_snapshot_and_the_stream(tmp_path: Path
     async with (
         killable(tmp_path) as (nats, broker),
         Board(broker, history, version="test") as board,
-        HttpServer(DashboardApp(board, tick_s=0.2)) as server,  # type: ignore[arg-type]
+        HttpServer(DashboardApp(board, token=TOKEN, tick_s=0.2)) as server,  # type: ignore[arg-type]
         event_stream(server) as stream,
     ):
         live = (await snapshot(server))["system"]

@@ -20,6 +20,7 @@ from agentreach.examples.echo import agent as echo_agent
 from agentreach.examples.failing import agent as failing_agent
 from agentreach.examples.summarize import agent as summarizer
 from tests.dashboard.test_staleness import killable, own_server
+from tests.dashboard.token import TOKEN, login_url
 from tests.e2e.browser import FIVE, Browser, chromium
 from tests.scrape import http_get
 
@@ -95,22 +96,23 @@ async def test_the_dashboard_shows_a_running_system_live(broker, coordinator, wa
         history = History(step_s=1, window_s=120, period_s=30)
         async with (
             Board(broker, history, version="test") as board,
-            HttpServer(DashboardApp(board, tick_s=0.25)) as server,  # type: ignore[arg-type]
+            HttpServer(DashboardApp(board, token=TOKEN, tick_s=0.25)) as server,  # type: ignore[arg-type]
         ):
             shot = _artifacts() / "dashboard.png"
-            url = f"{server.url}#trace={done[0][0]}"
+            url = f"{login_url(server)}#trace={done[0][0]}"
 
-            def look() -> dict:
+            def look() -> tuple[dict, str]:
                 with Browser(executable, 1400, 1100) as browser:
                     session = browser.open(url)
                     facts = browser.wait_for(session, _live, timeout=40)
                     browser.screenshot(session, shot)
-                    return facts
+                    return facts, browser.evaluate(session, "location.href")
 
-            facts = await asyncio.to_thread(look)
+            facts, shown_at = await asyncio.to_thread(look)
             print(f"\ndashboard screenshot: {shot}")
             assert _live(facts), facts
             assert facts["traceId"] == done[0][1]
+            assert shown_at == f"{server.url}#trace={done[0][0]}"  # the token is out of the URL
             assert facts["metrics"]["isolated_agents"]["state"] == "firing"
             assert facts["letters"] >= 3 and facts["replayButtons"] >= 3
             # counted on by the page from each heartbeat's seen_ms
@@ -118,13 +120,14 @@ async def test_the_dashboard_shows_a_running_system_live(broker, coordinator, wa
             assert shot.stat().st_size > 10_000
 
             letter = f"{server.url}api/dlq/{failed[0][0]}/replay"
-            refused, body = await _post(letter, b"{}", {})
+            bearer = {"Authorization": f"Bearer {TOKEN}"}
+            refused, body = await _post(letter, b"{}", bearer)
             assert refused == 403 and "X-Reach-Request" in body["error"]
-            accepted, body = await _post(letter, b"{}", {"X-Reach-Request": "1"})
+            accepted, body = await _post(letter, b"{}", {"X-Reach-Request": "1", **bearer})
             assert accepted == 202 and body["replay_of"] == failed[0][0]
             replayed = await watcher.event("replayed", message_id=failed[0][0])
             assert replayed.detail["replayed_as"] == body["message_id"]
-            status, text = await http_get(f"{server.url}api/trace/nothing-here")
+            status, text = await http_get(f"{server.url}api/trace/nothing-here", headers=bearer)
             assert status == 404 and "no events" in text
             terminal = render(board.snapshot())
     assert "Success rate" in terminal and "failing-1" in terminal and "ISOLATED" in terminal
@@ -141,7 +144,7 @@ async def test_the_page_says_it_is_not_live_when_the_dashboard_lost_nats(tmp_pat
     async with (
         killable(tmp_path, coordinator=False) as (nats, broker),
         Board(broker, history, version="test") as board,
-        HttpServer(DashboardApp(board, tick_s=0.25)) as server,  # type: ignore[arg-type]
+        HttpServer(DashboardApp(board, token=TOKEN, tick_s=0.25)) as server,  # type: ignore[arg-type]
     ):
         shot = _artifacts() / "dashboard-stale.png"
 
@@ -150,8 +153,11 @@ async def test_the_page_says_it_is_not_live_when_the_dashboard_lost_nats(tmp_pat
 
         def look() -> tuple[dict, dict, dict]:
             with Browser(executable, 1400, 900) as browser:
-                session = browser.open(server.url)
-                live = browser.wait_for(session, lambda f: f.get("live") == "live", timeout=20)
+                session = browser.open(login_url(server))
+                # "live" comes with the stream's opening, the snapshot just after it
+                live = browser.wait_for(
+                    session, lambda f: f.get("live") == "live" and f.get("snapshotAt"), timeout=20
+                )
                 on_loop(nats.kill())
                 stale = browser.wait_for(session, lambda f: f.get("live") == "stale", timeout=20)
                 browser.screenshot(session, shot)

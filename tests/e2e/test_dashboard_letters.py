@@ -10,6 +10,7 @@ from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import Board, DashboardApp, History
 from agentreach.envelopes import DeadLetter, ErrorInfo, Task, WorkflowStep, encode
 from tests.cli.conftest import reach_argv, run
+from tests.dashboard.token import TOKEN, login_url
 from tests.e2e.browser import Browser
 from tests.e2e.test_dashboard import _browser
 
@@ -52,13 +53,13 @@ async def test_the_letters_panel_shows_each_state_as_dlq_list_does_and_only_open
     history = History(step_s=1, window_s=120, period_s=30)
     async with (
         Board(broker, history, version="test") as board,
-        HttpServer(DashboardApp(board, tick_s=0.25)) as server,  # type: ignore[arg-type]
+        HttpServer(DashboardApp(board, token=TOKEN, tick_s=0.25)) as server,  # type: ignore[arg-type]
     ):
         await board.history_read.wait()  # the replayed and resolved events are folded
 
         def look() -> tuple[dict, dict]:
             with Browser(executable, 1400, 1000) as browser:
-                session = browser.open(server.url)
+                session = browser.open(login_url(server))
                 every = browser.wait_for(session, lambda f: len(f.get("letterStates", {})) == 4)
                 browser.evaluate(session, 'document.getElementById("dlq-open-only").click()')
                 only = browser.wait_for(session, lambda f: len(f.get("letterStates", {})) == 1)

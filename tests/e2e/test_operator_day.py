@@ -105,7 +105,7 @@ async def test_an_operator_sees_the_alert_fire_and_watches_it(tmp_path):
                 "0",
                 "--step-s",
                 "1",
-                wait_for=r"dashboard on (http://\S+/)",
+                wait_for=r"dashboard on (http://\S+/\?token=\S+)",  # the URL to open
                 cwd=tmp_path,
             ) as dashboard,
             prometheus(metrics, tmp_path) as prom,
