@@ -95,7 +95,7 @@ async def test_a_settled_letter_is_replayed_only_when_forced(broker: Broker, wat
     await replay(broker, letters["settled-1"])
     await resolve(broker, letters["settled-2"], "paid back", by="alice")
     async with dashboard(broker) as server:
-        ours = [f"Host: 127.0.0.1:{server.port}", "X-Reach-Request: 1", "Connection: close"]
+        ours = [f"Host: 127.0.0.1:{server.port}", "X-Reach-Request: 1", "Connection: close", BEARER]
         ours.append("Content-Type: application/json")
         answers = {}
         for message_id in letters:
