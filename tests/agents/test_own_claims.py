@@ -7,10 +7,13 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import msgspec
 from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import Agent, TaskContext
+from agentreach.agents.claims import Claims
+from agentreach.broker import BrokerTimeout
 from agentreach.envelopes import now_ms
 from tests.support import eventually, recorded
 
@@ -60,6 +63,38 @@ async def test_its_own_lost_claim_is_taken_over_at_once_not_after_the_lease(brok
     said = [e["event"] for e in logs]
     assert HOLDS not in said
     assert "taking over this process's own claim: its write's answer was lost" in said
+
+
+async def test_a_claim_whose_answer_was_lost_runs_on_its_redelivery_at_once(
+    broker, watcher, monkeypatch
+):
+    """The chain seen after a server restart: the claim is written but its answer lost, so
+    the delivery gives up (handed back); its redelivery finds the claim and runs at once, not
+    after the lease (30 s here), and the handler runs once."""
+    runs, gate = Counter[str](), asyncio.Event()
+    gate.set()
+    agent = gated_agent(runs, gate)
+    claim, lost = Claims.claim, []
+
+    async def answer_lost(self: Claims, task: envelopes.Task, *args, **kwargs):  # type: ignore[no-untyped-def]
+        claimed = await claim(self, task, *args, **kwargs)
+        if not lost:
+            lost.append(claimed)
+            raise BrokerTimeout("the server restarted before it answered")
+        return claimed
+
+    monkeypatch.setattr(Claims, "claim", answer_lost)
+    async with agent.running(broker=broker):
+        with capture_logs() as logs:
+            subject = broker.names.dispatch(agent.agent_id, "P1")
+            task = msgspec.structs.replace(a_task("lost-2", agent), ttl_ms=30_000)
+            await broker.publish(subject, envelopes.encode(task))
+            completed = await watcher.event("completed", message_id="lost-2", timeout=10)
+    assert completed.detail["result"] == {"n": 1}
+    assert runs["lost-2"] == 1 and len(lost) == 1
+    said = [e["event"] for e in logs]
+    assert said.count("could not report task outcome, will see it again") == 1
+    assert HOLDS not in said
 
 
 async def test_two_deliveries_in_hand_at_once_still_wait_for_each_other(broker, watcher):
