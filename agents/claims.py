@@ -6,15 +6,16 @@ deliveries of one message to it (a redelivery, a republish) cannot both run it; 
 agents the coordinator reads every agent's record of a message before dispatching it
 again. A claim is a lease: if its holder dies, the message runs again once the lease has
 passed; a lease held by an earlier process of the same agent (a lower epoch) is taken
-over at once.
+over at once, and so is one of this very process that no delivery of the message in hand
+holds (a claim whose write landed though its answer was lost, in a server restart).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ log = get_logger("agents.claims")
 RECORD_TRIES = 6  # about 8 s of broker trouble before the delivery is handed back
 RECORD_BACKOFF_S = 0.25
 KEPT = 10_000  # outcomes waiting to be recorded, at most
+BUSY_POLL_S = 0.5  # how often a delivery that waits for another one claims again
 
 
 @dataclass(slots=True)
@@ -96,11 +98,53 @@ class Claims:
         # Outcomes not yet recorded (the broker failing): a redelivery answers from these
         # instead of running the handler a second time.
         self._unrecorded: OrderedDict[str, Outcome] = OrderedDict()
+        # The deliveries of each message being claimed or run in this process now. A
+        # `running` record of this process that none of them holds is a claim whose write
+        # landed though its answer was lost (the server restarting): its delivery gave up,
+        # and its redelivery would otherwise wait out the lease as if another one ran it.
+        self._in_hand: Counter[str] = Counter()
 
     @property
     def epoch(self) -> int:
         """This process's epoch: its registration number for the agent id."""
         return self._epoch
+
+    @contextlib.contextmanager
+    def in_hand(self, message_id: str) -> Iterator[None]:
+        """Around claiming and running a delivery of ``message_id`` (entered before the claim
+        is tried): while another delivery of it is in hand, its claim is waited for."""
+        self._in_hand[message_id] += 1
+        try:
+            yield
+        finally:
+            self._in_hand[message_id] -= 1
+            if not self._in_hand[message_id]:
+                del self._in_hand[message_id]
+
+    async def claim_when_free(
+        self,
+        task: Task,
+        lease_ms: int,
+        *,
+        still_working: Callable[[], Awaitable[None]],
+        first: bool = False,
+        seal: str | None = None,
+    ) -> Claimed | AlreadyDone | Expired:
+        """:meth:`claim`, waiting here while another delivery holds the message (said once
+        per wait), and calling ``still_working`` meanwhile. The wait is not a redelivery:
+        a duplicate that came back through nak would count towards max_deliver and could
+        dead-letter a message that completes."""
+        waited = False
+        while True:
+            claim = await self.claim(task, lease_ms, first=first, seal=seal)
+            first = False
+            if not isinstance(claim, Busy):
+                return claim
+            if not waited:
+                log.info("another delivery holds this message", retry_in_s=claim.retry_in_s)
+                waited = True
+            await still_working()
+            await asyncio.sleep(min(claim.retry_in_s, BUSY_POLL_S))
 
     async def claim(
         self, task: Task, lease_ms: int, *, first: bool = False, seal: str | None = None
@@ -218,7 +262,19 @@ class Claims:
         outlived = held.agent_id == self._agent_id and held.epoch < self._epoch
         if outlived or held.lease_until_ms <= now_ms():
             return mine  # its holder is gone: an earlier process of ours, or a lapsed lease
+        if self._lost_write(held, mine.message_id):
+            log.info("taking over this process's own claim: its write's answer was lost")
+            return mine
         return None
+
+    def _lost_write(self, held: Execution, message_id: str) -> bool:
+        """Whether ``held`` is a claim of this very process that no delivery in hand holds
+        (the one claiming is in hand itself), nor an outcome waiting to be recorded."""
+        return (
+            (held.agent_id, held.epoch) == (self._agent_id, self._epoch)
+            and self._in_hand[message_id] <= 1
+            and message_id not in self._unrecorded
+        )
 
     async def _write(self, task: Task, outcome: Outcome) -> bool:
         seal = outcome.claim.seal

@@ -260,13 +260,12 @@ class ReachClient:
             headers=headers,
             traceparent=traceparent,
         )
+        # Made before the box is subscribed: a reconnect from then on may lose a reply.
+        ending = Ending(self.broker, functools.partial(self._own_status, task.message_id))
         self._waiting.add(replies)
         try:
             async with await listen(self.broker, box.wildcard, box.collect):
                 if await self.submit(task):
-                    ending = Ending(
-                        self.broker, functools.partial(self._own_status, task.message_id)
-                    )
                     try:
                         result = await wait_for_result(task, replies, on_ack, on_progress, ending)
                     except NotAcknowledged as exc:

@@ -18,7 +18,7 @@ import msgspec
 import structlog
 
 from agentreach import envelopes
-from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Expired, Outcome
+from agentreach.agents.claims import AlreadyDone, Claimed, Claims, Expired, Outcome
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.handlers import call, error_info, sendable
@@ -58,8 +58,6 @@ if TYPE_CHECKING:
     from agentreach.agents.agent import Agent, HandlerSpec
 
 log = get_logger("agents")
-
-BUSY_POLL_S = 0.5
 
 
 class _Elsewhere(enum.Enum):
@@ -159,16 +157,17 @@ class Executor:
         # acknowledges, then answers with the stored result.
         accepting = asyncio.create_task(self._accept(job))
         try:
-            try:
-                ran = await self._claim_and_run(job, spec)
-            finally:
-                self._room.leave(task)
-            if isinstance(ran, Outcome):
-                # Kept at once, before anything else is awaited: a redelivery that comes
-                # meanwhile (the accepted event stuck in an election) answers from it.
-                await self._conclude(job, ran)
-                return None
-            return ran
+            with self._claims.in_hand(task.message_id):  # until its outcome is recorded
+                try:
+                    ran = await self._claim_and_run(job, spec)
+                finally:
+                    self._room.leave(task)
+                if isinstance(ran, Outcome):
+                    # Kept at once, before anything else is awaited: a redelivery that comes
+                    # meanwhile (the accepted event stuck in an election) answers from it.
+                    await self._conclude(job, ran)
+                    return None
+                return ran
         finally:
             await _published(accepting, "accepted")
 
@@ -186,7 +185,13 @@ class Executor:
         already (its stored result is sent again), ELSEWHERE when another delivery runs it."""
         task = job.task
         window_ms = min(spec.deadline_ms or task.budget.execute_ms, task.budget.execute_ms)
-        claim = await self._claim(job, lease_ms=window_ms + LEASE_GRACE_MS)
+        claim = await self._claims.claim_when_free(
+            task,
+            window_ms + LEASE_GRACE_MS,
+            still_working=job.delivery.in_progress,
+            first=task.attempt == 1 and job.delivery.num_delivered == 1,
+            seal=job.seal,
+        )
         if isinstance(claim, AlreadyDone):
             log.info("already executed; sending the stored result again")
             record = claim.record
@@ -281,24 +286,6 @@ class Executor:
             await self._say(job, "late_result_rejected")
             return
         await self._complete(job, outcome.result, outcome.duration_ms, ref=outcome.result_ref)
-
-    async def _claim(self, job: Job, *, lease_ms: int) -> Claimed | AlreadyDone | Expired:
-        """Claim the message, waiting here while another delivery holds it.
-
-        The wait is not a redelivery: a duplicate that came back through nak would
-        count towards max_deliver and could dead-letter a message that completes.
-        """
-        first = job.task.attempt == 1 and job.delivery.num_delivered == 1
-        while True:
-            claim = await self._claims.claim(
-                job.task, lease_ms=lease_ms, first=first, seal=job.seal
-            )
-            first = False
-            if not isinstance(claim, Busy):
-                return claim
-            log.info("another delivery holds this message", retry_in_s=claim.retry_in_s)
-            await job.delivery.in_progress()
-            await asyncio.sleep(min(claim.retry_in_s, BUSY_POLL_S))
 
     async def _submit(self, task: Task) -> None:
         """A sub-task this agent sends, as itself."""

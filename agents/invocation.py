@@ -31,7 +31,7 @@ from agentreach.envelopes import (
     Task,
 )
 
-RECHECK_S = 1.0  # after a reconnect, how often the events are read for a lost reply
+RECHECK_S = 1.0  # how often a wait looks for a reconnect, and then reads the events
 VERDICT_GRACE_S = 1.0  # past the execute deadline, for the coordinator's verdict to arrive
 OnAck = Callable[[Ack], Awaitable[None] | None]
 OnProgress = Callable[[Progress], Awaitable[None] | None]
@@ -82,12 +82,16 @@ async def wait_for_result(
     done_by: float | None = None
     while True:
         deadline = done_by if done_by is not None else ack_by
-        look_at = min(deadline, loop.time() + RECHECK_S) if ending.polled() else deadline
+        # Woken every second, not only at the deadline: a reconnect during a wait (which may
+        # last the whole ttl) must start the reads of the events within a second of it.
+        look_at = min(deadline, loop.time() + RECHECK_S)
         try:
             # A deadline on the wait itself: wait_for would make a task of every get.
             async with asyncio.timeout_at(look_at):
                 message = await replies.get()
         except TimeoutError:
+            if loop.time() < deadline and not ending.polled():
+                continue  # no reconnect, no reply known lost: the replies still tell it all
             ended, accepted = await ending.read()
             if ended is not None:
                 return outcome_of(ended, ids, ran=accepted or done_by is not None)

@@ -3,7 +3,13 @@ and is judged as any other when a record was there after all."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from agentreach.agents import claims as claims_module
 from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
+from agentreach.broker import BrokerError, Bucket
 from agentreach.envelopes import Execution, Task, new_id
 
 
@@ -39,9 +45,56 @@ async def test_a_first_delivery_of_a_message_that_ran_gets_its_result(broker):
 
 
 async def test_a_first_delivery_of_a_message_running_elsewhere_is_busy(broker):
-    """The same process holds a live lease (another delivery runs it): busy, not taken."""
+    """The same process holds a live lease (another delivery in hand runs it): busy, not
+    taken."""
     claims, same = await claims_of(broker), task()
-    assert isinstance(await claims.claim(same, lease_ms=5_000), Claimed)
-    assert isinstance(await claims.claim(same, lease_ms=5_000, first=True), Busy)
+    with claims.in_hand(same.message_id):
+        assert isinstance(await claims.claim(same, lease_ms=5_000), Claimed)
+        with claims.in_hand(same.message_id):
+            assert isinstance(await claims.claim(same, lease_ms=5_000, first=True), Busy)
     later = await claims_of(broker, epoch=2)  # a restarted process takes its own over at once
     assert isinstance(await later.claim(same, lease_ms=5_000, first=True), Claimed)
+
+
+async def test_a_claim_of_this_process_no_delivery_in_hand_holds_is_taken_over(broker):
+    """The claim's write landed but its delivery gave up (the answer was lost): the next
+    delivery takes it over at once. Another process of the agent (a higher epoch) is waited
+    for, as is an outcome of this process still to be recorded."""
+    claims, same = await claims_of(broker), task()
+    with claims.in_hand(same.message_id):
+        lost = await claims.claim(same, lease_ms=60_000)
+    assert isinstance(lost, Claimed)
+    with claims.in_hand(same.message_id):
+        again = await claims.claim(same, lease_ms=60_000)
+    assert isinstance(again, Claimed) and again.revision > lost.revision
+    earlier = await claims_of(broker, epoch=0)  # the record is a later process's
+    with earlier.in_hand(same.message_id):
+        assert isinstance(await earlier.claim(same, lease_ms=5_000), Busy)
+
+
+async def test_an_outcome_waiting_to_be_recorded_holds_the_claim(broker, monkeypatch):
+    """A run's outcome that could not be recorded yet keeps its claim from being taken over:
+    the redelivery answers from the outcome, it does not run the message again."""
+    monkeypatch.setattr(claims_module, "RECORD_TRIES", 1)
+    bucket = await broker.bucket(broker.names.executions_bucket, Execution)
+    claims, same = Claims(_FailingUpdates(bucket), "claimer", 1), task()
+    claim = await claims.claim(same, lease_ms=60_000)
+    assert isinstance(claim, Claimed)
+    with pytest.raises(BrokerError):
+        await claims.record(same, Outcome(claim, result=1), still_working=still_working)
+    assert claims.unrecorded(same.message_id) is not None
+    with claims.in_hand(same.message_id):
+        assert isinstance(await claims.claim(same, lease_ms=60_000), Busy)
+
+
+class _FailingUpdates:
+    """The bucket, except that writing an outcome fails (the server restarting)."""
+
+    def __init__(self, bucket: Bucket[Execution]) -> None:
+        self._bucket = bucket
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bucket, name)
+
+    async def update(self, *args: Any, **kwargs: Any) -> int:
+        raise BrokerError("the server is restarting")

@@ -11,7 +11,7 @@ import pytest
 from agentreach.agents import Rejected, TaskFailed
 from agentreach.agents.invocation import Ending, outcome_of, wait_for_result
 from agentreach.broker.endings import Ended, ending_of
-from agentreach.envelopes import Ack, ErrorInfo, ErrorReply, Event, Task
+from agentreach.envelopes import Ack, Budget, ErrorInfo, ErrorReply, Event, Task
 
 EXPIRED = ErrorInfo(type="expired", message="the ttl passed", retryable=False)
 IDS = {"message_id": "wf-1", "trace_id": "wf-1"}
@@ -58,3 +58,45 @@ def test_an_ending_read_from_events_keeps_what_it_says_of_ran() -> None:
     assert type(raised.value) is TaskFailed
     with pytest.raises(Rejected):
         outcome_of(Ended(error=EXPIRED, reason="expired"), IDS, ran=False)
+
+
+SLOW = Task(
+    v=1,
+    message_id="slow-1",
+    trace_id="slow-1",
+    topic="slow",
+    ttl_ms=120_000,
+    budget=Budget(ack_ms=30_000, execute_ms=60_000),
+)
+
+
+class _Reconnecting:
+    reconnects = 0
+
+
+@pytest.mark.parametrize("acked", [True, False], ids=["acked", "ack-lost-too"])
+async def test_a_reconnect_mid_wait_reads_the_end_within_seconds_not_at_the_deadline(
+    acked: bool,
+) -> None:
+    """The result reply was lost while the connection was down: a reconnect during the wait
+    starts the reads of the events within a second, and their `completed` is the answer
+    (it came only at the ttl, 120 s, or at the ack deadline, 30 s)."""
+    broker = _Reconnecting()
+    about = {"v": 1, "message_id": "slow-1", "trace_id": "slow-1", "topic": "slow"}
+    completed = Event(**about, event="completed", detail={"result": {"n": 8}})
+    accepted = Event(**about, event="accepted")
+
+    async def events() -> list[Event]:
+        return [accepted, completed] if broker.reconnects else []
+
+    queue: asyncio.Queue = asyncio.Queue()
+    if acked:
+        queue.put_nowait(Ack(**about))
+    ending = Ending(broker, events)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.3, setattr, broker, "reconnects", 1)  # the server came back
+    started = loop.time()
+    async with asyncio.timeout(10):
+        result = await wait_for_result(SLOW, queue, None, None, ending)
+    assert result == ({"n": 8}, None)
+    assert loop.time() - started < 2.5

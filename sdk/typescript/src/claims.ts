@@ -6,7 +6,9 @@
  * message to this agent (a redelivery, a republish) cannot both run it; across agents
  * the coordinator reads every agent's record before dispatching again. A claim is a
  * lease: when its holder dies, the message runs again once the lease has passed; a
- * lease held by an earlier process of the same agent (a lower epoch) is taken over at once.
+ * lease held by an earlier process of the same agent (a lower epoch) is taken over at once,
+ * and so is one of this very process that no delivery of the message in hand holds (a claim
+ * whose write landed though its answer was lost, in a server restart).
  */
 
 import type { KV } from "nats";
@@ -20,6 +22,7 @@ import type { ErrorInfo, Execution, PayloadRef, Task } from "./types.js";
 const RECORD_TRIES = 6; // about 8 s of broker trouble before the delivery is handed back
 const RECORD_BACKOFF_MS = 250;
 const KEPT = 10_000; // outcomes waiting to be recorded, at most
+const BUSY_POLL_MS = 500; // how often a delivery that waits for another one claims again
 
 /** This delivery runs the message; `revision` guards the record's next write. */
 export class Claimed {
@@ -76,6 +79,11 @@ export class Claims {
   // Outcomes not yet recorded (the broker failing): a redelivery answers from these
   // instead of running the handler a second time.
   private readonly unrecordedOutcomes = new Map<string, Outcome>();
+  // The deliveries of each message being claimed or run in this process now. A `running`
+  // record of this process that none of them holds is a claim whose write landed though its
+  // answer was lost (the server restarting): its delivery gave up, and its redelivery would
+  // otherwise wait out the lease as if another one ran it.
+  private readonly inHand = new Map<string, number>();
 
   constructor(
     private readonly kv: KV,
@@ -84,6 +92,37 @@ export class Claims {
     readonly epoch: number,
     private readonly log: Logger,
   ) {}
+
+  /**
+   * Run `work` with a delivery of `messageId` in hand (entered before its claim is tried):
+   * while another delivery of it is in hand, its claim is waited for.
+   */
+  async holding<T>(messageId: string, work: () => Promise<T>): Promise<T> {
+    this.inHand.set(messageId, (this.inHand.get(messageId) ?? 0) + 1);
+    try {
+      return await work();
+    } finally {
+      const left = (this.inHand.get(messageId) ?? 1) - 1;
+      if (left > 0) this.inHand.set(messageId, left);
+      else this.inHand.delete(messageId);
+    }
+  }
+
+  /**
+   * `claim`, waiting while another delivery holds the message (said once per wait), and
+   * calling `stillWorking` meanwhile. The wait is not a redelivery: a duplicate that came
+   * back through nak would count towards max_deliver and could dead-letter a message that
+   * completes.
+   */
+  async claimWhenFree(task: Task, leaseMs: number, seal: string | null, stillWorking: () => void): Promise<Exclude<Claim, Busy>> {
+    for (let waited = false; ; waited = true) {
+      const claim = await this.claim(task, leaseMs, seal);
+      if (claim.kind !== "busy") return claim;
+      if (!waited) this.log.info("another delivery holds this message", { message_id: task.message_id, retry_in_ms: claim.retryInMs });
+      stillWorking();
+      await sleep(Math.min(claim.retryInMs, BUSY_POLL_MS));
+    }
+  }
 
   /**
    * Take the right to run `task`, unless it ran already or runs elsewhere. `seal`: the
@@ -192,7 +231,8 @@ export class Claims {
     if (current !== null && isExpiryFence(current, task.attempt)) return { kind: "expired", record: current };
     if (current?.state === "running" && !this.outlived(current)) {
       const leftMs = current.lease_until_ms - nowMs();
-      if (leftMs > 0) return { kind: "busy", retryInMs: leftMs };
+      if (leftMs > 0 && !this.lostWrite(current, task.message_id)) return { kind: "busy", retryInMs: leftMs };
+      if (leftMs > 0) this.log.info("taking over this process's own claim: its write's answer was lost", { message_id: task.message_id });
     }
     try {
       const revision = await this.kv.update(this.key(task), encode(record), entry.revision);
@@ -220,6 +260,19 @@ export class Claims {
   /** The holder was an earlier process of this agent: it is gone, its lease with it. */
   private outlived(record: Execution): boolean {
     return record.agent_id === this.agentId && record.epoch < this.epoch;
+  }
+
+  /**
+   * A claim of this very process that no delivery in hand holds (the one claiming is in hand
+   * itself), nor an outcome waiting to be recorded.
+   */
+  private lostWrite(record: Execution, messageId: string): boolean {
+    return (
+      record.agent_id === this.agentId &&
+      record.epoch === this.epoch &&
+      (this.inHand.get(messageId) ?? 0) <= 1 &&
+      !this.unrecordedOutcomes.has(messageId)
+    );
   }
 
   private recordOf(task: Task, state: Execution["state"], fields: Partial<Execution>): Execution {

@@ -221,6 +221,8 @@ export class ReachClient {
       budget,
     });
     if (options.signal?.aborted) throw aborted(task, options.signal);
+    // Made before the box is subscribed: a reconnect from then on may lose a reply.
+    const ending = new Ending(this.conn, this.traces, task.message_id);
     const box = new ReplyBox(boxSubject, task.message_id, this.log);
     // Subscribed before the task is published: the routed notice can come within a millisecond.
     const sub: Subscription = this.conn.nc.subscribe(box.wildcard, {
@@ -232,7 +234,6 @@ export class ReachClient {
     try {
       let outcome: Outcome;
       if (await this.submit(task)) {
-        const ending = new Ending(this.conn, this.traces, task.message_id);
         try {
           outcome = await waitForResult(task, box, ending, options);
         } catch (err) {

@@ -13,7 +13,7 @@ import { fromHeaders, isBrokerError, quietly } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { TaskContext } from "./context.js";
 import { DecodeError } from "./errors.js";
-import type { Claim, Claimed, Claims, Outcome } from "./claims.js";
+import type { Claimed, Claims, Outcome } from "./claims.js";
 import { PayloadUnavailable } from "./claimcheck.js";
 import type { ClaimCheck } from "./claimcheck.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
@@ -22,10 +22,8 @@ import { about, emit, eventFor, reply, reportedRaw } from "./lifecycle.js";
 import type { Logger } from "./log.js";
 import { Latencies } from "./slots.js";
 import type { Room } from "./slots.js";
-import { sleep } from "./timing.js";
 import type { ErrorInfo, PayloadRef, Result, Task } from "./types.js";
 
-const BUSY_POLL_MS = 500;
 /** The coordinator's proof, on a dispatch, that the attempt was given to this agent. */
 const GRANT_HEADER = "Reach-Grant";
 const SEAL_HEADER = "Reach-Seal"; // copied into this agent's execution record of the attempt
@@ -147,7 +145,8 @@ export class Executor {
       inside = false;
     };
     try {
-      return await this.executeInside(msg, task, spec, dispatchedMs, leave);
+      // In hand from before its claim until its outcome is recorded.
+      return await this.records.holding(task.message_id, () => this.executeInside(msg, task, spec, dispatchedMs, leave));
     } finally {
       leave();
     }
@@ -177,7 +176,7 @@ export class Executor {
     // Acknowledging while claiming saves a round trip; a duplicate that turns out
     // to be done already acknowledges, then answers with the stored result.
     const [claim] = await Promise.all([
-      this.claim(msg, task, windowMs + LEASE_GRACE_MS),
+      this.records.claimWhenFree(task, windowMs + LEASE_GRACE_MS, msg.headers?.get(SEAL_HEADER) || null, () => msg.working()),
       this.accept(msg, task, dispatchedMs),
     ]);
     if (claim.kind === "done") {
@@ -300,21 +299,6 @@ export class Executor {
       stopKeeping();
       this.aborts.delete(abort);
       this.lastProgressAt.delete(task.message_id);
-    }
-  }
-
-  /**
-   * Claim the message, waiting here while another delivery holds it. The wait
-   * is not a redelivery: a duplicate that came back through nak would count
-   * towards max_deliver and could dead-letter a message that completes.
-   */
-  private async claim(msg: JsMsg, task: Task, leaseMs: number): Promise<Exclude<Claim, { kind: "busy" }>> {
-    for (;;) {
-      const claim = await this.records.claim(task, leaseMs, msg.headers?.get(SEAL_HEADER) || null);
-      if (claim.kind !== "busy") return claim;
-      this.log.info("another delivery holds this message", { message_id: task.message_id, retry_in_ms: claim.retryInMs });
-      msg.working();
-      await sleep(Math.min(claim.retryInMs, BUSY_POLL_MS));
     }
   }
 

@@ -24,7 +24,7 @@ import type { MessageIds } from "./errors.js";
 import type { ReplyBox } from "./replybox.js";
 import type { Ack, ErrorInfo, PayloadRef, Progress, Task } from "./types.js";
 
-const RECHECK_MS = 1_000; // after a reconnect, how often the events are read for a lost reply
+const RECHECK_MS = 1_000; // how often a wait looks for a reconnect, and then reads the events
 const VERDICT_GRACE_MS = 1_000; // past the execute deadline, for the coordinator's verdict
 
 export type OnAck = (ack: Ack) => unknown; // awaited when it returns a promise
@@ -80,11 +80,13 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
   let doneBy: number | null = null;
   for (;;) {
     const deadline: number = doneBy ?? ackBy;
-    const lookAt = ending.polled() ? Math.min(deadline, performance.now() + RECHECK_MS) : deadline;
-    const reply = await box.next(lookAt, waiting.signal);
+    // Woken every second, not only at the deadline: a reconnect during a wait (which may
+    // last the whole ttl) must start the reads of the events within a second of it.
+    const reply = await box.next(Math.min(deadline, performance.now() + RECHECK_MS), waiting.signal);
     if (reply === "aborted") throw aborted(task, waiting.signal);
     if (reply === "closed") throw new InvokeError(`the client was closed while '${task.topic}' ran`, ids);
     if (reply === "timeout") {
+      if (performance.now() < deadline && !ending.polled()) continue; // the replies still tell it all
       const [ended, accepted] = await ending.read();
       if (waiting.signal?.aborted) throw aborted(task, waiting.signal);
       if (ended !== null) return outcomeOf(ended, ids, accepted || doneBy !== null);

@@ -18,6 +18,7 @@ import { newId } from "../src/index.js";
 import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Reply, Result } from "../src/index.js";
 import { binary, eventsOf, freePort, Gate, kvUntil, provision, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
 import type { Stack } from "./harness.js";
+import type { Logger } from "../src/log.js";
 
 const quiet = { debug() {}, info() {}, warn() {}, error() {} };
 let stack: Stack;
@@ -511,6 +512,69 @@ describe("run-once", () => {
     assert.equal(events.count((e) => e.event === "completed"), 0);
     replies.close();
     events.close();
+  });
+});
+
+describe("run-once: claims of this very process", () => {
+  /** A logger that keeps the events it is given, for counting lines. */
+  function kept(): { logger: Logger; said: string[] } {
+    const said: string[] = [];
+    const keep = (event: string) => void said.push(event);
+    return { logger: { debug: keep, info: keep, warn: keep, error: keep }, said };
+  }
+  const HOLDS = "another delivery holds this message";
+
+  it("takes over at once its own process's claim that no delivery holds (a claim write whose answer was lost)", async () => {
+    const topic = unique("lost");
+    const id = unique("ts-lost");
+    const { logger, said } = kept();
+    let calls = 0;
+    const agent = await started(newAgent(id, { logger }).handler(topic, () => ({ calls: ++calls })));
+    const t = task(topic, null, { to_agent: id, ttl_ms: 120_000 });
+    const running = { v: 1, message_id: t.message_id, state: "running", agent_id: id, epoch: agent.epoch, attempt: 1, lease_until_ms: Date.now() + 60_000 };
+    await (await kv("reach_executions")).create(`_.${t.message_id}.${id}`, JSON.stringify(running));
+    const replies = await send(stack, t, { subject: `reach.agent.${id}.p1` });
+    const result = (await within(replies.next((r) => r.kind === "result"), 10_000, "the result, before the minute's lease")) as Result;
+    assert.deepEqual(result.result, { calls: 1 });
+    assert.equal(calls, 1);
+    assert.ok(said.includes("taking over this process's own claim: its write's answer was lost"));
+    assert.ok(!said.includes(HOLDS));
+    replies.close();
+  });
+
+  it("still makes two deliveries in hand at once wait for each other, saying so once per wait", async () => {
+    const topic = unique("twice");
+    const id = unique("ts-twice");
+    const { logger, said } = kept();
+    const entered = new Gate();
+    const release = new Gate();
+    let calls = 0;
+    await started(
+      newAgent(id, { logger }).handler(topic, { capacity: 3 }, async () => {
+        calls += 1;
+        entered.open();
+        await release.opened;
+        return { calls };
+      }),
+    );
+    const t = task(topic, null, { to_agent: id, ttl_ms: 120_000 });
+    const subject = `reach.agent.${id}.p1`;
+    const first = await send(stack, t, { subject, msgId: `${t.message_id}-a` });
+    await entered.opened;
+    const second = await send(stack, { ...t, reply_to: null }, { subject, msgId: `${t.message_id}-b` });
+    for (let i = 0; !said.includes(HOLDS); i++) {
+      assert.ok(i < 100, "the second delivery never waited");
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    await new Promise((resolve) => setTimeout(resolve, 1_200)); // more than two of its polls: nothing more is said
+    release.open();
+    const a = (await first.next((r) => r.kind === "result")) as Result;
+    const b = (await second.next((r) => r.kind === "result")) as Result;
+    assert.deepEqual([a.result, b.result], [{ calls: 1 }, { calls: 1 }]);
+    assert.equal(calls, 1);
+    assert.equal(said.filter((e) => e === HOLDS).length, 1);
+    first.close();
+    second.close();
   });
 });
 

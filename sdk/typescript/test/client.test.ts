@@ -14,8 +14,8 @@ import type { Msg } from "nats";
 
 import { Agent, BacklogFull, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, TaskFailed } from "../src/index.js";
 import type { Ack, Progress, Task } from "../src/index.js";
-import { freePort, Gate, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
-import type { SecuredStack, Stack } from "./harness.js";
+import { freePort, Gate, Relay, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
+import type { RestartableStack, SecuredStack, Stack } from "./harness.js";
 
 const quiet = { debug() {}, info() {}, warn() {}, error() {} };
 const TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
@@ -417,6 +417,70 @@ describe("ReachClient on an open server", () => {
     const after = await rejection(own.publish(topic, null));
     assert.ok(after instanceof ReachError);
     release.open();
+  });
+});
+
+/** Until `check()` holds, looked at every 100 ms (for what has no event of its own), at most `ms`. */
+async function until(check: () => boolean | Promise<boolean>, ms: number, what: string): Promise<void> {
+  const by = performance.now() + ms;
+  while (!(await check())) {
+    if (performance.now() > by) assert.fail(`${what}: not within ${ms} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
+describe("ReachClient across a server restart", () => {
+  let stack: RestartableStack;
+  let relay: Relay;
+  const agents: Agent[] = [];
+
+  before(async () => {
+    stack = await startStack();
+    relay = await Relay.to(stack.port);
+  });
+
+  after(async () => {
+    await Promise.allSettled(agents.map((a) => a.stop()));
+    await relay?.shut();
+    await stack?.stop();
+  });
+
+  it("returns results sent while the caller was away within seconds of its return, not at the ttl or the ack deadline", async () => {
+    const topic = unique("slow");
+    const release = new Gate();
+    const running = new Set<string>();
+    let calls = 0;
+    const agent = newAgent(unique("ts-slowpoke")).handler(topic, { capacity: 5 }, async (ctx, p: { n: number }) => {
+      calls += 1;
+      running.add(ctx.messageId);
+      await release.opened;
+      return { n: p.n };
+    });
+    agents.push(agent);
+    await agent.start(stack.url);
+    const client = await ReachClient.connect(relay.url, { logger: quiet, name: "away" });
+    const direct = await ReachClient.connect(stack.url, { logger: quiet, name: "away" });
+    try {
+      const acked = new Set<number>();
+      const options = { ackDeadlineMs: 30_000, executeDeadlineMs: 60_000, ttlMs: 120_000 };
+      const invokes = [0, 1, 2, 3].map((n) => client.invoke(topic, { n }, { ...options, onAck: () => void acked.add(n) }));
+      await until(() => acked.size === 4 && running.size === 4, 30_000, "four invokes acknowledged and running");
+      await relay.shut(); // the caller is away from here until the results are sent
+      await stack.restartServer();
+      release.open();
+      const completed = async (id: string) => (await direct.status(id).catch(() => [])).some((e) => e.event === "completed");
+      await until(async () => (await Promise.all([...running].map(completed))).every(Boolean), 60_000, "every task completed");
+      await relay.open();
+      const back = performance.now();
+      const results = (await Promise.all(invokes)) as Array<{ n: number }>;
+      const waitedMs = performance.now() - back;
+      assert.deepEqual(results.map((r) => r.n).sort(), [0, 1, 2, 3]);
+      assert.ok(waitedMs < 8_000, `returned ${Math.round(waitedMs)} ms after the caller could reconnect`);
+      assert.equal(calls, 4);
+    } finally {
+      await client.close();
+      await direct.close();
+    }
   });
 });
 

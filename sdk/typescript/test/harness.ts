@@ -7,7 +7,8 @@
 import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
+import { createServer, connect as netConnect } from "node:net";
+import type { Server as NetServer, Socket } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -107,20 +108,33 @@ delivery: {base_s: 0.2, cap_s: 1.0}
 liveness: {tick_s: 0.2}
 `;
 
+export interface RestartableStack extends Stack {
+  port: number;
+  /** Stop nats-server and start it again on the same port and store, as `reach up` restarted. */
+  restartServer(): Promise<void>;
+}
+
 /** A nats-server, the Python coordinator on it, and a client connection. */
-export async function startStack(): Promise<Stack> {
+export async function startStack(): Promise<RestartableStack> {
   const dir = mkdtempSync(join(tmpdir(), "reach-ts-"));
   const port = await freePort();
   const url = `nats://127.0.0.1:${port}`;
   const children: ChildProcess[] = [];
+  let server: ChildProcess | null = null;
   let nc: NatsConnection | null = null;
   const stop = async () => {
     await nc?.close();
     for (const child of children.reverse()) await terminate(child);
+    if (server !== null) await terminate(server);
     rmSync(dir, { recursive: true, force: true });
   };
+  const restartServer = async () => {
+    if (server !== null) await terminate(server);
+    server = null;
+    server = await startServer(port, join(dir, "js"));
+  };
   try {
-    children.push(await startServer(port, join(dir, "js")));
+    await restartServer();
     const configPath = join(dir, "coordinator.yaml");
     writeFileSync(configPath, COORDINATOR_CONFIG);
     const coordinator = startCoordinator(["up", "--nats-url", url, "--config", configPath], dir);
@@ -128,10 +142,61 @@ export async function startStack(): Promise<Stack> {
     await waitForOutput(coordinator.child, "coordinator serving on", 60_000, "reach up");
     nc = await connect({ servers: url, name: "test-client" });
     const jsm = await nc.jetstreamManager();
-    return { url, nc, jsm, coordinatorLog: coordinator.log, stop };
+    return { url, port, nc, jsm, coordinatorLog: coordinator.log, restartServer, stop };
   } catch (err) {
     await stop();
     throw err;
+  }
+}
+
+/**
+ * A TCP relay to `targetPort` that a test shuts (the connections through it drop, new ones
+ * are refused) and opens again: one party kept away while the others are back.
+ */
+export class Relay {
+  private server: NetServer | null = null;
+  private readonly sockets = new Set<Socket>();
+
+  private constructor(
+    readonly port: number,
+    private readonly targetPort: number,
+  ) {}
+
+  static async to(targetPort: number): Promise<Relay> {
+    const relay = new Relay(await freePort(), targetPort);
+    await relay.open();
+    return relay;
+  }
+
+  get url(): string {
+    return `nats://127.0.0.1:${this.port}`;
+  }
+
+  async open(): Promise<void> {
+    const server = createServer((down) => {
+      const up = netConnect(this.targetPort, "127.0.0.1");
+      for (const socket of [down, up]) {
+        this.sockets.add(socket);
+        socket.on("close", () => this.sockets.delete(socket));
+        socket.on("error", () => undefined); // the other side's close ends both
+      }
+      down.pipe(up).on("close", () => down.destroy());
+      up.pipe(down).on("close", () => up.destroy());
+      up.on("close", () => down.destroy());
+      down.on("close", () => up.destroy());
+    });
+    await new Promise<void>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(this.port, "127.0.0.1", () => resolve());
+    });
+    this.server = server;
+  }
+
+  async shut(): Promise<void> {
+    const server = this.server;
+    this.server = null;
+    for (const socket of this.sockets) socket.destroy();
+    if (server !== null) await new Promise<void>((resolve) => server.close(() => resolve()));
   }
 }
 

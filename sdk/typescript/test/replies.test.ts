@@ -5,9 +5,11 @@ import { describe, it } from "node:test";
 
 import { endingOf } from "../src/endings.js";
 import { Rejected, TaskFailed } from "../src/errors.js";
-import { outcomeOf } from "../src/invocation.js";
+import type { Connection } from "../src/connection.js";
+import type { Traces } from "../src/endings.js";
+import { Ending, outcomeOf, waitForResult } from "../src/invocation.js";
 import { ReplyBox, decodeReply } from "../src/replybox.js";
-import type { Event } from "../src/index.js";
+import type { Event, Task } from "../src/index.js";
 
 const enc = (value: unknown) => new TextEncoder().encode(typeof value === "string" ? value : JSON.stringify(value));
 const quiet = { debug() {}, info() {}, warn() {}, error() {} };
@@ -113,4 +115,24 @@ describe("endingOf", () => {
     const reply = decodeReply(enc({ kind: "error", ...about, error: expired, reason: "expired", ran: true }));
     assert.equal(reply?.kind === "error" && reply.ran, true);
   });
+});
+
+describe("waitForResult", () => {
+  for (const acked of [true, false]) {
+    it(`reads the end within seconds of a reconnect mid-wait, not at the ${acked ? "ttl" : "ack deadline"}: its result reply was lost`, async () => {
+      const conn = { reconnects: 0 };
+      const slow = { ...about, message_id: "m-1", ttl_ms: 120_000, budget: { ack_ms: 30_000, execute_ms: 60_000 } } as unknown as Task;
+      const done = [event("accepted", {}), event("completed", { result: { n: 8 } })];
+      const traces = { of: async () => (conn.reconnects > 0 ? done : []) } as unknown as Traces;
+      const box = new ReplyBox("reach.reply.client.b", "m-1", quiet);
+      const ending = new Ending(conn as unknown as Connection, traces, "m-1");
+      box.collect("reach.reply.client.b._coordinator", enc({ kind: "routed", ...about, attempt: 1, agent_id: "a-1" }));
+      if (acked) box.collect("reach.reply.client.b.a-1", enc({ kind: "ack", ...about, from_agent: "a-1", attempt: 1 }));
+      setTimeout(() => (conn.reconnects = 1), 300); // the server came back
+      const started = performance.now();
+      const outcome = await waitForResult(slow, box, ending, { signal: AbortSignal.timeout(10_000) });
+      assert.deepEqual(outcome, [{ n: 8 }, null]);
+      assert.ok(performance.now() - started < 2_500, `took ${Math.round(performance.now() - started)} ms`);
+    });
+  }
 });
