@@ -143,15 +143,16 @@ async def test_a_delivery_whose_lease_ran_out_while_claiming_leaves_the_run_to_t
     """Claiming can wait out a leader election longer than the claim's lease; the
     redelivery that came meanwhile takes the message over. The stalled delivery must then
     not run it too (a stall injected after the first claim stands in for the election)."""
+    from agentreach.agents.claims import Claims
     from agentreach.agents.execution import Executor
 
     runs: list[int] = []
     verdicts: list[bool] = []
     stalled, decided = asyncio.Event(), asyncio.Event()
-    claim, lease_holds = Executor._claim, Executor._lease_holds
+    claim, lease_holds = Claims.claim_when_free, Executor._lease_holds
 
-    async def claim_slowly(self: Executor, job, **options):  # type: ignore[no-untyped-def]
-        taken = await claim(self, job, **options)
+    async def claim_slowly(self: Claims, *args, **options):  # type: ignore[no-untyped-def]
+        taken = await claim(self, *args, **options)
         if not stalled.is_set():
             stalled.set()
             await asyncio.sleep(2.0)  # past the lease (300 + 1,000 ms) and the ack wait
@@ -164,7 +165,7 @@ async def test_a_delivery_whose_lease_ran_out_while_claiming_leaves_the_run_to_t
             decided.set()
         return verdict
 
-    monkeypatch.setattr(Executor, "_claim", claim_slowly)
+    monkeypatch.setattr(Claims, "claim_when_free", claim_slowly)
     monkeypatch.setattr(Executor, "_lease_holds", judged)
     agent = Agent("stalled-1", startup_delay=0, ack_wait=0.5)
 
