@@ -220,7 +220,8 @@ def test_reach_up_refuses_embedded_server_options_with_a_server_of_ones_own(tmp_
 
 
 async def test_dlq_replay_sends_the_task_again(broker, coordinator, watcher):
-    """`reach dlq replay ID --to-topic T` republishes a dead letter, which then completes."""
+    """`reach dlq replay ID --to-topic T` republishes a dead letter, which then completes; a
+    second replay of it is refused, naming the first, unless forced."""
     await reach(broker, "publish", "nobody_serves_this", '{"items": [1]}', "--message-id", "lost-2")
     await watcher.dead_letter("no_route", message_id="lost-2")
     async with worker().running(broker=broker):
@@ -229,10 +230,14 @@ async def test_dlq_replay_sends_the_task_again(broker, coordinator, watcher):
         new_id = json.loads(replayed.stdout)["message_id"]
         completed = await watcher.event("completed", message_id=new_id)
         again = await reach(broker, "dlq", "replay", "lost-2", "--to-topic", "count")
+        forced = await reach(broker, "dlq", "replay", "lost-2", "--to-topic", "count", "--force")
         listed = await reach(broker, "dlq", "list")
     assert completed.detail["result"] == {"n": 1}
-    assert again.returncode == 0, again.stderr
-    assert f"lost-2 was replayed before (as {new_id})" in again.stderr
+    assert again.returncode == 1
+    refusal = "lost-2 (no_route, topic nobody_serves_this) not replayed: it is replayed"
+    assert refusal in again.stderr
+    assert f"(as {new_id}); --force replays it anyway" in again.stderr
+    assert forced.returncode == 0, forced.stderr
     header, row = listed.stdout.splitlines()
     assert header.split() == ["MESSAGE_ID", "REASON", "TOPIC", "STATE", "ERROR"]
     assert row.split()[:4] == ["lost-2", "no_route", "nobody_serves_this", "replayed"]

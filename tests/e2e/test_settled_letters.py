@@ -53,9 +53,9 @@ async def test_a_new_worker_replays_only_the_open_letter(broker, watcher):
         await comp.replay(letter)
 
     with capture_logs() as logs:
-        async with CompensationWorker("late", replay_everything).running(broker=broker):
+        async with CompensationWorker("late-worker", replay_everything).running(broker=broker):
             await watcher.event("replayed", message_id="late-open")
-            await _drained(broker, "late")
+            await _drained(broker, "late-worker")
     assert handed == ["late-open"]
     skipped = {x["message_id"]: x for x in logs if x["event"].startswith("dead letter skipped")}
     assert skipped["late-resolved"]["state"] == "resolved"
