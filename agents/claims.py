@@ -129,17 +129,21 @@ class Claims:
         still_working: Callable[[], Awaitable[None]],
         first: bool = False,
         seal: str | None = None,
-    ) -> Claimed | AlreadyDone | Expired:
+    ) -> Claimed | AlreadyDone | Expired | Outcome:
         """:meth:`claim`, waiting here while another delivery holds the message (said once
         per wait), and calling ``still_working`` meanwhile. The wait is not a redelivery:
         a duplicate that came back through nak would count towards max_deliver and could
-        dead-letter a message that completes."""
+        dead-letter a message that completes. The other delivery's outcome, when it ran here
+        and its record could not be written, is the answer: its lease would lapse meanwhile,
+        and the message must not run a second time."""
         waited = False
         while True:
             claim = await self.claim(task, lease_ms, first=first, seal=seal)
             first = False
             if not isinstance(claim, Busy):
                 return claim
+            if (kept := self._unrecorded.get(task.message_id)) is not None:
+                return kept
             if not waited:
                 log.info("another delivery holds this message", retry_in_s=claim.retry_in_s)
                 waited = True

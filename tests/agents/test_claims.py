@@ -3,6 +3,7 @@ and is judged as any other when a record was there after all."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -85,6 +86,29 @@ async def test_an_outcome_waiting_to_be_recorded_holds_the_claim(broker, monkeyp
     assert claims.unrecorded(same.message_id) is not None
     with claims.in_hand(same.message_id):
         assert isinstance(await claims.claim(same, lease_ms=60_000), Busy)
+
+
+async def test_a_delivery_waiting_on_a_run_whose_outcome_could_not_be_recorded_answers_from_it(
+    broker, monkeypatch
+):
+    """Delivery B waits (busy) while delivery A of this process runs; A's outcome cannot be
+    recorded (the broker failing past every try) and is kept: B answers from it instead of
+    waiting out A's lease and running the message a second time."""
+    monkeypatch.setattr(claims_module, "RECORD_TRIES", 1)
+    bucket = await broker.bucket(broker.names.executions_bucket, Execution)
+    claims, same = Claims(_FailingUpdates(bucket), "claimer", 1), task()
+    with claims.in_hand(same.message_id):
+        a = await claims.claim(same, lease_ms=60_000)
+        assert isinstance(a, Claimed)
+        with claims.in_hand(same.message_id):
+            b = asyncio.create_task(
+                claims.claim_when_free(same, lease_ms=60_000, still_working=still_working)
+            )
+            outcome = Outcome(a, result={"ran": "once"})
+            with pytest.raises(BrokerError):
+                await claims.record(same, outcome, still_working=still_working)
+            answer = await asyncio.wait_for(b, 5)
+    assert answer is outcome
 
 
 class _FailingUpdates:

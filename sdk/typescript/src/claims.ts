@@ -64,6 +64,12 @@ export interface Busy {
 
 export type Claim = Claimed | AlreadyDone | Expired | Busy;
 
+/** The delivery this one waited for ran the message here, and its outcome is not recorded yet. */
+export interface Kept {
+  kind: "kept";
+  outcome: Outcome;
+}
+
 /** What one run of a handler ended with: its result, or an error. */
 export interface Outcome {
   claim: Claimed;
@@ -114,10 +120,13 @@ export class Claims {
    * back through nak would count towards max_deliver and could dead-letter a message that
    * completes.
    */
-  async claimWhenFree(task: Task, leaseMs: number, seal: string | null, stillWorking: () => void): Promise<Exclude<Claim, Busy>> {
+  async claimWhenFree(task: Task, leaseMs: number, seal: string | null, stillWorking: () => void): Promise<Exclude<Claim, Busy> | Kept> {
     for (let waited = false; ; waited = true) {
       const claim = await this.claim(task, leaseMs, seal);
       if (claim.kind !== "busy") return claim;
+      // Its outcome is the answer: the lease would lapse meanwhile, and it must not run twice.
+      const kept = this.unrecordedOutcomes.get(task.message_id);
+      if (kept !== undefined) return { kind: "kept", outcome: kept };
       if (!waited) this.log.info("another delivery holds this message", { message_id: task.message_id, retry_in_ms: claim.retryInMs });
       stillWorking();
       await sleep(Math.min(claim.retryInMs, BUSY_POLL_MS));

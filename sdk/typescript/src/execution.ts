@@ -179,6 +179,12 @@ export class Executor {
       this.records.claimWhenFree(task, windowMs + LEASE_GRACE_MS, msg.headers?.get(SEAL_HEADER) || null, () => msg.working()),
       this.accept(msg, task, dispatchedMs),
     ]);
+    if (claim.kind === "kept") {
+      leave(); // the delivery it waited for ran it here; its outcome is not recorded yet
+      this.log.info("answering from an outcome not yet recorded", { message_id: task.message_id });
+      await this.conclude(msg, task, claim.outcome, dispatchedMs);
+      return null;
+    }
     if (claim.kind === "done") {
       leave();
       this.log.info("already executed; sending the stored result again", { message_id: task.message_id });

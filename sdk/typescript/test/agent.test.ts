@@ -14,6 +14,8 @@ import { connect, createInbox, headers } from "nats";
 import type { KV } from "nats";
 
 import { Agent, AgentIdInUse, PermanentError, ReachError } from "../src/index.js";
+import { Claimed, Claims } from "../src/claims.js";
+import type { Kept } from "../src/claims.js";
 import { newId } from "../src/index.js";
 import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Reply, Result } from "../src/index.js";
 import { binary, eventsOf, freePort, Gate, kvUntil, provision, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
@@ -523,6 +525,32 @@ describe("run-once: claims of this very process", () => {
     return { logger: { debug: keep, info: keep, warn: keep, error: keep }, said };
   }
   const HOLDS = "another delivery holds this message";
+
+  it("answers a delivery that waited from the outcome another delivery could not record, not running it twice", async () => {
+    // Delivery B waits while A runs; A's outcome cannot be written (the broker failing) and is
+    // kept: B answers from it instead of waiting out A's lease and running the message again.
+    const real = await kv("reach_executions");
+    const failing = new Proxy(real, {
+      get: (target, name) =>
+        name === "update" ? () => Promise.reject(new Error("the server is restarting")) : Reflect.get(target, name),
+    });
+    const claims = new Claims(failing, unique("ts-kept"), 1, quiet);
+    const t = task(unique("kept"), null);
+    const answer = await claims.holding(t.message_id, async () => {
+      const a = await claims.claim(t, 60_000);
+      assert.ok(a instanceof Claimed);
+      return claims.holding(t.message_id, async () => {
+        const b = claims.claimWhenFree(t, 60_000, null, () => undefined);
+        const outcome = { claim: a, result: { ran: "once" }, durationMs: 1 };
+        const recording = claims.record(t, outcome, () => undefined).catch(() => "not recorded");
+        const waited = await b;
+        assert.equal(await recording, "not recorded");
+        return { waited, outcome };
+      });
+    });
+    assert.equal(answer.waited.kind, "kept");
+    assert.equal((answer.waited as Kept).outcome, answer.outcome);
+  });
 
   it("takes over at once its own process's claim that no delivery holds (a claim write whose answer was lost)", async () => {
     const topic = unique("lost");
