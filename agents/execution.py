@@ -32,13 +32,8 @@ from agentreach.broker import (
     PayloadUnavailable,
     TooLarge,
 )
-from agentreach.broker.lifecycle import (
-    about,
-    emit,
-    event_for,
-    reply,
-    reported_raw,
-)
+from agentreach.broker.dead_letters import reported_raw
+from agentreach.broker.lifecycle import about, emit, event_for, reply
 from agentreach.envelopes import (
     Ack,
     Capacity,

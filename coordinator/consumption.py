@@ -31,8 +31,8 @@ from agentreach.broker import (
     PullConsumer,
     StreamNotFound,
 )
+from agentreach.broker.dead_letters import dead_letter_delivery
 from agentreach.broker.errors import honour_cancellation
-from agentreach.broker.lifecycle import dead_letter_delivery
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.envelopes import ErrorInfo, Task

@@ -9,7 +9,8 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, TooLarge
-from agentreach.broker.lifecycle import RAW_KEPT, dead_letter, reply
+from agentreach.broker.dead_letters import RAW_KEPT, dead_letter
+from agentreach.broker.lifecycle import reply
 from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
 from agentreach.coordinator.protection.quotas import CallerQuotas

@@ -1,6 +1,6 @@
 """``reach dlq list | show ID | replay ID | resolve ID | stats``: the dead letters of
 ``REACH_DLQ``, each with its state (open, replayed, resolved, handled) as
-:func:`agentreach.agents.compensation.letter_state` says, as the dashboard shows it."""
+:func:`agentreach.agents.letters.letter_state` says, as the dashboard shows it."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from collections import Counter
 import msgspec
 
 from agentreach import envelopes
-from agentreach.agents.compensation import (
+from agentreach.agents.errors import LetterSettled, ReplayLimitReached
+from agentreach.agents.letters import (
     DEFAULT_MAX_REPLAYS,
     SETTLING,
     letter_state,
     replay,
     resolve,
 )
-from agentreach.agents.errors import LetterSettled, ReplayLimitReached
 from agentreach.broker import Broker, SubjectFull, read_stream
 from agentreach.broker.streams import StoredMessage, subject_counts
 from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only

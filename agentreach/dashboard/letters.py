@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from agentreach.agents.compensation import letter_state
+from agentreach.agents.letters import letter_state
 from agentreach.broker import Broker
 from agentreach.broker.direct import messages_on
 from agentreach.broker.streams import stream_bounds

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from agentreach.agents.compensation import letter_state
+from agentreach.agents.letters import letter_state
 from agentreach.dashboard.letters import OPEN_SHOWN
 from agentreach.envelopes import PRIORITIES, DeadLetter, now_ms
 

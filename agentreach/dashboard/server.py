@@ -21,8 +21,8 @@ from typing import Any
 
 import msgspec
 
-from agentreach.agents.compensation import replay
 from agentreach.agents.errors import LetterSettled, ReplayLimitReached
+from agentreach.agents.letters import replay
 from agentreach.broker import BrokerError, read_stream
 from agentreach.coordinator.observability.http import Request, Response, Streamed
 from agentreach.dashboard.access import Access

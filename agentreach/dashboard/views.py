@@ -11,7 +11,7 @@ from typing import Any
 
 import structlog
 
-from agentreach.agents.compensation import SETTLING
+from agentreach.agents.letters import SETTLING
 from agentreach.broker import Broker, BrokerError, follow
 from agentreach.broker.direct import messages_on
 from agentreach.broker.errors import honour_cancellation

@@ -12,7 +12,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
-from agentreach.broker.lifecycle import dead_letter
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.streams import StoredMessage, delete_message, get_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.protection.grants import Grants

@@ -9,7 +9,8 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker
-from agentreach.broker.lifecycle import about, dead_letter, emit, event_for, reply
+from agentreach.broker.dead_letters import dead_letter
+from agentreach.broker.lifecycle import about, emit, event_for, reply
 from agentreach.envelopes import ErrorInfo, ErrorReply, Task
 
 log = structlog.get_logger("coordinator")

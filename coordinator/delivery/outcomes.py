@@ -15,13 +15,8 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
-from agentreach.broker.lifecycle import (
-    dead_letter,
-    dead_letter_delivery,
-    emit,
-    event_for,
-    events_of,
-)
+from agentreach.broker.dead_letters import dead_letter, dead_letter_delivery
+from agentreach.broker.lifecycle import emit, event_for, events_of
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
 from agentreach.coordinator.delivery.retries import RetryConfig

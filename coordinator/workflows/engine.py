@@ -31,7 +31,8 @@ from agentreach.broker import (
     Delivery,
     WrongLastSequence,
 )
-from agentreach.broker.lifecycle import about, dead_letter_delivery, emit, event_for, reply
+from agentreach.broker.dead_letters import dead_letter_delivery
+from agentreach.broker.lifecycle import about, emit, event_for, reply
 from agentreach.broker.streams import purge_subject
 from agentreach.coordinator.protection.grants import Grants, reply_vouched
 from agentreach.coordinator.workflows.answers import (

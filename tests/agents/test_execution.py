@@ -15,7 +15,8 @@ from structlog.testing import capture_logs
 from agentreach import envelopes
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
 from agentreach.broker import Broker, EmbeddedServer, Names, Topology, provision
-from agentreach.broker.lifecycle import RAW_KEPT, emit, event_for, trace_of
+from agentreach.broker.dead_letters import RAW_KEPT
+from agentreach.broker.lifecycle import emit, event_for, trace_of
 from agentreach.envelopes import AgentCard
 from agentreach.envelopes import headers as h
 from tests.support import recorded, until_true

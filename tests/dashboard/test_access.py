@@ -8,7 +8,7 @@ import json
 import pytest
 
 from agentreach.broker import Broker
-from agentreach.broker.lifecycle import dead_letter
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.coordinator.observability import HttpServer
 from agentreach.envelopes import Task
 from tests.dashboard.stream import event_stream

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agentreach.broker.lifecycle import dead_letter
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.envelopes import Task
 from tests.cli.conftest import reach_argv, run
 from tests.scrape import http_get

@@ -3,9 +3,9 @@ those among the last 50, up to a bound, with a count of those it leaves out."""
 
 from __future__ import annotations
 
-from agentreach.agents.compensation import resolve
+from agentreach.agents.letters import resolve
 from agentreach.broker import Broker
-from agentreach.broker.lifecycle import dead_letter
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.dashboard import Board, History, sections
 from agentreach.dashboard.views import RECENT_LETTERS
 from agentreach.envelopes import Task

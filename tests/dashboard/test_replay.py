@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from agentreach.agents.compensation import replay, resolve
+from agentreach.agents.letters import replay, resolve
 from agentreach.broker import Broker
-from agentreach.broker.lifecycle import dead_letter
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.envelopes import ErrorInfo, Task
 from tests.dashboard.test_server import dashboard, send
 from tests.dashboard.token import BEARER

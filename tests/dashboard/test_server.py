@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agentreach.broker import Broker
-from agentreach.broker.lifecycle import dead_letter
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import AllowedHosts, Board, DashboardApp, History
 from agentreach.envelopes import ErrorInfo, Task

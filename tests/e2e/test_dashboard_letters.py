@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agentreach.agents.compensation import replay, resolve
+from agentreach.agents.letters import replay, resolve
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import Board, DashboardApp, History
 from agentreach.envelopes import DeadLetter, ErrorInfo, Task, WorkflowStep, encode

@@ -6,7 +6,7 @@ import asyncio
 
 from agentreach.agents import Compensation, CompensationWorker
 from agentreach.broker import Broker
-from agentreach.broker.lifecycle import dead_letter
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.cli.trace import collect
 from agentreach.envelopes import DeadLetter
 

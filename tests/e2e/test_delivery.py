@@ -25,7 +25,8 @@ from agentreach.agents import (
 )
 from agentreach.broker import consumer_state, read_stream
 from agentreach.broker.consume import ConsumerSpec, bind
-from agentreach.broker.lifecycle import dead_letter, emit, event_for
+from agentreach.broker.dead_letters import dead_letter
+from agentreach.broker.lifecycle import emit, event_for
 from agentreach.envelopes import AgentCard, DeadLetter, Execution, Intent, execution_key
 from agentreach.envelopes import headers as h
 from agentreach.envelopes.headers import task_headers
@@ -498,7 +499,7 @@ async def test_a_replay_runs_on_a_fresh_budget(broker, watcher):
     """A dead letter of a caller that waited 300 ms: its replay has no caller waiting, so it
     gets the default budget, not the first caller's patience (a handler of 2 s would be cut
     at 300 ms again, three times, and end as retries_exhausted)."""
-    from agentreach.agents.compensation import replay
+    from agentreach.agents.letters import replay
 
     hurried = envelopes.Task(
         v=1,

@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from agentreach.broker import read_stream
-from agentreach.broker.lifecycle import RAW_KEPT
+from agentreach.broker.dead_letters import RAW_KEPT
 from agentreach.coordinator.intake import STOW_TRIES
 from agentreach.envelopes import headers as h
 from tests.secured import SECURED

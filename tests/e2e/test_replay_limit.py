@@ -11,10 +11,10 @@ from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import AgentConfigError, Compensation, CompensationWorker, ReachClient
-from agentreach.agents.compensation import replay
 from agentreach.agents.errors import ReplayLimitReached
+from agentreach.agents.letters import replay
 from agentreach.broker import consumer_state, read_stream
-from agentreach.broker.lifecycle import dead_letter
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.envelopes import DeadLetter
 from tests.support import until_true
 

@@ -3,14 +3,16 @@ to its handler, and ``replay`` refuses it unless forced, so its task does not ru
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from structlog.testing import capture_logs
 
 from agentreach import LetterSettled
-from agentreach.agents import Compensation, CompensationWorker
-from agentreach.agents.compensation import replay, resolve, settling_of
+from agentreach.agents import Agent, Compensation, CompensationWorker, TaskContext
+from agentreach.agents.letters import replay, replay_id, resolve, settling_of
 from agentreach.broker import consumer_state, read_stream
-from agentreach.broker.lifecycle import dead_letter
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.envelopes import DeadLetter, Task
 from tests.support import eventually, until_true
 
@@ -99,3 +101,29 @@ async def test_replay_refuses_a_settled_letter_unless_forced(broker, watcher):
     with pytest.raises(LetterSettled, match=r"it is resolved already, by alice at .*'done'"):
         await replay(broker, other)
     assert (await replay(broker, other, force=True)).replay_of == "closed"
+
+
+async def test_replays_of_one_letter_that_race_run_its_task_once(broker, coordinator, watcher):
+    """Two workers replaying one open letter at the same moment both find it open; their
+    replays carry the letter's one replay id, so the stream keeps one and the task runs
+    once. A forced replay is a message of its own."""
+    letter = await _letter(broker, "raced")
+    runs: list[str] = []
+    agent = Agent("chore-runner", startup_delay=0)
+
+    @agent.handler("chores")
+    async def chores(ctx: TaskContext, payload: object) -> str:
+        runs.append(ctx.message_id)
+        return "done"
+
+    async with agent.running(broker=broker):
+        first, second = await asyncio.gather(
+            replay(broker, letter, sender="ops-a"), replay(broker, letter, sender="ops-b")
+        )
+        assert first.message_id == second.message_id == replay_id(letter)
+        await watcher.event("completed", message_id=first.message_id)
+        forced = await replay(broker, letter, force=True)
+        assert forced.message_id != first.message_id
+        await watcher.event("completed", message_id=forced.message_id)
+    assert runs == [first.message_id, forced.message_id]
+    assert watcher.count("routed", {first.message_id}) == 1

@@ -1,0 +1,186 @@
+"""A dead letter's state, and the two things that settle it: a replay and a resolution.
+
+A letter is *open* until someone deals with it: a ``replayed`` event (:func:`replay`) makes
+it *replayed*, a ``resolved`` event (:func:`resolve`) *resolved*; the later of the two
+counts. A workflow step's letter that its workflow handles (``letter.workflow.handled``: the
+workflow absorbed the failure, or ended with a letter of its own, the one to act on) is
+*handled*, not open. :func:`letter_state` says which, for ``reach dlq list``, the dashboard
+and a worker alike; :func:`settling_of` reads one letter's events. :func:`replay` refuses a
+replayed or resolved letter unless forced: replaying it again runs its task again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from agentreach import envelopes
+from agentreach.agents.errors import LetterSettled, ReplayLimitReached
+from agentreach.broker import Broker, BrokerError
+from agentreach.broker.lifecycle import emit
+from agentreach.broker.names import OPERATOR
+from agentreach.broker.streams import last_message
+from agentreach.envelopes import DeadLetter, DecodeError, Event, Task, new_id, now_ms, stable_id
+from agentreach.envelopes import headers as h
+from agentreach.errors import ReachError
+
+# A replay that fails the same way is dead-lettered again: a worker replaying the letters of
+# that reason would replay it without end. Three replays give a slow start time to pass.
+DEFAULT_MAX_REPLAYS = 3
+SETTLING = ("replayed", "resolved")  # the events that close a letter, as its state
+
+
+def letter_state(settling: Sequence[Event] | None, letter: DeadLetter | None = None) -> str:
+    """The state the last of a letter's ``settling`` events (its ``replayed`` and
+    ``resolved`` ones, in the order stored) left; else ``handled``, for a step letter its
+    workflow handles; else ``open``."""
+    if settling:
+        return settling[-1].event
+    return "handled" if letter and letter.workflow and letter.workflow.handled else "open"
+
+
+async def settling_of(broker: Broker, letter: DeadLetter) -> list[Event]:
+    """The letter's last ``replayed`` and last ``resolved`` event, in the order stored (so the
+    last of them is its state): two reads by subject, which the server finds from its subject
+    index however long ``REACH_EVENTS`` is, and which a worker's permissions grant alone. An
+    event without ``by`` (a ``replayed`` one recorded before they had it) gets its sender's
+    token."""
+    names = broker.names
+    reads = (
+        last_message(
+            broker,
+            names.events_stream,
+            names.events_of_message_of_kind(kind, letter.trace_id, letter.message_id),
+        )
+        for kind in SETTLING
+    )
+    stored = [m for m in await asyncio.gather(*reads) if m is not None]
+    events = []
+    for message in sorted(stored, key=lambda m: m.stream_seq):
+        with contextlib.suppress(DecodeError):
+            event = envelopes.decode_event(message.data)
+            if "by" not in event.detail:
+                detail = {**event.detail, "by": names.sender_of(message.subject)}
+                event = msgspec.structs.replace(event, detail=detail)
+            events.append(event)
+    return events
+
+
+def _settled_refusal(letter: DeadLetter, last: Event) -> LetterSettled:
+    """The :class:`LetterSettled` for a letter whose last settling event is ``last``, in
+    words naming the letter, its state, who and when."""
+    at = datetime.datetime.fromtimestamp(last.at_ms / 1000, datetime.UTC)
+    when = at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    by = last.detail.get("by")
+    how = (
+        f"as {last.detail.get('replayed_as')}"
+        if last.event == "replayed"
+        else f"note {last.detail.get('note')!r}"
+    )
+    return LetterSettled(
+        f"dead letter {letter.message_id} ({letter.reason}, topic {letter.topic}) not replayed:"
+        f" it is {last.event} already, by {by} at {when} ({how})",
+        message_id=letter.message_id,
+        state=last.event,
+        by=str(by) if by is not None else None,
+        at_ms=last.at_ms,
+    )
+
+
+async def replay(
+    broker: Broker,
+    letter: DeadLetter,
+    *,
+    topic: str | None = None,
+    ttl_ms: int | None = None,
+    sender: str | None = None,
+    max_replays: int = DEFAULT_MAX_REPLAYS,
+    force: bool = False,
+) -> Task:
+    """Republish a dead letter's task with a new message_id in the same trace, as
+    ``sender`` (a worker; the bare operators' form without one), its ``replays`` one more.
+    Its replies went to a sender long gone, so the replay has none. The new id is the
+    letter's own (see :func:`replay_id`): replays of one letter that race, or one made again
+    after a crash before it was recorded, are one message, run once. A forced replay is a
+    message of its own. Refused
+    (:class:`ReplayLimitReached`) when ``max_replays`` replays led to the task already,
+    unless ``force``; :class:`LetterSettled` when it was replayed or resolved already (its
+    task would run again), unless ``force``."""
+    if letter.envelope is None:
+        raise ReachError(
+            f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay"
+        )
+    original = letter.envelope
+    if original.replays >= max_replays and not force:
+        raise ReplayLimitReached(
+            f"dead letter {letter.message_id} ({letter.reason}, topic {letter.topic}) not"
+            f" replayed: its task has been replayed {original.replays} times already"
+            f" (max_replays={max_replays})",
+            message_id=letter.message_id,
+            replays=original.replays,
+            max_replays=max_replays,
+        )
+    if not force and (settling := await settling_of(broker, letter)):
+        raise _settled_refusal(letter, settling[-1])
+    task = msgspec.structs.replace(
+        original,
+        message_id=new_id() if force else replay_id(letter),
+        topic=topic or original.topic,
+        attempt=1,
+        to_agent=None,
+        ttl_ms=ttl_ms or envelopes.DEFAULT_TTL_MS,
+        budget=envelopes.Budget(),  # the first caller's patience: nobody waits for this one
+        replay_of=letter.message_id,
+        replays=original.replays + 1,
+        reply_to=None,
+        created_at=now_ms(),
+        received_ms=0,  # a new message: its reach latency starts at its own intake
+    )
+    await broker.publish(
+        broker.names.task(task.topic, sender), envelopes.encode(task), headers=h.task_headers(task)
+    )
+    by = sender or broker.auth.identity or "operator"
+    done = {"replayed_as": task.message_id, "topic": task.topic, "replays": task.replays, "by": by}
+    await _record(broker, letter, "replayed", sender=sender, **done)
+    return task
+
+
+def replay_id(letter: DeadLetter) -> str:
+    """The message id of the one unforced replay of ``letter``: a UUIDv7 of the letter's
+    time, the same wherever and however often it is computed."""
+    original = letter.envelope
+    caller = original.caller if original is not None else None
+    return stable_id(letter.at_ms * 1_000_000, "replay", caller, letter.message_id, letter.replays)
+
+
+async def resolve(
+    broker: Broker, letter: DeadLetter, note: str, *, by: str, sender: str | None = None
+) -> None:
+    """Record a ``resolved`` event for the dead letter's message."""
+    await _record(broker, letter, "resolved", sender=sender, note=note, by=by)
+
+
+async def _record(
+    broker: Broker, letter: DeadLetter, event: str, *, sender: str | None, **detail: Any
+) -> None:
+    try:
+        await emit(
+            broker,
+            Event(
+                v=1,
+                event=event,
+                message_id=letter.message_id,
+                trace_id=letter.trace_id,
+                topic=letter.topic,
+                attempt=max(1, letter.attempts),
+                at_ms=now_ms(),
+                detail=detail,
+            ),
+            sender=sender or OPERATOR,
+        )
+    except BrokerError as exc:
+        raise ReachError(f"cannot record {event} for {letter.message_id}: {exc}") from exc

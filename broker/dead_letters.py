@@ -1,0 +1,187 @@
+"""Dead letters: what could not be handled, published to ``reach.dlq.<reason>.<topic>``
+with its trace so far, after a ``dead_lettered`` event.
+
+A letter is deduplicated by ``Nats-Msg-Id`` (one per caller's message), so a process that
+crashes after publishing and does its work again does not record it twice.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from agentreach import envelopes
+from agentreach.broker.connection import Broker
+from agentreach.broker.direct import indexed_messages_on
+from agentreach.broker.lifecycle import authentic, emit
+from agentreach.broker.messages import Delivery
+from agentreach.broker.runs import runs_of
+from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms, stable_id
+from agentreach.envelopes.audit import summary_of_task
+from agentreach.envelopes.coordination import workflow_step_of
+
+HEADROOM = 4096  # for a dead letter's headers and framing under the server's max payload
+RAW_KEPT = 65_536  # characters of an oversized raw body a dead letter keeps
+
+
+async def dead_letter(
+    broker: Broker,
+    *,
+    reason: str,
+    task: Task | None = None,
+    message_id: str,
+    trace_id: str,
+    topic: str,
+    error: ErrorInfo | None = None,
+    raw: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    state: Any = None,
+    truncated: bool = False,
+    caller: str | None = None,
+    ran: bool | None = None,
+) -> DeadLetter:
+    """Publish a dead letter to ``reach.dlq.<reason>.<topic>`` with the trace so far,
+    and record a ``dead_lettered`` event (``truncated``: ``raw`` was cut before it came;
+    ``caller``: who sent what did not decode into ``task``; ``ran``: as its error reply says).
+    A workflow's step is named in the letter (``workflow``)."""
+    caller = task.caller if task is not None else caller
+    stored = await indexed_messages_on(
+        broker, broker.names.events_stream, broker.names.events_of_message(message_id)
+    )
+    pairs = authentic(broker.names, stored)
+    if caller is not None:  # its own run of that id, no other's
+        trace, _ = runs_of(caller, pairs, broker.names)
+    else:
+        trace = [event for _, event in pairs]
+    letter = DeadLetter(
+        v=1,
+        reason=reason,
+        message_id=message_id,
+        trace_id=trace_id,
+        topic=topic,
+        attempts=task.attempt if task else 0,
+        envelope=task,
+        raw=printable(raw),
+        headers=dict(headers or {}),
+        error=error,
+        trace=trace,
+        at_ms=now_ms(),
+        state=state,
+        truncated=truncated,
+        workflow=workflow_step_of(broker.names.workflow_of(task.reply_to), task) if task else None,
+    )
+    data = envelopes.encode(letter)
+    if len(data) > broker.max_payload - HEADROOM:
+        letter, data = _fitted(letter, broker.max_payload - HEADROOM)
+    # The event is stored before the letter is published: a worker can act on the letter
+    # (a ``resolved``, a ``replayed``) only once it exists, so its events come after this
+    # one in the stream's order, which is the trace's. A crash between the two leaves the
+    # event alone; the task's redelivery publishes the letter (the event is deduplicated).
+    await emit(
+        broker,
+        Event(
+            v=1,
+            event="dead_lettered",
+            message_id=message_id,
+            trace_id=trace_id,
+            topic=topic,
+            attempt=task.attempt if task else 1,
+            at_ms=letter.at_ms,
+            caller=caller,  # its sender reads it in its own trace
+            detail=_letter_detail(reason, task, error, ran),
+            priority=task.priority if task else "P1",
+            received_ms=task.received_ms if task else 0,
+        ),
+    )
+    await broker.publish(
+        broker.names.dlq(reason, topic),
+        data,
+        headers={"Nats-Msg-Id": _letter_id(caller, message_id), "Reach-Trace-Id": trace_id},
+    )
+    return letter
+
+
+async def dead_letter_delivery(
+    broker: Broker,
+    delivery: Delivery,
+    *,
+    reason: str,
+    error: ErrorInfo,
+    topic: str,
+    trace_id: str | None = None,
+) -> DeadLetter:
+    """Dead-letter a stored message that could not be handled as it is: its bytes, headers
+    and subject go into the letter, under an id derived from its stream and sequence (the
+    same on every redelivery, so it is recorded once)."""
+    message_id = stable_id(delivery.timestamp_ns, delivery.stream, delivery.stream_seq)
+    return await dead_letter(
+        broker,
+        reason=reason,
+        message_id=message_id,
+        trace_id=trace_id or message_id,
+        topic=topic,
+        error=error,
+        raw=delivery.data,
+        headers={**delivery.headers, "Reach-Subject": delivery.subject},
+    )
+
+
+def _letter_detail(
+    reason: str, task: Task | None, error: ErrorInfo | None, ran: bool | None
+) -> dict[str, Any]:
+    detail: dict[str, Any] = {
+        "reason": reason,
+        "error": msgspec.to_builtins(error) if error else None,
+    }
+    if ran is not None:
+        detail["ran"] = ran
+    if task is not None:  # what the audit record of the message summarises as its input
+        detail["input"] = msgspec.to_builtins(summary_of_task(task))
+    return detail
+
+
+def _fitted(letter: DeadLetter, limit: int) -> tuple[DeadLetter, bytes]:
+    """The letter cut down to ``limit`` bytes, marked ``truncated``: first the details of its
+    trace, then the raw body, then the task's payload (what a large message carries)."""
+    bare = [msgspec.structs.replace(event, detail={}) for event in letter.trace]
+    cuts = (
+        {"trace": bare},
+        {"raw": letter.raw[:RAW_KEPT] + "…" if letter.raw else letter.raw},
+        {"envelope": msgspec.structs.replace(letter.envelope, payload=None)}
+        if letter.envelope
+        else {},
+        {"state": None, "headers": {}},
+    )
+    letter = msgspec.structs.replace(letter, truncated=True)
+    for cut in cuts:
+        letter = msgspec.structs.replace(letter, **cut)
+        data = envelopes.encode(letter)
+        if len(data) <= limit:
+            break
+    return letter, data
+
+
+def reported_raw(data: bytes) -> dict[str, Any]:
+    """``raw`` (and ``truncated``) of an agent's report of an undecodable dispatch: a body
+    near the server's largest message would not fit in the report once JSON-escaped."""
+    raw = printable(data)
+    if raw is None or len(raw) <= RAW_KEPT:
+        return {"raw": raw}
+    return {"raw": raw[:RAW_KEPT] + "…", "truncated": True}
+
+
+def printable(raw: bytes | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(raw).decode("ascii")
+
+
+def _letter_id(caller: str | None, message_id: str) -> str:
+    """A dead letter's dedup id: one per caller's message (see :func:`runs_of`)."""
+    return f"dlq-{caller}.{message_id}" if caller else f"dlq-{message_id}"
