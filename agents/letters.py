@@ -24,7 +24,15 @@ from agentreach.broker import Broker, BrokerError
 from agentreach.broker.lifecycle import emit
 from agentreach.broker.names import OPERATOR
 from agentreach.broker.streams import last_message
-from agentreach.envelopes import DeadLetter, DecodeError, Event, Task, new_id, now_ms, stable_id
+from agentreach.envelopes import (
+    DeadLetter,
+    DecodeError,
+    Event,
+    Task,
+    new_id,
+    now_ms,
+    replay_id,
+)
 from agentreach.envelopes import headers as h
 from agentreach.errors import ReachError
 
@@ -104,12 +112,12 @@ async def replay(
     """Republish a dead letter's task with a new message_id in the same trace, as
     ``sender`` (a worker; the bare operators' form without one), its ``replays`` one more.
     Its replies went to a sender long gone, so the replay has none. The new id is the
-    letter's own (see :func:`replay_id`): replays of one letter that race, or one made again
-    after a crash before it was recorded, are one message, run once. A forced replay is a
-    message of its own. Refused
-    (:class:`ReplayLimitReached`) when ``max_replays`` replays led to the task already,
-    unless ``force``; :class:`LetterSettled` when it was replayed or resolved already (its
-    task would run again), unless ``force``."""
+    letter's own (:func:`~agentreach.envelopes.replay_id`): replays of one letter that
+    race, or one made again after a crash before it was recorded, are one message, run
+    once; a forced replay is a message of its own. Refused (:class:`ReplayLimitReached`)
+    when ``max_replays`` replays led to the task already, unless ``force``;
+    :class:`LetterSettled` when it was replayed or resolved already (its task would run
+    again), unless ``force``."""
     if letter.envelope is None:
         raise ReachError(
             f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay"
@@ -128,7 +136,7 @@ async def replay(
         raise _settled_refusal(letter, settling[-1])
     task = msgspec.structs.replace(
         original,
-        message_id=new_id() if force else replay_id(letter),
+        message_id=new_id() if force else _replay_id_of(letter),
         topic=topic or original.topic,
         attempt=1,
         to_agent=None,
@@ -149,12 +157,9 @@ async def replay(
     return task
 
 
-def replay_id(letter: DeadLetter) -> str:
-    """The message id of the one unforced replay of ``letter``: a UUIDv7 of the letter's
-    time, the same wherever and however often it is computed."""
-    original = letter.envelope
-    caller = original.caller if original is not None else None
-    return stable_id(letter.at_ms * 1_000_000, "replay", caller, letter.message_id, letter.replays)
+def _replay_id_of(letter: DeadLetter) -> str:
+    caller = letter.envelope.caller if letter.envelope is not None else None
+    return replay_id(letter.at_ms, caller, letter.message_id, letter.replays)
 
 
 async def resolve(

@@ -45,7 +45,7 @@ from agentreach.envelopes.executions import (
     executions_of,
     is_expiry_fence,
 )
-from agentreach.envelopes.ids import new_id, stable_id, unix_ms_of
+from agentreach.envelopes.ids import new_id, replay_id, stable_id, unix_ms_of
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
 from agentreach.envelopes.manual import ManualItem, ManualStatus
 from agentreach.envelopes.messages import (
@@ -163,6 +163,7 @@ __all__ = [
     "json_schema",
     "new_id",
     "now_ms",
+    "replay_id",
     "stable_id",
     "summarize",
     "task_from_intake",

@@ -25,6 +25,17 @@ def stable_id(timestamp_ns: int, *parts: object) -> str:
     return _uuid7(timestamp_ns // 1_000_000, int.from_bytes(digest))
 
 
+def replay_id(at_ms: int, caller: str | None, message_id: str, replays: int) -> str:
+    """The message id of the one unforced replay of a dead letter (protocol §15.2): a UUIDv7
+    whose time is the letter's ``at_ms`` and whose random bits are the first 80 of the
+    SHA-256 of ``reach-replay``, ``caller`` (empty without one), ``message_id`` and the
+    letter's ``replays``, NUL-separated, in UTF-8. Any worker, in any language, computes the
+    same id for the same letter, so replays of it that race are one message."""
+    text = "\x00".join(("reach-replay", caller or "", message_id, str(replays)))
+    digest = hashlib.sha256(text.encode()).digest()[:10]
+    return _uuid7(at_ms, int.from_bytes(digest))
+
+
 def unix_ms_of(message_id: str) -> int:
     """The time a UUIDv7 id carries, in Unix milliseconds; 0 for any other id."""
     try:

@@ -10,10 +10,10 @@ from structlog.testing import capture_logs
 
 from agentreach import LetterSettled
 from agentreach.agents import Agent, Compensation, CompensationWorker, TaskContext
-from agentreach.agents.letters import replay, replay_id, resolve, settling_of
+from agentreach.agents.letters import replay, resolve, settling_of
 from agentreach.broker import consumer_state, read_stream
 from agentreach.broker.dead_letters import dead_letter
-from agentreach.envelopes import DeadLetter, Task
+from agentreach.envelopes import DeadLetter, Task, replay_id
 from tests.support import eventually, until_true
 
 
@@ -120,7 +120,7 @@ async def test_replays_of_one_letter_that_race_run_its_task_once(broker, coordin
         first, second = await asyncio.gather(
             replay(broker, letter, sender="ops-a"), replay(broker, letter, sender="ops-b")
         )
-        assert first.message_id == second.message_id == replay_id(letter)
+        assert first.message_id == second.message_id == replay_id(letter.at_ms, None, "raced", 0)
         await watcher.event("completed", message_id=first.message_id)
         forced = await replay(broker, letter, force=True)
         assert forced.message_id != first.message_id

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import uuid
 
 import pytest
 from hypothesis import given, settings
@@ -200,3 +202,25 @@ def test_a_number_out_of_range_is_named_by_its_path():
             b' "topic": "x", "payload": {"a": [1, 1e400]}}'
         )
     assert caught.value.path == "$.payload.a[1]"
+
+
+def test_a_replay_id_follows_the_protocols_recipe():
+    """The replay id of a letter is the UUIDv7 of protocol §15.2, pinned by a vector any
+    language's worker can check itself against; each of its parts changes it."""
+    letter_id = "01900000-0000-7000-8000-000000000001"
+    made = envelopes.replay_id(1_764_720_000_000, "alice", letter_id, 0)
+    assert made == "019ae182-3c00-78e4-94a4-0f85a22f0238"
+    text = "\x00".join(["reach-replay", "alice", letter_id, "0"])
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    bits = int.from_bytes(digest[:10])
+    value = uuid.UUID(made).int
+    assert value >> 80 == 1_764_720_000_000 and uuid.UUID(made).version == 7
+    assert (value >> 64) & 0xFFF == bits >> 68  # rand_a: the top 12 of the 80 bits
+    assert value & ((1 << 62) - 1) == bits & ((1 << 62) - 1)  # rand_b: the low 62
+    others = {
+        envelopes.replay_id(1_764_720_000_001, "alice", letter_id, 0),
+        envelopes.replay_id(1_764_720_000_000, None, letter_id, 0),
+        envelopes.replay_id(1_764_720_000_000, "alice", letter_id + "2", 0),
+        envelopes.replay_id(1_764_720_000_000, "alice", letter_id, 1),
+    }
+    assert made not in others and len(others) == 4
