@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -21,9 +21,10 @@ import msgspec
 from agentreach import envelopes
 from agentreach.agents.errors import LetterSettled, ReplayLimitReached
 from agentreach.broker import Broker, BrokerError
-from agentreach.broker.lifecycle import emit
+from agentreach.broker.errors import NoResponders
+from agentreach.broker.lifecycle import event_message
 from agentreach.broker.names import OPERATOR
-from agentreach.broker.streams import last_message
+from agentreach.broker.streams import StoredMessage, last_message
 from agentreach.envelopes import (
     DeadLetter,
     DecodeError,
@@ -35,6 +36,9 @@ from agentreach.envelopes import (
 )
 from agentreach.envelopes import headers as h
 from agentreach.errors import ReachError
+from agentreach.logs import get_logger
+
+log = get_logger("agents.letters")
 
 # A replay that fails the same way is dead-lettered again: a worker replaying the letters of
 # that reason would replay it without end. Three replays give a slow start time to pass.
@@ -53,20 +57,18 @@ def letter_state(settling: Sequence[Event] | None, letter: DeadLetter | None = N
 
 async def settling_of(broker: Broker, letter: DeadLetter) -> list[Event]:
     """The letter's last ``replayed`` and last ``resolved`` event, in the order stored (so the
-    last of them is its state): two reads by subject, which the server finds from its subject
-    index however long ``REACH_EVENTS`` is, and which a worker's permissions grant alone. An
-    event without ``by`` (a ``replayed`` one recorded before they had it) gets its sender's
-    token."""
+    last of them is its state), from ``REACH_SETTLED``, which keeps them as long as the
+    letter; from ``REACH_EVENTS`` (a week) for a letter settled before that stream was
+    there. Reads by subject, which the server finds from its subject index however long the
+    stream, and which a worker's permissions grant alone. An event without ``by`` (a
+    ``replayed`` one recorded before they had it) gets its sender's token."""
     names = broker.names
-    reads = (
-        last_message(
-            broker,
-            names.events_stream,
-            names.events_of_message_of_kind(kind, letter.trace_id, letter.message_id),
-        )
-        for kind in SETTLING
+    kept = await _last_settling(
+        broker, names.settled_stream, names.settled_of_message_of_kind, letter
     )
-    stored = [m for m in await asyncio.gather(*reads) if m is not None]
+    stored = kept or await _last_settling(
+        broker, names.events_stream, names.events_of_message_of_kind, letter
+    )
     events = []
     for message in sorted(stored, key=lambda m: m.stream_seq):
         with contextlib.suppress(DecodeError):
@@ -76,6 +78,22 @@ async def settling_of(broker: Broker, letter: DeadLetter) -> list[Event]:
                 event = msgspec.structs.replace(event, detail=detail)
             events.append(event)
     return events
+
+
+async def _last_settling(
+    broker: Broker,
+    stream: str,
+    subject_of: Callable[[str, str, str], str],
+    letter: DeadLetter,
+) -> list[StoredMessage]:
+    reads = (
+        last_message(broker, stream, subject_of(kind, letter.trace_id, letter.message_id))
+        for kind in SETTLING
+    )
+    try:
+        return [m for m in await asyncio.gather(*reads) if m is not None]
+    except NoResponders:  # REACH_SETTLED not provisioned yet (`reach provision`)
+        return []
 
 
 def _settled_refusal(letter: DeadLetter, last: Event) -> LetterSettled:
@@ -172,20 +190,32 @@ async def resolve(
 async def _record(
     broker: Broker, letter: DeadLetter, event: str, *, sender: str | None, **detail: Any
 ) -> None:
+    """Record ``event`` about the letter's message: in its trace (``REACH_EVENTS``, a week),
+    then in ``REACH_SETTLED``, as long as the letter is kept (the same bytes and dedup id)."""
+    settling = Event(
+        v=1,
+        event=event,
+        message_id=letter.message_id,
+        trace_id=letter.trace_id,
+        topic=letter.topic,
+        attempt=max(1, letter.attempts),
+        at_ms=now_ms(),
+        detail=detail,
+    )
+    sender = sender or OPERATOR
+    subject, data, headers = event_message(broker, settling, sender=sender)
+    kept = broker.names.settled(event, letter.topic, letter.trace_id, letter.message_id, sender)
     try:
-        await emit(
-            broker,
-            Event(
-                v=1,
-                event=event,
+        await broker.publish(subject, data, headers=headers)
+        try:
+            await broker.publish(kept, data, headers=headers)
+        except BrokerError as exc:  # recorded in the trace: what was done is not undone
+            log.warning(
+                "the letter's state is not kept in REACH_SETTLED, only in its trace (a week):"
+                " is the stream provisioned (`reach provision`), and the worker allowed to"
+                " write there (`reach auth push`)?",
                 message_id=letter.message_id,
-                trace_id=letter.trace_id,
-                topic=letter.topic,
-                attempt=max(1, letter.attempts),
-                at_ms=now_ms(),
-                detail=detail,
-            ),
-            sender=sender or OPERATOR,
-        )
+                error=str(exc),
+            )
     except BrokerError as exc:
         raise ReachError(f"cannot record {event} for {letter.message_id}: {exc}") from exc

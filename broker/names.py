@@ -105,6 +105,21 @@ class Names(msgspec.Struct, frozen=True):
     def dlq_wildcard(self) -> str:
         return f"{self.prefix}.dlq.>"
 
+    def settled(self, event: str, topic: str, trace_id: str, message_id: str, sender: str) -> str:
+        """A dead letter's ``replayed`` or ``resolved`` event again, kept as long as the
+        letter: ``reach.settled.<event>.<topic>.<trace_id>.<message_id>.<sender>``."""
+        return f"{self.prefix}.settled.{event}.{topic}.{trace_id}.{message_id}.{sender}"
+
+    def settled_of_kind(self, event: str) -> str:
+        return f"{self.prefix}.settled.{event}.>"
+
+    def settled_of_message_of_kind(self, event: str, trace_id: str, message_id: str) -> str:
+        return f"{self.prefix}.settled.{event}.*.{trace_id}.{message_id}.*"
+
+    @property
+    def settled_wildcard(self) -> str:
+        return f"{self.prefix}.settled.>"
+
     def audit(self, status: str, topic: str, trace_id: str, message_id: str) -> str:
         return f"{self.prefix}.audit.{status}.{topic}.{trace_id}.{message_id}"
 
@@ -264,6 +279,10 @@ class Names(msgspec.Struct, frozen=True):
     @property
     def dlq_stream(self) -> str:
         return f"{self.prefix.upper()}_DLQ"
+
+    @property
+    def settled_stream(self) -> str:
+        return f"{self.prefix.upper()}_SETTLED"
 
     @property
     def audit_stream(self) -> str:

@@ -19,6 +19,7 @@ from agentreach.envelopes import Priority
 
 DAY = 24 * 3600.0
 KV_DUPLICATE_WINDOW_S = 120.0  # nats-py's for a bucket (or its ttl, when shorter)
+DEAD_LETTERS_KEPT_S = 30 * DAY  # REACH_DLQ, and what settled each letter (REACH_SETTLED)
 MANUAL_KEPT_S = 8 * DAY  # a manual-review item may wait a week, then is kept a day
 # Per-agent dispatch queue capacity per priority (P0 small: urgent work must not queue).
 DEFAULT_QUEUE_CAPACITY: dict[Priority, int] = {"P0": 10, "P1": 200, "P2": 1000}
@@ -265,11 +266,22 @@ class Topology:
                     name=n.dlq_stream,
                     deny_delete=True,
                     subjects=(n.dlq_wildcard,),
-                    max_age_s=30 * DAY,
+                    max_age_s=DEAD_LETTERS_KEPT_S,
                     max_bytes=lim.dead_letters_bytes,
                     discard_new=True,  # a letter is kept by its message until there is room
                     duplicate_window_s=3600.0,
                     description="Dead letters: reach.dlq.<reason>.<topic>",
+                    placement_tags=work,
+                ),
+                StreamSpec(
+                    # A letter's state outlives REACH_EVENTS' week: a worker deployed later,
+                    # or a replay on day 20, must still see that it was replayed.
+                    name=n.settled_stream,
+                    deny_delete=True,
+                    subjects=(n.settled_wildcard,),
+                    max_age_s=DEAD_LETTERS_KEPT_S,
+                    duplicate_window_s=3600.0,
+                    description="Replayed and resolved events of dead letters, kept as long",
                     placement_tags=work,
                 ),
                 StreamSpec(

@@ -154,9 +154,16 @@ def worker(names: Names) -> Permissions:
     publish.append(_STREAM_NAMES)
     publish += [n.task("*", NAME), n.status]  # a replay warns when no coordinator runs
     publish += [n.event(kind, "*", "*", "*", NAME) for kind in WORKER_EVENTS]
-    # Whether a letter is settled already: the last replayed/resolved event about it, alone.
+    publish += [n.settled(kind, "*", "*", "*", NAME) for kind in WORKER_EVENTS]
+    # Whether a letter is settled already: the last replayed/resolved event about it, alone
+    # (kept as long as the letter, and in the trace for those settled before that was so).
     publish += [
-        f"$JS.API.DIRECT.GET.{n.events_stream}.{n.events_of_kind(kind)}" for kind in WORKER_EVENTS
+        f"$JS.API.DIRECT.GET.{stream}.{of_kind(kind)}"
+        for stream, of_kind in (
+            (n.settled_stream, n.settled_of_kind),
+            (n.events_stream, n.events_of_kind),
+        )
+        for kind in WORKER_EVENTS
     ]
     return _permissions(publish, [_inbox(), n.reply_box(NAME, ">")])
 
@@ -165,7 +172,7 @@ def coordinator(names: Names) -> Permissions:
     """The service identity: all of the prefix, the JetStream API, the buckets and the
     payload store, but it deletes no stream and no dead letter (those are the operators').
     No other party may use the payload store (see :mod:`agentreach.broker.claim_check`)."""
-    p, dlq, events = names.prefix, names.dlq_stream, names.events_stream
+    p, kept = names.prefix, (names.dlq_stream, names.events_stream, names.settled_stream)
     topology = Topology.default(names)
     ours = [s.name for s in topology.streams] + [f"KV_{b.name}" for b in topology.buckets]
     ours += [o.stream for o in topology.objects]
@@ -178,11 +185,11 @@ def coordinator(names: Names) -> Permissions:
         deny_publish=[
             # (named, not STREAM.DELETE.>: `replicas: auto` deletes a probe stream it made)
             *(f"$JS.API.STREAM.DELETE.{name}" for name in ours),
-            *(f"$JS.API.STREAM.PURGE.{name}" for name in (dlq, events)),
+            *(f"$JS.API.STREAM.PURGE.{name}" for name in kept),
             # Smaller limits would drop what they hold: `reach provision` updates them.
-            *(f"$JS.API.STREAM.UPDATE.{name}" for name in (dlq, events)),
-            *(f"$JS.API.STREAM.MSG.DELETE.{name}" for name in (dlq, events)),
-            f"$JS.API.CONSUMER.DELETE.{dlq}.>",
+            *(f"$JS.API.STREAM.UPDATE.{name}" for name in kept),
+            *(f"$JS.API.STREAM.MSG.DELETE.{name}" for name in kept),
+            f"$JS.API.CONSUMER.DELETE.{names.dlq_stream}.>",
         ],
         respond=True,
         response=_ONE_RESULT,

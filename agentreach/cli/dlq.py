@@ -9,6 +9,7 @@ import contextlib
 import json
 import sys
 from collections import Counter
+from collections.abc import Callable
 
 import msgspec
 
@@ -21,7 +22,7 @@ from agentreach.agents.letters import (
     replay,
     resolve,
 )
-from agentreach.broker import Broker, SubjectFull, read_stream
+from agentreach.broker import Broker, StreamNotFound, SubjectFull, read_stream
 from agentreach.broker.streams import StoredMessage, subject_counts
 from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only
 from agentreach.cli.status import warn_without_coordinator
@@ -196,11 +197,21 @@ def _print_none_matching(
 
 async def _settled(broker: Broker) -> dict[str, list[Event]]:
     """The ``replayed`` and ``resolved`` events of each dead letter's message id, in the
-    order they were stored."""
+    order they were stored: as ``REACH_SETTLED`` keeps them, else (a letter settled before
+    it was there) as ``REACH_EVENTS`` does."""
     names = broker.names
+    kept = await _settling_in(broker, names.settled_stream, names.settled_of_kind)
+    traced = await _settling_in(broker, names.events_stream, names.events_of_kind)
+    return {**traced, **kept}
+
+
+async def _settling_in(
+    broker: Broker, stream: str, of_kind: Callable[[str], str]
+) -> dict[str, list[Event]]:
     stored: list[StoredMessage] = []
-    for kind in SETTLING:
-        stored += await read_stream(broker, names.events_stream, names.events_of_kind(kind))
+    with contextlib.suppress(StreamNotFound):  # REACH_SETTLED not provisioned yet
+        for kind in SETTLING:
+            stored += await read_stream(broker, stream, of_kind(kind))
     settled: dict[str, list[Event]] = {}
     for message in sorted(stored, key=lambda m: m.stream_seq):
         with contextlib.suppress(envelopes.DecodeError):

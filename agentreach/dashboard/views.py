@@ -12,11 +12,11 @@ from typing import Any
 import structlog
 
 from agentreach.agents.letters import SETTLING
-from agentreach.broker import Broker, BrokerError, follow
+from agentreach.broker import Broker, BrokerError, StreamNotFound, follow
 from agentreach.broker.direct import messages_on
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.requests import gather_replies
-from agentreach.broker.streams import per_subject_limit, stream_size
+from agentreach.broker.streams import per_subject_limit, stream_bounds, stream_size
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator.observability import FOLDED, BreakerView, Sampled, WorkflowCensus
 from agentreach.coordinator.observability.census import _follow
@@ -84,8 +84,10 @@ class Board:
         self.replayed: dict[str, str] = {}
         self.resolved: dict[str, dict[str, Any]] = {}
         # Each letter's replayed and resolved events in stream order: its state (letter_state),
-        # all of them kept (7 days): a letter resolved before the charts' window is not open.
+        # all of them kept (REACH_SETTLED: as long as the letters; else REACH_EVENTS' week): a
+        # letter resolved before the charts' window is not open.
         self.settling: dict[str, list[Event]] = {}
+        self._kept: set[str] = set()  # the messages whose settling REACH_SETTLED told
         self.open_letters = OpenLetters(broker)
         self.replicas: list[dict[str, Any]] = []
         self.read_ms = 0  # when a refresh last read everything: what is shown is as of then
@@ -110,6 +112,7 @@ class Board:
             "census": self.census.follow,
             "queues": self.queues.run,
             "settling": self._follow_settling,
+            "settled": self._follow_settled,
         }
         for name, view in views.items():
             ready = asyncio.Event()
@@ -150,10 +153,28 @@ class Board:
     async def _follow_settling(self, ready: asyncio.Event) -> None:
         """Every ``replayed`` and ``resolved`` event REACH_EVENTS keeps, then each new one."""
         names = self.broker.names
+        await self._settling_in(ready, names.events_stream, names.events_of_kind, kept=False)
+
+    async def _follow_settled(self, ready: asyncio.Event) -> None:
+        """The same events as REACH_SETTLED keeps them, as long as the letters: what they say
+        of a message replaces what REACH_EVENTS said (a letter settled before REACH_SETTLED
+        was there has only those)."""
+        names = self.broker.names
+        try:
+            await stream_bounds(self.broker, names.settled_stream)
+        except StreamNotFound:
+            log.warning("REACH_SETTLED is not provisioned: states from REACH_EVENTS (a week)")
+            ready.set()
+            return
+        await self._settling_in(ready, names.settled_stream, names.settled_of_kind, kept=True)
+
+    async def _settling_in(
+        self, ready: asyncio.Event, stream: str, of_kind: Callable[[str], str], *, kept: bool
+    ) -> None:
         async for msg in follow(
             self.broker,
-            stream=names.events_stream,
-            filter_subjects=tuple(names.events_of_kind(k) for k in SETTLING),
+            stream=stream,
+            filter_subjects=tuple(of_kind(k) for k in SETTLING),
             since_ms=0,
             caught_up=ready,
         ):
@@ -162,7 +183,11 @@ class Board:
                 event = decode_event(msg.data)
             except DecodeError:
                 continue
-            self.settling.setdefault(event.message_id, []).append(event)
+            if kept and event.message_id not in self._kept:
+                self._kept.add(event.message_id)
+                self.settling[event.message_id] = []
+            if kept or event.message_id not in self._kept:
+                self.settling.setdefault(event.message_id, []).append(event)
             if event.event == "replayed":
                 self.replayed[event.message_id] = str(event.detail.get("replayed_as", ""))
             elif event.event == "resolved":

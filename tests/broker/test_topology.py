@@ -19,6 +19,7 @@ async def test_provision_creates_everything_then_changes_nothing(broker):
         names.tasks_stream,
         names.events_stream,
         names.dlq_stream,
+        names.settled_stream,
         *names.dispatch_streams.values(),
         names.agents_bucket,
         names.heartbeats_bucket,

@@ -49,6 +49,7 @@ from agentreach.broker import (
     read_stream,
 )
 from agentreach.broker.lifecycle import trace_of
+from agentreach.broker.streams import last_message
 from agentreach.cli.auth import push_allowances
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator import workflow as wf
@@ -1106,6 +1107,21 @@ async def test_parties_work_under_their_permissions(arena: Arena) -> None:
                 await asyncio.sleep(0.05)
     stored = await read_stream(arena.admin, NAMES.events_stream, "reach.event.replayed.>")
     assert any(m.subject.endswith(".fixer") for m in stored)  # recorded as the worker itself
+    kept = await read_stream(arena.admin, NAMES.settled_stream, "reach.settled.replayed.>")
+    assert [m.subject.rsplit(".", 1)[-1] for m in kept] == ["fixer"]  # as long as the letter
+
+
+async def test_a_worker_keeps_a_letter_s_state_in_its_own_name_only(arena: Arena) -> None:
+    """A worker may record that it settled a letter in REACH_SETTLED, and read whether one
+    is settled, but not record it in another party's name."""
+    async with Broker(arena.url, name="worker", auth=arena.deployment.auth("worker", "w1")) as w:
+        own = NAMES.settled("resolved", "t", "tr-1", "m-1", "w1")
+        assert (await quietly(w.js.publish(own, b"{}"))) is not None
+        forged = NAMES.settled("resolved", "t", "tr-2", "m-2", "alice")
+        assert await quietly(w.js.publish(forged, b"{}")) is None
+        read = NAMES.settled_of_message_of_kind("resolved", "tr-1", "m-1")
+        assert (await last_message(w, NAMES.settled_stream, read)) is not None
+    assert await read_stream(arena.admin, NAMES.settled_stream, forged) == []
 
 
 async def test_a_caller_over_its_quota_is_rate_limited(arena: Arena) -> None:
@@ -1125,20 +1141,21 @@ async def test_a_caller_over_its_quota_is_rate_limited(arena: Arena) -> None:
 async def test_the_coordinator_s_creds_neither_shrink_the_dead_letters_nor_delete_a_store(
     arena: Arena,
 ) -> None:
-    """A smaller limit on REACH_DLQ or REACH_EVENTS is a purge by another name, and the
-    payload store is a stream like the others: the coordinator's permissions refuse both
-    (`reach provision` as an operator updates those streams); the streams stay as they were."""
-    dlq, events = NAMES.dlq_stream, NAMES.events_stream
+    """A smaller limit on REACH_DLQ, REACH_EVENTS or REACH_SETTLED is a purge by another
+    name, and the payload store is a stream like the others: the coordinator's permissions
+    refuse both (`reach provision` as an operator updates those streams); the streams stay
+    as they were."""
+    kept = (NAMES.dlq_stream, NAMES.events_stream, NAMES.settled_stream)
     payloads = f"OBJ_{NAMES.payloads_bucket}"
     if (await quietly(arena.admin.js.stream_info(payloads))) is None:
         await arena.admin.js.create_object_store(NAMES.payloads_bucket)
     async with Broker(arena.url, name="coordinator-2", auth=arena.deployment.coordinator) as c:
-        for stream in (dlq, events):
+        for stream in kept:
             config = (await arena.admin.js.stream_info(stream)).config
             config.max_msgs = 1
             assert await quietly(c.js.update_stream(config)) is None
         assert await quietly(c.js.delete_stream(payloads)) is None
-    for stream in (dlq, events):
+    for stream in kept:
         assert (await arena.admin.js.stream_info(stream)).config.max_msgs in (None, -1)
     assert (await arena.admin.js.stream_info(payloads)).config.name == payloads
 

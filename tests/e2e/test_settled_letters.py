@@ -10,10 +10,12 @@ from structlog.testing import capture_logs
 
 from agentreach import LetterSettled
 from agentreach.agents import Agent, Compensation, CompensationWorker, TaskContext
-from agentreach.agents.letters import replay, resolve, settling_of
+from agentreach.agents.letters import SETTLING, letter_state, replay, resolve, settling_of
 from agentreach.broker import consumer_state, read_stream
 from agentreach.broker.dead_letters import dead_letter
+from agentreach.dashboard import Board, History
 from agentreach.envelopes import DeadLetter, Task, replay_id
+from tests.cli.conftest import reach_argv, run
 from tests.support import eventually, until_true
 
 
@@ -127,3 +129,37 @@ async def test_replays_of_one_letter_that_race_run_its_task_once(broker, coordin
         await watcher.event("completed", message_id=forced.message_id)
     assert runs == [first.message_id, forced.message_id]
     assert watcher.count("routed", {first.message_id}) == 1
+
+
+async def test_a_letter_stays_settled_after_its_trace_expires(broker, watcher):
+    """REACH_EVENTS keeps a week, the letters a month: with the replayed and resolved events
+    gone from the trace (purged here, as a week does), the letters are still settled. A
+    worker deployed then skips them, replay refuses them, `reach dlq list --open` leaves
+    them out, and the dashboard's board calls them replayed and resolved."""
+    replayed, resolved, _ = [await _letter(broker, m) for m in ("old-1", "old-2", "old-open")]
+    await replay(broker, replayed, sender="ops-worker")
+    await resolve(broker, resolved, "refunded by hand", by="alice")
+    await eventually(lambda: watcher.count("replayed") + watcher.count("resolved") == 2)
+    names = broker.names
+    for kind in SETTLING:
+        await broker.js.purge_stream(names.events_stream, subject=names.events_of_kind(kind))
+    assert await read_stream(broker, names.events_stream, names.events_of_kind("replayed")) == []
+    assert [e.event for e in await settling_of(broker, replayed)] == ["replayed"]
+    with pytest.raises(LetterSettled, match="resolved already, by alice"):
+        await replay(broker, resolved)
+    listed = await run(*reach_argv(broker, "dlq", "list", "--open"))
+    assert listed.returncode == 0, listed.stderr
+    assert "old-open" in listed.stdout and "old-1" not in listed.stdout
+    assert "old-2" not in listed.stdout
+    async with Board(broker, History(), version="test") as board:
+        states = {m: letter_state(board.settling.get(m)) for m in ("old-1", "old-2", "old-open")}
+    assert states == {"old-1": "replayed", "old-2": "resolved", "old-open": "open"}
+    handed: list[str] = []
+
+    async def replay_everything(letter: DeadLetter, comp: Compensation) -> None:
+        handed.append(letter.message_id)
+        await comp.replay(letter)
+
+    async with CompensationWorker("month-later", replay_everything).running(broker=broker):
+        await _drained(broker, "month-later")
+    assert handed == ["old-open"]
