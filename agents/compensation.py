@@ -10,7 +10,12 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 from agentreach import envelopes
-from agentreach.agents.errors import AgentConfigError, LetterSettled, ReplayLimitReached
+from agentreach.agents.errors import (
+    AgentConfigError,
+    LetterSettled,
+    NothingToReplay,
+    ReplayLimitReached,
+)
 from agentreach.agents.letters import DEFAULT_MAX_REPLAYS, replay, resolve, settling_of
 from agentreach.broker import Auth, Broker, BrokerError, Delivery, Names, PullConsumer
 from agentreach.broker.connection import connected
@@ -197,6 +202,14 @@ class CompensationWorker:
                 reason=letter.reason,
                 replays=exc.replays,
                 max_replays=exc.max_replays,
+            )
+            await msg.ack()
+            return
+        except NothingToReplay:  # it never will be: a person fixes the body and resolves it
+            log.error(
+                "replay refused, the dead letter holds no task; it is left open for a person",
+                message_id=letter.message_id,
+                reason=letter.reason,
             )
             await msg.ack()
             return

@@ -58,6 +58,18 @@ class ReplayLimitReached(ReachError):
         self.max_replays = max_replays
 
 
+class NothingToReplay(ReachError):
+    """A replay refused: the dead letter holds no task (an ``invalid_envelope`` letter keeps
+    the body as received, ``letter.raw``, since it did not decode). No replay can help, forced
+    or not: the body must be fixed and sent again, and the letter resolved. ``message_id`` is
+    the dead letter's."""
+
+    def __init__(self, message: str, *, message_id: str, reason: str) -> None:
+        super().__init__(message)
+        self.message_id = message_id
+        self.reason = reason
+
+
 class LetterSettled(ReachError):
     """A replay refused: the dead letter was dealt with already, ``state`` ``replayed`` or
     ``resolved`` (its last ``replayed``/``resolved`` event), ``by`` whom and ``at_ms`` when

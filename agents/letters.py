@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from agentreach import envelopes
-from agentreach.agents.errors import LetterSettled, ReplayLimitReached
+from agentreach.agents.errors import LetterSettled, NothingToReplay, ReplayLimitReached
 from agentreach.broker import Broker, BrokerError
 from agentreach.broker.errors import NoResponders
 from agentreach.broker.lifecycle import event_message
@@ -137,8 +137,11 @@ async def replay(
     :class:`LetterSettled` when it was replayed or resolved already (its task would run
     again), unless ``force``."""
     if letter.envelope is None:
-        raise ReachError(
-            f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay"
+        raise NothingToReplay(
+            f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay:"
+            " fix its body (the letter's raw) and send it again, then resolve the letter",
+            message_id=letter.message_id,
+            reason=letter.reason,
         )
     original = letter.envelope
     if original.replays >= max_replays and not force:

@@ -281,7 +281,7 @@ class Topology:
                     subjects=(n.settled_wildcard,),
                     max_age_s=DEAD_LETTERS_KEPT_S,
                     duplicate_window_s=3600.0,
-                    description="Replayed and resolved events of dead letters, kept as long",
+                    description="Replayed and resolved events of dead letters, kept as the letters",
                     placement_tags=work,
                 ),
                 StreamSpec(

@@ -21,6 +21,7 @@ from agentreach.agents.letters import (
     letter_state,
     replay,
     resolve,
+    settling_of,
 )
 from agentreach.broker import Broker, StreamNotFound, SubjectFull, read_stream
 from agentreach.broker.streams import StoredMessage, subject_counts
@@ -85,7 +86,11 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         letters = _readable(stored)
         filtered = args.reason or args.topic
         there = await _there(broker) if not letters and filtered and args.action == "list" else {}
-        settled = await _settled(broker) if args.action in ("list", "resolve") else {}
+        settled = await _settled(broker) if args.action in ("list", "resolve", "stats") else {}
+        if args.action == "show":
+            letter = _find(letters, args.id)
+            _print_letter(letter, await settling_of(broker, letter))
+            return 0
         if args.action == "resolve":
             return await _resolve(broker, _find(letters, args.id), settled, args.note)
         if args.action == "replay":
@@ -93,11 +98,8 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
             await warn_without_coordinator(broker, "the replayed task waits in REACH_TASKS")
             print(json.dumps({"message_id": task.message_id, "trace_id": task.trace_id}))
             return 0
-    if args.action == "show":
-        letter = msgspec.to_builtins(_find(letters, args.id))
-        print(json.dumps(letter, indent=2, ensure_ascii=False))
-    elif args.action == "stats":
-        _print_stats(letters)
+    if args.action == "stats":
+        _print_stats(letters, settled)
     elif not letters and (args.reason or args.topic):
         _print_none_matching(args.reason, args.topic, there)
     else:
@@ -265,8 +267,28 @@ def _print_letters(letters: list[DeadLetter], states: dict[str, str], *, only_op
         print("  ".join([*cells, row[4]]).rstrip())
 
 
-def _print_stats(letters: list[DeadLetter]) -> None:
-    counts = Counter((letter.reason, letter.topic) for letter in letters)
-    for (reason, topic), count in sorted(counts.items()):
-        print(f"{reason:<20} {topic:<24} {count:>6}")
-    print(f"{'total':<45} {len(letters):>6}")
+def _print_letter(letter: DeadLetter, settling: list[Event]) -> None:
+    """The letter as JSON, with its state as ``reach dlq list`` says it (``letter_state``)
+    and the events that settled it (``settled_by``): who replayed or resolved it, when, and
+    as which message or with which note. Its own ``state`` is a failed workflow's record."""
+    shown = msgspec.to_builtins(letter)
+    shown["letter_state"] = letter_state(settling, letter)
+    shown["settled_by"] = [
+        {"event": event.event, "at_ms": event.at_ms, **event.detail} for event in settling
+    ]
+    print(json.dumps(shown, indent=2, ensure_ascii=False))
+
+
+def _print_stats(letters: list[DeadLetter], settled: dict[str, list[Event]]) -> None:
+    """Letters kept and those still open, by reason and topic (the open ones are the work
+    left to do)."""
+    kept: Counter[tuple[str, str]] = Counter()
+    still_open: Counter[tuple[str, str]] = Counter()
+    for letter in letters:
+        kept[letter.reason, letter.topic] += 1
+        if letter_state(settled.get(letter.message_id), letter) == "open":
+            still_open[letter.reason, letter.topic] += 1
+    print(f"{'REASON':<20} {'TOPIC':<24} {'LETTERS':>7} {'OPEN':>6}")
+    for (reason, topic), count in sorted(kept.items()):
+        print(f"{reason:<20} {topic:<24} {count:>7} {still_open[reason, topic]:>6}")
+    print(f"{'total':<45} {len(letters):>7} {still_open.total():>6}")

@@ -6,6 +6,7 @@ from typing import Any
 
 from agentreach.broker import Broker, read_stream
 from agentreach.envelopes import DecodeError, Event, decode_event
+from agentreach.envelopes.described import described
 
 MAX_MESSAGES = 50
 # The events that end a message (a workflow instance is one too), and the status they give.
@@ -72,33 +73,8 @@ def _message(message_id: str, own: list[tuple[float, Event]]) -> dict[str, Any]:
                 "offset_ms": round(at - first_at, 3),
                 "attempt": event.attempt,
                 "agent_id": event.agent_id,
-                "note": _note(event),
+                "note": described(event),
             }
             for at, event in own
         ],
     }
-
-
-def _note(event: Event) -> str:
-    d = event.detail
-    match event.event:
-        case "routed":
-            passed = d.get("passed_over") or {}
-            line = f"rule {d.get('rule', '?')}: → {event.agent_id}"
-            if passed:
-                line += "; passed over " + "; ".join(f"{a}: {why}" for a, why in passed.items())
-            return line
-        case "completed":
-            return f"in {d.get('duration_ms', '?')} ms"
-        case "failed" | "expired":
-            error = d.get("error") or {}
-            return f"{error.get('type', '')}: {error.get('message', '')}"
-        case "dead_lettered":
-            error = d.get("error") or {}
-            return f"reason {d.get('reason')}: {error.get('message', '')}"
-        case "progress":
-            return str(d.get("note", ""))
-        case "retry_scheduled":
-            return f"attempt {d.get('next_attempt')} in {d.get('delay_ms')} ms"
-        case _:
-            return ""

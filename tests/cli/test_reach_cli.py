@@ -169,8 +169,19 @@ async def test_agents_and_dlq_commands(broker, coordinator, watcher):
     letter = json.loads(shown.stdout)
     assert letter["reason"] == "no_route"
     assert letter["envelope"]["topic"] == "nobody_serves_this"
+    assert (letter["letter_state"], letter["settled_by"]) == ("open", [])
     stats = await reach(broker, "dlq", "stats")
-    assert stats.stdout.split()[:3] == ["no_route", "nobody_serves_this", "1"]
+    assert stats.stdout.split()[:4] == ["REASON", "TOPIC", "LETTERS", "OPEN"]
+    assert stats.stdout.splitlines()[1].split() == ["no_route", "nobody_serves_this", "1", "1"]
+    resolved = await reach(broker, "dlq", "resolve", "lost-1", "--note", "told the caller")
+    assert resolved.returncode == 0, resolved.stderr
+    shown = json.loads((await reach(broker, "dlq", "show", "lost-1")).stdout)
+    assert shown["letter_state"] == "resolved"
+    [settling] = shown["settled_by"]
+    assert (settling["event"], settling["note"]) == ("resolved", "told the caller")
+    assert settling["by"] and settling["at_ms"] > 0
+    stats = await reach(broker, "dlq", "stats")
+    assert stats.stdout.splitlines()[-1].split() == ["total", "1", "0"]
 
 
 async def test_dlq_commands_skip_what_is_not_a_dead_letter(broker, coordinator, watcher):

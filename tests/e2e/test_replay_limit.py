@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import AgentConfigError, Compensation, CompensationWorker, ReachClient
-from agentreach.agents.errors import ReplayLimitReached
+from agentreach.agents.errors import NothingToReplay, ReplayLimitReached
 from agentreach.agents.letters import replay
 from agentreach.broker import consumer_state, read_stream
 from agentreach.broker.dead_letters import dead_letter
@@ -89,3 +89,36 @@ def test_a_worker_refuses_a_max_replays_that_is_no_count():
     for wrong in (-1, 2.5, True):
         with pytest.raises(AgentConfigError, match="max_replays"):
             CompensationWorker("w", handle, max_replays=wrong)  # type: ignore[arg-type]
+
+
+async def test_a_worker_replaying_every_reason_leaves_a_letter_without_a_task_to_a_person(
+    broker, coordinator, watcher
+):
+    """A worker of every reason that replays what it gets is handed an invalid_envelope
+    letter once: comp.replay raises NothingToReplay (forced too), and the worker
+    acknowledges the letter and logs that it is left open, instead of retrying it every 5 s
+    for the letter's 30 days."""
+    await broker.publish(broker.names.task("chores"), b'{"text": ', headers={"Nats-Msg-Id": "torn"})
+    letter = await watcher.dead_letter("invalid_envelope", message_id="torn")
+    with pytest.raises(NothingToReplay) as refused:
+        await replay(broker, letter, force=True)
+    assert (refused.value.message_id, refused.value.reason) == ("torn", "invalid_envelope")
+    assert "fix its body" in str(refused.value)
+    handed: list[str] = []
+
+    async def replay_everything(letter: DeadLetter, comp: Compensation) -> None:
+        handed.append(letter.message_id)
+        await comp.replay(letter)
+
+    with capture_logs() as logs:
+        async with CompensationWorker("everything", replay_everything).running(broker=broker):
+
+            async def settled() -> bool:
+                dlq = broker.names.dlq_stream
+                state = await consumer_state(broker, dlq, "compensation-everything")
+                return state is not None and state.num_pending == state.num_ack_pending == 0
+
+            await until_true(settled)
+    assert handed == ["torn"]
+    [said] = [x for x in logs if x["event"].startswith("replay refused, the dead letter holds")]
+    assert said["message_id"] == "torn" and said["log_level"] == "error"
