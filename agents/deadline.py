@@ -9,6 +9,8 @@ that reports progress (``ctx.progress()``) gets that long again from then on. Th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 
 LEASE_GRACE_MS = 1_000  # time to record the outcome after the deadline
 
@@ -23,6 +25,7 @@ class Deadline:
         self.window_ms = min(window_ms or budget_ms, budget_ms)
         self._ends = self.started + self.window_ms / 1000
         self._scope: asyncio.Timeout | None = None
+        self._held = 0  # progress reports under way (see held)
 
     @property
     def ends(self) -> float:
@@ -49,9 +52,30 @@ class Deadline:
         if ends <= self._ends:
             return False
         self._ends = ends
-        if self._scope is not None and not self._scope.expired():
-            self._scope.reschedule(ends)
+        if not self._held:
+            self._reschedule(ends)
         return True
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """While the block runs (a progress report and its claim renewal), the deadline does
+        not pass, only the budget's end: the handler waits on the report there, not on its
+        own work, and a server slow to take it (away for a moment) must not cost the handler
+        its deadline, nor run its work again. The window starts again at each end."""
+        self.extend()
+        self._held += 1
+        self._reschedule(self.started + self.budget_ms / 1000)
+        try:
+            yield
+        finally:
+            self._held -= 1
+            self.extend()
+            if not self._held:
+                self._reschedule(self._ends)
+
+    def _reschedule(self, when: float) -> None:
+        if self._scope is not None and not self._scope.expired():
+            self._scope.reschedule(when)
 
     def lease_ms(self) -> int:
         """How long a claim must last from now to outlive this deadline and the recording."""

@@ -222,9 +222,11 @@ class Executor:
         deadline = Deadline(budget_ms=task.budget.execute_ms, window_ms=spec.deadline_ms)
 
         async def progressed(note: str) -> None:
-            await self._progress(job, note)
-            if deadline.extend() and not await self._claims.renew(task, claim, deadline.lease_ms()):
-                log.warning("claim lost while running: this run's result will be refused")
+            with deadline.held():
+                await self._progress(job, note)
+                deadline.extend()  # the window starts again once the report is made
+                if not await self._claims.renew(task, claim, deadline.lease_ms()):
+                    log.warning("claim lost while running: this run's result will be refused")
 
         ctx = TaskContext(
             task,

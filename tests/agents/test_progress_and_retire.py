@@ -4,11 +4,15 @@ newer process's registration alone."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 
 import msgspec
+import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker.embedded import PID_FILE
 from agentreach.broker.lifecycle import trace_of
 from agentreach.envelopes import AgentCard, Budget, Execution, Heartbeat, execution_key
 from tests.support import until_true
@@ -78,6 +82,38 @@ async def test_progress_never_extends_past_the_execute_budget(broker, coordinato
     # 600 unless a starved loop let one 200 ms window lapse between two reports first
     ran_past = re.fullmatch(r"handler ran past (\d+) ms", failed.detail["error"]["message"])
     assert ran_past is not None and 200 <= int(ran_past.group(1)) <= 600
+
+
+async def test_a_server_away_during_a_progress_report_costs_the_handler_nothing(
+    broker, coordinator, tmp_path
+):
+    """The server stops answering (SIGSTOP, a second) while a handler with deadline_ms 400
+    reports progress: the report waits for it, the deadline does not pass meanwhile, and
+    the task completes in its first attempt (it used to fail it as deadline_exceeded)."""
+    pid_file = tmp_path / "nats" / PID_FILE
+    if not pid_file.exists():
+        pytest.skip("stops the test's own nats-server (NATS_URL is set)")
+    pid = int(pid_file.read_text())
+    agent = Agent("reporter-1", startup_delay=0)
+    attempts: list[int] = []
+
+    @agent.handler("steps", deadline_ms=400)
+    async def steps(ctx: TaskContext, payload: dict) -> dict:
+        attempts.append(ctx.attempt)
+        for step in range(3):
+            await asyncio.sleep(0.1)
+            if step == 1:
+                os.kill(pid, signal.SIGSTOP)
+                asyncio.get_running_loop().call_later(1.0, os.kill, pid, signal.SIGCONT)
+            await ctx.progress(f"step {step}")
+        return {"steps": 3}
+
+    try:
+        async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+            assert await client.invoke("steps", {}) == {"steps": 3}
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert attempts == [1]
 
 
 async def test_stop_leaves_the_card_and_heartbeat_of_a_newer_process(broker):

@@ -13,6 +13,7 @@ export class Deadline {
   private endsAt: number;
   private timer: NodeJS.Timeout | undefined;
   private onPass: (() => void) | null = null;
+  private held = 0; // progress reports under way (see hold)
 
   constructor(
     readonly budgetMs: number,
@@ -47,8 +48,25 @@ export class Deadline {
     const endsAt = Math.min(performance.now() + this.windowMs, this.started + this.budgetMs);
     if (endsAt <= this.endsAt) return false;
     this.endsAt = endsAt;
-    if (this.onPass !== null) this.arm();
+    if (this.onPass !== null && this.held === 0) this.arm();
     return true;
+  }
+
+  /**
+   * Until the returned function is called (a progress report and its claim renewal are
+   * made), the deadline does not pass, only the budget's end: the handler waits on the
+   * report, not on its own work, and a server slow to take it (away for a moment) must not
+   * cost it its deadline, nor run its work again. The window starts again at each end.
+   */
+  hold(): () => void {
+    this.extend();
+    this.held += 1;
+    this.arm(this.started + this.budgetMs);
+    return () => {
+      this.held -= 1;
+      this.extend();
+      if (this.held === 0) this.arm();
+    };
   }
 
   clear(): void {
@@ -56,9 +74,9 @@ export class Deadline {
     this.onPass = null;
   }
 
-  private arm(): void {
+  private arm(at: number = this.endsAt): void {
     clearTimeout(this.timer);
     const onPass = this.onPass;
-    if (onPass !== null) this.timer = setTimeout(onPass, this.leftMs());
+    if (onPass !== null) this.timer = setTimeout(onPass, Math.max(0, at - performance.now()));
   }
 }

@@ -264,9 +264,15 @@ export class Executor {
     const deadline = new Deadline(task.budget.execute_ms, spec.deadlineMs);
     const ctx = new TaskContext(task, this.agentId, deadline, abort.signal, {
       progress: async (note) => {
-        await this.progress(msg, task, note);
-        if (deadline.extend() && !(await this.records.renew(task, claim, deadline.leaseMs()))) {
-          this.log.warn("claim lost while running: this run's result will be refused", { message_id: task.message_id });
+        const release = deadline.hold(); // the handler waits on the report, not on its work
+        try {
+          await this.progress(msg, task, note);
+          deadline.extend(); // the window starts again once the report is made
+          if (!(await this.records.renew(task, claim, deadline.leaseMs()))) {
+            this.log.warn("claim lost while running: this run's result will be refused", { message_id: task.message_id });
+          }
+        } finally {
+          release();
         }
       },
       submit: (child) => this.submit(child),

@@ -19,7 +19,7 @@ import type { Kept } from "../src/claims.js";
 import { newId } from "../src/index.js";
 import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Reply, Result } from "../src/index.js";
 import { binary, eventsOf, freePort, Gate, kvUntil, provision, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
-import type { Stack } from "./harness.js";
+import type { RestartableStack, Stack } from "./harness.js";
 import type { Logger } from "../src/log.js";
 
 const quiet = { debug() {}, info() {}, warn() {}, error() {} };
@@ -416,6 +416,28 @@ describe("deadlines and progress", () => {
     const replies = await send(stack, t);
     const result = (await replies.next((r) => r.kind === "result")) as Result;
     assert.ok((result.result as { deadline_ms: number }).deadline_ms > 600);
+    replies.close();
+  });
+
+  it("does not fail a handler whose progress report waits on a server away for a moment", async () => {
+    const topic = unique("reporter");
+    const attempts: number[] = [];
+    await started(
+      newAgent(unique("ts-reporter")).handler(topic, { deadlineMs: 400 }, async (ctx) => {
+        attempts.push(ctx.attempt);
+        for (let step = 0; step < 3; step++) {
+          await new Promise((resolve) => setTimeout(resolve, 100));
+          if (step === 1) (stack as RestartableStack).pauseServer(1_000);
+          await ctx.progress(`step ${step}`);
+        }
+        return { steps: 3 };
+      }),
+    );
+    const t = task(topic, null);
+    const replies = await send(stack, t);
+    const result = (await replies.next((r) => r.kind === "result")) as Result;
+    assert.deepEqual(result.result, { steps: 3 });
+    assert.deepEqual(attempts, [1]); // it was failed as deadline_exceeded, and run again
     replies.close();
   });
 

@@ -112,6 +112,8 @@ export interface RestartableStack extends Stack {
   port: number;
   /** Stop nats-server and start it again on the same port and store, as `reach up` restarted. */
   restartServer(): Promise<void>;
+  /** Make nats-server stop answering for `ms` (SIGSTOP, then SIGCONT): a server away. */
+  pauseServer(ms: number): void;
 }
 
 /** A nats-server, the Python coordinator on it, and a client connection. */
@@ -142,7 +144,12 @@ export async function startStack(): Promise<RestartableStack> {
     await waitForOutput(coordinator.child, "coordinator serving on", 60_000, "reach up");
     nc = await connect({ servers: url, name: "test-client" });
     const jsm = await nc.jetstreamManager();
-    return { url, port, nc, jsm, coordinatorLog: coordinator.log, restartServer, stop };
+    const pauseServer = (ms: number) => {
+      const paused = server;
+      paused?.kill("SIGSTOP");
+      setTimeout(() => paused?.kill("SIGCONT"), ms);
+    };
+    return { url, port, nc, jsm, coordinatorLog: coordinator.log, restartServer, pauseServer, stop };
   } catch (err) {
     await stop();
     throw err;
