@@ -11,6 +11,8 @@ high watermark and whose token bucket has a token. When none is found:
 - every such agent's breaker is open: the fallback rule, then ``circuit_open``;
 - they exist but are stopped or not ONLINE: wait within the task's ttl, then
   ``expired`` (a restarting agent picks it up; nothing waits in a dead queue).
+- a workflow step its instance no longer waits for (cancelled, ended, the step stopped):
+  refused as ``cancelled`` (:mod:`.abandoned`).
 
 A task on a resolve topic (``reach.task.auto``) first gets its intent from its text; when
 that intent is not sure enough for any rule it goes to the ``below`` destination, by default
@@ -34,16 +36,12 @@ from agentreach.broker import Broker, SubjectFull, TooLarge
 from agentreach.broker.lifecycle import GRANT_HEADER, SEAL_HEADER, about, emit, event_for, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error, refuse
 from agentreach.coordinator.protection.grants import Grants
+from agentreach.coordinator.routing.abandoned import refused_as_abandoned
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.intents.resolver import Resolving, describe, text_of
 from agentreach.coordinator.routing.manual import ManualConfig, ManualQueue
 from agentreach.coordinator.routing.rules import Decision, RoutingConfig, pools_of
-from agentreach.coordinator.routing.run_once import (
-    RanAlready,
-    Running,
-    RunOnce,
-    answer_from_record,
-)
+from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce, answer_from_record
 from agentreach.envelopes import ErrorInfo, Routed, Task, tracecontext
 from agentreach.envelopes import headers as h
 from agentreach.envelopes.audit import summary_of_task
@@ -127,6 +125,8 @@ class Router:
             case Running(left_s=left_s):
                 log.info("an agent runs it now; waiting", left_s=round(left_s, 3))
                 return min(left_s + 0.05, WAIT_CAP_S)
+        if await refused_as_abandoned(self._broker, task):
+            return None
         if left_ms <= 0:
             await self.end(task, "expired", self._expiry(task, where, waited))
             return None

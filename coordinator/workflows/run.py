@@ -116,10 +116,11 @@ class Run(Compensation):
                 if self._past_deadline():
                     return True
                 run = self.record.steps[current]
+                given = run.input if run.status == "running" else run.output  # no result yet
                 if run.status == "running":
                     self._stop(current, run, "cancelled")
                 self.actions.append(Note("signal_taken", current, {"event": event}))
-                self._enter(transition.to, run.output)
+                self._enter(transition.to, given)
                 return True
         return False
 

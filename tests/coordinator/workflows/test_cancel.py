@@ -336,3 +336,74 @@ async def test_a_push_gives_the_callers_of_a_deployment_made_before_their_cancel
         await push(directory, server.url)
         async with Broker(server.url, name="alice", auth=alice) as caller:
             assert (await caller.publish(subject, b"")).stream == Names().workflows_stream
+
+
+# -- what a cancel stops: nothing is dispatched for it afterwards --------------------------
+
+
+def _recording(agent_id: str, runs: list[int], gate: asyncio.Event | None = None) -> Agent:
+    agent = Agent(agent_id, startup_delay=0)
+
+    @agent.handler("chore", max_attempts=3)
+    async def chore(ctx: TaskContext, payload: Any) -> Any:
+        runs.append(ctx.attempt)
+        if gate is not None:
+            await gate.wait()
+            raise ConnectionError("the backend went away")  # retryable: retried if allowed
+        return payload
+
+    return agent
+
+
+async def test_a_step_waiting_for_its_agent_is_not_dispatched_after_a_cancel(
+    broker, start_coordinator, watcher
+):
+    """The step's agent is stopped, so its task waits in intake; the instance is cancelled;
+    the agent comes back: the step's task is refused as cancelled, its handler never runs."""
+    runs: list[int] = []
+    flows = {"queued": wf.chain(wf.step("a", "chore"))}
+    async with start_coordinator(fast(workflows=flows)) as coordinator:
+        async with serving(broker, coordinator, _recording("chore-q", runs)):
+            pass
+        await eventually(lambda: coordinator.directory.cards["chore-q"].status == "stopped")
+        async with ReachClient(broker=broker) as client:
+            await client.publish("queued", {"n": 1}, message_id="queued-1")
+        step_id = message_id_of("queued-1", "a", 1)
+        await watcher.event("workflow_started", message_id="queued-1")
+
+        async def step_sent() -> bool:
+            record = await read_record(broker, "queued-1")
+            return record is not None and record.steps.get("a") is not None
+
+        await until_true(step_sent)
+        await cancel(broker, "queued-1")
+        await watcher.event("workflow_cancelled", message_id="queued-1")
+        async with serving(broker, coordinator, _recording("chore-q", runs)):
+            refused = await watcher.event("rejected", message_id=step_id, timeout=20)
+    assert refused.detail["error"]["type"] == "cancelled"
+    assert "step 'a' of workflow 'queued-1' is cancelled" in refused.detail["error"]["message"]
+    assert runs == []
+
+
+async def test_a_step_s_failed_attempt_is_not_retried_after_a_cancel(
+    broker, start_coordinator, watcher
+):
+    """A step's first attempt runs when the instance is cancelled, then fails (retryable):
+    its retry is refused as cancelled, not run."""
+    runs: list[int] = []
+    gate = asyncio.Event()
+    flows = {"flaky": wf.chain(wf.step("a", "chore"))}
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, _recording("chore-f", runs, gate)),
+    ):
+        async with ReachClient(broker=broker) as client:
+            await client.publish("flaky", {"n": 1}, message_id="flaky-1")
+        step_id = message_id_of("flaky-1", "a", 1)
+        await watcher.event("accepted", message_id=step_id)
+        await cancel(broker, "flaky-1")
+        await watcher.event("workflow_cancelled", message_id="flaky-1")
+        gate.set()
+        refused = await watcher.event("rejected", message_id=step_id, timeout=20)
+    assert refused.detail["error"]["type"] == "cancelled"
+    assert runs == [1]

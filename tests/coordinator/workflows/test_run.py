@@ -324,3 +324,26 @@ def test_a_step_task_is_named_back_from_its_message_id(instance: str) -> None:
         instance_id=instance, step="fetch-web", compensation=True, handled=False
     )
     assert workflow_step_of("other", task) is None and workflow_step_of(None, task) is None
+
+
+def test_an_event_taken_while_its_state_runs_gives_the_next_state_that_state_s_input() -> None:
+    """A `cancel` signal while `pending` still charges: the charge is abandoned (cancelled)
+    and `refunded` gets what `pending` was given, not a result that never came (null)."""
+    flow = spec(
+        """
+        states:
+          initial: pending
+          states:
+            pending:
+              intent: charge
+              next: [{event: cancel, to: refunded}, {when: {field: paid, value: true}, to: done}]
+            refunded: {intent: refund, terminal: true}
+            done: {terminal: true}
+        """
+    )
+    record, _ = started(flow, {"order": 7})
+    run = Run(flow, record, 2_000)
+    assert run.on_signal("cancel")
+    assert record.steps["pending"].status == "cancelled"
+    assert record.current == "refunded" and record.steps["refunded"].input == {"order": 7}
+    assert dispatched(run) == ["refunded"]
