@@ -76,6 +76,9 @@ def load_workflows(target: str) -> dict[str, WorkflowSpec]:
     found = load_target(
         target, malformed="--workflows expects MODULE:OBJECT (e.g. myflows:WORKFLOWS)"
     )
+    if found is None:
+        module, _, name = target.partition(":")
+        raise UsageError(f"module {module!r} has no {name!r} (expected a dict of name → workflow)")
     if not isinstance(found, dict):
         raise UsageError(
             f"{target} is {type(found).__name__}; expected a dict of name → workflow, e.g."

@@ -115,3 +115,9 @@ def test_an_entry_that_is_not_a_workflow_is_named(module_dir):
     assert refusal(module_dir, "wf_entry_not_one", not_one).startswith(
         "workflow 'review' of wf_entry_not_one:WORKFLOWS is str, not a workflow"
     )
+
+
+def test_a_module_without_the_object_named_says_so(module_dir):
+    """`--workflows mod:NOPE` names what is missing, not "NoneType"."""
+    said = refusal(module_dir, "wf_without_it", "OTHER = {}\n")
+    assert said == "module 'wf_without_it' has no 'WORKFLOWS' (expected a dict of name → workflow)"
