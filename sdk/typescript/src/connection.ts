@@ -12,7 +12,7 @@ import type {
   PubAck,
 } from "nats";
 
-import { ReachError } from "./errors.js";
+import { ConnectError, ReachError } from "./errors.js";
 import type { Logger } from "./log.js";
 import { Names } from "./names.js";
 import { sleep } from "./timing.js";
@@ -73,7 +73,14 @@ export class Connection {
 
   /** Connect once: a server that is not there is an error at once (a caller's choice). */
   static async connect(options: ConnectionOptions, names: Names, requestTimeoutMs: number): Promise<Connection> {
-    return Connection.over(await connect(options), names, requestTimeoutMs);
+    let nc: NatsConnection;
+    try {
+      nc = await connect(options);
+    } catch (err) {
+      const why = err instanceof Error ? err.message : String(err);
+      throw new ConnectError(`cannot connect to NATS at ${String(options.servers)}: ${why}`, { cause: err });
+    }
+    return Connection.over(nc, names, requestTimeoutMs);
   }
 
   private static async over(nc: NatsConnection, names: Names, requestTimeoutMs: number): Promise<Connection> {

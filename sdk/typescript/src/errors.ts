@@ -9,6 +9,7 @@
  * ├── PayloadUnavailable    a claim-checked payload is gone or does not match its SHA-256
  * │                         (in claimcheck.ts)
  * ├── InvalidArgument       a ReachClient call got a wrong argument; nothing was sent
+ * ├── ConnectError          ReachClient.connect() reached no NATS server (`cause`: why)
  * └── InvokeError           ReachClient.invoke() did not get a result (`messageId`, `traceId`)
  *     ├── NotAcknowledged   no agent accepted the task within the ack deadline (it stays queued)
  *     ├── DeadlineExceeded  accepted, but no result within the execute deadline
@@ -36,6 +37,11 @@ export class AgentIdInUse extends ReachError {
 /** Throw from a handler when trying again cannot help (bad input, business refusal). */
 export class PermanentError extends ReachError {
   override name = "PermanentError";
+}
+
+/** ReachClient.connect() reached no server; the message names the servers, `cause` the client's error. */
+export class ConnectError extends ReachError {
+  override name = "ConnectError";
 }
 
 /** A record could not be decoded; the message ends with the JSON path at fault. */

@@ -13,6 +13,7 @@ export { TaskContext } from "./context.js";
 export {
   AgentConfigError,
   AgentIdInUse,
+  ConnectError,
   BacklogFull,
   DeadlineExceeded,
   DecodeError,

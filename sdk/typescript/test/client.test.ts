@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { connect, DiscardPolicy } from "nats";
 import type { Msg } from "nats";
 
-import { Agent, BacklogFull, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, TaskFailed } from "../src/index.js";
+import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, TaskFailed } from "../src/index.js";
 import type { Ack, Progress, Task } from "../src/index.js";
 import { freePort, Gate, Relay, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
 import type { RestartableStack, SecuredStack, Stack } from "./harness.js";
@@ -577,5 +577,17 @@ describe("ReachClient when the server does not take the task", () => {
     } finally {
       await client.close();
     }
+  });
+});
+
+describe("ReachClient with no server", () => {
+  it("throws ConnectError naming the server when nothing listens there", async () => {
+    const url = `nats://127.0.0.1:${await freePort()}`; // free: nothing listens on it
+    await assert.rejects(ReachClient.connect(url), (err: unknown) => {
+      assert.ok(err instanceof ConnectError && err instanceof ReachError, String(err));
+      assert.match(err.message, new RegExp(`^cannot connect to NATS at ${url}: `));
+      assert.ok(err.cause !== undefined);
+      return true;
+    });
   });
 });
