@@ -143,6 +143,11 @@ class State(msgspec.Struct, **_Strict):  # type: ignore[misc]
             raise ValueError("a state that is not terminal needs 'next' transitions")
         if self.on_timeout is not None and self.timeout_s is None:
             raise ValueError("'on_timeout' needs a timeout_s")
+        if self.timeout_s is not None and self.intent is None:
+            raise ValueError(
+                "'timeout_s' bounds the state's intent, and this state has none: a state that"
+                " only waits for an event waits until the workflow's ttl_s"
+            )
         check_template(self.input)
 
 

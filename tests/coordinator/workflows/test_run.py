@@ -347,3 +347,13 @@ def test_an_event_taken_while_its_state_runs_gives_the_next_state_that_state_s_i
     assert record.steps["pending"].status == "cancelled"
     assert record.current == "refunded" and record.steps["refunded"].input == {"order": 7}
     assert dispatched(run) == ["refunded"]
+
+
+def test_a_state_without_an_intent_refuses_a_timeout_it_would_not_keep() -> None:
+    """A state that only waits for an event has no run for `timeout_s` to bound: the
+    definition is refused, naming what bounds the wait instead."""
+    with pytest.raises(msgspec.ValidationError, match="'timeout_s' bounds the state's intent"):
+        spec(
+            "states: {initial: wait, states: {wait: {timeout_s: 3, on_timeout: done,"
+            " next: [{event: go, to: done}]}, done: {terminal: true}}}"
+        )
