@@ -12,8 +12,9 @@ from nats.aio.subscription import Subscription
 
 from agentreach import envelopes
 from agentreach.broker import Broker
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.watch import BucketWatch
-from agentreach.envelopes import AgentCard, DeadLetter, Event, Execution, execution_key
+from agentreach.envelopes import AgentCard, DeadLetter, Event, Execution, Task, execution_key
 
 
 class Watcher:
@@ -185,3 +186,18 @@ async def recorded(
     records = await broker.bucket(broker.names.executions_bucket, Execution)
     record = Execution(message_id=message_id, state=state, agent_id=agent_id, **fields)  # type: ignore[arg-type]
     return await records.create(execution_key(None, message_id, agent_id), record)
+
+
+async def letter_of(
+    broker: Broker, task: Task, reason: str = "no_route", **fields: Any
+) -> DeadLetter:
+    """Dead-letter ``task`` as ``reason`` under its own ids and topic (what a test sets up)."""
+    return await dead_letter(
+        broker,
+        reason=reason,
+        task=task,
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+        topic=task.topic,
+        **fields,
+    )

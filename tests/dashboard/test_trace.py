@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 from agentreach.agents.letters import replay, resolve
-from agentreach.broker.dead_letters import dead_letter
 from agentreach.dashboard.trace import trace_of
 from agentreach.envelopes import Task
-from tests.support import eventually
+from tests.support import eventually, letter_of
 
 
 async def test_a_settled_letter_s_stages_say_who_settled_it_and_how(broker, watcher):
     """A letter replayed and then resolved: the replayed stage names the new message, its
     topic and who replayed it; the resolved one the note and who wrote it."""
     task = Task(v=1, message_id="timeline-1", trace_id="timeline-1", topic="chores")
-    letter = await dead_letter(
-        broker,
-        reason="no_route",
-        task=task,
-        message_id=task.message_id,
-        trace_id=task.trace_id,
-        topic=task.topic,
-    )
+    letter = await letter_of(broker, task)
     sent = await replay(broker, letter, sender="ops-worker")
     await resolve(broker, letter, "refunded by hand", by="alice")
     await eventually(lambda: watcher.count("resolved", {"timeline-1"}) == 1)
