@@ -70,7 +70,7 @@ class AuditWriter:
         # for the real one (the first record of a message is its only one).
         if (vouched := await routing_vouches(broker, msg, ending, events)) is not True:
             return None if vouched is False else vouched
-        record = audit_record(ending, msg.timestamp_ms, events.authentic)
+        record = audit_record(ending, msg.timestamp_ns / 1e6, events.authentic)
         subject = names.audit(record.status, ending.topic, ending.trace_id, ending.message_id)
         await broker.publish(
             subject, encode(record), headers={"Nats-Msg-Id": f"audit-{ending.message_id}"}
@@ -79,12 +79,14 @@ class AuditWriter:
 
 
 def audit_record(
-    ending: Event, ended_ms: int, stored: list[tuple[StoredMessage, Event]]
+    ending: Event, ended_ms: float, stored: list[tuple[StoredMessage, Event]]
 ) -> AuditRecord:
-    """The record of the message ``ending`` finished, from its stored (authentic) events."""
+    """The record of the message ``ending`` finished (stored at ``ended_ms``, the broker's
+    time at full precision: a no-op run can start and end in one millisecond), from its
+    stored (authentic) events."""
     events = [(message.timestamp_ns / 1e6, event) for message, event in stored]
     if not events:
-        events = [(float(ended_ms), ending)]
+        events = [(ended_ms, ending)]
     first_ms = events[0][0]
     received = ending.received_ms or first_ms
     shown = [(t, e) for t, e in events if e.event != "progress"]
@@ -96,7 +98,7 @@ def audit_record(
         status="dead_lettered" if ending.event == "dead_lettered" else "completed",
         reason=ending.detail.get("reason") if ending.event == "dead_lettered" else None,
         received_ms=int(received),
-        ended_ms=ended_ms,
+        ended_ms=int(ended_ms),
         attempts=max(e.attempt for _, e in events),
         agents=list(
             dict.fromkeys(e.agent_id for _, e in events if e.event == "routed" and e.agent_id)
@@ -119,7 +121,7 @@ def _durations(events: list[tuple[float, Event]], received: float, ended: float)
         starts = _PHASE_OF.get(event.event)
         if starts is None:
             continue
-        # Event times are the broker's in µs, the ends whole ms: keep each inside them.
+        # An event stored after the ending (a cluster can) adds nothing.
         at = max(since, min(at, ended))
         spent[phase] += at - since
         phase, since = starts, at

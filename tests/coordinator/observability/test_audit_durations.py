@@ -26,7 +26,7 @@ def record_of(*timeline: tuple[float, str, int], ending: int = -1) -> Durations:
         at_ns = int((RECEIVED_MS + after_ms) * 1_000_000)
         stored.append((StoredMessage(seq, "reach.event", b"", {}, at_ns), event))
     message, event = stored[ending]
-    return audit_record(event, message.timestamp_ms, stored).durations
+    return audit_record(event, message.timestamp_ns / 1e6, stored).durations
 
 
 def parts(d: Durations) -> float:
@@ -93,7 +93,7 @@ def test_retries_exhausted_and_completed_after_retries_add_up():
 def test_a_message_never_routed_spent_its_time_in_intake():
     """A dead letter straight from routing (no_route): all of it is intake."""
     d = record_of((7.25, "dead_lettered", 1))
-    assert d == Durations(total=7.0, intake=7.0)  # ends on the whole ms the ending was stored
+    assert d == Durations(total=7.25, intake=7.25)
 
 
 def test_a_workflows_own_message_executes_from_its_start():
@@ -106,4 +106,12 @@ def test_an_event_stored_after_the_ending_adds_nothing():
     """The ending comes first in the stream (a cluster stored the routing later): the
     phases still add up to the total, none negative."""
     d = record_of((1.5, "completed", 1), (3.0, "routed", 1), ending=0)
-    assert d == Durations(total=1.0, intake=1.0)
+    assert d == Durations(total=1.5, intake=1.5)
+
+
+def test_a_run_inside_one_millisecond_still_executed():
+    """Accepted and completed in the same millisecond of the broker's clock (a no-op
+    handler): the run counts its fraction of a millisecond, not 0 (the end was cut to
+    whole milliseconds, and the run clamped to nothing)."""
+    d = record_of((2.1, "routed", 1), (3.2, "accepted", 1), (3.7, "completed", 1))
+    assert d.executing == pytest.approx(0.5) and d.total == pytest.approx(3.7)
