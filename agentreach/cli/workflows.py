@@ -232,7 +232,8 @@ def _step(key: str, run: StepRun, start_ms: int, *, waits: bool = False) -> str:
     line = f"{key:<14} {run.status:<10} {offset:>9} {took:>8}  {run.intent or '(pass-through)'}"
     line += f"{visit}  {run.message_id}"
     if waits:
-        line += "  ← waits here for a signal (reach workflows signal ID EVENT)"
+        until = f" until {_clock(run.deadline_ms)}" if run.deadline_ms else ""
+        line += f"  ← waits here for a signal{until} (reach workflows signal ID EVENT)"
     if run.error is not None:
         line += f"  {run.error.type}: {run.error.message}"
     return line.rstrip()

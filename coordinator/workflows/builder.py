@@ -103,7 +103,8 @@ def state(intent: str | None = None, **options: Any) -> State:
     an event), then the first of ``next`` (a list of :func:`go`) that holds.
 
     ``options``: ``next``, ``terminal`` (no ``next`` then), ``input`` (a template; default:
-    the previous state's output), ``timeout_s`` with ``on_timeout`` (a state to go to),
+    the previous state's output), ``timeout_s`` (the intent's run) and ``wait_s`` (the wait
+    for an event) with ``on_timeout`` (a state to go to past either),
     ``on_error`` (a state to go to when the task fails for good), ``compensate`` and
     ``priority``. A wrong key or value raises ``msgspec.ValidationError`` (a ``ValueError``).
     """

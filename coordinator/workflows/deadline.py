@@ -25,3 +25,16 @@ def expiry(record: WorkflowRecord, spec: WorkflowSpec) -> ErrorInfo:
     else:
         why = f"workflow ttl {spec.ttl_s:g} s passed"
     return ErrorInfo(type="expired", message=why, retryable=False)
+
+
+def new_record(workflow: str, task: Task, spec: WorkflowSpec, now_ms: int) -> WorkflowRecord:
+    """The record of an instance of ``spec`` that ``task`` starts at ``now_ms``."""
+    return WorkflowRecord(
+        instance_id=task.message_id,
+        workflow=workflow,
+        trace_id=task.trace_id,
+        task=task,
+        started_ms=now_ms,
+        deadline_ms=deadline_of(task, spec, now_ms),
+        steps_total=0 if spec.is_machine else len(spec.graph()),
+    )

@@ -42,6 +42,7 @@ from agentreach.coordinator.workflows.answers import (
     may_cancel,
 )
 from agentreach.coordinator.workflows.control import cancel
+from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.nesting import check_nesting, child_headers
 from agentreach.coordinator.workflows.records import HotRecords
 from agentreach.coordinator.workflows.run import (
@@ -54,7 +55,6 @@ from agentreach.coordinator.workflows.run import (
     Run,
     StepRun,
     Timer,
-    new_record,
 )
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import (

@@ -10,7 +10,7 @@ may list them all again.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -23,29 +23,18 @@ from agentreach.coordinator.workflows.actions import (
     Timer,
     message_id_of,
 )
-from agentreach.coordinator.workflows.deadline import deadline_of, expiry
+from agentreach.coordinator.workflows.deadline import expiry
+from agentreach.coordinator.workflows.joins import join_value, readiness
 from agentreach.coordinator.workflows.nesting import too_deep
 from agentreach.coordinator.workflows.saga import Compensation
 from agentreach.coordinator.workflows.spec import MAX_STATE_VISITS, Step, WorkflowSpec
 from agentreach.coordinator.workflows.templates import render
-from agentreach.envelopes import ErrorInfo, Priority, StepRun, Task, WorkflowRecord
+from agentreach.envelopes import ErrorInfo, Priority, StepRun, WorkflowRecord
 from agentreach.envelopes.coordination import StepStatus
 
 DEADLINE = "_deadline"  # the timer of the whole workflow
+WAITING = ".wait"  # "<state>.wait": the timer of a state's wait for its events (its wait_s)
 BY_OPERATOR = "cancelled by an operator"  # what a cancel that names no reason says
-SETTLED: frozenset[str] = frozenset({"completed", "failed", "timed_out", "cancelled"})
-
-
-def new_record(workflow: str, task: Task, spec: WorkflowSpec, now_ms: int) -> WorkflowRecord:
-    return WorkflowRecord(
-        instance_id=task.message_id,
-        workflow=workflow,
-        trace_id=task.trace_id,
-        task=task,
-        started_ms=now_ms,
-        deadline_ms=deadline_of(task, spec, now_ms),
-        steps_total=0 if spec.is_machine else len(spec.graph()),
-    )
 
 
 class Run(Compensation):
@@ -100,6 +89,8 @@ class Run(Compensation):
         if key == DEADLINE or self.now >= self.record.deadline_ms:
             self._expire()
             return True
+        if key.endswith(WAITING):
+            return self._wait_over(key, visit)
         run = self.record.steps.get(key)
         if run is None or run.status != "running" or run.visit != visit:
             return False  # it ended in time, or this is an older visit's timer
@@ -147,6 +138,8 @@ class Run(Compensation):
                 self.actions.append(Dispatch(key, run))
                 if run.deadline_ms:
                     self.actions.append(Timer(key, run.visit, run.deadline_ms))
+        if (waiting := self._wait_timer()) is not None:
+            self.actions.append(waiting)
         for key, run in record.compensations.items():
             if run.status == "running":
                 self.actions.append(Dispatch(f"{key}-undo", run))
@@ -161,7 +154,7 @@ class Run(Compensation):
                 run = self.record.steps.get(step.name)
                 if run is not None and run.status != "waiting":
                     continue
-                verdict, why = self._readiness(step)
+                verdict, why = readiness(step, self.record.steps)
                 if verdict == "impossible":
                     self._fail(ErrorInfo(type="join_failed", message=why, retryable=False))
                     return
@@ -171,26 +164,6 @@ class Run(Compensation):
         final = self.record.steps.get(list(self._graph)[-1])
         if self.record.status == "running" and final is not None and final.status == "completed":
             self._complete(final.output)
-
-    def _readiness(self, step: Step) -> tuple[Literal["ready", "wait", "impossible"], str]:
-        after = step.after or []
-        if not after:
-            return "ready", ""
-        runs = [self.record.steps.get(name) or StepRun() for name in after]
-        done = sum(r.status == "completed" for r in runs)
-        missing = sum(r.status == "timed_out" for r in runs)  # timed out with on_timeout partial
-        pending = sum(r.status not in SETTLED for r in runs)
-        policy = step.join.policy
-        if policy == "all":
-            if done + missing == len(runs):
-                return "ready", ""
-            return "wait", ""
-        needed = 1 if policy == "any" else (step.join.quorum or 1)
-        if done >= needed:
-            return "ready", ""
-        if done + pending < needed:
-            return "impossible", f"step {step.name!r} needs {needed} of {after}, only {done} done"
-        return "wait", ""
 
     def _start_step(self, step: Step, *, intent: str | None = None) -> None:
         payload = self._input_of(step)
@@ -207,24 +180,13 @@ class Run(Compensation):
         elif len(after) == 1:
             default = outputs.get(after[0])
         else:
-            default = self._join_value(after)
+            default = join_value(after, self.record.steps)
         if step.input is None:
             return default
         context = {"input": self.record.task.payload, "prev": default, **outputs}
         if len(after) > 1:
             context.update(default)
         return render(step.input, context)
-
-    def _join_value(self, after: list[str]) -> dict[str, Any]:
-        results, missing = {}, {}
-        for name in after:
-            run = self.record.steps.get(name) or StepRun()
-            if run.status == "completed":
-                results[name] = run.output
-            else:
-                reason = run.error.message if run.error else run.status
-                missing[name] = reason if run.status in SETTLED else "not finished when joined"
-        return {"results": results, "missing": missing}
 
     def _step_ended(self, key: str, run: StepRun, *, output: Any, error: ErrorInfo | None) -> None:
         self._settle(run, output=output, error=error)
@@ -255,10 +217,7 @@ class Run(Compensation):
             self._stop(key, run, "timed_out")
             run.error = _timeout_error(key, state.timeout_s)
             self.actions.append(Note("step_timed_out", key, {"visit": run.visit}))
-            if state.on_timeout:
-                self._enter(state.on_timeout, {"timed_out": key})
-            else:
-                self._fail(run.error)
+            self._state_timed_out(key, run.error)
             return
         step = self._graph[key]
         run.error = _timeout_error(key, step.timeout_s)
@@ -312,7 +271,45 @@ class Run(Compensation):
         if not any(t.event for t in state.next):
             message = f"no transition from state {name!r} matches its result"
             self._fail(ErrorInfo(type="no_transition", message=message, retryable=False))
-        # otherwise: wait here for one of the state's events
+            return
+        # Wait here for one of the state's events: the deadline is the wait's from now on.
+        run.deadline_ms = self.now + int(state.wait_s * 1000) if state.wait_s else 0
+        if (waiting := self._wait_timer()) is not None:
+            self.actions.append(waiting)
+
+    def _wait_timer(self) -> Timer | None:
+        """The timer of the current state's wait for its events, if it waits for a while."""
+        machine, current = self.spec.states, self.record.current
+        if machine is None or current is None or machine.states[current].wait_s is None:
+            return None
+        run = self.record.steps[current]
+        return (
+            Timer(current + WAITING, run.visit, run.deadline_ms)
+            if run.status == "completed"
+            else None
+        )
+
+    def _wait_over(self, key: str, visit: int) -> bool:
+        """A state waited its ``wait_s`` and none of its events came."""
+        waiting = self._wait_timer()
+        if waiting is None or (waiting.key, waiting.visit) != (key, visit):
+            return False  # an event came in time, or this is an older visit's timer
+        assert self.spec.states is not None and self.record.current is not None
+        name = self.record.current
+        state = self.spec.states.states[name]
+        events = [t.event for t in state.next if t.event]
+        message = f"state {name!r} waited {state.wait_s:g} s for {' or '.join(events)}: none came"
+        self.actions.append(Note("step_timed_out", name, {"visit": visit, "waited_for": events}))
+        self._state_timed_out(name, ErrorInfo(type="timeout", message=message, retryable=False))
+        return True
+
+    def _state_timed_out(self, name: str, error: ErrorInfo) -> None:
+        assert self.spec.states is not None
+        target = self.spec.states.states[name].on_timeout
+        if target:
+            self._enter(target, {"timed_out": name})
+        else:
+            self._fail(error)
 
     # -- shared ---------------------------------------------------------------------
     def _begin(

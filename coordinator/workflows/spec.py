@@ -130,8 +130,9 @@ class State(msgspec.Struct, **_Strict):  # type: ignore[misc]
     input: Any = None  # template; default: the previous state's output
     next: list[Transition] = []
     terminal: bool = False
-    timeout_s: PositiveSeconds | None = None
-    on_timeout: str | None = None  # a state to go to; else the workflow fails
+    timeout_s: PositiveSeconds | None = None  # bounds the intent's run
+    wait_s: PositiveSeconds | None = None  # bounds the wait for one of its events
+    on_timeout: str | None = None  # a state to go to past either; else the workflow fails
     on_error: str | None = None  # a state to go to when the intent's task fails for good
     compensate: Token | None = None
     priority: Priority | None = None  # default: the starting task's
@@ -141,13 +142,15 @@ class State(msgspec.Struct, **_Strict):  # type: ignore[misc]
             raise ValueError("a terminal state has no 'next'")
         if not self.terminal and not self.next:
             raise ValueError("a state that is not terminal needs 'next' transitions")
-        if self.on_timeout is not None and self.timeout_s is None:
-            raise ValueError("'on_timeout' needs a timeout_s")
+        if self.on_timeout is not None and self.timeout_s is None and self.wait_s is None:
+            raise ValueError("'on_timeout' needs a timeout_s or a wait_s")
         if self.timeout_s is not None and self.intent is None:
             raise ValueError(
-                "'timeout_s' bounds the state's intent, and this state has none: a state that"
-                " only waits for an event waits until the workflow's ttl_s"
+                "'timeout_s' bounds the state's intent, and this state has none: 'wait_s'"
+                " bounds its wait for an event"
             )
+        if self.wait_s is not None and not any(t.event for t in self.next):
+            raise ValueError("'wait_s' bounds the wait for an event, and no transition has one")
         check_template(self.input)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.run import (
     DEADLINE,
     Dispatch,
@@ -12,7 +13,6 @@ from agentreach.coordinator.workflows.run import (
     Note,
     Run,
     Timer,
-    new_record,
 )
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import Task, WorkflowRecord

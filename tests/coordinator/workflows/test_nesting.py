@@ -10,13 +10,14 @@ from agentreach.coordinator import ConfigError
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import WorkflowEngine
 from agentreach.coordinator.workflows.actions import Abandon, Dispatch
+from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.nesting import (
     DEPTH_HEADER,
     MAX_DEPTH,
     check_nesting,
     child_headers,
 )
-from agentreach.coordinator.workflows.run import Run, new_record
+from agentreach.coordinator.workflows.run import Run
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import Task
 

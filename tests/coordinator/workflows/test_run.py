@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from agentreach.coordinator import ConfigError, load_config
+from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.run import (
     DEADLINE,
     Dispatch,
@@ -16,7 +17,6 @@ from agentreach.coordinator.workflows.run import (
     Timer,
     WorkflowRecord,
     message_id_of,
-    new_record,
 )
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.coordinator.workflows.templates import render
@@ -352,8 +352,93 @@ def test_an_event_taken_while_its_state_runs_gives_the_next_state_that_state_s_i
 def test_a_state_without_an_intent_refuses_a_timeout_it_would_not_keep() -> None:
     """A state that only waits for an event has no run for `timeout_s` to bound: the
     definition is refused, naming what bounds the wait instead."""
-    with pytest.raises(msgspec.ValidationError, match="'timeout_s' bounds the state's intent"):
+    with pytest.raises(
+        msgspec.ValidationError,
+        match=r"'timeout_s' bounds the state's intent.*'wait_s' bounds its wait",
+    ):
         spec(
             "states: {initial: wait, states: {wait: {timeout_s: 3, on_timeout: done,"
+            " next: [{event: go, to: done}]}, done: {terminal: true}}}"
+        )
+
+
+APPROVAL = spec(
+    """
+    states:
+      initial: review
+      states:
+        review:
+          intent: check
+          wait_s: 10
+          on_timeout: escalated
+          next: [{when: {field: clear, value: true}, to: approved}, {event: approve, to: approved}]
+        approved: {terminal: true}
+        escalated: {intent: ask_manager, terminal: true}
+    """
+)
+
+
+def test_a_state_waits_for_its_events_no_longer_than_its_wait_s() -> None:
+    """`review`'s result matches no `when`: it waits for `approve` 10 s from then, and past
+    that goes to its on_timeout state, which gets `{"timed_out": "review"}`."""
+    record, run = started(APPROVAL)
+    assert not [a for a in run.actions if isinstance(a, Timer) and a.key != DEADLINE]
+    waits = step(record, APPROVAL, "review", {"clear": False}, now=5_000)
+    assert Timer("review.wait", 1, 15_000) in waits.actions
+    assert record.status == "running" and record.current == "review"
+    late = Run(APPROVAL, record, 15_000)
+    assert late.on_timer("review.wait", 1)
+    assert record.path == ["review", "escalated"]
+    assert record.steps["escalated"].input == {"timed_out": "review"}
+    assert dispatched(late) == ["escalated"]
+
+
+def test_an_event_in_time_leaves_the_wait_timer_nothing_to_do() -> None:
+    """`approve` before the 10 s: the machine moves on, and the timer, when it comes, is
+    not this state's wait any more (nor is an older visit's)."""
+    record, _ = started(APPROVAL)
+    step(record, APPROVAL, "review", {"clear": False}, now=5_000)
+    assert Run(APPROVAL, record, 6_000).on_signal("approve")
+    assert record.status == "completed"
+    assert not Run(APPROVAL, record, 15_000).on_timer("review.wait", 1)
+    assert record.path == ["review", "approved"]
+
+
+def test_a_wait_without_on_timeout_fails_naming_the_events_it_waited_for() -> None:
+    """An intent-less state that waits 2 s for `go` or `stop`, nothing to go to past it: the
+    workflow fails with a timeout that says which state waited for what."""
+    flow = spec(
+        "states: {initial: hold, states: {hold: {wait_s: 2, next: [{event: go, to: done},"
+        " {event: stop, to: done}]}, done: {terminal: true}}}"
+    )
+    record, run = started(flow)
+    assert Timer("hold.wait", 1, 3_000) in run.actions
+    assert not Run(flow, record, 3_000).on_timer("hold.wait", 2)  # not this visit's
+    assert Run(flow, record, 3_000).on_timer("hold.wait", 1)
+    assert record.status == "failed" and record.error is not None
+    assert record.error.type == "timeout"
+    assert record.error.message == "state 'hold' waited 2 s for go or stop: none came"
+
+
+def test_a_resumed_instance_arms_its_wait_again() -> None:
+    """After a crash, a state that waits is given its timer again, due when it was."""
+    record, _ = started(APPROVAL)
+    step(record, APPROVAL, "review", {"clear": False}, now=5_000)
+    again = Run(APPROVAL, record, 9_000)
+    again.resume()
+    assert Timer("review.wait", 1, 15_000) in again.actions
+    assert dispatched(again) == []
+
+
+def test_wait_s_needs_an_event_to_wait_for() -> None:
+    """A wait_s on a state no event moves is refused; on_timeout may go with wait_s alone."""
+    with pytest.raises(msgspec.ValidationError, match="'wait_s' bounds the wait for an event"):
+        spec(
+            "states: {initial: s, states: {s: {intent: x, wait_s: 3, next: [{to: done}]},"
+            " done: {terminal: true}}}"
+        )
+    with pytest.raises(msgspec.ValidationError, match="'on_timeout' needs a timeout_s or a"):
+        spec(
+            "states: {initial: s, states: {s: {intent: x, on_timeout: done,"
             " next: [{event: go, to: done}]}, done: {terminal: true}}}"
         )
