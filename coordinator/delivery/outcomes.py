@@ -97,9 +97,9 @@ class Outcomes:
             # agent ends a task it was not given by sending a broken outcome about it.
             events = await events_of(self._broker, event.trace_id, event.message_id)
             vouched = await routing_vouches(self._broker, msg, event, events)
-            if vouched is True:
-                await self._incomplete(event, exc)
-            return None if isinstance(vouched, bool) else vouched
+            if vouched is not True:
+                return None if vouched is False else vouched
+            return await self._incomplete(event, exc)
         if not self._grants.holds(event.detail.get("grant"), task, sender):
             await impersonation(self._broker, sender, event, "no grant for this attempt")
             return None
@@ -217,24 +217,44 @@ class Outcomes:
             },
         )
 
-    async def _incomplete(self, event: Event, exc: DecodeError) -> None:
+    async def _incomplete(self, event: Event, exc: DecodeError) -> float | None:
         """An outcome without the task it is about cannot be retried: the task is ended with
         what the event says of it, naming what was missing (an agent not following the
-        protocol)."""
-        log.error("outcome event without its task", message_id=event.message_id, error=str(exc))
+        protocol). Unless its record says otherwise: a run that holds a live claim is waited
+        for, and a message that ran is not ended; the fence in the agent's record refuses a
+        result that comes after the end."""
         stub = Task(
             v=1,
             message_id=event.message_id,
             trace_id=event.trace_id,
             topic=event.topic,
             attempt=event.attempt,
+            caller=event.caller,
         )
         error = ErrorInfo(
             type="invalid_envelope",
             message=f"{event.event} event from {event.agent_id or 'an agent'}: {exc}",
             retryable=False,
         )
+        verdict = verdict_of(await self._run_once.records(stub))
+        if isinstance(verdict, Running):
+            return min(verdict.left_s + 0.05, WAIT_CAP_S)
+        fenced = "end"
+        if verdict is None and event.agent_id is not None:
+            seal = self._grants.seal(stub.caller, stub.message_id, stub.attempt, event.agent_id)
+            fenced = await fence_expiry(self._broker, stub, event.agent_id, error, seal=seal)
+        if fenced == "running":
+            return WAIT_CAP_S
+        if isinstance(verdict, RanAlready) or fenced == "ended":
+            log.warning(
+                "outcome event without its task, of a message that ran: left alone",
+                message_id=event.message_id,
+                error=str(exc),
+            )
+            return None
+        log.error("outcome event without its task", message_id=event.message_id, error=str(exc))
         await end_with_error(self._broker, stub, "invalid_envelope", error)
+        return None
 
     def _max_attempts(self, task: Task, agent_id: str | None) -> int:
         card = self._directory.cards.get(agent_id or "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from agentreach import envelopes
@@ -124,6 +125,48 @@ async def test_a_failed_event_without_its_task_is_dead_lettered(broker, coordina
     letter = await watcher.dead_letter("invalid_envelope", message_id="no-task-1")
     assert letter.error is not None and "at `$.detail`" in letter.error.message
     assert "`task`" in letter.error.message
+
+
+async def test_a_failed_event_without_its_task_ends_no_task_its_agent_still_runs(
+    broker, coordinator, watcher
+):
+    """A broken ``failed`` in the name of the agent that runs the task (a buggy agent, or
+    anyone on an open server) while the run holds its claim: the coordinator waits for the
+    run, which completes; no dead letter (it was ended first, then completed: both)."""
+    release = asyncio.Event()
+    agent = Agent("slow-bad-input", startup_delay=0)
+
+    @agent.handler("slow")
+    async def slow(ctx: TaskContext, payload: object) -> object:
+        await release.wait()
+        return "done"
+
+    names = broker.names
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        answer = asyncio.create_task(client.invoke("slow", {}))
+        accepted = await watcher.event("accepted", topic="slow")
+        sent, runner = accepted.message_id, accepted.agent_id or ""
+        broken = _failed_without_its_task(sent, runner)
+        broken = msgspec.structs.replace(
+            broken, topic="slow", trace_id=accepted.trace_id, caller=accepted.caller
+        )
+        subject = names.event("failed", "slow", accepted.trace_id, sent, runner)
+        await broker.publish(subject, envelopes.encode(broken))
+
+        async def postponed() -> bool:
+            info = await broker.js.consumer_info(names.events_stream, names.coordinator_outcomes)
+            return info.num_redelivered > 0
+
+        await until_true(postponed)  # looked at, and put off while the run holds its claim
+        release.set()
+        assert await answer == "done"
+
+        async def settled() -> bool:
+            info = await broker.js.consumer_info(names.events_stream, names.coordinator_outcomes)
+            return info.num_ack_pending == 0
+
+        await until_true(settled)
+    assert not [e for e in watcher.events if e.event == "dead_lettered" and e.message_id == sent]
 
 
 async def test_a_broken_outcome_about_a_task_given_to_another_ends_nothing(
