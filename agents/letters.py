@@ -14,16 +14,14 @@ import asyncio
 import contextlib
 import datetime
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import msgspec
 
 from agentreach import envelopes
 from agentreach.agents.errors import LetterSettled, NothingToReplay, ReplayLimitReached
-from agentreach.broker import Broker, BrokerError
+from agentreach.broker import Broker
+from agentreach.broker.dead_letters import record_settling
 from agentreach.broker.errors import NoResponders
-from agentreach.broker.lifecycle import event_message
-from agentreach.broker.names import OPERATOR
 from agentreach.broker.streams import StoredMessage, last_message
 from agentreach.envelopes import (
     DeadLetter,
@@ -35,10 +33,6 @@ from agentreach.envelopes import (
     replay_id,
 )
 from agentreach.envelopes import headers as h
-from agentreach.errors import ReachError
-from agentreach.logs import get_logger
-
-log = get_logger("agents.letters")
 
 # A replay that fails the same way is dead-lettered again: a worker replaying the letters of
 # that reason would replay it without end. Three replays give a slow start time to pass.
@@ -174,7 +168,7 @@ async def replay(
     )
     by = sender or broker.auth.identity or "operator"
     done = {"replayed_as": task.message_id, "topic": task.topic, "replays": task.replays, "by": by}
-    await _record(broker, letter, "replayed", sender=sender, **done)
+    await record_settling(broker, letter, "replayed", sender=sender, **done)
     return task
 
 
@@ -187,38 +181,4 @@ async def resolve(
     broker: Broker, letter: DeadLetter, note: str, *, by: str, sender: str | None = None
 ) -> None:
     """Record a ``resolved`` event for the dead letter's message."""
-    await _record(broker, letter, "resolved", sender=sender, note=note, by=by)
-
-
-async def _record(
-    broker: Broker, letter: DeadLetter, event: str, *, sender: str | None, **detail: Any
-) -> None:
-    """Record ``event`` about the letter's message: in its trace (``REACH_EVENTS``, a week),
-    then in ``REACH_SETTLED``, as long as the letter is kept (the same bytes and dedup id)."""
-    settling = Event(
-        v=1,
-        event=event,
-        message_id=letter.message_id,
-        trace_id=letter.trace_id,
-        topic=letter.topic,
-        attempt=max(1, letter.attempts),
-        at_ms=now_ms(),
-        detail=detail,
-    )
-    sender = sender or OPERATOR
-    subject, data, headers = event_message(broker, settling, sender=sender)
-    kept = broker.names.settled(event, letter.topic, letter.trace_id, letter.message_id, sender)
-    try:
-        await broker.publish(subject, data, headers=headers)
-        try:
-            await broker.publish(kept, data, headers=headers)
-        except BrokerError as exc:  # recorded in the trace: what was done is not undone
-            log.warning(
-                "the letter's state is not kept in REACH_SETTLED, only in its trace (a week):"
-                " is the stream provisioned (`reach provision`), and the worker allowed to"
-                " write there (`reach auth push`)?",
-                message_id=letter.message_id,
-                error=str(exc),
-            )
-    except BrokerError as exc:
-        raise ReachError(f"cannot record {event} for {letter.message_id}: {exc}") from exc
+    await record_settling(broker, letter, "resolved", sender=sender, note=note, by=by)

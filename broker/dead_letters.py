@@ -16,12 +16,18 @@ import msgspec
 from agentreach import envelopes
 from agentreach.broker.connection import Broker
 from agentreach.broker.direct import indexed_messages_on
-from agentreach.broker.lifecycle import authentic, emit
+from agentreach.broker.errors import BrokerError
+from agentreach.broker.lifecycle import authentic, emit, event_message
 from agentreach.broker.messages import Delivery
+from agentreach.broker.names import OPERATOR
 from agentreach.broker.runs import runs_of
 from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms, stable_id
 from agentreach.envelopes.audit import summary_of_task
 from agentreach.envelopes.coordination import workflow_step_of
+from agentreach.errors import ReachError
+from agentreach.logs import get_logger
+
+log = get_logger("broker.dead_letters")
 
 HEADROOM = 4096  # for a dead letter's headers and framing under the server's max payload
 RAW_KEPT = 65_536  # characters of an oversized raw body a dead letter keeps
@@ -185,3 +191,38 @@ def printable(raw: bytes | None) -> str | None:
 def _letter_id(caller: str | None, message_id: str) -> str:
     """A dead letter's dedup id: one per caller's message (see :func:`runs_of`)."""
     return f"dlq-{caller}.{message_id}" if caller else f"dlq-{message_id}"
+
+
+async def record_settling(
+    broker: Broker, letter: DeadLetter, event: str, *, sender: str | None, **detail: Any
+) -> None:
+    """Record ``event`` (``replayed`` or ``resolved``) about the letter's message: in its
+    trace (``REACH_EVENTS``, a week), then in ``REACH_SETTLED``, as long as the letter is
+    kept (the same bytes and dedup id). ``sender``: whose subject (default: an operator's)."""
+    settling = Event(
+        v=1,
+        event=event,
+        message_id=letter.message_id,
+        trace_id=letter.trace_id,
+        topic=letter.topic,
+        attempt=max(1, letter.attempts),
+        at_ms=now_ms(),
+        detail=detail,
+    )
+    sender = sender or OPERATOR
+    subject, data, headers = event_message(broker, settling, sender=sender)
+    kept = broker.names.settled(event, letter.topic, letter.trace_id, letter.message_id, sender)
+    try:
+        await broker.publish(subject, data, headers=headers)
+        try:
+            await broker.publish(kept, data, headers=headers)
+        except BrokerError as exc:  # recorded in the trace: what was done is not undone
+            log.warning(
+                "the letter's state is not kept in REACH_SETTLED, only in its trace (a week):"
+                " is the stream provisioned (`reach provision`), and the worker allowed to"
+                " write there (`reach auth push`)?",
+                message_id=letter.message_id,
+                error=str(exc),
+            )
+    except BrokerError as exc:
+        raise ReachError(f"cannot record {event} for {letter.message_id}: {exc}") from exc

@@ -8,10 +8,10 @@ from typing import Any
 import msgspec
 import structlog
 
-from agentreach.broker import Broker
-from agentreach.broker.dead_letters import dead_letter
+from agentreach.broker import Broker, Delivery
+from agentreach.broker.dead_letters import dead_letter, dead_letter_delivery
 from agentreach.broker.lifecycle import about, emit, event_for, reply
-from agentreach.envelopes import ErrorInfo, ErrorReply, Task
+from agentreach.envelopes import INVALID_TOPIC, DecodeError, ErrorInfo, ErrorReply, Task
 
 log = structlog.get_logger("coordinator")
 
@@ -58,3 +58,13 @@ def error_reply(
 ) -> ErrorReply:
     """The ``error`` envelope answering ``task``, which ended as ``reason``."""
     return ErrorReply(**about(task, error=error, reason=reason, ran=ran))
+
+
+async def unreadable_event(broker: Broker, msg: Delivery, exc: DecodeError) -> None:
+    """An event (an outcome, an ending) that is not an event at all: its bytes go to the
+    dead-letter stream, and the log says which subject sent it."""
+    log.error("unreadable event", subject=msg.subject, error=str(exc))
+    error = ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False)
+    await dead_letter_delivery(
+        broker, msg, reason="invalid_envelope", error=error, topic=INVALID_TOPIC
+    )

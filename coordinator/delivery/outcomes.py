@@ -15,9 +15,9 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
-from agentreach.broker.dead_letters import dead_letter, dead_letter_delivery
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.lifecycle import emit, event_for, events_of
-from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.delivery.dead_letters import end_with_error, unreadable_event
 from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.protection.grants import (
@@ -80,7 +80,7 @@ class Outcomes:
         try:
             event = envelopes.decode_event(msg.data)
         except DecodeError as exc:
-            await self._unreadable(msg, exc)
+            await unreadable_event(self._broker, msg, exc)
             return None
         if (sender := await vouched_sender(self._broker, msg.subject, event)) is None:
             return None
@@ -185,14 +185,6 @@ class Outcomes:
         retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None)
         return await self._router.dispatch(
             retry, left_ms=left_ms, waited=waited, origin=origin, where="between retries"
-        )
-
-    async def _unreadable(self, msg: Delivery, exc: DecodeError) -> None:
-        """An outcome that is not an event at all: its bytes go to the dead-letter stream."""
-        log.error("unreadable outcome event", subject=msg.subject, error=str(exc))
-        error = ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False)
-        await dead_letter_delivery(
-            self._broker, msg, reason="invalid_envelope", error=error, topic=INVALID_TOPIC
         )
 
     async def _undecodable(self, event: Event, reporter: str) -> None:

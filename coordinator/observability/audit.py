@@ -3,7 +3,10 @@
 A durable consumer shared by every replica (``coordinator-audit``) takes each terminal
 event (``completed``, ``dead_lettered``, ``workflow_completed``), reads the message's
 events once, and publishes the record under ``Nats-Msg-Id: audit-<message_id>``: a
-redelivered terminal event adds no second record. An ending sent in another agent's name
+redelivered terminal event adds no second record, nor does an ending stored after another
+(:mod:`~agentreach.coordinator.delivery.endings`: a completion and a dead letter of one
+message raise an alert and resolve the letter); one that is not an event is dead-lettered
+with its bytes. An ending sent in another agent's name
 or by an agent the attempt was not routed to is refused with an ``alert`` (the outcomes
 consumer leaves that check to it), and a record is built from the authentic events only, as
 ``reach trace`` shows them. It is apart from the metrics' consumer, so audit falling behind
@@ -18,6 +21,8 @@ import structlog
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.lifecycle import events_of
 from agentreach.broker.streams import StoredMessage
+from agentreach.coordinator.delivery.dead_letters import unreadable_event
+from agentreach.coordinator.delivery.endings import ENDINGS, earlier_ending, ended_again
 from agentreach.coordinator.protection.grants import routing_vouches, vouched_sender
 from agentreach.envelopes import (
     AuditRecord,
@@ -34,7 +39,7 @@ from agentreach.envelopes.audit import Durations, Stage
 
 log = structlog.get_logger("coordinator.audit")
 
-TERMINAL = ("completed", "dead_lettered", "workflow_completed")
+TERMINAL = ENDINGS
 # The events that start a phase. A phase lasts until the next one starts or the message
 # ends, so the phases cover its whole life and add up to the total. An agent's `expired`
 # report starts none: a task that expired in an agent's queue was queued until its dead
@@ -60,7 +65,8 @@ class AuditWriter:
         looked at again."""
         try:
             ending = decode_event(msg.data)
-        except DecodeError:
+        except DecodeError as exc:
+            await unreadable_event(self._broker, msg, exc)
             return None
         broker, names = self._broker, self._broker.names
         if await vouched_sender(broker, msg.subject, ending) is None:
@@ -70,6 +76,9 @@ class AuditWriter:
         # for the real one (the first record of a message is its only one).
         if (vouched := await routing_vouches(broker, msg, ending, events)) is not True:
             return None if vouched is False else vouched
+        if (first := earlier_ending(events, msg.stream_seq)) is not None:
+            await ended_again(broker, ending, first)  # the first ending's record stands
+            return None
         record = audit_record(ending, msg.timestamp_ns / 1e6, events.authentic)
         subject = names.audit(record.status, ending.topic, ending.trace_id, ending.message_id)
         await broker.publish(

@@ -35,6 +35,7 @@ from agentreach.coordinator.observability.labels import (
     WORKFLOW_ENDS,
     WORKFLOW_STATUSES,
 )
+from agentreach.coordinator.observability.once import Ends
 from agentreach.envelopes import (
     PRIORITIES,
     DecodeError,
@@ -77,6 +78,7 @@ class FlowMetrics(Collector):
         self._primed: set[tuple[str, str]] = {("topic", OTHER_TOPIC)}
         self.last_stored_ms = 0
         self.behind = 0  # events the consumer still holds after the last one taken
+        self._ends = Ends()
         # Each series' child, found once: prometheus_client's labels() costs 1.5 µs a call,
         # a few per event (series are never removed, so a child stays valid).
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
@@ -330,6 +332,8 @@ class FlowMetrics(Collector):
                 self._workflow_ended(event, topic, stored_ms)
 
     def _completed(self, event: Event, topic: str, stored_ms: int) -> None:
+        if not self._ends.first(event.trace_id, event.message_id):
+            return
         self._child(self.finished, topic, event.priority, "completed").inc()
         if event.received_ms:  # 0: an event from an agent that does not carry it
             self._child(self.latency, topic, event.priority).observe(
@@ -337,6 +341,8 @@ class FlowMetrics(Collector):
             )
 
     def _dead_lettered(self, event: Event, topic: str) -> None:
+        if not self._ends.first(event.trace_id, event.message_id):
+            return
         reason = str(event.detail.get("reason", "unknown"))
         self._child(self.finished, topic, event.priority, reason).inc()
         self._child(self.dead_letters, reason, topic).inc()

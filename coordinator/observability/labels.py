@@ -18,7 +18,7 @@ DEAD_LETTER_REASONS = (
 WORKFLOW_STATUSES = ("completed", "failed", "cancelled")
 REJECTIONS = ("backpressure", "rate_limited", "circuit_open")
 QUOTA = "quota"  # the rejection kind of a caller over its quota: `rejected`, no dead letter
-ALERT_PROBLEMS = ("impersonation", "unresponsive", "intent_not_allowed")
+ALERT_PROBLEMS = ("impersonation", "unresponsive", "intent_not_allowed", "ended_twice")
 OTHER_PROBLEM = "other"
 BREAKER_EVENTS = {
     "breaker_opened": ("intent", "open"),

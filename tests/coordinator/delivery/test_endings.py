@@ -1,0 +1,84 @@
+"""A message ends once: a completion after its dead letter (an agent that ignored its fence)
+is alerted and resolves the letter, a result sent again counts once, and an ending that is
+not an event is dead-lettered with its bytes. Against a real nats-server."""
+
+from __future__ import annotations
+
+from agentreach.agents.letters import settling_of
+from agentreach.broker import read_stream
+from agentreach.broker.lifecycle import emit, event_for, event_message
+from agentreach.broker.names import COORDINATOR
+from agentreach.envelopes import AuditRecord, Event, Task, decode_as
+from agentreach.envelopes import headers as h
+from tests.coordinator.observability.test_metrics import replica
+from tests.scrape import scrape, total
+from tests.support import Watcher, letter_of, until_true
+
+
+def ended_twice(watcher: Watcher) -> Event | None:
+    alerts = (e for e in watcher.events if e.event == "alert")
+    return next((e for e in alerts if e.detail.get("problem") == "ended_twice"), None)
+
+
+async def test_a_completion_after_its_dead_letter_is_alerted_and_resolves_the_letter(
+    broker, watcher: Watcher
+):
+    """`expired` in the DLQ, then the agent it was routed to says `completed` (it ignored
+    the fence): an `ended_twice` alert naming it, the letter resolved by the coordinator (no
+    worker replays work that was done), one finished task counted, one audit record."""
+    task = Task(v=1, message_id="twice-1", trace_id="twice-1", topic="double")
+    async with replica(broker) as running:
+        await emit(broker, event_for(task, "routed", agent_id="liar"))
+        letter = await letter_of(broker, task, reason="expired")
+        done = event_for(task, "completed", agent_id="liar", result={"n": 2})
+        await emit(broker, done, sender="liar")
+        alert = await watcher.until(lambda: ended_twice(watcher), "an ended_twice alert")
+        settled = await until_true(lambda: settling_of(broker, letter))
+
+        async def counted() -> dict | None:
+            found = await scrape(running.metrics_url)
+            return found if total(found, "reach_alerts_total", problem="ended_twice") else None
+
+        found = await until_true(counted)
+        audit = broker.names
+        records = await read_stream(broker, audit.audit_stream, audit.audit_of_message("twice-1"))
+    assert alert.agent_id == "liar" and alert.detail["message_id"] == "twice-1"
+    assert "completed by liar after it was dead-lettered (expired)" in alert.detail["why"]
+    assert [e.event for e in settled] == ["resolved"]
+    assert settled[0].detail["by"] == COORDINATOR
+    assert total(found, "reach_tasks_finished_total") == 1
+    assert [decode_as(r.data, AuditRecord).status for r in records] == ["dead_lettered"]
+
+
+async def test_a_result_sent_again_counts_once_and_alerts_nothing(broker, watcher: Watcher):
+    """An agent answering a redelivery of a task it ran sends `completed` again (past the
+    stream's dedup window: stored twice): one finished task, no alert."""
+    task = Task(v=1, message_id="again-1", trace_id="again-1", topic="double")
+    async with replica(broker) as running:
+        await emit(broker, event_for(task, "routed", agent_id="honest"))
+        for n in (1, 2):
+            done = event_for(task, "completed", agent_id="honest", result={"n": n})
+            subject, data, headers = event_message(broker, done, sender="honest")
+            await broker.publish(subject, data, headers={**headers, h.MSG_ID: f"again-{n}"})
+
+        async def both_counted() -> dict | None:
+            found = await scrape(running.metrics_url)
+            folded = total(found, "reach_events_folded_total", event="completed")
+            return found if folded == 2 else None
+
+        found = await until_true(both_counted)
+    assert total(found, "reach_tasks_finished_total") == 1
+    assert ended_twice(watcher) is None
+
+
+async def test_an_ending_that_is_not_an_event_is_dead_lettered_with_its_bytes(
+    broker, watcher: Watcher
+):
+    """`nats pub reach.event.completed.… 'not json at all'`: it was dropped without a word;
+    now its bytes are in REACH_DLQ as `invalid_envelope`."""
+    subject = broker.names.event("completed", "double", "junk-1", "junk-1", "liar")
+    async with replica(broker):
+        await broker.publish(subject, b"not json at all")
+        letter = await watcher.dead_letter("invalid_envelope")
+    assert letter.raw == "not json at all"
+    assert letter.error is not None and "JSON" in letter.error.message
