@@ -19,7 +19,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentreach.broker import BrokerError, Bucket, WrongLastSequence
+from agentreach import envelopes
+from agentreach.broker import BrokerError, Bucket, ValueTooLarge, WrongLastSequence
 from agentreach.broker.bucket import UNREAD
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
@@ -244,6 +245,9 @@ class Claims:
                 async with outcome.claim.lock:
                     written = await self._write(task, outcome)
                 break
+            except ValueTooLarge:
+                self._unrecorded.pop(task.message_id, None)
+                raise  # trying again cannot help: see unrecordable()
             except BrokerError as exc:
                 if attempt == RECORD_TRIES - 1:
                     raise
@@ -323,3 +327,17 @@ def _same_write(held: Execution, written: Execution) -> bool:
         written.attempt,
         written.state,
     )
+
+
+def unrecordable(outcome: Outcome, exc: ValueTooLarge) -> Outcome:
+    """The failure to record instead of ``outcome``, whose result its execution record
+    cannot hold: ``result_too_large``, not retryable (every run would end so), saying what
+    to do. Only a result makes a record that large; a failure's error is small."""
+    size = len(envelopes.encode(outcome.result))
+    message = (
+        f"the result ({size} bytes of JSON) does not fit its execution record ({exc}): return"
+        " less, or let it travel by claim check (an agent's claim_check_bytes below the"
+        " coordinator's limits.record_bytes, on an open server)"
+    )
+    error = ErrorInfo(type="result_too_large", message=message, retryable=False)
+    return Outcome(outcome.claim, error=error)

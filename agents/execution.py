@@ -18,7 +18,14 @@ import msgspec
 import structlog
 
 from agentreach import envelopes
-from agentreach.agents.claims import AlreadyDone, Claimed, Claims, Expired, Outcome
+from agentreach.agents.claims import (
+    AlreadyDone,
+    Claimed,
+    Claims,
+    Expired,
+    Outcome,
+    unrecordable,
+)
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.handlers import call, error_info, sendable
@@ -31,6 +38,7 @@ from agentreach.broker import (
     Delivery,
     PayloadUnavailable,
     TooLarge,
+    ValueTooLarge,
 )
 from agentreach.broker.dead_letters import reported_raw
 from agentreach.broker.lifecycle import about, emit, event_for, reply
@@ -274,7 +282,11 @@ class Executor:
     async def _conclude(self, job: Job, outcome: Outcome) -> None:
         """Record the outcome (it survives a broker outage meanwhile), then report it."""
         delivery, task = job.delivery, job.task
-        recorded = await self._claims.record(task, outcome, still_working=delivery.in_progress)
+        try:
+            recorded = await self._claims.record(task, outcome, still_working=delivery.in_progress)
+        except ValueTooLarge as exc:
+            outcome = unrecordable(outcome, exc)
+            recorded = await self._claims.record(task, outcome, still_working=delivery.in_progress)
         if outcome.error is not None:
             error = outcome.error
             log.info("handler failed", error_type=error.type, error=error.message)

@@ -38,6 +38,7 @@ from agentreach.broker.errors import (
     TooLarge,
     Unavailable,
     UnusableCredentials,
+    ValueTooLarge,
     WrongLastSequence,
 )
 from agentreach.broker.immediate import listen
@@ -100,6 +101,7 @@ __all__ = [
     "Topology",
     "Unavailable",
     "UnusableCredentials",
+    "ValueTooLarge",
     "WrongLastSequence",
     "bind",
     "consumer_state",

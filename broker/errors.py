@@ -11,6 +11,7 @@ error code, so the rest of Agent-Reach never sees a nats-py exception.
     │   ├── ConsumerNotFound
     │   ├── WrongLastSequence      optimistic concurrency on a KV key or stream lost
     │   ├── SubjectFull            per-subject limit reached with discard-new
+    │   ├── ValueTooLarge          a message over its stream's (a bucket's) max_msg_size
     │   └── Unavailable            JetStream did not serve the request (503): a stream or
     │                              consumer gone, or a leader being elected
     ├── TooLarge                   a message is over the server's max payload
@@ -34,6 +35,7 @@ STREAM_NAME_IN_USE = 10058
 WRONG_LAST_SEQUENCE = 10071
 WRONG_LAST_SEQUENCE_REPLICATED = 10164  # the same refusal, from a replicated (R>1) stream
 SUBJECT_FULL = 10077
+MESSAGE_TOO_LARGE = 10054  # over the stream's max_msg_size (a bucket's value limit)
 
 
 class BrokerError(ReachError):
@@ -91,6 +93,11 @@ class SubjectFull(JetStreamError):
     """The subject holds as many messages as its limit allows."""
 
 
+class ValueTooLarge(JetStreamError):
+    """A message is larger than its stream (a bucket, for a value) keeps: trying again
+    cannot help."""
+
+
 class Unavailable(JetStreamError):
     """JetStream answered 503: nothing serves this stream or consumer right now."""
 
@@ -113,6 +120,7 @@ _BY_CODE: dict[int, type[JetStreamError]] = {
     WRONG_LAST_SEQUENCE: WrongLastSequence,
     WRONG_LAST_SEQUENCE_REPLICATED: WrongLastSequence,
     SUBJECT_FULL: SubjectFull,
+    MESSAGE_TOO_LARGE: ValueTooLarge,
 }
 
 

@@ -14,7 +14,7 @@
 import type { KV } from "nats";
 
 import { decodeJson, encode, nowMs } from "./codec.js";
-import { isWrongLastSequence } from "./connection.js";
+import { isValueTooLarge, isWrongLastSequence } from "./connection.js";
 import type { Logger } from "./log.js";
 import { sleep } from "./timing.js";
 import type { ErrorInfo, Execution, PayloadRef, Task } from "./types.js";
@@ -185,7 +185,9 @@ export class Claims {
    * Write the outcome into the claim's record (`done` with the result, or `failed`),
    * trying again while the broker fails; the outcome is kept meanwhile, so a redelivery
    * answers from it. After the last try the error is thrown. False when the claim was
-   * taken away (the task was reassigned): a result must not be used.
+   * taken away (the task was reassigned): a result must not be used. A result the record
+   * cannot hold (10054) is replaced in `outcome` by a `result_too_large` error, recorded
+   * instead: every run would end so.
    */
   async record(task: Task, outcome: Outcome, stillWorking: () => void): Promise<boolean> {
     this.unrecordedOutcomes.set(task.message_id, outcome);
@@ -198,6 +200,10 @@ export class Claims {
         this.unrecordedOutcomes.delete(task.message_id);
         return written;
       } catch (err) {
+        if (isValueTooLarge(err) && outcome.error === undefined) {
+          Object.assign(outcome, { result: undefined, resultRef: null, error: unrecordable(outcome, err) });
+          continue;
+        }
         if (isWrongLastSequence(err) || attempt === RECORD_TRIES - 1) throw err;
         if (attempt === 0) this.log.warn("outcome not recorded yet; kept and retried", { error: String(err) });
         await sleep(RECORD_BACKOFF_MS * 2 ** attempt);
@@ -319,4 +325,17 @@ function parse(value: Uint8Array): Execution | null {
  */
 export function isExpiryFence(record: Execution, attempt: number): boolean {
   return record.state === "failed" && record.attempt === attempt && record.error?.type === "expired";
+}
+
+/** The error to record instead of a result its execution record cannot hold. */
+function unrecordable(outcome: Outcome, err: unknown): ErrorInfo {
+  const size = Buffer.byteLength(JSON.stringify(outcome.result ?? null));
+  return {
+    type: "result_too_large",
+    message:
+      `the result (${size} bytes of JSON) does not fit its execution record (${String(err)}): return less, ` +
+      "or let it travel by claim check (an agent's claimCheckBytes below the coordinator's limits.record_bytes, on an open server)",
+    retryable: false,
+    retry_after_ms: null,
+  };
 }

@@ -195,6 +195,11 @@ export function fromHeaders(h: MsgHdrs | undefined): Record<string, string> {
   return out;
 }
 
+/** Whether `err` is JetStream refusing a value over its bucket's limit (10054): trying again cannot help. */
+export function isValueTooLarge(err: unknown): boolean {
+  return (err as NatsError | undefined)?.api_error?.err_code === 10054;
+}
+
 /** Whether `err` is JetStream refusing a conditional write (someone wrote first). */
 export function isWrongLastSequence(err: unknown): boolean {
   return WRONG_LAST_SEQUENCE.includes((err as NatsError | undefined)?.api_error?.err_code ?? 0);

@@ -233,6 +233,33 @@ describe("results", () => {
     assert.equal(calls, 2); // once each
     dlq.close();
   });
+
+  it("fails a result its execution record cannot hold (10054) once, as result_too_large", async () => {
+    const topic = unique("huge");
+    let calls = 0;
+    // Claim-checks nothing, as on a secured server: 400 KB is over the record's 320 KiB.
+    await started(
+      newAgent(unique("ts-huge"), { claimCheckBytes: 2_000_000 }).handler(topic, () => {
+        calls += 1;
+        return "x".repeat(400_000);
+      }),
+    );
+    const dlq = new Watcher<DeadLetter>(stack.nc, `reach.dlq.rejected.${topic}`);
+    const t = task(topic, {});
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t);
+    const letter = await dlq.next((d) => d.message_id === t.message_id, 15_000);
+    const failed = await events.next((e) => e.event === "failed");
+    const error = failed.detail.error as { type: string; message: string; retryable: boolean };
+    assert.equal(error.type, "result_too_large");
+    assert.equal(error.retryable, false);
+    assert.match(error.message, /^the result \(400002 bytes of JSON\) does not fit its execution record/);
+    assert.equal(letter.attempts, 1);
+    assert.equal(calls, 1);
+    replies.close();
+    events.close();
+    dlq.close();
+  });
 });
 
 describe("claim check and trace context", () => {
