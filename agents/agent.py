@@ -17,6 +17,7 @@ from agentreach.broker import Auth, Broker, Names
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD as DEFAULT_CLAIM_CHECK_BYTES
 from agentreach.broker.connection import connected
 from agentreach.envelopes import AgentCard, Intent, RateLimit, is_token
+from agentreach.envelopes.registry import MAX_HEARTBEAT_INTERVAL_S
 
 Handler = Callable[..., Any]
 
@@ -74,8 +75,11 @@ class Agent:
                 f"agent_id {agent_id!r}: use 1-128 letters, digits, '_' or '-'"
                 " (it becomes part of NATS subjects)"
             )
-        if heartbeat_interval <= 0:
-            raise AgentConfigError(f"heartbeat_interval must be positive, got {heartbeat_interval}")
+        if not 0 < heartbeat_interval <= MAX_HEARTBEAT_INTERVAL_S:
+            raise AgentConfigError(
+                f"heartbeat_interval must be above 0 and at most {MAX_HEARTBEAT_INTERVAL_S:g} s,"
+                f" got {heartbeat_interval}"
+            )
         if startup_delay < 0:
             raise AgentConfigError(f"startup_delay must be 0 or more, got {startup_delay}")
         if ack_wait <= 0:

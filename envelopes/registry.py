@@ -44,6 +44,12 @@ class AgentCard(msgspec.Struct, frozen=True, kw_only=True):
     rate_limit: RateLimit | None = None  # how fast the coordinator may send it work
 
 
+MAX_HEARTBEAT_INTERVAL_S = 300.0  # a dead idle agent is found SUSPECT within 3 of them
+HeartbeatInterval = Annotated[
+    float, msgspec.Meta(gt=0, le=MAX_HEARTBEAT_INTERVAL_S, description="seconds, at most 300")
+]
+
+
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     """What an agent writes to ``reach_heartbeats/<agent_id>`` every interval.
 
@@ -55,7 +61,7 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
     agent_id: str
     epoch: int
     seq: int
-    interval_s: float
+    interval_s: HeartbeatInterval
     in_flight: int = 0
     free_slots: int = 0
     latency_ms: int = 0

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentreach.envelopes.registry import MAX_HEARTBEAT_INTERVAL_S
+
 TIGHTEN = 0.5
 LOOSEN = 2.0
 
@@ -43,5 +45,5 @@ class Cadence:
             return self.base_s
         if not self.loosened and self.idle >= self.beats_needed:
             self.loosened = True
-            return self.base_s * LOOSEN
+            return min(self.base_s * LOOSEN, MAX_HEARTBEAT_INTERVAL_S)
         return None

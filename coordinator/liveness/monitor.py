@@ -158,7 +158,7 @@ class LivenessMonitor:
             return
         try:
             beat = decode_as(change.value, Heartbeat)
-        except DecodeError as exc:
+        except DecodeError as exc:  # judged as silent: no beat it could use came
             log.warning("ignoring unreadable heartbeat", agent_id=change.key, error=str(exc))
             return
         written_ms = change.written_ms if replayed else 0
@@ -169,6 +169,10 @@ class LivenessMonitor:
     ) -> None:
         """A heartbeat at ``revision``, or None when the key was deleted; ``written_ms`` (the
         broker's time) is given for one written before it was read, to judge its age."""
+        if beat is not None and beat.agent_id != agent_id:
+            log.warning("ignoring a heartbeat naming another agent", agent_id=agent_id,
+                        named=beat.agent_id)  # fmt: skip
+            return
         tracked = self.agents.get(agent_id)
         if tracked is not None and 0 < revision <= tracked.revision:
             return  # seen already (the periodic re-read finds mostly these)

@@ -283,6 +283,26 @@ async def test_a_heartbeat_missed_by_the_watch_is_found_by_the_reread(broker):
     assert monitor.agents["unseen"].since_ms == before
 
 
+@pytest.mark.parametrize(
+    ("key", "beat"),
+    [
+        ("forever", {"agent_id": "forever", "epoch": 1, "seq": 1, "interval_s": 1e9}),
+        ("never", {"agent_id": "never", "epoch": 1, "seq": 1, "interval_s": 0}),
+        ("posing", {"agent_id": "someone-else", "epoch": 1, "seq": 1, "interval_s": 1.0}),
+    ],
+)
+async def test_a_heartbeat_it_cannot_use_counts_as_none(broker, key: str, beat: dict) -> None:
+    """A beat claiming a billion-second interval (a dead agent ONLINE for good), a zero one,
+    or one naming another agent than its key is not taken: the agent stays as it was."""
+    from agentreach.coordinator.liveness.monitor import LivenessMonitor
+
+    monitor = LivenessMonitor(broker, LIVELY.liveness)
+    kv = await broker.kv(broker.names.heartbeats_bucket)
+    await kv.put(key, msgspec.json.encode(beat))
+    await monitor.reread()
+    assert key not in monitor.agents or monitor.agents[key].state != "ONLINE"
+
+
 async def test_a_heartbeat_the_watch_missed_is_read_again_before_judging(broker):
     """An agent silent to the watch but with a fresh heartbeat in the bucket stays ONLINE;
     one with none is judged SUSPECT."""

@@ -113,6 +113,9 @@ export class Agent {
     }
     this.tags = { ...(options.tags ?? {}) };
     this.heartbeatIntervalMs = positive("heartbeatIntervalMs", options.heartbeatIntervalMs ?? 15_000);
+    if (this.heartbeatIntervalMs > 300_000) {
+      throw new AgentConfigError(`heartbeatIntervalMs must be at most 300000 (5 min), got ${this.heartbeatIntervalMs}`);
+    }
     this.startupDelayMs = options.startupDelayMs ?? 60_000;
     if (!(this.startupDelayMs >= 0)) {
       throw new AgentConfigError(`startupDelayMs must be 0 or more, got ${this.startupDelayMs}`);

@@ -657,6 +657,9 @@ export interface Heartbeat {
   agent_id: string;
   epoch: number;
   seq: number;
+  /**
+   * seconds, at most 300 — > 0, <= 300
+   */
   interval_s: number;
   /**
    * default 0
