@@ -130,6 +130,11 @@ class Watcher:
         """Until ``found()`` returns something other than None (re-checked on each arrival)."""
         return await self._until(found, what, timeout)
 
+    def ids_with(self, kind: str, ids: set[str]) -> set[str]:
+        """Which of ``ids`` had an event of ``kind`` so far (an event told twice, such as a
+        result sent again, counts once: waiting for all of them, use this, not count)."""
+        return {e.message_id for e in self.events if e.event == kind and e.message_id in ids}
+
     def count(self, kind: str, ids: set[str] | None = None) -> int:
         """How many events of ``kind`` (about one of ``ids``, if given) arrived so far."""
         return sum(

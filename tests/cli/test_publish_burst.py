@@ -39,7 +39,9 @@ async def test_a_burst_past_the_bound_waits_for_room_and_each_runs_once(
     async with agent.running(broker=broker), start_coordinator(fast(limits=limits)):
         sent = await burst
         ids = [json.loads(line)["message_id"] for line in sent.stdout.splitlines()]
-        await watcher.until(lambda: watcher.count("completed", set(ids)) == BURST, "the burst")
+        await watcher.until(
+            lambda: len(watcher.ids_with("completed", set(ids))) == BURST, "the burst"
+        )
     assert held and sent.returncode == 0, sent.stderr
     assert f"published {BURST} tasks on tally" in sent.stderr
     assert len(set(ids)) == BURST

@@ -61,7 +61,7 @@ async def test_a_flood_is_refused_at_publish_past_its_backlog(broker, start_coor
         start_coordinator(fast(limits=limits)),
     ):
         everyone = stored | {bob.message_id}
-        await watcher.until(lambda: watcher.count("completed", everyone) == len(everyone), "all")
+        await watcher.until(lambda: watcher.ids_with("completed", everyone) == everyone, "all")
     order = routed_order(watcher, everyone)
     assert order.index(bob.message_id) <= BOUND
     assert counts["w"] == BOUND + 1

@@ -191,7 +191,7 @@ async def test_the_first_failures_of_a_fresh_coordinator_reach_the_ratios(
         zero = 'reach_tasks_finished_total{topic="unreliable",outcome="retries_exhausted"}'
         await until_true(lambda: _query(url, zero), timeout=30)  # at 0 before any task
         done = {(await client.publish("summarize", {"text": "A. B."}))[0] for _ in range(20)}
-        await watcher.until(lambda: watcher.count("completed", done) == 20 or None, "20")
+        await watcher.until(lambda: len(watcher.ids_with("completed", done)) == 20 or None, "20")
         failed = {(await client.publish("unreliable", {"n": 1}))[0] for _ in range(5)}
         await watcher.until(lambda: watcher.count("dead_lettered", failed) == 5 or None, "5")
         seen: dict[str, object] = {}
