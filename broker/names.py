@@ -289,6 +289,13 @@ class Names(msgspec.Struct, frozen=True):
         return f"{self.prefix.upper()}_AUDIT"
 
     @property
+    def history_streams(self) -> tuple[str, ...]:
+        """The streams that are the record of what happened: nobody edits them, and the
+        coordinator neither purges them nor changes their limits (a smaller limit is a
+        purge by another name); an operator's `reach provision` does."""
+        return (self.dlq_stream, self.events_stream, self.settled_stream, self.audit_stream)
+
+    @property
     def payloads_bucket(self) -> str:
         """The Object Store bucket of claim-checked payloads and results."""
         return f"{self.prefix}_payloads"

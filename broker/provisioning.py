@@ -157,10 +157,10 @@ async def _existing(js: nats.js.JetStreamContext, stream: str) -> api.StreamInfo
 
 def _not_to_update(broker: Broker) -> frozenset[str]:
     """Streams these credentials may not update: the coordinator's permissions keep it from
-    the dead letters' and the events' limits (a smaller limit is a purge by another name)."""
+    the history streams' limits (a smaller limit is a purge by another name)."""
     if broker.auth.role != "coordinator":
         return frozenset()
-    return frozenset((broker.names.dlq_stream, broker.names.events_stream))
+    return frozenset(broker.names.history_streams)
 
 
 async def _ensure_stream(

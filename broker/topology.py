@@ -286,6 +286,7 @@ class Topology:
                 ),
                 StreamSpec(
                     name=n.audit_stream,
+                    deny_delete=True,
                     subjects=(n.audit_wildcard,),
                     max_age_s=audit_days * DAY,
                     duplicate_window_s=3600.0,

@@ -172,7 +172,7 @@ def coordinator(names: Names) -> Permissions:
     """The service identity: all of the prefix, the JetStream API, the buckets and the
     payload store, but it deletes no stream and no dead letter (those are the operators').
     No other party may use the payload store (see :mod:`agentreach.broker.claim_check`)."""
-    p, kept = names.prefix, (names.dlq_stream, names.events_stream, names.settled_stream)
+    p, kept = names.prefix, names.history_streams
     topology = Topology.default(names)
     ours = [s.name for s in topology.streams] + [f"KV_{b.name}" for b in topology.buckets]
     ours += [o.stream for o in topology.objects]

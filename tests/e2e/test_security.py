@@ -1141,11 +1141,11 @@ async def test_a_caller_over_its_quota_is_rate_limited(arena: Arena) -> None:
 async def test_the_coordinator_s_creds_neither_shrink_the_dead_letters_nor_delete_a_store(
     arena: Arena,
 ) -> None:
-    """A smaller limit on REACH_DLQ, REACH_EVENTS or REACH_SETTLED is a purge by another
-    name, and the payload store is a stream like the others: the coordinator's permissions
-    refuse both (`reach provision` as an operator updates those streams); the streams stay
-    as they were."""
-    kept = (NAMES.dlq_stream, NAMES.events_stream, NAMES.settled_stream)
+    """A smaller limit on REACH_DLQ, REACH_EVENTS, REACH_SETTLED or REACH_AUDIT is a purge
+    by another name, and the payload store is a stream like the others: the coordinator's
+    permissions refuse both (`reach provision` as an operator updates those streams); the
+    streams stay as they were."""
+    kept = NAMES.history_streams
     payloads = f"OBJ_{NAMES.payloads_bucket}"
     if (await quietly(arena.admin.js.stream_info(payloads))) is None:
         await arena.admin.js.create_object_store(NAMES.payloads_bucket)
@@ -1158,6 +1158,22 @@ async def test_the_coordinator_s_creds_neither_shrink_the_dead_letters_nor_delet
     for stream in kept:
         assert (await arena.admin.js.stream_info(stream)).config.max_msgs in (None, -1)
     assert (await arena.admin.js.stream_info(payloads)).config.name == payloads
+
+
+async def test_the_coordinator_s_creds_neither_purge_nor_edit_the_audit_records(
+    arena: Arena,
+) -> None:
+    """Audit records are the record of every finished message: stolen coordinator creds
+    purged REACH_AUDIT and deleted records one by one. Both are refused now (the stream
+    denies deletes to anyone; the coordinator may not purge it)."""
+    audit = NAMES.audit_stream
+    await arena.admin.publish(NAMES.audit("completed", "t", "kept-1", "kept-1"), b"{}")
+    before = await arena.stored(audit)
+    last = (await arena.admin.js.stream_info(audit)).state.last_seq
+    async with Broker(arena.url, name="coordinator-4", auth=arena.deployment.coordinator) as c:
+        assert await quietly(c.js.purge_stream(audit)) is None
+        assert await quietly(c.js.delete_msg(audit, last)) is None
+    assert await arena.stored(audit) == before and len(before) >= 1
 
 
 async def test_a_coordinator_provisions_around_the_streams_it_may_not_update(
