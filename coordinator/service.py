@@ -55,7 +55,7 @@ from agentreach.coordinator.observability import (
     serving,
 )
 from agentreach.coordinator.protection.breaker_board import BreakerBoard
-from agentreach.coordinator.protection.grants import Grants
+from agentreach.coordinator.protection.grants import UNSEALED_ENV, Grants, SecurityConfig
 from agentreach.coordinator.protection.outcome_feed import follow_outcomes
 from agentreach.coordinator.protection.queues import QueueDepths
 from agentreach.coordinator.protection.quotas import CallerQuotas
@@ -109,11 +109,7 @@ class Coordinator:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"security.seal_key_file: {exc}") from None
         if broker.auth.identity is not None and not grants.enabled:
-            log.warning(
-                "secured server but no security.seal_key_file: agents' events are not checked"
-                " against their dispatch's grant, and Nats-Msg-Ids carry no MAC"
-                " (`reach auth init` made the key: <auth dir>/coordinator.seal)"
-            )
+            _unsealed(config.security)
         broker.dedup_secret = broker.dedup_secret or grants.key  # replicas share the key
         # Secured (the seal key): only the intents operators allowed an agent are routed to it.
         self.directory.enforce_allowances = grants.enabled
@@ -346,3 +342,19 @@ def _keep(group: asyncio.TaskGroup, name: str, loop: Callable[[], Awaitable[None
             pause_s = min(RESTART_CAP_S, pause_s * 2)
 
     group.create_task(kept(), name=name)
+
+
+def _unsealed(security: SecurityConfig) -> None:
+    """On a secured server, no seal key fails closed unless the operator said otherwise: a
+    replica without it checks no agent's events, and enforces no allowance."""
+    what = (
+        "agents' events are not checked against their dispatch's grant, intent and priority"
+        " allowances are not enforced, and Nats-Msg-Ids carry no MAC"
+    )
+    if not (security.unsealed or os.environ.get(UNSEALED_ENV) == "1"):
+        raise ConfigError(
+            f"secured server but no security.seal_key_file: without it {what}. Give it the key"
+            " `reach auth init` made (<auth dir>/coordinator.seal; every replica the same),"
+            " or set security.unsealed: true to run so knowingly"
+        )
+    log.warning(f"secured server, running unsealed: {what}")

@@ -12,6 +12,7 @@ import pytest
 
 from agentreach.broker import Auth, Broker, EmbeddedServer, Names, Topology, provision
 from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig
+from agentreach.coordinator.protection.grants import UNSEALED_ENV
 from tests.secured import SECURED, SecuredDeployment, parties_connect_as_themselves, secured_server
 from tests.support import Watcher
 
@@ -27,6 +28,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> SecuredDeployment:
 
 @pytest.fixture(autouse=True)
 def _secured_parties(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Most tests run coordinators on secured servers without the seal key (allowances not
+    # enforced); the sealed ones give it (tests.secured.sealed_deployment).
+    monkeypatch.setenv(UNSEALED_ENV, "1")
     if SECURED:
         deployment = request.getfixturevalue("deployment")
         monkeypatch.setenv("NATS_CREDS", str(deployment.admin.creds))

@@ -45,10 +45,15 @@ log = structlog.get_logger("coordinator.grants")
 GRANT_LENGTH = 32
 
 
+UNSEALED_ENV = "REACH_UNSEALED"  # "1": as `security.unsealed: true` (a test rig's)
+
+
 class SecurityConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What a secured deployment adds: the replicas' shared seal key (a file of hex)."""
+    """What a secured deployment adds: the replicas' shared seal key (a file of hex).
+    ``unsealed``: run on a secured server without it, knowingly (it refuses to, else)."""
 
     seal_key_file: str | None = None
+    unsealed: bool = False
 
 
 class Grants:

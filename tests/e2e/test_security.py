@@ -51,9 +51,9 @@ from agentreach.broker import (
 from agentreach.broker.lifecycle import trace_of
 from agentreach.broker.streams import last_message
 from agentreach.cli.auth import push_allowances
-from agentreach.coordinator import Coordinator
+from agentreach.coordinator import ConfigError, Coordinator
 from agentreach.coordinator import workflow as wf
-from agentreach.coordinator.protection.grants import SecurityConfig
+from agentreach.coordinator.protection.grants import UNSEALED_ENV, SecurityConfig
 from agentreach.coordinator.protection.rate_limits import RateLimits
 from agentreach.coordinator.workflows.control import read_record
 from agentreach.envelopes import RateLimit
@@ -1174,6 +1174,20 @@ async def test_the_coordinator_s_creds_neither_purge_nor_edit_the_audit_records(
         assert await quietly(c.js.purge_stream(audit)) is None
         assert await quietly(c.js.delete_msg(audit, last)) is None
     assert await arena.stored(audit) == before and len(before) >= 1
+
+
+async def test_a_coordinator_without_its_seal_key_refuses_a_secured_server(
+    arena: Arena, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the seal key a replica checks no agent's events and enforces no allowance:
+    on a secured server it failed open, with one warning (and mixed replicas enforced at
+    random). It refuses to start, naming the key, unless told `security.unsealed: true`."""
+    monkeypatch.delenv(UNSEALED_ENV)
+    async with Broker(arena.url, name="coordinator-5", auth=arena.deployment.coordinator) as c:
+        with pytest.raises(ConfigError, match=r"no security.seal_key_file.*coordinator\.seal"):
+            Coordinator(c, FAST)
+        knowingly = msgspec.structs.replace(FAST, security=SecurityConfig(unsealed=True))
+        assert Coordinator(c, knowingly).config.security.unsealed
 
 
 async def test_a_coordinator_provisions_around_the_streams_it_may_not_update(
