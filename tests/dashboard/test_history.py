@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agentreach.coordinator.observability.flow import LATENCY_BUCKETS
 from agentreach.dashboard.history import History, quantile
 from agentreach.envelopes import Event
 
@@ -21,11 +22,12 @@ def event(kind: str, *, attempt: int = 1, received_ms: int = 0, **detail: object
 
 def test_quantile_interpolates_like_histogram_quantile():
     """Linear within the bucket that holds the rank; the top finite bound past the last."""
-    counts = [0] * 16
+    slots = len(LATENCY_BUCKETS) + 1  # and +Inf
+    counts = [0] * slots
     counts[3] = 100  # everything in (0.025, 0.05]
     assert abs(quantile(0.5, counts) - 0.0375) < 1e-9
-    assert quantile(0.99, [0] * 16) is None
-    assert quantile(0.99, [0] * 15 + [5]) == 300.0
+    assert quantile(0.99, [0] * slots) is None
+    assert quantile(0.99, [0] * (slots - 1) + [5]) == LATENCY_BUCKETS[-1] == 3600.0
 
 
 def test_success_and_retry_rates_follow_the_rules_definitions():

@@ -234,7 +234,9 @@ def at_zero(found: dict, topic: str) -> list[str]:
     wanted += [
         ("reach_attempts_failed_total", {"topic": topic, "retryable": "true"}),
         ("reach_late_results_total", {"topic": topic}),
+        ("reach_execution_seconds_count", {"topic": topic}),
     ]
+    wanted += [("reach_latency_seconds_count", {"topic": topic, "priority": p}) for p in PRIORITIES]
     missing = []
     for name, labels in wanted:
         value = found.get((name, tuple(sorted(labels.items()))))
