@@ -15,8 +15,8 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, BrokerError
+from agentreach.broker.direct import subject_counts
 from agentreach.broker.errors import honour_cancellation
-from agentreach.broker.streams import subject_counts
 from agentreach.broker.topology import DEFAULT_QUEUE_CAPACITY
 from agentreach.coordinator.units import NonNegativeSeconds, Positive, PositiveSeconds, Ratio
 from agentreach.envelopes import PRIORITIES, Event, Priority
@@ -65,8 +65,10 @@ class QueueDepths:
         self._broker = broker
         self._config = config
         self._depths: dict[Slot, int] = {}
-        # Dispatched by this replica since the last read, until the agent reports back.
-        self._unread: dict[Slot, set[str]] = {}
+        # Dispatched by this replica and not yet in a read (or reported back): message id ->
+        # its stream sequence, 0 while its publish is in flight (the place is taken at once:
+        # a batch routed together must not see the same room).
+        self._unread: dict[Slot, dict[str, int]] = {}
         self._above: set[Slot] = set()  # passed the high watermark, not yet below the low
 
     def capacity(self, priority: Priority) -> int:
@@ -103,10 +105,25 @@ class QueueDepths:
         """Every (agent, priority) with something queued or dispatched since the last read."""
         return set(self._depths) | {slot for slot, ids in self._unread.items() if ids}
 
-    def dispatched(self, agent_id: str, priority: Priority, message_id: str) -> None:
+    def reserve(self, agent_id: str, priority: Priority, message_id: str) -> None:
+        """A task is on its way to the agent's queue: its place counts from now."""
         slot = (agent_id, priority)
-        self._unread.setdefault(slot, set()).add(message_id)
+        self._unread.setdefault(slot, {})[message_id] = 0
         self._judge(slot)
+
+    def stored(self, agent_id: str, priority: Priority, message_id: str, seq: int) -> None:
+        """The queue's stream took the task as ``seq``: a read from then on counts it."""
+        unread = self._unread.get((agent_id, priority))
+        if unread is not None and message_id in unread:
+            unread[message_id] = seq
+
+    def release(self, agent_id: str, priority: Priority, message_id: str) -> None:
+        """The task did not reach the queue after all."""
+        slot = (agent_id, priority)
+        if (unread := self._unread.get(slot)) is not None and unread.pop(
+            message_id, None
+        ) is not None:
+            self._judge(slot)
 
     async def finished(self, event: Event, stored_ms: int) -> None:
         """An agent reported an outcome: that task has left its queue."""
@@ -115,8 +132,7 @@ class QueueDepths:
         for priority in PRIORITIES:
             slot = (event.agent_id, priority)
             unread = self._unread.get(slot)
-            if unread and event.message_id in unread:
-                unread.discard(event.message_id)
+            if unread and unread.pop(event.message_id, None) is not None:
                 self._judge(slot)
 
     def refused(self, agent_id: str, priority: Priority) -> None:
@@ -137,16 +153,22 @@ class QueueDepths:
             await asyncio.sleep(self._config.refresh_s)
 
     async def refresh(self) -> None:
-        # What is dispatched from here on is counted apart, so the read cannot miss it.
-        self._unread = {}
+        """Read every queue's depth; a task this replica dispatched stays counted apart until
+        a read includes it (stored at or before the stream's last sequence then): counted
+        neither twice (a false trip of the high watermark holds the queue until the low one)
+        nor not at all."""
         depths: dict[Slot, int] = {}
         names = self._broker.names
         for priority in PRIORITIES:
-            counts = await subject_counts(
+            counts, last_seq = await subject_counts(
                 self._broker, names.dispatch_stream(priority), names.dispatch_wildcard(priority)
             )
             for subject, count in counts.items():
                 depths[(names.agent_of_dispatch_subject(subject), priority)] = count
+            for (_, of), unread in self._unread.items():
+                if of == priority:
+                    for message_id in [m for m, seq in unread.items() if 0 < seq <= last_seq]:
+                        del unread[message_id]
         self._depths = depths
         for slot in set(depths) | self._above:
             self._judge(slot)

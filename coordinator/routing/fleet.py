@@ -105,9 +105,17 @@ class Fleet:
             return "circuit", "its breaker's trial calls were taken meanwhile"
         return None
 
-    def dispatched(self, agent_id: str, priority: Priority, message_id: str) -> None:
-        """The task is in the agent's queue now."""
-        self.queues.dispatched(agent_id, priority, message_id)
+    def reserve(self, agent_id: str, priority: Priority, message_id: str) -> None:
+        """The task goes to the agent's queue now: its place there is taken."""
+        self.queues.reserve(agent_id, priority, message_id)
+
+    def dispatched(self, agent_id: str, priority: Priority, message_id: str, seq: int) -> None:
+        """The task is in the agent's queue, stored as ``seq``."""
+        self.queues.stored(agent_id, priority, message_id, seq)
+
+    def not_dispatched(self, agent_id: str, priority: Priority, message_id: str) -> None:
+        """The task did not reach the agent's queue: its place is free again."""
+        self.queues.release(agent_id, priority, message_id)
 
     def refused(self, agent_id: str, priority: Priority) -> Excluded:
         """The broker refused the task: the agent's queue is at capacity."""

@@ -33,18 +33,18 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, SubjectFull, TooLarge
-from agentreach.broker.lifecycle import GRANT_HEADER, SEAL_HEADER, about, emit, event_for, reply
+from agentreach.broker.lifecycle import GRANT_HEADER, SEAL_HEADER, about, emit, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error, refuse
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.abandoned import refused_as_abandoned
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.intents.resolver import Resolving, describe, text_of
 from agentreach.coordinator.routing.manual import ManualConfig, ManualQueue
+from agentreach.coordinator.routing.routed import routed_event
 from agentreach.coordinator.routing.rules import Decision, RoutingConfig, pools_of
 from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce, answer_from_record
 from agentreach.envelopes import ErrorInfo, Routed, Task, tracecontext
 from agentreach.envelopes import headers as h
-from agentreach.envelopes.audit import summary_of_task
 
 log = structlog.get_logger("coordinator.router")
 
@@ -54,7 +54,6 @@ WAIT_LONG_S = 10.0  # after a minute of waiting: a task may wait a day, its chec
 LONG_AFTER = 60
 WAIT_CAP_S = 1.0  # the longest wait for a run elsewhere to finish before looking again
 MAX_PICKS = 8  # agents tried for one task before giving up on this pass
-SHOWN = 20  # candidates and passed-over agents listed in a routed event
 REMEMBERED = 100_000  # tasks waiting for room whose first full encounter is kept
 
 
@@ -225,9 +224,28 @@ class Router:
         return choice.rate_wait_s
 
     async def _send(self, pending: _Pending, decision: Decision, choice: Choice) -> Excluded | None:
-        """Dispatch to the chosen agent; None when sent, else why that agent refused."""
-        task = pending.task
-        card = choice.agent
+        """Dispatch to the chosen agent; None when sent (or ended), else why that agent
+        refused. Its place in the agent's queue is taken before anything is awaited (tasks
+        routed together must not all see the same room), and given back unless stored."""
+        task, card = pending.task, choice.agent
+        assert card is not None
+        self.fleet.reserve(card.agent_id, task.priority, task.message_id)
+        seq = None
+        try:
+            outcome = await self._dispatch(pending, decision, choice)
+            seq = outcome if isinstance(outcome, int) else None
+        finally:
+            if seq is None:
+                self.fleet.not_dispatched(card.agent_id, task.priority, task.message_id)
+            else:
+                self.fleet.dispatched(card.agent_id, task.priority, task.message_id, seq)
+        return None if seq is not None else outcome  # type: ignore[return-value]
+
+    async def _dispatch(
+        self, pending: _Pending, decision: Decision, choice: Choice
+    ) -> int | Excluded | None:
+        """The dispatch's stream sequence once stored; else why not (None: ended)."""
+        task, card = pending.task, choice.agent
         assert card is not None
         if (refusal := await self.fleet.admit(choice, task.message_id)) is not None:
             return refusal
@@ -252,9 +270,9 @@ class Router:
             # that order on the wire (one write, one round trip): the sender learns whose
             # replies to expect, and the stream has `routed`, before that agent can say
             # anything. A failure sends the decision round again (the ids deduplicate).
-            await _together(
+            stored = await _together(
                 self._notify(routed, card.agent_id),
-                emit(self._broker, self._routed_event(routed, decision, choice)),
+                emit(self._broker, routed_event(routed, decision, choice)),
                 self._broker.publish(subject, envelopes.encode(routed), headers=headers),
             )
         except SubjectFull:
@@ -265,35 +283,13 @@ class Router:
             error = ErrorInfo(type="too_large", message=message, retryable=False)
             await end_with_error(self._broker, task, "rejected", error)
             return None
-        self.fleet.dispatched(card.agent_id, task.priority, task.message_id)
         self._full_since.pop(task.message_id, None)
         log.debug("routed", agent_id=card.agent_id, rule=decision.rule.name, attempt=task.attempt)
-        return None
+        return int(stored.seq)
 
     async def _notify(self, routed: Task, agent_id: str) -> None:
         if routed.reply_to and self._broker.names.signed_reply(routed.reply_to):  # a reply box
             await reply(self._broker, routed, Routed(**about(routed), agent_id=agent_id))
-
-    def _routed_event(self, routed: Task, decision: Decision, choice: Choice) -> envelopes.Event:
-        assert choice.agent is not None
-        passed_over = dict(list(choice.passed_over.items())[:SHOWN])
-        detail: dict[str, object] = {
-            "rule": decision.rule.name,
-            "pool": choice.pool,
-            "candidates": sorted(choice.candidates)[:SHOWN],
-            "candidates_total": choice.registered,
-            "passed_over": passed_over,
-        }
-        if choice.trial_key:
-            detail["trial"] = choice.trial_key
-        if routed.attempt == 1:  # what the message's audit record summarises as its input
-            detail["input"] = msgspec.to_builtins(summary_of_task(routed))
-        if routed.resolution is not None:
-            detail["resolution"] = msgspec.to_builtins(routed.resolution)
-            detail["needed"] = decision.needed
-        if decision.below:
-            detail["below"] = True
-        return event_for(routed, "routed", agent_id=choice.agent.agent_id, **detail)
 
     async def _unroutable(
         self, pending: _Pending, decision: Decision, choice: Choice
@@ -380,11 +376,14 @@ class Router:
             await refuse(self._broker, task, error, **detail)
 
 
-async def _together(*steps: Coroutine[Any, Any, Any]) -> None:
-    """Run the steps at once, in order; then raise the last failure (the dispatch is last)."""
-    for outcome in reversed(await asyncio.gather(*steps, return_exceptions=True)):
+async def _together(*steps: Coroutine[Any, Any, Any]) -> Any:
+    """Run the steps at once, in order; then raise the last failure (the dispatch is last),
+    or return what the last step returned."""
+    outcomes = await asyncio.gather(*steps, return_exceptions=True)
+    for outcome in reversed(outcomes):
         if isinstance(outcome, BaseException):
             raise outcome
+    return outcomes[-1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,6 +163,37 @@ async def test_a_burst_above_the_watermark_waits_for_room(broker, start_coordina
     assert not [d for d in watcher.dead_letters if d.message_id == waiting]
 
 
+async def test_a_burst_routed_together_stops_at_the_high_watermark(
+    broker, start_coordinator, watcher
+):
+    """30 P0 tasks at once for one agent that holds them: the routings run together, and
+    each used to see the same room (the queue counted a dispatch only once stored), so the
+    queue filled to its cap (95-99 % seen outside). A place is taken when its agent is
+    chosen: 8 are dispatched (80 % of 10), the other 22 are refused as backpressure."""
+    gate = asyncio.Event()
+    config = fast(queues=QueueConfig(refresh_s=3600, full_wait_s=0))
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, gated("stuck", gate)),
+        ReachClient(broker=broker) as client,
+    ):
+        burst = await publish_many(client, "work", 30, priority="P0")
+
+        def settled() -> bool | None:
+            done = len(
+                watcher.ids_with("accepted", burst) | watcher.ids_with("dead_lettered", burst)
+            )
+            return done == 30 or None
+
+        await watcher.until(settled, "30 accepted or refused")
+        depth = coordinator.queues.depth("stuck", "P0")
+        gate.set()
+    assert len(watcher.ids_with("accepted", burst)) == 8 and depth == 8
+    assert len(routed(watcher, burst)) == 8
+    refused = [d for d in watcher.dead_letters if d.message_id in burst]
+    assert len(refused) == 22 and all(d.reason == "rejected" for d in refused)
+
+
 async def test_the_broker_refuses_what_the_view_has_not_seen(broker, start_coordinator, watcher):
     """When the router's view of a queue is stale, the broker's per-subject cap still holds:
     the refused dispatch becomes a backpressure rejection."""

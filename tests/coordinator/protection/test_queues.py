@@ -24,3 +24,21 @@ def test_a_queue_between_the_watermarks_is_explained_as_hysteresis():
         queues._judge(slot)
         assert queues.why_full(*slot) == why
     assert slot in queues.slots()
+
+
+async def test_a_read_takes_over_the_dispatches_it_includes_and_no_others(broker):
+    """A dispatch is counted apart until a read includes it (stored at or before the
+    stream's last sequence): then once, by the read. One stored later, or still in flight,
+    stays counted apart (a read used to forget them all, or count them twice)."""
+    queues = QueueDepths(broker, QueueConfig())
+    ack = await broker.publish(broker.names.dispatch("a1", "P1"), b"{}")
+    queues.reserve("a1", "P1", "stored-before")
+    queues.stored("a1", "P1", "stored-before", ack.seq)
+    queues.reserve("a1", "P1", "stored-after")
+    queues.stored("a1", "P1", "stored-after", ack.seq + 1)  # as if stored after the read
+    queues.reserve("a1", "P1", "in-flight")
+    assert queues.depth("a1", "P1") == 3
+    await queues.refresh()
+    assert queues.depth("a1", "P1") == 3  # 1 read, 2 apart
+    queues.release("a1", "P1", "in-flight")
+    assert queues.depth("a1", "P1") == 2

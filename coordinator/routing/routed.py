@@ -1,0 +1,37 @@
+"""The ``routed`` event: whom a task went to, and the basis of the decision, as its trace
+and its audit record show them."""
+
+from __future__ import annotations
+
+import msgspec
+
+from agentreach.broker.lifecycle import event_for
+from agentreach.coordinator.routing.fleet import Choice
+from agentreach.coordinator.routing.rules import Decision
+from agentreach.envelopes import Event, Task
+from agentreach.envelopes.audit import summary_of_task
+
+SHOWN = 20  # candidates and passed-over agents listed in a routed event
+
+
+def routed_event(routed: Task, decision: Decision, choice: Choice) -> Event:
+    """The event of ``routed`` (the task as dispatched) going to ``choice.agent``."""
+    assert choice.agent is not None
+    passed_over = dict(list(choice.passed_over.items())[:SHOWN])
+    detail: dict[str, object] = {
+        "rule": decision.rule.name,
+        "pool": choice.pool,
+        "candidates": sorted(choice.candidates)[:SHOWN],
+        "candidates_total": choice.registered,
+        "passed_over": passed_over,
+    }
+    if choice.trial_key:
+        detail["trial"] = choice.trial_key
+    if routed.attempt == 1:  # what the message's audit record summarises as its input
+        detail["input"] = msgspec.to_builtins(summary_of_task(routed))
+    if routed.resolution is not None:
+        detail["resolution"] = msgspec.to_builtins(routed.resolution)
+        detail["needed"] = decision.needed
+    if decision.below:
+        detail["below"] = True
+    return event_for(routed, "routed", agent_id=choice.agent.agent_id, **detail)
