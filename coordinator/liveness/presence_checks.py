@@ -20,14 +20,17 @@ time, a broker error, an outage meanwhile) is checked again at a later tick.
 
 Only an agent that answered a check in this process of it (epoch), or whose heartbeat is late,
 is suspected on "no responders": one that beats without a presence subscription (against the
-protocol) must not be judged gone while it beats. A check that times out says nothing (a stuck
-loop, or a wildcard subscriber that hears the request and answers nothing): the silence
-thresholds judge those.
+protocol) must not be judged gone while it beats. A check that times out (a stopped process or
+a stuck loop, whose connection stays; or a wildcard subscriber that hears the request and
+answers nothing) says the agent is not gone: twice in a row with no heartbeat between, for an
+agent holding work, it is SUSPECT `unresponsive` (no new work, an alert), and the silence
+thresholds judge it from there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -38,6 +41,7 @@ import structlog
 
 from agentreach.broker import Broker, BrokerError
 from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.broker.presence import present
 from agentreach.coordinator.liveness.tracked import Tracked
 from agentreach.envelopes import LivenessState
@@ -47,8 +51,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("coordinator.liveness")
 
-# The SUSPECT reason given by a check: such an agent is checked again until it is settled.
+# The SUSPECT reasons a check gives: such an agent is checked again until it is settled.
 NO_CONNECTION = "no connection"
+UNRESPONSIVE = "unresponsive"  # there, and answering nothing
+SETTLED_BY_CHECKS = (NO_CONNECTION, UNRESPONSIVE)  # such a SUSPECT agent is checked again
 
 Judge = Callable[[Tracked, LivenessState, str], Awaitable[None]]
 LookAgain = Callable[[list[Tracked]], Awaitable[None]]
@@ -131,7 +137,7 @@ class PresenceChecks:
                 or tracked.agent_id in queued
                 or tracked.state == "SUSPECT"
             )
-            and (tracked.state in ("ONLINE", "UNKNOWN") or tracked.reason == NO_CONNECTION)
+            and (tracked.state in ("ONLINE", "UNKNOWN") or tracked.reason in SETTLED_BY_CHECKS)
             and not tracked.checking
             and now - max(tracked.last_seen, tracked.checked_at) >= every
         ]
@@ -152,7 +158,13 @@ class PresenceChecks:
         meanwhile, a broker error) is asked again at a later tick."""
         seen = _Seen.now(tracked, self._broker)
         answered = await self._ask(tracked)
-        if answered is None or self._stale(tracked, seen):
+        if self._stale(tracked, seen):
+            return
+        if answered is None:  # no answer in time: stuck or stopped, or merely busy
+            # Twice in a row, with no heartbeat between: not a moment's hiccup.
+            twice, tracked.unanswered_at = tracked.unanswered_at == seen.last_seen, seen.last_seen
+            if twice and tracked.state == "ONLINE" and self._holds_work(tracked):
+                await self._unanswered(tracked)
             return
         if answered:
             await self._answered(tracked)
@@ -177,14 +189,30 @@ class PresenceChecks:
         else:
             await self._judge(tracked, "OFFLINE", "connection gone")
 
+    def _holds_work(self, tracked: Tracked) -> bool:
+        queued = self._queued() if self._queued is not None else ()
+        return tracked.in_flight > 0 or any(agent == tracked.agent_id for agent, _ in queued)
+
+    async def _unanswered(self, tracked: Tracked) -> None:
+        """An agent holding work whose connection is there and that answered two checks in
+        a row with nothing (a stopped process, a blocked loop): it gets no new work from now,
+        not after 3 intervals (an idle agent's may be 30 s each, its queued tasks expiring
+        meanwhile), and someone is told. A heartbeat makes it ONLINE again; the silence
+        thresholds take it OFFLINE (``unresponsive_intervals``)."""
+        tracked.connected = True
+        await self._judge(tracked, "SUSPECT", UNRESPONSIVE)
+        with contextlib.suppress(BrokerError):
+            await emit(self._broker, agent_event(tracked.agent_id, "alert", problem=UNRESPONSIVE))
+
     async def _ask(self, tracked: Tracked) -> bool | None:
         timeout_s = self._config.probe_connection_s
         return await present(self._broker, tracked.agent_id, timeout_s=timeout_s)
 
     async def _answered(self, tracked: Tracked) -> None:
-        tracked.answered_epoch = tracked.epoch
+        tracked.answered_epoch, tracked.unanswered_at = tracked.epoch, -1.0
         if tracked.state == "SUSPECT":  # of a check: only those are checked
-            await self._judge(tracked, "ONLINE", "connection back")
+            back = "connection back" if tracked.reason == NO_CONNECTION else "answering again"
+            await self._judge(tracked, "ONLINE", back)
 
     @property
     def _retry_s(self) -> float:

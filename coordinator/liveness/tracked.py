@@ -37,6 +37,7 @@ class Tracked:
     checked_at: float = 0.0  # monotonic
     answered_epoch: int = -1
     checking: bool = False
+    unanswered_at: float = -1.0  # the last_seen of the last check it did not answer in time
 
     def record(self) -> Liveness:
         return Liveness(

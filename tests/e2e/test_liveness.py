@@ -55,11 +55,16 @@ async def coordinator(broker) -> AsyncIterator[Coordinator]:
 
 @contextlib.asynccontextmanager
 async def pulse_process(
-    broker: Broker, agent_id: str, *, epoch: int = 0, stderr: int = asyncio.subprocess.DEVNULL
+    broker: Broker,
+    agent_id: str,
+    *,
+    epoch: int = 0,
+    stderr: int = asyncio.subprocess.DEVNULL,
+    interval_s: float = INTERVAL,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """`reach agent tests.e2e.pulse:agent` as its own process, serving until the block ends
     (once its card, of at least ``epoch``, is running)."""
-    env = {**os.environ, "PULSE_ID": agent_id, "PULSE_INTERVAL": str(INTERVAL)}
+    env = {**os.environ, "PULSE_ID": agent_id, "PULSE_INTERVAL": str(interval_s)}
     process = await asyncio.create_subprocess_exec(
         *reach_argv(broker, "agent", "tests.e2e.pulse:agent"),
         cwd=REPO,
@@ -113,6 +118,35 @@ async def test_blocked_loop_is_unresponsive_not_offline(broker, coordinator, wat
     states = [(e.detail["state"], e.detail["reason"]) for e in watcher.states("stuck")]
     assert ("OFFLINE", "no heartbeat for 5 intervals") not in states
     assert all(state != "OFFLINE" for state, _ in states)
+    assert back.detail["was"] == "SUSPECT"
+
+
+async def test_a_stopped_agent_holding_work_is_unresponsive_within_two_checks(
+    broker, coordinator, watcher
+):
+    """SIGSTOP on an agent that beats every 20 s, with a task queued for it: its connection
+    stays, so presence checks time out. Twice in a row, with no heartbeat between, it is
+    SUSPECT `unresponsive` with an alert, seconds in, not after 3 intervals (60 s, its task
+    expired meanwhile); SIGCONT and its next heartbeat make it ONLINE again."""
+    async with (
+        pulse_process(broker, "frozen", interval_s=20.0) as process,
+        ReachClient(broker=broker) as client,
+    ):
+        await watcher.state("frozen", "ONLINE")
+        process.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            await client.publish("block", {"seconds": 0}, ttl_ms=60_000)
+            unresponsive = await watcher.state("frozen", "SUSPECT", reason="unresponsive")
+            after_s = time.monotonic() - stopped
+            alert = await watcher.until(
+                lambda: next((e for e in watcher.events if e.event == "alert"), None), "alert"
+            )
+        finally:
+            process.send_signal(signal.SIGCONT)
+        back = await watcher.state("frozen", "ONLINE", after=unresponsive)
+    assert after_s < 10, f"unresponsive after {after_s:.1f} s"
+    assert alert.agent_id == "frozen" and alert.detail["problem"] == "unresponsive"
     assert back.detail["was"] == "SUSPECT"
 
 
