@@ -144,7 +144,7 @@ class Coordinator:
             queues=self.queues,
             census=self.census,
             ready=lambda: self.readiness.ready,
-            lease_held=lambda: self._lease.held,
+            leases_held=lambda: {duty: lease.held for duty, lease in self._duties()},
             info={"replica": self.replica_id, "version": _version(), "prefix": broker.names.prefix},
         )
         self.registry.register(StateCollector(views, self._sampled))
@@ -283,18 +283,18 @@ class Coordinator:
             "why_not_ready": self.readiness.why_not(),
             "version": _version(),
             "prefix": self.broker.names.prefix,
-            "duties": [
-                duty
-                for duty, lease in (
-                    ("liveness", self._lease),
-                    ("manual", self._manual_lease),
-                    ("queue_expiry", self._expiry_lease),
-                )
-                if lease.held
-            ],
+            "duties": [duty for duty, lease in self._duties() if lease.held],
             "metrics": f"{self.metrics_url}metrics" if self.metrics_url else None,
             "enforces_allowances": self.directory.enforce_allowances,
         }
+
+    def _duties(self) -> tuple[tuple[str, Lease], ...]:
+        """The duties one replica runs at a time, each under its lease."""
+        return (
+            ("liveness", self._lease),
+            ("manual", self._manual_lease),
+            ("queue_expiry", self._expiry_lease),
+        )
 
     async def _on_status(self, msg: Inbound) -> None:
         if msg.reply:

@@ -42,7 +42,7 @@ class Views:
     queues: QueueDepths
     census: WorkflowCensus
     ready: Callable[[], bool]
-    lease_held: Callable[[], bool] = lambda: False
+    leases_held: Callable[[], dict[str, bool]] = dict  # duty -> whether this replica runs it
     info: dict[str, str] = field(default_factory=dict)
 
 
@@ -104,7 +104,7 @@ class StateCollector(Collector):
             "reach_lease_held",
             "1 on the replica that runs a duty; the sum over replicas should be 1.",
             ["duty"],
-            [(["liveness"], views.lease_held())],
+            [([duty], held) for duty, held in views.leases_held().items()],
         )
         if not ready:
             return

@@ -89,6 +89,8 @@ async def test_two_replicas_count_each_event_once(broker, watcher: Watcher):
         assert total(f, "reach_queue_capacity", priority="P1") == 200
         assert total(f, "reach_agents", state="STOPPED") == 0
         assert total(f, "reach_coordinator_ready") == 1
+    for duty in ("liveness", "manual", "queue_expiry"):  # one replica runs each duty
+        assert sum(total(f, "reach_lease_held", duty=duty) for f in found) == 1
 
 
 async def test_a_restarted_replica_counts_from_zero_and_misses_nothing(broker, watcher):
