@@ -105,6 +105,18 @@ class Fleet:
             return "circuit", "its breaker's trial calls were taken meanwhile"
         return None
 
+    def no_route(self, topic: str) -> str:
+        """Why no agent serves ``topic``: none declares it, or those that do may not serve it
+        (intent allowances, on a secured deployment: named, with the fix)."""
+        said = f"no agent serves topic {topic!r}"
+        declared = sorted(a for a, intents in self.directory.refused.items() if topic in intents)
+        if not declared:
+            return said
+        why = self.directory.refused[declared[0]][topic]
+        return (
+            f"{said}: {', '.join(declared[:5])} declare it, not allowed it ({declared[0]}: {why})"
+        )
+
     def reserve(self, agent_id: str, priority: Priority, message_id: str) -> None:
         """The task goes to the agent's queue now: its place there is taken."""
         self.queues.reserve(agent_id, priority, message_id)

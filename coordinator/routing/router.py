@@ -335,7 +335,7 @@ class Router:
             log.info("falling back", rule=decision.rule.name, fallback=fallback.name)
             return await self._route(pending, Decision(fallback, fallback.to, decision.needed))
         if choice.registered == 0:
-            await self.end(task, "no_route", f"no agent serves topic {task.topic!r}")
+            await self.end(task, "no_route", self.fleet.no_route(task.topic))
         else:
             await self.reject(task, "circuit_open", choice.why("every breaker is open", task.topic))
         return None
