@@ -114,7 +114,7 @@ class Fleet:
             return said
         why = self.directory.refused[declared[0]][topic]
         return (
-            f"{said}: {', '.join(declared[:5])} declare it, not allowed it ({declared[0]}: {why})"
+            f"{said}: declared by {', '.join(declared[:5])}, not allowed it ({declared[0]}: {why})"
         )
 
     def reserve(self, agent_id: str, priority: Priority, message_id: str) -> None:

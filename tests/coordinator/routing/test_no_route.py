@@ -23,5 +23,6 @@ def test_a_topic_only_refused_agents_declare_names_them_and_the_fix():
     refused = {"agent-a": {"echo": why}, "agent-b": {"other": why}}
     said = fleet_refusing(refused).no_route("echo")
     assert (
-        said == f"no agent serves topic 'echo': agent-a declare it, not allowed it (agent-a: {why})"
+        said
+        == f"no agent serves topic 'echo': declared by agent-a, not allowed it (agent-a: {why})"
     )
