@@ -125,8 +125,11 @@ class DashboardApp:
                     sent = True
             if loop.time() >= next_point:
                 next_point += step_s
-                yield event("metrics", {"at_ms": metrics["at_ms"], "series": metrics["series"]})
-                sent = True
+                # While not live the metrics are as of then: a point would repeat the last.
+                if now["system"]["stale_since_ms"] is None:
+                    series = metrics["series"]
+                    yield event("metrics", {"at_ms": metrics["at_ms"], "series": series})
+                    sent = True
             if sent:
                 quiet_since = loop.time()
             elif loop.time() - quiet_since >= KEEPALIVE_S:
