@@ -123,7 +123,7 @@ class Board:
             if self._tasks[-1].done():
                 waiter.cancel()
                 self._tasks[-1].result()  # raises why the view could not start
-        for loop in (self._fold, self._refresh, self.sampled.run):
+        for loop in (self._fold, self._refresh):
             self._tasks.append(asyncio.create_task(loop()))
         await self.refresh()
         self.ready.set()
@@ -203,10 +203,14 @@ class Board:
                 log.warning("cannot refresh the dashboard's views", error=str(exc))
 
     async def refresh(self) -> None:
-        """Dead letters, coordinators and the sampled metrics, read again."""
+        """Dead letters (their counts by reason after the open ones), coordinators and the
+        sampled metrics, read again."""
         try:
             letters = await self._recent_letters()
             await self.open_letters.read(self.settling)
+            # Counted after the open letters were read, so the total holds every one of them
+            # (in a loop of its own, it lagged behind: more open letters than kept).
+            await self.sampled.sample()
             answers = await gather_replies(self.broker, self.broker.names.status, wait_s=0.3)
         except BrokerError as exc:
             self.unread = str(exc)
