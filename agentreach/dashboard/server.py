@@ -127,8 +127,8 @@ class DashboardApp:
                 next_point += step_s
                 # While not live the metrics are as of then: a point would repeat the last.
                 if now["system"]["stale_since_ms"] is None:
-                    series = metrics["series"]
-                    yield event("metrics", {"at_ms": metrics["at_ms"], "series": series})
+                    tick = {"at_ms": metrics["at_ms"], "series": metrics["series"]}
+                    yield event("metrics", {**tick, "alerts": now["alerts"]})
                     sent = True
             if sent:
                 quiet_since = loop.time()
@@ -204,7 +204,11 @@ class DashboardApp:
 
 def _compared(name: str, section: Any) -> str:
     """What must differ for ``section`` to be sent again. An agent's heartbeat ages at every
-    tick without anything changing: the page counts the age on from ``seen_ms`` itself."""
+    tick without anything changing: the page counts the age on from ``seen_ms`` itself. An
+    alert's summary moves with its value, which each ``metrics`` event carries: the alerts
+    are sent when one began or stopped firing."""
+    if name == "alerts":
+        section = sorted((a["name"], a["metric"], a["severity"]) for a in section)
     if name == "agents":
         section = [
             {**agent, "heartbeat": agent["heartbeat"] and {**agent["heartbeat"], "age_ms": 0}}
