@@ -27,6 +27,7 @@ from agentreach.broker import BrokerError, read_stream
 from agentreach.coordinator.observability.http import Request, Response, Streamed
 from agentreach.dashboard.access import Access
 from agentreach.dashboard.hosts import AllowedHosts
+from agentreach.dashboard.letter_deltas import LetterDeltas
 from agentreach.dashboard.trace import trace_of
 from agentreach.dashboard.views import Board
 from agentreach.envelopes import DecodeError, decode_dead_letter, is_token
@@ -96,6 +97,7 @@ class DashboardApp:
 
         snapshot = board.snapshot()
         last = {name: _compared(name, snapshot[name]) for name in SECTIONS}
+        letters = LetterDeltas(snapshot["dead_letters"])
         yield b"retry: 3000\n\n" + event("snapshot", snapshot)
         loop = asyncio.get_running_loop()
         step_s = board.history.step_ms / 1000
@@ -115,13 +117,15 @@ class DashboardApp:
             sent = False
             if loop.time() >= resnapshot:
                 resnapshot = loop.time() + SNAPSHOT_EVERY_S
-                yield event("snapshot", board.snapshot())
+                snapshot = board.snapshot()
+                letters = LetterDeltas(snapshot["dead_letters"])
+                yield event("snapshot", snapshot)
                 continue
             for name, value in now.items():
                 text = _compared(name, value)
                 if text != last[name]:
                     last[name] = text
-                    yield event(name, value)
+                    yield event(name, letters.delta(value) if name == "dead_letters" else value)
                     sent = True
             if loop.time() >= next_point:
                 next_point += step_s
