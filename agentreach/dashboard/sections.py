@@ -102,13 +102,17 @@ def dead_letters(board: Board) -> dict[str, Any]:
         for reason, count in sorted(by_reason.items(), key=lambda rc: (-rc[1], rc[0]))
     ]
     open_letters = board.open_letters.newest(OPEN_SHOWN)
+    total = sum(by_reason.values())
+    # The counts are read just after the open letters (Board.refresh): between those two
+    # reads, or when letters expire or are deleted in between, open could pass the total.
+    opened = min(len(board.open_letters), total)
     return {
-        "total": sum(by_reason.values()),
+        "total": total,
         "by_reason": reasons,
         "recent": [_letter(board, *shown) for shown in board.letters],
-        "open": len(board.open_letters),  # of every letter REACH_DLQ keeps
+        "open": opened,  # of every letter REACH_DLQ keeps
         "open_letters": [_letter(board, *shown) for shown in open_letters],
-        "open_not_shown": len(board.open_letters) - len(open_letters),
+        "open_not_shown": max(0, opened - len(open_letters)),
     }
 
 

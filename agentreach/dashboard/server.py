@@ -27,6 +27,7 @@ from agentreach.broker import BrokerError, read_stream
 from agentreach.coordinator.observability.http import Request, Response, Streamed
 from agentreach.dashboard.access import Access
 from agentreach.dashboard.hosts import AllowedHosts
+from agentreach.dashboard.letter_deltas import LetterDeltas
 from agentreach.dashboard.trace import trace_of
 from agentreach.dashboard.views import Board
 from agentreach.envelopes import DecodeError, decode_dead_letter, is_token
@@ -96,6 +97,7 @@ class DashboardApp:
 
         snapshot = board.snapshot()
         last = {name: _compared(name, snapshot[name]) for name in SECTIONS}
+        letters = LetterDeltas(snapshot["dead_letters"])
         yield b"retry: 3000\n\n" + event("snapshot", snapshot)
         loop = asyncio.get_running_loop()
         step_s = board.history.step_ms / 1000
@@ -115,18 +117,23 @@ class DashboardApp:
             sent = False
             if loop.time() >= resnapshot:
                 resnapshot = loop.time() + SNAPSHOT_EVERY_S
-                yield event("snapshot", board.snapshot())
+                snapshot = board.snapshot()
+                letters = LetterDeltas(snapshot["dead_letters"])
+                yield event("snapshot", snapshot)
                 continue
             for name, value in now.items():
                 text = _compared(name, value)
                 if text != last[name]:
                     last[name] = text
-                    yield event(name, value)
+                    yield event(name, letters.delta(value) if name == "dead_letters" else value)
                     sent = True
             if loop.time() >= next_point:
                 next_point += step_s
-                yield event("metrics", {"at_ms": metrics["at_ms"], "series": metrics["series"]})
-                sent = True
+                # While not live the metrics are as of then: a point would repeat the last.
+                if now["system"]["stale_since_ms"] is None:
+                    tick = {"at_ms": metrics["at_ms"], "series": metrics["series"]}
+                    yield event("metrics", {**tick, "alerts": now["alerts"]})
+                    sent = True
             if sent:
                 quiet_since = loop.time()
             elif loop.time() - quiet_since >= KEEPALIVE_S:
@@ -201,7 +208,11 @@ class DashboardApp:
 
 def _compared(name: str, section: Any) -> str:
     """What must differ for ``section`` to be sent again. An agent's heartbeat ages at every
-    tick without anything changing: the page counts the age on from ``seen_ms`` itself."""
+    tick without anything changing: the page counts the age on from ``seen_ms`` itself. An
+    alert's summary moves with its value, which each ``metrics`` event carries: the alerts
+    are sent when one began or stopped firing."""
+    if name == "alerts":
+        section = sorted((a["name"], a["metric"], a["severity"]) for a in section)
     if name == "agents":
         section = [
             {**agent, "heartbeat": agent["heartbeat"] and {**agent["heartbeat"], "age_ms": 0}}

@@ -22,9 +22,9 @@ from agentreach.coordinator.observability import FOLDED, BreakerView, Sampled, W
 from agentreach.coordinator.observability.census import _follow
 from agentreach.coordinator.protection.queues import QueueConfig, QueueDepths
 from agentreach.coordinator.routing.directory import AgentDirectory
-from agentreach.dashboard import sections
-from agentreach.dashboard.alerts import RULES, firing, judge
-from agentreach.dashboard.history import KEYS, LABELS, History, chart
+from agentreach.dashboard import sections, series
+from agentreach.dashboard.alerts import RULES, firing
+from agentreach.dashboard.history import History
 from agentreach.dashboard.letters import OpenLetters
 from agentreach.envelopes import (
     PRIORITIES,
@@ -92,6 +92,7 @@ class Board:
         self.replicas: list[dict[str, Any]] = []
         self.read_ms = 0  # when a refresh last read everything: what is shown is as of then
         self.unread: str | None = None  # why the last refresh failed; None when it did not
+        self.worst_queue: dict[str, Any] | None = None  # the fullest queue, as of read_ms
         self.ready = asyncio.Event()
         self.history_read = asyncio.Event()  # the window's events at start are folded
         self._tasks: list[asyncio.Task[None]] = []
@@ -122,7 +123,7 @@ class Board:
             if self._tasks[-1].done():
                 waiter.cancel()
                 self._tasks[-1].result()  # raises why the view could not start
-        for loop in (self._fold, self._refresh, self.sampled.run):
+        for loop in (self._fold, self._refresh):
             self._tasks.append(asyncio.create_task(loop()))
         await self.refresh()
         self.ready.set()
@@ -202,10 +203,14 @@ class Board:
                 log.warning("cannot refresh the dashboard's views", error=str(exc))
 
     async def refresh(self) -> None:
-        """Dead letters, coordinators and the sampled metrics, read again."""
+        """Dead letters (their counts by reason after the open ones), coordinators and the
+        sampled metrics, read again."""
         try:
             letters = await self._recent_letters()
             await self.open_letters.read(self.settling)
+            # Counted after the open letters were read, so the total holds every one of them
+            # (in a loop of its own, it lagged behind: more open letters than kept).
+            await self.sampled.sample()
             answers = await gather_replies(self.broker, self.broker.names.status, wait_s=0.3)
         except BrokerError as exc:
             self.unread = str(exc)
@@ -219,12 +224,15 @@ class Board:
         self.letters, self.replicas = letters, replicas
         self.read_ms, self.unread = now_ms(), None
         queues = self._queues()
+        fullest, self.worst_queue = series.worst(queues)
         over = RULES["queue_fill"].value
-        self.history.sample(
-            now_ms(),
-            queue_fill=_worst(queues)[0],
+        self.history.sample(  # at read_ms: what a stale snapshot is as of must hold a sample
+            self.read_ms,
+            queue_fill=fullest,
             isolated=len(self.breakers.isolated),
-            queues_over={f"{q['agent_id']} {q['priority']}" for q in queues if _fill(q) > over},
+            queues_over={
+                f"{q['agent_id']} {q['priority']}" for q in queues if series.fill(q) > over
+            },
         )
 
     def staleness(self) -> tuple[int | None, str | None]:
@@ -273,74 +281,15 @@ class Board:
             for p in PRIORITIES
         ]
 
-    def metrics(self, *, full: bool) -> dict[str, Any]:
-        now = now_ms()
-        rows = self.history.rows(now)
-        points = chart(rows)
-        values = self.history.values(now)
-        _, worst = _worst(self._queues())
-        series = {}
-        for key in KEYS:
-            label, unit = LABELS[key]
-            state, since = judge(key, rows)
-            entry: dict[str, Any] = {
-                "key": key,
-                "label": label,
-                "unit": unit,
-                "value": values[key],
-                "state": state,
-                "since_ms": since,
-                "threshold": RULES[key].threshold(key),
-                "detail": self._detail(key, values, worst),
-            }
-            if key == "p99_latency":
-                entry["previous"] = values["previous"]
-            if key == "queue_fill":
-                entry["worst"] = worst
-            if full:
-                entry["points"] = points[key]
-            else:
-                entry["point"] = points[key][-1] if points[key] else None
-            series[key] = entry
-        step_s = self.history.step_ms / 1000
-        return {
-            "step_s": step_s,
-            "window_s": self.history.window_ms / 1000,
-            "series": series,
-            "at_ms": now,
-        }
+    def as_of_ms(self) -> int:
+        """The moment what is shown is computed at: now while live; while not, when it last
+        read NATS, so windows do not slide over a time it knows nothing of."""
+        stale_since, _ = self.staleness()
+        return now_ms() if stale_since is None else stale_since
 
-    def _detail(self, key: str, values: dict[str, Any], worst: dict[str, Any] | None) -> str:
-        """The counts behind a value, in one line: ``"1,532 of 1,534 completed, 5 min"``."""
-        match key:
-            case "success_rate":
-                if not values["finished"]:
-                    return "nothing finished in 5 min"
-                return f"{values['completed']:,} of {values['finished']:,} completed, 5 min"
-            case "retry_rate":
-                if not values["dispatches"]:
-                    return "nothing dispatched in 5 min"
-                retries, dispatches = values["retries"], values["dispatches"]
-                return f"{retries:,} retries of {dispatches:,} dispatches, 5 min"
-            case "p99_latency":
-                period_s = self.history.period_ms / 1000
-                period = f"{period_s / 60:g} min" if period_s >= 60 else f"{period_s:g} s"
-                done, needed = values["period_completed"], RULES[key].min_completed
-                before = values["before_completed"]
-                if done < needed:
-                    return f"{done:,} completed in {period}: too few to judge (< {needed})"
-                if before < needed:
-                    return f"{done:,} completed in {period}, {before:,} before: too few to compare"
-                return f"{done:,} completed in {period}, {before:,} before"
-            case "queue_fill":
-                if worst is None:
-                    return "no agent running"
-                return (
-                    f"{worst['agent_id']} {worst['priority']} {worst['depth']}/{worst['capacity']}"
-                )
-            case _:
-                isolated = self.breakers.isolated
-                return ", ".join(isolated) if isolated else "none"
+    def metrics(self, *, full: bool) -> dict[str, Any]:
+        """The snapshot's ``metrics`` (``at_ms``: this process's clock now, for the page)."""
+        return {**series.metrics(self, at_ms=self.as_of_ms(), full=full), "at_ms": now_ms()}
 
     def alerts(self, metrics: dict[str, Any]) -> list[dict[str, Any]]:
         return firing(metrics["series"])
@@ -382,15 +331,3 @@ class Board:
             "dead_letters": sections.dead_letters(self),
             "workflows": sections.workflows(self),
         }
-
-
-def _fill(queue: dict[str, Any]) -> float:
-    return float(queue["depth"] / queue["capacity"])
-
-
-def _worst(queues: list[dict[str, Any]]) -> tuple[float | None, dict[str, Any] | None]:
-    """The fullest queue's fill, and the queue (None, None when there is none)."""
-    if not queues:
-        return None, None
-    worst = max(queues, key=_fill)
-    return _fill(worst), worst

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from agentreach.agents import Agent
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import Board, DashboardApp, History
-from agentreach.envelopes import now_ms
+from agentreach.envelopes import Event, Task, now_ms
 from tests.dashboard.stream import event_stream
 from tests.dashboard.token import TOKEN
 from tests.e2e.routing_support import serving
@@ -56,3 +58,72 @@ async def test_agents_are_sent_when_they_changed_not_as_their_heartbeats_age(bro
         before = agents
     beat = grown[0]["heartbeat"]
     assert beat["seen_ms"] <= now_ms() and beat["age_ms"] >= 0
+
+
+def finished(kind: str) -> Event:
+    detail = {"reason": "retries_exhausted"} if kind == "dead_lettered" else {}
+    return Event(v=1, event=kind, message_id="m", trace_id="t", topic="x", detail=detail)
+
+
+async def test_alerts_are_sent_when_the_set_changed_not_when_a_value_moved(broker):
+    """A success rate firing for 200 s drops from 80 % to 67 %: the same alert fires, so no
+    `alerts` event is sent (it was, each time its summary's percentage moved); the new
+    value comes with the next `metrics` event, alerts and all."""
+    history = History(step_s=2, window_s=240, period_s=30)
+    async with (
+        Board(broker, history) as board,
+        HttpServer(DashboardApp(board, token=TOKEN, tick_s=0.2)) as server,  # type: ignore[arg-type]
+    ):
+        for kind in ["completed"] * 4 + ["dead_lettered"]:
+            history.fold(finished(kind), now_ms() - 200_000)
+        async with event_stream(server) as stream:
+            name, snapshot = await stream.next()
+            history.fold(finished("dead_lettered"), now_ms())
+            sent = []
+            while not sent or sent[-1][0] != "metrics":
+                sent.append(await stream.next())
+    assert name == "snapshot"
+    (firing,) = snapshot["alerts"]
+    assert firing["name"] == "ReachSuccessRateLow" and "80.00 %" in firing["summary"]
+    assert [name for name, _ in sent if name == "alerts"] == []
+    tick = sent[-1][1]
+    assert tick["series"]["success_rate"]["value"] == 4 / 6
+    assert [a["name"] for a in tick["alerts"]] == ["ReachSuccessRateLow"]
+    assert "66.67 %" in tick["alerts"][0]["summary"]
+
+
+async def letter(broker, message_id: str) -> None:
+    task = Task(v=1, message_id=message_id, trace_id=message_id, topic="work", payload="x" * 300)
+    await dead_letter(
+        broker,
+        reason="no_route",
+        task=task,
+        message_id=message_id,
+        trace_id=message_id,
+        topic="work",
+    )
+
+
+async def test_a_new_dead_letter_sends_that_letter_not_every_letter_again(broker):
+    """60 open letters, then one more: the `dead_letters` event carries the new letter and
+    the order of those shown by sequence (it carried all 110 rows, ~100 KB at each new
+    letter); with the snapshot's letters, the page rebuilds what a new snapshot says."""
+    for n in range(60):
+        await letter(broker, f"old-{n}")
+    async with (
+        Board(broker, History(step_s=10, window_s=60, period_s=30)) as board,
+        HttpServer(DashboardApp(board, token=TOKEN, tick_s=0.2)) as server,  # type: ignore[arg-type]
+        event_stream(server) as stream,
+    ):
+        _, snapshot = await stream.next()
+        await letter(broker, "new-1")
+        sent = await stream.until("dead_letters", lambda d: d["open"] == 61)
+        now = board.snapshot()["dead_letters"]
+    shown = snapshot["dead_letters"]
+    assert [x["message_id"] for x in sent["letters"]] == ["new-1"]
+    assert len(json.dumps(sent)) < 4_000
+    kept = {x["seq"]: x for x in shown["recent"] + shown["open_letters"] + sent["letters"]}
+    assert [kept[seq] for seq in sent["recent_seqs"]] == now["recent"]
+    assert [kept[seq] for seq in sent["open_seqs"]] == now["open_letters"]
+    counts = ("total", "by_reason", "open", "open_not_shown")
+    assert {k: sent[k] for k in counts} == {k: now[k] for k in counts}

@@ -47,3 +47,24 @@ async def test_open_letters_older_than_the_last_50_are_shown(
     assert [x["message_id"] for x in bounded["open_letters"]] == ["old-2", "old-1"]
     assert bounded["open_not_shown"] == 1
     assert after["open"] == 2
+
+
+async def test_open_letters_never_outnumber_the_letters_kept(broker: Broker):
+    """Letters stored since the last refresh are counted open and kept from the same
+    refresh: the count of open letters (from their events) never exceeds the total (from
+    the stream), which read "284 kept · 286 open" when each came from its own loop."""
+    async with Board(broker, History(step_s=1, window_s=60, period_s=30)) as board:
+        for n in range(3):
+            task = Task(v=1, message_id=f"m-{n}", trace_id=f"m-{n}", topic="work")
+            await dead_letter(
+                broker,
+                reason="no_route",
+                task=task,
+                message_id=f"m-{n}",
+                trace_id=f"m-{n}",
+                topic="work",
+            )
+        await board.refresh()
+        shown = board.snapshot()["dead_letters"]
+    assert shown["open"] == 3
+    assert shown["total"] == 3 == sum(r["count"] for r in shown["by_reason"])

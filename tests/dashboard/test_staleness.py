@@ -16,7 +16,8 @@ from agentreach.broker import Broker, EmbeddedServer, Names, Topology, provision
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import Board, DashboardApp, History, render
-from agentreach.envelopes import now_ms
+from agentreach.dashboard.history import RATE_WINDOW_MS
+from agentreach.envelopes import Event, now_ms
 from tests.conftest import FAST
 from tests.dashboard.stream import event_stream
 from tests.dashboard.test_server import send
@@ -54,6 +55,14 @@ async def killable(
                 yield server, broker
     finally:
         await server.stop()
+
+
+def failed_or_done(*, done: bool) -> Event:
+    """A completion, or a letter of retries exhausted (a failure for the success rate)."""
+    if done:
+        return Event(v=1, event="completed", message_id="m", trace_id="t", topic="x")
+    detail = {"reason": "retries_exhausted"}
+    return Event(v=1, event="dead_lettered", message_id="m", trace_id="t", topic="x", detail=detail)
 
 
 async def snapshot(server: HttpServer) -> dict:
@@ -108,3 +117,36 @@ async def test_the_replicas_do_not_vanish_while_they_are_asked_again(broker, coo
             await asyncio.sleep(0.01)
         await refreshing
     assert len(seen) > 10 and set(seen) == {1}
+
+
+@own_server
+async def test_what_is_shown_while_not_live_stays_as_of_then(tmp_path: Path):
+    """While the dashboard has lost NATS, nothing new is known: the metrics, their states
+    and the alerts are those of the moment it went stale, though the clock moves on and
+    the 5-minute window would slide past the completions it holds; the charts gain no
+    point and no `metrics` event is sent."""
+    history = History(step_s=1, window_s=60, period_s=30)
+    async with (
+        killable(tmp_path, coordinator=False) as (nats, broker),
+        Board(broker, history, version="test") as board,
+        HttpServer(DashboardApp(board, token=TOKEN, tick_s=0.2)) as server,  # type: ignore[arg-type]
+        event_stream(server) as stream,
+    ):
+        await nats.kill()
+        said = await stream.until("system", lambda s: s["stale_since_ms"] is not None)
+        since = said["stale_since_ms"]
+        # Completions that the 5-minute window held at `since` and slides past 1 s later.
+        for i in range(5):
+            history.fold(failed_or_done(done=i > 0), since - RATE_WINDOW_MS + 1_000)
+        then = (await snapshot(server))["metrics"]["series"]
+        # The clock moving on is what this test is about: it waits for it to pass.
+        sent = await stream.during(max(0.0, (since + 2_500 - now_ms()) / 1000))
+        later = (await snapshot(server))["metrics"]["series"]
+        await nats.restart()
+    assert then["success_rate"]["value"] == 0.8, then["success_rate"]
+    assert then["success_rate"]["detail"] == "4 of 5 completed, 5 min"
+    assert then["success_rate"]["state"] == "pending"  # its 2 min not yet served
+    for key in then:
+        assert later[key] == then[key], key  # values, states, details and points alike
+        assert then[key]["points"][-1][0] <= since, key
+    assert [name for name, _ in sent if name == "metrics"] == []
