@@ -9,12 +9,13 @@ for refused creds that have expired when they did and how to get new ones.
 from __future__ import annotations
 
 import ssl
+from datetime import UTC, datetime
 from enum import Enum
 from urllib.parse import ParseResult
 
 import nats.errors
 
-from agentreach.broker.auth import Auth
+from agentreach.broker.auth import Auth, expiry_of, role_of, user_name_of
 from agentreach.broker.client import Client
 from agentreach.broker.errors import AuthenticationFailed, ConnectError, TlsFailed
 from agentreach.broker.urls import redacted
@@ -108,5 +109,13 @@ def _tls_explained(exc: ssl.SSLError, server: ParseResult | None, auth: Auth) ->
 
 
 def _refused_hint(auth: Auth) -> str:
-    """What to check when the server refused the credentials."""
-    return "check --creds / NATS_CREDS, or the server's users"
+    """What to check when the server refused the credentials: expired ones say when."""
+    expired_at = expiry_of(auth.creds) if auth.creds is not None else None
+    if auth.creds is None or expired_at is None or expired_at > datetime.now(UTC):
+        return "check --creds / NATS_CREDS, or the server's users"
+    role = role_of(auth.creds) or "agent|caller|worker|operator"
+    name = user_name_of(auth.creds) or "NAME"
+    return (
+        f"the creds in {auth.creds} expired at {expired_at:%Y-%m-%d %H:%M:%S} UTC;"
+        f" issue new ones: reach auth {role} {name}"
+    )

@@ -16,7 +16,8 @@
                                     agent's intents and every party's priorities to the
                                     allowances bucket
     reach auth show NAME            what NAME may publish and subscribe (and serve, send at)
-    reach auth list                 every name issued, with its role (intents, priorities)
+    reach auth list                 every name issued, with its role (intents, priorities,
+                                    when its creds expire)
 
 An agent issued without --intents may serve none until allowed; one issued again keeps what
 it had; one issued before allowances existed may serve any (``*``) until narrowed. Patterns:
@@ -37,6 +38,7 @@ import dataclasses
 import json
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ import msgspec
 from agentreach.auth import AuthDirectory, AuthError, expanded, push
 from agentreach.auth.directory import ADMIN, SENDERS
 from agentreach.broker import Auth, Broker, Bucket, provision
+from agentreach.broker.auth import expiry_of
 from agentreach.cli.options import Commands, UsageError, auth_of, names_of
 from agentreach.coordinator.routing import allowances as allowed
 from agentreach.envelopes import Priority
@@ -123,7 +126,8 @@ async def cmd_auth(args: argparse.Namespace) -> int:
                 serves = f"  intents: {allowed.shown(directory.intents_of(name))}"
             if user["role"] in SENDERS:
                 serves += f"  priorities: {','.join(directory.priorities_of(name))}"
-            print(f"{user['role']:<12} {name}{state}{serves}")
+            expiry = _expiry(directory.creds(user["role"], name))
+            print(f"{user['role']:<12} {name}{state}{serves}{expiry}")
         return 0
     if not args.name:
         raise UsageError(f"auth {args.action} needs a name")
@@ -159,6 +163,14 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         print(f"{args.name} ({role}{serves}):")
         print(json.dumps(expanded(role, args.name, directory.names), indent=2))
     return 0
+
+
+def _expiry(creds: Path) -> str:
+    """When the creds last issued expire (read from their JWT), for ``auth list``."""
+    at = expiry_of(creds)
+    if at is None:
+        return ""
+    return f"  {'expired' if at <= datetime.now(UTC) else 'expires'}: {at:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _intents(args: argparse.Namespace) -> tuple[str, ...] | None:

@@ -1,0 +1,58 @@
+"""Credentials an operator gets wrong are named: expired creds say when they expired and
+how to get new ones, at connect time and in `reach auth list`."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentreach.broker import Auth, AuthenticationFailed, Broker
+from tests.cli.conftest import VENV_BIN, run
+from tests.secured import SecuredDeployment, secured_server
+
+REACH = VENV_BIN / "reach"
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    return SecuredDeployment(tmp_path / "auth")
+
+
+async def test_expired_creds_say_when_and_what_to_do(deployment, tmp_path):
+    """Creds whose JWT expired are refused with their expiry and the command that renews
+    them, not as if they were wrong or revoked."""
+    lapsed = deployment.directory.issue("caller", "lapsed", expires_s=-60)
+    async with secured_server(deployment, tmp_path / "server") as server:
+        with pytest.raises(AuthenticationFailed) as refused:
+            async with Broker(server.url, auth=Auth(creds=lapsed)):
+                pass
+        said = str(refused.value)
+        assert f"the creds in {lapsed} expired at " in said, said
+        assert " UTC; issue new ones: reach auth caller lapsed" in said, said
+        published = await run(
+            REACH, "publish", "echo", "{}", "--nats-url", server.url, "--creds", lapsed
+        )
+        assert published.returncode == 1
+        assert "expired at" in published.stderr, published.stderr
+
+
+async def test_creds_that_did_not_expire_are_not_called_expired(deployment, tmp_path):
+    """Refused creds that are not expired (revoked, of another operator) keep the old hint."""
+    later = deployment.directory.issue("caller", "later", expires_s=3600)
+    other = SecuredDeployment(tmp_path / "other-auth")
+    async with secured_server(other, tmp_path / "server") as server:
+        with pytest.raises(AuthenticationFailed) as refused:
+            async with Broker(server.url, auth=Auth(creds=later)):
+                pass
+    assert "expired" not in str(refused.value)
+    assert "check --creds" in str(refused.value)
+
+
+async def test_auth_list_shows_when_creds_expire(deployment):
+    """`reach auth list` shows each party's expiry, and which ones have expired."""
+    deployment.directory.issue("caller", "lapsed", expires_s=-60)
+    deployment.directory.issue("caller", "later", expires_s=3600)
+    listed = await run(REACH, "auth", "list", "--dir", deployment.directory.root)
+    lines = {line.split()[1]: line for line in listed.stdout.splitlines()}
+    assert "expired: " in lines["lapsed"] and lines["lapsed"].endswith(" UTC")
+    assert "expires: " in lines["later"]
+    assert "expire" not in lines["admin"]  # issued without --expires
