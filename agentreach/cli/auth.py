@@ -219,7 +219,12 @@ def _init(directory: AuthDirectory) -> int:
         f"created {directory.root}: keep it private and backed up; only"
         " operator/operator.nk may go offline (issuing and revoking need the rest)"
     )
-    print(f"  nats-server:  include {directory.server_config.resolve()}")
+    # nats-server joins an include path to the including file's directory, absolute or not.
+    print(
+        f"  nats-server:  copy {directory.server_config} beside your nats-server config,"
+        " then in it: include auth.conf"
+    )
+    print("                (as deploy/nats/secure/*.conf do; nats-server refuses an absolute path)")
     print(f"  coordinator:  --creds {directory.creds('coordinator', 'coordinator')}")
     print(f"                security.seal_key_file: {directory.seal_key}")
     print(f"  operators:    --creds {directory.creds('operator', 'admin')}")

@@ -3,9 +3,12 @@ how to get new ones, at connect time and in `reach auth list`."""
 
 from __future__ import annotations
 
+import re
+import shutil
+
 import pytest
 
-from agentreach.broker import Auth, AuthenticationFailed, Broker
+from agentreach.broker import Auth, AuthenticationFailed, Broker, find_server_binary
 from tests.cli.conftest import VENV_BIN, run
 from tests.secured import SecuredDeployment, secured_server
 
@@ -56,3 +59,17 @@ async def test_auth_list_shows_when_creds_expire(deployment):
     assert "expired: " in lines["lapsed"] and lines["lapsed"].endswith(" UTC")
     assert "expires: " in lines["later"]
     assert "expire" not in lines["admin"]  # issued without --expires
+
+
+async def test_the_include_init_prints_is_one_nats_server_accepts(tmp_path):
+    """Done as `reach auth init` says, the server config is valid (the absolute include
+    path it printed was refused: nats-server joins it to the config's directory)."""
+    made = await run(REACH, "auth", "init", "--dir", tmp_path / "auth")
+    [said] = [line for line in made.stdout.splitlines() if "nats-server:" in line]
+    copy, include = re.fullmatch(r"\s*nats-server:\s+copy (\S+) .*: (include \S+)", said).groups()
+    ops = tmp_path / "ops"
+    ops.mkdir()
+    shutil.copy(copy, ops)
+    (ops / "nats-server.conf").write_text(f'listen: "127.0.0.1:-1"\n{include}\n')
+    checked = await run(find_server_binary(), "-c", "ops/nats-server.conf", "-t", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
