@@ -14,7 +14,8 @@
     reach auth revoke NAME          revoke its creds (then `reach auth push`)
     reach auth push                 send the account to the running servers, and every
                                     agent's intents and every party's priorities to the
-                                    allowances bucket
+                                    allowances bucket; as the system account's user
+                                    (creds/sys/push.creds; --creds names another of its users)
     reach auth show NAME            what NAME may publish and subscribe (and serve, send at)
     reach auth list                 every name issued, with its role (intents, priorities,
                                     when its creds expire)

@@ -73,3 +73,17 @@ async def test_the_include_init_prints_is_one_nats_server_accepts(tmp_path):
     (ops / "nats-server.conf").write_text(f'listen: "127.0.0.1:-1"\n{include}\n')
     checked = await run(find_server_binary(), "-c", "ops/nats-server.conf", "-t", cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr
+
+
+async def test_push_with_a_party_s_creds_says_it_needs_the_system_account_s(deployment, tmp_path):
+    """`reach auth push --creds admin.creds` names the system creds it needs, not just
+    that nobody answers on $SYS.REQ.CLAIMS.UPDATE."""
+    root = deployment.directory.root
+    admin = deployment.directory.creds("operator", "admin")
+    async with secured_server(deployment, tmp_path / "server") as server:
+        pushed = await run(
+            REACH, "auth", "push", "--dir", root, "--nats-url", server.url, "--creds", admin
+        )
+    assert pushed.returncode == 1
+    assert "reach auth push needs the system account's creds" in pushed.stderr, pushed.stderr
+    assert str(deployment.directory.creds("sys", "push")) in pushed.stderr
