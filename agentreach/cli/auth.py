@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -133,6 +134,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
     if not args.name:
         raise UsageError(f"auth {args.action} needs a name")
     if args.action in ISSUING:
+        _warn_if_issued(directory, args.name)
         path = directory.issue(
             args.action, args.name, expires_s=args.expires, intents=intents, priorities=priorities
         )
@@ -164,6 +166,18 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         print(f"{args.name} ({role}{serves}):")
         print(json.dumps(expanded(role, args.name, directory.names), indent=2))
     return 0
+
+
+def _warn_if_issued(directory: AuthDirectory, name: str) -> None:
+    """Issuing a name again is no rotation: whoever holds its old creds keeps connecting."""
+    if name not in directory.users() or directory.revoked(name):
+        return
+    print(
+        f"reach: warning: {name} was issued before; its old creds stay valid until"
+        f" `reach auth revoke {name}` and `reach auth push` (to rotate: revoke, issue again,"
+        " hand over the new creds, then push)",
+        file=sys.stderr,
+    )
 
 
 def _expiry(creds: Path) -> str:

@@ -87,3 +87,30 @@ async def test_push_with_a_party_s_creds_says_it_needs_the_system_account_s(depl
     assert pushed.returncode == 1
     assert "reach auth push needs the system account's creds" in pushed.stderr, pushed.stderr
     assert str(deployment.directory.creds("sys", "push")) in pushed.stderr
+
+
+async def test_issuing_a_name_again_warns_that_the_old_creds_stay_valid(deployment, tmp_path):
+    """A second `reach auth caller billing` says the first creds still work; the rotation it
+    names (revoke, issue again, push) ends the old creds and keeps the new ones."""
+    root = deployment.directory.root
+    first = await run(REACH, "auth", "caller", "billing", "--dir", root)
+    assert first.returncode == 0 and "warning" not in first.stderr, first.stderr
+    old = tmp_path / "old.creds"
+    shutil.copy(deployment.directory.creds("caller", "billing"), old)
+    again = await run(REACH, "auth", "caller", "billing", "--dir", root)
+    assert again.returncode == 0
+    assert "billing was issued before; its old creds stay valid until" in again.stderr
+    async with secured_server(deployment, tmp_path / "server") as server:
+        async with Broker(server.url, auth=Auth(creds=old)) as still:
+            assert still.connected  # as the warning says
+        assert (await run(REACH, "auth", "revoke", "billing", "--dir", root)).returncode == 0
+        rotated = await run(REACH, "auth", "caller", "billing", "--dir", root)
+        assert "warning" not in rotated.stderr, rotated.stderr  # the old ones are revoked
+        pushed = await run(REACH, "auth", "push", "--dir", root, "--nats-url", server.url)
+        assert pushed.returncode == 0, pushed.stderr
+        with pytest.raises(AuthenticationFailed):
+            async with Broker(server.url, auth=Auth(creds=old)):
+                pass
+        new = Auth(creds=deployment.directory.creds("caller", "billing"))
+        async with Broker(server.url, auth=new) as rotated_in:
+            assert rotated_in.connected
