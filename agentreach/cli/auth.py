@@ -134,10 +134,12 @@ async def cmd_auth(args: argparse.Namespace) -> int:
     if not args.name:
         raise UsageError(f"auth {args.action} needs a name")
     if args.action in ISSUING:
-        _warn_if_issued(directory, args.name)
+        valid_before = args.name in directory.users() and not directory.revoked(args.name)
         path = directory.issue(
             args.action, args.name, expires_s=args.expires, intents=intents, priorities=priorities
         )
+        if valid_before:
+            _warn_old_creds_valid(args.name)
         print(f"{args.action} {args.name}: --creds {path}  (no server restart needed)")
         if args.action == "agent":
             _say_serves(directory, args.name)
@@ -168,10 +170,8 @@ async def cmd_auth(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_if_issued(directory: AuthDirectory, name: str) -> None:
+def _warn_old_creds_valid(name: str) -> None:
     """Issuing a name again is no rotation: whoever holds its old creds keeps connecting."""
-    if name not in directory.users() or directory.revoked(name):
-        return
     print(
         f"reach: warning: {name} was issued before; its old creds stay valid until"
         f" `reach auth revoke {name}` and `reach auth push` (to rotate: revoke, issue again,"
