@@ -5,7 +5,8 @@ command line) can catch them all with one ``except ReachError``.
     ├── EnvelopeError               agentreach.envelopes: bytes that are not a valid envelope
     │   └── DecodeError
     ├── BrokerError                 agentreach.broker: NATS / JetStream failures, translated
-    │   ├── ConnectError            AuthenticationFailed: credentials refused or unusable
+    │   ├── ConnectError            AuthenticationFailed: credentials refused or unusable;
+    │   │                           TlsFailed: the TLS handshake failed (certificate not trusted)
     │   ├── BrokerTimeout, NoResponders, NoStreamError, ProvisionError, …
     │   └── JetStreamError          StreamNotFound, ConsumerNotFound, WrongLastSequence, …
     ├── ConfigError                 agentreach.coordinator: a configuration file is wrong

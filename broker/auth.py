@@ -13,6 +13,7 @@ import json
 import os
 import ssl
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +170,15 @@ def role_of(creds: Path) -> str | None:
     tags = nats.get("tags") if isinstance(nats, dict) else None
     found = (t for t in tags or [] if isinstance(t, str) and t.startswith("role:"))
     return next((tag.removeprefix("role:") for tag in found), None)
+
+
+def expiry_of(creds: Path) -> datetime | None:
+    """When the user JWT in a creds file expires (its ``exp``, read and not verified: it is
+    the user's own), in UTC; None when it never does or cannot be read."""
+    exp = _claims_of(creds).get("exp")
+    if not isinstance(exp, int) or isinstance(exp, bool):
+        return None
+    return datetime.fromtimestamp(exp, tz=UTC)
 
 
 def _claims_of(creds: Path) -> dict[str, Any]:

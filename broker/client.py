@@ -6,17 +6,43 @@ character of every name for white space with a generator: on a no-op task, whose
 messages each carry three to six headers, that was about a twentieth of the Python time
 of one call. :class:`Client` parses the same block to the same result, without the
 generator.
+
+It also connects over :class:`agentreach.broker.transport.Transport`, whose failed TLS
+upgrade does not hang the connect, and remembers the server it tries (``trying``), so that
+a failed connect can name it.
 """
 
 from __future__ import annotations
 
+import time
+from typing import Any
+from urllib.parse import ParseResult
+
+from nats.aio.client import DEFAULT_BUFFER_SIZE
 from nats.aio.client import Client as _NatsClient
+
+from agentreach.broker.transport import Transport
 
 _CRLF = b"\r\n"
 
 
 class Client(_NatsClient):
     """nats-py's client, parsing headers as it does, faster."""
+
+    trying: ParseResult | None = None  # the server of the current connect attempt
+
+    async def _connect_to_server(self, s: Any) -> None:
+        self.trying = s.uri
+        if s.uri.scheme in ("ws", "wss"):
+            await super()._connect_to_server(s)
+            return
+        # nats-py's own steps for TCP, with our transport (it would make its own).
+        s.last_attempt = time.monotonic()
+        if not self._transport:
+            self._transport = Transport()
+        await self._transport.connect(
+            s.uri, buffer_size=DEFAULT_BUFFER_SIZE, connect_timeout=self.options["connect_timeout"]
+        )
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:

@@ -20,11 +20,13 @@ from nats.js.kv import KeyValue
 from agentreach.broker.auth import Auth
 from agentreach.broker.bucket import Bucket, bound_kv
 from agentreach.broker.client import Client as NATS
+from agentreach.broker.connect_failure import FailedAttempts, refuses_credentials
 from agentreach.broker.dedup import MSG_ID, sealed
 from agentreach.broker.errors import (
     AuthenticationFailed,
     BrokerError,
     ConnectError,
+    TlsFailed,
     translated,
 )
 from agentreach.broker.failover import ELECTION_BUDGET_S, through_elections
@@ -116,7 +118,7 @@ class Broker:
         self._buckets: dict[str, KeyValue] = {}
         self._shared: dict[type, Any] = {}
         self._state = _State.UNOPENED
-        self._connect_errors: list[str] = []  # the first connect's, each failure once
+        self._attempts: FailedAttempts  # the first connect's, set as it starts
         self._down_since: float | None = None
         self.reconnects = 0  # how often the connection came back (views may need a grace)
         # Set once the connection is gone for good without close(): the server closed it for
@@ -140,7 +142,7 @@ class Broker:
                 self._nc = await self._connect()
                 break
             except ConnectError as exc:
-                if not self._wait or isinstance(exc, AuthenticationFailed):
+                if not self._wait or isinstance(exc, AuthenticationFailed | TlsFailed):
                     self._state = _State.CLOSED
                     raise
                 wait_s = min(WAIT_CAP_S, WAIT_FIRST_S * 2**tries) * random.uniform(0.8, 1.2)
@@ -159,44 +161,51 @@ class Broker:
         return self
 
     async def _connect(self) -> NATS:
-        self._connect_errors = []
         servers = self.servers
         options = self.auth.connect_options(servers)
         nc = NATS()
+        self._attempts = FailedAttempts(nc, self.auth, servers=servers)
+        deadline_s = self._first_connect_deadline_s()
         try:
-            await nc.connect(
-                servers=servers,
-                name=self.name,
-                connect_timeout=self._connect_timeout,
-                allow_reconnect=True,
-                # Bounded for the first connect, so a wrong URL fails fast (a waiting one
-                # has its own backoff); unbounded once connected (set by the caller), so a
-                # service rides out restarts.
-                max_reconnect_attempts=1 if self._wait else _FIRST_CONNECT_ATTEMPTS,
-                # Each process waits its own time, so a fleet does not reconnect in step:
-                # for the first connect here, and for every reconnect in the handler.
-                reconnect_time_wait=random.uniform(0.5, 1.5),
-                reconnect_to_server_handler=jittered_reconnect(),
-                ping_interval=PING_INTERVAL_S,
-                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
-                error_cb=self._on_error,
-                disconnected_cb=self._on_disconnected,
-                reconnected_cb=self._on_reconnected,
-                closed_cb=self._on_closed,
-                **options,
-            )
+            # nats-py bounds each step of an attempt, not the whole: a hang of its own
+            # (nats-io/nats.py#718) must not hold a process forever with nothing said.
+            async with asyncio.timeout(deadline_s):
+                await nc.connect(
+                    servers=servers,
+                    name=self.name,
+                    connect_timeout=self._connect_timeout,
+                    allow_reconnect=True,
+                    # Bounded for the first connect, so a wrong URL fails fast (a waiting
+                    # one has its own backoff); unbounded once connected (set by the
+                    # caller), so a service rides out restarts.
+                    max_reconnect_attempts=1 if self._wait else _FIRST_CONNECT_ATTEMPTS,
+                    # Each process waits its own time, so a fleet does not reconnect in
+                    # step: for the first connect here, and for every reconnect in the
+                    # handler.
+                    reconnect_time_wait=random.uniform(0.5, 1.5),
+                    reconnect_to_server_handler=jittered_reconnect(),
+                    ping_interval=PING_INTERVAL_S,
+                    max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+                    error_cb=self._on_error,
+                    disconnected_cb=self._on_disconnected,
+                    reconnected_cb=self._on_reconnected,
+                    closed_cb=self._on_closed,
+                    **options,
+                )
+        except TimeoutError:
+            await _abandoned(nc, self._connect_timeout)
+            raise self._attempts.timed_out(self.shown_url, deadline_s) from None
         except Exception as exc:
-            with contextlib.suppress(Exception):
-                await nc.close()  # nats-py leaves the socket of a refused connect open
-            # nats-py raises the last failure (or NoServersError): every seed failed its own way.
-            reason = "; ".join(self._connect_errors) or str(exc) or type(exc).__name__
-            message = f"cannot connect to NATS at {self.shown_url}: {reason}"
-            if "uthorization" in reason or "uthentication" in reason:
-                raise AuthenticationFailed(
-                    f"{message} (check --creds / NATS_CREDS, or the server's users)"
-                ) from None
-            raise ConnectError(message) from None
+            await _abandoned(nc, self._connect_timeout)
+            raise self._attempts.error(self.shown_url, exc) from None
         return nc
+
+    def _first_connect_deadline_s(self) -> float:
+        """Every attempt at every server, each step of one taking up to connect_timeout
+        (TCP, INFO, TLS, PONG), with nats-py's pause between them."""
+        attempts = 2 if self._wait else _FIRST_CONNECT_ATTEMPTS + 1
+        per_attempt_s = 4 * self._connect_timeout + 1.5
+        return attempts * len(self.servers) * per_attempt_s
 
     async def __aexit__(
         self,
@@ -335,11 +344,9 @@ class Broker:
 
     async def _on_error(self, exc: Exception) -> None:
         if self._nc is None:  # still in the first connect: reported as ConnectError
-            said = str(exc) or type(exc).__name__
-            if said not in self._connect_errors:
-                self._connect_errors.append(said)
+            self._attempts.record(exc)
             return
-        if self._down_since is not None and _refuses_credentials(exc):
+        if self._down_since is not None and refuses_credentials(exc):
             self._refusals += 1
             if self._refusals == REFUSALS_BEFORE_GIVING_UP:
                 self._lost("the server refuses this party's credentials (revoked or expired?)")
@@ -381,8 +388,7 @@ class Broker:
         return f"{uri.hostname}:{uri.port}" if uri is not None else ""
 
 
-def _refuses_credentials(exc: Exception) -> bool:
-    """An authorization error from the server (nats-py gives no one type for it)."""
-    return isinstance(exc, nats.errors.AuthorizationError) or (
-        "authorization violation" in str(exc).lower()
-    )
+async def _abandoned(nc: NATS, timeout_s: float) -> None:
+    """Close a client whose first connect failed: nats-py leaves its socket open."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.close(), timeout_s)

@@ -3,6 +3,9 @@ error code, so the rest of Agent-Reach never sees a nats-py exception.
 
     BrokerError                    root of everything this package raises (a ReachError)
     ├── ConnectError               no server reachable at the URL
+    │   ├── TlsFailed                  the TLS handshake failed (an untrusted certificate)
+    │   └── AuthenticationFailed       the server refused the credentials
+    │       └── UnusableCredentials    the credentials cannot be used as they are
     ├── BrokerTimeout              a request to the server did not answer in time
     ├── NoResponders               nobody listens on a request's subject
     ├── NoStreamError              no stream answered a publish (restarting, or not provisioned)
@@ -44,6 +47,11 @@ class BrokerError(ReachError):
 
 class ConnectError(BrokerError):
     """No NATS server could be reached."""
+
+
+class TlsFailed(ConnectError):
+    """The TLS handshake with the server failed (its certificate is not trusted, or it
+    wants a client certificate): waiting will not help."""
 
 
 class AuthenticationFailed(ConnectError):

@@ -34,11 +34,12 @@ from typing import Any
 
 from agentreach.auth import jwt, roles
 from agentreach.auth.jwt import Key
-from agentreach.broker import Auth, Broker, Names
+from agentreach.broker import Auth, Broker, Names, NoResponders
 from agentreach.envelopes import PRIORITIES, Priority
 from agentreach.errors import ReachError
 
 ACCOUNT = "REACH"
+CLAIMS_UPDATE = "$SYS.REQ.CLAIMS.UPDATE"  # where the servers take an account's new JWT
 ANY_INTENT = "*"  # the pattern that allows every intent
 COORDINATOR = "coordinator"
 ADMIN = "admin"
@@ -373,7 +374,14 @@ async def push(directory: AuthDirectory, nats_url: str | None, *, auth: Auth | N
     except AuthError:  # a signing key is not here: what was signed last is what there is
         token = directory.account_token()
     async with Broker(nats_url, name="reach-auth-push", auth=credentials) as broker:
-        answer = await broker.request("$SYS.REQ.CLAIMS.UPDATE", token.encode(), timeout=5.0)
+        try:
+            answer = await broker.request(CLAIMS_UPDATE, token.encode(), timeout=5.0)
+        except NoResponders:  # only the system account's users reach the server's subjects
+            raise AuthError(
+                f"reach auth push needs the system account's creds:"
+                f" {directory.creds('sys', 'push')} (the default; --creds {credentials.creds}"
+                f" is not a system user: nobody answers it on {CLAIMS_UPDATE!r})"
+            ) from None
     reply = json.loads(answer.data)
     if "error" in reply:
         raise AuthError(f"the server refused the account update: {reply['error']}")

@@ -172,7 +172,8 @@ async def _allowances(broker: Broker) -> dict[str, allowances.Allowance] | None:
         bucket = await broker.bucket(allowances.bucket_name(broker.names), allowances.Allowance)
     except StreamNotFound:
         return None
-    return {key: entry.value for key, entry in (await bucket.snapshot()).items()}
+    # An agent id is one subject token; the senders' ``priorities.<name>`` beside them are two.
+    return {key: entry.value for key, entry in (await bucket.matching("*")).items()}
 
 
 def render(rows: list[Row]) -> str:

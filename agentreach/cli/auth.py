@@ -14,9 +14,11 @@
     reach auth revoke NAME          revoke its creds (then `reach auth push`)
     reach auth push                 send the account to the running servers, and every
                                     agent's intents and every party's priorities to the
-                                    allowances bucket
+                                    allowances bucket; as the system account's user
+                                    (creds/sys/push.creds; --creds names another of its users)
     reach auth show NAME            what NAME may publish and subscribe (and serve, send at)
-    reach auth list                 every name issued, with its role (intents, priorities)
+    reach auth list                 every name issued, with its role (intents, priorities,
+                                    when its creds expire)
 
 An agent issued without --intents may serve none until allowed; one issued again keeps what
 it had; one issued before allowances existed may serve any (``*``) until narrowed. Patterns:
@@ -36,7 +38,9 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +49,7 @@ import msgspec
 from agentreach.auth import AuthDirectory, AuthError, expanded, push
 from agentreach.auth.directory import ADMIN, SENDERS
 from agentreach.broker import Auth, Broker, Bucket, provision
+from agentreach.broker.auth import expiry_of
 from agentreach.cli.options import Commands, UsageError, auth_of, names_of
 from agentreach.coordinator.routing import allowances as allowed
 from agentreach.envelopes import Priority
@@ -123,14 +128,18 @@ async def cmd_auth(args: argparse.Namespace) -> int:
                 serves = f"  intents: {allowed.shown(directory.intents_of(name))}"
             if user["role"] in SENDERS:
                 serves += f"  priorities: {','.join(directory.priorities_of(name))}"
-            print(f"{user['role']:<12} {name}{state}{serves}")
+            expiry = _expiry(directory.creds(user["role"], name))
+            print(f"{user['role']:<12} {name}{state}{serves}{expiry}")
         return 0
     if not args.name:
         raise UsageError(f"auth {args.action} needs a name")
     if args.action in ISSUING:
+        valid_before = args.name in directory.users() and not directory.revoked(args.name)
         path = directory.issue(
             args.action, args.name, expires_s=args.expires, intents=intents, priorities=priorities
         )
+        if valid_before:
+            _warn_old_creds_valid(args.name)
         print(f"{args.action} {args.name}: --creds {path}  (no server restart needed)")
         if args.action == "agent":
             _say_serves(directory, args.name)
@@ -159,6 +168,24 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         print(f"{args.name} ({role}{serves}):")
         print(json.dumps(expanded(role, args.name, directory.names), indent=2))
     return 0
+
+
+def _warn_old_creds_valid(name: str) -> None:
+    """Issuing a name again is no rotation: whoever holds its old creds keeps connecting."""
+    print(
+        f"reach: warning: {name} was issued before; its old creds stay valid until"
+        f" `reach auth revoke {name}` and `reach auth push` (to rotate: revoke, issue again,"
+        " hand over the new creds, then push)",
+        file=sys.stderr,
+    )
+
+
+def _expiry(creds: Path) -> str:
+    """When the creds last issued expire (read from their JWT), for ``auth list``."""
+    at = expiry_of(creds)
+    if at is None:
+        return ""
+    return f"  {'expired' if at <= datetime.now(UTC) else 'expires'}: {at:%Y-%m-%d %H:%M:%S} UTC"
 
 
 def _intents(args: argparse.Namespace) -> tuple[str, ...] | None:
@@ -207,7 +234,12 @@ def _init(directory: AuthDirectory) -> int:
         f"created {directory.root}: keep it private and backed up; only"
         " operator/operator.nk may go offline (issuing and revoking need the rest)"
     )
-    print(f"  nats-server:  include {directory.server_config.resolve()}")
+    # nats-server joins an include path to the including file's directory, absolute or not.
+    print(
+        f"  nats-server:  copy {directory.server_config} beside your nats-server config,"
+        " then in it: include auth.conf"
+    )
+    print("                (as deploy/nats/secure/*.conf do; nats-server refuses an absolute path)")
     print(f"  coordinator:  --creds {directory.creds('coordinator', 'coordinator')}")
     print(f"                security.seal_key_file: {directory.seal_key}")
     print(f"  operators:    --creds {directory.creds('operator', 'admin')}")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from structlog.testing import capture_logs
+
 from agentreach.broker import provision
+from agentreach.cli.agents import collect
 from agentreach.cli.status import coordinators
 from agentreach.coordinator.routing import allowances
 from tests.cli.conftest import reach_argv, run
@@ -24,3 +27,23 @@ async def test_no_refusals_are_shown_where_no_coordinator_enforces_allowances(br
     assert shown.returncode == 0, shown.stderr
     assert "cli-reach-worker" in shown.stdout
     assert "REFUSED" not in shown.stdout
+
+
+async def test_priorities_in_the_allowances_bucket_are_not_read_as_allowances(broker, coordinator):
+    """`reach auth push` writes ``priorities.<name>`` beside the agents' allowances:
+    `reach agents` reads only the allowances, warning of nothing (it warned once per party)."""
+    await provision(broker, allowances.topology(broker.names))
+    name = allowances.bucket_name(broker.names)
+    intents = await broker.bucket(name, allowances.Allowance)
+    await intents.put("cli-reach-worker", allowances.Allowance(agent_id="cli-reach-worker"))
+    senders = await broker.bucket(name, allowances.SenderPriorities)
+    await senders.put(
+        allowances.priorities_key("billing"),
+        allowances.SenderPriorities(sender="billing", priorities=("P1",)),
+    )
+    async with worker().running(broker=broker):
+        await wait_for_card(broker, "cli-reach-worker", status="running")
+        with capture_logs() as logs:
+            [row] = await collect(broker, allowances_enforced=True)
+    assert [log for log in logs if log["log_level"] == "warning"] == []
+    assert row.refused  # its allowance (none) was read: every intent it serves is refused
