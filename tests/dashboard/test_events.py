@@ -7,14 +7,13 @@ import json
 from typing import Any
 
 from agentreach.agents import Agent
-from agentreach.broker.dead_letters import dead_letter
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import Board, DashboardApp, History
 from agentreach.envelopes import Event, Task, now_ms
 from tests.dashboard.stream import event_stream
 from tests.dashboard.token import TOKEN
 from tests.e2e.routing_support import serving
-from tests.support import eventually
+from tests.support import eventually, letter_of
 
 
 def idle(agent_id: str) -> Agent:
@@ -94,14 +93,7 @@ async def test_alerts_are_sent_when_the_set_changed_not_when_a_value_moved(broke
 
 async def letter(broker, message_id: str) -> None:
     task = Task(v=1, message_id=message_id, trace_id=message_id, topic="work", payload="x" * 300)
-    await dead_letter(
-        broker,
-        reason="no_route",
-        task=task,
-        message_id=message_id,
-        trace_id=message_id,
-        topic="work",
-    )
+    await letter_of(broker, task)
 
 
 async def test_a_new_dead_letter_sends_that_letter_not_every_letter_again(broker):
