@@ -199,7 +199,9 @@ def _line(row: Row) -> str:
         dt.datetime.fromtimestamp(judged.since_ms / 1000).strftime("%H:%M:%S") if judged else "-"
     )
     age = f"{row.beat_age_s:.1f}s" if row.beat_age_s is not None else "-"
-    load = f"{beat.in_flight}/{beat.in_flight + beat.free_slots}" if beat else "-"
+    # Gone: what its last heartbeat said is not its load.
+    live = beat is not None and state not in ("OFFLINE", "STOPPED")
+    load = f"{beat.in_flight}/{beat.in_flight + beat.free_slots}" if beat and live else "-"
     intents = ",".join(f"{t}@{i.version}" for t, i in sorted(card.intents.items()))
     tags = ",".join(f"{k}={v}" for k, v in sorted(card.tags.items())) or "-"
     breakers = ",".join(f"{b.intent or 'ISOLATED'}:{b.state}" for b in row.breakers) or "-"

@@ -42,7 +42,7 @@ def _agents(agents: list[dict[str, Any]]) -> str:
         return "  no agents registered"
     rows = [f"  {'AGENT':<22} {'STATE':<9} {'LOAD':>7}  {'P0':>5} {'P1':>5} {'P2':>5}  BREAKERS"]
     for agent in agents:
-        beat = agent["heartbeat"]
+        beat = agent["heartbeat"] if agent["state"] not in ("OFFLINE", "STOPPED") else None
         load = f"{beat['in_flight']}/{beat['in_flight'] + beat['free_slots']}" if beat else "-"
         queues = [agent["queues"].get(p, {}).get("depth", 0) for p in ("P0", "P1", "P2")]
         state = "QUARANT." if agent["quarantined"] else agent["state"]
