@@ -36,8 +36,7 @@ export async function serveUntilSignal(agent: Agent, servers: string): Promise<n
     await agent.run(servers);
   } catch (err) {
     process.stderr.write(`${agent.agentId}: ${err instanceof Error ? `${err.name}: ${err.message}` : String(err)}\n`);
-    // A signal during the start makes the start give up with an error: still a clean stop.
-    // Being fenced out never is, even when a signal came meanwhile.
+    // run() resolves on a signal, even during the start; being fenced out is never clean.
     if (!signalled || err instanceof AgentIdInUse) code = 1;
   }
   // Exit rather than wait for the event loop to empty: a handler that ignores its abort

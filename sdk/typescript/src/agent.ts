@@ -7,7 +7,7 @@ import { dirname } from "node:path";
 import { TOKEN } from "./codec.js";
 import { Connection } from "./connection.js";
 import { DEFAULT_CLAIM_CHECK_BYTES } from "./claimcheck.js";
-import { AgentConfigError, ReachError } from "./errors.js";
+import { AgentConfigError, AgentIdInUse, ReachError } from "./errors.js";
 import { jsonLogger } from "./log.js";
 import type { Logger } from "./log.js";
 import { Names } from "./names.js";
@@ -221,9 +221,14 @@ export class Agent {
   /**
    * Start, then serve until stop(). Rejects with AgentIdInUse once a newer process of the id
    * fenced this one out (it was stalled or cut off meanwhile): this one then stopped on its own.
+   * A stop() during the start (Ctrl-C while it connects) is a clean stop: it resolves.
    */
   async run(servers?: Servers): Promise<void> {
-    await this.start(servers);
+    try {
+      await this.start(servers);
+    } catch (err) {
+      if (!this.stopAsked.isSet || err instanceof AgentIdInUse) throw err;
+    }
     await this.stopAsked.wait();
     await this.closing;
     const replaced = this.runtime?.replacedError();

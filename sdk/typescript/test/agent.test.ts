@@ -800,6 +800,13 @@ describe("registration and liveness", () => {
     assert.equal(await (await kv("reach_agents")).get(id), null);
   });
 
+  it("resolves run() when stopped during its start (Ctrl-C while it connects is a clean stop)", async () => {
+    const agent = newAgent(unique("ts-early-run"), { startupDelayMs: 60_000 }).handler(unique("early"), () => null);
+    const running = agent.run(stack.url);
+    await agent.stop();
+    await running; // rejected with "the agent was stopped while starting": an unhandled stack
+  });
+
   it("starts although a silent subscriber listens on its presence subject", async () => {
     const id = unique("ts-tapped");
     const tap = stack.nc.subscribe(`reach.presence.${id}`, { callback: () => undefined }); // answers nothing
