@@ -27,6 +27,7 @@ from agentreach.broker import (
     Inbound,
     Provisioner,
     PullConsumer,
+    Unavailable,
     bind,
     provision,
 )
@@ -336,6 +337,8 @@ def _keep(group: asyncio.TaskGroup, name: str, loop: Callable[[], Awaitable[None
             try:
                 await loop()
                 return
+            except Unavailable as exc:  # a cluster electing a leader, or without a quorum
+                log.warning("a coordinator loop waits for JetStream", loop=name, error=str(exc))
             except Exception:
                 log.exception("a coordinator loop failed; starting it again", loop=name)
             await asyncio.sleep(pause_s)
