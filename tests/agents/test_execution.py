@@ -106,17 +106,23 @@ async def test_always_failing_handler_ends_after_the_configured_attempts(
 
 async def test_a_handler_that_raises_is_logged_with_where_it_raised(broker, coordinator):
     """The agent's log names the handler's file and line (a bare `KeyError: 'x'` did not);
-    a deadline, which says nothing by its traceback, is logged without one."""
+    a deadline, which says nothing by its traceback, and a PermanentError, a refusal on
+    purpose, are logged without one."""
     async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
         with capture_logs() as logs, pytest.raises(TaskFailed):
             await client.invoke("crash", {}, message_id="crash-logged")
         with capture_logs() as overrun_logs, pytest.raises(TaskFailed):
             await client.invoke("overrun", {}, message_id="overrun-logged")
+        with capture_logs() as refusal_logs, pytest.raises(TaskFailed):
+            await client.invoke("refuse", {"order": 7}, message_id="refused-logged")
     raised = [e for e in logs if e["event"] == "handler raised"]
     assert raised and all(isinstance(e["exc_info"], RuntimeError) for e in raised)
     frames = traceback.extract_tb(raised[0]["exc_info"].__traceback__)
     assert frames[-1].name == "crash" and frames[-1].filename == __file__
     assert not [e for e in overrun_logs if e["event"] == "handler raised"]
+    # A PermanentError is a refusal on purpose: no warning with a stack ("handler failed" at
+    # info says it).
+    assert not [e for e in refusal_logs if e["event"] == "handler raised"]
 
 
 async def test_deadline_cancels_an_async_handler(broker, coordinator, watcher):

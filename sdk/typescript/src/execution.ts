@@ -12,7 +12,7 @@ import { decodeTask, encode, nowMs, stableId, taskHeaders } from "./codec.js";
 import { fromHeaders, isBrokerError, quietly } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { TaskContext } from "./context.js";
-import { DecodeError } from "./errors.js";
+import { DecodeError, PermanentError } from "./errors.js";
 import type { Claimed, Claims, Outcome } from "./claims.js";
 import { PayloadUnavailable } from "./claimcheck.js";
 import type { ClaimCheck } from "./claimcheck.js";
@@ -301,8 +301,9 @@ export class Executor {
       if (err instanceof PayloadUnavailable) {
         return { claim, error: failure("payload_unavailable", err.message, false), durationMs: 0 };
       }
-      if (!(err instanceof DeadlineExceeded)) {
-        // Where it raised, for the handler's author (a deadline's stack says nothing).
+      if (!(err instanceof DeadlineExceeded || err instanceof PermanentError)) {
+        // Where it raised, for the handler's author (a deadline's stack says nothing; a
+        // PermanentError is a refusal on purpose, which "handler failed" says).
         this.log.warn("handler raised", { message_id: task.message_id, stack: err instanceof Error ? err.stack : String(err) });
       }
       return { claim, error: errorInfo(err), durationMs: 0 };

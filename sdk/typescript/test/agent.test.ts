@@ -176,11 +176,13 @@ describe("serving tasks", () => {
     events.close();
   });
 
-  it("dead-letters a PermanentError as rejected, without retrying", async () => {
+  it("dead-letters a PermanentError as rejected, without retrying or a warning with a stack", async () => {
     const topic = unique("refuse");
     let calls = 0;
+    const warned: string[] = [];
+    const logger = { ...quiet, warn: (event: string) => void warned.push(event) };
     await started(
-      newAgent(unique("ts-refuse")).handler(topic, () => {
+      newAgent(unique("ts-refuse"), { logger }).handler(topic, () => {
         calls += 1;
         throw new PermanentError("order 7 does not exist");
       }),
@@ -196,6 +198,7 @@ describe("serving tasks", () => {
     const error = await replies.next((r) => r.kind === "error");
     assert.equal(error.kind === "error" && error.error.type, "PermanentError");
     assert.equal(calls, 1);
+    assert.deepEqual(warned, []); // a refusal on purpose: "handler failed" at info says it
     dlq.close();
     replies.close();
   });
