@@ -64,7 +64,7 @@ async def test_auth_list_shows_when_creds_expire(deployment):
 async def test_the_include_init_prints_is_one_nats_server_accepts(tmp_path):
     """Done as `reach auth init` says, the server config is valid (the absolute include
     path it printed was refused: nats-server joins it to the config's directory)."""
-    made = await run(REACH, "auth", "init", "--dir", tmp_path / "auth")
+    made = await run(REACH, "auth", "init", "--dir", tmp_path / "new-auth")  # a dir of its own
     [said] = [line for line in made.stdout.splitlines() if "nats-server:" in line]
     copy, include = re.fullmatch(r"\s*nats-server:\s+copy (\S+) .*: (include \S+)", said).groups()
     ops = tmp_path / "ops"
