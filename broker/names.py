@@ -88,6 +88,9 @@ class Names(msgspec.Struct, frozen=True):
         """One kind of event about one message: its subject index finds them at once."""
         return f"{self.prefix}.event.{event}.*.{trace_id}.{message_id}.*"
 
+    def events_of_kind_in_trace(self, event: str, trace_id: str) -> str:
+        return f"{self.prefix}.event.{event}.*.{trace_id}.*.*"
+
     def events_of_trace(self, trace_id: str) -> str:
         return f"{self.prefix}.event.*.*.{trace_id}.*.*"
 

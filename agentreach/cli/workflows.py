@@ -147,31 +147,38 @@ async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: fl
     deadline = asyncio.get_running_loop().time() + wait_s
     state = f"in state {record.current or '-'}"
     while asyncio.get_running_loop().time() < deadline:
-        now = await read_record(broker, record.instance_id)
-        if now is not None and (now.path != record.path or now.status != record.status):
-            print(f"{record.instance_id}: {event} taken {state}; now {now.current or now.status}")
-            return 0
-        if await _ignored(broker, record.instance_id, event, sent_ms):
-            print(f"{record.instance_id}: no state waits for {event} ({state}); nothing changed")
-            return 1
+        # Said by the coordinator's own event: a record that changed meanwhile may have moved
+        # for another reason (the state's wait ran out just before, and the signal came late).
+        match await _answer(broker, record, event, sent_ms):
+            case "signal_taken":
+                now = await read_record(broker, record.instance_id)
+                after = f"; now {now.current or now.status}" if now is not None else ""
+                print(f"{record.instance_id}: {event} taken {state}{after}")
+                return 0
+            case "signal_ignored":
+                print(f"{record.instance_id}: no state waits for {event} ({state}); not taken")
+                return 1
         await asyncio.sleep(0.1)  # a person is waiting at the terminal; polling is fine here
     print(f"{record.instance_id}: signalled {event} ({state}); no answer yet")
     return 0
 
 
-async def _ignored(broker: Broker, instance_id: str, event: str, since_ms: int) -> bool:
+async def _answer(broker: Broker, record: WorkflowRecord, event: str, since_ms: int) -> str | None:
+    """``signal_taken`` or ``signal_ignored``: what the coordinator did with ``event`` sent
+    at ``since_ms``, once it said so (taken: about the state's step; ignored: about the
+    instance; both in its trace, naming its workflow)."""
     names = broker.names
-    for stored in await read_stream(
-        broker, names.events_stream, names.events_of_message(instance_id)
-    ):
-        seen = decode_event(stored.data)
-        if (
-            seen.event == "signal_ignored"
-            and seen.detail.get("signal") == event
-            and stored.timestamp_ms >= since_ms - 1000  # clocks of broker and CLI apart
-        ):
-            return True
-    return False
+    for kind, said_in in (("signal_taken", "event"), ("signal_ignored", "signal")):
+        subject = names.events_of_kind_in_trace(kind, record.trace_id)
+        for stored in await read_stream(broker, names.events_stream, subject):
+            seen = decode_event(stored.data)
+            if (
+                seen.detail.get(said_in) == event
+                and seen.detail.get("workflow") == record.workflow
+                and stored.timestamp_ms >= since_ms - 1000  # clocks of broker and CLI apart
+            ):
+                return kind
+    return None
 
 
 async def _until_finished(broker: Broker, instance_id: str, wait_s: float) -> WorkflowRecord | None:

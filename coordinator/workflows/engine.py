@@ -57,6 +57,7 @@ from agentreach.coordinator.workflows.run import (
     Timer,
 )
 from agentreach.coordinator.workflows.spec import WorkflowSpec
+from agentreach.coordinator.workflows.timers import LATER_S, news_before
 from agentreach.envelopes import (
     Ack,
     DecodeError,
@@ -152,7 +153,7 @@ class WorkflowEngine:
                 case "timer":  # a timer comes back by design: not a sign of a crash
                     return await self._on_timer(instance_id, msg.data)
                 case "signal":
-                    await self._on_signal(instance_id, event, seen_before)
+                    await self._on_signal(instance_id, event, msg.timestamp_ms, seen_before)
                 case "cancel":
                     await self._on_cancel(instance_id, event or None, msg.data, seen_before)
                 case _:
@@ -185,16 +186,16 @@ class WorkflowEngine:
         )
         return None
 
-    async def _on_signal(self, instance_id: str, event: str, seen_before: bool) -> None:
-        if await self._apply(instance_id, lambda run: run.on_signal(event), seen_before):
+    async def _on_signal(self, instance_id: str, event: str, at_ms: int, seen: bool) -> None:
+        if await self._apply(instance_id, lambda run: run.on_signal(event, at_ms), seen):
             return
         log.warning(
             "signal not taken: no state waits for it", instance_id=instance_id, signal=event
         )
         records = await self._records()
         if (entry := await records.get(instance_id)) is not None:
-            ignored = event_for(entry.value.task, "signal_ignored", signal=event)
-            await emit(self._broker, ignored)
+            ignored = {"signal": event, "workflow": entry.value.workflow}
+            await emit(self._broker, event_for(entry.value.task, "signal_ignored", **ignored))
 
     async def _on_cancel(
         self, instance_id: str, asker: str | None, data: bytes, seen_before: bool
@@ -236,6 +237,8 @@ class WorkflowEngine:
         wait_ms = due.due_ms - self._clock()
         if wait_ms > 0:
             return wait_ms / 1000
+        if await news_before(self._broker, instance_id, due.due_ms, self._clock()):
+            return LATER_S  # a reply or a signal stored in time goes first
         await self._apply(instance_id, lambda run: run.on_timer(due.key, due.visit), False)
         return None
 

@@ -97,8 +97,9 @@ class Run(Compensation):
         self._timed_out(key, run)
         return True
 
-    def on_signal(self, event: str) -> bool:
-        """An outside event; it moves a state machine whose state waits for it."""
+    def on_signal(self, event: str, at_ms: int = 0) -> bool:
+        """An outside event, stored at ``at_ms``; it moves a state machine whose state waits
+        for it, and not one whose wait ended before it came (its timer moves it on)."""
         machine, current = self.spec.states, self.record.current
         if machine is None or current is None or self.record.status != "running":
             return False
@@ -107,6 +108,8 @@ class Run(Compensation):
                 if self._past_deadline():
                     return True
                 run = self.record.steps[current]
+                if (waiting := self._wait_timer()) is not None and at_ms > waiting.due_ms:
+                    return False
                 given = run.input if run.status == "running" else run.output  # no result yet
                 if run.status == "running":
                     self._stop(current, run, "cancelled")

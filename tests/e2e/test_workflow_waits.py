@@ -6,9 +6,14 @@ from __future__ import annotations
 import asyncio
 
 from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import read_stream
 from agentreach.cli.workflows import _clock, tree
+from agentreach.coordinator.workflows.control import signal
+from agentreach.envelopes import now_ms
+from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast, serving
 from tests.e2e.test_workflows import _until_record, workflows
+from tests.support import eventually, until_true
 
 APPROVAL = """
 states:
@@ -62,3 +67,85 @@ async def test_a_state_no_event_came_for_goes_to_its_on_timeout_state(
     submitted = waits.steps["submitted"]
     assert waits.current == "submitted" and submitted.deadline_ms == submitted.ended_ms + 1000
     assert f"waits here for a signal until {_clock(submitted.deadline_ms)}" in tree(waits)
+
+
+APPROVE_IN_TIME = """
+states:
+  initial: submitted
+  states:
+    submitted:
+      intent: check
+      wait_s: 1
+      on_timeout: escalated
+      next:
+        - {event: approve, to: approved}
+    approved: {terminal: true, input: {ok: true}}
+    escalated: {intent: ask_manager, terminal: true}
+"""
+
+
+async def test_a_signal_sent_in_time_while_no_coordinator_ran_is_taken(
+    broker, start_coordinator, watcher
+):
+    """`approve` is sent within the state's wait while no coordinator runs; the coordinator
+    comes back after the wait's end. The signal, stored in time, goes first: the timer
+    (armed before it, delivered again with it) used to win, and `escalated` ran."""
+    flows, agent = workflows(approval=APPROVE_IN_TIME), reviewers()
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        async with start_coordinator(fast(workflows=flows)) as coordinator:
+            await eventually(lambda: agent.agent_id in coordinator.directory.cards)
+            waiting = asyncio.create_task(client.invoke("approval", {}, ttl_ms=30_000))
+            instance = (await watcher.event("workflow_started")).message_id
+            waits = await _until_record(
+                broker, instance, lambda r: r.steps["submitted"].deadline_ms > 0
+            )
+        await signal(broker, instance, "approve")
+        # What is under test is the clock passing the wait's end while nobody runs it.
+        await asyncio.sleep((waits.steps["submitted"].deadline_ms - now_ms() + 500) / 1000)
+        async with start_coordinator(fast(workflows=flows)):
+            outcome = await waiting
+    assert outcome == {"ok": True}
+    assert not [e for e in watcher.events if e.event == "step_timed_out"]
+
+
+REMIND = """
+states:
+  initial: submitted
+  states:
+    submitted:
+      intent: check
+      wait_s: 1
+      on_timeout: reminded
+      next: [{event: approve, to: approved}]
+    reminded:
+      next: [{event: approve_late, to: approved}]
+    approved: {terminal: true, input: {ok: true}}
+"""
+
+
+async def test_signal_says_not_taken_when_the_wait_ended_first(broker, start_coordinator, watcher):
+    """`approve` sent after the wait's end while no coordinator ran: the coordinator, back,
+    times the wait out first (`reminded`), then ignores `approve`. The record changed
+    meanwhile, and `reach workflows signal` said "approve taken"; it says what the
+    coordinator did: not taken, exit 1."""
+    flows, agent = workflows(approval=REMIND), reviewers()
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        async with start_coordinator(fast(workflows=flows)) as coordinator:
+            await eventually(lambda: agent.agent_id in coordinator.directory.cards)
+            waiting = asyncio.create_task(client.invoke("approval", {}, ttl_ms=30_000))
+            instance = (await watcher.event("workflow_started")).message_id
+            waits = await _until_record(
+                broker, instance, lambda r: r.steps["submitted"].deadline_ms > 0
+            )
+        await asyncio.sleep((waits.steps["submitted"].deadline_ms - now_ms() + 300) / 1000)
+        said = asyncio.create_task(
+            run(*reach_argv(broker, "workflows", "signal", instance, "approve"))
+        )
+        stored = broker.names.workflow_signal(instance, "approve")
+        await until_true(lambda: read_stream(broker, broker.names.workflows_stream, stored))
+        async with start_coordinator(fast(workflows=flows)):
+            answered = await said
+            await signal(broker, instance, "approve_late")
+            assert await waiting == {"ok": True}
+    assert answered.returncode == 1, answered.stdout
+    assert "no state waits for approve" in answered.stdout and "not taken" in answered.stdout

@@ -442,3 +442,16 @@ def test_wait_s_needs_an_event_to_wait_for() -> None:
             "states: {initial: s, states: {s: {intent: x, on_timeout: done,"
             " next: [{event: go, to: done}]}, done: {terminal: true}}}"
         )
+
+
+def test_a_signal_counts_when_it_was_stored_not_when_it_is_handled() -> None:
+    """`approve` stored before the wait's end is taken though handled after it (the
+    coordinator was away); one stored after it is not (the wait's timer moves on)."""
+    late_record, _ = started(APPROVAL)
+    step(late_record, APPROVAL, "review", {"clear": False}, now=5_000)
+    assert not Run(APPROVAL, late_record, 16_000).on_signal("approve", at_ms=15_001)
+    assert late_record.current == "review"
+    record, _ = started(APPROVAL)
+    step(record, APPROVAL, "review", {"clear": False}, now=5_000)
+    assert Run(APPROVAL, record, 16_000).on_signal("approve", at_ms=14_999)
+    assert record.path == ["review", "approved"]
