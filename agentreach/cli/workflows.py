@@ -236,7 +236,10 @@ def _step(key: str, run: StepRun, start_ms: int, *, waits: bool = False) -> str:
     offset = f"+{run.started_ms - start_ms}ms" if run.started_ms else ""
     took = f"{run.ended_ms - run.started_ms} ms" if run.ended_ms and run.started_ms else ""
     visit = f" (visit {run.visit})" if run.visit > 1 else ""
-    line = f"{key:<14} {run.status:<10} {offset:>9} {took:>8}  {run.intent or '(pass-through)'}"
+    # A state without an intent that waits has done nothing: it waits, it did not complete.
+    status = "waiting" if waits and not run.intent else run.status
+    what = run.intent or ("(waits for an event)" if waits else "(pass-through)")
+    line = f"{key:<14} {status:<10} {offset:>9} {took:>8}  {what}"
     line += f"{visit}  {run.message_id}"
     if waits:
         until = f" until {_clock(run.deadline_ms)}" if run.deadline_ms else ""

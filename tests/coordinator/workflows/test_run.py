@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from agentreach.cli.workflows import tree
 from agentreach.coordinator import ConfigError, load_config
 from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.run import (
@@ -455,3 +456,15 @@ def test_a_signal_counts_when_it_was_stored_not_when_it_is_handled() -> None:
     step(record, APPROVAL, "review", {"clear": False}, now=5_000)
     assert Run(APPROVAL, record, 16_000).on_signal("approve", at_ms=14_999)
     assert record.path == ["review", "approved"]
+
+
+def test_show_says_a_state_without_an_intent_waits_not_that_it_completed() -> None:
+    """`reach workflows show` of an instance in a state that only waits for an event: it
+    read `completed … (pass-through)`; it is `waiting`, for an event."""
+    flow = spec(
+        "states: {initial: hold, states: {hold: {wait_s: 2, next: [{event: go, to: done}]},"
+        " done: {terminal: true}}}"
+    )
+    record, _ = started(flow)
+    [line] = [x for x in tree(record).splitlines() if " hold " in x]
+    assert " waiting " in line and "(waits for an event)" in line and "completed" not in line
