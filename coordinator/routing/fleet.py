@@ -26,7 +26,7 @@ from agentreach.coordinator.protection.queues import QueueDepths
 from agentreach.coordinator.protection.rate_limits import RateLimiter
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.rules import Pool
-from agentreach.envelopes import AgentCard, Priority
+from agentreach.envelopes import AgentCard, Priority, now_ms
 
 SAMPLE = 32
 Hindrance = Literal["down", "circuit", "full", "rate"]
@@ -116,6 +116,15 @@ class Fleet:
         return (
             f"{said}: declared by {', '.join(declared[:5])}, not allowed it ({declared[0]}: {why})"
         )
+
+    def circuit_open(self, choice: Choice, topic: str) -> tuple[str, int | None]:
+        """Why every agent of ``topic`` is kept from it by a breaker, and how soon one of
+        those breakers lets a trial call through (a refused caller may send again then)."""
+        now, times = now_ms(), []
+        for record in self.breakers.records.values():
+            if record.state == "open" and record.intent in (topic, ""):
+                times.append(max(0, record.open_until_ms - now))
+        return choice.why("every breaker is open", topic), min(times) if times else None
 
     def reserve(self, agent_id: str, priority: Priority, message_id: str) -> None:
         """The task goes to the agent's queue now: its place there is taken."""

@@ -337,7 +337,8 @@ class Router:
         if choice.registered == 0:
             await self.end(task, "no_route", self.fleet.no_route(task.topic))
         else:
-            await self.reject(task, "circuit_open", choice.why("every breaker is open", task.topic))
+            why, retry_ms = self.fleet.circuit_open(choice, task.topic)
+            await self.reject(task, "circuit_open", why, retry_after_ms=retry_ms)
         return None
 
     async def _topic_admits(self, task: Task) -> bool:

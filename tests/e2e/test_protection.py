@@ -271,6 +271,8 @@ async def test_a_breaker_opens_for_one_intent_and_recovers_through_half_open(
     assert "4 of 4 calls failed" in opened.detail["reason"]
     assert refused.value.reason == "circuit_open"
     assert "circuit of flaky open" in refused.value.error.message
+    retry_ms = refused.value.error.retry_after_ms  # until the breaker lets a trial through
+    assert retry_ms is not None and 0 <= retry_ms <= 1000
     assert "flaky:open" in next(line for line in table.splitlines() if line.startswith("x "))
     half_open = await watcher.event("breaker_half_open")
     assert half_open.agent_id == closed.agent_id == "x"
