@@ -230,16 +230,15 @@ class Router:
         task, card = pending.task, choice.agent
         assert card is not None
         self.fleet.reserve(card.agent_id, task.priority, task.message_id)
-        seq = None
+        outcome: int | Excluded | None = None
         try:
             outcome = await self._dispatch(pending, decision, choice)
-            seq = outcome if isinstance(outcome, int) else None
         finally:
-            if seq is None:
-                self.fleet.not_dispatched(card.agent_id, task.priority, task.message_id)
+            if isinstance(outcome, int):  # stored as that stream sequence
+                self.fleet.dispatched(card.agent_id, task.priority, task.message_id, outcome)
             else:
-                self.fleet.dispatched(card.agent_id, task.priority, task.message_id, seq)
-        return None if seq is not None else outcome  # type: ignore[return-value]
+                self.fleet.not_dispatched(card.agent_id, task.priority, task.message_id)
+        return None if isinstance(outcome, int) else outcome
 
     async def _dispatch(
         self, pending: _Pending, decision: Decision, choice: Choice

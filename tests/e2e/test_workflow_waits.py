@@ -4,6 +4,8 @@ its timer comes back from REACH_WORKFLOWS and moves the machine to its on_timeou
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import read_stream
@@ -69,28 +71,13 @@ async def test_a_state_no_event_came_for_goes_to_its_on_timeout_state(
     assert f"waits here for a signal until {_clock(submitted.deadline_ms)}" in tree(waits)
 
 
-APPROVE_IN_TIME = """
-states:
-  initial: submitted
-  states:
-    submitted:
-      intent: check
-      wait_s: 1
-      on_timeout: escalated
-      next:
-        - {event: approve, to: approved}
-    approved: {terminal: true, input: {ok: true}}
-    escalated: {intent: ask_manager, terminal: true}
-"""
-
-
-async def test_a_signal_sent_in_time_while_no_coordinator_ran_is_taken(
-    broker, start_coordinator, watcher
-):
-    """`approve` is sent within the state's wait while no coordinator runs; the coordinator
-    comes back after the wait's end. The signal, stored in time, goes first: the timer
-    (armed before it, delivered again with it) used to win, and `escalated` ran."""
-    flows, agent = workflows(approval=APPROVE_IN_TIME), reviewers()
+@contextlib.asynccontextmanager
+async def stopped_while_waiting(
+    broker, start_coordinator, watcher, flows
+) -> AsyncIterator[tuple[asyncio.Task, str, int]]:  # type: ignore[no-untyped-def]
+    """An `approval` instance in `submitted`, waiting for a signal, and then no coordinator:
+    ``(the starter's invoke, the instance id, when the wait ends)``, the agent still serving."""
+    agent = reviewers()
     async with agent.running(broker=broker), ReachClient(broker=broker) as client:
         async with start_coordinator(fast(workflows=flows)) as coordinator:
             await eventually(lambda: agent.agent_id in coordinator.directory.cards)
@@ -99,9 +86,24 @@ async def test_a_signal_sent_in_time_while_no_coordinator_ran_is_taken(
             waits = await _until_record(
                 broker, instance, lambda r: r.steps["submitted"].deadline_ms > 0
             )
+        yield waiting, instance, waits.steps["submitted"].deadline_ms
+
+
+async def test_a_signal_sent_in_time_while_no_coordinator_ran_is_taken(
+    broker, start_coordinator, watcher
+):
+    """`approve` is sent within the state's wait while no coordinator runs; the coordinator
+    comes back after the wait's end. The signal, stored in time, goes first: the timer
+    (armed before it, delivered again with it) used to win, and `escalated` ran."""
+    flows = workflows(approval=APPROVAL)
+    async with stopped_while_waiting(broker, start_coordinator, watcher, flows) as (
+        waiting,
+        instance,
+        due_ms,
+    ):
         await signal(broker, instance, "approve")
         # What is under test is the clock passing the wait's end while nobody runs it.
-        await asyncio.sleep((waits.steps["submitted"].deadline_ms - now_ms() + 500) / 1000)
+        await asyncio.sleep((due_ms - now_ms() + 500) / 1000)
         async with start_coordinator(fast(workflows=flows)):
             outcome = await waiting
     assert outcome == {"ok": True}
@@ -128,16 +130,13 @@ async def test_signal_says_not_taken_when_the_wait_ended_first(broker, start_coo
     times the wait out first (`reminded`), then ignores `approve`. The record changed
     meanwhile, and `reach workflows signal` said "approve taken"; it says what the
     coordinator did: not taken, exit 1."""
-    flows, agent = workflows(approval=REMIND), reviewers()
-    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
-        async with start_coordinator(fast(workflows=flows)) as coordinator:
-            await eventually(lambda: agent.agent_id in coordinator.directory.cards)
-            waiting = asyncio.create_task(client.invoke("approval", {}, ttl_ms=30_000))
-            instance = (await watcher.event("workflow_started")).message_id
-            waits = await _until_record(
-                broker, instance, lambda r: r.steps["submitted"].deadline_ms > 0
-            )
-        await asyncio.sleep((waits.steps["submitted"].deadline_ms - now_ms() + 300) / 1000)
+    flows = workflows(approval=REMIND)
+    async with stopped_while_waiting(broker, start_coordinator, watcher, flows) as (
+        waiting,
+        instance,
+        due_ms,
+    ):
+        await asyncio.sleep((due_ms - now_ms() + 300) / 1000)
         said = asyncio.create_task(
             run(*reach_argv(broker, "workflows", "signal", instance, "approve"))
         )
