@@ -20,7 +20,7 @@ from nats.js.kv import KeyValue
 from agentreach.broker.auth import Auth
 from agentreach.broker.bucket import Bucket, bound_kv
 from agentreach.broker.client import Client as NATS
-from agentreach.broker.connect_failure import FailedAttempts, refuses_credentials
+from agentreach.broker.connect_failure import FailedAttempts
 from agentreach.broker.dedup import MSG_ID, sealed
 from agentreach.broker.errors import (
     AuthenticationFailed,
@@ -30,6 +30,7 @@ from agentreach.broker.errors import (
     translated,
 )
 from agentreach.broker.failover import ELECTION_BUDGET_S, through_elections
+from agentreach.broker.link import Link
 from agentreach.broker.messages import Inbound, InboundHandler, Subscription, core_callback
 from agentreach.broker.names import Names
 from agentreach.broker.pipelined import Outgoing, PipelinedPublisher
@@ -44,7 +45,6 @@ log = get_logger("broker")
 _FIRST_CONNECT_ATTEMPTS = 2
 WAIT_FIRST_S = 1.0
 WAIT_CAP_S = 30.0
-REFUSALS_BEFORE_GIVING_UP = 3  # authorization errors in a row while reconnecting
 # A server that stops answering (frozen, cut off, its host gone) is left after about
 # PING_INTERVAL_S * (MAX_OUTSTANDING_PINGS + 2): 20 s, where nats-py's own 2 min x 2 is 6 min.
 PING_INTERVAL_S = 5
@@ -118,15 +118,7 @@ class Broker:
         self._buckets: dict[str, KeyValue] = {}
         self._shared: dict[type, Any] = {}
         self._state = _State.UNOPENED
-        self._attempts: FailedAttempts  # the first connect's, set as it starts
-        self._down_since: float | None = None
-        self.reconnects = 0  # how often the connection came back (views may need a grace)
-        # Set once the connection is gone for good without close(): the server closed it for
-        # its credentials (revoked, expired), or keeps refusing them on every reconnect.
-        # Waiting will not help; a service should stop and say so.
-        self.lost = asyncio.Event()
-        self.lost_why = ""
-        self._refusals = 0
+        self.link = Link(self.shown_url)
         # With a secret, every Nats-Msg-Id this connection publishes is made unguessable:
         # dedup is stream-wide, so whoever may publish into a stream could otherwise
         # suppress a message by publishing its id first (see :meth:`publish`).
@@ -157,6 +149,7 @@ class Broker:
         if tries:
             log.info("connected to NATS", url=self.shown_url)
         self._nc.options["max_reconnect_attempts"] = -1
+        self.link.client = self._nc
         self._js = self._nc.jetstream(timeout=self.request_timeout)
         return self
 
@@ -164,7 +157,7 @@ class Broker:
         servers = self.servers
         options = self.auth.connect_options(servers)
         nc = NATS()
-        self._attempts = FailedAttempts(nc, self.auth, servers=servers)
+        attempts = self.link.attempts = FailedAttempts(nc, self.auth, servers=servers)
         deadline_s = self._first_connect_deadline_s()
         try:
             # nats-py bounds each step of an attempt, not the whole: a hang of its own
@@ -186,18 +179,15 @@ class Broker:
                     reconnect_to_server_handler=jittered_reconnect(),
                     ping_interval=PING_INTERVAL_S,
                     max_outstanding_pings=MAX_OUTSTANDING_PINGS,
-                    error_cb=self._on_error,
-                    disconnected_cb=self._on_disconnected,
-                    reconnected_cb=self._on_reconnected,
-                    closed_cb=self._on_closed,
+                    **self.link.callbacks(),
                     **options,
                 )
         except TimeoutError:
             await _abandoned(nc, self._connect_timeout)
-            raise self._attempts.timed_out(self.shown_url, deadline_s) from None
+            raise attempts.timed_out(self.shown_url, deadline_s) from None
         except Exception as exc:
             await _abandoned(nc, self._connect_timeout)
-            raise self._attempts.error(self.shown_url, exc) from None
+            raise attempts.error(self.shown_url, exc) from None
         return nc
 
     def _first_connect_deadline_s(self) -> float:
@@ -224,6 +214,7 @@ class Broker:
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
+        self.link.client = None
         for helper in self._shared.values():
             if hasattr(helper, "close"):
                 await helper.close()
@@ -342,50 +333,24 @@ class Broker:
         """Whether the connection is up now (it may be reconnecting)."""
         return self._nc is not None and self._nc.is_connected
 
-    async def _on_error(self, exc: Exception) -> None:
-        if self._nc is None:  # still in the first connect: reported as ConnectError
-            self._attempts.record(exc)
-            return
-        if self._down_since is not None and refuses_credentials(exc):
-            self._refusals += 1
-            if self._refusals == REFUSALS_BEFORE_GIVING_UP:
-                self._lost("the server refuses this party's credentials (revoked or expired?)")
-        if self._state is not _State.OPEN or self._down_since is not None:
-            # Closing, or already said it is down: one line per outage, not one per retry.
-            log.debug("nats error", error=str(exc) or type(exc).__name__)
-            return
-        log.warning("nats error", error=str(exc) or type(exc).__name__, url=self.shown_url)
-
-    async def _on_disconnected(self) -> None:
-        # Not during the first connect (self._nc unset): that one fails with its own error.
-        if self._state is _State.OPEN and self._nc is not None and self._down_since is None:
-            self._down_since = asyncio.get_running_loop().time()
-            log.warning("nats disconnected; reconnecting", url=self.shown_url)
-
-    async def _on_closed(self) -> None:
-        if self._state is _State.OPEN and self._nc is not None:  # not our own close()
-            reason = self._nc.last_error
-            self._lost(f"the server closed the connection for good: {reason or 'no reason given'}")
-
-    def _lost(self, why: str) -> None:
-        if not self.lost.is_set():
-            log.error(why, url=self.shown_url)
-            self.lost_why = why
-            self.lost.set()
-
-    async def _on_reconnected(self) -> None:
-        down_s = asyncio.get_running_loop().time() - (self._down_since or 0.0)
-        self._down_since = None
-        self._refusals = 0
-        self.reconnects += 1
-        log.info("nats reconnected", server=self.server, down_s=round(down_s, 2))
-
     @property
     def server(self) -> str:
         """The server connected to now (host:port, never credentials), or ``""``."""
-        nc = self._nc
-        uri = nc.connected_url if nc is not None and nc.is_connected else None
-        return f"{uri.hostname}:{uri.port}" if uri is not None else ""
+        return self.link.server
+
+    @property
+    def reconnects(self) -> int:
+        """How often the connection came back (views may need a grace)."""
+        return self.link.reconnects
+
+    @property
+    def lost(self) -> asyncio.Event:
+        """Set once the connection is gone for good without close() (see ``lost_why``)."""
+        return self.link.lost
+
+    @property
+    def lost_why(self) -> str:
+        return self.link.lost_why
 
 
 async def _abandoned(nc: NATS, timeout_s: float) -> None:

@@ -1,0 +1,130 @@
+"""What nats-py's callbacks tell of one connection: when it went down and came back, whether
+it is lost for good, and its asynchronous errors, each kind said at most once a minute."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import OrderedDict
+from typing import Any
+
+from agentreach.broker.client import Client
+from agentreach.broker.connect_failure import FailedAttempts, refuses_credentials
+from agentreach.logs import get_logger
+
+log = get_logger("broker")
+
+REFUSALS_BEFORE_GIVING_UP = 3  # authorization errors in a row while reconnecting
+ERROR_LINE_EVERY_S = 60.0
+_KINDS_REMEMBERED = 64
+_NUMBERS = re.compile(r"\d+")
+
+
+class Link:
+    """The callbacks of one connection and what they learnt.
+
+    While the first connect runs, errors go to ``attempts`` (they make its ConnectError);
+    once ``client`` is set they are logged, and a connection lost for good sets ``lost``.
+    After our own close (``client`` None again) nothing is said.
+    """
+
+    def __init__(self, shown_url: str) -> None:
+        self.shown_url = shown_url
+        self.attempts: FailedAttempts | None = None
+        self.client: Client | None = None
+        self.reconnects = 0  # how often the connection came back (views may need a grace)
+        # Set once the connection is gone for good without close(): the server closed it for
+        # its credentials (revoked, expired), or keeps refusing them on every reconnect.
+        # Waiting will not help; a service should stop and say so.
+        self.lost = asyncio.Event()
+        self.lost_why = ""
+        self._down_since: float | None = None
+        self._refusals = 0
+        self._error_lines = RepeatedLines(ERROR_LINE_EVERY_S)
+
+    def callbacks(self) -> dict[str, Any]:
+        """nats-py's connect options for these callbacks."""
+        return {
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+            "closed_cb": self._on_closed,
+        }
+
+    @property
+    def server(self) -> str:
+        """The server connected to now (host:port, never credentials), or ``""``."""
+        client = self.client
+        uri = client.connected_url if client is not None and client.is_connected else None
+        return f"{uri.hostname}:{uri.port}" if uri is not None else ""
+
+    async def _on_error(self, exc: Exception) -> None:
+        if self.client is None:
+            if self.attempts is not None:  # the first connect: reported as its ConnectError
+                self.attempts.record(exc)
+            return
+        if self._down_since is not None and refuses_credentials(exc):
+            self._refusals += 1
+            if self._refusals == REFUSALS_BEFORE_GIVING_UP:
+                self._lose("the server refuses this party's credentials (revoked or expired?)")
+        said = str(exc) or type(exc).__name__
+        if self._down_since is not None:
+            # Already said it is down: one line per outage, not one per retry.
+            log.debug("nats error", error=said)
+            return
+        # The same error again and again (a KV watch re-created twice a second while a
+        # cluster has no majority): one line a minute, saying how often it came meanwhile.
+        repeated = self._error_lines.due(f"{type(exc).__name__} {_NUMBERS.sub('#', said)}")
+        if repeated is None:
+            log.debug("nats error", error=said)
+        elif repeated:
+            log.warning("nats error", error=said, url=self.shown_url, times_since_last=repeated)
+        else:
+            log.warning("nats error", error=said, url=self.shown_url)
+
+    async def _on_disconnected(self) -> None:
+        # Not during the first connect: that one fails with its own error.
+        if self.client is not None and self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning("nats disconnected; reconnecting", url=self.shown_url)
+
+    async def _on_reconnected(self) -> None:
+        down_s = time.monotonic() - (self._down_since or time.monotonic())
+        self._down_since = None
+        self._refusals = 0
+        self.reconnects += 1
+        log.info("nats reconnected", server=self.server, down_s=round(down_s, 2))
+
+    async def _on_closed(self) -> None:
+        if self.client is not None:  # not our own close()
+            reason = self.client.last_error
+            self._lose(f"the server closed the connection for good: {reason or 'no reason given'}")
+
+    def _lose(self, why: str) -> None:
+        if not self.lost.is_set():
+            log.error(why, url=self.shown_url)
+            self.lost_why = why
+            self.lost.set()
+
+
+class RepeatedLines:
+    """Which log lines are due: a kind of line at most once per ``every_s``."""
+
+    def __init__(self, every_s: float) -> None:
+        self._every_s = every_s
+        self._kinds: OrderedDict[str, tuple[float, int]] = OrderedDict()
+
+    def due(self, kind: str) -> int | None:
+        """None when a line of ``kind`` was said less than ``every_s`` ago; else how many
+        times it came since that line (0 the first time)."""
+        now = time.monotonic()
+        said_at, since = self._kinds.get(kind, (float("-inf"), 0))
+        if now - said_at < self._every_s:
+            self._kinds[kind] = (said_at, since + 1)
+            return None
+        self._kinds[kind] = (now, 0)
+        self._kinds.move_to_end(kind)
+        while len(self._kinds) > _KINDS_REMEMBERED:
+            self._kinds.popitem(last=False)
+        return since

@@ -1,0 +1,47 @@
+"""What a connection's callbacks say: the same asynchronous error again and again is one line
+a minute, with how often it came meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+
+from structlog.testing import capture_logs
+
+from agentreach.broker.link import RepeatedLines
+
+
+async def test_a_flood_of_one_error_is_said_once(broker):
+    """A subscriber too slow for its messages makes nats-py report every dropped message
+    (as it does every failed KV watch re-creation while a cluster has no majority): one
+    warning names it, not one per message."""
+    taken = asyncio.Event()
+
+    async def stuck(msg):
+        taken.set()
+        await asyncio.Event().wait()
+
+    sub = await broker.nc.subscribe("flood.test", cb=stuck, pending_msgs_limit=1)
+    with capture_logs() as logs:
+        for n in range(50):
+            await broker.nc.publish("flood.test", str(n).encode())
+        await broker.nc.flush()
+        await asyncio.wait_for(taken.wait(), 5)
+    await sub.unsubscribe()
+    warnings = [line for line in logs if line["event"] == "nats error"]
+    assert len(warnings) >= 40, logs  # the flood reached the callback ...
+    said = [line for line in warnings if line["log_level"] == "warning"]
+    assert len(said) == 1, said  # ... and was said once
+    assert "slow consumer" in said[0]["error"]
+
+
+def test_a_line_is_due_again_after_its_interval_with_the_times_it_came_meanwhile(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("agentreach.broker.link.time.monotonic", lambda: now[0])
+    lines = RepeatedLines(every_s=60)
+    assert lines.due("a") == 0
+    assert lines.due("b") == 0  # another kind has its own interval
+    now[0] += 59
+    assert [lines.due("a"), lines.due("a")] == [None, None]
+    now[0] += 1
+    assert lines.due("a") == 2
+    assert lines.due("a") is None
