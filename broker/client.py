@@ -9,7 +9,10 @@ generator.
 
 It also connects over :class:`agentreach.broker.transport.Transport`, whose failed TLS
 upgrade does not hang the connect, and remembers the server it tries (``trying``), so that
-a failed connect can name it.
+a failed connect can name it. And it does not fall back to plain text when TLS was asked for
+(a ``tls://`` URL, a CA or a client certificate) and the server offers none: nats-py upgrades
+only when the server requires TLS, so a server without it, or one in between that strips it
+from its INFO, got the credentials in the clear.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 from typing import Any
 from urllib.parse import ParseResult
 
+import nats.errors
 from nats.aio.client import DEFAULT_BUFFER_SIZE
 from nats.aio.client import Client as _NatsClient
 
@@ -44,6 +48,18 @@ class Client(_NatsClient):
             s.uri, buffer_size=DEFAULT_BUFFER_SIZE, connect_timeout=self.options["connect_timeout"]
         )
 
+    async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+        tls_wanted = "tls" in self.options and not self.options["tls_handshake_first"]
+        if initial_connection and tls_wanted and not info.get("tls_required"):
+            if not info.get("tls_available"):
+                raise TlsNotOffered(
+                    "TLS was asked for (a tls:// URL, a CA or a client certificate) but the"
+                    " server offers none; refusing to go on in plain text (check the URL,"
+                    " or the server's tls block)"
+                )
+            info["tls_required"] = True  # the server allows it: nats-py upgrades now
+        await super()._process_info(info, initial_connection)
+
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
         """``Name: Value`` per line → a dict, exactly as nats-py 2.16 builds it: lines
@@ -63,3 +79,7 @@ class Client(_NatsClient):
                 continue
             out[key] = value.strip().decode("utf-8", "replace")
         return out
+
+
+class TlsNotOffered(nats.errors.Error):
+    """TLS was asked for and the server offers none."""

@@ -16,7 +16,7 @@ from urllib.parse import ParseResult
 import nats.errors
 
 from agentreach.broker.auth import Auth, expiry_of, role_of, user_name_of
-from agentreach.broker.client import Client
+from agentreach.broker.client import Client, TlsNotOffered
 from agentreach.broker.errors import AuthenticationFailed, ConnectError, TlsFailed
 from agentreach.broker.urls import redacted
 
@@ -77,7 +77,7 @@ def refuses_credentials(exc: BaseException) -> bool:
 
 
 def _kind_of(exc: BaseException) -> _Kind:
-    if isinstance(exc, ssl.SSLError):
+    if isinstance(exc, ssl.SSLError | TlsNotOffered):
         return _Kind.TLS
     return _Kind.REFUSED if refuses_credentials(exc) else _Kind.OTHER
 

@@ -3,6 +3,7 @@ connect within seconds, saying which certificate problem and what to check; it h
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,9 +25,8 @@ class TlsServer:
     other_ca: Path  # a CA that did not
 
 
-@pytest.fixture
-async def tls_server(tmp_path: Path) -> AsyncIterator[TlsServer]:
-    """A nats-server on loopback that requires TLS, its certificate from a throwaway CA."""
+@contextlib.asynccontextmanager
+async def _tls_server(tmp_path: Path, *, also_plain: bool = False) -> AsyncIterator[TlsServer]:
     ca = certificate_authority(tmp_path / "tls", "ca")
     other_ca = certificate_authority(tmp_path / "tls", "other-ca")
     cert, key = server_certificate(tmp_path / "tls", ca)
@@ -34,10 +34,18 @@ async def tls_server(tmp_path: Path) -> AsyncIterator[TlsServer]:
     config.write_text(
         f'listen: "127.0.0.1:-1"\njetstream {{ store_dir: "{tmp_path / "store"}" }}\n'
         f'tls {{ cert_file: "{cert}", key_file: "{key}" }}\n'
+        + ("allow_non_tls: true\n" if also_plain else "")
     )
     async with EmbeddedServer(port=-1, store_dir=tmp_path / "store", config=config) as server:
         port = int(server.url.rsplit(":", 1)[1])
         yield TlsServer(port=port, ca=ca, other_ca=other_ca)
+
+
+@pytest.fixture
+async def tls_server(tmp_path: Path) -> AsyncIterator[TlsServer]:
+    """A nats-server on loopback that requires TLS, its certificate from a throwaway CA."""
+    async with _tls_server(tmp_path) as server:
+        yield server
 
 
 async def _refused(url: str, auth: Auth) -> tuple[str, float]:
@@ -91,3 +99,30 @@ async def test_reach_says_the_certificate_problem_and_exits(tls_server):
     assert time.monotonic() - started < FAILS_WITHIN_S
     assert done.returncode == 1, done
     assert "certificate is not trusted" in done.stderr and "--tls-ca" in done.stderr, done.stderr
+
+
+def _encrypted(broker: Broker) -> bool:
+    return broker.nc._transport._io_writer.get_extra_info("ssl_object") is not None  # type: ignore[union-attr]
+
+
+async def test_tls_asked_of_a_server_without_it_is_refused_not_sent_in_plain_text(
+    nats_url, tmp_path
+):
+    """tls://, or a CA, to a server that offers no TLS (or a man in the middle that strips it
+    from the server's INFO): nats-py went on in plain text, credentials and all."""
+    port = nats_url.rsplit(":", 1)[1]
+    with_ca = Auth(tls_ca=certificate_authority(tmp_path, "ca"))
+    for url, auth in ((f"tls://127.0.0.1:{port}", Auth()), (f"nats://127.0.0.1:{port}", with_ca)):
+        said, took_s = await _refused(url, auth)
+        assert took_s < FAILS_WITHIN_S
+        assert "the server offers none; refusing to go on in plain text" in said, said
+
+
+async def test_a_server_that_allows_tls_is_connected_to_over_tls(tmp_path):
+    """A server that takes TLS and plain text alike (allow_non_tls): TLS when asked for."""
+    async with _tls_server(tmp_path, also_plain=True) as server:
+        url = f"tls://127.0.0.1:{server.port}"
+        async with Broker(url, auth=Auth(tls_ca=server.ca)) as broker:
+            assert _encrypted(broker)
+        async with Broker(f"nats://127.0.0.1:{server.port}", auth=Auth()) as broker:
+            assert not _encrypted(broker)  # nobody asked
