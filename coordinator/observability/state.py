@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from agentreach.broker import Broker, BrokerError
 from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.requests import gather_replies
 from agentreach.broker.streams import consumer_backlog, subject_counts
 from agentreach.coordinator.observability.census import WorkflowCensus
 from agentreach.coordinator.protection.queues import QueueDepths
@@ -31,6 +32,7 @@ log = structlog.get_logger("coordinator.metrics")
 LIVENESS_STATES = ("UNKNOWN", "ONLINE", "SUSPECT", "OFFLINE", "STOPPED")
 BREAKER_STATES = ("closed", "open", "half_open")
 SAMPLE_S = 5.0
+REPLICAS_WAIT_S = 0.5  # how long the status answers of the replicas are gathered
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Sampled:
         self._broker = broker
         self.intake_backlog: int | None = None
         self.dlq_by_reason: dict[str, int] = {}
+        self.replicas: int | None = None
 
     async def run(self) -> None:
         while True:
@@ -75,6 +78,10 @@ class Sampled:
             reason = subject[start:].split(".", 1)[0]
             by_reason[reason] = by_reason.get(reason, 0) + count
         self.dlq_by_reason = by_reason
+        # Every replica answers a status request; the count lets a rule see a replica that
+        # runs but is not scraped (its share of the counters would be missing silently).
+        answers = await gather_replies(self._broker, names.status, wait_s=REPLICAS_WAIT_S)
+        self.replicas = len(answers)
 
 
 class StateCollector(Collector):
@@ -202,6 +209,13 @@ class StateCollector(Collector):
                 "Tasks in REACH_TASKS not routed yet (pending or being handled).",
                 [],
                 [([], backlog)],
+            )
+        if self._sampled.replicas:
+            yield _gauge(
+                "reach_coordinator_replicas",
+                "Coordinator replicas that answer reach.ctl.status (this one included).",
+                [],
+                [([], self._sampled.replicas)],
             )
         yield _gauge(
             "reach_dlq_messages",

@@ -93,6 +93,21 @@ async def test_two_replicas_count_each_event_once(broker, watcher: Watcher):
         assert sum(total(f, "reach_lease_held", duty=duty) for f in found) == 1
 
 
+async def test_every_replica_exports_how_many_replicas_answer(broker):
+    """A rule compares it with the targets scraped: a replica that runs unscraped takes its
+    share of the events to the grave of its counters, and the sums read low, silently."""
+    async with replica(broker) as first, replica(broker) as second:
+
+        async def both_seen() -> list[float] | None:
+            seen = [
+                total(await scrape(r.metrics_url), "reach_coordinator_replicas")
+                for r in (first, second)
+            ]
+            return seen if seen == [2, 2] else None
+
+        assert await until_true(both_seen, timeout=15) == [2, 2]
+
+
 async def test_a_restarted_replica_counts_from_zero_and_misses_nothing(broker, watcher):
     """Counters restart at 0 (no history replayed), and events stored while no replica ran
     are counted by the next one."""
