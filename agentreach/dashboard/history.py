@@ -3,14 +3,15 @@
 The dashboard does not read one coordinator's counters: with two replicas each counts
 half. It follows every event of the kinds that matter (from a window back), keeps them in
 buckets of ``step_s``, and computes the five metrics with the definitions of the alert
-rules: success = completed ÷ finished (except ``invalid_envelope``) over 5 minutes, P99 of
+rules: success = completed ÷ finished (except ``invalid_envelope``, and ``no_route`` of a topic
+nobody serves: a sender's mistakes) over 5 minutes, P99 of
 intake → completed over a period against the period before, the fullest queue against its
 capacity, retries ÷ dispatches over 5 minutes, isolated agents now.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ KEYS = ("success_rate", "p99_latency", "queue_fill", "retry_rate", "isolated_age
 @dataclass
 class Bucket:
     completed: int = 0
-    finished: int = 0  # completed or dead-lettered, except invalid_envelope
+    finished: int = 0  # completed or dead-lettered, except a sender's mistake
     dispatches: int = 0
     retries: int = 0
     latency: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
@@ -60,7 +61,10 @@ class History:
     def _bucket(self, at_ms: float) -> Bucket:
         return self._buckets.setdefault(int(at_ms // self.step_ms), Bucket())
 
-    def fold(self, event: Event, stored_ms: int) -> None:
+    def fold(
+        self, event: Event, stored_ms: int, *, served: Callable[[str], bool] = lambda _: True
+    ) -> None:
+        """Count ``event``; ``served`` says whether an agent or a workflow serves a topic."""
         kind = event.event
         if kind == "routed":
             bucket = self._bucket(stored_ms)
@@ -72,7 +76,7 @@ class History:
             bucket.finished += 1
             if event.received_ms:
                 bucket.latency[_index((stored_ms - event.received_ms) / 1000)] += 1
-        elif kind == "dead_lettered" and event.detail.get("reason") != "invalid_envelope":
+        elif kind == "dead_lettered" and not _senders_mistake(event, served):
             self._bucket(stored_ms).finished += 1
 
     def sample(
@@ -189,3 +193,9 @@ def _index(seconds: float) -> int:
         if seconds <= bound:
             return i
     return len(LATENCY_BUCKETS)
+
+
+def _senders_mistake(letter: Event, served: Callable[[str], bool]) -> bool:
+    """A malformed task, or one to a topic nobody serves: the rules leave them out."""
+    reason = letter.detail.get("reason")
+    return reason == "invalid_envelope" or (reason == "no_route" and not served(letter.topic))

@@ -132,6 +132,11 @@ class Board:
     async def __aexit__(self, *exc: object) -> None:
         await cancel_and_wait(*self._tasks)
 
+    def _serves(self, topic: str) -> bool:
+        """Whether an agent's card lists ``topic`` (a task nobody serves is no failure of
+        ours; a workflow's topic never ends as no_route)."""
+        return bool(self.directory.serving(topic))
+
     async def _fold(self) -> None:
         names = self.broker.names
         # Refusals and alerts make no chart here; a caller past its quota can send them by
@@ -149,7 +154,7 @@ class Board:
                 event = decode_event(msg.data)
             except DecodeError:
                 continue
-            self.history.fold(event, msg.timestamp_ms)
+            self.history.fold(event, msg.timestamp_ms, served=self._serves)
 
     async def _follow_settling(self, ready: asyncio.Event) -> None:
         """Every ``replayed`` and ``resolved`` event REACH_EVENTS keeps, then each new one."""
