@@ -4,13 +4,12 @@ with the auth.conf `reach auth init` makes; the local one admits only issued par
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from agentreach.broker import Auth, AuthenticationFailed, Broker, EmbeddedServer, find_server_binary
+from tests.certificates import certificate_authority, server_certificate
 from tests.secured import SecuredDeployment
 
 SECURE = Path(__file__).parents[2] / "deploy" / "nats" / "secure"
@@ -32,65 +31,12 @@ def _deployed(tmp_path: Path, name: str, deployment: SecuredDeployment) -> Path:
 
 def _certificates(folder: Path) -> None:
     """A CA and the server, route and client certificates the configs name (test only)."""
-    folder.mkdir()
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
-
-    for ca in ("ca", "route-ca"):
-        openssl(
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            f"{ca}.key",
-            "-out",
-            f"{ca}.pem",
-            "-days",
-            "1",
-            "-subj",
-            f"/CN={ca}",
-        )
-    for cert, ca in (("server", "ca"), ("route", "route-ca")):
-        openssl(
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            f"{cert}.key",
-            "-out",
-            f"{cert}.csr",
-            "-subj",
-            "/CN=localhost",
-        )
-        openssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{cert}.csr",
-            "-CA",
-            f"{ca}.pem",
-            "-CAkey",
-            f"{ca}.key",
-            "-CAcreateserial",
-            "-out",
-            f"{cert}.pem",
-            "-days",
-            "1",
-        )
+    server_certificate(folder, certificate_authority(folder, "ca"), "server")
+    server_certificate(folder, certificate_authority(folder, "route-ca"), "route")
 
 
 @pytest.mark.parametrize("name", ["nats-server.conf", "cluster-node.conf", "local.conf"])
 async def test_secure_configs_are_valid(tmp_path, name):
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl makes the test certificates")
     _certificates(tmp_path / "tls")
     config = _deployed(tmp_path, name, SecuredDeployment(tmp_path / "auth"))
     process = await asyncio.create_subprocess_exec(
