@@ -8,8 +8,8 @@
 import { performance } from "node:perf_hooks";
 import type { JsMsg } from "nats";
 
-import { decodeTask, encode, nowMs, stableId, taskHeaders } from "./codec.js";
-import { fromHeaders, isBrokerError, quietly } from "./connection.js";
+import { decodeTask, encode, nowMs, taskHeaders } from "./codec.js";
+import { isBrokerError, quietly } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { TaskContext } from "./context.js";
 import { DecodeError, PermanentError } from "./errors.js";
@@ -18,14 +18,12 @@ import { PayloadUnavailable } from "./claimcheck.js";
 import type { ClaimCheck } from "./claimcheck.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
 import { DeadlineExceeded, errorInfo, failure, sendable } from "./failures.js";
-import { about, emit, eventFor, reply, reportedRaw } from "./lifecycle.js";
 import type { Logger } from "./log.js";
 import { Latencies } from "./slots.js";
 import type { Room } from "./slots.js";
-import type { ErrorInfo, PayloadRef, Result, Task } from "./types.js";
+import { Reports } from "./reports.js";
+import type { Capacity, Task } from "./types.js";
 
-/** The coordinator's proof, on a dispatch, that the attempt was given to this agent. */
-const GRANT_HEADER = "Reach-Grant";
 const SEAL_HEADER = "Reach-Seal"; // copied into this agent's execution record of the attempt
 /** Another delivery of the message holds its claim and runs it: neither ack nor nak this one. */
 const ELSEWHERE = Symbol("elsewhere");
@@ -66,7 +64,7 @@ export class Executor {
   private readonly room: Room;
   private readonly log: Logger;
   private readonly aborts = new Set<AbortController>();
-  private readonly lastProgressAt = new Map<string, number>(); // message_id → at_ms of its last progress
+  private readonly reports: Reports;
 
   constructor(
     private readonly conn: Connection,
@@ -79,6 +77,7 @@ export class Executor {
     this.claimCheck = options.claimCheck;
     this.room = options.room;
     this.log = options.log;
+    this.reports = new Reports(conn, options.agentId, options.log);
   }
 
   /** Tell every running handler (through `ctx.signal`) that it is out of time. */
@@ -93,7 +92,7 @@ export class Executor {
       task = decodeTask(msg.data);
     } catch (err) {
       if (!(err instanceof DecodeError)) throw err;
-      await this.undecodable(msg, err);
+      await this.reports.undecodable(msg, err);
       msg.ack();
       return;
     }
@@ -126,7 +125,7 @@ export class Executor {
     const spec = this.handlers.get(task.topic);
     if (spec === undefined) {
       const error = failure("no_handler", `${agentId} does not serve '${task.topic}'`, false);
-      await this.report(msg, task, "failed", error, dispatchedMs);
+      await this.reports.report(msg, task, "failed", error, dispatchedMs);
       return null;
     }
     const leftMs = task.ttl_ms - (nowMs() - dispatchedMs);
@@ -177,7 +176,7 @@ export class Executor {
     // to be done already acknowledges, then answers with the stored result.
     const [claim] = await Promise.all([
       this.records.claimWhenFree(task, windowMs + LEASE_GRACE_MS, msg.headers?.get(SEAL_HEADER) || null, () => msg.working()),
-      this.accept(msg, task, dispatchedMs),
+      this.reports.accept(msg, task, dispatchedMs, this.capacityFor(task), this.records.epoch),
     ]);
     if (claim.kind === "kept") {
       leave(); // the delivery it waited for ran it here; its outcome is not recorded yet
@@ -188,7 +187,7 @@ export class Executor {
     if (claim.kind === "done") {
       leave();
       this.log.info("already executed; sending the stored result again", { message_id: task.message_id });
-      await this.complete(msg, task, claim.record.result, 0, claim.record.result_ref ?? null);
+      await this.reports.complete(msg, task, claim.record.result, 0, claim.record.result_ref ?? null);
       return null;
     }
     if (claim.kind === "expired") {
@@ -207,6 +206,11 @@ export class Executor {
     return null;
   }
 
+  /** How full this agent is for `task`'s topic, told to its sender with the ack. */
+  private capacityFor(task: Task): Capacity {
+    return { free_slots: this.room.freeFor(task), est_latency_ms: this.latency.of(task.topic) };
+  }
+
   /** Say *in progress* on the delivery every half ack wait, until the returned function is called. */
   private keepAlive(msg: JsMsg): () => void {
     const keepalive = setInterval(() => quietly(() => msg.working()), Math.max(100, this.ackWaitMs / 2));
@@ -222,11 +226,11 @@ export class Executor {
     const done = await this.records.done(task);
     if (done !== null) {
       this.log.info("expired redelivery of a message done here; sending its stored result", { message_id: task.message_id });
-      await this.complete(msg, task, done.result, 0, done.result_ref ?? null);
+      await this.reports.complete(msg, task, done.result, 0, done.result_ref ?? null);
       return;
     }
     const error = failure("expired", `ttl ${task.ttl_ms} ms passed in the queue of ${this.agentId}`, false);
-    await this.report(msg, task, "expired", error, dispatchedMs);
+    await this.reports.report(msg, task, "expired", error, dispatchedMs);
   }
 
   /**
@@ -245,16 +249,16 @@ export class Executor {
     if (outcome.error !== undefined) {
       const error = outcome.error;
       this.log.info("handler failed", { message_id: task.message_id, error_type: error.type, error: error.message });
-      await this.report(msg, task, "failed", error, dispatchedMs);
+      await this.reports.report(msg, task, "failed", error, dispatchedMs);
       return;
     }
     if (!recorded) {
       // Fenced: the task was reassigned while this ran; the new attempt answers.
       this.log.warn("late result rejected: the task was reassigned", { message_id: task.message_id });
-      await this.say(msg, task, "late_result_rejected");
+      await this.reports.say(msg, task, "late_result_rejected");
       return;
     }
-    await this.complete(msg, task, outcome.result, outcome.durationMs, outcome.resultRef ?? null);
+    await this.reports.complete(msg, task, outcome.result, outcome.durationMs, outcome.resultRef ?? null);
   }
 
   /** Call the handler under its deadline, keeping the message from redelivery meanwhile. */
@@ -266,7 +270,7 @@ export class Executor {
       progress: async (note) => {
         const release = deadline.hold(); // the handler waits on the report, not on its work
         try {
-          await this.progress(msg, task, note);
+          await this.reports.progress(msg, task, note);
           deadline.extend(); // the window starts again once the report is made
           if (!(await this.records.renew(task, claim, deadline.leaseMs()))) {
             this.log.warn("claim lost while running: this run's result will be refused", { message_id: task.message_id });
@@ -311,87 +315,12 @@ export class Executor {
       deadline.clear();
       stopKeeping();
       this.aborts.delete(abort);
-      this.lastProgressAt.delete(task.message_id);
+      this.reports.forget(task.message_id);
     }
   }
 
   /** A sub-task this agent sends, as itself (`reach.task.<topic>.<agent_id>`). */
   private async submit(task: Task): Promise<void> {
     await this.conn.publish(this.conn.names.task(task.topic, this.agentId), encode(task), taskHeaders(task));
-  }
-
-  /** The ack to the sender and `accepted` (with the broker time of the dispatch and this process's epoch) to all. */
-  private async accept(msg: JsMsg, task: Task, dispatchedMs: number): Promise<void> {
-    const capacity = { free_slots: this.room.freeFor(task), est_latency_ms: this.latency.of(task.topic) };
-    reply(this.conn, task, { kind: "ack", ...about(task, this.agentId), capacity }, this.agentId);
-    await this.say(msg, task, "accepted", { dispatched_at_ms: dispatchedMs, epoch: this.records.epoch });
-  }
-
-  /**
-   * A report is news, not work: a server away for a moment must not fail the handler (its
-   * work would be done again), which goes on and records its outcome when it can.
-   */
-  private async progress(msg: JsMsg, task: Task, note: string): Promise<void> {
-    // Progress events keep a rising at_ms per message: the order a reader sees.
-    const last = this.lastProgressAt.get(task.message_id) ?? 0;
-    const atMs = Math.max(nowMs(), last + 1);
-    this.lastProgressAt.set(task.message_id, atMs);
-    try {
-      msg.working();
-      reply(this.conn, task, { kind: "progress", ...about(task, this.agentId), note }, this.agentId);
-      await this.say(msg, task, "progress", { note }, atMs);
-    } catch (err) {
-      if (!isBrokerError(err)) throw err;
-      this.log.warn("progress not reported", { message_id: task.message_id, error: String(err) });
-    }
-  }
-
-  /**
-   * Answer the sender, then tell the coordinator (the result is already recorded). A
-   * claim-checked result travels as its reference: `result_ref` instead of `result`.
-   */
-  private async complete(
-    msg: JsMsg,
-    task: Task,
-    result: unknown,
-    durationMs: number,
-    ref: PayloadRef | null,
-  ): Promise<void> {
-    const answer: Result = { kind: "result", ...about(task, this.agentId), result: ref ? null : (result ?? null), result_ref: ref };
-    reply(this.conn, task, answer, this.agentId);
-    const shown = ref ? { result_ref: ref } : { result: result ?? null };
-    await this.say(msg, task, "completed", { ...shown, duration_ms: durationMs });
-  }
-
-  /** Tell the coordinator, which decides between retry and dead letter. */
-  private async report(
-    msg: JsMsg,
-    task: Task,
-    event: "failed" | "expired",
-    error: ErrorInfo,
-    dispatchedMs: number,
-  ): Promise<void> {
-    await this.say(msg, task, event, { task, error, dispatched_at_ms: dispatchedMs });
-  }
-
-  /** An event about the task, as this agent, carrying the coordinator's grant back. */
-  private async say(msg: JsMsg, task: Task, event: string, detail: Record<string, unknown> = {}, atMs?: number): Promise<void> {
-    const grant = msg.headers?.get(GRANT_HEADER);
-    const withGrant = grant ? { ...detail, grant } : detail;
-    await emit(this.conn, eventFor(task, event, this.agentId, withGrant, atMs), this.agentId);
-  }
-
-  /** A dispatch that is not a task: reported (its bytes, headers, why); the coordinator dead-letters it. */
-  private async undecodable(msg: JsMsg, err: DecodeError): Promise<void> {
-    const info = msg.info;
-    const messageId = stableId(Math.floor(info.timestampNanos / 1e6), info.stream, info.streamSequence);
-    this.log.warn("undecodable dispatch", { subject: msg.subject, error: err.message });
-    const stub = { message_id: messageId, trace_id: messageId, topic: "_invalid", attempt: 1 } as Task;
-    const detail = {
-      error: failure("invalid_envelope", err.message, false),
-      ...reportedRaw(msg.data),
-      headers: fromHeaders(msg.headers),
-    };
-    await emit(this.conn, eventFor(stub, "failed", this.agentId, detail), this.agentId);
   }
 }

@@ -1,0 +1,95 @@
+/**
+ * What an agent says about a task it executes: the ack, progress and result to the sender's
+ * `reply_to`, and the lifecycle events (`accepted`, `progress`, `completed`, `failed`,
+ * `expired`…) to the coordinator, each carrying back the grant of its dispatch. */
+
+import type { JsMsg } from "nats";
+
+import { nowMs, stableId } from "./codec.js";
+import { fromHeaders, isBrokerError } from "./connection.js";
+import type { Connection } from "./connection.js";
+import type { DecodeError } from "./errors.js";
+import { failure } from "./failures.js";
+import { about, emit, eventFor, reply, reportedRaw } from "./lifecycle.js";
+import type { Logger } from "./log.js";
+import type { Capacity, ErrorInfo, PayloadRef, Result, Task } from "./types.js";
+
+/** The coordinator's proof, on a dispatch, that the attempt was given to this agent. */
+const GRANT_HEADER = "Reach-Grant";
+
+export class Reports {
+  private readonly lastProgressAt = new Map<string, number>(); // message_id → at_ms of its last progress
+
+  constructor(
+    private readonly conn: Connection,
+    private readonly agentId: string,
+    private readonly log: Logger,
+  ) {}
+
+  /** The ack to the sender and `accepted` (with the broker time of the dispatch and this process's epoch) to all. */
+  async accept(msg: JsMsg, task: Task, dispatchedMs: number, capacity: Capacity, epoch: number): Promise<void> {
+    reply(this.conn, task, { kind: "ack", ...about(task, this.agentId), capacity }, this.agentId);
+    await this.say(msg, task, "accepted", { dispatched_at_ms: dispatchedMs, epoch });
+  }
+
+  /**
+   * A report is news, not work: a server away for a moment must not fail the handler (its
+   * work would be done again), which goes on and records its outcome when it can.
+   */
+  async progress(msg: JsMsg, task: Task, note: string): Promise<void> {
+    // Progress events keep a rising at_ms per message: the order a reader sees.
+    const last = this.lastProgressAt.get(task.message_id) ?? 0;
+    const atMs = Math.max(nowMs(), last + 1);
+    this.lastProgressAt.set(task.message_id, atMs);
+    try {
+      msg.working();
+      reply(this.conn, task, { kind: "progress", ...about(task, this.agentId), note }, this.agentId);
+      await this.say(msg, task, "progress", { note }, atMs);
+    } catch (err) {
+      if (!isBrokerError(err)) throw err;
+      this.log.warn("progress not reported", { message_id: task.message_id, error: String(err) });
+    }
+  }
+
+  /** The task's run ended: its progress order is kept no longer. */
+  forget(messageId: string): void {
+    this.lastProgressAt.delete(messageId);
+  }
+
+  /**
+   * Answer the sender, then tell the coordinator (the result is already recorded). A
+   * claim-checked result travels as its reference: `result_ref` instead of `result`.
+   */
+  async complete(msg: JsMsg, task: Task, result: unknown, durationMs: number, ref: PayloadRef | null): Promise<void> {
+    const answer: Result = { kind: "result", ...about(task, this.agentId), result: ref ? null : (result ?? null), result_ref: ref };
+    reply(this.conn, task, answer, this.agentId);
+    const shown = ref ? { result_ref: ref } : { result: result ?? null };
+    await this.say(msg, task, "completed", { ...shown, duration_ms: durationMs });
+  }
+
+  /** Tell the coordinator, which decides between retry and dead letter. */
+  async report(msg: JsMsg, task: Task, event: "failed" | "expired", error: ErrorInfo, dispatchedMs: number): Promise<void> {
+    await this.say(msg, task, event, { task, error, dispatched_at_ms: dispatchedMs });
+  }
+
+  /** An event about the task, as this agent, carrying the coordinator's grant back. */
+  async say(msg: JsMsg, task: Task, event: string, detail: Record<string, unknown> = {}, atMs?: number): Promise<void> {
+    const grant = msg.headers?.get(GRANT_HEADER);
+    const withGrant = grant ? { ...detail, grant } : detail;
+    await emit(this.conn, eventFor(task, event, this.agentId, withGrant, atMs), this.agentId);
+  }
+
+  /** A dispatch that is not a task: reported (its bytes, headers, why); the coordinator dead-letters it. */
+  async undecodable(msg: JsMsg, err: DecodeError): Promise<void> {
+    const info = msg.info;
+    const messageId = stableId(Math.floor(info.timestampNanos / 1e6), info.stream, info.streamSequence);
+    this.log.warn("undecodable dispatch", { subject: msg.subject, error: err.message });
+    const stub = { message_id: messageId, trace_id: messageId, topic: "_invalid", attempt: 1 } as Task;
+    const detail = {
+      error: failure("invalid_envelope", err.message, false),
+      ...reportedRaw(msg.data),
+      headers: fromHeaders(msg.headers),
+    };
+    await emit(this.conn, eventFor(stub, "failed", this.agentId, detail), this.agentId);
+  }
+}
