@@ -12,9 +12,8 @@ import asyncio
 import contextlib
 import enum
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import msgspec
 import structlog
 
 from agentreach import envelopes
@@ -30,6 +29,7 @@ from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.handlers import call, error_info, sendable
 from agentreach.agents.job import Job
+from agentreach.agents.reports import Reports
 from agentreach.agents.slots import Latencies, Room
 from agentreach.broker import (
     Broker,
@@ -40,16 +40,10 @@ from agentreach.broker import (
     TooLarge,
     ValueTooLarge,
 )
-from agentreach.broker.dead_letters import reported_raw
-from agentreach.broker.lifecycle import about, emit, event_for, reply
 from agentreach.envelopes import (
-    Ack,
     Capacity,
     DecodeError,
     ErrorInfo,
-    PayloadRef,
-    Progress,
-    Result,
     Task,
     now_ms,
     ttl_left_ms,
@@ -91,9 +85,7 @@ class Executor:
         self.latency = Latencies()
         self._claims = claims
         self._room = room
-        # message_id → at_ms of its last progress event: progress events carry no dedup id,
-        # and a rising at_ms keeps two reports within one millisecond in order.
-        self._progress_at: dict[str, int] = {}
+        self._reports = Reports(broker, agent.agent_id)
 
     @property
     def _me(self) -> str:
@@ -104,7 +96,7 @@ class Executor:
         try:
             task = envelopes.decode_task(delivery.data)
         except DecodeError as exc:
-            await self._undecodable(delivery, exc)
+            await self._reports.undecodable(delivery, exc)
             await delivery.ack()
             return
         try:
@@ -130,7 +122,7 @@ class Executor:
         if spec is None:
             message = f"{self._me} does not serve {task.topic!r}"
             error = ErrorInfo(type="no_handler", message=message, retryable=False)
-            await self._report(job, "failed", error)
+            await self._reports.report(job, "failed", error)
             return None
         left_s = ttl_left_ms(task.ttl_ms, job.dispatched_ms) / 1000
         keep_alive_s = self.agent.ack_wait / 2
@@ -158,7 +150,9 @@ class Executor:
         # the handler starts (so the event precedes this agent's next one in the stream), but
         # their round trip is not waited for. A duplicate that turns out to be done already
         # acknowledges, then answers with the stored result.
-        accepting = asyncio.create_task(self._accept(job))
+        accepting = asyncio.create_task(
+            self._reports.accept(job, self._capacity_for(job.task), self._claims.epoch)
+        )
         try:
             with self._claims.in_hand(task.message_id):  # until its outcome is recorded
                 try:
@@ -178,10 +172,11 @@ class Executor:
         """Report the task expired, unless it ran here (a redelivery of a run whose ack was
         lost in a failover comes back past its ttl): then the stored result goes again."""
         if (done := await self._claims.done(job.task)) is not None:
-            return await self._complete(job, done.result, duration_ms=0, ref=done.result_ref)
+            await self._reports.complete(job, done.result, 0, ref=done.result_ref)
+            return
         message = f"ttl {job.task.ttl_ms} ms passed in the queue of {self._me}"
         error = ErrorInfo(type="expired", message=message, retryable=False)
-        await self._report(job, "expired", error)
+        await self._reports.report(job, "expired", error)
 
     async def _claim_and_run(self, job: Job, spec: HandlerSpec) -> Outcome | _Elsewhere | None:
         """The handler's outcome, to record and report; None when the message was done
@@ -201,7 +196,7 @@ class Executor:
         if isinstance(claim, AlreadyDone):
             log.info("already executed; sending the stored result again")
             record = claim.record
-            await self._complete(job, record.result, duration_ms=0, ref=record.result_ref)
+            await self._reports.complete(job, record.result, duration_ms=0, ref=record.result_ref)
             return None
         if isinstance(claim, Expired):
             # Past its ttl by the coordinator's clock though not by ours: ours runs behind.
@@ -231,7 +226,7 @@ class Executor:
 
         async def progressed(note: str) -> None:
             with deadline.held():
-                await self._progress(job, note)
+                await self._reports.progress(job, note)
                 deadline.extend()  # the window starts again once the report is made
                 if not await self._claims.renew(task, claim, deadline.lease_ms()):
                     log.warning("claim lost while running: this run's result will be refused")
@@ -276,7 +271,7 @@ class Executor:
             self.latency.observe(task.topic, duration_ms)
             outcome = Outcome(claim, result=result, duration_ms=duration_ms, result_ref=ref)
         finally:
-            self._progress_at.pop(task.message_id, None)
+            self._reports.forget(task.message_id)
         return outcome
 
     async def _conclude(self, job: Job, outcome: Outcome) -> None:
@@ -290,94 +285,26 @@ class Executor:
         if outcome.error is not None:
             error = outcome.error
             log.info("handler failed", error_type=error.type, error=error.message)
-            await self._report(job, "failed", error)
+            await self._reports.report(job, "failed", error)
             return
         if not recorded:
             # Fenced: the task was reassigned while this ran; the new attempt answers.
             log.warning("late result rejected: the task was reassigned")
-            await self._say(job, "late_result_rejected")
+            await self._reports.say(job, "late_result_rejected")
             return
-        await self._complete(job, outcome.result, outcome.duration_ms, ref=outcome.result_ref)
+        result, ref = outcome.result, outcome.result_ref
+        await self._reports.complete(job, result, outcome.duration_ms, ref=ref)
 
     async def _submit(self, task: Task) -> None:
         """A sub-task this agent sends, as itself."""
         subject = self.broker.names.task(task.topic, self._me)
         await self.broker.publish(subject, envelopes.encode(task), headers=task_headers(task))
 
-    async def _accept(self, job: Job) -> None:
-        task = job.task
-        capacity = Capacity(
+    def _capacity_for(self, task: Task) -> Capacity:
+        """How full this agent is for ``task``'s topic, told to its sender with the ack."""
+        return Capacity(
             free_slots=self._room.free_for(task), est_latency_ms=self.latency.of(task.topic)
         )
-        ack = Ack(**self._about(task), capacity=capacity)
-        try:  # the reply does not wait (core NATS): both leave in one write
-            await reply(self.broker, task, ack, sender=self._me)
-        finally:  # the event goes even when the reply could not
-            epoch = self._claims.epoch
-            await self._say(job, "accepted", dispatched_at_ms=job.dispatched_ms, epoch=epoch)
-
-    async def _progress(self, job: Job, note: str) -> None:
-        task = job.task
-        progress = Progress(**self._about(task), note=note)
-        at_ms = max(now_ms(), self._progress_at.get(task.message_id, 0) + 1)
-        self._progress_at[task.message_id] = at_ms
-        said = await asyncio.gather(
-            job.delivery.in_progress(),
-            reply(self.broker, task, progress, sender=self._me),
-            self._say(job, "progress", at_ms=at_ms, note=note),
-            return_exceptions=True,
-        )
-        # A report is news, not work: a server away for a moment must not fail the handler
-        # (its work would be done again), which goes on and records its outcome when it can.
-        for failure in (outcome for outcome in said if isinstance(outcome, BaseException)):
-            if not isinstance(failure, BrokerError):
-                raise failure
-            log.warning("progress not reported", error=str(failure))
-
-    async def _complete(
-        self, job: Job, result: Any, duration_ms: int, *, ref: PayloadRef | None = None
-    ) -> None:
-        """Answer the sender, then tell the coordinator (the result is already recorded)."""
-        answer = Result(**self._about(job.task), result=result, result_ref=ref)
-        await reply(self.broker, job.task, answer, sender=self._me)
-        shown = {"result_ref": msgspec.to_builtins(ref)} if ref else {"result": result}
-        await self._say(job, "completed", duration_ms=duration_ms, **shown)
-
-    async def _report(self, job: Job, event: str, error: ErrorInfo) -> None:
-        """Tell the coordinator, which decides between retry and dead letter."""
-        detail = {"task": job.task, "error": error, "dispatched_at_ms": job.dispatched_ms}
-        await self._say(job, event, **detail)
-
-    async def _say(self, job: Job, event: str, *, at_ms: int = 0, **detail: Any) -> None:
-        """An event about the job, as this agent, carrying the coordinator's grant back
-        (``at_ms``, when given, replaces the publisher's clock: progress keeps it rising)."""
-        if job.grant:
-            detail["grant"] = job.grant
-        said = event_for(job.task, event, agent_id=self._me, **detail)
-        if at_ms:
-            said = msgspec.structs.replace(said, at_ms=at_ms)
-        await emit(self.broker, said, sender=self._me)
-
-    async def _undecodable(self, delivery: Delivery, exc: DecodeError) -> None:
-        """A dispatch that is not a task: the coordinator dead-letters it, from our report."""
-        log.warning("undecodable dispatch", subject=delivery.subject, error=str(exc))
-        message_id = envelopes.stable_id(
-            delivery.timestamp_ns, delivery.stream, delivery.stream_seq
-        )
-        stub = Task(v=1, message_id=message_id, trace_id=message_id, topic=envelopes.INVALID_TOPIC)
-        event = event_for(
-            stub,
-            "failed",
-            agent_id=self._me,
-            error=ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False),
-            **reported_raw(delivery.data),
-            headers=dict(delivery.headers),
-        )
-        await emit(self.broker, event, sender=self._me)
-
-    def _about(self, task: Task) -> dict[str, Any]:
-        """An agent's answer: from this agent, to the task's sender."""
-        return about(task, from_agent=self._me, to_agent=task.from_agent)
 
 
 async def _published(publishing: asyncio.Task[None], what: str) -> None:

@@ -98,17 +98,17 @@ async def test_an_outcome_is_kept_before_the_accepted_event_is_waited_for(
     """The `accepted` publish can hang in an election after the handler has returned. The
     outcome is recorded first, so a redelivery that comes meanwhile (nothing keeps the
     delivery alive then), even past the claim's lease, answers and does not run it again."""
-    from agentreach.agents.execution import Executor
+    from agentreach.agents.reports import Reports
 
     stuck = asyncio.Event()
-    accept = Executor._accept
+    accept = Reports.accept
 
-    async def stuck_accepting(self: Executor, job) -> None:  # type: ignore[no-untyped-def]
-        await accept(self, job)
+    async def stuck_accepting(self: Reports, job, *args) -> None:  # type: ignore[no-untyped-def]
+        await accept(self, job, *args)
         if job.delivery.num_delivered == 1:
             await stuck.wait()  # the first delivery's accepted event is not acknowledged
 
-    monkeypatch.setattr(Executor, "_accept", stuck_accepting)
+    monkeypatch.setattr(Reports, "accept", stuck_accepting)
     agent = Agent("hand-3", startup_delay=0, ack_wait=0.5)
     runs: list[int] = []
 

@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from agentreach.agents import Agent, execution
+from agentreach.agents import Agent, execution, reports
 from agentreach.agents import claims as sdk_claims
 from agentreach.agents import heartbeats as sdk_heartbeats
 from agentreach.agents.claims import Claimed
@@ -146,14 +146,14 @@ async def test_an_agent_without_dispatch_time_is_warned_in_the_ack_clause(
 ):
     """An agent whose ``accepted`` lacks ``dispatched_at_ms`` (one written to revision 3)
     passes clause 5 with a warning: it is a SHOULD, added after v1 was out."""
-    say = execution.Executor._say
+    say = reports.Reports.say
 
     async def forgetful(self, job, event, *, at_ms=0, **detail):  # type: ignore[no-untyped-def]
         if event == "accepted":
             detail.pop("dispatched_at_ms", None)
         await say(self, job, event, at_ms=at_ms, **detail)
 
-    monkeypatch.setattr(execution.Executor, "_say", forgetful)
+    monkeypatch.setattr(reports.Reports, "say", forgetful)
     verdicts = await judge(broker, conformance_agent("timeless-1"), "task.ack_and_result")
     verdict = verdicts["task.ack_and_result"]
     assert verdict.status is Status.WARN, verdict.detail

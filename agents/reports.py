@@ -1,0 +1,118 @@
+"""What an agent says about a task it executes: the ack, progress and result to the sender's
+``reply_to``, and the lifecycle events (``accepted``, ``progress``, ``completed``, ``failed``,
+``expired`` …) to the coordinator, each carrying back the grant of its dispatch."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+
+from agentreach import envelopes
+from agentreach.agents.job import Job
+from agentreach.broker import Broker, BrokerError, Delivery
+from agentreach.broker.dead_letters import reported_raw
+from agentreach.broker.lifecycle import about, emit, event_for, reply
+from agentreach.envelopes import (
+    Ack,
+    Capacity,
+    DecodeError,
+    ErrorInfo,
+    PayloadRef,
+    Progress,
+    Result,
+    Task,
+    now_ms,
+)
+from agentreach.logs import get_logger
+
+log = get_logger("agents")
+
+
+class Reports:
+    """The reports of one agent process, sent as ``agent_id``."""
+
+    def __init__(self, broker: Broker, agent_id: str) -> None:
+        self.broker = broker
+        self._me = agent_id
+        # message_id → at_ms of its last progress event: progress events carry no dedup id,
+        # and a rising at_ms keeps two reports within one millisecond in order.
+        self._progress_at: dict[str, int] = {}
+
+    async def accept(self, job: Job, capacity: Capacity, epoch: int) -> None:
+        """The ack to the sender, and ``accepted`` (with the broker time of the dispatch and
+        this process's epoch) to all."""
+        task = job.task
+        ack = Ack(**self._about(task), capacity=capacity)
+        try:  # the reply does not wait (core NATS): both leave in one write
+            await reply(self.broker, task, ack, sender=self._me)
+        finally:  # the event goes even when the reply could not
+            await self.say(job, "accepted", dispatched_at_ms=job.dispatched_ms, epoch=epoch)
+
+    async def progress(self, job: Job, note: str) -> None:
+        task = job.task
+        progress = Progress(**self._about(task), note=note)
+        at_ms = max(now_ms(), self._progress_at.get(task.message_id, 0) + 1)
+        self._progress_at[task.message_id] = at_ms
+        said = await asyncio.gather(
+            job.delivery.in_progress(),
+            reply(self.broker, task, progress, sender=self._me),
+            self.say(job, "progress", at_ms=at_ms, note=note),
+            return_exceptions=True,
+        )
+        # A report is news, not work: a server away for a moment must not fail the handler
+        # (its work would be done again), which goes on and records its outcome when it can.
+        for failure in (outcome for outcome in said if isinstance(outcome, BaseException)):
+            if not isinstance(failure, BrokerError):
+                raise failure
+            log.warning("progress not reported", error=str(failure))
+
+    def forget(self, message_id: str) -> None:
+        """The task's run ended: its progress order is kept no longer."""
+        self._progress_at.pop(message_id, None)
+
+    async def complete(
+        self, job: Job, result: Any, duration_ms: int, *, ref: PayloadRef | None = None
+    ) -> None:
+        """Answer the sender, then tell the coordinator (the result is already recorded)."""
+        answer = Result(**self._about(job.task), result=result, result_ref=ref)
+        await reply(self.broker, job.task, answer, sender=self._me)
+        shown = {"result_ref": msgspec.to_builtins(ref)} if ref else {"result": result}
+        await self.say(job, "completed", duration_ms=duration_ms, **shown)
+
+    async def report(self, job: Job, event: str, error: ErrorInfo) -> None:
+        """Tell the coordinator, which decides between retry and dead letter."""
+        detail = {"task": job.task, "error": error, "dispatched_at_ms": job.dispatched_ms}
+        await self.say(job, event, **detail)
+
+    async def say(self, job: Job, event: str, *, at_ms: int = 0, **detail: Any) -> None:
+        """An event about the job, as this agent, carrying the coordinator's grant back
+        (``at_ms``, when given, replaces the publisher's clock: progress keeps it rising)."""
+        if job.grant:
+            detail["grant"] = job.grant
+        said = event_for(job.task, event, agent_id=self._me, **detail)
+        if at_ms:
+            said = msgspec.structs.replace(said, at_ms=at_ms)
+        await emit(self.broker, said, sender=self._me)
+
+    async def undecodable(self, delivery: Delivery, exc: DecodeError) -> None:
+        """A dispatch that is not a task: the coordinator dead-letters it, from our report."""
+        log.warning("undecodable dispatch", subject=delivery.subject, error=str(exc))
+        message_id = envelopes.stable_id(
+            delivery.timestamp_ns, delivery.stream, delivery.stream_seq
+        )
+        stub = Task(v=1, message_id=message_id, trace_id=message_id, topic=envelopes.INVALID_TOPIC)
+        event = event_for(
+            stub,
+            "failed",
+            agent_id=self._me,
+            error=ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False),
+            **reported_raw(delivery.data),
+            headers=dict(delivery.headers),
+        )
+        await emit(self.broker, event, sender=self._me)
+
+    def _about(self, task: Task) -> dict[str, Any]:
+        """An agent's answer: from this agent, to the task's sender."""
+        return about(task, from_agent=self._me, to_agent=task.from_agent)
