@@ -149,10 +149,11 @@ async def replay(
         )
     if not force and (settling := await settling_of(broker, letter)):
         raise _settled_refusal(letter, settling[-1])
+    to_topic = topic or original.topic
     task = msgspec.structs.replace(
         original,
-        message_id=new_id() if force else _replay_id_of(letter),
-        topic=topic or original.topic,
+        message_id=new_id() if force else _replay_id_of(letter, to_topic),
+        topic=to_topic,
         attempt=1,
         to_agent=None,
         ttl_ms=ttl_ms or envelopes.DEFAULT_TTL_MS,
@@ -172,9 +173,13 @@ async def replay(
     return task
 
 
-def _replay_id_of(letter: DeadLetter) -> str:
-    caller = letter.envelope.caller if letter.envelope is not None else None
-    return replay_id(letter.at_ms, caller, letter.message_id, letter.replays)
+def _replay_id_of(letter: DeadLetter, to_topic: str) -> str:
+    """The letter's replay id; sent to another topic, another message of its own: one that
+    is deduplicated against a replay to the task's topic would not run where it was sent."""
+    envelope = letter.envelope
+    caller = envelope.caller if envelope is not None else None
+    other = to_topic if envelope is not None and to_topic != envelope.topic else None
+    return replay_id(letter.at_ms, caller, letter.message_id, letter.replays, to_topic=other)
 
 
 async def resolve(

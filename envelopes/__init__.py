@@ -43,6 +43,7 @@ from agentreach.envelopes.executions import (
     Execution,
     execution_key,
     executions_of,
+    executions_of_any_caller,
     is_expiry_fence,
 )
 from agentreach.envelopes.ids import new_id, replay_id, stable_id, unix_ms_of
@@ -155,6 +156,7 @@ __all__ = [
     "encode",
     "execution_key",
     "executions_of",
+    "executions_of_any_caller",
     "headers",
     "is_envelope",
     "is_expiry_fence",

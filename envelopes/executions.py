@@ -50,6 +50,11 @@ def executions_of(caller: str | None, message_id: str) -> str:
     return f"{caller or NO_CALLER}.{message_id}.*"
 
 
+def executions_of_any_caller(message_id: str) -> str:
+    """The keys of every agent's record of ``message_id``, whoever sent it (a KV pattern)."""
+    return f"*.{message_id}.*"
+
+
 def is_expiry_fence(record: Execution, attempt: int) -> bool:
     """Whether ``record`` ends ``attempt`` as expired: the *expiry fence* that whoever ended
     the task (its agent's report, or the coordinator's pass over the queues) wrote. No

@@ -25,14 +25,19 @@ def stable_id(timestamp_ns: int, *parts: object) -> str:
     return _uuid7(timestamp_ns // 1_000_000, int.from_bytes(digest))
 
 
-def replay_id(at_ms: int, caller: str | None, message_id: str, replays: int) -> str:
+def replay_id(
+    at_ms: int, caller: str | None, message_id: str, replays: int, *, to_topic: str | None = None
+) -> str:
     """The message id of the one unforced replay of a dead letter (protocol §15.2): a UUIDv7
     whose time is the letter's ``at_ms`` and whose random bits are the first 80 of the
     SHA-256 of ``reach-replay``, ``caller`` (empty without one), ``message_id`` and the
-    letter's ``replays``, NUL-separated, in UTF-8. Any worker, in any language, computes the
-    same id for the same letter, so replays of it that race are one message."""
-    text = "\x00".join(("reach-replay", caller or "", message_id, str(replays)))
-    digest = hashlib.sha256(text.encode()).digest()[:10]
+    letter's ``replays`` (and ``to_topic``, for a replay to another topic than the task's),
+    NUL-separated, in UTF-8. Any worker, in any language, computes the same id for the same
+    letter, so replays of it that race are one message; one sent elsewhere is another."""
+    parts = ["reach-replay", caller or "", message_id, str(replays)]
+    if to_topic is not None:
+        parts.append(to_topic)
+    digest = hashlib.sha256("\x00".join(parts).encode()).digest()[:10]
     return _uuid7(at_ms, int.from_bytes(digest))
 
 

@@ -15,7 +15,15 @@ import structlog
 from agentreach.broker import Broker, Bucket, Entry
 from agentreach.broker.lifecycle import about, agent_event, emit, event_for, reply
 from agentreach.coordinator.protection.grants import Grants
-from agentreach.envelopes import Execution, Result, Task, executions_of, now_ms, stable_id
+from agentreach.envelopes import (
+    Execution,
+    Result,
+    Task,
+    executions_of,
+    executions_of_any_caller,
+    now_ms,
+    stable_id,
+)
 
 log = structlog.get_logger("coordinator.run_once")
 
@@ -57,7 +65,7 @@ class RunOnce:
 
     async def records(self, task: Task) -> list[Execution]:
         """Every agent's record of ``task``'s message that its seal vouches for."""
-        found = await (await self._records()).matching(executions_of(task.caller, task.message_id))
+        found = await (await self._records()).matching(_keys_of(task))
         records = []
         for key, entry in found.items():
             if self._grants.sealed(entry.value, key):
@@ -90,6 +98,16 @@ class RunOnce:
             names = self._broker.names
             self._bucket = await self._broker.bucket(names.executions_bucket, Execution)
         return self._bucket
+
+
+def _keys_of(task: Task) -> str:
+    """A replay's records whoever sent it: a replay of a letter made again, by another
+    replayer, after the first stopped before recording it (a worker as itself, then an
+    operator bare) is the same message (its id is the letter's replay id) and must not run
+    twice. Any other message: its sender's alone (one caller's id never meets another's)."""
+    if task.replay_of is not None:
+        return executions_of_any_caller(task.message_id)
+    return executions_of(task.caller, task.message_id)
 
 
 def verdict_of(records: list[Execution], *, until_ms: int | None = None) -> Verdict:
@@ -138,10 +156,11 @@ async def answer_from_record(broker: Broker, task: Task, record: Execution) -> N
     """The message ran already (a republish, a retry or a redelivery after its result was
     recorded): its stored result answers, and nothing runs again."""
     log.info("ran already; answering from its record", agent_id=record.agent_id)
-    answer = Result(
-        **about(task, from_agent=record.agent_id),
-        result=record.result,
-        result_ref=record.result_ref,
-    )
-    await reply(broker, task, answer)
+    if record.caller == task.caller:  # a stored result answers only its own sender
+        answer = Result(
+            **about(task, from_agent=record.agent_id),
+            result=record.result,
+            result_ref=record.result_ref,
+        )
+        await reply(broker, task, answer)
     await emit(broker, event_for(task, "answered_from_record", agent_id=record.agent_id))

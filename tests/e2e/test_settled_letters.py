@@ -14,7 +14,7 @@ from agentreach.agents.letters import SETTLING, letter_state, replay, resolve, s
 from agentreach.broker import consumer_state, read_stream
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.dashboard import Board, History
-from agentreach.envelopes import DeadLetter, Task, replay_id
+from agentreach.envelopes import DeadLetter, Task, decode_task, replay_id
 from tests.cli.conftest import reach_argv, run
 from tests.support import eventually, until_true
 
@@ -163,3 +163,79 @@ async def test_a_letter_stays_settled_after_its_trace_expires(broker, watcher):
     async with CompensationWorker("month-later", replay_everything).running(broker=broker):
         await _drained(broker, "month-later")
     assert handed == ["old-open"]
+
+
+async def _replayed_without_record(broker, letter: DeadLetter, sender: str | None) -> Task:  # type: ignore[no-untyped-def]
+    """A replay whose replayer stopped before recording ``replayed``: published, no more."""
+    with pytest.MonkeyPatch.context() as patch:
+
+        async def crashed(*args: object, **kwargs: object) -> None:
+            raise asyncio.CancelledError  # the process ends here
+
+        patch.setattr("agentreach.agents.letters.record_settling", crashed)
+        with pytest.raises(asyncio.CancelledError):
+            await replay(broker, letter, sender=sender)
+    names = broker.names
+    stored = await read_stream(broker, names.tasks_stream, names.task(letter.topic, sender))
+    return decode_task(stored[-1].data)
+
+
+async def test_a_replay_made_again_by_another_replayer_after_the_dedup_window_runs_once(
+    broker, coordinator, watcher
+):
+    """A worker replays a letter as itself and stops before recording it; past the stream's
+    dedup window an operator replays the letter, still open, bare. Same replay id, another
+    caller: the run-once record of the first answers it, and the task does not run again
+    (it ran twice: each caller's records were their own)."""
+    names = broker.names
+    info = await broker.js.stream_info(names.tasks_stream)
+    info.config.duplicate_window = 0.5  # the 2 minutes, shortened
+    await broker.js.update_stream(info.config)
+    letter = await _letter(broker, "twice-replayed")
+    runs: list[str] = []
+    agent = Agent("chore-runner", startup_delay=0)
+
+    @agent.handler("chores")
+    async def chores(ctx: TaskContext, payload: object) -> str:
+        runs.append(ctx.message_id)
+        return "done"
+
+    async with agent.running(broker=broker):
+        first = await _replayed_without_record(broker, letter, sender="ops-worker")
+        await watcher.event("completed", message_id=first.message_id)
+        assert letter_state(await settling_of(broker, letter)) == "open"
+        await asyncio.sleep(0.6)  # past the shortened dedup window
+        again = await replay(broker, letter)  # an operator: bare, no caller
+        assert again.message_id == first.message_id
+        await watcher.event("answered_from_record", message_id=again.message_id)
+    assert runs == [first.message_id]
+
+
+async def test_a_replay_to_another_topic_is_a_message_of_its_own(broker, coordinator, watcher):
+    """A letter replayed to its topic (the replayer stopped before recording it), then sent
+    by a person to another topic: the second is not the first's duplicate (it was dropped
+    by the stream, and recorded as replayed there all the same), and runs where sent."""
+    letter = await _letter(broker, "redirected")
+    runs: list[tuple[str, str]] = []
+    agent = Agent("chore-runner", startup_delay=0)
+
+    @agent.handler("chores")
+    async def chores(ctx: TaskContext, payload: object) -> str:
+        runs.append(("chores", ctx.message_id))
+        return "done"
+
+    @agent.handler("review")
+    async def review(ctx: TaskContext, payload: object) -> str:
+        runs.append(("review", ctx.message_id))
+        return "reviewed"
+
+    async with agent.running(broker=broker):
+        first = await _replayed_without_record(broker, letter, sender=None)
+        redirected = await replay(broker, letter, topic="review")
+        assert redirected.message_id != first.message_id
+        assert redirected.message_id == replay_id(
+            letter.at_ms, None, "redirected", 0, to_topic="review"
+        )
+        for message_id in (first.message_id, redirected.message_id):
+            await watcher.event("completed", message_id=message_id)
+    assert sorted(runs) == [("chores", first.message_id), ("review", redirected.message_id)]

@@ -224,3 +224,6 @@ def test_a_replay_id_follows_the_protocols_recipe():
         envelopes.replay_id(1_764_720_000_000, "alice", letter_id, 1),
     }
     assert made not in others and len(others) == 4
+    # Sent to another topic than the task's: the topic is a fifth part.
+    elsewhere = envelopes.replay_id(1_764_720_000_000, "alice", letter_id, 0, to_topic="review")
+    assert elsewhere == "019ae182-3c00-7951-8f7b-f2655ab13b61"
