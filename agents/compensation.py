@@ -21,14 +21,21 @@ from agentreach.broker import Auth, Broker, BrokerError, Delivery, Names, PullCo
 from agentreach.broker.connection import connected
 from agentreach.broker.consume import ConsumerSpec, bind
 from agentreach.broker.tasks import cancel_and_wait
-from agentreach.envelopes import DeadLetter, DecodeError, Task
+from agentreach.envelopes import DEAD_LETTER_REASONS, DeadLetter, DecodeError, Task, is_token
 from agentreach.errors import ReachError
 from agentreach.logs import get_logger
 
 log = get_logger("agents.compensation")
 
 DeadLetterHandler = Callable[[DeadLetter, "Compensation"], Awaitable[None]]
-RETRY_DELAY_S = 5.0
+RETRY_DELAY_S = 5.0  # after a handler's first failure; doubled after each next one
+RETRY_DELAY_CAP_S = 300.0
+
+
+def retry_delay_s(tries: int) -> float:
+    """When a letter whose handler failed ``tries`` times comes back: 5 s, 10 s, 20 s …
+    up to 5 min (a handler that always fails is not called every 5 s for good)."""
+    return min(RETRY_DELAY_CAP_S, RETRY_DELAY_S * 2 ** max(0, tries - 1))
 
 
 class Compensation:
@@ -115,6 +122,11 @@ class CompensationWorker:
         many replays may lead to a task ``comp.replay`` replays again."""
         if isinstance(max_replays, bool) or not isinstance(max_replays, int) or max_replays < 0:
             raise AgentConfigError(f"max_replays={max_replays!r}: expected an int ≥ 0")
+        if not is_token(name):
+            raise AgentConfigError(
+                f"worker name {name!r}: use 1-128 letters, digits, '_' or '-' (it names the"
+                " worker's durable consumer, compensation-NAME)"
+            )
         self.max_replays = max_replays
         self.name = name
         self.include_handled = include_handled
@@ -125,6 +137,17 @@ class CompensationWorker:
         self.topics = tuple(topics)
         if not self.reasons or not self.topics:
             raise ReachError("a CompensationWorker needs at least one reason and one topic")
+        for reason in self.reasons:
+            if reason != "*" and reason not in DEAD_LETTER_REASONS:
+                # A routing rule's `dlq:` may name a reason of its own: said, not refused.
+                log.warning(
+                    "the coordinator dead-letters with no such reason; only a routing rule"
+                    " naming it in `dlq:` would (circuit_open, rate_limited, a handler's"
+                    " error type … arrive as `rejected` or `retries_exhausted`: see"
+                    " letter.error.type)",
+                    reason=reason,
+                    reasons=DEAD_LETTER_REASONS,
+                )
 
     @contextlib.asynccontextmanager
     async def running(
@@ -185,7 +208,7 @@ class CompensationWorker:
             return
         if not self.include_settled:
             try:
-                settled = await self._settled(letter, compensation.broker)
+                settled = await self._settled(letter, msg, compensation.broker)
             except BrokerError as exc:  # unknown yet: not handed over, and not dropped
                 log.warning("cannot read the dead letter's state", error=str(exc))
                 await msg.nak(RETRY_DELAY_S)
@@ -223,17 +246,35 @@ class CompensationWorker:
             await msg.ack()
             return
         except Exception:  # the entry stays; a fix or a later try may succeed
-            log.exception("compensation handler failed", message_id=letter.message_id)
-            await msg.nak(RETRY_DELAY_S)
+            retry_in_s = retry_delay_s(msg.num_delivered)
+            log.exception(
+                "compensation handler failed",
+                message_id=letter.message_id,
+                tries=msg.num_delivered,
+                retry_in_s=retry_in_s,
+            )
+            await msg.nak(retry_in_s)
             return
         await msg.ack()
 
-    async def _settled(self, letter: DeadLetter, broker: Broker) -> bool:
-        """Whether the letter was replayed or resolved already; logged when it was."""
+    async def _settled(self, letter: DeadLetter, msg: Delivery, broker: Broker) -> bool:
+        """Whether the letter was replayed or resolved already, by another than this worker
+        or in a handler call that returned; logged when it was."""
         settling = await settling_of(broker, letter)
         if not settling:
             return False
         last = settling[-1]
+        if msg.num_delivered > 1 and last.detail.get("by") == self.name:
+            # Settled by this worker in a handler call that raised or did not end (it was
+            # not acknowledged): called again, to do the steps after (its replay returns the
+            # one it made, nothing is sent twice).
+            log.info(
+                "dead letter handed over again: this worker settled it in a call that did not"
+                " finish",
+                message_id=letter.message_id,
+                state=last.event,
+            )
+            return False
         log.info(
             "dead letter skipped, it is settled already",
             message_id=letter.message_id,

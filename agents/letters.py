@@ -129,7 +129,9 @@ async def replay(
     once; a forced replay is a message of its own. Refused (:class:`ReplayLimitReached`)
     when ``max_replays`` replays led to the task already, unless ``force``;
     :class:`LetterSettled` when it was replayed or resolved already (its task would run
-    again), unless ``force``."""
+    again), unless ``force``, or unless ``sender`` itself replayed it so already: then that
+    replay is returned, nothing is sent (a worker's handler that raised after its replay is
+    called again, and goes on to its next step)."""
     if letter.envelope is None:
         raise NothingToReplay(
             f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay:"
@@ -147,12 +149,17 @@ async def replay(
             replays=original.replays,
             max_replays=max_replays,
         )
-    if not force and (settling := await settling_of(broker, letter)):
-        raise _settled_refusal(letter, settling[-1])
     to_topic = topic or original.topic
+    replay_of_letter = _replay_id_of(letter, to_topic)
+    again = False
+    if not force and (settling := await settling_of(broker, letter)):
+        last = settling[-1]
+        again = sender is not None and _replayed_as(last, sender, replay_of_letter)
+        if not again:
+            raise _settled_refusal(letter, last)
     task = msgspec.structs.replace(
         original,
-        message_id=new_id() if force else _replay_id_of(letter, to_topic),
+        message_id=new_id() if force else replay_of_letter,
         topic=to_topic,
         attempt=1,
         to_agent=None,
@@ -164,6 +171,8 @@ async def replay(
         created_at=now_ms(),
         received_ms=0,  # a new message: its reach latency starts at its own intake
     )
+    if again:  # its replay, made by this very worker in a run that did not finish
+        return task
     await broker.publish(
         broker.names.task(task.topic, sender), envelopes.encode(task), headers=h.task_headers(task)
     )
@@ -171,6 +180,15 @@ async def replay(
     done = {"replayed_as": task.message_id, "topic": task.topic, "replays": task.replays, "by": by}
     await record_settling(broker, letter, "replayed", sender=sender, **done)
     return task
+
+
+def _replayed_as(last: Event, sender: str, message_id: str) -> bool:
+    """Whether ``last`` records ``sender``'s replay of the letter as ``message_id``."""
+    return (
+        last.event == "replayed"
+        and last.detail.get("by") == sender
+        and last.detail.get("replayed_as") == message_id
+    )
 
 
 def _replay_id_of(letter: DeadLetter, to_topic: str) -> str:

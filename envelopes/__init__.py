@@ -50,6 +50,7 @@ from agentreach.envelopes.ids import new_id, replay_id, stable_id, unix_ms_of
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
 from agentreach.envelopes.manual import ManualItem, ManualStatus
 from agentreach.envelopes.messages import (
+    DEAD_LETTER_REASONS,
     DEFAULT_TTL_MS,
     INVALID_TOPIC,
     MAX_TTL_MS,
@@ -93,6 +94,7 @@ from agentreach.envelopes.schema import all_schemas, json_schema
 
 __all__ = [
     "AGENT_EVENTS",
+    "DEAD_LETTER_REASONS",
     "DEFAULT_TTL_MS",
     "EVENT_DETAILS",
     "INVALID_TOPIC",

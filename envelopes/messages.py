@@ -233,6 +233,18 @@ class WorkflowStep(msgspec.Struct, frozen=True, kw_only=True):
     handled: bool = True
 
 
+# The reasons the coordinator dead-letters with (a routing rule's `dlq:` may name others).
+DEAD_LETTER_REASONS = (
+    "expired",
+    "retries_exhausted",
+    "no_route",
+    "rejected",
+    "invalid_envelope",
+    "workflow_failed",
+    "poison",
+)
+
+
 class DeadLetter(_Base, frozen=True, kw_only=True, tag="dead_letter"):
     """A message that will not complete, with everything a worker needs to act.
 

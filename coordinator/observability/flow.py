@@ -26,7 +26,6 @@ from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.observability.labels import (
     ALERT_PROBLEMS,
     BREAKER_EVENTS,
-    DEAD_LETTER_REASONS,
     FOLDED,
     OTHER_PROBLEM,
     OTHER_TOPIC,
@@ -37,6 +36,7 @@ from agentreach.coordinator.observability.labels import (
 )
 from agentreach.coordinator.observability.once import Ends
 from agentreach.envelopes import (
+    DEAD_LETTER_REASONS,
     PRIORITIES,
     DecodeError,
     Event,

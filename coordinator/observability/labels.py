@@ -1,20 +1,11 @@
 """The label values of the flow metrics that are known before any event: the closed sets
-(outcomes, rejection kinds, alert problems, event kinds...) that the series are created
-with at 0, and the label of a topic nobody serves."""
+(rejection kinds, alert problems, event kinds...; the outcomes are the dead-letter reasons of
+``envelopes.DEAD_LETTER_REASONS``) that the series are created with at 0, and the label of a
+topic nobody serves."""
 
 from __future__ import annotations
 
 OTHER_TOPIC = "_other"  # topics nobody serves: anyone may publish to reach.task.<anything>
-# The reasons the coordinator dead-letters with (a routing rule's `dlq:` may name others).
-DEAD_LETTER_REASONS = (
-    "expired",
-    "retries_exhausted",
-    "no_route",
-    "rejected",
-    "invalid_envelope",
-    "workflow_failed",
-    "poison",
-)
 WORKFLOW_STATUSES = ("completed", "failed", "cancelled")
 REJECTIONS = ("backpressure", "rate_limited", "circuit_open")
 QUOTA = "quota"  # the rejection kind of a caller over its quota: `rejected`, no dead letter

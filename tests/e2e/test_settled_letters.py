@@ -239,3 +239,34 @@ async def test_a_replay_to_another_topic_is_a_message_of_its_own(broker, coordin
         for message_id in (first.message_id, redirected.message_id):
             await watcher.event("completed", message_id=message_id)
     assert sorted(runs) == [("chores", first.message_id), ("review", redirected.message_id)]
+
+
+async def test_a_handler_that_raised_after_its_replay_is_called_again_and_replays_nothing(
+    broker, coordinator, watcher, monkeypatch
+):
+    """A handler replays, then its next step fails (a notification): the letter comes back
+    to it, settled by this very worker, and is handed over again (it was skipped as settled,
+    its next step lost); its replay returns the one it made, and the task runs once."""
+    monkeypatch.setattr("agentreach.agents.compensation.RETRY_DELAY_S", 0.2)
+    await _letter(broker, "notify-after")
+    runs: list[str] = []
+    replays: list[str] = []
+    agent = Agent("chore-runner", startup_delay=0)
+
+    @agent.handler("chores")
+    async def chores(ctx: TaskContext, payload: object) -> str:
+        runs.append(ctx.message_id)
+        return "done"
+
+    async def replay_then_notify(letter: DeadLetter, comp: Compensation) -> None:
+        replays.append((await comp.replay(letter)).message_id)
+        if len(replays) == 1:
+            raise RuntimeError("the notification service is down")
+
+    worker = CompensationWorker("notifier", replay_then_notify)
+    async with agent.running(broker=broker), worker.running(broker=broker):
+        await _drained(broker, "notifier")
+        await watcher.event("completed", message_id=replays[0])
+    assert replays == [replays[0]] * 2
+    assert runs == [replays[0]]
+    assert watcher.count("replayed") == 1

@@ -15,8 +15,7 @@ from agentreach.coordinator import Coordinator, CoordinatorConfig, RateLimits
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.coordinator.observability.http import HttpError
-from agentreach.coordinator.observability.labels import DEAD_LETTER_REASONS
-from agentreach.envelopes import PRIORITIES, Event, RateLimit, Task
+from agentreach.envelopes import DEAD_LETTER_REASONS, PRIORITIES, Event, RateLimit, Task
 from tests.conftest import FAST
 from tests.scrape import http_get, scrape, total
 from tests.support import Watcher, until_true

@@ -1,0 +1,35 @@
+"""A CompensationWorker's set-up checks and its pace after a handler fails."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from agentreach.agents import CompensationWorker
+from agentreach.agents.compensation import retry_delay_s
+from agentreach.agents.errors import AgentConfigError
+
+
+async def _nothing(letter, comp) -> None:  # type: ignore[no-untyped-def]
+    pass
+
+
+def test_a_handler_that_keeps_failing_is_called_ever_less_often():
+    assert [retry_delay_s(n) for n in (1, 2, 3, 4)] == [5, 10, 20, 40]
+    assert retry_delay_s(30) == 300  # at most every 5 minutes
+
+
+def test_a_name_that_cannot_name_a_consumer_is_refused_at_once():
+    """It failed only in running(), with nats-py's `invalid consumer name`."""
+    with pytest.raises(AgentConfigError, match=r"worker name 'bad name\.x'"):
+        CompensationWorker("bad name.x", _nothing)
+
+
+def test_a_reason_the_coordinator_never_gives_is_said():
+    """`circuit_open` is an error type (its letters are `rejected`): a worker filtered on it
+    would wait for ever, without a word."""
+    with capture_logs() as logs:
+        CompensationWorker("w", _nothing, reasons=["circuit_open", "expired"])
+    said = [line for line in logs if line.get("reason") == "circuit_open"]
+    assert len(said) == 1 and said[0]["log_level"] == "warning"
+    assert not [line for line in logs if line.get("reason") == "expired"]
