@@ -33,6 +33,11 @@ export interface AgentOptions {
   ackWaitMs?: number;
   /** The dispatch consumers' max deliveries (default 5). */
   maxDeliver?: number;
+  /**
+   * How long `stop()` lets running handlers finish (default 10 000) before it aborts their
+   * `ctx.signal`: keep it under the container's grace period.
+   */
+  drainTimeoutMs?: number;
   /** How fast the coordinator may send work, written on the card. */
   rateLimit?: RateLimit | null;
   /** Subject prefix (default `reach`). */
@@ -88,6 +93,7 @@ export class Agent {
   readonly startupDelayMs: number;
   readonly ackWaitMs: number;
   readonly maxDeliver: number;
+  readonly drainTimeoutMs: number;
   readonly claimCheckBytes: number;
   readonly rateLimit: RateLimit | null;
   readonly names: Names;
@@ -122,6 +128,7 @@ export class Agent {
     }
     this.ackWaitMs = positive("ackWaitMs", options.ackWaitMs ?? 10_000);
     this.maxDeliver = options.maxDeliver ?? 5;
+    this.drainTimeoutMs = positive("drainTimeoutMs", options.drainTimeoutMs ?? 10_000);
     if (!Number.isInteger(this.maxDeliver) || this.maxDeliver < 1) {
       throw new AgentConfigError(`maxDeliver must be a whole number of at least 1, got ${this.maxDeliver}`);
     }
@@ -259,6 +266,7 @@ export class Agent {
         startupDelayMs: this.startupDelayMs,
         ackWaitMs: this.ackWaitMs,
         maxDeliver: this.maxDeliver,
+        drainTimeoutMs: this.drainTimeoutMs,
         handlers: this.handlers,
         card: () => this.card(),
         capacity: this.capacity,

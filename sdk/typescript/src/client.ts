@@ -1,5 +1,6 @@
 /** `ReachClient`: send tasks to agents and wait for their results, from any Node.js program. */
 
+import { ErrorCode } from "nats";
 import type { NatsError, Subscription } from "nats";
 
 import { budgetOf, taskOf } from "./arguments.js";
@@ -8,7 +9,7 @@ import { encode, MAX_MS, newId, nowMs, taskHeaders, TOKEN } from "./codec.js";
 import { Connection } from "./connection.js";
 import { coordinatorRuns, NO_COORDINATOR, PublishWarnings } from "./coordinatorstatus.js";
 import { endingOf, OthersMessage, Traces } from "./endings.js";
-import { BacklogFull, DeadlineExceeded, InvalidArgument, InvokeError, NotAcknowledged, NotProvisioned, ReachError } from "./errors.js";
+import { BacklogFull, DeadlineExceeded, InvalidArgument, InvokeError, NotAcknowledged, NotProvisioned, NotStored, ReachError } from "./errors.js";
 import { aborted, Ending, idsOf, othersMessage, outcomeOf, waitForResult } from "./invocation.js";
 import type { OnAck, OnProgress, Outcome } from "./invocation.js";
 import { jsonLogger } from "./log.js";
@@ -177,7 +178,7 @@ export class ReachClient {
         return !ack.duplicate;
       } catch (err) {
         const refused = refusedPublish(err, stowed, subject, this.caller);
-        if (!(refused instanceof BacklogFull) || performance.now() + pauseMs > giveUpAt) throw refused ?? err;
+        if (!(refused instanceof BacklogFull) || performance.now() + pauseMs > giveUpAt) throw refused ?? notStored(err, stowed);
       }
       await sleep(pauseMs); // room comes as the coordinator takes the backlog
     }
@@ -220,7 +221,7 @@ export class ReachClient {
       ttlMs: options.ttlMs ?? Math.min(budget.ack_ms + budget.execute_ms, MAX_MS),
       budget,
     });
-    if (options.signal?.aborted) throw aborted(task, options.signal);
+    if (options.signal?.aborted) throw aborted(task, options.signal, false);
     // Made before the box is subscribed: a reconnect from then on may lose a reply.
     const ending = new Ending(this.conn, this.traces, task.message_id);
     const box = new ReplyBox(boxSubject, task.message_id, this.log);
@@ -320,6 +321,19 @@ const ROOM_PAUSE_FIRST_MS = 50;
 const ROOM_PAUSE_CAP_MS = 1_000;
 
 /** The SDK's own error for a task the server did not take, or null for any other failure. */
+/** A write that failed otherwise: typed, with the ids to send it again under. */
+function notStored(err: unknown, task: Task): Error {
+  if (err instanceof ReachError) return err;
+  const ids = { messageId: task.message_id, traceId: task.trace_id };
+  const code = (err as NatsError | null)?.code;
+  if (code === ErrorCode.Timeout || code === "503") {
+    const why = "JetStream did not answer within 15 s (a server restart, a leader election, most of a cluster down)";
+    const how = `send it again with messageId ${task.message_id}: the stream and the agents keep it one message`;
+    return new NotStored(`'${task.topic}' may not have been stored: ${why}; ${how}`, ids, { cause: err });
+  }
+  return new InvokeError(`'${task.topic}' was not sent: ${String(err)}`, ids, { cause: err });
+}
+
 function refusedPublish(err: unknown, task: Task, subject: string, caller: string): InvokeError | null {
   const failure = err as NatsError | null;
   const ids = { messageId: task.message_id, traceId: task.trace_id };

@@ -25,6 +25,11 @@ export const WRONG_LAST_SEQUENCE = [10071, 10164];
 // The server is not there (yet): worth waiting for.
 const WAITABLE = new Set<string>([ErrorCode.ConnectionRefused, ErrorCode.ConnectionTimeout, ErrorCode.Timeout]);
 const WAIT_FIRST_MS = 1_000;
+/** Above the slowest election seen (8.6 s), with room for a reconnect (as the Python SDK). */
+const ELECTION_BUDGET_MS = 15_000;
+const RETRY_FIRST_MS = 100;
+const RETRY_CAP_MS = 1_000;
+const MSG_ID = "Nats-Msg-Id";
 const WAIT_CAP_MS = 30_000;
 
 /** 1, 2, 4 … s, capped at 30 s, ± 20 %: how long the n-th wait (from 0) lasts. */
@@ -162,8 +167,37 @@ export class Connection {
    * JetStream publish; a `Nats-Msg-Id` header makes the stream drop duplicates (the
    * acknowledgement then says `duplicate`).
    */
-  publish(subject: string, data: Uint8Array, headers: Record<string, string> = {}): Promise<PubAck> {
-    return this.js.publish(subject, data, { headers: toHeaders(headers), timeout: this.requestTimeoutMs });
+  async publish(subject: string, data: Uint8Array, headers: Record<string, string> = {}): Promise<PubAck> {
+    // While a server restarts or the stream's leader is being elected, nobody answers: the
+    // write is made again, for up to ELECTION_BUDGET_MS. One that timed out may have been
+    // stored: made again only with a Nats-Msg-Id, which makes the stream drop the copy.
+    const giveUpAt = performance.now() + ELECTION_BUDGET_MS;
+    for (let pauseMs = RETRY_FIRST_MS; ; pauseMs = Math.min(pauseMs * 2, RETRY_CAP_MS)) {
+      try {
+        return await this.js.publish(subject, data, { headers: toHeaders(headers), timeout: this.requestTimeoutMs });
+      } catch (err) {
+        const again = performance.now() + pauseMs < giveUpAt && (await this.unanswered(err, subject, MSG_ID in headers));
+        if (!again) throw err;
+      }
+      await sleep(pauseMs * (0.5 + Math.random() / 2));
+    }
+  }
+
+  /**
+   * Whether a failed write is worth making again: a timeout (when the copy would be
+   * dropped), or no responder while a stream does capture the subject (a leader election:
+   * without a stream, the caller says "not provisioned" at once).
+   */
+  private async unanswered(err: unknown, subject: string, deduplicated: boolean): Promise<boolean> {
+    const code = (err as NatsError | null)?.code;
+    if (code === ErrorCode.Timeout) return deduplicated;
+    if (code !== "503" || (err as NatsError).api_error) return false;
+    try {
+      await this.jsm.streams.find(subject);
+      return true;
+    } catch (found) {
+      return (found as NatsError | null)?.code === ErrorCode.Timeout; // nobody can tell yet
+    }
   }
 
   /** Core NATS publish (replies to an inbox). */

@@ -11,6 +11,9 @@
  * ├── InvalidArgument       a ReachClient call got a wrong argument; nothing was sent
  * ├── ConnectError          ReachClient.connect() reached no NATS server (`cause`: why)
  * └── InvokeError           ReachClient.invoke() did not get a result (`messageId`, `traceId`)
+ *     ├── NotProvisioned    no stream takes tasks on this server: nothing was sent
+ *     ├── BacklogFull       the intake kept no room for the task for its whole ttl: not sent
+ *     ├── NotStored         JetStream did not answer (a restart, an election): maybe stored
  *     ├── NotAcknowledged   no agent accepted the task within the ack deadline (it stays queued)
  *     ├── DeadlineExceeded  accepted, but no result within the execute deadline
  *     ├── InvokeAborted     the caller's AbortSignal fired (the task goes on)
@@ -100,6 +103,16 @@ export class NotProvisioned extends InvokeError {
  */
 export class BacklogFull extends InvokeError {
   override name = "BacklogFull";
+}
+
+/**
+ * JetStream did not take the task within its election budget (15 s): the server restarts, the
+ * stream's leader is being elected, most of a cluster's nodes are down. It may have been
+ * stored (a write whose answer was lost): send it again with this error's `messageId`, which
+ * the stream and the agents' run-once records keep one message, never under a new id.
+ */
+export class NotStored extends InvokeError {
+  override name = "NotStored";
 }
 
 /**

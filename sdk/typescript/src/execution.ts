@@ -25,8 +25,11 @@ import { Reports } from "./reports.js";
 import type { Capacity, Task } from "./types.js";
 
 const SEAL_HEADER = "Reach-Seal"; // copied into this agent's execution record of the attempt
-/** Another delivery of the message holds its claim and runs it: neither ack nor nak this one. */
-const ELSEWHERE = Symbol("elsewhere");
+/**
+ * Neither ack nor nak this delivery: another delivery of the message holds its claim and
+ * runs it, or this process stopped before the handler ended (the task is delivered again).
+ */
+const LEAVE = Symbol("leave");
 
 /** A handler: `(ctx, payload) => result`, sync or async. */
 export type Handler<P = any, R = unknown> = (ctx: TaskContext, payload: P) => R | Promise<R>;
@@ -64,6 +67,8 @@ export class Executor {
   private readonly room: Room;
   private readonly log: Logger;
   private readonly aborts = new Set<AbortController>();
+  /** Set once the agent stops with handlers still running (their `ctx.signal` aborted). */
+  private stoppedWith: Error | null = null;
   private readonly reports: Reports;
 
   constructor(
@@ -80,8 +85,13 @@ export class Executor {
     this.reports = new Reports(conn, options.agentId, options.log);
   }
 
-  /** Tell every running handler (through `ctx.signal`) that it is out of time. */
+  /**
+   * The agent stops: tell every running handler (through `ctx.signal`). A handler that fails
+   * from now on failed for the stop, not for its task: that is not recorded, and its task is
+   * delivered again (one that returns a result still has it recorded).
+   */
   abortAll(reason: Error): void {
+    this.stoppedWith = reason;
     for (const abort of this.aborts) abort.abort(reason);
   }
 
@@ -96,7 +106,7 @@ export class Executor {
       msg.ack();
       return;
     }
-    let retryInMs: number | null | typeof ELSEWHERE;
+    let retryInMs: number | null | typeof LEAVE;
     try {
       retryInMs = await this.execute(msg, task);
     } catch (err) {
@@ -104,16 +114,16 @@ export class Executor {
       this.log.warn("could not report task outcome, will see it again", { message_id: task.message_id, error: String(err) });
       retryInMs = 1_000;
     }
-    if (retryInMs === ELSEWHERE) return; // its ack is the other delivery's to give
+    if (retryInMs === LEAVE) return; // another delivery settles it, or a later process
     if (retryInMs === null) msg.ack();
     else msg.nak(retryInMs);
   }
 
   /**
-   * Run `task` at most once; returns when to see it again, null when done, or ELSEWHERE when
-   * another delivery of the message holds its claim.
+   * Run `task` at most once; returns when to see it again, null when done, or LEAVE when
+   * this delivery is not to be settled (see LEAVE).
    */
-  private async execute(msg: JsMsg, task: Task): Promise<number | null | typeof ELSEWHERE> {
+  private async execute(msg: JsMsg, task: Task): Promise<number | null | typeof LEAVE> {
     const agentId = this.agentId;
     const dispatchedMs = Math.floor(msg.info.timestampNanos / 1e6);
     const kept = this.records.unrecorded(task.message_id);
@@ -158,7 +168,7 @@ export class Executor {
     spec: HandlerSpec,
     dispatchedMs: number,
     leave: () => void,
-  ): Promise<number | null | typeof ELSEWHERE> {
+  ): Promise<number | null | typeof LEAVE> {
     const kept = this.records.unrecorded(task.message_id); // another delivery may have run it meanwhile
     if (kept !== undefined) {
       leave();
@@ -198,10 +208,17 @@ export class Executor {
     }
     if (!(await this.leaseHolds(task, claim, windowMs + LEASE_GRACE_MS))) {
       this.log.warn("claim taken over while this delivery was accepted; the other one runs", { message_id: task.message_id });
-      return ELSEWHERE;
+      return LEAVE;
     }
     const outcome = await this.run(msg, task, spec, claim);
     leave();
+    if (this.stoppedWith !== null && outcome.error !== undefined) {
+      this.log.warn("the agent stopped before the handler ended: nothing recorded, the task is delivered again", {
+        message_id: task.message_id,
+        error: outcome.error.message,
+      });
+      return LEAVE;
+    }
     await this.conclude(msg, task, outcome, dispatchedMs);
     return null;
   }

@@ -21,6 +21,7 @@ export {
   InvokeAborted,
   InvokeError,
   NotAcknowledged,
+  NotStored,
   NotProvisioned,
   PermanentError,
   ReachError,

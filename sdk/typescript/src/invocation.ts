@@ -155,9 +155,11 @@ export function othersMessage(err: OthersMessage, ids: MessageIds): Rejected {
   return new Rejected(error, "duplicate_id", ids);
 }
 
-export function aborted(task: Task, signal: AbortSignal | undefined): InvokeAborted {
+export function aborted(task: Task, signal: AbortSignal | undefined, sent = true): InvokeAborted {
   const ids = idsOf(task);
-  return new InvokeAborted(`stopped waiting for '${task.topic}': the signal was aborted (the task goes on)`, ids, {
+  const what = sent ? "stopped waiting for" : "did not send";
+  const then = sent ? "the task goes on" : "it was aborted before the call: nothing runs";
+  return new InvokeAborted(`${what} '${task.topic}': the signal was aborted (${then})`, ids, {
     cause: signal?.reason,
   });
 }

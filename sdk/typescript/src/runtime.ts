@@ -29,7 +29,6 @@ import type { AgentCard, Priority } from "./types.js";
 
 const FETCH_EXPIRES_MS = 1_000; // the client's minimum for a pull request
 const PRESENCE_CHECK_MS = 500;
-const DRAIN_TIMEOUT_MS = 10_000;
 const CONSUMER_EXISTS = 10148; // JetStream: a consumer of that name exists with other settings
 const CONSUMER_NOT_FOUND = 10014;
 const STREAM_NOT_FOUND = 10059;
@@ -46,6 +45,7 @@ export interface RuntimeConfig {
   startupDelayMs: number;
   ackWaitMs: number;
   maxDeliver: number;
+  drainTimeoutMs: number;
   handlers: Map<string, HandlerSpec>;
   card: () => AgentCard;
   capacity: number;
@@ -189,7 +189,7 @@ export class AgentRuntime {
     // Let each loop finish its current fetch: a pull request cut short would leave the
     // server delivering into a dead inbox, and that message would wait out the ack wait.
     await settleWithin(this.loops, FETCH_EXPIRES_MS * 2);
-    if (!(await settleWithin([...this.inFlight], DRAIN_TIMEOUT_MS))) {
+    if (!(await settleWithin([...this.inFlight], this.config.drainTimeoutMs))) {
       this.executor?.abortAll(new ReachError("the agent is stopping"));
       await settleWithin([...this.inFlight], LEASE_GRACE_MS);
     }

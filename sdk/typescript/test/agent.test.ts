@@ -794,6 +794,29 @@ describe("registration and liveness", () => {
     assert.equal(second.epoch, first.epoch + 1);
   });
 
+  it("does not record a failure its own stop caused: the task is delivered again and runs to its end", async () => {
+    const id = unique("ts-stopping");
+    const topic = unique("watchful");
+    const running = new Gate();
+    // maxAttempts 1: a failure recorded now would dead-letter the task.
+    const first = newAgent(id, { drainTimeoutMs: 200, ackWaitMs: 1_000 }).handler(topic, { maxAttempts: 1 }, async (ctx) => {
+      running.open();
+      await new Promise((_resolve, reject) => ctx.signal.addEventListener("abort", () => reject(ctx.signal.reason)));
+    });
+    await started(first);
+    const t = task(topic, null);
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t);
+    await running.opened;
+    await first.stop(); // the handler watches ctx.signal, as advised, and rejects
+    await started(newAgent(id).handler(topic, { maxAttempts: 1 }, () => ({ done: true })));
+    const ending = await replies.next((r) => r.kind === "result" || r.kind === "error", 15_000);
+    assert.deepEqual(ending.kind === "result" && ending.result, { done: true }, JSON.stringify(ending));
+    assert.equal(events.count((e) => e.event === "failed" || e.event === "dead_lettered"), 0);
+    replies.close();
+    events.close();
+  });
+
   it("gives up a start that is stopped during its startup delay, registering nothing", async () => {
     const id = unique("ts-early");
     const agent = newAgent(id, { startupDelayMs: 60_000 }).handler(unique("early"), () => null);

@@ -15,6 +15,7 @@ import type { Msg } from "nats";
 import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, TaskFailed } from "../src/index.js";
 import type { Ack, Progress, Task } from "../src/index.js";
 import { freePort, Gate, Relay, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
+import { sleep } from "../src/timing.js";
 import type { RestartableStack, SecuredStack, Stack } from "./harness.js";
 
 const quiet = { debug() {}, info() {}, warn() {}, error() {} };
@@ -359,6 +360,8 @@ describe("ReachClient on an open server", () => {
     assert.equal(await client.invoke(topic, null, { messageId: err.messageId }), "finished");
     const already = await rejection(client.invoke(topic, null, { signal: AbortSignal.abort() }));
     assert.ok(already instanceof InvokeAborted);
+    assert.match(already.message, /did not send .*nothing runs/); // it said "the task goes on"
+    assert.deepEqual(await client.status(already.messageId), []);
   });
 
   it("claim-checks a large payload into the Object Store and fetches a large result", async () => {
@@ -443,6 +446,24 @@ describe("ReachClient across a server restart", () => {
     await Promise.allSettled(agents.map((a) => a.stop()));
     await relay?.shut();
     await stack?.stop();
+  });
+
+  it("sends a task through a server away for longer than a request's timeout: written again, not a bare NatsError", async () => {
+    const topic = unique("patient");
+    const agent = newAgent(unique("ts-patient")).handler(topic, (_ctx, p: { n: number }) => ({ n: p.n }));
+    agents.push(agent);
+    await agent.start(stack.url);
+    const client = await ReachClient.connect(relay.url, { logger: quiet, name: "patient", requestTimeoutMs: 500 });
+    try {
+      await relay.shut();
+      const invokes = [0, 1, 2].map((n) => client.invoke(topic, { n }, { ackDeadlineMs: 20_000 }));
+      await sleep(1_500); // the outage: three request timeouts long
+      await relay.open();
+      const results = (await Promise.all(invokes)) as Array<{ n: number }>;
+      assert.deepEqual(results.map((r) => r.n).sort(), [0, 1, 2]);
+    } finally {
+      await client.close();
+    }
   });
 
   it("returns results sent while the caller was away within seconds of its return, not at the ttl or the ack deadline", async () => {
