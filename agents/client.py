@@ -19,6 +19,7 @@ from agentreach.agents.errors import (
     DeadlineExceeded,
     NotAcknowledged,
     NotProvisioned,
+    NotStored,
     Rejected,
 )
 from agentreach.agents.invocation import (
@@ -28,10 +29,20 @@ from agentreach.agents.invocation import (
     outcome_of,
     wait_for_result,
 )
-from agentreach.broker import Auth, Broker, ClaimCheck, Names, NoStreamError, SubjectFull, listen
+from agentreach.broker import (
+    Auth,
+    Broker,
+    BrokerError,
+    ClaimCheck,
+    Names,
+    NoStreamError,
+    SubjectFull,
+    listen,
+)
 from agentreach.broker.backpressure import publish_when_room
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
 from agentreach.broker.endings import OthersMessage, wait_for_ending
+from agentreach.broker.failover import unanswered
 from agentreach.broker.lifecycle import events_of_id
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.envelopes import (
@@ -161,6 +172,10 @@ class ReachClient:
             raise _not_provisioned(task, subject) from exc
         except SubjectFull as exc:
             raise _backlog_full(task, self.caller) from exc
+        except BrokerError as exc:
+            if unanswered(exc):
+                raise _not_stored(task, exc) from exc
+            raise
         return not stored.duplicate
 
     async def publish(
@@ -339,6 +354,16 @@ def _not_provisioned(task: Task, subject: str) -> NotProvisioned:
         f"{task.topic!r} was not sent: no stream on this server takes {subject!r}; provision"
         " it with `reach provision --nats-url URL` (or start a coordinator on it,"
         " `reach coordinator`), with the same --prefix",
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+    )
+
+
+def _not_stored(task: Task, exc: BrokerError) -> NotStored:
+    return NotStored(
+        f"{task.topic!r} may not have been stored: JetStream did not answer ({exc}); send it"
+        f" again with message_id={task.message_id!r}: the stream and the agents keep it one"
+        " message",
         message_id=task.message_id,
         trace_id=task.trace_id,
     )

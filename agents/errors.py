@@ -18,7 +18,7 @@ ReachError
 
 from __future__ import annotations
 
-from agentreach.broker import NoStreamError, SubjectFull
+from agentreach.broker import BrokerError, NoStreamError, SubjectFull
 from agentreach.envelopes import ErrorInfo
 from agentreach.errors import ReachError
 
@@ -108,6 +108,15 @@ class BacklogFull(InvokeError, SubjectFull):
     coordinator had not taken (``publish`` and ``invoke`` wait for room until then: a caller
     that floods a topic goes at the pace its tasks are taken, instead of standing before
     every other caller's). Nothing runs. (Also a :class:`~agentreach.broker.SubjectFull`.)"""
+
+
+class NotStored(InvokeError, BrokerError):
+    """JetStream did not take the task within its election budget (15 s, each write made
+    again meanwhile): the server restarts, the stream's leader is being elected, most of a
+    cluster's nodes are down. It may have been stored (a write whose answer was lost): send
+    it again under its ``message_id``, which the stream and the agents' run-once records
+    keep one message, never under a new id. (Also a :class:`~agentreach.broker.BrokerError`,
+    as it was raised before.)"""
 
 
 class NotAcknowledged(InvokeError):
