@@ -13,7 +13,7 @@ from agentreach.broker.dead_letters import RAW_KEPT, dead_letter
 from agentreach.broker.lifecycle import reply
 from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
-from agentreach.coordinator.protection.quotas import CallerQuotas
+from agentreach.coordinator.protection.quotas import CallerQuotas, UnheardRefusals
 from agentreach.coordinator.routing.priorities import PriorityAllowances
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.workflows.engine import WorkflowEngine
@@ -61,6 +61,7 @@ class Intake:
         self._on_taken = on_taken  # (topic, priority, stored_ms) of each task taken in once
         self._claim_check = claim_check or ClaimCheck(broker)
         self._priorities = priorities or PriorityAllowances()  # none enforced unless given
+        self._unheard = UnheardRefusals()
 
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
@@ -71,7 +72,11 @@ class Intake:
             fallback_id = stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq)
             stub = self._stub(msg, topic, fallback_id, sender)
             # Charged as a task would be: a caller over its quota must not flood the DLQ.
-            if sender is not None and msg.num_delivered == 1 and not await self._within_quota(stub):
+            if (
+                sender is not None
+                and msg.num_delivered == 1
+                and not await self._within_quota(stub, decoded=False)
+            ):
                 return None
             await self._invalid(msg, stub, exc)
             return None
@@ -159,25 +164,40 @@ class Intake:
         from_agent = sender if task.from_agent is not None else None
         return msgspec.structs.replace(task, caller=sender, from_agent=from_agent)
 
-    async def _within_quota(self, task: Task) -> bool:
-        """Take a token of the caller's quota; False when the task was refused for it
-        (an error to the caller and a ``rejected`` event, no dead letter)."""
+    async def _within_quota(self, task: Task, *, decoded: bool = True) -> bool:
+        """Take a token of the caller's quota; False when the task was refused for it: an
+        error to the caller and a ``rejected`` event, and a dead letter when nobody would
+        hear of it otherwise (see :class:`UnheardRefusals`)."""
         if self._quotas is None or task.caller is None:
             return True
         over = await self._quotas.admit(task.caller)
         if over is None:
             return True
         limit = over.limit
+        why = (
+            f"caller {over.caller!r} is over its quota {over.quota!r} "
+            f"({limit.rate:g}/s, burst {limit.burst}); retry in {over.retry_after_ms} ms"
+        )
         await self._router.reject(
             task,
             "rate_limited",
-            f"caller {over.caller!r} is over its quota {over.quota!r} "
-            f"({limit.rate:g}/s, burst {limit.burst}); retry in {over.retry_after_ms} ms",
+            why,
             retry_after_ms=over.retry_after_ms,
             dead_letter=False,
             caller=over.caller,
             quota={"name": over.quota, "rate": limit.rate, "burst": limit.burst},
         )
+        if decoded and self._unheard.letter(task, limit):
+            error = ErrorInfo(type="rate_limited", message=why, retryable=True)
+            await dead_letter(
+                self._broker,
+                reason="rejected",
+                task=task,
+                message_id=task.message_id,
+                trace_id=task.trace_id,
+                topic=task.topic,
+                error=error,
+            )
         return False
 
     def _reply_policy(self, sender: str | None) -> ReplyPolicy:

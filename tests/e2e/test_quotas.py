@@ -1,5 +1,6 @@
 """Callers' quotas through a real server: refused at intake as rate_limited, held across
-coordinator replicas, one caller's quota leaving the others alone, no dead letters."""
+coordinator replicas, one caller's quota leaving the others alone; a refusal is a dead letter
+only when its caller would hear it from nobody else, and a flood cannot fill the DLQ."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 from collections import Counter
 
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import ReachClient, Rejected
@@ -63,7 +65,7 @@ async def test_a_caller_over_its_quota_is_refused_as_rate_limited(
 async def test_three_replicas_hold_one_quota_per_caller(broker, start_coordinator, watcher):
     """Three coordinators together admit no more of alice's flood than burst + rate *
     elapsed (and no fewer than its refills), one write of her shared record each; the rest
-    is refused at intake without a dead letter. Bob (no quota) and an operator's bare task
+    is refused at intake. Bob (no quota) and an operator's bare task
     claiming alice are not limited."""
     counts: Counter[str] = Counter()
     limits = RateLimits(callers={"alice": RateLimit(rate=4, burst=5)})
@@ -105,7 +107,13 @@ async def test_three_replicas_hold_one_quota_per_caller(broker, start_coordinato
     assert {e.detail["caller"] for e in refused(watcher, flood)} == {"alice"}
     assert refused(watcher, free | operator) == []
     assert counts["w"] == admitted + 35
-    assert watcher.count("dead_lettered") == 0 and watcher.dead_letters == []
+    # Published without a reply address: refusals nobody hears are dead-lettered, at most
+    # at the quota's own pace per replica (5 + 4/s each here), the rest are events alone.
+    letters = await watcher.until(lambda: watcher.dead_letters or None, "a dead letter")
+    assert {d.message_id for d in letters} <= {e.message_id for e in refused(watcher, flood)}
+    assert {(d.reason, d.error.type if d.error else None) for d in letters} == {
+        ("rejected", "rate_limited")
+    }
 
 
 async def test_a_caller_over_its_quota_cannot_flood_the_dlq_with_malformed_bodies(
@@ -127,3 +135,30 @@ async def test_a_caller_over_its_quota_cannot_flood_the_dlq_with_malformed_bodie
     assert len(rejected) == 5
     assert {e.detail["error"]["type"] for e in rejected} == {"rate_limited"}
     assert {e.detail["caller"] for e in rejected} == {"mallet"}
+
+
+async def test_a_refusal_nobody_would_hear_is_a_dead_letter_at_the_quotas_pace(
+    broker, start_coordinator, watcher
+):
+    """Fire and forget past the quota (no reply address): the refused tasks were lost
+    without a word to their sender (`reach publish --count` said all were published). Each
+    is dead-lettered as rejected / rate_limited, up to the quota's own pace; a flood past
+    that is `rejected` events alone, and the coordinator says so once."""
+    limits = RateLimits(callers={"firehose": RateLimit(rate=0.2, burst=3)})
+    async with (
+        start_coordinator(fast(rate_limits=limits)) as coordinator,
+        serving(broker, coordinator, worker("w", Counter())),
+        ReachClient(broker=broker, name="firehose") as firehose,
+    ):
+        with capture_logs() as logs:
+            ids = [await firehose.publish("work", {"i": i}) for i in range(9)]
+            sent = {message_id for message_id, _ in ids}
+            await eventually(lambda: len(refused(watcher, sent)) == 6)
+            await eventually(lambda: len(watcher.dead_letters) == 3)
+    letters = watcher.dead_letters
+    assert {d.message_id for d in letters} <= {e.message_id for e in refused(watcher, sent)}
+    assert {d.reason for d in letters} == {"rejected"}
+    assert all(d.error is not None and d.error.type == "rate_limited" for d in letters)
+    assert all(d.envelope is not None and d.envelope.caller == "firehose" for d in letters)
+    flooding = [line for line in logs if "floods past its quota" in line["event"]]
+    assert len(flooding) == 1 and flooding[0]["caller"] == "firehose", flooding
