@@ -183,7 +183,11 @@ def render(rows: list[Row]) -> str:
         f"{'AGENT':<22} {'STATE':<9} {'SINCE':<9} {'BEAT':>6} {'LOAD':>7}  INTENTS  TAGS  BREAKERS"
     )
     isolated = sum(row.isolated for row in rows)
-    footer = f"{len(rows)} agents, {isolated} isolated · LOAD = handlers running / slots"
+    quarantined = sum(bool(row.liveness and row.liveness.quarantined) for row in rows)
+    footer = (
+        f"{len(rows)} agents, {isolated} isolated, {quarantined} quarantined"
+        " · LOAD = handlers running / slots"
+    )
     return "\n".join([header, *(_line(row) for row in rows), footer])
 
 
@@ -211,4 +215,13 @@ def _line(row: Row) -> str:
     )
     # The coordinator routes none of these to it: the card names them, its creds do not.
     refusals = [f"{'':<22} REFUSED   {intent}: {why}" for intent, why in row.refused]
+    if judged and judged.quarantined:  # no work until a person lifts it: say why and how
+        refusals.insert(0, f"{'':<22} QUARANT.  {_quarantine_said(card.agent_id)}")
     return "\n".join([line, *refusals])
+
+
+def _quarantine_said(agent_id: str) -> str:
+    return (
+        "went OFFLINE more often within an hour than liveness.flapping_limit allows: it"
+        f" gets no work until a person looks at it and runs `reach agents clear {agent_id}`"
+    )

@@ -18,7 +18,7 @@ from agentreach.broker import Broker
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig, LivenessConfig
 from agentreach.envelopes import AgentCard, Heartbeat, Intent, Liveness, RegisterReply, Task
-from tests.cli.conftest import reach_argv
+from tests.cli.conftest import reach_argv, run
 from tests.support import wait_for_card
 
 REPO = Path(__file__).parents[2]
@@ -411,7 +411,8 @@ async def test_an_idle_agent_is_told_to_beat_less_often(broker, watcher):
 
 
 async def test_an_agent_that_keeps_going_offline_is_quarantined_until_cleared(broker, watcher):
-    """More than 3 OFFLINE in an hour: quarantined, no work, until `agents clear`."""
+    """More than 3 OFFLINE in an hour: quarantined, no work, until `agents clear`; `reach
+    agents` says so and how to lift it (it showed `QUARANT.` alone, the count 0 isolated)."""
     agent = local_agent("flaky-link")
     async with lively_coordinator(broker) as coordinator:
         for _ in range(4):
@@ -422,6 +423,9 @@ async def test_an_agent_that_keeps_going_offline_is_quarantined_until_cleared(br
                 await watcher.state("flaky-link", "OFFLINE", after=online)
         record = coordinator.liveness.agents["flaky-link"]
         assert record.quarantined
+        listed = await run(*reach_argv(broker, "agents"))
+        assert "reach agents clear flaky-link" in listed.stdout, listed.stdout  # why, and how
+        assert "1 quarantined" in listed.stdout.splitlines()[-1], listed.stdout
         async with agent.running(broker=broker), ReachClient(broker=broker) as client:
             await _until(lambda: coordinator.liveness.agents["flaky-link"].state == "ONLINE")
             card = coordinator.directory.cards["flaky-link"]
