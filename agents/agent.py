@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agentreach.agents.errors import AgentConfigError
+from agentreach.agents.handlers import payload_type_of
 from agentreach.agents.identity import DEFAULT_IDENTITY_FILE, resolve_agent_id
 from agentreach.agents.runtime import AgentRuntime
 from agentreach.broker import Auth, Broker, Names
@@ -30,6 +31,7 @@ class HandlerSpec:
     func: Handler
     intent: Intent
     is_async: bool
+    payload_type: Any = None  # what the handler's `payload` declares, checked before a call
 
     @property
     def deadline_ms(self) -> int | None:
@@ -145,6 +147,7 @@ class Agent:
                     examples=examples,
                 ),
                 is_async=inspect.iscoroutinefunction(func),
+                payload_type=payload_type_of(func),
             )
             return func
 

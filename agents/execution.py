@@ -27,7 +27,7 @@ from agentreach.agents.claims import (
 )
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
-from agentreach.agents.handlers import call, error_info, sendable
+from agentreach.agents.handlers import InvalidPayload, call, error_info, sendable, typed
 from agentreach.agents.job import Job
 from agentreach.agents.reports import Reports
 from agentreach.agents.slots import Latencies, Room
@@ -253,6 +253,7 @@ class Executor:
         try:
             async with job.delivery.kept_alive(self.agent.ack_wait / 2):
                 payload = await self.claim_check.payload_of(task)  # a claim-checked one is fetched
+                payload = typed(payload, spec.payload_type)
                 result = sendable(await call(spec, ctx, payload, deadline, overrun=overrun))
                 # Stowed before it is recorded: the record and the reply stay small.
                 result, ref = await self.claim_check.stow_result(task, result)
@@ -264,7 +265,9 @@ class Executor:
             outcome = Outcome(claim, error=error)
         except Exception as exc:  # every handler failure is reported, none is lost
             outcome = Outcome(claim, error=error_info(exc, deadline.total_ms))
-            if not isinstance(exc, TimeoutError):  # where it raised, for the handler's author
+            if not isinstance(
+                exc, TimeoutError | InvalidPayload
+            ):  # where it raised, for its author
                 log.warning("handler raised", exc_info=exc)
         else:
             duration_ms = int((time.monotonic() - started) * 1000)

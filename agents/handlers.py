@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
+import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +64,39 @@ async def _in_thread(
         return await running
 
 
+class InvalidPayload(Exception):
+    """The payload does not fit the type the handler's ``payload`` parameter declares. The
+    sender's mistake, not the agent's: it is not retried, and it does not count against the
+    agent's health (one caller's bad input must not isolate an agent for everyone)."""
+
+
+def payload_type_of(func: Callable[..., Any]) -> Any:
+    """The type ``func``'s second parameter declares, to check payloads against; None when
+    it declares none, or one that cannot be resolved here (a name local to a function)."""
+    try:
+        hints = typing.get_type_hints(func)
+    except Exception:  # a forward reference nobody can resolve: nothing to check against
+        return None
+    name = list(inspect.signature(func).parameters)[1]
+    declared = hints.get(name)
+    return None if declared in (None, Any, object) else declared
+
+
+def typed(payload: Any, declared: Any) -> Any:
+    """``payload`` as the handler declared it (a dict for ``dict``, an instance of a Struct
+    or dataclass); InvalidPayload, saying where it does not fit, when it cannot be. A task
+    sent with no payload (null) is passed as it is: the handler decides what none means."""
+    if declared is None or payload is None:
+        return payload
+    try:
+        return msgspec.convert(payload, declared)
+    except (msgspec.ValidationError, TypeError) as exc:
+        shown = getattr(declared, "__name__", None) or repr(declared)
+        raise InvalidPayload(
+            f"the payload does not fit the handler's `payload: {shown}`: {exc}"
+        ) from exc
+
+
 class InvalidResult(Exception):
     """The handler returned a value that cannot be sent as JSON. Running it again would
     repeat its work (and its side effects) for the same result: it is not retried."""
@@ -82,6 +117,8 @@ def error_info(exc: Exception, deadline_ms: int) -> ErrorInfo:
     """How a handler's failure is reported: its class name, message, and whether to retry."""
     if isinstance(exc, InvalidResult):
         return ErrorInfo(type="invalid_result", message=str(exc), retryable=False)
+    if isinstance(exc, InvalidPayload):
+        return ErrorInfo(type="invalid_payload", message=str(exc), retryable=False)
     if isinstance(exc, TimeoutError):
         return ErrorInfo(
             type="deadline_exceeded", message=f"handler ran past {deadline_ms} ms", retryable=True

@@ -188,7 +188,12 @@ class Intake:
             quota={"name": over.quota, "rate": limit.rate, "burst": limit.burst},
         )
         if decoded and self._unheard.letter(task, limit):
-            error = ErrorInfo(type="rate_limited", message=why, retryable=True)
+            error = ErrorInfo(
+                type="rate_limited",
+                message=why,
+                retryable=True,
+                retry_after_ms=over.retry_after_ms,
+            )
             await dead_letter(
                 self._broker,
                 reason="rejected",

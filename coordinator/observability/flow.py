@@ -33,6 +33,7 @@ from agentreach.coordinator.observability.labels import (
     REJECTIONS,
     WORKFLOW_ENDS,
     WORKFLOW_STATUSES,
+    rejection_kind,
 )
 from agentreach.coordinator.observability.once import Ends
 from agentreach.envelopes import (
@@ -351,14 +352,10 @@ class FlowMetrics(Collector):
         reason = str(event.detail.get("reason", "unknown"))
         self._child(self.finished, topic, event.priority, reason).inc()
         self._child(self.dead_letters, reason, topic).inc()
-        kind = _error_type(event.detail)
-        if reason == "rejected" and kind in REJECTIONS:
-            self._child(self.rejections, kind, topic).inc()
+        self._rejected(event, topic)
 
     def _rejected(self, event: Event, topic: str) -> None:
-        """A refusal without a dead letter: a caller over its quota."""
-        kind = QUOTA if "quota" in event.detail else _error_type(event.detail)
-        if kind is not None and (kind == QUOTA or kind in REJECTIONS):
+        if (kind := rejection_kind(event)) is not None:
             self._child(self.rejections, kind, topic).inc()
 
     def _workflow_ended(self, event: Event, topic: str, stored_ms: int) -> None:
@@ -384,13 +381,6 @@ class FlowMetrics(Collector):
 
 def _seconds(ms: float) -> float:
     return max(0.0, ms / 1000)
-
-
-def _error_type(detail: dict[str, Any]) -> str | None:
-    """The ``type`` of the event's ``error``, if it carries one."""
-    error = detail.get("error")
-    kind = error.get("type") if isinstance(error, dict) else None
-    return kind if isinstance(kind, str) else None
 
 
 def _number(value: object) -> float | None:

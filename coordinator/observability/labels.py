@@ -5,6 +5,8 @@ topic nobody serves."""
 
 from __future__ import annotations
 
+from agentreach.envelopes import Event
+
 OTHER_TOPIC = "_other"  # topics nobody serves: anyone may publish to reach.task.<anything>
 WORKFLOW_STATUSES = ("completed", "failed", "cancelled")
 REJECTIONS = ("backpressure", "rate_limited", "circuit_open")
@@ -35,3 +37,20 @@ FOLDED = (
     "workflow_started",
     *sorted(WORKFLOW_ENDS),
 )
+
+
+def rejection_kind(event: Event) -> str | None:
+    """The kind ``event`` counts as in ``reach_rejections_total``, if any: a ``rejected``
+    event (``quota`` for a caller over its quota), or a ``rejected`` dead letter of one of the
+    :data:`REJECTIONS`. Not a quota refusal's letter (one nobody would have heard of else):
+    its ``rejected`` event counted it already; it is the only ``rate_limited`` letter with a
+    ``retry_after_ms``."""
+    error = event.detail.get("error")
+    error = error if isinstance(error, dict) else {}
+    kind = error.get("type") if isinstance(error.get("type"), str) else None
+    if event.event == "rejected":
+        return QUOTA if "quota" in event.detail else kind if kind in REJECTIONS else None
+    if event.event != "dead_lettered" or event.detail.get("reason") != "rejected":
+        return None
+    quota_letter = error.get("retry_after_ms") is not None
+    return kind if kind in REJECTIONS and not quota_letter else None

@@ -554,3 +554,36 @@ async def test_a_trial_that_never_reports_opens_the_breaker_again(
         hang.set()
     assert reopened.detail["reason"] == "trial calls did not report in time"
     assert routed(watcher, stuck)[0].detail["trial"] == "x.flaky"
+
+
+async def test_payloads_that_do_not_fit_the_handler_isolate_no_agent(
+    broker, start_coordinator, watcher
+):
+    """A caller's payloads of the wrong shape (a list where the handler takes a dict) each
+    fail at once as invalid_payload, not retried and the handler not called, and isolate no
+    agent: the handler raised AttributeError on each, retried, and five in a row isolated a
+    healthy agent for every caller."""
+    z = Agent("z", startup_delay=0)
+    calls: list[object] = []
+
+    @z.handler("keys")
+    async def keys(ctx: TaskContext, payload: dict) -> list[str]:
+        calls.append(payload)
+        return sorted(payload)
+
+    breakers = BreakerConfig(min_calls=1000, open_s=30, isolation_failures=3)
+    async with (
+        start_coordinator(fast(breakers=breakers)) as coordinator,
+        serving(broker, coordinator, z),
+        ReachClient(broker=broker) as client,
+    ):
+        for _ in range(4):
+            with pytest.raises(TaskFailed) as failed:
+                await client.invoke("keys", [1, 2])
+        assert await client.invoke("keys", {"b": 1, "a": 2}) == ["a", "b"]
+    error = failed.value.error
+    assert error.type == "invalid_payload" and not error.retryable
+    assert "does not fit the handler's `payload: dict`" in error.message
+    assert calls == [{"b": 1, "a": 2}]
+    assert coordinator.breakers.isolated == [] and watcher.count("agent_isolated") == 0
+    assert watcher.count("retry_scheduled") == 0

@@ -172,8 +172,10 @@ async def test_a_taken_preferred_port_is_given_up_when_binding(broker):
 
 
 async def test_quota_refusals_are_counted_as_rejections_of_kind_quota(broker, watcher):
-    """A caller over its quota is refused with a `rejected` event and no dead letter; each
-    refusal counts in reach_rejections_total{kind="quota"}, apart from a topic's rate limit."""
+    """A caller over its quota is refused with a `rejected` event; each refusal counts once
+    in reach_rejections_total{kind="quota"}, apart from a topic's rate limit, also the one
+    dead-lettered because nobody would hear of it (no reply address: the first, at the
+    quota's pace of burst 1)."""
     good, _ = agents()
     limits = RateLimits(callers={"alice": RateLimit(rate=0.001, burst=1)})
     config = msgspec.structs.replace(WITH_METRICS, rate_limits=limits)
@@ -194,7 +196,7 @@ async def test_quota_refusals_are_counted_as_rejections_of_kind_quota(broker, wa
         found = await until_true(counted)
     assert total(found, "reach_rejections_total", kind="quota", topic="double") == 5
     assert total(found, "reach_rejections_total") == 5
-    assert total(found, "reach_dead_letters_total") == 0
+    assert total(found, "reach_dead_letters_total", reason="rejected") == 1
 
 
 async def test_impersonation_alerts_are_counted_and_forged_alerts_are_not(broker, watcher):
