@@ -22,8 +22,6 @@ a manual-review queue, and never falls back to an agent.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import OrderedDict
 from collections.abc import Collection, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -43,18 +41,14 @@ from agentreach.coordinator.routing.manual import ManualConfig, ManualQueue
 from agentreach.coordinator.routing.routed import routed_event
 from agentreach.coordinator.routing.rules import Decision, RoutingConfig, pools_of
 from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce, answer_from_record
+from agentreach.coordinator.routing.waits import Waits
 from agentreach.envelopes import ErrorInfo, Routed, Task, tracecontext
 from agentreach.envelopes import headers as h
 
 log = structlog.get_logger("coordinator.router")
 
-WAIT_FIRST_S = 0.05
-WAIT_MAX_S = 1.0
-WAIT_LONG_S = 10.0  # after a minute of waiting: a task may wait a day, its checks must not
-LONG_AFTER = 60
 WAIT_CAP_S = 1.0  # the longest wait for a run elsewhere to finish before looking again
 MAX_PICKS = 8  # agents tried for one task before giving up on this pass
-REMEMBERED = 100_000  # tasks waiting for room whose first full encounter is kept
 
 
 class Router:
@@ -77,14 +71,12 @@ class Router:
         self.resolving = Resolving(fleet.directory, routing.resolve)
         self._grants = grants or Grants(None)
         self._run_once = RunOnce(broker, self._grants)
-        # When each task waiting for room first found every queue full (monotonic s). Kept in
-        # memory: a task that moves to another replica starts its wait again, within its ttl.
-        self._full_since: OrderedDict[str, float] = OrderedDict()
+        self._waits = Waits()
 
     @property
     def waiting_for_room(self) -> Collection[str]:
         """Tasks that found every candidate's queue full and wait for room (on this replica)."""
-        return self._full_since.keys()
+        return self._waits.waiting_for_room
 
     def reload(self, routing: RoutingConfig) -> None:
         """Use ``routing`` from the next decision on; decisions under way finish as they are."""
@@ -282,7 +274,7 @@ class Router:
             error = ErrorInfo(type="too_large", message=message, retryable=False)
             await end_with_error(self._broker, task, "rejected", error)
             return None
-        self._full_since.pop(task.message_id, None)
+        self._waits.done(task.message_id)
         log.debug("routed", agent_id=card.agent_id, rule=decision.rule.name, attempt=task.attempt)
         return int(stored.seq)
 
@@ -296,7 +288,12 @@ class Router:
         task, waited = pending.task, pending.waited
         hindrances = choice.hindrances
         if hindrances["full"]:
-            if (wait_s := self._room_wait(pending)) is not None:
+            limit_s = self.fleet.queues.full_wait_s
+            if (
+                wait_s := self._waits.for_room_at(
+                    task.message_id, task.topic, waited, pending.left_ms, limit_s
+                )
+            ) is not None:
                 return wait_s
             await self.reject(task, "backpressure", choice.why("every queue is full", task.topic))
             return None
@@ -305,25 +302,7 @@ class Router:
             return None
         if choice.registered == 0 or hindrances["circuit"]:
             return await self._fall_back(pending, decision, choice)
-        (log.info if waited == 0 else log.debug)("no agent can take it now; waiting")
-        longest = WAIT_MAX_S if waited < LONG_AFTER else WAIT_LONG_S
-        # The exponent capped: past ~1,000 waits 2**waited no longer fits in a float.
-        return min(WAIT_FIRST_S * 2 ** min(waited, 16), longest, pending.left_ms / 1000 + 0.01)
-
-    def _room_wait(self, pending: _Pending) -> float | None:
-        """Seconds until a task whose candidates are all full asks again; None once it has
-        waited ``queues.full_wait_s`` (or would outlive its ttl)."""
-        limit_s = self.fleet.queues.full_wait_s
-        now = time.monotonic()
-        since = self._full_since.setdefault(pending.task.message_id, now)
-        while len(self._full_since) > REMEMBERED:
-            self._full_since.popitem(last=False)
-        left_s = min(limit_s - (now - since), pending.left_ms / 1000)
-        if left_s <= 0:
-            self._full_since.pop(pending.task.message_id, None)
-            return None
-        log.info("every queue is full; waiting for room", waited_s=round(now - since, 2))
-        return min(WAIT_FIRST_S * 2 ** min(pending.waited, 8), WAIT_MAX_S, left_s)
+        return self._waits.agent_wait(task.topic, waited, pending.left_ms)
 
     async def _fall_back(
         self, pending: _Pending, decision: Decision, choice: Choice
