@@ -199,6 +199,7 @@ async def record_settling(
     """Record ``event`` (``replayed`` or ``resolved``) about the letter's message: in its
     trace (``REACH_EVENTS``, a week), then in ``REACH_SETTLED``, as long as the letter is
     kept (the same bytes and dedup id). ``sender``: whose subject (default: an operator's)."""
+    sender = sender or OPERATOR
     settling = Event(
         v=1,
         event=event,
@@ -206,10 +207,10 @@ async def record_settling(
         trace_id=letter.trace_id,
         topic=letter.topic,
         attempt=max(1, letter.attempts),
+        agent_id=sender,  # the subject's sender token, as every event names its publisher
         at_ms=now_ms(),
         detail=detail,
     )
-    sender = sender or OPERATOR
     subject, data, headers = event_message(broker, settling, sender=sender)
     kept = broker.names.settled(event, letter.topic, letter.trace_id, letter.message_id, sender)
     try:

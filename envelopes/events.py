@@ -167,6 +167,30 @@ class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
     signal: str
 
 
+# -- published by compensation workers and operators (about a dead letter's message) -----
+class ReplayedDetail(_Detail, frozen=True, kw_only=True):
+    """``replayed``: the dead letter was replayed as a new message, ``replayed_as``, on
+    ``topic``, ``replays`` replays having led to it; ``by`` who (a worker's name, an
+    operator's identity)."""
+
+    replayed_as: str
+    topic: str
+    replays: NonNegative
+    by: str | None = None
+
+
+class ResolvedDetail(_Detail, frozen=True, kw_only=True):
+    """``resolved``: a person or a worker dealt with the dead letter otherwise; ``note`` says
+    how, ``by`` who."""
+
+    note: str
+    by: str | None = None
+
+
+WORKER_EVENTS: dict[str, type[_Detail]] = {
+    "replayed": ReplayedDetail,
+    "resolved": ResolvedDetail,
+}
 AGENT_EVENTS: dict[str, type[_Detail]] = {
     "accepted": AcceptedDetail,
     "progress": ProgressDetail,
@@ -197,7 +221,7 @@ COORDINATOR_EVENTS: dict[str, type[_Detail]] = {
     "answered_from_record": AnsweredFromRecordDetail,
     "rejected": RejectedDetail,
 }
-EVENT_DETAILS: dict[str, type[_Detail]] = {**COORDINATOR_EVENTS, **AGENT_EVENTS}
+EVENT_DETAILS: dict[str, type[_Detail]] = {**COORDINATOR_EVENTS, **AGENT_EVENTS, **WORKER_EVENTS}
 
 
 def detail_type(event: Event) -> type[_Detail] | None:

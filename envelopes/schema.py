@@ -22,7 +22,12 @@ from agentreach.envelopes.coordination import (
     TimerDue,
     WorkflowRecord,
 )
-from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS, UndecodableDetail
+from agentreach.envelopes.events import (
+    AGENT_EVENTS,
+    EVENT_DETAILS,
+    WORKER_EVENTS,
+    UndecodableDetail,
+)
 from agentreach.envelopes.executions import Execution
 from agentreach.envelopes.manual import ManualItem
 from agentreach.envelopes.messages import (
@@ -51,7 +56,16 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"
 ID_PREFIX = "urn:agent-reach:v1:"
 SCHEMA_ID = f"{ID_PREFIX}envelope"
 
+
 # name → (type, what it is and where it travels)
+def _published_by(event: str) -> str:
+    if event in AGENT_EVENTS:
+        return "published by agents"
+    if event in WORKER_EVENTS:
+        return "published by compensation workers and operators"
+    return "by the coordinator"
+
+
 RECORDS: dict[str, tuple[Any, str]] = {
     "envelope": (Message, "Any envelope v1, told apart by `kind`."),
     "task": (Task, "A task: on reach.task.<topic> (intake) and reach.agent.<id>.<p> (dispatch)."),
@@ -82,8 +96,7 @@ RECORDS: dict[str, tuple[Any, str]] = {
     **{
         f"events/{name}": (
             kind,
-            f"The `detail` of a `{name}` event"
-            + (" (published by agents)." if name in AGENT_EVENTS else " (by the coordinator)."),
+            f"The `detail` of a `{name}` event ({_published_by(name)}).",
         )
         for name, kind in sorted(EVENT_DETAILS.items())
     },

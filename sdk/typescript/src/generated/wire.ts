@@ -977,6 +977,24 @@ export interface ReloadReply {
 }
 
 /**
+ * `replayed`: the dead letter was replayed as a new message, `replayed_as`, on
+ * `topic`, `replays` replays having led to it; `by` who (a worker's name, an
+ * operator's identity).
+ */
+export interface ReplayedDetail {
+  replayed_as: string;
+  topic: string;
+  /**
+   * >= 0
+   */
+  replays: number;
+  /**
+   * default null
+   */
+  by: string | null;
+}
+
+/**
  * How the coordinator found a task's intent from its text (intent resolution): the best
  * candidate and the runner-up, among the intents of every live agent.
  */
@@ -995,6 +1013,18 @@ export interface Resolution {
    * default ""
    */
   note: string;
+}
+
+/**
+ * `resolved`: a person or a worker dealt with the dead letter otherwise; `note` says
+ * how, `by` who.
+ */
+export interface ResolvedDetail {
+  note: string;
+  /**
+   * default null
+   */
+  by: string | null;
 }
 
 /**
@@ -1455,6 +1485,8 @@ export interface EventDetails {
   "late_result_rejected": LateResultRejectedDetail;
   "progress": ProgressDetail;
   "rejected": RejectedDetail;
+  "replayed": ReplayedDetail;
+  "resolved": ResolvedDetail;
   "retry_scheduled": RetryScheduledDetail;
   "routed": RoutedDetail;
   "signal_ignored": SignalIgnoredDetail;
