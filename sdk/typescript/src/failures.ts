@@ -51,5 +51,18 @@ export function errorInfo(err: unknown): ErrorInfo {
     const type = err.constructor?.name || err.name || "Error";
     return failure(type, err.message || type, !(err instanceof PermanentError));
   }
-  return failure("Error", String(err), true);
+  return failure("Error", `the handler threw ${thrown(err)}, not an Error`, true);
+}
+
+/** A thrown value that is no Error, in words: `{"code":42}` rather than `[object Object]`. */
+function thrown(value: unknown): string {
+  if (typeof value === "object" && value !== null) {
+    try {
+      const json = JSON.stringify(value);
+      if (json !== undefined) return json.length > 500 ? `${json.slice(0, 500)}…` : json;
+    } catch {
+      // a cycle or a BigInt inside: its string form will do
+    }
+  }
+  return typeof value === "string" ? JSON.stringify(value) : String(value);
 }

@@ -1,8 +1,9 @@
-/** Decoding tasks as strictly as the coordinator does, and ids. */
+/** Decoding tasks as strictly as the coordinator does, ids, and how failures are reported. */
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
+import { errorInfo } from "../src/failures.js";
 import { decodeTask, DecodeError, newId } from "../src/index.js";
 
 const enc = (value: unknown) => new TextEncoder().encode(typeof value === "string" ? value : JSON.stringify(value));
@@ -66,5 +67,19 @@ describe("newId", () => {
   it("is a UUIDv7 that sorts by time", () => {
     const id = newId();
     assert.match(id, /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+  });
+});
+
+describe("handler failures", () => {
+  it("reports a thrown value that is no Error by its JSON, not [object Object]", () => {
+    assert.deepEqual(errorInfo({ code: 42 }), {
+      type: "Error",
+      message: 'the handler threw {"code":42}, not an Error',
+      retryable: true,
+      retry_after_ms: null,
+    });
+    assert.equal(errorInfo("boom").message, 'the handler threw "boom", not an Error');
+    assert.equal(errorInfo(undefined).message, "the handler threw undefined, not an Error");
+    assert.equal(errorInfo(new TypeError("bad")).type, "TypeError");
   });
 });
