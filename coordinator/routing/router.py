@@ -290,9 +290,7 @@ class Router:
         if hindrances["full"]:
             limit_s = self.fleet.queues.full_wait_s
             if (
-                wait_s := self._waits.for_room_at(
-                    task.message_id, task.topic, waited, pending.left_ms, limit_s
-                )
+                wait_s := self._waits.room_wait(task, waited, pending.left_ms, limit_s)
             ) is not None:
                 return wait_s
             await self.reject(task, "backpressure", choice.why("every queue is full", task.topic))
