@@ -57,7 +57,10 @@ def _agents(agents: list[dict[str, Any]]) -> str:
 
 def _letters(letters: dict[str, Any]) -> str:
     reasons = ", ".join(f"{r['reason']} {r['count']}" for r in letters["by_reason"]) or "none"
-    return f"  dead letters: {letters['total']} kept ({reasons})"
+    waiting = (
+        f", {letters['open']} open (nobody replayed or resolved them)" if letters["open"] else ""
+    )
+    return f"  dead letters: {letters['total']} kept ({reasons}){waiting}"
 
 
 def _workflows(workflows: dict[str, Any]) -> str:

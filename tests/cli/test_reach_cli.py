@@ -16,8 +16,9 @@ import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import EmbeddedServer
+from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.embedded import PID_FILE
-from agentreach.envelopes import BreakerRecord
+from agentreach.envelopes import BreakerRecord, Task
 from tests.cli.conftest import reach_argv, reach_command, run, started_until
 from tests.support import wait_for_card
 
@@ -681,13 +682,21 @@ async def test_every_option_has_help_and_every_command_an_example():
 
 
 async def test_reach_top_once_prints_the_essentials(broker, coordinator):
-    """`reach top --once`: the five metrics, the coordinators, the agents with LOAD."""
+    """`reach top --once`: the five metrics, the coordinators, the agents with LOAD, and how
+    many dead letters wait for someone (it said only how many were kept)."""
+    task = Task(v=1, message_id="top-open", trace_id="top-open", topic="nobody_serves")
+    await dead_letter(broker, reason="no_route", task=task, **_ids(task))
     async with worker().running(broker=broker):
         top = await reach(broker, "top", "--once")
     assert top.returncode == 0, top.stderr
     for shown in ("Success rate", "P99 reach latency", "Isolated agents", "1 coordinator replica"):
         assert shown in top.stdout, top.stdout
     assert "cli-reach-worker" in top.stdout and "LOAD" in top.stdout
+    assert "dead letters: 1 kept (no_route 1), 1 open" in top.stdout, top.stdout
+
+
+def _ids(task: Task) -> dict[str, str]:
+    return {"message_id": task.message_id, "trace_id": task.trace_id, "topic": task.topic}
 
 
 async def test_a_workflow_built_in_python_is_served_by_reach_coordinator(broker, watcher, tmp_path):
