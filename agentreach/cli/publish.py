@@ -1,6 +1,6 @@
-"""``reach publish TOPIC JSON``: send a task, and with ``--wait`` follow it to its result;
-``--count N`` sends a burst at the pace intake takes it (nothing dropped, unlike a core
-``nats pub --count``)."""
+"""``reach publish TOPIC JSON``: send a task as a caller (``client``, or the name in the
+creds), and with ``--wait`` follow it to its result; ``--count N`` sends a burst at the pace
+intake takes it (nothing dropped, unlike a core ``nats pub --count``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def register(commands: Commands) -> None:
     pub = commands.add(
         "publish",
         cmd_publish,
-        "publish a task: TOPIC JSON",
+        "publish a task as a caller: TOPIC JSON",
         example=(
             """reach publish summarize '{"text": "NATS is fast. Agents are many."}' --wait""",
             'reach publish refund_application \'{"order_id": "1"}\' --priority P0 --ttl-ms 8000',
@@ -28,7 +28,13 @@ def register(commands: Commands) -> None:
             """reach publish echo '{"n": {{Count}}}' --count 5000   # a burst, none dropped""",
         ),
     )
-    pub.add_argument("topic", help="the intent, e.g. summarize (the task goes to reach.task.TOPIC)")
+    pub.add_argument(
+        "topic",
+        help="the intent, e.g. summarize. The task is sent as a caller, as ReachClient sends"
+        " it: on reach.task.TOPIC.client (the caller `client`; with --creds, the name in them),"
+        " so that caller's quota (rate_limits.callers) and its backlog bound on the topic apply"
+        " (`nats pub reach.task.TOPIC` is the operators' bare form, which no quota limits)",
+    )
     pub.add_argument(
         "json", help="the payload, as JSON; @FILE reads it from FILE, - from stdin (a large one)"
     )
