@@ -154,7 +154,8 @@ class ReachClient:
         return task_of(fields)
 
     async def submit(self, task: Task) -> bool:
-        """Publish a built task to ``reach.task.<topic>`` (a large payload is claim-checked).
+        """Publish a built task to ``reach.task.<topic>.<caller>``, as :attr:`caller` (a large
+        payload is claim-checked).
 
         While the intake holds as many of this caller's tasks on the topic as it keeps, the
         publish waits for room (backpressure: a burst goes at the pace the coordinator takes

@@ -127,7 +127,7 @@ async def wait_for_result(
                 ran = said if said is not None else done_by is not None  # a handler took it
                 if said is None and not ran and _after_an_attempt(error, attempt):
                     ran = (await ending.read())[1]  # its ack may have been lost
-                raise failure(error, ids, ran=ran, ending=reason)
+                raise failure(error, ids, ran=ran, ending=reason, attempt=attempt)
 
 
 def outcome_of(ended: Ended, ids: dict[str, str], *, ran: bool) -> tuple[Any, PayloadRef | None]:
@@ -135,18 +135,23 @@ def outcome_of(ended: Ended, ids: dict[str, str], *, ran: bool) -> tuple[Any, Pa
     the ending itself says of that, a workflow's, comes first)."""
     if ended.error is not None:
         ran = ended.ran if ended.ran is not None else ran
-        raise failure(ended.error, ids, ran=ran, ending=ended.reason)
+        raise failure(ended.error, ids, ran=ran, ending=ended.reason, attempt=ended.attempt)
     return ended.result, ended.result_ref
 
 
 def failure(
-    error: ErrorInfo, ids: dict[str, str], *, ran: bool, ending: str | None = None
+    error: ErrorInfo,
+    ids: dict[str, str],
+    *,
+    ran: bool,
+    ending: str | None = None,
+    attempt: int | None = None,
 ) -> TaskFailed:
     """Rejected for a refusal before any agent accepted the task (nothing ran, so sending it
     again is safe); TaskFailed for a handler's failure, and for a refusal that came after
     an attempt ran (a retry refused by its breaker, a ttl out between retries)."""
     refused = error.type in REJECTION_REASONS and not ran
-    return (Rejected if refused else TaskFailed)(error, **ids, ending=ending)
+    return (Rejected if refused else TaskFailed)(error, **ids, ending=ending, attempt=attempt)
 
 
 def _after_an_attempt(error: ErrorInfo, attempt: int) -> bool:

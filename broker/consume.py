@@ -168,13 +168,17 @@ class PullConsumer:
 @dataclass(frozen=True, kw_only=True)
 class ConsumerState:
     """A durable consumer as the server has it: its settings (as in :class:`ConsumerSpec`, with
-    the policies by their API names) and how many messages it holds back."""
+    the policies by their API names) and how many messages it holds back. ``ack_floor_seq``:
+    the stream sequence up to which every message is acknowledged; ``delivered_seq``: the
+    last one it delivered."""
 
     spec: ConsumerSpec
     ack_policy: str
     deliver_policy: str
     num_ack_pending: int
     num_pending: int
+    ack_floor_seq: int = 0
+    delivered_seq: int = 0
 
 
 async def consumer_state(broker: Broker, stream: str, durable: str) -> ConsumerState | None:
@@ -204,6 +208,8 @@ async def consumer_state(broker: Broker, stream: str, durable: str) -> ConsumerS
         deliver_policy=str(getattr(config.deliver_policy, "value", config.deliver_policy) or ""),
         num_ack_pending=info.num_ack_pending or 0,
         num_pending=info.num_pending or 0,
+        ack_floor_seq=(info.ack_floor.stream_seq or 0) if info.ack_floor else 0,
+        delivered_seq=(info.delivered.stream_seq or 0) if info.delivered else 0,
     )
 
 

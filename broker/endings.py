@@ -31,6 +31,7 @@ class Ended:
     error: ErrorInfo | None = None
     reason: str | None = None  # how an error ended it, as an error reply's ``reason`` says
     ran: bool | None = None  # whether its work began, as an error reply's ``ran`` says
+    attempt: int | None = None  # the attempt its ending event is about
 
 
 def ending_of(events: Iterable[Event]) -> Ended | None:
@@ -50,6 +51,7 @@ def ending_of(events: Iterable[Event]) -> Ended | None:
                     error=_error(detail),
                     reason=_reason(event.event, detail),
                     ran=ran if isinstance(ran, bool) else None,
+                    attempt=event.attempt,
                 )
     return None
 

@@ -89,6 +89,7 @@ from agentreach.envelopes.registry import (
     RegisterRequest,
     TraceReply,
     TraceRequest,
+    Unrouted,
 )
 from agentreach.envelopes.schema import all_schemas, json_schema
 
@@ -143,6 +144,7 @@ __all__ = [
     "TimerDue",
     "TraceReply",
     "TraceRequest",
+    "Unrouted",
     "WorkflowRecord",
     "WorkflowStep",
     "all_schemas",

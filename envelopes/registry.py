@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from agentreach.envelopes.messages import Event, Token
+from agentreach.envelopes.messages import Event, Priority, Token
 
 
 class Intent(msgspec.Struct, frozen=True, kw_only=True):
@@ -107,14 +107,32 @@ class TraceRequest(msgspec.Struct, frozen=True, kw_only=True):
     message_id: str
 
 
+class Unrouted(msgspec.Struct, frozen=True, kw_only=True):
+    """A task stored in the intake (``REACH_TASKS``) that the coordinator has not routed yet,
+    so no event of it is recorded. ``stored_ms``: the broker's time of storing it. ``held``:
+    the coordinator has taken it in and waits for an agent that can take it; false: it has
+    not come to it yet (tasks before it, or no coordinator ran since)."""
+
+    message_id: Token
+    trace_id: Token
+    topic: Token
+    priority: Priority
+    stored_ms: int
+    held: bool = False
+
+
 class TraceReply(msgspec.Struct, frozen=True, kw_only=True):
     """The recorded events of the message, oldest first; empty when the message is not the
-    asking caller's (or unknown). ``truncated``: the oldest ones did not fit one reply.
-    ``others``: a message of that id exists, but another caller's (the id is taken)."""
+    asking caller's (or unknown). ``truncated``: the oldest ones (or, with no events, the
+    oldest tasks not routed yet) did not fit one reply.
+    ``others``: a message of that id exists, but another caller's (the id is taken).
+    ``unrouted``: when no event is recorded, the asking caller's tasks of that message or
+    trace id that wait in the intake, not routed yet."""
 
     events: list[Event] = []
     truncated: bool = False
     others: bool = False
+    unrouted: list[Unrouted] = []
 
 
 class AgentControl(msgspec.Struct, frozen=True, kw_only=True):

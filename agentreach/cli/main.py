@@ -24,6 +24,7 @@ from agentreach.cli import (
     trace,
     workflows,
 )
+from agentreach.cli.exit_codes import FAILED, INTERRUPTED, OUTCOME_UNKNOWN, OutcomeUnknown
 from agentreach.cli.logs import configure_logging
 from agentreach.cli.options import Commands, OneLineParser
 from agentreach.errors import ReachError
@@ -69,14 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except ReachError as exc:
         print(f"reach: error: {exc}", file=sys.stderr)
-        return 1
+        return OUTCOME_UNKNOWN if isinstance(exc, OutcomeUnknown) else FAILED
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`reach … | head`): nothing more to say, and no traceback.
         # Python would fail again flushing stdout at exit, so it goes to /dev/null.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return FAILED
 
 
 def parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ import msgspec
 from agentreach import envelopes
 from agentreach.broker import DEFAULT_URL, Auth, Broker, BrokerConfig, Names, parse_replicas
 from agentreach.cli.definitions import raised_by_a_definition, refused_where
+from agentreach.cli.exit_codes import USAGE
 from agentreach.errors import ReachError
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
@@ -30,7 +31,7 @@ class OneLineParser(argparse.ArgumentParser):
     argparse's usage block above it (10 lines for a command with the common options)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+        self.exit(USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
 class Commands:

@@ -1,6 +1,6 @@
-"""``reach publish TOPIC JSON``: send a task, and with ``--wait`` follow it to its result;
-``--count N`` sends a burst at the pace intake takes it (nothing dropped, unlike a core
-``nats pub --count``)."""
+"""``reach publish TOPIC JSON``: send a task as a caller (``client``, or the name in the
+creds), and with ``--wait`` follow it to its result; ``--count N`` sends a burst at the pace
+intake takes it (nothing dropped, unlike a core ``nats pub --count``)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,19 @@ import json
 import sys
 from collections.abc import Callable
 
-from agentreach.agents import DeadlineExceeded, NotAcknowledged, ReachClient
+from agentreach.agents import DeadlineExceeded, NotAcknowledged, ReachClient, Rejected, TaskFailed
+from agentreach.cli.exit_codes import OK, OutcomeUnknown
 from agentreach.cli.options import Commands, UsageError, broker_of, json_argument, json_text
 from agentreach.cli.status import coordinators
-from agentreach.envelopes import MAX_TTL_MS, Ack, Progress
+from agentreach.envelopes import DEAD_LETTER_REASONS, MAX_TTL_MS, Ack, Progress
+from agentreach.errors import ReachError
 
 
 def register(commands: Commands) -> None:
     pub = commands.add(
         "publish",
         cmd_publish,
-        "publish a task: TOPIC JSON",
+        "publish a task as a caller: TOPIC JSON",
         example=(
             """reach publish summarize '{"text": "NATS is fast. Agents are many."}' --wait""",
             'reach publish refund_application \'{"order_id": "1"}\' --priority P0 --ttl-ms 8000',
@@ -28,7 +30,13 @@ def register(commands: Commands) -> None:
             """reach publish echo '{"n": {{Count}}}' --count 5000   # a burst, none dropped""",
         ),
     )
-    pub.add_argument("topic", help="the intent, e.g. summarize (the task goes to reach.task.TOPIC)")
+    pub.add_argument(
+        "topic",
+        help="the intent, e.g. summarize. The task is sent as a caller, as ReachClient sends"
+        " it: on reach.task.TOPIC.client (the caller `client`; with --creds, the name in them),"
+        " so that caller's quota (rate_limits.callers) and its backlog bound on the topic apply"
+        " (`nats pub reach.task.TOPIC` is the operators' bare form, which no quota limits)",
+    )
     pub.add_argument(
         "json", help="the payload, as JSON; @FILE reads it from FILE, - from stdin (a large one)"
     )
@@ -164,12 +172,32 @@ async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) 
         )
     except (NotAcknowledged, DeadlineExceeded) as exc:
         # Neither ends the task: say so before an operator sends it again under a new id.
-        print(
-            f"reach: {exc.message_id} may still run (until its ttl, {ttl_ms} ms): follow it with"
-            f" `reach trace {exc.message_id}`; to wait for it again, send it with --message-id"
-            f" {exc.message_id} (a new id would run it a second time)",
-            file=sys.stderr,
-        )
-        raise
+        raise OutcomeUnknown(
+            f"{exc}; {exc.message_id} may still run (until its ttl, {ttl_ms} ms): follow it"
+            f" with `reach trace {exc.message_id}`; to wait for it again, send it with"
+            f" --message-id {exc.message_id} (a new id would run it a second time)"
+        ) from None
+    except TaskFailed as exc:
+        raise TaskEnded(how_it_ended(exc)) from None
     print(json.dumps(result, ensure_ascii=False))
-    return 0
+    return OK
+
+
+class TaskEnded(ReachError):
+    """The task ended without a result: said as its ending, not as a bare error."""
+
+
+def how_it_ended(exc: TaskFailed) -> str:
+    """``retries_exhausted after 3 attempts, dead-lettered: AttributeError: …``, and where
+    to read more: the ending, the attempts a handler ran, whether a dead letter holds it."""
+    said = exc.ending or "failed"
+    ran = not isinstance(exc, Rejected)
+    if ran and exc.attempt:
+        said += f" after {exc.attempt} attempt{'s' if exc.attempt > 1 else ''}"
+    lettered = exc.ending in DEAD_LETTER_REASONS
+    if lettered:
+        said += ", dead-lettered"
+    if not ran:
+        said += ", nothing ran"
+    more = "reach dlq show" if lettered else "reach trace"
+    return f"{said}: {exc} (`{more} {exc.message_id}`)"

@@ -9,8 +9,7 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from agentreach.broker.tasks import cancel_and_wait
-
-INTERRUPTED = 130  # the shell's code for a command ended by SIGINT
+from agentreach.cli.exit_codes import INTERRUPTED
 
 
 async def redraw_until_interrupted(draw: Callable[[], Awaitable[str]], every_s: float) -> int:

@@ -1,5 +1,6 @@
 """``reach trace ID``: every lifecycle event of a message or a trace (and the tree of the
-workflows it started), for a person to read."""
+workflows it started), for a person to read; of a task no event is recorded of yet, that it
+waits in the intake and why."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from agentreach.broker import (
 from agentreach.broker.lifecycle import AGENT_TOPIC, authentic
 from agentreach.broker.names import COORDINATOR, OPERATOR
 from agentreach.cli import workflows
+from agentreach.cli.exit_codes import FAILED, OK
 from agentreach.cli.options import ASKING_ROLES, Commands, UsageError, broker_of
-from agentreach.cli.status import NOT_RUNNING
+from agentreach.cli.status import NOT_RUNNING, coordinators
+from agentreach.coordinator.delivery.unrouted import LOOKED_AT, unrouted
 from agentreach.coordinator.workflows import read_record
-from agentreach.envelopes import Event, TraceReply, TraceRequest
+from agentreach.envelopes import Event, TraceReply, TraceRequest, Unrouted
 from agentreach.envelopes.described import described
 
 TRACE_WAIT_S = 5.0
@@ -47,10 +50,26 @@ async def cmd_trace(args: argparse.Namespace) -> int:
             s.event.message_id for s in steps if s.event.event == "workflow_started"
         }
         records = [r for i in sorted(instances) if (r := await read_record(broker, i))]
+        if not steps and not records:
+            return await _waiting_in_intake(broker, args.id)
     for record in records:
         print(workflows.tree(record))
     print(render(args.id, steps))
-    return 0 if steps or records else 1
+    return OK
+
+
+async def _waiting_in_intake(broker: Broker, some_id: str) -> int:
+    """No event of ``some_id`` is recorded: the tasks of that id that wait in the intake, not
+    routed yet, or that it is unknown."""
+    waiting = await unrouted(broker, some_id)
+    if not waiting:
+        print(
+            f"no events recorded for {some_id!r}, nor a task of that id among the newest"
+            f" {LOOKED_AT:,} in the intake (is it a message_id or trace_id?)"
+        )
+        return FAILED
+    print(render_unrouted(waiting, coordinator_runs=bool(await coordinators(broker))))
+    return OK
 
 
 async def _trace_of_own(broker: Broker, message_id: str) -> int:
@@ -60,8 +79,14 @@ async def _trace_of_own(broker: Broker, message_id: str) -> int:
     try:
         answer = await broker.request(subject, request, timeout=TRACE_WAIT_S)
     except (NoResponders, BrokerTimeout):
-        raise UsageError(f"{NOT_RUNNING}: a {broker.auth.role} reads traces through it") from None
+        raise UsageError(
+            f"{NOT_RUNNING}: a {broker.auth.role} reads traces through it (what it sent waits"
+            " in the intake meanwhile, within its ttl)"
+        ) from None
     reply = envelopes.decode_as(answer.data, TraceReply)
+    if not reply.events and reply.unrouted:
+        print(render_unrouted(reply.unrouted))
+        return OK
     if not reply.events:
         who = broker.auth.identity
         print(
@@ -70,7 +95,7 @@ async def _trace_of_own(broker: Broker, message_id: str) -> int:
             " read every trace)",
             file=sys.stderr,
         )
-        return 1
+        return FAILED
     steps = [
         Step(at=dt.datetime.fromtimestamp(e.at_ms / 1000, dt.UTC), seq=n, event=e)
         for n, e in enumerate(reply.events)
@@ -78,7 +103,7 @@ async def _trace_of_own(broker: Broker, message_id: str) -> int:
     print(render(message_id, steps))
     if reply.truncated:
         print("(the oldest events did not fit one reply and are left out)")
-    return 0
+    return OK
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +154,25 @@ def render(some_id: str, steps: list[Step]) -> str:
         for step in own:
             lines.append(_line(step, start))
     return "\n".join(lines)
+
+
+def render_unrouted(waiting: list[Unrouted], *, coordinator_runs: bool = True) -> str:
+    """A line per task stored in the intake and not routed yet: when, what, and why."""
+    return "\n".join(_unrouted_line(task, coordinator_runs) for task in waiting)
+
+
+def _unrouted_line(task: Unrouted, coordinator_runs: bool) -> str:
+    stored = dt.datetime.fromtimestamp(task.stored_ms / 1000, dt.UTC).astimezone()
+    if not coordinator_runs:
+        why = "no coordinator runs: start `reach up` or `reach coordinator`"
+    elif task.held:
+        why = "waiting for an agent that can take it"
+    else:
+        why = "the coordinator has not taken it in yet: tasks stored before it go first"
+    return (
+        f"{task.message_id}: stored in the intake at {stored:%Y-%m-%d %H:%M:%S %Z}, not routed"
+        f" yet (topic {task.topic}, priority {task.priority}; {why})"
+    )
 
 
 def _line(step: Step, start: dt.datetime) -> str:

@@ -1,9 +1,11 @@
 """``reach.ctl.trace.<caller>``: a caller reads the events of its own messages, by a message
 id or a trace id, through the coordinator (under permissions a caller cannot read
-``REACH_EVENTS``, which holds every caller's results)."""
+``REACH_EVENTS``, which holds every caller's results, nor ``REACH_TASKS``); of a message it
+sent that is not routed yet, that it waits in the intake."""
 
 from __future__ import annotations
 
+import msgspec
 import structlog
 
 from agentreach import envelopes
@@ -11,11 +13,13 @@ from agentreach.broker import Broker, BrokerError, Inbound
 from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.lifecycle import authentic
 from agentreach.broker.runs import runs_of
+from agentreach.coordinator.delivery.unrouted import unrouted
 from agentreach.envelopes import (
     DecodeError,
     Event,
     TraceReply,
     TraceRequest,
+    Unrouted,
     decode_as,
     is_token,
 )
@@ -40,16 +44,21 @@ class TraceDesk:
             return  # nobody to tell what: the asking client times out and says so
         names, wanted = self._broker.names, request.message_id
         if not is_token(wanted):  # a wildcard would have every event read
-            await msg.respond(self._fitted([]))
+            await msg.respond(self._fitted(TraceReply()))
             return
+        waiting: list[Unrouted] = []
         try:
             events, others = await self._own(caller, names.events_of_message(wanted))
             if not events:  # none of the caller's messages has that id: a trace may
                 events, _ = await self._own(caller, names.events_of_trace(wanted))
+            if not events:  # nothing recorded: it may wait in the intake, not routed yet
+                waiting = await unrouted(self._broker, wanted, caller=caller)
         except BrokerError as exc:
             log.warning("status not answered", message_id=wanted, error=str(exc))
             return
-        await msg.respond(self._fitted(events, others=others and not events))
+        others = others and not events
+        reply = TraceReply(events=events, others=others, unrouted=waiting)
+        await msg.respond(self._fitted(reply))
 
     async def _own(self, caller: str, subject: str) -> tuple[list[Event], bool]:
         """The authentic events on ``subject`` of the runs ``caller`` sent (see
@@ -59,17 +68,20 @@ class TraceDesk:
         stored = await indexed_messages_on(self._broker, names.events_stream, subject)
         return runs_of(caller, authentic(names, stored), names)
 
-    def _fitted(self, events: list[Event], *, others: bool = False) -> bytes:
-        """The reply, without its oldest events when all would not fit one message."""
+    def _fitted(self, reply: TraceReply) -> bytes:
+        """``reply`` encoded, without its oldest events (or tasks not routed yet) when all
+        would not fit one message."""
         limit = self._broker.max_payload - HEADROOM
-        kept, truncated = list(events), False
-        while (
-            len(
-                data := envelopes.encode(
-                    TraceReply(events=kept, truncated=truncated, others=others)
-                )
-            )
-            > limit
-        ):
-            kept, truncated = kept[len(kept) // 4 + 1 :], True
+        while len(data := envelopes.encode(reply)) > limit:
+            reply = _shortened(reply)
         return data
+
+
+def _shortened(reply: TraceReply) -> TraceReply:
+    """``reply`` without the oldest quarter of its events, or, with none, of its tasks not
+    routed yet (a trace may have thousands waiting)."""
+    if reply.events:
+        events = reply.events[len(reply.events) // 4 + 1 :]
+        return msgspec.structs.replace(reply, events=events, truncated=True)
+    waiting = reply.unrouted[len(reply.unrouted) // 4 + 1 :]
+    return msgspec.structs.replace(reply, unrouted=waiting, truncated=True)

@@ -60,6 +60,19 @@ def test_an_ending_read_from_events_keeps_what_it_says_of_ran() -> None:
         outcome_of(Ended(error=EXPIRED, reason="expired"), IDS, ran=False)
 
 
+async def test_a_failure_names_the_attempt_its_ending_came_at() -> None:
+    """TaskFailed.attempt is the error reply's attempt, or the ending event's when the end
+    was read from the trace (a reply lost)."""
+    about = {"v": 1, "message_id": "wf-1", "trace_id": "wf-1", "topic": "brief", "attempt": 3}
+    detail = {"reason": "retries_exhausted", "error": {"type": "KeyError", "message": "x"}}
+    event = Event(**about, event="dead_lettered", detail=detail)
+    with pytest.raises(TaskFailed) as raised:
+        outcome_of(ending_of([event]) or Ended(), IDS, ran=True)
+    assert raised.value.attempt == 3 and raised.value.ending == "retries_exhausted"
+    replied = ErrorReply(**about, error=EXPIRED, reason="expired", ran=True)
+    assert getattr(await _ending_of(replied), "attempt", None) == 3
+
+
 SLOW = Task(
     v=1,
     message_id="slow-1",

@@ -68,7 +68,12 @@ export class Traces {
     const request: TraceRequest = { message_id: id };
     const answer = await this.conn.nc.request(subject, encode(request), { timeout: timeoutMs });
     const reply = decodeJson(answer.data) as Partial<TraceReply>;
-    return { events: reply.events ?? [], truncated: reply.truncated === true, others: reply.others === true };
+    return {
+      events: reply.events ?? [],
+      truncated: reply.truncated === true,
+      others: reply.others === true,
+      unrouted: reply.unrouted ?? [],
+    };
   }
 }
 

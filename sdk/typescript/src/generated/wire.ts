@@ -1327,8 +1327,11 @@ export interface TimerDue {
 
 /**
  * The recorded events of the message, oldest first; empty when the message is not the
- * asking caller's (or unknown). `truncated`: the oldest ones did not fit one reply.
+ * asking caller's (or unknown). `truncated`: the oldest ones (or, with no events, the
+ * oldest tasks not routed yet) did not fit one reply.
  * `others`: a message of that id exists, but another caller's (the id is taken).
+ * `unrouted`: when no event is recorded, the asking caller's tasks of that message or
+ * trace id that wait in the intake, not routed yet.
  */
 export interface TraceReply {
   /**
@@ -1343,6 +1346,10 @@ export interface TraceReply {
    * default false
    */
   others: boolean;
+  /**
+   * default []
+   */
+  unrouted: Unrouted[];
 }
 
 /**
@@ -1368,6 +1375,33 @@ export interface UndecodableDetail {
    * default false
    */
   truncated: boolean;
+}
+
+/**
+ * A task stored in the intake (`REACH_TASKS`) that the coordinator has not routed yet,
+ * so no event of it is recorded. `stored_ms`: the broker's time of storing it. `held`:
+ * the coordinator has taken it in and waits for an agent that can take it; false: it has
+ * not come to it yet (tasks before it, or no coordinator ran since).
+ */
+export interface Unrouted {
+  /**
+   * subject-safe token — pattern `^[A-Za-z0-9_-]{1,128}$`
+   */
+  message_id: string;
+  /**
+   * subject-safe token — pattern `^[A-Za-z0-9_-]{1,128}$`
+   */
+  trace_id: string;
+  /**
+   * subject-safe token — pattern `^[A-Za-z0-9_-]{1,128}$`
+   */
+  topic: string;
+  priority: "P0" | "P1" | "P2";
+  stored_ms: number;
+  /**
+   * default false
+   */
+  held: boolean;
 }
 
 /**

@@ -1,0 +1,72 @@
+"""`reach publish`: who it sends as, and what it says and exits with when a task does not
+end well."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from agentreach.agents import Agent, TaskContext
+from agentreach.broker import read_stream
+from agentreach.cli.exit_codes import FAILED, OK, OUTCOME_UNKNOWN
+from tests.cli.conftest import reach_argv, reach_command, run
+from tests.secured import SECURED
+
+
+async def test_publish_sends_as_the_caller_client_as_its_help_says(broker):
+    """The task is stored on reach.task.TOPIC.client (the caller `client`; the name in the
+    creds when given), and --help says so and that the caller's quota applies."""
+    published = await run(*reach_argv(broker, "publish", "summarize", "{}"))
+    helped = await run(reach_command(), "publish", "--help")
+    stored = await read_stream(broker, broker.names.tasks_stream, broker.names.tasks_wildcard)
+    caller = "admin" if SECURED else "client"  # the suite's operator creds, when secured
+    assert published.returncode == OK, published.stderr
+    assert [m.subject for m in stored] == [broker.names.task("summarize", caller)]
+    said = " ".join(helped.stdout.split())
+    assert "reach.task.TOPIC.client" in said and "quota" in said, said
+
+
+async def test_publish_wait_says_how_a_failed_task_ended_and_exits_1(broker, coordinator):
+    """A handler that keeps failing: the one line names the ending, the attempts, the dead
+    letter and the agent's error, and where to read more; exit 1."""
+    agent = Agent("cli-breaks", startup_delay=0)
+
+    @agent.handler("breaks")
+    async def breaks(ctx: TaskContext, payload: Any) -> Any:
+        return payload.get("text")  # a list has no .get: AttributeError on every attempt
+
+    async with agent.running(broker=broker):
+        failed = await run(*reach_argv(broker, "publish", "breaks", "[1]", "--wait"))
+    said = failed.stderr.strip().splitlines()[-1]
+    assert failed.returncode == FAILED, failed.stderr
+    assert said.startswith(
+        "reach: error: retries_exhausted after 3 attempts, dead-lettered: AttributeError:"
+        " 'list' object has no attribute 'get'"
+    ), said
+    assert "reach dlq show " in said
+
+
+async def test_publish_wait_tells_a_task_that_never_ran_from_one_that_may_still_run(
+    broker, coordinator, watcher
+):
+    """A refusal (no_route) exits 1, saying nothing ran; a task no agent acknowledged in
+    time exits 3: it may still run (its agent is busy), so it is not a failure."""
+    gate = asyncio.Event()
+    agent = Agent("cli-busy-one", startup_delay=0)
+
+    @agent.handler("slow", capacity=1)
+    async def slow(ctx: TaskContext, payload: Any) -> Any:
+        await gate.wait()
+        return payload
+
+    nobody = await run(*reach_argv(broker, "publish", "nobody_serves", "{}", "--wait"))
+    async with agent.running(broker=broker):
+        await run(*reach_argv(broker, "publish", "slow", "{}"))
+        await watcher.event("accepted", topic="slow")  # its one slot is taken
+        argv = reach_argv(broker, "publish", "slow", "{}", "--wait", "--ack-ms", "300")
+        waited = await run(*argv)
+        gate.set()
+    assert nobody.returncode == FAILED, nobody.stderr
+    assert "no_route, dead-lettered, nothing ran: no_route:" in nobody.stderr
+    assert waited.returncode == OUTCOME_UNKNOWN, waited.stderr
+    assert "may still run" in waited.stderr
