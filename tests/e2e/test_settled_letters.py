@@ -31,6 +31,19 @@ async def _letter(broker, message_id: str) -> DeadLetter:  # type: ignore[no-unt
     )
 
 
+def _runner(runs: list[str], *topics: str) -> Agent:
+    """An agent serving ``topics`` (default: chores) that notes each run as `topic id`."""
+    agent = Agent("chore-runner", startup_delay=0)
+
+    async def run(ctx: TaskContext, payload: object) -> str:
+        runs.append(f"{ctx.topic} {ctx.message_id}")
+        return "done"
+
+    for topic in topics or ("chores",):
+        agent.handler(topic)(run)
+    return agent
+
+
 async def _drained(broker, worker: str) -> None:  # type: ignore[no-untyped-def]
     async def done() -> bool:
         state = await consumer_state(broker, broker.names.dlq_stream, f"compensation-{worker}")
@@ -111,12 +124,7 @@ async def test_replays_of_one_letter_that_race_run_its_task_once(broker, coordin
     once. A forced replay is a message of its own."""
     letter = await _letter(broker, "raced")
     runs: list[str] = []
-    agent = Agent("chore-runner", startup_delay=0)
-
-    @agent.handler("chores")
-    async def chores(ctx: TaskContext, payload: object) -> str:
-        runs.append(ctx.message_id)
-        return "done"
+    agent = _runner(runs)
 
     async with agent.running(broker=broker):
         first, second = await asyncio.gather(
@@ -127,7 +135,7 @@ async def test_replays_of_one_letter_that_race_run_its_task_once(broker, coordin
         forced = await replay(broker, letter, force=True)
         assert forced.message_id != first.message_id
         await watcher.event("completed", message_id=forced.message_id)
-    assert runs == [first.message_id, forced.message_id]
+    assert runs == [f"chores {first.message_id}", f"chores {forced.message_id}"]
     assert watcher.count("routed", {first.message_id}) == 1
 
 
@@ -193,12 +201,7 @@ async def test_a_replay_made_again_by_another_replayer_after_the_dedup_window_ru
     await broker.js.update_stream(info.config)
     letter = await _letter(broker, "twice-replayed")
     runs: list[str] = []
-    agent = Agent("chore-runner", startup_delay=0)
-
-    @agent.handler("chores")
-    async def chores(ctx: TaskContext, payload: object) -> str:
-        runs.append(ctx.message_id)
-        return "done"
+    agent = _runner(runs)
 
     async with agent.running(broker=broker):
         first = await _replayed_without_record(broker, letter, sender="ops-worker")
@@ -208,7 +211,7 @@ async def test_a_replay_made_again_by_another_replayer_after_the_dedup_window_ru
         again = await replay(broker, letter)  # an operator: bare, no caller
         assert again.message_id == first.message_id
         await watcher.event("answered_from_record", message_id=again.message_id)
-    assert runs == [first.message_id]
+    assert runs == [f"chores {first.message_id}"]
 
 
 async def test_a_replay_to_another_topic_is_a_message_of_its_own(broker, coordinator, watcher):
@@ -216,18 +219,8 @@ async def test_a_replay_to_another_topic_is_a_message_of_its_own(broker, coordin
     by a person to another topic: the second is not the first's duplicate (it was dropped
     by the stream, and recorded as replayed there all the same), and runs where sent."""
     letter = await _letter(broker, "redirected")
-    runs: list[tuple[str, str]] = []
-    agent = Agent("chore-runner", startup_delay=0)
-
-    @agent.handler("chores")
-    async def chores(ctx: TaskContext, payload: object) -> str:
-        runs.append(("chores", ctx.message_id))
-        return "done"
-
-    @agent.handler("review")
-    async def review(ctx: TaskContext, payload: object) -> str:
-        runs.append(("review", ctx.message_id))
-        return "reviewed"
+    runs: list[str] = []
+    agent = _runner(runs, "chores", "review")
 
     async with agent.running(broker=broker):
         first = await _replayed_without_record(broker, letter, sender=None)
@@ -238,7 +231,7 @@ async def test_a_replay_to_another_topic_is_a_message_of_its_own(broker, coordin
         )
         for message_id in (first.message_id, redirected.message_id):
             await watcher.event("completed", message_id=message_id)
-    assert sorted(runs) == [("chores", first.message_id), ("review", redirected.message_id)]
+    assert sorted(runs) == sorted([f"chores {first.message_id}", f"review {redirected.message_id}"])
 
 
 async def test_a_handler_that_raised_after_its_replay_is_called_again_and_replays_nothing(
@@ -251,12 +244,7 @@ async def test_a_handler_that_raised_after_its_replay_is_called_again_and_replay
     await _letter(broker, "notify-after")
     runs: list[str] = []
     replays: list[str] = []
-    agent = Agent("chore-runner", startup_delay=0)
-
-    @agent.handler("chores")
-    async def chores(ctx: TaskContext, payload: object) -> str:
-        runs.append(ctx.message_id)
-        return "done"
+    agent = _runner(runs)
 
     async def replay_then_notify(letter: DeadLetter, comp: Compensation) -> None:
         replays.append((await comp.replay(letter)).message_id)
@@ -268,5 +256,5 @@ async def test_a_handler_that_raised_after_its_replay_is_called_again_and_replay
         await _drained(broker, "notifier")
         await watcher.event("completed", message_id=replays[0])
     assert replays == [replays[0]] * 2
-    assert runs == [replays[0]]
+    assert runs == [f"chores {replays[0]}"]
     assert watcher.count("replayed") == 1
