@@ -148,18 +148,21 @@ export class InvokeAborted extends InvokeError {
  * `ending` is how the message ended, from the coordinator's error reply: the dead letter's
  * reason (`retries_exhausted`, `rejected`, `expired`, `no_route`, `invalid_envelope`, …),
  * `refused` for a refusal without a dead letter (a caller over its quota), `cancelled`,
- * `duplicate_id`; null from a coordinator too old to say. A handler ran, so sending the
- * task again under a new id may run it twice.
+ * `duplicate_id`; null from a coordinator too old to say. `attempt` is the attempt the
+ * ending came at (3 for a task dead-lettered after its third failure); null when not known.
+ * A handler ran, so sending the task again under a new id may run it twice.
  */
 export class TaskFailed extends InvokeError {
   override name = "TaskFailed";
   readonly error: ErrorInfo;
   readonly ending: string | null;
+  readonly attempt: number | null;
 
-  constructor(error: ErrorInfo, ending: string | null, ids: MessageIds) {
+  constructor(error: ErrorInfo, ending: string | null, ids: MessageIds, attempt: number | null = null) {
     super(`${error.type}: ${error.message}`, ids);
     this.error = error;
     this.ending = ending;
+    this.attempt = attempt;
   }
 
   /** The error's type: a handler's class name, or the coordinator's (`expired`, `no_route`, …). */

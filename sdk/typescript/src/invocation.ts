@@ -121,10 +121,10 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
       case "error": {
         // A workflow says whether it dispatched a step: its own ack (the instance was
         // created) tells nothing of that, and no agent accepts the workflow itself.
-        if (reply.ran !== null) throw failure(reply.error, reply.reason, ids, reply.ran);
+        if (reply.ran !== null) throw failure(reply.error, reply.reason, ids, reply.ran, reply.attempt);
         let ran = doneBy !== null; // acknowledged: a handler took it
         if (!ran && afterAnAttempt(reply.error, reply.attempt)) ran = (await ending.read())[1]; // its ack may be lost
-        throw failure(reply.error, reply.reason, ids, ran);
+        throw failure(reply.error, reply.reason, ids, ran, reply.attempt);
       }
     }
   }
@@ -135,7 +135,7 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
  * ending itself says of that, a workflow's, comes first).
  */
 export function outcomeOf(ended: Ended, ids: MessageIds, ran: boolean): Outcome {
-  if (ended.kind === "error") throw failure(ended.error, ended.reason, ids, ended.ran ?? ran);
+  if (ended.kind === "error") throw failure(ended.error, ended.reason, ids, ended.ran ?? ran, ended.attempt);
   return [ended.result, ended.resultRef];
 }
 
@@ -144,9 +144,9 @@ export function outcomeOf(ended: Ended, ids: MessageIds, ran: boolean): Outcome 
  * again is safe); TaskFailed for a handler's failure, and for a refusal that came after an
  * attempt ran (a retry refused by its breaker, a ttl out between retries).
  */
-export function failure(error: ErrorInfo, reason: string | null, ids: MessageIds, ran: boolean): TaskFailed {
+export function failure(error: ErrorInfo, reason: string | null, ids: MessageIds, ran: boolean, attempt: number | null = null): TaskFailed {
   const refused = REJECTION_TYPES.has(error.type) && !ran;
-  return new (refused ? Rejected : TaskFailed)(error, reason, ids);
+  return new (refused ? Rejected : TaskFailed)(error, reason, ids, attempt);
 }
 
 /** The end of a message the stream held already, for a resend under its id (§9). */
