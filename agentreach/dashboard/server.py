@@ -1,14 +1,15 @@
 """The dashboard's HTTP API and page: ``GET /`` (the page), ``GET /api/snapshot``,
 ``GET /api/events`` (server-sent events), ``GET /api/trace/<id>``, ``POST
-/api/dlq/<message_id>/replay``, ``/healthz`` and ``/readyz``.
+/api/dlq/<message_id>/replay`` and ``/resolve``, ``/healthz`` and ``/readyz``.
 
 The page and this API are one process of their own (``reach dashboard``): any number may
 run, none holds what another needs. Its defences, in the order they are checked: every
 request must name this server in its ``Host`` (:mod:`.hosts`: against DNS rebinding), or it
 is answered 421 and nothing else; every route but the probes asks for the access token
-(:mod:`.access`: against other processes on the host), or 401; and replaying a dead letter
-needs the header ``X-Reach-Request: 1``, which a page of another site cannot send without a
-CORS preflight that this server never answers, and an ``Origin``, if any, naming this server.
+(:mod:`.access`: against other processes on the host), or 401; and replaying or resolving a
+dead letter needs the header ``X-Reach-Request: 1``, which a page of another site cannot send
+without a CORS preflight that this server never answers, and an ``Origin``, if any, naming this
+server.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import msgspec
 
 from agentreach.agents.errors import LetterSettled, ReplayLimitReached
-from agentreach.agents.letters import replay
+from agentreach.agents.letters import replay, resolve
 from agentreach.broker import BrokerError, read_stream
 from agentreach.coordinator.observability.http import Request, Response, Streamed
 from agentreach.dashboard.access import Access
@@ -30,7 +31,7 @@ from agentreach.dashboard.hosts import AllowedHosts
 from agentreach.dashboard.letter_deltas import LetterDeltas
 from agentreach.dashboard.trace import trace_of
 from agentreach.dashboard.views import Board
-from agentreach.envelopes import DecodeError, decode_dead_letter, is_token
+from agentreach.envelopes import DeadLetter, DecodeError, decode_dead_letter, is_token
 from agentreach.errors import ReachError
 
 SNAPSHOT_EVERY_S = 300.0  # a whole snapshot again, to correct any drift
@@ -64,10 +65,10 @@ class DashboardApp:
         if (refused := self._access.refusal(request)) is not None:
             return refused
         path = request.path
-        if request.method == "POST" and path.startswith("/api/dlq/") and path.endswith("/replay"):
-            return await self._replay(
-                request, path.removeprefix("/api/dlq/").removesuffix("/replay")
-            )
+        if request.method == "POST" and path.startswith("/api/dlq/"):
+            message_id, _, action = path.removeprefix("/api/dlq/").rpartition("/")
+            if action in ("replay", "resolve"):
+                return await self._settle(request, message_id, action)
         if request.method not in ("GET", "HEAD"):
             return Response.error(405, f"{request.method} is not served on {path}")
         if path in ("/", "/index.html"):
@@ -151,9 +152,11 @@ class DashboardApp:
             return Response.error(404, f"no events for {some_id!r} in REACH_EVENTS (kept 7 days)")
         return Response.of_json(found)
 
-    async def _replay(self, request: Request, message_id: str) -> Response:
+    async def _settle(self, request: Request, message_id: str, action: str) -> Response:
+        """Replay a dead letter, or record it resolved: a change, so asked for on purpose
+        (the header), from this page (the origin), as JSON (no form of another site)."""
         if request.headers.get("x-reach-request") != "1":
-            return Response.error(403, "replaying needs the header X-Reach-Request: 1")
+            return Response.error(403, f"{action} needs the header X-Reach-Request: 1")
         if self.board.read_only:
             return Response.error(403, "this dashboard is read-only (--read-only)")
         origin, host = request.headers.get("origin"), request.headers.get("host", "")
@@ -161,14 +164,34 @@ class DashboardApp:
             return Response.error(403, f"requests from {origin} are not accepted")
         if (why := _not_json(request)) is not None:
             return Response.error(415, why)
+        kind, shape = (_ReplayBody, "{topic?, ttl_ms?, force?}")
+        if action == "resolve":
+            kind, shape = (_ResolveBody, '{"note": "how it was dealt with"}')
         try:
-            body = request.json()
-            options = msgspec.convert(body, _ReplayBody)
+            options = msgspec.convert(request.json(), kind)
         except (ValueError, msgspec.ValidationError) as exc:
-            return Response.error(400, f"the body must be {{topic?, ttl_ms?, force?}} JSON: {exc}")
+            return Response.error(400, f"the body must be {shape} JSON: {exc}")
         letter = await self._letter(message_id)
         if letter is None:
             return Response.error(404, f"no dead letter {message_id!r} in REACH_DLQ")
+        if isinstance(options, _ResolveBody):
+            return await self._resolve(letter, options.note)
+        return await self._replay(letter, options)
+
+    async def _resolve(self, letter: DeadLetter, note: str) -> Response:
+        if not note.strip():
+            return Response.error(400, "a resolution needs a note: how the letter was dealt with")
+        by = self.board.broker.auth.identity or "dashboard"
+        try:
+            await resolve(self.board.broker, letter, note, by=by)
+        except ReachError as exc:
+            return Response.error(503, str(exc))
+        return Response.of_json(
+            {"message_id": letter.message_id, "state": "resolved", "by": by}, 202
+        )
+
+    async def _replay(self, letter: DeadLetter, options: _ReplayBody) -> Response:
+        message_id = letter.message_id
         if letter.envelope is None:
             return Response.error(409, f"{message_id} ({letter.reason}) has no task to replay")
         try:
@@ -233,6 +256,10 @@ def _not_json(request: Request) -> str | None:
         "the body must be JSON, sent with Content-Type: application/json"
         f" (this one's is {given or 'not given'})"
     )
+
+
+class _ResolveBody(msgspec.Struct, forbid_unknown_fields=True):
+    note: str
 
 
 class _ReplayBody(msgspec.Struct, forbid_unknown_fields=True):

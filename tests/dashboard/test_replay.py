@@ -114,3 +114,36 @@ async def test_a_settled_letter_is_replayed_only_when_forced(broker: Broker, wat
         assert forced[0] == 202, forced
     assert watcher.count("replayed", {"settled-1"}) == 2
     assert watcher.count("replayed", {"settled-2"}) == 1
+
+
+async def test_a_letter_is_resolved_with_a_note_as_reach_dlq_resolve_does(
+    broker: Broker, watcher: Watcher
+):
+    """The page could replay a letter but not mark it dealt with (405): POST …/resolve with a
+    note records `resolved` by the dashboard's identity; without a note, or the header,
+    nothing is recorded."""
+    task = Task(v=1, message_id="settle-me", trace_id="settle-me", topic="work")
+    await dead_letter(broker, reason="no_route", task=task, **_ids(task))
+    async with dashboard(broker) as server:
+        ours = [f"Host: 127.0.0.1:{server.port}", "Connection: close", BEARER]
+        ours.append("Content-Type: application/json")
+        resolve_it = ("POST", "/api/dlq/settle-me/resolve")
+        unasked = await send(server, *resolve_it, ours, b'{"note": "refunded"}')
+        ours.append("X-Reach-Request: 1")
+        noteless = await send(server, *resolve_it, ours, b'{"note": " "}')
+        shapeless = await send(server, *resolve_it, ours, b"{}")
+        unknown = await send(server, "POST", "/api/dlq/nobody/resolve", ours, b'{"note": "x"}')
+        done = await send(server, *resolve_it, ours, b'{"note": "refunded by hand"}')
+        resolved = await watcher.event("resolved", message_id="settle-me")
+    assert unasked[0] == 403 and noteless[0] == 400 and shapeless[0] == 400, (unasked, noteless)
+    assert "a resolution needs a note" in json.loads(noteless[1])["error"]
+    assert '{"note": "how it was dealt with"}' in json.loads(shapeless[1])["error"]
+    assert unknown[0] == 404, unknown
+    assert done[0] == 202, done
+    assert json.loads(done[1])["state"] == "resolved"
+    assert resolved.detail["note"] == "refunded by hand" and resolved.detail["by"]
+    assert watcher.count("resolved") == 1
+
+
+def _ids(task: Task) -> dict[str, str]:
+    return {"message_id": task.message_id, "trace_id": task.trace_id, "topic": task.topic}

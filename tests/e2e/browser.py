@@ -61,6 +61,7 @@ FACTS_JS = """(() => {
     letterStates: Object.fromEntries([...document.querySelectorAll("[data-message-id]")]
       .map((el) => [el.dataset.messageId, el.querySelector("[data-letter-state]").textContent])),
     replayButtons: document.querySelectorAll("[data-replay]").length,
+    resolveButtons: document.querySelectorAll("[data-resolve]").length,
     deadLetterReasons: [...document.querySelectorAll("[data-reason]")]
       .map((el) => el.dataset.reason),
     workflows: document.querySelectorAll("[data-instance-id]").length,

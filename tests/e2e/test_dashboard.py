@@ -115,6 +115,7 @@ async def test_the_dashboard_shows_a_running_system_live(broker, coordinator, wa
             assert shown_at == f"{server.url}#trace={done[0][0]}"  # the token is out of the URL
             assert facts["metrics"]["isolated_agents"]["state"] == "firing"
             assert facts["letters"] >= 3 and facts["replayButtons"] >= 3
+            assert facts["resolveButtons"] >= 3  # each open letter can be resolved, with a note
             # counted on by the page from each heartbeat's seen_ms
             assert all(re.fullmatch(r"\d+ s", t) for t in facts["heartbeats"].values()), facts
             assert shot.stat().st_size > 10_000
