@@ -69,6 +69,7 @@ class Agent:
         clock: Callable[[], float] = time.time,
         rate_limit: RateLimit | None = None,
         claim_check_bytes: int = DEFAULT_CLAIM_CHECK_BYTES,
+        drain_timeout: float = 10.0,
     ) -> None:
         if agent_id is None:  # "" is a mistake, not "none given"
             agent_id = resolve_agent_id(agent_id, Path(identity_file))
@@ -88,12 +89,15 @@ class Agent:
             raise AgentConfigError(f"ack_wait must be positive, got {ack_wait}")
         if max_deliver < 1:
             raise AgentConfigError(f"max_deliver must be at least 1, got {max_deliver}")
+        if drain_timeout <= 0:
+            raise AgentConfigError(f"drain_timeout must be positive, got {drain_timeout}")
         self.agent_id = agent_id
         self.tags = _checked_tags(tags)
         self.heartbeat_interval = heartbeat_interval
         self.startup_delay = startup_delay
         self.ack_wait = ack_wait
         self.max_deliver = max_deliver
+        self.drain_timeout = drain_timeout  # how long a stop lets running handlers finish
         self.watchdog_threshold = watchdog_threshold or heartbeat_interval
         self.clock = clock
         self.rate_limit = rate_limit

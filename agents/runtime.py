@@ -44,7 +44,6 @@ log = get_logger("agents")
 
 FETCH_WAIT_S = 0.5
 PRESENCE_CHECK_S = 0.5
-DRAIN_TIMEOUT_S = 10.0
 CARD_CHECK_S = 1.0  # how soon after a reconnect the card is looked for (reconnects are counted)
 # Deliveries held per slot: while a handler runs, the next task of its slot is in hand and
 # the last one's outcome is recorded and reported (three round trips no slot waits for).
@@ -150,7 +149,7 @@ class AgentRuntime:
         await _finish(self._loops, 0)
         for consumer in self._consumers.values():  # what was pulled and not taken comes back
             await consumer.close()
-        await _finish(list(self._in_flight), DRAIN_TIMEOUT_S)
+        await _finish(list(self._in_flight), self.agent.drain_timeout)
         await _finish(self._duties, 0)
         with contextlib.suppress(BrokerError):
             await self._retire()

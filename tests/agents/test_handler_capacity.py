@@ -169,3 +169,32 @@ async def test_an_ack_counts_no_place_kept_for_p0_as_free_to_p1(broker, coordina
             await client.invoke("pair", {}, priority=priority, on_ack=acks[priority].append)
     assert [ack.capacity.free_slots for ack in acks["P1"] if ack.capacity] == [0]
     assert [ack.capacity.free_slots for ack in acks["P0"] if ack.capacity] == [1]
+
+
+async def test_a_stop_cancels_what_outruns_drain_timeout_and_the_task_runs_again(
+    broker, coordinator, watcher
+):
+    """drain_timeout (it was a fixed 10 s, past some containers' grace period): a handler
+    still running then is cancelled, nothing recorded of it, and the next process of the id
+    runs the task to its end."""
+    agent = Agent("drained-1", startup_delay=0, drain_timeout=0.2, ack_wait=1.0)
+    runs: list[str] = []
+    endless = asyncio.Event()
+
+    @agent.handler("slow")
+    async def slow(ctx: TaskContext, payload: object) -> str:
+        runs.append(ctx.message_id)
+        if len(runs) == 1:
+            await endless.wait()  # the first run outlives the drain
+        return "done"
+
+    async with ReachClient(broker=broker) as client:
+        async with agent.running(broker=broker) as runtime:
+            message_id, _ = await client.publish("slow", None)
+            await until_true(lambda: _true(len(runs) == 1))
+            async with asyncio.timeout(5):  # not the 10 s it used to be
+                await runtime.stop()
+        async with agent.running(broker=broker):
+            await watcher.event("completed", message_id=message_id, timeout=20)
+    assert runs == [message_id, message_id]
+    assert watcher.count("failed", {message_id}) == 0
