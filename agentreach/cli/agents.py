@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import time
 from dataclasses import dataclass
 
@@ -51,6 +52,11 @@ def register(commands: Commands) -> None:
         "id", nargs="?", help="clear: the quarantined agent's id; forget: the retired agent's"
     )
     agents.add_argument(
+        "--json",
+        action="store_true",
+        help="list: one JSON object per agent and line (for scripts), not the table",
+    )
+    agents.add_argument(
         "--watch",
         type=float,
         nargs="?",
@@ -63,6 +69,8 @@ def register(commands: Commands) -> None:
 async def cmd_agents(args: argparse.Namespace) -> int:
     if args.watch is not None and args.watch < MIN_WATCH_S:
         raise UsageError(f"--watch takes seconds between redraws, at least {MIN_WATCH_S}")
+    if args.json and (args.action != "list" or args.watch is not None):
+        raise UsageError("--json is for agents list, once (not --watch)")
     if args.action == "list" and args.id:
         raise UsageError(f"agents list takes no agent id (got {args.id!r}): it lists them all")
     operators_only(args, "the agent registry")
@@ -81,6 +89,10 @@ async def cmd_agents(args: argparse.Namespace) -> int:
         )
         # Only a coordinator with its seal key refuses what the allowances do not name.
         enforced = any(status.get("enforces_allowances") for status in running)
+        if args.json:
+            for row in await collect(broker, allowances_enforced=enforced):
+                print(json.dumps(as_json(row), ensure_ascii=False))
+            return 0
         if not args.watch:
             print(render(await collect(broker, allowances_enforced=enforced)))
             return 0
@@ -191,10 +203,45 @@ def render(rows: list[Row]) -> str:
     return "\n".join([header, *(_line(row) for row in rows), footer])
 
 
-def _line(row: Row) -> str:
-    card, judged, beat = row.card, row.liveness, row.heartbeat
+def _state(row: Row) -> str:
     # A stopped card is STOPPED whatever its last verdict, as in `reach top` and the metrics.
-    state = "STOPPED" if card.status != "running" else judged.state if judged else "UNKNOWN"
+    judged = row.liveness
+    return "STOPPED" if row.card.status != "running" else judged.state if judged else "UNKNOWN"
+
+
+def _load(row: Row, state: str) -> tuple[int, int] | None:
+    """Handlers running and slots, from its last heartbeat; None for an agent gone (what its
+    last heartbeat said is not its load)."""
+    beat = row.heartbeat
+    if beat is None or state in ("OFFLINE", "STOPPED"):
+        return None
+    return beat.in_flight, beat.in_flight + beat.free_slots
+
+
+def as_json(row: Row) -> dict[str, object]:
+    """What the table shows of an agent, for scripts (``reach agents --json``)."""
+    state, judged = _state(row), row.liveness
+    load = _load(row, state)
+    return {
+        "agent_id": row.key,
+        "state": state,
+        "reason": judged.reason if judged else None,
+        "since_ms": judged.since_ms if judged else None,
+        "quarantined": bool(judged and judged.quarantined),
+        "beat_age_s": round(row.beat_age_s, 1) if row.beat_age_s is not None else None,
+        "in_flight": load[0] if load else None,
+        "slots": load[1] if load else None,
+        "intents": {topic: intent.version for topic, intent in sorted(row.card.intents.items())},
+        "tags": dict(sorted(row.card.tags.items())),
+        "breakers": [{"intent": b.intent or None, "state": b.state} for b in row.breakers],
+        "refused": dict(row.refused),
+        "card_names_another": row.card.agent_id if row.card.agent_id != row.key else None,
+    }
+
+
+def _line(row: Row) -> str:
+    card, judged = row.card, row.liveness
+    state = _state(row)
     if judged and judged.quarantined:
         state = "QUARANT."
     if card.agent_id != row.key:  # the coordinator does not believe it either
@@ -203,9 +250,8 @@ def _line(row: Row) -> str:
         dt.datetime.fromtimestamp(judged.since_ms / 1000).strftime("%H:%M:%S") if judged else "-"
     )
     age = f"{row.beat_age_s:.1f}s" if row.beat_age_s is not None else "-"
-    # Gone: what its last heartbeat said is not its load.
-    live = beat is not None and state not in ("OFFLINE", "STOPPED")
-    load = f"{beat.in_flight}/{beat.in_flight + beat.free_slots}" if beat and live else "-"
+    running = _load(row, state)
+    load = f"{running[0]}/{running[1]}" if running else "-"
     intents = ",".join(f"{t}@{i.version}" for t, i in sorted(card.intents.items()))
     tags = ",".join(f"{k}={v}" for k, v in sorted(card.tags.items())) or "-"
     breakers = ",".join(f"{b.intent or 'ISOLATED'}:{b.state}" for b in row.breakers) or "-"

@@ -69,6 +69,11 @@ def register(commands: Commands) -> None:
     dlq.add_argument("--reason", default=None, help="only letters with this reason")
     dlq.add_argument("--topic", default=None, help="only letters of this topic")
     dlq.add_argument(
+        "--json",
+        action="store_true",
+        help="list: one JSON object per letter and line (for scripts), not the table",
+    )
+    dlq.add_argument(
         "--open",
         action="store_true",
         help="list: only open letters (neither replayed, resolved nor handled by a workflow)",
@@ -106,8 +111,27 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         states = {x.message_id: letter_state(settled.get(x.message_id), x) for x in letters}
         if args.open:
             letters = [letter for letter in letters if states[letter.message_id] == "open"]
-        _print_letters(letters, states, only_open=args.open)
+        if args.json:
+            for letter in letters:
+                print(json.dumps(_listed(letter, states[letter.message_id]), ensure_ascii=False))
+        else:
+            _print_letters(letters, states, only_open=args.open)
     return 0
+
+
+def _listed(letter: DeadLetter, state: str) -> dict[str, object]:
+    """What ``reach dlq list`` says of a letter, for scripts (``--json``)."""
+    return {
+        "message_id": letter.message_id,
+        "trace_id": letter.trace_id,
+        "reason": letter.reason,
+        "topic": letter.topic,
+        "state": state,
+        "at_ms": letter.at_ms,
+        "attempts": letter.attempts,
+        "replays": letter.replays,
+        "error": msgspec.to_builtins(letter.error) if letter.error else None,
+    }
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -124,8 +148,9 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.note is not None and args.action != "resolve":
         raise UsageError(f"--note is for dlq resolve, not dlq {args.action}")
-    if args.open and args.action != "list":
-        raise UsageError(f"--open is for dlq list, not dlq {args.action}")
+    for flag, given in (("--open", args.open), ("--json", args.json)):
+        if given and args.action != "list":
+            raise UsageError(f"{flag} is for dlq list, not dlq {args.action}")
     if args.force and args.action != "replay":
         raise UsageError(f"--force is for dlq replay, not dlq {args.action}")
     if args.max_replays < 0:

@@ -157,15 +157,25 @@ async def test_agents_and_dlq_commands(broker, coordinator, watcher):
         agents = await reach(broker, "agents")
         await reach(broker, "publish", "nobody_serves_this", "{}", "--message-id", "lost-1")
         await watcher.dead_letter("no_route")
+        scripted = await reach(broker, "agents", "--json")
     row = next(line for line in agents.stdout.splitlines() if line.startswith("cli-reach-worker"))
     assert row.split()[1] in ("ONLINE", "UNKNOWN")
     assert "count@1" in row
+    [agent] = [json.loads(line) for line in scripted.stdout.splitlines()]  # one per line
+    assert (agent["agent_id"], agent["intents"]) == ("cli-reach-worker", {"count": "1"})
+    assert agent["state"] in ("ONLINE", "UNKNOWN") and agent["quarantined"] is False
     await watcher.state("cli-reach-worker", "OFFLINE")  # the verdict of a clean stop
     stopped = await reach(broker, "agents")
     row = next(line for line in stopped.stdout.splitlines() if line.startswith("cli-reach-worker"))
     assert row.split()[1] == "STOPPED"  # as `reach top` and the metrics say
     listed = await reach(broker, "dlq", "list")
     assert "lost-1" in listed.stdout and "no_route" in listed.stdout
+    [listed_json] = [
+        json.loads(line)
+        for line in (await reach(broker, "dlq", "list", "--json")).stdout.splitlines()
+    ]
+    assert (listed_json["message_id"], listed_json["state"]) == ("lost-1", "open")
+    assert listed_json["reason"] == "no_route" and listed_json["at_ms"] > 0
     shown = await reach(broker, "dlq", "show", "lost-1")
     letter = json.loads(shown.stdout)
     assert letter["reason"] == "no_route"
@@ -208,11 +218,13 @@ async def test_dlq_and_agents_refuse_what_they_would_ignore(broker, coordinator,
     bogus = await reach(broker, "dlq", "list", "--reason", "bogus")
     extra = await reach(broker, "dlq", "stats", "lost-4")
     listed = await reach(broker, "agents", "list", "cli-reach-worker")
+    misplaced = await reach(broker, "dlq", "stats", "--json")
     assert bogus.returncode == 0 and bogus.stdout.strip() == "no dead letters with reason 'bogus'"
     assert "the reasons there are: no_route 1" in bogus.stderr
     assert "the topics there are: nobody_serves_this 1" in bogus.stderr
     assert extra.returncode == 1 and "reach dlq show lost-4" in extra.stderr
     assert listed.returncode == 1 and "takes no agent id (got 'cli-reach-worker')" in listed.stderr
+    assert misplaced.returncode == 1 and "--json is for dlq list" in misplaced.stderr
 
 
 def test_reach_up_refuses_embedded_server_options_with_a_server_of_ones_own(tmp_path):
