@@ -105,6 +105,7 @@ class DashboardApp:
         next_point = loop.time() + step_s
         resnapshot = loop.time() + SNAPSHOT_EVERY_S
         quiet_since = loop.time()
+        stale = snapshot["system"]["stale_since_ms"] is not None
         while True:
             await asyncio.sleep(self._tick_s)
             metrics = board.metrics(full=False)
@@ -128,6 +129,11 @@ class DashboardApp:
                     last[name] = text
                     yield event(name, letters.delta(value) if name == "dead_letters" else value)
                     sent = True
+            was_stale, stale = stale, now["system"]["stale_since_ms"] is not None
+            if was_stale and not stale:
+                # Live again: the events stored meanwhile are folded into points the page
+                # never got (it had a gap until the next snapshot, 5 min): one at the next tick.
+                resnapshot = loop.time()
             if loop.time() >= next_point:
                 next_point += step_s
                 # While not live the metrics are as of then: a point would repeat the last.
