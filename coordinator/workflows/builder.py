@@ -56,7 +56,7 @@ def chain(*steps_: Step, **options: Any) -> WorkflowSpec:
         chain(step("plan", "plan"), step("publish", "publish", compensate="unpublish"),
               on_failure="compensate")
     """
-    return WorkflowSpec(chain=list(steps_), **options)
+    return _checked(WorkflowSpec(chain=list(steps_), **options))
 
 
 def fanout(
@@ -73,7 +73,8 @@ def fanout(
                 step("papers", "search_papers")],
                join=Join(policy="quorum", quorum=1), then=step("merge", "merge"))
     """
-    return WorkflowSpec(fanout=FanOut(branches=branches, join=join or Join(), then=then), **options)
+    fan_out = FanOut(branches=branches, join=join or Join(), then=then)
+    return _checked(WorkflowSpec(fanout=fan_out, **options))
 
 
 def steps(*graph: Step, **options: Any) -> WorkflowSpec:
@@ -83,7 +84,7 @@ def steps(*graph: Step, **options: Any) -> WorkflowSpec:
 
         steps(step("a", "fetch"), step("b", "parse", after=["a"]), step("c", "store", after=["b"]))
     """
-    return WorkflowSpec(steps=list(graph), **options)
+    return _checked(WorkflowSpec(steps=list(graph), **options))
 
 
 def machine(initial: str, states: dict[str, State], **options: Any) -> WorkflowSpec:
@@ -95,7 +96,14 @@ def machine(initial: str, states: dict[str, State], **options: Any) -> WorkflowS
             "paid": state("ship", terminal=True),
         })
     """
-    return WorkflowSpec(states=Machine(initial=initial, states=states), **options)
+    return _checked(WorkflowSpec(states=Machine(initial=initial, states=states), **options))
+
+
+def _checked(spec: WorkflowSpec) -> WorkflowSpec:
+    """``spec`` as the YAML would give it: a Struct's constructor checks no value, so a
+    misspelt ``on_failure="undo"`` was served (and undid nothing), ``ttl_s="soon"`` crashed
+    every start. Raises ``msgspec.ValidationError`` (a ``ValueError``) naming the path."""
+    return msgspec.convert(msgspec.to_builtins(spec), WorkflowSpec)
 
 
 def state(intent: str | None = None, **options: Any) -> State:

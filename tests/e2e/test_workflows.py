@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections import Counter
 from typing import Any
 
@@ -216,6 +217,27 @@ def test_the_python_builder_equals_the_yaml() -> None:
         },
     )
     assert machine == workflows(ORDER_SMALL=ORDER_SMALL)["ORDER_SMALL"]
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"on_failure": "undo"}, "Invalid enum value 'undo' - at `$.on_failure`"),
+        ({"ttl_s": "soon"}, "Expected `float`, got `str` - at `$.ttl_s`"),
+        ({"ttl_s": -5}, "Expected `float` > 0.0 - at `$.ttl_s`"),
+    ],
+)
+def test_the_python_builder_checks_the_workflows_own_options(options, said) -> None:
+    """As the YAML does: `on_failure="undo"` was served and undid nothing, `ttl_s="soon"`
+    crashed every start (poison), `ttl_s=-5` expired every run at once."""
+    steps = (wf.step("a", "x"), wf.step("b", "y"))
+    for build in (
+        lambda: wf.chain(*steps, **options),
+        lambda: wf.steps(wf.step("a", "x"), wf.step("b", "y", after=["a"]), **options),
+        lambda: wf.fanout(list(steps), **options),
+    ):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            build()
 
 
 ORDER_SMALL = """
