@@ -24,6 +24,7 @@ from agentreach.broker.runs import runs_of
 from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms, stable_id
 from agentreach.envelopes.audit import summary_of_task
 from agentreach.envelopes.coordination import workflow_step_of
+from agentreach.envelopes.messages import WorkflowStep
 from agentreach.errors import ReachError
 from agentreach.logs import get_logger
 
@@ -97,7 +98,7 @@ async def dead_letter(
             attempt=task.attempt if task else 1,
             at_ms=letter.at_ms,
             caller=caller,  # its sender reads it in its own trace
-            detail=_letter_detail(reason, task, error, ran),
+            detail=_letter_detail(reason, task, error, ran, letter.workflow),
             priority=task.priority if task else "P1",
             received_ms=task.received_ms if task else 0,
         ),
@@ -136,7 +137,11 @@ async def dead_letter_delivery(
 
 
 def _letter_detail(
-    reason: str, task: Task | None, error: ErrorInfo | None, ran: bool | None
+    reason: str,
+    task: Task | None,
+    error: ErrorInfo | None,
+    ran: bool | None,
+    step: WorkflowStep | None,
 ) -> dict[str, Any]:
     detail: dict[str, Any] = {
         "reason": reason,
@@ -144,6 +149,8 @@ def _letter_detail(
     }
     if ran is not None:
         detail["ran"] = ran
+    if step is not None and step.handled:  # its workflow's own ending is what counts
+        detail["handled"] = True
     if task is not None:  # what the audit record of the message summarises as its input
         detail["input"] = msgspec.to_builtins(summary_of_task(task))
     return detail

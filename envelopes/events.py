@@ -90,6 +90,9 @@ class DeadLetteredDetail(_Detail, frozen=True, kw_only=True):
     reason: str
     error: ErrorInfo | None = None
     ran: bool | None = None  # as the error reply's ``ran`` says (a workflow's: a step began)
+    # A workflow step's letter its workflow accounts for (the letter's workflow.handled):
+    # not a finished task of its own in the metrics, the workflow's ending is.
+    handled: bool = False
 
 
 class ClockDriftDetail(_Detail, frozen=True, kw_only=True):

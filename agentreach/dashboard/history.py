@@ -26,7 +26,7 @@ KEYS = ("success_rate", "p99_latency", "queue_fill", "retry_rate", "isolated_age
 @dataclass
 class Bucket:
     completed: int = 0
-    finished: int = 0  # completed or dead-lettered, except a sender's mistake
+    finished: int = 0  # completed or dead-lettered, except what the rules leave out
     dispatches: int = 0
     retries: int = 0
     latency: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
@@ -76,7 +76,7 @@ class History:
             bucket.finished += 1
             if event.received_ms:
                 bucket.latency[_index((stored_ms - event.received_ms) / 1000)] += 1
-        elif kind == "dead_lettered" and not _senders_mistake(event, served):
+        elif kind == "dead_lettered" and not _left_out(event, served):
             self._bucket(stored_ms).finished += 1
 
     def sample(
@@ -195,7 +195,11 @@ def _index(seconds: float) -> int:
     return len(LATENCY_BUCKETS)
 
 
-def _senders_mistake(letter: Event, served: Callable[[str], bool]) -> bool:
-    """A malformed task, or one to a topic nobody serves: the rules leave them out."""
+def _left_out(letter: Event, served: Callable[[str], bool]) -> bool:
+    """A letter the rules leave out of the finished tasks: a sender's mistake (a malformed
+    task, one to a topic nobody serves), or a step its workflow accounts for (the
+    workflow's own ending counts)."""
     reason = letter.detail.get("reason")
+    if letter.detail.get("handled"):
+        return True
     return reason == "invalid_envelope" or (reason == "no_route" and not served(letter.topic))

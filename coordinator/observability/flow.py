@@ -350,7 +350,11 @@ class FlowMetrics(Collector):
         if not self._ends.first(event.trace_id, event.message_id):
             return
         reason = str(event.detail.get("reason", "unknown"))
-        self._child(self.finished, topic, event.priority, reason).inc()
+        # A step's failure its workflow absorbed (a fan-out branch past its `partial`
+        # timeout) or ended with a letter of its own: the workflow's ending is the one that
+        # counts as finished; counting the step too paged on a fan-out working as designed.
+        if not event.detail.get("handled"):
+            self._child(self.finished, topic, event.priority, reason).inc()
         self._child(self.dead_letters, reason, topic).inc()
         self._rejected(event, topic)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
@@ -296,3 +297,37 @@ async def _with_topic(url: str, topic: str) -> dict | None:
     found = await scrape(url)
     listed = ("reach_retries_total", (("priority", "P1"), ("topic", topic)))
     return found if listed in found else None
+
+
+async def test_a_step_its_workflow_absorbs_is_no_finished_task(broker, watcher):
+    """A fan-out branch past its `partial` timeout is dead-lettered `expired` (kept, and
+    counted in reach_dead_letters_total) but is not a finished task: the workflow completed,
+    and counting the branch too made the success rate page on a fan-out working as designed."""
+    good, _ = agents()
+    stuck = Agent("metrics-stuck", startup_delay=0)
+
+    @stuck.handler("ponder")
+    async def ponder(ctx: TaskContext, payload: object) -> None:
+        await asyncio.Event().wait()  # never answers within the branch's timeout
+
+    flow = wf.fanout(
+        [wf.step("quick", "double"), wf.step("slow", "ponder", timeout_s=0.5, on_timeout="partial")]
+    )
+    config = msgspec.structs.replace(WITH_METRICS, workflows={"spread": flow})
+    async with (
+        replica(broker, config) as running,
+        good.running(broker=broker),
+        stuck.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        result = await client.invoke("spread", {"n": 2}, execute_deadline_ms=10_000)
+        await watcher.dead_letter("expired", topic="ponder")
+
+        async def counted() -> dict | None:
+            found = await scrape(running.metrics_url)
+            return found if total(found, "reach_dead_letters_total", reason="expired") else None
+
+        found = await until_true(counted)
+    assert list(result["missing"]) == ["slow"], result
+    assert total(found, "reach_tasks_finished_total", topic="ponder") == 0
+    assert total(found, "reach_tasks_finished_total", topic="spread", outcome="completed") == 1

@@ -428,6 +428,10 @@ export interface DeadLetteredDetail {
    * default null
    */
   ran: boolean | null;
+  /**
+   * default false
+   */
+  handled: boolean;
 }
 
 /**
