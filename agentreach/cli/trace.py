@@ -27,6 +27,7 @@ from agentreach.coordinator.delivery.unrouted import LOOKED_AT, unrouted
 from agentreach.coordinator.workflows import read_record
 from agentreach.envelopes import Event, TraceReply, TraceRequest, Unrouted
 from agentreach.envelopes.described import described
+from agentreach.envelopes.events import WORKER_EVENTS
 
 TRACE_WAIT_S = 5.0
 
@@ -179,7 +180,9 @@ def _line(step: Step, start: dt.datetime) -> str:
     event = step.event
     clock = step.at.astimezone().strftime("%H:%M:%S.%f")[:-3]
     offset = (step.at - start).total_seconds() * 1000
-    agent = event.agent_id or _person(event) or _publisher(step)
+    # A dead letter's settling names its sender token as agent_id: said as who it was.
+    settling = event.event in WORKER_EVENTS
+    agent = _publisher(step) if settling else event.agent_id or _person(event) or _publisher(step)
     attempt = f"#{event.attempt}"
     since = f"+{offset:.1f}ms"
     line = f"  {clock} {since:>10}  {event.event:<18} {attempt:<3} {agent:<20} "
