@@ -30,6 +30,9 @@ export function connectionOptions(
     typeof servers === "string" || Array.isArray(servers)
       ? { servers: typeof servers === "string" ? servers.split(",").map((s) => s.trim()) : servers }
       : servers;
+  // A tls:// URL asks for TLS: nats.js upgrades only when the server requires it, and went on
+  // in plain text, creds and all, with a server (or a man in the middle) that offers none.
+  const tls = base.tls === undefined && asksForTls(base.servers) ? { tls: {} } : {};
   return {
     name,
     timeout: 2_000,
@@ -39,8 +42,14 @@ export function connectionOptions(
     maxPingOut: 3,
     ...(creds === null ? {} : { authenticator: creds.authenticator }),
     ...(creds?.user ? { inboxPrefix: `_INBOX_${creds.user}` } : {}),
+    ...tls,
     ...base,
   };
+}
+
+function asksForTls(servers: ConnectionOptions["servers"]): boolean {
+  const listed = typeof servers === "string" ? [servers] : (servers ?? []);
+  return listed.some((server) => server.trim().toLowerCase().startsWith("tls://"));
 }
 
 /** A `.creds` file read once: its authenticator and the `name` of its user (null if none). */

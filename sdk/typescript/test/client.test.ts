@@ -320,6 +320,15 @@ describe("ReachClient on an open server", () => {
     assert.equal(runs, 1);
   });
 
+  it("refuses a tls:// URL to a server that offers no TLS rather than go on in plain text", async () => {
+    const url = stack.url.replace("nats://", "tls://");
+    await assert.rejects(ReachClient.connect(url, { logger: quiet }), (err: unknown) => {
+      assert.ok(err instanceof ConnectError, String(err));
+      assert.match(String((err.cause as { code?: string })?.code ?? err.message), /SERVER_OPT_NA|tls/i);
+      return true;
+    });
+  });
+
   it("throws NotAcknowledged while the agent is busy; invoking again with its message id hears the end", async () => {
     const topic = unique("queued");
     const release = new Gate();
