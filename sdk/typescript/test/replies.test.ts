@@ -88,9 +88,10 @@ describe("endingOf", () => {
       error,
       reason: "retries_exhausted",
       ran: null,
+      attempt: null, // the attempt it ended at: these events carry none
     });
     const quota = { ...error, type: "rate_limited", retry_after_ms: 500 };
-    assert.deepEqual(endingOf([event("rejected", { error: quota })]), { kind: "error", error: quota, reason: "refused", ran: null });
+    assert.deepEqual(endingOf([event("rejected", { error: quota })]), { kind: "error", error: quota, reason: "refused", ran: null, attempt: null });
     assert.deepEqual(endingOf([event("workflow_cancelled", { error: { ...error, type: "cancelled" } })])?.kind, "error");
   });
 
@@ -100,6 +101,7 @@ describe("endingOf", () => {
       error: { type: "poison", message: "the message ended as poison", retryable: false, retry_after_ms: null },
       reason: "poison",
       ran: null,
+      attempt: null,
     });
   });
 
