@@ -47,6 +47,7 @@ from agentreach.coordinator.liveness.queue_expiry import QueueExpiry
 from agentreach.coordinator.observability import (
     AuditWriter,
     FlowMetrics,
+    OpenLetters,
     Readiness,
     Sampled,
     StateCollector,
@@ -133,7 +134,7 @@ class Coordinator:
         )
         self.census = WorkflowCensus(broker)
         self.readiness = Readiness(broker)
-        self._sampled = Sampled(broker)
+        self._sampled = Sampled(broker, OpenLetters(broker))
         self._lease = Lease(broker, "liveness", self.replica_id, ttl_s=config.lease_ttl_s)
         self._manual_lease = Lease(broker, "manual", self.replica_id, ttl_s=config.lease_ttl_s)
         self._expiry_lease = Lease(

@@ -25,6 +25,7 @@ from agentreach.coordinator.observability.endpoint import Readiness, endpoint
 from agentreach.coordinator.observability.flow import FlowMetrics
 from agentreach.coordinator.observability.http import HttpServer
 from agentreach.coordinator.observability.labels import FOLDED
+from agentreach.coordinator.observability.open_letters import OpenLetters
 from agentreach.coordinator.observability.state import Sampled, StateCollector, Views
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "FlowMetrics",
     "HttpServer",
     "MetricsConfig",
+    "OpenLetters",
     "Readiness",
     "Sampled",
     "StateCollector",

@@ -23,9 +23,10 @@ from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.requests import gather_replies
 from agentreach.broker.streams import consumer_backlog, subject_counts
 from agentreach.coordinator.observability.census import WorkflowCensus
+from agentreach.coordinator.observability.open_letters import OpenLetters
 from agentreach.coordinator.protection.queues import QueueDepths
 from agentreach.coordinator.routing.directory import AgentDirectory
-from agentreach.envelopes import PRIORITIES, BreakerRecord
+from agentreach.envelopes import PRIORITIES, BreakerRecord, now_ms
 
 log = structlog.get_logger("coordinator.metrics")
 
@@ -49,13 +50,16 @@ class Views:
 
 
 class Sampled:
-    """Numbers read from the broker every few seconds rather than at each scrape."""
+    """Numbers read from the broker every few seconds rather than at each scrape; the open
+    letters only when given ``open_letters`` (a dashboard keeps its own)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, open_letters: OpenLetters | None = None) -> None:
         self._broker = broker
         self.intake_backlog: int | None = None
         self.dlq_by_reason: dict[str, int] = {}
         self.replicas: int | None = None
+        self.open_letters = open_letters
+        self.open_letters_read = False
 
     async def run(self) -> None:
         while True:
@@ -78,6 +82,9 @@ class Sampled:
             reason = subject[start:].split(".", 1)[0]
             by_reason[reason] = by_reason.get(reason, 0) + count
         self.dlq_by_reason = by_reason
+        if self.open_letters is not None:
+            await self.open_letters.read()
+            self.open_letters_read = True
         # Every replica answers a status request; the count lets a rule see a replica that
         # runs but is not scraped (its share of the counters would be missing silently).
         answers = await gather_replies(self._broker, names.status, wait_s=REPLICAS_WAIT_S)
@@ -223,6 +230,28 @@ class StateCollector(Collector):
             ["reason"],
             [([r], n) for r, n in sorted(self._sampled.dlq_by_reason.items())],
         )
+        if self._sampled.open_letters_read:
+            yield from _open_letter_gauges(self._sampled)
+
+
+def _open_letter_gauges(sampled: Sampled) -> Iterator[GaugeMetricFamily]:
+    letters = sampled.open_letters
+    assert letters is not None
+    # Every reason REACH_DLQ keeps, so a reason whose letters were all dealt with reads 0.
+    counts = dict.fromkeys(sampled.dlq_by_reason, 0) | letters.by_reason()
+    yield _gauge(
+        "reach_dlq_open",
+        "Dead letters in REACH_DLQ nobody has replayed or resolved yet, by reason.",
+        ["reason"],
+        [([r], n) for r, n in sorted(counts.items())],
+    )
+    oldest = letters.oldest_stored_ms()
+    yield _gauge(
+        "reach_dlq_oldest_open_seconds",
+        "How long the oldest open dead letter has waited (0 when none is open).",
+        [],
+        [([], 0 if oldest is None else max(0, now_ms() - oldest) / 1000)],
+    )
 
 
 def _gauge(

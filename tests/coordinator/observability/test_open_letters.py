@@ -1,0 +1,66 @@
+"""The open dead letters' gauges: what a compensation worker left undone, and for how long."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentreach.agents.letters import replay, resolve
+from agentreach.coordinator.observability import state
+from agentreach.envelopes import Task, new_id
+from tests.coordinator.observability.test_metrics import replica
+from tests.scrape import scrape, total
+from tests.support import letter_of, until_true
+
+
+@pytest.fixture(autouse=True)
+def sample_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state, "SAMPLE_S", 0.1)
+
+
+def task(topic: str) -> Task:
+    message_id = new_id()
+    return Task(v=1, message_id=message_id, trace_id=message_id, topic=topic, payload={})
+
+
+async def test_open_letters_count_until_replayed_or_resolved(broker):
+    """Three letters stored: three open, by reason, and the oldest one's age; a replay and a
+    resolution close two (the replay may leave a letter of its own); a workflow step's
+    letter its workflow handles is never open."""
+    async with replica(broker) as coordinator:
+        stuck = [await letter_of(broker, task("refund"), "retries_exhausted") for _ in range(2)]
+        await letter_of(broker, task("lookup"), "no_route")
+        step = Task(
+            v=1,
+            message_id="wf-1-draft-1",
+            trace_id="wf-1",
+            topic="draft",
+            reply_to=broker.names.workflow_reply("wf-1"),
+        )
+        assert (await letter_of(broker, step, "retries_exhausted")).workflow.handled
+
+        async def open_counts(expected: dict[str, float]) -> dict | None:
+            found = await scrape(coordinator.metrics_url)
+            counts = {r: total(found, "reach_dlq_open", reason=r) for r in expected}
+            return found if counts == expected else None
+
+        found = await until_true(lambda: open_counts({"retries_exhausted": 2, "no_route": 1}))
+        assert total(found, "reach_dlq_messages", reason="retries_exhausted") == 2 + 1
+        assert 0 < total(found, "reach_dlq_oldest_open_seconds") < 60
+
+        await replay(broker, stuck[0])
+        await resolve(broker, stuck[1], "refunded by hand", by="person:ann")
+        # The replay ran into no agent: a letter of its own, open.
+        await until_true(lambda: open_counts({"retries_exhausted": 0, "no_route": 2}))
+
+
+async def test_no_open_letter_reads_zero_age(broker):
+    """An empty DLQ: no open letter, an age of 0 (a rule on the age never fires on nothing)."""
+    async with replica(broker) as coordinator:
+
+        async def sampled() -> dict | None:
+            found = await scrape(coordinator.metrics_url)
+            return found if ("reach_dlq_oldest_open_seconds", ()) in found else None
+
+        found = await until_true(sampled)
+    assert total(found, "reach_dlq_oldest_open_seconds") == 0
+    assert total(found, "reach_dlq_open") == 0
