@@ -11,22 +11,36 @@ from agentreach.logs import get_logger
 
 log = get_logger("agents.client")
 
-NO_COORDINATOR = "no coordinator is running (start one: reach up / reach coordinator)"
+NO_COORDINATOR = (
+    "no coordinator is running (none answered for 3 s; start one: reach up / reach coordinator)"
+)
 ASK_S = 0.5  # a replica answers in milliseconds; "nobody listens" comes back at once
+# Just after a server restart the coordinators are still reconnecting (each waits 0.5-1.5 s
+# between attempts) while this client may be back already: "nobody listens" is said only
+# when it lasts this long, not of coordinators a second away from answering.
+NONE_FOR_S = 3.0
+ASK_AGAIN_S = 0.5
 WARN_EVERY_S = 60.0  # a publisher asks at most this often
 
 
-async def coordinator_runs(broker: Broker, *, timeout_s: float = ASK_S) -> bool | None:
+async def coordinator_runs(
+    broker: Broker, *, timeout_s: float = ASK_S, none_for_s: float = NONE_FOR_S
+) -> bool | None:
     """True when a coordinator answers; False when none listens (the server says so at
-    once); None when it cannot be told: no answer in time, no connection, or credentials
-    without the right to ask."""
-    try:
-        await broker.request(broker.names.status, timeout=timeout_s)
-    except NoResponders:
-        return False
-    except BrokerError:
-        return None
-    return True
+    once) for ``none_for_s``; None when it cannot be told: no answer in time, no
+    connection, or credentials without the right to ask."""
+    deadline = asyncio.get_running_loop().time() + none_for_s
+    while True:
+        try:
+            await broker.request(broker.names.status, timeout=timeout_s)
+        except NoResponders:
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+        except BrokerError:
+            return None
+        else:
+            return True
+        await asyncio.sleep(ASK_AGAIN_S)  # polling the server's "nobody listens"; no event
 
 
 class PublishWarnings:

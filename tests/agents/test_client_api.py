@@ -151,7 +151,7 @@ async def test_not_acknowledged_says_when_no_coordinator_runs(broker):
             await client.invoke("work", {}, ack_deadline_ms=300)
     assert str(caught.value) == (
         "no agent acknowledged 'work' within 300 ms: no coordinator is running"
-        " (start one: reach up / reach coordinator)"
+        " (none answered for 3 s; start one: reach up / reach coordinator)"
     )
 
 
@@ -196,6 +196,18 @@ async def test_coordinator_runs_tells_the_three_cases_apart(broker, start_coordi
     async with start_coordinator(fast()):
         assert await coordinator_runs(broker) is True
     assert await coordinator_runs(Broker(broker.url, names=broker.names)) is None
+
+
+async def test_a_coordinator_back_within_seconds_is_not_called_gone(broker, start_coordinator):
+    """Just after a server restart a caller may be back before the coordinators: nobody
+    listens for a second. That is not "no coordinator is running": it is asked again for
+    a few seconds before being said."""
+    asking = asyncio.create_task(coordinator_runs(broker, none_for_s=10))
+    await asyncio.sleep(1)  # the scenario: the coordinator comes back a second later
+    assert not asking.done()
+    async with start_coordinator(fast()):
+        assert await asking is True
+    assert await coordinator_runs(broker, none_for_s=0) is False
 
 
 async def test_a_refusal_after_an_attempt_ran_is_task_failed(broker, coordinator):

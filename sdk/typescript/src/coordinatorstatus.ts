@@ -10,20 +10,35 @@ import type { NatsError } from "nats";
 import type { Connection } from "./connection.js";
 import type { Logger } from "./log.js";
 
-export const NO_COORDINATOR = "no coordinator is running (start one: reach up / reach coordinator)";
+export const NO_COORDINATOR =
+  "no coordinator is running (none answered for 3 s; start one: reach up / reach coordinator)";
 const ASK_MS = 500; // a replica answers in milliseconds; "nobody listens" comes back at once
+// Just after a server restart the coordinators are still reconnecting while this client may be
+// back already: "nobody listens" is said only when it lasts this long.
+const NONE_FOR_MS = 3_000;
+const ASK_AGAIN_MS = 500;
 const WARN_EVERY_MS = 60_000; // a publisher asks at most this often
 
 /**
- * True when a coordinator answers; false when none listens (the server says so at once);
- * null when it cannot be told: no answer in time, no connection, or no right to ask.
+ * True when a coordinator answers; false when none listens (the server says so at once) for
+ * `noneForMs`; null when it cannot be told: no answer in time, no connection, or no right to ask.
  */
-export async function coordinatorRuns(conn: Connection, timeoutMs = ASK_MS): Promise<boolean | null> {
-  try {
-    await conn.nc.request(conn.names.status, new Uint8Array(0), { timeout: timeoutMs });
-    return true;
-  } catch (err) {
-    return (err as NatsError).code === ErrorCode.NoResponders ? false : null;
+export async function coordinatorRuns(
+  conn: Connection,
+  timeoutMs = ASK_MS,
+  noneForMs = NONE_FOR_MS,
+): Promise<boolean | null> {
+  const deadline = performance.now() + noneForMs;
+  for (;;) {
+    try {
+      await conn.nc.request(conn.names.status, new Uint8Array(0), { timeout: timeoutMs });
+      return true;
+    } catch (err) {
+      if ((err as NatsError).code !== ErrorCode.NoResponders) return null;
+      if (performance.now() >= deadline) return false;
+    }
+    // unref: a program that publishes and closes is not kept alive by this asking.
+    await new Promise((resolve) => setTimeout(resolve, ASK_AGAIN_MS).unref());
   }
 }
 

@@ -14,7 +14,7 @@ import type { Msg } from "nats";
 
 import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, TaskFailed } from "../src/index.js";
 import type { Ack, Progress, Task } from "../src/index.js";
-import { freePort, Gate, Relay, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
+import { freePort, Gate, provision, Relay, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
 import { sleep } from "../src/timing.js";
 import type { RestartableStack, SecuredStack, Stack } from "./harness.js";
 
@@ -621,5 +621,43 @@ describe("ReachClient with no server", () => {
       assert.ok(err.cause !== undefined);
       return true;
     });
+  });
+});
+
+describe("ReachClient with no coordinator", () => {
+  let server: ChildProcess;
+  let url: string;
+  let dir: string;
+
+  before(async () => {
+    dir = mkdtempSync(join(tmpdir(), "reach-ts-alone-"));
+    const port = await freePort();
+    url = `nats://127.0.0.1:${port}`;
+    server = await startServer(port, join(dir, "js"));
+    await provision(url);
+  });
+
+  after(async () => {
+    await terminate(server);
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("says no coordinator is running only when none answers for 3 s: one back a second late is not called gone", async () => {
+    const client = await ReachClient.connect(url, { logger: quiet });
+    const nc = await connect({ servers: url });
+    try {
+      const alone = await rejection(client.invoke("nobody", {}, { ackDeadlineMs: 300 }));
+      assert.ok(alone instanceof NotAcknowledged, String(alone));
+      assert.match(alone.message, /within 300 ms: no coordinator is running \(none answered for 3 s; start one/);
+      // A coordinator back (reconnected after a server restart) a second after the deadline.
+      const late = setTimeout(() => nc.subscribe("reach.ctl.status", { callback: (_, msg) => msg.respond("{}") }), 1_300);
+      const back = await rejection(client.invoke("nobody", {}, { ackDeadlineMs: 300 }));
+      clearTimeout(late);
+      assert.ok(back instanceof NotAcknowledged, String(back));
+      assert.equal(back.message, "no agent acknowledged 'nobody' within 300 ms");
+    } finally {
+      await nc.close();
+      await client.close();
+    }
   });
 });
