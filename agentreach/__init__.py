@@ -32,6 +32,8 @@ from agentreach.agents import (
     ReplayLimitReached,
     TaskContext,
     TaskFailed,
+    UnknownWorkflow,
+    WorkflowEnded,
 )
 from agentreach.broker import Auth, Broker
 from agentreach.envelopes import DeadLetter, RateLimit, Task
@@ -66,4 +68,6 @@ __all__ = [
     "Task",
     "TaskContext",
     "TaskFailed",
+    "UnknownWorkflow",
+    "WorkflowEnded",
 ]

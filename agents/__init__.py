@@ -23,9 +23,11 @@ from agentreach.agents.errors import (
     Rejected,
     ReplayLimitReached,
     TaskFailed,
+    UnknownWorkflow,
 )
 from agentreach.agents.manual import ManualReview, ManualReviewError
 from agentreach.agents.runtime import AgentRuntime
+from agentreach.agents.workflow_cancel import WorkflowEnded
 
 __all__ = [
     "Agent",
@@ -52,4 +54,6 @@ __all__ = [
     "ReplayLimitReached",
     "TaskContext",
     "TaskFailed",
+    "UnknownWorkflow",
+    "WorkflowEnded",
 ]

@@ -29,6 +29,7 @@ from agentreach.agents.invocation import (
     outcome_of,
     wait_for_result,
 )
+from agentreach.agents.workflow_cancel import WorkflowEnded, cancel_workflow
 from agentreach.broker import (
     Auth,
     Broker,
@@ -323,6 +324,19 @@ class ReachClient:
                 **ids,
             )
         return outcome_of(ended, ids, ran=any(e.event == "accepted" for e in seen))
+
+    async def cancel_workflow(
+        self, instance_id: str, *, why: str = "", wait_s: float = 10.0
+    ) -> WorkflowEnded:
+        """Cancel a workflow instance this caller started (its id: the starting task's
+        ``message_id``) and wait up to ``wait_s`` for it to end: ``status`` ``cancelled``,
+        or how it ended otherwise first. ``why`` becomes its error's message. Raises
+        :class:`UnknownWorkflow` for an id that is no instance of this caller's, and
+        :class:`DeadlineExceeded` when it has not ended within ``wait_s`` (the cancel was
+        sent)."""
+        return await cancel_workflow(
+            self.broker, self.caller, self.status, instance_id, why=why, wait_s=wait_s
+        )
 
     async def status(self, message_id: str, *, timeout_s: float = 5.0) -> list[Event]:
         """The recorded lifecycle events of ``message_id`` (or, when no message has that id,

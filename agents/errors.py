@@ -86,6 +86,10 @@ class LetterSettled(ReachError):
         self.at_ms = at_ms
 
 
+class UnknownWorkflow(ReachError, LookupError):
+    """No workflow instance of that id among the caller's own messages."""
+
+
 class InvokeError(ReachError):
     """An invocation ended without a result."""
 

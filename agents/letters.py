@@ -20,7 +20,7 @@ import msgspec
 from agentreach import envelopes
 from agentreach.agents.errors import LetterSettled, NothingToReplay, ReplayLimitReached
 from agentreach.broker import Broker
-from agentreach.broker.dead_letters import record_settling
+from agentreach.broker.dead_letters import SETTLING, record_settling
 from agentreach.broker.errors import NoResponders
 from agentreach.broker.streams import StoredMessage, last_message
 from agentreach.envelopes import (
@@ -37,7 +37,6 @@ from agentreach.envelopes import headers as h
 # A replay that fails the same way is dead-lettered again: a worker replaying the letters of
 # that reason would replay it without end. Three replays give a slow start time to pass.
 DEFAULT_MAX_REPLAYS = 3
-SETTLING = ("replayed", "resolved")  # the events that close a letter, as its state
 
 
 def letter_state(settling: Sequence[Event] | None, letter: DeadLetter | None = None) -> str:

@@ -32,6 +32,7 @@ log = get_logger("broker.dead_letters")
 
 HEADROOM = 4096  # for a dead letter's headers and framing under the server's max payload
 RAW_KEPT = 65_536  # characters of an oversized raw body a dead letter keeps
+SETTLING = ("replayed", "resolved")  # the events that close a letter, as its state
 
 
 async def dead_letter(

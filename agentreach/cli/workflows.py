@@ -8,20 +8,14 @@ import argparse
 import asyncio
 import datetime as dt
 
-from agentreach.agents import ReachClient
+from agentreach.agents import DeadlineExceeded, ReachClient, UnknownWorkflow
 from agentreach.broker import Broker, BrokerTimeout, NoResponders, read_stream
 from agentreach.cli.options import Commands, UsageError, auth_of, broker_of, operators_only
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
-from agentreach.envelopes import Event, StepRun, WorkflowRecord, decode_event, now_ms
+from agentreach.envelopes import StepRun, WorkflowRecord, decode_event, now_ms
 
 LONG_AGO_MS = 60_000  # an instance that ended before that was not the one just started
-# How an instance's events say it ended (a caller reads those, not the records).
-ENDS = {
-    "workflow_completed": "completed",
-    "workflow_failed": "failed",
-    "workflow_cancelled": "cancelled",
-}
 
 
 def register(commands: Commands) -> None:
@@ -84,42 +78,25 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
 
 
 async def _cancel_own(client: ReachClient, instance_id: str, wait_s: float) -> int:
-    """A caller cancels an instance it started. It may not read the records, so the
-    coordinator tells it its instance's events, before and after (as ``reach trace`` does);
-    the coordinator cancels only what the caller started."""
-    events = await _own_events(client, instance_id)
-    if not any(e.event == "workflow_started" for e in events):
-        who = client.caller
-        raise UsageError(
-            f"no workflow instance {instance_id!r} among {who}'s own messages (a caller"
-            " cancels only the instances it started; an operator's creds cancel any)"
-        )
-    if (status := _ended(events)) is not None:
-        ended_ms = next(e.at_ms for e in events if e.event in ENDS)
-        print(already(instance_id, status, ended_ms, now_ms()))
+    """A caller cancels an instance it started (it may not read the records: the
+    coordinator tells it its instance's events)."""
+    try:
+        ended = await client.cancel_workflow(instance_id, wait_s=wait_s)
+    except UnknownWorkflow as exc:
+        raise UsageError(f"{exc}; an operator's creds cancel any") from None
+    except (NoResponders, BrokerTimeout):
+        raise UsageError(f"{NOT_RUNNING}: a caller cancels through it") from None
+    except DeadlineExceeded:
+        print(f"{instance_id}: cancel requested; not ended after {wait_s:g} s")
+        return 0
+    if ended.before_cancel:
+        print(already(instance_id, ended.status, ended.at_ms, now_ms()))
         return 1
-    await cancel(client.broker, instance_id, caller=client.caller)
-    deadline = asyncio.get_running_loop().time() + wait_s
-    while (status := _ended(events)) is None:
-        if asyncio.get_running_loop().time() > deadline:
-            print(f"{instance_id}: cancel requested; not ended after {wait_s:g} s")
-            return 0
-        await asyncio.sleep(0.1)  # a person is waiting at the terminal; polling is fine here
-        events = await _own_events(client, instance_id)
-    if status != "cancelled":
-        print(f"{instance_id}: {status} before the cancel took effect")
+    if ended.status != "cancelled":
+        print(f"{instance_id}: {ended.status} before the cancel took effect")
         return 1
     print(f"{instance_id}: cancelled")
     return 0
-
-
-async def _own_events(client: ReachClient, instance_id: str) -> list[Event]:
-    """The events of the caller's message ``instance_id`` (not of a trace of that id)."""
-    try:
-        events = await client.status(instance_id)
-    except (NoResponders, BrokerTimeout):
-        raise UsageError(f"{NOT_RUNNING}: a caller cancels through it") from None
-    return [e for e in events if e.message_id == instance_id]
 
 
 def already(instance_id: str, status: str, ended_ms: int, now: int) -> str:
@@ -133,11 +110,6 @@ def already(instance_id: str, status: str, ended_ms: int, now: int) -> str:
         f"{said} (a start sent again under this id is answered from that instance, not run"
         " again: send a new message id)"
     )
-
-
-def _ended(events: list[Event]) -> str | None:
-    """How an instance's events say it ended, or None while it runs."""
-    return next((ENDS[e.event] for e in events if e.event in ENDS), None)
 
 
 async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: float) -> int:

@@ -3,7 +3,7 @@
 ``reach_dlq_messages`` counts every letter ``REACH_DLQ`` keeps (30 days), replayed and
 resolved ones included, so it cannot tell a compensation worker that keeps up from one that
 stopped: the open count and the oldest open letter's age can. A letter is open until a
-``replayed`` or ``resolved`` event names it (:func:`agentreach.agents.letters.letter_state`);
+``replayed`` or ``resolved`` event names it (as ``reach dlq list --open`` says);
 a step letter its workflow handles never is.
 
 Read incrementally: the first read goes through the kept letters and settling events once,
@@ -17,8 +17,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from agentreach.agents.letters import SETTLING
 from agentreach.broker import Broker, StreamNotFound
+from agentreach.broker.dead_letters import SETTLING
 from agentreach.broker.direct import messages_on
 from agentreach.broker.streams import StoredMessage, stream_bounds
 from agentreach.envelopes import DecodeError, decode_dead_letter, decode_event

@@ -202,7 +202,7 @@ async def test_a_coordinator_back_within_seconds_is_not_called_gone(broker, star
     """Just after a server restart a caller may be back before the coordinators: nobody
     listens for a second. That is not "no coordinator is running": it is asked again for
     a few seconds before being said."""
-    asking = asyncio.create_task(coordinator_runs(broker, none_for_s=10))
+    asking = asyncio.create_task(coordinator_runs(broker, timeout_s=5, none_for_s=10))
     await asyncio.sleep(1)  # the scenario: the coordinator comes back a second later
     assert not asking.done()
     async with start_coordinator(fast()):
