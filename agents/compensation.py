@@ -21,6 +21,7 @@ from agentreach.broker import Auth, Broker, BrokerError, Delivery, Names, PullCo
 from agentreach.broker.connection import connected
 from agentreach.broker.consume import ConsumerSpec, bind
 from agentreach.broker.tasks import cancel_and_wait
+from agentreach.broker.topology import DAY, DEAD_LETTERS_KEPT_S
 from agentreach.envelopes import DEAD_LETTER_REASONS, DeadLetter, DecodeError, Task, is_token
 from agentreach.errors import ReachError
 from agentreach.logs import get_logger
@@ -73,6 +74,9 @@ class Compensation:
     async def resolve(self, letter: DeadLetter, note: str) -> None:
         """Record that the dead letter was dealt with, and how."""
         await resolve(self.broker, letter, note, by=self.worker, sender=self.worker)
+
+
+FORGOTTEN_AFTER_S = DEAD_LETTERS_KEPT_S + DAY  # a worker's consumer, unused that long
 
 
 class CompensationWorker:
@@ -178,6 +182,10 @@ class CompensationWorker:
             durable=f"compensation-{self.name}",
             filter_subjects=subjects,
             ack_wait_s=self.ack_wait,
+            # A worker run once under a name of its own would leave its consumer for good.
+            # Past the letters' own keeping no position in them is worth anything: a worker
+            # back later starts again at the first letter kept, skipping the settled ones.
+            inactive_threshold_s=FORGOTTEN_AFTER_S,
         )
 
     async def _consume(self, consumer: PullConsumer, compensation: Compensation) -> None:

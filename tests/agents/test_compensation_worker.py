@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from agentreach.agents import CompensationWorker
+from agentreach.agents import CompensationWorker, compensation
 from agentreach.agents.compensation import retry_delay_s
 from agentreach.agents.errors import AgentConfigError
+from agentreach.broker.consume import consumer_state
+from tests.support import until_true
 
 
 async def _nothing(letter, comp) -> None:  # type: ignore[no-untyped-def]
@@ -33,3 +35,24 @@ def test_a_reason_the_coordinator_never_gives_is_said():
     said = [line for line in logs if line.get("reason") == "circuit_open"]
     assert len(said) == 1 and said[0]["log_level"] == "warning"
     assert not [line for line in logs if line.get("reason") == "expired"]
+
+
+async def test_a_worker_s_consumer_unused_past_the_letters_keeping_goes_by_itself(
+    broker, monkeypatch: pytest.MonkeyPatch
+):
+    """A worker run once under a name of its own left its durable consumer for good; unused
+    for longer than letters are kept (here 1 s), the server removes it."""
+    monkeypatch.setattr(compensation, "FORGOTTEN_AFTER_S", 1.0)
+    durable = "compensation-one-off"
+
+    async def nothing(comp, letter) -> None:
+        return None
+
+    async with CompensationWorker("one-off", nothing).running(broker=broker):
+        state = await consumer_state(broker, broker.names.dlq_stream, durable)
+        assert state is not None and state.spec.inactive_threshold_s == 1.0
+
+    async def gone() -> bool:
+        return await consumer_state(broker, broker.names.dlq_stream, durable) is None
+
+    assert await until_true(gone, timeout=15)
