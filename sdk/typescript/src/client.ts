@@ -21,6 +21,8 @@ import type { Servers } from "./servers.js";
 import { Signal, sleep } from "./timing.js";
 import { normalized } from "./tracecontext.js";
 import type { Budget, Event, Priority, Task } from "./types.js";
+import { cancelWorkflow } from "./workflowcancel.js";
+import type { WorkflowEnded } from "./workflowcancel.js";
 
 const FIRST_PAUSE_MS = 50; // between two reads of an earlier message's events, doubling
 const LONGEST_PAUSE_MS = 1_000;
@@ -258,6 +260,19 @@ export class ReachClient {
   async status(messageId: string, options: { timeoutMs?: number } = {}): Promise<Event[]> {
     this.mustBeOpen();
     return (await this.traces.ask(messageId, options.timeoutMs)).events;
+  }
+
+  /**
+   * Cancel a workflow instance this caller started (its id: the starting task's `messageId`)
+   * and wait up to `waitMs` (10 000) for it to end: `status` `cancelled`, or how it ended
+   * otherwise first (`beforeCancel`: it had ended before; nothing was sent). `why` is added
+   * to its error's message. Throws UnknownWorkflow for an id that is no instance of this
+   * caller's, DeadlineExceeded when it has not ended within `waitMs` (the cancel was sent).
+   */
+  async cancelWorkflow(instanceId: string, options: { why?: string; waitMs?: number } = {}): Promise<WorkflowEnded> {
+    this.mustBeOpen();
+    const eventsOf = (id: string) => this.status(id);
+    return await cancelWorkflow(this.conn, this.caller, eventsOf, instanceId, options.why ?? "", options.waitMs ?? 10_000);
   }
 
   /** Pending invokes end now (InvokeError), then the connection closes. Safe to call twice. */

@@ -67,6 +67,11 @@ export class InvalidArgument extends ReachError {
   }
 }
 
+/** cancelWorkflow(): no workflow instance of that id among the caller's own messages. */
+export class UnknownWorkflow extends ReachError {
+  override name = "UnknownWorkflow";
+}
+
 /** The ids of the message an invocation is about: invoke again with `messageId` to re-attach. */
 export interface MessageIds {
   messageId: string;

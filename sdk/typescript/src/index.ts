@@ -27,6 +27,7 @@ export {
   ReachError,
   Rejected,
   TaskFailed,
+  UnknownWorkflow,
 } from "./errors.js";
 export type { MessageIds } from "./errors.js";
 export type { OnAck, OnProgress } from "./invocation.js";
@@ -36,6 +37,7 @@ export { DEFAULT_PREFIX, Names } from "./names.js";
 export type { Handler } from "./execution.js";
 export type { Servers } from "./servers.js";
 export { PRIORITIES } from "./types.js";
+export type { WorkflowEnded } from "./workflowcancel.js";
 export type * from "./types.js";
 
 /** The version of the agent protocol this SDK speaks. */

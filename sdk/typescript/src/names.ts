@@ -56,6 +56,11 @@ export class Names {
     return subject.startsWith(`${this.prefix}.wf.reply.`);
   }
 
+  /** Where a caller asks the coordinator to cancel a workflow instance it started. */
+  workflowCancel(instanceId: string, caller: string): string {
+    return `${this.prefix}.wf.cancel.${instanceId}.${caller}`;
+  }
+
   dlq(reason: string, topic: string): string {
     return `${this.prefix}.dlq.${reason}.${topic}`;
   }

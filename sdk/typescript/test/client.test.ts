@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { connect, DiscardPolicy } from "nats";
 import type { Msg } from "nats";
 
-import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, TaskFailed } from "../src/index.js";
+import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, TaskFailed, UnknownWorkflow } from "../src/index.js";
 import type { Ack, Progress, Task } from "../src/index.js";
 import { freePort, Gate, provision, Relay, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
 import { sleep } from "../src/timing.js";
@@ -442,6 +442,55 @@ async function until(check: () => boolean | Promise<boolean>, ms: number, what: 
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
 }
+
+describe("ReachClient cancelling a workflow", () => {
+  let stack: Stack;
+
+  before(async () => {
+    stack = await startStack();
+  });
+
+  after(async () => {
+    await stack?.stop();
+  });
+
+  it("cancels a workflow it started and hears how it ended; another caller's, or none, is UnknownWorkflow", async () => {
+    const held = new Gate();
+    const started = new Gate();
+    const agent = newAgent(unique("holder"));
+    agent.handler("ts-hold", async () => {
+      started.open();
+      await held.opened;
+      return {};
+    });
+    await agent.start(stack.url);
+    const alice = await ReachClient.connect(stack.url, { name: "alice", logger: quiet });
+    const bob = await ReachClient.connect(stack.url, { name: "bob", logger: quiet });
+    try {
+      const instance = unique("flow");
+      const invoked = rejection(alice.invoke("ts-held", {}, { messageId: instance }));
+      await started.opened;
+      const notBobs = await rejection(bob.cancelWorkflow(instance));
+      assert.ok(notBobs instanceof UnknownWorkflow, String(notBobs));
+      assert.match(notBobs.message, new RegExp(`no workflow instance '${instance}' among bob's own messages`));
+      const none = await rejection(alice.cancelWorkflow("nothing-1"));
+      assert.ok(none instanceof UnknownWorkflow, String(none));
+
+      const ended = await alice.cancelWorkflow(instance, { why: "changed my mind" });
+      assert.deepEqual(ended, { instanceId: instance, status: "cancelled", atMs: ended.atMs, beforeCancel: false });
+      const stopped = await invoked;
+      assert.ok(stopped instanceof TaskFailed, String(stopped));
+      assert.equal(stopped.message.includes("cancelled by its caller 'alice': changed my mind"), true, stopped.message);
+      const again = await alice.cancelWorkflow(instance);
+      assert.deepEqual(again, { ...ended, beforeCancel: true });
+    } finally {
+      held.open();
+      await alice.close();
+      await bob.close();
+      await agent.stop();
+    }
+  });
+});
 
 describe("ReachClient across a server restart", () => {
   let stack: RestartableStack;
