@@ -244,13 +244,17 @@ class Broker:
         *,
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
+        seal_id: bool = True,
     ) -> api.PubAck:
         """JetStream publish; a ``Nats-Msg-Id`` header makes the stream drop duplicates.
 
         While the stream has no leader (an election) the publish is made again, for up to
         ``election_budget_s``; raises NoStreamError at once when no stream listens.
+        ``seal_id=False``: the ``Nats-Msg-Id`` is published as given (someone else's id, as
+        that party would publish it), not sealed with this connection's dedup secret.
         """
-        headers = self.sealed(headers)
+        if seal_id:
+            headers = self.sealed(headers)
         wait_s = timeout or self.request_timeout
         publisher = self.shared(PipelinedPublisher)
         return await through_elections(

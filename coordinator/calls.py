@@ -115,7 +115,9 @@ class Calls:
         self._waiting[key] = _Waiting(requester, timer, box, replies, execute_ms)
         try:
             subject = self._broker.names.task(topic, sender)  # the caller stays the sender
-            stored = await self._broker.publish(subject, data, headers=headers)
+            # The caller's id as the caller would publish it: sealed, it would not be the
+            # body's (intake refuses that), nor the id the caller looks its task up by.
+            stored = await self._broker.publish(subject, data, headers=headers, seal_id=False)
         except BrokerError as exc:
             self._forget(key)
             error = ErrorInfo(type="not_published", message=str(exc), retryable=True)
