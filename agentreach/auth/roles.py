@@ -101,7 +101,8 @@ def agent(names: Names) -> Permissions:
     # which lists every subject a stream holds (topics, message ids, callers, agents).
     publish.append(_STREAM_NAMES)
     publish += _own_key(n.agents_bucket, me, read=True)  # its card, read for the next epoch
-    publish += _own_key(n.heartbeats_bucket, me, read=False)
+    # Its heartbeat, read when a conditional write is refused: a newer epoch fences it out.
+    publish += _own_key(n.heartbeats_bucket, me, read=True)
     # Execution records are keyed <caller>.<message_id>.<agent_id>: the agent's own name is
     # the last token, so a wildcard in a read still only reaches its own records.
     publish += _own_key(n.executions_bucket, f"*.*.{me}", read=True)

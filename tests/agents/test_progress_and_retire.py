@@ -215,3 +215,24 @@ async def test_a_delivery_whose_lease_ran_out_while_claiming_leaves_the_run_to_t
         await asyncio.wait_for(decided.wait(), 10)  # the stalled delivery is back, and yields
     assert result == {"runs": 1}
     assert runs == [1] and verdicts == [True, False]
+
+
+async def test_a_heartbeat_of_a_newer_epoch_over_its_own_stops_the_agent(broker):
+    """Protocol §7: the conditional heartbeat write is refused (another process wrote one
+    since), the agent reads the heartbeat, sees a higher epoch and stops. On a secured
+    server its creds must let it read its own heartbeat: they did not (the read was a
+    permissions violation, logged as a heartbeat not written, and the agent went on)."""
+    agent = Agent("fenced-1", startup_delay=0, heartbeat_interval=0.2)
+
+    @agent.handler("fenced")
+    async def fenced(ctx: TaskContext, payload: dict) -> dict:
+        return {}
+
+    beats = await broker.bucket(broker.names.heartbeats_bucket, Heartbeat)
+    async with agent.running(broker=broker) as runtime:
+        await until_true(lambda: beats.get("fenced-1"))
+        newer = Heartbeat(agent_id="fenced-1", epoch=99, seq=1, interval_s=15.0)
+        await beats.put("fenced-1", newer)
+        await asyncio.wait_for(runtime.replaced.wait(), 10)
+    assert runtime.replaced_by_epoch == 99
+    assert (await beats.get("fenced-1")).value.epoch == 99  # not written over
