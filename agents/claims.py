@@ -78,6 +78,15 @@ class Busy:
 Claim = Claimed | AlreadyDone | Expired | Busy
 
 
+@dataclass(slots=True)
+class Hand:
+    """One delivery of a message in this process, from its claim to its recorded outcome;
+    ``holds``: it won the claim (and runs the message, or records its outcome)."""
+
+    message_id: str
+    holds: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What one run of a handler ended with: its result, or an error."""
@@ -99,11 +108,13 @@ class Claims:
         # Outcomes not yet recorded (the broker failing): a redelivery answers from these
         # instead of running the handler a second time.
         self._unrecorded: OrderedDict[str, Outcome] = OrderedDict()
-        # The deliveries of each message being claimed or run in this process now. A
+        # The deliveries of each message that hold its claim in this process now. A
         # `running` record of this process that none of them holds is a claim whose write
         # landed though its answer was lost (the server restarting): its delivery gave up,
         # and its redelivery would otherwise wait out the lease as if another one ran it.
-        self._in_hand: Counter[str] = Counter()
+        # One that a delivery holds is never taken over here, even past its lease: renewing
+        # it failed while the server was away, and the run goes on (it ran twice).
+        self._holding: Counter[str] = Counter()
 
     @property
     def epoch(self) -> int:
@@ -111,16 +122,17 @@ class Claims:
         return self._epoch
 
     @contextlib.contextmanager
-    def in_hand(self, message_id: str) -> Iterator[None]:
-        """Around claiming and running a delivery of ``message_id`` (entered before the claim
-        is tried): while another delivery of it is in hand, its claim is waited for."""
-        self._in_hand[message_id] += 1
+    def in_hand(self, message_id: str) -> Iterator[Hand]:
+        """Around claiming, running and recording a delivery of ``message_id``: while a
+        delivery of it holds its claim here, another one waits for that claim."""
+        hand = Hand(message_id)
         try:
-            yield
+            yield hand
         finally:
-            self._in_hand[message_id] -= 1
-            if not self._in_hand[message_id]:
-                del self._in_hand[message_id]
+            if hand.holds:
+                self._holding[message_id] -= 1
+                if not self._holding[message_id]:
+                    del self._holding[message_id]
 
     async def claim_when_free(
         self,
@@ -130,6 +142,7 @@ class Claims:
         still_working: Callable[[], Awaitable[None]],
         first: bool = False,
         seal: str | None = None,
+        hand: Hand | None = None,
     ) -> Claimed | AlreadyDone | Expired | Outcome:
         """:meth:`claim`, waiting here while another delivery holds the message (said once
         per wait), and calling ``still_working`` meanwhile. The wait is not a redelivery:
@@ -139,7 +152,7 @@ class Claims:
         and the message must not run a second time."""
         waited = False
         while True:
-            claim = await self.claim(task, lease_ms, first=first, seal=seal)
+            claim = await self.claim(task, lease_ms, first=first, seal=seal, hand=hand)
             first = False
             if not isinstance(claim, Busy):
                 return claim
@@ -152,20 +165,30 @@ class Claims:
             await asyncio.sleep(min(claim.retry_in_s, BUSY_POLL_S))
 
     async def claim(
-        self, task: Task, lease_ms: int, *, first: bool = False, seal: str | None = None
+        self,
+        task: Task,
+        lease_ms: int,
+        *,
+        first: bool = False,
+        seal: str | None = None,
+        hand: Hand | None = None,
     ) -> Claim:
         """Take the right to run ``task``, unless it ran already or runs elsewhere.
 
         ``first``: this is the message's first delivery to this agent, so no record of it is
         expected and the claim is written without reading first (one round trip fewer); the
         write is conditional all the same, and a record that was there after all is read
-        and judged as usual. ``seal``: the dispatch's, kept in the record."""
+        and judged as usual. ``seal``: the dispatch's, kept in the record. ``hand``: the
+        delivery claiming, which holds the claim it wins until it leaves :meth:`in_hand`."""
         mine = self._record(task, "running", lease_until_ms=now_ms() + lease_ms, seal=seal)
         swap = await self._bucket.cas(
             self._key(task), lambda held: self._take(held, mine), known=None if first else UNREAD
         )
         if swap.written:
             assert swap.entry is not None
+            if hand is not None:
+                hand.holds = True
+                self._holding[task.message_id] += 1
             return Claimed(swap.entry.revision, mine.lease_until_ms, seal)
         held = swap.entry.value if swap.entry else None
         if held is not None and held.state == "done":
@@ -267,22 +290,21 @@ class Claims:
             return mine  # an unreadable record must not block the message forever
         if held.state == "done":
             return None
+        if (held.agent_id, held.epoch) == (self._agent_id, self._epoch):
+            return mine if self._lost_write(mine.message_id) else None
         outlived = held.agent_id == self._agent_id and held.epoch < self._epoch
         if outlived or held.lease_until_ms <= now_ms():
             return mine  # its holder is gone: an earlier process of ours, or a lapsed lease
-        if self._lost_write(held, mine.message_id):
-            log.info("taking over this process's own claim: its write's answer was lost")
-            return mine
         return None
 
-    def _lost_write(self, held: Execution, message_id: str) -> bool:
-        """Whether ``held`` is a claim of this very process that no delivery in hand holds
-        (the one claiming is in hand itself), nor an outcome waiting to be recorded."""
-        return (
-            (held.agent_id, held.epoch) == (self._agent_id, self._epoch)
-            and self._in_hand[message_id] <= 1
-            and message_id not in self._unrecorded
-        )
+    def _lost_write(self, message_id: str) -> bool:
+        """Whether a claim of this very process is one no delivery holds (its write landed
+        though its answer was lost), nor an outcome waiting to be recorded: taken over at
+        once. One a delivery holds is never, however long ago its lease ran out."""
+        if self._holding[message_id] or message_id in self._unrecorded:
+            return False
+        log.info("taking over this process's own claim: its write's answer was lost")
+        return True
 
     async def _write(self, task: Task, outcome: Outcome) -> bool:
         seal = outcome.claim.seal

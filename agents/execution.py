@@ -22,6 +22,7 @@ from agentreach.agents.claims import (
     Claimed,
     Claims,
     Expired,
+    Hand,
     Outcome,
     unrecordable,
 )
@@ -154,9 +155,9 @@ class Executor:
             self._reports.accept(job, self._capacity_for(job.task), self._claims.epoch)
         )
         try:
-            with self._claims.in_hand(task.message_id):  # until its outcome is recorded
+            with self._claims.in_hand(task.message_id) as hand:  # until its outcome is recorded
                 try:
-                    ran = await self._claim_and_run(job, spec)
+                    ran = await self._claim_and_run(job, spec, hand)
                 finally:
                     self._room.leave(task)
                 if isinstance(ran, Outcome):
@@ -178,7 +179,9 @@ class Executor:
         error = ErrorInfo(type="expired", message=message, retryable=False)
         await self._reports.report(job, "expired", error)
 
-    async def _claim_and_run(self, job: Job, spec: HandlerSpec) -> Outcome | _Elsewhere | None:
+    async def _claim_and_run(
+        self, job: Job, spec: HandlerSpec, hand: Hand
+    ) -> Outcome | _Elsewhere | None:
         """The handler's outcome, to record and report; None when the message was done
         already (its stored result is sent again), ELSEWHERE when another delivery runs it."""
         task = job.task
@@ -189,6 +192,7 @@ class Executor:
             still_working=job.delivery.in_progress,
             first=task.attempt == 1 and job.delivery.num_delivered == 1,
             seal=job.seal,
+            hand=hand,
         )
         if isinstance(claim, Outcome):  # the delivery it waited for ran it, unrecorded yet
             log.info("answering from an outcome not yet recorded")

@@ -49,12 +49,25 @@ async def test_a_first_delivery_of_a_message_running_elsewhere_is_busy(broker):
     """The same process holds a live lease (another delivery in hand runs it): busy, not
     taken."""
     claims, same = await claims_of(broker), task()
-    with claims.in_hand(same.message_id):
-        assert isinstance(await claims.claim(same, lease_ms=5_000), Claimed)
-        with claims.in_hand(same.message_id):
-            assert isinstance(await claims.claim(same, lease_ms=5_000, first=True), Busy)
+    with claims.in_hand(same.message_id) as running:
+        assert isinstance(await claims.claim(same, lease_ms=5_000, hand=running), Claimed)
+        with claims.in_hand(same.message_id) as again:
+            claim = await claims.claim(same, lease_ms=5_000, first=True, hand=again)
+            assert isinstance(claim, Busy)
     later = await claims_of(broker, epoch=2)  # a restarted process takes its own over at once
     assert isinstance(await later.claim(same, lease_ms=5_000, first=True), Claimed)
+
+
+async def test_a_run_in_hand_keeps_its_claim_past_its_lease(broker):
+    """Its lease ran out unrenewed (the server away): a redelivery to this process still
+    waits for the run in hand, which goes on; another process would take it over."""
+    claims, same = await claims_of(broker), task()
+    with claims.in_hand(same.message_id) as running:
+        assert isinstance(await claims.claim(same, lease_ms=0, hand=running), Claimed)
+        with claims.in_hand(same.message_id) as redelivered:
+            assert isinstance(await claims.claim(same, lease_ms=5_000, hand=redelivered), Busy)
+        other = await claims_of(broker, epoch=2)
+        assert isinstance(await other.claim(same, lease_ms=5_000), Claimed)
 
 
 async def test_a_claim_of_this_process_no_delivery_in_hand_holds_is_taken_over(broker):
@@ -62,11 +75,11 @@ async def test_a_claim_of_this_process_no_delivery_in_hand_holds_is_taken_over(b
     delivery takes it over at once. Another process of the agent (a higher epoch) is waited
     for, as is an outcome of this process still to be recorded."""
     claims, same = await claims_of(broker), task()
-    with claims.in_hand(same.message_id):
-        lost = await claims.claim(same, lease_ms=60_000)
+    with claims.in_hand(same.message_id) as gave_up:
+        lost = await claims.claim(same, lease_ms=60_000, hand=gave_up)
     assert isinstance(lost, Claimed)
-    with claims.in_hand(same.message_id):
-        again = await claims.claim(same, lease_ms=60_000)
+    with claims.in_hand(same.message_id) as redelivered:
+        again = await claims.claim(same, lease_ms=60_000, hand=redelivered)
     assert isinstance(again, Claimed) and again.revision > lost.revision
     earlier = await claims_of(broker, epoch=0)  # the record is a later process's
     with earlier.in_hand(same.message_id):
@@ -97,12 +110,14 @@ async def test_a_delivery_waiting_on_a_run_whose_outcome_could_not_be_recorded_a
     monkeypatch.setattr(claims_module, "RECORD_TRIES", 1)
     bucket = await broker.bucket(broker.names.executions_bucket, Execution)
     claims, same = Claims(_FailingUpdates(bucket), "claimer", 1), task()
-    with claims.in_hand(same.message_id):
-        a = await claims.claim(same, lease_ms=60_000)
+    with claims.in_hand(same.message_id) as first:
+        a = await claims.claim(same, lease_ms=60_000, hand=first)
         assert isinstance(a, Claimed)
-        with claims.in_hand(same.message_id):
+        with claims.in_hand(same.message_id) as second:
             b = asyncio.create_task(
-                claims.claim_when_free(same, lease_ms=60_000, still_working=still_working)
+                claims.claim_when_free(
+                    same, lease_ms=60_000, still_working=still_working, hand=second
+                )
             )
             outcome = Outcome(a, result={"ran": "once"})
             with pytest.raises(BrokerError):

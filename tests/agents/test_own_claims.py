@@ -128,3 +128,40 @@ def _of(watcher, kind: str, message_id: str) -> list[envelopes.Event]:  # type: 
 
 def _count(watcher, kind: str, message_id: str) -> int:  # type: ignore[no-untyped-def]
     return len(_of(watcher, kind, message_id))
+
+
+async def test_a_run_whose_lease_ran_out_unrenewed_is_not_taken_over_by_its_redelivery(
+    broker, watcher, monkeypatch
+):
+    """The server away for longer than the lease (its renewals failed: `lease not
+    extended`), and the message redelivered when it is back: the redelivery found this
+    process's own claim past its lease, took it over and ran the handler a second time while
+    the first run went on. It waits for the run in hand, and answers from its record."""
+    runs, gate = Counter[str](), asyncio.Event()
+    agent = Agent("own-claims", startup_delay=0)
+
+    @agent.handler("gated", capacity=3, deadline_ms=300)
+    async def gated(ctx: TaskContext, payload: dict) -> dict:
+        runs[ctx.message_id] += 1
+        while not gate.is_set():
+            await ctx.progress("working")  # keeps the deadline; the lease is not renewed
+            await asyncio.sleep(0.1)
+        return {"n": payload["n"]}
+
+    async def unrenewed(self: Claims, task: envelopes.Task, claim, lease_ms: int) -> bool:  # type: ignore[no-untyped-def]
+        return True  # as when the write fails: the old lease stands, the run goes on
+
+    monkeypatch.setattr(Claims, "renew", unrenewed)
+    task = a_task("lapsed-1", agent)
+    subject = broker.names.dispatch(agent.agent_id, "P1")
+    async with agent.running(broker=broker):
+        await broker.publish(subject, envelopes.encode(task))
+        await eventually(lambda: runs["lapsed-1"] == 1)
+        await asyncio.sleep(1.5)  # the scenario: the lease (300 ms + 1 s) runs out
+        await broker.publish(subject, envelopes.encode(task))  # the redelivery
+        await eventually(lambda: _count(watcher, "accepted", "lapsed-1") == 2)
+        await asyncio.sleep(0.5)  # a second run would have started by now
+        assert runs["lapsed-1"] == 1
+        gate.set()
+        await eventually(lambda: _count(watcher, "completed", "lapsed-1") == 2)
+    assert runs["lapsed-1"] == 1
