@@ -28,7 +28,14 @@ from agentreach.agents.claims import (
 )
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
-from agentreach.agents.handlers import InvalidPayload, call, error_info, sendable, typed
+from agentreach.agents.handlers import (
+    InvalidPayload,
+    call,
+    error_info,
+    failed_on_null,
+    sendable,
+    typed,
+)
 from agentreach.agents.job import Job
 from agentreach.agents.reports import Reports
 from agentreach.agents.slots import Latencies, Room
@@ -258,7 +265,13 @@ class Executor:
             async with job.delivery.kept_alive(self.agent.ack_wait / 2):
                 payload = await self.claim_check.payload_of(task)  # a claim-checked one is fetched
                 payload = typed(payload, spec.payload_type)
-                result = sendable(await call(spec, ctx, payload, deadline, overrun=overrun))
+                try:
+                    result = await call(spec, ctx, payload, deadline, overrun=overrun)
+                except Exception as exc:
+                    if (refused := failed_on_null(exc, payload, spec.payload_type)) is exc:
+                        raise
+                    raise refused from exc
+                result = sendable(result)
                 # Stowed before it is recorded: the record and the reply stay small.
                 result, ref = await self.claim_check.stow_result(task, result)
         except PayloadUnavailable as exc:

@@ -97,6 +97,27 @@ def typed(payload: Any, declared: Any) -> Any:
         ) from exc
 
 
+def failed_on_null(exc: Exception, payload: Any, declared: Any) -> Exception:
+    """``exc``, or InvalidPayload when the handler raised it on a null payload its declared
+    type does not admit (``payload: Question``, not ``Question | None``): null is passed
+    through (a chain's step after one that returned nothing may ignore it), but a handler
+    that breaks on it was sent what it does not take, and a caller's nulls must not isolate
+    the agent for everyone. Its own PermanentError and a deadline stay what they are."""
+    if payload is not None or declared is None:
+        return exc
+    if isinstance(exc, PermanentError | TimeoutError | InvalidPayload):
+        return exc
+    try:
+        msgspec.convert(None, declared)
+    except (msgspec.ValidationError, TypeError):
+        shown = getattr(declared, "__name__", None) or repr(declared)
+        return InvalidPayload(
+            f"the payload is null, which the handler's `payload: {shown}` does not admit (it"
+            f" raised {type(exc).__name__}: {exc}); declare `{shown} | None` to take none"
+        )
+    return exc  # it admits null: its failure is its own
+
+
 class InvalidResult(Exception):
     """The handler returned a value that cannot be sent as JSON. Running it again would
     repeat its work (and its side effects) for the same result: it is not retried."""

@@ -587,3 +587,45 @@ async def test_payloads_that_do_not_fit_the_handler_isolate_no_agent(
     assert calls == [{"b": 1, "a": 2}]
     assert coordinator.breakers.isolated == [] and watcher.count("agent_isolated") == 0
     assert watcher.count("retry_scheduled") == 0
+
+
+async def test_null_payloads_that_break_a_handler_isolate_no_agent(
+    broker, start_coordinator, watcher
+):
+    """null reaches the handler (a chain's step after one that returned nothing may ignore
+    it), but one that breaks on it, declaring a type that does not admit it, was sent what it
+    does not take: invalid_payload, not retried, no isolation (two nulls isolated a planner
+    for every caller). A handler that admits null (`dict | None`) and fails is its own."""
+    z = Agent("z-null", startup_delay=0)
+
+    @z.handler("strict")
+    async def strict(ctx: TaskContext, payload: dict) -> list[str]:
+        return sorted(payload)
+
+    @z.handler("lenient", max_attempts=1)
+    async def lenient(ctx: TaskContext, payload: dict | None) -> list[str]:
+        return sorted(payload)  # type: ignore[arg-type]
+
+    @z.handler("ignores")
+    async def ignores(ctx: TaskContext, payload: dict) -> str:
+        return "fine"
+
+    breakers = BreakerConfig(min_calls=1000, open_s=30, isolation_failures=3)
+    async with (
+        start_coordinator(fast(breakers=breakers)) as coordinator,
+        serving(broker, coordinator, z),
+        ReachClient(broker=broker) as client,
+    ):
+        for _ in range(4):
+            with pytest.raises(TaskFailed) as failed:
+                await client.invoke("strict", None)
+        assert await client.invoke("ignores", None) == "fine"
+        with pytest.raises(TaskFailed) as own:
+            await client.invoke("lenient", None)
+    error = failed.value.error
+    assert error.type == "invalid_payload" and not error.retryable
+    assert "null, which the handler's `payload: dict` does not admit" in error.message
+    assert "TypeError" in error.message
+    assert own.value.error.type == "TypeError"
+    assert coordinator.breakers.isolated == [] and watcher.count("agent_isolated") == 0
+    assert watcher.count("retry_scheduled") == 0
