@@ -32,6 +32,7 @@ from agentreach.agents import (
     ReplayLimitReached,
     TaskContext,
     TaskFailed,
+    UnexpectedResult,
     UnknownWorkflow,
     WorkflowEnded,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "Task",
     "TaskContext",
     "TaskFailed",
+    "UnexpectedResult",
     "UnknownWorkflow",
     "WorkflowEnded",
 ]

@@ -23,6 +23,7 @@ from agentreach.agents.errors import (
     Rejected,
     ReplayLimitReached,
     TaskFailed,
+    UnexpectedResult,
     UnknownWorkflow,
 )
 from agentreach.agents.manual import ManualReview, ManualReviewError
@@ -54,6 +55,7 @@ __all__ = [
     "ReplayLimitReached",
     "TaskContext",
     "TaskFailed",
+    "UnexpectedResult",
     "UnknownWorkflow",
     "WorkflowEnded",
 ]

@@ -7,6 +7,8 @@ import functools
 from types import TracebackType
 from typing import Any, Self
 
+import msgspec
+
 from agentreach import envelopes
 from agentreach.agents.arguments import budget_of, task_of
 from agentreach.agents.coordinator_presence import (
@@ -15,17 +17,18 @@ from agentreach.agents.coordinator_presence import (
     coordinator_runs,
 )
 from agentreach.agents.errors import (
-    BacklogFull,
     DeadlineExceeded,
     NotAcknowledged,
-    NotProvisioned,
-    NotStored,
     Rejected,
+    backlog_full,
+    not_provisioned,
+    not_stored,
 )
 from agentreach.agents.invocation import (
     Ending,
     OnAck,
     OnProgress,
+    as_type,
     outcome_of,
     wait_for_result,
 )
@@ -171,12 +174,12 @@ class ReachClient:
                 self.broker, subject, data, headers=headers, within_s=task.ttl_ms / 1000
             )
         except NoStreamError as exc:
-            raise _not_provisioned(task, subject) from exc
+            raise not_provisioned(task, subject) from exc
         except SubjectFull as exc:
-            raise _backlog_full(task, self.caller) from exc
+            raise backlog_full(task, self.caller) from exc
         except BrokerError as exc:
             if unanswered(exc):
-                raise _not_stored(task, exc) from exc
+                raise not_stored(task, exc) from exc
             raise
         return not stored.duplicate
 
@@ -234,8 +237,10 @@ class ReachClient:
         traceparent: str | None = None,
         on_ack: OnAck | None = None,
         on_progress: OnProgress | None = None,
+        result_type: Any = None,
     ) -> Any:
-        """Send a task and wait for its result.
+        """Send a task and wait for its result (converted to ``result_type`` when given:
+        a Struct, a dataclass, ``list[X]`` … as ``msgspec.convert`` takes them).
 
         Raises :class:`InvalidArgument` before sending when an argument is wrong;
         :class:`NotProvisioned` when the server has no task stream, :class:`BacklogFull` when
@@ -263,20 +268,35 @@ class ReachClient:
         inline is fetched from the Object Store.
         """
         budget = budget_of(ack_deadline_ms=ack_deadline_ms, execute_deadline_ms=execute_deadline_ms)
-        box = ReplyBox(self.broker.names, self.caller, new_id())
-        replies = box.replies
         task = self.task(
             topic,
             payload,
             priority=priority,
             trace_id=trace_id,
             message_id=message_id,
-            reply_to=box.subject,
             ttl_ms=min(budget.ack_ms + budget.execute_ms, MAX_TTL_MS) if ttl_ms is None else ttl_ms,
             budget=budget,
             headers=headers,
             traceparent=traceparent,
         )
+        return await self.invoke_task(
+            task, on_ack=on_ack, on_progress=on_progress, result_type=result_type
+        )
+
+    async def invoke_task(
+        self,
+        task: Task,
+        *,
+        on_ack: OnAck | None = None,
+        on_progress: OnProgress | None = None,
+        result_type: Any = None,
+    ) -> Any:
+        """:meth:`invoke` of a built task (:meth:`task`, or ``TaskContext.child_task``): its
+        deadlines are its budget's ``ack_ms`` and ``execute_ms``, its replies come to a reply
+        box of this call's (its ``reply_to`` is replaced)."""
+        box = ReplyBox(self.broker.names, self.caller, new_id())
+        replies = box.replies
+        task = msgspec.structs.replace(task, reply_to=box.subject)
         # Made before the box is subscribed: a reconnect from then on may lose a reply.
         ending = Ending(self.broker, functools.partial(self._own_status, task.message_id))
         self._waiting.add(replies)
@@ -289,7 +309,7 @@ class ReachClient:
                         raise await self._unacknowledged(exc) from None
                 else:  # sent before: nobody answers this box, the earlier message's end does
                     result = await self._earlier_result(task)
-                return await self.claim_check.result_of(*result)
+                return as_type(await self.claim_check.result_of(*result), result_type, task)
         finally:
             self._waiting.discard(replies)
 
@@ -362,32 +382,3 @@ class ReachClient:
         subject = self.broker.names.trace_request(self.caller)
         answer = await self.broker.request(subject, request, timeout=timeout_s)
         return envelopes.decode_as(answer.data, TraceReply)
-
-
-def _not_provisioned(task: Task, subject: str) -> NotProvisioned:
-    return NotProvisioned(
-        f"{task.topic!r} was not sent: no stream on this server takes {subject!r}; provision"
-        " it with `reach provision --nats-url URL` (or start a coordinator on it,"
-        " `reach coordinator`), with the same --prefix",
-        message_id=task.message_id,
-        trace_id=task.trace_id,
-    )
-
-
-def _not_stored(task: Task, exc: BrokerError) -> NotStored:
-    return NotStored(
-        f"{task.topic!r} may not have been stored: JetStream did not answer ({exc}); send it"
-        f" again with message_id={task.message_id!r}: the stream and the agents keep it one"
-        " message",
-        message_id=task.message_id,
-        trace_id=task.trace_id,
-    )
-
-
-def _backlog_full(task: Task, caller: str) -> BacklogFull:
-    return BacklogFull(
-        f"{task.topic!r} was not sent: the intake held as many of {caller!r}'s tasks on it as"
-        f" it keeps (limits.tasks_per_subject) for the task's whole ttl of {task.ttl_ms} ms",
-        message_id=task.message_id,
-        trace_id=task.trace_id,
-    )

@@ -9,10 +9,13 @@ from typing import Any
 import msgspec
 
 from agentreach.agents.deadline import Deadline
-from agentreach.envelopes import Priority, Task, new_id, now_ms, tracecontext
+from agentreach.envelopes import Priority, Task, now_ms, sub_task_id, tracecontext
 from agentreach.logs import get_logger
 
 log = get_logger("agents")
+
+# Sends a sub-task as this agent and waits for its result: (task, ack_deadline_ms, result_type).
+Invoke = Callable[[Task, int, Any], Awaitable[Any]]
 
 
 class TaskContext:
@@ -31,6 +34,7 @@ class TaskContext:
         deadline: Deadline,
         report_progress: Callable[[str], Awaitable[None]],
         submit: Callable[[Task], Awaitable[None]],
+        invoke: Invoke | None = None,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.envelope = envelope
@@ -38,7 +42,9 @@ class TaskContext:
         self._deadline = deadline
         self._report_progress = report_progress
         self._submit = submit
+        self._invoke = invoke
         self._loop = loop
+        self._children = 0  # sub-tasks made so far: the next one's default key
 
     @property
     def message_id(self) -> str:
@@ -89,19 +95,56 @@ class TaskContext:
         except TimeoutError:
             log.warning("progress not reported yet; the handler goes on", timeout_s=timeout)
 
-    async def publish(self, topic: str, payload: Any, *, priority: Priority | None = None) -> Task:
-        """Send a task to another agent in the same trace, passing on the budget that is left."""
-        task = self.child_task(topic, payload, priority=priority)
+    async def publish(
+        self, topic: str, payload: Any, *, priority: Priority | None = None, key: str | None = None
+    ) -> Task:
+        """Send a task to another agent in the same trace, passing on the budget that is left;
+        nobody waits for its result. Its id is derived from this task's and ``key`` (see
+        :meth:`child_task`): a run of this handler again sends it again under the same id,
+        and it runs once."""
+        task = self.child_task(topic, payload, priority=priority, key=key)
         await self._submit(task)
         return task
 
-    def child_task(self, topic: str, payload: Any, *, priority: Priority | None = None) -> Task:
-        """A task for another agent in the same trace, with the budget that is left."""
+    async def invoke(
+        self,
+        topic: str,
+        payload: Any,
+        *,
+        priority: Priority | None = None,
+        key: str | None = None,
+        ack_deadline_ms: int = 2_000,
+        result_type: Any = None,
+    ) -> Any:
+        """Send a sub-task and wait for its result, within the time this handler has left:
+        ``ReachClient.invoke`` as this agent (its errors), in the same trace, at this task's
+        priority unless given, its ttl and execute budget what is left of this handler's
+        deadline. Its id is derived from this task's and ``key`` (see :meth:`child_task`):
+        this handler run again (redelivered after a crash, retried) attaches to the sub-task
+        sent before instead of running it twice, and hears how it ended; a sub-task that
+        failed fails the same way again (give a ``key`` that includes ``self.attempt`` to try
+        it anew on a retry). ``result_type`` converts the result (``msgspec.convert``)."""
+        if self._invoke is None:
+            raise RuntimeError("this TaskContext cannot invoke (made outside an agent)")
+        task = self.child_task(topic, payload, priority=priority, key=key)
+        return await self._invoke(task, min(ack_deadline_ms, task.ttl_ms), result_type)
+
+    def child_task(
+        self, topic: str, payload: Any, *, priority: Priority | None = None, key: str | None = None
+    ) -> Task:
+        """A task for another agent in the same trace, with the budget that is left. Its id
+        is :func:`~agentreach.envelopes.sub_task_id` of this task's id and ``key``, by
+        default the number of sub-tasks this run made before it plus one ("1", "2", …): the
+        same in every run of a handler that makes its sub-tasks in the same order."""
+        self._children += 1
         remaining = max(1, self.remaining_ms())
         budget = msgspec.structs.replace(
             self.envelope.budget, execute_ms=min(self.envelope.budget.execute_ms, remaining)
         )
-        message_id = new_id()
+        parent = self.envelope
+        message_id = sub_task_id(
+            parent.message_id, parent.created_at or 0, str(self._children) if key is None else key
+        )
         return Task(
             v=1,
             message_id=message_id,

@@ -7,11 +7,14 @@ ReachError
 ├── PermanentError           raised by a handler: do not retry this task
 ├── ReplayLimitReached       a dead letter's task was replayed max_replays times already
 ├── LetterSettled            a dead letter was replayed or resolved already: not replayed again
+├── UnknownWorkflow          cancel_workflow: no instance of that id among the caller's own
 └── InvokeError              ReachClient.invoke() did not get a result
     ├── NotProvisioned       the task was not sent: no stream takes tasks (run `reach provision`)
     ├── BacklogFull          the task was not sent: the caller's backlog on the topic is full
+    ├── NotStored            JetStream did not answer: it may have been stored (send it again by id)
     ├── NotAcknowledged      no agent accepted the task within the ack deadline (it stays queued)
     ├── DeadlineExceeded     accepted, but no result within the execute deadline
+    ├── UnexpectedResult     it completed, but its result does not fit ``result_type``
     └── TaskFailed           it failed after an agent took it (``.error``)
         └── Rejected         refused before any agent took it (``.reason``: no_route, expired, …)
 """
@@ -19,7 +22,7 @@ ReachError
 from __future__ import annotations
 
 from agentreach.broker import BrokerError, NoStreamError, SubjectFull
-from agentreach.envelopes import ErrorInfo
+from agentreach.envelopes import ErrorInfo, Task
 from agentreach.errors import ReachError
 
 
@@ -134,6 +137,15 @@ class NotAcknowledged(InvokeError):
     """
 
 
+class UnexpectedResult(InvokeError):
+    """The task completed, but its result does not fit the ``result_type`` the caller gave
+    (``.result`` is the result as it came). It ran: sending it again runs it again."""
+
+    def __init__(self, message: str, *, message_id: str, trace_id: str, result: object) -> None:
+        super().__init__(message, message_id=message_id, trace_id=trace_id)
+        self.result = result
+
+
 class DeadlineExceeded(InvokeError):
     """The task was accepted but did not complete within the execute deadline. It may still
     complete (until its ttl): invoke again with the same ``message_id`` to hear how it ends."""
@@ -192,3 +204,35 @@ REJECTION_REASONS = frozenset(
         "priority_not_allowed",  # the caller may not send tasks of that priority
     }
 )
+
+
+def not_provisioned(task: Task, subject: str) -> NotProvisioned:
+    """Nothing was sent: the server has no stream for ``subject``."""
+    return NotProvisioned(
+        f"{task.topic!r} was not sent: no stream on this server takes {subject!r}; provision"
+        " it with `reach provision --nats-url URL` (or start a coordinator on it,"
+        " `reach coordinator`), with the same --prefix",
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+    )
+
+
+def not_stored(task: Task, exc: Exception) -> NotStored:
+    """JetStream did not answer the publish: it may have been stored."""
+    return NotStored(
+        f"{task.topic!r} may not have been stored: JetStream did not answer ({exc}); send it"
+        f" again with message_id={task.message_id!r}: the stream and the agents keep it one"
+        " message",
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+    )
+
+
+def backlog_full(task: Task, caller: str) -> BacklogFull:
+    """Nothing was sent: the caller's backlog on the topic stayed full for the whole ttl."""
+    return BacklogFull(
+        f"{task.topic!r} was not sent: the intake held as many of {caller!r}'s tasks on it as"
+        f" it keeps (limits.tasks_per_subject) for the task's whole ttl of {task.ttl_ms} ms",
+        message_id=task.message_id,
+        trace_id=task.trace_id,
+    )

@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import enum
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import msgspec
 import structlog
 
 from agentreach import envelopes
@@ -26,8 +27,10 @@ from agentreach.agents.claims import (
     Outcome,
     unrecordable,
 )
+from agentreach.agents.client import ReachClient
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
+from agentreach.agents.errors import PermanentError
 from agentreach.agents.handlers import (
     InvalidPayload,
     call,
@@ -94,6 +97,8 @@ class Executor:
         self._claims = claims
         self._room = room
         self._reports = Reports(broker, agent.agent_id)
+        # Sub-tasks a handler waits for (ctx.invoke) are sent as this agent, a caller.
+        self._client = ReachClient(broker=broker, name=agent.agent_id)
 
     @property
     def _me(self) -> str:
@@ -248,6 +253,7 @@ class Executor:
             deadline=deadline,
             report_progress=progressed,
             submit=self._submit,
+            invoke=self._invoke,
             loop=asyncio.get_running_loop(),
         )
         # A thread past its deadline runs on: its claim is kept live until it ends, renewed
@@ -276,16 +282,17 @@ class Executor:
                 result, ref = await self.claim_check.stow_result(task, result)
         except PayloadUnavailable as exc:
             error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
-            outcome = Outcome(claim, error=error)
+            outcome = _failed(claim, error)
         except TooLarge as exc:  # a result too large to send: running it again cannot help
             error = ErrorInfo(type="result_too_large", message=str(exc), retryable=False)
-            outcome = Outcome(claim, error=error)
+            outcome = _failed(claim, error)
         except Exception as exc:  # every handler failure is reported, none is lost
-            outcome = Outcome(claim, error=error_info(exc, deadline.total_ms))
-            if not isinstance(
-                exc, TimeoutError | InvalidPayload
-            ):  # where it raised, for its author
-                log.warning("handler raised", exc_info=exc)
+            error = error_info(exc, deadline.total_ms)
+            if isinstance(exc, TimeoutError | InvalidPayload | PermanentError):
+                outcome = _failed(claim, error)
+            else:  # where it raised, for its author: one line with the traceback
+                log.warning("handler raised", error_type=error.type, exc_info=exc)
+                outcome = Outcome(claim, error=error)
         else:
             duration_ms = int((time.monotonic() - started) * 1000)
             self.latency.observe(task.topic, duration_ms)
@@ -300,12 +307,10 @@ class Executor:
         try:
             recorded = await self._claims.record(task, outcome, still_working=delivery.in_progress)
         except ValueTooLarge as exc:
-            outcome = unrecordable(outcome, exc)
+            outcome = _failed(outcome.claim, unrecordable(outcome, exc).error)
             recorded = await self._claims.record(task, outcome, still_working=delivery.in_progress)
         if outcome.error is not None:
-            error = outcome.error
-            log.info("handler failed", error_type=error.type, error=error.message)
-            await self._reports.report(job, "failed", error)
+            await self._reports.report(job, "failed", outcome.error)
             return
         if not recorded:
             # Fenced: the task was reassigned while this ran; the new attempt answers.
@@ -320,11 +325,24 @@ class Executor:
         subject = self.broker.names.task(task.topic, self._me)
         await self.broker.publish(subject, envelopes.encode(task), headers=task_headers(task))
 
+    async def _invoke(self, task: Task, ack_deadline_ms: int, result_type: Any) -> Any:
+        """A sub-task this agent sends, as itself, waiting for its result (ctx.invoke)."""
+        budget = msgspec.structs.replace(task.budget, ack_ms=max(1, ack_deadline_ms))
+        task = msgspec.structs.replace(task, budget=budget)
+        return await self._client.invoke_task(task, result_type=result_type)
+
     def _capacity_for(self, task: Task) -> Capacity:
         """How full this agent is for ``task``'s topic, told to its sender with the ack."""
         return Capacity(
             free_slots=self._room.free_for(task), est_latency_ms=self.latency.of(task.topic)
         )
+
+
+def _failed(claim: Claimed, error: ErrorInfo | None) -> Outcome:
+    """A failure that is not the handler raising (that one is logged with its traceback)."""
+    assert error is not None
+    log.info("handler failed", error_type=error.type, error=error.message)
+    return Outcome(claim, error=error)
 
 
 async def _published(publishing: asyncio.Task[None], what: str) -> None:

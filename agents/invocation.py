@@ -17,6 +17,7 @@ from agentreach.agents.errors import (
     NotAcknowledged,
     Rejected,
     TaskFailed,
+    UnexpectedResult,
 )
 from agentreach.broker import Broker, BrokerError
 from agentreach.broker.endings import Ended, OthersMessage, ending_of
@@ -165,3 +166,20 @@ async def _call(callback: Callable[[Any], Any] | None, message: msgspec.Struct) 
         outcome = callback(message)
         if asyncio.iscoroutine(outcome):
             await outcome
+
+
+def as_type(result: Any, result_type: Any, task: Task) -> Any:
+    """``result`` converted to ``result_type`` (None: as it came); UnexpectedResult, saying
+    where it does not fit, when it cannot be."""
+    if result_type is None:
+        return result
+    try:
+        return msgspec.convert(result, result_type)
+    except (msgspec.ValidationError, TypeError) as exc:
+        shown = getattr(result_type, "__name__", None) or repr(result_type)
+        raise UnexpectedResult(
+            f"{task.topic!r} completed, but its result does not fit result_type {shown}: {exc}",
+            message_id=task.message_id,
+            trace_id=task.trace_id,
+            result=result,
+        ) from exc

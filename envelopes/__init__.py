@@ -46,7 +46,7 @@ from agentreach.envelopes.executions import (
     executions_of_any_caller,
     is_expiry_fence,
 )
-from agentreach.envelopes.ids import new_id, replay_id, stable_id, unix_ms_of
+from agentreach.envelopes.ids import new_id, replay_id, stable_id, sub_task_id, unix_ms_of
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
 from agentreach.envelopes.manual import ManualItem, ManualStatus
 from agentreach.envelopes.messages import (
@@ -171,6 +171,7 @@ __all__ = [
     "now_ms",
     "replay_id",
     "stable_id",
+    "sub_task_id",
     "summarize",
     "task_from_intake",
     "tracecontext",

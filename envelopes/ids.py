@@ -41,6 +41,16 @@ def replay_id(
     return _uuid7(at_ms, int.from_bytes(digest))
 
 
+def sub_task_id(parent_id: str, created_at_ms: int, key: str) -> str:
+    """The message id of the sub-task ``key`` of message ``parent_id`` (created at
+    ``created_at_ms``, the parent envelope's ``created_at``): a UUIDv7 with that time whose
+    random bits are the first 80 of the SHA-256 of ``reach-sub-task``, ``parent_id`` and
+    ``key``, NUL-separated. A handler run again (redelivered, retried) sends its sub-tasks
+    under the same ids, so each runs once."""
+    digest = hashlib.sha256("\x00".join(["reach-sub-task", parent_id, key]).encode()).digest()
+    return _uuid7(created_at_ms, int.from_bytes(digest[:10]))
+
+
 def unix_ms_of(message_id: str) -> int:
     """The time a UUIDv7 id carries, in Unix milliseconds; 0 for any other id."""
     try:

@@ -112,6 +112,8 @@ def agent(names: Names) -> Permissions:
         f"{n.workflow_reply('*')}.{me}",  # a result to a workflow step
         n.task("*", me),  # sub-tasks, as a caller
         n.call("*", me),
+        n.trace_request(me),  # how its own sub-tasks went (ctx.invoke of one sent before)
+        n.status,  # whether a coordinator runs (an unacknowledged sub-task says so)
         n.register(me),
         n.presence(me),  # "does another process serve my id already?"
     ]

@@ -119,6 +119,8 @@ async def test_a_handler_that_raises_is_logged_with_where_it_raised(broker, coor
     assert raised and all(isinstance(e["exc_info"], RuntimeError) for e in raised)
     frames = traceback.extract_tb(raised[0]["exc_info"].__traceback__)
     assert frames[-1].name == "crash" and frames[-1].filename == __file__
+    assert [e["error_type"] for e in raised] == ["RuntimeError"] * 3  # once a failure, each
+    assert not [e for e in logs if e["event"] == "handler failed"]  # attempt: not twice
     assert not [e for e in overrun_logs if e["event"] == "handler raised"]
     # A PermanentError is a refusal on purpose: no warning with a stack ("handler failed" at
     # info says it).

@@ -1,0 +1,129 @@
+"""Sub-tasks from a handler (ctx.invoke, ctx.publish) on a real server: in the parent's
+trace, at its priority, within its time, and once each however often the parent runs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import msgspec
+import pytest
+
+from agentreach.agents import Agent, ReachClient, TaskContext, TaskFailed, UnexpectedResult
+from agentreach.envelopes import Task, sub_task_id
+from tests.support import Watcher, eventually
+
+
+class Finding(msgspec.Struct, frozen=True):
+    source: str
+    facts: int
+
+
+def desk(runs: Counter[str], seen: list[TaskContext]) -> tuple[Agent, Agent]:
+    """A planner that asks two researchers and fails its first attempt after asking them
+    (a crash after the sub-tasks ran), and the researchers, counting their runs."""
+    planner = Agent("sub-planner", startup_delay=0)
+
+    @planner.handler("plan", max_attempts=2)
+    async def plan(ctx: TaskContext, payload: dict) -> dict:
+        runs["plan"] += 1
+        found = await asyncio.gather(
+            ctx.invoke("research", {"source": "web"}, result_type=Finding),
+            ctx.invoke("research", {"source": "papers"}, result_type=Finding),
+        )
+        if ctx.attempt == 1:
+            raise RuntimeError("crashed after asking")
+        return {"facts": sum(f.facts for f in found), "types": [type(f).__name__ for f in found]}
+
+    researcher = Agent("sub-researcher", startup_delay=0)
+
+    @researcher.handler("research", capacity=4)
+    async def research(ctx: TaskContext, payload: dict) -> dict:
+        runs[payload["source"]] += 1
+        seen.append(ctx)
+        return {"source": payload["source"], "facts": len(payload["source"])}
+
+    return planner, researcher
+
+
+async def test_a_parent_run_again_attaches_to_its_sub_tasks_instead_of_running_them_twice(
+    broker, coordinator
+):
+    runs: Counter[str] = Counter()
+    seen: list[TaskContext] = []
+    planner, researcher = desk(runs, seen)
+    async with (
+        planner.running(broker=broker),
+        researcher.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        result = await client.invoke("plan", {}, priority="P0", message_id="plan-1")
+    assert result == {"facts": 3 + 6, "types": ["Finding", "Finding"]}
+    assert runs == {"plan": 2, "web": 1, "papers": 1}
+    assert {ctx.trace_id for ctx in seen} == {"plan-1"}
+    assert {ctx.envelope.priority for ctx in seen} == {"P0"}
+    assert {ctx.envelope.caller for ctx in seen} == {"sub-planner"}
+    assert all(ctx.envelope.budget.execute_ms <= 30_000 for ctx in seen)
+
+
+async def test_sub_task_ids_are_derived_from_the_parent_and_the_order_or_a_key(broker):
+    parent = Task(v=1, message_id="p-1", trace_id="t", topic="plan", created_at=1_000)
+    first, second = sub_task_id("p-1", 1_000, "1"), sub_task_id("p-1", 1_000, "2")
+    assert len({first, second, sub_task_id("p-2", 1_000, "1")}) == 3
+    assert sub_task_id("p-1", 1_000, "1") == first  # the same in every run
+    from agentreach.agents.deadline import Deadline
+
+    async def nothing(task: Task) -> None:
+        return None
+
+    ctx = TaskContext(
+        parent,
+        agent_id="a",
+        deadline=Deadline(budget_ms=30_000, window_ms=None),
+        report_progress=lambda note: nothing(parent),
+        submit=nothing,
+        loop=asyncio.get_running_loop(),
+    )
+    made = [ctx.child_task("x", {}), ctx.child_task("x", {}), ctx.child_task("x", {}, key="k")]
+    assert [t.message_id for t in made] == [first, second, sub_task_id("p-1", 1_000, "k")]
+    with pytest.raises(RuntimeError, match="cannot invoke"):
+        await ctx.invoke("x", {})
+
+
+async def test_a_sub_task_s_failure_and_an_unexpected_result_reach_the_parent(broker, coordinator):
+    """A sub-task that fails raises TaskFailed in the parent (which decides); a result that
+    does not fit `result_type` raises UnexpectedResult naming where."""
+    parent = Agent("sub-parent", startup_delay=0)
+    said: list[str] = []
+
+    @parent.handler("ask", max_attempts=1)
+    async def ask(ctx: TaskContext, payload: dict) -> str:
+        try:
+            await ctx.invoke("fails", {})
+        except TaskFailed as exc:
+            said.append(f"failed: {exc.error.type}")
+        try:
+            await ctx.invoke("answers", {}, result_type=Finding)
+        except UnexpectedResult as exc:
+            said.append(f"unexpected: {exc.result}")
+        return "done"
+
+    child = Agent("sub-child", startup_delay=0)
+
+    @child.handler("fails", max_attempts=1)
+    async def fails(ctx: TaskContext, payload: dict) -> None:
+        raise ValueError("no")
+
+    @child.handler("answers")
+    async def answers(ctx: TaskContext, payload: dict) -> list[int]:
+        return [1, 2]
+
+    async with (
+        parent.running(broker=broker),
+        child.running(broker=broker),
+        ReachClient(broker=broker) as client,
+        Watcher(broker) as watcher,
+    ):
+        assert await client.invoke("ask", {}) == "done"
+        await eventually(lambda: watcher.count("completed") >= 2)
+    assert said == ["failed: ValueError", "unexpected: [1, 2]"]
