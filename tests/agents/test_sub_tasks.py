@@ -127,3 +127,10 @@ async def test_a_sub_task_s_failure_and_an_unexpected_result_reach_the_parent(br
         assert await client.invoke("ask", {}) == "done"
         await eventually(lambda: watcher.count("completed") >= 2)
     assert said == ["failed: ValueError", "unexpected: [1, 2]"]
+
+
+def test_sub_task_ids_match_the_typescript_sdk_s():
+    """Both SDKs derive the same id (a process of either language may run an agent id)."""
+    parent = "01a23cc1-9606-73c5-bdb2-bbc1070d3bb4"
+    assert sub_task_id(parent, 1796315348000, "1") == "01a23cbc-fc20-7027-b14a-3d18945c168a"
+    assert sub_task_id("p-1", 0, "web") == "00000000-0000-7b5b-a5fe-298e53b47d1f"

@@ -105,6 +105,7 @@ export class ReachClient {
   private readonly warnings: PublishWarnings;
   private readonly waiting = new Set<ReplyBox>();
   private readonly closed = new Signal();
+  private ownsConnection = true;
 
   private constructor(
     private readonly conn: Connection,
@@ -116,6 +117,17 @@ export class ReachClient {
     this.claimCheck = new ClaimCheck(conn.js, conn.names.payloadsBucket, claimCheckBytes);
     this.traces = new Traces(conn, caller);
     this.warnings = new PublishWarnings(conn, log);
+  }
+
+  /**
+   * A client over a connection of the caller's own (an agent's, for its sub-tasks): closing
+   * it leaves the connection open.
+   * @internal
+   */
+  static over(conn: Connection, caller: string, log: Logger): ReachClient {
+    const client = new ReachClient(conn, caller, log, DEFAULT_CLAIM_CHECK_BYTES);
+    client.ownsConnection = false;
+    return client;
   }
 
   /**
@@ -216,13 +228,23 @@ export class ReachClient {
   async invoke<R = unknown>(topic: string, payload: unknown, options: InvokeOptions = {}): Promise<R> {
     this.mustBeOpen();
     const budget = budgetOf(options.ackDeadlineMs ?? 2_000, options.executeDeadlineMs ?? 30_000);
-    const boxSubject = this.conn.names.replyBox(this.caller, newId());
     const task = this.task(topic, payload, {
       ...options,
-      replyTo: boxSubject,
       ttlMs: options.ttlMs ?? Math.min(budget.ack_ms + budget.execute_ms, MAX_MS),
       budget,
     });
+    return await this.invokeTask<R>(task, options);
+  }
+
+  /**
+   * `invoke` of a task built already (`client.task()`, `ctx.childTask()`): its deadlines are
+   * its budget's `ack_ms` and `execute_ms`; its replies come to a reply box of this call's (its
+   * `reply_to` is replaced).
+   */
+  async invokeTask<R = unknown>(built: Task, options: Pick<InvokeOptions, "onAck" | "onProgress" | "signal"> = {}): Promise<R> {
+    this.mustBeOpen();
+    const boxSubject = this.conn.names.replyBox(this.caller, newId());
+    const task = { ...built, reply_to: boxSubject };
     if (options.signal?.aborted) throw aborted(task, options.signal, false);
     // Made before the box is subscribed: a reconnect from then on may lose a reply.
     const ending = new Ending(this.conn, this.traces, task.message_id);
@@ -281,7 +303,7 @@ export class ReachClient {
     this.closed.set();
     this.warnings.close();
     for (const box of this.waiting) box.close();
-    await this.conn.close();
+    if (this.ownsConnection) await this.conn.close();
   }
 
   private mustBeOpen(): void {

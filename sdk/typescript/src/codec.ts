@@ -275,6 +275,24 @@ export function stableId(timestampMs: number, ...parts: Array<string | number>):
   return uuid7(timestampMs, digest.subarray(0, 10));
 }
 
+/**
+ * The message id of the sub-task `key` of message `parentId` (created at `createdAtMs`, the
+ * parent envelope's `created_at`): a UUIDv7 with that time whose random bits are the first 80
+ * of the SHA-256 of `reach-sub-task`, `parentId` and `key`, NUL-separated, laid out as the
+ * Python SDK's `envelopes.sub_task_id` (the 12 bits after the version are the digest's first 12,
+ * the 62 after the variant its last 62). A handler run again sends its sub-tasks under the
+ * same ids, so each runs once.
+ */
+export function subTaskId(parentId: string, createdAtMs: number, key: string): string {
+  const digest = createHash("sha256").update(["reach-sub-task", parentId, key].join("\u0000")).digest();
+  const rand = BigInt(`0x${digest.subarray(0, 10).toString("hex")}`);
+  const ms = BigInt(Math.max(0, Math.floor(createdAtMs))) & ((1n << 48n) - 1n);
+  const value =
+    (ms << 80n) | (0x7n << 76n) | (((rand >> 68n) & 0xfffn) << 64n) | (0b10n << 62n) | (rand & ((1n << 62n) - 1n));
+  const hex = value.toString(16).padStart(32, "0");
+  return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
+}
+
 function uuid7(unixMs: number, rand: Uint8Array): string {
   const bytes = new Uint8Array(16);
   let ms = BigInt(Math.max(0, Math.floor(unixMs)));

@@ -2,7 +2,7 @@
 
 import { performance } from "node:perf_hooks";
 
-import { newId, nowMs } from "./codec.js";
+import { nowMs, subTaskId } from "./codec.js";
 import type { Deadline } from "./deadline.js";
 import { child } from "./tracecontext.js";
 import type { Priority, Task } from "./types.js";
@@ -10,6 +10,19 @@ import type { Priority, Task } from "./types.js";
 export interface ContextHooks {
   progress(note: string): Promise<void>;
   submit(task: Task): Promise<void>;
+  /** Send a sub-task as this agent and wait for its result (its budget holds the deadlines). */
+  invoke?(task: Task, signal: AbortSignal): Promise<unknown>;
+}
+
+/** What a sub-task carries besides its topic and payload. */
+export interface SubTaskOptions {
+  /** Its priority (default: this task's). */
+  priority?: Priority;
+  /**
+   * What its id is derived from with this task's (default: its place among the sub-tasks this
+   * run made, "1", "2", …): a handler run again sends it under the same id, and it runs once.
+   */
+  key?: string;
 }
 
 /**
@@ -23,6 +36,7 @@ export class TaskContext {
   readonly envelope: Task;
   readonly agentId: string;
   readonly signal: AbortSignal;
+  private children = 0; // sub-tasks made so far: the next one's default key
 
   constructor(
     envelope: Task,
@@ -80,17 +94,42 @@ export class TaskContext {
     return this.hooks.progress(note);
   }
 
-  /** Send a task to another agent in the same trace, passing on the budget that is left. */
-  async publish(topic: string, payload: unknown, options: { priority?: Priority } = {}): Promise<Task> {
+  /**
+   * Send a task to another agent in the same trace, passing on the budget that is left; nobody
+   * waits for its result. Its id is derived from this task's and `key` (see `childTask`).
+   */
+  async publish(topic: string, payload: unknown, options: SubTaskOptions = {}): Promise<Task> {
     const task = this.childTask(topic, payload, options);
     await this.hooks.submit(task);
     return task;
   }
 
-  /** A task for another agent in the same trace, with the budget that is left. */
-  childTask(topic: string, payload: unknown, options: { priority?: Priority } = {}): Task {
+  /**
+   * Send a sub-task and wait for its result within the time this handler has left, as this
+   * agent: `ReachClient.invoke` (its errors), in the same trace, at this task's priority unless
+   * given, its ttl and execute budget what is left of this handler's deadline. Its id is derived
+   * from this task's and `key`: this handler run again (redelivered after a crash, retried)
+   * attaches to the sub-task sent before and hears how it ended instead of running it twice; one
+   * that failed fails the same way again (put `ctx.attempt` in `key` to try it anew). Stops
+   * waiting when `ctx.signal` aborts (InvokeAborted).
+   */
+  async invoke<R = unknown>(topic: string, payload: unknown, options: SubTaskOptions & { ackDeadlineMs?: number } = {}): Promise<R> {
+    if (this.hooks.invoke === undefined) throw new Error("this TaskContext cannot invoke (made outside an agent)");
+    const task = this.childTask(topic, payload, options);
+    const ackMs = Math.max(1, Math.min(options.ackDeadlineMs ?? 2_000, task.ttl_ms));
+    return (await this.hooks.invoke({ ...task, budget: { ...task.budget, ack_ms: ackMs } }, this.signal)) as R;
+  }
+
+  /**
+   * A task for another agent in the same trace, with the budget that is left. Its id is
+   * `subTaskId` of this task's id and `key`, by default its place among the sub-tasks this run
+   * made ("1", "2", …): the same in every run of a handler that makes them in the same order.
+   */
+  childTask(topic: string, payload: unknown, options: SubTaskOptions = {}): Task {
+    this.children += 1;
     const remaining = Math.max(1, this.remainingMs());
-    const messageId = newId();
+    const parent = this.envelope;
+    const messageId = subTaskId(parent.message_id, parent.created_at ?? 0, options.key ?? String(this.children));
     return {
       kind: "task",
       v: 1,

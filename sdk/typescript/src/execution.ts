@@ -19,6 +19,7 @@ import type { ClaimCheck } from "./claimcheck.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
 import { DeadlineExceeded, errorInfo, failure, sendable } from "./failures.js";
 import type { Logger } from "./log.js";
+import { ReachClient } from "./client.js";
 import { Latencies } from "./slots.js";
 import type { Room } from "./slots.js";
 import { Reports } from "./reports.js";
@@ -66,6 +67,7 @@ export class Executor {
   private readonly claimCheck: ClaimCheck;
   private readonly room: Room;
   private readonly log: Logger;
+  private readonly subTasks: ReachClient;
   private readonly aborts = new Set<AbortController>();
   /** Set once the agent stops with handlers still running (their `ctx.signal` aborted). */
   private stoppedWith: Error | null = null;
@@ -83,6 +85,7 @@ export class Executor {
     this.room = options.room;
     this.log = options.log;
     this.reports = new Reports(conn, options.agentId, options.log);
+    this.subTasks = ReachClient.over(conn, options.agentId, options.log); // ctx.invoke, as this agent
   }
 
   /**
@@ -297,6 +300,7 @@ export class Executor {
         }
       },
       submit: (child) => this.submit(child),
+      invoke: (child, signal) => this.subTasks.invokeTask(child, { signal }),
     });
     // A handler longer than the ack wait would be redelivered (and count towards
     // max_deliver) although it runs: tell the server it is still being worked on.

@@ -8,8 +8,9 @@ export type { AgentOptions, HandlerOptions } from "./agent.js";
 export { DEFAULT_CLAIM_CHECK_BYTES, PayloadUnavailable } from "./claimcheck.js";
 export { ReachClient } from "./client.js";
 export type { InvokeOptions, Published, PublishOptions, ReachClientOptions, TaskOptions } from "./client.js";
-export { decodeTask, newId } from "./codec.js";
+export { decodeTask, newId, subTaskId } from "./codec.js";
 export { TaskContext } from "./context.js";
+export type { SubTaskOptions } from "./context.js";
 export {
   AgentConfigError,
   AgentIdInUse,

@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { connect, DiscardPolicy } from "nats";
 import type { Msg } from "nats";
 
-import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, TaskFailed, UnknownWorkflow } from "../src/index.js";
+import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, subTaskId, TaskFailed, UnknownWorkflow } from "../src/index.js";
 import type { Ack, Progress, Task } from "../src/index.js";
 import { freePort, Gate, provision, Relay, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
 import { sleep } from "../src/timing.js";
@@ -442,6 +442,59 @@ async function until(check: () => boolean | Promise<boolean>, ms: number, what: 
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
 }
+
+describe("sub-tasks from a handler", () => {
+  let stack: Stack;
+
+  before(async () => {
+    stack = await startStack();
+  });
+
+  after(async () => {
+    await stack?.stop();
+  });
+
+  it("ctx.invoke waits for a sub-task as the agent; a handler run again attaches to its sub-tasks, which run once", async () => {
+    const plan = unique("plan");
+    const research = unique("research");
+    const runs: Record<string, number> = {};
+    const seen: Task[] = [];
+    const planner = newAgent(unique("planner")).handler(plan, { maxAttempts: 2 }, async (ctx) => {
+      runs.plan = (runs.plan ?? 0) + 1;
+      const found = await Promise.all([
+        ctx.invoke<{ facts: number }>(research, { source: "web" }),
+        ctx.invoke<{ facts: number }>(research, { source: "papers" }),
+      ]);
+      if (ctx.attempt === 1) throw new Error("crashed after asking");
+      return { facts: found.reduce((sum, f) => sum + f.facts, 0) };
+    });
+    const researcher = newAgent(unique("researcher")).handler(research, { capacity: 4 }, (ctx, p) => {
+      const source = (p as { source: string }).source;
+      runs[source] = (runs[source] ?? 0) + 1;
+      seen.push(ctx.envelope);
+      return { facts: source.length };
+    });
+    await planner.start(stack.url);
+    await researcher.start(stack.url);
+    const client = await ReachClient.connect(stack.url, { logger: quiet });
+    try {
+      const result = await client.invoke(plan, {}, { priority: "P0", messageId: unique("plan-msg") });
+      assert.deepEqual(result, { facts: 3 + 6 });
+      assert.deepEqual(runs, { plan: 2, web: 1, papers: 1 });
+      assert.deepEqual(new Set(seen.map((t) => t.priority)), new Set(["P0"]));
+      assert.deepEqual(new Set(seen.map((t) => t.caller)), new Set([planner.agentId]));
+    } finally {
+      await client.close();
+      await planner.stop();
+      await researcher.stop();
+    }
+  });
+
+  it("derives sub-task ids as the Python SDK does", () => {
+    assert.equal(subTaskId("01a23cc1-9606-73c5-bdb2-bbc1070d3bb4", 1796315348000, "1"), "01a23cbc-fc20-7027-b14a-3d18945c168a");
+    assert.equal(subTaskId("p-1", 0, "web"), "00000000-0000-7b5b-a5fe-298e53b47d1f");
+  });
+});
 
 describe("ReachClient cancelling a workflow", () => {
   let stack: Stack;
