@@ -142,7 +142,8 @@ class Calls:
             ended = await wait_for_ending(read, within_s=ttl_ms / 1000, caller=caller)
         except OthersMessage as exc:
             taken = f"{exc}: send it under an id of your own"
-            ended = Ended(error=ErrorInfo(type="duplicate_id", message=taken, retryable=False))
+            error = ErrorInfo(type="duplicate_id", message=taken, retryable=False)
+            ended = Ended(error=error, reason="duplicate_id")
         except BrokerError as exc:
             log.warning("could not read how an earlier call ended", error=str(exc))
             return
@@ -150,7 +151,7 @@ class Calls:
             return
         requester = self._forget(key)
         if ended.error is not None:
-            await self._answer(requester, {"error": ended.error}, error=True)
+            await self._answer(requester, _failure(ended.error, ended.reason), error=True)
         else:
             await self._answer_result(requester, ended.result, ended.result_ref)
 
@@ -173,7 +174,8 @@ class Calls:
                 self._in_background(self._answer_result(requester, reply.result, reply.result_ref))
             case ErrorReply():
                 requester = self._forget(key)
-                self._in_background(self._answer(requester, {"error": reply.error}, error=True))
+                answer = _failure(reply.error, reply.reason)
+                self._in_background(self._answer(requester, answer, error=True))
             case Ack():
                 self._running(key)
             case _:
@@ -234,6 +236,13 @@ class Calls:
             await self._broker.publish_core(requester.subject, data, headers=headers)
         except BrokerError as exc:
             log.warning("could not answer a call", error=str(exc))
+
+
+def _failure(error: ErrorInfo, reason: str | None) -> dict[str, object]:
+    """A call's error answer: the error, and how the message ended (its dead-letter reason,
+    ``refused``, ``duplicate_id`` …) when the coordinator said so; the gateway's own errors
+    (``not_published``, ``no_result``, ``payload_unavailable``) end no message and say none."""
+    return {"error": error} if reason is None else {"error": error, "reason": reason}
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,9 @@ async def test_a_call_with_a_full_envelope_is_answered_with_its_task_s_end(broke
             broker.names.call("nap"), envelopes.encode(task), timeout=10
         )
     assert answer.headers is not None and answer.headers.get(h.KIND) == "error"
-    assert envelopes.decode_json(answer.data)["error"]["type"] == "expired"
+    failure = envelopes.decode_json(answer.data)
+    assert failure["error"]["type"] == "expired"
+    assert failure["reason"] == "expired"  # how the message ended: its dead letter's reason
 
 
 async def test_a_call_sent_again_with_its_id_is_answered_with_the_first_result(broker, coordinator):
@@ -83,8 +85,9 @@ async def test_a_call_under_another_caller_s_message_id_is_refused_at_once(broke
         )
     assert envelopes.decode_json(first.data) == {"slept": 0.01}
     assert again.headers is not None and again.headers.get(h.KIND) == "error"
-    error = envelopes.decode_json(again.data)["error"]
-    assert error["type"] == "duplicate_id"
+    failure = envelopes.decode_json(again.data)
+    error = failure["error"]
+    assert error["type"] == "duplicate_id" and failure["reason"] == "duplicate_id"
     assert "'billing-msg-1' is another caller's message" in error["message"]
 
 
