@@ -80,16 +80,26 @@ export interface Outcome {
   durationMs: number;
 }
 
+/** One delivery of a message in this process, from its claim to its recorded outcome. */
+export class Hand {
+  /** It won the claim (and runs the message, or records its outcome). */
+  holds = false;
+
+  constructor(readonly messageId: string) {}
+}
+
 /** This agent's claims and outcomes of messages, in a bucket shared by every agent. */
 export class Claims {
   // Outcomes not yet recorded (the broker failing): a redelivery answers from these
   // instead of running the handler a second time.
   private readonly unrecordedOutcomes = new Map<string, Outcome>();
-  // The deliveries of each message being claimed or run in this process now. A `running`
-  // record of this process that none of them holds is a claim whose write landed though its
-  // answer was lost (the server restarting): its delivery gave up, and its redelivery would
-  // otherwise wait out the lease as if another one ran it.
-  private readonly inHand = new Map<string, number>();
+  // The deliveries of each message that hold its claim in this process now. A `running` record
+  // of this process that none of them holds is a claim whose write landed though its answer was
+  // lost (the server restarting): its delivery gave up, and its redelivery would otherwise wait
+  // out the lease as if another one ran it. One a delivery holds is never taken over here, even
+  // past its lease: renewing it failed while the server was away, and the run goes on (it ran
+  // twice).
+  private readonly holders = new Map<string, number>();
 
   constructor(
     private readonly kv: KV,
@@ -100,17 +110,19 @@ export class Claims {
   ) {}
 
   /**
-   * Run `work` with a delivery of `messageId` in hand (entered before its claim is tried):
-   * while another delivery of it is in hand, its claim is waited for.
+   * Run `work` with a delivery of `messageId` in hand, from its claim to its recorded outcome:
+   * the claim it wins (passing `hand` to `claim`) no other delivery of this process takes over.
    */
-  async holding<T>(messageId: string, work: () => Promise<T>): Promise<T> {
-    this.inHand.set(messageId, (this.inHand.get(messageId) ?? 0) + 1);
+  async holding<T>(messageId: string, work: (hand: Hand) => Promise<T>): Promise<T> {
+    const hand = new Hand(messageId);
     try {
-      return await work();
+      return await work(hand);
     } finally {
-      const left = (this.inHand.get(messageId) ?? 1) - 1;
-      if (left > 0) this.inHand.set(messageId, left);
-      else this.inHand.delete(messageId);
+      if (hand.holds) {
+        const left = (this.holders.get(messageId) ?? 1) - 1;
+        if (left > 0) this.holders.set(messageId, left);
+        else this.holders.delete(messageId);
+      }
     }
   }
 
@@ -120,9 +132,9 @@ export class Claims {
    * back through nak would count towards max_deliver and could dead-letter a message that
    * completes.
    */
-  async claimWhenFree(task: Task, leaseMs: number, seal: string | null, stillWorking: () => void): Promise<Exclude<Claim, Busy> | Kept> {
+  async claimWhenFree(task: Task, leaseMs: number, seal: string | null, stillWorking: () => void, hand?: Hand): Promise<Exclude<Claim, Busy> | Kept> {
     for (let waited = false; ; waited = true) {
-      const claim = await this.claim(task, leaseMs, seal);
+      const claim = await this.claim(task, leaseMs, seal, hand);
       if (claim.kind !== "busy") return claim;
       // Its outcome is the answer: the lease would lapse meanwhile, and it must not run twice.
       const kept = this.unrecordedOutcomes.get(task.message_id);
@@ -137,15 +149,21 @@ export class Claims {
    * Take the right to run `task`, unless it ran already or runs elsewhere. `seal`: the
    * dispatch's `Reach-Seal`, kept in the record (a secured coordinator believes no other).
    */
-  async claim(task: Task, leaseMs: number, seal: string | null = null): Promise<Claim> {
+  async claim(task: Task, leaseMs: number, seal: string | null = null, hand?: Hand): Promise<Claim> {
     const leaseUntil = nowMs() + leaseMs;
     const record = this.recordOf(task, "running", { lease_until_ms: leaseUntil, seal });
+    let claim: Claim;
     try {
-      return new Claimed(await this.kv.create(this.key(task), encode(record)), leaseUntil, seal);
+      claim = new Claimed(await this.kv.create(this.key(task), encode(record)), leaseUntil, seal);
     } catch (err) {
       if (!isWrongLastSequence(err)) throw err;
+      claim = await this.contend(task, record);
     }
-    return this.contend(task, record);
+    if (claim instanceof Claimed && hand !== undefined) {
+      hand.holds = true;
+      this.holders.set(task.message_id, (this.holders.get(task.message_id) ?? 0) + 1);
+    }
+    return claim;
   }
 
   /**
@@ -244,10 +262,14 @@ export class Claims {
     const current = parse(entry.value); // an unreadable record must not block the message
     if (current?.state === "done") return { kind: "done", record: current };
     if (current !== null && isExpiryFence(current, task.attempt)) return { kind: "expired", record: current };
-    if (current?.state === "running" && !this.outlived(current)) {
+    if (current?.state === "running") {
       const leftMs = current.lease_until_ms - nowMs();
-      if (leftMs > 0 && !this.lostWrite(current, task.message_id)) return { kind: "busy", retryInMs: leftMs };
-      if (leftMs > 0) this.log.info("taking over this process's own claim: its write's answer was lost", { message_id: task.message_id });
+      if (current.agent_id === this.agentId && current.epoch === this.epoch) {
+        if (!this.lostWrite(task.message_id)) return { kind: "busy", retryInMs: Math.max(leftMs, 100) };
+        this.log.info("taking over this process's own claim: its write's answer was lost", { message_id: task.message_id });
+      } else if (!this.outlived(current) && leftMs > 0) {
+        return { kind: "busy", retryInMs: leftMs };
+      }
     }
     try {
       const revision = await this.kv.update(this.key(task), encode(record), entry.revision);
@@ -278,16 +300,12 @@ export class Claims {
   }
 
   /**
-   * A claim of this very process that no delivery in hand holds (the one claiming is in hand
-   * itself), nor an outcome waiting to be recorded.
+   * Whether a claim of this very process is one no delivery holds (its write landed though its
+   * answer was lost), nor an outcome waiting to be recorded: taken over at once. One a delivery
+   * holds is never, however long ago its lease ran out.
    */
-  private lostWrite(record: Execution, messageId: string): boolean {
-    return (
-      record.agent_id === this.agentId &&
-      record.epoch === this.epoch &&
-      (this.inHand.get(messageId) ?? 0) <= 1 &&
-      !this.unrecordedOutcomes.has(messageId)
-    );
+  private lostWrite(messageId: string): boolean {
+    return !this.holders.has(messageId) && !this.unrecordedOutcomes.has(messageId);
   }
 
   private recordOf(task: Task, state: Execution["state"], fields: Partial<Execution>): Execution {

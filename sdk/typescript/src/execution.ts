@@ -13,7 +13,7 @@ import { isBrokerError, quietly } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { TaskContext } from "./context.js";
 import { DecodeError, PermanentError } from "./errors.js";
-import type { Claimed, Claims, Outcome } from "./claims.js";
+import type { Claimed, Claims, Hand, Outcome } from "./claims.js";
 import { PayloadUnavailable } from "./claimcheck.js";
 import type { ClaimCheck } from "./claimcheck.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
@@ -158,7 +158,7 @@ export class Executor {
     };
     try {
       // In hand from before its claim until its outcome is recorded.
-      return await this.records.holding(task.message_id, () => this.executeInside(msg, task, spec, dispatchedMs, leave));
+      return await this.records.holding(task.message_id, (hand) => this.executeInside(msg, task, spec, dispatchedMs, leave, hand));
     } finally {
       leave();
     }
@@ -171,6 +171,7 @@ export class Executor {
     spec: HandlerSpec,
     dispatchedMs: number,
     leave: () => void,
+    hand: Hand,
   ): Promise<number | null | typeof LEAVE> {
     const kept = this.records.unrecorded(task.message_id); // another delivery may have run it meanwhile
     if (kept !== undefined) {
@@ -188,7 +189,7 @@ export class Executor {
     // Acknowledging while claiming saves a round trip; a duplicate that turns out
     // to be done already acknowledges, then answers with the stored result.
     const [claim] = await Promise.all([
-      this.records.claimWhenFree(task, windowMs + LEASE_GRACE_MS, msg.headers?.get(SEAL_HEADER) || null, () => msg.working()),
+      this.records.claimWhenFree(task, windowMs + LEASE_GRACE_MS, msg.headers?.get(SEAL_HEADER) || null, () => msg.working(), hand),
       this.reports.accept(msg, task, dispatchedMs, this.capacityFor(task), this.records.epoch),
     ]);
     if (claim.kind === "kept") {

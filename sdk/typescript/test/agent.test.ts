@@ -588,11 +588,11 @@ describe("run-once: claims of this very process", () => {
     });
     const claims = new Claims(failing, unique("ts-kept"), 1, quiet);
     const t = task(unique("kept"), null);
-    const answer = await claims.holding(t.message_id, async () => {
-      const a = await claims.claim(t, 60_000);
+    const answer = await claims.holding(t.message_id, async (first) => {
+      const a = await claims.claim(t, 60_000, null, first);
       assert.ok(a instanceof Claimed);
-      return claims.holding(t.message_id, async () => {
-        const b = claims.claimWhenFree(t, 60_000, null, () => undefined);
+      return claims.holding(t.message_id, async (second) => {
+        const b = claims.claimWhenFree(t, 60_000, null, () => undefined, second);
         const outcome = { claim: a, result: { ran: "once" }, durationMs: 1 };
         const recording = claims.record(t, outcome, () => undefined).catch(() => "not recorded");
         const waited = await b;
@@ -620,6 +620,19 @@ describe("run-once: claims of this very process", () => {
     assert.ok(said.includes("taking over this process's own claim: its write's answer was lost"));
     assert.ok(!said.includes(HOLDS));
     replies.close();
+  });
+
+  it("keeps a claim a delivery holds from its redelivery even past its lease (a server away: renewals failed)", async () => {
+    const claims = new Claims(await kv("reach_executions"), unique("ts-lapsed"), 1, quiet);
+    const t = task(unique("lapsed"), null);
+    await claims.holding(t.message_id, async (running) => {
+      assert.ok((await claims.claim(t, 0, null, running)) instanceof Claimed); // its lease ran out at once
+      await claims.holding(t.message_id, async (redelivered) => {
+        assert.equal((await claims.claim(t, 5_000, null, redelivered)).kind, "busy");
+      });
+      const other = new Claims(await kv("reach_executions"), claims["agentId"], 2, quiet); // a newer process
+      assert.ok((await other.claim(t, 5_000)) instanceof Claimed);
+    });
   });
 
   it("still makes two deliveries in hand at once wait for each other, saying so once per wait", async () => {
