@@ -91,10 +91,14 @@ def typed(payload: Any, declared: Any) -> Any:
     try:
         return msgspec.convert(payload, declared)
     except (msgspec.ValidationError, TypeError) as exc:
-        shown = getattr(declared, "__name__", None) or repr(declared)
         raise InvalidPayload(
-            f"the payload does not fit the handler's `payload: {shown}`: {exc}"
+            f"the payload does not fit the handler's `payload: {type_name(declared)}`: {exc}"
         ) from exc
+
+
+def type_name(declared: Any) -> str:
+    """How a type reads in a message: ``Question``, ``dict``, ``list[int]``."""
+    return getattr(declared, "__name__", None) or repr(declared)
 
 
 def failed_on_null(exc: Exception, payload: Any, declared: Any) -> Exception:
@@ -110,7 +114,7 @@ def failed_on_null(exc: Exception, payload: Any, declared: Any) -> Exception:
     try:
         msgspec.convert(None, declared)
     except (msgspec.ValidationError, TypeError):
-        shown = getattr(declared, "__name__", None) or repr(declared)
+        shown = type_name(declared)
         return InvalidPayload(
             f"the payload is null, which the handler's `payload: {shown}` does not admit (it"
             f" raised {type(exc).__name__}: {exc}); declare `{shown} | None` to take none"

@@ -19,6 +19,7 @@ from agentreach.agents.errors import (
     TaskFailed,
     UnexpectedResult,
 )
+from agentreach.agents.handlers import type_name
 from agentreach.broker import Broker, BrokerError
 from agentreach.broker.endings import Ended, OthersMessage, ending_of
 from agentreach.envelopes import (
@@ -176,7 +177,7 @@ def as_type(result: Any, result_type: Any, task: Task) -> Any:
     try:
         return msgspec.convert(result, result_type)
     except (msgspec.ValidationError, TypeError) as exc:
-        shown = getattr(result_type, "__name__", None) or repr(result_type)
+        shown = type_name(result_type)
         raise UnexpectedResult(
             f"{task.topic!r} completed, but its result does not fit result_type {shown}: {exc}",
             message_id=task.message_id,
