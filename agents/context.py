@@ -129,6 +129,12 @@ class TaskContext:
         task = self.child_task(topic, payload, priority=priority, key=key)
         return await self._invoke(task, min(ack_deadline_ms, task.ttl_ms), result_type)
 
+    def invoke_sync(self, topic: str, payload: Any, **options: Any) -> Any:
+        """:meth:`invoke` for a synchronous handler running in a worker thread: waits for
+        the sub-task's result in this thread (the options are :meth:`invoke`'s)."""
+        call = self.invoke(topic, payload, **options)
+        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+
     def child_task(
         self, topic: str, payload: Any, *, priority: Priority | None = None, key: str | None = None
     ) -> Task:

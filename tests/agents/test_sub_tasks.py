@@ -134,3 +134,24 @@ def test_sub_task_ids_match_the_typescript_sdk_s():
     parent = "01a23cc1-9606-73c5-bdb2-bbc1070d3bb4"
     assert sub_task_id(parent, 1796315348000, "1") == "01a23cbc-fc20-7027-b14a-3d18945c168a"
     assert sub_task_id("p-1", 0, "web") == "00000000-0000-7b5b-a5fe-298e53b47d1f"
+
+
+async def test_a_def_handler_invokes_from_its_thread(broker, coordinator):
+    parent = Agent("sub-sync", startup_delay=0)
+
+    @parent.handler("sync-ask")
+    def ask(ctx: TaskContext, payload: dict) -> dict:
+        return {"got": ctx.invoke_sync("sync-answer", {"n": 2})}
+
+    child = Agent("sub-sync-child", startup_delay=0)
+
+    @child.handler("sync-answer")
+    async def answer(ctx: TaskContext, payload: dict) -> int:
+        return payload["n"] * 10
+
+    async with (
+        parent.running(broker=broker),
+        child.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        assert await client.invoke("sync-ask", {}) == {"got": 20}
