@@ -18,6 +18,7 @@ from agentreach.broker import Broker, BrokerError, Bucket, Inbound, WrongLastSeq
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.envelopes import AgentControl, DecodeError, Heartbeat, decode_as
+from agentreach.envelopes.registry import MAX_HEARTBEAT_INTERVAL_S
 from agentreach.errors import ReachError
 from agentreach.logs import get_logger
 
@@ -166,7 +167,13 @@ class Heartbeats:
         except DecodeError as exc:
             log.warning("ignoring unreadable control message", error=str(exc))
             return
-        if control.heartbeat_interval_s and control.heartbeat_interval_s > 0:
-            log.info("heartbeat interval changed", interval_s=control.heartbeat_interval_s)
+        interval = control.heartbeat_interval_s
+        if interval is not None and interval > MAX_HEARTBEAT_INTERVAL_S:
+            # Beats of a longer interval are ignored by the coordinator (protocol §7): the
+            # agent would look silent. No coordinator asks for one; someone else did.
+            log.warning("ignoring a heartbeat interval over 300 s", interval_s=interval)
+            return
+        if interval and interval > 0:
+            log.info("heartbeat interval changed", interval_s=interval)
             self.interval_s = control.heartbeat_interval_s
             self._wake.set()  # beat now, so the coordinator sees the new interval at once

@@ -247,3 +247,25 @@ async def test_a_heartbeat_of_a_newer_epoch_over_its_own_stops_the_agent(broker)
         await asyncio.wait_for(runtime.replaced.wait(), 10)
     assert runtime.replaced_by_epoch == 99
     assert (await beats.get("fenced-1")).value.epoch == 99  # not written over
+
+
+async def test_a_control_interval_over_300_s_is_ignored(broker):
+    """The coordinator ignores beats of an interval over 300 s (protocol §7): an agent that
+    took one from a control message (no coordinator sends it) would look silent."""
+    agent = Agent("ctl-300", startup_delay=0, heartbeat_interval=1.0)
+
+    @agent.handler("ctl")
+    async def ctl(ctx: TaskContext, payload: dict) -> dict:
+        return {}
+
+    async with agent.running(broker=broker) as runtime:
+        # Its first beat is written once it listens for control messages.
+        await eventually(lambda: runtime.heartbeats and runtime.heartbeats.revision)
+        with capture_logs() as logs:
+            subject = broker.names.agent_control("ctl-300")
+            await broker.publish_core(subject, b'{"heartbeat_interval_s": 3600}')
+            said = "ignoring a heartbeat interval over 300 s"
+            await eventually(lambda: any(e["event"] == said for e in logs))
+            await broker.publish_core(subject, b'{"heartbeat_interval_s": 2.5}')
+            await eventually(lambda: runtime.heartbeats.interval_s == 2.5)
+    assert not any(e.get("interval_s") == 3600 and e["event"] != said for e in logs)

@@ -263,6 +263,12 @@ export class Heartbeats {
       return;
     }
     const interval = control?.heartbeat_interval_s;
+    if (typeof interval === "number" && interval > 300) {
+      // Beats of a longer interval are ignored by the coordinator (protocol §7): the agent would
+      // look silent. No coordinator asks for one; someone else did.
+      this.log.warn("ignoring a heartbeat interval over 300 s", { interval_s: interval });
+      return;
+    }
     if (typeof interval === "number" && interval > 0) {
       this.log.info("heartbeat interval changed", { interval_s: interval });
       this.intervalS = interval;

@@ -925,6 +925,11 @@ describe("registration and liveness", () => {
     await started(newAgent(id).handler(unique("ctl"), () => null));
     const beats = await kv("reach_heartbeats");
     await kvUntil<Heartbeat>(beats, id, (b) => b !== null);
+    const first = await kvUntil<Heartbeat>(beats, id, (b) => b !== null);
+    stack.nc.publish(`reach.ctl.agent.${id}`, JSON.stringify({ heartbeat_interval_s: 3_600 }));
+    // Ignored (over 300: the coordinator would ignore such beats); adopted, it beats at once with it.
+    const next = await kvUntil<Heartbeat>(beats, id, (b) => (b?.seq ?? 0) > first!.seq);
+    assert.notEqual(next!.interval_s, 3_600);
     stack.nc.publish(`reach.ctl.agent.${id}`, JSON.stringify({ heartbeat_interval_s: 0.5 }));
     const beat = await kvUntil<Heartbeat>(beats, id, (b) => b?.interval_s === 0.5);
     assert.equal(beat!.interval_s, 0.5);
