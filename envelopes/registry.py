@@ -15,7 +15,7 @@ class Intent(msgspec.Struct, frozen=True, kw_only=True):
     so that a request that names no topic can be matched to it (intent resolution)."""
 
     version: str = "1"
-    capacity: int = 10
+    capacity: Annotated[int, msgspec.Meta(ge=1, description="tasks at once, at least 1")] = 10
     deadline_ms: int | None = None
     max_attempts: int | None = None  # None: the coordinator's default
     description: str = ""
@@ -39,7 +39,7 @@ class AgentCard(msgspec.Struct, frozen=True, kw_only=True):
     host: str = ""
     pid: int = 0
     started_at: int = 0
-    epoch: int = 1
+    epoch: Annotated[int, msgspec.Meta(ge=1, description="rises on every start")] = 1
     status: Literal["running", "stopped"] = "running"
     rate_limit: RateLimit | None = None  # how fast the coordinator may send it work
 

@@ -93,7 +93,7 @@ export interface AgentCard {
    */
   started_at: number;
   /**
-   * default 1
+   * rises on every start — >= 1, default 1
    */
   epoch: number;
   /**
@@ -693,7 +693,7 @@ export interface Intent {
    */
   version: string;
   /**
-   * default 10
+   * tasks at once, at least 1 — >= 1, default 10
    */
   capacity: number;
   /**
