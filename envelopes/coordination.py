@@ -98,6 +98,9 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
     path: list[str] = []  # state machines: every state entered, in order
     completed_order: list[str] = []  # the saga undoes these in reverse
     compensations: dict[str, StepRun] = {}
+    # Compensating: steps stopped while they ran, whose outcome the undoing waits for (one
+    # done after all is the latest done, so it is undone first), each until its deadline.
+    awaiting: list[str] = []
     ending: Literal["", "failed", "cancelled"] = ""  # what compensation ends as
     result: Any = None
     error: ErrorInfo | None = None

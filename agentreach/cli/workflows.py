@@ -76,7 +76,7 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         return 0
     print(tree(ended))
     if not ended.finished:
-        print(f"{args.id}: cancel requested; still {ended.status} after {args.wait:g} s")
+        print(f"{args.id}: cancel requested; {_still(ended, args.wait)}")
     elif ended.status != "cancelled":  # it ended otherwise between the read and the cancel
         print(f"{args.id}: {ended.status} before the cancel took effect")
         return 1
@@ -133,6 +133,15 @@ def already(instance_id: str, status: str, ended_ms: int, now: int) -> str:
         f"{said} (a start sent again under this id is answered from that instance, not run"
         " again: send a new message id)"
     )
+
+
+def _still(record: WorkflowRecord, wait_s: float) -> str:
+    """What an instance still does after ``wait_s``: runs, or undoes what it did (first
+    waiting for the outcome of the steps it stopped while they ran)."""
+    if record.status != "compensating":
+        return f"still {record.status} after {wait_s:g} s"
+    waiting = f", waiting for {', '.join(record.awaiting)}" if record.awaiting else ""
+    return f"compensating after {wait_s:g} s{waiting}"
 
 
 def _ended(events: list[Event]) -> str | None:
@@ -229,6 +238,8 @@ def tree(record: WorkflowRecord) -> str:
         lines.append(f"  {branch} {_step(key, run, record.started_ms, waits=waits)}")
     if record.error is not None:
         lines.append(f"  error: {record.error.type}: {record.error.message}")
+    if record.awaiting:  # stopped while they ran: one done after all is undone first
+        lines.append(f"  undoing waits first for the outcome of {', '.join(record.awaiting)}")
     return "\n".join(lines)
 
 
