@@ -78,6 +78,11 @@ class WorkflowEngine:
         grants: Grants | None = None,
     ) -> None:
         check_nesting(specs)
+        for name, spec in specs.items():
+            for warning in spec.warnings():  # it works, though not as written
+                log.warning(
+                    "workflow definition has a part never used", workflow=name, warning=warning
+                )
         self._broker = broker
         self.specs = dict(specs)
         self._clock = clock

@@ -25,7 +25,7 @@ from agentreach.coordinator.workflows.actions import (
 from agentreach.coordinator.workflows.joins import join_value, readiness
 from agentreach.coordinator.workflows.saga import LATE
 from agentreach.coordinator.workflows.spec import MAX_STATE_VISITS, Step, WorkflowSpec
-from agentreach.coordinator.workflows.templates import render
+from agentreach.coordinator.workflows.templates import MissingPath, render
 from agentreach.coordinator.workflows.visits import Visits
 from agentreach.envelopes import ErrorInfo, StepRun, WorkflowRecord
 
@@ -171,7 +171,13 @@ class Run(Visits):
             self._complete(final.output)
 
     def _start_step(self, step: Step, *, intent: str | None = None) -> None:
-        payload = self._input_of(step)
+        try:
+            payload = self._input_of(step)
+        except MissingPath as exc:
+            failed = self._input_missing(step.name, exc)
+            if failed.error is not None and not self._tolerated(step.name):
+                self._fail(failed.error)
+            return
         run = self._begin(step.name, intent or step.intent, payload, step.timeout_s, step.priority)
         # Without an intent the input passes through at once; _advance's loop carries on.
         if run.status == "completed":
@@ -191,7 +197,8 @@ class Run(Visits):
         context = {"input": self.record.task.payload, "prev": default, **outputs}
         if len(after) > 1:
             context.update(default)
-        return render(step.input, context)
+        # A step its join went on without has no output: a path into it gives null.
+        return render(step.input, context, frozenset(self._graph) - outputs.keys())
 
     def _step_ended(self, key: str, run: StepRun, *, output: Any, error: ErrorInfo | None) -> None:
         self._settle(run, output=output, error=error)
@@ -249,7 +256,11 @@ class Run(Visits):
         payload = given
         if state.input is not None:
             context = {"input": self.record.task.payload, "prev": given, **self._outputs()}
-            payload = render(state.input, context)
+            try:
+                payload = render(state.input, context)
+            except MissingPath as exc:
+                self._state_ended(name, self._input_missing(name, exc))
+                return
         run = self._begin(name, state.intent, payload, state.timeout_s, state.priority)
         if run.status == "completed":
             self._state_ended(name, run)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from agentreach.coordinator.workflows.actions import (
     Abandon,
     Dispatch,
@@ -16,6 +18,7 @@ from agentreach.coordinator.workflows.actions import (
 from agentreach.coordinator.workflows.deadline import expiry
 from agentreach.coordinator.workflows.nesting import too_deep
 from agentreach.coordinator.workflows.saga import Compensation
+from agentreach.coordinator.workflows.templates import MissingPath
 from agentreach.envelopes import ErrorInfo, Priority, StepRun
 from agentreach.envelopes.coordination import StepStatus
 
@@ -50,6 +53,25 @@ class Visits(Compensation):
             run.deadline_ms = self.now + int(timeout_s * 1000)
             self.actions.append(Timer(key, visit, run.deadline_ms))
         self.actions.append(Dispatch(key, run))
+        return run
+
+    def _input_missing(self, key: str, missing: MissingPath) -> StepRun:
+        """A visit whose input names nothing fails at once, no task sent, saying the path."""
+        previous = self.record.steps.get(key)
+        visit = (previous.visit if previous else 0) + 1
+        message = f"step {key!r} was not started: {missing}"
+        run = StepRun(
+            status="failed",
+            visit=visit,
+            message_id=message_id_of(self.record.instance_id, key, visit),
+            error=ErrorInfo(type="input_missing", message=message, retryable=False),
+            started_ms=self.now,
+            ended_ms=self.now,
+            priority=self.record.task.priority,
+        )
+        self.record.steps[key] = run
+        detail = {"path": f"$.{missing.path}", "error": msgspec.to_builtins(run.error)}
+        self.actions.append(Note("step_input_missing", key, detail))
         return run
 
     def _settle(self, run: StepRun, *, output: Any, error: ErrorInfo | None) -> None:

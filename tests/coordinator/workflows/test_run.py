@@ -21,7 +21,7 @@ from agentreach.coordinator.workflows.run import (
 )
 from agentreach.coordinator.workflows.saga import LATE, LATE_GRACE_MS
 from agentreach.coordinator.workflows.spec import WorkflowSpec
-from agentreach.coordinator.workflows.templates import render
+from agentreach.coordinator.workflows.templates import MissingPath, render
 from agentreach.envelopes import ErrorInfo, Task, WorkflowStep
 from agentreach.envelopes.coordination import workflow_step_of
 
@@ -50,11 +50,37 @@ def step(record: WorkflowRecord, definition: WorkflowSpec, name: str, output: An
 
 
 def test_templates_pick_paths_and_keep_literals() -> None:
-    """ "$.a.b" is a path into the context; other values stay as they are."""
-    context = {"input": {"topic": "x"}, "plan": {"outline": [1, 2]}}
+    """ "$.a.b" is a path into the context; other values stay as they are; a null that is
+    there is a value."""
+    context = {"input": {"topic": "x", "tag": None}, "plan": {"outline": [1, 2]}}
     template = {"o": "$.plan.outline", "first": "$.plan.outline.0", "t": "$.input.topic", "k": 3}
     assert render(template, context) == {"o": [1, 2], "first": 1, "t": "x", "k": 3}
-    assert render("$.nothing.here", context) is None
+    assert render("$.input.tag", context) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("$.plan.summary", "'$.plan' (dict) has no 'summary'"),
+        ("$.plan.outline.5", "'$.plan.outline' (list) has no '5'"),
+        ("$.input.tag.name", "'$.input.tag' (null) has no 'name'"),
+        ("$.web.items", "'web' has no value"),
+    ],
+)
+def test_a_path_that_names_nothing_is_refused_saying_which_part(path: str, why: str) -> None:
+    """At run time a path that names nothing raises, naming the path and the missing part,
+    instead of giving null; a path into a step its join went without gives null."""
+    context = {"input": {"tag": None}, "plan": {"outline": [1, 2]}, "results": {}}
+    with pytest.raises(MissingPath) as caught:
+        render({"x": [path]}, context)
+    assert str(caught.value) == f"the input path '{path}' names nothing: {why}" or (
+        why in str(caught.value) and path in str(caught.value)
+    )
+    skipped = frozenset({"web"})
+    assert render({"w": "$.web.items", "r": "$.results.web"}, context, skipped) == {
+        "w": None,
+        "r": None,
+    }
 
 
 def test_a_chain_dispatches_one_step_at_a_time() -> None:
@@ -136,7 +162,10 @@ def test_a_state_machine_without_a_matching_transition_fails() -> None:
 
 def test_a_state_machine_loop_is_cut_off() -> None:
     """A machine that keeps going round fails after 100 state changes."""
-    flow = spec("states: {initial: a, states: {a: {next: [{to: a}]}, z: {terminal: true}}}")
+    flow = spec(
+        "states: {initial: a, states: {a: {next: [{when: {field: stop, value: true}, to: z},"
+        " {to: a}]}, z: {terminal: true}}}"
+    )
     record, _ = started(flow)
     assert record.status == "failed"
     assert record.error is not None and record.error.type == "too_many_states"
@@ -193,11 +222,11 @@ def test_resume_lists_what_the_record_calls_for() -> None:
         ("chain: [{name: a, intent: x, retries: 3}]", "unknown field `retries`"),
         (
             'chain: [{name: a, intent: x}, {name: b, intent: y, input: {o: "$.nope.outline"}}]',
-            "'b': the input path '$.nope…' names no step",
+            "step 'b': the input path '$.nope.outline' names no step",
         ),
         (
             'states: {initial: a, states: {a: {input: "$.plan.x", terminal: true}}}',
-            "'a': the input path '$.plan…' names no step",
+            "state 'a': the input path '$.plan.x' names no state",
         ),
     ],
 )
@@ -289,6 +318,7 @@ def test_after_a_crash_the_wait_for_a_stopped_step_is_armed_again() -> None:
     again.resume()
     timers = [a for a in again.actions if isinstance(a, Timer) and a.key.endswith(LATE)]
     assert timers == [a for a in cancel.actions if isinstance(a, Timer)]
+    assert timers == [Timer("b" + LATE, 1, record.steps["b"].deadline_ms)]
 
 
 def test_a_late_result_of_a_completed_workflow_s_step_is_not_undone() -> None:
