@@ -7,7 +7,9 @@ send) is a compare-and-set that exactly one party wins. People only change the r
 coordinator carries the change out, under a lease so that one replica does it: it announces a
 take, sends an answer to the caller as the task's ``result`` (recorded as ``completed``),
 publishes a task sent on, and expires what waited too long. So a person needs no right to
-publish as the coordinator, and the trace holds only what the coordinator recorded.
+publish as the coordinator, and the trace holds only what the coordinator recorded. A task
+that is a workflow step is withdrawn once its workflow no longer waits for it (the engine
+withdraws it as it lets the step go; an answer that comes anyway is not carried out).
 
 The caller hears at once that its task waits for a person (an ``ack`` and a ``progress``). A
 person is slower than an agent, so an item waits ``manual.ttl_s`` (a day by default), not the
