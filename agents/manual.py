@@ -25,7 +25,8 @@ from typing import Any
 import msgspec
 
 from agentreach.broker import Broker, Bucket
-from agentreach.envelopes import ManualItem, is_token, new_id, now_ms
+from agentreach.envelopes import ManualItem, WorkflowRecord, is_token, new_id, now_ms
+from agentreach.envelopes.coordination import step_abandoned, workflow_step_of
 from agentreach.errors import ReachError
 
 TAKE_S = 15 * 60.0
@@ -104,6 +105,7 @@ class ManualReview:
         self, message_id: str, change: Callable[[ManualItem, int], ManualItem]
     ) -> ManualItem:
         """Apply ``change`` if the item is open and nobody else holds it; else say why not."""
+        await self._refuse_if_abandoned(message_id)
         refused: list[str] = []
 
         def guarded(item: ManualItem | None) -> ManualItem | None:
@@ -125,6 +127,27 @@ class ManualReview:
             raise ManualReviewError(refused[0] if refused else f"{message_id} did not change")
         return swap.entry.value
 
+    async def _refuse_if_abandoned(self, message_id: str) -> None:
+        """An open item whose task is a step of a workflow that no longer waits for it
+        (cancelled, ended, the step stopped) is withdrawn now, and the person told so: an
+        answer would reach nobody. (The coordinator withdraws such items itself, and checks
+        again before it carries an answer out.)"""
+        bucket = await self._bucket()
+        entry = await bucket.get(message_id)
+        if entry is None or not entry.value.open:
+            return
+        task = entry.value.task
+        instance_id = self._broker.names.workflow_of(task.reply_to)
+        step = workflow_step_of(instance_id, task)
+        if instance_id is None or step is None:
+            return
+        flows = await self._broker.bucket(self._broker.names.workflows_bucket, WorkflowRecord)
+        record = await flows.get(instance_id)
+        why = step_abandoned(record.value if record else None, step, message_id)
+        if why is not None:
+            await bucket.cas(message_id, lambda old: old and old.withdraw(why, now_ms()))
+            raise ManualReviewError(_withdrawn(message_id, why))
+
     async def _bucket(self) -> Bucket[ManualItem]:
         return await self._broker.bucket(self._broker.names.manual_bucket, ManualItem)
 
@@ -135,8 +158,14 @@ def _closed(item: ManualItem) -> str:
             return f"{item.message_id} was answered by {item.ended_by}"
         case "sent":
             return f"{item.message_id} was sent on to {item.sent_to!r} by {item.ended_by}"
+        case "withdrawn":
+            return _withdrawn(item.message_id, item.withdrawn)
         case _:
             return f"{item.message_id} expired: nobody answered it in time"
+
+
+def _withdrawn(message_id: str, why: str) -> str:
+    return f"{message_id} was withdrawn: its workflow no longer waits for an answer ({why})"
 
 
 def _user() -> str:

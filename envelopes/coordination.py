@@ -98,6 +98,9 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
     path: list[str] = []  # state machines: every state entered, in order
     completed_order: list[str] = []  # the saga undoes these in reverse
     compensations: dict[str, StepRun] = {}
+    # Compensating: steps stopped while they ran, whose outcome the undoing waits for (one
+    # done after all is the latest done, so it is undone first), each until its deadline.
+    awaiting: list[str] = []
     ending: Literal["", "failed", "cancelled"] = ""  # what compensation ends as
     result: Any = None
     error: ErrorInfo | None = None
@@ -159,3 +162,23 @@ def workflow_step_of(instance_id: str | None, task: Task) -> WorkflowStep | None
 
 def _long_prefix(instance_id: str) -> str:
     return "wf" + hashlib.sha256(instance_id.encode()).hexdigest()[:32]
+
+
+def step_abandoned(
+    record: WorkflowRecord | None, step: WorkflowStep, message_id: str
+) -> str | None:
+    """Why ``message_id``, a visit of ``step``, is one its instance (``record``, None when
+    not kept) no longer waits for: cancelled, ended, or the step stopped; None while it
+    does. The router refuses such a task, and a manual-review item of it is withdrawn."""
+    instance_id = step.instance_id
+    if record is None:
+        return f"its workflow {instance_id!r} is not kept any more"
+    run = (record.compensations if step.compensation else record.steps).get(step.step)
+    if run is None or run.message_id != message_id:
+        return f"workflow {instance_id!r} ({record.status}) no longer waits for this visit"
+    if run.status == "running":
+        return None
+    how = record.status
+    if record.status == "compensating":  # ending so: undoing what it did first
+        how = f"{record.ending or 'failed'}, compensating"
+    return f"step {step.step!r} of workflow {instance_id!r} is {run.status} ({how})"

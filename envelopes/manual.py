@@ -4,7 +4,9 @@ The coordinator writes it when a task goes to a manual-review queue (its intent 
 enough, or a rule sends it there); people and programs take it, answer it or send it on, each
 step a compare-and-set on the record, so two people never answer the same task. The
 coordinator then carries the step out (the answer to the caller, the task to its new topic)
-and marks it ``delivered_ms``.
+and marks it ``delivered_ms``. An item whose task is a workflow step the workflow no longer
+waits for (cancelled, ended, the step stopped) is ``withdrawn``, saying why: nobody may
+answer it any more.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import msgspec
 
 from agentreach.envelopes.messages import Task
 
-ManualStatus = Literal["waiting", "taken", "answered", "sent", "expired"]
+ManualStatus = Literal["waiting", "taken", "answered", "sent", "expired", "withdrawn"]
 OPEN: tuple[ManualStatus, ...] = ("waiting", "taken")
 
 
@@ -39,11 +41,20 @@ class ManualItem(msgspec.Struct, frozen=True, kw_only=True):
     ended_by: str = ""
     ended_ms: int = 0
     delivered_ms: int = 0  # when the coordinator carried out the answer or the send
+    withdrawn: str = ""  # why it was withdrawn: its workflow no longer waits for the task
 
     @property
     def open(self) -> bool:
         """Whether the item still waits for someone (waiting, or taken and not done)."""
         return self.status in OPEN
+
+    def withdraw(self, why: str, now_ms: int) -> ManualItem | None:
+        """This item withdrawn (its task is a workflow step the workflow no longer waits
+        for), or None when there is nothing to withdraw: it expired, was withdrawn, or what
+        a person decided was carried out already."""
+        if self.status in ("expired", "withdrawn") or self.delivered_ms:
+            return None
+        return msgspec.structs.replace(self, status="withdrawn", withdrawn=why, ended_ms=now_ms)
 
     def holder(self, now_ms: int) -> str:
         """Who holds the item now: the person whose take has not lapsed, or ""."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from agentreach.broker.requests import gather_replies
 from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
@@ -61,7 +62,13 @@ def _check(path: str | None) -> int:
     for rule in routing.rules:
         print(f"{rule.name:<24} {'fallback' if rule.fallback else rule.match.topic}")
     print(f"{path}: {len(routing.rules)} rules, fallback {routing.fallback.name!r}")
+    warned = 0
     for name, spec in config.workflows.items():
         size = len(spec.states.states) if spec.states else len(spec.graph())
         print(f"workflow {name:<15} {spec.form}, {size} {'states' if spec.states else 'steps'}")
+        for warning in spec.warnings():
+            warned += 1
+            print(f"{path}: warning: workflow {name!r}: {warning}", file=sys.stderr)
+    if warned:
+        print(f"{path}: {warned} warning{'s' if warned > 1 else ''} (it loads)", file=sys.stderr)
     return 0

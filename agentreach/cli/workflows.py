@@ -70,7 +70,7 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         return 0
     print(tree(ended))
     if not ended.finished:
-        print(f"{args.id}: cancel requested; still {ended.status} after {args.wait:g} s")
+        print(f"{args.id}: cancel requested; {_still(ended, args.wait)}")
     elif ended.status != "cancelled":  # it ended otherwise between the read and the cancel
         print(f"{args.id}: {ended.status} before the cancel took effect")
         return 1
@@ -87,7 +87,10 @@ async def _cancel_own(client: ReachClient, instance_id: str, wait_s: float) -> i
     except (NoResponders, BrokerTimeout):
         raise UsageError(f"{NOT_RUNNING}: a caller cancels through it") from None
     except DeadlineExceeded:
-        print(f"{instance_id}: cancel requested; not ended after {wait_s:g} s")
+        print(
+            f"{instance_id}: cancel requested; not ended after {wait_s:g} s (what it"
+            " completed may still be being undone)"
+        )
         return 0
     if ended.before_cancel:
         print(already(instance_id, ended.status, ended.at_ms, now_ms()))
@@ -110,6 +113,15 @@ def already(instance_id: str, status: str, ended_ms: int, now: int) -> str:
         f"{said} (a start sent again under this id is answered from that instance, not run"
         " again: send a new message id)"
     )
+
+
+def _still(record: WorkflowRecord, wait_s: float) -> str:
+    """What an instance still does after ``wait_s``: runs, or undoes what it did (first
+    waiting for the outcome of the steps it stopped while they ran)."""
+    if record.status != "compensating":
+        return f"still {record.status} after {wait_s:g} s"
+    waiting = f", waiting for {', '.join(record.awaiting)}" if record.awaiting else ""
+    return f"compensating after {wait_s:g} s{waiting}"
 
 
 async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: float) -> int:
@@ -201,6 +213,8 @@ def tree(record: WorkflowRecord) -> str:
         lines.append(f"  {branch} {_step(key, run, record.started_ms, waits=waits)}")
     if record.error is not None:
         lines.append(f"  error: {record.error.type}: {record.error.message}")
+    if record.awaiting:  # stopped while they ran: one done after all is undone first
+        lines.append(f"  undoing waits first for the outcome of {', '.join(record.awaiting)}")
     return "\n".join(lines)
 
 

@@ -8,7 +8,8 @@ dispatches no further step"). So before a step's task is dispatched, first or ag
 instance's record is read, and unless that visit of the step still runs there the task is
 refused as ``cancelled``: a ``rejected`` event and an error to the instance, which no
 longer waits for it; no dead letter, since nothing failed. A task that is no step is not
-read for.
+read for. The same question keeps such a task from waiting for a person
+(:mod:`.manual`): its item is withdrawn, and an answer refused.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from agentreach.broker import Broker
 from agentreach.coordinator.delivery.dead_letters import refuse
 from agentreach.envelopes import ErrorInfo, Task, WorkflowRecord
-from agentreach.envelopes.coordination import workflow_step_of
+from agentreach.envelopes.coordination import step_abandoned, workflow_step_of
 
 
 async def abandoned(broker: Broker, task: Task) -> str | None:
@@ -28,16 +29,7 @@ async def abandoned(broker: Broker, task: Task) -> str | None:
         return None
     records = await broker.bucket(broker.names.workflows_bucket, WorkflowRecord)
     entry = await records.get(instance_id)
-    if entry is None:
-        return f"its workflow {instance_id!r} is not kept any more"
-    record = entry.value
-    runs = record.compensations if step.compensation else record.steps
-    run = runs.get(step.step)
-    if run is None or run.message_id != task.message_id:
-        return f"workflow {instance_id!r} ({record.status}) no longer waits for this visit"
-    if run.status == "running":
-        return None
-    return f"step {step.step!r} of workflow {instance_id!r} is {run.status} ({record.status})"
+    return step_abandoned(entry.value if entry else None, step, task.message_id)
 
 
 async def refused_as_abandoned(broker: Broker, task: Task) -> bool:

@@ -7,7 +7,9 @@ send) is a compare-and-set that exactly one party wins. People only change the r
 coordinator carries the change out, under a lease so that one replica does it: it announces a
 take, sends an answer to the caller as the task's ``result`` (recorded as ``completed``),
 publishes a task sent on, and expires what waited too long. So a person needs no right to
-publish as the coordinator, and the trace holds only what the coordinator recorded.
+publish as the coordinator, and the trace holds only what the coordinator recorded. A task
+that is a workflow step is withdrawn once its workflow no longer waits for it (the engine
+withdraws it as it lets the step go; an answer that comes anyway is not carried out).
 
 The caller hears at once that its task waits for a person (an ``ack`` and a ``progress``). A
 person is slower than an agent, so an item waits ``manual.ttl_s`` (a day by default), not the
@@ -28,6 +30,7 @@ from agentreach.broker.backpressure import publish_when_room
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import about, emit, event_for, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.routing.abandoned import abandoned
 from agentreach.envelopes import (
     Ack,
     DecodeError,
@@ -85,6 +88,10 @@ class ManualQueue:
             log.info("answered before; sending the answer again", queue=current.queue)
             await reply(self._broker, task, Result(**about(task, result=current.answer)))
             return
+        # Asked once the item exists: a workflow that ends after this read withdraws it.
+        if (why := await abandoned(self._broker, task)) is not None:
+            await withdraw(self._broker, task.message_id, why)
+            return
         detail: dict[str, object] = {"rule": rule, "manual": queue, "reason": reason}
         if task.resolution is not None:
             detail["resolution"] = msgspec.to_builtins(task.resolution)
@@ -129,12 +136,23 @@ class ManualQueue:
             self._announced.add((item.message_id, item.taken_by))
             taken = event_for(task, "manual_taken", by=item.taken_by, queue=item.queue)
             await emit(self._broker, taken)
-        if item.delivered_ms or item.status not in ("answered", "sent"):
+        if item.delivered_ms or item.status not in ("answered", "sent", "withdrawn"):
             return
-        if item.status == "answered":
-            await self._answer(item)
-        else:
-            await self._send(item)
+        if item.status != "withdrawn" and (why := await abandoned(self._broker, task)):
+            # Answered (or sent on) for a workflow that no longer waits: not carried out.
+            swap = await bucket.cas(
+                item.message_id, lambda old: old and old.withdraw(why, now_ms())
+            )
+            if not swap.written or swap.entry is None:
+                return  # changed meanwhile: the watch gives the change
+            item = swap.entry.value
+        match item.status:
+            case "answered":
+                await self._answer(item)
+            case "sent":
+                await self._send(item)
+            case _:
+                await self._withdrawn(item)
         # Marked after the deed: a crash in between does it again (its event is deduplicated;
         # the caller may see the answer twice, never not at all).
         await bucket.cas(item.message_id, _delivered)
@@ -152,6 +170,14 @@ class ManualQueue:
         await emit(self._broker, completed)
         await reply(self._broker, task, Result(**about(task, result=item.answer)))
         log.info("answered by a person", message_id=task.message_id, by=item.ended_by)
+
+    async def _withdrawn(self, item: ManualItem) -> None:
+        """Say in the trace that the item was withdrawn (and whose answer was not sent)."""
+        detail: dict[str, object] = {"queue": item.queue, "why": item.withdrawn}
+        if item.ended_by:
+            detail["not_sent_for"] = item.ended_by
+        await emit(self._broker, event_for(item.task, "manual_withdrawn", **detail))
+        log.info("withdrawn from manual review", message_id=item.message_id, why=item.withdrawn)
 
     async def _send(self, item: ManualItem) -> None:
         original = item.task
@@ -228,6 +254,14 @@ class ManualQueue:
 
     async def _bucket(self) -> Bucket[ManualItem]:
         return await self._broker.bucket(self._broker.names.manual_bucket, ManualItem)
+
+
+async def withdraw(broker: Broker, message_id: str, why: str) -> bool:
+    """Withdraw the manual-review item of ``message_id``, a workflow step's task that its
+    workflow no longer waits for (``why``); False when there is none to withdraw."""
+    bucket = await broker.bucket(broker.names.manual_bucket, ManualItem)
+    swap = await bucket.cas(message_id, lambda old: old and old.withdraw(why, now_ms()))
+    return swap.written
 
 
 def _parked(old: ManualItem | None, item: ManualItem) -> ManualItem | None:

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-import msgspec
 import structlog
 
 from agentreach import envelopes
 from agentreach.broker import (
     Broker,
-    BrokerError,
     Bucket,
     ClaimCheck,
     Delivery,
@@ -33,28 +31,19 @@ from agentreach.broker import (
 )
 from agentreach.broker.dead_letters import dead_letter_delivery
 from agentreach.broker.lifecycle import about, emit, event_for, reply
-from agentreach.broker.streams import purge_subject
 from agentreach.coordinator.protection.grants import Grants, reply_vouched
 from agentreach.coordinator.workflows.answers import (
-    answer,
     answer_again,
     cancelled_by,
     may_cancel,
 )
-from agentreach.coordinator.workflows.control import cancel
 from agentreach.coordinator.workflows.deadline import new_record
-from agentreach.coordinator.workflows.nesting import check_nesting, child_headers
+from agentreach.coordinator.workflows.nesting import check_nesting
+from agentreach.coordinator.workflows.outbox import Outbox
 from agentreach.coordinator.workflows.records import HotRecords
 from agentreach.coordinator.workflows.run import (
     BY_OPERATOR,
-    Abandon,
-    Action,
-    Dispatch,
-    Finish,
-    Note,
     Run,
-    StepRun,
-    Timer,
 )
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.coordinator.workflows.timers import LATER_S, news_before
@@ -70,9 +59,7 @@ from agentreach.envelopes import (
     decode_as,
     is_token,
     now_ms,
-    tracecontext,
 )
-from agentreach.envelopes import headers as h
 
 log = structlog.get_logger("coordinator.workflows")
 
@@ -91,12 +78,18 @@ class WorkflowEngine:
         grants: Grants | None = None,
     ) -> None:
         check_nesting(specs)
+        for name, spec in specs.items():
+            for warning in spec.warnings():  # it works, though not as written
+                log.warning(
+                    "workflow definition has a part never used", workflow=name, warning=warning
+                )
         self._broker = broker
         self.specs = dict(specs)
         self._clock = clock
         self._grants = grants or Grants(None)  # with a seal key, step results are checked
         self._claim_check = ClaimCheck(broker)  # large step results are fetched to map them
         self._hot = HotRecords()  # what this replica wrote last: the next change reads nothing
+        self._outbox = Outbox(broker, self.specs, clock)
 
     def serves(self, topic: str) -> bool:
         return topic in self.specs
@@ -127,7 +120,7 @@ class WorkflowEngine:
             why = f"cancelled with its parent workflow {parent!r}"
             await self._apply(record.instance_id, lambda run: run.cancel(why), False)
             return
-        await self._carry_out(record, run.actions)
+        await self._outbox.carry_out(record, run.actions)
 
     async def _parent_ended(self, task: Task) -> str | None:
         """The id of the instance whose step ``task`` is, when that instance no longer runs
@@ -264,11 +257,11 @@ class WorkflowEngine:
             return False
         run = runs[-1]
         if swap.written:
-            await self._carry_out(run.record, run.actions)
+            await self._outbox.carry_out(run.record, run.actions)
             return True
         if seen_before:  # maybe applied just before a crash: do what it called for
             run.resume()
-            await self._carry_out(run.record, run.actions)
+            await self._outbox.carry_out(run.record, run.actions)
         return False
 
     def _spec_of(self, record: WorkflowRecord | None, instance_id: str) -> WorkflowSpec | None:
@@ -289,7 +282,7 @@ class WorkflowEngine:
             return
         run = Run(spec, record, self._clock())
         run.resume()
-        await self._carry_out(record, run.actions)
+        await self._outbox.carry_out(record, run.actions)
 
     async def resume_all(self) -> int:
         """Repeat what every unfinished instance calls for (idempotent); how many there were.
@@ -313,87 +306,3 @@ class WorkflowEngine:
         if resumed:
             log.info("unfinished workflows resumed", count=resumed)
         return resumed
-
-    # -- actions --------------------------------------------------------------------------
-    async def _carry_out(self, record: WorkflowRecord, actions: list[Action]) -> None:
-        for action in actions:
-            match action:
-                case Dispatch(run=run):
-                    await self._dispatch(record, run)
-                case Timer(key=key, visit=visit, due_ms=due_ms):
-                    await self._arm(record, key, visit, due_ms)
-                case Note(event=event, key=key, detail=detail):
-                    await self._note(record, event, key, detail)
-                case Abandon(run=run) if run.intent in self.specs:
-                    # A child workflow's instance id is its step's message id.
-                    why = f"cancelled with its parent workflow {record.instance_id!r}"
-                    await cancel(self._broker, run.message_id, why=why)
-                case Finish():
-                    await self._finish(record)
-
-    async def _dispatch(self, record: WorkflowRecord, run: StepRun) -> None:
-        task = self._step_task(record, run)
-        # A refused publish (its intake subject full) leaves the message that called for the
-        # step to come back, which dispatches it again, until the workflow's deadline.
-        subject = self._broker.names.coordinator_task(task.topic)
-        await self._broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
-
-    def _step_task(self, record: WorkflowRecord, run: StepRun) -> Task:
-        """The task of one step visit, answering to the instance's reply subject. It may run
-        for its ``timeout_s`` (within the workflow's deadline); a step without one, for the
-        starting task's execute budget, as before each retry. A compensation undoes work
-        after the deadline too: it has the starting task's ttl and budget, from now."""
-        now = self._clock()
-        left_ms = max(1, record.deadline_ms - now)
-        execute_ms = min(left_ms, record.task.budget.execute_ms)
-        if run.deadline_ms:
-            left_ms = execute_ms = max(1, min(left_ms, run.deadline_ms - now))
-        if any(undo.message_id == run.message_id for undo in record.compensations.values()):
-            left_ms, execute_ms = record.task.ttl_ms, record.task.budget.execute_ms
-        return Task(
-            v=1,
-            message_id=run.message_id,
-            trace_id=record.trace_id,
-            topic=run.intent or record.workflow,
-            payload=run.input,
-            reply_to=self._broker.names.workflow_reply(record.instance_id),
-            priority=run.priority,
-            ttl_ms=left_ms,
-            budget=msgspec.structs.replace(record.task.budget, execute_ms=execute_ms),
-            headers=child_headers(record.task) if run.intent in self.specs else {},
-            created_at=run.started_ms,
-            traceparent=tracecontext.child(record.task.traceparent, run.message_id),
-        )
-
-    async def _arm(self, record: WorkflowRecord, key: str, visit: int, due_ms: int) -> None:
-        names = self._broker.names
-        body = envelopes.encode(TimerDue(key=key, visit=visit, due_ms=due_ms))
-        dedup = f"{record.instance_id}-{key}-{visit}-timer"
-        await self._broker.publish(
-            names.workflow_timer(record.instance_id), body, headers={h.MSG_ID: dedup}
-        )
-
-    async def _note(
-        self, record: WorkflowRecord, event: str, key: str, detail: dict[str, object]
-    ) -> None:
-        about = record.task
-        if key:
-            about = self._step_task(record, record.steps[key])
-        detail = {"workflow": record.workflow, **detail}
-        if event.startswith("workflow_") and record.ended_ms:
-            detail["duration_ms"] = record.ended_ms - record.started_ms
-        await emit(self._broker, event_for(about, event, **detail))
-
-    async def _finish(self, record: WorkflowRecord) -> None:
-        await answer(self._broker, record)
-        await self._drop_timers(record.instance_id)  # after: the caller need not wait for it
-
-    async def _drop_timers(self, instance_id: str) -> None:
-        """Remove an ended instance's timers (its deadline would otherwise wait for hours)."""
-        names = self._broker.names
-        try:
-            await purge_subject(
-                self._broker, names.workflows_stream, names.workflow_timer(instance_id)
-            )
-        except BrokerError as exc:
-            log.warning("could not drop workflow timers", instance_id=instance_id, error=str(exc))

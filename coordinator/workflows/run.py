@@ -21,23 +21,20 @@ from agentreach.coordinator.workflows.actions import (
     Finish,
     Note,
     Timer,
-    message_id_of,
 )
-from agentreach.coordinator.workflows.deadline import expiry
 from agentreach.coordinator.workflows.joins import join_value, readiness
-from agentreach.coordinator.workflows.nesting import too_deep
-from agentreach.coordinator.workflows.saga import Compensation
+from agentreach.coordinator.workflows.saga import LATE
 from agentreach.coordinator.workflows.spec import MAX_STATE_VISITS, Step, WorkflowSpec
-from agentreach.coordinator.workflows.templates import render
-from agentreach.envelopes import ErrorInfo, Priority, StepRun, WorkflowRecord
-from agentreach.envelopes.coordination import StepStatus
+from agentreach.coordinator.workflows.templates import MissingPath, render
+from agentreach.coordinator.workflows.visits import Visits
+from agentreach.envelopes import ErrorInfo, StepRun, WorkflowRecord
 
 DEADLINE = "_deadline"  # the timer of the whole workflow
 WAITING = ".wait"  # "<state>.wait": the timer of a state's wait for its events (its wait_s)
 BY_OPERATOR = "cancelled by an operator"  # what a cancel that names no reason says
 
 
-class Run(Compensation):
+class Run(Visits):
     """Moves one record on; ``actions`` lists what the engine must then do."""
 
     def __init__(self, spec: WorkflowSpec, record: WorkflowRecord, now_ms: int) -> None:
@@ -78,12 +75,16 @@ class Run(Compensation):
                     return True
                 self._step_ended(key, run, output=output, error=error)
                 return True
+            if run.message_id == message_id and key in self.record.awaiting:
+                return self._late_outcome(key, run, output, error)
             stopped = run.status in ("cancelled", "timed_out")  # its task went on all the same
             if run.message_id == message_id and stopped and error is None:
                 return self._undo_late(key, run, output)
         return False
 
     def on_timer(self, key: str, visit: int) -> bool:
+        if key.endswith(LATE):
+            return self._late_wait_over(key.removesuffix(LATE), visit)
         if self.record.status != "running":
             return False
         if key == DEADLINE or self.now >= self.record.deadline_ms:
@@ -121,9 +122,9 @@ class Run(Compensation):
     def cancel(self, why: str = BY_OPERATOR) -> bool:
         if self.record.status != "running":
             return False
-        self._cancel_leftovers()
+        running = self._cancel_leftovers()
         cancelled = ErrorInfo(type="cancelled", message=why, retryable=False)
-        self._end_badly(cancelled, "cancelled")
+        self._end_badly(cancelled, "cancelled", running=running)
         return True
 
     def resume(self) -> None:
@@ -146,6 +147,7 @@ class Run(Compensation):
         for key, run in record.compensations.items():
             if run.status == "running":
                 self.actions.append(Dispatch(f"{key}-undo", run))
+        self.actions.extend(self._late_timers())
 
     # -- graphs (chain, fan-out, steps) -------------------------------------------
     def _advance(self) -> None:
@@ -169,7 +171,13 @@ class Run(Compensation):
             self._complete(final.output)
 
     def _start_step(self, step: Step, *, intent: str | None = None) -> None:
-        payload = self._input_of(step)
+        try:
+            payload = self._input_of(step)
+        except MissingPath as exc:
+            failed = self._input_missing(step.name, exc)
+            if failed.error is not None and not self._tolerated(step.name):
+                self._fail(failed.error)
+            return
         run = self._begin(step.name, intent or step.intent, payload, step.timeout_s, step.priority)
         # Without an intent the input passes through at once; _advance's loop carries on.
         if run.status == "completed":
@@ -189,7 +197,8 @@ class Run(Compensation):
         context = {"input": self.record.task.payload, "prev": default, **outputs}
         if len(after) > 1:
             context.update(default)
-        return render(step.input, context)
+        # A step its join went on without has no output: a path into it gives null.
+        return render(step.input, context, frozenset(self._graph) - outputs.keys())
 
     def _step_ended(self, key: str, run: StepRun, *, output: Any, error: ErrorInfo | None) -> None:
         self._settle(run, output=output, error=error)
@@ -247,7 +256,11 @@ class Run(Compensation):
         payload = given
         if state.input is not None:
             context = {"input": self.record.task.payload, "prev": given, **self._outputs()}
-            payload = render(state.input, context)
+            try:
+                payload = render(state.input, context)
+            except MissingPath as exc:
+                self._state_ended(name, self._input_missing(name, exc))
+                return
         run = self._begin(name, state.intent, payload, state.timeout_s, state.priority)
         if run.status == "completed":
             self._state_ended(name, run)
@@ -313,86 +326,6 @@ class Run(Compensation):
             self._enter(target, {"timed_out": name})
         else:
             self._fail(error)
-
-    # -- shared ---------------------------------------------------------------------
-    def _begin(
-        self,
-        key: str,
-        intent: str | None,
-        payload: Any,
-        timeout_s: float | None,
-        priority: Priority | None,
-    ) -> StepRun:
-        previous = self.record.steps.get(key)
-        visit = (previous.visit if previous else 0) + 1
-        run = StepRun(
-            visit=visit,
-            message_id=message_id_of(self.record.instance_id, key, visit),
-            intent=intent or "",
-            input=payload,
-            started_ms=self.now,
-            priority=priority or self.record.task.priority,
-        )
-        self.record.steps[key] = run
-        if intent is None:
-            run.status, run.output, run.ended_ms = "completed", payload, self.now
-            return run
-        run.status = "running"
-        if timeout_s is not None:
-            run.deadline_ms = self.now + int(timeout_s * 1000)
-            self.actions.append(Timer(key, visit, run.deadline_ms))
-        self.actions.append(Dispatch(key, run))
-        return run
-
-    def _settle(self, run: StepRun, *, output: Any, error: ErrorInfo | None) -> None:
-        run.status = "failed" if error is not None else "completed"
-        run.output, run.error, run.ended_ms = output, error, self.now
-
-    def _outputs(self) -> dict[str, Any]:
-        return {k: r.output for k, r in self.record.steps.items() if r.status == "completed"}
-
-    def _complete(self, result: Any) -> None:
-        self.record.status, self.record.result, self.record.ended_ms = "completed", result, self.now
-        self._cancel_leftovers()
-        # The result, as a task's `completed` carries it: a starter that sends its message
-        # again (within the duplicate window, so the stream drops it) is answered from it.
-        detail: dict[str, Any] = {"result": result}
-        if self.spec.is_machine:
-            detail["path"] = self.record.path
-        self.actions.append(Finish())
-        self.actions.append(Note("workflow_completed", detail=detail))
-
-    def _fail(self, error: ErrorInfo) -> None:
-        self._cancel_leftovers()
-        self._end_badly(error, "failed")
-
-    def _cancel_leftovers(self) -> None:
-        for key, run in self.record.steps.items():
-            if run.status in ("running", "waiting"):
-                self._stop(key, run, "cancelled")
-
-    def _stop(self, key: str, run: StepRun, status: StepStatus) -> None:
-        """``run`` ends as ``status`` though its task may go on; a child workflow is let go."""
-        if run.status == "running":
-            self.actions.append(Abandon(key, run))
-        run.status, run.ended_ms = status, self.now
-
-    # -- limits -----------------------------------------------------------------------
-    def _too_deep(self) -> bool:
-        """Whether this instance runs too far below the one a caller started (it failed)."""
-        if (error := too_deep(self.record)) is not None:
-            self._fail(error)
-        return error is not None
-
-    def _past_deadline(self) -> bool:
-        """Whether the deadline passed (its timer may come late): the instance expired."""
-        if self.now < self.record.deadline_ms:
-            return False
-        self._expire()
-        return True
-
-    def _expire(self) -> None:
-        self._fail(expiry(self.record, self.spec))
 
 
 def _timeout_error(key: str, timeout_s: float | None) -> ErrorInfo:

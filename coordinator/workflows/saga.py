@@ -1,5 +1,16 @@
 """The saga half of a workflow run: with ``on_failure: compensate``, the completed steps'
-compensating intents run one at a time, latest first, before the run ends badly (pure)."""
+compensating intents run one at a time, latest first, before the run ends badly (pure).
+
+A step still running when the run fails or is cancelled is stopped (nothing waits for its
+result any more), but its task may complete all the same, and then it is the latest step
+done. So, when it has a compensating intent, the undoing first waits for its outcome
+(``record.awaiting``): done, it is undone first; failed or refused, there is nothing of it
+to undo. The wait lasts until the step's own deadline (its ``timeout_s``, else its
+starting task's execute budget) and ``LATE_GRACE_MS`` more, at least ``LATE_GRACE_MS`` from
+the end; a result after that is still undone, last (event ``compensating_late_step``).
+The starter is answered, and ``workflow_failed`` / ``workflow_cancelled`` published, once
+the last undo has ended.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +18,22 @@ from typing import Any, Literal
 
 import msgspec
 
-from agentreach.coordinator.workflows.actions import Action, Dispatch, Finish, Note, message_id_of
+from agentreach.coordinator.workflows.actions import (
+    Action,
+    Dispatch,
+    Finish,
+    Note,
+    Timer,
+    message_id_of,
+)
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import ErrorInfo, StepRun, WorkflowRecord
 from agentreach.envelopes.coordination import UNDO
+
+LATE = ".late"  # "<step>.late": the timer of the wait for a stopped step's outcome
+# A step's task that overran its deadline is judged by the coordinator's delivery, and its
+# retry refused (an error the instance hears), within an ack wait (5 s): wait that long more.
+LATE_GRACE_MS = 5_000
 
 
 def final_error(error: ErrorInfo) -> ErrorInfo:
@@ -32,13 +55,28 @@ class Compensation:
     now: int
     actions: list[Action]
 
-    def _end_badly(self, error: ErrorInfo, ending: Literal["failed", "cancelled"]) -> None:
+    def _end_badly(
+        self,
+        error: ErrorInfo,
+        ending: Literal["failed", "cancelled"],
+        *,
+        running: list[str] | None = None,
+    ) -> None:
+        """End as ``ending``, undoing first with ``on_failure: compensate``; ``running``
+        names the steps just stopped while they ran."""
         self.record.error, self.record.ending = final_error(error), ending
-        if self.spec.on_failure == "compensate" and self._to_undo():
-            self.record.status = "compensating"
-            self.actions.append(Note("compensating", detail={"undo": self._to_undo()}))
-            self._compensate_next()
-            return
+        if self.spec.on_failure == "compensate":
+            awaited = [key for key in running or [] if self.spec.compensation_of(key)]
+            if awaited or self._to_undo():
+                self.record.status = "compensating"
+                self._await(awaited)
+                detail: dict[str, Any] = {"undo": self._to_undo()}
+                if awaited:
+                    detail["waiting_for"] = awaited
+                self.actions.append(Note("compensating", detail=detail))
+                self.actions.extend(self._late_timers())
+                self._compensate_next()
+                return
         self._finish_badly()
 
     def _finish_badly(self) -> None:
@@ -62,6 +100,8 @@ class Compensation:
         return list(dict.fromkeys(k for k in pending if self.spec.compensation_of(k)))
 
     def _compensate_next(self) -> None:
+        if self.record.awaiting:
+            return  # a stopped step may still be done: it would be the first to undo
         if any(r.status == "running" for r in self.record.compensations.values()):
             return
         pending = self._to_undo()
@@ -82,14 +122,52 @@ class Compensation:
         self.record.compensations[key] = run
         self.actions.append(Dispatch(f"{key}-undo", run))
 
+    # -- steps stopped while they ran -----------------------------------------------------
+    def _await(self, keys: list[str]) -> None:
+        """Wait for the outcome of ``keys`` before undoing anything, each until its deadline
+        (kept in its run, so that the timer armed again after a crash is the same one)."""
+        budget_ms = self.record.task.budget.execute_ms
+        for key in keys:
+            run = self.record.steps[key]
+            own = run.deadline_ms or run.started_ms + budget_ms
+            run.deadline_ms = max(own, self.now) + LATE_GRACE_MS
+        self.record.awaiting = keys
+
+    def _late_timers(self) -> list[Timer]:
+        steps = self.record.steps
+        return [Timer(k + LATE, steps[k].visit, steps[k].deadline_ms) for k in self.record.awaiting]
+
+    def _late_outcome(self, key: str, run: StepRun, output: Any, error: ErrorInfo | None) -> bool:
+        """The outcome of a stopped step the undoing waits for: done, it is undone first."""
+        self.record.awaiting = [k for k in self.record.awaiting if k != key]
+        if error is None:
+            run.status, run.output, run.ended_ms = "completed", output, self.now
+            self.record.completed_order.append(key)
+            self.actions.append(Note("compensating_late_step", key))
+        else:
+            run.error = error  # it failed after all, or was refused: nothing of it to undo
+        self._compensate_next()
+        return True
+
+    def _late_wait_over(self, key: str, visit: int) -> bool:
+        """A stopped step's outcome did not come by its deadline: undo the others; should it
+        complete later still, :meth:`_undo_late` undoes it then."""
+        run = self.record.steps.get(key)
+        if key not in self.record.awaiting or run is None or run.visit != visit:
+            return False
+        self.record.awaiting = [k for k in self.record.awaiting if k != key]
+        self.actions.append(Note("compensating", key, {"undo": self._to_undo(), "gave_up": key}))
+        self._compensate_next()
+        return True
+
     def _undo_late(self, key: str, run: StepRun, output: Any) -> bool:
         """A step cancelled while it ran (the workflow cancelled or failed meanwhile), or timed
         out, ended with a result after all: its effect happened, so with ``on_failure:
         compensate`` it is undone like the steps completed before, once the workflow ended
-        badly; False when there is nothing to undo."""
+        badly; False when there is nothing to undo (the workflow completed, say)."""
         if self.spec.on_failure != "compensate" or not self.spec.compensation_of(key):
             return False
-        if self.record.ending is None or key in self.record.compensations:
+        if not self.record.ending or key in self.record.compensations:
             return False
         run.status, run.output, run.error, run.ended_ms = "completed", output, None, self.now
         self.record.completed_order.append(key)

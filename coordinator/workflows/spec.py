@@ -39,7 +39,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from agentreach.coordinator.conditions import Comparison, lookup
-from agentreach.coordinator.workflows.templates import check_template, roots_of
+from agentreach.coordinator.workflows.precedence import (
+    RESERVED,
+    check_graph_paths,
+    check_machine_ends,
+    check_machine_paths,
+    machine_warnings,
+)
+from agentreach.coordinator.workflows.templates import check_template
 from agentreach.envelopes import Priority
 from agentreach.envelopes.messages import Token
 
@@ -49,7 +56,6 @@ StepName = Annotated[
 PositiveSeconds = Annotated[float, msgspec.Meta(gt=0)]
 Policy = Literal["all", "any", "quorum"]
 OnTimeout = Literal["fail", "partial", "fallback"]
-RESERVED = frozenset({"input", "prev", "results", "missing"})
 FORMS = ("chain", "fanout", "steps", "states")
 MAX_STATE_VISITS = 100
 
@@ -171,6 +177,7 @@ class Machine(msgspec.Struct, **_Strict):  # type: ignore[misc]
                     raise ValueError(f"state {name!r} goes to unknown state {target!r}")
         if not any(state.terminal for state in self.states.values()):
             raise ValueError("a state machine needs a terminal state")
+        check_machine_ends(self)
 
 
 class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
@@ -194,10 +201,14 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
                 raise ValueError(f"a workflow needs at least one step: '{form}' is empty")
         if self.states is None:
             _check_graph(self.graph())
-            inputs = {step.name: step.input for step in self.graph()}
+            check_graph_paths(self.graph())
         else:
-            inputs = {name: state.input for name, state in self.states.states.items()}
-        _check_paths(inputs)
+            check_machine_paths(self.states)
+
+    def warnings(self) -> list[str]:
+        """What in the definition can never be used (it works, though not as written): a
+        state no path enters, a transition an earlier one without a condition pre-empts."""
+        return machine_warnings(self.states) if self.states is not None else []
 
     @property
     def is_machine(self) -> bool:
@@ -232,18 +243,6 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
             names = [b.name for b in branches]
             return [*branches, msgspec.structs.replace(join, after=names, join=self.fanout.join)]
         return [msgspec.structs.replace(s, after=s.after or []) for s in self.steps or []]
-
-
-def _check_paths(inputs: dict[str, Any]) -> None:
-    """Each input path starts at the workflow's input, the previous output, a join's parts,
-    or one of its steps (states): another name would stand for nothing at run time."""
-    known = RESERVED | inputs.keys()
-    for name, template in inputs.items():
-        for root in sorted(roots_of(template) - known):
-            raise ValueError(
-                f"{name!r}: the input path '$.{root}…' names no step; a path starts at"
-                f" {', '.join(sorted(known))}"
-            )
 
 
 def _check_graph(graph: list[Step]) -> None:

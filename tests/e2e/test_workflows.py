@@ -460,9 +460,11 @@ async def test_saga_compensation_runs_in_reverse_after_a_failing_step(
 
 
 async def test_cancel_mid_flight_stops_and_compensates(broker, start_coordinator, watcher):
-    """`reach workflows cancel ID` while a step runs: nothing more is dispatched, completed
-    steps are compensated, the starter hears `cancelled`; the running step, which completes
-    after the cancel, is compensated then too (its effect happened)."""
+    """`reach workflows cancel ID` while a step runs: nothing more is dispatched, and the
+    undoing waits for the running step; it completes after the cancel, so it is the latest
+    done and undone first (its effect happened), then the completed steps in reverse; the
+    starter hears `cancelled`, and `workflow_cancelled` is published, once all of it is
+    undone."""
     log: list[str] = []
     gate = asyncio.Event()
     async with (
@@ -475,32 +477,39 @@ async def test_cancel_mid_flight_stops_and_compensates(broker, start_coordinator
         )
         shipping = await watcher.event("accepted", topic="ship_parcel")
         instance = (await watcher.event("workflow_started")).message_id
-        cancelled = await run(*reach_argv(broker, "workflows", "cancel", instance))
+        cancelled = await run(*reach_argv(broker, "workflows", "cancel", instance, "--wait", "0"))
+        waiting = await watcher.event("compensating", message_id=instance)
+        shown_waiting = await run(*reach_argv(broker, "workflows", "show", instance))
+        assert not starting.done() and not [e for e in watcher.events if e.topic == "recall"]
+        gate.set()
+        await watcher.event("compensating_late_step", message_id=shipping.message_id)
         with pytest.raises(TaskFailed) as stopped:
             await starting
-        gate.set()
-        await watcher.event("completed", message_id=shipping.message_id)
-        await watcher.event("compensating_late_step", message_id=shipping.message_id)
-        await watcher.event("completed", topic="recall")
-        record = await _until_record(broker, instance, _undone("ship"))
+        await watcher.event("workflow_cancelled", message_id=instance)
+        record = await _until_record(broker, instance, lambda r: r.status == "cancelled")
         shown = await run(*reach_argv(broker, "workflows", "list"))
     assert cancelled.returncode == 0, cancelled.stderr
-    assert "cancelled" in cancelled.stdout.splitlines()[0]
+    assert "cancel requested" in cancelled.stdout.splitlines()[-1]
+    assert "· compensating" in shown_waiting.stdout.splitlines()[0]
+    assert "  undoing waits first for the outcome of ship" in shown_waiting.stdout
+    assert waiting.detail["waiting_for"] == ["ship"]
+    assert waiting.detail["undo"] == ["charge", "reserve"]
     assert stopped.value.error.type == "cancelled"
     assert log == [
         "reserve",
         "charge_card",
         "notify",
         "ship_parcel",
+        "recall",
         "refund_card",
         "release",
-        "recall",
     ]
+    assert record.ended_ms >= max(undo.ended_ms for undo in record.compensations.values())
     assert record.steps["ship"].status == "completed"
-    assert list(record.compensations) == ["charge", "reserve", "ship"]
+    assert list(record.compensations) == ["ship", "charge", "reserve"]
     assert all(undo.status == "completed" for undo in record.compensations.values())
     assert f"{instance}" in shown.stdout and "cancelled" in shown.stdout
-    assert watcher.count("workflow_cancelled") == 1  # said once, not again after the undo
+    assert watcher.count("workflow_cancelled") == 1
 
 
 def _undone(key: str):  # type: ignore[no-untyped-def]
@@ -826,7 +835,8 @@ async def test_cancelling_a_workflow_cancels_its_child_workflows(
         with pytest.raises(TaskFailed) as stopped:
             await starting
         await watcher.event("workflow_cancelled", topic="middle")
-        inner = (await watcher.event("workflow_cancelled", topic="inner")).message_id
+        # inner undoes what it did, and waits for its held step's outcome first.
+        inner = (await watcher.event("compensating", topic="inner")).message_id
         gate.set()
 
         def next_move():  # type: ignore[no-untyped-def]
@@ -835,6 +845,7 @@ async def test_cancelling_a_workflow_cancels_its_child_workflows(
 
         moved = await watcher.until(next_move, "what inner does with the held step's result")
         await watcher.event("completed", topic="unhold")
+        await watcher.event("workflow_cancelled", message_id=inner)
         record = await _until_record(broker, inner, _undone("hold"))
     assert cancelled.returncode == 0, cancelled.stderr
     assert stopped.value.error.type == "cancelled"

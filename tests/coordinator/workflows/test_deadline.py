@@ -15,7 +15,7 @@ from agentreach.coordinator.workflows.run import (
     Timer,
 )
 from agentreach.coordinator.workflows.spec import WorkflowSpec
-from agentreach.envelopes import Task, WorkflowRecord
+from agentreach.envelopes import ErrorInfo, Task, WorkflowRecord
 
 CHAIN = msgspec.yaml.decode(
     b"{on_failure: compensate, ttl_s: 60,"
@@ -44,15 +44,21 @@ def test_the_starting_tasks_ttl_bounds_the_workflow() -> None:
 
 
 def test_the_deadline_ends_the_instance_as_expired_saying_which_ttl() -> None:
-    """Its timer fails the instance with an `expired` error naming the task's ttl."""
+    """Its timer fails the instance with an `expired` error naming the task's ttl, once
+    the step it stopped (which has an undo) is known to have done nothing."""
     record, _ = started(ttl_ms=6_000, received_ms=1_000, now=1_000)
     timer = Run(CHAIN, record, 7_000)
     assert timer.on_timer(DEADLINE, 0)
+    assert record.status == "compensating" and record.awaiting == ["a"]
+    assert record.steps["a"].status == "cancelled"
+    assert not any(isinstance(a, Finish) for a in timer.actions)
+    refused = ErrorInfo(type="cancelled", message="not dispatched", retryable=False)
+    told = Run(CHAIN, record, 7_100)
+    assert told.on_result(record.steps["a"].message_id, error=refused)
     assert record.status == "failed" and record.error is not None
     assert record.error.type == "expired" and not record.error.retryable
     assert "ttl 6000 ms of the task that started it" in record.error.message
-    assert record.steps["a"].status == "cancelled"
-    assert any(isinstance(a, Finish) for a in timer.actions)
+    assert any(isinstance(a, Finish) for a in told.actions)
 
 
 def test_a_result_after_the_deadline_starts_nothing_even_before_its_timer() -> None:
@@ -85,6 +91,8 @@ def test_an_instance_says_whether_any_step_began() -> None:
     record, run = started(ttl_ms=1_000, received_ms=1_000, now=5_000)
     assert not record.steps_began and ran(run) is False
     record, _ = started(ttl_ms=6_000, received_ms=1_000, now=1_000)
-    timer = Run(CHAIN, record, 7_000)
-    assert timer.on_timer(DEADLINE, 0)
-    assert record.steps_began and ran(timer) is True
+    assert Run(CHAIN, record, 7_000).on_timer(DEADLINE, 0)
+    refused = ErrorInfo(type="cancelled", message="not dispatched", retryable=False)
+    told = Run(CHAIN, record, 7_100)  # the end waits for the step it stopped (it has an undo)
+    assert told.on_result(record.steps["a"].message_id, error=refused)
+    assert record.steps_began and ran(told) is True

@@ -9,6 +9,7 @@ import pytest
 
 from agentreach.cli.workflows import tree
 from agentreach.coordinator import ConfigError, load_config
+from agentreach.coordinator.workflows.actions import message_id_of
 from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.run import (
     DEADLINE,
@@ -17,10 +18,10 @@ from agentreach.coordinator.workflows.run import (
     Run,
     Timer,
     WorkflowRecord,
-    message_id_of,
 )
+from agentreach.coordinator.workflows.saga import LATE, LATE_GRACE_MS
 from agentreach.coordinator.workflows.spec import WorkflowSpec
-from agentreach.coordinator.workflows.templates import render
+from agentreach.coordinator.workflows.templates import MissingPath, render
 from agentreach.envelopes import ErrorInfo, Task, WorkflowStep
 from agentreach.envelopes.coordination import workflow_step_of
 
@@ -49,11 +50,37 @@ def step(record: WorkflowRecord, definition: WorkflowSpec, name: str, output: An
 
 
 def test_templates_pick_paths_and_keep_literals() -> None:
-    """ "$.a.b" is a path into the context; other values stay as they are."""
-    context = {"input": {"topic": "x"}, "plan": {"outline": [1, 2]}}
+    """ "$.a.b" is a path into the context; other values stay as they are; a null that is
+    there is a value."""
+    context = {"input": {"topic": "x", "tag": None}, "plan": {"outline": [1, 2]}}
     template = {"o": "$.plan.outline", "first": "$.plan.outline.0", "t": "$.input.topic", "k": 3}
     assert render(template, context) == {"o": [1, 2], "first": 1, "t": "x", "k": 3}
-    assert render("$.nothing.here", context) is None
+    assert render("$.input.tag", context) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("$.plan.summary", "'$.plan' (dict) has no 'summary'"),
+        ("$.plan.outline.5", "'$.plan.outline' (list) has no '5'"),
+        ("$.input.tag.name", "'$.input.tag' (null) has no 'name'"),
+        ("$.web.items", "'web' has no value"),
+    ],
+)
+def test_a_path_that_names_nothing_is_refused_saying_which_part(path: str, why: str) -> None:
+    """At run time a path that names nothing raises, naming the path and the missing part,
+    instead of giving null; a path into a step its join went without gives null."""
+    context = {"input": {"tag": None}, "plan": {"outline": [1, 2]}, "results": {}}
+    with pytest.raises(MissingPath) as caught:
+        render({"x": [path]}, context)
+    assert str(caught.value) == f"the input path '{path}' names nothing: {why}" or (
+        why in str(caught.value) and path in str(caught.value)
+    )
+    skipped = frozenset({"web"})
+    assert render({"w": "$.web.items", "r": "$.results.web"}, context, skipped) == {
+        "w": None,
+        "r": None,
+    }
 
 
 def test_a_chain_dispatches_one_step_at_a_time() -> None:
@@ -135,7 +162,10 @@ def test_a_state_machine_without_a_matching_transition_fails() -> None:
 
 def test_a_state_machine_loop_is_cut_off() -> None:
     """A machine that keeps going round fails after 100 state changes."""
-    flow = spec("states: {initial: a, states: {a: {next: [{to: a}]}, z: {terminal: true}}}")
+    flow = spec(
+        "states: {initial: a, states: {a: {next: [{when: {field: stop, value: true}, to: z},"
+        " {to: a}]}, z: {terminal: true}}}"
+    )
     record, _ = started(flow)
     assert record.status == "failed"
     assert record.error is not None and record.error.type == "too_many_states"
@@ -192,11 +222,11 @@ def test_resume_lists_what_the_record_calls_for() -> None:
         ("chain: [{name: a, intent: x, retries: 3}]", "unknown field `retries`"),
         (
             'chain: [{name: a, intent: x}, {name: b, intent: y, input: {o: "$.nope.outline"}}]',
-            "'b': the input path '$.nope…' names no step",
+            "step 'b': the input path '$.nope.outline' names no step",
         ),
         (
             'states: {initial: a, states: {a: {input: "$.plan.x", terminal: true}}}',
-            "'a': the input path '$.plan…' names no step",
+            "state 'a': the input path '$.plan.x' names no state",
         ),
     ],
 )
@@ -210,29 +240,101 @@ def test_bad_workflows_are_refused_with_the_path(tmp_path, yaml: str, message: s
     assert "$.workflows" in str(caught.value)
 
 
-def test_a_step_that_completes_after_a_cancel_is_compensated_and_the_end_said_once() -> None:
-    """Cancelled while b ran: a is undone and the starter told; b's result comes after all,
-    so b is undone too, and the workflow does not end (or answer) a second time."""
-    flow = spec(
-        "on_failure: compensate\n"
-        "chain: [{name: a, intent: x, compensate: ux}, {name: b, intent: y, compensate: uy}]"
-    )
-    record, _ = started(flow)
-    step(record, flow, "a", output={"a": 1})
-    cancel = Run(flow, record, 3_000)
+SAGA_AB = spec(
+    "on_failure: compensate\n"
+    "chain: [{name: a, intent: x, compensate: ux}, {name: b, intent: y, compensate: uy}]"
+)
+
+
+def test_a_cancel_waits_for_the_running_step_and_undoes_it_first() -> None:
+    """Cancelled while b ran: nothing is undone until b's outcome is known; b completes
+    after all, so b (the latest done) is undone first, then a, and only then does the
+    instance end as cancelled and answer its starter, once."""
+    record, _ = started(SAGA_AB)
+    step(record, SAGA_AB, "a", output={"a": 1})
+    cancel = Run(SAGA_AB, record, 3_000)
     assert cancel.cancel()
-    assert dispatched(cancel) == ["a-undo"]
-    undo_a = Run(flow, record, 3_500)
+    assert dispatched(cancel) == [] and record.awaiting == ["b"]
+    assert record.status == "compensating" and not any(
+        isinstance(a, Finish) for a in cancel.actions
+    )
+    late = Run(SAGA_AB, record, 4_000)
+    assert late.on_result(record.steps["b"].message_id, output={"b": 2}, error=None)
+    assert dispatched(late) == ["b-undo"] and record.steps["b"].status == "completed"
+    undo_b = Run(SAGA_AB, record, 4_500)
+    assert undo_b.on_result(record.compensations["b"].message_id, output=None, error=None)
+    assert dispatched(undo_b) == ["a-undo"] and record.status == "compensating"
+    assert not any(isinstance(a, Finish) for a in undo_b.actions)
+    undo_a = Run(SAGA_AB, record, 5_000)
     assert undo_a.on_result(record.compensations["a"].message_id, output=None, error=None)
-    assert record.status == "cancelled" and any(isinstance(a, Finish) for a in undo_a.actions)
-    late = Run(flow, record, 4_000)
+    assert record.status == "cancelled" and record.ended_ms == 5_000
+    assert [a for a in undo_a.actions if isinstance(a, Finish)] == [Finish()]
+    assert list(record.compensations) == ["b", "a"]
+
+
+def test_a_running_step_that_fails_after_a_cancel_is_not_undone() -> None:
+    """Cancelled while b ran, b's task fails (or its retry is refused): only a is undone."""
+    record, _ = started(SAGA_AB)
+    step(record, SAGA_AB, "a", output={"a": 1})
+    assert Run(SAGA_AB, record, 3_000).cancel()
+    refused = ErrorInfo(type="cancelled", message="not dispatched", retryable=False)
+    told = Run(SAGA_AB, record, 3_200)
+    assert told.on_result(record.steps["b"].message_id, error=refused)
+    assert dispatched(told) == ["a-undo"] and record.awaiting == []
+
+
+def test_a_running_step_silent_past_its_deadline_is_undone_last_when_it_completes() -> None:
+    """Cancelled while b ran and b is silent: at b's deadline (the starting task's execute
+    budget, plus a grace) a is undone and the instance ends; b completing later still is
+    undone then, without a second end."""
+    record, _ = started(SAGA_AB)
+    step(record, SAGA_AB, "a", output={"a": 1})
+    cancel = Run(SAGA_AB, record, 3_000)
+    assert cancel.cancel()
+    due = record.steps["b"].deadline_ms
+    assert due == 2_000 + record.task.budget.execute_ms + LATE_GRACE_MS
+    assert Timer("b" + LATE, 1, due) in cancel.actions
+    gave_up = Run(SAGA_AB, record, due)
+    assert gave_up.on_timer("b" + LATE, 1)
+    assert dispatched(gave_up) == ["a-undo"]
+    Run(SAGA_AB, record, due + 100).on_result(record.compensations["a"].message_id, error=None)
+    assert record.status == "cancelled" and record.ended_ms == due + 100
+    late = Run(SAGA_AB, record, due + 200)
     assert late.on_result(record.steps["b"].message_id, output={"b": 2}, error=None)
     assert dispatched(late) == ["b-undo"]
-    assert record.status == "compensating" and record.steps["b"].status == "completed"
-    undo_b = Run(flow, record, 4_500)
+    undo_b = Run(SAGA_AB, record, due + 300)
     assert undo_b.on_result(record.compensations["b"].message_id, output=None, error=None)
-    assert record.status == "cancelled" and record.ended_ms == 3_500
+    assert record.status == "cancelled" and record.ended_ms == due + 100
     assert not any(isinstance(a, Finish) for a in undo_b.actions)
+
+
+def test_after_a_crash_the_wait_for_a_stopped_step_is_armed_again() -> None:
+    """resume lists the same timer for the wait as the cancel did (it is deduplicated)."""
+    record, _ = started(SAGA_AB)
+    step(record, SAGA_AB, "a", output={"a": 1})
+    cancel = Run(SAGA_AB, record, 3_000)
+    cancel.cancel()
+    again = Run(SAGA_AB, record, 9_000)
+    again.resume()
+    timers = [a for a in again.actions if isinstance(a, Timer) and a.key.endswith(LATE)]
+    assert timers == [a for a in cancel.actions if isinstance(a, Timer)]
+    assert timers == [Timer("b" + LATE, 1, record.steps["b"].deadline_ms)]
+
+
+def test_a_late_result_of_a_completed_workflow_s_step_is_not_undone() -> None:
+    """A branch timed out (`on_timeout: partial`), the workflow completed without it, then
+    the branch's task completed: the workflow stays completed, nothing is undone."""
+    flow = spec(
+        "on_failure: compensate\n"
+        "fanout: {branches: [{name: a, intent: x, compensate: ux, timeout_s: 1,"
+        " on_timeout: partial}, {name: b, intent: y}], join: {policy: any}}"
+    )
+    record, _ = started(flow)
+    step(record, flow, "b", output={"b": 1})
+    assert record.status == "completed"
+    late = Run(flow, record, 5_000)
+    assert not late.on_result(record.steps["a"].message_id, output={"a": 1}, error=None)
+    assert record.status == "completed" and dispatched(late) == []
 
 
 def test_a_step_that_timed_out_and_then_completed_is_compensated() -> None:

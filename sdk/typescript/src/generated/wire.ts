@@ -792,7 +792,7 @@ export interface ManualItem {
   /**
    * default "waiting"
    */
-  status: "answered" | "expired" | "sent" | "taken" | "waiting";
+  status: "answered" | "expired" | "sent" | "taken" | "waiting" | "withdrawn";
   /**
    * default ""
    */
@@ -825,6 +825,10 @@ export interface ManualItem {
    * default 0
    */
   delivered_ms: number;
+  /**
+   * default ""
+   */
+  withdrawn: string;
 }
 
 /**
@@ -1460,6 +1464,10 @@ export interface WorkflowRecord {
    * default {}
    */
   compensations: Record<string, StepRun>;
+  /**
+   * default []
+   */
+  awaiting: string[];
   /**
    * default ""
    */

@@ -1,0 +1,139 @@
+"""What the engine does for a run's actions: publish step tasks, timers and notes, let go
+of steps the instance no longer waits for, and answer the starter at the end.
+
+A step let go (:class:`Abandon`) that is another workflow is cancelled in turn; one that
+waits for a person in a manual-review queue has its item withdrawn, so that nobody answers
+for a workflow that no longer waits (a late answer is refused, naming the workflow).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import msgspec
+import structlog
+
+from agentreach import envelopes
+from agentreach.broker import Broker, BrokerError
+from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.streams import purge_subject
+from agentreach.coordinator.routing.manual import withdraw
+from agentreach.coordinator.workflows.actions import Abandon, Action, Dispatch, Finish, Note, Timer
+from agentreach.coordinator.workflows.answers import answer
+from agentreach.coordinator.workflows.control import cancel
+from agentreach.coordinator.workflows.nesting import child_headers
+from agentreach.coordinator.workflows.spec import WorkflowSpec
+from agentreach.envelopes import (
+    StepRun,
+    Task,
+    TimerDue,
+    WorkflowRecord,
+    WorkflowStep,
+    tracecontext,
+)
+from agentreach.envelopes import headers as h
+from agentreach.envelopes.coordination import step_abandoned
+
+log = structlog.get_logger("coordinator.workflows")
+
+
+class Outbox:
+    """Carries out the actions of one change of an instance, in order (each idempotent)."""
+
+    def __init__(
+        self, broker: Broker, specs: Mapping[str, WorkflowSpec], clock: Callable[[], int]
+    ) -> None:
+        self._broker = broker
+        self._specs = specs
+        self._clock = clock
+
+    async def carry_out(self, record: WorkflowRecord, actions: list[Action]) -> None:
+        for action in actions:
+            match action:
+                case Dispatch(run=run):
+                    await self._dispatch(record, run)
+                case Timer(key=key, visit=visit, due_ms=due_ms):
+                    await self._arm(record, key, visit, due_ms)
+                case Note(event=event, key=key, detail=detail):
+                    await self._note(record, event, key, detail)
+                case Abandon(run=run) if run.intent in self._specs:
+                    # A child workflow's instance id is its step's message id.
+                    why = f"cancelled with its parent workflow {record.instance_id!r}"
+                    await cancel(self._broker, run.message_id, why=why)
+                case Abandon(key=key, run=run):
+                    await self._let_go(record, key, run)
+                case Finish():
+                    await self._finish(record)
+
+    async def _dispatch(self, record: WorkflowRecord, run: StepRun) -> None:
+        task = self._step_task(record, run)
+        # A refused publish (its intake subject full) leaves the message that called for the
+        # step to come back, which dispatches it again, until the workflow's deadline.
+        subject = self._broker.names.coordinator_task(task.topic)
+        await self._broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
+
+    def _step_task(self, record: WorkflowRecord, run: StepRun) -> Task:
+        """The task of one step visit, answering to the instance's reply subject. It may run
+        for its ``timeout_s`` (within the workflow's deadline); a step without one, for the
+        starting task's execute budget, as before each retry. A compensation undoes work
+        after the deadline too: it has the starting task's ttl and budget, from now."""
+        now = self._clock()
+        left_ms = max(1, record.deadline_ms - now)
+        execute_ms = min(left_ms, record.task.budget.execute_ms)
+        if run.deadline_ms:
+            left_ms = execute_ms = max(1, min(left_ms, run.deadline_ms - now))
+        if any(undo.message_id == run.message_id for undo in record.compensations.values()):
+            left_ms, execute_ms = record.task.ttl_ms, record.task.budget.execute_ms
+        return Task(
+            v=1,
+            message_id=run.message_id,
+            trace_id=record.trace_id,
+            topic=run.intent or record.workflow,
+            payload=run.input,
+            reply_to=self._broker.names.workflow_reply(record.instance_id),
+            priority=run.priority,
+            ttl_ms=left_ms,
+            budget=msgspec.structs.replace(record.task.budget, execute_ms=execute_ms),
+            headers=child_headers(record.task) if run.intent in self._specs else {},
+            created_at=run.started_ms,
+            traceparent=tracecontext.child(record.task.traceparent, run.message_id),
+        )
+
+    async def _arm(self, record: WorkflowRecord, key: str, visit: int, due_ms: int) -> None:
+        names = self._broker.names
+        body = envelopes.encode(TimerDue(key=key, visit=visit, due_ms=due_ms))
+        dedup = f"{record.instance_id}-{key}-{visit}-timer"
+        await self._broker.publish(
+            names.workflow_timer(record.instance_id), body, headers={h.MSG_ID: dedup}
+        )
+
+    async def _note(
+        self, record: WorkflowRecord, event: str, key: str, detail: dict[str, object]
+    ) -> None:
+        about = record.task
+        if key:
+            about = self._step_task(record, record.steps[key])
+        detail = {"workflow": record.workflow, **detail}
+        if event.startswith("workflow_") and record.ended_ms:
+            detail["duration_ms"] = record.ended_ms - record.started_ms
+        await emit(self._broker, event_for(about, event, **detail))
+
+    async def _finish(self, record: WorkflowRecord) -> None:
+        await answer(self._broker, record)
+        await self._drop_timers(record.instance_id)  # after: the caller need not wait for it
+
+    async def _drop_timers(self, instance_id: str) -> None:
+        """Remove an ended instance's timers (its deadline would otherwise wait for hours)."""
+        names = self._broker.names
+        try:
+            await purge_subject(
+                self._broker, names.workflows_stream, names.workflow_timer(instance_id)
+            )
+        except BrokerError as exc:
+            log.warning("could not drop workflow timers", instance_id=instance_id, error=str(exc))
+
+    async def _let_go(self, record: WorkflowRecord, key: str, run: StepRun) -> None:
+        """A step's task the instance no longer waits for may wait for a person: withdraw it."""
+        step = WorkflowStep(instance_id=record.instance_id, step=key)
+        why = step_abandoned(record, step, run.message_id)
+        await withdraw(self._broker, run.message_id, why or f"step {key!r} was let go")

@@ -1,0 +1,127 @@
+"""The moves every form of workflow shares (pure): begin a visit of a step (or state),
+settle it, stop it, and end the instance well, badly, or past its deadline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from agentreach.coordinator.workflows.actions import (
+    Abandon,
+    Dispatch,
+    Finish,
+    Note,
+    Timer,
+    message_id_of,
+)
+from agentreach.coordinator.workflows.deadline import expiry
+from agentreach.coordinator.workflows.nesting import too_deep
+from agentreach.coordinator.workflows.saga import Compensation
+from agentreach.coordinator.workflows.templates import MissingPath
+from agentreach.envelopes import ErrorInfo, Priority, StepRun
+from agentreach.envelopes.coordination import StepStatus
+
+
+class Visits(Compensation):
+    """What :class:`~agentreach.coordinator.workflows.run.Run` builds on."""
+
+    def _begin(
+        self,
+        key: str,
+        intent: str | None,
+        payload: Any,
+        timeout_s: float | None,
+        priority: Priority | None,
+    ) -> StepRun:
+        previous = self.record.steps.get(key)
+        visit = (previous.visit if previous else 0) + 1
+        run = StepRun(
+            visit=visit,
+            message_id=message_id_of(self.record.instance_id, key, visit),
+            intent=intent or "",
+            input=payload,
+            started_ms=self.now,
+            priority=priority or self.record.task.priority,
+        )
+        self.record.steps[key] = run
+        if intent is None:
+            run.status, run.output, run.ended_ms = "completed", payload, self.now
+            return run
+        run.status = "running"
+        if timeout_s is not None:
+            run.deadline_ms = self.now + int(timeout_s * 1000)
+            self.actions.append(Timer(key, visit, run.deadline_ms))
+        self.actions.append(Dispatch(key, run))
+        return run
+
+    def _input_missing(self, key: str, missing: MissingPath) -> StepRun:
+        """A visit whose input names nothing fails at once, no task sent, saying the path."""
+        previous = self.record.steps.get(key)
+        visit = (previous.visit if previous else 0) + 1
+        message = f"step {key!r} was not started: {missing}"
+        run = StepRun(
+            status="failed",
+            visit=visit,
+            message_id=message_id_of(self.record.instance_id, key, visit),
+            error=ErrorInfo(type="input_missing", message=message, retryable=False),
+            started_ms=self.now,
+            ended_ms=self.now,
+            priority=self.record.task.priority,
+        )
+        self.record.steps[key] = run
+        detail = {"path": f"$.{missing.path}", "error": msgspec.to_builtins(run.error)}
+        self.actions.append(Note("step_input_missing", key, detail))
+        return run
+
+    def _settle(self, run: StepRun, *, output: Any, error: ErrorInfo | None) -> None:
+        run.status = "failed" if error is not None else "completed"
+        run.output, run.error, run.ended_ms = output, error, self.now
+
+    def _outputs(self) -> dict[str, Any]:
+        return {k: r.output for k, r in self.record.steps.items() if r.status == "completed"}
+
+    def _complete(self, result: Any) -> None:
+        self.record.status, self.record.result, self.record.ended_ms = "completed", result, self.now
+        self._cancel_leftovers()
+        # The result, as a task's `completed` carries it: a starter that sends its message
+        # again (within the duplicate window, so the stream drops it) is answered from it.
+        detail: dict[str, Any] = {"result": result}
+        if self.spec.is_machine:
+            detail["path"] = self.record.path
+        self.actions.append(Finish())
+        self.actions.append(Note("workflow_completed", detail=detail))
+
+    def _fail(self, error: ErrorInfo) -> None:
+        self._end_badly(error, "failed", running=self._cancel_leftovers())
+
+    def _cancel_leftovers(self) -> list[str]:
+        """Stop every step not done; the ones that were running (their tasks go on)."""
+        running = [key for key, run in self.record.steps.items() if run.status == "running"]
+        for key, run in self.record.steps.items():
+            if run.status in ("running", "waiting"):
+                self._stop(key, run, "cancelled")
+        return running
+
+    def _stop(self, key: str, run: StepRun, status: StepStatus) -> None:
+        """``run`` ends as ``status`` though its task may go on; a child workflow is let go."""
+        if run.status == "running":
+            self.actions.append(Abandon(key, run))
+        run.status, run.ended_ms = status, self.now
+
+    # -- limits -----------------------------------------------------------------------
+    def _too_deep(self) -> bool:
+        """Whether this instance runs too far below the one a caller started (it failed)."""
+        if (error := too_deep(self.record)) is not None:
+            self._fail(error)
+        return error is not None
+
+    def _past_deadline(self) -> bool:
+        """Whether the deadline passed (its timer may come late): the instance expired."""
+        if self.now < self.record.deadline_ms:
+            return False
+        self._expire()
+        return True
+
+    def _expire(self) -> None:
+        self._fail(expiry(self.record, self.spec))
