@@ -113,7 +113,7 @@ class TaskContext:
         *,
         priority: Priority | None = None,
         key: str | None = None,
-        ack_deadline_ms: int = 2_000,
+        ack_deadline_ms: int | None = None,
         result_type: Any = None,
     ) -> Any:
         """Send a sub-task and wait for its result, within the time this handler has left:
@@ -123,11 +123,16 @@ class TaskContext:
         this handler run again (redelivered after a crash, retried) attaches to the sub-task
         sent before instead of running it twice, and hears how it ended; a sub-task that
         failed fails the same way again (give a ``key`` that includes ``self.attempt`` to try
-        it anew on a retry). ``result_type`` converts the result (``msgspec.convert``)."""
+        it anew on a retry). ``ack_deadline_ms``: how long it may wait to be accepted (by
+        default all the time left: a busy agent's queue is no failure while there is time).
+        ``result_type`` converts the result (``msgspec.convert``). A handler that fails by
+        letting such an error through fails as ``sub_task_failed``, which does not count
+        against this agent's health."""
         if self._invoke is None:
             raise RuntimeError("this TaskContext cannot invoke (made outside an agent)")
         task = self.child_task(topic, payload, priority=priority, key=key)
-        return await self._invoke(task, min(ack_deadline_ms, task.ttl_ms), result_type)
+        ack_ms = task.ttl_ms if ack_deadline_ms is None else min(ack_deadline_ms, task.ttl_ms)
+        return await self._invoke(task, ack_ms, result_type)
 
     def invoke_sync(self, topic: str, payload: Any, **options: Any) -> Any:
         """:meth:`invoke` for a synchronous handler running in a worker thread: waits for

@@ -22,8 +22,14 @@ import msgspec
 from agentreach import envelopes
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import Deadline
-from agentreach.agents.errors import PermanentError
-from agentreach.envelopes import ErrorInfo
+from agentreach.agents.errors import (
+    DeadlineExceeded,
+    InvokeError,
+    NotAcknowledged,
+    NotStored,
+    PermanentError,
+)
+from agentreach.envelopes import SUB_TASK_FAILED, ErrorInfo
 from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
@@ -138,12 +144,30 @@ def sendable(result: Any) -> Any:
     return result
 
 
+def sub_task_failed(exc: InvokeError) -> ErrorInfo:
+    """A handler failed because a task it sent (``ctx.invoke``, a client of its own) did:
+    ``sub_task_failed``, which the coordinator does not count against this agent's health
+    (a dependency's failure must not isolate the agent that called it). Retryable while the
+    sub-task may still end well (not accepted yet, no result yet, not stored): a run again
+    attaches to it. Not when it ended: a run again hears the same end."""
+    open_ended = isinstance(exc, NotAcknowledged | DeadlineExceeded | NotStored) or (
+        type(exc) is InvokeError
+    )
+    return ErrorInfo(
+        type=SUB_TASK_FAILED,
+        message=f"sub-task {exc.message_id} failed: {type(exc).__name__}: {exc}",
+        retryable=open_ended,
+    )
+
+
 def error_info(exc: Exception, deadline_ms: int) -> ErrorInfo:
     """How a handler's failure is reported: its class name, message, and whether to retry."""
     if isinstance(exc, InvalidResult):
         return ErrorInfo(type="invalid_result", message=str(exc), retryable=False)
     if isinstance(exc, InvalidPayload):
         return ErrorInfo(type="invalid_payload", message=str(exc), retryable=False)
+    if isinstance(exc, InvokeError):
+        return sub_task_failed(exc)
     if isinstance(exc, TimeoutError):
         return ErrorInfo(
             type="deadline_exceeded", message=f"handler ran past {deadline_ms} ms", retryable=True

@@ -233,6 +233,10 @@ class WorkflowStep(msgspec.Struct, frozen=True, kw_only=True):
     handled: bool = True
 
 
+# The error type of a handler that failed because a task it sent failed: its dependency's
+# health, not its own (the coordinator does not count it against the agent's breakers).
+SUB_TASK_FAILED = "sub_task_failed"
+
 # The reasons the coordinator dead-letters with (a routing rule's `dlq:` may name others).
 DEAD_LETTER_REASONS = (
     "expired",

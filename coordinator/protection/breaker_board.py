@@ -32,6 +32,7 @@ from agentreach.coordinator.protection.circuit import (
     with_trial,
 )
 from agentreach.envelopes import (
+    SUB_TASK_FAILED,
     BreakerRecord,
     Budget,
     DecodeError,
@@ -82,10 +83,11 @@ class BreakerBoard:
     def _counts(self, event: Event) -> bool:
         """Outcomes that say something about the agent to every caller. Not those its
         sender causes: a task refused as invalid, a ttl that ran out before the handler
-        started (``expired``; a backlog is the watermarks' business), or a handler cut short
+        started (``expired``; a backlog is the watermarks' business), a handler cut short
         by the sender's own execute budget — unless the intent declares a shorter
-        ``deadline_ms``. One caller's tight limits must not close an agent to everyone."""
-        if event.event == "expired" or _refused_as_invalid(event):
+        ``deadline_ms`` — or one failed by a task it sent (``sub_task_failed``). One caller's
+        tight limits, or one busy dependency, must not close an agent to everyone."""
+        if event.event == "expired" or _refused_as_invalid(event) or _dependency_failed(event):
             return False
         budget_ms = _cut_short_ms(event)
         if budget_ms is None:
@@ -319,6 +321,13 @@ def _tripped(record: BreakerRecord) -> bool:
 def _refused_as_invalid(event: Event) -> bool:
     error = event.detail.get("error") if event.event == "failed" else None
     return isinstance(error, dict) and error.get("retryable") is False
+
+
+def _dependency_failed(event: Event) -> bool:
+    """A handler that failed because a task it sent failed (``sub_task_failed``): its
+    dependency's health, not its own."""
+    error = event.detail.get("error") if event.event == "failed" else None
+    return isinstance(error, dict) and error.get("type") == SUB_TASK_FAILED
 
 
 def _cut_short_ms(event: Event) -> int | None:

@@ -155,3 +155,78 @@ async def test_a_def_handler_invokes_from_its_thread(broker, coordinator):
         ReachClient(broker=broker) as client,
     ):
         assert await client.invoke("sync-ask", {}) == {"got": 20}
+
+
+async def test_a_failed_sub_task_fails_its_parent_as_sub_task_failed_and_isolates_no_agent(
+    broker, start_coordinator, watcher
+):
+    """The parent's failure is its dependency's: `sub_task_failed` (not retried: a run again
+    would hear the same end), not counted against the parent (five failing dependencies
+    isolated a healthy order agent for every caller). A sub-task queued behind a busy agent
+    is waited for within the parent's time, not failed after 2 s."""
+    from agentreach.coordinator import BreakerConfig
+    from tests.e2e.routing_support import fast
+
+    parent = Agent("sub-order", startup_delay=0)
+
+    @parent.handler("order", max_attempts=1)
+    async def order(ctx: TaskContext, payload: dict) -> dict:
+        return await ctx.invoke(payload["to"], {}, ack_deadline_ms=payload.get("ack_ms"))
+
+    payments = Agent("sub-pay", startup_delay=0)  # fails for real: it may be isolated
+
+    @payments.handler("pay", max_attempts=1)
+    async def pay(ctx: TaskContext, payload: dict) -> dict:
+        raise RuntimeError("card declined")
+
+    child = Agent("sub-stock", startup_delay=0)
+
+    @child.handler("stock", capacity=1)
+    async def stock(ctx: TaskContext, payload: dict) -> dict:
+        await asyncio.sleep(1.5)  # the work: a second one queues behind it past 2 s
+        return {"reserved": True}
+
+    breakers = BreakerConfig(min_calls=1000, open_s=30, isolation_failures=3)
+    async with (
+        start_coordinator(fast(breakers=breakers)) as coordinator,
+        parent.running(broker=broker),
+        payments.running(broker=broker),
+        child.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        serving = {"sub-order", "sub-pay", "sub-stock"}
+        await eventually(lambda: serving <= set(coordinator.directory.cards))
+        errors = []
+        for _ in range(5):
+            with pytest.raises(TaskFailed) as failed:
+                await client.invoke("order", {"to": "pay"})
+            errors.append(failed.value.error)
+        queued = [
+            client.invoke("order", {"to": "stock"}, execute_deadline_ms=10_000) for _ in range(2)
+        ]
+        assert await asyncio.gather(*queued) == [{"reserved": True}] * 2
+        # Not accepted in time behind a busy agent: retryable (the sub-task may still run),
+        # and still not the parent's failure.
+        busy = asyncio.create_task(client.invoke("order", {"to": "stock"}))
+
+        def stock_busy() -> bool | None:
+            taken = [
+                e for e in watcher.events if (e.event, e.agent_id) == ("accepted", "sub-stock")
+            ]
+            return len(taken) >= 3 or None
+
+        await watcher.until(stock_busy, "stock busy with the third")
+        for _ in range(4):
+            with pytest.raises(TaskFailed) as late:
+                await client.invoke("order", {"to": "stock", "ack_ms": 50})
+            errors.append(late.value.error)
+        assert await busy == {"reserved": True}
+    assert {(e.type, e.retryable) for e in errors} == {
+        ("sub_task_failed", False),
+        ("sub_task_failed", True),
+    }
+    assert "NotAcknowledged" in errors[-1].message
+    assert "TaskFailed: RuntimeError: card declined" in errors[0].message
+    assert "Rejected: circuit_open" in errors[4].message  # the payments agent, isolated
+    isolated = [e.agent_id for e in watcher.events if e.event == "agent_isolated"]
+    assert "sub-order" not in isolated and "sub-order" not in coordinator.breakers.isolated
