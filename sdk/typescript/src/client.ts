@@ -281,7 +281,16 @@ export class ReachClient {
    */
   async status(messageId: string, options: { timeoutMs?: number } = {}): Promise<Event[]> {
     this.mustBeOpen();
-    return (await this.traces.ask(messageId, options.timeoutMs)).events;
+    try {
+      return (await this.traces.ask(messageId, options.timeoutMs)).events;
+    } catch (err) {
+      if (err instanceof ReachError) throw err;
+      const why =
+        (err as NatsError).code === ErrorCode.NoResponders
+          ? "no coordinator is running (start one: reach up / reach coordinator); a caller reads its messages' events through it"
+          : String(err);
+      throw new ReachError(`cannot read the events of '${messageId}': ${why}`, { cause: err });
+    }
   }
 
   /**

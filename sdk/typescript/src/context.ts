@@ -111,12 +111,16 @@ export class TaskContext {
    * from this task's and `key`: this handler run again (redelivered after a crash, retried)
    * attaches to the sub-task sent before and hears how it ended instead of running it twice; one
    * that failed fails the same way again (put `ctx.attempt` in `key` to try it anew). Stops
-   * waiting when `ctx.signal` aborts (InvokeAborted).
+   * waiting when `ctx.signal` aborts (InvokeAborted). `ackDeadlineMs`: how long it may wait to
+   * be accepted (default: all the time left). A handler that lets such an error through fails as
+   * `sub_task_failed`, which does not count against this agent's health.
    */
   async invoke<R = unknown>(topic: string, payload: unknown, options: SubTaskOptions & { ackDeadlineMs?: number } = {}): Promise<R> {
     if (this.hooks.invoke === undefined) throw new Error("this TaskContext cannot invoke (made outside an agent)");
     const task = this.childTask(topic, payload, options);
-    const ackMs = Math.max(1, Math.min(options.ackDeadlineMs ?? 2_000, task.ttl_ms));
+    // By default it may wait to be accepted all the time left: a busy agent's queue is no
+    // failure while there is time.
+    const ackMs = Math.max(1, Math.min(options.ackDeadlineMs ?? task.ttl_ms, task.ttl_ms));
     return (await this.hooks.invoke({ ...task, budget: { ...task.budget, ack_ms: ackMs } }, this.signal)) as R;
   }
 

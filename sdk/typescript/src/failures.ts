@@ -4,7 +4,7 @@
  * their own.
  */
 
-import { PermanentError, ReachError } from "./errors.js";
+import { DeadlineExceeded as NoResultInTime, InvokeAborted, InvokeError, NotAcknowledged, NotStored, PermanentError, ReachError } from "./errors.js";
 import type { ErrorInfo } from "./types.js";
 
 /** The handler's deadline passed (it is told through `ctx.signal`). */
@@ -47,11 +47,25 @@ export function failure(type: string, message: string, retryable: boolean): Erro
 export function errorInfo(err: unknown): ErrorInfo {
   if (err instanceof DeadlineExceeded) return failure("deadline_exceeded", err.message, true);
   if (err instanceof InvalidResult) return failure("invalid_result", err.message, false);
+  if (err instanceof InvokeError) return subTaskFailed(err);
   if (err instanceof Error) {
     const type = err.constructor?.name || err.name || "Error";
     return failure(type, err.message || type, !(err instanceof PermanentError));
   }
   return failure("Error", `the handler threw ${thrown(err)}, not an Error`, true);
+}
+
+/**
+ * A handler failed because a task it sent (`ctx.invoke`, a client of its own) did:
+ * `sub_task_failed`, which the coordinator does not count against this agent's health (a
+ * dependency's failure must not isolate the agent that called it). Retryable while the sub-task
+ * may still end well (not accepted yet, no result yet, not stored, the wait aborted): a run
+ * again attaches to it. Not when it ended: a run again hears the same end.
+ */
+function subTaskFailed(err: InvokeError): ErrorInfo {
+  const openEnded =
+    err instanceof NotAcknowledged || err instanceof NoResultInTime || err instanceof NotStored || err instanceof InvokeAborted || err.constructor === InvokeError;
+  return failure("sub_task_failed", `sub-task ${err.messageId} failed: ${err.name}: ${err.message}`, openEnded);
 }
 
 /** A thrown value that is no Error, in words: `{"code":42}` rather than `[object Object]`. */

@@ -757,6 +757,10 @@ describe("ReachClient with no coordinator", () => {
       clearTimeout(late);
       assert.ok(back instanceof NotAcknowledged, String(back));
       assert.equal(back.message, "no agent acknowledged 'nobody' within 300 ms");
+      const unreadable = await rejection(client.status("nobody-1"));
+      // A ReachError saying why (a raw NatsError 503 before).
+      assert.ok(unreadable instanceof ReachError, String(unreadable));
+      assert.match(unreadable.message, /cannot read the events of 'nobody-1': no coordinator is running/);
     } finally {
       await nc.close();
       await client.close();

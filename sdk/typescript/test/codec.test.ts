@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
 import { errorInfo } from "../src/failures.js";
-import { decodeTask, DecodeError, newId } from "../src/index.js";
+import { decodeTask, DecodeError, newId, NotAcknowledged, TaskFailed } from "../src/index.js";
 
 const enc = (value: unknown) => new TextEncoder().encode(typeof value === "string" ? value : JSON.stringify(value));
 const minimal = { v: 1, message_id: "m-1", trace_id: "t-1", topic: "echo" };
@@ -81,5 +81,16 @@ describe("handler failures", () => {
     assert.equal(errorInfo("boom").message, 'the handler threw "boom", not an Error');
     assert.equal(errorInfo(undefined).message, "the handler threw undefined, not an Error");
     assert.equal(errorInfo(new TypeError("bad")).type, "TypeError");
+  });
+
+  it("reports a sub-task's failure let through as sub_task_failed, retryable while the sub-task may still end well", () => {
+    const ids = { messageId: "child-1", traceId: "t" };
+    const declined = { type: "Error", message: "card declined", retryable: false, retry_after_ms: null };
+    const ended = errorInfo(new TaskFailed(declined, "retries_exhausted", ids));
+    assert.equal(ended.type, "sub_task_failed");
+    assert.equal(ended.retryable, false); // a run again would hear the same end
+    assert.match(ended.message, /^sub-task child-1 failed: TaskFailed: /);
+    const waiting = errorInfo(new NotAcknowledged("no agent acknowledged 'stock' within 50 ms", ids));
+    assert.deepEqual([waiting.type, waiting.retryable], ["sub_task_failed", true]);
   });
 });
