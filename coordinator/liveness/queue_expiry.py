@@ -183,11 +183,11 @@ class QueueExpiry:
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, agent_id=agent_id
         ):
-            if (left_in := await self._left_in_queue(task, agent_id)) is not None:
+            records = await self._run_once.records(task)
+            if (left_in := self._left_in_queue(records, task, agent_id)) is not None:
                 return left_in
-            message_text = f"ttl {task.ttl_ms} ms passed in the queue of {agent_id}"
             error = ErrorInfo(
-                type=EXPIRED, message=f"{message_text}, which did not take it", retryable=False
+                type=EXPIRED, message=_expired_with(records, task, agent_id), retryable=False
             )
             seal = self._grants.seal(task.caller, task.message_id, task.attempt, agent_id)
             fenced = await fence_expiry(self._broker, task, agent_id, error, seal=seal)
@@ -200,11 +200,10 @@ class QueueExpiry:
             await delete_message(self._broker, stream, message.stream_seq)
             return "ended" if fenced == "end" else "removed"
 
-    async def _left_in_queue(self, task: Task, agent_id: str) -> int | None:
+    def _left_in_queue(self, records: list[Execution], task: Task, agent_id: str) -> int | None:
         """When to look again at a task that is not to be ended now, or None to end it: one
         that ran (its acknowledgement lost: its agent, or a reassignment, answers it), one a
         run holds, one whose attempt moved on (a later attempt, or a reassignment)."""
-        records = await self._run_once.records(task)
         if any(_moved_on(r, task, agent_id) for r in records):
             return self._later_ms()
         match verdict_of(records, until_ms=lease_limit(task)):
@@ -216,6 +215,20 @@ class QueueExpiry:
 
     def _later_ms(self) -> int:
         return now_ms() + int(self._config.reread_s * 1000)
+
+
+def _expired_with(records: list[Execution], task: Task, agent_id: str) -> str:
+    """Why the queued attempt ends: it waited past its ttl untaken, or its agent took it (a
+    claim of this attempt) and went silent, its run's lease past (an accepted task is not
+    one that never started: the handler may have done part of its work)."""
+    said = f"ttl {task.ttl_ms} ms passed in the queue of {agent_id}"
+    taken = any(r.agent_id == agent_id and r.attempt == task.attempt for r in records)
+    if taken:
+        return (
+            f"{said}, which took it and went silent (its run's lease ran out): it may have"
+            " run in part"
+        )
+    return f"{said}, which did not take it"
 
 
 def _moved_on(record: Execution, task: Task, agent_id: str) -> bool:

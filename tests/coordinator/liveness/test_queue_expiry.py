@@ -23,7 +23,7 @@ from agentreach.envelopes import ErrorInfo, Priority
 from tests.conftest import FAST
 from tests.coordinator.liveness.test_reassign import _until_settled
 from tests.secured import SecuredDeployment, sealed_deployment
-from tests.support import Watcher, until_true
+from tests.support import Watcher, recorded, until_true
 
 # The queues gone over every 0.1 s, with 0.2 s of grace past a task's ttl.
 SWEEPING = msgspec.structs.replace(FAST, queue_expiry=QueueExpiryConfig(every_s=0.1, grace_s=0.2))
@@ -259,3 +259,25 @@ async def test_on_a_sealed_deployment_the_fence_is_sealed_and_the_sender_is_answ
         ("sealed-1", "failed", True)
     ]
     assert not [e for e in watcher.events if e.event == "alert"]
+
+
+async def test_a_task_its_agent_took_and_went_silent_with_is_not_said_untaken(
+    broker, start_coordinator, watcher
+):
+    """Its agent claimed it (a run's record of this attempt, its lease past: killed mid-run)
+    and it is still queued past its ttl: the letter says it was taken and may have run in
+    part, not that the agent did not take it (a reader would conclude nothing ran)."""
+    async with start_coordinator(BY_HAND) as coordinator:
+        task = await _queued(broker, "silent-1", "silent-agent")
+        await recorded(
+            broker, "silent-1", "silent-agent", "running", lease_until_ms=envelopes.now_ms() - 1
+        )
+        await coordinator.queues.refresh()
+        assert await coordinator.queue_expiry.sweep() == 1
+    assert task.attempt == 1
+    error = watcher.dead_letters[0].error
+    assert error is not None
+    assert error.message == (
+        "ttl 100 ms passed in the queue of silent-agent, which took it and went silent (its"
+        " run's lease ran out): it may have run in part"
+    )
