@@ -1,5 +1,7 @@
 /** `ReachClient`: send tasks to agents and wait for their results, from any Node.js program. */
 
+import { setMaxListeners } from "node:events";
+
 import { ErrorCode } from "nats";
 import type { NatsError, Subscription } from "nats";
 
@@ -246,6 +248,9 @@ export class ReachClient {
     const boxSubject = this.conn.names.replyBox(this.caller, newId());
     const task = { ...built, reply_to: boxSubject };
     if (options.signal?.aborted) throw aborted(task, options.signal, false);
+    // One signal shared by many calls (a handler's ctx.signal, AbortSignal.timeout) holds a
+    // listener per waiting call: not a leak, so Node's warning past 10 is not wanted.
+    if (options.signal !== undefined) setMaxListeners(0, options.signal);
     // Made before the box is subscribed: a reconnect from then on may lose a reply.
     const ending = new Ending(this.conn, this.traces, task.message_id);
     const box = new ReplyBox(boxSubject, task.message_id, this.log);

@@ -490,6 +490,27 @@ describe("sub-tasks from a handler", () => {
     }
   });
 
+  it("shares one AbortSignal among many calls without Node's MaxListenersExceededWarning", async () => {
+    const topic = unique("shared-signal");
+    const agent = newAgent(unique("shared")).handler(topic, { capacity: 16 }, (_ctx, p) => p);
+    await agent.start(stack.url);
+    const client = await ReachClient.connect(stack.url, { logger: quiet });
+    const warnings: string[] = [];
+    const onWarning = (w: Error) => void warnings.push(w.name);
+    process.on("warning", onWarning);
+    try {
+      const signal = AbortSignal.timeout(30_000);
+      const results = await Promise.all(Array.from({ length: 12 }, (_, n) => client.invoke(topic, { n }, { signal })));
+      assert.equal(results.length, 12);
+      await new Promise((resolve) => setImmediate(resolve)); // warnings are emitted on the next tick
+      assert.deepEqual(warnings.filter((w) => w === "MaxListenersExceededWarning"), []);
+    } finally {
+      process.off("warning", onWarning);
+      await client.close();
+      await agent.stop();
+    }
+  });
+
   it("derives sub-task ids as the Python SDK does", () => {
     assert.equal(subTaskId("01a23cc1-9606-73c5-bdb2-bbc1070d3bb4", 1796315348000, "1"), "01a23cbc-fc20-7027-b14a-3d18945c168a");
     assert.equal(subTaskId("p-1", 0, "web"), "00000000-0000-7b5b-a5fe-298e53b47d1f");
