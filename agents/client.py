@@ -30,6 +30,7 @@ from agentreach.agents.invocation import (
     OnProgress,
     as_type,
     outcome_of,
+    still_queued,
     wait_for_result,
 )
 from agentreach.agents.workflow_cancel import WorkflowEnded, cancel_workflow
@@ -316,9 +317,9 @@ class ReachClient:
     async def _unacknowledged(self, exc: NotAcknowledged) -> NotAcknowledged:
         """``exc``, saying so when no coordinator runs: then nothing routes the task, and
         waiting longer for an agent cannot help. Asked only now, on the failure path."""
-        if await coordinator_runs(self.broker) is not False:
-            return exc
         ids = {"message_id": exc.message_id, "trace_id": exc.trace_id}
+        if await coordinator_runs(self.broker) is not False:
+            return NotAcknowledged(f"{exc}; {still_queued(exc.message_id)}", **ids)
         return NotAcknowledged(f"{exc}: {NO_COORDINATOR}", **ids)
 
     async def _earlier_result(self, task: Task) -> tuple[Any, PayloadRef | None]:

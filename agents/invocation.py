@@ -112,7 +112,11 @@ async def wait_for_result(
                     f"no agent acknowledged {task.topic!r} within {task.budget.ack_ms} ms", **ids
                 ) from None
             late = f"{task.topic!r} did not complete within {task.budget.execute_ms} ms"
-            raise DeadlineExceeded(f"{late} nor its ttl of {task.ttl_ms} ms", **ids) from None
+            raise DeadlineExceeded(
+                f"{late} nor its ttl of {task.ttl_ms} ms; it may still complete: invoke again"
+                f" with message_id={task.message_id!r} to hear how it ends",
+                **ids,
+            ) from None
         match message:
             case None:
                 raise InvokeError(f"the client was closed while {task.topic!r} ran", **ids)
@@ -184,3 +188,11 @@ def as_type(result: Any, result_type: Any, task: Task) -> Any:
             trace_id=task.trace_id,
             result=result,
         ) from exc
+
+
+def still_queued(message_id: str) -> str:
+    """What a NotAcknowledged caller may do (no agent took the task yet; it is queued)."""
+    return (
+        "it stays queued and may still run within its ttl: invoke again with"
+        f" message_id={message_id!r} to hear how it ends"
+    )

@@ -174,7 +174,10 @@ async def test_not_acknowledged_with_a_coordinator_blames_no_coordinator(broker,
             await client.invoke("work", {}, ack_deadline_ms=300)
         gate.set()
         assert await holding == "done"
-    assert str(caught.value) == "no agent acknowledged 'work' within 300 ms"
+    assert str(caught.value) == (
+        "no agent acknowledged 'work' within 300 ms; it stays queued and may still run within"
+        f" its ttl: invoke again with message_id={caught.value.message_id!r} to hear how it ends"
+    )
 
 
 async def test_publish_warns_when_no_coordinator_runs(broker):

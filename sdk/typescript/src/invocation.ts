@@ -106,7 +106,10 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
       if (doneBy === null) {
         throw new NotAcknowledged(`no agent acknowledged '${task.topic}' within ${task.budget.ack_ms} ms`, ids);
       }
-      throw new DeadlineExceeded(`'${task.topic}' did not complete within ${task.budget.execute_ms} ms nor its ttl of ${task.ttl_ms} ms`, ids);
+      throw new DeadlineExceeded(
+        `'${task.topic}' did not complete within ${task.budget.execute_ms} ms nor its ttl of ${task.ttl_ms} ms; it may still complete: invoke again with messageId '${task.message_id}' to hear how it ends`,
+        ids,
+      );
     }
     switch (reply.kind) {
       case "ack":

@@ -777,7 +777,10 @@ describe("ReachClient with no coordinator", () => {
       const back = await rejection(client.invoke("nobody", {}, { ackDeadlineMs: 300 }));
       clearTimeout(late);
       assert.ok(back instanceof NotAcknowledged, String(back));
-      assert.equal(back.message, "no agent acknowledged 'nobody' within 300 ms");
+      assert.equal(
+        back.message,
+        `no agent acknowledged 'nobody' within 300 ms; it stays queued and may still run within its ttl: invoke again with messageId '${back.messageId}' to hear how it ends`,
+      );
       const unreadable = await rejection(client.status("nobody-1"));
       // A ReachError saying why (a raw NatsError 503 before).
       assert.ok(unreadable instanceof ReachError, String(unreadable));
