@@ -72,6 +72,24 @@ export class UnknownWorkflow extends ReachError {
   override name = "UnknownWorkflow";
 }
 
+/**
+ * How a message ended without a result (an error reply's `reason`): the dead-letter reasons,
+ * `refused` (no dead letter), `cancelled` (a workflow), `duplicate_id`; a routing rule's `dlq:`
+ * may name another, hence the open string.
+ */
+export type TaskEnding =
+  | "retries_exhausted"
+  | "expired"
+  | "rejected"
+  | "no_route"
+  | "invalid_envelope"
+  | "workflow_failed"
+  | "poison"
+  | "refused"
+  | "cancelled"
+  | "duplicate_id"
+  | (string & {});
+
 /** The ids of the message an invocation is about: invoke again with `messageId` to re-attach. */
 export interface MessageIds {
   messageId: string;
@@ -160,10 +178,10 @@ export class InvokeAborted extends InvokeError {
 export class TaskFailed extends InvokeError {
   override name = "TaskFailed";
   readonly error: ErrorInfo;
-  readonly ending: string | null;
+  readonly ending: TaskEnding | null;
   readonly attempt: number | null;
 
-  constructor(error: ErrorInfo, ending: string | null, ids: MessageIds, attempt: number | null = null) {
+  constructor(error: ErrorInfo, ending: TaskEnding | null, ids: MessageIds, attempt: number | null = null) {
     super(`${error.type}: ${error.message}`, ids);
     this.error = error;
     this.ending = ending;

@@ -30,7 +30,7 @@ export {
   TaskFailed,
   UnknownWorkflow,
 } from "./errors.js";
-export type { MessageIds } from "./errors.js";
+export type { MessageIds, TaskEnding } from "./errors.js";
 export type { OnAck, OnProgress } from "./invocation.js";
 export { jsonLogger } from "./log.js";
 export type { Logger, LogLevel } from "./log.js";
