@@ -10,9 +10,9 @@ import { ClaimCheck, DEFAULT_CLAIM_CHECK_BYTES } from "./claimcheck.js";
 import { encode, MAX_MS, newId, nowMs, taskHeaders, TOKEN } from "./codec.js";
 import { Connection } from "./connection.js";
 import { coordinatorRuns, NO_COORDINATOR, PublishWarnings } from "./coordinatorstatus.js";
-import { endingOf, OthersMessage, Traces } from "./endings.js";
-import { BacklogFull, DeadlineExceeded, InvalidArgument, InvokeError, NotAcknowledged, NotProvisioned, NotStored, ReachError } from "./errors.js";
-import { aborted, Ending, idsOf, othersMessage, outcomeOf, waitForResult } from "./invocation.js";
+import { Traces } from "./endings.js";
+import { BacklogFull, InvalidArgument, InvokeError, NotAcknowledged, NotProvisioned, NotStored, ReachError } from "./errors.js";
+import { aborted, earlierOutcome, Ending, waitForResult } from "./invocation.js";
 import type { OnAck, OnProgress, Outcome } from "./invocation.js";
 import { jsonLogger } from "./log.js";
 import type { Logger } from "./log.js";
@@ -26,8 +26,6 @@ import type { Budget, Event, Priority, Task } from "./types.js";
 import { cancelWorkflow } from "./workflowcancel.js";
 import type { WorkflowEnded } from "./workflowcancel.js";
 
-const FIRST_PAUSE_MS = 50; // between two reads of an earlier message's events, doubling
-const LONGEST_PAUSE_MS = 1_000;
 
 export interface ReachClientOptions {
   /**
@@ -270,7 +268,7 @@ export class ReachClient {
           throw err instanceof NotAcknowledged ? await this.unacknowledged(err) : err;
         }
       } else {
-        outcome = await this.earlierOutcome(task, options.signal); // nobody answers this box
+        outcome = await earlierOutcome(this.traces, task, options.signal, this.closed); // nobody answers this box
       }
       return (await this.claimCheck.resultOf(...outcome)) as R;
     } finally {
@@ -337,30 +335,6 @@ export class ReachClient {
   }
 
   /** The end of the message taken in already under `task`'s id, once it ends (§9). */
-  private async earlierOutcome(task: Task, signal: AbortSignal | undefined): Promise<Outcome> {
-    const ids = idsOf(task);
-    const withinMs = task.budget.ack_ms + task.budget.execute_ms;
-    const until = performance.now() + withinMs;
-    for (let pause = FIRST_PAUSE_MS; ; pause = Math.min(pause * 2, LONGEST_PAUSE_MS)) {
-      let events: Event[];
-      try {
-        events = await this.traces.of(task.message_id);
-      } catch (err) {
-        if (err instanceof OthersMessage) throw othersMessage(err, ids);
-        throw new InvokeError(`could not read how message '${task.message_id}' ended: ${String(err)}`, ids, { cause: err });
-      }
-      const ended = endingOf(events);
-      if (ended !== null) return outcomeOf(ended, ids, events.some((e) => e.event === "accepted"));
-      const leftMs = until - performance.now();
-      if (leftMs <= 0) {
-        throw new DeadlineExceeded(`message '${task.message_id}' was sent before and did not end within ${withinMs} ms`, ids);
-      }
-      // Nothing to await: the events are polled.
-      await Promise.race([sleep(Math.min(pause, leftMs), signal), this.closed.wait()]);
-      if (signal?.aborted) throw aborted(task, signal);
-      if (this.closed.isSet) throw new InvokeError(`the client was closed while '${task.topic}' ran`, ids);
-    }
-  }
 }
 
 function positive(name: string, value: number): number {

@@ -22,8 +22,12 @@ import {
 } from "./errors.js";
 import type { MessageIds } from "./errors.js";
 import type { ReplyBox } from "./replybox.js";
-import type { Ack, ErrorInfo, PayloadRef, Progress, Task } from "./types.js";
+import { sleep } from "./timing.js";
+import type { Signal } from "./timing.js";
+import type { Ack, ErrorInfo, Event, PayloadRef, Progress, Task } from "./types.js";
 
+const FIRST_PAUSE_MS = 50; // between two reads of an earlier message's events, doubling
+const LONGEST_PAUSE_MS = 1_000;
 const RECHECK_MS = 1_000; // how often a wait looks for a reconnect, and then reads the events
 const VERDICT_GRACE_MS = 1_000; // past the execute deadline, for the coordinator's verdict
 
@@ -177,4 +181,33 @@ export function idsOf(task: Task): MessageIds {
  */
 function afterAnAttempt(error: ErrorInfo, attempt: number): boolean {
   return REJECTION_TYPES.has(error.type) && (attempt > 1 || error.type === "expired");
+}
+
+/**
+ * The end of the message taken in already under `task`'s id (the publish was a duplicate:
+ * nobody answers this call's reply box), read from its events until it ends (§9).
+ */
+export async function earlierOutcome(traces: Traces, task: Task, signal: AbortSignal | undefined, closed: Signal): Promise<Outcome> {
+  const ids = idsOf(task);
+  const withinMs = task.budget.ack_ms + task.budget.execute_ms;
+  const until = performance.now() + withinMs;
+  for (let pause = FIRST_PAUSE_MS; ; pause = Math.min(pause * 2, LONGEST_PAUSE_MS)) {
+    let events: Event[];
+    try {
+      events = await traces.of(task.message_id);
+    } catch (err) {
+      if (err instanceof OthersMessage) throw othersMessage(err, ids);
+      throw new InvokeError(`could not read how message '${task.message_id}' ended: ${String(err)}`, ids, { cause: err });
+    }
+    const ended = endingOf(events);
+    if (ended !== null) return outcomeOf(ended, ids, events.some((e) => e.event === "accepted"));
+    const leftMs = until - performance.now();
+    if (leftMs <= 0) {
+      throw new DeadlineExceeded(`message '${task.message_id}' was sent before and did not end within ${withinMs} ms`, ids);
+    }
+    // Nothing to await: the events are polled.
+    await Promise.race([sleep(Math.min(pause, leftMs), signal), closed.wait()]);
+    if (signal?.aborted) throw aborted(task, signal);
+    if (closed.isSet) throw new InvokeError(`the client was closed while '${task.topic}' ran`, ids);
+  }
 }
