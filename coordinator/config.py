@@ -28,6 +28,7 @@ limited. The topics' and agents' buckets are each replica's own.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,11 @@ def _with_workflow_named(message: str, document: Any) -> str:
         try:
             msgspec.convert(definition, WorkflowSpec)
         except msgspec.ValidationError:
-            text = message.replace(marker, f"`$.workflows.{name}")
+            # A mistake placed within the workflow (`$.fanout.branches[0].input`) says where.
+            text = re.sub(
+                r"`\$\.([^`]+)` - at `\$\.workflows\[\.\.\.\]`", r"`$.workflows[...].\1`", message
+            )
+            text = text.replace(marker, f"`$.workflows.{name}")
             return f"workflow {name!r}: {text}"
     return message
 

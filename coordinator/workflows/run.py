@@ -60,7 +60,8 @@ class Run(Visits):
         for run in self.record.compensations.values():
             if run.message_id == message_id and run.status == "running":
                 self._settle(run, output=output, error=error)
-                self._compensate_next()
+                if self.record.status != "completed":  # a completed one undid a late step
+                    self._compensate_next()
                 return True
         for key, run in self.record.steps.items():
             if run.message_id == message_id and run.status == "running":
@@ -135,6 +136,9 @@ class Run(Visits):
                 self.actions.append(Abandon(key, run))
         if record.finished:
             self.actions.append(Finish())
+            for key, run in record.compensations.items():  # a completed one's late step
+                if run.status == "running":
+                    self.actions.append(Dispatch(f"{key}-undo", run))
             return
         self.actions.append(Timer(DEADLINE, 0, record.deadline_ms))
         for key, run in record.steps.items():
@@ -229,7 +233,7 @@ class Run(Visits):
             self._stop(key, run, "timed_out")
             run.error = _timeout_error(key, state.timeout_s)
             self.actions.append(Note("step_timed_out", key, {"visit": run.visit}))
-            self._state_timed_out(key, run.error)
+            self._state_timed_out(key, run.error, stopped=[key])
             return
         step = self._graph[key]
         run.error = _timeout_error(key, step.timeout_s)
@@ -240,8 +244,8 @@ class Run(Visits):
             return
         if step.on_timeout == "partial":
             self._advance()
-        else:
-            self._fail(run.error)
+        else:  # its task may still complete: with a saga, it is waited for and undone first
+            self._fail(run.error, stopped=[key])
 
     # -- state machines -----------------------------------------------------------
     def _enter(self, name: str, given: Any) -> None:
@@ -319,13 +323,15 @@ class Run(Visits):
         self._state_timed_out(name, ErrorInfo(type="timeout", message=message, retryable=False))
         return True
 
-    def _state_timed_out(self, name: str, error: ErrorInfo) -> None:
+    def _state_timed_out(
+        self, name: str, error: ErrorInfo, stopped: list[str] | None = None
+    ) -> None:
         assert self.spec.states is not None
         target = self.spec.states.states[name].on_timeout
         if target:
             self._enter(target, {"timed_out": name})
         else:
-            self._fail(error)
+            self._fail(error, stopped=stopped)
 
 
 def _timeout_error(key: str, timeout_s: float | None) -> ErrorInfo:

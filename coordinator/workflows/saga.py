@@ -9,7 +9,10 @@ to undo. The wait lasts until the step's own deadline (its ``timeout_s``, else i
 starting task's execute budget) and ``LATE_GRACE_MS`` more, at least ``LATE_GRACE_MS`` from
 the end; a result after that is still undone, last (event ``compensating_late_step``).
 The starter is answered, and ``workflow_failed`` / ``workflow_cancelled`` published, once
-the last undo has ended.
+the last undo has ended. A step that timed out failing the run is waited for the same way.
+
+A completed run undoes too: a step it stopped at its end (a branch its join went on
+without, say) that completes after all is undone alone, and the run stays completed.
 """
 
 from __future__ import annotations
@@ -108,7 +111,9 @@ class Compensation:
         if not pending:
             self._finish_badly()
             return
-        key = pending[0]
+        self._dispatch_undo(pending[0])
+
+    def _dispatch_undo(self, key: str) -> None:
         done = self.record.steps[key]
         run = StepRun(
             status="running",
@@ -161,17 +166,23 @@ class Compensation:
         return True
 
     def _undo_late(self, key: str, run: StepRun, output: Any) -> bool:
-        """A step cancelled while it ran (the workflow cancelled or failed meanwhile), or timed
-        out, ended with a result after all: its effect happened, so with ``on_failure:
-        compensate`` it is undone like the steps completed before, once the workflow ended
-        badly; False when there is nothing to undo (the workflow completed, say)."""
+        """A step the instance stopped while it ran (cancelled, timed out, or a branch its
+        join went on without) ended with a result after all, once the instance had ended
+        or was ending: its effect happened, so with ``on_failure: compensate`` it is undone,
+        without changing how the instance ended. One that ended badly undoes it like the
+        steps completed before (last); a completed one undoes that step alone, and stays
+        completed. False when there is nothing to undo, or the instance still runs (the
+        step's result is dropped)."""
         if self.spec.on_failure != "compensate" or not self.spec.compensation_of(key):
             return False
-        if not self.record.ending or key in self.record.compensations:
+        if self.record.status == "running" or key in self.record.compensations:
             return False
         run.status, run.output, run.error, run.ended_ms = "completed", output, None, self.now
         self.record.completed_order.append(key)
         self.actions.append(Note("compensating_late_step", key))
+        if self.record.status == "completed":
+            self._dispatch_undo(key)
+            return True
         self.record.status = "compensating"
         self._compensate_next()
         return True

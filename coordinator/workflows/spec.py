@@ -201,14 +201,28 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
                 raise ValueError(f"a workflow needs at least one step: '{form}' is empty")
         if self.states is None:
             _check_graph(self.graph())
-            check_graph_paths(self.graph())
+            check_graph_paths(self.graph(), self._places())
         else:
             check_machine_paths(self.states)
 
     def warnings(self) -> list[str]:
         """What in the definition can never be used (it works, though not as written): a
-        state no path enters, a transition an earlier one without a condition pre-empts."""
-        return machine_warnings(self.states) if self.states is not None else []
+        state no path enters, a transition an earlier one pre-empts, a ``compensate:`` in a
+        workflow that never compensates."""
+        found = machine_warnings(self.states) if self.states is not None else []
+        if self.on_failure != "compensate":
+            kind = "state" if self.states is not None else "step"
+            found.extend(
+                f"{kind} {name!r}: 'compensate: {undo}' is never used: the workflow has no"
+                " 'on_failure: compensate'"
+                for name, undo in self._undos()
+            )
+        return found
+
+    def _undos(self) -> list[tuple[str, str]]:
+        if self.states is not None:
+            return [(n, s.compensate) for n, s in self.states.states.items() if s.compensate]
+        return [(s.name, s.compensate) for s in self.graph() if s.compensate]
 
     @property
     def is_machine(self) -> bool:
@@ -224,6 +238,14 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
         if self.states is not None:
             return self.states.states[key].compensate
         return next((s.compensate for s in self.graph() if s.name == key), None)
+
+    def _places(self) -> list[str]:
+        """Where each step of :meth:`graph` is written in the definition (for errors)."""
+        if self.fanout is not None:
+            branches = [f"fanout.branches[{i}]" for i in range(len(self.fanout.branches))]
+            return [*branches, "fanout.then"]
+        form = "chain" if self.chain is not None else "steps"
+        return [f"{form}[{i}]" for i in range(len(self.chain or self.steps or []))]
 
     def graph(self) -> list[Step]:
         """The steps in order, each with every dependency in ``after``; the last is the result."""

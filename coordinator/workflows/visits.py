@@ -92,8 +92,10 @@ class Visits(Compensation):
         self.actions.append(Finish())
         self.actions.append(Note("workflow_completed", detail=detail))
 
-    def _fail(self, error: ErrorInfo) -> None:
-        self._end_badly(error, "failed", running=self._cancel_leftovers())
+    def _fail(self, error: ErrorInfo, *, stopped: list[str] | None = None) -> None:
+        """End as failed; ``stopped`` names steps stopped just before while they ran (one
+        that timed out), whose outcome a saga waits for like the running ones'."""
+        self._end_badly(error, "failed", running=[*(stopped or []), *self._cancel_leftovers()])
 
     def _cancel_leftovers(self) -> list[str]:
         """Stop every step not done; the ones that were running (their tasks go on)."""

@@ -195,3 +195,75 @@ async def test_a_path_that_names_nothing_fails_its_step_naming_the_path(
     assert record is not None and record.steps["write"].status == "failed"
     written = [e for e in watcher.events if e.message_id.startswith("draft-1-write")]
     assert seen == [] and [e.event for e in written] == ["step_input_missing"]
+
+
+@pytest.mark.parametrize(
+    ("yaml", "message", "at"),
+    [
+        (
+            'fanout: {branches: [{name: web, intent: x, input: "$.results.papers"},'
+            " {name: papers, intent: y}], then: {name: merge, intent: m}}",
+            "step 'web': the input path '$.results.papers' names the join's 'results', which"
+            " only a step after several others has (a fan-out's `then`); a path may name"
+            " input, prev, or a step 'web' comes after: none",
+            "$.workflows.w.fanout.branches[0].input",
+        ),
+        (
+            'chain: [{name: a, intent: x}, {name: b, intent: y, input: "$.missing"}]',
+            "step 'b': the input path '$.missing' names the join's 'missing'",
+            "$.workflows.w.chain[1].input",
+        ),
+        (
+            "fanout: {branches: [{name: web, intent: x}, {name: papers, intent: y}],"
+            ' then: {name: merge, intent: m, input: "$.inptu.query"}}',
+            "step 'merge': the input path '$.inptu.query' names no step; did you mean"
+            " 'input'? (a path here starts at input, missing, papers, prev, results, web)",
+            "$.workflows.w.fanout.then.input",
+        ),
+        (
+            "fanout: {branches: [{name: web, intent: x, input: {q: '$.inptu.query'}},"
+            " {name: papers, intent: y}], then: {name: merge, intent: m}}",
+            "names no step; did you mean 'input'? (a path here starts at input, prev)",
+            "$.workflows.w.fanout.branches[0].input",
+        ),
+        (
+            "states: {initial: a, states: {a: {intent: x, next: [{to: b}]},"
+            ' b: {intent: y, input: "$.results.a", next: [{to: c}]}, c: {terminal: true}}}',
+            "state 'b': the input path '$.results.a' names the join's 'results', which a"
+            " state never has (a path may name input, prev, or a state before 'b': 'a')",
+            "$.workflows.w.states.states.b.input",
+        ),
+    ],
+)
+def test_a_path_a_step_cannot_have_is_refused_with_what_it_may_name_and_where(
+    tmp_path: Path, yaml: str, message: str, at: str
+) -> None:
+    """A join's results / missing outside a join, and a name that is nothing (a typo), are
+    refused at load: the hint lists only what that step's paths may start at, suggests the
+    closest, and the location is the step's input."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"workflows:\n  w: {{{yaml}}}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert message in str(caught.value) and f"- at `{at}`" in str(caught.value)
+
+
+def test_a_compensate_never_used_and_a_repeated_event_are_warned_about() -> None:
+    """`compensate:` without `on_failure: compensate` never runs; a second transition on an
+    event the state already goes on is never taken; a second otherwise is described as one."""
+    chain = spec("chain: [{name: a, intent: x, compensate: ux}, {name: b, intent: y}]")
+    assert chain.warnings() == [
+        "step 'a': 'compensate: ux' is never used: the workflow has no 'on_failure: compensate'"
+    ]
+    machine = spec(
+        "states: {initial: a, states: {a: {intent: x, next: [{event: e, to: b},"
+        " {event: e, to: c}, {to: b}, {to: c}]}, b: {terminal: true}, c: {terminal: true}}}"
+    )
+    assert machine.warnings() == [
+        "state 'a': transition 4 (to 'c', with no 'when' either) is never taken: transition 3"
+        " (to 'b') has no 'when' and comes before it; put the otherwise last",
+        "state 'a': transition 2 (to 'c', on event 'e') is never taken: transition 1 (to 'b')"
+        " is on the same event and comes before it",
+    ]
+    saga = spec("on_failure: compensate\nchain: [{name: a, intent: x, compensate: ux}]")
+    assert saga.warnings() == []

@@ -321,42 +321,6 @@ def test_after_a_crash_the_wait_for_a_stopped_step_is_armed_again() -> None:
     assert timers == [Timer("b" + LATE, 1, record.steps["b"].deadline_ms)]
 
 
-def test_a_late_result_of_a_completed_workflow_s_step_is_not_undone() -> None:
-    """A branch timed out (`on_timeout: partial`), the workflow completed without it, then
-    the branch's task completed: the workflow stays completed, nothing is undone."""
-    flow = spec(
-        "on_failure: compensate\n"
-        "fanout: {branches: [{name: a, intent: x, compensate: ux, timeout_s: 1,"
-        " on_timeout: partial}, {name: b, intent: y}], join: {policy: any}}"
-    )
-    record, _ = started(flow)
-    step(record, flow, "b", output={"b": 1})
-    assert record.status == "completed"
-    late = Run(flow, record, 5_000)
-    assert not late.on_result(record.steps["a"].message_id, output={"a": 1}, error=None)
-    assert record.status == "completed" and dispatched(late) == []
-
-
-def test_a_step_that_timed_out_and_then_completed_is_compensated() -> None:
-    """b's timeout failed the workflow (a was undone); b's task completed all the same:
-    b is undone too."""
-    flow = spec(
-        "on_failure: compensate\n"
-        "chain: [{name: a, intent: x, compensate: ux},"
-        " {name: b, intent: y, compensate: uy, timeout_s: 1}]"
-    )
-    record, _ = started(flow)
-    step(record, flow, "a", output={"a": 1})
-    timer = Run(flow, record, 9_000)
-    assert timer.on_timer("b", record.steps["b"].visit)
-    assert record.steps["b"].status == "timed_out" and dispatched(timer) == ["a-undo"]
-    Run(flow, record, 9_500).on_result(record.compensations["a"].message_id, error=None)
-    assert record.status == "failed"
-    late = Run(flow, record, 10_000)
-    assert late.on_result(record.steps["b"].message_id, output={"b": 2}, error=None)
-    assert dispatched(late) == ["b-undo"]
-
-
 def test_a_fan_out_without_a_join_step_completes_once() -> None:
     """The implicit pass-through join finishes the workflow exactly once."""
     flow = spec("fanout: {branches: [{name: a, intent: x}, {name: b, intent: y}]}")

@@ -1,0 +1,114 @@
+"""Steps an instance stopped while they ran, whose task completes all the same: with a saga
+they are undone, before the answer when the instance ends badly, and without changing how
+it ended (pure run logic: the actions each event calls for)."""
+
+from __future__ import annotations
+
+from agentreach.cli.workflows import tree
+from agentreach.coordinator.workflows.run import Finish, Run, Timer
+from agentreach.coordinator.workflows.saga import LATE, LATE_GRACE_MS
+from tests.coordinator.workflows.test_run import dispatched, spec, started, step
+
+ANY_JOIN = spec(
+    "on_failure: compensate\n"
+    "fanout: {branches: [{name: a, intent: x, compensate: ux},"
+    " {name: b, intent: y, compensate: uy}], join: {policy: any},"
+    " then: {name: merge, intent: m}}"
+)
+
+
+def test_a_branch_the_join_went_without_is_undone_when_it_completes_late() -> None:
+    """The join went on with b and the workflow completed; a completes after: a alone is
+    undone, once (b and merge are not), the workflow stays completed and answers no second
+    time, and show says a completed, then undone."""
+    record, _ = started(ANY_JOIN)
+    step(record, ANY_JOIN, "b", output={"b": 1})
+    step(record, ANY_JOIN, "merge", output={"m": 1}, now=2_500)
+    assert record.status == "completed" and record.steps["a"].status == "cancelled"
+    late = Run(ANY_JOIN, record, 5_000)
+    assert late.on_result(record.steps["a"].message_id, output={"a": 1}, error=None)
+    assert dispatched(late) == ["a-undo"] and record.status == "completed"
+    again = Run(ANY_JOIN, record, 5_100)  # the result delivered again: undone once
+    assert not again.on_result(record.steps["a"].message_id, output={"a": 1}, error=None)
+    assert record.steps["a"].status == "completed" and not any(
+        isinstance(a, Finish) for a in late.actions
+    )
+    undone = Run(ANY_JOIN, record, 5_500)
+    assert undone.on_result(record.compensations["a"].message_id, output=None, error=None)
+    assert dispatched(undone) == [] and undone.actions == []
+    assert record.status == "completed" and record.result == {"m": 1}
+    shown = tree(record)
+    assert "a              completed" in shown and "undo a         completed" in shown
+
+
+def test_a_resumed_completed_workflow_dispatches_its_late_undo_again() -> None:
+    """A crash between the record's write and the undo's dispatch loses nothing."""
+    record, _ = started(ANY_JOIN)
+    step(record, ANY_JOIN, "b", output={"b": 1})
+    step(record, ANY_JOIN, "merge", output={"m": 1}, now=2_500)
+    Run(ANY_JOIN, record, 5_000).on_result(record.steps["a"].message_id, output=1, error=None)
+    again = Run(ANY_JOIN, record, 6_000)
+    again.resume()
+    assert dispatched(again) == ["a-undo"]
+
+
+TIMED = spec(
+    "on_failure: compensate\n"
+    "chain: [{name: a, intent: x, compensate: ux},"
+    " {name: b, intent: y, compensate: uy, timeout_s: 1}]"
+)
+
+
+def test_a_step_that_timed_out_is_waited_for_and_undone_before_the_answer() -> None:
+    """b's timeout fails the workflow: nothing is undone until b's outcome is known (for
+    its timeout and the grace); b completes, so b is undone first, then a, and only then
+    is the starter answered."""
+    record, _ = started(TIMED)
+    step(record, TIMED, "a", output={"a": 1})
+    b = record.steps["b"]
+    timer = Run(TIMED, record, b.deadline_ms)
+    assert timer.on_timer("b", b.visit)
+    assert b.status == "timed_out" and dispatched(timer) == []
+    assert record.status == "compensating" and record.awaiting == ["b"]
+    assert Timer("b" + LATE, 1, 3_000 + LATE_GRACE_MS) in timer.actions
+    assert not any(isinstance(a, Finish) for a in timer.actions)
+    late = Run(TIMED, record, 3_500)
+    assert late.on_result(b.message_id, output={"b": 2}, error=None)
+    assert dispatched(late) == ["b-undo"]
+    undo_b = Run(TIMED, record, 3_600)
+    undo_b.on_result(record.compensations["b"].message_id, error=None)
+    assert dispatched(undo_b) == ["a-undo"] and record.status == "compensating"
+    undo_a = Run(TIMED, record, 3_700)
+    undo_a.on_result(record.compensations["a"].message_id, error=None)
+    assert record.status == "failed" and record.error is not None
+    assert record.error.type == "timeout" and Finish() in undo_a.actions
+
+
+def test_a_timed_out_step_silent_past_the_grace_is_undone_last() -> None:
+    """b says nothing by its timeout and the grace: a is undone and the workflow ends; b
+    completing later still is undone then, without a second end."""
+    record, _ = started(TIMED)
+    step(record, TIMED, "a", output={"a": 1})
+    Run(TIMED, record, 3_000).on_timer("b", 1)
+    gave_up = Run(TIMED, record, 3_000 + LATE_GRACE_MS)
+    assert gave_up.on_timer("b" + LATE, 1) and dispatched(gave_up) == ["a-undo"]
+    Run(TIMED, record, 8_500).on_result(record.compensations["a"].message_id, error=None)
+    assert record.status == "failed"
+    late = Run(TIMED, record, 10_000)
+    assert late.on_result(record.steps["b"].message_id, output={"b": 2}, error=None)
+    assert dispatched(late) == ["b-undo"] and not any(isinstance(a, Finish) for a in late.actions)
+
+
+def test_a_state_that_timed_out_is_waited_for_before_the_undoing() -> None:
+    """The same in a state machine: a state's intent past its timeout_s, no on_timeout."""
+    flow = spec(
+        "on_failure: compensate\n"
+        "states: {initial: s, states: {s: {intent: x, compensate: ux, next: [{to: t}]},"
+        " t: {intent: y, compensate: uy, timeout_s: 1, next: [{to: end}]},"
+        " end: {terminal: true}}}"
+    )
+    record, _ = started(flow)
+    step(record, flow, "s", output={"s": 1})
+    timer = Run(flow, record, 3_000)
+    assert timer.on_timer("t", 1)
+    assert dispatched(timer) == [] and record.awaiting == ["t"]
