@@ -111,11 +111,14 @@ def failed_on_null(exc: Exception, payload: Any, declared: Any) -> Exception:
     """``exc``, or InvalidPayload when the handler raised it on a null payload its declared
     type does not admit (``payload: Question``, not ``Question | None``): null is passed
     through (a chain's step after one that returned nothing may ignore it), but a handler
-    that breaks on it was sent what it does not take, and a caller's nulls must not isolate
-    the agent for everyone. Its own PermanentError and a deadline stay what they are."""
+    that breaks on it (AttributeError, TypeError: None used as a dict or an object) was sent
+    what it does not take, and a caller's nulls must not isolate the agent for everyone. Any
+    other failure stays its own."""
     if payload is not None or declared is None:
         return exc
-    if isinstance(exc, PermanentError | TimeoutError | InvalidPayload):
+    # What using None as a dict or an object raises; any other failure (a connection that is
+    # down) is the handler's own, null payload or not.
+    if not isinstance(exc, AttributeError | TypeError):
         return exc
     try:
         msgspec.convert(None, declared)

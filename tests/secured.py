@@ -105,9 +105,10 @@ def parties_connect_as_themselves(deployment: SecuredDeployment, monkeypatch) ->
     original_init = ReachClient.__init__
 
     def client_init(self, nats_url=None, *, broker=None, names=None, name="client", auth=None):  # type: ignore[no-untyped-def]
-        # A connection of a party's own (an agent's, which sends its sub-tasks as itself)
-        # is kept; the shared admin one is swapped for the caller's own.
-        if broker is not None and auth is None and broker.auth.role in (None, "operator"):
+        # Only the shared admin connection is swapped for the caller's own: one of a party's
+        # own (an agent's, which sends its sub-tasks as itself), or one to an open server of
+        # the test's, is kept.
+        if broker is not None and auth is None and broker.auth.role == "operator":
             nats_url, names, broker = broker.url, broker.names, None
             auth = deployment.auth("caller", name)
         original_init(self, nats_url, broker=broker, names=names, name=name, auth=auth)
