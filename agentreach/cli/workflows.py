@@ -185,7 +185,8 @@ def table(records: list[WorkflowRecord]) -> str:
     lines = [header]
     for r in records:
         done = sum(s.status == "completed" for s in r.steps.values())
-        total = r.steps_total or len(r.steps)  # 0: a machine, or a record written before it
+        # 0: a machine (how many states it will enter is not known), or an older record
+        total = r.steps_total or ("-" if r.status == "running" else len(r.steps))
         now = r.current or ", ".join(k for k, s in r.steps.items() if s.status == "running")
         started = _clock(r.started_ms)
         lines.append(
@@ -210,7 +211,10 @@ def tree(record: WorkflowRecord) -> str:
         branch = "└─" if i == len(steps) + len(undo) - 1 else "├─"
         # The state a running machine stays in once its work is done waits for a signal.
         waits = key == record.current and record.status == "running" and run.status == "completed"
-        lines.append(f"  {branch} {_step(key, run, record.started_ms, waits=waits)}")
+        line = _step(key, run, record.started_ms, waits=waits)
+        if key in record.awaiting:  # stopped while it ran: it still runs, its outcome awaited
+            line += "  ← stopped while it ran: its outcome is awaited, then undone"
+        lines.append(f"  {branch} {line}")
     if record.error is not None:
         lines.append(f"  error: {record.error.type}: {record.error.message}")
     if record.awaiting:  # stopped while they ran: one done after all is undone first

@@ -48,6 +48,7 @@ log = structlog.get_logger("coordinator.manual")
 
 WEEK_S = 7 * 24 * 3600.0
 IDLE_CHECK_S = 60.0  # with nothing due, look again at least this often
+STEP_GRACE_MS = 5_000  # past a workflow step's own timeout, as the saga waits for a step
 
 
 class ManualConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -73,6 +74,12 @@ class ManualQueue:
         """Park ``task`` in ``queue`` for a person; tell its caller so. A task that was
         answered already (sent again with the same message id) gets its answer again."""
         entered = now_ms()
+        deadline = entered + int(self.config.ttl_s * 1000)
+        if self._broker.names.workflow_of(task.reply_to) is not None:
+            # A workflow's step is given up by its workflow at its own timeout (the item is
+            # withdrawn then): shown with that deadline, a moment after it so that the
+            # workflow's timer, not this queue's expiry, is what ends it.
+            deadline = min(deadline, entered + task.ttl_ms + STEP_GRACE_MS)
         item = ManualItem(
             message_id=task.message_id,
             queue=queue,
@@ -80,7 +87,7 @@ class ManualQueue:
             reason=reason,
             rule=rule,
             entered_ms=entered,
-            deadline_ms=entered + int(self.config.ttl_s * 1000),
+            deadline_ms=deadline,
         )
         swap = await (await self._bucket()).cas(task.message_id, lambda old: _parked(old, item))
         current = swap.entry.value if swap.entry else item

@@ -78,6 +78,9 @@ async def test_a_step_that_timed_out_withdraws_its_item(broker, start_coordinato
     item is withdrawn and can no longer be taken."""
     async with start_coordinator(CONFIG), ReachClient(broker=broker) as client:
         step_id = await _waiting_for_a_person(client, watcher, "approval_in_time", "appr-2")
+        item = await _item(broker, step_id)
+        # Its deadline is the step's (withdrawn at 0.5 s), not the queue's day.
+        assert item.deadline_ms - item.entered_ms <= 500 + 5_000
         await watcher.event("workflow_failed", message_id="appr-2")
         await watcher.event("manual_withdrawn", message_id=step_id)
         with pytest.raises(ManualReviewError) as refused:
