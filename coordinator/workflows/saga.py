@@ -87,14 +87,18 @@ class Compensation:
         if self.record.ended_ms:  # ended before: a late step's undo is all that happened since
             return
         self.record.ended_ms = self.now
-        error = self.record.error
+        detail: dict[str, Any] = {"ran": self.record.steps_began}
+        if undo_failed := self._undo_failed():
+            # The starter must be able to tell a clean rollback from a partial one.
+            self.record.error = _with_undo_failed(self.record.error, undo_failed)
+            detail["undo_failed"] = undo_failed
         self.actions.append(Finish())
-        self.actions.append(
-            Note(
-                f"workflow_{self.record.status}",
-                detail={"error": msgspec.to_builtins(error), "ran": self.record.steps_began},
-            )
-        )
+        detail["error"] = msgspec.to_builtins(self.record.error)
+        self.actions.append(Note(f"workflow_{self.record.status}", detail=detail))
+
+    def _undo_failed(self) -> list[str]:
+        """The completed steps whose undo failed: their effects stand."""
+        return [k for k, run in self.record.compensations.items() if run.status == "failed"]
 
     def _to_undo(self) -> list[str]:
         """Completed steps with a compensating intent, not yet undone, latest first."""
@@ -186,3 +190,15 @@ class Compensation:
         self.record.status = "compensating"
         self._compensate_next()
         return True
+
+
+def _with_undo_failed(error: ErrorInfo | None, keys: list[str]) -> ErrorInfo:
+    """The workflow's error, saying which undos failed (their effects stand; each has an open
+    dead letter of its own)."""
+    said = (
+        f"undoing {', '.join(repr(k) for k in keys)} failed: their effects stand (their"
+        " undo letters are open: reach dlq list --open)"
+    )
+    if error is None:
+        return ErrorInfo(type="failed", message=said, retryable=False)
+    return msgspec.structs.replace(error, message=f"{error.message}; {said}")

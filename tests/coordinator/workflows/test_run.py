@@ -15,6 +15,7 @@ from agentreach.coordinator.workflows.run import (
     DEADLINE,
     Dispatch,
     Finish,
+    Note,
     Run,
     Timer,
     WorkflowRecord,
@@ -270,6 +271,24 @@ def test_a_cancel_waits_for_the_running_step_and_undoes_it_first() -> None:
     assert record.status == "cancelled" and record.ended_ms == 5_000
     assert [a for a in undo_a.actions if isinstance(a, Finish)] == [Finish()]
     assert list(record.compensations) == ["b", "a"]
+
+
+def test_an_undo_that_failed_is_said_in_the_workflow_s_error() -> None:
+    """b fails; a's undo fails: the starter's error and `workflow_failed` say that a's
+    effect stands (they said only b's error, as after a clean rollback)."""
+    record, _ = started(SAGA_AB)
+    step(record, SAGA_AB, "a", output={"a": 1})
+    step(record, SAGA_AB, "b", error=ErrorInfo(type="boom", message="card declined"))
+    undo = Run(SAGA_AB, record, 3_000)
+    stuck = ErrorInfo(type="PermanentError", message="hotel says no", retryable=False)
+    assert undo.on_result(record.compensations["a"].message_id, error=stuck)
+    assert record.status == "failed" and record.error is not None
+    assert record.error.message == (
+        "card declined; undoing 'a' failed: their effects stand (their undo letters are"
+        " open: reach dlq list --open)"
+    )
+    (ended,) = [a for a in undo.actions if isinstance(a, Note) and a.event == "workflow_failed"]
+    assert ended.detail["undo_failed"] == ["a"]
 
 
 def test_a_running_step_that_fails_after_a_cancel_is_not_undone() -> None:
