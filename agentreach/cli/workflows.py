@@ -134,23 +134,28 @@ async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: fl
         # Said by the coordinator's own event: a record that changed meanwhile may have moved
         # for another reason (the state's wait ran out just before, and the signal came late).
         match await _answer(broker, record, event, sent_ms):
-            case "signal_taken":
+            case ("signal_taken", _):
                 now = await read_record(broker, record.instance_id)
                 after = f"; now {now.current or now.status}" if now is not None else ""
                 print(f"{record.instance_id}: {event} taken {state}{after}")
                 return 0
-            case "signal_ignored":
-                print(f"{record.instance_id}: no state waits for {event} ({state}); not taken")
+            case ("signal_ignored", waits):
+                takes = f"; it takes {', '.join(waits)}" if waits else ""
+                print(
+                    f"{record.instance_id}: no state waits for {event} ({state}{takes}); not taken"
+                )
                 return 1
         await asyncio.sleep(0.1)  # a person is waiting at the terminal; polling is fine here
     print(f"{record.instance_id}: signalled {event} ({state}); no answer yet")
     return 0
 
 
-async def _answer(broker: Broker, record: WorkflowRecord, event: str, since_ms: int) -> str | None:
+async def _answer(
+    broker: Broker, record: WorkflowRecord, event: str, since_ms: int
+) -> tuple[str, list[str]] | None:
     """``signal_taken`` or ``signal_ignored``: what the coordinator did with ``event`` sent
     at ``since_ms``, once it said so (taken: about the state's step; ignored: about the
-    instance; both in its trace, naming its workflow)."""
+    instance, with the events its state takes; both in its trace, naming its workflow)."""
     names = broker.names
     for kind, said_in in (("signal_taken", "event"), ("signal_ignored", "signal")):
         subject = names.events_of_kind_in_trace(kind, record.trace_id)
@@ -161,7 +166,7 @@ async def _answer(broker: Broker, record: WorkflowRecord, event: str, since_ms: 
                 and seen.detail.get("workflow") == record.workflow
                 and stored.timestamp_ms >= since_ms - 1000  # clocks of broker and CLI apart
             ):
-                return kind
+                return kind, list(seen.detail.get("waits_for") or [])
     return None
 
 

@@ -187,8 +187,19 @@ class WorkflowEngine:
         )
         records = await self._records()
         if (entry := await records.get(instance_id)) is not None:
-            ignored = {"signal": event, "workflow": entry.value.workflow}
-            await emit(self._broker, event_for(entry.value.task, "signal_ignored", **ignored))
+            record = entry.value
+            ignored: dict[str, object] = {"signal": event, "workflow": record.workflow}
+            if (waits := self._events_awaited(record)) is not None:
+                ignored["waits_for"] = waits  # what the state would take: a typo shows
+            await emit(self._broker, event_for(record.task, "signal_ignored", **ignored))
+
+    def _events_awaited(self, record: WorkflowRecord) -> list[str] | None:
+        """The events the instance's current state takes (None: not a machine in a state)."""
+        spec = self.specs.get(record.workflow)
+        if spec is None or spec.states is None or record.current is None:
+            return None
+        state = spec.states.states.get(record.current)
+        return [t.event for t in state.next if t.event] if state is not None else None
 
     async def _on_cancel(
         self, instance_id: str, asker: str | None, data: bytes, seen_before: bool

@@ -656,6 +656,7 @@ async def test_a_signal_no_state_waits_for_is_said_and_not_redelivered(
         )
     assert ignored.returncode == 1, ignored.stdout + ignored.stderr
     assert "no state waits for nope" in ignored.stdout
+    assert "it takes approve, reject" in ignored.stdout  # what the state would have taken
     assert taken.returncode == 0 and "reject taken" in taken.stdout
     assert outcome == {"ok": False}
     assert info.num_ack_pending == 0 and info.num_redelivered == 0
