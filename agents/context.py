@@ -144,18 +144,18 @@ class TaskContext:
         self, topic: str, payload: Any, *, priority: Priority | None = None, key: str | None = None
     ) -> Task:
         """A task for another agent in the same trace, with the budget that is left. Its id
-        is :func:`~agentreach.envelopes.sub_task_id` of this task's id and ``key``, by
-        default the number of sub-tasks this run made before it plus one ("1", "2", …): the
-        same in every run of a handler that makes its sub-tasks in the same order."""
+        is :func:`~agentreach.envelopes.sub_task_id` of this task's id, this agent's and
+        ``key``, by default the number of sub-tasks this run made before it plus one ("1",
+        "2", …): the same in every run of a handler that makes its sub-tasks in the same
+        order, in this agent (another agent the task moves to sends its own)."""
         self._children += 1
         remaining = max(1, self.remaining_ms())
         budget = msgspec.structs.replace(
             self.envelope.budget, execute_ms=min(self.envelope.budget.execute_ms, remaining)
         )
         parent = self.envelope
-        message_id = sub_task_id(
-            parent.message_id, parent.created_at or 0, str(self._children) if key is None else key
-        )
+        name = str(self._children) if key is None else key
+        message_id = sub_task_id(parent.message_id, parent.created_at or 0, self.agent_id, name)
         return Task(
             v=1,
             message_id=message_id,

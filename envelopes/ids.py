@@ -41,13 +41,16 @@ def replay_id(
     return _uuid7(at_ms, int.from_bytes(digest))
 
 
-def sub_task_id(parent_id: str, created_at_ms: int, key: str) -> str:
-    """The message id of the sub-task ``key`` of message ``parent_id`` (created at
-    ``created_at_ms``, the parent envelope's ``created_at``): a UUIDv7 with that time whose
-    random bits are the first 80 of the SHA-256 of ``reach-sub-task``, ``parent_id`` and
-    ``key``, NUL-separated. A handler run again (redelivered, retried) sends its sub-tasks
-    under the same ids, so each runs once."""
-    digest = hashlib.sha256("\x00".join(["reach-sub-task", parent_id, key]).encode()).digest()
+def sub_task_id(parent_id: str, created_at_ms: int, sender: str, key: str) -> str:
+    """The message id of the sub-task ``key`` that ``sender`` (an agent) sends for message
+    ``parent_id`` (created at ``created_at_ms``, the parent envelope's ``created_at``): a
+    UUIDv7 with that time whose random bits are the first 80 of the SHA-256 of
+    ``reach-sub-task``, ``parent_id``, ``sender`` and ``key``, NUL-separated. The handler run
+    again by the same agent (redelivered, retried there) sends its sub-tasks under the same
+    ids, so each runs once; another agent the parent moves to sends its own (an id is one
+    caller's: the same id from another is refused as ``duplicate_id``)."""
+    parts = ["reach-sub-task", parent_id, sender, key]
+    digest = hashlib.sha256("\x00".join(parts).encode()).digest()
     return _uuid7(created_at_ms, int.from_bytes(digest[:10]))
 
 

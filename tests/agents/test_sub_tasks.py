@@ -68,9 +68,10 @@ async def test_a_parent_run_again_attaches_to_its_sub_tasks_instead_of_running_t
 
 async def test_sub_task_ids_are_derived_from_the_parent_and_the_order_or_a_key(broker):
     parent = Task(v=1, message_id="p-1", trace_id="t", topic="plan", created_at=1_000)
-    first, second = sub_task_id("p-1", 1_000, "1"), sub_task_id("p-1", 1_000, "2")
-    assert len({first, second, sub_task_id("p-2", 1_000, "1")}) == 3
-    assert sub_task_id("p-1", 1_000, "1") == first  # the same in every run
+    first, second = sub_task_id("p-1", 1_000, "a", "1"), sub_task_id("p-1", 1_000, "a", "2")
+    others = {sub_task_id("p-2", 1_000, "a", "1"), sub_task_id("p-1", 1_000, "b", "1")}
+    assert len({first, second, *others}) == 4  # another parent's, another agent's
+    assert sub_task_id("p-1", 1_000, "a", "1") == first  # the same in every run
     from agentreach.agents.deadline import Deadline
 
     async def nothing(task: Task) -> None:
@@ -85,7 +86,7 @@ async def test_sub_task_ids_are_derived_from_the_parent_and_the_order_or_a_key(b
         loop=asyncio.get_running_loop(),
     )
     made = [ctx.child_task("x", {}), ctx.child_task("x", {}), ctx.child_task("x", {}, key="k")]
-    assert [t.message_id for t in made] == [first, second, sub_task_id("p-1", 1_000, "k")]
+    assert [t.message_id for t in made] == [first, second, sub_task_id("p-1", 1_000, "a", "k")]
     with pytest.raises(RuntimeError, match="cannot invoke"):
         await ctx.invoke("x", {})
 
@@ -132,8 +133,11 @@ async def test_a_sub_task_s_failure_and_an_unexpected_result_reach_the_parent(br
 def test_sub_task_ids_match_the_typescript_sdk_s():
     """Both SDKs derive the same id (a process of either language may run an agent id)."""
     parent = "01a23cc1-9606-73c5-bdb2-bbc1070d3bb4"
-    assert sub_task_id(parent, 1796315348000, "1") == "01a23cbc-fc20-7027-b14a-3d18945c168a"
-    assert sub_task_id("p-1", 0, "web") == "00000000-0000-7b5b-a5fe-298e53b47d1f"
+    assert (
+        sub_task_id(parent, 1796315348000, "planner-1", "1")
+        == "01a23cbc-fc20-7a84-bb7e-2ebf0316b02c"
+    )
+    assert sub_task_id("p-1", 0, "a", "web") == "00000000-0000-71ac-876a-5cd64ca64993"
 
 
 async def test_a_def_handler_invokes_from_its_thread(broker, coordinator):

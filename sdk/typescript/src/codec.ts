@@ -276,15 +276,16 @@ export function stableId(timestampMs: number, ...parts: Array<string | number>):
 }
 
 /**
- * The message id of the sub-task `key` of message `parentId` (created at `createdAtMs`, the
- * parent envelope's `created_at`): a UUIDv7 with that time whose random bits are the first 80
- * of the SHA-256 of `reach-sub-task`, `parentId` and `key`, NUL-separated, laid out as the
- * Python SDK's `envelopes.sub_task_id` (the 12 bits after the version are the digest's first 12,
- * the 62 after the variant its last 62). A handler run again sends its sub-tasks under the
- * same ids, so each runs once.
+ * The message id of the sub-task `key` that `sender` (an agent) sends for message `parentId`
+ * (created at `createdAtMs`, the parent envelope's `created_at`): a UUIDv7 with that time whose
+ * random bits are the first 80 of the SHA-256 of `reach-sub-task`, `parentId`, `sender` and
+ * `key`, NUL-separated, laid out as the Python SDK's `envelopes.sub_task_id` (the 12 bits after
+ * the version are the digest's first 12, the 62 after the variant its last 62). The handler run
+ * again by the same agent sends its sub-tasks under the same ids, so each runs once; another
+ * agent the parent moves to sends its own.
  */
-export function subTaskId(parentId: string, createdAtMs: number, key: string): string {
-  const digest = createHash("sha256").update(["reach-sub-task", parentId, key].join("\u0000")).digest();
+export function subTaskId(parentId: string, createdAtMs: number, sender: string, key: string): string {
+  const digest = createHash("sha256").update(["reach-sub-task", parentId, sender, key].join("\u0000")).digest();
   const rand = BigInt(`0x${digest.subarray(0, 10).toString("hex")}`);
   const ms = BigInt(Math.max(0, Math.floor(createdAtMs))) & ((1n << 48n) - 1n);
   const value =

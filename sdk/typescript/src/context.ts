@@ -126,14 +126,15 @@ export class TaskContext {
 
   /**
    * A task for another agent in the same trace, with the budget that is left. Its id is
-   * `subTaskId` of this task's id and `key`, by default its place among the sub-tasks this run
-   * made ("1", "2", …): the same in every run of a handler that makes them in the same order.
+   * `subTaskId` of this task's id, this agent's and `key`, by default its place among the
+   * sub-tasks this run made ("1", "2", …): the same in every run of a handler that makes them in
+   * the same order, in this agent (another agent the task moves to sends its own).
    */
   childTask(topic: string, payload: unknown, options: SubTaskOptions = {}): Task {
     this.children += 1;
     const remaining = Math.max(1, this.remainingMs());
     const parent = this.envelope;
-    const messageId = subTaskId(parent.message_id, parent.created_at ?? 0, options.key ?? String(this.children));
+    const messageId = subTaskId(parent.message_id, parent.created_at ?? 0, this.agentId, options.key ?? String(this.children));
     return {
       kind: "task",
       v: 1,

@@ -512,8 +512,8 @@ describe("sub-tasks from a handler", () => {
   });
 
   it("derives sub-task ids as the Python SDK does", () => {
-    assert.equal(subTaskId("01a23cc1-9606-73c5-bdb2-bbc1070d3bb4", 1796315348000, "1"), "01a23cbc-fc20-7027-b14a-3d18945c168a");
-    assert.equal(subTaskId("p-1", 0, "web"), "00000000-0000-7b5b-a5fe-298e53b47d1f");
+    assert.equal(subTaskId("01a23cc1-9606-73c5-bdb2-bbc1070d3bb4", 1796315348000, "planner-1", "1"), "01a23cbc-fc20-7a84-bb7e-2ebf0316b02c");
+    assert.equal(subTaskId("p-1", 0, "a", "web"), "00000000-0000-71ac-876a-5cd64ca64993");
   });
 });
 
