@@ -38,6 +38,10 @@ class SecuredDeployment:
             self._issued[name] = role
         return Auth(creds=self.directory.creds(role, name))
 
+    def issued_as(self, name: str) -> str | None:
+        """The role ``name`` was issued with in this deployment, if any."""
+        return self._issued.get(name)
+
     @property
     def admin(self) -> Auth:
         return self.auth("operator", "admin")
@@ -110,7 +114,9 @@ def parties_connect_as_themselves(deployment: SecuredDeployment, monkeypatch) ->
         # the test's, is kept.
         if broker is not None and auth is None and broker.auth.role == "operator":
             nats_url, names, broker = broker.url, broker.names, None
-            auth = deployment.auth("caller", name)
+            # An agent's own client (its sub-tasks) calls with the agent's creds.
+            role = "agent" if deployment.issued_as(name) == "agent" else "caller"
+            auth = deployment.auth(role, name)
         original_init(self, nats_url, broker=broker, names=names, name=name, auth=auth)
 
     monkeypatch.setattr(ReachClient, "__init__", client_init)
