@@ -147,6 +147,7 @@ class Coordinator:
             census=self.census,
             ready=lambda: self.readiness.ready,
             leases_held=lambda: {duty: lease.held for duty, lease in self._duties()},
+            held=self.router.held_by_topic,
             info={"replica": self.replica_id, "version": _version(), "prefix": broker.names.prefix},
         )
         self.registry.register(StateCollector(views, self._sampled))

@@ -46,6 +46,8 @@ class Views:
     census: WorkflowCensus
     ready: Callable[[], bool]
     leases_held: Callable[[], dict[str, bool]] = dict  # duty -> whether this replica runs it
+    # Tasks this replica holds back because no agent can take them, by topic (its own).
+    held: Callable[[], dict[str, int]] = dict
     info: dict[str, str] = field(default_factory=dict)
 
 
@@ -127,6 +129,13 @@ class StateCollector(Collector):
         yield from self._breakers()
         yield from self._workflows()
         yield from self._sampled_gauges()
+        yield _gauge(
+            "reach_tasks_held",
+            "Tasks this replica holds back because no agent can take them now (none live, all"
+            " isolated or SUSPECT), by topic; replicas hold different tasks: sum them.",
+            ["topic"],
+            [([t], n) for t, n in sorted(self._views.held().items())],
+        )
 
     def _queues(self) -> Iterator[GaugeMetricFamily]:
         queues = self._views.queues

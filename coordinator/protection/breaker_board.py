@@ -71,6 +71,11 @@ class BreakerBoard:
         self._broker = broker
         self._config = config
         self._clock = clock
+        # Outcomes stored before this replica started are read again to fill its windows,
+        # not judged: a window being filled holds only part of what happened (a replica
+        # started after a burst of failures opened a healthy agent's breaker), and what
+        # they said was the live replicas' to act on.
+        self._live_from_ms = clock()
         self._declared_deadline = declared_deadline
         self._gone = gone
         self._registered = registered
@@ -178,12 +183,13 @@ class BreakerBoard:
             return
         ok = event.event == "completed"
         agent_id, key = event.agent_id, breaker_key(event.agent_id, event.topic)
-        await self._count_in_a_row(agent_id, ok, at_ms)
+        live = at_ms >= self._live_from_ms
+        await self._count_in_a_row(agent_id, ok, at_ms, judge=live)
         window = self._windows.setdefault(key, Window(self._config.window_s))
         window.add(at_ms, ok)
         for trial_key in (agent_id, key):
             await self._report_trial(trial_key, event.message_id, ok=ok)
-        if not ok:
+        if not ok and live:
             await self._maybe_trip(key, agent_id, event.topic, window, at_ms)
 
     def forget(self, agent_id: str) -> None:
@@ -193,13 +199,13 @@ class BreakerBoard:
         for key in [k for k in self._windows if k.split(".", 1)[0] == agent_id]:
             del self._windows[key]
 
-    async def _count_in_a_row(self, agent_id: str, ok: bool, at_ms: int) -> None:
+    async def _count_in_a_row(self, agent_id: str, ok: bool, at_ms: int, *, judge: bool) -> None:
         isolation = self.records.get(agent_id)
         if isolation is not None and at_ms < isolation.counted_from_ms:
             return
         in_a_row = 0 if ok else self._failures_in_a_row.get(agent_id, 0) + 1
         self._failures_in_a_row[agent_id] = in_a_row
-        if in_a_row < self._config.isolation_failures:
+        if in_a_row < self._config.isolation_failures or not judge:
             return
         reason = f"{in_a_row} failures in a row"
 

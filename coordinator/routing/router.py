@@ -78,6 +78,10 @@ class Router:
         """Tasks that found every candidate's queue full and wait for room (on this replica)."""
         return self._waits.waiting_for_room
 
+    def held_by_topic(self) -> dict[str, int]:
+        """Tasks this replica holds back because no agent can take them now, by topic."""
+        return self._waits.held_by_topic()
+
     def reload(self, routing: RoutingConfig) -> None:
         """Use ``routing`` from the next decision on; decisions under way finish as they are."""
         self.routing = routing
@@ -300,7 +304,7 @@ class Router:
             return None
         if choice.registered == 0 or hindrances["circuit"]:
             return await self._fall_back(pending, decision, choice)
-        return self._waits.agent_wait(task.topic, waited, pending.left_ms)
+        return self._waits.agent_wait(task, waited, pending.left_ms)
 
     async def _fall_back(
         self, pending: _Pending, decision: Decision, choice: Choice

@@ -20,6 +20,9 @@ WAIT_LONG_S = 10.0  # after a minute of waiting: a task may wait a day, its chec
 LONG_AFTER = 60
 SAID_EVERY_S = 10.0
 REMEMBERED = 100_000  # tasks waiting for room whose first full encounter is kept
+# A task held back for an agent counts as held until it is looked at again, and this long
+# more (then another replica may hold it, or it went on).
+HELD_MARGIN_S = 2.0
 
 
 class Waits:
@@ -29,6 +32,8 @@ class Waits:
         # When each task waiting for room first found every queue full (monotonic s). Kept in
         # memory: a task that moves to another replica starts its wait again, within its ttl.
         self._full_since: OrderedDict[str, float] = OrderedDict()
+        # Tasks no agent can take now: message id -> (topic, counted until, monotonic s).
+        self._held: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._lines = RepeatedLines(SAID_EVERY_S)
 
     @property
@@ -36,13 +41,30 @@ class Waits:
         """Tasks that found every candidate's queue full and wait for room."""
         return self._full_since.keys()
 
-    def agent_wait(self, topic: str, waited: int, left_ms: int) -> float:
+    def agent_wait(self, task: Task, waited: int, left_ms: int) -> float:
         """Seconds until a task no agent can take now is looked at again (``waited``: how
         often it waited already): 50 ms doubling to 1 s, 10 s after a minute; within its ttl."""
-        self._say("no agent can take it now", topic)
+        self._say("no agent can take it now", task.topic)
         longest = WAIT_MAX_S if waited < LONG_AFTER else WAIT_LONG_S
         # The exponent capped: past ~1,000 waits 2**waited no longer fits in a float.
-        return min(WAIT_FIRST_S * 2 ** min(waited, 16), longest, left_ms / 1000 + 0.01)
+        wait_s = min(WAIT_FIRST_S * 2 ** min(waited, 16), longest, left_ms / 1000 + 0.01)
+        self._held[task.message_id] = (task.topic, time.monotonic() + wait_s + HELD_MARGIN_S)
+        self._held.move_to_end(task.message_id)
+        while len(self._held) > REMEMBERED:
+            self._held.popitem(last=False)
+        return wait_s
+
+    def held_by_topic(self) -> dict[str, int]:
+        """How many tasks this replica holds back because no agent can take them, by topic
+        (the ``reach_tasks_held`` gauge: a topic whose agents are all gone, isolated or
+        SUSPECT keeps its tasks here while other topics flow)."""
+        now = time.monotonic()
+        for message_id in [m for m, (_, until) in self._held.items() if until <= now]:
+            del self._held[message_id]
+        counts: dict[str, int] = {}
+        for topic, _ in self._held.values():
+            counts[topic] = counts.get(topic, 0) + 1
+        return counts
 
     def room_wait(self, task: Task, waited: int, left_ms: int, limit_s: float) -> float | None:
         """Seconds until a task whose candidates are all full asks again; None once it has
@@ -62,6 +84,7 @@ class Waits:
     def done(self, message_id: str) -> None:
         """The task was routed (or ended): it waits no more."""
         self._full_since.pop(message_id, None)
+        self._held.pop(message_id, None)
 
     def _say(self, why: str, topic: str) -> None:
         """One line per reason and topic every SAID_EVERY_S, with how many waits there were

@@ -56,3 +56,33 @@ def test_a_breaker_counts_what_says_something_about_the_agent(
     event: Event, declared: int | None, counts: bool
 ) -> None:
     assert board(declared)._counts(event) is counts
+
+
+def failure(message_id: str) -> Event:
+    error = {"type": "RuntimeError", "message": "down", "retryable": True}
+    return Event(
+        v=1,
+        message_id=message_id,
+        trace_id=message_id,
+        topic="flaky",
+        event="failed",
+        agent_id="z",
+        detail={"error": error},
+    )
+
+
+async def test_outcomes_stored_before_the_replica_started_fill_its_windows_unjudged(broker):
+    """A replica started just after a burst of failures read them again (the last window's
+    worth) and judged a window it had only part of: it opened a healthy agent's breaker
+    (twice in an outside walkthrough, 20 tasks refused each time). Read again, they fill
+    the windows; the next live failure is judged on the whole window."""
+    config = BreakerConfig(min_calls=4, error_ratio=0.4, isolation_failures=3)
+    now = [100_000]
+    started = BreakerBoard(broker, config, clock=lambda: now[0])
+    for n in range(5):  # stored before the replica started
+        await started.record_outcome(failure(f"old-{n}"), at_ms=99_000 + n)
+    assert started.records == {} and started.isolated == []
+    now[0] = 100_500
+    await started.record_outcome(failure("live-1"), at_ms=100_400)
+    assert started.records["z.flaky"].state == "open"  # the whole window, judged live
+    assert started.isolated == ["z"]  # six failures in a row, the last one live

@@ -18,8 +18,8 @@ def test_a_burst_of_waiting_tasks_is_said_once_per_reason_and_topic():
     with capture_logs() as logs:
         for n in range(2_000):
             waits.room_wait(_task(n), 0, 30_000, limit_s=5)
-            waits.agent_wait("quick", 0, 30_000)
-        waits.agent_wait("other", 0, 30_000)
+            waits.agent_wait(_task(n), 0, 30_000)
+        waits.agent_wait(_task(0, "other"), 0, 30_000)
     said = [(line["event"], line["topic"]) for line in logs]
     assert sorted(said) == [
         ("every queue is full; tasks wait", "quick"),
@@ -31,12 +31,29 @@ def test_a_burst_of_waiting_tasks_is_said_once_per_reason_and_topic():
 
 def test_waits_grow_and_end():
     waits = Waits()
-    assert waits.agent_wait("t", 0, 30_000) == 0.05
-    assert waits.agent_wait("t", 10, 30_000) == 1.0
-    assert waits.agent_wait("t", 60, 30_000) == 10.0  # after a minute of waiting
-    assert waits.agent_wait("t", 60, 2_000) == 2.01  # never past its ttl
+    held = _task(9, "t")
+    assert waits.agent_wait(held, 0, 30_000) == 0.05
+    assert waits.agent_wait(held, 10, 30_000) == 1.0
+    assert waits.agent_wait(held, 60, 30_000) == 10.0  # after a minute of waiting
+    assert waits.agent_wait(held, 60, 2_000) == 2.01  # never past its ttl
     assert waits.room_wait(_task(1), 0, 30_000, limit_s=0) is None  # waited its full_wait_s
     assert list(waits.waiting_for_room) == []
     assert waits.room_wait(_task(2), 0, 30_000, limit_s=5) == 0.05
     waits.done("m2")
     assert list(waits.waiting_for_room) == []
+
+
+def test_tasks_held_for_an_agent_are_counted_by_topic_until_routed_or_past_their_look():
+    """The `reach_tasks_held` gauge: a topic whose agents are all gone keeps its tasks held
+    while other topics flow (the global stranded alert never fired then)."""
+    waits = Waits()
+    for n in range(3):
+        waits.agent_wait(_task(n, "strand"), 0, 30_000)
+    waits.agent_wait(_task(9, "other"), 0, 30_000)
+    assert waits.held_by_topic() == {"strand": 3, "other": 1}
+    waits.done("m9")  # routed after all
+    waits.done("m0")
+    assert waits.held_by_topic() == {"strand": 2}
+    waits.agent_wait(_task(1, "strand"), 0, 0)  # looked at again at once, and no margin left
+    waits._held["m1"] = ("strand", 0.0)  # past its look and margin: another replica's now
+    assert waits.held_by_topic() == {"strand": 1}
