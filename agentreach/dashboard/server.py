@@ -187,7 +187,8 @@ class DashboardApp:
     async def _resolve(self, letter: DeadLetter, note: str) -> Response:
         if not note.strip():
             return Response.error(400, "a resolution needs a note: how the letter was dealt with")
-        by = self.board.broker.auth.identity or "dashboard"
+        # As `reach dlq resolve` and a replay from here record it: the operator's identity.
+        by = self.board.broker.auth.identity or "operator"
         try:
             await resolve(self.board.broker, letter, note, by=by)
         except ReachError as exc:
