@@ -76,7 +76,8 @@ def register(commands: Commands) -> None:
     dlq.add_argument(
         "--open",
         action="store_true",
-        help="list: only open letters (neither replayed, resolved nor handled by a workflow)",
+        help="list: only open letters (neither replayed, resolved nor handled by a workflow);"
+        " resolve, with no id: every open letter of --reason and/or --topic",
     )
 
 
@@ -96,6 +97,8 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
             letter = _find(letters, args.id)
             _print_letter(letter, await settling_of(broker, letter))
             return 0
+        if args.action == "resolve" and not args.id:
+            return await _resolve_open(broker, letters, settled, args.note)
         if args.action == "resolve":
             return await _resolve(broker, _find(letters, args.id), settled, args.note)
         if args.action == "replay":
@@ -136,8 +139,17 @@ def _listed(letter: DeadLetter, state: str) -> dict[str, object]:
 
 def _check(args: argparse.Namespace) -> None:
     """The options that fit the action: refused, not ignored."""
-    if args.action in ("show", "replay", "resolve") and not args.id:
-        raise UsageError(f"dlq {args.action} needs the message_id of a dead letter")
+    many = args.action == "resolve" and args.open and not args.id
+    if many and not (args.reason or args.topic):
+        raise UsageError(
+            "dlq resolve --open resolves every open letter of --reason and/or --topic: give"
+            " one (--reason '*' for every reason)"
+        )
+    if args.action in ("show", "replay", "resolve") and not args.id and not many:
+        raise UsageError(
+            f"dlq {args.action} needs the message_id of a dead letter"
+            + (" (or --open with --reason/--topic, for many)" if args.action == "resolve" else "")
+        )
     if args.action in ("list", "stats") and args.id:
         raise UsageError(
             f"dlq {args.action} takes no message_id (got {args.id!r}): reach dlq show {args.id}"
@@ -148,9 +160,10 @@ def _check(args: argparse.Namespace) -> None:
         )
     if args.note is not None and args.action != "resolve":
         raise UsageError(f"--note is for dlq resolve, not dlq {args.action}")
-    for flag, given in (("--open", args.open), ("--json", args.json)):
-        if given and args.action != "list":
-            raise UsageError(f"{flag} is for dlq list, not dlq {args.action}")
+    if args.open and args.action not in ("list", "resolve"):
+        raise UsageError(f"--open is for dlq list and resolve, not dlq {args.action}")
+    if args.json and args.action != "list":
+        raise UsageError(f"--json is for dlq list, not dlq {args.action}")
     if args.force and args.action != "replay":
         raise UsageError(f"--force is for dlq replay, not dlq {args.action}")
     if args.max_replays < 0:
@@ -180,6 +193,19 @@ async def _replay(broker: Broker, letter: DeadLetter, args: argparse.Namespace) 
             f" yet ({exc}); replay it again once they are (`nats stream subjects"
             f" {broker.names.tasks_stream}` shows each subject's backlog)"
         ) from exc
+
+
+async def _resolve_open(
+    broker: Broker, letters: list[DeadLetter], settled: dict[str, list[Event]], note: str
+) -> int:
+    """Resolve every open letter of those read (the --reason/--topic ones), with one note: a
+    pile of letters someone dealt with at once."""
+    open_ = [x for x in letters if letter_state(settled.get(x.message_id), x) == "open"]
+    by = broker.auth.identity or "operator"
+    for letter in open_:
+        await resolve(broker, letter, note.strip(), by=by)
+    print(f"{len(open_)} open letter(s) resolved, by {by}: {note.strip()}")
+    return 0
 
 
 async def _resolve(

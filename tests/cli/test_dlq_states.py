@@ -179,3 +179,30 @@ async def test_replay_of_a_settled_letter_is_refused_in_one_line_unless_forced(
     traced = await reach(broker, "trace", "done-by-hand")
     [line] = [x for x in traced.stdout.splitlines() if " resolved " in x]
     assert " operator" in line and "coordinator" not in line, line
+
+
+async def test_resolve_open_settles_every_open_letter_of_a_topic_at_once(
+    broker, coordinator, watcher
+):
+    """45 letters resolved one process each took an operator 65 s: `reach dlq resolve --open
+    --topic T --note …` resolves every open one of the topic, and no other; without a filter
+    it refuses."""
+    for n in range(3):
+        await _lost(broker, watcher, f"pile-{n}", topic="piled_up")
+    await _lost(broker, watcher, "elsewhere-1", topic="not_this_one")
+    unfiltered = await reach(broker, "dlq", "resolve", "--open", "--note", "all of it")
+    done = await reach(
+        broker, "dlq", "resolve", "--open", "--topic", "piled_up", "--note", "refunded in bulk"
+    )
+    again = await reach(
+        broker, "dlq", "resolve", "--open", "--topic", "piled_up", "--note", "twice?"
+    )
+    await eventually(lambda: watcher.count("resolved") >= 3)
+    listed = await reach(broker, "dlq", "list", "--open")
+    assert unfiltered.returncode == 1 and "give one" in unfiltered.stderr, unfiltered.stderr
+    assert done.returncode == 0 and done.stdout.startswith("3 open letter(s) resolved"), done
+    assert again.stdout.startswith("0 open letter(s) resolved"), again.stdout
+    resolved = {e.message_id for e in watcher.events if e.event == "resolved"}
+    assert resolved == {"pile-0", "pile-1", "pile-2"}
+    open_now = [row.split()[0] for row in listed.stdout.splitlines()[1:]]
+    assert "elsewhere-1" in open_now and not any(m.startswith("pile-") for m in open_now)
