@@ -324,8 +324,11 @@ async def test_a_step_its_workflow_absorbs_is_no_finished_task(broker, watcher):
         await watcher.dead_letter("expired", topic="ponder")
 
         async def counted() -> dict | None:
+            # Both folded: the caller's answer may come before `workflow_completed` is.
             found = await scrape(running.metrics_url)
-            return found if total(found, "reach_dead_letters_total", reason="expired") else None
+            letters = total(found, "reach_dead_letters_total", reason="expired")
+            ended = total(found, "reach_workflows_finished_total", workflow="spread")
+            return found if letters and ended else None
 
         found = await until_true(counted)
     assert list(result["missing"]) == ["slow"], result
