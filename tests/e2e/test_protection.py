@@ -4,6 +4,7 @@ token buckets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 from collections import Counter
@@ -556,6 +557,19 @@ async def test_a_trial_that_never_reports_opens_the_breaker_again(
     assert routed(watcher, stuck)[0].detail["trial"] == "x.flaky"
 
 
+@contextlib.asynccontextmanager
+async def quick_to_isolate(broker, start_coordinator, agent: Agent):  # type: ignore[no-untyped-def]
+    """A coordinator that isolates an agent after 3 failures in a row, ``agent`` serving it,
+    and a client: where a caller's bad input would isolate a healthy agent."""
+    breakers = BreakerConfig(min_calls=1000, open_s=30, isolation_failures=3)
+    async with (
+        start_coordinator(fast(breakers=breakers)) as coordinator,
+        serving(broker, coordinator, agent),
+        ReachClient(broker=broker) as client,
+    ):
+        yield coordinator, client
+
+
 async def test_payloads_that_do_not_fit_the_handler_isolate_no_agent(
     broker, start_coordinator, watcher
 ):
@@ -571,12 +585,7 @@ async def test_payloads_that_do_not_fit_the_handler_isolate_no_agent(
         calls.append(payload)
         return sorted(payload)
 
-    breakers = BreakerConfig(min_calls=1000, open_s=30, isolation_failures=3)
-    async with (
-        start_coordinator(fast(breakers=breakers)) as coordinator,
-        serving(broker, coordinator, z),
-        ReachClient(broker=broker) as client,
-    ):
+    async with quick_to_isolate(broker, start_coordinator, z) as (coordinator, client):
         for _ in range(4):
             with pytest.raises(TaskFailed) as failed:
                 await client.invoke("keys", [1, 2])
@@ -610,12 +619,7 @@ async def test_null_payloads_that_break_a_handler_isolate_no_agent(
     async def ignores(ctx: TaskContext, payload: dict) -> str:
         return "fine"
 
-    breakers = BreakerConfig(min_calls=1000, open_s=30, isolation_failures=3)
-    async with (
-        start_coordinator(fast(breakers=breakers)) as coordinator,
-        serving(broker, coordinator, z),
-        ReachClient(broker=broker) as client,
-    ):
+    async with quick_to_isolate(broker, start_coordinator, z) as (coordinator, client):
         for _ in range(4):
             with pytest.raises(TaskFailed) as failed:
                 await client.invoke("strict", None)
