@@ -28,7 +28,7 @@ from agentreach.agents.errors import (
 )
 from agentreach.agents.manual import ManualReview, ManualReviewError
 from agentreach.agents.runtime import AgentRuntime
-from agentreach.agents.workflow_cancel import WorkflowEnded
+from agentreach.agents.workflow_control import SignalOutcome, WorkflowEnded
 
 __all__ = [
     "Agent",
@@ -53,6 +53,7 @@ __all__ = [
     "ReachClient",
     "Rejected",
     "ReplayLimitReached",
+    "SignalOutcome",
     "TaskContext",
     "TaskFailed",
     "UnexpectedResult",

@@ -10,6 +10,7 @@ from typing import Any, Self
 import msgspec
 
 from agentreach import envelopes
+from agentreach.agents import workflow_control
 from agentreach.agents.arguments import budget_of, task_of
 from agentreach.agents.coordinator_presence import (
     NO_COORDINATOR,
@@ -33,7 +34,7 @@ from agentreach.agents.invocation import (
     still_queued,
     wait_for_result,
 )
-from agentreach.agents.workflow_cancel import WorkflowEnded, cancel_workflow
+from agentreach.agents.workflow_control import SignalOutcome, WorkflowEnded
 from agentreach.broker import (
     Auth,
     Broker,
@@ -355,8 +356,19 @@ class ReachClient:
         :class:`UnknownWorkflow` for an id that is no instance of this caller's, and
         :class:`DeadlineExceeded` when it has not ended within ``wait_s`` (the cancel was
         sent)."""
-        return await cancel_workflow(
+        return await workflow_control.cancel_workflow(
             self.broker, self.caller, self.status, instance_id, why=why, wait_s=wait_s
+        )
+
+    async def signal_workflow(
+        self, instance_id: str, event: str, *, wait_s: float = 10.0
+    ) -> SignalOutcome:
+        """Signal ``event`` to a state machine instance this caller started and wait up to
+        ``wait_s`` for whether its state took it (:class:`SignalOutcome`). Raises
+        :class:`UnknownWorkflow` for an id that is no instance of this caller's,
+        :class:`DeadlineExceeded` when the coordinator has not said within ``wait_s``."""
+        return await workflow_control.signal_workflow(
+            self.broker, self.caller, self.status, instance_id, event, wait_s=wait_s
         )
 
     async def status(self, message_id: str, *, timeout_s: float = 5.0) -> list[Event]:

@@ -7,7 +7,7 @@ ReachError
 ├── PermanentError           raised by a handler: do not retry this task
 ├── ReplayLimitReached       a dead letter's task was replayed max_replays times already
 ├── LetterSettled            a dead letter was replayed or resolved already: not replayed again
-├── UnknownWorkflow          cancel_workflow: no instance of that id among the caller's own
+├── UnknownWorkflow          cancel/signal_workflow: no instance of that id among the caller's
 └── InvokeError              ReachClient.invoke() did not get a result
     ├── NotProvisioned       the task was not sent: no stream takes tasks (run `reach provision`)
     ├── BacklogFull          the task was not sent: the caller's backlog on the topic is full

@@ -165,9 +165,14 @@ class RejectedDetail(_Detail, frozen=True, kw_only=True):
 
 
 class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
-    """``signal_ignored``: a workflow signal arrived that no state was waiting for."""
+    """``signal_ignored``: a workflow signal arrived that no state was waiting for; the
+    instance's ``workflow``, the events its current state takes (``waits_for``; absent when
+    it is in no state), and ``by``, the caller that sent it (absent: an operator)."""
 
     signal: str
+    workflow: str | None = None
+    waits_for: list[str] | None = None
+    by: str | None = None
 
 
 # -- published by compensation workers and operators (about a dead letter's message) -----

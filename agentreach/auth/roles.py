@@ -134,13 +134,15 @@ def agent(names: Names) -> Permissions:
 
 def caller(names: Names) -> Permissions:
     """Intake as itself, replies in its own box space, the traces of its own messages,
-    cancels of workflows as itself (the coordinator cancels only those it started), and
-    whether a coordinator runs (``reach publish --wait`` asks first); nothing else."""
+    cancels and signals of workflows as itself (the coordinator acts only on those it
+    started), and whether a coordinator runs (``reach publish --wait`` asks first); nothing
+    else."""
     publish = [
         names.task("*", NAME),
         names.call("*", NAME),
         names.trace_request(NAME),
         f"{names.workflow_cancel('*')}.{NAME}",
+        f"{names.workflow_signal('*', '*')}.{NAME}",
     ]
     return _permissions(
         [*publish, names.status, _STREAM_NAMES], [_inbox(), names.reply_box(NAME, ">")]

@@ -1,6 +1,6 @@
 """``reach workflows list | show ID | cancel ID | signal ID EVENT``, and the workflow trees
 ``reach trace`` prints: instances as tables and trees. An operator does all of it; a caller
-cancels the instances it started (its creds read no records)."""
+cancels and signals the instances it started (its creds read no records)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 import asyncio
 import datetime as dt
 
-from agentreach.agents import DeadlineExceeded, ReachClient, UnknownWorkflow
+from agentreach.agents import DeadlineExceeded, InvalidArgument, ReachClient, UnknownWorkflow
 from agentreach.broker import Broker, BrokerTimeout, NoResponders, read_stream
 from agentreach.cli.options import Commands, UsageError, auth_of, broker_of, operators_only
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
@@ -29,7 +29,7 @@ def register(commands: Commands) -> None:
         "action",
         choices=["list", "show", "cancel", "signal"],
         help="list instances, show one's steps, cancel it, or signal it an event (with a"
-        " caller's creds: cancel, of an instance it started)",
+        " caller's creds: cancel or signal, an instance it started)",
     )
     flows.add_argument("id", nargs="?", help="the instance id (the starting task's message_id)")
     flows.add_argument("event", nargs="?", help="for signal: the event to send")
@@ -43,8 +43,10 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         raise UsageError(f"workflows {args.action} needs the id of a workflow instance")
     if args.action == "signal" and not args.event:
         raise UsageError("workflows signal needs an event name: workflows signal ID EVENT")
-    if args.action == "cancel" and auth_of(args).role == "caller":
+    if args.action in ("cancel", "signal") and auth_of(args).role == "caller":
         async with broker_of(args) as broker, ReachClient(broker=broker) as client:
+            if args.action == "signal":
+                return await _signal_own(client, args.id, args.event, args.wait)
             return await _cancel_own(client, args.id, args.wait)
     operators_only(args, "the workflow records")
     async with broker_of(args) as broker:
@@ -100,6 +102,30 @@ async def _cancel_own(client: ReachClient, instance_id: str, wait_s: float) -> i
         return 1
     print(f"{instance_id}: cancelled")
     return 0
+
+
+async def _signal_own(client: ReachClient, instance_id: str, event: str, wait_s: float) -> int:
+    """A caller signals an instance it started: 0 when a state took the event."""
+    try:
+        outcome = await client.signal_workflow(instance_id, event, wait_s=wait_s)
+    except UnknownWorkflow as exc:
+        raise UsageError(f"{exc}; an operator's creds signal any") from None
+    except InvalidArgument as exc:
+        raise UsageError(str(exc)) from None
+    except (NoResponders, BrokerTimeout):
+        raise UsageError(f"{NOT_RUNNING}: a caller signals through it") from None
+    except DeadlineExceeded:
+        print(f"{instance_id}: signalled {event}; no answer yet after {wait_s:g} s")
+        return 0
+    if outcome.ended is not None:
+        print(f"{instance_id}: already {outcome.ended}; {event} not sent")
+        return 1
+    if outcome.taken:
+        print(f"{instance_id}: {event} taken in state {outcome.state or '-'}")
+        return 0
+    takes = f": it takes {', '.join(outcome.waits_for)}" if outcome.waits_for else ""
+    print(f"{instance_id}: no state waits for {event}{takes}; not taken")
+    return 1
 
 
 def already(instance_id: str, status: str, ended_ms: int, now: int) -> str:

@@ -45,9 +45,10 @@ async def answer_again(broker: Broker, record: WorkflowRecord, task: Task) -> No
     log.info("workflow ended already; answered again", instance_id=record.instance_id)
 
 
-def may_cancel(record: WorkflowRecord, asker: str | None) -> bool:
-    """Whether a cancel asked by ``asker`` (the sender token of its subject; None for an
-    operator's bare subject) may end ``record``: a caller cancels only what it started."""
+def may_act(record: WorkflowRecord, asker: str | None) -> bool:
+    """Whether a cancel or a signal sent by ``asker`` (the sender token of its subject; None
+    for an operator's bare subject) may act on ``record``: a caller acts only on what it
+    started."""
     return asker is None or asker == record.task.caller
 
 

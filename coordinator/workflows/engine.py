@@ -35,7 +35,7 @@ from agentreach.coordinator.protection.grants import Grants, reply_vouched
 from agentreach.coordinator.workflows.answers import (
     answer_again,
     cancelled_by,
-    may_cancel,
+    may_act,
 )
 from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.nesting import check_nesting
@@ -146,7 +146,9 @@ class WorkflowEngine:
                 case "timer":  # a timer comes back by design: not a sign of a crash
                     return await self._on_timer(instance_id, msg.data)
                 case "signal":
-                    await self._on_signal(instance_id, event, msg.timestamp_ms, seen_before)
+                    event, _, asker = event.partition(".")  # a caller's form names it last
+                    at_ms = msg.timestamp_ms
+                    await self._on_signal(instance_id, event, asker or None, at_ms, seen_before)
                 case "cancel":
                     await self._on_cancel(instance_id, event or None, msg.data, seen_before)
                 case _:
@@ -179,8 +181,28 @@ class WorkflowEngine:
         )
         return None
 
-    async def _on_signal(self, instance_id: str, event: str, at_ms: int, seen: bool) -> None:
-        if await self._apply(instance_id, lambda run: run.on_signal(event, at_ms), seen):
+    async def _on_signal(
+        self, instance_id: str, event: str, asker: str | None, at_ms: int, seen: bool
+    ) -> None:
+        """Move the instance's state on ``event``: an operator's signal (the bare subject)
+        any instance, a caller's (its name the subject's last token) only one it started."""
+        refused: list[str] = []
+
+        def change(run: Run) -> bool:
+            if may_act(run.record, asker):
+                return run.on_signal(event, at_ms, by=asker)
+            refused.append(run.record.task.caller or "an operator")
+            return False
+
+        if await self._apply(instance_id, change, seen):
+            return
+        if refused:  # said to nobody else: the instance is not the asker's to know of
+            log.warning(
+                "signal refused: the instance is not the asker's",
+                instance_id=instance_id,
+                asker=asker,
+                started_by=refused[-1],
+            )
             return
         log.warning(
             "signal not taken: no state waits for it", instance_id=instance_id, signal=event
@@ -189,6 +211,8 @@ class WorkflowEngine:
         if (entry := await records.get(instance_id)) is not None:
             record = entry.value
             ignored: dict[str, object] = {"signal": event, "workflow": record.workflow}
+            if asker is not None:
+                ignored["by"] = asker
             if (waits := self._events_awaited(record)) is not None:
                 ignored["waits_for"] = waits  # what the state would take: a typo shows
             await emit(self._broker, event_for(record.task, "signal_ignored", **ignored))
@@ -210,7 +234,7 @@ class WorkflowEngine:
         refused: list[str] = []
 
         def change(run: Run) -> bool:
-            if may_cancel(run.record, asker):
+            if may_act(run.record, asker):
                 return run.cancel(why)
             refused.append(run.record.task.caller or "an operator")
             return False

@@ -99,9 +99,10 @@ class Run(Visits):
         self._timed_out(key, run)
         return True
 
-    def on_signal(self, event: str, at_ms: int = 0) -> bool:
-        """An outside event, stored at ``at_ms``; it moves a state machine whose state waits
-        for it, and not one whose wait ended before it came (its timer moves it on)."""
+    def on_signal(self, event: str, at_ms: int = 0, *, by: str | None = None) -> bool:
+        """An outside event, stored at ``at_ms`` (sent by the caller ``by``, or an operator);
+        it moves a state machine whose state waits for it, and not one whose wait ended
+        before it came (its timer moves it on)."""
         machine, current = self.spec.states, self.record.current
         if machine is None or current is None or self.record.status != "running":
             return False
@@ -115,7 +116,9 @@ class Run(Visits):
                 given = run.input if run.status == "running" else run.output  # no result yet
                 if run.status == "running":
                     self._stop(current, run, "cancelled")
-                self.actions.append(Note("signal_taken", current, {"event": event}))
+                # About the instance, which its starter may read (the step's task is not its)
+                taken = {"event": event, "state": current} | ({"by": by} if by else {})
+                self.actions.append(Note("signal_taken", detail=taken))
                 self._enter(transition.to, given)
                 return True
         return False

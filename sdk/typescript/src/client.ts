@@ -23,8 +23,8 @@ import type { Servers } from "./servers.js";
 import { Signal, sleep } from "./timing.js";
 import { normalized } from "./tracecontext.js";
 import type { Budget, Event, Priority, Task } from "./types.js";
-import { cancelWorkflow } from "./workflowcancel.js";
-import type { WorkflowEnded } from "./workflowcancel.js";
+import { cancelWorkflow, signalWorkflow } from "./workflowcontrol.js";
+import type { SignalOutcome, WorkflowEnded } from "./workflowcontrol.js";
 
 
 export interface ReachClientOptions {
@@ -307,6 +307,17 @@ export class ReachClient {
     this.mustBeOpen();
     const eventsOf = (id: string) => this.status(id);
     return await cancelWorkflow(this.conn, this.caller, eventsOf, instanceId, options.why ?? "", options.waitMs ?? 10_000);
+  }
+
+  /**
+   * Signal `event` to a state machine instance this caller started and wait up to `waitMs`
+   * (10 000) for whether its state took it (SignalOutcome). Throws UnknownWorkflow for an id
+   * that is no instance of this caller's, DeadlineExceeded when the coordinator has not said.
+   */
+  async signalWorkflow(instanceId: string, event: string, options: { waitMs?: number } = {}): Promise<SignalOutcome> {
+    this.mustBeOpen();
+    const eventsOf = (id: string) => this.status(id);
+    return await signalWorkflow(this.conn, this.caller, eventsOf, instanceId, event, options.waitMs ?? 10_000);
   }
 
   /** Pending invokes end now (InvokeError), then the connection closes. Safe to call twice. */

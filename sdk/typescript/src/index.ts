@@ -38,7 +38,7 @@ export { DEFAULT_PREFIX, Names } from "./names.js";
 export type { Handler } from "./execution.js";
 export type { Servers } from "./servers.js";
 export { PRIORITIES } from "./types.js";
-export type { WorkflowEnded } from "./workflowcancel.js";
+export type { SignalOutcome, WorkflowEnded } from "./workflowcontrol.js";
 export type * from "./types.js";
 
 /** The version of the agent protocol this SDK speaks. */

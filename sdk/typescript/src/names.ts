@@ -61,6 +61,10 @@ export class Names {
     return `${this.prefix}.wf.cancel.${instanceId}.${caller}`;
   }
 
+  workflowSignal(instanceId: string, event: string, caller: string): string {
+    return `${this.prefix}.wf.signal.${instanceId}.${event}.${caller}`;
+  }
+
   dlq(reason: string, topic: string): string {
     return `${this.prefix}.dlq.${reason}.${topic}`;
   }

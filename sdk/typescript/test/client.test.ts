@@ -566,6 +566,50 @@ describe("ReachClient cancelling a workflow", () => {
   });
 });
 
+describe("ReachClient signalling a workflow", () => {
+  let stack: Stack;
+
+  before(async () => {
+    stack = await startStack();
+  });
+
+  after(async () => {
+    await stack?.stop();
+  });
+
+  it("signals a state machine it started and hears whether the event was taken; another caller's is UnknownWorkflow", async () => {
+    const checked = new Gate();
+    const agent = newAgent(unique("checker")).handler("ts-check", () => {
+      checked.open();
+      return "looks fine";
+    });
+    await agent.start(stack.url);
+    const alice = await ReachClient.connect(stack.url, { name: "alice", logger: quiet });
+    const bob = await ReachClient.connect(stack.url, { name: "bob", logger: quiet });
+    try {
+      const instance = unique("approval");
+      const invoked = alice.invoke("ts-approval", {}, { messageId: instance });
+      await checked.opened;
+      const notBobs = await rejection(bob.signalWorkflow(instance, "approve"));
+      assert.ok(notBobs instanceof UnknownWorkflow, String(notBobs));
+      const badEvent = await rejection(alice.signalWorkflow(instance, "a.b"));
+      assert.ok(badEvent instanceof InvalidArgument, String(badEvent));
+
+      const ignored = await alice.signalWorkflow(instance, "nope");
+      assert.deepEqual(ignored, { instanceId: instance, event: "nope", taken: false, state: null, waitsFor: ["approve", "reject"], ended: null });
+      const taken = await alice.signalWorkflow(instance, "approve");
+      assert.deepEqual(taken, { instanceId: instance, event: "approve", taken: true, state: "submitted", waitsFor: [], ended: null });
+      assert.deepEqual(await invoked, { ok: true });
+      const after = await alice.signalWorkflow(instance, "reject");
+      assert.equal(after.ended, "completed");
+    } finally {
+      await alice.close();
+      await bob.close();
+      await agent.stop();
+    }
+  });
+});
+
 describe("ReachClient across a server restart", () => {
   let stack: RestartableStack;
   let relay: Relay;

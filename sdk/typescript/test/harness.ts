@@ -108,6 +108,15 @@ delivery: {base_s: 0.2, cap_s: 1.0}
 liveness: {tick_s: 0.2}
 workflows:
   ts-held: {chain: [{name: a, intent: ts-hold}]}
+  ts-approval:
+    states:
+      initial: submitted
+      states:
+        submitted:
+          intent: ts-check
+          next: [{event: approve, to: approved}, {event: reject, to: rejected}]
+        approved: {terminal: true, input: {ok: true}}
+        rejected: {terminal: true, input: {ok: false}}
 `;
 
 export interface RestartableStack extends Stack {

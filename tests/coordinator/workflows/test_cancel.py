@@ -307,6 +307,35 @@ async def test_an_operator_s_cancel_that_an_end_overtakes_says_so(broker: Broker
     assert cancelled.stdout.splitlines()[-1] == "overtaken: completed before the cancel took effect"
 
 
+async def test_a_caller_signals_only_in_its_own_name(tmp_path: Path) -> None:
+    """A signal's last token names its caller: bob's creds may not send one as an operator
+    (the bare subject) or as alice, and one in his own name is stored (the coordinator then
+    acts only on an instance bob started: tests/agents/test_workflow_control.py). With
+    caller creds `reach workflows signal` signals the caller's own instance: alice's chain
+    has no state to take an event, and bob's try is none of his."""
+    async with (
+        secured(tmp_path) as arena,
+        ReachClient(arena.url, name="alice", auth=arena.caller("alice")) as alice,
+        Broker(arena.url, name="bob", auth=arena.caller("bob")) as bob,
+    ):
+        instance = f"flow-{uuid.uuid4().hex[:8]}"
+        invoked = asyncio.create_task(alice.invoke(HELD, {"n": 1}, message_id=instance))
+        await asyncio.wait_for(arena.held.get(), 10)
+        before = arena.violations("bob")
+        bare = bob.names.workflow_signal(instance, "approve")
+        for subject in (bare, f"{bare}.alice"):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(bob.publish(subject, b""), 0.5)
+        await eventually(lambda: arena.violations("bob") >= before + 2)
+        assert (await bob.publish(f"{bare}.bob", b"")).stream == bob.names.workflows_stream
+        code, out, err = await arena.reach_as("bob", "workflows", "signal", instance, "approve")
+        assert code == 1 and "among bob's own messages" in err, (out, err)
+        code, out, err = await arena.reach_as("alice", "workflows", "signal", instance, "go")
+        assert (code, out.strip()) == (1, f"{instance}: no state waits for go; not taken"), err
+        arena.release.set()
+        await asyncio.wait_for(invoked, 10)
+
+
 async def test_a_push_gives_the_callers_of_a_deployment_made_before_their_cancel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

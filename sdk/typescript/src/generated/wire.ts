@@ -1155,10 +1155,24 @@ export interface RoutedDetail {
 }
 
 /**
- * `signal_ignored`: a workflow signal arrived that no state was waiting for.
+ * `signal_ignored`: a workflow signal arrived that no state was waiting for; the
+ * instance's `workflow`, the events its current state takes (`waits_for`; absent when
+ * it is in no state), and `by`, the caller that sent it (absent: an operator).
  */
 export interface SignalIgnoredDetail {
   signal: string;
+  /**
+   * default null
+   */
+  workflow: string | null;
+  /**
+   * default null
+   */
+  waits_for: string[] | null;
+  /**
+   * default null
+   */
+  by: string | null;
 }
 
 /**

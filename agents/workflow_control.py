@@ -1,0 +1,171 @@
+"""Acting on a workflow instance a caller started: cancelling it
+(:meth:`ReachClient.cancel_workflow`) and signalling it an event
+(:meth:`ReachClient.signal_workflow`).
+
+A caller may not read the workflow records, so it learns how its instance stands from the
+instance's events, before and after it acts, as ``reach trace`` does; the coordinator acts
+only on an instance that caller started (caller.md §8.3, §8.4)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from agentreach.agents.errors import DeadlineExceeded, InvalidArgument, UnknownWorkflow
+from agentreach.broker import Broker
+from agentreach.envelopes import Event, is_token, now_ms
+
+# How an instance's events say it ended.
+ENDINGS = {
+    "workflow_completed": "completed",
+    "workflow_failed": "failed",
+    "workflow_cancelled": "cancelled",
+}
+POLL_S = 0.2  # a caller's creds read events only through the coordinator: asked again
+CLOCKS_APART_MS = 1_000  # the coordinator's clock may be behind the caller's
+
+EventsOf = Callable[[str], Awaitable[list[Event]]]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowEnded:
+    """How a workflow instance ended: ``status`` ``cancelled``, or ``completed`` / ``failed``
+    when it ended otherwise; ``before_cancel``: it had ended before the cancel was sent
+    (none was); ``at_ms``: when, on the coordinator's clock."""
+
+    instance_id: str
+    status: str
+    at_ms: int
+    before_cancel: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SignalOutcome:
+    """What a state machine instance did with a signalled ``event``: ``taken`` by its state
+    ``state``, or not — then ``waits_for`` names the events its state takes (empty: it waits
+    for none), and ``ended`` how the instance had ended, when it had (no signal was sent)."""
+
+    instance_id: str
+    event: str
+    taken: bool
+    state: str | None = None
+    waits_for: tuple[str, ...] = ()
+    ended: str | None = None
+
+
+class _Instance:
+    """One of the caller's instances, as its events tell it."""
+
+    def __init__(self, caller: str, events_of: EventsOf, instance_id: str) -> None:
+        self.caller, self.instance_id, self._events_of = caller, instance_id, events_of
+
+    async def events(self) -> list[Event]:
+        return [
+            e for e in await self._events_of(self.instance_id) if e.message_id == self.instance_id
+        ]
+
+    async def started(self) -> tuple[Event, list[Event]]:
+        """Its ``workflow_started`` event and all its events so far; raises UnknownWorkflow
+        when the caller started no such instance."""
+        events = await self.events()
+        started = next((e for e in events if e.event == "workflow_started"), None)
+        # On an open server the events of every caller's instances can be read: another's is
+        # refused here as the coordinator would (it logs that and says nothing).
+        if started is None or started.caller not in (None, self.caller):
+            raise UnknownWorkflow(
+                f"no workflow instance {self.instance_id!r} among {self.caller}'s own messages"
+                " (a caller cancels and signals only the instances it started)"
+            )
+        return started, events
+
+
+async def cancel_workflow(
+    broker: Broker,
+    caller: str,
+    events_of: EventsOf,
+    instance_id: str,
+    *,
+    why: str,
+    wait_s: float,
+) -> WorkflowEnded:
+    """Cancel ``instance_id`` as ``caller`` and wait up to ``wait_s`` for it to end;
+    ``events_of`` reads a message's events (the caller's own)."""
+    instance = _Instance(caller, events_of, instance_id)
+    started, events = await instance.started()
+    if (ended := _ended(instance_id, events, before_cancel=True)) is not None:
+        return ended
+    await broker.publish(f"{broker.names.workflow_cancel(instance_id)}.{caller}", why.encode())
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while (ended := _ended(instance_id, events, before_cancel=False)) is None:
+        if asyncio.get_running_loop().time() >= deadline:
+            raise DeadlineExceeded(
+                f"workflow {instance_id!r}: cancel sent; not ended within {wait_s:g} s (its"
+                " steps' undoing may still run)",
+                message_id=instance_id,
+                trace_id=started.trace_id,
+            )
+        await asyncio.sleep(POLL_S)
+        events = await instance.events()
+    return ended
+
+
+async def signal_workflow(
+    broker: Broker,
+    caller: str,
+    events_of: EventsOf,
+    instance_id: str,
+    event: str,
+    *,
+    wait_s: float,
+) -> SignalOutcome:
+    """Signal ``event`` to ``instance_id`` as ``caller`` and wait up to ``wait_s`` for the
+    coordinator to say whether a state took it (its ``signal_taken`` or ``signal_ignored``
+    event, which name the sender)."""
+    if not is_token(event):
+        raise InvalidArgument(
+            f"event={event!r}: an event is one subject token (letters, digits, '-', '_'; no"
+            " dots, spaces or wildcards)",
+            argument="event",
+        )
+    instance = _Instance(caller, events_of, instance_id)
+    started, events = await instance.started()
+    if (ended := _ended(instance_id, events, before_cancel=True)) is not None:
+        return SignalOutcome(instance_id, event, taken=False, ended=ended.status)
+    sent_ms = now_ms()
+    await broker.publish(f"{broker.names.workflow_signal(instance_id, event)}.{caller}", b"")
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while (answer := _answer(instance_id, event, caller, events, sent_ms)) is None:
+        if asyncio.get_running_loop().time() >= deadline:
+            raise DeadlineExceeded(
+                f"workflow {instance_id!r}: {event} signalled; the coordinator has not said"
+                f" within {wait_s:g} s whether a state took it (it counts from when the server"
+                " stored it: it may still be taken)",
+                message_id=instance_id,
+                trace_id=started.trace_id,
+            )
+        await asyncio.sleep(POLL_S)
+        events = await instance.events()
+    return answer
+
+
+def _answer(
+    instance_id: str, event: str, caller: str, events: list[Event], sent_ms: int
+) -> SignalOutcome | None:
+    for seen in events:
+        detail = seen.detail
+        if detail.get("by") != caller or seen.at_ms < sent_ms - CLOCKS_APART_MS:
+            continue
+        if seen.event == "signal_taken" and detail.get("event") == event:
+            return SignalOutcome(instance_id, event, taken=True, state=detail.get("state"))
+        if seen.event == "signal_ignored" and detail.get("signal") == event:
+            waits = tuple(detail.get("waits_for") or ())
+            return SignalOutcome(instance_id, event, taken=False, waits_for=waits)
+    return None
+
+
+def _ended(instance_id: str, events: list[Event], *, before_cancel: bool) -> WorkflowEnded | None:
+    ending = next((e for e in events if e.event in ENDINGS), None)
+    if ending is None:
+        return None
+    return WorkflowEnded(instance_id, ENDINGS[ending.event], ending.at_ms, before_cancel)

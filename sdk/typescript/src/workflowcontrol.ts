@@ -1,0 +1,143 @@
+/**
+ * Acting on a workflow instance a caller started: cancelling it (`ReachClient.cancelWorkflow`)
+ * and signalling it an event (`ReachClient.signalWorkflow`). A caller may not read the workflow
+ * records, so it learns how its instance stands from the instance's events, before and after
+ * it acts; the coordinator acts only on an instance that caller started (caller.md §8.3, §8.4).
+ */
+
+import { TOKEN } from "./codec.js";
+import type { Connection } from "./connection.js";
+import { DeadlineExceeded, InvalidArgument, UnknownWorkflow } from "./errors.js";
+import { sleep } from "./timing.js";
+import type { Event } from "./types.js";
+
+const ENDINGS: Record<string, WorkflowEnded["status"]> = {
+  workflow_completed: "completed",
+  workflow_failed: "failed",
+  workflow_cancelled: "cancelled",
+};
+const POLL_MS = 200; // a caller's creds read events only through the coordinator: asked again
+const CLOCKS_APART_MS = 1_000; // the coordinator's clock may be behind the caller's
+
+type EventsOf = (messageId: string) => Promise<Event[]>;
+
+/** How a workflow instance ended. */
+export interface WorkflowEnded {
+  instanceId: string;
+  /** `cancelled`, or `completed` / `failed` when it ended otherwise first. */
+  status: "cancelled" | "completed" | "failed";
+  /** When, on the coordinator's clock. */
+  atMs: number;
+  /** It had ended before the cancel was sent (none was). */
+  beforeCancel: boolean;
+}
+
+/**
+ * What a state machine instance did with a signalled `event`: `taken` by its state `state`,
+ * or not — then `waitsFor` names the events its state takes (empty: it waits for none), and
+ * `ended` how the instance had ended, when it had (no signal was sent).
+ */
+export interface SignalOutcome {
+  instanceId: string;
+  event: string;
+  taken: boolean;
+  state: string | null;
+  waitsFor: string[];
+  ended: WorkflowEnded["status"] | null;
+}
+
+async function ownInstance(caller: string, eventsOf: EventsOf, instanceId: string) {
+  const eventsNow = async () => (await eventsOf(instanceId)).filter((e) => e.message_id === instanceId);
+  const events = await eventsNow();
+  const started = events.find((e) => e.event === "workflow_started");
+  // Where the events of every caller's instances can be read (an open server), another's is
+  // refused here as the coordinator would (it logs that and says nothing).
+  if (started === undefined || (started.caller != null && started.caller !== caller)) {
+    throw new UnknownWorkflow(
+      `no workflow instance '${instanceId}' among ${caller}'s own messages (a caller cancels and signals only the instances it started)`,
+    );
+  }
+  return { started, events, eventsNow };
+}
+
+export async function cancelWorkflow(
+  conn: Connection,
+  caller: string,
+  eventsOf: EventsOf,
+  instanceId: string,
+  why: string,
+  waitMs: number,
+): Promise<WorkflowEnded> {
+  const instance = await ownInstance(caller, eventsOf, instanceId);
+  const { started } = instance;
+  let { events } = instance;
+  const already = ended(instanceId, events, true);
+  if (already !== null) return already;
+  await conn.publish(conn.names.workflowCancel(instanceId, caller), new TextEncoder().encode(why));
+  const until = performance.now() + waitMs;
+  for (;;) {
+    const end = ended(instanceId, events, false);
+    if (end !== null) return end;
+    if (performance.now() >= until) {
+      throw new DeadlineExceeded(
+        `workflow '${instanceId}': cancel sent; not ended within ${waitMs} ms (its steps' undoing may still run)`,
+        { messageId: instanceId, traceId: started.trace_id },
+      );
+    }
+    await sleep(POLL_MS);
+    events = await instance.eventsNow();
+  }
+}
+
+export async function signalWorkflow(
+  conn: Connection,
+  caller: string,
+  eventsOf: EventsOf,
+  instanceId: string,
+  event: string,
+  waitMs: number,
+): Promise<SignalOutcome> {
+  if (!TOKEN.test(event)) {
+    throw new InvalidArgument(`event='${event}': an event is one subject token (letters, digits, '-', '_'; no dots, spaces or wildcards)`, "event");
+  }
+  const instance = await ownInstance(caller, eventsOf, instanceId);
+  let { events } = instance;
+  const already = ended(instanceId, events, true);
+  if (already !== null) return { instanceId, event, taken: false, state: null, waitsFor: [], ended: already.status };
+  const sentMs = Date.now();
+  await conn.publish(conn.names.workflowSignal(instanceId, event, caller), new Uint8Array());
+  const until = performance.now() + waitMs;
+  for (;;) {
+    const answer = answerIn(instanceId, event, caller, events, sentMs);
+    if (answer !== null) return answer;
+    if (performance.now() >= until) {
+      throw new DeadlineExceeded(
+        `workflow '${instanceId}': ${event} signalled; the coordinator has not said within ${waitMs} ms whether a state took it (it counts from when the server stored it: it may still be taken)`,
+        { messageId: instanceId, traceId: instance.started.trace_id },
+      );
+    }
+    await sleep(POLL_MS);
+    events = await instance.eventsNow();
+  }
+}
+
+function answerIn(instanceId: string, event: string, caller: string, events: Event[], sentMs: number): SignalOutcome | null {
+  for (const seen of events) {
+    const detail = (seen.detail ?? {}) as Record<string, unknown>;
+    if (detail.by !== caller || seen.at_ms < sentMs - CLOCKS_APART_MS) continue;
+    if (seen.event === "signal_taken" && detail.event === event) {
+      return { instanceId, event, taken: true, state: (detail.state as string | undefined) ?? null, waitsFor: [], ended: null };
+    }
+    if (seen.event === "signal_ignored" && detail.signal === event) {
+      const waitsFor = Array.isArray(detail.waits_for) ? (detail.waits_for as string[]) : [];
+      return { instanceId, event, taken: false, state: null, waitsFor, ended: null };
+    }
+  }
+  return null;
+}
+
+function ended(instanceId: string, events: Event[], beforeCancel: boolean): WorkflowEnded | null {
+  const ending = events.find((e) => e.event in ENDINGS);
+  if (ending === undefined) return null;
+  return { instanceId, status: ENDINGS[ending.event]!, atMs: ending.at_ms, beforeCancel };
+}

@@ -1,0 +1,173 @@
+"""ReachClient.cancel_workflow and signal_workflow on a real server: a caller cancels a
+workflow it started and hears how it ended, signals one and hears whether its state took the
+event; another caller's instance, or no instance, is refused by name."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest
+from nats.js.errors import NotFoundError
+
+from agentreach.agents import (
+    Agent,
+    InvalidArgument,
+    ReachClient,
+    SignalOutcome,
+    TaskContext,
+    TaskFailed,
+    UnknownWorkflow,
+    WorkflowEnded,
+)
+from agentreach.broker import Broker
+from agentreach.coordinator import Coordinator
+from agentreach.coordinator import workflow as wf
+from agentreach.envelopes import new_id
+from tests.conftest import FAST
+from tests.e2e.test_workflows import APPROVAL, _until_record, workflows
+from tests.support import eventually, until_true
+
+HELD = "held-chain"
+
+
+@contextlib.asynccontextmanager
+async def held_workflow(broker: Broker) -> AsyncIterator[asyncio.Queue[Any]]:
+    """A coordinator serving ``held-chain``, whose one step an agent holds until the test
+    ends; yields the queue of payloads the step got."""
+    held: asyncio.Queue[Any] = asyncio.Queue()
+    release = asyncio.Event()
+    config = msgspec.structs.replace(FAST, workflows={HELD: wf.chain(wf.step("a", "hold"))})
+    agent = Agent("cancel-holder", startup_delay=0)
+
+    @agent.handler("hold")
+    async def hold(ctx: TaskContext, payload: Any) -> Any:
+        await held.put(payload)
+        await release.wait()
+        return payload
+
+    async with (
+        Broker(broker.url, names=broker.names, name="coordinator") as own,
+        Coordinator(own, config).running() as coordinator,
+        agent.running(broker=broker),
+    ):
+        await eventually(lambda: "cancel-holder" in coordinator.directory.cards)
+        try:
+            yield held
+        finally:
+            release.set()
+
+
+async def test_a_caller_cancels_its_workflow_and_hears_how_it_ended(broker):
+    async with held_workflow(broker) as held, ReachClient(broker=broker, name="alice") as alice:
+        instance = new_id()
+        invoked = asyncio.create_task(alice.invoke(HELD, {"n": 1}, message_id=instance))
+        assert await asyncio.wait_for(held.get(), 10) == {"n": 1}
+
+        ended = await alice.cancel_workflow(instance, why="changed my mind")
+        assert ended == WorkflowEnded(instance, "cancelled", ended.at_ms, before_cancel=False)
+        with pytest.raises(TaskFailed) as stopped:
+            await asyncio.wait_for(invoked, 10)
+        assert stopped.value.ending == "cancelled"
+        assert stopped.value.error.message == "cancelled by its caller 'alice': changed my mind"
+
+        again = await alice.cancel_workflow(instance)
+        assert (again.status, again.before_cancel, again.at_ms) == ("cancelled", True, ended.at_ms)
+
+
+async def test_another_caller_s_instance_or_none_is_refused_by_name(broker):
+    async with (
+        held_workflow(broker) as held,
+        ReachClient(broker=broker, name="alice") as alice,
+        ReachClient(broker=broker, name="bob") as bob,
+    ):
+        instance = new_id()
+        invoked = asyncio.create_task(alice.invoke(HELD, {}, message_id=instance))
+        await asyncio.wait_for(held.get(), 10)
+        with pytest.raises(UnknownWorkflow, match=f"no workflow instance '{instance}' among bob"):
+            await bob.cancel_workflow(instance)
+        with pytest.raises(UnknownWorkflow, match="'nothing-1' among alice"):
+            await alice.cancel_workflow("nothing-1")
+        assert not invoked.done()
+        await alice.cancel_workflow(instance)
+        with pytest.raises(TaskFailed):
+            await invoked
+
+
+@contextlib.asynccontextmanager
+async def approval_waiting(broker: Broker, caller: ReachClient) -> AsyncIterator[tuple[str, Any]]:
+    """An ``approval`` instance ``caller`` started, its state ``submitted`` waiting for
+    ``approve`` or ``reject``: (its id, the caller's invoke)."""
+    config = msgspec.structs.replace(FAST, workflows=workflows(approval=APPROVAL))
+    agent = Agent("checker", startup_delay=0)
+
+    @agent.handler("check")
+    async def check(ctx: TaskContext, payload: Any) -> str:
+        return "looks fine"
+
+    async with (
+        Broker(broker.url, names=broker.names, name="coordinator") as own,
+        Coordinator(own, config).running() as coordinator,
+        agent.running(broker=broker),
+    ):
+        await eventually(lambda: "checker" in coordinator.directory.cards)
+        instance = new_id()
+        invoked = asyncio.create_task(caller.invoke("approval", {}, message_id=instance))
+        await _until_record(broker, instance, lambda r: r.steps["submitted"].status == "completed")
+        try:
+            yield instance, invoked
+        finally:
+            invoked.cancel()
+
+
+async def test_a_caller_signals_its_workflow_and_hears_whether_it_was_taken(broker):
+    """An event the state does not take is said with those it takes; one it takes moves the
+    machine (the starter gets its end); once ended, nothing is sent and the end is said."""
+    async with (
+        ReachClient(broker=broker, name="alice") as alice,
+        approval_waiting(broker, alice) as (instance, invoked),
+    ):
+        ignored = await alice.signal_workflow(instance, "nope")
+        taken = await alice.signal_workflow(instance, "approve")
+        assert await asyncio.wait_for(invoked, 10) == {"ok": True}
+        after = await alice.signal_workflow(instance, "reject")
+        events = await alice.status(instance)
+    assert ignored == SignalOutcome(instance, "nope", taken=False, waits_for=("approve", "reject"))
+    assert taken == SignalOutcome(instance, "approve", taken=True, state="submitted")
+    assert after == SignalOutcome(instance, "reject", taken=False, ended="completed")
+    [said] = [e for e in events if e.event == "signal_taken"]
+    assert said.detail["by"] == "alice"  # who moved it, in the starter's own trace
+
+
+async def test_another_caller_s_signal_is_refused_and_bad_events_are_named(broker):
+    """bob may not signal alice's instance: the SDK says so, and bob's signal sent by hand is
+    settled without moving it; an event that is no subject token is refused before sending."""
+    async with (
+        ReachClient(broker=broker, name="alice") as alice,
+        ReachClient(broker=broker, name="bob") as bob,
+        approval_waiting(broker, alice) as (instance, invoked),
+    ):
+        with pytest.raises(UnknownWorkflow, match=f"'{instance}' among bob's own"):
+            await bob.signal_workflow(instance, "approve")
+        with pytest.raises(InvalidArgument, match=r"event='a\.b': an event is one subject token"):
+            await alice.signal_workflow(instance, "a.b")
+        subject = f"{bob.broker.names.workflow_signal(instance, 'approve')}.bob"
+        sent = await bob.broker.publish(subject, b"")
+        await until_true(lambda: _handled(broker, sent.seq))
+        record = await _until_record(broker, instance, lambda r: True)
+        assert record.current == "submitted" and record.status == "running"
+        assert not invoked.done()
+        assert (await alice.signal_workflow(instance, "reject")).taken
+
+
+async def _handled(broker: Broker, seq: int) -> bool:
+    """Whether the coordinator acknowledged REACH_WORKFLOWS message ``seq`` (a work queue: an
+    acknowledged message is gone)."""
+    try:
+        await broker.js.get_msg(broker.names.workflows_stream, seq)
+    except NotFoundError:
+        return True
+    return False
