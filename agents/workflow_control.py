@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from agentreach.agents.errors import DeadlineExceeded, InvalidArgument, UnknownWorkflow
 from agentreach.broker import Broker
@@ -26,6 +27,7 @@ POLL_S = 0.2  # a caller's creds read events only through the coordinator: asked
 CLOCKS_APART_MS = 1_000  # the coordinator's clock may be behind the caller's
 
 EventsOf = Callable[[str], Awaitable[list[Event]]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +61,16 @@ class _Instance:
 
     def __init__(self, caller: str, events_of: EventsOf, instance_id: str) -> None:
         self.caller, self.instance_id, self._events_of = caller, instance_id, events_of
+        self.trace_id = instance_id
 
     async def events(self) -> list[Event]:
         return [
             e for e in await self._events_of(self.instance_id) if e.message_id == self.instance_id
         ]
 
-    async def started(self) -> tuple[Event, list[Event]]:
-        """Its ``workflow_started`` event and all its events so far; raises UnknownWorkflow
-        when the caller started no such instance."""
+    async def started(self) -> list[Event]:
+        """Its events so far, from its ``workflow_started``; raises UnknownWorkflow when the
+        caller started no such instance."""
         events = await self.events()
         started = next((e for e in events if e.event == "workflow_started"), None)
         # On an open server the events of every caller's instances can be read: another's is
@@ -77,7 +80,30 @@ class _Instance:
                 f"no workflow instance {self.instance_id!r} among {self.caller}'s own messages"
                 " (a caller cancels and signals only the instances it started)"
             )
-        return started, events
+        self.trace_id = started.trace_id
+        return events
+
+    async def until(
+        self,
+        found: Callable[[list[Event]], T | None],
+        events: list[Event],
+        wait_s: float,
+        *,
+        says: str,
+    ) -> T:
+        """What ``found`` finds in the instance's events, read again until it does; raises
+        DeadlineExceeded, with ``says`` after the instance's id, after ``wait_s``."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while (answer := found(events)) is None:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise DeadlineExceeded(
+                    f"workflow {self.instance_id!r}: {says}",
+                    message_id=self.instance_id,
+                    trace_id=self.trace_id,
+                )
+            await asyncio.sleep(POLL_S)
+            events = await self.events()
+        return answer
 
 
 async def cancel_workflow(
@@ -92,22 +118,16 @@ async def cancel_workflow(
     """Cancel ``instance_id`` as ``caller`` and wait up to ``wait_s`` for it to end;
     ``events_of`` reads a message's events (the caller's own)."""
     instance = _Instance(caller, events_of, instance_id)
-    started, events = await instance.started()
+    events = await instance.started()
     if (ended := _ended(instance_id, events, before_cancel=True)) is not None:
         return ended
     await broker.publish(f"{broker.names.workflow_cancel(instance_id)}.{caller}", why.encode())
-    deadline = asyncio.get_running_loop().time() + wait_s
-    while (ended := _ended(instance_id, events, before_cancel=False)) is None:
-        if asyncio.get_running_loop().time() >= deadline:
-            raise DeadlineExceeded(
-                f"workflow {instance_id!r}: cancel sent; not ended within {wait_s:g} s (its"
-                " steps' undoing may still run)",
-                message_id=instance_id,
-                trace_id=started.trace_id,
-            )
-        await asyncio.sleep(POLL_S)
-        events = await instance.events()
-    return ended
+    return await instance.until(
+        lambda seen: _ended(instance_id, seen, before_cancel=False),
+        events,
+        wait_s,
+        says=f"cancel sent; not ended within {wait_s:g} s (its steps' undoing may still run)",
+    )
 
 
 async def signal_workflow(
@@ -129,24 +149,18 @@ async def signal_workflow(
             argument="event",
         )
     instance = _Instance(caller, events_of, instance_id)
-    started, events = await instance.started()
+    events = await instance.started()
     if (ended := _ended(instance_id, events, before_cancel=True)) is not None:
         return SignalOutcome(instance_id, event, taken=False, ended=ended.status)
     sent_ms = now_ms()
     await broker.publish(f"{broker.names.workflow_signal(instance_id, event)}.{caller}", b"")
-    deadline = asyncio.get_running_loop().time() + wait_s
-    while (answer := _answer(instance_id, event, caller, events, sent_ms)) is None:
-        if asyncio.get_running_loop().time() >= deadline:
-            raise DeadlineExceeded(
-                f"workflow {instance_id!r}: {event} signalled; the coordinator has not said"
-                f" within {wait_s:g} s whether a state took it (it counts from when the server"
-                " stored it: it may still be taken)",
-                message_id=instance_id,
-                trace_id=started.trace_id,
-            )
-        await asyncio.sleep(POLL_S)
-        events = await instance.events()
-    return answer
+    return await instance.until(
+        lambda seen: _answer(instance_id, event, caller, seen, sent_ms),
+        events,
+        wait_s,
+        says=f"{event} signalled; the coordinator has not said within {wait_s:g} s whether a"
+        " state took it (it counts from when the server stored it: it may still be taken)",
+    )
 
 
 def _answer(

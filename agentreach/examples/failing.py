@@ -1,5 +1,5 @@
 """An agent that fails every task it gets: for trying retries, breakers, isolation, the
-dead-letter stream and the alerts (``ReachAgentsIsolated`` fires after 5 failures in a row).
+dead-letter stream and the alerts (``ReachAgentsIsolated`` fires after 5 messages failed in a row).
 
 reach agent agentreach.examples.failing:agent
 reach publish unreliable '{"n": 1}'       # retried 3 times, then dead-lettered

@@ -83,7 +83,8 @@ class BreakerBoard:
         self._tripped: dict[str, set[str]] = {}  # agent → keys of its breakers not closed
         self._revisions: dict[str, int] = {}
         self._windows: dict[str, Window] = {}
-        self._failures_in_a_row: dict[str, int] = {}
+        # agent → the messages that failed there in a row (retries of one are one failure)
+        self._failures_in_a_row: dict[str, list[str]] = {}
 
     def _counts(self, event: Event) -> bool:
         """Outcomes that say something about the agent to every caller. Not those its
@@ -184,7 +185,7 @@ class BreakerBoard:
         ok = event.event == "completed"
         agent_id, key = event.agent_id, breaker_key(event.agent_id, event.topic)
         live = at_ms >= self._live_from_ms
-        await self._count_in_a_row(agent_id, ok, at_ms, judge=live)
+        await self._count_in_a_row(agent_id, event.message_id, ok, at_ms, judge=live)
         window = self._windows.setdefault(key, Window(self._config.window_s))
         window.add(at_ms, ok)
         for trial_key in (agent_id, key):
@@ -199,15 +200,26 @@ class BreakerBoard:
         for key in [k for k in self._windows if k.split(".", 1)[0] == agent_id]:
             del self._windows[key]
 
-    async def _count_in_a_row(self, agent_id: str, ok: bool, at_ms: int, *, judge: bool) -> None:
+    async def _count_in_a_row(
+        self, agent_id: str, message_id: str, ok: bool, at_ms: int, *, judge: bool
+    ) -> None:
+        """Isolate an agent after ``isolation_failures`` messages failed there in a row. The
+        attempts of one message count once: one poison message retried, or one caller's bad
+        input, says little about the agent, and isolating it refused every other topic."""
         isolation = self.records.get(agent_id)
         if isolation is not None and at_ms < isolation.counted_from_ms:
             return
-        in_a_row = 0 if ok else self._failures_in_a_row.get(agent_id, 0) + 1
-        self._failures_in_a_row[agent_id] = in_a_row
-        if in_a_row < self._config.isolation_failures or not judge:
+        failed = self._failures_in_a_row.setdefault(agent_id, [])
+        if ok:
+            failed.clear()
             return
-        reason = f"{in_a_row} failures in a row"
+        if message_id in failed:
+            return  # a retry of a message counted already
+        if len(failed) < self._config.isolation_failures:
+            failed.append(message_id)
+        if len(failed) < self._config.isolation_failures or not judge:
+            return
+        reason = f"{len(failed)} messages failed in a row"
 
         def isolate(record: BreakerRecord | None) -> BreakerRecord | None:
             if record is not None and _tripped(record):

@@ -30,7 +30,7 @@ class BreakerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     open_s: PositiveSeconds = 10.0
     trial_calls: Positive = 3
     trial_timeout_s: PositiveSeconds = 30.0  # trials that never report count as failures
-    isolation_failures: Positive = 5  # consecutive failures of one agent across intents
+    isolation_failures: Positive = 5  # messages failing in a row at one agent, across intents
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from nats.js.errors import NotFoundError
 
 from agentreach.agents import (
     Agent,
+    DeadlineExceeded,
     InvalidArgument,
     ReachClient,
     SignalOutcome,
@@ -160,6 +161,8 @@ async def test_another_caller_s_signal_is_refused_and_bad_events_are_named(broke
         record = await _until_record(broker, instance, lambda r: True)
         assert record.current == "submitted" and record.status == "running"
         assert not invoked.done()
+        with pytest.raises(DeadlineExceeded, match="nope signalled; the coordinator has not said"):
+            await alice.signal_workflow(instance, "nope", wait_s=0)
         assert (await alice.signal_workflow(instance, "reject")).taken
 
 

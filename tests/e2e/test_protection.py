@@ -319,7 +319,7 @@ async def test_an_agent_failing_everything_is_isolated_until_a_trial_succeeds(
         assert await client.invoke("b", {}) == "z"  # the one trial that lifts the isolation
         restored = await watcher.event("agent_restored")
     assert isolated.agent_id == "z" and isolated.detail["isolated_agents"] == 1
-    assert isolated.detail["reason"] == "5 failures in a row"
+    assert isolated.detail["reason"] == "5 messages failed in a row"
     assert "agent isolated" in refused.value.error.message
     assert "ISOLATED:open" in table and "1 isolated" in table
     assert restored.detail["isolated_agents"] == 0
@@ -381,7 +381,7 @@ async def test_a_callers_tight_budget_does_not_count_against_the_agent(
         isolated = await watcher.event("agent_isolated")
     kinds = [(e.event, e.topic) for e in watcher.events if e.event in ("failed", "agent_isolated")]
     assert kinds.index(("agent_isolated", "_agent")) > kinds.index(("failed", "tight")) + 2
-    assert isolated.detail["reason"] == "3 failures in a row"
+    assert isolated.detail["reason"] == "3 messages failed in a row"
 
 
 async def test_an_agent_token_bucket_holds_its_rate(broker, start_coordinator, watcher):

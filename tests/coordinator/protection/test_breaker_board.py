@@ -86,3 +86,21 @@ async def test_outcomes_stored_before_the_replica_started_fill_its_windows_unjud
     await started.record_outcome(failure("live-1"), at_ms=100_400)
     assert started.records["z.flaky"].state == "open"  # the whole window, judged live
     assert started.isolated == ["z"]  # six failures in a row, the last one live
+
+
+async def test_the_retries_of_one_message_are_one_failure_in_a_row(broker):
+    """One poison message retried six times isolated its agent, and every other topic of it
+    was refused (a Celery user's walkthrough): its attempts count once; three different
+    messages failing in a row still isolate it."""
+    config = BreakerConfig(min_calls=1000, isolation_failures=3)
+    now = [100_000]
+    board = BreakerBoard(broker, config, clock=lambda: now[0])
+    for _ in range(6):
+        now[0] += 1000
+        await board.record_outcome(failure("poison-1"), at_ms=now[0])
+    assert board.isolated == []
+    for message_id in ("other-1", "other-2"):
+        now[0] += 1000
+        await board.record_outcome(failure(message_id), at_ms=now[0])
+    assert board.isolated == ["z"]
+    assert board.records["z"].reason == "3 messages failed in a row"
