@@ -303,7 +303,7 @@ async def test_an_operator_s_cancel_that_an_end_overtakes_says_so(broker: Broker
     assert cancelled.stdout.splitlines()[-1] == "overtaken: completed before the cancel took effect"
 
 
-async def _refused_by_the_server(arena: Arena, actor: Broker, *subjects: str) -> None:
+async def _refused_by_the_server(arena: Secured, actor: Broker, *subjects: str) -> None:
     """Publishes on ``subjects`` as ``actor`` (bob), each a permission violation."""
     before = arena.violations("bob")
     for subject in subjects:
