@@ -159,11 +159,13 @@ class Outcomes:
         left_ms = ttl_left_ms(task.ttl_ms, _dispatched_at_ms(event))
         if left_ms <= delay * 1000:
             # No retry could be dispatched within the ttl: say so now, with what failed.
-            when = f"in {int(delay * 1000)} ms, {max(0, left_ms)} ms left"
+            # Not the dispatch's ttl_ms: that is what was left when it was routed, not what
+            # its sender set (a caller read "ttl 1103 ms" of a task it sent with 3500).
+            when = f"due in {int(delay * 1000)} ms, {max(0, left_ms)} ms of it left"
             await self._router.end(
                 task,
                 "expired",
-                f"ttl {task.ttl_ms} ms runs out before attempt {task.attempt + 1} ({when});"
+                f"its ttl runs out before attempt {task.attempt + 1} ({when});"
                 f" attempt {task.attempt} failed: {error.type}: {error.message}",
             )
             return None
