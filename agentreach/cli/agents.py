@@ -115,12 +115,21 @@ async def _clear(broker: Broker, agent_id: str | None) -> int:
         raise UsageError(f"{agent_id}: {said}")  # an unknown agent: said as every error is
     print(f"{agent_id}: {'quarantine lifted' if said == 'cleared' else said}")
     if tripped := await _tripped(broker, agent_id):
-        shown = ", ".join(f"{b.intent or 'ISOLATED'}:{b.state}" for b in tripped)
+        shown = ", ".join(breaker_shown(b, int(time.time() * 1000)) for b in tripped)
         print(
             f"{agent_id}: its breakers are not cleared ({shown}): each closes when a trial"
             " call succeeds, after its open time, or when the agent stops"
         )
     return 0
+
+
+def breaker_shown(breaker: BreakerRecord, now_ms: int) -> str:
+    """``intent:state`` (``ISOLATED:…`` for an isolation). An open breaker whose open time
+    has passed stays open until a call comes to be its trial: said, or it reads as stuck."""
+    state = breaker.state
+    if state == "open" and now_ms >= breaker.open_until_ms:
+        state = "open(trial due)"
+    return f"{breaker.intent or 'ISOLATED'}:{state}"
 
 
 async def _tripped(broker: Broker, agent_id: str) -> list[BreakerRecord]:
@@ -254,7 +263,8 @@ def _line(row: Row) -> str:
     load = f"{running[0]}/{running[1]}" if running else "-"
     intents = ",".join(f"{t}@{i.version}" for t, i in sorted(card.intents.items()))
     tags = ",".join(f"{k}={v}" for k, v in sorted(card.tags.items())) or "-"
-    breakers = ",".join(f"{b.intent or 'ISOLATED'}:{b.state}" for b in row.breakers) or "-"
+    now = int(time.time() * 1000)
+    breakers = ",".join(breaker_shown(b, now) for b in row.breakers) or "-"
     line = (
         f"{card.agent_id:<22} {state:<9} {since:<9} {age:>6} {load:>7}"
         f"  {intents}  {tags}  {breakers}"

@@ -5,9 +5,10 @@ from __future__ import annotations
 from structlog.testing import capture_logs
 
 from agentreach.broker import provision
-from agentreach.cli.agents import collect
+from agentreach.cli.agents import breaker_shown, collect
 from agentreach.cli.status import coordinators
 from agentreach.coordinator.routing import allowances
+from agentreach.envelopes import BreakerRecord
 from tests.cli.conftest import reach_argv, run
 from tests.cli.test_reach_cli import worker
 from tests.support import wait_for_card
@@ -47,3 +48,13 @@ async def test_priorities_in_the_allowances_bucket_are_not_read_as_allowances(br
             [row] = await collect(broker, allowances_enforced=True)
     assert [log for log in logs if log["log_level"] == "warning"] == []
     assert row.refused  # its allowance (none) was read: every intent it serves is refused
+
+
+def test_an_open_breaker_past_its_open_time_says_its_next_call_is_a_trial():
+    """A breaker stays open until a call comes to be its trial: long past its 10 s it read
+    as stuck open (a walkthrough). It says the trial is due."""
+    breaker = BreakerRecord(agent_id="a-1", intent="fetch", state="open", open_until_ms=10_000)
+    isolation = BreakerRecord(agent_id="a-1", state="half_open", open_until_ms=10_000)
+    assert breaker_shown(breaker, 9_999) == "fetch:open"
+    assert breaker_shown(breaker, 10_000) == "fetch:open(trial due)"
+    assert breaker_shown(isolation, 20_000) == "ISOLATED:half_open"

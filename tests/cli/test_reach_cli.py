@@ -18,7 +18,7 @@ from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import EmbeddedServer
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.embedded import PID_FILE
-from agentreach.envelopes import BreakerRecord, Task
+from agentreach.envelopes import BreakerRecord, Task, now_ms
 from tests.cli.conftest import reach_argv, reach_command, run, started_until
 from tests.support import wait_for_card
 
@@ -492,7 +492,12 @@ async def test_agents_clear_needs_a_coordinator_and_a_known_agent(broker, coordi
             while "cli-reach-worker" not in coordinator.liveness.agents:  # noqa: ASYNC110
                 await asyncio.sleep(0.02)  # the monitor's in-memory view has no event
         breakers = await broker.bucket(broker.names.breakers_bucket, BreakerRecord)
-        isolation = BreakerRecord(agent_id="cli-reach-worker", state="open", reason="test")
+        isolation = BreakerRecord(
+            agent_id="cli-reach-worker",
+            state="open",
+            reason="test",
+            open_until_ms=now_ms() + 60_000,
+        )
         await breakers.put(isolation.key, isolation)
         not_quarantined = await reach(broker, "agents", "clear", "cli-reach-worker")
         coordinator.liveness.agents["cli-reach-worker"].quarantined = True  # as flapping does
