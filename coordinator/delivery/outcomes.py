@@ -17,6 +17,7 @@ from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.lifecycle import emit, event_for, events_of
+from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.delivery.dead_letters import end_with_error, unreadable_event
 from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
 from agentreach.coordinator.delivery.retries import RetryConfig
@@ -103,6 +104,13 @@ class Outcomes:
         if not self._grants.holds(event.detail.get("grant"), task, sender):
             await impersonation(self._broker, sender, event, "no grant for this attempt")
             return None
+        if not self._grants.enabled and sender != COORDINATOR:
+            # No grant to check (an open server): the routing vouches instead, or an agent
+            # ended (or retried, so that it ran twice) a task routed to another.
+            events = await events_of(self._broker, event.trace_id, event.message_id)
+            vouched = await routing_vouches(self._broker, msg, event, events)
+            if vouched is not True:
+                return None if vouched is False else vouched
         with structlog.contextvars.bound_contextvars(
             message_id=task.message_id, trace_id=task.trace_id, agent_id=event.agent_id
         ):

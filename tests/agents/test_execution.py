@@ -148,6 +148,7 @@ async def test_a_task_that_expired_in_the_agent_queue_is_not_run(broker, coordin
         ttl_ms=200,
         to_agent=agent.agent_id,
     )
+    await emit(broker, event_for(task, "routed", agent_id=agent.agent_id))  # as the router does
     await broker.publish(broker.names.dispatch(agent.agent_id, "P1"), envelopes.encode(task))
     await asyncio.sleep(0.3)  # the passing of the ttl is what this test is about
     async with agent.running(broker=broker):

@@ -246,6 +246,7 @@ async def test_an_expired_report_of_a_task_done_already_is_answered_from_its_rec
     report = event_for(
         task, "expired", agent_id="other-sdk-1", task=task, error=error, dispatched_at_ms=1
     )
+    await emit(broker, event_for(task, "routed", agent_id="other-sdk-1"))  # as it was
     await emit(broker, report, sender="other-sdk-1")
     answered = await watcher.event("answered_from_record", message_id="done-1")
     assert answered.agent_id == "other-sdk-1"
@@ -271,6 +272,7 @@ async def test_a_failure_reported_while_a_redelivery_runs_the_task_waits_for_tha
     revision = await records.create(key, running)
     error = envelopes.ErrorInfo(type="deadline_exceeded", message="handler ran past 500 ms")
     stale = event_for(task, "failed", agent_id="stall-1", task=task, error=error)
+    await emit(broker, event_for(task, "routed", agent_id="stall-1"))  # as it was
     await emit(broker, stale, sender="stall-1")
     await _until_looked_at_again(broker, broker.names.coordinator_outcomes)
     done = msgspec.structs.replace(running, state="done", result={"ran": "once"})
@@ -523,3 +525,40 @@ async def test_a_replay_runs_on_a_fresh_budget(broker, watcher):
     assert sent.message_id == again.message_id and sent.replay_of == "hurried-1"
     assert sent.budget == envelopes.Budget()
     assert sent.ttl_ms == envelopes.DEFAULT_TTL_MS
+
+
+async def test_a_failure_reported_by_an_agent_it_was_not_routed_to_ends_nothing(
+    broker, coordinator, watcher
+):
+    """A lying agent published `failed` about a task waiting in another agent's queue (a
+    red team, on an open server): not retryable, it dead-lettered the task and told its
+    caller it was refused, and the task then ran anyway; retryable, it was retried on a
+    second agent while the first still held it (it ran twice). Where no grant can vouch for
+    an outcome, the routing does: the lie raises an impersonation alert and changes nothing."""
+    release = asyncio.Event()
+    holder = Agent("holder-1", startup_delay=0)
+
+    @holder.handler("held", capacity=1)
+    async def held(ctx: TaskContext, payload: dict) -> dict:
+        await release.wait()
+        return payload
+
+    async with holder.running(broker=broker), ReachClient(broker=broker, name="alice") as alice:
+        busy = asyncio.create_task(alice.invoke("held", {"n": 0}, ack_deadline_ms=20_000))
+        await watcher.event("accepted", topic="held")
+        budget = envelopes.Budget(ack_ms=20_000)
+        victim = alice.task("held", {"n": 1}, message_id="victim-1", budget=budget)
+        waiting = asyncio.create_task(alice.invoke_task(victim))
+        await watcher.event("routed", message_id="victim-1")
+        dispatched = msgspec.structs.replace(victim, caller="alice", to_agent="holder-1")
+        error = {"type": "PermanentError", "message": "forged", "retryable": False}
+        lie = event_for(dispatched, "failed", agent_id="liar-1", task=dispatched, error=error)
+        subject = broker.names.event("failed", "held", "victim-1", "victim-1", "liar-1")
+        await broker.publish(subject, envelopes.encode(lie))
+        alert = await watcher.event("alert", timeout=20)
+        release.set()
+        assert await busy == {"n": 0}
+        assert await waiting == {"n": 1}
+    assert alert.detail["problem"] == "impersonation"
+    assert watcher.count("dead_lettered", {"victim-1"}) == 0
+    assert watcher.count("retry_scheduled", {"victim-1"}) == 0

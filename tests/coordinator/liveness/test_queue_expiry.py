@@ -131,6 +131,7 @@ async def _queued(broker, message_id: str, agent_id: str) -> envelopes.Task:  # 
         ttl_ms=100,
         to_agent=agent_id,
     )
+    await emit(broker, event_for(task, "routed", agent_id=agent_id))  # as the router does
     await broker.publish(broker.names.dispatch(agent_id, "P1"), envelopes.encode(task))
     await asyncio.sleep(0.15)  # the passing of the ttl is what these tests are about
     return task
