@@ -58,6 +58,9 @@ WAIT_FIRST_S = 1.0
 WAIT_CAP_S = 30.0
 JS_UNAVAILABLE = 10008  # "JetStream system temporarily unavailable": no meta leader
 JS_NOT_ENABLED = (10039, 10076)  # 503 too, but for good: waiting would not help
+# "duplicate message id is in process": a write of the same Nats-Msg-Id is being stored now
+# (one made again across an election); asked again, it is stored, or said a duplicate.
+DUPLICATE_IN_PROCESS = 10158
 ELECTING = "the cluster may be electing a leader, or most of its nodes may be down"
 _NO_ANSWER = (
     nats.errors.TimeoutError,
@@ -104,6 +107,10 @@ async def through_elections(
             if not retry_timeouts and not isinstance(exc, nats.js.errors.NoStreamResponseError):
                 raise translate(exc, subject=subject) from exc
             failure: Exception = exc
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != DUPLICATE_IN_PROCESS or not retry_timeouts:
+                raise translate(exc, subject=subject) from exc
+            failure = exc
         except nats.errors.Error as exc:
             raise translate(exc, subject=subject) from exc
         honour_cancellation()

@@ -92,3 +92,24 @@ async def test_another_failure_is_raised_at_once():
     with pytest.raises(nats.js.errors.APIError):
         await until_answered(refused, waiting_for="x")
     assert tries == 1
+
+
+async def test_a_write_whose_id_is_being_stored_is_made_again(broker):
+    """Across an election a write made again finds its first try still being stored: nats-
+    server says "duplicate message id is in process" (10158), and a caller got that raw
+    JetStreamError (466 times in a cluster walkthrough). Asked again, it is stored (or said
+    a duplicate); without a Nats-Msg-Id, where that cannot be, it is raised."""
+    tries: list[int] = []
+
+    async def write() -> str:
+        tries.append(1)
+        if len(tries) == 1:
+            raise api_error(409, 10158, "duplicate message id is in process")
+        return "stored"
+
+    subject = broker.names.task("echo")
+    stored = await failover.through_elections(write, broker, subject=subject, retry_timeouts=True)
+    assert (stored, len(tries)) == ("stored", 2)
+    tries.clear()
+    with pytest.raises(Exception, match="in process"):
+        await failover.through_elections(write, broker, subject=subject, retry_timeouts=False)
