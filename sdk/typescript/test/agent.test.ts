@@ -18,7 +18,7 @@ import { Claimed, Claims } from "../src/claims.js";
 import type { Kept } from "../src/claims.js";
 import { newId } from "../src/index.js";
 import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Reply, Result } from "../src/index.js";
-import { binary, eventsOf, freePort, Gate, kvUntil, provision, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
+import { binary, eventsOf, freePort, Gate, kvUntil, provision, routedTo, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
 import type { RestartableStack, Stack } from "./harness.js";
 import type { Logger } from "../src/log.js";
 
@@ -701,6 +701,7 @@ describe("the agent's queue", () => {
     // Queued before the agent starts, with a ttl shorter than any start-up.
     const t = task(topic, null, { ttl_ms: 1, to_agent: id });
     const events = eventsOf(stack, t.message_id);
+    await routedTo(stack, t, id);
     const replies = await send(stack, t, { subject: `reach.agent.${id}.p1` });
     await started(newAgent(id).handler(topic, () => ++calls));
     const expired = await events.next((e) => e.event === "expired");

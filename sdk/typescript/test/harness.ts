@@ -403,6 +403,17 @@ export async function send(
   return replies;
 }
 
+/**
+ * The coordinator's `routed` event giving `t`'s attempt to `agentId`, for a test that puts a
+ * task in an agent's queue itself: the coordinator counts an agent's outcome only of an
+ * attempt routed to it.
+ */
+export async function routedTo(stack: Stack, t: Task, agentId: string): Promise<void> {
+  const event = { v: 1, kind: "event", event: "routed", message_id: t.message_id, trace_id: t.trace_id, topic: t.topic, agent_id: agentId, attempt: t.attempt ?? 1, at_ms: Date.now(), detail: {} };
+  const subject = `reach.event.routed.${t.topic}.${t.trace_id}.${t.message_id}._coordinator`;
+  await stack.nc.jetstream().publish(subject, JSON.stringify(event));
+}
+
 /** Events of one message, as they are published. */
 export function eventsOf(stack: Stack, messageId: string): Watcher<Event> {
   return new Watcher<Event>(stack.nc, `reach.event.*.*.*.${messageId}.*`);
