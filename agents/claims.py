@@ -31,6 +31,7 @@ from agentreach.envelopes import (
     Task,
     execution_key,
     is_expiry_fence,
+    is_reassignment_fence,
     now_ms,
 )
 from agentreach.logs import get_logger
@@ -69,13 +70,21 @@ class Expired:
 
 
 @dataclass(frozen=True, slots=True)
+class Moved:
+    """The attempt was taken from this agent while it waited in its queue (the agent was
+    judged gone; the next attempt runs elsewhere): not to be run."""
+
+    record: Execution
+
+
+@dataclass(frozen=True, slots=True)
 class Busy:
     """Another delivery holds the lease; try again after ``retry_in_s``."""
 
     retry_in_s: float
 
 
-Claim = Claimed | AlreadyDone | Expired | Busy
+Claim = Claimed | AlreadyDone | Expired | Moved | Busy
 
 
 @dataclass(slots=True)
@@ -195,6 +204,8 @@ class Claims:
             return AlreadyDone(held)
         if held is not None and is_expiry_fence(held, task.attempt):
             return Expired(held)
+        if held is not None and is_reassignment_fence(held, task.attempt):
+            return Moved(held)
         left_ms = held.lease_until_ms - now_ms() if held else 0
         return Busy(retry_in_s=max(left_ms, 100) / 1000)
 
@@ -286,6 +297,8 @@ class Claims:
         """``mine`` when the message is free to run here; None when it ran or runs elsewhere."""
         if held is not None and is_expiry_fence(held, mine.attempt):
             return None  # ended as expired, by its agent's report or the coordinator's pass
+        if held is not None and is_reassignment_fence(held, mine.attempt):
+            return None  # moved to another agent: that attempt's run is the next one
         if held is None or held.state == "failed":
             return mine  # an unreadable record must not block the message forever
         if held.state == "done":

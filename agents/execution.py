@@ -24,6 +24,7 @@ from agentreach.agents.claims import (
     Claims,
     Expired,
     Hand,
+    Moved,
     Outcome,
     unrecordable,
 )
@@ -213,6 +214,12 @@ class Executor:
             log.info("already executed; sending the stored result again")
             record = claim.record
             await self._reports.complete(job, record.result, duration_ms=0, ref=record.result_ref)
+            return None
+        if isinstance(claim, Moved):
+            log.info(
+                "not run: this attempt was moved to another agent while it waited here",
+                by=claim.record.error.message if claim.record.error else None,
+            )
             return None
         if isinstance(claim, Expired):
             # Past its ttl by the coordinator's clock though not by ours: ours runs behind.

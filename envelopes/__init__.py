@@ -40,11 +40,13 @@ from agentreach.envelopes.errors import DecodeError, EnvelopeError
 from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS, decode_detail
 from agentreach.envelopes.executions import (
     NO_CALLER,
+    REASSIGNED,
     Execution,
     execution_key,
     executions_of,
     executions_of_any_caller,
     is_expiry_fence,
+    is_reassignment_fence,
 )
 from agentreach.envelopes.ids import new_id, replay_id, stable_id, sub_task_id, unix_ms_of
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
@@ -103,6 +105,7 @@ __all__ = [
     "MAX_TTL_MS",
     "NO_CALLER",
     "PRIORITIES",
+    "REASSIGNED",
     "SUB_TASK_FAILED",
     "TOKEN_PATTERN",
     "Ack",
@@ -166,6 +169,7 @@ __all__ = [
     "headers",
     "is_envelope",
     "is_expiry_fence",
+    "is_reassignment_fence",
     "is_reply_subject",
     "is_token",
     "json_schema",

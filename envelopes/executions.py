@@ -55,6 +55,21 @@ def executions_of_any_caller(message_id: str) -> str:
     return f"*.{message_id}.*"
 
 
+REASSIGNED = "reassigned"  # the error of a record whose attempt was moved to another agent
+
+
+def is_reassignment_fence(record: Execution, attempt: int) -> bool:
+    """Whether ``record`` says ``attempt`` was taken from its agent (judged gone, its queue
+    moved to another agent as the next attempt): no process of that agent may run it, not
+    even one that comes back and fetches it from its durable queue before it is deleted."""
+    return (
+        record.state == "failed"
+        and record.attempt == attempt
+        and record.error is not None
+        and record.error.type == REASSIGNED
+    )
+
+
 def is_expiry_fence(record: Execution, attempt: int) -> bool:
     """Whether ``record`` ends ``attempt`` as expired: the *expiry fence* that whoever ended
     the task (its agent's report, or the coordinator's pass over the queues) wrote. No

@@ -32,8 +32,9 @@ async def duplicates(s: Session, c: Checks) -> str:
 
 async def takeover(s: Session, c: Checks) -> str:
     """Its own claim left by an earlier process (a crash) is taken at once, as is a lapsed
-    one, and a failed record (a retry) runs again — also the coordinator's fence record, a
-    ``failed`` one that kept its claim's live lease and has no finishing time (§13)."""
+    one, and a failed record (a retry) runs again — also the coordinator's fence record of
+    an earlier attempt (the next attempt came back to this agent), a ``failed`` one that
+    kept its claim's live lease and has no finishing time (§13)."""
     epoch = (await s.card()).epoch
     live = _record(s.agent_id, epoch, now_ms() + 120_000)
     cases = {
@@ -43,11 +44,12 @@ async def takeover(s: Session, c: Checks) -> str:
         "a fence record": msgspec.structs.replace(live, state="failed", error=FENCE),
     }
     for what, held in cases.items():
-        task = s.task({"op": "echo", "value": what})
+        attempt = held.attempt + (held.error == FENCE)  # a fence's attempt is not run again
+        task = msgspec.structs.replace(s.task({"op": "echo", "value": what}), attempt=attempt)
         await (await s.executions()).create(s.execution_key(task), _keyed(held, task))
         ex = await s.dispatch(task)
         result = await _result(s, ex, 5.0, f"result despite {what}")
-        c.must(result == {"value": what, "attempt": 1}, f"{what}: result {result!r}")
+        c.must(result == {"value": what, "attempt": attempt}, f"{what}: result {result!r}")
         record = await s.execution(task)
         c.must(
             record is not None and (record.state, record.epoch) == ("done", epoch),
@@ -121,7 +123,9 @@ async def fencing(s: Session, c: Checks) -> str:
 async def expiry_fence(s: Session, c: Checks) -> str:
     """§13: a task whose attempt was ended as expired (its expiry fence in the agent's record:
     the coordinator's pass found it past its ttl by its clock) is not run, though by the
-    agent's clock it has ttl left; the agent reports it expired, and the fence stands."""
+    agent's clock it has ttl left; the agent reports it expired, and the fence stands. Nor
+    is an attempt the coordinator moved to another agent (its reassignment fence: the agent
+    fetched it from its queue as it was moved): not run, nothing reported."""
     task = s.task({"op": "echo", "value": "ended"}, ttl_ms=60_000)
     message = f"ttl 60000 ms passed in the queue of {s.agent_id}, which did not take it"
     error = ErrorInfo(type="expired", message=message, retryable=False)
@@ -140,7 +144,23 @@ async def expiry_fence(s: Session, c: Checks) -> str:
     c.must(ex.runs() == 0 and not ex.replies_of("result"), "ran a task ended as expired")
     after = await s.execution(task)
     c.must(after is not None and after.state == "failed", f"the fence was overwritten: {after}")
-    return "not run over the expiry fence; expired reported"
+    moved = s.task({"op": "echo", "value": "moved"}, ttl_ms=60_000)
+    fence = Execution(
+        message_id=moved.message_id,
+        state="failed",
+        agent_id=s.agent_id,
+        error=FENCE,
+        finished_at_ms=now_ms(),
+    )
+    await (await s.executions()).create(s.execution_key(moved), fence)
+    ex = await s.dispatch(moved)
+    await s.quiet()
+    c.must(ex.runs() == 0 and not ex.replies_of("result"), "ran an attempt moved elsewhere")
+    said = [e for e in ("completed", "failed", "expired") if ex.events_of(e)]
+    c.must(not said, f"reported an attempt moved elsewhere: {said}")
+    after = await s.execution(moved)
+    c.must(after is not None and after.error == FENCE, f"the fence was overwritten: {after}")
+    return "not run over the expiry fence (expired reported) nor the reassignment fence"
 
 
 # The error of the coordinator's fence record (coordinator/liveness/reassign.py).

@@ -20,7 +20,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, WrongLastSequence
-from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.lifecycle import SEAL_HEADER, emit, event_for
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.liveness.tracked import Registered, Tracked, untrack
@@ -179,7 +179,7 @@ async def _move(
         task = envelopes.decode_task(stored.data)
     except DecodeError:
         return None  # the agent's consumer would have dead-lettered it; nothing to move
-    await _fence(broker, task, agent_id, epoch, why)
+    await _fence(broker, task, agent_id, epoch, why, seal=stored.headers.get(SEAL_HEADER))
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
         return "past_ttl" if await _expire(broker, task, agent_id, run_once, why) else "kept"
@@ -223,14 +223,31 @@ async def _expire(broker: Broker, task: Task, agent_id: str, run_once: RunOnce, 
     return True
 
 
-async def _fence(broker: Broker, task: Task, agent_id: str, epoch: int, why: str) -> None:
-    """Take a running claim away from the gone process (that agent, that epoch or older),
-    so its late result cannot land; a claim of anyone else stands."""
+async def _fence(
+    broker: Broker, task: Task, agent_id: str, epoch: int, why: str, *, seal: str | None
+) -> None:
+    """Take the attempt away from the gone process (that agent, that epoch or older): a
+    running claim, so its late result cannot land; or, never claimed, a fence for the
+    attempt, so that a process of the agent that comes back and fetches it from its durable
+    queue before it is deleted here does not run it beside the next attempt (it ran twice
+    in the chaos suite). A claim of anyone else stands, and so does a result."""
     executions = await broker.bucket(broker.names.executions_bucket, Execution)
     reassigned = ErrorInfo(type=REASSIGNED, message=f"its agent {why}", retryable=True)
 
     def fenced(record: Execution | None) -> Execution | None:
-        if record is None or record.state != "running" or record.agent_id != agent_id:
+        if record is None or (record.state == "failed" and record.attempt < task.attempt):
+            return Execution(
+                message_id=task.message_id,
+                state="failed",
+                agent_id=agent_id,
+                epoch=epoch,
+                attempt=task.attempt,
+                error=reassigned,
+                finished_at_ms=now_ms(),
+                caller=task.caller,
+                seal=seal,
+            )
+        if record.state != "running" or record.agent_id != agent_id:
             return None
         if epoch and record.epoch > epoch:
             return None

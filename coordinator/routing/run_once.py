@@ -16,6 +16,7 @@ from agentreach.broker import Broker, Bucket, Entry
 from agentreach.broker.lifecycle import about, agent_event, emit, event_for, reply
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.envelopes import (
+    REASSIGNED,
     Execution,
     Result,
     Task,
@@ -28,7 +29,6 @@ from agentreach.envelopes import (
 log = structlog.get_logger("coordinator.run_once")
 
 WAIT_CAP_S = 1.0
-REASSIGNED = "reassigned"  # the error a fenced record holds (coordinator.liveness.reassign)
 # A lease counts at most this long past the task's ttl (the agent's grace to record its
 # outcome, clock skew): a lease of a day would hold the message, and intake, for a day.
 LEASE_PAST_TTL_MS = 30_000

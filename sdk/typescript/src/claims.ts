@@ -56,13 +56,22 @@ export interface Expired {
   record: Execution;
 }
 
+/**
+ * The attempt was taken from this agent while it waited in its queue (the agent was judged
+ * gone; the next attempt runs elsewhere): not to be run.
+ */
+export interface Moved {
+  kind: "moved";
+  record: Execution;
+}
+
 /** Another delivery holds the lease; try again after `retryInMs`. */
 export interface Busy {
   kind: "busy";
   retryInMs: number;
 }
 
-export type Claim = Claimed | AlreadyDone | Expired | Busy;
+export type Claim = Claimed | AlreadyDone | Expired | Moved | Busy;
 
 /** The delivery this one waited for ran the message here, and its outcome is not recorded yet. */
 export interface Kept {
@@ -262,6 +271,7 @@ export class Claims {
     const current = parse(entry.value); // an unreadable record must not block the message
     if (current?.state === "done") return { kind: "done", record: current };
     if (current !== null && isExpiryFence(current, task.attempt)) return { kind: "expired", record: current };
+    if (current !== null && isReassignmentFence(current, task.attempt)) return { kind: "moved", record: current };
     if (current?.state === "running") {
       const leftMs = current.lease_until_ms - nowMs();
       if (current.agent_id === this.agentId && current.epoch === this.epoch) {
@@ -334,6 +344,15 @@ function parse(value: Uint8Array): Execution | null {
   } catch {
     return null;
   }
+}
+
+/**
+ * Whether `record` says `attempt` was taken from its agent (judged gone, its queue moved to
+ * another agent as the next attempt): no process of that agent may run it, not even one that
+ * comes back and fetches it from its durable queue before the coordinator deletes it.
+ */
+export function isReassignmentFence(record: Execution, attempt: number): boolean {
+  return record.state === "failed" && record.attempt === attempt && record.error?.type === "reassigned";
 }
 
 /**

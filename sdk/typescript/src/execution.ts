@@ -204,6 +204,11 @@ export class Executor {
       await this.reports.complete(msg, task, claim.record.result, 0, claim.record.result_ref ?? null);
       return null;
     }
+    if (claim.kind === "moved") {
+      leave();
+      this.log.info("not run: this attempt was moved to another agent while it waited here", { message_id: task.message_id });
+      return null;
+    }
     if (claim.kind === "expired") {
       leave(); // past its ttl by the coordinator's clock though not by ours: ours runs behind
       this.log.warn("not run: ended as expired already (is this host's clock behind?)", { message_id: task.message_id });

@@ -736,6 +736,32 @@ describe("the agent's queue", () => {
     replies.close();
   });
 
+  it("does not run an attempt moved to another agent while it waited here (a reassignment fence)", async () => {
+    // The agent was judged gone and came back: it fetched the attempt from its durable queue
+    // just as the coordinator moved it on as the next attempt, fencing its record.
+    const topic = unique("moved");
+    const id = unique("ts-moved");
+    let calls = 0;
+    const t = task(topic, null, { ttl_ms: 60_000, to_agent: id });
+    const error = { type: "reassigned", message: "its agent went OFFLINE", retryable: true };
+    const fence = { v: 1, message_id: t.message_id, state: "failed", agent_id: id, attempt: 1, error, finished_at_ms: 1 };
+    await (await kv("reach_executions")).create(`_.${t.message_id}.${id}`, JSON.stringify(fence));
+    const events = eventsOf(stack, t.message_id);
+    await routedTo(stack, t, id);
+    const replies = await send(stack, t, { subject: `reach.agent.${id}.p1` });
+    await started(newAgent(id).handler(topic, () => ++calls));
+    for (let i = 0; ; i++) {
+      const info = await stack.jsm.consumers.info("REACH_DISPATCH_P1", `agent-${id}-p1`);
+      if (info.delivered.stream_seq > 0 && info.num_ack_pending === 0 && info.num_pending === 0) break;
+      assert.ok(i < 100, "the moved attempt was not acknowledged");
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    assert.equal(calls, 0);
+    assert.equal(events.count((e) => ["completed", "failed", "expired"].includes(e.event)), 0);
+    events.close();
+    replies.close();
+  });
+
   it("reports an undecodable dispatch, which the coordinator dead-letters as invalid_envelope", async () => {
     const id = unique("ts-garbage");
     await started(newAgent(id).handler(unique("any"), () => null));

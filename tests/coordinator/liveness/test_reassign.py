@@ -194,3 +194,18 @@ async def test_a_reassignment_refused_until_its_ttl_passed_ends_as_expired(broke
         await next_message(broker, names.dispatch_stream("P1"), names.dispatch("gone-6", "P1"))
         is None
     )
+
+
+async def test_a_task_moved_before_its_agent_claimed_it_is_fenced_for_that_agent(broker):
+    """A queued attempt its agent never claimed is moved on as attempt 2 with a fence in the
+    gone agent's record: a process of it that came back and fetched attempt 1 from its
+    durable queue before the move deleted it ran it beside attempt 2 (the chaos suite)."""
+    task = envelopes.Task(
+        v=1, message_id="moved-2", trace_id="moved-2", topic="slow", ttl_ms=60_000, caller="al"
+    )
+    await broker.publish(broker.names.dispatch("gone-5", "P1"), envelopes.encode(task))
+    assert await reassign_tasks(broker, "gone-5", epoch=3) == 1
+    [record] = await RunOnce(broker).records(task)
+    assert (record.agent_id, record.attempt, record.state) == ("gone-5", 1, "failed")
+    assert envelopes.is_reassignment_fence(record, 1)
+    assert not envelopes.is_reassignment_fence(record, 2)  # the next attempt may run anywhere
