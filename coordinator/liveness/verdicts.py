@@ -16,14 +16,20 @@ from collections import deque
 
 import structlog
 
-from agentreach.broker import Broker, BrokerError
+from agentreach.broker import Broker, BrokerError, BrokerTimeout, NoResponders, NoStreamError
+from agentreach.broker.errors import Unavailable
 from agentreach.broker.lifecycle import event_message
 from agentreach.envelopes import Event, Liveness
 
 log = structlog.get_logger("coordinator.liveness")
 
 BATCH = 256  # writes in flight at once
-TRIES = 3  # per write while connected; an outage is waited out instead
+TRIES = 3  # per write while connected, unless JetStream just cannot answer now
+# JetStream cannot answer now (a stream without a leader, a cluster without a majority):
+# tried until it can. A verdict given up left an agent SUSPECT in KV, and unrouted by
+# every replica, for 6 minutes after a quorum loss: the judge saw no transition to write
+# again while its heartbeats came steadily.
+NOT_NOW = (NoStreamError, NoResponders, Unavailable, BrokerTimeout)
 RETRY_PAUSE_S = 0.5
 FINAL_FLUSH_S = 2.0  # what a stopping writer spends on what is still queued
 
@@ -116,9 +122,15 @@ class VerdictWriter:
         if not isinstance(result, BrokerError):
             log.error("liveness verdict or event not written", agent_id=agent_id, exc_info=result)
             return False
-        if self._broker.connected and tries + 1 >= TRIES:
-            log.warning(
-                "liveness verdict or event not written", agent_id=agent_id, error=str(result)
-            )
-            return False
-        return True
+        if not self._broker.connected or tries + 1 < TRIES:
+            return True
+        if isinstance(result, NOT_NOW):
+            if tries + 1 == TRIES:
+                log.warning(
+                    "liveness verdict or event not written yet; trying until JetStream answers",
+                    agent_id=agent_id,
+                    error=str(result),
+                )
+            return True
+        log.warning("liveness verdict or event not written", agent_id=agent_id, error=str(result))
+        return False

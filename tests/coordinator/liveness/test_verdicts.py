@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from agentreach.broker import NoStreamError
 from agentreach.broker.direct import messages_on
 from agentreach.broker.lifecycle import agent_event
 from agentreach.broker.streams import StoredMessage
@@ -69,3 +70,29 @@ async def test_waiting_for_the_writes_gives_up_when_the_writer_is_not_running(br
     writer = VerdictWriter(broker)
     _queue(writer, "never", "ONLINE")
     assert not await writer.written(timeout_s=0.1)
+
+
+async def test_a_verdict_is_written_once_jetstream_answers_again(broker, monkeypatch):
+    """A cluster without a majority refuses writes for as long as it lasts: a verdict given
+    up after three tries left an agent SUSPECT in KV, unrouted by every replica, for six
+    minutes after the nodes came back (a cluster walkthrough). It is tried until written."""
+    real = broker.publish_all
+    refused: list[int] = []
+
+    async def no_leader_yet(messages, **options):  # type: ignore[no-untyped-def]
+        if len(refused) < 6:  # twice the tries a write had before it was given up
+            refused.append(1)
+            return [NoStreamError("no stream answered: no leader")] * len(messages)
+        return await real(messages, **options)
+
+    monkeypatch.setattr(broker, "publish_all", no_leader_yet)
+    writer = VerdictWriter(broker)
+    _queue(writer, "back", "ONLINE")
+    running = asyncio.create_task(writer.run())
+    try:
+        assert await writer.written(timeout_s=10)
+    finally:
+        await cancel_and_wait(running)
+    verdicts = await broker.bucket(broker.names.liveness_bucket, Liveness)
+    entry = await verdicts.get("back")
+    assert len(refused) == 6 and entry is not None and entry.value.state == "ONLINE"
