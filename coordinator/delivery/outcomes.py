@@ -58,6 +58,13 @@ OUTCOME_EVENTS = ("failed", "expired", "completed")
 T = TypeVar("T")
 
 
+# How often an outcome is looked at, a second apart, for the routed event that vouches for
+# it on an open server: that event and the agent's report may be stored in either order
+# through an election of REACH_EVENTS' leader, and an honest report dropped would leave its
+# task without a retry or a dead letter.
+OPEN_SERVER_LOOKS = 10
+
+
 class Outcomes:
     """Turns ``failed`` and ``expired`` events into retries or dead letters."""
 
@@ -108,7 +115,8 @@ class Outcomes:
             # No grant to check (an open server): the routing vouches instead, or an agent
             # ended (or retried, so that it ran twice) a task routed to another.
             events = await events_of(self._broker, event.trace_id, event.message_id)
-            vouched = await routing_vouches(self._broker, msg, event, events)
+            looks = OPEN_SERVER_LOOKS
+            vouched = await routing_vouches(self._broker, msg, event, events, looks=looks)
             if vouched is not True:
                 return None if vouched is False else vouched
         with structlog.contextvars.bound_contextvars(

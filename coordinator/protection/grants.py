@@ -136,14 +136,19 @@ async def vouched_sender(broker: Broker, subject: str, event: Event) -> str | No
 
 
 async def routing_vouches(
-    broker: Broker, msg: Delivery, event: Event, events: MessageEvents
+    broker: Broker,
+    msg: Delivery,
+    event: Event,
+    events: MessageEvents,
+    *,
+    looks: int = UNROUTED_LOOKS,
 ) -> bool | float:
     """True when the delivered ``event`` is authentic (its attempt was routed to its sender);
     while it is not, the seconds until it is looked at again (``routed`` may be a moment
-    behind), and False, after an ``impersonation`` alert, at the last look."""
+    behind), and False, after an ``impersonation`` alert, at the last of ``looks``."""
     if events.vouch_for(msg.stream_seq):
         return True
-    return await _unrouted(broker, msg, event)
+    return await _unrouted(broker, msg, event, looks)
 
 
 async def reply_vouched(broker: Broker, msg: Delivery, answer: Result | ErrorReply) -> bool | float:
@@ -159,13 +164,15 @@ async def reply_vouched(broker: Broker, msg: Delivery, answer: Result | ErrorRep
         return False
     if await step_routed_to(broker, answer, sender):
         return True
-    return await _unrouted(broker, msg, answer)
+    return await _unrouted(broker, msg, answer, UNROUTED_LOOKS)
 
 
-async def _unrouted(broker: Broker, msg: Delivery, claim: Event | Reply) -> float | Literal[False]:
+async def _unrouted(
+    broker: Broker, msg: Delivery, claim: Event | Reply, looks: int
+) -> float | Literal[False]:
     """Seconds until ``msg`` is looked at again while its ``routed`` may be a moment behind;
-    False, after an ``impersonation`` alert, at the last look."""
-    if msg.num_delivered < UNROUTED_LOOKS:
+    False, after an ``impersonation`` alert, at the last of ``looks``."""
+    if msg.num_delivered < looks:
         return UNROUTED_LOOK_AGAIN_S
     sender = broker.names.sender_of(msg.subject)
     # Said as what is known: on a server without grants a forged dispatch makes an honest
