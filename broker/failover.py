@@ -165,7 +165,9 @@ async def until_answered(
         honour_cancellation()
         wait_s = backoff_s(tries)
         tries += 1
-        if deadline is not None and loop.time() + wait_s > deadline:
+        if deadline is not None:  # a last try at the deadline: patience is what was said
+            wait_s = min(wait_s, deadline - loop.time())
+        if deadline is not None and wait_s <= 0:
             raise Unavailable(
                 f"JetStream did not answer for {waiting_for} within {patience_s:g} s"
                 f" ({_said(failure)}): {ELECTING}",

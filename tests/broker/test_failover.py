@@ -3,6 +3,8 @@ try, and a command's patience that ends in one line saying why."""
 
 from __future__ import annotations
 
+import asyncio
+
 import nats.errors
 import nats.js.errors
 import pytest
@@ -113,3 +115,20 @@ async def test_a_write_whose_id_is_being_stored_is_made_again(broker):
     tries.clear()
     with pytest.raises(Exception, match="in process"):
         await failover.through_elections(write, broker, subject=subject, retry_timeouts=False)
+
+
+async def test_a_command_waits_its_whole_patience_before_giving_up(monkeypatch):
+    """`reach provision` said "within 30 s" and gave up after 15 s: the next pause would have
+    passed the deadline. The last pause is cut to the deadline, and tried once more there."""
+    monkeypatch.setattr(failover, "backoff_s", lambda tries: 10.0)
+    tries: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def never() -> None:
+        tries.append(loop.time())
+        raise nats.errors.TimeoutError
+
+    started = loop.time()
+    with pytest.raises(Unavailable):
+        await until_answered(never, waiting_for="the list of streams", patience_s=0.3)
+    assert len(tries) == 2 and tries[-1] - started >= 0.29
