@@ -30,12 +30,14 @@ const ELECTION_BUDGET_MS = 15_000;
 const RETRY_FIRST_MS = 100;
 const RETRY_CAP_MS = 1_000;
 const MSG_ID = "Nats-Msg-Id";
+const DUPLICATE_IN_PROCESS = 10158; // an earlier try of the same Nats-Msg-Id is being stored
 const WAIT_CAP_MS = 30_000;
 
 /** 1, 2, 4 … s, capped at 30 s, ± 20 %: how long the n-th wait (from 0) lasts. */
 function backoffMs(tries: number): number {
   return Math.min(WAIT_CAP_MS, WAIT_FIRST_MS * 2 ** tries) * (0.8 + Math.random() * 0.4);
 }
+
 
 export class Connection {
   private readonly buckets = new Map<string, Promise<KV>>();
@@ -191,6 +193,9 @@ export class Connection {
   private async unanswered(err: unknown, subject: string, deduplicated: boolean): Promise<boolean> {
     const code = (err as NatsError | null)?.code;
     if (code === ErrorCode.Timeout) return deduplicated;
+    // "duplicate message id is in process": an earlier try of this very write is being
+    // stored (a write made again across an election); asked again, it is stored or a duplicate.
+    if ((err as NatsError | null)?.api_error?.err_code === DUPLICATE_IN_PROCESS) return deduplicated;
     if (code !== "503" || (err as NatsError).api_error) return false;
     try {
       await this.jsm.streams.find(subject);

@@ -16,6 +16,8 @@ import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, In
 import type { Ack, Progress, Task } from "../src/index.js";
 import { freePort, Gate, provision, Relay, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
 import { sleep } from "../src/timing.js";
+import { Connection } from "../src/connection.js";
+import { Names } from "../src/names.js";
 import type { RestartableStack, SecuredStack, Stack } from "./harness.js";
 
 const quiet = { debug() {}, info() {}, warn() {}, error() {} };
@@ -562,6 +564,45 @@ describe("ReachClient cancelling a workflow", () => {
       await alice.close();
       await bob.close();
       await agent.stop();
+    }
+  });
+});
+
+describe("Connection.publish", () => {
+  let stack: Stack;
+
+  before(async () => {
+    stack = await startStack();
+  });
+
+  after(async () => {
+    await stack?.stop();
+  });
+
+  it("makes a write again whose earlier try is still being stored (10158), instead of throwing it", async () => {
+    // Across an election nats-server answers "duplicate message id is in process" while an
+    // earlier try of the same Nats-Msg-Id is being stored; a caller got it raw.
+    const conn = await Connection.connect({ servers: stack.url }, new Names(), 5_000);
+    const js = conn.js as { publish: (...args: unknown[]) => Promise<unknown> };
+    const real = js.publish.bind(js);
+    let tries = 0;
+    js.publish = async (...args: unknown[]) => {
+      tries += 1;
+      if (tries === 1) throw Object.assign(new Error("duplicate message id is in process"), { code: "409", api_error: { code: 409, err_code: 10158, description: "duplicate message id is in process" } });
+      return await real(...args);
+    };
+    try {
+      const id = unique("in-process");
+      const ack = await conn.publish(`reach.task.${unique("t")}`, new TextEncoder().encode("{}"), { "Nats-Msg-Id": id });
+      assert.equal(tries, 2);
+      assert.ok(ack.seq > 0);
+      js.publish = async () => {
+        // without a Nats-Msg-Id a write made again could be stored twice: thrown
+        throw Object.assign(new Error("duplicate message id is in process"), { code: "409", api_error: { code: 409, err_code: 10158, description: "in process" } });
+      };
+      await assert.rejects(conn.publish(`reach.task.${unique("t")}`, new TextEncoder().encode("{}")), /in process/);
+    } finally {
+      await conn.close();
     }
   });
 });
