@@ -87,7 +87,8 @@ async def test_the_dashboard_shows_a_running_system_live(broker, coordinator, wa
         ReachClient(broker=broker) as client,
     ):
         done = [await client.publish("summarize", {"text": f"Fast. Run {i}."}) for i in range(4)]
-        failed = [await client.publish("unreliable", {"n": i}) for i in range(3)]
+        # five messages failing in a row isolate it (each retried: its attempts count once)
+        failed = [await client.publish("unreliable", {"n": i}) for i in range(5)]
         for message_id, _ in done:
             await watcher.event("completed", message_id=message_id)
         for message_id, _ in failed:  # retries exhausted, or refused once it is isolated
