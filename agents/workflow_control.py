@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from agentreach.agents.errors import DeadlineExceeded, InvalidArgument, UnknownWorkflow
-from agentreach.broker import Broker
+from agentreach.broker import Broker, BrokerTimeout, NoResponders
 from agentreach.envelopes import Event, is_token, now_ms
 
 # How an instance's events say it ended.
@@ -25,6 +25,9 @@ ENDINGS = {
 }
 POLL_S = 0.2  # a caller's creds read events only through the coordinator: asked again
 CLOCKS_APART_MS = 1_000  # the coordinator's clock may be behind the caller's
+# How long a just-published instance may take to start (its task still in the intake): an
+# id with no `workflow_started` by then is no instance of the caller's.
+START_GRACE_S = 2.0
 
 EventsOf = Callable[[str], Awaitable[list[Event]]]
 T = TypeVar("T")
@@ -68,10 +71,25 @@ class _Instance:
             e for e in await self._events_of(self.instance_id) if e.message_id == self.instance_id
         ]
 
-    async def started(self) -> list[Event]:
-        """Its events so far, from its ``workflow_started``; raises UnknownWorkflow when the
-        caller started no such instance."""
-        events = await self.events()
+    async def _events_within(self, deadline: float) -> list[Event]:
+        """:meth:`events`; none while the coordinator that tells them (on a secured server)
+        does not answer yet, until ``deadline``."""
+        try:
+            return await self.events()
+        except (NoResponders, BrokerTimeout):
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            return []
+
+    async def started(self, wait_s: float) -> list[Event]:
+        """Its events so far, from its ``workflow_started`` (waited for up to ``wait_s``, at
+        most START_GRACE_S: a caller may act at once after its publish); raises
+        UnknownWorkflow when the caller started no such instance."""
+        deadline = asyncio.get_running_loop().time() + min(wait_s, START_GRACE_S)
+        while not _has_started(events := await self._events_within(deadline)):
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            await asyncio.sleep(POLL_S)
         started = next((e for e in events if e.event == "workflow_started"), None)
         # On an open server the events of every caller's instances can be read: another's is
         # refused here as the coordinator would (it logs that and says nothing).
@@ -118,7 +136,7 @@ async def cancel_workflow(
     """Cancel ``instance_id`` as ``caller`` and wait up to ``wait_s`` for it to end;
     ``events_of`` reads a message's events (the caller's own)."""
     instance = _Instance(caller, events_of, instance_id)
-    events = await instance.started()
+    events = await instance.started(wait_s)
     if (ended := _ended(instance_id, events, before_cancel=True)) is not None:
         return ended
     await broker.publish(f"{broker.names.workflow_cancel(instance_id)}.{caller}", why.encode())
@@ -149,7 +167,7 @@ async def signal_workflow(
             argument="event",
         )
     instance = _Instance(caller, events_of, instance_id)
-    events = await instance.started()
+    events = await instance.started(wait_s)
     if (ended := _ended(instance_id, events, before_cancel=True)) is not None:
         return SignalOutcome(instance_id, event, taken=False, ended=ended.status)
     sent_ms = now_ms()
@@ -176,6 +194,10 @@ def _answer(
             waits = tuple(detail.get("waits_for") or ())
             return SignalOutcome(instance_id, event, taken=False, waits_for=waits)
     return None
+
+
+def _has_started(events: list[Event]) -> bool:
+    return any(e.event == "workflow_started" for e in events)
 
 
 def _ended(instance_id: str, events: list[Event], *, before_cancel: bool) -> WorkflowEnded | None:

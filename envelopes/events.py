@@ -164,6 +164,17 @@ class RejectedDetail(_Detail, frozen=True, kw_only=True):
     error: ErrorInfo
 
 
+class SignalTakenDetail(_Detail, frozen=True, kw_only=True):
+    """``signal_taken``: the instance's state ``state`` took the signalled ``event`` (an
+    event about the instance, in its starter's trace); ``by``, the caller that sent it
+    (absent: an operator)."""
+
+    event: str
+    state: str
+    workflow: str | None = None
+    by: str | None = None
+
+
 class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
     """``signal_ignored``: a workflow signal arrived that no state was waiting for; the
     instance's ``workflow``, the events its current state takes (``waits_for``; absent when
@@ -226,6 +237,7 @@ COORDINATOR_EVENTS: dict[str, type[_Detail]] = {
         BreakerDetail,
     ),
     "signal_ignored": SignalIgnoredDetail,
+    "signal_taken": SignalTakenDetail,
     "answered_from_record": AnsweredFromRecordDetail,
     "rejected": RejectedDetail,
 }

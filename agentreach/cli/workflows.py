@@ -13,7 +13,7 @@ from agentreach.broker import Broker, BrokerTimeout, NoResponders, read_stream
 from agentreach.cli.options import Commands, UsageError, auth_of, broker_of, operators_only
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
-from agentreach.envelopes import StepRun, WorkflowRecord, decode_event, now_ms
+from agentreach.envelopes import StepRun, WorkflowRecord, decode_event, is_token, now_ms
 
 LONG_AGO_MS = 60_000  # an instance that ended before that was not the one just started
 
@@ -43,12 +43,18 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         raise UsageError(f"workflows {args.action} needs the id of a workflow instance")
     if args.action == "signal" and not args.event:
         raise UsageError("workflows signal needs an event name: workflows signal ID EVENT")
+    if args.action == "signal" and not is_token(args.event):
+        # A dot would make the subject another caller's signal (its last token the asker).
+        raise UsageError(
+            f"event {args.event!r}: an event is one subject token (letters, digits, '-', '_';"
+            " no dots, spaces or wildcards)"
+        )
     if args.action in ("cancel", "signal") and auth_of(args).role == "caller":
         async with broker_of(args) as broker, ReachClient(broker=broker) as client:
             if args.action == "signal":
                 return await _signal_own(client, args.id, args.event, args.wait)
             return await _cancel_own(client, args.id, args.wait)
-    operators_only(args, "the workflow records")
+    operators_only(args, "reading the workflow records")
     async with broker_of(args) as broker:
         if args.action == "list":
             print(table(await all_records(broker)))
@@ -113,7 +119,10 @@ async def _signal_own(client: ReachClient, instance_id: str, event: str, wait_s:
     except InvalidArgument as exc:
         raise UsageError(str(exc)) from None
     except (NoResponders, BrokerTimeout):
-        raise UsageError(f"{NOT_RUNNING}: a caller signals through it") from None
+        raise UsageError(
+            f"{NOT_RUNNING}: a caller signals through it (or these creds may not signal:"
+            " issued before signals, they need `reach auth push` by an operator)"
+        ) from None
     except DeadlineExceeded:
         print(f"{instance_id}: signalled {event}; no answer yet after {wait_s:g} s")
         return 0

@@ -64,6 +64,10 @@ from agentreach.envelopes import (
 log = structlog.get_logger("coordinator.workflows")
 
 WORKFLOW_TOPIC = "_workflow"  # the topic of dead letters about workflow messages
+# A signal or cancel of an instance not started yet is looked at again this often, this
+# far apart (about 15 s: a start that waits longer in the intake than that is not expected).
+NOT_STARTED_LOOKS = 30
+NOT_STARTED_LOOK_S = 0.5
 
 
 class WorkflowEngine:
@@ -145,6 +149,8 @@ class WorkflowEngine:
                     return await self._on_reply(msg, instance_id, seen_before)
                 case "timer":  # a timer comes back by design: not a sign of a crash
                     return await self._on_timer(instance_id, msg.data)
+                case "signal" | "cancel" if await self._not_started(instance_id):
+                    return self._look_again(msg, kind, instance_id)
                 case "signal":
                     event, _, asker = event.partition(".")  # a caller's form names it last
                     at_ms = msg.timestamp_ms
@@ -155,6 +161,18 @@ class WorkflowEngine:
                     raise DecodeError(f"no workflow message kind {kind!r}", path="subject")
         except DecodeError as exc:
             await self._refuse(msg, instance_id, str(exc))
+        return None
+
+    async def _not_started(self, instance_id: str) -> bool:
+        return await (await self._records()).get(instance_id) is None
+
+    def _look_again(self, msg: Delivery, kind: str, instance_id: str) -> float | None:
+        """A signal or cancel of no instance: its start may still wait in the intake (a
+        caller that signals at once after its publish), so it is looked at again for a
+        while, and counts as stored then; after that it is dropped, said once."""
+        if msg.num_delivered < NOT_STARTED_LOOKS:
+            return NOT_STARTED_LOOK_S
+        log.warning(f"{kind} of no workflow instance; dropped", instance_id=instance_id)
         return None
 
     async def _on_reply(self, msg: Delivery, instance_id: str, seen_before: bool) -> float | None:

@@ -23,6 +23,7 @@ from agentreach.agents import (
     TaskFailed,
     UnknownWorkflow,
     WorkflowEnded,
+    workflow_control,
 )
 from agentreach.broker import Broker
 from agentreach.coordinator import Coordinator
@@ -99,9 +100,8 @@ async def test_another_caller_s_instance_or_none_is_refused_by_name(broker):
 
 
 @contextlib.asynccontextmanager
-async def approval_waiting(broker: Broker, caller: ReachClient) -> AsyncIterator[tuple[str, Any]]:
-    """An ``approval`` instance ``caller`` started, its state ``submitted`` waiting for
-    ``approve`` or ``reject``: (its id, the caller's invoke)."""
+async def approval_served(broker: Broker) -> AsyncIterator[None]:
+    """A coordinator running the ``approval`` state machine, and an agent for its check."""
     config = msgspec.structs.replace(FAST, workflows=workflows(approval=APPROVAL))
     agent = Agent("checker", startup_delay=0)
 
@@ -110,11 +110,19 @@ async def approval_waiting(broker: Broker, caller: ReachClient) -> AsyncIterator
         return "looks fine"
 
     async with (
+        agent.running(broker=broker),  # first: a task waiting in the intake finds it
         Broker(broker.url, names=broker.names, name="coordinator") as own,
         Coordinator(own, config).running() as coordinator,
-        agent.running(broker=broker),
     ):
         await eventually(lambda: "checker" in coordinator.directory.cards)
+        yield
+
+
+@contextlib.asynccontextmanager
+async def approval_waiting(broker: Broker, caller: ReachClient) -> AsyncIterator[tuple[str, Any]]:
+    """An ``approval`` instance ``caller`` started, its state ``submitted`` waiting for
+    ``approve`` or ``reject``: (its id, the caller's invoke)."""
+    async with approval_served(broker):
         instance = new_id()
         invoked = asyncio.create_task(caller.invoke("approval", {}, message_id=instance))
         await _until_record(broker, instance, lambda r: r.steps["submitted"].status == "completed")
@@ -122,6 +130,19 @@ async def approval_waiting(broker: Broker, caller: ReachClient) -> AsyncIterator
             yield instance, invoked
         finally:
             invoked.cancel()
+
+
+async def test_a_caller_signals_at_once_after_its_publish(broker, monkeypatch):
+    """Signalled right after its publish, an instance not started yet (its task still in
+    the intake) was UnknownWorkflow (a fresh reader: 8 of 10): it is waited for a moment.
+    Here the coordinator starts only once the signal is on its way (a longer moment)."""
+    monkeypatch.setattr(workflow_control, "START_GRACE_S", 20.0)
+    async with ReachClient(broker=broker, name="alice") as alice:
+        instance, _ = await alice.publish("approval", {})  # no coordinator yet: in the intake
+        signalling = asyncio.create_task(alice.signal_workflow(instance, "approve", wait_s=20))
+        async with approval_served(broker):
+            outcome = await signalling
+    assert outcome.taken and outcome.state == "submitted"
 
 
 async def test_a_caller_signals_its_workflow_and_hears_whether_it_was_taken(broker):

@@ -629,6 +629,31 @@ async def test_a_state_machine_moves_on_an_event(broker, start_coordinator, watc
     assert "waits here" not in shown.stdout
 
 
+async def test_a_signal_stored_before_its_instance_started_is_taken_once_it_has(
+    broker, start_coordinator, watcher
+):
+    """A caller that signals at once after its publish got `signal_ignored` naming the very
+    event its state takes (a fresh reader: 4 of 5 back to back): the signal was handled
+    before the start left the intake, with no record to move. It is looked at again, and
+    taken as soon as the instance runs."""
+    checker = Agent("checker", startup_delay=0)
+
+    @checker.handler("check")
+    async def check(ctx: TaskContext, payload: object) -> str:
+        return "looks fine"
+
+    async with (
+        start_coordinator(fast(workflows=workflows(approval=APPROVAL))) as coordinator,
+        serving(broker, coordinator, checker),
+        ReachClient(broker=broker) as client,
+    ):
+        instance = envelopes.new_id()
+        await broker.publish(broker.names.workflow_signal(instance, "approve"), b"")
+        outcome = await client.invoke("approval", {}, message_id=instance)
+    assert outcome == {"ok": True}
+    assert watcher.count("signal_ignored") == 0
+
+
 async def test_a_signal_no_state_waits_for_is_said_and_not_redelivered(
     broker, start_coordinator, watcher
 ):

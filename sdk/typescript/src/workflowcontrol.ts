@@ -18,6 +18,8 @@ const ENDINGS: Record<string, WorkflowEnded["status"]> = {
 };
 const POLL_MS = 200; // a caller's creds read events only through the coordinator: asked again
 const CLOCKS_APART_MS = 1_000; // the coordinator's clock may be behind the caller's
+/** How long a just-published instance may take to start (its task still in the intake). */
+const START_GRACE_MS = 2_000;
 
 type EventsOf = (messageId: string) => Promise<Event[]>;
 
@@ -46,9 +48,15 @@ export interface SignalOutcome {
   ended: WorkflowEnded["status"] | null;
 }
 
-async function ownInstance(caller: string, eventsOf: EventsOf, instanceId: string) {
+async function ownInstance(caller: string, eventsOf: EventsOf, instanceId: string, waitMs: number) {
   const eventsNow = async () => (await eventsOf(instanceId)).filter((e) => e.message_id === instanceId);
-  const events = await eventsNow();
+  // A caller may act at once after its publish: its instance may not have started yet.
+  const until = performance.now() + Math.min(waitMs, START_GRACE_MS);
+  let events = await eventsNow();
+  while (!events.some((e) => e.event === "workflow_started") && performance.now() < until) {
+    await sleep(POLL_MS);
+    events = await eventsNow();
+  }
   const started = events.find((e) => e.event === "workflow_started");
   // Where the events of every caller's instances can be read (an open server), another's is
   // refused here as the coordinator would (it logs that and says nothing).
@@ -68,7 +76,7 @@ export async function cancelWorkflow(
   why: string,
   waitMs: number,
 ): Promise<WorkflowEnded> {
-  const instance = await ownInstance(caller, eventsOf, instanceId);
+  const instance = await ownInstance(caller, eventsOf, instanceId, waitMs);
   const { started } = instance;
   let { events } = instance;
   const already = ended(instanceId, events, true);
@@ -100,7 +108,7 @@ export async function signalWorkflow(
   if (!TOKEN.test(event)) {
     throw new InvalidArgument(`event='${event}': an event is one subject token (letters, digits, '-', '_'; no dots, spaces or wildcards)`, "event");
   }
-  const instance = await ownInstance(caller, eventsOf, instanceId);
+  const instance = await ownInstance(caller, eventsOf, instanceId, waitMs);
   let { events } = instance;
   const already = ended(instanceId, events, true);
   if (already !== null) return { instanceId, event, taken: false, state: null, waitsFor: [], ended: already.status };

@@ -1176,6 +1176,24 @@ export interface SignalIgnoredDetail {
 }
 
 /**
+ * `signal_taken`: the instance's state `state` took the signalled `event` (an
+ * event about the instance, in its starter's trace); `by`, the caller that sent it
+ * (absent: an operator).
+ */
+export interface SignalTakenDetail {
+  event: string;
+  state: string;
+  /**
+   * default null
+   */
+  workflow: string | null;
+  /**
+   * default null
+   */
+  by: string | null;
+}
+
+/**
  * `[event, offset_ms, attempt, agent]`: one lifecycle event, from the first one.
  */
 export type Stage = unknown[];
@@ -1550,4 +1568,5 @@ export interface EventDetails {
   "retry_scheduled": RetryScheduledDetail;
   "routed": RoutedDetail;
   "signal_ignored": SignalIgnoredDetail;
+  "signal_taken": SignalTakenDetail;
 }
