@@ -124,10 +124,19 @@ def _path_to(value: Any, path: str) -> str | None:
 
 
 def _truncated(data: bytes | str) -> str:
-    """msgspec's "Input data was truncated" said as the JSON mistake it is."""
+    """msgspec's "Input data was truncated" said as the JSON mistake it is. msgspec says so
+    of a whole body holding a lone UTF-16 surrogate escape too (``"\\ud800"``): a red team
+    read "truncated" of a body that was not."""
     if not data.strip():
         return "JSON is malformed: empty (the body holds no value)"
-    return "JSON is malformed: truncated (the body ends before the value does)"
+    try:
+        json.loads(data)  # lenient about surrogates: it reads such a body whole
+    except ValueError:
+        return "JSON is malformed: truncated (the body ends before the value does)"
+    return (
+        "JSON is malformed: a lone surrogate escape (\\ud800-\\udfff without its pair)"
+        " is no character"
+    )
 
 
 def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str) -> Any:

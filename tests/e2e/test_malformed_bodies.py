@@ -10,8 +10,13 @@ import pytest
     [
         (b'{"text": ', "JSON is malformed: truncated (the body ends before the value does)"),
         (b'{"text": x}', "JSON is malformed: invalid character (byte 9)"),
+        (  # msgspec calls it truncated (a red team)
+            b'{"text": "\\ud800"}',
+            "JSON is malformed: a lone surrogate escape (\\ud800-\\udfff without its pair)"
+            " is no character",
+        ),
     ],
-    ids=["truncated", "invalid-character"],
+    ids=["truncated", "invalid-character", "lone-surrogate"],
 )
 async def test_a_malformed_body_is_dead_lettered_as_malformed_json(
     broker, coordinator, watcher, body, said
