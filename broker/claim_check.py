@@ -121,6 +121,12 @@ class ClaimCheck:
         )
 
     async def get(self, ref: PayloadRef) -> bytes:
+        kept_in = self._broker.names.payloads_bucket
+        if ref.bucket != kept_in:  # a sender's reference is not read from just any bucket
+            raise PayloadUnavailable(
+                f"{ref.bucket}/{ref.name}: claim checks are kept in the Object Store bucket"
+                f" {kept_in}, not {ref.bucket}"
+            )
         role = self._broker.auth.role
         if role in PARTIES:  # refused by the server too, but only after a timeout
             raise PayloadUnavailable(

@@ -68,6 +68,10 @@ export class ClaimCheck {
   /** The bytes `ref` names, checked against its SHA-256. */
   async get(ref: PayloadRef): Promise<Uint8Array> {
     const where = `${ref.bucket}/${ref.name}`;
+    if (ref.bucket !== this.bucket) {
+      // a sender's reference is not read from just any bucket
+      throw new PayloadUnavailable(`${where}: claim checks are kept in the Object Store bucket ${this.bucket}, not ${ref.bucket}`);
+    }
     const store = await this.store(ref.bucket);
     const found = await store.get(ref.name);
     if (found === null) throw new PayloadUnavailable(`${where} is no longer stored`);

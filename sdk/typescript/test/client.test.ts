@@ -18,6 +18,7 @@ import { freePort, Gate, provision, Relay, startSecuredStack, startServer, start
 import { sleep } from "../src/timing.js";
 import { Connection } from "../src/connection.js";
 import { Names } from "../src/names.js";
+import { ClaimCheck, PayloadUnavailable } from "../src/claimcheck.js";
 import type { RestartableStack, SecuredStack, Stack } from "./harness.js";
 
 const quiet = { debug() {}, info() {}, warn() {}, error() {} };
@@ -604,6 +605,29 @@ describe("Connection.publish", () => {
     } finally {
       await conn.close();
     }
+  });
+});
+
+describe("ClaimCheck.get", () => {
+  let stack: Stack;
+
+  before(async () => {
+    stack = await startStack();
+  });
+
+  after(async () => {
+    await stack?.stop();
+  });
+
+  it("refuses a reference to another bucket than the claim checks' own, naming it", async () => {
+    // A red team's payload_ref named the agents' KV bucket and was told "no longer stored".
+    const checks = new ClaimCheck(stack.nc.jetstream(), "reach_payloads");
+    const ref = { bucket: "KV_reach_agents", name: "good-1", size: 1, sha256: "0".repeat(64) };
+    await assert.rejects(checks.get(ref), (err: Error) => {
+      assert.ok(err instanceof PayloadUnavailable, String(err));
+      assert.equal(err.message, "KV_reach_agents/good-1: claim checks are kept in the Object Store bucket reach_payloads, not KV_reach_agents");
+      return true;
+    });
   });
 });
 
