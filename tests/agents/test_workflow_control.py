@@ -30,7 +30,7 @@ from agentreach.coordinator import Coordinator
 from agentreach.coordinator import workflow as wf
 from agentreach.envelopes import new_id
 from tests.conftest import FAST
-from tests.e2e.test_workflows import APPROVAL, _until_record, workflows
+from tests.e2e.test_workflows import APPROVAL, _until_record, approval_checker, workflows
 from tests.support import eventually, until_true
 
 HELD = "held-chain"
@@ -103,14 +103,8 @@ async def test_another_caller_s_instance_or_none_is_refused_by_name(broker):
 async def approval_served(broker: Broker) -> AsyncIterator[None]:
     """A coordinator running the ``approval`` state machine, and an agent for its check."""
     config = msgspec.structs.replace(FAST, workflows=workflows(approval=APPROVAL))
-    agent = Agent("checker", startup_delay=0)
-
-    @agent.handler("check")
-    async def check(ctx: TaskContext, payload: Any) -> str:
-        return "looks fine"
-
     async with (
-        agent.running(broker=broker),  # first: a task waiting in the intake finds it
+        approval_checker().running(broker=broker),  # first: a task waiting in the intake finds it
         Broker(broker.url, names=broker.names, name="coordinator") as own,
         Coordinator(own, config).running() as coordinator,
     ):

@@ -598,14 +598,20 @@ states:
 """
 
 
-async def test_a_state_machine_moves_on_an_event(broker, start_coordinator, watcher):
-    """A state that waits for events moves on `reach workflows signal ID EVENT`."""
-    checker = Agent("checker", startup_delay=0)
+def approval_checker() -> Agent:
+    """The agent of APPROVAL's one intent, ``check``."""
+    agent = Agent("checker", startup_delay=0)
 
-    @checker.handler("check")
+    @agent.handler("check")
     async def check(ctx: TaskContext, payload: object) -> str:
         return "looks fine"
 
+    return agent
+
+
+async def test_a_state_machine_moves_on_an_event(broker, start_coordinator, watcher):
+    """A state that waits for events moves on `reach workflows signal ID EVENT`."""
+    checker = approval_checker()
     async with (
         start_coordinator(fast(workflows=workflows(approval=APPROVAL))) as coordinator,
         serving(broker, coordinator, checker),
@@ -636,12 +642,7 @@ async def test_a_signal_stored_before_its_instance_started_is_taken_once_it_has(
     event its state takes (a fresh reader: 4 of 5 back to back): the signal was handled
     before the start left the intake, with no record to move. It is looked at again, and
     taken as soon as the instance runs."""
-    checker = Agent("checker", startup_delay=0)
-
-    @checker.handler("check")
-    async def check(ctx: TaskContext, payload: object) -> str:
-        return "looks fine"
-
+    checker = approval_checker()
     async with (
         start_coordinator(fast(workflows=workflows(approval=APPROVAL))) as coordinator,
         serving(broker, coordinator, checker),
@@ -659,12 +660,7 @@ async def test_a_signal_no_state_waits_for_is_said_and_not_redelivered(
 ):
     """`reach workflows signal ID nope`: exit 1 naming it, the instance untouched, and the
     signal settled (no crash, no redelivery every few seconds)."""
-    checker = Agent("checker", startup_delay=0)
-
-    @checker.handler("check")
-    async def check(ctx: TaskContext, payload: object) -> str:
-        return "looks fine"
-
+    checker = approval_checker()
     async with (
         start_coordinator(fast(workflows=workflows(approval=APPROVAL))) as coordinator,
         serving(broker, coordinator, checker),
