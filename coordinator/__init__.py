@@ -21,6 +21,7 @@ from agentreach.coordinator.config import (
     IntakeConfig,
     load_config,
 )
+from agentreach.coordinator.delivery.unreported import UnreportedConfig
 from agentreach.coordinator.liveness.config import LivenessConfig
 from agentreach.coordinator.liveness.queue_expiry import QueueExpiryConfig
 from agentreach.coordinator.protection.circuit import BreakerConfig
@@ -44,6 +45,7 @@ __all__ = [
     "QueueExpiryConfig",
     "RateLimits",
     "RoutingConfig",
+    "UnreportedConfig",
     "WorkflowSpec",
     "load_config",
     "workflow",

@@ -38,6 +38,7 @@ import structlog
 from agentreach.broker import BrokerConfig, Names, Topology
 from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.delivery.retries import RetryConfig
+from agentreach.coordinator.delivery.unreported import UnreportedConfig
 from agentreach.coordinator.liveness.config import LivenessConfig
 from agentreach.coordinator.liveness.queue_expiry import QueueExpiryConfig
 from agentreach.coordinator.observability.config import (
@@ -88,6 +89,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     liveness: LivenessConfig = LivenessConfig()
     # Tasks past their ttl in the queue of an agent that does not take them.
     queue_expiry: QueueExpiryConfig = QueueExpiryConfig()
+    unreported: UnreportedConfig = UnreportedConfig()
     lease_ttl_s: PositiveSeconds = 10.0  # a dead replica's duties move after at most this
     routing: RoutingConfig = RoutingConfig()
     manual: ManualConfig = ManualConfig()  # tasks waiting for a person (manual review)

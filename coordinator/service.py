@@ -39,6 +39,7 @@ from agentreach.coordinator.consumption import Consumption, Handler, TaskOf
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import Outcomes
 from agentreach.coordinator.delivery.traces import TraceDesk
+from agentreach.coordinator.delivery.unreported import Unreported
 from agentreach.coordinator.intake import Intake
 from agentreach.coordinator.lease import Lease
 from agentreach.coordinator.liveness.control import LivenessControl
@@ -124,6 +125,7 @@ class Coordinator:
         # A forgotten agent (its card deleted) is forgotten here too, with no restart.
         self.directory.on_forget(self.liveness.moves.forget, self.breakers.forget)
         self.queue_expiry = QueueExpiry(broker, config.queue_expiry, self.queues, grants)
+        self.unreported = Unreported(broker, config.unreported, grants)
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id
         )
@@ -194,8 +196,9 @@ class Coordinator:
             _keep(group, "stream-sizes", self._sampled.run)
             # People's answers to manual-review items are carried out once, by one replica.
             _keep(group, "manual", lambda: self._manual_lease.hold(self.manual.run))
-            # Tasks left past their ttl in agents' queues are ended once, by one replica.
-            _keep(group, "queue-expiry", lambda: self._expiry_lease.hold(self.queue_expiry.run))
+            # Tasks left past their ttl in agents' queues, and attempts acknowledged and never
+            # reported, are ended once, by one replica.
+            _keep(group, "queue-expiry", lambda: self._expiry_lease.hold(self._expire))
             await self._answer_requests()
             consumers: list[PullConsumer] = []
             for spec, loop in self._loops():
@@ -290,6 +293,11 @@ class Coordinator:
             "metrics": f"{self.metrics_url}metrics" if self.metrics_url else None,
             "enforces_allowances": self.directory.enforce_allowances,
         }
+
+    async def _expire(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.queue_expiry.run(), name="queue-expiry")
+            group.create_task(self.unreported.run(), name="unreported")
 
     def _duties(self) -> tuple[tuple[str, Lease], ...]:
         """The duties one replica runs at a time, each under its lease."""

@@ -112,6 +112,9 @@ class RoutedDetail(_Detail, frozen=True, kw_only=True):
     candidates_total: NonNegative
     passed_over: dict[str, str]
     trial: str | None = None  # the breaker whose half-open trial this call is
+    ttl_ms: int | None = None  # the dispatch's: what was left of the task's ttl
+    execute_ms: int | None = None  # the dispatch's execute budget
+    reply_to: str | None = None  # where the task's replies go
 
 
 class RetryScheduledDetail(_Detail, frozen=True, kw_only=True):

@@ -11,7 +11,13 @@ OTHER_TOPIC = "_other"  # topics nobody serves: anyone may publish to reach.task
 WORKFLOW_STATUSES = ("completed", "failed", "cancelled")
 REJECTIONS = ("backpressure", "rate_limited", "circuit_open")
 QUOTA = "quota"  # the rejection kind of a caller over its quota: `rejected`, no dead letter
-ALERT_PROBLEMS = ("impersonation", "unresponsive", "intent_not_allowed", "ended_twice")
+ALERT_PROBLEMS = (
+    "impersonation",
+    "unresponsive",
+    "intent_not_allowed",
+    "ended_twice",
+    "unreported",
+)
 OTHER_PROBLEM = "other"
 BREAKER_EVENTS = {
     "breaker_opened": ("intent", "open"),

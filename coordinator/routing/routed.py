@@ -24,7 +24,13 @@ def routed_event(routed: Task, decision: Decision, choice: Choice) -> Event:
         "candidates": sorted(choice.candidates)[:SHOWN],
         "candidates_total": choice.registered,
         "passed_over": passed_over,
+        # What a follower of the attempt needs once its dispatch is acknowledged and gone
+        # (:mod:`~agentreach.coordinator.delivery.unreported`).
+        "ttl_ms": routed.ttl_ms,
+        "execute_ms": routed.budget.execute_ms,
     }
+    if routed.reply_to:
+        detail["reply_to"] = routed.reply_to
     if choice.trial_key:
         detail["trial"] = choice.trial_key
     if routed.attempt == 1:  # what the message's audit record summarises as its input

@@ -1152,6 +1152,18 @@ export interface RoutedDetail {
    * default null
    */
   trial: string | null;
+  /**
+   * default null
+   */
+  ttl_ms: number | null;
+  /**
+   * default null
+   */
+  execute_ms: number | null;
+  /**
+   * default null
+   */
+  reply_to: string | null;
 }
 
 /**

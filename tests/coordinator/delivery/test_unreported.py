@@ -1,0 +1,200 @@
+"""Attempts an agent acknowledged and never reported, on a real server: the coordinator
+ends them as `expired` once, with a letter and an `unreported` alert naming the agent, and
+never a task that completes or still runs within its budget."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.agents.execution import Executor
+from agentreach.broker import Delivery
+from agentreach.broker.names import COORDINATOR
+from agentreach.coordinator import UnreportedConfig
+from agentreach.coordinator.delivery.unreported import Unreported
+from agentreach.envelopes import Budget, Event, Execution, execution_key
+from tests.conftest import FAST
+from tests.support import Watcher, eventually
+
+# Open attempts looked at every 0.1 s, with 0.2 s of grace past the ttl and the budget.
+FOLLOWING = msgspec.structs.replace(FAST, unreported=UnreportedConfig(every_s=0.1, grace_s=0.2))
+SHORT = Budget(execute_ms=400)
+
+
+async def _ack_on_receipt(self: Executor, delivery: Delivery) -> None:
+    """An agent that acknowledges a dispatch as it comes, and does nothing else."""
+    await delivery.ack()
+
+
+async def _drop_the_outcome(self: Executor, job: object, outcome: object) -> None:
+    """An agent that ran the task (accepted, claimed) and lost its outcome: the delivery is
+    acknowledged all the same."""
+
+
+def _agent(agent_id: str, *, release: asyncio.Event | None = None) -> Agent:
+    agent = Agent(agent_id, startup_delay=0, heartbeat_interval=0.5)
+
+    @agent.handler("work")
+    async def work(ctx: TaskContext, payload: object) -> object:
+        if release is not None:
+            await release.wait()
+        return payload
+
+    return agent
+
+
+def _unreported_alerts(watcher: Watcher) -> list[Event]:
+    alerts = [e for e in watcher.events if e.event == "alert"]
+    return [e for e in alerts if e.detail.get("problem") == "unreported"]
+
+
+async def test_a_dispatch_acknowledged_on_receipt_and_never_reported_ends_expired_once(
+    broker, start_coordinator, watcher, monkeypatch: pytest.MonkeyPatch
+):
+    """The trace stopped at `routed`: past the dispatch's ttl and budget the task is
+    dead-lettered as `expired` (no task in the letter: its body left with the dispatch), an
+    alert names the agent, and the agent's record holds the fence."""
+    monkeypatch.setattr(Executor, "settle", _ack_on_receipt)
+    async with (
+        start_coordinator(FOLLOWING) as coordinator,
+        _agent("liar-1").running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        message_id, _ = await client.publish("work", {"n": 1}, ttl_ms=300, budget=SHORT)
+        letter = await watcher.dead_letter("expired", message_id=message_id)
+        alert = await watcher.until(lambda: next(iter(_unreported_alerts(watcher)), None), "alert")
+        await eventually(lambda: coordinator.unreported.ended == 1)
+        assert await coordinator.unreported.sweep() == 0  # nothing left to end
+        executions = await broker.bucket(broker.names.executions_bucket, Execution)
+        caller = letter.trace[0].caller
+        fence = await executions.get(execution_key(caller, message_id, "liar-1"))
+    assert letter.envelope is None and letter.reason == "expired"
+    assert letter.error is not None and letter.error.type == "expired"
+    assert letter.error.message.startswith("liar-1 acknowledged attempt 1 and never reported")
+    assert [e.event for e in letter.trace] == ["routed"]
+    assert alert.agent_id == "liar-1" and alert.detail["message_id"] == message_id
+    assert fence is not None and fence.value.state == "failed"
+    assert watcher.count("dead_lettered", {message_id}) == 1
+    ended = next(e for e in watcher.events if e.event == "dead_lettered")
+    assert ended.detail["ran"] is True  # a caller is told TaskFailed: it may have run
+
+
+async def test_an_accepted_attempt_ends_by_its_execute_budget_not_by_its_long_ttl(
+    broker, start_coordinator, watcher, monkeypatch: pytest.MonkeyPatch
+):
+    """An agent that accepted, claimed and ran the task, and lost its outcome: the attempt
+    ends once the budget counted from `accepted` (and the claim's lease) is over, long before
+    the task's 60 s ttl; its caller is told `expired`."""
+    monkeypatch.setattr(Executor, "_conclude", _drop_the_outcome)
+    async with (
+        start_coordinator(FOLLOWING),
+        _agent("dropper-1").running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        message_id, _ = await client.publish("work", {"n": 2}, ttl_ms=60_000, budget=SHORT)
+        letter = await watcher.dead_letter("expired", message_id=message_id)
+        took_s = loop.time() - started
+    assert [e.event for e in letter.trace][:2] == ["routed", "accepted"]
+    assert letter.error is not None and "dropper-1 acknowledged attempt 1" in letter.error.message
+    assert took_s < 30, took_s  # the budget, the lease's grace and a pass: not the ttl
+
+
+async def test_tasks_that_complete_or_still_run_within_their_budget_are_not_ended(
+    broker, start_coordinator, watcher
+):
+    """Conforming agents: a completed task is never looked at again, and one whose handler
+    still holds its claim past the follower's own reckoning (a long budget) is left to run."""
+    release = asyncio.Event()
+    async with (
+        start_coordinator(FOLLOWING) as coordinator,
+        _agent("honest-1", release=release).running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        running_id, _ = await client.publish("work", {"n": 3}, budget=Budget(execute_ms=20_000))
+        await watcher.event("accepted", message_id=running_id)
+        assert coordinator.unreported.open_count == 1
+        assert await coordinator.unreported.sweep() == 0
+        release.set()
+        await watcher.event("completed", message_id=running_id)
+        result = await client.invoke("work", {"n": 4}, execute_deadline_ms=400)
+        assert result == {"n": 4}
+        await eventually(lambda: coordinator.unreported.open_count == 0)
+        assert await coordinator.unreported.sweep() == 0
+    assert watcher.dead_letters == []
+    assert _unreported_alerts(watcher) == []
+
+
+async def test_a_replica_that_takes_the_duty_over_finds_an_attempt_routed_before_it(
+    broker, start_coordinator, watcher, monkeypatch: pytest.MonkeyPatch
+):
+    """The coordinator that routed the attempt (with a minute's grace) stops before its time
+    is up; the next one reads the events from the oldest open attempt the first stored
+    (further back than its own lookback), and ends it."""
+    monkeypatch.setattr(Executor, "settle", _ack_on_receipt)
+    patient = msgspec.structs.replace(FOLLOWING, unreported=UnreportedConfig(grace_s=60))
+    quick = msgspec.structs.replace(
+        FOLLOWING, unreported=UnreportedConfig(every_s=0.1, grace_s=0.2, lookback_s=0.5)
+    )
+    async with _agent("liar-2").running(broker=broker), ReachClient(broker=broker) as client:
+        async with start_coordinator(patient) as first:
+            message_id, _ = await client.publish("work", {"n": 5}, ttl_ms=300, budget=SHORT)
+            await eventually(lambda: first.unreported.open_count == 1)
+            await first.unreported.sweep()  # stores where the next holder starts
+        await asyncio.sleep(0.6)  # past the lookback: only the stored mark finds the attempt
+        assert watcher.dead_letters == []
+        async with start_coordinator(quick) as second:
+            letter = await watcher.dead_letter("expired", message_id=message_id)
+            await eventually(lambda: second.unreported.ended == 1)
+    assert letter.error is not None and "liar-2 acknowledged" in letter.error.message
+
+
+class _Stored:
+    """An event as the follower is handed it: its subject, its bytes, its store time."""
+
+    def __init__(self, broker, event: Event, sender: str, stored_ms: int) -> None:  # type: ignore[no-untyped-def]
+        self.subject = broker.names.event(
+            event.event, event.topic, event.trace_id, event.message_id, sender
+        )
+        self.data = msgspec.json.encode(event)
+        self.timestamp_ms = stored_ms
+
+
+def _event(kind: str, attempt: int = 1, agent_id: str = "a-1", **detail: object) -> Event:
+    return Event(
+        v=1, event=kind, message_id="m-1", trace_id="t-1", topic="work", attempt=attempt,
+        agent_id=agent_id, caller="c-1", detail=detail,
+    )  # fmt: skip
+
+
+async def test_the_follower_believes_only_the_coordinator_s_routing_and_the_agent_s_own_reports(
+    broker,
+):
+    """The fold alone: `accepted` narrows the time to the budget from then; another party's
+    `completed` (a forger on an open server) closes nothing; an older attempt's `routed` does
+    not replace a newer one; the agent's own report, or a dead letter, closes the attempt."""
+    unreported = Unreported(broker, UnreportedConfig(grace_s=1.0))
+    fold = unreported.fold
+
+    def opened() -> int:
+        return unreported._open[("c-1", "m-1")].due_ms
+
+    fold(_Stored(broker, _event("routed", 2, ttl_ms=5_000, execute_ms=3_000), COORDINATOR, 0))
+    assert opened() == 5_000 + 3_000 + 1_000
+    fold(_Stored(broker, _event("routed", 1, agent_id="old-1"), COORDINATOR, 10))
+    assert unreported._open[("c-1", "m-1")].agent_id == "a-1"  # the newer attempt stays
+    fold(_Stored(broker, _event("accepted", 2), "a-1", 2_000))
+    assert opened() == 2_000 + 3_000 + 1_000
+    fold(_Stored(broker, _event("completed", 2, agent_id="a-1"), "forger-1", 2_500))
+    assert unreported.open_count == 1
+    fold(_Stored(broker, _event("failed", 1), "a-1", 2_600))  # an earlier attempt's report
+    assert unreported.open_count == 1
+    fold(_Stored(broker, _event("completed", 2), "a-1", 2_700))
+    assert unreported.open_count == 0
+    fold(_Stored(broker, _event("routed", 3), COORDINATOR, 3_000))
+    fold(_Stored(broker, _event("dead_lettered", 1, agent_id=None), COORDINATOR, 3_100))
+    assert unreported.open_count == 0
