@@ -204,6 +204,11 @@ def pushed_from_a_stream(msg: Msg) -> bool:
     return True
 
 
+# Subjects a request came on whose reply subject was refused, said once each (bounded by
+# the subjects this process answers on, which are few).
+_REFUSED_ON: set[str] = set()
+
+
 def core_callback(handler: InboundHandler) -> Callable[[Msg], Awaitable[None]]:
     """nats-py's callback for a core subscription whose ``handler`` takes an Inbound."""
 
@@ -214,8 +219,18 @@ def core_callback(handler: InboundHandler) -> Callable[[Msg], Awaitable[None]]:
     return callback
 
 
+def is_inbox(subject: str) -> bool:
+    """Whether ``subject`` is a requester's inbox, ``_INBOX.…`` or a party's own
+    ``_INBOX_<name>.…``: the only subjects an answer goes to. The reply subject is the
+    requester's to choose, and NATS checks it against the answerer's permissions, not the
+    requester's: the coordinator's answer to a request whose reply subject was
+    ``$KV.reach_agents.<agent>`` was its own write over that agent's card."""
+    head = subject.partition(".")[0]
+    return head == "_INBOX" or head.startswith("_INBOX_")
+
+
 class Inbound:
-    """A core NATS message; ``respond`` answers its reply subject."""
+    """A core NATS message; ``respond`` answers its reply subject, when it is an inbox."""
 
     __slots__ = ("_msg",)
 
@@ -238,7 +253,27 @@ class Inbound:
     def reply(self) -> str:
         return self._msg.reply
 
+    @property
+    def answerable(self) -> bool:
+        """Whether the request may be answered: its reply subject is an inbox
+        (:func:`is_inbox`). One that is not is said once per subject asked, with the
+        subject it named."""
+        if is_inbox(self._msg.reply):
+            return True
+        if self._msg.subject not in _REFUSED_ON:
+            _REFUSED_ON.add(self._msg.subject)
+            log.warning(
+                "request not answered: its reply subject is not an inbox (_INBOX.… or"
+                " _INBOX_<name>.…)",
+                subject=self._msg.subject,
+                reply=self._msg.reply,
+            )
+        return False
+
     async def respond(self, data: bytes) -> None:
+        """Answer on the reply subject; nothing is sent when it is not an inbox."""
+        if not self.answerable:
+            return
         with translated(subject=self._msg.reply):
             await self._msg.respond(data)
 

@@ -21,6 +21,7 @@ from nats.aio.subscription import Subscription
 
 from agentreach.broker.connection import Broker
 from agentreach.broker.errors import translated
+from agentreach.broker.messages import is_inbox
 from agentreach.logs import get_logger
 
 log = get_logger("broker.presence")
@@ -89,11 +90,13 @@ class Presence:
 
 
 async def _answer(msg: Msg) -> None:
-    await msg.respond(b"here")
+    if is_inbox(msg.reply):  # an answer elsewhere would be this agent's write there
+        await msg.respond(b"here")
 
 
 async def _pong(request: Any) -> None:
-    await request.respond(b"pong")
+    if is_inbox(request._msg.reply):  # nats.micro's Request keeps its message private
+        await request.respond(b"pong")
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,6 +91,8 @@ class Calls:
     async def _on_call(self, msg: Inbound) -> None:
         if not msg.reply:
             return  # a publish, not a request: nobody to answer (use reach.task.<topic>)
+        if not msg.answerable:
+            return  # its answer would be the coordinator's write to a subject of its choice
         names = self._broker.names
         topic, sender = names.call_subject_parts(msg.subject)
         headers = {k: v for k, v in msg.headers.items() if k != h.REPLY_TO}

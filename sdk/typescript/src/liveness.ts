@@ -64,7 +64,7 @@ export class Presence {
   async start(): Promise<void> {
     const { nc, names } = this.conn;
     this.sub = nc.subscribe(names.presence(this.agentId), {
-      callback: (_err, msg) => msg.respond(HERE),
+      callback: (_err, msg) => answer(msg, HERE),
     });
     this.service = await nc.services.add({
       name: "reach-agent",
@@ -74,7 +74,7 @@ export class Presence {
     });
     this.service.addEndpoint("ping", {
       subject: names.ping(this.agentId),
-      handler: (_err, msg) => msg.respond(PONG),
+      handler: (_err, msg) => answer(msg, PONG),
     });
   }
 
@@ -292,4 +292,15 @@ function delay(ms: number, cancel: Signal): Promise<void> {
       resolve();
     });
   });
+}
+
+/** Whether `subject` is a requester's inbox (`_INBOX.…`, or a party's `_INBOX_<name>.…`): an
+ * answer to any other subject would be this agent's own write there (its heartbeat's key). */
+export function isInbox(subject: string | undefined): boolean {
+  const head = (subject ?? "").split(".", 1)[0] ?? "";
+  return head === "_INBOX" || head.startsWith("_INBOX_");
+}
+
+function answer(msg: { reply?: string; respond(data: Uint8Array): boolean }, data: Uint8Array): void {
+  if (isInbox(msg.reply)) msg.respond(data);
 }
