@@ -3,8 +3,6 @@ inbox, never a subject where its answer would be its own write (a card, a task).
 
 from __future__ import annotations
 
-import nats
-
 from agentreach.agents import Agent
 from agentreach.broker.messages import is_inbox
 from agentreach.envelopes import AgentCard
@@ -29,13 +27,10 @@ async def test_a_status_request_aimed_at_an_agent_s_card_writes_nothing_there(
     async with start_coordinator(FAST), agent.running(broker=broker):
         cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
         before = await cards.get("carded-1")
-        nc = await nats.connect(broker.url)
-        try:
-            card_subject = f"$KV.{broker.names.agents_bucket}.carded-1"
-            await nc.publish(broker.names.status, b"", reply=card_subject)
-            answer = await nc.request(broker.names.status, b"", timeout=5)  # answered after it
-        finally:
-            await nc.close()
+        nc = broker.nc  # any party may name any reply subject
+        card_subject = f"$KV.{broker.names.agents_bucket}.carded-1"
+        await nc.publish(broker.names.status, b"", reply=card_subject)
+        answer = await nc.request(broker.names.status, b"", timeout=5)  # answered after it
         after = await cards.get("carded-1")
     assert b'"replica"' in answer.data  # an inbox is answered
     assert before is not None and after is not None
