@@ -90,6 +90,11 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
     started_ms: int = 0
     ended_ms: int = 0
     deadline_ms: int = 0
+    # The definition the instance runs on to its end (a changed configuration serves new
+    # instances only), as written in the config, and a fingerprint of it; empty in records
+    # written before records kept it.
+    definition_id: str = ""
+    definition: dict[str, Any] | None = None
     steps: dict[str, StepRun] = {}  # those started so far
     # Chains, fan-outs and graphs: the definition's steps, so that progress reads as of all
     # of them; 0 for a state machine (the states it enters depend on the path taken).

@@ -8,6 +8,7 @@ at most what is left of it, and a child workflow (a step's task) ends by its par
 
 from __future__ import annotations
 
+from agentreach.coordinator.workflows.definitions import as_stored, fingerprint
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import ErrorInfo, Task, WorkflowRecord, ttl_left_ms
 
@@ -36,5 +37,7 @@ def new_record(workflow: str, task: Task, spec: WorkflowSpec, now_ms: int) -> Wo
         task=task,
         started_ms=now_ms,
         deadline_ms=deadline_of(task, spec, now_ms),
+        definition_id=fingerprint(spec),
+        definition=as_stored(spec),
         steps_total=0 if spec.is_machine else len(spec.graph()),
     )

@@ -38,6 +38,7 @@ from agentreach.coordinator.workflows.answers import (
     may_act,
 )
 from agentreach.coordinator.workflows.deadline import new_record
+from agentreach.coordinator.workflows.definitions import Definitions
 from agentreach.coordinator.workflows.nesting import check_nesting
 from agentreach.coordinator.workflows.outbox import Outbox
 from agentreach.coordinator.workflows.records import HotRecords
@@ -89,6 +90,7 @@ class WorkflowEngine:
                 )
         self._broker = broker
         self.specs = dict(specs)
+        self._definitions = Definitions(self.specs)  # each instance runs on its own
         self._clock = clock
         self._grants = grants or Grants(None)  # with a seal key, step results are checked
         self._claim_check = ClaimCheck(broker)  # large step results are fetched to map them
@@ -237,7 +239,7 @@ class WorkflowEngine:
 
     def _events_awaited(self, record: WorkflowRecord) -> list[str] | None:
         """The events the instance's current state takes (None: not a machine in a state)."""
-        spec = self.specs.get(record.workflow)
+        spec = self._definitions.of(record)
         if spec is None or spec.states is None or record.current is None:
             return None
         state = spec.states.states.get(record.current)
@@ -321,8 +323,8 @@ class WorkflowEngine:
         if record is None:
             log.warning("message for an unknown workflow instance", instance_id=instance_id)
             return None
-        spec = self.specs.get(record.workflow)
-        if spec is None:
+        spec = self._definitions.of(record)
+        if spec is None and not record.definition_id:
             log.error("workflow no longer defined; instance left as is", workflow=record.workflow)
         return spec
 
@@ -348,7 +350,8 @@ class WorkflowEngine:
         listed = [
             key
             for key, entry in (await records.snapshot()).items()
-            if not entry.value.finished and entry.value.workflow in self.specs
+            if not entry.value.finished
+            and (entry.value.definition_id or entry.value.workflow in self.specs)
         ]
         resumed = 0
         for key in listed:

@@ -59,7 +59,8 @@ OnTimeout = Literal["fail", "partial", "fallback"]
 FORMS = ("chain", "fanout", "steps", "states")
 MAX_STATE_VISITS = 100
 
-_Strict = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True}
+# Defaults are left out when a definition is written (an instance record keeps its own).
+_Strict = {"frozen": True, "kw_only": True, "forbid_unknown_fields": True, "omit_defaults": True}
 
 
 class Join(msgspec.Struct, **_Strict):  # type: ignore[misc]

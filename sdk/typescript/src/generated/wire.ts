@@ -1485,6 +1485,14 @@ export interface WorkflowRecord {
    */
   deadline_ms: number;
   /**
+   * default ""
+   */
+  definition_id: string;
+  /**
+   * default null
+   */
+  definition: Record<string, unknown> | null;
+  /**
    * default {}
    */
   steps: Record<string, StepRun>;

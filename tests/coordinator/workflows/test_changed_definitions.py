@@ -1,0 +1,141 @@
+"""A workflow's definition changed (or removed) while instances of it run: each instance goes
+on by the definition it started with, on a real server, so no step runs twice under a new
+name and none is left waiting; new instances take the configured one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from structlog.testing import capture_logs
+
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker
+from agentreach.coordinator import load_config
+from agentreach.coordinator import workflow as wf
+from agentreach.coordinator.workflows import read_record
+from agentreach.coordinator.workflows.actions import message_id_of
+from agentreach.coordinator.workflows.deadline import new_record
+from agentreach.coordinator.workflows.definitions import Definitions, as_stored, fingerprint
+from agentreach.coordinator.workflows.spec import WorkflowSpec
+from agentreach.envelopes import Task
+from tests.e2e.routing_support import fast
+
+FIRST = {"order": wf.chain(wf.step("reserve", "reserve"), wf.step("charge", "charge"))}
+# The step that charges renamed, and a step added after it.
+RENAMED = {
+    "order": wf.chain(
+        wf.step("reserve", "reserve"), wf.step("pay", "charge"), wf.step("ship", "ship")
+    )
+}
+SHOP = Path(__file__).parents[3] / "deploy" / "coordinator" / "coordinator.yaml"
+
+
+def shop(runs: Counter[str], charging: asyncio.Event) -> Agent:
+    """Reserves and ships at once; charges when ``charging`` is set; counts each run."""
+    agent = Agent("shop", startup_delay=0)
+
+    async def reserve(ctx: TaskContext, payload: Any) -> Any:
+        runs["reserve"] += 1
+        return payload
+
+    async def charge(ctx: TaskContext, payload: Any) -> Any:
+        runs["charge"] += 1
+        await charging.wait()
+        return payload
+
+    async def ship(ctx: TaskContext, payload: Any) -> Any:
+        runs["ship"] += 1
+        return payload
+
+    for topic, handle in (("reserve", reserve), ("charge", charge), ("ship", ship)):
+        agent.handler(topic, capacity=4)(handle)
+    return agent
+
+
+async def _held_at_charge(
+    broker: Broker, start_coordinator, watcher, runs: Counter[str], charging: asyncio.Event
+) -> None:
+    """Instance ``o1`` of the first definition, its charge step running at the agent."""
+    async with (
+        start_coordinator(fast(workflows=FIRST)),
+        ReachClient(broker=broker) as client,
+    ):
+        await client.publish("order", {"sku": "a"}, message_id="o1", ttl_ms=60_000)
+        await watcher.event("accepted", message_id=message_id_of("o1", "charge", 1))
+    assert runs["charge"] == 1
+
+
+async def test_an_instance_goes_on_by_its_own_definition_after_a_step_was_renamed(
+    broker: Broker, start_coordinator, watcher
+) -> None:
+    """The coordinator restarts with `charge` renamed `pay` and a `ship` step added: the
+    running instance completes `charge` and ends (charged once, never shipped, no `pay`);
+    an instance started now runs the new definition."""
+    runs: Counter[str] = Counter()
+    charging = asyncio.Event()
+    async with shop(runs, charging).running(broker=broker):
+        await _held_at_charge(broker, start_coordinator, watcher, runs, charging)
+        with capture_logs() as logs:
+            async with (
+                start_coordinator(fast(workflows=RENAMED)) as coordinator,
+                ReachClient(broker=broker) as client,
+            ):
+                charging.set()
+                await watcher.event("workflow_completed", message_id="o1")
+                assert await client.invoke("order", {"sku": "b"}, message_id="o2") == {"sku": "b"}
+    assert runs == {"reserve": 2, "charge": 2, "ship": 1}  # o1: reserve, charge; o2: all three
+    first, second = [await read_record(broker, i) for i in ("o1", "o2")]
+    assert first is not None and second is not None
+    assert list(first.steps) == ["reserve", "charge"] and first.steps_total == 2
+    assert list(second.steps) == ["reserve", "pay", "ship"]
+    assert first.definition_id == fingerprint(FIRST["order"])
+    assert second.definition_id == fingerprint(RENAMED["order"]) != first.definition_id
+    assert coordinator.workflows.specs["order"] == RENAMED["order"]
+    said = [e for e in logs if e.get("definition_id") == first.definition_id]
+    assert said and said[0]["configured"] == fingerprint(RENAMED["order"])
+
+
+async def test_an_instance_of_a_workflow_no_longer_defined_still_ends(
+    broker: Broker, start_coordinator, watcher
+) -> None:
+    """The coordinator restarts with no `order` workflow at all: the running instance is
+    still resumed and ends when its step's result comes."""
+    runs: Counter[str] = Counter()
+    charging = asyncio.Event()
+    async with shop(runs, charging).running(broker=broker):
+        await _held_at_charge(broker, start_coordinator, watcher, runs, charging)
+        async with start_coordinator(fast(workflows={})) as coordinator:
+            assert await coordinator.workflows.resume_all() == 1
+            charging.set()
+            await watcher.event("workflow_completed", message_id="o1")
+    assert runs == {"reserve": 1, "charge": 1}
+    assert "order" not in coordinator.workflows.specs
+
+
+def test_every_shipped_definition_reads_back_as_itself_from_a_record() -> None:
+    """What a record keeps turns back into the same definition, with the same fingerprint
+    (the deploy example's workflows: chains, fan-outs, state machines, undo steps)."""
+    specs = load_config(SHOP).workflows
+    assert specs
+    for name, spec in specs.items():
+        stored = msgspec.json.decode(msgspec.json.encode(as_stored(spec)))
+        again = msgspec.convert(stored, WorkflowSpec)
+        assert again == spec, name
+        assert fingerprint(again) == fingerprint(spec), name
+
+
+def test_records_from_before_definitions_were_kept_use_the_configured_one() -> None:
+    """A record without a definition is read by the configured one (as before); one whose
+    kept definition no longer reads is left as is (said in the log), never run by another."""
+    definitions = Definitions(FIRST)
+    started = new_record(
+        "order", Task(v=1, message_id="x", trace_id="t", topic="order"), FIRST["order"], 0
+    )
+    record = msgspec.structs.replace(started, definition_id="", definition=None)
+    assert record.definition_id == "" and definitions.of(record) is FIRST["order"]
+    unreadable = msgspec.structs.replace(record, definition_id="f" * 16, definition={"x": 1})
+    assert definitions.of(unreadable) is None
