@@ -164,6 +164,8 @@ class Run(Visits):
             progressed = False
             for step in self._graph.values():
                 run = self.record.steps.get(step.name)
+                if self.record.status != "running":  # a step just failed the instance
+                    return
                 if run is not None and run.status != "waiting":
                     continue
                 verdict, why = readiness(step, self.record.steps)

@@ -98,18 +98,29 @@ class Visits(Compensation):
         self._end_badly(error, "failed", running=[*(stopped or []), *self._cancel_leftovers()])
 
     def _cancel_leftovers(self) -> list[str]:
-        """Stop every step not done; the ones that were running (their tasks go on)."""
-        running = [key for key, run in self.record.steps.items() if run.status == "running"]
+        """Stop every step not done; the ones whose tasks were sent (they go on)."""
+        sent: list[str] = []
         for key, run in self.record.steps.items():
-            if run.status in ("running", "waiting"):
-                self._stop(key, run, "cancelled")
-        return running
+            if run.status in ("running", "waiting") and self._stop(key, run, "cancelled"):
+                sent.append(key)
+        return sent
 
-    def _stop(self, key: str, run: StepRun, status: StepStatus) -> None:
-        """``run`` ends as ``status`` though its task may go on; a child workflow is let go."""
-        if run.status == "running":
+    def _stop(self, key: str, run: StepRun, status: StepStatus) -> bool:
+        """``run`` ends as ``status``; True when its task was sent and may go on (a child
+        workflow is let go). One this very change was about to send is not sent at all."""
+        sent = run.status == "running" and not self._unsend(run)
+        if sent:
             self.actions.append(Abandon(key, run))
         run.status, run.ended_ms = status, self.now
+        return sent
+
+    def _unsend(self, run: StepRun) -> bool:
+        """Drop the dispatch of ``run`` this change holds, if it holds one."""
+        for index, action in enumerate(self.actions):
+            if isinstance(action, Dispatch) and action.run is run:
+                del self.actions[index]
+                return True
+        return False
 
     # -- limits -----------------------------------------------------------------------
     def _too_deep(self) -> bool:

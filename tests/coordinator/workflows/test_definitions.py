@@ -158,7 +158,38 @@ FLOWS = {
         " timeout_s: 0.2, on_timeout: partial}], join: {policy: all},"
         ' then: {name: write, intent: write, input: {o: "$.plan.outline", s: "$.results.slow"}}}'
     ),
+    "batch": spec(
+        "fanout: {branches: [{name: first, intent: write},"
+        ' {name: broken, intent: write, input: "$.input.nowhere"}, {name: last, intent: write}],'
+        " then: {name: merge, intent: write}}"
+    ),
 }
+
+
+async def test_a_branch_whose_path_names_nothing_fails_the_fanout_sending_no_sibling(
+    broker, start_coordinator, watcher
+):
+    """The middle branch cannot start: the workflow fails `input_missing` and neither the
+    branch before it nor the one after reaches an agent (they used to: one was refused at
+    routing, the other ran after `workflow_failed`)."""
+    seen: list[Any] = []
+    async with (
+        start_coordinator(fast(workflows=FLOWS)) as coordinator,
+        serving(broker, coordinator, _agent(seen)),
+        ReachClient(broker=broker) as client,
+    ):
+        with pytest.raises(TaskFailed) as failed:
+            await client.invoke("batch", {"q": 1}, message_id="batch-1")
+        await watcher.event("workflow_failed", message_id="batch-1")
+        # Anything the failed instance sent is in intake before this: it is routed first.
+        assert await client.invoke("write", {"after": 1}) == {"after": 1}
+        record = await read_record(broker, "batch-1")
+    assert failed.value.error.type == "input_missing"
+    assert seen == [{"after": 1}]
+    steps = [e for e in watcher.events if e.message_id.startswith("batch-1-")]
+    assert [e.event for e in steps] == ["step_input_missing"]
+    assert record is not None and record.steps["first"].status == "cancelled"
+    assert "last" not in record.steps
 
 
 async def test_a_path_that_names_nothing_fails_its_step_naming_the_path(

@@ -553,3 +553,21 @@ def test_show_says_a_state_without_an_intent_waits_not_that_it_completed() -> No
     record, _ = started(flow)
     [line] = [x for x in tree(record).splitlines() if " hold " in x]
     assert " waiting " in line and "(waits for an event)" in line and "completed" not in line
+
+
+def test_a_branch_whose_input_names_nothing_fails_the_fanout_before_any_sibling_is_sent() -> None:
+    """The middle branch's path names nothing: the workflow fails at once, and neither the
+    branch listed before it nor the one after is dispatched (nor waited for by the undoing)."""
+    definition = spec(
+        "on_failure: compensate\n"
+        "fanout: {branches: [{name: a, intent: x, compensate: undo_x},"
+        ' {name: b, intent: y, input: "$.input.nowhere.z"}, {name: c, intent: z}],'
+        " then: {name: merge, intent: m}}"
+    )
+    record, run = started(definition, {"q": 1})
+    assert record.status == "failed" and record.error is not None
+    assert record.error.type == "input_missing"
+    assert dispatched(run) == []
+    assert record.steps["a"].status == "cancelled" and "c" not in record.steps
+    assert record.awaiting == [] and record.compensations == {}
+    assert any(isinstance(a, Finish) for a in run.actions)
