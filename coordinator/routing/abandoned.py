@@ -9,33 +9,63 @@ instance's record is read, and unless that visit of the step still runs there th
 refused as ``cancelled``: a ``rejected`` event and an error to the instance, which no
 longer waits for it; no dead letter, since nothing failed. A task that is no step is not
 read for. The same question keeps such a task from waiting for a person
-(:mod:`.manual`): its item is withdrawn, and an answer refused.
+(:mod:`.manual`): its item is withdrawn, and an answer refused. A visit still wanted may
+run only until its step's deadline, however late it is sent (:func:`still_wanted`).
 """
 
 from __future__ import annotations
 
+import msgspec
+
 from agentreach.broker import Broker
 from agentreach.coordinator.delivery.dead_letters import refuse
-from agentreach.envelopes import ErrorInfo, Task, WorkflowRecord
-from agentreach.envelopes.coordination import step_abandoned, workflow_step_of
+from agentreach.envelopes import ErrorInfo, Task, WorkflowRecord, now_ms
+from agentreach.envelopes.coordination import WorkflowStep, step_abandoned, workflow_step_of
 
 
 async def abandoned(broker: Broker, task: Task) -> str | None:
     """Why ``task``, a visit of a workflow's step, is no longer wanted; None when it is (or
     when it is no step)."""
-    instance_id = broker.names.workflow_of(task.reply_to)
-    step = workflow_step_of(instance_id, task)
-    if instance_id is None or step is None:
+    step = _step_of(broker, task)
+    if step is None:
         return None
+    return step_abandoned(await _record(broker, step), step, task.message_id)
+
+
+async def still_wanted(broker: Broker, task: Task) -> Task | None:
+    """``task`` as it may be dispatched now, or None once refused as ``cancelled`` (a visit
+    its workflow no longer waits for).
+
+    A step's visit may not run past the step's deadline (its ``timeout_s``, else its
+    instance's): sent again after a retry's backoff, from an agent that died, or after a
+    wait in intake, it gets what is left of that deadline as its execute budget. With a
+    fresh budget it could complete after its instance stopped waiting for it and undid the
+    steps before it, an effect nothing would record (a step with no undo). An undo step runs
+    after the deadline by design: its budget is left as it is."""
+    step = _step_of(broker, task)
+    if step is None:
+        return task
+    record = await _record(broker, step)
+    if (why := step_abandoned(record, step, task.message_id)) is not None:
+        error = ErrorInfo(type="cancelled", message=f"not dispatched: {why}", retryable=False)
+        await refuse(broker, task, error)
+        return None
+    if record is None or step.compensation:
+        return task
+    ends_ms = record.steps[step.step].deadline_ms or record.deadline_ms
+    left_ms = max(1, ends_ms - now_ms())
+    if left_ms >= task.budget.execute_ms:
+        return task
+    return msgspec.structs.replace(
+        task, budget=msgspec.structs.replace(task.budget, execute_ms=left_ms)
+    )
+
+
+def _step_of(broker: Broker, task: Task) -> WorkflowStep | None:
+    return workflow_step_of(broker.names.workflow_of(task.reply_to), task)
+
+
+async def _record(broker: Broker, step: WorkflowStep) -> WorkflowRecord | None:
     records = await broker.bucket(broker.names.workflows_bucket, WorkflowRecord)
-    entry = await records.get(instance_id)
-    return step_abandoned(entry.value if entry else None, step, task.message_id)
-
-
-async def refused_as_abandoned(broker: Broker, task: Task) -> bool:
-    """Refuse ``task`` as ``cancelled`` when :func:`abandoned` says why; whether it did."""
-    if (why := await abandoned(broker, task)) is None:
-        return False
-    error = ErrorInfo(type="cancelled", message=f"not dispatched: {why}", retryable=False)
-    await refuse(broker, task, error)
-    return True
+    entry = await records.get(step.instance_id)
+    return entry.value if entry else None

@@ -34,7 +34,7 @@ from agentreach.broker import Broker, SubjectFull, TooLarge
 from agentreach.broker.lifecycle import GRANT_HEADER, SEAL_HEADER, about, emit, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error, refuse
 from agentreach.coordinator.protection.grants import Grants
-from agentreach.coordinator.routing.abandoned import refused_as_abandoned
+from agentreach.coordinator.routing.abandoned import still_wanted
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.intents.resolver import Resolving, describe, text_of
 from agentreach.coordinator.routing.manual import ManualConfig, ManualQueue
@@ -120,7 +120,7 @@ class Router:
             case Running(left_s=left_s):
                 log.info("an agent runs it now; waiting", left_s=round(left_s, 3))
                 return min(left_s + 0.05, WAIT_CAP_S)
-        if await refused_as_abandoned(self._broker, task):
+        if (task := await still_wanted(self._broker, task)) is None:
             return None
         if left_ms <= 0:
             await self.end(task, "expired", self._expiry(task, where, waited))
