@@ -105,7 +105,7 @@ class WorkflowEngine:
         """Create the instance of ``task`` (once) and dispatch its first steps."""
         spec = self.specs[task.topic]
         record = new_record(task.topic, task, spec, self._clock())
-        run = Run(spec, record, self._clock())
+        run = Run(spec, record, self._clock(), self.specs.keys())
         run.start()
         records = await self._records()
         try:
@@ -303,7 +303,7 @@ class WorkflowEngine:
             spec = self._spec_of(record, instance_id)
             if record is None or spec is None:
                 return None
-            run = Run(spec, record, self._clock())
+            run = Run(spec, record, self._clock(), self.specs.keys())
             runs.append(run)
             return record if change(run) else None
 
@@ -335,7 +335,7 @@ class WorkflowEngine:
         spec = self._spec_of(record, record.instance_id)
         if spec is None:
             return
-        run = Run(spec, record, self._clock())
+        run = Run(spec, record, self._clock(), self.specs.keys())
         run.resume()
         await self._outbox.carry_out(record, run.actions)
 

@@ -10,6 +10,7 @@ may list them all again.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -37,10 +38,18 @@ BY_OPERATOR = "cancelled by an operator"  # what a cancel that names no reason s
 class Run(Visits):
     """Moves one record on; ``actions`` lists what the engine must then do."""
 
-    def __init__(self, spec: WorkflowSpec, record: WorkflowRecord, now_ms: int) -> None:
+    def __init__(
+        self,
+        spec: WorkflowSpec,
+        record: WorkflowRecord,
+        now_ms: int,
+        workflows: Collection[str] = (),
+    ) -> None:
+        """``workflows``: the names a step's intent runs as a child instance."""
         self.spec = spec
         self.record = record
         self.now = now_ms
+        self.workflows = workflows
         self.actions: list[Action] = []
         self._graph = {s.name: s for s in spec.graph()} if not spec.is_machine else {}
 

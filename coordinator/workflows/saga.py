@@ -9,7 +9,9 @@ to undo. The wait lasts until the step's own deadline (its ``timeout_s``, else i
 starting task's execute budget) and ``LATE_GRACE_MS`` more, at least ``LATE_GRACE_MS`` from
 the end; a result after that is still undone, last (event ``compensating_late_step``).
 The starter is answered, and ``workflow_failed`` / ``workflow_cancelled`` published, once
-the last undo has ended. A step that timed out failing the run is waited for the same way.
+the last undo has ended. A step that timed out failing the run is waited for the same way,
+and so is a step that runs a child instance: cancelled with this one, it undoes its own
+steps and then answers, and this one is undone (and answers) only after that.
 
 A completed run undoes too: a step it stopped at its end (a branch its join went on
 without, say) that completes after all is undone alone, and the run stays completed.
@@ -17,6 +19,7 @@ without, say) that completes after all is undone alone, and the run stays comple
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Literal
 
 import msgspec
@@ -57,6 +60,7 @@ class Compensation:
     record: WorkflowRecord
     now: int
     actions: list[Action]
+    workflows: Collection[str]
 
     def _end_badly(
         self,
@@ -69,7 +73,7 @@ class Compensation:
         names the steps just stopped while they ran."""
         self.record.error, self.record.ending = final_error(error), ending
         if self.spec.on_failure == "compensate":
-            awaited = [key for key in running or [] if self.spec.compensation_of(key)]
+            awaited = [key for key in running or [] if self._undone_on_its_own(key)]
             if awaited or self._to_undo():
                 self.record.status = "compensating"
                 self._await(awaited)
@@ -81,6 +85,13 @@ class Compensation:
                 self._compensate_next()
                 return
         self._finish_badly()
+
+    def _undone_on_its_own(self, key: str) -> bool:
+        """Whether stopped step ``key`` has an undo to wait for: a compensating intent, or
+        a child instance's own undoing (cancelled with this one, it answers once undone)."""
+        return bool(self.spec.compensation_of(key)) or self.record.steps[key].intent in (
+            self.workflows
+        )
 
     def _finish_badly(self) -> None:
         self.record.status = self.record.ending or "failed"

@@ -15,7 +15,7 @@ import pytest
 from agentreach import envelopes
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
 from agentreach.coordinator import workflow as wf
-from agentreach.coordinator.workflows import read_record
+from agentreach.coordinator.workflows import cancel, read_record
 from agentreach.coordinator.workflows.nesting import MAX_DEPTH
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.dashboard.trace import trace_of
@@ -875,6 +875,43 @@ async def test_cancelling_a_workflow_cancels_its_child_workflows(
     assert not [e for e in watcher.events if e.topic == "after_hold"]
     assert record is not None and record.status == "cancelled" and record.error is not None
     assert "cancelled with its parent workflow" in record.error.message
+
+
+async def test_a_cancelled_saga_answers_after_its_child_has_undone_its_own_steps(
+    broker, start_coordinator, watcher
+):
+    """`outer` (a saga: `tick` with an undo, then the child `inner`) is cancelled while
+    inner holds a step: inner undoes its held step, then answers; only then does outer undo
+    `tick` and answer its starter, so a `cancelled` answer means everything below is undone."""
+    gate = asyncio.Event()
+    flows = workflows(
+        outer=(
+            "on_failure: compensate\n"
+            "chain: [{name: first, intent: tick, compensate: unhold}, {name: sub, intent: inner}]"
+        ),
+        inner=INNER,
+    )
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, holder(gate)),
+        ReachClient(broker=broker) as client,
+    ):
+        starting = asyncio.create_task(client.invoke("outer", {}, ack_deadline_ms=5000))
+        await watcher.event("accepted", topic="hold")
+        outer = (await watcher.event("workflow_started", topic="outer")).message_id
+        await cancel(broker, outer)
+        await watcher.event("compensating", topic="inner")
+        await watcher.event("compensating", message_id=outer)
+        assert not starting.done()
+        gate.set()
+        with pytest.raises(TaskFailed) as stopped:
+            await starting
+        await watcher.event("workflow_cancelled", message_id=outer)
+        ended = [e for e in watcher.events if e.event == "workflow_cancelled"]
+        undos = [e for e in watcher.events if e.event == "completed" and e.topic == "unhold"]
+    assert stopped.value.error.type == "cancelled"
+    assert [e.topic for e in ended] == ["inner", "outer"]
+    assert len(undos) == 2  # inner's held step, then outer's first
 
 
 @pytest.mark.parametrize("execute_ms", [10_000, 1500])

@@ -9,7 +9,7 @@ import pytest
 from agentreach.coordinator import ConfigError
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import WorkflowEngine
-from agentreach.coordinator.workflows.actions import Abandon, Dispatch
+from agentreach.coordinator.workflows.actions import Abandon, Dispatch, Finish
 from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.nesting import (
     DEPTH_HEADER,
@@ -19,7 +19,7 @@ from agentreach.coordinator.workflows.nesting import (
 )
 from agentreach.coordinator.workflows.run import Run
 from agentreach.coordinator.workflows.spec import WorkflowSpec
-from agentreach.envelopes import Task
+from agentreach.envelopes import ErrorInfo, Task
 
 
 def flows(**yaml: str) -> dict[str, WorkflowSpec]:
@@ -122,3 +122,26 @@ def test_a_cancel_lets_every_running_step_go() -> None:
     again = Run(flow, record, 20)
     again.resume()
     assert sorted(a.key for a in again.actions if isinstance(a, Abandon)) == ["a", "b"]
+
+
+def test_a_saga_cancelled_while_a_child_runs_undoes_itself_after_the_child() -> None:
+    """The child instance is cancelled with the parent and answers once it has undone its
+    own steps: the parent waits for that answer before undoing `a` and answering."""
+    flow = wf.chain(
+        wf.step("a", "x", compensate="ux"), wf.step("sub", "child"), on_failure="compensate"
+    )
+    record = new_record("flow", Task(v=1, message_id="p1", trace_id="t", topic="flow"), flow, 0)
+    Run(flow, record, 0, {"child"}).start()
+    Run(flow, record, 1, {"child"}).on_result(record.steps["a"].message_id, output=1, error=None)
+    cancel = Run(flow, record, 2, {"child"})
+    assert cancel.cancel("stop")
+    assert record.status == "compensating" and record.awaiting == ["sub"]
+    assert [a.key for a in cancel.actions if isinstance(a, Abandon)] == ["sub"]
+    assert not any(isinstance(a, Dispatch) for a in cancel.actions)
+    child_ended = Run(flow, record, 3, {"child"})
+    stopped = ErrorInfo(type="cancelled", message="cancelled with its parent", retryable=False)
+    assert child_ended.on_result(record.steps["sub"].message_id, error=stopped)
+    assert [a.key for a in child_ended.actions if isinstance(a, Dispatch)] == ["a-undo"]
+    undone = Run(flow, record, 4, {"child"})
+    assert undone.on_result(record.compensations["a"].message_id, output=None, error=None)
+    assert record.status == "cancelled" and any(isinstance(a, Finish) for a in undone.actions)
