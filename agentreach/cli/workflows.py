@@ -13,7 +13,14 @@ from agentreach.broker import Broker, BrokerTimeout, NoResponders, read_stream
 from agentreach.cli.options import Commands, UsageError, auth_of, broker_of, operators_only
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
-from agentreach.envelopes import StepRun, WorkflowRecord, decode_event, is_token, now_ms
+from agentreach.envelopes import (
+    StepRun,
+    WorkflowRecord,
+    decode_event,
+    encode,
+    is_token,
+    now_ms,
+)
 
 LONG_AGO_MS = 60_000  # an instance that ended before that was not the one just started
 
@@ -36,11 +43,18 @@ def register(commands: Commands) -> None:
     flows.add_argument(
         "--wait", type=float, default=10.0, help="cancel, signal: seconds to wait for the effect"
     )
+    flows.add_argument(
+        "--json",
+        action="store_true",
+        help="list, show: the instance records as JSON (list: one per line), for scripts",
+    )
 
 
 async def cmd_workflows(args: argparse.Namespace) -> int:
     if args.action != "list" and not args.id:
         raise UsageError(f"workflows {args.action} needs the id of a workflow instance")
+    if args.json and args.action not in ("list", "show"):
+        raise UsageError("--json is for workflows list and show")
     if args.action == "signal" and not args.event:
         raise UsageError("workflows signal needs an event name: workflows signal ID EVENT")
     if args.action == "signal" and not is_token(args.event):
@@ -57,13 +71,14 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
     operators_only(args, "reading the workflow records")
     async with broker_of(args) as broker:
         if args.action == "list":
-            print(table(await all_records(broker)))
+            records = await all_records(broker)
+            print("\n".join(map(as_json, records)) if args.json else table(records))
             return 0
         record = await read_record(broker, args.id)
         if record is None:
             raise UsageError(f"no workflow instance {args.id!r}")
         if args.action == "show":
-            print(tree(record))
+            print(as_json(record) if args.json else tree(record))
             return 0
         if record.finished:
             print(already(args.id, record.status, record.ended_ms, now_ms()))
@@ -135,6 +150,11 @@ async def _signal_own(client: ReachClient, instance_id: str, event: str, wait_s:
     takes = f": it takes {', '.join(outcome.waits_for)}" if outcome.waits_for else ""
     print(f"{instance_id}: no state waits for {event}{takes}; not taken")
     return 1
+
+
+def as_json(record: WorkflowRecord) -> str:
+    """An instance's record as it is stored (schemas/coordination/workflow.json)."""
+    return encode(record).decode()
 
 
 def already(instance_id: str, status: str, ended_ms: int, now: int) -> str:

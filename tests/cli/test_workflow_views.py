@@ -1,9 +1,18 @@
-"""`reach workflows list` and `show` as tables and trees (pure: records made here)."""
+"""`reach workflows list` and `show` as tables and trees (pure: records made here), and as
+JSON for scripts (through a real server)."""
 
 from __future__ import annotations
 
+import json
+
+import msgspec
+
+from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.cli.workflows import table, tree
+from agentreach.coordinator import workflow as wf
 from agentreach.envelopes import StepRun, Task, WorkflowRecord
+from tests.cli.conftest import reach_argv, run
+from tests.e2e.routing_support import fast, serving
 
 
 def record(**fields) -> WorkflowRecord:  # type: ignore[no-untyped-def]
@@ -30,3 +39,33 @@ def test_a_step_stopped_while_it_ran_says_its_outcome_is_awaited():
         ln for ln in shown.splitlines() if ln.lstrip().startswith(("├─ reserve", "└─ reserve"))
     )
     assert "its outcome is awaited, then undone" in line
+
+
+async def test_list_and_show_print_the_stored_records_as_json(broker, start_coordinator):
+    """`--json`: one record per line for list, the record for show, each what the bucket
+    stores (so a script reads it with the published schema); refused for cancel."""
+    agent = Agent("echo", startup_delay=0)
+
+    @agent.handler("echo")
+    async def echo(ctx: TaskContext, payload: object) -> object:
+        return payload
+
+    flows = {"twice": wf.chain(wf.step("one", "echo"), wf.step("two", "echo"))}
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, agent),
+        ReachClient(broker=broker) as client,
+    ):
+        for n in (1, 2):
+            await client.invoke("twice", {"n": n}, message_id=f"twice-{n}")
+        listed = await run(*reach_argv(broker, "workflows", "list", "--json"))
+        shown = await run(*reach_argv(broker, "workflows", "show", "twice-1", "--json"))
+        refused = await run(*reach_argv(broker, "workflows", "cancel", "twice-1", "--json"))
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    records = [msgspec.json.decode(line, type=WorkflowRecord) for line in lines]
+    assert {r.instance_id for r in records} == {"twice-1", "twice-2"}
+    assert all(r.status == "completed" and list(r.steps) == ["one", "two"] for r in records)
+    one = json.loads(shown.stdout)
+    assert one["instance_id"] == "twice-1" and one["result"] == {"n": 1}
+    assert refused.returncode != 0 and "--json is for workflows list and show" in refused.stderr
