@@ -181,10 +181,16 @@ def _still(record: WorkflowRecord, wait_s: float) -> str:
 
 async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: float) -> int:
     """Send ``event`` and say whether a state took it (0) or none waits for it (1)."""
+    if record.current is None:  # a chain, fan-out or graph: no state ever waits for one
+        print(
+            f"{record.instance_id}: not sent: {record.workflow!r} is no state machine, and"
+            " only a state machine's states take events"
+        )
+        return 1
     sent_ms = now_ms()
     await signal(broker, record.instance_id, event)
     deadline = asyncio.get_running_loop().time() + wait_s
-    state = f"in state {record.current or '-'}"
+    state = f"in state {record.current}"
     while asyncio.get_running_loop().time() < deadline:
         # Said by the coordinator's own event: a record that changed meanwhile may have moved
         # for another reason (the state's wait ran out just before, and the signal came late).

@@ -3,6 +3,7 @@ JSON for scripts (through a real server)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import msgspec
@@ -69,3 +70,29 @@ async def test_list_and_show_print_the_stored_records_as_json(broker, start_coor
     one = json.loads(shown.stdout)
     assert one["instance_id"] == "twice-1" and one["result"] == {"n": 1}
     assert refused.returncode != 0 and "--json is for workflows list and show" in refused.stderr
+
+
+async def test_a_signal_to_a_chain_is_not_sent(broker, start_coordinator, watcher):
+    """A chain has no states: `signal` says so instead of "no state waits ... (in state -)"."""
+    gate = asyncio.Event()
+    agent = Agent("holder", startup_delay=0)
+
+    @agent.handler("hold")
+    async def hold(ctx: TaskContext, payload: object) -> object:
+        await gate.wait()
+        return payload
+
+    flows = {"held": wf.chain(wf.step("one", "hold"))}
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, agent),
+        ReachClient(broker=broker) as client,
+    ):
+        await client.publish("held", {}, message_id="held-1")
+        await watcher.event("accepted", topic="hold")
+        signalled = await run(*reach_argv(broker, "workflows", "signal", "held-1", "go"))
+        gate.set()
+        await watcher.event("workflow_completed", message_id="held-1")
+    assert signalled.returncode == 1
+    assert "not sent: 'held' is no state machine" in signalled.stdout
+    assert not [e for e in watcher.events if e.event.startswith("signal_")]
