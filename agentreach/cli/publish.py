@@ -14,7 +14,7 @@ from agentreach.agents import DeadlineExceeded, NotAcknowledged, ReachClient, Re
 from agentreach.cli.exit_codes import OK, OutcomeUnknown
 from agentreach.cli.options import Commands, UsageError, broker_of, json_argument, json_text
 from agentreach.cli.status import coordinators
-from agentreach.envelopes import DEAD_LETTER_REASONS, MAX_TTL_MS, Ack, Progress
+from agentreach.envelopes import DEAD_LETTER_REASONS, MAX_TTL_MS, Ack, Budget, Progress
 from agentreach.errors import ReachError
 
 
@@ -45,6 +45,13 @@ def register(commands: Commands) -> None:
     )
     pub.add_argument(
         "--ttl-ms", type=int, default=None, help="how long the task may live (default 30000)"
+    )
+    pub.add_argument(
+        "--execute-ms",
+        type=int,
+        default=None,
+        help="how long a run may take once an agent accepted it (default 30000; with --wait,"
+        " the ttl); a workflow's steps get it as theirs",
     )
     pub.add_argument("--trace-id", default=None, help="the trace to join (default: a new one)")
     pub.add_argument(
@@ -82,6 +89,11 @@ async def cmd_publish(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--ttl-ms takes a number of ms from 1 to {MAX_TTL_MS} (a day), got {args.ttl_ms}"
         )
+    if args.execute_ms is not None and not 0 < args.execute_ms <= MAX_TTL_MS:
+        raise UsageError(
+            f"--execute-ms takes a number of ms from 1 to {MAX_TTL_MS} (a day),"
+            f" got {args.execute_ms}"
+        )
     if args.count < 1:
         raise UsageError(f"--count takes a number of tasks, 1 or more, got {args.count}")
     if args.count > 1 and (args.wait or args.message_id):
@@ -105,9 +117,14 @@ async def cmd_publish(args: argparse.Namespace) -> int:
             trace_id=args.trace_id,
             message_id=args.message_id,
             ttl_ms=args.ttl_ms,
+            budget=_budget(args),
         )
     print(json.dumps({"message_id": message_id, "trace_id": trace_id}))
     return _warned(running)
+
+
+def _budget(args: argparse.Namespace) -> Budget | None:
+    return None if args.execute_ms is None else Budget(execute_ms=args.execute_ms)
 
 
 def _warned(running: object) -> int:
@@ -137,6 +154,7 @@ async def _burst(
                 priority=args.priority,
                 trace_id=args.trace_id,
                 ttl_ms=args.ttl_ms,
+                budget=_budget(args),
             )
 
     sent = await asyncio.gather(*(one(n) for n in range(1, args.count + 1)))
@@ -166,7 +184,7 @@ async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) 
             message_id=args.message_id,
             ttl_ms=ttl_ms,
             ack_deadline_ms=min(args.ack_ms, ttl_ms),
-            execute_deadline_ms=ttl_ms,
+            execute_deadline_ms=args.execute_ms or ttl_ms,
             on_ack=acked,
             on_progress=progressed,
         )

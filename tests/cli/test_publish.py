@@ -70,3 +70,29 @@ async def test_publish_wait_tells_a_task_that_never_ran_from_one_that_may_still_
     assert "no_route, dead-lettered, nothing ran: no_route:" in nobody.stderr
     assert waited.returncode == OUTCOME_UNKNOWN, waited.stderr
     assert "may still run" in waited.stderr
+
+
+async def test_execute_ms_sets_the_tasks_execute_budget_and_is_checked(
+    broker, coordinator, watcher
+):
+    """Stored with the budget asked for; with --wait, the handler is held to it (a handler
+    slower than it fails `deadline_exceeded`); out of range, nothing is sent."""
+    agent = Agent("cli-slow", startup_delay=0)
+
+    @agent.handler("slow")
+    async def slow(ctx: TaskContext, payload: Any) -> Any:
+        await asyncio.sleep(5)
+        return payload
+
+    published = await run(*reach_argv(broker, "publish", "nobody", "{}", "--execute-ms", "1234"))
+    refused = await run(*reach_argv(broker, "publish", "nobody", "{}", "--execute-ms", "0"))
+    letter = await watcher.dead_letter("no_route", topic="nobody")  # with the task as sent
+    async with agent.running(broker=broker):
+        waited = await run(
+            *reach_argv(broker, "publish", "slow", "{}", "--wait", "--execute-ms", "300")
+        )
+    assert published.returncode == OK, published.stderr
+    assert letter.envelope is not None and letter.envelope.budget.execute_ms == 1234
+    assert refused.returncode != OK and "--execute-ms takes a number of ms" in refused.stderr
+    assert waited.returncode == FAILED, waited.stderr
+    assert "deadline_exceeded" in waited.stderr
