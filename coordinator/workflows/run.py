@@ -229,7 +229,7 @@ class Run(Visits):
         if self._tolerated(key):
             self._advance()
         else:
-            self._fail(error)
+            self._fail(_named(f"step {key!r}", error))
 
     def _completed(self, key: str) -> None:
         """A graph step is done: remember the order (for the saga), start what it unblocks."""
@@ -290,7 +290,7 @@ class Run(Visits):
             if state.on_error:
                 self._enter(state.on_error, {"error": msgspec.to_builtins(run.error)})
             else:
-                self._fail(run.error)
+                self._fail(_named(f"state {name!r}", run.error))
             return
         self.record.completed_order.append(name)
         if state.terminal:
@@ -351,3 +351,9 @@ class Run(Visits):
 def _timeout_error(key: str, timeout_s: float | None) -> ErrorInfo:
     message = f"step {key!r} did not finish within {timeout_s:g} s"
     return ErrorInfo(type="timeout", message=message, retryable=False)
+
+
+def _named(where: str, error: ErrorInfo) -> ErrorInfo:
+    """A step's error as the instance fails with it: saying which step (a starter reads
+    "step 'charge': no agent serves topic 'charge'", not the bare topic)."""
+    return msgspec.structs.replace(error, message=f"{where}: {error.message}")

@@ -284,8 +284,8 @@ def test_an_undo_that_failed_is_said_in_the_workflow_s_error() -> None:
     assert undo.on_result(record.compensations["a"].message_id, error=stuck)
     assert record.status == "failed" and record.error is not None
     assert record.error.message == (
-        "card declined; undoing 'a' failed: their effects stand (their undo letters are"
-        " open: reach dlq list --open)"
+        "step 'b': card declined; undoing 'a' failed: their effects stand (their undo"
+        " letters are open: reach dlq list --open)"
     )
     (ended,) = [a for a in undo.actions if isinstance(a, Note) and a.event == "workflow_failed"]
     assert ended.detail["undo_failed"] == ["a"]
