@@ -61,6 +61,7 @@ from agentreach.envelopes.headers import task_headers
 from tests.cli.conftest import reach_command
 from tests.conftest import FAST
 from tests.secured import SecuredDeployment, secured_server
+from tests.support import until_true
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -70,6 +71,11 @@ NAMES = Names()
 P1 = NAMES.dispatch_stream("P1")
 X_CONSUMER = NAMES.agent_consumer(X, "P1")
 QUICK = 0.3  # seconds an attacker's request may take: refusals show up as timeouts
+# A workflow that runs until an event it never gets (bob's, the victim of a cancel).
+WAITS = "waits-flow"
+WAITS_FLOW = wf.machine(
+    "hold", {"hold": wf.state(next=[wf.go("done", event="go")]), "done": wf.state(terminal=True)}
+)
 
 
 @dataclass
@@ -143,7 +149,7 @@ async def arena(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Arena
         FAST,
         security=SecurityConfig(seal_key_file=deployment.seal_key_file),
         rate_limits=RateLimits(callers={"greedy": RateLimit(rate=0.1, burst=2)}),
-        workflows={"held-flow": wf.chain(wf.step("a", "hold-step"))},
+        workflows={"held-flow": wf.chain(wf.step("a", "hold-step")), WAITS: WAITS_FLOW},
     )
     x_seen: list[Any] = []
     release, release_step = asyncio.Event(), asyncio.Event()
@@ -814,6 +820,97 @@ async def _caller_reads_events(arena: Arena, i: int) -> bool:
 @attack(CALLER, "delete or purge REACH_DLQ", "permissions")
 async def _caller_wipes_dlq(arena: Arena, i: int) -> bool:
     return await _dlq_wiped(arena, arena.alice_raw)
+
+
+# -- reply subjects: an answer is the answerer's own write, to wherever the reply names --
+
+
+async def _heard_while(arena: Arena, subject: str, ask: Callable[[], Awaitable[Any]]) -> list[Any]:
+    """What the operator hears on ``subject`` while ``ask`` runs, and in a bounded wait after
+    it (``ask`` ends with a request answered in an inbox: its barrier)."""
+    sub = await arena.admin.nc.subscribe(subject)
+    await arena.admin.nc.flush()
+    try:
+        await ask()
+        await arena.admin.nc.flush()
+        heard = []
+        while (msg := await quietly(sub.next_msg(timeout=QUICK), QUICK * 2)) is not None:
+            heard.append(msg)
+        return heard
+    finally:
+        await sub.unsubscribe()
+
+
+async def _asked_twice(actor: Broker, subject: str, body: bytes, reply: str) -> None:
+    """``actor`` asks with ``reply`` as the reply subject, then the same from its own inbox:
+    one subscription of the coordinator takes both in order, so the answer to the second
+    leaves after the first would have."""
+    await actor.nc.publish(subject, body, reply=reply)
+    await actor.nc.request(subject, body, timeout=10)
+
+
+async def _revision(arena: Arena, bucket: str, key: str) -> int | None:
+    entry = await quietly((await arena.admin.js.key_value(bucket)).get(key), 5)
+    return entry.revision if entry is not None else None
+
+
+def _trace_body(arena: Arena) -> bytes:
+    assert arena.held is not None  # alice's own message: the trace answer has its events
+    return json.dumps({"message_id": arena.held.message_id}).encode()
+
+
+@attack(CALLER, "trace request whose reply subject is X's card ($KV)", "coordinator")
+async def _trace_into_card(arena: Arena, i: int) -> bool:
+    card = f"$KV.{NAMES.agents_bucket}.{X}"
+    before = await _revision(arena, NAMES.agents_bucket, X)
+    ask = NAMES.trace_request("alice"), _trace_body(arena)
+    heard = await _heard_while(arena, card, lambda: _asked_twice(arena.alice_raw, *ask, card))
+    return bool(heard) or await _revision(arena, NAMES.agents_bucket, X) != before
+
+
+@attack(CALLER, "call whose reply subject is X's dispatch subject", "coordinator")
+async def _call_into_dispatch(arena: Arena, i: int) -> bool:
+    call, victim = NAMES.call("summarize", "alice"), NAMES.dispatch(X, "P1")
+    body = _task({"n": f"answered-elsewhere-{i}"})
+    message_id = json.loads(body)["message_id"]
+
+    async def ask() -> None:
+        await arena.alice_raw.nc.publish(call, body, reply=victim)
+        await arena.alice_raw.nc.request(call, _task({"n": "barrier"}), timeout=10)
+        if await trace_of(arena.admin, message_id):  # taken in: answered once it ends
+            await until_true(lambda: _ended(arena, message_id), timeout=10)
+
+    heard = await _heard_while(arena, victim, ask)
+    # X's own dispatches pass there too (the barrier's task): anything else is an answer.
+    return any((m.headers or {}).get("Reach-Kind") != "task" for m in heard)
+
+
+async def _ended(arena: Arena, message_id: str) -> bool:
+    return any(e.event == "completed" for e in await trace_of(arena.admin, message_id))
+
+
+@attack(CALLER, "status and trace requests answered to bob's workflow's cancel", "coordinator")
+async def _answer_cancels_a_workflow(arena: Arena, i: int) -> bool:
+    bob = ReachClient(arena.url, name="bob", auth=arena.deployment.auth("caller", "bob"))
+    async with bob:
+        instance, _ = await bob.publish(WAITS, {"n": i})
+
+    async def running() -> bool:
+        record = await read_record(arena.admin, instance)
+        return record is not None and record.status == "running"
+
+    await until_true(running, timeout=10)
+    cancel = NAMES.workflow_cancel(instance)
+
+    async def ask() -> None:
+        await _asked_twice(arena.alice_raw, NAMES.status, b"", cancel)
+        await _asked_twice(
+            arena.alice_raw, NAMES.trace_request("alice"), _trace_body(arena), cancel
+        )
+
+    heard = await _heard_while(arena, cancel, ask)
+    stored = await arena.stored(NAMES.workflows_stream, cancel)
+    return bool(heard) or bool(stored) or not await running()
 
 
 @pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.attempt.__name__.strip("_"))
