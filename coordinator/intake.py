@@ -101,7 +101,7 @@ class Intake:
                     task = await self._claim_check.stow_task(task)
                 except BrokerError as exc:
                     return await self._not_stowed(task, exc, msg.num_delivered, left_ms)
-            if not self._workflows.serves(task.topic):
+            if not self._workflows.serves(task.topic) and not await self._workflows.started(task):
                 return await self._router.dispatch(
                     task,
                     left_ms=left_ms,

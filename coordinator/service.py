@@ -206,8 +206,9 @@ class Coordinator:
                 consumers.append(consumer)
                 _keep(group, spec.durable, functools.partial(loop, consumer))
             self.readiness.consumers = consumers
-            if self.config.workflows:
-                await self.workflows.resume_all()
+            # Instances of workflows no longer configured are resumed too (each runs on
+            # the definition it started with).
+            await self.workflows.resume_all()
             self.readiness.serving = True
             log.info("coordinator serving", replica=self.replica_id)
             if ready is not None:

@@ -91,6 +91,7 @@ class WorkflowEngine:
         self._broker = broker
         self.specs = dict(specs)
         self._definitions = Definitions(self.specs)  # each instance runs on its own
+        self._retired: set[str] = set()  # workflows with instances, no longer configured
         self._clock = clock
         self._grants = grants or Grants(None)  # with a seal key, step results are checked
         self._claim_check = ClaimCheck(broker)  # large step results are fetched to map them
@@ -100,10 +101,22 @@ class WorkflowEngine:
     def serves(self, topic: str) -> bool:
         return topic in self.specs
 
+    async def started(self, task: Task) -> bool:
+        """Whether ``task`` started an instance of a workflow no longer configured: sent
+        again, it is answered as its instance ends (or ended), not routed as a task that no
+        agent serves (which would tell its sender that nothing ran)."""
+        if task.topic not in self._retired:
+            return False
+        entry = await (await self._records()).get(task.message_id)
+        return entry is not None and entry.value.workflow == task.topic
+
     # -- starting ---------------------------------------------------------------------
     async def start(self, task: Task, *, seen_before: bool) -> None:
         """Create the instance of ``task`` (once) and dispatch its first steps."""
-        spec = self.specs[task.topic]
+        spec = self.specs.get(task.topic)
+        if spec is None:  # no longer configured: only its instances' starters come here
+            await self._started_again(task, seen_before)
+            return
         record = new_record(task.topic, task, spec, self._clock())
         run = Run(spec, record, self._clock(), self.specs.keys())
         run.start()
@@ -111,13 +124,7 @@ class WorkflowEngine:
         try:
             revision = await records.create(record.instance_id, record)
         except WrongLastSequence:
-            if (existing := await records.get(record.instance_id)) is None:
-                return
-            if existing.value.finished and not seen_before:  # sent again, past the dup window
-                await answer_again(self._broker, existing.value, task)
-                return
-            log.info("workflow exists already; resuming", instance_id=record.instance_id)
-            await self._resume(existing.value)
+            await self._started_again(task, seen_before)
             return
         self._hot.keep(record.instance_id, record, revision)
         await reply(self._broker, task, Ack(**about(task)))
@@ -127,6 +134,16 @@ class WorkflowEngine:
             await self._apply(record.instance_id, lambda run: run.cancel(why), False)
             return
         await self._outbox.carry_out(record, run.actions)
+
+    async def _started_again(self, task: Task, seen_before: bool) -> None:
+        """The starting task of an instance that exists, sent again (or seen again)."""
+        if (existing := await (await self._records()).get(task.message_id)) is None:
+            return
+        if existing.value.finished and not seen_before:  # sent again, past the dup window
+            await answer_again(self._broker, existing.value, task)
+            return
+        log.info("workflow exists already; resuming", instance_id=task.message_id)
+        await self._resume(existing.value)
 
     async def _parent_ended(self, task: Task) -> str | None:
         """The id of the instance whose step ``task`` is, when that instance no longer runs
@@ -347,9 +364,11 @@ class WorkflowEngine:
         instance ended since must not have its steps dispatched and its deadline armed
         again (past the duplicate window the steps would run again, after its end)."""
         records = await self._records()
+        snapshot = await records.snapshot()
+        self._retired = {e.value.workflow for e in snapshot.values()} - self.specs.keys()
         listed = [
             key
-            for key, entry in (await records.snapshot()).items()
+            for key, entry in snapshot.items()
             if not entry.value.finished
             and (entry.value.definition_id or entry.value.workflow in self.specs)
         ]

@@ -21,7 +21,7 @@ from agentreach.coordinator.workflows.actions import message_id_of
 from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.definitions import Definitions, as_stored, fingerprint
 from agentreach.coordinator.workflows.spec import WorkflowSpec
-from agentreach.envelopes import Task
+from agentreach.envelopes import Result, Task, decode_reply, encode, headers
 from tests.e2e.routing_support import fast
 
 FIRST = {"order": wf.chain(wf.step("reserve", "reserve"), wf.step("charge", "charge"))}
@@ -102,18 +102,47 @@ async def test_an_instance_goes_on_by_its_own_definition_after_a_step_was_rename
 async def test_an_instance_of_a_workflow_no_longer_defined_still_ends(
     broker: Broker, start_coordinator, watcher
 ) -> None:
-    """The coordinator restarts with no `order` workflow at all: the running instance is
-    still resumed and ends when its step's result comes."""
+    """The coordinator restarts with no workflow configured at all: it still resumes the
+    running instance, which ends when its step's result comes; its starting task sent again
+    (past the stream's duplicate window) is answered with how it ended, not refused as a
+    topic no agent serves ("nothing ran": a sender would then run it again)."""
     runs: Counter[str] = Counter()
     charging = asyncio.Event()
     async with shop(runs, charging).running(broker=broker):
         await _held_at_charge(broker, start_coordinator, watcher, runs, charging)
-        async with start_coordinator(fast(workflows={})) as coordinator:
-            assert await coordinator.workflows.resume_all() == 1
-            charging.set()
-            await watcher.event("workflow_completed", message_id="o1")
+        with capture_logs() as logs:
+            async with (
+                start_coordinator(fast(workflows={})) as coordinator,
+            ):
+                charging.set()
+                await watcher.event("workflow_completed", message_id="o1")
+                started = await read_record(broker, "o1")
+                assert started is not None and started.task.caller is not None
+                again = await _sent_again(broker, started.task.caller, started.task)
+    assert isinstance(again, Result) and again.result == {"sku": "a"}
     assert runs == {"reserve": 1, "charge": 1}
     assert "order" not in coordinator.workflows.specs
+    assert [e["count"] for e in logs if e["event"] == "unfinished workflows resumed"] == [1]
+    assert not [e for e in watcher.events if e.event == "dead_lettered"]
+
+
+async def _sent_again(broker: Broker, caller: str, task: Task) -> object:
+    """The answer to ``task`` sent again by ``caller`` once the intake's duplicate window
+    has passed since the first (as a day later: no Nats-Msg-Id the stream still holds)."""
+    heard: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def keep(msg: Any) -> None:
+        await heard.put(msg.data)
+
+    box = broker.names.reply_box(caller, "again")
+    replies = await broker.nc.subscribe(f"{box}.*", cb=keep)
+    task = msgspec.structs.replace(task, reply_to=box)
+    sent = {k: v for k, v in headers.task_headers(task).items() if k != headers.MSG_ID}
+    await broker.publish(broker.names.task(task.topic, caller), encode(task), headers=sent)
+    try:
+        return decode_reply(await asyncio.wait_for(heard.get(), timeout=10))
+    finally:
+        await replies.unsubscribe()
 
 
 def test_every_shipped_definition_reads_back_as_itself_from_a_record() -> None:
