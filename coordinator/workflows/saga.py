@@ -185,17 +185,20 @@ class Compensation:
         join went on without) ended with a result after all, once the instance had ended
         or was ending: its effect happened, so with ``on_failure: compensate`` it is undone,
         without changing how the instance ended. One that ended badly undoes it like the
-        steps completed before (last); a completed one undoes that step alone, and stays
-        completed. False when there is nothing to undo, or the instance still runs (the
-        step's result is dropped)."""
+        steps completed before (last); a completed one, or a graph still running (a branch
+        its join went on without), undoes that step alone at once. False when there is
+        nothing to undo, or a state machine still runs (a state a signal moved it on from:
+        its next states decide what becomes of that effect)."""
         if self.spec.on_failure != "compensate" or not self.spec.compensation_of(key):
             return False
-        if self.record.status == "running" or key in self.record.compensations:
+        if key in self.record.compensations:
+            return False
+        if self.record.status == "running" and self.spec.states is not None:
             return False
         run.status, run.output, run.error, run.ended_ms = "completed", output, None, self.now
         self.record.completed_order.append(key)
         self.actions.append(Note("compensating_late_step", key))
-        if self.record.status == "completed":
+        if self.record.status in ("completed", "running"):
             self._dispatch_undo(key)
             return True
         self.record.status = "compensating"

@@ -112,3 +112,29 @@ def test_a_state_that_timed_out_is_waited_for_before_the_undoing() -> None:
     timer = Run(flow, record, 3_000)
     assert timer.on_timer("t", 1)
     assert dispatched(timer) == [] and record.awaiting == ["t"]
+
+
+PARTIAL = spec(
+    "on_failure: compensate\n"
+    "fanout: {branches: [{name: a, intent: x, compensate: ux, timeout_s: 1,"
+    " on_timeout: partial}, {name: b, intent: y}], then: {name: merge, intent: m}}"
+)
+
+
+def test_a_branch_past_its_timeout_that_completes_while_the_instance_runs_is_undone() -> None:
+    """a timed out (`on_timeout: partial`: the join goes on without it) and merge runs; a
+    completes after all: its effect is in no result, so it is undone at once (it used to be
+    dropped, its effect left in place); merge then completes the workflow as usual."""
+    record, _ = started(PARTIAL)
+    a = record.steps["a"]
+    assert Run(PARTIAL, record, a.deadline_ms).on_timer("a", a.visit)
+    step(record, PARTIAL, "b", output={"b": 1}, now=a.deadline_ms + 10)
+    assert record.steps["merge"].status == "running" and a.status == "timed_out"
+    late = Run(PARTIAL, record, a.deadline_ms + 20)
+    assert late.on_result(a.message_id, output={"a": 1}, error=None)
+    assert dispatched(late) == ["a-undo"] and record.status == "running"
+    step(record, PARTIAL, "merge", output={"m": 1}, now=a.deadline_ms + 30)
+    assert record.status == "completed" and record.result == {"m": 1}
+    undone = Run(PARTIAL, record, a.deadline_ms + 40)
+    assert undone.on_result(record.compensations["a"].message_id, output=None, error=None)
+    assert record.status == "completed" and dispatched(undone) == []
