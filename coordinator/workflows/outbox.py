@@ -80,8 +80,11 @@ class Outbox:
         now = self._clock()
         left_ms = max(1, record.deadline_ms - now)
         execute_ms = min(left_ms, record.task.budget.execute_ms)
+        child = run.intent in self._specs
         if run.deadline_ms:
-            left_ms = execute_ms = max(1, min(left_ms, run.deadline_ms - now))
+            left_ms = max(1, min(left_ms, run.deadline_ms - now))
+            # A child's ttl ends it by the step's timeout; its budget is its undos' too.
+            execute_ms = record.task.budget.execute_ms if child else left_ms
         if any(undo.message_id == run.message_id for undo in record.compensations.values()):
             left_ms, execute_ms = record.task.ttl_ms, record.task.budget.execute_ms
         return Task(
@@ -94,7 +97,7 @@ class Outbox:
             priority=run.priority,
             ttl_ms=left_ms,
             budget=msgspec.structs.replace(record.task.budget, execute_ms=execute_ms),
-            headers=child_headers(record.task) if run.intent in self._specs else {},
+            headers=child_headers(record.task) if child else {},
             created_at=run.started_ms,
             traceparent=tracecontext.child(record.task.traceparent, run.message_id),
         )

@@ -145,12 +145,15 @@ class Compensation:
     # -- steps stopped while they ran -----------------------------------------------------
     def _await(self, keys: list[str]) -> None:
         """Wait for the outcome of ``keys`` before undoing anything, each until its deadline
-        (kept in its run, so that the timer armed again after a crash is the same one)."""
+        (kept in its run, so that the timer armed again after a crash is the same one); a
+        child instance, whose answer comes once it has undone its own steps, that much
+        longer again (its undos' budget)."""
         budget_ms = self.record.task.budget.execute_ms
         for key in keys:
             run = self.record.steps[key]
             own = run.deadline_ms or run.started_ms + budget_ms
-            run.deadline_ms = max(own, self.now) + LATE_GRACE_MS
+            undoing_ms = budget_ms if run.intent in self.workflows else 0
+            run.deadline_ms = max(own, self.now) + LATE_GRACE_MS + undoing_ms
         self.record.awaiting = keys
 
     def _late_timers(self) -> list[Timer]:

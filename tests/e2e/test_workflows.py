@@ -914,6 +914,48 @@ async def test_a_cancelled_saga_answers_after_its_child_has_undone_its_own_steps
     assert len(undos) == 2  # inner's held step, then outer's first
 
 
+async def test_a_child_past_its_steps_timeout_undoes_its_steps_with_their_own_budget(
+    broker, start_coordinator, watcher
+):
+    """The parent's step `kid` (timeout 1.5 s) runs the child `inner2`, whose second step
+    holds: at 1.5 s the child expires and undoes its first step with an undo that takes 2 s,
+    longer than the step's timeout. The undo gets the starting task's budget (it got the
+    timeout, and failed `deadline_exceeded`: "their effects stand"), and the parent answers
+    once the child has."""
+    gate = asyncio.Event()
+    agent = holder(gate)
+
+    @agent.handler("slow_undo")
+    async def slow_undo(ctx: TaskContext, payload: Any) -> str:
+        await asyncio.sleep(2.0)
+        return "undone"
+
+    flows = workflows(
+        outer2="on_failure: compensate\nchain: [{name: kid, intent: inner2, timeout_s: 1.5}]",
+        inner2=(
+            "on_failure: compensate\n"
+            "chain: [{name: first, intent: tick, compensate: slow_undo},"
+            " {name: held, intent: hold}]"
+        ),
+    )
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, agent),
+        ReachClient(broker=broker) as client,
+    ):
+        with pytest.raises(TaskFailed) as failed:
+            await client.invoke("outer2", {}, message_id="outer2-1")
+        gate.set()
+        undone = await watcher.event("completed", topic="slow_undo")
+        inner = await watcher.event("workflow_failed", topic="inner2")
+        outer = await watcher.event("workflow_failed", message_id="outer2-1")
+    assert failed.value.error.type == "timeout"
+    assert "effects stand" not in failed.value.error.message
+    assert inner.detail.get("undo_failed") is None
+    order = [id(e) for e in watcher.events]
+    assert order.index(id(undone)) < order.index(id(inner)) < order.index(id(outer))
+
+
 @pytest.mark.parametrize("execute_ms", [10_000, 1500])
 async def test_a_workflow_ends_as_expired_at_its_starting_tasks_ttl(
     broker, start_coordinator, watcher, execute_ms
