@@ -29,7 +29,8 @@ def fingerprint(spec: WorkflowSpec) -> str:
 
 
 def as_stored(spec: WorkflowSpec) -> dict[str, Any]:
-    """``spec`` as a record keeps it (the YAML form, every default written out)."""
+    """``spec`` as a record keeps it: the YAML form, defaults left out (so a default changed
+    in a later release applies to the instances running when it is deployed)."""
     return msgspec.to_builtins(spec)  # type: ignore[no-any-return]
 
 
@@ -42,10 +43,6 @@ class Definitions:
         self._ids = {name: fingerprint(spec) for name, spec in specs.items()}
         self._known = {self._ids[name]: spec for name, spec in specs.items()}
 
-    def id_of(self, workflow: str) -> str:
-        """The fingerprint of ``workflow``'s configured definition."""
-        return self._ids[workflow]
-
     def of(self, record: WorkflowRecord) -> WorkflowSpec | None:
         """The definition ``record``'s instance runs on; None when it cannot be read."""
         if not record.definition_id:  # started before records kept their definition
@@ -53,9 +50,6 @@ class Definitions:
         if (spec := self._known.get(record.definition_id)) is None:
             spec = self._read(record)
         return spec
-
-    def is_current(self, record: WorkflowRecord) -> bool:
-        return record.definition_id == self._ids.get(record.workflow, "")
 
     def _read(self, record: WorkflowRecord) -> WorkflowSpec | None:
         try:
