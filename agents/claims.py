@@ -19,6 +19,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
+
 from agentreach import envelopes
 from agentreach.broker import BrokerError, Bucket, ValueTooLarge, WrongLastSequence
 from agentreach.broker.bucket import UNREAD
@@ -52,6 +54,8 @@ class Claimed:
     revision: int
     lease_until_ms: int = 0
     seal: str | None = None  # the dispatch's, in every write of the record
+    started_ms: int = 0  # when the attempt's run began, in every write of the record
+    resumed: bool = False  # taken over from a run of the attempt that crashed
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
 
 
@@ -189,7 +193,10 @@ class Claims:
         write is conditional all the same, and a record that was there after all is read
         and judged as usual. ``seal``: the dispatch's, kept in the record. ``hand``: the
         delivery claiming, which holds the claim it wins until it leaves :meth:`in_hand`."""
-        mine = self._record(task, "running", lease_until_ms=now_ms() + lease_ms, seal=seal)
+        now = now_ms()
+        mine = self._record(
+            task, "running", lease_until_ms=now + lease_ms, seal=seal, started_ms=now
+        )
         swap = await self._bucket.cas(
             self._key(task), lambda held: self._take(held, mine), known=None if first else UNREAD
         )
@@ -198,7 +205,10 @@ class Claims:
             if hand is not None:
                 hand.holds = True
                 self._holding[task.message_id] += 1
-            return Claimed(swap.entry.revision, mine.lease_until_ms, seal)
+            started_ms = swap.entry.value.started_ms
+            return Claimed(
+                swap.entry.revision, mine.lease_until_ms, seal, started_ms, started_ms < now
+            )
         held = swap.entry.value if swap.entry else None
         if held is not None and held.state == "done":
             return AlreadyDone(held)
@@ -217,7 +227,9 @@ class Claims:
         async with claim.lock:
             if until <= claim.lease_until_ms:
                 return True
-            record = self._record(task, "running", lease_until_ms=until, seal=claim.seal)
+            record = self._record(
+                task, "running", lease_until_ms=until, seal=claim.seal, started_ms=claim.started_ms
+            )
             try:
                 claim.revision = await self._bucket.update(
                     self._key(task), record, last=claim.revision
@@ -307,7 +319,7 @@ class Claims:
             return mine if self._lost_write(mine.message_id) else None
         outlived = held.agent_id == self._agent_id and held.epoch < self._epoch
         if outlived or held.lease_until_ms <= now_ms():
-            return mine  # its holder is gone: an earlier process of ours, or a lapsed lease
+            return _resumed(held, mine)  # its holder is gone: an earlier process, a lapsed lease
         return None
 
     def _lost_write(self, message_id: str) -> bool:
@@ -353,6 +365,13 @@ class Claims:
             finished_at_ms=now_ms() if state != "running" else 0,
             **fields,
         )
+
+
+def _resumed(held: Execution, mine: Execution) -> Execution:
+    """``mine``, taking over ``held``: a crashed run of the same attempt keeps its start."""
+    if held.state != "running" or held.attempt != mine.attempt or not held.started_ms:
+        return mine
+    return msgspec.structs.replace(mine, started_ms=min(held.started_ms, mine.started_ms))
 
 
 def _same_write(held: Execution, written: Execution) -> bool:

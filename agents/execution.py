@@ -245,7 +245,12 @@ class Executor:
 
     async def _run(self, job: Job, spec: HandlerSpec, claim: Claimed) -> Outcome:
         task = job.task
-        deadline = Deadline(budget_ms=task.budget.execute_ms, window_ms=spec.deadline_ms)
+        budget_ms = task.budget.execute_ms
+        if claim.resumed:  # a crashed run of this attempt spent part of the budget already
+            budget_ms -= max(0, now_ms() - claim.started_ms)
+            if budget_ms <= 0:
+                return _failed(claim, _spent(task, claim))
+        deadline = Deadline(budget_ms=budget_ms, window_ms=spec.deadline_ms)
 
         async def progressed(note: str) -> None:
             with deadline.held():
@@ -343,6 +348,15 @@ class Executor:
         return Capacity(
             free_slots=self._room.free_for(task), est_latency_ms=self.latency.of(task.topic)
         )
+
+
+def _spent(task: Task, claim: Claimed) -> ErrorInfo:
+    """Why a run taken over from a crashed one does not start: the budget is gone."""
+    message = (
+        f"execute budget {task.budget.execute_ms} ms of attempt {task.attempt} spent: a run"
+        f" of it began at {claim.started_ms} (epoch ms) and did not finish"
+    )
+    return ErrorInfo(type="deadline_exceeded", message=message, retryable=True)
 
 
 def _failed(claim: Claimed, error: ErrorInfo | None) -> Outcome:

@@ -25,6 +25,9 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     epoch: int = 0
     attempt: int = 1
     lease_until_ms: int = 0
+    # When this attempt's run began (the agent's clock): a delivery that takes a crashed
+    # run's claim over keeps it, and runs for what is left of the execute budget from then.
+    started_ms: int = 0
     result: Any = None
     result_ref: PayloadRef | None = None  # a result kept in the Object Store
     error: ErrorInfo | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import pytest
 
 from agentreach.agents import claims as claims_module
@@ -137,3 +138,24 @@ class _FailingUpdates:
 
     async def update(self, *args: Any, **kwargs: Any) -> int:
         raise BrokerError("the server is restarting")
+
+
+async def test_a_process_that_takes_a_crashed_run_over_keeps_when_it_began(broker):
+    """The run's start travels with the claim: a restarted process (a higher epoch) that
+    takes the attempt over is told when the crashed run began (its budget counts from
+    there); a new attempt, or the first claim, starts afresh."""
+    crashed, same = await claims_of(broker), task()
+    first = await crashed.claim(same, lease_ms=60_000, first=True)
+    assert isinstance(first, Claimed) and not first.resumed and first.started_ms > 0
+    await asyncio.sleep(0.05)  # the restart comes later (a clock that moves)
+    restarted = await claims_of(broker, epoch=2)
+    taken = await restarted.claim(same, lease_ms=60_000)
+    assert isinstance(taken, Claimed) and taken.resumed
+    assert taken.started_ms == first.started_ms
+    assert await restarted.renew(same, taken, lease_ms=120_000)
+    again = await claims_of(broker, epoch=3)
+    retaken = await again.claim(same, lease_ms=60_000)
+    assert isinstance(retaken, Claimed) and retaken.started_ms == first.started_ms
+    next_attempt = await claims_of(broker, epoch=4)
+    fresh = await next_attempt.claim(msgspec.structs.replace(same, attempt=2), lease_ms=1_000)
+    assert isinstance(fresh, Claimed) and not fresh.resumed

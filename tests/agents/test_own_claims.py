@@ -165,3 +165,43 @@ async def test_a_run_whose_lease_ran_out_unrenewed_is_not_taken_over_by_its_rede
         gate.set()
         await eventually(lambda: _count(watcher, "completed", "lapsed-1") == 2)
     assert runs["lapsed-1"] == 1
+
+
+async def test_a_run_taken_over_from_a_crashed_process_has_what_is_left_of_its_budget(
+    broker, watcher
+):
+    """An earlier process of the agent began running attempt 1 and died (its record: an
+    older epoch, a start 800 ms ago): the redelivery runs with the 2 s budget less those
+    800 ms, not 2 s again. One begun longer ago than its budget is not run at all: it fails
+    `deadline_exceeded` (retryable: the coordinator's retry decides)."""
+    deadlines: dict[str, int] = {}
+    agent = Agent("taken-over", startup_delay=0)
+
+    @agent.handler("timed")
+    async def timed(ctx: TaskContext, payload: dict) -> dict:
+        deadlines[ctx.message_id] = ctx.deadline_ms
+        return payload
+
+    async with agent.running(broker=broker) as runtime:
+        assert runtime.card is not None and runtime.card.epoch > 0
+        subject = broker.names.dispatch(agent.agent_id, "P1")
+        for message_id, began_ms_ago in (("half-spent-1", 800), ("spent-1", 5_000)):
+            crashed = {
+                "epoch": runtime.card.epoch - 1,
+                "lease_until_ms": now_ms() + 60_000,
+                "started_ms": now_ms() - began_ms_ago,
+            }
+            await recorded(broker, message_id, agent.agent_id, "running", **crashed)
+            task = msgspec.structs.replace(
+                a_task(message_id, agent),
+                topic="timed",
+                budget=envelopes.Budget(execute_ms=2_000),
+            )
+            await broker.publish(subject, envelopes.encode(task))
+        await watcher.event("completed", message_id="half-spent-1", timeout=10)
+        failed = await watcher.event("failed", message_id="spent-1", timeout=10)
+    assert 1_000 <= deadlines["half-spent-1"] <= 1_200, deadlines
+    assert "spent-1" not in deadlines
+    error = failed.detail["error"]
+    assert error["type"] == "deadline_exceeded" and error["retryable"] is True
+    assert "execute budget 2000 ms of attempt 1 spent" in error["message"]

@@ -34,6 +34,10 @@ export class Claimed {
     public leaseUntilMs: number,
     /** The dispatch's `Reach-Seal`, kept in every write of the record. */
     public readonly seal: string | null = null,
+    /** When the attempt's run began (kept in every write): a takeover keeps a crashed run's. */
+    public readonly startedMs = 0,
+    /** Taken over from a run of the attempt that crashed: the budget counts from its start. */
+    public readonly resumed = false,
   ) {}
 
   /** Run `write` after every write on this claim before it (a renewal and the outcome). */
@@ -159,11 +163,12 @@ export class Claims {
    * dispatch's `Reach-Seal`, kept in the record (a secured coordinator believes no other).
    */
   async claim(task: Task, leaseMs: number, seal: string | null = null, hand?: Hand): Promise<Claim> {
-    const leaseUntil = nowMs() + leaseMs;
-    const record = this.recordOf(task, "running", { lease_until_ms: leaseUntil, seal });
+    const now = nowMs();
+    const leaseUntil = now + leaseMs;
+    const record = this.recordOf(task, "running", { lease_until_ms: leaseUntil, seal, started_ms: now });
     let claim: Claim;
     try {
-      claim = new Claimed(await this.kv.create(this.key(task), encode(record)), leaseUntil, seal);
+      claim = new Claimed(await this.kv.create(this.key(task), encode(record)), leaseUntil, seal, now);
     } catch (err) {
       if (!isWrongLastSequence(err)) throw err;
       claim = await this.contend(task, record);
@@ -184,7 +189,7 @@ export class Claims {
     return claim.serially(async () => {
       const until = nowMs() + leaseMs;
       if (until <= claim.leaseUntilMs) return true;
-      const record = this.recordOf(task, "running", { lease_until_ms: until, seal: claim.seal });
+      const record = this.recordOf(task, "running", { lease_until_ms: until, seal: claim.seal, started_ms: claim.startedMs });
       try {
         claim.revision = await this.kv.update(this.key(task), encode(record), claim.revision);
         claim.leaseUntilMs = until;
@@ -281,9 +286,10 @@ export class Claims {
         return { kind: "busy", retryInMs: leftMs };
       }
     }
+    const mine = resumed(current, record);
     try {
-      const revision = await this.kv.update(this.key(task), encode(record), entry.revision);
-      return new Claimed(revision, record.lease_until_ms, record.seal ?? null);
+      const revision = await this.kv.update(this.key(task), encode(mine), entry.revision);
+      return new Claimed(revision, mine.lease_until_ms, mine.seal ?? null, mine.started_ms, mine !== record);
     } catch (err) {
       if (isWrongLastSequence(err)) return { kind: "busy", retryInMs: 100 }; // lost the race
       throw err;
@@ -327,6 +333,7 @@ export class Claims {
       epoch: this.epoch,
       attempt: task.attempt,
       lease_until_ms: 0,
+      started_ms: 0,
       result: null,
       result_ref: null,
       error: null,
@@ -375,4 +382,10 @@ function unrecordable(outcome: Outcome, err: unknown): ErrorInfo {
     retryable: false,
     retry_after_ms: null,
   };
+}
+
+/** `mine`, taking over `held`: a crashed run of the same attempt keeps its start. */
+function resumed(held: Execution | null, mine: Execution): Execution {
+  if (held?.state !== "running" || held.attempt !== mine.attempt || !held.started_ms) return mine;
+  return { ...mine, started_ms: Math.min(held.started_ms, mine.started_ms ?? held.started_ms) };
 }

@@ -289,9 +289,15 @@ export class Executor {
 
   /** Call the handler under its deadline, keeping the message from redelivery meanwhile. */
   private async run(msg: JsMsg, task: Task, spec: HandlerSpec, claim: Claimed): Promise<Outcome> {
+    // A crashed run of this attempt spent part of the budget already (protocol §13).
+    const budgetMs = task.budget.execute_ms - (claim.resumed ? Math.max(0, nowMs() - claim.startedMs) : 0);
+    if (budgetMs <= 0) {
+      const spent = `execute budget ${task.budget.execute_ms} ms of attempt ${task.attempt} spent: a run of it began at ${claim.startedMs} (epoch ms) and did not finish`;
+      return { claim, error: failure("deadline_exceeded", spent, true), durationMs: 0 };
+    }
     const abort = new AbortController();
     this.aborts.add(abort);
-    const deadline = new Deadline(task.budget.execute_ms, spec.deadlineMs);
+    const deadline = new Deadline(budgetMs, spec.deadlineMs);
     const ctx = new TaskContext(task, this.agentId, deadline, abort.signal, {
       progress: async (note) => {
         const release = deadline.hold(); // the handler waits on the report, not on its work

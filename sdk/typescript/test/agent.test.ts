@@ -622,6 +622,33 @@ describe("run-once: claims of this very process", () => {
     replies.close();
   });
 
+  it("runs a delivery taken over from a crashed earlier process for what is left of its budget, or not at all", async () => {
+    const topic = unique("crashed");
+    const id = unique("ts-crashed");
+    const deadlines = new Map<string, number>();
+    const agent = await started(newAgent(id).handler(topic, (ctx) => (deadlines.set(ctx.messageId, ctx.deadlineMs), {})));
+    const executions = await kv("reach_executions");
+    const failedOne = task(topic, null, { to_agent: id, ttl_ms: 120_000, budget: { seek_ms: 1_000, ack_ms: 2_000, execute_ms: 2_000 } });
+    const halfOne = task(topic, null, { to_agent: id, ttl_ms: 120_000, budget: { seek_ms: 1_000, ack_ms: 2_000, execute_ms: 2_000 } });
+    const events = eventsOf(stack, failedOne.message_id);
+    for (const [t, agoMs] of [[halfOne, 800], [failedOne, 5_000]] as const) {
+      const crashed = { v: 1, message_id: t.message_id, state: "running", agent_id: id, epoch: agent.epoch - 1, attempt: 1, lease_until_ms: Date.now() + 60_000, started_ms: Date.now() - agoMs };
+      await executions.create(`_.${t.message_id}.${id}`, JSON.stringify(crashed));
+    }
+    const replies = await send(stack, halfOne, { subject: `reach.agent.${id}.p1` });
+    await within(replies.next((r) => r.kind === "result"), 10_000, "the result of the half-spent one");
+    await send(stack, failedOne, { subject: `reach.agent.${id}.p1` });
+    const failed = await events.next((e) => e.event === "failed");
+    const deadline = deadlines.get(halfOne.message_id)!;
+    assert.ok(deadline >= 1_000 && deadline <= 1_200, `deadline ${deadline}`);
+    assert.ok(!deadlines.has(failedOne.message_id));
+    const error = failed.detail.error as { type: string; message: string; retryable: boolean };
+    assert.equal(error.type, "deadline_exceeded");
+    assert.ok(error.retryable && error.message.includes("execute budget 2000 ms of attempt 1 spent"), error.message);
+    events.close();
+    replies.close();
+  });
+
   it("keeps a claim a delivery holds from its redelivery even past its lease (a server away: renewals failed)", async () => {
     const claims = new Claims(await kv("reach_executions"), unique("ts-lapsed"), 1, quiet);
     const t = task(unique("lapsed"), null);

@@ -622,6 +622,10 @@ export interface Execution {
    */
   lease_until_ms: number;
   /**
+   * default 0
+   */
+  started_ms: number;
+  /**
    * default null
    */
   result: unknown;
