@@ -95,6 +95,10 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
     # written before records kept it.
     definition_id: str = ""
     definition: dict[str, Any] | None = None
+    # The definitions of the workflows its steps start as children, and theirs in turn, as
+    # in force at its start (so a child removed from the config since still runs); None in
+    # records written before records kept them (the configured workflows are its children).
+    calls: dict[str, dict[str, Any]] | None = None
     steps: dict[str, StepRun] = {}  # those started so far
     # Chains, fan-outs and graphs: the definition's steps, so that progress reads as of all
     # of them; 0 for a state machine (the states it enters depend on the path taken).

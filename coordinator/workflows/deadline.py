@@ -8,6 +8,8 @@ at most what is left of it, and a child workflow (a step's task) ends by its par
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentreach.coordinator.workflows.definitions import as_stored, fingerprint
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import ErrorInfo, Task, WorkflowRecord, ttl_left_ms
@@ -28,8 +30,15 @@ def expiry(record: WorkflowRecord, spec: WorkflowSpec) -> ErrorInfo:
     return ErrorInfo(type="expired", message=why, retryable=False)
 
 
-def new_record(workflow: str, task: Task, spec: WorkflowSpec, now_ms: int) -> WorkflowRecord:
-    """The record of an instance of ``spec`` that ``task`` starts at ``now_ms``."""
+def new_record(
+    workflow: str,
+    task: Task,
+    spec: WorkflowSpec,
+    now_ms: int,
+    calls: dict[str, dict[str, Any]] | None = None,
+) -> WorkflowRecord:
+    """The record of an instance of ``spec`` that ``task`` starts at ``now_ms``; ``calls``:
+    the definitions of the workflows it starts as children (and theirs)."""
     return WorkflowRecord(
         instance_id=task.message_id,
         workflow=workflow,
@@ -39,5 +48,6 @@ def new_record(workflow: str, task: Task, spec: WorkflowSpec, now_ms: int) -> Wo
         deadline_ms=deadline_of(task, spec, now_ms),
         definition_id=fingerprint(spec),
         definition=as_stored(spec),
+        calls=calls if calls is not None else {},
         steps_total=0 if spec.is_machine else len(spec.graph()),
     )

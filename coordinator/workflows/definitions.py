@@ -5,18 +5,21 @@ step renamed, added or removed). Read by the new definition, an instance would r
 step it completed under another name, or wait for one its own definition never had; read by
 none (the workflow removed), it would stay where it is. So each record carries its definition
 and a fingerprint of it from its start, and every change of the instance reads that: the
-configuration's definitions serve instances started from now on.
+configuration's definitions serve instances started from now on. It carries the definitions
+of the workflows it starts as children too (and theirs): a child removed from the
+configuration since still starts, by the definition in force when its parent started.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import msgspec
 import structlog
 
+from agentreach.coordinator.workflows.nesting import runs
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import WorkflowRecord
 
@@ -34,6 +37,19 @@ def as_stored(spec: WorkflowSpec) -> dict[str, Any]:
     return msgspec.to_builtins(spec)  # type: ignore[no-any-return]
 
 
+def called_by(name: str, specs: Mapping[str, WorkflowSpec]) -> dict[str, dict[str, Any]]:
+    """The stored definitions of the workflows ``name`` starts as children, and of those
+    they start in turn (``specs`` has no loop: :func:`check_nesting` refused it)."""
+    found: dict[str, dict[str, Any]] = {}
+    todo = [name]
+    while todo:
+        for intent in runs(specs[todo.pop()]):
+            if intent in specs and intent not in found:
+                found[intent] = as_stored(specs[intent])
+                todo.append(intent)
+    return found
+
+
 class Definitions:
     """The configured definitions (for new instances) and every one an instance was seen to
     run on (read from its record once, then kept by fingerprint)."""
@@ -42,9 +58,43 @@ class Definitions:
         self.current = dict(specs)
         self._ids = {name: fingerprint(spec) for name, spec in specs.items()}
         self._known = {self._ids[name]: spec for name, spec in specs.items()}
+        self._calls = {name: called_by(name, specs) for name in specs}
+        # Workflows no longer configured that instances seen run, or start as children.
+        self.retired: set[str] = set()
+
+    def calls_of(self, name: str) -> dict[str, dict[str, Any]]:
+        """What a new instance of the configured workflow ``name`` keeps of its children."""
+        return self._calls[name]
+
+    def children(self, record: WorkflowRecord) -> Collection[str]:
+        """The workflows a step of ``record``'s instance starts as a child instance."""
+        return self.current.keys() if record.calls is None else record.calls.keys()
+
+    def seen(self, record: WorkflowRecord) -> None:
+        """Keep which workflows no longer configured ``record``'s instance runs or starts."""
+        self.retired.update(
+            name for name in (record.workflow, *self.children(record)) if name not in self.current
+        )
+
+    def child_of(self, parent: WorkflowRecord, name: str) -> WorkflowSpec | None:
+        """The definition of the child ``name`` as kept by its ``parent``, when it no longer
+        is configured (None when the parent kept none, or it cannot be read)."""
+        if name in self.current or parent.calls is None or name not in parent.calls:
+            return None
+        try:
+            return msgspec.convert(parent.calls[name], WorkflowSpec)
+        except (msgspec.ValidationError, ValueError) as exc:
+            log.error(
+                "a child's workflow definition kept by its parent cannot be read",
+                workflow=name,
+                parent=parent.instance_id,
+                error=str(exc),
+            )
+            return None
 
     def of(self, record: WorkflowRecord) -> WorkflowSpec | None:
         """The definition ``record``'s instance runs on; None when it cannot be read."""
+        self.seen(record)
         if not record.definition_id:  # started before records kept their definition
             return self.current.get(record.workflow)
         if (spec := self._known.get(record.definition_id)) is None:

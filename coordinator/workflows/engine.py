@@ -91,34 +91,40 @@ class WorkflowEngine:
         self._broker = broker
         self.specs = dict(specs)
         self._definitions = Definitions(self.specs)  # each instance runs on its own
-        self._retired: set[str] = set()  # workflows with instances, no longer configured
         self._clock = clock
         self._grants = grants or Grants(None)  # with a seal key, step results are checked
         self._claim_check = ClaimCheck(broker)  # large step results are fetched to map them
         self._hot = HotRecords()  # what this replica wrote last: the next change reads nothing
-        self._outbox = Outbox(broker, self.specs, clock)
+        self._outbox = Outbox(broker, self._definitions.children, clock)
 
     def serves(self, topic: str) -> bool:
         return topic in self.specs
 
     async def started(self, task: Task) -> bool:
-        """Whether ``task`` started an instance of a workflow no longer configured: sent
-        again, it is answered as its instance ends (or ended), not routed as a task that no
-        agent serves (which would tell its sender that nothing ran)."""
-        if task.topic not in self._retired:
+        """Whether ``task`` starts (or started) an instance of a workflow no longer
+        configured: sent again, it is answered as its instance ends (or ended); a running
+        instance's step starts it as a child by the definition its parent kept. Neither is
+        routed as a task no agent serves (its sender would be told that nothing ran)."""
+        if task.topic not in self._definitions.retired:
             return False
         entry = await (await self._records()).get(task.message_id)
-        return entry is not None and entry.value.workflow == task.topic
+        if entry is not None:
+            return entry.value.workflow == task.topic
+        parent = await self._parent(task)
+        return parent is not None and self._definitions.child_of(parent, task.topic) is not None
 
     # -- starting ---------------------------------------------------------------------
     async def start(self, task: Task, *, seen_before: bool) -> None:
         """Create the instance of ``task`` (once) and dispatch its first steps."""
         spec = self.specs.get(task.topic)
+        calls = self._definitions.calls_of(task.topic) if spec else None
+        if spec is None and (parent := await self._parent(task)) is not None:
+            spec, calls = self._definitions.child_of(parent, task.topic), parent.calls
         if spec is None:  # no longer configured: only its instances' starters come here
             await self._started_again(task, seen_before)
             return
-        record = new_record(task.topic, task, spec, self._clock())
-        run = Run(spec, record, self._clock(), self.specs.keys())
+        record = new_record(task.topic, task, spec, self._clock(), calls)
+        run = Run(spec, record, self._clock(), self._definitions.children(record))
         run.start()
         records = await self._records()
         try:
@@ -148,12 +154,18 @@ class WorkflowEngine:
     async def _parent_ended(self, task: Task) -> str | None:
         """The id of the instance whose step ``task`` is, when that instance no longer runs
         (cancelled or ended while the step waited in intake)."""
+        parent = await self._parent(task)
+        return parent.instance_id if parent is not None and parent.status != "running" else None
+
+    async def _parent(self, task: Task) -> WorkflowRecord | None:
+        """The record of the instance whose step ``task`` is, if it is one."""
         names = self._broker.names
         if task.reply_to is None or not names.workflow_replies(task.reply_to):
             return None
-        parent = task.reply_to.removeprefix(names.workflow_reply(""))
-        entry = await (await self._records()).get(parent)
-        return parent if entry is not None and entry.value.status != "running" else None
+        entry = await (await self._records()).get(
+            task.reply_to.removeprefix(names.workflow_reply(""))
+        )
+        return entry.value if entry is not None else None
 
     # -- the REACH_WORKFLOWS consumer -------------------------------------------------
     async def handle(self, msg: Delivery) -> float | None:
@@ -320,7 +332,7 @@ class WorkflowEngine:
             spec = self._spec_of(record, instance_id)
             if record is None or spec is None:
                 return None
-            run = Run(spec, record, self._clock(), self.specs.keys())
+            run = Run(spec, record, self._clock(), self._definitions.children(record))
             runs.append(run)
             return record if change(run) else None
 
@@ -352,7 +364,7 @@ class WorkflowEngine:
         spec = self._spec_of(record, record.instance_id)
         if spec is None:
             return
-        run = Run(spec, record, self._clock(), self.specs.keys())
+        run = Run(spec, record, self._clock(), self._definitions.children(record))
         run.resume()
         await self._outbox.carry_out(record, run.actions)
 
@@ -365,7 +377,8 @@ class WorkflowEngine:
         again (past the duplicate window the steps would run again, after its end)."""
         records = await self._records()
         snapshot = await records.snapshot()
-        self._retired = {e.value.workflow for e in snapshot.values()} - self.specs.keys()
+        for entry in snapshot.values():
+            self._definitions.seen(entry.value)
         listed = [
             key
             for key, entry in snapshot.items()

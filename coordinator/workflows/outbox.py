@@ -8,7 +8,7 @@ for a workflow that no longer waits (a late answer is refused, naming the workfl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection
 
 import msgspec
 import structlog
@@ -22,7 +22,6 @@ from agentreach.coordinator.workflows.actions import Abandon, Action, Dispatch, 
 from agentreach.coordinator.workflows.answers import answer
 from agentreach.coordinator.workflows.control import cancel
 from agentreach.coordinator.workflows.nesting import child_headers
-from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import (
     StepRun,
     Task,
@@ -41,10 +40,13 @@ class Outbox:
     """Carries out the actions of one change of an instance, in order (each idempotent)."""
 
     def __init__(
-        self, broker: Broker, specs: Mapping[str, WorkflowSpec], clock: Callable[[], int]
+        self,
+        broker: Broker,
+        children: Callable[[WorkflowRecord], Collection[str]],
+        clock: Callable[[], int],
     ) -> None:
         self._broker = broker
-        self._specs = specs
+        self._children = children  # the workflows an instance's steps start as children
         self._clock = clock
 
     async def carry_out(self, record: WorkflowRecord, actions: list[Action]) -> None:
@@ -56,7 +58,7 @@ class Outbox:
                     await self._arm(record, key, visit, due_ms)
                 case Note(event=event, key=key, detail=detail):
                     await self._note(record, event, key, detail)
-                case Abandon(run=run) if run.intent in self._specs:
+                case Abandon(run=run) if run.intent in self._children(record):
                     # A child workflow's instance id is its step's message id.
                     why = f"cancelled with its parent workflow {record.instance_id!r}"
                     await cancel(self._broker, run.message_id, why=why)
@@ -80,7 +82,7 @@ class Outbox:
         now = self._clock()
         left_ms = max(1, record.deadline_ms - now)
         execute_ms = min(left_ms, record.task.budget.execute_ms)
-        child = run.intent in self._specs
+        child = run.intent in self._children(record)
         if run.deadline_ms:
             left_ms = max(1, min(left_ms, run.deadline_ms - now))
             # A child's ttl ends it by the step's timeout; its budget is its undos' too.

@@ -168,3 +168,59 @@ def test_records_from_before_definitions_were_kept_use_the_configured_one() -> N
     assert record.definition_id == "" and definitions.of(record) is FIRST["order"]
     unreadable = msgspec.structs.replace(record, definition_id="f" * 16, definition={"x": 1})
     assert definitions.of(unreadable) is None
+
+
+# An order charges, then ships through a child workflow, which labels through its own child.
+NESTED = {
+    "order": wf.chain(wf.step("charge", "charge"), wf.step("shipping", "shipping")),
+    "shipping": wf.chain(wf.step("reserve", "reserve"), wf.step("labels", "labels")),
+    "labels": wf.chain(wf.step("ship", "ship")),
+}
+
+
+async def test_a_running_instance_still_starts_children_no_longer_defined(
+    broker: Broker, start_coordinator, watcher
+) -> None:
+    """The coordinator restarts with the child workflows removed while an order waits at
+    its charge: the order still runs `shipping` (and `shipping` its own child `labels`) by
+    the definitions in force when the order started, so it completes, each step once; it
+    was failed `no_route` (nothing serves `shipping`) and its charge undone."""
+    runs: Counter[str] = Counter()
+    charging = asyncio.Event()
+    async with shop(runs, charging).running(broker=broker):
+        async with (
+            start_coordinator(fast(workflows=NESTED)),
+            ReachClient(broker=broker) as client,
+        ):
+            await client.publish("order", {"sku": "a"}, message_id="o1", ttl_ms=60_000)
+            await watcher.event("accepted", message_id=message_id_of("o1", "charge", 1))
+        async with start_coordinator(fast(workflows={"order": NESTED["order"]})):
+            charging.set()
+            await watcher.event("workflow_completed", message_id="o1")
+    assert runs == {"charge": 1, "reserve": 1, "ship": 1}
+    child = await read_record(broker, message_id_of("o1", "shipping", 1))
+    assert child is not None and child.workflow == "shipping" and child.status == "completed"
+    assert child.definition_id == fingerprint(NESTED["shipping"])
+    grandchild = await read_record(broker, message_id_of(child.instance_id, "labels", 1))
+    assert grandchild is not None and grandchild.definition_id == fingerprint(NESTED["labels"])
+    assert not [e for e in watcher.events if e.event in ("dead_lettered", "workflow_failed")]
+
+
+def test_a_record_keeps_its_children_and_theirs_and_older_records_take_the_configured() -> None:
+    """`calls` holds every workflow below the one started (not the agents' intents); a
+    record written before it kept them (`calls` null) takes the configured workflows; a
+    workflow no longer configured becomes known as retired once any record names it."""
+    definitions = Definitions(NESTED)
+    assert set(definitions.calls_of("order")) == {"shipping", "labels"}
+    assert definitions.calls_of("labels") == {}
+    task = Task(v=1, message_id="x", trace_id="t", topic="order")
+    record = new_record("order", task, NESTED["order"], 0, definitions.calls_of("order"))
+    older = msgspec.structs.replace(record, calls=None)
+    now = Definitions({"order": NESTED["order"]})
+    assert set(now.children(record)) == {"shipping", "labels"}
+    assert set(now.children(older)) == {"order"}
+    assert now.child_of(record, "shipping") == NESTED["shipping"]
+    assert now.child_of(older, "shipping") is None and now.child_of(record, "order") is None
+    assert now.retired == set()
+    now.of(record)
+    assert now.retired == {"shipping", "labels"}
