@@ -29,8 +29,12 @@ def register(commands: Commands) -> None:
     flows = commands.add(
         "workflows",
         cmd_workflows,
-        "workflow instances: list | show ID | cancel ID | signal ID EVENT",
-        example=("reach workflows show article-1", "reach workflows signal order-7 paid"),
+        "workflow instances: list | show ID | cancel ID [WHY] | signal ID EVENT",
+        example=(
+            "reach workflows show article-1",
+            "reach workflows signal order-7 paid",
+            'reach workflows cancel order-7 "customer withdrew"',
+        ),
     )
     flows.add_argument(
         "action",
@@ -39,7 +43,11 @@ def register(commands: Commands) -> None:
         " caller's creds: cancel or signal, an instance it started)",
     )
     flows.add_argument("id", nargs="?", help="the instance id (the starting task's message_id)")
-    flows.add_argument("event", nargs="?", help="for signal: the event to send")
+    flows.add_argument(
+        "event",
+        nargs="?",
+        help="signal: the event to send; cancel: why (the instance's error message)",
+    )
     flows.add_argument(
         "--wait", type=float, default=10.0, help="cancel, signal: seconds to wait for the effect"
     )
@@ -55,6 +63,8 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         raise UsageError(f"workflows {args.action} needs the id of a workflow instance")
     if args.json and args.action not in ("list", "show"):
         raise UsageError("--json is for workflows list and show")
+    if args.event and args.action in ("list", "show"):
+        raise UsageError(f"workflows {args.action} takes no argument after the id")
     if args.action == "signal" and not args.event:
         raise UsageError("workflows signal needs an event name: workflows signal ID EVENT")
     if args.action == "signal" and not is_token(args.event):
@@ -67,7 +77,7 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         async with broker_of(args) as broker, ReachClient(broker=broker) as client:
             if args.action == "signal":
                 return await _signal_own(client, args.id, args.event, args.wait)
-            return await _cancel_own(client, args.id, args.wait)
+            return await _cancel_own(client, args.id, args.event or "", args.wait)
     operators_only(args, "reading the workflow records")
     async with broker_of(args) as broker:
         if args.action == "list":
@@ -86,7 +96,7 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         await warn_without_coordinator(broker, "nothing acts on it until one starts")
         if args.action == "signal":
             return await _signal(broker, record, args.event, args.wait)
-        await cancel(broker, args.id)
+        await cancel(broker, args.id, why=args.event or "")
         ended = await _until_finished(broker, args.id, args.wait)
     if ended is None:
         print(f"{args.id}: cancel requested")
@@ -100,11 +110,11 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _cancel_own(client: ReachClient, instance_id: str, wait_s: float) -> int:
+async def _cancel_own(client: ReachClient, instance_id: str, why: str, wait_s: float) -> int:
     """A caller cancels an instance it started (it may not read the records: the
     coordinator tells it its instance's events)."""
     try:
-        ended = await client.cancel_workflow(instance_id, wait_s=wait_s)
+        ended = await client.cancel_workflow(instance_id, why=why, wait_s=wait_s)
     except UnknownWorkflow as exc:
         raise UsageError(f"{exc}; an operator's creds cancel any") from None
     except (NoResponders, BrokerTimeout):

@@ -477,7 +477,8 @@ async def test_cancel_mid_flight_stops_and_compensates(broker, start_coordinator
         )
         shipping = await watcher.event("accepted", topic="ship_parcel")
         instance = (await watcher.event("workflow_started")).message_id
-        cancelled = await run(*reach_argv(broker, "workflows", "cancel", instance, "--wait", "0"))
+        argv = reach_argv(broker, "workflows", "cancel", instance, "out of stock", "--wait", "0")
+        cancelled = await run(*argv)
         waiting = await watcher.event("compensating", message_id=instance)
         shown_waiting = await run(*reach_argv(broker, "workflows", "show", instance))
         assert not starting.done() and not [e for e in watcher.events if e.topic == "recall"]
@@ -494,7 +495,7 @@ async def test_cancel_mid_flight_stops_and_compensates(broker, start_coordinator
     assert "  undoing waits first for the outcome of ship" in shown_waiting.stdout
     assert waiting.detail["waiting_for"] == ["ship"]
     assert waiting.detail["undo"] == ["charge", "reserve"]
-    assert stopped.value.error.type == "cancelled"
+    assert (stopped.value.error.type, stopped.value.error.message) == ("cancelled", "out of stock")
     assert log == [
         "reserve",
         "charge_card",

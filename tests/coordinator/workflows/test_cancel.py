@@ -132,14 +132,14 @@ async def test_a_caller_cancels_its_own_workflow_and_no_other_caller_s(tmp_path:
         code, out, err = await arena.reach_as("bob", "workflows", "cancel", instance)
         assert code == 1 and "among bob's own messages" in err, (out, err)
 
-        code, out, err = await arena.reach_as("alice", "workflows", "cancel", instance)
+        code, out, err = await arena.reach_as("alice", "workflows", "cancel", instance, "moved")
         assert code == 0, err
         assert out.strip() == f"{instance}: cancelled"
         with pytest.raises(TaskFailed) as stopped:
             await asyncio.wait_for(invoked, 10)
     error = stopped.value.error
     assert (error.type, error.retryable) == ("cancelled", False)
-    assert error.message == "cancelled by its caller 'alice'"
+    assert error.message == "cancelled by its caller 'alice': moved"
     assert stopped.value.ending == "cancelled"
 
 
