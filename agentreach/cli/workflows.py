@@ -287,7 +287,7 @@ def tree(record: WorkflowRecord) -> str:
         branch = "└─" if i == len(steps) + len(undo) - 1 else "├─"
         # The state a running machine stays in once its work is done waits for a signal.
         waits = key == record.current and record.status == "running" and run.status == "completed"
-        line = _step(key, run, record.started_ms, waits=waits)
+        line = _step(key, run, record.started_ms, waits=waits, left_ms=_left_ms(record, key))
         if key in record.awaiting:  # stopped while it ran: it still runs, its outcome awaited
             line += "  ← stopped while it ran: its outcome is awaited, then undone"
         lines.append(f"  {branch} {line}")
@@ -298,13 +298,26 @@ def tree(record: WorkflowRecord) -> str:
     return "\n".join(lines)
 
 
-def _step(key: str, run: StepRun, start_ms: int, *, waits: bool = False) -> str:
+def _left_ms(record: WorkflowRecord, key: str) -> int:
+    """When a state machine left its last visit of state ``key`` (entered the next), or 0."""
+    if key not in record.path:
+        return 0
+    after = len(record.path) - record.path[::-1].index(key)
+    entered = record.steps.get(record.path[after]) if after < len(record.path) else None
+    return entered.started_ms if entered is not None else 0
+
+
+def _step(key: str, run: StepRun, start_ms: int, *, waits: bool = False, left_ms: int = 0) -> str:
     offset = f"+{run.started_ms - start_ms}ms" if run.started_ms else ""
-    took = f"{run.ended_ms - run.started_ms} ms" if run.ended_ms and run.started_ms else ""
+    # A state without an intent ends as it is entered; one left later waited for an event.
+    waited = not run.intent and left_ms > run.ended_ms
+    ended_ms = left_ms if waited else run.ended_ms
+    took = f"{ended_ms - run.started_ms} ms" if ended_ms and run.started_ms else ""
     visit = f" (visit {run.visit})" if run.visit > 1 else ""
     # A state without an intent that waits has done nothing: it waits, it did not complete.
     status = "waiting" if waits and not run.intent else run.status
     what = run.intent or ("(waits for an event)" if waits else "(pass-through)")
+    what = "(waited for an event)" if waited else what
     line = f"{key:<14} {status:<10} {offset:>9} {took:>8}  {what}"
     line += f"{visit}  {run.message_id}"
     if waits:

@@ -571,3 +571,16 @@ def test_a_branch_whose_input_names_nothing_fails_the_fanout_before_any_sibling_
     assert record.steps["a"].status == "cancelled" and "c" not in record.steps
     assert record.awaiting == [] and record.compensations == {}
     assert any(isinstance(a, Finish) for a in run.actions)
+
+
+def test_show_says_how_long_a_state_waited_once_a_signal_moved_the_machine_on() -> None:
+    """Left by an event 9 s after it was entered, a state without an intent read
+    `completed 0 ms (pass-through)`; it waited 9,000 ms, for an event."""
+    flow = spec(
+        "states: {initial: hold, states: {hold: {next: [{event: go, to: done}]},"
+        " done: {terminal: true}}}"
+    )
+    record, _ = started(flow)
+    assert Run(flow, record, record.started_ms + 9_000).on_signal("go", at_ms=0)
+    [line] = [x for x in tree(record).splitlines() if "─ hold " in x]
+    assert " 9000 ms  (waited for an event)" in line, line
