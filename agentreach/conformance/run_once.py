@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from agentreach.broker import WrongLastSequence
-from agentreach.conformance.report import Checks
+from agentreach.conformance.report import Checks, Failed
 from agentreach.conformance.session import Exchange, Session
 from agentreach.conformance.tasks import first, outcome
 from agentreach.envelopes import ErrorInfo, Execution, Task, now_ms
@@ -18,9 +18,9 @@ async def duplicates(s: Session, c: Checks) -> str:
     task = s.task({"op": "sleep", "ms": 400})
     ex = await s.dispatch(task)
     await s.dispatch(task)
-    await _results(s, ex, 2, 10.0)
+    await _results_of_one_run(s, c, ex, 2)
     await s.dispatch(task)
-    await _results(s, ex, 3, 10.0)
+    await _results_of_one_run(s, c, ex, 3)
     await s.quiet()
     c.must(ex.runs() == 1, f"the handler ran {ex.runs()} times")
     results = [r.result for r in ex.replies_of("result")]
@@ -186,6 +186,17 @@ def _keyed(record: Execution, task: Task, **changes: object) -> Execution:
 async def _result(s: Session, ex: Exchange, timeout_s: float, what: str) -> object:
     reply = await s.until(lambda: first(ex.replies_of("result")), timeout_s, what)
     return reply.result
+
+
+async def _results_of_one_run(s: Session, c: Checks, ex: Exchange, count: int) -> None:
+    """``count`` result replies within 10 s; missing ones are put down to a handler that
+    ran more than once when it did (a second run that lost its finishing write to the
+    first may say nothing at all)."""
+    try:
+        await _results(s, ex, count, 10.0)
+    except Failed:
+        c.must(ex.runs() == 1, f"the handler ran {ex.runs()} times")
+        raise
 
 
 async def _results(s: Session, ex: Exchange, count: int, timeout_s: float) -> None:

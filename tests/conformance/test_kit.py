@@ -63,7 +63,10 @@ async def judge(broker, agent: Agent, *clauses: str):  # type: ignore[no-untyped
 
 
 async def test_an_agent_that_runs_duplicates_twice_fails_run_once(broker, coordinator, monkeypatch):
-    """An agent that claims nothing (every delivery runs) fails the run-once clauses."""
+    """An agent that claims nothing (every delivery runs) fails the run-once clauses, said
+    as the runs it made (under load the second of two runs at once may lose its finishing
+    write to the first and report nothing: the clause says so, not that replies are
+    missing)."""
 
     async def claim_everything(self, task, lease_ms, **_):  # type: ignore[no-untyped-def]
         return Claimed(revision=0, lease_until_ms=now_ms() + lease_ms)
@@ -71,7 +74,10 @@ async def test_an_agent_that_runs_duplicates_twice_fails_run_once(broker, coordi
     monkeypatch.setattr(sdk_claims.Claims, "claim", claim_everything)
     verdicts = await judge(broker, conformance_agent("careless-1"), "run_once.duplicates")
     assert verdicts["run_once.duplicates"].status is Status.FAIL
-    assert "the handler ran 3 times" in verdicts["run_once.duplicates"].detail
+    assert verdicts["run_once.duplicates"].detail in (
+        "the handler ran 2 times",
+        "the handler ran 3 times",
+    )
 
 
 async def test_an_agent_without_jitter_fails_the_heartbeat_clause(broker, coordinator, monkeypatch):
