@@ -50,6 +50,9 @@ class StorageLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     tasks_bytes: int = -1  # intake waiting for the coordinator
     tasks_per_subject: int = DEFAULT_TASKS_PER_SUBJECT
     dead_letters_bytes: int = -1
+    # Lifecycle events are history: full, the oldest go (a refused write would stall the
+    # coordinator's own events, and a party flooding the stream would stop everyone's).
+    events_bytes: int = -1
     payloads_bytes: int = -1  # the claim check's Object Store
     # An execution record holds a result up to the claim-check threshold inline; a larger
     # one is in the Object Store and the record holds its reference.
@@ -248,6 +251,7 @@ class Topology:
                     deny_delete=True,
                     subjects=(n.events_wildcard,),
                     max_age_s=7 * DAY,
+                    max_bytes=lim.events_bytes,
                     description="Lifecycle events of every message",
                 ),
                 StreamSpec(

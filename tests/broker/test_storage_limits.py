@@ -57,6 +57,20 @@ async def test_a_full_dead_letter_stream_refuses_instead_of_dropping(broker):
     assert first.data == b"a" * 600  # the oldest letter was not dropped to make room
 
 
+async def test_a_full_event_stream_drops_its_oldest_events_and_takes_new_ones(broker):
+    """Events are history: with `events_bytes` reached a new event is stored and the
+    oldest goes (a flood by one party does not refuse the coordinator's own events)."""
+    limits = StorageLimits(events_bytes=3_000)
+    await provision(broker, Topology.default(broker.names, limits=limits))
+    stream = broker.names.events_stream
+    for i in range(10):
+        subject = broker.names.event("progress", "t", f"m-{i}", f"m-{i}", "a-1")
+        await broker.publish(subject, b"e" * 600, headers={"Nats-Msg-Id": f"e-{i}"})
+    info = await broker.js.stream_info(stream)
+    assert (info.config.max_bytes, info.config.discard) == (3_000, "old")
+    assert info.state.bytes <= 3_000 and info.state.last_seq == 10 and info.state.first_seq > 1
+
+
 async def test_provisioning_never_lowers_a_limit_under_what_a_stream_holds(broker):
     """A byte limit below what the stream holds is left as it was (the server would drop
     the oldest messages to fit it); a larger one is applied."""
