@@ -19,6 +19,9 @@ from agentreach.envelopes import Priority
 
 DAY = 24 * 3600.0
 KV_DUPLICATE_WINDOW_S = 120.0  # nats-py's for a bucket (or its ttl, when shorter)
+# REACH_EVENTS drops an event whose Nats-Msg-Id it stored this recently: an agent's second
+# report of one attempt (a run of it again, after a redelivery) is not stored.
+EVENTS_DUPLICATE_WINDOW_S = 120.0
 DEAD_LETTERS_KEPT_S = 30 * DAY  # REACH_DLQ, and what settled each letter (REACH_SETTLED)
 MANUAL_KEPT_S = 8 * DAY  # a manual-review item may wait a week, then is kept a day
 # Per-agent dispatch queue capacity per priority (P0 small: urgent work must not queue).
@@ -251,6 +254,7 @@ class Topology:
                     deny_delete=True,
                     subjects=(n.events_wildcard,),
                     max_age_s=7 * DAY,
+                    duplicate_window_s=EVENTS_DUPLICATE_WINDOW_S,
                     max_bytes=lim.events_bytes,
                     description="Lifecycle events of every message",
                 ),

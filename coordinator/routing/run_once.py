@@ -14,6 +14,7 @@ import structlog
 
 from agentreach.broker import Broker, Bucket, Entry
 from agentreach.broker.lifecycle import about, agent_event, emit, event_for, reply
+from agentreach.broker.topology import EVENTS_DUPLICATE_WINDOW_S
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.envelopes import (
     REASSIGNED,
@@ -32,6 +33,9 @@ WAIT_CAP_S = 1.0
 # A lease counts at most this long past the task's ttl (the agent's grace to record its
 # outcome, clock skew): a lease of a day would hold the message, and intake, for a day.
 LEASE_PAST_TTL_MS = 30_000
+# A later run's report of an attempt made this soon after the first report was stored has
+# the first's Nats-Msg-Id, and the stream drops it (less a margin for the agent's clock).
+REPORTED_AS_ONE_MS = int(EVENTS_DUPLICATE_WINDOW_S * 1000) - 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,13 +137,20 @@ def lease_limit(task: Task) -> int | None:
 
 
 def superseded(
-    records: list[Execution], agent_id: str | None, attempt: int, reported_at_ms: int
+    records: list[Execution],
+    agent_id: str | None,
+    attempt: int,
+    reported_at_ms: int,
+    stored_ms: int,
 ) -> str | None:
-    """Why what ``agent_id`` reported at ``reported_at_ms`` of ``attempt`` no longer counts,
-    if it does not: a later attempt was dispatched since; the attempt was taken from the
-    agent (it went OFFLINE and the task was reassigned); or a later run of the attempt by the
-    same agent (a redelivery that took a stalled run over) failed since, and reports that
-    itself (a record is written before its report, on the agent's clock)."""
+    """Why what ``agent_id`` reported at ``reported_at_ms`` of ``attempt`` (the report
+    stored at ``stored_ms``) no longer counts, if it does not: a later attempt was
+    dispatched since; the attempt was taken from the agent (it went OFFLINE and the task was
+    reassigned); or a later run of the attempt by the same agent (a redelivery that took a
+    stalled run over, or ran it again after a server restart) failed since, and reports that
+    itself (a record is written before its report, on the agent's clock) — unless that
+    report has this one's Nats-Msg-Id within the stream's duplicate window: the stream
+    drops it, and this one stands for both (left alone, the task was never retried)."""
     for r in records:
         if r.attempt > attempt:
             return f"attempt {r.attempt} was dispatched since"
@@ -147,7 +158,7 @@ def superseded(
             continue
         if r.error is not None and r.error.type == REASSIGNED:
             return "the attempt was taken from its agent"
-        if r.finished_at_ms > reported_at_ms:
+        if r.finished_at_ms > max(reported_at_ms, stored_ms + REPORTED_AS_ONE_MS):
             return "a later run of the attempt failed since, and reports for itself"
     return None
 

@@ -30,26 +30,36 @@ def record(
 
 def test_a_report_of_its_own_failure_counts() -> None:
     """The agent recorded the failure, then reported it (a record comes before its report)."""
-    assert superseded([record("a", 1, "failed", at_ms=1_000)], "a", 1, 1_001) is None
+    assert superseded([record("a", 1, "failed", at_ms=1_000)], "a", 1, 1_001, 1_002) is None
 
 
 def test_a_report_of_an_attempt_taken_from_its_agent_does_not() -> None:
     fenced = record("a", 1, "failed", error=REASSIGNED)
-    assert superseded([fenced], "a", 1, 5_000) == "the attempt was taken from its agent"
+    assert superseded([fenced], "a", 1, 5_000, 5_001) == "the attempt was taken from its agent"
 
 
 def test_a_report_of_an_attempt_after_which_another_was_dispatched_does_not() -> None:
     """The fence of attempt 1 overwritten by the same agent's claim of attempt 2."""
-    why = superseded([record("a", 2, "running")], "a", 1, 5_000)
+    why = superseded([record("a", 2, "running")], "a", 1, 5_000, 5_001)
     assert why == "attempt 2 was dispatched since"
 
 
 def test_a_report_older_than_a_later_failure_of_the_same_attempt_does_not() -> None:
-    """A stalled run's report, after its redelivery ran the attempt and failed too."""
-    later = record("a", 1, "failed", at_ms=9_000)
-    why = superseded([later], "a", 1, 5_000)
+    """A stalled run's report, after its redelivery ran the attempt and failed too, past
+    the events stream's duplicate window (the later run's report is stored: it decides)."""
+    later = record("a", 1, "failed", at_ms=200_000)
+    why = superseded([later], "a", 1, 5_000, 5_001)
     assert why == "a later run of the attempt failed since, and reports for itself"
-    assert superseded([later], "b", 1, 5_000) is None  # another agent's record: not its run
+    assert superseded([later], "b", 1, 5_000, 5_001) is None  # another agent's: not its run
+
+
+def test_a_report_stands_for_a_later_failure_whose_report_the_stream_drops() -> None:
+    """The later run failed within the duplicate window of this report's storage: its own
+    report has this one's Nats-Msg-Id and is dropped, so this one counts (the task was
+    left alone, waiting for a report that never came, and never retried)."""
+    later = record("a", 1, "failed", at_ms=9_000)
+    assert superseded([later], "a", 1, 5_000, 5_001) is None
+    assert superseded([later], "a", 1, 5_000, 5_001 - 110_000) is not None
 
 
 def test_a_lease_counts_no_later_than_the_task_s_ttl_and_a_margin() -> None:

@@ -1,0 +1,61 @@
+"""An agent's reports of one attempt, on a real server: a run of the attempt again (its
+dispatch delivered again after a server restart) reports with the first run's Nats-Msg-Id,
+so the stream keeps one report, which must decide the attempt."""
+
+from __future__ import annotations
+
+import msgspec
+
+from agentreach.agents import Agent, TaskContext
+from agentreach.broker.lifecycle import emit, event_for, event_message
+from agentreach.envelopes import ErrorInfo, Execution, Task, execution_key, now_ms
+from tests.coordinator.observability.test_metrics import replica
+from tests.support import Watcher
+
+
+async def test_an_attempt_run_twice_that_failed_twice_is_retried(broker, watcher: Watcher):
+    """Attempt 1 failed on `a-1`, ran again there and failed again: the second run's record
+    is written, its report dropped as the first's duplicate. The first report stands for
+    both, and attempt 2 runs (it was left alone, "a later run … reports for itself", and the
+    task stayed at `retry_scheduled` for good: no retry, no letter)."""
+    steady = Agent("steady-1", startup_delay=0)
+
+    @steady.handler("flaky")
+    async def flaky(ctx: TaskContext, payload: dict) -> dict:
+        return {"attempt": ctx.attempt}
+
+    task = Task(
+        v=1,
+        message_id="ran-twice-1",
+        trace_id="ran-twice-1",
+        topic="flaky",
+        caller="c1",
+        ttl_ms=60_000,
+        received_ms=now_ms(),
+        payload={},
+    )
+    error = ErrorInfo(type="deadline_exceeded", message="ran past 3000 ms", retryable=True)
+    async with replica(broker), steady.running(broker=broker):
+        await emit(broker, event_for(task, "routed", agent_id="a-1"))
+        first = event_for(task, "failed", agent_id="a-1", task=task, error=error)
+        again = msgspec.structs.replace(first, at_ms=first.at_ms + 2_001)
+        records = await broker.bucket(broker.names.executions_bucket, Execution)
+        await records.put(
+            execution_key("c1", task.message_id, "a-1"),
+            Execution(
+                message_id=task.message_id,
+                state="failed",
+                agent_id="a-1",
+                attempt=1,
+                finished_at_ms=again.at_ms - 1,
+                error=error,
+                caller="c1",
+            ),
+        )
+        await emit(broker, first, sender="a-1")
+        subject, data, headers = event_message(broker, again, sender="a-1")
+        assert (await broker.publish(subject, data, headers=headers)).duplicate
+        scheduled = await watcher.event("retry_scheduled", message_id=task.message_id)
+        done = await watcher.event("completed", message_id=task.message_id)
+    assert scheduled.detail["next_attempt"] == 2
+    assert (done.attempt, done.agent_id, done.detail["result"]) == (2, "steady-1", {"attempt": 2})
