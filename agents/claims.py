@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 import msgspec
 
-from agentreach import envelopes
 from agentreach.broker import BrokerError, Bucket, ValueTooLarge, WrongLastSequence
 from agentreach.broker.bucket import UNREAD
 from agentreach.broker.tasks import cancel_and_wait
@@ -230,15 +229,17 @@ class Claims:
             record = self._record(
                 task, "running", lease_until_ms=until, seal=claim.seal, started_ms=claim.started_ms
             )
-            try:
-                claim.revision = await self._bucket.update(
-                    self._key(task), record, last=claim.revision
-                )
-            except WrongLastSequence:
-                return False
-            except BrokerError as exc:
-                log.warning("lease not extended", error=str(exc))
-                return True
+            while True:
+                try:
+                    last = claim.revision
+                    claim.revision = await self._bucket.update(self._key(task), record, last=last)
+                    break
+                except WrongLastSequence:
+                    if not await self._still_mine(task, claim):
+                        return False
+                except BrokerError as exc:
+                    log.warning("lease not extended", error=str(exc))
+                    return True
             claim.lease_until_ms = until
             return True
 
@@ -342,10 +343,23 @@ class Claims:
         try:
             await self._bucket.update(self._key(task), record, last=outcome.claim.revision)
         except WrongLastSequence:
+            if await self._still_mine(task, outcome.claim):
+                return await self._write(task, outcome)
             # Our lease lapsed or the task was reassigned, and that outcome stands; or an
             # earlier try of ours was written though its answer got lost.
             held = await self._bucket.get(self._key(task))
             return held is not None and _same_write(held.value, record)
+        return True
+
+    async def _still_mine(self, task: Task, claim: Claimed) -> bool:
+        """Whether a write refused at ``claim``'s revision met this run's own claim, written
+        again since: a renewal that timed out (the server away) and landed later, from the
+        client's reconnect buffer. The claim takes that revision (a later one is no claim)."""
+        held = await self._bucket.get(self._key(task))
+        mine = self._record(task, "running")
+        if held is None or held.revision <= claim.revision or not _same_write(held.value, mine):
+            return False
+        claim.revision = held.revision
         return True
 
     def _key(self, task: Task) -> str:
@@ -381,17 +395,3 @@ def _same_write(held: Execution, written: Execution) -> bool:
         written.attempt,
         written.state,
     )
-
-
-def unrecordable(outcome: Outcome, exc: ValueTooLarge) -> Outcome:
-    """The failure to record instead of ``outcome``, whose result its execution record
-    cannot hold: ``result_too_large``, not retryable (every run would end so), saying what
-    to do. Only a result makes a record that large; a failure's error is small."""
-    size = len(envelopes.encode(outcome.result))
-    message = (
-        f"the result ({size} bytes of JSON) does not fit its execution record ({exc}): return"
-        " less, or let it travel by claim check (an agent's claim_check_bytes below the"
-        " coordinator's limits.record_bytes, on an open server)"
-    )
-    error = ErrorInfo(type="result_too_large", message=message, retryable=False)
-    return Outcome(outcome.claim, error=error)

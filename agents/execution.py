@@ -26,7 +26,6 @@ from agentreach.agents.claims import (
     Hand,
     Moved,
     Outcome,
-    unrecordable,
 )
 from agentreach.agents.client import ReachClient
 from agentreach.agents.context import TaskContext
@@ -373,3 +372,17 @@ async def _published(publishing: asyncio.Task[None], what: str) -> None:
         await publishing
     except BrokerError as exc:
         log.warning("report not published", report=what, error=str(exc))
+
+
+def unrecordable(outcome: Outcome, exc: ValueTooLarge) -> Outcome:
+    """The failure to record instead of ``outcome``, whose result its execution record
+    cannot hold: ``result_too_large``, not retryable (every run would end so), saying what
+    to do. Only a result makes a record that large; a failure's error is small."""
+    size = len(envelopes.encode(outcome.result))
+    message = (
+        f"the result ({size} bytes of JSON) does not fit its execution record ({exc}): return"
+        " less, or let it travel by claim check (an agent's claim_check_bytes below the"
+        " coordinator's limits.record_bytes, on an open server)"
+    )
+    error = ErrorInfo(type="result_too_large", message=message, retryable=False)
+    return Outcome(outcome.claim, error=error)

@@ -159,3 +159,30 @@ async def test_a_process_that_takes_a_crashed_run_over_keeps_when_it_began(broke
     next_attempt = await claims_of(broker, epoch=4)
     fresh = await next_attempt.claim(msgspec.structs.replace(same, attempt=2), lease_ms=1_000)
     assert isinstance(fresh, Claimed) and not fresh.resumed
+
+
+async def test_a_renewal_that_landed_late_leaves_the_claim_this_run_s(broker):
+    """A renewal that timed out while the server was away lands after the reconnect (the
+    client's reconnect buffer), moving the record's revision: the next renewal and the
+    outcome are still written (the outcome was refused as fenced, the result dropped, and
+    the redelivery ran the handler a second time). A record of another process's stays a
+    fence."""
+    claims, same = await claims_of(broker), task()
+    bucket = await broker.bucket(broker.names.executions_bucket, Execution)
+    key = f"{same.caller}.{same.message_id}.claimer"
+    claim = await claims.claim(same, lease_ms=5_000)
+    assert isinstance(claim, Claimed)
+    landed = msgspec.structs.replace((await bucket.get(key)).value, lease_until_ms=1)
+    await bucket.put(key, landed)
+    assert await claims.renew(same, claim, lease_ms=20_000)
+    await bucket.put(key, landed)
+    assert await claims.record(same, Outcome(claim, result={"n": 1}), still_working=still_working)
+    assert (await bucket.get(key)).value.state == "done"
+
+    other, taken = await claims_of(broker), task()
+    claim = await other.claim(taken, lease_ms=5_000)
+    assert isinstance(claim, Claimed)
+    takeover = f"{taken.caller}.{taken.message_id}.claimer"
+    await bucket.put(takeover, msgspec.structs.replace((await bucket.get(takeover)).value, epoch=2))
+    assert not await other.renew(taken, claim, lease_ms=20_000)
+    assert not await other.record(taken, Outcome(claim, result=2), still_working=still_working)
