@@ -6,6 +6,13 @@ and when that server dies (or the stream's leader changes) nothing tells the cli
 the missing heartbeats. nats-py makes the consumer again, from the next sequence, after two
 missed heartbeats; with 5 s ones a watch fell 15-18 s behind after a kill -9, with 1 s ones
 it resumes as soon as the new leader is elected.
+
+nats-py makes that consumer again from the next sequence of the stream it watched; a stream
+made again (a server back on an empty store, then provisioned again) starts over at 1, and
+the watch would skip every change until the new stream passed the old one's last sequence
+(a coordinator blind to the agents' cards and heartbeats for minutes). So the watch looks at
+the stream's creation time every few seconds, and watches a stream made again from its
+start.
 """
 
 from __future__ import annotations
@@ -21,10 +28,15 @@ import nats.aio.msg
 from nats.js import api
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from agentreach.broker.errors import translated
+from agentreach.broker.errors import BrokerError, translated
 from agentreach.broker.messages import position_of
+from agentreach.broker.tasks import cancel_and_wait
+from agentreach.logs import get_logger
+
+log = get_logger("broker.watch")
 
 IDLE_HEARTBEAT_S = 1.0
+REMADE_CHECK_S = 5.0  # how often a watch asks whether its stream was made again
 INACTIVE_THRESHOLD_S = 300.0  # a watch whose process died is cleaned up by the server
 KV_MARKER_REASON = "Nats-Marker-Reason"  # nats-server 2.11+: TTL and age expiry markers
 _DELETED_BY_MARKER = {"MaxAge": KV_PURGE, "Purge": KV_PURGE, "Remove": KV_DEL}
@@ -53,26 +65,27 @@ class BucketWatch:
                 ...
     """
 
-    def __init__(self, kv: KeyValue, *, idle_heartbeat_s: float = IDLE_HEARTBEAT_S) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        *,
+        idle_heartbeat_s: float = IDLE_HEARTBEAT_S,
+        remade_check_s: float | None = None,
+    ) -> None:
         self._kv = kv
         self._idle_heartbeat_s = idle_heartbeat_s
+        self._remade_check_s = remade_check_s or REMADE_CHECK_S
         self._sub: nats.js.JetStreamContext.PushSubscription | None = None
         self._queue: asyncio.Queue[Change | object] = asyncio.Queue()
         self._initial_queued = False
+        self._created: object = None  # the watched stream's creation time
+        self._guard: asyncio.Task[None] | None = None
         self.initial = asyncio.Event()
 
     async def __aenter__(self) -> Self:
-        kv = self._kv
-        with translated(subject=f"{kv._pre}>"):
-            self._sub = await kv._js.subscribe(
-                f"{kv._pre}>",
-                stream=kv._stream,
-                cb=self._on_message,
-                ordered_consumer=True,
-                idle_heartbeat=self._idle_heartbeat_s,
-                deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
-                inactive_threshold=INACTIVE_THRESHOLD_S,
-            )
+        with translated(subject=f"{self._kv._pre}>"):
+            self._created = (await self._kv._js.stream_info(self._kv._stream)).created
+            self._sub = await self._subscribe()
             try:
                 info = await self._sub.consumer_info()
             except BaseException:
@@ -80,7 +93,41 @@ class BucketWatch:
                 raise
         if info.num_pending == 0 and self._sub.delivered == 0:
             self._initial_through()
+        self._guard = asyncio.create_task(self._watch_the_stream(), name="watch-remade")
         return self
+
+    async def _subscribe(self) -> nats.js.JetStreamContext.PushSubscription:
+        kv = self._kv
+        return await kv._js.subscribe(
+            f"{kv._pre}>",
+            stream=kv._stream,
+            cb=self._on_message,
+            ordered_consumer=True,
+            idle_heartbeat=self._idle_heartbeat_s,
+            deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+            inactive_threshold=INACTIVE_THRESHOLD_S,
+        )
+
+    async def _watch_the_stream(self) -> None:
+        """Watch the stream again from its start once it was made again."""
+        while True:
+            await asyncio.sleep(self._remade_check_s)
+            try:
+                with translated():
+                    created = (await self._kv._js.stream_info(self._kv._stream)).created
+                    if created == self._created or created is None:
+                        continue
+                    log.warning(
+                        "a watched bucket's stream was made again; watching it from its start",
+                        stream=self._kv._stream,
+                    )
+                    old, self._sub = self._sub, await self._subscribe()
+                    self._created = created
+            except BrokerError:
+                continue  # not there yet (being made again), or the server away: look again
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    await old.unsubscribe()
 
     async def __aexit__(
         self,
@@ -91,6 +138,8 @@ class BucketWatch:
         await self._stop()
 
     async def _stop(self) -> None:
+        if self._guard is not None:
+            await cancel_and_wait(self._guard)
         sub, self._sub = self._sub, None
         if sub is not None:
             with contextlib.suppress(Exception):  # closing: the subscription may be gone already

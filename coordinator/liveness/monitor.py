@@ -174,10 +174,10 @@ class LivenessMonitor:
                         named=beat.agent_id)  # fmt: skip
             return
         tracked = self.agents.get(agent_id)
-        if tracked is not None and 0 < revision <= tracked.revision:
+        if tracked is not None and _seen(tracked, revision, beat):
             return  # seen already (the periodic re-read finds mostly these)
         if tracked is not None:
-            tracked.revision = revision
+            tracked.revision, tracked.seq = revision, beat.seq if beat is not None else 0
         if beat is None:
             if tracked is not None and tracked.state != "OFFLINE":
                 await self._transition(tracked, "OFFLINE", "stopped")
@@ -369,3 +369,13 @@ class LivenessMonitor:
         tracked.offline_at_ms = [t for t in tracked.offline_at_ms if now - t < HOUR_MS] + [now]
         if len(tracked.offline_at_ms) > self._config.flapping_limit:
             tracked.quarantined = True
+
+
+def _seen(tracked: Tracked, revision: int, beat: Heartbeat | None) -> bool:
+    """Whether the heartbeat at ``revision`` was taken into account already. A later beat
+    of the same process (a higher ``seq``, or a later process) is new even at a lower
+    revision: the bucket was made again (a server back on an empty store), and its
+    revisions start over."""
+    if not 0 < revision <= tracked.revision:
+        return False
+    return beat is None or (beat.epoch, beat.seq) <= (tracked.epoch, tracked.seq)

@@ -29,6 +29,7 @@ class Tracked:
     offline_at_ms: list[int] = field(default_factory=list)
     connected: bool = False  # a probe found its connection alive during this SUSPECT episode
     revision: int = 0  # of the last heartbeat taken into account
+    seq: int = 0  # its seq (of the process ``epoch``)
     probe: asyncio.Task[None] | None = None
     cadence: Cadence | None = None
     in_flight: int = 0  # tasks running, by its last heartbeat
