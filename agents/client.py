@@ -18,9 +18,7 @@ from agentreach.agents.coordinator_presence import (
     coordinator_runs,
 )
 from agentreach.agents.errors import (
-    DeadlineExceeded,
     NotAcknowledged,
-    Rejected,
     backlog_full,
     not_provisioned,
     not_stored,
@@ -30,7 +28,7 @@ from agentreach.agents.invocation import (
     OnAck,
     OnProgress,
     as_type,
-    outcome_of,
+    earlier_result,
     still_queued,
     wait_for_result,
 )
@@ -47,14 +45,13 @@ from agentreach.broker import (
 )
 from agentreach.broker.backpressure import publish_when_room
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
-from agentreach.broker.endings import OthersMessage, wait_for_ending
+from agentreach.broker.endings import OthersMessage
 from agentreach.broker.failover import unanswered
 from agentreach.broker.lifecycle import events_of_id
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.envelopes import (
     MAX_TTL_MS,
     Budget,
-    ErrorInfo,
     Event,
     PayloadRef,
     Priority,
@@ -325,27 +322,8 @@ class ReachClient:
 
     async def _earlier_result(self, task: Task) -> tuple[Any, PayloadRef | None]:
         """The outcome of the message already taken in under ``task``'s id, once it ends."""
-        ids = {"message_id": task.message_id, "trace_id": task.trace_id}
-        within_s = (task.budget.ack_ms + task.budget.execute_ms) / 1000
-        seen: list[Event] = []
-
-        async def read() -> list[Event]:
-            seen[:] = await self._own_status(task.message_id)
-            return seen
-
-        try:
-            ended = await wait_for_ending(read, within_s=within_s, caller=self.caller)
-        except OthersMessage as exc:
-            taken = f"{exc}: send it under an id of your own"
-            error = ErrorInfo(type="duplicate_id", message=taken, retryable=False)
-            raise Rejected(error, **ids, ending="duplicate_id") from None
-        if ended is None:
-            raise DeadlineExceeded(
-                f"message {task.message_id!r} was sent before and did not end within"
-                f" {within_s * 1000:.0f} ms",
-                **ids,
-            )
-        return outcome_of(ended, ids, ran=any(e.event == "accepted" for e in seen))
+        read = functools.partial(self._own_status, task.message_id)
+        return await earlier_result(task, read, self.caller)
 
     async def cancel_workflow(
         self, instance_id: str, *, why: str = "", wait_s: float = 10.0

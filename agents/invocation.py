@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from agentreach import envelopes
+from agentreach.agents.coordinator_presence import NO_COORDINATOR
 from agentreach.agents.errors import (
     REJECTION_REASONS,
     DeadlineExceeded,
@@ -20,8 +21,8 @@ from agentreach.agents.errors import (
     UnexpectedResult,
 )
 from agentreach.agents.handlers import type_name
-from agentreach.broker import Broker, BrokerError
-from agentreach.broker.endings import Ended, OthersMessage, ending_of
+from agentreach.broker import Broker, BrokerError, BrokerTimeout, NoResponders
+from agentreach.broker.endings import Ended, OthersMessage, ending_of, wait_for_ending
 from agentreach.envelopes import (
     Ack,
     ErrorInfo,
@@ -196,3 +197,43 @@ def still_queued(message_id: str) -> str:
         "it stays queued and may still run within its ttl: invoke again with"
         f" message_id={message_id!r} to hear how it ends"
     )
+
+
+async def earlier_result(
+    task: Task, read: Callable[[], Awaitable[list[Event]]], caller: str
+) -> tuple[Any, PayloadRef | None]:
+    """The outcome of the message already taken in under ``task``'s id, once it ends, read
+    from its events (``read``) for as long as the task could take. On a secured server the
+    events come from the coordinator: while none runs the message is not known to have
+    ended, and the caller is told so (``NotAcknowledged``; it stays queued) — not handed
+    the broker's "nobody answers", which reads as "not sent" and invites a resend under a
+    new id."""
+    ids = {"message_id": task.message_id, "trace_id": task.trace_id}
+    within_s = (task.budget.ack_ms + task.budget.execute_ms) / 1000
+    seen: list[Event] = []
+    unanswered = False
+
+    async def events() -> list[Event]:
+        nonlocal unanswered
+        try:
+            seen[:], unanswered = await read(), False
+        except (NoResponders, BrokerTimeout):
+            unanswered = True
+        return seen
+
+    try:
+        ended = await wait_for_ending(events, within_s=within_s, caller=caller)
+    except OthersMessage as exc:
+        taken = f"{exc}: send it under an id of your own"
+        error = ErrorInfo(type="duplicate_id", message=taken, retryable=False)
+        raise Rejected(error, **ids, ending="duplicate_id") from None
+    sent_before = f"message {task.message_id!r} was sent before"
+    if ended is None and unanswered:
+        raise NotAcknowledged(
+            f"{sent_before}: {NO_COORDINATOR}; {still_queued(task.message_id)}", **ids
+        )
+    if ended is None:
+        raise DeadlineExceeded(
+            f"{sent_before} and did not end within {within_s * 1000:.0f} ms", **ids
+        )
+    return outcome_of(ended, ids, ran=any(e.event == "accepted" for e in seen))
