@@ -42,7 +42,13 @@ Fenced = Literal["end", "ended", "running"]
 
 
 async def fence_expiry(
-    broker: Broker, task: Task, agent_id: str, error: ErrorInfo, *, seal: str | None
+    broker: Broker,
+    task: Task,
+    agent_id: str,
+    error: ErrorInfo,
+    *,
+    seal: str | None,
+    ttl_end_ms: int | None = None,
 ) -> Fenced:
     """Write the expiry fence of ``task``'s attempt into ``agent_id``'s record. ``end``: the
     caller ends the task (it wrote the fence, or this very fence stood already); ``ended``:
@@ -54,7 +60,7 @@ async def fence_expiry(
 
     def fence(record: Execution | None) -> Execution | None:
         found.clear()
-        if record is not None and (why := _standing(record, task, error)) is not None:
+        if record is not None and (why := _standing(record, task, error, ttl_end_ms)) is not None:
             found.append(why)
             return None
         return Execution(
@@ -73,11 +79,14 @@ async def fence_expiry(
     return "end" if swap.written else found[0]
 
 
-def _standing(record: Execution, task: Task, error: ErrorInfo) -> Fenced | None:
+def _standing(
+    record: Execution, task: Task, error: ErrorInfo, ttl_end_ms: int | None
+) -> Fenced | None:
     """What ``record`` says that a fence must not replace; None when it may be replaced."""
     if record.state == "done":
         return "ended"  # it ran: its result answers (the caller's look at the records does)
-    limit_ms = lease_limit(task) or record.lease_until_ms  # as every look at a lease counts it
+    # As every look at a lease counts it:
+    limit_ms = lease_limit(task, ttl_end_ms) or record.lease_until_ms
     if record.state == "running" and (
         record.attempt > task.attempt or min(record.lease_until_ms, limit_ms) > now_ms()
     ):

@@ -137,7 +137,8 @@ class Outcomes:
         # failover, a copy delivered after the ttl) is answered from its record; one that a
         # delivery runs now (a redelivery that took over a stalled run's lapsed lease) waits
         # for that run: it ends the message, or, should it die, the retry happens then.
-        match verdict_of(records, until_ms=lease_limit(task)):
+        ttl_end_ms = _dispatched_at_ms(event) + task.ttl_ms
+        match verdict_of(records, until_ms=lease_limit(task, ttl_end_ms)):
             case RanAlready(record=record):
                 await answer_from_record(self._broker, task, record)
                 return None
@@ -164,7 +165,14 @@ class Outcomes:
         ended it first (or a run of it holds the record now)."""
         if event.agent_id is not None:
             seal = self._grants.seal(task.caller, task.message_id, task.attempt, event.agent_id)
-            fenced = await fence_expiry(self._broker, task, event.agent_id, error, seal=seal)
+            fenced = await fence_expiry(
+                self._broker,
+                task,
+                event.agent_id,
+                error,
+                seal=seal,
+                ttl_end_ms=_dispatched_at_ms(event) + task.ttl_ms,
+            )
             if fenced != "end":
                 log.info("expiry reported of a task that is not to end now", why=fenced)
                 return

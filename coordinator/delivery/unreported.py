@@ -237,7 +237,14 @@ class Unreported:
                 return 0
             error = ErrorInfo(type=EXPIRED, message=_unreported(found), retryable=False)
             seal = self._grants.seal(task.caller, task.message_id, task.attempt, agent_id)
-            fenced = await fence_expiry(self._broker, task, agent_id, error, seal=seal)
+            fenced = await fence_expiry(
+                self._broker,
+                task,
+                agent_id,
+                error,
+                seal=seal,
+                ttl_end_ms=found.routed_ms + found.dispatched.ttl_ms,
+            )
             if fenced == "running":
                 found.due_ms = now_ms() + int(self._config.every_s * 1000)
                 return 0

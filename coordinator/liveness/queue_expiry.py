@@ -184,13 +184,16 @@ class QueueExpiry:
             message_id=task.message_id, trace_id=task.trace_id, agent_id=agent_id
         ):
             records = await self._run_once.records(task)
-            if (left_in := self._left_in_queue(records, task, agent_id)) is not None:
+            ttl_end_ms = message.timestamp_ms + task.ttl_ms  # a dispatch's ttl runs from it
+            if (left_in := self._left_in_queue(records, task, agent_id, ttl_end_ms)) is not None:
                 return left_in
             error = ErrorInfo(
                 type=EXPIRED, message=_expired_with(records, task, agent_id), retryable=False
             )
             seal = self._grants.seal(task.caller, task.message_id, task.attempt, agent_id)
-            fenced = await fence_expiry(self._broker, task, agent_id, error, seal=seal)
+            fenced = await fence_expiry(
+                self._broker, task, agent_id, error, seal=seal, ttl_end_ms=ttl_end_ms
+            )
             if fenced == "running":
                 return self._later_ms()
             if fenced == "end":
@@ -200,13 +203,15 @@ class QueueExpiry:
             await delete_message(self._broker, stream, message.stream_seq)
             return "ended" if fenced == "end" else "removed"
 
-    def _left_in_queue(self, records: list[Execution], task: Task, agent_id: str) -> int | None:
+    def _left_in_queue(
+        self, records: list[Execution], task: Task, agent_id: str, ttl_end_ms: int
+    ) -> int | None:
         """When to look again at a task that is not to be ended now, or None to end it: one
         that ran (its acknowledgement lost: its agent, or a reassignment, answers it), one a
         run holds, one whose attempt moved on (a later attempt, or a reassignment)."""
         if any(_moved_on(r, task, agent_id) for r in records):
             return self._later_ms()
-        match verdict_of(records, until_ms=lease_limit(task)):
+        match verdict_of(records, until_ms=lease_limit(task, ttl_end_ms)):
             case RanAlready():
                 return self._later_ms()
             case Running(left_s=left_s):

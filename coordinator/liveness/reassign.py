@@ -182,7 +182,9 @@ async def _move(
     await _fence(broker, task, agent_id, epoch, why, seal=stored.headers.get(SEAL_HEADER))
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
-        return "past_ttl" if await _expire(broker, task, agent_id, run_once, why) else "kept"
+        ttl_end_ms = stored.timestamp_ms + task.ttl_ms
+        expired = await _expire(broker, task, agent_id, run_once, why, ttl_end_ms)
+        return "past_ttl" if expired else "kept"
     retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None, ttl_ms=left_ms)
     headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
     # On its own intake subject: an operator's burst on the bare one cannot refuse it.
@@ -197,14 +199,16 @@ async def _move(
     return "reassigned"
 
 
-async def _expire(broker: Broker, task: Task, agent_id: str, run_once: RunOnce, why: str) -> bool:
+async def _expire(
+    broker: Broker, task: Task, agent_id: str, run_once: RunOnce, why: str, ttl_end_ms: int
+) -> bool:
     """Dead-letter the task as expired, unless it ran after all (an agent finished it and
     its acknowledgement was lost): then its stored result answers. One that another agent
     runs now is left to that run. False when a process of this very agent holds a live
     lease of it (a newer one, or one whose fence lost to a renewal): the message then stays
     in its queue, for that run to acknowledge or a later reassignment to find."""
     records = await run_once.records(task)
-    match verdict_of(records, until_ms=lease_limit(task)):
+    match verdict_of(records, until_ms=lease_limit(task, ttl_end_ms)):
         case RanAlready(record=record):
             await answer_from_record(broker, task, record)
         case Running():

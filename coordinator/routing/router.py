@@ -42,7 +42,7 @@ from agentreach.coordinator.routing.routed import routed_event
 from agentreach.coordinator.routing.rules import Decision, RoutingConfig, pools_of
 from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce, answer_from_record
 from agentreach.coordinator.routing.waits import Waits
-from agentreach.envelopes import ErrorInfo, Routed, Task, tracecontext
+from agentreach.envelopes import ErrorInfo, Routed, Task, now_ms, tracecontext
 from agentreach.envelopes import headers as h
 
 log = structlog.get_logger("coordinator.router")
@@ -113,7 +113,7 @@ class Router:
         # Looked at before an expiry too: the ending of a run whose acknowledgement was lost
         # (a server failing over) comes back after the ack wait, often past the ttl, and
         # the work it stands for is done.
-        match await self._run_once.verdict(task):
+        match await self._run_once.verdict(task, now_ms() + left_ms):
             case RanAlready(record=record):
                 await answer_from_record(self._broker, task, record)
                 return None

@@ -30,8 +30,9 @@ from agentreach.envelopes import (
 log = structlog.get_logger("coordinator.run_once")
 
 WAIT_CAP_S = 1.0
-# A lease counts at most this long past the task's ttl (the agent's grace to record its
-# outcome, clock skew): a lease of a day would hold the message, and intake, for a day.
+# A lease counts at most this long past the task's ttl and execute budget (the agent's
+# grace to record its outcome, clock skew): a lease of a day would hold the message, and
+# intake, for a day.
 LEASE_PAST_TTL_MS = 30_000
 # A later run's report of an attempt made this soon after the first report was stored has
 # the first's Nats-Msg-Id, and the stream drops it (less a margin for the agent's clock).
@@ -63,9 +64,10 @@ class RunOnce:
         self._grants = grants or Grants(None)
         self._bucket: Bucket[Execution] | None = None
 
-    async def verdict(self, task: Task) -> Verdict:
-        """What the records say of ``task``: finished, running elsewhere, or free to run."""
-        return verdict_of(await self.records(task), until_ms=lease_limit(task))
+    async def verdict(self, task: Task, ttl_end_ms: int | None = None) -> Verdict:
+        """What the records say of ``task``: finished, running elsewhere, or free to run
+        (``ttl_end_ms``: see :func:`lease_limit`)."""
+        return verdict_of(await self.records(task), until_ms=lease_limit(task, ttl_end_ms))
 
     async def records(self, task: Task) -> list[Execution]:
         """Every agent's record of ``task``'s message that its seal vouches for."""
@@ -128,12 +130,17 @@ def verdict_of(records: list[Execution], *, until_ms: int | None = None) -> Verd
     return Running(running / 1000) if running else None
 
 
-def lease_limit(task: Task) -> int | None:
-    """The latest a lease of ``task`` counts until: its ttl's end and a margin (None when
-    the time it was taken in is not known)."""
-    if not task.received_ms:
+def lease_limit(task: Task, ttl_end_ms: int | None = None) -> int | None:
+    """The latest a lease of ``task`` counts until: a run may begin until its ttl runs out
+    (``ttl_end_ms``) and then run for its execute budget, and a margin; None when neither is
+    known. A dispatch carries what was left of the ttl when it was routed, so its ttl ends
+    ``ttl_ms`` after the dispatch: without that time, ``received_ms + ttl_ms`` is too early
+    for any attempt routed late (a retry) — a running retry was ended as `expired`, "went
+    silent", and its replay ran beside it."""
+    end_ms = ttl_end_ms or (task.received_ms + task.ttl_ms if task.received_ms else 0)
+    if not end_ms:
         return None
-    return task.received_ms + task.ttl_ms + LEASE_PAST_TTL_MS
+    return end_ms + task.budget.execute_ms + LEASE_PAST_TTL_MS
 
 
 def superseded(

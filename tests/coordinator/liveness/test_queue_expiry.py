@@ -282,3 +282,34 @@ async def test_a_task_its_agent_took_and_went_silent_with_is_not_said_untaken(
         "ttl 100 ms passed in the queue of silent-agent, which took it and went silent (its"
         " run's lease ran out): it may have run in part"
     )
+
+
+async def test_a_retry_routed_late_in_its_ttl_that_its_agent_runs_is_not_ended(
+    broker, start_coordinator, watcher
+):
+    """Attempt 2 of a task taken in 100 s ago, dispatched with what was left of its ttl
+    (100 ms), runs at its agent under a live lease past that ttl: it is left running. The
+    lease was counted only until `received_ms` + the dispatch's ttl + 30 s, long past: the
+    run was ended as `expired` ("went silent"), and a replay of its letter ran beside it."""
+    task = envelopes.Task(
+        v=1,
+        message_id="late-retry-1",
+        trace_id="late-retry-1",
+        topic="hold",
+        ttl_ms=100,
+        attempt=2,
+        to_agent="slow-agent",
+        received_ms=envelopes.now_ms() - 100_000,
+    )
+    async with start_coordinator(BY_HAND) as coordinator:
+        await emit(broker, event_for(task, "routed", agent_id="slow-agent"))
+        await broker.publish(broker.names.dispatch("slow-agent", "P1"), envelopes.encode(task))
+        live = envelopes.now_ms() + 60_000
+        await recorded(
+            broker, "late-retry-1", "slow-agent", "running", attempt=2, lease_until_ms=live
+        )
+        await asyncio.sleep(0.15)  # the passing of the dispatch's ttl is what this is about
+        await coordinator.queues.refresh()
+        assert await coordinator.queue_expiry.sweep() == 0
+    assert watcher.dead_letters == []
+    assert not await _queue_is_empty(broker, "slow-agent")

@@ -12,7 +12,7 @@ from agentreach.coordinator.routing.run_once import (
     superseded,
     verdict_of,
 )
-from agentreach.envelopes import ErrorInfo, Execution, Task, now_ms
+from agentreach.envelopes import Budget, ErrorInfo, Execution, Task, now_ms
 
 
 def record(
@@ -62,15 +62,35 @@ def test_a_report_stands_for_a_later_failure_whose_report_the_stream_drops() -> 
     assert superseded([later], "a", 1, 5_000, 5_001 - 110_000) is not None
 
 
-def test_a_lease_counts_no_later_than_the_task_s_ttl_and_a_margin() -> None:
-    """A run under a day's lease of a task with a 30 s ttl is waited for until the ttl and
-    the margin, not a day: a lease holds the message, and its place in intake."""
+def test_a_lease_counts_no_later_than_the_task_s_ttl_budget_and_a_margin() -> None:
+    """A run under a day's lease of a task with a 30 s ttl and a 20 s execute budget is
+    waited for until a run begun at the ttl's end could have run its budget, and a margin,
+    not a day: a lease holds the message, and its place in intake."""
     now = now_ms()
-    task = Task(v=1, message_id="m-1", trace_id="m-1", topic="t", ttl_ms=30_000, received_ms=now)
+    task = Task(
+        v=1,
+        message_id="m-1",
+        trace_id="m-1",
+        topic="t",
+        ttl_ms=30_000,
+        received_ms=now,
+        budget=Budget(execute_ms=20_000),
+    )
     held = msgspec.structs.replace(record("a", 1, "running"), lease_until_ms=now + 86_400_000)
     limit = lease_limit(task)
-    assert limit == now + 30_000 + LEASE_PAST_TTL_MS
+    assert limit == now + 30_000 + 20_000 + LEASE_PAST_TTL_MS
     running = verdict_of([held], until_ms=limit)
     assert isinstance(running, Running)
-    assert running.left_s <= (30_000 + LEASE_PAST_TTL_MS) / 1000
+    assert running.left_s <= (50_000 + LEASE_PAST_TTL_MS) / 1000
     assert verdict_of([held], until_ms=now - 1) is None  # its ttl and the margin have passed
+
+
+def test_a_dispatch_s_ttl_counts_from_the_dispatch() -> None:
+    """A retry routed 100 s after the task was taken in carries the 1 s of ttl left then:
+    its lease counts from the dispatch's ttl end, not from `received_ms` + 1 s (long past)."""
+    now = now_ms()
+    retry = Task(
+        v=1, message_id="m-2", trace_id="m-2", topic="t", ttl_ms=1_000, received_ms=now - 100_000
+    )
+    limit = lease_limit(retry, ttl_end_ms=now + 1_000)
+    assert limit == now + 1_000 + retry.budget.execute_ms + LEASE_PAST_TTL_MS
