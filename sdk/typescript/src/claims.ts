@@ -15,6 +15,7 @@ import type { KV } from "nats";
 
 import { decodeJson, encode, nowMs } from "./codec.js";
 import { isValueTooLarge, isWrongLastSequence } from "./connection.js";
+import { unrecordable } from "./failures.js";
 import type { Logger } from "./log.js";
 import { sleep } from "./timing.js";
 import type { ErrorInfo, Execution, PayloadRef, Task } from "./types.js";
@@ -191,11 +192,10 @@ export class Claims {
       if (until <= claim.leaseUntilMs) return true;
       const record = this.recordOf(task, "running", { lease_until_ms: until, seal: claim.seal, started_ms: claim.startedMs });
       try {
-        claim.revision = await this.kv.update(this.key(task), encode(record), claim.revision);
+        if (!(await this.writeOnClaim(task, claim, record))) return false;
         claim.leaseUntilMs = until;
         return true;
       } catch (err) {
-        if (isWrongLastSequence(err)) return false;
         this.log.warn("lease not extended", { message_id: task.message_id, error: String(err) });
         return true;
       }
@@ -233,7 +233,7 @@ export class Claims {
         return written;
       } catch (err) {
         if (isValueTooLarge(err) && outcome.error === undefined) {
-          Object.assign(outcome, { result: undefined, resultRef: null, error: unrecordable(outcome, err) });
+          Object.assign(outcome, { result: undefined, resultRef: null, error: unrecordable(outcome.result, err) });
           continue;
         }
         if (isWrongLastSequence(err) || attempt === RECORD_TRIES - 1) throw err;
@@ -250,22 +250,34 @@ export class Claims {
       outcome.error === undefined
         ? this.recordOf(task, "done", { result: outcome.result ?? null, result_ref: outcome.resultRef ?? null, seal })
         : this.recordOf(task, "failed", { error: outcome.error, seal });
-    try {
-      await this.kv.update(this.key(task), encode(record), outcome.claim.revision);
-      return true;
-    } catch (err) {
-      if (!isWrongLastSequence(err)) throw err;
-    }
+    if (await this.writeOnClaim(task, outcome.claim, record)) return true;
     // Our lease lapsed or the task was reassigned, and that outcome stands; or an earlier
     // try of ours was written though its answer got lost.
     const held = await this.read(this.key(task));
-    return (
-      held !== null &&
-      held.agent_id === record.agent_id &&
-      held.epoch === record.epoch &&
-      held.attempt === record.attempt &&
-      held.state === record.state
-    );
+    return held !== null && sameWrite(held, record);
+  }
+
+  /**
+   * Write `record` at the claim's revision (a renewal, or the finish), the claim taking the
+   * new one; false when refused because the claim was taken away. A refusal that met this
+   * run's own claim written again since is no fence (protocol §13): a write of this run that
+   * timed out while the server was away and landed after the reconnect, from the client's
+   * reconnect buffer. The claim takes that revision and `record` is written again.
+   */
+  private async writeOnClaim(task: Task, claim: Claimed, record: Execution): Promise<boolean> {
+    for (;;) {
+      try {
+        claim.revision = await this.kv.update(this.key(task), encode(record), claim.revision);
+        return true;
+      } catch (err) {
+        if (!isWrongLastSequence(err)) throw err;
+      }
+      const entry = await this.kv.get(this.key(task));
+      if (entry === null || entry.operation !== "PUT" || entry.revision <= claim.revision) return false;
+      const held = parse(entry.value);
+      if (held === null || !sameWrite(held, this.recordOf(task, "running", {}))) return false;
+      claim.revision = entry.revision; // strictly later each time: the loop ends
+    }
   }
 
   private async contend(task: Task, record: Execution): Promise<Claim> {
@@ -371,17 +383,9 @@ export function isExpiryFence(record: Execution, attempt: number): boolean {
   return record.state === "failed" && record.attempt === attempt && record.error?.type === "expired";
 }
 
-/** The error to record instead of a result its execution record cannot hold. */
-function unrecordable(outcome: Outcome, err: unknown): ErrorInfo {
-  const size = Buffer.byteLength(JSON.stringify(outcome.result ?? null));
-  return {
-    type: "result_too_large",
-    message:
-      `the result (${size} bytes of JSON) does not fit its execution record (${String(err)}): return less, ` +
-      "or let it travel by claim check (an agent's claimCheckBytes below the coordinator's limits.record_bytes, on an open server)",
-    retryable: false,
-    retry_after_ms: null,
-  };
+/** Whether `held` is a write of the same run as `written`, in the same state. */
+function sameWrite(held: Execution, written: Execution): boolean {
+  return held.agent_id === written.agent_id && held.epoch === written.epoch && held.attempt === written.attempt && held.state === written.state;
 }
 
 /** `mine`, taking over `held`: a crashed run of the same attempt keeps its start. */

@@ -1,7 +1,7 @@
 /**
  * What a handler's failure is reported as (protocol §10.8): its class name, message, and
- * whether to retry; the deadline passing, and a result that cannot be sent, have types of
- * their own.
+ * whether to retry; the deadline passing, a result that cannot be sent, and one its
+ * execution record cannot hold, have types of their own.
  */
 
 import { DeadlineExceeded as NoResultInTime, InvokeAborted, InvokeError, NotAcknowledged, NotStored, PermanentError, ReachError } from "./errors.js";
@@ -36,6 +36,18 @@ export function sendable(result: unknown): unknown {
     throw new InvalidResult(`the handler's result could not be sent: it cannot be encoded as JSON (a ${typeof result} has no JSON form)`);
   }
   return result;
+}
+
+/**
+ * The failure to record instead of `result`, which its execution record cannot hold (10054):
+ * `result_too_large`, not retryable (every run would end so), saying what to do.
+ */
+export function unrecordable(result: unknown, err: unknown): ErrorInfo {
+  const size = Buffer.byteLength(JSON.stringify(result ?? null));
+  const message =
+    `the result (${size} bytes of JSON) does not fit its execution record (${String(err)}): return less, ` +
+    "or let it travel by claim check (an agent's claimCheckBytes below the coordinator's limits.record_bytes, on an open server)";
+  return failure("result_too_large", message, false);
 }
 
 /** An ErrorInfo, every field written (no `retry_after_ms`: that is the coordinator's). */

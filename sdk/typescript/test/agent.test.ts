@@ -662,6 +662,33 @@ describe("run-once: claims of this very process", () => {
     });
   });
 
+  it("leaves the claim this run's when a renewal of it landed late (a reconnect buffer): the next renewal and the outcome are written", async () => {
+    // A renewal that timed out while the server was away lands after the reconnect, moving the
+    // record's revision: the outcome was refused as fenced, the result dropped, and the
+    // redelivery ran the handler a second time. A record of another process's stays a fence.
+    const executions = await kv("reach_executions");
+    const claims = new Claims(executions, unique("ts-landed"), 1, quiet);
+    const t = task(unique("landed"), null);
+    const key = `_.${t.message_id}.${claims["agentId"]}`;
+    const claim = await claims.claim(t, 5_000);
+    assert.ok(claim instanceof Claimed);
+    const landed = JSON.stringify({ ...(await executions.get(key))!.json<Execution>(), lease_until_ms: 1 });
+    await executions.put(key, landed);
+    assert.ok(await claims.renew(t, claim, 20_000), "the renewal after the late one was taken for a fence");
+    await executions.put(key, landed);
+    assert.ok(await claims.record(t, { claim, result: { n: 1 }, durationMs: 1 }, () => undefined), "the outcome was taken for fenced");
+    assert.equal((await executions.get(key))!.json<Execution>().state, "done");
+
+    const other = new Claims(executions, unique("ts-landed"), 1, quiet);
+    const taken = task(unique("landed"), null);
+    const takeover = `_.${taken.message_id}.${other["agentId"]}`;
+    const held = await other.claim(taken, 5_000);
+    assert.ok(held instanceof Claimed);
+    await executions.put(takeover, JSON.stringify({ ...(await executions.get(takeover))!.json<Execution>(), epoch: 2 }));
+    assert.equal(await other.renew(taken, held, 20_000), false);
+    assert.equal(await other.record(taken, { claim: held, result: 2, durationMs: 1 }, () => undefined), false);
+  });
+
   it("still makes two deliveries in hand at once wait for each other, saying so once per wait", async () => {
     const topic = unique("twice");
     const id = unique("ts-twice");
