@@ -149,7 +149,8 @@ def operators_only(args: argparse.Namespace, what: str) -> None:
     auth = auth_of(args)
     if auth.role in ASKING_ROLES:
         raise UsageError(
-            f"{what} needs an operator's creds; {auth.identity!r} is a {auth.role}"
+            f"{what} needs an operator's creds; {auth.identity!r} is"
+            f" {'an' if auth.role == 'agent' else 'a'} {auth.role}"
             " (`reach auth operator NAME` issues them)"
         )
 

@@ -11,6 +11,7 @@ from agentreach.cli.options import (
     broker_config_of,
     broker_of,
     names_of,
+    operators_only,
     replication_options,
 )
 from agentreach.coordinator import load_config
@@ -32,6 +33,9 @@ def register(commands: Commands) -> None:
 
 
 async def cmd_provision(args: argparse.Namespace) -> int:
+    # Refused by the server, the stream API's requests would time out: read as a cluster
+    # electing a leader, they were waited for without end.
+    operators_only(args, "provisioning the streams and buckets")
     names = names_of(args)
     config = load_config(args.config)
     replication = broker_config_of(args, config.broker)

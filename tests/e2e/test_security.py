@@ -1149,11 +1149,15 @@ async def test_a_caller_uses_the_cli_with_its_own_creds(arena: Arena) -> None:
         ("dlq", "list"),
         ("routes", "reload"),
         ("manual", "list"),
+        ("provision",),
     )
     for command in operators:
         code, out, err = await _reach_as(arena, "caller", "alice", *command)
         assert code == 1, command
         assert "needs an operator's creds; 'alice' is a caller" in err, command
+    # An agent's creds too (provisioning waited without end, as for a leader election).
+    code, out, err = await _reach_as(arena, "agent", X, "provision")
+    assert code == 1 and f"needs an operator's creds; {X!r} is an agent" in err, err
 
 
 async def test_parties_work_under_their_permissions(arena: Arena) -> None:
