@@ -27,6 +27,9 @@ log = structlog.get_logger("coordinator.http")
 MAX_HEAD = 16_384
 MAX_BODY = 65_536
 READ_TIMEOUT_S = 10.0
+# A port in use is waited for this long, tried this often: a process stopping drains first.
+PORT_WAIT_S = 15.0
+PORT_RETRY_S = 0.5
 REASONS = {
     200: "OK",
     202: "Accepted",
@@ -113,7 +116,7 @@ class HttpServer:
 
     async def __aenter__(self) -> Self:
         try:
-            self._server = await self._listen(self.port)
+            self._server = await self._listen_when_free(self.port)
         except OSError as exc:
             if not (self._any_port_if_taken and exc.errno == errno.EADDRINUSE):
                 where = f"{self.host}:{self.port}"
@@ -126,6 +129,25 @@ class HttpServer:
 
     async def _listen(self, port: int) -> asyncio.Server:
         return await asyncio.start_server(self._serve, self.host, port)
+
+    async def _listen_when_free(self, port: int) -> asyncio.Server:
+        """Listen on ``port``; one in use is waited for up to ``PORT_WAIT_S`` when it is
+        demanded: the process restarted in its place may still be draining (a coordinator
+        started again at once after SIGTERM exited "address already in use")."""
+        waited_s = 0.0
+        while True:
+            try:
+                return await self._listen(port)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or self._any_port_if_taken or not port:
+                    raise
+                if waited_s >= PORT_WAIT_S:
+                    raise
+                if not waited_s:
+                    why = "port in use; waiting for it (the process before still stopping?)"
+                    log.warning(why, port=port, up_to_s=PORT_WAIT_S)
+            await asyncio.sleep(PORT_RETRY_S)
+            waited_s += PORT_RETRY_S
 
     async def __aexit__(
         self,

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
@@ -15,11 +16,12 @@ from agentreach.broker.lifecycle import agent_event, emit, event_for
 from agentreach.coordinator import Coordinator, CoordinatorConfig, RateLimits
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.observability import MetricsConfig
-from agentreach.coordinator.observability.http import HttpError
+from agentreach.coordinator.observability import http as http_module
+from agentreach.coordinator.observability.http import HttpError, HttpServer, Request, Response
 from agentreach.envelopes import DEAD_LETTER_REASONS, PRIORITIES, Event, RateLimit, Task
 from tests.conftest import FAST
 from tests.scrape import http_get, scrape, total
-from tests.support import Watcher, until_true
+from tests.support import Watcher, eventually, until_true
 
 WITH_METRICS = msgspec.structs.replace(FAST, metrics=MetricsConfig(port=0))
 
@@ -151,7 +153,7 @@ async def test_health_and_readiness(broker):
         assert not any(name == "reach_isolated_agents" for name, _ in gauges)
 
 
-async def test_a_taken_preferred_port_is_given_up_when_binding(broker):
+async def test_a_taken_preferred_port_is_given_up_when_binding(broker, monkeypatch):
     """Two replicas on one host, both preferring one port (``reach up``'s 9464 by default):
     the second serves on another port instead of exiting; a demanded port stays a demand."""
     async with replica(broker) as first:
@@ -164,12 +166,34 @@ async def test_a_taken_preferred_port_is_given_up_when_binding(broker):
         ):
             assert second.metrics_url != first.metrics_url
             assert await http_get(second.metrics_url + "healthz") == (200, "ok\n")
+        monkeypatch.setattr(http_module, "PORT_WAIT_S", 0.5)  # waited for, then refused
         with pytest.raises(HttpError, match=f"cannot listen on 127.0.0.1:{taken}"):
             async with (
                 Broker(broker.url, names=broker.names, name="coordinator") as own,
                 Coordinator(own, msgspec.structs.replace(FAST, metrics=demanded)).running(),
             ):
                 pass
+
+
+async def test_a_demanded_port_still_held_by_a_stopping_process_is_waited_for() -> None:
+    """A coordinator started again at once in the place of one that drains after SIGTERM:
+    its metrics port is taken for a few seconds more, and it waits for it (it exited
+    "address already in use")."""
+
+    async def ok(request: Request) -> Response:
+        return Response(200, b"ok\n")
+
+    async with HttpServer(ok) as before:
+        after = HttpServer(ok, port=before.port)
+        with capture_logs() as logs:
+            starting = asyncio.create_task(after.__aenter__())
+            await eventually(lambda: any(e["event"].startswith("port in use") for e in logs))
+        assert not starting.done()
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_exit(after)
+        await asyncio.wait_for(starting, 10)
+        assert after.port == before.port
+        assert await http_get(f"http://127.0.0.1:{after.port}/") == (200, "ok\n")
 
 
 async def test_quota_refusals_are_counted_as_rejections_of_kind_quota(broker, watcher):
