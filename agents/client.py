@@ -29,6 +29,7 @@ from agentreach.agents.invocation import (
     OnProgress,
     as_type,
     earlier_result,
+    ended_result,
     still_queued,
     wait_for_result,
 )
@@ -348,6 +349,22 @@ class ReachClient:
         return await workflow_control.signal_workflow(
             self.broker, self.caller, self.status, instance_id, event, wait_s=wait_s
         )
+
+    async def result(
+        self, message_id: str, *, timeout_s: float = 30.0, result_type: Any = None
+    ) -> Any:
+        """The result of a message this caller sent earlier (:meth:`publish`, or an invoke
+        that gave up), once it ends, waiting up to ``timeout_s``: Celery's
+        ``AsyncResult(id).get()``. Nothing is sent: it reads the message's events. Raises
+        as :meth:`invoke` does for how it ended (``TaskFailed``, ``Rejected``, …);
+        ``DeadlineExceeded`` when it has not ended within ``timeout_s`` (it may still: ask
+        again) or no event of it is recorded; ``InvalidArgument`` for another caller's
+        message; ``NotAcknowledged`` while no coordinator runs (on a secured server)."""
+        ids = {"message_id": message_id, "trace_id": message_id}
+        read = functools.partial(self._own_status, message_id)
+        ended = await ended_result(ids, read, self.caller, within_s=timeout_s)
+        stub = Task(v=1, message_id=message_id, trace_id=message_id, topic="the message")
+        return as_type(await self.claim_check.result_of(*ended), result_type, stub)
 
     async def status(self, message_id: str, *, timeout_s: float = 5.0) -> list[Event]:
         """The recorded lifecycle events of ``message_id`` (or, when no message has that id,

@@ -14,6 +14,7 @@ from agentreach.agents.coordinator_presence import NO_COORDINATOR
 from agentreach.agents.errors import (
     REJECTION_REASONS,
     DeadlineExceeded,
+    InvalidArgument,
     InvokeError,
     NotAcknowledged,
     Rejected,
@@ -203,13 +204,28 @@ async def earlier_result(
     task: Task, read: Callable[[], Awaitable[list[Event]]], caller: str
 ) -> tuple[Any, PayloadRef | None]:
     """The outcome of the message already taken in under ``task``'s id, once it ends, read
-    from its events (``read``) for as long as the task could take. On a secured server the
-    events come from the coordinator: while none runs the message is not known to have
-    ended, and the caller is told so (``NotAcknowledged``; it stays queued) — not handed
-    the broker's "nobody answers", which reads as "not sent" and invites a resend under a
-    new id."""
-    ids = {"message_id": task.message_id, "trace_id": task.trace_id}
+    from its events for as long as the task could take (see :func:`ended_result`)."""
     within_s = (task.budget.ack_ms + task.budget.execute_ms) / 1000
+    ids = {"message_id": task.message_id, "trace_id": task.trace_id}
+    return await ended_result(ids, read, caller, within_s=within_s, sent_again=True)
+
+
+async def ended_result(
+    ids: dict[str, str],
+    read: Callable[[], Awaitable[list[Event]]],
+    caller: str,
+    *,
+    within_s: float,
+    sent_again: bool = False,
+) -> tuple[Any, PayloadRef | None]:
+    """The outcome of ``caller``'s message ``ids["message_id"]``, read from its events
+    (``read``) until it ends, for up to ``within_s``; its failure raised as ``invoke``
+    raises it. ``sent_again``: the message was just sent again under its id (else it is
+    only looked up). On a secured server the events come from the coordinator: while none
+    runs the message is not known to have ended, and the caller is told so
+    (``NotAcknowledged``) — not handed the broker's "nobody answers", which reads as "not
+    sent" and invites a resend under a new id."""
+    message_id = ids["message_id"]
     seen: list[Event] = []
     unanswered = False
 
@@ -224,16 +240,21 @@ async def earlier_result(
     try:
         ended = await wait_for_ending(events, within_s=within_s, caller=caller)
     except OthersMessage as exc:
+        if not sent_again:
+            message = f"message_id={message_id!r}: {exc}"
+            raise InvalidArgument(message, argument="message_id") from None
         taken = f"{exc}: send it under an id of your own"
         error = ErrorInfo(type="duplicate_id", message=taken, retryable=False)
         raise Rejected(error, **ids, ending="duplicate_id") from None
-    sent_before = f"message {task.message_id!r} was sent before"
-    if ended is None and unanswered:
-        raise NotAcknowledged(
-            f"{sent_before}: {NO_COORDINATOR}; {still_queued(task.message_id)}", **ids
-        )
-    if ended is None:
+    if ended is not None:
+        return outcome_of(ended, ids, ran=any(e.event == "accepted" for e in seen))
+    what = f"message {message_id!r}" + (" was sent before" if sent_again else "")
+    if unanswered:
+        raise NotAcknowledged(f"{what}: {NO_COORDINATOR}; {still_queued(message_id)}", **ids)
+    if not seen and not sent_again:
         raise DeadlineExceeded(
-            f"{sent_before} and did not end within {within_s * 1000:.0f} ms", **ids
+            f"{what}: no event of it is recorded (not sent by {caller!r}, or before what"
+            " REACH_EVENTS keeps)",
+            **ids,
         )
-    return outcome_of(ended, ids, ran=any(e.event == "accepted" for e in seen))
+    raise DeadlineExceeded(f"{what} did not end within {within_s * 1000:.0f} ms", **ids)
