@@ -58,6 +58,7 @@ FACTS_JS = """(() => {
     heartbeats: Object.fromEntries([...document.querySelectorAll("[data-agent-id]")]
       .map((el) => [el.dataset.agentId, el.querySelector("[data-heartbeat]").textContent])),
     letters: document.querySelectorAll("[data-message-id]").length,
+    letterAges: [...document.querySelectorAll(".letter [data-ago]")].map((el) => el.textContent),
     letterStates: Object.fromEntries([...document.querySelectorAll("[data-message-id]")]
       .map((el) => [el.dataset.messageId, el.querySelector("[data-letter-state]").textContent])),
     replayButtons: document.querySelectorAll("[data-replay]").length,

@@ -102,20 +102,27 @@ async def test_the_dashboard_shows_a_running_system_live(broker, coordinator, wa
             shot = _artifacts() / "dashboard.png"
             url = f"{login_url(server)}#trace={done[0][0]}"
 
-            def look() -> tuple[dict, str]:
+            def look() -> tuple[dict, str, dict]:
                 with Browser(executable, 1400, 1100) as browser:
                     session = browser.open(url)
                     facts = browser.wait_for(session, _live, timeout=40)
                     browser.screenshot(session, shot)
-                    return facts, browser.evaluate(session, "location.href")
+                    # A letter's age counts on with no new event (it stayed as first drawn).
+                    first = facts.get("letterAges")
+                    later = browser.wait_for(
+                        session, lambda f: f.get("letterAges") not in (None, first), timeout=10
+                    )
+                    return facts, browser.evaluate(session, "location.href"), later
 
-            facts, shown_at = await asyncio.to_thread(look)
+            facts, shown_at, later = await asyncio.to_thread(look)
             print(f"\ndashboard screenshot: {shot}")
             assert _live(facts), facts
             assert facts["traceId"] == done[0][1]
             assert shown_at == f"{server.url}#trace={done[0][0]}"  # the token is out of the URL
             assert facts["metrics"]["isolated_agents"]["state"] == "firing"
             assert facts["letters"] >= 3 and facts["replayButtons"] >= 3
+            assert later["letterAges"] != facts["letterAges"], (facts, later)
+            assert all(re.fullmatch(r"\d+ s ago", t) for t in later["letterAges"]), later
             assert facts["resolveButtons"] >= 3  # each open letter can be resolved, with a note
             # counted on by the page from each heartbeat's seen_ms
             assert all(re.fullmatch(r"\d+ s", t) for t in facts["heartbeats"].values()), facts
