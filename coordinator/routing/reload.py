@@ -3,7 +3,10 @@
 
 Only the ``routing`` section is applied; a file that does not decode keeps the
 rules in use and says what is wrong. Decisions under way finish with the table
-they started with, and nothing queued is touched, so no task is lost.
+they started with, and nothing queued is touched, so no task is lost. A change of
+any other section (workflows, liveness, limits, …) takes effect at the next start:
+the reload says which sections changed since this one started, every time, until
+then.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Inbound
 from agentreach.broker.errors import honour_cancellation
-from agentreach.coordinator.config import ConfigError, load_config
+from agentreach.coordinator.config import ConfigError, CoordinatorConfig, load_config
 from agentreach.coordinator.routing.router import Router
 from agentreach.envelopes import ReloadReply
 
@@ -31,6 +34,7 @@ class RouteReloader:
         self._path = path
         self._replica = replica
         self._seen = self._stamp()
+        self._started_with = self._load_quietly()  # the file as this process started
 
     def reload(self) -> ReloadReply:
         if self._path is None:
@@ -42,7 +46,31 @@ class RouteReloader:
             log.error("routing rules not reloaded", error=str(exc))
             return self._reply(ok=False, error=str(exc))
         self._router.reload(routing)
+        self._say_what_waits_for_a_restart()
         return self._reply(ok=True)
+
+    def _say_what_waits_for_a_restart(self) -> None:
+        now, then = self._load_quietly(), self._started_with
+        if now is None or then is None:
+            return
+        changed = [
+            name
+            for name in now.__struct_fields__
+            if name != "routing" and getattr(now, name) != getattr(then, name)
+        ]
+        if changed:
+            log.warning(
+                "the config file changed sections a reload does not apply: restart to apply"
+                " them (every replica alike)",
+                sections=changed,
+                path=str(self._path),
+            )
+
+    def _load_quietly(self) -> CoordinatorConfig | None:
+        try:
+            return load_config(self._path) if self._path else None
+        except ConfigError:
+            return None
 
     async def on_request(self, msg: Inbound) -> None:
         await msg.respond(envelopes.encode(self.reload()))

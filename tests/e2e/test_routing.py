@@ -7,6 +7,7 @@ from collections import Counter
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, Rejected, TaskContext
@@ -288,3 +289,25 @@ rules:
         gate.set()
     assert {e.agent_id for e in routed(watcher, pinned)} == {"idle"}
     assert light.count({"by": "idle"}) >= 18, light
+
+
+async def test_a_reload_says_which_changed_sections_wait_for_a_restart(
+    broker, start_coordinator, tmp_path
+):
+    """The file's workflows and liveness edited too: the rules are reloaded, the rest is
+    not, and the reload says so, naming those sections (it said only "routing rules
+    loaded", and a workflow edit looked applied until the next restart)."""
+    path = tmp_path / "coordinator.yaml"
+    path.write_text(RELOADABLE.format(name="to-a", pool="a"))
+    async with start_coordinator(fast(), path) as coordinator:
+        edited = RELOADABLE.format(name="to-b", pool="b") + (
+            "workflows:\n  flow: {chain: [{name: one, intent: work}]}\nliveness: {tick_s: 2.0}\n"
+        )
+        path.write_text(edited)
+        with capture_logs() as logs:
+            answer = await broker.nc.request(broker.names.routes_reload, b"", timeout=5)
+        assert b'"ok":true' in answer.data
+        assert [r.name for r in coordinator.router.routing.rules] == ["to-b", "fallback"]
+        assert "flow" not in coordinator.workflows.specs
+    said = [e for e in logs if e["event"].startswith("the config file changed sections")]
+    assert [e["sections"] for e in said] == [["liveness", "workflows"]]
