@@ -38,6 +38,11 @@ log = structlog.get_logger("coordinator.intake")
 # failure that outlasts three (a refusal the server reports only as a timeout, a store
 # that is full) will not heal while the caller waits.
 STOW_TRIES = 3
+# A task for a workflow this replica does not serve and another replica does (their
+# configurations differ for a while: a rolling restart) comes back this often, this many
+# times, for that replica to take it, before it is routed here (as a topic nobody serves).
+ELSEWHERE_S = 0.25
+ELSEWHERE_LOOKS = 40
 
 
 class Intake:
@@ -53,8 +58,10 @@ class Intake:
         on_taken: Callable[[str, str, int], None] | None = None,
         claim_check: ClaimCheck | None = None,
         priorities: PriorityAllowances | None = None,
+        elsewhere: Callable[[str], bool] | None = None,
     ) -> None:
         self._broker = broker
+        self._elsewhere = elsewhere or (lambda topic: False)  # a workflow of another replica
         self._router = router
         self._workflows = workflows
         self._quotas = quotas
@@ -102,6 +109,10 @@ class Intake:
                 except BrokerError as exc:
                     return await self._not_stowed(task, exc, msg.num_delivered, left_ms)
             if not self._workflows.serves(task.topic) and not await self._workflows.started(task):
+                if self._elsewhere(task.topic) and msg.num_delivered < ELSEWHERE_LOOKS:
+                    if msg.num_delivered == 1:
+                        log.info("a workflow another replica serves, not this one: left to it")
+                    return ELSEWHERE_S
                 return await self._router.dispatch(
                     task,
                     left_ms=left_ms,

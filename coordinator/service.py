@@ -164,6 +164,7 @@ class Coordinator:
             on_taken=self.flow.taken_in,
             claim_check=self.claim_check,
             priorities=self.directory.priorities,
+            elsewhere=lambda topic: topic in self._sampled.workflows_elsewhere,
         )
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
         self._advisories = Advisories(broker, grants)
@@ -293,6 +294,8 @@ class Coordinator:
             "duties": [duty for duty, lease in self._duties() if lease.held],
             "metrics": f"{self.metrics_url}metrics" if self.metrics_url else None,
             "enforces_allowances": self.directory.enforce_allowances,
+            # Another replica configured apart (a rolling restart) leaves their tasks to it.
+            "workflows": sorted(self.workflows.specs),
         }
 
     async def _expire(self) -> None:

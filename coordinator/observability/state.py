@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import msgspec
 import structlog
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -60,6 +61,7 @@ class Sampled:
         self.intake_backlog: int | None = None
         self.dlq_by_reason: dict[str, int] = {}
         self.replicas: int | None = None
+        self.workflows_elsewhere: frozenset[str] = frozenset()  # what the replicas serve
         self.open_letters = open_letters
         self.open_letters_read = False
 
@@ -91,6 +93,7 @@ class Sampled:
         # runs but is not scraped (its share of the counters would be missing silently).
         answers = await gather_replies(self._broker, names.status, wait_s=REPLICAS_WAIT_S)
         self.replicas = len(answers)
+        self.workflows_elsewhere = frozenset(_workflows_in(answers))
 
 
 class StateCollector(Collector):
@@ -270,3 +273,13 @@ def _gauge(
     for values, value in samples:
         family.add_metric(values, float(value))
     return family
+
+
+def _workflows_in(answers: list[bytes]) -> Iterator[str]:
+    """The workflows the replicas' status answers name (those of older replicas name none)."""
+    for answer in answers:
+        try:
+            named = msgspec.json.decode(answer).get("workflows") or []
+        except (msgspec.DecodeError, AttributeError):
+            continue
+        yield from (name for name in named if isinstance(name, str))

@@ -224,3 +224,29 @@ def test_a_record_keeps_its_children_and_theirs_and_older_records_take_the_confi
     assert now.retired == set()
     now.of(record)
     assert now.retired == {"shipping", "labels"}
+
+
+async def test_a_workflow_one_replica_has_and_another_not_yet_is_left_to_the_first(
+    broker: Broker, start_coordinator, watcher
+) -> None:
+    """A rolling restart: one replica runs with a new workflow, the other still on the
+    configuration before. Every task for it is started by the replica that has it (the
+    other lets it come back for that one to take), none dead-lettered `no_route` (a third
+    of them were, in an SRE's walkthrough)."""
+    runs: Counter[str] = Counter()
+    charging = asyncio.Event()
+    charging.set()
+    async with (
+        shop(runs, charging).running(broker=broker),
+        start_coordinator(fast(workflows=FIRST)) as new,
+        start_coordinator(fast(workflows={})) as old,
+        ReachClient(broker=broker) as client,
+    ):
+        await old._sampled.sample()  # what the status answers say, at once (every 5 s)
+        assert "order" in old._sampled.workflows_elsewhere
+        sent = [await client.publish("order", {"n": n}) for n in range(12)]
+        for message_id, _ in sent:
+            await watcher.event("workflow_completed", message_id=message_id)
+    assert runs == {"reserve": 12, "charge": 12}
+    assert watcher.dead_letters == [] and "order" not in old.workflows.specs
+    assert "order" in new.workflows.specs
