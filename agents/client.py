@@ -18,6 +18,7 @@ from agentreach.agents.coordinator_presence import (
     coordinator_runs,
 )
 from agentreach.agents.errors import (
+    InvalidArgument,
     NotAcknowledged,
     backlog_full,
     not_provisioned,
@@ -49,6 +50,7 @@ from agentreach.broker.claim_check import DEFAULT_THRESHOLD
 from agentreach.broker.endings import OthersMessage
 from agentreach.broker.failover import unanswered
 from agentreach.broker.lifecycle import events_of_id
+from agentreach.broker.names import COORDINATOR
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.envelopes import (
     MAX_TTL_MS,
@@ -83,6 +85,8 @@ class ReachClient:
         auth: Auth | None = None,
         claim_check_bytes: int = DEFAULT_THRESHOLD,
     ) -> None:
+        if name == COORDINATOR:  # its tasks would be taken as the coordinator's own
+            raise InvalidArgument(f"name={name!r}: the coordinator's sender token", argument="name")
         self._own_broker = broker is None
         self.broker = broker or Broker(nats_url, name=name, names=names, auth=auth)
         self._name = name

@@ -275,3 +275,10 @@ async def test_after_not_acknowledged_the_same_id_gets_the_first_tasks_end(
             again = await client.invoke("work", {}, message_id=caught.value.message_id)
     assert again == {"by": "w-1"}
     assert runs == {"w-1": 1}
+
+
+def test_a_client_may_not_call_itself_the_coordinator() -> None:
+    """`_coordinator` is the coordinator's sender token: a task sent under it on an open
+    server was taken as the coordinator's own (no caller, no quota, not in its trace)."""
+    with pytest.raises(agentreach.InvalidArgument, match="the coordinator's sender token"):
+        ReachClient("nats://127.0.0.1:1", name="_coordinator")
