@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from nats.js import api
 
-from agentreach.broker import Broker
+from agentreach.broker import Broker, Topology, provision
 from agentreach.dashboard import Board, History
 from agentreach.dashboard.alerts import RULES, judge
 from agentreach.envelopes import Event, now_ms
@@ -186,3 +187,20 @@ def test_each_queue_is_judged_on_its_own_as_prometheus_does():
     state, since = judge("queue_fill", turns.rows(now))
     assert state == "pending" and since is not None and now - since <= 70_000
     assert judge("queue_fill", steady.rows(now))[0] == "firing"
+
+
+async def test_the_queue_depth_card_says_what_waits_in_intake(broker: Broker):
+    """Every agent gone and tasks waiting to be routed: the queue-depth card's detail says
+    how many wait in intake (it read "no agent running" at 0 %, as if nothing waited)."""
+    names = broker.names
+    await provision(broker, Topology.default(names))
+    for n in range(3):
+        await broker.publish(names.task("stranded", "c1"), b'{"n": %d}' % n)
+    async with board_of(broker) as board:
+        consumer = api.ConsumerConfig(
+            durable_name=names.coordinator_intake, ack_policy=api.AckPolicy.EXPLICIT
+        )
+        await broker.js.add_consumer(names.tasks_stream, consumer)
+        await board.refresh()
+        detail = board.metrics(full=False)["series"]["queue_fill"]["detail"]
+    assert detail == "no agent running · 3 in intake, not routed yet"
