@@ -187,9 +187,8 @@ class QueueExpiry:
             ttl_end_ms = message.timestamp_ms + task.ttl_ms  # a dispatch's ttl runs from it
             if (left_in := self._left_in_queue(records, task, agent_id, ttl_end_ms)) is not None:
                 return left_in
-            error = ErrorInfo(
-                type=EXPIRED, message=_expired_with(records, task, agent_id), retryable=False
-            )
+            why = _expired_with(records, task, agent_id, message.timestamp_ms)
+            error = ErrorInfo(type=EXPIRED, message=why, retryable=False)
             seal = self._grants.seal(task.caller, task.message_id, task.attempt, agent_id)
             fenced = await fence_expiry(
                 self._broker, task, agent_id, error, seal=seal, ttl_end_ms=ttl_end_ms
@@ -222,11 +221,18 @@ class QueueExpiry:
         return now_ms() + int(self._config.reread_s * 1000)
 
 
-def _expired_with(records: list[Execution], task: Task, agent_id: str) -> str:
+def _expired_with(records: list[Execution], task: Task, agent_id: str, dispatched_ms: int) -> str:
     """Why the queued attempt ends: it waited past its ttl untaken, or its agent took it (a
     claim of this attempt) and went silent, its run's lease past (an accepted task is not
-    one that never started: the handler may have done part of its work)."""
+    one that never started: the handler may have done part of its work). A dispatch's ttl
+    is what was left of it then: one routed late says so (a letter read "ttl 2048 ms" of a
+    task sent with 90,000 ms that had waited 88 s in intake)."""
     said = f"ttl {task.ttl_ms} ms passed in the queue of {agent_id}"
+    if (waited_ms := dispatched_ms - task.received_ms) >= 1000 and task.received_ms:
+        said = (
+            f"its ttl passed in the queue of {agent_id} ({task.ttl_ms} ms of it were left when"
+            f" it was dispatched there, {waited_ms / 1000:.1f} s after it was taken in)"
+        )
     taken = any(r.agent_id == agent_id and r.attempt == task.attempt for r in records)
     if taken:
         return (

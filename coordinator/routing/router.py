@@ -205,6 +205,9 @@ class Router:
     def _expiry(self, task: Task, where: str, waited: int) -> str:
         """Why ``task`` expired: its ttl, and, when it waited, the agents that could not take it."""
         said = f"ttl {task.ttl_ms} ms passed in {where}"
+        if task.attempt > 1:  # its ttl is what was left when the attempt was made
+            left = f"{task.ttl_ms} ms of it left for attempt {task.attempt}"
+            said = f"its ttl passed in {where} ({left})"
         pools = pools_of(self.routing.decide(task).to, task.topic) if waited else ()
         choice = self.fleet.choose(pools, task.priority, {})
         if choice.agent is not None or not choice.passed_over:

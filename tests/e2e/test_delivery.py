@@ -69,6 +69,8 @@ async def test_flaky_handler_succeeds_on_the_third_attempt(broker, coordinator, 
     async with flaky_agent(runs).running(broker=broker), ReachClient(broker=broker) as client:
         result = await client.invoke("flaky", {}, trace_id="flaky-trace")
         message_id = next(iter(runs))
+        # The result reply comes before the `completed` event is stored: the trace after it.
+        await watcher.event("completed", message_id=message_id)
         events = await client.status(message_id)
         by_trace = await client.status("flaky-trace")  # the id of the trace works too
     assert result == {"ok": 3}

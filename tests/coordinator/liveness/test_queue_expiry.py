@@ -4,6 +4,7 @@ server: the coordinator ends them as expired, once, and never one that an agent 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -313,3 +314,33 @@ async def test_a_retry_routed_late_in_its_ttl_that_its_agent_runs_is_not_ended(
         assert await coordinator.queue_expiry.sweep() == 0
     assert watcher.dead_letters == []
     assert not await _queue_is_empty(broker, "slow-agent")
+
+
+async def test_a_task_dispatched_late_says_its_ttl_was_what_was_left(
+    broker, start_coordinator, watcher
+):
+    """Taken in 88 s before it was dispatched with 100 ms of its ttl left, it ends in the
+    agent's queue: the letter says so (it read "ttl 100 ms passed", and an operator blamed a
+    caller that had sent 90,000 ms)."""
+    task = envelopes.Task(
+        v=1,
+        message_id="late-sent-1",
+        trace_id="late-sent-1",
+        topic="hold",
+        ttl_ms=100,
+        to_agent="idle-agent",
+        received_ms=envelopes.now_ms() - 88_000,
+    )
+    async with start_coordinator(BY_HAND) as coordinator:
+        await emit(broker, event_for(task, "routed", agent_id="idle-agent"))
+        await broker.publish(broker.names.dispatch("idle-agent", "P1"), envelopes.encode(task))
+        await asyncio.sleep(0.15)  # the passing of the dispatch's ttl is what this is about
+        await coordinator.queues.refresh()
+        assert await coordinator.queue_expiry.sweep() == 1
+    error = watcher.dead_letters[0].error
+    assert error is not None
+    assert re.fullmatch(
+        r"its ttl passed in the queue of idle-agent \(100 ms of it were left when it was"
+        r" dispatched there, 88\.\d s after it was taken in\), which did not take it",
+        error.message,
+    ), error.message
