@@ -32,6 +32,7 @@ from agentreach.broker.tasks import cancel_and_wait
 from agentreach.broker.urls import redacted
 from agentreach.cli.coordinating import coordinator_options, with_cli_options
 from agentreach.cli.options import (
+    ASKING_ROLES,
     Commands,
     UsageError,
     auth_of,
@@ -188,13 +189,14 @@ async def _coordinate(url: str, args: argparse.Namespace, config: CoordinatorCon
     # (a library must not change this for the program that embeds it).
     prometheus_client.disable_created_metrics()
     names = Names(prefix=args.prefix or config.prefix)
-    broker = Broker(
-        url,
-        names=names,
-        name="coordinator",
-        wait=True,
-        auth=auth_of(args).merged(config.broker.auth.auth()),
-    )
+    auth = auth_of(args).merged(config.broker.auth.auth())
+    if auth.role in ASKING_ROLES:  # its subscriptions would be refused, one by one
+        raise UsageError(
+            f"the coordinator needs a coordinator's creds; {auth.identity!r} is"
+            f" {'an' if auth.role == 'agent' else 'a'} {auth.role} (`reach auth init` made"
+            " <auth dir>/creds/coordinator/coordinator.creds)"
+        )
+    broker = Broker(url, names=names, name="coordinator", wait=True, auth=auth)
     async with contextlib.AsyncExitStack() as stack:
         # Probes are answered while NATS is waited for (/healthz 200, /readyz 503 "not
         # connected to NATS"): an orchestrator must not take the wait for a dead process.

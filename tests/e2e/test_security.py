@@ -1155,9 +1155,12 @@ async def test_a_caller_uses_the_cli_with_its_own_creds(arena: Arena) -> None:
         code, out, err = await _reach_as(arena, "caller", "alice", *command)
         assert code == 1, command
         assert "needs an operator's creds; 'alice' is a caller" in err, command
-    # An agent's creds too (provisioning waited without end, as for a leader election).
+    # An agent's creds too (provisioning waited without end, as for a leader election), and
+    # a coordinator started with them names the role (it asked for a seal key).
     code, out, err = await _reach_as(arena, "agent", X, "provision")
     assert code == 1 and f"needs an operator's creds; {X!r} is an agent" in err, err
+    code, out, err = await _reach_as(arena, "agent", X, "coordinator")
+    assert code != 0 and f"needs a coordinator's creds; {X!r} is an agent" in err, err
 
 
 async def test_parties_work_under_their_permissions(arena: Arena) -> None:
