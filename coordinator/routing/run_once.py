@@ -149,6 +149,7 @@ def superseded(
     attempt: int,
     reported_at_ms: int,
     stored_ms: int,
+    received_ms: int = 0,
 ) -> str | None:
     """Why what ``agent_id`` reported at ``reported_at_ms`` of ``attempt`` (the report
     stored at ``stored_ms``) no longer counts, if it does not: a later attempt was
@@ -157,8 +158,15 @@ def superseded(
     stalled run over, or ran it again after a server restart) failed since, and reports that
     itself (a record is written before its report, on the agent's clock) — unless that
     report has this one's Nats-Msg-Id within the stream's duplicate window: the stream
-    drops it, and this one stands for both (left alone, the task was never retried)."""
+    drops it, and this one stands for both (left alone, the task was never retried).
+
+    Records that ended before the task was taken in (``received_ms``) are of an earlier life
+    of its message id (sent again past the duplicate window after it ended): they say
+    nothing of this one (its attempt 1 failing elsewhere was left alone as "attempt 3 was
+    dispatched since", and the task stayed without an end)."""
     for r in records:
+        if r.state != "running" and 0 < r.finished_at_ms < received_ms:
+            continue
         if r.attempt > attempt:
             return f"attempt {r.attempt} was dispatched since"
         if r.agent_id != agent_id or r.attempt != attempt or r.state != "failed":

@@ -59,3 +59,48 @@ async def test_an_attempt_run_twice_that_failed_twice_is_retried(broker, watcher
         done = await watcher.event("completed", message_id=task.message_id)
     assert scheduled.detail["next_attempt"] == 2
     assert (done.attempt, done.agent_id, done.detail["result"]) == (2, "steady-1", {"attempt": 2})
+
+
+async def test_a_message_sent_again_after_it_ended_is_retried_past_its_earlier_records(
+    broker, watcher: Watcher
+):
+    """Its earlier life ended at attempt 3 on `b-1` (retries exhausted); sent again past the
+    duplicate window, its attempt 1 fails on `a-1`: retried, and completed by attempt 2. It
+    was left alone ("attempt 3 was dispatched since"), with no retry and no letter."""
+    steady = Agent("steady-2", startup_delay=0)
+
+    @steady.handler("flaky")
+    async def flaky(ctx: TaskContext, payload: dict) -> dict:
+        return {"attempt": ctx.attempt}
+
+    now = now_ms()
+    task = Task(
+        v=1,
+        message_id="again-life-1",
+        trace_id="again-life-1",
+        topic="flaky",
+        caller="c1",
+        ttl_ms=60_000,
+        received_ms=now - 1_000,
+        payload={},
+    )
+    error = ErrorInfo(type="upstream_down", message="503", retryable=True)
+    async with replica(broker), steady.running(broker=broker):
+        records = await broker.bucket(broker.names.executions_bucket, Execution)
+        await records.put(
+            execution_key("c1", task.message_id, "b-1"),
+            Execution(
+                message_id=task.message_id,
+                state="failed",
+                agent_id="b-1",
+                attempt=3,
+                finished_at_ms=now - 150_000,
+                error=error,
+                caller="c1",
+            ),
+        )
+        await emit(broker, event_for(task, "routed", agent_id="a-1"))
+        failed = event_for(task, "failed", agent_id="a-1", task=task, error=error)
+        await emit(broker, failed, sender="a-1")
+        done = await watcher.event("completed", message_id=task.message_id)
+    assert (done.attempt, done.agent_id) == (2, "steady-2")

@@ -94,3 +94,16 @@ def test_a_dispatch_s_ttl_counts_from_the_dispatch() -> None:
     )
     limit = lease_limit(retry, ttl_end_ms=now + 1_000)
     assert limit == now + 1_000 + retry.budget.execute_ms + LEASE_PAST_TTL_MS
+
+
+def test_records_of_an_earlier_life_of_the_message_id_do_not_supersede() -> None:
+    """Sent again past the duplicate window after it ended (retries exhausted at attempt 3
+    on agent b): this life's attempt 1 failing on agent a is a report that counts; a record
+    of this life's attempt 2 still supersedes it."""
+    received = 100_000
+    earlier = [record("b", 3, "failed", at_ms=received - 5_000)]
+    assert superseded(earlier, "a", 1, received + 2_000, received + 2_001, received) is None
+    assert superseded(earlier, "a", 1, received + 2_000, received + 2_001) is not None  # unknown
+    later = [*earlier, record("b", 2, "running")]
+    why = superseded(later, "a", 1, received + 2_000, received + 2_001, received)
+    assert why == "attempt 2 was dispatched since"
