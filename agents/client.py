@@ -328,7 +328,7 @@ class ReachClient:
     async def _earlier_result(self, task: Task) -> tuple[Any, PayloadRef | None]:
         """The outcome of the message already taken in under ``task``'s id, once it ends."""
         read = functools.partial(self._own_status, task.message_id)
-        return await earlier_result(task, read, self.caller)
+        return await earlier_result(task, read, self.caller, self.broker)
 
     async def cancel_workflow(
         self, instance_id: str, *, why: str = "", wait_s: float = 10.0
@@ -363,10 +363,10 @@ class ReachClient:
         as :meth:`invoke` does for how it ended (``TaskFailed``, ``Rejected``, …);
         ``DeadlineExceeded`` when it has not ended within ``timeout_s`` (it may still: ask
         again) or no event of it is recorded; ``InvalidArgument`` for another caller's
-        message; ``NotAcknowledged`` while no coordinator runs (on a secured server)."""
+        message; ``NotAcknowledged`` when it has not ended and no coordinator runs."""
         ids = {"message_id": message_id, "trace_id": message_id}
         read = functools.partial(self._own_status, message_id)
-        ended = await ended_result(ids, read, self.caller, within_s=timeout_s)
+        ended = await ended_result(ids, read, self.caller, self.broker, within_s=timeout_s)
         stub = Task(v=1, message_id=message_id, trace_id=message_id, topic="the message")
         return as_type(await self.claim_check.result_of(*ended), result_type, stub)
 

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from agentreach import envelopes
-from agentreach.agents.coordinator_presence import NO_COORDINATOR
+from agentreach.agents.coordinator_presence import NO_COORDINATOR, coordinator_runs
 from agentreach.agents.errors import (
     REJECTION_REASONS,
     DeadlineExceeded,
@@ -201,19 +201,20 @@ def still_queued(message_id: str) -> str:
 
 
 async def earlier_result(
-    task: Task, read: Callable[[], Awaitable[list[Event]]], caller: str
+    task: Task, read: Callable[[], Awaitable[list[Event]]], caller: str, broker: Broker
 ) -> tuple[Any, PayloadRef | None]:
     """The outcome of the message already taken in under ``task``'s id, once it ends, read
     from its events for as long as the task could take (see :func:`ended_result`)."""
     within_s = (task.budget.ack_ms + task.budget.execute_ms) / 1000
     ids = {"message_id": task.message_id, "trace_id": task.trace_id}
-    return await ended_result(ids, read, caller, within_s=within_s, sent_again=True)
+    return await ended_result(ids, read, caller, broker, within_s=within_s, sent_again=True)
 
 
 async def ended_result(
     ids: dict[str, str],
     read: Callable[[], Awaitable[list[Event]]],
     caller: str,
+    broker: Broker,
     *,
     within_s: float,
     sent_again: bool = False,
@@ -249,7 +250,8 @@ async def ended_result(
     if ended is not None:
         return outcome_of(ended, ids, ran=any(e.event == "accepted" for e in seen))
     what = f"message {message_id!r}" + (" was sent before" if sent_again else "")
-    if unanswered:
+    # Not ended: when no coordinator runs, that is why (on an open server too).
+    if unanswered or await coordinator_runs(broker) is False:
         raise NotAcknowledged(f"{what}: {NO_COORDINATOR}; {still_queued(message_id)}", **ids)
     if not seen and not sent_again:
         raise DeadlineExceeded(

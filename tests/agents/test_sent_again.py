@@ -38,3 +38,16 @@ async def test_an_invoke_again_while_no_coordinator_runs_says_so_and_that_it_sta
     assert "no coordinator is running" in str(again.value)
     assert "invoke again with message_id='tr-1'" in str(again.value)
     assert again.value.message_id == "tr-1"
+
+
+async def test_an_invoke_again_with_no_coordinator_says_so_on_any_server(broker) -> None:
+    """On the test's server (open, or secured as an operator reading the events itself):
+    the same, after the wait (it raised DeadlineExceeded, "did not end", which says nothing
+    of why and reads as if an agent had it)."""
+    async with ReachClient(broker=broker, name="trickle") as client:
+        await client.publish("work", {"n": 1}, message_id="tr-2")
+        with pytest.raises(NotAcknowledged, match="no coordinator is running") as again:
+            await client.invoke(
+                "work", {"n": 1}, message_id="tr-2", ack_deadline_ms=200, execute_deadline_ms=300
+            )
+    assert again.value.message_id == "tr-2"
