@@ -1497,6 +1497,10 @@ export interface WorkflowRecord {
    */
   definition: Record<string, unknown> | null;
   /**
+   * default null
+   */
+  calls: Record<string, Record<string, unknown>> | null;
+  /**
    * default {}
    */
   steps: Record<string, StepRun>;
