@@ -81,6 +81,7 @@ class BucketWatch:
         self._created: object = None  # the watched stream's creation time
         self._guard: asyncio.Task[None] | None = None
         self.initial = asyncio.Event()
+        self.remade = 0  # how often the stream was found made again (see the module's doc)
 
     async def __aenter__(self) -> Self:
         with translated(subject=f"{self._kv._pre}>"):
@@ -123,6 +124,7 @@ class BucketWatch:
                     )
                     old, self._sub = self._sub, await self._subscribe()
                     self._created = created
+                    self.remade += 1
             except BrokerError:
                 continue  # not there yet (being made again), or the server away: look again
             if old is not None:

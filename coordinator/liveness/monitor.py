@@ -23,7 +23,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, Change
-from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.errors import honour_cancellation, translated
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.broker.presence import ProbeResult, probe
 from agentreach.broker.tasks import cancel_and_wait
@@ -74,6 +74,7 @@ class LivenessMonitor:
             broker, config, self.agents, queued, judge=self._transition, look_again=self._look_again
         )
         self._verdicts = VerdictWriter(broker)
+        self._verdicts_made: object = None  # when the verdicts' bucket was made, as last seen
         self.active = False  # judging now: this replica holds the liveness lease
 
     async def run(self) -> None:
@@ -92,7 +93,11 @@ class LivenessMonitor:
         checks = asyncio.create_task(self._checks.run(), name="liveness-presence-checks")
         try:
             async with heartbeats.watch() as watch:
+                remade = 0
                 async for change in watch:
+                    if watch.remade != remade:  # the store came back empty: verdicts too
+                        remade = watch.remade
+                        self._write_verdicts_again()
                     # What the watch replays at start was written before: judge it by its age.
                     await self._on_heartbeat(change, replayed=not watch.initial.is_set())
                     honour_cancellation()
@@ -100,6 +105,13 @@ class LivenessMonitor:
             probes = [t.probe for t in self.agents.values() if t.probe and not t.probe.done()]
             await cancel_and_wait(sweeper, rereader, checks, *probes)
             await cancel_and_wait(writer)  # after the judges: it writes what they queued
+
+    def _write_verdicts_again(self) -> None:
+        """Every verdict, written again: a bucket made again holds none, and its agents read
+        UNKNOWN (`reach agents`, the routing's view) until their next transition."""
+        log.warning("the heartbeats' bucket was made again; writing every verdict again")
+        for tracked in self.agents.values():
+            self._verdicts.put(tracked.record(), None)
 
     async def reread(self) -> None:
         """Read every heartbeat again: a watch can stall after a broker failover, and a
@@ -135,9 +147,14 @@ class LivenessMonitor:
         verdicts = await self._broker.bucket(self._broker.names.liveness_bucket, Liveness)
         try:
             restored = await verdicts.snapshot()
+            with translated():
+                made = (await self._broker.js.stream_info(f"KV_{verdicts.name}")).created
         except BrokerError as exc:
             log.warning("liveness verdicts not restored", error=str(exc))
             return
+        if self._verdicts_made not in (None, made):  # the store came back empty
+            self._write_verdicts_again()
+        self._verdicts_made = made
         for key, entry in restored.items():
             record = entry.value
             self.agents[key] = Tracked(

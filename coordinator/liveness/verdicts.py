@@ -46,10 +46,13 @@ class VerdictWriter:
         self._written = 0  # of those, how many are through (written or given up)
         self._progress = asyncio.Condition()
 
-    def put(self, record: Liveness, event: Event) -> None:
+    def put(self, record: Liveness, event: Event | None) -> None:
+        """Queue ``record`` (and the transition's ``event``; None to write the verdict
+        again, with no transition: the bucket was made again, empty)."""
         self._records.pop(record.agent_id, None)  # re-inserted last: written in queue order
         self._records[record.agent_id] = (record, 0)
-        self._events.append((event, 0))
+        if event is not None:
+            self._events.append((event, 0))
         self._queued += 1
         self._wake.set()
 

@@ -16,7 +16,7 @@ from agentreach.broker import Broker, EmbeddedServer, Names, Topology, provision
 from agentreach.broker import watch as watch_module
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator.liveness.config import LivenessConfig
-from agentreach.envelopes import Heartbeat
+from agentreach.envelopes import Heartbeat, Liveness
 from tests.conftest import FAST
 from tests.support import eventually, until_true
 
@@ -38,7 +38,8 @@ async def test_a_coordinator_follows_agents_through_a_server_back_on_an_empty_st
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After the restart on an empty store the agent's beats (at revisions lower than
-    before) keep it ONLINE, and its card `stopped` (it stops) reaches the routing. Both were missed
+    before) keep it ONLINE, its verdict is written again, and its card `stopped` (it stops)
+    reaches the routing. Both were missed
     until the new bucket passed the old one's last revision: the agent went SUSPECT, then
     OFFLINE while it beat, and a stopped agent was routed work."""
     monkeypatch.setattr(watch_module, "REMADE_CHECK_S", 0.3)
@@ -71,10 +72,19 @@ async def test_a_coordinator_follows_agents_through_a_server_back_on_an_empty_st
             await until_true(lambda: _seq_past(admin, before + BEATS_AFTER), timeout=20)
             state = agents["stays-1"].state
             moved = [e for e in logs if e["event"] == "liveness"]
+            # Its verdict is in the new bucket (it read UNKNOWN there until a transition).
+            verdict = await until_true(lambda: _verdict(admin), timeout=10)
             await runtime.stop()
             await eventually(lambda: cards["stays-1"].status == "stopped")
     assert state == "ONLINE" and moved == []  # never SUSPECT while it beat
+    assert verdict.state == "ONLINE"
 
 
 async def _seq_past(broker: Broker, seq: int) -> bool:
     return await _seq(broker, "stays-1") >= seq
+
+
+async def _verdict(broker: Broker) -> Liveness | None:
+    verdicts = await broker.bucket(broker.names.liveness_bucket, Liveness)
+    entry = await verdicts.get("stays-1")
+    return entry.value if entry is not None else None
