@@ -134,3 +134,10 @@ async def per_subject_limit(broker: Broker, stream: str) -> int:
     with translated(subject=stream):
         info = await broker.js.stream_info(stream)
     return info.config.max_msgs_per_subject or -1
+
+
+async def stream_created(broker: Broker, stream: str) -> object:
+    """When ``stream`` was made: a store that came back empty made it again."""
+    with translated(subject=stream):
+        info = await broker.js.stream_info(stream)
+    return info.created

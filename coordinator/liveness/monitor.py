@@ -23,9 +23,10 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, Change
-from agentreach.broker.errors import honour_cancellation, translated
+from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.broker.presence import ProbeResult, probe
+from agentreach.broker.streams import stream_created
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator.liveness.cadence import Cadence
 from agentreach.coordinator.liveness.config import LivenessConfig
@@ -147,8 +148,7 @@ class LivenessMonitor:
         verdicts = await self._broker.bucket(self._broker.names.liveness_bucket, Liveness)
         try:
             restored = await verdicts.snapshot()
-            with translated():
-                made = (await self._broker.js.stream_info(f"KV_{verdicts.name}")).created
+            made = await stream_created(self._broker, f"KV_{verdicts.name}")
         except BrokerError as exc:
             log.warning("liveness verdicts not restored", error=str(exc))
             return
