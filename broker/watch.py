@@ -29,6 +29,7 @@ from nats.js import api
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
 from agentreach.broker.errors import BrokerError, translated
+from agentreach.broker.initial_values import InitialValues
 from agentreach.broker.messages import position_of
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.logs import get_logger
@@ -77,7 +78,7 @@ class BucketWatch:
         self._remade_check_s = remade_check_s or REMADE_CHECK_S
         self._sub: nats.js.JetStreamContext.PushSubscription | None = None
         self._queue: asyncio.Queue[Change | object] = asyncio.Queue()
-        self._initial_queued = False
+        self._initial = InitialValues(self._initial_through)
         self._created: object = None  # the watched stream's creation time
         self._guard: asyncio.Task[None] | None = None
         self.initial = asyncio.Event()
@@ -92,8 +93,8 @@ class BucketWatch:
             except BaseException:
                 await self._stop()
                 raise
-        if info.num_pending == 0 and self._sub.delivered == 0:
-            self._initial_through()
+        sent = info.delivered.consumer_seq if info.delivered is not None else 0
+        self._initial.expect(sent=sent, pending=info.num_pending or 0)
         self._guard = asyncio.create_task(self._watch_the_stream(), name="watch-remade")
         return self
 
@@ -140,6 +141,7 @@ class BucketWatch:
         await self._stop()
 
     async def _stop(self) -> None:
+        self._initial.cancel()
         if self._guard is not None:
             await cancel_and_wait(self._guard)
         sub, self._sub = self._sub, None
@@ -155,7 +157,7 @@ class BucketWatch:
         if operation is None and KV_MARKER_REASON in headers:
             operation = _DELETED_BY_MARKER.get(headers[KV_MARKER_REASON])
             if operation is None:  # a marker of a kind not known yet: not a value
-                self._maybe_initial(pending)
+                self._initial.delivered(pending)
                 return
         deleted = operation in (KV_DEL, KV_PURGE)
         self._queue.put_nowait(
@@ -166,16 +168,10 @@ class BucketWatch:
                 written_ms=written_ms,
             )
         )
-        self._maybe_initial(pending)
-
-    def _maybe_initial(self, pending: int) -> None:
-        if pending == 0:
-            self._initial_through()
+        self._initial.delivered(pending)
 
     def _initial_through(self) -> None:
-        if not self._initial_queued:
-            self._initial_queued = True
-            self._queue.put_nowait(_INITIAL_DONE)
+        self._queue.put_nowait(_INITIAL_DONE)
 
     def __aiter__(self) -> AsyncIterator[Change]:
         return self._changes()

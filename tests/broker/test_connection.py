@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from urllib.parse import urlparse
@@ -189,3 +190,15 @@ async def test_a_first_connect_names_every_seed_that_failed():
     reason = str(raised.value).split(": ", 1)[1]
     for port in ports:
         assert f"('127.0.0.1', {port})" in reason
+
+
+async def test_a_snapshot_taken_at_once_never_misses_values_still_on_their_way(broker):
+    """A watch begun beside a busy server: the values it finds pending reach its snapshot,
+    even when the server answers 'nothing pending' before its deliveries arrive."""
+    from agentreach.broker.watch import snapshot
+
+    kv = await broker.kv(broker.names.leases_bucket)
+    for n in range(5):
+        await kv.put(f"k{n}", b"v")
+    short = [len(found) for found in await asyncio.gather(*(snapshot(kv) for _ in range(60)))]
+    assert short == [5] * 60
