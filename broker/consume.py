@@ -48,7 +48,9 @@ _nats_status_of = nats.js.JetStreamContext.is_status_msg
 nats.js.JetStreamContext.is_status_msg = staticmethod(_status_of)  # type: ignore[method-assign]
 
 RETRY_FIRST_S = 0.5
-RETRY_CAP_S = 5.0
+# A consumer paused by a leader election resumes within this of the new leader (with a 5 s cap
+# a failover's flow came back up to 5.4 s after the elections); a try is one cheap request.
+RETRY_CAP_S = 2.0
 ACK_POLICY_FIXED = 10012  # the server's "ack policy can not be updated"
 
 

@@ -32,9 +32,10 @@ const PRESENCE_CHECK_MS = 500;
 const CONSUMER_EXISTS = 10148; // JetStream: a consumer of that name exists with other settings
 const CONSUMER_NOT_FOUND = 10014;
 const STREAM_NOT_FOUND = 10059;
-// A failing fetch is tried again after 0.5, 1, 2 … s, capped at 5 s (as the Python SDK).
+// A failing fetch is tried again after 0.5, 1, 2 … s, capped at 2 s (as the Python SDK): a
+// consumer paused by a leader election resumes within 2 s of the new leader.
 const RETRY_FIRST_MS = 500;
-const RETRY_CAP_MS = 5_000;
+const RETRY_CAP_MS = 2_000;
 const CARD_CHECK_MS = 1_000; // while the registry is not provisioned again after a reconnect
 
 /** What the runtime needs from an Agent's configuration. */
