@@ -58,6 +58,7 @@ from agentreach.envelopes import (
     Task,
     now_ms,
     ttl_left_ms,
+    ttl_passed_in_queue,
 )
 from agentreach.envelopes.headers import task_headers
 from agentreach.logs import get_logger
@@ -187,7 +188,10 @@ class Executor:
         if (done := await self._claims.done(job.task)) is not None:
             await self._reports.complete(job, done.result, 0, ref=done.result_ref)
             return
-        message = f"ttl {job.task.ttl_ms} ms passed in the queue of {self._me}"
+        task = job.task
+        message = ttl_passed_in_queue(
+            task.ttl_ms, self._me, dispatched_ms=job.dispatched_ms, received_ms=task.received_ms
+        )
         error = ErrorInfo(type="expired", message=message, retryable=False)
         await self._reports.report(job, "expired", error)
 

@@ -15,7 +15,7 @@
 
 from agentreach.envelopes import headers, tracecontext
 from agentreach.envelopes.audit import AuditRecord, Summary, summarize
-from agentreach.envelopes.clock import now_ms, ttl_left_ms
+from agentreach.envelopes.clock import now_ms, ttl_left_ms, ttl_passed_in_queue
 from agentreach.envelopes.codec import (
     decode,
     decode_as,
@@ -182,6 +182,7 @@ __all__ = [
     "task_from_intake",
     "tracecontext",
     "ttl_left_ms",
+    "ttl_passed_in_queue",
     "unix_ms_of",
     "wrap_body",
 ]

@@ -21,3 +21,16 @@ def ttl_left_ms(ttl_ms: int, since_ms: int, now: int | None = None) -> int:
     """
     elapsed = (now_ms() if now is None else now) - since_ms
     return ttl_ms - max(0, elapsed)
+
+
+def ttl_passed_in_queue(ttl_ms: int, agent_id: str, *, dispatched_ms: int, received_ms: int) -> str:
+    """Why a queued dispatch expired. A dispatch's ttl is what was left of it when it was
+    routed: one routed late says so (a letter read "ttl 2048 ms" of a task sent with
+    90,000 ms that had waited 88 s in intake)."""
+    waited_ms = dispatched_ms - received_ms
+    if received_ms and waited_ms >= 1000:
+        return (
+            f"its ttl passed in the queue of {agent_id} ({ttl_ms} ms of it were left when it"
+            f" was dispatched there, {waited_ms / 1000:.1f} s after it was taken in)"
+        )
+    return f"ttl {ttl_ms} ms passed in the queue of {agent_id}"

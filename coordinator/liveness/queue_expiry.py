@@ -48,7 +48,15 @@ from agentreach.coordinator.routing.run_once import (
     verdict_of,
 )
 from agentreach.coordinator.units import NonNegativeSeconds, Positive, PositiveSeconds
-from agentreach.envelopes import DecodeError, ErrorInfo, Execution, Priority, Task, now_ms
+from agentreach.envelopes import (
+    DecodeError,
+    ErrorInfo,
+    Execution,
+    Priority,
+    Task,
+    now_ms,
+    ttl_passed_in_queue,
+)
 
 log = structlog.get_logger("coordinator.queue_expiry")
 
@@ -224,15 +232,10 @@ class QueueExpiry:
 def _expired_with(records: list[Execution], task: Task, agent_id: str, dispatched_ms: int) -> str:
     """Why the queued attempt ends: it waited past its ttl untaken, or its agent took it (a
     claim of this attempt) and went silent, its run's lease past (an accepted task is not
-    one that never started: the handler may have done part of its work). A dispatch's ttl
-    is what was left of it then: one routed late says so (a letter read "ttl 2048 ms" of a
-    task sent with 90,000 ms that had waited 88 s in intake)."""
-    said = f"ttl {task.ttl_ms} ms passed in the queue of {agent_id}"
-    if (waited_ms := dispatched_ms - task.received_ms) >= 1000 and task.received_ms:
-        said = (
-            f"its ttl passed in the queue of {agent_id} ({task.ttl_ms} ms of it were left when"
-            f" it was dispatched there, {waited_ms / 1000:.1f} s after it was taken in)"
-        )
+    one that never started: the handler may have done part of its work)."""
+    said = ttl_passed_in_queue(
+        task.ttl_ms, agent_id, dispatched_ms=dispatched_ms, received_ms=task.received_ms
+    )
     taken = any(r.agent_id == agent_id and r.attempt == task.attempt for r in records)
     if taken:
         return (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import threading
 import time
 import traceback
@@ -147,6 +148,7 @@ async def test_a_task_that_expired_in_the_agent_queue_is_not_run(broker, coordin
         topic="slow_report",
         ttl_ms=200,
         to_agent=agent.agent_id,
+        received_ms=envelopes.now_ms() - 5_000,  # routed late: 200 ms is what was left
     )
     await emit(broker, event_for(task, "routed", agent_id=agent.agent_id))  # as the router does
     await broker.publish(broker.names.dispatch(agent.agent_id, "P1"), envelopes.encode(task))
@@ -155,6 +157,10 @@ async def test_a_task_that_expired_in_the_agent_queue_is_not_run(broker, coordin
         letter = await watcher.dead_letter("expired", topic="slow_report")
     assert letter.message_id == "stale-1"
     assert not any(e.event == "accepted" for e in watcher.events)
+    expired = await watcher.event("expired", message_id="stale-1")
+    said = expired.detail["error"]["message"]
+    assert said.startswith(f"its ttl passed in the queue of {agent.agent_id} (200 ms of it were")
+    assert re.search(r"dispatched there, 5\.\d s after it was taken in\)$", said), said
 
 
 async def test_a_task_ended_as_expired_is_not_run_though_its_ttl_seems_left(

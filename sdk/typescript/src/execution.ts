@@ -17,7 +17,7 @@ import type { Claimed, Claims, Hand, Outcome } from "./claims.js";
 import { PayloadUnavailable } from "./claimcheck.js";
 import type { ClaimCheck } from "./claimcheck.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
-import { DeadlineExceeded, errorInfo, failure, sendable } from "./failures.js";
+import { DeadlineExceeded, errorInfo, failure, sendable, ttlPassedInQueue } from "./failures.js";
 import type { Logger } from "./log.js";
 import { ReachClient } from "./client.js";
 import { Latencies } from "./slots.js";
@@ -255,7 +255,8 @@ export class Executor {
       await this.reports.complete(msg, task, done.result, 0, done.result_ref ?? null);
       return;
     }
-    const error = failure("expired", `ttl ${task.ttl_ms} ms passed in the queue of ${this.agentId}`, false);
+    const why = ttlPassedInQueue(task.ttl_ms, this.agentId, dispatchedMs, task.received_ms ?? 0);
+    const error = failure("expired", why, false);
     await this.reports.report(msg, task, "expired", error, dispatchedMs);
   }
 

@@ -55,6 +55,21 @@ export function failure(type: string, message: string, retryable: boolean): Erro
   return { type, message, retryable, retry_after_ms: null };
 }
 
+/**
+ * Why a queued dispatch expired (the coordinator's wording). A dispatch's ttl is what was
+ * left of it when it was routed: one routed late says so.
+ */
+export function ttlPassedInQueue(ttlMs: number, agentId: string, dispatchedMs: number, receivedMs: number): string {
+  const waitedMs = dispatchedMs - receivedMs;
+  if (receivedMs && waitedMs >= 1000) {
+    return (
+      `its ttl passed in the queue of ${agentId} (${ttlMs} ms of it were left when it` +
+      ` was dispatched there, ${(waitedMs / 1000).toFixed(1)} s after it was taken in)`
+    );
+  }
+  return `ttl ${ttlMs} ms passed in the queue of ${agentId}`;
+}
+
 /** How a handler failure is reported: its class name, message, and whether to retry. */
 export function errorInfo(err: unknown): ErrorInfo {
   if (err instanceof DeadlineExceeded) return failure("deadline_exceeded", err.message, true);

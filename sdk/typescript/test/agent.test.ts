@@ -753,14 +753,17 @@ describe("the agent's queue", () => {
     let calls = 0;
     const dlq = new Watcher<DeadLetter>(stack.nc, `reach.dlq.expired.${topic}`);
     // Queued before the agent starts, with a ttl shorter than any start-up.
-    const t = task(topic, null, { ttl_ms: 1, to_agent: id });
+    // Routed late: taken in 5 s before its dispatch, so 1 ms is what was left of its ttl.
+    const t = task(topic, null, { ttl_ms: 1, to_agent: id, received_ms: Date.now() - 5_000 });
     const events = eventsOf(stack, t.message_id);
     await routedTo(stack, t, id);
     const replies = await send(stack, t, { subject: `reach.agent.${id}.p1` });
     await started(newAgent(id).handler(topic, () => ++calls));
     const expired = await events.next((e) => e.event === "expired");
     assert.equal(expired.agent_id, id);
-    assert.equal((expired.detail.error as { type: string }).type, "expired");
+    const error = expired.detail.error as { type: string; message: string };
+    assert.equal(error.type, "expired");
+    assert.match(error.message, new RegExp(`^its ttl passed in the queue of ${id} \\(1 ms of it were left when it was dispatched there, 5\\.\\d s after it was taken in\\)$`));
     const letter = await dlq.next((d) => d.message_id === t.message_id);
     assert.equal(letter.reason, "expired");
     assert.equal(calls, 0);
