@@ -101,6 +101,10 @@ def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) ->
         epoch = event.detail.get("epoch")
         if event.event == "accepted" and isinstance(epoch, int) and epoch > 0:
             msg_id += f"-{epoch}"  # each process that takes the attempt is seen to
+        if event.received_ms > 0:
+            # One life of the message id: sent again past the intake's duplicate window, its
+            # attempts' events are not duplicates of the earlier life's still in this one's.
+            msg_id += f"-r{event.received_ms}"
         grant = event.detail.get("grant")
         if sender != COORDINATOR and isinstance(grant, str):
             # Only the coordinator and this agent know the grant: nobody can pre-empt the id.

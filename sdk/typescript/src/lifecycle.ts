@@ -56,15 +56,18 @@ export function eventFor(
 
 /**
  * The dedup id of an event: one per (message, event, attempt, sender), plus the epoch of an
- * `accepted` (one per process that takes the attempt), plus the first 16
- * characters of the dispatch's grant when it had one (only the coordinator and this agent
- * know it, so nobody can publish the id first); none for progress.
+ * `accepted` (one per process that takes the attempt), plus `-r<received_ms>` (one life of
+ * the message id: sent again past the intake's duplicate window, its events are not copies of
+ * the earlier life's), plus the first 16 characters of the dispatch's grant when it had one
+ * (only the coordinator and this agent know it, so nobody can publish the id first); none for
+ * progress.
  */
 export function eventMsgId(event: Event, sender: string): string | null {
   if (REPEATABLE.has(event.event)) return null;
   let id = `${event.message_id}-${event.event}-${event.attempt}-${sender}`;
   const epoch = event.detail.epoch;
   if (event.event === "accepted" && typeof epoch === "number" && epoch > 0) id += `-${epoch}`; // each process taking the attempt is seen
+  if ((event.received_ms ?? 0) > 0) id += `-r${event.received_ms}`;
   const grant = event.detail.grant;
   return typeof grant === "string" ? `${id}-${grant.slice(0, 16)}` : id;
 }

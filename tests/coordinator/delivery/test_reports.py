@@ -10,7 +10,7 @@ from agentreach.agents import Agent, TaskContext
 from agentreach.broker.lifecycle import emit, event_for, event_message
 from agentreach.envelopes import ErrorInfo, Execution, Task, execution_key, now_ms
 from tests.coordinator.observability.test_metrics import replica
-from tests.support import Watcher
+from tests.support import Watcher, eventually
 
 
 async def test_an_attempt_run_twice_that_failed_twice_is_retried(broker, watcher: Watcher):
@@ -104,3 +104,48 @@ async def test_a_message_sent_again_after_it_ended_is_retried_past_its_earlier_r
         await emit(broker, failed, sender="a-1")
         done = await watcher.event("completed", message_id=task.message_id)
     assert (done.attempt, done.agent_id) == (2, "steady-2")
+
+
+async def test_a_report_of_a_later_life_of_the_message_id_is_not_an_earlier_one_s_copy(
+    broker, watcher: Watcher
+):
+    """The message id sent again past the intake's duplicate window is a new life (a new
+    `received_ms`): its attempt 1 failing on the agent where the earlier life's attempt 1
+    failed, while that report is still in the events' duplicate window, is stored, retried
+    and completed. Its Nats-Msg-Id was the earlier report's: dropped, no retry, no letter."""
+    steady = Agent("steady-3", startup_delay=0)
+
+    @steady.handler("flaky")
+    async def flaky(ctx: TaskContext, payload: dict) -> dict:
+        return {"attempt": ctx.attempt}
+
+    now = now_ms()
+    earlier = Task(
+        v=1,
+        message_id="two-lives-1",
+        trace_id="two-lives-1",
+        topic="flaky",
+        caller="c1",
+        ttl_ms=600_000,
+        received_ms=now - 125_000,
+        payload={},
+    )
+    later = msgspec.structs.replace(earlier, received_ms=now - 1_000)
+    # The earlier life ends at its attempt 1 (a run of it now would be a record of this life's
+    # time, which supersedes the later life's attempt 1).
+    ended = ErrorInfo(type="bad_input", message="no such upstream", retryable=False)
+    error = ErrorInfo(type="upstream_down", message="503", retryable=True)
+    async with replica(broker), steady.running(broker=broker):
+        for life, why in ((earlier, ended), (later, error)):
+            await emit(broker, event_for(life, "routed", agent_id="a-1"))
+            failed = event_for(life, "failed", agent_id="a-1", task=life, error=why)
+            subject, data, headers = event_message(broker, failed, sender="a-1")
+            assert not (await broker.publish(subject, data, headers=headers)).duplicate
+
+        def completed_later() -> bool:
+            return any(
+                e.event == "completed" and e.received_ms == later.received_ms
+                for e in watcher.events
+            )
+
+        await eventually(completed_later, timeout=15)
