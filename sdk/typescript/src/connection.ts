@@ -70,7 +70,8 @@ export class Connection {
         const code = (err as NatsError).code;
         if (!WAITABLE.has(code)) throw err; // a wrong URL or credentials: no use waiting
         const waitMs = backoffMs(tries);
-        log.warn("waiting for NATS", { error: String(err), retry_in_s: Math.round(waitMs / 100) / 10 });
+        const servers = [options.servers ?? "nats://127.0.0.1:4222"].flat().join(",");
+        log.warn("waiting for NATS", { servers, error: String(err), retry_in_s: Math.round(waitMs / 100) / 10 });
         await sleep(waitMs, signal);
         if (signal.aborted) throw new ReachError("stopped while waiting for NATS");
       }

@@ -133,14 +133,19 @@ export class AgentRuntime {
   }
 
   /**
-   * After each reconnect, write the card again if the server lost it (restarted on an empty
-   * store, then provisioned): routing knows an agent by its card, and heartbeats alone do
-   * not make one. Ends when the connection closes.
+   * Say when the connection drops and comes back (as the coordinator does), and after each
+   * reconnect write the card again if the server lost it (restarted on an empty store, then
+   * provisioned): routing knows an agent by its card, and heartbeats alone do not make one.
+   * Ends when the connection closes.
    */
   private async keepCard(): Promise<void> {
     for await (const status of this.conn.nc.status()) {
       if (this.stopped) return;
-      if (status.type === "reconnect") await this.restoreCard();
+      if (status.type === "disconnect") this.log.warn("nats disconnected; reconnecting", { server: String(status.data) });
+      if (status.type === "reconnect") {
+        this.log.info("nats reconnected", { server: String(status.data) });
+        await this.restoreCard();
+      }
     }
   }
 
@@ -190,7 +195,11 @@ export class AgentRuntime {
     // Let each loop finish its current fetch: a pull request cut short would leave the
     // server delivering into a dead inbox, and that message would wait out the ack wait.
     await settleWithin(this.loops, FETCH_EXPIRES_MS * 2);
+    if (this.inFlight.size > 0) {
+      this.log.info("stopping: waiting for running handlers", { running: this.inFlight.size, drain_timeout_ms: this.config.drainTimeoutMs });
+    }
     if (!(await settleWithin([...this.inFlight], this.config.drainTimeoutMs))) {
+      this.log.warn("handlers still running after the drain timeout: their signals aborted", { running: this.inFlight.size });
       this.executor?.abortAll(new ReachError("the agent is stopping"));
       await settleWithin([...this.inFlight], LEASE_GRACE_MS);
     }
