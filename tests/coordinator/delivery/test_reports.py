@@ -13,27 +13,38 @@ from tests.coordinator.observability.test_metrics import replica
 from tests.support import Watcher, eventually
 
 
-async def test_an_attempt_run_twice_that_failed_twice_is_retried(broker, watcher: Watcher):
-    """Attempt 1 failed on `a-1`, ran again there and failed again: the second run's record
-    is written, its report dropped as the first's duplicate. The first report stands for
-    both, and attempt 2 runs (it was left alone, "a later run … reports for itself", and the
-    task stayed at `retry_scheduled` for good: no retry, no letter)."""
-    steady = Agent("steady-1", startup_delay=0)
+def _steady(agent_id: str) -> Agent:
+    """An agent whose `flaky` handler succeeds, saying which attempt it ran."""
+    steady = Agent(agent_id, startup_delay=0)
 
     @steady.handler("flaky")
     async def flaky(ctx: TaskContext, payload: dict) -> dict:
         return {"attempt": ctx.attempt}
 
-    task = Task(
+    return steady
+
+
+def _flaky_task(message_id: str, *, received_ms: int, ttl_ms: int = 60_000) -> Task:
+    return Task(
         v=1,
-        message_id="ran-twice-1",
-        trace_id="ran-twice-1",
+        message_id=message_id,
+        trace_id=message_id,
         topic="flaky",
         caller="c1",
-        ttl_ms=60_000,
-        received_ms=now_ms(),
+        ttl_ms=ttl_ms,
+        received_ms=received_ms,
         payload={},
     )
+
+
+async def test_an_attempt_run_twice_that_failed_twice_is_retried(broker, watcher: Watcher):
+    """Attempt 1 failed on `a-1`, ran again there and failed again: the second run's record
+    is written, its report dropped as the first's duplicate. The first report stands for
+    both, and attempt 2 runs (it was left alone, "a later run … reports for itself", and the
+    task stayed at `retry_scheduled` for good: no retry, no letter)."""
+    steady = _steady("steady-1")
+
+    task = _flaky_task("ran-twice-1", received_ms=now_ms())
     error = ErrorInfo(type="deadline_exceeded", message="ran past 3000 ms", retryable=True)
     async with replica(broker), steady.running(broker=broker):
         await emit(broker, event_for(task, "routed", agent_id="a-1"))
@@ -67,23 +78,10 @@ async def test_a_message_sent_again_after_it_ended_is_retried_past_its_earlier_r
     """Its earlier life ended at attempt 3 on `b-1` (retries exhausted); sent again past the
     duplicate window, its attempt 1 fails on `a-1`: retried, and completed by attempt 2. It
     was left alone ("attempt 3 was dispatched since"), with no retry and no letter."""
-    steady = Agent("steady-2", startup_delay=0)
-
-    @steady.handler("flaky")
-    async def flaky(ctx: TaskContext, payload: dict) -> dict:
-        return {"attempt": ctx.attempt}
+    steady = _steady("steady-2")
 
     now = now_ms()
-    task = Task(
-        v=1,
-        message_id="again-life-1",
-        trace_id="again-life-1",
-        topic="flaky",
-        caller="c1",
-        ttl_ms=60_000,
-        received_ms=now - 1_000,
-        payload={},
-    )
+    task = _flaky_task("again-life-1", received_ms=now - 1_000)
     error = ErrorInfo(type="upstream_down", message="503", retryable=True)
     async with replica(broker), steady.running(broker=broker):
         records = await broker.bucket(broker.names.executions_bucket, Execution)
@@ -113,23 +111,10 @@ async def test_a_report_of_a_later_life_of_the_message_id_is_not_an_earlier_one_
     `received_ms`): its attempt 1 failing on the agent where the earlier life's attempt 1
     failed, while that report is still in the events' duplicate window, is stored, retried
     and completed. Its Nats-Msg-Id was the earlier report's: dropped, no retry, no letter."""
-    steady = Agent("steady-3", startup_delay=0)
-
-    @steady.handler("flaky")
-    async def flaky(ctx: TaskContext, payload: dict) -> dict:
-        return {"attempt": ctx.attempt}
+    steady = _steady("steady-3")
 
     now = now_ms()
-    earlier = Task(
-        v=1,
-        message_id="two-lives-1",
-        trace_id="two-lives-1",
-        topic="flaky",
-        caller="c1",
-        ttl_ms=600_000,
-        received_ms=now - 125_000,
-        payload={},
-    )
+    earlier = _flaky_task("two-lives-1", received_ms=now - 125_000, ttl_ms=600_000)
     later = msgspec.structs.replace(earlier, received_ms=now - 1_000)
     # The earlier life ends at its attempt 1 (a run of it now would be a record of this life's
     # time, which supersedes the later life's attempt 1).
