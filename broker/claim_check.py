@@ -61,7 +61,9 @@ class ClaimCheck:
             return task
         if not self.in_use:
             return self._inline(task, len(envelopes.encode(task)))
-        ref = await self.put(f"{task.message_id}/payload", data)
+        # Named by its content too: the same id sent again with another payload (refused as
+        # another request) must not replace the bytes the first one's agent is to read.
+        ref = await self.put(f"{task.message_id}/payload-{_digest(data)[:16]}", data)
         return msgspec.structs.replace(task, payload=None, payload_ref=ref)
 
     async def payload_of(self, task: Task) -> Any:
@@ -116,9 +118,7 @@ class ClaimCheck:
             ) from None
         except nats.errors.Error as exc:
             raise translate(exc, subject=bucket) from exc
-        return PayloadRef(
-            bucket=bucket, name=name, size=len(data), sha256=hashlib.sha256(data).hexdigest()
-        )
+        return PayloadRef(bucket=bucket, name=name, size=len(data), sha256=_digest(data))
 
     async def get(self, ref: PayloadRef) -> bytes:
         kept_in = self._broker.names.payloads_bucket
@@ -142,6 +142,10 @@ class ClaimCheck:
             raise PayloadUnavailable(f"{ref.bucket}/{ref.name} is damaged") from None
         except nats.errors.Error as exc:
             raise translate(exc, subject=ref.bucket) from exc
-        if hashlib.sha256(data).hexdigest() != ref.sha256:
+        if _digest(data) != ref.sha256:
             raise PayloadUnavailable(f"{ref.bucket}/{ref.name} does not match its SHA-256")
         return data
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -8,7 +8,7 @@ import asyncio
 import msgspec
 import pytest
 
-from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.agents import Agent, ReachClient, Rejected, TaskContext
 from agentreach.broker import read_stream
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.cli.trace import collect, render
@@ -41,6 +41,37 @@ def mirror() -> Agent:
 
 
 @NO_CLAIM_CHECK
+async def test_another_large_payload_under_a_used_id_leaves_the_first_one_s(
+    broker, coordinator, watcher
+):
+    """The same id sent again with another large payload is refused, and the first task,
+    still queued, runs with its own bytes (the second's did not replace them in the store)."""
+    running, release = asyncio.Event(), asyncio.Event()
+    agent = Agent("claim-holder", startup_delay=0)
+
+    @agent.handler("hold", capacity=1)
+    async def hold(ctx: TaskContext, payload: dict) -> dict:
+        if payload["text"] == "block":
+            running.set()
+            await release.wait()
+        return {"head": payload["text"][:1], "length": len(payload["text"])}
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        blocker = asyncio.create_task(client.invoke("hold", {"text": "block"}))
+        await running.wait()  # its one slot is taken: the large task waits in its queue
+        first = asyncio.create_task(
+            client.invoke("hold", {"text": "a" * 300_000}, message_id="big-7")
+        )
+        await watcher.event("routed", message_id="big-7")
+        with pytest.raises(Rejected) as refused:
+            await client.invoke("hold", {"text": "b" * 300_000}, message_id="big-7")
+        release.set()
+        assert await first == {"head": "a", "length": 300_000}
+        await blocker
+    assert "which had another payload" in str(refused.value)
+
+
+@NO_CLAIM_CHECK
 async def test_large_payloads_and_results_travel_by_reference(broker, coordinator, watcher):
     """A 300 KB payload and result go through the Object Store: the handler and the caller
     see the values, the wire carries references."""
@@ -53,7 +84,8 @@ async def test_large_payloads_and_results_travel_by_reference(broker, coordinato
     assert ref["bucket"] == broker.names.payloads_bucket and ref["size"] > 300_000
     routed = await watcher.event("routed", topic="mirror")
     assert routed.detail["input"]["bytes"] > 300_000
-    assert routed.detail["input"]["ref"]["name"].endswith("/payload")
+    stowed = routed.detail["input"]
+    assert stowed["ref"]["name"] == f"{routed.message_id}/payload-{stowed['sha256'][:16]}"
     shown = render(completed.trace_id, await collect(broker, completed.trace_id))
     line = next(line for line in shown.splitlines() if " completed " in line)
     assert f"result in the object store: {ref['bucket']}/{ref['name']}" in line

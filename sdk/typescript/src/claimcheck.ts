@@ -4,7 +4,8 @@
  * (bucket, name, size, SHA-256). Every reader checks the SHA-256 before it uses what it got.
  * An agent reads a task's `payload_ref`, and stows a result above its threshold (256 KiB by
  * default) as `<message_id>/<attempt>/result`; a caller stows a payload above it as
- * `<message_id>/payload` and reads a `result_ref` — as the Python SDK does. A secured server
+ * `<message_id>/payload-<first 16 hex of its SHA-256>` and reads a `result_ref` — as the
+ * Python SDK does. A secured server
  * grants no Object Store: there, payloads and results must fit in a message.
  */
 
@@ -43,7 +44,10 @@ export class ClaimCheck {
     if (task.payload_ref !== null || task.payload === null || task.payload === undefined) return task;
     const data = encode(task.payload);
     if (data.length <= this.thresholdBytes) return task;
-    return { ...task, payload: null, payload_ref: await this.put(`${task.message_id}/payload`, data) };
+    // Named by its content too: the same id sent again with another payload (refused as
+    // another request) must not replace the bytes the first one's agent is to read.
+    const name = `${task.message_id}/payload-${sha256(data).slice(0, 16)}`;
+    return { ...task, payload: null, payload_ref: await this.put(name, data) };
   }
 
   /** A result, fetched from the store when it was claim-checked. */
