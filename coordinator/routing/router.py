@@ -205,8 +205,8 @@ class Router:
     def _expiry(self, task: Task, where: str, waited: int) -> str:
         """Why ``task`` expired: its ttl, and, when it waited, the agents that could not take it."""
         said = f"ttl {task.ttl_ms} ms passed in {where}"
-        if task.attempt > 1:  # its ttl is what was left when the attempt was made
-            left = f"{task.ttl_ms} ms of it left for attempt {task.attempt}"
+        if task.attempt > 1:  # its ttl is what was left when the attempt was scheduled
+            left = f"{task.ttl_ms} ms of it were left when attempt {task.attempt} was scheduled"
             said = f"its ttl passed in {where} ({left})"
         pools = pools_of(self.routing.decide(task).to, task.topic) if waited else ()
         choice = self.fleet.choose(pools, task.priority, {})
@@ -270,7 +270,7 @@ class Router:
             # anything. A failure sends the decision round again (the ids deduplicate).
             stored = await _together(
                 self._notify(routed, card.agent_id),
-                emit(self._broker, routed_event(routed, decision, choice)),
+                emit(self._broker, routed_event(routed, decision, choice, sent_topic=task.topic)),
                 self._broker.publish(subject, envelopes.encode(routed), headers=headers),
             )
         except SubjectFull:

@@ -182,6 +182,20 @@ async def test_intake_expiry_uses_the_broker_timestamp(broker, watcher):
     assert letter.error is not None and letter.error.message == "ttl 100 ms passed in intake"
 
 
+async def test_a_retry_expiring_in_intake_says_what_was_left_of_its_ttl(broker, watcher):
+    """A retry's ttl is what was left when it was scheduled: its expiry says so."""
+    retry = envelopes.Task(
+        v=1, message_id="retried-1", trace_id="t", topic="count", attempt=2, ttl_ms=100
+    )
+    await broker.publish(broker.names.coordinator_task("count"), envelopes.encode(retry))
+    await asyncio.sleep(0.2)  # the ttl passing is what this test is about
+    async with replica(broker):
+        letter = await watcher.dead_letter("expired", message_id="retried-1")
+    assert letter.error is not None and letter.error.message == (
+        "its ttl passed in intake (100 ms of it were left when attempt 2 was scheduled)"
+    )
+
+
 def test_config_file_errors_name_the_field(tmp_path):
     """A wrong value in the YAML config names its path; a missing file names the file."""
     bad = tmp_path / "coordinator.yaml"
