@@ -23,7 +23,7 @@ from agentreach.agents.errors import (
 )
 from agentreach.agents.handlers import type_name
 from agentreach.broker import Broker, BrokerError, BrokerTimeout, NoResponders
-from agentreach.broker.endings import Ended, OthersMessage, ending_of, wait_for_ending
+from agentreach.broker.endings import Ended, OthersMessage, Sent, ending_of, wait_for_ending
 from agentreach.envelopes import (
     Ack,
     ErrorInfo,
@@ -34,6 +34,7 @@ from agentreach.envelopes import (
     Result,
     Task,
 )
+from agentreach.envelopes.audit import summary_of_task
 
 RECHECK_S = 1.0  # how often a wait looks for a reconnect, and then reads the events
 VERDICT_GRACE_S = 1.0  # past the execute deadline, for the coordinator's verdict to arrive
@@ -207,7 +208,8 @@ async def earlier_result(
     from its events for as long as the task could take (see :func:`ended_result`)."""
     within_s = (task.budget.ack_ms + task.budget.execute_ms) / 1000
     ids = {"message_id": task.message_id, "trace_id": task.trace_id}
-    return await ended_result(ids, read, caller, broker, within_s=within_s, sent_again=True)
+    sent = Sent(task.topic, summary_of_task(task).sha256)
+    return await ended_result(ids, read, caller, broker, within_s=within_s, sent=sent)
 
 
 async def ended_result(
@@ -217,12 +219,12 @@ async def ended_result(
     broker: Broker,
     *,
     within_s: float,
-    sent_again: bool = False,
+    sent: Sent | None = None,
 ) -> tuple[Any, PayloadRef | None]:
     """The outcome of ``caller``'s message ``ids["message_id"]``, read from its events
     (``read``) until it ends, for up to ``within_s``; its failure raised as ``invoke``
-    raises it. ``sent_again``: the message was just sent again under its id (else it is
-    only looked up). On a secured server the events come from the coordinator: while none
+    raises it. ``sent``: what was just sent again under its id (None: the message is only
+    looked up). On a secured server the events come from the coordinator: while none
     runs the message is not known to have ended, and the caller is told so
     (``NotAcknowledged``) — not handed the broker's "nobody answers", which reads as "not
     sent" and invites a resend under a new id."""
@@ -239,9 +241,9 @@ async def ended_result(
         return seen
 
     try:
-        ended = await wait_for_ending(events, within_s=within_s, caller=caller)
+        ended = await wait_for_ending(events, within_s=within_s, caller=caller, sent=sent)
     except OthersMessage as exc:
-        if not sent_again:
+        if sent is None:
             message = f"message_id={message_id!r}: {exc}"
             raise InvalidArgument(message, argument="message_id") from None
         taken = f"{exc}: send it under an id of your own"
@@ -249,6 +251,7 @@ async def ended_result(
         raise Rejected(error, **ids, ending="duplicate_id") from None
     if ended is not None:
         return outcome_of(ended, ids, ran=any(e.event == "accepted" for e in seen))
+    sent_again = sent is not None
     what = f"message {message_id!r}" + (" was sent before" if sent_again else "")
     # Not ended: when no coordinator runs, that is why (on an open server too).
     if unanswered or await coordinator_runs(broker) is False:

@@ -22,6 +22,21 @@ class OthersMessage(Exception):
     """The id is another caller's message: its end is not this caller's to hear."""
 
 
+class ReusedId(OthersMessage):
+    """The id is this caller's earlier message of another request (another topic, or
+    another payload): its end is not the answer to this one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What a caller sent again under an earlier message's id: its topic, and the SHA-256
+    of its payload as JSON (None: not compared). The first attempt's ``routed`` event
+    records the first message's (``sent_topic``, ``input.sha256``)."""
+
+    topic: str
+    sha256: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Ended:
     """A result (inline, or where it is kept) or the error its sender was given."""
@@ -69,15 +84,20 @@ def _reason(kind: str, detail: dict[str, Any]) -> str | None:
 
 
 async def wait_for_ending(
-    read: Callable[[], Awaitable[list[Event]]], *, within_s: float, caller: str | None = None
+    read: Callable[[], Awaitable[list[Event]]],
+    *,
+    within_s: float,
+    caller: str | None = None,
+    sent: Sent | None = None,
 ) -> Ended | None:
     """Read a message's events (``read``) until they end it; None after ``within_s``.
     Raises OthersMessage when ``caller`` is given and the events are of another caller's
-    message (a reused id: its result must not reach this caller, nor need it wait)."""
+    message (a reused id: its result must not reach this caller, nor need it wait), and
+    ReusedId when ``sent`` is not the request the events are of."""
     loop = asyncio.get_running_loop()
     until = loop.time() + within_s
     pause = FIRST_PAUSE_S
-    while (ended := ending_of(_own(await read(), caller))) is None:
+    while (ended := ending_of(_same_request(_own(await read(), caller), sent))) is None:
         left = until - loop.time()
         if left <= 0:
             return None
@@ -91,6 +111,31 @@ def _own(events: list[Event], caller: str | None) -> list[Event]:
     if caller is not None and events and caller not in {e.caller for e in events}:
         raise OthersMessage(f"message id {events[0].message_id!r} is another caller's message")
     return events
+
+
+def _same_request(events: list[Event], sent: Sent | None) -> list[Event]:
+    """``events``, unless their first ``routed`` event says they are of another request
+    than ``sent`` (before that event, and from a coordinator that does not record what was
+    sent, nothing is compared)."""
+    first = next((e for e in events if e.event == "routed" and e.attempt == 1), None)
+    if sent is None or first is None:
+        return events
+    topic, digest = first.detail.get("sent_topic"), _digest(first.detail.get("input"))
+    if isinstance(topic, str) and topic != sent.topic:
+        differs = f"was sent on topic {topic!r}, this one on {sent.topic!r}"
+    elif sent.sha256 is not None and digest is not None and digest != sent.sha256:
+        differs = f"had another payload (SHA-256 {digest[:12]}…, this one's {sent.sha256[:12]}…)"
+    else:
+        return events
+    raise ReusedId(
+        f"message id {first.message_id!r} is of an earlier request of yours, which {differs}"
+        " (sent again within the duplicate window, it would be answered with that one's outcome)"
+    )
+
+
+def _digest(summary: object) -> str | None:
+    digest = summary.get("sha256") if isinstance(summary, dict) else None
+    return digest if isinstance(digest, str) else None
 
 
 def _error(detail: dict[str, Any]) -> ErrorInfo:

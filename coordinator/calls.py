@@ -29,7 +29,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound, Subscription
-from agentreach.broker.endings import Ended, OthersMessage, wait_for_ending
+from agentreach.broker.endings import Ended, OthersMessage, Sent, wait_for_ending
 from agentreach.broker.lifecycle import events_of_id
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.broker.tasks import cancel_and_wait
@@ -46,6 +46,7 @@ from agentreach.envelopes import (
     Result,
     is_envelope,
     new_id,
+    summarize,
 )
 from agentreach.envelopes import headers as h
 
@@ -127,21 +128,22 @@ class Calls:
             return
         if stored.duplicate:  # sent before: nobody answers this box, the earlier end does
             message_id = requester.message_id
-            self._in_background(self._answer_earlier(key, message_id, ttl_ms, sender))
+            sent = Sent(topic, call.sha256)
+            self._in_background(self._answer_earlier(key, message_id, ttl_ms, sender, sent))
 
     async def stop(self) -> None:
         """Stop the answers still being worked on (their callers time out)."""
         await cancel_and_wait(*self._answering)
 
     async def _answer_earlier(
-        self, key: str, message_id: str, ttl_ms: int, caller: str | None
+        self, key: str, message_id: str, ttl_ms: int, caller: str | None, sent: Sent
     ) -> None:
         """Answer with how the message already taken in under this id ends (unless it is
-        another caller's: then at once, that the id is taken); the give-up timer answers
-        when it does not end within the ttl."""
+        another caller's, or another request: then, that the id is taken); the give-up
+        timer answers when it does not end within the ttl."""
         read = functools.partial(events_of_id, self._broker, message_id)
         try:
-            ended = await wait_for_ending(read, within_s=ttl_ms / 1000, caller=caller)
+            ended = await wait_for_ending(read, within_s=ttl_ms / 1000, caller=caller, sent=sent)
         except OthersMessage as exc:
             taken = f"{exc}: send it under an id of your own"
             error = ErrorInfo(type="duplicate_id", message=taken, retryable=False)
@@ -255,6 +257,7 @@ class _Addressed:
     execute_ms: int  # the task's execute budget
     message_id: str | None = None  # a full envelope's own
     ttl_ms: int | None = None  # a full envelope's own
+    sha256: str | None = None  # of its payload (None: not JSON, intake refuses it)
 
 
 def _addressed(data: bytes, reply_to: str) -> _Addressed:
@@ -262,13 +265,12 @@ def _addressed(data: bytes, reply_to: str) -> _Addressed:
     ``reply_to`` and may carry its id, ttl and budget; a bare body gets ``reply_to`` from
     the header and the defaults, and so does a malformed one (intake refuses it, and
     answers)."""
-    default = _Addressed(data, Budget().execute_ms)
     try:
         document = envelopes.decode_json(data)
     except DecodeError:
-        return default
+        return _Addressed(data, Budget().execute_ms)
     if not is_envelope(document):
-        return default
+        return _Addressed(data, Budget().execute_ms, sha256=summarize(document).sha256)
     document["reply_to"] = reply_to
     budget = document.get("budget")
     execute_ms = _ms(budget.get("execute_ms") if isinstance(budget, dict) else None)
@@ -278,7 +280,17 @@ def _addressed(data: bytes, reply_to: str) -> _Addressed:
         execute_ms or Budget().execute_ms,
         message_id=own_id if isinstance(own_id, str) else None,
         ttl_ms=_ms(document.get("ttl_ms")),
+        sha256=_payload_digest(document),
     )
+
+
+def _payload_digest(envelope: dict[str, Any]) -> str | None:
+    """The SHA-256 of an envelope's payload, as the routed event's ``input`` has it."""
+    ref = envelope.get("payload_ref")
+    if ref is None:
+        return summarize(envelope.get("payload")).sha256
+    digest = ref.get("sha256") if isinstance(ref, dict) else None
+    return digest if isinstance(digest, str) else None
 
 
 def _ms(value: object) -> int | None:

@@ -115,6 +115,9 @@ class RoutedDetail(_Detail, frozen=True, kw_only=True):
     ttl_ms: int | None = None  # the dispatch's: what was left of the task's ttl
     execute_ms: int | None = None  # the dispatch's execute budget
     reply_to: str | None = None  # where the task's replies go
+    # Attempt 1: the topic it was sent on (a rule, or the resolution, may route it to
+    # another), what a caller sending its id again compares its own with (caller.md §9).
+    sent_topic: str | None = None
 
 
 class RetryScheduledDetail(_Detail, frozen=True, kw_only=True):

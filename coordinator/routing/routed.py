@@ -14,8 +14,10 @@ from agentreach.envelopes.audit import summary_of_task
 SHOWN = 20  # candidates and passed-over agents listed in a routed event
 
 
-def routed_event(routed: Task, decision: Decision, choice: Choice) -> Event:
-    """The event of ``routed`` (the task as dispatched) going to ``choice.agent``."""
+def routed_event(routed: Task, decision: Decision, choice: Choice, *, sent_topic: str) -> Event:
+    """The event of ``routed`` (the task as dispatched) going to ``choice.agent``;
+    ``sent_topic``: the topic it was sent on (a rule or the resolution may route it to
+    another)."""
     assert choice.agent is not None
     passed_over = dict(list(choice.passed_over.items())[:SHOWN])
     detail: dict[str, object] = {
@@ -35,6 +37,8 @@ def routed_event(routed: Task, decision: Decision, choice: Choice) -> Event:
         detail["trial"] = choice.trial_key
     if routed.attempt == 1:  # what the message's audit record summarises as its input
         detail["input"] = msgspec.to_builtins(summary_of_task(routed))
+        # What a caller sending its id again compares its request with (broker.endings).
+        detail["sent_topic"] = sent_topic
     if routed.resolution is not None:
         detail["resolution"] = msgspec.to_builtins(routed.resolution)
         detail["needed"] = decision.needed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 from agentreach import envelopes
 from agentreach.agents import Agent, TaskContext
@@ -70,6 +71,23 @@ async def test_a_call_sent_again_with_its_id_is_answered_with_the_first_result(b
         assert envelopes.decode_json(answer.data) == {"slept": 0.3}
 
 
+async def test_a_call_of_another_request_under_an_id_it_used_is_refused(broker, coordinator):
+    """The same id with another body: not answered with the first body's result."""
+    headers = {h.MSG_ID: "call-reused-1"}
+    async with sleeper().running(broker=broker):
+        first = await broker.nc.request(
+            broker.names.call("nap"), b'{"s": 0.01}', timeout=10, headers=headers
+        )
+        again = await broker.nc.request(
+            broker.names.call("nap"), b'{"s": 0.02}', timeout=5, headers=headers
+        )
+    assert envelopes.decode_json(first.data) == {"slept": 0.01}
+    assert again.headers is not None and again.headers.get(h.KIND) == "error"
+    failure = envelopes.decode_json(again.data)
+    assert failure["error"]["type"] == failure["reason"] == "duplicate_id"
+    assert "which had another payload" in failure["error"]["message"]
+
+
 async def test_a_call_under_another_caller_s_message_id_is_refused_at_once(broker, coordinator):
     """billing's message id sent again by mallory: the stream drops it as a duplicate, and
     the gateway answers mallory at once that the id is taken, not with billing's result
@@ -103,6 +121,10 @@ async def test_a_call_under_an_operator_s_message_id_is_refused_at_once(broker, 
     assert envelopes.decode_json(again.data)["error"]["type"] == "duplicate_id"
 
 
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def test_a_call_s_body_is_read_once_for_its_reply_address_its_id_ttl_and_budget():
     """A whole envelope is readdressed and keeps its own id, ttl and execute budget (intake
     refuses a Nats-Msg-Id other than the id); a bare, malformed or oddly shaped body gets
@@ -118,9 +140,11 @@ def test_a_call_s_body_is_read_once_for_its_reply_address_its_id_ttl_and_budget(
     call = _addressed(envelopes.encode(task), "reach.reply.c.box")
     assert (call.execute_ms, call.message_id, call.ttl_ms) == (1500, "m-1", 4000)
     assert envelopes.decode_task(call.data).reply_to == "reach.reply.c.box"
+    assert call.sha256 == envelopes.summarize(None).sha256  # the payload's, as routed says
     default = envelopes.Budget().execute_ms
-    for body in (b'{"s": 1}', b"not json"):
-        assert _addressed(body, "box") == _Addressed(body, default)
+    bare = b'{"s":  1}'
+    assert _addressed(bare, "box") == _Addressed(bare, default, sha256=sha256(b'{"s":1}'))
+    assert _addressed(b"not json", "box") == _Addressed(b"not json", default)
     odd = b'{"v": 1, "kind": "task", "budget": [1500], "ttl_ms": "x", "message_id": 7}'
     assert _addressed(odd, "box").execute_ms == default
     assert (_addressed(odd, "box").ttl_ms, _addressed(odd, "box").message_id) == (None, None)

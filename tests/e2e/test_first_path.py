@@ -129,6 +129,27 @@ async def test_an_invoke_sent_again_with_its_id_gets_the_first_result(broker, co
     assert ended.value.error.type == again_ended.value.error.type == "no_route"
 
 
+async def test_an_invoke_of_another_request_under_an_id_it_used_is_rejected(broker, coordinator):
+    """An id this caller used for another request (an order id as the id of two steps): its
+    resend within the duplicate window is dropped by the stream, and the invoke is refused
+    (`duplicate_id`, saying what differs) instead of answered with the first one's result."""
+    agent, seen = make_agent()
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        await client.invoke("summarize", {"text": "first"}, message_id="order-7")
+        with pytest.raises(Rejected) as other_payload:
+            await client.invoke("summarize", {"text": "second"}, message_id="order-7")
+        with pytest.raises(Rejected) as other_topic:
+            await client.invoke("ship", {"text": "first"}, message_id="order-7")
+        again = await client.invoke("summarize", {"text": "first"}, message_id="order-7")
+    assert other_payload.value.reason == other_topic.value.reason == "duplicate_id"
+    assert "'order-7' is of an earlier request of yours, which had another payload" in str(
+        other_payload.value
+    )
+    assert "was sent on topic 'summarize', this one on 'ship'" in str(other_topic.value)
+    assert again == {"summary": "first", "trace_id": "order-7"}
+    assert seen == [{"text": "first"}]
+
+
 async def test_an_invoke_under_another_caller_s_message_id_is_rejected_at_once(broker, coordinator):
     """An id another caller's message has: dropped by the stream as a duplicate, the invoke
     is refused at once (`duplicate_id`), without that message's result."""

@@ -44,6 +44,31 @@ export class OthersMessage extends Error {
   override name = "OthersMessage";
 }
 
+/**
+ * The id is this caller's earlier message of another request: the first attempt's `routed`
+ * event says it was sent on another topic (`sent_topic`).
+ */
+export class ReusedId extends OthersMessage {
+  override name = "ReusedId";
+}
+
+/**
+ * Throws ReusedId when `events` (a message's, oldest first) are of a request sent on
+ * another topic than `topic`; before its first `routed` event, and from a coordinator that
+ * does not record the topic, nothing is compared. (The Python SDK also compares the payload's
+ * SHA-256, `input.sha256`: it encodes JSON as the coordinator does, byte for byte.)
+ */
+export function checkSameRequest(events: Event[], topic: string): void {
+  const first = events.find((e) => e.event === "routed" && (e.attempt ?? 1) === 1);
+  const sentTopic = first?.detail?.sent_topic;
+  if (first === undefined || typeof sentTopic !== "string" || sentTopic === topic) return;
+  throw new ReusedId(
+    `message id '${first.message_id}' is of an earlier request of yours, which was sent on topic` +
+      ` '${sentTopic}', this one on '${topic}' (sent again within the duplicate window, it would be` +
+      " answered with that one's outcome)",
+  );
+}
+
 /** The recorded events of a caller's own messages, asked of the coordinator. */
 export class Traces {
   constructor(

@@ -9,7 +9,7 @@
  */
 
 import type { Connection } from "./connection.js";
-import { endingOf, OthersMessage } from "./endings.js";
+import { checkSameRequest, endingOf, OthersMessage } from "./endings.js";
 import type { Ended, Traces } from "./endings.js";
 import {
   DeadlineExceeded,
@@ -195,6 +195,7 @@ export async function earlierOutcome(traces: Traces, task: Task, signal: AbortSi
     let events: Event[];
     try {
       events = await traces.of(task.message_id);
+      checkSameRequest(events, task.topic);
     } catch (err) {
       if (err instanceof OthersMessage) throw othersMessage(err, ids);
       throw new InvokeError(`could not read how message '${task.message_id}' ended: ${String(err)}`, ids, { cause: err });

@@ -284,7 +284,7 @@ describe("ReachClient on an open server", () => {
     intake.close();
   });
 
-  it("runs a request sent again under the same message id once, both calls getting its result; another caller's gets duplicate_id", async () => {
+  it("runs a request sent again under the same message id once, both calls getting its result; another topic's or another caller's gets duplicate_id", async () => {
     const topic = unique("once");
     const release = new Gate();
     const running = new Gate();
@@ -310,6 +310,11 @@ describe("ReachClient on an open server", () => {
     assert.equal(runs, 1);
     const published = await client.publish(topic, { n: 4 }, { messageId });
     assert.equal(published.duplicate, true);
+    // The id used for a request on another topic (an order id as two steps' ids): refused.
+    const reused = await rejection(client.invoke(unique("ship"), { n: 1 }, { messageId }));
+    assert.ok(reused instanceof Rejected, String(reused));
+    assert.equal(reused.type, "duplicate_id");
+    assert.match(reused.message, new RegExp(`which was sent on topic '${topic}', this one on 'ship`));
     // Another caller's request under that id hears nothing of it: duplicate_id.
     const other = await ReachClient.connect(stack.url, { logger: quiet, name: "other" });
     try {
@@ -387,7 +392,7 @@ describe("ReachClient on an open server", () => {
     assert.equal(result.text, `${big}!`);
     const sent = await intake.next(() => true);
     assert.equal(sent.payload, null);
-    assert.equal(sent.payload_ref?.name, `${sent.message_id}/payload`);
+    assert.equal(sent.payload_ref?.name, `${sent.message_id}/payload-${sent.payload_ref?.sha256.slice(0, 16)}`);
     intake.close();
   });
 

@@ -1168,6 +1168,10 @@ export interface RoutedDetail {
    * default null
    */
   reply_to: string | null;
+  /**
+   * default null
+   */
+  sent_topic: string | null;
 }
 
 /**
