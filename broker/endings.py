@@ -118,19 +118,24 @@ def _same_request(events: list[Event], sent: Sent | None) -> list[Event]:
     than ``sent`` (before that event, and from a coordinator that does not record what was
     sent, nothing is compared)."""
     first = next((e for e in events if e.event == "routed" and e.attempt == 1), None)
-    if sent is None or first is None:
-        return events
-    topic, digest = first.detail.get("sent_topic"), _digest(first.detail.get("input"))
+    if sent is not None and first is not None and (differs := difference(first, sent)):
+        raise ReusedId(
+            f"message id {first.message_id!r} is of an earlier request of yours, which"
+            f" {differs} (sent again within the duplicate window, it would be answered with"
+            " that one's outcome)"
+        )
+    return events
+
+
+def difference(routed: Event, sent: Sent) -> str | None:
+    """What differs between ``sent`` and the request whose first ``routed`` event is
+    ``routed``, said of the latter ("was sent on topic …"); None when nothing recorded does."""
+    topic, digest = routed.detail.get("sent_topic"), _digest(routed.detail.get("input"))
     if isinstance(topic, str) and topic != sent.topic:
-        differs = f"was sent on topic {topic!r}, this one on {sent.topic!r}"
-    elif sent.sha256 is not None and digest is not None and digest != sent.sha256:
-        differs = f"had another payload (SHA-256 {digest[:12]}…, this one's {sent.sha256[:12]}…)"
-    else:
-        return events
-    raise ReusedId(
-        f"message id {first.message_id!r} is of an earlier request of yours, which {differs}"
-        " (sent again within the duplicate window, it would be answered with that one's outcome)"
-    )
+        return f"was sent on topic {topic!r}, this one on {sent.topic!r}"
+    if sent.sha256 is not None and digest is not None and digest != sent.sha256:
+        return f"had another payload (SHA-256 {digest[:12]}…, this one's {sent.sha256[:12]}…)"
+    return None
 
 
 def _digest(summary: object) -> str | None:

@@ -6,7 +6,9 @@ them (or a run that outlived a lease nobody fenced) can complete a message after
 letter. Its work was done then, and the letter is a trap: a worker replaying it runs the work
 again. So an ending stored after another is not a second record: a result sent again (a
 redelivery of a task that ran) is left alone, and a completion and a dead letter of one
-message raise an ``ended_twice`` alert and resolve the letter, saying why.
+message raise an ``ended_twice`` alert and resolve the letter, saying why. (Not a dead
+letter of a later life of the id: another request sent under it past the duplicate window,
+refused; the work done was not its.)
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ async def ended_again(broker: Broker, ending: Event, first: Event) -> None:
                  message_id=ending.message_id)  # fmt: skip
         return
     done, dead = (ending, first) if ending.event == "completed" else (first, ending)
+    if 0 < done.received_ms < dead.received_ms:  # the id sent again, past the duplicate window
+        log.info("a later life of the message id ended otherwise", message_id=dead.message_id,
+                 reason=dead.detail.get("reason"))  # fmt: skip
+        return  # another request under the id, refused: the work done was not its
     reason = str(dead.detail.get("reason", "unknown"))
     when = "after" if ending is done else "before"
     why = (

@@ -13,11 +13,14 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, Bucket, Entry
-from agentreach.broker.lifecycle import about, agent_event, emit, event_for, reply
+from agentreach.broker.endings import Sent, difference
+from agentreach.broker.lifecycle import about, agent_event, emit, event_for, events_of_id, reply
 from agentreach.broker.topology import EVENTS_DUPLICATE_WINDOW_S
+from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.envelopes import (
     REASSIGNED,
+    ErrorInfo,
     Execution,
     Result,
     Task,
@@ -26,6 +29,7 @@ from agentreach.envelopes import (
     now_ms,
     stable_id,
 )
+from agentreach.envelopes.audit import summary_of_task
 
 log = structlog.get_logger("coordinator.run_once")
 
@@ -178,9 +182,38 @@ def superseded(
     return None
 
 
+async def other_request(broker: Broker, task: Task) -> str | None:
+    """What differs between ``task``, a new life of its message id (sent again past the
+    duplicate window), and the request its caller first sent under that id, as their first
+    ``routed`` events record it; None when one of them is the same, or none says. (A retry
+    or a redelivery is of the same life: compared only on attempt 1, whose topic no rule
+    has replaced yet.)"""
+    if task.attempt > 1:
+        return None
+    sent = Sent(task.topic, summary_of_task(task).sha256)
+    firsts = [
+        e
+        for e in await events_of_id(broker, task.message_id)
+        if e.event == "routed" and e.attempt == 1 and e.caller == task.caller
+    ]
+    differences = [difference(routed, sent) for routed in firsts]
+    if not differences or None in differences:
+        return None
+    return (
+        f"message id {task.message_id!r} is of an earlier request of yours, which {differences[-1]}"
+    )
+
+
 async def answer_from_record(broker: Broker, task: Task, record: Execution) -> None:
     """The message ran already (a republish, a retry or a redelivery after its result was
-    recorded): its stored result answers, and nothing runs again."""
+    recorded): its stored result answers, and nothing runs again. Unless ``task`` is another
+    request under the id: then it ends refused as ``duplicate_id`` (its letter replays it
+    under an id of its own)."""
+    if differs := await other_request(broker, task):
+        message = f"{differs}: send it under an id of its own (that one's result is not its)"
+        error = ErrorInfo(type="duplicate_id", message=message, retryable=False)
+        await end_with_error(broker, task, "rejected", error)
+        return
     log.info("ran already; answering from its record", agent_id=record.agent_id)
     if record.caller == task.caller:  # a stored result answers only its own sender
         answer = Result(

@@ -227,6 +227,33 @@ async def test_a_task_sent_again_past_its_ttl_after_it_ran_answers_from_its_reco
     assert not [letter for letter in watcher.dead_letters if letter.message_id == "again-1"]
 
 
+async def test_another_request_sent_past_the_window_under_an_id_that_ran_is_refused(
+    broker, coordinator, watcher
+):
+    """Past the duplicate window a message id that ran is answered from its record, but not
+    for another request under it (another payload): that one is refused as duplicate_id,
+    in a letter that replays it under an id of its own, not given the first one's result."""
+    runs: Counter[str] = Counter()
+    first = envelopes.Task(v=1, message_id="order-8", trace_id="t", topic="slow", payload={})
+    other = msgspec.structs.replace(first, payload={"beats": 0, "item": 2})
+    intake = broker.names.task("slow")
+    async with flaky_agent(runs).running(broker=broker):
+        for n, task in enumerate((first, other, first)):  # each past the window: own copy ids
+            headers = task_headers(task, msg_id=f"order-8-copy-{n}")
+            await broker.publish(intake, envelopes.encode(task), headers=headers)
+            if n == 0:
+                await watcher.event("completed", message_id="order-8")
+        letter = await watcher.dead_letter("rejected", message_id="order-8")
+        await watcher.event("answered_from_record", message_id="order-8")
+    assert runs["order-8"] == 1
+    assert letter.error is not None and letter.error.type == "duplicate_id"
+    assert "'order-8' is of an earlier request of yours, which had another payload" in (
+        letter.error.message
+    )
+    assert letter.envelope is not None and letter.envelope.payload == {"beats": 0, "item": 2}
+    assert not [e for e in watcher.events if e.detail.get("problem") == "ended_twice"]
+
+
 async def test_an_expired_report_of_a_task_done_already_is_answered_from_its_record(
     broker, coordinator, watcher
 ):
