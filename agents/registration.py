@@ -11,7 +11,14 @@ import msgspec
 
 from agentreach import envelopes
 from agentreach.agents.errors import AgentConfigError, AgentIdInUse
-from agentreach.broker import Broker, BrokerTimeout, Entry, NoResponders, WrongLastSequence
+from agentreach.broker import (
+    Broker,
+    BrokerTimeout,
+    Contended,
+    Entry,
+    NoResponders,
+    WrongLastSequence,
+)
 from agentreach.envelopes import AgentCard, RegisterReply, RegisterRequest, decode_as, now_ms
 from agentreach.logs import get_logger
 
@@ -76,18 +83,25 @@ async def write_card(broker: Broker, card: AgentCard) -> Entry[AgentCard]:
 
 
 async def restore_card(broker: Broker, card: AgentCard) -> Entry[AgentCard] | None:
-    """Write ``card`` again when the registry does not have it (a server that came back with
-    an empty store, provisioned anew); returns it as written, or None when it was there.
-    Raises BrokerError while the registry is not there (not provisioned again yet)."""
+    """Write ``card`` again when the registry has no readable card of the agent (a server
+    that came back with an empty store, a card deleted or overwritten by hand); returns it
+    as written, or None when one was there. Raises BrokerError while the registry is not
+    there (not provisioned again yet)."""
     cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
-    if await cards.get(card.agent_id) is not None:
+    try:  # a readable card stands (a new process of the agent may have written it)
+        swap = await cards.cas(
+            card.agent_id, lambda there: card if there is None else None, tries=1
+        )
+    except Contended:
+        return None  # written meanwhile: that one stands
+    if not swap.written or swap.entry is None:
         return None
-    try:
-        revision = await cards.create(card.agent_id, card)
-    except WrongLastSequence:
-        return None  # written meanwhile (a new process of the agent): that one stands
-    log.warning("the registry had lost this agent's card; written again", agent_id=card.agent_id)
-    return Entry(card.agent_id, card, revision)
+    log.warning(
+        "the registry had no readable card of this agent (lost, deleted or overwritten);"
+        " written again",
+        agent_id=card.agent_id,
+    )
+    return swap.entry
 
 
 async def retire_card(broker: Broker, registered: Entry[AgentCard]) -> bool:

@@ -45,6 +45,7 @@ log = get_logger("agents")
 FETCH_WAIT_S = 0.5
 PRESENCE_CHECK_S = 0.5
 CARD_CHECK_S = 1.0  # how soon after a reconnect the card is looked for (reconnects are counted)
+CARD_LOOK_BEATS = 4  # and every this many heartbeat intervals: deleted or overwritten by hand
 # Deliveries held per slot: while a handler runs, the next task of its slot is in hand and
 # the last one's outcome is recorded and reported (three round trips no slot waits for).
 IN_HAND_PER_SLOT = 2
@@ -213,7 +214,7 @@ class AgentRuntime:
         self._duties = [
             asyncio.create_task(self.heartbeats.run(), name=f"{agent.agent_id}-heartbeats"),
             asyncio.create_task(self.watchdog.run(), name=f"{agent.agent_id}-watchdog"),
-            asyncio.create_task(self._keep_card(), name=f"{agent.agent_id}-card"),
+            asyncio.create_task(self._keep_card(interval_s), name=f"{agent.agent_id}-card"),
         ]
 
     def _on_replaced(self, epoch: int) -> None:
@@ -231,20 +232,24 @@ class AgentRuntime:
             f" (epoch {self.replaced_by_epoch}; this one's {epoch}): this process stopped"
         )
 
-    async def _keep_card(self) -> None:
-        """After each reconnect, write the card again if the server lost it (restarted on an
-        empty store): routing knows an agent by its card, and heartbeats alone do not make
-        one. Until the registry is provisioned again, it is looked for again and again."""
-        seen = self.broker.reconnects
+    async def _keep_card(self, interval_s: float) -> None:
+        """Write the card again when the registry has none readable: a server that restarted
+        on an empty store (looked at after each reconnect), a card deleted or overwritten by
+        hand (looked at every few heartbeat intervals). Routing knows an agent by its card,
+        and heartbeats alone do not make one. Until the registry is provisioned again, it is
+        looked for again and again."""
+        loop = asyncio.get_running_loop()
+        seen, look_at = self.broker.reconnects, loop.time() + interval_s * CARD_LOOK_BEATS
         while True:
             await asyncio.sleep(CARD_CHECK_S)  # nothing to await: nats-py only counts them
-            if self.broker.reconnects == seen or self.card is None:
+            due = loop.time() >= look_at
+            if (self.broker.reconnects == seen and not due) or self.card is None:
                 continue
             try:
                 restored = await restore_card(self.broker, self.card)
             except BrokerError:
                 continue  # the registry is not there (yet)
-            seen = self.broker.reconnects
+            seen, look_at = self.broker.reconnects, loop.time() + interval_s * CARD_LOOK_BEATS
             if restored is not None:
                 self._registered = restored
 

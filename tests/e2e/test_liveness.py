@@ -14,7 +14,8 @@ import msgspec
 import pytest
 
 from agentreach.agents import Agent, AgentIdInUse, ReachClient, TaskContext
-from agentreach.broker import Broker
+from agentreach.agents.runtime import CARD_LOOK_BEATS
+from agentreach.broker import Broker, BucketWatch
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig, LivenessConfig
 from agentreach.envelopes import AgentCard, Heartbeat, Intent, Liveness, RegisterReply, Task
@@ -174,6 +175,35 @@ async def test_restart_with_the_same_id_is_online_with_a_new_epoch(broker, coord
     assert card.epoch == 2
     states = [(e.detail["state"], e.detail["reason"]) for e in watcher.states("phoenix")]
     assert states[:3] == [("ONLINE", "heartbeat"), ("OFFLINE", "stopped"), ("ONLINE", "heartbeat")]
+
+
+async def test_a_card_deleted_or_overwritten_by_hand_is_written_again(broker, coordinator, watcher):
+    """A live agent whose card is gone from the registry (`nats kv del`) or unreadable
+    (written over by hand) writes it again within a few heartbeat intervals, and is routed
+    to again: it was left out of routing while it went on beating, every task `no_route`."""
+    kv = await broker.kv(broker.names.agents_bucket)
+    async with (
+        local_agent("scribbled").running(broker=broker) as running,
+        ReachClient(broker=broker) as client,
+    ):
+        await watcher.state("scribbled", "ONLINE")
+        assert running.card is not None
+        for damage in (kv.put("scribbled", b"garbage-card"), kv.delete("scribbled")):
+            await damage
+            async with asyncio.timeout(CARD_LOOK_BEATS * INTERVAL * 1.2 + 5):
+                card = await _readable_card(broker, "scribbled")
+            assert card == running.card
+            assert await client.invoke("noop", {"n": 1}) == {"n": 1}
+
+
+async def _readable_card(broker: Broker, agent_id: str) -> AgentCard:
+    """The agent's next readable card (the value there now first)."""
+    async with BucketWatch(await broker.kv(broker.names.agents_bucket)) as watch:
+        async for change in watch:
+            if change.key == agent_id and change.value is not None:
+                with contextlib.suppress(msgspec.DecodeError):
+                    return msgspec.json.decode(change.value, type=AgentCard)
+    raise AssertionError("the watch ended")
 
 
 async def test_a_stalled_process_replaced_by_a_newer_one_stops_when_it_resumes(

@@ -80,3 +80,33 @@ export async function writeCard(conn: Connection, card: AgentCard, log: Logger):
     throw err;
   }
 }
+
+/**
+ * Write `card` again when the registry has no readable card of the agent (a server that came
+ * back on an empty store, a card deleted or overwritten by hand): routing knows an agent by its
+ * card. The revision written, or null when one was there, or was written meanwhile (a new
+ * process of the agent: it stands). Throws while the registry is not there.
+ */
+export async function restoreCard(conn: Connection, card: AgentCard, log: Logger): Promise<number | null> {
+  const kv = await conn.kv(conn.names.agentsBucket);
+  const entry = await kv.get(card.agent_id);
+  const there = entry !== null && entry.operation === "PUT";
+  if (there && readable(entry.value, card.agent_id)) return null;
+  try {
+    const revision = there ? await kv.update(card.agent_id, encode(card), entry.revision) : await kv.create(card.agent_id, encode(card));
+    log.warn("the registry had no readable card of this agent (lost, deleted or overwritten); written again");
+    return revision;
+  } catch (err) {
+    if (isWrongLastSequence(err)) return null;
+    throw err;
+  }
+}
+
+function readable(value: Uint8Array, agentId: string): boolean {
+  try {
+    const card = decodeJson(value) as Partial<AgentCard> | null;
+    return card?.agent_id === agentId && Number.isInteger(card.epoch);
+  } catch {
+    return false;
+  }
+}

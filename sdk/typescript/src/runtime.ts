@@ -22,7 +22,7 @@ import type { WorkerPool } from "./slots.js";
 import type { Load } from "./liveness.js";
 import { bound } from "./log.js";
 import type { Logger } from "./log.js";
-import { awaitSlot, writeCard } from "./registration.js";
+import { awaitSlot, restoreCard, writeCard } from "./registration.js";
 import { sleep } from "./timing.js";
 import { PRIORITIES } from "./types.js";
 import type { AgentCard, Priority } from "./types.js";
@@ -37,6 +37,7 @@ const STREAM_NOT_FOUND = 10059;
 const RETRY_FIRST_MS = 500;
 const RETRY_CAP_MS = 2_000;
 const CARD_CHECK_MS = 1_000; // while the registry is not provisioned again after a reconnect
+const CARD_LOOK_BEATS = 4; // the card is looked at every this many heartbeat intervals
 
 /** What the runtime needs from an Agent's configuration. */
 export interface RuntimeConfig {
@@ -127,6 +128,7 @@ export class AgentRuntime {
     this.heartbeats = new Heartbeats(conn, config.agentId, this.card.epoch, intervalS, () => this.load(), this.log, onReplaced);
     this.heartbeats.start();
     void this.keepCard().catch((err) => this.log.warn("card keeper stopped", { error: String(err) }));
+    void this.lookAtCard(intervalS * 1000 * CARD_LOOK_BEATS);
     const executor = this.executor;
     PRIORITIES.forEach((p, i) => this.loops.push(this.consume(p, consumers[i]!, executor)));
     this.log.info("agent serving", { epoch: this.card.epoch, topics: [...config.handlers.keys()].sort() });
@@ -153,16 +155,19 @@ export class AgentRuntime {
     const signal = this.stopping.signal;
     while (!signal.aborted && this.card !== null) {
       try {
-        const kv = await this.conn.kv(this.conn.names.agentsBucket);
-        const entry = await kv.get(this.config.agentId);
-        if (entry !== null && entry.operation === "PUT") return;
-        this.cardRevision = await kv.create(this.config.agentId, encode(this.card));
-        this.log.warn("the registry had lost this agent's card; written again");
+        this.cardRevision = (await restoreCard(this.conn, this.card, this.log)) ?? this.cardRevision;
         return;
-      } catch (err) {
-        if (isWrongLastSequence(err)) return; // written meanwhile by a new process: it stands
+      } catch {
         await sleep(CARD_CHECK_MS, signal); // the registry is not there (yet)
       }
+    }
+  }
+
+  /** Every few heartbeat intervals, for a card deleted or overwritten by hand. */
+  private async lookAtCard(everyMs: number): Promise<void> {
+    while (!this.stopped) {
+      await sleep(everyMs, this.stopping.signal);
+      if (!this.stopped) await this.restoreCard();
     }
   }
 

@@ -52,6 +52,24 @@ async function within<T>(promise: Promise<T>, ms: number, what: string): Promise
   }
 }
 
+/** The next readable card of `id` (the value there now first), skipping what is not JSON. */
+async function readableCard(cards: KV, id: string): Promise<AgentCard> {
+  const watch = await cards.watch({ key: id });
+  try {
+    for await (const entry of watch) {
+      if (entry.operation !== "PUT") continue;
+      try {
+        return entry.json<AgentCard>();
+      } catch {
+        continue; // the garbage written over it
+      }
+    }
+  } finally {
+    watch.stop();
+  }
+  throw new Error(`the watch of card ${id} ended`);
+}
+
 function newAgent(id: string, options: Partial<ConstructorParameters<typeof Agent>[0]> = {}): Agent {
   return new Agent({ agentId: id, startupDelayMs: 0, heartbeatIntervalMs: 1_000, logger: quiet, ...options });
 }
@@ -1002,6 +1020,23 @@ describe("registration and liveness", () => {
     assert.equal(await new Promise((resolve) => provision.once("exit", resolve)), 0);
     await starting;
     assert.equal(agent.epoch, 1);
+  });
+
+  it("writes its card again when it is deleted or overwritten by hand, and is routed to again", async () => {
+    const id = unique("ts-scribbled");
+    const topic = unique("scribbled");
+    const agent = await started(newAgent(id, { heartbeatIntervalMs: 250 }).handler(topic, (_ctx, p) => p));
+    const cards = await kv("reach_agents");
+    for (const damage of [() => cards.put(id, "garbage-card"), () => cards.delete(id)]) {
+      await damage();
+      const card = await within(readableCard(cards, id), 10_000, "the card written again");
+      assert.equal(card.epoch, agent.epoch);
+      assert.equal(card.status, "running");
+      const replies = await send(stack, task(topic, { n: 1 }));
+      const result = (await replies.next((r) => r.kind === "result")) as Result;
+      assert.deepEqual(result.result, { n: 1 });
+      replies.close();
+    }
   });
 
   it("follows the coordinator's control message to change the heartbeat interval", async () => {
