@@ -14,6 +14,7 @@ import { Names } from "./names.js";
 import { AgentRuntime } from "./runtime.js";
 import { connectionOptions, defaultServers, readCreds } from "./servers.js";
 import type { Servers } from "./servers.js";
+import { AGENT_OPTIONS, HANDLER_OPTIONS, onlyKnown } from "./options.js";
 import { Signal } from "./timing.js";
 import type { Handler, HandlerSpec } from "./execution.js";
 import type { AgentCard, Intent, RateLimit } from "./types.js";
@@ -111,6 +112,7 @@ export class Agent {
   private registeredEpoch = 0;
 
   constructor(options: AgentOptions = {}) {
+    onlyKnown("new Agent()", options, AGENT_OPTIONS, (m) => new AgentConfigError(m));
     this.agentId = resolveAgentId(options.agentId, options.identityFile ?? DEFAULT_IDENTITY_FILE);
     if (!TOKEN.test(this.agentId)) {
       throw new AgentConfigError(
@@ -146,6 +148,7 @@ export class Agent {
   handler(topic: string, optionsOrFn: HandlerOptions | Handler, maybeFn?: Handler): this {
     const [options, fn] = typeof optionsOrFn === "function" ? [{}, optionsOrFn] : [optionsOrFn, maybeFn];
     if (this.state !== "new") throw new AgentConfigError(`handler '${topic}': add handlers before start()`);
+    onlyKnown(`handler '${topic}'`, options, HANDLER_OPTIONS, (m) => new AgentConfigError(m));
     if (!TOKEN.test(topic)) throw new AgentConfigError(`topic '${topic}': use 1-128 letters, digits, '_' or '-'`);
     if (this.handlers.has(topic)) throw new AgentConfigError(`topic '${topic}' already has a handler on ${this.agentId}`);
     if (typeof fn !== "function") throw new AgentConfigError(`handler for '${topic}' must be a function (ctx, payload)`);

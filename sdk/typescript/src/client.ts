@@ -21,6 +21,7 @@ import { ReplyBox } from "./replybox.js";
 import { connectionOptions, defaultServers, readCreds } from "./servers.js";
 import type { Servers } from "./servers.js";
 import { Signal, sleep } from "./timing.js";
+import { CLIENT_OPTIONS, INVOKE_OPTIONS, onlyKnown, TASK_OPTIONS } from "./options.js";
 import { normalized } from "./tracecontext.js";
 import type { Budget, Event, Priority, Task } from "./types.js";
 import { cancelWorkflow, signalWorkflow } from "./workflowcontrol.js";
@@ -136,6 +137,7 @@ export class ReachClient {
    * is not there, or refuses the credentials, is an error at once.
    */
   static async connect(servers: Servers = defaultServers(), options: ReachClientOptions = {}): Promise<ReachClient> {
+    onlyKnown("ReachClient.connect()", options, CLIENT_OPTIONS, invalidOptions);
     const requestTimeoutMs = positive("requestTimeoutMs", options.requestTimeoutMs ?? 5_000);
     const claimCheckBytes = positive("claimCheckBytes", options.claimCheckBytes ?? DEFAULT_CLAIM_CHECK_BYTES);
     const path = options.creds ?? process.env.NATS_CREDS ?? null;
@@ -155,6 +157,7 @@ export class ReachClient {
    * naming a wrong argument, or a payload that has no JSON form.
    */
   task(topic: string, payload: unknown, options: TaskOptions = {}): Task {
+    onlyKnown(`task '${topic}'`, options, TASK_OPTIONS, invalidOptions);
     const messageId = options.messageId ?? newId();
     const traceparent = options.traceparent ? normalized(options.traceparent) : null;
     return taskOf({
@@ -227,13 +230,12 @@ export class ReachClient {
    */
   async invoke<R = unknown>(topic: string, payload: unknown, options: InvokeOptions = {}): Promise<R> {
     this.mustBeOpen();
-    const budget = budgetOf(options.ackDeadlineMs ?? 2_000, options.executeDeadlineMs ?? 30_000);
-    const task = this.task(topic, payload, {
-      ...options,
-      ttlMs: options.ttlMs ?? Math.min(budget.ack_ms + budget.execute_ms, MAX_MS),
-      budget,
-    });
-    return await this.invokeTask<R>(task, options);
+    onlyKnown(`invoke '${topic}'`, options, INVOKE_OPTIONS, invalidOptions);
+    const { ackDeadlineMs, executeDeadlineMs, onAck, onProgress, signal, ...taskOptions } = options;
+    const budget = budgetOf(ackDeadlineMs ?? 2_000, executeDeadlineMs ?? 30_000);
+    const ttlMs = options.ttlMs ?? Math.min(budget.ack_ms + budget.execute_ms, MAX_MS);
+    const task = this.task(topic, payload, { ...taskOptions, ttlMs, budget });
+    return await this.invokeTask<R>(task, { onAck, onProgress, signal });
   }
 
   /**
@@ -351,6 +353,10 @@ export class ReachClient {
 function positive(name: string, value: number): number {
   if (!(typeof value === "number" && value > 0)) throw new InvalidArgument(`${name} must be positive, got ${value}`, name);
   return value;
+}
+
+function invalidOptions(message: string): InvalidArgument {
+  return new InvalidArgument(message, "options");
 }
 
 const SUBJECT_FULL = 10077; // JetStream: maximum messages per subject exceeded

@@ -4,6 +4,8 @@ import { performance } from "node:perf_hooks";
 
 import { nowMs, subTaskId } from "./codec.js";
 import type { Deadline } from "./deadline.js";
+import { InvalidArgument } from "./errors.js";
+import { onlyKnown, SUB_TASK_OPTIONS } from "./options.js";
 import { child } from "./tracecontext.js";
 import type { Priority, Task } from "./types.js";
 
@@ -117,10 +119,11 @@ export class TaskContext {
    */
   async invoke<R = unknown>(topic: string, payload: unknown, options: SubTaskOptions & { ackDeadlineMs?: number } = {}): Promise<R> {
     if (this.hooks.invoke === undefined) throw new Error("this TaskContext cannot invoke (made outside an agent)");
-    const task = this.childTask(topic, payload, options);
+    const { ackDeadlineMs, ...subTaskOptions } = options;
+    const task = this.childTask(topic, payload, subTaskOptions);
     // By default it may wait to be accepted all the time left: a busy agent's queue is no
     // failure while there is time.
-    const ackMs = Math.max(1, Math.min(options.ackDeadlineMs ?? task.ttl_ms, task.ttl_ms));
+    const ackMs = Math.max(1, Math.min(ackDeadlineMs ?? task.ttl_ms, task.ttl_ms));
     return (await this.hooks.invoke({ ...task, budget: { ...task.budget, ack_ms: ackMs } }, this.signal)) as R;
   }
 
@@ -131,6 +134,7 @@ export class TaskContext {
    * the same order, in this agent (another agent the task moves to sends its own).
    */
   childTask(topic: string, payload: unknown, options: SubTaskOptions = {}): Task {
+    onlyKnown(`sub-task '${topic}'`, options, SUB_TASK_OPTIONS, (m) => new InvalidArgument(m, "options"));
     this.children += 1;
     const remaining = Math.max(1, this.remainingMs());
     const parent = this.envelope;

@@ -328,6 +328,17 @@ describe("ReachClient on an open server", () => {
     assert.equal(runs, 1);
   });
 
+  it("refuses an invoke or a publish whose options hold a key nobody reads, before sending", async () => {
+    const topic = unique("typo");
+    const invoked = await rejection(client.invoke(topic, {}, { messageID: "order-9" } as never));
+    assert.ok(invoked instanceof InvalidArgument, String(invoked));
+    assert.match(invoked.message, /^invoke 'typo-\d+-\d+': unknown option 'messageID': did you mean 'messageId'\?/);
+    // publish takes a budget and a reply address; invoke has deadlines of its own instead
+    const published = await rejection(client.publish(topic, {}, { ackDeadlineMs: 5 } as never));
+    assert.ok(published instanceof InvalidArgument, String(published));
+    assert.match(published.message, /^task 'typo-\d+-\d+': unknown option 'ackDeadlineMs' \(known: priority, /);
+  });
+
   it("refuses a tls:// URL to a server that offers no TLS rather than go on in plain text", async () => {
     const url = stack.url.replace("nats://", "tls://");
     await assert.rejects(ReachClient.connect(url, { logger: quiet }), (err: unknown) => {

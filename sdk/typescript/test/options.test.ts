@@ -1,0 +1,39 @@
+/** Options objects: a key nobody reads is an error that names it, not a default taken. */
+
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+
+import { Agent, AgentConfigError, InvalidArgument, ReachClient } from "../src/index.js";
+import { onlyKnown } from "../src/options.js";
+
+describe("options", () => {
+  it("names an unknown key of new Agent() and of a handler's options, with the one meant", () => {
+    const typo = { agentId: "opts-1", startupDelay: 0 } as never;
+    assert.throws(() => new Agent(typo), (err: unknown) => {
+      assert.ok(err instanceof AgentConfigError, String(err));
+      assert.match(err.message, /^new Agent\(\): unknown option 'startupDelay': did you mean 'startupDelayMs'\? \(known: agentId, /);
+      return true;
+    });
+    const agent = new Agent({ agentId: "opts-1", startupDelayMs: 0 });
+    assert.throws(() => agent.handler("echo", { capcity: 2 } as never, async () => null), /handler 'echo': unknown option 'capcity': did you mean 'capacity'\?/);
+  });
+
+  it("refuses ReachClient.connect() options it does not read before connecting", async () => {
+    const options = { name: "opts", requestTimeout: 100 } as never;
+    await assert.rejects(ReachClient.connect("nats://127.0.0.1:1", options), (err: unknown) => {
+      assert.ok(err instanceof InvalidArgument, String(err));
+      assert.equal(err.argument, "options");
+      assert.match(err.message, /unknown option 'requestTimeout': did you mean 'requestTimeoutMs'\?/);
+      return true;
+    });
+  });
+
+  it("lists every unknown key, and suggests only a close one", () => {
+    const error = (m: string) => new Error(m);
+    assert.throws(() => onlyKnown("f()", { messageID: "x", colour: 1 }, { messageId: true }, error), {
+      message: "f(): unknown options 'messageID': did you mean 'messageId'?, 'colour' (known: messageId)",
+    });
+    onlyKnown("f()", undefined, { a: true }, error);
+    onlyKnown("f()", { a: 1 }, { a: true }, error);
+  });
+});
