@@ -21,6 +21,7 @@ from agentreach.broker.lifecycle import authentic, emit, event_message
 from agentreach.broker.messages import Delivery
 from agentreach.broker.names import OPERATOR
 from agentreach.broker.runs import runs_of
+from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms, stable_id
 from agentreach.envelopes.audit import summary_of_task
 from agentreach.envelopes.coordination import workflow_step_of
@@ -121,10 +122,28 @@ async def dead_letter_delivery(
     topic: str,
     trace_id: str | None = None,
 ) -> DeadLetter:
-    """Dead-letter a stored message that could not be handled as it is: its bytes, headers
-    and subject go into the letter, under an id derived from its stream and sequence (the
-    same on every redelivery, so it is recorded once)."""
-    message_id = stable_id(delivery.timestamp_ns, delivery.stream, delivery.stream_seq)
+    """Dead-letter a stored message that could not be handled as it is (see
+    :func:`dead_letter_stored`)."""
+    return await dead_letter_stored(
+        broker, delivery.stream, delivery, reason=reason, error=error, topic=topic,
+        trace_id=trace_id,
+    )  # fmt: skip
+
+
+async def dead_letter_stored(
+    broker: Broker,
+    stream: str,
+    stored: Delivery | StoredMessage,
+    *,
+    reason: str,
+    error: ErrorInfo,
+    topic: str,
+    trace_id: str | None = None,
+) -> DeadLetter:
+    """Dead-letter ``stored``, a message of ``stream`` that could not be handled as it is:
+    its bytes, headers and subject go into the letter, under an id derived from its stream
+    and sequence (the same on every redelivery, so it is recorded once)."""
+    message_id = stable_id(stored.timestamp_ns, stream, stored.stream_seq)
     return await dead_letter(
         broker,
         reason=reason,
@@ -132,8 +151,8 @@ async def dead_letter_delivery(
         trace_id=trace_id or message_id,
         topic=topic,
         error=error,
-        raw=delivery.data,
-        headers={**delivery.headers, "Reach-Subject": delivery.subject},
+        raw=stored.data,
+        headers={**stored.headers, "Reach-Subject": stored.subject},
     )
 
 

@@ -259,7 +259,8 @@ class Intake:
             topic=stub.topic,
             error=error,
             raw=raw,
-            headers=dict(msg.headers or {}),
+            # The subject names the caller, which a worker tells (the body may say nothing).
+            headers={**(msg.headers or {}), "Reach-Subject": msg.subject},
             truncated=len(raw) < len(msg.data),
             caller=stub.caller,
         )

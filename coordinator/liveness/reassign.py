@@ -20,6 +20,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, WrongLastSequence
+from agentreach.broker.dead_letters import dead_letter_stored
 from agentreach.broker.lifecycle import SEAL_HEADER, emit, event_for
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
@@ -34,6 +35,7 @@ from agentreach.coordinator.routing.run_once import (
     verdict_of,
 )
 from agentreach.envelopes import (
+    INVALID_TOPIC,
     AgentCard,
     DecodeError,
     ErrorInfo,
@@ -150,7 +152,7 @@ async def reassign_tasks(
         seq = 1
         while (stored := await next_message(broker, stream, subject, from_seq=seq)) is not None:
             seq = stored.stream_seq + 1
-            what = await _move(broker, stored, agent_id, epoch, run_once, why)
+            what = await _move(broker, stream, stored, agent_id, epoch, run_once, why)
             if what == "kept":
                 continue
             if what is not None:
@@ -168,8 +170,14 @@ async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
 
 
 async def _move(
-    broker: Broker, stored: StoredMessage, agent_id: str, epoch: int, run_once: RunOnce, why: str
-) -> Literal["reassigned", "past_ttl", "kept"] | None:
+    broker: Broker,
+    stream: str,
+    stored: StoredMessage,
+    agent_id: str,
+    epoch: int,
+    run_once: RunOnce,
+    why: str,
+) -> Literal["reassigned", "past_ttl", "kept", "unreadable"] | None:
     """Send the task through intake again as its next attempt, with the ttl it has left.
 
     Intake, not the router directly: when no agent can take it now it waits there,
@@ -177,8 +185,13 @@ async def _move(
     """
     try:
         task = envelopes.decode_task(stored.data)
-    except DecodeError:
-        return None  # the agent's consumer would have dead-lettered it; nothing to move
+    except DecodeError as exc:  # its agent's consumer would have dead-lettered it
+        said = f"a dispatch to {agent_id}, which {why}, is no task: {exc}"
+        error = ErrorInfo(type="invalid_envelope", message=said, retryable=False)
+        await dead_letter_stored(
+            broker, stream, stored, reason="invalid_envelope", error=error, topic=INVALID_TOPIC
+        )
+        return "unreadable"
     await _fence(broker, task, agent_id, epoch, why, seal=stored.headers.get(SEAL_HEADER))
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms

@@ -22,8 +22,11 @@ async def test_a_malformed_body_is_dead_lettered_as_malformed_json(
     broker, coordinator, watcher, body, said
 ):
     """A body cut short says "JSON is malformed" as a bad character does (it said msgspec's
-    "Input data was truncated", which does not say JSON)."""
-    await broker.publish(broker.names.task("summarize"), body, headers={"Nats-Msg-Id": "cut-1"})
+    "Input data was truncated", which does not say JSON). The letter keeps the subject it
+    came on, which names its caller (nothing else in it does)."""
+    subject = broker.names.task("summarize", "alice")
+    await broker.publish(subject, body, headers={"Nats-Msg-Id": "cut-1"})
     letter = await watcher.dead_letter("invalid_envelope", message_id="cut-1")
     assert letter.error is not None
     assert letter.error.message == f"{said} - at `$`"
+    assert letter.headers["Reach-Subject"] == subject

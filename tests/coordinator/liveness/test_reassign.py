@@ -11,7 +11,7 @@ from agentreach.broker import Topology, provision, read_stream
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.broker.streams import delete_message, next_message
 from agentreach.broker.topology import StorageLimits
-from agentreach.coordinator.liveness.reassign import Moves, reassign_tasks
+from agentreach.coordinator.liveness.reassign import FORGOTTEN, Moves, reassign_tasks
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.coordinator.routing.run_once import RunOnce
 from tests.conftest import FAST
@@ -36,6 +36,22 @@ async def test_a_task_past_its_ttl_in_a_gone_agents_queue_is_dead_lettered_as_ex
     assert await reassign_tasks(broker, "gone-1") == 1
     letter = await watcher.dead_letter("expired", message_id="stale-q-1")
     assert letter.error is not None and "gone-1, which went OFFLINE" in letter.error.message
+
+
+async def test_what_is_no_task_in_a_gone_agents_queue_is_dead_lettered_not_dropped(broker, watcher):
+    """Bytes that are no task in the queue of an agent nobody serves (`nats pub
+    reach.agent.nobody.p1 garbage`) are dead-lettered as invalid_envelope, with the bytes
+    and the subject, not deleted without a trace."""
+    subject = broker.names.dispatch("nobody-1", "P1")
+    await broker.publish(subject, b"x-garbage")
+    assert await reassign_tasks(broker, "nobody-1", why=FORGOTTEN) == 1
+    letter = await watcher.dead_letter("invalid_envelope", topic=envelopes.INVALID_TOPIC)
+    assert letter.raw == "x-garbage"
+    assert letter.headers["Reach-Subject"] == subject
+    assert letter.error is not None
+    assert letter.error.message.startswith("a dispatch to nobody-1, which is no longer registered")
+    stream = broker.names.dispatch_stream("P1")
+    assert await next_message(broker, stream, subject, from_seq=1) is None
 
 
 async def test_a_task_the_gone_agent_finished_is_answered_from_its_record_not_expired(
