@@ -97,13 +97,36 @@ def typed(payload: Any, declared: Any) -> Any:
     try:
         return msgspec.convert(payload, declared)
     except (msgspec.ValidationError, TypeError) as exc:
+        said = (_keyed(payload, declared) if "`$[...]" in str(exc) else None) or str(exc)
         raise InvalidPayload(
-            f"the payload does not fit the handler's `payload: {type_name(declared)}`: {exc}"
+            f"the payload does not fit the handler's `payload: {type_name(declared)}`: {said}"
         ) from exc
+
+
+def _keyed(payload: Any, declared: Any) -> str | None:
+    """Why ``payload`` does not fit ``declared``, a ``dict[K, V]``, naming the key whose value
+    does not (msgspec says only `$[...]`); None when it is no such dict."""
+    args = typing.get_args(declared)
+    if typing.get_origin(declared) is not dict or len(args) != 2 or not isinstance(payload, dict):
+        return None
+    for key, value in payload.items():
+        try:
+            msgspec.convert(value, args[1])
+        except (msgspec.ValidationError, TypeError) as exc:
+            said = (_keyed(value, args[1]) if "`$[...]" in str(exc) else None) or str(exc)
+            step = (
+                f"$.{key}" if str(key).isidentifier() else f"$[{msgspec.json.encode(key).decode()}]"
+            )
+            if " - at `$" in said:
+                return said.replace(" - at `$", f" - at `{step}", 1)
+            return f"{said} - at `{step}`"
+    return None
 
 
 def type_name(declared: Any) -> str:
     """How a type reads in a message: ``Question``, ``dict``, ``list[int]``."""
+    if typing.get_args(declared):  # dict[str, str] has the __name__ of dict
+        return repr(declared)
     return getattr(declared, "__name__", None) or repr(declared)
 
 
