@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
 
 from agentreach import envelopes
 from agentreach.agents.errors import (
@@ -16,7 +17,13 @@ from agentreach.agents.errors import (
     NothingToReplay,
     ReplayLimitReached,
 )
-from agentreach.agents.letters import DEFAULT_MAX_REPLAYS, replay, resolve, settling_of
+from agentreach.agents.letters import (
+    DEFAULT_MAX_REPLAYS,
+    UNCHANGED,
+    replay,
+    resolve,
+    settling_of,
+)
 from agentreach.broker import Auth, Broker, BrokerError, Delivery, Names, PullConsumer
 from agentreach.broker.connection import connected
 from agentreach.broker.consume import ConsumerSpec, bind
@@ -55,9 +62,11 @@ class Compensation:
         *,
         topic: str | None = None,
         ttl_ms: int | None = None,
+        payload: Any = UNCHANGED,
         force: bool = False,
     ) -> Task:
-        """Publish the dead-lettered task again, as a new message in the same trace;
+        """Publish the dead-lettered task again, as a new message in the same trace (to
+        ``topic``, with ``payload``, when given: a fix of what it was sent with);
         :class:`ReplayLimitReached` when its task was replayed ``max_replays`` times
         already, :class:`LetterSettled` when the letter was replayed or resolved already,
         unless ``force``."""
@@ -66,6 +75,7 @@ class Compensation:
             letter,
             topic=topic,
             ttl_ms=ttl_ms,
+            payload=payload,
             sender=self.worker,
             max_replays=self.max_replays,
             force=force,

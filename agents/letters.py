@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import datetime
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -33,10 +34,12 @@ from agentreach.envelopes import (
     replay_id,
 )
 from agentreach.envelopes import headers as h
+from agentreach.envelopes.audit import summary_of_task
 
 # A replay that fails the same way is dead-lettered again: a worker replaying the letters of
 # that reason would replay it without end. Three replays give a slow start time to pass.
 DEFAULT_MAX_REPLAYS = 3
+UNCHANGED: Any = object()  # replay(payload=…) not given: the task's own payload
 
 
 def letter_state(settling: Sequence[Event] | None, letter: DeadLetter | None = None) -> str:
@@ -116,12 +119,14 @@ async def replay(
     *,
     topic: str | None = None,
     ttl_ms: int | None = None,
+    payload: Any = UNCHANGED,
     sender: str | None = None,
     max_replays: int = DEFAULT_MAX_REPLAYS,
     force: bool = False,
 ) -> Task:
     """Republish a dead letter's task with a new message_id in the same trace, as
-    ``sender`` (a worker; the bare operators' form without one), its ``replays`` one more.
+    ``sender`` (a worker; the bare operators' form without one), its ``replays`` one more;
+    with ``payload`` instead of its own when given (a fix of what it was sent with).
     Its replies went to a sender long gone, so the replay has none. The new id is the
     letter's own (:func:`~agentreach.envelopes.replay_id`): replays of one letter that
     race, or one made again after a crash before it was recorded, are one message, run
@@ -149,7 +154,10 @@ async def replay(
             max_replays=max_replays,
         )
     to_topic = topic or original.topic
-    replay_of_letter = _replay_id_of(letter, to_topic)
+    if payload is not UNCHANGED:
+        original = msgspec.structs.replace(original, payload=payload, payload_ref=None)
+    fixed = None if payload is UNCHANGED else summary_of_task(original).sha256
+    replay_of_letter = _replay_id_of(letter, to_topic, fixed)
     again = False
     if not force and (settling := await settling_of(broker, letter)):
         last = settling[-1]
@@ -190,13 +198,20 @@ def _replayed_as(last: Event, sender: str, message_id: str) -> bool:
     )
 
 
-def _replay_id_of(letter: DeadLetter, to_topic: str) -> str:
-    """The letter's replay id; sent to another topic, another message of its own: one that
-    is deduplicated against a replay to the task's topic would not run where it was sent."""
+def _replay_id_of(letter: DeadLetter, to_topic: str, payload_sha256: str | None) -> str:
+    """The letter's replay id; sent to another topic, or with another payload, another
+    message of its own: one deduplicated against the plain replay would not run as sent."""
     envelope = letter.envelope
     caller = envelope.caller if envelope is not None else None
     other = to_topic if envelope is not None and to_topic != envelope.topic else None
-    return replay_id(letter.at_ms, caller, letter.message_id, letter.replays, to_topic=other)
+    return replay_id(
+        letter.at_ms,
+        caller,
+        letter.message_id,
+        letter.replays,
+        to_topic=other,
+        payload_sha256=payload_sha256,
+    )
 
 
 async def resolve(

@@ -26,17 +26,27 @@ def stable_id(timestamp_ns: int, *parts: object) -> str:
 
 
 def replay_id(
-    at_ms: int, caller: str | None, message_id: str, replays: int, *, to_topic: str | None = None
+    at_ms: int,
+    caller: str | None,
+    message_id: str,
+    replays: int,
+    *,
+    to_topic: str | None = None,
+    payload_sha256: str | None = None,
 ) -> str:
     """The message id of the one unforced replay of a dead letter (protocol §15.2): a UUIDv7
     whose time is the letter's ``at_ms`` and whose random bits are the first 80 of the
     SHA-256 of ``reach-replay``, ``caller`` (empty without one), ``message_id`` and the
-    letter's ``replays`` (and ``to_topic``, for a replay to another topic than the task's),
-    NUL-separated, in UTF-8. Any worker, in any language, computes the same id for the same
-    letter, so replays of it that race are one message; one sent elsewhere is another."""
+    letter's ``replays`` (and ``to_topic``, for a replay to another topic than the task's;
+    ``payload:`` and the hex SHA-256 of its payload's JSON, for a replay with another
+    payload), NUL-separated, in UTF-8. Any worker, in any language, computes the same id for
+    the same letter, so replays of it that race are one message; one sent elsewhere, or with
+    another payload, is another."""
     parts = ["reach-replay", caller or "", message_id, str(replays)]
     if to_topic is not None:
         parts.append(to_topic)
+    if payload_sha256 is not None:
+        parts.append(f"payload:{payload_sha256}")
     digest = hashlib.sha256("\x00".join(parts).encode()).digest()[:10]
     return _uuid7(at_ms, int.from_bytes(digest))
 

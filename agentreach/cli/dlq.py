@@ -18,6 +18,7 @@ from agentreach.agents.errors import LetterSettled, ReplayLimitReached
 from agentreach.agents.letters import (
     DEFAULT_MAX_REPLAYS,
     SETTLING,
+    UNCHANGED,
     letter_state,
     replay,
     resolve,
@@ -40,6 +41,7 @@ def register(commands: Commands) -> None:
             "reach dlq list --open --reason expired",
             "reach dlq show 0190f3c2-…",
             "reach dlq replay 0190f3c2-… --to-topic manual_review",
+            "reach dlq replay 0190f3c2-… --payload '{\"order\": 1234}'   # sent with a fix",
             "reach dlq replay 0190f3c2-… --force   # though replayed or resolved already",
             "reach dlq resolve 0190f3c2-… --note 'refunded by hand, ticket 4411'",
         ),
@@ -52,6 +54,12 @@ def register(commands: Commands) -> None:
     )
     dlq.add_argument("id", nargs="?", help="show, replay, resolve: the dead letter's message_id")
     dlq.add_argument("--to-topic", default=None, help="replay to another topic")
+    dlq.add_argument(
+        "--payload",
+        default=None,
+        metavar="JSON",
+        help="replay with this payload instead of the task's own (a fix of what it was sent with)",
+    )
     dlq.add_argument("--note", default=None, help="resolve: how it was dealt with (required)")
     dlq.add_argument(
         "--max-replays",
@@ -166,8 +174,17 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--json is for dlq list, not dlq {args.action}")
     if args.force and args.action != "replay":
         raise UsageError(f"--force is for dlq replay, not dlq {args.action}")
+    if args.payload is not None and args.action != "replay":
+        raise UsageError(f"--payload is for dlq replay, not dlq {args.action}")
     if args.max_replays < 0:
         raise UsageError(f"--max-replays {args.max_replays}: expected 0 or more")
+
+
+def _payload(text: str) -> object:
+    try:
+        return envelopes.decode_json(text)
+    except envelopes.DecodeError as exc:
+        raise UsageError(f"--payload is not valid JSON: {exc}") from None
 
 
 async def _replay(broker: Broker, letter: DeadLetter, args: argparse.Namespace) -> envelopes.Task:
@@ -175,7 +192,12 @@ async def _replay(broker: Broker, letter: DeadLetter, args: argparse.Namespace) 
     product of ``--max-replays`` replays; or say in one line why it was not replayed."""
     try:
         return await replay(
-            broker, letter, topic=args.to_topic, max_replays=args.max_replays, force=args.force
+            broker,
+            letter,
+            topic=args.to_topic,
+            payload=UNCHANGED if args.payload is None else _payload(args.payload),
+            max_replays=args.max_replays,
+            force=args.force,
         )
     except LetterSettled as exc:
         raise UsageError(f"{exc}; --force replays it anyway") from exc

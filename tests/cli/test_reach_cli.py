@@ -271,6 +271,23 @@ async def test_dlq_replay_sends_the_task_again(broker, coordinator, watcher):
     )
 
 
+async def test_dlq_replay_with_a_payload_sends_the_task_with_it(broker, coordinator, watcher):
+    """`reach dlq replay ID --payload JSON` sends the task with that payload instead of its
+    own (a fix of what it was sent with); JSON that is not is named, and nothing is sent."""
+    await reach(broker, "publish", "nobody_serves_this", '{"items": [1]}', "--message-id", "lost-3")
+    await watcher.dead_letter("no_route", message_id="lost-3")
+    bad = await reach(broker, "dlq", "replay", "lost-3", "--payload", '{"items": ')
+    assert bad.returncode != 0 and "--payload is not valid JSON" in bad.stderr
+    async with worker().running(broker=broker):
+        fix = ("--to-topic", "count", "--payload", '{"items": [1, 2, 3]}')
+        replayed = await reach(broker, "dlq", "replay", "lost-3", *fix)
+        assert replayed.returncode == 0, replayed.stderr
+        completed = await watcher.event(
+            "completed", message_id=json.loads(replayed.stdout)["message_id"]
+        )
+    assert completed.detail["result"] == {"n": 3}
+
+
 async def test_schema_is_json_schema_of_every_kind():
     """`reach schema` prints a JSON Schema naming every envelope kind."""
     done = await run(reach_command(), "schema")

@@ -227,3 +227,8 @@ def test_a_replay_id_follows_the_protocols_recipe():
     # Sent to another topic than the task's: the topic is a fifth part.
     elsewhere = envelopes.replay_id(1_764_720_000_000, "alice", letter_id, 0, to_topic="review")
     assert elsewhere == "019ae182-3c00-7951-8f7b-f2655ab13b61"
+    # Sent with another payload: `payload:` and its SHA-256 are a part after those.
+    fixed = envelopes.summarize({"order": 1234}).sha256
+    assert fixed == hashlib.sha256(b'{"order":1234}').hexdigest()
+    with_fix = envelopes.replay_id(1_764_720_000_000, "alice", letter_id, 0, payload_sha256=fixed)
+    assert with_fix == "019ae182-3c00-7f85-8f98-555dea5f8b3c"
