@@ -180,7 +180,7 @@ class ReachClient:
         except NoStreamError as exc:
             raise not_provisioned(task, subject) from exc
         except SubjectFull as exc:
-            raise backlog_full(task, self.caller) from exc
+            raise backlog_full(task, self.caller, exc) from exc
         except BrokerError as exc:
             if unanswered(exc):
                 raise not_stored(task, exc) from exc

@@ -21,7 +21,7 @@ ReachError
 
 from __future__ import annotations
 
-from agentreach.broker import BrokerError, NoStreamError, SubjectFull
+from agentreach.broker import BrokerError, NoStreamError, StreamFull, SubjectFull
 from agentreach.envelopes import ErrorInfo, Task
 from agentreach.errors import ReachError
 
@@ -114,7 +114,8 @@ class BacklogFull(InvokeError, SubjectFull):
     tasks on the topic as it keeps (``limits.tasks_per_subject``, 1,000 by default) that the
     coordinator had not taken (``publish`` and ``invoke`` wait for room until then: a caller
     that floods a topic goes at the pace its tasks are taken, instead of standing before
-    every other caller's). Nothing runs. (Also a :class:`~agentreach.broker.SubjectFull`.)"""
+    every other caller's), or the whole intake was full (``limits.tasks_bytes``: no
+    coordinator takes tasks). Nothing runs. (Also a :class:`~agentreach.broker.SubjectFull`.)"""
 
 
 class NotStored(InvokeError, BrokerError):
@@ -228,11 +229,17 @@ def not_stored(task: Task, exc: Exception) -> NotStored:
     )
 
 
-def backlog_full(task: Task, caller: str) -> BacklogFull:
-    """Nothing was sent: the caller's backlog on the topic stayed full for the whole ttl."""
+def backlog_full(task: Task, caller: str, exc: SubjectFull) -> BacklogFull:
+    """Nothing was sent: the caller's backlog on the topic, or the whole intake, stayed full
+    for the whole ttl."""
+    held = (
+        f"the intake was full ({exc}; limits.tasks_bytes): no coordinator took tasks from it"
+        if isinstance(exc, StreamFull)
+        else f"the intake held as many of {caller!r}'s tasks on it as it keeps"
+        " (limits.tasks_per_subject)"
+    )
     return BacklogFull(
-        f"{task.topic!r} was not sent: the intake held as many of {caller!r}'s tasks on it as"
-        f" it keeps (limits.tasks_per_subject) for the task's whole ttl of {task.ttl_ms} ms",
+        f"{task.topic!r} was not sent: {held} for the task's whole ttl of {task.ttl_ms} ms",
         message_id=task.message_id,
         trace_id=task.trace_id,
     )

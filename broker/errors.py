@@ -14,6 +14,7 @@ error code, so the rest of Agent-Reach never sees a nats-py exception.
     │   ├── ConsumerNotFound
     │   ├── WrongLastSequence      optimistic concurrency on a KV key or stream lost
     │   ├── SubjectFull            per-subject limit reached with discard-new
+    │   │   └── StreamFull         the whole stream's byte or message limit
     │   ├── ValueTooLarge          a message over its stream's (a bucket's) max_msg_size
     │   └── Unavailable            JetStream did not serve the request (503): a stream or
     │                              consumer gone, or a leader being elected
@@ -101,6 +102,12 @@ class SubjectFull(JetStreamError):
     """The subject holds as many messages as its limit allows."""
 
 
+class StreamFull(SubjectFull):
+    """The whole stream holds as many bytes (or messages) as its limit allows, refusing new
+    writes (discard new): none of its subjects takes more until some go. (err_code 10077, as
+    a full subject's: the server's description tells them apart.)"""
+
+
 class ValueTooLarge(JetStreamError):
     """A message is larger than its stream (a bucket, for a value) keeps: trying again
     cannot help."""
@@ -150,6 +157,9 @@ def translate(exc: BaseException, *, subject: str | None = None) -> BrokerError:
         if cls is StreamNotFound:  # the server is new, or was wiped: say what to do
             where = f" ({subject})" if subject else ""
             description += f"{where}: run `reach provision` (or start the coordinator)"
+        if cls is SubjectFull and "per subject" not in description:
+            cls = StreamFull  # "maximum bytes exceeded", "maximum messages exceeded"
+            description += f": the stream of {subject!r} is full" if subject else ": stream full"
         return cls(description, err_code=code)
     if isinstance(exc, nats.js.errors.NoStreamResponseError):
         where = f" on {subject!r}" if subject else ""

@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 
 import nats.errors
 import nats.js
-from nats.js import api
 
 from agentreach.broker.connection import Broker
+from agentreach.broker.ensure import ensure_bucket, ensure_objects, ensure_stream
 from agentreach.broker.errors import (
     BrokerError,
     JetStreamError,
@@ -59,6 +59,7 @@ async def provision(
     *,
     settle_s: float = SETTLE_S,
     patience_s: float | None = None,
+    keep: bool = False,
 ) -> Provisioning:
     """Bring every stream and bucket to its spec; returns what happened to each (a mapping of
     name to :class:`Outcome`, with the replicas, placement and leader of each).
@@ -68,6 +69,8 @@ async def provision(
     replica is current, so the report says where they are, not where they are going.
     While JetStream does not answer (a leader election, most nodes down) it waits, saying
     so each try: for ever (a service's start), or ``patience_s`` in all, then Unavailable.
+    ``keep``: what exists keeps its limits, capacities and retention; only what is missing
+    is made, and replicas and placement are applied (provisioning without a config).
     """
     loop = asyncio.get_running_loop()
     deadline = None if patience_s is None else loop.time() + patience_s
@@ -92,15 +95,17 @@ async def provision(
     with translated():  # a ProvisionError passes through; anything else is a BrokerError
         for stream in topology.streams:
             ours = stream.name not in kept
-            ensure = functools.partial(_ensure_stream, js, stream, may_shrink, may_update=ours)
+            ensure = functools.partial(
+                ensure_stream, js, stream, may_shrink, may_update=ours, keep=keep
+            )
             change = await _patiently(stream, ensure, left())
             changes.append((stream.name, stream.name, change))
         for bucket in topology.buckets:
-            ensure = functools.partial(_ensure_bucket, js, bucket, may_shrink)
+            ensure = functools.partial(ensure_bucket, js, bucket, may_shrink, keep=keep)
             change = await _patiently(bucket, ensure, left())
             changes.append((bucket.name, bucket.stream, change))
         for store in topology.objects:
-            ensure = functools.partial(_ensure_objects, js, store, may_shrink)
+            ensure = functools.partial(ensure_objects, js, store, may_shrink, keep=keep)
             change = await _patiently(store, ensure, left())
             changes.append((store.name, store.stream, change))
     # Replication catches up in the background: wait for every stream at once.
@@ -148,147 +153,12 @@ async def _placed(
         await asyncio.sleep(1.0)
 
 
-async def _existing(js: nats.js.JetStreamContext, stream: str) -> api.StreamInfo | None:
-    try:
-        return await js.stream_info(stream)
-    except nats.js.errors.NotFoundError:
-        return None
-
-
 def _not_to_update(broker: Broker) -> frozenset[str]:
     """Streams these credentials may not update: the coordinator's permissions keep it from
     the history streams' limits (a smaller limit is a purge by another name)."""
     if broker.auth.role != "coordinator":
         return frozenset()
     return frozenset(broker.names.history_streams)
-
-
-async def _ensure_stream(
-    js: nats.js.JetStreamContext, spec: StreamSpec, may_shrink: bool, *, may_update: bool = True
-) -> Change:
-    wanted = spec.config()
-    existing = await _existing(js, spec.name)
-    if existing is None:
-        await js.add_stream(wanted)
-        return Change(Outcome.CREATED)
-    return await _update_if_changed(js, existing, wanted, may_shrink, may_update=may_update)
-
-
-async def _ensure_bucket(
-    js: nats.js.JetStreamContext, bucket: BucketSpec, may_shrink: bool
-) -> Change:
-    existing = await _existing(js, bucket.stream)
-    if existing is None:
-        await js.add_stream(bucket.config())
-        return Change(Outcome.CREATED)
-    # Only what we manage changes; the rest of a bucket's stream stays as it was made.
-    spec = bucket.config()
-    wanted = api.StreamConfig.from_response(existing.config.as_dict())
-    wanted.max_msgs_per_subject = bucket.history
-    wanted.max_msg_size = spec.max_msg_size
-    wanted.max_age = bucket.ttl_s
-    wanted.description = bucket.description or None
-    wanted.allow_rollup_hdrs, wanted.deny_purge = spec.allow_rollup_hdrs, spec.deny_purge
-    wanted.num_replicas = bucket.replicas
-    wanted.placement = spec.placement
-    return await _update_if_changed(js, existing, wanted, may_shrink)
-
-
-async def _ensure_objects(
-    js: nats.js.JetStreamContext, store: ObjectStoreSpec, may_shrink: bool
-) -> Change:
-    existing = await _existing(js, store.stream)
-    if existing is None:
-        await js.create_object_store(store.name, config=store.config())
-        return Change(Outcome.CREATED)
-    wanted = api.StreamConfig.from_response(existing.config.as_dict())
-    wanted.max_age = store.ttl_s
-    wanted.max_bytes = store.max_bytes
-    wanted.description = store.description or None
-    wanted.num_replicas = store.replicas
-    wanted.placement = store.config().placement
-    return await _update_if_changed(js, existing, wanted, may_shrink)
-
-
-_MANAGED = (
-    "subjects",
-    "retention",
-    "max_age",
-    "duplicate_window",
-    "max_msgs_per_subject",
-    "max_bytes",
-    "max_msg_size",
-    "discard",
-    "discard_new_per_subject",
-    "deny_delete",
-    "deny_purge",
-    "allow_rollup_hdrs",
-    "description",
-    "num_replicas",
-    "placement",
-)
-_IMMUTABLE = ("retention", "storage")
-
-
-async def _update_if_changed(
-    js: nats.js.JetStreamContext,
-    info: api.StreamInfo,
-    wanted: api.StreamConfig,
-    may_shrink: bool,
-    *,
-    may_update: bool = True,
-) -> Change:
-    existing = info.config
-    # A byte limit below what the stream holds would make the server drop its oldest.
-    if 0 < (wanted.max_bytes or 0) < (held := info.state.bytes or 0):
-        log.warning("stream holds more than max_bytes: limit kept", stream=wanted.name, held=held)
-        wanted.max_bytes = existing.max_bytes
-    changed = [f for f in _MANAGED if _norm(existing, f) != _norm(wanted, f)]
-    before = existing.num_replicas or 1
-    if "num_replicas" in changed and (wanted.num_replicas or 1) < before and not may_shrink:
-        changed.remove("num_replicas")  # auto never shrinks: a node may just be down
-        log.info("keeping the replicas (replicas: auto never scales down)", stream=wanted.name)
-    if "placement" in changed and not _norm(wanted, "placement"):
-        # No profile asked for: the placement is left as it is, so that a process started
-        # without --durable never moves the work streams off the servers that sync always.
-        changed.remove("placement")
-    if not changed:
-        return Change(Outcome.UNCHANGED)
-    if not may_update:
-        log.warning(
-            "stream differs from the topology, and these credentials may not update it:"
-            " run `reach provision` as an operator",
-            stream=wanted.name,
-            fields=changed,
-        )
-        return Change(Outcome.UNCHANGED)
-    for field in _IMMUTABLE:
-        if field in changed:
-            raise ProvisionError(
-                f"stream {wanted.name}: {field} is {getattr(existing, field)} on the server"
-                f" but the spec wants {getattr(wanted, field)}; the server cannot change it in"
-                " place (delete the stream to recreate it)"
-            )
-    merged = api.StreamConfig.from_response(existing.as_dict())
-    for field in changed:
-        setattr(merged, field, getattr(wanted, field))
-    await js.update_stream(merged)
-    log.info("stream updated", stream=wanted.name, fields=changed)
-    scaled = before if "num_replicas" in changed else None
-    return Change(Outcome.UPDATED, scaled)
-
-
-def _norm(config: api.StreamConfig, field: str) -> object:
-    value = getattr(config, field)
-    if field == "num_replicas":
-        return value or 1
-    if field == "placement":
-        return tuple(sorted(value.tags or ())) if value is not None else ()
-    if isinstance(value, list):
-        return sorted(value)
-    if value in (None, 0, 0.0, "", -1):
-        return None
-    return value
 
 
 def _provision_error(

@@ -29,6 +29,7 @@ from agentreach.broker import (
     NoStreamError,
     Provisioner,
     PullConsumer,
+    StreamFull,
     StreamNotFound,
 )
 from agentreach.broker.dead_letters import dead_letter_delivery
@@ -45,6 +46,7 @@ Handler = Callable[[Delivery], Awaitable[float | None]]
 TaskOf = Callable[[Delivery], Task | None]
 Fold = Callable[[Delivery], None]
 RETRY_DELAY_S = 1.0
+FULL_SAID_EVERY_S = 60.0  # a full stream is said at most this often
 POISON_AFTER = 3  # crashes before a message is dead-lettered as poison
 REMEMBERED = 10_000  # messages whose crashes are counted at once
 
@@ -57,6 +59,7 @@ class Consumption:
         self._provisioner = provisioner
         self._crashes: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._failing_since: float | None = None  # broker errors said once per outage
+        self._full_said_at = -FULL_SAID_EVERY_S
 
     async def run(
         self, consumer: PullConsumer, batch: int, handle: Handler, task_of: TaskOf | None = None
@@ -140,9 +143,19 @@ class Consumption:
 
     async def _later(self, delivery: Delivery, exc: BrokerError) -> None:
         """The message comes back in a second; said once per run of failures, not per message
-        (a leader election fails every message of a batch for seconds)."""
-        if self._failing_since is None:
-            self._failing_since = asyncio.get_running_loop().time()
+        (a leader election fails every message of a batch for seconds), and a full stream
+        once a minute (the messages that need no room in it go on meanwhile)."""
+        now = asyncio.get_running_loop().time()
+        if isinstance(exc, StreamFull):
+            if now - self._full_said_at >= FULL_SAID_EVERY_S:
+                self._full_said_at = now
+                log.warning(
+                    "a stream is full: what needs room in it waits and is tried again; raise"
+                    " its `limits:` key, or make room (README: Storage limits)",
+                    error=str(exc),
+                )
+        elif self._failing_since is None:
+            self._failing_since = now
             log.warning("broker errors; messages will be retried", error=str(exc))
         else:
             log.debug("broker error, will retry", subject=delivery.subject, error=str(exc))

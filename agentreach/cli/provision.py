@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from agentreach.broker import provision
 from agentreach.broker.provisioning import PATIENCE_S
@@ -27,7 +28,7 @@ def register(commands: Commands) -> None:
     prov.add_argument(
         "--config",
         help="coordinator YAML config (its queue capacities, broker, audit, claim_check and"
-        " limits sections)",
+        " limits sections); without it, what exists keeps its limits, capacities and retention",
     )
     replication_options(prov)
 
@@ -42,10 +43,19 @@ async def cmd_provision(args: argparse.Namespace) -> int:
     topology = config.topology(names, replication)
     async with broker_of(args) as broker:
         # A command: it waits out a leader election, not a cluster whose majority is down.
-        report = await provision(broker, topology, patience_s=PATIENCE_S)
+        # Without a config, what exists keeps the limits a coordinator's config set: an
+        # operator who runs it to look must not lift them cluster-wide.
+        keep = args.config is None
+        report = await provision(broker, topology, patience_s=PATIENCE_S, keep=keep)
     setting = replication.replicas
     resolved = f"auto → {report.replicas}" if setting == "auto" else str(setting)
     print(f"replicas: {resolved}; work streams placed on: {_tags(replication.work_tags)}")
+    if keep:  # to people, not into the table a script reads
+        print(
+            "limits: kept as they are (no --config: byte and message limits, queue capacities"
+            " and retention are a coordinator config's; --config applies one)",
+            file=sys.stderr,
+        )
     print(report.table())
     return 0
 

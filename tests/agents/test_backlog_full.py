@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach import BacklogFull, InvokeError, ReachClient
 from agentreach.broker import SubjectFull, Topology, provision, read_stream
@@ -41,6 +42,23 @@ async def test_a_task_past_the_callers_backlog_for_its_whole_ttl_raises_backlog_
     assert "tasks_per_subject" in str(error) and "ttl of 300 ms" in str(error)
     stored = await read_stream(broker, names.tasks_stream, names.task("summarize", caller))
     assert len(stored) == 2
+
+
+async def test_a_task_the_full_intake_does_not_take_says_the_intake_is_full(broker):
+    """A whole intake at its byte limit (no coordinator takes tasks): the caller is told
+    that, not that its own backlog on the topic is full (both are err_code 10077), and a
+    warning says it waits, once."""
+    limits = StorageLimits(tasks_bytes=4_096)
+    await provision(broker, Topology.default(broker.names, limits=limits))
+    async with ReachClient(broker=broker) as client:
+        with capture_logs() as logs, pytest.raises(BacklogFull) as caught:
+            for n in range(40):  # ~200 bytes each, past 4 KiB
+                await client.publish("summarize", {"n": n, "text": "x" * 100}, ttl_ms=300)
+    said = str(caught.value)
+    assert "the intake was full (maximum bytes exceeded" in said and "limits.tasks_bytes" in said
+    assert "tasks_per_subject" not in said
+    waits = [e for e in logs if e["event"] == "the intake is full; waiting for room"]
+    assert len(waits) == 1
 
 
 async def test_a_publish_past_the_callers_backlog_waits_for_room(broker):

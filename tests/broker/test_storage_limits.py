@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentreach.broker import JetStreamError, Topology, provision
+from agentreach.broker import JetStreamError, StreamFull, Topology, provision
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
 from agentreach.broker.topology import StorageLimits
 from agentreach.envelopes import Heartbeat
@@ -48,9 +48,11 @@ async def test_a_full_dead_letter_stream_refuses_instead_of_dropping(broker):
     await provision(broker, Topology.default(broker.names, limits=limits))
     subject = broker.names.dlq("expired", "t")
     await broker.publish(subject, b"a" * 600, headers={"Nats-Msg-Id": "l-1"})
-    with pytest.raises(JetStreamError, match="maximum bytes"):
+    with pytest.raises(StreamFull, match="maximum bytes") as refused:
         for i in range(2, 6):
             await broker.publish(subject, b"a" * 600, headers={"Nats-Msg-Id": f"l-{i}"})
+    # Told apart from one subject's limit (err_code 10077 too), and the stream named.
+    assert f"the stream of {subject!r} is full" in str(refused.value)
     info = await broker.js.stream_info(broker.names.dlq_stream)
     assert info.config.discard == "new" and info.state.messages >= 1
     first = await broker.js.get_msg(broker.names.dlq_stream, seq=1)

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import EmbeddedServer
+from agentreach.broker import EmbeddedServer, Topology, provision
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.embedded import PID_FILE
+from agentreach.broker.topology import StorageLimits
 from agentreach.envelopes import BreakerRecord, Task, now_ms
 from tests.cli.conftest import reach_argv, reach_command, run, started_until
 from tests.support import wait_for_card
@@ -115,6 +116,28 @@ async def test_provision_twice_reports_unchanged(broker):
     assert head.startswith("replicas: auto → 1;")
     assert {tuple(v) for v in outcomes.values()} == {("unchanged", "R1")}
     assert broker.names.dlq_stream in outcomes
+
+
+async def test_provision_without_a_config_keeps_the_limits_a_config_set(broker, tmp_path):
+    """A bare `reach provision` (run to look) keeps the limits a coordinator's config set,
+    and says so: it lifted them cluster-wide. With a config it applies that config's, and
+    says what each limit was and is."""
+    names = broker.names
+    limits = StorageLimits(tasks_bytes=65_536, tasks_per_subject=7)
+    await provision(broker, Topology.default(names, limits=limits))
+    looked = await reach(broker, "provision")
+    assert looked.returncode == 0, looked.stderr
+    assert "limits: kept as they are (no --config" in looked.stderr
+    tasks = await broker.js.stream_info(names.tasks_stream)
+    assert (tasks.config.max_bytes, tasks.config.max_msgs_per_subject) == (65_536, 7)
+    config = tmp_path / "coordinator.yaml"
+    config.write_text("limits: {tasks_per_subject: 9}\n")
+    applied = await reach(broker, "provision", "--config", str(config))
+    assert applied.returncode == 0, applied.stderr
+    tasks = await broker.js.stream_info(names.tasks_stream)
+    assert (tasks.config.max_bytes, tasks.config.max_msgs_per_subject) == (-1, 9)
+    assert "limits: kept" not in applied.stderr
+    assert '"max_bytes": [65536, "unlimited"]' in applied.stderr
 
 
 async def test_publish_wait_that_hears_no_ack_says_the_task_may_still_run(

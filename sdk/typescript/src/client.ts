@@ -359,7 +359,7 @@ function invalidOptions(message: string): InvalidArgument {
   return new InvalidArgument(message, "options");
 }
 
-const SUBJECT_FULL = 10077; // JetStream: maximum messages per subject exceeded
+const SUBJECT_FULL = 10077; // JetStream: maximum messages per subject (or bytes, messages) exceeded
 // While the intake holds a caller's whole backlog on a topic, its next publish is tried again
 // after these pauses (doubling), until its task's ttl.
 const ROOM_PAUSE_FIRST_MS = 50;
@@ -383,7 +383,10 @@ function refusedPublish(err: unknown, task: Task, subject: string, caller: strin
   const failure = err as NatsError | null;
   const ids = { messageId: task.message_id, traceId: task.trace_id };
   if (failure?.api_error?.err_code === SUBJECT_FULL) {
-    const why = `the intake held as many of '${caller}''s tasks on it as it keeps (limits.tasks_per_subject)`;
+    const said = failure.api_error.description ?? ""; // one code for a full subject and a full stream
+    const why = said.includes("per subject")
+      ? `the intake held as many of '${caller}''s tasks on it as it keeps (limits.tasks_per_subject)`
+      : `the intake was full (${said}; limits.tasks_bytes): no coordinator took tasks from it`;
     return new BacklogFull(`'${task.topic}' was not sent: ${why} for the task's whole ttl of ${task.ttl_ms} ms`, ids, { cause: err });
   }
   if (failure?.code === "503" && !failure.api_error) {

@@ -853,6 +853,16 @@ describe("ReachClient when the server does not take the task", () => {
       const stored = await jsm.streams.getMessage("REACH_TASKS", { last_by_subj: "reach.task.summarize.refused-caller" });
       await jsm.streams.deleteMessage("REACH_TASKS", stored.seq);
       await waiting;
+      // The whole intake full (its byte limit: no coordinator takes tasks): said so, not the
+      // caller's own backlog (the server gives both the same err_code).
+      await jsm.streams.purge("REACH_TASKS");
+      await jsm.streams.update("REACH_TASKS", { max_msgs_per_subject: -1, discard_new_per_subject: false, max_bytes: 2_048 });
+      let intakeFull: unknown = null;
+      for (let n = 0; n < 20 && intakeFull === null; n++) {
+        await client.publish(`topic${n}`, { text: "x".repeat(300) }, { ttlMs: 300 }).catch((err: unknown) => (intakeFull = err));
+      }
+      assert.ok(intakeFull instanceof BacklogFull, String(intakeFull));
+      assert.match(intakeFull.message, /was not sent: the intake was full \(maximum bytes exceeded; limits\.tasks_bytes\)/);
       await nc.close();
     } finally {
       await client.close();
