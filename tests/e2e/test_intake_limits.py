@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
-from agentreach.broker import read_stream
+from agentreach.broker import StreamFull, Topology, provision, read_stream
 from agentreach.broker.dead_letters import RAW_KEPT
+from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.intake import STOW_TRIES
 from agentreach.envelopes import headers as h
+from tests.e2e.routing_support import fast
 from tests.secured import SECURED
-from tests.support import until_true
+from tests.support import eventually, until_true
 
 
 async def test_a_large_invalid_body_is_dead_lettered_cut_down(broker, coordinator, watcher):
@@ -43,3 +46,29 @@ async def test_a_claim_check_that_keeps_failing_ends_in_a_dead_letter(broker, co
     assert f"{STOW_TRIES} tries" in letter.error.message
     assert "does not exist" in letter.error.message
     assert watcher.count("routed", {"unstowed"}) == 0
+
+
+async def test_a_letter_a_full_dead_letter_stream_refuses_waits_for_room(
+    broker, start_coordinator, watcher
+):
+    """With REACH_DLQ at its byte limit, an invalid task's letter cannot be stored: its
+    message stays and comes back, the coordinator says once that a stream is full (naming
+    it), and the letter is stored once there is room; nothing is lost."""
+    names = broker.names
+    full = StorageLimits(dead_letters_bytes=4_096)
+    # An operator's (a secured coordinator may not change the history streams' limits).
+    await provision(broker, Topology.default(names, limits=full))
+    with capture_logs() as logs:
+        async with start_coordinator(fast(limits=full)):
+            for size in (600, 40):  # the stream filled by letters nobody dealt with
+                with pytest.raises(StreamFull):
+                    for n in range(200):
+                        filler, msg_id = names.dlq("expired", "t"), f"old-{size}-{n}"
+                        await broker.publish(filler, b"a" * size, headers={h.MSG_ID: msg_id})
+            await broker.publish(names.task("summarize"), b"{oops", headers={h.MSG_ID: "waits"})
+            await eventually(lambda: any(e["event"].startswith("a stream is full") for e in logs))
+            await provision(broker, Topology.default(names, limits=StorageLimits()))  # room
+            letter = await watcher.dead_letter("invalid_envelope", message_id="waits")
+    said = [e for e in logs if e["event"].startswith("a stream is full")]
+    assert len(said) == 1 and names.dlq("invalid_envelope", "summarize") in said[0]["error"]
+    assert letter.error is not None and "malformed" in letter.error.message
