@@ -299,6 +299,16 @@ class Names(msgspec.Struct, frozen=True):
         return (self.dlq_stream, self.events_stream, self.settled_stream, self.audit_stream)
 
     @property
+    def limited_streams(self) -> tuple[str, ...]:
+        """The streams a coordinator config's ``limits:`` bounds in bytes."""
+        return (
+            self.tasks_stream,
+            self.dlq_stream,
+            self.events_stream,
+            f"OBJ_{self.payloads_bucket}",
+        )
+
+    @property
     def payloads_bucket(self) -> str:
         """The Object Store bucket of claim-checked payloads and results."""
         return f"{self.prefix}_payloads"

@@ -122,6 +122,13 @@ async def stream_size(broker: Broker, stream: str) -> tuple[int, int]:
     return info.state.messages, info.state.last_seq
 
 
+async def stream_fill(broker: Broker, stream: str) -> tuple[int, int]:
+    """``(bytes held, max_bytes)`` of a stream; max_bytes -1 when it has no byte limit."""
+    with translated(subject=stream):
+        info = await broker.js.stream_info(stream)
+    return info.state.bytes or 0, info.config.max_bytes or -1
+
+
 async def stream_bounds(broker: Broker, stream: str) -> tuple[int, int]:
     """``(first sequence, last sequence)`` of a stream: what it still keeps."""
     with translated(subject=stream):

@@ -11,6 +11,7 @@ cannot tell a zero from a truth.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ from prometheus_client.registry import Collector
 from agentreach.broker import Broker, BrokerError
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.requests import gather_replies
-from agentreach.broker.streams import consumer_backlog, subject_counts
+from agentreach.broker.streams import consumer_backlog, stream_fill, subject_counts
 from agentreach.coordinator.observability.census import WorkflowCensus
 from agentreach.coordinator.observability.open_letters import OpenLetters
 from agentreach.coordinator.protection.queues import QueueDepths
@@ -64,6 +65,7 @@ class Sampled:
         self.workflows_elsewhere: frozenset[str] = frozenset()  # what the replicas serve
         self.open_letters = open_letters
         self.open_letters_read = False
+        self.stream_fill: dict[str, tuple[int, int]] = {}  # bytes held, max_bytes
 
     async def run(self) -> None:
         while True:
@@ -86,6 +88,7 @@ class Sampled:
             reason = subject[start:].split(".", 1)[0]
             by_reason[reason] = by_reason.get(reason, 0) + count
         self.dlq_by_reason = by_reason
+        self.stream_fill = await _fill_of(self._broker, names.limited_streams)
         if self.open_letters is not None:
             await self.open_letters.read()
             self.open_letters_read = True
@@ -244,6 +247,34 @@ class StateCollector(Collector):
         )
         if self._sampled.open_letters_read:
             yield from _open_letter_gauges(self._sampled)
+        yield from _stream_gauges(self._sampled)
+
+
+async def _fill_of(broker: Broker, streams: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """What each stream a ``limits:`` key bounds holds, and its byte limit (the streams not
+    there left out)."""
+    fill = {}
+    for stream in streams:
+        # Not there (a secured deployment has no payload store), or not this party's to read.
+        with contextlib.suppress(BrokerError):
+            fill[stream] = await stream_fill(broker, stream)
+    return fill
+
+
+def _stream_gauges(sampled: Sampled) -> Iterator[GaugeMetricFamily]:
+    fill = sorted(sampled.stream_fill.items())
+    yield _gauge(
+        "reach_stream_bytes",
+        "Bytes held by each stream a limits: key bounds (intake, dead letters, events, payloads).",
+        ["stream"],
+        [([stream], held) for stream, (held, _) in fill],
+    )
+    yield _gauge(
+        "reach_stream_max_bytes",
+        "The byte limit of each such stream that has one (full, it refuses new writes).",
+        ["stream"],
+        [([stream], limit) for stream, (_, limit) in fill if limit > 0],
+    )
 
 
 def _open_letter_gauges(sampled: Sampled) -> Iterator[GaugeMetricFamily]:
