@@ -47,7 +47,9 @@ from agentreach.envelopes import (
 )
 
 LATENCY_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    1.5, 2.0,  # a model's quick answer: a P99 of 1.2 s read 2.4 s interpolated up to 2.5
+    2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
     600.0, 1800.0, 3600.0,  # agents that think for minutes: a P99 past 5 min is seen
 )  # fmt: skip
 # Kinds only the coordinator publishes. Another sender's (an agent's body of such a kind,
@@ -63,7 +65,7 @@ class FlowMetrics(Collector):
     was always 1, so its first increase would be lost (every replica's, after every restart).
     Closed label sets are created at once; those of a topic on an agent's card (``topics``)
     or of a configured workflow (``workflows``) by the first collection that finds it, the
-    topic's latency and execution histograms included (84 series a topic).
+    topic's latency and execution histograms included (92 series a topic).
     """
 
     def __init__(
