@@ -141,6 +141,9 @@ class ReloadReply(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     rules: list[str] = []
     error: str = ""
+    # Sections of the file changed since the replica started, which apply at its next start.
+    restart_for: list[str] = []
+    config_sha256: str = ""  # of the file as read now: replicas that differ read other files
 
 
 UNDO = "undo"  # the visit part of a compensating task's message id

@@ -40,14 +40,31 @@ async def cmd_routes(args: argparse.Namespace) -> int:
     if not answers:
         raise UsageError(NOT_RUNNING)
     failed = 0
-    for answer in answers:
-        reply = decode_as(answer, ReloadReply)
+    replies = [decode_as(answer, ReloadReply) for answer in answers]
+    for reply in replies:
         if reply.ok:
             print(f"{reply.replica}: reloaded {len(reply.rules)} rules: {', '.join(reply.rules)}")
         else:
             failed += 1
             print(f"{reply.replica}: not reloaded: {reply.error}")
+        if reply.restart_for:
+            print(
+                f"{reply.replica}: changed, applied at its next start only:"
+                f" {', '.join(reply.restart_for)}",
+                file=sys.stderr,
+            )
+    _say_different_files(replies)
     return 1 if failed else 0
+
+
+def _say_different_files(replies: list[ReloadReply]) -> None:
+    """Replicas that read different config files (a copy left behind) route differently."""
+    digests = {r.replica: r.config_sha256[:12] for r in replies if r.config_sha256}
+    if len(set(digests.values())) > 1:
+        each = ", ".join(f"{replica} {digest}" for replica, digest in sorted(digests.items()))
+        print(
+            f"warning: the replicas read different config files (SHA-256: {each})", file=sys.stderr
+        )
 
 
 def _check(path: str | None) -> int:

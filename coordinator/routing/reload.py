@@ -12,6 +12,7 @@ then.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from pathlib import Path
 
 import structlog
@@ -46,13 +47,12 @@ class RouteReloader:
             log.error("routing rules not reloaded", error=str(exc))
             return self._reply(ok=False, error=str(exc))
         self._router.reload(routing)
-        self._say_what_waits_for_a_restart()
-        return self._reply(ok=True)
+        return self._reply(ok=True, restart_for=self._say_what_waits_for_a_restart())
 
-    def _say_what_waits_for_a_restart(self) -> None:
+    def _say_what_waits_for_a_restart(self) -> list[str]:
         now, then = self._load_quietly(), self._started_with
         if now is None or then is None:
-            return
+            return []
         changed = [
             name
             for name in now.__struct_fields__
@@ -65,6 +65,7 @@ class RouteReloader:
                 sections=changed,
                 path=str(self._path),
             )
+        return changed
 
     def _load_quietly(self) -> CoordinatorConfig | None:
         try:
@@ -93,6 +94,21 @@ class RouteReloader:
             return None
         return (stat.st_mtime_ns, stat.st_size) if stat else None
 
-    def _reply(self, *, ok: bool, error: str = "") -> ReloadReply:
+    def _reply(
+        self, *, ok: bool, error: str = "", restart_for: list[str] | None = None
+    ) -> ReloadReply:
         rules = [r.name for r in self._router.routing.rules]
-        return ReloadReply(replica=self._replica, ok=ok, rules=rules, error=error)
+        return ReloadReply(
+            replica=self._replica,
+            ok=ok,
+            rules=rules,
+            error=error,
+            restart_for=restart_for or [],
+            config_sha256=self._digest(),
+        )
+
+    def _digest(self) -> str:
+        try:
+            return hashlib.sha256(self._path.read_bytes()).hexdigest() if self._path else ""
+        except OSError:
+            return ""

@@ -631,6 +631,29 @@ async def test_routes_check_and_reload(broker, start_coordinator, tmp_path):
         assert bad.returncode == 1 and bad.stdout.count("not reloaded") == 2
 
 
+async def test_routes_reload_says_what_waits_for_a_restart_and_differing_files(
+    broker, start_coordinator, tmp_path
+):
+    """A file whose other sections changed too: the reload says, per replica, which apply
+    at its next start only; replicas reading files that differ are told apart."""
+    from agentreach.coordinator import CoordinatorConfig
+
+    mine, theirs = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    mine.write_text(ROUTES)
+    theirs.write_text(ROUTES)
+    async with (
+        start_coordinator(CoordinatorConfig(), mine),
+        start_coordinator(CoordinatorConfig(), theirs),
+    ):
+        same = await reach(broker, "routes", "reload", "--wait", "0.5")
+        mine.write_text(ROUTES + "delivery: {max_attempts: 5}\n")
+        changed = await reach(broker, "routes", "reload", "--wait", "0.5")
+    assert same.returncode == 0 and same.stderr == ""
+    assert changed.returncode == 0, changed.stderr
+    assert changed.stderr.count("changed, applied at its next start only: delivery") == 1
+    assert "warning: the replicas read different config files (SHA-256: " in changed.stderr
+
+
 async def test_trace_shows_the_rule_and_who_was_passed_over(broker, coordinator, watcher):
     """A routed step in `reach trace` names its rule."""
     async with worker().running(broker=broker):

@@ -986,6 +986,14 @@ export interface ReloadReply {
    * default ""
    */
   error: string;
+  /**
+   * default []
+   */
+  restart_for: string[];
+  /**
+   * default ""
+   */
+  config_sha256: string;
 }
 
 /**
