@@ -150,7 +150,14 @@ class AgentRuntime:
         await _finish(self._loops, 0)
         for consumer in self._consumers.values():  # what was pulled and not taken comes back
             await consumer.close()
-        await _finish(list(self._in_flight), self.agent.drain_timeout)
+        if cut := await _finish(list(self._in_flight), self.agent.drain_timeout):
+            log.warning(
+                "handlers still running after the drain timeout were cancelled: their tasks are"
+                " delivered again, to another agent as their next attempt",
+                agent_id=self.agent.agent_id,
+                cancelled=cut,
+                drain_timeout_s=self.agent.drain_timeout,
+            )
         await _finish(self._duties, 0)
         with contextlib.suppress(BrokerError):
             await self._retire()
@@ -312,8 +319,10 @@ def _version(agent: Agent) -> str:
     return versions[0] if len(versions) == 1 and versions[0].count(".") == 2 else "0.0.0"
 
 
-async def _finish(tasks: list[asyncio.Task[None]], timeout: float) -> None:
+async def _finish(tasks: list[asyncio.Task[None]], timeout: float) -> int:
+    """Wait up to ``timeout`` for ``tasks``, then cancel the rest; how many were cut."""
     if not tasks:
-        return
+        return 0
     _, pending = await asyncio.wait(tasks, timeout=timeout)
     await cancel_and_wait(*pending)
+    return len(pending)

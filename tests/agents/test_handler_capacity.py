@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import functools
 
+from structlog.testing import capture_logs
+
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, consumer_state
 from agentreach.envelopes import Ack, Heartbeat, Priority
@@ -192,9 +194,12 @@ async def test_a_stop_cancels_what_outruns_drain_timeout_and_the_task_runs_again
         async with agent.running(broker=broker) as runtime:
             message_id, _ = await client.publish("slow", None)
             await until_true(lambda: _true(len(runs) == 1))
-            async with asyncio.timeout(5):  # not the 10 s it used to be
-                await runtime.stop()
+            with capture_logs() as logs:
+                async with asyncio.timeout(5):  # not the 10 s it used to be
+                    await runtime.stop()
         async with agent.running(broker=broker):
             await watcher.event("completed", message_id=message_id, timeout=20)
     assert runs == [message_id, message_id]
     assert watcher.count("failed", {message_id}) == 0
+    [cut] = [e for e in logs if e["event"].startswith("handlers still running after the drain")]
+    assert cut["cancelled"] == 1 and cut["log_level"] == "warning"
