@@ -79,9 +79,12 @@ class Link:
         if repeated is None:
             log.debug("nats error", error=said)
         elif repeated:
-            log.warning("nats error", error=said, url=self.shown_url, times_since_last=repeated)
-        else:
-            log.warning("nats error", error=said, url=self.shown_url)
+            log.warning(
+                "nats error", error=said, server=self.server, url=self.shown_url,
+                times_since_last=repeated,
+            )  # fmt: skip
+        else:  # server: the one it came from (url: the seed list)
+            log.warning("nats error", error=said, server=self.server, url=self.shown_url)
 
     async def _on_disconnected(self) -> None:
         # Not during the first connect: that one fails with its own error.
