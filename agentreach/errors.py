@@ -20,7 +20,7 @@ command line) can catch them all with one ``except ReachError``.
     ├── ManualReviewError           ManualReview: the item is gone, closed or held by another
     └── InvokeError                 ReachClient.invoke() got no result
         ├── NotProvisioned          no task stream: run `reach provision` (also a NoStreamError)
-        ├── BacklogFull             the caller's intake backlog on the topic is full (SubjectFull)
+        ├── BacklogFull             the caller's backlog on the topic, or the intake, is full
         ├── NotAcknowledged, DeadlineExceeded
         └── TaskFailed
             └── Rejected
