@@ -246,17 +246,19 @@ class AgentRuntime:
         and heartbeats alone do not make one. Until the registry is provisioned again, it is
         looked for again and again."""
         loop = asyncio.get_running_loop()
-        seen, look_at = self.broker.reconnects, loop.time() + interval_s * CARD_LOOK_BEATS
+        seen, looked_at = self.broker.reconnects, loop.time()
         while True:
             await asyncio.sleep(CARD_CHECK_S)  # nothing to await: nats-py only counts them
-            due = loop.time() >= look_at
+            # The interval as it is now: a coordinator's control message may change it.
+            every_s = self.heartbeats.interval_s if self.heartbeats else interval_s
+            due = loop.time() - looked_at >= every_s * CARD_LOOK_BEATS
             if (self.broker.reconnects == seen and not due) or self.card is None:
                 continue
             try:
                 restored = await restore_card(self.broker, self.card)
             except BrokerError:
                 continue  # the registry is not there (yet)
-            seen, look_at = self.broker.reconnects, loop.time() + interval_s * CARD_LOOK_BEATS
+            seen, looked_at = self.broker.reconnects, loop.time()
             if restored is not None:
                 self._registered = restored
 

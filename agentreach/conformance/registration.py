@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import statistics
 import time
@@ -13,7 +14,7 @@ from agentreach.broker.presence import SERVICE_NAME
 from agentreach.broker.requests import gather_replies
 from agentreach.conformance.report import Checks, Failed
 from agentreach.conformance.session import Session
-from agentreach.envelopes import PRIORITIES, AgentControl, Heartbeat
+from agentreach.envelopes import PRIORITIES, AgentCard, AgentControl, DecodeError, Heartbeat
 
 CADENCE_S = 0.5  # the interval the kit asks for while it watches the beats
 BEATS = 12
@@ -21,6 +22,8 @@ FIRST_BEAT_S = 2.0  # "at once" after the card: what the first heartbeat may tak
 WAKE_PROBES = 25  # pairs of control messages, the second later by one more step each time
 WAKE_STEP_S = 0.0002
 JITTER_STDEV_S = 0.025  # ±20 % of 0.5 s spreads gaps far wider; no jitter at all does not
+# Four heartbeat intervals at the kit's cadence (with jitter), and the agent's own look.
+CARD_AGAIN_S = 4 * CADENCE_S * 1.2 + 2.0
 
 
 async def card(s: Session, c: Checks) -> str:
@@ -141,12 +144,37 @@ async def heartbeats(s: Session, c: Checks) -> str:
     c.should(all(0.3 <= g <= 0.75 for g in gaps), f"every gap within ±20 % (+0.1 s): {shown}")
     spread = statistics.pstdev(sent_gaps)
     c.must(spread >= JITTER_STDEV_S, f"no jitter: gaps {shown} (stdev {spread:.3f} s)")
+    c.should(
+        await _card_written_again(s),
+        f"the card, overwritten with something that is no card, written again within"
+        f" {CARD_AGAIN_S:g} s (§4: looked at every few heartbeat intervals)",
+    )
     await _wake_during_write(s, first.interval_s)
     await s.until(lambda: busy.replies_of("result") or None, 15.0, "the busy task's result")
     return (
         f"epoch {epoch}; at {CADENCE_S} s: mean gap {mean:.3f} s, stdev {spread:.3f} s;"
         f" interval {first.interval_s:g} s restored"
     )
+
+
+async def _card_written_again(s: Session) -> bool:
+    """§4: the card overwritten by hand (with bytes that are no card) while the agent beats
+    every ``CADENCE_S``: whether it writes it again, as it was, within ``CARD_AGAIN_S``.
+    When it does not, the kit puts it back (the clauses after it route by the card)."""
+    cards = await s.broker.bucket(s.names.agents_bucket, AgentCard)
+    card = await s.card()
+    await s.broker.publish(f"$KV.{s.names.agents_bucket}.{s.agent_id}", b"no card")
+
+    async def readable() -> AgentCard | None:
+        with contextlib.suppress(DecodeError):
+            entry = await cards.get(s.agent_id)
+            return entry.value if entry is not None else None
+        return None
+
+    if await s.poll(readable, CARD_AGAIN_S) == card:
+        return True
+    await cards.put(s.agent_id, card)
+    return False
 
 
 async def _wake_during_write(s: Session, restore_s: float) -> None:

@@ -12,10 +12,11 @@ import pytest
 from agentreach.agents import Agent, execution, reports
 from agentreach.agents import claims as sdk_claims
 from agentreach.agents import heartbeats as sdk_heartbeats
+from agentreach.agents import runtime as sdk_runtime
 from agentreach.agents.claims import Claimed
 from agentreach.broker import ClaimCheck
 from agentreach.conformance import CLAUSES, Status, run_conformance
-from agentreach.envelopes import now_ms
+from agentreach.envelopes import AgentCard, now_ms
 from agentreach.examples import conformance as example
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.sdk.test_typescript import own_creds, verdicts_but_claim_check
@@ -86,6 +87,23 @@ async def test_an_agent_without_jitter_fails_the_heartbeat_clause(broker, coordi
     verdicts = await judge(broker, conformance_agent("metronome-1"), "liveness.heartbeats")
     assert verdicts["liveness.heartbeats"].status is Status.FAIL
     assert "no jitter" in verdicts["liveness.heartbeats"].detail
+
+
+async def test_an_agent_that_does_not_write_its_card_again_is_warned(
+    broker, coordinator, monkeypatch
+):
+    """Clause 4 overwrites the card with bytes that are no card: the SDK writes it again
+    (no warning); an agent that never looks is warned, and the kit puts the card back."""
+    fine = await judge(broker, conformance_agent("keeper-1"), "liveness.heartbeats")
+    assert fine["liveness.heartbeats"].status is Status.PASS, fine["liveness.heartbeats"]
+    monkeypatch.setattr(sdk_runtime, "CARD_LOOK_BEATS", 1_000)
+    careless = conformance_agent("scribbled-1")
+    verdicts = await judge(broker, careless, "liveness.heartbeats")
+    verdict = verdicts["liveness.heartbeats"]
+    assert verdict.status is Status.WARN
+    assert any("written again within" in warning for warning in verdict.warnings)
+    cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+    assert (await cards.get("scribbled-1")).value.agent_id == "scribbled-1"  # put back
 
 
 async def test_an_agent_that_loses_a_wake_up_fails_the_heartbeat_clause(

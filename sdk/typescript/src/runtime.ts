@@ -128,7 +128,7 @@ export class AgentRuntime {
     this.heartbeats = new Heartbeats(conn, config.agentId, this.card.epoch, intervalS, () => this.load(), this.log, onReplaced);
     this.heartbeats.start();
     void this.keepCard().catch((err) => this.log.warn("card keeper stopped", { error: String(err) }));
-    void this.lookAtCard(intervalS * 1000 * CARD_LOOK_BEATS);
+    void this.lookAtCard();
     const executor = this.executor;
     PRIORITIES.forEach((p, i) => this.loops.push(this.consume(p, consumers[i]!, executor)));
     this.log.info("agent serving", { epoch: this.card.epoch, topics: [...config.handlers.keys()].sort() });
@@ -163,11 +163,13 @@ export class AgentRuntime {
     }
   }
 
-  /** Every few heartbeat intervals, for a card deleted or overwritten by hand. */
-  private async lookAtCard(everyMs: number): Promise<void> {
-    while (!this.stopped) {
-      await sleep(everyMs, this.stopping.signal);
-      if (!this.stopped) await this.restoreCard();
+  /** Every few heartbeat intervals (as they are now: a control message may change them), for a card deleted or overwritten by hand. */
+  private async lookAtCard(): Promise<void> {
+    for (let lookedAt = performance.now(); !this.stopped; ) {
+      await sleep(CARD_CHECK_MS, this.stopping.signal);
+      if (this.stopped || performance.now() - lookedAt < (this.heartbeats?.intervalS ?? 15) * 1000 * CARD_LOOK_BEATS) continue;
+      lookedAt = performance.now();
+      await this.restoreCard();
     }
   }
 
