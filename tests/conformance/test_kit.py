@@ -47,6 +47,7 @@ async def test_the_python_sdk_passes_every_clause(broker, coordinator, request):
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(verdicts) == len(CLAUSES)
     assert verdicts_but_claim_check(lines) <= {"PASS", "WARN"}, done.stdout
+    assert "written again within" not in done.stdout  # its card overwritten, it wrote it again
     assert "conformance-py: CONFORMS to agent protocol v1" in lines[-1]
 
 

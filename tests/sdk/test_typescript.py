@@ -102,6 +102,7 @@ async def test_the_typescript_sdk_passes_every_clause(broker, coordinator, node_
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(verdicts) == len(CLAUSES)
     assert verdicts_but_claim_check(lines) <= {"PASS", "WARN"}, done.stdout
+    assert "written again within" not in done.stdout  # its card overwritten, it wrote it again
 
 
 async def start_greeter(
