@@ -131,7 +131,9 @@ def difference(routed: Event, sent: Sent) -> str | None:
     """What differs between ``sent`` and the request whose first ``routed`` event is
     ``routed``, said of the latter ("was sent on topic …"); None when nothing recorded does."""
     topic, digest = routed.detail.get("sent_topic"), _digest(routed.detail.get("input"))
-    if isinstance(topic, str) and topic != sent.topic:
+    # The topic it was routed on is the same request too (a rule's or the resolution's: the
+    # task as dispatched, met again in an agent's queue).
+    if isinstance(topic, str) and sent.topic not in (topic, routed.topic):
         return f"was sent on topic {topic!r}, this one on {sent.topic!r}"
     if sent.sha256 is not None and digest is not None and digest != sent.sha256:
         return f"had another payload (SHA-256 {digest[:12]}…, this one's {sent.sha256[:12]}…)"

@@ -26,6 +26,8 @@ def test_the_same_request_or_nothing_to_compare_with_passes():
     assert _same_request([routed()], sent)  # a coordinator before revision 20
     assert _same_request([routed(sent_topic="auto", input={"sha256": FIRST})], sent)
     assert _same_request([routed(sent_topic="x")], None)
+    # The task as routed (a rule sent `auto` on to `refund`), met again in an agent's queue.
+    assert _same_request([routed(sent_topic="auto", input={"sha256": FIRST})], Sent("refund"))
     assert _same_request([routed(sent_topic="auto", input={"sha256": "9" * 64})], Sent("auto"))
 
 

@@ -61,7 +61,8 @@ export class ReusedId extends OthersMessage {
 export function checkSameRequest(events: Event[], topic: string): void {
   const first = events.find((e) => e.event === "routed" && (e.attempt ?? 1) === 1);
   const sentTopic = first?.detail?.sent_topic;
-  if (first === undefined || typeof sentTopic !== "string" || sentTopic === topic) return;
+  // The topic it was routed on (a rule's, the resolution's) is the same request too.
+  if (first === undefined || typeof sentTopic !== "string" || sentTopic === topic || first.topic === topic) return;
   throw new ReusedId(
     `message id '${first.message_id}' is of an earlier request of yours, which was sent on topic` +
       ` '${sentTopic}', this one on '${topic}' (sent again within the duplicate window, it would be` +
