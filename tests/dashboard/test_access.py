@@ -112,6 +112,8 @@ NONE = "this dashboard needs its access token"
         (f"Authorization: Basic {TOKEN}", NONE),  # another scheme: no token given
         (f"Cookie: reach_dashboard_1={TOKEN}", NONE),  # the cookie of another port's dashboard
     ],
+    # Ids without the random token: every process collecting the tests names them alike.
+    ids=["other", "truncated", "extended", "other-cookie", "basic", "cookie-of-port-1"],
 )
 async def test_a_wrong_token_is_refused(broker: Broker, given: str, said: str):
     """A token that is not this dashboard's: 401 on the API, saying a restart makes a new
