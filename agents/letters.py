@@ -174,6 +174,7 @@ async def replay(
         budget=envelopes.Budget(),  # the first caller's patience: nobody waits for this one
         replay_of=letter.message_id,
         replays=original.replays + 1,
+        requeued=0,
         reply_to=None,
         created_at=now_ms(),
         received_ms=0,  # a new message: its reach latency starts at its own intake

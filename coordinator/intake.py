@@ -171,9 +171,10 @@ class Intake:
         if sender is None:
             return task
         _check_dedup_header(msg.headers, task)
-        # The subject names the sender; the body's own claims give way.
+        # The subject names the sender; the body's own claims give way. Only the coordinator
+        # counts attempts that never ran: a sender's count would buy its task more attempts.
         from_agent = sender if task.from_agent is not None else None
-        return msgspec.structs.replace(task, caller=sender, from_agent=from_agent)
+        return msgspec.structs.replace(task, caller=sender, from_agent=from_agent, requeued=0)
 
     async def _within_quota(self, task: Task, *, decoded: bool = True) -> bool:
         """Take a token of the caller's quota; False when the task was refused for it: an

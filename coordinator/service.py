@@ -120,7 +120,14 @@ class Coordinator:
         self.router = Router(broker, fleet, config.routing, grants, manual=self.manual)
         self.workflows = WorkflowEngine(broker, config.workflows, grants=grants)
         self.liveness = LivenessMonitor(
-            broker, config.liveness, self.directory, self.queues.slots, RunOnce(broker, grants)
+            broker,
+            config.liveness,
+            self.directory,
+            self.queues.slots,
+            RunOnce(broker, grants),
+            allowed=lambda task, agent_id: config.delivery.allowed(
+                task, self.directory.cards.get(agent_id)
+            ),
         )
         # A forgotten agent (its card deleted) is forgotten here too, with no restart.
         self.directory.on_forget(self.liveness.moves.forget, self.breakers.forget)

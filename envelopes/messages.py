@@ -135,6 +135,9 @@ class Task(_AboutTask, frozen=True, kw_only=True, tag="task"):
     # How many replays led to this task: 0 for a task first sent, the replayed task's + 1
     # for a replay. A replay of a task replayed ``max_replays`` times is refused unless forced.
     replays: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # How many of the attempts before this one were moved, unclaimed, from an agent that went
+    # away: they never ran, so they do not count against the topic's attempts.
+    requeued: Annotated[int, msgspec.Meta(ge=0)] = 0
     # Who sent it: the sender token of its intake subject, set by the coordinator (a body's
     # own claim is replaced); None for the bare operators' form.
     caller: Token | None = None

@@ -182,14 +182,18 @@ async def permanent_error(s: Session, c: Checks) -> str:
 async def deadline(s: Session, c: Checks) -> str:
     """§10.5: a handler past the execute budget fails as deadline_exceeded, retryable."""
     budget = Budget(execute_ms=500)
-    # A late attempt: the coordinator dead-letters it instead of trying again.
-    ex = await s.dispatch(s.task({"op": "sleep", "ms": 5_000}, budget=budget, attempt=9))
+    # A late attempt: the coordinator dead-letters it instead of trying again. Four of the
+    # attempts before it were moved unrun (revision 21): detail.task must say so too.
+    late = s.task({"op": "sleep", "ms": 5_000}, budget=budget, attempt=9)
+    ex = await s.dispatch(msgspec.structs.replace(late, requeued=4))
     started = await s.until(lambda: first(ex.replies_of("progress")), 5.0, "the handler start")
     begun = next(r.at for r in ex.replies if r.body is started)
     detail = await outcome(s, ex, "failed", 5.0)
     ended = next(e.at for e in ex.events if e.body.event == "failed")
     c.must(detail.error.type == "deadline_exceeded", f"error.type {detail.error.type!r}")
     c.must(detail.error.retryable, "deadline_exceeded is retryable")
+    passed_on = detail.task.requeued
+    c.should(passed_on == 4, f"detail.task.requeued {passed_on}, not the task's 4 (revision 21)")
     took = ended - begun
     c.must(0.4 <= took <= 2.5, f"failed {took:.2f} s after the start, budget 0.5 s")
     await s.quiet()

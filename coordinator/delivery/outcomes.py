@@ -20,7 +20,7 @@ from agentreach.broker.lifecycle import emit, event_for, events_of
 from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.delivery.dead_letters import end_with_error, unreadable_event
 from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
-from agentreach.coordinator.delivery.retries import RetryConfig
+from agentreach.coordinator.delivery.retries import RetryConfig, attempts_run
 from agentreach.coordinator.protection.grants import (
     Grants,
     impersonation,
@@ -154,7 +154,8 @@ class Outcomes:
         if not error.retryable:
             await end_with_error(self._broker, task, "rejected", error)
             return None
-        if task.attempt >= self._max_attempts(task, event.agent_id):
+        allowed = self._config.allowed(task, self._directory.cards.get(event.agent_id or ""))
+        if attempts_run(task) >= allowed:
             await end_with_error(self._broker, task, "retries_exhausted", error)
             return None
         if delivered == 1:
@@ -274,11 +275,6 @@ class Outcomes:
         log.error("outcome event without its task", message_id=event.message_id, error=str(exc))
         await end_with_error(self._broker, stub, "invalid_envelope", error)
         return None
-
-    def _max_attempts(self, task: Task, agent_id: str | None) -> int:
-        card = self._directory.cards.get(agent_id or "")
-        intent = card.intents.get(task.topic) if card else None
-        return self._config.attempts_for(task.topic, intent.max_attempts if intent else None)
 
 
 def _dispatched_at_ms(event: Event) -> int:

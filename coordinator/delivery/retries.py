@@ -8,6 +8,7 @@ import random
 import msgspec
 
 from agentreach.coordinator.units import Positive, PositiveSeconds
+from agentreach.envelopes import AgentCard, Task
 
 JITTER = 0.2
 
@@ -25,9 +26,20 @@ class RetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         intent's own setting on the agent card, else ``max_attempts``."""
         return self.attempts_by_topic.get(topic) or intent_setting or self.max_attempts
 
+    def allowed(self, task: Task, card: AgentCard | None) -> int:
+        """How many attempts ``task`` gets, with the intent setting on ``card`` (its agent's)."""
+        intent = card.intents.get(task.topic) if card else None
+        return self.attempts_for(task.topic, intent.max_attempts if intent else None)
+
     def backoff_s(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after attempt ``attempt`` failed."""
         return backoff_s(attempt, base_s=self.base_s, cap_s=self.cap_s, rng=rng)
+
+
+def attempts_run(task: Task) -> int:
+    """The attempts of ``task`` that ran (or may have), up to this one: a reassignment that
+    took an attempt from its agent before it claimed it is not one of them."""
+    return task.attempt - task.requeued
 
 
 def backoff_s(

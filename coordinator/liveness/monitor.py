@@ -31,7 +31,7 @@ from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator.liveness.cadence import Cadence
 from agentreach.coordinator.liveness.config import LivenessConfig
 from agentreach.coordinator.liveness.presence_checks import PresenceChecks, QueuedSlots
-from agentreach.coordinator.liveness.reassign import Moves
+from agentreach.coordinator.liveness.reassign import Allowed, Moves
 from agentreach.coordinator.liveness.tracked import Registered, Tracked, track_registered
 from agentreach.coordinator.liveness.verdicts import VerdictWriter
 from agentreach.coordinator.routing.run_once import RunOnce
@@ -60,6 +60,7 @@ class LivenessMonitor:
         registered: Registered | None = None,
         queued: QueuedSlots | None = None,
         run_once: RunOnce | None = None,  # reads execution records (sealed, when secured)
+        allowed: Allowed | None = None,  # the attempts a task taken from an agent gets
     ) -> None:
         self._broker = broker
         self._config = config
@@ -69,7 +70,12 @@ class LivenessMonitor:
         # The queues of OFFLINE agents, and of forgotten ones: nobody else takes them.
         run_once = run_once or RunOnce(broker)
         self.moves = Moves(
-            broker, run_once, judged=self.agents, registered=registered, queued=queued
+            broker,
+            run_once,
+            judged=self.agents,
+            registered=registered,
+            queued=queued,
+            allowed=allowed,
         )
         self._checks = PresenceChecks(
             broker, config, self.agents, queued, judge=self._transition, look_again=self._look_again
@@ -191,7 +197,7 @@ class LivenessMonitor:
                         named=beat.agent_id)  # fmt: skip
             return
         tracked = self.agents.get(agent_id)
-        if tracked is not None and _seen(tracked, revision, beat):
+        if tracked is not None and tracked.has_seen(revision, beat):
             return  # seen already (the periodic re-read finds mostly these)
         if tracked is not None:
             tracked.revision, tracked.seq = revision, beat.seq if beat is not None else 0
@@ -386,13 +392,3 @@ class LivenessMonitor:
         tracked.offline_at_ms = [t for t in tracked.offline_at_ms if now - t < HOUR_MS] + [now]
         if len(tracked.offline_at_ms) > self._config.flapping_limit:
             tracked.quarantined = True
-
-
-def _seen(tracked: Tracked, revision: int, beat: Heartbeat | None) -> bool:
-    """Whether the heartbeat at ``revision`` was taken into account already. A later beat
-    of the same process (a higher ``seq``, or a later process) is new even at a lower
-    revision: the bucket was made again (a server back on an empty store), and its
-    revisions start over."""
-    if not 0 < revision <= tracked.revision:
-        return False
-    return beat is None or (beat.epoch, beat.seq) <= (tracked.epoch, tracked.seq)

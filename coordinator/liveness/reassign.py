@@ -6,14 +6,19 @@ subjects (work-queue streams keep a message until it is acknowledged). Each is
 dispatched again with the same message_id and attempt + 1. Before that, its
 execution record is marked failed: a late ``finish`` from the old agent then
 loses the conditional write, and its result is rejected instead of sent.
+
+An attempt its agent never claimed did not run: it is counted in the task's ``requeued``
+and costs none of the topic's attempts (a rolling restart must not use them up). One its
+agent was running when it went does count: a task that kills every agent that runs it
+ends as ``retries_exhausted`` after the topic's attempts, instead of taking down agent
+after agent until its ttl runs out.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 import structlog
@@ -24,6 +29,7 @@ from agentreach.broker.dead_letters import dead_letter_stored
 from agentreach.broker.lifecycle import SEAL_HEADER, emit, event_for
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
+from agentreach.coordinator.delivery.retries import RetryConfig, attempts_run
 from agentreach.coordinator.liveness.tracked import Registered, Tracked, untrack
 from agentreach.coordinator.routing.run_once import (
     REASSIGNED,
@@ -49,6 +55,7 @@ from agentreach.envelopes.headers import task_headers
 
 log = structlog.get_logger("coordinator.reassign")
 Queued = Callable[[], Iterable[tuple[str, str]]]  # (agent, priority) with tasks queued
+Allowed = Callable[[Task, str], int]  # the attempts a task taken from an agent gets
 
 OFFLINE = "went OFFLINE"
 FORGOTTEN = "is no longer registered (forgotten: reach agents forget)"
@@ -68,9 +75,11 @@ class Moves:
         judged: dict[str, Tracked] | None = None,
         registered: Registered | None = None,
         queued: Queued | None = None,
+        allowed: Allowed | None = None,
     ) -> None:
         self._broker = broker
         self._run_once = run_once
+        self._allowed = allowed
         self._unmoved: dict[str, tuple[int, str]] = {}  # agent id → the epoch gone, and why
         self._judged = judged if judged is not None else {}
         self._registered = registered
@@ -121,7 +130,12 @@ class Moves:
         epoch, why = self._unmoved[agent_id]
         try:
             await reassign_tasks(
-                self._broker, agent_id, epoch=epoch, run_once=self._run_once, why=why
+                self._broker,
+                agent_id,
+                epoch=epoch,
+                run_once=self._run_once,
+                why=why,
+                allowed=self._allowed,
             )
         except BrokerError as exc:
             log.warning("queued tasks not moved yet", agent_id=agent_id, error=str(exc))
@@ -136,13 +150,16 @@ async def reassign_tasks(
     epoch: int = 0,
     run_once: RunOnce | None = None,
     why: str = OFFLINE,
+    allowed: Allowed | None = None,
 ) -> int:
     """Re-dispatch every task waiting for ``agent_id``, whose process ``epoch`` is gone
     (``why``: it went OFFLINE, or was forgotten); returns how many it took away (sent on, or
-    ended where their ttl had passed). Nothing moves when a newer process of the agent is up
-    already: its consumer (the same durable) takes those tasks itself. ``run_once`` reads
-    the records (sealed ones, when secured)."""
+    ended where their ttl had passed or their attempts ran out). Nothing moves when a newer
+    process of the agent is up already: its consumer (the same durable) takes those tasks
+    itself. ``run_once`` reads the records (sealed ones, when secured); ``allowed`` says how
+    many attempts a task gets (by default the coordinator's default settings)."""
     run_once = run_once or RunOnce(broker)
+    gone = _Gone(agent_id, epoch, why, allowed or _default_allowed)
     if await _newer_process(broker, agent_id, epoch):
         log.info("a newer process serves the agent; nothing to reassign", agent_id=agent_id)
         return 0
@@ -152,7 +169,7 @@ async def reassign_tasks(
         seq = 1
         while (stored := await next_message(broker, stream, subject, from_seq=seq)) is not None:
             seq = stored.stream_seq + 1
-            what = await _move(broker, stream, stored, agent_id, epoch, run_once, why)
+            what = await _move(broker, stream, stored, gone, run_once)
             if what == "kept":
                 continue
             if what is not None:
@@ -163,6 +180,19 @@ async def reassign_tasks(
     return taken.total()
 
 
+class _Gone(NamedTuple):
+    """The agent process the tasks are taken from, and why."""
+
+    agent_id: str
+    epoch: int
+    why: str
+    allowed: Allowed
+
+
+def _default_allowed(task: Task, agent_id: str) -> int:
+    return RetryConfig().allowed(task, None)
+
+
 async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
     cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
     card = await cards.get(agent_id)
@@ -170,19 +200,14 @@ async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
 
 
 async def _move(
-    broker: Broker,
-    stream: str,
-    stored: StoredMessage,
-    agent_id: str,
-    epoch: int,
-    run_once: RunOnce,
-    why: str,
-) -> Literal["reassigned", "past_ttl", "kept", "unreadable"] | None:
+    broker: Broker, stream: str, stored: StoredMessage, gone: _Gone, run_once: RunOnce
+) -> Literal["reassigned", "past_ttl", "kept", "unreadable", "exhausted"] | None:
     """Send the task through intake again as its next attempt, with the ttl it has left.
 
     Intake, not the router directly: when no agent can take it now it waits there,
     on the broker, instead of being lost with this call.
     """
+    agent_id, epoch, why, _ = gone
     try:
         task = envelopes.decode_task(stored.data)
     except DecodeError as exc:  # its agent's consumer would have dead-lettered it
@@ -192,24 +217,56 @@ async def _move(
             broker, stream, stored, reason="invalid_envelope", error=error, topic=INVALID_TOPIC
         )
         return "unreadable"
-    await _fence(broker, task, agent_id, epoch, why, seal=stored.headers.get(SEAL_HEADER))
+    ran = await _fence(broker, task, agent_id, epoch, why, seal=stored.headers.get(SEAL_HEADER))
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
         ttl_end_ms = stored.timestamp_ms + task.ttl_ms
         expired = await _expire(broker, task, agent_id, run_once, why, ttl_end_ms)
         return "past_ttl" if expired else "kept"
-    retry = msgspec.structs.replace(task, attempt=task.attempt + 1, to_agent=None, ttl_ms=left_ms)
+    if ran and attempts_run(task) >= (allowed := gone.allowed(task, agent_id)):
+        ttl_end_ms = stored.timestamp_ms + task.ttl_ms
+        await _exhaust(broker, task, gone, run_once, allowed, ttl_end_ms)
+        return "exhausted"
+    retry = msgspec.structs.replace(
+        task,
+        attempt=task.attempt + 1,
+        requeued=task.requeued + (0 if ran else 1),
+        to_agent=None,
+        ttl_ms=left_ms,
+    )
     headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
     # On its own intake subject: an operator's burst on the bare one cannot refuse it.
     subject = broker.names.coordinator_task(task.topic)
     await broker.publish(subject, envelopes.encode(retry), headers=headers)
     # The trace says why attempt + 1 comes (else nothing stands between the two attempts).
-    gone = ErrorInfo(type=REASSIGNED, message=f"{agent_id} {why}", retryable=True)
+    said = f"{agent_id} {why} while running it" if ran else f"{agent_id} {why} before it ran"
+    error = ErrorInfo(type=REASSIGNED, message=said, retryable=True)
     scheduled = event_for(
-        task, "retry_scheduled", next_attempt=retry.attempt, delay_ms=0, error=gone
+        task, "retry_scheduled", next_attempt=retry.attempt, delay_ms=0, error=error
     )
     await emit(broker, scheduled)
     return "reassigned"
+
+
+async def _exhaust(
+    broker: Broker, task: Task, gone: _Gone, run_once: RunOnce, allowed: int, ttl_end_ms: int
+) -> None:
+    """End a task whose last allowed attempt's agent went away while running it (a task
+    that kills its agent must not take down one agent after another), unless that run
+    finished after all (its record answers it) or another agent runs it now."""
+    records = await run_once.records(task)
+    match verdict_of(records, until_ms=lease_limit(task, ttl_end_ms)):
+        case RanAlready(record=record):
+            await answer_from_record(broker, task, record)
+        case Running():
+            log.info("its attempts ran out, but another agent runs it now", agent=gone.agent_id)
+        case None:
+            message = (
+                f"{gone.agent_id} {gone.why} while running attempt {task.attempt};"
+                f" {attempts_run(task)} of the {allowed} attempts allowed ran"
+            )
+            error = ErrorInfo(type=REASSIGNED, message=message, retryable=True)
+            await end_with_error(broker, task, "retries_exhausted", error)
 
 
 async def _expire(
@@ -242,17 +299,25 @@ async def _expire(
 
 async def _fence(
     broker: Broker, task: Task, agent_id: str, epoch: int, why: str, *, seal: str | None
-) -> None:
+) -> bool:
     """Take the attempt away from the gone process (that agent, that epoch or older): a
     running claim, so its late result cannot land; or, never claimed, a fence for the
     attempt, so that a process of the agent that comes back and fetches it from its durable
     queue before it is deleted here does not run it beside the next attempt (it ran twice
-    in the chaos suite). A claim of anyone else stands, and so does a result."""
+    in the chaos suite). A claim of anyone else stands, and so does a result. False when
+    the attempt never ran: it was not claimed."""
     executions = await broker.bucket(broker.names.executions_bucket, Execution)
     reassigned = ErrorInfo(type=REASSIGNED, message=f"its agent {why}", retryable=True)
+    unclaimed = False
 
     def fenced(record: Execution | None) -> Execution | None:
+        nonlocal unclaimed
+        # A fence written before (a move tried again): claimed, it would say when it began.
+        unclaimed = record is None or (
+            envelopes.is_reassignment_fence(record, task.attempt) and not record.started_ms
+        )
         if record is None or (record.state == "failed" and record.attempt < task.attempt):
+            unclaimed = True
             return Execution(
                 message_id=task.message_id,
                 state="failed",
@@ -272,5 +337,8 @@ async def _fence(
 
     # Losing this race means it finished just now: the next attempt finds the stored result.
     key = execution_key(task.caller, task.message_id, agent_id)
-    with contextlib.suppress(WrongLastSequence):
+    try:
         await executions.cas(key, fenced, tries=1)
+    except WrongLastSequence:
+        return True
+    return not unclaimed

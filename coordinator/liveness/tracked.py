@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from agentreach.coordinator.liveness.cadence import Cadence
-from agentreach.envelopes import AgentCard, Liveness, LivenessState
+from agentreach.envelopes import AgentCard, Heartbeat, Liveness, LivenessState
 
 
 @dataclass
@@ -39,6 +39,15 @@ class Tracked:
     answered_epoch: int = -1
     checking: bool = False
     unanswered_at: float = -1.0  # the last_seen of the last check it did not answer in time
+
+    def has_seen(self, revision: int, beat: Heartbeat | None) -> bool:
+        """Whether the heartbeat at ``revision`` was taken into account already. A later beat
+        of the same process (a higher ``seq``, or a later process) is new even at a lower
+        revision: the bucket was made again (a server back on an empty store), and its
+        revisions start over."""
+        if not 0 < revision <= self.revision:
+            return False
+        return beat is None or (beat.epoch, beat.seq) <= (self.epoch, self.seq)
 
     def record(self) -> Liveness:
         return Liveness(

@@ -278,7 +278,7 @@ async def test_tasks_of_a_lost_agent_complete_elsewhere_and_its_late_result_is_r
     moved = await watcher.event("retry_scheduled", message_id=message_id)
     assert moved.detail["next_attempt"] == 2 and moved.detail["delay_ms"] == 0
     assert moved.detail["error"]["type"] == "reassigned"
-    assert moved.detail["error"]["message"] == "lost went OFFLINE"
+    assert moved.detail["error"]["message"] == "lost went OFFLINE while running it"
 
 
 async def test_coordinator_restart_causes_no_false_offline(broker, watcher):

@@ -64,6 +64,7 @@ export function decodeTask(data: Uint8Array): Task {
     budget: r.optional("budget", { ...DEFAULT_BUDGET }, budget),
     replay_of: r.optional("replay_of", null, nullableString),
     replays: r.optional("replays", 0, (v, at) => int(v, at, { ge: 0 })),
+    requeued: r.optional("requeued", 0, (v, at) => int(v, at, { ge: 0 })),
     caller: r.optional("caller", null, nullableToken),
     headers: r.optional("headers", {}, stringMap),
     received_ms: r.optional("received_ms", 0, (v, at) => int(v, at, {})),

@@ -156,6 +156,7 @@ export class TaskContext {
       budget: { ...this.envelope.budget, execute_ms: Math.min(this.envelope.budget.execute_ms, remaining) },
       replay_of: null,
       replays: 0, // a sub-task is a first sending, whatever led to its parent
+      requeued: 0,
       caller: null, // the coordinator sets it from the subject: this agent
       headers: {},
       received_ms: 0, // the coordinator's intake sets it

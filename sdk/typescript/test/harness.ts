@@ -375,6 +375,7 @@ export function task(topic: string, payload: unknown, fields: Partial<Task> = {}
     budget: { seek_ms: 1_000, ack_ms: 2_000, execute_ms: 20_000 },
     replay_of: null,
     replays: 0,
+    requeued: 0,
     caller: null,
     headers: {},
     received_ms: 0,

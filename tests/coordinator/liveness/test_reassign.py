@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import msgspec
 
 from agentreach import envelopes
+from agentreach.agents import Agent, TaskContext
 from agentreach.broker import Topology, provision, read_stream
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.broker.streams import delete_message, next_message
@@ -225,3 +227,93 @@ async def test_a_task_moved_before_its_agent_claimed_it_is_fenced_for_that_agent
     assert (record.agent_id, record.attempt, record.state) == ("gone-5", 1, "failed")
     assert envelopes.is_reassignment_fence(record, 1)
     assert not envelopes.is_reassignment_fence(record, 2)  # the next attempt may run anywhere
+
+
+async def test_an_attempt_moved_before_it_ran_costs_none_of_the_topics_attempts(broker, watcher):
+    """The gone agent never claimed attempt 3 (of the 3 a topic gets): it did not run, so it
+    is moved on as attempt 4 with ``requeued`` 1, and the trace says it had not run. A
+    rolling restart must not use up a task's attempts."""
+    task = envelopes.Task(
+        v=1, message_id="unrun-1", trace_id="unrun-1", topic="slow", attempt=3, ttl_ms=60_000
+    )
+    await broker.publish(broker.names.dispatch("gone-7", "P1"), envelopes.encode(task))
+    assert await reassign_tasks(broker, "gone-7") == 1
+    [moved] = await read_stream(
+        broker, broker.names.tasks_stream, broker.names.coordinator_task("slow")
+    )
+    retry = envelopes.decode_task(moved.data)
+    assert (retry.attempt, retry.requeued) == (4, 1)
+    scheduled = await watcher.event("retry_scheduled", message_id="unrun-1")
+    assert scheduled.detail["error"]["message"] == "gone-7 went OFFLINE before it ran"
+    assert not watcher.dead_letters
+
+
+async def test_an_agent_lost_while_running_the_last_attempt_ends_the_task(broker, watcher):
+    """A task that kills every agent that runs it: its agent went away while running its
+    last allowed attempt, so it ends as ``retries_exhausted`` naming the agent, instead of
+    being moved on to take down the next agent until its ttl runs out."""
+    task = envelopes.Task(
+        v=1, message_id="poison-1", trace_id="poison-1", topic="slow", attempt=3, ttl_ms=60_000
+    )
+    await broker.publish(broker.names.dispatch("gone-8", "P1"), envelopes.encode(task))
+    now = envelopes.now_ms()
+    await recorded(
+        broker,
+        "poison-1",
+        "gone-8",
+        "running",
+        attempt=3,
+        started_ms=now,
+        lease_until_ms=now + 60_000,
+    )
+    assert await reassign_tasks(broker, "gone-8") == 1
+    letter = await watcher.dead_letter("retries_exhausted", message_id="poison-1")
+    assert letter.attempts == 3
+    assert letter.error is not None and letter.error.type == "reassigned"
+    assert letter.error.message == (
+        "gone-8 went OFFLINE while running attempt 3; 3 of the 3 attempts allowed ran"
+    )
+    intake = broker.names.coordinator_task("slow")
+    assert await read_stream(broker, broker.names.tasks_stream, intake) == []
+
+
+async def test_an_agent_lost_while_running_an_earlier_attempt_counts_it(broker, watcher):
+    task = envelopes.Task(
+        v=1, message_id="lost-1", trace_id="lost-1", topic="slow", attempt=2, ttl_ms=60_000
+    )
+    await broker.publish(broker.names.dispatch("gone-9", "P1"), envelopes.encode(task))
+    now = envelopes.now_ms()
+    await recorded(
+        broker, "lost-1", "gone-9", "running", attempt=2, started_ms=now, lease_until_ms=now + 9000
+    )
+    assert await reassign_tasks(broker, "gone-9") == 1
+    [moved] = await read_stream(
+        broker, broker.names.tasks_stream, broker.names.coordinator_task("slow")
+    )
+    retry = envelopes.decode_task(moved.data)
+    assert (retry.attempt, retry.requeued) == (3, 0)
+    scheduled = await watcher.event("retry_scheduled", message_id="lost-1")
+    assert scheduled.detail["error"]["message"] == "gone-9 went OFFLINE while running it"
+
+
+async def test_a_task_moved_unrun_still_gets_every_attempt_of_its_topic(
+    broker, coordinator, watcher
+):
+    """Through the coordinator: attempt 1 waited in the queue of an agent that went away
+    without claiming it; moved on, the task still runs the 5 attempts its intent allows (it
+    ran 4 when the move counted as one of them)."""
+    runs: Counter[int] = Counter()
+    agent = Agent("hopeless-1", startup_delay=0)
+
+    @agent.handler("hopeless", max_attempts=5)
+    async def hopeless(ctx: TaskContext, payload: object) -> object:
+        runs[ctx.attempt] += 1
+        raise ConnectionError("still down")
+
+    task = envelopes.Task(v=1, message_id="unrun-2", trace_id="unrun-2", topic="hopeless")
+    async with agent.running(broker=broker):
+        await broker.publish(broker.names.dispatch("gone-10", "P1"), envelopes.encode(task))
+        assert await reassign_tasks(broker, "gone-10") == 1
+        letter = await watcher.dead_letter("retries_exhausted", message_id="unrun-2", timeout=30)
+    assert sorted(runs) == [2, 3, 4, 5, 6] and set(runs.values()) == {1}
+    assert letter.attempts == 6

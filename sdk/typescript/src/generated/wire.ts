@@ -1359,6 +1359,10 @@ export interface Task {
    */
   replays: number;
   /**
+   * >= 0, default 0
+   */
+  requeued: number;
+  /**
    * subject-safe token — pattern `^[A-Za-z0-9_-]{1,128}$`, default null
    */
   caller: string | null;
