@@ -7,11 +7,12 @@ dispatched again with the same message_id and attempt + 1. Before that, its
 execution record is marked failed: a late ``finish`` from the old agent then
 loses the conditional write, and its result is rejected instead of sent.
 
-An attempt its agent never claimed did not run: it is counted in the task's ``requeued``
-and costs none of the topic's attempts (a rolling restart must not use them up). One its
-agent was running when it went does count: a task that kills every agent that runs it
-ends as ``retries_exhausted`` after the topic's attempts, instead of taking down agent
-after agent until its ttl runs out.
+An attempt its agent never claimed did not run, and one its agent's clean stop cut short
+failed for the stop: both are counted in the task's ``requeued`` and cost none of the
+topic's attempts (a rolling restart must not use them up). One its agent was running when
+it died does count: a task that kills every agent that runs it ends as
+``retries_exhausted`` after the topic's attempts, instead of taking down agent after agent
+until its ttl runs out.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ Queued = Callable[[], Iterable[tuple[str, str]]]  # (agent, priority) with tasks
 Allowed = Callable[[Task, str], int]  # the attempts a task taken from an agent gets
 
 OFFLINE = "went OFFLINE"
+STOPPED = "stopped"  # cleanly: what its stop cut short was not the task's doing
 FORGOTTEN = "is no longer registered (forgotten: reach agents forget)"
 
 
@@ -223,14 +225,15 @@ async def _move(
         ttl_end_ms = stored.timestamp_ms + task.ttl_ms
         expired = await _expire(broker, task, agent_id, run_once, why, ttl_end_ms)
         return "past_ttl" if expired else "kept"
-    if ran and attempts_run(task) >= (allowed := gone.allowed(task, agent_id)):
+    counts = ran and why != STOPPED
+    if counts and attempts_run(task) >= (allowed := gone.allowed(task, agent_id)):
         ttl_end_ms = stored.timestamp_ms + task.ttl_ms
         await _exhaust(broker, task, gone, run_once, allowed, ttl_end_ms)
         return "exhausted"
     retry = msgspec.structs.replace(
         task,
         attempt=task.attempt + 1,
-        requeued=task.requeued + (0 if ran else 1),
+        requeued=task.requeued + (0 if counts else 1),
         to_agent=None,
         ttl_ms=left_ms,
     )
@@ -239,7 +242,7 @@ async def _move(
     subject = broker.names.coordinator_task(task.topic)
     await broker.publish(subject, envelopes.encode(retry), headers=headers)
     # The trace says why attempt + 1 comes (else nothing stands between the two attempts).
-    said = f"{agent_id} {why} while running it" if ran else f"{agent_id} {why} before it ran"
+    said = f"{agent_id} {why} " + ("while running it" if ran else "before it ran")
     error = ErrorInfo(type=REASSIGNED, message=said, retryable=True)
     scheduled = event_for(
         task, "retry_scheduled", next_attempt=retry.attempt, delay_ms=0, error=error

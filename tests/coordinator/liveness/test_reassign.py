@@ -13,7 +13,7 @@ from agentreach.broker import Topology, provision, read_stream
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.broker.streams import delete_message, next_message
 from agentreach.broker.topology import StorageLimits
-from agentreach.coordinator.liveness.reassign import FORGOTTEN, Moves, reassign_tasks
+from agentreach.coordinator.liveness.reassign import FORGOTTEN, STOPPED, Moves, reassign_tasks
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.coordinator.routing.run_once import RunOnce
 from tests.conftest import FAST
@@ -275,6 +275,30 @@ async def test_an_agent_lost_while_running_the_last_attempt_ends_the_task(broker
     )
     intake = broker.names.coordinator_task("slow")
     assert await read_stream(broker, broker.names.tasks_stream, intake) == []
+
+
+async def test_a_run_cut_by_its_agents_clean_stop_costs_none_of_the_topics_attempts(
+    broker, watcher
+):
+    """The agent stopped cleanly with the last attempt still running (past its drain time):
+    that run failed for the stop, not for the task, so the task moves on uncounted."""
+    task = envelopes.Task(
+        v=1, message_id="cut-1", trace_id="cut-1", topic="slow", attempt=3, ttl_ms=60_000
+    )
+    await broker.publish(broker.names.dispatch("gone-11", "P1"), envelopes.encode(task))
+    now = envelopes.now_ms()
+    await recorded(
+        broker, "cut-1", "gone-11", "running", attempt=3, started_ms=now, lease_until_ms=now + 9000
+    )
+    assert await reassign_tasks(broker, "gone-11", why=STOPPED) == 1
+    [moved] = await read_stream(
+        broker, broker.names.tasks_stream, broker.names.coordinator_task("slow")
+    )
+    retry = envelopes.decode_task(moved.data)
+    assert (retry.attempt, retry.requeued) == (4, 1)
+    scheduled = await watcher.event("retry_scheduled", message_id="cut-1")
+    assert scheduled.detail["error"]["message"] == "gone-11 stopped while running it"
+    assert not watcher.dead_letters
 
 
 async def test_an_agent_lost_while_running_an_earlier_attempt_counts_it(broker, watcher):
