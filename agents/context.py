@@ -36,9 +36,13 @@ class TaskContext:
         submit: Callable[[Task], Awaitable[None]],
         invoke: Invoke | None = None,
         loop: asyncio.AbstractEventLoop,
+        resumed: bool = False,
     ) -> None:
         self.envelope = envelope
         self.agent_id = agent_id
+        # A run of this very attempt began before and did not finish (its process died):
+        # what that run did may have happened already. Keyed effects need not look.
+        self.resumed = resumed
         self._deadline = deadline
         self._report_progress = report_progress
         self._submit = submit

@@ -270,6 +270,7 @@ class Executor:
             submit=self._submit,
             invoke=self._invoke,
             loop=asyncio.get_running_loop(),
+            resumed=claim.resumed,
         )
         # A thread past its deadline runs on: its claim is kept live until it ends, renewed
         # every half ack wait (a crashed process's lease then lapses as its message returns).

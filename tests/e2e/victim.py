@@ -1,7 +1,7 @@
 """An agent run as its own process by the crash tests (`reach agent tests.e2e.victim:agent`).
 
-Each run of the handler appends "start" to $VICTIM_LOG; the first run then hangs
-(to be killed), later runs append "done" — the side effect that must happen once.
+Each run of the handler appends "start <ctx.resumed>" to $VICTIM_LOG; the first run then
+hangs (to be killed), later runs append "done" — the side effect that must happen once.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ agent = Agent("victim", startup_delay=0, ack_wait=1.0)
 def slow_write(ctx: TaskContext, payload: dict) -> dict:
     log = Path(os.environ["VICTIM_LOG"])
     with log.open("a") as f:
-        f.write("start\n")
+        f.write(f"start {ctx.resumed}\n")
     if log.read_text().count("start") == 1:
         ctx.progress_sync("started")  # the test kills the process once it sees this
         time.sleep(60)  # killed here

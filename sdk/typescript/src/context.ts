@@ -46,6 +46,11 @@ export class TaskContext {
     private readonly deadline: Deadline,
     signal: AbortSignal,
     private readonly hooks: ContextHooks,
+    /**
+     * A run of this very attempt began before and did not finish (its process was
+     * killed, or it stalled past its lease): what it did may have happened already.
+     */
+    readonly resumed = false,
   ) {
     this.envelope = envelope;
     this.agentId = agentId;

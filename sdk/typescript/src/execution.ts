@@ -314,7 +314,7 @@ export class Executor {
       },
       submit: (child) => this.submit(child),
       invoke: (child, signal) => this.subTasks.invokeTask(child, { signal }),
-    });
+    }, claim.resumed);
     // A handler longer than the ack wait would be redelivered (and count towards
     // max_deliver) although it runs: tell the server it is still being worked on.
     const stopKeeping = this.keepAlive(msg);

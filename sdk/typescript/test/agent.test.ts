@@ -640,11 +640,14 @@ describe("run-once: claims of this very process", () => {
     replies.close();
   });
 
-  it("runs a delivery taken over from a crashed earlier process for what is left of its budget, or not at all", async () => {
+  it("runs a delivery taken over from a crashed earlier process for what is left of its budget, or not at all, telling it it resumes", async () => {
     const topic = unique("crashed");
     const id = unique("ts-crashed");
     const deadlines = new Map<string, number>();
-    const agent = await started(newAgent(id).handler(topic, (ctx) => (deadlines.set(ctx.messageId, ctx.deadlineMs), {})));
+    const resumed = new Map<string, boolean>();
+    const agent = await started(
+      newAgent(id).handler(topic, (ctx) => (deadlines.set(ctx.messageId, ctx.deadlineMs), resumed.set(ctx.messageId, ctx.resumed), {})),
+    );
     const executions = await kv("reach_executions");
     const failedOne = task(topic, null, { to_agent: id, ttl_ms: 120_000, budget: { seek_ms: 1_000, ack_ms: 2_000, execute_ms: 2_000 } });
     const halfOne = task(topic, null, { to_agent: id, ttl_ms: 120_000, budget: { seek_ms: 1_000, ack_ms: 2_000, execute_ms: 2_000 } });
@@ -655,6 +658,11 @@ describe("run-once: claims of this very process", () => {
     }
     const replies = await send(stack, halfOne, { subject: `reach.agent.${id}.p1` });
     await within(replies.next((r) => r.kind === "result"), 10_000, "the result of the half-spent one");
+    const fresh = task(topic, null, { to_agent: id });
+    const freshReplies = await send(stack, fresh, { subject: `reach.agent.${id}.p1` });
+    await within(freshReplies.next((r) => r.kind === "result"), 10_000, "the result of a first run");
+    assert.deepEqual([resumed.get(halfOne.message_id), resumed.get(fresh.message_id)], [true, false]);
+    freshReplies.close();
     await send(stack, failedOne, { subject: `reach.agent.${id}.p1` });
     const failed = await events.next((e) => e.event === "failed");
     const deadline = deadlines.get(halfOne.message_id)!;
