@@ -46,9 +46,23 @@ def letter_state(settling: Sequence[Event] | None, letter: DeadLetter | None = N
     """The state the last of a letter's ``settling`` events (its ``replayed`` and
     ``resolved`` ones, in the order stored) left; else ``handled``, for a step letter its
     workflow handles; else ``open``."""
+    settling = settling_of_letter(settling, letter)
     if settling:
         return settling[-1].event
     return "handled" if letter and letter.workflow and letter.workflow.handled else "open"
+
+
+def settling_of_letter(settling: Sequence[Event] | None, letter: DeadLetter | None) -> list[Event]:
+    """The events of ``settling`` (a message id's) that settle ``letter``: not those of the
+    letter of an earlier life of the id (sent again past the duplicate window, dead-lettered
+    again). An event that does not say which letter (recorded before they did) settles any."""
+    if letter is None:
+        return list(settling or ())
+    return [
+        event
+        for event in settling or ()
+        if event.detail.get("letter_at_ms") in (None, letter.at_ms)
+    ]
 
 
 async def settling_of(broker: Broker, letter: DeadLetter) -> list[Event]:
@@ -73,7 +87,7 @@ async def settling_of(broker: Broker, letter: DeadLetter) -> list[Event]:
                 detail = {**event.detail, "by": names.sender_of(message.subject)}
                 event = msgspec.structs.replace(event, detail=detail)
             events.append(event)
-    return events
+    return settling_of_letter(events, letter)
 
 
 async def _last_settling(

@@ -1,8 +1,9 @@
 """Dead letters: what could not be handled, published to ``reach.dlq.<reason>.<topic>``
 with its trace so far, after a ``dead_lettered`` event.
 
-A letter is deduplicated by ``Nats-Msg-Id`` (one per caller's message), so a process that
-crashes after publishing and does its work again does not record it twice.
+A letter is deduplicated by ``Nats-Msg-Id`` (one per life of a caller's message: the id
+sent again past the intake's duplicate window is another life, with letters of its own), so
+a process that crashes after publishing and does its work again does not record it twice.
 """
 
 from __future__ import annotations
@@ -108,7 +109,10 @@ async def dead_letter(
     await broker.publish(
         broker.names.dlq(reason, topic),
         data,
-        headers={"Nats-Msg-Id": _letter_id(caller, message_id), "Reach-Trace-Id": trace_id},
+        headers={
+            "Nats-Msg-Id": _letter_id(caller, message_id, task.received_ms if task else 0),
+            "Reach-Trace-Id": trace_id,
+        },
     )
     return letter
 
@@ -215,9 +219,12 @@ def printable(raw: bytes | None) -> str | None:
         return "base64:" + base64.b64encode(raw).decode("ascii")
 
 
-def _letter_id(caller: str | None, message_id: str) -> str:
-    """A dead letter's dedup id: one per caller's message (see :func:`runs_of`)."""
-    return f"dlq-{caller}.{message_id}" if caller else f"dlq-{message_id}"
+def _letter_id(caller: str | None, message_id: str, received_ms: int) -> str:
+    """A dead letter's dedup id: one per life of a caller's message (see :func:`runs_of`),
+    as its events' are: a life dead-lettered again past the intake's duplicate window was
+    dropped as a copy of the first life's letter (the DLQ's window is an hour)."""
+    letter_id = f"dlq-{caller}.{message_id}" if caller else f"dlq-{message_id}"
+    return f"{letter_id}-r{received_ms}" if received_ms > 0 else letter_id
 
 
 async def record_settling(
@@ -225,8 +232,11 @@ async def record_settling(
 ) -> None:
     """Record ``event`` (``replayed`` or ``resolved``) about the letter's message: in its
     trace (``REACH_EVENTS``, a week), then in ``REACH_SETTLED``, as long as the letter is
-    kept (the same bytes and dedup id). ``sender``: whose subject (default: an operator's)."""
+    kept (the same bytes and dedup id). ``sender``: whose subject (default: an operator's).
+    It names the letter it settles (``letter_at_ms``) and the life of the message id (its
+    ``received_ms``): a later life dead-lettered again is a letter of its own, open."""
     sender = sender or OPERATOR
+    detail = {**detail, "letter_at_ms": letter.at_ms}
     settling = Event(
         v=1,
         event=event,
@@ -237,6 +247,7 @@ async def record_settling(
         agent_id=sender,  # the subject's sender token, as every event names its publisher
         at_ms=now_ms(),
         detail=detail,
+        received_ms=letter.envelope.received_ms if letter.envelope else 0,
     )
     subject, data, headers = event_message(broker, settling, sender=sender)
     kept = broker.names.settled(event, letter.topic, letter.trace_id, letter.message_id, sender)

@@ -202,6 +202,9 @@ class ReplayedDetail(_Detail, frozen=True, kw_only=True):
     topic: str
     replays: NonNegative
     by: str | None = None
+    # Which letter of the message it settles (its at_ms): a later life of the id, dead-
+    # lettered again, is a letter of its own. None: recorded before events said so.
+    letter_at_ms: int | None = None
 
 
 class ResolvedDetail(_Detail, frozen=True, kw_only=True):
@@ -210,6 +213,7 @@ class ResolvedDetail(_Detail, frozen=True, kw_only=True):
 
     note: str
     by: str | None = None
+    letter_at_ms: int | None = None  # as in ReplayedDetail
 
 
 WORKER_EVENTS: dict[str, type[_Detail]] = {

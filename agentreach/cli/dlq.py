@@ -23,6 +23,7 @@ from agentreach.agents.letters import (
     replay,
     resolve,
     settling_of,
+    settling_of_letter,
 )
 from agentreach.broker import Broker, StreamNotFound, SubjectFull, read_stream
 from agentreach.broker.streams import StoredMessage, subject_counts
@@ -119,15 +120,21 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
     elif not letters and (args.reason or args.topic):
         _print_none_matching(args.reason, args.topic, there)
     else:
-        states = {x.message_id: letter_state(settled.get(x.message_id), x) for x in letters}
+        # Keyed by the letter: a message id sent again past the duplicate window and
+        # dead-lettered again has a letter per life, each with a state of its own.
+        states = {_key(x): letter_state(settled.get(x.message_id), x) for x in letters}
         if args.open:
-            letters = [letter for letter in letters if states[letter.message_id] == "open"]
+            letters = [letter for letter in letters if states[_key(letter)] == "open"]
         if args.json:
             for letter in letters:
-                print(json.dumps(_listed(letter, states[letter.message_id]), ensure_ascii=False))
+                print(json.dumps(_listed(letter, states[_key(letter)]), ensure_ascii=False))
         else:
             _print_letters(letters, states, only_open=args.open)
     return 0
+
+
+def _key(letter: DeadLetter) -> tuple[str, int]:
+    return letter.message_id, letter.at_ms
 
 
 def _listed(letter: DeadLetter, state: str) -> dict[str, object]:
@@ -234,8 +241,9 @@ async def _resolve(
     broker: Broker, letter: DeadLetter, settled: dict[str, list[Event]], note: str
 ) -> int:
     """Record a ``resolved`` event as a worker's ``comp.resolve`` does, by this operator."""
-    if (state := letter_state(settled.get(letter.message_id))) == "resolved":
-        last = settled[letter.message_id][-1].detail
+    settling = settling_of_letter(settled.get(letter.message_id), letter)
+    if (state := letter_state(settling)) == "resolved":
+        last = settling[-1].detail
         raise UsageError(
             f"{letter.message_id} is resolved already (by {last.get('by')}:"
             f" {last.get('note')!r}); nothing recorded"
@@ -318,7 +326,9 @@ def _find(letters: list[DeadLetter], message_id: str) -> DeadLetter:
     raise UsageError(f"no dead letter with message_id {message_id!r}")
 
 
-def _print_letters(letters: list[DeadLetter], states: dict[str, str], *, only_open: bool) -> None:
+def _print_letters(
+    letters: list[DeadLetter], states: dict[tuple[str, int], str], *, only_open: bool
+) -> None:
     """A table whose columns are as wide as what they hold (workflow step ids are long)."""
     if not letters:
         print("no open dead letters" if only_open else "no dead letters")
@@ -328,7 +338,7 @@ def _print_letters(letters: list[DeadLetter], states: dict[str, str], *, only_op
             letter.message_id,
             letter.reason,
             letter.topic,
-            states[letter.message_id],
+            states[_key(letter)],
             letter.error.message if letter.error else "",
         )
         for letter in letters

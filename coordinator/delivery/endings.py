@@ -60,6 +60,7 @@ async def ended_again(broker: Broker, ending: Event, first: Event) -> None:
         trace_id=dead.trace_id,
         topic=dead.topic,
         attempts=dead.attempt,
+        at_ms=dead.at_ms,  # the letter's own: the resolution settles that letter, no other
     )
     await record_settling(broker, letter, "resolved", sender=COORDINATOR, note=why, by=COORDINATOR)
     alert = agent_event(

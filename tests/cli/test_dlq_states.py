@@ -3,13 +3,17 @@ aligned."""
 
 from __future__ import annotations
 
+import json
+
+import msgspec
+
 from agentreach import envelopes
 from agentreach.agents import Compensation, CompensationWorker
 from agentreach.broker import Topology, provision, read_stream
 from agentreach.broker.topology import StorageLimits
 from agentreach.envelopes import DeadLetter, ErrorInfo, Task, WorkflowStep
 from tests.cli.conftest import reach_argv, run
-from tests.support import eventually
+from tests.support import eventually, letter_of
 
 STEP_ID = "01a238a5-7c1e-7d2a-9f00-3c5be8a1d0f2-research-1"  # a workflow step's message id
 
@@ -206,3 +210,29 @@ async def test_resolve_open_settles_every_open_letter_of_a_topic_at_once(
     assert resolved == {"pile-0", "pile-1", "pile-2"}
     open_now = [row.split()[0] for row in listed.stdout.splitlines()[1:]]
     assert "elsewhere-1" in open_now and not any(m.startswith("pile-") for m in open_now)
+
+
+async def test_a_later_life_of_a_message_id_dead_lettered_again_is_a_letter_of_its_own(broker):
+    """The id sent again past the intake's duplicate window is another life of it: failing
+    again, its letter was dropped as a copy of the first life's (the DLQ deduplicates for an
+    hour) while its caller was told `reach dlq show`. Both are kept; resolving the first
+    leaves the second open, and `dlq show` shows the second."""
+    first = Task(v=1, message_id="again-1", trace_id="again-1", topic="t", received_ms=1_000)
+    later = msgspec.structs.replace(first, received_ms=200_000)
+    error = ErrorInfo(type="ValueError", message="still wrong")
+    await letter_of(broker, first, "retries_exhausted", error=error)
+    resolved = await reach(broker, "dlq", "resolve", "again-1", "--note", "fixed by hand")
+    await letter_of(broker, later, "retries_exhausted", error=error)
+    stored = await read_stream(broker, broker.names.dlq_stream, broker.names.dlq_wildcard)
+    listed = await reach(broker, "dlq", "list", "--open", "--json")
+    shown = await reach(broker, "dlq", "show", "again-1")
+    assert resolved.returncode == 0, resolved.stderr
+    assert len(stored) == 2
+    [open_one] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert open_one["message_id"] == "again-1"
+    letter = json.loads(shown.stdout)
+    assert letter["envelope"]["received_ms"] == 200_000 and letter["letter_state"] == "open"
+    again = await reach(broker, "dlq", "resolve", "again-1", "--note", "the second one too")
+    assert again.returncode == 0, again.stderr
+    after = await reach(broker, "dlq", "list", "--open", "--json")
+    assert after.stdout.strip() == ""

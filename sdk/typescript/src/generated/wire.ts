@@ -1012,6 +1012,10 @@ export interface ReplayedDetail {
    * default null
    */
   by: string | null;
+  /**
+   * default null
+   */
+  letter_at_ms: number | null;
 }
 
 /**
@@ -1045,6 +1049,10 @@ export interface ResolvedDetail {
    * default null
    */
   by: string | null;
+  /**
+   * default null
+   */
+  letter_at_ms: number | null;
 }
 
 /**
