@@ -190,7 +190,11 @@ class Executor:
             return
         task = job.task
         message = ttl_passed_in_queue(
-            task.ttl_ms, self._me, dispatched_ms=job.dispatched_ms, received_ms=task.received_ms
+            task.ttl_ms,
+            self._me,
+            dispatched_ms=job.dispatched_ms,
+            received_ms=task.received_ms,
+            delivered=job.delivery.num_delivered,
         )
         error = ErrorInfo(type="expired", message=message, retryable=False)
         await self._reports.report(job, "expired", error)

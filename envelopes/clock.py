@@ -23,10 +23,19 @@ def ttl_left_ms(ttl_ms: int, since_ms: int, now: int | None = None) -> int:
     return ttl_ms - max(0, elapsed)
 
 
-def ttl_passed_in_queue(ttl_ms: int, agent_id: str, *, dispatched_ms: int, received_ms: int) -> str:
+def ttl_passed_in_queue(
+    ttl_ms: int, agent_id: str, *, dispatched_ms: int, received_ms: int, delivered: int = 1
+) -> str:
     """Why a queued dispatch expired. A dispatch's ttl is what was left of it when it was
     routed: one routed late says so (a letter read "ttl 2048 ms" of a task sent with
-    90,000 ms that had waited 88 s in intake)."""
+    90,000 ms that had waited 88 s in intake). One ``delivered`` before did not only wait:
+    its earlier deliveries' processes died or stalled (it read "passed in the queue" of a
+    task that had crashed the agent three times)."""
+    if delivered > 1:
+        return (
+            f"ttl {ttl_ms} ms ran out with {agent_id}: delivered {delivered} times, and no"
+            " run of it finished (each process that took it died or stalled)"
+        )
     waited_ms = dispatched_ms - received_ms
     if received_ms and waited_ms >= 1000:
         return (

@@ -35,6 +35,10 @@ def described(event: Event) -> str:
         case "resolved":
             by = f", by {d['by']}" if d.get("by") else ""
             return f"note {d.get('note')!r}{by}"
+        case "retry_scheduled":  # why the next attempt comes, whole: it was cut at 80 columns
+            delay = d.get("delay_ms") or 0
+            when = f"in {delay} ms" if delay else "at once"
+            return f"attempt {d.get('next_attempt')} {when}, after {_error(d.get('error'))}"
         case "accepted":  # the dispatch's broker time is for machines; a second process is news
             return f"by process epoch {d['epoch']}" if d.get("epoch") else ""
         case _:

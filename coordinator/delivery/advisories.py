@@ -56,13 +56,10 @@ class Advisories:
         stored = await get_message(self._broker, advisory.stream, advisory.stream_seq)
         if stored is None:
             return  # acknowledged or removed since: nothing was lost
-        error = ErrorInfo(
-            type="max_deliveries",
-            message=f"delivered {advisory.deliveries} times to {advisory.consumer}"
-            " without an acknowledgement",
-            retryable=False,
-        )
-        await self._dead_letter(stored, error)
+        names = self._broker.names
+        dispatched = advisory.stream in names.dispatch_streams.values()
+        agent_id = names.agent_of_dispatch_subject(stored.subject) if dispatched else None
+        await self._dead_letter(stored, _never_acknowledged(advisory, agent_id))
         if advisory.stream != self._broker.names.events_stream:  # events are history: kept
             await delete_message(self._broker, advisory.stream, advisory.stream_seq)
 
@@ -89,6 +86,19 @@ class Advisories:
             raw=stored.data,
             headers={**stored.headers, "Reach-Subject": stored.subject},
         )
+
+
+def _never_acknowledged(advisory: MaxDeliveries, agent_id: str | None) -> ErrorInfo:
+    """The error of a message delivered ``max_deliver`` times: to an agent (``agent_id``,
+    a dispatch), said as what it most likely means, its process dying or stalling on it."""
+    times = advisory.deliveries
+    message = (
+        f"delivered {times} times to agent {agent_id} and never acknowledged: each of its"
+        f" processes that took it died or stalled before finishing (consumer {advisory.consumer})"
+        if agent_id
+        else f"delivered {times} times to {advisory.consumer} without an acknowledgement"
+    )
+    return ErrorInfo(type="max_deliveries", message=message, retryable=False)
 
 
 def _task_in(data: bytes) -> Task | None:

@@ -181,7 +181,7 @@ class Outcomes:
         await end_with_error(self._broker, task, EXPIRED, error)
 
     async def _schedule(self, event: Event, task: Task, error: ErrorInfo) -> float | None:
-        delay = self._config.backoff_s(task.attempt)
+        delay = self._config.backoff_s(attempts_run(task))  # moves unrun are not failures
         left_ms = ttl_left_ms(task.ttl_ms, _dispatched_at_ms(event))
         if left_ms <= delay * 1000:
             # No retry could be dispatched within the ttl: say so now, with what failed.

@@ -268,7 +268,8 @@ async def _exhaust(
                 f"{gone.agent_id} {gone.why} while running attempt {task.attempt};"
                 f" {attempts_run(task)} of the {allowed} attempts allowed ran"
             )
-            error = ErrorInfo(type=REASSIGNED, message=message, retryable=True)
+            # Not retryable: sent again, it would take down more agents.
+            error = ErrorInfo(type=REASSIGNED, message=message, retryable=False)
             await end_with_error(broker, task, "retries_exhausted", error)
 
 

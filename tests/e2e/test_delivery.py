@@ -388,6 +388,10 @@ async def test_max_deliveries_become_dead_letters(broker, coordinator, watcher):
     await _delivered_until_spent(broker, task, "stuck")
     letter = await watcher.dead_letter("retries_exhausted", message_id="stuck-1")
     assert letter.error is not None and letter.error.type == "max_deliveries"
+    assert letter.error.message == (
+        "delivered 2 times to agent stuck and never acknowledged: each of its processes that"
+        " took it died or stalled before finishing (consumer agent-stuck-p1)"
+    )
     assert letter.envelope == task
     info = await broker.js.stream_info(names.dispatch_stream("P1"))
     assert info.state.messages == 0  # removed only after the dead letter was written

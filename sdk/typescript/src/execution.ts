@@ -255,7 +255,7 @@ export class Executor {
       await this.reports.complete(msg, task, done.result, 0, done.result_ref ?? null);
       return;
     }
-    const why = ttlPassedInQueue(task.ttl_ms, this.agentId, dispatchedMs, task.received_ms ?? 0);
+    const why = ttlPassedInQueue(task.ttl_ms, this.agentId, dispatchedMs, task.received_ms ?? 0, msg.info.deliveryCount);
     const error = failure("expired", why, false);
     await this.reports.report(msg, task, "expired", error, dispatchedMs);
   }

@@ -57,9 +57,13 @@ export function failure(type: string, message: string, retryable: boolean): Erro
 
 /**
  * Why a queued dispatch expired (the coordinator's wording). A dispatch's ttl is what was
- * left of it when it was routed: one routed late says so.
+ * left of it when it was routed: one routed late says so; one delivered before did not
+ * only wait (its earlier deliveries' processes died or stalled).
  */
-export function ttlPassedInQueue(ttlMs: number, agentId: string, dispatchedMs: number, receivedMs: number): string {
+export function ttlPassedInQueue(ttlMs: number, agentId: string, dispatchedMs: number, receivedMs: number, delivered = 1): string {
+  if (delivered > 1) {
+    return `ttl ${ttlMs} ms ran out with ${agentId}: delivered ${delivered} times, and no run of it finished (each process that took it died or stalled)`;
+  }
   const waitedMs = dispatchedMs - receivedMs;
   if (receivedMs && waitedMs >= 1000) {
     return (
