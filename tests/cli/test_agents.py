@@ -5,7 +5,7 @@ from __future__ import annotations
 from structlog.testing import capture_logs
 
 from agentreach.broker import provision
-from agentreach.cli.agents import breaker_shown, collect
+from agentreach.cli.agent_rows import breaker_shown, collect
 from agentreach.cli.status import coordinators
 from agentreach.coordinator.routing import allowances
 from agentreach.envelopes import BreakerRecord

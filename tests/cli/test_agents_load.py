@@ -3,7 +3,8 @@ heartbeat says nothing of now (a dead agent read as busy)."""
 
 from __future__ import annotations
 
-from agentreach.cli.agents import Row, render
+from agentreach.cli.agent_rows import Row
+from agentreach.cli.agents import render
 from agentreach.dashboard.top import _agents
 from agentreach.envelopes import AgentCard, Heartbeat, Liveness, LivenessState
 
