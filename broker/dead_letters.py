@@ -66,13 +66,15 @@ async def dead_letter(
         trace, _ = runs_of(caller, pairs, broker.names)
     else:
         trace = [event for _, event in pairs]
+    if task is not None and task.received_ms > 0:  # this life's: an earlier one was settled
+        trace = [event for event in trace if event.received_ms in (0, task.received_ms)]
     letter = DeadLetter(
         v=1,
         reason=reason,
         message_id=message_id,
         trace_id=trace_id,
         topic=topic,
-        attempts=task.attempt if task else 0,
+        attempts=task.attempt - task.requeued if task else 0,  # those that ran
         envelope=task,
         raw=printable(raw),
         headers=dict(headers or {}),

@@ -264,7 +264,7 @@ class DeadLetter(_Base, frozen=True, kw_only=True, tag="dead_letter"):
     message_id: str
     trace_id: str
     topic: str
-    attempts: int = 0
+    attempts: int = 0  # the attempts that ran: the envelope's attempt less its requeued
     envelope: Task | None = None
     raw: str | None = None
     headers: dict[str, str] = {}

@@ -232,6 +232,7 @@ async def test_a_later_life_of_a_message_id_dead_lettered_again_is_a_letter_of_i
     assert open_one["message_id"] == "again-1"
     letter = json.loads(shown.stdout)
     assert letter["envelope"]["received_ms"] == 200_000 and letter["letter_state"] == "open"
+    assert letter["trace"] == []  # not the first life's settling
     again = await reach(broker, "dlq", "resolve", "again-1", "--note", "the second one too")
     assert again.returncode == 0, again.stderr
     after = await reach(broker, "dlq", "list", "--open", "--json")
