@@ -84,8 +84,11 @@ def render(detail: Detail, now_ms: int) -> str:
     lines.append(f"queued    {queued} (the running ones among them, until acknowledged)")
     lines.append(f"running   {len(detail.running)} (from their execution records)")
     if detail.running:
-        lines.append(f"  {'MESSAGE_ID':<38} {'ATTEMPT':>7}  {'CALLER':<16} {'FOR':>8}  LEASE")
-        lines.extend(_running_line(record, now_ms) for record in detail.running)
+        epoch = detail.row.card.epoch if detail.row else 0
+        lines.append(
+            f"  {'MESSAGE_ID':<38} {'ATTEMPT':>7}  {'CALLER':<16} {'FOR':>8}  {'EPOCH':>13}  LEASE"
+        )
+        lines.extend(_running_line(record, now_ms, epoch) for record in detail.running)
     return "\n".join(lines)
 
 
@@ -105,11 +108,11 @@ def _card_lines(row: Row, now_ms: int) -> list[str]:
     else:
         lines.append("heartbeat none")
     for topic, intent in sorted(card.intents.items()):
-        deadline = f"{intent.deadline_ms} ms" if intent.deadline_ms else "the budget's"
-        attempts = intent.max_attempts or "the coordinator's"
+        deadline = f"{intent.deadline_ms} ms" if intent.deadline_ms else "none (the task's budget)"
+        attempts = intent.max_attempts or "the coordinator's setting"
         lines.append(
             f"intent    {topic}@{intent.version}: capacity {intent.capacity}, deadline"
-            f" {deadline}, attempts {attempts}"
+            f" {deadline}, max_attempts {attempts}"
         )
     if card.tags:
         lines.append("tags      " + ",".join(f"{k}={v}" for k, v in sorted(card.tags.items())))
@@ -119,12 +122,17 @@ def _card_lines(row: Row, now_ms: int) -> list[str]:
     return lines
 
 
-def _running_line(record: Execution, now_ms: int) -> str:
+def _running_line(record: Execution, now_ms: int, card_epoch: int) -> str:
     ran_for = f"{(now_ms - record.started_ms) / 1000:.1f}s" if record.started_ms else "-"
     left_s = (record.lease_until_ms - now_ms) / 1000
     lease = f"{left_s:.1f}s left" if left_s > 0 else f"lapsed {-left_s:.1f}s ago"
+    if record.epoch and record.epoch < card_epoch:  # a process gone since: its claim lapses
+        lease += ", an earlier process's (it died or was restarted)"
     caller = record.caller or "-"
-    return f"  {record.message_id:<38} {record.attempt:>7}  {caller:<16} {ran_for:>8}  {lease}"
+    return (
+        f"  {record.message_id:<38} {record.attempt:>7}  {caller:<16} {ran_for:>8}"
+        f"  {record.epoch:>13}  {lease}"
+    )
 
 
 def detail_json(detail: Detail) -> dict[str, object]:

@@ -7,6 +7,8 @@ import json
 
 from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.cli.agent_detail import Detail, render
+from agentreach.cli.agent_rows import Row
 from tests.cli.conftest import reach_argv, run
 from tests.support import wait_for_card
 
@@ -39,7 +41,8 @@ async def test_show_lists_the_task_an_agent_runs_now_and_its_queues(broker, coor
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0].startswith("agent     show-worker-1 (epoch ")
-    assert "intent    hold@1: capacity 2, deadline 30000 ms, attempts the coordinator's" in lines
+    intent = "intent    hold@1: capacity 2, deadline 30000 ms, max_attempts the coordinator's"
+    assert intent + " setting" in lines
     assert "tags      role=worker" in lines
     assert "queued    P0 0 · P1 1 · P2 0 (the running ones among them, until acknowledged)" in lines
     assert "running   1 (from their execution records)" in lines
@@ -76,3 +79,22 @@ async def test_show_refuses_an_agent_the_broker_knows_nothing_of_and_a_missing_i
     assert missing.returncode == 1 and "agents show needs an agent's id" in missing.stderr
     assert cleared_watch.returncode == 1
     assert "--watch is for agents list or show, not clear" in cleared_watch.stderr
+
+
+def test_a_run_an_earlier_process_claimed_is_said_to_be_that_process_s():
+    """After a kill -9 and a quick restart, the dead process's claim showed as a live run of
+    the agent (a walkthrough): its epoch is older than the card's, and it says so."""
+    record = envelopes.Execution(
+        message_id="m-1", state="running", agent_id="a-1", epoch=2, started_ms=1_000,
+        lease_until_ms=120_000, caller="billing",
+    )  # fmt: skip
+    queued = {"P0": 0, "P1": 1, "P2": 0}
+    restarted = Row(
+        "a-1", envelopes.AgentCard(agent_id="a-1", epoch=3, intents={}), None, None, None
+    )
+    same = Row("a-1", envelopes.AgentCard(agent_id="a-1", epoch=2, intents={}), None, None, None)
+    [after_restart] = render(Detail("a-1", restarted, (record,), queued), 6_000).splitlines()[-1:]
+    [still_running] = render(Detail("a-1", same, (record,), queued), 6_000).splitlines()[-1:]
+    assert after_restart.split()[:5] == ["m-1", "1", "billing", "5.0s", "2"]
+    assert after_restart.endswith("114.0s left, an earlier process's (it died or was restarted)")
+    assert still_running.endswith("114.0s left")
