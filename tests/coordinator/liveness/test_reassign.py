@@ -229,19 +229,37 @@ async def test_a_task_moved_before_its_agent_claimed_it_is_fenced_for_that_agent
     assert not envelopes.is_reassignment_fence(record, 2)  # the next attempt may run anywhere
 
 
+async def _in_gone_queue(broker, message_id: str, agent_id: str, attempt: int, *, running: bool):  # type: ignore[no-untyped-def]
+    """Attempt ``attempt`` of a task in ``agent_id``'s queue; ``running``: its agent's record
+    says it claimed it (its run began a moment ago)."""
+    task = envelopes.Task(
+        v=1, message_id=message_id, trace_id=message_id, topic="slow", attempt=attempt,
+        ttl_ms=60_000,
+    )  # fmt: skip
+    await broker.publish(broker.names.dispatch(agent_id, "P1"), envelopes.encode(task))
+    if running:
+        now = envelopes.now_ms()
+        await recorded(
+            broker, message_id, agent_id, "running", attempt=attempt, started_ms=now,
+            lease_until_ms=now + 60_000,
+        )  # fmt: skip
+
+
+async def _moved(broker) -> envelopes.Task:  # type: ignore[no-untyped-def]
+    """The one task a reassignment sent back through the coordinator's intake subject."""
+    [moved] = await read_stream(
+        broker, broker.names.tasks_stream, broker.names.coordinator_task("slow")
+    )
+    return envelopes.decode_task(moved.data)
+
+
 async def test_an_attempt_moved_before_it_ran_costs_none_of_the_topics_attempts(broker, watcher):
     """The gone agent never claimed attempt 3 (of the 3 a topic gets): it did not run, so it
     is moved on as attempt 4 with ``requeued`` 1, and the trace says it had not run. A
     rolling restart must not use up a task's attempts."""
-    task = envelopes.Task(
-        v=1, message_id="unrun-1", trace_id="unrun-1", topic="slow", attempt=3, ttl_ms=60_000
-    )
-    await broker.publish(broker.names.dispatch("gone-7", "P1"), envelopes.encode(task))
+    await _in_gone_queue(broker, "unrun-1", "gone-7", 3, running=False)
     assert await reassign_tasks(broker, "gone-7") == 1
-    [moved] = await read_stream(
-        broker, broker.names.tasks_stream, broker.names.coordinator_task("slow")
-    )
-    retry = envelopes.decode_task(moved.data)
+    retry = await _moved(broker)
     assert (retry.attempt, retry.requeued) == (4, 1)
     scheduled = await watcher.event("retry_scheduled", message_id="unrun-1")
     assert scheduled.detail["error"]["message"] == "gone-7 went OFFLINE before it ran"
@@ -252,24 +270,12 @@ async def test_an_agent_lost_while_running_the_last_attempt_ends_the_task(broker
     """A task that kills every agent that runs it: its agent went away while running its
     last allowed attempt, so it ends as ``retries_exhausted`` naming the agent, instead of
     being moved on to take down the next agent until its ttl runs out."""
-    task = envelopes.Task(
-        v=1, message_id="poison-1", trace_id="poison-1", topic="slow", attempt=3, ttl_ms=60_000
-    )
-    await broker.publish(broker.names.dispatch("gone-8", "P1"), envelopes.encode(task))
-    now = envelopes.now_ms()
-    await recorded(
-        broker,
-        "poison-1",
-        "gone-8",
-        "running",
-        attempt=3,
-        started_ms=now,
-        lease_until_ms=now + 60_000,
-    )
+    await _in_gone_queue(broker, "poison-1", "gone-8", 3, running=True)
     assert await reassign_tasks(broker, "gone-8") == 1
     letter = await watcher.dead_letter("retries_exhausted", message_id="poison-1")
     assert letter.attempts == 3
     assert letter.error is not None and letter.error.type == "reassigned"
+    assert not letter.error.retryable  # sent again, it would take down more agents
     assert letter.error.message == (
         "gone-8 went OFFLINE while running attempt 3; 3 of the 3 attempts allowed ran"
     )
@@ -282,19 +288,9 @@ async def test_a_run_cut_by_its_agents_clean_stop_costs_none_of_the_topics_attem
 ):
     """The agent stopped cleanly with the last attempt still running (past its drain time):
     that run failed for the stop, not for the task, so the task moves on uncounted."""
-    task = envelopes.Task(
-        v=1, message_id="cut-1", trace_id="cut-1", topic="slow", attempt=3, ttl_ms=60_000
-    )
-    await broker.publish(broker.names.dispatch("gone-11", "P1"), envelopes.encode(task))
-    now = envelopes.now_ms()
-    await recorded(
-        broker, "cut-1", "gone-11", "running", attempt=3, started_ms=now, lease_until_ms=now + 9000
-    )
+    await _in_gone_queue(broker, "cut-1", "gone-11", 3, running=True)
     assert await reassign_tasks(broker, "gone-11", why=STOPPED) == 1
-    [moved] = await read_stream(
-        broker, broker.names.tasks_stream, broker.names.coordinator_task("slow")
-    )
-    retry = envelopes.decode_task(moved.data)
+    retry = await _moved(broker)
     assert (retry.attempt, retry.requeued) == (4, 1)
     scheduled = await watcher.event("retry_scheduled", message_id="cut-1")
     assert scheduled.detail["error"]["message"] == "gone-11 stopped while running it"
@@ -302,19 +298,9 @@ async def test_a_run_cut_by_its_agents_clean_stop_costs_none_of_the_topics_attem
 
 
 async def test_an_agent_lost_while_running_an_earlier_attempt_counts_it(broker, watcher):
-    task = envelopes.Task(
-        v=1, message_id="lost-1", trace_id="lost-1", topic="slow", attempt=2, ttl_ms=60_000
-    )
-    await broker.publish(broker.names.dispatch("gone-9", "P1"), envelopes.encode(task))
-    now = envelopes.now_ms()
-    await recorded(
-        broker, "lost-1", "gone-9", "running", attempt=2, started_ms=now, lease_until_ms=now + 9000
-    )
+    await _in_gone_queue(broker, "lost-1", "gone-9", 2, running=True)
     assert await reassign_tasks(broker, "gone-9") == 1
-    [moved] = await read_stream(
-        broker, broker.names.tasks_stream, broker.names.coordinator_task("slow")
-    )
-    retry = envelopes.decode_task(moved.data)
+    retry = await _moved(broker)
     assert (retry.attempt, retry.requeued) == (3, 0)
     scheduled = await watcher.event("retry_scheduled", message_id="lost-1")
     assert scheduled.detail["error"]["message"] == "gone-9 went OFFLINE while running it"
