@@ -49,4 +49,8 @@ async def test_a_cluster_of_two_is_warned_to_tolerate_no_failure(tmp_path: Path)
         timeout=60,
     )
     os.killpg(process.pid, signal.SIGINT)
-    await asyncio.wait_for(process.wait(), 30)
+    try:  # what is tested is said above; a stop slowed by a busy machine must not fail it
+        await asyncio.wait_for(process.wait(), 30)
+    except TimeoutError:
+        os.killpg(process.pid, signal.SIGKILL)
+        await process.wait()
