@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -206,3 +209,25 @@ async def letter_of(
         topic=task.topic,
         **fields,
     )
+
+
+async def stopped(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it is stopped. ``kill`` returns when
+    the signal is queued: until one thread takes it, the others run on (on a busy machine
+    long enough for a server to acknowledge a publish sent after the ``kill``)."""
+    os.kill(pid, signal.SIGSTOP)
+    async with asyncio.timeout(timeout):
+        while not _all_threads_stopped(pid):  # noqa: ASYNC110 - a stop has no event to await
+            await asyncio.sleep(0.005)
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    return all(_thread_stopped(stat) for stat in Path(f"/proc/{pid}/task").glob("*/stat"))
+
+
+def _thread_stopped(stat: Path) -> bool:
+    try:
+        state = stat.read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True  # the thread has exited
+    return state in ("T", "t")

@@ -11,6 +11,7 @@ import pytest
 from agentreach import NotProvisioned, NotStored, ReachClient, ReachError
 from agentreach.broker import Broker, BrokerError, NoStreamError, Topology, provision
 from agentreach.broker.embedded import PID_FILE
+from tests.support import stopped
 
 
 @pytest.mark.parametrize("call", ["invoke", "publish"])
@@ -43,7 +44,7 @@ async def test_a_task_jetstream_does_not_take_in_time_raises_not_stored_with_its
     async with Broker(nats_url, election_budget_s=0.5, request_timeout=0.2) as broker:
         await provision(broker, Topology.default(broker.names))
         async with ReachClient(broker=broker) as client:
-            os.kill(pid, signal.SIGSTOP)
+            await stopped(pid)
             try:
                 with pytest.raises(NotStored) as caught:
                     await client.publish("summarize", {"text": "hi"}, message_id="unheard-1")

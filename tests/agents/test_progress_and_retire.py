@@ -16,7 +16,7 @@ from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker.embedded import PID_FILE
 from agentreach.broker.lifecycle import trace_of
 from agentreach.envelopes import AgentCard, Budget, Execution, Heartbeat, execution_key
-from tests.support import Watcher, eventually, until_true
+from tests.support import Watcher, eventually, stopped, until_true
 
 
 async def test_every_progress_report_is_recorded_even_within_one_millisecond(
@@ -104,7 +104,7 @@ async def test_a_server_away_during_a_progress_report_costs_the_handler_nothing(
         for step in range(3):
             await asyncio.sleep(0.1)
             if step == 1:
-                os.kill(pid, signal.SIGSTOP)
+                await stopped(pid)
                 asyncio.get_running_loop().call_later(1.0, os.kill, pid, signal.SIGCONT)
             await ctx.progress(f"step {step}")
         return {"steps": 3}

@@ -25,6 +25,7 @@ from agentreach.broker import (
 from agentreach.broker.embedded import PID_FILE
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import Heartbeat
+from tests.support import stopped
 
 ELECTION_BOUND_S = 15.0  # elections took 3.5-8.6 s in the probes; a loaded CI machine is slower
 
@@ -184,7 +185,7 @@ async def test_a_client_leaves_a_frozen_node_for_another(cluster):
         frozen = broker.server
         node = next(n for n in range(cluster.size) if cluster.url_of(n).endswith(frozen))
         pid = int((cluster.store_dir / cluster.node_name(node) / PID_FILE).read_text())
-        os.kill(pid, signal.SIGSTOP)
+        await stopped(pid)
         try:
             async with asyncio.timeout(30):
                 while broker.server == frozen or not broker.connected:  # noqa: ASYNC110
