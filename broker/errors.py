@@ -167,6 +167,11 @@ def translate(exc: BaseException, *, subject: str | None = None) -> BrokerError:
             f"no stream answered{where}: the server is restarting, or the streams are not"
             " provisioned (`reach provision`)"
         )
+    if isinstance(exc, nats.js.errors.InvalidKeyError):
+        where = f" {subject!r}" if subject else ""
+        return BrokerError(
+            f"invalid key{where}: keys are letters, digits, '-', '_', '=', '.' and '/'"
+        )
     if isinstance(exc, nats.errors.NoRespondersError):
         return NoResponders(f"nobody answers{f' on {subject!r}' if subject else ''}")
     if isinstance(exc, nats.errors.MaxPayloadError):

@@ -20,11 +20,10 @@ from agentreach.cli.agent_rows import (
     state_of,
     tripped,
 )
-from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
+from agentreach.cli.options import Commands, UsageError, an_id, broker_of, operators_only
 from agentreach.cli.redraw import redraw_until_interrupted
 from agentreach.cli.retirement import forget, queued
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
-from agentreach.envelopes import is_token
 
 MIN_WATCH_S = 0.5
 LOAD_EXPLAINED = (
@@ -62,6 +61,7 @@ def register(commands: Commands) -> None:
     agents.add_argument(
         "id",
         nargs="?",
+        type=an_id,
         help="show: the agent's id; clear: the quarantined agent's; forget: the retired agent's",
     )
     agents.add_argument(
@@ -89,10 +89,6 @@ async def cmd_agents(args: argparse.Namespace) -> int:
         raise UsageError(f"--watch is for agents list or show, not {args.action}")
     if args.action == "list" and args.id:
         raise UsageError(f"agents list takes no agent id (got {args.id!r}): it lists them all")
-    if args.id and not is_token(args.id):
-        raise UsageError(
-            f"agent id {args.id!r} cannot be an agent's: ids are 1-128 letters, digits, '_' or '-'"
-        )
     operators_only(args, "the agent registry")
     async with broker_of(args) as broker:
         if args.action == "clear":

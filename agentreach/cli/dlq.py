@@ -27,7 +27,14 @@ from agentreach.agents.letters import (
 )
 from agentreach.broker import Broker, StreamNotFound, SubjectFull, read_stream
 from agentreach.broker.streams import StoredMessage, subject_counts
-from agentreach.cli.options import Commands, UsageError, broker_of, names_of, operators_only
+from agentreach.cli.options import (
+    Commands,
+    UsageError,
+    an_id,
+    broker_of,
+    names_of,
+    operators_only,
+)
 from agentreach.cli.status import warn_without_coordinator
 from agentreach.envelopes import DeadLetter, Event
 from agentreach.errors import ReachError
@@ -53,7 +60,9 @@ def register(commands: Commands) -> None:
         help="list them, show one (JSON), replay one as a new task, record one as resolved"
         " (as a compensation worker does), or count them",
     )
-    dlq.add_argument("id", nargs="?", help="show, replay, resolve: the dead letter's message_id")
+    dlq.add_argument(
+        "id", nargs="?", type=an_id, help="show, replay, resolve: the dead letter's message_id"
+    )
     dlq.add_argument("--to-topic", default=None, help="replay to another topic")
     dlq.add_argument(
         "--payload",

@@ -11,7 +11,14 @@ from typing import Any
 import msgspec
 
 from agentreach.agents.manual import TAKE_S, ManualReview, ManualReviewError
-from agentreach.cli.options import Commands, UsageError, broker_of, json_argument, operators_only
+from agentreach.cli.options import (
+    Commands,
+    UsageError,
+    an_id,
+    broker_of,
+    json_argument,
+    operators_only,
+)
 from agentreach.envelopes import ManualItem
 
 NEEDS = {"show": "ID", "take": "ID", "answer": "ID JSON", "send": "ID TOPIC"}
@@ -32,7 +39,7 @@ def register(commands: Commands) -> None:
     manual.add_argument(
         "action", choices=["list", *NEEDS], help="list | show | take | answer | send"
     )
-    manual.add_argument("id", nargs="?", help="the waiting task's message_id")
+    manual.add_argument("id", nargs="?", type=an_id, help="the waiting task's message_id")
     manual.add_argument("value", nargs="?", help="the answer (JSON) or the topic to send to")
     manual.add_argument("--queue", default=None, help="only this queue (list)")
     manual.add_argument("--all", action="store_true", help="also answered, sent and expired")

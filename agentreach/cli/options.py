@@ -235,6 +235,16 @@ def load_target(target: str, *, malformed: str) -> object:
     return getattr(module, attr, None)
 
 
+def an_id(text: str) -> str:
+    """argparse type of an agent, message, trace or workflow id: each stands as one token of
+    NATS subjects and keys, so a wildcard or a dot would reach other ids' records."""
+    if not envelopes.is_token(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} cannot be an id: ids are 1-128 letters, digits, '_' or '-'"
+        )
+    return text
+
+
 def json_text(argument: str) -> str:
     """The JSON an argument gives: itself; ``@FILE``, the file's; ``-``, stdin's (a shell
     caps one argument at 128 KiB, payloads travel up to the server's limit and beyond)."""

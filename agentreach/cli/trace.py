@@ -21,7 +21,7 @@ from agentreach.broker.lifecycle import AGENT_TOPIC, authentic
 from agentreach.broker.names import COORDINATOR, OPERATOR
 from agentreach.cli import workflows
 from agentreach.cli.exit_codes import FAILED, OK
-from agentreach.cli.options import ASKING_ROLES, Commands, UsageError, broker_of
+from agentreach.cli.options import ASKING_ROLES, Commands, UsageError, an_id, broker_of
 from agentreach.cli.status import NOT_RUNNING, coordinators
 from agentreach.coordinator.delivery.unrouted import LOOKED_AT, unrouted
 from agentreach.coordinator.workflows import read_record
@@ -39,7 +39,9 @@ def register(commands: Commands) -> None:
         "every lifecycle event of a message_id or trace_id",
         example=("reach trace first", "reach trace 4bf92f3577b34da6a3ce929d0e0e4736"),
     )
-    trace.add_argument("id", help="a message_id, a trace_id (or a W3C trace id), a workflow id")
+    trace.add_argument(
+        "id", type=an_id, help="a message_id, a trace_id (or a W3C trace id), a workflow id"
+    )
 
 
 async def cmd_trace(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ import datetime as dt
 
 from agentreach.agents import DeadlineExceeded, InvalidArgument, ReachClient, UnknownWorkflow
 from agentreach.broker import Broker, BrokerTimeout, NoResponders, read_stream
-from agentreach.cli.options import Commands, UsageError, auth_of, broker_of, operators_only
+from agentreach.cli.options import Commands, UsageError, an_id, auth_of, broker_of, operators_only
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
 from agentreach.envelopes import (
@@ -42,7 +42,9 @@ def register(commands: Commands) -> None:
         help="list instances, show one's steps, cancel it, or signal it an event (with a"
         " caller's creds: cancel or signal, an instance it started)",
     )
-    flows.add_argument("id", nargs="?", help="the instance id (the starting task's message_id)")
+    flows.add_argument(
+        "id", nargs="?", type=an_id, help="the instance id (the starting task's message_id)"
+    )
     flows.add_argument(
         "event",
         nargs="?",

@@ -8,7 +8,7 @@ import msgspec
 import nats.js.errors
 import pytest
 
-from agentreach.broker import Contended, WrongLastSequence
+from agentreach.broker import BrokerError, Contended, WrongLastSequence
 from agentreach.broker.errors import translate
 from agentreach.envelopes import LeaseRecord
 
@@ -32,6 +32,12 @@ async def test_create_update_and_get_round_trip(leases):
     await leases.delete("duty")
     assert await leases.get("duty") is None
     await leases.create("duty", LeaseRecord("c", 5))  # a deleted key can be created again
+
+
+async def test_a_key_nats_refuses_is_named_with_its_bucket(leases):
+    """nats-py's bare ``InvalidKeyError`` reached `reach trace '*'` as it was."""
+    with pytest.raises(BrokerError, match=r"invalid key '\w+/bad!id': keys are letters"):
+        await leases.get("bad!id")
 
 
 async def test_cas_writes_what_change_returns_and_declines_on_none(leases):

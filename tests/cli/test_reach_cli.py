@@ -38,6 +38,19 @@ async def reach(broker, *args: str):
     return await run(*reach_argv(broker, *args))
 
 
+@pytest.mark.parametrize(
+    "command",
+    [("agents", "show"), ("trace",), ("dlq", "show"), ("workflows", "show"), ("manual", "show")],
+)
+@pytest.mark.parametrize("bad", ["*", ">", "a.b", "bad id!"])
+async def test_an_id_no_message_or_agent_can_have_is_refused_before_connecting(command, bad):
+    """A wildcard matched other ids' records (`agents show '*'` listed every agent's running
+    tasks as one agent's); `trace '*'` failed with nats-py's bare InvalidKeyError."""
+    refused = await run(reach_command(), *command, bad, "--nats-url", "nats://127.0.0.1:1")
+    assert refused.returncode == 2, refused.stdout
+    assert f"argument id: {bad!r} cannot be an id: ids are 1-128 letters" in refused.stderr
+
+
 async def test_publish_then_trace_shows_the_lifecycle(broker, coordinator, watcher):
     """`reach publish` returns ids; `reach trace` prints routed, accepted, completed in order."""
     async with worker().running(broker=broker):
