@@ -11,8 +11,6 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 
-import msgspec
-
 from agentreach import envelopes
 from agentreach.agents.errors import LetterSettled, ReplayLimitReached
 from agentreach.agents.letters import (
@@ -27,6 +25,14 @@ from agentreach.agents.letters import (
 )
 from agentreach.broker import Broker, StreamNotFound, SubjectFull, read_stream
 from agentreach.broker.streams import StoredMessage, subject_counts
+from agentreach.cli.letter_views import (
+    letter_key,
+    listed,
+    print_letter,
+    print_letters,
+    print_none_matching,
+    print_stats,
+)
 from agentreach.cli.options import (
     Commands,
     UsageError,
@@ -62,6 +68,14 @@ def register(commands: Commands) -> None:
     )
     dlq.add_argument(
         "id", nargs="?", type=an_id, help="show, replay, resolve: the dead letter's message_id"
+    )
+    dlq.add_argument(
+        "--at",
+        type=int,
+        default=None,
+        metavar="AT_MS",
+        help="show, replay, resolve: the id's letter dead-lettered at AT_MS (`dlq list --json`"
+        " gives it), when the id has several; default the newest",
     )
     dlq.add_argument("--to-topic", default=None, help="replay to another topic")
     dlq.add_argument(
@@ -112,53 +126,34 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         there = await _there(broker) if not letters and filtered and args.action == "list" else {}
         settled = await _settled(broker) if args.action in ("list", "resolve", "stats") else {}
         if args.action == "show":
-            letter = _find(letters, args.id)
-            _print_letter(letter, await settling_of(broker, letter))
+            letter = _find(letters, args.id, args.at)
+            print_letter(letter, await settling_of(broker, letter))
             return 0
         if args.action == "resolve" and not args.id:
             return await _resolve_open(broker, letters, settled, args.note)
         if args.action == "resolve":
-            return await _resolve(broker, _find(letters, args.id), settled, args.note)
+            return await _resolve(broker, _find(letters, args.id, args.at), settled, args.note)
         if args.action == "replay":
-            task = await _replay(broker, _find(letters, args.id), args)
+            task = await _replay(broker, _find(letters, args.id, args.at), args)
             await warn_without_coordinator(broker, "the replayed task waits in REACH_TASKS")
             print(json.dumps({"message_id": task.message_id, "trace_id": task.trace_id}))
             return 0
     if args.action == "stats":
-        _print_stats(letters, settled)
+        print_stats(letters, settled)
     elif not letters and (args.reason or args.topic):
-        _print_none_matching(args.reason, args.topic, there)
+        print_none_matching(args.reason, args.topic, there)
     else:
         # Keyed by the letter: a message id sent again past the duplicate window and
         # dead-lettered again has a letter per life, each with a state of its own.
-        states = {_key(x): letter_state(settled.get(x.message_id), x) for x in letters}
+        states = {letter_key(x): letter_state(settled.get(x.message_id), x) for x in letters}
         if args.open:
-            letters = [letter for letter in letters if states[_key(letter)] == "open"]
+            letters = [letter for letter in letters if states[letter_key(letter)] == "open"]
         if args.json:
             for letter in letters:
-                print(json.dumps(_listed(letter, states[_key(letter)]), ensure_ascii=False))
+                print(json.dumps(listed(letter, states[letter_key(letter)]), ensure_ascii=False))
         else:
-            _print_letters(letters, states, only_open=args.open)
+            print_letters(letters, states, only_open=args.open)
     return 0
-
-
-def _key(letter: DeadLetter) -> tuple[str, int]:
-    return letter.message_id, letter.at_ms
-
-
-def _listed(letter: DeadLetter, state: str) -> dict[str, object]:
-    """What ``reach dlq list`` says of a letter, for scripts (``--json``)."""
-    return {
-        "message_id": letter.message_id,
-        "trace_id": letter.trace_id,
-        "reason": letter.reason,
-        "topic": letter.topic,
-        "state": state,
-        "at_ms": letter.at_ms,
-        "attempts": letter.attempts,
-        "replays": letter.replays,
-        "error": msgspec.to_builtins(letter.error) if letter.error else None,
-    }
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -192,6 +187,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--force is for dlq replay, not dlq {args.action}")
     if args.payload is not None and args.action != "replay":
         raise UsageError(f"--payload is for dlq replay, not dlq {args.action}")
+    if args.at is not None and args.action not in ("show", "replay", "resolve"):
+        raise UsageError(f"--at is for dlq show, replay and resolve, not dlq {args.action}")
     if args.max_replays < 0:
         raise UsageError(f"--max-replays {args.max_replays}: expected 0 or more")
 
@@ -275,18 +272,6 @@ async def _there(broker: Broker) -> dict[str, Counter[str]]:
     return there
 
 
-def _print_none_matching(
-    reason: str | None, topic: str | None, there: dict[str, Counter[str]]
-) -> None:
-    """No letter matches the filters: which reasons and topics there are (a typo shows)."""
-    wanted = [f"{key} {value!r}" for key, value in (("reason", reason), ("topic", topic)) if value]
-    print(f"no dead letters with {' and '.join(wanted)}")
-    for key, counter in there.items():
-        if counter:
-            listed = ", ".join(f"{name} {n}" for name, n in sorted(counter.items()))
-            print(f"reach: the {key}s there are: {listed}", file=sys.stderr)
-
-
 async def _settled(broker: Broker) -> dict[str, list[Event]]:
     """The ``replayed`` and ``resolved`` events of each dead letter's message id, in the
     order they were stored: as ``REACH_SETTLED`` keeps them, else (a letter settled before
@@ -328,59 +313,24 @@ def _readable(stored: list[StoredMessage]) -> list[DeadLetter]:
     return letters
 
 
-def _find(letters: list[DeadLetter], message_id: str) -> DeadLetter:
-    for letter in reversed(letters):
-        if letter.message_id == message_id:
+def _find(letters: list[DeadLetter], message_id: str, at_ms: int | None) -> DeadLetter:
+    """The newest letter of ``message_id`` (one per life of the id), or the one ``at_ms``."""
+    lives = [letter for letter in letters if letter.message_id == message_id]
+    if not lives:
+        raise UsageError(f"no dead letter with message_id {message_id!r}")
+    if at_ms is None:
+        if len(lives) > 1:
+            print(
+                f"{message_id} has {len(lives)} dead letters (at_ms"
+                f" {', '.join(str(x.at_ms) for x in lives)}): this is the newest's; --at"
+                " AT_MS picks another",
+                file=sys.stderr,
+            )
+        return lives[-1]
+    for letter in lives:
+        if letter.at_ms == at_ms:
             return letter
-    raise UsageError(f"no dead letter with message_id {message_id!r}")
-
-
-def _print_letters(
-    letters: list[DeadLetter], states: dict[tuple[str, int], str], *, only_open: bool
-) -> None:
-    """A table whose columns are as wide as what they hold (workflow step ids are long)."""
-    if not letters:
-        print("no open dead letters" if only_open else "no dead letters")
-        return
-    rows = [
-        (
-            letter.message_id,
-            letter.reason,
-            letter.topic,
-            states[_key(letter)],
-            letter.error.message if letter.error else "",
-        )
-        for letter in letters
-    ]
-    header = ("MESSAGE_ID", "REASON", "TOPIC", "STATE", "ERROR")
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
-    for row in [header, *rows]:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        print("  ".join([*cells, row[4]]).rstrip())
-
-
-def _print_letter(letter: DeadLetter, settling: list[Event]) -> None:
-    """The letter as JSON, with its state as ``reach dlq list`` says it (``letter_state``)
-    and the events that settled it (``settled_by``): who replayed or resolved it, when, and
-    as which message or with which note. Its own ``state`` is a failed workflow's record."""
-    shown = msgspec.to_builtins(letter)
-    shown["letter_state"] = letter_state(settling, letter)
-    shown["settled_by"] = [
-        {"event": event.event, "at_ms": event.at_ms, **event.detail} for event in settling
-    ]
-    print(json.dumps(shown, indent=2, ensure_ascii=False))
-
-
-def _print_stats(letters: list[DeadLetter], settled: dict[str, list[Event]]) -> None:
-    """Letters kept and those still open, by reason and topic (the open ones are the work
-    left to do)."""
-    kept: Counter[tuple[str, str]] = Counter()
-    still_open: Counter[tuple[str, str]] = Counter()
-    for letter in letters:
-        kept[letter.reason, letter.topic] += 1
-        if letter_state(settled.get(letter.message_id), letter) == "open":
-            still_open[letter.reason, letter.topic] += 1
-    print(f"{'REASON':<20} {'TOPIC':<24} {'LETTERS':>7} {'OPEN':>6}")
-    for (reason, topic), count in sorted(kept.items()):
-        print(f"{reason:<20} {topic:<24} {count:>7} {still_open[reason, topic]:>6}")
-    print(f"{'total':<45} {len(letters):>7} {still_open.total():>6}")
+    raise UsageError(
+        f"no dead letter of {message_id!r} at {at_ms}: its letters are at"
+        f" {', '.join(str(x.at_ms) for x in lives)}"
+    )

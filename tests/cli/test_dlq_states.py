@@ -50,10 +50,10 @@ async def test_list_shows_each_letters_state_and_open_lists_only_open_ones(
     only_open = await reach(broker, "dlq", "list", "--open")
     assert listed.returncode == 0, listed.stderr
     header, *rows = listed.stdout.splitlines()
-    states = {row.split()[0]: row.split()[3] for row in rows}
+    states = {row.split()[0]: row.split()[4] for row in rows}
     assert states.pop("by-worker") == "resolved" and states.pop("replayed-1") == "replayed"
     assert set(states.values()) == {"open"}  # the step's, and the replay's own (no route)
-    for column in ("REASON", "TOPIC", "STATE", "ERROR"):
+    for column in ("AT", "REASON", "TOPIC", "STATE", "ERROR"):
         at = header.index(column)
         assert all(row[at - 2 : at] == "  " and row[at] != " " for row in rows), listed.stdout
     assert [row.split()[0] for row in only_open.stdout.splitlines()[1:]] == list(states)
@@ -97,7 +97,7 @@ async def test_a_step_letter_its_workflow_handles_is_listed_handled_not_open(bro
     listed = await reach(broker, "dlq", "list")
     only_open = await reach(broker, "dlq", "list", "--open")
     assert listed.returncode == 0, listed.stderr
-    states = {row.split()[0]: row.split()[3] for row in listed.stdout.splitlines()[1:]}
+    states = {row.split()[0]: row.split()[4] for row in listed.stdout.splitlines()[1:]}
     assert states == {"absorbed-research-1": "handled", "undo-failed-refund-1": "open"}
     assert [row.split()[0] for row in only_open.stdout.splitlines()[1:]] == ["undo-failed-refund-1"]
 
@@ -126,7 +126,7 @@ async def test_a_replay_the_intake_refuses_says_why_in_one_line(broker):
     [line] = refused.stderr.strip().splitlines()
     assert line.startswith("reach: error: refused-1 was not replayed")
     assert names.task("full_topic") in line and "limits.tasks_per_subject" in line
-    assert listed.stdout.splitlines()[1].split()[3] == "open"  # not replayed
+    assert listed.stdout.splitlines()[1].split()[4] == "open"  # not replayed
 
 
 async def test_replay_of_a_letter_replayed_max_replays_times_is_refused_unless_forced(broker):
@@ -233,7 +233,36 @@ async def test_a_later_life_of_a_message_id_dead_lettered_again_is_a_letter_of_i
     letter = json.loads(shown.stdout)
     assert letter["envelope"]["received_ms"] == 200_000 and letter["letter_state"] == "open"
     assert letter["trace"] == []  # not the first life's settling
+    assert "again-1 has 2 dead letters (at_ms " in shown.stderr
     again = await reach(broker, "dlq", "resolve", "again-1", "--note", "the second one too")
     assert again.returncode == 0, again.stderr
     after = await reach(broker, "dlq", "list", "--open", "--json")
     assert after.stdout.strip() == ""
+
+
+async def test_dlq_picks_a_letter_of_an_id_by_its_time_and_lists_each_with_its_time(broker):
+    """Two lives of one id dead-lettered: the table told them apart only by their state, and
+    `dlq show` reached only the newest. Each row has its time; --at picks a letter."""
+    first = Task(v=1, message_id="twice-1", trace_id="twice-1", topic="t", received_ms=1_000)
+    error = ErrorInfo(type="ValueError", message="wrong")
+    await letter_of(broker, first, "retries_exhausted", error=error)
+    later = msgspec.structs.replace(first, received_ms=200_000)
+    await letter_of(broker, later, "retries_exhausted", error=error)
+    listed = await reach(broker, "dlq", "list", "--json")
+    at = [json.loads(line)["at_ms"] for line in listed.stdout.splitlines()]
+    table = await reach(broker, "dlq", "list")
+    older = await reach(broker, "dlq", "show", "twice-1", "--at", str(at[0]))
+    unknown = await reach(broker, "dlq", "show", "twice-1", "--at", "5")
+    misplaced = await reach(broker, "dlq", "list", "--at", "5")
+    assert len(at) == 2 and at[0] <= at[1]
+    rows = table.stdout.splitlines()
+    assert rows[0].split()[:3] == ["MESSAGE_ID", "AT", "REASON"] and len(rows) == 3
+    assert older.returncode == 0 and older.stderr == "", older.stderr
+    assert json.loads(older.stdout)["envelope"]["received_ms"] == 1_000
+    assert unknown.returncode == 1
+    assert f"no dead letter of 'twice-1' at 5: its letters are at {at[0]}, {at[1]}" in (
+        unknown.stderr
+    )
+    assert misplaced.returncode == 1 and "--at is for dlq show, replay and resolve" in (
+        misplaced.stderr
+    )

@@ -299,8 +299,13 @@ async def test_dlq_replay_sends_the_task_again(broker, coordinator, watcher):
     assert f"(as {new_id}); --force replays it anyway" in again.stderr
     assert forced.returncode == 0, forced.stderr
     header, row = listed.stdout.splitlines()
-    assert header.split() == ["MESSAGE_ID", "REASON", "TOPIC", "STATE", "ERROR"]
-    assert row.split()[:4] == ["lost-2", "no_route", "nobody_serves_this", "replayed"]
+    assert header.split() == ["MESSAGE_ID", "AT", "REASON", "TOPIC", "STATE", "ERROR"]
+    assert row.split()[:1] + row.split()[2:5] == [
+        "lost-2",
+        "no_route",
+        "nobody_serves_this",
+        "replayed",
+    ]
     missing = await reach(broker, "dlq", "replay", "never-was")
     assert (
         missing.returncode == 1 and "no dead letter with message_id 'never-was'" in missing.stderr
