@@ -161,7 +161,9 @@ class TaskFailed(InvokeError):
     ``ending`` is how the message ended, the error reply's ``reason``: the dead-letter
     reason (``retries_exhausted``, ``expired``, ``rejected``, ``no_route``, …), ``refused``
     (no dead letter), ``cancelled``, ``duplicate_id``; None when the coordinator did not
-    say (one older than that field). ``attempt`` is the attempt the ending came at (3 for a
+    say (one older than that field). ``attempts`` is how many attempts ran, for an ending
+    after attempts (a task moved off a gone agent before it ran one is on a later ``attempt``
+    than it ran); None when not said. ``attempt`` is the attempt the ending came at (3 for a
     task dead-lettered after its third failed); None when not known."""
 
     def __init__(
@@ -172,11 +174,13 @@ class TaskFailed(InvokeError):
         trace_id: str,
         ending: str | None = None,
         attempt: int | None = None,
+        attempts: int | None = None,
     ) -> None:
         super().__init__(f"{error.type}: {error.message}", message_id=message_id, trace_id=trace_id)
         self.error = error
         self.ending = ending
         self.attempt = attempt
+        self.attempts = attempts
 
 
 class Rejected(TaskFailed):

@@ -130,13 +130,13 @@ async def wait_for_result(
                 await _call(on_progress, message)
             case Result():
                 return message.result, message.result_ref
-            case ErrorReply(error=error, attempt=attempt, reason=reason, ran=said):
+            case ErrorReply(error=error, attempt=attempt, reason=reason, ran=said, attempts=run):
                 # A workflow says whether it dispatched a step: its own ack (the instance
                 # was created) tells nothing of that, and no agent accepts the workflow.
                 ran = said if said is not None else done_by is not None  # a handler took it
                 if said is None and not ran and _after_an_attempt(error, attempt):
                     ran = (await ending.read())[1]  # its ack may have been lost
-                raise failure(error, ids, ran=ran, ending=reason, attempt=attempt)
+                raise failure(error, ids, ran=ran, ending=reason, attempt=attempt, attempts=run)
 
 
 def outcome_of(ended: Ended, ids: dict[str, str], *, ran: bool) -> tuple[Any, PayloadRef | None]:
@@ -144,7 +144,14 @@ def outcome_of(ended: Ended, ids: dict[str, str], *, ran: bool) -> tuple[Any, Pa
     the ending itself says of that, a workflow's, comes first)."""
     if ended.error is not None:
         ran = ended.ran if ended.ran is not None else ran
-        raise failure(ended.error, ids, ran=ran, ending=ended.reason, attempt=ended.attempt)
+        raise failure(
+            ended.error,
+            ids,
+            ran=ran,
+            ending=ended.reason,
+            attempt=ended.attempt,
+            attempts=ended.attempts,
+        )
     return ended.result, ended.result_ref
 
 
@@ -155,12 +162,14 @@ def failure(
     ran: bool,
     ending: str | None = None,
     attempt: int | None = None,
+    attempts: int | None = None,
 ) -> TaskFailed:
     """Rejected for a refusal before any agent accepted the task (nothing ran, so sending it
     again is safe); TaskFailed for a handler's failure, and for a refusal that came after
     an attempt ran (a retry refused by its breaker, a ttl out between retries)."""
     refused = error.type in REJECTION_REASONS and not ran
-    return (Rejected if refused else TaskFailed)(error, **ids, ending=ending, attempt=attempt)
+    kind = Rejected if refused else TaskFailed
+    return kind(error, **ids, ending=ending, attempt=attempt, attempts=attempts)
 
 
 def _after_an_attempt(error: ErrorInfo, attempt: int) -> bool:

@@ -178,6 +178,7 @@ def _letter_detail(
     if step is not None and step.handled:  # its workflow's own ending is what counts
         detail["handled"] = True
     if task is not None:  # what the audit record of the message summarises as its input
+        detail["attempts"] = task.attempt - task.requeued  # as the letter's and reply's
         detail["input"] = msgspec.to_builtins(summary_of_task(task))
     return detail
 

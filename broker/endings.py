@@ -47,6 +47,7 @@ class Ended:
     reason: str | None = None  # how an error ended it, as an error reply's ``reason`` says
     ran: bool | None = None  # whether its work began, as an error reply's ``ran`` says
     attempt: int | None = None  # the attempt its ending event is about
+    attempts: int | None = None  # those that ran, as an error reply's ``attempts`` says
 
 
 def ending_of(events: Iterable[Event]) -> Ended | None:
@@ -61,12 +62,13 @@ def ending_of(events: Iterable[Event]) -> Ended | None:
                     result_ref=msgspec.convert(ref, PayloadRef) if isinstance(ref, dict) else None,
                 )
             case "dead_lettered" | "rejected" | "workflow_failed" | "workflow_cancelled":
-                ran = detail.get("ran")
+                ran, attempts = detail.get("ran"), detail.get("attempts")
                 return Ended(
                     error=_error(detail),
                     reason=_reason(event.event, detail),
                     ran=ran if isinstance(ran, bool) else None,
                     attempt=event.attempt,
+                    attempts=attempts if type(attempts) is int else None,
                 )
     return None
 

@@ -191,6 +191,9 @@ class ErrorReply(_AboutTask, frozen=True, kw_only=True, tag="error"):
     # dispatched a step, false when it ended before any. None: not said (a task's acks and
     # events tell its caller whether an agent accepted it).
     ran: bool | None = None
+    # The attempts that ran, for an ending after attempts (a dead letter's ``attempts``):
+    # ``attempt`` less the moves that cost none (``requeued``). None: not said.
+    attempts: int | None = None
 
 
 class Routed(_AboutTask, frozen=True, kw_only=True, tag="routed"):

@@ -210,8 +210,9 @@ def how_it_ended(exc: TaskFailed) -> str:
     to read more: the ending, the attempts a handler ran, whether a dead letter holds it."""
     said = exc.ending or "failed"
     ran = not isinstance(exc, Rejected)
-    if ran and exc.attempt:
-        said += f" after {exc.attempt} attempt{'s' if exc.attempt > 1 else ''}"
+    count = exc.attempts if exc.attempts is not None else exc.attempt
+    if ran and count:
+        said += f" after {count} attempt{'s' if count > 1 else ''}"
     lettered = exc.ending in DEAD_LETTER_REASONS
     if lettered:
         said += ", dead-lettered"

@@ -11,6 +11,7 @@ import structlog
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.dead_letters import dead_letter, dead_letter_delivery
 from agentreach.broker.lifecycle import about, emit, event_for, reply
+from agentreach.coordinator.delivery.retries import attempts_run
 from agentreach.envelopes import INVALID_TOPIC, DecodeError, ErrorInfo, ErrorReply, Task
 
 log = structlog.get_logger("coordinator")
@@ -39,7 +40,8 @@ async def end_with_error(
         ran=ran,
     )
     log.info("dead-lettered", reason=reason, error=error.message)  # said once it is so
-    await reply(broker, task, error_reply(task, error, reason, ran=ran))
+    reply_ = error_reply(task, error, reason, ran=ran, attempts=attempts_run(task))
+    await reply(broker, task, reply_)
 
 
 async def refuse(broker: Broker, task: Task, error: ErrorInfo, **detail: Any) -> None:
@@ -54,10 +56,16 @@ async def refuse(broker: Broker, task: Task, error: ErrorInfo, **detail: Any) ->
 
 
 def error_reply(
-    task: Task, error: ErrorInfo, reason: str, *, ran: bool | None = None
+    task: Task,
+    error: ErrorInfo,
+    reason: str,
+    *,
+    ran: bool | None = None,
+    attempts: int | None = None,
 ) -> ErrorReply:
-    """The ``error`` envelope answering ``task``, which ended as ``reason``."""
-    return ErrorReply(**about(task, error=error, reason=reason, ran=ran))
+    """The ``error`` envelope answering ``task``, which ended as ``reason`` (``attempts``:
+    those that ran, for an ending after attempts)."""
+    return ErrorReply(**about(task, error=error, reason=reason, ran=ran, attempts=attempts))
 
 
 async def unreadable_event(broker: Broker, msg: Delivery, exc: DecodeError) -> None:

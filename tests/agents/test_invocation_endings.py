@@ -64,13 +64,16 @@ async def test_a_failure_names_the_attempt_its_ending_came_at() -> None:
     """TaskFailed.attempt is the error reply's attempt, or the ending event's when the end
     was read from the trace (a reply lost)."""
     about = {"v": 1, "message_id": "wf-1", "trace_id": "wf-1", "topic": "brief", "attempt": 3}
-    detail = {"reason": "retries_exhausted", "error": {"type": "KeyError", "message": "x"}}
+    error = {"type": "KeyError", "message": "x"}
+    detail = {"reason": "retries_exhausted", "error": error, "attempts": 2}  # one moved unrun
     event = Event(**about, event="dead_lettered", detail=detail)
     with pytest.raises(TaskFailed) as raised:
         outcome_of(ending_of([event]) or Ended(), IDS, ran=True)
     assert raised.value.attempt == 3 and raised.value.ending == "retries_exhausted"
-    replied = ErrorReply(**about, error=EXPIRED, reason="expired", ran=True)
+    assert raised.value.attempts == 2
+    replied = ErrorReply(**about, error=EXPIRED, reason="expired", ran=True, attempts=2)
     assert getattr(await _ending_of(replied), "attempt", None) == 3
+    assert getattr(await _ending_of(replied), "attempts", None) == 2
 
 
 SLOW = Task(

@@ -14,12 +14,14 @@ import type { ErrorInfo, Event, PayloadRef, TraceReply, TraceRequest } from "./t
 export type Ended =
   | { kind: "result"; result: unknown; resultRef: PayloadRef | null }
   // `ran`: whether its work began, when the ending says (a workflow's: it dispatched a step)
-  | { kind: "error"; error: ErrorInfo; reason: string | null; ran: boolean | null; attempt: number | null };
+  // `attempts`: how many ran, as a dead letter's error reply says
+  | { kind: "error"; error: ErrorInfo; reason: string | null; ran: boolean | null; attempt: number | null; attempts: number | null };
 
 /** The first ending among `events` (one message's, oldest first), or null: not ended yet. */
 export function endingOf(events: Event[]): Ended | null {
   for (const { event, detail = {}, attempt } of events) {
     const ran = typeof detail.ran === "boolean" ? detail.ran : null;
+    const attempts = Number.isInteger(detail.attempts) ? (detail.attempts as number) : null;
     switch (event) {
       case "completed":
       case "workflow_completed": {
@@ -27,13 +29,13 @@ export function endingOf(events: Event[]): Ended | null {
         return { kind: "result", result: detail.result ?? null, resultRef: isPayloadRef(ref) ? ref : null };
       }
       case "dead_lettered":
-        return { kind: "error", error: errorOf(detail), reason: stringOr(detail.reason, null), ran, attempt: attempt ?? null };
+        return { kind: "error", error: errorOf(detail), reason: stringOr(detail.reason, null), ran, attempt: attempt ?? null, attempts };
       case "rejected": // a refusal that leaves no dead letter (a caller over its quota)
-        return { kind: "error", error: errorOf(detail), reason: "refused", ran, attempt: attempt ?? null };
+        return { kind: "error", error: errorOf(detail), reason: "refused", ran, attempt: attempt ?? null, attempts: null };
       case "workflow_failed":
-        return { kind: "error", error: errorOf(detail), reason: stringOr(detail.reason, "workflow_failed"), ran, attempt: attempt ?? null };
+        return { kind: "error", error: errorOf(detail), reason: stringOr(detail.reason, "workflow_failed"), ran, attempt: attempt ?? null, attempts: null };
       case "workflow_cancelled":
-        return { kind: "error", error: errorOf(detail), reason: "cancelled", ran, attempt: attempt ?? null };
+        return { kind: "error", error: errorOf(detail), reason: "cancelled", ran, attempt: attempt ?? null, attempts: null };
     }
   }
   return null;

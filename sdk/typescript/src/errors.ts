@@ -173,6 +173,8 @@ export class InvokeAborted extends InvokeError {
  * `refused` for a refusal without a dead letter (a caller over its quota), `cancelled`,
  * `duplicate_id`; null from a coordinator too old to say. `attempt` is the attempt the
  * ending came at (3 for a task dead-lettered after its third failure); null when not known.
+ * `attempts` is how many attempts ran, for an ending after attempts (a task moved off a gone
+ * agent before it ran one is on a later `attempt` than it ran); null when not said.
  * A handler ran, so sending the task again under a new id may run it twice.
  */
 export class TaskFailed extends InvokeError {
@@ -180,12 +182,20 @@ export class TaskFailed extends InvokeError {
   readonly error: ErrorInfo;
   readonly ending: TaskEnding | null;
   readonly attempt: number | null;
+  readonly attempts: number | null;
 
-  constructor(error: ErrorInfo, ending: TaskEnding | null, ids: MessageIds, attempt: number | null = null) {
+  constructor(
+    error: ErrorInfo,
+    ending: TaskEnding | null,
+    ids: MessageIds,
+    attempt: number | null = null,
+    attempts: number | null = null,
+  ) {
     super(`${error.type}: ${error.message}`, ids);
     this.error = error;
     this.ending = ending;
     this.attempt = attempt;
+    this.attempts = attempts;
   }
 
   /** The error's type: a handler's class name, or the coordinator's (`expired`, `no_route`, …). */

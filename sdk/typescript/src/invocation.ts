@@ -128,10 +128,11 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
       case "error": {
         // A workflow says whether it dispatched a step: its own ack (the instance was
         // created) tells nothing of that, and no agent accepts the workflow itself.
-        if (reply.ran !== null) throw failure(reply.error, reply.reason, ids, reply.ran, reply.attempt);
+        const counted = { attempt: reply.attempt, attempts: reply.attempts };
+        if (reply.ran !== null) throw failure(reply.error, reply.reason, ids, reply.ran, counted);
         let ran = doneBy !== null; // acknowledged: a handler took it
         if (!ran && afterAnAttempt(reply.error, reply.attempt)) ran = (await ending.read())[1]; // its ack may be lost
-        throw failure(reply.error, reply.reason, ids, ran, reply.attempt);
+        throw failure(reply.error, reply.reason, ids, ran, counted);
       }
     }
   }
@@ -142,7 +143,7 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
  * ending itself says of that, a workflow's, comes first).
  */
 export function outcomeOf(ended: Ended, ids: MessageIds, ran: boolean): Outcome {
-  if (ended.kind === "error") throw failure(ended.error, ended.reason, ids, ended.ran ?? ran, ended.attempt);
+  if (ended.kind === "error") throw failure(ended.error, ended.reason, ids, ended.ran ?? ran, ended);
   return [ended.result, ended.resultRef];
 }
 
@@ -151,9 +152,15 @@ export function outcomeOf(ended: Ended, ids: MessageIds, ran: boolean): Outcome 
  * again is safe); TaskFailed for a handler's failure, and for a refusal that came after an
  * attempt ran (a retry refused by its breaker, a ttl out between retries).
  */
-export function failure(error: ErrorInfo, reason: string | null, ids: MessageIds, ran: boolean, attempt: number | null = null): TaskFailed {
+export function failure(
+  error: ErrorInfo,
+  reason: string | null,
+  ids: MessageIds,
+  ran: boolean,
+  counted: { attempt: number | null; attempts: number | null } = { attempt: null, attempts: null },
+): TaskFailed {
   const refused = REJECTION_TYPES.has(error.type) && !ran;
-  return new (refused ? Rejected : TaskFailed)(error, reason, ids, attempt);
+  return new (refused ? Rejected : TaskFailed)(error, reason, ids, counted.attempt, counted.attempts);
 }
 
 /** The end of a message the stream held already, for a resend under its id (§9). */

@@ -159,6 +159,7 @@ export function decodeReply(data: Uint8Array): Reply | Routed | null {
         },
         reason: typeof doc.reason === "string" ? doc.reason : null,
         ran: typeof doc.ran === "boolean" ? doc.ran : null,
+        attempts: Number.isInteger(doc.attempts) ? (doc.attempts as number) : null,
       } satisfies ErrorReply;
     }
     default:

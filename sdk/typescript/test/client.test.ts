@@ -156,6 +156,7 @@ describe("ReachClient on an open server", () => {
     assert.equal(exhausted.retryable, true);
     assert.equal(exhausted.ending, "retries_exhausted");
     assert.equal(exhausted.attempt, 2); // the attempt it ended at, as the Python SDK says it
+    assert.equal(exhausted.attempts, 2); // those that ran, from the error reply
     assert.equal(permanent.attempt, 1);
     assert.equal(flakyRuns, 2);
   });

@@ -9,7 +9,7 @@ import type { Connection } from "../src/connection.js";
 import type { Traces } from "../src/endings.js";
 import { Ending, outcomeOf, waitForResult } from "../src/invocation.js";
 import { ReplyBox, decodeReply } from "../src/replybox.js";
-import type { Event, Task } from "../src/index.js";
+import type { ErrorReply, Event, Task } from "../src/index.js";
 
 const enc = (value: unknown) => new TextEncoder().encode(typeof value === "string" ? value : JSON.stringify(value));
 const quiet = { debug() {}, info() {}, warn() {}, error() {} };
@@ -32,7 +32,10 @@ describe("decodeReply", () => {
       error: { type: "no_route", message: "nobody", retryable: true, retry_after_ms: null },
       reason: "no_route",
       ran: null,
+      attempts: null,
     });
+    const exhausted = { kind: "error", ...about, attempt: 3, error: { type: "E", message: "m" }, attempts: 2 };
+    assert.equal((decodeReply(enc(exhausted)) as ErrorReply).attempts, 2); // one attempt moved unrun
   });
 
   it("refuses what is no reply: not JSON, an unknown kind, an error without its type", () => {
@@ -83,15 +86,16 @@ describe("endingOf", () => {
       result: null,
       resultRef: ref,
     });
-    assert.deepEqual(endingOf([event("failed", { error }), event("dead_lettered", { reason: "retries_exhausted", error })]), {
+    assert.deepEqual(endingOf([event("failed", { error }), event("dead_lettered", { reason: "retries_exhausted", error, attempts: 2 })]), {
       kind: "error",
       error,
       reason: "retries_exhausted",
       ran: null,
       attempt: null, // the attempt it ended at: these events carry none
+      attempts: 2, // those that ran, as the dead letter says
     });
     const quota = { ...error, type: "rate_limited", retry_after_ms: 500 };
-    assert.deepEqual(endingOf([event("rejected", { error: quota })]), { kind: "error", error: quota, reason: "refused", ran: null, attempt: null });
+    assert.deepEqual(endingOf([event("rejected", { error: quota })]), { kind: "error", error: quota, reason: "refused", ran: null, attempt: null, attempts: null });
     assert.deepEqual(endingOf([event("workflow_cancelled", { error: { ...error, type: "cancelled" } })])?.kind, "error");
   });
 
@@ -102,6 +106,7 @@ describe("endingOf", () => {
       reason: "poison",
       ran: null,
       attempt: null,
+      attempts: null,
     });
   });
 

@@ -320,10 +320,27 @@ async def test_a_task_moved_unrun_still_gets_every_attempt_of_its_topic(
         runs[ctx.attempt] += 1
         raise ConnectionError("still down")
 
-    task = envelopes.Task(v=1, message_id="unrun-2", trace_id="unrun-2", topic="hopeless")
+    inbox = broker.names.reply_box("test", "unrun-2")
+    replies = await broker.nc.subscribe(f"{inbox}.>")
+    task = envelopes.Task(
+        v=1, message_id="unrun-2", trace_id="unrun-2", topic="hopeless", reply_to=inbox
+    )
     async with agent.running(broker=broker):
         await broker.publish(broker.names.dispatch("gone-10", "P1"), envelopes.encode(task))
         assert await reassign_tasks(broker, "gone-10") == 1
         letter = await watcher.dead_letter("retries_exhausted", message_id="unrun-2", timeout=30)
+        ended = await watcher.event("dead_lettered", message_id="unrun-2")
+        error = await _error_reply(replies)
     assert sorted(runs) == [2, 3, 4, 5, 6] and set(runs.values()) == {1}
     assert letter.attempts == 5 and letter.envelope.attempt == 6  # five ran; one moved unrun
+    assert (error.attempts, error.attempt) == (5, 6)  # `reach publish` said "after 6 attempts"
+    assert ended.detail["attempts"] == 5
+
+
+async def _error_reply(replies) -> envelopes.ErrorReply:  # type: ignore[no-untyped-def]
+    """The first ``error`` among the replies ``replies`` receives (acks come before it)."""
+    async with asyncio.timeout(10):
+        while True:
+            reply = envelopes.decode((await replies.next_msg(timeout=10)).data)
+            if isinstance(reply, envelopes.ErrorReply):
+                return reply

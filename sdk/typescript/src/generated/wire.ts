@@ -526,6 +526,10 @@ export interface ErrorReply {
    * default null
    */
   ran: boolean | null;
+  /**
+   * default null
+   */
+  attempts: number | null;
 }
 
 /**
