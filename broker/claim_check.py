@@ -130,8 +130,9 @@ class ClaimCheck:
         role = self._broker.auth.role
         if role in PARTIES:  # refused by the server too, but only after a timeout
             raise PayloadUnavailable(
-                f"{ref.bucket}/{ref.name} is in the Object Store, which a {role} of a secured"
-                " deployment may not read"
+                f"{ref.bucket}/{ref.name} is in the Object Store, which"
+                f" {'an' if role[0] in 'aeiou' else 'a'} {role} of a secured deployment may not"
+                " read"
             )
         try:
             store = await self._broker.js.object_store(ref.bucket)

@@ -21,10 +21,12 @@ from agentreach.envelopes import (
     INVALID_TOPIC,
     DecodeError,
     ErrorInfo,
+    ServerAnswer,
     Task,
     decode_json,
     is_reply_subject,
     is_token,
+    refuse_server_answers,
     stable_id,
     task_from_intake,
     ttl_left_ms,
@@ -77,6 +79,8 @@ class Intake:
             task = self._taken_in(msg, topic, sender)
         except DecodeError as exc:
             fallback_id = stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq)
+            if isinstance(exc, ServerAnswer):  # the subject's caller did not send it
+                sender = None
             stub = self._stub(msg, topic, fallback_id, sender)
             # Charged as a task would be: a caller over its quota must not flood the DLQ.
             if (
@@ -160,6 +164,7 @@ class Intake:
         return topic, None if sender == COORDINATOR else sender
 
     def _taken_in(self, msg: Delivery, topic: str, sender: str | None) -> Task:
+        refuse_server_answers(msg.data, msg.headers, msg.subject)
         task = task_from_intake(
             msg.data,
             msg.headers,
@@ -172,9 +177,11 @@ class Intake:
             return task
         _check_dedup_header(msg.headers, task)
         # The subject names the sender; the body's own claims give way. Only the coordinator
-        # counts attempts that never ran: a sender's count would buy its task more attempts.
+        # counts attempts: a sender's would spend its task's retries, or buy it more.
         from_agent = sender if task.from_agent is not None else None
-        return msgspec.structs.replace(task, caller=sender, from_agent=from_agent, requeued=0)
+        return msgspec.structs.replace(
+            task, caller=sender, from_agent=from_agent, attempt=1, requeued=0
+        )
 
     async def _within_quota(self, task: Task, *, decoded: bool = True) -> bool:
         """Take a token of the caller's quota; False when the task was refused for it: an

@@ -95,6 +95,11 @@ from agentreach.envelopes.registry import (
     Unrouted,
 )
 from agentreach.envelopes.schema import all_schemas, json_schema
+from agentreach.envelopes.server_answers import (
+    ServerAnswer,
+    refuse_server_answers,
+    server_answer,
+)
 
 __all__ = [
     "AGENT_EVENTS",
@@ -143,6 +148,7 @@ __all__ = [
     "Resolution",
     "Result",
     "Routed",
+    "ServerAnswer",
     "StepRun",
     "Summary",
     "Task",
@@ -175,7 +181,9 @@ __all__ = [
     "json_schema",
     "new_id",
     "now_ms",
+    "refuse_server_answers",
     "replay_id",
+    "server_answer",
     "stable_id",
     "sub_task_id",
     "summarize",

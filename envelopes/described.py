@@ -52,14 +52,32 @@ def _routed(event: Event) -> str:
     resolved = _resolution(d.get("resolution"), d.get("needed"))
     if d.get("manual"):
         return f"{resolved}{rule}→ manual-review queue {d['manual']!r}"
-    line = f"{rule}→ {event.agent_id} (candidates: {', '.join(d.get('candidates', []))})"
-    line = resolved + line
+    candidates = _some(d.get("candidates") or [], shown=5)
+    line = f"{resolved}{rule}→ {event.agent_id} (candidates: {candidates})"
     if d.get("trial"):
         line += " trial call"
     passed = d.get("passed_over") or {}
     if passed:
-        line += "; passed over " + "; ".join(f"{a}: {why}" for a, why in passed.items())
+        line += "; passed over " + _grouped(passed)
     return line
+
+
+def _grouped(passed_over: dict[str, str]) -> str:
+    """``agent stopped: a-1, a-2, a-3 +4; b-1: circuit open …``: agents passed over for the
+    same reason said once (a fleet's worth of STOPPED agents made a line of a screen)."""
+    by_why: dict[str, list[str]] = {}
+    for agent, why in passed_over.items():
+        by_why.setdefault(why, []).append(agent)
+    said = []
+    for why, agents in by_why.items():
+        said.append(f"{_some(agents)}: {why}" if len(agents) > 1 else f"{agents[0]}: {why}")
+    return "; ".join(said)
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``names``, and how many more."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" +{more}" if more > 0 else "")
 
 
 def _resolution(resolution: Any, needed: Any) -> str:

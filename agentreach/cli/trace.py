@@ -181,14 +181,25 @@ def _unrouted_line(task: Unrouted, coordinator_runs: bool) -> str:
 def _line(step: Step, start: dt.datetime) -> str:
     event = step.event
     clock = step.at.astimezone().strftime("%H:%M:%S.%f")[:-3]
-    offset = (step.at - start).total_seconds() * 1000
     # A dead letter's settling names its sender token as agent_id: said as who it was.
     settling = event.event in WORKER_EVENTS
     agent = _publisher(step) if settling else event.agent_id or _person(event) or _publisher(step)
     attempt = f"#{event.attempt}"
-    since = f"+{offset:.1f}ms"
+    since = offset_shown((step.at - start).total_seconds())
     line = f"  {clock} {since:>10}  {event.event:<18} {attempt:<3} {agent:<20} "
     return (line + described(event)).rstrip()
+
+
+def offset_shown(seconds: float) -> str:
+    """An event's time since the first, in at most 10 characters: ``+12.3ms`` up to 10 s,
+    then ``+613.207s``, then ``+26h02m05s`` (a retry backoff, a manual review)."""
+    if seconds < 10:
+        return f"+{seconds * 1000:.1f}ms"
+    if seconds < 3600:
+        return f"+{seconds:.3f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"+{hours}h{minutes:02d}m{secs:02d}s"
 
 
 def _person(event: Event) -> str:

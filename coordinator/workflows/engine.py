@@ -60,6 +60,7 @@ from agentreach.envelopes import (
     decode_as,
     is_token,
     now_ms,
+    refuse_server_answers,
 )
 
 log = structlog.get_logger("coordinator.workflows")
@@ -175,6 +176,7 @@ class WorkflowEngine:
         instance_id, _, event = rest.partition(".")
         seen_before = msg.num_delivered > 1
         try:
+            refuse_server_answers(msg.data, msg.headers, msg.subject)
             match kind:
                 case "reply":
                     return await self._on_reply(msg, instance_id, seen_before)

@@ -12,6 +12,7 @@ from typing import Any
 from agentreach.agents import Agent, TaskContext
 from agentreach.broker import Broker, Topology, consumer_state, provision
 from agentreach.broker.streams import stream_bounds
+from agentreach.cli.trace import offset_shown
 from agentreach.coordinator import Coordinator, QueueConfig
 from agentreach.envelopes import headers as h
 from tests.cli.conftest import Completed, reach_argv, reach_command, run
@@ -120,3 +121,12 @@ class _Parties:
         creds = self._deployment.auth(role, name).creds
         argv = [reach_command(), *args, "--nats-url", self._url, "--creds", str(creds)]
         return await run(*argv, env={**os.environ, "NATS_URL": "", "NATS_CREDS": ""})
+
+
+def test_an_offset_stays_within_its_column_however_late_the_event():
+    """Past 100 s, `+100000.0ms` pushed the rest of the line out of its columns."""
+    assert offset_shown(0.0123) == "+12.3ms"
+    assert offset_shown(9.9999) == "+9999.9ms"
+    assert offset_shown(613.2071) == "+613.207s"
+    assert offset_shown(93_725) == "+26h02m05s"
+    assert all(len(offset_shown(s)) <= 10 for s in (0, 9.99, 10, 3599.999, 3600, 359_999))

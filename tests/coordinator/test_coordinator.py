@@ -240,3 +240,16 @@ def test_the_config_s_limits_and_keep_days_make_its_topology(tmp_path):
     assert streams[names.audit_stream].max_age_s == 3 * 86_400
     heartbeats = next(b for b in topology.buckets if b.name == names.heartbeats_bucket)
     assert heartbeats.max_value_bytes == 8192
+
+
+async def test_a_sender_s_count_of_attempts_is_not_taken(broker, coordinator, watcher):
+    """A caller's envelope said attempt 5: its task was routed as attempt 5, a retryable
+    failure got no retry, and its letter said 5 attempts ran when one did (a walkthrough)."""
+    task = envelopes.Task(
+        v=1, message_id="counted-1", trace_id="counted-1", topic="nobody-serves", attempt=5,
+        requeued=3,
+    )  # fmt: skip
+    await broker.publish(broker.names.task("nobody-serves", "alice"), envelopes.encode(task))
+    letter = await watcher.dead_letter("no_route", message_id="counted-1")
+    assert letter.envelope is not None
+    assert (letter.envelope.attempt, letter.envelope.requeued, letter.attempts) == (1, 0, 1)

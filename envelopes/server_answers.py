@@ -1,0 +1,59 @@
+"""Messages the NATS server wrote, not a party: its answers to requests.
+
+The server sends its answer to a request — a JetStream API response, a publish
+acknowledgement, a pull's status — to the request's reply subject, whatever that subject is,
+and nats-server checks a reply subject against no permission. So any party may have the
+server write onto a subject it may not publish to itself (``reach.wf.cancel.<id>``, another
+caller's ``reach.task.<topic>.<caller>``): the words are the server's, the subject is theirs.
+What reads such a subject takes these for what they are, nobody's message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from agentreach.envelopes.errors import DecodeError
+
+# What a JetStream publish acknowledgement holds (nats-server's JSPubAckResponse).
+_PUB_ACK_KEYS = frozenset({"stream", "seq", "domain", "duplicate", "val", "batch", "count"})
+_API_ERROR_KEYS = frozenset({"code", "description"})
+
+
+class ServerAnswer(DecodeError):
+    """A message that is the NATS server's answer to someone's request (see the module)."""
+
+
+def server_answer(data: bytes, headers: Mapping[str, str] | None) -> str | None:
+    """What ``data`` is when the NATS server wrote it ("a JetStream publish acknowledgement",
+    …), None when a party did."""
+    if headers and "Status" in headers and not data:
+        said = f"{headers['Status']} {headers.get('Description', '')}".strip()
+        return f"a NATS status message ({said})"
+    if not data.startswith(b"{"):
+        return None
+    try:
+        document = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    kind = document.get("type")
+    if isinstance(kind, str) and kind.startswith("io.nats."):
+        return f"a NATS server's API response ({kind})"
+    if "stream" in document and "seq" in document and document.keys() <= _PUB_ACK_KEYS:
+        return "a JetStream publish acknowledgement"
+    error = document.get("error")
+    if isinstance(error, dict) and error.keys() >= _API_ERROR_KEYS and len(document) <= 3:
+        return f"a JetStream error response ({error.get('description')})"
+    return None
+
+
+def refuse_server_answers(data: bytes, headers: Mapping[str, str] | None, subject: str) -> None:
+    """Raise :class:`ServerAnswer` when the server wrote ``data``, naming what it is."""
+    if said := server_answer(data, headers):
+        raise ServerAnswer(
+            f"not a message of anyone's: {said}, which the NATS server sends to the reply"
+            f" subject of a request, and a request named {subject!r} as its reply subject"
+            " (nats-server checks reply subjects against no permission)"
+        )

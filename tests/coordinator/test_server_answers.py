@@ -1,0 +1,81 @@
+"""The NATS server's answers that a party aimed at our subjects: nats-server sends its answer
+to a request (a JetStream API response, a publish acknowledgement, a pull's status) to the
+reply subject the request named, checked against no permission, so any party could have the
+server write onto a subject it may not publish to itself. Such a message is nobody's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+
+from agentreach.agents import ReachClient
+from agentreach.broker import Broker
+from agentreach.coordinator.workflows import read_record
+from agentreach.envelopes import server_answer
+from tests.coordinator.workflows.test_cancel import HELD, secured
+from tests.support import Watcher
+
+INJECTED = "not a message of anyone's: a NATS server's API response"
+
+
+async def test_a_server_answer_aimed_at_a_cancel_or_another_caller_s_intake_is_nobody_s(
+    tmp_path: Path,
+) -> None:
+    """A caller, bob, aimed `$JS.API.STREAM.NAMES` at the operators' cancel subject of
+    alice's instance and at alice's intake: the instance was cancelled (a walkthrough), and a
+    task ran in alice's name on her quota. Now each is a dead letter saying what it is; the
+    instance runs on, and no task is alice's."""
+    async with (
+        secured(tmp_path) as arena,
+        ReachClient(arena.url, name="alice", auth=arena.caller("alice")) as alice,
+        Broker(arena.url, name="bob", auth=arena.caller("bob")) as bob,
+        Watcher(arena.admin) as watcher,
+    ):
+        instance = f"flow-{uuid.uuid4().hex[:8]}"
+        invoked = asyncio.create_task(alice.invoke(HELD, {"n": 1}, message_id=instance))
+        assert await asyncio.wait_for(arena.held.get(), 10) == {"n": 1}
+        names = bob.names
+        for target in (names.workflow_cancel(instance), names.task("hold-step", "alice")):
+            await bob.nc.publish("$JS.API.STREAM.NAMES", b"", reply=target)
+        letters = [
+            await watcher.dead_letter("invalid_envelope", topic=topic)
+            for topic in ("_workflow", "hold-step")
+        ]
+        record = await read_record(arena.admin, instance)
+        arena.release.set()
+        assert await asyncio.wait_for(invoked, 10) == {"held": {"n": 1}}
+    assert record is not None and record.status == "running"
+    for letter in letters:
+        assert letter.error is not None and letter.error.message.startswith(INJECTED), letter
+    intake_letter = letters[1]
+    assert intake_letter.envelope is None and "alice" not in json.dumps(intake_letter.trace)
+    assert not [e for e in watcher.events if e.event == "routed" and e.topic == "hold-step"][1:]
+
+
+def test_what_the_server_writes_is_told_from_what_parties_send() -> None:
+    api = b'{"type":"io.nats.jetstream.api.v1.stream_names_response","total":2,"streams":[]}'
+    assert server_answer(api, None) == (
+        "a NATS server's API response (io.nats.jetstream.api.v1.stream_names_response)"
+    )
+    assert server_answer(b'{"stream":"REACH_TASKS","seq":5}', None) == (
+        "a JetStream publish acknowledgement"
+    )
+    assert server_answer(b'{"stream":"S","seq":5,"duplicate":true}', None)
+    failed = b'{"error":{"code":503,"err_code":10039,"description":"jetstream not enabled"}}'
+    assert server_answer(failed, None) == "a JetStream error response (jetstream not enabled)"
+    status = {"Status": "404", "Description": "No Messages"}
+    assert server_answer(b"", status) == "a NATS status message (404 No Messages)"
+    for sent in (
+        b'{"text": "hi"}',
+        b'{"stream": "S", "seq": 1, "note": "a payload that only looks like one"}',
+        b'{"error": "plain text"}',
+        b'{"type": "invoice"}',
+        b"",
+        b"[1, 2]",
+        b"not json",
+    ):
+        assert server_answer(sent, None) is None, sent
+    assert server_answer(b"", {"Status": "404"}) == "a NATS status message (404)"
+    assert server_answer(b"body", {"Status": "500"}) is None  # a stored message's own header
