@@ -159,20 +159,25 @@ class Bucket(Generic[T]):
         *,
         tries: int = CAS_TRIES,
         known: Entry[T] | object | None = UNREAD,
+        unreadable: Callable[[], T | None] | None = None,
     ) -> Swap[T]:
         """Replace the key's value with ``change(current)`` unless someone wrote meanwhile.
 
-        ``current`` is None when the key is absent (or holds something unreadable, which
-        the new value then replaces). ``known`` is a value already read (or None for
-        "absent"), used for the first try instead of a read. After ``tries`` lost races
-        raises :class:`Contended`.
+        ``current`` is None when the key is absent, and when it holds something unreadable
+        (which the new value then replaces) unless ``unreadable`` says what to take instead:
+        anyone may have had the server write its answer to a request onto a key. ``known`` is
+        a value already read (or None for "absent"), used for the first try instead of a
+        read. After ``tries`` lost races raises :class:`Contended`.
         """
         for attempt in range(tries):
             if attempt == 0 and known is not UNREAD:
                 current = known if isinstance(known, Entry) else None
             else:
                 current = await self._current(key)
-            new = change(current.value if current else None)
+            held = current.value if current else None
+            if current is not None and held is None and unreadable is not None:
+                held = unreadable()
+            new = change(held)
             if new is None:
                 return Swap(False, current)
             try:

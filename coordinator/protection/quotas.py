@@ -125,20 +125,27 @@ class CallerQuotas:
         if known is not None and (wait := wait_ms(known.value, limit, self._clock())):
             return wait  # the store has no more tokens than the record we kept
         bucket = await self._records()
+        # Overwritten by anyone (the server's answer aimed at the key): not a reset, which
+        # would hand the caller a full bucket as often as it liked. Go on from the record
+        # kept, else from an empty bucket.
+        instead = known.value if known else QuotaRecord(tokens=0, at_ms=self._clock())
         try:
             swap = await bucket.cas(
                 quota_key(caller),
                 lambda current: taken(current, limit, self._clock()),
                 known=known,  # None: try it as a new caller; a lost race reads the record
+                unreadable=lambda: instead,
             )
         except Contended:  # other replicas won every race for this caller: it is busy enough
             kept.entry = None
             return math.ceil(1000 / limit.rate)
-        kept.entry = swap.entry
+        entry = swap.entry
+        if entry is not None and entry.value is None:  # the unreadable record, left as it was
+            entry = Entry(entry.key, instead, entry.revision)
+        kept.entry = entry
         if swap.written:
             return 0
-        record = swap.entry.value if swap.entry else None
-        return max(1, wait_ms(record, limit, self._clock()))
+        return max(1, wait_ms(entry.value if entry else None, limit, self._clock()))
 
     def _keep(self, caller: str) -> _Kept:
         kept = self._kept.get(caller)

@@ -35,7 +35,7 @@ from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.coordinator.routing import allowances
 from agentreach.coordinator.routing.allowances import Allowance
 from agentreach.coordinator.routing.priorities import PriorityAllowances
-from agentreach.envelopes import AgentCard, DecodeError, Liveness, decode_as
+from agentreach.envelopes import AgentCard, DecodeError, Liveness, decode_as, server_answer
 
 log = structlog.get_logger("coordinator.directory")
 
@@ -149,6 +149,16 @@ class AgentDirectory:
             self.priorities.apply(sender, change.value)
             return
         allowance = None
+        if change.value is not None and (said := server_answer(change.value, None)):
+            # Aimed at the key through a reply subject by anyone at all: not an operator's
+            # push, so it takes nothing away (believed, it would stop the agent's work).
+            log.warning(
+                "an allowance overwritten by the NATS server's answer to someone's request:"
+                " the last one is kept; `reach auth push` writes it again",
+                agent_id=change.key,
+                written=said,
+            )
+            return
         if change.value is not None:
             try:
                 allowance = decode_as(change.value, Allowance)

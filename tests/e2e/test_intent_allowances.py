@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, BrokerError, read_stream
@@ -173,3 +174,21 @@ async def test_an_agent_cannot_write_its_own_allowance(tmp_path):
         stored = json.loads((await kv.get(EVIL)).value)
         assert stored["intents"] == ["translate"]
         assert list(fleet.coordinator.directory.refused[EVIL]) == ["summarize"]
+
+
+async def test_a_server_answer_aimed_at_an_allowance_takes_nothing_away(tmp_path):
+    """evil had the server write its answer over summarizer-1's allowance (a reply subject
+    is checked against no permission): summarizer-1 was refused everything until the next
+    push. The coordinator keeps the last allowance it read, and says so."""
+    async with secured_fleet(tmp_path) as fleet:
+        key = f"$KV.{bucket_name(fleet.admin.names)}.{HONEST}"
+        auth = fleet.deployment.auth("agent", EVIL)
+        with capture_logs() as logs:
+            async with Broker(fleet.url, name="evil-raw", auth=auth) as raw:
+                await raw.nc.publish("$JS.API.STREAM.NAMES", b"", reply=key)
+                await raw.nc.flush()
+            await eventually(lambda: any("allowance overwritten" in e["event"] for e in logs))
+        kv = await fleet.admin.js.key_value(bucket_name(fleet.admin.names))
+        assert b"io.nats.jetstream.api" in ((await kv.get(HONEST)).value or b"")
+        assert HONEST not in fleet.coordinator.directory.refused
+        assert await _invoke_all(fleet, "summarize", 2) == [{"by": HONEST}] * 2

@@ -18,6 +18,7 @@ from agentreach.coordinator.protection.quotas import (
     wait_ms,
 )
 from agentreach.envelopes import QuotaRecord, RateLimit
+from tests.support import until_true
 
 LIMIT = RateLimit(rate=5, burst=3)
 
@@ -172,3 +173,31 @@ async def test_a_deleted_record_gives_the_caller_a_full_bucket_again(broker):
         await records.delete("alice")
         clock.ms += 1_000  # the kept record shows a token: the write finds the reset
         assert await admitted(quotas, "alice", 3) == 2
+
+
+async def test_a_record_overwritten_with_a_server_answer_is_no_reset(broker):
+    """Anyone may have the server write its answer to a request onto a caller's record (a
+    reply subject is checked against no permission): read as absent, it handed the caller a
+    full bucket each time (800 of 800 tasks admitted against a burst of 200). A replica
+    goes on from the record it kept; one that kept none starts from an empty bucket."""
+    clock = Clock()
+    config = RateLimits(callers={"alice": RateLimit(rate=1, burst=3)})
+    subject = f"$KV.{broker.names.quotas_bucket}.alice"
+
+    async def overwritten() -> None:
+        await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=subject)
+        records = await broker.js.key_value(broker.names.quotas_bucket)
+        await until_true(lambda: _overwritten(records))
+
+    async with replicas(broker, config, clock, 2) as (kept, fresh):
+        assert await admitted([kept], "alice", 2) == 2
+        await overwritten()
+        assert await admitted([kept], "alice", 5) == 1  # the one token it had left
+        await overwritten()
+        assert await admitted([fresh], "alice", 5) == 0
+        clock.ms += 2_000
+        assert await admitted([fresh], "alice", 5) == 2  # refilled from empty, at the rate
+
+
+async def _overwritten(records) -> bool:  # type: ignore[no-untyped-def]
+    return b"io.nats.jetstream.api" in ((await records.get("alice")).value or b"")
