@@ -207,6 +207,7 @@ REJECTION_REASONS = frozenset(
         "too_large",
         "duplicate_id",  # the message id is another caller's message
         "priority_not_allowed",  # the caller may not send tasks of that priority
+        "record_too_large",  # a workflow's record: too large to start (when ran is false)
     }
 )
 

@@ -27,10 +27,13 @@ from agentreach.broker import (
     Bucket,
     ClaimCheck,
     Delivery,
+    TooLarge,
+    ValueTooLarge,
     WrongLastSequence,
 )
 from agentreach.broker.dead_letters import dead_letter_delivery
-from agentreach.broker.lifecycle import about, emit, event_for, reply
+from agentreach.broker.lifecycle import about, reply
+from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.protection.grants import Grants, reply_vouched
 from agentreach.coordinator.workflows.answers import (
     answer_again,
@@ -42,10 +45,8 @@ from agentreach.coordinator.workflows.definitions import Definitions
 from agentreach.coordinator.workflows.nesting import check_nesting
 from agentreach.coordinator.workflows.outbox import Outbox
 from agentreach.coordinator.workflows.records import HotRecords
-from agentreach.coordinator.workflows.run import (
-    BY_OPERATOR,
-    Run,
-)
+from agentreach.coordinator.workflows.run import BY_OPERATOR, Run, outgrown_error
+from agentreach.coordinator.workflows.signals import signal_ignored
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.coordinator.workflows.timers import LATER_S, news_before
 from agentreach.envelopes import (
@@ -132,6 +133,9 @@ class WorkflowEngine:
             revision = await records.create(record.instance_id, record)
         except WrongLastSequence:
             await self._started_again(task, seen_before)
+            return
+        except (TooLarge, ValueTooLarge) as exc:  # every run of it would be: said at once
+            await end_with_error(self._broker, task, "rejected", outgrown_error(exc), ran=False)
             return
         self._hot.keep(record.instance_id, record, revision)
         await reply(self._broker, task, Ack(**about(task)))
@@ -258,23 +262,9 @@ class WorkflowEngine:
         log.warning(
             "signal not taken: no state waits for it", instance_id=instance_id, signal=event
         )
-        records = await self._records()
-        if (entry := await records.get(instance_id)) is not None:
-            record = entry.value
-            ignored: dict[str, object] = {"signal": event, "workflow": record.workflow}
-            if asker is not None:
-                ignored["by"] = asker
-            if (waits := self._events_awaited(record)) is not None:
-                ignored["waits_for"] = waits  # what the state would take: a typo shows
-            await emit(self._broker, event_for(record.task, "signal_ignored", **ignored))
-
-    def _events_awaited(self, record: WorkflowRecord) -> list[str] | None:
-        """The events the instance's current state takes (None: not a machine in a state)."""
-        spec = self._definitions.of(record)
-        if spec is None or spec.states is None or record.current is None:
-            return None
-        state = spec.states.states.get(record.current)
-        return [t.event for t in state.next if t.event] if state is not None else None
+        if (entry := await (await self._records()).get(instance_id)) is not None:
+            spec = self._definitions.of(entry.value)
+            await signal_ignored(self._broker, entry.value, spec, event, asker)
 
     async def _on_cancel(
         self, instance_id: str, asker: str | None, data: bytes, seen_before: bool
@@ -323,10 +313,15 @@ class WorkflowEngine:
 
     # -- applying -----------------------------------------------------------------------
     async def _apply(
-        self, instance_id: str, change: Callable[[Run], bool], seen_before: bool
+        self,
+        instance_id: str,
+        change: Callable[[Run], bool],
+        seen_before: bool,
+        *,
+        outgrown: bool = False,
     ) -> bool:
         """Apply ``change`` to the instance with a conditional write, then its actions;
-        False when it changed nothing."""
+        False when it changed nothing. One that outgrows a message fails the instance."""
         runs: list[Run] = []
 
         def advance(record: WorkflowRecord | None) -> WorkflowRecord | None:
@@ -338,7 +333,14 @@ class WorkflowEngine:
             runs.append(run)
             return record if change(run) else None
 
-        swap = await self._hot.cas(await self._records(), instance_id, advance)
+        try:
+            swap = await self._hot.cas(await self._records(), instance_id, advance)
+        except (TooLarge, ValueTooLarge) as exc:
+            if outgrown:
+                raise
+            error = outgrown_error(exc)
+            log.error("workflow record too large: the instance fails", error=error.message)
+            return await self._apply(instance_id, lambda r: r.outgrow(error), False, outgrown=True)
         if not runs:
             return False
         run = runs[-1]

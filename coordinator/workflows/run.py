@@ -140,6 +140,14 @@ class Run(Visits):
         self._end_badly(cancelled, "cancelled", running=running)
         return True
 
+    def outgrow(self, error: ErrorInfo) -> bool:
+        """End as failed, ``error`` saying why: the record, with what the last message
+        added, would not fit in one message of the server."""
+        if self.record.status != "running":
+            return False
+        self._fail(error)
+        return True
+
     def resume(self) -> None:
         """Every action the record's present state calls for (after a crash, say)."""
         record = self.record
@@ -346,6 +354,16 @@ class Run(Visits):
             self._enter(target, {"timed_out": name})
         else:
             self._fail(error, stopped=stopped)
+
+
+def outgrown_error(exc: Exception) -> ErrorInfo:
+    """Why an instance ended whose record would not fit in one message any more."""
+    message = (
+        f"the instance's record outgrew what the server stores in one message ({exc}): it"
+        " keeps every step's input and output inline — have steps return less, or keep"
+        " large results elsewhere and pass a reference"
+    )
+    return ErrorInfo(type="record_too_large", message=message, retryable=False)
 
 
 def _timeout_error(key: str, timeout_s: float | None) -> ErrorInfo:

@@ -1,0 +1,64 @@
+"""A workflow whose record outgrows one message of the server (it keeps every step's input and
+output inline): it hung, its writes retried each second until its ttl, and then ended as
+`expired`, the real cause nowhere (a walkthrough). Now it fails at once, saying why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agentreach.agents import Agent, ReachClient, Rejected, TaskContext, TaskFailed
+from agentreach.coordinator import workflow as wf
+from agentreach.coordinator.workflows import read_record
+from tests.e2e.routing_support import fast, serving
+
+BLOB = 200_000  # under the claim-check threshold: kept inline, in the record too
+
+
+def bulky() -> Agent:
+    agent = Agent("bulky", startup_delay=0)
+
+    @agent.handler("bulk", capacity=8)
+    async def bulk(ctx: TaskContext, payload: Any) -> dict[str, str]:
+        return {"blob": "x" * BLOB}
+
+    return agent
+
+
+async def test_a_chain_whose_record_outgrows_a_message_fails_saying_so(
+    broker, start_coordinator, watcher
+):
+    flows = {"bulky-chain": wf.chain(*(wf.step(f"s{n}", "bulk") for n in range(8)))}
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, bulky()),
+        ReachClient(broker=broker) as client,
+    ):
+        with pytest.raises(TaskFailed) as failed:
+            await client.invoke("bulky-chain", {}, message_id="bulky-1", ttl_ms=120_000)
+        letter = await watcher.dead_letter("workflow_failed", message_id="bulky-1")
+        record = await read_record(broker, "bulky-1")
+    error = failed.value.error
+    assert (error.type, error.retryable) == ("record_too_large", False)
+    assert "outgrew what the server stores in one message" in error.message
+    assert letter.error is not None and letter.error.type == "record_too_large"
+    assert record is not None and record.status == "failed"
+    done = [k for k, run in record.steps.items() if run.status == "completed"]
+    assert 2 <= len(done) < 8  # it ran until its record would not fit
+
+
+async def test_a_workflow_too_large_to_start_is_refused_at_once(broker, start_coordinator):
+    """Each of 300 branches keeps its own copy of a 4 KB input: the record cannot be
+    created. The starter heard nothing (NotAcknowledged), then `expired` at the ttl."""
+    branches = [wf.step(f"b{n}", "bulk") for n in range(300)]
+    flows = {"wide": wf.fanout(branches)}
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, bulky()),
+        ReachClient(broker=broker) as client,
+    ):
+        with pytest.raises(Rejected) as refused:
+            await client.invoke("wide", {"pad": "y" * 4_000}, ttl_ms=120_000)
+    assert refused.value.error.type == "record_too_large"
+    assert refused.value.ending == "rejected"
