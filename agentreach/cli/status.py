@@ -13,9 +13,11 @@ NOT_RUNNING = "no coordinator is running: start `reach up` or `reach coordinator
 
 
 async def coordinators(broker: Broker, *, wait_s: float = 0.3) -> list[dict[str, Any]]:
-    """The status of every coordinator replica that answers within ``wait_s``."""
+    """The status of every coordinator replica that answers within ``wait_s`` of the first
+    (which may take up to 3 s, as a busy replica may: it was taken for none)."""
     found = []
-    for answer in await gather_replies(broker, broker.names.status, wait_s=wait_s):
+    answers = await gather_replies(broker, broker.names.status, wait_s=wait_s, first_within_s=3)
+    for answer in answers:
         try:
             status = decode_json(answer)
         except DecodeError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from structlog.testing import capture_logs
 
 from agentreach.broker import provision
@@ -58,3 +60,25 @@ def test_an_open_breaker_past_its_open_time_says_its_next_call_is_a_trial():
     assert breaker_shown(breaker, 9_999) == "fetch:open"
     assert breaker_shown(breaker, 10_000) == "fetch:open(trial due)"
     assert breaker_shown(isolation, 20_000) == "ISOLATED:half_open"
+
+
+async def test_a_busy_coordinator_is_not_taken_for_none(broker):
+    """`reach publish --wait` said no coordinator runs while one did, on a busy host: its
+    status answer took over the 0.3 s the CLI waited. The first answer may take 3 s; with
+    nobody listening the server says so, and nothing is waited for."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await coordinators(broker) == []
+    nobody_s = loop.time() - started
+
+    async def slow(msg) -> None:  # type: ignore[no-untyped-def]
+        await asyncio.sleep(1.0)
+        await msg.respond(b'{"replica": "slow-1"}')
+
+    sub = await broker.nc.subscribe(broker.names.status, cb=slow)
+    try:
+        found = await coordinators(broker)
+    finally:
+        await sub.unsubscribe()
+    assert [status["replica"] for status in found] == ["slow-1"]
+    assert nobody_s < 2.5  # told at once, not after the 3 s a first answer may take
