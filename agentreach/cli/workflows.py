@@ -265,7 +265,9 @@ def table(records: list[WorkflowRecord]) -> str:
         done = sum(s.status == "completed" for s in r.steps.values())
         # 0: a machine (how many states it will enter is not known), or an older record
         total = r.steps_total or ("-" if r.status == "running" else len(r.steps))
-        now = r.current or ", ".join(k for k, s in r.steps.items() if s.status == "running")
+        running = [k for k, s in r.steps.items() if s.status == "running"]
+        # A wide fan-out runs hundreds at once: a line of a screen, not of 2,000 characters.
+        now = r.current or ", ".join(running[:3]) + (f" +{len(running) - 3}" * (len(running) > 3))
         started = _clock(r.started_ms)
         lines.append(
             f"{r.instance_id:<40} {r.workflow:<16} {r.status:<13} {started:<9}"

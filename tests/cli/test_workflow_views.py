@@ -32,6 +32,13 @@ def test_a_running_machine_has_no_total_of_steps_to_be_done():
     assert " 2/2 " in table([ended]).splitlines()[1]
 
 
+def test_a_wide_fan_out_names_a_few_running_branches_and_counts_the_rest():
+    """300 running branches made a line of over 2,000 characters (a walkthrough)."""
+    branches = {f"b{n}": StepRun(status="running") for n in range(300)}
+    line = table([record(status="running", steps=branches, steps_total=300)]).splitlines()[1]
+    assert line.endswith(" 0/300  b0, b1, b2 +297")
+
+
 def test_a_step_stopped_while_it_ran_says_its_outcome_is_awaited():
     """It read `cancelled` while it still ran, then flipped to `completed`."""
     steps = {"reserve": StepRun(status="cancelled", intent="reserve", started_ms=1)}
