@@ -203,6 +203,14 @@ def _payload(text: str) -> object:
 async def _replay(broker: Broker, letter: DeadLetter, args: argparse.Namespace) -> envelopes.Task:
     """Replay the letter, unless it was replayed or resolved already, or its task is the
     product of ``--max-replays`` replays; or say in one line why it was not replayed."""
+    step = letter.workflow
+    if step is not None and not step.compensation and not args.force:
+        raise UsageError(
+            f"{letter.message_id} is step {step.step!r} of workflow instance"
+            f" {step.instance_id!r}: a replay runs the step alone, and its instance, which"
+            f" has ended or gone on without it, takes no part (`reach workflows show"
+            f" {step.instance_id}`); start the workflow again instead, or --force"
+        )
     try:
         return await replay(
             broker,

@@ -266,3 +266,25 @@ async def test_dlq_picks_a_letter_of_an_id_by_its_time_and_lists_each_with_its_t
     assert misplaced.returncode == 1 and "--at is for dlq show, replay and resolve" in (
         misplaced.stderr
     )
+
+
+async def test_a_step_letter_is_not_replayed_as_a_lone_task_unless_forced(broker):
+    """`reach dlq replay` of a workflow step's letter ran the step alone, its instance
+    taking no part, and said nothing of it (a walkthrough); an undo's letter replays."""
+    reply_to = broker.names.workflow_reply("order-7")
+    step = Task(v=1, message_id="order-7-charge-1", trace_id="order-7", topic="charge")
+    undo = msgspec.structs.replace(step, message_id="order-7-reserve-undo", topic="release")
+    for task in (step, undo):
+        replied = msgspec.structs.replace(task, reply_to=reply_to)
+        await letter_of(
+            broker, replied, "retries_exhausted", error=ErrorInfo(type="E", message="m")
+        )
+    refused = await reach(broker, "dlq", "replay", "order-7-charge-1")
+    forced = await reach(broker, "dlq", "replay", "order-7-charge-1", "--force")
+    undone = await reach(broker, "dlq", "replay", "order-7-reserve-undo")
+    assert refused.returncode == 1
+    assert "is step 'charge' of workflow instance 'order-7': a replay runs the step alone" in (
+        refused.stderr
+    )
+    assert forced.returncode == 0, forced.stderr
+    assert undone.returncode == 0, undone.stderr
