@@ -16,6 +16,7 @@ from agentreach.broker.connection import Broker
 from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.names import COORDINATOR, Names
 from agentreach.broker.pipelined import Outgoing
+from agentreach.broker.runs import runs_of
 from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import (
     ErrorReply,
@@ -144,6 +145,14 @@ async def events_of_id(broker: Broker, wanted: str) -> list[Event]:
     # An agent's own events carry its id as their trace: not a message of a trace.
     traced = await _authentic_on(broker, broker.names.events_of_trace(wanted))
     return [event for event in traced if event.topic != AGENT_TOPIC]
+
+
+async def own_events(broker: Broker, caller: str, subject: str) -> tuple[list[Event], bool]:
+    """The authentic events on ``subject`` (a message's, a trace's) of the runs ``caller``
+    sent (see :func:`~agentreach.broker.runs.runs_of`), and whether there are others' too."""
+    # Not a scan of every event: see broker.direct.
+    stored = await indexed_messages_on(broker, broker.names.events_stream, subject)
+    return runs_of(caller, authentic(broker.names, stored), broker.names)
 
 
 async def _authentic_on(broker: Broker, subject: str) -> list[Event]:

@@ -30,7 +30,7 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound, Subscription
 from agentreach.broker.endings import Ended, OthersMessage, Sent, wait_for_ending
-from agentreach.broker.lifecycle import events_of_id
+from agentreach.broker.lifecycle import events_of_id, own_events
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
@@ -41,6 +41,7 @@ from agentreach.envelopes import (
     DecodeError,
     ErrorInfo,
     ErrorReply,
+    Event,
     PayloadRef,
     Reply,
     Result,
@@ -141,7 +142,7 @@ class Calls:
         """Answer with how the message already taken in under this id ends (unless it is
         another caller's, or another request: then, that the id is taken); the give-up
         timer answers when it does not end within the ttl."""
-        read = functools.partial(events_of_id, self._broker, message_id)
+        read = functools.partial(self._events_of, message_id, caller)
         try:
             ended = await wait_for_ending(read, within_s=ttl_ms / 1000, caller=caller, sent=sent)
         except OthersMessage as exc:
@@ -158,6 +159,18 @@ class Calls:
             await self._answer(requester, _failure(ended.error, ended.reason), error=True)
         else:
             await self._answer_result(requester, ended.result, ended.result_ref)
+
+    async def _events_of(self, message_id: str, caller: str | None) -> list[Event]:
+        """The events of ``caller``'s own runs of ``message_id``: judged against another
+        caller's run (same id, sent past the duplicate window), a resend was refused as
+        "another payload", naming a digest of that caller's payload."""
+        if caller is None:
+            return await events_of_id(self._broker, message_id)
+        names = self._broker.names
+        own, others = await own_events(self._broker, caller, names.events_of_message(message_id))
+        if not own and others:
+            raise OthersMessage(f"message id {message_id!r} is another caller's message")
+        return own
 
     async def _on_reply(self, msg: Inbound) -> None:
         waiting = self._waiting.get(msg.subject.rpartition(".")[0])

@@ -10,13 +10,10 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, Inbound
-from agentreach.broker.direct import indexed_messages_on
-from agentreach.broker.lifecycle import authentic
-from agentreach.broker.runs import runs_of
+from agentreach.broker.lifecycle import own_events
 from agentreach.coordinator.delivery.unrouted import unrouted
 from agentreach.envelopes import (
     DecodeError,
-    Event,
     TraceReply,
     TraceRequest,
     Unrouted,
@@ -48,9 +45,9 @@ class TraceDesk:
             return
         waiting: list[Unrouted] = []
         try:
-            events, others = await self._own(caller, names.events_of_message(wanted))
+            events, others = await own_events(self._broker, caller, names.events_of_message(wanted))
             if not events:  # none of the caller's messages has that id: a trace may
-                events, _ = await self._own(caller, names.events_of_trace(wanted))
+                events, _ = await own_events(self._broker, caller, names.events_of_trace(wanted))
             if not events:  # nothing recorded: it may wait in the intake, not routed yet
                 waiting = await unrouted(self._broker, wanted, caller=caller)
         except BrokerError as exc:
@@ -59,14 +56,6 @@ class TraceDesk:
         others = others and not events
         reply = TraceReply(events=events, others=others, unrouted=waiting)
         await msg.respond(self._fitted(reply))
-
-    async def _own(self, caller: str, subject: str) -> tuple[list[Event], bool]:
-        """The authentic events on ``subject`` of the runs ``caller`` sent (see
-        :func:`runs_of`), and whether there are others' too."""
-        names = self._broker.names
-        # Not a scan of every event: see broker.direct.
-        stored = await indexed_messages_on(self._broker, names.events_stream, subject)
-        return runs_of(caller, authentic(names, stored), names)
 
     def _fitted(self, reply: TraceReply) -> bytes:
         """``reply`` encoded, without its oldest events (or tasks not routed yet) when all

@@ -109,6 +109,32 @@ async def test_a_call_under_another_caller_s_message_id_is_refused_at_once(broke
     assert "'billing-msg-1' is another caller's message" in error["message"]
 
 
+async def test_a_resend_is_judged_against_the_caller_s_own_run_of_the_id(broker, coordinator):
+    """billing used an id; past the duplicate window mallory ran one of her own under it,
+    and her resend was refused as "an earlier request of yours, which had another payload",
+    naming a digest of billing's payload (a security walkthrough). It is her own run's."""
+    window_s = 0.5  # the intake's duplicate window, made short (120 s by default)
+    intake = await broker.js.stream_info(broker.names.tasks_stream)
+    intake.config.duplicate_window = window_s
+    await broker.js.update_stream(intake.config)
+    headers = {h.MSG_ID: "shared-1"}
+    names = broker.names
+    async with sleeper().running(broker=broker):
+        await broker.nc.request(
+            names.call("nap", "billing"), b'{"s": 0.01}', timeout=10, headers=headers
+        )
+        await asyncio.sleep(window_s * 2)  # the window passes: a time, not an event
+        own = await broker.nc.request(
+            names.call("nap", "mallory"), b'{"s": 0.02}', timeout=10, headers=headers
+        )
+        again = await broker.nc.request(
+            names.call("nap", "mallory"), b'{"s": 0.02}', timeout=10, headers=headers
+        )
+    assert envelopes.decode_json(own.data) == {"slept": 0.02}
+    assert again.headers is not None and again.headers.get(h.KIND) == "result", again.data
+    assert envelopes.decode_json(again.data) == {"slept": 0.02}
+
+
 async def test_a_call_under_an_operator_s_message_id_is_refused_at_once(broker, coordinator):
     """A message of no caller (an operator's bare form) is not mallory's either."""
     headers = {h.MSG_ID: "operator-msg-1"}
