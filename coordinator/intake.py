@@ -70,6 +70,7 @@ class Intake:
         self._on_taken = on_taken  # (topic, priority, stored_ms) of each task taken in once
         self._claim_check = claim_check or ClaimCheck(broker)
         self._priorities = priorities or PriorityAllowances()  # none enforced unless given
+        self._shadowing: set[str] = set()  # workflows said to take an intent agents serve
         self._unheard = UnheardRefusals()
 
     async def handle(self, msg: Delivery) -> float | None:
@@ -126,8 +127,23 @@ class Intake:
             if left_ms <= 0 and not seen_before:  # seen before: it may have started already
                 await self._router.end(task, "expired", f"ttl {task.ttl_ms} ms passed in intake")
                 return None
+            self._say_if_shadowing(task.topic)
             await self._workflows.start(task, seen_before=seen_before)
             return None
+
+    def _say_if_shadowing(self, workflow: str) -> None:
+        """Once per workflow: agents serving an intent of its name never get its tasks."""
+        if workflow in self._shadowing:
+            return
+        if agents := sorted(c.agent_id for c in self._router.fleet.directory.serving(workflow)):
+            self._shadowing.add(workflow)
+            log.warning(
+                "a workflow takes every task of its name: agents that serve an intent of that"
+                " name get none (rename the workflow or the intent)",
+                workflow=workflow,
+                agents=agents[:5],
+                agents_total=len(agents),
+            )
 
     async def _not_stowed(
         self, task: Task, exc: BrokerError, delivered: int, left_ms: int

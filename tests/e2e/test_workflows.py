@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
@@ -1006,3 +1007,24 @@ async def test_workflows_nested_past_the_limit_fail_at_run_time(broker, start_co
     assert failed.value.error.type == "too_deep"
     assert bottom.error is not None and f"more than {MAX_DEPTH}" in bottom.error.message
     assert watcher.count("workflow_completed") == levels - 1  # n1 … n9, the first time
+
+
+async def test_a_workflow_named_as_an_intent_agents_serve_says_they_get_none(
+    broker, start_coordinator
+):
+    """A workflow `b2` and an agent serving `b2`: every task started the workflow and the
+    agent's handler was never reached, nothing said so (a walkthrough)."""
+    agent = Agent("b2-server", startup_delay=0)
+    agent.handler("b2")(lambda ctx, payload: "the agent's")
+    agent.handler("noop")(lambda ctx, payload: payload)
+    flows = {"b2": wf.chain(wf.step("only", "noop"))}
+    with capture_logs() as logs:
+        async with (
+            start_coordinator(fast(workflows=flows)) as coordinator,
+            serving(broker, coordinator, agent),
+            ReachClient(broker=broker) as client,
+        ):
+            assert await client.invoke("b2", {"n": 1}) == {"n": 1}  # the workflow's
+            assert await client.invoke("b2", {"n": 2}) == {"n": 2}
+    said = [e for e in logs if e["event"].startswith("a workflow takes every task of its name")]
+    assert len(said) == 1 and said[0]["agents"] == ["b2-server"]
