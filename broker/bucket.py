@@ -26,7 +26,7 @@ from agentreach.broker.failover import stream_names, through_elections
 from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.streams import StoredMessage
 from agentreach.broker.watch import BucketWatch
-from agentreach.envelopes import DecodeError, decode_as, encode
+from agentreach.envelopes import DecodeError, decode_as, encode, server_answer
 from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
@@ -100,7 +100,14 @@ class Bucket(Generic[T]):
         value, revision = await self._read(key)
         if revision == 0:
             return None
-        return Entry(key, decode_as(value, self._kind), revision)
+        try:
+            return Entry(key, decode_as(value, self._kind), revision)
+        except DecodeError as exc:
+            what = server_answer(value, None) or "something else"
+            raise DecodeError(
+                f"{self.name}/{key} (revision {revision}) holds {what}, not a"
+                f" {self._kind.__name__}: {exc}"
+            ) from exc
 
     # Writes go through Broker.publish (one ack subscription, no timer per write), and ride
     # out a leader election of the bucket's stream (see broker.failover): one that found no

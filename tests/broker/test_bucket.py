@@ -10,7 +10,8 @@ import pytest
 
 from agentreach.broker import BrokerError, Contended, WrongLastSequence
 from agentreach.broker.errors import translate
-from agentreach.envelopes import LeaseRecord
+from agentreach.envelopes import DecodeError, LeaseRecord
+from tests.support import until_true
 
 
 @pytest.fixture
@@ -100,3 +101,20 @@ def test_a_replicated_streams_wrong_last_sequence_is_the_same_refusal():
     """10164 (a CAS conflict on an R>1 stream) is a WrongLastSequence, like 10071."""
     refused = nats.js.errors.APIError(code=400, err_code=10164, description="wrong last sequence")
     assert isinstance(translate(refused), WrongLastSequence)
+
+
+async def test_an_unreadable_value_is_named_with_its_key_and_what_it_is(broker, leases):
+    """`reach workflows show` of an overwritten record said only "JSON is malformed"."""
+    subject = f"$KV.{broker.names.leases_bucket}.duty"
+    await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=subject)
+    await until_true(lambda: _held(broker))
+    with pytest.raises(DecodeError, match=r"\w+/duty \(revision \d+\) holds a NATS server's"):
+        await leases.get("duty")
+
+
+async def _held(broker) -> bool:  # type: ignore[no-untyped-def]
+    kv = await broker.js.key_value(broker.names.leases_bucket)
+    try:
+        return (await kv.get("duty")).value is not None
+    except nats.js.errors.KeyNotFoundError:
+        return False
