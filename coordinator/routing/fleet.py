@@ -112,10 +112,10 @@ class Fleet:
         declared = sorted(a for a, intents in self.directory.refused.items() if topic in intents)
         if not declared:
             return said
-        why = self.directory.refused[declared[0]][topic]
-        return (
-            f"{said}: declared by {', '.join(declared[:5])}, not allowed it ({declared[0]}: {why})"
-        )
+        # Each with its own reason: one agent's said for all read as if it were theirs too.
+        reasons = "; ".join(f"{a}: {self.directory.refused[a][topic]}" for a in declared[:3])
+        more = f"; +{len(declared) - 3} more" if len(declared) > 3 else ""
+        return f"{said}: declared by {', '.join(declared[:5])}, not allowed it ({reasons}{more})"
 
     def circuit_open(self, choice: Choice, topic: str) -> tuple[str, int | None]:
         """Why every agent of ``topic`` is kept from it by a breaker, and how soon one of

@@ -26,3 +26,16 @@ def test_a_topic_only_refused_agents_declare_names_them_and_the_fix():
         said
         == f"no agent serves topic 'echo': declared by agent-a, not allowed it (agent-a: {why})"
     )
+
+
+def test_each_refused_agent_is_named_with_its_own_reason():
+    """Two agents refused: only the first one's reason was given, for both."""
+    refused = {
+        "evil": {"summarize": "not allowed by its credentials (it may serve: translate)"},
+        "summarizer-1": {"summarize": "no intent allowance for summarizer-1"},
+    }
+    assert fleet_refusing(refused).no_route("summarize") == (
+        "no agent serves topic 'summarize': declared by evil, summarizer-1, not allowed it"
+        " (evil: not allowed by its credentials (it may serve: translate); summarizer-1: no"
+        " intent allowance for summarizer-1)"
+    )
