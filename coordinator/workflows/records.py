@@ -11,6 +11,7 @@ awaits). Finished instances are not kept: nothing changes them any more.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -61,13 +62,19 @@ class HotRecords:
     ) -> Swap[WorkflowRecord]:
         """:meth:`Bucket.cas` that starts from the kept copy when there is one."""
         kept = self._forget(key)  # gone until written again: a failure forgets it
-        swap = None
-        if kept is not None:
-            revision, data = kept
-            copy = Entry(key, decode_as(data, WorkflowRecord), revision)
-            swap = await bucket.cas(key, change, known=copy)
-        if swap is None or not swap.written:
+        if kept is None:
             swap = await bucket.cas(key, change)
+        else:
+            revision, data = kept
+            # Overwritten with something unreadable since (anyone may have the server write
+            # its answer to a request onto the key): the copy is what this replica wrote
+            # last, and the instance goes on from it rather than be lost. Each try gets a
+            # record of its own: a change edits the record it is given.
+            fresh = functools.partial(decode_as, data, WorkflowRecord)
+            known = Entry(key, fresh(), revision)
+            swap = await bucket.cas(key, change, known=known, unreadable=fresh)
+            if not swap.written:
+                swap = await bucket.cas(key, change, unreadable=fresh)
         if swap.written and swap.entry is not None:
             self.keep(key, swap.entry.value, swap.entry.revision)
         return swap

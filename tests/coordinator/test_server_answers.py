@@ -9,13 +9,16 @@ import asyncio
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
-from agentreach.agents import ReachClient
+from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
+from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import read_record
 from agentreach.envelopes import server_answer
 from tests.coordinator.workflows.test_cancel import HELD, secured
-from tests.support import Watcher
+from tests.e2e.routing_support import fast, serving
+from tests.support import Watcher, until_true
 
 INJECTED = "not a message of anyone's: a NATS server's API response"
 
@@ -79,3 +82,40 @@ def test_what_the_server_writes_is_told_from_what_parties_send() -> None:
         assert server_answer(sent, None) is None, sent
     assert server_answer(b"", {"Status": "404"}) == "a NATS status message (404)"
     assert server_answer(b"body", {"Status": "500"}) is None  # a stored message's own header
+
+
+async def test_a_running_instance_whose_record_is_overwritten_goes_on_from_the_kept_copy(
+    broker, start_coordinator
+):
+    """A server answer aimed at `$KV.reach_workflows.<id>` overwrote a running instance's
+    record: its step's result was dropped ("message for an unknown workflow instance"), and
+    the instance never ended. The replica's copy of what it wrote last carries it on."""
+    held, release = asyncio.Queue[Any](), asyncio.Event()
+    agent = Agent("holder-2", startup_delay=0)
+
+    @agent.handler("hold-2")
+    async def hold(ctx: TaskContext, payload: Any) -> Any:
+        await held.put(payload)
+        await release.wait()
+        return {"held": payload}
+
+    flows = {"held-2": wf.chain(wf.step("a", "hold-2"), wf.step("b", "hold-2"))}
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, agent),
+        ReachClient(broker=broker) as client,
+    ):
+        invoked = asyncio.create_task(client.invoke("held-2", {"n": 1}, message_id="kept-1"))
+        assert await asyncio.wait_for(held.get(), 10) == {"n": 1}
+        key = f"$KV.{broker.names.workflows_bucket}.kept-1"
+        await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=key)
+        records = await broker.js.key_value(broker.names.workflows_bucket)
+        await until_true(lambda: _overwritten(records, "kept-1"))
+        release.set()
+        assert await asyncio.wait_for(invoked, 20) == {"held": {"held": {"n": 1}}}
+    record = await read_record(broker, "kept-1")
+    assert record is not None and record.status == "completed"
+
+
+async def _overwritten(records, key: str) -> bool:  # type: ignore[no-untyped-def]
+    return b"io.nats.jetstream.api" in ((await records.get(key)).value or b"")

@@ -20,9 +20,9 @@ class CountedReads:
         self.bucket = bucket
         self.reads = 0
 
-    async def cas(self, key: str, change: Any, *, known: Any = UNREAD) -> Any:
+    async def cas(self, key: str, change: Any, *, known: Any = UNREAD, **options: Any) -> Any:
         self.reads += known is UNREAD
-        return await self.bucket.cas(key, change, known=known)
+        return await self.bucket.cas(key, change, known=known, **options)
 
 
 def record(**fields: Any) -> WorkflowRecord:
