@@ -211,7 +211,9 @@ def how_it_ended(exc: TaskFailed) -> str:
     said = exc.ending or "failed"
     ran = not isinstance(exc, Rejected)
     count = exc.attempts if exc.attempts is not None else exc.attempt
-    if ran and count:
+    # One attempt is worth saying only of retries that ran out ("workflow_failed after 1
+    # attempt" read as if the workflow had been retried).
+    if ran and count and (count > 1 or exc.ending == "retries_exhausted"):
         said += f" after {count} attempt{'s' if count > 1 else ''}"
     lettered = exc.ending in DEAD_LETTER_REASONS
     if lettered:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agentreach.agents import Agent, TaskContext
+from agentreach.agents import Agent, TaskContext, TaskFailed
 from agentreach.broker import read_stream
 from agentreach.cli.exit_codes import FAILED, OK, OUTCOME_UNKNOWN
+from agentreach.cli.publish import how_it_ended
+from agentreach.envelopes import ErrorInfo
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.secured import SECURED
 
@@ -96,3 +98,15 @@ async def test_execute_ms_sets_the_tasks_execute_budget_and_is_checked(
     assert refused.returncode != OK and "--execute-ms takes a number of ms" in refused.stderr
     assert waited.returncode == FAILED, waited.stderr
     assert "deadline_exceeded" in waited.stderr
+
+
+def test_one_attempt_is_said_only_of_retries_that_ran_out():
+    """`reach publish --wait` of a failed workflow said "workflow_failed after 1 attempt"."""
+    error = ErrorInfo(type="failed", message="step 'a': boom", retryable=False)
+    ids = {"message_id": "m-1", "trace_id": "m-1"}
+    workflow = TaskFailed(error, **ids, ending="workflow_failed", attempt=1, attempts=1)
+    exhausted = TaskFailed(error, **ids, ending="retries_exhausted", attempt=1, attempts=1)
+    retried = TaskFailed(error, **ids, ending="retries_exhausted", attempt=4, attempts=3)
+    assert how_it_ended(workflow).startswith("workflow_failed, dead-lettered: failed:")
+    assert how_it_ended(exhausted).startswith("retries_exhausted after 1 attempt, dead-lettered")
+    assert how_it_ended(retried).startswith("retries_exhausted after 3 attempts, dead-lettered")
