@@ -294,12 +294,23 @@ def tree(record: WorkflowRecord) -> str:
         line = _step(key, run, record.started_ms, waits=waits, left_ms=_left_ms(record, key))
         if key in record.awaiting:  # stopped while it ran: it still runs, its outcome awaited
             line += "  ← stopped while it ran: its outcome is awaited, then undone"
+        elif run.status == "cancelled" and run.error is None:  # it said no reason at all
+            line += f"  ← {_why_stopped(record)}"
         lines.append(f"  {branch} {line}")
     if record.error is not None:
         lines.append(f"  error: {record.error.type}: {record.error.message}")
     if record.awaiting:  # stopped while they ran: one done after all is undone first
         lines.append(f"  undoing waits first for the outcome of {', '.join(record.awaiting)}")
     return "\n".join(lines)
+
+
+def _why_stopped(record: WorkflowRecord) -> str:
+    """Why a step without an error of its own was stopped: the instance ended, or went on."""
+    if record.error is not None:
+        return f"stopped as the instance ended: {record.error.type}"
+    if record.status == "completed":
+        return "stopped: the instance completed without it (its join needed no more)"
+    return "stopped: the instance no longer waits for it"
 
 
 def _left_ms(record: WorkflowRecord, key: str) -> int:

@@ -11,7 +11,7 @@ import msgspec
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.cli.workflows import table, tree
 from agentreach.coordinator import workflow as wf
-from agentreach.envelopes import StepRun, Task, WorkflowRecord
+from agentreach.envelopes import ErrorInfo, StepRun, Task, WorkflowRecord
 from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast, serving
 
@@ -37,6 +37,15 @@ def test_a_wide_fan_out_names_a_few_running_branches_and_counts_the_rest():
     branches = {f"b{n}": StepRun(status="running") for n in range(300)}
     line = table([record(status="running", steps=branches, steps_total=300)]).splitlines()[1]
     assert line.endswith(" 0/300  b0, b1, b2 +297")
+
+
+def test_a_step_stopped_without_an_error_says_why():
+    """`workflows show` marked a step `cancelled`, no reason given: its instance expired."""
+    steps = {"s1": StepRun(status="completed"), "s2": StepRun(status="cancelled", intent="b")}
+    expired = ErrorInfo(type="expired", message="the ttl passed", retryable=False)
+    shown = tree(record(status="failed", steps=steps, error=expired, started_ms=1))
+    line = next(ln for ln in shown.splitlines() if "s2" in ln)
+    assert line.endswith("← stopped as the instance ended: expired")
 
 
 def test_a_step_stopped_while_it_ran_says_its_outcome_is_awaited():
