@@ -53,8 +53,8 @@ from agentreach.coordinator.protection.rate_limits import RateLimits
 from agentreach.coordinator.routing.manual import ManualConfig
 from agentreach.coordinator.routing.rules import RoutingConfig
 from agentreach.coordinator.units import Positive, PositiveSeconds
-from agentreach.coordinator.workflows.spec import WorkflowSpec
-from agentreach.envelopes.messages import Token
+from agentreach.coordinator.workflows.spec import State, WorkflowSpec, meant
+from agentreach.envelopes.messages import Token, is_token
 from agentreach.errors import ReachError
 
 log = structlog.get_logger("coordinator.config")
@@ -156,11 +156,18 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
 
 
 def _with_workflow_named(message: str, document: Any) -> str:
-    """msgspec shows a dict key as ``[...]``; a mistake in a workflow names the workflow."""
+    """msgspec shows a dict key as ``[...]``; a mistake in a workflow names the workflow
+    (and the state, and the field it may have meant)."""
     marker = "`$.workflows[...]"
-    if marker not in message or not isinstance(document, dict):
+    workflows = document.get("workflows") if isinstance(document, dict) else None
+    if not isinstance(workflows, dict):
         return message
-    for name, definition in (document.get("workflows") or {}).items():
+    if message.endswith("- at `key` in `$.workflows`"):
+        bad = next((n for n in workflows if not is_token(n)), None)
+        return f"workflow name {bad!r}: use 1-128 letters, digits, '_' or '-' (it names subjects)"
+    if marker not in message:
+        return message
+    for name, definition in workflows.items():
         try:
             msgspec.convert(definition, WorkflowSpec)
         except msgspec.ValidationError:
@@ -169,8 +176,22 @@ def _with_workflow_named(message: str, document: Any) -> str:
                 r"`\$\.([^`]+)` - at `\$\.workflows\[\.\.\.\]`", r"`$.workflows[...].\1`", message
             )
             text = text.replace(marker, f"`$.workflows.{name}")
-            return f"workflow {name!r}: {text}"
+            return f"workflow {name!r}: {meant(_state_named(text, definition))}"
     return message
+
+
+def _state_named(text: str, definition: Any) -> str:
+    """``states.states[...]`` made ``states.states.<the state at fault>``."""
+    machine = definition.get("states") if isinstance(definition, dict) else None
+    states = machine.get("states") if isinstance(machine, dict) else None
+    if ".states.states[...]" not in text or not isinstance(states, dict):
+        return text
+    for name, state in states.items():
+        try:
+            msgspec.convert(state, State)
+        except msgspec.ValidationError:
+            return text.replace(".states.states[...]", f".states.states.{name}")
+    return text
 
 
 def _sectioned(document: Any, path: Path | str) -> Any:

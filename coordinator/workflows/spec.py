@@ -34,6 +34,8 @@ Inputs are templates: a string ``"$.a.b"`` is the value at that path of
 
 from __future__ import annotations
 
+import difflib
+import re
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -329,3 +331,14 @@ def cycle_in(edges: dict[str, list[str]]) -> list[str] | None:
         if name not in done and (found := visit(name)):
             return found
     return None
+
+
+def meant(message: str) -> str:
+    """``message`` with the field an unknown one may have meant (`timout_s`: 'timeout_s')."""
+    unknown = re.search(r"unknown field `([^`]+)`", message)
+    if unknown is None:
+        return message
+    kinds = (Join, Step, FanOut, When, Transition, State, Machine, WorkflowSpec)
+    fields = sorted({field for kind in kinds for field in kind.__struct_fields__})
+    close = difflib.get_close_matches(unknown[1], fields, n=1)
+    return f"{message} (did you mean {close[0]!r}?)" if close else message

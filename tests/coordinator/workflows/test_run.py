@@ -221,6 +221,12 @@ def test_resume_lists_what_the_record_calls_for() -> None:
         ("states: {initial: a, states: {a: {next: [{to: a}]}}}", "needs a terminal state"),
         ("states: {initial: a, states: {a: {}}}", "needs 'next' transitions"),
         ("chain: [{name: a, intent: x, retries: 3}]", "unknown field `retries`"),
+        ("chain: [{name: a, intent: x, timout_s: 3}]", "(did you mean 'timeout_s'?)"),
+        (
+            "states: {initial: a, states: {a: {intent: x, wait_s: -1, next: [{to: b}]},"
+            " b: {terminal: true}}}",
+            "at `$.workflows.w.states.states.a.wait_s`",
+        ),
         (
             'chain: [{name: a, intent: x}, {name: b, intent: y, input: {o: "$.nope.outline"}}]',
             "step 'b': the input path '$.nope.outline' names no step",
@@ -239,6 +245,14 @@ def test_bad_workflows_are_refused_with_the_path(tmp_path, yaml: str, message: s
         load_config(path)
     assert message in str(caught.value)
     assert "$.workflows" in str(caught.value)
+
+
+def test_a_workflow_name_that_names_no_subject_is_named(tmp_path) -> None:
+    """It said "at `key` in `$.workflows`", naming no workflow."""
+    path = tmp_path / "c.yaml"
+    path.write_text("workflows:\n  'bad name!': {chain: [{name: a, intent: x}]}\n")
+    with pytest.raises(ConfigError, match="workflow name 'bad name!': use 1-128 letters"):
+        load_config(path)
 
 
 SAGA_AB = spec(
