@@ -14,6 +14,7 @@ from agentreach.broker.lifecycle import reply
 from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
 from agentreach.coordinator.protection.quotas import CallerQuotas, UnheardRefusals
+from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.coordinator.routing.priorities import PriorityAllowances
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.workflows.engine import WorkflowEngine
@@ -72,6 +73,7 @@ class Intake:
         self._priorities = priorities or PriorityAllowances()  # none enforced unless given
         self._shadowing: set[str] = set()  # workflows said to take an intent agents serve
         self._unheard = UnheardRefusals()
+        self._server_answers = ServerAnswers()
 
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
@@ -81,7 +83,9 @@ class Intake:
         except DecodeError as exc:
             fallback_id = stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq)
             if isinstance(exc, ServerAnswer):  # the subject's caller did not send it
-                sender = None
+                if (said := self._server_answers.to_letter(exc, "intake")) is None:
+                    return None
+                exc, sender = said, None
             stub = self._stub(msg, topic, fallback_id, sender)
             # Charged as a task would be: a caller over its quota must not flood the DLQ.
             if (

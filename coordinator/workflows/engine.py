@@ -31,10 +31,10 @@ from agentreach.broker import (
     ValueTooLarge,
     WrongLastSequence,
 )
-from agentreach.broker.dead_letters import dead_letter_delivery
 from agentreach.broker.lifecycle import about, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.protection.grants import Grants, reply_vouched
+from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.coordinator.workflows.answers import (
     answer_again,
     cancelled_by,
@@ -49,24 +49,22 @@ from agentreach.coordinator.workflows.run import BY_OPERATOR, Run, outgrown_erro
 from agentreach.coordinator.workflows.signals import signal_ignored
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.coordinator.workflows.timers import LATER_S, news_before
+from agentreach.coordinator.workflows.unreadable import refuse
 from agentreach.envelopes import (
     Ack,
     DecodeError,
-    ErrorInfo,
     ErrorReply,
     Result,
     Task,
     TimerDue,
     WorkflowRecord,
     decode_as,
-    is_token,
     now_ms,
     refuse_server_answers,
 )
 
 log = structlog.get_logger("coordinator.workflows")
 
-WORKFLOW_TOPIC = "_workflow"  # the topic of dead letters about workflow messages
 # A signal or cancel of an instance not started yet is looked at again this often, this
 # far apart (about 15 s: a start that waits longer in the intake than that is not expected).
 NOT_STARTED_LOOKS = 30
@@ -96,6 +94,7 @@ class WorkflowEngine:
         self._clock = clock
         self._grants = grants or Grants(None)  # with a seal key, step results are checked
         self._claim_check = ClaimCheck(broker)  # large step results are fetched to map them
+        self._server_answers = ServerAnswers()
         self._hot = HotRecords()  # what this replica wrote last: the next change reads nothing
         self._outbox = Outbox(broker, self._definitions.children, clock)
 
@@ -197,7 +196,7 @@ class WorkflowEngine:
                 case _:
                     raise DecodeError(f"no workflow message kind {kind!r}", path="subject")
         except DecodeError as exc:
-            await self._refuse(msg, instance_id, str(exc))
+            await refuse(self._broker, msg, instance_id, exc, self._server_answers)
         return None
 
     async def _not_started(self, instance_id: str) -> bool:
@@ -288,18 +287,6 @@ class WorkflowEngine:
                 asker=asker,
                 started_by=refused[-1],
             )
-
-    async def _refuse(self, msg: Delivery, instance_id: str, why: str) -> None:
-        """A workflow message that cannot be read goes to the DLQ, saying what was wrong."""
-        log.error("unreadable workflow message", subject=msg.subject, error=why)
-        await dead_letter_delivery(
-            self._broker,
-            msg,
-            reason="invalid_envelope",
-            error=ErrorInfo(type="invalid_envelope", message=why, retryable=False),
-            topic=WORKFLOW_TOPIC,
-            trace_id=instance_id if is_token(instance_id) else None,
-        )
 
     async def _on_timer(self, instance_id: str, data: bytes) -> float | None:
         due = decode_as(data, TimerDue)

@@ -11,6 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from structlog.testing import capture_logs
+
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
 from agentreach.coordinator import workflow as wf
@@ -18,7 +20,7 @@ from agentreach.coordinator.workflows import read_record
 from agentreach.envelopes import server_answer
 from tests.coordinator.workflows.test_cancel import HELD, secured
 from tests.e2e.routing_support import fast, serving
-from tests.support import Watcher, until_true
+from tests.support import Watcher, eventually, until_true
 
 INJECTED = "not a message of anyone's: a NATS server's API response"
 
@@ -46,6 +48,12 @@ async def test_a_server_answer_aimed_at_a_cancel_or_another_caller_s_intake_is_n
             await watcher.dead_letter("invalid_envelope", topic=topic)
             for topic in ("_workflow", "hold-step")
         ]
+        with capture_logs() as logs:  # within the minute: dropped, not lettered
+            for _ in range(3):
+                target = names.task("hold-step", "alice")
+                await bob.nc.publish("$JS.API.STREAM.NAMES", b"", reply=target)
+            await eventually(lambda: sum("dropped" in e["event"] for e in logs) == 3)
+        injected = [x for x in watcher.dead_letters if x.error and INJECTED in x.error.message]
         record = await read_record(arena.admin, instance)
         arena.release.set()
         assert await asyncio.wait_for(invoked, 10) == {"held": {"n": 1}}
@@ -55,6 +63,7 @@ async def test_a_server_answer_aimed_at_a_cancel_or_another_caller_s_intake_is_n
     intake_letter = letters[1]
     assert intake_letter.envelope is None and "alice" not in json.dumps(intake_letter.trace)
     assert not [e for e in watcher.events if e.event == "routed" and e.topic == "hold-step"][1:]
+    assert len(injected) == 2  # one a minute each, of the intake's and the workflows'
 
 
 def test_what_the_server_writes_is_told_from_what_parties_send() -> None:

@@ -1,0 +1,38 @@
+"""A workflow message that cannot be read: its dead letter, saying what was wrong."""
+
+from __future__ import annotations
+
+import structlog
+
+from agentreach.broker import Broker, Delivery
+from agentreach.broker.dead_letters import dead_letter_delivery
+from agentreach.coordinator.protection.server_answers import ServerAnswers
+from agentreach.envelopes import DecodeError, ErrorInfo, ServerAnswer, is_token
+
+log = structlog.get_logger("coordinator.workflows")
+
+WORKFLOW_TOPIC = "_workflow"  # the topic of dead letters about workflow messages
+
+
+async def refuse(
+    broker: Broker,
+    msg: Delivery,
+    instance_id: str,
+    exc: DecodeError,
+    server_answers: ServerAnswers,
+) -> None:
+    """Dead-letter ``msg``, saying what ``exc`` says was wrong with it; a server's answer
+    someone aimed at the subject, one a minute (see :class:`ServerAnswers`)."""
+    if isinstance(exc, ServerAnswer):
+        if (said := server_answers.to_letter(exc, "workflows")) is None:
+            return
+        exc = said
+    log.error("unreadable workflow message", subject=msg.subject, error=str(exc))
+    await dead_letter_delivery(
+        broker,
+        msg,
+        reason="invalid_envelope",
+        error=ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False),
+        topic=WORKFLOW_TOPIC,
+        trace_id=instance_id if is_token(instance_id) else None,
+    )
