@@ -27,6 +27,7 @@ from agentreach.coordinator.protection.grants import (
     routing_vouches,
     vouched_sender,
 )
+from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.routing.run_once import (
@@ -44,7 +45,9 @@ from agentreach.envelopes import (
     DecodeError,
     ErrorInfo,
     Event,
+    ServerAnswer,
     Task,
+    refuse_server_answers,
     stable_id,
     ttl_left_ms,
     unix_ms_of,
@@ -82,6 +85,7 @@ class Outcomes:
         self._config = config
         self._grants = grants or Grants(None)
         self._run_once = RunOnce(broker, self._grants)
+        self._server_answers = ServerAnswers()
 
     async def handle(self, msg: Delivery) -> float | None:
         """None to acknowledge the event, or seconds until it should come back."""
@@ -220,6 +224,14 @@ class Outcomes:
         filed under an id of the report's own (:func:`_letter_id`)."""
         error = _detail(event, "error", ErrorInfo)
         raw = event.detail.get("raw")
+        headers = _strings(event.detail.get("headers"))
+        try:  # aimed at the agent's queue by anyone at all: one letter a minute says so
+            queue = self._broker.names.dispatch(reporter, "P1").removesuffix(".p1") + ".<p>"
+            refuse_server_answers(raw.encode() if isinstance(raw, str) else b"", headers, queue)
+        except ServerAnswer as exc:
+            if (said := self._server_answers.to_letter(exc, "dispatch")) is None:
+                return
+            error = ErrorInfo(type="invalid_envelope", message=str(said), retryable=False)
         letter_id = _letter_id(event.message_id, reporter)
         await dead_letter(
             self._broker,
@@ -231,7 +243,7 @@ class Outcomes:
             raw=raw.encode() if isinstance(raw, str) else None,
             truncated=event.detail.get("truncated") is True,
             headers={
-                **_strings(event.detail.get("headers")),
+                **headers,
                 "Reach-Reported-By": reporter,
                 "Reach-Reported-Id": event.message_id,
             },

@@ -17,7 +17,7 @@ from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import read_record
-from agentreach.envelopes import server_answer
+from agentreach.envelopes import AgentCard, server_answer
 from tests.coordinator.workflows.test_cancel import HELD, secured
 from tests.e2e.routing_support import fast, serving
 from tests.support import Watcher, eventually, until_true
@@ -128,3 +128,29 @@ async def test_a_running_instance_whose_record_is_overwritten_goes_on_from_the_k
 
 async def _overwritten(records, key: str) -> bool:  # type: ignore[no-untyped-def]
     return b"io.nats.jetstream.api" in ((await records.get(key)).value or b"")
+
+
+async def test_a_server_answer_aimed_at_an_agent_s_queue_is_one_letter_a_minute(
+    broker, coordinator, watcher
+):
+    """The agent reports what is no task, and the coordinator dead-letters it: anyone could
+    so fill REACH_DLQ, one server answer at a time. The first says what it is; the rest
+    within the minute are dropped."""
+    agent = Agent("aimed-at", startup_delay=0)
+    agent.handler("noop")(lambda ctx, payload: payload)
+    async with agent.running(broker=broker):
+        await until_true(lambda: _registered(broker, "aimed-at"))
+        with capture_logs() as logs:
+            for _ in range(3):
+                target = broker.names.dispatch("aimed-at", "P1")
+                await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=target)
+            await eventually(lambda: sum("dropped" in e["event"] for e in logs) == 2)
+        letter = await watcher.dead_letter("invalid_envelope")
+    assert letter.error is not None and letter.error.message.startswith(INJECTED)
+    assert "reach.agent.aimed-at.<p>" in letter.error.message
+    assert len(watcher.dead_letters) == 1
+
+
+async def _registered(broker, agent_id: str) -> bool:  # type: ignore[no-untyped-def]
+    cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+    return await cards.get(agent_id) is not None
