@@ -12,6 +12,7 @@ from agentreach.broker import Broker, Delivery
 from agentreach.broker.dead_letters import dead_letter, dead_letter_delivery
 from agentreach.broker.lifecycle import about, emit, event_for, reply
 from agentreach.coordinator.delivery.retries import attempts_run
+from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.envelopes import INVALID_TOPIC, DecodeError, ErrorInfo, ErrorReply, Task
 
 log = structlog.get_logger("coordinator")
@@ -68,9 +69,15 @@ def error_reply(
     return ErrorReply(**about(task, error=error, reason=reason, ran=ran, attempts=attempts))
 
 
-async def unreadable_event(broker: Broker, msg: Delivery, exc: DecodeError) -> None:
+async def unreadable_event(
+    broker: Broker, msg: Delivery, exc: DecodeError, answers: ServerAnswers
+) -> None:
     """An event (an outcome, an ending) that is not an event at all: its bytes go to the
-    dead-letter stream, and the log says which subject sent it."""
+    dead-letter stream, and the log says which subject sent it (a server's answer someone
+    aimed at the subject: one a minute)."""
+    if (judged := answers.judged(exc, msg, "events")) is None:
+        return
+    exc = judged
     log.error("unreadable event", subject=msg.subject, error=str(exc))
     error = ErrorInfo(type="invalid_envelope", message=str(exc), retryable=False)
     await dead_letter_delivery(

@@ -92,7 +92,7 @@ class Outcomes:
         try:
             event = envelopes.decode_event(msg.data)
         except DecodeError as exc:
-            await unreadable_event(self._broker, msg, exc)
+            await unreadable_event(self._broker, msg, exc, self._server_answers)
             return None
         if (sender := await vouched_sender(self._broker, msg.subject, event)) is None:
             return None

@@ -24,6 +24,7 @@ from agentreach.broker.streams import StoredMessage
 from agentreach.coordinator.delivery.dead_letters import unreadable_event
 from agentreach.coordinator.delivery.endings import ENDINGS, earlier_ending, ended_again
 from agentreach.coordinator.protection.grants import routing_vouches, vouched_sender
+from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.envelopes import (
     AuditRecord,
     DecodeError,
@@ -59,6 +60,7 @@ class AuditWriter:
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        self._server_answers = ServerAnswers()
 
     async def handle(self, msg: Delivery) -> float | None:
         """None once the record is written (or refused), or seconds until the ending is
@@ -66,7 +68,7 @@ class AuditWriter:
         try:
             ending = decode_event(msg.data)
         except DecodeError as exc:
-            await unreadable_event(self._broker, msg, exc)
+            await unreadable_event(self._broker, msg, exc, self._server_answers)
             return None
         broker, names = self._broker, self._broker.names
         if await vouched_sender(broker, msg.subject, ending) is None:

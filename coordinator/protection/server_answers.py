@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import structlog
 
+from agentreach.broker import Delivery
 from agentreach.broker.link import RepeatedLines
-from agentreach.envelopes import ServerAnswer
+from agentreach.envelopes import DecodeError, ServerAnswer, refuse_server_answers
 
 log = structlog.get_logger("coordinator.server_answers")
 
@@ -20,6 +21,15 @@ class ServerAnswers:
 
     def __init__(self, every_s: float = LETTER_EVERY_S) -> None:
         self._letters = RepeatedLines(every_s)
+
+    def judged(self, exc: DecodeError, msg: Delivery, where: str) -> DecodeError | None:
+        """Why ``msg`` could not be read, as its letter says it: ``exc``, or what the server
+        wrote it as; None when it is a server's answer to drop."""
+        try:
+            refuse_server_answers(msg.data, msg.headers, msg.subject)
+        except ServerAnswer as answer:
+            return self.to_letter(answer, where)
+        return exc
 
     def to_letter(self, answer: ServerAnswer, where: str) -> ServerAnswer | None:
         """``answer`` as its letter says it, or None: dropped, counted in the next letter."""

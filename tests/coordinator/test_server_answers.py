@@ -154,3 +154,18 @@ async def test_a_server_answer_aimed_at_an_agent_s_queue_is_one_letter_a_minute(
 async def _registered(broker, agent_id: str) -> bool:  # type: ignore[no-untyped-def]
     cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
     return await cards.get(agent_id) is not None
+
+
+async def test_a_server_answer_aimed_at_an_outcome_subject_is_one_letter_a_minute(
+    broker, coordinator, watcher
+):
+    """An outcome that is no event is dead-lettered; server answers aimed at the outcome
+    subjects would fill REACH_DLQ one at a time."""
+    target = broker.names.event("failed", "t", "m-1", "m-1", "someone")
+    with capture_logs() as logs:
+        for _ in range(3):
+            await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=target)
+        await eventually(lambda: sum("dropped" in e["event"] for e in logs) >= 2)
+    letter = await watcher.dead_letter("invalid_envelope")
+    assert letter.error is not None and letter.error.message.startswith(INJECTED)
+    assert len(watcher.dead_letters) == 1
