@@ -216,7 +216,10 @@ class Board:
             # Counted after the open letters were read, so the total holds every one of them
             # (in a loop of its own, it lagged behind: more open letters than kept).
             await self.sampled.sample()
-            answers = await gather_replies(self.broker, self.broker.names.status, wait_s=0.3)
+            # A busy replica may take seconds to answer: not shown as none for that.
+            answers = await gather_replies(
+                self.broker, self.broker.names.status, wait_s=0.3, first_within_s=3
+            )
         except BrokerError as exc:
             self.unread = str(exc)
             raise
