@@ -34,7 +34,7 @@ def server_answer(data: bytes, headers: Mapping[str, str] | None) -> str | None:
         return None
     try:
         document = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # deep nesting: no answer of the server's
         return None
     if not isinstance(document, dict):
         return None

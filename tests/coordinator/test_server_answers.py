@@ -87,6 +87,7 @@ def test_what_the_server_writes_is_told_from_what_parties_send() -> None:
         b"",
         b"[1, 2]",
         b"not json",
+        b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # crashed the intake: poison
     ):
         assert server_answer(sent, None) is None, sent
     assert server_answer(b"", {"Status": "404"}) == "a NATS status message (404)"

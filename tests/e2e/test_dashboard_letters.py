@@ -49,7 +49,7 @@ async def test_the_letters_panel_shows_each_state_as_dlq_list_does_and_only_open
     await _letters(broker)
     await watcher.event("resolved", message_id="dash-resolved")
     listed = await run(*reach_argv(broker, "dlq", "list"))
-    in_list = {row.split()[0]: row.split()[3] for row in listed.stdout.splitlines()[1:]}
+    in_list = {row.split()[0]: row.split()[4] for row in listed.stdout.splitlines()[1:]}
     history = History(step_s=1, window_s=120, period_s=30)
     async with (
         Board(broker, history, version="test") as board,
