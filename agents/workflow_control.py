@@ -16,6 +16,7 @@ from typing import TypeVar
 from agentreach.agents.errors import DeadlineExceeded, InvalidArgument, UnknownWorkflow
 from agentreach.broker import Broker, BrokerTimeout, NoResponders
 from agentreach.envelopes import Event, is_token, now_ms
+from agentreach.envelopes import headers as h
 
 # How an instance's events say it ended.
 ENDINGS = {
@@ -139,7 +140,8 @@ async def cancel_workflow(
     events = await instance.started(wait_s)
     if (ended := _ended(instance_id, events, before_cancel=True)) is not None:
         return ended
-    await broker.publish(f"{broker.names.workflow_cancel(instance_id)}.{caller}", why.encode())
+    subject = f"{broker.names.workflow_cancel(instance_id)}.{caller}"
+    await broker.publish(subject, why.encode(), headers=h.control_headers("cancel"))
     return await instance.until(
         lambda seen: _ended(instance_id, seen, before_cancel=False),
         events,
@@ -171,7 +173,8 @@ async def signal_workflow(
     if (ended := _ended(instance_id, events, before_cancel=True)) is not None:
         return SignalOutcome(instance_id, event, taken=False, ended=ended.status)
     sent_ms = now_ms()
-    await broker.publish(f"{broker.names.workflow_signal(instance_id, event)}.{caller}", b"")
+    subject = f"{broker.names.workflow_signal(instance_id, event)}.{caller}"
+    await broker.publish(subject, b"", headers=h.control_headers("signal"))
     return await instance.until(
         lambda seen: _answer(instance_id, event, caller, seen, sent_ms),
         events,

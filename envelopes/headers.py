@@ -29,3 +29,10 @@ def task_headers(task: Task, *, msg_id: str | None = None) -> dict[str, str]:
     if task.traceparent:
         headers[TRACEPARENT] = task.traceparent
     return headers
+
+
+def control_headers(kind: str) -> dict[str, str]:
+    """Headers of a workflow ``cancel`` or ``signal``: saying what it is, so that it is not
+    an empty message without headers, which is what a stream keeps of a NATS status message
+    that someone aimed at the subject (see :mod:`agentreach.envelopes.server_answers`)."""
+    return {KIND: kind}

@@ -30,6 +30,8 @@ def server_answer(data: bytes, headers: Mapping[str, str] | None) -> str | None:
     if headers and "Status" in headers and not data:
         said = f"{headers['Status']} {headers.get('Description', '')}".strip()
         return f"a NATS status message ({said})"
+    if not data and not headers:  # what a stream keeps of a status: its headers are not kept
+        return "an empty message without headers (as a stream keeps a NATS status message)"
     if not data.startswith(b"{"):
         return None
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agentreach.broker import Broker
 from agentreach.envelopes import WorkflowRecord
+from agentreach.envelopes import headers as h
 
 
 async def read_record(broker: Broker, instance_id: str) -> WorkflowRecord | None:
@@ -32,9 +33,11 @@ async def cancel(
     subject = broker.names.workflow_cancel(instance_id)
     if caller is not None:
         subject = f"{subject}.{caller}"
-    await broker.publish(subject, why.encode())
+    await broker.publish(subject, why.encode(), headers=h.control_headers("cancel"))
 
 
 async def signal(broker: Broker, instance_id: str, event: str) -> None:
     """Send ``event`` to a state machine instance waiting for it."""
-    await broker.publish(broker.names.workflow_signal(instance_id, event), b"")
+    await broker.publish(
+        broker.names.workflow_signal(instance_id, event), b"", headers=h.control_headers("signal")
+    )

@@ -66,6 +66,31 @@ async def test_a_server_answer_aimed_at_a_cancel_or_another_caller_s_intake_is_n
     assert len(injected) == 2  # one a minute each, of the intake's and the workflows'
 
 
+async def test_an_empty_pull_status_aimed_at_a_cancel_is_nobody_s(tmp_path: Path) -> None:
+    """An agent's empty pull of its own consumer, its reply aimed at the operators' cancel:
+    the server's 404 status is kept by the stream as an empty message without headers, and
+    it cancelled another caller's workflow (a re-test of the fix)."""
+    async with (
+        secured(tmp_path) as arena,
+        ReachClient(arena.url, name="alice", auth=arena.caller("alice")) as alice,
+        Broker(arena.url, name="holder", auth=arena.deployment.auth("agent", "holder")) as agent,
+        Watcher(arena.admin) as watcher,
+    ):
+        instance = f"flow-{uuid.uuid4().hex[:8]}"
+        invoked = asyncio.create_task(alice.invoke(HELD, {"n": 1}, message_id=instance))
+        assert await asyncio.wait_for(arena.held.get(), 10) == {"n": 1}
+        pull = f"$JS.API.CONSUMER.MSG.NEXT.{agent.names.dispatch_streams['P2']}.agent-holder-p2"
+        cancel = agent.names.workflow_cancel(instance)
+        await agent.nc.publish(pull, b'{"batch": 1, "no_wait": true}', reply=cancel)
+        letter = await watcher.dead_letter("invalid_envelope", topic="_workflow")
+        record = await read_record(arena.admin, instance)
+        arena.release.set()
+        assert await asyncio.wait_for(invoked, 10) == {"held": {"n": 1}}
+    assert record is not None and record.status == "running"
+    assert letter.error is not None
+    assert "an empty message without headers" in letter.error.message
+
+
 def test_what_the_server_writes_is_told_from_what_parties_send() -> None:
     api = b'{"type":"io.nats.jetstream.api.v1.stream_names_response","total":2,"streams":[]}'
     assert server_answer(api, None) == (
@@ -84,7 +109,6 @@ def test_what_the_server_writes_is_told_from_what_parties_send() -> None:
         b'{"stream": "S", "seq": 1, "note": "a payload that only looks like one"}',
         b'{"error": "plain text"}',
         b'{"type": "invoice"}',
-        b"",
         b"[1, 2]",
         b"not json",
         b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # crashed the intake: poison
@@ -92,6 +116,10 @@ def test_what_the_server_writes_is_told_from_what_parties_send() -> None:
         assert server_answer(sent, None) is None, sent
     assert server_answer(b"", {"Status": "404"}) == "a NATS status message (404)"
     assert server_answer(b"body", {"Status": "500"}) is None  # a stored message's own header
+    assert server_answer(b"", {"Reach-Kind": "cancel"}) is None  # a cancel without a reason
+    assert server_answer(b"", None) == (
+        "an empty message without headers (as a stream keeps a NATS status message)"
+    )
 
 
 async def test_a_running_instance_whose_record_is_overwritten_goes_on_from_the_kept_copy(

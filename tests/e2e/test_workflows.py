@@ -20,7 +20,7 @@ from agentreach.coordinator.workflows import cancel, read_record
 from agentreach.coordinator.workflows.nesting import MAX_DEPTH
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.dashboard.trace import trace_of
-from agentreach.envelopes.headers import task_headers
+from agentreach.envelopes.headers import control_headers, task_headers
 from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast, serving
 from tests.support import until_true
@@ -651,7 +651,8 @@ async def test_a_signal_stored_before_its_instance_started_is_taken_once_it_has(
         ReachClient(broker=broker) as client,
     ):
         instance = envelopes.new_id()
-        await broker.publish(broker.names.workflow_signal(instance, "approve"), b"")
+        signal = broker.names.workflow_signal(instance, "approve")
+        await broker.publish(signal, b"", headers=control_headers("signal"))
         outcome = await client.invoke("approval", {}, message_id=instance)
     assert outcome == {"ok": True}
     assert watcher.count("signal_ignored") == 0

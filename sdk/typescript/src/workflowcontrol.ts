@@ -81,7 +81,7 @@ export async function cancelWorkflow(
   let { events } = instance;
   const already = ended(instanceId, events, true);
   if (already !== null) return already;
-  await conn.publish(conn.names.workflowCancel(instanceId, caller), new TextEncoder().encode(why));
+  await conn.publish(conn.names.workflowCancel(instanceId, caller), new TextEncoder().encode(why), controlHeaders("cancel"));
   const until = performance.now() + waitMs;
   for (;;) {
     const end = ended(instanceId, events, false);
@@ -113,7 +113,7 @@ export async function signalWorkflow(
   const already = ended(instanceId, events, true);
   if (already !== null) return { instanceId, event, taken: false, state: null, waitsFor: [], ended: already.status };
   const sentMs = Date.now();
-  await conn.publish(conn.names.workflowSignal(instanceId, event, caller), new Uint8Array());
+  await conn.publish(conn.names.workflowSignal(instanceId, event, caller), new Uint8Array(), controlHeaders("signal"));
   const until = performance.now() + waitMs;
   for (;;) {
     const answer = answerIn(instanceId, event, caller, events, sentMs);
@@ -148,4 +148,12 @@ function ended(instanceId: string, events: Event[], beforeCancel: boolean): Work
   const ending = events.find((e) => e.event in ENDINGS);
   if (ending === undefined) return null;
   return { instanceId, status: ENDINGS[ending.event]!, atMs: ending.at_ms, beforeCancel };
+}
+
+/**
+ * Headers of a cancel or a signal, saying what it is: an empty message without headers is
+ * what a stream keeps of a NATS status message someone aimed at the subject, and is refused.
+ */
+function controlHeaders(kind: "cancel" | "signal"): Record<string, string> {
+  return { "Reach-Kind": kind };
 }

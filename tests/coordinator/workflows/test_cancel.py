@@ -36,7 +36,7 @@ from agentreach.coordinator.workflows.actions import message_id_of
 from agentreach.coordinator.workflows.answers import cancelled_by
 from agentreach.coordinator.workflows.run import BY_OPERATOR
 from agentreach.envelopes import WorkflowRecord
-from agentreach.envelopes.headers import task_headers
+from agentreach.envelopes.headers import control_headers, task_headers
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.conftest import FAST
 from tests.e2e.routing_support import fast, serving
@@ -123,7 +123,7 @@ async def test_a_caller_cancels_its_own_workflow_and_no_other_caller_s(tmp_path:
         await _refused_by_the_server(arena, bob, bare, f"{bare}.alice")
         # In his own name the server takes it, and the coordinator refuses it.
         with capture_logs() as logs:
-            await bob.publish(f"{bare}.bob", b"")
+            await bob.publish(f"{bare}.bob", b"", headers=control_headers("cancel"))
             await eventually(lambda: any("cancel refused" in e["event"] for e in logs))
         refused = next(e for e in logs if "cancel refused" in e["event"])
         assert refused["asker"] == "bob" and refused["started_by"] == "alice"
@@ -328,7 +328,8 @@ async def test_a_caller_signals_only_in_its_own_name(tmp_path: Path) -> None:
         await asyncio.wait_for(arena.held.get(), 10)
         bare = bob.names.workflow_signal(instance, "approve")
         await _refused_by_the_server(arena, bob, bare, f"{bare}.alice")
-        assert (await bob.publish(f"{bare}.bob", b"")).stream == bob.names.workflows_stream
+        stored = await bob.publish(f"{bare}.bob", b"", headers=control_headers("signal"))
+        assert stored.stream == bob.names.workflows_stream
         code, out, err = await arena.reach_as("bob", "workflows", "signal", instance, "approve")
         assert code == 1 and "among bob's own messages" in err, (out, err)
         code, out, err = await arena.reach_as("alice", "workflows", "signal", instance, "go")
