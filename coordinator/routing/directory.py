@@ -29,7 +29,7 @@ from types import MappingProxyType
 import msgspec
 import structlog
 
-from agentreach.broker import Broker, BucketWatch, Change, provision
+from agentreach.broker import Broker, Bucket, BucketWatch, Change, provision
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.coordinator.routing import allowances
@@ -145,20 +145,21 @@ class AgentDirectory:
             await self._raise_alerts()
 
     def _allow(self, change: Change) -> None:
+        if change.value is not None and (said := server_answer(change.value, None)):
+            # Aimed at the key through a reply subject by anyone at all: not an operator's
+            # push, so it takes nothing away (believed, it would stop an agent's work, or a
+            # caller's use of a priority).
+            log.warning(
+                "an allowance overwritten by the NATS server's answer to someone's request:"
+                " the last one is kept; `reach auth push` writes it again",
+                key=change.key,
+                written=said,
+            )
+            return
         if (sender := allowances.sender_of_key(change.key)) is not None:
             self.priorities.apply(sender, change.value)
             return
         allowance = None
-        if change.value is not None and (said := server_answer(change.value, None)):
-            # Aimed at the key through a reply subject by anyone at all: not an operator's
-            # push, so it takes nothing away (believed, it would stop the agent's work).
-            log.warning(
-                "an allowance overwritten by the NATS server's answer to someone's request:"
-                " the last one is kept; `reach auth push` writes it again",
-                agent_id=change.key,
-                written=said,
-            )
-            return
         if change.value is not None:
             try:
                 allowance = decode_as(change.value, Allowance)
@@ -210,6 +211,8 @@ class AgentDirectory:
         cards = await self._broker.bucket(self._broker.names.agents_bucket, AgentCard)
         present = await cards.snapshot()
         for gone in self._declared.keys() - present.keys():
+            if await _unreadable(cards, gone):  # overwritten, not deleted: kept (see _apply)
+                continue
             self._apply(Change(key=gone, value=None, revision=0))
         self._by_intent = None
         self.version += 1
@@ -247,6 +250,16 @@ class AgentDirectory:
         return judged is None or judged.state != "OFFLINE" or judged.epoch < card.epoch
 
     def _apply(self, change: Change) -> None:
+        if change.value is not None and (said := server_answer(change.value, None)):
+            # Anyone may have the server write its answer onto a card's key: believed as no
+            # card, it took the agent out of routing until the agent wrote its card again.
+            log.warning(
+                "a card overwritten by the NATS server's answer to someone's request:"
+                " the last one is kept",
+                agent_id=change.key,
+                written=said,
+            )
+            return
         card = None
         if change.value is not None:
             try:
@@ -319,6 +332,14 @@ class AgentDirectory:
         for watch in watches:
             await watch.initial.wait()
         ready.set()
+
+
+async def _unreadable(cards: Bucket[AgentCard], key: str) -> bool:
+    try:
+        await cards.get(key)
+    except DecodeError:
+        return True
+    return False
 
 
 def _own(key: str, card: AgentCard) -> bool:

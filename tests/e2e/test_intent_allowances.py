@@ -192,3 +192,27 @@ async def test_a_server_answer_aimed_at_an_allowance_takes_nothing_away(tmp_path
         assert b"io.nats.jetstream.api" in ((await kv.get(HONEST)).value or b"")
         assert HONEST not in fleet.coordinator.directory.refused
         assert await _invoke_all(fleet, "summarize", 2) == [{"by": HONEST}] * 2
+
+
+async def test_a_server_answer_aimed_at_a_card_or_a_priority_takes_nothing_away(tmp_path):
+    """A caller overwrote an agent's card (the agent left routing until it wrote its card
+    again, a minute later) and another caller's priorities (its P0 tasks were refused)."""
+    async with secured_fleet(tmp_path) as fleet:
+        names = fleet.admin.names
+        directory = fleet.coordinator.directory
+        fleet.deployment.directory.issue("caller", "pager", priorities=("P0", "P1", "P2"))
+        await push_allowances(fleet.deployment.directory, fleet.url)
+        await eventually(lambda: "P0" in directory.priorities.of("pager"))
+        card = f"$KV.{names.agents_bucket}.{HONEST}"
+        priorities = f"$KV.{bucket_name(names)}.priorities.pager"
+        auth = fleet.deployment.auth("caller", "mallory")
+        with capture_logs() as logs:
+            async with Broker(fleet.url, name="mallory-raw", auth=auth) as raw:
+                for target in (card, priorities):
+                    await raw.nc.publish("$JS.API.STREAM.NAMES", b"", reply=target)
+                await raw.nc.flush()
+            await eventually(lambda: sum("the last one is kept" in e["event"] for e in logs) == 2)
+        await directory.refresh()  # a route not found reads every card again
+        assert HONEST in directory.cards
+        assert directory.priorities.of("pager") == ("P0", "P1", "P2")
+        assert await _invoke_all(fleet, "summarize", 2) == [{"by": HONEST}] * 2
