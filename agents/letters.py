@@ -11,7 +11,6 @@ replayed or resolved letter unless forced: replaying it again runs its task agai
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,6 +21,7 @@ from agentreach import envelopes
 from agentreach.agents.errors import LetterSettled, NothingToReplay, ReplayLimitReached
 from agentreach.broker import Broker
 from agentreach.broker.dead_letters import SETTLING, record_settling
+from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.errors import NoResponders
 from agentreach.broker.streams import StoredMessage, last_message
 from agentreach.envelopes import (
@@ -76,17 +76,15 @@ async def settling_of(broker: Broker, letter: DeadLetter) -> list[Event]:
     kept = await _last_settling(
         broker, names.settled_stream, names.settled_of_message_of_kind, letter
     )
-    stored = kept or await _last_settling(
+    found = kept or await _last_settling(
         broker, names.events_stream, names.events_of_message_of_kind, letter
     )
     events = []
-    for message in sorted(stored, key=lambda m: m.stream_seq):
-        with contextlib.suppress(DecodeError):
-            event = envelopes.decode_event(message.data)
-            if "by" not in event.detail:
-                detail = {**event.detail, "by": names.sender_of(message.subject)}
-                event = msgspec.structs.replace(event, detail=detail)
-            events.append(event)
+    for message, event in sorted(found, key=lambda pair: pair[0].stream_seq):
+        if "by" not in event.detail:
+            detail = {**event.detail, "by": names.sender_of(message.subject)}
+            event = msgspec.structs.replace(event, detail=detail)
+        events.append(event)
     return settling_of_letter(events, letter)
 
 
@@ -95,15 +93,33 @@ async def _last_settling(
     stream: str,
     subject_of: Callable[[str, str, str], str],
     letter: DeadLetter,
-) -> list[StoredMessage]:
-    reads = (
-        last_message(broker, stream, subject_of(kind, letter.trace_id, letter.message_id))
-        for kind in SETTLING
-    )
+) -> list[tuple[StoredMessage, Event]]:
+    """The last readable event of each settling kind about ``letter`` in ``stream``."""
+    subjects = [subject_of(kind, letter.trace_id, letter.message_id) for kind in SETTLING]
     try:
-        return [m for m in await asyncio.gather(*reads) if m is not None]
+        lasts = await asyncio.gather(*(last_message(broker, stream, s) for s in subjects))
+        found = []
+        for subject, last in zip(subjects, lasts, strict=True):
+            if last is None:
+                continue
+            if (event := _event_of(last)) is not None:
+                found.append((last, event))
+                continue
+            # Something else written over it (a server's answer anyone can aim at the
+            # subject): the last readable one before it, not none (it reopened the letter).
+            stored = await indexed_messages_on(broker, stream, subject)
+            readable = [(m, e) for m in stored if (e := _event_of(m)) is not None]
+            found += readable[-1:]
+        return found
     except NoResponders:  # REACH_SETTLED not provisioned yet (`reach provision`)
         return []
+
+
+def _event_of(message: StoredMessage) -> Event | None:
+    try:
+        return envelopes.decode_event(message.data)
+    except DecodeError:
+        return None
 
 
 def _settled_refusal(letter: DeadLetter, last: Event) -> LetterSettled:

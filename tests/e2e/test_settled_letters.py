@@ -13,6 +13,7 @@ from agentreach.agents import Agent, Compensation, CompensationWorker, TaskConte
 from agentreach.agents.letters import SETTLING, letter_state, replay, resolve, settling_of
 from agentreach.broker import consumer_state, read_stream
 from agentreach.broker.dead_letters import dead_letter
+from agentreach.broker.streams import last_message
 from agentreach.dashboard import Board, History
 from agentreach.envelopes import DeadLetter, Task, decode_task, replay_id
 from tests.cli.conftest import reach_argv, run
@@ -116,6 +117,24 @@ async def test_replay_refuses_a_settled_letter_unless_forced(broker, watcher):
     with pytest.raises(LetterSettled, match=r"it is resolved already, by alice at .*'done'"):
         await replay(broker, other)
     assert (await replay(broker, other, force=True)).replay_of == "closed"
+
+
+async def test_a_server_answer_written_after_a_settling_does_not_reopen_the_letter(broker, watcher):
+    """Anyone may have the server write its answer to a request onto the subject of a
+    letter's `replayed` record: read as its last, it reopened the letter, which was then
+    replayed again (a security re-test). The last readable record still settles it."""
+    letter = await _letter(broker, "reopened")
+    await replay(broker, letter, sender="ops-worker")
+    subject = f"{broker.names.prefix}.settled.replayed.chores.reopened.reopened.mallory"
+    await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=subject)
+    await until_true(lambda: _held(broker, subject))
+    with pytest.raises(LetterSettled, match="it is replayed already, by ops-worker"):
+        await replay(broker, letter)
+
+
+async def _held(broker, subject: str) -> bool:  # type: ignore[no-untyped-def]
+    last = await last_message(broker, broker.names.settled_stream, subject)
+    return last is not None
 
 
 async def test_replays_of_one_letter_that_race_run_its_task_once(broker, coordinator, watcher):
