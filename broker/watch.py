@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
 
@@ -51,6 +51,7 @@ class Change:
     value: bytes | None
     revision: int
     written_ms: int = 0  # the broker's time of the write
+    headers: Mapping[str, str] = field(default_factory=dict)  # those stored with the value
 
 
 _INITIAL_DONE = object()  # in the queue only: the values present at the start are through
@@ -166,6 +167,7 @@ class BucketWatch:
                 value=None if deleted else msg.data,
                 revision=revision,
                 written_ms=written_ms,
+                headers=headers,
             )
         )
         self._initial.delivered(pending)

@@ -27,6 +27,13 @@ class ServerAnswer(DecodeError):
 def server_answer(data: bytes, headers: Mapping[str, str] | None) -> str | None:
     """What ``data`` is when the NATS server wrote it ("a JetStream publish acknowledgement",
     …), None when a party did."""
+    if headers and "Nats-Stream" in headers and "Nats-Sequence" in headers:
+        # A stored message as a direct get answers with it: its content is whatever its
+        # writer chose, who may write its own keys only (an agent's, say).
+        return (
+            f"a JetStream direct get's answer (message {headers['Nats-Sequence']} of"
+            f" {headers['Nats-Stream']}, sent again by the server)"
+        )
     if headers and "Status" in headers and not data:
         said = f"{headers['Status']} {headers.get('Description', '')}".strip()
         return f"a NATS status message ({said})"

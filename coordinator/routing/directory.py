@@ -145,7 +145,7 @@ class AgentDirectory:
             await self._raise_alerts()
 
     def _allow(self, change: Change) -> None:
-        if change.value is not None and (said := server_answer(change.value, None)):
+        if change.value is not None and (said := server_answer(change.value, change.headers)):
             # Aimed at the key through a reply subject by anyone at all: not an operator's
             # push, so it takes nothing away (believed, it would stop an agent's work, or a
             # caller's use of a priority).
@@ -250,7 +250,7 @@ class AgentDirectory:
         return judged is None or judged.state != "OFFLINE" or judged.epoch < card.epoch
 
     def _apply(self, change: Change) -> None:
-        if change.value is not None and (said := server_answer(change.value, None)):
+        if change.value is not None and (said := server_answer(change.value, change.headers)):
             # Anyone may have the server write its answer onto a card's key: believed as no
             # card, it took the agent out of routing until the agent wrote its card again.
             log.warning(

@@ -91,6 +91,22 @@ async def test_an_empty_pull_status_aimed_at_a_cancel_is_nobody_s(tmp_path: Path
     assert "an empty message without headers" in letter.error.message
 
 
+async def test_a_direct_get_answer_of_content_a_party_chose_is_nobody_s(
+    broker, coordinator, watcher
+) -> None:
+    """An agent wrote what it liked under a key of its own, then direct-got it with the reply
+    aimed at another caller's intake: a task ran in alice's name (a security re-test). The
+    server's answer keeps the stored message's headers, which say what it is."""
+    names = broker.names
+    own = f"$KV.{names.executions_bucket}.x.t.holder"
+    direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
+    await broker.publish(own, b'{"text": "forged as alice"}')
+    await broker.nc.publish(direct, b"", reply=names.task("hold-step", "alice"))
+    letter = await watcher.dead_letter("invalid_envelope", topic="hold-step")
+    assert letter.error is not None and "a JetStream direct get's answer" in letter.error.message
+    assert not [e for e in watcher.events if e.event == "routed"]
+
+
 def test_what_the_server_writes_is_told_from_what_parties_send() -> None:
     api = b'{"type":"io.nats.jetstream.api.v1.stream_names_response","total":2,"streams":[]}'
     assert server_answer(api, None) == (

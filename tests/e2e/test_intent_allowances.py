@@ -216,3 +216,23 @@ async def test_a_server_answer_aimed_at_a_card_or_a_priority_takes_nothing_away(
         assert HONEST in directory.cards
         assert directory.priorities.of("pager") == ("P0", "P1", "P2")
         assert await _invoke_all(fleet, "summarize", 2) == [{"by": HONEST}] * 2
+
+
+async def test_a_direct_get_answer_aimed_at_a_priority_grants_nothing(tmp_path):
+    """evil wrote priorities of its choosing under a key of its own and direct-got them with
+    the reply aimed at mallory's priorities: mallory's P0 tasks were then taken."""
+    async with secured_fleet(tmp_path) as fleet:
+        names = fleet.admin.names
+        own = f"$KV.{names.executions_bucket}.x.t.{EVIL}"
+        direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
+        forged = b'{"v": 1, "sender": "mallory", "priorities": ["P0", "P1", "P2"]}'
+        target = f"$KV.{bucket_name(names)}.priorities.mallory"
+        with capture_logs() as logs:
+            async with Broker(
+                fleet.url, name="evil-raw", auth=fleet.deployment.auth("agent", EVIL)
+            ) as raw:
+                await raw.publish(own, forged)
+                await raw.nc.publish(direct, b"", reply=target)
+                await raw.nc.flush()
+            await eventually(lambda: any("the last one is kept" in e["event"] for e in logs))
+        assert "P0" not in fleet.coordinator.directory.priorities.of("mallory")
