@@ -305,6 +305,8 @@ class Names(msgspec.Struct, frozen=True):
             self.tasks_stream,
             self.dlq_stream,
             self.events_stream,
+            self.settled_stream,
+            self.audit_stream,
             f"OBJ_{self.payloads_bucket}",
         )
 

@@ -56,6 +56,10 @@ class StorageLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # Lifecycle events are history: full, the oldest go (a refused write would stall the
     # coordinator's own events, and a party flooding the stream would stop everyone's).
     events_bytes: int = -1
+    # Records kept as long as the letters (settled) or the audit days: full, a new write is
+    # refused (its writer is told, or its event comes back until there is room).
+    settled_bytes: int = -1
+    audit_bytes: int = -1
     payloads_bytes: int = -1  # the claim check's Object Store
     # An execution record holds a result up to the claim-check threshold inline; a larger
     # one is in the Object Store and the record holds its reference.
@@ -288,6 +292,8 @@ class Topology:
                     deny_delete=True,
                     subjects=(n.settled_wildcard,),
                     max_age_s=DEAD_LETTERS_KEPT_S,
+                    max_bytes=lim.settled_bytes,
+                    discard_new=True,
                     duplicate_window_s=3600.0,
                     description="Replayed and resolved events of dead letters, kept as the letters",
                     placement_tags=work,
@@ -297,6 +303,8 @@ class Topology:
                     deny_delete=True,
                     subjects=(n.audit_wildcard,),
                     max_age_s=audit_days * DAY,
+                    max_bytes=lim.audit_bytes,
+                    discard_new=True,
                     duplicate_window_s=3600.0,
                     description="One audit record per finished message",
                 ),

@@ -104,3 +104,20 @@ async def test_the_limits_reach_the_server(broker):
     assert records.config.max_msg_size == limits.record_bytes
     assert (tasks.config.max_bytes, tasks.config.discard) == (limits.tasks_bytes, "new")
     assert payloads.config.max_bytes == limits.payloads_bytes
+
+
+async def test_settled_and_audit_records_are_bounded_and_refuse_past_their_limit(broker):
+    """REACH_SETTLED and REACH_AUDIT had no byte limit (anyone could have the server fill
+    them with its answers, a security re-test found): bounded, a write past it is refused,
+    as REACH_DLQ's is, not made room for by dropping a record."""
+    limits = StorageLimits(settled_bytes=3_000, audit_bytes=4_000)
+    await provision(broker, Topology.default(broker.names, limits=limits))
+    names = broker.names
+    for stream, limit in ((names.settled_stream, 3_000), (names.audit_stream, 4_000)):
+        info = await broker.js.stream_info(stream)
+        assert (info.config.max_bytes, info.config.discard) == (limit, "new")
+    subject = f"{names.prefix}.settled.resolved.t.m-1.m-1.op"
+    with pytest.raises(StreamFull):
+        for i in range(10):
+            await broker.publish(subject, b"r" * 600, headers={"Nats-Msg-Id": f"r-{i}"})
+    assert (await broker.js.stream_info(names.settled_stream)).state.messages < 10
