@@ -145,16 +145,9 @@ class AgentDirectory:
             await self._raise_alerts()
 
     def _allow(self, change: Change) -> None:
-        if change.value is not None and (said := server_answer(change.value, change.headers)):
-            # Aimed at the key through a reply subject by anyone at all: not an operator's
-            # push, so it takes nothing away (believed, it would stop an agent's work, or a
-            # caller's use of a priority).
-            log.warning(
-                "an allowance overwritten by the NATS server's answer to someone's request:"
-                " the last one is kept; `reach auth push` writes it again",
-                key=change.key,
-                written=said,
-            )
+        # Not an operator's push: believed, it would stop an agent's work, or a caller's
+        # use of a priority (`reach auth push` writes it again).
+        if _by_the_server(change, "an allowance"):
             return
         if (sender := allowances.sender_of_key(change.key)) is not None:
             self.priorities.apply(sender, change.value)
@@ -250,15 +243,8 @@ class AgentDirectory:
         return judged is None or judged.state != "OFFLINE" or judged.epoch < card.epoch
 
     def _apply(self, change: Change) -> None:
-        if change.value is not None and (said := server_answer(change.value, change.headers)):
-            # Anyone may have the server write its answer onto a card's key: believed as no
-            # card, it took the agent out of routing until the agent wrote its card again.
-            log.warning(
-                "a card overwritten by the NATS server's answer to someone's request:"
-                " the last one is kept",
-                agent_id=change.key,
-                written=said,
-            )
+        # Believed as no card, it took the agent out of routing until it wrote its card again.
+        if _by_the_server(change, "a card"):
             return
         card = None
         if change.value is not None:
@@ -332,6 +318,20 @@ class AgentDirectory:
         for watch in watches:
             await watch.initial.wait()
         ready.set()
+
+
+def _by_the_server(change: Change, what: str) -> bool:
+    """Whether ``change`` is the NATS server's answer to someone's request, which anyone may
+    aim at a key through a reply subject (said once, and the last value kept)."""
+    said = server_answer(change.value, change.headers) if change.value is not None else None
+    if said:
+        log.warning(
+            f"{what} overwritten by the NATS server's answer to someone's request: the last"
+            " one is kept",
+            key=change.key,
+            written=said,
+        )
+    return said is not None
 
 
 async def _unreadable(cards: Bucket[AgentCard], key: str) -> bool:
