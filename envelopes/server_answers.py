@@ -18,6 +18,7 @@ from agentreach.envelopes.errors import DecodeError
 # What a JetStream publish acknowledgement holds (nats-server's JSPubAckResponse).
 _PUB_ACK_KEYS = frozenset({"stream", "seq", "domain", "duplicate", "val", "batch", "count"})
 _API_ERROR_KEYS = frozenset({"code", "description"})
+_SMALL = 1024  # bytes: more than any publish ack or JetStream error response holds
 
 
 class ServerAnswer(DecodeError):
@@ -39,7 +40,9 @@ def server_answer(data: bytes, headers: Mapping[str, str] | None) -> str | None:
         return f"a NATS status message ({said})"
     if not data and not headers:  # what a stream keeps of a status: its headers are not kept
         return "an empty message without headers (as a stream keeps a NATS status message)"
-    if not data.startswith(b"{"):
+    # On the intake's path for every task: parsed only when it could be the server's (an API
+    # response says its type first; an ack or an error response is a few hundred bytes).
+    if not data.startswith(b"{") or (len(data) > _SMALL and b'"io.nats.' not in data[:32]):
         return None
     try:
         document = json.loads(data)
