@@ -12,7 +12,8 @@ race reads again and asks again. ``change`` returns None to leave the key as it 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -22,9 +23,10 @@ from nats.js.kv import KeyValue
 
 from agentreach.broker.direct import LastValues, last_of_each, last_per_subject
 from agentreach.broker.errors import StreamNotFound, WrongLastSequence, translate
-from agentreach.broker.failover import stream_names, through_elections
+from agentreach.broker.failover import stream_names
 from agentreach.broker.pipelined import Outgoing
-from agentreach.broker.streams import StoredMessage
+from agentreach.broker.record_seal import KV_OPERATION, RecordSeal
+from agentreach.broker.streams import StoredMessage, last_message
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import DecodeError, decode_as, encode, server_answer
 from agentreach.logs import get_logger
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
 log = get_logger("broker.bucket")
 
 T = TypeVar("T")
-W = TypeVar("W")
 EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 CAS_TRIES = 20
 UNREAD = object()  # cas(known=UNREAD): read the key first (the default)
@@ -88,24 +89,31 @@ async def bound_kv(broker: Broker, bucket: str) -> KeyValue:
 class Bucket(Generic[T]):
     """Typed access to one KV bucket; values are JSON-encoded records of ``kind``."""
 
-    def __init__(self, broker: Broker, kv: KeyValue, kind: type[T], name: str) -> None:
+    def __init__(
+        self, broker: Broker, kv: KeyValue, kind: type[T], name: str, *, seal: RecordSeal | None
+    ) -> None:
         self._broker = broker
         self._kv = kv
         self._kind = kind
+        self._seal = seal
         self.name = name
 
     async def get(self, key: str) -> Entry[T] | None:
         """The key's value, or None when it is absent or deleted; raises DecodeError when
-        the stored value is not a ``kind``."""
-        value, revision = await self._read(key)
-        if revision == 0:
+        the stored value is not a ``kind`` (or, sealed, not as a replica wrote it)."""
+        stored = await self._read(key)
+        if stored is None:
+            return None
+        if not self._sealed(stored):
+            raise DecodeError(f"{self.name}/{key} (revision {stored.stream_seq}) {_UNSEALED}")
+        if _deleted(stored):
             return None
         try:
-            return Entry(key, decode_as(value, self._kind), revision)
+            return Entry(key, decode_as(stored.data, self._kind), stored.stream_seq)
         except DecodeError as exc:
-            what = server_answer(value, None) or "something else"
+            what = server_answer(stored.data, None) or "something else"
             raise DecodeError(
-                f"{self.name}/{key} (revision {revision}) holds {what}, not a"
+                f"{self.name}/{key} (revision {stored.stream_seq}) holds {what}, not a"
                 f" {self._kind.__name__}: {exc}"
             ) from exc
 
@@ -132,32 +140,34 @@ class Bucket(Generic[T]):
         """Write ``value`` whatever the key holds."""
         return await self._publish(key, encode(value))
 
-    async def _publish(self, key: str, data: bytes, *, last: int | None = None) -> int:
-        headers = None if last is None else {EXPECTED_LAST: str(last)}
-        ack = await self._broker.publish(f"{self._kv._pre}{key}", data, headers=headers)
+    async def _publish(
+        self, key: str, data: bytes, *, last: int | None = None, operation: str = "PUT"
+    ) -> int:
+        subject = f"{self._kv._pre}{key}"
+        headers = self._headers(subject, data, operation)
+        if last is not None:
+            headers[EXPECTED_LAST] = str(last)
+        ack = await self._broker.publish(subject, data, headers=headers or None)
         return ack.seq
+
+    def _headers(self, subject: str, data: bytes, operation: str) -> dict[str, str]:
+        if self._seal is not None:
+            return self._seal.headers(subject, data, operation)
+        return {} if operation == "PUT" else {KV_OPERATION: operation}
 
     async def _deleted_at(self, key: str) -> int:
         """The revision of the key's delete marker, or 0 when the key holds nothing."""
-        try:
-            await self._kv.get(key)
-        except nats.js.errors.KeyNotFoundError as exc:  # nats-py's answer for deleted ones too
-            return (exc.entry.revision or 0) if exc.entry else 0
-        except nats.errors.Error as exc:
-            raise translate(exc, subject=f"{self.name}/{key}") from exc
-        return 0
+        stored = await self._read(key)
+        return stored.stream_seq if stored is not None and _deleted(stored) else 0
 
     def put_message(self, key: str, value: T) -> Outgoing:
         """What :meth:`put` writes, as a message for :meth:`Broker.publish_all`."""
-        return Outgoing(f"{self._kv._pre}{key}", encode(value))
+        subject, data = f"{self._kv._pre}{key}", encode(value)
+        return Outgoing(subject, data, self._headers(subject, data, "PUT") or None)
 
     async def delete(self, key: str, *, last: int | None = None) -> None:
         """Delete the key (only if still at revision ``last``, when given)."""
-        await self._write(key, lambda: self._kv.delete(key, last=last))
-
-    async def _write(self, key: str, write: Callable[[], Awaitable[W]]) -> W:
-        subject = f"$KV.{self.name}.{key}"
-        return await through_elections(write, self._broker, subject=subject, retry_timeouts=False)
+        await self._publish(key, b"", last=last or None, operation="DEL")
 
     async def cas(
         self,
@@ -232,9 +242,12 @@ class Bucket(Generic[T]):
     def _entries(self, messages: Iterable[StoredMessage], prefix: str) -> dict[str, Entry[T]]:
         found: dict[str, Entry[T]] = {}
         for stored in messages:
-            if stored.headers.get("KV-Operation") in ("DEL", "PURGE"):
-                continue
             key = stored.subject.removeprefix(prefix)
+            if not self._sealed(stored):
+                log.warning("record left out", bucket=self.name, key=key, error=_UNSEALED)
+                continue
+            if _deleted(stored):
+                continue
             try:
                 value = decode_as(stored.data, self._kind)
             except DecodeError as exc:
@@ -243,23 +256,39 @@ class Bucket(Generic[T]):
             found[key] = Entry(key, value, stored.stream_seq, stored.timestamp_ms)
         return found
 
-    async def _read(self, key: str) -> tuple[bytes, int]:
-        """The stored bytes and revision; revision 0 when the key is absent or deleted."""
-        try:
-            entry = await self._kv.get(key)
-        except nats.js.errors.KeyNotFoundError:  # deleted keys too
-            return b"", 0
-        except nats.errors.Error as exc:
-            raise translate(exc, subject=f"{self.name}/{key}") from exc
-        return entry.value or b"", entry.revision or 0
+    async def _read(self, key: str) -> StoredMessage | None:
+        """The key's last message (a delete marker too), or None when there is none."""
+        if not _VALID_KEY.fullmatch(key) or key.startswith(".") or key.endswith("."):
+            raise translate(nats.js.errors.InvalidKeyError(), subject=f"{self.name}/{key}")
+        subject = f"{self._kv._pre}{key}"
+        stored = await last_message(self._broker, self._kv._stream, subject)
+        return stored if stored is not None and stored.subject == subject else None
+
+    def _sealed(self, stored: StoredMessage) -> bool:
+        """Whether ``stored`` is as a replica wrote it (always so in an unsealed bucket)."""
+        return self._seal is None or self._seal.holds(stored.subject, stored.data, stored.headers)
 
     async def _current(self, key: str) -> Entry[T] | None:
         """For cas: the key's entry; an unreadable value as ``None`` at its revision."""
-        value, revision = await self._read(key)
-        if revision == 0:
+        stored = await self._read(key)
+        if stored is None:
+            return None
+        revision = stored.stream_seq
+        if not self._sealed(stored):
+            log.warning("replacing a record", bucket=self.name, key=key, error=_UNSEALED)
+            return Entry(key, None, revision)  # type: ignore[arg-type]
+        if _deleted(stored):
             return None
         try:
-            return Entry(key, decode_as(value, self._kind), revision)
+            return Entry(key, decode_as(stored.data, self._kind), revision)
         except DecodeError as exc:
             log.warning("replacing an unreadable record", bucket=self.name, key=key, error=str(exc))
             return Entry(key, None, revision)  # type: ignore[arg-type]
+
+
+_VALID_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")  # as nats-py's: no wildcards, no spaces
+_UNSEALED = "holds a record without the seal of the coordinator replicas that write it"
+
+
+def _deleted(stored: StoredMessage) -> bool:
+    return stored.headers.get(KV_OPERATION) in ("DEL", "PURGE")

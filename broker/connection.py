@@ -34,6 +34,7 @@ from agentreach.broker.link import Link
 from agentreach.broker.messages import Inbound, InboundHandler, Subscription, core_callback
 from agentreach.broker.names import Names
 from agentreach.broker.pipelined import Outgoing, PipelinedPublisher
+from agentreach.broker.record_seal import RecordSeal
 from agentreach.broker.urls import jittered_reconnect, redacted, resolve_url, server_list
 from agentreach.logs import get_logger
 
@@ -123,6 +124,9 @@ class Broker:
         # dedup is stream-wide, so whoever may publish into a stream could otherwise
         # suppress a message by publishing its id first (see :meth:`publish`).
         self.dedup_secret: bytes | None = None
+        # Buckets whose records this connection seals and checks (the coordinator's own; see
+        # :mod:`agentreach.broker.record_seal`), by name.
+        self.record_seals: dict[str, RecordSeal] = {}
 
     async def __aenter__(self) -> Self:
         if self._state is not _State.UNOPENED:
@@ -301,7 +305,7 @@ class Broker:
 
     async def bucket(self, name: str, kind: type[T]) -> Bucket[T]:
         """The KV bucket ``name`` holding records of ``kind``."""
-        return Bucket(self, await self.kv(name), kind, name)
+        return Bucket(self, await self.kv(name), kind, name, seal=self.record_seals.get(name))
 
     async def subscribe(
         self, subject: str, handler: InboundHandler | None = None, *, queue: str = ""

@@ -31,6 +31,7 @@ from agentreach.broker import (
     bind,
     provision,
 )
+from agentreach.broker.record_seal import RecordSeal
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import consumers
 from agentreach.coordinator.calls import Calls
@@ -114,6 +115,10 @@ class Coordinator:
         if broker.auth.identity is not None and not grants.enabled:
             _unsealed(config.security)
         broker.dedup_secret = broker.dedup_secret or grants.key  # replicas share the key
+        if grants.key is not None:  # what only the replicas write is read only as they wrote it
+            n = broker.names
+            sealed = (n.leases_bucket, n.quotas_bucket, n.workflows_bucket)
+            broker.record_seals.update(dict.fromkeys(sealed, RecordSeal(grants.key)))
         # Secured (the seal key): only the intents operators allowed an agent are routed to it.
         self.directory.enforce_allowances = grants.enabled
         self.manual = ManualQueue(broker, config.manual)

@@ -41,7 +41,15 @@ from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce, verdict_of
 from agentreach.coordinator.units import NonNegativeSeconds, PositiveSeconds
-from agentreach.envelopes import DEFAULT_TTL_MS, Budget, ErrorInfo, Execution, Task, now_ms
+from agentreach.envelopes import (
+    DEFAULT_TTL_MS,
+    Budget,
+    DecodeError,
+    ErrorInfo,
+    Execution,
+    Task,
+    now_ms,
+)
 
 log = structlog.get_logger("coordinator.unreported")
 
@@ -295,7 +303,7 @@ class Unreported:
         floor = now_ms() - int(self._config.lookback_s * 1000)
         try:
             entry = await (await self._marks()).get(MARK_KEY)
-        except BrokerError as exc:
+        except (BrokerError, DecodeError) as exc:
             log.warning("unreported attempts read from the lookback", error=str(exc))
             return floor
         return entry.value.since_ms if entry is not None else floor

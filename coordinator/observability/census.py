@@ -53,11 +53,16 @@ async def _follow(
     broker: Broker, bucket: str, apply: Apply, ready: asyncio.Event | None = None
 ) -> None:
     kv = await broker.kv(bucket)
+    seal = broker.record_seals.get(bucket)
     async with BucketWatch(kv) as watch:
         waiter = asyncio.create_task(_set_when(watch.initial, ready))
         try:
             async for change in watch:
-                apply(change.key, change.value)
+                subject = f"$KV.{bucket}.{change.key}"
+                if seal is None or seal.holds(subject, change.value or b"", change.headers):
+                    apply(change.key, change.value)
+                else:  # what no replica wrote (a server's answer aimed at the key)
+                    log.debug("record left out", bucket=bucket, key=change.key)
                 honour_cancellation()
         finally:
             waiter.cancel()

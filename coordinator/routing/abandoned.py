@@ -16,11 +16,19 @@ run only until its step's deadline, however late it is sent (:func:`still_wanted
 from __future__ import annotations
 
 import msgspec
+import structlog
 
 from agentreach.broker import Broker
 from agentreach.coordinator.delivery.dead_letters import refuse
-from agentreach.envelopes import ErrorInfo, Task, WorkflowRecord, now_ms
+from agentreach.envelopes import DecodeError, ErrorInfo, Task, WorkflowRecord, now_ms
 from agentreach.envelopes.coordination import WorkflowStep, step_abandoned, workflow_step_of
+
+log = structlog.get_logger("coordinator.abandoned")
+
+
+class _Unreadable(Exception):
+    """The instance's record holds what no replica wrote (anyone may have the server write
+    its answer onto a key): the engine goes on from its own copy, so the visit is wanted."""
 
 
 async def abandoned(broker: Broker, task: Task) -> str | None:
@@ -29,7 +37,10 @@ async def abandoned(broker: Broker, task: Task) -> str | None:
     step = _step_of(broker, task)
     if step is None:
         return None
-    return step_abandoned(await _record(broker, step), step, task.message_id)
+    try:
+        return step_abandoned(await _record(broker, step), step, task.message_id)
+    except _Unreadable:
+        return None
 
 
 async def still_wanted(broker: Broker, task: Task) -> Task | None:
@@ -45,7 +56,10 @@ async def still_wanted(broker: Broker, task: Task) -> Task | None:
     step = _step_of(broker, task)
     if step is None:
         return task
-    record = await _record(broker, step)
+    try:
+        record = await _record(broker, step)
+    except _Unreadable:
+        return task
     if (why := step_abandoned(record, step, task.message_id)) is not None:
         error = ErrorInfo(type="cancelled", message=f"not dispatched: {why}", retryable=False)
         await refuse(broker, task, error)
@@ -67,5 +81,9 @@ def _step_of(broker: Broker, task: Task) -> WorkflowStep | None:
 
 async def _record(broker: Broker, step: WorkflowStep) -> WorkflowRecord | None:
     records = await broker.bucket(broker.names.workflows_bucket, WorkflowRecord)
-    entry = await records.get(step.instance_id)
+    try:
+        entry = await records.get(step.instance_id)
+    except DecodeError as exc:
+        log.warning("workflow record unreadable: its step's visit is dispatched", error=str(exc))
+        raise _Unreadable from exc
     return entry.value if entry else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,13 @@ from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
+from agentreach.broker.watch import BucketWatch
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import read_record
-from agentreach.envelopes import AgentCard, server_answer
+from agentreach.envelopes import AgentCard, LeaseRecord, decode_as, encode, now_ms, server_answer
 from tests.coordinator.workflows.test_cancel import HELD, secured
 from tests.e2e.routing_support import fast, serving
+from tests.secured import SecuredDeployment, sealed_deployment
 from tests.support import Watcher, eventually, until_true
 
 INJECTED = "not a message of anyone's: a NATS server's API response"
@@ -214,3 +217,39 @@ async def test_a_server_answer_aimed_at_an_outcome_subject_is_one_letter_a_minut
     letter = await watcher.dead_letter("invalid_envelope")
     assert letter.error is not None and letter.error.message.startswith(INJECTED)
     assert len(watcher.dead_letters) == 1
+
+
+async def test_a_lease_forged_by_a_direct_get_answer_does_not_stop_the_coordinator_s_duty(
+    tmp_path: Path,
+) -> None:
+    """An agent wrote a lease record under its own card's key, then direct-got it with the
+    reply aimed at `$KV.reach_leases.liveness`: read back by a direct get, it was a lease
+    held by someone else for ever, and no replica watched liveness again. Sealed, it is no
+    lease of a replica's, and the replica takes the lease back."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, coordinator),
+        Broker(url, name="mallory", auth=deployment.auth("agent", "mallory")) as mallory,
+    ):
+        names = mallory.names
+        own = f"$KV.{names.agents_bucket}.mallory"
+        forged = LeaseRecord("mallory", now_ms() + 3_600_000)
+        await mallory.publish(own, encode(forged))
+        direct = f"$JS.API.DIRECT.GET.KV_{names.agents_bucket}.{own}"
+        watch = BucketWatch(await admin.kv(names.leases_bucket))
+        async with watch, asyncio.timeout(10):
+            holders = _holders(watch)
+            assert await anext(holders) == coordinator.replica_id
+            reply = f"$KV.{names.leases_bucket}.liveness"
+            await mallory.nc.publish(direct, b"", reply=reply)
+            async for holder in holders:
+                if holder != coordinator.replica_id:
+                    break
+            assert holder == "mallory"  # what the server wrote
+            assert await anext(holders) == coordinator.replica_id  # taken back
+
+
+async def _holders(watch: BucketWatch) -> AsyncIterator[str]:
+    async for change in watch:
+        if change.key == "liveness" and change.value is not None:
+            yield decode_as(change.value, LeaseRecord).holder

@@ -1,0 +1,51 @@
+"""Seals on the records only the coordinator writes, so that a record it reads is one it wrote.
+
+nats-server sends its answer to a request to whatever reply subject the request names,
+checked against no permission. A party may so have the server write onto a key of a bucket
+it may not write itself: a direct get of a key of its own, holding content it chose, aimed
+at ``$KV.reach_leases.liveness`` reads back as a lease nobody holds and no replica may take;
+a delete marker of its own, aimed at a quota record, reads back as a fresh quota. Read by a
+direct get, the stored copy loses the headers that would give it away (the server puts its
+own ``Nats-*`` headers in their place).
+
+With the coordinator replicas' seal key, every write to a sealed bucket (values and delete
+markers) carries ``Reach-Record-Seal``: an HMAC of the key's subject, the operation and the
+value. A read that finds no valid seal treats the record as unreadable. Without a key (an
+open development server, where everyone is trusted) nothing is sealed or checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+
+RECORD_SEAL = "Reach-Record-Seal"
+KV_OPERATION = "KV-Operation"
+SEAL_LENGTH = 32  # hex characters: 128 bits of the HMAC
+
+
+class RecordSeal:
+    """Seals and checks the records of the buckets sealed with ``key``."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def seal(self, subject: str, data: bytes, operation: str = "PUT") -> str:
+        """The seal of ``data`` written to ``subject`` as ``operation`` (PUT, DEL, PURGE)."""
+        mac = hmac.new(self._key, f"{subject}\n{operation}\n".encode(), hashlib.sha256)
+        mac.update(data)
+        return mac.hexdigest()[:SEAL_LENGTH]
+
+    def headers(self, subject: str, data: bytes, operation: str = "PUT") -> dict[str, str]:
+        """The headers a write of ``data`` to ``subject`` carries (with the operation's)."""
+        sealed = {RECORD_SEAL: self.seal(subject, data, operation)}
+        return sealed if operation == "PUT" else {KV_OPERATION: operation, **sealed}
+
+    def holds(self, subject: str, data: bytes, headers: Mapping[str, str] | None) -> bool:
+        """Whether ``data`` stored at ``subject`` with ``headers`` is as a replica wrote it."""
+        given = (headers or {}).get(RECORD_SEAL)
+        if not isinstance(given, str):
+            return False
+        operation = (headers or {}).get(KV_OPERATION, "PUT")
+        return hmac.compare_digest(given, self.seal(subject, data, operation))

@@ -1,0 +1,92 @@
+"""Sealed buckets: a record a replica reads is one a replica wrote. Anyone may have the NATS
+server write its answer to a request onto a key (a direct get of content they chose, a
+delete marker of their own), and read back by a direct get it shows nothing of that."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentreach.broker import Bucket
+from agentreach.broker.record_seal import RECORD_SEAL, RecordSeal
+from agentreach.envelopes import DecodeError, LeaseRecord, encode
+
+KEY = b"k" * 32
+
+
+@pytest.fixture
+async def sealed(broker) -> Bucket[LeaseRecord]:
+    broker.record_seals[broker.names.leases_bucket] = RecordSeal(KEY)
+    try:
+        yield await broker.bucket(broker.names.leases_bucket, LeaseRecord)
+    finally:
+        broker.record_seals.clear()
+
+
+def _subject(bucket: Bucket[LeaseRecord], key: str) -> str:
+    return f"$KV.{bucket.name}.{key}"
+
+
+async def test_what_a_replica_writes_reads_back_and_a_forgery_does_not(broker, sealed):
+    """A record written without the seal (here as a party's own message, which is what the
+    server's answer aimed at the key is) reads as unreadable, naming why."""
+    await sealed.put("duty", LeaseRecord("replica-1", 1))
+    entry = await sealed.get("duty")
+    assert entry is not None and entry.value == LeaseRecord("replica-1", 1)
+    forged = encode(LeaseRecord("mallory", 2**50))
+    await broker.publish(_subject(sealed, "duty"), forged)
+    with pytest.raises(DecodeError, match=r"duty \(revision \d+\) holds a record without the seal"):
+        await sealed.get("duty")
+    assert await sealed.snapshot() == {}
+
+
+async def test_a_seal_is_of_its_key_and_its_content(broker, sealed):
+    """A sealed record copied onto another key, or its seal on other content, is refused."""
+    await sealed.put("a", LeaseRecord("replica-1", 1))
+    stored = await broker.js.get_msg(f"KV_{sealed.name}", subject=_subject(sealed, "a"))
+    seal = {RECORD_SEAL: stored.headers[RECORD_SEAL]}
+    await broker.publish(_subject(sealed, "b"), stored.data, headers=seal)
+    await broker.publish(_subject(sealed, "a"), encode(LeaseRecord("x", 9)), headers=seal)
+    for key in ("a", "b"):
+        with pytest.raises(DecodeError, match="without the seal"):
+            await sealed.get(key)
+
+
+async def test_cas_replaces_a_forgery_from_what_it_is_told_to_take_instead(broker, sealed):
+    """cas hands ``change`` the ``unreadable`` stand-in, never the forged value."""
+    await sealed.put("duty", LeaseRecord("replica-1", 1))
+    await broker.publish(_subject(sealed, "duty"), encode(LeaseRecord("mallory", 2**50)))
+    seen: list[LeaseRecord | None] = []
+
+    def renew(current: LeaseRecord | None) -> LeaseRecord:
+        seen.append(current)
+        return LeaseRecord("replica-1", 2)
+
+    swap = await sealed.cas("duty", renew, unreadable=lambda: LeaseRecord("kept", 1))
+    assert swap.written and seen == [LeaseRecord("kept", 1)]
+    entry = await sealed.get("duty")
+    assert entry is not None and entry.value == LeaseRecord("replica-1", 2)
+
+
+async def test_a_forged_delete_marker_is_no_delete(broker, sealed):
+    """A delete marker a party wrote (a quota record read as deleted is a fresh quota) is
+    unreadable; a replica's own delete is a delete, and the key can be created again."""
+    await sealed.put("quota", LeaseRecord("replica-1", 1))
+    await broker.publish(_subject(sealed, "quota"), b"", headers={"KV-Operation": "DEL"})
+    with pytest.raises(DecodeError, match="without the seal"):
+        await sealed.get("quota")
+    swap = await sealed.cas("quota", lambda current: current, unreadable=lambda: None)
+    assert not swap.written  # nothing to take instead: left as it is
+    await sealed.delete("quota")
+    assert await sealed.get("quota") is None
+    await sealed.create("quota", LeaseRecord("replica-1", 3))
+    assert (await sealed.get("quota")).value == LeaseRecord("replica-1", 3)
+
+
+async def test_an_unsealed_bucket_reads_what_anyone_wrote(broker):
+    """Without a seal key (an open server, everyone trusted) nothing is sealed or checked."""
+    leases = await broker.bucket(broker.names.leases_bucket, LeaseRecord)
+    await broker.publish(f"$KV.{leases.name}.duty", encode(LeaseRecord("anyone", 1)))
+    entry = await leases.get("duty")
+    assert entry is not None and entry.value == LeaseRecord("anyone", 1)
+    stored = await broker.js.get_msg(f"KV_{leases.name}", subject=f"$KV.{leases.name}.duty")
+    assert RECORD_SEAL not in (stored.headers or {})
