@@ -378,7 +378,11 @@ class WorkflowEngine:
         ]
         resumed = 0
         for key in listed:
-            if (entry := await records.get(key)) is None or entry.value.finished:
+            try:
+                entry = await records.get(key)
+            except DecodeError:  # overwritten since the snapshot: no longer one to resume
+                continue
+            if entry is None or entry.value.finished:
                 continue
             await self._resume(entry.value)
             resumed += 1
