@@ -117,7 +117,7 @@ async def _last_settling(
 
 def _event_of(message: StoredMessage) -> Event | None:
     try:
-        return envelopes.decode_event(message.data)
+        return envelopes.decode_stored_event(message.data, message.headers)
     except DecodeError:
         return None
 

@@ -29,6 +29,7 @@ from agentreach.broker.record_seal import KV_OPERATION, RecordSeal
 from agentreach.broker.streams import StoredMessage, last_message
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import DecodeError, decode_as, encode, server_answer
+from agentreach.envelopes.server_answers import STORED_ANSWER
 from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
@@ -104,8 +105,8 @@ class Bucket(Generic[T]):
         stored = await self._read(key)
         if stored is None:
             return None
-        if not self._sealed(stored):
-            raise DecodeError(f"{self.name}/{key} (revision {stored.stream_seq}) {_UNSEALED}")
+        if why := self._not_written(stored):
+            raise DecodeError(f"{self.name}/{key} (revision {stored.stream_seq}) holds {why}")
         if _deleted(stored):
             return None
         try:
@@ -243,8 +244,8 @@ class Bucket(Generic[T]):
         found: dict[str, Entry[T]] = {}
         for stored in messages:
             key = stored.subject.removeprefix(prefix)
-            if not self._sealed(stored):
-                log.warning("record left out", bucket=self.name, key=key, error=_UNSEALED)
+            if why := self._not_written(stored):
+                log.warning("record left out", bucket=self.name, key=key, holds=why)
                 continue
             if _deleted(stored):
                 continue
@@ -264,9 +265,14 @@ class Bucket(Generic[T]):
         stored = await last_message(self._broker, self._kv._stream, subject)
         return stored if stored is not None and stored.subject == subject else None
 
-    def _sealed(self, stored: StoredMessage) -> bool:
-        """Whether ``stored`` is as a replica wrote it (always so in an unsealed bucket)."""
-        return self._seal is None or self._seal.holds(stored.subject, stored.data, stored.headers)
+    def _not_written(self, stored: StoredMessage) -> str | None:
+        """What ``stored`` is when no writer of the bucket wrote it: a direct get's answer
+        someone aimed at the key or, in a sealed bucket, anything without a replica's seal."""
+        if STORED_ANSWER in stored.headers:
+            return server_answer(stored.data, stored.headers)
+        if self._seal is None or self._seal.holds(stored.subject, stored.data, stored.headers):
+            return None
+        return _UNSEALED
 
     async def _current(self, key: str) -> Entry[T] | None:
         """For cas: the key's entry; an unreadable value as ``None`` at its revision."""
@@ -274,8 +280,8 @@ class Bucket(Generic[T]):
         if stored is None:
             return None
         revision = stored.stream_seq
-        if not self._sealed(stored):
-            log.warning("replacing a record", bucket=self.name, key=key, error=_UNSEALED)
+        if why := self._not_written(stored):
+            log.warning("replacing a record", bucket=self.name, key=key, holds=why)
             return Entry(key, None, revision)  # type: ignore[arg-type]
         if _deleted(stored):
             return None
@@ -287,7 +293,7 @@ class Bucket(Generic[T]):
 
 
 _VALID_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")  # as nats-py's: no wildcards, no spaces
-_UNSEALED = "holds a record without the seal of the coordinator replicas that write it"
+_UNSEALED = "a record without the seal of the coordinator replicas that write it"
 
 
 def _deleted(stored: StoredMessage) -> bool:

@@ -26,6 +26,7 @@ from nats.aio.client import DEFAULT_BUFFER_SIZE
 from nats.aio.client import Client as _NatsClient
 
 from agentreach.broker.transport import Transport
+from agentreach.envelopes.server_answers import STORED_ANSWER
 
 _CRLF = b"\r\n"
 
@@ -64,7 +65,9 @@ class Client(_NatsClient):
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
         """``Name: Value`` per line → a dict, exactly as nats-py 2.16 builds it: lines
         without a colon, names that are not ASCII and names holding white space are
-        skipped; values are stripped and decoded as UTF-8 (bad bytes replaced)."""
+        skipped; values are stripped and decoded as UTF-8 (bad bytes replaced). One thing
+        more: a second ``Nats-Stream`` (a direct get's answer, stored, and read again by a
+        direct get, whose server headers follow the stored ones) adds ``STORED_ANSWER``."""
         out: dict[str, str] = {}
         for line in raw.split(_CRLF):
             name, colon, value = line.partition(b":")
@@ -77,6 +80,8 @@ class Client(_NatsClient):
             # white space inside: split() gives more parts, or fewer, or other ones
             if key and key.split() != [key]:
                 continue
+            if key == "Nats-Stream" and key in out:  # see STORED_ANSWER
+                out.setdefault(STORED_ANSWER, out[key])
             out[key] = value.strip().decode("utf-8", "replace")
         return out
 

@@ -27,26 +27,13 @@ from agentreach.broker.errors import (
     translated,
 )
 from agentreach.broker.reply_inbox import ReplyInbox
-from agentreach.broker.streams import StoredMessage
+from agentreach.broker.streams import DIRECT_GET_HEADERS, StoredMessage
 from agentreach.broker.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
 
 BATCH = 1000
-# What a direct get's answer adds to the message's own headers (which, Nats-Msg-Id among
-# them, are kept).
-_ANSWER_HEADERS = frozenset(
-    {
-        "Nats-Stream",
-        "Nats-Subject",
-        "Nats-Sequence",
-        "Nats-Time-Stamp",
-        "Nats-Num-Pending",
-        "Nats-Last-Sequence",
-        "Nats-UpTo-Sequence",
-    }
-)
 _END = {"204", "404"}  # end of batch; nothing (more) found
 _TOO_MANY = "413"
 
@@ -362,7 +349,7 @@ def _stored(data: bytes, headers: dict[str, str]) -> StoredMessage:
         stream_seq=int(headers.get("Nats-Sequence", 0)),
         subject=headers.get("Nats-Subject", ""),
         data=data,
-        headers={k: v for k, v in headers.items() if k not in _ANSWER_HEADERS},
+        headers={k: v for k, v in headers.items() if k not in DIRECT_GET_HEADERS},
         timestamp_ns=_ns(headers.get("Nats-Time-Stamp", "")),
     )
 

@@ -23,6 +23,21 @@ _GONE = frozenset({10037, 10043})
 _DELETE_GONE = _GONE | {10057}
 
 
+# What a direct get's answer adds to the message's own headers (which, Nats-Msg-Id among
+# them, are kept): left out of a StoredMessage, which has them as its fields.
+DIRECT_GET_HEADERS = frozenset(
+    {
+        "Nats-Stream",
+        "Nats-Subject",
+        "Nats-Sequence",
+        "Nats-Time-Stamp",
+        "Nats-Num-Pending",
+        "Nats-Last-Sequence",
+        "Nats-UpTo-Sequence",
+    }
+)
+
+
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
     """A message as the stream keeps it: ``timestamp_ns`` is the broker's clock."""
@@ -98,9 +113,17 @@ async def _get(broker: Broker, stream: str, **where: object) -> StoredMessage | 
         stream_seq=raw.seq or 0,
         subject=raw.subject or "",
         data=raw.data or b"",
-        headers=dict(raw.headers or {}),
+        headers=_own_headers(raw.headers or {}, direct=bool(where.get("direct"))),
         timestamp_ns=int(raw.time.timestamp() * 1e9) if raw.time else 0,
     )
+
+
+def _own_headers(headers: dict[str, str], *, direct: bool) -> dict[str, str]:
+    """The message's own headers: a direct get's answer adds the server's after them (a
+    stored message holding such headers already is marked ``STORED_ANSWER`` by the client)."""
+    if not direct:
+        return dict(headers)
+    return {k: v for k, v in headers.items() if k not in DIRECT_GET_HEADERS}
 
 
 async def consumer_backlog(broker: Broker, stream: str, durable: str) -> int | None:

@@ -23,6 +23,7 @@ from agentreach.envelopes.codec import (
     decode_event,
     decode_json,
     decode_reply,
+    decode_stored_event,
     decode_task,
     encode,
 )
@@ -167,6 +168,7 @@ __all__ = [
     "decode_event",
     "decode_json",
     "decode_reply",
+    "decode_stored_event",
     "decode_task",
     "encode",
     "execution_key",

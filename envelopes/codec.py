@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import msgspec
 
 from agentreach.envelopes.errors import DecodeError
 from agentreach.envelopes.messages import DeadLetter, Event, Message, Reply, Task
+from agentreach.envelopes.server_answers import ServerAnswer, server_answer
 
 _encoder = msgspec.json.Encoder()
 _message_decoder = msgspec.json.Decoder(Message)
@@ -45,6 +47,15 @@ def decode_reply(data: bytes | str) -> Reply:
 def decode_event(data: bytes | str) -> Event:
     """Decode a lifecycle event from ``REACH_EVENTS``."""
     return _decode(_event_decoder, data)
+
+
+def decode_stored_event(data: bytes, headers: Mapping[str, str] | None) -> Event:
+    """An event as a stream keeps it; raises :class:`ServerAnswer` when the NATS server wrote
+    it (anyone may aim the answer to a request at an event subject: a direct get's answer
+    carries content they chose), :class:`DecodeError` when it is no event."""
+    if said := server_answer(data, headers):
+        raise ServerAnswer(f"not an event: {said}")
+    return decode_event(data)
 
 
 def decode_dead_letter(data: bytes | str) -> DeadLetter:

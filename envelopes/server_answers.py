@@ -21,6 +21,12 @@ _API_ERROR_KEYS = frozenset({"code", "description"})
 _SMALL = 1024  # bytes: more than any publish ack or JetStream error response holds
 
 
+# Set by the Broker's client on a message read by a direct get whose stored headers held a
+# stream's name already: the server's answer to someone's direct get, stored where they aimed
+# it. The server puts its own headers after the stored ones, so only the reader sees this.
+STORED_ANSWER = "Reach-Stored-Answer-Of"
+
+
 class ServerAnswer(DecodeError):
     """A message that is the NATS server's answer to someone's request (see the module)."""
 
@@ -28,6 +34,11 @@ class ServerAnswer(DecodeError):
 def server_answer(data: bytes, headers: Mapping[str, str] | None) -> str | None:
     """What ``data`` is when the NATS server wrote it ("a JetStream publish acknowledgement",
     …), None when a party did."""
+    if headers and STORED_ANSWER in headers:
+        return (
+            f"a JetStream direct get's answer (a message of {headers[STORED_ANSWER]}, sent"
+            " again by the server where someone aimed it)"
+        )
     if headers and "Nats-Stream" in headers and "Nats-Sequence" in headers:
         # A stored message as a direct get answers with it: its content is whatever its
         # writer chose, who may write its own keys only (an agent's, say).

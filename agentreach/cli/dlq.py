@@ -300,7 +300,7 @@ async def _settling_in(
     settled: dict[str, list[Event]] = {}
     for message in sorted(stored, key=lambda m: m.stream_seq):
         with contextlib.suppress(envelopes.DecodeError):
-            event = envelopes.decode_event(message.data)
+            event = envelopes.decode_stored_event(message.data, message.headers)
             settled.setdefault(event.message_id, []).append(event)
     return settled
 

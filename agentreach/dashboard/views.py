@@ -36,6 +36,7 @@ from agentreach.envelopes import (
     decode_dead_letter,
     decode_event,
     decode_json,
+    decode_stored_event,
     now_ms,
 )
 
@@ -186,7 +187,7 @@ class Board:
         ):
             honour_cancellation()
             try:
-                event = decode_event(msg.data)
+                event = decode_stored_event(msg.data, msg.headers)
             except DecodeError:
                 continue
             if kept and event.message_id not in self._kept:

@@ -21,7 +21,7 @@ from agentreach.broker import Broker, StreamNotFound
 from agentreach.broker.dead_letters import SETTLING
 from agentreach.broker.direct import messages_on
 from agentreach.broker.streams import StoredMessage, stream_bounds
-from agentreach.envelopes import DecodeError, decode_dead_letter, decode_event
+from agentreach.envelopes import DecodeError, decode_dead_letter, decode_stored_event
 
 PAGE = 1_000  # messages read at once
 
@@ -118,5 +118,5 @@ def _settled_ids(messages: list[StoredMessage]) -> list[str]:
     ids = []
     for message in messages:
         with contextlib.suppress(DecodeError):
-            ids.append(decode_event(message.data).message_id)
+            ids.append(decode_stored_event(message.data, message.headers).message_id)
     return ids

@@ -8,7 +8,9 @@ import pytest
 
 from agentreach.broker import Bucket
 from agentreach.broker.record_seal import RECORD_SEAL, RecordSeal
+from agentreach.broker.streams import last_message
 from agentreach.envelopes import DecodeError, LeaseRecord, encode
+from tests.support import until_true
 
 KEY = b"k" * 32
 
@@ -90,3 +92,21 @@ async def test_an_unsealed_bucket_reads_what_anyone_wrote(broker):
     assert entry is not None and entry.value == LeaseRecord("anyone", 1)
     stored = await broker.js.get_msg(f"KV_{leases.name}", subject=f"$KV.{leases.name}.duty")
     assert RECORD_SEAL not in (stored.headers or {})
+
+
+async def test_a_direct_get_answer_aimed_at_a_key_is_unreadable_in_any_bucket(broker):
+    """Read by a direct get, a stored direct get's answer has the server's headers after its
+    own: the client marks it, and no bucket takes it for a record, sealed or not."""
+    leases = await broker.bucket(broker.names.leases_bucket, LeaseRecord)
+    own = f"$KV.{broker.names.executions_bucket}.x.t.mallory"
+    await broker.publish(own, encode(LeaseRecord("mallory", 2**50)))
+    direct = f"$JS.API.DIRECT.GET.KV_{broker.names.executions_bucket}.{own}"
+    await broker.nc.publish(direct, b"", reply=f"$KV.{leases.name}.duty")
+    await until_true(lambda: _stored(broker, f"$KV.{leases.name}.duty"))
+    with pytest.raises(DecodeError, match=r"duty \(revision \d+\) holds a JetStream direct get's"):
+        await leases.get("duty")
+    assert await leases.snapshot() == {}
+
+
+async def _stored(broker, subject: str) -> bool:  # type: ignore[no-untyped-def]
+    return await last_message(broker, f"KV_{broker.names.leases_bucket}", subject) is not None

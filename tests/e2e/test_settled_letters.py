@@ -15,7 +15,7 @@ from agentreach.broker import consumer_state, read_stream
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.streams import last_message
 from agentreach.dashboard import Board, History
-from agentreach.envelopes import DeadLetter, Task, decode_task, replay_id
+from agentreach.envelopes import DeadLetter, Task, decode_task, replay_id, server_answer
 from tests.cli.conftest import reach_argv, run
 from tests.support import eventually, until_true
 
@@ -130,6 +130,34 @@ async def test_a_server_answer_written_after_a_settling_does_not_reopen_the_lett
     await until_true(lambda: _held(broker, subject))
     with pytest.raises(LetterSettled, match="it is replayed already, by ops-worker"):
         await replay(broker, letter)
+
+
+async def test_a_direct_get_answer_of_a_settling_record_a_party_wrote_settles_nothing(
+    broker, watcher
+):
+    """An agent may write what it likes under a key of its own, and direct-get it with the
+    reply aimed at a letter's settled subject: a forged `resolved` record, which a direct get
+    reads back with the server's headers in place of the stored ones (a security re-test).
+    The stored ones are still in the header block, before the server's: the letter stays
+    open."""
+    template = await _letter(broker, "template")
+    await resolve(broker, template, "done", by="ops")
+    names = broker.names
+    kept = names.settled_of_message_of_kind("resolved", "template", "template")
+    await until_true(lambda: _held(broker, kept))
+    record = await last_message(broker, names.settled_stream, kept)
+    own = f"$KV.{names.executions_bucket}.x.t.mallory"
+    await broker.publish(own, record.data.replace(b"template", b"victim"))
+    victim = await _letter(broker, "victim")
+    aimed = f"{names.prefix}.settled.resolved.chores.victim.victim.mallory"
+    direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
+    await broker.nc.publish(direct, b"", reply=aimed)
+    await until_true(lambda: _held(broker, aimed))
+    stored = await last_message(broker, names.settled_stream, aimed)
+    said = server_answer(stored.data, stored.headers) or ""
+    assert f"a JetStream direct get's answer (a message of KV_{names.executions_bucket}" in said
+    assert await settling_of(broker, victim) == []
+    assert (await replay(broker, victim)).replay_of == "victim"
 
 
 async def _held(broker, subject: str) -> bool:  # type: ignore[no-untyped-def]
