@@ -6,6 +6,7 @@ import asyncio
 import os
 import random
 import socket
+from typing import Literal
 
 import msgspec
 
@@ -104,15 +105,16 @@ async def restore_card(broker: Broker, card: AgentCard) -> Entry[AgentCard] | No
     return swap.entry
 
 
-async def retire_card(broker: Broker, registered: Entry[AgentCard]) -> bool:
-    """Mark the card ``stopped``, unless a newer process of the id has registered since (its
-    card stands): the write is conditional on the revision this process registered at.
-    Returns whether the card was still this process's."""
+async def mark_card(
+    broker: Broker, registered: Entry[AgentCard], status: Literal["draining", "stopped"]
+) -> Entry[AgentCard] | None:
+    """The card rewritten with ``status`` at the revision this process last wrote it, or None
+    when a newer process of the id has registered since (its card stands)."""
     cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
-    stopped = msgspec.structs.replace(registered.value, status="stopped")
+    marked = msgspec.structs.replace(registered.value, status=status)
     try:
-        await cards.update(registered.key, stopped, last=registered.revision)
+        revision = await cards.update(registered.key, marked, last=registered.revision)
     except WrongLastSequence:
         log.warning("a newer process registered this agent id; its card stands")
-        return False
-    return True
+        return None
+    return Entry(registered.key, marked, revision)

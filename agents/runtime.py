@@ -10,13 +10,16 @@ import random
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
-import msgspec
-
 from agentreach.agents.claims import Claims
 from agentreach.agents.errors import AgentConfigError, AgentIdInUse
 from agentreach.agents.execution import Executor
 from agentreach.agents.heartbeats import Heartbeats, Load
-from agentreach.agents.registration import await_slot, restore_card, retire_card, write_card
+from agentreach.agents.registration import (
+    await_slot,
+    mark_card,
+    restore_card,
+    write_card,
+)
 from agentreach.agents.slots import Room, WorkerPool
 from agentreach.agents.watchdog import Watchdog
 from agentreach.broker import (
@@ -150,6 +153,7 @@ class AgentRuntime:
         await _finish(self._loops, 0)
         for consumer in self._consumers.values():  # what was pulled and not taken comes back
             await consumer.close()
+        await self._announce_drain()
         if cut := await _finish(list(self._in_flight), self.agent.drain_timeout):
             log.warning(
                 "handlers still running after the drain timeout were cancelled: their tasks are"
@@ -273,14 +277,25 @@ class AgentRuntime:
             max_deliver=self.agent.max_deliver,
         )
 
+    async def _announce_drain(self) -> None:
+        """Card ``draining`` while running handlers finish: the coordinator routes nothing
+        more here, and moves at once what this process had not started (else it waited in
+        the queue for the whole drain)."""
+        if not self._in_flight or self._registered is None:
+            return
+        with contextlib.suppress(BrokerError):
+            if marked := await mark_card(self.broker, self._registered, "draining"):
+                self._registered, self.card = marked, marked.value
+
     async def _retire(self) -> None:
         """Card ``stopped`` and heartbeat deleted: the coordinator knows at once that this
         process stopped rather than got lost. Neither is touched when a newer process of the
         id has registered meanwhile (this one was cut off, say): what it wrote stands."""
-        if self._registered is None or not await retire_card(self.broker, self._registered):
+        if self._registered is None:
             return
-        assert self.card is not None
-        self.card = msgspec.structs.replace(self.card, status="stopped")
+        if (marked := await mark_card(self.broker, self._registered, "stopped")) is None:
+            return
+        self._registered, self.card = marked, marked.value
         if self.heartbeats is not None:
             await self.heartbeats.retire()
 

@@ -40,7 +40,8 @@ class AgentCard(msgspec.Struct, frozen=True, kw_only=True):
     pid: int = 0
     started_at: int = 0
     epoch: Annotated[int, msgspec.Meta(ge=1, description="rises on every start")] = 1
-    status: Literal["running", "stopped"] = "running"
+    # draining: stopping, its running handlers finishing; what it had not started is moved
+    status: Literal["running", "draining", "stopped"] = "running"
     rate_limit: RateLimit | None = None  # how fast the coordinator may send it work
 
 

@@ -17,6 +17,7 @@ until its ttl runs out.
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Literal, NamedTuple
@@ -60,6 +61,7 @@ Allowed = Callable[[Task, str], int]  # the attempts a task taken from an agent 
 
 OFFLINE = "went OFFLINE"
 STOPPED = "stopped"  # cleanly: what its stop cut short was not the task's doing
+DRAINING = "began to stop"  # its card says draining: it finishes what it runs, nothing more
 FORGOTTEN = "is no longer registered (forgotten: reach agents forget)"
 
 
@@ -86,6 +88,8 @@ class Moves:
         self._judged = judged if judged is not None else {}
         self._registered = registered
         self._queued = queued
+        self._drained: set[tuple[str, int]] = set()  # (agent, epoch) whose queue moved
+        self._moving = asyncio.Lock()  # one move at a time: two would judge one message
 
     @property
     def unmoved(self) -> frozenset[str]:
@@ -110,10 +114,26 @@ class Moves:
         agent nobody knows any more: forgotten by an operator (no card, no verdict), here or
         while no coordinator ran. Nothing else would ever take those tasks."""
         await self.retry(self.gone)
+        await self._move_draining()
         queued = {agent for agent, _ in self._queued()} if self._queued is not None else set()
         for agent_id in sorted(queued - self._unmoved.keys()):
             if agent_id not in self._judged and self.gone(agent_id):
                 await self.move(agent_id, 0, why=FORGOTTEN)
+
+    async def _move_draining(self) -> None:
+        """Move what waits in the queue of an agent that began to stop (card ``draining``)
+        once: it finishes what it runs and takes nothing more, and the rest would wait for
+        its whole drain. What it runs stays (see :func:`_fence`)."""
+        cards = self._registered.cards.values() if self._registered is not None else ()
+        draining = {(c.agent_id, c.epoch) for c in cards if c.status == "draining"}
+        self._drained &= draining
+        for agent_id, epoch in sorted(draining - self._drained):
+            self._drained.add((agent_id, epoch))
+            try:
+                await self._reassign(agent_id, epoch, DRAINING)
+            except BrokerError as exc:  # what is left moves when it stops
+                log.warning("queued tasks of a stopping agent not moved", agent_id=agent_id,
+                            error=str(exc))  # fmt: skip
 
     def forget(self, agent_id: str) -> None:
         """An operator forgot the agent: it is judged no more, and the next :meth:`sweep`
@@ -131,6 +151,14 @@ class Moves:
     async def _try(self, agent_id: str) -> None:
         epoch, why = self._unmoved[agent_id]
         try:
+            await self._reassign(agent_id, epoch, why)
+        except BrokerError as exc:
+            log.warning("queued tasks not moved yet", agent_id=agent_id, error=str(exc))
+            return
+        self._unmoved.pop(agent_id, None)
+
+    async def _reassign(self, agent_id: str, epoch: int, why: str) -> None:
+        async with self._moving:
             await reassign_tasks(
                 self._broker,
                 agent_id,
@@ -139,10 +167,6 @@ class Moves:
                 why=why,
                 allowed=self._allowed,
             )
-        except BrokerError as exc:
-            log.warning("queued tasks not moved yet", agent_id=agent_id, error=str(exc))
-            return
-        self._unmoved.pop(agent_id, None)
 
 
 async def reassign_tasks(
@@ -220,6 +244,8 @@ async def _move(
         )
         return "unreadable"
     ran = await _fence(broker, task, agent_id, epoch, why, seal=stored.headers.get(SEAL_HEADER))
+    if ran is None:
+        return "kept"
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
         ttl_end_ms = stored.timestamp_ms + task.ttl_ms
@@ -303,19 +329,23 @@ async def _expire(
 
 async def _fence(
     broker: Broker, task: Task, agent_id: str, epoch: int, why: str, *, seal: str | None
-) -> bool:
+) -> bool | None:
     """Take the attempt away from the gone process (that agent, that epoch or older): a
     running claim, so its late result cannot land; or, never claimed, a fence for the
     attempt, so that a process of the agent that comes back and fetches it from its durable
     queue before it is deleted here does not run it beside the next attempt (it ran twice
     in the chaos suite). A claim of anyone else stands, and so does a result. False when
-    the attempt never ran: it was not claimed."""
+    the attempt never ran: it was not claimed. From a DRAINING agent only what it never
+    claimed is taken: None when it runs the attempt (claimed, or claiming as this writes)."""
     executions = await broker.bucket(broker.names.executions_bucket, Execution)
     reassigned = ErrorInfo(type=REASSIGNED, message=f"its agent {why}", retryable=True)
-    unclaimed = False
+    unclaimed, draining, running = False, why == DRAINING, False
 
     def fenced(record: Execution | None) -> Execution | None:
-        nonlocal unclaimed
+        nonlocal unclaimed, running
+        if draining and record is not None and record.state == "running":
+            running = True  # its stop lets it finish
+            return None
         # A fence written before (a move tried again): claimed, it would say when it began.
         unclaimed = record is None or (
             envelopes.is_reassignment_fence(record, task.attempt) and not record.started_ms
@@ -344,5 +374,5 @@ async def _fence(
     try:
         await executions.cas(key, fenced, tries=1)
     except WrongLastSequence:
-        return True
-    return not unclaimed
+        return None if draining else True
+    return None if running else not unclaimed

@@ -20,7 +20,7 @@ from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig, LivenessConfig
 from agentreach.envelopes import AgentCard, Heartbeat, Intent, Liveness, RegisterReply, Task
 from tests.cli.conftest import reach_argv, run
-from tests.support import wait_for_card
+from tests.support import eventually, wait_for_card
 
 REPO = Path(__file__).parents[2]
 INTERVAL = 0.2
@@ -559,3 +559,55 @@ async def test_a_dead_agent_restarted_without_a_transition_has_its_tasks_moved(b
     async with lively_coordinator(broker), local_agent("spare").running(broker=broker):
         done = await watcher.event("completed", message_id="left-1", timeout=20)
     assert done.agent_id == "spare" and done.attempt == 2
+
+
+async def test_a_stopping_agent_s_waiting_tasks_run_elsewhere_during_its_drain(
+    broker, start_coordinator, watcher
+):
+    """An agent asked to stop finishes what it runs; the tasks waiting in its queue went to
+    another agent only once its drain was over (here, never within the test). Its card now
+    says draining: nothing more is routed to it, and its queue moves at once."""
+    runs: list[tuple[str, str]] = []
+    held, release = asyncio.Event(), asyncio.Event()
+    stopping = Agent("drainer", startup_delay=0, drain_timeout=30)
+    taker = Agent("taker", startup_delay=0)
+
+    @stopping.handler("chore", capacity=1)
+    async def slow_chore(ctx: TaskContext, payload: dict) -> dict:
+        runs.append(("drainer", ctx.message_id))
+        held.set()
+        await release.wait()
+        return payload
+
+    @taker.handler("chore")
+    async def chore(ctx: TaskContext, payload: dict) -> dict:
+        runs.append(("taker", ctx.message_id))
+        return payload
+
+    async with (
+        start_coordinator(LIVELY) as coordinator,
+        ReachClient(broker=broker) as client,
+        contextlib.AsyncExitStack() as drainer,
+    ):
+        await drainer.enter_async_context(stopping.running(broker=broker))
+        await eventually(lambda: "drainer" in coordinator.directory.cards)
+        first = asyncio.create_task(client.invoke("chore", {"n": 0}, message_id="drain-0"))
+        await asyncio.wait_for(held.wait(), 10)
+        waiting = [
+            asyncio.create_task(client.invoke("chore", {"n": n}, message_id=f"drain-{n}"))
+            for n in (1, 2)
+        ]
+        for n in (1, 2):  # queued behind the held one, in the drainer's queue
+            await watcher.event("routed", message_id=f"drain-{n}")
+        async with taker.running(broker=broker):
+            await eventually(lambda: "taker" in coordinator.directory.cards)
+            stop = asyncio.create_task(drainer.aclose())
+            assert await asyncio.wait_for(asyncio.gather(*waiting), 10) == [{"n": 1}, {"n": 2}]
+            assert not first.done() and not stop.done()
+            release.set()
+            assert await asyncio.wait_for(first, 10) == {"n": 0}
+            await asyncio.wait_for(stop, 10)
+    assert sorted(runs) == [("drainer", "drain-0"), ("taker", "drain-1"), ("taker", "drain-2")]
+    moved = [e for e in watcher.events if e.event == "retry_scheduled"]
+    assert {e.message_id for e in moved} == {"drain-1", "drain-2"}
+    assert all(e.detail["error"]["message"] == "drainer began to stop before it ran" for e in moved)

@@ -204,6 +204,7 @@ export class AgentRuntime {
     await settleWithin(this.loops, FETCH_EXPIRES_MS * 2);
     if (this.inFlight.size > 0) {
       this.log.info("stopping: waiting for running handlers", { running: this.inFlight.size, drain_timeout_ms: this.config.drainTimeoutMs });
+      await this.markCard("draining"); // routed nothing more; what waits in its queue moves now
     }
     if (!(await settleWithin([...this.inFlight], this.config.drainTimeoutMs))) {
       this.log.warn("handlers still running after the drain timeout: their signals aborted", { running: this.inFlight.size });
@@ -222,7 +223,7 @@ export class AgentRuntime {
    * registered meanwhile (this one was cut off, say): what it wrote stands.
    */
   private async retire(): Promise<void> {
-    if (!(await this.markStopped())) return;
+    if (!(await this.markCard("stopped"))) return;
     try {
       await this.heartbeats?.retire();
     } catch (err) {
@@ -230,9 +231,9 @@ export class AgentRuntime {
     }
   }
 
-  private async markStopped(): Promise<boolean> {
+  private async markCard(status: "draining" | "stopped"): Promise<boolean> {
     if (this.card === null) return false;
-    const card: AgentCard = { ...this.card, status: "stopped" };
+    const card: AgentCard = { ...this.card, status };
     try {
       const kv = await this.conn.kv(this.conn.names.agentsBucket);
       // Conditional: a newer process of this id may have registered since; its card stands.
@@ -243,7 +244,7 @@ export class AgentRuntime {
       if (isWrongLastSequence(err)) {
         this.log.warn("a newer process registered this agent id; its card stands");
       } else {
-        this.log.warn("card not marked stopped", { error: String(err) });
+        this.log.warn(`card not marked ${status}`, { error: String(err) });
       }
       return false;
     }

@@ -940,6 +940,30 @@ describe("registration and liveness", () => {
     events.close();
   });
 
+  it("marks its card draining while running handlers finish, then stopped", async () => {
+    const id = unique("ts-draining");
+    const topic = unique("drained");
+    const running = new Gate();
+    const release = new Gate();
+    const agent = newAgent(id, { drainTimeoutMs: 10_000 }).handler(topic, async () => {
+      running.open();
+      await release.opened;
+      return { done: true };
+    });
+    await started(agent);
+    const replies = await send(stack, task(topic, null));
+    await running.opened;
+    const stopping = agent.stop();
+    const cards = await kv("reach_agents");
+    await kvUntil<AgentCard>(cards, id, (c) => c?.status === "draining");
+    release.open();
+    await within(stopping, 5_000, "stop() after the handler ended");
+    const ending = await replies.next((r) => r.kind === "result" || r.kind === "error", 5_000);
+    assert.deepEqual(ending.kind === "result" && ending.result, { done: true }, JSON.stringify(ending));
+    assert.equal((await cards.get(id))!.json<AgentCard>().status, "stopped");
+    replies.close();
+  });
+
   it("gives up a start that is stopped during its startup delay, registering nothing", async () => {
     const id = unique("ts-early");
     const agent = newAgent(id, { startupDelayMs: 60_000 }).handler(unique("early"), () => null);

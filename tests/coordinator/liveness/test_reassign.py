@@ -13,7 +13,13 @@ from agentreach.broker import Topology, provision, read_stream
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.broker.streams import delete_message, next_message
 from agentreach.broker.topology import StorageLimits
-from agentreach.coordinator.liveness.reassign import FORGOTTEN, STOPPED, Moves, reassign_tasks
+from agentreach.coordinator.liveness.reassign import (
+    DRAINING,
+    FORGOTTEN,
+    STOPPED,
+    Moves,
+    reassign_tasks,
+)
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.coordinator.routing.run_once import RunOnce
 from tests.conftest import FAST
@@ -295,6 +301,33 @@ async def test_a_run_cut_by_its_agents_clean_stop_costs_none_of_the_topics_attem
     scheduled = await watcher.event("retry_scheduled", message_id="cut-1")
     assert scheduled.detail["error"]["message"] == "gone-11 stopped while running it"
     assert not watcher.dead_letters
+
+
+async def test_a_draining_agent_keeps_what_it_runs_and_loses_what_it_never_claimed(broker, watcher):
+    """Its card says draining: the run it claimed finishes there (its message stays in the
+    queue for its ack); the task it never claimed moves on now, uncounted, and the fence
+    keeps the agent from starting it after all."""
+    await _in_gone_queue(broker, "draining-run", "drains-1", 1, running=True)
+    await _in_gone_queue(broker, "draining-wait", "drains-1", 1, running=False)
+    assert await reassign_tasks(broker, "drains-1", epoch=1, why=DRAINING) == 1
+    retry = await _moved(broker)
+    assert (retry.message_id, retry.attempt, retry.requeued) == ("draining-wait", 2, 1)
+    scheduled = await watcher.event("retry_scheduled", message_id="draining-wait")
+    assert scheduled.detail["error"]["message"] == "drains-1 began to stop before it ran"
+    stream, subject = broker.names.dispatch_stream("P1"), broker.names.dispatch("drains-1", "P1")
+    [kept] = await read_stream(broker, stream, subject)
+    assert envelopes.decode_task(kept.data).message_id == "draining-run"
+    fence = await _record(broker, "draining-wait", "drains-1")
+    assert envelopes.is_reassignment_fence(fence, 1)
+    run = await _record(broker, "draining-run", "drains-1")
+    assert run.state == "running"
+
+
+async def _record(broker, message_id: str, agent_id: str) -> envelopes.Execution:  # type: ignore[no-untyped-def]
+    records = await broker.bucket(broker.names.executions_bucket, envelopes.Execution)
+    entry = await records.get(envelopes.execution_key(None, message_id, agent_id))
+    assert entry is not None
+    return entry.value
 
 
 async def test_an_agent_lost_while_running_an_earlier_attempt_counts_it(broker, watcher):

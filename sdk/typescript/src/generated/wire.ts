@@ -99,7 +99,7 @@ export interface AgentCard {
   /**
    * default "running"
    */
-  status: "running" | "stopped";
+  status: "draining" | "running" | "stopped";
   /**
    * default null
    */
