@@ -95,9 +95,11 @@ async def _not_closed(broker: Broker) -> dict[str, list[BreakerRecord]]:
 
 
 def state_of(row: Row) -> str:
-    # A stopped card is STOPPED whatever its last verdict, as in `reach top` and the metrics.
-    judged = row.liveness
-    return "STOPPED" if row.card.status != "running" else judged.state if judged else "UNKNOWN"
+    # A stopped card is STOPPED whatever its last verdict, as in `reach top` and the metrics;
+    # a draining one (stopping, its running handlers finishing) DRAINING.
+    if row.card.status != "running":
+        return row.card.status.upper()
+    return row.liveness.state if row.liveness else "UNKNOWN"
 
 
 def load_of(row: Row, state: str) -> tuple[int, int] | None:

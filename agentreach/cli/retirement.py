@@ -55,7 +55,7 @@ async def forget(broker: Broker, agent_id: str) -> str:
             raise UsageError(f"{agent_id}: unknown agent")
         # A forget cut short after the card went: what it had not deleted yet, deleted now.
         return f"{agent_id}: forgotten before; {await _delete(broker, agent_id, left)}"
-    stopped = card is not None and card.value.status != "running"
+    stopped = card is not None and card.value.status == "stopped"  # not draining: still live
     state = "STOPPED" if stopped else judged.value.state if judged else "UNKNOWN"
     newer = card is not None and judged is not None and card.value.epoch > judged.value.epoch
     if state not in ("STOPPED", "OFFLINE") or (newer and not stopped):

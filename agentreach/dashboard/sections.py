@@ -34,7 +34,7 @@ def agents(board: Board) -> list[dict[str, Any]]:
         judged = board.directory.liveness.get(card.agent_id)
         state = judged.state if judged else "UNKNOWN"
         if card.status != "running":
-            state = "STOPPED"
+            state = card.status.upper()  # STOPPED, or DRAINING while its handlers finish
         beat = board.heartbeats.beats.get(card.agent_id)
         breakers = sorted(tripped.get(card.agent_id, []), key=lambda b: b["intent"])
         rows.append(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
+from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.envelopes import AgentCard, Heartbeat, Liveness
 from tests.cli.conftest import reach_argv, run
 from tests.cli.test_reach_cli import worker
@@ -51,3 +55,34 @@ async def test_forget_removes_a_gone_agent_for_good_and_it_can_register_again(
     assert back is not None
     row = next(line for line in again.stdout.splitlines() if line.startswith("cli-reach-worker"))
     assert row.split()[1] == "ONLINE"
+
+
+async def test_a_draining_agent_is_listed_draining_and_cannot_be_forgotten(
+    broker, coordinator, watcher
+):
+    """Stopping, its running handler finishing, the agent is DRAINING (it was STOPPED, and
+    `forget` would have deleted the card of a live process)."""
+    held, release = asyncio.Event(), asyncio.Event()
+    agent = Agent("cli-drainer", startup_delay=0, drain_timeout=30)
+
+    @agent.handler("cli-drain")
+    async def hold(ctx: TaskContext, payload: object) -> object:
+        held.set()
+        await release.wait()
+        return payload
+
+    async with ReachClient(broker=broker) as client, contextlib.AsyncExitStack() as running:
+        await running.enter_async_context(agent.running(broker=broker))
+        await watcher.state("cli-drainer", "ONLINE")
+        invoked = asyncio.create_task(client.invoke("cli-drain", {"n": 1}))
+        await asyncio.wait_for(held.wait(), 10)
+        stopping = asyncio.create_task(running.aclose())
+        await wait_for_card(broker, "cli-drainer", status="draining")
+        listed = await reach(broker, "agents")
+        refused = await reach(broker, "agents", "forget", "cli-drainer")
+        release.set()
+        assert await asyncio.wait_for(invoked, 10) == {"n": 1}
+        await asyncio.wait_for(stopping, 10)
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("cli-drainer"))
+    assert row.split()[1] == "DRAINING"
+    assert refused.returncode == 1 and "cli-drainer is ONLINE" in refused.stderr
