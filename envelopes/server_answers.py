@@ -18,7 +18,9 @@ from agentreach.envelopes.errors import DecodeError
 # What a JetStream publish acknowledgement holds (nats-server's JSPubAckResponse).
 _PUB_ACK_KEYS = frozenset({"stream", "seq", "domain", "duplicate", "val", "batch", "count"})
 _API_ERROR_KEYS = frozenset({"code", "description"})
-_SMALL = 1024  # bytes: more than any publish ack or JetStream error response holds
+# How nats-server's JSON answers open (Go's encoder: compact, fields in declaration order):
+# an API response names its type first; a publish ack opens with its stream, or its error.
+_SERVER_JSON = (b'{"type":"io.nats.', b'{"stream":', b'{"error":')
 
 
 # Set by the Broker's client on a message read by a direct get whose stored headers held a
@@ -51,9 +53,8 @@ def server_answer(data: bytes, headers: Mapping[str, str] | None) -> str | None:
         return f"a NATS status message ({said})"
     if not data and not headers:  # what a stream keeps of a status: its headers are not kept
         return "an empty message without headers (as a stream keeps a NATS status message)"
-    # On the intake's path for every task: parsed only when it could be the server's (an API
-    # response says its type first; an ack or an error response is a few hundred bytes).
-    if not data.startswith(b"{") or (len(data) > _SMALL and b'"io.nats.' not in data[:32]):
+    # On the intake's path for every task: parsed only when it opens as the server's do.
+    if not data.startswith(_SERVER_JSON):
         return None
     try:
         document = json.loads(data)

@@ -119,6 +119,12 @@ def test_what_the_server_writes_is_told_from_what_parties_send() -> None:
         "a JetStream publish acknowledgement"
     )
     assert server_answer(b'{"stream":"S","seq":5,"duplicate":true}', None)
+    # As nats-server 2.15 writes them (a duplicate's ack is built by hand, with a space).
+    assert server_answer(b'{"stream":"A","seq":2,"duplicate": true}', None)
+    refused = b'{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 1"},'
+    assert server_answer(refused + b'"stream":"A","seq":0}', None) == (
+        "a JetStream error response (wrong last sequence: 1)"
+    )
     failed = b'{"error":{"code":503,"err_code":10039,"description":"jetstream not enabled"}}'
     assert server_answer(failed, None) == "a JetStream error response (jetstream not enabled)"
     status = {"Status": "404", "Description": "No Messages"}
