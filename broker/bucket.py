@@ -40,6 +40,7 @@ log = get_logger("broker.bucket")
 T = TypeVar("T")
 EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 CAS_TRIES = 20
+LOOK_BACK = 8  # earlier revisions read past unreadable ones (KV history keeps at most 64)
 UNREAD = object()  # cas(known=UNREAD): read the key first (the default)
 
 
@@ -101,22 +102,18 @@ class Bucket(Generic[T]):
 
     async def get(self, key: str) -> Entry[T] | None:
         """The key's value, or None when it is absent or deleted; raises DecodeError when
-        the stored value is not a ``kind`` (or, sealed, not as a replica wrote it)."""
+        the stored value is not a ``kind`` (or, sealed, not as a replica wrote it) and no
+        earlier revision the bucket keeps is (see :meth:`_written_before`)."""
         stored = await self._read(key)
         if stored is None:
             return None
-        if why := self._not_written(stored):
-            raise DecodeError(f"{self.name}/{key} (revision {stored.stream_seq}) holds {why}")
-        if _deleted(stored):
-            return None
         try:
-            return Entry(key, decode_as(stored.data, self._kind), stored.stream_seq)
-        except DecodeError as exc:
-            what = server_answer(stored.data, None) or "something else"
-            raise DecodeError(
-                f"{self.name}/{key} (revision {stored.stream_seq}) holds {what}, not a"
-                f" {self._kind.__name__}: {exc}"
-            ) from exc
+            value = self._value(key, stored)
+        except DecodeError:
+            found, value = await self._written_before(key, stored.stream_seq)
+            if not found:
+                raise
+        return None if value is None else Entry(key, value, stored.stream_seq)
 
     # Writes go through Broker.publish (one ack subscription, no timer per write), and ride
     # out a leader election of the bucket's stream (see broker.failover): one that found no
@@ -224,37 +221,35 @@ class Bucket(Generic[T]):
         prefix = f"$KV.{self.name}."
         reads = self._broker.shared(LastValues)
         stored = await reads.read(f"KV_{self.name}", prefix + pattern)
-        return self._entries(stored, prefix)
+        return await self._entries(stored, prefix)
 
     async def current(self, keys: list[str]) -> dict[str, Entry[T]]:
         """The current values of ``keys``, in batched reads; absent, deleted and unreadable
         ones are left out."""
         prefix = f"$KV.{self.name}."
         stored = await last_of_each(self._broker, f"KV_{self.name}", [prefix + k for k in keys])
-        return self._entries(stored, prefix)
+        return await self._entries(stored, prefix)
 
     async def snapshot(self) -> dict[str, Entry[T]]:
         """Every key's current value, in one batched read (no consumer); deleted keys and
         unreadable values are left out."""
         prefix = f"$KV.{self.name}."
         stored = await last_per_subject(self._broker, f"KV_{self.name}", f"{prefix}>")
-        return self._entries(stored, prefix)
+        return await self._entries(stored, prefix)
 
-    def _entries(self, messages: Iterable[StoredMessage], prefix: str) -> dict[str, Entry[T]]:
+    async def _entries(self, messages: Iterable[StoredMessage], prefix: str) -> dict[str, Entry[T]]:
         found: dict[str, Entry[T]] = {}
         for stored in messages:
             key = stored.subject.removeprefix(prefix)
-            if why := self._not_written(stored):
-                log.warning("record left out", bucket=self.name, key=key, holds=why)
-                continue
-            if _deleted(stored):
-                continue
             try:
-                value = decode_as(stored.data, self._kind)
-            except DecodeError as exc:
-                log.warning("unreadable record left out", bucket=self.name, key=key, error=str(exc))
-                continue
-            found[key] = Entry(key, value, stored.stream_seq, stored.timestamp_ms)
+                value = self._value(key, stored)
+            except DecodeError as exc:  # rare: read on, one key at a time
+                recovered, value = await self._written_before(key, stored.stream_seq)
+                if not recovered:
+                    log.warning("unreadable record left out", bucket=self.name, error=str(exc))
+                    continue
+            if value is not None:
+                found[key] = Entry(key, value, stored.stream_seq, stored.timestamp_ms)
         return found
 
     async def _read(self, key: str) -> StoredMessage | None:
@@ -274,22 +269,61 @@ class Bucket(Generic[T]):
             return None
         return _UNSEALED
 
-    async def _current(self, key: str) -> Entry[T] | None:
-        """For cas: the key's entry; an unreadable value as ``None`` at its revision."""
-        stored = await self._read(key)
-        if stored is None:
-            return None
-        revision = stored.stream_seq
+    def _value(self, key: str, stored: StoredMessage) -> T | None:
+        """``stored``'s record, None for a delete marker; raises DecodeError naming what it
+        holds when no writer of the bucket wrote it, or it is no ``kind``."""
         if why := self._not_written(stored):
-            log.warning("replacing a record", bucket=self.name, key=key, holds=why)
-            return Entry(key, None, revision)  # type: ignore[arg-type]
+            raise DecodeError(f"{self.name}/{key} (revision {stored.stream_seq}) holds {why}")
         if _deleted(stored):
             return None
         try:
-            return Entry(key, decode_as(stored.data, self._kind), revision)
+            return decode_as(stored.data, self._kind)
         except DecodeError as exc:
-            log.warning("replacing an unreadable record", bucket=self.name, key=key, error=str(exc))
-            return Entry(key, None, revision)  # type: ignore[arg-type]
+            what = server_answer(stored.data, None) or "something else"
+            raise DecodeError(
+                f"{self.name}/{key} (revision {stored.stream_seq}) holds {what}, not a"
+                f" {self._kind.__name__}: {exc}"
+            ) from exc
+
+    async def _written_before(self, key: str, revision: int) -> tuple[bool, T | None]:
+        """Whether a revision of the key before ``revision`` is one its writers wrote, as far
+        as the bucket's history keeps them, and its record (None: deleted). Anyone may have
+        the server write its answer to a request onto a key: the record before it stands."""
+        subject = f"{self._kv._pre}{key}"
+        for _ in range(LOOK_BACK):
+            if revision <= 1:
+                break
+            earlier = await last_of_each(
+                self._broker, self._kv._stream, [subject], up_to_seq=revision - 1
+            )
+            if not earlier:
+                break
+            revision = earlier[0].stream_seq
+            try:
+                value = self._value(key, earlier[0])
+            except DecodeError:
+                continue
+            log.warning("read past a record none of the bucket's writers wrote", bucket=self.name,
+                        key=key, revision=revision)  # fmt: skip
+            return True, value
+        return False, None
+
+    async def _current(self, key: str) -> Entry[T] | None:
+        """For cas: the key's entry; an unreadable value (and none readable before it) as
+        ``None`` at its revision."""
+        stored = await self._read(key)
+        if stored is None:
+            return None
+        try:
+            value = self._value(key, stored)
+        except DecodeError as exc:
+            found, value = await self._written_before(key, stored.stream_seq)
+            if not found:
+                log.warning("replacing an unreadable record", bucket=self.name, error=str(exc))
+                return Entry(key, None, stored.stream_seq)  # type: ignore[arg-type]
+            if value is None:  # deleted before: replaced as an absent key, at this revision
+                return Entry(key, None, stored.stream_seq)  # type: ignore[arg-type]
+        return None if value is None else Entry(key, value, stored.stream_seq)
 
 
 _VALID_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")  # as nats-py's: no wildcards, no spaces

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentreach.broker import Bucket
+from agentreach.broker import Bucket, Entry
 from agentreach.broker.record_seal import RECORD_SEAL, RecordSeal
 from agentreach.broker.streams import last_message
 from agentreach.envelopes import DecodeError, LeaseRecord, encode
@@ -110,3 +110,41 @@ async def test_a_direct_get_answer_aimed_at_a_key_is_unreadable_in_any_bucket(br
 
 async def _stored(broker, subject: str) -> bool:  # type: ignore[no-untyped-def]
     return await last_message(broker, f"KV_{broker.names.leases_bucket}", subject) is not None
+
+
+@pytest.fixture
+async def kept(broker) -> Bucket[LeaseRecord]:
+    """A sealed bucket that keeps 5 revisions of a key (as reach_workflows does)."""
+    broker.record_seals[broker.names.workflows_bucket] = RecordSeal(KEY)
+    try:
+        yield await broker.bucket(broker.names.workflows_bucket, LeaseRecord)
+    finally:
+        broker.record_seals.clear()
+
+
+async def test_a_forgery_hides_nothing_the_bucket_still_keeps(broker, kept):
+    """Read, listed or changed, the key is the last record a replica wrote (a running
+    workflow's, after a coordinator restart, was lost); the write is at the forged revision."""
+    await kept.put("wf-1", LeaseRecord("replica-1", 1))
+    await kept.put("wf-1", LeaseRecord("replica-1", 2))
+    forged_at = await broker.publish(_subject(kept, "wf-1"), encode(LeaseRecord("mallory", 9)))
+    entry = await kept.get("wf-1")
+    assert entry == Entry("wf-1", LeaseRecord("replica-1", 2), forged_at.seq)
+    assert (await kept.snapshot())["wf-1"].value == LeaseRecord("replica-1", 2)
+    seen: list[LeaseRecord | None] = []
+
+    def renew(current: LeaseRecord | None) -> LeaseRecord:
+        seen.append(current)
+        return LeaseRecord("replica-1", 3)
+
+    assert (await kept.cas("wf-1", renew)).written
+    assert seen == [LeaseRecord("replica-1", 2)]
+
+
+async def test_past_what_the_bucket_keeps_a_forged_key_stays_unreadable(broker, kept):
+    await kept.put("wf-2", LeaseRecord("replica-1", 1))
+    for n in range(5):  # the bucket's 5 revisions, every one forged
+        await broker.publish(_subject(kept, "wf-2"), encode(LeaseRecord("mallory", n)))
+    with pytest.raises(DecodeError, match="without the seal"):
+        await kept.get("wf-2")
+    assert await kept.snapshot() == {}

@@ -259,3 +259,34 @@ async def _holders(watch: BucketWatch) -> AsyncIterator[str]:
     async for change in watch:
         if change.key == "liveness" and change.value is not None:
             yield decode_as(change.value, LeaseRecord).holder
+
+
+async def test_an_instance_overwritten_after_a_coordinator_restart_goes_on_from_its_history(
+    broker, start_coordinator
+):
+    """The replica that kept a copy of the record is gone: the record before the server's
+    answer, which the bucket keeps, carries the instance on (it was lost)."""
+    held, release = asyncio.Queue[Any](), asyncio.Event()
+    agent = Agent("holder-3", startup_delay=0)
+
+    @agent.handler("hold-3")
+    async def hold(ctx: TaskContext, payload: Any) -> Any:
+        await held.put(payload)
+        await release.wait()
+        return {"held": payload}
+
+    flows = {"held-3": wf.chain(wf.step("a", "hold-3"), wf.step("b", "hold-3"))}
+    async with ReachClient(broker=broker) as client, agent.running(broker=broker):
+        async with start_coordinator(fast(workflows=flows)) as first:
+            await eventually(lambda: "holder-3" in first.directory.cards)
+            invoked = asyncio.create_task(client.invoke("held-3", {"n": 1}, message_id="hist-1"))
+            assert await asyncio.wait_for(held.get(), 10) == {"n": 1}
+        async with start_coordinator(fast(workflows=flows)):
+            key = f"$KV.{broker.names.workflows_bucket}.hist-1"
+            await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=key)
+            records = await broker.js.key_value(broker.names.workflows_bucket)
+            await until_true(lambda: _overwritten(records, "hist-1"))
+            release.set()
+            assert await asyncio.wait_for(invoked, 20) == {"held": {"held": {"n": 1}}}
+    record = await read_record(broker, "hist-1")
+    assert record is not None and record.status == "completed"
