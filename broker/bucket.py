@@ -29,7 +29,6 @@ from agentreach.broker.record_seal import KV_OPERATION, RecordSeal
 from agentreach.broker.streams import StoredMessage, last_message
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import DecodeError, decode_as, encode, server_answer
-from agentreach.envelopes.server_answers import STORED_ANSWER
 from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
@@ -261,10 +260,10 @@ class Bucket(Generic[T]):
         return stored if stored is not None and stored.subject == subject else None
 
     def _not_written(self, stored: StoredMessage) -> str | None:
-        """What ``stored`` is when no writer of the bucket wrote it: a direct get's answer
-        someone aimed at the key or, in a sealed bucket, anything without a replica's seal."""
-        if STORED_ANSWER in stored.headers:
-            return server_answer(stored.data, stored.headers)
+        """What ``stored`` is when no writer of the bucket wrote it: the server's answer to
+        a request someone aimed at the key or, sealed, anything without a replica's seal."""
+        if said := server_answer(stored.data, stored.headers):
+            return said
         if self._seal is None or self._seal.holds(stored.subject, stored.data, stored.headers):
             return None
         return _UNSEALED

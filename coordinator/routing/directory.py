@@ -134,8 +134,9 @@ class AgentDirectory:
         async with bucket.watch() as watch:
             # Every allowance is known before the first card is judged: a card judged
             # without its allowance would raise a false alert at each start.
+            raw = await self._broker.bucket(allowances.bucket_name(names), msgspec.Raw)
             for change in await watch.snapshot():
-                self._allow(change)
+                self._allow(await _written_before_start(raw, change))
             yield watch
 
     async def _follow_allowances(self, watch: BucketWatch) -> None:
@@ -332,6 +333,19 @@ def _by_the_server(change: Change, what: str) -> bool:
             written=said,
         )
     return said is not None
+
+
+async def _written_before_start(raw: Bucket[msgspec.Raw], change: Change) -> Change:
+    """``change``, or, when it is the server's answer someone aimed at the key, the last value
+    an operator pushed that the bucket keeps: no last value is kept yet at a start, and
+    believed as none, it refused the agent everything until the next push."""
+    if change.value is None or not server_answer(change.value, change.headers):
+        return change
+    try:
+        entry = await raw.get(change.key)
+    except DecodeError:
+        return change  # nothing readable kept: said, and none
+    return change if entry is None else Change(change.key, bytes(entry.value), entry.revision)
 
 
 async def _unreadable(cards: Bucket[AgentCard], key: str) -> bool:

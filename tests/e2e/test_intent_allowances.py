@@ -24,11 +24,13 @@ from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, BrokerError, read_stream
 from agentreach.cli.auth import push_allowances
 from agentreach.coordinator import Coordinator
+from agentreach.coordinator.protection.grants import SecurityConfig
 from agentreach.coordinator.routing.allowances import Allowance, bucket_name
 from agentreach.envelopes import Event, decode_as
 from tests.cli.conftest import VENV_BIN, run
+from tests.conftest import FAST
 from tests.secured import SecuredDeployment, sealed_deployment
-from tests.support import eventually
+from tests.support import eventually, until_true
 
 HONEST, EVIL = "summarizer-1", "evil"
 TASKS = 8
@@ -192,6 +194,32 @@ async def test_a_server_answer_aimed_at_an_allowance_takes_nothing_away(tmp_path
         assert b"io.nats.jetstream.api" in ((await kv.get(HONEST)).value or b"")
         assert HONEST not in fleet.coordinator.directory.refused
         assert await _invoke_all(fleet, "summarize", 2) == [{"by": HONEST}] * 2
+
+
+async def test_an_allowance_overwritten_before_a_coordinator_starts_is_the_last_pushed(tmp_path):
+    """No replica had kept the last allowance yet: believed as none, summarizer-1 was refused
+    everything until the next push. The bucket keeps the pushed one before the answer."""
+    async with secured_fleet(tmp_path) as fleet:
+        key = f"$KV.{bucket_name(fleet.admin.names)}.{HONEST}"
+        auth = fleet.deployment.auth("agent", EVIL)
+        async with Broker(fleet.url, name="evil-raw", auth=auth) as raw:
+            await raw.nc.publish("$JS.API.STREAM.NAMES", b"", reply=key)
+        kv = await fleet.admin.js.key_value(bucket_name(fleet.admin.names))
+        await until_true(lambda: _overwritten(kv, HONEST))
+        sealed = SecurityConfig(seal_key_file=fleet.deployment.seal_key_file)
+        config = msgspec.structs.replace(FAST, security=sealed)
+        async with (
+            Broker(fleet.url, name="coordinator-2", auth=fleet.deployment.coordinator) as own,
+            Coordinator(own, config).running() as second,
+        ):
+            await eventually(lambda: HONEST in second.directory.cards, timeout=10)
+            assert HONEST not in second.directory.refused
+            card = second.directory.cards[HONEST]
+            assert "summarize" in card.intents
+
+
+async def _overwritten(kv, key: str) -> bool:  # type: ignore[no-untyped-def]
+    return b"io.nats.jetstream.api" in ((await kv.get(key)).value or b"")
 
 
 async def test_a_server_answer_aimed_at_a_card_or_a_priority_takes_nothing_away(tmp_path):
