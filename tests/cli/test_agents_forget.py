@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 
 from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker.streams import last_message
 from agentreach.envelopes import AgentCard, Heartbeat, Liveness
 from tests.cli.conftest import reach_argv, run
 from tests.cli.test_reach_cli import worker
-from tests.support import wait_for_card
+from tests.support import until_true, wait_for_card
 
 
 async def reach(broker, *args: str):  # type: ignore[no-untyped-def]
@@ -86,3 +87,24 @@ async def test_a_draining_agent_is_listed_draining_and_cannot_be_forgotten(
     row = next(line for line in listed.stdout.splitlines() if line.startswith("cli-drainer"))
     assert row.split()[1] == "DRAINING"
     assert refused.returncode == 1 and "cli-drainer is ONLINE" in refused.stderr
+
+
+async def test_reach_agents_reads_past_a_server_answer_written_over_a_verdict(
+    broker, coordinator, watcher
+):
+    """Anyone may have the server write its answer to a request over an agent's liveness
+    verdict: `reach agents` showed what it read (the agent UNKNOWN); it shows the last
+    verdict the coordinator wrote, which the bucket keeps."""
+    async with worker().running(broker=broker):
+        await watcher.state("cli-reach-worker", "ONLINE")
+        key = f"$KV.{broker.names.liveness_bucket}.cli-reach-worker"
+        await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=key)
+        await until_true(lambda: _overwritten(broker, key))
+        listed = await reach(broker, "agents")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("cli-reach-worker"))
+    assert row.split()[1] == "ONLINE"
+
+
+async def _overwritten(broker, subject: str) -> bool:  # type: ignore[no-untyped-def]
+    stored = await last_message(broker, f"KV_{broker.names.liveness_bucket}", subject)
+    return stored is not None and b"io.nats.jetstream.api" in stored.data
