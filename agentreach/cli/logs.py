@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from typing import Any
@@ -40,7 +41,11 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     if fmt == "auto":
         fmt = "console" if sys.stderr.isatty() else "json"
     renderer: structlog.typing.Processor = (
-        structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
+        # Colours only for a terminal: in a file (`--log-format console > log`) they were
+        # escape codes around every word.
+        structlog.dev.ConsoleRenderer(colors=_colours())
+        if fmt == "console"
+        else structlog.processors.JSONRenderer()
     )
     structlog.configure(
         processors=[
@@ -55,3 +60,8 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def _colours() -> bool:
+    """Whether console lines are coloured: on a terminal, unless NO_COLOR is set."""
+    return sys.stderr.isatty() and not os.environ.get("NO_COLOR")
