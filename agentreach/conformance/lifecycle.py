@@ -3,11 +3,14 @@ agent's command (``reach conformance ID -- COMMAND …``)."""
 
 from __future__ import annotations
 
-from agentreach.broker import BrokerTimeout, NoResponders, consumer_state
+import asyncio
+import contextlib
+
+from agentreach.broker import BrokerTimeout, BucketWatch, NoResponders, consumer_state
 from agentreach.conformance.report import Checks, Failed, Skipped
 from agentreach.conformance.run_once import _result
 from agentreach.conformance.session import Session
-from agentreach.envelopes import PRIORITIES, AgentCard, Heartbeat, Liveness
+from agentreach.envelopes import PRIORITIES, AgentCard, Heartbeat, Liveness, decode_as
 
 START_S = 60.0  # for the agent's process to register (and any startup delay of its own)
 TWIN_S = 20.0
@@ -108,10 +111,20 @@ async def graceful_stop(s: Session, c: Checks) -> str:
     ex = await s.dispatch(s.task({"op": "sleep", "ms": 800}))
     await s.until(lambda: ex.runs() or None, 5.0, "the handler start")
     s.expect_exit = True
-    code = await process.stop(STOP_S)
+    seen: list[str] = []  # the card's statuses during the stop
+    async with BucketWatch(await s.broker.kv(s.names.agents_bucket)) as cards:
+        follow = asyncio.create_task(_follow_card(cards, s.agent_id, seen))
+        code = await process.stop(STOP_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(follow, 5.0)  # until it reads `stopped`
     c.must(code is not None, f"still running {STOP_S:g} s after SIGTERM")
     c.should(code == 0, f"exit code {code} after SIGTERM")
     c.must(bool(ex.replies_of("result")), "the running task was not finished before exit")
+    c.should(
+        "draining" in seen,
+        "the card was not marked draining while the handler ran (§16 step 2): what waits in"
+        " its queues waits for the whole drain",
+    )
     card = await s.card()
     c.must((card.status, card.epoch) == ("stopped", before.epoch), f"card {card.status}")
     beats = await s.broker.bucket(s.names.heartbeats_bucket, Heartbeat)
@@ -139,3 +152,12 @@ async def graceful_stop(s: Session, c: Checks) -> str:
 
     c.should(await s.poll(offline, 5.0) is not None, "the coordinator records OFFLINE, stopped")
     return f"drained, card stopped, heartbeat deleted, exit {code}"
+
+
+async def _follow_card(cards: BucketWatch, agent_id: str, seen: list[str]) -> None:
+    """Note each status the agent's card is written with, until ``stopped``."""
+    async for change in cards:
+        if change.key == agent_id and change.value is not None:
+            seen.append(decode_as(change.value, AgentCard).status)
+            if seen[-1] == "stopped":
+                return

@@ -103,6 +103,7 @@ async def test_the_typescript_sdk_passes_every_clause(broker, coordinator, node_
     assert len(verdicts) == len(CLAUSES)
     assert verdicts_but_claim_check(lines) <= {"PASS", "WARN"}, done.stdout
     assert "written again within" not in done.stdout  # its card overwritten, it wrote it again
+    assert "not marked draining" not in done.stdout  # its stop said draining (§16 step 2)
     assert "detail.task.requeued" not in done.stdout  # passed on as the task carried it
 
 

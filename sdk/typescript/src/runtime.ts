@@ -199,13 +199,13 @@ export class AgentRuntime {
   /** Stop taking work, let running handlers finish, mark the card stopped. */
   async stop(): Promise<void> {
     this.stopping.abort();
+    // Routed nothing more, and what waits in its queues moves now (a fence keeps a fetch from running it).
+    const draining = this.inFlight.size > 0 ? this.markCard("draining") : null;
     // Let each loop finish its current fetch: a pull request cut short would leave the
     // server delivering into a dead inbox, and that message would wait out the ack wait.
-    await settleWithin(this.loops, FETCH_EXPIRES_MS * 2);
-    if (this.inFlight.size > 0) {
-      this.log.info("stopping: waiting for running handlers", { running: this.inFlight.size, drain_timeout_ms: this.config.drainTimeoutMs });
-      await this.markCard("draining"); // routed nothing more; what waits in its queue moves now
-    }
+    await Promise.all([settleWithin(this.loops, FETCH_EXPIRES_MS * 2), draining]);
+    const running = this.inFlight.size;
+    if (running > 0) this.log.info("stopping: waiting for running handlers", { running, drain_timeout_ms: this.config.drainTimeoutMs });
     if (!(await settleWithin([...this.inFlight], this.config.drainTimeoutMs))) {
       this.log.warn("handlers still running after the drain timeout: their signals aborted", { running: this.inFlight.size });
       this.executor?.abortAll(new ReachError("the agent is stopping"));
