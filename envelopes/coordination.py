@@ -120,10 +120,11 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
 
     @property
     def steps_began(self) -> bool:
-        """Whether the instance dispatched a step (one with an intent: an agent, or a child
-        workflow, may have acted on it). Its caller is told so (``ran``): an instance that
+        """Whether the instance dispatched a step (one with an intent, sent: an agent, or a
+        child workflow, may have acted on it; one withdrawn in the change that began it has
+        no message id). Its caller is told so (``ran``): an instance that
         ended before any, expired on arrival say, was refused; one past it failed."""
-        return any(run.intent for run in self.steps.values())
+        return any(run.intent and run.message_id for run in self.steps.values())
 
 
 class TimerDue(msgspec.Struct, frozen=True, kw_only=True):

@@ -44,6 +44,7 @@ from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.definitions import Definitions
 from agentreach.coordinator.workflows.nesting import check_nesting
 from agentreach.coordinator.workflows.outbox import Outbox
+from agentreach.coordinator.workflows.payloads import inline_payload
 from agentreach.coordinator.workflows.records import HotRecords
 from agentreach.coordinator.workflows.run import BY_OPERATOR, Run, outgrown_error
 from agentreach.coordinator.workflows.signals import signal_ignored
@@ -96,6 +97,7 @@ class WorkflowEngine:
         self._claim_check = ClaimCheck(broker)  # large step results are fetched to map them
         self._server_answers = ServerAnswers()
         self._hot = HotRecords()  # what this replica wrote last: the next change reads nothing
+        self._claim_check = ClaimCheck(broker)  # a starting task's payload, when stowed
         self._outbox = Outbox(broker, self._definitions.children, clock)
 
     def serves(self, topic: str) -> bool:
@@ -123,6 +125,8 @@ class WorkflowEngine:
             spec, calls = self._definitions.child_of(parent, task.topic), parent.calls
         if spec is None:  # no longer configured: only its instances' starters come here
             await self._started_again(task, seen_before)
+            return
+        if (task := await inline_payload(self._broker, self._claim_check, task)) is None:
             return
         record = new_record(task.topic, task, spec, self._clock(), calls)
         run = Run(spec, record, self._clock(), self._definitions.children(record))

@@ -108,9 +108,12 @@ class Visits(Compensation):
     def _stop(self, key: str, run: StepRun, status: StepStatus) -> bool:
         """``run`` ends as ``status``; True when its task was sent and may go on (a child
         workflow is let go). One this very change was about to send is not sent at all."""
-        sent = run.status == "running" and not self._unsend(run)
+        unsent = run.status == "running" and self._unsend(run)
+        sent = run.status == "running" and not unsent
         if sent:
             self.actions.append(Abandon(key, run))
+        if unsent:  # no such message ever went out: nothing ran (see steps_began)
+            run.message_id = ""
         run.status, run.ended_ms = status, self.now
         return sent
 

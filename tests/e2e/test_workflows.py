@@ -34,6 +34,13 @@ chain:
 """
 
 
+BIG = """
+chain:
+  - {name: a, intent: measure}
+  - {name: b, intent: measure, input: {blob: "$.input.blob", of: b}}
+"""
+
+
 def workflows(**yaml: str) -> dict[str, WorkflowSpec]:
     return {
         name: msgspec.yaml.decode(text.encode(), type=WorkflowSpec) for name, text in yaml.items()
@@ -90,6 +97,27 @@ async def test_a_four_step_chain_passes_outputs_on(broker, start_coordinator, wa
     step_routes = [e for e in watcher.events if e.event == "routed"]
     assert {e.trace_id for e in step_routes} == {"article-1"}  # every step in the trace
     assert [e.topic for e in step_routes] == ["plan", "write", "review", "publish"]
+
+
+async def test_a_starting_payload_over_the_claim_check_threshold_reaches_the_steps(
+    broker, start_coordinator
+):
+    """The intake stows a payload over 256 KiB in the Object Store; the steps got null (the
+    record kept the reference, and nothing read it back)."""
+    agent = Agent("measurer", startup_delay=0)
+
+    @agent.handler("measure")
+    async def measure(ctx: TaskContext, payload: dict) -> dict:
+        return {"size": len(payload["blob"]), "of": payload.get("of")}
+
+    flows = workflows(big=BIG)
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, agent),
+        ReachClient(broker=broker) as client,
+    ):
+        result = await client.invoke("big", {"blob": "x" * 300_000}, message_id="big-1")
+    assert result == {"size": 300_000, "of": "b"}
 
 
 async def test_a_workflow_started_again_with_its_id_answers_the_first_result(

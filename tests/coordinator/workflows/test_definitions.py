@@ -180,11 +180,13 @@ async def test_a_branch_whose_path_names_nothing_fails_the_fanout_sending_no_sib
     ):
         with pytest.raises(TaskFailed) as failed:
             await client.invoke("batch", {"q": 1}, message_id="batch-1")
-        await watcher.event("workflow_failed", message_id="batch-1")
+        ended = await watcher.event("workflow_failed", message_id="batch-1")
         # Anything the failed instance sent is in intake before this: it is routed first.
         assert await client.invoke("write", {"after": 1}) == {"after": 1}
         record = await read_record(broker, "batch-1")
     assert failed.value.error.type == "input_missing"
+    # Nothing was sent, so nothing ran (it said "ran": true: the first branch was begun).
+    assert ended.detail["ran"] is False
     assert seen == [{"after": 1}]
     steps = [e for e in watcher.events if e.message_id.startswith("batch-1-")]
     assert [e.event for e in steps] == ["step_input_missing"]
