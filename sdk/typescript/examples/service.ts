@@ -26,7 +26,8 @@ export function announcing(line: string, log: Logger = jsonLogger("info")): Logg
 export async function serveUntilSignal(agent: Agent, servers: string): Promise<never> {
   let signalled = false;
   for (const signal of ["SIGINT", "SIGTERM"] as const) {
-    process.once(signal, () => {
+    // `on`: a second signal during the drain is the same stop (with `once` it killed the process).
+    process.on(signal, () => {
       signalled = true;
       void agent.stop().catch(() => undefined); // its outcome reaches run() below
     });

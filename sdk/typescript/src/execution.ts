@@ -71,6 +71,9 @@ export class Executor {
   private readonly aborts = new Set<AbortController>();
   /** Set once the agent stops with handlers still running (their `ctx.signal` aborted). */
   private stoppedWith: Error | null = null;
+  /** Deliveries a stop kept from their handlers, nak'd once no fetch is open (fetchesOver). */
+  private readonly giveBack: JsMsg[] = [];
+  private fetchesEnded = false;
   private readonly reports: Reports;
 
   constructor(
@@ -86,6 +89,16 @@ export class Executor {
     this.log = options.log;
     this.reports = new Reports(conn, options.agentId, options.log);
     this.subTasks = ReachClient.over(conn, options.agentId, options.log); // ctx.invoke, as this agent
+  }
+
+  /**
+   * The fetches of a stopping agent have ended: the deliveries it kept from its handlers go
+   * back to the queue now. A nak while a pull is still open is delivered straight back into
+   * it (§16 step 1): five such turns dead-lettered a task that never ran.
+   */
+  fetchesOver(): void {
+    this.fetchesEnded = true;
+    for (const msg of this.giveBack.splice(0)) msg.nak(0);
   }
 
   /**
@@ -145,7 +158,9 @@ export class Executor {
     const entry = await this.room.enter(task, () => this.keepAlive(msg), leftMs);
     if (entry === "stopping") {
       this.log.info("stopping: a task that had not started goes back to the queue", { message_id: task.message_id });
-      return 0;
+      if (this.fetchesEnded) return 0;
+      this.giveBack.push(msg);
+      return LEAVE;
     }
     if (entry === "expired") {
       await this.expire(msg, task, dispatchedMs); // its ttl ran out waiting for its handler's place

@@ -204,8 +204,8 @@ export class AgentRuntime {
     // Let each loop finish its current fetch: a pull request cut short would leave the
     // server delivering into a dead inbox, and that message would wait out the ack wait.
     await Promise.all([settleWithin(this.loops, FETCH_EXPIRES_MS * 2), draining]);
-    const running = this.inFlight.size;
-    if (running > 0) this.log.info("stopping: waiting for running handlers", { running, drain_timeout_ms: this.config.drainTimeoutMs });
+    this.executor?.fetchesOver(); // what it kept from its handlers goes back, now no pull is open
+    if (this.inFlight.size > 0) this.log.info("stopping: waiting for running handlers", { running: this.inFlight.size, drain_timeout_ms: this.config.drainTimeoutMs });
     if (!(await settleWithin([...this.inFlight], this.config.drainTimeoutMs))) {
       this.log.warn("handlers still running after the drain timeout: their signals aborted", { running: this.inFlight.size });
       this.executor?.abortAll(new ReachError("the agent is stopping"));
