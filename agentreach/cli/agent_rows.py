@@ -96,10 +96,14 @@ async def _not_closed(broker: Broker) -> dict[str, list[BreakerRecord]]:
 
 def state_of(row: Row) -> str:
     # A stopped card is STOPPED whatever its last verdict, as in `reach top` and the metrics;
-    # a draining one (stopping, its running handlers finishing) DRAINING.
+    # a draining one (stopping, its running handlers finishing) DRAINING, unless its process
+    # died during the drain (judged OFFLINE since): it would read DRAINING for ever.
+    judged = row.liveness
+    if row.card.status == "draining" and judged and judged.state == "OFFLINE":
+        return "OFFLINE" if judged.epoch >= row.card.epoch else "DRAINING"
     if row.card.status != "running":
         return row.card.status.upper()
-    return row.liveness.state if row.liveness else "UNKNOWN"
+    return judged.state if judged else "UNKNOWN"
 
 
 def load_of(row: Row, state: str) -> tuple[int, int] | None:

@@ -33,7 +33,8 @@ def agents(board: Board) -> list[dict[str, Any]]:
     for card in sorted(board.directory.cards.values(), key=lambda c: c.agent_id):
         judged = board.directory.liveness.get(card.agent_id)
         state = judged.state if judged else "UNKNOWN"
-        if card.status != "running":
+        died = judged is not None and judged.state == "OFFLINE" and judged.epoch >= card.epoch
+        if card.status != "running" and not (card.status == "draining" and died):
             state = card.status.upper()  # STOPPED, or DRAINING while its handlers finish
         beat = board.heartbeats.beats.get(card.agent_id)
         breakers = sorted(tripped.get(card.agent_id, []), key=lambda b: b["intent"])
