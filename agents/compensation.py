@@ -208,7 +208,7 @@ class CompensationWorker:
 
     async def _handle(self, msg: Delivery, compensation: Compensation) -> None:
         try:
-            letter = envelopes.decode_dead_letter(msg.data)
+            letter = envelopes.decode_dead_letter(msg.data, msg.headers, stored=True)
         except DecodeError as exc:
             log.error("unreadable dead letter left in place", subject=msg.subject, error=str(exc))
             await msg.term()

@@ -76,8 +76,8 @@ async def main() -> None:
             fan, lost = await seconds(url, args.branches, wide=True, label=f"f{n}")
             print(
                 f"round {n + 1}: {args.branches} tasks {tasks * 1000:6.0f} ms;"
-                f" one fan-out {fan * 1000:6.0f} ms ({fan / tasks:4.1f}× the tasks,"
-                f" {fan / raw.elapsed:5.1f}× raw); record writes that lost every race: {lost}"
+                f" one fan-out {fan * 1000:6.0f} ms ({fan / tasks:4.1f}x the tasks,"
+                f" {fan / raw.elapsed:5.1f}x raw); record writes that lost every race: {lost}"
             )
 
 

@@ -13,7 +13,7 @@ race reads again and asks again. ``change`` returns None to leave the key as it 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -27,7 +27,7 @@ from agentreach.broker.failover import stream_names
 from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.record_seal import KV_OPERATION, RecordSeal
 from agentreach.broker.streams import StoredMessage, last_message
-from agentreach.broker.watch import BucketWatch
+from agentreach.broker.watch import BucketWatch, Change
 from agentreach.envelopes import DecodeError, decode_as, encode, server_answer
 from agentreach.logs import get_logger
 
@@ -206,7 +206,7 @@ class Bucket(Generic[T]):
 
     def watch(self) -> BucketWatch:
         """Every key's latest value, then each change (raw bytes; see :class:`BucketWatch`)."""
-        return BucketWatch(self._kv)
+        return BucketWatch(self._kv, recover=self._recovered)
 
     async def matching(self, pattern: str) -> dict[str, Entry[T]]:
         """The current values of the keys matching ``pattern`` (``a.*``); deleted keys and
@@ -288,24 +288,39 @@ class Bucket(Generic[T]):
         """Whether a revision of the key before ``revision`` is one its writers wrote, as far
         as the bucket's history keeps them, and its record (None: deleted). Anyone may have
         the server write its answer to a request onto a key: the record before it stands."""
+        async for stored in self._earlier(key, revision):
+            try:
+                value = self._value(key, stored)
+            except DecodeError:
+                continue
+            log.warning("read past a record none of the bucket's writers wrote", bucket=self.name,
+                        key=key, revision=stored.stream_seq)  # fmt: skip
+            return True, value
+        return False, None
+
+    async def _recovered(self, change: Change) -> Change | None:
+        """For a watch: the last change a writer of the bucket made before ``change``, which
+        the server wrote (see :meth:`BucketWatch._taken`), at its revision; None if none."""
+        async for stored in self._earlier(change.key, change.revision):
+            if self._not_written(stored) is None:
+                value = None if _deleted(stored) else stored.data
+                return Change(change.key, value, change.revision, stored.timestamp_ms,
+                              stored.headers)  # fmt: skip
+        return None
+
+    async def _earlier(self, key: str, revision: int) -> AsyncIterator[StoredMessage]:
+        """The key's revisions before ``revision`` the bucket keeps, newest first (a few)."""
         subject = f"{self._kv._pre}{key}"
         for _ in range(LOOK_BACK):
             if revision <= 1:
-                break
+                return
             earlier = await last_of_each(
                 self._broker, self._kv._stream, [subject], up_to_seq=revision - 1
             )
             if not earlier:
-                break
+                return
             revision = earlier[0].stream_seq
-            try:
-                value = self._value(key, earlier[0])
-            except DecodeError:
-                continue
-            log.warning("read past a record none of the bucket's writers wrote", bucket=self.name,
-                        key=key, revision=revision)  # fmt: skip
-            return True, value
-        return False, None
+            yield earlier[0]
 
     async def _current(self, key: str) -> Entry[T] | None:
         """For cas: the key's entry; an unreadable value (and none readable before it) as

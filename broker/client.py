@@ -26,9 +26,10 @@ from nats.aio.client import DEFAULT_BUFFER_SIZE
 from nats.aio.client import Client as _NatsClient
 
 from agentreach.broker.transport import Transport
-from agentreach.envelopes.server_answers import STORED_ANSWER
+from agentreach.envelopes.server_answers import DIRECT_GET_ADDS, STORED_ANSWER
 
 _CRLF = b"\r\n"
+_ADDED_ALL = frozenset(DIRECT_GET_ADDS)
 
 
 class Client(_NatsClient):
@@ -66,8 +67,11 @@ class Client(_NatsClient):
         """``Name: Value`` per line → a dict, exactly as nats-py 2.16 builds it: lines
         without a colon, names that are not ASCII and names holding white space are
         skipped; values are stripped and decoded as UTF-8 (bad bytes replaced). One thing
-        more: a second ``Nats-Stream`` (a direct get's answer, stored, and read again by a
-        direct get, whose server headers follow the stored ones) adds ``STORED_ANSWER``."""
+        more: a second of the headers a direct get's answer adds (a direct get's answer,
+        stored, and read again by a direct get, whose server headers follow the stored ones)
+        adds ``STORED_ANSWER``. The server writes the first, ``Nats-Stream``, onto the
+        stored block's last line, where a block that does not end as it should hides it
+        (``YNats-Stream``, or a value's end); the others it cannot hide."""
         out: dict[str, str] = {}
         for line in raw.split(_CRLF):
             name, colon, value = line.partition(b":")
@@ -80,8 +84,9 @@ class Client(_NatsClient):
             # white space inside: split() gives more parts, or fewer, or other ones
             if key and key.split() != [key]:
                 continue
-            if key == "Nats-Stream" and key in out:  # see STORED_ANSWER
-                out.setdefault(STORED_ANSWER, out[key])
+            if key in out and key in _ADDED_ALL:  # see STORED_ANSWER
+                stored_in = (v for k, v in out.items() if k.endswith("Nats-Stream"))
+                out.setdefault(STORED_ANSWER, next(stored_in, "a stream"))
             out[key] = value.strip().decode("utf-8", "replace")
         return out
 

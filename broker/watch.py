@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
@@ -32,6 +33,7 @@ from agentreach.broker.errors import BrokerError, translated
 from agentreach.broker.initial_values import InitialValues
 from agentreach.broker.messages import position_of
 from agentreach.broker.tasks import cancel_and_wait
+from agentreach.envelopes import server_answer
 from agentreach.logs import get_logger
 
 log = get_logger("broker.watch")
@@ -55,10 +57,15 @@ class Change:
 
 
 _INITIAL_DONE = object()  # in the queue only: the values present at the start are through
+# What a watch takes instead of a value the server wrote over a key: the last one a writer
+# of the bucket wrote before it, as a change (None: none the bucket keeps).
+Recover = Callable[[Change], Awaitable["Change | None"]]
+SAID_EVERY_S = 60.0  # a key overwritten again and again is said once a minute
 
 
 class BucketWatch:
-    """Every key's latest value, then each change as it happens.
+    """Every key's latest value, then each change as it happens. What the NATS server wrote
+    over a key is no value (see :meth:`_taken`): ``recover`` gives the one before it.
 
     ``initial`` is set once the values present at the start were delivered.
 
@@ -73,8 +80,11 @@ class BucketWatch:
         *,
         idle_heartbeat_s: float = IDLE_HEARTBEAT_S,
         remade_check_s: float | None = None,
+        recover: Recover | None = None,
     ) -> None:
         self._kv = kv
+        self._recover = recover
+        self._said: dict[str, float] = {}
         self._idle_heartbeat_s = idle_heartbeat_s
         self._remade_check_s = remade_check_s or REMADE_CHECK_S
         self._sub: nats.js.JetStreamContext.PushSubscription | None = None
@@ -186,7 +196,29 @@ class BucketWatch:
                 self.initial.set()
                 continue
             assert isinstance(item, Change)
-            yield item
+            if (taken := await self._taken(item)) is not None:
+                yield taken
+
+    async def _taken(self, change: Change) -> Change | None:
+        """``change``, unless the NATS server wrote it (anyone may aim the answer to a request
+        at a key through its reply subject, a direct get's answer with content of their
+        choosing among them): then the last value a writer wrote before it, or nothing."""
+        said = server_answer(change.value or b"", change.headers)
+        if said is None:
+            return change
+        recovered = await self._recover(change) if self._recover is not None else None
+        now = time.monotonic()
+        if now - self._said.get(change.key, -SAID_EVERY_S) >= SAID_EVERY_S:
+            self._said[change.key] = now
+            log.warning(
+                "the NATS server's answer to someone's request was written over a key: not"
+                " taken for a value",
+                stream=self._kv._stream,
+                key=change.key,
+                written=said,
+                instead="the value before it" if recovered else "none (the last one stands)",
+            )
+        return recovered
 
     async def snapshot(self) -> list[Change]:
         """The values present when the watch began (deleted keys left out), then stop."""
@@ -194,6 +226,8 @@ class BucketWatch:
         found: dict[str, Change] = {}
         while (item := await self._queue.get()) is not _INITIAL_DONE:
             assert isinstance(item, Change)
+            if (item := await self._taken(item)) is None:
+                continue
             if item.value is None:
                 found.pop(item.key, None)
             else:

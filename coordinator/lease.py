@@ -21,6 +21,8 @@ from agentreach.envelopes import LeaseRecord, now_ms
 
 log = structlog.get_logger("coordinator.lease")
 
+RENEW_TRIES = 5
+
 
 class Lease:
     """Runs ``duty`` only while this replica holds the lease called ``name``."""
@@ -66,9 +68,12 @@ class Lease:
             return mine
 
         try:
-            swap = await (await self._leases()).cas(self._name, take, tries=1)
+            # A few tries: what anyone may have the server write onto the key (a flood of
+            # its answers, aimed there) changes it under us too, and a lost renewal stops
+            # the duty; a replica's own write there is judged again by `take`.
+            swap = await (await self._leases()).cas(self._name, take, tries=RENEW_TRIES)
         except WrongLastSequence:
-            return False  # someone else wrote first
+            return False  # someone else wrote first, every time
         except BrokerError as exc:
             log.warning("lease unreadable", lease=self._name, error=str(exc))
             return False

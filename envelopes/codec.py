@@ -58,8 +58,15 @@ def decode_stored_event(data: bytes, headers: Mapping[str, str] | None) -> Event
     return decode_event(data)
 
 
-def decode_dead_letter(data: bytes | str) -> DeadLetter:
-    """Decode an entry of ``REACH_DLQ``."""
+def decode_dead_letter(
+    data: bytes | str, headers: Mapping[str, str] | None = None, *, stored: bool = False
+) -> DeadLetter:
+    """Decode an entry of ``REACH_DLQ``; ``stored`` (with its ``headers``): one read from
+    the stream, where anyone may have had the NATS server write its answer to a request
+    (a direct get's, of content they chose): :class:`ServerAnswer` then."""
+    raw = data.encode() if isinstance(data, str) else data
+    if stored and (said := server_answer(raw, headers)):
+        raise ServerAnswer(f"not a dead letter: {said}")
     return _decode(_dead_letter_decoder, data)
 
 

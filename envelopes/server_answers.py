@@ -27,6 +27,8 @@ _SERVER_JSON = (b'{"type":"io.nats.', b'{"stream":', b'{"error":')
 # stream's name already: the server's answer to someone's direct get, stored where they aimed
 # it. The server puts its own headers after the stored ones, so only the reader sees this.
 STORED_ANSWER = "Reach-Stored-Answer-Of"
+# What nats-server adds to a stored message it answers a direct get with, in this order.
+DIRECT_GET_ADDS = ("Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp")
 
 
 class ServerAnswer(DecodeError):
@@ -41,12 +43,12 @@ def server_answer(data: bytes, headers: Mapping[str, str] | None) -> str | None:
             f"a JetStream direct get's answer (a message of {headers[STORED_ANSWER]}, sent"
             " again by the server where someone aimed it)"
         )
-    if headers and "Nats-Stream" in headers and "Nats-Sequence" in headers:
+    if headers and _copied(headers):
         # A stored message as a direct get answers with it: its content is whatever its
         # writer chose, who may write its own keys only (an agent's, say).
         return (
-            f"a JetStream direct get's answer (message {headers['Nats-Sequence']} of"
-            f" {headers['Nats-Stream']}, sent again by the server)"
+            f"a JetStream direct get's answer (message {headers.get('Nats-Sequence', '?')} of"
+            f" {_stream_of(headers)}, sent again by the server)"
         )
     if headers and "Status" in headers and not data:
         said = f"{headers['Status']} {headers.get('Description', '')}".strip()
@@ -71,6 +73,19 @@ def server_answer(data: bytes, headers: Mapping[str, str] | None) -> str | None:
     if isinstance(error, dict) and error.keys() >= _API_ERROR_KEYS and len(document) <= 3:
         return f"a JetStream error response ({error.get('description')})"
     return None
+
+
+def _copied(headers: Mapping[str, str]) -> bool:
+    """Whether ``headers`` hold what a direct get's answer adds to a stored message. The
+    server writes the first of them onto the stored block's last line, which a block that
+    does not end as it should turns into ``…Nats-Stream`` or a value: the others stay."""
+    return any(name in headers for name in DIRECT_GET_ADDS) or any(
+        name.endswith("Nats-Stream") for name in headers
+    )
+
+
+def _stream_of(headers: Mapping[str, str]) -> str:
+    return next((v for k, v in headers.items() if k.endswith("Nats-Stream")), "a stream")
 
 
 def refuse_server_answers(data: bytes, headers: Mapping[str, str] | None, subject: str) -> None:

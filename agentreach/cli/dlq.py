@@ -311,7 +311,7 @@ def _readable(stored: list[StoredMessage]) -> list[DeadLetter]:
     letters: list[DeadLetter] = []
     for message in stored:
         try:
-            letters.append(envelopes.decode_dead_letter(message.data))
+            letters.append(envelopes.decode_dead_letter(message.data, message.headers, stored=True))
         except envelopes.DecodeError as exc:
             print(
                 f"reach: skipped message {message.stream_seq} of the stream ({message.subject}):"

@@ -51,7 +51,7 @@ class OpenLetters:
             )
         for message in stored:
             with contextlib.suppress(DecodeError):
-                letter = decode_dead_letter(message.data)
+                letter = decode_dead_letter(message.data, message.headers, stored=True)
                 self._open[letter.message_id] = (
                     message.stream_seq,
                     message.timestamp_ms,

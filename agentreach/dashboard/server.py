@@ -228,7 +228,7 @@ class DashboardApp:
             await read_stream(self.board.broker, names.dlq_stream, names.dlq_wildcard)
         ):
             try:
-                letter = decode_dead_letter(stored.data)
+                letter = decode_dead_letter(stored.data, stored.headers, stored=True)
             except DecodeError:
                 continue
             if letter.message_id == message_id:

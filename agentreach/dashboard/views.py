@@ -269,7 +269,11 @@ class Board:
         for message in stored[-RECENT_LETTERS:]:
             with contextlib.suppress(DecodeError):
                 found.append(
-                    (message.stream_seq, message.timestamp_ms, decode_dead_letter(message.data))
+                    (
+                        message.stream_seq,
+                        message.timestamp_ms,
+                        decode_dead_letter(message.data, message.headers, stored=True),
+                    )
                 )
         return found[::-1]
 

@@ -11,7 +11,13 @@ from agentreach.broker import Inbound
 from agentreach.coordinator.liveness.config import LivenessConfig
 from agentreach.coordinator.liveness.monitor import LivenessMonitor
 from agentreach.coordinator.protection.rate_limits import TokenBucket
-from agentreach.envelopes import DecodeError, RegisterReply, RegisterRequest, decode_as
+from agentreach.envelopes import (
+    DecodeError,
+    RegisterReply,
+    RegisterRequest,
+    decode_as,
+    server_answer,
+)
 
 log = structlog.get_logger("coordinator.liveness")
 
@@ -45,6 +51,10 @@ class LivenessControl:
     async def on_clear(self, msg: Inbound) -> None:
         """Every replica hears it; the one judging liveness (holding its lease) answers."""
         if not self._monitor.active:
+            return
+        if said := server_answer(msg.data, msg.headers):  # anyone may aim one here
+            log.warning("a clear that is the NATS server's answer to a request: ignored",
+                        written=said)  # fmt: skip
             return
         agent_id = msg.data.decode(errors="replace")
         await msg.respond((await self._monitor.clear(agent_id)).encode())

@@ -97,7 +97,7 @@ class OpenLetters:
 
     def _take(self, message: StoredMessage) -> None:
         with contextlib.suppress(DecodeError):
-            letter = decode_dead_letter(message.data)
+            letter = decode_dead_letter(message.data, message.headers, stored=True)
             if not (letter.workflow and letter.workflow.handled):
                 self._open[letter.message_id] = _Open(
                     message.stream_seq, message.timestamp_ms, letter.reason

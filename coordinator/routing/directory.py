@@ -35,7 +35,7 @@ from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.coordinator.routing import allowances
 from agentreach.coordinator.routing.allowances import Allowance
 from agentreach.coordinator.routing.priorities import PriorityAllowances
-from agentreach.envelopes import AgentCard, DecodeError, Liveness, decode_as, server_answer
+from agentreach.envelopes import AgentCard, DecodeError, Liveness, decode_as
 
 log = structlog.get_logger("coordinator.directory")
 
@@ -134,9 +134,8 @@ class AgentDirectory:
         async with bucket.watch() as watch:
             # Every allowance is known before the first card is judged: a card judged
             # without its allowance would raise a false alert at each start.
-            raw = await self._broker.bucket(allowances.bucket_name(names), msgspec.Raw)
             for change in await watch.snapshot():
-                self._allow(await _written_before_start(raw, change))
+                self._allow(change)
             yield watch
 
     async def _follow_allowances(self, watch: BucketWatch) -> None:
@@ -146,10 +145,8 @@ class AgentDirectory:
             await self._raise_alerts()
 
     def _allow(self, change: Change) -> None:
-        # Not an operator's push: believed, it would stop an agent's work, or a caller's
-        # use of a priority (`reach auth push` writes it again).
-        if _by_the_server(change, "an allowance"):
-            return
+        # (What the NATS server wrote over a key, which anyone may have it write, is not
+        # taken by the watch: believed, it stopped an agent's work, or a caller's priority.)
         if (sender := allowances.sender_of_key(change.key)) is not None:
             self.priorities.apply(sender, change.value)
             return
@@ -244,9 +241,6 @@ class AgentDirectory:
         return judged is None or judged.state != "OFFLINE" or judged.epoch < card.epoch
 
     def _apply(self, change: Change) -> None:
-        # Believed as no card, it took the agent out of routing until it wrote its card again.
-        if _by_the_server(change, "a card"):
-            return
         card = None
         if change.value is not None:
             try:
@@ -319,33 +313,6 @@ class AgentDirectory:
         for watch in watches:
             await watch.initial.wait()
         ready.set()
-
-
-def _by_the_server(change: Change, what: str) -> bool:
-    """Whether ``change`` is the NATS server's answer to someone's request, which anyone may
-    aim at a key through a reply subject (said once, and the last value kept)."""
-    said = server_answer(change.value, change.headers) if change.value is not None else None
-    if said:
-        log.warning(
-            f"{what} overwritten by the NATS server's answer to someone's request: the last"
-            " one is kept",
-            key=change.key,
-            written=said,
-        )
-    return said is not None
-
-
-async def _written_before_start(raw: Bucket[msgspec.Raw], change: Change) -> Change:
-    """``change``, or, when it is the server's answer someone aimed at the key, the last value
-    an operator pushed that the bucket keeps: no last value is kept yet at a start, and
-    believed as none, it refused the agent everything until the next push."""
-    if change.value is None or not server_answer(change.value, change.headers):
-        return change
-    try:
-        entry = await raw.get(change.key)
-    except DecodeError:
-        return change  # nothing readable kept: said, and none
-    return change if entry is None else Change(change.key, bytes(entry.value), entry.revision)
 
 
 async def _unreadable(cards: Bucket[AgentCard], key: str) -> bool:

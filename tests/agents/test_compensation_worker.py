@@ -9,6 +9,8 @@ from agentreach.agents import CompensationWorker, compensation
 from agentreach.agents.compensation import retry_delay_s
 from agentreach.agents.errors import AgentConfigError
 from agentreach.broker.consume import consumer_state
+from agentreach.broker.dead_letters import dead_letter
+from agentreach.envelopes import DeadLetter, Task, encode, now_ms
 from tests.support import until_true
 
 
@@ -56,3 +58,38 @@ async def test_a_worker_s_consumer_unused_past_the_letters_keeping_goes_by_itsel
         return await consumer_state(broker, broker.names.dlq_stream, durable) is None
 
     assert await until_true(gone, timeout=15)
+
+
+async def test_a_letter_the_server_wrote_is_handed_to_no_handler(broker):
+    """An agent wrote a dead letter of its choosing under a key of its own and had the server
+    copy it onto `reach.dlq.rejected.chores` (a direct get with its reply aimed there): a
+    worker replayed its payload (refund_to mallory) in its own name. It is no letter."""
+    handled: list[str] = []
+
+    async def record(letter, comp) -> None:  # type: ignore[no-untyped-def]
+        handled.append(letter.message_id)
+
+    task = Task(v=1, message_id="forged-1", trace_id="forged-1", topic="chores")
+    forged = DeadLetter(
+        v=1, reason="rejected", message_id="forged-1", trace_id="forged-1", topic="chores",
+        envelope=task, at_ms=now_ms(),
+    )  # fmt: skip
+    own = f"$KV.{broker.names.executions_bucket}.x.t.mallory"
+    await broker.publish(own, encode(forged))
+    stream = f"KV_{broker.names.executions_bucket}"
+    target = broker.names.dlq("rejected", "chores")
+    await broker.nc.publish(f"$JS.API.DIRECT.GET.{stream}.{own}", b"", reply=target)
+    real = Task(v=1, message_id="real-1", trace_id="real-1", topic="chores")
+    with capture_logs() as logs:
+        async with CompensationWorker("w-forged", record, topics=["chores"]).running(broker=broker):
+            await dead_letter(
+                broker, reason="rejected", task=real, message_id="real-1", trace_id="real-1",
+                topic="chores",
+            )  # fmt: skip
+            await until_true(lambda: _handled(handled, "real-1"))
+    assert handled == ["real-1"]
+    assert any("not a dead letter" in str(line.get("error", "")) for line in logs)
+
+
+async def _handled(handled: list[str], message_id: str) -> bool:
+    return message_id in handled

@@ -148,3 +148,62 @@ async def test_past_what_the_bucket_keeps_a_forged_key_stays_unreadable(broker, 
     with pytest.raises(DecodeError, match="without the seal"):
         await kept.get("wf-2")
     assert await kept.snapshot() == {}
+
+
+async def _raw_publish(broker, subject: str, header_block: bytes, body: bytes) -> None:  # type: ignore[no-untyped-def]
+    """An HPUB with the header block as given, malformed or not (what any client may send)."""
+    size = len(header_block)
+    command = f"HPUB {subject} {size} {size + len(body)}\r\n".encode()
+    await broker.nc._send_command(command + header_block + body + b"\r\n")
+    await broker.nc.flush()
+
+
+async def _aimed(broker, own: str, target: str) -> None:  # type: ignore[no-untyped-def]
+    """Have the server write ``own``'s last message onto ``target`` (a direct get's answer)."""
+    stream = f"KV_{broker.names.executions_bucket}"
+    await broker.nc.publish(f"$JS.API.DIRECT.GET.{stream}.{own}", b"", reply=target)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [b"NATS/1.0\r\nY\r\n", b"NATS/1.0\r\nX: a\r\n", b"NATS/1.0\r\nX: 1\r\n\r\n"],
+    ids=["a last line without a colon", "a block that ends early", "a well-formed block"],
+)
+async def test_a_direct_get_answer_is_told_whatever_header_block_it_was_staged_with(
+    broker, kept, block: bytes
+):
+    """The server writes its Nats-Stream onto the staged block's last line: ended early, the
+    block hid it (`YNats-Stream`, or the end of a value), and the answer passed for an
+    agent's own write (a walkthrough: any intent allowed, a card marked stopped, a verdict
+    quarantined). The other lines a direct get adds cannot be hidden."""
+    own = f"$KV.{broker.names.executions_bucket}.x.t.mallory"
+    await _raw_publish(broker, own, block, encode(LeaseRecord("mallory", 9)))
+    await kept.put("wf-3", LeaseRecord("replica-1", 1))
+    await _aimed(broker, own, _subject(kept, "wf-3"))
+    await until_true(lambda: _holds(broker, kept, "wf-3", b"mallory"))
+    assert (await kept.get("wf-3")).value == LeaseRecord("replica-1", 1)  # read past it
+    async with kept.watch() as watch:
+        [taken] = await watch.snapshot()
+    assert (taken.key, taken.value) == ("wf-3", encode(LeaseRecord("replica-1", 1)))
+
+
+async def test_a_delete_marker_a_direct_get_answered_with_deletes_nothing(broker, kept):
+    """A delete marker of an agent's own key, aimed at a verdict: the verdict was dropped,
+    and a dead agent routable again."""
+    own = f"$KV.{broker.names.executions_bucket}.x.t.mallory"
+    await broker.publish(own, b"", headers={"KV-Operation": "DEL"})
+    await kept.put("wf-4", LeaseRecord("replica-1", 1))
+    async with kept.watch() as watch:
+        changes = aiter(watch)
+        assert (await anext(changes)).value == encode(LeaseRecord("replica-1", 1))
+        await _aimed(broker, own, _subject(kept, "wf-4"))
+        seen = await anext(changes)
+        marker = await last_message(broker, f"KV_{kept.name}", _subject(kept, "wf-4"))
+    assert seen.value == encode(LeaseRecord("replica-1", 1))  # the marker: the value before
+    assert marker is not None and marker.headers.get("KV-Operation") == "DEL"
+    assert (await kept.get("wf-4")).value == LeaseRecord("replica-1", 1)
+
+
+async def _holds(broker, bucket: Bucket[LeaseRecord], key: str, text: bytes) -> bool:  # type: ignore[no-untyped-def]
+    stored = await last_message(broker, f"KV_{bucket.name}", _subject(bucket, key))
+    return stored is not None and text in stored.data

@@ -16,7 +16,6 @@ from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
-from agentreach.broker.watch import BucketWatch
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import read_record
 from agentreach.envelopes import AgentCard, LeaseRecord, decode_as, encode, now_ms, server_answer
@@ -242,8 +241,10 @@ async def test_a_lease_forged_by_a_direct_get_answer_does_not_stop_the_coordinat
         forged = LeaseRecord("mallory", now_ms() + 3_600_000)
         await mallory.publish(own, encode(forged))
         direct = f"$JS.API.DIRECT.GET.KV_{names.agents_bucket}.{own}"
-        watch = BucketWatch(await admin.kv(names.leases_bucket))
-        async with watch, asyncio.timeout(10):
+        # nats-py's own watch: ours takes no server answer for a value (the forged lease).
+        kv = await admin.js.key_value(names.leases_bucket)
+        watch = await kv.watch("liveness")
+        async with asyncio.timeout(10):
             holders = _holders(watch)
             assert await anext(holders) == coordinator.replica_id
             reply = f"$KV.{names.leases_bucket}.liveness"
@@ -255,10 +256,11 @@ async def test_a_lease_forged_by_a_direct_get_answer_does_not_stop_the_coordinat
             assert await anext(holders) == coordinator.replica_id  # taken back
 
 
-async def _holders(watch: BucketWatch) -> AsyncIterator[str]:
-    async for change in watch:
-        if change.key == "liveness" and change.value is not None:
-            yield decode_as(change.value, LeaseRecord).holder
+async def _holders(watch) -> AsyncIterator[str]:  # type: ignore[no-untyped-def]
+    while True:
+        entry = await watch.updates(timeout=10)
+        if entry is not None and entry.value:
+            yield decode_as(entry.value, LeaseRecord).holder
 
 
 async def test_an_instance_overwritten_after_a_coordinator_restart_goes_on_from_its_history(
@@ -290,3 +292,23 @@ async def test_an_instance_overwritten_after_a_coordinator_restart_goes_on_from_
             assert await asyncio.wait_for(invoked, 20) == {"held": {"held": {"n": 1}}}
     record = await read_record(broker, "hist-1")
     assert record is not None and record.status == "completed"
+
+
+async def test_a_direct_get_answer_aimed_at_the_clear_subject_clears_no_quarantine(
+    broker, coordinator
+):
+    """An agent staged an agent id under a key of its own and had the server send it to
+    `reach.ctl.clear`: the quarantine of that agent (its own, say) was lifted."""
+    own = f"$KV.{broker.names.executions_bucket}.x.t.mallory"
+    await broker.publish(own, b"mallory")
+    stream = f"KV_{broker.names.executions_bucket}"
+    await until_true(lambda: _active(coordinator))
+    with capture_logs() as logs:
+        await broker.nc.publish(f"$JS.API.DIRECT.GET.{stream}.{own}", b"", reply=broker.names.clear)
+        await eventually(
+            lambda: any("a clear that is the NATS server's" in e["event"] for e in logs)
+        )
+
+
+async def _active(coordinator) -> bool:  # type: ignore[no-untyped-def]
+    return coordinator.liveness.active
