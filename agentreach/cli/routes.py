@@ -82,7 +82,8 @@ def _check(path: str | None) -> int:
     warned = 0
     for name, spec in config.workflows.items():
         size = len(spec.states.states) if spec.states else len(spec.graph())
-        print(f"workflow {name:<15} {spec.form}, {size} {'states' if spec.states else 'steps'}")
+        noun = ("state" if spec.states else "step") + ("" if size == 1 else "s")
+        print(f"workflow {name:<15} {spec.form}, {size} {noun}")
         for warning in spec.warnings():
             warned += 1
             print(f"{path}: warning: workflow {name!r}: {warning}", file=sys.stderr)

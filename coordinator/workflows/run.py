@@ -273,7 +273,7 @@ class Run(Visits):
     def _enter(self, name: str, given: Any) -> None:
         assert self.spec.states is not None
         if len(self.record.path) >= MAX_STATE_VISITS:
-            message = f"more than {MAX_STATE_VISITS} state changes: a loop?"
+            message = f"it would enter more than {MAX_STATE_VISITS} states: a loop?"
             self._fail(ErrorInfo(type="too_many_states", message=message, retryable=False))
             return
         self.record.current = name

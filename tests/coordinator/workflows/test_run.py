@@ -162,7 +162,8 @@ def test_a_state_machine_without_a_matching_transition_fails() -> None:
 
 
 def test_a_state_machine_loop_is_cut_off() -> None:
-    """A machine that keeps going round fails after 100 state changes."""
+    """A machine that keeps going round fails when it would enter a 101st state (it said
+    "more than 100 state changes" with 100 states, 99 changes, in its path)."""
     flow = spec(
         "states: {initial: a, states: {a: {next: [{when: {field: stop, value: true}, to: z},"
         " {to: a}]}, z: {terminal: true}}}"
@@ -170,6 +171,8 @@ def test_a_state_machine_loop_is_cut_off() -> None:
     record, _ = started(flow)
     assert record.status == "failed"
     assert record.error is not None and record.error.type == "too_many_states"
+    assert record.error.message == "it would enter more than 100 states: a loop?"
+    assert len(record.path) == 100
 
 
 def test_resume_lists_what_the_record_calls_for() -> None:
