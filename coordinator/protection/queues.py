@@ -83,10 +83,6 @@ class QueueDepths:
         slot = (agent_id, priority)
         return self._depths.get(slot, 0) + len(self._unread.get(slot, ()))
 
-    def load(self, agent_id: str, priority: Priority) -> float:
-        """How full the queue is, 0 (empty) to 1 (at capacity)."""
-        return self.depth(agent_id, priority) / self.capacity(priority)
-
     def why_full(self, agent_id: str, priority: Priority) -> str | None:
         """None while the agent may take work at ``priority``; else why not."""
         if (agent_id, priority) not in self._above:

@@ -253,5 +253,11 @@ class Fleet:
         if len(ready) == 1:
             return ready[0]
         first, second = self._rng.sample(ready, 2)
-        load = self.queues.load
-        return second if load(second.agent_id, priority) < load(first.agent_id, priority) else first
+
+        def load(card: AgentCard) -> float:
+            # Its queue per slot it runs: by depth alone an agent of 3 slots beside ones of 11
+            # was picked while full, and its tasks waited (invokes timed out unacknowledged).
+            slots = sum(intent.capacity for intent in card.intents.values()) or 1
+            return self.queues.depth(card.agent_id, priority) / slots
+
+        return second if load(second) < load(first) else first

@@ -311,3 +311,35 @@ async def test_a_reload_says_which_changed_sections_wait_for_a_restart(
         assert "flow" not in coordinator.workflows.specs
     said = [e for e in logs if e["event"].startswith("the config file changed sections")]
     assert [e["sections"] for e in said] == [["liveness", "workflows"]]
+
+
+async def test_the_less_loaded_of_two_is_judged_per_slot(broker, start_coordinator, watcher):
+    """An agent of 1 slot beside one of 8: by queue depth alone the small one, running its
+    one task, was as loaded as the large one running one, and was picked half the time; its
+    tasks queued behind, and invokes timed out unacknowledged (a walkthrough, 2.5 %). Per
+    slot, the large one takes nearly all while the small one is busy."""
+    gate = asyncio.Event()
+    runs: Counter[str] = Counter()
+
+    def held(agent_id: str, capacity: int) -> Agent:
+        agent = Agent(agent_id, startup_delay=0)
+
+        @agent.handler("slow", capacity=capacity)
+        async def hold(ctx: TaskContext, payload: dict) -> dict:
+            runs[agent_id] += 1
+            await gate.wait()
+            return {"by": agent_id}
+
+        return agent
+
+    async with (
+        start_coordinator(fast()) as coordinator,
+        serving(broker, coordinator, held("small", 1), held("large", 8)),
+        ReachClient(broker=broker) as client,
+    ):
+        sent = await publish_many(client, "slow", 8)
+        await eventually(lambda: sum(runs.values()) >= 7, timeout=10)
+        queued_small = coordinator.queues.depth("small", "P1")
+        gate.set()
+        await all_completed(watcher, sent)
+    assert queued_small <= 2, runs  # by depth alone: about 4 of the 8
