@@ -332,7 +332,11 @@ def _step(key: str, run: StepRun, start_ms: int, *, waits: bool = False, left_ms
     # A state without an intent that waits has done nothing: it waits, it did not complete.
     status = "waiting" if waits and not run.intent else run.status
     what = run.intent or ("(waits for an event)" if waits else "(pass-through)")
+    # Stopped while it waited (the instance ended: cancelled, expired), it passed nothing on.
+    waited = waited or (not run.intent and not waits and run.status in ("cancelled", "timed_out"))
     what = "(waited for an event)" if waited else what
+    if run.error is not None and run.error.type == "input_missing":
+        what = "(not started)"  # its input named nothing: no task was sent
     line = f"{key:<14} {status:<10} {offset:>9} {took:>8}  {what}"
     line += f"{visit}  {run.message_id}"
     if waits:

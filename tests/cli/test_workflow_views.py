@@ -48,6 +48,22 @@ def test_a_step_stopped_without_an_error_says_why():
     assert line.endswith("← stopped as the instance ended: expired")
 
 
+def test_a_wait_cut_short_and_a_step_never_started_are_not_pass_throughs():
+    """A state waiting for an event when its instance was cancelled, and a step whose input
+    named nothing, both read `(pass-through)` (a walkthrough)."""
+    missing = ErrorInfo(type="input_missing", message="'$.input.x' names nothing", retryable=False)
+    steps = {
+        "pick": StepRun(status="cancelled", started_ms=1, ended_ms=5),
+        "plan": StepRun(status="failed", error=missing, started_ms=1, ended_ms=1),
+    }
+    cancelled = ErrorInfo(type="cancelled", message="by an operator", retryable=False)
+    shown = tree(record(status="cancelled", steps=steps, error=cancelled, started_ms=1))
+    lines = {key: next(ln for ln in shown.splitlines() if f" {key} " in ln) for key in steps}
+    assert "(waited for an event)" in lines["pick"]
+    assert "(not started)" in lines["plan"]
+    assert "(pass-through)" not in shown
+
+
 def test_a_step_stopped_while_it_ran_says_its_outcome_is_awaited():
     """It read `cancelled` while it still ran, then flipped to `completed`."""
     steps = {"reserve": StepRun(status="cancelled", intent="reserve", started_ms=1)}
