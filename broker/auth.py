@@ -164,6 +164,9 @@ def user_name_of(creds: Path) -> str | None:
     return name if isinstance(name, str) else None
 
 
+PARTIES = frozenset({"agent", "caller", "worker"})  # the roles that are not the service's
+
+
 def role_of(creds: Path) -> str | None:
     """The role ``reach auth`` issued the creds for (their ``role:<role>`` tag), if any."""
     nats = _claims_of(creds).get("nats")

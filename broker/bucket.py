@@ -21,6 +21,7 @@ import nats.errors
 import nats.js.errors
 from nats.js.kv import KeyValue
 
+from agentreach.broker.auth import PARTIES
 from agentreach.broker.direct import LastValues, last_of_each, last_per_subject
 from agentreach.broker.errors import StreamNotFound, WrongLastSequence, translate
 from agentreach.broker.failover import stream_names
@@ -309,7 +310,12 @@ class Bucket(Generic[T]):
         return None
 
     async def _earlier(self, key: str, revision: int) -> AsyncIterator[StoredMessage]:
-        """The key's revisions before ``revision`` the bucket keeps, newest first (a few)."""
+        """The key's revisions before ``revision`` the bucket keeps, newest first (a few).
+        None for an agent, a caller or a worker: a secured deployment grants them direct gets
+        of their own keys' last values only, and a denied read waited out its timeout (a
+        heartbeat overwritten by anyone's server answer kept the agent from beating)."""
+        if self._broker.auth.role in PARTIES:
+            return
         subject = f"{self._kv._pre}{key}"
         for _ in range(LOOK_BACK):
             if revision <= 1:

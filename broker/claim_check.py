@@ -25,13 +25,13 @@ import nats.errors
 import nats.js.errors
 
 from agentreach import envelopes
+from agentreach.broker.auth import PARTIES
 from agentreach.broker.connection import Broker
 from agentreach.broker.errors import BrokerError, TooLarge, translate
 from agentreach.envelopes import PayloadRef, Task
 
 DEFAULT_THRESHOLD = 262_144  # 256 KiB
 HEADROOM = 4096  # for an envelope's headers and the other fields beside a large payload
-PARTIES = frozenset({"agent", "caller", "worker"})
 
 
 class PayloadUnavailable(BrokerError):

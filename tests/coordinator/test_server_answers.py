@@ -312,3 +312,29 @@ async def test_a_direct_get_answer_aimed_at_the_clear_subject_clears_no_quaranti
 
 async def _active(coordinator) -> bool:  # type: ignore[no-untyped-def]
     return coordinator.liveness.active
+
+
+async def test_an_agent_beats_on_over_a_server_answer_aimed_at_its_heartbeat(tmp_path: Path):
+    """A caller aimed `$JS.API.STREAM.NAMES` at an agent's heartbeat key: the agent, reading
+    past it, asked for a direct get its creds do not grant, waited out each one, and wrote
+    no heartbeat again (SUSPECT for good). It writes over it now."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    deployment.directory.issue("agent", "beater", intents=("noop",))
+    agent = Agent("beater", startup_delay=0, heartbeat_interval=0.3)
+    agent.handler("noop")(lambda ctx, payload: payload)
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, _),
+        agent.running(url, auth=deployment.auth("agent", "beater")),
+        Broker(url, name="bob", auth=deployment.auth("caller", "bob")) as bob,
+    ):
+        key = f"$KV.{admin.names.heartbeats_bucket}.beater"
+        kv = await admin.js.key_value(admin.names.heartbeats_bucket)
+        await until_true(lambda: _beats(kv))
+        await bob.nc.publish("$JS.API.STREAM.NAMES", b"", reply=key)
+        await until_true(lambda: _overwritten(kv, "beater"))
+        await until_true(lambda: _beats(kv), timeout=5)  # a heartbeat written over it
+
+
+async def _beats(kv) -> bool:  # type: ignore[no-untyped-def]
+    entry = await kv.get("beater")
+    return b'"agent_id":"beater"' in (entry.value or b"")
