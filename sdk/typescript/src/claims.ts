@@ -16,6 +16,7 @@ import type { KV } from "nats";
 import { decodeJson, encode, nowMs } from "./codec.js";
 import { isValueTooLarge, isWrongLastSequence } from "./connection.js";
 import { unrecordable } from "./failures.js";
+import { byServer } from "./serveranswers.js";
 import type { Logger } from "./log.js";
 import { sleep } from "./timing.js";
 import type { ErrorInfo, Execution, PayloadRef, Task } from "./types.js";
@@ -273,6 +274,10 @@ export class Claims {
         if (!isWrongLastSequence(err)) throw err;
       }
       const entry = await this.kv.get(this.key(task));
+      if (entry !== null && byServer(entry) && entry.revision > claim.revision) {
+        claim.revision = entry.revision; // nobody's write: the claim stands, written over it
+        continue;
+      }
       if (entry === null || entry.operation !== "PUT" || entry.revision <= claim.revision) return false;
       const held = parse(entry.value);
       if (held === null || !sameWrite(held, this.recordOf(task, "running", {}))) return false;
@@ -285,7 +290,7 @@ export class Claims {
     if (entry === null || entry.operation !== "PUT") {
       return { kind: "busy", retryInMs: 100 }; // vanished between create and get: try again
     }
-    const current = parse(entry.value); // an unreadable record must not block the message
+    const current = byServer(entry) ? null : parse(entry.value); // unreadable, or the server's: no block
     if (current?.state === "done") return { kind: "done", record: current };
     if (current !== null && isExpiryFence(current, task.attempt)) return { kind: "expired", record: current };
     if (current !== null && isReassignmentFence(current, task.attempt)) return { kind: "moved", record: current };
@@ -319,7 +324,7 @@ export class Claims {
 
   private async read(key: string): Promise<Execution | null> {
     const entry = await this.kv.get(key);
-    return entry === null || entry.operation !== "PUT" ? null : parse(entry.value);
+    return entry === null || entry.operation !== "PUT" || byServer(entry) ? null : parse(entry.value);
   }
 
   /** The holder was an earlier process of this agent: it is gone, its lease with it. */

@@ -16,6 +16,7 @@ import type { Connection } from "./connection.js";
 import { AgentIdInUse, ReachError } from "./errors.js";
 import { emit, eventFor } from "./lifecycle.js";
 import type { Logger } from "./log.js";
+import { byServer } from "./serveranswers.js";
 import { jittered, Signal } from "./timing.js";
 import type { AgentControl, Heartbeat, Task } from "./types.js";
 
@@ -230,7 +231,7 @@ export class Heartbeats {
   /** The epoch of the heartbeat the key holds; 0 when it holds none, or none readable. */
   private async currentEpoch(kv: KV): Promise<number> {
     const entry = await kv.get(this.agentId);
-    if (entry === null || entry.operation !== "PUT") return 0;
+    if (entry === null || entry.operation !== "PUT" || byServer(entry)) return 0;
     try {
       const epoch = (decodeJson(entry.value) as Partial<Heartbeat> | null)?.epoch;
       return Number.isInteger(epoch) ? (epoch as number) : 0;

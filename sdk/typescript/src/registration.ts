@@ -9,6 +9,7 @@ import { isWrongLastSequence } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { AgentIdInUse, ReachError } from "./errors.js";
 import type { Logger } from "./log.js";
+import { byServer } from "./serveranswers.js";
 import { sleep } from "./timing.js";
 import type { AgentCard, RegisterReply } from "./types.js";
 
@@ -62,7 +63,8 @@ export async function writeCard(conn: Connection, card: AgentCard, log: Logger):
   let revision: number | null = null;
   if (entry !== null && entry.operation === "PUT") {
     revision = entry.revision;
-    try {
+    if (byServer(entry)) log.warn("replacing a card the NATS server wrote (someone's request aimed at it)");
+    else try {
       epoch = (decodeJson(entry.value) as AgentCard).epoch + 1;
       if (!Number.isInteger(epoch)) epoch = 1;
     } catch {
@@ -91,7 +93,7 @@ export async function restoreCard(conn: Connection, card: AgentCard, log: Logger
   const kv = await conn.kv(conn.names.agentsBucket);
   const entry = await kv.get(card.agent_id);
   const there = entry !== null && entry.operation === "PUT";
-  if (there && readable(entry.value, card.agent_id)) return null;
+  if (there && readable(entry.value, card.agent_id) && !byServer(entry)) return null;
   try {
     const revision = there ? await kv.update(card.agent_id, encode(card), entry.revision) : await kv.create(card.agent_id, encode(card));
     log.warn("the registry had no readable card of this agent (lost, deleted or overwritten); written again");

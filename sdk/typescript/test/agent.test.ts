@@ -940,6 +940,26 @@ describe("registration and liveness", () => {
     events.close();
   });
 
+  it("takes no record the NATS server wrote for its own (a forged 'done' record sent its result)", async () => {
+    const id = unique("ts-forged");
+    const topic = unique("forged");
+    const agent = newAgent(id).handler(topic, () => ({ real: true }));
+    await started(agent);
+    const t = task(topic, { n: 1 });
+    const key = `_.${t.message_id}.${id}`;
+    // Staged under another key, then copied by the server onto this task's record.
+    const own = `$KV.reach_executions.x.y.${id}`;
+    const forged = { message_id: t.message_id, state: "done", agent_id: id, epoch: 1, attempt: 1, result: { FORGED: true } };
+    await stack.nc.jetstream().publish(own, JSON.stringify(forged));
+    stack.nc.publish(`$JS.API.DIRECT.GET.KV_reach_executions.${own}`, "", { reply: `$KV.reach_executions.${key}` });
+    const records = await kv("reach_executions");
+    await kvUntil<{ result?: unknown }>(records, key, (r) => r?.result !== undefined);
+    const replies = await send(stack, t);
+    const ending = await replies.next((r) => r.kind === "result" || r.kind === "error", 15_000);
+    assert.deepEqual(ending.kind === "result" && ending.result, { real: true }, JSON.stringify(ending));
+    replies.close();
+  });
+
   it("marks its card draining while running handlers finish, then stopped", async () => {
     const id = unique("ts-draining");
     const topic = unique("drained");
