@@ -279,9 +279,8 @@ class Bucket(Generic[T]):
         try:
             return decode_as(stored.data, self._kind)
         except DecodeError as exc:
-            what = server_answer(stored.data, None) or "something else"
             raise DecodeError(
-                f"{self.name}/{key} (revision {stored.stream_seq}) holds {what}, not a"
+                f"{self.name}/{key} (revision {stored.stream_seq}) holds something else, not a"
                 f" {self._kind.__name__}: {exc}"
             ) from exc
 
@@ -340,8 +339,7 @@ class Bucket(Generic[T]):
             found, value = await self._written_before(key, stored.stream_seq)
             if not found:
                 log.warning("replacing an unreadable record", bucket=self.name, error=str(exc))
-                return Entry(key, None, stored.stream_seq)  # type: ignore[arg-type]
-            if value is None:  # deleted before: replaced as an absent key, at this revision
+            if value is None:  # unreadable throughout, or deleted before: at this revision
                 return Entry(key, None, stored.stream_seq)  # type: ignore[arg-type]
         return None if value is None else Entry(key, value, stored.stream_seq)
 
