@@ -338,3 +338,42 @@ async def test_an_agent_beats_on_over_a_server_answer_aimed_at_its_heartbeat(tmp
 async def _beats(kv) -> bool:  # type: ignore[no-untyped-def]
     entry = await kv.get("beater")
     return b'"agent_id":"beater"' in (entry.value or b"")
+
+
+async def test_an_agent_runs_over_a_done_record_the_server_wrote_on_its_key(tmp_path: Path):
+    """mallory staged a `done` record under a key of its own and had the server copy it onto
+    the record an honest agent keeps of alice's message: the agent must neither send that
+    result nor fail the task (it waited out a read its creds do not grant, five times)."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    deployment.directory.issue("agent", "honest", intents=("noop",))
+    deployment.directory.issue("agent", "mallory", intents=("other",))
+    honest = Agent("honest", startup_delay=0)
+    honest.handler("noop")(lambda ctx, payload: {"real": payload})
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, coordinator),
+        honest.running(url, auth=deployment.auth("agent", "honest")),
+        Broker(url, name="mallory", auth=deployment.auth("agent", "mallory")) as mallory,
+        ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
+    ):
+        await eventually(lambda: "honest" in coordinator.directory.cards)
+        names = mallory.names
+        forged = {
+            "v": 1, "message_id": "m-1", "state": "done", "agent_id": "honest", "epoch": 1,
+            "attempt": 1, "result": {"FORGED": True}, "caller": "alice",
+        }  # fmt: skip
+        own = f"$KV.{names.executions_bucket}.x.y.mallory"
+        await mallory.publish(own, json.dumps(forged).encode())
+        target = f"$KV.{names.executions_bucket}.alice.m-1.honest"
+        direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
+        await mallory.nc.publish(direct, b"", reply=target)
+        kv = await admin.js.key_value(names.executions_bucket)
+        await until_true(lambda: _forged(kv, "alice.m-1.honest"))
+        result = await alice.invoke("noop", {"n": 1}, message_id="m-1")
+    assert result == {"real": {"n": 1}}
+
+
+async def _forged(kv, key: str) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        return b"FORGED" in ((await kv.get(key)).value or b"")
+    except Exception:  # not there yet
+        return False
