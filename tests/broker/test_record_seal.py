@@ -4,6 +4,9 @@ delete marker of their own), and read back by a direct get it shows nothing of t
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import pytest
 
 from agentreach.broker import Bucket, Entry
@@ -16,10 +19,24 @@ KEY = b"k" * 32
 
 
 @pytest.fixture
-async def sealed(broker) -> Bucket[LeaseRecord]:
-    broker.record_seals[broker.names.leases_bucket] = RecordSeal(KEY)
+async def sealed(broker) -> AsyncIterator[Bucket[LeaseRecord]]:
+    """A sealed bucket that keeps one revision of a key (as reach_leases does)."""
+    async with _sealed(broker, broker.names.leases_bucket) as bucket:
+        yield bucket
+
+
+@pytest.fixture
+async def kept(broker) -> AsyncIterator[Bucket[LeaseRecord]]:
+    """A sealed bucket that keeps 5 revisions of a key (as reach_workflows does)."""
+    async with _sealed(broker, broker.names.workflows_bucket) as bucket:
+        yield bucket
+
+
+@contextlib.asynccontextmanager
+async def _sealed(broker, name: str) -> AsyncIterator[Bucket[LeaseRecord]]:  # type: ignore[no-untyped-def]
+    broker.record_seals[name] = RecordSeal(KEY)
     try:
-        yield await broker.bucket(broker.names.leases_bucket, LeaseRecord)
+        yield await broker.bucket(name, LeaseRecord)
     finally:
         broker.record_seals.clear()
 
@@ -110,16 +127,6 @@ async def test_a_direct_get_answer_aimed_at_a_key_is_unreadable_in_any_bucket(br
 
 async def _stored(broker, subject: str) -> bool:  # type: ignore[no-untyped-def]
     return await last_message(broker, f"KV_{broker.names.leases_bucket}", subject) is not None
-
-
-@pytest.fixture
-async def kept(broker) -> Bucket[LeaseRecord]:
-    """A sealed bucket that keeps 5 revisions of a key (as reach_workflows does)."""
-    broker.record_seals[broker.names.workflows_bucket] = RecordSeal(KEY)
-    try:
-        yield await broker.bucket(broker.names.workflows_bucket, LeaseRecord)
-    finally:
-        broker.record_seals.clear()
 
 
 async def test_a_forgery_hides_nothing_the_bucket_still_keeps(broker, kept):

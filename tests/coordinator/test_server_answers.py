@@ -153,14 +153,7 @@ async def test_a_running_instance_whose_record_is_overwritten_goes_on_from_the_k
     record: its step's result was dropped ("message for an unknown workflow instance"), and
     the instance never ended. The replica's copy of what it wrote last carries it on."""
     held, release = asyncio.Queue[Any](), asyncio.Event()
-    agent = Agent("holder-2", startup_delay=0)
-
-    @agent.handler("hold-2")
-    async def hold(ctx: TaskContext, payload: Any) -> Any:
-        await held.put(payload)
-        await release.wait()
-        return {"held": payload}
-
+    agent = _holder("2", held, release)
     flows = {"held-2": wf.chain(wf.step("a", "hold-2"), wf.step("b", "hold-2"))}
     async with (
         start_coordinator(fast(workflows=flows)) as coordinator,
@@ -269,14 +262,7 @@ async def test_an_instance_overwritten_after_a_coordinator_restart_goes_on_from_
     """The replica that kept a copy of the record is gone: the record before the server's
     answer, which the bucket keeps, carries the instance on (it was lost)."""
     held, release = asyncio.Queue[Any](), asyncio.Event()
-    agent = Agent("holder-3", startup_delay=0)
-
-    @agent.handler("hold-3")
-    async def hold(ctx: TaskContext, payload: Any) -> Any:
-        await held.put(payload)
-        await release.wait()
-        return {"held": payload}
-
+    agent = _holder("3", held, release)
     flows = {"held-3": wf.chain(wf.step("a", "hold-3"), wf.step("b", "hold-3"))}
     async with ReachClient(broker=broker) as client, agent.running(broker=broker):
         async with start_coordinator(fast(workflows=flows)) as first:
@@ -377,3 +363,16 @@ async def _forged(kv, key: str) -> bool:  # type: ignore[no-untyped-def]
         return b"FORGED" in ((await kv.get(key)).value or b"")
     except Exception:  # not there yet
         return False
+
+
+def _holder(n: str, held: asyncio.Queue[Any], release: asyncio.Event) -> Agent:
+    """Agent `holder-N` serving `hold-N`: it puts each payload in ``held``, then waits."""
+    agent = Agent(f"holder-{n}", startup_delay=0)
+
+    @agent.handler(f"hold-{n}")
+    async def hold(ctx: TaskContext, payload: Any) -> Any:
+        await held.put(payload)
+        await release.wait()
+        return {"held": payload}
+
+    return agent
