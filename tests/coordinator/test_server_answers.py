@@ -162,14 +162,19 @@ async def test_a_running_instance_whose_record_is_overwritten_goes_on_from_the_k
     ):
         invoked = asyncio.create_task(client.invoke("held-2", {"n": 1}, message_id="kept-1"))
         assert await asyncio.wait_for(held.get(), 10) == {"n": 1}
-        key = f"$KV.{broker.names.workflows_bucket}.kept-1"
-        await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=key)
-        records = await broker.js.key_value(broker.names.workflows_bucket)
-        await until_true(lambda: _overwritten(records, "kept-1"))
+        await _overwrite_record(broker, "kept-1")
         release.set()
         assert await asyncio.wait_for(invoked, 20) == {"held": {"held": {"n": 1}}}
     record = await read_record(broker, "kept-1")
     assert record is not None and record.status == "completed"
+
+
+async def _overwrite_record(broker, instance_id: str) -> None:  # type: ignore[no-untyped-def]
+    """Have the server write its answer to a request over the instance's record."""
+    key = f"$KV.{broker.names.workflows_bucket}.{instance_id}"
+    await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=key)
+    records = await broker.js.key_value(broker.names.workflows_bucket)
+    await until_true(lambda: _overwritten(records, instance_id))
 
 
 async def _overwritten(records, key: str) -> bool:  # type: ignore[no-untyped-def]
@@ -270,10 +275,7 @@ async def test_an_instance_overwritten_after_a_coordinator_restart_goes_on_from_
             invoked = asyncio.create_task(client.invoke("held-3", {"n": 1}, message_id="hist-1"))
             assert await asyncio.wait_for(held.get(), 10) == {"n": 1}
         async with start_coordinator(fast(workflows=flows)):
-            key = f"$KV.{broker.names.workflows_bucket}.hist-1"
-            await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=key)
-            records = await broker.js.key_value(broker.names.workflows_bucket)
-            await until_true(lambda: _overwritten(records, "hist-1"))
+            await _overwrite_record(broker, "hist-1")
             release.set()
             assert await asyncio.wait_for(invoked, 20) == {"held": {"held": {"n": 1}}}
     record = await read_record(broker, "hist-1")
