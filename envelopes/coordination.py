@@ -77,6 +77,13 @@ class StepRun(msgspec.Struct, kw_only=True):
     deadline_ms: int = 0
     priority: Priority = "P1"
 
+    @property
+    def sent(self) -> bool:
+        """Whether its task went out: it has an intent, was not withdrawn in the change that
+        began it (which clears its message id), and its input named something."""
+        not_started = self.error is not None and self.error.type == "input_missing"
+        return bool(self.intent and self.message_id) and not not_started
+
 
 class WorkflowRecord(msgspec.Struct, kw_only=True):
     """In ``reach_workflows`` under the instance id (the starting task's message id)."""
@@ -120,11 +127,10 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
 
     @property
     def steps_began(self) -> bool:
-        """Whether the instance dispatched a step (one with an intent, sent: an agent, or a
-        child workflow, may have acted on it; one withdrawn in the change that began it has
-        no message id). Its caller is told so (``ran``): an instance that
+        """Whether the instance sent a step's task (an agent, or a child workflow, may have
+        acted on it). Its caller is told so (``ran``): an instance that
         ended before any, expired on arrival say, was refused; one past it failed."""
-        return any(run.intent and run.message_id for run in self.steps.values())
+        return any(run.sent for run in self.steps.values())
 
 
 class TimerDue(msgspec.Struct, frozen=True, kw_only=True):

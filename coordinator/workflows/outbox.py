@@ -35,6 +35,9 @@ from agentreach.envelopes.coordination import step_abandoned
 
 log = structlog.get_logger("coordinator.workflows")
 
+# The events that end an instance: they carry its duration.
+_ENDINGS = frozenset({"workflow_completed", "workflow_failed", "workflow_cancelled"})
+
 
 class Outbox:
     """Carries out the actions of one change of an instance, in order (each idempotent)."""
@@ -119,7 +122,7 @@ class Outbox:
         if key:
             about = self._step_task(record, record.steps[key])
         detail = {"workflow": record.workflow, **detail}
-        if event.startswith("workflow_") and record.ended_ms:
+        if event in _ENDINGS:
             detail["duration_ms"] = record.ended_ms - record.started_ms
         await emit(self._broker, event_for(about, event, **detail))
 

@@ -200,7 +200,7 @@ class Run(Visits):
         try:
             payload = self._input_of(step)
         except MissingPath as exc:
-            failed = self._input_missing(step.name, exc)
+            failed = self._input_missing(step.name, intent or step.intent, exc)
             if failed.error is not None and not self._tolerated(step.name):
                 self._fail(failed.error)
             return
@@ -285,7 +285,7 @@ class Run(Visits):
             try:
                 payload = render(state.input, context)
             except MissingPath as exc:
-                self._state_ended(name, self._input_missing(name, exc))
+                self._state_ended(name, self._input_missing(name, state.intent, exc))
                 return
         run = self._begin(name, state.intent, payload, state.timeout_s, state.priority)
         if run.status == "completed":

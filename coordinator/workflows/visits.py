@@ -55,8 +55,9 @@ class Visits(Compensation):
         self.actions.append(Dispatch(key, run))
         return run
 
-    def _input_missing(self, key: str, missing: MissingPath) -> StepRun:
-        """A visit whose input names nothing fails at once, no task sent, saying the path."""
+    def _input_missing(self, key: str, intent: str | None, missing: MissingPath) -> StepRun:
+        """A visit whose input names nothing fails at once, no task sent, saying the path.
+        Its run names the step's intent: its event's topic is the one its task would have had."""
         previous = self.record.steps.get(key)
         visit = (previous.visit if previous else 0) + 1
         message = f"step {key!r} was not started: {missing}"
@@ -64,6 +65,7 @@ class Visits(Compensation):
             status="failed",
             visit=visit,
             message_id=message_id_of(self.record.instance_id, key, visit),
+            intent=intent or "",
             error=ErrorInfo(type="input_missing", message=message, retryable=False),
             started_ms=self.now,
             ended_ms=self.now,

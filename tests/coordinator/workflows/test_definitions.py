@@ -190,6 +190,9 @@ async def test_a_branch_whose_path_names_nothing_fails_the_fanout_sending_no_sib
     assert seen == [{"after": 1}]
     steps = [e for e in watcher.events if e.message_id.startswith("batch-1-")]
     assert [e.event for e in steps] == ["step_input_missing"]
+    # It began and ended in one change: only its end says how long it took.
+    started = await watcher.event("workflow_started", message_id="batch-1")
+    assert "duration_ms" not in started.detail and ended.detail["duration_ms"] >= 0
     assert record is not None and record.steps["first"].status == "cancelled"
     assert "last" not in record.steps
 
@@ -225,6 +228,7 @@ async def test_a_path_that_names_nothing_fails_its_step_naming_the_path(
     )
     assert letter.error is not None and letter.error.message == error.message
     assert noted.detail["path"] == "$.plan.title"
+    assert noted.topic == "write"  # the step's intent, as its task would have had (not "drafted")
     assert record is not None and record.steps["write"].status == "failed"
     written = [e for e in watcher.events if e.message_id.startswith("draft-1-write")]
     assert seen == [] and [e.event for e in written] == ["step_input_missing"]
