@@ -26,7 +26,6 @@ from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms, stable_id
 from agentreach.envelopes.audit import summary_of_task
 from agentreach.envelopes.coordination import workflow_step_of
-from agentreach.envelopes.messages import WorkflowStep
 from agentreach.errors import ReachError
 from agentreach.logs import get_logger
 
@@ -52,10 +51,12 @@ async def dead_letter(
     truncated: bool = False,
     caller: str | None = None,
     ran: bool | None = None,
+    attempts: int | None = None,
 ) -> DeadLetter:
     """Publish a dead letter to ``reach.dlq.<reason>.<topic>`` with the trace so far,
     and record a ``dead_lettered`` event (``truncated``: ``raw`` was cut before it came;
-    ``caller``: who sent what did not decode into ``task``; ``ran``: as its error reply says).
+    ``caller``: who sent what did not decode into ``task``; ``ran``: as its error reply says;
+    ``attempts``: how many ran, when not every one of ``task``'s did, its own included).
     A workflow's step is named in the letter (``workflow``)."""
     caller = task.caller if task is not None else caller
     stored = await indexed_messages_on(
@@ -74,7 +75,7 @@ async def dead_letter(
         message_id=message_id,
         trace_id=trace_id,
         topic=topic,
-        attempts=task.attempt - task.requeued if task else 0,  # those that ran
+        attempts=_ran(task) if attempts is None else attempts,
         envelope=task,
         raw=printable(raw),
         headers=dict(headers or {}),
@@ -103,7 +104,7 @@ async def dead_letter(
             attempt=task.attempt if task else 1,
             at_ms=letter.at_ms,
             caller=caller,  # its sender reads it in its own trace
-            detail=_letter_detail(reason, task, error, ran, letter.workflow),
+            detail=_letter_detail(reason, letter, error, ran),
             priority=task.priority if task else "P1",
             received_ms=task.received_ms if task else 0,
         ),
@@ -162,12 +163,13 @@ async def dead_letter_stored(
     )
 
 
+def _ran(task: Task | None) -> int:
+    """The attempts of ``task`` that ran, this one included: moves that cost none do not."""
+    return task.attempt - task.requeued if task else 0
+
+
 def _letter_detail(
-    reason: str,
-    task: Task | None,
-    error: ErrorInfo | None,
-    ran: bool | None,
-    step: WorkflowStep | None,
+    reason: str, letter: DeadLetter, error: ErrorInfo | None, ran: bool | None
 ) -> dict[str, Any]:
     detail: dict[str, Any] = {
         "reason": reason,
@@ -175,10 +177,10 @@ def _letter_detail(
     }
     if ran is not None:
         detail["ran"] = ran
-    if step is not None and step.handled:  # its workflow's own ending is what counts
+    if letter.workflow is not None and letter.workflow.handled:  # its workflow's ending counts
         detail["handled"] = True
-    if task is not None:  # what the audit record of the message summarises as its input
-        detail["attempts"] = task.attempt - task.requeued  # as the letter's and reply's
+    if (task := letter.envelope) is not None:  # what the audit record summarises as its input
+        detail["attempts"] = letter.attempts  # as the letter's and reply's
         detail["input"] = msgspec.to_builtins(summary_of_task(task))
     return detail
 

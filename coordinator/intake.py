@@ -161,7 +161,7 @@ class Intake:
                 message += f" ({delivered} tries; is the Object Store there and writable?)"
             log.error("claim check failed; dead-lettered", error=str(exc), tries=delivered)
             error = ErrorInfo(type="claim_check_failed", message=message, retryable=False)
-            await end_with_error(self._broker, task, "rejected", error)
+            await end_with_error(self._broker, task, "rejected", error, started=False)
             return None
         log.warning("claim check failed; will try again", error=str(exc), tries=delivered)
         return float(2 ** (delivered - 1))
@@ -241,6 +241,7 @@ class Intake:
                 trace_id=task.trace_id,
                 topic=task.topic,
                 error=error,
+                attempts=0,
             )
         return False
 

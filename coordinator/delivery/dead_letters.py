@@ -26,9 +26,13 @@ async def end_with_error(
     *,
     state: Any = None,
     ran: bool | None = None,
+    started: bool = True,
 ) -> None:
     """Dead-letter ``task`` as ``reason`` (with ``state``, if any) and send ``error`` to its
-    ``reply_to``; ``ran``, when known, says whether its work began (a workflow's step)."""
+    ``reply_to``; ``ran``, when known, says whether its work began (a workflow's step).
+    ``started``: False when its present attempt never began (ended before its dispatch, or
+    unclaimed in its agent's queue): it is not one of the attempts the letter says ran."""
+    attempts = attempts_run(task) - (0 if started else 1)
     await dead_letter(
         broker,
         reason=reason,
@@ -39,9 +43,10 @@ async def end_with_error(
         error=error,
         state=state,
         ran=ran,
+        attempts=attempts,
     )
     log.info("dead-lettered", reason=reason, error=error.message)  # said once it is so
-    reply_ = error_reply(task, error, reason, ran=ran, attempts=attempts_run(task))
+    reply_ = error_reply(task, error, reason, ran=ran, attempts=attempts)
     await reply(broker, task, reply_)
 
 

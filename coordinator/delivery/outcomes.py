@@ -182,7 +182,7 @@ class Outcomes:
             if fenced != "end":
                 log.info("expiry reported of a task that is not to end now", why=fenced)
                 return
-        await end_with_error(self._broker, task, EXPIRED, error)
+        await end_with_error(self._broker, task, EXPIRED, error, started=False)
 
     async def _schedule(self, event: Event, task: Task, error: ErrorInfo) -> float | None:
         delay = self._config.backoff_s(attempts_run(task))  # moves unrun are not failures

@@ -219,7 +219,7 @@ class ManualQueue:
             )
             log.error("a task sent on by a person was refused", error=message)
             error = ErrorInfo(type="backlog_full", message=message, retryable=True)
-            await end_with_error(self._broker, task, "rejected", error)
+            await end_with_error(self._broker, task, "rejected", error, started=False)
             return
         log.info("sent on by a person", message_id=original.message_id, to=task.topic)
 
@@ -257,7 +257,7 @@ class ManualQueue:
             f" within {self.config.ttl_s:g} s ({item.reason})"
         )
         error = ErrorInfo(type="expired", message=message, retryable=False)
-        await end_with_error(self._broker, item.task, "expired", error)
+        await end_with_error(self._broker, item.task, "expired", error, started=False)
 
     async def _bucket(self) -> Bucket[ManualItem]:
         return await self._broker.bucket(self._broker.names.manual_bucket, ManualItem)

@@ -80,5 +80,5 @@ class PriorityAllowances:
         if error is None:
             return True
         log.warning("priority refused", caller=task.caller, priority=task.priority)
-        await end_with_error(broker, task, "rejected", error)
+        await end_with_error(broker, task, "rejected", error, started=False)
         return False

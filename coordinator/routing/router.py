@@ -279,7 +279,7 @@ class Router:
         except TooLarge:  # the envelope grew past the server's limit: it can never be sent
             message = f"the task is larger than the server's {self._broker.max_payload} bytes"
             error = ErrorInfo(type="too_large", message=message, retryable=False)
-            await end_with_error(self._broker, task, "rejected", error)
+            await end_with_error(self._broker, task, "rejected", error, started=False)
             return None
         self._waits.done(task.message_id)
         log.debug("routed", agent_id=card.agent_id, rule=decision.rule.name, attempt=task.attempt)
@@ -338,7 +338,7 @@ class Router:
     async def end(self, task: Task, reason: str, message: str) -> None:
         """End ``task`` for good as ``reason`` (not retryable)."""
         error = ErrorInfo(type=reason, message=message, retryable=False)
-        await end_with_error(self._broker, task, reason, error)
+        await end_with_error(self._broker, task, reason, error, started=False)
 
     async def reject(
         self,
@@ -355,7 +355,7 @@ class Router:
         with ``dead_letter=False`` only a ``rejected`` event records it, with ``detail``."""
         error = ErrorInfo(type=kind, message=message, retryable=True, retry_after_ms=retry_after_ms)
         if dead_letter:
-            await end_with_error(self._broker, task, "rejected", error)
+            await end_with_error(self._broker, task, "rejected", error, started=False)
         else:
             await refuse(self._broker, task, error, **detail)
 

@@ -212,7 +212,7 @@ async def answer_from_record(broker: Broker, task: Task, record: Execution) -> N
     if differs := await other_request(broker, task):
         message = f"{differs}: send it under an id of its own (that one's result is not its)"
         error = ErrorInfo(type="duplicate_id", message=message, retryable=False)
-        await end_with_error(broker, task, "rejected", error)
+        await end_with_error(broker, task, "rejected", error, started=False)
         return
     log.info("ran already; answering from its record", agent_id=record.agent_id)
     if record.caller == task.caller:  # a stored result answers only its own sender

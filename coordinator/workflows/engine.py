@@ -138,7 +138,9 @@ class WorkflowEngine:
             await self._started_again(task, seen_before)
             return
         except (TooLarge, ValueTooLarge) as exc:  # every run of it would be: said at once
-            await end_with_error(self._broker, task, "rejected", outgrown_error(exc), ran=False)
+            await end_with_error(
+                self._broker, task, "rejected", outgrown_error(exc), ran=False, started=False
+            )
             return
         self._hot.keep(record.instance_id, record, revision)
         await reply(self._broker, task, Ack(**about(task)))

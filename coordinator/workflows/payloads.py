@@ -24,6 +24,6 @@ async def inline_payload(broker: Broker, claim_check: ClaimCheck, task: Task) ->
         payload = await claim_check.payload_of(task)
     except (BrokerError, DecodeError) as exc:
         error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
-        await end_with_error(broker, task, "rejected", error, ran=False)
+        await end_with_error(broker, task, "rejected", error, ran=False, started=False)
         return None
     return msgspec.structs.replace(task, payload=payload, payload_ref=None)

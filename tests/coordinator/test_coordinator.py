@@ -155,7 +155,7 @@ async def test_a_task_nobody_can_take_waits_within_its_ttl_then_expires(
     ), letter.error.message
     assert "stopped" in letter.error.message
     assert letter.envelope is not None and letter.envelope.ttl_ms == 300
-    assert not runs
+    assert not runs and letter.attempts == 0
 
 
 async def test_a_waiting_task_runs_when_an_agent_comes_back(broker, coordinator, watcher):
@@ -244,7 +244,8 @@ def test_the_config_s_limits_and_keep_days_make_its_topology(tmp_path):
 
 async def test_a_sender_s_count_of_attempts_is_not_taken(broker, coordinator, watcher):
     """A caller's envelope said attempt 5: its task was routed as attempt 5, a retryable
-    failure got no retry, and its letter said 5 attempts ran when one did (a walkthrough)."""
+    failure got no retry, and its letter said 5 attempts ran (a walkthrough). Refused at
+    routing, it ran none."""
     task = envelopes.Task(
         v=1, message_id="counted-1", trace_id="counted-1", topic="nobody-serves", attempt=5,
         requeued=3,
@@ -252,4 +253,4 @@ async def test_a_sender_s_count_of_attempts_is_not_taken(broker, coordinator, wa
     await broker.publish(broker.names.task("nobody-serves", "alice"), envelopes.encode(task))
     letter = await watcher.dead_letter("no_route", message_id="counted-1")
     assert letter.envelope is not None
-    assert (letter.envelope.attempt, letter.envelope.requeued, letter.attempts) == (1, 0, 1)
+    assert (letter.envelope.attempt, letter.envelope.requeued, letter.attempts) == (1, 0, 0)

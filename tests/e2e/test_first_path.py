@@ -87,12 +87,15 @@ async def test_malformed_json_is_dead_lettered_with_its_path(broker, coordinator
 
 
 async def test_topic_without_agent_is_dead_lettered_no_route(broker, coordinator, watcher):
-    """A topic no agent serves ends as no_route, and the invoker is told at once."""
+    """A topic no agent serves ends as no_route, and the invoker is told at once. No attempt
+    ran, and the letter, its event and the reply say so (they said 1: the envelope's)."""
     async with ReachClient(broker=broker) as client:
-        with pytest.raises(Exception) as caught:
+        with pytest.raises(TaskFailed) as caught:
             await client.invoke("translate", {"text": "hola"})
     letter = await watcher.dead_letter("no_route", topic="translate")
-    assert caught.value.reason == "no_route"  # type: ignore[attr-defined]
+    ended = await watcher.event("dead_lettered", message_id=letter.message_id)
+    assert caught.value.reason == "no_route"
+    assert caught.value.attempts == letter.attempts == ended.detail["attempts"] == 0
     assert letter.envelope is not None and letter.envelope.payload == {"text": "hola"}
     assert [e.event for e in letter.trace] == []  # nothing happened before it was refused
 

@@ -81,6 +81,7 @@ async def test_a_task_queued_for_an_agent_that_never_fetches_ends_expired_once(
         assert await _queue_is_empty(broker, "unfed-1")
         assert [s.detail["state"] for s in watcher.states("unfed-1")] == ["ONLINE"]
     assert caught.value.reason == "expired" and caught.value.ending == "expired"
+    assert caught.value.attempts == letter.attempts == 0  # sent, but it never began
     assert letter.error is not None
     assert letter.error.message.endswith(
         " ms passed in the queue of unfed-1, which did not take it"
