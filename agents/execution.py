@@ -57,6 +57,7 @@ from agentreach.envelopes import (
     ErrorInfo,
     Task,
     now_ms,
+    refuse_server_answers,
     ttl_left_ms,
     ttl_passed_in_queue,
 )
@@ -108,6 +109,8 @@ class Executor:
     async def settle(self, delivery: Delivery) -> None:
         """Execute the delivery, then acknowledge it, or hand it back to come again later."""
         try:
+            # A direct get's answer aimed here is a stored message of someone's: no dispatch.
+            refuse_server_answers(delivery.data, delivery.headers, delivery.subject)
             task = envelopes.decode_task(delivery.data)
         except DecodeError as exc:
             await self._reports.undecodable(delivery, exc)

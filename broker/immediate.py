@@ -22,7 +22,12 @@ import nats.aio.msg
 import nats.aio.subscription
 
 from agentreach.broker.errors import translated
-from agentreach.broker.messages import Inbound, Subscription, pushed_from_a_stream
+from agentreach.broker.messages import (
+    Inbound,
+    Subscription,
+    answered_by_the_server,
+    pushed_from_a_stream,
+)
 from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
@@ -76,6 +81,12 @@ async def listen(broker: Broker, subject: str, handler: Callable[[Inbound], None
         sub = await subscribe_immediate(
             broker.nc,
             subject,
-            lambda msg: None if pushed_from_a_stream(msg) else handler(Inbound(msg)),
+            lambda msg: _unless_forged(msg, handler),
         )
     return Subscription(sub)
+
+
+def _unless_forged(msg: nats.aio.msg.Msg, handler: Callable[[Inbound], None]) -> None:
+    """Hand ``msg`` on unless the server sent it in someone's stead (see ``core_callback``)."""
+    if not pushed_from_a_stream(msg) and not answered_by_the_server(msg):
+        handler(Inbound(msg))

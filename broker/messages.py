@@ -19,6 +19,7 @@ from nats.aio.subscription import Subscription as _NatsSubscription
 
 from agentreach.broker.errors import BrokerError, translated
 from agentreach.broker.tasks import cancel_and_wait
+from agentreach.envelopes.server_answers import server_answer
 from agentreach.logs import get_logger
 
 log = get_logger("broker.messages")
@@ -209,11 +210,31 @@ def pushed_from_a_stream(msg: Msg) -> bool:
 _REFUSED_ON: set[str] = set()
 
 
+def answered_by_the_server(msg: Msg) -> bool:
+    """Whether ``msg`` is the NATS server's answer to someone's request, aimed at a core
+    subject (see :mod:`agentreach.envelopes.server_answers`): a direct get's answer is a
+    stored message of its requester's choosing (an agent's interval, a reload asked of every
+    coordinator, in nobody's name). Dropped, and said once per subject."""
+    if not msg.data and not msg.headers:  # a request with no body (a stream keeps a status so)
+        return False
+    if (said := server_answer(msg.data, msg.headers)) is None:
+        return False
+    if msg.subject not in _logged_answers and len(_logged_answers) < 1000:
+        _logged_answers.add(msg.subject)
+        log.warning(
+            "a server's answer aimed at a core subject dropped", subject=msg.subject, what=said
+        )
+    return True
+
+
+_logged_answers: set[str] = set()
+
+
 def core_callback(handler: InboundHandler) -> Callable[[Msg], Awaitable[None]]:
     """nats-py's callback for a core subscription whose ``handler`` takes an Inbound."""
 
     async def callback(msg: Msg) -> None:
-        if not pushed_from_a_stream(msg):
+        if not pushed_from_a_stream(msg) and not answered_by_the_server(msg):
             await handler(Inbound(msg))
 
     return callback

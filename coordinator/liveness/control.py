@@ -16,7 +16,6 @@ from agentreach.envelopes import (
     RegisterReply,
     RegisterRequest,
     decode_as,
-    server_answer,
 )
 
 log = structlog.get_logger("coordinator.liveness")
@@ -51,10 +50,6 @@ class LivenessControl:
     async def on_clear(self, msg: Inbound) -> None:
         """Every replica hears it; the one judging liveness (holding its lease) answers."""
         if not self._monitor.active:
-            return
-        if said := server_answer(msg.data, msg.headers):  # anyone may aim one here
-            log.warning("a clear that is the NATS server's answer to a request: ignored",
-                        written=said)  # fmt: skip
             return
         agent_id = msg.data.decode(errors="replace")
         await msg.respond((await self._monitor.clear(agent_id)).encode())

@@ -141,3 +141,36 @@ async def test_a_stream_s_delivery_pushed_onto_a_core_subject_is_not_handled(bro
     assert pushed.reply.startswith("$JS.ACK.")
     assert handled == [b'"plain"']
     assert listened == [b'"plain"']
+
+
+async def test_a_server_s_answer_aimed_at_a_core_subject_is_not_handled(broker: Broker):
+    """A party wrote what it liked under a key of its own and direct-got it with the reply
+    aimed at a core subject it may not publish to: an agent's control subject took a
+    heartbeat interval of 299 s from it, and every coordinator reloaded its config on one
+    (a security re-test). Core handlers (``subscribe``, ``listen``) drop such answers, and
+    an API response aimed there too; a real publish is handled."""
+    names = broker.names
+    subject = f"{names.prefix}.ctl.agent.victim"
+    own = f"$KV.{names.executions_bucket}.x.t.attacker"
+    await broker.publish(own, b'{"heartbeat_interval_s": 299}')
+    handled: list[bytes] = []
+    listened: list[bytes] = []
+    raw: asyncio.Queue[nats.aio.msg.Msg] = asyncio.Queue()
+    got_plain = asyncio.Event()
+
+    async def handle(msg: Inbound) -> None:
+        handled.append(msg.data)
+        got_plain.set()
+
+    await broker.subscribe(subject, handle)
+    await listen(broker, subject, lambda msg: listened.append(msg.data))
+    await broker.nc.subscribe(subject, cb=raw.put)
+    direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
+    await broker.nc.publish(direct, b"", reply=subject)
+    await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=subject)
+    forged = [await asyncio.wait_for(raw.get(), timeout=5) for _ in range(2)]
+    await broker.nc.publish(subject, b'{"heartbeat_interval_s": 1}')
+    await asyncio.wait_for(got_plain.wait(), timeout=5)
+    assert b'{"heartbeat_interval_s": 299}' in [m.data for m in forged]  # staged, sent on
+    assert handled == [b'{"heartbeat_interval_s": 1}']
+    assert listened == [b'{"heartbeat_interval_s": 1}']

@@ -14,6 +14,7 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
+from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
 from agentreach.coordinator import workflow as wf
@@ -293,9 +294,15 @@ async def test_a_direct_get_answer_aimed_at_the_clear_subject_clears_no_quaranti
     await until_true(lambda: _active(coordinator))
     with capture_logs() as logs:
         await broker.nc.publish(f"$JS.API.DIRECT.GET.{stream}.{own}", b"", reply=broker.names.clear)
-        await eventually(
-            lambda: any("a clear that is the NATS server's" in e["event"] for e in logs)
-        )
+        await eventually(lambda: _dropped_at(logs, broker.names.clear))
+
+
+def _dropped_at(logs: list[dict[str, Any]], subject: str) -> bool:
+    return any(
+        "a server's answer aimed at a core subject dropped" in e["event"]
+        and e["subject"] == subject
+        for e in logs
+    )
 
 
 async def _active(coordinator) -> bool:  # type: ignore[no-untyped-def]
@@ -378,3 +385,40 @@ def _holder(n: str, held: asyncio.Queue[Any], release: asyncio.Event) -> Agent:
         return {"held": payload}
 
     return agent
+
+
+async def test_a_task_staged_and_direct_got_into_an_agent_s_queue_is_not_run(
+    broker, coordinator, watcher
+) -> None:
+    """An agent (or a worker) wrote a task envelope under a key of its own and direct-got it
+    with the reply aimed at another agent's queue: the stream kept the server's answer, and
+    the agent ran it, as alice's, past the coordinator, answering where the attacker
+    listened (a security re-test). It is nobody's dispatch: dead-lettered, saying so."""
+    names = broker.names
+    seen: list[Any] = []
+    agent = Agent("victim-1", startup_delay=0)
+
+    @agent.handler("echo")
+    async def echo(ctx: TaskContext, payload: Any) -> Any:
+        seen.append(payload)
+        return payload
+
+    forged = encode(
+        envelopes.Task(
+            v=1, message_id="forged-1", trace_id="forged-1", topic="echo",
+            payload={"approved": True}, caller="alice",
+            reply_to="reach.reply.evil.box1.victim-1",
+        )
+    )  # fmt: skip
+    own = f"$KV.{names.executions_bucket}.x.t.evil"
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        await until_true(lambda: _registered(broker, "victim-1"))
+        await broker.publish(own, forged)
+        direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
+        await broker.nc.publish(direct, b"", reply=names.dispatch("victim-1", "P1"))
+        letter = await watcher.dead_letter("invalid_envelope")
+        # Anything it had run would have run before this, from the same queue.
+        assert await client.invoke("echo", {"real": 1}) == {"real": 1}
+    assert seen == [{"real": 1}]
+    assert letter.error is not None and "a JetStream direct get's answer" in letter.error.message
+    assert not [e for e in watcher.events if e.message_id == "forged-1"]

@@ -20,3 +20,21 @@ export function byServer(entry: KvEntry | null): boolean {
   const header = (entry as { sm?: { header?: MsgHdrs } } | null)?.sm?.header;
   return header !== undefined && ADDED.some((name) => header.values(name).length > 1);
 }
+
+const SERVER_JSON = ['{"type":"io.nats.', '{"stream":', '{"error":'];
+
+/**
+ * What a message the server sent in someone's stead is, or null when a party sent it: a
+ * direct get's answer (a stored message of its requester's choosing, with the headers the
+ * server adds), or one of the server's JSON answers (an API response, a publish ack). Read
+ * by a consumer or a core subscription; aimed at an agent's queue, it ran as a task.
+ */
+export function sentByServer(data: Uint8Array, headers: MsgHdrs | undefined): string | null {
+  const names = headers ? [...headers.keys()] : [];
+  if (names.some((name) => ADDED.includes(name) || name.endsWith("Nats-Stream"))) {
+    return "a JetStream direct get's answer (a stored message, sent again by the server)";
+  }
+  const head = new TextDecoder().decode(data.subarray(0, 20));
+  if (!SERVER_JSON.some((opening) => head.startsWith(opening))) return null;
+  return "a NATS server's answer to a request";
+}

@@ -960,6 +960,30 @@ describe("registration and liveness", () => {
     replies.close();
   });
 
+  it("runs no task the NATS server copied into its queue (a staged task ran as alice's)", async () => {
+    const id = unique("ts-queue");
+    const topic = unique("queued");
+    const seen: unknown[] = [];
+    const agent = newAgent(id).handler(topic, (_ctx, payload) => {
+      seen.push(payload);
+      return payload;
+    });
+    await started(agent);
+    const forged = task(topic, { FORGED: true });
+    const own = `$KV.reach_executions.x.y.${unique("evil")}`;
+    await stack.nc.jetstream().publish(own, JSON.stringify({ ...forged, caller: "alice" }));
+    stack.nc.publish(`$JS.API.DIRECT.GET.KV_reach_executions.${own}`, "", { reply: `reach.agent.${id}.p1` });
+    const events = eventsOf(stack, forged.message_id);
+    const real = task(topic, { real: true });
+    const replies = await send(stack, real); // after the copy in the same queue
+    const ending = await replies.next((r) => r.kind === "result" || r.kind === "error", 15_000);
+    assert.deepEqual(ending.kind === "result" && ending.result, { real: true }, JSON.stringify(ending));
+    assert.deepEqual(seen, [{ real: true }]);
+    assert.equal(events.count((e) => e.event === "accepted" || e.event === "completed"), 0);
+    replies.close();
+    events.close();
+  });
+
   it("marks its card draining while running handlers finish, then stopped", async () => {
     const id = unique("ts-draining");
     const topic = unique("drained");
