@@ -32,7 +32,7 @@ from agentreach.envelopes import (
     Task,
     execution_key,
     is_expiry_fence,
-    is_reassignment_fence,
+    moved_on_from,
     now_ms,
 )
 from agentreach.logs import get_logger
@@ -213,7 +213,7 @@ class Claims:
             return AlreadyDone(held)
         if held is not None and is_expiry_fence(held, task.attempt):
             return Expired(held)
-        if held is not None and is_reassignment_fence(held, task.attempt):
+        if held is not None and moved_on_from(held, task.attempt):
             return Moved(held)
         left_ms = held.lease_until_ms - now_ms() if held else 0
         return Busy(retry_in_s=max(left_ms, 100) / 1000)
@@ -310,7 +310,7 @@ class Claims:
         """``mine`` when the message is free to run here; None when it ran or runs elsewhere."""
         if held is not None and is_expiry_fence(held, mine.attempt):
             return None  # ended as expired, by its agent's report or the coordinator's pass
-        if held is not None and is_reassignment_fence(held, mine.attempt):
+        if held is not None and moved_on_from(held, mine.attempt):
             return None  # moved to another agent: that attempt's run is the next one
         if held is None or held.state == "failed":
             return mine  # an unreadable record must not block the message forever

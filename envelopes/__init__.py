@@ -48,6 +48,7 @@ from agentreach.envelopes.executions import (
     executions_of_any_caller,
     is_expiry_fence,
     is_reassignment_fence,
+    moved_on_from,
 )
 from agentreach.envelopes.ids import new_id, replay_id, stable_id, sub_task_id, unix_ms_of
 from agentreach.envelopes.intake import is_envelope, task_from_intake, wrap_body
@@ -181,6 +182,7 @@ __all__ = [
     "is_reply_subject",
     "is_token",
     "json_schema",
+    "moved_on_from",
     "new_id",
     "now_ms",
     "refuse_server_answers",

@@ -73,6 +73,14 @@ def is_reassignment_fence(record: Execution, attempt: int) -> bool:
     )
 
 
+def moved_on_from(record: Execution, attempt: int) -> bool:
+    """Whether ``record`` fences ``attempt`` off from its agent: a reassignment fence of that
+    attempt or a later one. The agent's one record of the message keeps the last fence, so a
+    fence of attempt 3 replaced that of 2, and a process that came back and fetched attempt 2
+    before its deletion ran it beside attempt 3 (a cluster walkthrough)."""
+    return record.attempt >= attempt and is_reassignment_fence(record, record.attempt)
+
+
 def is_expiry_fence(record: Execution, attempt: int) -> bool:
     """Whether ``record`` ends ``attempt`` as expired: the *expiry fence* that whoever ended
     the task (its agent's report, or the coordinator's pass over the queues) wrote. No

@@ -10,9 +10,9 @@ import msgspec
 import pytest
 
 from agentreach.agents import claims as claims_module
-from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Outcome
+from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Moved, Outcome
 from agentreach.broker import BrokerError, Bucket
-from agentreach.envelopes import Execution, Task, new_id
+from agentreach.envelopes import REASSIGNED, ErrorInfo, Execution, Task, execution_key, new_id
 
 
 def task() -> Task:
@@ -186,3 +186,25 @@ async def test_a_renewal_that_landed_late_leaves_the_claim_this_run_s(broker):
     await bucket.put(takeover, msgspec.structs.replace((await bucket.get(takeover)).value, epoch=2))
     assert not await other.renew(taken, claim, lease_ms=20_000)
     assert not await other.record(taken, Outcome(claim, result=2), still_working=still_working)
+
+
+@pytest.mark.parametrize("first", [True, False])
+async def test_an_attempt_older_than_the_fence_of_a_later_one_is_not_run(broker, first: bool):
+    """The agent's one record of a message keeps the last reassignment fence: the fence of
+    attempt 3 replaced that of attempt 2, and a process of the agent that came back and
+    fetched attempt 2 from its queue ran it beside attempt 3 (a cluster walkthrough: 17 tasks
+    completed on two agents). A fence fences off its attempt and every earlier one."""
+    claims, stale = await claims_of(broker, epoch=2), task()
+    fence = Execution(
+        message_id=stale.message_id, state="failed", agent_id="claimer", epoch=1, attempt=3,
+        error=ErrorInfo(type=REASSIGNED, message="its agent went OFFLINE", retryable=True),
+    )  # fmt: skip
+    bucket = await broker.bucket(broker.names.executions_bucket, Execution)
+    await bucket.put(execution_key("alice", stale.message_id, "claimer"), fence)
+    for attempt in (2, 3):
+        claim = await claims.claim(
+            msgspec.structs.replace(stale, attempt=attempt), lease_ms=5_000, first=first
+        )
+        assert isinstance(claim, Moved), (attempt, claim)
+    later = await claims.claim(msgspec.structs.replace(stale, attempt=4), lease_ms=5_000)
+    assert isinstance(later, Claimed)  # the next attempt may run here

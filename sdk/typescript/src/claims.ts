@@ -372,11 +372,11 @@ function parse(value: Uint8Array): Execution | null {
 
 /**
  * Whether `record` says `attempt` was taken from its agent (judged gone, its queue moved to
- * another agent as the next attempt): no process of that agent may run it, not even one that
- * comes back and fetches it from its durable queue before the coordinator deletes it.
+ * another agent as a later attempt): no process of that agent may run it, not even one that
+ * comes back and fetches it from its queue before it is deleted. A later attempt's fence too.
  */
 export function isReassignmentFence(record: Execution, attempt: number): boolean {
-  return record.state === "failed" && record.attempt === attempt && record.error?.type === "reassigned";
+  return record.state === "failed" && record.attempt >= attempt && record.error?.type === "reassigned";
 }
 
 /**
