@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import fcntl
 import os
 import re
@@ -26,6 +27,7 @@ _LISTENING = re.compile(r"Listening for client connections on (?P<host>\S+):(?P<
 _READY = "Server is ready"
 PID_FILE = ".reach-server-pid"  # in the store: the nats-server started on it, while it runs
 LEFTOVER_STOP_S = 10.0
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def ended_how(code: int) -> str:
@@ -118,6 +120,7 @@ class EmbeddedServer:
             *args,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         # At once, not once ready: a kill -9 during the store's recovery leaves it running too.
         (self.store_dir / PID_FILE).write_text(f"{self._process.pid}\n")
@@ -337,3 +340,11 @@ async def _exited(pidfd: int, within_s: float) -> bool:
         return False
     finally:
         loop.remove_reader(pidfd)
+
+
+def _die_with_parent() -> None:
+    """In the child, before nats-server starts: SIGTERM it when the process that started it
+    dies. A ``kill -9`` of ``reach up`` left its servers running, reading no more of their
+    stderr: each died of SIGPIPE at its next log line, and one node's death took the rest
+    (a cluster walkthrough). They stop with it now; the next start finds the store free."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

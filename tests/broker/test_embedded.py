@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from agentreach.broker import Broker, EmbeddedServer
-from agentreach.broker.embedded import PID_FILE
+from agentreach.broker.embedded import PID_FILE, find_server_binary
 from agentreach.broker.errors import EmbeddedServerError
+from tests.support import until_true
 
 # A `reach up` killed with -9 while its embedded server runs.
 KILLED_WHILE_SERVING = """
@@ -30,7 +31,10 @@ asyncio.run(main())
 """
 
 
-async def test_a_server_left_by_a_killed_process_is_stopped_before_its_store_is_used(tmp_path):
+async def test_a_server_whose_starter_is_killed_stops_with_it(tmp_path):
+    """A `reach up` killed with -9 left its servers running, no longer reading their stderr:
+    each died of SIGPIPE at its next log line, and one node's death took the rest of a
+    cluster (a walkthrough). A server stops with the process that started it."""
     store = tmp_path / "store"
     killed = await asyncio.create_subprocess_exec(
         sys.executable, "-c", KILLED_WHILE_SERVING, str(store), stdout=asyncio.subprocess.PIPE
@@ -40,19 +44,52 @@ async def test_a_server_left_by_a_killed_process_is_stopped_before_its_store_is_
     while not url.startswith("nats://"):  # after the server's own log line
         url = (await asyncio.wait_for(killed.stdout.readline(), 20)).decode().strip()
     await killed.wait()
-    leftover = int((store / PID_FILE).read_text())
+    orphan = int((store / PID_FILE).read_text())
     try:
-        async with Broker(url) as still_serving:  # the orphan holds the port and the store
-            await still_serving.flush()
+        await until_true(lambda: _gone(orphan), timeout=10)
         port = int(url.rsplit(":", 1)[1])
         async with EmbeddedServer(port=port, store_dir=store) as server, Broker(server.url) as b:
             await b.flush()
-            assert int((store / PID_FILE).read_text()) != leftover
-        assert not _alive(leftover)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(orphan, signal.SIGKILL)
+
+
+async def test_a_server_left_on_a_store_is_stopped_before_the_store_is_used(tmp_path):
+    """A nats-server left running on the store (started by hand, or by a release before
+    servers stopped with their starter) holds its port and store: it is stopped first."""
+    store = tmp_path / "store"
+    store.mkdir()
+    port = _free_port()
+    args = ["-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)]
+    left = await asyncio.create_subprocess_exec(
+        str(find_server_binary()), *args, stderr=asyncio.subprocess.DEVNULL
+    )
+    (store / PID_FILE).write_text(f"{left.pid}\n")
+    try:
+        url = f"nats://127.0.0.1:{port}"
+        await until_true(lambda: _serves(url), timeout=10)
+        async with EmbeddedServer(port=port, store_dir=store) as server, Broker(server.url) as b:
+            await b.flush()
+            assert int((store / PID_FILE).read_text()) != left.pid
+        assert await asyncio.wait_for(left.wait(), 5) is not None
         assert not (store / PID_FILE).exists()
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(leftover, signal.SIGKILL)
+            left.kill()
+
+
+async def _gone(pid: int) -> bool:
+    return not _alive(pid)
+
+
+async def _serves(url: str) -> bool:
+    try:
+        async with Broker(url, connect_timeout=1) as broker:
+            await broker.flush()
+    except Exception:  # not listening yet
+        return False
+    return True
 
 
 def _alive(pid: int) -> bool:
