@@ -354,10 +354,13 @@ class Claims:
     async def _still_mine(self, task: Task, claim: Claimed) -> bool:
         """Whether a write refused at ``claim``'s revision met this run's own claim, written
         again since: a renewal that timed out (the server away) and landed later, from the
-        client's reconnect buffer. The claim takes that revision (a later one is no claim)."""
-        held = await self._bucket.get(self._key(task))
-        mine = self._record(task, "running")
-        if held is None or held.revision <= claim.revision or not _same_write(held.value, mine):
+        client's reconnect buffer; or nobody's write, unreadable (a server's answer a caller
+        aimed at the key: the outcome was never recorded, and the task was lost). The claim
+        takes that revision (a later one is no claim)."""
+        held = await self._bucket.last(self._key(task))
+        if held is None or held.revision <= claim.revision:
+            return False
+        if held.value is not None and not _same_write(held.value, self._record(task, "running")):
             return False
         claim.revision = held.revision
         return True

@@ -327,6 +327,11 @@ class Bucket(Generic[T]):
             revision = earlier[0].stream_seq
             yield earlier[0]
 
+    async def last(self, key: str) -> Entry[T] | None:
+        """For a conditional write: the key's entry; an unreadable value (and none readable
+        before it) as ``None`` at its revision. None when absent or deleted."""
+        return await self._current(key)
+
     async def _current(self, key: str) -> Entry[T] | None:
         """For cas: the key's entry; an unreadable value (and none readable before it) as
         ``None`` at its revision."""

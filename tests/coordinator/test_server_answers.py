@@ -19,7 +19,15 @@ from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import read_record
-from agentreach.envelopes import AgentCard, LeaseRecord, decode_as, encode, now_ms, server_answer
+from agentreach.envelopes import (
+    AgentCard,
+    Execution,
+    LeaseRecord,
+    decode_as,
+    encode,
+    now_ms,
+    server_answer,
+)
 from tests.coordinator.workflows.test_cancel import HELD, secured
 from tests.e2e.routing_support import fast, serving
 from tests.secured import SecuredDeployment, sealed_deployment
@@ -422,3 +430,31 @@ async def test_a_task_staged_and_direct_got_into_an_agent_s_queue_is_not_run(
     assert seen == [{"real": 1}]
     assert letter.error is not None and "a JetStream direct get's answer" in letter.error.message
     assert not [e for e in watcher.events if e.message_id == "forged-1"]
+
+
+async def test_a_server_answer_over_a_running_claim_loses_no_outcome(tmp_path: Path):
+    """bob aimed `$JS.API.STREAM.NAMES` at the record an agent keeps of alice's running task:
+    the agent's outcome write was refused, it could not read the key (its creds grant no read
+    past it), and the task was lost, dead-lettered after every delivery failed to record it (a
+    security re-test). Nobody's write over its claim leaves the claim its own."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    deployment.directory.issue("agent", "holder-9", intents=("hold-9",))
+    held: asyncio.Queue[Any] = asyncio.Queue()
+    release = asyncio.Event()
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, coordinator),
+        _holder("9", held, release).running(url, auth=deployment.auth("agent", "holder-9")),
+        Broker(url, name="bob", auth=deployment.auth("caller", "bob")) as bob,
+        ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
+    ):
+        await eventually(lambda: "holder-9" in coordinator.directory.cards)
+        invoked = asyncio.create_task(alice.invoke("hold-9", {"n": 1}, message_id="o-1"))
+        assert await asyncio.wait_for(held.get(), 10) == {"n": 1}
+        key = f"$KV.{admin.names.executions_bucket}.alice.o-1.holder-9"
+        await bob.nc.publish("$JS.API.STREAM.NAMES", b"", reply=key)
+        kv = await admin.js.key_value(admin.names.executions_bucket)
+        await until_true(lambda: _overwritten(kv, "alice.o-1.holder-9"))
+        release.set()
+        assert await asyncio.wait_for(invoked, 15) == {"held": {"n": 1}}
+        record = decode_as((await kv.get("alice.o-1.holder-9")).value, Execution)
+    assert record.state == "done" and record.result == {"held": {"n": 1}}

@@ -274,13 +274,10 @@ export class Claims {
         if (!isWrongLastSequence(err)) throw err;
       }
       const entry = await this.kv.get(this.key(task));
-      if (entry !== null && byServer(entry) && entry.revision > claim.revision) {
-        claim.revision = entry.revision; // nobody's write: the claim stands, written over it
-        continue;
-      }
       if (entry === null || entry.operation !== "PUT" || entry.revision <= claim.revision) return false;
-      const held = parse(entry.value);
-      if (held === null || !sameWrite(held, this.recordOf(task, "running", {}))) return false;
+      // Unreadable or the server's (an answer a caller aimed at the key): nobody's, the claim stands.
+      const held = byServer(entry) ? null : parse(entry.value);
+      if (held !== null && !sameWrite(held, this.recordOf(task, "running", {}))) return false;
       claim.revision = entry.revision; // strictly later each time: the loop ends
     }
   }
@@ -362,9 +359,11 @@ export class Claims {
   }
 }
 
+/** The record, or null when the value is none (not JSON, or JSON that is no record: a server's answer). */
 function parse(value: Uint8Array): Execution | null {
   try {
-    return decodeJson(value) as Execution;
+    const record = decodeJson(value) as Partial<Execution> | null;
+    return typeof record?.state === "string" && typeof record.message_id === "string" ? (record as Execution) : null;
   } catch {
     return null;
   }

@@ -960,6 +960,31 @@ describe("registration and liveness", () => {
     replies.close();
   });
 
+  it("records its outcome over a server's answer aimed at its running claim (the task was lost)", async () => {
+    const id = unique("ts-claimed");
+    const topic = unique("claimed");
+    const running = new Gate();
+    const release = new Gate();
+    const agent = newAgent(id).handler(topic, async () => {
+      running.open();
+      await release.opened;
+      return { done: true };
+    });
+    await started(agent);
+    const t = task(topic, null);
+    const key = `_.${t.message_id}.${id}`;
+    const replies = await send(stack, t);
+    await running.opened;
+    stack.nc.publish("$JS.API.STREAM.NAMES", "", { reply: `$KV.reach_executions.${key}` });
+    const records = await kv("reach_executions");
+    await kvUntil<{ type?: string }>(records, key, (r) => r?.type !== undefined);
+    release.open();
+    const ending = await replies.next((r) => r.kind === "result" || r.kind === "error", 15_000);
+    assert.deepEqual(ending.kind === "result" && ending.result, { done: true }, JSON.stringify(ending));
+    assert.equal((await records.get(key))!.json<{ state: string }>().state, "done");
+    replies.close();
+  });
+
   it("runs no task the NATS server copied into its queue (a staged task ran as alice's)", async () => {
     const id = unique("ts-queue");
     const topic = unique("queued");
