@@ -70,11 +70,17 @@ async def write_card(broker: Broker, card: AgentCard) -> Entry[AgentCard]:
         card, host=socket.gethostname(), pid=os.getpid(), started_at=now_ms()
     )
 
+    there = await cards.last(card.agent_id)
+
     def next_epoch(previous: AgentCard | None) -> AgentCard:
-        return msgspec.structs.replace(stamped, epoch=previous.epoch + 1 if previous else 1)
+        # A card none can read (a server's answer a caller aimed at it): its revision is past
+        # every epoch written before it, each at a revision of its own. From 1, the new
+        # process lost to a stalled older one, which fenced it off when it woke.
+        unread = there.revision if there is not None else 1
+        return msgspec.structs.replace(stamped, epoch=previous.epoch + 1 if previous else unread)
 
     try:
-        swap = await cards.cas(card.agent_id, next_epoch, tries=1)
+        swap = await cards.cas(card.agent_id, next_epoch, tries=1, known=there)
     except WrongLastSequence:
         raise AgentIdInUse(
             f"agent_id {card.agent_id!r} was registered by another process at the same moment"

@@ -458,3 +458,36 @@ async def test_a_server_answer_over_a_running_claim_loses_no_outcome(tmp_path: P
         assert await asyncio.wait_for(invoked, 15) == {"held": {"n": 1}}
         record = decode_as((await kv.get("alice.o-1.holder-9")).value, Execution)
     assert record.state == "done" and record.result == {"held": {"n": 1}}
+
+
+async def test_a_card_overwritten_by_a_server_answer_does_not_take_the_epoch_back(
+    tmp_path: Path,
+):
+    """bob aimed `$JS.API.STREAM.NAMES` at an agent's card: its next process found no card it
+    could read and registered with epoch 1, and a stalled older process of epoch 3 fenced the
+    healthy new one off when it woke (a security re-test). An unreadable card's revision is
+    past every epoch before it."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    deployment.directory.issue("agent", "epochal", intents=("noop",))
+    auth = deployment.auth("agent", "epochal")
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, _),
+        Broker(url, name="bob", auth=deployment.auth("caller", "bob")) as bob,
+    ):
+        kv = await admin.js.key_value(admin.names.agents_bucket)
+        epochs = []
+        for _ in range(2):
+            agent = Agent("epochal", startup_delay=0)
+            agent.handler("noop")(lambda ctx, payload: payload)
+            async with agent.running(url, auth=auth):
+                epochs.append(decode_as((await kv.get("epochal")).value, AgentCard).epoch)
+        await bob.nc.publish(
+            "$JS.API.STREAM.NAMES", b"", reply=f"$KV.{admin.names.agents_bucket}.epochal"
+        )
+        await until_true(lambda: _overwritten(kv, "epochal"))
+        agent = Agent("epochal", startup_delay=0)
+        agent.handler("noop")(lambda ctx, payload: payload)
+        async with agent.running(url, auth=auth):
+            after = decode_as((await kv.get("epochal")).value, AgentCard).epoch
+    assert epochs == [1, 2]
+    assert after > 2

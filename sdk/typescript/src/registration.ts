@@ -63,10 +63,13 @@ export async function writeCard(conn: Connection, card: AgentCard, log: Logger):
   let revision: number | null = null;
   if (entry !== null && entry.operation === "PUT") {
     revision = entry.revision;
+    // A card none can read: its revision is past every epoch written before it (each had a
+    // revision of its own), so an older process stays fenced off (it took over from 1).
+    epoch = revision;
     if (byServer(entry)) log.warn("replacing a card the NATS server wrote (someone's request aimed at it)");
     else try {
-      epoch = (decodeJson(entry.value) as AgentCard).epoch + 1;
-      if (!Number.isInteger(epoch)) epoch = 1;
+      const previous = (decodeJson(entry.value) as AgentCard).epoch + 1;
+      if (Number.isInteger(previous)) epoch = previous;
     } catch {
       log.warn("replacing an unreadable agent card");
     }

@@ -985,6 +985,24 @@ describe("registration and liveness", () => {
     replies.close();
   });
 
+  it("takes no epoch back when its card was overwritten by a server's answer", async () => {
+    const id = unique("ts-epochal");
+    const cards = await kv("reach_agents");
+    for (let i = 0; i < 2; i += 1) {
+      const agent = newAgent(id).handler(unique("epochal"), () => null);
+      await started(agent);
+      await agent.stop();
+    }
+    assert.equal((await cards.get(id))!.json<AgentCard>().epoch, 2);
+    stack.nc.publish("$JS.API.STREAM.NAMES", "", { reply: `$KV.reach_agents.${id}` });
+    await kvUntil<{ type?: string }>(cards, id, (c) => c?.type !== undefined);
+    const again = newAgent(id).handler(unique("epochal"), () => null);
+    await started(again);
+    const epoch = (await cards.get(id))!.json<AgentCard>().epoch;
+    assert.ok(epoch > 2, `epoch ${epoch}: a stalled process of epoch 2 would fence this one off`);
+    await again.stop();
+  });
+
   it("runs no task the NATS server copied into its queue (a staged task ran as alice's)", async () => {
     const id = unique("ts-queue");
     const topic = unique("queued");
