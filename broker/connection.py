@@ -291,11 +291,11 @@ class Broker:
         )
 
     async def publish_core(
-        self, subject: str, data: bytes, *, headers: dict[str, str] | None = None
+        self, subject: str, data: bytes, *, headers: dict[str, str] | None = None, reply: str = ""
     ) -> None:
-        """Plain core-NATS publish (replies to an inbox)."""
+        """Plain core-NATS publish (replies to an inbox; a request names its ``reply``)."""
         with translated(subject=subject):
-            await self.nc.publish(subject, data, headers=headers)
+            await self.nc.publish(subject, data, reply=reply, headers=headers)
 
     async def kv(self, bucket: str) -> KeyValue:
         """The nats-py KV bucket (cached per connection), for this package's own use."""

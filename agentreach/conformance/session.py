@@ -176,6 +176,16 @@ class Session:
         await self.broker.publish(subject, envelopes.encode(routed), headers=headers)
         return exchange
 
+    async def dispatch_by_server(self, task: Task) -> Exchange:
+        """Have the NATS server put ``task`` into the agent's queue, as anyone can: stored
+        under a key of the kit's, then direct-got with the reply aimed at the queue."""
+        exchange = await self._watch(task)
+        own = f"$KV.{self.names.executions_bucket}.kit.{task.message_id}.kit"
+        await self.broker.publish(own, envelopes.encode(task), headers=h.task_headers(task))
+        direct = f"$JS.API.DIRECT.GET.KV_{self.names.executions_bucket}.{own}"
+        await self.broker.publish_core(direct, b"", reply=self.names.dispatch(self.agent_id, "P1"))
+        return exchange
+
     async def dispatch_raw(self, body: bytes, *, priority: Priority = "P1") -> None:
         """Put bytes that are not a valid task into the agent's queue."""
         subject = self.names.dispatch(self.agent_id, priority)

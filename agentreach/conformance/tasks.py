@@ -267,7 +267,25 @@ async def invalid_envelope(s: Session, c: Checks) -> str:
         "the agent reports the dispatch (a failed event the coordinator dead-letters)",
     )
     c.should("Nats-Msg-Id" in letter.headers, "the report keeps the message's headers")
+    await _nobody_s_dispatch(s, c)
     return f"dead-lettered: {error.message}"
+
+
+async def _nobody_s_dispatch(s: Session, c: Checks) -> None:
+    """§6 "Nobody's dispatch" (revision 24): a valid task the server copied into the queue
+    (a direct get's answer, content anyone may choose) is not run but reported as no task."""
+    forged = s.task({"op": "echo", "value": "forged"})
+    exchange = await s.dispatch_by_server(forged)
+    await s.until(
+        lambda: first([d for d in s.dead_letters if forged.message_id in (d.raw or "")]),
+        10.0,
+        "the task the NATS server copied into the queue reported as no task (§6, revision 24:"
+        " a direct get's answer is nobody's dispatch)",
+    )
+    c.must(
+        not exchange.events_of("accepted") and not exchange.agent_replies(),
+        "a task the NATS server copied into the queue is not run (§6)",
+    )
 
 
 async def claim_check(s: Session, c: Checks) -> str:

@@ -201,3 +201,15 @@ async def test_an_agent_that_ignores_payload_refs_fails_the_claim_check_clause(
     verdicts = await judge(broker, conformance_agent("refless-1"), "task.claim_check")
     assert verdicts["task.claim_check"].status is Status.FAIL
     assert "the agent failed the task" in verdicts["task.claim_check"].detail
+
+
+async def test_an_agent_that_runs_server_copied_tasks_fails_the_invalid_envelope_clause(
+    broker, coordinator, monkeypatch
+):
+    """An agent that takes a direct get's answer in its queue for a dispatch (protocol
+    revision 24: anyone can have the server put one there) fails clause 12."""
+    monkeypatch.setattr(execution, "refuse_server_answers", lambda *args: None)
+    verdicts = await judge(broker, conformance_agent("trusting-1"), "task.invalid_envelope")
+    verdict = verdicts["task.invalid_envelope"]
+    assert verdict.status is Status.FAIL
+    assert "nobody's dispatch" in verdict.detail
