@@ -6,6 +6,7 @@ Prometheus evaluates them. Prometheus stays the only thing that pages;
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,10 @@ class Rule:
     for_s: int
     min_completed: int = 0
 
+    def compares(self, value: float) -> bool:
+        """Whether ``value`` is past the threshold, as the rule's ``op`` says."""
+        return _OPS[self.op](value, self.value)
+
     def holds(self, key: str, values: dict[str, Any]) -> bool:
         """Whether the rule's expression has a value (its condition holds) at this step."""
         value = values[key]
@@ -36,7 +41,7 @@ class Rule:
             if not previous or enough < self.min_completed:
                 return False
             value = value / previous
-        return value < self.value if self.op == "<" else value > self.value
+        return self.compares(value)
 
     def threshold(self, key: str) -> dict[str, Any]:
         """The ``threshold`` of a snapshot's series."""
@@ -62,10 +67,12 @@ class Rule:
         return f"{self.op} {self.value * 100:g} %{of} {held}"
 
 
+_OPS = {"<": operator.lt, ">": operator.gt, ">=": operator.ge}
+
 RULES = {
     "success_rate": Rule("ReachSuccessRateLow", "critical", "<", 0.995, 120),
     "p99_latency": Rule("ReachLatencyP99Up", "warning", ">", 1.3, 300, min_completed=100),
-    "queue_fill": Rule("ReachQueueDepthHigh", "warning", ">", 0.5, 180),
+    "queue_fill": Rule("ReachQueueDepthHigh", "warning", ">=", 0.5, 180),
     "retry_rate": Rule("ReachRetryRateHigh", "warning", ">", 0.05, 120),
     "isolated_agents": Rule("ReachAgentsIsolated", "critical", ">", 0, 0),
 }

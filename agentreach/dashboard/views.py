@@ -234,13 +234,13 @@ class Board:
         self.read_ms, self.unread = now_ms(), None
         queues = self._queues()
         fullest, self.worst_queue = series.worst(queues)
-        over = RULES["queue_fill"].value
+        over = RULES["queue_fill"]
         self.history.sample(  # at read_ms: what a stale snapshot is as of must hold a sample
             self.read_ms,
             queue_fill=fullest,
             isolated=len(self.breakers.isolated),
             queues_over={
-                f"{q['agent_id']} {q['priority']}" for q in queues if series.fill(q) > over
+                f"{q['agent_id']} {q['priority']}" for q in queues if over.compares(series.fill(q))
             },
         )
 

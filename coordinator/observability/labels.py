@@ -58,5 +58,5 @@ def rejection_kind(event: Event) -> str | None:
         return QUOTA if "quota" in event.detail else kind if kind in REJECTIONS else None
     if event.event != "dead_lettered" or event.detail.get("reason") != "rejected":
         return None
-    quota_letter = error.get("retry_after_ms") is not None
+    quota_letter = kind == "rate_limited" and error.get("retry_after_ms") is not None
     return kind if kind in REJECTIONS and not quota_letter else None

@@ -58,7 +58,7 @@ def test_thresholds_are_said_from_the_numbers_judged():
     assert [rule.text(key) for key, rule in RULES.items()] == [
         "< 99.5 % for 2 min",
         "> 1.3 x the period before, for 5 min, of ≥ 100 completions in each",
-        "> 50 % of capacity for 3 min",
+        ">= 50 % of capacity for 3 min",
         "> 5 % for 2 min",
         "> 0, at once",
     ]
@@ -167,7 +167,7 @@ async def test_summaries_carry_the_value_and_details_the_counts(broker: Broker):
     assert series["success_rate"]["state"] == "ok"  # 99.87 %
     assert series["retry_rate"]["detail"] == "24 retries of 240 dispatches, 5 min"
     assert set(alerts) == {"queue_fill", "retry_rate"}
-    assert alerts["queue_fill"]["summary"] == "Queue depth: 58.0 % (> 50 % of capacity for 3 min)"
+    assert alerts["queue_fill"]["summary"] == "Queue depth: 58.0 % (>= 50 % of capacity for 3 min)"
     assert alerts["retry_rate"]["summary"] == "Retry rate: 10.0 % (> 5 % for 2 min)"
     for key, held_s in (("queue_fill", 180), ("retry_rate", 120)):
         assert alerts[key]["since_ms"] == series[key]["since_ms"] + held_s * 1000

@@ -1,0 +1,27 @@
+"""Which rejections count in reach_rejections_total, and as what kind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentreach.coordinator.observability.labels import rejection_kind
+from agentreach.envelopes import Event
+
+
+def _letter(kind: str, **error: Any) -> Event:
+    detail = {"reason": "rejected", "error": {"type": kind, "message": "m", **error}}
+    return Event(v=1, event="dead_lettered", message_id="m", trace_id="m", topic="t", detail=detail)
+
+
+def test_a_circuit_open_letter_counts_though_it_says_when_to_try_again() -> None:
+    """Every circuit_open letter carries retry_after_ms (0 too): taken for a quota refusal's
+    letter, none was counted (21 letters, the counter at 0, in a walkthrough)."""
+    assert rejection_kind(_letter("circuit_open", retry_after_ms=0)) == "circuit_open"
+    assert rejection_kind(_letter("circuit_open", retry_after_ms=9_000)) == "circuit_open"
+    assert rejection_kind(_letter("backpressure")) == "backpressure"
+
+
+def test_a_quota_refusal_s_letter_is_not_counted_again() -> None:
+    """Its `rejected` event counted it already."""
+    assert rejection_kind(_letter("rate_limited", retry_after_ms=500)) is None
+    assert rejection_kind(_letter("rate_limited")) == "rate_limited"
