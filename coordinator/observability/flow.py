@@ -79,6 +79,7 @@ class FlowMetrics(Collector):
         self._known_topic = known_topic
         self._topics, self._workflows = topics, workflows
         self._primed: set[tuple[str, str]] = {("topic", OTHER_TOPIC)}
+        self._served: set[str] = set()  # topics labelled as themselves: they stay labels
         self.last_stored_ms = 0
         self.behind = 0  # events the consumer still holds after the last one taken
         self._ends = Ends()
@@ -280,8 +281,14 @@ class FlowMetrics(Collector):
         return child
 
     def topic(self, topic: str) -> str:
-        """The topic as a label: only topics an agent or a workflow serves make series."""
-        return topic if self._known_topic(topic) else OTHER_TOPIC
+        """The topic as a label: only topics an agent or a workflow serves (or served: its
+        `no_route` once its agents are forgotten counts in the success ratio) make series."""
+        if topic in self._served or ("topic", topic) in self._primed:
+            return topic
+        if not self._known_topic(topic):
+            return OTHER_TOPIC
+        self._served.add(topic)
+        return topic
 
     # -- the fold ------------------------------------------------------------------------
     def count(self, msg: Delivery) -> None:

@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
 from agentreach.broker.lifecycle import agent_event, emit, event_for
+from agentreach.cli.retirement import forget
 from agentreach.coordinator import Coordinator, CoordinatorConfig, RateLimits
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.observability import MetricsConfig
@@ -358,3 +359,31 @@ async def test_a_step_its_workflow_absorbs_is_no_finished_task(broker, watcher):
     assert list(result["missing"]) == ["slow"], result
     assert total(found, "reach_tasks_finished_total", topic="ponder") == 0
     assert total(found, "reach_tasks_finished_total", topic="spread", outcome="completed") == 1
+
+
+async def test_a_topic_whose_agents_were_forgotten_keeps_its_label(broker, watcher):
+    """`no_route` of a topic served before, once its agents were forgotten, was counted as
+    `_other` — which the success ratio leaves out as a caller's mistake — and the ratio stayed
+    at 100 % (a walkthrough). A topic labelled once stays its own label."""
+    good, _ = agents()
+    async with replica(broker) as running:
+        async with good.running(broker=broker), ReachClient(broker=broker) as client:
+            assert await client.invoke("double", {"n": 1}) == {"n": 2}
+        await forget(broker, good.agent_id)
+        await eventually(lambda: _gone(running, good.agent_id))
+        async with ReachClient(broker=broker) as client:
+            message_id, _ = await client.publish("double", {"n": 2})
+        await watcher.dead_letter("no_route", message_id=message_id)
+
+        async def counted() -> dict | None:
+            found = await scrape(running.metrics_url)
+            lettered = total(found, "reach_dead_letters_total", reason="no_route")
+            return found if lettered >= 1 else None
+
+        found = await until_true(counted)
+    assert total(found, "reach_dead_letters_total", reason="no_route", topic="double") == 1
+    assert total(found, "reach_tasks_finished_total", outcome="no_route", topic="_other") == 0
+
+
+def _gone(running: Coordinator, agent_id: str) -> bool:
+    return agent_id not in running.directory.cards
