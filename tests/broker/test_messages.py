@@ -118,29 +118,45 @@ async def test_a_stream_s_delivery_pushed_onto_a_core_subject_is_not_handled(bro
     a real publish on the subject is handled."""
     names = broker.names
     subject = f"{names.prefix}.ctl.pushed"
-    handled: list[bytes] = []
-    listened: list[bytes] = []
-    raw: asyncio.Queue[nats.aio.msg.Msg] = asyncio.Queue()
-    got_plain = asyncio.Event()
-
-    async def handle(msg: Inbound) -> None:
-        handled.append(msg.data)
-        got_plain.set()
-
-    await broker.subscribe(subject, handle)
-    await listen(broker, subject, lambda msg: listened.append(msg.data))
-    await broker.nc.subscribe(subject, cb=raw.put)
+    handlers = await _CoreHandlers.on(broker, subject)
     config = api.ConsumerConfig(
         durable_name="pusher", deliver_subject=subject, filter_subject=names.task("pushed")
     )
     await broker.js.add_consumer(names.tasks_stream, config=config)
     await broker.publish(names.task("pushed"), b'"stored"')
-    pushed = await asyncio.wait_for(raw.get(), timeout=5)
-    await broker.nc.publish(subject, b'"plain"')
-    await asyncio.wait_for(got_plain.wait(), timeout=5)
+    pushed = await asyncio.wait_for(handlers.raw.get(), timeout=5)
+    await handlers.plain(b'"plain"')
     assert pushed.reply.startswith("$JS.ACK.")
-    assert handled == [b'"plain"']
-    assert listened == [b'"plain"']
+    assert handlers.handled == handlers.listened == [b'"plain"']
+
+
+class _CoreHandlers:
+    """A subject's two kinds of core handler (``subscribe``, ``listen``), and a raw nats-py
+    subscription beside them that sees everything sent there."""
+
+    def __init__(self, broker: Broker, subject: str) -> None:
+        self._broker, self._subject = broker, subject
+        self.handled: list[bytes] = []
+        self.listened: list[bytes] = []
+        self.raw: asyncio.Queue[nats.aio.msg.Msg] = asyncio.Queue()
+        self._got = asyncio.Event()
+
+    @classmethod
+    async def on(cls, broker: Broker, subject: str) -> _CoreHandlers:
+        handlers = cls(broker, subject)
+        await broker.subscribe(subject, handlers._handle)
+        await listen(broker, subject, lambda msg: handlers.listened.append(msg.data))
+        await broker.nc.subscribe(subject, cb=handlers.raw.put)
+        return handlers
+
+    async def _handle(self, msg: Inbound) -> None:
+        self.handled.append(msg.data)
+        self._got.set()
+
+    async def plain(self, data: bytes) -> None:
+        """Publish ``data`` as a party does, and wait until it is handled."""
+        await self._broker.nc.publish(self._subject, data)
+        await asyncio.wait_for(self._got.wait(), timeout=5)
 
 
 async def test_a_server_s_answer_aimed_at_a_core_subject_is_not_handled(broker: Broker):
@@ -153,24 +169,11 @@ async def test_a_server_s_answer_aimed_at_a_core_subject_is_not_handled(broker: 
     subject = f"{names.prefix}.ctl.agent.victim"
     own = f"$KV.{names.executions_bucket}.x.t.attacker"
     await broker.publish(own, b'{"heartbeat_interval_s": 299}')
-    handled: list[bytes] = []
-    listened: list[bytes] = []
-    raw: asyncio.Queue[nats.aio.msg.Msg] = asyncio.Queue()
-    got_plain = asyncio.Event()
-
-    async def handle(msg: Inbound) -> None:
-        handled.append(msg.data)
-        got_plain.set()
-
-    await broker.subscribe(subject, handle)
-    await listen(broker, subject, lambda msg: listened.append(msg.data))
-    await broker.nc.subscribe(subject, cb=raw.put)
+    handlers = await _CoreHandlers.on(broker, subject)
     direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
     await broker.nc.publish(direct, b"", reply=subject)
     await broker.nc.publish("$JS.API.STREAM.NAMES", b"", reply=subject)
-    forged = [await asyncio.wait_for(raw.get(), timeout=5) for _ in range(2)]
-    await broker.nc.publish(subject, b'{"heartbeat_interval_s": 1}')
-    await asyncio.wait_for(got_plain.wait(), timeout=5)
+    forged = [await asyncio.wait_for(handlers.raw.get(), timeout=5) for _ in range(2)]
+    await handlers.plain(b'{"heartbeat_interval_s": 1}')
     assert b'{"heartbeat_interval_s": 299}' in [m.data for m in forged]  # staged, sent on
-    assert handled == [b'{"heartbeat_interval_s": 1}']
-    assert listened == [b'{"heartbeat_interval_s": 1}']
+    assert handlers.handled == handlers.listened == [b'{"heartbeat_interval_s": 1}']
