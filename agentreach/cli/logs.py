@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -38,8 +40,10 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     # asyncio's child watcher reports a subprocess that exits at once (a nats-server on a
     # taken port) as "Unknown child process"; the CLI says what happened in its own words.
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    global _json_lines
     if fmt == "auto":
         fmt = "console" if sys.stderr.isatty() else "json"
+    _json_lines = fmt == "json"
     renderer: structlog.typing.Processor = (
         # Colours only for a terminal: in a file (`--log-format console > log`) they were
         # escape codes around every word.
@@ -60,6 +64,20 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+_json_lines = False  # as configure_logging chose: JSON lines, or lines for a person
+
+
+def say(text: str) -> None:
+    """One line on stderr for whoever runs the command (``reach: …``); among JSON log lines,
+    a JSON line itself, which a log collector reads like the others."""
+    if _json_lines:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        line = json.dumps({"event": text, "level": "info", "timestamp": stamp})
+    else:
+        line = f"reach: {text}"
+    print(line, file=sys.stderr, flush=True)
 
 
 def _colours() -> bool:

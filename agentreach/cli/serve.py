@@ -31,6 +31,7 @@ from agentreach.broker import (
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.broker.urls import redacted
 from agentreach.cli.coordinating import coordinator_options, with_cli_options
+from agentreach.cli.logs import say
 from agentreach.cli.options import (
     ASKING_ROLES,
     Commands,
@@ -294,7 +295,7 @@ async def until_signal(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        print(f"reach: {announce} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        say(f"{announce} (Ctrl-C to stop)")
         waits = [asyncio.create_task(stop.wait())]
         if broker is not None:
             waits.append(asyncio.create_task(broker.lost.wait()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,3 +34,21 @@ def test_console_lines_written_to_a_file_carry_no_colour_codes():
 
 def test_auto_writes_json_lines_where_no_terminal_reads():
     assert '"event": "said"' in _logged("auto")
+
+
+def test_what_a_command_says_to_its_user_is_a_json_line_among_json_logs():
+    """`reach coordinator --log-format json` wrote one plain line among its JSON lines (the
+    "serving … (Ctrl-C to stop)" banner), which a log collector could not read."""
+    code = (
+        "from agentreach.cli.logs import configure_logging, say;"
+        " configure_logging('info', {fmt!r}); say('serving (Ctrl-C to stop)')"
+    )
+    said = {}
+    for fmt in ("json", "console"):
+        done = subprocess.run(
+            [sys.executable, "-c", code.format(fmt=fmt)],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        said[fmt] = done.stderr.strip()
+    assert json.loads(said["json"])["event"] == "serving (Ctrl-C to stop)"
+    assert said["console"] == "reach: serving (Ctrl-C to stop)"
