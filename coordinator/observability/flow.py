@@ -337,7 +337,7 @@ class FlowMetrics(Collector):
                 problem = str(detail.get("problem"))
                 label = problem if problem in ALERT_PROBLEMS else OTHER_PROBLEM
                 self._child(self.alerts, label).inc()
-            case "agent_state":
+            case "agent_state" if detail.get("state") != detail.get("was"):  # not a new reason
                 self._child(self.agent_transitions, str(detail.get("state", "UNKNOWN"))).inc()
             case "workflow_started":
                 self._child(self.workflows_started, topic).inc()

@@ -1,11 +1,14 @@
-"""Which rejections count in reach_rejections_total, and as what kind."""
+"""What the metrics fold counts, and as what: rejections by kind, agents' transitions."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
+from agentreach.coordinator.observability.flow import FlowMetrics
 from agentreach.coordinator.observability.labels import rejection_kind
-from agentreach.envelopes import Event
+from agentreach.envelopes import Event, now_ms
 
 
 def _letter(kind: str, **error: Any) -> Event:
@@ -25,3 +28,22 @@ def test_a_quota_refusal_s_letter_is_not_counted_again() -> None:
     """Its `rejected` event counted it already."""
     assert rejection_kind(_letter("rate_limited", retry_after_ms=500)) is None
     assert rejection_kind(_letter("rate_limited")) == "rate_limited"
+
+
+def test_a_new_reason_for_the_same_state_is_no_transition() -> None:
+    """An `unresponsive` verdict about an agent SUSPECT already (SUSPECT → SUSPECT) counted
+    in reach_agent_transitions_total{state="SUSPECT"}, as if it had flapped."""
+    registry = CollectorRegistry()
+    flow = FlowMetrics(registry, lambda topic: True)
+
+    def agent_state(state: str, was: str) -> Event:
+        detail = {"state": state, "was": was, "reason": "r"}
+        return Event(
+            v=1, event="agent_state", message_id="m", trace_id="m", topic="-", detail=detail
+        )
+
+    for state, was in (("SUSPECT", "ONLINE"), ("SUSPECT", "SUSPECT"), ("OFFLINE", "SUSPECT")):
+        flow.fold(agent_state(state, was), now_ms())
+    counted = registry.get_sample_value
+    assert counted("reach_agent_transitions_total", {"state": "SUSPECT"}) == 1
+    assert counted("reach_agent_transitions_total", {"state": "OFFLINE"}) == 1
