@@ -48,6 +48,7 @@ from agentreach.envelopes import (
     ErrorInfo,
     Execution,
     Task,
+    moved_on_from,
     now_ms,
 )
 
@@ -322,13 +323,16 @@ class Unreported:
 
 def _ran_or_moved_on(records: list[Execution], task: Task, agent_id: str) -> bool:
     """Whether a record says the attempt is not one to end: it ran (``done``), its agent
-    recorded its outcome (its report may still come), an expiry fence ended it already, or
-    a later attempt has a record."""
+    recorded its outcome (its report may still come), an expiry fence ended it already, it
+    was taken from its agent (judged gone: its reassignment fence keeps the claim's lease,
+    finished 0, and the next attempt may wait in intake for an agent), or a later attempt
+    has a record."""
     if isinstance(verdict_of(records), RanAlready):
         return True
     return any(
         r.attempt > task.attempt
         or (r.attempt == task.attempt and r.agent_id == agent_id and r.finished_at_ms > 0)
+        or (r.agent_id == agent_id and moved_on_from(r, task.attempt))
         for r in records
     )
 

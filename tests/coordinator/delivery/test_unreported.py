@@ -14,8 +14,17 @@ from agentreach.agents.execution import Executor
 from agentreach.broker import Delivery
 from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator import UnreportedConfig
-from agentreach.coordinator.delivery.unreported import Unreported
-from agentreach.envelopes import Budget, Event, Execution, execution_key
+from agentreach.coordinator.delivery.unreported import Unreported, _ran_or_moved_on
+from agentreach.envelopes import (
+    REASSIGNED,
+    Budget,
+    ErrorInfo,
+    Event,
+    Execution,
+    Task,
+    execution_key,
+    now_ms,
+)
 from tests.conftest import FAST
 from tests.support import Watcher, eventually
 
@@ -199,3 +208,20 @@ async def test_the_follower_believes_only_the_coordinator_s_routing_and_the_agen
     fold(_Stored(broker, _event("routed", 3), COORDINATOR, 3_000))
     fold(_Stored(broker, _event("dead_lettered", 1, agent_id=None), COORDINATOR, 3_100))
     assert unreported.open_count == 0
+
+
+def test_an_attempt_taken_from_its_dead_agent_is_not_ended_as_unreported() -> None:
+    """The only agent of a topic was killed holding an accepted attempt: judged OFFLINE, its
+    attempt was fenced and moved to intake, where it waited for an agent within its 900 s
+    ttl. Past the execute budget and the grace the duty dead-lettered it `expired`, alerting
+    that the agent never reported, and the held task then ran too (a walkthrough). The
+    reassignment fence (its claim's lease kept, `finished_at_ms` 0) says it moved on."""
+    task = Task(v=1, message_id="m-1", trace_id="m-1", topic="work", caller="alice")
+    fence = Execution(
+        message_id="m-1", state="failed", agent_id="victim-1", epoch=1, attempt=1,
+        lease_until_ms=now_ms() - 1, caller="alice",
+        error=ErrorInfo(type=REASSIGNED, message="its agent went OFFLINE", retryable=True),
+    )  # fmt: skip
+    assert _ran_or_moved_on([fence], task, "victim-1")
+    running = msgspec.structs.replace(fence, state="running", error=None)
+    assert not _ran_or_moved_on([running], task, "victim-1")  # still to judge
