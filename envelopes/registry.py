@@ -84,6 +84,9 @@ class Liveness(msgspec.Struct, frozen=True, kw_only=True):
     interval_s: float = 0.0
     quarantined: bool = False
     offline_at_ms: list[int] = []  # recent OFFLINE transitions, for the flapping cap
+    # The epoch whose process answered a presence check (0: none yet): its "no responders"
+    # counts at once, on a replica that takes the judging over too.
+    answered_epoch: int = 0
 
 
 class RegisterRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,15 +1,13 @@
 """The coordinator's side of liveness: UNKNOWN → ONLINE → SUSPECT → OFFLINE.
 
-Judged on this coordinator's receive time of each heartbeat, never on the
-agent's clock (and, between heartbeats, by ``PresenceChecks``). Entering SUSPECT
-by silence probes the agent once (plus one retry):
-the presence subject tells whether its connection still exists (the server
-answers "no responders" at once when it does not), the ping whether its task
-loop answers. "No responders" is final only when it is still the answer after
-the time a client takes to reconnect: after a server restart, a live agent is
-absent from the server until its reconnect backoff has run. A restarted
-coordinator gives every agent one offline threshold of grace instead of
-declaring them all gone.
+Judged on this coordinator's receive time of each heartbeat, never on the agent's clock
+(and, between heartbeats, by ``PresenceChecks``). Entering SUSPECT by silence probes the
+agent once (plus one retry): the presence subject tells whether its connection still exists
+(the server answers "no responders" at once when it does not), the ping whether its task
+loop answers. "No responders" is final only when it is still the answer after the time a
+client takes to reconnect: after a server restart, a live agent is absent from the server
+until its reconnect backoff has run. A restarted coordinator gives every agent one offline
+threshold of grace instead of declaring them all gone.
 """
 
 from __future__ import annotations
@@ -77,10 +75,16 @@ class LivenessMonitor:
             queued=queued,
             allowed=allowed,
         )
-        self._checks = PresenceChecks(
-            broker, config, self.agents, queued, judge=self._transition, look_again=self._look_again
-        )
         self._verdicts = VerdictWriter(broker)
+        self._checks = PresenceChecks(
+            broker,
+            config,
+            self.agents,
+            queued,
+            judge=self._transition,
+            look_again=self._look_again,
+            answered=lambda tracked: self._verdicts.put(tracked.record(), None),
+        )
         self._verdicts_made: object = None  # when the verdicts' bucket was made, as last seen
         self.active = False  # judging now: this replica holds the liveness lease
 
@@ -173,6 +177,7 @@ class LivenessMonitor:
                 epoch=record.epoch,
                 quarantined=record.quarantined,
                 offline_at_ms=list(record.offline_at_ms),
+                answered_epoch=record.answered_epoch or -1,
             )
 
     async def _on_heartbeat(self, change: Change, *, replayed: bool = False) -> None:

@@ -90,12 +90,14 @@ class PresenceChecks:
         *,
         judge: Judge,
         look_again: LookAgain,
+        answered: Callable[[Tracked], None] = lambda tracked: None,
     ) -> None:
         self._broker = broker
         self._config = config
         self._agents = agents
         self._judge = judge  # records a transition (and reassigns on OFFLINE)
         self._look_again = look_again  # reads heartbeats the watch may not have delivered yet
+        self._remember = answered  # keeps, in its verdict, that this process answers checks
         self._queued = queued  # the agents with tasks in their dispatch queues, by priority
         self._hold_until = 0.0
 
@@ -209,7 +211,13 @@ class PresenceChecks:
         return await present(self._broker, tracked.agent_id, timeout_s=timeout_s)
 
     async def _answered(self, tracked: Tracked) -> None:
-        tracked.answered_epoch, tracked.unanswered_at = tracked.epoch, -1.0
+        if tracked.answered_epoch != tracked.epoch:
+            # Kept in its verdict: a replica that takes the judging over (this one died, say,
+            # with the agent) counts its "no responders" at once. It waited for 1.5 intervals
+            # and a retry, and a dead agent was OFFLINE after 40 s, not 10 (a walkthrough).
+            tracked.answered_epoch = tracked.epoch
+            self._remember(tracked)
+        tracked.unanswered_at = -1.0
         if tracked.state == "SUSPECT":  # of a check: only those are checked
             back = "connection back" if tracked.reason == NO_CONNECTION else "answering again"
             await self._judge(tracked, "ONLINE", back)

@@ -59,6 +59,7 @@ class Tracked:
             interval_s=self.interval_s,
             quarantined=self.quarantined,
             offline_at_ms=self.offline_at_ms,
+            answered_epoch=max(self.answered_epoch, 0),
         )
 
 

@@ -19,7 +19,7 @@ from agentreach.broker import Broker, EmbeddedServer, Names, Topology, provision
 from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig, LivenessConfig
 from agentreach.coordinator.liveness.presence_checks import NO_CONNECTION, PresenceChecks
 from agentreach.coordinator.liveness.tracked import Tracked
-from agentreach.envelopes import LivenessState
+from agentreach.envelopes import AgentCard, Liveness, LivenessState
 from tests.cli.conftest import reach_argv
 from tests.support import Watcher, eventually, wait_for_card
 
@@ -318,3 +318,39 @@ async def test_checks_per_tick_are_bounded_and_go_to_the_agents_at_risk(broker):
     assert everyone == ["late", "busy-old", "queued", "suspected", "busy-new"]
     limited = _checks(broker, agents, _Judged(), presence_check_s=1.0, presence_checks_per_tick=2)
     assert [t.agent_id for t in limited.due()] == ["late", "busy-old"]
+
+
+async def test_a_replica_taking_the_judging_over_knows_which_agents_answer_checks(broker):
+    """The replica judging liveness died with an agent: the one that took over had never
+    heard that agent answer a check, so its "no responders" did not count, and the agent was
+    OFFLINE after 40 s, not 10 (a cluster walkthrough). An agent's first answer of a process
+    is kept in its verdict, once, and a replica restoring the verdicts counts it."""
+    from agentreach.coordinator.liveness.monitor import LivenessMonitor
+
+    release = asyncio.Event()
+    agent = holding_agent("answerer-1", release)
+    judged, remembered = _Judged(), []
+    async with agent.running(broker=broker):
+        await wait_for_card(broker, "answerer-1", status="running")
+        epoch = (await _card(broker, "answerer-1")).epoch
+        busy = Tracked("answerer-1", 60.0, time.monotonic(), state="ONLINE", epoch=epoch)
+        liveness = CHECKING.liveness
+        checks = PresenceChecks(
+            broker, liveness, {"answerer-1": busy}, None, judge=judged.judge,
+            look_again=judged.look_again, answered=remembered.append,
+        )  # fmt: skip
+        for _ in range(2):
+            await checks._check(busy)
+    assert remembered == [busy] and busy.record().answered_epoch == epoch
+    verdicts = await broker.bucket(broker.names.liveness_bucket, Liveness)
+    await verdicts.put("answerer-1", busy.record())
+    taking_over = LivenessMonitor(broker, liveness)
+    await taking_over._restore()
+    assert taking_over.agents["answerer-1"].answered_epoch == epoch
+
+
+async def _card(broker: Broker, agent_id: str) -> AgentCard:
+    cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+    entry = await cards.get(agent_id)
+    assert entry is not None
+    return entry.value

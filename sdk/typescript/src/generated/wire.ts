@@ -771,6 +771,10 @@ export interface Liveness {
    * default []
    */
   offline_at_ms: number[];
+  /**
+   * default 0
+   */
+  answered_epoch: number;
 }
 
 /**
