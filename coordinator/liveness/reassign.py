@@ -63,6 +63,7 @@ OFFLINE = "went OFFLINE"
 STOPPED = "stopped"  # cleanly: what its stop cut short was not the task's doing
 DRAINING = "began to stop"  # its card says draining: it finishes what it runs, nothing more
 FORGOTTEN = "is no longer registered (forgotten: reach agents forget)"
+NEWER_LOOK_EVERY = 20  # queued tasks between two looks for a newer process of the agent
 
 
 class Moves:
@@ -190,10 +191,18 @@ async def reassign_tasks(
         log.info("a newer process serves the agent; nothing to reassign", agent_id=agent_id)
         return 0
     taken: Counter[str] = Counter()
+    looked = 0
     for priority, stream in broker.names.dispatch_streams.items():
         subject = broker.names.dispatch(agent_id, priority)
         seq = 1
         while (stored := await next_message(broker, stream, subject, from_seq=seq)) is not None:
+            # Asked again as the queue is gone through: a process started meanwhile gets its
+            # tasks in this very queue, and moving them sent each to and fro, one attempt
+            # after another (a walkthrough: attempt 9, three completions).
+            looked += 1
+            if looked % NEWER_LOOK_EVERY == 0 and await _newer_process(broker, agent_id, epoch):
+                log.info("a newer process serves the agent; the rest is its", agent_id=agent_id)
+                return _said(agent_id, taken)
             seq = stored.stream_seq + 1
             what = await _move(broker, stream, stored, gone, run_once)
             if what == "kept":
@@ -201,6 +210,10 @@ async def reassign_tasks(
             if what is not None:
                 taken[what] += 1
             await delete_message(broker, stream, stored.stream_seq)
+    return _said(agent_id, taken)
+
+
+def _said(agent_id: str, taken: Counter[str]) -> int:
     if taken:
         log.info("tasks taken from the agent", agent_id=agent_id, **taken)
     return taken.total()

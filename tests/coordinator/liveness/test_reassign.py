@@ -377,3 +377,30 @@ async def _error_reply(replies) -> envelopes.ErrorReply:  # type: ignore[no-unty
             reply = envelopes.decode((await replies.next_msg(timeout=10)).data)
             if isinstance(reply, envelopes.ErrorReply):
                 return reply
+
+
+async def test_a_sweep_stops_once_a_newer_process_of_the_agent_serves_its_queue(
+    broker, monkeypatch
+):
+    """A dead process's queue of 341 tasks took 7 s to go through, and a process of the agent
+    that started meanwhile had the tasks routed to it moved away too, to and fro, one attempt
+    after another (a cluster walkthrough: attempt 9, three completions). The sweep asks again
+    as it goes, and leaves the rest to the newer process's consumer (the same durable)."""
+    from agentreach.coordinator.liveness import reassign
+
+    subject = broker.names.dispatch("gone-9", "P1")
+    for n in range(30):
+        task = envelopes.Task(v=1, message_id=f"q-{n}", trace_id=f"q-{n}", topic="slow",
+                              ttl_ms=60_000, to_agent="gone-9")  # fmt: skip
+        await broker.publish(subject, envelopes.encode(task))
+    looks: list[int] = []
+
+    async def started_after_the_first_look(broker, agent_id: str, epoch: int) -> bool:  # type: ignore[no-untyped-def]
+        looks.append(epoch)
+        return len(looks) > 1  # the newer process's card, written while the sweep ran
+
+    monkeypatch.setattr(reassign, "_newer_process", started_after_the_first_look)
+    moved = await reassign_tasks(broker, "gone-9", epoch=1)
+    left = await read_stream(broker, broker.names.dispatch_stream("P1"), subject)
+    assert moved == reassign.NEWER_LOOK_EVERY - 1 and len(looks) == 2
+    assert len(left) == 30 - moved  # for the newer process to take
