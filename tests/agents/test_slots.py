@@ -21,7 +21,9 @@ async def test_the_next_task_waits_in_hand_for_the_slot_kept_alive_past_the_ack_
 ):
     """Capacity 1: a second task is delivered while the first runs, is not started until the
     first handler returns, and is not delivered again although it waits past the ack wait."""
-    agent = Agent("hand-1", startup_delay=0, ack_wait=1.0)
+    # 2 s: kept alive every second, which a busy machine's stall of the loop cannot outlast
+    # (at 1 s, a CI run saw the waiting task handed out again).
+    agent = Agent("hand-1", startup_delay=0, ack_wait=2.0)
     release = asyncio.Event()
     started: list[str] = []
 
@@ -46,7 +48,7 @@ async def test_the_next_task_waits_in_hand_for_the_slot_kept_alive_past_the_ack_
             )
         )
         await until_true(lambda: in_hand(2))  # delivered while the first runs
-        await asyncio.sleep(2.5)  # waiting past the ack wait is what this test is about
+        await asyncio.sleep(4.5)  # waiting past the ack wait is what this test is about
         # Kept alive: the server hands the waiting task to nobody else.
         stream, durable = _consumer_of(broker, "hand-1")
         thief = await broker.js.pull_subscribe_bind(durable, stream)
