@@ -215,7 +215,7 @@ class Service:
                 text = line.decode(errors="replace").rstrip()
                 log.write(text + "\n")
                 self._tail.append(text)
-                if text.startswith("reach: ") and " serving " in text:
+                if " serving " in text and "(Ctrl-C to stop)" in text:  # a line, or JSON
                     self._ready.set()
             returncode = await process.wait()
             log.write(f"=== {self.name} pid {process.pid} exited {returncode}\n")
