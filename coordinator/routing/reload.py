@@ -74,7 +74,11 @@ class RouteReloader:
             return None
 
     async def on_request(self, msg: Inbound) -> None:
-        await msg.respond(envelopes.encode(self.reload()))
+        """``reach routes reload``: a request, answered by every replica. A message with no
+        inbox to answer is none: the server's empty answer to a ``+WPI`` on an ack subject,
+        which any agent can aim here, had every replica reload once per message."""
+        if msg.answerable:
+            await msg.respond(envelopes.encode(self.reload()))
 
     async def watch(self, every_s: float) -> None:
         """Reload whenever the file changes, until cancelled."""

@@ -343,3 +343,23 @@ async def test_the_less_loaded_of_two_is_judged_per_slot(broker, start_coordinat
         gate.set()
         await all_completed(watcher, sent)
     assert queued_small <= 2, runs  # by depth alone: about 4 of the 8
+
+
+async def test_a_message_that_asks_for_no_answer_reloads_nothing(
+    broker, start_coordinator, tmp_path, monkeypatch
+):
+    """An agent's `+WPI` on an ack subject with its reply aimed at the reload subject has the
+    server send an empty message there, with no headers and no reply: every replica
+    reloaded its config once per message, at 430 a second (a security re-test)."""
+    path = tmp_path / "coordinator.yaml"
+    path.write_text(RELOADABLE.format(name="to-a", pool="a"))
+    async with start_coordinator(fast(), path) as coordinator:
+        reloads: list[object] = []
+        reload = coordinator.routes.reload
+        monkeypatch.setattr(coordinator.routes, "reload", lambda: reloads.append(1) or reload())
+        for _ in range(3):
+            await broker.nc.publish(broker.names.routes_reload, b"")
+        # Handled in order on the one subscription: the three came first.
+        answer = await broker.nc.request(broker.names.routes_reload, b"", timeout=5)
+    assert b'"ok":true' in answer.data
+    assert len(reloads) == 1

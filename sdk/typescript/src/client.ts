@@ -18,7 +18,7 @@ import { jsonLogger } from "./log.js";
 import type { Logger } from "./log.js";
 import { Names } from "./names.js";
 import { ReplyBox } from "./replybox.js";
-import { sentByServer } from "./serveranswers.js";
+import { headersOf, sentByServer } from "./serveranswers.js";
 import { connectionOptions, defaultServers, readCreds } from "./servers.js";
 import type { Servers } from "./servers.js";
 import { Signal, sleep } from "./timing.js";
@@ -258,7 +258,7 @@ export class ReachClient {
     // Subscribed before the task is published: the routed notice can come within a millisecond.
     const sub: Subscription = this.conn.nc.subscribe(box.wildcard, {
       callback: (err, msg) => {
-        if (err === null && sentByServer(msg.data, msg.headers) === null) box.collect(msg.subject, msg.data);
+        if (err === null && sentByServer(msg.data, headersOf(msg)) === null) box.collect(msg.subject, msg.data);
       },
     });
     this.waiting.add(box);

@@ -23,7 +23,7 @@ import { ReachClient } from "./client.js";
 import { Latencies } from "./slots.js";
 import type { Room } from "./slots.js";
 import { Reports } from "./reports.js";
-import { sentByServer } from "./serveranswers.js";
+import { headersOf, sentByServer } from "./serveranswers.js";
 import type { Capacity, Task } from "./types.js";
 
 const SEAL_HEADER = "Reach-Seal"; // copied into this agent's execution record of the attempt
@@ -116,7 +116,7 @@ export class Executor {
   async settle(msg: JsMsg): Promise<void> {
     let task: Task;
     try {
-      const forged = sentByServer(msg.data, msg.headers); // a stored message of someone's: no dispatch
+      const forged = sentByServer(msg.data, headersOf(msg)); // a stored message of someone's: no dispatch
       if (forged !== null) throw new DecodeError(`not a message of anyone's: ${forged}`);
       task = decodeTask(msg.data);
     } catch (err) {

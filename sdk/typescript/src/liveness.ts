@@ -16,7 +16,7 @@ import type { Connection } from "./connection.js";
 import { AgentIdInUse, ReachError } from "./errors.js";
 import { emit, eventFor } from "./lifecycle.js";
 import type { Logger } from "./log.js";
-import { byServer, sentByServer } from "./serveranswers.js";
+import { byServer, headersOf, sentByServer } from "./serveranswers.js";
 import { jittered, Signal } from "./timing.js";
 import type { AgentControl, Heartbeat, Task } from "./types.js";
 
@@ -140,7 +140,7 @@ export class Heartbeats {
   start(): void {
     this.control = this.conn.nc.subscribe(this.conn.names.agentControl(this.agentId), {
       callback: (_err, msg) => {
-        if (sentByServer(msg.data, msg.headers) === null) this.onControl(msg.data); // else nobody's
+        if (sentByServer(msg.data, headersOf(msg)) === null) this.onControl(msg.data); // else nobody's
       },
     });
     this.running = this.run().catch((err: unknown) => {

@@ -10,6 +10,7 @@ import { fromHeaders, isBrokerError } from "./connection.js";
 import type { Connection } from "./connection.js";
 import type { DecodeError } from "./errors.js";
 import { failure } from "./failures.js";
+import { headersOf } from "./serveranswers.js";
 import { about, emit, eventFor, reply, reportedRaw } from "./lifecycle.js";
 import type { Logger } from "./log.js";
 import type { Capacity, ErrorInfo, PayloadRef, Result, Task } from "./types.js";
@@ -88,7 +89,7 @@ export class Reports {
     const detail = {
       error: failure("invalid_envelope", err.message, false),
       ...reportedRaw(msg.data),
-      headers: fromHeaders(msg.headers),
+      headers: fromHeaders(headersOf(msg) ?? undefined),
     };
     await emit(this.conn, eventFor(stub, "failed", this.agentId, detail), this.agentId);
   }

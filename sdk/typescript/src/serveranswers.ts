@@ -29,7 +29,8 @@ const SERVER_JSON = ['{"type":"io.nats.', '{"stream":', '{"error":'];
  * server adds), or one of the server's JSON answers (an API response, a publish ack). Read
  * by a consumer or a core subscription; aimed at an agent's queue, it ran as a task.
  */
-export function sentByServer(data: Uint8Array, headers: MsgHdrs | undefined): string | null {
+export function sentByServer(data: Uint8Array, headers: MsgHdrs | undefined | null): string | null {
+  if (headers === null) return "a message whose headers cannot be read (a stored message of someone's, sent again)";
   const names = headers ? [...headers.keys()] : [];
   if (names.some((name) => ADDED.includes(name) || name.endsWith("Nats-Stream"))) {
     return "a JetStream direct get's answer (a stored message, sent again by the server)";
@@ -37,4 +38,17 @@ export function sentByServer(data: Uint8Array, headers: MsgHdrs | undefined): st
   const head = new TextDecoder().decode(data.subarray(0, 20));
   if (!SERVER_JSON.some((opening) => head.startsWith(opening))) return null;
   return "a NATS server's answer to a request";
+}
+
+/**
+ * A message's headers; null when nats.js cannot decode them. It throws BAD_HEADER on reading
+ * a line it refuses (`Bad Key: x`), which only a stored message of someone's choosing, sent
+ * again by the server, carries: thrown in a subscription's callback, it closed the connection.
+ */
+export function headersOf(msg: { readonly headers?: MsgHdrs }): MsgHdrs | undefined | null {
+  try {
+    return msg.headers;
+  } catch {
+    return null;
+  }
 }

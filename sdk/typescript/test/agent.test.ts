@@ -1003,6 +1003,24 @@ describe("registration and liveness", () => {
     await again.stop();
   });
 
+  it("serves on past a stored message whose headers nats.js cannot read, copied into its queue", async () => {
+    // nats.js throws BAD_HEADER on reading `Bad Key: x`: settle rethrew, five such messages
+    // held every slot of the consumer, and one aimed at the control subject closed the connection.
+    const id = unique("ts-badhdr");
+    const topic = unique("badhdr");
+    const agent = newAgent(id).handler(topic, (_ctx, payload) => payload);
+    await started(agent);
+    const own = `$KV.reach_executions.x.y.${unique("evil")}`;
+    await rawPublish(stack.url, own, "NATS/1.0\r\nBad Key: x\r\n\r\n", JSON.stringify(task(topic, { FORGED: true })));
+    for (const subject of [`reach.agent.${id}.p1`, `reach.ctl.agent.${id}`]) {
+      for (let i = 0; i < 5; i += 1) stack.nc.publish(`$JS.API.DIRECT.GET.KV_reach_executions.${own}`, "", { reply: subject });
+    }
+    const replies = await send(stack, task(topic, { real: true }));
+    const ending = await replies.next((r) => r.kind === "result" || r.kind === "error", 15_000);
+    assert.deepEqual(ending.kind === "result" && ending.result, { real: true }, JSON.stringify(ending));
+    replies.close();
+  });
+
   it("runs no task the NATS server copied into its queue (a staged task ran as alice's)", async () => {
     const id = unique("ts-queue");
     const topic = unique("queued");
@@ -1369,3 +1387,20 @@ describe("a server that comes back with an empty store", () => {
     }
   });
 });
+
+/** A publish nats.js would refuse to make: a raw HPUB with the header block as given. */
+async function rawPublish(url: string, subject: string, block: string, body: string): Promise<void> {
+  const { createConnection } = await import("node:net");
+  const { hostname, port } = new URL(url);
+  const socket = createConnection(Number(port), hostname);
+  const size = (text: string) => Buffer.byteLength(text);
+  const hpub = `HPUB ${subject} ${size(block)} ${size(block) + size(body)}\r\n${block}${body}\r\n`;
+  await new Promise<void>((resolve, reject) => {
+    socket.once("error", reject);
+    socket.once("data", () => socket.write(`CONNECT {"verbose":false,"headers":true}\r\n${hpub}PING\r\n`));
+    socket.on("data", (data) => {
+      if (data.toString().includes("PONG")) resolve();
+    });
+  });
+  socket.destroy();
+}
