@@ -188,7 +188,7 @@ class Bucket(Generic[T]):
             if attempt == 0 and known is not UNREAD:
                 current = known if isinstance(known, Entry) else None
             else:
-                current = await self._current(key)
+                current = await self.last(key)
             held = current.value if current else None
             if current is not None and held is None and unreadable is not None:
                 held = unreadable()
@@ -328,13 +328,8 @@ class Bucket(Generic[T]):
             yield earlier[0]
 
     async def last(self, key: str) -> Entry[T] | None:
-        """For a conditional write: the key's entry; an unreadable value (and none readable
-        before it) as ``None`` at its revision. None when absent or deleted."""
-        return await self._current(key)
-
-    async def _current(self, key: str) -> Entry[T] | None:
-        """For cas: the key's entry; an unreadable value (and none readable before it) as
-        ``None`` at its revision."""
+        """For a conditional write (cas, say): the key's entry; an unreadable value (and none
+        readable before it) as ``None`` at its revision. None when absent or deleted."""
         stored = await self._read(key)
         if stored is None:
             return None
