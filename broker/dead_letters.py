@@ -75,7 +75,7 @@ async def dead_letter(
         message_id=message_id,
         trace_id=trace_id,
         topic=topic,
-        attempts=_ran(task) if attempts is None else attempts,
+        attempts=(task.attempts_run if task else 0) if attempts is None else attempts,
         envelope=task,
         raw=printable(raw),
         headers=dict(headers or {}),
@@ -161,11 +161,6 @@ async def dead_letter_stored(
         raw=stored.data,
         headers={**stored.headers, "Reach-Subject": stored.subject},
     )
-
-
-def _ran(task: Task | None) -> int:
-    """The attempts of ``task`` that ran, this one included: moves that cost none do not."""
-    return task.attempt - task.requeued if task else 0
 
 
 def _letter_detail(

@@ -156,6 +156,12 @@ class Task(_AboutTask, frozen=True, kw_only=True, tag="task"):
         resolution's confidence when it was found from the text."""
         return 1.0 if self.resolution is None else self.resolution.confidence
 
+    @property
+    def attempts_run(self) -> int:
+        """The attempts that ran (or may have), up to this one: a move that took an attempt
+        from its agent before it claimed it is not one of them."""
+        return self.attempt - self.requeued
+
 
 class Ack(_AboutTask, frozen=True, kw_only=True, tag="ack"):
     """The agent accepted the task (phase one of the two-phase ACK)."""

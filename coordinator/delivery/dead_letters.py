@@ -11,7 +11,6 @@ import structlog
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.dead_letters import dead_letter, dead_letter_delivery
 from agentreach.broker.lifecycle import about, emit, event_for, reply
-from agentreach.coordinator.delivery.retries import attempts_run
 from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.envelopes import INVALID_TOPIC, DecodeError, ErrorInfo, ErrorReply, Task
 
@@ -32,7 +31,7 @@ async def end_with_error(
     ``reply_to``; ``ran``, when known, says whether its work began (a workflow's step).
     ``started``: False when its present attempt never began (ended before its dispatch, or
     unclaimed in its agent's queue): it is not one of the attempts the letter says ran."""
-    attempts = attempts_run(task) - (0 if started else 1)
+    attempts = task.attempts_run - (0 if started else 1)
     await dead_letter(
         broker,
         reason=reason,

@@ -20,7 +20,7 @@ from agentreach.broker.lifecycle import emit, event_for, events_of
 from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.delivery.dead_letters import end_with_error, unreadable_event
 from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
-from agentreach.coordinator.delivery.retries import RetryConfig, attempts_run
+from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.protection.grants import (
     Grants,
     impersonation,
@@ -159,7 +159,7 @@ class Outcomes:
             await end_with_error(self._broker, task, "rejected", error)
             return None
         allowed = self._config.allowed(task, self._directory.cards.get(event.agent_id or ""))
-        if attempts_run(task) >= allowed:
+        if task.attempts_run >= allowed:
             await end_with_error(self._broker, task, "retries_exhausted", error)
             return None
         if delivered == 1:
@@ -185,7 +185,7 @@ class Outcomes:
         await end_with_error(self._broker, task, EXPIRED, error, started=False)
 
     async def _schedule(self, event: Event, task: Task, error: ErrorInfo) -> float | None:
-        delay = self._config.backoff_s(attempts_run(task))  # moves unrun are not failures
+        delay = self._config.backoff_s(task.attempts_run)  # moves unrun are not failures
         left_ms = ttl_left_ms(task.ttl_ms, _dispatched_at_ms(event))
         if left_ms <= delay * 1000:
             # No retry could be dispatched within the ttl: say so now, with what failed.

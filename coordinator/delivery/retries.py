@@ -36,12 +36,6 @@ class RetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         return backoff_s(attempt, base_s=self.base_s, cap_s=self.cap_s, rng=rng)
 
 
-def attempts_run(task: Task) -> int:
-    """The attempts of ``task`` that ran (or may have), up to this one: a reassignment that
-    took an attempt from its agent before it claimed it is not one of them."""
-    return task.attempt - task.requeued
-
-
 def backoff_s(
     attempt: int, *, base_s: float, cap_s: float, rng: random.Random | None = None
 ) -> float:

@@ -31,7 +31,7 @@ from agentreach.broker.dead_letters import dead_letter_stored
 from agentreach.broker.lifecycle import SEAL_HEADER, emit, event_for
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
-from agentreach.coordinator.delivery.retries import RetryConfig, attempts_run
+from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.liveness.tracked import Registered, Tracked, untrack
 from agentreach.coordinator.routing.run_once import (
     REASSIGNED,
@@ -265,7 +265,7 @@ async def _move(
         expired = await _expire(broker, task, agent_id, run_once, why, ttl_end_ms)
         return "past_ttl" if expired else "kept"
     counts = ran and why != STOPPED
-    if counts and attempts_run(task) >= (allowed := gone.allowed(task, agent_id)):
+    if counts and task.attempts_run >= (allowed := gone.allowed(task, agent_id)):
         ttl_end_ms = stored.timestamp_ms + task.ttl_ms
         await _exhaust(broker, task, gone, run_once, allowed, ttl_end_ms)
         return "exhausted"
@@ -305,7 +305,7 @@ async def _exhaust(
         case None:
             message = (
                 f"{gone.agent_id} {gone.why} while running attempt {task.attempt};"
-                f" {attempts_run(task)} of the {allowed} attempts allowed ran"
+                f" {task.attempts_run} of the {allowed} attempts allowed ran"
             )
             # Not retryable: sent again, it would take down more agents.
             error = ErrorInfo(type=REASSIGNED, message=message, retryable=False)
