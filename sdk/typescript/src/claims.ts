@@ -11,12 +11,10 @@
  * whose write landed though its answer was lost, in a server restart).
  */
 
-import type { KV } from "nats";
-
 import { decodeJson, encode, nowMs } from "./codec.js";
 import { isValueTooLarge, isWrongLastSequence } from "./connection.js";
 import { unrecordable } from "./failures.js";
-import { byServer } from "./serveranswers.js";
+import type { Keys } from "./keys.js";
 import type { Logger } from "./log.js";
 import { sleep } from "./timing.js";
 import type { ErrorInfo, Execution, PayloadRef, Task } from "./types.js";
@@ -117,7 +115,7 @@ export class Claims {
   private readonly holders = new Map<string, number>();
 
   constructor(
-    private readonly kv: KV,
+    private readonly kv: Keys,
     private readonly agentId: string,
     /** This process's epoch: its registration number for the agent id. */
     readonly epoch: number,
@@ -273,21 +271,21 @@ export class Claims {
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
       }
-      const entry = await this.kv.get(this.key(task));
+      const entry = await this.kv.last(this.key(task));
       if (entry === null || entry.operation !== "PUT" || entry.revision <= claim.revision) return false;
       // Unreadable or the server's (an answer a caller aimed at the key): nobody's, the claim stands.
-      const held = byServer(entry) ? null : parse(entry.value);
+      const held = entry.nobodys ? null : parse(entry.value);
       if (held !== null && !sameWrite(held, this.recordOf(task, "running", {}))) return false;
       claim.revision = entry.revision; // strictly later each time: the loop ends
     }
   }
 
   private async contend(task: Task, record: Execution): Promise<Claim> {
-    const entry = await this.kv.get(this.key(task));
+    const entry = await this.kv.last(this.key(task));
     if (entry === null || entry.operation !== "PUT") {
       return { kind: "busy", retryInMs: 100 }; // vanished between create and get: try again
     }
-    const current = byServer(entry) ? null : parse(entry.value); // unreadable, or the server's: no block
+    const current = entry.nobodys ? null : parse(entry.value); // unreadable, or the server's: no block
     if (current?.state === "done") return { kind: "done", record: current };
     if (current !== null && isExpiryFence(current, task.attempt)) return { kind: "expired", record: current };
     if (current !== null && isReassignmentFence(current, task.attempt)) return { kind: "moved", record: current };
@@ -320,8 +318,8 @@ export class Claims {
   }
 
   private async read(key: string): Promise<Execution | null> {
-    const entry = await this.kv.get(key);
-    return entry === null || entry.operation !== "PUT" || byServer(entry) ? null : parse(entry.value);
+    const entry = await this.kv.last(key);
+    return entry === null || entry.operation !== "PUT" || entry.nobodys ? null : parse(entry.value);
   }
 
   /** The holder was an earlier process of this agent: it is gone, its lease with it. */

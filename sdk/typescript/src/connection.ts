@@ -5,7 +5,6 @@ import type {
   ConnectionOptions,
   JetStreamClient,
   JetStreamManager,
-  KV,
   MsgHdrs,
   NatsConnection,
   NatsError,
@@ -13,6 +12,7 @@ import type {
 } from "nats";
 
 import { ConnectError, ReachError } from "./errors.js";
+import { Keys } from "./keys.js";
 import type { Logger } from "./log.js";
 import { Names } from "./names.js";
 import { sleep } from "./timing.js";
@@ -40,7 +40,7 @@ function backoffMs(tries: number): number {
 
 
 export class Connection {
-  private readonly buckets = new Map<string, Promise<KV>>();
+  private readonly buckets = new Map<string, Promise<Keys>>();
   private reconnected = 0;
 
   private constructor(
@@ -153,17 +153,19 @@ export class Connection {
     return this.nc.info?.max_payload ?? 1024 * 1024;
   }
 
-  /** A provisioned bucket (bound, never created here: the coordinator provisions). */
-  kv(bucket: string): Promise<KV> {
-    let kv = this.buckets.get(bucket);
-    if (kv === undefined) {
+  /** A provisioned bucket's keys (bound, never created here: the coordinator provisions). */
+  kv(bucket: string): Promise<Keys> {
+    let keys = this.buckets.get(bucket);
+    if (keys === undefined) {
       // Direct gets by key (the buckets are provisioned with them): the read an agent's
       // permissions allow is the subject-suffixed one, of its own keys only.
-      kv = this.js.views.kv(bucket, { bindOnly: true, allow_direct: true });
-      kv.catch(() => this.buckets.delete(bucket)); // try again next time
-      this.buckets.set(bucket, kv);
+      keys = this.js.views
+        .kv(bucket, { bindOnly: true, allow_direct: true })
+        .then((kv) => new Keys(kv, this.nc, bucket, this.requestTimeoutMs));
+      keys.catch(() => this.buckets.delete(bucket)); // try again next time
+      this.buckets.set(bucket, keys);
     }
-    return kv;
+    return keys;
   }
 
   /**

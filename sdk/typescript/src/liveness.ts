@@ -8,15 +8,16 @@
 
 import { performance } from "node:perf_hooks";
 import { ErrorCode } from "nats";
-import type { KV, NatsError, Service, Subscription } from "nats";
+import type { NatsError, Service, Subscription } from "nats";
 
 import { decodeJson, encode, newId, nowMs } from "./codec.js";
 import { isWrongLastSequence } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { AgentIdInUse, ReachError } from "./errors.js";
+import type { Keys } from "./keys.js";
 import { emit, eventFor } from "./lifecycle.js";
 import type { Logger } from "./log.js";
-import { byServer, headersOf, sentByServer } from "./serveranswers.js";
+import { headersOf, sentByServer } from "./serveranswers.js";
 import { jittered, Signal } from "./timing.js";
 import type { AgentControl, Heartbeat, Task } from "./types.js";
 
@@ -190,7 +191,7 @@ export class Heartbeats {
     }
   }
 
-  private async beat(kv: KV): Promise<void> {
+  private async beat(kv: Keys): Promise<void> {
     this.seq += 1;
     const wall = nowMs();
     const mono = performance.now();
@@ -217,7 +218,7 @@ export class Heartbeats {
    * one of a higher epoch fences this process out (throws Replaced). Anything else in between
    * (a store that came back empty) is written over.
    */
-  private async write(kv: KV, beat: Uint8Array): Promise<number> {
+  private async write(kv: Keys, beat: Uint8Array): Promise<number> {
     if (this.revision) {
       try {
         return await kv.update(this.agentId, beat, this.revision);
@@ -231,9 +232,9 @@ export class Heartbeats {
   }
 
   /** The epoch of the heartbeat the key holds; 0 when it holds none, or none readable. */
-  private async currentEpoch(kv: KV): Promise<number> {
-    const entry = await kv.get(this.agentId);
-    if (entry === null || entry.operation !== "PUT" || byServer(entry)) return 0;
+  private async currentEpoch(kv: Keys): Promise<number> {
+    const entry = await kv.last(this.agentId);
+    if (entry === null || entry.operation !== "PUT" || entry.nobodys) return 0;
     try {
       const epoch = (decodeJson(entry.value) as Partial<Heartbeat> | null)?.epoch;
       return Number.isInteger(epoch) ? (epoch as number) : 0;

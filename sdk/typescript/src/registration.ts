@@ -9,7 +9,6 @@ import { isWrongLastSequence } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { AgentIdInUse, ReachError } from "./errors.js";
 import type { Logger } from "./log.js";
-import { byServer } from "./serveranswers.js";
 import { sleep } from "./timing.js";
 import type { AgentCard, RegisterReply } from "./types.js";
 
@@ -58,7 +57,7 @@ export async function awaitSlot(
  */
 export async function writeCard(conn: Connection, card: AgentCard, log: Logger): Promise<[AgentCard, number]> {
   const kv = await conn.kv(conn.names.agentsBucket);
-  const entry = await kv.get(card.agent_id);
+  const entry = await kv.last(card.agent_id);
   let epoch = 1;
   let revision: number | null = null;
   if (entry !== null && entry.operation === "PUT") {
@@ -66,7 +65,7 @@ export async function writeCard(conn: Connection, card: AgentCard, log: Logger):
     // A card none can read: its revision is past every epoch written before it (each had a
     // revision of its own), so an older process stays fenced off (it took over from 1).
     epoch = revision;
-    if (byServer(entry)) log.warn("replacing a card the NATS server wrote (someone's request aimed at it)");
+    if (entry.nobodys) log.warn("replacing a card nobody wrote (someone's request aimed at it)");
     else try {
       const previous = (decodeJson(entry.value) as AgentCard).epoch + 1;
       if (Number.isInteger(previous)) epoch = previous;
@@ -94,9 +93,9 @@ export async function writeCard(conn: Connection, card: AgentCard, log: Logger):
  */
 export async function restoreCard(conn: Connection, card: AgentCard, log: Logger): Promise<number | null> {
   const kv = await conn.kv(conn.names.agentsBucket);
-  const entry = await kv.get(card.agent_id);
+  const entry = await kv.last(card.agent_id);
   const there = entry !== null && entry.operation === "PUT";
-  if (there && readable(entry.value, card.agent_id) && !byServer(entry)) return null;
+  if (there && readable(entry.value, card.agent_id) && !entry.nobodys) return null;
   try {
     const revision = there ? await kv.update(card.agent_id, encode(card), entry.revision) : await kv.create(card.agent_id, encode(card));
     log.warn("the registry had no readable card of this agent (lost, deleted or overwritten); written again");

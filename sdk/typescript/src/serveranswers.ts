@@ -1,25 +1,17 @@
 /**
- * KV entries the NATS server wrote, not a party.
+ * Messages the NATS server sent in a party's stead.
  *
  * nats-server sends its answer to a request to whatever reply subject the request names,
  * checked against no permission. An agent may write its own keys with content it chooses,
- * then direct-get one with the reply aimed at another key: the server stores its answer
- * there, with the headers a direct get adds (`Nats-Stream`, `Nats-Subject`, `Nats-Sequence`,
- * `Nats-Time-Stamp`). Read by a direct get (as KV reads are), those headers come twice: the
- * stored copy's, then the server's own. Such an entry is nobody's record (a forged "done"
- * execution record made an agent send a result of the attacker's choosing).
+ * then direct-get one with the reply aimed at another subject: the server sends the stored
+ * message there, with the headers a direct get adds (`Nats-Stream`, `Nats-Subject`,
+ * `Nats-Sequence`, `Nats-Time-Stamp`). Such a message is nobody's (one aimed at an agent's
+ * queue ran as a task; a forged "done" record made an agent send a result of its choosing).
  */
-import type { KvEntry, MsgHdrs } from "nats";
+import type { MsgHdrs } from "nats";
 
 /** `Nats-Stream` comes first, written onto the stored block's last line, which can hide it. */
-const ADDED = ["Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp"];
-
-/** Whether the server wrote `entry` (a direct get's answer someone aimed at its key). */
-export function byServer(entry: KvEntry | null): boolean {
-  // nats.js keeps the direct get's message on the entries it reads (KvStoredEntryImpl.sm).
-  const header = (entry as { sm?: { header?: MsgHdrs } } | null)?.sm?.header;
-  return header !== undefined && ADDED.some((name) => header.values(name).length > 1);
-}
+export const DIRECT_GET_HEADERS = ["Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp"];
 
 const SERVER_JSON = ['{"type":"io.nats.', '{"stream":', '{"error":'];
 
@@ -32,7 +24,7 @@ const SERVER_JSON = ['{"type":"io.nats.', '{"stream":', '{"error":'];
 export function sentByServer(data: Uint8Array, headers: MsgHdrs | undefined | null): string | null {
   if (headers === null) return "a message whose headers cannot be read (a stored message of someone's, sent again)";
   const names = headers ? [...headers.keys()] : [];
-  if (names.some((name) => ADDED.includes(name) || name.endsWith("Nats-Stream"))) {
+  if (names.some((name) => DIRECT_GET_HEADERS.includes(name) || name.endsWith("Nats-Stream"))) {
     return "a JetStream direct get's answer (a stored message, sent again by the server)";
   }
   const head = new TextDecoder().decode(data.subarray(0, 20));

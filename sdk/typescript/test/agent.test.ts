@@ -16,6 +16,7 @@ import type { KV } from "nats";
 import { Agent, AgentIdInUse, PermanentError, ReachError } from "../src/index.js";
 import { Claimed, Claims } from "../src/claims.js";
 import type { Kept } from "../src/claims.js";
+import { Keys } from "../src/keys.js";
 import { newId } from "../src/index.js";
 import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Reply, Result } from "../src/index.js";
 import { binary, eventsOf, freePort, Gate, kvUntil, provision, routedTo, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
@@ -76,6 +77,11 @@ function newAgent(id: string, options: Partial<ConstructorParameters<typeof Agen
 
 async function kv(bucket: string): Promise<KV> {
   return stack.nc.jetstream().views.kv(bucket, { bindOnly: true });
+}
+
+/** A bucket's keys as the agent reads them (nats.js's own reads die of a bad header block). */
+async function keys(bucket: string): Promise<Keys> {
+  return new Keys(await kv(bucket), stack.nc, bucket, 5_000);
 }
 
 before(async () => {
@@ -599,7 +605,7 @@ describe("run-once: claims of this very process", () => {
   it("answers a delivery that waited from the outcome another delivery could not record, not running it twice", async () => {
     // Delivery B waits while A runs; A's outcome cannot be written (the broker failing) and is
     // kept: B answers from it instead of waiting out A's lease and running the message again.
-    const real = await kv("reach_executions");
+    const real = await keys("reach_executions");
     const failing = new Proxy(real, {
       get: (target, name) =>
         name === "update" ? () => Promise.reject(new Error("the server is restarting")) : Reflect.get(target, name),
@@ -676,14 +682,14 @@ describe("run-once: claims of this very process", () => {
   });
 
   it("keeps a claim a delivery holds from its redelivery even past its lease (a server away: renewals failed)", async () => {
-    const claims = new Claims(await kv("reach_executions"), unique("ts-lapsed"), 1, quiet);
+    const claims = new Claims(await keys("reach_executions"), unique("ts-lapsed"), 1, quiet);
     const t = task(unique("lapsed"), null);
     await claims.holding(t.message_id, async (running) => {
       assert.ok((await claims.claim(t, 0, null, running)) instanceof Claimed); // its lease ran out at once
       await claims.holding(t.message_id, async (redelivered) => {
         assert.equal((await claims.claim(t, 5_000, null, redelivered)).kind, "busy");
       });
-      const other = new Claims(await kv("reach_executions"), claims["agentId"], 2, quiet); // a newer process
+      const other = new Claims(await keys("reach_executions"), claims["agentId"], 2, quiet); // a newer process
       assert.ok((await other.claim(t, 5_000)) instanceof Claimed);
     });
   });
@@ -693,7 +699,7 @@ describe("run-once: claims of this very process", () => {
     // record's revision: the outcome was refused as fenced, the result dropped, and the
     // redelivery ran the handler a second time. A record of another process's stays a fence.
     const executions = await kv("reach_executions");
-    const claims = new Claims(executions, unique("ts-landed"), 1, quiet);
+    const claims = new Claims(await keys("reach_executions"), unique("ts-landed"), 1, quiet);
     const t = task(unique("landed"), null);
     const key = `_.${t.message_id}.${claims["agentId"]}`;
     const claim = await claims.claim(t, 5_000);
@@ -705,7 +711,7 @@ describe("run-once: claims of this very process", () => {
     assert.ok(await claims.record(t, { claim, result: { n: 1 }, durationMs: 1 }, () => undefined), "the outcome was taken for fenced");
     assert.equal((await executions.get(key))!.json<Execution>().state, "done");
 
-    const other = new Claims(executions, unique("ts-landed"), 1, quiet);
+    const other = new Claims(await keys("reach_executions"), unique("ts-landed"), 1, quiet);
     const taken = task(unique("landed"), null);
     const takeover = `_.${taken.message_id}.${other["agentId"]}`;
     const held = await other.claim(taken, 5_000);
@@ -1001,6 +1007,47 @@ describe("registration and liveness", () => {
     const epoch = (await cards.get(id))!.json<AgentCard>().epoch;
     assert.ok(epoch > 2, `epoch ${epoch}: a stalled process of epoch 2 would fence this one off`);
     await again.stop();
+  });
+
+  it("beats and claims past a heartbeat and a claim whose headers nats.js cannot read", async () => {
+    // nats.js's kv.get decodes a direct get's headers inside its reader: `Bad Key: x` at the
+    // heartbeat key closed the agent's connection on every beat. Such an entry is nobody's.
+    const id = unique("ts-badbeat");
+    const topic = unique("badbeat");
+    const agent = newAgent(id, { heartbeatIntervalMs: 200 }).handler(topic, (_ctx, payload) => payload);
+    await started(agent);
+    const beats = await keys("reach_heartbeats");
+    const bad = "NATS/1.0\r\nBad Key: x\r\n\r\n";
+    await rawPublish(stack.url, `$KV.reach_heartbeats.${id}`, bad, "{}");
+    const poisoned = (await beats.last(id))!;
+    assert.ok(poisoned.nobodys);
+    const real = task(topic, { real: true });
+    await rawPublish(stack.url, `$KV.reach_executions._.${real.message_id}.${id}`, bad, "{}");
+    const replies = await send(stack, real);
+    const ending = await replies.next((r) => r.kind === "result" || r.kind === "error", 15_000);
+    assert.deepEqual(ending.kind === "result" && ending.result, { real: true }, JSON.stringify(ending));
+    replies.close();
+    for (let tries = 0; ; tries += 1) {
+      const entry = (await beats.last(id))!;
+      if (entry.revision > poisoned.revision && !entry.nobodys) break;
+      assert.ok(tries < 50, "no heartbeat written over the poisoned one");
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    await agent.stop();
+  });
+
+  it("starts past a card whose headers nats.js cannot read (it exited at start)", async () => {
+    const id = unique("ts-badcard");
+    const bad = "NATS/1.0\r\nBad Key: x\r\n\r\n";
+    await rawPublish(stack.url, `$KV.reach_agents.${id}`, bad, JSON.stringify({ agent_id: id, epoch: 7 }));
+    const cards = await keys("reach_agents");
+    const poisoned = (await cards.last(id))!;
+    assert.ok(poisoned.nobodys);
+    const agent = await started(newAgent(id).handler(unique("badcard"), () => null));
+    const card = (await cards.last(id))!;
+    assert.ok(!card.nobodys && card.revision > poisoned.revision);
+    assert.equal(JSON.parse(new TextDecoder().decode(card.value)).epoch, poisoned.revision);
+    await agent.stop();
   });
 
   it("serves on past a stored message whose headers nats.js cannot read, copied into its queue", async () => {

@@ -1,0 +1,133 @@
+/**
+ * A KV bucket's keys: written through nats.js's KV, read by a direct get of our own.
+ *
+ * Any party may have the server copy a stored message of its choosing onto a key (a direct
+ * get with its reply aimed there, protocol §6). nats.js's `kv.get` decodes the answer's
+ * headers inside its protocol reader: a header line it refuses (`Bad Key: x`) threw there and
+ * closed the connection, on every heartbeat of an agent whose key held one, and a fresh
+ * agent with such a card exited at start. Read here, such an entry is nobody's record.
+ */
+
+import { createInbox, Empty } from "nats";
+import type { KV, Msg, NatsConnection, Subscription } from "nats";
+
+import { isWrongLastSequence } from "./connection.js";
+import { ReachError } from "./errors.js";
+import { DIRECT_GET_HEADERS, headersOf } from "./serveranswers.js";
+
+const NOT_FOUND = "404";
+const NO_RESPONDERS = "503";
+
+/** A key's last entry. */
+export interface StoredEntry {
+  readonly revision: number;
+  readonly operation: "PUT" | "DEL" | "PURGE";
+  readonly value: Uint8Array;
+  /**
+   * Nobody's record: the server wrote it (a direct get's answer someone aimed at the key: its
+   * added headers come twice, the stored copy's, then the server's own), or its headers are
+   * ones nats.js cannot decode.
+   */
+  readonly nobodys: boolean;
+}
+
+export class Keys {
+  constructor(
+    private readonly kv: KV,
+    private readonly nc: NatsConnection,
+    readonly bucket: string,
+    private readonly timeoutMs: number,
+  ) {}
+
+  /** Write `key` when it holds no value (none, or a delete marker); else the write is refused. */
+  async create(key: string, value: Uint8Array): Promise<number> {
+    // Not nats.js's kv.create: on a refusal it reads the key with its own kv.get.
+    try {
+      return await this.kv.put(key, value, { previousSeq: 0 });
+    } catch (err) {
+      if (!isWrongLastSequence(err)) throw err;
+      const entry = await this.last(key);
+      if (entry === null || entry.operation === "PUT") throw err;
+      return this.kv.put(key, value, { previousSeq: entry.revision });
+    }
+  }
+
+  update(key: string, value: Uint8Array, revision: number): Promise<number> {
+    return this.kv.update(key, value, revision);
+  }
+
+  put(key: string, value: Uint8Array): Promise<number> {
+    return this.kv.put(key, value);
+  }
+
+  delete(key: string, opts: { previousSeq?: number } = {}): Promise<void> {
+    return this.kv.delete(key, opts);
+  }
+
+  /** The key's last entry (a delete or purge marker too); null when it has none. */
+  async last(key: string): Promise<StoredEntry | null> {
+    const answer = await this.directGet(`$JS.API.DIRECT.GET.KV_${this.bucket}.$KV.${this.bucket}.${key}`);
+    const [status, fields] = parseHeaders(rawHeaders(answer) ?? "");
+    const sequence = fields.get("Nats-Sequence")?.at(-1); // the server's own comes last
+    if (sequence === undefined) {
+      // The server's own status: it answers with no stored message.
+      if (status === NOT_FOUND) return null;
+      if (status === NO_RESPONDERS) throw new ReachError(`the ${this.bucket} bucket did not answer (no responders)`);
+      throw new ReachError(`reading ${key} in ${this.bucket}: the server answered ${status || "with no sequence"}`);
+    }
+    const revision = Number(sequence);
+    if (!Number.isSafeInteger(revision) || revision <= 0) {
+      throw new ReachError(`reading ${key} in ${this.bucket}: the answer's sequence is ${sequence}`);
+    }
+    const operation = fields.get("KV-Operation")?.at(-1);
+    return {
+      revision,
+      operation: operation === "DEL" || operation === "PURGE" ? operation : "PUT",
+      value: answer.data,
+      nobodys: headersOf(answer) === null || DIRECT_GET_HEADERS.some((name) => (fields.get(name)?.length ?? 0) > 1),
+    };
+  }
+
+  /** A request whose answer is never decoded inside nats.js's reader (its own requests do). */
+  private directGet(subject: string): Promise<Msg> {
+    return new Promise((resolve, reject) => {
+      const inbox = createInbox((this.nc as { options?: { inboxPrefix?: string } }).options?.inboxPrefix);
+      const sub: Subscription = this.nc.subscribe(inbox, {
+        max: 1,
+        timeout: this.timeoutMs,
+        callback: (err, msg) => (err ? reject(err) : resolve(msg)),
+      });
+      try {
+        this.nc.publish(subject, Empty, { reply: inbox });
+      } catch (err) {
+        sub.unsubscribe();
+        reject(err);
+      }
+    });
+  }
+}
+
+/** A message's header block as it came (nats.js keeps it in the message's raw data). */
+function rawHeaders(msg: Msg): string | null {
+  const raw = msg as unknown as { _rdata?: Uint8Array; _msg?: { hdr?: number } };
+  const size = raw._msg?.hdr ?? -1;
+  if (raw._rdata === undefined || size < 0) return null;
+  return new TextDecoder().decode(raw._rdata.subarray(0, size));
+}
+
+/**
+ * A header block's status code ("" for none) and fields, every value of each in order. Lenient
+ * where nats.js is strict: a line without a colon is skipped, a name is taken as written.
+ */
+export function parseHeaders(block: string): [string, Map<string, string[]>] {
+  const [first = "", ...lines] = block.split("\r\n");
+  const status = /^NATS\/1\.0 (\d{3})/.exec(first)?.[1] ?? "";
+  const fields = new Map<string, string[]>();
+  for (const line of lines) {
+    const colon = line.indexOf(":");
+    if (colon <= 0) continue;
+    const name = line.slice(0, colon).trim();
+    fields.set(name, [...(fields.get(name) ?? []), line.slice(colon + 1).trim()]);
+  }
+  return [status, fields];
+}
