@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from enum import Enum
@@ -16,6 +17,7 @@ import nats.js
 import nats.js.errors
 from nats.js import api
 from nats.js.kv import KeyValue
+from nats.protocol.command import hpub_cmd
 
 from agentreach.broker.auth import Auth
 from agentreach.broker.bucket import Bucket, bound_kv
@@ -296,6 +298,26 @@ class Broker:
         """Plain core-NATS publish (replies to an inbox; a request names its ``reply``)."""
         with translated(subject=subject):
             await self.nc.publish(subject, data, reply=reply, headers=headers)
+
+    async def publish_header_block(
+        self, subject: str, block: bytes, data: bytes, *, timeout_s: float = 5.0
+    ) -> int:
+        """A JetStream publish with ``block`` as its header block, unchecked (nats-py refuses
+        a name it cannot send, such as ``Bad Key``): what any party's own client can store,
+        for the conformance kit's checks of how an agent reads what its library may refuse.
+        Returns the sequence it was stored at."""
+        with translated(subject=subject):
+            sub = await self.nc.subscribe(inbox := self.nc.new_inbox(), max_msgs=1)
+            try:
+                await self.nc._send_command(hpub_cmd(subject, inbox, block, data))
+                await self.nc.flush()
+                answer = await sub.next_msg(timeout=timeout_s)
+            finally:
+                await sub.unsubscribe()
+        ack = json.loads(answer.data)
+        if "seq" not in ack:
+            raise BrokerError(f"{subject}: not stored: {answer.data[:200]!r}")
+        return int(ack["seq"])
 
     async def kv(self, bucket: str) -> KeyValue:
         """The nats-py KV bucket (cached per connection), for this package's own use."""

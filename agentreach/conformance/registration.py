@@ -22,6 +22,7 @@ FIRST_BEAT_S = 2.0  # "at once" after the card: what the first heartbeat may tak
 WAKE_PROBES = 25  # pairs of control messages, the second later by one more step each time
 WAKE_STEP_S = 0.0002
 JITTER_STDEV_S = 0.025  # ±20 % of 0.5 s spreads gaps far wider; no jitter at all does not
+BAD_HEADER_BEATS = 3  # intervals at the kit's cadence an agent has to beat over a bad header
 # Four heartbeat intervals at the kit's cadence (with jitter), and the agent's own look.
 CARD_AGAIN_S = 4 * CADENCE_S * 1.2 + 2.0
 
@@ -149,6 +150,7 @@ async def heartbeats(s: Session, c: Checks) -> str:
         f"the card, overwritten with something that is no card, written again within"
         f" {CARD_AGAIN_S:g} s (§4: looked at every few heartbeat intervals)",
     )
+    await _beats_over_a_bad_header(s)
     await _wake_during_write(s, first.interval_s)
     await s.until(lambda: busy.replies_of("result") or None, 15.0, "the busy task's result")
     return (
@@ -175,6 +177,27 @@ async def _card_written_again(s: Session) -> bool:
         return True
     await cards.put(s.agent_id, card)
     return False
+
+
+async def _beats_over_a_bad_header(s: Session) -> None:
+    """§2: the heartbeat key holding a stored header line a client library may refuse (any
+    party can have the server copy one there): the agent reads it as nobody's and beats on.
+    nats.js 2.x closed its connection on reading it, at every beat."""
+    subject = f"$KV.{s.names.heartbeats_bucket}.{s.agent_id}"
+    bad = await s.broker.publish_header_block(subject, b"NATS/1.0\r\nBad Key: x\r\n\r\n", b"{}")
+    beats = await s.broker.bucket(s.names.heartbeats_bucket, Heartbeat)
+
+    async def beat_over_it() -> bool | None:
+        with contextlib.suppress(DecodeError):
+            entry = await beats.get(s.agent_id)
+            return True if entry is not None and entry.revision > bad else None
+        return None
+
+    if await s.poll(beat_over_it, BAD_HEADER_BEATS * CADENCE_S * 1.2 + 2) is None:
+        raise Failed(
+            "no heartbeat written over one whose header block holds `Bad Key: x` (§2: read"
+            " such an entry as nobody's; nats.js's kv.get closes the connection on it)"
+        )
 
 
 async def _wake_during_write(s: Session, restore_s: float) -> None:

@@ -14,7 +14,7 @@ from agentreach.agents import claims as sdk_claims
 from agentreach.agents import heartbeats as sdk_heartbeats
 from agentreach.agents import runtime as sdk_runtime
 from agentreach.agents.claims import Claimed
-from agentreach.broker import ClaimCheck
+from agentreach.broker import BrokerError, ClaimCheck, WrongLastSequence
 from agentreach.conformance import CLAUSES, Status, run_conformance
 from agentreach.envelopes import AgentCard, now_ms
 from agentreach.examples import conformance as example
@@ -107,6 +107,26 @@ async def test_an_agent_that_does_not_write_its_card_again_is_warned(
     assert any("written again within" in warning for warning in verdict.warnings)
     cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
     assert (await cards.get("scribbled-1")).value.agent_id == "scribbled-1"  # put back
+
+
+async def test_an_agent_that_cannot_beat_over_a_bad_header_fails_the_heartbeat_clause(
+    broker, coordinator, monkeypatch
+):
+    """nats.js closed its connection on reading a heartbeat key whose stored header block it
+    refuses (`Bad Key: x`): an agent that stops beating there fails clause 4."""
+
+    async def stuck(self, bucket, beat):  # type: ignore[no-untyped-def]
+        if not self.revision:
+            return await bucket.put(self._agent_id, beat)
+        try:
+            return await bucket.update(self._agent_id, beat, last=self.revision)
+        except WrongLastSequence as exc:
+            raise BrokerError("cannot read the heartbeat key") from exc
+
+    monkeypatch.setattr(sdk_heartbeats.Heartbeats, "_write", stuck)
+    verdicts = await judge(broker, conformance_agent("choked-1"), "liveness.heartbeats")
+    assert verdicts["liveness.heartbeats"].status is Status.FAIL
+    assert "Bad Key: x" in verdicts["liveness.heartbeats"].detail
 
 
 async def test_an_agent_that_loses_a_wake_up_fails_the_heartbeat_clause(
