@@ -61,6 +61,10 @@ REPEATABLE = frozenset({"progress", "signal_ignored"})
 AGENT_TASK_EVENTS = frozenset(
     {"accepted", "progress", "completed", "failed", "expired", "late_result_rejected"}
 )
+# What an agent says about itself (topic `_agent`, trace = its id), not about a task.
+AGENT_OWN_EVENTS = frozenset({"clock_drift"})
+# Every kind a party other than the coordinator sends (an agent's, a worker's).
+PARTY_EVENTS = frozenset(envelopes.AGENT_EVENTS) | frozenset(envelopes.WORKER_EVENTS)
 
 
 def agent_event(agent_id: str, event: str, **detail: Any) -> Event:
@@ -198,23 +202,23 @@ def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMes
     (the sender token of each subject is unforgeable under permissions). Unreadable ones and
     the rest are left out, and said so in the log."""
     decoded: list[tuple[StoredMessage, Event, str]] = []
+    left_out: Counter[str] = Counter()
     for message in stored:
         try:
             event = envelopes.decode_event(message.data)
         except envelopes.DecodeError:
             continue
-        sender = names.sender_of(message.subject)
-        if sender != COORDINATOR and event.event != names.kind_of_event_subject(message.subject):
-            continue  # a body of another kind than its subject's: permissions vouch for the subject
-        decoded.append((message, event, sender))
+        if (why := unvouched(names, message.subject, event)) is not None:
+            left_out[why] += 1
+            continue
+        decoded.append((message, event, names.sender_of(message.subject)))
     routed: dict[tuple[str, int], set[str]] = {}
     for _, event, sender in decoded:
         if event.event == "routed" and sender == COORDINATOR and event.agent_id:
             routed.setdefault((event.message_id, event.attempt), set()).add(event.agent_id)
     kept: list[tuple[StoredMessage, Event]] = []
-    left_out: Counter[str] = Counter()
     for message, event, sender in decoded:
-        if (why := _not_authentic(event, sender, routed)) is None:
+        if (why := _not_routed_to(event, sender, routed)) is None:
             kept.append((message, event))
         else:
             left_out[why] += 1
@@ -223,16 +227,34 @@ def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMes
     return kept
 
 
-def _not_authentic(
-    event: Event, sender: str, routed: dict[tuple[str, int], set[str]]
-) -> str | None:
-    """Why ``event`` is not what it claims; None when it is."""
+def unvouched(names: Names, subject: str, event: Event) -> str | None:
+    """Why the subject ``event`` was stored on does not vouch for its body; None when it
+    does. Permissions vouch for a subject (its kind, and its last token: the sender), not for
+    the body: the coordinator's is taken as it is; another party's only when its body is of
+    the subject's kind and names no other agent, and an agent's event about itself only when
+    it is about itself."""
+    sender = names.sender_of(subject)
     if sender == COORDINATOR:
         return None
+    if event.event not in PARTY_EVENTS:
+        return "their body is of a kind only the coordinator sends"
+    if event.event != names.kind_of_event_subject(subject):
+        return "their body is of another kind than their subject"
     if event.agent_id not in (None, sender):
         return "their body names another agent than their sender"
-    if event.event in AGENT_TASK_EVENTS and sender not in routed.get(
-        (event.message_id, event.attempt), ()
+    if event.event in AGENT_OWN_EVENTS and (event.trace_id, event.topic) != (sender, AGENT_TOPIC):
+        return "an agent's event about itself that is about something else"
+    return None
+
+
+def _not_routed_to(
+    event: Event, sender: str, routed: dict[tuple[str, int], set[str]]
+) -> str | None:
+    """Why ``event``, vouched for by its subject, is not what it claims; None when it is."""
+    if (
+        sender != COORDINATOR
+        and event.event in AGENT_TASK_EVENTS
+        and sender not in routed.get((event.message_id, event.attempt), ())
     ):
         return (
             "no routed event gives their attempt to their sender"

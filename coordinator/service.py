@@ -144,7 +144,11 @@ class Coordinator:
         self.quotas = CallerQuotas(broker, config.rate_limits)
         self.registry = new_registry()
         self.flow = FlowMetrics(
-            self.registry, self._serves, topics=self._topics, workflows=lambda: self.workflows.specs
+            self.registry,
+            self._serves,
+            topics=self._topics,
+            workflows=lambda: self.workflows.specs,
+            names=broker.names,
         )
         self.census = WorkflowCensus(broker)
         self.readiness = Readiness(broker)

@@ -38,7 +38,7 @@ from agentreach.envelopes.coordination import (
     breaker_key,
 )
 from agentreach.envelopes.errors import DecodeError, EnvelopeError
-from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS, decode_detail
+from agentreach.envelopes.events import AGENT_EVENTS, EVENT_DETAILS, WORKER_EVENTS, decode_detail
 from agentreach.envelopes.executions import (
     NO_CALLER,
     REASSIGNED,
@@ -115,6 +115,7 @@ __all__ = [
     "REASSIGNED",
     "SUB_TASK_FAILED",
     "TOKEN_PATTERN",
+    "WORKER_EVENTS",
     "Ack",
     "AgentCard",
     "AgentControl",

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from agentreach.broker import Broker, read_stream
-from agentreach.envelopes import DecodeError, Event, decode_event
+from agentreach.broker.lifecycle import authentic
+from agentreach.envelopes import Event
 from agentreach.envelopes.described import described
 
 MAX_MESSAGES = 50
@@ -41,14 +42,11 @@ async def trace_of(broker: Broker, some_id: str) -> dict[str, Any] | None:
 
 
 async def _events(broker: Broker, subject: str) -> list[tuple[float, Event]]:
-    """The readable events stored on ``subject``, with their broker time (ms)."""
-    events: list[tuple[float, Event]] = []
-    for message in await read_stream(broker, broker.names.events_stream, subject):
-        try:
-            events.append((message.timestamp_ns / 1e6, decode_event(message.data)))
-        except DecodeError:
-            continue
-    return events
+    """The authentic events stored on ``subject`` (as `reach trace` shows them: an agent's
+    forged `completed` of a message nobody routed to it showed it completed), with their
+    broker time (ms)."""
+    stored = await read_stream(broker, broker.names.events_stream, subject)
+    return [(m.timestamp_ns / 1e6, event) for m, event in authentic(broker.names, stored)]
 
 
 def _message(message_id: str, own: list[tuple[float, Event]]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from agentreach.agents.letters import SETTLING
 from agentreach.broker import Broker, BrokerError, StreamNotFound, follow
 from agentreach.broker.direct import messages_on
 from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.lifecycle import unvouched
 from agentreach.broker.requests import gather_replies
 from agentreach.broker.streams import per_subject_limit, stream_bounds, stream_size
 from agentreach.broker.tasks import cancel_and_wait
@@ -155,7 +156,8 @@ class Board:
                 event = decode_event(msg.data)
             except DecodeError:
                 continue
-            self.history.fold(event, msg.timestamp_ms, served=self._serves)
+            if unvouched(names, msg.subject, event) is None:  # an agent's `dead_lettered`…
+                self.history.fold(event, msg.timestamp_ms, served=self._serves)
 
     async def _follow_settling(self, ready: asyncio.Event) -> None:
         """Every ``replayed`` and ``resolved`` event REACH_EVENTS keeps, then each new one."""

@@ -22,7 +22,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector, Metric
 
 from agentreach.broker import Delivery
-from agentreach.broker.names import COORDINATOR
+from agentreach.broker.lifecycle import unvouched
+from agentreach.broker.names import Names
 from agentreach.coordinator.observability.labels import (
     ALERT_PROBLEMS,
     BREAKER_EVENTS,
@@ -52,9 +53,6 @@ LATENCY_BUCKETS = (
     2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
     600.0, 1800.0, 3600.0,  # agents that think for minutes: a P99 past 5 min is seen
 )  # fmt: skip
-# Kinds only the coordinator publishes. Another sender's (an agent's body of such a kind,
-# under a subject of its own) is not counted: an agent must not raise or fake an alert.
-COORDINATOR_ONLY = frozenset({"rejected", "alert"})
 
 
 class FlowMetrics(Collector):
@@ -75,7 +73,9 @@ class FlowMetrics(Collector):
         *,
         topics: Callable[[], Iterable[str]] = tuple,
         workflows: Callable[[], Iterable[str]] = tuple,
+        names: Names | None = None,
     ) -> None:
+        self._names = names or Names()
         self._known_topic = known_topic
         self._topics, self._workflows = topics, workflows
         self._primed: set[tuple[str, str]] = {("topic", OTHER_TOPIC)}
@@ -299,9 +299,9 @@ class FlowMetrics(Collector):
             event = decode_event(msg.data)
         except DecodeError:
             return  # not an event of ours: nothing to count
-        if event.event in COORDINATOR_ONLY and not msg.subject.endswith(f".{COORDINATOR}"):
-            return
-        self.fold(event, stored_ms)
+        # Not an agent's body of a kind only the coordinator sends (`dead_lettered`, `alert`)
+        if unvouched(self._names, msg.subject, event) is None:  # or naming another agent
+            self.fold(event, stored_ms)
 
     def fold(self, event: Event, stored_ms: int) -> None:
         """Count ``event``, stored by the broker at ``stored_ms``."""

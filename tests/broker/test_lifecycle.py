@@ -5,9 +5,21 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+import pytest
+
 from agentreach import envelopes
 from agentreach.broker.direct import messages_on
-from agentreach.broker.lifecycle import about, emit, event_for, reply, trace_of
+from agentreach.broker.lifecycle import (
+    about,
+    agent_event,
+    emit,
+    event_for,
+    reply,
+    trace_of,
+    unvouched,
+)
+from agentreach.broker.names import COORDINATOR, Names
 from agentreach.envelopes import Ack, Capacity, Progress, Result, Task, new_id
 from tests.support import until_true
 
@@ -75,3 +87,43 @@ async def test_an_event_of_another_kind_than_its_subject_is_not_in_the_trace(bro
     trace = await trace_of(broker, task.message_id)
     shown = [(e.event, e.agent_id) for e in trace]
     assert shown == [("routed", "worker-x"), ("accepted", "worker-x")]
+
+
+async def test_an_agents_event_about_itself_is_not_in_another_messages_trace(broker):
+    """``clock_drift`` is an agent's event about itself: one naming alice's message was
+    shown in her trace, and its attempt 99 counted in her audit record."""
+    task = task_answering_to(broker.names.reply_box("alice", "box-3"))
+    await emit(broker, event_for(task, "routed", agent_id="worker-x"))
+    planted = msgspec.structs.replace(
+        event_for(task, "clock_drift", agent_id="mallory", note="refund approved"), attempt=99
+    )
+    await emit(broker, planted, sender="mallory")
+    await emit(broker, event_for(task, "accepted", agent_id="worker-x"), sender="worker-x")
+    own = agent_event("mallory", "clock_drift", drift_s=3.0)
+    await emit(broker, own, sender="mallory")
+    assert [e.event for e in await trace_of(broker, task.message_id)] == ["routed", "accepted"]
+    assert [e.event for e in await trace_of(broker, own.message_id)] == ["clock_drift"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "sender", "why"),
+    [
+        ("failed", "failed", COORDINATOR, None),
+        ("failed", "dead_lettered", COORDINATOR, None),  # the coordinator's, as it is
+        ("failed", "failed", "worker-x", None),
+        ("failed", "dead_lettered", "worker-x", "a kind only the coordinator sends"),
+        ("alert", "alert", "worker-x", "a kind only the coordinator sends"),
+        ("failed", "completed", "worker-x", "another kind than their subject"),
+        ("replayed", "replayed", "ops-1", None),
+    ],
+)
+def test_what_a_subject_vouches_for(kind, body, sender, why):
+    """Permissions vouch for an event's subject (its kind and sender token), not its body."""
+    names = Names()
+    task = task_answering_to("_INBOX.x")
+    event = event_for(task, body, agent_id=None if sender == COORDINATOR else sender)
+    subject = names.event(kind, task.topic, task.trace_id, task.message_id, sender)
+    found = unvouched(names, subject, event)
+    assert found is None if why is None else why in (found or "")
+    named_another = msgspec.structs.replace(event, agent_id="victim")
+    assert sender == COORDINATOR or unvouched(names, subject, named_another) is not None

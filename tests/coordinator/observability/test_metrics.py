@@ -19,7 +19,7 @@ from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.coordinator.observability import http as http_module
 from agentreach.coordinator.observability.http import HttpError, HttpServer, Request, Response
-from agentreach.envelopes import DEAD_LETTER_REASONS, PRIORITIES, Event, RateLimit, Task
+from agentreach.envelopes import DEAD_LETTER_REASONS, PRIORITIES, Event, RateLimit, Task, encode
 from tests.conftest import FAST
 from tests.scrape import http_get, scrape, total
 from tests.support import Watcher, eventually, until_true
@@ -227,12 +227,17 @@ async def test_quota_refusals_are_counted_as_rejections_of_kind_quota(broker, wa
 
 async def test_impersonation_alerts_are_counted_and_forged_alerts_are_not(broker, watcher):
     """The coordinator's `alert` events count in reach_alerts_total by problem (both known
-    problems exported at 0 from the start); an `alert` an agent sends itself counts not."""
+    problems exported at 0 from the start); an `alert` an agent sends itself counts not, nor
+    does a body of a coordinator's kind it sends under a subject of its own kinds."""
     async with replica(broker) as running:
         before = await scrape(running.metrics_url)
         forged = agent_event("mallory", "alert", problem="impersonation")
         await emit(broker, forged, sender="mallory")
         task = Task(v=1, message_id="imp-1", trace_id="imp-1", topic="double")
+        for kind, detail in [("dead_lettered", {"reason": "poison"}), ("routed", {})]:
+            body = event_for(task, kind, agent_id="mallory", **detail)
+            subject = broker.names.event("failed", "double", "imp-1", "imp-1", "mallory")
+            await broker.publish(subject, encode(body))
         claim = event_for(task, "failed", agent_id="victim", task=msgspec.to_builtins(task))
         await emit(broker, claim, sender="mallory")  # names another agent than its sender
 
@@ -252,6 +257,8 @@ async def test_impersonation_alerts_are_counted_and_forged_alerts_are_not(broker
     assert total(before, "reach_alerts_total", problem="unresponsive") == 0
     assert total(found, "reach_alerts_total", problem="impersonation") == 1
     assert total(found, "reach_alerts_total") == 1
+    assert total(found, "reach_dead_letters_total") == 0
+    assert total(found, "reach_dispatches_total") == 0
 
 
 def at_zero(found: dict, topic: str) -> list[str]:
