@@ -19,6 +19,7 @@ it is answered with how the earlier message ends, read from its events.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import secrets
 from collections.abc import Coroutine
@@ -55,6 +56,10 @@ log = structlog.get_logger("coordinator.calls")
 
 BARE_CALLER = "coordinator"  # whose box the bare form's replies go to (no caller may be named so)
 GRACE_S = 1.0  # past the task's ttl, the coordinator's own verdict has had time to arrive
+EARLIER_LOOK_S = 60.0  # how long one read of an earlier message's events waits before a recount
+
+# An earlier message a call sent again waits for: its caller, its id, and what was sent.
+_Earlier = tuple[str | None, str, Sent]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,7 @@ class Calls:
         self._broker = broker
         self._claim_check = claim_check
         self._waiting: dict[str, _Waiting] = {}
+        self._earlier: dict[_Earlier, list[str]] = {}  # → the keys of the calls waiting for it
         self._answering: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -98,6 +104,14 @@ class Calls:
         names = self._broker.names
         topic, sender = names.call_subject_parts(msg.subject)
         headers = {k: v for k, v in msg.headers.items() if k != h.REPLY_TO}
+        if sender is not None and (refused := _differing_id(msg.data, headers.get(h.MSG_ID))):
+            # Not taken in (intake refuses it): its sends again under the header's id were
+            # each a duplicate that waited a whole ttl for an end that never came.
+            error = ErrorInfo(type="invalid_envelope", message=refused, retryable=False)
+            await self._answer(
+                _Requester(msg.reply, ""), _failure(error, "invalid_envelope"), error=True
+            )
+            return
         # A box nobody can guess (an agent may answer in any box of the caller's), whose
         # replies count only from the agent the coordinator announces (ReplyBox).
         box = ReplyBox(names, sender or BARE_CALLER, f"call{secrets.token_hex(16)}")
@@ -128,37 +142,49 @@ class Calls:
             await self._answer(requester, {"error": error}, error=True)
             return
         if stored.duplicate:  # sent before: nobody answers this box, the earlier end does
-            message_id = requester.message_id
-            sent = Sent(topic, call.sha256)
-            self._in_background(self._answer_earlier(key, message_id, ttl_ms, sender, sent))
+            self._in_background(replies.close())
+            earlier = (sender, requester.message_id, Sent(topic, call.sha256))
+            waiting_for_it = self._earlier.setdefault(earlier, [])
+            waiting_for_it.append(key)
+            if len(waiting_for_it) == 1:  # one read of its events for all its calls
+                self._in_background(self._answer_earlier(earlier))
 
     async def stop(self) -> None:
         """Stop the answers still being worked on (their callers time out)."""
         await cancel_and_wait(*self._answering)
 
-    async def _answer_earlier(
-        self, key: str, message_id: str, ttl_ms: int, caller: str | None, sent: Sent
-    ) -> None:
-        """Answer with how the message already taken in under this id ends (unless it is
-        another caller's, or another request: then, that the id is taken); the give-up
-        timer answers when it does not end within the ttl."""
+    async def _answer_earlier(self, earlier: _Earlier) -> None:
+        """Answer every call waiting for how the message already taken in under this id ends
+        (unless it is another caller's, or another request: then, that the id is taken);
+        each call's give-up timer answers it when the message does not end within its ttl."""
+        caller, message_id, sent = earlier
         read = functools.partial(self._events_of, message_id, caller)
+        ended: Ended | None = None
         try:
-            ended = await wait_for_ending(read, within_s=ttl_ms / 1000, caller=caller, sent=sent)
+            while ended is None and self._still_waiting(earlier):
+                ended = await wait_for_ending(
+                    read, within_s=EARLIER_LOOK_S, caller=caller, sent=sent
+                )
         except OthersMessage as exc:
             taken = f"{exc}: send it under an id of your own"
             error = ErrorInfo(type="duplicate_id", message=taken, retryable=False)
             ended = Ended(error=error, reason="duplicate_id")
         except BrokerError as exc:
             log.warning("could not read how an earlier call ended", error=str(exc))
-            return
-        if ended is None or key not in self._waiting:
-            return
-        requester = self._forget(key)
-        if ended.error is not None:
-            await self._answer(requester, _failure(ended.error, ended.reason), error=True)
-        else:
-            await self._answer_result(requester, ended.result, ended.result_ref)
+        keys = self._earlier.pop(earlier, [])
+        if ended is None:
+            return  # each call's give-up timer answers it
+        for requester in [self._forget(key) for key in keys if key in self._waiting]:
+            if ended.error is not None:
+                await self._answer(requester, _failure(ended.error, ended.reason), error=True)
+            else:
+                await self._answer_result(requester, ended.result, ended.result_ref)
+
+    def _still_waiting(self, earlier: _Earlier) -> bool:
+        """Whether a call still waits for how ``earlier`` ends (the others gave up)."""
+        keys = self._earlier.get(earlier, [])
+        keys[:] = [key for key in keys if key in self._waiting]
+        return bool(keys)
 
     async def _events_of(self, message_id: str, caller: str | None) -> list[Event]:
         """The events of ``caller``'s own runs of ``message_id``: judged against another
@@ -295,6 +321,20 @@ def _addressed(data: bytes, reply_to: str) -> _Addressed:
         ttl_ms=_ms(document.get("ttl_ms")),
         sha256=_payload_digest(document),
     )
+
+
+def _differing_id(data: bytes, header: str | None) -> str | None:
+    """Why intake would refuse a call's envelope for its ``Nats-Msg-Id`` header (not its own
+    id), or None."""
+    with contextlib.suppress(DecodeError):
+        document = envelopes.decode_json(data)
+        own = document.get("message_id") if is_envelope(document) else None
+        if header is not None and isinstance(own, str) and header != own:
+            return (
+                f"header {h.MSG_ID} {header!r} is not the message_id {own!r}: the stream"
+                " drops a message sent again by the header, so the two must be equal"
+            )
+    return None
 
 
 def _payload_digest(envelope: dict[str, Any]) -> str | None:

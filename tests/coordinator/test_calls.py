@@ -9,6 +9,7 @@ from agentreach import envelopes
 from agentreach.agents import Agent, TaskContext
 from agentreach.coordinator.calls import _Addressed, _addressed
 from agentreach.envelopes import headers as h
+from tests.support import eventually
 
 
 def sleeper() -> Agent:
@@ -235,3 +236,49 @@ async def test_a_call_takes_its_answer_only_from_the_announced_agent(broker, coo
     assert envelopes.decode_json(answer.data) == {"echo": {"n": 1}}
     assert box.startswith(names.reply_box("coordinator", "call"))
     assert len(box.rpartition(".")[2]) > 30  # not a counter anybody could guess
+
+
+async def test_a_call_whose_id_header_is_not_its_envelope_s_id_is_refused_at_once(
+    broker, coordinator
+):
+    """Intake would refuse it; sent again under the header's id, each call was a duplicate
+    that waited its whole ttl (a day, at most) for an end the message never had: a caller
+    piled them up by the thousand, each with a subscription and a read a second."""
+    task = envelopes.Task(
+        v=1, message_id="own-id-1", trace_id="own-id-1", topic="nap", payload={}, ttl_ms=60_000
+    )
+    for _ in range(3):
+        answer = await broker.nc.request(
+            broker.names.call("nap", "mallory"),
+            envelopes.encode(task),
+            timeout=5,
+            headers={h.MSG_ID: "x"},
+        )
+        assert answer.headers is not None and answer.headers.get(h.KIND) == "error"
+        failure = envelopes.decode_json(answer.data)
+        assert failure["error"]["type"] == "invalid_envelope", failure
+        assert "is not the message_id 'own-id-1'" in failure["error"]["message"]
+    assert not coordinator._calls._waiting
+
+
+async def test_calls_sent_again_share_one_read_of_the_first_one_s_end(broker, coordinator):
+    """Each call sent again under an id waits for the first one's end: by one read of its
+    events for them all, and with no reply box of its own (nobody answers there)."""
+    headers = {h.MSG_ID: "call-again-2"}
+    call = broker.names.call("nap")
+    calls = coordinator._calls
+
+    def request():  # type: ignore[no-untyped-def]
+        return asyncio.ensure_future(
+            broker.nc.request(call, b'{"s": 1.5}', timeout=10, headers=headers)
+        )
+
+    async with sleeper().running(broker=broker):
+        first = request()
+        await eventually(lambda: calls._waiting)
+        again = [request() for _ in range(4)]
+        await eventually(lambda: [len(keys) for keys in calls._earlier.values()] == [4])
+        answers = await asyncio.gather(first, *again)
+    for answer in answers:
+        assert envelopes.decode_json(answer.data) == {"slept": 1.5}
+    assert not calls._earlier and not calls._waiting
