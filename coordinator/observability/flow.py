@@ -22,7 +22,6 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector, Metric
 
 from agentreach.broker import Delivery
-from agentreach.broker.lifecycle import unvouched
 from agentreach.broker.names import Names
 from agentreach.coordinator.observability.labels import (
     ALERT_PROBLEMS,
@@ -36,7 +35,7 @@ from agentreach.coordinator.observability.labels import (
     WORKFLOW_STATUSES,
     rejection_kind,
 )
-from agentreach.coordinator.observability.once import Ends
+from agentreach.coordinator.observability.once import Ends, Routes
 from agentreach.envelopes import (
     DEAD_LETTER_REASONS,
     PRIORITIES,
@@ -75,14 +74,13 @@ class FlowMetrics(Collector):
         workflows: Callable[[], Iterable[str]] = tuple,
         names: Names | None = None,
     ) -> None:
-        self._names = names or Names()
         self._known_topic = known_topic
         self._topics, self._workflows = topics, workflows
         self._primed: set[tuple[str, str]] = {("topic", OTHER_TOPIC)}
         self._served: set[str] = set()  # topics labelled as themselves: they stay labels
         self.last_stored_ms = 0
         self.behind = 0  # events the consumer still holds after the last one taken
-        self._ends = Ends()
+        self._ends, self._routes = Ends(), Routes(names or Names())
         # Each series' child, found once: prometheus_client's labels() costs 1.5 µs a call,
         # a few per event (series are never removed, so a child stays valid).
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
@@ -299,8 +297,7 @@ class FlowMetrics(Collector):
             event = decode_event(msg.data)
         except DecodeError:
             return  # not an event of ours: nothing to count
-        # Not an agent's body of a kind only the coordinator sends (`dead_lettered`, `alert`)
-        if unvouched(self._names, msg.subject, event) is None:  # or naming another agent
+        if self._routes.vouch(msg.subject, event):  # not an agent's forgery
             self.fold(event, stored_ms)
 
     def fold(self, event: Event, stored_ms: int) -> None:

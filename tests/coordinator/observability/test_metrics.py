@@ -261,6 +261,25 @@ async def test_impersonation_alerts_are_counted_and_forged_alerts_are_not(broker
     assert total(found, "reach_dispatches_total") == 0
 
 
+async def test_a_completion_by_an_agent_the_attempt_was_not_routed_to_is_not_counted(broker):
+    """mallory's `completed` of a task routed to another agent made it a success (its real
+    dead letter then went uncounted, as a second ending): the fold remembers routings."""
+    task = Task(v=1, message_id="fake-1", trace_id="fake-1", topic="double")
+    async with replica(broker) as running:
+        await emit(broker, event_for(task, "routed", agent_id="metrics-good"))
+        forged = event_for(task, "completed", agent_id="mallory", duration_ms=1)
+        await emit(broker, forged, sender="mallory")
+        await emit(broker, event_for(task, "dead_lettered", reason="expired"))
+
+        async def counted() -> dict | None:
+            found = await scrape(running.metrics_url)
+            return found if total(found, "reach_tasks_finished_total") >= 1 else None
+
+        found = await until_true(counted)  # the fold keeps the stream's order: forged first
+    assert total(found, "reach_tasks_finished_total", outcome="completed") == 0
+    assert total(found, "reach_tasks_finished_total", outcome="expired") == 1
+
+
 def at_zero(found: dict, topic: str) -> list[str]:
     """What is missing or not 0 among the counter series of ``topic`` known before its
     first task (empty when all are there at 0)."""

@@ -1,0 +1,44 @@
+"""What the fold remembers of messages: ends counted once, routings that vouch for reports."""
+
+from __future__ import annotations
+
+from agentreach.broker.lifecycle import event_for
+from agentreach.broker.names import COORDINATOR, Names
+from agentreach.coordinator.observability.once import Routes
+from agentreach.envelopes import Task
+
+NAMES = Names()
+
+
+def subject(kind: str, task: Task, sender: str) -> str:
+    return NAMES.event(kind, task.topic, task.trace_id, task.message_id, sender)
+
+
+def test_a_report_counts_only_from_an_agent_its_attempt_was_routed_to():
+    routes = Routes(NAMES, limit=2)
+    task = Task(v=1, message_id="m-1", trace_id="m-1", topic="t")
+    by = {a: event_for(task, "completed", agent_id=a, duration_ms=1) for a in ("a", "b", "x")}
+    assert routes.vouch(subject("completed", task, "x"), by["x"])  # no routing seen: counted
+    for agent in ("a", "b"):  # routed again, to another agent (the first refused it)
+        routed = event_for(task, "routed", agent_id=agent)
+        assert routes.vouch(subject("routed", task, COORDINATOR), routed)
+    assert not routes.vouch(subject("completed", task, "x"), by["x"])
+    assert routes.vouch(subject("completed", task, "b"), by["b"])  # the end: forgotten
+    assert routes.vouch(subject("completed", task, "x"), by["x"])  # a second end (not counted)
+    for n in range(3):  # the oldest routing is forgotten first
+        other = Task(v=1, message_id=f"o-{n}", trace_id=f"o-{n}", topic="t")
+        routing = event_for(other, "routed", agent_id="a")
+        routes.vouch(subject("routed", other, COORDINATOR), routing)
+    first = Task(v=1, message_id="o-0", trace_id="o-0", topic="t")
+    forged = event_for(first, "failed", agent_id="x")
+    assert routes.vouch(subject("failed", first, "x"), forged)
+    last = Task(v=1, message_id="o-2", trace_id="o-2", topic="t")
+    assert not routes.vouch(subject("failed", last, "x"), event_for(last, "failed", agent_id="x"))
+
+
+def test_a_body_its_subject_does_not_vouch_for_is_not_counted():
+    routes = Routes(NAMES)
+    task = Task(v=1, message_id="m-2", trace_id="m-2", topic="t")
+    ending = event_for(task, "dead_lettered", agent_id="x", reason="poison")
+    assert not routes.vouch(subject("failed", task, "x"), ending)
+    assert routes.vouch(subject("dead_lettered", task, COORDINATOR), ending)
