@@ -17,6 +17,7 @@ def described(event: Event) -> str:
             return _routed(event)
         case "completed":
             by = "answered by a person, " if d.get("answered_by") else ""
+            by = "said for its agent (the run recorded it), " if d.get("from_record") else by
             return f"{by}in {d.get('duration_ms', '?')} ms, result {_result(d)}"
         case "manual_taken":
             return f"taken in manual-review queue {d.get('queue')!r}"

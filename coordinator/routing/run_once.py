@@ -14,13 +14,22 @@ import structlog
 
 from agentreach.broker import Broker, Bucket, Entry
 from agentreach.broker.endings import Sent, difference
-from agentreach.broker.lifecycle import about, agent_event, emit, event_for, events_of_id, reply
+from agentreach.broker.lifecycle import (
+    about,
+    agent_event,
+    emit,
+    event_for,
+    events_of,
+    events_of_id,
+    reply,
+)
 from agentreach.broker.topology import EVENTS_DUPLICATE_WINDOW_S
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.envelopes import (
     REASSIGNED,
     ErrorInfo,
+    Event,
     Execution,
     Result,
     Task,
@@ -223,3 +232,26 @@ async def answer_from_record(broker: Broker, task: Task, record: Execution) -> N
         )
         await reply(broker, task, answer)
     await emit(broker, event_for(task, "answered_from_record", agent_id=record.agent_id))
+    if not await _ended(broker, task):
+        # Its agent died between recording the result and saying `completed`: said for it,
+        # or the message would never end (no audit record, never counted finished).
+        await emit(broker, recorded_completion(task, record))
+
+
+async def _ended(broker: Broker, task: Task) -> bool:
+    """Whether an authentic ending of ``task``'s message is stored."""
+    events = await events_of(broker, task.trace_id, task.message_id)
+    return any(e.event in ("completed", "dead_lettered") for _, e in events.authentic)
+
+
+def recorded_completion(task: Task, record: Execution) -> Event:
+    """The ``completed`` event of a run that recorded its result and said nothing more."""
+    result = {"result_ref": msgspec.to_builtins(record.result_ref)} if record.result_ref else {}
+    return event_for(
+        task,
+        "completed",
+        agent_id=record.agent_id,
+        duration_ms=max(0, record.finished_at_ms - record.started_ms),
+        from_record=True,
+        **(result or {"result": record.result}),
+    )

@@ -224,6 +224,7 @@ async def test_a_task_sent_again_past_its_ttl_after_it_ran_answers_from_its_reco
             answered = await watcher.event("answered_from_record", message_id="again-1")
     assert answered.agent_id == agent.agent_id
     assert runs["again-1"] == 1
+    assert watcher.count("completed", {"again-1"}) == 1  # it had ended: not said again
     assert not [letter for letter in watcher.dead_letters if letter.message_id == "again-1"]
 
 

@@ -62,7 +62,7 @@ async def test_what_is_no_task_in_a_gone_agents_queue_is_dead_lettered_not_dropp
     assert await next_message(broker, stream, subject, from_seq=1) is None
 
 
-async def test_a_task_the_gone_agent_finished_is_answered_from_its_record_not_expired(
+async def test_a_task_the_gone_agent_finished_is_answered_from_its_record_and_ends(
     broker, watcher
 ):
     """The agent ran it and recorded its result, but its acknowledgement was lost (a server
@@ -76,6 +76,11 @@ async def test_a_task_the_gone_agent_finished_is_answered_from_its_record_not_ex
     answered = await watcher.event("answered_from_record", message_id="done-q-1")
     assert answered.agent_id == "gone-2"
     assert not [letter for letter in watcher.dead_letters if letter.message_id == "done-q-1"]
+    # It never said `completed` (it died): said for it, so that the message ends (an audit
+    # record, counted finished).
+    completed = await watcher.event("completed", message_id="done-q-1")
+    assert completed.agent_id == "gone-2" and completed.detail["from_record"] is True
+    assert completed.detail["result"] == {"ok": True}
 
 
 async def test_a_task_past_its_ttl_that_a_newer_process_of_the_agent_runs_stays_queued(
