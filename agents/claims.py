@@ -1,13 +1,12 @@
 """Exactly-once effect on top of at-least-once delivery: claim a message before running it.
 
-The claim is a conditional write of this agent's record of the message in
-``reach_executions`` (``<caller>.<message_id>.<agent_id>``: each agent writes only its own), so two
-deliveries of one message to it (a redelivery, a republish) cannot both run it; across
-agents the coordinator reads every agent's record of a message before dispatching it
-again. A claim is a lease: if its holder dies, the message runs again once the lease has
-passed; a lease held by an earlier process of the same agent (a lower epoch) is taken
-over at once, and so is one of this very process that no delivery of the message in hand
-holds (a claim whose write landed though its answer was lost, in a server restart).
+The claim is a conditional write of this agent's record of the message in ``reach_executions``
+(``<caller>.<message_id>.<agent_id>``: each agent writes only its own), so two deliveries of
+one message to it (a redelivery, a republish) cannot both run it; across agents the
+coordinator reads every agent's record of a message before dispatching it again. A claim is
+a lease: if its holder dies, the message runs again once the lease has passed; one held by an
+earlier process of the agent (a lower epoch) is taken over at once, and so is one of this
+process that no delivery in hand holds (a write that landed though its answer was lost).
 """
 
 from __future__ import annotations
@@ -120,18 +119,21 @@ class Claims:
         # Outcomes not yet recorded (the broker failing): a redelivery answers from these
         # instead of running the handler a second time.
         self._unrecorded: OrderedDict[str, Outcome] = OrderedDict()
-        # The deliveries of each message that hold its claim in this process now. A
-        # `running` record of this process that none of them holds is a claim whose write
-        # landed though its answer was lost (the server restarting): its delivery gave up,
-        # and its redelivery would otherwise wait out the lease as if another one ran it.
-        # One that a delivery holds is never taken over here, even past its lease: renewing
-        # it failed while the server was away, and the run goes on (it ran twice).
+        # The deliveries of each message that hold its claim here now. A `running` record of
+        # this process none holds is a claim whose write landed though its answer was lost
+        # (its delivery gave up; its redelivery would wait out the lease). One a delivery
+        # holds is never taken over, even past its lease (renewals failed while the server
+        # was away, and the run goes on: it ran twice).
         self._holding: Counter[str] = Counter()
 
     @property
     def epoch(self) -> int:
         """This process's epoch: its registration number for the agent id."""
         return self._epoch
+
+    def runs_here(self, message_id: str) -> bool:
+        """Whether a delivery of ``message_id`` holds its claim in this process now."""
+        return self._holding.get(message_id, 0) > 0
 
     @contextlib.contextmanager
     def in_hand(self, message_id: str) -> Iterator[Hand]:
@@ -392,9 +394,7 @@ def _resumed(held: Execution, mine: Execution) -> Execution:
 
 
 def _same_write(held: Execution, written: Execution) -> bool:
-    return (held.agent_id, held.epoch, held.attempt, held.state) == (
-        written.agent_id,
-        written.epoch,
-        written.attempt,
-        written.state,
-    )
+    def run(e: Execution) -> tuple[str, int, int, str]:
+        return (e.agent_id, e.epoch, e.attempt, e.state)
+
+    return run(held) == run(written)

@@ -18,15 +18,7 @@ import msgspec
 import structlog
 
 from agentreach import envelopes
-from agentreach.agents.claims import (
-    AlreadyDone,
-    Claimed,
-    Claims,
-    Expired,
-    Hand,
-    Moved,
-    Outcome,
-)
+from agentreach.agents.claims import AlreadyDone, Claimed, Claims, Expired, Hand, Moved, Outcome
 from agentreach.agents.client import ReachClient
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
@@ -159,7 +151,11 @@ class Executor:
             log.info("answering a redelivery from an outcome not yet recorded")
             await self._conclude(job, kept)
             return None
-        if ttl_left_ms(task.ttl_ms, job.dispatched_ms) <= 0:  # in the queue, or for room
+        # Past its ttl (in the queue, or for room), unless it runs here: a redelivery after
+        # an outage, which waits for that run's outcome (it said "no run of it finished").
+        if ttl_left_ms(task.ttl_ms, job.dispatched_ms) <= 0 and not self._claims.runs_here(
+            task.message_id
+        ):
             self._room.leave(task)
             await self._expire(job)
             return None

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
-from agentreach.broker import Broker, EmbeddedServer, Names, Topology, provision
+from agentreach.broker import Broker, Delivery, EmbeddedServer, Names, Topology, provision
 from agentreach.broker.dead_letters import RAW_KEPT
 from agentreach.broker.lifecycle import emit, event_for, trace_of
 from agentreach.envelopes import AgentCard
@@ -400,3 +400,29 @@ async def test_a_result_its_record_cannot_hold_fails_once_saying_so(broker, coor
     assert "the result (400002 bytes of JSON) does not fit its execution record" in str(
         caught.value.error.message
     )
+
+
+async def test_a_redelivery_past_the_ttl_waits_for_the_run_this_process_holds(
+    broker, coordinator, watcher, monkeypatch
+):
+    """The run's keep-alives did not reach the server (it was away), so the task came again
+    past its ttl while the handler still ran here: that delivery reported it `expired`, "no
+    run of it finished (each process that took it died or stalled)", though this very
+    process was running it. It waits for that run, whose result answers."""
+
+    async def unheard(self) -> None:  # type: ignore[no-untyped-def]
+        return None  # the server is away: no keep-alive arrives
+
+    monkeypatch.setattr(Delivery, "in_progress", unheard)
+    agent = Agent("unheard-1", startup_delay=0, ack_wait=0.5)
+
+    @agent.handler("long_nap")
+    async def long_nap(ctx: TaskContext, payload: dict) -> dict:
+        await asyncio.sleep(2.0)  # past its ttl, and several ack waits
+        return {"napped": True}
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke("long_nap", {}, message_id="unheard-t1", ttl_ms=1000)
+    assert result == {"napped": True}
+    assert watcher.count("expired", {"unheard-t1"}) == 0
+    assert watcher.count("completed", {"unheard-t1"}) >= 1

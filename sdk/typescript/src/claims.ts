@@ -106,12 +106,10 @@ export class Claims {
   // Outcomes not yet recorded (the broker failing): a redelivery answers from these
   // instead of running the handler a second time.
   private readonly unrecordedOutcomes = new Map<string, Outcome>();
-  // The deliveries of each message that hold its claim in this process now. A `running` record
-  // of this process that none of them holds is a claim whose write landed though its answer was
-  // lost (the server restarting): its delivery gave up, and its redelivery would otherwise wait
-  // out the lease as if another one ran it. One a delivery holds is never taken over here, even
-  // past its lease: renewing it failed while the server was away, and the run goes on (it ran
-  // twice).
+  // The deliveries of each message that hold its claim here now. A `running` record of this
+  // process none holds is a claim whose write landed though its answer was lost (its delivery
+  // gave up; its redelivery would wait out the lease). One a delivery holds is never taken
+  // over, even past its lease (renewals failed while the server was away; the run goes on).
   private readonly holders = new Map<string, number>();
 
   constructor(
@@ -205,6 +203,11 @@ export class Claims {
   async done(task: Task): Promise<Execution | null> {
     const record = await this.read(this.key(task));
     return record?.state === "done" ? record : null;
+  }
+
+  /** Whether a delivery of `messageId` holds its claim in this process now (it runs here). */
+  runsHere(messageId: string): boolean {
+    return this.holders.has(messageId);
   }
 
   /** The outcome of a run of `messageId` that is still waiting to be recorded. */

@@ -198,8 +198,10 @@ export class Executor {
       await this.conclude(msg, task, kept, dispatchedMs);
       return null;
     }
-    if (nowMs() - dispatchedMs >= task.ttl_ms) {
-      leave(); // looked at once in: a task that waited for its handler past its ttl is not run
+    // Looked at once in: a task that waited for its handler past its ttl is not run, unless it
+    // runs here (a redelivery after an outage waits for that run: it said "no run finished").
+    if (nowMs() - dispatchedMs >= task.ttl_ms && !this.records.runsHere(task.message_id)) {
+      leave();
       await this.expire(msg, task, dispatchedMs);
       return null;
     }
