@@ -72,6 +72,10 @@ class QueueExpiryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     # Past the ttl, how long an agent has to take the task (or to report it expired) before
     # the coordinator ends it: the agent judges on its own clock, which may run behind.
     grace_s: NonNegativeSeconds = 2.0
+    # After this replica's start or reconnect, how long a task its agent took (a claim, its
+    # lease past) is left before it counts as silent: no lease could be renewed while the
+    # server was away, and a live agent reconnects and records the outcome it kept.
+    reconnect_grace_s: NonNegativeSeconds = 30.0
     reads: Positive = 200  # queues read at most per pass
     reread_s: PositiveSeconds = 30.0  # a queue that holds tasks is read at least this often
 
@@ -110,6 +114,7 @@ class QueueExpiry:
         self._run_once = RunOnce(broker, self._grants)
         self._looks: dict[tuple[str, Priority], _Look] = {}
         self.ended = 0  # tasks this replica ended so, since it started
+        self._reconnects, self._heard_since = broker.reconnects, time.monotonic()
 
     async def run(self) -> None:
         """Go over the queues every ``every_s`` until cancelled."""
@@ -195,7 +200,10 @@ class QueueExpiry:
             ttl_end_ms = message.timestamp_ms + task.ttl_ms  # a dispatch's ttl runs from it
             if (left_in := self._left_in_queue(records, task, agent_id, ttl_end_ms)) is not None:
                 return left_in
-            why = _expired_with(records, task, agent_id, message.timestamp_ms)
+            taken = any(r.agent_id == agent_id and r.attempt == task.attempt for r in records)
+            if taken and (grace_s := self._grace_left_s()) > 0:
+                return now_ms() + int(grace_s * 1000) + 1  # its agent may be reconnecting
+            why = _expired_with(task, agent_id, message.timestamp_ms, taken=taken)
             error = ErrorInfo(type=EXPIRED, message=why, retryable=False)
             seal = self._grants.seal(task.caller, task.message_id, task.attempt, agent_id)
             fenced = await fence_expiry(
@@ -225,18 +233,23 @@ class QueueExpiry:
                 return now_ms() + int(left_s * 1000) + 1
         return None
 
+    def _grace_left_s(self) -> float:
+        """What is left of the grace after this replica's start or last reconnect."""
+        if (reconnects := self._broker.reconnects) != self._reconnects:
+            self._reconnects, self._heard_since = reconnects, time.monotonic()
+        return self._config.reconnect_grace_s - (time.monotonic() - self._heard_since)
+
     def _later_ms(self) -> int:
         return now_ms() + int(self._config.reread_s * 1000)
 
 
-def _expired_with(records: list[Execution], task: Task, agent_id: str, dispatched_ms: int) -> str:
-    """Why the queued attempt ends: it waited past its ttl untaken, or its agent took it (a
-    claim of this attempt) and went silent, its run's lease past (an accepted task is not
+def _expired_with(task: Task, agent_id: str, dispatched_ms: int, *, taken: bool) -> str:
+    """Why the queued attempt ends: it waited past its ttl untaken, or its agent ``taken`` it
+    (a claim of this attempt) and went silent, its run's lease past (an accepted task is not
     one that never started: the handler may have done part of its work)."""
     said = ttl_passed_in_queue(
         task.ttl_ms, agent_id, dispatched_ms=dispatched_ms, received_ms=task.received_ms
     )
-    taken = any(r.agent_id == agent_id and r.attempt == task.attempt for r in records)
     if taken:
         return (
             f"{said}, which took it and went silent (its run's lease ran out): it may have"

@@ -20,16 +20,19 @@ from agentreach.coordinator import CoordinatorConfig, QueueExpiryConfig
 from agentreach.coordinator.liveness.queue_expiry import QueueExpiry
 from agentreach.coordinator.protection.grants import Grants, SecurityConfig
 from agentreach.coordinator.routing.run_once import RunOnce
-from agentreach.envelopes import ErrorInfo, Priority
+from agentreach.envelopes import AgentCard, ErrorInfo, Priority
 from tests.conftest import FAST
 from tests.coordinator.liveness.test_reassign import _until_settled
 from tests.secured import SecuredDeployment, sealed_deployment
 from tests.support import Watcher, recorded, until_true
 
 # The queues gone over every 0.1 s, with 0.2 s of grace past a task's ttl.
-SWEEPING = msgspec.structs.replace(FAST, queue_expiry=QueueExpiryConfig(every_s=0.1, grace_s=0.2))
+SWEEPING = msgspec.structs.replace(
+    FAST, queue_expiry=QueueExpiryConfig(every_s=0.1, grace_s=0.2, reconnect_grace_s=0)
+)
 # No pass of its own (the test makes them), and no grace: the race is the test's to arrange.
-BY_HAND = msgspec.structs.replace(FAST, queue_expiry=QueueExpiryConfig(every_s=3600, grace_s=0))
+NO_GRACE = QueueExpiryConfig(every_s=3600, grace_s=0, reconnect_grace_s=0)
+BY_HAND = msgspec.structs.replace(FAST, queue_expiry=NO_GRACE)
 
 
 def _agent(agent_id: str, **handler: object) -> tuple[Agent, asyncio.Event]:
@@ -213,7 +216,7 @@ async def test_a_queue_read_is_read_again_only_when_it_grows_or_comes_due(broker
     task = envelopes.Task(v=1, message_id="far-1", trace_id="far-1", topic="hold", ttl_ms=60_000)
     await broker.publish(names.dispatch("patient-1", "P1"), envelopes.encode(task))
     depths = _Depths({("patient-1", "P1"): 1})
-    expiry = QueueExpiry(broker, QueueExpiryConfig(grace_s=0), depths)
+    expiry = QueueExpiry(broker, NO_GRACE, depths)
     assert expiry.due() == [("patient-1", "P1")]
     assert await expiry.sweep() == 0
     assert expiry.due() == []  # read: nothing comes due for a minute
@@ -238,9 +241,7 @@ async def test_on_a_sealed_deployment_the_fence_is_sealed_and_the_sender_is_answ
         Watcher(admin) as watcher,
     ):
         grants = Grants.from_config(SecurityConfig(seal_key_file=deployment.seal_key_file))
-        expiry = QueueExpiry(
-            coordinator.broker, QueueExpiryConfig(grace_s=0), coordinator.queues, grants
-        )
+        expiry = QueueExpiry(coordinator.broker, NO_GRACE, coordinator.queues, grants)
         invoking = asyncio.create_task(
             alice.invoke("hold", {}, message_id="sealed-task", ttl_ms=300, ack_deadline_ms=20_000)
         )
@@ -284,6 +285,33 @@ async def test_a_task_its_agent_took_and_went_silent_with_is_not_said_untaken(
         "ttl 100 ms passed in the queue of silent-agent, which took it and went silent (its"
         " run's lease ran out): it may have run in part"
     )
+
+
+async def test_a_task_its_agent_took_is_left_for_a_grace_after_the_replica_starts(
+    broker, start_coordinator, watcher
+):
+    """Back after a minute's outage, the coordinator ended as `expired` ("went silent")
+    within a second a task whose agent had finished it while the server was away and was
+    reconnecting to record it: its kept result was then rejected as late. A run whose lease
+    lapsed is left for ``reconnect_grace_s`` after the replica's start (or reconnect)."""
+    grace = msgspec.structs.replace(NO_GRACE, reconnect_grace_s=1.0)
+    cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+    await cards.put("quiet-agent", AgentCard(agent_id="quiet-agent", intents={}))  # registered
+    async with start_coordinator(msgspec.structs.replace(FAST, queue_expiry=grace)) as coordinator:
+        began = time.monotonic()
+        await _queued(broker, "silent-2", "quiet-agent")
+        await recorded(
+            broker, "silent-2", "quiet-agent", "running", lease_until_ms=envelopes.now_ms() - 1
+        )
+        await coordinator.queues.refresh()
+        assert await coordinator.queue_expiry.sweep() == 0
+        await _queued(broker, "untaken-2", "quiet-agent")  # not taken: no grace for it
+        await coordinator.queues.refresh()
+        assert await coordinator.queue_expiry.sweep() == 1
+        await asyncio.sleep(1.0 - (time.monotonic() - began))  # the grace passing
+        await coordinator.queues.refresh()
+        assert await coordinator.queue_expiry.sweep() == 1  # still silent: ended
+    assert [d.message_id for d in watcher.dead_letters] == ["untaken-2", "silent-2"]
 
 
 async def test_a_retry_routed_late_in_its_ttl_that_its_agent_runs_is_not_ended(

@@ -62,9 +62,7 @@ async def test_what_is_no_task_in_a_gone_agents_queue_is_dead_lettered_not_dropp
     assert await next_message(broker, stream, subject, from_seq=1) is None
 
 
-async def test_a_task_the_gone_agent_finished_is_answered_from_its_record_and_ends(
-    broker, watcher
-):
+async def test_a_task_the_gone_agent_finished_is_answered_from_its_record_and_ends(broker, watcher):
     """The agent ran it and recorded its result, but its acknowledgement was lost (a server
     failing over), so the task was still queued when the agent went: it is answered from
     that record, not dead-lettered as expired."""
