@@ -32,7 +32,7 @@ from agentreach.agents.handlers import (
     typed,
 )
 from agentreach.agents.job import Job
-from agentreach.agents.reports import Reports
+from agentreach.agents.reports import Progressing, Reports
 from agentreach.agents.slots import Latencies, Room
 from agentreach.broker import (
     Broker,
@@ -258,12 +258,16 @@ class Executor:
                 return _failed(claim, _spent(task, claim))
         deadline = Deadline(budget_ms=budget_ms, window_ms=spec.deadline_ms)
 
+        async def report(note: str) -> None:
+            await self._reports.progress(job, note)
+            if not await self._claims.renew(task, claim, deadline.lease_ms()):
+                log.warning("claim lost while running: this run's result will be refused")
+
+        progressing = Progressing(report)
+
         async def progressed(note: str) -> None:
-            with deadline.held():
-                await self._reports.progress(job, note)
-                deadline.extend()  # the window starts again once the report is made
-                if not await self._claims.renew(task, claim, deadline.lease_ms()):
-                    log.warning("claim lost while running: this run's result will be refused")
+            with deadline.held():  # the window starts again (at each end of the hold)
+                await progressing.say(note)
 
         ctx = TaskContext(
             task,
@@ -284,9 +288,7 @@ class Executor:
             return self._claims.kept(task, claim, lease_ms=lease_ms, every_s=every_s)
 
         started = time.monotonic()
-        # A handler longer than the ack wait would be redelivered (and count towards
-        # max_deliver) although it runs: tell the server it is still being worked on.
-        try:
+        try:  # still being worked on: a handler past the ack wait is not delivered again
             async with job.delivery.kept_alive(self.agent.ack_wait / 2):
                 payload = await self.claim_check.payload_of(task)  # a claim-checked one is fetched
                 payload = typed(payload, spec.payload_type)
@@ -318,6 +320,7 @@ class Executor:
             outcome = Outcome(claim, result=result, duration_ms=duration_ms, result_ref=ref)
         finally:
             self._reports.forget(task.message_id)
+            await progressing.close()
         return outcome
 
     async def _conclude(self, job: Job, outcome: Outcome) -> None:

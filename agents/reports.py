@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -14,6 +15,7 @@ from agentreach.agents.job import Job
 from agentreach.broker import Broker, BrokerError, Delivery
 from agentreach.broker.dead_letters import reported_raw
 from agentreach.broker.lifecycle import about, emit, event_for, reply
+from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
     Ack,
     Capacity,
@@ -28,6 +30,10 @@ from agentreach.envelopes import (
 from agentreach.logs import get_logger
 
 log = get_logger("agents")
+
+# How long a handler waits on one progress report: a server away must not hold it (each
+# report waited out the publish's retries: a 3 s job took 24 s, another ran past its budget).
+PROGRESS_WAIT_S = 1.0
 
 
 class Reports:
@@ -116,3 +122,26 @@ class Reports:
     def _about(self, task: Task) -> dict[str, Any]:
         """An agent's answer: from this agent, to the task's sender."""
         return about(task, from_agent=self._me, to_agent=task.from_agent)
+
+
+class Progressing:
+    """One run's progress reports (``report``: publish it, renew the claim): each waited for
+    at most :data:`PROGRESS_WAIT_S`, then left to finish in the background, one at a time
+    (a report made while the one before is still on its way is not made); cut at the run's
+    end (:meth:`close`)."""
+
+    def __init__(self, report: Callable[[str], Awaitable[None]]) -> None:
+        self._report = report
+        self._on_its_way: asyncio.Task[None] | None = None
+
+    async def say(self, note: str) -> None:
+        if self._on_its_way is not None and not self._on_its_way.done():
+            return  # the server is slow or away: the one before has not arrived yet
+        self._on_its_way = on_its_way = asyncio.create_task(self._report(note))
+        await asyncio.wait({on_its_way}, timeout=PROGRESS_WAIT_S)
+        if on_its_way.done():
+            on_its_way.result()  # a failure of its own (not the broker's) is the handler's
+
+    async def close(self) -> None:
+        if self._on_its_way is not None:
+            await cancel_and_wait(self._on_its_way)

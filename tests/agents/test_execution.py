@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
+from agentreach.agents.reports import Reports
 from agentreach.broker import Broker, Delivery, EmbeddedServer, Names, Topology, provision
 from agentreach.broker.dead_letters import RAW_KEPT
 from agentreach.broker.lifecycle import emit, event_for, trace_of
@@ -426,3 +427,32 @@ async def test_a_redelivery_past_the_ttl_waits_for_the_run_this_process_holds(
     assert result == {"napped": True}
     assert watcher.count("expired", {"unheard-t1"}) == 0
     assert watcher.count("completed", {"unheard-t1"}) >= 1
+
+
+async def test_a_progress_report_the_server_does_not_take_does_not_hold_the_handler(
+    broker, coordinator, monkeypatch
+):
+    """With the server away, each `await ctx.progress()` waited out the publish's retries:
+    a 3 s job took 24 s, and one ran past its execute budget. A report is waited for a
+    moment, then left on its way; one made meanwhile is not made."""
+    reported: list[str] = []
+    taken = asyncio.Event()  # the server never takes these reports while the handler runs
+
+    async def unheard(self, job, note: str) -> None:  # type: ignore[no-untyped-def]
+        reported.append(note)
+        await taken.wait()
+
+    monkeypatch.setattr(Reports, "progress", unheard)
+    agent = Agent("chatty-1", startup_delay=0)
+
+    @agent.handler("chatty")
+    async def chatty(ctx: TaskContext, payload: dict) -> str:
+        for step in range(3):
+            await ctx.progress(f"step {step}")
+        return "done"
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        result = await client.invoke("chatty", {}, execute_deadline_ms=20_000)
+    taken.set()
+    assert result == "done"
+    assert reported == ["step 0"]  # the next ones came while it was on its way

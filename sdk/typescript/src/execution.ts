@@ -22,7 +22,7 @@ import type { Logger } from "./log.js";
 import { ReachClient } from "./client.js";
 import { Latencies } from "./slots.js";
 import type { Room } from "./slots.js";
-import { Reports } from "./reports.js";
+import { Progressing, Reports } from "./reports.js";
 import { headersOf, sentByServer } from "./serveranswers.js";
 import type { Capacity, Task } from "./types.js";
 
@@ -319,15 +319,17 @@ export class Executor {
     const abort = new AbortController();
     this.aborts.add(abort);
     const deadline = new Deadline(budgetMs, spec.deadlineMs);
+    const progressing = new Progressing(async (note) => {
+      await this.reports.progress(msg, task, note);
+      if (!(await this.records.renew(task, claim, deadline.leaseMs()))) {
+        this.log.warn("claim lost while running: this run's result will be refused", { message_id: task.message_id });
+      }
+    }, this.log);
     const ctx = new TaskContext(task, this.agentId, deadline, abort.signal, {
       progress: async (note) => {
-        const release = deadline.hold(); // the handler waits on the report, not on its work
+        const release = deadline.hold(); // the window starts again (at each end of the hold)
         try {
-          await this.reports.progress(msg, task, note);
-          deadline.extend(); // the window starts again once the report is made
-          if (!(await this.records.renew(task, claim, deadline.leaseMs()))) {
-            this.log.warn("claim lost while running: this run's result will be refused", { message_id: task.message_id });
-          }
+          await progressing.say(note);
         } finally {
           release();
         }

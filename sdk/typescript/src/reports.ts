@@ -94,3 +94,37 @@ export class Reports {
     await emit(this.conn, eventFor(stub, "failed", this.agentId, detail), this.agentId);
   }
 }
+
+/** How long a handler waits on one progress report: a server away must not hold it (each
+ * report waited out the publish's retries: a 3 s job took 24 s, another ran past its budget). */
+export const PROGRESS_WAIT_MS = 1_000;
+
+/**
+ * One run's progress reports (`report`: publish it, renew the claim): each waited for at most
+ * PROGRESS_WAIT_MS, then left to finish on its way, one at a time (a report made while the one
+ * before is still on its way is not made).
+ */
+export class Progressing {
+  private onItsWay: Promise<unknown> | null = null;
+
+  constructor(
+    private readonly report: (note: string) => Promise<void>,
+    private readonly log: Logger,
+  ) {}
+
+  async say(note: string): Promise<void> {
+    if (this.onItsWay !== null) return; // the server is slow or away: the one before is not there yet
+    const failed = this.report(note).then(() => null, (err: unknown) => err ?? new Error("report failed"));
+    this.onItsWay = failed;
+    void failed.then(() => (this.onItsWay = null));
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<"late">((resolve) => (timer = setTimeout(() => resolve("late"), PROGRESS_WAIT_MS)));
+    const first = await Promise.race([failed, late]);
+    clearTimeout(timer);
+    if (first === "late") {
+      void failed.then((err) => err && this.log.warn("progress not reported", { error: String(err) }));
+    } else if (first !== null) {
+      throw first; // a failure of its own (not the broker's) is the handler's
+    }
+  }
+}

@@ -18,6 +18,7 @@ import { Agent, AgentIdInUse, PermanentError, ReachError } from "../src/index.js
 import { Claimed, Claims } from "../src/claims.js";
 import type { Kept } from "../src/claims.js";
 import { Keys } from "../src/keys.js";
+import { Reports } from "../src/reports.js";
 import { newId } from "../src/index.js";
 import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Reply, Result } from "../src/index.js";
 import { binary, eventsOf, freePort, Gate, kvUntil, provision, routedTo, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
@@ -456,6 +457,34 @@ describe("latency estimates", () => {
 });
 
 describe("deadlines and progress", () => {
+  it("is not held by a progress report the server does not take (a 3 s job took 24 s)", async () => {
+    const topic = unique("chatty");
+    const reported: string[] = [];
+    let take!: () => void;
+    const taken = new Promise<void>((resolve) => (take = resolve));
+    const progress = Reports.prototype.progress;
+    Reports.prototype.progress = async (_msg, _task, note) => {
+      reported.push(note);
+      await taken; // the server away: never taken while the handler runs
+    };
+    try {
+      const agent = await started(newAgent(unique("ts-chatty")).handler(topic, async (ctx) => {
+        for (let step = 0; step < 3; step += 1) await ctx.progress(`step ${step}`);
+        return "done";
+      }));
+      const replies = await send(stack, task(topic, null));
+      const ending = await replies.next((r) => r.kind === "result" || r.kind === "error", 15_000);
+      assert.equal(ending.kind === "result" && ending.result, "done", JSON.stringify(ending));
+      assert.deepEqual(reported, ["step 0"]); // the next ones came while it was on its way
+      replies.close();
+      take();
+      await agent.stop();
+    } finally {
+      Reports.prototype.progress = progress;
+      take();
+    }
+  });
+
   it("gives a handler that reports progress its deadline again, within the execute budget", async () => {
     const topic = unique("marathon");
     await started(
