@@ -166,14 +166,7 @@ async def replay(
     again), unless ``force``, or unless ``sender`` itself replayed it so already: then that
     replay is returned, nothing is sent (a worker's handler that raised after its replay is
     called again, and goes on to its next step)."""
-    if letter.envelope is None:
-        raise NothingToReplay(
-            f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay:"
-            " fix its body (the letter's raw) and send it again, then resolve the letter",
-            message_id=letter.message_id,
-            reason=letter.reason,
-        )
-    original = letter.envelope
+    original = letter.envelope or _rebuilt(letter, topic, payload)
     if original.replays >= max_replays and not force:
         raise ReplayLimitReached(
             f"dead letter {letter.message_id} ({letter.reason}, topic {letter.topic}) not"
@@ -218,6 +211,22 @@ async def replay(
     done = {"replayed_as": task.message_id, "topic": task.topic, "replays": task.replays, "by": by}
     await record_settling(broker, letter, "replayed", sender=sender, **done)
     return task
+
+
+def _rebuilt(letter: DeadLetter, topic: str | None, payload: Any) -> Task:
+    """The task a letter with no decodable one stands for, given the payload it should have
+    had (a fix of malformed JSON): on its topic (the subject's), in its trace."""
+    to_topic = topic or letter.topic
+    if payload is UNCHANGED or to_topic in ("", envelopes.INVALID_TOPIC):
+        raise NothingToReplay(
+            f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay:"
+            " give the payload it should have had (--payload; and --topic when its topic is"
+            " not known), or fix its body (the letter's raw), send it again, and resolve it",
+            message_id=letter.message_id,
+            reason=letter.reason,
+        )
+    trace_id = letter.trace_id or letter.message_id
+    return Task(v=1, message_id=letter.message_id, trace_id=trace_id, topic=to_topic)
 
 
 def _replayed_as(last: Event, sender: str, message_id: str) -> bool:

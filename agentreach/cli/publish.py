@@ -27,7 +27,7 @@ def register(commands: Commands) -> None:
             """reach publish summarize '{"text": "NATS is fast. Agents are many."}' --wait""",
             'reach publish refund_application \'{"order_id": "1"}\' --priority P0 --ttl-ms 8000',
             "reach publish summarize @article.json   # or: ... summarize - < article.json",
-            """reach publish echo '{"n": {{Count}}}' --count 5000   # a burst, none dropped""",
+            """reach publish echo '{"n": {{Count}}}' --count 5000   # a burst, each one stored""",
         ),
     )
     pub.add_argument(
@@ -160,7 +160,11 @@ async def _burst(
     sent = await asyncio.gather(*(one(n) for n in range(1, args.count + 1)))
     for message_id, trace_id in sent:
         print(json.dumps({"message_id": message_id, "trace_id": trace_id}))
-    print(f"published {len(sent)} tasks on {args.topic}", file=sys.stderr)
+    print(
+        f"published {len(sent)} tasks on {args.topic} (stored; the coordinator may still refuse"
+        " some: a caller's quota, a topic's limits — `reach dlq list --reason rejected`)",
+        file=sys.stderr,
+    )
 
 
 async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) -> int:

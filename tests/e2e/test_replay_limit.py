@@ -103,7 +103,7 @@ async def test_a_worker_replaying_every_reason_leaves_a_letter_without_a_task_to
     with pytest.raises(NothingToReplay) as refused:
         await replay(broker, letter, force=True)
     assert (refused.value.message_id, refused.value.reason) == ("torn", "invalid_envelope")
-    assert "fix its body" in str(refused.value)
+    assert "fix its body" in str(refused.value) and "--payload" in str(refused.value)
     handed: list[str] = []
 
     async def replay_everything(letter: DeadLetter, comp: Compensation) -> None:
@@ -122,3 +122,16 @@ async def test_a_worker_replaying_every_reason_leaves_a_letter_without_a_task_to
     assert handed == ["torn"]
     [said] = [x for x in logs if x["event"].startswith("replay refused, the dead letter holds")]
     assert said["message_id"] == "torn" and said["log_level"] == "error"
+
+
+async def test_a_letter_without_a_task_is_replayed_with_the_payload_it_should_have_had(
+    broker, coordinator, watcher
+):
+    """Malformed JSON on `reach.task.chores`: its topic is known (the subject's), so a
+    replay given the payload it should have had sends that, in the letter's trace."""
+    await broker.publish(broker.names.task("chores"), b'{"text": ', headers={"Nats-Msg-Id": "cut"})
+    letter = await watcher.dead_letter("invalid_envelope", message_id="cut")
+    sent = await replay(broker, letter, payload={"text": "mended"})
+    assert (sent.topic, sent.payload, sent.replay_of) == ("chores", {"text": "mended"}, "cut")
+    routed = await watcher.dead_letter("no_route", message_id=sent.message_id)  # nobody serves it
+    assert routed.envelope is not None and routed.envelope.payload == {"text": "mended"}
