@@ -335,8 +335,8 @@ class Executor:
             await self._reports.report(job, "failed", outcome.error)
             return
         if not recorded:
-            # Fenced: the task was reassigned while this ran; the new attempt answers.
-            log.warning("late result rejected: the task was reassigned")
+            # Fenced: the task was reassigned or ended as expired while this ran.
+            log.warning("late result rejected: the task was reassigned or ended meanwhile")
             await self._reports.say(job, "late_result_rejected")
             return
         result, ref = outcome.result, outcome.result_ref

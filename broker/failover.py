@@ -115,9 +115,13 @@ async def through_elections(
             raise translate(exc, subject=subject) from exc
         honour_cancellation()
         if loop.time() + delay > deadline:
+            why = (
+                "a leader election that does not end: are most of the cluster's nodes down?"
+                if broker.connected
+                else "the connection to the server is down, and coming back"
+            )
             raise Unavailable(
-                f"no stream leader took the write on {subject!r} within {budget:g} s"
-                " (a leader election that does not end: are most of the cluster's nodes down?)"
+                f"no stream leader took the write on {subject!r} within {budget:g} s ({why})"
             ) from failure
         log.debug("no stream leader yet; writing again", subject=subject, retry_in_s=delay)
         await asyncio.sleep(delay * random.uniform(0.5, 1.0))

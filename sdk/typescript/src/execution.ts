@@ -301,7 +301,7 @@ export class Executor {
     }
     if (!recorded) {
       // Fenced: the task was reassigned while this ran; the new attempt answers.
-      this.log.warn("late result rejected: the task was reassigned", { message_id: task.message_id });
+      this.log.warn("late result rejected: the task was reassigned or ended meanwhile", { message_id: task.message_id });
       await this.reports.say(msg, task, "late_result_rejected");
       return;
     }
