@@ -82,7 +82,9 @@ def render(detail: Detail, now_ms: int) -> str:
     )
     queued = " · ".join(f"{p} {n}" for p, n in detail.queued.items())
     lines.append(f"queued    {queued} (the running ones among them, until acknowledged)")
-    lines.append(f"running   {len(detail.running)} (from their execution records)")
+    lapsed = sum(record.lease_until_ms <= now_ms for record in detail.running)
+    stale = f"; {lapsed} of them lapsed: runs that died or stalled" if lapsed else ""
+    lines.append(f"running   {len(detail.running)} (from their execution records{stale})")
     if detail.running:
         epoch = detail.row.card.epoch if detail.row else 0
         lines.append(

@@ -10,7 +10,7 @@ from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.cli.agent_detail import Detail, render
 from agentreach.cli.agent_rows import Row
 from tests.cli.conftest import reach_argv, run
-from tests.support import wait_for_card
+from tests.support import recorded, wait_for_card
 
 
 async def reach(broker, *args: str):  # type: ignore[no-untyped-def]
@@ -98,3 +98,17 @@ def test_a_run_an_earlier_process_claimed_is_said_to_be_that_process_s():
     assert after_restart.split()[:5] == ["m-1", "1", "billing", "5.0s", "2"]
     assert after_restart.endswith("114.0s left, an earlier process's (it died or was restarted)")
     assert still_running.endswith("114.0s left")
+
+
+async def test_show_says_which_runs_lapsed(broker):
+    """A run's record whose lease lapsed (its process died, or stalled) counted as running
+    beside a heartbeat saying no slot was busy."""
+    await recorded(
+        broker, "lapsed-run-1", "ghost-2", "running", lease_until_ms=envelopes.now_ms() - 5_000
+    )
+    shown = await reach(broker, "agents", "show", "ghost-2")
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        "running   1 (from their execution records; 1 of them lapsed: runs that died or stalled)"
+        in shown.stdout.splitlines()
+    )
