@@ -4,6 +4,8 @@ lifting of a quarantine (``reach agents clear``)."""
 
 from __future__ import annotations
 
+import time
+
 import structlog
 
 from agentreach import envelopes
@@ -20,6 +22,9 @@ from agentreach.envelopes import (
 
 log = structlog.get_logger("coordinator.liveness")
 
+AGENT_EVERY_S = 1.0  # a slot for one agent id at most this often
+GRANTS_KEPT = 10_000
+
 
 class LivenessControl:
     """Answers ``reach.ctl.register.<agent_id>`` and ``reach.ctl.clear``."""
@@ -27,6 +32,15 @@ class LivenessControl:
     def __init__(self, config: LivenessConfig, monitor: LivenessMonitor) -> None:
         self._monitor = monitor
         self._registrations = TokenBucket(config.registration_rate, config.registration_burst)
+        self._granted: dict[str, float] = {}  # agent id → when it was last given a slot
+
+    def _own_turn(self, agent_id: str) -> float:
+        """Seconds until ``agent_id`` may have a slot again: one a second at most, so that an
+        agent asking in a loop cannot take every slot the others need (0.0: now)."""
+        now = time.monotonic()
+        if len(self._granted) > GRANTS_KEPT:  # an agent given a slot long ago is forgotten
+            self._granted = {a: t for a, t in self._granted.items() if now - t < AGENT_EVERY_S}
+        return max(0.0, self._granted.get(agent_id, -AGENT_EVERY_S) + AGENT_EVERY_S - now)
 
     async def on_register(self, msg: Inbound) -> None:
         """An agent asks on ``reach.ctl.register.<agent_id>`` as itself; a body naming
@@ -41,7 +55,9 @@ class LivenessControl:
             why = f"the body names agent {request.agent_id!r}, the subject {sender!r}"
             await _refuse(msg, why)
             return
-        wait_s = self._registrations.take()
+        wait_s = self._own_turn(request.agent_id) or self._registrations.take()
+        if wait_s == 0.0:
+            self._granted[request.agent_id] = time.monotonic()
         reply = RegisterReply(ok=wait_s == 0.0, retry_after_ms=int(wait_s * 1000) + 1)
         if not reply.ok:
             log.info("too many registrations; asked to retry", retry_after_ms=reply.retry_after_ms)

@@ -18,7 +18,15 @@ from agentreach.agents.runtime import CARD_LOOK_BEATS
 from agentreach.broker import Broker, BucketWatch
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig, LivenessConfig
-from agentreach.envelopes import AgentCard, Heartbeat, Intent, Liveness, RegisterReply, Task
+from agentreach.envelopes import (
+    AgentCard,
+    Heartbeat,
+    Intent,
+    Liveness,
+    RegisterReply,
+    RegisterRequest,
+    Task,
+)
 from tests.cli.conftest import reach_argv, run
 from tests.support import eventually, wait_for_card
 
@@ -611,3 +619,23 @@ async def test_a_stopping_agent_s_waiting_tasks_run_elsewhere_during_its_drain(
     moved = [e for e in watcher.events if e.event == "retry_scheduled"]
     assert {e.message_id for e in moved} == {"drain-1", "drain-2"}
     assert all(e.detail["error"]["message"] == "drainer began to stop before it ran" for e in moved)
+
+
+async def test_an_agent_asking_for_slots_in_a_loop_leaves_the_others_theirs(broker):
+    """Registration slots are few a second per replica, shared by every agent: one agent
+    asking in a loop took each as it came, and every other agent waited. One agent id gets a
+    slot a second at most."""
+    config = lively(registration_rate=5.0, registration_burst=5)
+    names = broker.names
+
+    async def ask(agent_id: str) -> RegisterReply:
+        body = msgspec.json.encode(RegisterRequest(agent_id=agent_id))
+        answer = await broker.nc.request(names.register(agent_id), body, timeout=5)
+        return msgspec.json.decode(answer.data, type=RegisterReply)
+
+    async with lively_coordinator(broker, config):
+        flood = [await ask("greedy-1") for _ in range(20)]
+        newcomers = [await ask(f"newcomer-{i}") for i in range(4)]
+    assert [reply.ok for reply in flood] == [True] + [False] * 19
+    assert all(0 < reply.retry_after_ms <= 1001 for reply in flood[1:])
+    assert all(reply.ok for reply in newcomers)
