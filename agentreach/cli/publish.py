@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from collections.abc import Callable
 
@@ -194,8 +195,9 @@ async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) 
         )
     except (NotAcknowledged, DeadlineExceeded) as exc:
         # Neither ends the task: say so before an operator sends it again under a new id.
+        said = _PYTHON_ADVICE.sub("", str(exc))  # the CLI's own advice follows
         raise OutcomeUnknown(
-            f"{exc}; {exc.message_id} may still run (until its ttl, {ttl_ms} ms): follow it"
+            f"{said}; {exc.message_id} may still run (until its ttl, {ttl_ms} ms): follow it"
             f" with `reach trace {exc.message_id}`; to wait for it again, send it with"
             f" --message-id {exc.message_id} (a new id would run it a second time)"
         ) from None
@@ -203,6 +205,13 @@ async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) 
         raise TaskEnded(how_it_ended(exc)) from None
     print(json.dumps(result, ensure_ascii=False))
     return OK
+
+
+# What ReachClient's errors advise in Python terms ("invoke again with message_id=…").
+_PYTHON_ADVICE = re.compile(
+    r"(: invoke again with message_id=\S+ to hear how it ends|; it may"
+    r" still complete: invoke again with message_id=\S+ to hear how it ends)"
+)
 
 
 class TaskEnded(ReachError):

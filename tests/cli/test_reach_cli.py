@@ -185,6 +185,7 @@ async def test_publish_wait_that_hears_no_ack_says_the_task_may_still_run(
     assert waited.returncode == 3  # the outcome is unknown, not a failure
     assert "no agent acknowledged 'busy' within 500 ms" in waited.stderr
     assert "busy-2 may still run" in waited.stderr and "--message-id busy-2" in waited.stderr
+    assert "invoke again" not in waited.stderr  # the advice is the command's, said once
 
 
 async def test_agents_and_dlq_commands(broker, coordinator, watcher):
