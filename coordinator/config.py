@@ -152,7 +152,14 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
         document = msgspec.yaml.decode(raw) if raw.strip() else {}
         return msgspec.convert(_sectioned(document, path), CoordinatorConfig)
     except msgspec.DecodeError as exc:  # ValidationError is one
-        raise ConfigError(f"{path}: {_with_workflow_named(str(exc), document)}") from None
+        said = _one_line(str(exc))
+        raise ConfigError(f"{path}: {_with_workflow_named(said, document)}") from None
+
+
+def _one_line(message: str) -> str:
+    """A YAML parser's message (four lines, naming `"<byte string>"`) as one line."""
+    message = re.sub(r'\s*in "<byte string>", (line \d+, column \d+)', r" (\1)", message)
+    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
 def _with_workflow_named(message: str, document: Any) -> str:

@@ -55,3 +55,13 @@ async def test_nested_workflows_without_a_loop_pass(tmp_path) -> None:
     checked = await run(reach_command(), "routes", "check", str(path))
     assert checked.returncode == 0, checked.stderr
     assert "workflow outer           chain, 2 steps" in checked.stdout
+
+
+async def test_a_file_that_is_not_yaml_is_one_line_naming_where(tmp_path) -> None:
+    """The YAML parser's four lines (naming `"<byte string>"`) are one, with the places."""
+    path = tmp_path / "coordinator.yaml"
+    path.write_text("routes:\n  - match: {topic: x\n")
+    checked = await run(reach_command(), "routes", "check", str(path))
+    assert checked.returncode == 1
+    assert checked.stderr.count("\n") == 1 and "<byte string>" not in checked.stderr
+    assert "while parsing a flow mapping (line 2, column 12)" in checked.stderr
