@@ -20,7 +20,14 @@ from agentreach.cli.agent_rows import (
     state_of,
     tripped,
 )
-from agentreach.cli.options import Commands, UsageError, an_id, broker_of, operators_only
+from agentreach.cli.options import (
+    Commands,
+    MissingArgument,
+    UsageError,
+    an_id,
+    broker_of,
+    operators_only,
+)
 from agentreach.cli.redraw import redraw_until_interrupted
 from agentreach.cli.retirement import forget, queued
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
@@ -97,7 +104,7 @@ async def cmd_agents(args: argparse.Namespace) -> int:
             return await _show(broker, args)
         if args.action == "forget":
             if not args.id:
-                raise UsageError("agents forget needs the id of an OFFLINE or STOPPED agent")
+                raise MissingArgument("agents forget needs the id of an OFFLINE or STOPPED agent")
             print(await forget(broker, args.id))
             if await queued(broker, args.id):
                 await warn_without_coordinator(broker, "its queued tasks move when one starts")
@@ -119,7 +126,7 @@ async def cmd_agents(args: argparse.Namespace) -> int:
 
 async def _show(broker: Broker, args: argparse.Namespace) -> int:
     if not args.id:
-        raise UsageError("agents show needs an agent's id (`reach agents` lists them)")
+        raise MissingArgument("agents show needs an agent's id (`reach agents` lists them)")
     running = await warn_without_coordinator(
         broker, "STATE is the last verdict recorded, and nobody judges liveness now"
     )
@@ -145,7 +152,7 @@ async def _table(broker: Broker, allowances_enforced: bool) -> str:
 
 async def _clear(broker: Broker, agent_id: str | None) -> int:
     if not agent_id:
-        raise UsageError("agents clear needs the id of a quarantined agent")
+        raise MissingArgument("agents clear needs the id of a quarantined agent")
     try:
         answer = await broker.request(broker.names.clear, agent_id.encode(), timeout=5)
     except (NoResponders, BrokerTimeout):

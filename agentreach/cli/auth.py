@@ -50,7 +50,7 @@ from agentreach.auth import AuthDirectory, AuthError, expanded, push
 from agentreach.auth.directory import ADMIN, SENDERS
 from agentreach.broker import Auth, Broker, Bucket, provision
 from agentreach.broker.auth import expiry_of
-from agentreach.cli.options import Commands, UsageError, auth_of, names_of
+from agentreach.cli.options import Commands, MissingArgument, UsageError, auth_of, names_of
 from agentreach.coordinator.routing import allowances as allowed
 from agentreach.envelopes import Priority
 
@@ -132,7 +132,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
             print(f"{user['role']:<12} {name}{state}{serves}{expiry}")
         return 0
     if not args.name:
-        raise UsageError(f"auth {args.action} needs a name")
+        raise MissingArgument(f"auth {args.action} needs a name")
     if args.action in ISSUING:
         valid_before = args.name in directory.users() and not directory.revoked(args.name)
         path = directory.issue(
@@ -146,7 +146,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         _say_priorities(directory, args.name)
     elif args.action == "allow":
         if intents is None and priorities is None:
-            raise UsageError(
+            raise MissingArgument(
                 "auth allow needs --intents (a comma-separated list; '' for none)"
                 " or --priorities (P0,P1,P2)"
             )

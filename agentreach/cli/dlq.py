@@ -35,6 +35,7 @@ from agentreach.cli.letter_views import (
 )
 from agentreach.cli.options import (
     Commands,
+    MissingArgument,
     UsageError,
     an_id,
     broker_of,
@@ -165,7 +166,7 @@ def _check(args: argparse.Namespace) -> None:
             " one (--reason '*' for every reason)"
         )
     if args.action in ("show", "replay", "resolve") and not args.id and not many:
-        raise UsageError(
+        raise MissingArgument(
             f"dlq {args.action} needs the message_id of a dead letter"
             + (" (or --open with --reason/--topic, for many)" if args.action == "resolve" else "")
         )
@@ -174,7 +175,7 @@ def _check(args: argparse.Namespace) -> None:
             f"dlq {args.action} takes no message_id (got {args.id!r}): reach dlq show {args.id}"
         )
     if args.action == "resolve" and not (args.note or "").strip():
-        raise UsageError(
+        raise MissingArgument(
             "dlq resolve needs --note saying how the letter was dealt with (it is recorded)"
         )
     if args.note is not None and args.action != "resolve":

@@ -24,9 +24,9 @@ from agentreach.cli import (
     trace,
     workflows,
 )
-from agentreach.cli.exit_codes import FAILED, INTERRUPTED, OUTCOME_UNKNOWN, OutcomeUnknown
+from agentreach.cli.exit_codes import FAILED, INTERRUPTED, OUTCOME_UNKNOWN, USAGE, OutcomeUnknown
 from agentreach.cli.logs import configure_logging
-from agentreach.cli.options import Commands, OneLineParser
+from agentreach.cli.options import Commands, MissingArgument, OneLineParser
 from agentreach.errors import ReachError
 
 # completion last: it reads every other command's options.
@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except ReachError as exc:
         print(f"reach: error: {exc}", file=sys.stderr)
+        if isinstance(exc, MissingArgument):
+            return USAGE
         return OUTCOME_UNKNOWN if isinstance(exc, OutcomeUnknown) else FAILED
     except KeyboardInterrupt:
         return INTERRUPTED

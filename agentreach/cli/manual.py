@@ -13,6 +13,7 @@ import msgspec
 from agentreach.agents.manual import TAKE_S, ManualReview, ManualReviewError
 from agentreach.cli.options import (
     Commands,
+    MissingArgument,
     UsageError,
     an_id,
     broker_of,
@@ -51,7 +52,7 @@ def register(commands: Commands) -> None:
 
 async def cmd_manual(args: argparse.Namespace) -> int:
     if args.action in NEEDS and (not args.id or (" " in NEEDS[args.action] and not args.value)):
-        raise UsageError(f"manual {args.action} needs {NEEDS[args.action]}")
+        raise MissingArgument(f"manual {args.action} needs {NEEDS[args.action]}")
     operators_only(args, "the manual review queue")
     answer = json_argument(args.value) if args.action == "answer" else None
     async with broker_of(args) as broker:

@@ -26,6 +26,10 @@ class UsageError(ReachError):
     """A mistake in the command line."""
 
 
+class MissingArgument(UsageError):
+    """An argument the command needs was not given: exit 2, as argparse's own."""
+
+
 class OneLineParser(argparse.ArgumentParser):
     """A mistake on the command line is one line that names it and where help is, not
     argparse's usage block above it (10 lines for a command with the common options)."""

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from agentreach.broker.requests import gather_replies
-from agentreach.cli.options import Commands, UsageError, broker_of, operators_only
+from agentreach.cli.options import Commands, MissingArgument, UsageError, broker_of, operators_only
 from agentreach.cli.status import NOT_RUNNING
 from agentreach.coordinator import ConfigError, load_config
 from agentreach.coordinator.workflows.nesting import check_nesting
@@ -69,7 +69,7 @@ def _say_different_files(replies: list[ReloadReply]) -> None:
 
 def _check(path: str | None) -> int:
     if not path:
-        raise UsageError("routes check needs the config file to check")
+        raise MissingArgument("routes check needs the config file to check")
     config = load_config(path)
     try:
         check_nesting(config.workflows)  # what the coordinator refuses at start

@@ -10,7 +10,15 @@ import datetime as dt
 
 from agentreach.agents import DeadlineExceeded, InvalidArgument, ReachClient, UnknownWorkflow
 from agentreach.broker import Broker, BrokerTimeout, NoResponders, read_stream
-from agentreach.cli.options import Commands, UsageError, an_id, auth_of, broker_of, operators_only
+from agentreach.cli.options import (
+    Commands,
+    MissingArgument,
+    UsageError,
+    an_id,
+    auth_of,
+    broker_of,
+    operators_only,
+)
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
 from agentreach.envelopes import (
@@ -62,13 +70,13 @@ def register(commands: Commands) -> None:
 
 async def cmd_workflows(args: argparse.Namespace) -> int:
     if args.action != "list" and not args.id:
-        raise UsageError(f"workflows {args.action} needs the id of a workflow instance")
+        raise MissingArgument(f"workflows {args.action} needs the id of a workflow instance")
     if args.json and args.action not in ("list", "show"):
         raise UsageError("--json is for workflows list and show")
     if args.event and args.action in ("list", "show"):
         raise UsageError(f"workflows {args.action} takes no argument after the id")
     if args.action == "signal" and not args.event:
-        raise UsageError("workflows signal needs an event name: workflows signal ID EVENT")
+        raise MissingArgument("workflows signal needs an event name: workflows signal ID EVENT")
     if args.action == "signal" and not is_token(args.event):
         # A dot would make the subject another caller's signal (its last token the asker).
         raise UsageError(

@@ -76,7 +76,7 @@ async def test_show_refuses_an_agent_the_broker_knows_nothing_of_and_a_missing_i
     cleared_watch = await reach(broker, "agents", "clear", "x", "--watch", "1")
     assert unknown.returncode == 1
     assert "no agent 'nobody-at-all': no card, no task running or queued" in unknown.stderr
-    assert missing.returncode == 1 and "agents show needs an agent's id" in missing.stderr
+    assert missing.returncode == 2 and "agents show needs an agent's id" in missing.stderr
     assert cleared_watch.returncode == 1
     assert "--watch is for agents list or show, not clear" in cleared_watch.stderr
 

@@ -70,7 +70,7 @@ async def test_resolve_records_what_a_worker_records_once(broker, coordinator, w
     resolved = await watcher.event("resolved", message_id="by-hand")
     again = await reach(broker, "dlq", "resolve", "by-hand", "--note", "twice")
     opened = await reach(broker, "dlq", "list", "--open")
-    assert bare.returncode == 1 and "needs --note" in bare.stderr
+    assert bare.returncode == 2 and "needs --note" in bare.stderr  # a missing argument
     assert done.stdout.startswith("by-hand: resolved (was open), by ")
     assert resolved.detail["note"] == "called the customer" and resolved.detail["by"]
     assert resolved.trace_id == "by-hand" and resolved.topic == "nobody_serves_this"
