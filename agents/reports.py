@@ -141,6 +141,8 @@ class Progressing:
         await asyncio.wait({on_its_way}, timeout=PROGRESS_WAIT_S)
         if on_its_way.done():
             on_its_way.result()  # a failure of its own (not the broker's) is the handler's
+        else:
+            log.warning("progress not reported yet; the handler goes on", wait_s=PROGRESS_WAIT_S)
 
     async def close(self) -> None:
         if self._on_its_way is not None:

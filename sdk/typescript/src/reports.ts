@@ -122,6 +122,7 @@ export class Progressing {
     const first = await Promise.race([failed, late]);
     clearTimeout(timer);
     if (first === "late") {
+      this.log.warn("progress not reported yet; the handler goes on", { wait_ms: PROGRESS_WAIT_MS });
       void failed.then((err) => err && this.log.warn("progress not reported", { error: String(err) }));
     } else if (first !== null) {
       throw first; // a failure of its own (not the broker's) is the handler's
