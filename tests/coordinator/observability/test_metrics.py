@@ -134,6 +134,17 @@ async def _finished(url: str, at_least: int) -> dict | None:
     return found if total(found, "reach_tasks_finished_total") >= at_least else None
 
 
+async def counted(url: str, metric: str, at_least: float = 1, **labels: str) -> dict:
+    """A scrape of ``url`` once ``metric`` (with ``labels``) adds up to ``at_least``; the
+    fold keeps the stream's order, so every event before the one it counts is counted."""
+
+    async def enough() -> dict | None:
+        found = await scrape(url)
+        return found if total(found, metric, **labels) >= at_least else None
+
+    return await until_true(enough)
+
+
 async def test_health_and_readiness(broker):
     """/healthz answers while the process runs; /readyz once connected, provisioned and
     consuming; /metrics carries the five metrics' families."""
@@ -215,11 +226,7 @@ async def test_quota_refusals_are_counted_as_rejections_of_kind_quota(broker, wa
         for message_id in refused:
             await watcher.event("rejected", message_id=message_id)
 
-        async def counted() -> dict | None:
-            found = await scrape(running.metrics_url)
-            return found if total(found, "reach_rejections_total") >= 5 else None
-
-        found = await until_true(counted)
+        found = await counted(running.metrics_url, "reach_rejections_total", 5)
     assert total(found, "reach_rejections_total", kind="quota", topic="double") == 5
     assert total(found, "reach_rejections_total") == 5
     assert total(found, "reach_dead_letters_total", reason="rejected") == 1
@@ -248,11 +255,7 @@ async def test_impersonation_alerts_are_counted_and_forged_alerts_are_not(broker
         alert = await watcher.until(raised, "the coordinator's alert")
         assert alert.agent_id == "mallory" and alert.detail["problem"] == "impersonation"
 
-        async def counted() -> dict | None:
-            found = await scrape(running.metrics_url)
-            return found if total(found, "reach_alerts_total") >= 1 else None
-
-        found = await until_true(counted)  # the fold keeps the stream's order: forged first
+        found = await counted(running.metrics_url, "reach_alerts_total")  # forged ones first
     assert total(before, "reach_alerts_total", problem="impersonation") == 0
     assert total(before, "reach_alerts_total", problem="unresponsive") == 0
     assert total(found, "reach_alerts_total", problem="impersonation") == 1
@@ -271,11 +274,7 @@ async def test_a_completion_by_an_agent_the_attempt_was_not_routed_to_is_not_cou
         await emit(broker, forged, sender="mallory")
         await emit(broker, event_for(task, "dead_lettered", reason="expired"))
 
-        async def counted() -> dict | None:
-            found = await scrape(running.metrics_url)
-            return found if total(found, "reach_tasks_finished_total") >= 1 else None
-
-        found = await until_true(counted)  # the fold keeps the stream's order: forged first
+        found = await counted(running.metrics_url, "reach_tasks_finished_total")  # forged first
     assert total(found, "reach_tasks_finished_total", outcome="completed") == 0
     assert total(found, "reach_tasks_finished_total", outcome="expired") == 1
 
@@ -401,12 +400,7 @@ async def test_a_topic_whose_agents_were_forgotten_keeps_its_label(broker, watch
             message_id, _ = await client.publish("double", {"n": 2})
         await watcher.dead_letter("no_route", message_id=message_id)
 
-        async def counted() -> dict | None:
-            found = await scrape(running.metrics_url)
-            lettered = total(found, "reach_dead_letters_total", reason="no_route")
-            return found if lettered >= 1 else None
-
-        found = await until_true(counted)
+        found = await counted(running.metrics_url, "reach_dead_letters_total", reason="no_route")
     assert total(found, "reach_dead_letters_total", reason="no_route", topic="double") == 1
     assert total(found, "reach_tasks_finished_total", outcome="no_route", topic="_other") == 0
 
