@@ -68,13 +68,9 @@ class LivenessMonitor:
         # The queues of OFFLINE agents, and of forgotten ones: nobody else takes them.
         run_once = run_once or RunOnce(broker)
         self.moves = Moves(
-            broker,
-            run_once,
-            judged=self.agents,
-            registered=registered,
-            queued=queued,
+            broker, run_once, judged=self.agents, registered=registered, queued=queued,
             allowed=allowed,
-        )
+        )  # fmt: skip
         self._verdicts = VerdictWriter(broker)
         self._checks = PresenceChecks(
             broker,
@@ -96,6 +92,7 @@ class LivenessMonitor:
             self.active = False
 
     async def _judge(self) -> None:
+        await self._verdicts.forget()  # an earlier term's, unwritten: the restore reads KV
         await self._restore()
         heartbeats = await self._broker.bucket(self._broker.names.heartbeats_bucket, Heartbeat)
         writer = asyncio.create_task(self._verdicts.run(), name="liveness-verdicts")

@@ -56,6 +56,19 @@ class VerdictWriter:
         self._queued += 1
         self._wake.set()
 
+    async def forget(self) -> None:
+        """Drop what an earlier term of the liveness duty left unwritten: the next term
+        judges from what the bucket holds. Written after its restore, a lost term's SUSPECT
+        verdicts left every agent SUSPECT in KV while the judge held them ONLINE, and no
+        heartbeat made a transition to write again (a quorum loss, until a restart)."""
+        if self._records or self._events:
+            log.info("verdicts of an earlier term dropped", verdicts=len(self._records))
+        self._records.clear()
+        self._events.clear()
+        async with self._progress:
+            self._written = self._queued
+            self._progress.notify_all()
+
     async def written(self, timeout_s: float) -> bool:
         """Wait until every transition queued so far is through; False after ``timeout_s``."""
         target = self._queued

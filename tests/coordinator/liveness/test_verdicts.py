@@ -96,3 +96,22 @@ async def test_a_verdict_is_written_once_jetstream_answers_again(broker, monkeyp
     verdicts = await broker.bucket(broker.names.liveness_bucket, Liveness)
     entry = await verdicts.get("back")
     assert len(refused) == 6 and entry is not None and entry.value.state == "ONLINE"
+
+
+async def test_an_earlier_terms_unwritten_verdicts_are_not_written_in_the_next(broker):
+    """A quorum loss took the liveness lease while SUSPECT verdicts waited to be written;
+    the next term restored ONLINE from the bucket, then wrote them: every agent stayed
+    SUSPECT in KV (unrouted) while the judge held it ONLINE, until a restart."""
+    writer = VerdictWriter(broker)
+    _queue(writer, "stale-1", "SUSPECT")  # the lost term's, never written
+    await writer.forget()  # the next term begins
+    assert await writer.written(timeout_s=0.1)  # nothing is owed
+    _queue(writer, "fresh-1", "ONLINE")
+    running = asyncio.create_task(writer.run())
+    try:
+        assert await writer.written(timeout_s=5)
+    finally:
+        await cancel_and_wait(running)
+    verdicts = await broker.bucket(broker.names.liveness_bucket, Liveness)
+    assert await verdicts.get("stale-1") is None
+    assert (await verdicts.get("fresh-1")) is not None
