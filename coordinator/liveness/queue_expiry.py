@@ -72,9 +72,10 @@ class QueueExpiryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     # Past the ttl, how long an agent has to take the task (or to report it expired) before
     # the coordinator ends it: the agent judges on its own clock, which may run behind.
     grace_s: NonNegativeSeconds = 2.0
-    # After this replica's start or reconnect, how long a task its agent took (a claim, its
-    # lease past) is left before it counts as silent: no lease could be renewed while the
-    # server was away, and a live agent reconnects and records the outcome it kept.
+    # After this replica's start, reconnect, or taking of the duty, and after JetStream did
+    # not answer a pass, how long a task its agent took (a claim, its lease past) is left
+    # before it counts as silent: no lease could be renewed while JetStream was away, and a
+    # live agent reconnects and records the outcome it kept.
     reconnect_grace_s: NonNegativeSeconds = 30.0
     reads: Positive = 200  # queues read at most per pass
     reread_s: PositiveSeconds = 30.0  # a queue that holds tasks is read at least this often
@@ -120,6 +121,7 @@ class QueueExpiry:
         """Go over the queues every ``every_s`` until cancelled."""
         if not self._config.enabled:
             return
+        self._heard_since = time.monotonic()  # the duty taken (again): as a reconnect
         while True:
             await asyncio.sleep(self._config.every_s)  # the pass's own period
             honour_cancellation()
@@ -129,6 +131,9 @@ class QueueExpiry:
                 await self.sweep()
             except BrokerError as exc:  # the next pass looks again
                 log.warning("queues not gone over", error=str(exc))
+                # JetStream away with the connection up (a lost majority): no agent could
+                # record what it kept either, so the grace counts from when it answers.
+                self._heard_since = time.monotonic()
 
     async def sweep(self) -> int:
         """One pass: read the queues that may hold a task due, end those; how many it ended."""

@@ -4,6 +4,7 @@ server: the coordinator ends them as expired, once, and never one that an agent 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from agentreach.envelopes import AgentCard, ErrorInfo, Priority
 from tests.conftest import FAST
 from tests.coordinator.liveness.test_reassign import _until_settled
 from tests.secured import SecuredDeployment, sealed_deployment
-from tests.support import Watcher, recorded, until_true
+from tests.support import Watcher, eventually, recorded, until_true
 
 # The queues gone over every 0.1 s, with 0.2 s of grace past a task's ttl.
 SWEEPING = msgspec.structs.replace(
@@ -373,3 +374,28 @@ async def test_a_task_dispatched_late_says_its_ttl_was_what_was_left(
         r" dispatched there, 88\.\d s after it was taken in\), which did not take it",
         error.message,
     ), error.message
+
+
+async def test_the_grace_starts_again_when_the_duty_is_taken(broker):
+    """With two nodes of three down and every client on the third, the coordinator's own
+    connection never dropped: back with its majority, it took the duty again and ended, 2 s
+    later, tasks whose agents had finished them meanwhile ("went silent")."""
+
+    class Empty:
+        def slots(self):  # type: ignore[no-untyped-def]
+            return []
+
+        def depth(self, agent_id, priority):  # type: ignore[no-untyped-def]
+            return 0
+
+    config = QueueExpiryConfig(every_s=3600, reconnect_grace_s=30)
+    expiry = QueueExpiry(broker, config, Empty())
+    expiry._heard_since -= 60  # connected for a minute: no grace left
+    assert expiry._grace_left_s() <= 0
+    duty = asyncio.create_task(expiry.run())  # the lease taken (again)
+    try:
+        await eventually(lambda: expiry._grace_left_s() > 29)
+    finally:
+        duty.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await duty
