@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from agentreach.broker import BrokerError, Bucket, ValueTooLarge, WrongLastSequence
+from agentreach.broker import BrokerError, Bucket, Entry, ValueTooLarge, WrongLastSequence
 from agentreach.broker.bucket import UNREAD
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
@@ -237,7 +237,8 @@ class Claims:
                     claim.revision = await self._bucket.update(self._key(task), record, last=last)
                     break
                 except WrongLastSequence:
-                    if not await self._still_mine(task, claim):
+                    held = await self._bucket.last(self._key(task), after=last)
+                    if not self._still_mine(held, task, claim):
                         return False
                 except BrokerError as exc:
                     log.warning("lease not extended", error=str(exc))
@@ -342,24 +343,23 @@ class Claims:
             )
         else:
             record = self._record(task, "failed", error=outcome.error, seal=seal)
+        claim = outcome.claim
         try:
-            await self._bucket.update(self._key(task), record, last=outcome.claim.revision)
-        except WrongLastSequence:
-            if await self._still_mine(task, outcome.claim):
+            await self._bucket.update(self._key(task), record, last=claim.revision)
+        except WrongLastSequence:  # read past it (a replica behind said our try was not in)
+            held = await self._bucket.last(self._key(task), after=claim.revision)
+            if self._still_mine(held, task, claim):
                 return await self._write(task, outcome)
-            # Our lease lapsed or the task was reassigned, and that outcome stands; or an
-            # earlier try of ours was written though its answer got lost.
-            held = await self._bucket.get(self._key(task))
-            return held is not None and _same_write(held.value, record)
+            # Fenced (our lease lapsed, a reassignment), or an earlier try of ours landed.
+            return held is not None and held.value is not None and _same_write(held.value, record)
         return True
 
-    async def _still_mine(self, task: Task, claim: Claimed) -> bool:
-        """Whether a write refused at ``claim``'s revision met this run's own claim, written
-        again since: a renewal that timed out (the server away) and landed later, from the
-        client's reconnect buffer; or nobody's write, unreadable (a server's answer a caller
+    def _still_mine(self, held: Entry[Execution] | None, task: Task, claim: Claimed) -> bool:
+        """Whether a write refused at ``claim``'s revision met this run's own claim (``held``),
+        written again since: a renewal that timed out (the server away) and landed later,
+        from the client's reconnect buffer; or nobody's write, unreadable (a server's answer
         aimed at the key: the outcome was never recorded, and the task was lost). The claim
         takes that revision (a later one is no claim)."""
-        held = await self._bucket.last(self._key(task))
         if held is None or held.revision <= claim.revision:
             return False
         if held.value is not None and not _same_write(held.value, self._record(task, "running")):

@@ -12,6 +12,7 @@ race reads again and asks again. ``change`` returns None to leave the key as it 
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -327,10 +328,18 @@ class Bucket(Generic[T]):
             revision = earlier[0].stream_seq
             yield earlier[0]
 
-    async def last(self, key: str) -> Entry[T] | None:
+    async def last(self, key: str, *, after: int = 0) -> Entry[T] | None:
         """For a conditional write (cas, say): the key's entry; an unreadable value (and none
-        readable before it) as ``None`` at its revision. None when absent or deleted."""
+        readable before it) as ``None`` at its revision. None when absent or deleted.
+        ``after``: a revision a refused write proved the key is past; a direct get answered
+        by a replica behind it (a cluster catching up after a lost majority) is read again,
+        a moment at most."""
         stored = await self._read(key)
+        for _ in range(STALE_READS if after else 0):
+            if stored is not None and stored.stream_seq > after:
+                break
+            await asyncio.sleep(STALE_PAUSE_S)  # nothing to await: a replica catches up
+            stored = await self._read(key)
         if stored is None:
             return None
         try:
@@ -344,6 +353,8 @@ class Bucket(Generic[T]):
         return None if value is None else Entry(key, value, stored.stream_seq)
 
 
+STALE_READS = 10  # reads of a key a replica answers from behind a refused write, at most
+STALE_PAUSE_S = 0.1
 _VALID_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")  # as nats-py's: no wildcards, no spaces
 _UNSEALED = "a record without the seal of the coordinator replicas that write it"
 

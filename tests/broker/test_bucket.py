@@ -118,3 +118,27 @@ async def _held(broker) -> bool:  # type: ignore[no-untyped-def]
         return (await kv.get("duty")).value is not None
     except nats.js.errors.KeyNotFoundError:
         return False
+
+
+async def test_a_read_past_a_refused_write_reads_again_a_replica_that_is_behind(
+    leases, monkeypatch
+):
+    """In a cluster catching up after a lost majority, a direct get may be answered by a
+    replica behind the leader: an agent whose outcome write landed (its answer lost) read
+    its record as still `running`, and threw its own result away as fenced. A read past a
+    revision a refused write proved is read again until it is past it."""
+    first = await leases.put("behind", LeaseRecord("run", 1))
+    old = await leases._read("behind")
+    second = await leases.put("behind", LeaseRecord("done", 2))
+    read = leases._read
+    lagging = [old, old]  # a replica behind answers twice
+
+    async def from_a_replica(key: str):  # type: ignore[no-untyped-def]
+        return lagging.pop() if lagging else await read(key)
+
+    monkeypatch.setattr(leases, "_read", from_a_replica)
+    entry = await leases.last("behind", after=first)
+    assert entry is not None and (entry.revision, entry.value.holder) == (second, "done")
+    lagging.append(old)
+    plain = await leases.last("behind")  # nothing proved: what was read
+    assert plain is not None and plain.revision == first

@@ -255,7 +255,7 @@ export class Claims {
     if (await this.writeOnClaim(task, outcome.claim, record)) return true;
     // Our lease lapsed or the task was reassigned, and that outcome stands; or an earlier
     // try of ours was written though its answer got lost.
-    const held = await this.read(this.key(task));
+    const held = await this.read(this.key(task), outcome.claim.revision);
     return held !== null && sameWrite(held, record);
   }
 
@@ -274,7 +274,7 @@ export class Claims {
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
       }
-      const entry = await this.kv.last(this.key(task));
+      const entry = await this.kv.last(this.key(task), claim.revision); // past it: not a replica behind
       if (entry === null || entry.operation !== "PUT" || entry.revision <= claim.revision) return false;
       // Unreadable or the server's (an answer a caller aimed at the key): nobody's, the claim stands.
       const held = entry.nobodys ? null : parse(entry.value);
@@ -320,8 +320,8 @@ export class Claims {
     return `${task.caller ?? "_"}.${task.message_id}.${this.agentId}`;
   }
 
-  private async read(key: string): Promise<Execution | null> {
-    const entry = await this.kv.last(key);
+  private async read(key: string, after = 0): Promise<Execution | null> {
+    const entry = await this.kv.last(key, after);
     return entry === null || entry.operation !== "PUT" || entry.nobodys ? null : parse(entry.value);
   }
 

@@ -14,6 +14,10 @@ import type { KV, Msg, NatsConnection, Subscription } from "nats";
 import { isWrongLastSequence } from "./connection.js";
 import { ReachError } from "./errors.js";
 import { DIRECT_GET_HEADERS, headersOf } from "./serveranswers.js";
+import { sleep } from "./timing.js";
+
+const STALE_READS = 10; // reads of a key a replica answers from behind a refused write, at most
+const STALE_PAUSE_MS = 100;
 
 const NOT_FOUND = "404";
 const NO_RESPONDERS = "503";
@@ -64,8 +68,21 @@ export class Keys {
     return this.kv.delete(key, opts);
   }
 
-  /** The key's last entry (a delete or purge marker too); null when it has none. */
-  async last(key: string): Promise<StoredEntry | null> {
+  /**
+   * The key's last entry (a delete or purge marker too); null when it has none. `after`: a
+   * revision a refused write proved the key is past; an answer from a replica behind it (a
+   * cluster catching up after a lost majority) is read again, a moment at most.
+   */
+  async last(key: string, after = 0): Promise<StoredEntry | null> {
+    let entry = await this.lastRead(key);
+    for (let tries = 0; after > 0 && (entry?.revision ?? 0) <= after && tries < STALE_READS; tries++) {
+      await sleep(STALE_PAUSE_MS);
+      entry = await this.lastRead(key);
+    }
+    return entry;
+  }
+
+  private async lastRead(key: string): Promise<StoredEntry | null> {
     const answer = await this.directGet(`$JS.API.DIRECT.GET.KV_${this.bucket}.$KV.${this.bucket}.${key}`);
     const [status, fields] = parseHeaders(rawHeaders(answer) ?? "");
     const sequence = fields.get("Nats-Sequence")?.at(-1); // the server's own comes last

@@ -18,6 +18,7 @@ import { Agent, AgentIdInUse, PermanentError, ReachError } from "../src/index.js
 import { Claimed, Claims } from "../src/claims.js";
 import type { Kept } from "../src/claims.js";
 import { Keys } from "../src/keys.js";
+import type { StoredEntry } from "../src/keys.js";
 import { Reports } from "../src/reports.js";
 import { newId } from "../src/index.js";
 import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Reply, Result } from "../src/index.js";
@@ -1093,6 +1094,23 @@ describe("registration and liveness", () => {
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
     await agent.stop();
+  });
+
+  it("reads a key again past a refused write when a replica answers from behind", async () => {
+    // A cluster catching up after a lost majority: a direct get answered by a replica behind
+    // the leader read an agent's landed outcome as still `running`, and it was thrown away.
+    const k = await keys("reach_executions");
+    const key = `_.${unique("behind")}.ts`;
+    const first = await k.put(key, new TextEncoder().encode('{"n":1}'));
+    const stale = (await k.last(key))!;
+    const second = await k.put(key, new TextEncoder().encode('{"n":2}'));
+    const lagging = [stale, stale];
+    const replica = k as unknown as { lastRead(key: string): Promise<StoredEntry | null> };
+    const read = replica.lastRead.bind(k);
+    replica.lastRead = async (at: string) => lagging.pop() ?? read(at);
+    assert.equal((await k.last(key, first))!.revision, second);
+    lagging.push(stale);
+    assert.equal((await k.last(key))!.revision, first); // nothing proved: what was read
   });
 
   it("starts past a card whose headers nats.js cannot read (it exited at start)", async () => {
