@@ -181,6 +181,10 @@ class Outcomes:
             )
             if fenced != "end":
                 log.info("expiry reported of a task that is not to end now", why=fenced)
+                # It ran (the records read before, from a replica behind, had not said so):
+                # its result answers, and ends it when its agent could not say `completed`.
+                if isinstance(ran := verdict_of(await self._run_once.records(task)), RanAlready):
+                    await answer_from_record(self._broker, task, ran.record)
                 return
         await end_with_error(self._broker, task, EXPIRED, error, started=False)
 

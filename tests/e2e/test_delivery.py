@@ -27,6 +27,7 @@ from agentreach.broker import consumer_state, read_stream
 from agentreach.broker.consume import ConsumerSpec, bind
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.lifecycle import emit, event_for
+from agentreach.coordinator.routing.run_once import RunOnce
 from agentreach.envelopes import AgentCard, DeadLetter, Execution, Intent, execution_key
 from agentreach.envelopes import headers as h
 from agentreach.envelopes.headers import task_headers
@@ -281,6 +282,38 @@ async def test_an_expired_report_of_a_task_done_already_is_answered_from_its_rec
     answered = await watcher.event("answered_from_record", message_id="done-1")
     assert answered.agent_id == "other-sdk-1"
     assert not [letter for letter in watcher.dead_letters if letter.message_id == "done-1"]
+
+
+async def test_an_expired_report_read_past_a_replica_behind_ends_the_task_from_its_record(
+    broker, coordinator, watcher, monkeypatch
+):
+    """A cluster catching up after a lost majority: the records read for an agent's
+    `expired` report came from a replica behind (no `done` yet), the expiry fence then found
+    the task done, and the report was dropped: the task never ended (no `completed`, no
+    reply, no letter). It is answered from its record."""
+    task = envelopes.Task(v=1, message_id="behind-1", trace_id="behind-1", topic="slow", ttl_ms=300)
+    await recorded(
+        broker, "behind-1", "lagged-1", "done", finished_at_ms=envelopes.now_ms(), result={"n": 1}
+    )
+    records = RunOnce.records
+    behind = {"behind-1"}
+
+    async def from_a_replica(self, task):  # type: ignore[no-untyped-def]
+        if task.message_id in behind:  # the first read: a replica that has not the record
+            behind.discard(task.message_id)
+            return []
+        return await records(self, task)
+
+    monkeypatch.setattr(RunOnce, "records", from_a_replica)
+    error = envelopes.ErrorInfo(type="expired", message="ttl 300 ms passed", retryable=False)
+    report = event_for(
+        task, "expired", agent_id="lagged-1", task=task, error=error, dispatched_at_ms=1
+    )
+    await emit(broker, event_for(task, "routed", agent_id="lagged-1"))  # as it was
+    await emit(broker, report, sender="lagged-1")
+    completed = await watcher.event("completed", message_id="behind-1")
+    assert completed.detail["from_record"] is True and completed.detail["result"] == {"n": 1}
+    assert not [letter for letter in watcher.dead_letters if letter.message_id == "behind-1"]
 
 
 async def test_a_failure_reported_while_a_redelivery_runs_the_task_waits_for_that_run(
