@@ -152,8 +152,9 @@ class Outcomes:
                 say = log.info if delivered == 1 else log.debug
                 say("reported while a delivery runs it; waiting", left_s=round(left_s, 3))
                 return min(left_s + 0.05, WAIT_CAP_S)
-        if event.event == "expired":
-            await self._expired(event, task, error)
+        if event.event == "expired":  # a run of the attempt began when it has a record
+            began = any(r.attempt == task.attempt and r.agent_id == event.agent_id for r in records)
+            await self._expired(event, task, error, began=began)
             return None
         if not error.retryable:
             await end_with_error(self._broker, task, "rejected", error)
@@ -166,7 +167,7 @@ class Outcomes:
             return await self._schedule(event, task, error)
         return await self._retry(event, task, waited=delivered - 2, origin=f"e{msg.stream_seq}")
 
-    async def _expired(self, event: Event, task: Task, error: ErrorInfo) -> None:
+    async def _expired(self, event: Event, task: Task, error: ErrorInfo, *, began: bool) -> None:
         """End the task its agent found expired, unless the coordinator's sweep of the queues
         ended it first (or a run of it holds the record now)."""
         if event.agent_id is not None:
@@ -186,7 +187,7 @@ class Outcomes:
                 if isinstance(ran := verdict_of(await self._run_once.records(task)), RanAlready):
                     await answer_from_record(self._broker, task, ran.record)
                 return
-        await end_with_error(self._broker, task, EXPIRED, error, started=False)
+        await end_with_error(self._broker, task, EXPIRED, error, started=began)
 
     async def _schedule(self, event: Event, task: Task, error: ErrorInfo) -> float | None:
         delay = self._config.backoff_s(task.attempts_run)  # moves unrun are not failures

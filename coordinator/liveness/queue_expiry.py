@@ -217,8 +217,8 @@ class QueueExpiry:
             if fenced == "running":
                 return self._later_ms()
             if fenced == "end":
-                log.info("past its ttl in the queue of an agent that did not take it")
-                await end_with_error(self._broker, task, EXPIRED, error, started=False)
+                log.info("past its ttl in the queue of its agent", taken=taken)
+                await end_with_error(self._broker, task, EXPIRED, error, started=taken)
             # Ended (here, or by its agent's report): the queued copy has nothing left to do.
             await delete_message(self._broker, stream, message.stream_seq)
             return "ended" if fenced == "end" else "removed"

@@ -316,6 +316,21 @@ async def test_an_expired_report_read_past_a_replica_behind_ends_the_task_from_i
     assert not [letter for letter in watcher.dead_letters if letter.message_id == "behind-1"]
 
 
+async def test_an_expired_report_of_a_run_that_began_says_one_attempt_ran(
+    broker, coordinator, watcher
+):
+    """A run began (its claim, lapsed: its process killed) and the next delivery found the
+    ttl past: the letter said `attempts: 0`, "nothing ran", though the work may have run."""
+    task = envelopes.Task(v=1, message_id="began-1", trace_id="began-1", topic="slow", ttl_ms=300)
+    await recorded(broker, "began-1", "killed-1", "running", lease_until_ms=envelopes.now_ms() - 1)
+    error = envelopes.ErrorInfo(type="expired", message="ttl 300 ms ran out", retryable=False)
+    report = event_for(task, "expired", agent_id="killed-1", task=task, error=error)
+    await emit(broker, event_for(task, "routed", agent_id="killed-1"))  # as it was
+    await emit(broker, report, sender="killed-1")
+    letter = await watcher.dead_letter("expired", message_id="began-1")
+    assert letter.attempts == 1
+
+
 async def test_a_failure_reported_while_a_redelivery_runs_the_task_waits_for_that_run(
     broker, coordinator, watcher
 ):

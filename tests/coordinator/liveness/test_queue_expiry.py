@@ -280,6 +280,7 @@ async def test_a_task_its_agent_took_and_went_silent_with_is_not_said_untaken(
         await coordinator.queues.refresh()
         assert await coordinator.queue_expiry.sweep() == 1
     assert task.attempt == 1
+    assert watcher.dead_letters[0].attempts == 1  # it began (not "0: nothing ran")
     error = watcher.dead_letters[0].error
     assert error is not None
     assert error.message == (
@@ -312,7 +313,10 @@ async def test_a_task_its_agent_took_is_left_for_a_grace_after_the_replica_start
         await asyncio.sleep(1.0 - (time.monotonic() - began))  # the grace passing
         await coordinator.queues.refresh()
         assert await coordinator.queue_expiry.sweep() == 1  # still silent: ended
-    assert [d.message_id for d in watcher.dead_letters] == ["untaken-2", "silent-2"]
+    assert [(d.message_id, d.attempts) for d in watcher.dead_letters] == [
+        ("untaken-2", 0),
+        ("silent-2", 1),
+    ]
 
 
 async def test_a_retry_routed_late_in_its_ttl_that_its_agent_runs_is_not_ended(
