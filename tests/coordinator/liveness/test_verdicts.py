@@ -20,6 +20,15 @@ def _queue(writer: VerdictWriter, agent_id: str, state: LivenessState) -> None:
     )
 
 
+async def _all_written(writer: VerdictWriter, timeout_s: float = 5) -> bool:
+    """Run the writer until what is queued is through (False after ``timeout_s``)."""
+    running = asyncio.create_task(writer.run())
+    try:
+        return await writer.written(timeout_s=timeout_s)
+    finally:
+        await cancel_and_wait(running)
+
+
 async def _history(broker, agent_id: str) -> list[StoredMessage]:  # type: ignore[no-untyped-def]
     name = broker.names.liveness_bucket
     return await messages_on(broker, f"KV_{name}", f"$KV.{name}.{agent_id}")
@@ -88,11 +97,7 @@ async def test_a_verdict_is_written_once_jetstream_answers_again(broker, monkeyp
     monkeypatch.setattr(broker, "publish_all", no_leader_yet)
     writer = VerdictWriter(broker)
     _queue(writer, "back", "ONLINE")
-    running = asyncio.create_task(writer.run())
-    try:
-        assert await writer.written(timeout_s=10)
-    finally:
-        await cancel_and_wait(running)
+    assert await _all_written(writer, timeout_s=10)
     verdicts = await broker.bucket(broker.names.liveness_bucket, Liveness)
     entry = await verdicts.get("back")
     assert len(refused) == 6 and entry is not None and entry.value.state == "ONLINE"
@@ -107,11 +112,7 @@ async def test_an_earlier_terms_unwritten_verdicts_are_not_written_in_the_next(b
     await writer.forget()  # the next term begins
     assert await writer.written(timeout_s=0.1)  # nothing is owed
     _queue(writer, "fresh-1", "ONLINE")
-    running = asyncio.create_task(writer.run())
-    try:
-        assert await writer.written(timeout_s=5)
-    finally:
-        await cancel_and_wait(running)
+    assert await _all_written(writer)
     verdicts = await broker.bucket(broker.names.liveness_bucket, Liveness)
     assert await verdicts.get("stale-1") is None
     assert (await verdicts.get("fresh-1")) is not None
