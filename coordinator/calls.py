@@ -19,7 +19,6 @@ it is answered with how the earlier message ends, read from its events.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import secrets
 from collections.abc import Coroutine
@@ -104,7 +103,13 @@ class Calls:
         names = self._broker.names
         topic, sender = names.call_subject_parts(msg.subject)
         headers = {k: v for k, v in msg.headers.items() if k != h.REPLY_TO}
-        if sender is not None and (refused := _differing_id(msg.data, headers.get(h.MSG_ID))):
+        # A box nobody can guess (an agent may answer in any box of the caller's), whose
+        # replies count only from the agent the coordinator announces (ReplyBox).
+        box = ReplyBox(names, sender or BARE_CALLER, f"call{secrets.token_hex(16)}")
+        key = box.subject
+        call = _addressed(msg.data, key)
+        refused = call.message_id and h.msg_id_differs(headers, call.message_id)
+        if sender is not None and refused:
             # Not taken in (intake refuses it): its sends again under the header's id were
             # each a duplicate that waited a whole ttl for an end that never came.
             error = ErrorInfo(type="invalid_envelope", message=refused, retryable=False)
@@ -112,13 +117,8 @@ class Calls:
                 _Requester(msg.reply, ""), _failure(error, "invalid_envelope"), error=True
             )
             return
-        # A box nobody can guess (an agent may answer in any box of the caller's), whose
-        # replies count only from the agent the coordinator announces (ReplyBox).
-        box = ReplyBox(names, sender or BARE_CALLER, f"call{secrets.token_hex(16)}")
-        key = box.subject
         # Each reply arrives on <box>.<agent>; subscribed before the task is published.
         replies = await self._broker.subscribe(box.wildcard, self._on_reply)
-        call = _addressed(msg.data, key)
         data, execute_ms = call.data, call.execute_ms
         headers[h.REPLY_TO] = key
         # An envelope is known by its own id (intake refuses a differing header).
@@ -321,20 +321,6 @@ def _addressed(data: bytes, reply_to: str) -> _Addressed:
         ttl_ms=_ms(document.get("ttl_ms")),
         sha256=_payload_digest(document),
     )
-
-
-def _differing_id(data: bytes, header: str | None) -> str | None:
-    """Why intake would refuse a call's envelope for its ``Nats-Msg-Id`` header (not its own
-    id), or None."""
-    with contextlib.suppress(DecodeError):
-        document = envelopes.decode_json(data)
-        own = document.get("message_id") if is_envelope(document) else None
-        if header is not None and isinstance(own, str) and header != own:
-            return (
-                f"header {h.MSG_ID} {header!r} is not the message_id {own!r}: the stream"
-                " drops a message sent again by the header, so the two must be equal"
-            )
-    return None
 
 
 def _payload_digest(envelope: dict[str, Any]) -> str | None:

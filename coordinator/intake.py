@@ -195,7 +195,8 @@ class Intake:
         )
         if sender is None:
             return task
-        _check_dedup_header(msg.headers, task)
+        if why := h.msg_id_differs(msg.headers, task.message_id):
+            raise DecodeError(why)
         # The subject names the sender; the body's own claims give way. Only the coordinator
         # counts attempts: a sender's would spend its task's retries, or buy it more.
         from_agent = sender if task.from_agent is not None else None
@@ -295,17 +296,6 @@ class Intake:
         )
         if stub.reply_to:
             await reply(self._broker, stub, error_reply(stub, error, "invalid_envelope"))
-
-
-def _check_dedup_header(headers: dict[str, str] | None, task: Task) -> None:
-    """A sender's ``Nats-Msg-Id``, when it sends one, is the message id: the stream drops a
-    duplicate by the header, the coordinator and the agents know the message by the body."""
-    header = (headers or {}).get(h.MSG_ID)
-    if header is not None and header != task.message_id:
-        raise DecodeError(
-            f"header {h.MSG_ID} {header!r} is not the message_id {task.message_id!r}: the"
-            " stream drops a message sent again by the header, so the two must be equal"
-        )
 
 
 def _kept(data: bytes) -> bytes:

@@ -36,3 +36,16 @@ def control_headers(kind: str) -> dict[str, str]:
     an empty message without headers, which is what a stream keeps of a NATS status message
     that someone aimed at the subject (see :mod:`agentreach.envelopes.server_answers`)."""
     return {KIND: kind}
+
+
+def msg_id_differs(headers: dict[str, str] | None, message_id: str) -> str | None:
+    """Why a sender's ``Nats-Msg-Id`` is refused (it is not the body's ``message_id``: the
+    stream drops a duplicate by the header, the coordinator and the agents know the message
+    by the body), or None."""
+    header = (headers or {}).get(MSG_ID)
+    if header is None or header == message_id:
+        return None
+    return (
+        f"header {MSG_ID} {header!r} is not the message_id {message_id!r}: the stream drops a"
+        " message sent again by the header, so the two must be equal"
+    )

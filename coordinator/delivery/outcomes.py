@@ -36,6 +36,7 @@ from agentreach.coordinator.routing.run_once import (
     Running,
     RunOnce,
     answer_from_record,
+    began,
     lease_limit,
     superseded,
     verdict_of,
@@ -152,9 +153,9 @@ class Outcomes:
                 say = log.info if delivered == 1 else log.debug
                 say("reported while a delivery runs it; waiting", left_s=round(left_s, 3))
                 return min(left_s + 0.05, WAIT_CAP_S)
-        if event.event == "expired":  # a run of the attempt began when it has a record
-            began = any(r.attempt == task.attempt and r.agent_id == event.agent_id for r in records)
-            await self._expired(event, task, error, began=began)
+        if event.event == "expired":
+            ran = began(records, event.agent_id, task.attempt)
+            await self._expired(event, task, error, began=ran)
             return None
         if not error.retryable:
             await end_with_error(self._broker, task, "rejected", error)

@@ -44,6 +44,7 @@ from agentreach.coordinator.routing.run_once import (
     RanAlready,
     Running,
     RunOnce,
+    began,
     lease_limit,
     verdict_of,
 )
@@ -205,7 +206,7 @@ class QueueExpiry:
             ttl_end_ms = message.timestamp_ms + task.ttl_ms  # a dispatch's ttl runs from it
             if (left_in := self._left_in_queue(records, task, agent_id, ttl_end_ms)) is not None:
                 return left_in
-            taken = any(r.agent_id == agent_id and r.attempt == task.attempt for r in records)
+            taken = began(records, agent_id, task.attempt)
             if taken and (grace_s := self._grace_left_s()) > 0:
                 return now_ms() + int(grace_s * 1000) + 1  # its agent may be reconnecting
             why = _expired_with(task, agent_id, message.timestamp_ms, taken=taken)

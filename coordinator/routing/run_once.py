@@ -143,6 +143,11 @@ def verdict_of(records: list[Execution], *, until_ms: int | None = None) -> Verd
     return Running(running / 1000) if running else None
 
 
+def began(records: list[Execution], agent_id: str | None, attempt: int) -> bool:
+    """Whether ``agent_id`` began a run of ``attempt``: its record of it exists (a claim)."""
+    return any(r.agent_id == agent_id and r.attempt == attempt for r in records)
+
+
 def lease_limit(task: Task, ttl_end_ms: int | None = None) -> int | None:
     """The latest a lease of ``task`` counts until: a run may begin until its ttl runs out
     (``ttl_end_ms``) and then run for its execute budget, and a margin; None when neither is
