@@ -153,12 +153,17 @@ class QueueDepths:
         a read includes it (stored at or before the stream's last sequence then): counted
         neither twice (a false trip of the high watermark holds the queue until the low one)
         nor not at all."""
-        depths: dict[Slot, int] = {}
         names = self._broker.names
-        for priority in PRIORITIES:
-            counts, last_seq = await subject_counts(
+        reads = {
+            priority: await subject_counts(
                 self._broker, names.dispatch_stream(priority), names.dispatch_wildcard(priority)
             )
+            for priority in PRIORITIES
+        }
+        # Taken over in one step, after every read: a routing between two reads would see a
+        # task dropped from the unread but not yet in the depths, a full queue as empty.
+        depths: dict[Slot, int] = {}
+        for priority, (counts, last_seq) in reads.items():
             for subject, count in counts.items():
                 depths[(names.agent_of_dispatch_subject(subject), priority)] = count
             for (_, of), unread in self._unread.items():

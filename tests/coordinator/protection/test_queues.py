@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from agentreach.broker import Names
+import asyncio
+
+from agentreach.broker import Broker, Names
+from agentreach.broker.direct import subject_counts
+from agentreach.coordinator.protection import queues as queues_module
 from agentreach.coordinator.protection.queues import QueueConfig, QueueDepths
 
 
@@ -42,3 +46,31 @@ async def test_a_read_takes_over_the_dispatches_it_includes_and_no_others(broker
     assert queues.depth("a1", "P1") == 3  # 1 read, 2 apart
     queues.release("a1", "P1", "in-flight")
     assert queues.depth("a1", "P1") == 2
+
+
+async def test_a_routing_during_a_read_sees_the_queue_full(broker, monkeypatch):
+    """A read covers the three priorities one after another. A routing while the later ones
+    were read saw a P0 task dropped from the unread but not yet in the depths: the full queue
+    read 0/10, and a queue above the high watermark could be judged empty and fed again."""
+    queues = QueueDepths(broker, QueueConfig())
+    for n in range(8):
+        ack = await broker.publish(broker.names.dispatch("a1", "P0"), b"{}")
+        queues.reserve("a1", "P0", f"task-{n}")
+        queues.stored("a1", "P0", f"task-{n}", ack.seq)
+    assert queues.why_full("a1", "P0") == "P0 queue above the high watermark (8/10)"
+    reading_p1, go_on = asyncio.Event(), asyncio.Event()
+
+    async def paused_at_p1(broker: Broker, stream: str, subject: str) -> tuple[dict, int]:
+        if stream == broker.names.dispatch_stream("P1"):
+            reading_p1.set()
+            await go_on.wait()
+        return await subject_counts(broker, stream, subject)
+
+    monkeypatch.setattr(queues_module, "subject_counts", paused_at_p1)
+    refreshing = asyncio.create_task(queues.refresh())
+    await reading_p1.wait()
+    during = queues.depth("a1", "P0"), queues.why_full("a1", "P0")
+    go_on.set()
+    await refreshing
+    assert during == (8, "P0 queue above the high watermark (8/10)")
+    assert queues.depth("a1", "P0") == 8
