@@ -22,8 +22,8 @@ from typing import Any
 
 import msgspec
 
-from agentreach.agents.errors import LetterSettled, ReplayLimitReached
-from agentreach.agents.letters import replay, resolve
+from agentreach.agents.errors import LetterSettled, NothingToReplay, ReplayLimitReached
+from agentreach.agents.letters import UNCHANGED, replay, resolve
 from agentreach.broker import BrokerError, read_stream
 from agentreach.coordinator.observability.http import Request, Response, Streamed
 from agentreach.dashboard.access import Access
@@ -199,15 +199,21 @@ class DashboardApp:
 
     async def _replay(self, letter: DeadLetter, options: _ReplayBody) -> Response:
         message_id = letter.message_id
-        if letter.envelope is None:
-            return Response.error(409, f"{message_id} ({letter.reason}) has no task to replay")
         try:
             task = await replay(
                 self.board.broker,
                 letter,
                 topic=options.topic,
                 ttl_ms=options.ttl_ms,
+                payload=UNCHANGED if options.payload is msgspec.UNSET else options.payload,
                 force=options.force,
+            )
+        except NothingToReplay:
+            return Response.error(
+                409,
+                f"{message_id} ({letter.reason}) has no decodable task to replay: send the"
+                ' payload it should have had, {"payload": ...} (and "topic" when its topic is'
+                " not known)",
             )
         except (ReplayLimitReached, LetterSettled) as exc:
             return Response.error(409, f'{exc}; send {{"force": true}} to replay it anyway')
@@ -272,4 +278,5 @@ class _ResolveBody(msgspec.Struct, forbid_unknown_fields=True):
 class _ReplayBody(msgspec.Struct, forbid_unknown_fields=True):
     topic: str | None = None
     ttl_ms: int | None = None
+    payload: Any = msgspec.UNSET  # instead of the task's own (null is a payload too)
     force: bool = False  # replay a settled letter, or one past the replay limit

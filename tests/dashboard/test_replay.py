@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from agentreach.agents.letters import replay, resolve
-from agentreach.broker import Broker
+from agentreach.broker import Broker, read_stream
 from agentreach.broker.dead_letters import dead_letter
-from agentreach.envelopes import ErrorInfo, Task
+from agentreach.envelopes import ErrorInfo, Task, decode_task
 from tests.dashboard.test_server import dashboard, send
 from tests.dashboard.token import BEARER
 from tests.support import Watcher
@@ -149,3 +149,36 @@ async def test_a_letter_is_resolved_with_a_note_as_reach_dlq_resolve_does(
 
 def _ids(task: Task) -> dict[str, str]:
     return {"message_id": task.message_id, "trace_id": task.trace_id, "topic": task.topic}
+
+
+async def test_a_letter_without_a_task_is_replayed_with_the_payload_sent(
+    broker: Broker, watcher: Watcher
+):
+    """Malformed JSON on `reach.task.chores` is a letter without a task: a replay without a
+    payload is refused (409, saying to send one); with ``{"payload": ...}`` the page's API
+    sends it on the letter's topic, in its trace, as `reach dlq replay --payload` does."""
+    await dead_letter(
+        broker,
+        reason="invalid_envelope",
+        message_id="torn-1",
+        trace_id="torn-1",
+        topic="chores",
+        raw=b'{"text": ',
+        error=ErrorInfo(type="invalid_envelope", message="JSON is malformed", retryable=False),
+    )
+    async with dashboard(broker) as server:
+        ours = [f"Host: 127.0.0.1:{server.port}", "X-Reach-Request: 1", "Connection: close", BEARER]
+        as_json = [*ours, "Content-Type: application/json"]
+        replay = ("POST", "/api/dlq/torn-1/replay")
+        refused = await send(server, *replay, ours)
+        taken = await send(server, *replay, as_json, b'{"payload": {"text": "mended"}}')
+        replayed = await watcher.event("replayed", message_id="torn-1")
+    assert refused[0] == 409, refused
+    assert '{"payload": ...}' in json.loads(refused[1])["error"]
+    assert taken[0] == 202, taken
+    sent = json.loads(taken[1])
+    assert (sent["topic"], sent["trace_id"], sent["replay_of"]) == ("chores", "torn-1", "torn-1")
+    assert replayed.detail["replayed_as"] == sent["message_id"]
+    names = broker.names
+    stored = await read_stream(broker, names.tasks_stream, names.task("chores"))
+    assert [decode_task(m.data).payload for m in stored] == [{"text": "mended"}]
