@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import statistics
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from agentreach import envelopes
@@ -25,6 +27,7 @@ JITTER_STDEV_S = 0.025  # ±20 % of 0.5 s spreads gaps far wider; no jitter at a
 BAD_HEADER_BEATS = 3  # intervals at the kit's cadence an agent has to beat over a bad header
 # Four heartbeat intervals at the kit's cadence (with jitter), and the agent's own look.
 CARD_AGAIN_S = 4 * CADENCE_S * 1.2 + 2.0
+BUSY_MS = 1_500  # each of the tasks that keep the agent busy while its beats are watched
 
 
 async def card(s: Session, c: Checks) -> str:
@@ -107,8 +110,13 @@ async def heartbeats(s: Session, c: Checks) -> str:
     first = stored.value
     c.must(first.epoch == epoch, f"heartbeat epoch {first.epoch}, card epoch {epoch}")
     c.must(first.interval_s > 0 and first.seq >= 1, "interval_s > 0 and seq >= 1")
-    # Busy meanwhile: an idle agent's interval would be doubled by the coordinator mid-watch.
-    busy = await s.dispatch(s.task({"op": "sleep", "ms": int(BEATS * CADENCE_S * 1500)}))
+    async with _kept_busy(s):
+        return await _watched_beats(s, c, epoch, first.interval_s)
+
+
+async def _watched_beats(s: Session, c: Checks, epoch: int, restore_s: float) -> str:
+    """The beats at the kit's cadence, the card and the heartbeat key spoiled, the wake-up
+    probes; ``restore_s`` asked for again at the end."""
     asked_at = s.now()
     start = len(s.beats)
     await _ask_interval(s, CADENCE_S)
@@ -151,12 +159,37 @@ async def heartbeats(s: Session, c: Checks) -> str:
         f" {CARD_AGAIN_S:g} s (§4: looked at every few heartbeat intervals)",
     )
     await _beats_over_a_bad_header(s)
-    await _wake_during_write(s, first.interval_s)
-    await s.until(lambda: busy.replies_of("result") or None, 15.0, "the busy task's result")
+    await _wake_during_write(s, restore_s)
     return (
         f"epoch {epoch}; at {CADENCE_S} s: mean gap {mean:.3f} s, stdev {spread:.3f} s;"
-        f" interval {first.interval_s:g} s restored"
+        f" interval {restore_s:g} s restored"
     )
+
+
+@contextlib.asynccontextmanager
+async def _kept_busy(s: Session) -> AsyncIterator[None]:
+    """A task in the agent's hands all along, one after another: the coordinator doubles
+    the interval of an agent idle for a while, which would answer the kit's probes with
+    another interval. (One long task ran out while a careless agent's card was waited for.)"""
+    done = asyncio.Event()
+
+    async def one_after_another() -> None:
+        while not done.is_set():
+            busy = await s.dispatch(s.task({"op": "sleep", "ms": BUSY_MS}))
+            await s.until(
+                lambda: busy.replies_of("result") or None,  # noqa: B023
+                BUSY_MS / 1000 + 15.0,
+                "a busy task's result",
+            )
+
+    relay = asyncio.create_task(one_after_another())
+    try:
+        yield
+    except BaseException:
+        relay.cancel()
+        raise
+    done.set()
+    await relay  # its last task's result, and any failure of it
 
 
 async def _card_written_again(s: Session) -> bool:

@@ -103,8 +103,11 @@ async def test_an_agent_that_does_not_write_its_card_again_is_warned(
     careless = conformance_agent("scribbled-1")
     verdicts = await judge(broker, careless, "liveness.heartbeats")
     verdict = verdicts["liveness.heartbeats"]
-    assert verdict.status is Status.WARN
+    assert verdict.status is Status.WARN, verdict
     assert any("written again within" in warning for warning in verdict.warnings)
+    # Kept busy while the card was waited for: an idle agent's interval was doubled by the
+    # coordinator, and the wake-up probes then saw that interval, not the one asked for.
+    assert coordinator.liveness.agents["scribbled-1"].cadence.loosened is False
     cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
     assert (await cards.get("scribbled-1")).value.agent_id == "scribbled-1"  # put back
 
