@@ -19,6 +19,7 @@ from agentreach.broker.consume import (
     bind,
     consumer_state,
     follow,
+    set_ack_wait,
 )
 from agentreach.broker.direct import read_stream
 from agentreach.broker.embedded import EmbeddedServer, find_server_binary
@@ -119,5 +120,6 @@ __all__ = [
     "resolve_replicas",
     "resolve_url",
     "server_list",
+    "set_ack_wait",
     "wait_provisioned",
 ]

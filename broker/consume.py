@@ -181,6 +181,7 @@ class ConsumerState:
     num_pending: int
     ack_floor_seq: int = 0
     delivered_seq: int = 0
+    deliveries: int = 0  # every delivery it made, redeliveries included (its consumer seq)
 
 
 async def consumer_state(broker: Broker, stream: str, durable: str) -> ConsumerState | None:
@@ -212,7 +213,20 @@ async def consumer_state(broker: Broker, stream: str, durable: str) -> ConsumerS
         num_pending=info.num_pending or 0,
         ack_floor_seq=(info.ack_floor.stream_seq or 0) if info.ack_floor else 0,
         delivered_seq=(info.delivered.stream_seq or 0) if info.delivered else 0,
+        deliveries=(info.delivered.consumer_seq or 0) if info.delivered else 0,
     )
+
+
+async def set_ack_wait(broker: Broker, stream: str, durable: str, ack_wait_s: float) -> None:
+    """Change the ack wait of the existing consumer ``durable``, its other settings kept (the
+    conformance kit's redelivery of a message whose keep-alives did not arrive)."""
+    subject = f"{stream}/{durable}"
+    try:
+        config = (await broker.js.consumer_info(stream, durable)).config
+        config.ack_wait = ack_wait_s
+        await broker.js.add_consumer(stream, config)
+    except nats.errors.Error as exc:
+        raise translate(exc, subject=subject) from exc
 
 
 async def delete_consumer(broker: Broker, stream: str, durable: str) -> bool:

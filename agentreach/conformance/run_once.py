@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from agentreach.broker import WrongLastSequence
+from agentreach.broker import ConsumerState, WrongLastSequence, consumer_state, set_ack_wait
 from agentreach.conformance.report import Checks, Failed
 from agentreach.conformance.session import Exchange, Session
 from agentreach.conformance.tasks import first, outcome
@@ -82,7 +82,52 @@ async def busy(s: Session, c: Checks) -> str:
         record is not None and (record.state, record.epoch) == ("done", epoch),
         f"execution record {record}",
     )
-    return "waited while another delivery held the claim, then answered from its record"
+    await _redelivered_past_its_ttl(s, c)
+    return (
+        "waited while another delivery held the claim, then answered from its record; so did"
+        " a redelivery past the ttl"
+    )
+
+
+async def _redelivered_past_its_ttl(s: Session, c: Checks) -> None:
+    """§10.4 (revision 25): the server delivers a message again, past its ttl, while this
+    process still runs it (its keep-alives did not reach a server that was away; here the kit
+    shortens the consumer's ack wait): the redelivery waits for that run, not reported
+    ``expired`` — a task that then completes."""
+    task = s.task({"op": "sleep", "ms": 2_500}, ttl_ms=800)
+    stream = s.names.dispatch_stream(task.priority)
+    durable = s.names.agent_consumer(s.agent_id, task.priority)
+    before = await consumer_state(s.broker, stream, durable)
+    if before is None:
+        raise Failed(f"no consumer {durable} on {stream}")
+    ex = await s.dispatch(task)
+    await s.until(lambda: ex.runs() or None, 5.0, "the handler start")
+    delivered = await consumer_state(s.broker, stream, durable)
+    await set_ack_wait(s.broker, stream, durable, REDELIVER_AFTER_S)
+    try:
+        again = await s.poll(lambda: _delivered_after(s, stream, durable, delivered), 5.0)
+    finally:
+        await set_ack_wait(s.broker, stream, durable, before.spec.ack_wait_s)
+    c.must(again is not None, f"not delivered again after an ack wait of {REDELIVER_AFTER_S} s")
+    await _results(s, ex, 1, 10.0)
+    await s.quiet()
+    c.must(
+        not ex.events_of("expired"),
+        "reported expired a redelivery past the ttl of a run still in hand (§10.4)",
+    )
+    c.must(ex.runs() == 1, f"ran the redelivery: {ex.runs()} runs")
+    results = [r.result for r in ex.replies_of("result")]
+    c.must(len(results) >= 2, "the redelivery got no answer from the run's outcome")
+    c.must(all(r == results[0] for r in results), f"results differ: {results}")
+
+
+async def _delivered_after(
+    s: Session, stream: str, durable: str, earlier: ConsumerState | None
+) -> bool | None:
+    """Whether the consumer delivered anything since ``earlier``."""
+    state = await consumer_state(s.broker, stream, durable)
+    seen = earlier.deliveries if earlier is not None else 0
+    return True if state is not None and state.deliveries > seen else None
 
 
 async def fencing(s: Session, c: Checks) -> str:
@@ -163,6 +208,7 @@ async def expiry_fence(s: Session, c: Checks) -> str:
     return "not run over the expiry fence (expired reported) nor the reassignment fence"
 
 
+REDELIVER_AFTER_S = 1.0  # the ack wait that has the server deliver a running message again
 # The error of the coordinator's fence record (coordinator/liveness/reassign.py).
 FENCE = ErrorInfo(type="reassigned", message="its agent went OFFLINE", retryable=True)
 

@@ -84,6 +84,20 @@ async def test_an_agent_that_runs_duplicates_twice_fails_run_once(broker, coordi
     )
 
 
+async def test_an_agent_that_expires_a_redelivery_of_its_running_task_fails(
+    broker, coordinator, monkeypatch
+):
+    """Clause 16 has the server deliver a running message again past its ttl: the SDK waits
+    for the run and answers twice; an agent that does not see the run (as before revision 25)
+    reports the task expired, and fails."""
+    fine = await judge(broker, conformance_agent("patient-1"), "run_once.busy")
+    assert fine["run_once.busy"].status is Status.PASS, fine["run_once.busy"]
+    monkeypatch.setattr(sdk_claims.Claims, "runs_here", lambda self, message_id: False)
+    verdicts = await judge(broker, conformance_agent("hasty-1"), "run_once.busy")
+    assert verdicts["run_once.busy"].status is Status.FAIL
+    assert "reported expired a redelivery" in verdicts["run_once.busy"].detail
+
+
 async def test_an_agent_without_jitter_fails_the_heartbeat_clause(broker, coordinator, monkeypatch):
     """Heartbeats at exactly the interval (no ±20 % jitter) fail clause 4."""
     monkeypatch.setattr(sdk_heartbeats, "jittered", lambda interval_s, rng=None: interval_s)
