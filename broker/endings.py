@@ -116,10 +116,10 @@ def _own(events: list[Event], caller: str | None) -> list[Event]:
 
 
 def _same_request(events: list[Event], sent: Sent | None) -> list[Event]:
-    """``events``, unless their first ``routed`` event says they are of another request
-    than ``sent`` (before that event, and from a coordinator that does not record what was
-    sent, nothing is compared)."""
-    first = next((e for e in events if e.event == "routed" and e.attempt == 1), None)
+    """``events``, unless their first ``routed`` event (a workflow's ``workflow_started``)
+    says they are of another request than ``sent`` (before that event, and from a
+    coordinator that does not record what was sent, nothing is compared)."""
+    first = next((e for e in events if _first_of_request(e)), None)
     if sent is not None and first is not None and (differs := difference(first, sent)):
         raise ReusedId(
             f"message id {first.message_id!r} is of an earlier request of yours, which"
@@ -129,10 +129,17 @@ def _same_request(events: list[Event], sent: Sent | None) -> list[Event]:
     return events
 
 
+def _first_of_request(event: Event) -> bool:
+    return (event.event == "routed" and event.attempt == 1) or event.event == "workflow_started"
+
+
 def difference(routed: Event, sent: Sent) -> str | None:
-    """What differs between ``sent`` and the request whose first ``routed`` event is
-    ``routed``, said of the latter ("was sent on topic …"); None when nothing recorded does."""
+    """What differs between ``sent`` and the request whose first ``routed`` event (or
+    ``workflow_started``: the workflow's name is its topic) is ``routed``, said of the latter
+    ("was sent on topic …"); None when nothing recorded does."""
     topic, digest = routed.detail.get("sent_topic"), _digest(routed.detail.get("input"))
+    if routed.event == "workflow_started":
+        topic = routed.topic
     # The topic it was routed on is the same request too (a rule's or the resolution's: the
     # task as dispatched, met again in an agent's queue).
     if isinstance(topic, str) and sent.topic not in (topic, routed.topic):

@@ -30,14 +30,29 @@ async def answer(broker: Broker, record: WorkflowRecord) -> None:
     await end_with_error(broker, task, _ended_as(record, error), error, state=state, ran=ran)
 
 
-async def answer_again(broker: Broker, record: WorkflowRecord, task: Task) -> None:
-    """Answer ``task``, a start of an instance that ended already, with how it ended
-    (its own caller only: another's is told the id is taken)."""
+async def refused_as_taken(broker: Broker, record: WorkflowRecord, task: Task) -> bool:
+    """Whether ``task``, under the id of ``record``'s instance, is not its start sent again
+    but another message (another caller's, or another workflow's start): it is told the id
+    is taken (``duplicate_id``), and nothing else is done. It is not dead-lettered: its
+    letter would be under the instance's id, an ending of that instance."""
     if task.caller != record.task.caller:
         message = f"message id {task.message_id!r} is another caller's message"
-        error = ErrorInfo(type="duplicate_id", message=message, retryable=False)
-        await reply(broker, task, error_reply(task, error, "duplicate_id"))
-    elif record.status == "completed":
+    elif task.topic != record.workflow:
+        message = (
+            f"message id {task.message_id!r} is an instance of workflow {record.workflow!r},"
+            f" not {task.topic!r}: send it under an id of its own"
+        )
+    else:
+        return False
+    error = ErrorInfo(type="duplicate_id", message=message, retryable=False)
+    await reply(broker, task, error_reply(task, error, "duplicate_id"))
+    log.warning("workflow start refused: its id is taken", error=message)
+    return True
+
+
+async def answer_again(broker: Broker, record: WorkflowRecord, task: Task) -> None:
+    """Answer ``task``, a start of an instance that ended already, with how it ended."""
+    if record.status == "completed":
         await reply(broker, task, Result(**about(task, result=record.result)))
     else:
         error, ran = _error_of(record), record.steps_began

@@ -26,6 +26,13 @@ from agentreach.envelopes import WorkflowRecord
 log = structlog.get_logger("coordinator.workflows")
 
 
+def warn_of_unused_parts(specs: Mapping[str, WorkflowSpec]) -> None:
+    """Log each part of a definition never used: it works, though not as written."""
+    for name, spec in specs.items():
+        for warning in spec.warnings():
+            log.warning("workflow definition has a part never used", workflow=name, warning=warning)
+
+
 def fingerprint(spec: WorkflowSpec) -> str:
     """A short id of ``spec``'s content: equal definitions, wherever built, have the same."""
     return hashlib.sha256(msgspec.json.encode(spec)).hexdigest()[:16]

@@ -39,21 +39,23 @@ from agentreach.coordinator.workflows.answers import (
     answer_again,
     cancelled_by,
     may_act,
+    refused_as_taken,
 )
 from agentreach.coordinator.workflows.deadline import new_record
-from agentreach.coordinator.workflows.definitions import Definitions
+from agentreach.coordinator.workflows.definitions import Definitions, warn_of_unused_parts
 from agentreach.coordinator.workflows.nesting import check_nesting
 from agentreach.coordinator.workflows.outbox import Outbox
 from agentreach.coordinator.workflows.payloads import inline_payload
 from agentreach.coordinator.workflows.records import HotRecords
 from agentreach.coordinator.workflows.run import BY_OPERATOR, Run, outgrown_error
-from agentreach.coordinator.workflows.signals import signal_ignored
+from agentreach.coordinator.workflows.signals import look_again, signal_ignored
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.coordinator.workflows.timers import LATER_S, news_before
 from agentreach.coordinator.workflows.unreadable import refuse
 from agentreach.envelopes import (
     Ack,
     DecodeError,
+    ErrorInfo,
     ErrorReply,
     Result,
     Task,
@@ -65,11 +67,6 @@ from agentreach.envelopes import (
 )
 
 log = structlog.get_logger("coordinator.workflows")
-
-# A signal or cancel of an instance not started yet is looked at again this often, this
-# far apart (about 15 s: a start that waits longer in the intake than that is not expected).
-NOT_STARTED_LOOKS = 30
-NOT_STARTED_LOOK_S = 0.5
 
 
 class WorkflowEngine:
@@ -84,11 +81,7 @@ class WorkflowEngine:
         grants: Grants | None = None,
     ) -> None:
         check_nesting(specs)
-        for name, spec in specs.items():
-            for warning in spec.warnings():  # it works, though not as written
-                log.warning(
-                    "workflow definition has a part never used", workflow=name, warning=warning
-                )
+        warn_of_unused_parts(specs)
         self._broker = broker
         self.specs = dict(specs)
         self._definitions = Definitions(self.specs)  # each instance runs on its own
@@ -155,6 +148,8 @@ class WorkflowEngine:
         """The starting task of an instance that exists, sent again (or seen again)."""
         if (existing := await (await self._records()).get(task.message_id)) is None:
             return
+        if await refused_as_taken(self._broker, existing.value, task):
+            return
         if existing.value.finished and not seen_before:  # sent again, past the dup window
             await answer_again(self._broker, existing.value, task)
             return
@@ -192,7 +187,7 @@ class WorkflowEngine:
                 case "timer":  # a timer comes back by design: not a sign of a crash
                     return await self._on_timer(instance_id, msg.data)
                 case "signal" | "cancel" if await self._not_started(instance_id):
-                    return self._look_again(msg, kind, instance_id)
+                    return look_again(msg, kind, instance_id)
                 case "signal":
                     event, _, asker = event.partition(".")  # a caller's form names it last
                     at_ms = msg.timestamp_ms
@@ -207,15 +202,6 @@ class WorkflowEngine:
 
     async def _not_started(self, instance_id: str) -> bool:
         return await (await self._records()).get(instance_id) is None
-
-    def _look_again(self, msg: Delivery, kind: str, instance_id: str) -> float | None:
-        """A signal or cancel of no instance: its start may still wait in the intake (a
-        caller that signals at once after its publish), so it is looked at again for a
-        while, and counts as stored then; after that it is dropped, said once."""
-        if msg.num_delivered < NOT_STARTED_LOOKS:
-            return NOT_STARTED_LOOK_S
-        log.warning(f"{kind} of no workflow instance; dropped", instance_id=instance_id)
-        return None
 
     async def _on_reply(self, msg: Delivery, instance_id: str, seen_before: bool) -> float | None:
         """None once the reply is applied (or refused), or seconds until it is looked at
@@ -238,6 +224,7 @@ class WorkflowEngine:
             instance_id,
             lambda run: run.on_result(message_id, output=output, error=error),
             seen_before,
+            too_large=lambda run, why: run.outgrown_by(message_id, why),
         )
         return None
 
@@ -311,10 +298,12 @@ class WorkflowEngine:
         change: Callable[[Run], bool],
         seen_before: bool,
         *,
+        too_large: Callable[[Run, ErrorInfo], bool] = Run.outgrow,
         outgrown: bool = False,
     ) -> bool:
         """Apply ``change`` to the instance with a conditional write, then its actions;
-        False when it changed nothing. One that outgrows a message fails the instance."""
+        False when it changed nothing. One that outgrows a message fails the instance
+        (``too_large`` instead)."""
         runs: list[Run] = []
 
         def advance(record: WorkflowRecord | None) -> WorkflowRecord | None:
@@ -333,7 +322,9 @@ class WorkflowEngine:
                 raise
             error = outgrown_error(exc)
             log.error("workflow record too large: the instance fails", error=error.message)
-            return await self._apply(instance_id, lambda r: r.outgrow(error), False, outgrown=True)
+            return await self._apply(
+                instance_id, lambda r: too_large(r, error), False, outgrown=True
+            )
         if not runs:
             return False
         run = runs[-1]

@@ -90,14 +90,17 @@ class Outbox:
             left_ms = max(1, min(left_ms, run.deadline_ms - now))
             # A child's ttl ends it by the step's timeout; its budget is its undos' too.
             execute_ms = record.task.budget.execute_ms if child else left_ms
-        if any(undo.message_id == run.message_id for undo in record.compensations.values()):
+        payload = run.input
+        if (undone := _undone_by(record, run)) is not None:
             left_ms, execute_ms = record.task.ttl_ms, record.task.budget.execute_ms
+            done = record.steps[undone]
+            payload = {"step": undone, "input": done.input, "output": done.output}
         return Task(
             v=1,
             message_id=run.message_id,
             trace_id=record.trace_id,
             topic=run.intent or record.workflow,
-            payload=run.input,
+            payload=payload,
             reply_to=self._broker.names.workflow_reply(record.instance_id),
             priority=run.priority,
             ttl_ms=left_ms,
@@ -145,3 +148,11 @@ class Outbox:
         step = WorkflowStep(instance_id=record.instance_id, step=key)
         why = step_abandoned(record, step, run.message_id)
         await withdraw(self._broker, run.message_id, why or f"step {key!r} was let go")
+
+
+def _undone_by(record: WorkflowRecord, run: StepRun) -> str | None:
+    """The step ``run`` undoes, when it is a compensation."""
+    for key, undo in record.compensations.items():
+        if undo.message_id == run.message_id:
+            return key
+    return None

@@ -148,6 +148,19 @@ class Run(Visits):
         self._fail(error)
         return True
 
+    def outgrown_by(self, message_id: str, error: ErrorInfo) -> bool:
+        """The outcome of ``message_id`` would not fit in the record. A step's result: the
+        step ran, so it is completed (its output not kept) and undone with the others as the
+        instance fails. Any other outcome (an undo's, a stopped step's) is taken without it."""
+        for key, run in self.record.steps.items():
+            if run.message_id == message_id and run.status == "running":
+                if self.record.status != "running":
+                    break
+                self._settle(run, output=None, error=None)
+                self.record.completed_order.append(key)
+                return self.outgrow(_named(f"step {key!r}'s result", error))
+        return self.on_result(message_id, output=None, error=None)
+
     def resume(self) -> None:
         """Every action the record's present state calls for (after a crash, say)."""
         record = self.record
@@ -360,8 +373,8 @@ def outgrown_error(exc: Exception) -> ErrorInfo:
     """Why an instance ended whose record would not fit in one message any more."""
     message = (
         f"the instance's record outgrew what the server stores in one message ({exc}): it"
-        " keeps every step's input and output inline — have steps return less, or keep"
-        " large results elsewhere and pass a reference"
+        " keeps the input and every step's input and output inline — send and have steps"
+        " return less, or keep large inputs and results elsewhere and pass a reference"
     )
     return ErrorInfo(type="record_too_large", message=message, retryable=False)
 

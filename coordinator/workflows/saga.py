@@ -135,7 +135,9 @@ class Compensation:
             visit=done.visit,
             message_id=message_id_of(self.record.instance_id, key, UNDO),
             intent=self.spec.compensation_of(key) or "",
-            input={"step": key, "input": done.input, "output": done.output},
+            # Not a copy of the step's input and output: the dispatch builds its payload from
+            # them (a copy doubled the record's largest parts, past what a message holds).
+            input={"step": key},
             started_ms=self.now,
             priority=done.priority,
         )

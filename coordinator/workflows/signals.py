@@ -2,10 +2,29 @@
 
 from __future__ import annotations
 
-from agentreach.broker import Broker
+import structlog
+
+from agentreach.broker import Broker, Delivery
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import WorkflowRecord
+
+log = structlog.get_logger("coordinator.workflows")
+
+# A signal or cancel of an instance not started yet is looked at again this often, this
+# far apart (about 15 s: a start that waits longer in the intake than that is not expected).
+NOT_STARTED_LOOKS = 30
+NOT_STARTED_LOOK_S = 0.5
+
+
+def look_again(msg: Delivery, kind: str, instance_id: str) -> float | None:
+    """A signal or cancel of no instance: its start may still wait in the intake (a
+    caller that signals at once after its publish), so it is looked at again for a
+    while, and counts as stored then; after that it is dropped, said once."""
+    if msg.num_delivered < NOT_STARTED_LOOKS:
+        return NOT_STARTED_LOOK_S
+    log.warning(f"{kind} of no workflow instance; dropped", instance_id=instance_id)
+    return None
 
 
 async def signal_ignored(

@@ -62,3 +62,40 @@ async def test_a_workflow_too_large_to_start_is_refused_at_once(broker, start_co
             await client.invoke("wide", {"pad": "y" * 4_000}, ttl_ms=120_000)
     assert refused.value.error.type == "record_too_large"
     assert refused.value.ending == "rejected"
+
+
+def bulky_with_undo(ran: list[str], undone: list[str]) -> Agent:
+    agent = bulky()
+
+    @agent.handler("unbulk", capacity=8)
+    async def unbulk(ctx: TaskContext, payload: Any) -> None:
+        undone.append(payload["step"])
+
+    return agent
+
+
+async def test_the_step_whose_result_outgrows_the_record_is_undone_too(
+    broker, start_coordinator, watcher
+):
+    """The step whose result would not fit ran: it counts as completed (its output not
+    kept) and is undone with the others. It was marked cancelled, its outcome awaited (it had
+    come, and been dropped) for a minute, and then left as it was: its effect stood."""
+    steps = [wf.step(f"s{n}", "bulk", compensate="unbulk") for n in range(8)]
+    flows = {"bulky-saga": wf.chain(*steps, on_failure="compensate")}
+    undone: list[str] = []
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, bulky_with_undo([], undone)),
+        ReachClient(broker=broker) as client,
+    ):
+        with pytest.raises(TaskFailed) as failed:
+            await client.invoke("bulky-saga", {}, message_id="saga-1", ttl_ms=120_000)
+        record = await read_record(broker, "saga-1")
+    assert record is not None
+    ran = [k for k, run in record.steps.items() if run.message_id]
+    done = [k for k, run in record.steps.items() if run.status == "completed"]
+    assert done == ran  # none cancelled: each step sent ran, the last one too
+    assert sorted(undone) == sorted(ran)
+    last = ran[-1]
+    assert record.steps[last].output is None
+    assert failed.value.error.message.startswith(f"step {last!r}'s result: the instance's")

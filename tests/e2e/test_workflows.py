@@ -14,7 +14,14 @@ import pytest
 from structlog.testing import capture_logs
 
 from agentreach import envelopes
-from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
+from agentreach.agents import (
+    Agent,
+    PermanentError,
+    ReachClient,
+    Rejected,
+    TaskContext,
+    TaskFailed,
+)
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import cancel, read_record
 from agentreach.coordinator.workflows.nesting import MAX_DEPTH
@@ -184,6 +191,51 @@ async def test_a_workflow_started_again_past_the_duplicate_window_answers_from_i
             else:
                 assert isinstance(answer, envelopes.ErrorReply)
                 assert answer.error.type == "duplicate_id"
+    assert counts == Counter(plan=1, write=1, review=1, publish=1)
+
+
+async def test_another_workflow_started_under_an_instance_id_is_told_the_id_is_taken(
+    broker, start_coordinator
+):
+    """A start of workflow 'essay' under the id of a finished 'article' instance was answered
+    with the article's result (exit 0, nothing ran). Within the duplicate window the client
+    sees the first events are another workflow's; past it the coordinator refuses it: both
+    say duplicate_id, naming the workflow, and nothing runs."""
+    counts: Counter[str] = Counter()
+    names = broker.names
+    config = fast(workflows=workflows(article=ARTICLE, essay=ARTICLE))
+    heard: asyncio.Queue[envelopes.Reply] = asyncio.Queue()
+
+    async def keep(msg: Any) -> None:
+        await heard.put(envelopes.decode_reply(msg.data))
+
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, newsroom(counts)),
+        ReachClient(broker=broker, name="alice") as alice,
+    ):
+        await alice.invoke("article", {"topic": "nats"}, message_id="article-1")
+        with pytest.raises(Rejected) as within:
+            await alice.invoke("essay", {"topic": "nats"}, message_id="article-1")
+        box = names.reply_box("alice", "again")
+        sub = await broker.nc.subscribe(f"{box}.*", cb=keep)
+        task = envelopes.Task(
+            v=1,
+            message_id="article-1",
+            trace_id="article-1",
+            topic="essay",
+            payload={"topic": "nats"},
+            reply_to=box,
+        )
+        # No Nats-Msg-Id: what the stream sees once its window has passed.
+        headers = {k: v for k, v in task_headers(task).items() if k != "Nats-Msg-Id"}
+        await broker.publish(names.task("essay", "alice"), envelopes.encode(task), headers=headers)
+        past = await asyncio.wait_for(heard.get(), timeout=10)
+        await sub.unsubscribe()
+    assert within.value.error.type == "duplicate_id"
+    assert "was sent on topic 'article', this one on 'essay'" in within.value.error.message
+    assert isinstance(past, envelopes.ErrorReply) and past.error.type == "duplicate_id"
+    assert "an instance of workflow 'article', not 'essay'" in past.error.message
     assert counts == Counter(plan=1, write=1, review=1, publish=1)
 
 
