@@ -18,11 +18,21 @@ import msgspec
 import structlog
 
 from agentreach import envelopes
-from agentreach.agents.claims import AlreadyDone, Claimed, Claims, Expired, Hand, Moved, Outcome
+from agentreach.agents.claims import (
+    BUSY_POLL_S,
+    AlreadyDone,
+    Claimed,
+    Claims,
+    Expired,
+    Hand,
+    Moved,
+    Outcome,
+)
 from agentreach.agents.client import ReachClient
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.errors import PermanentError
+from agentreach.agents.failures import failed, spent, unrecordable
 from agentreach.agents.handlers import (
     InvalidPayload,
     call,
@@ -182,8 +192,19 @@ class Executor:
             await _published(accepting, "accepted")
 
     async def _expire(self, job: Job) -> None:
-        """Report the task expired, unless it ran here (a redelivery of a run whose ack was
-        lost in a failover comes back past its ttl): then the stored result goes again."""
+        """Report the task expired, unless it ran here: a run of it in this process answers
+        (one still going is waited for: a redelivery after keep-alives lost to an outage; one
+        whose outcome is not recorded yet), as does its stored result (a redelivery of a run
+        whose ack was lost in a failover comes back past its ttl)."""
+        message_id = job.task.message_id
+        while self._claims.runs_here(message_id):
+            with contextlib.suppress(BrokerError):
+                await job.delivery.in_progress()
+            await asyncio.sleep(BUSY_POLL_S)
+        if (kept := self._claims.unrecorded(message_id)) is not None:
+            log.info("answering a redelivery from an outcome not yet recorded")
+            await self._conclude(job, kept)
+            return
         if (done := await self._claims.done(job.task)) is not None:
             await self._reports.complete(job, done.result, 0, ref=done.result_ref)
             return
@@ -255,7 +276,7 @@ class Executor:
         if claim.resumed:  # a crashed run of this attempt spent part of the budget already
             budget_ms -= max(0, now_ms() - claim.started_ms)
             if budget_ms <= 0:
-                return _failed(claim, _spent(task, claim))
+                return failed(claim, spent(task, claim))
         deadline = Deadline(budget_ms=budget_ms, window_ms=spec.deadline_ms)
 
         async def report(note: str) -> None:
@@ -303,14 +324,14 @@ class Executor:
                 result, ref = await self.claim_check.stow_result(task, result)
         except PayloadUnavailable as exc:
             error = ErrorInfo(type="payload_unavailable", message=str(exc), retryable=False)
-            outcome = _failed(claim, error)
+            outcome = failed(claim, error)
         except TooLarge as exc:  # a result too large to send: running it again cannot help
             error = ErrorInfo(type="result_too_large", message=str(exc), retryable=False)
-            outcome = _failed(claim, error)
+            outcome = failed(claim, error)
         except Exception as exc:  # every handler failure is reported, none is lost
             error = error_info(exc, deadline.total_ms)
             if isinstance(exc, TimeoutError | InvalidPayload | PermanentError):
-                outcome = _failed(claim, error)
+                outcome = failed(claim, error)
             else:  # where it raised, for its author: one line with the traceback
                 log.warning("handler raised", error_type=error.type, exc_info=exc)
                 outcome = Outcome(claim, error=error)
@@ -329,7 +350,7 @@ class Executor:
         try:
             recorded = await self._claims.record(task, outcome, still_working=delivery.in_progress)
         except ValueTooLarge as exc:
-            outcome = _failed(outcome.claim, unrecordable(outcome, exc).error)
+            outcome = failed(outcome.claim, unrecordable(outcome, exc).error)
             recorded = await self._claims.record(task, outcome, still_working=delivery.in_progress)
         if outcome.error is not None:
             await self._reports.report(job, "failed", outcome.error)
@@ -360,22 +381,6 @@ class Executor:
         )
 
 
-def _spent(task: Task, claim: Claimed) -> ErrorInfo:
-    """Why a run taken over from a crashed one does not start: the budget is gone."""
-    message = (
-        f"execute budget {task.budget.execute_ms} ms of attempt {task.attempt} spent: a run"
-        f" of it began at {claim.started_ms} (epoch ms) and did not finish"
-    )
-    return ErrorInfo(type="deadline_exceeded", message=message, retryable=True)
-
-
-def _failed(claim: Claimed, error: ErrorInfo | None) -> Outcome:
-    """A failure that is not the handler raising (that one is logged with its traceback)."""
-    assert error is not None
-    log.info("handler failed", error_type=error.type, error=error.message)
-    return Outcome(claim, error=error)
-
-
 async def _published(publishing: asyncio.Task[None], what: str) -> None:
     """Wait for a report that went out beside the work; one the broker lost is said, not
     raised: the work it reports on goes on, and its outcome is what counts."""
@@ -383,17 +388,3 @@ async def _published(publishing: asyncio.Task[None], what: str) -> None:
         await publishing
     except BrokerError as exc:
         log.warning("report not published", report=what, error=str(exc))
-
-
-def unrecordable(outcome: Outcome, exc: ValueTooLarge) -> Outcome:
-    """The failure to record instead of ``outcome``, whose result its execution record
-    cannot hold: ``result_too_large``, not retryable (every run would end so), saying what
-    to do. Only a result makes a record that large; a failure's error is small."""
-    size = len(envelopes.encode(outcome.result))
-    message = (
-        f"the result ({size} bytes of JSON) does not fit its execution record ({exc}): return"
-        " less, or let it travel by claim check (an agent's claim_check_bytes below the"
-        " coordinator's limits.record_bytes, on an open server)"
-    )
-    error = ErrorInfo(type="result_too_large", message=message, retryable=False)
-    return Outcome(outcome.claim, error=error)

@@ -403,13 +403,15 @@ async def test_a_result_its_record_cannot_hold_fails_once_saying_so(broker, coor
     )
 
 
+@pytest.mark.parametrize("places", [4, 1])
 async def test_a_redelivery_past_the_ttl_waits_for_the_run_this_process_holds(
-    broker, coordinator, watcher, monkeypatch
+    broker, coordinator, watcher, monkeypatch, places
 ):
     """The run's keep-alives did not reach the server (it was away), so the task came again
     past its ttl while the handler still ran here: that delivery reported it `expired`, "no
     run of it finished (each process that took it died or stalled)", though this very
-    process was running it. It waits for that run, whose result answers."""
+    process was running it. It waits for that run, whose result answers; so does one that
+    waited for the handler's one place, taken by that run, until its ttl ran out."""
 
     async def unheard(self) -> None:  # type: ignore[no-untyped-def]
         return None  # the server is away: no keep-alive arrives
@@ -417,7 +419,7 @@ async def test_a_redelivery_past_the_ttl_waits_for_the_run_this_process_holds(
     monkeypatch.setattr(Delivery, "in_progress", unheard)
     agent = Agent("unheard-1", startup_delay=0, ack_wait=0.5)
 
-    @agent.handler("long_nap")
+    @agent.handler("long_nap", capacity=places)
     async def long_nap(ctx: TaskContext, payload: dict) -> dict:
         await asyncio.sleep(2.0)  # past its ttl, and several ack waits
         return {"napped": True}
