@@ -22,7 +22,7 @@ import type { ErrorInfo, Execution, PayloadRef, Task } from "./types.js";
 const RECORD_TRIES = 6; // about 8 s of broker trouble before the delivery is handed back
 const RECORD_BACKOFF_MS = 250;
 const KEPT = 10_000; // outcomes waiting to be recorded, at most
-const BUSY_POLL_MS = 500; // how often a delivery that waits for another one claims again
+export const BUSY_POLL_MS = 500; // how often a delivery that waits for another one claims again
 
 /** This delivery runs the message; `revision` guards the record's next write. */
 export class Claimed {

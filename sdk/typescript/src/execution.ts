@@ -13,6 +13,7 @@ import { isBrokerError, quietly } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { TaskContext } from "./context.js";
 import { DecodeError, PermanentError } from "./errors.js";
+import { BUSY_POLL_MS } from "./claims.js";
 import type { Claimed, Claims, Hand, Outcome } from "./claims.js";
 import { PayloadUnavailable } from "./claimcheck.js";
 import type { ClaimCheck } from "./claimcheck.js";
@@ -23,6 +24,7 @@ import { ReachClient } from "./client.js";
 import { Latencies } from "./slots.js";
 import type { Room } from "./slots.js";
 import { Progressing, Reports } from "./reports.js";
+import { sleep } from "./timing.js";
 import { headersOf, sentByServer } from "./serveranswers.js";
 import type { Capacity, Task } from "./types.js";
 
@@ -264,11 +266,23 @@ export class Executor {
   }
 
   /**
-   * Report the task expired, unless it ran here already: a redelivery of a message whose
-   * acknowledgement was lost (a server failing over) comes back after the ack wait, often
-   * past the ttl, and the work it stands for is done (protocol §10.4).
+   * Report the task expired, unless it ran here: a run of it in this process answers (one still
+   * going is waited for: a redelivery after keep-alives lost to an outage; one whose outcome is
+   * not recorded yet), as does its stored result (a redelivery of a message whose
+   * acknowledgement was lost in a failover comes back after the ack wait, often past the ttl,
+   * and the work it stands for is done; protocol §10.4).
    */
   private async expire(msg: JsMsg, task: Task, dispatchedMs: number): Promise<void> {
+    while (this.records.runsHere(task.message_id)) {
+      quietly(() => msg.working());
+      await sleep(BUSY_POLL_MS);
+    }
+    const kept = this.records.unrecorded(task.message_id);
+    if (kept !== undefined) {
+      this.log.info("answering a redelivery from an outcome not yet recorded", { message_id: task.message_id });
+      await this.conclude(msg, task, kept, dispatchedMs);
+      return;
+    }
     const done = await this.records.done(task);
     if (done !== null) {
       this.log.info("expired redelivery of a message done here; sending its stored result", { message_id: task.message_id });

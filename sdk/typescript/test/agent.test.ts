@@ -810,34 +810,39 @@ describe("the agent's queue", () => {
     replies.close();
   });
 
-  it("waits for the run it holds when that task comes again past its ttl (keep-alives lost)", async () => {
-    // The server away, the run's keep-alives did not arrive: the task came again past its ttl
-    // while the handler still ran here, and was reported `expired`, "no run of it finished".
-    const topic = unique("unheard");
-    const id = unique("ts-unheard");
-    const working = JsMsgImpl.prototype.working;
-    JsMsgImpl.prototype.working = () => undefined;
-    try {
-      const t = task(topic, null, { ttl_ms: 1_000, to_agent: id });
-      const events = eventsOf(stack, t.message_id);
-      await routedTo(stack, t, id);
-      const agent = newAgent(id, { ackWaitMs: 500 }).handler(topic, async () => {
-        await new Promise((resolve) => setTimeout(resolve, 2_000)); // past its ttl, and ack waits
-        return { napped: true };
-      });
-      const replies = await send(stack, t, { subject: `reach.agent.${id}.p1` });
-      await started(agent);
-      const result = (await replies.next((r) => r.kind === "result", 10_000)) as Result;
-      assert.deepEqual(result.result, { napped: true });
-      await events.next((e) => e.event === "completed");
-      assert.equal(events.count((e) => e.event === "expired"), 0);
-      events.close();
-      replies.close();
-      await agent.stop();
-    } finally {
-      JsMsgImpl.prototype.working = working;
-    }
-  });
+  for (const places of [4, 1]) {
+    it(`waits for the run it holds when that task comes again past its ttl (keep-alives lost; ${places} place(s))`, async () => {
+      // The server away, the run's keep-alives did not arrive: the task came again past its ttl
+      // while the handler still ran here, and was reported `expired`, "no run of it finished".
+      // With one place, taken by that run, the redelivery's ttl ran out while it waited for it.
+      const topic = unique("unheard");
+      const id = unique("ts-unheard");
+      const working = JsMsgImpl.prototype.working;
+      JsMsgImpl.prototype.working = () => undefined;
+      try {
+        const t = task(topic, null, { ttl_ms: 1_000, to_agent: id });
+        const events = eventsOf(stack, t.message_id);
+        await routedTo(stack, t, id);
+        const agent = newAgent(id, { ackWaitMs: 500 })
+          .handler(topic, { capacity: places }, async () => {
+            await new Promise((resolve) => setTimeout(resolve, 2_000)); // past its ttl, and ack waits
+            return { napped: true };
+          })
+          .handler(unique("other"), { capacity: 3 }, () => null); // slots to fetch it again
+        const replies = await send(stack, t, { subject: `reach.agent.${id}.p1` });
+        await started(agent);
+        const result = (await replies.next((r) => r.kind === "result", 10_000)) as Result;
+        assert.deepEqual(result.result, { napped: true });
+        await events.next((e) => e.event === "completed");
+        assert.equal(events.count((e) => e.event === "expired"), 0);
+        events.close();
+        replies.close();
+        await agent.stop();
+      } finally {
+        JsMsgImpl.prototype.working = working;
+      }
+    });
+  }
 
   it("does not run a task whose ttl passed in its queue: expired dead letter", async () => {
     const topic = unique("stale");
