@@ -98,6 +98,8 @@ class Board:
         self.ready = asyncio.Event()
         self.history_read = asyncio.Event()  # the window's events at start are folded
         self._tasks: list[asyncio.Task[None]] = []
+        # Topics seen served since the start: on a card, or routed to an agent in the window.
+        self._served: set[str] = set()
 
     # -- running -------------------------------------------------------------------------
     async def __aenter__(self) -> Board:
@@ -135,9 +137,13 @@ class Board:
         await cancel_and_wait(*self._tasks)
 
     def _serves(self, topic: str) -> bool:
-        """Whether an agent's card lists ``topic`` (a task nobody serves is no failure of
-        ours; a workflow's topic never ends as no_route)."""
-        return bool(self.directory.serving(topic))
+        """Whether ``topic`` was served: on an agent's card since the start, or routed to an
+        agent in the window read. A task nobody ever served is no failure of ours; one of a
+        topic whose agents were all forgotten is, as in the metrics (a workflow's topic never
+        ends as no_route)."""
+        if topic not in self._served and self.directory.serving(topic):
+            self._served.add(topic)
+        return topic in self._served
 
     async def _fold(self) -> None:
         names = self.broker.names
@@ -157,6 +163,8 @@ class Board:
             except DecodeError:
                 continue
             if unvouched(names, msg.subject, event) is None:  # an agent's `dead_lettered`…
+                if event.event == "routed":
+                    self._served.add(event.topic)
                 self.history.fold(event, msg.timestamp_ms, served=self._serves)
 
     async def _follow_settling(self, ready: asyncio.Event) -> None:
@@ -233,6 +241,9 @@ class Board:
         # Replaced in one step: a snapshot taken while the replicas answer must not see
         # an empty list (it did, for the wait, at every refresh).
         self.letters, self.replicas = letters, replicas
+        self._served.update(
+            topic for card in self.directory.cards.values() for topic in card.intents
+        )
         self.read_ms, self.unread = now_ms(), None
         queues = self._queues()
         fullest, self.worst_queue = series.worst(queues)

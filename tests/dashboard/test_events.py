@@ -6,7 +6,8 @@ import copy
 import json
 from typing import Any
 
-from agentreach.agents import Agent
+from agentreach.agents import Agent, ReachClient
+from agentreach.cli.retirement import forget
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import Board, DashboardApp, History
 from agentreach.envelopes import Event, Task, now_ms
@@ -119,3 +120,25 @@ async def test_a_new_dead_letter_sends_that_letter_not_every_letter_again(broker
     assert [kept[seq] for seq in sent["open_seqs"]] == now["open_letters"]
     counts = ("total", "by_reason", "open", "open_not_shown")
     assert {k: sent[k] for k in counts} == {k: now[k] for k in counts}
+
+
+async def test_no_route_of_a_topic_whose_agents_were_forgotten_counts_against_success(
+    broker, coordinator, watcher
+):
+    """Its agent killed and forgotten, tasks of a topic it served end `no_route`: the metrics
+    count them (the coordinator saw the topic served), the dashboard left them out (it asked
+    only today's cards), so it showed 100 % while ReachSuccessRateLow fired."""
+    history = History(step_s=1, window_s=60, period_s=30)
+    async with Board(broker, history) as board, ReachClient(broker=broker) as client:
+        async with serving(broker, coordinator, idle("gone-1")):
+            await client.invoke("idle", {})
+            await eventually(lambda: board.directory.serving("idle") and board.read_ms)
+            await board.refresh()
+        await forget(broker, "gone-1")
+        await eventually(lambda: not board.directory.serving("idle"))
+        sent = [(await client.publish("idle", {}))[0] for _ in range(2)]
+        for message_id in sent:
+            await watcher.dead_letter("no_route", message_id=message_id)
+        await eventually(lambda: history.values(now_ms() + 1_000)["finished"] >= 3)
+        counted = history.values(now_ms() + 1_000)
+    assert (counted["completed"], counted["finished"]) == (1, 3)
