@@ -40,6 +40,8 @@ def described(event: Event) -> str:
             delay = d.get("delay_ms") or 0
             when = f"in {delay} ms" if delay else "at once"
             return f"attempt {d.get('next_attempt')} {when}, after {_error(d.get('error'))}"
+        case "received":  # no event of its own: the intake's time, which the events echo
+            return "stored by the intake"
         case "accepted":  # the dispatch's broker time is for machines; a second process is news
             return f"by process epoch {d['epoch']}" if d.get("epoch") else ""
         case _:

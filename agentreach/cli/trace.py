@@ -25,6 +25,7 @@ from agentreach.cli.options import ASKING_ROLES, Commands, UsageError, an_id, br
 from agentreach.cli.status import NOT_RUNNING, coordinators
 from agentreach.coordinator.delivery.unrouted import LOOKED_AT, unrouted
 from agentreach.coordinator.workflows import read_record
+from agentreach.dashboard.trace import received_ms
 from agentreach.envelopes import Event, TraceReply, TraceRequest, Unrouted
 from agentreach.envelopes.described import described
 from agentreach.envelopes.events import WORKER_EVENTS
@@ -146,17 +147,28 @@ def render(some_id: str, steps: list[Step]) -> str:
     """A block per message, a line per event: time, offset, event, agent, details."""
     if not steps:
         return f"no events recorded for {some_id!r} (is it a message_id or trace_id?)"
-    start = steps[0].at
     messages: dict[str, list[Step]] = {}
     for step in steps:
         messages.setdefault(step.event.message_id, []).append(step)
+    received = {m: _received(own) for m, own in messages.items()}
+    start = min([steps[0].at, *(at for at in received.values() if at is not None)])
     trace_ids = sorted({s.event.trace_id for s in steps})
     lines = [f"trace {', '.join(trace_ids)} · {len(messages)} message(s)"]
     for message_id, own in messages.items():
         lines.append(f"message {message_id}  topic {own[0].event.topic}")
+        if (at := received[message_id]) is not None:
+            clock = at.astimezone().strftime("%H:%M:%S.%f")[:-3]
+            lines.append(f"  {clock} {offset_shown((at - start).total_seconds()):>10}  received")
         for step in own:
             lines.append(_line(step, start))
     return "\n".join(lines)
+
+
+def _received(own: list[Step]) -> dt.datetime | None:
+    """When the intake stored the message, when before its first event (it waited there)."""
+    first_ms = own[0].at.timestamp() * 1000
+    at_ms = received_ms((step.event for step in own), first_ms)
+    return None if at_ms is None else dt.datetime.fromtimestamp(at_ms / 1000, dt.UTC)
 
 
 def render_unrouted(waiting: list[Unrouted], *, coordinator_runs: bool = True) -> str:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+import msgspec
 
 from agentreach.broker import Broker, read_stream
 from agentreach.broker.lifecycle import authentic
@@ -49,8 +52,20 @@ async def _events(broker: Broker, subject: str) -> list[tuple[float, Event]]:
     return [(m.timestamp_ns / 1e6, event) for m, event in authentic(broker.names, stored)]
 
 
+def received_ms(events: Iterable[Event], first_ms: float) -> int | None:
+    """When the intake stored the message, as its first event that says so echoes it, if
+    before ``first_ms`` (its first event's time): a task held for want of an agent, or for
+    room, waited there, and a trace from its first event hid that."""
+    received = next((e.received_ms for e in events if e.received_ms), None)
+    return received if received is not None and received < first_ms else None
+
+
 def _message(message_id: str, own: list[tuple[float, Event]]) -> dict[str, Any]:
     first_at, first = own[0]
+    if (received := received_ms((event for _, event in own), first_at)) is not None:
+        intake = msgspec.structs.replace(first, event="received", agent_id=None, detail={})
+        own = [(float(received), intake), *own]
+        first_at = received
     status, reason, ended = "in_flight", None, None
     for at, event in own:
         if event.event in ENDINGS:

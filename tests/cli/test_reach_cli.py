@@ -65,7 +65,7 @@ async def test_publish_then_trace_shows_the_lifecycle(broker, coordinator, watch
     lines = traced.stdout.splitlines()
     assert lines[0] == "trace cli-trace · 1 message(s)"
     kinds = [line.split()[2] for line in lines[2:]]
-    assert kinds == ["routed", "accepted", "completed"]
+    assert kinds == ["received", "routed", "accepted", "completed"]
     assert '{"n": 2}' in lines[-1]
     assert "grant" not in traced.stdout  # a secured dispatch's proof is not for people
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
+
+from agentreach.agents import ReachClient
 from agentreach.agents.letters import replay, resolve
 from agentreach.broker.lifecycle import emit, event_for
+from agentreach.coordinator.delivery.unrouted import unrouted
 from agentreach.dashboard.trace import trace_of
 from agentreach.envelopes import Task, encode
-from tests.support import eventually, letter_of
+from tests.cli.test_reach_cli import reach
+from tests.e2e.routing_support import serving, worker
+from tests.support import eventually, letter_of, until_true
 
 
 async def test_a_settled_letter_s_stages_say_who_settled_it_and_how(broker, watcher):
@@ -43,3 +50,29 @@ async def test_the_timeline_shows_no_event_an_agent_forged(broker, watcher):
     [message] = trace["messages"]
     assert [s["event"] for s in message["stages"]] == ["routed", "accepted"]
     assert message["status"] == "in_flight"
+
+
+async def test_the_time_a_task_waited_in_the_intake_is_its_first_stage(
+    broker, coordinator, watcher
+):
+    """A task held for want of an agent: its timeline began at `routed`, its total hid the
+    wait (3 s shown of 150 s, in a walkthrough), and `reach trace` began there too. Both now
+    begin when the intake stored it."""
+    async with ReachClient(broker=broker) as client:
+        async with serving(broker, coordinator, worker("late-1", Counter(), topics=["later"])):
+            pass  # its card stays, stopped: a task of its topic waits for it
+        message_id, _ = await client.publish("later", {}, ttl_ms=60_000)
+        await until_true(lambda: unrouted(broker, message_id))  # held: nobody serves it
+        await asyncio.sleep(0.5)  # a wait the trace must show (no event marks it)
+        async with serving(broker, coordinator, worker("late-1", Counter(), topics=["later"])):
+            await watcher.event("completed", message_id=message_id)
+    trace = await trace_of(broker, message_id)
+    traced = await reach(broker, "trace", message_id)
+    assert trace is not None
+    [message] = trace["messages"]
+    received, routed = message["stages"][0], message["stages"][1]
+    assert (received["event"], routed["event"]) == ("received", "routed")
+    assert message["started_ms"] == received["at_ms"]
+    assert routed["offset_ms"] >= 500
+    lines = traced.stdout.splitlines()
+    assert lines[2].split()[2] == "received" and lines[3].split()[2] == "routed"
