@@ -89,6 +89,7 @@ class Session:
         self.process = process
         self.exchanges: dict[str, Exchange] = {}
         self.dead_letters: list[DeadLetter] = []
+        self.no_tasks: list[Event] = []  # the agent's reports of dispatches that are no task
         self.beats: list[Seen] = []
         self.cards: list[Seen] = []
         self.expect_exit = False  # the kit stopped the agent's process on purpose
@@ -101,6 +102,10 @@ class Session:
         names = self.names
         self._subs += [
             await self.broker.subscribe(names.dlq_wildcard, self._on_dead_letter),
+            await self.broker.subscribe(
+                names.event("failed", envelopes.INVALID_TOPIC, "*", "*", self.agent_id),
+                self._on_no_task,
+            ),
             await self.broker.subscribe(
                 f"$KV.{names.heartbeats_bucket}.{self.agent_id}", self._on_beat
             ),
@@ -232,6 +237,12 @@ class Session:
     async def _on_dead_letter(self, msg: Inbound) -> None:
         with contextlib.suppress(DecodeError):
             self.dead_letters.append(envelopes.decode_dead_letter(msg.data))
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _on_no_task(self, msg: Inbound) -> None:
+        with contextlib.suppress(DecodeError):
+            self.no_tasks.append(envelopes.decode_event(msg.data))
             async with self._changed:
                 self._changed.notify_all()
 

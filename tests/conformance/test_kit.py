@@ -240,6 +240,16 @@ async def test_an_agent_that_ignores_payload_refs_fails_the_claim_check_clause(
     assert "the agent failed the task" in verdicts["task.claim_check"].detail
 
 
+async def test_the_invalid_envelope_clause_passes_twice_within_a_minute(broker, coordinator):
+    """A coordinator letters one report of a server-copied dispatch a minute, for every agent:
+    the clause waited for that letter, so a run within a minute of another failed (a run with
+    `--only 12` three times in a row: PASS, FAIL, FAIL). It looks at the agent's report."""
+    for agent_id in ("twice-1", "twice-2"):
+        verdicts = await judge(broker, conformance_agent(agent_id), "task.invalid_envelope")
+        verdict = verdicts["task.invalid_envelope"]
+        assert verdict.status is Status.PASS, verdict
+
+
 async def test_an_agent_that_runs_server_copied_tasks_fails_the_invalid_envelope_clause(
     broker, coordinator, monkeypatch
 ):
