@@ -79,12 +79,6 @@ async def delete_message(broker: Broker, stream: str, seq: int) -> bool:
         raise translate(exc, subject=stream) from exc
 
 
-async def purge_subject(broker: Broker, stream: str, subject: str) -> None:
-    """Remove every message of ``stream`` on ``subject``."""
-    with translated(subject=subject):
-        await broker.js.purge_stream(stream, subject=subject)
-
-
 async def subject_counts(broker: Broker, stream: str, filter_subject: str) -> dict[str, int]:
     """How many messages ``stream`` holds on each subject matching ``filter_subject``."""
     with translated(subject=filter_subject):

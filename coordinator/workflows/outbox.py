@@ -15,8 +15,9 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError
+from agentreach.broker.direct import messages_on
 from agentreach.broker.lifecycle import emit, event_for
-from agentreach.broker.streams import purge_subject
+from agentreach.broker.streams import delete_message
 from agentreach.coordinator.routing.manual import withdraw
 from agentreach.coordinator.workflows.actions import Abandon, Action, Dispatch, Finish, Note, Timer
 from agentreach.coordinator.workflows.answers import answer
@@ -134,12 +135,16 @@ class Outbox:
         await self._drop_timers(record.instance_id)  # after: the caller need not wait for it
 
     async def _drop_timers(self, instance_id: str) -> None:
-        """Remove an ended instance's timers (its deadline would otherwise wait for hours)."""
-        names = self._broker.names
+        """Remove an ended instance's timers (its deadline would otherwise wait for hours),
+        one by one. Not a purge of their subject: nats-server then moved the consumer's ack
+        floor past other instances' timers waiting on a delayed nak, which were never
+        delivered again (a state's wait_s never fired; a restart within the 2-minute duplicate
+        window could not arm it again)."""
+        broker, names = self._broker, self._broker.names
+        stream = names.workflows_stream
         try:
-            await purge_subject(
-                self._broker, names.workflows_stream, names.workflow_timer(instance_id)
-            )
+            for timer in await messages_on(broker, stream, names.workflow_timer(instance_id)):
+                await delete_message(broker, stream, timer.stream_seq)
         except BrokerError as exc:
             log.warning("could not drop workflow timers", instance_id=instance_id, error=str(exc))
 
