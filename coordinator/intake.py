@@ -20,6 +20,7 @@ from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.workflows.engine import WorkflowEngine
 from agentreach.envelopes import (
     INVALID_TOPIC,
+    AgentCard,
     DecodeError,
     ErrorInfo,
     ServerAnswer,
@@ -134,6 +135,13 @@ class Intake:
             self._say_if_shadowing(task.topic)
             await self._workflows.start(task, seen_before=seen_before)
             return None
+
+    def card_seen(self, card: AgentCard) -> None:
+        """An agent's card that lists an intent named like a workflow: said when the card is
+        written (or found at the start), not only at the first task of that name."""
+        for intent in card.intents:
+            if self._workflows.serves(intent):
+                self._say_if_shadowing(intent)
 
     def _say_if_shadowing(self, workflow: str) -> None:
         """Once per workflow: agents serving an intent of its name never get its tasks."""

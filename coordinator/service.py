@@ -182,6 +182,7 @@ class Coordinator:
             priorities=self.directory.priorities,
             elsewhere=lambda topic: topic in self._sampled.workflows_elsewhere,
         )
+        self.directory.on_card(self._intake.card_seen)
         self._outcomes = Outcomes(broker, self.router, self.directory, config.delivery, grants)
         self._advisories = Advisories(broker, grants)
         self._control = LivenessControl(config.liveness, self.liveness)

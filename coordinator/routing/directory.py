@@ -62,6 +62,12 @@ class AgentDirectory:
         self.liveness: dict[str, Liveness] = {}
         self.liveness_version = 0  # rises with every change of a liveness verdict
         self._forgetting: list[Callable[[str], None]] = []
+        self._seeing: list[Callable[[AgentCard], None]] = []
+
+    def on_card(self, *see: Callable[[AgentCard], None]) -> None:
+        """Call each ``see(card)`` when an agent's card is written (at the first load too),
+        after the view has taken it in."""
+        self._seeing += see
 
     def on_forget(self, *forget: Callable[[str], None]) -> None:
         """Call each ``forget(agent_id)`` when a card this view held is deleted (the agent
@@ -253,6 +259,9 @@ class AgentDirectory:
         else:
             held = self._declared.pop(change.key, None)
         self._believe(change.key)
+        if card is not None and held is None:
+            for see in self._seeing:
+                see(card)
         if held is None or change.value is not None:  # not deleted, or unreadable
             return
         if self.is_live(held):

@@ -30,7 +30,7 @@ from agentreach.dashboard.trace import trace_of
 from agentreach.envelopes.headers import control_headers, task_headers
 from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast, serving
-from tests.support import until_true
+from tests.support import eventually, until_true
 
 ARTICLE = """
 chain:
@@ -1094,7 +1094,8 @@ async def test_a_workflow_named_as_an_intent_agents_serve_says_they_get_none(
     broker, start_coordinator
 ):
     """A workflow `b2` and an agent serving `b2`: every task started the workflow and the
-    agent's handler was never reached, nothing said so (a walkthrough)."""
+    agent's handler was never reached, nothing said so (a walkthrough). It is said once,
+    when the agent's card is written, before any task."""
     agent = Agent("b2-server", startup_delay=0)
     agent.handler("b2")(lambda ctx, payload: "the agent's")
     agent.handler("noop")(lambda ctx, payload: payload)
@@ -1105,6 +1106,7 @@ async def test_a_workflow_named_as_an_intent_agents_serve_says_they_get_none(
             serving(broker, coordinator, agent),
             ReachClient(broker=broker) as client,
         ):
+            await eventually(lambda: any(e["event"].startswith("a workflow takes") for e in logs))
             assert await client.invoke("b2", {"n": 1}) == {"n": 1}  # the workflow's
             assert await client.invoke("b2", {"n": 2}) == {"n": 2}
     said = [e for e in logs if e["event"].startswith("a workflow takes every task of its name")]
