@@ -339,6 +339,15 @@ def meant(message: str) -> str:
     if unknown is None:
         return message
     kinds = (Join, Step, FanOut, When, Transition, State, Machine, WorkflowSpec)
+    owners = [kind.__name__ for kind in kinds if unknown[1] in kind.__struct_fields__]
+    if owners:  # a field of another part: `on_error` on a chain's step, say
+        return f"{message} (`{unknown[1]}` belongs to a {_part(owners[0])}, not here)"
     fields = sorted({field for kind in kinds for field in kind.__struct_fields__})
     close = difflib.get_close_matches(unknown[1], fields, n=1)
     return f"{message} (did you mean {close[0]!r}?)" if close else message
+
+
+def _part(kind: str) -> str:
+    """How a definition's part is called in the docs."""
+    parts = {"State": "state machine's state", "Machine": "state machine", "FanOut": "fan-out"}
+    return parts.get(kind, {"WorkflowSpec": "workflow"}.get(kind, kind.lower()))

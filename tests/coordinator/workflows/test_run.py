@@ -225,6 +225,10 @@ def test_resume_lists_what_the_record_calls_for() -> None:
         ("states: {initial: a, states: {a: {}}}", "needs 'next' transitions"),
         ("chain: [{name: a, intent: x, retries: 3}]", "unknown field `retries`"),
         ("chain: [{name: a, intent: x, timout_s: 3}]", "(did you mean 'timeout_s'?)"),
+        (  # it said "(did you mean 'on_error'?)"
+            "chain: [{name: a, intent: x, on_error: b}, {name: b, intent: y}]",
+            "(`on_error` belongs to a state machine's state, not here)",
+        ),
         (
             "states: {initial: a, states: {a: {intent: x, wait_s: -1, next: [{to: b}]},"
             " b: {terminal: true}}}",
