@@ -266,7 +266,7 @@ class Run(Visits):
         if self.spec.states is not None:
             state = self.spec.states.states[key]
             self._stop(key, run, "timed_out")
-            run.error = _timeout_error(key, state.timeout_s)
+            run.error = _timeout_error(key, state.timeout_s, "state")
             self.actions.append(Note("step_timed_out", key, {"visit": run.visit}))
             self._state_timed_out(key, run.error, stopped=[key])
             return
@@ -379,8 +379,8 @@ def outgrown_error(exc: Exception) -> ErrorInfo:
     return ErrorInfo(type="record_too_large", message=message, retryable=False)
 
 
-def _timeout_error(key: str, timeout_s: float | None) -> ErrorInfo:
-    message = f"step {key!r} did not finish within {timeout_s:g} s"
+def _timeout_error(key: str, timeout_s: float | None, part: str = "step") -> ErrorInfo:
+    message = f"{part} {key!r} did not finish within {timeout_s:g} s"
     return ErrorInfo(type="timeout", message=message, retryable=False)
 
 

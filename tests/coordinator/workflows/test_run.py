@@ -417,6 +417,7 @@ def test_a_state_that_times_out_goes_to_its_on_timeout_state() -> None:
     Run(strict, record, 3_000).on_timer("wait", 1)
     assert record.status == "failed" and record.error is not None
     assert record.error.type == "timeout"
+    assert "state 'wait' did not finish within 2 s" in record.error.message  # not "step"
 
 
 @pytest.mark.parametrize("instance", ["wf1", "x" * 120])
