@@ -12,7 +12,7 @@ from typing import TextIO
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, BrokerTimeout, NoResponders
-from agentreach.conformance import lifecycle, registration, run_once, tasks
+from agentreach.conformance import expiry, lifecycle, registration, run_once, tasks
 from agentreach.conformance.process import AgentProcess
 from agentreach.conformance.report import (
     Checks,
@@ -52,7 +52,7 @@ CLAUSES = (
     Clause("7", "task.retryable_error", tasks.retryable_error),
     Clause("8", "task.permanent_error", tasks.permanent_error),
     Clause("9", "task.deadline", tasks.deadline),
-    Clause("10", "task.expired", tasks.expired),
+    Clause("10", "task.expired", expiry.expired),
     Clause("11", "task.unknown_topic", tasks.unknown_topic),
     Clause("12", "task.invalid_envelope", tasks.invalid_envelope),
     Clause("13", "task.claim_check", tasks.claim_check),

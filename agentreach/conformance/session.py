@@ -59,6 +59,7 @@ class Exchange:
     events: list[Seen] = field(default_factory=list)
     sent_at: float = 0.0
     grant: str | None = None  # the Reach-Grant the kit put on its dispatches of the task
+    seqs: list[int] = field(default_factory=list)  # where its dispatches were stored
 
     def replies_of(self, kind: str) -> list[Any]:
         return [r.body for r in self.replies if r.body.__struct_config__.tag == kind]
@@ -178,7 +179,8 @@ class Session:
         exchange.grant = exchange.grant or f"kit{new_id().replace('-', '')[:29]}"
         headers[GRANT_HEADER] = exchange.grant
         subject = self.names.dispatch(self.agent_id, task.priority)
-        await self.broker.publish(subject, envelopes.encode(routed), headers=headers)
+        stored = await self.broker.publish(subject, envelopes.encode(routed), headers=headers)
+        exchange.seqs.append(stored.seq)
         return exchange
 
     async def dispatch_by_server(self, task: Task) -> Exchange:

@@ -21,7 +21,6 @@ from agentreach.envelopes import (
 )
 from agentreach.envelopes.events import AcceptedDetail, CompletedDetail, OutcomeDetail
 
-MAX_FILL = 64  # slots the kit fills to hold a task in the agent's queue
 CLOCKS_APART_MS = 5_000  # how far the agent's clock and the broker's may differ
 LARGE = 300_000  # characters of a payload that a sender claim-checks (over 256 KiB)
 CLAIM_CHECK_BYTES = 262_144  # above this, an agent should claim-check its result too
@@ -199,36 +198,6 @@ async def deadline(s: Session, c: Checks) -> str:
     await s.quiet()
     c.must(not ex.replies_of("result"), "no result after the deadline")
     return f"deadline_exceeded {took:.2f} s into a 0.5 s budget"
-
-
-async def expired(s: Session, c: Checks) -> str:
-    """§10.4: a task whose ttl passed in the queue is not run; expired is published."""
-    # The handler's places are filled first at P2, so the task surely waits (in its queue, or
-    # in hand for a place) until its ttl has passed. §6: P2 may leave the last place to P0.
-    intent = (await s.card()).intents.get(s.topic)
-    capacity = intent.capacity if intent is not None else 1
-    if capacity > MAX_FILL:
-        raise Skipped(f"capacity {capacity}: too many places to fill")
-    blockers = [
-        await s.dispatch(s.task({"op": "sleep", "ms": 600}, priority="P2")) for _ in range(capacity)
-    ]
-    busy = capacity - 1 if capacity > 1 else 1
-
-    def filled() -> bool | None:
-        return sum(1 for b in blockers if b.runs()) >= busy or None
-
-    await s.until(filled, 10.0, "every place busy")
-    ex = await s.dispatch(s.task({"op": "sleep", "ms": 10}, ttl_ms=100, priority="P2"))
-    detail = await outcome(s, ex, "expired", 10.0)
-    c.must(detail.error.type == "expired", f"error.type {detail.error.type!r}")
-    c.must(not detail.error.retryable, "expired is not retryable")
-    await s.quiet()
-    c.must(ex.runs() == 0 and not ex.replies_of("result"), "the handler ran")
-    c.should(not ex.replies_of("ack"), "no ack for a task not taken")
-    await s.until(
-        lambda: all(b.replies_of("result") for b in blockers) or None, 10.0, "the blockers' results"
-    )
-    return f"expired after waiting behind {capacity} running tasks, not run"
 
 
 async def unknown_topic(s: Session, c: Checks) -> str:

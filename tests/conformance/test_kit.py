@@ -14,6 +14,7 @@ from agentreach.agents import claims as sdk_claims
 from agentreach.agents import heartbeats as sdk_heartbeats
 from agentreach.agents import runtime as sdk_runtime
 from agentreach.agents.claims import Claimed
+from agentreach.agents.slots import Room
 from agentreach.broker import BrokerError, ClaimCheck, WrongLastSequence
 from agentreach.conformance import CLAUSES, Status, run_conformance
 from agentreach.envelopes import AgentCard, now_ms
@@ -238,6 +239,37 @@ async def test_an_agent_that_ignores_payload_refs_fails_the_claim_check_clause(
     verdicts = await judge(broker, conformance_agent("refless-1"), "task.claim_check")
     assert verdicts["task.claim_check"].status is Status.FAIL
     assert "the agent failed the task" in verdicts["task.claim_check"].detail
+
+
+async def test_an_agent_that_expires_tasks_only_as_a_place_frees_fails_the_expiry_clause(
+    broker, coordinator, monkeypatch
+):
+    """Clause 10 fills the handler's places for 3 s: a task with a ttl of 100 ms held behind them
+    must be said expired at its ttl, not once a place frees (its sender waited for that)."""
+    enter = Room.enter
+
+    async def waits_for_a_place(self, task, delivery, *, keep_alive_s, within_s):  # type: ignore[no-untyped-def]
+        return await enter(self, task, delivery, keep_alive_s=keep_alive_s, within_s=3600)
+
+    monkeypatch.setattr(Room, "enter", waits_for_a_place)
+    verdicts = await judge(broker, conformance_agent("tardy-1"), "task.expired")
+    assert verdicts["task.expired"].status is Status.FAIL
+    assert "held for a place, as one freed" in verdicts["task.expired"].detail
+
+
+async def test_an_agent_that_expires_a_task_done_already_fails_the_expiry_clause(
+    broker, coordinator, monkeypatch
+):
+    """A task done already, sent again past its ttl (a redelivery whose ack a failover lost),
+    must be answered from its record, not reported expired."""
+
+    async def never_done(self, task):  # type: ignore[no-untyped-def]
+        return None
+
+    monkeypatch.setattr(sdk_claims.Claims, "done", never_done)
+    verdicts = await judge(broker, conformance_agent("forgetful-1"), "task.expired")
+    assert verdicts["task.expired"].status is Status.FAIL
+    assert "reported expired a task done already" in verdicts["task.expired"].detail
 
 
 async def test_the_invalid_envelope_clause_passes_twice_within_a_minute(broker, coordinator):
