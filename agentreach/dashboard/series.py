@@ -35,6 +35,11 @@ def metrics(board: Board, *, at_ms: int, full: bool) -> dict[str, Any]:
         }
         if key == "p99_latency":
             entry["previous"] = values["previous"]
+            needed = RULES["p99_latency"].min_completed
+            # Both periods with enough completions to judge: else no change is shown.
+            entry["comparable"] = (
+                min(values["period_completed"], values["before_completed"]) >= needed
+            )
         if key == "queue_fill":
             entry["worst"] = board.worst_queue
         if full:

@@ -135,6 +135,12 @@ async def test_p99_is_not_judged_on_fewer_than_100_completions(broker: Broker):
     assert few_before["detail"] == "121 completed in 10 min, 21 before: too few to compare"
     assert many["state"] == "firing"
     assert many["detail"] == "121 completed in 10 min, 121 before"
+    # The page shows "+N % vs before" only then (it showed +7419 % of too few to judge).
+    assert (few["comparable"], few_before["comparable"], many["comparable"]) == (
+        False,
+        False,
+        True,
+    )
     (alert,) = alerts
     assert alert["name"] == "ReachLatencyP99Up" and alert["severity"] == "warning"
     assert alert["since_ms"] == many["since_ms"] + 300_000  # firing since, not pending since
