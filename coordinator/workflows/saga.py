@@ -169,8 +169,10 @@ class Compensation:
             run.status, run.output, run.ended_ms = "completed", output, self.now
             self.record.completed_order.append(key)
             self.actions.append(Note("compensating_late_step", key))
-        else:
-            run.error = error  # it failed after all, or was refused: nothing of it to undo
+        else:  # it failed after all, or was refused: nothing of it to undo
+            run.error = error
+            if run.status == "cancelled":  # shown as cancelled beside its own error, it read
+                run.status, run.ended_ms = "failed", self.now  # as stopped, not as failed
         self._compensate_next()
         return True
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from agentreach.cli.workflows import tree
 from agentreach.coordinator.workflows.run import Finish, Run, Timer
 from agentreach.coordinator.workflows.saga import LATE, LATE_GRACE_MS
+from agentreach.envelopes import ErrorInfo
 from tests.coordinator.workflows.test_run import dispatched, spec, started, step
 
 ANY_JOIN = spec(
@@ -138,3 +139,21 @@ def test_a_branch_past_its_timeout_that_completes_while_the_instance_runs_is_und
     undone = Run(PARTIAL, record, a.deadline_ms + 40)
     assert undone.on_result(record.compensations["a"].message_id, output=None, error=None)
     assert record.status == "completed" and dispatched(undone) == []
+
+
+def test_a_branch_stopped_while_it_ran_that_then_fails_is_shown_failed() -> None:
+    """a fails for good, so the instance fails and b, running, is stopped and awaited; b then
+    fails too. It showed `cancelled` beside its own error: it ran and failed."""
+    both = spec(
+        "on_failure: compensate\n"
+        "fanout: {branches: [{name: a, intent: x, compensate: ux},"
+        " {name: b, intent: y, compensate: uy}]}"
+    )
+    record, _ = started(both)
+    refused = ErrorInfo(type="PermanentError", message="work refused", retryable=False)
+    step(record, both, "a", error=refused)
+    assert record.steps["b"].status == "cancelled" and record.awaiting == ["b"]
+    late = Run(both, record, 4_000)
+    assert late.on_result(record.steps["b"].message_id, output=None, error=refused)
+    assert record.steps["b"].status == "failed" and record.steps["b"].error == refused
+    assert record.awaiting == []
