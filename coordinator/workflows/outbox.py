@@ -69,7 +69,10 @@ class Outbox:
                 case Abandon(key=key, run=run):
                     await self._let_go(record, key, run)
                 case Finish():
-                    await self._finish(record)
+                    await answer(self._broker, record)
+        if any(isinstance(action, Finish) for action in actions):
+            # Last: the caller and the ending's event need not wait for it.
+            await self._drop_timers(record.instance_id)
 
     async def _dispatch(self, record: WorkflowRecord, run: StepRun) -> None:
         task = self._step_task(record, run)
@@ -129,10 +132,6 @@ class Outbox:
         if event in _ENDINGS:
             detail["duration_ms"] = record.ended_ms - record.started_ms
         await emit(self._broker, event_for(about, event, **detail))
-
-    async def _finish(self, record: WorkflowRecord) -> None:
-        await answer(self._broker, record)
-        await self._drop_timers(record.instance_id)  # after: the caller need not wait for it
 
     async def _drop_timers(self, instance_id: str) -> None:
         """Remove an ended instance's timers (its deadline would otherwise wait for hours),

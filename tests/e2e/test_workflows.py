@@ -860,6 +860,8 @@ async def test_two_replicas_share_the_instances_without_losing_a_step(
         ReachClient(broker=broker) as client,
     ):
         results = await asyncio.gather(*(client.invoke("fan", {"i": i}) for i in range(20)))
+        # Each instance's event follows its answer: looked for, not counted at once.
+        await watcher.until(lambda: watcher.count("workflow_completed") >= 20 or None, "20 ends")
     assert all(r["results"] == {"a": "count_a", "b": "count_b", "c": "count_c"} for r in results)
     assert counts == Counter(count_a=20, count_b=20, count_c=20)
     assert watcher.count("workflow_completed") == 20
