@@ -211,7 +211,7 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
     def warnings(self) -> list[str]:
         """What in the definition can never be used (it works, though not as written): a
         state no path enters, a transition an earlier one pre-empts, a ``compensate:`` in a
-        workflow that never compensates."""
+        workflow that never compensates, a timeout or wait the workflow's ttl_s cuts short."""
         found = machine_warnings(self.states) if self.states is not None else []
         if self.on_failure != "compensate":
             kind = "state" if self.states is not None else "step"
@@ -220,7 +220,27 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
                 " 'on_failure: compensate'"
                 for name, undo in self._undos()
             )
+        found.extend(
+            f"{name!r}: {field} {seconds:g} s is never reached: the workflow's ttl_s"
+            f" {self.ttl_s:g} s ends it first"
+            for name, field, seconds in self._bounds()
+            if seconds >= self.ttl_s
+        )
         return found
+
+    def _bounds(self) -> list[tuple[str, str, float]]:
+        """Each step's or state's ``timeout_s`` and ``wait_s`` that is set."""
+        parts = (
+            self.states.states.items()
+            if self.states is not None
+            else ((s.name, s) for s in self.graph())
+        )
+        return [
+            (name, field, seconds)
+            for name, part in parts
+            for field in ("timeout_s", "wait_s")
+            if (seconds := getattr(part, field, None)) is not None
+        ]
 
     def _undos(self) -> list[tuple[str, str]]:
         if self.states is not None:

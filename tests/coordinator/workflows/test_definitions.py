@@ -285,6 +285,23 @@ def test_a_path_a_step_cannot_have_is_refused_with_what_it_may_name_and_where(
     assert message in str(caught.value) and f"- at `{at}`" in str(caught.value)
 
 
+def test_a_timeout_or_wait_past_the_workflows_ttl_is_warned_about() -> None:
+    """A `timeout_s` or `wait_s` at or past the workflow's `ttl_s` is never reached: the
+    instance expires first (it loaded without a word)."""
+    chain = spec("{ttl_s: 100, chain: [{name: a, intent: x, timeout_s: 1000000}, {name: b}]}")
+    assert chain.warnings() == [
+        "'a': timeout_s 1e+06 s is never reached: the workflow's ttl_s 100 s ends it first"
+    ]
+    machine = spec(
+        "{ttl_s: 60, states: {initial: a, states: {a: {wait_s: 60, next: [{event: e, to: b}]},"
+        " b: {terminal: true}}}}"
+    )
+    assert machine.warnings() == [
+        "'a': wait_s 60 s is never reached: the workflow's ttl_s 60 s ends it first"
+    ]
+    assert spec("{ttl_s: 100, chain: [{name: a, intent: x, timeout_s: 99}]}").warnings() == []
+
+
 def test_a_compensate_never_used_and_a_repeated_event_are_warned_about() -> None:
     """`compensate:` without `on_failure: compensate` never runs; a second transition on an
     event the state already goes on is never taken; a second otherwise is described as one."""
