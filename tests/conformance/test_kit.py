@@ -67,6 +67,13 @@ async def judge(broker, agent: Agent, *clauses: str):  # type: ignore[no-untyped
     return {v.name: v for v in report.verdicts}
 
 
+async def failed_clause(broker, agent_id: str, clause: str) -> str:  # type: ignore[no-untyped-def]
+    """The detail of ``clause``, which the example agent served as ``agent_id`` must fail."""
+    verdict = (await judge(broker, conformance_agent(agent_id), clause))[clause]
+    assert verdict.status is Status.FAIL, verdict
+    return verdict.detail
+
+
 async def test_an_agent_that_runs_duplicates_twice_fails_run_once(broker, coordinator, monkeypatch):
     """An agent that claims nothing (every delivery runs) fails the run-once clauses, said
     as the runs it made (under load the second of two runs at once may lose its finishing
@@ -94,9 +101,8 @@ async def test_an_agent_that_expires_a_redelivery_of_its_running_task_fails(
     fine = await judge(broker, conformance_agent("patient-1"), "run_once.busy")
     assert fine["run_once.busy"].status is Status.PASS, fine["run_once.busy"]
     monkeypatch.setattr(sdk_claims.Claims, "runs_here", lambda self, message_id: False)
-    verdicts = await judge(broker, conformance_agent("hasty-1"), "run_once.busy")
-    assert verdicts["run_once.busy"].status is Status.FAIL
-    assert "reported expired a redelivery" in verdicts["run_once.busy"].detail
+    failed = await failed_clause(broker, "hasty-1", "run_once.busy")
+    assert "reported expired a redelivery" in failed
 
 
 async def test_an_agent_without_jitter_fails_the_heartbeat_clause(broker, coordinator, monkeypatch):
@@ -252,9 +258,8 @@ async def test_an_agent_that_expires_tasks_only_as_a_place_frees_fails_the_expir
         return await enter(self, task, delivery, keep_alive_s=keep_alive_s, within_s=3600)
 
     monkeypatch.setattr(Room, "enter", waits_for_a_place)
-    verdicts = await judge(broker, conformance_agent("tardy-1"), "task.expired")
-    assert verdicts["task.expired"].status is Status.FAIL
-    assert "held for a place, as one freed" in verdicts["task.expired"].detail
+    failed = await failed_clause(broker, "tardy-1", "task.expired")
+    assert "held for a place, as one freed" in failed
 
 
 async def test_an_agent_that_expires_a_task_done_already_fails_the_expiry_clause(
@@ -267,9 +272,8 @@ async def test_an_agent_that_expires_a_task_done_already_fails_the_expiry_clause
         return None
 
     monkeypatch.setattr(sdk_claims.Claims, "done", never_done)
-    verdicts = await judge(broker, conformance_agent("forgetful-1"), "task.expired")
-    assert verdicts["task.expired"].status is Status.FAIL
-    assert "reported expired a task done already" in verdicts["task.expired"].detail
+    failed = await failed_clause(broker, "forgetful-1", "task.expired")
+    assert "reported expired a task done already" in failed
 
 
 async def test_the_invalid_envelope_clause_passes_twice_within_a_minute(broker, coordinator):

@@ -22,6 +22,7 @@ from agentreach.agents import (
     TaskContext,
     TaskFailed,
 )
+from agentreach.broker import Broker
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import cancel, read_record
 from agentreach.coordinator.workflows.nesting import MAX_DEPTH
@@ -147,6 +148,23 @@ async def test_a_workflow_started_again_with_its_id_answers_the_first_result(
     assert watcher.count("workflow_started") == 1
 
 
+async def start_past_the_window(
+    broker: Broker, caller: str, topic: str, message_id: str, reply_to: str
+) -> None:
+    """``caller``'s start of ``topic`` under ``message_id``, as the stream takes it in once its
+    duplicate window has passed (no Nats-Msg-Id)."""
+    task = envelopes.Task(
+        v=1,
+        message_id=message_id,
+        trace_id=message_id,
+        topic=topic,
+        payload={"topic": "nats"},
+        reply_to=reply_to,
+    )
+    headers = {k: v for k, v in task_headers(task).items() if k != "Nats-Msg-Id"}
+    await broker.publish(broker.names.task(topic, caller), envelopes.encode(task), headers=headers)
+
+
 async def test_a_workflow_started_again_past_the_duplicate_window_answers_from_its_record(
     broker, start_coordinator
 ):
@@ -170,19 +188,7 @@ async def test_a_workflow_started_again_past_the_duplicate_window_answers_from_i
         for caller in ("alice", "mallory"):
             box = names.reply_box(caller, "again")
             sub = await broker.nc.subscribe(f"{box}.*", cb=keep)
-            task = envelopes.Task(
-                v=1,
-                message_id="article-old",
-                trace_id="article-old",
-                topic="article",
-                payload={"topic": "nats"},
-                reply_to=box,
-            )
-            # No Nats-Msg-Id: what the stream sees once its window has passed.
-            headers = {k: v for k, v in task_headers(task).items() if k != "Nats-Msg-Id"}
-            await broker.publish(
-                names.task("article", caller), envelopes.encode(task), headers=headers
-            )
+            await start_past_the_window(broker, caller, "article", "article-old", box)
             sender, answer = await asyncio.wait_for(heard.get(), timeout=10)
             await sub.unsubscribe()
             assert sender == "_coordinator"
@@ -219,17 +225,7 @@ async def test_another_workflow_started_under_an_instance_id_is_told_the_id_is_t
             await alice.invoke("essay", {"topic": "nats"}, message_id="article-1")
         box = names.reply_box("alice", "again")
         sub = await broker.nc.subscribe(f"{box}.*", cb=keep)
-        task = envelopes.Task(
-            v=1,
-            message_id="article-1",
-            trace_id="article-1",
-            topic="essay",
-            payload={"topic": "nats"},
-            reply_to=box,
-        )
-        # No Nats-Msg-Id: what the stream sees once its window has passed.
-        headers = {k: v for k, v in task_headers(task).items() if k != "Nats-Msg-Id"}
-        await broker.publish(names.task("essay", "alice"), envelopes.encode(task), headers=headers)
+        await start_past_the_window(broker, "alice", "essay", "article-1", box)
         past = await asyncio.wait_for(heard.get(), timeout=10)
         await sub.unsubscribe()
     assert within.value.error.type == "duplicate_id"
