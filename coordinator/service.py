@@ -228,7 +228,11 @@ class Coordinator:
             # the definition it started with).
             await self.workflows.resume_all()
             self.readiness.serving = True
-            log.info("coordinator serving", replica=self.replica_id)
+            log.info(
+                "coordinator serving",
+                replica=self.replica_id,
+                workflows=sorted(self.workflows.specs),
+            )
             if ready is not None:
                 ready.set()
 

@@ -1109,3 +1109,5 @@ async def test_a_workflow_named_as_an_intent_agents_serve_says_they_get_none(
             assert await client.invoke("b2", {"n": 2}) == {"n": 2}
     said = [e for e in logs if e["event"].startswith("a workflow takes every task of its name")]
     assert len(said) == 1 and said[0]["agents"] == ["b2-server"]
+    (serving_said,) = [e for e in logs if e["event"] == "coordinator serving"]
+    assert serving_said["workflows"] == ["b2"]  # the start names what it loaded
