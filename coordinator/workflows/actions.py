@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentreach.envelopes import StepRun
+import msgspec
+
+from agentreach.envelopes import StepRun, WorkflowRecord
 from agentreach.envelopes.coordination import step_message_id
 
 
@@ -33,6 +35,9 @@ class Note:
     event: str
     key: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
+    # Published only when not published before: an instance's ending repeated after a
+    # crash, maybe past the events' duplicate window (its metrics would count it twice).
+    unless_sent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,24 @@ class Finish:
 
 
 Action = Dispatch | Timer | Note | Abandon | Finish
+
+
+def ending(record: WorkflowRecord, *, again: bool = False) -> Note:
+    """The event of how ``record``'s instance ended, with what its starter is told: the
+    result (and a state machine's path), or the error, the steps that ran and those whose
+    undo failed. ``again``: repeated for a record found ended (the first may be lost)."""
+    detail: dict[str, Any]
+    if record.status == "completed":
+        detail = {"result": record.result}
+        if record.path:
+            detail["path"] = record.path
+    else:
+        detail = {"ran": record.steps_began}
+        failed = [k for k, run in record.compensations.items() if run.status == "failed"]
+        if failed:
+            detail["undo_failed"] = failed
+        detail["error"] = msgspec.to_builtins(record.error)
+    return Note(f"workflow_{record.status}", detail=detail, unless_sent=again)
 
 
 # A step visit's message id, derived so that a repeated dispatch is a duplicate; the envelopes

@@ -16,7 +16,7 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError
 from agentreach.broker.direct import messages_on
-from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.lifecycle import event_for, event_message
 from agentreach.broker.streams import delete_message
 from agentreach.coordinator.routing.manual import withdraw
 from agentreach.coordinator.workflows.actions import Abandon, Action, Dispatch, Finish, Note, Timer
@@ -60,8 +60,8 @@ class Outbox:
                     await self._dispatch(record, run)
                 case Timer(key=key, visit=visit, due_ms=due_ms):
                     await self._arm(record, key, visit, due_ms)
-                case Note(event=event, key=key, detail=detail):
-                    await self._note(record, event, key, detail)
+                case Note(event=event, key=key, detail=detail, unless_sent=once):
+                    await self._note(record, event, key, detail, once=once)
                 case Abandon(run=run) if run.intent in self._children(record):
                     # A child workflow's instance id is its step's message id.
                     why = f"cancelled with its parent workflow {record.instance_id!r}"
@@ -123,7 +123,13 @@ class Outbox:
         )
 
     async def _note(
-        self, record: WorkflowRecord, event: str, key: str, detail: dict[str, object]
+        self,
+        record: WorkflowRecord,
+        event: str,
+        key: str,
+        detail: dict[str, object],
+        *,
+        once: bool = False,
     ) -> None:
         about = record.task
         if key:
@@ -131,7 +137,19 @@ class Outbox:
         detail = {"workflow": record.workflow, **detail}
         if event in _ENDINGS:
             detail["duration_ms"] = record.ended_ms - record.started_ms
-        await emit(self._broker, event_for(about, event, **detail))
+        subject, data, headers = event_message(self._broker, event_for(about, event, **detail))
+        if once and await self._sent(subject):
+            return
+        await self._broker.publish(subject, data, headers=headers)
+
+    async def _sent(self, subject: str) -> bool:
+        """Whether an event is stored on ``subject`` (each coordinator event has its own)."""
+        stream = self._broker.names.events_stream
+        try:
+            return bool(await messages_on(self._broker, stream, subject, limit=1))
+        except BrokerError as exc:  # sent again: a duplicate is better than a loss
+            log.warning("could not look for an event", subject=subject, error=str(exc))
+            return False
 
     async def _drop_timers(self, instance_id: str) -> None:
         """Remove an ended instance's timers (its deadline would otherwise wait for hours),

@@ -22,6 +22,7 @@ from agentreach.coordinator.workflows.actions import (
     Finish,
     Note,
     Timer,
+    ending,
 )
 from agentreach.coordinator.workflows.joins import join_value, readiness
 from agentreach.coordinator.workflows.saga import LATE
@@ -168,7 +169,7 @@ class Run(Visits):
             if run.status in ("cancelled", "timed_out"):
                 self.actions.append(Abandon(key, run))
         if record.finished:
-            self.actions.append(Finish())
+            self.actions.extend((Finish(), ending(record, again=True)))
             for key, run in record.compensations.items():  # a completed one's late step
                 if run.status == "running":
                     self.actions.append(Dispatch(f"{key}-undo", run))

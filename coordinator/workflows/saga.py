@@ -30,6 +30,7 @@ from agentreach.coordinator.workflows.actions import (
     Finish,
     Note,
     Timer,
+    ending,
     message_id_of,
 )
 from agentreach.coordinator.workflows.spec import WorkflowSpec
@@ -98,14 +99,10 @@ class Compensation:
         if self.record.ended_ms:  # ended before: a late step's undo is all that happened since
             return
         self.record.ended_ms = self.now
-        detail: dict[str, Any] = {"ran": self.record.steps_began}
         if undo_failed := self._undo_failed():
             # The starter must be able to tell a clean rollback from a partial one.
             self.record.error = _with_undo_failed(self.record.error, undo_failed)
-            detail["undo_failed"] = undo_failed
-        self.actions.append(Finish())
-        detail["error"] = msgspec.to_builtins(self.record.error)
-        self.actions.append(Note(f"workflow_{self.record.status}", detail=detail))
+        self.actions.extend((Finish(), ending(self.record)))
 
     def _undo_failed(self) -> list[str]:
         """The completed steps whose undo failed: their effects stand."""

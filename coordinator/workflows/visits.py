@@ -13,6 +13,7 @@ from agentreach.coordinator.workflows.actions import (
     Finish,
     Note,
     Timer,
+    ending,
     message_id_of,
 )
 from agentreach.coordinator.workflows.deadline import expiry
@@ -88,11 +89,7 @@ class Visits(Compensation):
         self._cancel_leftovers()
         # The result, as a task's `completed` carries it: a starter that sends its message
         # again (within the duplicate window, so the stream drops it) is answered from it.
-        detail: dict[str, Any] = {"result": result}
-        if self.spec.is_machine:
-            detail["path"] = self.record.path
-        self.actions.append(Finish())
-        self.actions.append(Note("workflow_completed", detail=detail))
+        self.actions.extend((Finish(), ending(self.record)))
 
     def _fail(self, error: ErrorInfo, *, stopped: list[str] | None = None) -> None:
         """End as failed; ``stopped`` names steps stopped just before while they ran (one
