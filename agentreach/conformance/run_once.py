@@ -4,6 +4,8 @@ records (``<caller>.<message_id>.<agent_id>``); across agents, the coordinator l
 
 from __future__ import annotations
 
+import contextlib
+
 import msgspec
 
 from agentreach.broker import ConsumerState, WrongLastSequence, consumer_state, set_ack_wait
@@ -83,10 +85,37 @@ async def busy(s: Session, c: Checks) -> str:
         f"execution record {record}",
     )
     await _redelivered_past_its_ttl(s, c)
+    kept = await _kept_alive(s, c)
     return (
         "waited while another delivery held the claim, then answered from its record; so did"
-        " a redelivery past the ttl"
+        f" a redelivery past the ttl; {kept}"
     )
+
+
+async def _kept_alive(s: Session, c: Checks) -> str:
+    """§10.7 (SHOULD): a run longer than the ack wait keeps its message with *in progress*
+    every ack wait / 2, so the server does not deliver it again while it runs (the sender
+    would get a second ``ack``, and the delivery would count towards ``max_deliver``)."""
+    stream, durable = s.names.dispatch_stream("P1"), s.names.agent_consumer(s.agent_id, "P1")
+    before = await consumer_state(s.broker, stream, durable)
+    if before is None:
+        raise Failed(f"no consumer {durable} on {stream}")
+    ack_wait_s = before.spec.ack_wait_s
+    if ack_wait_s > KEEP_ALIVE_LOOKED_AT_UP_TO_S:
+        return f"the keep-alive not looked at (an ack wait of {ack_wait_s:g} s)"
+    run_ms = round(ack_wait_s * 2_200)
+    ex = await s.dispatch(s.task({"op": "sleep", "ms": run_ms}, ttl_ms=run_ms + 30_000))
+    await _results(s, ex, 1, run_ms / 1000 + 10.0)
+    after = await consumer_state(s.broker, stream, durable)
+    deliveries = after.deliveries - before.deliveries if after is not None else 0
+    c.should(
+        deliveries == 1,
+        f"a run of {run_ms} ms was delivered {deliveries} times (ack wait {ack_wait_s:g} s):"
+        " no in progress (+WPI) every ack wait / 2 while the handler ran (§10.7)",
+    )
+    acks = len(ex.replies_of("ack"))
+    c.should(acks == 1, f"{acks} acks for one run of {run_ms} ms (§10.7)")
+    return f"a run of {run_ms} ms watched for redeliveries (ack wait {ack_wait_s:g} s)"
 
 
 async def _redelivered_past_its_ttl(s: Session, c: Checks) -> None:
@@ -110,6 +139,9 @@ async def _redelivered_past_its_ttl(s: Session, c: Checks) -> None:
         await set_ack_wait(s.broker, stream, durable, before.spec.ack_wait_s)
     c.must(again is not None, f"not delivered again after an ack wait of {REDELIVER_AFTER_S} s")
     await _results(s, ex, 1, 10.0)
+    # The redelivery's answer may follow the run's by the agent's poll for the claim.
+    with contextlib.suppress(Failed):
+        await _results(s, ex, 2, 5.0)
     await s.quiet()
     c.must(
         not ex.events_of("expired"),
@@ -208,6 +240,7 @@ async def expiry_fence(s: Session, c: Checks) -> str:
     return "not run over the expiry fence (expired reported) nor the reassignment fence"
 
 
+KEEP_ALIVE_LOOKED_AT_UP_TO_S = 10.0  # a run of 2.2 ack waits; longer ones take too long
 REDELIVER_AFTER_S = 1.0  # the ack wait that has the server deliver a running message again
 # The error of the coordinator's fence record (coordinator/liveness/reassign.py).
 FENCE = ErrorInfo(type="reassigned", message="its agent went OFFLINE", retryable=True)

@@ -15,7 +15,7 @@ from agentreach.agents import heartbeats as sdk_heartbeats
 from agentreach.agents import runtime as sdk_runtime
 from agentreach.agents.claims import Claimed
 from agentreach.agents.slots import Room
-from agentreach.broker import BrokerError, ClaimCheck, WrongLastSequence
+from agentreach.broker import BrokerError, ClaimCheck, Delivery, WrongLastSequence
 from agentreach.conformance import CLAUSES, Status, run_conformance
 from agentreach.envelopes import AgentCard, now_ms
 from agentreach.examples import conformance as example
@@ -54,9 +54,10 @@ async def test_the_python_sdk_passes_every_clause(broker, coordinator, request):
     assert "conformance-py: CONFORMS to agent protocol v1" in lines[-1]
 
 
-def conformance_agent(agent_id: str) -> Agent:
-    """The example agent's handler, served under another id (in this process)."""
-    agent = Agent(agent_id, startup_delay=0)
+def conformance_agent(agent_id: str, *, ack_wait: float = 10.0) -> Agent:
+    """The example agent's handler, served under another id (in this process); clause 16
+    runs a task of 2.2 ack waits."""
+    agent = Agent(agent_id, startup_delay=0, ack_wait=ack_wait)
     agent.handler("conformance", capacity=8)(example.conformance)
     return agent
 
@@ -98,11 +99,30 @@ async def test_an_agent_that_expires_a_redelivery_of_its_running_task_fails(
     """Clause 16 has the server deliver a running message again past its ttl: the SDK waits
     for the run and answers twice; an agent that does not see the run (as before revision 25)
     reports the task expired, and fails."""
-    fine = await judge(broker, conformance_agent("patient-1"), "run_once.busy")
+    fine = await judge(broker, conformance_agent("patient-1", ack_wait=2), "run_once.busy")
     assert fine["run_once.busy"].status is Status.PASS, fine["run_once.busy"]
     monkeypatch.setattr(sdk_claims.Claims, "runs_here", lambda self, message_id: False)
-    failed = await failed_clause(broker, "hasty-1", "run_once.busy")
-    assert "reported expired a redelivery" in failed
+    hasty = conformance_agent("hasty-1", ack_wait=2)
+    failed = (await judge(broker, hasty, "run_once.busy"))["run_once.busy"]
+    assert failed.status is Status.FAIL, failed
+    assert "reported expired a redelivery" in failed.detail
+
+
+async def test_an_agent_that_does_not_keep_a_long_run_alive_is_warned(
+    broker, coordinator, monkeypatch
+):
+    """Clause 16 runs a task of 2.2 ack waits: an agent that sends no in progress (+WPI)
+    while its handler runs gets it delivered again, and is warned (§10.7, a SHOULD)."""
+
+    @contextlib.asynccontextmanager
+    async def silent(self, every_s):  # type: ignore[no-untyped-def]
+        yield
+
+    monkeypatch.setattr(Delivery, "kept_alive", silent)
+    verdicts = await judge(broker, conformance_agent("silent-1", ack_wait=2), "run_once.busy")
+    verdict = verdicts["run_once.busy"]
+    assert verdict.status is Status.WARN, verdict
+    assert any("no in progress (+WPI)" in warning for warning in verdict.warnings), verdict
 
 
 async def test_an_agent_without_jitter_fails_the_heartbeat_clause(broker, coordinator, monkeypatch):
