@@ -174,8 +174,8 @@ def _letter_detail(
         detail["ran"] = ran
     if letter.workflow is not None and letter.workflow.handled:  # its workflow's ending counts
         detail["handled"] = True
+    detail["attempts"] = letter.attempts  # as the letter's and reply's (0: none began)
     if (task := letter.envelope) is not None:  # what the audit record summarises as its input
-        detail["attempts"] = letter.attempts  # as the letter's and reply's
         detail["input"] = msgspec.to_builtins(summary_of_task(task))
     return detail
 

@@ -79,6 +79,7 @@ class _Waiting:
     box: ReplyBox  # keeps only the replies of the agent the coordinator announced
     replies: Subscription  # the call's reply box
     execute_ms: int  # the task's execute budget: how long a run may take once accepted
+    accepted: bool = False  # an agent accepted the task (or a workflow started)
 
 
 class Calls:
@@ -113,9 +114,9 @@ class Calls:
             # Not taken in (intake refuses it): its sends again under the header's id were
             # each a duplicate that waited a whole ttl for an end that never came.
             error = ErrorInfo(type="invalid_envelope", message=refused, retryable=False)
-            await self._answer(
-                _Requester(msg.reply, ""), _failure(error, "invalid_envelope"), error=True
-            )
+            # Said under the body's id: the one the caller would look the task up by.
+            requester = _Requester(msg.reply, call.message_id)
+            await self._answer(requester, _failure(error, "invalid_envelope"), error=True)
             return
         # Each reply arrives on <box>.<agent>; subscribed before the task is published.
         replies = await self._broker.subscribe(box.wildcard, self._on_reply)
@@ -245,6 +246,7 @@ class Calls:
         """An agent accepted the task (or a workflow started): the wait lasts its execute
         budget from now, when that ends after the ttl (how long it may wait to start)."""
         waiting = self._waiting[key]
+        waiting.accepted = True
         loop = asyncio.get_running_loop()
         budget_ends = loop.time() + waiting.execute_ms / 1000 + GRACE_S
         if budget_ends <= waiting.timer.when():
@@ -259,11 +261,12 @@ class Calls:
             return
         waiting = self._waiting[key]
         requester = self._forget(key)
-        within = (
-            f"the task's ttl ({ttl_ms} ms)"
-            if ttl_ms
-            else f"its execute budget ({waiting.execute_ms} ms) after an agent accepted it"
-        )
+        if not ttl_ms:
+            within = f"its execute budget ({waiting.execute_ms} ms) after an agent accepted it"
+        elif waiting.accepted:  # the budget ended first: a retry could still end it in time
+            within = f"the task's ttl ({ttl_ms} ms), though an agent accepted it"
+        else:
+            within = f"the task's ttl ({ttl_ms} ms); no agent accepted it"
         error = ErrorInfo(type="no_result", message=f"no result within {within}", retryable=False)
         self._in_background(self._answer(requester, {"error": error}, error=True))
 

@@ -303,7 +303,8 @@ class Intake:
             caller=stub.caller,
         )
         if stub.reply_to:
-            await reply(self._broker, stub, error_reply(stub, error, "invalid_envelope"))
+            answer = error_reply(stub, error, "invalid_envelope", attempts=0)  # nothing began
+            await reply(self._broker, stub, answer)
 
 
 def _kept(data: bytes) -> bytes:

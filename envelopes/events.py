@@ -90,6 +90,7 @@ class DeadLetteredDetail(_Detail, frozen=True, kw_only=True):
     reason: str
     error: ErrorInfo | None = None
     ran: bool | None = None  # as the error reply's ``ran`` says (a workflow's: a step began)
+    attempts: int | None = None  # as the letter's: how many ran (0: none began)
     # A workflow step's letter its workflow accounts for (the letter's workflow.handled):
     # not a finished task of its own in the metrics, the workflow's ending is.
     handled: bool = False

@@ -57,7 +57,7 @@ async def refuse(broker: Broker, task: Task, error: ErrorInfo, **detail: Any) ->
     rejected = event_for(task, "rejected", error=msgspec.to_builtins(error), **detail)
     await emit(broker, rejected)
     log.info("refused", error=error.message)
-    await reply(broker, task, error_reply(task, error, "refused"))
+    await reply(broker, task, error_reply(task, error, "refused", attempts=0))
 
 
 def error_reply(

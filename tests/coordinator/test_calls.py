@@ -7,7 +7,8 @@ import hashlib
 
 from agentreach import envelopes
 from agentreach.agents import Agent, TaskContext
-from agentreach.coordinator.calls import _Addressed, _addressed
+from agentreach.broker.reply_box import ReplyBox
+from agentreach.coordinator.calls import _Addressed, _addressed, _Requester, _Waiting
 from agentreach.envelopes import headers as h
 from tests.support import eventually
 
@@ -257,8 +258,36 @@ async def test_a_call_whose_id_header_is_not_its_envelope_s_id_is_refused_at_onc
         assert answer.headers is not None and answer.headers.get(h.KIND) == "error"
         failure = envelopes.decode_json(answer.data)
         assert failure["error"]["type"] == "invalid_envelope", failure
+        assert failure["reason"] == "invalid_envelope"
         assert "is not the message_id 'own-id-1'" in failure["error"]["message"]
+        assert answer.headers.get(h.MESSAGE_ID) == "own-id-1"  # the id it would be known by
     assert not coordinator._calls._waiting
+
+
+async def test_a_call_given_up_at_its_ttl_says_whether_an_agent_accepted_it(broker, coordinator):
+    """The wait lasts the later of the ttl and the execute budget from the latest ack: a
+    call given up at its ttl says whether an agent had accepted the task (an agent then
+    stalled) or none had (nobody took it)."""
+    calls = coordinator._calls
+    answers = []
+    for accepted in (False, True):
+        box = broker.names.reply_box("test", f"call-{accepted}")
+        inbox = await broker.nc.subscribe(box)
+        requester = _Requester(box, f"id-{accepted}")
+        timer = asyncio.get_running_loop().call_later(3600, lambda: None)
+        replies = await broker.subscribe(box + ".*", lambda msg: asyncio.sleep(0))
+        key = f"key-{accepted}"
+        calls._waiting[key] = _Waiting(
+            requester, timer, ReplyBox(broker.names, "test", key), replies, 500, accepted
+        )
+        calls._give_up(key, 6_000)
+        answer = await inbox.next_msg(timeout=5)
+        answers.append(envelopes.decode_json(answer.data)["error"]["message"])
+        assert answer.headers.get(h.MESSAGE_ID) == f"id-{accepted}"
+    assert answers == [
+        "no result within the task's ttl (6000 ms); no agent accepted it",
+        "no result within the task's ttl (6000 ms), though an agent accepted it",
+    ]
 
 
 async def test_calls_sent_again_share_one_read_of_the_first_one_s_end(broker, coordinator):

@@ -352,3 +352,4 @@ async def test_an_invalid_envelope_is_answered_where_its_body_asks_and_traced_fo
     dead = await watcher.event("dead_lettered", message_id="bad-1")
     assert isinstance(answer, envelopes.ErrorReply) and "$.attempt" in answer.error.message
     assert dead.caller == "alice"
+    assert answer.attempts == dead.detail["attempts"] == 0  # none began (caller.md §6.2)

@@ -53,6 +53,7 @@ async def test_a_caller_over_its_quota_is_refused_as_rate_limited(
         event = await watcher.event("rejected", message_id=caught.value.message_id)
     error = caught.value.error
     assert caught.value.reason == "rate_limited" and error.retryable
+    assert caught.value.attempts == 0  # none began
     assert error.retry_after_ms is not None and 0 < error.retry_after_ms <= 5_000
     assert "caller 'alice' is over its quota 'alice' (0.2/s, burst 2)" in error.message
     assert event.detail["caller"] == "alice"

@@ -429,6 +429,10 @@ export interface DeadLetteredDetail {
    */
   ran: boolean | null;
   /**
+   * default null
+   */
+  attempts: number | null;
+  /**
    * default false
    */
   handled: boolean;
