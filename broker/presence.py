@@ -5,12 +5,16 @@ process is gone, the server answers "no responders" at once. ``reach.ping.<id>``
 is a NATS micro service endpoint (service ``reach-agent``, so ``nats micro ls``
 lists live agents), answered from the agent's event loop: silence there with a
 live connection means the agent is stuck.
+
+Probes ask for their answers under ``_INBOX_probe.<asker>.`` (:class:`ProbeInbox`), where
+an agent may publish: on a secured server an agent has no response permission.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +24,41 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from agentreach.broker.connection import Broker
-from agentreach.broker.errors import translated
+from agentreach.broker.errors import BrokerTimeout, NoResponders, translated
 from agentreach.broker.messages import is_inbox
+from agentreach.broker.reply_inbox import ReplyInbox
 from agentreach.logs import get_logger
 
 log = get_logger("broker.presence")
 
 SERVICE_NAME = "reach-agent"
+
+
+class ProbeInbox(ReplyInbox):
+    """The connection's subscription for the answers to its probes: under the probes' reply
+    prefix (``_INBOX_probe.<asker>.<random>.``), with random tokens, since a probed agent
+    sees the reply subject of its own probe and must not be able to guess another's (its
+    "here" would keep a gone agent looking alive)."""
+
+    def _new_prefix(self) -> str:
+        return probe_inbox(self._broker) + "."
+
+    def _new_token(self) -> str:
+        return secrets.token_hex(8)
+
+
+def probe_inbox(broker: Broker) -> str:
+    """A new reply subject prefix for this connection's probes (``_INBOX_probe.<asker>.<random>``),
+    the asker being the connection's user on a secured server."""
+    asker = broker.auth.identity or "anyone"
+    return f"{broker.names.probe_replies(asker)}.{secrets.token_hex(8)}"
+
+
+async def ask(broker: Broker, subject: str, timeout_s: float) -> None:
+    """One probe of ``subject``: returns once answered; raises :class:`NoResponders` when
+    nobody subscribes, :class:`BrokerTimeout` when nobody answers in time."""
+    with translated(subject=subject):
+        await broker.shared(ProbeInbox).ask(subject, b"", timeout_s=timeout_s)
 
 
 class Presence:
@@ -48,17 +80,16 @@ class Presence:
         process's higher epoch fences a stuck one's late results.
         """
         subject = self._broker.names.presence(self._agent_id)
-        with translated(subject=subject):
-            try:
-                await self._broker.nc.request(subject, b"", timeout=timeout_s)
-            except nats.errors.NoRespondersError:
-                return False
-            except nats.errors.TimeoutError:
-                log.warning(
-                    "a subscriber on the presence subject did not answer; starting anyway",
-                    subject=subject,
-                )
-                return False
+        try:
+            await ask(self._broker, subject, timeout_s)
+        except NoResponders:
+            return False
+        except BrokerTimeout:
+            log.warning(
+                "a subscriber on the presence subject did not answer; starting anyway",
+                subject=subject,
+            )
+            return False
         return True
 
     async def start(self) -> None:
@@ -111,14 +142,12 @@ async def present(broker: Broker, agent_id: str, *, timeout_s: float) -> bool | 
     """Ask presence: True when it answers, False for "no responders" (the agent's connection
     is not there), None when nothing answered within ``timeout_s`` (the subscription exists:
     its owner is stuck, or a wildcard subscriber heard the request and answers nothing)."""
-    subject = broker.names.presence(agent_id)
-    with translated(subject=subject):
-        try:
-            await broker.nc.request(subject, b"", timeout=timeout_s)
-        except nats.errors.NoRespondersError:
-            return False
-        except nats.errors.TimeoutError:
-            return None
+    try:
+        await ask(broker, broker.names.presence(agent_id), timeout_s)
+    except NoResponders:
+        return False
+    except BrokerTimeout:
+        return None
     return True
 
 
@@ -128,9 +157,8 @@ async def probe(
     """Ask presence (within ``connection_s``), then ping (within ``ping_s``)."""
     if await present(broker, agent_id, timeout_s=connection_s) is False:
         return ProbeResult(connected=False, answers=False)
-    with translated(subject=broker.names.ping(agent_id)):
-        try:
-            await broker.nc.request(broker.names.ping(agent_id), b"", timeout=ping_s)
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-            return ProbeResult(connected=True, answers=False)
+    try:
+        await ask(broker, broker.names.ping(agent_id), ping_s)
+    except (NoResponders, BrokerTimeout):
+        return ProbeResult(connected=True, answers=False)
     return ProbeResult(connected=True, answers=True)

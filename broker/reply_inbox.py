@@ -39,8 +39,7 @@ class ReplyInbox:
         :meth:`forget`."""
         if not self._prefix:
             await self._open()
-        self._sent += 1
-        token = str(self._sent)
+        token = self._new_token()
         self._handlers[token] = handler
         return token, self._prefix + token
 
@@ -67,10 +66,17 @@ class ReplyInbox:
         async with self._opening:  # two first requests at once make one subscription
             if self._prefix:
                 return
-            prefix = self._broker.new_inbox() + "."
+            prefix = self._new_prefix()
             with translated(subject=prefix + "*"):
                 await subscribe_immediate(self._broker.nc, prefix + "*", self._on_reply)
             self._prefix = prefix
+
+    def _new_prefix(self) -> str:
+        return self._broker.new_inbox() + "."
+
+    def _new_token(self) -> str:
+        self._sent += 1
+        return str(self._sent)
 
     def _on_reply(self, msg: nats.aio.msg.Msg) -> None:
         handler = self._handlers.get(msg.subject[len(self._prefix) :])

@@ -17,13 +17,15 @@ async def gather_replies(
     *,
     wait_s: float,
     first_within_s: float | None = None,
+    inbox: str | None = None,
 ) -> list[bytes]:
     """Ask every listener on ``subject`` and collect the answers that come within ``wait_s``.
 
     ``first_within_s`` (longer): how long the first answer may take, the others then having
     ``wait_s`` from it — a busy listener is not taken for none. With nobody listening the
-    server says so at once, and nothing is waited for."""
-    inbox = broker.new_inbox()
+    server says so at once, and nothing is waited for. ``inbox``: where the answers come
+    (a probe's, :func:`probe_inbox`); a new inbox by default."""
+    inbox = inbox or broker.new_inbox()
     answers: list[bytes] = []
     loop = asyncio.get_running_loop()
     with translated(subject=subject):

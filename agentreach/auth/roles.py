@@ -17,6 +17,7 @@ import re
 from typing import Any, Final
 
 from agentreach.broker import Names, Topology
+from agentreach.broker.names import PROBE_INBOX
 from agentreach.envelopes import MAX_TTL_MS, PRIORITIES
 
 NAME: Final = "{{name()}}"
@@ -83,12 +84,14 @@ def check_name(name: str, role: str) -> str:
         )
     if role in ("agent", "caller", "worker") and name.lower().startswith(_RESERVED):
         raise ValueError(f"{role} name {name!r} is reserved for the system")
+    if f"_INBOX_{name}" == PROBE_INBOX:  # its inbox would hold everyone's probe answers
+        raise ValueError(f"{role} name {name!r} is reserved for the system")
     return name
 
 
 def agent(names: Names) -> Permissions:
     """Its own dispatch consumers, card, heartbeat and execution records; events, replies,
-    sub-tasks and registration as itself; answers to its own probes."""
+    sub-tasks and registration as itself; answers to probes, in ``_INBOX_probe`` only."""
     n, me = names, NAME
     publish: list[str] = []
     for priority in PRIORITIES:
@@ -116,9 +119,11 @@ def agent(names: Names) -> Permissions:
         n.status,  # whether a coordinator runs (an unacknowledged sub-task says so)
         n.register(me),
         n.presence(me),  # "does another process serve my id already?"
+        f"{PROBE_INBOX}.>",  # answers to probes: presence, ping, discovery
     ]
     subscribe = [
         _inbox(),
+        f"{n.probe_replies(me)}.>",  # the answers to its own presence check
         n.presence(me),
         n.ping(me),
         n.agent_control(me),
@@ -129,7 +134,10 @@ def agent(names: Names) -> Permissions:
         "$SRV.*.reach-agent",
         "$SRV.*.reach-agent.*",
     ]
-    return _permissions(publish, subscribe, respond=True)
+    # No response permission: with one, an agent could send itself a message (on its own
+    # presence subject, or its own reply box, which it may both publish and subscribe to)
+    # whose reply subject it chose, and then publish there: anywhere in the account.
+    return _permissions(publish, subscribe)
 
 
 def caller(names: Names) -> Permissions:
@@ -186,7 +194,7 @@ def coordinator(names: Names) -> Permissions:
     objects = [f"$O.{o.name}.>" for o in topology.objects]
     return _permissions(
         [f"{p}.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", *objects],
-        [_inbox(), f"{p}.>"],
+        [_inbox(), f"{names.probe_replies(NAME)}.>", f"{p}.>"],  # its probes' answers too
         deny_publish=[
             # (named, not STREAM.DELETE.>: `replicas: auto` deletes a probe stream it made)
             *(f"$JS.API.STREAM.DELETE.{name}" for name in ours),

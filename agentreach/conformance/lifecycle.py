@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 
 from agentreach.broker import BrokerTimeout, BucketWatch, NoResponders, consumer_state
+from agentreach.broker.presence import ask
 from agentreach.conformance.report import Checks, Failed, Skipped
 from agentreach.conformance.run_once import _result
 from agentreach.conformance.session import Session
@@ -65,7 +66,7 @@ async def one_process(s: Session, c: Checks) -> str:
     c.must(code != 0, "a second process of the id exited 0 (it should fail, saying why)")
     after = await s.card()
     c.must(after.epoch == before.epoch, f"the second process registered (epoch {after.epoch})")
-    await s.broker.request(s.names.presence(s.agent_id), b"", timeout=3.0)
+    await ask(s.broker, s.names.presence(s.agent_id), 3.0)
     return f"the second process exited {code}; epoch {after.epoch} serves on"
 
 
@@ -134,7 +135,7 @@ async def graceful_stop(s: Session, c: Checks) -> str:
         kept = await consumer_state(s.broker, s.names.dispatch_stream(priority), durable)
         c.must(kept is not None, f"consumer {durable} was deleted")
     try:
-        await s.broker.request(s.names.presence(s.agent_id), b"", timeout=1.0)
+        await ask(s.broker, s.names.presence(s.agent_id), 1.0)
         raise Failed("presence still answered after the process exited")
     except NoResponders:
         pass

@@ -12,7 +12,7 @@ from typing import Any
 
 from agentreach import envelopes
 from agentreach.broker import BrokerTimeout, NoResponders, consumer_state
-from agentreach.broker.presence import SERVICE_NAME
+from agentreach.broker.presence import SERVICE_NAME, ask, probe_inbox
 from agentreach.broker.requests import gather_replies
 from agentreach.conformance.report import Checks, Failed
 from agentreach.conformance.session import Session
@@ -83,12 +83,13 @@ async def probes(s: Session, c: Checks) -> str:
         (s.names.ping(s.agent_id), 5.0, "ping"),
     ):
         try:
-            await s.broker.request(subject, b"", timeout=timeout_s)
+            await ask(s.broker, subject, timeout_s)  # as the coordinator asks (§9)
         except NoResponders:
             raise Failed(f"nobody subscribes to {subject} ({what})") from None
         except BrokerTimeout:
             raise Failed(f"{what} on {subject} not answered within {timeout_s:g} s") from None
-    answers = await gather_replies(s.broker, f"$SRV.INFO.{SERVICE_NAME}", wait_s=1.0)
+    discovery = f"$SRV.INFO.{SERVICE_NAME}"
+    answers = await gather_replies(s.broker, discovery, wait_s=1.0, inbox=probe_inbox(s.broker))
     instances = [_json_object(answer) for answer in answers]
     mine = [i for i in instances if (i.get("metadata") or {}).get("agent_id") == s.agent_id]
     c.should(len(mine) == 1, f"one '{SERVICE_NAME}' micro service instance for the agent")

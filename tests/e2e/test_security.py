@@ -49,6 +49,7 @@ from agentreach.broker import (
     read_stream,
 )
 from agentreach.broker.lifecycle import trace_of
+from agentreach.broker.presence import Presence, ProbeResult, probe
 from agentreach.broker.streams import last_message
 from agentreach.cli.auth import push_allowances
 from agentreach.coordinator import ConfigError, Coordinator
@@ -511,6 +512,36 @@ async def _presence(arena: Arena, i: int) -> bool:
 @attack(AGENT, "answer X's application ping", "permissions")
 async def _ping(arena: Arena, i: int) -> bool:
     return await _answer_probe(arena, NAMES.ping(X))
+
+
+async def _answered_by_itself(arena: Arena, own_subject: str) -> bool:
+    """Y sends itself a message, on a subject it may both publish and subscribe to, whose
+    reply subject is alice's inbox, and answers it: with a response permission, the server
+    would let that answer through (and so a publish anywhere in the account)."""
+    note, answered = marker(), asyncio.Event()
+
+    async def answer(msg: Any) -> None:
+        with contextlib.suppress(Exception):
+            await msg.respond(note)
+        answered.set()
+
+    sub = await arena.y.nc.subscribe(own_subject, cb=answer)
+    await settle(arena.y)
+    await arena.y.nc.publish(own_subject, b"", reply="_INBOX_alice.trap")
+    await quietly(answered.wait(), 1.0)
+    await settle(arena.y, arena.alice_raw)
+    await sub.unsubscribe()
+    return any(note in data for data in arena.alice_heard)
+
+
+@attack(AGENT, "publish anywhere as the answer to itself, on its presence subject", "permissions")
+async def _through_own_presence(arena: Arena, i: int) -> bool:
+    return await _answered_by_itself(arena, NAMES.presence(Y))
+
+
+@attack(AGENT, "publish anywhere as the answer to itself, in its own reply box", "permissions")
+async def _through_own_box(arena: Arena, i: int) -> bool:
+    return await _answered_by_itself(arena, f"{NAMES.reply_box(Y, 'own')}.{Y}")
 
 
 @attack(AGENT, "register as X", "permissions")
@@ -1161,6 +1192,15 @@ async def test_a_caller_uses_the_cli_with_its_own_creds(arena: Arena) -> None:
     assert code == 1 and f"needs an operator's creds; {X!r} is an agent" in err, err
     code, out, err = await _reach_as(arena, "agent", X, "coordinator")
     assert code != 0 and f"needs a coordinator's creds; {X!r} is an agent" in err, err
+
+
+async def test_an_agent_answers_the_coordinators_probes_and_its_own_check(arena: Arena) -> None:
+    """An agent has no response permission: it answers probes under `_INBOX_probe`, where
+    the coordinator's creds (and its own, for the start-up check) read the answers."""
+    async with Broker(arena.url, name="probing", auth=arena.deployment.coordinator) as asks:
+        assert await probe(asks, X, connection_s=3, ping_s=3) == ProbeResult(True, True)
+    async with Broker(arena.url, name="second-x", auth=arena.deployment.auth("agent", X)) as own:
+        assert await Presence(own, X, version="1.0.0", tags={}).someone_else_answers(3) is True
 
 
 async def test_parties_work_under_their_permissions(arena: Arena) -> None:

@@ -6,6 +6,7 @@
  * along only as information (a jump in it is reported as `clock_drift`).
  */
 
+import { randomBytes } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import { ErrorCode } from "nats";
 import type { NatsError, Service, Subscription } from "nats";
@@ -48,9 +49,12 @@ export class Presence {
    * not keep the agent from starting; the new process's higher epoch fences a stuck one.
    */
   async checkFree(timeoutMs: number, log: Logger): Promise<void> {
-    const subject = this.conn.names.presence(this.agentId);
+    const { names, nc } = this.conn;
+    const subject = names.presence(this.agentId);
+    // The answer comes where an agent may publish (protocol §9), under a token nobody guesses.
+    const reply = `${names.probeReplies(this.agentId)}.${randomBytes(16).toString("hex")}`;
     try {
-      await this.conn.nc.request(subject, new Uint8Array(), { timeout: timeoutMs });
+      await nc.request(subject, new Uint8Array(), { timeout: timeoutMs, noMux: true, reply });
     } catch (err) {
       const code = (err as NatsError).code;
       if (code === ErrorCode.NoResponders) return;

@@ -69,6 +69,14 @@ export class Names {
     return `${this.prefix}.dlq.${reason}.${topic}`;
   }
 
+  /**
+   * Where the answers to `asker`'s probes go: the one place an agent may answer (it has no
+   * response permission on a secured server). An inbox, for agents that answer only inboxes.
+   */
+  probeReplies(asker: string): string {
+    return `_INBOX_probe.${asker}`;
+  }
+
   presence(agentId: string): string {
     return `${this.prefix}.presence.${agentId}`;
   }
