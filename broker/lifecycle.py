@@ -123,17 +123,22 @@ async def reply(
 ) -> None:
     """Send an ack, progress, result, error or routed notice to the task's ``reply_to``, if
     it has one, as ``sender`` (see :meth:`Names.reply_subject`). A workflow's reply subject
-    is sent only a result or an error."""
+    is sent only a result or an error, which ``REACH_WORKFLOWS`` stores: a JetStream publish,
+    made again through a leader election (a core publish was lost in one, and the instance
+    waited for its deadline with the step's work done)."""
     if not task.reply_to:
         return
     final = isinstance(message, Result | ErrorReply)
-    if not final and broker.names.workflow_replies(task.reply_to):
+    to_workflow = broker.names.workflow_replies(task.reply_to)
+    if not final and to_workflow:
         return  # a workflow reads only a step's result or error, and every reply is stored
-    headers = {
-        "Reach-Trace-Id": task.trace_id,
-        "Reach-Kind": str(type(message).__struct_config__.tag),
-    }
+    kind = str(type(message).__struct_config__.tag)
+    headers = {"Reach-Trace-Id": task.trace_id, "Reach-Kind": kind}
     subject = broker.names.reply_subject(task.reply_to, sender)
+    if to_workflow:
+        headers["Nats-Msg-Id"] = f"{task.message_id}-{kind}-{task.attempt}-{sender}"
+        await broker.publish(subject, envelopes.encode(message), headers=headers)
+        return
     await broker.publish_core(subject, envelopes.encode(message), headers=headers)
 
 

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from agentreach import envelopes
+from agentreach.broker import NoStreamError
 from agentreach.broker.direct import messages_on
 from agentreach.broker.lifecycle import (
     about,
@@ -51,6 +52,28 @@ async def test_a_workflow_is_sent_only_the_result(broker):
 
     await until_true(stored)  # replies go out in order: the result is the last one
     assert [m.headers.get("Reach-Kind") for m in await stored()] == ["result"]
+
+
+async def test_a_workflow_is_sent_its_result_once_and_stored_or_told_it_was_not(broker):
+    """REACH_WORKFLOWS stores a step's result: sent again (answered from its record), it is
+    stored once; with no stream to store it (a leader election, a missing stream) the sender
+    hears so, where a core publish was dropped in silence and the instance waited for its
+    deadline with the step's work done."""
+    names = broker.names
+    task = task_answering_to(names.workflow_reply("instance-2"))
+    result = Result(**about(task, result={"ok": True}))
+    await reply(broker, task, result, sender="worker-1")  # returns once stored
+    await reply(broker, task, result, sender="worker-1")
+    stored = await messages_on(broker, names.workflows_stream, f"{task.reply_to}.worker-1")
+    assert [m.headers.get("Reach-Kind") for m in stored] == ["result"]
+    elsewhere = Names(prefix="unprovisioned")
+    lost = task_answering_to(elsewhere.workflow_reply("instance-3"))
+    broker.names = elsewhere
+    try:
+        with pytest.raises(NoStreamError):
+            await reply(broker, lost, Result(**about(lost, result={})), sender="worker-1")
+    finally:
+        broker.names = names
 
 
 async def test_a_caller_is_sent_every_reply(broker):

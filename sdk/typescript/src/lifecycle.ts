@@ -83,13 +83,20 @@ export async function emit(conn: Connection, event: Event, sender: string): Prom
  * Send an ack, progress or result to the task's `reply_to` (as `sender`), if it has one; a
  * workflow is sent only the result (protocol §11).
  */
-export function reply(conn: Connection, task: Task, message: Reply, sender: string): void {
+export async function reply(conn: Connection, task: Task, message: Reply, sender: string): Promise<void> {
   if (!task.reply_to) return;
-  if (message.kind !== "result" && conn.names.workflowReplies(task.reply_to)) return;
-  conn.publishCore(conn.names.replySubject(task.reply_to, sender), encode(message), {
-    "Reach-Trace-Id": task.trace_id,
-    "Reach-Kind": message.kind,
-  });
+  const toWorkflow = conn.names.workflowReplies(task.reply_to);
+  if (message.kind !== "result" && toWorkflow) return;
+  const subject = conn.names.replySubject(task.reply_to, sender);
+  const headers: Record<string, string> = { "Reach-Trace-Id": task.trace_id, "Reach-Kind": message.kind };
+  if (toWorkflow) {
+    // REACH_WORKFLOWS stores it: a JetStream publish, made again through a leader election
+    // (a core publish was lost in one, and the instance waited for its deadline).
+    headers["Nats-Msg-Id"] = `${task.message_id}-${message.kind}-${task.attempt}-${sender}`;
+    await conn.publish(subject, encode(message), headers);
+    return;
+  }
+  conn.publishCore(subject, encode(message), headers);
 }
 
 /** Characters of an undecodable body an agent's report keeps (the report must fit a message). */

@@ -29,7 +29,7 @@ export class Reports {
 
   /** The ack to the sender and `accepted` (with the broker time of the dispatch and this process's epoch) to all. */
   async accept(msg: JsMsg, task: Task, dispatchedMs: number, capacity: Capacity, epoch: number): Promise<void> {
-    reply(this.conn, task, { kind: "ack", ...about(task, this.agentId), capacity }, this.agentId);
+    await reply(this.conn, task, { kind: "ack", ...about(task, this.agentId), capacity }, this.agentId);
     await this.say(msg, task, "accepted", { dispatched_at_ms: dispatchedMs, epoch });
   }
 
@@ -44,7 +44,7 @@ export class Reports {
     this.lastProgressAt.set(task.message_id, atMs);
     try {
       msg.working();
-      reply(this.conn, task, { kind: "progress", ...about(task, this.agentId), note }, this.agentId);
+      await reply(this.conn, task, { kind: "progress", ...about(task, this.agentId), note }, this.agentId);
       await this.say(msg, task, "progress", { note }, atMs);
     } catch (err) {
       if (!isBrokerError(err)) throw err;
@@ -63,7 +63,7 @@ export class Reports {
    */
   async complete(msg: JsMsg, task: Task, result: unknown, durationMs: number, ref: PayloadRef | null): Promise<void> {
     const answer: Result = { kind: "result", ...about(task, this.agentId), result: ref ? null : (result ?? null), result_ref: ref };
-    reply(this.conn, task, answer, this.agentId);
+    await reply(this.conn, task, answer, this.agentId);
     const shown = ref ? { result_ref: ref } : { result: result ?? null };
     await this.say(msg, task, "completed", { ...shown, duration_ms: durationMs });
   }
