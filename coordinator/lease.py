@@ -22,6 +22,9 @@ from agentreach.envelopes import LeaseRecord, now_ms
 log = structlog.get_logger("coordinator.lease")
 
 RENEW_TRIES = 5
+# Releasing is a courtesy (another replica takes a lapsed lease after its ttl): a stop does
+# not wait through a leader election for it (it took 9 s with a node stopped).
+RELEASE_WAIT_S = 1.0
 
 
 class Lease:
@@ -82,8 +85,9 @@ class Lease:
         return swap.written
 
     async def _release(self) -> None:
-        with contextlib.suppress(BrokerError):
-            await (await self._leases()).delete(self._name, last=self._revision)
+        with contextlib.suppress(BrokerError, TimeoutError):
+            async with asyncio.timeout(RELEASE_WAIT_S):
+                await (await self._leases()).delete(self._name, last=self._revision)
 
     async def _leases(self) -> Bucket[LeaseRecord]:
         return await self._broker.bucket(self._broker.names.leases_bucket, LeaseRecord)
