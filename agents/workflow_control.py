@@ -94,6 +94,13 @@ class _Instance:
         started = next((e for e in events if e.event == "workflow_started"), None)
         # On an open server the events of every caller's instances can be read: another's is
         # refused here as the coordinator would (it logs that and says nothing).
+        if started is None and not events:
+            raise UnknownWorkflow(
+                f"no workflow instance {self.instance_id!r} among {self.caller}'s own messages"
+                f" within {min(wait_s, START_GRACE_S):g} s: not one it started (a caller cancels"
+                " and signals only those), or one whose start still waits in the intake (a"
+                " leader election, a busy coordinator): try again in a moment"
+            )
         if started is None or started.caller not in (None, self.caller):
             raise UnknownWorkflow(
                 f"no workflow instance {self.instance_id!r} among {self.caller}'s own messages"
@@ -121,7 +128,10 @@ class _Instance:
                     trace_id=self.trace_id,
                 )
             await asyncio.sleep(POLL_S)
-            events = await self.events()
+            try:
+                events = await self.events()
+            except (NoResponders, BrokerTimeout):
+                continue  # a leader election, a coordinator restarting: asked again
         return answer
 
 

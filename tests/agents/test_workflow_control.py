@@ -25,7 +25,7 @@ from agentreach.agents import (
     WorkflowEnded,
     workflow_control,
 )
-from agentreach.broker import Broker
+from agentreach.broker import Broker, BrokerTimeout
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator import workflow as wf
 from agentreach.envelopes import new_id
@@ -91,8 +91,10 @@ async def test_another_caller_s_instance_or_none_is_refused_by_name(broker):
         await asyncio.wait_for(held.get(), 10)
         with pytest.raises(UnknownWorkflow, match=f"no workflow instance '{instance}' among bob"):
             await bob.cancel_workflow(instance)
-        with pytest.raises(UnknownWorkflow, match="'nothing-1' among alice"):
+        with pytest.raises(UnknownWorkflow, match="'nothing-1' among alice") as unknown:
             await alice.cancel_workflow("nothing-1")
+        # No event at all: it may be one whose start still waits in the intake.
+        assert "still waits in the intake" in str(unknown.value)
         assert not invoked.done()
         await alice.cancel_workflow(instance)
         with pytest.raises(TaskFailed):
@@ -156,6 +158,29 @@ async def test_a_caller_signals_its_workflow_and_hears_whether_it_was_taken(brok
     assert after == SignalOutcome(instance, "reject", taken=False, ended="completed")
     [said] = [e for e in events if e.event == "signal_taken"]
     assert said.detail["by"] == "alice"  # who moved it, in the starter's own trace
+
+
+async def test_a_signal_waits_out_a_coordinator_that_does_not_answer_for_a_moment(
+    broker, monkeypatch
+):
+    """The events read while waiting for the answer time out (a leader election, a
+    coordinator restarting): read again until the wait ends, not raised as a BrokerTimeout."""
+    async with (
+        ReachClient(broker=broker, name="alice") as alice,
+        approval_waiting(broker, alice) as (instance, _),
+    ):
+        reads, status = [], alice.status
+
+        async def unanswered_once(message_id: str) -> list[Any]:
+            reads.append(message_id)
+            if len(reads) == 2:  # the first read after the signal was sent
+                raise BrokerTimeout("timed out on '$JS.API.STREAM.INFO.REACH_EVENTS'")
+            return await status(message_id)
+
+        monkeypatch.setattr(alice, "status", unanswered_once)
+        taken = await alice.signal_workflow(instance, "approve")
+    assert taken == SignalOutcome(instance, "approve", taken=True, state="submitted")
+    assert len(reads) >= 3
 
 
 async def test_another_caller_s_signal_is_refused_and_bad_events_are_named(broker):
