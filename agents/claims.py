@@ -15,11 +15,20 @@ import asyncio
 import contextlib
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
+from agentreach.agents.claim_results import (
+    AlreadyDone,
+    AlreadyFailed,
+    Busy,
+    Claim,
+    Claimed,
+    Expired,
+    Moved,
+)
 from agentreach.broker import BrokerError, Bucket, Entry, ValueTooLarge, WrongLastSequence
 from agentreach.broker.bucket import UNREAD
 from agentreach.broker.tasks import cancel_and_wait
@@ -42,51 +51,6 @@ RECORD_TRIES = 6  # about 8 s of broker trouble before the delivery is handed ba
 RECORD_BACKOFF_S = 0.25
 KEPT = 10_000  # outcomes waiting to be recorded, at most
 BUSY_POLL_S = 0.5  # how often a delivery that waits for another one claims again
-
-
-@dataclass(slots=True)
-class Claimed:
-    """This delivery runs the message; ``revision`` guards the record's next write (a renewed
-    lease moves it, under ``lock``, so that the outcome is written over the latest one)."""
-
-    revision: int
-    lease_until_ms: int = 0
-    seal: str | None = None  # the dispatch's, in every write of the record
-    started_ms: int = 0  # when the attempt's run began, in every write of the record
-    resumed: bool = False  # taken over from a run of the attempt that crashed
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock, compare=False, repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class AlreadyDone:
-    """The message ran before; here is what it returned."""
-
-    record: Execution
-
-
-@dataclass(frozen=True, slots=True)
-class Expired:
-    """The attempt was ended as expired already (its expiry fence stands): not to be run."""
-
-    record: Execution
-
-
-@dataclass(frozen=True, slots=True)
-class Moved:
-    """The attempt was taken from this agent while it waited in its queue (the agent was
-    judged gone; the next attempt runs elsewhere): not to be run."""
-
-    record: Execution
-
-
-@dataclass(frozen=True, slots=True)
-class Busy:
-    """Another delivery holds the lease; try again after ``retry_in_s``."""
-
-    retry_in_s: float
-
-
-Claim = Claimed | AlreadyDone | Expired | Moved | Busy
 
 
 @dataclass(slots=True)
@@ -217,6 +181,10 @@ class Claims:
             return Expired(held)
         if held is not None and moved_on_from(held, task.attempt):
             return Moved(held)
+        if held is not None and failed_in_life(held, task) and held.attempt == task.attempt:
+            return AlreadyFailed(held)
+        if held is not None and failed_in_life(held, task):  # a later attempt's: moved on
+            return Moved(held)
         left_ms = held.lease_until_ms - now_ms() if held else 0
         return Busy(retry_in_s=max(left_ms, 100) / 1000)
 
@@ -315,8 +283,10 @@ class Claims:
             return None  # ended as expired, by its agent's report or the coordinator's pass
         if held is not None and moved_on_from(held, mine.attempt):
             return None  # moved to another agent: that attempt's run is the next one
+        if held is not None and failed_in_life(held, mine) and held.attempt >= mine.attempt:
+            return None  # this attempt ran here and failed (its report's ack was lost)
         if held is None or held.state == "failed":
-            return mine  # an unreadable record must not block the message forever
+            return mine  # a retry; an unreadable record must not block the message forever
         if held.state == "done":
             return None
         if (held.agent_id, held.epoch) == (self._agent_id, self._epoch):
@@ -381,9 +351,16 @@ class Claims:
             epoch=self._epoch,
             attempt=task.attempt,
             caller=task.caller,
+            received_ms=task.received_ms,
             finished_at_ms=now_ms() if state != "running" else 0,
             **fields,
         )
+
+
+def failed_in_life(held: Execution, of: Task | Execution) -> bool:
+    """Whether ``held`` is a failure in the life of the message ``of`` is of: the message
+    sent again past the intake's duplicate window runs again after a failure."""
+    return held.state == "failed" and held.received_ms == of.received_ms
 
 
 def _resumed(held: Execution, mine: Execution) -> Execution:

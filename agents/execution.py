@@ -21,6 +21,7 @@ from agentreach import envelopes
 from agentreach.agents.claims import (
     BUSY_POLL_S,
     AlreadyDone,
+    AlreadyFailed,
     Claimed,
     Claims,
     Expired,
@@ -241,6 +242,11 @@ class Executor:
             log.info("already executed; sending the stored result again")
             record = claim.record
             await self._reports.complete(job, record.result, duration_ms=0, ref=record.result_ref)
+            return None
+        if isinstance(claim, AlreadyFailed):
+            log.info("already ran and failed; reporting the failure again, not running it")
+            said = ErrorInfo(type="Error", message="failed (its record says no more)")
+            await self._reports.report(job, "failed", claim.record.error or said)
             return None
         if isinstance(claim, Moved):
             log.info(

@@ -36,6 +36,10 @@ class Execution(msgspec.Struct, frozen=True, kw_only=True):
     # The dispatch's ``Reach-Seal``, copied: on a secured deployment the coordinator trusts
     # only records it sealed (no agent can write another's outcome for a message).
     seal: str | None = None
+    # The task's ``received_ms``: which life of the message (one sent again past the intake's
+    # duplicate window is another) the record is of. A failed attempt of this life is not
+    # run again; another life's failure blocks nothing (0: not known, an older agent's).
+    received_ms: int = 0
 
 
 NO_CALLER = "_"  # the caller token of a task sent in the bare operators' form

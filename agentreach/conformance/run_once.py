@@ -34,9 +34,10 @@ async def duplicates(s: Session, c: Checks) -> str:
 
 async def takeover(s: Session, c: Checks) -> str:
     """Its own claim left by an earlier process (a crash) is taken at once, as is a lapsed
-    one, and a failed record (a retry) runs again — also the coordinator's fence record of
-    an earlier attempt (the next attempt came back to this agent), a ``failed`` one that
-    kept its claim's live lease and has no finishing time (§13)."""
+    one, and the next attempt runs over a failed one (a retry) — also over the coordinator's
+    fence record of an earlier attempt (the next attempt came back to this agent), a
+    ``failed`` one that kept its claim's live lease and has no finishing time (§13). The
+    attempt a failed record is of is not run again: its failure is reported again."""
     epoch = (await s.card()).epoch
     live = _record(s.agent_id, epoch, now_ms() + 120_000)
     cases = {
@@ -46,7 +47,7 @@ async def takeover(s: Session, c: Checks) -> str:
         "a fence record": msgspec.structs.replace(live, state="failed", error=FENCE),
     }
     for what, held in cases.items():
-        attempt = held.attempt + (held.error == FENCE)  # a fence's attempt is not run again
+        attempt = held.attempt + (held.state == "failed")  # the next attempt over a failed one
         task = msgspec.structs.replace(s.task({"op": "echo", "value": what}), attempt=attempt)
         await (await s.executions()).create(s.execution_key(task), _keyed(held, task))
         ex = await s.dispatch(task)
@@ -57,7 +58,32 @@ async def takeover(s: Session, c: Checks) -> str:
             record is not None and (record.state, record.epoch) == ("done", epoch),
             f"{what}: record {record}",
         )
-    return "runs at once over " + ", ".join(cases)
+    await _failed_not_run_again(s, c, epoch)
+    return "runs at once over " + ", ".join(cases) + "; not over its own attempt's failure"
+
+
+async def _failed_not_run_again(s: Session, c: Checks, epoch: int) -> None:
+    """§13 (revision 30): a delivery of the attempt its record says failed (the ack of the
+    failure's report was lost; the server delivered it again) is not run: the failure is
+    reported again, from the record."""
+    held = _record(s.agent_id, epoch, 0, state="failed")
+    task = s.task({"op": "sleep", "ms": 10})  # a run says `started`
+    await (await s.executions()).create(s.execution_key(task), _keyed(held, task))
+    ex = await s.dispatch(task)
+
+    def answered() -> object:
+        return first(ex.events_of("failed")) or first(ex.replies_of("result"))
+
+    await s.until(answered, 5.0, "failed reported again")
+    await s.quiet()
+    c.must(ex.runs() == 0, f"ran an attempt its record says failed: {ex.runs()} runs")
+    c.must(not ex.replies_of("result"), "a result for an attempt its record says failed")
+    failed = first(ex.events_of("failed"))
+    error = failed.detail.get("error") if failed else None
+    said = error.get("message") if isinstance(error, dict) else None
+    c.must(said == "an earlier attempt", f"the failure reported again is not the record's: {error}")
+    record = await s.execution(task)
+    c.must(record is not None and record.state == "failed", f"record overwritten: {record}")
 
 
 async def busy(s: Session, c: Checks) -> str:
@@ -259,7 +285,10 @@ def _record(agent_id: str, epoch: int, lease_until_ms: int, state: str = "runnin
 
 
 def _keyed(record: Execution, task: Task, **changes: object) -> Execution:
-    return msgspec.structs.replace(record, message_id=task.message_id, **changes)
+    """``record`` as the agent's of ``task``, in the same life of the message."""
+    return msgspec.structs.replace(
+        record, message_id=task.message_id, received_ms=task.received_ms, **changes
+    )
 
 
 async def _result(s: Session, ex: Exchange, timeout_s: float, what: str) -> object:

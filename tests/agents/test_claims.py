@@ -10,7 +10,15 @@ import msgspec
 import pytest
 
 from agentreach.agents import claims as claims_module
-from agentreach.agents.claims import AlreadyDone, Busy, Claimed, Claims, Moved, Outcome
+from agentreach.agents.claims import (
+    AlreadyDone,
+    AlreadyFailed,
+    Busy,
+    Claimed,
+    Claims,
+    Moved,
+    Outcome,
+)
 from agentreach.broker import BrokerError, Bucket
 from agentreach.envelopes import REASSIGNED, ErrorInfo, Execution, Task, execution_key, new_id
 
@@ -44,6 +52,28 @@ async def test_a_first_delivery_of_a_message_that_ran_gets_its_result(broker):
     assert await claims.record(same, Outcome(claim, result={"n": 1}), still_working=still_working)
     again = await claims.claim(same, lease_ms=5_000, first=True)
     assert isinstance(again, AlreadyDone) and again.record.result == {"n": 1}
+
+
+async def test_an_attempt_that_failed_here_is_not_run_again_but_a_retry_is(broker):
+    """A delivery of an attempt recorded failed (its report's ack was lost, the server
+    delivered it again) is not run again: AlreadyFailed, its error reported again. The next
+    attempt (the coordinator's retry) runs; an older attempt's delivery does not."""
+    claims, same = await claims_of(broker), task()
+    claim = await claims.claim(same, lease_ms=5_000)
+    assert isinstance(claim, Claimed)
+    error = ErrorInfo(type="ValueError", message="bad input", retryable=False)
+    assert await claims.record(same, Outcome(claim, error=error), still_working=still_working)
+    for first in (True, False):
+        again = await claims.claim(same, lease_ms=5_000, first=first)
+        assert isinstance(again, AlreadyFailed) and again.record.error == error
+    retry = msgspec.structs.replace(same, attempt=2)
+    retried = await claims.claim(retry, lease_ms=5_000)
+    assert isinstance(retried, Claimed)
+    assert await claims.record(retry, Outcome(retried, error=error), still_working=still_working)
+    assert isinstance(await claims.claim(same, lease_ms=5_000), Moved)  # attempt 1: stale
+    # Sent again past the intake's duplicate window after it failed: another life, it runs.
+    another_life = msgspec.structs.replace(same, received_ms=same.received_ms + 1)
+    assert isinstance(await claims.claim(another_life, lease_ms=5_000), Claimed)
 
 
 async def test_a_first_delivery_of_a_message_running_elsewhere_is_busy(broker):

@@ -125,6 +125,16 @@ async def test_an_agent_that_does_not_keep_a_long_run_alive_is_warned(
     assert any("no in progress (+WPI)" in warning for warning in verdict.warnings), verdict
 
 
+async def test_an_agent_that_runs_a_failed_attempt_again_fails_the_takeover_clause(
+    broker, coordinator, monkeypatch
+):
+    """Clause 15 dispatches the attempt the agent's record says failed (revision 30): an
+    agent that runs it again, as both SDKs did before, fails."""
+    monkeypatch.setattr(sdk_claims, "failed_in_life", lambda held, of: False)
+    failed = await failed_clause(broker, "rerunner-1", "run_once.takeover")
+    assert "ran an attempt its record says failed" in failed
+
+
 async def test_an_agent_without_jitter_fails_the_heartbeat_clause(broker, coordinator, monkeypatch):
     """Heartbeats at exactly the interval (no ±20 % jitter) fail clause 4."""
     monkeypatch.setattr(sdk_heartbeats, "jittered", lambda interval_s, rng=None: interval_s)

@@ -165,6 +165,28 @@ async def test_a_redelivered_task_is_not_run_again(broker, coordinator, watcher)
     assert runs["twice-1"] == 1
 
 
+async def test_a_redelivered_attempt_that_failed_is_not_run_again(broker, coordinator, watcher):
+    """The same attempt reaching the agent again after its handler failed (the ack of its
+    report lost) is not run again: its failure is reported again from the record. Before,
+    it ran again, invisibly (the second `failed` event is a duplicate of the first)."""
+    runs: Counter[str] = Counter()
+    agent = Agent("refuser-1", startup_delay=0)
+
+    @agent.handler("slow")
+    async def refuse(ctx: TaskContext, payload: dict) -> dict:
+        runs[ctx.message_id] += 1
+        raise PermanentError("no, once and for all")
+
+    task = _slow_task_for(agent, "refused-1")
+    subject = broker.names.dispatch(agent.agent_id, "P1")
+    async with agent.running(broker=broker):
+        await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "copy-1"})
+        await watcher.event("failed", message_id="refused-1")
+        await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "copy-2"})
+        await _until_consumed(broker, agent)
+    assert runs["refused-1"] == 1
+
+
 async def test_a_run_delivered_again_past_its_ttl_sends_its_result_again(
     broker, coordinator, watcher
 ):

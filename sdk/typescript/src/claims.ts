@@ -17,65 +17,17 @@ import { unrecordable } from "./failures.js";
 import type { Keys } from "./keys.js";
 import type { Logger } from "./log.js";
 import { sleep } from "./timing.js";
+import { Claimed } from "./claimresults.js";
+import type { Busy, Claim } from "./claimresults.js";
 import type { ErrorInfo, Execution, PayloadRef, Task } from "./types.js";
+
+export { Claimed } from "./claimresults.js";
+export type { AlreadyDone, AlreadyFailed, Busy, Claim, Expired, Moved } from "./claimresults.js";
 
 const RECORD_TRIES = 6; // about 8 s of broker trouble before the delivery is handed back
 const RECORD_BACKOFF_MS = 250;
 const KEPT = 10_000; // outcomes waiting to be recorded, at most
 export const BUSY_POLL_MS = 500; // how often a delivery that waits for another one claims again
-
-/** This delivery runs the message; `revision` guards the record's next write. */
-export class Claimed {
-  readonly kind = "claimed";
-  private queue: Promise<unknown> = Promise.resolve();
-
-  constructor(
-    public revision: number,
-    public leaseUntilMs: number,
-    /** The dispatch's `Reach-Seal`, kept in every write of the record. */
-    public readonly seal: string | null = null,
-    /** When the attempt's run began (kept in every write): a takeover keeps a crashed run's. */
-    public readonly startedMs = 0,
-    /** Taken over from a run of the attempt that crashed: the budget counts from its start. */
-    public readonly resumed = false,
-  ) {}
-
-  /** Run `write` after every write on this claim before it (a renewal and the outcome). */
-  serially<T>(write: () => Promise<T>): Promise<T> {
-    const next = this.queue.then(write, write);
-    this.queue = next.catch(() => undefined);
-    return next;
-  }
-}
-
-/** The message ran before; here is its record (with the result). */
-export interface AlreadyDone {
-  kind: "done";
-  record: Execution;
-}
-
-/** The attempt was ended as expired already (its expiry fence stands): not to be run. */
-export interface Expired {
-  kind: "expired";
-  record: Execution;
-}
-
-/**
- * The attempt was taken from this agent while it waited in its queue (the agent was judged
- * gone; the next attempt runs elsewhere): not to be run.
- */
-export interface Moved {
-  kind: "moved";
-  record: Execution;
-}
-
-/** Another delivery holds the lease; try again after `retryInMs`. */
-export interface Busy {
-  kind: "busy";
-  retryInMs: number;
-}
-
-export type Claim = Claimed | AlreadyDone | Expired | Moved | Busy;
 
 /** The delivery this one waited for ran the message here, and its outcome is not recorded yet. */
 export interface Kept {
@@ -292,6 +244,11 @@ export class Claims {
     if (current?.state === "done") return { kind: "done", record: current };
     if (current !== null && isExpiryFence(current, task.attempt)) return { kind: "expired", record: current };
     if (current !== null && isReassignmentFence(current, task.attempt)) return { kind: "moved", record: current };
+    // This attempt ran here and failed (its report's ack was lost): not run again; a later one's: moved on.
+    // A failure of another life of the message (sent again past the duplicate window) blocks nothing.
+    if (current?.state === "failed" && (current.received_ms ?? 0) === (task.received_ms ?? 0) && current.attempt >= task.attempt) {
+      return { kind: current.attempt === task.attempt ? "failed" : "moved", record: current };
+    }
     if (current?.state === "running") {
       const leftMs = current.lease_until_ms - nowMs();
       if (current.agent_id === this.agentId && current.epoch === this.epoch) {
@@ -355,6 +312,7 @@ export class Claims {
       finished_at_ms: state === "running" ? 0 : nowMs(),
       caller: task.caller ?? null,
       seal: null,
+      received_ms: task.received_ms ?? 0, // the life of the message (sent again past the window: another)
       ...fields,
     };
   }

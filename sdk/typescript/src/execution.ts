@@ -29,10 +29,8 @@ import { headersOf, sentByServer } from "./serveranswers.js";
 import type { Capacity, Task } from "./types.js";
 
 const SEAL_HEADER = "Reach-Seal"; // copied into this agent's execution record of the attempt
-/**
- * Neither ack nor nak this delivery: another delivery of the message holds its claim and
- * runs it, or this process stopped before the handler ended (the task is delivered again).
- */
+/** Neither ack nor nak this delivery: another delivery of the message holds its claim and
+ * runs it, or this process stopped before the handler ended (the task is delivered again). */
 const LEAVE = Symbol("leave");
 
 /** A handler: `(ctx, payload) => result`, sync or async. */
@@ -224,6 +222,12 @@ export class Executor {
       leave();
       this.log.info("already executed; sending the stored result again", { message_id: task.message_id });
       await this.reports.complete(msg, task, claim.record.result, 0, claim.record.result_ref ?? null);
+      return null;
+    }
+    if (claim.kind === "failed") {
+      leave(); // this attempt ran here and failed (its report's ack was lost): said again, not run
+      const said = { type: "Error", message: "failed (its record says no more)", retryable: true, retry_after_ms: null };
+      await this.reports.report(msg, task, "failed", claim.record.error ?? said, dispatchedMs);
       return null;
     }
     if (claim.kind === "moved") {

@@ -589,6 +589,35 @@ describe("run-once", () => {
     again.close();
   });
 
+  it("runs an attempt delivered again after it failed no more: its failure is reported again", async () => {
+    // The ack of the failure's report lost, the server delivers the same attempt again.
+    const topic = unique("failed-once");
+    const id = unique("ts-failed-once");
+    let calls = 0;
+    await started(
+      newAgent(id).handler(topic, () => {
+        calls += 1;
+        throw new PermanentError("no, once and for all");
+      }),
+    );
+    const t = task(topic, null, { to_agent: id });
+    const events = eventsOf(stack, t.message_id);
+    const subject = `reach.agent.${id}.p1`;
+    (await send(stack, t, { subject, msgId: `${t.message_id}-a` })).close();
+    await events.next((e) => e.event === "failed");
+    (await send(stack, t, { subject, msgId: `${t.message_id}-b` })).close();
+    for (let i = 0; ; i++) {
+      const info = await stack.jsm.consumers.info("REACH_DISPATCH_P1", `agent-${id}-p1`);
+      if (info.delivered.consumer_seq >= 2 && info.num_ack_pending === 0 && info.num_pending === 0) break;
+      assert.ok(i < 100, "the second delivery was not acknowledged");
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    const record = await (await kv("reach_executions")).get(`_.${t.message_id}.${id}`);
+    assert.equal(record?.json<Execution>().state, "failed");
+    assert.equal(calls, 1);
+    events.close();
+  });
+
   it("rejects a late result once the execution record was fenced", async () => {
     const topic = unique("fenced");
     const entered = new Gate();

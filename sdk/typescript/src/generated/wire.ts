@@ -657,6 +657,10 @@ export interface Execution {
    * default null
    */
   seal: string | null;
+  /**
+   * default 0
+   */
+  received_ms: number;
 }
 
 /**
