@@ -13,9 +13,13 @@ DEFAULT_PREFIX: Final = "reach"
 COORDINATOR: Final = "_coordinator"
 # The sender token of an operator's action without an identity of its own (open servers).
 OPERATOR: Final = "_operator"
+PROBE_INBOX: Final = "_INBOX_probe"  # an inbox: agents that answer only inboxes answer there
 
-# Answers to probes: an inbox, so that agents that answer only inboxes answer there.
-PROBE_INBOX = "_INBOX_probe"
+
+def probe_replies(asker: str) -> str:
+    """Where the answers to ``asker``'s probes (presence, ping, discovery) go: the one
+    place an agent may answer (it has no response permission: agentreach.auth.roles)."""
+    return f"{PROBE_INBOX}.{asker}"
 
 
 class Names(msgspec.Struct, frozen=True):
@@ -225,14 +229,6 @@ class Names(msgspec.Struct, frozen=True):
         return "coordinator-workflows"
 
     # -- control (core NATS request/reply) -------------------------------------
-    @staticmethod
-    def probe_replies(requester: str) -> str:
-        """Where the answers to ``requester``'s probes (presence, ping, discovery) go: the
-        one place an agent may answer. An agent has no response permission: with one, it
-        could send itself a message whose reply subject it chose (on its own presence
-        subject, or its own reply box) and publish there, anywhere in the account."""
-        return f"{PROBE_INBOX}.{requester}"
-
     def presence(self, agent_id: str) -> str:
         """Answered by a live agent process; no responders means its connection is gone."""
         return f"{self.prefix}.presence.{agent_id}"

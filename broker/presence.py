@@ -26,6 +26,7 @@ from nats.aio.subscription import Subscription
 from agentreach.broker.connection import Broker
 from agentreach.broker.errors import BrokerTimeout, NoResponders, translated
 from agentreach.broker.messages import is_inbox
+from agentreach.broker.names import probe_replies
 from agentreach.broker.reply_inbox import ReplyInbox
 from agentreach.logs import get_logger
 
@@ -51,7 +52,7 @@ def probe_inbox(broker: Broker) -> str:
     """A new reply subject prefix for this connection's probes (``_INBOX_probe.<asker>.<random>``),
     the asker being the connection's user on a secured server."""
     asker = broker.auth.identity or "anyone"
-    return f"{broker.names.probe_replies(asker)}.{secrets.token_hex(8)}"
+    return f"{probe_replies(asker)}.{secrets.token_hex(8)}"
 
 
 async def ask(broker: Broker, subject: str, timeout_s: float) -> None:

@@ -17,7 +17,7 @@ import re
 from typing import Any, Final
 
 from agentreach.broker import Names, Topology
-from agentreach.broker.names import PROBE_INBOX
+from agentreach.broker.names import PROBE_INBOX, probe_replies
 from agentreach.envelopes import MAX_TTL_MS, PRIORITIES
 
 NAME: Final = "{{name()}}"
@@ -123,7 +123,7 @@ def agent(names: Names) -> Permissions:
     ]
     subscribe = [
         _inbox(),
-        f"{n.probe_replies(me)}.>",  # the answers to its own presence check
+        f"{probe_replies(me)}.>",  # the answers to its own presence check
         n.presence(me),
         n.ping(me),
         n.agent_control(me),
@@ -194,7 +194,7 @@ def coordinator(names: Names) -> Permissions:
     objects = [f"$O.{o.name}.>" for o in topology.objects]
     return _permissions(
         [f"{p}.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", *objects],
-        [_inbox(), f"{names.probe_replies(NAME)}.>", f"{p}.>"],  # its probes' answers too
+        [_inbox(), f"{probe_replies(NAME)}.>", f"{p}.>"],  # its probes' answers too
         deny_publish=[
             # (named, not STREAM.DELETE.>: `replicas: auto` deletes a probe stream it made)
             *(f"$JS.API.STREAM.DELETE.{name}" for name in ours),
