@@ -155,13 +155,7 @@ async def test_a_redelivered_task_is_not_run_again(broker, coordinator, watcher)
     """The same message reaching the agent twice (past dedup) runs once; both get the result."""
     runs: Counter[str] = Counter()
     agent = flaky_agent(runs)
-    task = _slow_task_for(agent, "twice-1")
-    subject = broker.names.dispatch(agent.agent_id, "P1")
-    async with agent.running(broker=broker):
-        await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "copy-1"})
-        await watcher.event("completed", message_id="twice-1")
-        await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "copy-2"})
-        await _until_consumed(broker, agent)
+    await _delivered_twice(broker, watcher, agent, "twice-1", after="completed")
     assert runs["twice-1"] == 1
 
 
@@ -177,14 +171,20 @@ async def test_a_redelivered_attempt_that_failed_is_not_run_again(broker, coordi
         runs[ctx.message_id] += 1
         raise PermanentError("no, once and for all")
 
-    task = _slow_task_for(agent, "refused-1")
+    await _delivered_twice(broker, watcher, agent, "refused-1", after="failed")
+    assert runs["refused-1"] == 1
+
+
+async def _delivered_twice(broker, watcher, agent: Agent, message_id: str, *, after: str) -> None:  # type: ignore[no-untyped-def]
+    """A ``slow`` task delivered to ``agent``, and once it said ``after``, delivered again
+    (past dedup: a redelivery); returns once both are acknowledged."""
+    task = _slow_task_for(agent, message_id)
     subject = broker.names.dispatch(agent.agent_id, "P1")
     async with agent.running(broker=broker):
         await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "copy-1"})
-        await watcher.event("failed", message_id="refused-1")
+        await watcher.event(after, message_id=message_id)
         await broker.publish(subject, envelopes.encode(task), headers={h.MSG_ID: "copy-2"})
         await _until_consumed(broker, agent)
-    assert runs["refused-1"] == 1
 
 
 async def test_a_run_delivered_again_past_its_ttl_sends_its_result_again(
