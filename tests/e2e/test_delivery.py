@@ -23,7 +23,7 @@ from agentreach.agents import (
     ReachClient,
     TaskContext,
 )
-from agentreach.broker import consumer_state, read_stream
+from agentreach.broker import Broker, consumer_state, read_stream
 from agentreach.broker.consume import ConsumerSpec, bind
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.lifecycle import emit, event_for
@@ -34,7 +34,7 @@ from agentreach.envelopes.headers import task_headers
 from tests.cli.conftest import reach_argv, run
 from tests.conftest import FAST
 from tests.secured import operators_reply_to
-from tests.support import recorded, until_true, wait_for_card
+from tests.support import Watcher, recorded, until_true, wait_for_card
 
 REPO = Path(__file__).parents[2]
 
@@ -175,7 +175,9 @@ async def test_a_redelivered_attempt_that_failed_is_not_run_again(broker, coordi
     assert runs["refused-1"] == 1
 
 
-async def _delivered_twice(broker, watcher, agent: Agent, message_id: str, *, after: str) -> None:  # type: ignore[no-untyped-def]
+async def _delivered_twice(
+    broker: Broker, watcher: Watcher, agent: Agent, message_id: str, *, after: str
+) -> None:
     """A ``slow`` task delivered to ``agent``, and once it said ``after``, delivered again
     (past dedup: a redelivery); returns once both are acknowledged."""
     task = _slow_task_for(agent, message_id)
