@@ -125,7 +125,9 @@ async def reply(
     it has one, as ``sender`` (see :meth:`Names.reply_subject`). A workflow's reply subject
     is sent only a result or an error, which ``REACH_WORKFLOWS`` stores: a JetStream publish,
     made again through a leader election (a core publish was lost in one, and the instance
-    waited for its deadline with the step's work done)."""
+    waited for its deadline with the step's work done). Without a ``Nats-Msg-Id``: the
+    stream's dedup is stream-wide, and another agent of the workflow could store a
+    predictable one first, dropping this result; a copy stored twice changes nothing."""
     if not task.reply_to:
         return
     final = isinstance(message, Result | ErrorReply)
@@ -136,7 +138,6 @@ async def reply(
     headers = {"Reach-Trace-Id": task.trace_id, "Reach-Kind": kind}
     subject = broker.names.reply_subject(task.reply_to, sender)
     if to_workflow:
-        headers["Nats-Msg-Id"] = f"{task.message_id}-{kind}-{task.attempt}-{sender}"
         await broker.publish(subject, envelopes.encode(message), headers=headers)
         return
     await broker.publish_core(subject, envelopes.encode(message), headers=headers)

@@ -91,8 +91,8 @@ export async function reply(conn: Connection, task: Task, message: Reply, sender
   const headers: Record<string, string> = { "Reach-Trace-Id": task.trace_id, "Reach-Kind": message.kind };
   if (toWorkflow) {
     // REACH_WORKFLOWS stores it: a JetStream publish, made again through a leader election
-    // (a core publish was lost in one, and the instance waited for its deadline).
-    headers["Nats-Msg-Id"] = `${task.message_id}-${message.kind}-${task.attempt}-${sender}`;
+    // (a core publish was lost in one, and the instance waited for its deadline). No
+    // Nats-Msg-Id: another agent of the workflow could store a predictable one first.
     await conn.publish(subject, encode(message), headers);
     return;
   }
