@@ -200,7 +200,8 @@ async def test_a_run_taken_over_from_a_crashed_process_has_what_is_left_of_its_b
             await broker.publish(subject, envelopes.encode(task))
         await watcher.event("completed", message_id="half-spent-1", timeout=10)
         failed = await watcher.event("failed", message_id="spent-1", timeout=10)
-    assert 1_000 <= deadlines["half-spent-1"] <= 1_200, deadlines
+    # What was left (less the moments since the record was written), not a fresh 2 s.
+    assert 0 < deadlines["half-spent-1"] <= 1_200, deadlines
     assert "spent-1" not in deadlines
     error = failed.detail["error"]
     assert error["type"] == "deadline_exceeded" and error["retryable"] is True

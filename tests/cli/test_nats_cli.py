@@ -67,9 +67,11 @@ async def test_nats_kv_ls_lists_registered_agents(nats_cli, broker):
 
 
 async def test_nats_micro_ls_lists_live_agents(nats_cli, broker):
-    """`nats micro ls` shows each live agent as a reach-agent service instance."""
+    """`nats micro ls` shows each live agent as a reach-agent service instance, asked as the
+    README says (on a secured server an agent may answer only under `_INBOX_probe`)."""
+    probe_inbox = ("--inbox-prefix", "_INBOX_probe.admin")
     async with summarizer().running(broker=broker):
-        listed = await run(nats_cli, "--server", broker.url, "micro", "ls")
+        listed = await run(nats_cli, "--server", broker.url, *probe_inbox, "micro", "ls")
     assert listed.returncode == 0, listed.stderr
     assert "reach-agent" in listed.stdout
 
