@@ -16,7 +16,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -28,7 +28,7 @@ from agentreach.broker.errors import StreamNotFound, WrongLastSequence, translat
 from agentreach.broker.failover import stream_names
 from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.record_seal import KV_OPERATION, RecordSeal
-from agentreach.broker.streams import StoredMessage, last_message
+from agentreach.broker.streams import StoredMessage, last_message, leader_message
 from agentreach.broker.watch import BucketWatch, Change
 from agentreach.envelopes import DecodeError, decode_as, encode, server_answer
 from agentreach.logs import get_logger
@@ -101,11 +101,12 @@ class Bucket(Generic[T]):
         self._seal = seal
         self.name = name
 
-    async def get(self, key: str) -> Entry[T] | None:
+    async def get(self, key: str, *, leader: bool = False) -> Entry[T] | None:
         """The key's value, or None when it is absent or deleted; raises DecodeError when
         the stored value is not a ``kind`` (or, sealed, not as a replica wrote it) and no
-        earlier revision the bucket keeps is (see :meth:`_written_before`)."""
-        stored = await self._read(key)
+        earlier revision the bucket keeps is (see :meth:`_written_before`). ``leader``: as
+        the stream's leader has it, not as the nearest replica (which may be behind)."""
+        stored = await self._read(key, leader=leader)
         if stored is None:
             return None
         try:
@@ -176,6 +177,7 @@ class Bucket(Generic[T]):
         tries: int = CAS_TRIES,
         known: Entry[T] | object | None = UNREAD,
         unreadable: Callable[[], T | None] | None = None,
+        confirm: bool = False,
     ) -> Swap[T]:
         """Replace the key's value with ``change(current)`` unless someone wrote meanwhile.
 
@@ -183,17 +185,24 @@ class Bucket(Generic[T]):
         (which the new value then replaces) unless ``unreadable`` says what to take instead:
         anyone may have had the server write its answer to a request onto a key. ``known`` is
         a value already read (or None for "absent"), used for the first try instead of a
-        read. After ``tries`` lost races raises :class:`Contended`.
+        read. ``confirm``: "nothing to change" is decided on the value the stream's leader
+        has, not on one a replica behind answered (a change then lost). After ``tries`` lost
+        races raises :class:`Contended`.
         """
-        for attempt in range(tries):
-            if attempt == 0 and known is not UNREAD:
-                current = known if isinstance(known, Entry) else None
+        for _ in range(tries):
+            if known is not UNREAD:
+                current, known = (known if isinstance(known, Entry) else None), UNREAD
             else:
                 current = await self.last(key)
             held = current.value if current else None
             if current is not None and held is None and unreadable is not None:
                 held = unreadable()
             new = change(held)
+            if new is None and confirm:
+                confirm, leaders = False, await self.last(key, leader=True)
+                if _revision(leaders) != _revision(current):
+                    known = leaders  # a replica behind (or an old copy) answered: decide again
+                    continue
             if new is None:
                 return Swap(False, current)
             try:
@@ -253,12 +262,13 @@ class Bucket(Generic[T]):
                 found[key] = Entry(key, value, stored.stream_seq, stored.timestamp_ms)
         return found
 
-    async def _read(self, key: str) -> StoredMessage | None:
+    async def _read(self, key: str, *, leader: bool = False) -> StoredMessage | None:
         """The key's last message (a delete marker too), or None when there is none."""
         if not _VALID_KEY.fullmatch(key) or key.startswith(".") or key.endswith("."):
             raise translate(nats.js.errors.InvalidKeyError(), subject=f"{self.name}/{key}")
         subject = f"{self._kv._pre}{key}"
-        stored = await last_message(self._broker, self._kv._stream, subject)
+        read = leader_message if leader else last_message
+        stored = await read(self._broker, self._kv._stream, subject)
         return stored if stored is not None and stored.subject == subject else None
 
     def _not_written(self, stored: StoredMessage) -> str | None:
@@ -328,13 +338,13 @@ class Bucket(Generic[T]):
             revision = earlier[0].stream_seq
             yield earlier[0]
 
-    async def last(self, key: str, *, after: int = 0) -> Entry[T] | None:
+    async def last(self, key: str, *, after: int = 0, leader: bool = False) -> Entry[T] | None:
         """For a conditional write (cas, say): the key's entry; an unreadable value (and none
         readable before it) as ``None`` at its revision. None when absent or deleted.
         ``after``: a revision a refused write proved the key is past; a direct get answered
         by a replica behind it (a cluster catching up after a lost majority) is read again,
-        a moment at most."""
-        stored = await self._read(key)
+        a moment at most. ``leader``: as the stream's leader has it."""
+        stored = await self._read(key, leader=leader)
         for _ in range(STALE_READS if after else 0):
             if stored is not None and stored.stream_seq > after:
                 break
@@ -357,6 +367,10 @@ STALE_READS = 10  # reads of a key a replica answers from behind a refused write
 STALE_PAUSE_S = 0.1
 _VALID_KEY = re.compile(r"[-/_=.a-zA-Z0-9]+")  # as nats-py's: no wildcards, no spaces
 _UNSEALED = "a record without the seal of the coordinator replicas that write it"
+
+
+def _revision(entry: Entry[Any] | None) -> int:
+    return entry.revision if entry is not None else 0
 
 
 def _deleted(stored: StoredMessage) -> bool:

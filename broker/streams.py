@@ -92,6 +92,12 @@ async def last_message(broker: Broker, stream: str, subject: str) -> StoredMessa
     return await _get(broker, stream, subject=subject, direct=True)
 
 
+async def leader_message(broker: Broker, stream: str, subject: str) -> StoredMessage | None:
+    """:func:`last_message` as the stream's leader has it: not a direct get, which any
+    replica answers, one that is behind too (a node paused, or catching up after one)."""
+    return await _get(broker, stream, subject=subject)
+
+
 async def _get(broker: Broker, stream: str, **where: object) -> StoredMessage | None:
     try:
         raw = await broker.js.get_msg(stream, **where)  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ async def abandoned(broker: Broker, task: Task) -> str | None:
     if step is None:
         return None
     try:
-        return step_abandoned(await _record(broker, step), step, task.message_id)
+        return step_abandoned(await _confirmed(broker, step, task), step, task.message_id)
     except _Unreadable:
         return None
 
@@ -57,7 +57,7 @@ async def still_wanted(broker: Broker, task: Task) -> Task | None:
     if step is None:
         return task
     try:
-        record = await _record(broker, step)
+        record = await _confirmed(broker, step, task)
     except _Unreadable:
         return task
     if (why := step_abandoned(record, step, task.message_id)) is not None:
@@ -79,10 +79,23 @@ def _step_of(broker: Broker, task: Task) -> WorkflowStep | None:
     return workflow_step_of(broker.names.workflow_of(task.reply_to), task)
 
 
-async def _record(broker: Broker, step: WorkflowStep) -> WorkflowRecord | None:
+async def _confirmed(broker: Broker, step: WorkflowStep, task: Task) -> WorkflowRecord | None:
+    """The instance's record; read again from the stream's leader when it says the visit is
+    not wanted: a replica behind (a node paused) showed a visit not begun, and a wanted
+    step was refused."""
+    record = await _record(broker, step)
+    if step_abandoned(record, step, task.message_id) is None:
+        return record
+    return await _record(broker, step, leader=True)
+
+
+async def _record(
+    broker: Broker, step: WorkflowStep, *, leader: bool = False
+) -> WorkflowRecord | None:
+    """The instance's record; ``leader``: as the stream's leader has it."""
     records = await broker.bucket(broker.names.workflows_bucket, WorkflowRecord)
     try:
-        entry = await records.get(step.instance_id)
+        entry = await records.get(step.instance_id, leader=leader)
     except DecodeError as exc:
         log.warning("workflow record unreadable: its step's visit is dispatched", error=str(exc))
         raise _Unreadable from exc

@@ -84,8 +84,10 @@ class HotRecords:
         change: Callable[[WorkflowRecord | None], WorkflowRecord | None],
     ) -> Swap[WorkflowRecord]:
         kept = self._forget(key)  # gone until written again: a failure forgets it
+        # "Nothing to change" is checked with the stream's leader: a replica behind (a node
+        # paused) showed a step not yet running, and the result that ended it was dropped.
         if kept is None:
-            swap = await bucket.cas(key, change)
+            swap = await bucket.cas(key, change, confirm=True)
         else:
             revision, data = kept
             # Overwritten with something unreadable since (anyone may have the server write
@@ -96,7 +98,7 @@ class HotRecords:
             known = Entry(key, fresh(), revision)
             swap = await bucket.cas(key, change, known=known, unreadable=fresh)
             if not swap.written:
-                swap = await bucket.cas(key, change, unreadable=fresh)
+                swap = await bucket.cas(key, change, unreadable=fresh, confirm=True)
         if swap.written and swap.entry is not None:
             self.keep(key, swap.entry.value, swap.entry.revision)
         return swap

@@ -133,7 +133,7 @@ async def test_a_read_past_a_refused_write_reads_again_a_replica_that_is_behind(
     read = leases._read
     lagging = [old, old]  # a replica behind answers twice
 
-    async def from_a_replica(key: str):  # type: ignore[no-untyped-def]
+    async def from_a_replica(key: str, *, leader: bool = False):  # type: ignore[no-untyped-def]
         return lagging.pop() if lagging else await read(key)
 
     monkeypatch.setattr(leases, "_read", from_a_replica)
@@ -142,3 +142,26 @@ async def test_a_read_past_a_refused_write_reads_again_a_replica_that_is_behind(
     lagging.append(old)
     plain = await leases.last("behind")  # nothing proved: what was read
     assert plain is not None and plain.revision == first
+
+
+async def test_nothing_to_change_is_confirmed_with_the_streams_leader(leases, monkeypatch):
+    """A direct get answered by a replica behind (a node paused) showed a workflow's step
+    not yet running, the change found nothing to do, and the step's result was dropped:
+    with ``confirm``, "nothing to change" is decided on the leader's value."""
+    await leases.put("paused", LeaseRecord("before", 1))
+    old = await leases._read("paused")
+    current = await leases.put("paused", LeaseRecord("after", 2))
+    read = leases._read
+
+    async def from_a_replica(key: str, *, leader: bool = False):  # type: ignore[no-untyped-def]
+        return await read(key, leader=True) if leader else old
+
+    monkeypatch.setattr(leases, "_read", from_a_replica)
+
+    def only_after(held: LeaseRecord | None) -> LeaseRecord | None:
+        return LeaseRecord("changed", 3) if held is not None and held.holder == "after" else None
+
+    assert not (await leases.cas("paused", only_after)).written  # the replica's view alone
+    swap = await leases.cas("paused", only_after, confirm=True)
+    assert swap.written and swap.entry is not None and swap.entry.revision > current
+    assert (await leases.get("paused", leader=True)).value.holder == "changed"  # type: ignore[union-attr]

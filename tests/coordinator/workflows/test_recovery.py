@@ -13,9 +13,10 @@ import pytest
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, Bucket
 from agentreach.coordinator import workflow as wf
+from agentreach.coordinator.routing.abandoned import still_wanted
 from agentreach.coordinator.workflows import WorkflowEngine, cancel
 from agentreach.coordinator.workflows.actions import message_id_of
-from agentreach.envelopes import WorkflowRecord
+from agentreach.envelopes import Task, WorkflowRecord
 from tests.e2e.routing_support import fast, serving
 
 FLOWS = {"held": wf.chain(wf.step("a", "hold-step"))}
@@ -90,3 +91,41 @@ async def test_a_starting_replica_resumes_only_what_has_not_ended_since_its_snap
         gate.set()
     assert resumed == 1
     assert published == [names.workflow_timer("kept"), names.coordinator_task("hold-step")]
+
+
+async def test_a_step_is_not_refused_on_a_replica_behind_the_leader(
+    broker: Broker, start_coordinator, watcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A direct get answered by a replica behind (a node paused) showed no instance yet, and
+    the step's task, still wanted, was refused as `cancelled`: a "not wanted" is confirmed
+    with the stream's leader first."""
+    gate = asyncio.Event()
+    async with (
+        start_coordinator(fast(workflows=FLOWS)) as coordinator,
+        serving(broker, coordinator, holding(gate)),
+        ReachClient(broker=broker) as client,
+    ):
+        await client.publish("held", {"n": 1}, message_id="behind")
+        step_id = message_id_of("behind", "a", 1)
+        await watcher.event("accepted", message_id=step_id)
+        read = Bucket._read
+
+        async def from_a_replica_behind(self, key, *, leader=False):  # type: ignore[no-untyped-def]
+            if self.name == broker.names.workflows_bucket and not leader:
+                return None  # the instance's record not there yet
+            return await read(self, key, leader=leader)
+
+        monkeypatch.setattr(Bucket, "_read", from_a_replica_behind)
+        step = Task(
+            v=1,
+            message_id=step_id,
+            trace_id="behind",
+            topic="hold-step",
+            reply_to=broker.names.workflow_reply("behind"),
+        )
+        wanted = await still_wanted(broker, step)
+        monkeypatch.undo()
+        gate.set()
+        await watcher.event("workflow_completed", message_id="behind")
+    assert wanted is not None
+    assert watcher.count("rejected") == 0
