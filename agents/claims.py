@@ -183,8 +183,8 @@ class Claims:
             return Moved(held)
         if held is not None and failed_in_life(held, task) and held.attempt == task.attempt:
             return AlreadyFailed(held)
-        if held is not None and failed_in_life(held, task):  # a later attempt's: moved on
-            return Moved(held)
+        if held is not None and failed_in_life(held, task) and held.attempt > task.attempt:
+            return Moved(held)  # a later attempt failed here: the coordinator moved on
         left_ms = held.lease_until_ms - now_ms() if held else 0
         return Busy(retry_in_s=max(left_ms, 100) / 1000)
 
@@ -358,8 +358,8 @@ class Claims:
 
 
 def failed_in_life(held: Execution, of: Task | Execution) -> bool:
-    """Whether ``held`` is a failure in the life of the message ``of`` is of: the message
-    sent again past the intake's duplicate window runs again after a failure."""
+    """Whether ``held`` is a failure in the same life of the message as ``of`` (the same
+    ``received_ms``): sent again past the intake's duplicate window, it runs again."""
     return held.state == "failed" and held.received_ms == of.received_ms
 
 
