@@ -276,6 +276,7 @@ async def test_a_call_given_up_at_its_ttl_says_whether_an_agent_accepted_it(brok
         requester = _Requester(box, f"id-{accepted}")
         timer = asyncio.get_running_loop().call_later(3600, lambda: None)
         replies = await broker.subscribe(box + ".*", lambda msg: asyncio.sleep(0))
+        await broker.flush()  # the coordinator answers on a connection of its own
         key = f"key-{accepted}"
         calls._waiting[key] = _Waiting(
             requester, timer, ReplyBox(broker.names, "test", key), replies, 500, accepted
