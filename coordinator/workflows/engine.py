@@ -308,8 +308,10 @@ class WorkflowEngine:
 
         def advance(record: WorkflowRecord | None) -> WorkflowRecord | None:
             runs.clear()
-            spec = self._spec_of(record, instance_id)
-            if record is None or spec is None:
+            if record is None:  # maybe a replica behind: said once the leader agrees
+                return None
+            spec = self._spec_of(record)
+            if spec is None:
                 return None
             run = Run(spec, record, self._clock(), self._definitions.children(record))
             runs.append(run)
@@ -325,6 +327,8 @@ class WorkflowEngine:
             return await self._apply(
                 instance_id, lambda r: too_large(r, error), False, outgrown=True
             )
+        if swap.entry is None:
+            log.warning("message for an unknown workflow instance", instance_id=instance_id)
         if not runs:
             return False
         run = runs[-1]
@@ -336,10 +340,7 @@ class WorkflowEngine:
             await self._outbox.carry_out(run.record, run.actions)
         return False
 
-    def _spec_of(self, record: WorkflowRecord | None, instance_id: str) -> WorkflowSpec | None:
-        if record is None:
-            log.warning("message for an unknown workflow instance", instance_id=instance_id)
-            return None
+    def _spec_of(self, record: WorkflowRecord) -> WorkflowSpec | None:
         spec = self._definitions.of(record)
         if spec is None and not record.definition_id:
             log.error("workflow no longer defined; instance left as is", workflow=record.workflow)
@@ -349,7 +350,7 @@ class WorkflowEngine:
         return await self._broker.bucket(self._broker.names.workflows_bucket, WorkflowRecord)
 
     async def _resume(self, record: WorkflowRecord) -> None:
-        spec = self._spec_of(record, record.instance_id)
+        spec = self._spec_of(record)
         if spec is None:
             return
         run = Run(spec, record, self._clock(), self._definitions.children(record))

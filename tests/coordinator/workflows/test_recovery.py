@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, Bucket
@@ -37,6 +38,18 @@ class StaleSnapshot:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bucket, name)
+
+
+def read_from_a_replica_behind(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Direct gets of the workflow records not sent to the leader say "no instance yet"."""
+    read = Bucket._read
+
+    async def from_a_replica_behind(self, key, *, leader=False):  # type: ignore[no-untyped-def]
+        if self.name == broker.names.workflows_bucket and not leader:
+            return None
+        return await read(self, key, leader=leader)
+
+    monkeypatch.setattr(Bucket, "_read", from_a_replica_behind)
 
 
 def holding(gate: asyncio.Event) -> Agent:
@@ -108,14 +121,7 @@ async def test_a_step_is_not_refused_on_a_replica_behind_the_leader(
         await client.publish("held", {"n": 1}, message_id="behind")
         step_id = message_id_of("behind", "a", 1)
         await watcher.event("accepted", message_id=step_id)
-        read = Bucket._read
-
-        async def from_a_replica_behind(self, key, *, leader=False):  # type: ignore[no-untyped-def]
-            if self.name == broker.names.workflows_bucket and not leader:
-                return None  # the instance's record not there yet
-            return await read(self, key, leader=leader)
-
-        monkeypatch.setattr(Bucket, "_read", from_a_replica_behind)
+        read_from_a_replica_behind(broker, monkeypatch)
         step = Task(
             v=1,
             message_id=step_id,
@@ -129,3 +135,29 @@ async def test_a_step_is_not_refused_on_a_replica_behind_the_leader(
         await watcher.event("workflow_completed", message_id="behind")
     assert wanted is not None
     assert watcher.count("rejected") == 0
+
+
+async def test_an_instance_a_replica_behind_lacks_is_unknown_only_once_the_leader_agrees(
+    broker: Broker, start_coordinator, watcher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change read first from a replica behind (no instance yet) is read again from the
+    leader: the instance is called unknown, in a warning, only when the leader lacks it."""
+    gate = asyncio.Event()
+    async with (
+        start_coordinator(fast(workflows=FLOWS)) as coordinator,
+        serving(broker, coordinator, holding(gate)),
+        ReachClient(broker=broker) as client,
+    ):
+        await client.publish("held", {"n": 1}, message_id="behind-2")
+        await watcher.event("accepted", message_id=message_id_of("behind-2", "a", 1))
+        engine = coordinator.workflows
+        engine._hot._forget("behind-2")  # no copy of its own: the change reads the bucket
+        read_from_a_replica_behind(broker, monkeypatch)
+        with capture_logs() as logs:
+            await engine._apply("behind-2", lambda run: False, False)
+            await engine._apply("never-started", lambda run: False, False)
+        monkeypatch.undo()
+        gate.set()
+        await watcher.event("workflow_completed", message_id="behind-2")
+    unknown = [e["instance_id"] for e in logs if "unknown workflow instance" in e["event"]]
+    assert unknown == ["never-started"]
