@@ -8,6 +8,7 @@ import { TOKEN } from "./codec.js";
 import { Connection } from "./connection.js";
 import { DEFAULT_CLAIM_CHECK_BYTES } from "./claimcheck.js";
 import { AgentConfigError, AgentIdInUse, ReachError } from "./errors.js";
+import { checkingPayload } from "./failures.js";
 import { jsonLogger } from "./log.js";
 import type { Logger } from "./log.js";
 import { Names } from "./names.js";
@@ -59,8 +60,13 @@ export interface AgentOptions {
   creds?: string;
 }
 
-export interface HandlerOptions {
+export interface HandlerOptions<P = any> {
   version?: string;
+  /**
+   * Checks and converts the payload before the handler runs (a schema's `parse`, say): what
+   * it throws fails the task at once as `invalid_payload`, not retried.
+   */
+  payload?: (payload: unknown) => P;
   /** Tasks of this topic run at once (default 10); the agent's capacity is the sum. */
   capacity?: number;
   /** The handler's own deadline; the task's execute budget still caps it. */
@@ -144,7 +150,7 @@ export class Agent {
 
   /** Register `fn` as the handler of `topic`. */
   handler<P = any, R = unknown>(topic: string, fn: Handler<P, R>): this;
-  handler<P = any, R = unknown>(topic: string, options: HandlerOptions, fn: Handler<P, R>): this;
+  handler<P = any, R = unknown>(topic: string, options: HandlerOptions<P>, fn: Handler<P, R>): this;
   handler(topic: string, optionsOrFn: HandlerOptions | Handler, maybeFn?: Handler): this {
     const [options, fn] = typeof optionsOrFn === "function" ? [{}, optionsOrFn] : [optionsOrFn, maybeFn];
     if (this.state !== "new") throw new AgentConfigError(`handler '${topic}': add handlers before start()`);
@@ -152,6 +158,9 @@ export class Agent {
     if (!TOKEN.test(topic)) throw new AgentConfigError(`topic '${topic}': use 1-128 letters, digits, '_' or '-'`);
     if (this.handlers.has(topic)) throw new AgentConfigError(`topic '${topic}' already has a handler on ${this.agentId}`);
     if (typeof fn !== "function") throw new AgentConfigError(`handler for '${topic}' must be a function (ctx, payload)`);
+    if (options.payload !== undefined && typeof options.payload !== "function") {
+      throw new AgentConfigError(`payload of '${topic}' must be a function (payload) => checked payload`);
+    }
     const capacity = options.capacity ?? 10;
     atLeastOne(topic, { capacity, deadlineMs: options.deadlineMs, maxAttempts: options.maxAttempts });
     const description = options.description ?? "";
@@ -162,7 +171,7 @@ export class Agent {
     }
     this.handlers.set(topic, {
       topic,
-      fn,
+      fn: checkingPayload(topic, fn, options.payload),
       version: options.version ?? "1",
       capacity,
       deadlineMs: options.deadlineMs ?? null,

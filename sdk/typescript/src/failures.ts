@@ -5,6 +5,7 @@
  */
 
 import { DeadlineExceeded as NoResultInTime, InvokeAborted, InvokeError, NotAcknowledged, NotStored, PermanentError, ReachError } from "./errors.js";
+import type { Handler } from "./execution.js";
 import type { ErrorInfo } from "./types.js";
 
 /** The handler's deadline passed (it is told through `ctx.signal`). */
@@ -22,6 +23,43 @@ export class DeadlineExceeded extends ReachError {
  */
 export class InvalidResult extends ReachError {
   override name = "InvalidResult";
+}
+
+/**
+ * The task's payload is not what the handler takes: its `payload` check threw, or the handler
+ * threw a TypeError on a task with no payload (`null`). The same payload fails every run:
+ * `invalid_payload`, not retried, and not counted against the agent's health (a caller's bad
+ * input would otherwise isolate the agent for every caller). A handler may throw it too.
+ */
+export class InvalidPayload extends ReachError {
+  override name = "InvalidPayload";
+}
+
+/**
+ * `fn`, given the payload as `check` returns it (a schema's `parse`, say); what `check`
+ * throws fails the task as InvalidPayload, naming the topic and why, without calling `fn`.
+ * With no check, a TypeError on a null payload (`payload.text` of nothing) is one too.
+ */
+export function checkingPayload<P, R>(topic: string, fn: Handler<P, R>, check?: (payload: unknown) => P): Handler<unknown, R> {
+  if (check === undefined) {
+    return async (ctx, payload) => {
+      try {
+        return await fn(ctx, payload as P);
+      } catch (err) {
+        if (payload != null || !(err instanceof TypeError)) throw err;
+        throw new InvalidPayload(`the task has no payload (null), and the handler of '${topic}' raised TypeError: ${err.message}`);
+      }
+    };
+  }
+  return (ctx, payload) => {
+    let checked: P;
+    try {
+      checked = check(payload);
+    } catch (err) {
+      throw new InvalidPayload(`the payload does not fit the handler of '${topic}': ${err instanceof Error ? err.message : thrown(err)}`);
+    }
+    return fn(ctx, checked);
+  };
 }
 
 /** `result`, when it can be encoded as JSON; else an InvalidResult saying why. */
@@ -78,6 +116,7 @@ export function ttlPassedInQueue(ttlMs: number, agentId: string, dispatchedMs: n
 export function errorInfo(err: unknown): ErrorInfo {
   if (err instanceof DeadlineExceeded) return failure("deadline_exceeded", err.message, true);
   if (err instanceof InvalidResult) return failure("invalid_result", err.message, false);
+  if (err instanceof InvalidPayload) return failure("invalid_payload", err.message, false);
   if (err instanceof InvokeError) return subTaskFailed(err);
   if (err instanceof Error) {
     const type = err.constructor?.name || err.name || "Error";

@@ -36,6 +36,7 @@ export { jsonLogger } from "./log.js";
 export type { Logger, LogLevel } from "./log.js";
 export { DEFAULT_PREFIX, Names } from "./names.js";
 export type { Handler } from "./execution.js";
+export { InvalidPayload } from "./failures.js";
 export type { Servers } from "./servers.js";
 export { PRIORITIES } from "./types.js";
 export type { SignalOutcome, WorkflowEnded } from "./workflowcontrol.js";

@@ -17,7 +17,7 @@ export const AGENT_OPTIONS: Keys<AgentOptions> = {
   logger: true, requestTimeoutMs: true, claimCheckBytes: true, creds: true,
 };
 export const HANDLER_OPTIONS: Keys<HandlerOptions> = {
-  version: true, capacity: true, deadlineMs: true, maxAttempts: true, description: true, examples: true,
+  version: true, payload: true, capacity: true, deadlineMs: true, maxAttempts: true, description: true, examples: true,
 };
 export const CLIENT_OPTIONS: Keys<ReachClientOptions> = {
   name: true, creds: true, prefix: true, logger: true, requestTimeoutMs: true, claimCheckBytes: true,

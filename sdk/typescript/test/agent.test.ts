@@ -231,6 +231,49 @@ describe("serving tasks", () => {
   });
 });
 
+describe("payloads", () => {
+  it("fails a payload its check refuses, and a null one the handler cannot use, once as invalid_payload", async () => {
+    const checked = unique("checked");
+    const unchecked = unique("unchecked");
+    const runs: unknown[] = [];
+    const order = (p: unknown): { id: number } => {
+      if (typeof (p as { id?: unknown })?.id !== "number") throw new Error("id must be a number");
+      return p as { id: number };
+    };
+    await started(
+      newAgent(unique("ts-payload"))
+        .handler(checked, { payload: order }, (_ctx, p) => runs.push(p.id))
+        .handler(unchecked, (_ctx, p: { text: string }) => runs.push(p.text.length)),
+    );
+    const dlq = new Watcher<DeadLetter>(stack.nc, "reach.dlq.rejected.>");
+    const cases = [
+      [checked, { id: "7" }, `the payload does not fit the handler of '${checked}': id must be a number`],
+      [unchecked, null, `the task has no payload (null), and the handler of '${unchecked}' raised TypeError: `],
+    ] as const;
+    for (const [topic, payload, why] of cases) {
+      const t = task(topic, payload);
+      const events = eventsOf(stack, t.message_id);
+      const replies = await send(stack, t);
+      const letter = await dlq.next((d) => d.message_id === t.message_id, 15_000);
+      const failed = await events.next((e) => e.event === "failed");
+      const error = failed.detail.error as { type: string; message: string; retryable: boolean };
+      assert.equal(error.type, "invalid_payload");
+      assert.equal(error.retryable, false);
+      assert.ok(error.message.startsWith(why), error.message);
+      assert.equal(letter.attempts, 1);
+      replies.close();
+      events.close();
+    }
+    const fine = task(checked, { id: 7 });
+    const replies = await send(stack, fine);
+    const result = await replies.next((r) => r.kind === "result");
+    assert.equal(result.kind === "result" && result.result, 1);
+    assert.deepEqual(runs, [7]); // the refused ones never reached their handlers' bodies
+    dlq.close();
+    replies.close();
+  });
+});
+
 describe("results", () => {
   it("fails a result JSON cannot carry (a BigInt, a cycle) once, not retried, as invalid_result", async () => {
     const topic = unique("unsendable");
