@@ -74,8 +74,8 @@ async def wait_for_result(
     ending: Ending,
 ) -> Any:
     """The task's result (and its reference), or its failure raised. Once accepted, it is
-    waited for ``task.budget.execute_ms`` and at least until its ttl has run out: a
-    workflow is acknowledged at once and lives for its ttl."""
+    waited for ``task.budget.execute_ms`` from the latest ack (a retry's), and at least until
+    its ttl has run out: a workflow is acknowledged at once and lives for its ttl."""
     ids = {"message_id": task.message_id, "trace_id": task.trace_id}
     loop = asyncio.get_running_loop()
     ack_by = loop.time() + task.budget.ack_ms / 1000
@@ -124,7 +124,10 @@ async def wait_for_result(
             case None:
                 raise InvokeError(f"the client was closed while {task.topic!r} ran", **ids)
             case Ack():
-                done_by = done_by or executed_by()
+                # Each attempt's budget runs from its own ack: a retry accepted just before
+                # the ttl ends runs past it, and the coordinator's verdict comes after.
+                if done_by is None or executed_by() > done_by:
+                    done_by, ending.graced = executed_by(), False
                 await _call(on_ack, message)
             case Progress():
                 await _call(on_progress, message)

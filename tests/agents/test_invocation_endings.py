@@ -116,3 +116,29 @@ async def test_a_reconnect_mid_wait_reads_the_end_within_seconds_not_at_the_dead
         result = await wait_for_result(SLOW, queue, None, None, ending)
     assert result == ({"n": 8}, None)
     assert loop.time() - started < 2.5
+
+
+async def test_a_retry_accepted_late_in_the_ttl_is_waited_for_its_whole_budget() -> None:
+    """Each ack starts its attempt's execute budget: a retry accepted just before the ttl
+    ends runs its budget past it, and the coordinator's verdict comes after that. The wait
+    counted only from the first ack and gave up (DeadlineExceeded) before hearing it."""
+    task = Task(
+        v=1,
+        message_id="late-1",
+        trace_id="late-1",
+        topic="slow",
+        ttl_ms=1_300,
+        budget=Budget(ack_ms=1_000, execute_ms=1_200),
+    )
+    about = {"v": 1, "message_id": "late-1", "trace_id": "late-1", "topic": "slow"}
+    queue: asyncio.Queue = asyncio.Queue()
+    queue.put_nowait(Ack(**about))
+    loop = asyncio.get_running_loop()
+    retried = {**about, "attempt": 2}
+    loop.call_later(1.2, queue.put_nowait, Ack(**retried))  # the retry, before the ttl ends
+    verdict = ErrorReply(**retried, error=EXPIRED, reason="expired", ran=True)
+    loop.call_later(2.45, queue.put_nowait, verdict)  # its budget ran out: no attempt 3
+    async with asyncio.timeout(10):
+        with pytest.raises(TaskFailed) as raised:
+            await wait_for_result(task, queue, None, None, Ending(_Broker(), _nothing))  # type: ignore[arg-type]
+    assert raised.value.ending == "expired" and raised.value.attempt == 2

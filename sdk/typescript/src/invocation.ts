@@ -77,8 +77,8 @@ export class Ending {
 export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, waiting: Waiting): Promise<Outcome> {
   const ids = idsOf(task);
   const ackBy = performance.now() + task.budget.ack_ms;
-  // Once accepted, the execute budget and at least the ttl: a workflow is acknowledged at
-  // once and lives for its ttl.
+  // Once accepted, the execute budget from the latest ack (a retry's) and at least the ttl:
+  // a workflow is acknowledged at once and lives for its ttl.
   const livesUntil = performance.now() + task.ttl_ms;
   const executedBy = () => Math.max(performance.now() + task.budget.execute_ms, livesUntil);
   let doneBy: number | null = null;
@@ -117,7 +117,9 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
     }
     switch (reply.kind) {
       case "ack":
-        doneBy ??= executedBy();
+        // Each attempt's budget runs from its own ack: a retry accepted just before the ttl
+        // ends runs past it, and the coordinator's verdict comes after.
+        if (doneBy === null || executedBy() > doneBy) [doneBy, ending.graced] = [executedBy(), false];
         await waiting.onAck?.(reply);
         break;
       case "progress":

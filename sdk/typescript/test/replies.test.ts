@@ -142,4 +142,23 @@ describe("waitForResult", () => {
       assert.ok(performance.now() - started < 2_500, `took ${Math.round(performance.now() - started)} ms`);
     });
   }
+
+  it("waits for a retry accepted late in the ttl its whole budget, and hears the verdict after it", async () => {
+    // It counted only from the first ack and gave up (DeadlineExceeded) before the verdict.
+    const late = { ...about, ttl_ms: 1_300, budget: { ack_ms: 1_000, execute_ms: 1_200 } } as unknown as Task;
+    const traces = { of: async () => [] } as unknown as Traces;
+    const box = new ReplyBox("reach.reply.client.c", "m-1", quiet);
+    const ending = new Ending({ reconnects: 0 } as unknown as Connection, traces, "m-1");
+    const acked = (attempt: number) => {
+      box.collect("reach.reply.client.c._coordinator", enc({ kind: "routed", ...about, attempt, agent_id: "a-1" }));
+      box.collect("reach.reply.client.c.a-1", enc({ kind: "ack", ...about, from_agent: "a-1", attempt }));
+    };
+    acked(1);
+    setTimeout(() => acked(2), 1_200); // the retry, before the ttl ends
+    const expired = { type: "expired", message: "its ttl runs out before attempt 3" };
+    const verdict = { kind: "error", ...about, attempt: 2, error: expired, reason: "expired", ran: true };
+    setTimeout(() => box.collect("reach.reply.client.c._coordinator", enc(verdict)), 2_450);
+    const waited = waitForResult(late, box, ending, { signal: AbortSignal.timeout(10_000) });
+    await assert.rejects(waited, (err: unknown) => err instanceof TaskFailed && err.ending === "expired" && err.attempt === 2);
+  });
 });
