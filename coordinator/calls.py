@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 
 from agentreach import envelopes
-from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound, Subscription
+from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound, Subscription, TooLarge
 from agentreach.broker.endings import Ended, OthersMessage, Sent, wait_for_ending
 from agentreach.broker.lifecycle import events_of_id, own_events
 from agentreach.broker.reply_box import ReplyBox
@@ -277,11 +277,28 @@ class Calls:
 
     async def _answer(self, requester: _Requester, value: object, *, error: bool = False) -> None:
         headers = {h.KIND: "error" if error else "result", h.MESSAGE_ID: requester.message_id}
+        data = envelopes.encode(value)
         try:
-            data = envelopes.encode(value)
             await self._broker.publish_core(requester.subject, data, headers=headers)
+        except TooLarge as exc:
+            if error:
+                log.warning("could not answer a call", error=str(exc))
+                return
+            # Told, not left to its timeout: sent again under a new id, the work would run twice.
+            why = answer_too_large(requester.message_id, len(data), self._broker.max_payload)
+            await self._answer(requester, {"error": why}, error=True)
         except BrokerError as exc:
             log.warning("could not answer a call", error=str(exc))
+
+
+def answer_too_large(message_id: str, size: int, max_payload: int) -> ErrorInfo:
+    """The gateway's error for a result that completed but is larger than one message."""
+    message = (
+        f"the task completed, but its result ({size} bytes of JSON) is larger than a message"
+        f" of this server ({max_payload} bytes): read it by its id, {message_id!r}"
+        " (`reach publish --wait --message-id`, `ReachClient.result`), not by reach.call"
+    )
+    return ErrorInfo(type="answer_too_large", message=message, retryable=False)
 
 
 def _failure(error: ErrorInfo, reason: str | None) -> dict[str, object]:

@@ -32,6 +32,10 @@ def mirror() -> Agent:
     async def echo(ctx: TaskContext, payload: dict) -> dict:
         return {"length": len(payload["text"]), "text": payload["text"], "tp": ctx.traceparent}
 
+    @agent.handler("inflate", capacity=4)
+    async def inflate(ctx: TaskContext, payload: dict) -> str:
+        return "x" * payload["size"]
+
     @agent.handler("fan", capacity=4)
     async def fan(ctx: TaskContext, payload: dict) -> dict:
         child = ctx.child_task("mirror", {"text": "small"})
@@ -111,6 +115,24 @@ async def test_a_call_whose_result_is_claim_checked_is_answered_with_it(broker, 
         answer = await broker.nc.request(broker.names.call("mirror"), body, timeout=20)
     assert answer.headers is not None and answer.headers[h.KIND] == "result"
     assert msgspec.json.decode(answer.data)["text"] == BIG
+
+
+@NO_CLAIM_CHECK
+async def test_a_call_whose_result_is_larger_than_a_message_is_told_so(broker, coordinator):
+    """A result over the server's max_payload cannot be the call's answer: the call is told
+    the task completed and where to read it, at once, not left to time out (and be sent
+    again under a new id, its work run twice)."""
+    size = broker.max_payload + 1000
+    body = msgspec.json.encode({"size": size})
+    headers = {h.MSG_ID: "too-big-call"}
+    async with mirror().running(broker=broker):
+        answer = await broker.nc.request(broker.names.call("inflate"), body, 20, headers=headers)
+    assert answer.headers is not None and answer.headers[h.KIND] == "error"
+    assert answer.headers[h.MESSAGE_ID] == "too-big-call"
+    error = msgspec.json.decode(answer.data)["error"]
+    assert error["type"] == "answer_too_large" and error["retryable"] is False
+    assert error["message"].startswith(f"the task completed, but its result ({size + 2} bytes")
+    assert "'too-big-call'" in error["message"]
 
 
 async def test_every_finished_message_has_one_audit_record(broker, coordinator, watcher):
