@@ -220,8 +220,9 @@ def _rebuilt(letter: DeadLetter, topic: str | None, payload: Any) -> Task:
     if payload is UNCHANGED or to_topic in ("", envelopes.INVALID_TOPIC):
         raise NothingToReplay(
             f"dead letter {letter.message_id} ({letter.reason}) has no decodable task to replay:"
-            " give the payload it should have had (--payload; and --topic when its topic is"
-            " not known), or fix its body (the letter's raw), send it again, and resolve it",
+            " give the payload it should have had (`reach dlq replay --payload`, `payload=`;"
+            " and `--to-topic`, `topic=`, when its topic is not known), or fix its body (the"
+            " letter's raw), send it again, and resolve it",
             message_id=letter.message_id,
             reason=letter.reason,
         )

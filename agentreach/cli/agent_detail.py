@@ -102,7 +102,7 @@ def _card_lines(row: Row, now_ms: int) -> list[str]:
         judged_said += ", QUARANTINED: `reach agents clear` lifts it"
     lines = [f"agent     {row.key} (epoch {card.epoch})  {state}{judged_said}"]
     if beat is not None and row.beat_age_s is not None:
-        busy = f" · {beat.in_flight} of {beat.in_flight + beat.free_slots} slots busy"
+        busy = f" · {beat.in_flight} of {beat.in_flight + beat.free_slots} slots busy at that beat"
         lines.append(
             f"heartbeat {row.beat_age_s:.1f} s ago, every {beat.interval_s:g} s"
             + (busy if state not in ("OFFLINE", "STOPPED") else "")

@@ -89,7 +89,7 @@ def register(commands: Commands) -> None:
     dlq.add_argument(
         "--max-replays",
         type=int,
-        default=DEFAULT_MAX_REPLAYS,
+        default=None,
         metavar="N",
         help="replay: refuse a letter whose task N replays led to already"
         f" (default {DEFAULT_MAX_REPLAYS})",
@@ -127,15 +127,15 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         there = await _there(broker) if not letters and filtered and args.action == "list" else {}
         settled = await _settled(broker) if args.action in ("list", "resolve", "stats") else {}
         if args.action == "show":
-            letter = _find(letters, args.id, args.at)
+            letter = _find(letters, args)
             print_letter(letter, await settling_of(broker, letter))
             return 0
         if args.action == "resolve" and not args.id:
             return await _resolve_open(broker, letters, settled, args.note)
         if args.action == "resolve":
-            return await _resolve(broker, _find(letters, args.id, args.at), settled, args.note)
+            return await _resolve(broker, _find(letters, args), settled, args.note)
         if args.action == "replay":
-            task = await _replay(broker, _find(letters, args.id, args.at), args)
+            task = await _replay(broker, _find(letters, args), args)
             await warn_without_coordinator(broker, "the replayed task waits in REACH_TASKS")
             print(json.dumps({"message_id": task.message_id, "trace_id": task.trace_id}))
             return 0
@@ -190,8 +190,24 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--payload is for dlq replay, not dlq {args.action}")
     if args.at is not None and args.action not in ("show", "replay", "resolve"):
         raise UsageError(f"--at is for dlq show, replay and resolve, not dlq {args.action}")
-    if args.max_replays < 0:
+    for given, name in ((args.to_topic, "--to-topic"), (args.max_replays, "--max-replays")):
+        if given is not None and args.action != "replay":
+            raise UsageError(f"{name} is for dlq replay, not dlq {args.action}")
+    if args.max_replays is not None and args.max_replays < 0:
         raise UsageError(f"--max-replays {args.max_replays}: expected 0 or more")
+
+
+def _among(args: argparse.Namespace) -> str:
+    """What ``--reason`` / ``--topic`` narrowed the search to, when they did: they select by
+    the letter's own reason and topic (a replay's new topic is ``--to-topic``)."""
+    filters = (("--reason", args.reason), ("--topic", args.topic))
+    given = [f"{name} {value}" for name, value in filters if value]
+    if not given:
+        return ""
+    return (
+        f" among the letters of {' and '.join(given)} (the letter's own; a replay to another"
+        " topic is --to-topic)"
+    )
 
 
 def _payload(text: str) -> object:
@@ -218,7 +234,7 @@ async def _replay(broker: Broker, letter: DeadLetter, args: argparse.Namespace) 
             letter,
             topic=args.to_topic,
             payload=UNCHANGED if args.payload is None else _payload(args.payload),
-            max_replays=args.max_replays,
+            max_replays=DEFAULT_MAX_REPLAYS if args.max_replays is None else args.max_replays,
             force=args.force,
         )
     except LetterSettled as exc:
@@ -322,11 +338,12 @@ def _readable(stored: list[StoredMessage]) -> list[DeadLetter]:
     return letters
 
 
-def _find(letters: list[DeadLetter], message_id: str, at_ms: int | None) -> DeadLetter:
-    """The newest letter of ``message_id`` (one per life of the id), or the one ``at_ms``."""
+def _find(letters: list[DeadLetter], args: argparse.Namespace) -> DeadLetter:
+    """The newest letter of the id asked for (one per life of the id), or the one ``--at``."""
+    message_id, at_ms = args.id, args.at
     lives = [letter for letter in letters if letter.message_id == message_id]
     if not lives:
-        raise UsageError(f"no dead letter with message_id {message_id!r}")
+        raise UsageError(f"no dead letter with message_id {message_id!r}{_among(args)}")
     if at_ms is None:
         if len(lives) > 1:
             print(

@@ -163,7 +163,9 @@ async def _burst(
         print(json.dumps({"message_id": message_id, "trace_id": trace_id}))
     print(
         f"published {len(sent)} tasks on {args.topic} (stored; the coordinator may still refuse"
-        " some: a caller's quota, a topic's limits — `reach dlq list --reason rejected`)",
+        " some: a caller's quota, a topic's limits — each a `rejected` event in `reach trace ID`,"
+        " and `reach dlq list --reason rejected`, though refusals past a quota's own pace are"
+        " not dead-lettered)",
         file=sys.stderr,
     )
 

@@ -288,3 +288,44 @@ async def test_a_step_letter_is_not_replayed_as_a_lone_task_unless_forced(broker
     )
     assert forced.returncode == 0, forced.stderr
     assert undone.returncode == 0, undone.stderr
+
+
+async def test_a_letter_with_no_task_is_replayed_as_its_hint_says(broker):
+    """A letter with no decodable task (malformed JSON on a deep subject) asks for the payload
+    and `--to-topic`, which replay it; `--topic` selects by the letter's own topic, and a
+    search it narrowed to nothing says so rather than only "no dead letter". A replay's
+    options given to another action are refused, not ignored."""
+    names = broker.names
+    letter = DeadLetter(
+        v=1,
+        reason="invalid_envelope",
+        message_id="deep-1",
+        trace_id="deep-1",
+        topic=envelopes.INVALID_TOPIC,
+        error=ErrorInfo(type="invalid_envelope", message="not JSON", retryable=False),
+    )
+    await broker.publish(names.dlq("invalid_envelope", "unknown"), envelopes.encode(letter))
+    bare = await reach(broker, "dlq", "replay", "deep-1", "--payload", '{"text": "x. y"}')
+    assert bare.returncode == 1 and "`--to-topic`" in bare.stderr and "--topic " not in bare.stderr
+    narrowed = await reach(broker, "dlq", "replay", "deep-1", "--topic", "summarize")
+    assert narrowed.returncode != 0
+    assert "no dead letter with message_id 'deep-1' among the letters of --topic summarize" in (
+        narrowed.stderr
+    )
+    assert "--to-topic" in narrowed.stderr
+    replayed = await reach(
+        broker,
+        "dlq",
+        "replay",
+        "deep-1",
+        "--payload",
+        '{"text": "x. y"}',
+        "--to-topic",
+        "summarize",
+    )
+    assert replayed.returncode == 0, replayed.stderr
+    [sent] = await read_stream(broker, names.tasks_stream, names.task("summarize"))
+    assert envelopes.decode_task(sent.data).payload == {"text": "x. y"}
+    for misplaced in (("--to-topic", "x"), ("--max-replays", "2")):
+        shown = await reach(broker, "dlq", "show", "deep-1", *misplaced)
+        assert shown.returncode != 0 and f"{misplaced[0]} is for dlq replay" in shown.stderr
