@@ -289,10 +289,13 @@ class Executor:
             await self._reports.progress(job, note)
             if not await self._claims.renew(task, claim, deadline.lease_ms()):
                 log.warning("claim lost while running: this run's result will be refused")
+                progressing.end()
 
         progressing = Progressing(report)
 
         async def progressed(note: str) -> None:
+            if progressing.ended:  # the run is over: its deadline too
+                return
             with deadline.held():  # the window starts again (at each end of the hold)
                 await progressing.say(note)
 

@@ -128,13 +128,18 @@ class Progressing:
     """One run's progress reports (``report``: publish it, renew the claim): each waited for
     at most :data:`PROGRESS_WAIT_S`, then left to finish in the background, one at a time
     (a report made while the one before is still on its way is not made); cut at the run's
-    end (:meth:`close`)."""
+    end (:meth:`close`), and none made after it, nor once the run lost its claim (:meth:`end`):
+    a trace showed progress after the end (a handler's task left running, a paused process
+    that came back after a newer one had completed its task)."""
 
     def __init__(self, report: Callable[[str], Awaitable[None]]) -> None:
         self._report = report
         self._on_its_way: asyncio.Task[None] | None = None
+        self._ended = False
 
     async def say(self, note: str) -> None:
+        if self._ended:
+            return  # nobody waits for this run's progress any more
         if self._on_its_way is not None and not self._on_its_way.done():
             return  # the server is slow or away: the one before has not arrived yet
         self._on_its_way = on_its_way = asyncio.create_task(self._report(note))
@@ -144,6 +149,16 @@ class Progressing:
         else:
             log.warning("progress not reported yet; the handler goes on", wait_s=PROGRESS_WAIT_S)
 
+    @property
+    def ended(self) -> bool:
+        """Whether reports are no longer made."""
+        return self._ended
+
+    def end(self) -> None:
+        """Make no report from now on."""
+        self._ended = True
+
     async def close(self) -> None:
+        self.end()
         if self._on_its_way is not None:
             await cancel_and_wait(self._on_its_way)

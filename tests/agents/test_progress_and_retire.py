@@ -40,6 +40,36 @@ async def test_every_progress_report_is_recorded_even_within_one_millisecond(
     assert len({e.at_ms for e in stored}) == 5
 
 
+async def test_progress_a_run_reports_after_its_end_is_not_made(broker, coordinator, watcher):
+    """A handler that leaves a task reporting progress after it returned (its run ended):
+    the report is not made, and the trace ends with `completed`, not a `progress` after it."""
+    agent = Agent("lingering-1", startup_delay=0)
+    ended, reported_late = asyncio.Event(), asyncio.Event()
+
+    @agent.handler("linger")
+    async def linger(ctx: TaskContext, payload: dict) -> dict:
+        async def later() -> None:
+            await ended.wait()
+            await ctx.progress("after the end")
+            reported_late.set()
+
+        asyncio.get_running_loop().create_task(later())
+        await ctx.progress("during the run")
+        return {}
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        message_id, _ = await client.publish("linger", {})
+        await watcher.event("completed", message_id=message_id)
+        ended.set()
+        await asyncio.wait_for(reported_late.wait(), 10)
+        await client.publish(
+            "linger", {}, message_id="linger-barrier"
+        )  # a later event, stored after it
+        await watcher.event("completed", message_id="linger-barrier")
+    notes = [e.detail.get("note") for e in await trace_of(broker, message_id)]
+    assert "during the run" in notes and "after the end" not in notes
+
+
 async def test_progress_gives_the_handler_its_deadline_again_and_extends_the_claim(
     broker, coordinator
 ):

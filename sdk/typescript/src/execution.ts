@@ -339,9 +339,9 @@ export class Executor {
     const deadline = new Deadline(budgetMs, spec.deadlineMs);
     const progressing = new Progressing(async (note) => {
       await this.reports.progress(msg, task, note);
-      if (!(await this.records.renew(task, claim, deadline.leaseMs()))) {
-        this.log.warn("claim lost while running: this run's result will be refused", { message_id: task.message_id });
-      }
+      if (await this.records.renew(task, claim, deadline.leaseMs())) return;
+      this.log.warn("claim lost while running: this run's result will be refused", { message_id: task.message_id });
+      progressing.end();
     }, this.log);
     const ctx = new TaskContext(task, this.agentId, deadline, abort.signal, {
       progress: async (note) => {
@@ -380,14 +380,14 @@ export class Executor {
         return { claim, error: failure("payload_unavailable", err.message, false), durationMs: 0 };
       }
       if (!(err instanceof DeadlineExceeded || err instanceof PermanentError)) {
-        // Where it raised, for the handler's author (a deadline's stack says nothing; a
-        // PermanentError is a refusal on purpose, which "handler failed" says).
+        // Where it raised, for its author (a deadline's stack says nothing; a PermanentError is meant).
         this.log.warn("handler raised", { message_id: task.message_id, stack: err instanceof Error ? err.stack : String(err) });
       }
       return { claim, error: errorInfo(err), durationMs: 0 };
     } finally {
       deadline.clear();
       stopKeeping();
+      progressing.end();
       this.aborts.delete(abort);
       this.reports.forget(task.message_id);
     }

@@ -102,10 +102,18 @@ export const PROGRESS_WAIT_MS = 1_000;
 /**
  * One run's progress reports (`report`: publish it, renew the claim): each waited for at most
  * PROGRESS_WAIT_MS, then left to finish on its way, one at a time (a report made while the one
- * before is still on its way is not made).
+ * before is still on its way is not made); none once the run ended or lost its claim (`end`):
+ * a trace showed progress after the end (a promise left running by the handler, a paused
+ * process that came back after a newer one had completed its task).
  */
 export class Progressing {
   private onItsWay: Promise<unknown> | null = null;
+  private ended = false;
+
+  /** Make no report from now on. */
+  end(): void {
+    this.ended = true;
+  }
 
   constructor(
     private readonly report: (note: string) => Promise<void>,
@@ -113,7 +121,7 @@ export class Progressing {
   ) {}
 
   async say(note: string): Promise<void> {
-    if (this.onItsWay !== null) return; // the server is slow or away: the one before is not there yet
+    if (this.ended || this.onItsWay !== null) return; // the server is slow or away: the one before is not there yet
     const failed = this.report(note).then(() => null, (err: unknown) => err ?? new Error("report failed"));
     this.onItsWay = failed;
     void failed.then(() => (this.onItsWay = null));

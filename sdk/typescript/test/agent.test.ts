@@ -154,6 +154,33 @@ describe("serving tasks", () => {
     events.close();
   });
 
+  it("makes no progress report once the run ended (a promise the handler left behind)", async () => {
+    const topic = unique("linger");
+    const ended = new Gate();
+    let late: Promise<void> | null = null;
+    await started(
+      newAgent(unique("ts-linger")).handler(topic, async (ctx) => {
+        late = ended.opened.then(() => ctx.progress("after the end"));
+        await ctx.progress("during the run");
+        return "done";
+      }),
+    );
+    const t = task(topic, null);
+    const events = eventsOf(stack, t.message_id);
+    const replies = await send(stack, t);
+    await events.next((e) => e.event === "completed");
+    ended.open();
+    await late; // resolves: nothing to report, no error for the handler's author
+    const barrier = task(topic, null); // its events are stored after any late one would be
+    const after = eventsOf(stack, barrier.message_id);
+    const more = await send(stack, barrier);
+    await after.next((e) => e.event === "completed");
+    const notes = events.seen.filter((e) => e.body.event === "progress").map((e) => e.body.detail.note);
+    assert.deepEqual(notes, ["during the run"]);
+    assert.deepEqual(replies.seen.map((m) => m.body.kind), ["ack", "progress", "result"]);
+    for (const w of [replies, events, after, more]) w.close();
+  });
+
   it("sends a workflow step's reply subject only the result", async () => {
     const topic = unique("step");
     const agent = await started(
