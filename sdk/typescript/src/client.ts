@@ -11,8 +11,10 @@ import { encode, MAX_MS, newId, nowMs, taskHeaders, TOKEN } from "./codec.js";
 import { Connection } from "./connection.js";
 import { coordinatorRuns, NO_COORDINATOR, PublishWarnings } from "./coordinatorstatus.js";
 import { Traces } from "./endings.js";
-import { BacklogFull, InvalidArgument, InvokeError, NotAcknowledged, NotProvisioned, NotStored, ReachError } from "./errors.js";
+import { BacklogFull, InvalidArgument, NotAcknowledged, ReachError } from "./errors.js";
 import { aborted, earlierOutcome, Ending, waitForResult } from "./invocation.js";
+import { lookedUp } from "./lookup.js";
+import { notStored, refusedPublish } from "./refusals.js";
 import type { OnAck, OnProgress, Outcome } from "./invocation.js";
 import { jsonLogger } from "./log.js";
 import type { Logger } from "./log.js";
@@ -300,6 +302,20 @@ export class ReachClient {
   }
 
   /**
+   * The result of a message this caller sent earlier (`publish`, an invoke that gave up), once
+   * it ends, waiting up to `timeoutMs` (30 000): nothing is sent, its events are read. Throws
+   * as `invoke` does for how it ended (TaskFailed, Rejected…); DeadlineExceeded when it has not
+   * ended by then (ask again) or no event of it is recorded; InvalidArgument for another
+   * caller's message; NotAcknowledged when no coordinator runs.
+   */
+  async result<R = unknown>(messageId: string, options: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<R> {
+    this.mustBeOpen();
+    const withinMs = positive("timeoutMs", options.timeoutMs ?? 30_000);
+    const outcome = await lookedUp(this.traces, messageId, withinMs, options.signal, this.closed);
+    return (await this.claimCheck.resultOf(...outcome)) as R;
+  }
+
+  /**
    * Cancel a workflow instance this caller started (its id: the starting task's `messageId`)
    * and wait up to `waitMs` (10 000) for it to end: `status` `cancelled`, or how it ended
    * otherwise first (`beforeCancel`: it had ended before; nothing was sent). `why` is added
@@ -348,7 +364,6 @@ export class ReachClient {
     return new NotAcknowledged(`${err.message}: ${NO_COORDINATOR}`, err);
   }
 
-  /** The end of the message taken in already under `task`'s id, once it ends (§9). */
 }
 
 function positive(name: string, value: number): number {
@@ -360,40 +375,8 @@ function invalidOptions(message: string): InvalidArgument {
   return new InvalidArgument(message, "options");
 }
 
-const SUBJECT_FULL = 10077; // JetStream: maximum messages per subject (or bytes, messages) exceeded
 // While the intake holds a caller's whole backlog on a topic, its next publish is tried again
 // after these pauses (doubling), until its task's ttl.
 const ROOM_PAUSE_FIRST_MS = 50;
 const ROOM_PAUSE_CAP_MS = 1_000;
 
-/** The SDK's own error for a task the server did not take, or null for any other failure. */
-/** A write that failed otherwise: typed, with the ids to send it again under. */
-function notStored(err: unknown, task: Task): Error {
-  if (err instanceof ReachError) return err;
-  const ids = { messageId: task.message_id, traceId: task.trace_id };
-  const code = (err as NatsError | null)?.code;
-  if (code === ErrorCode.Timeout || code === "503") {
-    const why = "JetStream did not answer within 15 s (a server restart, a leader election, most of a cluster down)";
-    const how = `send it again with messageId ${task.message_id}: the stream and the agents keep it one message`;
-    return new NotStored(`'${task.topic}' may not have been stored: ${why}; ${how}`, ids, { cause: err });
-  }
-  return new InvokeError(`'${task.topic}' was not sent: ${String(err)}`, ids, { cause: err });
-}
-
-function refusedPublish(err: unknown, task: Task, subject: string, caller: string): InvokeError | null {
-  const failure = err as NatsError | null;
-  const ids = { messageId: task.message_id, traceId: task.trace_id };
-  if (failure?.api_error?.err_code === SUBJECT_FULL) {
-    const said = failure.api_error.description ?? ""; // one code for a full subject and a full stream
-    const why = said.includes("per subject")
-      ? `the intake held as many of '${caller}''s tasks on it as it keeps (limits.tasks_per_subject)`
-      : `the intake was full (${said}; limits.tasks_bytes): no coordinator took tasks from it`;
-    return new BacklogFull(`'${task.topic}' was not sent: ${why} for the task's whole ttl of ${task.ttl_ms} ms`, ids, { cause: err });
-  }
-  if (failure?.code === "503" && !failure.api_error) {
-    // No responders: no stream listens on the subject.
-    const how = "provision it with `reach provision --nats-url URL` (or start a coordinator on it, `reach coordinator`), with the same --prefix";
-    return new NotProvisioned(`'${task.topic}' was not sent: no stream on this server takes '${subject}'; ${how}`, ids, { cause: err });
-  }
-  return null;
-}

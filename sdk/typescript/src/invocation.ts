@@ -26,8 +26,8 @@ import { sleep } from "./timing.js";
 import type { Signal } from "./timing.js";
 import type { Ack, ErrorInfo, Event, PayloadRef, Progress, Task } from "./types.js";
 
-const FIRST_PAUSE_MS = 50; // between two reads of an earlier message's events, doubling
-const LONGEST_PAUSE_MS = 1_000;
+export const FIRST_PAUSE_MS = 50; // between two reads of an earlier message's events, doubling
+export const LONGEST_PAUSE_MS = 1_000;
 const RECHECK_MS = 1_000; // how often a wait looks for a reconnect, and then reads the events
 const VERDICT_GRACE_MS = 1_000; // past the execute deadline, for the coordinator's verdict
 

@@ -431,6 +431,41 @@ describe("ReachClient on an open server", () => {
     intake.close();
   });
 
+  it("looks up a published message's result by its id, sending nothing: its failure thrown, one not ended said so", async () => {
+    const topic = unique("lookup");
+    const gate = new Gate();
+    let runs = 0;
+    await serving(
+      newAgent(unique("ts-lookup")).handler(topic, async (_ctx, p: { mode: string }) => {
+        runs += 1;
+        if (p.mode === "refuse") throw new PermanentError("no such document");
+        if (p.mode === "slow") await gate.opened;
+        return { words: p.mode.length };
+      }),
+    );
+    const done = await client.publish(topic, { mode: "four" });
+    const failing = await client.publish(topic, { mode: "refuse" });
+    const running = await client.publish(topic, { mode: "slow" });
+    assert.deepEqual(await client.result(done.messageId), { words: 4 });
+    assert.deepEqual(await client.result(done.messageId), { words: 4 }); // as often as asked
+    const failed = await rejection(client.result(failing.messageId));
+    assert.ok(failed instanceof TaskFailed && failed.error.message === "no such document", String(failed));
+    const early = await rejection(client.result(running.messageId, { timeoutMs: 300 }));
+    assert.ok(early instanceof DeadlineExceeded && early.message.includes("did not end within 300 ms"), String(early));
+    gate.open();
+    assert.deepEqual(await client.result(running.messageId), { words: 4 });
+    const never = await rejection(client.result(unique("never-sent"), { timeoutMs: 300 }));
+    assert.ok(never instanceof DeadlineExceeded && never.message.includes("has no recorded event"), String(never));
+    const other = await ReachClient.connect(stack.url, { logger: quiet, name: "someone-else" });
+    try {
+      const theirs = await rejection(other.result(done.messageId, { timeoutMs: 1_000 }));
+      assert.ok(theirs instanceof InvalidArgument && theirs.message.includes("another caller's message"), String(theirs));
+    } finally {
+      await other.close();
+    }
+    assert.equal(runs, 3); // nothing sent again
+  });
+
   it("ends pending invokes with InvokeError on close, and refuses calls after it", async () => {
     const topic = unique("closing");
     const release = new Gate();
