@@ -329,9 +329,8 @@ function resolveAgentId(agentId: string | undefined, identityFile: string): stri
 }
 
 function positive(name: string, value: number): number {
-  if (!(typeof value === "number" && value > 0)) {
-    throw new AgentConfigError(`${name} must be positive, got ${value}`);
-  }
+  if (typeof value !== "number") throw new AgentConfigError(`${name} must be a number, got ${JSON.stringify(value)}`);
+  if (!(value > 0)) throw new AgentConfigError(`${name} must be positive, got ${value}`);
   return value;
 }
 

@@ -367,7 +367,8 @@ export class ReachClient {
 }
 
 function positive(name: string, value: number): number {
-  if (!(typeof value === "number" && value > 0)) throw new InvalidArgument(`${name} must be positive, got ${value}`, name);
+  if (typeof value !== "number") throw new InvalidArgument(`${name} must be a number, got ${JSON.stringify(value)}`, name);
+  if (!(value > 0)) throw new InvalidArgument(`${name} must be positive, got ${value}`, name);
   return value;
 }
 

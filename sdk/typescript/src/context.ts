@@ -83,6 +83,7 @@ export class TaskContext {
     return this.envelope.traceparent ?? null;
   }
 
+  /** Milliseconds since the handler started. */
   elapsedMs(): number {
     return Math.floor(performance.now() - this.deadline.started);
   }

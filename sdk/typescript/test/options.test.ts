@@ -28,6 +28,15 @@ describe("options", () => {
     });
   });
 
+  it("says a duration given as text is not a number, rather than not positive", () => {
+    assert.throws(() => new Agent({ agentId: "opts-2", drainTimeoutMs: "10s" as never }), {
+      message: 'drainTimeoutMs must be a number, got "10s"',
+    });
+    assert.throws(() => new Agent({ agentId: "opts-2", drainTimeoutMs: -1 }), { message: "drainTimeoutMs must be positive, got -1" });
+    const agent = new Agent({ agentId: "opts-2", startupDelayMs: 0 });
+    assert.throws(() => agent.handler("echo", { payload: "a schema" } as never, async () => null), /payload of 'echo' must be a function/);
+  });
+
   it("lists every unknown key, and suggests only a close one", () => {
     const error = (m: string) => new Error(m);
     assert.throws(() => onlyKnown("f()", { messageID: "x", colour: 1 }, { messageId: true }, error), {
