@@ -214,7 +214,7 @@ export class AgentRuntime {
     await this.heartbeats?.stop();
     if (this.card !== null) await this.retire();
     await this.presence.stop();
-    this.log.info("agent stopped");
+    this.log.info(this.card !== null ? "agent stopped" : "agent stopped before it registered");
   }
 
   /**
