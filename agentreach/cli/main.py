@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
     root = parser()
+    if argv and argv[0].startswith("--") and argv[0].split("=")[0] not in ("--help", "--version"):
+        # Each command's options are its own: `reach --nats-url URL agents` took URL as the command.
+        root.error(f"options come after the command: reach COMMAND {argv[0]} …")
     args, unknown = root.parse_known_args(argv)
     if unknown:  # said by the command's own parser, which knows its usage
         args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -388,6 +388,10 @@ async def test_a_command_line_mistake_is_one_line_naming_it_and_the_command():
         (("trace", "a", "b"), "reach trace: error: unrecognized arguments: b"),
         (("publish", "t", "{}", "--priority", "P9"), "reach publish: error: argument --priority"),
         (("nosuch",), "reach: error: argument COMMAND: invalid choice: 'nosuch'"),
+        (
+            ("--nats-url", "nats://127.0.0.1:1", "agents"),
+            "reach: error: options come after the command: reach COMMAND --nats-url",
+        ),
     ]:
         done = await run(reach_command(), *argv)
         assert done.returncode == 2
