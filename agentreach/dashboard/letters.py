@@ -29,7 +29,9 @@ class OpenLetters:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self._next_seq = 1
-        self._open: dict[str, Shown] = {}
+        # By message id and when the letter was written: an id dead-lettered again (a later
+        # life) has a letter of its own, as `reach dlq list --open` lists it.
+        self._open: dict[tuple[str, int], Shown] = {}
 
     def __len__(self) -> int:
         return len(self._open)
@@ -52,16 +54,16 @@ class OpenLetters:
         for message in stored:
             with contextlib.suppress(DecodeError):
                 letter = decode_dead_letter(message.data, message.headers, stored=True)
-                self._open[letter.message_id] = (
+                self._open[letter.message_id, letter.at_ms] = (
                     message.stream_seq,
                     message.timestamp_ms,
                     _slim(letter),
                 )
         self._next_seq = max(start, last + 1)
         self._open = {
-            message_id: shown
-            for message_id, shown in self._open.items()
-            if shown[0] >= first and letter_state(settling.get(message_id), shown[2]) == "open"
+            key: shown
+            for key, shown in self._open.items()
+            if shown[0] >= first and letter_state(settling.get(key[0]), shown[2]) == "open"
         }
 
 

@@ -78,28 +78,30 @@ class OpenLetters:
             )
             for kind in SETTLING
         ]
-        self._open: dict[str, _Open] = {}
+        # Each letter by its message id and when it was written: an id dead-lettered again
+        # (in a later life) has a letter of its own, open until an event settles that one.
+        self._open: dict[tuple[str, int], _Open] = {}
 
     async def read(self) -> None:
-        settled: set[str] = set()
+        settled: set[tuple[str, int | None]] = set()
         for cursor in self._settling:
             async for page in cursor.new_pages(self._broker):
-                settled.update(_settled_ids(page))
+                settled.update(_settled_letters(page))
         async for page in self._letters.new_pages(self._broker):
             for message in page:
                 self._take(message)
         first_kept = self._letters.first_kept
         self._open = {
-            message_id: shown
-            for message_id, shown in self._open.items()
-            if message_id not in settled and shown.seq >= first_kept
+            (message_id, at_ms): shown
+            for (message_id, at_ms), shown in self._open.items()
+            if not settled & {(message_id, at_ms), (message_id, None)} and shown.seq >= first_kept
         }
 
     def _take(self, message: StoredMessage) -> None:
         with contextlib.suppress(DecodeError):
             letter = decode_dead_letter(message.data, message.headers, stored=True)
             if not (letter.workflow and letter.workflow.handled):
-                self._open[letter.message_id] = _Open(
+                self._open[letter.message_id, letter.at_ms] = _Open(
                     message.stream_seq, message.timestamp_ms, letter.reason
                 )
 
@@ -114,9 +116,13 @@ class OpenLetters:
         return min((shown.stored_ms for shown in self._open.values()), default=None)
 
 
-def _settled_ids(messages: list[StoredMessage]) -> list[str]:
-    ids = []
+def _settled_letters(messages: list[StoredMessage]) -> list[tuple[str, int | None]]:
+    """The letters the settling events name: by message id and the letter's ``at_ms`` (None
+    from an event recorded before they said which letter: it settles any of the id's)."""
+    letters = []
     for message in messages:
         with contextlib.suppress(DecodeError):
-            ids.append(decode_stored_event(message.data, message.headers).message_id)
-    return ids
+            event = decode_stored_event(message.data, message.headers)
+            at_ms = event.detail.get("letter_at_ms")
+            letters.append((event.message_id, at_ms if isinstance(at_ms, int) else None))
+    return letters

@@ -8,7 +8,7 @@ from agentreach.broker import Broker
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.dashboard import Board, History, sections
 from agentreach.dashboard.views import RECENT_LETTERS
-from agentreach.envelopes import Task
+from agentreach.envelopes import DeadLetter, Task, encode, now_ms
 from tests.support import Watcher, eventually
 
 
@@ -68,3 +68,21 @@ async def test_open_letters_never_outnumber_the_letters_kept(broker: Broker):
         shown = board.snapshot()["dead_letters"]
     assert shown["open"] == 3
     assert shown["total"] == 3 == sum(r["count"] for r in shown["by_reason"])
+
+
+async def test_each_life_of_a_message_id_is_an_open_letter_of_its_own(broker: Broker):
+    """An id dead-lettered twice (a later life, or a second ending) is two open letters, as
+    `reach dlq list --open` counts them; resolving the first leaves the second open."""
+    lives = [
+        DeadLetter(v=1, reason="expired", message_id="twice", trace_id="twice", topic="w", at_ms=at)
+        for at in (now_ms() - 2_000, now_ms() - 1_000)
+    ]
+    for letter in lives:
+        await broker.publish(broker.names.dlq("expired", "w"), encode(letter))
+    async with Board(broker, History(step_s=1, window_s=60, period_s=30)) as board:
+        before = board.snapshot()["dead_letters"]["open"]
+        await resolve(broker, lives[0], "the first one's, done", by="tester")
+        await eventually(lambda: "twice" in board.settling)
+        await board.refresh()
+        after = board.snapshot()["dead_letters"]["open"]
+    assert (before, after) == (2, 1)

@@ -6,7 +6,7 @@ import pytest
 
 from agentreach.agents.letters import replay, resolve
 from agentreach.coordinator.observability import state
-from agentreach.envelopes import Task, new_id
+from agentreach.envelopes import DeadLetter, Task, encode, new_id, now_ms
 from tests.coordinator.observability.test_metrics import replica
 from tests.scrape import scrape, total
 from tests.support import letter_of, until_true
@@ -69,3 +69,25 @@ async def test_no_open_letter_reads_zero_age(broker):
         found = await until_true(sampled)
     assert total(found, "reach_dlq_oldest_open_seconds") == 0
     assert total(found, "reach_dlq_open") == 0
+
+
+async def test_each_life_of_a_message_id_has_an_open_letter_of_its_own(broker):
+    """An id dead-lettered again (a later life, or a second ending) has two letters, as
+    `reach dlq list --open` counts them: two open; resolving the first leaves the second."""
+    lives = [
+        DeadLetter(
+            v=1, reason="expired", message_id="twice-1", trace_id="twice-1", topic="slow", at_ms=at
+        )
+        for at in (now_ms() - 2_000, now_ms() - 1_000)
+    ]
+    async with replica(broker) as coordinator:
+        for letter in lives:
+            await broker.publish(broker.names.dlq("expired", "slow"), encode(letter))
+
+        async def open_expired(expected: float) -> bool:
+            found = await scrape(coordinator.metrics_url)
+            return total(found, "reach_dlq_open", reason="expired") == expected
+
+        await until_true(lambda: open_expired(2))
+        await resolve(broker, lives[0], "the first life's, dealt with", by="person:ann")
+        await until_true(lambda: open_expired(1))
