@@ -12,7 +12,8 @@ it reads ``routed``, ``accepted`` and the endings from REACH_EVENTS as they are 
 keeps each open attempt with the last moment a conforming agent could still report it —
 the dispatch's ttl (the latest it may start) and its execute budget, or the budget from
 the agent's ``accepted`` when that is sooner, plus ``grace_s``. An attempt still open then,
-with no ending among its events and no live claim, is fenced in its agent's execution
+with no ending among its events, no live claim and its dispatch no longer in its agent's
+queue (one still there was not acknowledged: a paused agent's), is fenced in its agent's execution
 record (:mod:`~agentreach.coordinator.delivery.expiry`: a report that comes later is a
 late one) and ended as ``expired``: a dead letter (without the task: its body left with
 the acknowledged dispatch), the error to its sender, and an ``alert``
@@ -26,6 +27,7 @@ that takes the duty over reads the events from there (``lookback_s`` back withou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 import msgspec
@@ -36,6 +38,7 @@ from agentreach.broker.consume import follow
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.lifecycle import agent_event, emit, events_of, reply
 from agentreach.broker.names import COORDINATOR
+from agentreach.broker.streams import next_message
 from agentreach.coordinator.delivery.dead_letters import error_reply
 from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
 from agentreach.coordinator.protection.grants import Grants
@@ -48,6 +51,7 @@ from agentreach.envelopes import (
     ErrorInfo,
     Execution,
     Task,
+    decode_task,
     moved_on_from,
     now_ms,
 )
@@ -57,6 +61,7 @@ log = structlog.get_logger("coordinator.unreported")
 UNREPORTED = "unreported"  # the alert's problem
 MARK_KEY = "unreported-since"
 JUDGED_PER_PASS = 100
+QUEUE_LOOKS = 1_000  # dispatches read in an agent's queue for the one of an attempt
 ENDINGS = frozenset({"completed", "failed", "expired"})  # an agent's report of its attempt
 FOLLOWED = ("routed", "accepted", *sorted(ENDINGS), "dead_lettered")
 
@@ -244,6 +249,12 @@ class Unreported:
             if isinstance(running := verdict_of(records), Running):
                 found.due_ms = now_ms() + int(running.left_s * 1000) + 1
                 return 0
+            if await _still_queued(self._broker, task):
+                # Not acknowledged (its agent paused, say): not this pass's to end. Its
+                # redelivery, its move when the agent is judged gone or the queue sweep
+                # ends it; ended here, the move ran it again and it ended twice.
+                found.due_ms = now_ms() + self._grace_ms
+                return 0
             error = ErrorInfo(type=EXPIRED, message=_unreported(found), retryable=False)
             seal = self._grants.seal(task.caller, task.message_id, task.attempt, agent_id)
             fenced = await fence_expiry(
@@ -335,6 +346,24 @@ def _ran_or_moved_on(records: list[Execution], task: Task, agent_id: str) -> boo
         or (r.agent_id == agent_id and moved_on_from(r, task.attempt))
         for r in records
     )
+
+
+async def _still_queued(broker: Broker, task: Task) -> bool:
+    """Whether the attempt's dispatch is still in its agent's queue (a work queue keeps it
+    until it is acknowledged); a queue longer than :data:`QUEUE_LOOKS` is taken as not."""
+    stream = broker.names.dispatch_streams.get(task.priority)
+    if stream is None or task.to_agent is None:
+        return False
+    subject, seq = broker.names.dispatch(task.to_agent, task.priority), 1
+    for _ in range(QUEUE_LOOKS):
+        if (stored := await next_message(broker, stream, subject, from_seq=seq)) is None:
+            return False
+        with contextlib.suppress(DecodeError):
+            queued = decode_task(stored.data)
+            if (queued.message_id, queued.attempt) == (task.message_id, task.attempt):
+                return queued.caller == task.caller
+        seq = stored.stream_seq + 1
+    return False
 
 
 def _unreported(found: _Open) -> str:

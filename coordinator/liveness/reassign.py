@@ -1,11 +1,10 @@
 """An agent went OFFLINE (or was forgotten): its unfinished tasks go to another agent, fenced
 from the old one.
 
-What was dispatched to it and not acknowledged is still in its dispatch
-subjects (work-queue streams keep a message until it is acknowledged). Each is
-dispatched again with the same message_id and attempt + 1. Before that, its
-execution record is marked failed: a late ``finish`` from the old agent then
-loses the conditional write, and its result is rejected instead of sent.
+What was dispatched to it and not acknowledged is still in its dispatch subjects (work-queue
+streams keep a message until it is acknowledged). Each is dispatched again with the same
+message_id and attempt + 1. Before that, its execution record is marked failed: a late
+``finish`` from the old agent then loses the conditional write, and its result is rejected.
 
 An attempt its agent never claimed did not run, and one its agent's clean stop cut short
 failed for the stop: both are counted in the task's ``requeued`` and cost none of the
@@ -50,6 +49,7 @@ from agentreach.envelopes import (
     Execution,
     Task,
     execution_key,
+    is_expiry_fence,
     now_ms,
     ttl_left_ms,
 )
@@ -240,7 +240,7 @@ async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
 
 async def _move(
     broker: Broker, stream: str, stored: StoredMessage, gone: _Gone, run_once: RunOnce
-) -> Literal["reassigned", "past_ttl", "kept", "unreadable", "exhausted"] | None:
+) -> Literal["reassigned", "past_ttl", "kept", "unreadable", "exhausted", "ended"] | None:
     """Send the task through intake again as its next attempt, with the ttl it has left.
 
     Intake, not the router directly: when no agent can take it now it waits there,
@@ -259,6 +259,8 @@ async def _move(
     ran = await _fence(broker, task, agent_id, epoch, why, seal=stored.headers.get(SEAL_HEADER))
     if ran is None:
         return "kept"
+    if ran == "ended":  # its dispatch is what is left of a message that has ended
+        return "ended"
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
     if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
         ttl_end_ms = stored.timestamp_ms + task.ttl_ms
@@ -342,20 +344,25 @@ async def _expire(
 
 async def _fence(
     broker: Broker, task: Task, agent_id: str, epoch: int, why: str, *, seal: str | None
-) -> bool | None:
+) -> bool | Literal["ended"] | None:
     """Take the attempt away from the gone process (that agent, that epoch or older): a
     running claim, so its late result cannot land; or, never claimed, a fence for the
     attempt, so that a process of the agent that comes back and fetches it from its durable
     queue before it is deleted here does not run it beside the next attempt (it ran twice
     in the chaos suite). A claim of anyone else stands, and so does a result. False when
     the attempt never ran: it was not claimed. From a DRAINING agent only what it never
-    claimed is taken: None when it runs the attempt (claimed, or claiming as this writes)."""
+    claimed is taken: None when it runs the attempt (claimed, or claiming as this writes).
+    ``ended``: the attempt was ended as expired, unreported in time (its agent paused, say),
+    and dead-lettered; sent on, it ran again and ended twice."""
     executions = await broker.bucket(broker.names.executions_bucket, Execution)
     reassigned = ErrorInfo(type=REASSIGNED, message=f"its agent {why}", retryable=True)
-    unclaimed, draining, running = False, why == DRAINING, False
+    unclaimed, draining, running, ended = False, why == DRAINING, False, False
 
     def fenced(record: Execution | None) -> Execution | None:
-        nonlocal unclaimed, running
+        nonlocal unclaimed, running, ended
+        if record is not None and is_expiry_fence(record, task.attempt):
+            ended = True
+            return None
         if draining and record is not None and record.state == "running":
             running = True  # its stop lets it finish
             return None
@@ -388,4 +395,6 @@ async def _fence(
         await executions.cas(key, fenced, tries=1)
     except WrongLastSequence:
         return None if draining else True
+    if ended:
+        return "ended"
     return None if running else not unclaimed

@@ -13,6 +13,7 @@ from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.agents.execution import Executor
 from agentreach.broker import Delivery
 from agentreach.broker.names import COORDINATOR
+from agentreach.broker.streams import delete_message, next_message
 from agentreach.coordinator import UnreportedConfig
 from agentreach.coordinator.delivery.unreported import Unreported, _ran_or_moved_on
 from agentreach.envelopes import (
@@ -161,6 +162,38 @@ async def test_a_replica_that_takes_the_duty_over_finds_an_attempt_routed_before
             letter = await watcher.dead_letter("expired", message_id=message_id)
             await eventually(lambda: second.unreported.ended == 1)
     assert letter.error is not None and "liar-2 acknowledged" in letter.error.message
+
+
+async def _hold(self: Executor, delivery: Delivery) -> None:
+    """An agent that took the dispatch and stalled: nothing acknowledged, nothing claimed."""
+
+
+async def test_a_dispatch_still_in_its_agents_queue_is_left_to_the_queue(
+    broker, start_coordinator, watcher, monkeypatch: pytest.MonkeyPatch
+):
+    """An attempt past its time whose dispatch its agent never acknowledged (a paused
+    agent's) is not this pass's to end: its move, once the agent is judged gone, or the
+    queue sweep ends it. Ended here as well, it was moved on, ran again and ended twice.
+    Once the dispatch has left the queue unreported, the pass ends it."""
+    monkeypatch.setattr(Executor, "settle", _hold)
+    async with (
+        start_coordinator(FOLLOWING) as coordinator,
+        _agent("stalled-1").running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        message_id, _ = await client.publish("work", {"n": 6}, ttl_ms=300, budget=SHORT)
+        await eventually(lambda: coordinator.unreported.open_count == 1)
+        [found] = coordinator.unreported._open.values()
+        found.due_ms = 0
+        assert await coordinator.unreported.sweep() == 0
+        assert found.due_ms > now_ms() and watcher.dead_letters == []
+        stream = broker.names.dispatch_streams["P1"]
+        queued = await next_message(broker, stream, broker.names.dispatch("stalled-1", "P1"))
+        assert queued is not None
+        await delete_message(broker, stream, queued.stream_seq)  # acknowledged, unreported
+        found.due_ms = 0
+        await watcher.dead_letter("expired", message_id=message_id)
+    assert len(watcher.dead_letters) == 1
 
 
 class _Stored:

@@ -13,6 +13,7 @@ from agentreach.broker import Topology, provision, read_stream
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.broker.streams import delete_message, next_message
 from agentreach.broker.topology import StorageLimits
+from agentreach.coordinator.delivery.expiry import fence_expiry
 from agentreach.coordinator.liveness.reassign import (
     DRAINING,
     FORGOTTEN,
@@ -290,6 +291,25 @@ async def test_an_agent_lost_while_running_the_last_attempt_ends_the_task(broker
     )
     intake = broker.names.coordinator_task("slow")
     assert await read_stream(broker, broker.names.tasks_stream, intake) == []
+
+
+async def test_an_attempt_ended_unreported_is_not_sent_on_when_its_agent_goes(broker, watcher):
+    """A paused agent's attempt, never acknowledged nor reported in time, was ended as
+    `expired` (its expiry fence written, the task dead-lettered); its dispatch still waits
+    in that agent's queue. When the agent goes OFFLINE the dispatch is dropped, not moved
+    on: moved, the task ran again and was dead-lettered a second time."""
+    await _in_gone_queue(broker, "ended-1", "gone-12", 1, running=False)
+    began = envelopes.now_ms() - 60_000  # its lease lapsed: the process is paused
+    await recorded(broker, "ended-1", "gone-12", "running", started_ms=began, lease_until_ms=began)
+    task = envelopes.Task(v=1, message_id="ended-1", trace_id="ended-1", topic="slow")
+    error = envelopes.ErrorInfo(type="expired", message="never reported", retryable=False)
+    assert await fence_expiry(broker, task, "gone-12", error, seal=None) == "end"
+    assert await reassign_tasks(broker, "gone-12") == 1
+    intake = broker.names.coordinator_task("slow")
+    assert await read_stream(broker, broker.names.tasks_stream, intake) == []
+    queue = broker.names.dispatch("gone-12", "P1")
+    assert await next_message(broker, broker.names.dispatch_streams["P1"], queue) is None
+    assert watcher.count("retry_scheduled", {"ended-1"}) == 0
 
 
 async def test_a_run_cut_by_its_agents_clean_stop_costs_none_of_the_topics_attempts(
