@@ -122,7 +122,9 @@ def firing(series: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         rule = RULES[key]
         value = shown(key, entry["value"])
         if key == "p99_latency" and entry["previous"]:
+            # The rule compares hours: on the dashboard's shorter periods Prometheus may not agree.
             value += f", {entry['value'] / entry['previous']:.2f} x the period before"
+            value += " (the dashboard's periods; Prometheus's rule compares hours)"
         found.append(
             {
                 "name": rule.alert,

@@ -15,7 +15,7 @@ it had fetched and not yet counted, a few milliseconds of it).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any, get_args
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
@@ -31,9 +31,11 @@ from agentreach.coordinator.observability.labels import (
     OTHER_TOPIC,
     QUOTA,
     REJECTIONS,
+    TRANSITIONS,
     WORKFLOW_ENDS,
     WORKFLOW_STATUSES,
     rejection_kind,
+    transition_label,
 )
 from agentreach.coordinator.observability.once import Ends, Routes
 from agentreach.envelopes import (
@@ -41,7 +43,6 @@ from agentreach.envelopes import (
     PRIORITIES,
     DecodeError,
     Event,
-    LivenessState,
     decode_event,
     now_ms,
 )
@@ -239,7 +240,7 @@ class FlowMetrics(Collector):
             self._child(self.intake_lag, priority)
         for problem in (*ALERT_PROBLEMS, OTHER_PROBLEM):
             self._child(self.alerts, problem)
-        for state in get_args(LivenessState):
+        for state in TRANSITIONS:
             self._child(self.agent_transitions, state)
         for scope_to in dict.fromkeys(BREAKER_EVENTS.values()):
             self._child(self.breaker_transitions, *scope_to)
@@ -335,7 +336,7 @@ class FlowMetrics(Collector):
                 label = problem if problem in ALERT_PROBLEMS else OTHER_PROBLEM
                 self._child(self.alerts, label).inc()
             case "agent_state" if detail.get("state") != detail.get("was"):  # not a new reason
-                self._child(self.agent_transitions, str(detail.get("state", "UNKNOWN"))).inc()
+                self._child(self.agent_transitions, transition_label(detail)).inc()
             case "workflow_started":
                 self._child(self.workflows_started, topic).inc()
             case _ if kind in BREAKER_EVENTS:

@@ -5,7 +5,9 @@ topic nobody serves."""
 
 from __future__ import annotations
 
-from agentreach.envelopes import Event
+from typing import get_args
+
+from agentreach.envelopes import Event, LivenessState
 
 OTHER_TOPIC = "_other"  # topics nobody serves: anyone may publish to reach.task.<anything>
 WORKFLOW_STATUSES = ("completed", "failed", "cancelled")
@@ -19,6 +21,8 @@ ALERT_PROBLEMS = (
     "unreported",
 )
 OTHER_PROBLEM = "other"
+# A transition's state; a clean stop's OFFLINE is STOPPED: a rolling deploy is no flapping.
+TRANSITIONS = (*get_args(LivenessState), "STOPPED")
 BREAKER_EVENTS = {
     "breaker_opened": ("intent", "open"),
     "breaker_half_open": ("intent", "half_open"),
@@ -60,3 +64,9 @@ def rejection_kind(event: Event) -> str | None:
         return None
     quota_letter = kind == "rate_limited" and error.get("retry_after_ms") is not None
     return kind if kind in REJECTIONS and not quota_letter else None
+
+
+def transition_label(detail: dict[str, object]) -> str:
+    """The ``state`` label of an ``agent_state`` event's transition."""
+    state = str(detail.get("state", "UNKNOWN"))
+    return "STOPPED" if state == "OFFLINE" and detail.get("reason") == "stopped" else state

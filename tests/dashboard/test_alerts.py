@@ -146,6 +146,7 @@ async def test_p99_is_not_judged_on_fewer_than_100_completions(broker: Broker):
     assert alert["since_ms"] == many["since_ms"] + 300_000  # firing since, not pending since
     assert re.fullmatch(
         r"P99 reach latency: 1\.9\d s, \d+\.\d\d x the period before"  # 2 s: a bucket edge
+        r" \(the dashboard's periods; Prometheus's rule compares hours\)"
         r" \(> 1\.3 x the period before, for 5 min, of ≥ 100 completions in each\)",
         alert["summary"],
     ), alert["summary"]

@@ -47,3 +47,20 @@ def test_a_new_reason_for_the_same_state_is_no_transition() -> None:
     counted = registry.get_sample_value
     assert counted("reach_agent_transitions_total", {"state": "SUSPECT"}) == 1
     assert counted("reach_agent_transitions_total", {"state": "OFFLINE"}) == 1
+
+
+def test_a_clean_stop_is_counted_as_stopped_not_offline() -> None:
+    """A graceful stop's transition (OFFLINE, reason `stopped`) counted as OFFLINE, and a
+    rolling deploy read as flapping; it is STOPPED, a series there at 0 from the start."""
+    registry = CollectorRegistry()
+    flow = FlowMetrics(registry, lambda topic: True)
+    counted = registry.get_sample_value
+    assert counted("reach_agent_transitions_total", {"state": "STOPPED"}) == 0
+    for reason in ("stopped", "stopped", "no heartbeat for 30 s"):
+        detail = {"state": "OFFLINE", "was": "ONLINE", "reason": reason}
+        event = Event(
+            v=1, event="agent_state", message_id="m", trace_id="m", topic="-", detail=detail
+        )
+        flow.fold(event, now_ms())
+    assert counted("reach_agent_transitions_total", {"state": "STOPPED"}) == 2
+    assert counted("reach_agent_transitions_total", {"state": "OFFLINE"}) == 1
