@@ -265,7 +265,8 @@ def _stream_gauges(sampled: Sampled) -> Iterator[GaugeMetricFamily]:
     fill = sorted(sampled.stream_fill.items())
     yield _gauge(
         "reach_stream_bytes",
-        "Bytes held by each stream a limits: key bounds (intake, dead letters, events, payloads).",
+        "Bytes held by each stream a limits: key may bound (intake, dead letters, events,"
+        " payloads), whether or not one does.",
         ["stream"],
         [([stream], held) for stream, (held, _) in fill],
     )
