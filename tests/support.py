@@ -231,3 +231,13 @@ def _thread_stopped(stat: Path) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True  # the thread has exited
     return state in ("T", "t")
+
+
+async def events_settled(broker: Broker, consumer: str) -> None:
+    """Until ``consumer`` on the events stream has handled and acknowledged everything."""
+    async with asyncio.timeout(10):
+        while True:
+            info = await broker.js.consumer_info(broker.names.events_stream, consumer)
+            if info.num_pending == 0 and info.num_ack_pending == 0:
+                return
+            await asyncio.sleep(0.05)  # polling the consumer's state: there is no event for it

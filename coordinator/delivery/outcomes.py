@@ -134,7 +134,7 @@ class Outcomes:
     ) -> float | None:
         delivered = msg.num_delivered
         records = await self._run_once.records(task)
-        reported = (event.at_ms, msg.timestamp_ms, task.received_ms)
+        reported = (event.at_ms, msg.timestamp_ms, task.received_ms, event.event)
         if why := superseded(records, event.agent_id, task.attempt, *reported):
             # A late report of an old run must not start a retry of its own.
             log.info("outcome that no longer counts; left alone", kind=event.event, why=why)

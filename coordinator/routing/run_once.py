@@ -35,6 +35,7 @@ from agentreach.envelopes import (
     Task,
     executions_of,
     executions_of_any_caller,
+    is_expiry_fence,
     now_ms,
     stable_id,
 )
@@ -168,6 +169,7 @@ def superseded(
     reported_at_ms: int,
     stored_ms: int,
     received_ms: int = 0,
+    kind: str = "failed",
 ) -> str | None:
     """Why what ``agent_id`` reported at ``reported_at_ms`` of ``attempt`` (the report
     stored at ``stored_ms``) no longer counts, if it does not: a later attempt was
@@ -176,7 +178,8 @@ def superseded(
     stalled run over, or ran it again after a server restart) failed since, and reports that
     itself (a record is written before its report, on the agent's clock) — unless that
     report has this one's Nats-Msg-Id within the stream's duplicate window: the stream
-    drops it, and this one stands for both (left alone, the task was never retried).
+    drops it, and this one stands for both (left alone, the task was never retried); or,
+    for a ``failed`` report (``kind``), the coordinator ended the attempt as expired first.
 
     Records that ended before the task was taken in (``received_ms``) are of an earlier life
     of its message id (sent again past the duplicate window after it ended): they say
@@ -191,6 +194,8 @@ def superseded(
             continue
         if r.error is not None and r.error.type == REASSIGNED:
             return "the attempt was taken from its agent"
+        if kind == "failed" and is_expiry_fence(r, attempt):  # retried, it ran again, ended twice
+            return "the coordinator ended the attempt as expired: it was not reported in time"
         if r.finished_at_ms > max(reported_at_ms, stored_ms + REPORTED_AS_ONE_MS):
             return "a later run of the attempt failed since, and reports for itself"
     return None

@@ -27,7 +27,7 @@ from agentreach.envelopes import (
     now_ms,
 )
 from tests.conftest import FAST
-from tests.support import Watcher, eventually
+from tests.support import Watcher, events_settled, eventually
 
 # Open attempts looked at every 0.1 s, with 0.2 s of grace past the ttl and the budget.
 FOLLOWING = msgspec.structs.replace(FAST, unreported=UnreportedConfig(every_s=0.1, grace_s=0.2))
@@ -193,6 +193,50 @@ async def test_a_dispatch_still_in_its_agents_queue_is_left_to_the_queue(
         await delete_message(broker, stream, queued.stream_seq)  # acknowledged, unreported
         found.due_ms = 0
         await watcher.dead_letter("expired", message_id=message_id)
+    assert len(watcher.dead_letters) == 1
+
+
+async def test_a_failure_reported_after_the_attempt_was_ended_unreported_starts_no_retry(
+    broker, start_coordinator, watcher, monkeypatch: pytest.MonkeyPatch
+):
+    """An agent that acknowledges on receipt paused mid-run: its attempt was ended as
+    `expired` (unreported). Its failure, reported when it woke, started a retry: the task
+    ran again after its dead letter, and ended twice. The report is left alone."""
+    settle, conclude = Executor.settle, Executor._conclude
+    woke = asyncio.Event()
+    runs: list[int] = []
+
+    async def ack_first(self: Executor, delivery: Delivery) -> None:
+        await delivery.ack()
+        await settle(self, delivery)
+
+    async def after_a_pause(self: Executor, job: object, outcome: object) -> None:
+        await woke.wait()
+        await conclude(self, job, outcome)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Executor, "settle", ack_first)
+    monkeypatch.setattr(Executor, "_conclude", after_a_pause)
+    agent = Agent("paused-1", startup_delay=0, heartbeat_interval=0.5)
+
+    @agent.handler("flaky")
+    async def flaky(ctx: TaskContext, payload: object) -> object:
+        runs.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise ConnectionError("the first try fails")
+        return payload
+
+    async with (
+        start_coordinator(FOLLOWING),
+        agent.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        message_id, _ = await client.publish("flaky", {"n": 7}, ttl_ms=300, budget=SHORT)
+        await watcher.dead_letter("expired", message_id=message_id)
+        woke.set()
+        await watcher.event("failed", message_id=message_id)
+        await events_settled(broker, broker.names.coordinator_outcomes)
+    assert runs == [1]
+    assert watcher.count("retry_scheduled", {message_id}) == 0
     assert len(watcher.dead_letters) == 1
 
 

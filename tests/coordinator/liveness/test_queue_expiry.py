@@ -23,9 +23,8 @@ from agentreach.coordinator.protection.grants import Grants, SecurityConfig
 from agentreach.coordinator.routing.run_once import RunOnce
 from agentreach.envelopes import AgentCard, ErrorInfo, Priority
 from tests.conftest import FAST
-from tests.coordinator.liveness.test_reassign import _until_settled
 from tests.secured import SecuredDeployment, sealed_deployment
-from tests.support import Watcher, eventually, recorded, until_true
+from tests.support import Watcher, events_settled, eventually, recorded, until_true
 
 # The queues gone over every 0.1 s, with 0.2 s of grace past a task's ttl.
 SWEEPING = msgspec.structs.replace(
@@ -161,7 +160,7 @@ async def test_the_sweep_first_then_the_agent_s_report_ends_the_task_once(
         await coordinator.queues.refresh()
         assert await coordinator.queue_expiry.sweep() == 1
         await _report_expired(broker, task, "racer-1")
-        await _until_settled(broker, broker.names.coordinator_outcomes)
+        await events_settled(broker, broker.names.coordinator_outcomes)
     assert [d.message_id for d in watcher.dead_letters] == ["race-1"]
     error = watcher.dead_letters[0].error
     assert error is not None and error.message.endswith("which did not take it")

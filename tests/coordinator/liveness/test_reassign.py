@@ -25,7 +25,7 @@ from agentreach.coordinator.observability import MetricsConfig
 from agentreach.coordinator.routing.run_once import RunOnce
 from tests.conftest import FAST
 from tests.scrape import scrape, total
-from tests.support import recorded
+from tests.support import events_settled, recorded
 
 
 async def _queued(broker, message_id: str, agent_id: str) -> envelopes.Task:  # type: ignore[no-untyped-def]
@@ -121,19 +121,9 @@ async def test_a_late_failure_of_an_attempt_taken_from_its_agent_starts_no_retry
     error = envelopes.ErrorInfo(type="deadline_exceeded", message="handler ran past 500 ms")
     late = event_for(task, "failed", agent_id="frozen-1", task=task, error=error)
     await emit(broker, late, sender="frozen-1")
-    await _until_settled(broker, broker.names.coordinator_outcomes)
+    await events_settled(broker, broker.names.coordinator_outcomes)
     assert watcher.count("retry_scheduled", {"late-fail-1"}) == 0
     assert [letter.reason for letter in watcher.dead_letters] == ["expired"]  # the reassignment's
-
-
-async def _until_settled(broker, consumer: str) -> None:  # type: ignore[no-untyped-def]
-    """Until ``consumer`` on the events stream has handled and acknowledged everything."""
-    async with asyncio.timeout(10):
-        while True:
-            info = await broker.js.consumer_info(broker.names.events_stream, consumer)
-            if info.num_pending == 0 and info.num_ack_pending == 0:
-                return
-            await asyncio.sleep(0.05)  # polling the consumer's state: there is no event for it
 
 
 async def test_a_reassigned_task_is_not_counted_as_received_again(

@@ -38,6 +38,15 @@ def test_a_report_of_an_attempt_taken_from_its_agent_does_not() -> None:
     assert superseded([fenced], "a", 1, 5_000, 5_001) == "the attempt was taken from its agent"
 
 
+def test_a_failure_of_an_attempt_the_coordinator_ended_as_expired_does_not() -> None:
+    """Its expiry fence stands (the attempt was not reported in time): a failure reported
+    later must not retry it. The agent's own expiry report is the fence's business."""
+    fenced = record("a", 1, "failed", error="expired")
+    why = superseded([fenced], "a", 1, 5_000, 5_001, 0, "failed")
+    assert why == "the coordinator ended the attempt as expired: it was not reported in time"
+    assert superseded([fenced], "a", 1, 5_000, 5_001, 0, "expired") is None
+
+
 def test_a_report_of_an_attempt_after_which_another_was_dispatched_does_not() -> None:
     """The fence of attempt 1 overwritten by the same agent's claim of attempt 2."""
     why = superseded([record("a", 2, "running")], "a", 1, 5_000, 5_001)
