@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+import msgspec
+
 from agentreach.agents.errors import DeadlineExceeded, InvalidArgument, UnknownWorkflow
 from agentreach.broker import Broker, BrokerTimeout, NoResponders
 from agentreach.envelopes import Event, is_token, now_ms
@@ -182,11 +184,11 @@ async def signal_workflow(
     events = await instance.started(wait_s)
     if (ended := _ended(instance_id, events, before_cancel=True)) is not None:
         return SignalOutcome(instance_id, event, taken=False, ended=ended.status)
-    sent_ms = now_ms()
+    sent_ms, before = now_ms(), {_said(e) for e in events}
     subject = f"{broker.names.workflow_signal(instance_id, event)}.{caller}"
     await broker.publish(subject, b"", headers=h.control_headers("signal"))
     return await instance.until(
-        lambda seen: _answer(instance_id, event, caller, seen, sent_ms),
+        lambda seen: _answer(instance_id, event, caller, seen, sent_ms, before),
         events,
         wait_s,
         says=f"{event} signalled; the coordinator has not said within {wait_s:g} s whether a"
@@ -195,11 +197,18 @@ async def signal_workflow(
 
 
 def _answer(
-    instance_id: str, event: str, caller: str, events: list[Event], sent_ms: int
+    instance_id: str,
+    event: str,
+    caller: str,
+    events: list[Event],
+    sent_ms: int,
+    before: set[tuple[str, int, bytes]],
 ) -> SignalOutcome | None:
     for seen in events:
         detail = seen.detail
         if detail.get("by") != caller or seen.at_ms < sent_ms - CLOCKS_APART_MS:
+            continue
+        if _said(seen) in before:  # it answered an earlier signal
             continue
         if seen.event == "signal_taken" and detail.get("event") == event:
             return SignalOutcome(instance_id, event, taken=True, state=detail.get("state"))
@@ -207,6 +216,12 @@ def _answer(
             waits = tuple(detail.get("waits_for") or ())
             return SignalOutcome(instance_id, event, taken=False, waits_for=waits)
     return None
+
+
+def _said(event: Event) -> tuple[str, int, bytes]:
+    """An event told apart from the others of the instance: one seen before the signal was
+    sent answers an earlier signal (the same event sent again within a second, say)."""
+    return event.event, event.at_ms, msgspec.json.encode(event.detail)
 
 
 def _has_started(events: list[Event]) -> bool:

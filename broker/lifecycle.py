@@ -103,6 +103,8 @@ def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) ->
             msg_id += f"-{event.agent_id}"
         if event.event == "replayed":  # each forced replay of one letter is a replay of its own
             msg_id += f"-{event.detail.get('replayed_as')}"
+        if event.event == "signal_taken":  # each visit of a state leaves it once
+            msg_id += f"-{event.detail.get('state')}-{event.detail.get('visit')}"
         epoch = event.detail.get("epoch")
         if event.event == "accepted" and isinstance(epoch, int) and epoch > 0:
             msg_id += f"-{epoch}"  # each process that takes the attempt is seen to

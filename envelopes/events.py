@@ -173,12 +173,13 @@ class RejectedDetail(_Detail, frozen=True, kw_only=True):
 
 class SignalTakenDetail(_Detail, frozen=True, kw_only=True):
     """``signal_taken``: the instance's state ``state`` took the signalled ``event`` (an
-    event about the instance, in its starter's trace); ``by``, the caller that sent it
-    (absent: an operator)."""
+    event about the instance, in its starter's trace), leaving its ``visit`` of that state;
+    ``by``, the caller that sent it (absent: an operator)."""
 
     event: str
     state: str
     workflow: str | None = None
+    visit: int | None = None
     by: str | None = None
 
 

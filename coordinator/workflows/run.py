@@ -127,7 +127,8 @@ class Run(Visits):
                 if run.status == "running":
                     self._stop(current, run, "cancelled")
                 # About the instance, which its starter may read (the step's task is not its)
-                taken = {"event": event, "state": current} | ({"by": by} if by else {})
+                taken = {"event": event, "state": current, "visit": run.visit}
+                taken |= {"by": by} if by else {}
                 self.actions.append(Note("signal_taken", detail=taken))
                 self._enter(transition.to, given)
                 return True

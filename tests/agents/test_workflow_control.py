@@ -160,6 +160,39 @@ async def test_a_caller_signals_its_workflow_and_hears_whether_it_was_taken(brok
     assert said.detail["by"] == "alice"  # who moved it, in the starter's own trace
 
 
+STEPS = """
+states:
+  initial: first
+  states:
+    first: {next: [{event: go, to: second}]}
+    second: {next: [{event: go, to: done}]}
+    done: {terminal: true, input: {went: 2}}
+"""
+
+
+async def test_every_signal_a_state_takes_is_said_not_only_the_first(broker):
+    """Two signals taken by one instance, each by a state of its own: the second's
+    `signal_taken` had the first's Nats-Msg-Id, was dropped, and the caller heard
+    DeadlineExceeded for a signal that had moved the machine (sent again, it would move it
+    once more)."""
+    config = msgspec.structs.replace(FAST, workflows=workflows(steps=STEPS))
+    async with (
+        Broker(broker.url, names=broker.names, name="coordinator") as own,
+        Coordinator(own, config).running(),
+        ReachClient(broker=broker, name="alice") as alice,
+    ):
+        instance = new_id()
+        invoked = asyncio.create_task(alice.invoke("steps", {}, message_id=instance))
+        await _until_record(broker, instance, lambda r: r.current == "first")
+        first = await alice.signal_workflow(instance, "go", wait_s=5)
+        second = await alice.signal_workflow(instance, "go", wait_s=5)
+        assert await asyncio.wait_for(invoked, 10) == {"went": 2}
+        events = await alice.status(instance)
+    assert (first.taken, first.state, second.taken, second.state) == (True, "first", True, "second")
+    taken = [(e.detail["state"], e.detail["visit"]) for e in events if e.event == "signal_taken"]
+    assert taken == [("first", 1), ("second", 1)]
+
+
 async def test_a_signal_waits_out_a_coordinator_that_does_not_answer_for_a_moment(
     broker, monkeypatch
 ):

@@ -113,10 +113,12 @@ export async function signalWorkflow(
   const already = ended(instanceId, events, true);
   if (already !== null) return { instanceId, event, taken: false, state: null, waitsFor: [], ended: already.status };
   const sentMs = Date.now();
+  // An event seen before the signal was sent answers an earlier one (the same event sent again within a second).
+  const before = new Set(events.map(said));
   await conn.publish(conn.names.workflowSignal(instanceId, event, caller), new Uint8Array(), controlHeaders("signal"));
   const until = performance.now() + waitMs;
   for (;;) {
-    const answer = answerIn(instanceId, event, caller, events, sentMs);
+    const answer = answerIn(instanceId, event, caller, events.filter((e) => !before.has(said(e))), sentMs);
     if (answer !== null) return answer;
     if (performance.now() >= until) {
       throw new DeadlineExceeded(
@@ -127,6 +129,10 @@ export async function signalWorkflow(
     await sleep(POLL_MS);
     events = await instance.eventsNow();
   }
+}
+
+function said(event: Event): string {
+  return JSON.stringify([event.event, event.at_ms, event.detail ?? {}]);
 }
 
 function answerIn(instanceId: string, event: string, caller: string, events: Event[], sentMs: number): SignalOutcome | null {

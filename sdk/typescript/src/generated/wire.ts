@@ -1229,8 +1229,8 @@ export interface SignalIgnoredDetail {
 
 /**
  * `signal_taken`: the instance's state `state` took the signalled `event` (an
- * event about the instance, in its starter's trace); `by`, the caller that sent it
- * (absent: an operator).
+ * event about the instance, in its starter's trace), leaving its `visit` of that state;
+ * `by`, the caller that sent it (absent: an operator).
  */
 export interface SignalTakenDetail {
   event: string;
@@ -1239,6 +1239,10 @@ export interface SignalTakenDetail {
    * default null
    */
   workflow: string | null;
+  /**
+   * default null
+   */
+  visit: number | null;
   /**
    * default null
    */
