@@ -8,6 +8,8 @@ import argparse
 import asyncio
 import datetime as dt
 
+import msgspec
+
 from agentreach.agents import DeadlineExceeded, InvalidArgument, ReachClient, UnknownWorkflow
 from agentreach.broker import Broker, BrokerTimeout, NoResponders, read_stream
 from agentreach.cli.options import (
@@ -299,6 +301,11 @@ def tree(record: WorkflowRecord) -> str:
         branch = "└─" if i == len(steps) + len(undo) - 1 else "├─"
         # The state a running machine stays in once its work is done waits for a signal.
         waits = key == record.current and record.status == "running" and run.status == "completed"
+        # The state the instance ended in (cancelled, expired) without an end of its own
+        # was waiting: it completed nothing.
+        cut = key == record.current and record.status in ("failed", "cancelled")
+        if cut and not run.intent and run.status == "completed":
+            run = msgspec.structs.replace(run, status="cancelled")
         line = _step(key, run, record.started_ms, waits=waits, left_ms=_left_ms(record, key))
         if key in record.awaiting:  # stopped while it ran: it still runs, its outcome awaited
             line += "  ← stopped while it ran: its outcome is awaited, then undone"
@@ -316,6 +323,8 @@ def _why_stopped(record: WorkflowRecord) -> str:
     """Why a step without an error of its own was stopped: the instance ended, or went on."""
     if record.error is not None:
         return f"stopped as the instance ended: {record.error.type}"
+    if record.status == "completed" and record.path:
+        return "stopped: a signal moved the machine on without it"
     if record.status == "completed":
         return "stopped: the instance completed without it (its join needed no more)"
     return "stopped: the instance no longer waits for it"
