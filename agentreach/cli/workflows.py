@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+from typing import Any
 
 import msgspec
 
 from agentreach.agents import DeadlineExceeded, InvalidArgument, ReachClient, UnknownWorkflow
 from agentreach.broker import Broker, BrokerTimeout, NoResponders, read_stream
+from agentreach.broker.streams import stream_bounds
 from agentreach.cli.options import (
     Commands,
     MissingArgument,
@@ -209,23 +211,27 @@ async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: fl
             " only a state machine's states take events"
         )
         return 1
-    sent_ms = now_ms()
+    # Only what is stored after it answers it: the same event sent a moment before has its own.
+    _, sent_after = await stream_bounds(broker, broker.names.events_stream)
     await signal(broker, record.instance_id, event)
     deadline = asyncio.get_running_loop().time() + wait_s
     state = f"in state {record.current}"
     while asyncio.get_running_loop().time() < deadline:
         # Said by the coordinator's own event: a record that changed meanwhile may have moved
         # for another reason (the state's wait ran out just before, and the signal came late).
-        match await _answer(broker, record, event, sent_ms):
-            case ("signal_taken", _):
+        match await _answer(broker, record, event, sent_after):
+            case ("signal_taken", detail):
                 now = await read_record(broker, record.instance_id)
                 after = f"; now {now.current or now.status}" if now is not None else ""
-                print(f"{record.instance_id}: {event} taken {state}{after}")
+                print(f"{record.instance_id}: {event} taken in state {detail.get('state')}{after}")
                 return 0
-            case ("signal_ignored", waits):
+            case ("signal_ignored", detail):
+                waits = detail.get("waits_for") or []
                 takes = f"; it takes {', '.join(waits)}" if waits else ""
+                now = await read_record(broker, record.instance_id)
+                there = f"in state {now.current}" if now is not None else state
                 print(
-                    f"{record.instance_id}: no state waits for {event} ({state}{takes}); not taken"
+                    f"{record.instance_id}: no state waits for {event} ({there}{takes}); not taken"
                 )
                 return 1
         await asyncio.sleep(0.1)  # a person is waiting at the terminal; polling is fine here
@@ -234,11 +240,11 @@ async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: fl
 
 
 async def _answer(
-    broker: Broker, record: WorkflowRecord, event: str, since_ms: int
-) -> tuple[str, list[str]] | None:
-    """``signal_taken`` or ``signal_ignored``: what the coordinator did with ``event`` sent
-    at ``since_ms``, once it said so (taken: about the state's step; ignored: about the
-    instance, with the events its state takes; both in its trace, naming its workflow)."""
+    broker: Broker, record: WorkflowRecord, event: str, after_seq: int
+) -> tuple[str, dict[str, Any]] | None:
+    """``signal_taken`` or ``signal_ignored`` and its detail: what the coordinator did with
+    ``event``, said in an event stored after ``after_seq`` (about the instance, in its trace,
+    naming its workflow; ignored: with the events its state takes)."""
     names = broker.names
     for kind, said_in in (("signal_taken", "event"), ("signal_ignored", "signal")):
         subject = names.events_of_kind_in_trace(kind, record.trace_id)
@@ -247,9 +253,9 @@ async def _answer(
             if (
                 seen.detail.get(said_in) == event
                 and seen.detail.get("workflow") == record.workflow
-                and stored.timestamp_ms >= since_ms - 1000  # clocks of broker and CLI apart
+                and stored.stream_seq > after_seq
             ):
-                return kind, list(seen.detail.get("waits_for") or [])
+                return kind, seen.detail
     return None
 
 

@@ -704,6 +704,7 @@ async def test_a_state_machine_moves_on_an_event(broker, start_coordinator, watc
         outcome = await waiting
         shown = await run(*reach_argv(broker, "workflows", "show", instance))
     assert signalled.returncode == 0, signalled.stderr
+    assert "approve taken in state submitted" in signalled.stdout  # the state that took it
     assert outcome == {"ok": True}
     [waits] = [
         line for line in before.stdout.splitlines() if "submitted" in line and "check" in line
