@@ -725,6 +725,20 @@ describe("ReachClient signalling a workflow", () => {
       await agent.stop();
     }
   });
+
+  it("hears each signal a state takes, not an earlier one's answer (the second was dropped, or read the first's)", async () => {
+    const alice = await ReachClient.connect(stack.url, { name: "alice", logger: quiet });
+    try {
+      const instance = unique("steps");
+      const invoked = alice.invoke("ts-steps", {}, { messageId: instance });
+      const first = await alice.signalWorkflow(instance, "go");
+      const second = await alice.signalWorkflow(instance, "go");
+      assert.deepEqual([first.taken, first.state, second.taken, second.state], [true, "first", true, "second"]);
+      assert.deepEqual(await invoked, { went: 2 });
+    } finally {
+      await alice.close();
+    }
+  });
 });
 
 describe("ReachClient across a server restart", () => {

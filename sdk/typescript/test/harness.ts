@@ -117,6 +117,13 @@ workflows:
           next: [{event: approve, to: approved}, {event: reject, to: rejected}]
         approved: {terminal: true, input: {ok: true}}
         rejected: {terminal: true, input: {ok: false}}
+  ts-steps:
+    states:
+      initial: first
+      states:
+        first: {next: [{event: go, to: second}]}
+        second: {next: [{event: go, to: done}]}
+        done: {terminal: true, input: {went: 2}}
 `;
 
 export interface RestartableStack extends Stack {
