@@ -113,6 +113,10 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
     current: str | None = None  # state machines: the state now
     path: list[str] = []  # state machines: every state entered, in order
     completed_order: list[str] = []  # the saga undoes these in reverse
+    # Visits a later visit of their step replaced that left an effect to undo: done (a
+    # state entered again), or stopped while they ran (a step's first run, replaced by its
+    # fallback), whose result may still come; by ``<step>@<visit>`` (:func:`visit_key`).
+    replaced: dict[str, StepRun] = {}
     compensations: dict[str, StepRun] = {}
     # Compensating: steps stopped while they ran, whose outcome the undoing waits for (one
     # done after all is the latest done, so it is undone first), each until its deadline.
@@ -124,6 +128,10 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
     @property
     def finished(self) -> bool:
         return self.status in ("completed", "failed", "cancelled")
+
+    def run_of(self, key: str) -> StepRun:
+        """The visit ``key`` names: a step's latest, or a replaced one (``<step>@<visit>``)."""
+        return self.replaced[key] if key in self.replaced else self.steps[key]
 
     @property
     def steps_began(self) -> bool:
@@ -153,7 +161,25 @@ class ReloadReply(msgspec.Struct, frozen=True, kw_only=True):
     config_sha256: str = ""  # of the file as read now: replicas that differ read other files
 
 
-UNDO = "undo"  # the visit part of a compensating task's message id
+UNDO = "undo"  # the visit part of a compensating task's message id (``undo<n>``: visit n's)
+VISIT_MARK = "@"
+
+
+def visit_key(key: str, visit: int) -> str:
+    """How a replaced visit of step ``key`` is named (the step names no ``@``)."""
+    return f"{key}{VISIT_MARK}{visit}"
+
+
+def step_of(key: str) -> str:
+    """The step a key names: itself, or the step of a replaced visit's key."""
+    return key.partition(VISIT_MARK)[0]
+
+
+def undo_message_id(instance_id: str, key: str, visit: int) -> str:
+    """The message id of the compensation of ``key`` (a replaced visit's: of that visit)."""
+    if VISIT_MARK in key:
+        return step_message_id(instance_id, step_of(key), f"{UNDO}{visit}")
+    return step_message_id(instance_id, key, UNDO)
 
 
 def step_message_id(instance_id: str, key: str, visit: int | str) -> str:
@@ -171,8 +197,11 @@ def workflow_step_of(instance_id: str | None, task: Task) -> WorkflowStep | None
     for prefix in (instance_id, _long_prefix(instance_id)) if instance_id else ():
         if message_id.startswith(f"{prefix}-"):
             key, _, visit = message_id[len(prefix) + 1 :].rpartition("-")
-            if key and (visit == UNDO or visit.isdigit()):
-                undo = visit == UNDO
+            of_visit = visit.removeprefix(UNDO)
+            if key and (visit == UNDO or visit.isdigit() or of_visit.isdigit()):
+                undo = visit.startswith(UNDO)
+                if undo and of_visit:  # a replaced visit's compensation
+                    key = visit_key(key, int(of_visit))
                 return WorkflowStep(
                     instance_id=instance_id, step=key, compensation=undo, handled=not undo
                 )

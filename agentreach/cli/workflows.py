@@ -301,7 +301,7 @@ def tree(record: WorkflowRecord) -> str:
     ]
     if record.path:
         lines.append(f"  path: {' → '.join(record.path)}")
-    steps = list(record.steps.items())
+    steps = list(record.replaced.items()) + list(record.steps.items())
     undo = [(f"undo {key}", run) for key, run in record.compensations.items()]
     for i, (key, run) in enumerate(steps + undo):
         branch = "└─" if i == len(steps) + len(undo) - 1 else "├─"

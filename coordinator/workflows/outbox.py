@@ -32,7 +32,7 @@ from agentreach.envelopes import (
     tracecontext,
 )
 from agentreach.envelopes import headers as h
-from agentreach.envelopes.coordination import step_abandoned
+from agentreach.envelopes.coordination import step_abandoned, step_of
 
 log = structlog.get_logger("coordinator.workflows")
 
@@ -97,8 +97,8 @@ class Outbox:
         payload = run.input
         if (undone := _undone_by(record, run)) is not None:
             left_ms, execute_ms = record.task.ttl_ms, record.task.budget.execute_ms
-            done = record.steps[undone]
-            payload = {"step": undone, "input": done.input, "output": done.output}
+            done = record.run_of(undone)
+            payload = {"step": step_of(undone), "input": done.input, "output": done.output}
         return Task(
             v=1,
             message_id=run.message_id,

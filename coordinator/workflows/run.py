@@ -91,6 +91,10 @@ class Run(Visits):
             stopped = run.status in ("cancelled", "timed_out")  # its task went on all the same
             if run.message_id == message_id and stopped and error is None:
                 return self._undo_late(key, run, output)
+        for key, run in self.record.replaced.items():  # a fallback's first run, done late
+            stopped = run.status in ("cancelled", "timed_out")
+            if run.message_id == message_id and stopped and error is None:
+                return self._undo_late(key, run, output)
         return False
 
     def on_timer(self, key: str, visit: int) -> bool:

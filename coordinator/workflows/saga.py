@@ -31,11 +31,10 @@ from agentreach.coordinator.workflows.actions import (
     Note,
     Timer,
     ending,
-    message_id_of,
 )
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import ErrorInfo, StepRun, WorkflowRecord
-from agentreach.envelopes.coordination import UNDO
+from agentreach.envelopes.coordination import step_of, undo_message_id
 
 LATE = ".late"  # "<step>.late": the timer of the wait for a stopped step's outcome
 # A step's task that overran its deadline is judged by the coordinator's delivery, and its
@@ -112,7 +111,7 @@ class Compensation:
         """Completed steps with a compensating intent, not yet undone, latest first."""
         undone = self.record.compensations
         pending = (k for k in reversed(self.record.completed_order) if k not in undone)
-        return list(dict.fromkeys(k for k in pending if self.spec.compensation_of(k)))
+        return list(dict.fromkeys(k for k in pending if self.spec.compensation_of(step_of(k))))
 
     def _compensate_next(self) -> None:
         if self.record.awaiting:
@@ -126,12 +125,12 @@ class Compensation:
         self._dispatch_undo(pending[0])
 
     def _dispatch_undo(self, key: str) -> None:
-        done = self.record.steps[key]
+        done = self.record.run_of(key)
         run = StepRun(
             status="running",
             visit=done.visit,
-            message_id=message_id_of(self.record.instance_id, key, UNDO),
-            intent=self.spec.compensation_of(key) or "",
+            message_id=undo_message_id(self.record.instance_id, key, done.visit),
+            intent=self.spec.compensation_of(step_of(key)) or "",
             # Not a copy of the step's input and output: the dispatch builds its payload from
             # them (a copy doubled the record's largest parts, past what a message holds).
             input={"step": key},
@@ -193,7 +192,7 @@ class Compensation:
         its join went on without), undoes that step alone at once. False when there is
         nothing to undo, or a state machine still runs (a state a signal moved it on from:
         its next states decide what becomes of that effect)."""
-        if self.spec.on_failure != "compensate" or not self.spec.compensation_of(key):
+        if self.spec.on_failure != "compensate" or not self.spec.compensation_of(step_of(key)):
             return False
         if key in self.record.compensations:
             return False

@@ -21,7 +21,7 @@ from agentreach.coordinator.workflows.nesting import too_deep
 from agentreach.coordinator.workflows.saga import Compensation
 from agentreach.coordinator.workflows.templates import MissingPath
 from agentreach.envelopes import ErrorInfo, Priority, StepRun
-from agentreach.envelopes.coordination import StepStatus
+from agentreach.envelopes.coordination import StepStatus, visit_key
 
 
 class Visits(Compensation):
@@ -36,6 +36,8 @@ class Visits(Compensation):
         priority: Priority | None,
     ) -> StepRun:
         previous = self.record.steps.get(key)
+        if previous is not None:
+            self._keep_replaced(key, previous)
         visit = (previous.visit if previous else 0) + 1
         run = StepRun(
             visit=visit,
@@ -55,6 +57,22 @@ class Visits(Compensation):
             self.actions.append(Timer(key, visit, run.deadline_ms))
         self.actions.append(Dispatch(key, run))
         return run
+
+    def _keep_replaced(self, key: str, previous: StepRun) -> None:
+        """Keep a visit the next one replaces when it has an effect to undo: done (a state
+        entered again: its undo was lost, one per state), or, in a graph, stopped while it
+        ran (a step's first run, replaced by its fallback: done late, it was never undone)."""
+        compensates = self.spec.on_failure == "compensate" and self.spec.compensation_of(key)
+        if not (previous.intent and compensates):
+            return
+        stopped = previous.status in ("cancelled", "timed_out") and self.spec.states is None
+        if previous.status != "completed" and not stopped:
+            return
+        replaced = visit_key(key, previous.visit)
+        self.record.replaced[replaced] = previous
+        order = self.record.completed_order
+        if previous.status == "completed" and key in order:  # its completion: of that visit
+            order[len(order) - 1 - order[::-1].index(key)] = replaced
 
     def _input_missing(self, key: str, intent: str | None, missing: MissingPath) -> StepRun:
         """A visit whose input names nothing fails at once, no task sent, saying the path.

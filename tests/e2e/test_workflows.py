@@ -536,6 +536,62 @@ async def test_saga_compensation_runs_in_reverse_after_a_failing_step(
     assert letter.envelope is not None and letter.envelope.payload == {"order": "o9"}
 
 
+LOOP = """
+on_failure: compensate
+states:
+  initial: pay
+  states:
+    pay: {intent: charge_card, compensate: refund_card, next: [{to: hold}]}
+    hold: {next: [{event: again, to: pay}, {event: fail, to: ship}]}
+    ship: {intent: ship_parcel, next: [{to: done}]}
+    done: {terminal: true}
+"""
+
+
+async def test_a_state_entered_three_times_is_undone_three_times(
+    broker, start_coordinator, watcher
+):
+    """A loop charged three times, then its last state failed: each charge is refunded, the
+    latest first, each refund given the visit it undoes (only the last was, two charges
+    stood)."""
+    charges: list[int] = []
+    refunds: list[Any] = []
+    agent = Agent("till", startup_delay=0)
+
+    @agent.handler("charge_card")
+    async def charge(ctx: TaskContext, payload: Any) -> dict:
+        charges.append(len(charges) + 1)
+        return {"charge": charges[-1]}
+
+    @agent.handler("ship_parcel")
+    async def ship(ctx: TaskContext, payload: Any) -> dict:
+        raise PermanentError("no courier")
+
+    @agent.handler("refund_card")
+    async def refund(ctx: TaskContext, payload: Any) -> dict:
+        refunds.append((ctx.message_id, payload["step"], payload["output"]))
+        return {"refunded": True}
+
+    async with (
+        start_coordinator(fast(workflows=workflows(loop=LOOP))) as coordinator,
+        serving(broker, coordinator, agent),
+        ReachClient(broker=broker) as client,
+    ):
+        instance = envelopes.new_id()
+        invoked = asyncio.create_task(client.invoke("loop", {}, message_id=instance))
+        for event in ("again", "again", "fail"):
+            await _until_record(broker, instance, lambda r: r.current == "hold")
+            assert (await client.signal_workflow(instance, event)).taken
+        with pytest.raises(TaskFailed):
+            await invoked
+    assert charges == [1, 2, 3]
+    assert [(m.rpartition("-")[2], step, out) for m, step, out in refunds] == [
+        ("undo", "pay", {"charge": 3}),
+        ("undo2", "pay", {"charge": 2}),
+        ("undo1", "pay", {"charge": 1}),
+    ]
+
+
 async def test_cancel_mid_flight_stops_and_compensates(broker, start_coordinator, watcher):
     """`reach workflows cancel ID` while a step runs: nothing more is dispatched, and the
     undoing waits for the running step; it completes after the cancel, so it is the latest

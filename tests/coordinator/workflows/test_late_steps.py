@@ -157,3 +157,70 @@ def test_a_branch_stopped_while_it_ran_that_then_fails_is_shown_failed() -> None
     assert late.on_result(record.steps["b"].message_id, output=None, error=refused)
     assert record.steps["b"].status == "failed" and record.steps["b"].error == refused
     assert record.awaiting == []
+
+
+FALLBACK = spec(
+    "on_failure: compensate\n"
+    "chain: [{name: h, intent: slow, timeout_s: 1, on_timeout: fallback, fallback_intent: quick,"
+    " compensate: undo_h}, {name: boom, intent: fails}]"
+)
+
+
+def test_a_step_s_first_run_replaced_by_its_fallback_is_undone_when_it_completes_late() -> None:
+    """h's first run timed out and its fallback ran in its place; the instance then failed
+    and undid the fallback's visit. The first run completed after all: it was never undone
+    (the record knew only the fallback's visit). It is undone too, by an undo of its own."""
+    record, _ = started(FALLBACK)
+    first = record.steps["h"]
+    timeout = Run(FALLBACK, record, 2_000)
+    assert timeout.on_timer("h", 1)
+    assert dispatched(timeout) == ["h"] and record.steps["h"].visit == 2
+    step(record, FALLBACK, "h", output={"via": "fallback"}, now=2_100)
+    failed = ErrorInfo(type="PermanentError", message="no", retryable=False)
+    step(record, FALLBACK, "boom", error=failed, now=2_200)
+    undo = Run(FALLBACK, record, 2_300)
+    assert undo.on_result(record.compensations["h"].message_id, output=None, error=None)
+    assert record.status == "failed"
+    late = Run(FALLBACK, record, 4_000)
+    assert late.on_result(first.message_id, output={"via": "slow"}, error=None)
+    assert dispatched(late) == ["h@1-undo"]
+    assert record.compensations["h@1"].message_id == "wf1-h-undo1"
+    assert record.compensations["h@1"].intent == "undo_h"
+    done = Run(FALLBACK, record, 4_500)
+    assert done.on_result(record.compensations["h@1"].message_id, output=None, error=None)
+    assert record.status == "failed" and not any(isinstance(a, Finish) for a in done.actions)
+
+
+LOOP = spec(
+    "on_failure: compensate\n"
+    "states:\n"
+    "  initial: pay\n"
+    "  states:\n"
+    "    pay: {intent: charge, compensate: refund, next: [{to: hold}]}\n"
+    "    hold: {next: [{event: again, to: pay}, {event: fail, to: boom}]}\n"
+    "    boom: {intent: fails, next: [{to: done}]}\n"
+    "    done: {terminal: true}\n"
+)
+
+
+def test_each_visit_of_a_state_entered_again_is_undone_latest_first() -> None:
+    """pay ran three times (a loop through hold); boom failed: only pay's last visit was
+    refunded, two charges stood. Each visit is undone, latest first, then the instance
+    answers as failed."""
+    record, _ = started(LOOP)
+    for n, now in ((1, 2_000), (2, 3_000), (3, 4_000)):
+        step(record, LOOP, "pay", output={"charge": n}, now=now)
+        assert Run(LOOP, record, now + 100).on_signal("again" if n < 3 else "fail")
+    failed = ErrorInfo(type="PermanentError", message="no", retryable=False)
+    compensating = step(record, LOOP, "boom", error=failed, now=5_000)
+    assert dispatched(compensating) == ["pay-undo"]
+    undone = []
+    for key in ("pay", "pay@2", "pay@1"):
+        run = record.compensations[key]
+        undone.append((run.message_id, run.visit))
+        after = Run(LOOP, record, 6_000)
+        assert after.on_result(run.message_id, output=None, error=None)
+    assert undone == [("wf1-pay-undo", 3), ("wf1-pay-undo2", 2), ("wf1-pay-undo1", 1)]
+    assert record.status == "failed"
+    shown = tree(record)
+    assert "pay@1" in shown and "undo pay@2" in shown

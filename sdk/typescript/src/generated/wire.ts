@@ -1567,6 +1567,10 @@ export interface WorkflowRecord {
   /**
    * default {}
    */
+  replaced: Record<string, StepRun>;
+  /**
+   * default {}
+   */
   compensations: Record<string, StepRun>;
   /**
    * default []
