@@ -91,7 +91,9 @@ class Run(Visits):
             stopped = run.status in ("cancelled", "timed_out")  # its task went on all the same
             if run.message_id == message_id and stopped and error is None:
                 return self._undo_late(key, run, output)
-        for key, run in self.record.replaced.items():  # a fallback's first run, done late
+        for key, run in self.record.replaced.items():  # a visit stopped, then replaced
+            if run.message_id == message_id and key in self.record.awaiting:
+                return self._late_outcome(key, run, output, error)
             stopped = run.status in ("cancelled", "timed_out")
             if run.message_id == message_id and stopped and error is None:
                 return self._undo_late(key, run, output)

@@ -74,6 +74,7 @@ class Compensation:
         self.record.error, self.record.ending = final_error(error), ending
         if self.spec.on_failure == "compensate":
             awaited = [key for key in running or [] if self._undone_on_its_own(key)]
+            awaited += self._replaced_running()
             if awaited or self._to_undo():
                 self.record.status = "compensating"
                 self._await(awaited)
@@ -85,6 +86,15 @@ class Compensation:
                 self._compensate_next()
                 return
         self._finish_badly()
+
+    def _replaced_running(self) -> list[str]:
+        """Replaced visits stopped while they ran whose outcome may still come (a step's first
+        run, replaced by its fallback): the undoing waits for them as for the steps stopped."""
+        return [
+            key
+            for key, run in self.record.replaced.items()
+            if run.status in ("cancelled", "timed_out") and key not in self.record.compensations
+        ]
 
     def _undone_on_its_own(self, key: str) -> bool:
         """Whether stopped step ``key`` has an undo to wait for: a compensating intent, or
@@ -148,15 +158,15 @@ class Compensation:
         longer again (its undos' budget)."""
         budget_ms = self.record.task.budget.execute_ms
         for key in keys:
-            run = self.record.steps[key]
+            run = self.record.run_of(key)
             own = run.deadline_ms or run.started_ms + budget_ms
             undoing_ms = budget_ms if run.intent in self.workflows else 0
             run.deadline_ms = max(own, self.now) + LATE_GRACE_MS + undoing_ms
         self.record.awaiting = keys
 
     def _late_timers(self) -> list[Timer]:
-        steps = self.record.steps
-        return [Timer(k + LATE, steps[k].visit, steps[k].deadline_ms) for k in self.record.awaiting]
+        runs = [(k, self.record.run_of(k)) for k in self.record.awaiting]
+        return [Timer(k + LATE, run.visit, run.deadline_ms) for k, run in runs]
 
     def _late_outcome(self, key: str, run: StepRun, output: Any, error: ErrorInfo | None) -> bool:
         """The outcome of a stopped step the undoing waits for: done, it is undone first."""
@@ -175,8 +185,7 @@ class Compensation:
     def _late_wait_over(self, key: str, visit: int) -> bool:
         """A stopped step's outcome did not come by its deadline: undo the others; should it
         complete later still, :meth:`_undo_late` undoes it then."""
-        run = self.record.steps.get(key)
-        if key not in self.record.awaiting or run is None or run.visit != visit:
+        if key not in self.record.awaiting or self.record.run_of(key).visit != visit:
             return False
         self.record.awaiting = [k for k in self.record.awaiting if k != key]
         self.actions.append(Note("compensating", key, {"undo": self._to_undo(), "gave_up": key}))
@@ -189,17 +198,18 @@ class Compensation:
         or was ending: its effect happened, so with ``on_failure: compensate`` it is undone,
         without changing how the instance ended. One that ended badly undoes it like the
         steps completed before (last); a completed one, or a graph still running (a branch
-        its join went on without), undoes that step alone at once. False when there is
-        nothing to undo, or a state machine still runs (a state a signal moved it on from:
-        its next states decide what becomes of that effect)."""
+        its join went on without), undoes that step alone at once. A state machine still
+        running keeps it as done (its next states decide what becomes of that effect): it is
+        undone with the others should the instance end badly (it was lost). False when there
+        is nothing to undo."""
         if self.spec.on_failure != "compensate" or not self.spec.compensation_of(step_of(key)):
             return False
         if key in self.record.compensations:
             return False
-        if self.record.status == "running" and self.spec.states is not None:
-            return False
         run.status, run.output, run.error, run.ended_ms = "completed", output, None, self.now
         self.record.completed_order.append(key)
+        if self.record.status == "running" and self.spec.states is not None:
+            return True  # done, and undone should the instance end badly: its states go on
         self.actions.append(Note("compensating_late_step", key))
         if self.record.status in ("completed", "running"):
             self._dispatch_undo(key)

@@ -60,13 +60,13 @@ class Visits(Compensation):
 
     def _keep_replaced(self, key: str, previous: StepRun) -> None:
         """Keep a visit the next one replaces when it has an effect to undo: done (a state
-        entered again: its undo was lost, one per state), or, in a graph, stopped while it
-        ran (a step's first run, replaced by its fallback: done late, it was never undone)."""
+        entered again: its undo was lost, one per state), or stopped while it ran (a step's
+        first run replaced by its fallback, a state timed out and entered again: done late,
+        it was never undone)."""
         compensates = self.spec.on_failure == "compensate" and self.spec.compensation_of(key)
         if not (previous.intent and compensates):
             return
-        stopped = previous.status in ("cancelled", "timed_out") and self.spec.states is None
-        if previous.status != "completed" and not stopped:
+        if previous.status not in ("completed", "cancelled", "timed_out"):
             return
         replaced = visit_key(key, previous.visit)
         self.record.replaced[replaced] = previous

@@ -166,10 +166,11 @@ FALLBACK = spec(
 )
 
 
-def test_a_step_s_first_run_replaced_by_its_fallback_is_undone_when_it_completes_late() -> None:
-    """h's first run timed out and its fallback ran in its place; the instance then failed
-    and undid the fallback's visit. The first run completed after all: it was never undone
-    (the record knew only the fallback's visit). It is undone too, by an undo of its own."""
+def test_a_step_s_first_run_replaced_by_its_fallback_is_waited_for_and_undone_first() -> None:
+    """h's first run timed out and its fallback ran in its place; then the instance failed.
+    The first run, still running, completed after the undoing: it was never undone (the
+    record knew only the fallback's visit), and the starter was answered before. It is
+    waited for like a step stopped while it ran, and undone first, by an undo of its own."""
     record, _ = started(FALLBACK)
     first = record.steps["h"]
     timeout = Run(FALLBACK, record, 2_000)
@@ -177,18 +178,39 @@ def test_a_step_s_first_run_replaced_by_its_fallback_is_undone_when_it_completes
     assert dispatched(timeout) == ["h"] and record.steps["h"].visit == 2
     step(record, FALLBACK, "h", output={"via": "fallback"}, now=2_100)
     failed = ErrorInfo(type="PermanentError", message="no", retryable=False)
-    step(record, FALLBACK, "boom", error=failed, now=2_200)
-    undo = Run(FALLBACK, record, 2_300)
-    assert undo.on_result(record.compensations["h"].message_id, output=None, error=None)
-    assert record.status == "failed"
+    failing = step(record, FALLBACK, "boom", error=failed, now=2_200)
+    assert record.status == "compensating" and record.awaiting == ["h@1"]
+    assert dispatched(failing) == [] and not any(isinstance(a, Finish) for a in failing.actions)
     late = Run(FALLBACK, record, 4_000)
     assert late.on_result(first.message_id, output={"via": "slow"}, error=None)
     assert dispatched(late) == ["h@1-undo"]
     assert record.compensations["h@1"].message_id == "wf1-h-undo1"
     assert record.compensations["h@1"].intent == "undo_h"
-    done = Run(FALLBACK, record, 4_500)
-    assert done.on_result(record.compensations["h@1"].message_id, output=None, error=None)
-    assert record.status == "failed" and not any(isinstance(a, Finish) for a in done.actions)
+    then = Run(FALLBACK, record, 4_500)
+    assert then.on_result(record.compensations["h@1"].message_id, output=None, error=None)
+    assert dispatched(then) == ["h-undo"]
+    done = Run(FALLBACK, record, 5_000)
+    assert done.on_result(record.compensations["h"].message_id, output=None, error=None)
+    assert record.status == "failed"
+    assert [a for a in done.actions if isinstance(a, Finish)] == [Finish()]
+
+
+def test_a_fallback_s_first_run_done_after_the_instance_completed_is_undone_alone() -> None:
+    """The instance completed on the fallback's result; the first run completes later:
+    its effect is undone, the instance stays completed."""
+    definition = spec(
+        "on_failure: compensate\n"
+        "chain: [{name: h, intent: slow, timeout_s: 1, on_timeout: fallback,"
+        " fallback_intent: quick, compensate: undo_h}]"
+    )
+    record, _ = started(definition)
+    first = record.steps["h"]
+    assert Run(definition, record, 2_000).on_timer("h", 1)
+    step(record, definition, "h", output={"via": "fallback"}, now=2_100)
+    assert record.status == "completed"
+    late = Run(definition, record, 4_000)
+    assert late.on_result(first.message_id, output={"via": "slow"}, error=None)
+    assert dispatched(late) == ["h@1-undo"] and record.status == "completed"
 
 
 LOOP = spec(
@@ -224,3 +246,50 @@ def test_each_visit_of_a_state_entered_again_is_undone_latest_first() -> None:
     assert record.status == "failed"
     shown = tree(record)
     assert "pay@1" in shown and "undo pay@2" in shown
+
+
+TIMED_LOOP = spec(
+    "on_failure: compensate\n"
+    "states:\n"
+    "  initial: pay\n"
+    "  states:\n"
+    "    pay: {intent: charge, compensate: refund, timeout_s: 1, on_timeout: hold,"
+    " next: [{to: hold}]}\n"
+    "    hold: {next: [{event: again, to: pay}, {event: stop, to: done}]}\n"
+    "    done: {terminal: true}\n"
+)
+
+
+def test_a_state_that_timed_out_and_completed_late_while_the_machine_ran_is_undone() -> None:
+    """pay timed out (on to hold) and its charge completed while the machine waited in
+    hold: the late result was dropped, and a cancel then refunded nothing."""
+    record, _ = started(TIMED_LOOP)
+    first = record.steps["pay"]
+    assert Run(TIMED_LOOP, record, 2_000).on_timer("pay", 1)
+    assert record.current == "hold"
+    late = Run(TIMED_LOOP, record, 2_500)
+    assert late.on_result(first.message_id, output={"charge": 1}, error=None)
+    assert dispatched(late) == []  # the machine goes on: its effect stands for now
+    cancel = Run(TIMED_LOOP, record, 3_000)
+    assert cancel.cancel()
+    assert dispatched(cancel) == ["pay-undo"]
+
+
+def test_a_timed_out_visit_of_a_state_entered_again_is_undone_when_it_completes_late() -> None:
+    """pay's first visit timed out, the machine came back to pay, whose second visit
+    completed; the first visit's charge came after the cancel: it was lost with the visit
+    the second replaced. Both are undone."""
+    record, _ = started(TIMED_LOOP)
+    first = record.steps["pay"]
+    assert Run(TIMED_LOOP, record, 2_000).on_timer("pay", 1)
+    assert Run(TIMED_LOOP, record, 2_100).on_signal("again")
+    step(record, TIMED_LOOP, "pay", output={"charge": 2}, now=2_200)
+    cancel = Run(TIMED_LOOP, record, 3_000)
+    assert cancel.cancel()
+    assert record.awaiting == ["pay@1"] and dispatched(cancel) == []
+    late = Run(TIMED_LOOP, record, 3_500)
+    assert late.on_result(first.message_id, output={"charge": 1}, error=None)
+    assert dispatched(late) == ["pay@1-undo"]
+    then = Run(TIMED_LOOP, record, 4_000)
+    assert then.on_result(record.compensations["pay@1"].message_id, output=None, error=None)
+    assert dispatched(then) == ["pay-undo"]
