@@ -186,9 +186,9 @@ async def signal_workflow(
         return SignalOutcome(instance_id, event, taken=False, ended=ended.status)
     sent_ms, before = now_ms(), {_said(e) for e in events}
     subject = f"{broker.names.workflow_signal(instance_id, event)}.{caller}"
-    await broker.publish(subject, b"", headers=h.control_headers("signal"))
+    sent = await broker.publish(subject, b"", headers=h.control_headers("signal"))
     return await instance.until(
-        lambda seen: _answer(instance_id, event, caller, seen, sent_ms, before),
+        lambda seen: _answer(instance_id, event, caller, seen, (sent_ms, sent.seq), before),
         events,
         wait_s,
         says=f"{event} signalled; the coordinator has not said within {wait_s:g} s whether a"
@@ -201,14 +201,20 @@ def _answer(
     event: str,
     caller: str,
     events: list[Event],
-    sent_ms: int,
+    sent: tuple[int, int],
     before: set[tuple[str, int, bytes]],
 ) -> SignalOutcome | None:
+    """The answer to the signal stored at stream sequence ``sent[1]`` (``sent[0]``: when it
+    was sent), from the events that name it; from a coordinator that names none (before
+    revision 31), the first answer about the event by ``caller`` that came after it."""
+    sent_ms, seq = sent
     for seen in events:
         detail = seen.detail
         if detail.get("by") != caller or seen.at_ms < sent_ms - CLOCKS_APART_MS:
             continue
         if _said(seen) in before:  # it answered an earlier signal
+            continue
+        if detail.get("signal_seq") not in (None, seq):  # another signal's, sent at once
             continue
         if seen.event == "signal_taken" and detail.get("event") == event:
             return SignalOutcome(instance_id, event, taken=True, state=detail.get("state"))

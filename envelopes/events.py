@@ -181,6 +181,7 @@ class SignalTakenDetail(_Detail, frozen=True, kw_only=True):
     workflow: str | None = None
     visit: int | None = None
     by: str | None = None
+    signal_seq: int | None = None  # the signal's sequence in REACH_WORKFLOWS: its sender's answer
 
 
 class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
@@ -192,6 +193,7 @@ class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
     workflow: str | None = None
     waits_for: list[str] | None = None
     by: str | None = None
+    signal_seq: int | None = None  # the signal's sequence in REACH_WORKFLOWS: its sender's answer
 
 
 # -- published by compensation workers and operators (about a dead letter's message) -----

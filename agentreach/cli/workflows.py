@@ -213,13 +213,13 @@ async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: fl
         return 1
     # Only what is stored after it answers it: the same event sent a moment before has its own.
     _, sent_after = await stream_bounds(broker, broker.names.events_stream)
-    await signal(broker, record.instance_id, event)
+    seq = await signal(broker, record.instance_id, event)
     deadline = asyncio.get_running_loop().time() + wait_s
     state = f"in state {record.current}"
     while asyncio.get_running_loop().time() < deadline:
         # Said by the coordinator's own event: a record that changed meanwhile may have moved
         # for another reason (the state's wait ran out just before, and the signal came late).
-        match await _answer(broker, record, event, sent_after):
+        match await _answer(broker, record, event, (sent_after, seq)):
             case ("signal_taken", detail):
                 now = await read_record(broker, record.instance_id)
                 after = f"; now {now.current or now.status}" if now is not None else ""
@@ -240,11 +240,13 @@ async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: fl
 
 
 async def _answer(
-    broker: Broker, record: WorkflowRecord, event: str, after_seq: int
+    broker: Broker, record: WorkflowRecord, event: str, sent: tuple[int, int]
 ) -> tuple[str, dict[str, Any]] | None:
     """``signal_taken`` or ``signal_ignored`` and its detail: what the coordinator did with
-    ``event``, said in an event stored after ``after_seq`` (about the instance, in its trace,
-    naming its workflow; ignored: with the events its state takes)."""
+    ``event`` (sent as the signal at sequence ``sent[1]``), said in an event stored after
+    ``sent[0]`` in the events stream (about the instance, in its trace, naming its workflow
+    and that signal; ignored: with the events its state takes)."""
+    after_seq, seq = sent
     names = broker.names
     for kind, said_in in (("signal_taken", "event"), ("signal_ignored", "signal")):
         subject = names.events_of_kind_in_trace(kind, record.trace_id)
@@ -254,6 +256,7 @@ async def _answer(
                 seen.detail.get(said_in) == event
                 and seen.detail.get("workflow") == record.workflow
                 and stored.stream_seq > after_seq
+                and seen.detail.get("signal_seq") in (None, seq)  # not another's sent at once
             ):
                 return kind, seen.detail
     return None

@@ -36,8 +36,10 @@ async def cancel(
     await broker.publish(subject, why.encode(), headers=h.control_headers("cancel"))
 
 
-async def signal(broker: Broker, instance_id: str, event: str) -> None:
-    """Send ``event`` to a state machine instance waiting for it."""
-    await broker.publish(
+async def signal(broker: Broker, instance_id: str, event: str) -> int:
+    """Send ``event`` to a state machine instance waiting for it; the sequence it was stored
+    at, which the coordinator's answer (``signal_taken`` / ``signal_ignored``) names."""
+    sent = await broker.publish(
         broker.names.workflow_signal(instance_id, event), b"", headers=h.control_headers("signal")
     )
+    return sent.seq

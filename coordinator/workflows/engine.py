@@ -48,7 +48,7 @@ from agentreach.coordinator.workflows.outbox import Outbox
 from agentreach.coordinator.workflows.payloads import inline_payload
 from agentreach.coordinator.workflows.records import HotRecords
 from agentreach.coordinator.workflows.run import BY_OPERATOR, Run, outgrown_error
-from agentreach.coordinator.workflows.signals import look_again, signal_ignored
+from agentreach.coordinator.workflows.signals import Sent, look_again, signal_ignored
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.coordinator.workflows.timers import LATER_S, news_before
 from agentreach.coordinator.workflows.unreadable import refuse
@@ -190,8 +190,8 @@ class WorkflowEngine:
                     return look_again(msg, kind, instance_id)
                 case "signal":
                     event, _, asker = event.partition(".")  # a caller's form names it last
-                    at_ms = msg.timestamp_ms
-                    await self._on_signal(instance_id, event, asker or None, at_ms, seen_before)
+                    sent = Sent(msg.timestamp_ms, msg.stream_seq, seen_before)
+                    await self._on_signal(instance_id, event, asker or None, sent)
                 case "cancel":
                     await self._on_cancel(instance_id, event or None, msg.data, seen_before)
                 case _:
@@ -228,20 +228,18 @@ class WorkflowEngine:
         )
         return None
 
-    async def _on_signal(
-        self, instance_id: str, event: str, asker: str | None, at_ms: int, seen: bool
-    ) -> None:
+    async def _on_signal(self, instance_id: str, event: str, asker: str | None, sent: Sent) -> None:
         """Move the instance's state on ``event``: an operator's signal (the bare subject)
         any instance, a caller's (its name the subject's last token) only one it started."""
         refused: list[str] = []
 
         def change(run: Run) -> bool:
             if may_act(run.record, asker):
-                return run.on_signal(event, at_ms, by=asker)
+                return run.on_signal(event, sent.at_ms, by=asker, seq=sent.seq)
             refused.append(run.record.task.caller or "an operator")
             return False
 
-        if await self._apply(instance_id, change, seen):
+        if await self._apply(instance_id, change, sent.again):
             return
         if refused:  # said to nobody else: the instance is not the asker's to know of
             log.warning(
@@ -256,7 +254,7 @@ class WorkflowEngine:
         )
         if (entry := await (await self._records()).get(instance_id)) is not None:
             spec = self._definitions.of(entry.value)
-            await signal_ignored(self._broker, entry.value, spec, event, asker)
+            await signal_ignored(self._broker, entry.value, spec, event, asker, sent.seq)
 
     async def _on_cancel(
         self, instance_id: str, asker: str | None, data: bytes, seen_before: bool

@@ -115,7 +115,7 @@ class Run(Visits):
         self._timed_out(key, run)
         return True
 
-    def on_signal(self, event: str, at_ms: int = 0, *, by: str | None = None) -> bool:
+    def on_signal(self, event: str, at_ms: int = 0, *, by: str | None = None, seq: int = 0) -> bool:
         """An outside event, stored at ``at_ms`` (sent by the caller ``by``, or an operator);
         it moves a state machine whose state waits for it, and not one whose wait ended
         before it came (its timer moves it on)."""
@@ -133,7 +133,7 @@ class Run(Visits):
                 if run.status == "running":
                     self._stop(current, run, "cancelled")
                 # About the instance, which its starter may read (the step's task is not its)
-                taken = {"event": event, "state": current, "visit": run.visit}
+                taken = {"event": event, "state": current, "visit": run.visit, "signal_seq": seq}
                 taken |= {"by": by} if by else {}
                 self.actions.append(Note("signal_taken", detail=taken))
                 self._enter(transition.to, given)

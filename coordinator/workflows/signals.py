@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import structlog
 
 from agentreach.broker import Broker, Delivery
@@ -27,16 +29,27 @@ def look_again(msg: Delivery, kind: str, instance_id: str) -> float | None:
     return None
 
 
+class Sent(NamedTuple):
+    """A signal as stored: when, its stream sequence (which its answer names, so that a
+    sender tells its own signal's answer from another's of the same event), and whether it
+    was delivered before."""
+
+    at_ms: int
+    seq: int
+    again: bool
+
+
 async def signal_ignored(
     broker: Broker,
     record: WorkflowRecord,
     spec: WorkflowSpec | None,
     event: str,
     asker: str | None,
+    seq: int,
 ) -> None:
     """Record ``signal_ignored`` about ``record``'s instance: the signal, who sent it, and
     the events its current state would take (a typo shows)."""
-    ignored: dict[str, object] = {"signal": event, "workflow": record.workflow}
+    ignored: dict[str, object] = {"signal": event, "workflow": record.workflow, "signal_seq": seq}
     if asker is not None:
         ignored["by"] = asker
     if (waits := events_awaited(record, spec)) is not None:

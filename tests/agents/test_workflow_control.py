@@ -193,6 +193,22 @@ async def test_every_signal_a_state_takes_is_said_not_only_the_first(broker):
     assert taken == [("first", 1), ("second", 1)]
 
 
+async def test_two_signals_of_one_event_sent_at_once_each_hear_their_own_answer(broker):
+    """`approve` sent twice at once: the state takes one, the instance then ends and the
+    other is ignored. Both said `taken` (answers were matched on the event and the time);
+    each now hears the answer that names its own signal."""
+    async with (
+        ReachClient(broker=broker, name="alice") as alice,
+        approval_waiting(broker, alice) as (instance, invoked),
+    ):
+        answers = await asyncio.gather(
+            alice.signal_workflow(instance, "approve", wait_s=5),
+            alice.signal_workflow(instance, "approve", wait_s=5),
+        )
+        assert await asyncio.wait_for(invoked, 10) == {"ok": True}
+    assert sorted(answer.taken for answer in answers) == [False, True]
+
+
 async def test_a_signal_waits_out_a_coordinator_that_does_not_answer_for_a_moment(
     broker, monkeypatch
 ):

@@ -115,10 +115,10 @@ export async function signalWorkflow(
   const sentMs = Date.now();
   // An event seen before the signal was sent answers an earlier one (the same event sent again within a second).
   const before = new Set(events.map(said));
-  await conn.publish(conn.names.workflowSignal(instanceId, event, caller), new Uint8Array(), controlHeaders("signal"));
+  const sent = await conn.publish(conn.names.workflowSignal(instanceId, event, caller), new Uint8Array(), controlHeaders("signal"));
   const until = performance.now() + waitMs;
   for (;;) {
-    const answer = answerIn(instanceId, event, caller, events.filter((e) => !before.has(said(e))), sentMs);
+    const answer = answerIn(instanceId, event, caller, events.filter((e) => !before.has(said(e))), sentMs, sent.seq);
     if (answer !== null) return answer;
     if (performance.now() >= until) {
       throw new DeadlineExceeded(
@@ -135,10 +135,15 @@ function said(event: Event): string {
   return JSON.stringify([event.event, event.at_ms, event.detail ?? {}]);
 }
 
-function answerIn(instanceId: string, event: string, caller: string, events: Event[], sentMs: number): SignalOutcome | null {
+/**
+ * The answer to the signal stored at sequence `seq`, from the events that name it; from a
+ * coordinator that names none (before revision 31), the first about the event by `caller` after it.
+ */
+function answerIn(instanceId: string, event: string, caller: string, events: Event[], sentMs: number, seq: number): SignalOutcome | null {
   for (const seen of events) {
     const detail = (seen.detail ?? {}) as Record<string, unknown>;
     if (detail.by !== caller || seen.at_ms < sentMs - CLOCKS_APART_MS) continue;
+    if (typeof detail.signal_seq === "number" && detail.signal_seq !== seq) continue; // another signal's, sent at once
     if (seen.event === "signal_taken" && detail.event === event) {
       return { instanceId, event, taken: true, state: (detail.state as string | undefined) ?? null, waitsFor: [], ended: null };
     }

@@ -1225,6 +1225,10 @@ export interface SignalIgnoredDetail {
    * default null
    */
   by: string | null;
+  /**
+   * default null
+   */
+  signal_seq: number | null;
 }
 
 /**
@@ -1247,6 +1251,10 @@ export interface SignalTakenDetail {
    * default null
    */
   by: string | null;
+  /**
+   * default null
+   */
+  signal_seq: number | null;
 }
 
 /**
