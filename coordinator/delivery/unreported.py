@@ -36,9 +36,9 @@ import structlog
 from agentreach.broker import Broker, BrokerError, Bucket, Delivery
 from agentreach.broker.consume import follow
 from agentreach.broker.dead_letters import dead_letter
+from agentreach.broker.direct import messages_on
 from agentreach.broker.lifecycle import agent_event, emit, events_of, reply
 from agentreach.broker.names import COORDINATOR
-from agentreach.broker.streams import next_message
 from agentreach.coordinator.delivery.dead_letters import error_reply
 from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
 from agentreach.coordinator.protection.grants import Grants
@@ -354,15 +354,12 @@ async def _still_queued(broker: Broker, task: Task) -> bool:
     stream = broker.names.dispatch_streams.get(task.priority)
     if stream is None or task.to_agent is None:
         return False
-    subject, seq = broker.names.dispatch(task.to_agent, task.priority), 1
-    for _ in range(QUEUE_LOOKS):
-        if (stored := await next_message(broker, stream, subject, from_seq=seq)) is None:
-            return False
+    subject = broker.names.dispatch(task.to_agent, task.priority)
+    for stored in await messages_on(broker, stream, subject, limit=QUEUE_LOOKS):  # batched
         with contextlib.suppress(DecodeError):
             queued = decode_task(stored.data)
             if (queued.message_id, queued.attempt) == (task.message_id, task.attempt):
                 return queued.caller == task.caller
-        seq = stored.stream_seq + 1
     return False
 
 
