@@ -52,7 +52,8 @@ class WorkflowEnded:
 class SignalOutcome:
     """What a state machine instance did with a signalled ``event``: ``taken`` by its state
     ``state``, or not — then ``waits_for`` names the events its state takes (empty: it waits
-    for none), and ``ended`` how the instance had ended, when it had (no signal was sent)."""
+    for none), and ``ended`` how the instance had ended, when it had (no signal was sent),
+    or ended instead of taking it (``failed``: the change outgrew its record, say)."""
 
     instance_id: str
     event: str
@@ -220,7 +221,11 @@ def _answer(
             return SignalOutcome(instance_id, event, taken=True, state=detail.get("state"))
         if seen.event == "signal_ignored" and detail.get("signal") == event:
             waits = tuple(detail.get("waits_for") or ())
-            return SignalOutcome(instance_id, event, taken=False, waits_for=waits)
+            ended = detail.get("ended")  # the instance failed instead of taking it
+            return SignalOutcome(instance_id, event, taken=False, waits_for=waits, ended=ended)
+    # Ended with no word on the signal (an answer lost in a crash): it is taken no more.
+    if (ending := _ended(instance_id, events, before_cancel=False)) is not None:
+        return SignalOutcome(instance_id, event, taken=False, ended=ending.status)
     return None
 
 

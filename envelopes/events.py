@@ -187,13 +187,17 @@ class SignalTakenDetail(_Detail, frozen=True, kw_only=True):
 class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
     """``signal_ignored``: a workflow signal arrived that no state was waiting for; the
     instance's ``workflow``, the events its current state takes (``waits_for``; absent when
-    it is in no state), and ``by``, the caller that sent it (absent: an operator)."""
+    it is in no state), and ``by``, the caller that sent it (absent: an operator). A signal
+    whose change would not fit in the instance's record fails the instance instead: then
+    ``ended`` is ``failed`` and ``error`` says why (``record_too_large``)."""
 
     signal: str
     workflow: str | None = None
     waits_for: list[str] | None = None
     by: str | None = None
     signal_seq: int | None = None  # the signal's sequence in REACH_WORKFLOWS: its sender's answer
+    ended: str | None = None
+    error: ErrorInfo | None = None
 
 
 # -- published by compensation workers and operators (about a dead letter's message) -----

@@ -12,7 +12,9 @@ from typing import Any
 import msgspec
 
 from agentreach.agents import DeadlineExceeded, InvalidArgument, ReachClient, UnknownWorkflow
-from agentreach.broker import Broker, BrokerTimeout, NoResponders, read_stream
+from agentreach.agents.workflow_control import ENDINGS
+from agentreach.broker import Broker, BrokerTimeout, NoResponders
+from agentreach.broker.direct import messages_on
 from agentreach.broker.streams import stream_bounds
 from agentreach.cli.options import (
     Commands,
@@ -225,7 +227,7 @@ async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: fl
                 after = f"; now {now.current or now.status}" if now is not None else ""
                 print(f"{record.instance_id}: {event} taken in state {detail.get('state')}{after}")
                 return 0
-            case ("signal_ignored", detail):
+            case ("signal_ignored", detail) if detail.get("ended") is None:
                 waits = detail.get("waits_for") or []
                 takes = f"; it takes {', '.join(waits)}" if waits else ""
                 now = await read_record(broker, record.instance_id)
@@ -233,6 +235,12 @@ async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: fl
                 print(
                     f"{record.instance_id}: no state waits for {event} ({there}{takes}); not taken"
                 )
+                return 1
+            case (said, detail):  # the instance ended first, or instead of taking it
+                ended = detail.get("ended") or ENDINGS[said]
+                error = (detail.get("error") or {}).get("message")
+                why = f": {error}" if error else ""
+                print(f"{record.instance_id}: {event} not taken: the instance {ended}{why}")
                 return 1
         await asyncio.sleep(0.1)  # a person is waiting at the terminal; polling is fine here
     print(f"{record.instance_id}: signalled {event} ({state}); no answer yet")
@@ -242,23 +250,29 @@ async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: fl
 async def _answer(
     broker: Broker, record: WorkflowRecord, event: str, sent: tuple[int, int]
 ) -> tuple[str, dict[str, Any]] | None:
-    """``signal_taken`` or ``signal_ignored`` and its detail: what the coordinator did with
-    ``event`` (sent as the signal at sequence ``sent[1]``), said in an event stored after
-    ``sent[0]`` in the events stream (about the instance, in its trace, naming its workflow
-    and that signal; ignored: with the events its state takes)."""
+    """What the coordinator did with ``event`` (sent as the signal at sequence ``sent[1]``),
+    said in an event of the instance's trace stored after ``sent[0]`` in the events stream:
+    ``signal_taken`` or ``signal_ignored`` naming its workflow and that signal (ignored: with
+    the events its state takes), or the instance's ending when it ended first (the signal
+    outgrew its record, say). The events are read in the order stored: a signal that ends
+    the instance is said taken before the ending."""
     after_seq, seq = sent
     names = broker.names
-    for kind, said_in in (("signal_taken", "event"), ("signal_ignored", "signal")):
-        subject = names.events_of_kind_in_trace(kind, record.trace_id)
-        for stored in await read_stream(broker, names.events_stream, subject):
-            seen = decode_event(stored.data)
-            if (
-                seen.detail.get(said_in) == event
-                and seen.detail.get("workflow") == record.workflow
-                and stored.stream_seq > after_seq
-                and seen.detail.get("signal_seq") in (None, seq)  # not another's sent at once
-            ):
-                return kind, seen.detail
+    stored = await messages_on(
+        broker, names.events_stream, names.events_of_trace(record.trace_id), from_seq=after_seq + 1
+    )
+    for message in stored:
+        seen = decode_event(message.data)
+        if seen.event in ENDINGS and seen.message_id == record.instance_id:
+            return seen.event, seen.detail
+        said_in = {"signal_taken": "event", "signal_ignored": "signal"}.get(seen.event)
+        if (
+            said_in is not None
+            and seen.detail.get(said_in) == event
+            and seen.detail.get("workflow") == record.workflow
+            and seen.detail.get("signal_seq") in (None, seq)  # not another's sent at once
+        ):
+            return seen.event, seen.detail
     return None
 
 

@@ -232,6 +232,7 @@ class WorkflowEngine:
         """Move the instance's state on ``event``: an operator's signal (the bare subject)
         any instance, a caller's (its name the subject's last token) only one it started."""
         refused: list[str] = []
+        outgrown: list[ErrorInfo] = []
 
         def change(run: Run) -> bool:
             if may_act(run.record, asker):
@@ -239,9 +240,14 @@ class WorkflowEngine:
             refused.append(run.record.task.caller or "an operator")
             return False
 
-        if await self._apply(instance_id, change, sent.again):
-            return
-        if refused:  # said to nobody else: the instance is not the asker's to know of
+        def too_large(run: Run, error: ErrorInfo) -> bool:
+            outgrown.append(error)
+            return run.outgrow(error)
+
+        if await self._apply(instance_id, change, sent.again, too_large=too_large):
+            if not outgrown:
+                return
+        elif refused:  # said to nobody else: the instance is not the asker's to know of
             log.warning(
                 "signal refused: the instance is not the asker's",
                 instance_id=instance_id,
@@ -249,12 +255,14 @@ class WorkflowEngine:
                 started_by=refused[-1],
             )
             return
-        log.warning(
-            "signal not taken: no state waits for it", instance_id=instance_id, signal=event
-        )
+        if not outgrown:
+            log.warning(
+                "signal not taken: no state waits for it", instance_id=instance_id, signal=event
+            )
         if (entry := await (await self._records()).get(instance_id)) is not None:
             spec = self._definitions.of(entry.value)
-            await signal_ignored(self._broker, entry.value, spec, event, asker, sent.seq)
+            failed = outgrown[-1] if outgrown else None  # failed instead of taking it
+            await signal_ignored(self._broker, entry.value, spec, event, asker, sent.seq, failed)
 
     async def _on_cancel(
         self, instance_id: str, asker: str | None, data: bytes, seen_before: bool

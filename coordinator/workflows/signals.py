@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import msgspec
 import structlog
 
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.lifecycle import emit, event_for
 from agentreach.coordinator.workflows.spec import WorkflowSpec
-from agentreach.envelopes import WorkflowRecord
+from agentreach.envelopes import ErrorInfo, WorkflowRecord
 
 log = structlog.get_logger("coordinator.workflows")
 
@@ -46,13 +47,17 @@ async def signal_ignored(
     event: str,
     asker: str | None,
     seq: int,
+    failed: ErrorInfo | None = None,
 ) -> None:
     """Record ``signal_ignored`` about ``record``'s instance: the signal, who sent it, and
-    the events its current state would take (a typo shows)."""
+    the events its current state would take (a typo shows); or, ``failed``, the error the
+    instance failed with instead of taking it."""
     ignored: dict[str, object] = {"signal": event, "workflow": record.workflow, "signal_seq": seq}
     if asker is not None:
         ignored["by"] = asker
-    if (waits := events_awaited(record, spec)) is not None:
+    if failed is not None:
+        ignored |= {"ended": "failed", "error": msgspec.to_builtins(failed)}
+    elif (waits := events_awaited(record, spec)) is not None:
         ignored["waits_for"] = waits
     await emit(broker, event_for(record.task, "signal_ignored", **ignored))
 

@@ -4,14 +4,18 @@ output inline): it hung, its writes retried each second until its ttl, and then 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from agentreach.agents import Agent, ReachClient, Rejected, TaskContext, TaskFailed
+from agentreach.agents import Agent, ReachClient, Rejected, SignalOutcome, TaskContext, TaskFailed
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import read_record
+from agentreach.envelopes import WorkflowRecord, new_id
+from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast, serving
+from tests.e2e.test_workflows import _until_record, workflows
 
 BLOB = 200_000  # under the claim-check threshold: kept inline, in the record too
 
@@ -99,3 +103,65 @@ async def test_the_step_whose_result_outgrows_the_record_is_undone_too(
     last = ran[-1]
     assert record.steps[last].output is None
     assert failed.value.error.message.startswith(f"step {last!r}'s result: the instance's")
+
+
+GROWING = """
+states:
+  initial: a
+  states:
+    a: {intent: bulk, next: [{event: go, to: b}]}
+    b: {intent: bulk, next: [{event: go, to: c}]}
+    c: {intent: bulk, next: [{event: go, to: done}]}
+    done: {terminal: true}
+"""
+
+
+def bulkier() -> Agent:
+    """Steps whose 250 KB outputs (under the claim-check threshold: a secured deployment has
+    none), each copied into the next state's input, fill the record (1 MB at most) in two
+    and a half states, with the 100 KB start input and its copy in the first state."""
+    agent = Agent("bulkier", startup_delay=0)
+
+    @agent.handler("bulk")
+    async def bulk(ctx: TaskContext, payload: Any) -> dict[str, str]:
+        return {"blob": "x" * 250_000}
+
+    return agent
+
+
+@pytest.mark.parametrize("sender", ["sdk", "cli"])
+async def test_a_signal_that_outgrows_the_record_is_answered_with_the_failure(
+    broker, start_coordinator, sender
+):
+    """The signal whose change would not fit failed the instance, and nothing answered it:
+    its sender waited out its wait and heard DeadlineExceeded (the CLI: "no answer yet"), as
+    if the signal might still be taken."""
+    flows = workflows(growing=GROWING)
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, bulkier()),
+        ReachClient(broker=broker, name="alice") as alice,
+    ):
+        instance = new_id()
+        invoked = asyncio.create_task(
+            alice.invoke("growing", {"pad": "y" * 100_000}, message_id=instance)
+        )
+        await _until_record(broker, instance, lambda r: _done_in(r, "a"))
+        assert (await alice.signal_workflow(instance, "go", wait_s=10)).taken
+        await _until_record(broker, instance, lambda r: _done_in(r, "b"))
+        if sender == "sdk":
+            outcome = await alice.signal_workflow(instance, "go", wait_s=10)
+            assert outcome == SignalOutcome(instance, "go", taken=False, ended="failed")
+        else:
+            argv = reach_argv(broker, "workflows", "signal", instance, "go", "--wait", "10")
+            signalled = await run(*argv)
+            assert signalled.returncode == 1, signalled.stdout
+            said = f"{instance}: go not taken: the instance failed: the instance's record outgrew"
+            assert signalled.stdout.startswith(said), signalled.stdout
+        with pytest.raises(TaskFailed) as failed:
+            await asyncio.wait_for(invoked, 10)
+    assert failed.value.error.type == "record_too_large"
+
+
+def _done_in(record: WorkflowRecord, state: str) -> bool:
+    return record.current == state and record.steps[state].status == "completed"

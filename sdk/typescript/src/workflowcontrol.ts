@@ -37,7 +37,8 @@ export interface WorkflowEnded {
 /**
  * What a state machine instance did with a signalled `event`: `taken` by its state `state`,
  * or not — then `waitsFor` names the events its state takes (empty: it waits for none), and
- * `ended` how the instance had ended, when it had (no signal was sent).
+ * `ended` how the instance had ended, when it had (no signal was sent), or ended instead of
+ * taking it (`failed`: the change outgrew its record, say).
  */
 export interface SignalOutcome {
   instanceId: string;
@@ -149,10 +150,13 @@ function answerIn(instanceId: string, event: string, caller: string, events: Eve
     }
     if (seen.event === "signal_ignored" && detail.signal === event) {
       const waitsFor = Array.isArray(detail.waits_for) ? (detail.waits_for as string[]) : [];
-      return { instanceId, event, taken: false, state: null, waitsFor, ended: null };
+      const failed = detail.ended === "failed" ? "failed" : null; // the instance failed instead of taking it
+      return { instanceId, event, taken: false, state: null, waitsFor, ended: failed };
     }
   }
-  return null;
+  // Ended with no word on the signal (an answer lost in a crash): it is taken no more.
+  const ending = ended(instanceId, events, false);
+  return ending === null ? null : { instanceId, event, taken: false, state: null, waitsFor: [], ended: ending.status };
 }
 
 function ended(instanceId: string, events: Event[], beforeCancel: boolean): WorkflowEnded | null {

@@ -739,7 +739,41 @@ describe("ReachClient signalling a workflow", () => {
       await alice.close();
     }
   });
+
+  it("hears that the instance failed when its signal outgrew the record (it heard DeadlineExceeded, as if it might still be taken)", async () => {
+    // 250 KB outputs, each copied into the next state's input, with a 100 KB start input:
+    // the third state's input does not fit in the record (1 MB at most).
+    const agent = newAgent(unique("bulky")).handler("ts-bulk", () => ({ blob: "x".repeat(250_000) }));
+    await agent.start(stack.url);
+    const alice = await ReachClient.connect(stack.url, { name: "alice", logger: quiet });
+    try {
+      const instance = unique("growing");
+      const failed = rejection(alice.invoke("ts-growing", { pad: "y".repeat(100_000) }, { messageId: instance }));
+      await untilStateDone(stack, instance, "a");
+      assert.equal((await alice.signalWorkflow(instance, "go")).taken, true);
+      await untilStateDone(stack, instance, "b");
+      const outgrown = await alice.signalWorkflow(instance, "go");
+      assert.deepEqual(outgrown, { instanceId: instance, event: "go", taken: false, state: null, waitsFor: [], ended: "failed" });
+      const error = await failed;
+      assert.ok(error instanceof TaskFailed && error.error.type === "record_too_large", String(error));
+    } finally {
+      await alice.close();
+      await agent.stop();
+    }
+  });
 });
+
+/** Until the instance's record (read from its bucket) is in `state`, that state's step completed. */
+async function untilStateDone(stack: Stack, instance: string, state: string): Promise<void> {
+  const records = await stack.nc.jetstream().views.kv("reach_workflows");
+  for (let tries = 0; tries < 200; tries++) {
+    const entry = await records.get(instance);
+    const record = entry?.value.length ? (entry.json() as { current?: string; steps?: Record<string, { status: string }> }) : null;
+    if (record?.current === state && record.steps?.[state]?.status === "completed") return;
+    await sleep(50); // the record's write is the coordinator's: no event for it
+  }
+  throw new Error(`${instance}: state ${state} not completed within 10 s`);
+}
 
 describe("ReachClient across a server restart", () => {
   let stack: RestartableStack;

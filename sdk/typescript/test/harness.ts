@@ -124,6 +124,14 @@ workflows:
         first: {next: [{event: go, to: second}]}
         second: {next: [{event: go, to: done}]}
         done: {terminal: true, input: {went: 2}}
+  ts-growing:
+    states:
+      initial: a
+      states:
+        a: {intent: ts-bulk, next: [{event: go, to: b}]}
+        b: {intent: ts-bulk, next: [{event: go, to: c}]}
+        c: {intent: ts-bulk, next: [{event: go, to: done}]}
+        done: {terminal: true}
 `;
 
 export interface RestartableStack extends Stack {

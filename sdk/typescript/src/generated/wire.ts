@@ -1209,7 +1209,9 @@ export interface RoutedDetail {
 /**
  * `signal_ignored`: a workflow signal arrived that no state was waiting for; the
  * instance's `workflow`, the events its current state takes (`waits_for`; absent when
- * it is in no state), and `by`, the caller that sent it (absent: an operator).
+ * it is in no state), and `by`, the caller that sent it (absent: an operator). A signal
+ * whose change would not fit in the instance's record fails the instance instead: then
+ * `ended` is `failed` and `error` says why (`record_too_large`).
  */
 export interface SignalIgnoredDetail {
   signal: string;
@@ -1229,6 +1231,14 @@ export interface SignalIgnoredDetail {
    * default null
    */
   signal_seq: number | null;
+  /**
+   * default null
+   */
+  ended: string | null;
+  /**
+   * default null
+   */
+  error: ErrorInfo | null;
 }
 
 /**
