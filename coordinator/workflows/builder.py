@@ -11,7 +11,7 @@ order = wf.machine("pending", {
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -24,7 +24,10 @@ from agentreach.coordinator.workflows.spec import (
     Transition,
     When,
     WorkflowSpec,
+    meant,
 )
+
+Part = TypeVar("Part", bound=msgspec.Struct)
 
 
 def step(name: str, intent: str | None = None, **options: Any) -> Step:
@@ -41,7 +44,7 @@ def step(name: str, intent: str | None = None, **options: Any) -> Step:
 
         step("web", "search_web", timeout_s=5, on_timeout="partial")
     """
-    return msgspec.convert({"name": name, "intent": intent, **options}, Step)
+    return _built(f"step {name!r}", {"name": name, "intent": intent, **options}, Step)
 
 
 def chain(*steps_: Step, **options: Any) -> WorkflowSpec:
@@ -56,7 +59,7 @@ def chain(*steps_: Step, **options: Any) -> WorkflowSpec:
         chain(step("plan", "plan"), step("publish", "publish", compensate="unpublish"),
               on_failure="compensate")
     """
-    return _checked(WorkflowSpec(chain=list(steps_), **options))
+    return _checked(WorkflowSpec(chain=_steps("chain", steps_), **options))
 
 
 def fanout(
@@ -73,7 +76,9 @@ def fanout(
                 step("papers", "search_papers")],
                join=Join(policy="quorum", quorum=1), then=step("merge", "merge"))
     """
-    fan_out = FanOut(branches=branches, join=join or Join(), then=then)
+    if then is not None:
+        _steps("fanout's then", [then])
+    fan_out = FanOut(branches=_steps("fanout", branches), join=join or Join(), then=then)
     return _checked(WorkflowSpec(fanout=fan_out, **options))
 
 
@@ -84,7 +89,7 @@ def steps(*graph: Step, **options: Any) -> WorkflowSpec:
 
         steps(step("a", "fetch"), step("b", "parse", after=["a"]), step("c", "store", after=["b"]))
     """
-    return _checked(WorkflowSpec(steps=list(graph), **options))
+    return _checked(WorkflowSpec(steps=_steps("steps", graph), **options))
 
 
 def machine(initial: str, states: dict[str, State], **options: Any) -> WorkflowSpec:
@@ -96,6 +101,14 @@ def machine(initial: str, states: dict[str, State], **options: Any) -> WorkflowS
             "paid": state("ship", terminal=True),
         })
     """
+    for name, given in states.items():
+        if not isinstance(given, State):
+            made = (
+                "wf.step(...), a step of a chain, fan-out or graph"
+                if isinstance(given, Step)
+                else type(given).__name__
+            )
+            raise TypeError(f"machine: state {name!r} is {made}; a state is wf.state(intent, ...)")
     return _checked(WorkflowSpec(states=Machine(initial=initial, states=states), **options))
 
 
@@ -116,7 +129,7 @@ def state(intent: str | None = None, **options: Any) -> State:
     ``on_error`` (a state to go to when the task fails for good), ``compensate`` and
     ``priority``. A wrong key or value raises ``msgspec.ValidationError`` (a ``ValueError``).
     """
-    return msgspec.convert({"intent": intent, **options}, State)
+    return _built(f"state of intent {intent!r}", {"intent": intent, **options}, State)
 
 
 def go(
@@ -127,5 +140,27 @@ def go(
     ``reach workflows signal ID cancel``), or with neither, always (put it last)."""
     condition = None
     if when is not None:
-        condition = msgspec.convert(dict(zip(("field", "op", "value"), when, strict=True)), When)
+        if not isinstance(when, tuple | list) or len(when) != 3:
+            raise ValueError(f"go({to!r}): when={when!r} is (field, operator, value)")
+        condition = _built(
+            f"go({to!r})'s when", dict(zip(("field", "op", "value"), when, strict=True)), When
+        )
     return Transition(to=to, when=condition, event=event)
+
+
+def _built(what: str, fields: dict[str, Any], kind: type[Part]) -> Part:
+    """``fields`` as a ``kind``; a wrong key or value raises ``msgspec.ValidationError``
+    naming ``what`` and, for an unknown key, the one it may have meant."""
+    try:
+        return msgspec.convert(fields, kind)
+    except msgspec.ValidationError as exc:
+        raise msgspec.ValidationError(f"{what}: {meant(str(exc))}") from None
+
+
+def _steps(where: str, given: Any) -> list[Step]:
+    """``given`` as a list of steps; TypeError naming the first that is none."""
+    for n, part in enumerate(given, start=1):
+        if not isinstance(part, Step):
+            made = "wf.state(...), a state machine's" if isinstance(part, State) else repr(part)
+            raise TypeError(f"{where}: step {n} is {made}; a step is wf.step(name, intent, ...)")
+    return list(given)
