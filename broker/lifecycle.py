@@ -213,7 +213,7 @@ def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMes
     left_out: Counter[str] = Counter()
     for message in stored:
         try:
-            event = envelopes.decode_event(message.data)
+            event = envelopes.decode_stored_event(message.data, message.headers)
         except envelopes.DecodeError:
             continue
         if (why := unvouched(names, message.subject, event)) is not None:

@@ -7,7 +7,7 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -134,11 +134,12 @@ def operators_reply_to(broker: Broker, box: str) -> tuple[str, str]:
 
 @contextlib.asynccontextmanager
 async def sealed_deployment(
-    deployment: SecuredDeployment, folder: Path
+    deployment: SecuredDeployment, folder: Path, workflows: dict[str, Any] | None = None
 ) -> AsyncIterator[tuple[str, Broker, Coordinator]]:
     """A secured server with its streams provisioned, the deployment's intent allowances
     pushed (issue agents with ``deployment.directory.issue`` or ``allow`` first), and a
-    coordinator with its own creds and the seal key: ``(url, admin, coordinator)``."""
+    coordinator with its own creds, the seal key and ``workflows``: ``(url, admin,
+    coordinator)``."""
     from agentreach.broker import Topology, provision
     from agentreach.cli.auth import push_allowances
     from agentreach.coordinator import Coordinator
@@ -146,7 +147,9 @@ async def sealed_deployment(
     from tests.conftest import FAST
 
     config = msgspec.structs.replace(
-        FAST, security=SecurityConfig(seal_key_file=deployment.seal_key_file)
+        FAST,
+        security=SecurityConfig(seal_key_file=deployment.seal_key_file),
+        workflows=workflows or {},
     )
     async with (
         secured_server(deployment, folder) as server,

@@ -132,6 +132,25 @@ def test_nats_is_imported_only_in_the_broker() -> None:
     assert not wrong, "NATS outside the broker:\n" + "\n".join(wrong)
 
 
+def test_stored_events_are_read_with_their_headers() -> None:
+    """An event is read as stored (``decode_stored_event``, with its headers): anyone may
+    have the server store a direct get's answer, of content they chose, on an event subject
+    in the coordinator's name; only its headers tell it apart. Read by ``decode_event``, such
+    forgeries completed other callers' workflow steps (a security re-test)."""
+    wrong = []
+    for module in MODULES:
+        if module.layer == "agentreach.envelopes":
+            continue
+        for node in ast.walk(module.tree):
+            called = node.func if isinstance(node, ast.Call) else None
+            name = getattr(called, "attr", None) or getattr(called, "id", None)
+            if name == "decode_event":
+                wrong.append(f"{module.path.relative_to(REPO)}:{node.lineno}")
+    assert not wrong, "decode_event on a stored event (use decode_stored_event):\n" + "\n".join(
+        wrong
+    )
+
+
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.name)
 def test_modules_stay_small(module: Module) -> None:
     """No module passes 400 lines: one concept per module."""

@@ -30,7 +30,7 @@ from agentreach.coordinator.workflows import all_records, cancel, read_record, s
 from agentreach.envelopes import (
     StepRun,
     WorkflowRecord,
-    decode_event,
+    decode_stored_event,
     encode,
     is_token,
     now_ms,
@@ -262,7 +262,7 @@ async def _answer(
         broker, names.events_stream, names.events_of_trace(record.trace_id), from_seq=after_seq + 1
     )
     for message in stored:
-        seen = decode_event(message.data)
+        seen = decode_stored_event(message.data, message.headers)
         if seen.event in ENDINGS and seen.message_id == record.instance_id:
             return seen.event, seen.detail
         said_in = {"signal_taken": "event", "signal_ignored": "signal"}.get(seen.event)

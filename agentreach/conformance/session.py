@@ -207,7 +207,9 @@ class Session:
 
         async def on_event(msg: Inbound) -> None:
             with contextlib.suppress(DecodeError):
-                await self._add(exchange.events, envelopes.decode_event(msg.data), msg)
+                await self._add(
+                    exchange.events, envelopes.decode_stored_event(msg.data, msg.headers), msg
+                )
 
         if task.reply_to:
             # A reply box gets each reply on <box>.<sender>; any other subject as it is.
@@ -244,7 +246,7 @@ class Session:
 
     async def _on_no_task(self, msg: Inbound) -> None:
         with contextlib.suppress(DecodeError):
-            self.no_tasks.append(envelopes.decode_event(msg.data))
+            self.no_tasks.append(envelopes.decode_stored_event(msg.data, msg.headers))
             async with self._changed:
                 self._changed.notify_all()
 

@@ -15,7 +15,7 @@ from agentreach.envelopes import (
     DecodeError,
     Event,
     decode_detail,
-    decode_event,
+    decode_stored_event,
     new_id,
     now_ms,
 )
@@ -136,7 +136,7 @@ async def progress(s: Session, c: Checks) -> str:
     stored = await read_stream(
         s.broker, s.names.events_stream, s.names.events_of_message(ex.task.message_id)
     )
-    events = [decode_event(m.data) for m in stored]
+    events = [decode_stored_event(m.data, m.headers) for m in stored]
     recorded = [e.detail.get("note") for e in events if e.event == "progress"]
     c.must(recorded == notes, f"progress events recorded {recorded}, not {notes}")
     return f"{len(notes)} progress replies and events, in order"

@@ -35,7 +35,6 @@ from agentreach.envelopes import (
     Heartbeat,
     decode_as,
     decode_dead_letter,
-    decode_event,
     decode_json,
     decode_stored_event,
     now_ms,
@@ -159,7 +158,7 @@ class Board:
         ):
             honour_cancellation()
             try:
-                event = decode_event(msg.data)
+                event = decode_stored_event(msg.data, msg.headers)
             except DecodeError:
                 continue
             if unvouched(names, msg.subject, event) is None:  # an agent's `dead_lettered`…

@@ -7,6 +7,8 @@ read, dead-lettered, and only then deleted — never the other way round.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 import structlog
 
@@ -64,7 +66,7 @@ class Advisories:
             await delete_message(self._broker, advisory.stream, advisory.stream_seq)
 
     async def _dead_letter(self, stored: StoredMessage, error: ErrorInfo) -> None:
-        task = _task_in(stored.data)
+        task = _task_in(stored.data, stored.headers)
         if task is not None:
             # Every acknowledgement of a run lost (servers failing over): the work is done.
             if isinstance(ran := await self._run_once.verdict(task), RanAlready):
@@ -101,14 +103,14 @@ def _never_acknowledged(advisory: MaxDeliveries, agent_id: str | None) -> ErrorI
     return ErrorInfo(type="max_deliveries", message=message, retryable=False)
 
 
-def _task_in(data: bytes) -> Task | None:
+def _task_in(data: bytes, headers: Mapping[str, str]) -> Task | None:
     """The task a stored message is (a dispatch) or is about (an outcome event), if any."""
     try:
         return envelopes.decode_task(data)
     except DecodeError:
         pass
     try:
-        event = envelopes.decode_event(data)
+        event = envelopes.decode_stored_event(data, headers)
         return msgspec.convert(event.detail.get("task"), Task)
     except (DecodeError, msgspec.ValidationError):
         return None

@@ -91,7 +91,7 @@ class Outcomes:
     async def handle(self, msg: Delivery) -> float | None:
         """None to acknowledge the event, or seconds until it should come back."""
         try:
-            event = envelopes.decode_event(msg.data)
+            event = envelopes.decode_stored_event(msg.data, msg.headers)
         except DecodeError as exc:
             await unreadable_event(self._broker, msg, exc, self._server_answers)
             return None

@@ -54,6 +54,7 @@ from agentreach.envelopes import (
     decode_task,
     moved_on_from,
     now_ms,
+    server_answer,
 )
 
 log = structlog.get_logger("coordinator.unreported")
@@ -182,6 +183,8 @@ class Unreported:
             names.kind_of_event_subject(delivery.subject),
             names.sender_of(delivery.subject),
         )
+        if server_answer(delivery.data, delivery.headers):
+            return  # anyone's content, in anyone's name: the outcomes' consumer says so
         try:
             seen = msgspec.json.decode(delivery.data, type=_Seen)
         except msgspec.DecodeError:

@@ -32,7 +32,7 @@ from agentreach.envelopes import (
     Event,
     PayloadRef,
     Summary,
-    decode_event,
+    decode_stored_event,
     encode,
     summarize,
 )
@@ -66,7 +66,7 @@ class AuditWriter:
         """None once the record is written (or refused), or seconds until the ending is
         looked at again."""
         try:
-            ending = decode_event(msg.data)
+            ending = decode_stored_event(msg.data, msg.headers)
         except DecodeError as exc:
             await unreadable_event(self._broker, msg, exc, self._server_answers)
             return None

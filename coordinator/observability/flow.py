@@ -43,7 +43,7 @@ from agentreach.envelopes import (
     PRIORITIES,
     DecodeError,
     Event,
-    decode_event,
+    decode_stored_event,
     now_ms,
 )
 
@@ -295,7 +295,7 @@ class FlowMetrics(Collector):
         stored_ms = msg.timestamp_ms
         self.last_stored_ms, self.behind = stored_ms, msg.pending
         try:
-            event = decode_event(msg.data)
+            event = decode_stored_event(msg.data, msg.headers)
         except DecodeError:
             return  # not an event of ours: nothing to count
         if self._routes.vouch(msg.subject, event):  # not an agent's forgery

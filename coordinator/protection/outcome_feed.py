@@ -37,7 +37,7 @@ async def follow_outcomes(
     ):
         honour_cancellation()
         try:
-            event = envelopes.decode_event(msg.data)
+            event = envelopes.decode_stored_event(msg.data, msg.headers)
         except DecodeError:
             continue
         if event.agent_id != names.sender_of(msg.subject):

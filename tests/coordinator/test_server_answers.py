@@ -17,17 +17,23 @@ from structlog.testing import capture_logs
 from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker
+from agentreach.broker.lifecycle import event_for
+from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import read_record
 from agentreach.envelopes import (
     AgentCard,
+    Event,
     Execution,
     LeaseRecord,
+    Result,
+    Task,
     decode_as,
     encode,
     now_ms,
     server_answer,
 )
+from agentreach.envelopes.coordination import step_message_id
 from tests.coordinator.workflows.test_cancel import HELD, secured
 from tests.e2e.routing_support import fast, serving
 from tests.secured import SecuredDeployment, sealed_deployment
@@ -491,3 +497,63 @@ async def test_a_card_overwritten_by_a_server_answer_does_not_take_the_epoch_bac
             after = decode_as((await kv.get("epochal")).value, AgentCard).epoch
     assert epochs == [1, 2]
     assert after > 2
+
+
+async def _forge_event(agent: Broker, event: Event, sender: str) -> None:
+    """What a security re-test did as agent ``mallory``: write ``event`` under a key of its
+    own, then direct-get it with the reply aimed at the event's subject in ``sender``'s
+    name. The stream stores the server's answer there, with the content mallory chose."""
+    names = agent.names
+    own = f"$KV.{names.executions_bucket}.x.{event.message_id}.{agent.name}"
+    await agent.publish(own, encode(event))
+    subject = names.event(event.event, event.topic, event.trace_id, event.message_id, sender)
+    direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
+    await agent.nc.publish(direct, b"", reply=subject)
+
+
+async def test_coordinator_events_forged_by_a_direct_get_answer_vouch_for_nothing(
+    tmp_path: Path,
+) -> None:
+    """An agent forged `routed` (the coordinator's) naming itself for another caller's
+    workflow step, then answered the step: the step completed with its output, and the real
+    result was dropped. A forged `workflow_completed` made alice's trace, `result()` and
+    `reach trace` say the running instance had ended. Events stored as a server's answer
+    are nobody's: they vouch for nothing and are no part of a trace."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    deployment.directory.issue("agent", "holder-5", intents=("hold-5",))
+    held, release = asyncio.Queue[Any](), asyncio.Event()
+    flows = {"held-5": wf.chain(wf.step("a", "hold-5"))}
+    async with (
+        sealed_deployment(deployment, tmp_path / "server", flows) as (url, admin, coordinator),
+        _holder("5", held, release).running(url, auth=deployment.auth("agent", "holder-5")),
+        ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
+        Broker(url, name="mallory", auth=deployment.auth("agent", "mallory")) as bad,
+        Watcher(admin) as watcher,
+    ):
+        await eventually(lambda: "holder-5" in coordinator.directory.cards)
+        instance = f"flow-{uuid.uuid4().hex[:8]}"
+        invoked = asyncio.create_task(alice.invoke("held-5", {"n": 1}, message_id=instance))
+        assert await asyncio.wait_for(held.get(), 10) == {"n": 1}
+        step = step_message_id(instance, "a", 1)
+        about = Task(v=1, message_id=step, trace_id=instance, topic="hold-5")
+        await _forge_event(bad, event_for(about, "routed", agent_id="mallory"), COORDINATOR)
+        start = Task(v=1, message_id=instance, trace_id=instance, topic="held-5", caller="alice")
+        ended = event_for(start, "workflow_completed", workflow="held-5", result={"by": "bad"})
+        await _forge_event(bad, ended, COORDINATOR)
+        forged = Result(
+            v=1, message_id=step, trace_id=instance, topic="hold-5", result={"by": "mallory"}
+        )
+        await bad.publish(f"{bad.names.workflow_reply(instance)}.mallory", encode(forged))
+        await eventually(lambda: _alerted_about(watcher, step), timeout=30)
+        trace = await alice.status(instance)
+        release.set()
+        assert await asyncio.wait_for(invoked, 10) == {"held": {"n": 1}}
+    [alert] = _alerted_about(watcher, step)
+    assert (alert.agent_id, alert.detail["problem"]) == ("mallory", "impersonation")
+    assert not [e for e in trace if e.event == "workflow_completed"]
+
+
+def _alerted_about(watcher: Watcher, message_id: str) -> list[Event]:
+    return [
+        e for e in watcher.events if e.event == "alert" and e.detail["message_id"] == message_id
+    ]

@@ -243,12 +243,13 @@ async def test_a_failure_reported_after_the_attempt_was_ended_unreported_starts_
 class _Stored:
     """An event as the follower is handed it: its subject, its bytes, its store time."""
 
-    def __init__(self, broker, event: Event, sender: str, stored_ms: int) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, broker, event: Event, sender: str, stored_ms: int, headers=None) -> None:  # type: ignore[no-untyped-def]
         self.subject = broker.names.event(
             event.event, event.topic, event.trace_id, event.message_id, sender
         )
         self.data = msgspec.json.encode(event)
         self.timestamp_ms = stored_ms
+        self.headers = headers or {}
 
 
 def _event(kind: str, attempt: int = 1, agent_id: str = "a-1", **detail: object) -> Event:
@@ -285,6 +286,18 @@ async def test_the_follower_believes_only_the_coordinator_s_routing_and_the_agen
     fold(_Stored(broker, _event("routed", 3), COORDINATOR, 3_000))
     fold(_Stored(broker, _event("dead_lettered", 1, agent_id=None), COORDINATOR, 3_100))
     assert unreported.open_count == 0
+
+
+async def test_a_routed_event_stored_as_a_server_s_answer_opens_no_attempt(broker) -> None:
+    """An agent had the server store, as the coordinator's `routed`, a direct get's answer
+    of content it wrote (a security re-test): the pass later dead-lettered the message as
+    `expired` and sent the error to the `reply_to` the forgery named."""
+    unreported = Unreported(broker, UnreportedConfig(grace_s=1.0))
+    answer = {"Nats-Stream": "KV_reach_executions", "Nats-Subject": "$KV.reach_executions.x"}
+    unreported.fold(_Stored(broker, _event("routed", 1), COORDINATOR, 0, headers=answer))
+    assert unreported.open_count == 0
+    unreported.fold(_Stored(broker, _event("routed", 1), COORDINATOR, 0))
+    assert unreported.open_count == 1
 
 
 def test_an_attempt_taken_from_its_dead_agent_is_not_ended_as_unreported() -> None:
