@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from agentreach.envelopes import StepRun, WorkflowRecord
+from agentreach.envelopes.audit import summary_of_task
 from agentreach.envelopes.coordination import step_message_id
 
 
@@ -56,6 +57,13 @@ class Finish:
 
 
 Action = Dispatch | Timer | Note | Abandon | Finish
+
+
+def started(record: WorkflowRecord) -> Note:
+    """The event of the instance's start, with a summary of its input (``input``, as a
+    task's ``routed`` has): the starting id sent again with another payload is told apart."""
+    summary = msgspec.to_builtins(summary_of_task(record.task))
+    return Note("workflow_started", detail={"input": summary})
 
 
 def ending(record: WorkflowRecord, *, again: bool = False) -> Note:

@@ -23,6 +23,7 @@ from agentreach.coordinator.workflows.actions import (
     Note,
     Timer,
     ending,
+    started,
 )
 from agentreach.coordinator.workflows.joins import join_value, readiness
 from agentreach.coordinator.workflows.saga import LATE
@@ -56,7 +57,7 @@ class Run(Visits):
 
     # -- entry points -------------------------------------------------------------
     def start(self) -> None:
-        self.actions.append(Note("workflow_started"))
+        self.actions.append(started(self.record))
         if self._too_deep() or self._past_deadline():
             return
         self.actions.append(Timer(DEADLINE, 0, self.record.deadline_ms))

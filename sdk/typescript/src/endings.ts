@@ -56,13 +56,14 @@ export class ReusedId extends OthersMessage {
 
 /**
  * Throws ReusedId when `events` (a message's, oldest first) are of a request sent on
- * another topic than `topic`; before its first `routed` event, and from a coordinator that
- * does not record the topic, nothing is compared. (The Python SDK also compares the payload's
+ * another topic than `topic`; before its first `routed` event (a workflow's: its
+ * `workflow_started`, whose topic is the workflow), and from a coordinator that does not
+ * record the topic, nothing is compared. (The Python SDK also compares the payload's
  * SHA-256, `input.sha256`: it encodes JSON as the coordinator does, byte for byte.)
  */
 export function checkSameRequest(events: Event[], topic: string): void {
-  const first = events.find((e) => e.event === "routed" && (e.attempt ?? 1) === 1);
-  const sentTopic = first?.detail?.sent_topic;
+  const first = events.find((e) => (e.event === "routed" && (e.attempt ?? 1) === 1) || e.event === "workflow_started");
+  const sentTopic = first?.event === "workflow_started" ? first.topic : first?.detail?.sent_topic;
   // The topic it was routed on (a rule's, the resolution's) is the same request too.
   if (first === undefined || typeof sentTopic !== "string" || sentTopic === topic || first.topic === topic) return;
   throw new ReusedId(

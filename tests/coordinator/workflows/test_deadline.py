@@ -86,7 +86,9 @@ def test_an_instance_says_whether_any_step_began() -> None:
     (nothing ran: refused), true once a step was dispatched, in its end's note too."""
 
     def ran(run: Run) -> object:
-        return next(a.detail["ran"] for a in run.actions if isinstance(a, Note) and a.detail)
+        return next(
+            a.detail["ran"] for a in run.actions if isinstance(a, Note) and "ran" in a.detail
+        )
 
     record, run = started(ttl_ms=1_000, received_ms=1_000, now=5_000)
     assert not record.steps_began and ran(run) is False
