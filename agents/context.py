@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from agentreach.agents.deadline import Deadline
+from agentreach.agents.errors import SyncCallOnLoop
 from agentreach.envelopes import Priority, Task, now_ms, sub_task_id, tracecontext
 from agentreach.logs import get_logger
 
@@ -93,6 +94,7 @@ class TaskContext:
         """:meth:`progress` for a synchronous handler running in a worker thread. A report
         that takes longer than ``timeout`` goes on without the handler, which goes on too (a
         TimeoutError here would fail its work as ``deadline_exceeded``)."""
+        self._off_the_loop("progress_sync", "await ctx.progress(…)")
         future = asyncio.run_coroutine_threadsafe(self._report_progress(note), self._loop)
         try:
             future.result(timeout)
@@ -141,8 +143,23 @@ class TaskContext:
     def invoke_sync(self, topic: str, payload: Any, **options: Any) -> Any:
         """:meth:`invoke` for a synchronous handler running in a worker thread: waits for
         the sub-task's result in this thread (the options are :meth:`invoke`'s)."""
+        self._off_the_loop("invoke_sync", "await ctx.invoke(…)")
         call = self.invoke(topic, payload, **options)
         return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+
+    def _off_the_loop(self, call: str, instead: str) -> None:
+        """Raise SyncCallOnLoop when called on the agent's event loop: waiting there for
+        what that loop must run deadlocked the agent for good (SIGTERM ignored)."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # a worker thread: no loop runs here
+        if running is self._loop:
+            raise SyncCallOnLoop(
+                f"ctx.{call}() called from an async handler, on the agent's event loop: it"
+                f" would wait for the loop it blocks; use {instead} there (the *_sync calls"
+                " are for plain def handlers, which run in worker threads)"
+            )
 
     def child_task(
         self, topic: str, payload: Any, *, priority: Priority | None = None, key: str | None = None

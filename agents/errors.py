@@ -48,6 +48,12 @@ class PermanentError(ReachError):
     """Raise from a handler when trying again cannot help (bad input, business refusal)."""
 
 
+class SyncCallOnLoop(PermanentError, RuntimeError):
+    """A ``*_sync`` call of the task context made on the agent's event loop (from an
+    ``async def`` handler): it would wait for the loop it blocks, and every handler of the
+    agent would stop. Such a handler awaits the call instead (``await ctx.invoke(…)``)."""
+
+
 class ReplayLimitReached(ReachError):
     """A replay refused: the dead letter's task is itself the product of ``replays``
     replays, as many as ``max_replays`` allows (a worker replaying the letters its own replays

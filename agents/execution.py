@@ -35,6 +35,7 @@ from agentreach.agents.deadline import LEASE_GRACE_MS, Deadline
 from agentreach.agents.errors import PermanentError
 from agentreach.agents.failures import failed, spent, unrecordable
 from agentreach.agents.handlers import (
+    DeadlinePassed,
     InvalidPayload,
     call,
     error_info,
@@ -339,7 +340,7 @@ class Executor:
             outcome = failed(claim, error)
         except Exception as exc:  # every handler failure is reported, none is lost
             error = error_info(exc, deadline.total_ms)
-            if isinstance(exc, TimeoutError | InvalidPayload | PermanentError):
+            if isinstance(exc, DeadlinePassed | InvalidPayload | PermanentError):
                 outcome = failed(claim, error)
             else:  # where it raised, for its author: one line with the traceback
                 log.warning("handler raised", error_type=error.type, exc_info=exc)

@@ -43,31 +43,67 @@ OVERRUN = "past its deadline in a thread; it cannot be stopped: its outcome wait
 Overrun = Callable[[], contextlib.AbstractAsyncContextManager[None]]
 
 
+class DeadlinePassed(TimeoutError):
+    """The handler's deadline passed while it ran: reported as ``deadline_exceeded``. A
+    ``TimeoutError`` the handler raises itself in time (an upstream call's) is reported as
+    what it is: it read "handler ran past 30000 ms" after 2 ms, its message nowhere."""
+
+
+class HandlerExited(Exception):
+    """The handler raised SystemExit (a library's ``sys.exit()``): the task fails with it
+    (type ``SystemExit``), and the agent serves on. It stopped the whole agent, saying only
+    "agent stopped"."""
+
+
 async def call(
     spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline: Deadline, *, overrun: Overrun
 ) -> Any:
-    """The handler's result; raises what it raised, or TimeoutError past its deadline."""
+    """The handler's result; raises what it raised (SystemExit as HandlerExited), or
+    DeadlinePassed past its deadline."""
     if spec.is_async:
-        async with asyncio.timeout(None) as scope:
-            deadline.enforce(scope)
-            return await spec.func(ctx, payload)
+        try:
+            async with asyncio.timeout(None) as scope:
+                deadline.enforce(scope)
+                return await spec.func(ctx, payload)
+        except SystemExit as exc:
+            raise _exited(exc) from exc
+        except TimeoutError as exc:
+            if scope.expired():
+                raise DeadlinePassed(f"past {deadline.total_ms} ms") from exc
+            raise
     return await _in_thread(spec, ctx, payload, deadline, overrun)
 
 
 async def _in_thread(
     spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline: Deadline, overrun: Overrun
 ) -> Any:
-    running = asyncio.ensure_future(asyncio.to_thread(spec.func, ctx, payload))
+    running = asyncio.ensure_future(asyncio.to_thread(_no_exit, spec.func, ctx, payload))
     try:
         async with asyncio.timeout(None) as scope:
             deadline.enforce(scope)
             return await asyncio.shield(running)
     except TimeoutError:
         if not scope.expired():
-            raise  # the handler's own, in time: reported as deadline_exceeded all the same
+            raise  # the handler's own, in time
     log.warning(OVERRUN, deadline_ms=deadline.total_ms)
     async with overrun():
-        return await running
+        try:
+            return await running
+        except TimeoutError as exc:  # past its deadline, its own timeout ended it
+            raise DeadlinePassed(f"past {deadline.total_ms} ms") from exc
+
+
+def _no_exit(func: Callable[..., Any], ctx: TaskContext, payload: Any) -> Any:
+    """``func`` in its thread, a SystemExit raised there: HandlerExited (out of the thread,
+    asyncio would raise it through the event loop)."""
+    try:
+        return func(ctx, payload)
+    except SystemExit as exc:
+        raise _exited(exc) from exc
+
+
+def _exited(exc: SystemExit) -> HandlerExited:
+    return HandlerExited(f"the handler raised SystemExit({exc.code!r}) (sys.exit())")
 
 
 class InvalidPayload(Exception):
@@ -194,7 +230,9 @@ def error_info(exc: Exception, deadline_ms: int) -> ErrorInfo:
         return ErrorInfo(type="invalid_payload", message=str(exc), retryable=False)
     if isinstance(exc, InvokeError):
         return sub_task_failed(exc)
-    if isinstance(exc, TimeoutError):
+    if isinstance(exc, HandlerExited):
+        return ErrorInfo(type="SystemExit", message=str(exc), retryable=True)
+    if isinstance(exc, DeadlinePassed):
         return ErrorInfo(
             type="deadline_exceeded", message=f"handler ran past {deadline_ms} ms", retryable=True
         )

@@ -35,6 +35,9 @@ from agentreach.envelopes import (
     Task,
 )
 from agentreach.envelopes.audit import summary_of_task
+from agentreach.logs import get_logger
+
+log = get_logger("agents")
 
 RECHECK_S = 1.0  # how often a wait looks for a reconnect, and then reads the events
 VERDICT_GRACE_S = 1.0  # past the execute deadline, for the coordinator's verdict to arrive
@@ -182,10 +185,19 @@ def _after_an_attempt(error: ErrorInfo, attempt: int) -> bool:
 
 
 async def _call(callback: Callable[[Any], Any] | None, message: msgspec.Struct) -> None:
-    if callback is not None:
+    """The caller's ``on_ack`` / ``on_progress``; what it raises is logged, not raised: it
+    aborted the invoke, whose task ran on and completed, its result then nowhere (and a
+    resend under a new id runs the work twice)."""
+    if callback is None:
+        return
+    try:
         outcome = callback(message)
         if asyncio.iscoroutine(outcome):
             await outcome
+    except Exception:
+        kind = type(message).__name__.lower()
+        message_id = getattr(message, "message_id", None)
+        log.exception(f"the invoke's {kind} callback raised; it goes on", message_id=message_id)
 
 
 def as_type(result: Any, result_type: Any, task: Task) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import sys
 import threading
 import time
 import traceback
@@ -67,6 +68,25 @@ async def test_invoke_sees_ack_then_progress_then_result(broker, coordinator):
     assert result == {"done": True, "attempt": 1}
 
 
+async def test_a_callback_that_raises_does_not_abort_the_invoke(broker, coordinator):
+    """An `on_progress` that raised aborted the invoke with its own error (no message id):
+    the task ran on and completed, its result nowhere, and a resend under a new id would run
+    it twice. The error is logged; the invoke goes on to the result."""
+
+    def broken(progress: object) -> None:
+        raise ZeroDivisionError("the caller's own bug")
+
+    async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
+        with capture_logs() as logs:
+            result = await client.invoke("slow_report", {}, on_ack=broken, on_progress=broken)
+    assert result == {"done": True, "attempt": 1}
+    said = [e["event"] for e in logs if e["log_level"] == "error"]
+    assert said == [
+        "the invoke's ack callback raised; it goes on",
+        "the invoke's progress callback raised; it goes on",
+    ]
+
+
 async def test_sync_handler_runs_in_a_worker_thread(broker, coordinator):
     """A plain function handler runs off the event loop."""
     async with agent_with_handlers().running(broker=broker), ReachClient(broker=broker) as client:
@@ -127,6 +147,61 @@ async def test_a_handler_that_raises_is_logged_with_where_it_raised(broker, coor
     # A PermanentError is a refusal on purpose: no warning with a stack ("handler failed" at
     # info says it).
     assert not [e for e in refusal_logs if e["event"] == "handler raised"]
+
+
+@pytest.mark.parametrize("kind", ["async", "def"])
+async def test_a_timeout_error_of_the_handler_s_own_is_reported_as_it_is(
+    broker, coordinator, watcher, kind: str
+):
+    """An upstream call's TimeoutError, raised in time, read "deadline_exceeded: handler ran
+    past 30000 ms" after 2 ms, its message nowhere."""
+    agent = Agent(f"own-timeout-{kind}", startup_delay=0)
+
+    def upstream(ctx: TaskContext, payload: object) -> object:
+        raise TimeoutError("upstream timed out")
+
+    async def upstream_async(ctx: TaskContext, payload: object) -> object:
+        raise TimeoutError("upstream timed out")
+
+    handler = upstream_async if kind == "async" else upstream
+    agent.handler(f"upstream-{kind}", max_attempts=1)(handler)
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        with pytest.raises(TaskFailed) as caught:
+            await client.invoke(f"upstream-{kind}", {})
+    error = caught.value.error
+    assert (error.type, error.message, error.retryable) == (
+        "TimeoutError",
+        "upstream timed out",
+        True,
+    )
+
+
+@pytest.mark.parametrize("kind", ["async", "def"])
+async def test_sys_exit_in_a_handler_fails_its_task_and_the_agent_serves_on(
+    broker, coordinator, kind: str
+):
+    """A library that called `sys.exit(3)` in a handler stopped the whole agent, the log
+    saying only "agent stopped", and its task was moved on as `reassigned`."""
+    agent = Agent(f"exiting-{kind}", startup_delay=0)
+
+    def leave(ctx: TaskContext, payload: object) -> object:
+        if payload == "exit":
+            sys.exit(3)
+        return "served"
+
+    async def leave_async(ctx: TaskContext, payload: object) -> object:
+        return leave(ctx, payload)
+
+    agent.handler(f"leave-{kind}", max_attempts=1)(leave_async if kind == "async" else leave)
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        with pytest.raises(TaskFailed) as caught:
+            await client.invoke(f"leave-{kind}", "exit")
+        assert await client.invoke(f"leave-{kind}", "again") == "served"
+    error = caught.value.error
+    assert (error.type, error.message) == (
+        "SystemExit",
+        "the handler raised SystemExit(3) (sys.exit())",
+    )
 
 
 async def test_deadline_cancels_an_async_handler(broker, coordinator, watcher):

@@ -161,6 +161,39 @@ async def test_a_def_handler_invokes_from_its_thread(broker, coordinator):
         assert await client.invoke("sync-ask", {}) == {"got": 20}
 
 
+async def test_a_sync_call_from_an_async_handler_fails_the_task_and_not_the_agent(
+    broker, coordinator
+):
+    """`ctx.invoke_sync()` in an `async def` handler waited, on the agent's event loop, for
+    what that loop had to run: every topic of the agent stopped for good, SIGTERM was
+    ignored, and the caller heard DeadlineExceeded. It fails the task at once, not retried,
+    saying what to await instead; the agent serves on."""
+    agent = Agent("sub-misused", startup_delay=0)
+
+    @agent.handler("misused")
+    async def misused(ctx: TaskContext, payload: dict) -> object:
+        if payload.get("progress"):
+            ctx.progress_sync("half way")
+        return ctx.invoke_sync("sync-answer", {"n": 2})
+
+    @agent.handler("fine")
+    async def fine(ctx: TaskContext, payload: dict) -> str:
+        return "still serving"
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        for payload, call in (({}, "invoke_sync"), ({"progress": True}, "progress_sync")):
+            with pytest.raises(TaskFailed) as failed:
+                await client.invoke("misused", payload, ack_deadline_ms=5_000)
+            error = failed.value.error
+            assert (error.type, error.retryable, failed.value.attempts) == (
+                "SyncCallOnLoop",
+                False,
+                1,
+            )
+            assert f"ctx.{call}() called from an async handler" in error.message
+        assert await client.invoke("fine", {}) == "still serving"
+
+
 async def test_a_failed_sub_task_fails_its_parent_as_sub_task_failed_and_isolates_no_agent(
     broker, start_coordinator, watcher
 ):

@@ -268,7 +268,7 @@ export class ReachClient {
       let outcome: Outcome;
       if (await this.submit(task)) {
         try {
-          outcome = await waitForResult(task, box, ending, options);
+          outcome = await waitForResult(task, box, ending, { ...options, log: this.log });
         } catch (err) {
           throw err instanceof NotAcknowledged ? await this.unacknowledged(err) : err;
         }

@@ -22,6 +22,7 @@ import {
 } from "./errors.js";
 import type { MessageIds } from "./errors.js";
 import type { ReplyBox } from "./replybox.js";
+import type { Logger } from "./log.js";
 import { sleep } from "./timing.js";
 import type { Signal } from "./timing.js";
 import type { Ack, ErrorInfo, Event, PayloadRef, Progress, Task } from "./types.js";
@@ -39,6 +40,8 @@ export interface Waiting {
   onAck?: OnAck | undefined;
   onProgress?: OnProgress | undefined;
   signal?: AbortSignal | undefined;
+  /** Where a callback's own error is said (it is not thrown: see `callBack`). */
+  log?: Logger | undefined;
 }
 
 /** A result, inline or where it is kept. */
@@ -120,10 +123,10 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
         // Each attempt's budget runs from its own ack: a retry accepted just before the ttl
         // ends runs past it, and the coordinator's verdict comes after.
         if (doneBy === null || executedBy() > doneBy) [doneBy, ending.graced] = [executedBy(), false];
-        await waiting.onAck?.(reply);
+        await callBack(waiting.onAck, reply, waiting.log);
         break;
       case "progress":
-        await waiting.onProgress?.(reply);
+        await callBack(waiting.onProgress, reply, waiting.log);
         break;
       case "result":
         return [reply.result, reply.result_ref];
@@ -219,5 +222,19 @@ export async function earlierOutcome(traces: Traces, task: Task, signal: AbortSi
     await Promise.race([sleep(Math.min(pause, leftMs), signal), closed.wait()]);
     if (signal?.aborted) throw aborted(task, signal);
     if (closed.isSet) throw new InvokeError(`the client was closed while '${task.topic}' ran`, ids);
+  }
+}
+
+/**
+ * The caller's `onAck` / `onProgress`; what it throws is logged, not thrown: it aborted the
+ * invoke, whose task ran on and completed, its result then nowhere (and a resend under a new
+ * id runs the work twice).
+ */
+async function callBack<M extends Ack | Progress>(callback: ((message: M) => unknown) | undefined, message: M, log: Logger | undefined): Promise<void> {
+  if (callback === undefined) return;
+  try {
+    await callback(message);
+  } catch (err) {
+    log?.error(`the invoke's ${message.kind} callback threw; it goes on`, { message_id: message.message_id, error: String(err) });
   }
 }

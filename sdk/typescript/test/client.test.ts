@@ -79,6 +79,28 @@ describe("ReachClient on an open server", () => {
     await stack?.stop();
   });
 
+  it("goes on to the result when an onAck or onProgress callback throws (it aborted the invoke, the task ran on)", async () => {
+    const topic = unique("noted");
+    await serving(
+      newAgent(unique("ts-noted")).handler(topic, async (ctx) => {
+        await ctx.progress("half way");
+        return "done";
+      }),
+    );
+    const said: string[] = [];
+    const logger = { ...quiet, error: (event: string) => void said.push(event) };
+    const noisy = await ReachClient.connect(stack.url, { logger, name: "noisy" });
+    const broken = () => {
+      throw new Error("the caller's own bug");
+    };
+    try {
+      assert.equal(await noisy.invoke(topic, {}, { onAck: broken, onProgress: broken }), "done");
+    } finally {
+      await noisy.close();
+    }
+    assert.deepEqual(said, ["the invoke's ack callback threw; it goes on", "the invoke's progress callback threw; it goes on"]);
+  });
+
   it("invokes: a valid envelope with mirrored headers on the intake, acks and progress, the result", async () => {
     const topic = unique("echo");
     await serving(
@@ -735,6 +757,10 @@ describe("ReachClient signalling a workflow", () => {
       const second = await alice.signalWorkflow(instance, "go");
       assert.deepEqual([first.taken, first.state, second.taken, second.state], [true, "first", true, "second"]);
       assert.deepEqual(await invoked, { went: 2 });
+      // The instance's id used for a task of another topic: refused, not answered with its result.
+      const reused = await rejection(alice.invoke(unique("ship"), {}, { messageId: instance }));
+      assert.ok(reused instanceof Rejected && reused.type === "duplicate_id", String(reused));
+      assert.match(reused.message, /which was sent on topic 'ts-steps', this one on 'ship/);
     } finally {
       await alice.close();
     }
