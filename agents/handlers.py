@@ -22,6 +22,7 @@ import msgspec
 from agentreach import envelopes
 from agentreach.agents.context import TaskContext
 from agentreach.agents.deadline import Deadline
+from agentreach.agents.drain import IN_THREADS
 from agentreach.agents.errors import (
     DeadlineExceeded,
     InvokeError,
@@ -78,6 +79,9 @@ async def _in_thread(
     spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline: Deadline, overrun: Overrun
 ) -> Any:
     running = asyncio.ensure_future(asyncio.to_thread(_no_exit, spec.func, ctx, payload))
+    job = asyncio.current_task()
+    if job is not None:
+        IN_THREADS.add(job)  # a stop's drain waits for it: see agents.drain
     try:
         async with asyncio.timeout(None) as scope:
             deadline.enforce(scope)
@@ -85,12 +89,18 @@ async def _in_thread(
     except TimeoutError:
         if not scope.expired():
             raise  # the handler's own, in time
+    finally:
+        if job is not None and running.done():
+            IN_THREADS.discard(job)
     log.warning(OVERRUN, deadline_ms=deadline.total_ms)
     async with overrun():
         try:
             return await running
         except TimeoutError as exc:  # past its deadline, its own timeout ended it
             raise DeadlinePassed(f"past {deadline.total_ms} ms") from exc
+        finally:
+            if job is not None:
+                IN_THREADS.discard(job)
 
 
 def _no_exit(func: Callable[..., Any], ctx: TaskContext, payload: Any) -> Any:

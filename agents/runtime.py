@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from agentreach.agents.claims import Claims
+from agentreach.agents.drain import drain
 from agentreach.agents.errors import AgentConfigError, AgentIdInUse
 from agentreach.agents.execution import Executor
 from agentreach.agents.heartbeats import Heartbeats, Load
@@ -154,14 +155,7 @@ class AgentRuntime:
         for consumer in self._consumers.values():  # what was pulled and not taken comes back
             await consumer.close()
         await self._announce_drain()
-        if cut := await _finish(list(self._in_flight), self.agent.drain_timeout):
-            log.warning(
-                "handlers still running after the drain timeout were cancelled: their tasks are"
-                " delivered again, to another agent as their next attempt",
-                agent_id=self.agent.agent_id,
-                cancelled=cut,
-                drain_timeout_s=self.agent.drain_timeout,
-            )
+        await drain(list(self._in_flight), self.agent.drain_timeout, self.agent.agent_id)
         await _finish(self._duties, 0)
         with contextlib.suppress(BrokerError):
             await self._retire()

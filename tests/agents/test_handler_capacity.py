@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 
 from structlog.testing import capture_logs
 
@@ -203,3 +204,39 @@ async def test_a_stop_cancels_what_outruns_drain_timeout_and_the_task_runs_again
     assert watcher.count("failed", {message_id}) == 0
     [cut] = [e for e in logs if e["event"].startswith("handlers still running after the drain")]
     assert cut["cancelled"] == 1 and cut["log_level"] == "warning"
+
+
+async def test_a_stop_waits_for_a_def_handler_it_cannot_cancel_and_reports_its_result(
+    broker, coordinator, watcher
+):
+    """A `def` handler still running at the drain timeout was "cancelled": its thread went
+    on to the end (the process waited for it), its result was thrown away, and the next
+    process ran the task again, its effect twice. The stop now waits for the thread and
+    reports its result; the task runs once."""
+    agent = Agent("drained-2", startup_delay=0, drain_timeout=0.2, ack_wait=1.0)
+    runs: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    @agent.handler("blocking")
+    def blocking(ctx: TaskContext, payload: object) -> str:
+        runs.append(ctx.message_id)
+        started.set()
+        release.wait(10)  # outlives the drain
+        return "done once"
+
+    async with ReachClient(broker=broker) as client, agent.running(broker=broker) as runtime:
+        invoked = asyncio.create_task(client.invoke("blocking", None))
+        await asyncio.to_thread(started.wait, 10)
+        with capture_logs() as logs:
+            stopping = asyncio.create_task(runtime.stop())
+            await until_true(lambda: _true(_said(logs, "handlers in worker threads")))
+            assert not stopping.done()
+            release.set()
+            await stopping
+        assert await invoked == "done once"
+    assert len(runs) == 1
+    assert not _said(logs, "handlers still running after the drain timeout were cancelled")
+
+
+def _said(logs: list[dict[str, object]], start: str) -> list[dict[str, object]]:
+    return [e for e in logs if str(e["event"]).startswith(start)]

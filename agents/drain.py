@@ -1,0 +1,48 @@
+"""The drain at a stop: running handlers get ``drain_timeout`` to finish; then those that
+can be stopped are cancelled (their tasks come back after ``ack_wait``), and those that
+cannot, handlers in worker threads, are waited for and their outcomes reported.
+
+A cancelled ``def`` handler went on in its thread to its end all the same (the process
+waited for it to exit), its result thrown away: the task came back and ran again, its
+effect twice (a walkthrough's SIGTERM during a 15 s blocking handler)."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any
+
+from agentreach.broker.tasks import cancel_and_wait
+from agentreach.logs import get_logger
+
+log = get_logger("agents")
+
+# The tasks waiting on a handler's worker thread (see the module).
+IN_THREADS: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
+async def drain(tasks: list[asyncio.Task[None]], timeout: float, agent_id: str) -> None:
+    """Wait up to ``timeout`` for ``tasks``; then cancel the rest but those waiting on a
+    worker thread, which are waited for to their end."""
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    in_threads = [task for task in pending if task in IN_THREADS]
+    if cut := [task for task in pending if task not in IN_THREADS]:
+        log.warning(
+            "handlers still running after the drain timeout were cancelled: their tasks come"
+            " back after ack_wait, to this agent's next process or another agent",
+            agent_id=agent_id,
+            cancelled=len(cut),
+            drain_timeout_s=timeout,
+        )
+        await cancel_and_wait(*cut)
+    if in_threads:
+        log.warning(
+            "handlers in worker threads still running after the drain timeout cannot be"
+            " cancelled: their outcomes are waited for and reported before the agent stops",
+            agent_id=agent_id,
+            running=len(in_threads),
+            drain_timeout_s=timeout,
+        )
+        await asyncio.wait(in_threads)
