@@ -6,6 +6,7 @@ import contextlib
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ class HandlerSpec:
     intent: Intent
     is_async: bool
     payload_type: Any = None  # what the handler's `payload` declares, checked before a call
+    # A plain def handler's threads, as many as its capacity (the loop's default pool has
+    # CPUs + 4: a handler of capacity 21 ran 6 at once, the others' budgets running out).
+    threads: ThreadPoolExecutor | None = None
 
     @property
     def deadline_ms(self) -> int | None:
@@ -71,6 +75,15 @@ class Agent:
         claim_check_bytes: int = DEFAULT_CLAIM_CHECK_BYTES,
         drain_timeout: float = 10.0,
     ) -> None:
+        _numbers(
+            float,
+            heartbeat_interval=heartbeat_interval,
+            startup_delay=startup_delay,
+            ack_wait=ack_wait,
+            drain_timeout=drain_timeout,
+            watchdog_threshold=watchdog_threshold,
+        )
+        _numbers(int, max_deliver=max_deliver, claim_check_bytes=claim_check_bytes)
         if agent_id is None:  # "" is a mistake, not "none given"
             agent_id = resolve_agent_id(agent_id, Path(identity_file))
         if not is_token(agent_id):
@@ -130,14 +143,16 @@ class Agent:
             raise AgentConfigError(f"topic {topic!r}: use 1-128 letters, digits, '_' or '-'")
         if topic in self.handlers:
             raise AgentConfigError(f"topic {topic!r} already has a handler on {self.agent_id}")
+        _numbers(int, capacity=capacity, max_attempts=max_attempts, deadline_ms=deadline_ms)
         _at_least(1, capacity=capacity, topic=topic)
         _at_least(1, max_attempts=max_attempts, deadline_ms=deadline_ms, topic=topic)
         examples = _described(topic, description, examples)
 
         def register(func: Handler) -> Handler:
-            if len(inspect.signature(func).parameters) != 2:
+            if not _takes_ctx_and_payload(func):
                 raise AgentConfigError(
-                    f"handler {func.__name__} for {topic!r} must take (ctx, payload)"
+                    f"handler {func.__name__} for {topic!r} must take (ctx, payload), both"
+                    " positional"
                 )
             self.handlers[topic] = HandlerSpec(
                 topic=topic,
@@ -152,6 +167,9 @@ class Agent:
                 ),
                 is_async=inspect.iscoroutinefunction(func),
                 payload_type=payload_type_of(func),
+                threads=None
+                if inspect.iscoroutinefunction(func)
+                else ThreadPoolExecutor(capacity, thread_name_prefix=f"{self.agent_id}-{topic}"),
             )
             return func
 
@@ -245,3 +263,21 @@ def _at_least(minimum: int, *, topic: str, **options: int | None) -> None:
     for name, value in options.items():
         if value is not None and value < minimum:
             raise AgentConfigError(f"{name} of {topic!r} must be at least {minimum}, got {value}")
+
+
+def _numbers(kind: type[int] | type[float], **options: object) -> None:
+    """AgentConfigError naming an option that is no number (``startup_delay="0"`` was a
+    TypeError from inside a comparison); ``kind`` int: a whole one. None passes."""
+    for name, value in options.items():
+        allowed = (int,) if kind is int else (int, float)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, allowed)):
+            what = "a whole number" if kind is int else "a number"
+            raise AgentConfigError(f"{name} must be {what}, got {value!r}")
+
+
+def _takes_ctx_and_payload(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` can be called as ``func(ctx, payload)``: a ``payload`` keyword-only
+    parameter was accepted, then failed every run with a retryable TypeError."""
+    parameters = list(inspect.signature(func).parameters.values())
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return len(parameters) == 2 and all(p.kind in positional for p in parameters)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import inspect
 import typing
 from collections.abc import Callable
@@ -78,7 +80,9 @@ async def call(
 async def _in_thread(
     spec: HandlerSpec, ctx: TaskContext, payload: Any, deadline: Deadline, overrun: Overrun
 ) -> Any:
-    running = asyncio.ensure_future(asyncio.to_thread(_no_exit, spec.func, ctx, payload))
+    # In the handler's own threads, with this task's context (as asyncio.to_thread does)
+    in_context = functools.partial(contextvars.copy_context().run, _no_exit, spec.func)
+    running = asyncio.get_running_loop().run_in_executor(spec.threads, in_context, ctx, payload)
     job = asyncio.current_task()
     if job is not None:
         IN_THREADS.add(job)  # a stop's drain waits for it: see agents.drain

@@ -25,6 +25,11 @@ from agentreach.agents import Agent, AgentConfigError, TaskContext
         (lambda: Agent("a", tags={" role": "x"}), "tag ' role'"),
         (lambda: Agent("a", tags={"role": 1}), "tag 'role'"),
         (lambda: Agent("a", tags=["role=worker"]), "tags"),
+        # A number given as text was a TypeError from inside a comparison (a walkthrough).
+        (lambda: Agent("a", startup_delay="0"), "startup_delay must be a number, got '0'"),
+        (lambda: Agent("a", max_deliver=2.5), "max_deliver must be a whole number"),
+        (lambda: Agent("a", drain_timeout=True), "drain_timeout must be a number"),
+        (lambda: Agent("a").handler("t", capacity="4"), "capacity must be a whole number"),
     ],
 )
 def test_bad_options_name_themselves(build, message):
@@ -65,6 +70,12 @@ def test_handler_must_take_ctx_and_payload():
     agent = Agent("a")
     with pytest.raises(AgentConfigError, match=r"must take \(ctx, payload\)"):
         agent.handler("t")(lambda payload: payload)
+
+    def keyword_only(ctx: TaskContext, *, payload: object) -> object:  # failed every run
+        return payload
+
+    with pytest.raises(AgentConfigError, match=r"must take \(ctx, payload\), both positional"):
+        agent.handler("t")(keyword_only)
 
 
 def test_a_topic_has_one_handler():

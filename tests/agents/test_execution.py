@@ -20,7 +20,7 @@ from agentreach.agents.reports import Reports
 from agentreach.broker import Broker, Delivery, EmbeddedServer, Names, Topology, provision
 from agentreach.broker.dead_letters import RAW_KEPT
 from agentreach.broker.lifecycle import emit, event_for, trace_of
-from agentreach.envelopes import AgentCard
+from agentreach.envelopes import AgentCard, Progress
 from agentreach.envelopes import headers as h
 from tests.support import recorded, until_true
 
@@ -440,18 +440,23 @@ async def test_a_slow_progress_report_does_not_fail_a_thread_handler(broker, coo
     """progress_sync waits ``timeout`` for the report; past it the handler goes on and the
     report is still sent (it raised TimeoutError, which failed the work as a deadline)."""
     agent = Agent("sync-reporter", startup_delay=0)
+    heard = threading.Event()
 
     @agent.handler("sync_report")
     def sync_report(ctx: TaskContext, payload: dict) -> dict:
         ctx.progress_sync("half way", timeout=0)  # no report is through in no time
-        return {"done": True}
+        # Until the caller heard it: a report still on its way when the run ends is cut.
+        return {"done": True, "heard": heard.wait(10)}
 
     notes: list[str] = []
+
+    def on_progress(progress: Progress) -> None:
+        notes.append(progress.note)
+        heard.set()
+
     async with agent.running(broker=broker), ReachClient(broker=broker) as client:
-        result = await client.invoke(
-            "sync_report", {}, on_progress=lambda progress: notes.append(progress.note)
-        )
-    assert result == {"done": True}
+        result = await client.invoke("sync_report", {}, on_progress=on_progress)
+    assert result == {"done": True, "heard": True}
     assert notes == ["half way"]
 
 

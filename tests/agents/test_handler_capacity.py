@@ -240,3 +240,19 @@ async def test_a_stop_waits_for_a_def_handler_it_cannot_cancel_and_reports_its_r
 
 def _said(logs: list[dict[str, object]], start: str) -> list[dict[str, object]]:
     return [e for e in logs if str(e["event"]).startswith(start)]
+
+
+async def test_a_def_handler_runs_as_many_at_once_as_its_capacity(broker, coordinator):
+    """Plain def handlers ran in the loop's default pool (CPUs + 4 threads): a handler of
+    capacity 21 ran 6 at once on a 2-core machine, the rest waiting for a thread while
+    their budgets ran out, though acknowledged and counted as running."""
+    agent = Agent("threads-1", startup_delay=0)
+    together = threading.Barrier(7, timeout=10)  # 7: one of the 8 places is kept for P0
+
+    @agent.handler("meet", capacity=8)
+    def meet(ctx: TaskContext, payload: object) -> int:
+        return together.wait()  # each of the 7 runs until all 7 run at once
+
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        met = await asyncio.gather(*(client.invoke("meet", n) for n in range(7)))
+    assert sorted(met) == list(range(7))
