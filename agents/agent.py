@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentreach.agents.drain import stopped_by_signals
 from agentreach.agents.errors import AgentConfigError
 from agentreach.agents.handlers import payload_type_of
 from agentreach.agents.identity import DEFAULT_IDENTITY_FILE, resolve_agent_id
@@ -213,11 +214,16 @@ class Agent:
         ):
             yield runtime
 
-    async def run(self, nats_url: str | None = None, *, auth: Auth | None = None) -> None:
-        """Serve until cancelled (Ctrl-C in ``reach agent``); raises AgentIdInUse when a newer
-        process of the id fenced this one out."""
+    async def run(
+        self, nats_url: str | None = None, *, auth: Auth | None = None, on_signals: bool = True
+    ) -> None:
+        """Serve until cancelled, or (``on_signals``, in the main thread) until SIGTERM or
+        SIGINT, which stop it as ``reach agent`` does: running handlers get ``drain_timeout``
+        (a program's own ``asyncio.run(agent.run())`` died mid-handler on SIGTERM, its task
+        expiring). Raises AgentIdInUse when a newer process of the id fenced this one out."""
         async with self.running(nats_url, auth=auth) as runtime:
-            await runtime.wait_closed()
+            with stopped_by_signals(runtime.stop, on_signals):
+                await runtime.wait_closed()
         if runtime.replaced.is_set():
             raise runtime.replaced_error()
 

@@ -1,6 +1,7 @@
 """The drain at a stop: running handlers get ``drain_timeout`` to finish; then those that
 can be stopped are cancelled (their tasks come back after ``ack_wait``), and those that
-cannot, handlers in worker threads, are waited for and their outcomes reported.
+cannot, handlers in worker threads, are waited for and their outcomes reported. And the
+signals that start a stop in ``Agent.run``.
 
 A cancelled ``def`` handler went on in its thread to its end all the same (the process
 waited for it to exit), its result thrown away: the task came back and ran again, its
@@ -9,7 +10,10 @@ effect twice (a walkthrough's SIGTERM during a 15 s blocking handler)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import weakref
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from agentreach.broker.tasks import cancel_and_wait
@@ -46,3 +50,32 @@ async def drain(tasks: list[asyncio.Task[None]], timeout: float, agent_id: str) 
             drain_timeout_s=timeout,
         )
         await asyncio.wait(in_threads)
+
+
+@contextlib.contextmanager
+def stopped_by_signals(stop: Callable[[], Awaitable[None]], enabled: bool = True) -> Iterator[None]:
+    """While inside: SIGTERM and SIGINT call ``stop`` (once; a second signal is said to be
+    too late, not a cut of the drain). Nothing where the loop takes no signal handlers (a
+    thread other than the main one, Windows), or when not ``enabled``."""
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Future[None]] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if stopping:
+            log.warning("stopping already: running handlers get their drain", signal=sig.name)
+            return
+        log.info("stopping on a signal", signal=sig.name)
+        stopping.append(asyncio.ensure_future(stop()))
+
+    taken = []
+    for sig in (signal.SIGTERM, signal.SIGINT) if enabled else ():
+        try:
+            loop.add_signal_handler(sig, on_signal, sig)
+        except (ValueError, RuntimeError, NotImplementedError):
+            continue  # not the main thread, or no such handlers here
+        taken.append(sig)
+    try:
+        yield
+    finally:
+        for sig in taken:
+            loop.remove_signal_handler(sig)

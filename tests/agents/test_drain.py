@@ -1,0 +1,65 @@
+"""A stop's drain as a program of one's own meets it: ``asyncio.run(agent.run(url))`` and a
+SIGTERM (a deploy, Kubernetes). The process died mid-handler, with no log line, and its
+task expired; `agent.run` now stops on SIGTERM and SIGINT as `reach agent` does."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from agentreach.agents import ReachClient
+from agentreach.broker import Broker, EmbeddedServer, Topology, provision
+from agentreach.coordinator import Coordinator
+from tests.conftest import FAST
+from tests.support import eventually
+
+SCRIPT = """
+import asyncio, sys
+from agentreach import Agent
+
+agent = Agent("own-program", startup_delay=0, drain_timeout=20)
+
+@agent.handler("slow")
+async def slow(ctx, payload):
+    print("RUNNING", flush=True)
+    await asyncio.sleep(1.5)
+    return "finished"
+
+asyncio.run(agent.run(sys.argv[1]))
+print("EXITED", flush=True)
+"""
+
+
+async def test_sigterm_drains_an_agent_its_own_program_runs(tmp_path: Path) -> None:
+    script = tmp_path / "own.py"
+    script.write_text(SCRIPT)
+    async with (
+        EmbeddedServer(port=-1, store_dir=tmp_path / "nats") as server,
+        Broker(server.url, name="coordinator") as own,
+    ):
+        await provision(own, Topology.default(own.names))
+        async with (
+            Coordinator(own, FAST).running() as coordinator,
+            ReachClient(server.url) as client,
+        ):
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(script),
+                server.url,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            assert process.stdout is not None
+            await eventually(lambda: "own-program" in coordinator.directory.cards, timeout=30)
+            invoked = asyncio.create_task(client.invoke("slow", {}, ack_deadline_ms=20_000))
+            said = []
+            while not said or not said[-1].startswith(b"RUNNING"):
+                said.append(await asyncio.wait_for(process.stdout.readline(), 30))
+                assert said[-1], said  # not ended before its handler ran
+            process.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(invoked, 10) == "finished"
+            out, _ = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, out
+    assert out.decode().rstrip().endswith("EXITED"), out
