@@ -89,6 +89,8 @@ class ReachClient:
             raise InvalidArgument(f"name={name!r}: the coordinator's sender token", argument="name")
         self._own_broker = broker is None
         self.broker = broker or Broker(nats_url, name=name, names=names, auth=auth)
+        if self._own_broker:
+            self.broker.opened_by = "ReachClient"
         self._name = name
         # Payloads and results above this size travel through the Object Store.
         self.claim_check = ClaimCheck(self.broker, claim_check_bytes)
@@ -323,7 +325,8 @@ class ReachClient:
         ids = {"message_id": exc.message_id, "trace_id": exc.trace_id}
         if await coordinator_runs(self.broker) is not False:
             return NotAcknowledged(f"{exc}; {still_queued(exc.message_id)}", **ids)
-        return NotAcknowledged(f"{exc}: {NO_COORDINATOR}", **ids)
+        # Said both: the task waits in the intake, and runs once a coordinator starts.
+        return NotAcknowledged(f"{exc}: {NO_COORDINATOR}; {still_queued(exc.message_id)}", **ids)
 
     async def _earlier_result(self, task: Task) -> tuple[Any, PayloadRef | None]:
         """The outcome of the message already taken in under ``task``'s id, once it ends."""

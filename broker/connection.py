@@ -121,6 +121,7 @@ class Broker:
         self._buckets: dict[str, KeyValue] = {}
         self._shared: dict[type, Any] = {}
         self._state = _State.UNOPENED
+        self.opened_by = "Broker"  # what a "not open" error says to enter (a ReachClient, say)
         self.link = Link(self.shown_url)
         # With a secret, every Nats-Msg-Id this connection publishes is made unguessable:
         # dedup is stream-wide, so whoever may publish into a stream could otherwise
@@ -234,13 +235,17 @@ class Broker:
     @property
     def nc(self) -> NATS:
         if self._nc is None or self._state is not _State.OPEN:
-            raise BrokerError("the Broker is not open; use `async with Broker(...)`")
+            raise BrokerError(
+                f"the {self.opened_by} is not open; use `async with {self.opened_by}(…)`"
+            )
         return self._nc
 
     @property
     def js(self) -> nats.js.JetStreamContext:
         if self._js is None or self._state is not _State.OPEN:
-            raise BrokerError("the Broker is not open; use `async with Broker(...)`")
+            raise BrokerError(
+                f"the {self.opened_by} is not open; use `async with {self.opened_by}(…)`"
+            )
         return self._js
 
     async def publish(

@@ -21,7 +21,7 @@ from agentreach.agents import (
     TaskFailed,
 )
 from agentreach.agents.coordinator_presence import coordinator_runs
-from agentreach.broker import Broker
+from agentreach.broker import Broker, BrokerError
 from agentreach.envelopes import MAX_TTL_MS, Budget
 from tests.e2e.routing_support import fast, serving, table, worker
 from tests.support import eventually, until_true
@@ -151,7 +151,9 @@ async def test_not_acknowledged_says_when_no_coordinator_runs(broker):
             await client.invoke("work", {}, ack_deadline_ms=300)
     assert str(caught.value) == (
         "no agent acknowledged 'work' within 300 ms: no coordinator is running"
-        " (none answered for 3 s; start one: reach up / reach coordinator)"
+        " (none answered for 3 s; start one: reach up / reach coordinator); it stays queued"
+        " and may still run within its ttl: invoke again with"
+        f" message_id={caught.value.message_id!r} to hear how it ends"
     )
 
 
@@ -282,3 +284,12 @@ def test_a_client_may_not_call_itself_the_coordinator() -> None:
     server was taken as the coordinator's own (no caller, no quota, not in its trace)."""
     with pytest.raises(agentreach.InvalidArgument, match="the coordinator's sender token"):
         ReachClient("nats://127.0.0.1:1", name="_coordinator")
+
+
+async def test_a_client_used_before_it_is_open_says_to_enter_it(nats_url: str) -> None:
+    """It said "the Broker is not open; use `async with Broker(...)`" to a user who never
+    made a Broker."""
+    client = ReachClient(nats_url)
+    with pytest.raises(BrokerError) as raised:
+        await client.invoke("anything", {})
+    assert str(raised.value) == "the ReachClient is not open; use `async with ReachClient(…)`"

@@ -357,11 +357,10 @@ export class ReachClient {
    * longer for an agent cannot help. Asked only now, on the failure path.
    */
   private async unacknowledged(err: NotAcknowledged): Promise<NotAcknowledged> {
-    if ((await coordinatorRuns(this.conn)) !== false) {
-      const hint = `it stays queued and may still run within its ttl: invoke again with messageId '${err.messageId}' to hear how it ends`;
-      return new NotAcknowledged(`${err.message}; ${hint}`, err);
-    }
-    return new NotAcknowledged(`${err.message}: ${NO_COORDINATOR}`, err);
+    // Said with no coordinator too: the task waits in the intake, and runs once one starts.
+    const hint = `it stays queued and may still run within its ttl: invoke again with messageId '${err.messageId}' to hear how it ends`;
+    if ((await coordinatorRuns(this.conn)) !== false) return new NotAcknowledged(`${err.message}; ${hint}`, err);
+    return new NotAcknowledged(`${err.message}: ${NO_COORDINATOR}; ${hint}`, err);
   }
 
 }
