@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agentreach.agents.drain import stopped_by_signals
 from agentreach.agents.errors import AgentConfigError
@@ -23,6 +23,9 @@ from agentreach.envelopes import AgentCard, Intent, RateLimit, is_token
 from agentreach.envelopes.registry import MAX_HEARTBEAT_INTERVAL_S
 
 Handler = Callable[..., Any]
+# The decorated function itself, as declared: `@agent.handler` keeps its type for checkers
+# (`mypy --strict` called it an untyped decorator).
+H = TypeVar("H", bound=Handler)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +132,7 @@ class Agent:
         max_attempts: int | None = None,
         description: str = "",
         examples: Sequence[str] = (),
-    ) -> Callable[[Handler], Handler]:
+    ) -> Callable[[H], H]:
         """Register the decorated function as the handler of ``topic``.
 
         ``description`` and ``examples`` say in words what it does (in any language); the
@@ -149,7 +152,7 @@ class Agent:
         _at_least(1, max_attempts=max_attempts, deadline_ms=deadline_ms, topic=topic)
         examples = _described(topic, description, examples)
 
-        def register(func: Handler) -> Handler:
+        def register(func: H) -> H:
             if not _takes_ctx_and_payload(func):
                 raise AgentConfigError(
                     f"handler {func.__name__} for {topic!r} must take (ctx, payload), both"
