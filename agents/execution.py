@@ -114,7 +114,7 @@ class Executor:
         """Execute the delivery, then acknowledge it, or hand it back to come again later."""
         try:
             # A direct get's answer aimed here is a stored message of someone's: no dispatch.
-            refuse_server_answers(delivery.data, delivery.headers, delivery.subject)
+            refuse_server_answers(delivery.data, delivery.headers, delivery.subject, headed=True)
             task = envelopes.decode_task(delivery.data)
         except DecodeError as exc:
             await self._reports.undecodable(delivery, exc)

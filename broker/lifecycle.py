@@ -91,7 +91,8 @@ async def emit(broker: Broker, event: Event, *, sender: str = COORDINATOR) -> No
 def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) -> Outgoing:
     """What :func:`emit` publishes, as a message for :meth:`Broker.publish_all`."""
     subject = broker.names.event(event.event, event.topic, event.trace_id, event.message_id, sender)
-    headers = None
+    # Never none: a stored event without headers is taken for a server's answer (no_hdr).
+    headers = {"Reach-Kind": "event"}
     if event.event not in REPEATABLE:
         # Dedup is stream-wide: with the sender in the id, nobody can pre-empt another's.
         msg_id = f"{event.message_id}-{event.event}-{event.attempt}-{sender}"
@@ -116,7 +117,7 @@ def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) ->
         if sender != COORDINATOR and isinstance(grant, str):
             # Only the coordinator and this agent know the grant: nobody can pre-empt the id.
             msg_id += f"-{grant[:16]}"
-        headers = {"Nats-Msg-Id": msg_id}
+        headers["Nats-Msg-Id"] = msg_id
     return Outgoing(subject, envelopes.encode(event), headers)
 
 

@@ -16,6 +16,7 @@ from agentreach import envelopes
 from agentreach.broker.messages import Inbound
 from agentreach.broker.names import COORDINATOR, Names
 from agentreach.envelopes import Reply, Routed
+from agentreach.envelopes.server_answers import NO_HEADERS
 from agentreach.logs import get_logger
 
 log = get_logger("broker.reply_box")
@@ -36,6 +37,9 @@ class ReplyBox:
 
     def collect(self, msg: Inbound) -> None:
         sender = msg.subject.rsplit(".", 1)[-1]
+        if not msg.headers:  # every party's reply has some: this is a server's answer
+            log.warning("reply without headers dropped", sender=sender, why=NO_HEADERS)
+            return
         try:
             reply = envelopes.decode_reply(msg.data)
         except envelopes.DecodeError:

@@ -88,6 +88,8 @@ class Intake:
                     return None
                 exc, sender = said, None
             stub = self._stub(msg, topic, fallback_id, sender)
+            if isinstance(exc, ServerAnswer):  # nobody's: the reply_to it names is nobody's
+                stub = msgspec.structs.replace(stub, reply_to=None)
             # Charged as a task would be: a caller over its quota must not flood the DLQ.
             if (
                 sender is not None
@@ -192,7 +194,8 @@ class Intake:
         return topic, None if sender == COORDINATOR else sender
 
     def _taken_in(self, msg: Delivery, topic: str, sender: str | None) -> Task:
-        refuse_server_answers(msg.data, msg.headers, msg.subject)
+        headed = self._headers_required(msg.subject)
+        refuse_server_answers(msg.data, msg.headers, msg.subject, headed=headed)
         task = task_from_intake(
             msg.data,
             msg.headers,
@@ -253,6 +256,13 @@ class Intake:
                 attempts=0,
             )
         return False
+
+    def _headers_required(self, subject: str) -> bool:
+        """Whether a task on ``subject`` must carry headers: the coordinator's own always do;
+        on a secured deployment every task must (``nats pub -H Nats-Msg-Id:…``), or any
+        agent could have the server store one in any caller's name (see NO_HEADERS)."""
+        secured = self._broker.dedup_secret is not None
+        return secured or self._broker.names.task_subject_parts(subject)[1] == COORDINATOR
 
     def _reply_policy(self, sender: str | None) -> ReplyPolicy:
         """Where replies may go: a sender's own reply box only (``reach.reply.<sender>.…``);

@@ -99,6 +99,7 @@ from agentreach.envelopes.registry import (
 from agentreach.envelopes.schema import all_schemas, json_schema
 from agentreach.envelopes.server_answers import (
     ServerAnswer,
+    refuse_headerless,
     refuse_server_answers,
     server_answer,
 )
@@ -186,6 +187,7 @@ __all__ = [
     "moved_on_from",
     "new_id",
     "now_ms",
+    "refuse_headerless",
     "refuse_server_answers",
     "replay_id",
     "server_answer",

@@ -12,7 +12,7 @@ import msgspec
 
 from agentreach.envelopes.errors import DecodeError
 from agentreach.envelopes.messages import DeadLetter, Event, Message, Reply, Task
-from agentreach.envelopes.server_answers import ServerAnswer, server_answer
+from agentreach.envelopes.server_answers import ServerAnswer, refuse_headerless, server_answer
 
 _encoder = msgspec.json.Encoder()
 _message_decoder = msgspec.json.Decoder(Message)
@@ -55,7 +55,10 @@ def decode_stored_event(data: bytes, headers: Mapping[str, str] | None) -> Event
     carries content they chose), :class:`DecodeError` when it is no event."""
     if said := server_answer(data, headers):
         raise ServerAnswer(f"not an event: {said}")
-    return decode_event(data)
+    event = decode_event(data)
+    if event.event != "progress":  # the one event a party sends without a Nats-Msg-Id
+        refuse_headerless(headers, "not an event")
+    return event
 
 
 def decode_dead_letter(
@@ -67,6 +70,8 @@ def decode_dead_letter(
     raw = data.encode() if isinstance(data, str) else data
     if stored and (said := server_answer(raw, headers)):
         raise ServerAnswer(f"not a dead letter: {said}")
+    if stored:  # the coordinator's letters carry their Nats-Msg-Id
+        refuse_headerless(headers, "not a dead letter")
     return _decode(_dead_letter_decoder, data)
 
 

@@ -35,6 +35,23 @@ class ServerAnswer(DecodeError):
     """A message that is the NATS server's answer to someone's request (see the module)."""
 
 
+# A direct get that asks for no headers (`{"no_hdr": true}`) is answered with the stored
+# body alone: content its requester wrote under a key of its own, sent to any subject, with
+# nothing to tell it apart. Where every party's message carries headers (events but
+# `progress`, replies, workflow messages, the coordinator's own tasks), none means that.
+NO_HEADERS = (
+    "a message with no headers, where every party's carries some: what the NATS server"
+    " sends of a stored message when a direct get asks for none (no_hdr), to a reply subject"
+    " its requester chose (nats-server checks reply subjects against no permission)"
+)
+
+
+def refuse_headerless(headers: Mapping[str, str] | None, what: str) -> None:
+    """Raise :class:`ServerAnswer` when ``headers`` are none (see :data:`NO_HEADERS`)."""
+    if not headers:
+        raise ServerAnswer(f"{what}: {NO_HEADERS}")
+
+
 def server_answer(data: bytes, headers: Mapping[str, str] | None) -> str | None:
     """What ``data`` is when the NATS server wrote it ("a JetStream publish acknowledgement",
     …), None when a party did."""
@@ -88,9 +105,13 @@ def _stream_of(headers: Mapping[str, str]) -> str:
     return next((v for k, v in headers.items() if k.endswith("Nats-Stream")), "a stream")
 
 
-def refuse_server_answers(data: bytes, headers: Mapping[str, str] | None, subject: str) -> None:
-    """Raise :class:`ServerAnswer` when the server wrote ``data``, naming what it is."""
-    if said := server_answer(data, headers):
+def refuse_server_answers(
+    data: bytes, headers: Mapping[str, str] | None, subject: str, *, headed: bool = False
+) -> None:
+    """Raise :class:`ServerAnswer` when the server wrote ``data``, naming what it is;
+    ``headed``: where every party's message carries headers, one without (see NO_HEADERS)."""
+    said = server_answer(data, headers) or (NO_HEADERS if headed and not headers else None)
+    if said:
         raise ServerAnswer(
             f"not a message of anyone's: {said}, which the NATS server sends to the reply"
             f" subject of a request, and a request named {subject!r} as its reply subject"

@@ -19,6 +19,10 @@ from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import AgentCard, DeadLetter, Event, Execution, Task, execution_key
 
+# What a message of a party carries at least (a dispatch, a retry): one with no headers at
+# all is taken for a direct get's answer asking for none (no_hdr), and is nobody's.
+DISPATCHED = {"Reach-Kind": "task"}
+
 
 class Watcher:
     """Records every event and dead letter published while it is open."""

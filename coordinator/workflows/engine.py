@@ -180,7 +180,7 @@ class WorkflowEngine:
         instance_id, _, event = rest.partition(".")
         seen_before = msg.num_delivered > 1
         try:
-            refuse_server_answers(msg.data, msg.headers, msg.subject)
+            refuse_server_answers(msg.data, msg.headers, msg.subject, headed=True)
             match kind:
                 case "reply":
                     return await self._on_reply(msg, instance_id, seen_before)

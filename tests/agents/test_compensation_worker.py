@@ -60,10 +60,12 @@ async def test_a_worker_s_consumer_unused_past_the_letters_keeping_goes_by_itsel
     assert await until_true(gone, timeout=15)
 
 
-async def test_a_letter_the_server_wrote_is_handed_to_no_handler(broker):
+@pytest.mark.parametrize("asked", [b"", b'{"no_hdr": true}'], ids=["headers", "no_hdr"])
+async def test_a_letter_the_server_wrote_is_handed_to_no_handler(broker, asked: bytes):
     """An agent wrote a dead letter of its choosing under a key of its own and had the server
     copy it onto `reach.dlq.rejected.chores` (a direct get with its reply aimed there): a
-    worker replayed its payload (refund_to mallory) in its own name. It is no letter."""
+    worker replayed its payload (refund_to mallory) in its own name. It is no letter; nor
+    is one copied with no headers at all (`no_hdr`), where the coordinator's carry some."""
     handled: list[str] = []
 
     async def record(letter, comp) -> None:  # type: ignore[no-untyped-def]
@@ -78,7 +80,7 @@ async def test_a_letter_the_server_wrote_is_handed_to_no_handler(broker):
     await broker.publish(own, encode(forged))
     stream = f"KV_{broker.names.executions_bucket}"
     target = broker.names.dlq("rejected", "chores")
-    await broker.nc.publish(f"$JS.API.DIRECT.GET.{stream}.{own}", b"", reply=target)
+    await broker.nc.publish(f"$JS.API.DIRECT.GET.{stream}.{own}", asked, reply=target)
     real = Task(v=1, message_id="real-1", trace_id="real-1", topic="chores")
     with capture_logs() as logs:
         async with CompensationWorker("w-forged", record, topics=["chores"]).running(broker=broker):

@@ -22,7 +22,7 @@ from agentreach.broker.dead_letters import RAW_KEPT
 from agentreach.broker.lifecycle import emit, event_for, trace_of
 from agentreach.envelopes import AgentCard, Progress
 from agentreach.envelopes import headers as h
-from tests.support import recorded, until_true
+from tests.support import DISPATCHED, recorded, until_true
 
 
 def agent_with_handlers() -> Agent:
@@ -227,7 +227,9 @@ async def test_a_task_that_expired_in_the_agent_queue_is_not_run(broker, coordin
         received_ms=envelopes.now_ms() - 5_000,  # routed late: 200 ms is what was left
     )
     await emit(broker, event_for(task, "routed", agent_id=agent.agent_id))  # as the router does
-    await broker.publish(broker.names.dispatch(agent.agent_id, "P1"), envelopes.encode(task))
+    await broker.publish(
+        broker.names.dispatch(agent.agent_id, "P1"), envelopes.encode(task), headers=DISPATCHED
+    )
     await asyncio.sleep(0.3)  # the passing of the ttl is what this test is about
     async with agent.running(broker=broker):
         letter = await watcher.dead_letter("expired", topic="slow_report")
@@ -257,7 +259,9 @@ async def test_a_task_ended_as_expired_is_not_run_though_its_ttl_seems_left(
     message = "ttl 60000 ms passed in the queue of exec-1, which did not take it"
     error = envelopes.ErrorInfo(type="expired", message=message, retryable=False)
     await recorded(broker, "fenced-1", agent.agent_id, "failed", error=error, finished_at_ms=1)
-    await broker.publish(broker.names.dispatch(agent.agent_id, "P1"), envelopes.encode(task))
+    await broker.publish(
+        broker.names.dispatch(agent.agent_id, "P1"), envelopes.encode(task), headers=DISPATCHED
+    )
     async with agent.running(broker=broker):
         reported = await watcher.event("expired", message_id="fenced-1")
     ran = [e.event for e in watcher.events if e.event in ("progress", "completed", "failed")]
@@ -283,7 +287,9 @@ async def test_an_attempt_moved_to_another_agent_is_not_run_by_a_process_that_fe
     error = envelopes.ErrorInfo(type=envelopes.REASSIGNED, message="its agent went OFFLINE")
     await recorded(broker, "moved-1", agent.agent_id, "failed", error=error, finished_at_ms=1)
     await emit(broker, event_for(task, "routed", agent_id=agent.agent_id))  # as the router does
-    await broker.publish(broker.names.dispatch(agent.agent_id, "P1"), envelopes.encode(task))
+    await broker.publish(
+        broker.names.dispatch(agent.agent_id, "P1"), envelopes.encode(task), headers=DISPATCHED
+    )
     async with agent.running(broker=broker):
         await until_true(lambda: _all_acknowledged(broker, agent.agent_id))
     ran = [e.event for e in watcher.events if e.event in ("progress", "completed", "failed")]

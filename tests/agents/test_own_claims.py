@@ -15,7 +15,7 @@ from agentreach.agents import Agent, TaskContext
 from agentreach.agents.claims import Claims
 from agentreach.broker import BrokerTimeout
 from agentreach.envelopes import now_ms
-from tests.support import eventually, recorded
+from tests.support import DISPATCHED, eventually, recorded
 
 HOLDS = "another delivery holds this message"
 
@@ -56,7 +56,9 @@ async def test_its_own_lost_claim_is_taken_over_at_once_not_after_the_lease(brok
         await recorded(broker, "lost-1", agent.agent_id, "running", **held)
         with capture_logs() as logs:
             subject = broker.names.dispatch(agent.agent_id, "P1")
-            await broker.publish(subject, envelopes.encode(a_task("lost-1", agent)))
+            await broker.publish(
+                subject, envelopes.encode(a_task("lost-1", agent)), headers=DISPATCHED
+            )
             completed = await watcher.event("completed", message_id="lost-1", timeout=10)
     assert completed.detail["result"] == {"n": 1}
     assert runs["lost-1"] == 1
@@ -88,7 +90,7 @@ async def test_a_claim_whose_answer_was_lost_runs_on_its_redelivery_at_once(
         with capture_logs() as logs:
             subject = broker.names.dispatch(agent.agent_id, "P1")
             task = msgspec.structs.replace(a_task("lost-2", agent), ttl_ms=30_000)
-            await broker.publish(subject, envelopes.encode(task))
+            await broker.publish(subject, envelopes.encode(task), headers=DISPATCHED)
             completed = await watcher.event("completed", message_id="lost-2", timeout=10)
     assert completed.detail["result"] == {"n": 1}
     assert runs["lost-2"] == 1 and len(lost) == 1
@@ -106,9 +108,11 @@ async def test_two_deliveries_in_hand_at_once_still_wait_for_each_other(broker, 
     subject = broker.names.dispatch(agent.agent_id, "P1")
     async with agent.running(broker=broker):
         with capture_logs() as logs:
-            await broker.publish(subject, envelopes.encode(task))
+            await broker.publish(subject, envelopes.encode(task), headers=DISPATCHED)
             await eventually(lambda: runs["twice-1"] == 1)
-            await broker.publish(subject, envelopes.encode(task))  # a duplicate delivery
+            await broker.publish(
+                subject, envelopes.encode(task), headers=DISPATCHED
+            )  # a duplicate delivery
             await eventually(lambda: any(e["event"] == HOLDS for e in logs))
             accepted = await watcher.event("accepted", message_id="twice-1")
             await eventually(lambda: _count(watcher, "accepted", "twice-1") == 2)
@@ -155,10 +159,10 @@ async def test_a_run_whose_lease_ran_out_unrenewed_is_not_taken_over_by_its_rede
     task = a_task("lapsed-1", agent)
     subject = broker.names.dispatch(agent.agent_id, "P1")
     async with agent.running(broker=broker):
-        await broker.publish(subject, envelopes.encode(task))
+        await broker.publish(subject, envelopes.encode(task), headers=DISPATCHED)
         await eventually(lambda: runs["lapsed-1"] == 1)
         await asyncio.sleep(1.5)  # the scenario: the lease (300 ms + 1 s) runs out
-        await broker.publish(subject, envelopes.encode(task))  # the redelivery
+        await broker.publish(subject, envelopes.encode(task), headers=DISPATCHED)  # the redelivery
         await eventually(lambda: _count(watcher, "accepted", "lapsed-1") == 2)
         await asyncio.sleep(0.5)  # a second run would have started by now
         assert runs["lapsed-1"] == 1
@@ -197,7 +201,7 @@ async def test_a_run_taken_over_from_a_crashed_process_has_what_is_left_of_its_b
                 topic="timed",
                 budget=envelopes.Budget(execute_ms=2_000),
             )
-            await broker.publish(subject, envelopes.encode(task))
+            await broker.publish(subject, envelopes.encode(task), headers=DISPATCHED)
         await watcher.event("completed", message_id="half-spent-1", timeout=10)
         failed = await watcher.event("failed", message_id="spent-1", timeout=10)
     # What was left (less the moments since the record was written), not a fresh 2 s.

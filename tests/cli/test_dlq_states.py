@@ -17,6 +17,10 @@ from tests.support import eventually, letter_of
 
 STEP_ID = "01a238a5-7c1e-7d2a-9f00-3c5be8a1d0f2-research-1"  # a workflow step's message id
 
+# What a dead letter carries at least (the coordinator's have their Nats-Msg-Id): one with
+# no headers is taken for a direct get's answer asking for none.
+LETTERED = {"Reach-Trace-Id": "letter"}
+
 
 async def reach(broker, *args: str):  # type: ignore[no-untyped-def]
     return await run(*reach_argv(broker, *args))
@@ -93,7 +97,9 @@ async def test_a_step_letter_its_workflow_handles_is_listed_handled_not_open(bro
             error=ErrorInfo(type="expired", message="ttl passed", retryable=False),
             workflow=WorkflowStep(instance_id="study-1", step="research", handled=handled),
         )
-        await broker.publish(names.dlq("expired", "research"), envelopes.encode(letter))
+        await broker.publish(
+            names.dlq("expired", "research"), envelopes.encode(letter), headers=LETTERED
+        )
     listed = await reach(broker, "dlq", "list")
     only_open = await reach(broker, "dlq", "list", "--open")
     assert listed.returncode == 0, listed.stderr
@@ -119,7 +125,9 @@ async def test_a_replay_the_intake_refuses_says_why_in_one_line(broker):
         envelope=task,
         error=ErrorInfo(type="no_route", message="nobody served it", retryable=True),
     )
-    await broker.publish(names.dlq("no_route", "full_topic"), envelopes.encode(letter))
+    await broker.publish(
+        names.dlq("no_route", "full_topic"), envelopes.encode(letter), headers=LETTERED
+    )
     refused = await reach(broker, "dlq", "replay", "refused-1")
     listed = await reach(broker, "dlq", "list")
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
@@ -138,7 +146,7 @@ async def test_replay_of_a_letter_replayed_max_replays_times_is_refused_unless_f
     letter = DeadLetter(
         v=1, reason="no_route", message_id="thrice", trace_id="first", topic="flaky", envelope=task
     )
-    await broker.publish(names.dlq("no_route", "flaky"), envelopes.encode(letter))
+    await broker.publish(names.dlq("no_route", "flaky"), envelopes.encode(letter), headers=LETTERED)
     refused = await reach(broker, "dlq", "replay", "thrice")
     assert refused.returncode == 1
     [line] = refused.stderr.splitlines()
@@ -304,7 +312,9 @@ async def test_a_letter_with_no_task_is_replayed_as_its_hint_says(broker):
         topic=envelopes.INVALID_TOPIC,
         error=ErrorInfo(type="invalid_envelope", message="not JSON", retryable=False),
     )
-    await broker.publish(names.dlq("invalid_envelope", "unknown"), envelopes.encode(letter))
+    await broker.publish(
+        names.dlq("invalid_envelope", "unknown"), envelopes.encode(letter), headers=LETTERED
+    )
     bare = await reach(broker, "dlq", "replay", "deep-1", "--payload", '{"text": "x. y"}')
     assert bare.returncode == 1 and "`--to-topic`" in bare.stderr and "--topic " not in bare.stderr
     narrowed = await reach(broker, "dlq", "replay", "deep-1", "--topic", "summarize")

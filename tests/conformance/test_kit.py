@@ -321,7 +321,7 @@ async def test_an_agent_that_runs_server_copied_tasks_fails_the_invalid_envelope
 ):
     """An agent that takes a direct get's answer in its queue for a dispatch (protocol
     revision 24: anyone can have the server put one there) fails clause 12."""
-    monkeypatch.setattr(execution, "refuse_server_answers", lambda *args: None)
+    monkeypatch.setattr(execution, "refuse_server_answers", lambda *args, **kwargs: None)
     verdicts = await judge(broker, conformance_agent("trusting-1"), "task.invalid_envelope")
     verdict = verdicts["task.invalid_envelope"]
     assert verdict.status is Status.FAIL

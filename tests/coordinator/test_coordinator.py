@@ -22,6 +22,7 @@ from agentreach.coordinator import (
 from agentreach.envelopes import AgentCard, Intent
 from agentreach.envelopes.messages import DEFAULT_TTL_MS
 from tests.cli.conftest import reach_argv, run
+from tests.support import DISPATCHED
 
 
 def counting_agent(agent_id: str, runs: Counter[str]) -> Agent:
@@ -187,7 +188,9 @@ async def test_a_retry_expiring_in_intake_says_what_was_left_of_its_ttl(broker, 
     retry = envelopes.Task(
         v=1, message_id="retried-1", trace_id="t", topic="count", attempt=2, ttl_ms=100
     )
-    await broker.publish(broker.names.coordinator_task("count"), envelopes.encode(retry))
+    await broker.publish(
+        broker.names.coordinator_task("count"), envelopes.encode(retry), headers=DISPATCHED
+    )
     await asyncio.sleep(0.2)  # the ttl passing is what this test is about
     async with replica(broker):
         letter = await watcher.dead_letter("expired", message_id="retried-1")

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from structlog.testing import capture_logs
 
 from agentreach import envelopes
@@ -401,8 +402,9 @@ def _holder(n: str, held: asyncio.Queue[Any], release: asyncio.Event) -> Agent:
     return agent
 
 
+@pytest.mark.parametrize("asked", [b"", b'{"no_hdr": true}'], ids=["headers", "no_hdr"])
 async def test_a_task_staged_and_direct_got_into_an_agent_s_queue_is_not_run(
-    broker, coordinator, watcher
+    broker, coordinator, watcher, asked: bytes
 ) -> None:
     """An agent (or a worker) wrote a task envelope under a key of its own and direct-got it
     with the reply aimed at another agent's queue: the stream kept the server's answer, and
@@ -429,12 +431,12 @@ async def test_a_task_staged_and_direct_got_into_an_agent_s_queue_is_not_run(
         await until_true(lambda: _registered(broker, "victim-1"))
         await broker.publish(own, forged)
         direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
-        await broker.nc.publish(direct, b"", reply=names.dispatch("victim-1", "P1"))
+        await broker.nc.publish(direct, asked, reply=names.dispatch("victim-1", "P1"))
         letter = await watcher.dead_letter("invalid_envelope")
         # Anything it had run would have run before this, from the same queue.
         assert await client.invoke("echo", {"real": 1}) == {"real": 1}
     assert seen == [{"real": 1}]
-    assert letter.error is not None and "a JetStream direct get's answer" in letter.error.message
+    assert letter.error is not None and "direct get" in letter.error.message
     assert not [e for e in watcher.events if e.message_id == "forged-1"]
 
 
@@ -499,16 +501,18 @@ async def test_a_card_overwritten_by_a_server_answer_does_not_take_the_epoch_bac
     assert after > 2
 
 
-async def _forge_event(agent: Broker, event: Event, sender: str) -> None:
+async def _forge_event(agent: Broker, event: Event, sender: str, *, no_hdr: bool) -> None:
     """What a security re-test did as agent ``mallory``: write ``event`` under a key of its
     own, then direct-get it with the reply aimed at the event's subject in ``sender``'s
-    name. The stream stores the server's answer there, with the content mallory chose."""
+    name. The stream stores the server's answer there, with the content mallory chose;
+    asked for no headers (``no_hdr``), with nothing else either."""
     names = agent.names
     own = f"$KV.{names.executions_bucket}.x.{event.message_id}.{agent.name}"
     await agent.publish(own, encode(event))
     subject = names.event(event.event, event.topic, event.trace_id, event.message_id, sender)
     direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
-    await agent.nc.publish(direct, b"", reply=subject)
+    body = b'{"no_hdr": true}' if no_hdr else b""
+    await agent.nc.publish(direct, body, reply=subject)
 
 
 async def test_coordinator_events_forged_by_a_direct_get_answer_vouch_for_nothing(
@@ -536,14 +540,18 @@ async def test_coordinator_events_forged_by_a_direct_get_answer_vouch_for_nothin
         assert await asyncio.wait_for(held.get(), 10) == {"n": 1}
         step = step_message_id(instance, "a", 1)
         about = Task(v=1, message_id=step, trace_id=instance, topic="hold-5")
-        await _forge_event(bad, event_for(about, "routed", agent_id="mallory"), COORDINATOR)
+        routed = event_for(about, "routed", agent_id="mallory")
+        await _forge_event(bad, routed, COORDINATOR, no_hdr=True)
         start = Task(v=1, message_id=instance, trace_id=instance, topic="held-5", caller="alice")
         ended = event_for(start, "workflow_completed", workflow="held-5", result={"by": "bad"})
-        await _forge_event(bad, ended, COORDINATOR)
+        await _forge_event(bad, ended, COORDINATOR, no_hdr=False)
         forged = Result(
             v=1, message_id=step, trace_id=instance, topic="hold-5", result={"by": "mallory"}
         )
-        await bad.publish(f"{bad.names.workflow_reply(instance)}.mallory", encode(forged))
+        as_sent = {"Reach-Kind": "result", "Reach-Trace-Id": instance}  # as an agent sends it
+        await bad.publish(
+            f"{bad.names.workflow_reply(instance)}.mallory", encode(forged), headers=as_sent
+        )
         await eventually(lambda: _alerted_about(watcher, step), timeout=30)
         trace = await alice.status(instance)
         release.set()
@@ -557,3 +565,41 @@ def _alerted_about(watcher: Watcher, message_id: str) -> list[Event]:
     return [
         e for e in watcher.events if e.event == "alert" and e.detail["message_id"] == message_id
     ]
+
+
+async def test_a_task_stored_as_a_headerless_answer_is_nobody_s_on_a_secured_server(
+    tmp_path: Path,
+) -> None:
+    """A direct get asking for no headers (`no_hdr`) is answered with the stored body alone:
+    an agent had a task stored on `reach.task.echo._coordinator` naming alice as its caller,
+    at P0, replies to its own box, and it ran as alice's, charged to nobody's quota. On a
+    secured server a task carries headers (the SDKs' always do)."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    deployment.directory.issue("agent", "echo-1", intents=("echo",))
+    runs: list[object] = []
+    echo = Agent("echo-1", startup_delay=0)
+
+    @echo.handler("echo")
+    async def answer(ctx: TaskContext, payload: Any) -> Any:
+        runs.append(payload)
+        return payload
+
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, coordinator),
+        echo.running(url, auth=deployment.auth("agent", "echo-1")),
+        ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
+        Broker(url, name="mallory", auth=deployment.auth("agent", "mallory")) as bad,
+        Watcher(admin) as watcher,
+    ):
+        await eventually(lambda: "echo-1" in coordinator.directory.cards)
+        names = bad.names
+        own = f"$KV.{names.executions_bucket}.x.forged.mallory"
+        direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
+        for sender in (COORDINATOR, "alice"):
+            forged = alice.task("echo", {"forged": sender}, priority="P0")
+            await bad.publish(own, encode(forged))
+            await bad.nc.publish(direct, b'{"no_hdr": true}', reply=names.task("echo", sender))
+        letter = await watcher.dead_letter("invalid_envelope", topic="echo")
+        assert await alice.invoke("echo", {"n": 1}) == {"n": 1}
+    assert runs == [{"n": 1}]
+    assert letter.error is not None and "direct get asks for none (no_hdr)" in letter.error.message

@@ -18,6 +18,9 @@ from agentreach.envelopes import headers as h
 from tests.secured import operators_reply_to
 from tests.support import until_true
 
+# An event as a party sends it carries headers (one with none is a server's answer).
+AS_SENT = {"Nats-Msg-Id": "as-sent"}
+
 
 def echo_agent() -> Agent:
     agent = Agent("echo-bad-input", startup_delay=0)
@@ -120,7 +123,9 @@ async def test_a_failed_event_without_its_task_is_dead_lettered(broker, coordina
     await emit(broker, event_for(routed, "routed", agent_id="ts-agent"))  # as routing does
     subject = broker.names.event("failed", "echo", "no-task-1", "no-task-1", "ts-agent")
     await broker.publish(
-        subject, envelopes.encode(_failed_without_its_task("no-task-1", "ts-agent"))
+        subject,
+        envelopes.encode(_failed_without_its_task("no-task-1", "ts-agent")),
+        headers=AS_SENT,
     )
     letter = await watcher.dead_letter("invalid_envelope", message_id="no-task-1")
     assert letter.error is not None and "at `$.detail`" in letter.error.message
@@ -151,7 +156,7 @@ async def test_a_failed_event_without_its_task_ends_no_task_its_agent_still_runs
             broken, topic="slow", trace_id=accepted.trace_id, caller=accepted.caller
         )
         subject = names.event("failed", "slow", accepted.trace_id, sent, runner)
-        await broker.publish(subject, envelopes.encode(broken))
+        await broker.publish(subject, envelopes.encode(broken), headers=AS_SENT)
 
         async def postponed() -> bool:
             info = await broker.js.consumer_info(names.events_stream, names.coordinator_outcomes)
@@ -178,7 +183,9 @@ async def test_a_broken_outcome_about_a_task_given_to_another_ends_nothing(
     await emit(broker, event_for(routed, "routed", agent_id="ts-agent"))
     subject = broker.names.event("failed", "echo", "no-task-2", "no-task-2", "intruder")
     await broker.publish(
-        subject, envelopes.encode(_failed_without_its_task("no-task-2", "intruder"))
+        subject,
+        envelopes.encode(_failed_without_its_task("no-task-2", "intruder")),
+        headers=AS_SENT,
     )
     alert = await watcher.event("alert", topic="_agent")
     assert alert.agent_id == "intruder" and alert.detail["message_id"] == "no-task-2"

@@ -32,7 +32,8 @@ async def _letters(broker) -> None:  # type: ignore[no-untyped-def]
             error=ErrorInfo(type="expired", message="ttl passed", retryable=False),
             workflow=WorkflowStep(instance_id="w-1", step="a", handled=True) if handled else None,
         )
-        await broker.publish(broker.names.dlq("expired", "chores"), encode(letter))
+        subject = broker.names.dlq("expired", "chores")
+        await broker.publish(subject, encode(letter), headers={"Nats-Msg-Id": f"dlq-{message_id}"})
         if message_id == "dash-replayed":
             await replay(broker, letter)
         elif message_id == "dash-resolved":

@@ -661,7 +661,7 @@ async def test_a_failure_reported_by_an_agent_it_was_not_routed_to_ends_nothing(
         error = {"type": "PermanentError", "message": "forged", "retryable": False}
         lie = event_for(dispatched, "failed", agent_id="liar-1", task=dispatched, error=error)
         subject = broker.names.event("failed", "held", "victim-1", "victim-1", "liar-1")
-        await broker.publish(subject, envelopes.encode(lie))
+        await broker.publish(subject, envelopes.encode(lie), headers={"Reach-Kind": "event"})
         alert = await watcher.event("alert", timeout=20)
         release.set()
         assert await busy == {"n": 0}

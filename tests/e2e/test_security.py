@@ -78,6 +78,9 @@ WAITS_FLOW = wf.machine(
     "hold", {"hold": wf.state(next=[wf.go("done", event="go")]), "done": wf.state(terminal=True)}
 )
 
+# What a party's message carries at least: one with no headers is a server's answer.
+AS_SENT = {"Reach-Kind": "event"}
+
 
 @dataclass
 class Arena:
@@ -396,7 +399,7 @@ async def _completed_as_x(arena: Arena, i: int) -> bool:
     task, note = arena.held, marker()
     assert task is not None
     body = _event(task, "completed", X, note, result="forged")
-    await quietly(arena.y.js.publish(_event_subject(task, "completed", X), body))
+    await quietly(arena.y.js.publish(_event_subject(task, "completed", X), body, headers=AS_SENT))
     return await arena.stored_with(NAMES.events_stream, note)
 
 
@@ -406,7 +409,7 @@ async def _coordinator_events(arena: Arena, i: int) -> bool:
     assert task is not None
     for kind in ("routed", "dead_lettered", "retry_scheduled", "impersonation"):
         body = _event(task, kind, Y, note)
-        await quietly(arena.y.js.publish(_event_subject(task, kind, Y), body))
+        await quietly(arena.y.js.publish(_event_subject(task, kind, Y), body, headers=AS_SENT))
     return await arena.stored_with(NAMES.events_stream, note)
 
 
@@ -422,7 +425,7 @@ async def _claims_x(arena: Arena, i: int) -> bool:
     task, note = arena.held, marker()
     assert task is not None
     body = _event(task, "completed", X, note, result="forged")
-    await quietly(arena.y.js.publish(_event_subject(task, "completed", Y), body))
+    await quietly(arena.y.js.publish(_event_subject(task, "completed", Y), body, headers=AS_SENT))
     return await _trace_shows(arena, note) or arena.pending.done()  # type: ignore[union-attr]
 
 
@@ -431,7 +434,7 @@ async def _ungranted(arena: Arena, i: int) -> bool:
     task, note = arena.held, marker()
     assert task is not None
     body = _event(task, "completed", Y, note, result="forged", grant=uuid.uuid4().hex)
-    await quietly(arena.y.js.publish(_event_subject(task, "completed", Y), body))
+    await quietly(arena.y.js.publish(_event_subject(task, "completed", Y), body, headers=AS_SENT))
     await asyncio.sleep(0.1)  # the coordinator's outcome loop has its chance to take it
     return await _trace_shows(arena, note) or arena.pending.done()  # type: ignore[union-attr]
 
@@ -453,7 +456,7 @@ def _result(task: envelopes.Task, from_agent: str, note: bytes) -> bytes:
 async def _result_as_x(arena: Arena, i: int) -> bool:
     task, note = arena.held, marker()
     assert task is not None and task.reply_to
-    await arena.y.nc.publish(f"{task.reply_to}.{X}", _result(task, X, note))
+    await arena.y.nc.publish(f"{task.reply_to}.{X}", _result(task, X, note), headers=AS_SENT)
     await settle(arena.y, arena.alice_raw)
     return any(note in data for data in arena.alice_heard)
 
@@ -462,7 +465,7 @@ async def _result_as_x(arena: Arena, i: int) -> bool:
 async def _result_claiming_x(arena: Arena, i: int) -> bool:
     task, note = arena.held, marker()
     assert task is not None and task.reply_to
-    await arena.y.nc.publish(f"{task.reply_to}.{Y}", _result(task, X, note))
+    await arena.y.nc.publish(f"{task.reply_to}.{Y}", _result(task, X, note), headers=AS_SENT)
     await settle(arena.y, arena.alice_raw)
     assert any(note in data for data in arena.alice_heard)  # it reached alice's box...
     return arena.pending.done()  # type: ignore[union-attr]  # ...and was not taken
@@ -686,7 +689,7 @@ async def _rewritten_retry(arena: Arena, i: int) -> bool:
     rewritten = json.loads(envelopes.encode(task))
     rewritten["payload"] = {"n": note.decode()}
     body = _event(task, "failed", Y, note, task=rewritten, error={"type": "x", "retryable": True})
-    await quietly(arena.y.js.publish(_event_subject(task, "failed", Y), body))
+    await quietly(arena.y.js.publish(_event_subject(task, "failed", Y), body, headers=AS_SENT))
     return await _x_ran(arena, note)
 
 
@@ -980,9 +983,10 @@ async def test_a_workflow_step_ends_only_by_the_agent_it_was_routed_to(arena: Ar
     await arena.admin.nc.flush()
     # First a routing of its own: a `routed` body on a subject Y may publish on.
     forged_routing = _event(step, "routed", Y, marker())
-    await arena.y.js.publish(_event_subject(step, "accepted", Y), forged_routing)
+    await arena.y.js.publish(_event_subject(step, "accepted", Y), forged_routing, headers=AS_SENT)
     for _ in range(N):
-        await arena.y.nc.publish(f"{step.reply_to}.{Y}", _result(step, Y, marker()))
+        forged = _result(step, Y, marker())
+        await arena.y.nc.publish(f"{step.reply_to}.{Y}", forged, headers=AS_SENT)
     async with asyncio.timeout(15):
         await all_refused.wait()
     await sub.unsubscribe()
@@ -1085,7 +1089,7 @@ async def test_the_impersonation_is_an_alert_event(arena: Arena) -> None:
     task = arena.held
     assert task is not None
     body = _event(task, "completed", X, marker(), result="forged")
-    await arena.y.js.publish(_event_subject(task, "completed", Y), body)
+    await arena.y.js.publish(_event_subject(task, "completed", Y), body, headers=AS_SENT)
 
     async def alert() -> bool:
         stored = await read_stream(arena.admin, NAMES.events_stream, "reach.event.alert.>")

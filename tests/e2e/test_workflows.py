@@ -923,10 +923,11 @@ async def test_two_replicas_share_the_instances_without_losing_a_step(
 async def test_an_unreadable_workflow_message_is_dead_lettered(broker, start_coordinator, watcher):
     """A garbled step reply or timer, or an unknown kind, ends in REACH_DLQ with the reason."""
     async with start_coordinator(fast(workflows=workflows(article=ARTICLE))):
-        names = broker.names
-        await broker.publish(names.workflow_reply("some-instance"), b'{"kind": "result"')
-        await broker.publish(names.workflow_timer("some-instance"), b'{"key": 1}')
-        await broker.publish(f"{names.prefix}.wf.bogus.some-instance", b"{}")
+        names, said = broker.names, {"Reach-Kind": "garbled"}  # a party's: it has headers
+        reply = names.workflow_reply("some-instance")
+        await broker.publish(reply, b'{"kind": "result"', headers=said)
+        await broker.publish(names.workflow_timer("some-instance"), b'{"key": 1}', headers=said)
+        await broker.publish(f"{names.prefix}.wf.bogus.some-instance", b"{}", headers=said)
         await watcher.until(lambda: len(watcher.dead_letters) >= 3 or None, "3 dead letters")
     letters = watcher.dead_letters
     assert {d.reason for d in letters} == {"invalid_envelope"}

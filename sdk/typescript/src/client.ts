@@ -260,7 +260,7 @@ export class ReachClient {
     // Subscribed before the task is published: the routed notice can come within a millisecond.
     const sub: Subscription = this.conn.nc.subscribe(box.wildcard, {
       callback: (err, msg) => {
-        if (err === null && sentByServer(msg.data, headersOf(msg)) === null) box.collect(msg.subject, msg.data);
+        if (err === null && sentByServer(msg.data, headersOf(msg), { headed: true }) === null) box.collect(msg.subject, msg.data);
       },
     });
     this.waiting.add(box);

@@ -116,7 +116,7 @@ export class Executor {
   async settle(msg: JsMsg): Promise<void> {
     let task: Task;
     try {
-      const forged = sentByServer(msg.data, headersOf(msg)); // a stored message of someone's: no dispatch
+      const forged = sentByServer(msg.data, headersOf(msg), { headed: true }); // a stored message of someone's: no dispatch
       if (forged !== null) throw new DecodeError(`not a message of anyone's: ${forged}`);
       task = decodeTask(msg.data);
     } catch (err) {

@@ -16,14 +16,23 @@ export const DIRECT_GET_HEADERS = ["Nats-Stream", "Nats-Subject", "Nats-Sequence
 const SERVER_JSON = ['{"type":"io.nats.', '{"stream":', '{"error":'];
 
 /**
+ * A direct get that asks for no headers (`no_hdr`) is answered with the stored body alone:
+ * content its requester wrote under a key of its own, at any subject, with nothing to tell it
+ * apart. Where every party's message carries headers (dispatches, replies), none means that.
+ */
+export const NO_HEADERS =
+  "a message with no headers, where every party's carries some: what the NATS server sends of a stored message when a direct get asks for none (no_hdr)";
+
+/**
  * What a message the server sent in someone's stead is, or null when a party sent it: a
  * direct get's answer (a stored message of its requester's choosing, with the headers the
  * server adds), or one of the server's JSON answers (an API response, a publish ack). Read
  * by a consumer or a core subscription; aimed at an agent's queue, it ran as a task.
  */
-export function sentByServer(data: Uint8Array, headers: MsgHdrs | undefined | null): string | null {
+export function sentByServer(data: Uint8Array, headers: MsgHdrs | undefined | null, options: { headed?: boolean } = {}): string | null {
   if (headers === null) return "a message whose headers cannot be read (a stored message of someone's, sent again)";
   const names = headers ? [...headers.keys()] : [];
+  if (options.headed === true && names.length === 0) return NO_HEADERS;
   if (names.some((name) => DIRECT_GET_HEADERS.includes(name) || name.endsWith("Nats-Stream"))) {
     return "a JetStream direct get's answer (a stored message, sent again by the server)";
   }

@@ -22,7 +22,7 @@ import type { StoredEntry } from "../src/keys.js";
 import { Reports } from "../src/reports.js";
 import { newId } from "../src/index.js";
 import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Reply, Result } from "../src/index.js";
-import { binary, eventsOf, freePort, Gate, kvUntil, provision, routedTo, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
+import { binary, dispatchHeaders, eventsOf, freePort, Gate, kvUntil, provision, routedTo, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
 import type { RestartableStack, Stack } from "./harness.js";
 import type { Logger } from "../src/log.js";
 
@@ -1262,6 +1262,8 @@ describe("registration and liveness", () => {
     const own = `$KV.reach_executions.x.y.${unique("evil")}`;
     await stack.nc.jetstream().publish(own, JSON.stringify({ ...forged, caller: "alice" }));
     stack.nc.publish(`$JS.API.DIRECT.GET.KV_reach_executions.${own}`, "", { reply: `reach.agent.${id}.p1` });
+    // Asked for no headers (no_hdr), the server copies the stored body alone: nothing tells it apart but that.
+    stack.nc.publish(`$JS.API.DIRECT.GET.KV_reach_executions.${own}`, '{"no_hdr": true}', { reply: `reach.agent.${id}.p1` });
     const events = eventsOf(stack, forged.message_id);
     const real = task(topic, { real: true });
     const replies = await send(stack, real); // after the copy in the same queue
@@ -1560,7 +1562,7 @@ describe("a dispatch stream that is gone", () => {
     const t = task(topic, { after: "stream" }, { to_agent: id, reply_to: createInbox() });
     const replies = new Watcher<Reply>(stack.nc, t.reply_to!);
     await stack.nc.flush();
-    await stack.nc.jetstream().publish(`${prefix}.agent.${id}.p1`, JSON.stringify(t));
+    await stack.nc.jetstream().publish(`${prefix}.agent.${id}.p1`, JSON.stringify(t), { headers: dispatchHeaders() }); // with headers, as a dispatch has
     const result = (await replies.next((r) => r.kind === "result", 15_000, "result once the stream is back")) as Result;
     assert.deepEqual(result.result, { echoed: { after: "stream" } });
     replies.close();

@@ -427,7 +427,10 @@ export async function send(
 export async function routedTo(stack: Stack, t: Task, agentId: string): Promise<void> {
   const event = { v: 1, kind: "event", event: "routed", message_id: t.message_id, trace_id: t.trace_id, topic: t.topic, agent_id: agentId, attempt: t.attempt ?? 1, at_ms: Date.now(), detail: {} };
   const subject = `reach.event.routed.${t.topic}.${t.trace_id}.${t.message_id}._coordinator`;
-  await stack.nc.jetstream().publish(subject, JSON.stringify(event));
+  // With headers, as the coordinator's own: a stored event with none is taken for a server's answer.
+  const h = headers();
+  h.set("Nats-Msg-Id", `${t.message_id}-routed-${t.attempt ?? 1}-_coordinator-${agentId}`);
+  await stack.nc.jetstream().publish(subject, JSON.stringify(event), { headers: h });
 }
 
 /** Events of one message, as they are published. */
@@ -461,4 +464,11 @@ export class Gate {
       this.open = resolve;
     });
   }
+}
+
+/** What a dispatch carries at least: one with no headers is taken for a server's answer (no_hdr). */
+export function dispatchHeaders(): ReturnType<typeof headers> {
+  const h = headers();
+  h.set("Reach-Kind", "task");
+  return h;
 }

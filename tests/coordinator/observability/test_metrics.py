@@ -244,7 +244,7 @@ async def test_impersonation_alerts_are_counted_and_forged_alerts_are_not(broker
         for kind, detail in [("dead_lettered", {"reason": "poison"}), ("routed", {})]:
             body = event_for(task, kind, agent_id="mallory", **detail)
             subject = broker.names.event("failed", "double", "imp-1", "imp-1", "mallory")
-            await broker.publish(subject, encode(body))
+            await broker.publish(subject, encode(body), headers={"Reach-Kind": "event"})
         claim = event_for(task, "failed", agent_id="victim", task=msgspec.to_builtins(task))
         await emit(broker, claim, sender="mallory")  # names another agent than its sender
 
