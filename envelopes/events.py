@@ -74,9 +74,9 @@ class UndecodableDetail(_Detail, frozen=True, kw_only=True):
     coordinator dead-letters it as ``invalid_envelope``."""
 
     error: ErrorInfo
-    raw: str | None  # the body as text, or "base64:" + base64 when it is not UTF-8
+    raw: str  # the body as text, or "base64:" + base64 when it is not UTF-8
     headers: dict[str, str] = {}
-    # raw cut to its first 65,536 characters and "…": the report must fit a message
+    # raw cut to its first 65,536 characters (code points) and "…": the report must fit a message
     truncated: bool = False
 
 

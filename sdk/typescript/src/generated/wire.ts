@@ -1484,7 +1484,7 @@ export interface TraceRequest {
  */
 export interface UndecodableDetail {
   error: ErrorInfo;
-  raw: string | null;
+  raw: string;
   /**
    * default {}
    */
