@@ -86,9 +86,10 @@ def moved_on_from(record: Execution, attempt: int) -> bool:
 
 
 def is_expiry_fence(record: Execution, attempt: int) -> bool:
-    """Whether ``record`` ends ``attempt`` as expired: the *expiry fence* that whoever ended
-    the task (its agent's report, or the coordinator's pass over the queues) wrote. No
-    delivery of that attempt may be claimed over it."""
+    """Whether ``record`` ends ``attempt`` as expired: the *expiry fence* the coordinator
+    wrote as it ended the task (on its agent's ``expired`` report, at its pass over the
+    queues, or for an attempt never reported); agents write none. No delivery of that
+    attempt may be claimed over it."""
     return (
         record.state == "failed"
         and record.attempt == attempt
