@@ -10,8 +10,8 @@ from agentreach.broker import BrokerTimeout, BucketWatch, NoResponders, consumer
 from agentreach.broker.presence import ask
 from agentreach.conformance.report import Checks, Failed, Skipped
 from agentreach.conformance.run_once import _result
-from agentreach.conformance.session import Session
-from agentreach.envelopes import PRIORITIES, AgentCard, Heartbeat, Liveness, decode_as
+from agentreach.conformance.session import Exchange, Session
+from agentreach.envelopes import PRIORITIES, AgentCard, Heartbeat, Liveness, decode_as, now_ms
 
 START_S = 60.0  # for the agent's process to register (and any startup delay of its own)
 TWIN_S = 20.0
@@ -88,7 +88,10 @@ async def crash(s: Session, c: Checks) -> str:
     card = await started(s, after_epoch=before.epoch)
     c.must(card.epoch == before.epoch + 1, f"epoch {before.epoch} → {card.epoch}")
     restarted = s.now()
-    result = await _result(s, ex, ack_wait_s + 15.0, "result after the restart")
+    try:
+        result = await _result(s, ex, ack_wait_s + 15.0, "result after the restart")
+    except Failed as exc:
+        raise Failed(f"{exc}; {await _why_no_result(s, ex, card.epoch, ack_wait_s)}") from None
     took = s.now() - restarted
     c.must(result == {"slept_ms": 3_000}, f"result {result!r}")
     await s.quiet()
@@ -101,6 +104,34 @@ async def crash(s: Session, c: Checks) -> str:
     c.should(took <= ack_wait_s + 3 + 5, f"waited {took:.1f} s: the old claim was waited out")
     return (
         f"epoch {card.epoch} ran it again {took:.1f} s after the restart (ack wait {ack_wait_s:g})"
+    )
+
+
+async def _why_no_result(s: Session, ex: Exchange, epoch: int, ack_wait_s: float) -> str:
+    """The likely cause of a crashed task's missing result after the restart (process of
+    ``epoch``), from its record and the agent's events."""
+    record = await s.execution(ex.task)
+    again = [e for e in ex.events_of("accepted") if e.detail.get("epoch") == epoch]
+    taken = (
+        f"epoch {epoch} accepted the redelivery"
+        if again
+        else f"no accepted of epoch {epoch}: was the message delivered again (ack wait"
+        f" {ack_wait_s:g} s)?"
+    )
+    if record is not None and record.state == "running" and record.epoch < epoch:
+        left_s = (record.lease_until_ms - now_ms()) / 1000
+        lease = f"its lease runs {left_s:.1f} s more" if left_s > 0 else "its lease has run out"
+        return (
+            f"{taken}; the record is still epoch {record.epoch}'s running claim ({lease})."
+            " Likely cause: the new process does not take over its earlier epoch's running"
+            " claim at once (§13's claim table: a running record of a lower epoch is replaced;"
+            " §19 names it the most common pitfall), and waits out that claim's lease instead"
+        )
+    if record is None:
+        return f"{taken}; the agent has no record of the task"
+    return (
+        f"{taken}; the record is {record.state}, epoch {record.epoch}; the handler started"
+        f" {ex.runs()} times in all"
     )
 
 

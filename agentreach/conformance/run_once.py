@@ -13,7 +13,7 @@ from agentreach.broker import ConsumerState, WrongLastSequence, consumer_state, 
 from agentreach.conformance.report import Checks, Failed
 from agentreach.conformance.session import Exchange, Session
 from agentreach.conformance.tasks import first, outcome
-from agentreach.envelopes import ErrorInfo, Execution, Task, now_ms
+from agentreach.envelopes import ErrorInfo, Execution, Task, is_expiry_fence, now_ms
 
 
 async def duplicates(s: Session, c: Checks) -> str:
@@ -246,7 +246,12 @@ async def expiry_fence(s: Session, c: Checks) -> str:
     )
     await (await s.executions()).create(s.execution_key(task), fence)
     ex = await s.dispatch(task)
-    detail = await outcome(s, ex, "expired", 10.0)
+    try:
+        detail = await outcome(s, ex, "expired", 10.0)
+    except Failed as exc:
+        if ex.events_of("expired"):
+            raise  # one came, and was wrong: the failure says how
+        raise Failed(f"{exc}; instead: {await _over_the_fence(s, ex)}") from None
     c.must(detail.error.type == "expired", f"error.type {detail.error.type!r}")
     await s.quiet()
     c.must(ex.runs() == 0 and not ex.replies_of("result"), "ran a task ended as expired")
@@ -269,6 +274,35 @@ async def expiry_fence(s: Session, c: Checks) -> str:
     after = await s.execution(moved)
     c.must(after is not None and after.error == FENCE, f"the fence was overwritten: {after}")
     return "not run over the expiry fence (expired reported) nor the reassignment fence"
+
+
+async def _over_the_fence(s: Session, ex: Exchange) -> str:
+    """What the kit saw of a task dispatched over its expiry fence, when no ``expired``
+    came: whether the agent took it from its queue, ran it, said anything, and what became
+    of the fence (an `echo`: its runs show as results, not as `started` notes)."""
+    stream = s.names.dispatch_stream(ex.task.priority)
+    durable = s.names.agent_consumer(s.agent_id, ex.task.priority)
+    state = await consumer_state(s.broker, stream, durable)
+    if state is None or state.delivered_seq < ex.seqs[-1]:
+        seen = ["the agent did not take the task from its queue"]
+    elif ex.replies_of("result"):
+        seen = ["the handler ran it (a result was sent)"]
+    else:
+        seen = ["the agent took it from its queue, and sent no result"]
+    said = [e for e in ("accepted", "completed", "failed") if ex.events_of(e)]
+    seen.append(f"it published {', '.join(said)}" if said else "it published no event of it")
+    record = await s.execution(ex.task)
+    if record is None:
+        seen.append("its record was deleted")
+    elif is_expiry_fence(record, ex.task.attempt):
+        seen.append("the fence stands")
+    else:
+        why = f", error {record.error.type}" if record.error else ""
+        seen.append(
+            f"the fence was overwritten: the record is now {record.state}, epoch"
+            f" {record.epoch}{why} (§13: no claim over the expiry fence of its attempt)"
+        )
+    return "; ".join(seen)
 
 
 KEEP_ALIVE_LOOKED_AT_UP_TO_S = 10.0  # a run of 2.2 ack waits; longer ones take too long

@@ -343,9 +343,11 @@ async def event_format(s: Session, c: Checks) -> str:
                 if isinstance(grant, str):  # only the coordinator and the agent know it
                     expected += f"-{grant[:16]}"
                     before_rev_19 += f"-{grant[:16]}"
-                said = f"{where}: Nats-Msg-Id {got!r}, not {expected!r}"
+                said = f"{where}: sent Nats-Msg-Id {got!r}; expected {expected!r}"
                 c.must(got in (expected, before_rev_19), said)
-                c.should(got == expected, f"{said} (the life's -r<received_ms>, revision 19)")
+                c.should(
+                    got == expected, f"{said}: without the life's -r<received_ms> (revision 19)"
+                )
             if ex.grant is not None and event.event != "clock_drift":
                 grant = getattr(detail, "grant", None)
                 c.must(grant == ex.grant, f"{where}: the dispatch's grant not echoed ({grant!r})")

@@ -16,8 +16,9 @@ from agentreach.agents import runtime as sdk_runtime
 from agentreach.agents.claims import Claimed
 from agentreach.agents.slots import Room
 from agentreach.broker import BrokerError, ClaimCheck, Delivery, WrongLastSequence
-from agentreach.conformance import CLAUSES, Status, run_conformance
-from agentreach.envelopes import AgentCard, now_ms
+from agentreach.conformance import CLAUSES, Status, lifecycle, run_conformance
+from agentreach.conformance.session import Exchange
+from agentreach.envelopes import AgentCard, Execution, Task, now_ms
 from agentreach.examples import conformance as example
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.sdk.test_typescript import own_creds, verdicts_but_claim_check
@@ -326,3 +327,34 @@ async def test_an_agent_that_runs_server_copied_tasks_fails_the_invalid_envelope
     verdict = verdicts["task.invalid_envelope"]
     assert verdict.status is Status.FAIL
     assert "nobody's dispatch" in verdict.detail
+
+
+async def test_an_agent_that_runs_over_the_expiry_fence_is_told_what_it_did(
+    broker, coordinator, monkeypatch
+):
+    """Clause 18: an agent that claims over the expiry fence of its attempt is failed with
+    what the kit saw instead of the `expired` report: the run, its events, the fence gone."""
+    monkeypatch.setattr(sdk_claims, "is_expiry_fence", lambda held, attempt: False)
+    failed = await failed_clause(broker, "fenceless-1", "run_once.expiry_fence")
+    assert failed.startswith("no expired event within 10 s; instead:"), failed
+    assert "the handler ran it (a result was sent)" in failed, failed
+    assert "published accepted, completed" in failed, failed
+    assert "the fence was overwritten: the record is now done" in failed, failed
+
+
+async def test_a_crash_without_takeover_is_put_down_to_the_earlier_epoch_claim():
+    """Clause 21's failure names the likely cause when the record is still the earlier
+    epoch's running claim: no takeover of it (§13, §19's most common pitfall)."""
+    task = Task(v=1, message_id="m-1", trace_id="m-1", topic="conformance")
+    held = Execution(
+        message_id="m-1", state="running", agent_id="a-1", epoch=3, lease_until_ms=now_ms() + 20_000
+    )
+
+    class Records:
+        async def execution(self, of):  # type: ignore[no-untyped-def]
+            return held if of is task else None
+
+    said = await lifecycle._why_no_result(Records(), Exchange(task), 4, 5.0)  # type: ignore[arg-type]
+    assert said.startswith("no accepted of epoch 4: was the message delivered again"), said
+    assert "the record is still epoch 3's running claim (its lease runs" in said, said
+    assert "does not take over its earlier epoch's running claim at once" in said, said
