@@ -105,7 +105,11 @@ export const RAW_KEPT = 65_536;
 /** `raw` (and `truncated`) of a report of an undecodable dispatch: at most RAW_KEPT characters and "…". */
 export function reportedRaw(data: Uint8Array): { raw: string; truncated?: true } {
   const raw = printable(data);
-  return raw.length <= RAW_KEPT ? { raw } : { raw: `${raw.slice(0, RAW_KEPT)}…`, truncated: true };
+  if (raw.length <= RAW_KEPT) return { raw }; // UTF-16 units: no more code points than that
+  // Cut by code points, as the Python SDK does: a cut inside a surrogate pair left half an
+  // emoji, and the coordinator then refused the whole event as undecodable.
+  const points = Array.from(raw);
+  return points.length <= RAW_KEPT ? { raw } : { raw: `${points.slice(0, RAW_KEPT).join("")}…`, truncated: true };
 }
 
 /** The body as text, or `base64:` + base64 when it is not UTF-8. */

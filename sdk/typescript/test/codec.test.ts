@@ -5,6 +5,7 @@ import { describe, it } from "node:test";
 
 import { errorInfo } from "../src/failures.js";
 import { decodeTask, DecodeError, newId, NotAcknowledged, TaskFailed } from "../src/index.js";
+import { RAW_KEPT, reportedRaw } from "../src/lifecycle.js";
 
 const enc = (value: unknown) => new TextEncoder().encode(typeof value === "string" ? value : JSON.stringify(value));
 const minimal = { v: 1, message_id: "m-1", trace_id: "t-1", topic: "echo" };
@@ -92,5 +93,16 @@ describe("handler failures", () => {
     assert.match(ended.message, /^sub-task child-1 failed: TaskFailed: /);
     const waiting = errorInfo(new NotAcknowledged("no agent acknowledged 'stock' within 50 ms", ids));
     assert.deepEqual([waiting.type, waiting.retryable], ["sub_task_failed", true]);
+  });
+});
+
+describe("reportedRaw", () => {
+  it("cuts an undecodable body by code points, never inside a surrogate pair (the coordinator refused half an emoji)", () => {
+    const encode = (text: string) => new TextEncoder().encode(text);
+    const cut = reportedRaw(encode(`${"a".repeat(RAW_KEPT - 1)}😀😀`));
+    assert.deepEqual(cut, { raw: `${"a".repeat(RAW_KEPT - 1)}😀…`, truncated: true });
+    // Past RAW_KEPT UTF-16 units but within RAW_KEPT code points: kept whole, as Python keeps it.
+    const emoji = "😀".repeat(40_000);
+    assert.deepEqual(reportedRaw(encode(emoji)), { raw: emoji });
   });
 });
