@@ -92,6 +92,12 @@ def server_answer(data: bytes, headers: Mapping[str, str] | None) -> str | None:
     return None
 
 
+def copied_by_direct_get(headers: Mapping[str, str] | None) -> bool:
+    """Whether ``headers`` are a direct get's answer's (a stored message sent again), where
+    nothing else can be told: the server's own advisories look like its answers by design."""
+    return headers is not None and (STORED_ANSWER in headers or _copied(headers))
+
+
 def _copied(headers: Mapping[str, str]) -> bool:
     """Whether ``headers`` hold what a direct get's answer adds to a stored message. The
     server writes the first of them onto the stored block's last line, which a block that

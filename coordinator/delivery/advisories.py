@@ -28,6 +28,9 @@ from agentreach.envelopes import (
     is_token,
     stable_id,
 )
+from agentreach.envelopes.server_answers import (
+    copied_by_direct_get,
+)
 
 log = structlog.get_logger("coordinator.advisories")
 
@@ -50,6 +53,9 @@ class Advisories:
         self._run_once = RunOnce(broker, grants)
 
     async def handle(self, msg: Delivery) -> None:
+        if copied_by_direct_get(msg.headers):  # an agent's content, aimed here: it killed
+            log.warning("advisory copied by a direct get: nobody's", subject=msg.subject)
+            return  # a running task of another caller's (a security re-test)
         try:
             advisory = decode_as(msg.data, MaxDeliveries)
         except DecodeError as exc:

@@ -603,3 +603,31 @@ async def test_a_task_stored_as_a_headerless_answer_is_nobody_s_on_a_secured_ser
         assert await alice.invoke("echo", {"n": 1}) == {"n": 1}
     assert runs == [{"n": 1}]
     assert letter.error is not None and "direct get asks for none (no_hdr)" in letter.error.message
+
+
+async def test_an_advisory_copied_by_a_direct_get_ends_no_task(broker, coordinator) -> None:
+    """An agent wrote a max-deliveries advisory under a key of its own and aimed its direct
+    get at the advisory subject of a dispatch stream: alice's running task was dead-lettered
+    `max_deliveries` and deleted (a security re-test). The copy's headers give it away."""
+    names = broker.names
+    stream = names.dispatch_stream("P1")
+    task = envelopes.Task(v=1, message_id="running-1", trace_id="running-1", topic="flight")
+    stored = await broker.publish(
+        names.dispatch("alpha", "P1"), encode(task), headers={"Reach-Kind": "task"}
+    )
+    advisory = {
+        "type": "io.nats.jetstream.advisory.v1.max_deliver",
+        "stream": stream,
+        "consumer": "agent-alpha-p1",
+        "stream_seq": stored.seq,
+        "deliveries": 5,
+    }
+    own = f"$KV.{names.executions_bucket}.x.adv.mallory"
+    await broker.publish(own, json.dumps(advisory).encode())
+    target = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.agent-alpha-p1"
+    with capture_logs() as logs:
+        direct = f"$JS.API.DIRECT.GET.KV_{names.executions_bucket}.{own}"
+        await broker.nc.publish(direct, b"", reply=target)
+        await eventually(lambda: any("copied by a direct get" in e["event"] for e in logs))
+    info = await broker.js.stream_info(stream)
+    assert info.state.messages == 1  # still there: nothing ended it
