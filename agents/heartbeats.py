@@ -19,6 +19,7 @@ from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.envelopes import AgentControl, DecodeError, Heartbeat, decode_as
 from agentreach.envelopes.registry import MAX_HEARTBEAT_INTERVAL_S
+from agentreach.envelopes.server_answers import NO_HEADERS
 from agentreach.errors import ReachError
 from agentreach.logs import get_logger
 
@@ -162,6 +163,9 @@ class Heartbeats:
                 await emit(self._broker, drifted, sender=self._agent_id)
 
     async def _on_control(self, msg: Inbound) -> None:
+        if not msg.headers:  # the coordinator's carry one: a server's answer (no_hdr) is nobody's
+            log.warning("ignoring a control message without headers", why=NO_HEADERS)
+            return
         try:
             control = decode_as(msg.data, AgentControl)
         except DecodeError as exc:

@@ -46,6 +46,10 @@ NO_HEADERS = (
 )
 
 
+# What the coordinator's control message to an agent carries (one without is nobody's).
+CONTROL_HEADERS = {"Reach-Kind": "control"}
+
+
 def refuse_headerless(headers: Mapping[str, str] | None, what: str) -> None:
     """Raise :class:`ServerAnswer` when ``headers`` are none (see :data:`NO_HEADERS`)."""
     if not headers:

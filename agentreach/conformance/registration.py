@@ -258,7 +258,9 @@ async def _wake_during_write(s: Session, restore_s: float) -> None:
 
 async def _ask_interval(s: Session, interval_s: float) -> None:
     control = envelopes.encode(AgentControl(heartbeat_interval_s=interval_s))
-    await s.broker.publish_core(s.names.agent_control(s.agent_id), control)
+    await s.broker.publish_core(
+        s.names.agent_control(s.agent_id), control, headers={"Reach-Kind": "control"}
+    )
 
 
 def _first(s: Session, start: int, match) -> float | None:  # type: ignore[no-untyped-def]

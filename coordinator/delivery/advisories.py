@@ -28,9 +28,7 @@ from agentreach.envelopes import (
     is_token,
     stable_id,
 )
-from agentreach.envelopes.server_answers import (
-    copied_by_direct_get,
-)
+from agentreach.envelopes.server_answers import copied_by_direct_get, server_answer
 
 log = structlog.get_logger("coordinator.advisories")
 
@@ -110,7 +108,10 @@ def _never_acknowledged(advisory: MaxDeliveries, agent_id: str | None) -> ErrorI
 
 
 def _task_in(data: bytes, headers: Mapping[str, str]) -> Task | None:
-    """The task a stored message is (a dispatch) or is about (an outcome event), if any."""
+    """The task a stored message is (a dispatch) or is about (an outcome event), if any;
+    none in a server's answer (no headers, or a direct get's)."""
+    if not headers or server_answer(data, headers):
+        return None
     try:
         return envelopes.decode_task(data)
     except DecodeError:

@@ -183,7 +183,7 @@ class Unreported:
             names.kind_of_event_subject(delivery.subject),
             names.sender_of(delivery.subject),
         )
-        if server_answer(delivery.data, delivery.headers):
+        if not delivery.headers or server_answer(delivery.data, delivery.headers):
             return  # anyone's content, in anyone's name: the outcomes' consumer says so
         try:
             seen = msgspec.json.decode(delivery.data, type=_Seen)

@@ -42,6 +42,7 @@ from agentreach.envelopes import (
     decode_as,
     now_ms,
 )
+from agentreach.envelopes.server_answers import CONTROL_HEADERS as CONTROL
 
 log = structlog.get_logger("coordinator.liveness")
 
@@ -245,8 +246,8 @@ class LivenessMonitor:
         )
         control = envelopes.encode(AgentControl(heartbeat_interval_s=interval_s))
         with contextlib.suppress(BrokerError):
-            await self._broker.publish_core(
-                self._broker.names.agent_control(tracked.agent_id), control
+            await self._broker.publish_core(  # with a header: one without is nobody's
+                self._broker.names.agent_control(tracked.agent_id), control, headers=CONTROL
             )
 
     # -- sweeping -----------------------------------------------------------------

@@ -58,6 +58,7 @@ from agentreach.envelopes import (
     now_ms,
     ttl_passed_in_queue,
 )
+from agentreach.envelopes.server_answers import refuse_server_answers
 
 log = structlog.get_logger("coordinator.queue_expiry")
 
@@ -174,7 +175,8 @@ class QueueExpiry:
         grace_ms = int(self._config.grace_s * 1000)
         ended, left, due_ms = 0, 0, 0
         for message in stored:
-            try:
+            try:  # one without headers is a server's answer (no_hdr): nobody's to end
+                refuse_server_answers(message.data, message.headers, subject, headed=True)
                 task = envelopes.decode_task(message.data)
             except DecodeError:  # its agent's consumer dead-letters it as invalid_envelope
                 left += 1

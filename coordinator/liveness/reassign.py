@@ -1,18 +1,16 @@
 """An agent went OFFLINE (or was forgotten): its unfinished tasks go to another agent, fenced
-from the old one.
-
-What was dispatched to it and not acknowledged is still in its dispatch subjects (work-queue
-streams keep a message until it is acknowledged). Each is dispatched again with the same
-message_id and attempt + 1. Before that, its execution record is marked failed: a late
-``finish`` from the old agent then loses the conditional write, and its result is rejected.
+from the old one. What was dispatched to it and not acknowledged is still in its dispatch
+subjects (work-queue streams keep a message until it is acknowledged). Each is dispatched
+again with the same message_id and attempt + 1. Before that, its execution record is marked
+failed: a late ``finish`` from the old agent then loses the conditional write, and its
+result is rejected.
 
 An attempt its agent never claimed did not run, and one its agent's clean stop cut short
 failed for the stop: both are counted in the task's ``requeued`` and cost none of the
 topic's attempts (a rolling restart must not use them up). One its agent was running when
 it died does count: a task that kills every agent that runs it ends as
 ``retries_exhausted`` after the topic's attempts, instead of taking down agent after agent
-until its ttl runs out.
-"""
+until its ttl runs out."""
 
 from __future__ import annotations
 
@@ -54,6 +52,7 @@ from agentreach.envelopes import (
     ttl_left_ms,
 )
 from agentreach.envelopes.headers import task_headers
+from agentreach.envelopes.server_answers import refuse_server_answers
 
 log = structlog.get_logger("coordinator.reassign")
 Queued = Callable[[], Iterable[tuple[str, str]]]  # (agent, priority) with tasks queued
@@ -247,7 +246,8 @@ async def _move(
     on the broker, instead of being lost with this call.
     """
     agent_id, epoch, why, _ = gone
-    try:
+    try:  # a dispatch has headers: one without is a server's answer (no_hdr), nobody's
+        refuse_server_answers(stored.data, stored.headers, stored.subject, headed=True)
         task = envelopes.decode_task(stored.data)
     except DecodeError as exc:  # its agent's consumer would have dead-lettered it
         said = f"a dispatch to {agent_id}, which {why}, is no task: {exc}"

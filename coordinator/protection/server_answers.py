@@ -29,6 +29,8 @@ class ServerAnswers:
             refuse_server_answers(msg.data, msg.headers, msg.subject)
         except ServerAnswer as answer:
             return self.to_letter(answer, where)
+        if isinstance(exc, ServerAnswer):  # told by its reader (no headers where all have some)
+            return self.to_letter(exc, where)
         return exc
 
     def to_letter(self, answer: ServerAnswer, where: str) -> ServerAnswer | None:

@@ -293,9 +293,31 @@ async def test_a_control_interval_over_300_s_is_ignored(broker):
         await eventually(lambda: runtime.heartbeats and runtime.heartbeats.revision)
         with capture_logs() as logs:
             subject = broker.names.agent_control("ctl-300")
-            await broker.publish_core(subject, b'{"heartbeat_interval_s": 3600}')
+            control = {"Reach-Kind": "control"}  # as the coordinator sends it
+            await broker.publish_core(subject, b'{"heartbeat_interval_s": 3600}', headers=control)
             said = "ignoring a heartbeat interval over 300 s"
             await eventually(lambda: any(e["event"] == said for e in logs))
-            await broker.publish_core(subject, b'{"heartbeat_interval_s": 2.5}')
+            await broker.publish_core(subject, b'{"heartbeat_interval_s": 2.5}', headers=control)
             await eventually(lambda: runtime.heartbeats.interval_s == 2.5)
     assert not any(e.get("interval_s") == 3600 and e["event"] != said for e in logs)
+
+
+async def test_a_control_message_without_headers_is_ignored(broker):
+    """An agent had the server copy a control message of its own with no headers (a direct
+    get's `no_hdr`) to another agent's control subject: it beat every 0.5 s, or could be
+    told to beat every 300 s and look dead (a security re-test). The coordinator's carry a
+    header; one without is nobody's."""
+    agent = Agent("ctl-bare", startup_delay=0, heartbeat_interval=1.0)
+
+    @agent.handler("ctl")
+    async def ctl(ctx: TaskContext, payload: dict) -> dict:
+        return {}
+
+    async with agent.running(broker=broker) as runtime:
+        await eventually(lambda: runtime.heartbeats and runtime.heartbeats.revision)
+        with capture_logs() as logs:
+            subject = broker.names.agent_control("ctl-bare")
+            await broker.publish_core(subject, b'{"heartbeat_interval_s": 0.5}')
+            said = "ignoring a control message without headers"
+            await eventually(lambda: any(e["event"] == said for e in logs))
+    assert runtime.heartbeats.interval_s == 1.0

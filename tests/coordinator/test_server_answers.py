@@ -238,6 +238,21 @@ async def test_a_server_answer_aimed_at_an_outcome_subject_is_one_letter_a_minut
     assert len(watcher.dead_letters) == 1
 
 
+async def test_events_copied_without_headers_are_one_letter_a_minute(broker, coordinator, watcher):
+    """Copies of an event with no headers (a direct get's `no_hdr`) were each dead-lettered:
+    twenty in an agent's name made twenty letters nobody can delete (a security re-test)."""
+    task = envelopes.Task(v=1, message_id="m-2", trace_id="m-2", topic="t")
+    failed = encode(event_for(task, "failed", agent_id="alpha"))
+    target = broker.names.event("failed", "t", "m-2", "m-2", "alpha")
+    with capture_logs() as logs:
+        for _ in range(3):
+            await broker.publish(target, failed)  # stored as the copy is: no headers
+        await eventually(lambda: sum("dropped" in e["event"] for e in logs) >= 2)
+    letter = await watcher.dead_letter("invalid_envelope")
+    assert letter.error is not None and "direct get asks for none (no_hdr)" in letter.error.message
+    assert len(watcher.dead_letters) == 1
+
+
 async def test_a_lease_forged_by_a_direct_get_answer_does_not_stop_the_coordinator_s_duty(
     tmp_path: Path,
 ) -> None:

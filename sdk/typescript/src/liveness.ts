@@ -145,7 +145,7 @@ export class Heartbeats {
   start(): void {
     this.control = this.conn.nc.subscribe(this.conn.names.agentControl(this.agentId), {
       callback: (_err, msg) => {
-        if (sentByServer(msg.data, headersOf(msg)) === null) this.onControl(msg.data); // else nobody's
+        if (sentByServer(msg.data, headersOf(msg), { headed: true }) === null) this.onControl(msg.data); // else nobody's
       },
     });
     this.running = this.run().catch((err: unknown) => {

@@ -249,7 +249,7 @@ class _Stored:
         )
         self.data = msgspec.json.encode(event)
         self.timestamp_ms = stored_ms
-        self.headers = headers or {}
+        self.headers = {"Nats-Msg-Id": "as-sent"} if headers is None else headers
 
 
 def _event(kind: str, attempt: int = 1, agent_id: str = "a-1", **detail: object) -> Event:
@@ -295,6 +295,9 @@ async def test_a_routed_event_stored_as_a_server_s_answer_opens_no_attempt(broke
     unreported = Unreported(broker, UnreportedConfig(grace_s=1.0))
     answer = {"Nats-Stream": "KV_reach_executions", "Nats-Subject": "$KV.reach_executions.x"}
     unreported.fold(_Stored(broker, _event("routed", 1), COORDINATOR, 0, headers=answer))
+    assert unreported.open_count == 0
+    # Asked for no headers (no_hdr), the copy has none: the coordinator's own always have one.
+    unreported.fold(_Stored(broker, _event("routed", 1), COORDINATOR, 0, headers={}))
     assert unreported.open_count == 0
     unreported.fold(_Stored(broker, _event("routed", 1), COORDINATOR, 0))
     assert unreported.open_count == 1

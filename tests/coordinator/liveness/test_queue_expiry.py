@@ -21,7 +21,7 @@ from agentreach.coordinator import CoordinatorConfig, QueueExpiryConfig
 from agentreach.coordinator.liveness.queue_expiry import QueueExpiry
 from agentreach.coordinator.protection.grants import Grants, SecurityConfig
 from agentreach.coordinator.routing.run_once import RunOnce
-from agentreach.envelopes import AgentCard, ErrorInfo, Priority
+from agentreach.envelopes import AgentCard, ErrorInfo, Priority, Task, encode
 from tests.conftest import FAST
 from tests.secured import SecuredDeployment, sealed_deployment
 from tests.support import Watcher, events_settled, eventually, recorded, until_true
@@ -402,3 +402,19 @@ async def test_the_grace_starts_again_when_the_duty_is_taken(broker):
         duty.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await duty
+
+
+async def test_a_queued_copy_without_headers_ends_nobody_s_task(broker, start_coordinator, watcher):
+    """An agent had the server copy, with no headers (a direct get's `no_hdr`), a task of its
+    own making into its queue: alice's message id and box, a ttl of 1 ms. The sweep ended
+    alice's task, still waiting in the intake, as `expired` in the queue of the forger (a
+    security re-test). A dispatch has headers; a copy without is nobody's to end."""
+    subject = broker.names.dispatch("nobody-q", "P2")
+    forged = Task(v=1, message_id="alice-1", trace_id="alice-1", topic="q", caller="alice")
+    honest = Task(v=1, message_id="honest-1", trace_id="honest-1", topic="q")
+    async with start_coordinator(SWEEPING):
+        await broker.publish(subject, encode(msgspec.structs.replace(forged, ttl_ms=1)))
+        stale = msgspec.structs.replace(honest, ttl_ms=1)
+        await broker.publish(subject, encode(stale), headers={"Reach-Kind": "task"})
+        await watcher.dead_letter("expired", message_id="honest-1")  # the sweep went by
+    assert not [d for d in watcher.dead_letters if d.message_id == "alice-1"]
