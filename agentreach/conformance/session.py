@@ -240,7 +240,8 @@ class Session:
 
     async def _on_dead_letter(self, msg: Inbound) -> None:
         with contextlib.suppress(DecodeError):
-            self.dead_letters.append(envelopes.decode_dead_letter(msg.data))
+            letter = envelopes.decode_dead_letter(msg.data, msg.headers, stored=True)
+            self.dead_letters.append(letter)
             async with self._changed:
                 self._changed.notify_all()
 

@@ -25,7 +25,7 @@ from agentreach.envelopes import Task
 from tests.e2e.intent_support import Caller
 from tests.e2e.routing_support import fast, serving, table, worker
 from tests.e2e.test_workflows import workflows
-from tests.support import until_true
+from tests.support import DISPATCHED, until_true
 
 BOUND = 3
 LIMITS = StorageLimits(tasks_per_subject=BOUND)
@@ -84,7 +84,9 @@ async def test_a_reassignment_goes_through_beside_a_full_bare_backlog(
         to_agent="gone-1",
         ttl_ms=60_000,
     )
-    await broker.publish(names.dispatch("gone-1", "P1"), envelopes.encode(queued))
+    await broker.publish(
+        names.dispatch("gone-1", "P1"), envelopes.encode(queued), headers=DISPATCHED
+    )
     assert await reassign_tasks(broker, "gone-1") == 1
     [waiting] = await stored_on(broker, names.coordinator_task("work"))
     assert (waiting.message_id, waiting.attempt, waiting.caller) == ("moved-1", 2, "alice")

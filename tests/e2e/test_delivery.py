@@ -34,7 +34,7 @@ from agentreach.envelopes.headers import task_headers
 from tests.cli.conftest import reach_argv, run
 from tests.conftest import FAST
 from tests.secured import operators_reply_to
-from tests.support import Watcher, recorded, until_true, wait_for_card
+from tests.support import DISPATCHED, Watcher, recorded, until_true, wait_for_card
 
 REPO = Path(__file__).parents[2]
 
@@ -535,7 +535,7 @@ async def _delivered_until_spent(broker, task: envelopes.Task, agent_id: str) ->
         max_deliver=2,
     )
     consumer = await bind(broker, spec)
-    await broker.publish(names.dispatch(agent_id, "P1"), envelopes.encode(task))
+    await broker.publish(names.dispatch(agent_id, "P1"), envelopes.encode(task), headers=DISPATCHED)
     for _ in range(3):  # delivered twice, never acknowledged; the third pull finds it spent
         await consumer.fetch(1, wait_s=1)
 

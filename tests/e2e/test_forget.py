@@ -16,7 +16,7 @@ from agentreach.dashboard.views import Board
 from agentreach.envelopes import AgentCard, BreakerRecord, Heartbeat, Intent, Liveness, now_ms
 from tests.cli.conftest import reach_argv, run
 from tests.conftest import FAST
-from tests.support import eventually, until_true
+from tests.support import DISPATCHED, eventually, until_true
 
 GONE = "retiree"
 
@@ -44,7 +44,9 @@ async def _queue(broker, message_id: str, topic: str) -> None:  # type: ignore[n
     task = envelopes.Task(
         v=1, message_id=message_id, trace_id=message_id, topic=topic, ttl_ms=30_000, to_agent=GONE
     )
-    await broker.publish(broker.names.dispatch(GONE, "P1"), envelopes.encode(task))
+    await broker.publish(
+        broker.names.dispatch(GONE, "P1"), envelopes.encode(task), headers=DISPATCHED
+    )
 
 
 async def _trip(broker) -> None:  # type: ignore[no-untyped-def]

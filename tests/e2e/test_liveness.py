@@ -28,7 +28,7 @@ from agentreach.envelopes import (
     Task,
 )
 from tests.cli.conftest import reach_argv, run
-from tests.support import eventually, wait_for_card
+from tests.support import DISPATCHED, eventually, wait_for_card
 
 REPO = Path(__file__).parents[2]
 INTERVAL = 0.2
@@ -562,7 +562,9 @@ async def test_a_dead_agent_restarted_without_a_transition_has_its_tasks_moved(b
     beat = Heartbeat(agent_id="swift", epoch=2, seq=9, interval_s=INTERVAL)
     await (await broker.kv(names.heartbeats_bucket)).put("swift", msgspec.json.encode(beat))
     task = Task(v=1, message_id="left-1", trace_id="left-1", topic="noop", to_agent="swift")
-    await broker.publish(names.dispatch("swift", "P1"), msgspec.json.encode(task))
+    await broker.publish(
+        names.dispatch("swift", "P1"), msgspec.json.encode(task), headers=DISPATCHED
+    )
     await asyncio.sleep(4 * INTERVAL)  # the last heartbeat grows older than 3 intervals
     async with lively_coordinator(broker), local_agent("spare").running(broker=broker):
         done = await watcher.event("completed", message_id="left-1", timeout=20)

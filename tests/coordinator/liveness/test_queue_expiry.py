@@ -24,7 +24,7 @@ from agentreach.coordinator.routing.run_once import RunOnce
 from agentreach.envelopes import AgentCard, ErrorInfo, Priority, Task, encode
 from tests.conftest import FAST
 from tests.secured import SecuredDeployment, sealed_deployment
-from tests.support import Watcher, events_settled, eventually, recorded, until_true
+from tests.support import DISPATCHED, Watcher, events_settled, eventually, recorded, until_true
 
 # The queues gone over every 0.1 s, with 0.2 s of grace past a task's ttl.
 SWEEPING = msgspec.structs.replace(
@@ -137,7 +137,9 @@ async def _queued(broker, message_id: str, agent_id: str) -> envelopes.Task:  # 
         to_agent=agent_id,
     )
     await emit(broker, event_for(task, "routed", agent_id=agent_id))  # as the router does
-    await broker.publish(broker.names.dispatch(agent_id, "P1"), envelopes.encode(task))
+    await broker.publish(
+        broker.names.dispatch(agent_id, "P1"), envelopes.encode(task), headers=DISPATCHED
+    )
     await asyncio.sleep(0.15)  # the passing of the ttl is what these tests are about
     return task
 
@@ -214,7 +216,9 @@ async def test_a_queue_read_is_read_again_only_when_it_grows_or_comes_due(broker
     more than it did, or its earliest task comes due."""
     names = broker.names
     task = envelopes.Task(v=1, message_id="far-1", trace_id="far-1", topic="hold", ttl_ms=60_000)
-    await broker.publish(names.dispatch("patient-1", "P1"), envelopes.encode(task))
+    await broker.publish(
+        names.dispatch("patient-1", "P1"), envelopes.encode(task), headers=DISPATCHED
+    )
     depths = _Depths({("patient-1", "P1"): 1})
     expiry = QueueExpiry(broker, NO_GRACE, depths)
     assert expiry.due() == [("patient-1", "P1")]
@@ -337,7 +341,9 @@ async def test_a_retry_routed_late_in_its_ttl_that_its_agent_runs_is_not_ended(
     )
     async with start_coordinator(BY_HAND) as coordinator:
         await emit(broker, event_for(task, "routed", agent_id="slow-agent"))
-        await broker.publish(broker.names.dispatch("slow-agent", "P1"), envelopes.encode(task))
+        await broker.publish(
+            broker.names.dispatch("slow-agent", "P1"), envelopes.encode(task), headers=DISPATCHED
+        )
         live = envelopes.now_ms() + 60_000
         await recorded(
             broker, "late-retry-1", "slow-agent", "running", attempt=2, lease_until_ms=live
@@ -366,7 +372,9 @@ async def test_a_task_dispatched_late_says_its_ttl_was_what_was_left(
     )
     async with start_coordinator(BY_HAND) as coordinator:
         await emit(broker, event_for(task, "routed", agent_id="idle-agent"))
-        await broker.publish(broker.names.dispatch("idle-agent", "P1"), envelopes.encode(task))
+        await broker.publish(
+            broker.names.dispatch("idle-agent", "P1"), envelopes.encode(task), headers=DISPATCHED
+        )
         await asyncio.sleep(0.15)  # the passing of the dispatch's ttl is what this is about
         await coordinator.queues.refresh()
         assert await coordinator.queue_expiry.sweep() == 1

@@ -25,7 +25,7 @@ from agentreach.coordinator.observability import MetricsConfig
 from agentreach.coordinator.routing.run_once import RunOnce
 from tests.conftest import FAST
 from tests.scrape import scrape, total
-from tests.support import events_settled, recorded
+from tests.support import DISPATCHED, events_settled, recorded
 
 
 async def _queued(broker, message_id: str, agent_id: str) -> envelopes.Task:  # type: ignore[no-untyped-def]
@@ -33,7 +33,9 @@ async def _queued(broker, message_id: str, agent_id: str) -> envelopes.Task:  # 
     task = envelopes.Task(
         v=1, message_id=message_id, trace_id=message_id, topic="slow", ttl_ms=200, to_agent=agent_id
     )
-    await broker.publish(broker.names.dispatch(agent_id, "P1"), envelopes.encode(task))
+    await broker.publish(
+        broker.names.dispatch(agent_id, "P1"), envelopes.encode(task), headers=DISPATCHED
+    )
     await asyncio.sleep(0.25)  # the passing of the ttl is what these tests are about
     return task
 
@@ -136,7 +138,9 @@ async def test_a_reassigned_task_is_not_counted_as_received_again(
         task = envelopes.Task(
             v=1, message_id="moved-1", trace_id="moved-1", topic="slow", attempt=1, ttl_ms=60_000
         )
-        await broker.publish(broker.names.dispatch("gone-4", "P1"), envelopes.encode(task))
+        await broker.publish(
+            broker.names.dispatch("gone-4", "P1"), envelopes.encode(task), headers=DISPATCHED
+        )
         assert await reassign_tasks(broker, "gone-4") == 1
         await watcher.dead_letter("no_route", message_id="moved-1")  # intake had it: nobody serves
         scraped = await scrape(coordinator.metrics_url)
@@ -151,11 +155,15 @@ async def test_a_reassignment_the_intake_refuses_is_tried_again_until_it_goes_th
     await provision(broker, Topology.default(names, limits=StorageLimits(tasks_per_subject=1)))
     waiting = envelopes.Task(v=1, message_id="in-intake-1", trace_id="in-intake-1", topic="busy")
     # The coordinator's own subject of the topic is full (a mass reassignment, say).
-    await broker.publish(names.coordinator_task("busy"), envelopes.encode(waiting))
+    await broker.publish(
+        names.coordinator_task("busy"), envelopes.encode(waiting), headers=DISPATCHED
+    )
     queued = envelopes.Task(
         v=1, message_id="queued-1", trace_id="queued-1", topic="busy", to_agent="gone-5"
     )
-    await broker.publish(names.dispatch("gone-5", "P1"), envelopes.encode(queued))
+    await broker.publish(
+        names.dispatch("gone-5", "P1"), envelopes.encode(queued), headers=DISPATCHED
+    )
     moves = Moves(broker, RunOnce(broker))
     await moves.move("gone-5", epoch=1)
     assert moves.unmoved == {"gone-5"}
@@ -177,9 +185,10 @@ async def test_a_reassignment_of_an_agent_back_online_is_not_tried_again(broker)
     await broker.publish(
         names.coordinator_task("busy"),
         envelopes.encode(envelopes.Task(v=1, message_id="w-2", trace_id="w-2", topic="busy")),
+        headers=DISPATCHED,
     )
     queued = envelopes.Task(v=1, message_id="q-2", trace_id="q-2", topic="busy", to_agent="back")
-    await broker.publish(names.dispatch("back", "P1"), envelopes.encode(queued))
+    await broker.publish(names.dispatch("back", "P1"), envelopes.encode(queued), headers=DISPATCHED)
     moves = Moves(broker, RunOnce(broker))
     await moves.move("back", epoch=1)
     await moves.retry(lambda agent_id: False)  # it came back: its consumer takes its queue
@@ -195,11 +204,13 @@ async def test_a_reassignment_refused_until_its_ttl_passed_ends_as_expired(broke
     names = broker.names
     await provision(broker, Topology.default(names, limits=StorageLimits(tasks_per_subject=1)))
     full = envelopes.Task(v=1, message_id="f-3", trace_id="f-3", topic="busy")
-    await broker.publish(names.coordinator_task("busy"), envelopes.encode(full))
+    await broker.publish(names.coordinator_task("busy"), envelopes.encode(full), headers=DISPATCHED)
     queued = envelopes.Task(
         v=1, message_id="q-3", trace_id="q-3", topic="busy", to_agent="gone-6", ttl_ms=500
     )
-    await broker.publish(names.dispatch("gone-6", "P1"), envelopes.encode(queued))
+    await broker.publish(
+        names.dispatch("gone-6", "P1"), envelopes.encode(queued), headers=DISPATCHED
+    )
     moves = Moves(broker, RunOnce(broker))
     await moves.move("gone-6", epoch=1)
     assert moves.unmoved == {"gone-6"}
@@ -221,7 +232,9 @@ async def test_a_task_moved_before_its_agent_claimed_it_is_fenced_for_that_agent
     task = envelopes.Task(
         v=1, message_id="moved-2", trace_id="moved-2", topic="slow", ttl_ms=60_000, caller="al"
     )
-    await broker.publish(broker.names.dispatch("gone-5", "P1"), envelopes.encode(task))
+    await broker.publish(
+        broker.names.dispatch("gone-5", "P1"), envelopes.encode(task), headers=DISPATCHED
+    )
     assert await reassign_tasks(broker, "gone-5", epoch=3) == 1
     [record] = await RunOnce(broker).records(task)
     assert (record.agent_id, record.attempt, record.state) == ("gone-5", 1, "failed")
@@ -236,7 +249,9 @@ async def _in_gone_queue(broker, message_id: str, agent_id: str, attempt: int, *
         v=1, message_id=message_id, trace_id=message_id, topic="slow", attempt=attempt,
         ttl_ms=60_000,
     )  # fmt: skip
-    await broker.publish(broker.names.dispatch(agent_id, "P1"), envelopes.encode(task))
+    await broker.publish(
+        broker.names.dispatch(agent_id, "P1"), envelopes.encode(task), headers=DISPATCHED
+    )
     if running:
         now = envelopes.now_ms()
         await recorded(
@@ -372,7 +387,9 @@ async def test_a_task_moved_unrun_still_gets_every_attempt_of_its_topic(
         v=1, message_id="unrun-2", trace_id="unrun-2", topic="hopeless", reply_to=inbox
     )
     async with agent.running(broker=broker):
-        await broker.publish(broker.names.dispatch("gone-10", "P1"), envelopes.encode(task))
+        await broker.publish(
+            broker.names.dispatch("gone-10", "P1"), envelopes.encode(task), headers=DISPATCHED
+        )
         assert await reassign_tasks(broker, "gone-10") == 1
         letter = await watcher.dead_letter("retries_exhausted", message_id="unrun-2", timeout=30)
         ended = await watcher.event("dead_lettered", message_id="unrun-2")
@@ -405,7 +422,7 @@ async def test_a_sweep_stops_once_a_newer_process_of_the_agent_serves_its_queue(
     for n in range(30):
         task = envelopes.Task(v=1, message_id=f"q-{n}", trace_id=f"q-{n}", topic="slow",
                               ttl_ms=60_000, to_agent="gone-9")  # fmt: skip
-        await broker.publish(subject, envelopes.encode(task))
+        await broker.publish(subject, envelopes.encode(task), headers=DISPATCHED)
     looks: list[int] = []
 
     async def started_after_the_first_look(broker, agent_id: str, epoch: int) -> bool:  # type: ignore[no-untyped-def]
