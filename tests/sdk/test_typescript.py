@@ -194,7 +194,8 @@ async def test_a_greeter_fenced_out_by_a_newer_one_exits_1_saying_why(
         control = envelopes.encode(envelopes.AgentControl(heartbeat_interval_s=15))
         async with asyncio.timeout(30):
             while old.returncode is None:
-                await broker.publish_core(broker.names.agent_control("ts-greeter-1"), control)
+                subject = broker.names.agent_control("ts-greeter-1")
+                await broker.publish_core(subject, control, headers={"Reach-Kind": "control"})
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(old.wait(), 1.0)
         assert old.returncode == 1

@@ -22,7 +22,7 @@ import type { StoredEntry } from "../src/keys.js";
 import { Reports } from "../src/reports.js";
 import { newId } from "../src/index.js";
 import type { AgentCard, DeadLetter, Execution, Heartbeat, Liveness, PayloadRef, Reply, Result } from "../src/index.js";
-import { binary, dispatchHeaders, eventsOf, freePort, Gate, kvUntil, provision, routedTo, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
+import { binary, controlHeaders, dispatchHeaders, eventsOf, freePort, Gate, kvUntil, provision, routedTo, send, startServer, startStack, task, terminate, Watcher } from "./harness.js";
 import type { RestartableStack, Stack } from "./harness.js";
 import type { Logger } from "../src/log.js";
 
@@ -1412,11 +1412,12 @@ describe("registration and liveness", () => {
     const beats = await kv("reach_heartbeats");
     await kvUntil<Heartbeat>(beats, id, (b) => b !== null);
     const first = await kvUntil<Heartbeat>(beats, id, (b) => b !== null);
-    stack.nc.publish(`reach.ctl.agent.${id}`, JSON.stringify({ heartbeat_interval_s: 3_600 }));
+    const control = { headers: controlHeaders() }; // as the coordinator sends it: one without is nobody's
+    stack.nc.publish(`reach.ctl.agent.${id}`, JSON.stringify({ heartbeat_interval_s: 3_600 }), control);
     // Ignored (over 300: the coordinator would ignore such beats); adopted, it beats at once with it.
     const next = await kvUntil<Heartbeat>(beats, id, (b) => (b?.seq ?? 0) > first!.seq);
     assert.notEqual(next!.interval_s, 3_600);
-    stack.nc.publish(`reach.ctl.agent.${id}`, JSON.stringify({ heartbeat_interval_s: 0.5 }));
+    stack.nc.publish(`reach.ctl.agent.${id}`, JSON.stringify({ heartbeat_interval_s: 0.5 }), control);
     const beat = await kvUntil<Heartbeat>(beats, id, (b) => b?.interval_s === 0.5);
     assert.equal(beat!.interval_s, 0.5);
   });

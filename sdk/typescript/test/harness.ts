@@ -472,3 +472,10 @@ export function dispatchHeaders(): ReturnType<typeof headers> {
   h.set("Reach-Kind", "task");
   return h;
 }
+
+/** What the coordinator's control message to an agent carries: one without headers is nobody's. */
+export function controlHeaders(): ReturnType<typeof headers> {
+  const h = headers();
+  h.set("Reach-Kind", "control");
+  return h;
+}
