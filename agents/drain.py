@@ -54,15 +54,18 @@ async def drain(tasks: list[asyncio.Task[None]], timeout: float, agent_id: str) 
 
 @contextlib.contextmanager
 def stopped_by_signals(stop: Callable[[], Awaitable[None]], enabled: bool = True) -> Iterator[None]:
-    """While inside: SIGTERM and SIGINT call ``stop`` (once; a second signal is said to be
-    too late, not a cut of the drain). Nothing where the loop takes no signal handlers (a
-    thread other than the main one, Windows), or when not ``enabled``."""
+    """While inside: SIGTERM and SIGINT call ``stop``; a second one ends the process as the
+    signal would have (a stop that cannot finish, its server gone, must not leave a process
+    that ignores Ctrl-C). Nothing where the loop takes no signal handlers (a thread other
+    than the main one, Windows), or when not ``enabled``."""
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Future[None]] = []
 
     def on_signal(sig: signal.Signals) -> None:
         if stopping:
-            log.warning("stopping already: running handlers get their drain", signal=sig.name)
+            log.warning("a second signal while stopping: the process ends now", signal=sig.name)
+            loop.remove_signal_handler(sig)
+            signal.raise_signal(sig)  # its default action: SIGTERM ends, SIGINT interrupts
             return
         log.info("stopping on a signal", signal=sig.name)
         stopping.append(asyncio.ensure_future(stop()))
