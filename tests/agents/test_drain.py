@@ -5,8 +5,10 @@ task expired; `agent.run` now stops on SIGTERM and SIGINT as `reach agent` does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from agentreach.agents import ReachClient
@@ -32,7 +34,12 @@ print("EXITED", flush=True)
 """
 
 
-async def test_sigterm_drains_an_agent_its_own_program_runs(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def own_program(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[ReachClient, asyncio.subprocess.Process]]:
+    """A server, a coordinator, a client, and SCRIPT's agent in a process of its own,
+    registered; the process is killed at the end if it is still there (a failed test)."""
     script = tmp_path / "own.py"
     script.write_text(SCRIPT)
     async with (
@@ -52,20 +59,30 @@ async def test_sigterm_drains_an_agent_its_own_program_runs(tmp_path: Path) -> N
                 stderr=asyncio.subprocess.STDOUT,
             )
             try:
-                assert process.stdout is not None
                 await eventually(lambda: "own-program" in coordinator.directory.cards, timeout=30)
-                invoked = asyncio.create_task(client.invoke("slow", {}, ack_deadline_ms=20_000))
-                said = []
-                while not said or not said[-1].startswith(b"RUNNING"):
-                    said.append(await asyncio.wait_for(process.stdout.readline(), 30))
-                    assert said[-1], said  # not ended before its handler ran
-                process.send_signal(signal.SIGTERM)
-                assert await asyncio.wait_for(invoked, 10) == "finished"
-                out, _ = await asyncio.wait_for(process.communicate(), 30)
-            finally:  # a failed test leaves no agent process behind
+                yield client, process
+            finally:
                 if process.returncode is None:
                     process.kill()
                     await process.wait()
+
+
+async def _running(process: asyncio.subprocess.Process) -> None:
+    """Until the agent says its handler runs."""
+    assert process.stdout is not None
+    said: list[bytes] = []
+    while not said or not said[-1].startswith(b"RUNNING"):
+        said.append(await asyncio.wait_for(process.stdout.readline(), 30))
+        assert said[-1], said  # not ended before its handler ran
+
+
+async def test_sigterm_drains_an_agent_its_own_program_runs(tmp_path: Path) -> None:
+    async with own_program(tmp_path) as (client, process):
+        invoked = asyncio.create_task(client.invoke("slow", {}, ack_deadline_ms=20_000))
+        await _running(process)
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(invoked, 10) == "finished"
+        out, _ = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 0, out
     assert out.decode().rstrip().endswith("EXITED"), out
 
@@ -74,32 +91,11 @@ async def test_a_second_signal_ends_a_stop_that_waits(tmp_path: Path) -> None:
     """A stop waits for its handlers (here one of 60 s, within a drain of 20 s); a second
     SIGTERM ends the process at once, as the signal would have: a stop that cannot finish
     (its server gone) must not leave a process that ignores its signals."""
-    script = tmp_path / "own.py"
-    script.write_text(SCRIPT)
-    async with (
-        EmbeddedServer(port=-1, store_dir=tmp_path / "nats") as server,
-        Broker(server.url, name="coordinator") as own,
-    ):
-        await provision(own, Topology.default(own.names))
-        async with (
-            Coordinator(own, FAST).running() as coordinator,
-            ReachClient(server.url) as client,
-        ):
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, str(script), server.url, stdout=asyncio.subprocess.PIPE
-            )
-            try:
-                assert process.stdout is not None
-                await eventually(lambda: "own-program" in coordinator.directory.cards, timeout=30)
-                await client.publish("slow", {"short": False})
-                line = await asyncio.wait_for(process.stdout.readline(), 30)
-                assert line.startswith(b"RUNNING"), line
-                process.send_signal(signal.SIGTERM)  # the stop begins, and waits for the handler
-                await asyncio.sleep(0.5)  # the first signal taken before the second: no event
-                assert process.returncode is None
-                process.send_signal(signal.SIGTERM)
-                assert await asyncio.wait_for(process.wait(), 10) == -signal.SIGTERM
-            finally:
-                if process.returncode is None:
-                    process.kill()
-                    await process.wait()
+    async with own_program(tmp_path) as (client, process):
+        await client.publish("slow", {"short": False})
+        await _running(process)
+        process.send_signal(signal.SIGTERM)  # the stop begins, and waits for the handler
+        await asyncio.sleep(0.5)  # the first signal taken before the second: no event
+        assert process.returncode is None
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 10) == -signal.SIGTERM
