@@ -161,7 +161,7 @@ export class Connection {
       // permissions allow is the subject-suffixed one, of its own keys only.
       keys = this.js.views
         .kv(bucket, { bindOnly: true, allow_direct: true })
-        .then((kv) => new Keys(kv, this.nc, bucket, this.requestTimeoutMs));
+        .then((kv) => new Keys(kv, this.js, this.nc, bucket, this.requestTimeoutMs));
       keys.catch(() => this.buckets.delete(bucket)); // try again next time
       this.buckets.set(bucket, keys);
     }

@@ -8,8 +8,8 @@
  * agent with such a card exited at start. Read here, such an entry is nobody's record.
  */
 
-import { createInbox, Empty } from "nats";
-import type { KV, Msg, NatsConnection, Subscription } from "nats";
+import { createInbox, Empty, headers } from "nats";
+import type { JetStreamClient, JetStreamPublishOptions, KV, Msg, NatsConnection, Subscription } from "nats";
 
 import { isWrongLastSequence } from "./connection.js";
 import { ReachError } from "./errors.js";
@@ -20,6 +20,8 @@ const STALE_READS = 10; // reads of a key a replica answers from behind a refuse
 const STALE_PAUSE_MS = 100;
 
 const NOT_FOUND = "404";
+// What the server's answer to a direct get adds to a stored message's own headers.
+const ANSWER_HEADERS = new Set([...DIRECT_GET_HEADERS, "Nats-Num-Pending", "Nats-Last-Sequence", "Nats-UpTo-Sequence"]);
 const NO_RESPONDERS = "503";
 
 /** A key's last entry. */
@@ -33,11 +35,21 @@ export interface StoredEntry {
    * ones nats.js cannot decode.
    */
   readonly nobodys: boolean;
+  /**
+   * Whether the stored message had headers of its own. Every party writes its records with
+   * `Reach-Kind: record` (RECORD_HEADERS); a value with none is what the server copies of a
+   * stored message when a direct get asks for no headers (`no_hdr`), to any key.
+   */
+  readonly headed: boolean;
 }
+
+/** What every record written here carries (see StoredEntry.headed). */
+export const RECORD_HEADERS: Readonly<Record<string, string>> = { "Reach-Kind": "record" };
 
 export class Keys {
   constructor(
     private readonly kv: KV,
+    private readonly js: JetStreamClient,
     private readonly nc: NatsConnection,
     readonly bucket: string,
     private readonly timeoutMs: number,
@@ -47,21 +59,26 @@ export class Keys {
   async create(key: string, value: Uint8Array): Promise<number> {
     // Not nats.js's kv.create: on a refusal it reads the key with its own kv.get.
     try {
-      return await this.kv.put(key, value, { previousSeq: 0 });
+      return await this.put(key, value, 0);
     } catch (err) {
       if (!isWrongLastSequence(err)) throw err;
       const entry = await this.last(key);
       if (entry === null || entry.operation === "PUT") throw err;
-      return this.kv.put(key, value, { previousSeq: entry.revision });
+      return this.put(key, value, entry.revision);
     }
   }
 
   update(key: string, value: Uint8Array, revision: number): Promise<number> {
-    return this.kv.update(key, value, revision);
+    return this.put(key, value, revision);
   }
 
-  put(key: string, value: Uint8Array): Promise<number> {
-    return this.kv.put(key, value);
+  /** Write `key` (when it is still at `revision`, if given); nats.js's kv.put sends no headers. */
+  async put(key: string, value: Uint8Array, revision?: number): Promise<number> {
+    const h = headers();
+    for (const [name, said] of Object.entries(RECORD_HEADERS)) h.set(name, said);
+    const options: Partial<JetStreamPublishOptions> = { headers: h };
+    if (revision !== undefined) options.expect = { lastSubjectSequence: revision };
+    return (await this.js.publish(`$KV.${this.bucket}.${key}`, value, options)).seq;
   }
 
   delete(key: string, opts: { previousSeq?: number } = {}): Promise<void> {
@@ -102,6 +119,7 @@ export class Keys {
       operation: operation === "DEL" || operation === "PURGE" ? operation : "PUT",
       value: answer.data,
       nobodys: headersOf(answer) === null || DIRECT_GET_HEADERS.some((name) => (fields.get(name)?.length ?? 0) > 1),
+      headed: [...fields.keys()].some((name) => !ANSWER_HEADERS.has(name)),
     };
   }
 

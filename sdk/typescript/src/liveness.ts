@@ -235,10 +235,13 @@ export class Heartbeats {
     return kv.put(this.agentId, beat);
   }
 
-  /** The epoch of the heartbeat the key holds; 0 when it holds none, or none readable. */
+  /**
+   * The epoch of the heartbeat the key holds; 0 when it holds none, or none readable, or one
+   * without headers (every process's carry some: a no_hdr copy fenced an agent out).
+   */
   private async currentEpoch(kv: Keys): Promise<number> {
     const entry = await kv.last(this.agentId);
-    if (entry === null || entry.operation !== "PUT" || entry.nobodys) return 0;
+    if (entry === null || entry.operation !== "PUT" || entry.nobodys || !entry.headed) return 0;
     try {
       const epoch = (decodeJson(entry.value) as Partial<Heartbeat> | null)?.epoch;
       return Number.isInteger(epoch) ? (epoch as number) : 0;

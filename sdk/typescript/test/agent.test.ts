@@ -84,7 +84,7 @@ async function kv(bucket: string): Promise<KV> {
 
 /** A bucket's keys as the agent reads them (nats.js's own reads die of a bad header block). */
 async function keys(bucket: string): Promise<Keys> {
-  return new Keys(await kv(bucket), stack.nc, bucket, 5_000);
+  return new Keys(await kv(bucket), stack.nc.jetstream(), stack.nc, bucket, 5_000);
 }
 
 before(async () => {
@@ -1356,7 +1356,12 @@ describe("registration and liveness", () => {
     // What a newer process of the id writes when it registers past this one, then beats.
     const newer = { ...card, epoch: card.epoch + 1, pid: 1 };
     await cards.put(id, JSON.stringify(newer));
-    await beats.put(id, JSON.stringify({ v: 1, agent_id: id, epoch: newer.epoch, seq: 1, interval_s: 30 }));
+    const newerBeat = new TextEncoder().encode(JSON.stringify({ v: 1, agent_id: id, epoch: newer.epoch, seq: 1, interval_s: 30 }));
+    // Without headers first: what the server copies of someone's stored message (a direct get's
+    // no_hdr) onto the key. It fenced the agent out; every process's beat carries headers.
+    await beats.put(id, newerBeat);
+    await kvUntil<Heartbeat>(beats, id, (b) => b?.epoch === card.epoch); // beaten over, not obeyed
+    await (await keys("reach_heartbeats")).put(id, newerBeat);
     await assert.rejects(within(running, 10_000, "the fenced agent's stop"), (err: unknown) => {
       assert.ok(err instanceof AgentIdInUse);
       assert.equal(
