@@ -27,10 +27,11 @@ from agentreach.broker.direct import LastValues, last_of_each, last_per_subject
 from agentreach.broker.errors import StreamNotFound, WrongLastSequence, translate
 from agentreach.broker.failover import stream_names
 from agentreach.broker.pipelined import Outgoing
-from agentreach.broker.record_seal import KV_OPERATION, RecordSeal
+from agentreach.broker.record_seal import KV_OPERATION, RECORD_HEADERS, RecordSeal
 from agentreach.broker.streams import StoredMessage, last_message, leader_message
 from agentreach.broker.watch import BucketWatch, Change
 from agentreach.envelopes import DecodeError, decode_as, encode, server_answer
+from agentreach.envelopes.server_answers import NO_HEADERS
 from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
@@ -93,12 +94,20 @@ class Bucket(Generic[T]):
     """Typed access to one KV bucket; values are JSON-encoded records of ``kind``."""
 
     def __init__(
-        self, broker: Broker, kv: KeyValue, kind: type[T], name: str, *, seal: RecordSeal | None
+        self,
+        broker: Broker,
+        kv: KeyValue,
+        kind: type[T],
+        name: str,
+        *,
+        seal: RecordSeal | None,
+        headed: bool = False,
     ) -> None:
         self._broker = broker
         self._kv = kv
         self._kind = kind
         self._seal = seal
+        self._headed = headed  # a value without headers is nobody's (record_seal.RECORD_HEADERS)
         self.name = name
 
     async def get(self, key: str, *, leader: bool = False) -> Entry[T] | None:
@@ -153,7 +162,7 @@ class Bucket(Generic[T]):
     def _headers(self, subject: str, data: bytes, operation: str) -> dict[str, str]:
         if self._seal is not None:
             return self._seal.headers(subject, data, operation)
-        return {} if operation == "PUT" else {KV_OPERATION: operation}
+        return dict(RECORD_HEADERS) if operation == "PUT" else {KV_OPERATION: operation}
 
     async def _deleted_at(self, key: str) -> int:
         """The revision of the key's delete marker, or 0 when the key holds nothing."""
@@ -217,7 +226,7 @@ class Bucket(Generic[T]):
 
     def watch(self) -> BucketWatch:
         """Every key's latest value, then each change (raw bytes; see :class:`BucketWatch`)."""
-        return BucketWatch(self._kv, recover=self._recovered)
+        return BucketWatch(self._kv, recover=self._recovered, headed=self._headed)
 
     async def matching(self, pattern: str) -> dict[str, Entry[T]]:
         """The current values of the keys matching ``pattern`` (``a.*``); deleted keys and
@@ -276,6 +285,8 @@ class Bucket(Generic[T]):
         a request someone aimed at the key or, sealed, anything without a replica's seal."""
         if said := server_answer(stored.data, stored.headers):
             return said
+        if self._headed and not stored.headers:
+            return NO_HEADERS
         if self._seal is None or self._seal.holds(stored.subject, stored.data, stored.headers):
             return None
         return _UNSEALED

@@ -36,7 +36,7 @@ from agentreach.broker.link import Link
 from agentreach.broker.messages import Inbound, InboundHandler, Subscription, core_callback
 from agentreach.broker.names import Names
 from agentreach.broker.pipelined import Outgoing, PipelinedPublisher
-from agentreach.broker.record_seal import RecordSeal
+from agentreach.broker.record_seal import RecordSeal, headed_buckets
 from agentreach.broker.urls import jittered_reconnect, redacted, resolve_url, server_list
 from agentreach.logs import get_logger
 
@@ -130,6 +130,9 @@ class Broker:
         # Buckets whose records this connection seals and checks (the coordinator's own; see
         # :mod:`agentreach.broker.record_seal`), by name.
         self.record_seals: dict[str, RecordSeal] = {}
+        # Buckets whose values without headers are nobody's (record_seal.headed_buckets):
+        # a secured party's; a coordinator adds them with its seal key, whatever its creds.
+        self.headed_buckets: set[str] = set()
 
     async def __aenter__(self) -> Self:
         if self._state is not _State.UNOPENED:
@@ -156,6 +159,8 @@ class Broker:
         if tries:
             log.info("connected to NATS", url=self.shown_url)
         self._nc.options["max_reconnect_attempts"] = -1
+        if self.auth.identity is not None:
+            self.headed_buckets.update(headed_buckets(self.names))
         self.link.client = self._nc
         self._js = self._nc.jetstream(timeout=self.request_timeout)
         return self
@@ -332,7 +337,8 @@ class Broker:
 
     async def bucket(self, name: str, kind: type[T]) -> Bucket[T]:
         """The KV bucket ``name`` holding records of ``kind``."""
-        return Bucket(self, await self.kv(name), kind, name, seal=self.record_seals.get(name))
+        seal, headed = self.record_seals.get(name), name in self.headed_buckets
+        return Bucket(self, await self.kv(name), kind, name, seal=seal, headed=headed)
 
     async def subscribe(
         self, subject: str, handler: InboundHandler | None = None, *, queue: str = ""

@@ -19,9 +19,18 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentreach.broker.names import Names
 
 RECORD_SEAL = "Reach-Record-Seal"
 KV_OPERATION = "KV-Operation"
+# What every value a party writes carries (a delete marker has its KV-Operation). The server
+# copies a stored message to any subject a direct get names as its reply, with no headers
+# when asked for none (`no_hdr`): where the buckets' writers all write headers, a value with
+# none is such a copy (protocol open point 12). See :func:`headed_buckets`.
+RECORD_HEADERS = {"Reach-Kind": "record"}
 SEAL_LENGTH = 32  # hex characters: 128 bits of the HMAC
 
 
@@ -49,3 +58,18 @@ class RecordSeal:
             return False
         operation = (headers or {}).get(KV_OPERATION, "PUT")
         return hmac.compare_digest(given, self.seal(subject, data, operation))
+
+
+def headed_buckets(names: Names) -> frozenset[str]:
+    """The buckets a secured deployment reads no value without headers from: those no seal
+    guards (written by agents, operators and the coordinator), where such a value believed
+    fenced another agent out (heartbeats), lifted a quarantine (liveness), answered someone's
+    review (manual), or widened an agent's own intents (allowances)."""
+    return frozenset(
+        (
+            names.heartbeats_bucket,
+            names.liveness_bucket,
+            names.manual_bucket,
+            f"{names.prefix}_allowances",
+        )
+    )

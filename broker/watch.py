@@ -34,6 +34,7 @@ from agentreach.broker.initial_values import InitialValues
 from agentreach.broker.messages import position_of
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import server_answer
+from agentreach.envelopes.server_answers import NO_HEADERS
 from agentreach.logs import get_logger
 
 log = get_logger("broker.watch")
@@ -81,9 +82,11 @@ class BucketWatch:
         idle_heartbeat_s: float = IDLE_HEARTBEAT_S,
         remade_check_s: float | None = None,
         recover: Recover | None = None,
+        headed: bool = False,
     ) -> None:
         self._kv = kv
         self._recover = recover
+        self._headed = headed  # a value without headers is nobody's (bucket.RECORD_HEADERS)
         self._said: dict[str, float] = {}
         self._idle_heartbeat_s = idle_heartbeat_s
         self._remade_check_s = remade_check_s or REMADE_CHECK_S
@@ -204,6 +207,8 @@ class BucketWatch:
         at a key through its reply subject, a direct get's answer with content of their
         choosing among them): then the last value a writer wrote before it, or nothing."""
         said = server_answer(change.value or b"", change.headers)
+        if said is None and self._headed and not change.headers:
+            said = NO_HEADERS
         if said is None:
             return change
         recovered = await self._recover(change) if self._recover is not None else None

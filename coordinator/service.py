@@ -31,7 +31,7 @@ from agentreach.broker import (
     bind,
     provision,
 )
-from agentreach.broker.record_seal import RecordSeal
+from agentreach.broker.record_seal import RecordSeal, headed_buckets
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import consumers
 from agentreach.coordinator.calls import Calls
@@ -119,6 +119,7 @@ class Coordinator:
             n = broker.names
             sealed = (n.leases_bucket, n.quotas_bucket, n.workflows_bucket)
             broker.record_seals.update(dict.fromkeys(sealed, RecordSeal(grants.key)))
+            broker.headed_buckets.update(headed_buckets(n))
         # Secured (the seal key): only the intents operators allowed an agent are routed to it.
         self.directory.enforce_allowances = grants.enabled
         self.manual = ManualQueue(broker, config.manual)

@@ -16,12 +16,20 @@ from nats.aio.subscription import Subscription
 from agentreach import envelopes
 from agentreach.broker import Broker
 from agentreach.broker.dead_letters import dead_letter
+from agentreach.broker.record_seal import RECORD_HEADERS
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import AgentCard, DeadLetter, Event, Execution, Task, execution_key
 
 # What a message of a party carries at least (a dispatch, a retry): one with no headers at
 # all is taken for a direct get's answer asking for none (no_hdr), and is nobody's.
 DISPATCHED = {"Reach-Kind": "task"}
+
+
+async def put_value(broker: Broker, bucket: str, key: str, data: bytes) -> int:
+    """Write ``data`` at ``key`` as every party writes a record, with its header: a secured
+    reader takes a value with none for a direct get's bare copy. Returns the revision."""
+    ack = await broker.publish(f"$KV.{bucket}.{key}", data, headers=dict(RECORD_HEADERS))
+    return ack.seq
 
 
 class Watcher:

@@ -140,6 +140,11 @@ async def _watched_beats(s: Session, c: Checks, epoch: int, restore_s: float) ->
     c.must(seqs == sorted(set(seqs)), f"seq does not rise: {seqs}")
     c.should(seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"seq rises by 1: {seqs}")
     c.must(all(b.epoch == epoch for b in bodies), "every heartbeat carries the card's epoch")
+    c.must(
+        all(b.headers for b in beats),
+        "every heartbeat written with a header (Reach-Kind: record, §7 since revision 34): a"
+        " value with none is what a direct get's no_hdr copies onto any key",
+    )
     gaps = [later.at - earlier.at for earlier, later in itertools.pairwise(beats)]
     shown = ", ".join(f"{g:.2f}" for g in gaps)
     # Jitter is judged on the agent's own clock where every beat carries it: receive times

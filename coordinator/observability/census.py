@@ -54,7 +54,7 @@ async def _follow(
 ) -> None:
     kv = await broker.kv(bucket)
     seal = broker.record_seals.get(bucket)
-    async with BucketWatch(kv) as watch:
+    async with BucketWatch(kv, headed=bucket in broker.headed_buckets) as watch:
         waiter = asyncio.create_task(_set_when(watch.initial, ready))
         try:
             async for change in watch:

@@ -28,7 +28,7 @@ from agentreach.envelopes import (
     Task,
 )
 from tests.cli.conftest import reach_argv, run
-from tests.support import DISPATCHED, eventually, wait_for_card
+from tests.support import DISPATCHED, eventually, put_value, wait_for_card
 
 REPO = Path(__file__).parents[2]
 INTERVAL = 0.2
@@ -345,8 +345,12 @@ async def test_a_heartbeat_missed_by_the_watch_is_found_by_the_reread(broker):
     from agentreach.envelopes import Heartbeat, encode
 
     monitor = LivenessMonitor(broker, LIVELY.liveness)
-    kv = await broker.kv(broker.names.heartbeats_bucket)
-    await kv.put("unseen", encode(Heartbeat(agent_id="unseen", epoch=3, seq=1, interval_s=1.0)))
+    await put_value(
+        broker,
+        broker.names.heartbeats_bucket,
+        "unseen",
+        encode(Heartbeat(agent_id="unseen", epoch=3, seq=1, interval_s=1.0)),
+    )
     await monitor.reread()
     assert monitor.agents["unseen"].state == "ONLINE"
     assert monitor.agents["unseen"].epoch == 3
@@ -369,8 +373,7 @@ async def test_a_heartbeat_it_cannot_use_counts_as_none(broker, key: str, beat: 
     from agentreach.coordinator.liveness.monitor import LivenessMonitor
 
     monitor = LivenessMonitor(broker, LIVELY.liveness)
-    kv = await broker.kv(broker.names.heartbeats_bucket)
-    await kv.put(key, msgspec.json.encode(beat))
+    await put_value(broker, broker.names.heartbeats_bucket, key, msgspec.json.encode(beat))
     await monitor.reread()
     assert key not in monitor.agents or monitor.agents[key].state != "ONLINE"
 
@@ -382,8 +385,12 @@ async def test_a_heartbeat_the_watch_missed_is_read_again_before_judging(broker)
     from agentreach.envelopes import Heartbeat, encode
 
     monitor = LivenessMonitor(broker, LIVELY.liveness)
-    kv = await broker.kv(broker.names.heartbeats_bucket)
-    await kv.put("quiet", encode(Heartbeat(agent_id="quiet", epoch=1, seq=1, interval_s=1.0)))
+    await put_value(
+        broker,
+        broker.names.heartbeats_bucket,
+        "quiet",
+        encode(Heartbeat(agent_id="quiet", epoch=1, seq=1, interval_s=1.0)),
+    )
     long_ago = time.monotonic() - 10
     for agent_id in ("quiet", "gone"):
         monitor.agents[agent_id] = Tracked(agent_id, 1.0, long_ago, state="ONLINE")
@@ -560,7 +567,7 @@ async def test_a_dead_agent_restarted_without_a_transition_has_its_tasks_moved(b
     card = AgentCard(agent_id="swift", intents={"noop": Intent()}, epoch=2, status="running")
     await (await broker.kv(names.agents_bucket)).put("swift", msgspec.json.encode(card))
     beat = Heartbeat(agent_id="swift", epoch=2, seq=9, interval_s=INTERVAL)
-    await (await broker.kv(names.heartbeats_bucket)).put("swift", msgspec.json.encode(beat))
+    await put_value(broker, names.heartbeats_bucket, "swift", msgspec.json.encode(beat))
     task = Task(v=1, message_id="left-1", trace_id="left-1", topic="noop", to_agent="swift")
     await broker.publish(
         names.dispatch("swift", "P1"), msgspec.json.encode(task), headers=DISPATCHED

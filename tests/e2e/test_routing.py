@@ -23,7 +23,7 @@ from tests.e2e.routing_support import (
     table,
     worker,
 )
-from tests.support import eventually
+from tests.support import eventually, put_value
 
 ROOMY = QueueConfig(capacity={"P1": 5000})  # no watermark may shift a split in these tests
 
@@ -144,17 +144,17 @@ async def test_a_suspect_agent_gets_nothing_and_a_split_shifts_back(
         ReachClient(broker=broker) as client,
     ):
         card = coordinator.directory.cards["a1"]
-        liveness = await broker.kv(broker.names.liveness_bucket)
+        liveness = broker.names.liveness_bucket
         suspect = Liveness(
             agent_id="a1", state="SUSPECT", since_ms=1, reason="unresponsive", epoch=card.epoch
         )
-        await liveness.put("a1", envelopes.encode(suspect))
+        await put_value(broker, liveness, "a1", envelopes.encode(suspect))
         await eventually(lambda: not coordinator.directory.can_take_work(card))
         during = await publish_many(client, "work", 100)
         await all_completed(watcher, during)
         assert counts["a1"] == 0 and counts["b1"] == 100
         online = Liveness(agent_id="a1", state="ONLINE", since_ms=2, epoch=card.epoch)
-        await liveness.put("a1", envelopes.encode(online))
+        await put_value(broker, liveness, "a1", envelopes.encode(online))
         await eventually(lambda: coordinator.directory.can_take_work(card))
         after = await publish_many(client, "work", 100)
         await all_completed(watcher, after)

@@ -1,0 +1,108 @@
+"""Values the NATS server copied, with no headers, into buckets no seal guards (protocol open
+point 12). An agent stored a record of its choosing under a key of its own and aimed a direct
+get asking for no headers (``no_hdr``) at another key: the server wrote the bare body there.
+It fenced another agent out with epoch 999, and widened the agent's own intents. On a secured
+deployment every writer of those buckets writes headers, so a value with none is nobody's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from structlog.testing import capture_logs
+
+from agentreach.agents import Agent, TaskContext
+from agentreach.broker import Broker, Names
+from agentreach.broker.record_seal import RECORD_HEADERS, headed_buckets
+from agentreach.coordinator.routing import allowances
+from agentreach.envelopes import Heartbeat, encode
+from tests.secured import SecuredDeployment, sealed_deployment
+from tests.support import eventually, until_true
+
+NO_HDR = b'{"no_hdr": true}'
+
+
+async def _copy_bare(bad: Broker, content: bytes, target: str) -> None:
+    """Have the server write ``content`` at ``target`` with no headers: stored under a key
+    of ``bad``'s own (an agent's execution record), copied by a direct get."""
+    own = f"$KV.{bad.names.executions_bucket}.x.forged.mallory"
+    await bad.publish(own, content)
+    direct = f"$JS.API.DIRECT.GET.KV_{bad.names.executions_bucket}.{own}"
+    await bad.nc.publish(direct, NO_HDR, reply=target)
+
+
+def _refused(logs: list[dict[str, Any]], stream: str, key: str) -> bool:
+    return any(
+        e["event"].startswith("the NATS server's answer to someone's request was written")
+        and e.get("stream") == stream
+        and e.get("key") == key
+        for e in logs
+    )
+
+
+def _agent(agent_id: str, *topics: str) -> Agent:
+    agent = Agent(agent_id, startup_delay=0, heartbeat_interval=0.3)
+    for topic in topics:
+
+        async def answer(ctx: TaskContext, payload: Any) -> Any:
+            return payload
+
+        agent.handler(topic)(answer)
+    return agent
+
+
+async def test_a_bare_copy_neither_fences_an_agent_out_nor_widens_intents(tmp_path: Path):
+    deployment = SecuredDeployment(tmp_path / "auth")
+    deployment.directory.issue("agent", "bob", intents=("echo",))
+    deployment.directory.issue("agent", "mallory", intents=("echo",))
+    bob, mallory = _agent("bob", "echo"), _agent("mallory", "echo", "secret")
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, coordinator),
+        bob.running(url, auth=deployment.auth("agent", "bob")) as bob_runtime,
+        mallory.running(url, auth=deployment.auth("agent", "mallory")),
+        Broker(url, name="mallory", auth=deployment.auth("agent", "mallory")) as bad,
+    ):
+        names = admin.names
+        await eventually(lambda: {"bob", "mallory"} <= set(coordinator.directory.cards))
+        assert not coordinator.directory.serving("secret")  # not allowed
+        beats = await admin.js.key_value(names.heartbeats_bucket)
+        epoch = (await _beat(beats)).epoch
+
+        with capture_logs() as logs:
+            widened = allowances.Allowance(agent_id="mallory", intents=("echo", "secret"))
+            await _copy_bare(bad, encode(widened), f"$KV.{allowances.bucket_name(names)}.mallory")
+            await eventually(lambda: _refused(logs, f"KV_{names.prefix}_allowances", "mallory"))
+        assert not coordinator.directory.serving("secret")
+
+        fence = Heartbeat(agent_id="bob", epoch=999, seq=1, interval_s=15.0)
+        await _copy_bare(bad, encode(fence), f"$KV.{names.heartbeats_bucket}.bob")
+        forged = await until_true(lambda: _forged_revision(beats), timeout=10, every_s=0.02)
+        await until_true(lambda: _beaten_over(beats, forged, epoch), timeout=10)
+        assert not bob_runtime.replaced.is_set()
+        assert "bob" in {card.agent_id for card in coordinator.directory.serving("echo")}
+
+
+async def _beat(beats: Any) -> Heartbeat:
+    return msgspec.json.decode((await beats.get("bob")).value, type=Heartbeat)
+
+
+async def _forged_revision(beats: Any) -> int | None:
+    entry = await beats.get("bob")
+    return entry.revision if (await _beat(beats)).epoch == 999 else None
+
+
+async def _beaten_over(beats: Any, forged: int, epoch: int) -> bool:
+    entry = await beats.get("bob")
+    return entry.revision > forged and (await _beat(beats)).epoch == epoch
+
+
+def test_the_buckets_no_seal_guards_are_read_headed_by_secured_parties() -> None:
+    names = Names(prefix="acme")
+    assert headed_buckets(names) == {
+        "acme_heartbeats",
+        "acme_liveness",
+        "acme_manual",
+        "acme_allowances",
+    }
+    assert RECORD_HEADERS == {"Reach-Kind": "record"}
