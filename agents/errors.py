@@ -182,7 +182,12 @@ class TaskFailed(InvokeError):
         attempt: int | None = None,
         attempts: int | None = None,
     ) -> None:
-        super().__init__(f"{error.type}: {error.message}", message_id=message_id, trace_id=trace_id)
+        # Its id and ending in the text too: a log line or a traceback was all a user had,
+        # with no id to look the task up by (`reach trace`, `reach dlq show`).
+        said = f"message {message_id}" + (f", {ending}" if ending else "")
+        super().__init__(
+            f"{error.type}: {error.message} ({said})", message_id=message_id, trace_id=trace_id
+        )
         self.error = error
         self.ending = ending
         self.attempt = attempt

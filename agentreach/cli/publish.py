@@ -236,4 +236,4 @@ def how_it_ended(exc: TaskFailed) -> str:
     if not ran:
         said += ", nothing ran"
     more = "reach dlq show" if lettered else "reach trace"
-    return f"{said}: {exc} (`{more} {exc.message_id}`)"
+    return f"{said}: {exc.error.type}: {exc.error.message} (`{more} {exc.message_id}`)"

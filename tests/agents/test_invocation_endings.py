@@ -142,3 +142,11 @@ async def test_a_retry_accepted_late_in_the_ttl_is_waited_for_its_whole_budget()
         with pytest.raises(TaskFailed) as raised:
             await wait_for_result(task, queue, None, None, Ending(_Broker(), _nothing))  # type: ignore[arg-type]
     assert raised.value.ending == "expired" and raised.value.attempt == 2
+
+
+def test_a_failure_names_its_message_and_how_it_ended() -> None:
+    """`str(TaskFailed)` was only "expired: the ttl passed": a log line with no id to look
+    the task up by."""
+    failed = TaskFailed(EXPIRED, **IDS, ending="retries_exhausted", attempt=3)
+    assert str(failed) == "expired: the ttl passed (message wf-1, retries_exhausted)"
+    assert str(Rejected(EXPIRED, **IDS)) == "expired: the ttl passed (message wf-1)"
