@@ -71,12 +71,13 @@ async def write_card(broker: Broker, card: AgentCard) -> Entry[AgentCard]:
     )
 
     there = await cards.last(card.agent_id)
+    # A card none can read (a server's answer a caller aimed at it), or deleted: the entry's
+    # revision is past every epoch written before it, each at a revision of its own. From 1,
+    # the new process lost to a stalled older one, which fenced it off when it woke, and
+    # waited out a crashed one's claims (a lower epoch takes over none).
+    unread = there.revision if there is not None else await cards.deleted_at(card.agent_id) or 1
 
     def next_epoch(previous: AgentCard | None) -> AgentCard:
-        # A card none can read (a server's answer a caller aimed at it): its revision is past
-        # every epoch written before it, each at a revision of its own. From 1, the new
-        # process lost to a stalled older one, which fenced it off when it woke.
-        unread = there.revision if there is not None else 1
         return msgspec.structs.replace(stamped, epoch=previous.epoch + 1 if previous else unread)
 
     try:

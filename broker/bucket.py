@@ -136,7 +136,7 @@ class Bucket(Generic[T]):
         try:
             return await self._publish(key, data, last=0)
         except WrongLastSequence:
-            deleted_at = await self._deleted_at(key)  # a delete marker is a revision too
+            deleted_at = await self.deleted_at(key)  # a delete marker is a revision too
             if not deleted_at:
                 raise
             return await self._publish(key, data, last=deleted_at)
@@ -164,7 +164,7 @@ class Bucket(Generic[T]):
             return self._seal.headers(subject, data, operation)
         return dict(RECORD_HEADERS) if operation == "PUT" else {KV_OPERATION: operation}
 
-    async def _deleted_at(self, key: str) -> int:
+    async def deleted_at(self, key: str) -> int:
         """The revision of the key's delete marker, or 0 when the key holds nothing."""
         stored = await self._read(key)
         return stored.stream_seq if stored is not None and _deleted(stored) else 0

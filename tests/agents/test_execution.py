@@ -365,6 +365,23 @@ async def test_registration_reuses_the_record_and_raises_the_epoch(broker):
     assert sorted(first.intents) == ["blocking", "crash", "overrun", "refuse", "slow_report"]
 
 
+async def test_a_deleted_card_does_not_start_the_epoch_again_at_1(broker):
+    """`reach agents forget` (or `nats kv del`) deletes a card: the next process registered
+    with epoch 1, below the epochs the id had, and waited out a crashed process's claims of a
+    higher epoch instead of taking them over. The delete marker's revision is past them."""
+    kv = await broker.kv(broker.names.agents_bucket)
+    agent = agent_with_handlers()
+    for _ in range(3):
+        async with agent.running(broker=broker):
+            pass
+    had = msgspec.json.decode((await kv.get(agent.agent_id)).value, type=AgentCard).epoch
+    await kv.delete(agent.agent_id)
+    async with agent.running(broker=broker) as runtime:
+        card = msgspec.json.decode((await kv.get(agent.agent_id)).value, type=AgentCard)
+    assert had == 3
+    assert card.epoch > had and runtime.card.epoch == card.epoch
+
+
 async def test_an_agent_whose_server_came_back_empty_registers_again(tmp_path):
     """A server restarted on an empty store (then provisioned again) has no card of an agent
     that rode out the restart; routing knows agents by their cards, so the agent writes its

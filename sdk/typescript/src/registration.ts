@@ -58,7 +58,9 @@ export async function awaitSlot(
 export async function writeCard(conn: Connection, card: AgentCard, log: Logger): Promise<[AgentCard, number]> {
   const kv = await conn.kv(conn.names.agentsBucket);
   const entry = await kv.last(card.agent_id);
-  let epoch = 1;
+  // A delete marker's revision is past every epoch the id had (each written at a revision of
+  // its own): from 1, a restarted process waited out a crashed one's claims of a higher epoch.
+  let epoch = entry?.revision ?? 1;
   let revision: number | null = null;
   if (entry !== null && entry.operation === "PUT") {
     revision = entry.revision;

@@ -1173,6 +1173,23 @@ describe("registration and liveness", () => {
     await again.stop();
   });
 
+  it("takes no epoch back when its card was deleted (reach agents forget, nats kv del)", async () => {
+    // From 1, a restarted process waited out a crashed one's claims of a higher epoch.
+    const id = unique("ts-forgotten");
+    const cards = await kv("reach_agents");
+    for (let i = 0; i < 2; i += 1) {
+      const agent = newAgent(id).handler(unique("forgotten"), () => null);
+      await started(agent);
+      await agent.stop();
+    }
+    assert.equal((await cards.get(id))!.json<AgentCard>().epoch, 2);
+    await cards.delete(id);
+    const again = await started(newAgent(id).handler(unique("forgotten"), () => null));
+    const epoch = (await cards.get(id))!.json<AgentCard>().epoch;
+    assert.ok(epoch > 2 && again.epoch === epoch, `epoch ${epoch}: below the epochs the id had`);
+    await again.stop();
+  });
+
   it("beats and claims past a heartbeat and a claim whose headers nats.js cannot read", async () => {
     // nats.js's kv.get decodes a direct get's headers inside its reader: `Bad Key: x` at the
     // heartbeat key closed the agent's connection on every beat. Such an entry is nobody's.
