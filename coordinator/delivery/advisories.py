@@ -100,7 +100,8 @@ def _never_acknowledged(advisory: MaxDeliveries, agent_id: str | None) -> ErrorI
     times = advisory.deliveries
     message = (
         f"delivered {times} times to agent {agent_id} and never acknowledged: each of its"
-        f" processes that took it died or stalled before finishing (consumer {advisory.consumer})"
+        f" processes that took it died or stalled before finishing, or stopped (a stop hands"
+        f" back what it holds, for a delivery each) (consumer {advisory.consumer})"
         if agent_id
         else f"delivered {times} times to {advisory.consumer} without an acknowledgement"
     )

@@ -463,7 +463,8 @@ async def test_max_deliveries_become_dead_letters(broker, coordinator, watcher):
     assert letter.error is not None and letter.error.type == "max_deliveries"
     assert letter.error.message == (
         "delivered 2 times to agent stuck and never acknowledged: each of its processes that"
-        " took it died or stalled before finishing (consumer agent-stuck-p1)"
+        " took it died or stalled before finishing, or stopped (a stop hands back what it"
+        " holds, for a delivery each) (consumer agent-stuck-p1)"
     )
     assert letter.envelope == task
     info = await broker.js.stream_info(names.dispatch_stream("P1"))
