@@ -285,11 +285,11 @@ class Bucket(Generic[T]):
         a request someone aimed at the key or, sealed, anything without a replica's seal."""
         if said := server_answer(stored.data, stored.headers):
             return said
-        if self._headed and not stored.headers:
-            return NO_HEADERS
-        if self._seal is None or self._seal.holds(stored.subject, stored.data, stored.headers):
-            return None
-        return _UNSEALED
+        if self._seal is not None:
+            return (
+                None if self._seal.holds(stored.subject, stored.data, stored.headers) else _UNSEALED
+            )
+        return NO_HEADERS if self._headed and not stored.headers else None
 
     def _value(self, key: str, stored: StoredMessage) -> T | None:
         """``stored``'s record, None for a delete marker; raises DecodeError naming what it

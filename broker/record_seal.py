@@ -61,14 +61,21 @@ class RecordSeal:
 
 
 def headed_buckets(names: Names) -> frozenset[str]:
-    """The buckets a secured deployment reads no value without headers from: those no seal
-    guards (written by agents, operators and the coordinator), where such a value believed
-    fenced another agent out (heartbeats), lifted a quarantine (liveness), answered someone's
-    review (manual), or widened an agent's own intents (allowances)."""
+    """The buckets a secured deployment reads no value without headers from: all of them
+    (the sealed ones' values carry their seal). Believed, such a value fenced another agent
+    out (heartbeats), took its traffic (a card saying `stopped`), answered for it with
+    another's result (a `done` execution record, read as "ran already"), lifted a quarantine
+    (liveness), answered someone's review (manual), or widened the agent's own intents."""
     return frozenset(
         (
+            names.agents_bucket,
             names.heartbeats_bucket,
             names.liveness_bucket,
+            names.executions_bucket,
+            names.leases_bucket,
+            names.workflows_bucket,
+            names.breakers_bucket,
+            names.quotas_bucket,
             names.manual_bucket,
             f"{names.prefix}_allowances",
         )

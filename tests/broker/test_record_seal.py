@@ -13,7 +13,7 @@ from agentreach.broker import Bucket, Entry
 from agentreach.broker.record_seal import RECORD_SEAL, RecordSeal
 from agentreach.broker.streams import last_message
 from agentreach.envelopes import DecodeError, LeaseRecord, encode
-from tests.support import until_true
+from tests.support import put_value, until_true
 
 KEY = b"k" * 32
 
@@ -104,7 +104,7 @@ async def test_a_forged_delete_marker_is_no_delete(broker, sealed):
 async def test_an_unsealed_bucket_reads_what_anyone_wrote(broker):
     """Without a seal key (an open server, everyone trusted) nothing is sealed or checked."""
     leases = await broker.bucket(broker.names.leases_bucket, LeaseRecord)
-    await broker.publish(f"$KV.{leases.name}.duty", encode(LeaseRecord("anyone", 1)))
+    await put_value(broker, leases.name, "duty", encode(LeaseRecord("anyone", 1)))
     entry = await leases.get("duty")
     assert entry is not None and entry.value == LeaseRecord("anyone", 1)
     stored = await broker.js.get_msg(f"KV_{leases.name}", subject=f"$KV.{leases.name}.duty")

@@ -22,7 +22,7 @@ from agentreach.coordinator import (
 from agentreach.envelopes import AgentCard, Intent
 from agentreach.envelopes.messages import DEFAULT_TTL_MS
 from tests.cli.conftest import reach_argv, run
-from tests.support import DISPATCHED
+from tests.support import DISPATCHED, put_value
 
 
 def counting_agent(agent_id: str, runs: Counter[str]) -> Agent:
@@ -112,9 +112,8 @@ def test_the_intake_ack_wait_is_well_inside_the_default_ttl():
 
 async def test_a_card_written_a_moment_ago_is_found(broker, coordinator, watcher):
     """A miss re-reads the registry before deciding no_route."""
-    kv = await broker.kv(broker.names.agents_bucket)
     card = AgentCard(agent_id="fresh", intents={"fresh_topic": Intent()})
-    await kv.put("fresh", envelopes.encode(card))
+    await put_value(broker, broker.names.agents_bucket, "fresh", envelopes.encode(card))
     async with ReachClient(broker=broker) as client:
         message_id, _ = await client.publish("fresh_topic", {})
     routed = await watcher.event("routed", message_id=message_id)
@@ -125,9 +124,8 @@ async def test_a_card_under_another_agent_s_key_draws_no_task(broker, coordinato
     """An agent may write only its own key, but what it writes there could name another
     agent: such a card is not believed, so the other agent's tasks are not drawn into a
     queue nobody consumes (here: nobody else serves the topic, so `no_route` at once)."""
-    kv = await broker.kv(broker.names.agents_bucket)
     spoof = AgentCard(agent_id="victim", intents={"victim_topic": Intent()})
-    await kv.put("spoofer", envelopes.encode(spoof))
+    await put_value(broker, broker.names.agents_bucket, "spoofer", envelopes.encode(spoof))
     async with ReachClient(broker=broker) as client:
         message_id, _ = await client.publish("victim_topic", {})
     letter = await watcher.dead_letter("no_route", message_id=message_id)

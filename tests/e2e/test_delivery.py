@@ -34,7 +34,7 @@ from agentreach.envelopes.headers import task_headers
 from tests.cli.conftest import reach_argv, run
 from tests.conftest import FAST
 from tests.secured import operators_reply_to
-from tests.support import DISPATCHED, Watcher, recorded, until_true, wait_for_card
+from tests.support import DISPATCHED, Watcher, put_value, recorded, until_true, wait_for_card
 
 REPO = Path(__file__).parents[2]
 
@@ -412,10 +412,8 @@ async def test_a_message_sent_again_while_it_runs_never_runs_on_a_second_agent(
 
 async def test_frozen_agent_is_not_acknowledged_within_the_ack_deadline(broker, coordinator):
     """An agent that is registered but takes nothing: invoke fails at the ack deadline."""
-    kv = await broker.kv(broker.names.agents_bucket)
-    await kv.put(
-        "frozen", envelopes.encode(AgentCard(agent_id="frozen", intents={"ice": Intent()}))
-    )
+    frozen = AgentCard(agent_id="frozen", intents={"ice": Intent()})
+    await put_value(broker, broker.names.agents_bucket, "frozen", envelopes.encode(frozen))
     started = time.monotonic()
     async with ReachClient(broker=broker) as client:
         with pytest.raises(NotAcknowledged, match="within 300 ms"):

@@ -1,8 +1,10 @@
 """Values the NATS server copied, with no headers, into buckets no seal guards (protocol open
 point 12). An agent stored a record of its choosing under a key of its own and aimed a direct
 get asking for no headers (``no_hdr``) at another key: the server wrote the bare body there.
-It fenced another agent out with epoch 999, and widened the agent's own intents. On a secured
-deployment every writer of those buckets writes headers, so a value with none is nobody's."""
+It fenced another agent out with epoch 999, widened the agent's own intents, took another
+agent's traffic (its card saying `stopped`), and answered for another agent with a result of
+its own (a `done` execution record, read as "ran already"). On a secured deployment every
+writer of every bucket writes headers, so a value with none is nobody's."""
 
 from __future__ import annotations
 
@@ -12,11 +14,11 @@ from typing import Any
 import msgspec
 from structlog.testing import capture_logs
 
-from agentreach.agents import Agent, TaskContext
+from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, Names
 from agentreach.broker.record_seal import RECORD_HEADERS, headed_buckets
 from agentreach.coordinator.routing import allowances
-from agentreach.envelopes import Heartbeat, encode
+from agentreach.envelopes import Execution, Heartbeat, encode
 from tests.secured import SecuredDeployment, sealed_deployment
 from tests.support import eventually, until_true
 
@@ -97,12 +99,38 @@ async def _beaten_over(beats: Any, forged: int, epoch: int) -> bool:
     return entry.revision > forged and (await _beat(beats)).epoch == epoch
 
 
-def test_the_buckets_no_seal_guards_are_read_headed_by_secured_parties() -> None:
+async def test_a_bare_copy_neither_answers_for_an_agent_nor_stops_its_card(tmp_path: Path):
+    """A `done` record copied onto bob's key for alice's next message made bob answer her with
+    mallory's result (its handler never ran); bob's card copied as `stopped` sent all its
+    traffic elsewhere, for good."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    deployment.directory.issue("agent", "bob", intents=("echo",))
+    deployment.directory.issue("agent", "mallory", intents=("other",))
+    bob = _agent("bob", "echo")
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, coordinator),
+        bob.running(url, auth=deployment.auth("agent", "bob")),
+        Broker(url, name="mallory", auth=deployment.auth("agent", "mallory")) as bad,
+        ReachClient(url, name="alice", auth=deployment.auth("caller", "alice")) as alice,
+    ):
+        names = admin.names
+        await eventually(lambda: "bob" in coordinator.directory.cards)
+        forged = Execution(message_id="order-1", state="done", agent_id="bob", result="FORGED")
+        await _copy_bare(bad, encode(forged), f"$KV.{names.executions_bucket}.alice.order-1.bob")
+        assert await alice.invoke("echo", {"n": 1}, message_id="order-1") == {"n": 1}
+
+        card = coordinator.directory.cards["bob"]
+        stopped = msgspec.structs.replace(card, status="stopped")
+        with capture_logs() as logs:
+            await _copy_bare(bad, encode(stopped), f"$KV.{names.agents_bucket}.bob")
+            await eventually(lambda: _refused(logs, f"KV_{names.agents_bucket}", "bob"))
+        assert coordinator.directory.cards["bob"].status == "running"
+        assert await alice.invoke("echo", {"n": 2}) == {"n": 2}
+
+
+def test_every_bucket_is_read_headed_by_secured_parties() -> None:
     names = Names(prefix="acme")
-    assert headed_buckets(names) == {
-        "acme_heartbeats",
-        "acme_liveness",
-        "acme_manual",
-        "acme_allowances",
-    }
+    assert {f"acme_{b}" for b in ("agents", "executions", "heartbeats", "allowances")} <= (
+        headed_buckets(names)
+    )
     assert RECORD_HEADERS == {"Reach-Kind": "record"}

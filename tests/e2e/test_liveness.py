@@ -526,9 +526,8 @@ async def test_a_coordinator_restart_does_not_bring_a_dead_agent_back(broker, wa
 async def test_a_registered_agent_that_never_beats_has_its_tasks_taken_elsewhere(broker, watcher):
     """A card with no heartbeat (a process that died between registering and beating) is
     judged like a silent agent: its queued task is reassigned, not kept past its ttl."""
-    kv = await broker.kv(broker.names.agents_bucket)
     phantom = AgentCard(agent_id="phantom", intents={"noop": Intent()})
-    await kv.put("phantom", msgspec.json.encode(phantom))
+    await put_value(broker, broker.names.agents_bucket, "phantom", msgspec.json.encode(phantom))
     config = lively(first_heartbeat_interval_s=INTERVAL)
     async with lively_coordinator(broker, config), ReachClient(broker=broker) as client:
         message_id, _ = await client.publish("noop", {"n": 1})
@@ -565,7 +564,7 @@ async def test_a_dead_agent_restarted_without_a_transition_has_its_tasks_moved(b
         ),
     )
     card = AgentCard(agent_id="swift", intents={"noop": Intent()}, epoch=2, status="running")
-    await (await broker.kv(names.agents_bucket)).put("swift", msgspec.json.encode(card))
+    await put_value(broker, names.agents_bucket, "swift", msgspec.json.encode(card))
     beat = Heartbeat(agent_id="swift", epoch=2, seq=9, interval_s=INTERVAL)
     await put_value(broker, names.heartbeats_bucket, "swift", msgspec.json.encode(beat))
     task = Task(v=1, message_id="left-1", trace_id="left-1", topic="noop", to_agent="swift")

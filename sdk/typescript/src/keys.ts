@@ -114,13 +114,27 @@ export class Keys {
       throw new ReachError(`reading ${key} in ${this.bucket}: the answer's sequence is ${sequence}`);
     }
     const operation = fields.get("KV-Operation")?.at(-1);
+    const headed = [...fields.keys()].some((name) => !ANSWER_HEADERS.has(name));
     return {
       revision,
       operation: operation === "DEL" || operation === "PURGE" ? operation : "PUT",
       value: answer.data,
-      nobodys: headersOf(answer) === null || DIRECT_GET_HEADERS.some((name) => (fields.get(name)?.length ?? 0) > 1),
-      headed: [...fields.keys()].some((name) => !ANSWER_HEADERS.has(name)),
+      nobodys:
+        headersOf(answer) === null ||
+        DIRECT_GET_HEADERS.some((name) => (fields.get(name)?.length ?? 0) > 1) ||
+        (!headed && this.secured()),
+      headed,
     };
+  }
+
+  /**
+   * Whether this connection is a party's on a secured deployment (its creds name it: its
+   * inbox prefix is `_INBOX_<name>`). There every writer writes headers, so a value with none
+   * is a direct get's bare copy (no_hdr): a `done` record answered for this agent with
+   * another's result, a card saying `stopped` took its traffic.
+   */
+  private secured(): boolean {
+    return ((this.nc as { options?: { inboxPrefix?: string } }).options?.inboxPrefix ?? "").startsWith("_INBOX_");
   }
 
   /** A request whose answer is never decoded inside nats.js's reader (its own requests do). */

@@ -914,6 +914,28 @@ describe("ReachClient on a secured server", () => {
       intake.close();
     }
   });
+  it("answers from no record without headers: a direct get's bare copy of someone's done record", async () => {
+    // An agent copied {state: done, result: FORGED} onto another agent's record key with a
+    // direct get asking for no headers (no_hdr): that agent answered with it, its handler idle.
+    const topic = unique("bare");
+    const agentId = unique("ts-bare");
+    let runs = 0;
+    const agent = newAgent(agentId, await stack.creds("agent", agentId)).handler(topic, (_ctx, p) => {
+      runs += 1;
+      return p;
+    });
+    agents.push(agent);
+    await agent.start(stack.url);
+    const client = await ReachClient.connect(stack.url, { logger: quiet, creds: await stack.creds("caller", "payer") });
+    try {
+      const forged = { v: 1, message_id: "bare-1", state: "done", agent_id: agentId, result: "FORGED" };
+      await stack.nc.jetstream().publish(`$KV.reach_executions.payer.bare-1.${agentId}`, JSON.stringify(forged));
+      assert.deepEqual(await client.invoke(topic, { n: 1 }, { messageId: "bare-1" }), { n: 1 });
+      assert.equal(runs, 1);
+    } finally {
+      await client.close();
+    }
+  });
 });
 
 describe("ReachClient when the server does not take the task", () => {
