@@ -27,11 +27,15 @@ from agentreach.broker.direct import LastValues, last_of_each, last_per_subject
 from agentreach.broker.errors import StreamNotFound, WrongLastSequence, translate
 from agentreach.broker.failover import stream_names
 from agentreach.broker.pipelined import Outgoing
-from agentreach.broker.record_seal import KV_OPERATION, RECORD_HEADERS, RecordSeal
+from agentreach.broker.record_seal import (
+    HEADERLESS_VALUE,
+    KV_OPERATION,
+    RECORD_HEADERS,
+    RecordSeal,
+)
 from agentreach.broker.streams import StoredMessage, last_message, leader_message
 from agentreach.broker.watch import BucketWatch, Change
 from agentreach.envelopes import DecodeError, decode_as, encode, server_answer
-from agentreach.envelopes.server_answers import NO_HEADERS
 from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
@@ -289,7 +293,7 @@ class Bucket(Generic[T]):
             return (
                 None if self._seal.holds(stored.subject, stored.data, stored.headers) else _UNSEALED
             )
-        return NO_HEADERS if self._headed and not stored.headers else None
+        return HEADERLESS_VALUE if self._headed and not stored.headers else None
 
     def _value(self, key: str, stored: StoredMessage) -> T | None:
         """``stored``'s record, None for a delete marker; raises DecodeError naming what it

@@ -31,6 +31,12 @@ KV_OPERATION = "KV-Operation"
 # when asked for none (`no_hdr`): where the buckets' writers all write headers, a value with
 # none is such a copy (protocol open point 12). See :func:`headed_buckets`.
 RECORD_HEADERS = {"Reach-Kind": "record"}
+# What such a value is, said where a secured party skips it (an upgrade meets it too).
+HEADERLESS_VALUE = (
+    "a value with no headers: a direct get's bare copy (no_hdr) someone aimed at the key, or"
+    " the write of a client older than protocol revision 34 (an agent's SDK, a script's"
+    " `nats kv put`), which a secured deployment does not read"
+)
 SEAL_LENGTH = 32  # hex characters: 128 bits of the HMAC
 
 

@@ -32,9 +32,9 @@ from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 from agentreach.broker.errors import BrokerError, translated
 from agentreach.broker.initial_values import InitialValues
 from agentreach.broker.messages import position_of
+from agentreach.broker.record_seal import HEADERLESS_VALUE
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import server_answer
-from agentreach.envelopes.server_answers import NO_HEADERS
 from agentreach.logs import get_logger
 
 log = get_logger("broker.watch")
@@ -208,7 +208,7 @@ class BucketWatch:
         choosing among them): then the last value a writer wrote before it, or nothing."""
         said = server_answer(change.value or b"", change.headers)
         if said is None and self._headed and not change.headers:
-            said = NO_HEADERS
+            said = HEADERLESS_VALUE
         if said is None:
             return change
         recovered = await self._recover(change) if self._recover is not None else None
@@ -216,7 +216,9 @@ class BucketWatch:
         if now - self._said.get(change.key, -SAID_EVERY_S) >= SAID_EVERY_S:
             self._said[change.key] = now
             log.warning(
-                "the NATS server's answer to someone's request was written over a key: not"
+                "a value without headers not taken (a secured deployment reads none)"
+                if said is HEADERLESS_VALUE
+                else "the NATS server's answer to someone's request was written over a key: not"
                 " taken for a value",
                 stream=self._kv._stream,
                 key=change.key,
