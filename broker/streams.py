@@ -4,12 +4,15 @@ batched direct gets (:func:`agentreach.broker.direct.messages_on`)."""
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import nats.errors
 import nats.js.errors
+from nats.js.api import RawStreamMsg
 
+from agentreach.broker.client import Client
 from agentreach.broker.errors import translate, translated
 
 if TYPE_CHECKING:
@@ -109,21 +112,32 @@ async def _get(broker: Broker, stream: str, **where: object) -> StoredMessage | 
         raise translate(exc, subject=stream) from exc
     except nats.errors.Error as exc:
         raise translate(exc, subject=stream) from exc
+    direct = bool(where.get("direct"))
     return StoredMessage(
         stream_seq=raw.seq or 0,
         subject=raw.subject or "",
         data=raw.data or b"",
-        headers=_own_headers(raw.headers or {}, direct=bool(where.get("direct"))),
+        headers=_own_headers(raw.headers or {}) if direct else _stored_headers(raw),
         timestamp_ns=int(raw.time.timestamp() * 1e9) if raw.time else 0,
     )
 
 
-def _own_headers(headers: dict[str, str], *, direct: bool) -> dict[str, str]:
+def _own_headers(headers: dict[str, str]) -> dict[str, str]:
     """The message's own headers: a direct get's answer adds the server's after them (a
     stored message holding such headers already is marked ``STORED_ANSWER`` by the client)."""
-    if not direct:
-        return dict(headers)
     return {k: v for k, v in headers.items() if k not in DIRECT_GET_HEADERS}
+
+
+def _stored_headers(raw: RawStreamMsg) -> dict[str, str]:
+    """The headers of a message read by ``STREAM.MSG.GET``, parsed as every other read
+    parses them. nats-py parses that answer's block as an e-mail's, which ends at the first
+    blank line: a party stored a block holding one, had a direct get copy it (the server adds
+    its headers after the stored block) onto its own queue, and the coordinator's read saw
+    none of them — it moved the forgery on as its own task, in another caller's name."""
+    if not raw.hdrs:
+        return {}
+    block = base64.b64decode(raw.hdrs)
+    return Client._parse_header_lines(block.partition(b"\r\n")[2])
 
 
 async def consumer_backlog(broker: Broker, stream: str, durable: str) -> int | None:
