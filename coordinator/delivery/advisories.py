@@ -65,12 +65,19 @@ class Advisories:
         names = self._broker.names
         dispatched = advisory.stream in names.dispatch_streams.values()
         agent_id = names.agent_of_dispatch_subject(stored.subject) if dispatched else None
-        await self._dead_letter(stored, _never_acknowledged(advisory, agent_id))
+        await self._dead_letter(stored, _never_acknowledged(advisory, agent_id), agent_id)
         if advisory.stream != self._broker.names.events_stream:  # events are history: kept
             await delete_message(self._broker, advisory.stream, advisory.stream_seq)
 
-    async def _dead_letter(self, stored: StoredMessage, error: ErrorInfo) -> None:
+    async def _dead_letter(
+        self, stored: StoredMessage, error: ErrorInfo, agent_id: str | None
+    ) -> None:
         task = _task_in(stored.data, stored.headers)
+        if task is not None and agent_id is not None:
+            try:  # a task someone had copied onto the queue is answered from no record
+                self._run_once.vouch(task, agent_id, stored.headers)
+            except DecodeError:
+                task = None
         if task is not None:
             # Every acknowledgement of a run lost (servers failing over): the work is done.
             if isinstance(ran := await self._run_once.verdict(task), RanAlready):

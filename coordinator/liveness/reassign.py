@@ -241,14 +241,13 @@ async def _move(
     broker: Broker, stream: str, stored: StoredMessage, gone: _Gone, run_once: RunOnce
 ) -> Literal["reassigned", "past_ttl", "kept", "unreadable", "exhausted", "ended"] | None:
     """Send the task through intake again as its next attempt, with the ttl it has left.
-
-    Intake, not the router directly: when no agent can take it now it waits there,
-    on the broker, instead of being lost with this call.
-    """
+    Intake, not the router directly: when no agent can take it now it waits there, on the
+    broker, instead of being lost with this call."""
     agent_id, epoch, why, _ = gone
     try:  # a dispatch has headers: one without is a server's answer (no_hdr), nobody's
         refuse_server_answers(stored.data, stored.headers, stored.subject, headed=True)
         task = envelopes.decode_task(stored.data)
+        run_once.vouch(task, agent_id, stored.headers)
     except DecodeError as exc:  # its agent's consumer would have dead-lettered it
         said = f"a dispatch to {agent_id}, which {why}, is no task: {exc}"
         error = ErrorInfo(type="invalid_envelope", message=said, retryable=False)

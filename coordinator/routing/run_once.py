@@ -7,6 +7,7 @@ write, under its own key, a result or a lease for any message)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -15,6 +16,7 @@ import structlog
 from agentreach.broker import Broker, Bucket, Entry
 from agentreach.broker.endings import Sent, difference
 from agentreach.broker.lifecycle import (
+    GRANT_HEADER,
     about,
     agent_event,
     emit,
@@ -28,6 +30,7 @@ from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.envelopes import (
     REASSIGNED,
+    DecodeError,
     ErrorInfo,
     Event,
     Execution,
@@ -93,6 +96,14 @@ class RunOnce:
             else:
                 await self._unsealed(entry)
         return records
+
+    def vouch(self, task: Task, agent_id: str, headers: Mapping[str, str]) -> None:
+        """Raise DecodeError unless ``headers`` carry the grant ``task`` was dispatched to
+        ``agent_id`` with (always holds without a seal key). A task someone had the server
+        copy onto an agent's queue carries none: moved on, it was the coordinator's own
+        task, in another caller's name, answered to a box of the forger's choice."""
+        if not self._grants.holds(headers.get(GRANT_HEADER), task, agent_id):
+            raise DecodeError(f"no grant of the coordinator's for {agent_id} on this dispatch")
 
     async def _unsealed(self, entry: Entry[Execution]) -> None:
         key, record = entry.key, entry.value

@@ -10,7 +10,7 @@ import msgspec
 from agentreach import envelopes
 from agentreach.agents import Agent, TaskContext
 from agentreach.broker import Topology, provision, read_stream
-from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.lifecycle import GRANT_HEADER, emit, event_for
 from agentreach.broker.streams import delete_message, next_message
 from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.delivery.expiry import fence_expiry
@@ -22,6 +22,7 @@ from agentreach.coordinator.liveness.reassign import (
     reassign_tasks,
 )
 from agentreach.coordinator.observability import MetricsConfig
+from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.run_once import RunOnce
 from tests.conftest import FAST
 from tests.scrape import scrape, total
@@ -434,3 +435,27 @@ async def test_a_sweep_stops_once_a_newer_process_of_the_agent_serves_its_queue(
     left = await read_stream(broker, broker.names.dispatch_stream("P1"), subject)
     assert moved == reassign.NEWER_LOOK_EVERY - 1 and len(looks) == 2
     assert len(left) == 30 - moved  # for the newer process to take
+
+
+async def test_a_dispatch_without_the_coordinator_s_grant_is_not_moved_on(broker, watcher):
+    """With a seal key every dispatch carries the coordinator's grant for its agent. A task
+    someone had the server copy onto an agent's queue carries none: moved on, it was the
+    coordinator's own task in another caller's name (caller alice, a reply box of the
+    forger's), answered from alice's record or run as hers. It is dead-lettered instead."""
+    grants = Grants(b"k" * 32)
+    forged = envelopes.Task(
+        v=1, message_id="order-42", trace_id="order-42", topic="echo", caller="alice",
+        attempt=2, reply_to=broker.names.reply_box("mallory", "loot"), to_agent="mallory",
+    )  # fmt: skip
+    granted = msgspec.structs.replace(forged, message_id="granted-1", trace_id="granted-1")
+    queue = broker.names.dispatch("mallory", "P1")
+    await broker.publish(queue, envelopes.encode(forged), headers=DISPATCHED)
+    grant = {GRANT_HEADER: grants.sign(granted, "mallory") or ""}
+    await broker.publish(queue, envelopes.encode(granted), headers={**DISPATCHED, **grant})
+    run_once = RunOnce(broker, grants)
+    assert await reassign_tasks(broker, "mallory", why=FORGOTTEN, run_once=run_once) == 2
+    letter = await watcher.dead_letter("invalid_envelope", topic=envelopes.INVALID_TOPIC)
+    assert letter.error is not None and "no grant of the coordinator's" in letter.error.message
+    moved = await watcher.event("retry_scheduled", message_id="granted-1")
+    assert moved.message_id == "granted-1"
+    assert not [e for e in watcher.events if e.message_id == "order-42"]
