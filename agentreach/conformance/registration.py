@@ -14,6 +14,7 @@ from agentreach import envelopes
 from agentreach.broker import BrokerTimeout, NoResponders, consumer_state
 from agentreach.broker.presence import SERVICE_NAME, ask, probe_inbox
 from agentreach.broker.requests import gather_replies
+from agentreach.broker.streams import last_message
 from agentreach.conformance.report import Checks, Failed
 from agentreach.conformance.session import Session
 from agentreach.envelopes import PRIORITIES, AgentCard, AgentControl, DecodeError, Heartbeat
@@ -37,6 +38,13 @@ async def card(s: Session, c: Checks) -> str:
     c.must(found.status == "running", f"card status is {found.status!r}, not 'running'")
     c.must(found.epoch >= 1, f"card epoch is {found.epoch}")
     c.must(s.topic in found.intents, f"card does not list the topic {s.topic!r}")
+    bucket = s.names.agents_bucket
+    stored = await last_message(s.broker, f"KV_{bucket}", f"$KV.{bucket}.{s.agent_id}")
+    c.must(
+        stored is not None and bool(stored.headers),
+        "the card written with a header (Reach-Kind: record, §5 since revision 34): a value"
+        " with none is what a direct get's no_hdr copies onto any key",
+    )
     for topic, intent in found.intents.items():
         c.must(intent.capacity >= 1, f"intent {topic!r} has capacity {intent.capacity}")
     c.should(bool(found.host) and found.pid > 0, "host and pid describe the process")
