@@ -228,9 +228,11 @@ class Bucket(Generic[T]):
             return Swap(True, Entry(key, new, revision))
         raise Contended(f"{self.name}/{key} changed under us {tries} times in a row")
 
-    def watch(self) -> BucketWatch:
-        """Every key's latest value, then each change (raw bytes; see :class:`BucketWatch`)."""
-        return BucketWatch(self._kv, recover=self._recovered, headed=self._headed)
+    def watch(self, *, repair: bool = False) -> BucketWatch:
+        """Every key's latest value, then each change (raw bytes; see :class:`BucketWatch`).
+        ``repair``: what the server wrote over a key is written over with the value before."""
+        write = self._publish if repair else None
+        return BucketWatch(self._kv, recover=self._recovered, headed=self._headed, repair=write)
 
     async def matching(self, pattern: str) -> dict[str, Entry[T]]:
         """The current values of the keys matching ``pattern`` (``a.*``); deleted keys and

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Self
 
@@ -61,6 +61,8 @@ _INITIAL_DONE = object()  # in the queue only: the values present at the start a
 # What a watch takes instead of a value the server wrote over a key: the last one a writer
 # of the bucket wrote before it, as a change (None: none the bucket keeps).
 Recover = Callable[[Change], Awaitable["Change | None"]]
+# Writes a key again (data, the revision it must still be at, PUT or DEL): Bucket._publish.
+Repair = Callable[..., Awaitable[int]]
 SAID_EVERY_S = 60.0  # a key overwritten again and again is said once a minute
 
 
@@ -83,9 +85,12 @@ class BucketWatch:
         remade_check_s: float | None = None,
         recover: Recover | None = None,
         headed: bool = False,
+        repair: Repair | None = None,
     ) -> None:
         self._kv = kv
         self._recover = recover
+        self._repair = repair
+        self._good: dict[str, Change] = {}  # with repair: each key's last value taken
         self._headed = headed  # a value without headers is nobody's (bucket.RECORD_HEADERS)
         self._said: dict[str, float] = {}
         self._idle_heartbeat_s = idle_heartbeat_s
@@ -210,8 +215,15 @@ class BucketWatch:
         if said is None and self._headed and not change.headers:
             said = HEADERLESS_VALUE
         if said is None:
+            if self._repair is not None:  # what to write back when copies outnumber history
+                self._good[change.key] = change
             return change
         recovered = await self._recover(change) if self._recover is not None else None
+        if self._repair is not None:
+            known = self._good.get(change.key)
+            recovered = recovered or (known and replace(known, revision=change.revision))
+            if recovered is not None:
+                await _write_back(self._repair, recovered)
         now = time.monotonic()
         if now - self._said.get(change.key, -SAID_EVERY_S) >= SAID_EVERY_S:
             self._said[change.key] = now
@@ -251,3 +263,15 @@ async def snapshot(kv: KeyValue) -> list[Change]:
     async with BucketWatch(kv) as watch:
         with translated():
             return await watch.snapshot()
+
+
+async def _write_back(repair: Repair, recovered: Change) -> None:
+    """Write ``recovered`` over the copy at its revision: enough copies pushed the real
+    value out of the key's history (5 revisions kept), and a replica that started later
+    found none (an agent's allowance, a waiting review: a security re-test)."""
+    operation = "PUT" if recovered.value is not None else "DEL"
+    try:
+        data, last = recovered.value or b"", recovered.revision
+        await repair(recovered.key, data, last=last, operation=operation)
+    except BrokerError as exc:  # written since (another replica's repair), or no room
+        log.debug("a copied value not written over", key=recovered.key, error=str(exc))

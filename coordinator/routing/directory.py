@@ -137,7 +137,7 @@ class AgentDirectory:
         names = self._broker.names
         await provision(self._broker, allowances.topology(names))
         bucket = await self._broker.bucket(allowances.bucket_name(names), Allowance)
-        async with bucket.watch() as watch:
+        async with bucket.watch(repair=True) as watch:
             # Every allowance is known before the first card is judged: a card judged
             # without its allowance would raise a false alert at each start.
             for change in await watch.snapshot():

@@ -116,7 +116,7 @@ class ManualQueue:
         bucket = await self._bucket()
         self._deadlines.clear()
         self._announced.clear()
-        async with bucket.watch() as watch, asyncio.TaskGroup() as group:
+        async with bucket.watch(repair=True) as watch, asyncio.TaskGroup() as group:
             group.create_task(self._expire_due(bucket))
             async for change in watch:
                 honour_cancellation()

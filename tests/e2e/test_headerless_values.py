@@ -17,6 +17,7 @@ from structlog.testing import capture_logs
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, Names
 from agentreach.broker.record_seal import RECORD_HEADERS, headed_buckets
+from agentreach.broker.streams import last_message
 from agentreach.coordinator.routing import allowances
 from agentreach.envelopes import Execution, Heartbeat, encode
 from tests.secured import SecuredDeployment, sealed_deployment
@@ -134,3 +135,33 @@ def test_every_bucket_is_read_headed_by_secured_parties() -> None:
         headed_buckets(names)
     )
     assert RECORD_HEADERS == {"Reach-Kind": "record"}
+
+
+async def test_copies_outnumbering_the_history_do_not_erase_an_allowance(tmp_path: Path):
+    """More copies than the bucket keeps revisions of a key (5) pushed bob's allowance out:
+    the running coordinator went on with what it knew, but one started later found none and
+    routed bob nothing until `reach auth push`. The coordinator writes it back over them."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    deployment.directory.issue("agent", "bob", intents=("echo",))
+    deployment.directory.issue("agent", "mallory", intents=("other",))
+    async with (
+        sealed_deployment(deployment, tmp_path / "server") as (url, admin, coordinator),
+        Broker(url, name="mallory", auth=deployment.auth("agent", "mallory")) as bad,
+    ):
+        name = allowances.bucket_name(admin.names)
+        bucket = await admin.bucket(name, allowances.Allowance)
+        held = await bucket.get("bob")
+        before, revision = held.value, held.revision
+        await eventually(lambda: coordinator.directory.enforce_allowances)
+        nothing = allowances.Allowance(agent_id="bob", intents=())
+        for _ in range(7):
+            await _copy_bare(bad, encode(nothing), f"$KV.{name}.bob")
+
+        async def written_back() -> bool:
+            stored = await last_message(admin, f"KV_{name}", f"$KV.{name}.bob")
+            if stored is None or stored.stream_seq <= revision + 7:  # not all copies in yet
+                return False
+            return bool(stored.headers) and b"echo" in stored.data
+
+        await until_true(written_back)
+        assert (await bucket.get("bob")).value == before  # as a replica started now reads it

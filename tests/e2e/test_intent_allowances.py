@@ -181,7 +181,8 @@ async def test_an_agent_cannot_write_its_own_allowance(tmp_path):
 async def test_a_server_answer_aimed_at_an_allowance_takes_nothing_away(tmp_path):
     """evil had the server write its answer over summarizer-1's allowance (a reply subject
     is checked against no permission): summarizer-1 was refused everything until the next
-    push. The coordinator keeps the last allowance it read, and says so."""
+    push. The coordinator keeps the last allowance it read, says so, and writes it back over
+    the answer (a replica started later reads it then)."""
     async with secured_fleet(tmp_path) as fleet:
         key = f"$KV.{bucket_name(fleet.admin.names)}.{HONEST}"
         auth = fleet.deployment.auth("agent", EVIL)
@@ -191,7 +192,7 @@ async def test_a_server_answer_aimed_at_an_allowance_takes_nothing_away(tmp_path
                 await raw.nc.flush()
             await eventually(lambda: any("not taken for a value" in e["event"] for e in logs))
         kv = await fleet.admin.js.key_value(bucket_name(fleet.admin.names))
-        assert b"io.nats.jetstream.api" in ((await kv.get(HONEST)).value or b"")
+        await until_true(lambda: _written_back(kv, HONEST))
         assert HONEST not in fleet.coordinator.directory.refused
         assert await _invoke_all(fleet, "summarize", 2) == [{"by": HONEST}] * 2
 
@@ -202,10 +203,12 @@ async def test_an_allowance_overwritten_before_a_coordinator_starts_is_the_last_
     async with secured_fleet(tmp_path) as fleet:
         key = f"$KV.{bucket_name(fleet.admin.names)}.{HONEST}"
         auth = fleet.deployment.auth("agent", EVIL)
+        kv = await fleet.admin.js.key_value(bucket_name(fleet.admin.names))
+        before = (await kv.get(HONEST)).revision
         async with Broker(fleet.url, name="evil-raw", auth=auth) as raw:
             await raw.nc.publish("$JS.API.STREAM.NAMES", b"", reply=key)
-        kv = await fleet.admin.js.key_value(bucket_name(fleet.admin.names))
-        await until_true(lambda: _overwritten(kv, HONEST))
+        # Stored (the running replica may have written the allowance back over it since).
+        await until_true(lambda: _written_after(kv, HONEST, before))
         sealed = SecurityConfig(seal_key_file=fleet.deployment.seal_key_file)
         config = msgspec.structs.replace(FAST, security=sealed)
         async with (
@@ -218,8 +221,12 @@ async def test_an_allowance_overwritten_before_a_coordinator_starts_is_the_last_
             assert "summarize" in card.intents
 
 
-async def _overwritten(kv, key: str) -> bool:  # type: ignore[no-untyped-def]
-    return b"io.nats.jetstream.api" in ((await kv.get(key)).value or b"")
+async def _written_back(kv, key: str) -> bool:  # type: ignore[no-untyped-def]
+    return json.loads((await kv.get(key)).value or b"{}").get("intents") == ["summarize"]
+
+
+async def _written_after(kv, key: str, revision: int) -> bool:  # type: ignore[no-untyped-def]
+    return (await kv.get(key)).revision > revision
 
 
 async def test_a_server_answer_aimed_at_a_card_or_a_priority_takes_nothing_away(tmp_path):
