@@ -16,9 +16,15 @@ from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.streams import StoredMessage, delete_message, get_message
+from agentreach.coordinator.delivery.advisory_checks import unfounded
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.protection.grants import Grants
-from agentreach.coordinator.routing.run_once import RanAlready, RunOnce, answer_from_record
+from agentreach.coordinator.routing.run_once import (
+    RanAlready,
+    Running,
+    RunOnce,
+    answer_from_record,
+)
 from agentreach.envelopes import (
     INVALID_TOPIC,
     DecodeError,
@@ -62,16 +68,21 @@ class Advisories:
         stored = await get_message(self._broker, advisory.stream, advisory.stream_seq)
         if stored is None:
             return  # acknowledged or removed since: nothing was lost
+        if why := await unfounded(self._broker, msg.subject, advisory, stored):
+            log.warning("max-deliveries advisory not acted on", subject=msg.subject, why=why)
+            return
         names = self._broker.names
         dispatched = advisory.stream in names.dispatch_streams.values()
         agent_id = names.agent_of_dispatch_subject(stored.subject) if dispatched else None
-        await self._dead_letter(stored, _never_acknowledged(advisory, agent_id), agent_id)
+        if not await self._dead_letter(stored, _never_acknowledged(advisory, agent_id), agent_id):
+            return
         if advisory.stream != self._broker.names.events_stream:  # events are history: kept
             await delete_message(self._broker, advisory.stream, advisory.stream_seq)
 
     async def _dead_letter(
         self, stored: StoredMessage, error: ErrorInfo, agent_id: str | None
-    ) -> None:
+    ) -> bool:
+        """Whether ``stored`` was ended (its task answered, or it dead-lettered)."""
         task = _task_in(stored.data, stored.headers)
         if task is not None and agent_id is not None:
             try:  # a task someone had copied onto the queue is answered from no record
@@ -79,13 +90,17 @@ class Advisories:
             except DecodeError:
                 task = None
         if task is not None:
+            ran = await self._run_once.verdict(task)
+            if isinstance(ran, Running):  # its run goes on: not given up on (whatever said so)
+                log.warning("max deliveries said of a task that runs", message_id=task.message_id)
+                return False
             # Every acknowledgement of a run lost (servers failing over): the work is done.
-            if isinstance(ran := await self._run_once.verdict(task), RanAlready):
+            if isinstance(ran, RanAlready):
                 await answer_from_record(self._broker, task, ran.record)
-                return
+                return True
             log.warning("max deliveries reached", message_id=task.message_id, error=error.message)
             await end_with_error(self._broker, task, "retries_exhausted", error)
-            return
+            return True
         claimed = stored.headers.get("Nats-Msg-Id")
         message_id = claimed if is_token(claimed) else None
         message_id = message_id or stable_id(stored.timestamp_ns, stored.subject, stored.stream_seq)
@@ -99,6 +114,7 @@ class Advisories:
             raw=stored.data,
             headers={**stored.headers, "Reach-Subject": stored.subject},
         )
+        return True
 
 
 def _never_acknowledged(advisory: MaxDeliveries, agent_id: str | None) -> ErrorInfo:
