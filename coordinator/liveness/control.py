@@ -67,6 +67,11 @@ class LivenessControl:
         """Every replica hears it; the one judging liveness (holding its lease) answers."""
         if not self._monitor.active:
             return
+        if not msg.answerable:
+            # `reach agents clear` asks; a direct get's no_hdr copy of an agent's own id (its
+            # quarantine lifted "by an operator") has nowhere to be answered.
+            log.warning("a clear that is no request ignored", data=msg.data[:100])
+            return
         agent_id = msg.data.decode(errors="replace")
         await msg.respond((await self._monitor.clear(agent_id)).encode())
 

@@ -325,6 +325,13 @@ async def test_a_direct_get_answer_aimed_at_the_clear_subject_clears_no_quaranti
     with capture_logs() as logs:
         await broker.nc.publish(f"$JS.API.DIRECT.GET.{stream}.{own}", b"", reply=broker.names.clear)
         await eventually(lambda: _dropped_at(logs, broker.names.clear))
+        # Asked for no headers, the copy is the bare id: no request, answered nowhere.
+        direct = f"$JS.API.DIRECT.GET.{stream}.{own}"
+        await broker.nc.publish(direct, b'{"no_hdr": true}', reply=broker.names.clear)
+        await eventually(
+            lambda: any(e["event"] == "a clear that is no request ignored" for e in logs)
+        )
+    assert not any("cleared" in str(e.get("reason", "")) for e in logs)
 
 
 def _dropped_at(logs: list[dict[str, Any]], subject: str) -> bool:
