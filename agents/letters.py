@@ -23,6 +23,7 @@ from agentreach.broker import Broker
 from agentreach.broker.dead_letters import SETTLING, record_settling
 from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.errors import NoResponders
+from agentreach.broker.names import COORDINATOR, OPERATOR
 from agentreach.broker.streams import StoredMessage, last_message
 from agentreach.envelopes import (
     DeadLetter,
@@ -70,8 +71,9 @@ async def settling_of(broker: Broker, letter: DeadLetter) -> list[Event]:
     last of them is its state), from ``REACH_SETTLED``, which keeps them as long as the
     letter; from ``REACH_EVENTS`` (a week) for a letter settled before that stream was
     there. Reads by subject, which the server finds from its subject index however long the
-    stream, and which a worker's permissions grant alone. An event without ``by`` (a
-    ``replayed`` one recorded before they had it) gets its sender's token."""
+    stream, and which a worker's permissions grant alone. ``by`` is its sender's token but
+    for an operator's and the coordinator's, which name a person or say why: a worker named
+    another as ``by``, whose own replay then believed it had been made, and was not."""
     names = broker.names
     kept = await _last_settling(
         broker, names.settled_stream, names.settled_of_message_of_kind, letter
@@ -81,9 +83,9 @@ async def settling_of(broker: Broker, letter: DeadLetter) -> list[Event]:
     )
     events = []
     for message, event in sorted(found, key=lambda pair: pair[0].stream_seq):
-        if "by" not in event.detail:
-            detail = {**event.detail, "by": names.sender_of(message.subject)}
-            event = msgspec.structs.replace(event, detail=detail)
+        sender = names.sender_of(message.subject)
+        if sender not in (OPERATOR, COORDINATOR) or "by" not in event.detail:
+            event = msgspec.structs.replace(event, detail={**event.detail, "by": sender})
         events.append(event)
     return settling_of_letter(events, letter)
 

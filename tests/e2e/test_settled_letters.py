@@ -12,7 +12,7 @@ from agentreach import LetterSettled
 from agentreach.agents import Agent, Compensation, CompensationWorker, TaskContext
 from agentreach.agents.letters import SETTLING, letter_state, replay, resolve, settling_of
 from agentreach.broker import consumer_state, read_stream
-from agentreach.broker.dead_letters import dead_letter
+from agentreach.broker.dead_letters import dead_letter, record_settling
 from agentreach.broker.streams import last_message
 from agentreach.dashboard import Board, History
 from agentreach.envelopes import DeadLetter, Task, decode_task, replay_id, server_answer
@@ -305,3 +305,19 @@ async def test_a_handler_that_raised_after_its_replay_is_called_again_and_replay
     assert replays == [replays[0]] * 2
     assert runs == [f"chores {replays[0]}"]
     assert watcher.count("replayed") == 1
+
+
+async def test_a_worker_cannot_settle_a_letter_in_another_worker_s_name(broker):
+    """A worker recorded `replayed` with `by` naming another worker and that worker's own
+    replay id: that worker's replay then believed it had been made, sent nothing, and the
+    task never ran, the dashboard crediting it. `by` is the sender's own token (an
+    operator's and the coordinator's name a person or a reason)."""
+    letter = await _letter(broker, "not-mine")
+    carol_s = replay_id(letter.at_ms, None, letter.message_id, letter.replays)
+    await record_settling(
+        broker, letter, "replayed", sender="mallory", by="carol", replayed_as=carol_s
+    )
+    [settled] = await settling_of(broker, letter)
+    assert settled.detail["by"] == "mallory"
+    with pytest.raises(LetterSettled):
+        await replay(broker, letter, sender="carol")
