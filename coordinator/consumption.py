@@ -9,7 +9,7 @@ message to come back a second later; a stream or bucket that has gone is provisi
 again. A message whose handling keeps crashing (a bug, or an input nobody foresaw) is
 dead-lettered as ``poison`` after a few tries, so it never loops forever (a task's
 sender is answered, and finds the letter in its trace); every consumer also has a
-delivery limit whose advisory ends in the dead-letter stream.
+delivery limit, at whose last delivery a message wanted back is ended here.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Consumption:
         (a rate limit's wait, a leader election) holds up no other. ``task_of``: the task a
         message holds, whose sender a poison message's end is told."""
         in_hand: set[asyncio.Task[None]] = set()
-        keep_alive_s = consumer.spec.ack_wait_s / 2
+        keep_alive_s, last = consumer.spec.ack_wait_s / 2, consumer.spec.max_deliver
         try:
             while True:
                 honour_cancellation()
@@ -78,7 +78,7 @@ class Consumption:
                     continue
                 for delivery in await consumer.next_batch(batch - len(in_hand)):
                     settling = asyncio.create_task(
-                        self.settle(delivery, handle, keep_alive_s, task_of)
+                        self.settle(delivery, handle, keep_alive_s, task_of, last_delivery=last)
                     )
                     in_hand.add(settling)
                     settling.add_done_callback(in_hand.discard)
@@ -111,10 +111,16 @@ class Consumption:
         handle: Handler,
         keep_alive_s: float | None = None,
         task_of: TaskOf | None = None,
+        *,
+        last_delivery: int = -1,
     ) -> None:
         """Handle ``delivery`` and settle it; while a handling outlasts ``keep_alive_s`` the
         message is said to be in progress, so that the ack wait can be short: a replica that
-        dies holding a message gives it up after the ack wait, not after the task's ttl."""
+        dies holding a message gives it up after the ack wait, not after the task's ttl.
+        At the consumer's ``last_delivery`` a message wanted back is ended here: the server
+        would deliver it no more. (Its max-deliveries advisory said so before; one copied
+        from an agent's own JSON cannot be told from it, and ended other callers' waiting
+        tasks and deleted workflow timers: a security re-test.)"""
         try:
             if keep_alive_s is None:
                 retry_in_s = await handle(delivery)
@@ -135,6 +141,12 @@ class Consumption:
             await self._crashed(delivery, exc, task_of)
             return
         self._recovered()
+        if retry_in_s is not None and 0 < last_delivery <= delivery.num_delivered:
+            at = delivery.position
+            said = f"delivered {at.delivered} times to {at.consumer} without an acknowledgement"
+            error = ErrorInfo(type="max_deliveries", message=said, retryable=False)
+            await self._ended(delivery, "retries_exhausted", error, task_of)
+            return
         with contextlib.suppress(BrokerError):  # unsettled, it comes back after the ack wait
             if retry_in_s is None:
                 await delivery.ack()
@@ -182,15 +194,23 @@ class Consumption:
         log.error("handling keeps crashing; dead-lettered as poison", subject=delivery.subject)
         message = f"handling failed {crashes} times: {type(exc).__name__}: {exc}"
         error = ErrorInfo(type="poison", message=message[:1000], retryable=False)
+        await self._ended(delivery, "poison", error, task_of)
+
+    async def _ended(
+        self, delivery: Delivery, reason: str, error: ErrorInfo, task_of: TaskOf | None
+    ) -> None:
+        """End the message as ``reason``: its task's sender told, or dead-lettered as is."""
         try:
             if (task := _task_in(delivery, task_of)) is not None:
-                await end_with_error(self._broker, task, "poison", error)
+                await end_with_error(self._broker, task, reason, error)
             else:
                 await dead_letter_delivery(
-                    self._broker, delivery, reason="poison", error=error, topic=_topic_of(delivery)
+                    self._broker, delivery, reason=reason, error=error, topic=_topic_of(delivery)
                 )
         except BrokerError as failed:
-            await _later(delivery, RETRY_DELAY_S, "poison not dead-lettered yet", error=str(failed))
+            await _later(
+                delivery, RETRY_DELAY_S, f"{reason} not dead-lettered yet", error=str(failed)
+            )
             return
         with contextlib.suppress(BrokerError):
             await delivery.ack()  # dealt with: it is in the dead-letter stream now

@@ -49,8 +49,9 @@ class MaxDeliveries(msgspec.Struct, frozen=True):
 
 
 class Advisories:
-    """Turns max-deliveries advisories into ``retries_exhausted`` dead letters: a dispatched
-    task no agent acknowledged, or a message the coordinator itself never got through."""
+    """Turns max-deliveries advisories of the agents' consumers into ``retries_exhausted``
+    dead letters: a dispatched task no agent acknowledged. (The coordinator's own consumers
+    end a message at its last delivery themselves: :meth:`Consumption.settle`.)"""
 
     def __init__(self, broker: Broker, grants: Grants | None = None) -> None:
         self._broker = broker
@@ -65,19 +66,21 @@ class Advisories:
         except DecodeError as exc:
             log.error("unreadable advisory", subject=msg.subject, error=str(exc))
             return
+        if advisory.stream not in self._broker.names.dispatch_streams.values():
+            # The coordinator's own consumers end a message at its last delivery themselves
+            # (see Consumption.settle); a copy of an agent's JSON said so of a waiting task.
+            log.info("an advisory about no agent's queue: not acted on", subject=msg.subject)
+            return
         stored = await get_message(self._broker, advisory.stream, advisory.stream_seq)
         if stored is None:
             return  # acknowledged or removed since: nothing was lost
         if why := await unfounded(self._broker, msg.subject, advisory, stored):
             log.warning("max-deliveries advisory not acted on", subject=msg.subject, why=why)
             return
-        names = self._broker.names
-        dispatched = advisory.stream in names.dispatch_streams.values()
-        agent_id = names.agent_of_dispatch_subject(stored.subject) if dispatched else None
+        agent_id = self._broker.names.agent_of_dispatch_subject(stored.subject)
         if not await self._dead_letter(stored, _never_acknowledged(advisory, agent_id), agent_id):
             return
-        if advisory.stream != self._broker.names.events_stream:  # events are history: kept
-            await delete_message(self._broker, advisory.stream, advisory.stream_seq)
+        await delete_message(self._broker, advisory.stream, advisory.stream_seq)
 
     async def _dead_letter(
         self, stored: StoredMessage, error: ErrorInfo, agent_id: str | None

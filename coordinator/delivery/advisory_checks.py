@@ -29,8 +29,8 @@ async def unfounded(
     broker: Broker, subject: str, advisory: Advisory, stored: StoredMessage
 ) -> str | None:
     """Why ``advisory`` (stored on ``subject``, about ``stored``) is not to be acted on, or
-    None: its subject names another stream or consumer; the consumer is none the coordinator
-    answers for (its own, or the agent's whose queue holds the message); the consumer does
+    None: its subject names another stream or consumer; the consumer is not the one of the
+    agent whose queue holds the message; the consumer does
     not exist, does not take the message's subject, has no such delivery limit, or has not
     delivered the message or has it acknowledged."""
     *_, stream, consumer = subject.split(".")
@@ -40,7 +40,7 @@ async def unfounded(
         )
     expected = _consumer_of(broker, advisory.stream, stored.subject)
     if consumer != expected:
-        return f"{stream}/{consumer} is no consumer the coordinator answers for ({expected})"
+        return f"{stream}/{consumer} is not the one of the agent whose queue holds the message"
     state = await consumer_state(broker, stream, consumer)  # raises BrokerError: retried
     if state is None:
         return f"no consumer {stream}/{consumer}"
@@ -57,14 +57,10 @@ async def unfounded(
 
 
 def _consumer_of(broker: Broker, stream: str, stored_subject: str) -> str | None:
-    """The consumer of ``stream`` whose advisories the coordinator acts on."""
+    """The consumer of dispatch ``stream`` whose advisories the coordinator acts on: the
+    agent's whose queue holds the message."""
     names = broker.names
     for priority, dispatch in names.dispatch_streams.items():
         if stream == dispatch:
             return names.agent_consumer(names.agent_of_dispatch_subject(stored_subject), priority)
-    own = {
-        names.tasks_stream: names.coordinator_intake,
-        names.events_stream: names.coordinator_outcomes,
-        names.workflows_stream: names.coordinator_workflows,
-    }
-    return own.get(stream)
+    return None

@@ -184,3 +184,35 @@ async def test_a_message_handled_longer_than_the_ack_wait_is_not_delivered_again
         await asyncio.gather(runner, return_exceptions=True)
         await consumer.close()
     assert handled == [1]
+
+
+async def test_a_message_wanted_back_at_its_last_delivery_is_ended_here(broker, watcher):
+    """The server delivers a message `max_deliver` times at most. Its max-deliveries advisory
+    ended it before, and a copy of an agent's own JSON could not be told from one: it ended
+    other callers' waiting tasks and deleted workflow timers. The coordinator's consumers now
+    end a message wanted back at their last delivery themselves."""
+    names = broker.names
+    spec = ConsumerSpec(
+        stream=names.tasks_stream,
+        durable="consumption-last",
+        filter_subjects=(names.tasks_wildcard,),
+        max_deliver=3,
+    )
+    consumer = await bind(broker, spec)
+    seen: list[int] = []
+
+    async def handle(delivery: Delivery) -> float | None:
+        seen.append(delivery.num_delivered)
+        return 0.05  # waiting for an agent that never comes
+
+    consumption = Consumption(broker, Provisioner(broker, Topology.default(names)))
+    runner = asyncio.create_task(consumption.run(consumer, 8, handle))
+    try:
+        await broker.publish(names.task("echo"), b"not a task", headers={h.MSG_ID: "c-last"})
+        letter = await watcher.dead_letter("retries_exhausted")
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+    assert seen == [1, 2, 3]
+    assert letter.error is not None and letter.error.type == "max_deliveries"
+    assert "delivered 3 times to consumption-last" in letter.error.message
