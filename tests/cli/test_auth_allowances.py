@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentreach.broker import Broker
+from agentreach.broker.streams import last_message
 from agentreach.coordinator.routing.allowances import Allowance, allows, bucket_name, parse, refused
 from agentreach.envelopes import AgentCard, Intent
 from tests.cli.test_auth import reach_auth
@@ -48,7 +49,9 @@ async def test_intents_are_recorded_changed_shown_and_pushed(tmp_path):
             kv = await admin.js.key_value(bucket_name(admin.names))
             stored = json.loads((await kv.get("summarizer-1")).value)
             assert stored["intents"] == ["summarize", "sum*"]
-            assert "newcomer" not in await kv.keys()
+            name = bucket_name(admin.names)  # by its subject: kv.keys() is racy under load
+            gone = await last_message(admin, f"KV_{name}", f"$KV.{name}.newcomer")
+            assert gone is not None and gone.headers.get("KV-Operation") == "DEL"
 
 
 async def test_an_agent_issued_before_allowances_keeps_serving_any_intent(tmp_path):
