@@ -44,7 +44,11 @@ class LivenessControl:
 
     async def on_register(self, msg: Inbound) -> None:
         """An agent asks on ``reach.ctl.register.<agent_id>`` as itself; a body naming
-        another agent is refused."""
+        another agent is refused. One that is no request takes no slot: a direct get's bare
+        copy, in any id's name, took the slots every agent shares (a security re-test)."""
+        if not msg.answerable:
+            log.debug("a registration that is no request ignored", subject=msg.subject)
+            return
         try:
             request = decode_as(msg.data, RegisterRequest)
         except DecodeError as exc:

@@ -653,3 +653,18 @@ async def test_an_advisory_copied_by_a_direct_get_ends_no_task(broker, coordinat
         await eventually(lambda: any("copied by a direct get" in e["event"] for e in logs))
     info = await broker.js.stream_info(stream)
     assert info.state.messages == 1  # still there: nothing ended it
+
+
+async def test_registrations_that_are_no_requests_take_no_slot(broker, coordinator) -> None:
+    """Bare copies of `{"agent_id": "ghost-N"}` aimed at `reach.ctl.register.ghost-N` (a
+    direct get's no_hdr answer has no reply subject) each took a slot of the 20 a second
+    every agent shares: a real agent's registration was told to come back later."""
+    names = broker.names
+    await until_true(lambda: _active(coordinator))
+    for n in range(40):
+        body = envelopes.encode(envelopes.RegisterRequest(agent_id=f"ghost-{n}"))
+        await broker.nc.publish(names.register(f"ghost-{n}"), body)
+    asked = envelopes.encode(envelopes.RegisterRequest(agent_id="real-1"))
+    answer = await broker.request(names.register("real-1"), asked, timeout=5)
+    reply = envelopes.decode_as(answer.data, envelopes.RegisterReply)
+    assert reply.ok, reply
