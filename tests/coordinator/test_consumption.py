@@ -13,6 +13,7 @@ from agentreach.broker import (
     ConsumerSpec,
     Delivery,
     Provisioner,
+    PullConsumer,
     Topology,
     bind,
     consumer_state,
@@ -22,16 +23,23 @@ from agentreach.envelopes import headers as h
 from tests.support import until_true
 
 
+async def _intake_consumer(broker, durable: str, **settings: float) -> PullConsumer:  # type: ignore[no-untyped-def]
+    """A consumer of every task on the intake, as the coordinator's, with ``settings``."""
+    names = broker.names
+    spec = ConsumerSpec(
+        stream=names.tasks_stream,
+        durable=durable,
+        filter_subjects=(names.tasks_wildcard,),
+        **settings,  # type: ignore[arg-type]
+    )
+    return await bind(broker, spec)
+
+
 async def test_a_slow_message_holds_up_no_other(broker):
     """Handled and settled one by one (not a batch at a time): while one message's handling
     waits (a rate limit, an election), the messages after it are handled and acknowledged."""
     names = broker.names
-    spec = ConsumerSpec(
-        stream=names.tasks_stream,
-        durable="consumption-test",
-        filter_subjects=(names.tasks_wildcard,),
-    )
-    consumer = await bind(broker, spec)
+    consumer = await _intake_consumer(broker, "consumption-test")
     release = asyncio.Event()
     handled: list[bytes] = []
 
@@ -152,13 +160,7 @@ async def test_a_message_handled_longer_than_the_ack_wait_is_not_delivered_again
     """The ack wait is short (what a dead replica held comes back soon), so a handling that
     outlasts it says it is in progress: the message is delivered once and settled once."""
     names = broker.names
-    spec = ConsumerSpec(
-        stream=names.tasks_stream,
-        durable="kept-alive-test",
-        filter_subjects=(names.tasks_wildcard,),
-        ack_wait_s=0.4,
-    )
-    consumer = await bind(broker, spec)
+    consumer = await _intake_consumer(broker, "kept-alive-test", ack_wait_s=0.4)
     handled: list[int] = []
     done = asyncio.Event()
 
@@ -192,13 +194,7 @@ async def test_a_message_wanted_back_at_its_last_delivery_is_ended_here(broker, 
     other callers' waiting tasks and deleted workflow timers. The coordinator's consumers now
     end a message wanted back at their last delivery themselves."""
     names = broker.names
-    spec = ConsumerSpec(
-        stream=names.tasks_stream,
-        durable="consumption-last",
-        filter_subjects=(names.tasks_wildcard,),
-        max_deliver=3,
-    )
-    consumer = await bind(broker, spec)
+    consumer = await _intake_consumer(broker, "consumption-last", max_deliver=3)
     seen: list[int] = []
 
     async def handle(delivery: Delivery) -> float | None:
