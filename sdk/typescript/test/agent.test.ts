@@ -82,6 +82,16 @@ async function kv(bucket: string): Promise<KV> {
   return stack.nc.jetstream().views.kv(bucket, { bindOnly: true });
 }
 
+/** Two processes of ``id`` in turn, each started and stopped: its card is at epoch 2. */
+async function registeredTwice(id: string, cards: KV): Promise<void> {
+  for (let i = 0; i < 2; i += 1) {
+    const agent = newAgent(id).handler(unique("epochs"), () => null);
+    await started(agent);
+    await agent.stop();
+  }
+  assert.equal((await cards.get(id))!.json<AgentCard>().epoch, 2);
+}
+
 /** A bucket's keys as the agent reads them (nats.js's own reads die of a bad header block). */
 async function keys(bucket: string): Promise<Keys> {
   return new Keys(await kv(bucket), stack.nc.jetstream(), stack.nc, bucket, 5_000);
@@ -1158,12 +1168,7 @@ describe("registration and liveness", () => {
   it("takes no epoch back when its card was overwritten by a server's answer", async () => {
     const id = unique("ts-epochal");
     const cards = await kv("reach_agents");
-    for (let i = 0; i < 2; i += 1) {
-      const agent = newAgent(id).handler(unique("epochal"), () => null);
-      await started(agent);
-      await agent.stop();
-    }
-    assert.equal((await cards.get(id))!.json<AgentCard>().epoch, 2);
+    await registeredTwice(id, cards);
     stack.nc.publish("$JS.API.STREAM.NAMES", "", { reply: `$KV.reach_agents.${id}` });
     await kvUntil<{ type?: string }>(cards, id, (c) => c?.type !== undefined);
     const again = newAgent(id).handler(unique("epochal"), () => null);
@@ -1177,12 +1182,7 @@ describe("registration and liveness", () => {
     // From 1, a restarted process waited out a crashed one's claims of a higher epoch.
     const id = unique("ts-forgotten");
     const cards = await kv("reach_agents");
-    for (let i = 0; i < 2; i += 1) {
-      const agent = newAgent(id).handler(unique("forgotten"), () => null);
-      await started(agent);
-      await agent.stop();
-    }
-    assert.equal((await cards.get(id))!.json<AgentCard>().epoch, 2);
+    await registeredTwice(id, cards);
     await cards.delete(id);
     const again = await started(newAgent(id).handler(unique("forgotten"), () => null));
     const epoch = (await cards.get(id))!.json<AgentCard>().epoch;
