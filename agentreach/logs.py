@@ -12,12 +12,15 @@ import works.
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from typing import Any
 
 import structlog
 
 # The methods below WARNING, and their async forms (``msg`` is info's other name).
 _QUIET = frozenset({"debug", "info", "msg", "adebug", "ainfo", "amsg"})
+_KINDS_REMEMBERED = 64
 
 
 def get_logger(name: str) -> Any:
@@ -51,3 +54,31 @@ def _nothing(*args: Any, **kwargs: Any) -> None:
 
 async def _anothing(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+class RepeatedLines:
+    """Which log lines are due: a kind of line at most ``burst`` times per ``every_s``, so
+    that what anyone can make happen again and again (copies aimed at a bucket, forged
+    advisories) cannot make a log grow at its pace. The kinds remembered are bounded too."""
+
+    def __init__(self, every_s: float, *, burst: int = 1) -> None:
+        self._every_s = every_s
+        self._burst = burst
+        # kind -> (when its window opened, lines said in it, times it came unsaid since)
+        self._kinds: OrderedDict[str, tuple[float, int, int]] = OrderedDict()
+
+    def due(self, kind: str) -> int | None:
+        """None when ``burst`` lines of ``kind`` were said less than ``every_s`` ago; else
+        how many times it came unsaid since the last line (0 the first time)."""
+        now = time.monotonic()
+        opened, said, unsaid = self._kinds.get(kind, (float("-inf"), 0, 0))
+        if now - opened >= self._every_s:
+            opened, said = now, 0
+        if said >= self._burst:
+            self._kinds[kind] = (opened, said, unsaid + 1)
+            return None
+        self._kinds[kind] = (opened, said + 1, 0)
+        self._kinds.move_to_end(kind)
+        while len(self._kinds) > _KINDS_REMEMBERED:
+            self._kinds.popitem(last=False)
+        return unsaid

@@ -36,7 +36,7 @@ from agentreach.broker.record_seal import (
 from agentreach.broker.streams import StoredMessage, last_message, leader_message
 from agentreach.broker.watch import BucketWatch, Change
 from agentreach.envelopes import DecodeError, decode_as, encode, server_answer
-from agentreach.logs import get_logger
+from agentreach.logs import RepeatedLines, get_logger
 
 if TYPE_CHECKING:
     from agentreach.broker.connection import Broker
@@ -48,6 +48,9 @@ EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 CAS_TRIES = 20
 LOOK_BACK = 8  # earlier revisions read past unreadable ones (KV history keeps at most 64)
 UNREAD = object()  # cas(known=UNREAD): read the key first (the default)
+# Reads past a copy are said a few times a minute per bucket: every read of a key an agent
+# aimed copies at would say it (a heartbeat is read often).
+_READ_PAST = RepeatedLines(60.0, burst=5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,8 +324,10 @@ class Bucket(Generic[T]):
                 value = self._value(key, stored)
             except DecodeError:
                 continue
-            log.warning("read past a record none of the bucket's writers wrote", bucket=self.name,
-                        key=key, revision=stored.stream_seq)  # fmt: skip
+            if (unsaid := _READ_PAST.due(self.name)) is not None:
+                line = "read past a record none of the bucket's writers wrote"
+                log.warning(line, bucket=self.name, key=key, revision=stored.stream_seq,
+                            more_not_said=unsaid)  # fmt: skip
             return True, value
         return False, None
 

@@ -6,18 +6,16 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections import OrderedDict
 from typing import Any
 
 from agentreach.broker.client import Client
 from agentreach.broker.connect_failure import FailedAttempts, refuses_credentials
-from agentreach.logs import get_logger
+from agentreach.logs import RepeatedLines, get_logger
 
 log = get_logger("broker")
 
 REFUSALS_BEFORE_GIVING_UP = 3  # authorization errors in a row while reconnecting
 ERROR_LINE_EVERY_S = 60.0
-_KINDS_REMEMBERED = 64
 _NUMBERS = re.compile(r"\d+")
 
 
@@ -109,25 +107,3 @@ class Link:
             log.error(why, url=self.shown_url)
             self.lost_why = why
             self.lost.set()
-
-
-class RepeatedLines:
-    """Which log lines are due: a kind of line at most once per ``every_s``."""
-
-    def __init__(self, every_s: float) -> None:
-        self._every_s = every_s
-        self._kinds: OrderedDict[str, tuple[float, int]] = OrderedDict()
-
-    def due(self, kind: str) -> int | None:
-        """None when a line of ``kind`` was said less than ``every_s`` ago; else how many
-        times it came since that line (0 the first time)."""
-        now = time.monotonic()
-        said_at, since = self._kinds.get(kind, (float("-inf"), 0))
-        if now - said_at < self._every_s:
-            self._kinds[kind] = (said_at, since + 1)
-            return None
-        self._kinds[kind] = (now, 0)
-        self._kinds.move_to_end(kind)
-        while len(self._kinds) > _KINDS_REMEMBERED:
-            self._kinds.popitem(last=False)
-        return since

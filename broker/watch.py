@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import TracebackType
@@ -35,7 +34,7 @@ from agentreach.broker.messages import position_of
 from agentreach.broker.record_seal import HEADERLESS_VALUE
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import server_answer
-from agentreach.logs import get_logger
+from agentreach.logs import RepeatedLines, get_logger
 
 log = get_logger("broker.watch")
 
@@ -63,7 +62,10 @@ _INITIAL_DONE = object()  # in the queue only: the values present at the start a
 Recover = Callable[[Change], Awaitable["Change | None"]]
 # Writes a key again (data, the revision it must still be at, PUT or DEL): Bucket._publish.
 Repair = Callable[..., Awaitable[int]]
-SAID_EVERY_S = 60.0  # a key overwritten again and again is said once a minute
+# Values not taken are said a few times a minute per watch, whatever their keys: anyone may
+# aim copies at a bucket as fast as the server stores them, under keys of their choosing.
+SAID_EVERY_S = 60.0
+SAID_PER_INTERVAL = 5
 
 
 class BucketWatch:
@@ -92,7 +94,7 @@ class BucketWatch:
         self._repair = repair
         self._good: dict[str, Change] = {}  # with repair: each key's last value taken
         self._headed = headed  # a value without headers is nobody's (bucket.RECORD_HEADERS)
-        self._said: dict[str, float] = {}
+        self._said = RepeatedLines(SAID_EVERY_S, burst=SAID_PER_INTERVAL)
         self._idle_heartbeat_s = idle_heartbeat_s
         self._remade_check_s = remade_check_s or REMADE_CHECK_S
         self._sub: nats.js.JetStreamContext.PushSubscription | None = None
@@ -224,20 +226,24 @@ class BucketWatch:
             recovered = recovered or (known and replace(known, revision=change.revision))
             if recovered is not None:
                 await _write_back(self._repair, recovered)
-        now = time.monotonic()
-        if now - self._said.get(change.key, -SAID_EVERY_S) >= SAID_EVERY_S:
-            self._said[change.key] = now
-            log.warning(
-                "a value without headers not taken (a secured deployment reads none)"
-                if said is HEADERLESS_VALUE
-                else "the NATS server's answer to someone's request was written over a key: not"
-                " taken for a value",
-                stream=self._kv._stream,
-                key=change.key,
-                written=said,
-                instead="the value before it" if recovered else "none (the last one stands)",
-            )
+        self._say_not_taken(change, said, recovered is not None)
         return recovered
+
+    def _say_not_taken(self, change: Change, said: str, recovered: bool) -> None:
+        headerless = said is HEADERLESS_VALUE
+        if (unsaid := self._said.due("headerless" if headerless else "answer")) is None:
+            return
+        log.warning(
+            "a value without headers not taken (a secured deployment reads none)"
+            if headerless
+            else "the NATS server's answer to someone's request was written over a key: not"
+            " taken for a value",
+            stream=self._kv._stream,
+            key=change.key,
+            written=said,
+            instead="the value before it" if recovered else "none (the last one stands)",
+            **({"more_not_said": unsaid} if unsaid else {}),
+        )
 
     async def snapshot(self) -> list[Change]:
         """The values present when the watch began (deleted keys left out), then stop."""

@@ -35,8 +35,13 @@ from agentreach.envelopes import (
     stable_id,
 )
 from agentreach.envelopes.server_answers import copied_by_direct_get, server_answer
+from agentreach.logs import RepeatedLines
 
 log = structlog.get_logger("coordinator.advisories")
+
+# Advisories not acted on are said at most this many times a minute per kind: an agent can
+# have copies of its JSON stored on the advisories' subjects as fast as the server stores.
+NOT_ACTED_ON_SAID_PER_MINUTE = 10
 
 
 class MaxDeliveries(msgspec.Struct, frozen=True):
@@ -56,31 +61,39 @@ class Advisories:
     def __init__(self, broker: Broker, grants: Grants | None = None) -> None:
         self._broker = broker
         self._run_once = RunOnce(broker, grants)
+        self._not_acted_on = RepeatedLines(60.0, burst=NOT_ACTED_ON_SAID_PER_MINUTE)
 
     async def handle(self, msg: Delivery) -> None:
         if copied_by_direct_get(msg.headers):  # an agent's content, aimed here: it killed
-            log.warning("advisory copied by a direct get: nobody's", subject=msg.subject)
+            self._say("warning", "advisory copied by a direct get: nobody's", subject=msg.subject)
             return  # a running task of another caller's (a security re-test)
         try:
             advisory = decode_as(msg.data, MaxDeliveries)
         except DecodeError as exc:
-            log.error("unreadable advisory", subject=msg.subject, error=str(exc))
+            self._say("error", "unreadable advisory", subject=msg.subject, error=str(exc))
             return
         if advisory.stream not in self._broker.names.dispatch_streams.values():
             # The coordinator's own consumers end a message at its last delivery themselves
             # (see Consumption.settle); a copy of an agent's JSON said so of a waiting task.
-            log.info("an advisory about no agent's queue: not acted on", subject=msg.subject)
+            line = "an advisory about no agent's queue: not acted on"
+            self._say("info", line, subject=msg.subject)
             return
         stored = await get_message(self._broker, advisory.stream, advisory.stream_seq)
         if stored is None:
             return  # acknowledged or removed since: nothing was lost
         if why := await unfounded(self._broker, msg.subject, advisory, stored):
-            log.warning("max-deliveries advisory not acted on", subject=msg.subject, why=why)
+            line = "max-deliveries advisory not acted on"
+            self._say("warning", line, subject=msg.subject, why=why)
             return
         agent_id = self._broker.names.agent_of_dispatch_subject(stored.subject)
         if not await self._dead_letter(stored, _never_acknowledged(advisory, agent_id), agent_id):
             return
         await delete_message(self._broker, advisory.stream, advisory.stream_seq)
+
+    def _say(self, level: str, line: str, **values: object) -> None:
+        if (unsaid := self._not_acted_on.due(line)) is not None:
+            more = {"more_not_said": unsaid} if unsaid else {}
+            getattr(log, level)(line, **values, **more)
 
     async def _dead_letter(
         self, stored: StoredMessage, error: ErrorInfo, agent_id: str | None

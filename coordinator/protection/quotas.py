@@ -27,7 +27,7 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, Bucket, Contended, Entry
-from agentreach.broker.link import RepeatedLines
+from agentreach.logs import RepeatedLines
 from agentreach.coordinator.protection.rate_limits import RateLimits, TokenBucket
 from agentreach.envelopes import QuotaRecord, RateLimit, Task, is_token, now_ms
 

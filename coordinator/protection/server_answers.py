@@ -8,7 +8,7 @@ from __future__ import annotations
 import structlog
 
 from agentreach.broker import Delivery
-from agentreach.broker.link import RepeatedLines
+from agentreach.logs import RepeatedLines
 from agentreach.envelopes import DecodeError, ServerAnswer, refuse_server_answers
 
 log = structlog.get_logger("coordinator.server_answers")

@@ -9,7 +9,7 @@ from collections.abc import Collection
 
 import structlog
 
-from agentreach.broker.link import RepeatedLines
+from agentreach.logs import RepeatedLines
 from agentreach.envelopes import Task
 
 log = structlog.get_logger("coordinator.router")

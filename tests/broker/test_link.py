@@ -7,7 +7,6 @@ import asyncio
 
 from structlog.testing import capture_logs
 
-from agentreach.broker.link import RepeatedLines
 from tests.support import eventually
 
 
@@ -39,16 +38,3 @@ async def test_a_flood_of_one_error_is_said_once(broker):
     said = [line for line in warnings if line["log_level"] == "warning"]
     assert len(said) == 1, said  # ... and was said once
     assert "slow consumer" in said[0]["error"]
-
-
-def test_a_line_is_due_again_after_its_interval_with_the_times_it_came_meanwhile(monkeypatch):
-    now = [100.0]
-    monkeypatch.setattr("agentreach.broker.link.time.monotonic", lambda: now[0])
-    lines = RepeatedLines(every_s=60)
-    assert lines.due("a") == 0
-    assert lines.due("b") == 0  # another kind has its own interval
-    now[0] += 59
-    assert [lines.due("a"), lines.due("a")] == [None, None]
-    now[0] += 1
-    assert lines.due("a") == 2
-    assert lines.due("a") is None

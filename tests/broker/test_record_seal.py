@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach.broker import Bucket, Entry
 from agentreach.broker.record_seal import RECORD_SEAL, RecordSeal
@@ -214,3 +215,23 @@ async def test_a_delete_marker_a_direct_get_answered_with_deletes_nothing(broker
 async def _holds(broker, bucket: Bucket[LeaseRecord], key: str, text: bytes) -> bool:  # type: ignore[no-untyped-def]
     stored = await last_message(broker, f"KV_{bucket.name}", _subject(bucket, key))
     return stored is not None and text in stored.data
+
+
+async def test_values_not_taken_are_said_a_few_times_a_minute_whatever_their_keys(broker):
+    """Bare copies aimed at a headed bucket under ever new keys (a re-test made 30): the
+    watch's log says five of them a minute, not one line per key."""
+    name = broker.names.agents_bucket
+    broker.headed_buckets.add(name)
+    try:
+        cards = await broker.bucket(name, LeaseRecord)
+        async with cards.watch() as watch:
+            changes = aiter(watch)
+            with capture_logs() as logs:
+                for n in range(20):
+                    await broker.publish(_subject(cards, f"ghost-{n}"), b"{}")
+                await put_value(broker, name, "real", encode(LeaseRecord("bob", 1)))
+                assert (await anext(changes)).key == "real"  # the copies were all seen
+    finally:
+        broker.headed_buckets.discard(name)
+    said = [e for e in logs if e["event"].startswith("a value without headers not taken")]
+    assert [e["key"] for e in said] == [f"ghost-{n}" for n in range(5)]

@@ -125,3 +125,17 @@ async def test_a_task_that_runs_is_not_ended_by_an_advisory(broker, watcher):
     await _advise(broker, stream, stored.seq, consumer="agent-bob-p1")
     assert not watcher.dead_letters
     assert await get_message(broker, stream, stored.seq) is not None  # still bob's
+
+
+async def test_advisories_not_acted_on_are_said_a_few_times_a_minute(broker):
+    """Copies of an agent's JSON on the advisories' subjects, as fast as the server stores
+    them: the coordinator's log says ten of them a minute, not one line each."""
+    advisories = Advisories(broker, GRANTS)
+    body = {"stream": "REACH_TASKS", "consumer": "x", "stream_seq": 1, "deliveries": 5}
+    subject = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.REACH_TASKS.x"
+    with capture_logs() as logs:
+        for _ in range(50):
+            msg = Msg(broker.nc, subject=subject, data=msgspec.json.encode(body))
+            await advisories.handle(Delivery(msg))
+    said = [e for e in logs if e["event"] == "an advisory about no agent's queue: not acted on"]
+    assert len(said) == 10
