@@ -221,10 +221,11 @@ def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMes
             left_out[why] += 1
             continue
         decoded.append((message, event, names.sender_of(message.subject)))
-    routed: dict[tuple[str, int], set[str]] = {}
+    routed: dict[tuple[str, int], set[tuple[str, str | None]]] = {}
     for _, event, sender in decoded:
         if event.event == "routed" and sender == COORDINATOR and event.agent_id:
-            routed.setdefault((event.message_id, event.attempt), set()).add(event.agent_id)
+            given = (event.agent_id, event.caller)
+            routed.setdefault((event.message_id, event.attempt), set()).add(given)
     kept: list[tuple[StoredMessage, Event]] = []
     for message, event, sender in decoded:
         if (why := _not_routed_to(event, sender, routed)) is None:
@@ -257,16 +258,30 @@ def unvouched(names: Names, subject: str, event: Event) -> str | None:
 
 
 def _not_routed_to(
-    event: Event, sender: str, routed: dict[tuple[str, int], set[str]]
+    event: Event, sender: str, routed: dict[tuple[str, int], set[tuple[str, str | None]]]
 ) -> str | None:
-    """Why ``event``, vouched for by its subject, is not what it claims; None when it is."""
-    if (
-        sender != COORDINATOR
-        and event.event in AGENT_TASK_EVENTS
-        and sender not in routed.get((event.message_id, event.attempt), ())
-    ):
+    """Why ``event``, vouched for by its subject, is not what it claims; None when it is: an
+    agent's event about a task must be about an attempt given to it, and of the caller it
+    was given for (one caller's message id may be another's: an agent routed its own task
+    under alice's id said alice's task failed)."""
+    if sender == COORDINATOR or event.event not in AGENT_TASK_EVENTS:
+        return None
+    given = routed.get((event.message_id, event.attempt), set())
+    if not any(agent == sender for agent, _ in given):
         return (
             "no routed event gives their attempt to their sender"
             " (dispatched past the coordinator, or forged)"
         )
+    if event.caller is not None and (sender, event.caller) not in given:
+        return "their attempt was given to their sender for another caller"
     return None
+
+
+def routed_callers(events: MessageEvents, agent_id: str, attempt: int) -> set[str | None]:
+    """The callers whose message (of these events' id) had ``attempt`` routed to
+    ``agent_id``."""
+    return {
+        event.caller
+        for _, event in events.authentic
+        if event.event == "routed" and event.agent_id == agent_id and event.attempt == attempt
+    }

@@ -16,7 +16,7 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.dead_letters import dead_letter
-from agentreach.broker.lifecycle import emit, event_for, events_of
+from agentreach.broker.lifecycle import MessageEvents, emit, event_for, events_of, routed_callers
 from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.delivery.dead_letters import end_with_error, unreadable_event
 from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
@@ -112,7 +112,7 @@ class Outcomes:
             vouched = await routing_vouches(self._broker, msg, event, events)
             if vouched is not True:
                 return None if vouched is False else vouched
-            return await self._incomplete(event, exc)
+            return await self._incomplete(event, sender, exc, events)
         if not self._grants.holds(event.detail.get("grant"), task, sender):
             await impersonation(self._broker, sender, event, "no grant for this attempt")
             return None
@@ -255,19 +255,29 @@ class Outcomes:
             },
         )
 
-    async def _incomplete(self, event: Event, exc: DecodeError) -> float | None:
+    async def _incomplete(
+        self, event: Event, sender: str, exc: DecodeError, events: MessageEvents
+    ) -> float | None:
         """An outcome without the task it is about cannot be retried: the task is ended with
         what the event says of it, naming what was missing (an agent not following the
         protocol). Unless its record says otherwise: a run that holds a live claim is waited
         for, and a message that ran is not ended; the fence in the agent's record refuses a
-        result that comes after the end."""
+        result that comes after the end. The caller is one the attempt was routed to the agent
+        for: the body's word only as far as the routing bears it out."""
+        # A caller the event names was checked against the routing (routing_vouches).
+        named = sender == COORDINATOR or event.caller is not None
+        callers = {event.caller} if named else routed_callers(events, sender, event.attempt)
+        if len(callers) != 1:  # routed to the agent for several callers: whose is not said
+            log.warning("outcome event without its task, of no one caller: left alone",
+                        message_id=event.message_id, callers=len(callers))  # fmt: skip
+            return None
         stub = Task(
             v=1,
             message_id=event.message_id,
             trace_id=event.trace_id,
             topic=event.topic,
             attempt=event.attempt,
-            caller=event.caller,
+            caller=next(iter(callers)),
         )
         error = ErrorInfo(
             type="invalid_envelope",

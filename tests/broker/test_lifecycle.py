@@ -130,6 +130,32 @@ async def test_an_agents_event_about_itself_is_not_in_another_messages_trace(bro
     assert [e.event for e in await trace_of(broker, own.message_id)] == ["clock_drift"]
 
 
+async def test_an_agents_event_is_of_the_caller_its_attempt_was_routed_for(broker):
+    """One caller's message id may be another's: mallory had her own task under alice's id
+    routed to herself, then said in a `failed` event that it was alice's."""
+    alice = msgspec.structs.replace(task_answering_to("_INBOX.a"), caller="alice")
+    own = msgspec.structs.replace(alice, caller="mallory")
+    again = msgspec.structs.replace(own, attempt=2)
+    await emit(broker, event_for(alice, "routed", agent_id="bob"))
+    for routed in (own, again):
+        await emit(broker, event_for(routed, "routed", agent_id="mallory"))
+    # Each (attempt, sender) reports once: the stream drops a second under its Nats-Msg-Id.
+    for attempt, caller in ((1, "alice"), (2, None)):
+        run = msgspec.structs.replace(own, attempt=attempt)
+        said = event_for(run, "failed", agent_id="mallory")
+        await emit(broker, msgspec.structs.replace(said, caller=caller), sender="mallory")
+    await emit(broker, event_for(alice, "accepted", agent_id="bob"), sender="bob")
+    trace = await trace_of(broker, alice.message_id)
+    shown = [(e.event, e.attempt, e.agent_id, e.caller) for e in trace]
+    assert shown == [
+        ("routed", 1, "bob", "alice"),
+        ("routed", 1, "mallory", "mallory"),
+        ("routed", 2, "mallory", "mallory"),
+        ("failed", 2, "mallory", None),  # names no caller: its routing's
+        ("accepted", 1, "bob", "alice"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("kind", "body", "sender", "why"),
     [

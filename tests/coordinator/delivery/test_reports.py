@@ -134,3 +134,38 @@ async def test_a_report_of_a_later_life_of_the_message_id_is_not_an_earlier_one_
             )
 
         await eventually(completed_later, timeout=15)
+
+
+async def test_a_broken_report_ends_only_the_message_of_the_caller_its_attempt_was_for(
+    broker, watcher: Watcher
+):
+    """mallory had her own task under alice's message id routed to herself, then reported it
+    `failed` with a broken task and `caller: "alice"` in the body: alice's task, waiting for
+    bob, was dead-lettered in alice's name. The caller is the routing's: her report is
+    refused as an impersonation, and one naming no caller ends her own message."""
+    alice = _flaky_task("collide-1", received_ms=now_ms())
+    alice = msgspec.structs.replace(alice, caller="alice")
+    own = msgspec.structs.replace(alice, caller="mallory", topic="mtopic")
+    error = {"type": "x", "message": "y", "retryable": False}
+    async with replica(broker):
+        await emit(broker, event_for(alice, "routed", agent_id="bob"))
+        for attempt in (1, 2):
+            routed = msgspec.structs.replace(own, attempt=attempt)
+            await emit(broker, event_for(routed, "routed", agent_id="mallory"))
+        for attempt, caller in ((1, "alice"), (2, None)):
+            run = msgspec.structs.replace(own, attempt=attempt)
+            broken = event_for(run, "failed", agent_id="mallory", task="broken", error=error)
+            said = msgspec.structs.replace(broken, caller=caller)
+            await emit(broker, said, sender="mallory")
+        letter = await watcher.dead_letter("invalid_envelope", message_id=own.message_id)
+        await eventually(lambda: _impersonations(watcher) == ["mallory"], timeout=15)
+    assert letter.envelope is not None and letter.envelope.caller == "mallory"
+    assert [d.envelope.caller for d in watcher.dead_letters if d.envelope] == ["mallory"]
+
+
+def _impersonations(watcher: Watcher) -> list[str | None]:
+    return [
+        e.agent_id
+        for e in watcher.events
+        if e.event == "alert" and e.detail.get("problem") == "impersonation"
+    ]
