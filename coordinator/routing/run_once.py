@@ -245,7 +245,11 @@ async def answer_from_record(broker: Broker, task: Task, record: Execution) -> N
         await end_with_error(broker, task, "rejected", error, started=False)
         return
     log.info("ran already; answering from its record", agent_id=record.agent_id)
-    if record.caller == task.caller:  # a stored result answers only its own sender
+    # A stored result answers only its own sender. Another's record is found for a replay
+    # (any replayer's run of the letter is the one run), and anyone may say `replay_of`: an
+    # agent read alice's result so, in its own trace, under her message id.
+    own = record.caller == task.caller
+    if own:
         answer = Result(
             **about(task, from_agent=record.agent_id),
             result=record.result,
@@ -256,7 +260,7 @@ async def answer_from_record(broker: Broker, task: Task, record: Execution) -> N
     if not await _ended(broker, task):
         # Its agent died between recording the result and saying `completed`: said for it,
         # or the message would never end (no audit record, never counted finished).
-        await emit(broker, recorded_completion(task, record))
+        await emit(broker, recorded_completion(task, record, with_result=own))
 
 
 async def _ended(broker: Broker, task: Task) -> bool:
@@ -265,14 +269,21 @@ async def _ended(broker: Broker, task: Task) -> bool:
     return any(e.event in ("completed", "dead_lettered") for _, e in events.authentic)
 
 
-def recorded_completion(task: Task, record: Execution) -> Event:
-    """The ``completed`` event of a run that recorded its result and said nothing more."""
+def recorded_completion(task: Task, record: Execution, *, with_result: bool = True) -> Event:
+    """The ``completed`` event of a run that recorded its result and said nothing more;
+    ``with_result`` False for another sender's run: its result is not ``task``'s to see."""
     result = {"result_ref": msgspec.to_builtins(record.result_ref)} if record.result_ref else {}
+    if not with_result:
+        result = {"result_withheld": "the run was another sender's"}
+    # An outcome's record need not say when its run began (the SDKs' do not): no duration
+    # then, rather than the time since 1970.
+    took = record.finished_at_ms - record.started_ms
+    timed = {"duration_ms": max(0, took)} if record.started_ms else {}
     return event_for(
         task,
         "completed",
         agent_id=record.agent_id,
-        duration_ms=max(0, record.finished_at_ms - record.started_ms),
         from_record=True,
+        **timed,
         **(result or {"result": record.result}),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 from structlog.testing import capture_logs
 
@@ -15,7 +16,15 @@ from agentreach.broker import consumer_state, read_stream
 from agentreach.broker.dead_letters import dead_letter, record_settling
 from agentreach.broker.streams import last_message
 from agentreach.dashboard import Board, History
-from agentreach.envelopes import DeadLetter, Task, decode_task, replay_id, server_answer
+from agentreach.envelopes import (
+    DeadLetter,
+    Event,
+    Task,
+    decode_task,
+    encode,
+    replay_id,
+    server_answer,
+)
 from tests.cli.conftest import reach_argv, run
 from tests.support import eventually, until_true
 
@@ -259,6 +268,37 @@ async def test_a_replay_made_again_by_another_replayer_after_the_dedup_window_ru
         assert again.message_id == first.message_id
         await watcher.event("answered_from_record", message_id=again.message_id)
     assert runs == [f"chores {first.message_id}"]
+
+
+async def test_a_replay_of_another_caller_s_message_is_not_sent_its_result(
+    broker, coordinator, watcher
+):
+    """Anyone may say `replay_of`, and a replay's run-once read looks at every sender's
+    records: mallory sent a task under alice's message id, saying it replays something,
+    and read alice's result in the `completed` of her own trace. Another sender's run still
+    ends hers (it must not run twice), with its result withheld."""
+    names = broker.names
+    runs: list[str] = []
+    alice = Task(
+        v=1, message_id="secret-1", trace_id="secret-1", topic="chores", caller="alice",
+        payload={"card": "4111"},
+    )  # fmt: skip
+    forged = msgspec.structs.replace(alice, trace_id="mallory-t", caller="mallory", replay_of="x")
+
+    def in_her_trace() -> list[Event]:
+        return [e for e in watcher.events if e.event == "completed" and e.trace_id == "mallory-t"]
+
+    async with _runner(runs).running(broker=broker):
+        await broker.publish(names.task("chores", "alice"), encode(alice))
+        await watcher.event("completed", message_id="secret-1")
+        await broker.publish(names.task("chores", "mallory"), encode(forged))
+        await eventually(in_her_trace)
+    [done] = in_her_trace()
+    assert runs == ["chores secret-1"]
+    assert done.detail.get("from_record") is True
+    assert "duration_ms" not in done.detail  # its record does not say when the run began
+    assert "result" not in done.detail and "result_ref" not in done.detail
+    assert done.detail["result_withheld"] == "the run was another sender's"
 
 
 async def test_a_replay_to_another_topic_is_a_message_of_its_own(broker, coordinator, watcher):
