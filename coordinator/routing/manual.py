@@ -91,6 +91,9 @@ class ManualQueue:
         )
         swap = await (await self._bucket()).cas(task.message_id, lambda old: _parked(old, item))
         current = swap.entry.value if swap.entry else item
+        if current.task.caller != task.caller:
+            await _refuse_as_taken(self._broker, task, current)
+            return
         if current.status == "answered":
             log.info("answered before; sending the answer again", queue=current.queue)
             await reply(self._broker, task, Result(**about(task, result=current.answer)))
@@ -269,6 +272,18 @@ async def withdraw(broker: Broker, message_id: str, why: str) -> bool:
     bucket = await broker.bucket(broker.names.manual_bucket, ManualItem)
     swap = await bucket.cas(message_id, lambda old: old and old.withdraw(why, now_ms()))
     return swap.written
+
+
+async def _refuse_as_taken(broker: Broker, task: Task, held: ManualItem) -> None:
+    """Items are kept by message id: one of another caller's under this id is theirs, its
+    answer too (an agent had alice's answer sent to it by sending its own task under her
+    id; or parked its own first, and the person's answer to alice went to it)."""
+    message = (
+        f"message id {task.message_id!r} is {held.status} in manual review for another"
+        " caller's message: send it under an id of your own"
+    )
+    error = ErrorInfo(type="duplicate_id", message=message, retryable=False)
+    await end_with_error(broker, task, "rejected", error, started=False)
 
 
 def _parked(old: ManualItem | None, item: ManualItem) -> ManualItem | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from agentreach import envelopes
 from agentreach.agents import ManualReview, ManualReviewError, ReachClient
 from agentreach.coordinator.routing.manual import ManualConfig
 from agentreach.envelopes import Progress
@@ -192,6 +193,38 @@ async def test_a_person_sends_the_task_on_and_the_caller_gets_that_agents_answer
     assert item.sent_to == "risk_review" and completed.trace_id == trace_id
     assert result.result == {"frozen": True, "by": "risk-control"}  # type: ignore[union-attr]
     assert sent.detail["sent_as"] == item.sent_as and sent.detail["by"] == "carol"
+
+
+async def test_a_review_is_not_another_caller_s_under_the_same_message_id(
+    broker, coordinator, watcher
+):
+    """Items are kept by message id: mallory sent a task of her own under the id of alice's
+    answered one, and was sent alice's answer. It is refused as `duplicate_id` now, and
+    alice's answer is hers alone."""
+    async with (
+        serving(broker, coordinator, *overlapping_agents()),
+        ReachClient(broker=broker, name="alice") as alice,
+        ReachClient(broker=broker, name="mallory") as mallory,
+        Caller(broker, broker.names.reply_box("alice", "refund")) as hers,
+        Caller(broker, broker.names.reply_box("mallory", "refund")) as theirs,
+    ):
+        message_id, _ = await alice.publish(
+            "auto", {"text": UNSURE}, message_id="refund-5", reply_to=hers.subject
+        )
+        await hers.reply(message_id, "ack")
+        await ManualReview(broker, by="carol").answer(message_id, {"refund": "ALICE-OK"})
+        answered = await hers.reply(message_id, "result")
+        # With no Nats-Msg-Id: the intake's dedup window would drop it (its id is alice's).
+        own = mallory.task("auto", {"text": UNSURE}, message_id="refund-5")
+        own = msgspec.structs.replace(own, reply_to=theirs.subject)
+        await broker.publish(broker.names.task("auto", "mallory"), envelopes.encode(own))
+        refused = await theirs.reply(message_id, "error")
+        letter = await watcher.dead_letter("rejected", message_id=message_id)
+    assert answered.result == {"refund": "ALICE-OK"}  # type: ignore[union-attr]
+    assert refused.error.type == "duplicate_id"  # type: ignore[union-attr]
+    assert "answered in manual review for another caller's" in refused.error.message  # type: ignore[union-attr]
+    assert not [r for r in theirs.replies if isinstance(r, envelopes.Result)]
+    assert letter.envelope is not None and letter.envelope.caller == "mallory"
 
 
 async def test_no_text_goes_to_a_person_and_unknown_topics_resolve_when_enabled(
