@@ -94,7 +94,21 @@ def track_registered(
 def untrack(agents: dict[str, Tracked], agent_id: str) -> None:
     """Judge ``agent_id`` no more: an operator forgot it (its card is deleted). A process
     that registers the id again starts afresh, not as one that went OFFLINE (or flapped)
-    before."""
+    before; but quarantined, if it was: an agent may delete its own card, and did, while
+    down, to start again unquarantined (a security re-test). ``reach agents clear`` lifts it.
+    """
     tracked = agents.pop(agent_id, None)
-    if tracked is not None and tracked.probe is not None:
+    if tracked is None:
+        return
+    if tracked.probe is not None:
         tracked.probe.cancel()
+    if tracked.quarantined:  # kept as OFFLINE: its queue is nobody's, its next process new
+        agents[agent_id] = Tracked(
+            agent_id,
+            tracked.interval_s,
+            tracked.last_seen,
+            state="OFFLINE",
+            reason="forgotten while quarantined",
+            epoch=tracked.epoch,
+            quarantined=True,
+        )

@@ -471,10 +471,16 @@ async def test_an_agent_that_keeps_going_offline_is_quarantined_until_cleared(br
         listed = await run(*reach_argv(broker, "agents"))
         assert "reach agents clear flaky-link" in listed.stdout, listed.stdout  # why, and how
         assert "1 quarantined" in listed.stdout.splitlines()[-1], listed.stdout
+        # Its own card deleted while it is down (its permissions allow it) made it forgotten,
+        # and its next process started unquarantined (a security re-test).
+        cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+        await cards.delete("flaky-link")
+        await _until(lambda: "flaky-link" not in coordinator.directory.cards)
         async with agent.running(broker=broker), ReachClient(broker=broker) as client:
-            await _until(lambda: coordinator.liveness.agents["flaky-link"].state == "ONLINE")
+            await _until(lambda: _state(coordinator, "flaky-link") == "ONLINE")
             card = coordinator.directory.cards["flaky-link"]
             assert not coordinator.directory.can_take_work(card)
+            assert coordinator.liveness.agents["flaky-link"].quarantined
             cleared = await broker.nc.request(broker.names.clear, b"flaky-link", timeout=5)
             assert cleared.data == b"cleared"
             await _until(
@@ -483,6 +489,11 @@ async def test_an_agent_that_keeps_going_offline_is_quarantined_until_cleared(br
                 )
             )
             assert await client.invoke("noop", {"ok": 1}) == {"ok": 1}
+
+
+def _state(coordinator, agent_id: str) -> str | None:  # type: ignore[no-untyped-def]
+    tracked = coordinator.liveness.agents.get(agent_id)
+    return tracked.state if tracked is not None else None
 
 
 def _last(watcher):  # type: ignore[no-untyped-def]
