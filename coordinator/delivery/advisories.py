@@ -61,6 +61,7 @@ class Advisories:
     def __init__(self, broker: Broker, grants: Grants | None = None) -> None:
         self._broker = broker
         self._run_once = RunOnce(broker, grants)
+        self._sealed = grants is not None and grants.enabled
         self._not_acted_on = RepeatedLines(60.0, burst=NOT_ACTED_ON_SAID_PER_MINUTE)
 
     async def handle(self, msg: Delivery) -> None:
@@ -117,7 +118,11 @@ class Advisories:
             log.warning("max deliveries reached", message_id=task.message_id, error=error.message)
             await end_with_error(self._broker, task, "retries_exhausted", error)
             return True
-        claimed = stored.headers.get("Nats-Msg-Id")
+        # Its id is its sender's word: nobody's on a sealed deployment (a copy of an agent's
+        # own message, or a hand-made dispatch) nor in a server's answer. Taken, it named a
+        # letter, and a dead_lettered event in that message's trace, after alice's message.
+        believed = not self._sealed and not server_answer(stored.data, stored.headers)
+        claimed = stored.headers.get("Nats-Msg-Id") if believed else None
         message_id = claimed if is_token(claimed) else None
         message_id = message_id or stable_id(stored.timestamp_ns, stored.subject, stored.stream_seq)
         await dead_letter(

@@ -68,7 +68,8 @@ async def test_a_dispatch_without_a_grant_is_answered_from_no_record(broker, wat
     await _record(broker, "order-42", "done", result={"secret": 1}, seal=seal)
     queue = broker.names.dispatch("mallory", "P1")
     forged = _forged(broker, "order-42")
-    first = await broker.publish(queue, envelopes.encode(forged), headers=DISPATCHED)
+    claimed = {**DISPATCHED, "Nats-Msg-Id": "order-42"}  # the id it would be known by
+    first = await broker.publish(queue, envelopes.encode(forged), headers=claimed)
     granted = msgspec.structs.replace(forged, message_id="granted-1", trace_id="granted-1")
     grant = {GRANT_HEADER: GRANTS.sign(granted, "mallory") or ""}
     second = await broker.publish(queue, envelopes.encode(granted), headers={**DISPATCHED, **grant})
@@ -77,6 +78,7 @@ async def test_a_dispatch_without_a_grant_is_answered_from_no_record(broker, wat
     await _advise(broker, stream, first.seq)
     letter = await watcher.dead_letter("retries_exhausted")
     assert letter.raw is not None and "order-42" in letter.raw
+    assert letter.message_id != "order-42"  # nor its dead_lettered event in alice's trace
     assert not [e for e in watcher.events if e.event == "answered_from_record"]
     await _advise(broker, stream, second.seq)
     ended = await watcher.dead_letter("retries_exhausted", message_id="granted-1")
