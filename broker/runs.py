@@ -18,14 +18,28 @@ def runs_of(
     whether it holds others' too.
 
     Only the coordinator's events say whose a run is (their ``caller``, from the intake
-    subject); an agent's event belongs to the run the last of those before it opened."""
+    subject). An agent's event belongs to the caller its attempt was routed to it for; the
+    body's ``caller`` only picks among several such routings, and with none (the routing no
+    longer kept), the run the last coordinator's event before it opened. Given to the
+    latest run, an agent's report on another caller's run under the same id (its own task,
+    routed to itself) was read as alice's result, and her agent's as the other's."""
     owner: dict[str, str] = {}  # message id → the caller of its latest run
+    given: dict[tuple[str, int, str], set[str]] = {}  # (message id, attempt, agent) → callers
     own: list[Event] = []
     others = False
     for message, event in trace:
-        if names.sender_of(message.subject) == COORDINATOR and event.caller is not None:
+        sender = names.sender_of(message.subject)
+        if sender == COORDINATOR and event.caller is not None:
             owner[event.message_id] = event.caller
-        if owner.get(event.message_id) == caller:
+            if event.event == "routed" and event.agent_id:
+                attempt = (event.message_id, event.attempt, event.agent_id)
+                given.setdefault(attempt, set()).add(event.caller)
+        whose = owner.get(event.message_id)
+        if sender != COORDINATOR:
+            callers = given.get((event.message_id, event.attempt, sender), set())
+            if event.caller in callers or len(callers) == 1:
+                whose = event.caller if event.caller in callers else next(iter(callers))
+        if whose == caller:
             own.append(event)
         else:
             others = True
