@@ -27,9 +27,9 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, Bucket, Contended, Entry
-from agentreach.logs import RepeatedLines
 from agentreach.coordinator.protection.rate_limits import RateLimits, TokenBucket
 from agentreach.envelopes import QuotaRecord, RateLimit, Task, is_token, now_ms
+from agentreach.logs import RepeatedLines
 
 log = structlog.get_logger("coordinator.quotas")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import structlog
 
 from agentreach.broker import Delivery
-from agentreach.logs import RepeatedLines
 from agentreach.envelopes import DecodeError, ServerAnswer, refuse_server_answers
+from agentreach.logs import RepeatedLines
 
 log = structlog.get_logger("coordinator.server_answers")
 

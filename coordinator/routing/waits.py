@@ -9,8 +9,8 @@ from collections.abc import Collection
 
 import structlog
 
-from agentreach.logs import RepeatedLines
 from agentreach.envelopes import Task
+from agentreach.logs import RepeatedLines
 
 log = structlog.get_logger("coordinator.router")
 
