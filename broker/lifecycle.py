@@ -16,7 +16,7 @@ from agentreach.broker.connection import Broker
 from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.names import COORDINATOR, Names
 from agentreach.broker.pipelined import Outgoing
-from agentreach.broker.runs import runs_of
+from agentreach.broker.runs import owners, runs_of
 from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import (
     ErrorReply,
@@ -187,6 +187,16 @@ class MessageEvents:
 
     stored: list[StoredMessage]
     authentic: list[tuple[StoredMessage, Event]]
+
+    def run_at(self, names: Names, stream_seq: int) -> list[tuple[StoredMessage, Event]]:
+        """The authentic events of the run the event at ``stream_seq`` is of: one caller's
+        (another may send a message under the same id, :func:`~agentreach.broker.runs.
+        runs_of`); all of them when that event is not among them."""
+        pairs = list(zip(self.authentic, owners(self.authentic, names), strict=True))
+        at = [whose for (message, _), whose in pairs if message.stream_seq == stream_seq]
+        if not at:
+            return self.authentic
+        return [pair for pair, whose in pairs if whose == at[0]]
 
     def vouch_for(self, stream_seq: int) -> bool:
         """Whether the event stored at ``stream_seq`` is authentic (one the stream holds no

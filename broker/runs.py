@@ -23,10 +23,22 @@ def runs_of(
     longer kept), the run the last coordinator's event before it opened. Given to the
     latest run, an agent's report on another caller's run under the same id (its own task,
     routed to itself) was read as alice's result, and her agent's as the other's."""
-    owner: dict[str, str] = {}  # message id → the caller of its latest run
-    given: dict[tuple[str, int, str], set[str]] = {}  # (message id, attempt, agent) → callers
     own: list[Event] = []
     others = False
+    for (_, event), whose in zip(trace, owners(trace, names), strict=True):
+        if whose == caller:
+            own.append(event)
+        else:
+            others = True
+    return own, others
+
+
+def owners(trace: list[tuple[StoredMessage, Event]], names: Names) -> list[str | None]:
+    """Whose run each event of ``trace`` (authentic, oldest first) is, as :func:`runs_of`
+    tells it; None where nothing says."""
+    owner: dict[str, str] = {}  # message id → the caller of its latest run
+    given: dict[tuple[str, int, str], set[str]] = {}  # (message id, attempt, agent) → callers
+    found: list[str | None] = []
     for message, event in trace:
         sender = names.sender_of(message.subject)
         if sender == COORDINATOR and event.caller is not None:
@@ -39,8 +51,5 @@ def runs_of(
             callers = given.get((event.message_id, event.attempt, sender), set())
             if event.caller in callers or len(callers) == 1:
                 whose = event.caller if event.caller in callers else next(iter(callers))
-        if whose == caller:
-            own.append(event)
-        else:
-            others = True
-    return own, others
+        found.append(whose)
+    return found

@@ -18,7 +18,7 @@ import structlog
 from agentreach.broker import Broker
 from agentreach.broker.dead_letters import record_settling
 from agentreach.broker.lifecycle import MessageEvents, agent_event, emit
-from agentreach.broker.names import COORDINATOR
+from agentreach.broker.names import COORDINATOR, Names
 from agentreach.envelopes import DeadLetter, Event
 
 log = structlog.get_logger("coordinator.endings")
@@ -26,9 +26,11 @@ log = structlog.get_logger("coordinator.endings")
 ENDINGS = ("completed", "dead_lettered", "workflow_completed")
 
 
-def earlier_ending(events: MessageEvents, stream_seq: int) -> Event | None:
-    """The message's authentic ending stored before the event at ``stream_seq``, if any."""
-    for message, event in events.authentic:
+def earlier_ending(events: MessageEvents, names: Names, stream_seq: int) -> Event | None:
+    """The authentic ending of the same run (one caller's) stored before the event at
+    ``stream_seq``, if any: another caller's run under the id ended its own message (an
+    agent's task under alice's id resolved her dead letter, and took her audit record)."""
+    for message, event in events.run_at(names, stream_seq):
         if message.stream_seq < stream_seq and event.event in ENDINGS:
             return event
     return None

@@ -78,14 +78,17 @@ class AuditWriter:
         # for the real one (the first record of a message is its only one).
         if (vouched := await routing_vouches(broker, msg, ending, events)) is not True:
             return None if vouched is False else vouched
-        if (first := earlier_ending(events, msg.stream_seq)) is not None:
+        if (first := earlier_ending(events, names, msg.stream_seq)) is not None:
             await ended_again(broker, ending, first)  # the first ending's record stands
             return None
-        record = audit_record(ending, msg.timestamp_ns / 1e6, events.authentic)
+        run = events.run_at(names, msg.stream_seq)
+        record = audit_record(ending, msg.timestamp_ns / 1e6, run)
         subject = names.audit(record.status, ending.topic, ending.trace_id, ending.message_id)
-        await broker.publish(
-            subject, encode(record), headers={"Nats-Msg-Id": f"audit-{ending.message_id}"}
-        )
+        # One record per run: each caller's under a shared message id is its own.
+        callers = {event.caller for _, event in run if event.event == "routed"} - {None}
+        of = f"{min(callers)}." if len(callers) == 1 else ""
+        headers = {"Nats-Msg-Id": f"audit-{of}{ending.message_id}"}
+        await broker.publish(subject, encode(record), headers=headers)
         return None
 
 

@@ -82,3 +82,31 @@ async def test_an_ending_that_is_not_an_event_is_dead_lettered_with_its_bytes(
         letter = await watcher.dead_letter("invalid_envelope")
     assert letter.raw == "not json at all"
     assert letter.error is not None and "JSON" in letter.error.message
+
+
+async def test_another_caller_s_run_under_the_id_ends_only_its_own_message(
+    broker, watcher: Watcher
+):
+    """mallory had her own task under alice's dead-lettered message id routed to herself
+    and completed it: alice's letter was resolved as ended twice ("completed by mallory"),
+    and mallory's audit record was the only one. Each run ends its own caller's message."""
+    alice = Task(v=1, message_id="shared-7", trace_id="shared-7", topic="pay", caller="alice")
+    own = Task(v=1, message_id="shared-7", trace_id="shared-7", topic="mine", caller="mallory")
+    async with replica(broker):
+        await emit(broker, event_for(alice, "routed", agent_id="bob"))
+        letter = await letter_of(broker, alice, reason="expired")
+        await emit(broker, event_for(own, "routed", agent_id="mallory"))
+        done = event_for(own, "completed", agent_id="mallory", result={"forged": True})
+        await emit(broker, done, sender="mallory")
+        names = broker.names
+
+        async def both_audited() -> list[AuditRecord]:
+            of_message = names.audit_of_message("shared-7")
+            found = await read_stream(broker, names.audit_stream, of_message)
+            return [decode_as(r.data, AuditRecord) for r in found] if len(found) == 2 else []
+
+        records = await until_true(both_audited)
+    assert ended_twice(watcher) is None
+    assert await settling_of(broker, letter) == []
+    shown = sorted((r.status, r.topic, tuple(r.agents)) for r in records)
+    assert shown == [("completed", "mine", ("mallory",)), ("dead_lettered", "pay", ("bob",))]
