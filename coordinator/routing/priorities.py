@@ -69,6 +69,7 @@ class PriorityAllowances:
                 f"caller {sender!r} may not send {task.priority} tasks (it may use"
                 f" {','.join(may) or 'none'}): {instead}ask an operator to run"
                 f" `reach auth allow {sender} --priorities {wanted}` and `reach auth push`"
+                " (the push alone, when `reach auth list` shows it allowed already)"
             ),
             retryable=False,
         )

@@ -78,6 +78,7 @@ def test_a_task_above_its_senders_priorities_is_refused_naming_the_fix():
     assert error.message == (
         "caller 'stranger' may not send P0 tasks (it may use P1,P2): send it as P1, or ask an"
         " operator to run `reach auth allow stranger --priorities P0,P1,P2` and `reach auth push`"
+        " (the push alone, when `reach auth list` shows it allowed already)"
     )
     bulk = gate.refusal(_task("bulk", "P1"))
     assert bulk is not None and "--priorities P1,P2`" in bulk.message
