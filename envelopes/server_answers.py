@@ -120,10 +120,14 @@ def refuse_server_answers(
 ) -> None:
     """Raise :class:`ServerAnswer` when the server wrote ``data``, naming what it is;
     ``headed``: where every party's message carries headers, one without (see NO_HEADERS)."""
-    said = server_answer(data, headers) or (NO_HEADERS if headed and not headers else None)
-    if said:
+    if said := server_answer(data, headers):
         raise ServerAnswer(
             f"not a message of anyone's: {said}, which the NATS server sends to the reply"
             f" subject of a request, and a request named {subject!r} as its reply subject"
             " (nats-server checks reply subjects against no permission)"
+        )
+    if headed and not headers:
+        raise ServerAnswer(
+            f"not a message of anyone's: {NO_HEADERS}. Sent by hand, give it a header:"
+            " `nats pub -H 'Nats-Msg-Id: <its message_id>' …`"
         )

@@ -14,6 +14,7 @@ from agentreach.logs import RepeatedLines
 log = structlog.get_logger("coordinator.server_answers")
 
 LETTER_EVERY_S = 60.0
+DROPPED_SAID_PER_INTERVAL = 5
 
 
 class ServerAnswers:
@@ -21,6 +22,9 @@ class ServerAnswers:
 
     def __init__(self, every_s: float = LETTER_EVERY_S) -> None:
         self._letters = RepeatedLines(every_s)
+        # A few of those dropped are said as warnings (an operator's `nats pub` with no
+        # header, on a secured server, is one): the rest at debug, as they may be a flood.
+        self._dropped = RepeatedLines(every_s, burst=DROPPED_SAID_PER_INTERVAL)
 
     def judged(self, exc: DecodeError, msg: Delivery, where: str) -> DecodeError | None:
         """Why ``msg`` could not be read, as its letter says it: ``exc``, or what the server
@@ -37,7 +41,9 @@ class ServerAnswers:
         """``answer`` as its letter says it, or None: dropped, counted in the next letter."""
         since = self._letters.due(where)
         if since is None:
-            log.debug("a server's answer aimed at our subject: dropped", where=where)
+            said = log.warning if self._dropped.due(where) is not None else log.debug
+            said("a server's answer aimed at our subject: dropped (the letter of one a minute"
+                 " says how many)", where=where, why=str(answer))  # fmt: skip
             return None
         if not since:
             return answer

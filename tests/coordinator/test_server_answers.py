@@ -22,6 +22,7 @@ from agentreach.broker import Broker
 from agentreach.broker.lifecycle import event_for
 from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator import workflow as wf
+from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.coordinator.workflows import read_record
 from agentreach.envelopes import (
     AgentCard,
@@ -672,3 +673,16 @@ async def test_registrations_that_are_no_requests_take_no_slot(broker, coordinat
     answer = await broker.request(names.register("real-1"), asked, timeout=5)
     reply = envelopes.decode_as(answer.data, envelopes.RegisterReply)
     assert reply.ok, reply
+
+
+def test_the_first_answers_dropped_in_a_minute_are_said_as_warnings() -> None:
+    """An operator's `nats pub` with no header, three times on a secured server: one letter,
+    and the other two were said nowhere but at debug. A few are warnings now (a flood's rest
+    stays at debug), with why."""
+    answers = ServerAnswers()
+    refusal = envelopes.ServerAnswer("not a message of anyone's: no headers")
+    with capture_logs() as logs:
+        letters = [answers.to_letter(refusal, "reach.task.summarize") for _ in range(8)]
+    assert letters[0] is refusal and letters[1:] == [None] * 7
+    assert [e["log_level"] for e in logs] == ["warning"] * 5 + ["debug"] * 2
+    assert logs[0]["why"] == str(refusal)
