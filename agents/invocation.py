@@ -276,7 +276,7 @@ async def ended_result(
     if ended is not None:
         return outcome_of(ended, ids, ran=any(e.event == "accepted" for e in seen))
     sent_again = sent is not None
-    what = f"message {message_id!r}" + (" was sent before" if sent_again else "")
+    what = f"message {message_id!r}" + (" (sent before)" if sent_again else "")
     # Not ended: when no coordinator runs, that is why (on an open server too).
     if unanswered or await coordinator_runs(broker) is False:
         raise NotAcknowledged(f"{what}: {NO_COORDINATOR}; {still_queued(message_id)}", **ids)

@@ -198,10 +198,17 @@ async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) 
     except (NotAcknowledged, DeadlineExceeded) as exc:
         # Neither ends the task: say so before an operator sends it again under a new id.
         said = _PYTHON_ADVICE.sub("", str(exc))  # the CLI's own advice follows
+        # Not acknowledged, it may start within its ttl; accepted, it runs (a handler that
+        # cannot be stopped, past its execute budget) and may still complete.
+        may = (
+            f"may still run (it may start until its ttl, {ttl_ms} ms)"
+            if isinstance(exc, NotAcknowledged)
+            else "may still complete"
+        )
         raise OutcomeUnknown(
-            f"{said}; {exc.message_id} may still run (until its ttl, {ttl_ms} ms): follow it"
-            f" with `reach trace {exc.message_id}`; to wait for it again, send it with"
-            f" --message-id {exc.message_id} (a new id would run it a second time)"
+            f"{said}; {exc.message_id} {may}: follow it with `reach trace {exc.message_id}`;"
+            f" to wait for it again, send it with --message-id {exc.message_id} (a new id"
+            " would run it a second time)"
         ) from None
     except TaskFailed as exc:
         raise TaskEnded(how_it_ended(exc)) from None

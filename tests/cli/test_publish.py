@@ -4,6 +4,7 @@ end well."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from agentreach.agents import Agent, TaskContext, TaskFailed
@@ -98,6 +99,29 @@ async def test_execute_ms_sets_the_tasks_execute_budget_and_is_checked(
     assert refused.returncode != OK and "--execute-ms takes a number of ms" in refused.stderr
     assert waited.returncode == FAILED, waited.stderr
     assert "deadline_exceeded" in waited.stderr
+
+
+async def test_publish_wait_says_a_task_accepted_and_not_done_may_still_complete(
+    broker, coordinator, watcher
+):
+    """Accepted, and running past its execute budget (a `def` handler cannot be stopped):
+    it said "may still run (until its ttl, 500 ms)", its ttl long past; it may complete."""
+    release = threading.Event()
+    agent = Agent("cli-stuck", startup_delay=0)
+
+    @agent.handler("stuck")
+    def stuck(ctx: TaskContext, payload: Any) -> Any:
+        release.wait(10)
+        return payload
+
+    async with agent.running(broker=broker):
+        argv = ("publish", "stuck", "{}", "--wait", "--ttl-ms", "500", "--message-id", "stuck-1")
+        waited = await run(*reach_argv(broker, *argv))
+        release.set()
+        await watcher.event("completed", message_id="stuck-1")
+    assert waited.returncode == OUTCOME_UNKNOWN, waited.stderr
+    assert "stuck-1 may still complete: follow it with `reach trace stuck-1`" in waited.stderr
+    assert "until its ttl" not in waited.stderr
 
 
 def test_one_attempt_is_said_only_of_retries_that_ran_out():
