@@ -7,6 +7,9 @@ import random
 
 import msgspec
 
+from agentreach.broker import Broker
+from agentreach.broker.lifecycle import events_of
+from agentreach.broker.runs import runs_of
 from agentreach.coordinator.units import Positive, PositiveSeconds
 from agentreach.envelopes import AgentCard, Task
 
@@ -43,3 +46,19 @@ def backoff_s(
     exponential = base_s * 2 ** (attempt - 1)
     jitter = 1 + (rng or random).uniform(-JITTER, JITTER)
     return min(cap_s, exponential * jitter)
+
+
+async def failed_before(broker: Broker, task: Task) -> str:
+    """What the attempt before ``task``'s (a retry) failed with, to say beside why the retry
+    is refused (every breaker open: the agent's own failures isolated it), or "" when none
+    is recorded. The letter said only the refusal, the handler's error was in the trace."""
+    if task.attempt <= 1:
+        return ""
+    pairs = (await events_of(broker, task.trace_id, task.message_id)).authentic
+    mine = runs_of(task.caller, pairs, broker.names)[0] if task.caller else [e for _, e in pairs]
+    failures = [e for e in mine if e.event == "failed" and isinstance(e.detail.get("error"), dict)]
+    if not failures:
+        return ""
+    last = failures[-1]
+    error = last.detail["error"]
+    return f"; attempt {last.attempt} failed: {error.get('type')}: {error.get('message')}"

@@ -33,6 +33,7 @@ from agentreach import envelopes
 from agentreach.broker import Broker, SubjectFull, TooLarge
 from agentreach.broker.lifecycle import GRANT_HEADER, SEAL_HEADER, about, emit, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error, refuse
+from agentreach.coordinator.delivery.retries import failed_before
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.abandoned import still_wanted
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
@@ -321,6 +322,7 @@ class Router:
             await self.end(task, "no_route", self.fleet.no_route(task.topic))
         else:
             why, retry_ms = self.fleet.circuit_open(choice, task.topic)
+            why += await failed_before(self._broker, task)
             await self.reject(task, "circuit_open", why, retry_after_ms=retry_ms)
         return None
 

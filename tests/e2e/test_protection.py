@@ -331,6 +331,32 @@ async def test_an_agent_failing_everything_is_isolated_until_a_trial_succeeds(
     assert restored.detail["isolated_agents"] == 0
 
 
+async def test_a_retry_refused_by_an_open_breaker_says_what_the_attempt_before_failed_with(
+    broker, start_coordinator, watcher
+):
+    """The handler's failure isolated its agent, and the retry was refused as circuit_open:
+    the letter said only "every breaker is open", the handler's own error was in the trace
+    alone (a fresh reader)."""
+    z = Agent("z", startup_delay=0)
+
+    @z.handler("a")
+    async def always_fails(ctx: TaskContext, payload: object) -> str:
+        raise RuntimeError("disk full")
+
+    breakers = BreakerConfig(min_calls=1000, open_s=30.0, isolation_failures=1)
+    twice = msgspec.structs.replace(ONE_ATTEMPT, max_attempts=2)
+    async with (
+        start_coordinator(fast(delivery=twice, breakers=breakers)) as coordinator,
+        serving(broker, coordinator, z),
+        ReachClient(broker=broker) as client,
+    ):
+        message_id, _ = await client.publish("a", {})
+        letter = await watcher.dead_letter("rejected", message_id=message_id)
+    assert letter.error is not None and letter.error.type == "circuit_open"
+    assert "every breaker is open for 'a'" in letter.error.message
+    assert letter.error.message.endswith("; attempt 1 failed: RuntimeError: disk full")
+
+
 async def test_an_isolated_agent_that_stops_is_isolated_no_more(broker, start_coordinator, watcher):
     """A stopped agent never gets the trial that would close its isolation, and would count
     as isolated forever (the alert with it): its breakers close when it stops."""
