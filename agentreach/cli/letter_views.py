@@ -75,6 +75,8 @@ def print_letter(letter: DeadLetter, settling: list[Event]) -> None:
     and the events that settled it (``settled_by``): who replayed or resolved it, when, and
     as which message or with which note. Its own ``state`` is a failed workflow's record."""
     shown = msgspec.to_builtins(letter)
+    if shown.get("state") is None:  # no workflow's record: a `"state": null` read as the letter's
+        shown.pop("state", None)
     shown["letter_state"] = letter_state(settling, letter)
     shown["settled_by"] = [
         {"event": event.event, "at_ms": event.at_ms, **event.detail} for event in settling
