@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, read_stream
@@ -121,3 +122,23 @@ async def test_a_forged_record_raises_one_alert_however_often_it_is_looked_at(
     assert await RunOnce(deployed.admin, deployed.grants).records(task) == []
     stored = await read_stream(deployed.admin, names.events_stream, names.events_of_kind("alert"))
     assert sum(decode_event(m.data).detail.get("message_id") == "pay-5" for m in stored) == 2
+
+
+async def test_many_forged_records_of_one_id_cost_a_few_alerts_a_read(deployed: Deployed) -> None:
+    """A task with `replay_of` reads every sender's records of its id: an agent wrote
+    thousands under one id (a caller each), and each such task raised an alert and a log
+    line for every one of them. One line and the latest five alerts a read now."""
+    bucket = await deployed.evil.bucket(deployed.evil.names.executions_bucket, Execution)
+    for n in range(40):
+        record = Execution(message_id="R0", agent_id="evil", caller=f"k{n}", state="done")
+        await bucket.put(execution_key(f"k{n}", "R0", "evil"), record)
+    task = Task(v=1, message_id="R0", trace_id="R0", topic="pay", caller="x", replay_of="R")
+    with capture_logs() as logs:
+        assert await RunOnce(deployed.admin, deployed.grants).records(task) == []
+    names = deployed.admin.names
+    stored = await read_stream(deployed.admin, names.events_stream, names.events_of_kind("alert"))
+    alerts = [decode_event(m.data) for m in stored]
+    about = [a for a in alerts if a.detail.get("message_id") == "R0"]
+    said = [e for e in logs if e["event"].startswith("record")]
+    assert len(about) == 5
+    assert [(e["event"], e["count"]) for e in said] == [("records not believed", 40)]
