@@ -35,21 +35,27 @@ def runs_of(
 
 def owners(trace: list[tuple[StoredMessage, Event]], names: Names) -> list[str | None]:
     """Whose run each event of ``trace`` (authentic, oldest first) is, as :func:`runs_of`
-    tells it; None where nothing says."""
-    owner: dict[str, str] = {}  # message id → the caller of its latest run
-    given: dict[tuple[str, int, str], set[str]] = {}  # (message id, attempt, agent) → callers
+    tells it; None for a run of no caller's (a workflow's step, an operator's bare task:
+    read as the latest caller's, their results went to whoever sent a task under the id)
+    and where nothing says (an agent given the attempt for several callers, its event naming
+    none)."""
+    owner: dict[str, str | None] = {}  # message id → the caller of its latest run
+    given: dict[tuple[str, int, str], set[str | None]] = {}  # (id, attempt, agent) → callers
     found: list[str | None] = []
     for message, event in trace:
         sender = names.sender_of(message.subject)
-        if sender == COORDINATOR and event.caller is not None:
+        if sender == COORDINATOR:
             owner[event.message_id] = event.caller
             if event.event == "routed" and event.agent_id:
                 attempt = (event.message_id, event.attempt, event.agent_id)
                 given.setdefault(attempt, set()).add(event.caller)
-        whose = owner.get(event.message_id)
-        if sender != COORDINATOR:
-            callers = given.get((event.message_id, event.attempt, sender), set())
-            if event.caller in callers or len(callers) == 1:
-                whose = event.caller if event.caller in callers else next(iter(callers))
-        found.append(whose)
+            found.append(event.caller)
+            continue
+        callers = given.get((event.message_id, event.attempt, sender))
+        if not callers:  # its routing no longer kept: the run the latest one opened
+            found.append(owner.get(event.message_id))
+        elif event.caller in callers or len(callers) == 1:
+            found.append(event.caller if event.caller in callers else next(iter(callers)))
+        else:
+            found.append(None)
     return found

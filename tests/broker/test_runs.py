@@ -47,5 +47,20 @@ def test_an_agent_given_both_runs_is_told_apart_by_the_caller_it_names() -> None
     trace = _stored([*routed, (completed, "bob"), (nameless, "bob")])
     own, _ = runs_of("alice", trace, NAMES)
     assert [e.event for e in own] == ["routed", "completed"]
-    theirs, _ = runs_of("mallory", trace, NAMES)  # the nameless one: the latest run's
-    assert [e.event for e in theirs] == ["routed", "accepted"]
+    theirs, _ = runs_of("mallory", trace, NAMES)  # the nameless one: nobody's
+    assert [e.event for e in theirs] == ["routed"]
+
+
+def test_a_run_of_no_caller_is_no_caller_s() -> None:
+    """A workflow's step (or an operator's bare task) has no caller: its events went to the
+    latest caller who sent a task under its id, bob's result with them."""
+    step = msgspec.structs.replace(ALICE, caller=None)
+    trace = _stored(
+        [
+            (event_for(MALLORY, "routed", agent_id="mallory"), COORDINATOR),
+            (event_for(step, "routed", agent_id="bob"), COORDINATOR),
+            (event_for(step, "completed", agent_id="bob", result="card"), "bob"),
+        ]
+    )
+    theirs, others = runs_of("mallory", trace, NAMES)
+    assert [(e.event, e.agent_id) for e in theirs] == [("routed", "mallory")] and others
