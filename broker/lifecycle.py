@@ -198,6 +198,12 @@ class MessageEvents:
             return self.authentic
         return [pair for pair, whose in pairs if whose == at[0]]
 
+    def run_of(self, names: Names, caller: str | None) -> list[tuple[StoredMessage, Event]]:
+        """The authentic events of ``caller``'s runs of the id (None: of runs of no caller's,
+        and those nothing says whose they are)."""
+        whose = owners(self.authentic, names)
+        return [pair for pair, w in zip(self.authentic, whose, strict=True) if w == caller]
+
     def vouch_for(self, stream_seq: int) -> bool:
         """Whether the event stored at ``stream_seq`` is authentic (one the stream holds no
         more cannot be checked against the routing, only by its sender token)."""

@@ -9,7 +9,6 @@ import msgspec
 
 from agentreach.broker import Broker
 from agentreach.broker.lifecycle import events_of
-from agentreach.broker.runs import runs_of
 from agentreach.coordinator.units import Positive, PositiveSeconds
 from agentreach.envelopes import AgentCard, Task
 
@@ -54,8 +53,8 @@ async def failed_before(broker: Broker, task: Task) -> str:
     is recorded. The letter said only the refusal, the handler's error was in the trace."""
     if task.attempt <= 1:
         return ""
-    pairs = (await events_of(broker, task.trace_id, task.message_id)).authentic
-    mine = runs_of(task.caller, pairs, broker.names)[0] if task.caller else [e for _, e in pairs]
+    events = await events_of(broker, task.trace_id, task.message_id)
+    mine = [event for _, event in events.run_of(broker.names, task.caller)]
     failures = [e for e in mine if e.event == "failed" and isinstance(e.detail.get("error"), dict)]
     if not failures:
         return ""

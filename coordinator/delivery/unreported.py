@@ -287,7 +287,8 @@ class Unreported:
         """Whether the attempt's events hold an ending (the fold may be behind them): the
         authentic ones only, so an agent's report counts only from the agent routed to."""
         found = await events_of(self._broker, task.trace_id, task.message_id)
-        for _, event in found.authentic:
+        # Its own run's: another caller's letter under the id ended nothing of this one.
+        for _, event in found.run_of(self._broker.names, task.caller):
             if event.event == "dead_lettered" or event.attempt > task.attempt:
                 return True
             if event.attempt == task.attempt and event.event in ENDINGS:

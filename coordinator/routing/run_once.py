@@ -279,7 +279,8 @@ async def answer_from_record(broker: Broker, task: Task, record: Execution) -> N
 async def _ended(broker: Broker, task: Task) -> bool:
     """Whether an authentic ending of ``task``'s message is stored."""
     events = await events_of(broker, task.trace_id, task.message_id)
-    return any(e.event in ("completed", "dead_lettered") for _, e in events.authentic)
+    run = events.run_of(broker.names, task.caller)  # another caller's ending is not its
+    return any(e.event in ("completed", "dead_lettered") for _, e in run)
 
 
 def recorded_completion(task: Task, record: Execution, *, with_result: bool = True) -> Event:

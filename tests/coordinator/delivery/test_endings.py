@@ -8,7 +8,8 @@ from agentreach.agents.letters import settling_of
 from agentreach.broker import read_stream
 from agentreach.broker.lifecycle import emit, event_for, event_message
 from agentreach.broker.names import COORDINATOR
-from agentreach.envelopes import AuditRecord, Event, Task, decode_as
+from agentreach.coordinator.routing.run_once import answer_from_record
+from agentreach.envelopes import AuditRecord, Event, Execution, Task, decode_as
 from agentreach.envelopes import headers as h
 from tests.coordinator.observability.test_metrics import replica
 from tests.scrape import scrape, total
@@ -110,3 +111,20 @@ async def test_another_caller_s_run_under_the_id_ends_only_its_own_message(
     assert await settling_of(broker, letter) == []
     shown = sorted((r.status, r.topic, tuple(r.agents)) for r in records)
     assert shown == [("completed", "mine", ("mallory",)), ("dead_lettered", "pay", ("bob",))]
+
+
+async def test_a_run_answered_from_its_record_ends_though_another_caller_s_run_ended(
+    broker, watcher: Watcher
+):
+    """bob recorded alice's result and died before saying `completed`; the coordinator says
+    it for him from the record, unless the message ended. mallory's letter under the same id
+    was taken for its end: alice's never came (a security re-test)."""
+    alice = Task(v=1, message_id="shared-8", trace_id="shared-8", topic="pay", caller="alice")
+    own = Task(v=1, message_id="shared-8", trace_id="shared-8", topic="mine", caller="mallory")
+    await letter_of(broker, own, reason="no_route")
+    await emit(broker, event_for(alice, "routed", agent_id="bob"))
+    record = Execution(message_id="shared-8", state="done", agent_id="bob", caller="alice",
+                       result="R-88")  # fmt: skip
+    await answer_from_record(broker, alice, record)
+    done = await watcher.event("completed", message_id="shared-8")
+    assert (done.caller, done.detail.get("result")) == ("alice", "R-88")

@@ -27,7 +27,7 @@ from agentreach.envelopes import (
     now_ms,
 )
 from tests.conftest import FAST
-from tests.support import Watcher, events_settled, eventually
+from tests.support import Watcher, events_settled, eventually, letter_of
 
 # Open attempts looked at every 0.1 s, with 0.2 s of grace past the ttl and the budget.
 FOLLOWING = msgspec.structs.replace(FAST, unreported=UnreportedConfig(every_s=0.1, grace_s=0.2))
@@ -90,6 +90,25 @@ async def test_a_dispatch_acknowledged_on_receipt_and_never_reported_ends_expire
     assert watcher.count("dead_lettered", {message_id}) == 1
     ended = next(e for e in watcher.events if e.event == "dead_lettered")
     assert ended.detail["ran"] is True  # a caller is told TaskFailed: it may have run
+
+
+async def test_another_caller_s_letter_under_the_id_ends_nothing_of_this_attempt(
+    broker, start_coordinator, watcher, monkeypatch: pytest.MonkeyPatch
+):
+    """mallory sent a task under alice's id and trace to a topic nobody serves: its letter
+    was taken for the end of alice's attempt, which her agent dropped, and her trace stopped
+    at `routed` for good (a security re-test)."""
+    monkeypatch.setattr(Executor, "settle", _ack_on_receipt)
+    own = Task(v=1, message_id="shared-9", trace_id="shared-9", topic="nobody", caller="mallory")
+    await letter_of(broker, own, reason="no_route")
+    async with (
+        start_coordinator(FOLLOWING),
+        _agent("liar-2").running(broker=broker),
+        ReachClient(broker=broker, name="alice") as alice,
+    ):
+        await alice.publish("work", {"n": 9}, message_id="shared-9", ttl_ms=300, budget=SHORT)
+        letter = await watcher.dead_letter("expired", message_id="shared-9")
+    assert letter.error is not None and "liar-2 acknowledged attempt 1" in letter.error.message
 
 
 async def test_an_accepted_attempt_ends_by_its_execute_budget_not_by_its_long_ttl(
