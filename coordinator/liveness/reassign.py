@@ -277,7 +277,8 @@ async def _move(
         to_agent=None,
         ttl_ms=left_ms,
     )
-    headers = task_headers(retry, msg_id=f"{task.message_id}-{retry.attempt}")
+    of = f"{task.caller}." if task.caller else ""  # another caller's, moved, took its id
+    headers = task_headers(retry, msg_id=f"{of}{task.message_id}-{retry.attempt}")
     # On its own intake subject: an operator's burst on the bare one cannot refuse it.
     subject = broker.names.coordinator_task(task.topic)
     await broker.publish(subject, envelopes.encode(retry), headers=headers)

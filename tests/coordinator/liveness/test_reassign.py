@@ -282,6 +282,24 @@ async def test_an_attempt_moved_before_it_ran_costs_none_of_the_topics_attempts(
     assert not watcher.dead_letters
 
 
+async def test_two_callers_tasks_under_one_id_are_both_moved_on(broker):
+    """mallory's own task under alice's id, moved from her queue, went back through intake
+    under the id alice's would take when her agent went too: the stream dropped alice's as
+    its duplicate, and her task never ran nor ended (a security re-test)."""
+    for caller, agent in (("mallory", "gone-m"), ("alice", "gone-a")):
+        task = envelopes.Task(
+            v=1, message_id="order-42", trace_id="order-42", topic="slow", caller=caller,
+            ttl_ms=60_000,
+        )  # fmt: skip
+        queue = broker.names.dispatch(agent, "P1")
+        await broker.publish(queue, envelopes.encode(task), headers=DISPATCHED)
+        assert await reassign_tasks(broker, agent) == 1
+    stored = await read_stream(
+        broker, broker.names.tasks_stream, broker.names.coordinator_task("slow")
+    )
+    assert sorted(envelopes.decode_task(m.data).caller for m in stored) == ["alice", "mallory"]
+
+
 async def test_an_agent_lost_while_running_the_last_attempt_ends_the_task(broker, watcher):
     """A task that kills every agent that runs it: its agent went away while running its
     last allowed attempt, so it ends as ``retries_exhausted`` naming the agent, instead of
