@@ -282,7 +282,7 @@ class Router:
             error = ErrorInfo(type="too_large", message=message, retryable=False)
             await end_with_error(self._broker, task, "rejected", error, started=False)
             return None
-        self._waits.done(task.message_id)
+        self._waits.done(task)
         log.debug("routed", agent_id=card.agent_id, rule=decision.rule.name, attempt=task.attempt)
         return int(stored.seq)
 

@@ -31,15 +31,17 @@ class Waits:
     def __init__(self) -> None:
         # When each task waiting for room first found every queue full (monotonic s). Kept in
         # memory: a task that moves to another replica starts its wait again, within its ttl.
-        self._full_since: OrderedDict[str, float] = OrderedDict()
-        # Tasks no agent can take now: message id -> (topic, counted until, monotonic s).
-        self._held: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # Keyed by caller and message id: one caller's id may be another's (a task sent under
+        # alice's would have made hers give up early, its wait counted from the other's).
+        self._full_since: OrderedDict[tuple[str | None, str], float] = OrderedDict()
+        # Tasks no agent can take now: (caller, message id) -> (topic, counted until, s).
+        self._held: OrderedDict[tuple[str | None, str], tuple[str, float]] = OrderedDict()
         self._lines = RepeatedLines(SAID_EVERY_S)
 
     @property
     def waiting_for_room(self) -> Collection[str]:
-        """Tasks that found every candidate's queue full and wait for room."""
-        return self._full_since.keys()
+        """Tasks that found every candidate's queue full and wait for room (message ids)."""
+        return [message_id for _, message_id in self._full_since]
 
     def agent_wait(self, task: Task, waited: int, left_ms: int) -> float:
         """Seconds until a task no agent can take now is looked at again (``waited``: how
@@ -48,8 +50,8 @@ class Waits:
         longest = WAIT_MAX_S if waited < LONG_AFTER else WAIT_LONG_S
         # The exponent capped: past ~1,000 waits 2**waited no longer fits in a float.
         wait_s = min(WAIT_FIRST_S * 2 ** min(waited, 16), longest, left_ms / 1000 + 0.01)
-        self._held[task.message_id] = (task.topic, time.monotonic() + wait_s + HELD_MARGIN_S)
-        self._held.move_to_end(task.message_id)
+        self._held[_run(task)] = (task.topic, time.monotonic() + wait_s + HELD_MARGIN_S)
+        self._held.move_to_end(_run(task))
         while len(self._held) > REMEMBERED:
             self._held.popitem(last=False)
         return wait_s
@@ -59,8 +61,8 @@ class Waits:
         (the ``reach_tasks_held`` gauge: a topic whose agents are all gone, isolated or
         SUSPECT keeps its tasks here while other topics flow)."""
         now = time.monotonic()
-        for message_id in [m for m, (_, until) in self._held.items() if until <= now]:
-            del self._held[message_id]
+        for run in [r for r, (_, until) in self._held.items() if until <= now]:
+            del self._held[run]
         counts: dict[str, int] = {}
         for topic, _ in self._held.values():
             counts[topic] = counts.get(topic, 0) + 1
@@ -69,25 +71,29 @@ class Waits:
     def room_wait(self, task: Task, waited: int, left_ms: int, limit_s: float) -> float | None:
         """Seconds until a task whose candidates are all full asks again; None once it has
         waited ``limit_s`` (``queues.full_wait_s``), or would outlive its ttl."""
-        message_id, topic = task.message_id, task.topic
+        run, topic = _run(task), task.topic
         now = time.monotonic()
-        since = self._full_since.setdefault(message_id, now)
+        since = self._full_since.setdefault(run, now)
         while len(self._full_since) > REMEMBERED:
             self._full_since.popitem(last=False)
         left_s = min(limit_s - (now - since), left_ms / 1000)
         if left_s <= 0:
-            self._full_since.pop(message_id, None)
+            self._full_since.pop(run, None)
             return None
         self._say("every queue is full", topic)
         return min(WAIT_FIRST_S * 2 ** min(waited, 8), WAIT_MAX_S, left_s)
 
-    def done(self, message_id: str) -> None:
+    def done(self, task: Task) -> None:
         """The task was routed (or ended): it waits no more."""
-        self._full_since.pop(message_id, None)
-        self._held.pop(message_id, None)
+        self._full_since.pop(_run(task), None)
+        self._held.pop(_run(task), None)
 
     def _say(self, why: str, topic: str) -> None:
         """One line per reason and topic every SAID_EVERY_S, with how many waits there were
         meanwhile (a burst of 2,000 tasks said it 2,700 times in a second)."""
         if (waits := self._lines.due(f"{why} {topic}")) is not None:
             log.info(f"{why}; tasks wait", topic=topic, waits_since_last_line=waits)
+
+
+def _run(task: Task) -> tuple[str | None, str]:
+    return task.caller, task.message_id

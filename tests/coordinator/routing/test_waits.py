@@ -39,7 +39,7 @@ def test_waits_grow_and_end():
     assert waits.room_wait(_task(1), 0, 30_000, limit_s=0) is None  # waited its full_wait_s
     assert list(waits.waiting_for_room) == []
     assert waits.room_wait(_task(2), 0, 30_000, limit_s=5) == 0.05
-    waits.done("m2")
+    waits.done(_task(2))
     assert list(waits.waiting_for_room) == []
 
 
@@ -51,9 +51,20 @@ def test_tasks_held_for_an_agent_are_counted_by_topic_until_routed_or_past_their
         waits.agent_wait(_task(n, "strand"), 0, 30_000)
     waits.agent_wait(_task(9, "other"), 0, 30_000)
     assert waits.held_by_topic() == {"strand": 3, "other": 1}
-    waits.done("m9")  # routed after all
-    waits.done("m0")
+    waits.done(_task(9, "other"))  # routed after all
+    waits.done(_task(0, "strand"))
     assert waits.held_by_topic() == {"strand": 2}
     waits.agent_wait(_task(1, "strand"), 0, 0)  # looked at again at once, and no margin left
-    waits._held["m1"] = ("strand", 0.0)  # past its look and margin: another replica's now
+    waits._held[(None, "m1")] = ("strand", 0.0)  # past its look and margin: another replica's now
     assert waits.held_by_topic() == {"strand": 1}
+
+
+def test_one_caller_s_wait_for_room_is_not_another_s_under_the_same_id():
+    """A task sent under alice's id before hers waited for room: hers inherited its wait's
+    start and gave up early, the other's wait counted as its own."""
+    waits = Waits()
+    own = Task(v=1, message_id="m1", trace_id="m1", topic="quick", caller="mallory")
+    alice = Task(v=1, message_id="m1", trace_id="m1", topic="quick", caller="alice")
+    assert waits.room_wait(own, 0, 30_000, limit_s=5) == 0.05
+    waits._full_since[("mallory", "m1")] -= 10  # mallory's began 10 s ago, and goes on
+    assert waits.room_wait(alice, 0, 30_000, limit_s=5) == 0.05  # alice's begins now
