@@ -78,6 +78,9 @@ async def ack_and_result(s: Session, c: Checks) -> str:
     _dispatched_at(c, ex, accepted)
     completed = await s.until(lambda: first(ex.events_of("completed")), 5.0, "completed event")
     c.must(completed.agent_id == s.agent_id, f"completed names {completed.agent_id!r}")
+    for event in (accepted, completed):  # revision 35: one caller's id may be another's
+        said = f"{event.event} names caller {event.caller!r}, not the task's {CALLER!r}"
+        c.must(event.caller == CALLER, said)
     detail = decode_detail(completed)
     assert isinstance(detail, CompletedDetail)
     c.must(detail.result == result.result, "completed carries the result")

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import io
 
+import msgspec
 import pytest
 
 from agentreach.agents import Agent, execution, reports
@@ -92,6 +93,21 @@ async def test_an_agent_that_runs_duplicates_twice_fails_run_once(broker, coordi
         "the handler ran 2 times",
         "the handler ran 3 times",
     )
+
+
+async def test_an_agent_whose_events_name_no_caller_fails_ack_and_result(
+    broker, coordinator, monkeypatch
+):
+    """Revision 35: an agent's events carry the task's caller. One that names none, given
+    one id's attempt for two callers, left whose run its result was to the latest routing."""
+    original = reports.event_for
+
+    def nameless(task: Task, event: str, /, **fields: object):  # type: ignore[no-untyped-def]
+        return msgspec.structs.replace(original(task, event, **fields), caller=None)
+
+    monkeypatch.setattr(reports, "event_for", nameless)
+    detail = await failed_clause(broker, "nameless-1", "task.ack_and_result")
+    assert detail == "accepted names caller None, not the task's 'reach-conformance'"
 
 
 async def test_an_agent_that_expires_a_redelivery_of_its_running_task_fails(
