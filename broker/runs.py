@@ -33,12 +33,15 @@ def runs_of(
     return own, others
 
 
+NOBODY = ""  # whose an event is when nothing says: no caller's name (a name is a token)
+
+
 def owners(trace: list[tuple[StoredMessage, Event]], names: Names) -> list[str | None]:
     """Whose run each event of ``trace`` (authentic, oldest first) is, as :func:`runs_of`
-    tells it; None for a run of no caller's (a workflow's step, an operator's bare task:
-    read as the latest caller's, their results went to whoever sent a task under the id)
-    and where nothing says (an agent given the attempt for several callers, its event naming
-    none)."""
+    tells it: None for a run of no caller's (a workflow's step, an operator's bare task:
+    read as the latest caller's, their results went to whoever sent a task under the id),
+    :data:`NOBODY` where nothing says (an agent given the attempt for several runs, its
+    event naming no caller)."""
     owner: dict[str, str | None] = {}  # message id → the caller of its latest run
     given: dict[tuple[str, int, str], set[str | None]] = {}  # (id, attempt, agent) → callers
     found: list[str | None] = []
@@ -54,8 +57,10 @@ def owners(trace: list[tuple[StoredMessage, Event]], names: Names) -> list[str |
         callers = given.get((event.message_id, event.attempt, sender))
         if not callers:  # its routing no longer kept: the run the latest one opened
             found.append(owner.get(event.message_id))
-        elif event.caller in callers or len(callers) == 1:
-            found.append(event.caller if event.caller in callers else next(iter(callers)))
-        else:
-            found.append(None)
+        elif event.caller is not None and event.caller in callers:
+            found.append(event.caller)
+        elif len(callers) == 1:
+            found.append(next(iter(callers)))
+        else:  # naming none (an agent of revision 34), it is not the caller-less run's either
+            found.append(NOBODY)
     return found

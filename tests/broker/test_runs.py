@@ -6,7 +6,7 @@ import msgspec
 
 from agentreach.broker.lifecycle import event_for
 from agentreach.broker.names import COORDINATOR, Names
-from agentreach.broker.runs import runs_of
+from agentreach.broker.runs import NOBODY, owners, runs_of
 from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import Event, Task, encode
 
@@ -64,3 +64,14 @@ def test_a_run_of_no_caller_is_no_caller_s() -> None:
     )
     theirs, others = runs_of("mallory", trace, NAMES)
     assert [(e.event, e.agent_id) for e in theirs] == [("routed", "mallory")] and others
+
+
+def test_an_event_naming_no_caller_is_not_the_caller_less_run_s_when_it_had_several() -> None:
+    """An agent of revision 34 names no caller: given one id's attempt for an operator's
+    bare task and for mallory's, its events were the operator's run's, and mallory's
+    completion resolved the operator's letter as ended twice."""
+    bare = msgspec.structs.replace(ALICE, caller=None)
+    routed = [(event_for(t, "routed", agent_id="bob"), COORDINATOR) for t in (bare, MALLORY)]
+    nameless = msgspec.structs.replace(event_for(MALLORY, "completed", agent_id="bob"), caller=None)
+    trace = _stored([*routed, (nameless, "bob")])
+    assert owners(trace, NAMES) == [None, "mallory", NOBODY]
