@@ -17,8 +17,9 @@ import structlog
 
 from agentreach.broker import Broker
 from agentreach.broker.dead_letters import record_settling
-from agentreach.broker.lifecycle import MessageEvents, agent_event, emit
-from agentreach.broker.names import COORDINATOR, Names
+from agentreach.broker.lifecycle import agent_event, emit
+from agentreach.broker.names import COORDINATOR
+from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import DeadLetter, Event
 
 log = structlog.get_logger("coordinator.endings")
@@ -26,11 +27,12 @@ log = structlog.get_logger("coordinator.endings")
 ENDINGS = ("completed", "dead_lettered", "workflow_completed")
 
 
-def earlier_ending(events: MessageEvents, names: Names, stream_seq: int) -> Event | None:
-    """The authentic ending of the same run (one caller's) stored before the event at
-    ``stream_seq``, if any: another caller's run under the id ended its own message (an
-    agent's task under alice's id resolved her dead letter, and took her audit record)."""
-    for message, event in events.run_at(names, stream_seq):
+def earlier_ending(run: list[tuple[StoredMessage, Event]], stream_seq: int) -> Event | None:
+    """The ending of ``run`` (one caller's authentic events, :meth:`MessageEvents.run_at`)
+    stored before the event at ``stream_seq``, if any: another caller's run under the id
+    ended its own message (an agent's task under alice's id resolved her dead letter, and
+    took her audit record)."""
+    for message, event in run:
         if message.stream_seq < stream_seq and event.event in ENDINGS:
             return event
     return None

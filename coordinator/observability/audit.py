@@ -78,10 +78,10 @@ class AuditWriter:
         # for the real one (the first record of a message is its only one).
         if (vouched := await routing_vouches(broker, msg, ending, events)) is not True:
             return None if vouched is False else vouched
-        if (first := earlier_ending(events, names, msg.stream_seq)) is not None:
+        run = events.run_at(names, msg.stream_seq)
+        if (first := earlier_ending(run, msg.stream_seq)) is not None:
             await ended_again(broker, ending, first)  # the first ending's record stands
             return None
-        run = events.run_at(names, msg.stream_seq)
         record = audit_record(ending, msg.timestamp_ns / 1e6, run)
         subject = names.audit(record.status, ending.topic, ending.trace_id, ending.message_id)
         # One record per run: each caller's under a shared message id is its own.
