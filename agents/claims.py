@@ -306,14 +306,16 @@ class Claims:
         return True
 
     async def _write(self, task: Task, outcome: Outcome) -> bool:
-        seal = outcome.claim.seal
+        claim = outcome.claim
+        # When its run began, kept in the outcome: a `completed` said from the record has its
+        # duration.
+        run = {"seal": claim.seal, "started_ms": claim.started_ms}
         if outcome.error is None:
             record = self._record(
-                task, "done", result=outcome.result, result_ref=outcome.result_ref, seal=seal
+                task, "done", result=outcome.result, result_ref=outcome.result_ref, **run
             )
         else:
-            record = self._record(task, "failed", error=outcome.error, seal=seal)
-        claim = outcome.claim
+            record = self._record(task, "failed", error=outcome.error, **run)
         try:
             await self._bucket.update(self._key(task), record, last=claim.revision)
         except WrongLastSequence:  # read past it (a replica behind said our try was not in)

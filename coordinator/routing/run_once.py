@@ -289,7 +289,7 @@ def recorded_completion(task: Task, record: Execution, *, with_result: bool = Tr
     result = {"result_ref": msgspec.to_builtins(record.result_ref)} if record.result_ref else {}
     if not with_result:
         result = {"result_withheld": "the run was another sender's"}
-    # An outcome's record need not say when its run began (the SDKs' do not): no duration
+    # An outcome's record need not say when its run began (older SDKs' do not): no duration
     # then, rather than the time since 1970.
     took = record.finished_at_ms - record.started_ms
     timed = {"duration_ms": max(0, took)} if record.started_ms else {}

@@ -207,7 +207,10 @@ async def test_a_renewal_that_landed_late_leaves_the_claim_this_run_s(broker):
     assert await claims.renew(same, claim, lease_ms=20_000)
     await bucket.put(key, landed)
     assert await claims.record(same, Outcome(claim, result={"n": 1}), still_working=still_working)
-    assert (await bucket.get(key)).value.state == "done"
+    done = (await bucket.get(key)).value
+    assert done.state == "done"
+    # The outcome says when its run began: a completion said from it has its duration.
+    assert 0 < done.started_ms == claim.started_ms <= done.finished_at_ms
 
     other, taken = await claims_of(broker), task()
     claim = await other.claim(taken, lease_ms=5_000)

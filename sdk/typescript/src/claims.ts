@@ -199,11 +199,11 @@ export class Claims {
   }
 
   private async write(task: Task, outcome: Outcome): Promise<boolean> {
-    const seal = outcome.claim.seal;
+    const { seal, startedMs: started_ms } = outcome.claim;
     const record =
       outcome.error === undefined
-        ? this.recordOf(task, "done", { result: outcome.result ?? null, result_ref: outcome.resultRef ?? null, seal })
-        : this.recordOf(task, "failed", { error: outcome.error, seal });
+        ? this.recordOf(task, "done", { result: outcome.result ?? null, result_ref: outcome.resultRef ?? null, seal, started_ms })
+        : this.recordOf(task, "failed", { error: outcome.error, seal, started_ms });
     if (await this.writeOnClaim(task, outcome.claim, record)) return true;
     // Our lease lapsed or the task was reassigned, and that outcome stands; or an earlier
     // try of ours was written though its answer got lost.

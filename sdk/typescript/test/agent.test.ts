@@ -426,6 +426,7 @@ describe("claim check and trace context", () => {
     const record = await kvUntil<Execution>(await kv("reach_executions"), `_.${messageId}.${agent.agentId}`, (r) => r?.state === "done");
     assert.deepEqual(record!.result_ref, result.result_ref);
     assert.equal(record!.result, null);
+    assert.ok(record!.started_ms > 0 && record!.started_ms <= record!.finished_at_ms, "the outcome says when its run began");
     replies.close();
     events.close();
   });
