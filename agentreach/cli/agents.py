@@ -31,6 +31,7 @@ from agentreach.cli.options import (
 from agentreach.cli.redraw import redraw_until_interrupted
 from agentreach.cli.retirement import forget, queued
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
+from agentreach.cli.terminal import one_line
 
 MIN_WATCH_S = 0.5
 LOAD_EXPLAINED = (
@@ -202,12 +203,12 @@ def _line(row: Row) -> str:
     tags = ",".join(f"{k}={v}" for k, v in sorted(card.tags.items())) or "-"
     now = int(time.time() * 1000)
     breakers = ",".join(breaker_shown(b, now) for b in row.breakers) or "-"
-    line = (
+    line = one_line(
         f"{card.agent_id:<22} {state:<9} {since:<9} {age:>6} {load:>7}"
         f"  {intents}  {tags}  {breakers}"
     )
     # The coordinator routes none of these to it: the card names them, its creds do not.
-    refusals = [f"{'':<22} REFUSED   {intent}: {why}" for intent, why in row.refused]
+    refusals = [one_line(f"{'':<22} REFUSED   {intent}: {why}") for intent, why in row.refused]
     if judged and judged.quarantined:  # no work until a person lifts it: say why and how
         refusals.insert(0, f"{'':<22} QUARANT.  {_quarantine_said(card.agent_id)}")
     return "\n".join([line, *refusals])

@@ -11,6 +11,7 @@ from collections import Counter
 import msgspec
 
 from agentreach.agents.letters import letter_state
+from agentreach.cli.terminal import one_line
 from agentreach.envelopes import DeadLetter, Event
 
 
@@ -59,7 +60,7 @@ def print_letters(
             letter.reason,
             letter.topic,
             states[letter_key(letter)],
-            letter.error.message if letter.error else "",
+            one_line(letter.error.message) if letter.error else "",
         )
         for letter in letters
     ]

@@ -27,6 +27,7 @@ from agentreach.cli import (
 from agentreach.cli.exit_codes import FAILED, INTERRUPTED, OUTCOME_UNKNOWN, USAGE, OutcomeUnknown
 from agentreach.cli.logs import configure_logging
 from agentreach.cli.options import Commands, MissingArgument, OneLineParser
+from agentreach.cli.terminal import shown_output
 from agentreach.errors import ReachError
 
 # completion last: it reads every other command's options.
@@ -67,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         root.error(f"unexpected arguments after --: {' '.join(extra)}")
     args.extra = extra
     configure_logging(args.log_level, args.log_format)
+    with shown_output():  # after the logging's set-up: log lines are escaped by their renderer
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code = asyncio.run(args.command(args))
         sys.stdout.flush()  # a short output is written here, not by print: into the pipe too

@@ -20,6 +20,7 @@ from agentreach.cli.options import (
     json_argument,
     operators_only,
 )
+from agentreach.cli.terminal import one_line
 from agentreach.envelopes import ManualItem
 
 NEEDS = {"show": "ID", "take": "ID", "answer": "ID JSON", "send": "ID TOPIC"}
@@ -111,5 +112,7 @@ def _span(seconds: float) -> str:
 
 
 def _short(payload: Any, width: int = 60) -> str:
-    text = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    text = one_line(
+        payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    )
     return text if len(text) <= width else text[: width - 1] + "…"

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.cli.exit_codes import INTERRUPTED
+from agentreach.cli.terminal import control
 
 
 async def redraw_until_interrupted(draw: Callable[[], Awaitable[str]], every_s: float) -> int:
@@ -29,8 +30,11 @@ async def redraw_until_interrupted(draw: Callable[[], Awaitable[str]], every_s: 
             if drawn is None:
                 break
             # A terminal is cleared before each redraw; a pipe or file gets each one after the last.
-            clear = "\033[2J\033[H" if sys.stdout.isatty() else "\n"
-            print(clear + drawn, flush=True)
+            if sys.stdout.isatty():
+                control("\033[2J\033[H")
+            else:
+                print()
+            print(drawn, flush=True)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(every_s):
                     await stop.wait()

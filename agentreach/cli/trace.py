@@ -23,6 +23,7 @@ from agentreach.cli import workflows
 from agentreach.cli.exit_codes import FAILED, OK
 from agentreach.cli.options import ASKING_ROLES, Commands, UsageError, an_id, broker_of
 from agentreach.cli.status import NOT_RUNNING, coordinators
+from agentreach.cli.terminal import one_line
 from agentreach.coordinator.delivery.unrouted import LOOKED_AT, unrouted
 from agentreach.coordinator.workflows import read_record
 from agentreach.dashboard.trace import received_ms
@@ -199,7 +200,7 @@ def _line(step: Step, start: dt.datetime) -> str:
     attempt = f"#{event.attempt}"
     since = offset_shown((step.at - start).total_seconds())
     line = f"  {clock} {since:>10}  {event.event:<18} {attempt:<3} {agent:<20} "
-    return (line + described(event)).rstrip()
+    return one_line(line + described(event)).rstrip()
 
 
 def offset_shown(seconds: float) -> str:
