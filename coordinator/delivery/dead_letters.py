@@ -77,9 +77,12 @@ async def unreadable_event(
     broker: Broker, msg: Delivery, exc: DecodeError, answers: ServerAnswers
 ) -> None:
     """An event (an outcome, an ending) that is not an event at all: its bytes go to the
-    dead-letter stream, and the log says which subject sent it (a server's answer someone
-    aimed at the subject: one a minute)."""
-    if (judged := answers.judged(exc, msg, "events")) is None:
+    dead-letter stream, and the log says which subject sent it; one a minute of each sender
+    (or of the server's answers someone aimed at the subject), saying how many came since.
+    Every event but ``progress`` carries headers (protocol §12.1): one without is a server's
+    answer."""
+    sender = broker.names.sender_of(msg.subject)
+    if (judged := answers.judged(exc, msg, "events", headed=True, by=sender)) is None:
         return
     exc = judged
     log.error("unreadable event", subject=msg.subject, error=str(exc))

@@ -1,7 +1,8 @@
 """The NATS server's answers that someone aimed at our subjects (see
-:mod:`agentreach.envelopes.server_answers`): one dead letter a minute says so, with how many
-came since; the rest are dropped, counted. A letter for each would let anyone fill REACH_DLQ
-at the server's speed, charged to no quota."""
+:mod:`agentreach.envelopes.server_answers`), and a sender's unreadable messages on its own
+subjects: one dead letter a minute says so, with how many came since; the rest are dropped,
+counted. A letter for each would let anyone fill REACH_DLQ at the server's speed (or an
+agent at its own), charged to no quota."""
 
 from __future__ import annotations
 
@@ -26,25 +27,34 @@ class ServerAnswers:
         # header, on a secured server, is one): the rest at debug, as they may be a flood.
         self._dropped = RepeatedLines(every_s, burst=DROPPED_SAID_PER_INTERVAL)
 
-    def judged(self, exc: DecodeError, msg: Delivery, where: str) -> DecodeError | None:
+    def judged(
+        self, exc: DecodeError, msg: Delivery, where: str, *, headed: bool = False, by: str = ""
+    ) -> DecodeError | None:
         """Why ``msg`` could not be read, as its letter says it: ``exc``, or what the server
-        wrote it as; None when it is a server's answer to drop."""
+        wrote it as; None when it is a server's answer to drop. ``headed``: where every
+        party's message carries headers (one without is a server's answer). ``by``: the
+        sender ``msg``'s subject names, whose unreadable messages get a letter a minute too
+        (its subject is its own to fill, at its own pace)."""
         try:
-            refuse_server_answers(msg.data, msg.headers, msg.subject)
+            refuse_server_answers(msg.data, msg.headers, msg.subject, headed=headed)
         except ServerAnswer as answer:
             return self.to_letter(answer, where)
         if isinstance(exc, ServerAnswer):  # told by its reader (no headers where all have some)
             return self.to_letter(exc, where)
-        return exc
+        return self.to_letter(exc, f"{where} from {by}") if by else exc
 
-    def to_letter(self, answer: ServerAnswer, where: str) -> ServerAnswer | None:
+    def to_letter(self, answer: DecodeError, where: str) -> DecodeError | None:
         """``answer`` as its letter says it, or None: dropped, counted in the next letter."""
         since = self._letters.due(where)
         if since is None:
             said = log.warning if self._dropped.due(where) is not None else log.debug
-            said("a server's answer aimed at our subject: dropped (the letter of one a minute"
-                 " says how many)", where=where, why=str(answer))  # fmt: skip
+            what = "a server's answer aimed at our subject"
+            if not isinstance(answer, ServerAnswer):
+                what = "an unreadable message"
+            said(f"{what}: dropped (the letter of one a minute says how many)",
+                 where=where, why=str(answer))  # fmt: skip
             return None
         if not since:
             return answer
-        return ServerAnswer(f"{answer} ({since} more since the last letter of one, dropped)")
+        more = f"{answer} ({since} more since the last letter of one, dropped)"
+        return type(answer)(more, path=answer.path)

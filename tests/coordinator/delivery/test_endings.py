@@ -13,7 +13,7 @@ from agentreach.envelopes import AuditRecord, Event, Execution, Task, decode_as
 from agentreach.envelopes import headers as h
 from tests.coordinator.observability.test_metrics import replica
 from tests.scrape import scrape, total
-from tests.support import Watcher, letter_of, until_true
+from tests.support import Watcher, events_settled, letter_of, until_true
 
 
 def ended_twice(watcher: Watcher) -> Event | None:
@@ -79,10 +79,35 @@ async def test_an_ending_that_is_not_an_event_is_dead_lettered_with_its_bytes(
     now its bytes are in REACH_DLQ as `invalid_envelope`."""
     subject = broker.names.event("completed", "double", "junk-1", "junk-1", "liar")
     async with replica(broker):
-        await broker.publish(subject, b"not json at all")
+        await broker.publish(subject, b"not json at all", headers={"Nats-Msg-Id": "junk-1"})
         letter = await watcher.dead_letter("invalid_envelope")
     assert letter.raw == "not json at all"
     assert letter.error is not None and "JSON" in letter.error.message
+
+
+async def test_a_sender_s_unreadable_events_get_one_letter_a_minute(broker, watcher: Watcher):
+    """An agent publishing garbage on its own event subjects had a dead letter (kept 30
+    days) and an error line for each: 500 of them, 500 letters (security re-test). Now one
+    a minute of each sender; one without headers is a server's answer aimed at the subject
+    (every event but `progress` carries headers)."""
+    names = broker.names
+    async with replica(broker):
+        for n in range(5):
+            subject = names.event("failed", "double", f"junk-{n}", f"junk-{n}", "liar")
+            await broker.publish(subject, b"garbage", headers={"Nats-Msg-Id": f"junk-{n}"})
+        honest = names.event("failed", "double", "junk-h", "junk-h", "broken")
+        await broker.publish(honest, b"garbage too", headers={"Nats-Msg-Id": "junk-h"})
+        copy = names.event("failed", "double", "junk-c", "junk-c", "bob")
+        await broker.publish(copy, b"{}")  # what a direct get with no headers answers
+        await events_settled(broker, names.coordinator_outcomes)
+
+        def letters() -> list[str]:
+            return sorted(x.raw or "" for x in watcher.dead_letters)
+
+        await watcher.until(lambda: len(letters()) >= 3 or None, "three letters")
+    assert letters() == ["garbage", "garbage too", "{}"]
+    copied = next(x for x in watcher.dead_letters if x.raw == "{}")
+    assert copied.error is not None and "no headers" in copied.error.message
 
 
 async def test_another_caller_s_run_under_the_id_ends_only_its_own_message(
