@@ -150,6 +150,7 @@ class Coordinator:
             topics=self._topics,
             workflows=lambda: self.workflows.specs,
             names=broker.names,
+            topic_labels=config.metrics.topic_labels,
         )
         self.census = WorkflowCensus(broker)
         self.readiness = Readiness(broker)

@@ -26,6 +26,9 @@ class MetricsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # host), any free one is served instead and said so. What ``reach up`` does with 9464.
     any_port_if_taken: bool = False
     batch: Positive = 256  # events counted per fetch
+    # Topics labelled as themselves (about 190 series each, never removed); more are counted
+    # as `_other`: a card may list any number of intents its allowance's pattern admits.
+    topic_labels: Positive = 500
 
 
 class AuditConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

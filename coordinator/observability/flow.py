@@ -34,6 +34,7 @@ from agentreach.coordinator.observability.labels import (
     TRANSITIONS,
     WORKFLOW_ENDS,
     WORKFLOW_STATUSES,
+    TopicLabels,
     rejection_kind,
     transition_label,
 )
@@ -74,11 +75,11 @@ class FlowMetrics(Collector):
         topics: Callable[[], Iterable[str]] = tuple,
         workflows: Callable[[], Iterable[str]] = tuple,
         names: Names | None = None,
+        topic_labels: int = 500,
     ) -> None:
-        self._known_topic = known_topic
+        self._labels = TopicLabels(known_topic, topic_labels)
         self._topics, self._workflows = topics, workflows
         self._primed: set[tuple[str, str]] = {("topic", OTHER_TOPIC)}
-        self._served: set[str] = set()  # topics labelled as themselves: they stay labels
         self.last_stored_ms = 0
         self.behind = 0  # events the consumer still holds after the last one taken
         self._ends, self._routes = Ends(), Routes(names or Names())
@@ -225,14 +226,21 @@ class FlowMetrics(Collector):
     def prime(self) -> None:
         """Create at 0 the series of every topic and workflow known now (once each)."""
         workflows = list(self._workflows())
-        for topic in (*self._topics(), *workflows):
-            if ("topic", topic) not in self._primed:
-                self._primed.add(("topic", topic))
-                self._prime_topic(topic)
+        for topic in workflows:  # configured by the operator: never `_other`
+            self._labels.admit(topic, bounded=False)
+            self._prime_topic_once(topic)
+        for topic in self._topics():
+            if ("topic", topic) not in self._primed and self._labels.admit(topic):
+                self._prime_topic_once(topic)
         for workflow in workflows:
             if ("workflow", workflow) not in self._primed:
                 self._primed.add(("workflow", workflow))
                 self._prime_workflow(workflow)
+
+    def _prime_topic_once(self, topic: str) -> None:
+        if ("topic", topic) not in self._primed:
+            self._primed.add(("topic", topic))
+            self._prime_topic(topic)
 
     def _prime_closed_sets(self) -> None:
         for priority in PRIORITIES:
@@ -280,14 +288,8 @@ class FlowMetrics(Collector):
         return child
 
     def topic(self, topic: str) -> str:
-        """The topic as a label: only topics an agent or a workflow serves (or served: its
-        `no_route` once its agents are forgotten counts in the success ratio) make series."""
-        if topic in self._served or ("topic", topic) in self._primed:
-            return topic
-        if not self._known_topic(topic):
-            return OTHER_TOPIC
-        self._served.add(topic)
-        return topic
+        """The topic as a label (see :class:`TopicLabels`)."""
+        return self._labels.of(topic)
 
     # -- the fold ------------------------------------------------------------------------
     def count(self, msg: Delivery) -> None:

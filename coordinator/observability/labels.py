@@ -5,9 +5,13 @@ topic nobody serves."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import get_args
 
 from agentreach.envelopes import Event, LivenessState
+from agentreach.logs import RepeatedLines, get_logger
+
+log = get_logger("coordinator.metrics")
 
 OTHER_TOPIC = "_other"  # topics nobody serves: anyone may publish to reach.task.<anything>
 WORKFLOW_STATUSES = ("completed", "failed", "cancelled")
@@ -70,3 +74,38 @@ def transition_label(detail: dict[str, object]) -> str:
     """The ``state`` label of an ``agent_state`` event's transition."""
     state = str(detail.get("state", "UNKNOWN"))
     return "STOPPED" if state == "OFFLINE" and detail.get("reason") == "stopped" else state
+
+
+class TopicLabels:
+    """Which topics are labels of their own: only those an agent or a workflow serves (or
+    served: its `no_route` once its agents are forgotten counts in the success ratio), so
+    that anyone's `reach.task.<anything>` makes no series; and at most ``limit`` of the
+    agents' (each costs about 190 series, never removed: an agent whose allowance is a
+    pattern rewrote its card with 500 new intents at a time, 95,000 series each). The rest
+    are `_other`."""
+
+    def __init__(self, known: Callable[[str], bool], limit: int) -> None:
+        self._known = known
+        self._labelled = {OTHER_TOPIC}
+        self._left = limit
+        self._full = RepeatedLines(60.0)
+
+    def of(self, topic: str) -> str:
+        """``topic`` as a label."""
+        if topic in self._labelled:
+            return topic
+        return topic if self._known(topic) and self.admit(topic) else OTHER_TOPIC
+
+    def admit(self, topic: str, *, bounded: bool = True) -> bool:
+        """Whether ``topic`` is a label of its own, made one if there is room (``bounded``
+        False: a workflow's, which the operator configured)."""
+        if topic in self._labelled:
+            return True
+        if bounded and self._left <= 0:
+            if (unsaid := self._full.due("full")) is not None:
+                said = "too many topics to label: more are counted as _other (metrics.topic_labels)"
+                log.warning(said, topic=topic, more_not_said=unsaid)
+            return False
+        self._left -= bounded
+        self._labelled.add(topic)
+        return True

@@ -343,6 +343,49 @@ async def test_known_series_are_exported_at_0_before_their_first_event(broker):
             assert at_zero(other, "double") == at_zero(other, "explode") == []
 
 
+async def test_topics_past_the_label_limit_are_counted_as_other(broker, watcher):
+    """An agent whose allowance is a pattern rewrote its card with 500 new intents at a
+    time: 190 series each, never removed (380,000 series, a 30 MB scrape, after four). The
+    agents' topics labelled as themselves are bounded (`metrics.topic_labels`); a
+    workflow's are the operator's and always are; the rest count as `_other`."""
+    many = Agent("metrics-many", startup_delay=0)
+    for n in range(4):
+
+        @many.handler(f"many-{n}")
+        async def handle(ctx: TaskContext, payload: dict) -> dict:
+            return {}
+
+    flows = {"twice": wf.chain(wf.step("once", "many-0"))}
+    metrics = MetricsConfig(port=0, topic_labels=2)
+    config = msgspec.structs.replace(FAST, metrics=metrics, workflows=flows)
+    with capture_logs() as logs:
+        async with replica(broker, config) as running, many.running(broker=broker):
+            await watcher.state("metrics-many", "ONLINE")
+            async with ReachClient(broker=broker) as client:
+                sent = [await client.publish(f"many-{n}", {}) for n in range(4)]
+                for message_id, _ in sent:
+                    await watcher.event("completed", message_id=message_id)
+
+            def finished(found: dict) -> dict[str, float]:
+                done = "reach_tasks_finished_total"
+                return {
+                    dict(labels)["topic"]: value
+                    for (name, labels), value in found.items()
+                    if name == done and dict(labels)["outcome"] == "completed" and value
+                }
+
+            async def all_counted() -> dict | None:
+                found = await scrape(running.metrics_url)
+                return found if sum(finished(found).values()) == 4 else None
+
+            found = await until_true(all_counted)
+    labelled = {dict(labels).get("topic") for (_, labels) in found} - {None}
+    assert "twice" in labelled and "_other" in labelled
+    assert len(labelled - {"twice", "_other"}) == 2, labelled
+    assert finished(found)["_other"] == 2
+    assert any("too many topics to label" in line["event"] for line in logs)
+
+
 async def _with_topic(url: str, topic: str) -> dict | None:
     found = await scrape(url)
     listed = ("reach_retries_total", (("priority", "P1"), ("topic", topic)))
