@@ -11,6 +11,7 @@ from agentreach.broker import Broker
 from agentreach.broker.direct import subject_counts
 from agentreach.cli.agent_rows import Row, as_json, breaker_shown, refused_to, state_of, tripped
 from agentreach.cli.options import UsageError
+from agentreach.cli.terminal import one_line
 from agentreach.envelopes import PRIORITIES, AgentCard, Execution, Heartbeat, Liveness
 
 
@@ -91,7 +92,7 @@ def render(detail: Detail, now_ms: int) -> str:
             f"  {'MESSAGE_ID':<38} {'ATTEMPT':>7}  {'CALLER':<16} {'FOR':>8}  {'EPOCH':>13}  LEASE"
         )
         lines.extend(_running_line(record, now_ms, epoch) for record in detail.running)
-    return "\n".join(lines)
+    return "\n".join(map(one_line, lines))  # a line an agent wrote is one line
 
 
 def _card_lines(row: Row, now_ms: int) -> list[str]:

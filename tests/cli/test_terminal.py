@@ -28,7 +28,7 @@ def test_controls_are_escaped_and_the_rest_kept():
 
 
 def liar() -> Agent:
-    agent = Agent("cli-liar", tags={"role": EVIL}, startup_delay=0)
+    agent = Agent("cli-liar", tags={"role": EVIL, "note": "x\nforged  ONLINE"}, startup_delay=0)
 
     @agent.handler("lies", max_attempts=1)
     async def lies(ctx: TaskContext, payload: dict) -> dict:
@@ -48,6 +48,7 @@ async def test_an_agents_control_characters_are_shown_escaped(broker, coordinato
         await watcher.dead_letter("retries_exhausted", message_id=message_id)
         for command in [
             ("agents",),
+            ("agents", "show", "cli-liar"),
             ("trace", message_id),
             ("dlq", "list"),
             ("dlq", "show", message_id),
@@ -57,6 +58,8 @@ async def test_an_agents_control_characters_are_shown_escaped(broker, coordinato
             output = said.stdout + said.stderr
             assert not OBEYED.search(output), (command, ascii(output))
             assert "\\u001b]52;c;cm0gLXJmIH4K" in output, (command, output)
+            # A line break in a tag starts no line of its own.
+            assert not any(line.startswith("forged") for line in output.splitlines()), command
         listed = await run(*reach_argv(broker, "agents"))
         # The tag's row is one line: nothing in it starts another.
         rows = [line for line in listed.stdout.splitlines() if "ONLINE" in line]
