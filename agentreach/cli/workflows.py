@@ -26,6 +26,7 @@ from agentreach.cli.options import (
     operators_only,
 )
 from agentreach.cli.status import NOT_RUNNING, warn_without_coordinator
+from agentreach.cli.terminal import one_line
 from agentreach.coordinator.workflows import all_records, cancel, read_record, signal
 from agentreach.envelopes import (
     StepRun,
@@ -339,7 +340,7 @@ def tree(record: WorkflowRecord) -> str:
         lines.append(f"  error: {record.error.type}: {record.error.message}")
     if record.awaiting:  # stopped while they ran: one done after all is undone first
         lines.append(f"  undoing waits first for the outcome of {', '.join(record.awaiting)}")
-    return "\n".join(lines)
+    return "\n".join(map(one_line, lines))  # a step's error starts no line of its own
 
 
 def _why_stopped(record: WorkflowRecord) -> str:

@@ -48,6 +48,15 @@ def test_a_step_stopped_without_an_error_says_why():
     assert line.endswith("← stopped as the instance ended: expired")
 
 
+def test_a_step_s_error_is_one_line_of_the_tree():
+    """A step agent's error with a line break drew a line of its own under the tree."""
+    forged = ErrorInfo(type="boom", message="x\n  └─ s9  completed", retryable=False)
+    steps = {"s1": StepRun(status="failed", error=forged, started_ms=1, ended_ms=2)}
+    shown = tree(record(status="failed", steps=steps, error=forged, started_ms=1))
+    assert len(shown.splitlines()) == 3, shown
+    assert "x\\u000a  └─ s9" in shown
+
+
 def test_a_wait_cut_short_and_a_step_never_started_are_not_pass_throughs():
     """A state waiting for an event when its instance was cancelled, and a step whose input
     named nothing, both read `(pass-through)` (a walkthrough)."""
