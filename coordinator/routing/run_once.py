@@ -285,14 +285,15 @@ async def _ended(broker: Broker, task: Task) -> bool:
 
 def recorded_completion(task: Task, record: Execution, *, with_result: bool = True) -> Event:
     """The ``completed`` event of a run that recorded its result and said nothing more;
-    ``with_result`` False for another sender's run: its result is not ``task``'s to see."""
+    ``with_result`` False for another sender's run: its result (and how long it took) is not
+    ``task``'s to see."""
     result = {"result_ref": msgspec.to_builtins(record.result_ref)} if record.result_ref else {}
     if not with_result:
         result = {"result_withheld": "the run was another sender's"}
     # An outcome's record need not say when its run began (older SDKs' do not): no duration
     # then, rather than the time since 1970.
     took = record.finished_at_ms - record.started_ms
-    timed = {"duration_ms": max(0, took)} if record.started_ms else {}
+    timed = {"duration_ms": max(0, took)} if record.started_ms and with_result else {}
     return event_for(
         task,
         "completed",

@@ -316,9 +316,11 @@ async def test_an_expired_report_read_past_a_replica_behind_ends_the_task_from_i
     the task done, and the report was dropped: the task never ended (no `completed`, no
     reply, no letter). It is answered from its record."""
     task = envelopes.Task(v=1, message_id="behind-1", trace_id="behind-1", topic="slow", ttl_ms=300)
+    now = envelopes.now_ms()
     await recorded(
-        broker, "behind-1", "lagged-1", "done", finished_at_ms=envelopes.now_ms(), result={"n": 1}
-    )
+        broker, "behind-1", "lagged-1", "done", started_ms=now - 40, finished_at_ms=now,
+        result={"n": 1},
+    )  # fmt: skip
     records = RunOnce.records
     behind = {"behind-1"}
 
@@ -337,6 +339,7 @@ async def test_an_expired_report_read_past_a_replica_behind_ends_the_task_from_i
     await emit(broker, report, sender="lagged-1")
     completed = await watcher.event("completed", message_id="behind-1")
     assert completed.detail["from_record"] is True and completed.detail["result"] == {"n": 1}
+    assert completed.detail["duration_ms"] == 40  # when its run began is in the record
     assert not [letter for letter in watcher.dead_letters if letter.message_id == "behind-1"]
 
 

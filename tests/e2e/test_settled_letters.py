@@ -296,7 +296,7 @@ async def test_a_replay_of_another_caller_s_message_is_not_sent_its_result(
     [done] = in_her_trace()
     assert runs == ["chores secret-1"]
     assert done.detail.get("from_record") is True
-    assert "duration_ms" not in done.detail  # its record does not say when the run began
+    assert "duration_ms" not in done.detail  # nor how long another sender's run took
     assert "result" not in done.detail and "result_ref" not in done.detail
     assert done.detail["result_withheld"] == "the run was another sender's"
 
