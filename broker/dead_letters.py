@@ -20,7 +20,7 @@ from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.errors import BrokerError
 from agentreach.broker.lifecycle import authentic, emit, event_message
 from agentreach.broker.messages import Delivery
-from agentreach.broker.names import OPERATOR
+from agentreach.broker.names import COORDINATOR, OPERATOR
 from agentreach.broker.runs import runs_of
 from agentreach.broker.streams import StoredMessage
 from agentreach.envelopes import DeadLetter, ErrorInfo, Event, Task, now_ms, stable_id
@@ -69,6 +69,8 @@ async def dead_letter(
         trace = [event for _, event in pairs]
     if task is not None and task.received_ms > 0:  # this life's: an earlier one was settled
         trace = [event for event in trace if event.received_ms in (0, task.received_ms)]
+    if (stored_end := _ended_already(broker, pairs, trace)) is not None:
+        reason, error, ran = stored_end
     letter = DeadLetter(
         v=1,
         reason=reason,
@@ -161,6 +163,25 @@ async def dead_letter_stored(
         raw=stored.data,
         headers={**stored.headers, "Reach-Subject": stored.subject},
     )
+
+
+def _ended_already(
+    broker: Broker, pairs: list[tuple[StoredMessage, Event]], trace: list[Event]
+) -> tuple[str, ErrorInfo | None, bool | None] | None:
+    """What the coordinator's ``dead_lettered`` event of this run, stored already, said: its
+    letter was refused (a full ``REACH_DLQ``) and comes again on the message's redelivery,
+    and it says that, not what would be decided now (`no_route` tasks that waited for room
+    were lettered `expired`, their ttl passed meanwhile, under a trace that said `no_route`)."""
+    ours = [e for m, e in pairs if broker.names.sender_of(m.subject) == COORDINATOR]
+    ended = next((e for e in trace if e.event == "dead_lettered" and e in ours), None)
+    if ended is None or not isinstance(reason := ended.detail.get("reason"), str):
+        return None
+    try:
+        error = msgspec.convert(ended.detail.get("error"), ErrorInfo | None)
+    except msgspec.ValidationError:
+        error = None
+    ran = ended.detail.get("ran")
+    return reason, error, ran if isinstance(ran, bool) else None
 
 
 def _letter_detail(

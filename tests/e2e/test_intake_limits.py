@@ -11,6 +11,7 @@ from agentreach.broker import StreamFull, Topology, provision, read_stream
 from agentreach.broker.dead_letters import RAW_KEPT
 from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.intake import STOW_TRIES
+from agentreach.envelopes import Task, encode, now_ms
 from agentreach.envelopes import headers as h
 from tests.e2e.routing_support import fast
 from tests.secured import SECURED
@@ -46,6 +47,37 @@ async def test_a_claim_check_that_keeps_failing_ends_in_a_dead_letter(broker, co
     assert f"{STOW_TRIES} tries" in letter.error.message
     assert "does not exist" in letter.error.message
     assert watcher.count("routed", {"unstowed"}) == 0
+
+
+async def test_a_letter_that_waited_for_room_says_why_the_task_ended(
+    broker, start_coordinator, watcher
+):
+    """`no_route` tasks held while REACH_DLQ was full were lettered `expired` once there was
+    room (their ttl had passed meanwhile), under traces that said `no_route`: a compensation
+    worker for `no_route` never saw them (an on-call drill). The letter says what the stored
+    `dead_lettered` event said."""
+    names = broker.names
+    full = StorageLimits(dead_letters_bytes=4_096)
+    await provision(broker, Topology.default(names, limits=full))
+    async with start_coordinator(fast(limits=full)):
+        for size in (600, 40):  # the stream filled by letters nobody dealt with
+            with pytest.raises(StreamFull):
+                for n in range(200):
+                    filler, msg_id = names.dlq("expired", "t"), f"old-{size}-{n}"
+                    await broker.publish(filler, b"a" * size, headers={h.MSG_ID: msg_id})
+        task = Task(v=1, message_id="nobody-1", trace_id="nobody-1", topic="nobody", ttl_ms=200)
+        await broker.publish(names.task("nobody"), encode(task), headers={h.MSG_ID: "nobody-1"})
+        ended = await watcher.event("dead_lettered", message_id="nobody-1")
+        assert ended.detail["reason"] == "no_route"
+        await eventually(lambda: now_ms() > ended.received_ms + 400)  # its ttl passed waiting
+        await provision(broker, Topology.default(names, limits=StorageLimits()))  # room
+
+        async def stored() -> list[str] | None:
+            letters = await read_stream(broker, names.dlq_stream, names.dlq("*", "nobody"))
+            return [m.subject for m in letters] or None
+
+        # The watcher sees each letter published, stored or refused: the stream is read.
+        assert await until_true(stored) == [names.dlq("no_route", "nobody")]
 
 
 async def test_a_letter_a_full_dead_letter_stream_refuses_waits_for_room(
