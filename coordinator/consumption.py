@@ -163,7 +163,7 @@ class Consumption:
                 self._full_said_at = now
                 log.warning(
                     "a stream is full: what needs room in it waits and is tried again; raise"
-                    " its `limits:` key, or make room (README: Storage limits)",
+                    " its `limits:` key (README: Storage limits)",
                     error=str(exc),
                 )
         elif self._failing_since is None:
