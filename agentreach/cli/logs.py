@@ -12,6 +12,8 @@ from typing import Any
 
 import structlog
 
+from agentreach.cli.terminal import shown
+
 SECRET_KEYS = frozenset({"password", "token", "seed", "nkey", "creds", "jwt", "secret"})
 # user:password@ or token@ inside a URL (nats://, tls://, ws://, …)
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>\b[a-z][a-z0-9+.-]*://)(?P<userinfo>[^/@\s,]+)@")
@@ -33,6 +35,19 @@ def redact_secrets(
 def _hide_userinfo(match: re.Match[str]) -> str:
     user, has_password, _ = match["userinfo"].partition(":")
     return f"{match['scheme']}{user}:***@" if has_password else f"{match['scheme']}***@"
+
+
+def shown_values(
+    logger: Any, method: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    """Every string of a console line with its control characters escaped (see
+    :mod:`agentreach.cli.terminal`): a subject token may hold any byte but whitespace, and an
+    agent's or a caller's, logged, set the operator's window title, wrote the clipboard and
+    erased the line above. The renderer quotes a value only for a space, `=` or a quote."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = shown(value)  # a line break: the renderer quotes the value
+    return event
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -58,6 +73,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
             structlog.processors.TimeStamper(fmt="iso"),
             structlog.processors.format_exc_info,
             redact_secrets,
+            *([shown_values] if fmt == "console" else []),  # JSON escapes them itself
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
+import signal
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.cli.terminal import one_line, shown
-from tests.cli.conftest import reach_argv, run
+from tests.cli.conftest import reach_argv, run, started_until
 
 # The window title, the clipboard (OSC 52), a carriage return and an erase drawing a forged
 # row, hidden text, a C1 CSI, a bell and a bidi override.
@@ -67,3 +70,26 @@ async def test_an_agents_control_characters_are_shown_escaped(broker, coordinato
         shown_letter = await run(*reach_argv(broker, "dlq", "show", message_id))
         letter = json.loads(shown_letter.stdout)  # escaped, the JSON view says the same
         assert letter["error"]["message"].endswith("failed " + EVIL)
+
+
+async def test_a_subject_token_a_caller_chose_is_escaped_in_console_log_lines(broker):
+    """A subject token may hold any byte but whitespace: a caller's own intake subject,
+    logged by `reach coordinator` on a terminal (console lines), set the operator's window
+    title, wrote the clipboard and erased the line above (security re-test)."""
+    topic = "t\x1b]52;c;cm0gLXJmIH4K\x07\x1b[1A\x1b[2K\x9b31m"
+    argv = reach_argv(broker, "coordinator", "--metrics-port", "0")[:-2]  # not JSON lines
+    process = await started_until(
+        *argv, "--log-format", "console", said=b"coordinator serving", env={**os.environ}
+    )
+    assert process.stderr is not None
+    try:
+        await broker.publish(broker.names.task(topic), b"{oops", headers={"Nats-Msg-Id": "e-1"})
+        async with asyncio.timeout(20):
+            while b"invalid envelope" not in (line := await process.stderr.readline()):
+                assert line, "the coordinator exited"
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 20)
+    said = line.decode()
+    assert not OBEYED.search(said), ascii(said)
+    assert "t\\u001b]52;c;cm0gLXJmIH4K\\u0007" in said, said
