@@ -28,7 +28,9 @@ from agentreach.coordinator.observability.census import WorkflowCensus
 from agentreach.coordinator.observability.open_letters import OpenLetters
 from agentreach.coordinator.protection.queues import QueueDepths
 from agentreach.coordinator.routing.directory import AgentDirectory
-from agentreach.envelopes import PRIORITIES, BreakerRecord, now_ms
+from agentreach.envelopes import DEAD_LETTER_REASONS, PRIORITIES, BreakerRecord, now_ms
+
+OTHER_REASON = "other"  # a dead letter's reason the protocol does not name
 
 log = structlog.get_logger("coordinator.metrics")
 
@@ -85,7 +87,7 @@ class Sampled:
         by_reason: dict[str, int] = {}
         start = len(names.prefix) + len(".dlq.")
         for subject, count in counts.items():
-            reason = subject[start:].split(".", 1)[0]
+            reason = reason_label(subject[start:].split(".", 1)[0])
             by_reason[reason] = by_reason.get(reason, 0) + count
         self.dlq_by_reason = by_reason
         self.stream_fill = await _fill_of(self._broker, names.limited_streams)
@@ -250,6 +252,13 @@ class StateCollector(Collector):
         yield from _stream_gauges(self._sampled)
 
 
+def reason_label(reason: str) -> str:
+    """A letter's reason as a label: anyone can have the server store a message on
+    ``reach.dlq.<anything>.…`` (a direct get's answer), and 100,000 such reasons made
+    200,000 series; the reasons of the protocol are labels, the rest ``other``."""
+    return reason if reason in DEAD_LETTER_REASONS else OTHER_REASON
+
+
 async def _fill_of(broker: Broker, streams: tuple[str, ...]) -> dict[str, tuple[int, int]]:
     """What each stream a ``limits:`` key bounds holds, and its byte limit (the streams not
     there left out)."""
@@ -282,7 +291,9 @@ def _open_letter_gauges(sampled: Sampled) -> Iterator[GaugeMetricFamily]:
     letters = sampled.open_letters
     assert letters is not None
     # Every reason REACH_DLQ keeps, so a reason whose letters were all dealt with reads 0.
-    counts = dict.fromkeys(sampled.dlq_by_reason, 0) | letters.by_reason()
+    counts = dict.fromkeys(sampled.dlq_by_reason, 0)
+    for reason, count in letters.by_reason().items():
+        counts[reason_label(reason)] = counts.get(reason_label(reason), 0) + count
     yield _gauge(
         "reach_dlq_open",
         "Dead letters in REACH_DLQ nobody has replayed or resolved yet, by reason.",

@@ -62,6 +62,27 @@ async def test_open_letters_count_until_replayed_or_resolved(broker):
         await until_true(lambda: open_counts({"retries_exhausted": 0, "no_route": 2}))
 
 
+async def test_a_reason_the_protocol_does_not_name_is_labelled_other(broker):
+    """The reason label came from REACH_DLQ's subjects, where anyone can have the server
+    store a message (a direct get's answer): 100,000 made-up reasons made 200,000 series
+    (security re-test). A letter of a reason the protocol does not name counts as `other`."""
+    async with replica(broker) as coordinator:
+        await letter_of(broker, task("lookup"), "no_route")
+        for n in range(5):
+            made_up = broker.names.dlq(f"r{n}", "x")
+            await broker.publish(made_up, encode(task("x")), headers=LETTERED)
+
+        async def counted() -> dict | None:
+            found = await scrape(coordinator.metrics_url)
+            return found if total(found, "reach_dlq_messages", reason="other") == 5 else None
+
+        found = await until_true(counted)
+    reasons = {dict(labels)["reason"] for name, labels in found if name == "reach_dlq_messages"}
+    assert reasons == {"no_route", "other"}
+    opened = {dict(labels)["reason"] for name, labels in found if name == "reach_dlq_open"}
+    assert opened <= {"no_route", "other"}
+
+
 async def test_no_open_letter_reads_zero_age(broker):
     """An empty DLQ: no open letter, an age of 0 (a rule on the age never fires on nothing)."""
     async with replica(broker) as coordinator:
