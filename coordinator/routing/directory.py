@@ -36,8 +36,12 @@ from agentreach.coordinator.routing import allowances
 from agentreach.coordinator.routing.allowances import Allowance
 from agentreach.coordinator.routing.priorities import PriorityAllowances
 from agentreach.envelopes import AgentCard, DecodeError, Liveness, decode_as
+from agentreach.logs import RepeatedLines
 
 log = structlog.get_logger("coordinator.directory")
+
+REFUSALS_SAID_PER_MINUTE = 3  # alerts (and lines) of refused intents, per agent
+REFUSALS_SHOWN = 10  # of the intents a card names and its allowance refuses
 
 REFRESH_MIN_S = 0.05
 
@@ -55,6 +59,7 @@ class AgentDirectory:
         self._allowed: dict[str, Allowance] = {}
         self.refused: dict[str, dict[str, str]] = {}  # agent → intent → why
         self._alerts: list[tuple[AgentCard, dict[str, str]]] = []
+        self._refusals_said = RepeatedLines(60.0, burst=REFUSALS_SAID_PER_MINUTE)
         self._by_intent: dict[str, list[AgentCard]] | None = None  # rebuilt after a change
         self.version = 0  # rises with every change of a card
         self._refreshing: asyncio.Task[None] | None = None
@@ -302,12 +307,19 @@ class AgentDirectory:
         so the events stream drops the same alert from another replica or a re-read."""
         while self._alerts:
             card, refusals = self._alerts.pop(0)
-            log.warning("intents refused", agent_id=card.agent_id, refused=refusals)
+            # A few a minute per agent: one rewriting its card with intents in and out of its
+            # allowance raised an alert and a line (of all 800 intents) per rewrite.
+            if (unsaid := self._refusals_said.due(card.agent_id)) is None:
+                continue
+            shown = dict(list(sorted(refusals.items()))[:REFUSALS_SHOWN])
+            log.warning("intents refused", agent_id=card.agent_id, refused=shown,
+                        count=len(refusals), more_not_said=unsaid)  # fmt: skip
             alert = agent_event(
                 card.agent_id,
                 "alert",
                 problem="intent_not_allowed",
-                intents=sorted(refusals),
+                intents=sorted(refusals)[:REFUSALS_SHOWN],
+                count=len(refusals),
                 why=next(iter(refusals.values())),
                 epoch=card.epoch,
             )

@@ -26,7 +26,8 @@ from agentreach.cli.auth import push_allowances
 from agentreach.coordinator import Coordinator
 from agentreach.coordinator.protection.grants import SecurityConfig
 from agentreach.coordinator.routing.allowances import Allowance, bucket_name
-from agentreach.envelopes import Event, decode_as
+from agentreach.coordinator.routing.directory import REFUSALS_SAID_PER_MINUTE
+from agentreach.envelopes import AgentCard, Event, decode_as
 from tests.cli.conftest import VENV_BIN, run
 from tests.conftest import FAST
 from tests.secured import SecuredDeployment, sealed_deployment
@@ -110,6 +111,31 @@ async def test_an_agent_gets_none_of_the_tasks_of_an_intent_it_is_not_allowed(tm
         assert alerts[0].detail["problem"] == "intent_not_allowed"
         assert alerts[0].detail["intents"] == ["summarize"]
         assert await _alerts_about(fleet.admin, HONEST) == []
+
+
+async def test_an_agent_rewriting_its_card_raises_a_few_alerts_a_minute(tmp_path):
+    """An agent rewrote its card with intents in and out of its allowance: an alert (and a
+    log line of every refused intent) per rewrite, 563 in 20 s (security re-test). A few a
+    minute per agent now; `reach agents` still shows each refusal."""
+    async with secured_fleet(tmp_path) as fleet:
+        directory = fleet.coordinator.directory
+        await eventually(lambda: EVIL in directory.refused, timeout=10)
+        auth = fleet.deployment.auth("agent", EVIL)
+        async with Broker(fleet.url, name="evil-again", auth=auth) as evil:
+            cards = await evil.bucket(evil.names.agents_bucket, AgentCard)
+            card = (await cards.get(EVIL)).value
+            for n in range(6):
+                intents = {**card.intents, f"grab-{n}": card.intents["summarize"]}
+                await cards.put(EVIL, msgspec.structs.replace(card, intents=intents))
+                await eventually(lambda n=n: f"grab-{n}" in directory.refused.get(EVIL, {}))
+
+        async def said() -> list[Event] | None:
+            alerts = await _alerts_about(fleet.admin, EVIL)
+            return alerts if len(alerts) >= REFUSALS_SAID_PER_MINUTE else None
+
+        await until_true(said)  # the rest, past the first few, are not said
+        alerts = await _alerts_about(fleet.admin, EVIL)
+    assert len(alerts) == REFUSALS_SAID_PER_MINUTE, [a.detail["intents"] for a in alerts]
 
 
 async def test_another_replica_refuses_the_same_and_alerts_nobody_again(tmp_path):
