@@ -47,6 +47,7 @@ from agentreach.coordinator.liveness.control import LivenessControl
 from agentreach.coordinator.liveness.monitor import LivenessMonitor
 from agentreach.coordinator.liveness.queue_expiry import QueueExpiry
 from agentreach.coordinator.observability import (
+    AgentTopics,
     AuditWriter,
     FlowMetrics,
     OpenLetters,
@@ -144,10 +145,11 @@ class Coordinator:
         )
         self.quotas = CallerQuotas(broker, config.rate_limits)
         self.registry = new_registry()
+        self._agent_topics = AgentTopics(self.directory)
         self.flow = FlowMetrics(
             self.registry,
             self._serves,
-            topics=self._topics,
+            topics=self._agent_topics.shared,
             workflows=lambda: self.workflows.specs,
             names=broker.names,
             topic_labels=config.metrics.topic_labels,
@@ -299,12 +301,8 @@ class Coordinator:
         return functools.partial(run, batch=batch, handle=handle, task_of=task_of)
 
     def _serves(self, topic: str) -> bool:
-        """Whether an agent or a workflow serves ``topic`` (it may be a metric label)."""
-        return bool(self.directory.serving(topic)) or self.workflows.serves(topic)
-
-    def _topics(self) -> set[str]:
-        """Every topic an agent's card lists: its metric series exist before its first task."""
-        return {intent for card in self.directory.cards.values() for intent in card.intents}
+        """Whether an agent (in its share) or a workflow serves ``topic``: a metric label."""
+        return topic in self._agent_topics.shared() or self.workflows.serves(topic)
 
     def status(self) -> dict[str, object]:
         """What ``reach.ctl.status`` answers: this replica, and whether it is ready."""

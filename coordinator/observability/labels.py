@@ -6,14 +6,18 @@ topic nobody serves."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from agentreach.envelopes import Event, LivenessState
 from agentreach.logs import RepeatedLines, get_logger
 
+if TYPE_CHECKING:
+    from agentreach.coordinator.routing.directory import AgentDirectory
+
 log = get_logger("coordinator.metrics")
 
 OTHER_TOPIC = "_other"  # topics nobody serves: anyone may publish to reach.task.<anything>
+TOPICS_PER_AGENT = 32  # of a card's intents, the first by name that may be labels
 WORKFLOW_STATUSES = ("completed", "failed", "cancelled")
 REJECTIONS = ("backpressure", "rate_limited", "circuit_open")
 QUOTA = "quota"  # the rejection kind of a caller over its quota: `rejected`, no dead letter
@@ -109,3 +113,25 @@ class TopicLabels:
         self._left -= bounded
         self._labelled.add(topic)
         return True
+
+
+class AgentTopics:
+    """The agents' topics that may be labels: each card's first :data:`TOPICS_PER_AGENT`
+    intents by name, so that no one agent takes the labels every agent shares (one card of
+    500 intents left a topic registered after it counted as `_other`). Worked out again only
+    when a card changed (``version``)."""
+
+    def __init__(self, directory: AgentDirectory) -> None:
+        self._directory = directory
+        self._shared: frozenset[str] = frozenset()
+        self._shared_at = -1
+
+    def shared(self) -> frozenset[str]:
+        if self._shared_at != (version := self._directory.version):
+            self._shared = frozenset(
+                topic
+                for card in self._directory.cards.values()
+                for topic in sorted(card.intents)[:TOPICS_PER_AGENT]
+            )
+            self._shared_at = version
+        return self._shared

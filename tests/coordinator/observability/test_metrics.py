@@ -19,6 +19,7 @@ from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.coordinator.observability import http as http_module
 from agentreach.coordinator.observability.http import HttpError, HttpServer, Request, Response
+from agentreach.coordinator.observability.labels import TOPICS_PER_AGENT
 from agentreach.envelopes import DEAD_LETTER_REASONS, PRIORITIES, Event, RateLimit, Task, encode
 from tests.conftest import FAST
 from tests.scrape import http_get, scrape, total
@@ -384,6 +385,32 @@ async def test_topics_past_the_label_limit_are_counted_as_other(broker, watcher)
     assert len(labelled - {"twice", "_other"}) == 2, labelled
     assert finished(found)["_other"] == 2
     assert any("too many topics to label" in line["event"] for line in logs)
+
+
+async def test_one_agent_labels_a_share_of_its_topics_and_no_more(broker, watcher):
+    """One card of 500 intents took every topic label there was: a topic registered after
+    it counted as `_other` until a restart (security re-test). Each card's first 32
+    intents by name may be labels; the rest are `_other`, and other agents keep theirs."""
+    many = Agent("metrics-squat", startup_delay=0)
+    for n in range(TOPICS_PER_AGENT + 4):
+
+        @many.handler(f"sq-{n:02d}")
+        async def handle(ctx: TaskContext, payload: dict) -> dict:
+            return {}
+
+    later, _ = agents()
+    metrics = MetricsConfig(port=0, topic_labels=TOPICS_PER_AGENT + 2)
+    async with (
+        replica(broker, msgspec.structs.replace(FAST, metrics=metrics)) as running,
+        many.running(broker=broker),
+    ):
+        await watcher.state("metrics-squat", "ONLINE")
+        async with later.running(broker=broker):
+            found = await until_true(lambda: _with_topic(running.metrics_url, "double"))
+    labelled = {dict(labels).get("topic") for (_, labels) in found} - {None, "_other"}
+    squatted = {t for t in labelled if t.startswith("sq-")}
+    assert squatted == {f"sq-{n:02d}" for n in range(TOPICS_PER_AGENT)}
+    assert "double" in labelled
 
 
 async def _with_topic(url: str, topic: str) -> dict | None:
