@@ -53,6 +53,7 @@ async def ensure_bucket(
     wanted = api.StreamConfig.from_response(existing.config.as_dict())
     wanted.max_msgs_per_subject = bucket.history
     wanted.max_msg_size = spec.max_msg_size
+    wanted.max_bytes = spec.max_bytes
     wanted.max_age = bucket.ttl_s
     wanted.description = bucket.description or None
     wanted.allow_rollup_hdrs, wanted.deny_purge = spec.allow_rollup_hdrs, spec.deny_purge

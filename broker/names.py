@@ -308,14 +308,9 @@ class Names(msgspec.Struct, frozen=True):
     @property
     def limited_streams(self) -> tuple[str, ...]:
         """The streams a coordinator config's ``limits:`` bounds in bytes."""
-        return (
-            self.tasks_stream,
-            self.dlq_stream,
-            self.events_stream,
-            self.settled_stream,
-            self.audit_stream,
-            f"OBJ_{self.payloads_bucket}",
-        )
+        streams = (self.tasks_stream, self.dlq_stream, self.events_stream, self.settled_stream)
+        stores = (f"OBJ_{self.payloads_bucket}", f"KV_{self.executions_bucket}")
+        return (*streams, self.audit_stream, *stores)
 
     @property
     def payloads_bucket(self) -> str:

@@ -64,6 +64,9 @@ class StorageLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # An execution record holds a result up to the claim-check threshold inline; a larger
     # one is in the Object Store and the record holds its reference.
     record_bytes: int = DEFAULT_THRESHOLD + 64 * KIB
+    # Every record together: an agent may write any key of its own, and one wrote 2.3 GB of
+    # them in 20 s. Full, a new record is refused (a claim fails; the task is tried again).
+    records_bytes: int = -1
     card_bytes: int = 128 * KIB  # an agent's intents, with their descriptions and examples
     small_value_bytes: int = 16 * KIB  # heartbeats, liveness, breakers, leases, quotas
 
@@ -122,6 +125,7 @@ class BucketSpec:
     history: int = 1
     ttl_s: float = 0.0  # 0 = keys never expire
     max_value_bytes: int = -1  # a larger value is refused
+    max_bytes: int = -1  # full, a new value is refused
     description: str = ""
     replicas: int = 1
     placement_tags: tuple[str, ...] = ()
@@ -152,6 +156,7 @@ class BucketSpec:
             max_msgs=-1,
             max_msgs_per_subject=self.history,
             max_msg_size=self.max_value_bytes,
+            max_bytes=self.max_bytes,
             num_replicas=self.replicas,
             storage=api.StorageType.FILE,
             placement=_placement(self.placement_tags),
@@ -357,6 +362,7 @@ class Topology:
                     name=n.executions_bucket,
                     ttl_s=executions_ttl_s,
                     max_value_bytes=lim.record_bytes,
+                    max_bytes=lim.records_bytes,
                     description="Execution records by message_id (exactly-once effect)",
                 ),
             ),

@@ -121,3 +121,21 @@ async def test_settled_and_audit_records_are_bounded_and_refuse_past_their_limit
         for i in range(10):
             await broker.publish(subject, b"r" * 600, headers={"Nats-Msg-Id": f"r-{i}"})
     assert (await broker.js.stream_info(names.settled_stream)).state.messages < 10
+
+
+async def test_the_execution_records_together_are_bounded(broker):
+    """An agent may write any key of its own in `reach_executions`: one wrote 2.3 GB of
+    records in 20 s, and no `limits:` key bounded them (security re-test). `records_bytes`
+    does; past it a new record is refused, and the bucket shows in the fill gauges."""
+    await provision(
+        broker, Topology.default(broker.names, limits=StorageLimits(records_bytes=4_000))
+    )
+    names = broker.names
+    stream = f"KV_{names.executions_bucket}"
+    info = await broker.js.stream_info(stream)
+    assert (info.config.max_bytes, info.config.discard) == (4_000, "new")
+    assert stream in names.limited_streams
+    with pytest.raises(StreamFull):
+        for i in range(10):
+            await broker.publish(f"$KV.{names.executions_bucket}.c.m-{i}.mallory", b"r" * 600)
+    assert (await broker.js.stream_info(stream)).state.messages < 10
