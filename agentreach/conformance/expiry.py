@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from agentreach.broker import consumer_state
-from agentreach.conformance.report import Checks, Skipped
+from agentreach.conformance.report import Checks, Unjudged
 from agentreach.conformance.session import Exchange, Session
 from agentreach.conformance.tasks import first, outcome
 
@@ -22,7 +22,10 @@ async def expired(s: Session, c: Checks) -> str:
     intent = (await s.card()).intents.get(s.topic)
     capacity = intent.capacity if intent is not None else 1
     if capacity > MAX_FILL:
-        raise Skipped(f"capacity {capacity}: too many places to fill")
+        raise Unjudged(
+            f"capacity {capacity} on {s.topic}: the kit fills at most {MAX_FILL} places;"
+            f" declare at most {MAX_FILL} there to have this clause judged"
+        )
     done = s.task({"op": "sleep", "ms": 1}, priority="P2")
     ran = await s.dispatch(done)
     await s.until(lambda: first(ran.replies_of("result")), 10.0, "the first task's result")

@@ -21,6 +21,7 @@ from agentreach.conformance.report import (
     Report,
     Skipped,
     Status,
+    Unjudged,
     Verdict,
 )
 from agentreach.conformance.session import CALLER, Session
@@ -146,6 +147,7 @@ def _unmet(clause: Clause, report: Report) -> Verdict | None:
 async def _judge(s: Session, clause: Clause) -> Verdict:
     checks = Checks()
     started = time.monotonic()
+    unjudged = False
     try:
         async with asyncio.timeout(CLAUSE_TIMEOUT_S):
             detail = await clause.run(s, checks)
@@ -153,7 +155,7 @@ async def _judge(s: Session, clause: Clause) -> Verdict:
     except Failed as exc:
         status, detail = Status.FAIL, str(exc)
     except Skipped as exc:
-        status, detail = Status.SKIP, str(exc)
+        status, detail, unjudged = Status.SKIP, str(exc), isinstance(exc, Unjudged)
     except TimeoutError:
         status, detail = Status.FAIL, f"did not finish within {CLAUSE_TIMEOUT_S:g} s"
     except BrokerError as exc:
@@ -161,4 +163,6 @@ async def _judge(s: Session, clause: Clause) -> Verdict:
     except Exception as exc:  # a defect of the kit itself: said, and the next clause runs
         status, detail = Status.FAIL, f"the kit failed: {type(exc).__name__}: {exc}"
     seconds = time.monotonic() - started
-    return Verdict(clause.number, clause.name, status, detail, checks.warnings, seconds)
+    verdict = Verdict(clause.number, clause.name, status, detail, checks.warnings, seconds)
+    verdict.unjudged = status is Status.SKIP and unjudged
+    return verdict

@@ -8,7 +8,7 @@ import contextlib
 
 from agentreach.broker import BrokerTimeout, BucketWatch, NoResponders, consumer_state
 from agentreach.broker.presence import ask
-from agentreach.conformance.report import Checks, Failed, Skipped
+from agentreach.conformance.report import Checks, Failed, Skipped, Unjudged
 from agentreach.conformance.run_once import _result
 from agentreach.conformance.session import Exchange, Session
 from agentreach.envelopes import PRIORITIES, AgentCard, Heartbeat, Liveness, decode_as, now_ms
@@ -80,7 +80,10 @@ async def crash(s: Session, c: Checks) -> str:
     )
     ack_wait_s = state.spec.ack_wait_s if state else 30.0
     if ack_wait_s > 60:
-        raise Skipped(f"the consumer's ack wait is {ack_wait_s:g} s: too long to wait for")
+        raise Unjudged(
+            f"the consumer's ack wait is {ack_wait_s:g} s: too long to wait for; at most 60 s"
+            " has this clause judged"
+        )
     ex = await s.dispatch(s.task({"op": "sleep", "ms": 3_000}))
     await s.until(lambda: ex.runs() or None, 5.0, "the handler start")
     await process.kill()

@@ -29,6 +29,12 @@ class Skipped(Exception):
     """The clause cannot be judged in this run; the message says why."""
 
 
+class Unjudged(Skipped):
+    """The agent's own declarations (its card, its consumer) keep the clause from being
+    judged: the run does not say it conforms (an agent that broke a clause declared a
+    capacity the kit does not fill, and was said to conform)."""
+
+
 @dataclass
 class Verdict:
     """One clause's outcome: ``detail`` on success, or what failed, plus SHOULD warnings."""
@@ -39,6 +45,7 @@ class Verdict:
     detail: str
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    unjudged: bool = False  # skipped for what the agent declared (see Unjudged)
 
 
 @dataclass
@@ -50,8 +57,9 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """No clause failed (warnings and skips are allowed)."""
-        return all(v.status is not Status.FAIL for v in self.verdicts)
+        """No clause failed, and none was left unjudged for what the agent declared
+        (warnings and the run's own skips are allowed)."""
+        return all(v.status is not Status.FAIL and not v.unjudged for v in self.verdicts)
 
     def count(self, status: Status) -> int:
         return sum(v.status is status for v in self.verdicts)
@@ -78,7 +86,10 @@ class Report:
             f"{self.count(Status.WARN)} with warnings",
             f"{self.count(Status.SKIP)} skipped",
         ]
+        unjudged = [v.number for v in self.verdicts if v.unjudged]
         verdict = "CONFORMS to agent protocol v1" if self.ok else "DOES NOT CONFORM"
+        if unjudged and not self.count(Status.FAIL):
+            verdict = f"NOT SHOWN TO CONFORM (its own settings kept {', '.join(unjudged)} unjudged)"
         return f"{self.agent_id}: {verdict} — " + ", ".join(parts)
 
 

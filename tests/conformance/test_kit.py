@@ -18,6 +18,7 @@ from agentreach.agents.claims import Claimed
 from agentreach.agents.slots import Room
 from agentreach.broker import BrokerError, ClaimCheck, Delivery, WrongLastSequence
 from agentreach.conformance import CLAUSES, Status, lifecycle, run_conformance
+from agentreach.conformance.expiry import MAX_FILL
 from agentreach.conformance.session import Exchange
 from agentreach.envelopes import AgentCard, Execution, Task, now_ms
 from agentreach.examples import conformance as example
@@ -321,6 +322,24 @@ async def test_an_agent_that_expires_a_task_done_already_fails_the_expiry_clause
     monkeypatch.setattr(sdk_claims.Claims, "done", never_done)
     failed = await failed_clause(broker, "forgetful-1", "task.expired")
     assert "reported expired a task done already" in failed
+
+
+async def test_a_clause_its_own_capacity_keeps_from_being_judged_is_no_conformance(
+    broker, coordinator
+):
+    """An agent that ran tasks whose ttl had passed failed clause 10 at capacity 8; at
+    capacity 65 the kit skipped it (too many places to fill) and said the agent conformed
+    (security re-test). A skip for what the agent declared leaves it not shown to conform."""
+    agent = Agent("roomy-1", startup_delay=0)
+    agent.handler("conformance", capacity=MAX_FILL + 1)(example.conformance)
+    async with agent.running(broker=broker):
+        out = io.StringIO()
+        report = await run_conformance(broker, agent.agent_id, only={"task.expired"}, out=out)
+    [verdict] = report.verdicts
+    assert verdict.status is Status.SKIP and verdict.unjudged, verdict
+    assert f"declare at most {MAX_FILL}" in verdict.detail
+    assert not report.ok
+    assert "NOT SHOWN TO CONFORM" in report.summary()
 
 
 async def test_the_invalid_envelope_clause_passes_twice_within_a_minute(broker, coordinator):
