@@ -39,8 +39,7 @@ class AgentProcess:
     async def kill(self) -> None:
         """A crash: SIGKILL, no chance to stop cleanly."""
         process = self._require()
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGKILL)
+        _signal(process, signal.SIGKILL)
         await process.wait()
 
     async def stop(self, timeout_s: float) -> int | None:
@@ -49,8 +48,7 @@ class AgentProcess:
         process = self._require()
         if process.returncode is not None:
             return process.returncode
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
+        _signal(process, signal.SIGTERM)
         try:
             return await asyncio.wait_for(process.wait(), timeout_s)
         except TimeoutError:
@@ -64,8 +62,7 @@ class AgentProcess:
         try:
             return await asyncio.wait_for(twin.wait(), timeout_s)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                twin.send_signal(signal.SIGKILL)
+            _signal(twin, signal.SIGKILL)
             await twin.wait()
             return None
 
@@ -106,3 +103,11 @@ class AgentProcess:
             raise Failed(f"cannot run {self.argv[0]!r}: {exc.strerror}") from None
         finally:
             log.close()
+
+
+def _signal(process: asyncio.subprocess.Process, signum: int) -> None:
+    """``signum`` to the command's whole process group (its session's, made at its start):
+    a command that is a wrapper (`sh -c`, `npm start`) or forks a child left it running,
+    and a crash of the wrapper alone crashed no agent."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
