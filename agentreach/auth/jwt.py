@@ -190,6 +190,8 @@ def write_secret(path: Path, text: str) -> Path:
     _private_directory(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as file:
+        # A file there already keeps its mode through O_TRUNC: a 0644 one stayed readable.
+        os.fchmod(file.fileno(), 0o600)
         file.write(text)
     return path
 

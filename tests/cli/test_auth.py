@@ -52,6 +52,19 @@ async def test_init_and_issue_write_private_files_and_print_only_paths(tmp_path)
         assert mode & 0o077 == 0, f"{path} is readable by others ({oct(mode)})"
 
 
+async def test_a_creds_file_issued_again_over_a_readable_one_is_private(tmp_path):
+    """A creds file there already kept its mode when issued again (O_TRUNC keeps it): a
+    0644 one stayed readable by everyone with its new seed (security re-test)."""
+    directory = tmp_path / "auth"
+    await reach_auth(directory, "init")
+    await reach_auth(directory, "agent", "worker-1")
+    creds = directory / "creds" / "agent" / "worker-1.creds"
+    creds.chmod(0o644)
+    again = await reach_auth(directory, "agent", "worker-1")
+    assert again.returncode == 0, again.stderr
+    assert stat.S_IMODE(creds.stat().st_mode) == 0o600
+
+
 async def test_names_are_unique_across_roles_and_must_be_tokens(tmp_path):
     directory = tmp_path / "auth"
     await reach_auth(directory, "init")
