@@ -49,6 +49,15 @@ async def test_a_claim_check_that_keeps_failing_ends_in_a_dead_letter(broker, co
     assert watcher.count("routed", {"unstowed"}) == 0
 
 
+async def fill_dead_letters(broker) -> None:  # type: ignore[no-untyped-def]
+    """REACH_DLQ (at 4 KiB) filled by letters nobody dealt with, to its last bytes."""
+    for size in (600, 40):
+        with pytest.raises(StreamFull):
+            for n in range(200):
+                filler, msg_id = broker.names.dlq("expired", "t"), f"old-{size}-{n}"
+                await broker.publish(filler, b"a" * size, headers={h.MSG_ID: msg_id})
+
+
 async def test_a_letter_that_waited_for_room_says_why_the_task_ended(
     broker, start_coordinator, watcher
 ):
@@ -60,11 +69,7 @@ async def test_a_letter_that_waited_for_room_says_why_the_task_ended(
     full = StorageLimits(dead_letters_bytes=4_096)
     await provision(broker, Topology.default(names, limits=full))
     async with start_coordinator(fast(limits=full)):
-        for size in (600, 40):  # the stream filled by letters nobody dealt with
-            with pytest.raises(StreamFull):
-                for n in range(200):
-                    filler, msg_id = names.dlq("expired", "t"), f"old-{size}-{n}"
-                    await broker.publish(filler, b"a" * size, headers={h.MSG_ID: msg_id})
+        await fill_dead_letters(broker)
         task = Task(v=1, message_id="nobody-1", trace_id="nobody-1", topic="nobody", ttl_ms=200)
         await broker.publish(names.task("nobody"), encode(task), headers={h.MSG_ID: "nobody-1"})
         ended = await watcher.event("dead_lettered", message_id="nobody-1")
@@ -92,11 +97,7 @@ async def test_a_letter_a_full_dead_letter_stream_refuses_waits_for_room(
     await provision(broker, Topology.default(names, limits=full))
     with capture_logs() as logs:
         async with start_coordinator(fast(limits=full)):
-            for size in (600, 40):  # the stream filled by letters nobody dealt with
-                with pytest.raises(StreamFull):
-                    for n in range(200):
-                        filler, msg_id = names.dlq("expired", "t"), f"old-{size}-{n}"
-                        await broker.publish(filler, b"a" * size, headers={h.MSG_ID: msg_id})
+            await fill_dead_letters(broker)
             await broker.publish(names.task("summarize"), b"{oops", headers={h.MSG_ID: "waits"})
             await eventually(lambda: any(e["event"].startswith("a stream is full") for e in logs))
             await provision(broker, Topology.default(names, limits=StorageLimits()))  # room
