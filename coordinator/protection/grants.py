@@ -39,6 +39,7 @@ from agentreach.envelopes import (
     Task,
     execution_key,
 )
+from agentreach.logs import RepeatedLines
 
 log = structlog.get_logger("coordinator.grants")
 
@@ -199,14 +200,29 @@ async def step_routed_to(broker: Broker, answer: Result, sender: str) -> bool:
     )
 
 
+IMPERSONATIONS_SAID_PER_MINUTE = 3  # alerts (and log lines) per sender
+
+
+class _Impersonations:
+    """Which impersonations are said, per connection: a few a minute per sender. A sender
+    forging events under new ids had 16,533 alerts (76 MB) and as many lines in 20 s, and
+    slowed every caller; the rest are dropped unsaid, counted in the next."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.said = RepeatedLines(60.0, burst=IMPERSONATIONS_SAID_PER_MINUTE)
+
+
 async def impersonation(broker: Broker, sender: str, claim: Event | Reply, why: str) -> None:
     """An event or reply that is not what it claims: dropped, and an ``alert`` says who
     tried."""
+    if (unsaid := broker.shared(_Impersonations).said.due(sender)) is None:
+        return
     if isinstance(claim, Event):
         claimed, kind = claim.agent_id, claim.event
     else:
         claimed, kind = claim.from_agent, str(type(claim).__struct_config__.tag)
-    log.warning("impersonation refused", sender=sender, claimed=claimed, why=why)
+    log.warning("impersonation refused", sender=sender, claimed=claimed, why=why,
+                more_not_said=unsaid)  # fmt: skip
     alert = agent_event(
         sender,
         "alert",
@@ -215,5 +231,6 @@ async def impersonation(broker: Broker, sender: str, claim: Event | Reply, why: 
         claimed=claimed,
         kind=kind,
         message_id=claim.message_id,
+        more_not_said=unsaid,
     )
     await emit(broker, alert)

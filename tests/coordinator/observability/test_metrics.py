@@ -20,10 +20,11 @@ from agentreach.coordinator.observability import FlowMetrics, MetricsConfig
 from agentreach.coordinator.observability import http as http_module
 from agentreach.coordinator.observability.http import HttpError, HttpServer, Request, Response
 from agentreach.coordinator.observability.labels import TOPICS_PER_AGENT
+from agentreach.coordinator.protection.grants import IMPERSONATIONS_SAID_PER_MINUTE
 from agentreach.envelopes import DEAD_LETTER_REASONS, PRIORITIES, Event, RateLimit, Task, encode
 from tests.conftest import FAST
 from tests.scrape import http_get, scrape, total
-from tests.support import Watcher, eventually, until_true
+from tests.support import Watcher, events_settled, eventually, until_true
 
 WITH_METRICS = msgspec.structs.replace(FAST, metrics=MetricsConfig(port=0))
 
@@ -288,6 +289,27 @@ async def test_impersonation_alerts_are_counted_and_forged_alerts_are_not(broker
     assert total(found, "reach_alerts_total") == 1
     assert total(found, "reach_dead_letters_total") == 0
     assert total(found, "reach_dispatches_total") == 0
+
+
+async def test_a_few_impersonation_alerts_a_minute_are_raised_per_sender(broker, watcher):
+    """An agent forging events in another's name under new ids had an alert (and a log line)
+    for each: 16,533 in 20 s, 76 MB, every caller slowed (security re-test). A few a minute
+    per sender; another sender's are its own."""
+    async with replica(broker):
+        for n in range(IMPERSONATIONS_SAID_PER_MINUTE + 3):
+            task = Task(v=1, message_id=f"imp-{n}", trace_id=f"imp-{n}", topic="double")
+            claim = event_for(task, "failed", agent_id="victim", task=msgspec.to_builtins(task))
+            await emit(broker, claim, sender="forger")
+        other = Task(v=1, message_id="imp-other", trace_id="imp-other", topic="double")
+        claim = event_for(other, "failed", agent_id="victim", task=msgspec.to_builtins(other))
+        await emit(broker, claim, sender="another")
+        await events_settled(broker, broker.names.coordinator_outcomes)
+
+        def alerts(sender: str) -> list[Event]:
+            return [e for e in watcher.events if e.event == "alert" and e.agent_id == sender]
+
+        await watcher.until(lambda: alerts("another") or None, "the other sender's alert")
+    assert len(alerts("forger")) == IMPERSONATIONS_SAID_PER_MINUTE
 
 
 async def test_a_completion_by_an_agent_the_attempt_was_not_routed_to_is_not_counted(broker):
