@@ -51,18 +51,21 @@ class _Scrapes:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
         self._lock = asyncio.Lock()
-        self._text, self._at = b"", float("-inf")
+        self._text, self._at, self._fresh_s = b"", float("-inf"), SCRAPE_FRESH_S
 
     async def text(self) -> bytes:
         async with self._lock:
             loop = asyncio.get_running_loop()
-            if loop.time() - self._at >= SCRAPE_FRESH_S:
+            if loop.time() - self._at >= self._fresh_s:
+                began = loop.time()
                 # Read on the event loop, like every view it reads (no dict changes under
                 # it); written out in a thread: the text of a few thousand series takes
                 # twice as long as reading them (20 topics: ~11 ms, then ~20 ms).
                 collected = _Collected(list(self._registry.collect()))
                 self._text = await asyncio.to_thread(generate_latest, collected)  # type: ignore[arg-type]
                 self._at = loop.time()
+                # Never more than half the loop's time, however long a collection takes.
+                self._fresh_s = max(SCRAPE_FRESH_S, 2 * (self._at - began))
             return self._text
 
 

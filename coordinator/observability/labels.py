@@ -116,13 +116,15 @@ class TopicLabels:
 
 
 class AgentTopics:
-    """The agents' topics that may be labels: each card's first :data:`TOPICS_PER_AGENT`
-    intents by name, so that no one agent takes the labels every agent shares (one card of
-    500 intents left a topic registered after it counted as `_other`). Worked out again only
-    when a card changed (``version``)."""
+    """The agents' topics that may be labels: at most :data:`TOPICS_PER_AGENT` of each
+    agent's, taken in name order from its card, for as long as the replica runs (a label is
+    never given back), so that no one agent takes the labels every agent shares: one card of
+    500 intents did, and then one rewritten 17 times with 32 new intents each. Worked out
+    again only when a card changed (``version``)."""
 
     def __init__(self, directory: AgentDirectory) -> None:
         self._directory = directory
+        self._given: dict[str, set[str]] = {}  # agent id → the topics it was given
         self._shared: frozenset[str] = frozenset()
         self._shared_at = -1
 
@@ -130,8 +132,16 @@ class AgentTopics:
         if self._shared_at != (version := self._directory.version):
             self._shared = frozenset(
                 topic
-                for card in self._directory.cards.values()
-                for topic in sorted(card.intents)[:TOPICS_PER_AGENT]
+                for agent_id, card in self._directory.cards.items()
+                for topic in self._share_of(agent_id, sorted(card.intents))
             )
             self._shared_at = version
         return self._shared
+
+    def _share_of(self, agent_id: str, topics: list[str]) -> list[str]:
+        given = self._given.setdefault(agent_id, set())
+        for topic in topics:
+            if len(given) >= TOPICS_PER_AGENT:
+                break
+            given.add(topic)
+        return [topic for topic in topics if topic in given]

@@ -21,7 +21,15 @@ from agentreach.coordinator.observability import http as http_module
 from agentreach.coordinator.observability.http import HttpError, HttpServer, Request, Response
 from agentreach.coordinator.observability.labels import TOPICS_PER_AGENT
 from agentreach.coordinator.protection.grants import IMPERSONATIONS_SAID_PER_MINUTE
-from agentreach.envelopes import DEAD_LETTER_REASONS, PRIORITIES, Event, RateLimit, Task, encode
+from agentreach.envelopes import (
+    DEAD_LETTER_REASONS,
+    PRIORITIES,
+    AgentCard,
+    Event,
+    RateLimit,
+    Task,
+    encode,
+)
 from tests.conftest import FAST
 from tests.scrape import http_get, scrape, total
 from tests.support import Watcher, events_settled, eventually, until_true
@@ -435,9 +443,10 @@ async def test_topics_past_the_label_limit_are_counted_as_other(broker, watcher)
 
 
 async def test_one_agent_labels_a_share_of_its_topics_and_no_more(broker, watcher):
-    """One card of 500 intents took every topic label there was: a topic registered after
-    it counted as `_other` until a restart (security re-test). Each card's first 32
-    intents by name may be labels; the rest are `_other`, and other agents keep theirs."""
+    """One card of 500 intents took every topic label there was, and then one rewritten
+    again and again with 32 new ones: a topic registered after it counted as `_other` until
+    a restart (security re-tests). 32 of each agent's topics may be labels, for as long as
+    the replica runs; the rest are `_other`, and other agents keep theirs."""
     many = Agent("metrics-squat", startup_delay=0)
     for n in range(TOPICS_PER_AGENT + 4):
 
@@ -452,12 +461,21 @@ async def test_one_agent_labels_a_share_of_its_topics_and_no_more(broker, watche
         many.running(broker=broker),
     ):
         await watcher.state("metrics-squat", "ONLINE")
+        first = await until_true(lambda: _with_topic(running.metrics_url, "sq-00"))
+        # Then its card rewritten with new intents: labels are never given back.
+        cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+        card = (await cards.get("metrics-squat")).value
+        rotated = {f"rot-{n:02d}": card.intents["sq-00"] for n in range(TOPICS_PER_AGENT)}
+        await cards.put("metrics-squat", msgspec.structs.replace(card, intents=rotated))
+        await eventually(lambda: "rot-00" in running.directory.cards["metrics-squat"].intents)
         async with later.running(broker=broker):
             found = await until_true(lambda: _with_topic(running.metrics_url, "double"))
-    labelled = {dict(labels).get("topic") for (_, labels) in found} - {None, "_other"}
+    labelled = {dict(labels).get("topic") for (_, labels) in first} - {None, "_other"}
     squatted = {t for t in labelled if t.startswith("sq-")}
     assert squatted == {f"sq-{n:02d}" for n in range(TOPICS_PER_AGENT)}
+    labelled = {dict(labels).get("topic") for (_, labels) in found} - {None, "_other"}
     assert "double" in labelled
+    assert not {t for t in labelled if t.startswith("rot-")}
 
 
 async def _with_topic(url: str, topic: str) -> dict | None:
