@@ -69,7 +69,7 @@ async def dead_letter(
         trace = [event for _, event in pairs]
     if task is not None and task.received_ms > 0:  # this life's: an earlier one was settled
         trace = [event for event in trace if event.received_ms in (0, task.received_ms)]
-    if (stored_end := _ended_already(broker, pairs, trace)) is not None:
+    if task is not None and (stored_end := _ended_already(broker, pairs, task)) is not None:
         reason, error, ran = stored_end
     letter = DeadLetter(
         v=1,
@@ -166,14 +166,27 @@ async def dead_letter_stored(
 
 
 def _ended_already(
-    broker: Broker, pairs: list[tuple[StoredMessage, Event]], trace: list[Event]
+    broker: Broker, pairs: list[tuple[StoredMessage, Event]], task: Task
 ) -> tuple[str, ErrorInfo | None, bool | None] | None:
-    """What the coordinator's ``dead_lettered`` event of this run, stored already, said: its
-    letter was refused (a full ``REACH_DLQ``) and comes again on the message's redelivery,
-    and it says that, not what would be decided now (`no_route` tasks that waited for room
-    were lettered `expired`, their ttl passed meanwhile, under a trace that said `no_route`)."""
-    ours = [e for m, e in pairs if broker.names.sender_of(m.subject) == COORDINATOR]
-    ended = next((e for e in trace if e.event == "dead_lettered" and e in ours), None)
+    """What the coordinator's ``dead_lettered`` event of this very attempt of ``task``'s
+    life (its caller, ``received_ms`` and attempt), stored already, said: its letter was
+    refused (a full ``REACH_DLQ``) and comes again on the message's redelivery, and it says
+    that, not what would be decided now (`no_route` tasks that waited for room were lettered
+    `expired`, their ttl passed meanwhile, under a trace that said `no_route`). Another
+    message under the id (an undecodable one says no ``received_ms``) is not this one."""
+    if not task.received_ms:
+        return None
+    this_attempt = (task.caller, task.received_ms, task.attempt)
+    ended = next(
+        (
+            e
+            for m, e in pairs
+            if e.event == "dead_lettered"
+            and broker.names.sender_of(m.subject) == COORDINATOR
+            and (e.caller, e.received_ms, e.attempt) == this_attempt
+        ),
+        None,
+    )
     if ended is None or not isinstance(reason := ended.detail.get("reason"), str):
         return None
     try:
