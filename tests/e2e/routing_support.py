@@ -56,7 +56,15 @@ async def serving(broker: Broker, coordinator: Coordinator, *agents: Agent) -> A
     async with contextlib.AsyncExitStack() as stack:
         for agent in agents:
             await stack.enter_async_context(agent.running(broker=broker))
-        await eventually(lambda: all(a.agent_id in coordinator.directory.cards for a in agents))
+        # Running by the coordinator's view: a card of an earlier run of the id (stopped)
+        # on the same server counted as known, and the agent was passed over as stopped.
+        directory = coordinator.directory
+        await eventually(
+            lambda: all(
+                (card := directory.cards.get(a.agent_id)) and directory.can_take_work(card)
+                for a in agents
+            )
+        )
         yield
 
 

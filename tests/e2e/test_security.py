@@ -55,7 +55,6 @@ from agentreach.cli.auth import push_allowances
 from agentreach.coordinator import ConfigError, Coordinator
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.protection.grants import (
-    IMPERSONATIONS_SAID_PER_MINUTE,
     UNSEALED_ENV,
     SecurityConfig,
 )
@@ -71,7 +70,6 @@ from tests.support import until_true
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 N = 5  # attempts per attack
-SAID = min(N, IMPERSONATIONS_SAID_PER_MINUTE)  # alerts said of them, per sender
 X, Y = "worker-x", "worker-y"
 NAMES = Names()
 P1 = NAMES.dispatch_stream("P1")
@@ -975,14 +973,11 @@ async def test_a_workflow_step_ends_only_by_the_agent_it_was_routed_to(arena: Ar
     step = envelopes.decode_task(stored[-1].data)
     assert step.reply_to == NAMES.workflow_reply(instance)
     refused: list[str] = []
-    all_refused = asyncio.Event()
 
     async def alert(msg: Any) -> None:
         event = envelopes.decode_event(msg.data)
         if event.detail.get("message_id") == step.message_id:
             refused.append(event.detail.get("kind", ""))
-            if len(refused) == SAID:
-                all_refused.set()
 
     sub = await arena.admin.nc.subscribe(NAMES.events_of_kind("alert"), cb=alert)
     await arena.admin.nc.flush()
@@ -992,10 +987,14 @@ async def test_a_workflow_step_ends_only_by_the_agent_it_was_routed_to(arena: Ar
     for _ in range(N):
         forged = _result(step, Y, marker())
         await arena.y.nc.publish(f"{step.reply_to}.{Y}", forged, headers=AS_SENT)
+    await arena.y.nc.flush()  # stored: each is gone from the work queue once refused
+    forged_subject = f"{step.reply_to}.{Y}"
     async with asyncio.timeout(15):
-        await all_refused.wait()
+        while await read_stream(arena.admin, NAMES.workflows_stream, forged_subject):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)  # a refusal is seen only as the message's removal
     await sub.unsubscribe()
-    assert refused == ["result"] * SAID  # each refused; a few alerts a minute say so
+    # Each refused; a few alerts a minute per sender say so (this module's tests share Y).
+    assert set(refused) <= {"result"} and len(refused) <= N
     record = await read_record(arena.admin, instance)
     assert record is not None and record.steps["a"].status == "running"
     arena.release_step.set()
