@@ -34,7 +34,7 @@ from agentreach.broker import (
     bind,
     wait_provisioned,
 )
-from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.errors import honour_cancellation, pause
 from agentreach.broker.failover import until_answered
 from agentreach.broker.presence import Presence
 from agentreach.broker.tasks import cancel_and_wait
@@ -246,7 +246,7 @@ class AgentRuntime:
         loop = asyncio.get_running_loop()
         seen, looked_at = self.broker.reconnects, loop.time()
         while True:
-            await asyncio.sleep(CARD_CHECK_S)  # nothing to await: nats-py only counts them
+            await pause(CARD_CHECK_S)  # nothing to await: nats-py only counts them
             # The interval as it is now: a coordinator's control message may change it.
             every_s = self.heartbeats.interval_s if self.heartbeats else interval_s
             due = loop.time() - looked_at >= every_s * CARD_LOOK_BEATS

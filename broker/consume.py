@@ -20,6 +20,7 @@ from agentreach.broker.errors import (
     StreamNotFound,
     Unavailable,
     honour_cancellation,
+    pause,
     translate,
     translated,
 )
@@ -148,7 +149,7 @@ class PullConsumer:
         if self._failing_since is None:
             self._failing_since = asyncio.get_running_loop().time()
             log.warning("consuming paused; retrying", consumer=self.spec.durable, error=str(exc))
-        await asyncio.sleep(self._retry_s)
+        await pause(self._retry_s)
         self._retry_s = min(RETRY_CAP_S, self._retry_s * 2)
         if isinstance(exc, Unavailable | ConsumerNotFound | StreamNotFound):
             await self._rebind()
@@ -320,7 +321,7 @@ async def follow(
             if not failing:
                 log.warning("following a stream failed; retrying", stream=stream, error=str(exc))
             failing = True
-            await asyncio.sleep(RETRY_FIRST_S * 2)
+            await pause(RETRY_FIRST_S * 2)
         finally:
             if puller is not None:
                 await puller.close()

@@ -194,6 +194,17 @@ def honour_cancellation() -> None:
         raise asyncio.CancelledError
 
 
+async def pause(seconds: float) -> None:
+    """A loop's wait between its rounds: first :func:`honour_cancellation`, then sleep.
+
+    A cancel that nats-py swallowed during the round (Python 3.11's ``wait_for`` returns an
+    answer that came in the same turn as the cancel) is consumed: a plain sleep after it
+    would not raise, and the loop would run on (a coordinator took 5 s to stop, a sleep's
+    length; a loop without a check, for good)."""
+    honour_cancellation()
+    await asyncio.sleep(seconds)
+
+
 class translated:  # lower case: it reads as what it does, `with translated(subject=s):`
     """Re-raise nats-py errors inside the block as broker errors.
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from agentreach.broker import Broker, BrokerError, Bucket, WrongLastSequence
-from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.errors import honour_cancellation, pause
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import LeaseRecord, now_ms
 
@@ -54,7 +54,7 @@ class Lease:
                     running = None
                 if running is not None and running.done():
                     running.result()  # the duty failed: let the service see it
-                await asyncio.sleep(self._ttl_s / 3)  # the renewal period
+                await pause(self._ttl_s / 3)  # the renewal period
         finally:
             if running is not None:
                 await cancel_and_wait(running)

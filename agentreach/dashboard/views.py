@@ -14,7 +14,7 @@ import structlog
 from agentreach.agents.letters import SETTLING
 from agentreach.broker import Broker, BrokerError, StreamNotFound, follow
 from agentreach.broker.direct import messages_on
-from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.errors import honour_cancellation, pause
 from agentreach.broker.lifecycle import unvouched
 from agentreach.broker.requests import gather_replies
 from agentreach.broker.streams import per_subject_limit, stream_bounds, stream_size
@@ -211,7 +211,7 @@ class Board:
 
     async def _refresh(self) -> None:
         while True:
-            await asyncio.sleep(REFRESH_S)
+            await pause(REFRESH_S)
             try:
                 await self.refresh()
             except BrokerError as exc:

@@ -21,7 +21,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, Change
-from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.errors import honour_cancellation, pause
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.broker.presence import ProbeResult, probe
 from agentreach.broker.streams import stream_created
@@ -131,12 +131,11 @@ class LivenessMonitor:
 
     async def _reread_forever(self) -> None:
         while True:
-            await asyncio.sleep(self._config.heartbeat_reread_s)  # the re-read's own period
+            await pause(self._config.heartbeat_reread_s)  # the re-read's own period
             try:
                 await self.reread()
             except BrokerError as exc:
                 log.warning("heartbeat re-read failed", error=str(exc))
-            honour_cancellation()
 
     async def clear(self, agent_id: str) -> Literal["cleared", "not quarantined", "unknown agent"]:
         """Lift an agent's quarantine (``reach agents clear``); what there was to lift."""
@@ -254,7 +253,7 @@ class LivenessMonitor:
     async def _sweep_forever(self) -> None:
         reconnects = self._broker.reconnects
         while True:
-            await asyncio.sleep(self._config.tick_s)  # the sweep's own period
+            await pause(self._config.tick_s)  # the sweep's own period
             if not self._broker.connected:
                 continue  # our own outage says nothing about the agents
             if self._broker.reconnects != reconnects:
@@ -264,7 +263,6 @@ class LivenessMonitor:
                 await self.sweep()
             except BrokerError as exc:  # a dead sweep would judge nobody again
                 log.warning("liveness sweep cut short", error=str(exc))
-            honour_cancellation()
 
     async def sweep(self) -> None:
         """Judge every agent silent for longer than its thresholds allow."""

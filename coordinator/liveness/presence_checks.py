@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agentreach.broker import Broker, BrokerError
-from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.errors import pause
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.broker.presence import present
 from agentreach.coordinator.liveness.tracked import Tracked
@@ -106,8 +106,7 @@ class PresenceChecks:
         self._hold()  # a judge that just started: agents may be reconnecting to a new server
         async with asyncio.TaskGroup() as checks:
             while True:
-                await asyncio.sleep(self._config.tick_s)  # the checks' own period
-                honour_cancellation()
+                await pause(self._config.tick_s)  # the checks' own period
                 if not broker.connected:
                     continue  # our own outage: every "no responders" would be ours
                 if broker.reconnects != reconnects:

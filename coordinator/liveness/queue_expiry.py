@@ -21,7 +21,6 @@ through the expiry fence (:mod:`agentreach.coordinator.delivery.expiry`).
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import time
 from collections.abc import Iterable
@@ -34,7 +33,7 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError
 from agentreach.broker.direct import messages_on
-from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.errors import pause
 from agentreach.broker.streams import StoredMessage, delete_message
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
@@ -125,8 +124,7 @@ class QueueExpiry:
             return
         self._heard_since = time.monotonic()  # the duty taken (again): as a reconnect
         while True:
-            await asyncio.sleep(self._config.every_s)  # the pass's own period
-            honour_cancellation()
+            await pause(self._config.every_s)  # the pass's own period
             if not self._broker.connected:
                 continue
             try:

@@ -10,7 +10,6 @@ cannot tell a zero from a truth.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agentreach.broker import Broker, BrokerError
-from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.errors import pause
 from agentreach.broker.requests import gather_replies
 from agentreach.broker.streams import consumer_backlog, stream_fill, subject_counts
 from agentreach.coordinator.observability.census import WorkflowCensus
@@ -71,12 +70,11 @@ class Sampled:
 
     async def run(self) -> None:
         while True:
-            honour_cancellation()
             try:
                 await self.sample()
             except BrokerError as exc:
                 log.debug("cannot sample stream sizes", error=str(exc))
-            await asyncio.sleep(SAMPLE_S)
+            await pause(SAMPLE_S)
 
     async def sample(self) -> None:
         names = self._broker.names

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection
 import structlog
 
 from agentreach.broker import Broker, BrokerError, Bucket, BucketWatch, Change, Entry
-from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.errors import honour_cancellation, pause
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.coordinator.protection.circuit import (
     OK,
@@ -268,8 +268,7 @@ class BreakerBoard:
         agent that is gone (no trial would ever come, and it would count as isolated
         forever): a process that comes back starts afresh."""
         while True:
-            honour_cancellation()
-            await asyncio.sleep(SWEEP_S)
+            await pause(SWEEP_S)
             now = self._clock()
             for key, record in list(self.records.items()):
                 if _tripped(record) and (why := self._gone(record.agent_id)) is not None:

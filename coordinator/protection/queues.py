@@ -16,7 +16,7 @@ import structlog
 
 from agentreach.broker import Broker, BrokerError
 from agentreach.broker.direct import subject_counts
-from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.errors import pause
 from agentreach.broker.topology import DEFAULT_QUEUE_CAPACITY
 from agentreach.coordinator.units import NonNegativeSeconds, Positive, PositiveSeconds, Ratio
 from agentreach.envelopes import PRIORITIES, Event, Priority
@@ -140,13 +140,12 @@ class QueueDepths:
     async def run(self, ready: asyncio.Event) -> None:
         """Read the depths every ``refresh_s`` until cancelled."""
         while True:
-            honour_cancellation()
             try:
                 await self.refresh()
             except BrokerError as exc:
                 log.warning("cannot read queue depths", error=str(exc))
             ready.set()
-            await asyncio.sleep(self._config.refresh_s)
+            await pause(self._config.refresh_s)
 
     async def refresh(self) -> None:
         """Read every queue's depth; a task this replica dispatched stays counted apart until

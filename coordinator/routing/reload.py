@@ -11,7 +11,6 @@ then.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Inbound
-from agentreach.broker.errors import honour_cancellation
+from agentreach.broker.errors import pause
 from agentreach.coordinator.config import ConfigError, CoordinatorConfig, load_config
 from agentreach.coordinator.routing.router import Router
 from agentreach.envelopes import ReloadReply
@@ -85,8 +84,7 @@ class RouteReloader:
         if self._path is None:
             return
         while True:
-            honour_cancellation()
-            await asyncio.sleep(every_s)
+            await pause(every_s)
             if self._stamp() != self._seen:
                 log.info("config file changed; reloading routing rules", path=str(self._path))
                 self.reload()
