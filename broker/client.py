@@ -17,6 +17,7 @@ from its INFO, got the credentials in the clear.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 from urllib.parse import ParseResult
@@ -61,6 +62,17 @@ class Client(_NatsClient):
                 )
             info["tls_required"] = True  # the server allows it: nats-py upgrades now
         await super()._process_info(info, initial_connection)
+
+    async def _send_ping(self, future: asyncio.Future[Any] | None = None) -> None:
+        """nats-py writes the PING straight to the socket, ahead of what is still buffered:
+        a ``flush()`` just after a ``subscribe()`` got its PONG before the server had the
+        SUB, and a peer's publish then missed the subscription (1 time in 20). What is
+        buffered goes out first, as the flusher sends it."""
+        if self._pending and self.is_connected:
+            self._transport.writelines(self._pending[:])
+            self._pending = []
+            self._pending_data_size = 0
+        await super()._send_ping(future)
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:

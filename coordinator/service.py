@@ -231,6 +231,7 @@ class Coordinator:
             # Instances of workflows no longer configured are resumed too (each runs on
             # the definition it started with).
             await self.workflows.resume_all()
+            await self.broker.flush()  # its subscriptions are on the server before it says so
             self.readiness.serving = True
             log.info(
                 "coordinator serving",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -14,10 +15,8 @@ from agentreach.coordinator.observability.state import Sampled
 async def _swallowing_a_cancel() -> None:
     """What nats-py does in places (Python 3.11's ``wait_for`` answering a cancel that came
     in the same turn as the reply): the cancel is consumed, and the call returns."""
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await asyncio.sleep(3600)
-    except asyncio.CancelledError:
-        pass
 
 
 async def _turns(count: int = 10) -> None:
