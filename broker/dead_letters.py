@@ -69,8 +69,8 @@ async def dead_letter(
         trace = [event for _, event in pairs]
     if task is not None and task.received_ms > 0:  # this life's: an earlier one was settled
         trace = [event for event in trace if event.received_ms in (0, task.received_ms)]
-    if task is not None and (stored_end := _ended_already(broker, pairs, task)) is not None:
-        reason, error, ran = stored_end
+    if task is not None and (stored := _ended_already(broker, pairs, task)) is not None:
+        reason, error, ran = stored.reason, stored.error, stored.ran
     letter = DeadLetter(
         v=1,
         reason=reason,
@@ -165,9 +165,29 @@ async def dead_letter_stored(
     )
 
 
+class StoredEnd(msgspec.Struct, frozen=True):
+    """What a stored ``dead_lettered`` event of the coordinator said of an attempt."""
+
+    reason: str
+    error: ErrorInfo | None
+    ran: bool | None
+    attempts: int | None
+
+
+async def stored_end(broker: Broker, task: Task) -> StoredEnd | None:
+    """The end the coordinator stored for this very attempt of ``task``'s life, if any: its
+    ``dead_lettered`` event is written before its letter, so a letter refused (a full
+    ``REACH_DLQ``) leaves the event alone, and the message that comes back is ended as it
+    says, not decided again (a `rejected` task was routed on its return, and completed)."""
+    stored = await indexed_messages_on(
+        broker, broker.names.events_stream, broker.names.events_of_message(task.message_id)
+    )
+    return _ended_already(broker, authentic(broker.names, stored), task)
+
+
 def _ended_already(
     broker: Broker, pairs: list[tuple[StoredMessage, Event]], task: Task
-) -> tuple[str, ErrorInfo | None, bool | None] | None:
+) -> StoredEnd | None:
     """What the coordinator's ``dead_lettered`` event of this very attempt of ``task``'s
     life (its caller, ``received_ms`` and attempt), stored already, said: its letter was
     refused (a full ``REACH_DLQ``) and comes again on the message's redelivery, and it says
@@ -193,8 +213,13 @@ def _ended_already(
         error = msgspec.convert(ended.detail.get("error"), ErrorInfo | None)
     except msgspec.ValidationError:
         error = None
-    ran = ended.detail.get("ran")
-    return reason, error, ran if isinstance(ran, bool) else None
+    ran, attempts = ended.detail.get("ran"), ended.detail.get("attempts")
+    return StoredEnd(
+        reason,
+        error,
+        ran if isinstance(ran, bool) else None,
+        attempts if type(attempts) is int and attempts >= 0 else None,
+    )
 
 
 def _letter_detail(

@@ -9,7 +9,7 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, Delivery
-from agentreach.broker.dead_letters import dead_letter, dead_letter_delivery
+from agentreach.broker.dead_letters import dead_letter, dead_letter_delivery, stored_end
 from agentreach.broker.lifecycle import about, emit, event_for, reply
 from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.envelopes import INVALID_TOPIC, DecodeError, ErrorInfo, ErrorReply, Task
@@ -26,12 +26,15 @@ async def end_with_error(
     state: Any = None,
     ran: bool | None = None,
     started: bool = True,
+    attempts: int | None = None,
 ) -> None:
     """Dead-letter ``task`` as ``reason`` (with ``state``, if any) and send ``error`` to its
     ``reply_to``; ``ran``, when known, says whether its work began (a workflow's step).
     ``started``: False when its present attempt never began (ended before its dispatch, or
-    unclaimed in its agent's queue): it is not one of the attempts the letter says ran."""
-    attempts = task.attempts_run - (0 if started else 1)
+    unclaimed in its agent's queue): it is not one of the attempts the letter says ran
+    (``attempts``: how many ran, when known otherwise)."""
+    if attempts is None:
+        attempts = task.attempts_run - (0 if started else 1)
     await dead_letter(
         broker,
         reason=reason,
@@ -47,6 +50,17 @@ async def end_with_error(
     log.info("dead-lettered", reason=reason, error=error.message)  # said once it is so
     reply_ = error_reply(task, error, reason, ran=ran, attempts=attempts)
     await reply(broker, task, reply_)
+
+
+async def end_as_stored(broker: Broker, task: Task) -> bool:
+    """End ``task`` as the ``dead_lettered`` event of its present attempt, stored already,
+    says (its letter was refused, a full ``REACH_DLQ``); False when none is stored."""
+    if (end := await stored_end(broker, task)) is None:
+        return False
+    error = end.error or ErrorInfo(type=end.reason, message=end.reason, retryable=False)
+    log.info("a task whose letter could not be stored comes back: its letter again")
+    await end_with_error(broker, task, end.reason, error, ran=end.ran, attempts=end.attempts)
+    return True
 
 
 async def refuse(broker: Broker, task: Task, error: ErrorInfo, **detail: Any) -> None:

@@ -3,6 +3,8 @@ large body whose claim check keeps failing ends in a dead letter instead of comi
 
 from __future__ import annotations
 
+from collections import Counter
+
 import msgspec
 import pytest
 from structlog.testing import capture_logs
@@ -13,7 +15,7 @@ from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.intake import STOW_TRIES
 from agentreach.envelopes import Task, encode, now_ms
 from agentreach.envelopes import headers as h
-from tests.e2e.routing_support import fast
+from tests.e2e.routing_support import fast, serving, worker
 from tests.secured import SECURED
 from tests.support import eventually, until_true
 
@@ -83,6 +85,40 @@ async def test_a_letter_that_waited_for_room_says_why_the_task_ended(
 
         # The watcher sees each letter published, stored or refused: the stream is read.
         assert await until_true(stored) == [names.dlq("no_route", "nobody")]
+
+
+async def test_a_task_whose_letter_was_refused_is_not_decided_again_when_it_comes_back(
+    broker, start_coordinator, watcher
+):
+    """A task dead-lettered while REACH_DLQ was full (its event stored, its letter refused)
+    was decided again when its message came back: routed to an agent that had come
+    meanwhile, and completed; it ended twice (an on-call re-drill). It ends as its stored
+    event says, its letter stored once there is room, and no agent runs it."""
+    names = broker.names
+    full = StorageLimits(dead_letters_bytes=4_096)
+    await provision(broker, Topology.default(names, limits=full))
+    async with start_coordinator(fast(limits=full)) as coordinator:
+        await fill_dead_letters(broker)
+        task = Task(v=1, message_id="late-1", trace_id="late-1", topic="late", ttl_ms=60_000)
+        await broker.publish(names.task("late"), encode(task), headers={h.MSG_ID: "late-1"})
+        ended = await watcher.event("dead_lettered", message_id="late-1")
+        assert ended.detail["reason"] == "no_route"  # nobody served `late` then
+        ran: Counter[str] = Counter()
+        async with serving(broker, coordinator, worker("late-1", ran, topics=("late",))):
+            seen = len(watcher.events)
+
+            def back() -> str | None:  # how its message was handled when it came back
+                kinds = ("dead_lettered", "routed")
+                mine = [e for e in watcher.events[seen:] if e.message_id == "late-1"]
+                return next((e.event for e in mine if e.event in kinds), None)
+
+            assert await watcher.until(back, "the task back") == "dead_lettered"
+            await provision(broker, Topology.default(names, limits=StorageLimits()))  # room
+            letter = await watcher.dead_letter("no_route", message_id="late-1")
+    assert letter.reason == "no_route" and not ran
+    assert not {"routed", "completed"} & {
+        e.event for e in watcher.events if e.message_id == "late-1"
+    }
 
 
 async def test_a_letter_a_full_dead_letter_stream_refuses_waits_for_room(
