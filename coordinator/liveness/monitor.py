@@ -29,7 +29,7 @@ from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator.liveness.cadence import Cadence
 from agentreach.coordinator.liveness.config import LivenessConfig
 from agentreach.coordinator.liveness.presence_checks import PresenceChecks, QueuedSlots
-from agentreach.coordinator.liveness.reassign import OFFLINE, STOPPED, Allowed, Moves
+from agentreach.coordinator.liveness.reassign import OFFLINE, STOPPED, UNRESPONSIVE, Allowed, Moves
 from agentreach.coordinator.liveness.tracked import Registered, Tracked, track_registered
 from agentreach.coordinator.liveness.verdicts import VerdictWriter
 from agentreach.coordinator.routing.run_once import RunOnce
@@ -383,10 +383,10 @@ class LivenessMonitor:
             quarantined=tracked.quarantined,
         )
         self._verdicts.put(tracked.record(), event)
-        if state == "OFFLINE":
+        if state == "OFFLINE" or (state, reason) == ("SUSPECT", "unresponsive"):
             # Written before the queue moves: routing reads it, and must not send tasks back.
             await self._verdicts.written(self._broker.request_timeout)
-            why = STOPPED if reason == "stopped" else OFFLINE
+            why = {"stopped": STOPPED, "unresponsive": UNRESPONSIVE}.get(reason, OFFLINE)
             await self.moves.move(tracked.agent_id, tracked.epoch, why=why)
 
     def _count_offline(self, tracked: Tracked) -> None:

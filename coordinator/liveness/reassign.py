@@ -6,11 +6,11 @@ failed: a late ``finish`` from the old agent then loses the conditional write, a
 result is rejected.
 
 An attempt its agent never claimed did not run, and one its agent's clean stop cut short
-failed for the stop: both are counted in the task's ``requeued`` and cost none of the
-topic's attempts (a rolling restart must not use them up). One its agent was running when
-it died does count: a task that kills every agent that runs it ends as
-``retries_exhausted`` after the topic's attempts, instead of taking down agent after agent
-until its ttl runs out."""
+failed for the stop: both count in the task's ``requeued``, not in the topic's attempts (a
+rolling restart must not use them up). One its agent was running when it died does count:
+a task that kills every agent that runs it ends as ``retries_exhausted`` after the topic's
+attempts, instead of taking down agent after agent until its ttl runs out. An agent that
+stopped answering (SUSPECT ``unresponsive``) loses what it never claimed, at once."""
 
 from __future__ import annotations
 
@@ -61,15 +61,15 @@ Allowed = Callable[[Task, str], int]  # the attempts a task taken from an agent 
 OFFLINE = "went OFFLINE"
 STOPPED = "stopped"  # cleanly: what its stop cut short was not the task's doing
 DRAINING = "began to stop"  # its card says draining: it finishes what it runs, nothing more
+UNRESPONSIVE = "stopped answering"  # SUSPECT `unresponsive`: what it runs stays, as DRAINING
 FORGOTTEN = "is no longer registered (forgotten: reach agents forget)"
 NEWER_LOOK_EVERY = 20  # queued tasks between two looks for a newer process of the agent
 
 
 class Moves:
     """The reassignments of gone agents' queues, each tried again at every sweep until it
-    went through: a refused write (a full intake subject, a timeout in a failover) must not
-    leave the tasks in the queue of an agent that is gone, nor end the sweep that judges
-    every agent."""
+    went through: a refused write (a full intake subject, a failover's timeout) must not
+    leave tasks to an agent that is gone, nor end the sweep that judges every agent."""
 
     def __init__(
         self,
@@ -350,13 +350,13 @@ async def _fence(
     attempt, so that a process of the agent that comes back and fetches it from its durable
     queue before it is deleted here does not run it beside the next attempt (it ran twice
     in the chaos suite). A claim of anyone else stands, and so does a result. False when
-    the attempt never ran: it was not claimed. From a DRAINING agent only what it never
-    claimed is taken: None when it runs the attempt (claimed, or claiming as this writes).
+    the attempt never ran: it was not claimed. From a DRAINING or UNRESPONSIVE agent only
+    what it never claimed is taken: None when it runs the attempt (claimed, or claiming).
     ``ended``: the attempt was ended as expired, unreported in time (its agent paused, say),
     and dead-lettered; sent on, it ran again and ended twice."""
     executions = await broker.bucket(broker.names.executions_bucket, Execution)
     reassigned = ErrorInfo(type=REASSIGNED, message=f"its agent {why}", retryable=True)
-    unclaimed, draining, running, ended = False, why == DRAINING, False, False
+    unclaimed, draining, running, ended = False, why in (DRAINING, UNRESPONSIVE), False, False
 
     def fenced(record: Execution | None) -> Execution | None:
         nonlocal unclaimed, running, ended

@@ -28,7 +28,7 @@ from agentreach.envelopes import (
     Task,
 )
 from tests.cli.conftest import reach_argv, run
-from tests.support import DISPATCHED, eventually, put_value, wait_for_card
+from tests.support import DISPATCHED, eventually, put_value, stopped, wait_for_card
 
 REPO = Path(__file__).parents[2]
 INTERVAL = 0.2
@@ -157,6 +157,43 @@ async def test_a_stopped_agent_holding_work_is_unresponsive_within_two_checks(
     assert after_s < 10, f"unresponsive after {after_s:.1f} s"
     assert alert.agent_id == "frozen" and alert.detail["problem"] == "unresponsive"
     assert back.detail["was"] == "SUSPECT"
+
+
+async def test_what_a_stopped_agent_never_claimed_goes_to_a_peer_at_once(
+    broker, coordinator, watcher
+):
+    """A SIGSTOPped agent kept the tasks queued for it until OFFLINE (20 intervals: 5 min by
+    default), and they expired while a healthy peer idled (an on-call drill). At SUSPECT
+    `unresponsive` what it never claimed goes to another agent; once back, it runs none."""
+    peer = Agent("peer", startup_delay=0, heartbeat_interval=INTERVAL)
+
+    @peer.handler("block")
+    async def block(ctx: TaskContext, payload: dict) -> dict:
+        return {"blocked": 0}
+
+    async with (
+        pulse_process(broker, "frozen", interval_s=20.0) as process,
+        ReachClient(broker=broker) as client,
+    ):
+        await watcher.state("frozen", "ONLINE")
+        await stopped(process.pid)
+        try:
+            ids = [await client.publish("block", {"seconds": 0}, ttl_ms=60_000) for _ in "abc"]
+            sent = {message_id for message_id, _ in ids}
+            unresponsive = await watcher.state("frozen", "SUSPECT", reason="unresponsive")
+            async with peer.running(broker=broker):
+                await watcher.until(lambda: watcher.ids_with("completed", sent) == sent or None,
+                                    "the three completed")  # fmt: skip
+        finally:
+            process.send_signal(signal.SIGCONT)
+        await watcher.state("frozen", "ONLINE", after=unresponsive)
+    moved = [e for e in watcher.events if e.event == "retry_scheduled"]
+    assert {e.message_id for e in moved} == sent
+    assert all(
+        e.detail["error"]["message"] == "frozen stopped answering before it ran" for e in moved
+    )
+    ran = [e.agent_id for e in watcher.events if e.event == "completed"]
+    assert ran == ["peer"] * 3
 
 
 async def test_busy_cpu_bound_sync_handler_stays_online(broker, coordinator, watcher):
