@@ -110,7 +110,8 @@ class TopicLabels:
                 said = "too many topics to label: more are counted as _other (metrics.topic_labels)"
                 log.warning(said, topic=topic, more_not_said=unsaid)
             return False
-        self._left -= bounded
+        if bounded:
+            self._left -= 1
         self._labelled.add(topic)
         return True
 
