@@ -89,7 +89,9 @@ class QueueDepths:
             return None
         depth, capacity = self.depth(agent_id, priority), self.capacity(priority)
         if depth / capacity >= self._config.high_watermark:
-            return f"{priority} queue above the high watermark ({depth}/{capacity})"
+            # Its stream holds at most `capacity`; dispatches still on their way (some to be
+            # refused there) counted too made a drill's letters say "(262/200)".
+            return f"{priority} queue above the high watermark ({min(depth, capacity)}/{capacity})"
         # Between the watermarks: it passed the high one and has not drained enough yet.
         low = int(capacity * self._config.low_watermark)
         return (

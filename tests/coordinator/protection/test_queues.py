@@ -30,6 +30,18 @@ def test_a_queue_between_the_watermarks_is_explained_as_hysteresis():
     assert slot in queues.slots()
 
 
+def test_a_queue_is_never_said_to_hold_more_than_its_capacity():
+    """Its stream refuses what passes its capacity; dispatches on their way were counted too,
+    and a drill's letter said "(262/200)": past the capacity, which cannot be."""
+    queues = QueueDepths(_NoBroker(), QueueConfig())  # type: ignore[arg-type]
+    slot = ("worker-1", "P1")
+    queues._depths[slot] = 200
+    for n in range(62):
+        queues.reserve(*slot, f"on-its-way-{n}")
+    assert queues.depth(*slot) == 262
+    assert queues.why_full(*slot) == "P1 queue above the high watermark (200/200)"
+
+
 async def test_a_read_takes_over_the_dispatches_it_includes_and_no_others(broker):
     """A dispatch is counted apart until a read includes it (stored at or before the
     stream's last sequence): then once, by the read. One stored later, or still in flight,
