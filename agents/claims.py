@@ -31,6 +31,7 @@ from agentreach.agents.claim_results import (
 )
 from agentreach.broker import BrokerError, Bucket, Entry, ValueTooLarge, WrongLastSequence
 from agentreach.broker.bucket import UNREAD
+from agentreach.broker.errors import pause
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.envelopes import (
     DecodeError,
@@ -231,7 +232,7 @@ class Claims:
         while True:
             if not await self.renew(task, claim, lease_ms):
                 break
-            await asyncio.sleep(every_s)
+            await pause(every_s)
         log.warning("claim lost while running: this run's result will be refused")
 
     async def done(self, task: Task) -> Execution | None:

@@ -28,7 +28,7 @@ import nats.aio.msg
 from nats.js import api
 from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
 
-from agentreach.broker.errors import BrokerError, translated
+from agentreach.broker.errors import BrokerError, pause, translated
 from agentreach.broker.initial_values import InitialValues
 from agentreach.broker.messages import position_of
 from agentreach.broker.record_seal import HEADERLESS_VALUE
@@ -134,7 +134,7 @@ class BucketWatch:
     async def _watch_the_stream(self) -> None:
         """Watch the stream again from its start once it was made again."""
         while True:
-            await asyncio.sleep(self._remade_check_s)
+            await pause(self._remade_check_s)
             try:
                 with translated():
                     created = (await self._kv._js.stream_info(self._kv._stream)).created

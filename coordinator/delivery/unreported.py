@@ -37,6 +37,7 @@ from agentreach.broker import Broker, BrokerError, Bucket, Delivery
 from agentreach.broker.consume import follow
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.direct import messages_on
+from agentreach.broker.errors import pause
 from agentreach.broker.lifecycle import agent_event, emit, events_of, reply
 from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.delivery.dead_letters import error_reply
@@ -163,7 +164,7 @@ class Unreported:
                     await self.sweep()
                 except BrokerError as exc:  # the next pass looks again
                     log.warning("unreported attempts not looked at", error=str(exc))
-                await asyncio.sleep(self._config.every_s)  # the pass's own period
+                await pause(self._config.every_s)  # the pass's own period
 
     async def _follow(self, since_ms: int) -> None:
         names = self._broker.names
