@@ -310,7 +310,7 @@ class Names(msgspec.Struct, frozen=True):
         """The streams a coordinator config's ``limits:`` bounds in bytes."""
         streams = (self.tasks_stream, self.dlq_stream, self.events_stream, self.settled_stream)
         stores = (f"OBJ_{self.payloads_bucket}", f"KV_{self.executions_bucket}")
-        return (*streams, self.audit_stream, *stores)
+        return (*streams, self.audit_stream, self.workflows_stream, *stores)
 
     @property
     def payloads_bucket(self) -> str:

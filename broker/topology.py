@@ -61,8 +61,8 @@ class StorageLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     settled_bytes: int = -1
     audit_bytes: int = -1
     payloads_bytes: int = -1  # the claim check's Object Store
-    # An execution record holds a result up to the claim-check threshold inline; a larger
-    # one is in the Object Store and the record holds its reference.
+    workflows_bytes: int = -1  # full, a signal is refused; a step's reply comes again
+    # A result up to the claim-check threshold inline; a larger one's reference.
     record_bytes: int = DEFAULT_THRESHOLD + 64 * KIB
     # Every record together: an agent may write any key of its own, and one wrote 2.3 GB of
     # them in 20 s. Full, a new record is refused (a claim fails; the task is tried again).
@@ -277,6 +277,8 @@ class Topology:
                     name=n.workflows_stream,
                     subjects=(n.workflows_wildcard,),
                     retention="workqueue",
+                    max_bytes=lim.workflows_bytes,
+                    discard_new=True,
                     description="Workflow step replies, timers, signals and cancels",
                 ),
                 StreamSpec(

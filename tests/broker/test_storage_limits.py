@@ -139,3 +139,20 @@ async def test_the_execution_records_together_are_bounded(broker):
         for i in range(10):
             await broker.publish(f"$KV.{names.executions_bucket}.c.m-{i}.mallory", b"r" * 600)
     assert (await broker.js.stream_info(stream)).state.messages < 10
+
+
+async def test_the_workflow_stream_is_bounded_and_refuses_past_its_limit(broker):
+    """REACH_WORKFLOWS had no byte limit: a caller's signals to any instance id are stored
+    until the engine looks at them (about 15 s), at whatever rate it sends. `workflows_bytes`
+    bounds it; a signal past it is refused, to its sender."""
+    limits = StorageLimits(workflows_bytes=3_000)
+    await provision(broker, Topology.default(broker.names, limits=limits))
+    names = broker.names
+    info = await broker.js.stream_info(names.workflows_stream)
+    assert (info.config.max_bytes, info.config.discard) == (3_000, "new")
+    assert names.workflows_stream in names.limited_streams
+    with pytest.raises(StreamFull):
+        for i in range(10):
+            signal = f"{names.workflow_signal(f'no-such-{i}', 'go')}.mallory"
+            await broker.publish(signal, b"s" * 600)
+    assert (await broker.js.stream_info(names.workflows_stream)).state.messages < 10

@@ -3,15 +3,19 @@ large body whose claim check keeps failing ends in a dead letter instead of comi
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from typing import Any
 
 import msgspec
 import pytest
 from structlog.testing import capture_logs
 
+from agentreach.agents import ReachClient
 from agentreach.broker import StreamFull, Topology, provision, read_stream
 from agentreach.broker.dead_letters import RAW_KEPT
 from agentreach.broker.topology import StorageLimits
+from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.intake import STOW_TRIES
 from agentreach.envelopes import Task, encode, now_ms
 from agentreach.envelopes import headers as h
@@ -141,3 +145,33 @@ async def test_a_letter_a_full_dead_letter_stream_refuses_waits_for_room(
     said = [e for e in logs if e["event"].startswith("a stream is full")]
     assert len(said) == 1 and names.dlq("invalid_envelope", "summarize") in said[0]["error"]
     assert letter.error is not None and "malformed" in letter.error.message
+
+
+async def test_a_workflow_a_full_workflow_stream_holds_back_runs_once_there_is_room(
+    broker, start_coordinator
+):
+    """With REACH_WORKFLOWS at its byte limit (`workflows_bytes`; here smaller than one
+    message), a workflow cannot store its deadline's timer: its task waits, the coordinator
+    says which stream is full, and the workflow runs, once, when there is room."""
+    names = broker.names
+    full = StorageLimits(workflows_bytes=200)
+    flows = {"one-step": wf.chain(wf.step("only", "late"))}
+    await provision(broker, Topology.default(names, limits=full))
+    ran: Counter[str] = Counter()
+    with capture_logs() as logs:
+        async with (
+            start_coordinator(fast(limits=full, workflows=flows)) as coordinator,
+            serving(broker, coordinator, worker("stepper", ran, topics=("late",))),
+            ReachClient(broker=broker) as client,
+        ):
+            started = asyncio.ensure_future(client.invoke("one-step", {}, ttl_ms=60_000))
+            await eventually(lambda: _full_said(logs))
+            assert not started.done() and not ran
+            await provision(broker, Topology.default(names, limits=StorageLimits()))  # room
+            result = await asyncio.wait_for(started, 30)
+    assert names.workflow_timer("") in _full_said(logs)[0]["error"]
+    assert result == {"by": "stepper"} and ran["stepper"] == 1
+
+
+def _full_said(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"].startswith("a stream is full")]
