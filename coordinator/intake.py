@@ -3,9 +3,7 @@ or a refusal of a caller over its quota."""
 
 from __future__ import annotations
 
-import contextlib
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import msgspec
 import structlog
@@ -14,7 +12,7 @@ from agentreach.broker import Broker, BrokerError, ClaimCheck, Delivery, TooLarg
 from agentreach.broker.dead_letters import RAW_KEPT, dead_letter
 from agentreach.broker.lifecycle import reply
 from agentreach.broker.names import COORDINATOR
-from agentreach.coordinator.delivery.dead_letters import end_as_stored, end_with_error, error_reply
+from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
 from agentreach.coordinator.protection.quotas import CallerQuotas, UnheardRefusals
 from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.coordinator.routing.priorities import PriorityAllowances
@@ -49,7 +47,6 @@ STOW_TRIES = 3
 # times, for that replica to take it, before it is routed here (as a topic nobody serves).
 ELSEWHERE_S = 0.25
 ELSEWHERE_LOOKS = 40
-REMEMBERED = 100_000  # attempts whose routing here is kept (see RoutedHere)
 
 
 class Intake:
@@ -78,7 +75,6 @@ class Intake:
         self._shadowing: set[str] = set()  # workflows said to take an intent agents serve
         self._unheard = UnheardRefusals()
         self._server_answers = ServerAnswers()
-        self._routed_here = RoutedHere()
 
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
@@ -129,31 +125,18 @@ class Intake:
                     if msg.num_delivered == 1:
                         log.info("a workflow another replica serves, not this one: left to it")
                     return ELSEWHERE_S
-                if seen_before and await self._ended_before(task):
-                    return None
-                with self._routed_here.noting(task):
-                    return await self._router.dispatch(
-                        task,
-                        left_ms=left_ms,
-                        waited=msg.num_delivered - 1,
-                        origin=f"t{msg.stream_seq}",
-                    )
+                return await self._router.dispatch(
+                    task,
+                    left_ms=left_ms,
+                    waited=msg.num_delivered - 1,
+                    origin=f"t{msg.stream_seq}",
+                )
             if left_ms <= 0 and not seen_before:  # seen before: it may have started already
                 await self._router.end(task, "expired", f"ttl {task.ttl_ms} ms passed in intake")
                 return None
             self._say_if_shadowing(task.topic)
             await self._workflows.start(task, seen_before=seen_before)
             return None
-
-    async def _ended_before(self, task: Task) -> bool:
-        """Whether a task back again had been dead-lettered, its letter refused (a full
-        ``REACH_DLQ``): it is ended as its stored event says, not decided again (a
-        `rejected` task was routed and completed). Its events are read when this replica
-        did not route it before, or failed to: a task it held back comes back every second
-        and is read no more."""
-        if not self._routed_here.unsure(task):
-            return False
-        return await end_as_stored(self._broker, task)
 
     def card_seen(self, card: AgentCard) -> None:
         """An agent's card that lists an intent named like a workflow: said when the card is
@@ -354,29 +337,3 @@ def _claimed_ids(data: bytes) -> dict[str, object]:
 
 def _token_or(value: object, fallback: str) -> str:
     return value if is_token(value) else fallback  # type: ignore[return-value]
-
-
-class RoutedHere:
-    """The attempts this replica routed, and whether that failed (a broker error: what it
-    stored then may stand); the latest :data:`REMEMBERED`."""
-
-    def __init__(self) -> None:
-        self._failed: OrderedDict[tuple[str | None, str, int, int], bool] = OrderedDict()
-
-    def unsure(self, task: Task) -> bool:
-        """Not routed here before, or that failed."""
-        return self._failed.get(_attempt(task), True)
-
-    @contextlib.contextmanager
-    def noting(self, task: Task) -> Iterator[None]:
-        key = _attempt(task)
-        self._failed[key] = True
-        self._failed.move_to_end(key)
-        while len(self._failed) > REMEMBERED:
-            self._failed.popitem(last=False)
-        yield
-        self._failed[key] = False
-
-
-def _attempt(task: Task) -> tuple[str | None, str, int, int]:
-    return task.caller, task.message_id, task.received_ms, task.attempt

@@ -32,7 +32,7 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, SubjectFull, TooLarge
 from agentreach.broker.lifecycle import GRANT_HEADER, SEAL_HEADER, about, emit, reply
-from agentreach.coordinator.delivery.dead_letters import end_with_error, refuse
+from agentreach.coordinator.delivery.dead_letters import end_as_stored, end_with_error, refuse
 from agentreach.coordinator.delivery.retries import failed_before
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.abandoned import still_wanted
@@ -40,6 +40,7 @@ from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.intents.resolver import Resolving, describe, text_of
 from agentreach.coordinator.routing.manual import ManualConfig, ManualQueue
 from agentreach.coordinator.routing.routed import routed_event
+from agentreach.coordinator.routing.routed_here import RoutedHere
 from agentreach.coordinator.routing.rules import Decision, RoutingConfig, pools_of
 from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce, answer_from_record
 from agentreach.coordinator.routing.waits import Waits
@@ -73,6 +74,7 @@ class Router:
         self._grants = grants or Grants(None)
         self._run_once = RunOnce(broker, self._grants)
         self._waits = Waits()
+        self._routed_here = RoutedHere()
 
     @property
     def waiting_for_room(self) -> Collection[str]:
@@ -107,8 +109,17 @@ class Router:
         message this decision answers (``t<seq>`` of intake, ``e<seq>`` of an outcome):
         the same decision made again after a crash is then dropped as a duplicate, while
         a task sent again with the same id is dispatched (and answered by its agent from
-        the execution record).
+        the execution record). One back again (``waited``) whose decision was stored before
+        and failed after (see :mod:`routed_here`) ends as that decision said.
         """
+        if waited and self._routed_here.unsure(task) and await end_as_stored(self._broker, task):
+            return None
+        with self._routed_here.noting(task):
+            return await self._decided(task, left_ms, origin, waited, where)
+
+    async def _decided(
+        self, task: Task, left_ms: int, origin: str, waited: int, where: str
+    ) -> float | None:
         if where == "intake" and waited == 0 and left_ms > 0 and not await self._topic_admits(task):
             return None
         # Looked at before an expiry too: the ending of a run whose acknowledgement was lost

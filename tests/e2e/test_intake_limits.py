@@ -11,10 +11,12 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
-from agentreach.agents import ReachClient
+from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import StreamFull, Topology, provision, read_stream
 from agentreach.broker.dead_letters import RAW_KEPT
 from agentreach.broker.topology import StorageLimits
+from agentreach.cli.retirement import forget
+from agentreach.coordinator import DeliveryConfig
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.intake import STOW_TRIES
 from agentreach.envelopes import Task, encode, now_ms
@@ -123,6 +125,49 @@ async def test_a_task_whose_letter_was_refused_is_not_decided_again_when_it_come
     assert not {"routed", "completed"} & {
         e.event for e in watcher.events if e.message_id == "late-1"
     }
+
+
+async def test_a_retry_whose_letter_was_refused_is_not_decided_again_when_it_comes_back(
+    broker, start_coordinator, watcher
+):
+    """The same as a retry: refused as its agent went away (`rejected` as every breaker was
+    open, in the re-drill; `no_route` here), its letter refused by a full REACH_DLQ, the
+    failure it retries came back and was decided again, routed as a breaker's trial call,
+    and completed: ended twice. It ends as its stored event says."""
+    names = broker.names
+    full = StorageLimits(dead_letters_bytes=4_096)
+    slow_retries = DeliveryConfig(base_s=5.0, cap_s=5.0)  # time to forget its agent
+    await provision(broker, Topology.default(names, limits=full))
+    async with start_coordinator(fast(limits=full, delivery=slow_retries)) as coordinator:
+        await fill_dead_letters(broker)
+        failing = Agent("shaky-1", startup_delay=0)
+
+        @failing.handler("shaky")
+        async def fail(ctx: TaskContext, payload: Any) -> Any:
+            raise RuntimeError("try again")
+
+        async with serving(broker, coordinator, failing):
+            task = Task(v=1, message_id="shaky-t", trace_id="shaky-t", topic="shaky")
+            await broker.publish(names.task("shaky"), encode(task), headers={h.MSG_ID: "shaky-t"})
+            await watcher.event("failed", message_id="shaky-t")
+        await forget(broker, "shaky-1")  # nobody serves `shaky` when its retry is decided
+        ended = await watcher.event("dead_lettered", message_id="shaky-t", timeout=20)
+        assert (ended.attempt, ended.detail["reason"]) == (2, "no_route")
+        ran: Counter[str] = Counter()
+        async with serving(broker, coordinator, worker("shaky-2", ran, topics=("shaky",))):
+            seen = len(watcher.events)
+
+            def back() -> str | None:  # how the failure was handled when it came back
+                kinds = ("dead_lettered", "routed")
+                mine = [e for e in watcher.events[seen:] if e.message_id == "shaky-t"]
+                return next((e.event for e in mine if e.event in kinds), None)
+
+            assert await watcher.until(back, "the failure back") == "dead_lettered"
+            await provision(broker, Topology.default(names, limits=StorageLimits()))  # room
+            letter = await watcher.dead_letter("no_route", message_id="shaky-t")
+    assert letter.attempts == 1 and not ran
+    kinds = [e.event for e in watcher.events if e.message_id == "shaky-t"]
+    assert "completed" not in kinds and kinds.count("routed") == 1
 
 
 async def test_a_letter_a_full_dead_letter_stream_refuses_waits_for_room(
