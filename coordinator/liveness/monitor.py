@@ -328,7 +328,8 @@ class LivenessMonitor:
                 await self._transition(tracked, "OFFLINE", f"no heartbeat for {limit} intervals")
 
     async def _probe(self, tracked: Tracked) -> None:
-        """Probe once, and once more if needed; never more per SUSPECT episode."""
+        """Probe once, and once more for a connection not found (the agent may be
+        reconnecting); never more per SUSPECT episode."""
         try:
             await self._probe_episode(tracked)
         except BrokerError as exc:  # the sweep judges by silence alone from here on
@@ -336,9 +337,10 @@ class LivenessMonitor:
 
     async def _probe_episode(self, tracked: Tracked) -> None:
         found = await self._probe_once(tracked)
-        if found is not None and not found.answers:
-            if not found.connected:  # gone for good, or still reconnecting after an outage?
-                await asyncio.sleep(self._config.probe_retry_s)  # the reconnect window itself
+        # Connected and answering nothing, after 3 silent intervals, is unresponsive at once:
+        # a second probe took 8 s more, its queued tasks waiting (+23 s in a drill).
+        if found is not None and not found.connected:  # gone, or reconnecting after an outage?
+            await asyncio.sleep(self._config.probe_retry_s)  # the reconnect window itself
             found = await self._probe_once(tracked)
         if found is None:
             return  # a heartbeat came meanwhile

@@ -196,6 +196,25 @@ async def test_what_a_stopped_agent_never_claimed_goes_to_a_peer_at_once(
     assert ran == ["peer"] * 3
 
 
+async def test_an_agent_silent_and_connected_is_unresponsive_after_one_probe(
+    broker, coordinator, watcher
+):
+    """SUSPECT for missed heartbeats, its connection there and its ping unanswered: it is
+    unresponsive after that one probe. A second probe (8 s more by default) kept what was
+    queued for it waiting (a drill: unresponsive at +23 s, not +7 s)."""
+    pings = await broker.nc.subscribe(broker.names.ping("stopped-idle"))
+    async with pulse_process(broker, "stopped-idle") as process:
+        await watcher.state("stopped-idle", "ONLINE")
+        await stopped(process.pid)
+        try:
+            missed = await watcher.state("stopped-idle", "SUSPECT", reason="missed heartbeats")
+            await watcher.state("stopped-idle", "SUSPECT", reason="unresponsive", after=missed)
+        finally:
+            process.send_signal(signal.SIGCONT)
+    assert pings.pending_msgs == 1
+    await pings.unsubscribe()
+
+
 async def test_busy_cpu_bound_sync_handler_stays_online(broker, coordinator, watcher):
     """Two seconds of CPU-bound work in a sync handler: heartbeats keep flowing."""
     async with pulse_process(broker, "busy"), ReachClient(broker=broker) as client:
