@@ -64,6 +64,7 @@ DRAINING = "began to stop"  # its card says draining: it finishes what it runs, 
 UNRESPONSIVE = "stopped answering"  # SUSPECT `unresponsive`: what it runs stays, as DRAINING
 FORGOTTEN = "is no longer registered (forgotten: reach agents forget)"
 NEWER_LOOK_EVERY = 20  # queued tasks between two looks for a newer process of the agent
+MOVED_MIN_LEFT_MS = 100  # less left: expired here (sent on, its letter blamed the peer)
 
 
 class Moves:
@@ -240,9 +241,8 @@ async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
 async def _move(
     broker: Broker, stream: str, stored: StoredMessage, gone: _Gone, run_once: RunOnce
 ) -> Literal["reassigned", "past_ttl", "kept", "unreadable", "exhausted", "ended"] | None:
-    """Send the task through intake again as its next attempt, with the ttl it has left.
-    Intake, not the router directly: when no agent can take it now it waits there, on the
-    broker, instead of being lost with this call."""
+    """Send the task through intake again as its next attempt, with the ttl it has left
+    (not the router: when no agent can take it now it waits there, not lost with this call)."""
     agent_id, epoch, why, _ = gone
     try:  # a dispatch has headers: one without is a server's answer (no_hdr), nobody's
         refuse_server_answers(stored.data, stored.headers, stored.subject, headed=True)
@@ -261,7 +261,7 @@ async def _move(
     if ran == "ended":  # its dispatch is what is left of a message that has ended
         return "ended"
     left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
-    if left_ms <= 0:  # said here: intake would only see a ttl of 1 ms
+    if left_ms < MOVED_MIN_LEFT_MS:  # said here, of the agent it was with
         ttl_end_ms = stored.timestamp_ms + task.ttl_ms
         expired = await _expire(broker, task, agent_id, run_once, why, ttl_end_ms)
         return "past_ttl" if expired else "kept"

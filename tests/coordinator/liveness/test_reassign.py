@@ -17,6 +17,7 @@ from agentreach.coordinator.delivery.expiry import fence_expiry
 from agentreach.coordinator.liveness.reassign import (
     DRAINING,
     FORGOTTEN,
+    MOVED_MIN_LEFT_MS,
     STOPPED,
     Moves,
     reassign_tasks,
@@ -48,6 +49,23 @@ async def test_a_task_past_its_ttl_in_a_gone_agents_queue_is_dead_lettered_as_ex
     assert await reassign_tasks(broker, "gone-1") == 1
     letter = await watcher.dead_letter("expired", message_id="stale-q-1")
     assert letter.error is not None and "gone-1, which went OFFLINE" in letter.error.message
+
+
+async def test_a_task_with_too_little_ttl_left_to_move_ends_with_its_gone_agent(broker, watcher):
+    """A task with 5 ms of its ttl left was moved on, and expired in a peer's queue, its
+    letter saying that peer "did not take it" (a drill). Less than MOVED_MIN_LEFT_MS left,
+    it ends as expired at the move, with the agent it was with."""
+    ttl_ms = MOVED_MIN_LEFT_MS - 10  # moved at once: some of it is left, not enough
+    task = envelopes.Task(
+        v=1, message_id="nearly-1", trace_id="nearly-1", topic="slow", ttl_ms=ttl_ms
+    )
+    await broker.publish(
+        broker.names.dispatch("gone-2", "P1"), envelopes.encode(task), headers=DISPATCHED
+    )
+    assert await reassign_tasks(broker, "gone-2") == 1
+    letter = await watcher.dead_letter("expired", message_id="nearly-1")
+    assert letter.error is not None and "gone-2, which went OFFLINE" in letter.error.message
+    assert not [e for e in watcher.events if e.event == "retry_scheduled"]
 
 
 async def test_what_is_no_task_in_a_gone_agents_queue_is_dead_lettered_not_dropped(broker, watcher):
