@@ -155,9 +155,14 @@ async def present(broker: Broker, agent_id: str, *, timeout_s: float) -> bool | 
 async def probe(
     broker: Broker, agent_id: str, *, connection_s: float, ping_s: float
 ) -> ProbeResult:
-    """Ask presence (within ``connection_s``), then ping (within ``ping_s``)."""
-    if await present(broker, agent_id, timeout_s=connection_s) is False:
-        return ProbeResult(connected=False, answers=False)
+    """Ask presence (within ``connection_s``), then ping (within ``ping_s``). Presence
+    unanswered is answering nothing: its connection is there, its process stuck (a ping
+    after it took 5 s more, while what was queued for the agent waited)."""
+    match await present(broker, agent_id, timeout_s=connection_s):
+        case False:
+            return ProbeResult(connected=False, answers=False)
+        case None:
+            return ProbeResult(connected=True, answers=False)
     try:
         await ask(broker, broker.names.ping(agent_id), ping_s)
     except (NoResponders, BrokerTimeout):

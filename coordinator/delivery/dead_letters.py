@@ -58,7 +58,8 @@ async def end_as_stored(broker: Broker, task: Task) -> bool:
     if (end := await stored_end(broker, task)) is None:
         return False
     error = end.error or ErrorInfo(type=end.reason, message=end.reason, retryable=False)
-    log.info("a task whose letter could not be stored comes back: its letter again")
+    # Once a second per task while REACH_DLQ is full: "a stream is full" says it once a minute.
+    log.debug("a task whose letter could not be stored comes back: its letter again")
     await end_with_error(broker, task, end.reason, error, ran=end.ran, attempts=end.attempts)
     return True
 

@@ -26,6 +26,7 @@ from agentreach.envelopes import (
     RegisterReply,
     RegisterRequest,
     Task,
+    now_ms,
 )
 from tests.cli.conftest import reach_argv, run
 from tests.support import DISPATCHED, eventually, put_value, stopped, wait_for_card
@@ -199,19 +200,28 @@ async def test_what_a_stopped_agent_never_claimed_goes_to_a_peer_at_once(
 async def test_an_agent_silent_and_connected_is_unresponsive_after_one_probe(
     broker, coordinator, watcher
 ):
-    """SUSPECT for missed heartbeats, its connection there and its ping unanswered: it is
-    unresponsive after that one probe. A second probe (8 s more by default) kept what was
-    queued for it waiting (a drill: unresponsive at +23 s, not +7 s)."""
+    """SUSPECT for missed heartbeats, its connection there and its presence unanswered: it
+    is unresponsive after that one question. A second probe, and a ping after a presence
+    unanswered, took 8 s more each by default while what was queued for it waited (a
+    drill: unresponsive at +23 s, not +7 s)."""
+    asked: list[int] = []
+
+    async def heard(msg) -> None:  # type: ignore[no-untyped-def]
+        asked.append(now_ms())
+
+    presence = await broker.nc.subscribe(broker.names.presence("stopped-idle"), cb=heard)
     pings = await broker.nc.subscribe(broker.names.ping("stopped-idle"))
     async with pulse_process(broker, "stopped-idle") as process:
         await watcher.state("stopped-idle", "ONLINE")
         await stopped(process.pid)
         try:
             missed = await watcher.state("stopped-idle", "SUSPECT", reason="missed heartbeats")
-            await watcher.state("stopped-idle", "SUSPECT", reason="unresponsive", after=missed)
+            found = await watcher.state("stopped-idle", "SUSPECT", reason="unresponsive")
         finally:
             process.send_signal(signal.SIGCONT)
-    assert pings.pending_msgs == 1
+    assert len([t for t in asked if missed.at_ms <= t <= found.at_ms]) == 1
+    assert pings.pending_msgs == 0
+    await presence.unsubscribe()
     await pings.unsubscribe()
 
 
