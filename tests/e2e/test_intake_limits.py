@@ -23,7 +23,7 @@ from agentreach.envelopes import Task, encode, now_ms
 from agentreach.envelopes import headers as h
 from tests.e2e.routing_support import fast, serving, worker
 from tests.secured import SECURED
-from tests.support import eventually, until_true
+from tests.support import Watcher, eventually, until_true
 
 
 async def test_a_large_invalid_body_is_dead_lettered_cut_down(broker, coordinator, watcher):
@@ -112,13 +112,8 @@ async def test_a_task_whose_letter_was_refused_is_not_decided_again_when_it_come
         ran: Counter[str] = Counter()
         async with serving(broker, coordinator, worker("late-1", ran, topics=("late",))):
             seen = len(watcher.events)
-
-            def back() -> str | None:  # how its message was handled when it came back
-                kinds = ("dead_lettered", "routed")
-                mine = [e for e in watcher.events[seen:] if e.message_id == "late-1"]
-                return next((e.event for e in mine if e.event in kinds), None)
-
-            assert await watcher.until(back, "the task back") == "dead_lettered"
+            back = await watcher.until(lambda: _came_back(watcher, seen, "late-1"), "its return")
+            assert back == "dead_lettered"
             await provision(broker, Topology.default(names, limits=StorageLimits()))  # room
             letter = await watcher.dead_letter("no_route", message_id="late-1")
     assert letter.reason == "no_route" and not ran
@@ -156,13 +151,8 @@ async def test_a_retry_whose_letter_was_refused_is_not_decided_again_when_it_com
         ran: Counter[str] = Counter()
         async with serving(broker, coordinator, worker("shaky-2", ran, topics=("shaky",))):
             seen = len(watcher.events)
-
-            def back() -> str | None:  # how the failure was handled when it came back
-                kinds = ("dead_lettered", "routed")
-                mine = [e for e in watcher.events[seen:] if e.message_id == "shaky-t"]
-                return next((e.event for e in mine if e.event in kinds), None)
-
-            assert await watcher.until(back, "the failure back") == "dead_lettered"
+            back = await watcher.until(lambda: _came_back(watcher, seen, "shaky-t"), "its return")
+            assert back == "dead_lettered"
             await provision(broker, Topology.default(names, limits=StorageLimits()))  # room
             letter = await watcher.dead_letter("no_route", message_id="shaky-t")
     assert letter.attempts == 1 and not ran
@@ -220,3 +210,10 @@ async def test_a_workflow_a_full_workflow_stream_holds_back_runs_once_there_is_r
 
 def _full_said(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in logs if e["event"].startswith("a stream is full")]
+
+
+def _came_back(watcher: Watcher, seen: int, message_id: str) -> str | None:
+    """How ``message_id`` was handled after the first ``seen`` events: dead-lettered again
+    (its stored decision stands), or routed (decided again)."""
+    mine = [e for e in watcher.events[seen:] if e.message_id == message_id]
+    return next((e.event for e in mine if e.event in ("dead_lettered", "routed")), None)
