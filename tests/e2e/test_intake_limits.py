@@ -12,14 +12,14 @@ import pytest
 from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import StreamFull, Topology, provision, read_stream
+from agentreach.broker import Broker, StreamFull, Topology, provision, read_stream
 from agentreach.broker.dead_letters import RAW_KEPT
 from agentreach.broker.topology import StorageLimits
 from agentreach.cli.retirement import forget
-from agentreach.coordinator import DeliveryConfig
+from agentreach.coordinator import Coordinator, DeliveryConfig
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.intake import STOW_TRIES
-from agentreach.envelopes import Task, encode, now_ms
+from agentreach.envelopes import DeadLetter, Task, encode, now_ms
 from agentreach.envelopes import headers as h
 from tests.e2e.routing_support import fast, serving, worker
 from tests.secured import SECURED
@@ -110,12 +110,8 @@ async def test_a_task_whose_letter_was_refused_is_not_decided_again_when_it_come
         ended = await watcher.event("dead_lettered", message_id="late-1")
         assert ended.detail["reason"] == "no_route"  # nobody served `late` then
         ran: Counter[str] = Counter()
-        async with serving(broker, coordinator, worker("late-1", ran, topics=("late",))):
-            seen = len(watcher.events)
-            back = await watcher.until(lambda: _came_back(watcher, seen, "late-1"), "its return")
-            assert back == "dead_lettered"
-            await provision(broker, Topology.default(names, limits=StorageLimits()))  # room
-            letter = await watcher.dead_letter("no_route", message_id="late-1")
+        agent = worker("late-1", ran, topics=("late",))
+        letter = await _back_then_room(broker, coordinator, watcher, agent, "late-1")
     assert letter.reason == "no_route" and not ran
     assert not {"routed", "completed"} & {
         e.event for e in watcher.events if e.message_id == "late-1"
@@ -149,12 +145,8 @@ async def test_a_retry_whose_letter_was_refused_is_not_decided_again_when_it_com
         ended = await watcher.event("dead_lettered", message_id="shaky-t", timeout=20)
         assert (ended.attempt, ended.detail["reason"]) == (2, "no_route")
         ran: Counter[str] = Counter()
-        async with serving(broker, coordinator, worker("shaky-2", ran, topics=("shaky",))):
-            seen = len(watcher.events)
-            back = await watcher.until(lambda: _came_back(watcher, seen, "shaky-t"), "its return")
-            assert back == "dead_lettered"
-            await provision(broker, Topology.default(names, limits=StorageLimits()))  # room
-            letter = await watcher.dead_letter("no_route", message_id="shaky-t")
+        agent = worker("shaky-2", ran, topics=("shaky",))
+        letter = await _back_then_room(broker, coordinator, watcher, agent, "shaky-t")
     assert letter.attempts == 1 and not ran
     kinds = [e.event for e in watcher.events if e.message_id == "shaky-t"]
     assert "completed" not in kinds and kinds.count("routed") == 1
@@ -212,8 +204,19 @@ def _full_said(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in logs if e["event"].startswith("a stream is full")]
 
 
-def _came_back(watcher: Watcher, seen: int, message_id: str) -> str | None:
-    """How ``message_id`` was handled after the first ``seen`` events: dead-lettered again
-    (its stored decision stands), or routed (decided again)."""
-    mine = [e for e in watcher.events[seen:] if e.message_id == message_id]
-    return next((e.event for e in mine if e.event in ("dead_lettered", "routed")), None)
+async def _back_then_room(
+    broker: Broker, coordinator: Coordinator, watcher: Watcher, agent: Agent, message_id: str
+) -> DeadLetter:
+    """With ``agent`` serving the topic now, ``message_id`` comes back while REACH_DLQ is
+    full: it is dead-lettered again (its stored decision stands), not routed (decided
+    again); then there is room, and its `no_route` letter is stored."""
+    async with serving(broker, coordinator, agent):
+        seen = len(watcher.events)
+
+        def came_back() -> str | None:
+            mine = [e for e in watcher.events[seen:] if e.message_id == message_id]
+            return next((e.event for e in mine if e.event in ("dead_lettered", "routed")), None)
+
+        assert await watcher.until(came_back, "its return") == "dead_lettered"
+        await provision(broker, Topology.default(broker.names, limits=StorageLimits()))  # room
+        return await watcher.dead_letter("no_route", message_id=message_id)
