@@ -26,6 +26,7 @@ from agentreach.agents.errors import (
     TaskFailed,
     UnexpectedResult,
     UnknownWorkflow,
+    WorkflowActionRefused,
 )
 from agentreach.agents.manual import ManualReview, ManualReviewError
 from agentreach.agents.runtime import AgentRuntime
@@ -60,5 +61,6 @@ __all__ = [
     "TaskFailed",
     "UnexpectedResult",
     "UnknownWorkflow",
+    "WorkflowActionRefused",
     "WorkflowEnded",
 ]

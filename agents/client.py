@@ -339,9 +339,9 @@ class ReachClient:
         """Cancel a workflow instance this caller started (its id: the starting task's
         ``message_id``) and wait up to ``wait_s`` for it to end: ``status`` ``cancelled``,
         or how it ended otherwise first. ``why`` becomes its error's message. Raises
-        :class:`UnknownWorkflow` for an id that is no instance of this caller's, and
-        :class:`DeadlineExceeded` when it has not ended within ``wait_s`` (the cancel was
-        sent)."""
+        :class:`UnknownWorkflow` for an id that is no instance of this caller's,
+        :class:`DeadlineExceeded` when it has not ended within ``wait_s`` (it was sent), and
+        :class:`WorkflowActionRefused` when not acted on (the caller was over its quota)."""
         return await workflow_control.cancel_workflow(
             self.broker, self.caller, self.status, instance_id, why=why, wait_s=wait_s
         )
@@ -352,7 +352,8 @@ class ReachClient:
         """Signal ``event`` to a state machine instance this caller started and wait up to
         ``wait_s`` for whether its state took it (:class:`SignalOutcome`). Raises
         :class:`UnknownWorkflow` for an id that is no instance of this caller's,
-        :class:`DeadlineExceeded` when the coordinator has not said within ``wait_s``."""
+        :class:`DeadlineExceeded` when the coordinator has not said within ``wait_s``, and
+        :class:`WorkflowActionRefused` when not acted on (the caller was over its quota)."""
         return await workflow_control.signal_workflow(
             self.broker, self.caller, self.status, instance_id, event, wait_s=wait_s
         )

@@ -8,6 +8,7 @@ ReachError
 ├── ReplayLimitReached       a dead letter's task was replayed max_replays times already
 ├── LetterSettled            a dead letter was replayed or resolved already: not replayed again
 ├── UnknownWorkflow          cancel/signal_workflow: no instance of that id among the caller's
+├── WorkflowActionRefused    cancel/signal_workflow: not acted on (``.error``: over the quota)
 └── InvokeError              ReachClient.invoke() did not get a result
     ├── NotProvisioned       the task was not sent: no stream takes tasks (run `reach provision`)
     ├── BacklogFull          the task was not sent: the caller's backlog on the topic is full
@@ -97,6 +98,18 @@ class LetterSettled(ReachError):
 
 class UnknownWorkflow(ReachError, LookupError):
     """No workflow instance of that id among the caller's own messages."""
+
+
+class WorkflowActionRefused(ReachError):
+    """The coordinator did not act on a cancel or signal of the caller's instance;
+    ``error`` says why (``rate_limited``: the caller is over its quota, which signals and
+    cancels are charged to as tasks are). Sending it again after ``error.retry_after_ms``
+    is safe: this one changed nothing."""
+
+    def __init__(self, message: str, *, error: ErrorInfo, instance_id: str) -> None:
+        super().__init__(message)
+        self.error = error
+        self.instance_id = instance_id
 
 
 class InvokeError(ReachError):

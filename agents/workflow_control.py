@@ -15,9 +15,14 @@ from typing import TypeVar
 
 import msgspec
 
-from agentreach.agents.errors import DeadlineExceeded, InvalidArgument, UnknownWorkflow
+from agentreach.agents.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    UnknownWorkflow,
+    WorkflowActionRefused,
+)
 from agentreach.broker import Broker, BrokerTimeout, NoResponders
-from agentreach.envelopes import Event, is_token, now_ms
+from agentreach.envelopes import ErrorInfo, Event, is_token, now_ms
 from agentreach.envelopes import headers as h
 
 # How an instance's events say it ended.
@@ -154,9 +159,9 @@ async def cancel_workflow(
     if (ended := _ended(instance_id, events, before_cancel=True)) is not None:
         return ended
     subject = f"{broker.names.workflow_cancel(instance_id)}.{caller}"
-    await broker.publish(subject, why.encode(), headers=h.control_headers("cancel"))
+    sent = await broker.publish(subject, why.encode(), headers=h.control_headers("cancel"))
     return await instance.until(
-        lambda seen: _ended(instance_id, seen, before_cancel=False),
+        lambda seen: _cancel_answer(instance_id, caller, sent.seq, seen),
         events,
         wait_s,
         says=f"cancel sent; not ended within {wait_s:g} s (its steps' undoing may still run)",
@@ -220,6 +225,8 @@ def _answer(
         if seen.event == "signal_taken" and detail.get("event") == event:
             return SignalOutcome(instance_id, event, taken=True, state=detail.get("state"))
         if seen.event == "signal_ignored" and detail.get("signal") == event:
+            if detail.get("error") is not None and detail.get("ended") is None:
+                raise _refused(instance_id, f"signal {event}", seen)
             waits = tuple(detail.get("waits_for") or ())
             ended = detail.get("ended")  # the instance failed instead of taking it
             return SignalOutcome(instance_id, event, taken=False, waits_for=waits, ended=ended)
@@ -227,6 +234,30 @@ def _answer(
     if (ending := _ended(instance_id, events, before_cancel=False)) is not None:
         return SignalOutcome(instance_id, event, taken=False, ended=ending.status)
     return None
+
+
+def _cancel_answer(
+    instance_id: str, caller: str, seq: int, events: list[Event]
+) -> WorkflowEnded | None:
+    """How the instance ended after the cancel stored at sequence ``seq``; raises
+    WorkflowActionRefused when the coordinator said it did not act on that cancel."""
+    if (ended := _ended(instance_id, events, before_cancel=False)) is not None:
+        return ended
+    for seen in events:
+        said = (seen.event, seen.detail.get("by"), seen.detail.get("cancel_seq"))
+        if said == ("cancel_refused", caller, seq):
+            raise _refused(instance_id, "cancel", seen)
+    return None
+
+
+def _refused(instance_id: str, action: str, answer: Event) -> WorkflowActionRefused:
+    """The coordinator's word that it did not act (a caller over its quota)."""
+    error = msgspec.convert(answer.detail["error"], ErrorInfo)
+    return WorkflowActionRefused(
+        f"workflow {instance_id!r}: {action} not acted on: {error.message}",
+        error=error,
+        instance_id=instance_id,
+    )
 
 
 def _said(event: Event) -> tuple[str, int, bytes]:

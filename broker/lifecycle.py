@@ -106,6 +106,8 @@ def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) ->
             msg_id += f"-{event.detail.get('replayed_as')}"
         if event.event == "signal_taken":  # each visit of a state leaves it once
             msg_id += f"-{event.detail.get('state')}-{event.detail.get('visit')}"
+        if event.event == "cancel_refused":  # each cancel refused is said once
+            msg_id += f"-{event.detail.get('cancel_seq')}"
         epoch = event.detail.get("epoch")
         if event.event == "accepted" and isinstance(epoch, int) and epoch > 0:
             msg_id += f"-{epoch}"  # each process that takes the attempt is seen to

@@ -22,8 +22,9 @@ concern, so a mistake fails at start with the path of the mistake.
     claim_check: {threshold_bytes: 262144, keep_days: 30}
 
 ``rate_limits.callers`` gives callers quotas (``default``: every caller not named): one token
-bucket per caller in KV ``reach_quotas``, shared by every replica; without it, no caller is
-limited. The topics' and agents' buckets are each replica's own.
+bucket per caller in KV ``reach_quotas``, shared by every replica, charged a token by each of
+the caller's tasks, workflow signals and cancels; without it, no caller is limited. The
+topics' and agents' buckets are each replica's own.
 """
 
 from __future__ import annotations

@@ -125,7 +125,8 @@ class Coordinator:
         self.directory.enforce_allowances = grants.enabled
         self.manual = ManualQueue(broker, config.manual)
         self.router = Router(broker, fleet, config.routing, grants, manual=self.manual)
-        self.workflows = WorkflowEngine(broker, config.workflows, grants=grants)
+        self.quotas = CallerQuotas(broker, config.rate_limits)  # a caller's tasks, signals
+        self.workflows = WorkflowEngine(broker, config.workflows, grants=grants, quotas=self.quotas)
         self.liveness = LivenessMonitor(
             broker,
             config.liveness,
@@ -143,7 +144,6 @@ class Coordinator:
         self.routes = RouteReloader(
             self.router, Path(config_path) if config_path else None, self.replica_id
         )
-        self.quotas = CallerQuotas(broker, config.rate_limits)
         self.registry = new_registry()
         self._agent_topics = AgentTopics(self.directory)
         self.flow = FlowMetrics(

@@ -189,7 +189,9 @@ class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
     instance's ``workflow``, the events its current state takes (``waits_for``; absent when
     it is in no state), and ``by``, the caller that sent it (absent: an operator). A signal
     whose change would not fit in the instance's record fails the instance instead: then
-    ``ended`` is ``failed`` and ``error`` says why (``record_too_large``)."""
+    ``ended`` is ``failed`` and ``error`` says why (``record_too_large``). A caller's signal
+    over its quota is not looked at: ``error`` is ``rate_limited`` (with ``retry_after_ms``),
+    and there is no ``ended``."""
 
     signal: str
     workflow: str | None = None
@@ -198,6 +200,18 @@ class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
     signal_seq: int | None = None  # the signal's sequence in REACH_WORKFLOWS: its sender's answer
     ended: str | None = None
     error: ErrorInfo | None = None
+
+
+class CancelRefusedDetail(_Detail, frozen=True, kw_only=True):
+    """``cancel_refused``: a caller's cancel of the instance was not acted on, ``error``
+    says why (``rate_limited``: the caller is over its quota; send it again after
+    ``retry_after_ms``); ``by`` the caller, ``cancel_seq`` the cancel's sequence in
+    REACH_WORKFLOWS (its sender's answer)."""
+
+    error: ErrorInfo
+    workflow: str | None = None
+    by: str | None = None
+    cancel_seq: int | None = None
 
 
 # -- published by compensation workers and operators (about a dead letter's message) -----
@@ -256,6 +270,7 @@ COORDINATOR_EVENTS: dict[str, type[_Detail]] = {
     ),
     "signal_ignored": SignalIgnoredDetail,
     "signal_taken": SignalTakenDetail,
+    "cancel_refused": CancelRefusedDetail,
     "answered_from_record": AnsweredFromRecordDetail,
     "rejected": RejectedDetail,
 }

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from agentreach.agents import DeadlineExceeded, InvalidArgument, ReachClient, UnknownWorkflow
+from agentreach.agents.errors import WorkflowActionRefused
 from agentreach.agents.workflow_control import ENDINGS
 from agentreach.broker import Broker, BrokerTimeout, NoResponders
 from agentreach.broker.direct import messages_on
@@ -136,6 +137,9 @@ async def _cancel_own(client: ReachClient, instance_id: str, why: str, wait_s: f
         raise UsageError(f"{exc}; an operator's creds cancel any") from None
     except (NoResponders, BrokerTimeout):
         raise UsageError(f"{NOT_RUNNING}: a caller cancels through it") from None
+    except WorkflowActionRefused as exc:
+        print(exc)
+        return 1
     except DeadlineExceeded:
         print(
             f"{instance_id}: cancel requested; not ended after {wait_s:g} s (what it"
@@ -168,6 +172,9 @@ async def _signal_own(client: ReachClient, instance_id: str, event: str, wait_s:
     except DeadlineExceeded:
         print(f"{instance_id}: signalled {event}; no answer yet after {wait_s:g} s")
         return 0
+    except WorkflowActionRefused as exc:
+        print(exc)
+        return 1
     if outcome.ended is not None:
         print(f"{instance_id}: already {outcome.ended}; {event} not sent")
         return 1

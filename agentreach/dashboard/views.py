@@ -19,7 +19,13 @@ from agentreach.broker.lifecycle import unvouched
 from agentreach.broker.requests import gather_replies
 from agentreach.broker.streams import per_subject_limit, stream_bounds, stream_size
 from agentreach.broker.tasks import cancel_and_wait
-from agentreach.coordinator.observability import FOLDED, BreakerView, Sampled, WorkflowCensus
+from agentreach.coordinator.observability import (
+    FOLDED,
+    QUOTA_ANSWERS,
+    BreakerView,
+    Sampled,
+    WorkflowCensus,
+)
 from agentreach.coordinator.observability.census import _follow
 from agentreach.coordinator.protection.queues import QueueConfig, QueueDepths
 from agentreach.coordinator.routing.directory import AgentDirectory
@@ -148,7 +154,7 @@ class Board:
         names = self.broker.names
         # Refusals and alerts make no chart here; a caller past its quota can send them by
         # the thousand, so they are not read back over the whole window at every start.
-        charted = (kind for kind in FOLDED if kind not in ("rejected", "alert"))
+        charted = (kind for kind in FOLDED if kind not in ("rejected", "alert", *QUOTA_ANSWERS))
         async for msg in follow(
             self.broker,
             stream=names.events_stream,

@@ -24,12 +24,13 @@ from agentreach.coordinator.observability.config import (
 from agentreach.coordinator.observability.endpoint import Readiness, endpoint
 from agentreach.coordinator.observability.flow import FlowMetrics
 from agentreach.coordinator.observability.http import HttpServer
-from agentreach.coordinator.observability.labels import FOLDED, AgentTopics
+from agentreach.coordinator.observability.labels import FOLDED, QUOTA_ANSWERS, AgentTopics
 from agentreach.coordinator.observability.open_letters import OpenLetters
 from agentreach.coordinator.observability.state import Sampled, StateCollector, Views
 
 __all__ = [
     "FOLDED",
+    "QUOTA_ANSWERS",
     "TERMINAL",
     "AgentTopics",
     "AuditConfig",

@@ -331,7 +331,7 @@ class FlowMetrics(Collector):
                 self._dead_lettered(event, topic)
             case "late_result_rejected":
                 self._child(self.late_results, topic).inc()
-            case "rejected":
+            case "rejected" | "signal_ignored" | "cancel_refused":
                 self._rejected(event, topic)
             case "alert":
                 problem = str(detail.get("problem"))

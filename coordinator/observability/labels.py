@@ -39,6 +39,8 @@ BREAKER_EVENTS = {
     "isolation_trial": ("agent", "half_open"),
     "agent_restored": ("agent", "closed"),
 }
+# A caller's signal or cancel over its quota is answered in one of these.
+QUOTA_ANSWERS = ("signal_ignored", "cancel_refused")
 WORKFLOW_ENDS = {"workflow_completed", "workflow_failed", "workflow_cancelled"}
 # What the fold is handed: progress, the bulkiest kind, is not among them.
 FOLDED = (
@@ -49,6 +51,7 @@ FOLDED = (
     "dead_lettered",
     "late_result_rejected",
     "rejected",
+    *QUOTA_ANSWERS,
     "alert",
     "agent_state",
     *BREAKER_EVENTS,
@@ -59,7 +62,8 @@ FOLDED = (
 
 def rejection_kind(event: Event) -> str | None:
     """The kind ``event`` counts as in ``reach_rejections_total``, if any: a ``rejected``
-    event (``quota`` for a caller over its quota), or a ``rejected`` dead letter of one of the
+    event (``quota`` for a caller over its quota; so is a signal or cancel refused for it,
+    said in a :data:`QUOTA_ANSWERS` event), or a ``rejected`` dead letter of one of the
     :data:`REJECTIONS`. Not a quota refusal's letter (one nobody would have heard of else):
     its ``rejected`` event counted it already; it is the only ``rate_limited`` letter with a
     ``retry_after_ms``."""
@@ -68,6 +72,8 @@ def rejection_kind(event: Event) -> str | None:
     kind = error.get("type") if isinstance(error.get("type"), str) else None
     if event.event == "rejected":
         return QUOTA if "quota" in event.detail else kind if kind in REJECTIONS else None
+    if event.event in QUOTA_ANSWERS:  # a caller's signal or cancel, refused for its quota
+        return QUOTA if kind == "rate_limited" else None
     if event.event != "dead_lettered" or event.detail.get("reason") != "rejected":
         return None
     quota_letter = kind == "rate_limited" and error.get("retry_after_ms") is not None

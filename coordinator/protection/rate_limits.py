@@ -23,7 +23,8 @@ class RateLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     Over a topic's or an agent's limit a task waits at most ``wait_s``, then is rejected
     as ``rate_limited``; each coordinator replica keeps its own buckets of those. Callers'
     quotas (``callers``: ``default`` for everyone not named) are one bucket per caller in
-    KV, shared by every replica; a task over its caller's quota is refused at once.
+    KV, shared by every replica; a task over its caller's quota is refused at once, and so is
+    a workflow signal or cancel of the caller's (each takes a token too).
     """
 
     topics: dict[str, RateLimit] = {}

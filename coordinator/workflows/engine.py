@@ -34,6 +34,7 @@ from agentreach.broker import (
 from agentreach.broker.lifecycle import about, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.protection.grants import Grants, reply_vouched
+from agentreach.coordinator.protection.quotas import CallerQuotas
 from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.coordinator.workflows.answers import (
     answer_again,
@@ -41,6 +42,7 @@ from agentreach.coordinator.workflows.answers import (
     may_act,
     refused_as_taken,
 )
+from agentreach.coordinator.workflows.charges import ControlCharges
 from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.definitions import Definitions, warn_of_unused_parts
 from agentreach.coordinator.workflows.nesting import check_nesting
@@ -79,6 +81,7 @@ class WorkflowEngine:
         specs: Mapping[str, WorkflowSpec],
         clock: Callable[[], int] = now_ms,
         grants: Grants | None = None,
+        quotas: CallerQuotas | None = None,
     ) -> None:
         check_nesting(specs)
         warn_of_unused_parts(specs)
@@ -87,10 +90,11 @@ class WorkflowEngine:
         self._definitions = Definitions(self.specs)  # each instance runs on its own
         self._clock = clock
         self._grants = grants or Grants(None)  # with a seal key, step results are checked
-        self._claim_check = ClaimCheck(broker)  # large step results are fetched to map them
+        # Large step results are fetched to map them; a starting task's stowed payload too.
+        self._claim_check = ClaimCheck(broker)
         self._server_answers = ServerAnswers()
         self._hot = HotRecords()  # what this replica wrote last: the next change reads nothing
-        self._claim_check = ClaimCheck(broker)  # a starting task's payload, when stowed
+        self._charges = ControlCharges(broker, quotas, self._records)
         self._outbox = Outbox(broker, self._definitions.children, clock)
 
     def serves(self, topic: str) -> bool:
@@ -186,7 +190,9 @@ class WorkflowEngine:
                     return await self._on_reply(msg, instance_id, seen_before)
                 case "timer":  # a timer comes back by design: not a sign of a crash
                     return await self._on_timer(instance_id, msg.data)
-                case "signal" | "cancel" if await self._not_started(instance_id):
+                case "signal" | "cancel" if await self._charges.refused(kind, rest, msg):
+                    pass  # over its caller's quota: answered, not acted on
+                case "signal" | "cancel" if await (await self._records()).get(instance_id) is None:
                     return look_again(msg, kind, instance_id)
                 case "signal":
                     event, _, asker = event.partition(".")  # a caller's form names it last
@@ -199,9 +205,6 @@ class WorkflowEngine:
         except DecodeError as exc:
             await refuse(self._broker, msg, instance_id, exc, self._server_answers)
         return None
-
-    async def _not_started(self, instance_id: str) -> bool:
-        return await (await self._records()).get(instance_id) is None
 
     async def _on_reply(self, msg: Delivery, instance_id: str, seen_before: bool) -> float | None:
         """None once the reply is applied (or refused), or seconds until it is looked at

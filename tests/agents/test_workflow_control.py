@@ -22,13 +22,15 @@ from agentreach.agents import (
     TaskContext,
     TaskFailed,
     UnknownWorkflow,
+    WorkflowActionRefused,
     WorkflowEnded,
     workflow_control,
 )
 from agentreach.broker import Broker, BrokerTimeout
-from agentreach.coordinator import Coordinator
+from agentreach.coordinator import Coordinator, RateLimits
 from agentreach.coordinator import workflow as wf
-from agentreach.envelopes import new_id
+from agentreach.coordinator.workflows import control as wf_control
+from agentreach.envelopes import RateLimit, new_id
 from tests.conftest import FAST
 from tests.e2e.test_workflows import APPROVAL, _until_record, approval_checker, workflows
 from tests.support import eventually, until_true
@@ -102,9 +104,10 @@ async def test_another_caller_s_instance_or_none_is_refused_by_name(broker):
 
 
 @contextlib.asynccontextmanager
-async def approval_served(broker: Broker) -> AsyncIterator[None]:
-    """A coordinator running the ``approval`` state machine, and an agent for its check."""
-    config = msgspec.structs.replace(FAST, workflows=workflows(approval=APPROVAL))
+async def approval_served(broker: Broker, **config: Any) -> AsyncIterator[None]:
+    """A coordinator running the ``approval`` state machine (``config``: more settings),
+    and an agent for its check."""
+    config = msgspec.structs.replace(FAST, workflows=workflows(approval=APPROVAL), **config)
     async with (
         approval_checker().running(broker=broker),  # first: a task waiting in the intake finds it
         Broker(broker.url, names=broker.names, name="coordinator") as own,
@@ -115,10 +118,12 @@ async def approval_served(broker: Broker) -> AsyncIterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def approval_waiting(broker: Broker, caller: ReachClient) -> AsyncIterator[tuple[str, Any]]:
+async def approval_waiting(
+    broker: Broker, caller: ReachClient, **config: Any
+) -> AsyncIterator[tuple[str, Any]]:
     """An ``approval`` instance ``caller`` started, its state ``submitted`` waiting for
     ``approve`` or ``reject``: (its id, the caller's invoke)."""
-    async with approval_served(broker):
+    async with approval_served(broker, **config):
         instance = new_id()
         invoked = asyncio.create_task(caller.invoke("approval", {}, message_id=instance))
         await _until_record(broker, instance, lambda r: r.steps["submitted"].status == "completed")
@@ -158,6 +163,43 @@ async def test_a_caller_signals_its_workflow_and_hears_whether_it_was_taken(brok
     assert after == SignalOutcome(instance, "reject", taken=False, ended="completed")
     [said] = [e for e in events if e.event == "signal_taken"]
     assert said.detail["by"] == "alice"  # who moved it, in the starter's own trace
+
+
+async def test_a_caller_over_its_quota_hears_its_signal_and_cancel_were_not_acted_on(broker):
+    """Signals and cancels are charged to a caller's quota as its tasks are (a signal may
+    move a machine on to a step no quota saw): over it, neither is acted on, and the caller
+    hears why and when to send again. An operator's signal is not charged."""
+    quota = RateLimits(callers={"alice": RateLimit(rate=0.05, burst=2)})  # the start, a signal
+    async with (
+        ReachClient(broker=broker, name="alice") as alice,
+        approval_waiting(broker, alice, rate_limits=quota) as (instance, invoked),
+    ):
+        ignored = await alice.signal_workflow(instance, "nope")  # the second token
+        with pytest.raises(WorkflowActionRefused) as signal_refused:
+            await alice.signal_workflow(instance, "approve")
+        with pytest.raises(WorkflowActionRefused) as cancel_refused:
+            await alice.cancel_workflow(instance)
+        record = await _until_record(broker, instance, lambda r: True)
+        assert (record.status, record.current) == ("running", "submitted")  # neither acted
+
+        await wf_control.signal(broker, instance, "approve")  # an operator's, on the bare form
+        assert await asyncio.wait_for(invoked, 10) == {"ok": True}
+        events = await alice.status(instance)
+    assert ignored == SignalOutcome(instance, "nope", taken=False, waits_for=("approve", "reject"))
+    for refused, what in ((signal_refused, "signal approve"), (cancel_refused, "cancel")):
+        error = refused.value.error
+        assert (error.type, error.retryable, refused.value.instance_id) == (
+            "rate_limited",
+            True,
+            instance,
+        )
+        assert 0 < (error.retry_after_ms or 0) <= 20_000
+        assert str(refused.value).startswith(f"workflow {instance!r}: {what} not acted on:")
+        assert "over its quota 'alice' (0.05/s, burst 2)" in str(refused.value)
+    [cancel_said] = [e for e in events if e.event == "cancel_refused"]
+    assert cancel_said.detail["by"] == "alice" and cancel_said.detail["workflow"] == "approval"
+    [taken] = [e for e in events if e.event == "signal_taken"]
+    assert "by" not in taken.detail  # the operator's
 
 
 STEPS = """

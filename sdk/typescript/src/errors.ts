@@ -73,6 +73,23 @@ export class UnknownWorkflow extends ReachError {
 }
 
 /**
+ * cancelWorkflow() / signalWorkflow(): the coordinator did not act on it; `error` says why
+ * (`rate_limited`: the caller is over its quota, which signals and cancels are charged to as
+ * tasks are). Sending it again after `error.retry_after_ms` is safe: this one changed nothing.
+ */
+export class WorkflowActionRefused extends ReachError {
+  override name = "WorkflowActionRefused";
+  readonly error: ErrorInfo;
+  readonly instanceId: string;
+
+  constructor(message: string, error: ErrorInfo, instanceId: string) {
+    super(message);
+    this.error = error;
+    this.instanceId = instanceId;
+  }
+}
+
+/**
  * How a message ended without a result (an error reply's `reason`): the dead-letter reasons,
  * `refused` (no dead letter), `cancelled` (a workflow), `duplicate_id`; a routing rule's `dlq:`
  * may name another, hence the open string.

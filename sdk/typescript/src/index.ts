@@ -29,6 +29,7 @@ export {
   Rejected,
   TaskFailed,
   UnknownWorkflow,
+  WorkflowActionRefused,
 } from "./errors.js";
 export type { MessageIds, TaskEnding } from "./errors.js";
 export type { OnAck, OnProgress } from "./invocation.js";

@@ -7,9 +7,9 @@
 
 import { TOKEN } from "./codec.js";
 import type { Connection } from "./connection.js";
-import { DeadlineExceeded, InvalidArgument, UnknownWorkflow } from "./errors.js";
+import { DeadlineExceeded, InvalidArgument, UnknownWorkflow, WorkflowActionRefused } from "./errors.js";
 import { sleep } from "./timing.js";
-import type { Event } from "./types.js";
+import type { ErrorInfo, Event } from "./types.js";
 
 const ENDINGS: Record<string, WorkflowEnded["status"]> = {
   workflow_completed: "completed",
@@ -82,11 +82,13 @@ export async function cancelWorkflow(
   let { events } = instance;
   const already = ended(instanceId, events, true);
   if (already !== null) return already;
-  await conn.publish(conn.names.workflowCancel(instanceId, caller), new TextEncoder().encode(why), controlHeaders("cancel"));
+  const sent = await conn.publish(conn.names.workflowCancel(instanceId, caller), new TextEncoder().encode(why), controlHeaders("cancel"));
   const until = performance.now() + waitMs;
   for (;;) {
     const end = ended(instanceId, events, false);
     if (end !== null) return end;
+    const refusal = events.find((e) => e.event === "cancel_refused" && e.detail?.by === caller && e.detail?.cancel_seq === sent.seq);
+    if (refusal !== undefined) throw refused(instanceId, "cancel", refusal);
     if (performance.now() >= until) {
       throw new DeadlineExceeded(
         `workflow '${instanceId}': cancel sent; not ended within ${waitMs} ms (its steps' undoing may still run)`,
@@ -149,6 +151,7 @@ function answerIn(instanceId: string, event: string, caller: string, events: Eve
       return { instanceId, event, taken: true, state: (detail.state as string | undefined) ?? null, waitsFor: [], ended: null };
     }
     if (seen.event === "signal_ignored" && detail.signal === event) {
+      if (detail.error != null && detail.ended == null) throw refused(instanceId, `signal ${event}`, seen);
       const waitsFor = Array.isArray(detail.waits_for) ? (detail.waits_for as string[]) : [];
       const failed = detail.ended === "failed" ? "failed" : null; // the instance failed instead of taking it
       return { instanceId, event, taken: false, state: null, waitsFor, ended: failed };
@@ -157,6 +160,12 @@ function answerIn(instanceId: string, event: string, caller: string, events: Eve
   // Ended with no word on the signal (an answer lost in a crash): it is taken no more.
   const ending = ended(instanceId, events, false);
   return ending === null ? null : { instanceId, event, taken: false, state: null, waitsFor: [], ended: ending.status };
+}
+
+/** The coordinator's word that it did not act on a cancel or signal (a caller over its quota). */
+function refused(instanceId: string, action: string, answer: Event): WorkflowActionRefused {
+  const error = (answer.detail as { error: ErrorInfo }).error;
+  return new WorkflowActionRefused(`workflow '${instanceId}': ${action} not acted on: ${error.message}`, error, instanceId);
 }
 
 function ended(instanceId: string, events: Event[], beforeCancel: boolean): WorkflowEnded | null {

@@ -9,10 +9,10 @@ import type { ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { connect, DiscardPolicy } from "nats";
+import { connect, DiscardPolicy, headers } from "nats";
 import type { Msg } from "nats";
 
-import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, subTaskId, TaskFailed, UnknownWorkflow } from "../src/index.js";
+import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, subTaskId, TaskFailed, UnknownWorkflow, WorkflowActionRefused } from "../src/index.js";
 import type { Ack, Progress, Task } from "../src/index.js";
 import { freePort, Gate, provision, Relay, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
 import { sleep } from "../src/timing.js";
@@ -744,6 +744,37 @@ describe("ReachClient signalling a workflow", () => {
     } finally {
       await alice.close();
       await bob.close();
+      await agent.stop();
+    }
+  });
+
+  it("hears that its signal and cancel were not acted on over its quota; an operator's signal is not charged", async () => {
+    const checked = new Gate();
+    const agent = newAgent(unique("checker")).handler("ts-check", () => {
+      checked.open();
+      return "looks fine";
+    });
+    await agent.start(stack.url);
+    const carol = await ReachClient.connect(stack.url, { name: "ts-carol", logger: quiet }); // 2 tokens, 1 per 20 s
+    try {
+      const instance = unique("approval");
+      const invoked = carol.invoke("ts-approval", {}, { messageId: instance });
+      await checked.opened;
+      assert.equal((await carol.signalWorkflow(instance, "nope")).taken, false); // the second token
+      const signalRefused = await rejection(carol.signalWorkflow(instance, "approve"));
+      const cancelRefused = await rejection(carol.cancelWorkflow(instance));
+      for (const [err, what] of [[signalRefused, "signal approve"], [cancelRefused, "cancel"]] as const) {
+        assert.ok(err instanceof WorkflowActionRefused, String(err));
+        assert.deepEqual([err.error.type, err.error.retryable, err.instanceId], ["rate_limited", true, instance]);
+        assert.ok((err.error.retry_after_ms ?? 0) > 0, String(err.error.retry_after_ms));
+        assert.ok(err.message.startsWith(`workflow '${instance}': ${what} not acted on: caller 'ts-carol' is over its quota`), err.message);
+      }
+      const bare = headers();
+      bare.set("Reach-Kind", "signal");
+      await stack.nc.jetstream().publish(`reach.wf.signal.${instance}.approve`, new Uint8Array(), { headers: bare });
+      assert.deepEqual(await invoked, { ok: true }); // neither refusal acted; the operator's did
+    } finally {
+      await carol.close();
       await agent.stop();
     }
   });

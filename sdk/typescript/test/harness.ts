@@ -106,6 +106,7 @@ export interface Stack {
 const COORDINATOR_CONFIG = `
 delivery: {base_s: 0.2, cap_s: 1.0}
 liveness: {tick_s: 0.2}
+rate_limits: {callers: {ts-carol: {rate: 0.05, burst: 2}}}
 workflows:
   ts-held: {chain: [{name: a, intent: ts-hold}]}
   ts-approval:

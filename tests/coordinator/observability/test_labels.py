@@ -30,6 +30,29 @@ def test_a_quota_refusal_s_letter_is_not_counted_again() -> None:
     assert rejection_kind(_letter("rate_limited")) == "rate_limited"
 
 
+def test_a_signal_or_cancel_refused_for_its_caller_s_quota_counts_as_a_quota_refusal() -> None:
+    """Charged to the caller's quota as tasks are: a flood of them over it shows where a
+    flood of tasks would. Their other answers count as nothing."""
+    registry = CollectorRegistry()
+    flow = FlowMetrics(registry, lambda topic: True)
+
+    def said(kind: str, **detail: Any) -> Event:
+        return Event(v=1, event=kind, message_id="i", trace_id="i", topic="approval", detail=detail)
+
+    over = {"type": "rate_limited", "message": "m", "retry_after_ms": 500}
+    outgrown = {"type": "record_too_large", "message": "m"}
+    for event in (
+        said("signal_ignored", signal="go", by="alice", error=over),
+        said("cancel_refused", by="alice", error=over),
+        said("signal_ignored", signal="go", waits_for=["approve"]),
+        said("signal_ignored", signal="go", ended="failed", error=outgrown),
+    ):
+        flow.fold(event, now_ms())
+    counted = registry.get_sample_value
+    assert counted("reach_rejections_total", {"kind": "quota", "topic": "approval"}) == 2
+    assert rejection_kind(said("signal_ignored", signal="go", error=outgrown)) is None
+
+
 def test_a_new_reason_for_the_same_state_is_no_transition() -> None:
     """An `unresponsive` verdict about an agent SUSPECT already (SUSPECT → SUSPECT) counted
     in reach_agent_transitions_total{state="SUSPECT"}, as if it had flapped."""

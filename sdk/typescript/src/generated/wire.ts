@@ -306,6 +306,28 @@ export interface Budget {
 }
 
 /**
+ * `cancel_refused`: a caller's cancel of the instance was not acted on, `error`
+ * says why (`rate_limited`: the caller is over its quota; send it again after
+ * `retry_after_ms`); `by` the caller, `cancel_seq` the cancel's sequence in
+ * REACH_WORKFLOWS (its sender's answer).
+ */
+export interface CancelRefusedDetail {
+  error: ErrorInfo;
+  /**
+   * default null
+   */
+  workflow: string | null;
+  /**
+   * default null
+   */
+  by: string | null;
+  /**
+   * default null
+   */
+  cancel_seq: number | null;
+}
+
+/**
  * One intent a request's text may mean, with the calibrated probability that it does.
  */
 export interface Candidate {
@@ -1211,7 +1233,9 @@ export interface RoutedDetail {
  * instance's `workflow`, the events its current state takes (`waits_for`; absent when
  * it is in no state), and `by`, the caller that sent it (absent: an operator). A signal
  * whose change would not fit in the instance's record fails the instance instead: then
- * `ended` is `failed` and `error` says why (`record_too_large`).
+ * `ended` is `failed` and `error` says why (`record_too_large`). A caller's signal
+ * over its quota is not looked at: `error` is `rate_limited` (with `retry_after_ms`),
+ * and there is no `ended`.
  */
 export interface SignalIgnoredDetail {
   signal: string;
@@ -1647,6 +1671,7 @@ export interface EventDetails {
   "breaker_closed": BreakerDetail;
   "breaker_half_open": BreakerDetail;
   "breaker_opened": BreakerDetail;
+  "cancel_refused": CancelRefusedDetail;
   "clock_drift": ClockDriftDetail;
   "completed": CompletedDetail;
   "dead_lettered": DeadLetteredDetail;
