@@ -29,13 +29,13 @@ from agentreach.broker import (
     read_stream,
 )
 from agentreach.cli.workflows import _clock, already
-from agentreach.coordinator import Coordinator
+from agentreach.coordinator import Coordinator, RateLimits
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import WorkflowEngine, cancel, read_record
 from agentreach.coordinator.workflows.actions import message_id_of
 from agentreach.coordinator.workflows.answers import cancelled_by
 from agentreach.coordinator.workflows.run import BY_OPERATOR
-from agentreach.envelopes import WorkflowRecord
+from agentreach.envelopes import RateLimit, WorkflowRecord
 from agentreach.envelopes.headers import control_headers, task_headers
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.conftest import FAST
@@ -74,10 +74,11 @@ class Secured:
 
 
 @contextlib.asynccontextmanager
-async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
+async def secured(tmp_path: Path, **settings: Any) -> AsyncIterator[Secured]:
     deployment = SecuredDeployment(tmp_path / "auth")
     server_log: list[str] = []
-    config = msgspec.structs.replace(FAST, workflows={HELD: wf.chain(wf.step("a", "hold-step"))})
+    held = {HELD: wf.chain(wf.step("a", "hold-step"))}
+    config = msgspec.structs.replace(FAST, workflows=held, **settings)
     async with (
         secured_server(deployment, tmp_path / "server", on_log=server_log.append) as server,
         Broker(server.url, name="admin", auth=deployment.admin) as admin,
@@ -141,6 +142,31 @@ async def test_a_caller_cancels_its_own_workflow_and_no_other_caller_s(tmp_path:
     assert (error.type, error.retryable) == ("cancelled", False)
     assert error.message == "cancelled by its caller 'alice': moved"
     assert stopped.value.ending == "cancelled"
+
+
+async def test_a_caller_over_its_quota_hears_its_cancel_was_not_acted_on(tmp_path: Path) -> None:
+    """Cancels are charged to the caller's quota as its tasks are: alice's start and her
+    signal took both her tokens, and `reach workflows cancel` with her creds says the
+    cancel was not acted on, why and when to send it again (exit 1); her instance runs on."""
+    quota = RateLimits(callers={"alice": RateLimit(rate=0.1, burst=2)})  # a token per 10 s
+    async with (
+        secured(tmp_path, rate_limits=quota) as arena,
+        ReachClient(arena.url, name="alice", auth=arena.caller("alice")) as alice,
+    ):
+        instance = f"flow-{uuid.uuid4().hex[:8]}"
+        invoked = asyncio.create_task(alice.invoke(HELD, {"n": 3}, message_id=instance))
+        await asyncio.wait_for(arena.held.get(), 10)
+        assert not (await alice.signal_workflow(instance, "go")).taken  # a chain takes none
+        code, out, err = await arena.reach_as("alice", "workflows", "cancel", instance)
+        record = await read_record(arena.admin, instance)
+        arena.release.set()
+        assert await asyncio.wait_for(invoked, 10) == {"held": {"n": 3}}
+    assert code == 1, (out, err)
+    said = f"workflow {instance!r}: cancel not acted on: caller 'alice' is over its quota 'alice'"
+    assert out.startswith(said), out
+    wait_ms = int(out.split("send it again in ")[1].split(" ms")[0])
+    assert 0 < wait_ms <= 10_000
+    assert record is not None and record.status == "running"
 
 
 async def test_a_caller_s_cancel_of_an_ended_instance_says_how_it_ended(tmp_path: Path) -> None:
