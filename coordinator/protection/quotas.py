@@ -104,6 +104,10 @@ class CallerQuotas:
         self.admitted = 0  # tasks of callers with a quota, since start
         self.refused = 0
 
+    def limits(self, caller: str) -> bool:
+        """Whether ``caller`` has a quota (its own, or the default)."""
+        return self._config.caller_quota(caller) is not None
+
     async def admit(self, caller: str) -> OverQuota | None:
         """Take a token of ``caller``'s quota: None when taken (or it has no quota), else
         why not. Callers without a quota cost no round trip."""

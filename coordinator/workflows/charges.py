@@ -18,10 +18,10 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, Bucket, Delivery
-from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.lifecycle import emit, event_for, events_of
 from agentreach.coordinator.protection.quotas import CallerQuotas, OverQuota
 from agentreach.coordinator.workflows.answers import may_act
-from agentreach.envelopes import ErrorInfo, WorkflowRecord
+from agentreach.envelopes import ErrorInfo, Event, WorkflowRecord
 
 log = structlog.get_logger("coordinator.workflows")
 
@@ -41,8 +41,10 @@ class ControlCharges:
         from the instance id on) was refused for its sender's quota, and answered."""
         instance_id, _, rest = about.partition(".")
         signal, _, asker = rest.partition(".") if kind == "signal" else ("", "", rest)
-        if self._quotas is None or not asker or msg.num_delivered > 1:
+        if self._quotas is None or not asker or not self._quotas.limits(asker):
             return False
+        if msg.num_delivered > 1:  # charged once: refused then, it stays refused
+            return await self._refused_before(instance_id, msg.stream_seq)
         over = await self._quotas.admit(asker)
         if over is None:
             return False
@@ -63,6 +65,23 @@ class ControlCharges:
         await emit(self._broker, event_for(entry.value.task, event, **said))
         log.info(f"{kind} refused: its caller is over its quota", instance_id=instance_id)
         return True
+
+    async def _refused_before(self, instance_id: str, seq: int) -> bool:
+        """Whether the signal or cancel stored at ``seq`` was refused on an earlier delivery
+        (its answer stored, the coordinator gone before the acknowledgement): its caller was
+        told it was not acted on, and may send it again; acted on now, it would be twice."""
+        if (entry := await (await self._records()).get(instance_id)) is None:
+            return False
+        stored = await events_of(self._broker, entry.value.task.trace_id, instance_id)
+        return any(_refuses(event, seq) for _, event in stored.authentic)
+
+
+def _refuses(event: Event, seq: int) -> bool:
+    """Whether ``event`` is the quota refusal of the signal or cancel stored at ``seq``."""
+    seq_key = {"signal_ignored": "signal_seq", "cancel_refused": "cancel_seq"}.get(event.event)
+    error = event.detail.get("error")
+    over = isinstance(error, dict) and error.get("type") == "rate_limited"
+    return seq_key is not None and over and event.detail.get(seq_key) == seq
 
 
 def _refusal(record: WorkflowRecord, over: OverQuota) -> dict[str, Any]:
