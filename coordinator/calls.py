@@ -30,6 +30,7 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, ClaimCheck, Inbound, Subscription, TooLarge
 from agentreach.broker.endings import Ended, OthersMessage, Sent, wait_for_ending
+from agentreach.broker.errors import pause
 from agentreach.broker.lifecycle import events_of_id, own_events
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.broker.tasks import cancel_and_wait
@@ -55,6 +56,7 @@ log = structlog.get_logger("coordinator.calls")
 
 BARE_CALLER = "coordinator"  # whose box the bare form's replies go to (no caller may be named so)
 GRACE_S = 1.0  # past the task's ttl, the coordinator's own verdict has had time to arrive
+RECHECK_S = 1.0  # after a reconnect, how often a waiting call reads its task's events
 EARLIER_LOOK_S = 60.0  # how long one read of an earlier message's events waits before a recount
 
 # An earlier message a call sent again waits for: its caller, its id, and what was sent.
@@ -79,6 +81,8 @@ class _Waiting:
     box: ReplyBox  # keeps only the replies of the agent the coordinator announced
     replies: Subscription  # the call's reply box
     execute_ms: int  # the task's execute budget: how long a run may take once accepted
+    asked: _Earlier  # its caller, its task's id and what was sent: its events tell its end
+    reconnects: int  # the connection's reconnects when it began: a reply may be lost since
     accepted: bool = False  # an agent accepted the task (or a workflow started)
 
 
@@ -95,6 +99,7 @@ class Calls:
     async def start(self) -> None:
         names = self._broker.names
         await self._broker.subscribe(names.calls_wildcard, self._on_call, queue="coordinators")
+        self._in_background(self._recheck_after_reconnects())
 
     async def _on_call(self, msg: Inbound) -> None:
         if not msg.reply:
@@ -131,7 +136,9 @@ class Calls:
             ttl_ms / 1000 + GRACE_S, self._give_up, key, ttl_ms
         )
         requester = _Requester(msg.reply, call.message_id or headers[h.MSG_ID])
-        self._waiting[key] = _Waiting(requester, timer, box, replies, execute_ms)
+        asked = (sender, requester.message_id, Sent(topic, call.sha256))
+        reconnects = self._broker.reconnects
+        self._waiting[key] = _Waiting(requester, timer, box, replies, execute_ms, asked, reconnects)
         try:
             subject = self._broker.names.task(topic, sender)  # the caller stays the sender
             # The caller's id as the caller would publish it: sealed, it would not be the
@@ -144,11 +151,10 @@ class Calls:
             return
         if stored.duplicate:  # sent before: nobody answers this box, the earlier end does
             self._in_background(replies.close())
-            earlier = (sender, requester.message_id, Sent(topic, call.sha256))
-            waiting_for_it = self._earlier.setdefault(earlier, [])
+            waiting_for_it = self._earlier.setdefault(asked, [])
             waiting_for_it.append(key)
             if len(waiting_for_it) == 1:  # one read of its events for all its calls
-                self._in_background(self._answer_earlier(earlier))
+                self._in_background(self._answer_earlier(asked))
 
     async def stop(self) -> None:
         """Stop the answers still being worked on (their callers time out)."""
@@ -254,11 +260,48 @@ class Calls:
         waiting.timer.cancel()
         waiting.timer = loop.call_at(budget_ends, self._give_up, key, 0)
 
+    async def _recheck_after_reconnects(self) -> None:
+        """Replies are core NATS messages: one an agent sent while this connection was away
+        (a server restart) is gone, and the call waited out its budget to say "no result" of
+        a task that had completed. After a reconnect, each call begun before it reads its
+        task's events once a second, as ``ReachClient.invoke`` does."""
+        while True:
+            await pause(RECHECK_S)
+            for key, waiting in list(self._waiting.items()):
+                if waiting.reconnects != self._broker.reconnects:
+                    await self._answered_from_events(key)
+
+    async def _answered_from_events(self, key: str) -> bool:
+        """Answer the call ``key`` from its task's events if they end it; whether they did."""
+        if (waiting := self._waiting.get(key)) is None:
+            return True
+        caller, message_id, sent = waiting.asked
+        read = functools.partial(self._events_of, message_id, caller)
+        try:
+            ended = await wait_for_ending(read, within_s=0, caller=caller, sent=sent)
+        except (BrokerError, OthersMessage):
+            ended = None  # its replies, or its give-up, answer it
+        if key not in self._waiting:
+            return True  # answered meanwhile
+        if ended is None:
+            return False
+        requester = self._forget(key)
+        if ended.error is not None:
+            await self._answer(requester, _failure(ended.error, ended.reason), error=True)
+        else:
+            await self._answer_result(requester, ended.result, ended.result_ref)
+        return True
+
     def _give_up(self, key: str, ttl_ms: int) -> None:
         """No answer in time: within the ttl (``ttl_ms``), or, once accepted (0), within the
-        execute budget."""
-        if key not in self._waiting:
-            return
+        execute budget. Its task's events are read first: a reply may have been lost."""
+        if key in self._waiting:
+            self._in_background(self._given_up(key, ttl_ms))
+
+    async def _given_up(self, key: str, ttl_ms: int) -> None:
+        timer = self._waiting[key].timer
+        if await self._answered_from_events(key) or self._waiting[key].timer is not timer:
+            return  # answered, or accepted meanwhile: a new deadline
         waiting = self._waiting[key]
         requester = self._forget(key)
         if not ttl_ms:
@@ -268,7 +311,7 @@ class Calls:
         else:
             within = f"the task's ttl ({ttl_ms} ms); no agent accepted it"
         error = ErrorInfo(type="no_result", message=f"no result within {within}", retryable=False)
-        self._in_background(self._answer(requester, {"error": error}, error=True))
+        await self._answer(requester, {"error": error}, error=True)
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import Counter
 
 from agentreach import envelopes
 from agentreach.agents import Agent, TaskContext
+from agentreach.broker import Broker
+from agentreach.broker.endings import Sent
+from agentreach.broker.lifecycle import events_of_id
 from agentreach.broker.reply_box import ReplyBox
+from agentreach.coordinator import Coordinator
 from agentreach.coordinator.calls import _Addressed, _addressed, _Requester, _Waiting
 from agentreach.envelopes import headers as h
-from tests.support import eventually
+from tests.conftest import FAST
+from tests.e2e.test_invoke_across_restarts import Gate
+from tests.support import eventually, until_true
 
 
 def sleeper() -> Agent:
@@ -278,8 +285,11 @@ async def test_a_call_given_up_at_its_ttl_says_whether_an_agent_accepted_it(brok
         replies = await broker.subscribe(box + ".*", lambda msg: asyncio.sleep(0))
         await broker.flush()  # the coordinator answers on a connection of its own
         key = f"key-{accepted}"
+        asked = (None, f"id-{accepted}", Sent("nap", None))  # no events: nothing ended it
+        box = ReplyBox(broker.names, "test", key)
+        reconnects = broker.reconnects
         calls._waiting[key] = _Waiting(
-            requester, timer, ReplyBox(broker.names, "test", key), replies, 500, accepted
+            requester, timer, box, replies, 500, asked, reconnects, accepted
         )
         calls._give_up(key, 6_000)
         answer = await inbox.next_msg(timeout=5)
@@ -312,3 +322,45 @@ async def test_calls_sent_again_share_one_read_of_the_first_one_s_end(broker, co
     for answer in answers:
         assert envelopes.decode_json(answer.data) == {"slept": 1.5}
     assert not calls._earlier and not calls._waiting
+
+
+async def test_a_result_sent_while_the_call_s_coordinator_was_away_is_answered_once_back(broker):
+    """A call's result is a core reply: sent while the coordinator that took the call was
+    away (its link down, a server restarting), it is gone, and the call said `no_result` at
+    the end of the execute budget of a task that had completed (a fresh reader: 3 of 3,
+    killing the server). Back, the coordinator reads the task's events and answers."""
+    runs, release = Counter[str](), asyncio.Event()
+    agent = Agent("call-slowpoke", startup_delay=0)
+
+    @agent.handler("slow")
+    async def slow(ctx: TaskContext, payload: dict) -> dict:
+        runs[ctx.message_id] += 1
+        await release.wait()
+        return {"n": payload["n"]}
+
+    port = int(broker.url.rsplit(":", 1)[1])
+    async with (
+        Gate(port) as relay,
+        Broker(relay.url, names=broker.names, name="coordinator", wait=True) as own,
+        Coordinator(own, FAST).running(),
+        agent.running(broker=broker),
+    ):
+        call = broker.names.call("slow")
+        answering = asyncio.create_task(broker.nc.request(call, b'{"n": 7}', timeout=60))
+        await eventually(lambda: len(runs) == 1, 10)
+        await relay.shut()  # the coordinator is away from here until the result is sent
+        release.set()
+        [message_id] = runs
+
+        async def completed() -> bool:
+            return any(e.event == "completed" for e in await events_of_id(broker, message_id))
+
+        await until_true(completed, timeout=10, every_s=0.1)
+        reconnects = own.reconnects
+        await relay.open()
+        await eventually(lambda: own.reconnects > reconnects, 15)
+        async with asyncio.timeout(5):  # not at the end of its execute budget (30 s)
+            answer = await answering
+    assert answer.headers is not None and answer.headers.get(h.KIND) == "result"
+    assert envelopes.decode_json(answer.data) == {"n": 7}
+    assert runs[message_id] == 1
