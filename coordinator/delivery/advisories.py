@@ -42,6 +42,8 @@ log = structlog.get_logger("coordinator.advisories")
 # Advisories not acted on are said at most this many times a minute per kind: an agent can
 # have copies of its JSON stored on the advisories' subjects as fast as the server stores.
 NOT_ACTED_ON_SAID_PER_MINUTE = 10
+LEASE_MARGIN_S = 0.5  # past a lease's end, for its holder's last renewal to be seen
+LOOK_AGAIN_CAP_S = 60.0  # a long lease is looked at again this often (its run may end)
 
 
 class MaxDeliveries(msgspec.Struct, frozen=True):
@@ -64,32 +66,36 @@ class Advisories:
         self._sealed = grants is not None and grants.enabled
         self._not_acted_on = RepeatedLines(60.0, burst=NOT_ACTED_ON_SAID_PER_MINUTE)
 
-    async def handle(self, msg: Delivery) -> None:
+    async def handle(self, msg: Delivery) -> float | None:
+        """None once the advisory is acted on (or not to be), else the seconds until it
+        is looked at again: its task's run still holds a lease."""
         if copied_by_direct_get(msg.headers):  # an agent's content, aimed here: it killed
             self._say("warning", "advisory copied by a direct get: nobody's", subject=msg.subject)
-            return  # a running task of another caller's (a security re-test)
+            return None  # a running task of another caller's (a security re-test)
         try:
             advisory = decode_as(msg.data, MaxDeliveries)
         except DecodeError as exc:
             self._say("error", "unreadable advisory", subject=msg.subject, error=str(exc))
-            return
+            return None
         if advisory.stream not in self._broker.names.dispatch_streams.values():
             # The coordinator's own consumers end a message at its last delivery themselves
             # (see Consumption.settle); a copy of an agent's JSON said so of a waiting task.
             line = "an advisory about no agent's queue: not acted on"
             self._say("info", line, subject=msg.subject)
-            return
+            return None
         stored = await get_message(self._broker, advisory.stream, advisory.stream_seq)
         if stored is None:
-            return  # acknowledged or removed since: nothing was lost
+            return None  # acknowledged or removed since: nothing was lost
         if why := await unfounded(self._broker, msg.subject, advisory, stored):
             line = "max-deliveries advisory not acted on"
             self._say("warning", line, subject=msg.subject, why=why)
-            return
+            return None
         agent_id = self._broker.names.agent_of_dispatch_subject(stored.subject)
-        if not await self._dead_letter(stored, _never_acknowledged(advisory, agent_id), agent_id):
-            return
+        error = _never_acknowledged(advisory, agent_id)
+        if (later_s := await self._dead_letter(stored, error, agent_id)) is not None:
+            return later_s
         await delete_message(self._broker, advisory.stream, advisory.stream_seq)
+        return None
 
     def _say(self, level: str, line: str, **values: object) -> None:
         if (unsaid := self._not_acted_on.due(line)) is not None:
@@ -98,8 +104,9 @@ class Advisories:
 
     async def _dead_letter(
         self, stored: StoredMessage, error: ErrorInfo, agent_id: str | None
-    ) -> bool:
-        """Whether ``stored`` was ended (its task answered, or it dead-lettered)."""
+    ) -> float | None:
+        """None once ``stored`` is ended (its task answered, or it dead-lettered), else the
+        seconds until the lease its run holds runs out."""
         task = _task_in(stored.data, stored.headers)
         if task is not None and agent_id is not None:
             try:  # a task someone had copied onto the queue is answered from no record
@@ -108,16 +115,19 @@ class Advisories:
                 task = None
         if task is not None:
             ran = await self._run_once.verdict(task)
-            if isinstance(ran, Running):  # its run goes on: not given up on (whatever said so)
-                log.warning("max deliveries said of a task that runs", message_id=task.message_id)
-                return False
+            if isinstance(ran, Running):
+                # Its run may go on, or its agent died under a lease that has yet to run out
+                # (`max_deliver=1`, at most once): looked at again when it has. Let go, the
+                # task stayed in the agent's queue until its ttl, to expire "gone silent".
+                log.info("max deliveries said of a task under a lease", left_s=ran.left_s)
+                return min(ran.left_s + LEASE_MARGIN_S, LOOK_AGAIN_CAP_S)
             # Every acknowledgement of a run lost (servers failing over): the work is done.
             if isinstance(ran, RanAlready):
                 await answer_from_record(self._broker, task, ran.record)
-                return True
+                return None
             log.warning("max deliveries reached", message_id=task.message_id, error=error.message)
             await end_with_error(self._broker, task, "retries_exhausted", error)
-            return True
+            return None
         # Its id is its sender's word: nobody's on a sealed deployment (a copy of an agent's
         # own message, or a hand-made dispatch) nor in a server's answer. Taken, it named a
         # letter, and a dead_lettered event in that message's trace, after alice's message.
@@ -135,7 +145,7 @@ class Advisories:
             raw=stored.data,
             headers={**stored.headers, "Reach-Subject": stored.subject},
         )
-        return True
+        return None
 
 
 def _never_acknowledged(advisory: MaxDeliveries, agent_id: str | None) -> ErrorInfo:

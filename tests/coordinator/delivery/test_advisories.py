@@ -6,6 +6,8 @@ had its own JSON taken for an advisory naming a stream and sequence of its choic
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 from nats.aio.msg import Msg
 from nats.js import api
@@ -23,13 +25,14 @@ GRANTS = Grants(b"k" * 32)
 CONSUMER = "agent-mallory-p1"
 
 
-async def _advise(broker, stream: str, seq: int, consumer: str = CONSUMER) -> None:  # type: ignore[no-untyped-def]
+async def _advise(broker, stream: str, seq: int, consumer: str = CONSUMER) -> float | None:  # type: ignore[no-untyped-def]
     """What nats-server says when the message at ``seq`` was delivered 5 times (or what a
-    copy of someone's JSON says, on the subject it chose)."""
+    copy of someone's JSON says, on the subject it chose): the handler's seconds until it
+    looks again, or None."""
     body = {"stream": stream, "consumer": consumer, "stream_seq": seq, "deliveries": 5}
     subject = f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{consumer}"
     msg = Msg(broker.nc, subject=subject, data=msgspec.json.encode(body))
-    await Advisories(broker, GRANTS).handle(Delivery(msg))
+    return await Advisories(broker, GRANTS).handle(Delivery(msg))
 
 
 async def _delivered(broker, count: int, agent: str = "mallory") -> None:  # type: ignore[no-untyped-def]
@@ -127,6 +130,36 @@ async def test_a_task_that_runs_is_not_ended_by_an_advisory(broker, watcher):
     await _advise(broker, stream, stored.seq, consumer="agent-bob-p1")
     assert not watcher.dead_letters
     assert await get_message(broker, stream, stored.seq) is not None  # still bob's
+
+
+async def test_a_task_whose_agent_died_under_its_lease_ends_when_the_lease_runs_out(
+    broker, watcher
+):
+    """An agent with `max_deliver=1` (at most once) killed in a run: JetStream gives up on
+    the message under the run's live lease. The advisory was let go, and the task waited in
+    the agent's queue to expire at its ttl, "gone silent", where the docs promise
+    `retries_exhausted` (a fresh reader). It is looked at again once the lease has run out,
+    and dead-lettered then."""
+    task = envelopes.Task(
+        v=1, message_id="order-45", trace_id="order-45", topic="echo", caller="alice",
+        to_agent="bob",
+    )  # fmt: skip
+    grant = {GRANT_HEADER: GRANTS.sign(task, "bob") or ""}
+    queue = broker.names.dispatch("bob", "P1")
+    stored = await broker.publish(queue, envelopes.encode(task), headers={**DISPATCHED, **grant})
+    await _delivered(broker, 1, agent="bob")
+    seal = GRANTS.seal("alice", "order-45", 1, "bob")
+    lease = envelopes.now_ms() + 1_500  # its agent died: nobody renews it
+    await _record(broker, "order-45", "running", lease_until_ms=lease, seal=seal)
+    stream = broker.names.dispatch_stream("P1")
+    later_s = await _advise(broker, stream, stored.seq, consumer="agent-bob-p1")
+    assert later_s is not None and 1.0 < later_s <= 2.5
+    assert not watcher.dead_letters
+    await asyncio.sleep(later_s)  # the advisory's redelivery, after the delay it asked for
+    assert await _advise(broker, stream, stored.seq, consumer="agent-bob-p1") is None
+    letter = await watcher.dead_letter("retries_exhausted", message_id="order-45")
+    assert letter.error is not None and "never acknowledged" in letter.error.message
+    assert await get_message(broker, stream, stored.seq) is None
 
 
 async def test_advisories_not_acted_on_are_said_a_few_times_a_minute(broker):
