@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import sys
 from dataclasses import dataclass
 
 from agentreach import envelopes
@@ -20,7 +19,7 @@ from agentreach.broker import (
 from agentreach.broker.lifecycle import AGENT_TOPIC, authentic
 from agentreach.broker.names import COORDINATOR, OPERATOR
 from agentreach.cli import workflows
-from agentreach.cli.exit_codes import FAILED, OK
+from agentreach.cli.exit_codes import OK
 from agentreach.cli.options import ASKING_ROLES, Commands, UsageError, an_id, broker_of
 from agentreach.cli.status import NOT_RUNNING, coordinators
 from agentreach.cli.terminal import one_line
@@ -68,11 +67,10 @@ async def _waiting_in_intake(broker: Broker, some_id: str) -> int:
     routed yet, or that it is unknown."""
     waiting = await unrouted(broker, some_id)
     if not waiting:
-        print(
+        raise UsageError(
             f"no events recorded for {some_id!r}, nor a task of that id among the newest"
             f" {LOOKED_AT:,} in the intake (is it a message_id or trace_id?)"
         )
-        return FAILED
     print(render_unrouted(waiting, coordinator_runs=bool(await coordinators(broker))))
     return OK
 
@@ -94,13 +92,11 @@ async def _trace_of_own(broker: Broker, message_id: str) -> int:
         return OK
     if not reply.events:
         who = broker.auth.identity
-        print(
+        raise UsageError(
             f"no events of {message_id!r} among {who}'s own messages (a {broker.auth.role}"
             " sees only the messages it sent, by message id or trace id; an operator's creds"
-            " read every trace)",
-            file=sys.stderr,
+            " read every trace)"
         )
-        return FAILED
     steps = [
         Step(at=dt.datetime.fromtimestamp(e.at_ms / 1000, dt.UTC), seq=n, event=e)
         for n, e in enumerate(reply.events)
