@@ -199,8 +199,9 @@ def already(instance_id: str, status: str, ended_ms: int, now: int) -> str:
     if now - ended_ms < LONG_AGO_MS:
         return said
     return (
-        f"{said} (a start sent again under this id is answered from that instance, not run"
-        " again: send a new message id)"
+        f"{said}, {(now - ended_ms) // 60_000} min ago (if you sent its start again since"
+        " to run it anew: a start under an id used before is answered from that instance,"
+        " not run again; send it under a new message id)"
     )
 
 

@@ -298,7 +298,8 @@ def test_an_instance_that_ended_long_ago_is_said_to_be_an_id_used_again() -> Non
     just = already("r", "completed", ended, ended + 5_000)
     assert just == f"r: already completed at {_clock(ended)}"
     long_ago = already("r", "completed", ended, ended + 60_000)
-    assert long_ago.startswith(just) and "not run again: send a new message id" in long_ago
+    assert long_ago.startswith(f"{just}, 1 min ago (if you sent its start again since")
+    assert "not run again; send it under a new message id" in long_ago
 
 
 async def test_an_operator_s_cancel_that_an_end_overtakes_says_so(broker: Broker) -> None:
