@@ -333,12 +333,12 @@ def tree(record: WorkflowRecord) -> str:
         branch = "└─" if i == len(steps) + len(undo) - 1 else "├─"
         # The state a running machine stays in once its work is done waits for a signal.
         waits = key == record.current and record.status == "running" and run.status == "completed"
-        # The state the instance ended in (cancelled, expired) without an end of its own
-        # was waiting: it completed nothing.
+        # The state it ended in (cancelled, expired) waited until then: it completed nothing.
         cut = key == record.current and record.status in ("failed", "cancelled")
         if cut and not run.intent and run.status == "completed":
             run = msgspec.structs.replace(run, status="cancelled")
-        line = _step(key, run, record.started_ms, waits=waits, left_ms=_left_ms(record, key))
+        left_ms = record.ended_ms if cut and not run.intent else _left_ms(record, key)
+        line = _step(key, run, record.started_ms, waits=waits, left_ms=left_ms)
         if key in record.awaiting:  # stopped while it ran: it still runs, its outcome awaited
             line += "  ← stopped while it ran: its outcome is awaited, then undone"
         elif run.status == "cancelled" and run.error is None:  # it said no reason at all

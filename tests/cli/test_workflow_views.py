@@ -75,8 +75,9 @@ def test_a_wait_cut_short_and_a_step_never_started_are_not_pass_throughs():
 
 def test_the_state_a_machine_was_cancelled_in_did_not_complete():
     """A state waiting for an event (entered, so recorded completed) when its instance was
-    cancelled read `completed … (pass-through)`; a state's run a signal moved the machine on
-    from read as a branch its join went without."""
+    cancelled read `completed … (pass-through)`, then `0 ms` for its wait (a fresh reader);
+    a state's run a signal moved the machine on from read as a branch its join went
+    without."""
     steps = {
         "placed": StepRun(status="completed", started_ms=1, ended_ms=1),
         "awaiting_ship": StepRun(status="completed", started_ms=2, ended_ms=2),
@@ -84,10 +85,10 @@ def test_the_state_a_machine_was_cancelled_in_did_not_complete():
     cancelled = ErrorInfo(type="cancelled", message="by an operator", retryable=False)
     waiting = record(
         status="cancelled", steps=steps, error=cancelled, started_ms=1, current="awaiting_ship",
-        path=["placed", "awaiting_ship"],
+        path=["placed", "awaiting_ship"], ended_ms=1_027,
     )  # fmt: skip
     line = next(ln for ln in tree(waiting).splitlines() if " awaiting_ship " in ln)
-    assert " cancelled " in line and "(waited for an event)" in line, line
+    assert " cancelled " in line and " 1025 ms  (waited for an event)" in line, line
     assert line.endswith("← stopped as the instance ended: cancelled")
     moved = {"charge": StepRun(status="cancelled", intent="charge", started_ms=1)}
     done = record(status="completed", steps=moved, started_ms=1, path=["charge", "refunded"])
