@@ -29,7 +29,9 @@ topics' and agents' buckets are each replica's own.
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +155,7 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
         document = msgspec.yaml.decode(raw) if raw.strip() else {}
         return msgspec.convert(_sectioned(document, path), CoordinatorConfig)
     except msgspec.DecodeError as exc:  # ValidationError is one
-        said = _one_line(str(exc))
+        said = _meant_field(_one_line(str(exc)))
         raise ConfigError(f"{path}: {_with_workflow_named(said, document)}") from None
 
 
@@ -161,6 +163,23 @@ def _one_line(message: str) -> str:
     """A YAML parser's message (four lines, naming `"<byte string>"`) as one line."""
     message = re.sub(r'\s*in "<byte string>", (line \d+, column \d+)', r" (\1)", message)
     return "; ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+def _meant_field(message: str) -> str:
+    """An unknown field of a section with the one it may have meant (`routes`: 'routing');
+    the workflows' own say theirs (:func:`meant`)."""
+    unknown = re.fullmatch(
+        r"Object contains unknown field `([^`]+)`(?: - at `\$([\w.]*)`)?", message
+    )
+    if unknown is None:
+        return message
+    section: Any = CoordinatorConfig
+    for name in filter(None, (unknown[2] or "").split(".")):
+        section = typing.get_type_hints(section).get(name)
+        if not (isinstance(section, type) and issubclass(section, msgspec.Struct)):
+            return message
+    close = difflib.get_close_matches(unknown[1], section.__struct_fields__, n=1)
+    return f"{message} (did you mean {close[0]!r}?)" if close else message
 
 
 def _with_workflow_named(message: str, document: Any) -> str:

@@ -214,6 +214,23 @@ def test_config_file_errors_name_the_field(tmp_path):
     assert load_config(good).intake.batch == 8
 
 
+def test_an_unknown_field_is_said_with_the_one_it_may_have_meant(tmp_path):
+    """`routes:` for `routing:` said only that `routes` was unknown (a fresh reader), where a
+    workflow's mistakes name what was meant; each section's fields are looked at."""
+    cases = {
+        "routes: []\n": "unknown field `routes` (did you mean 'routing'?)",
+        "liveness: {tik_s: 1}\n": "unknown field `tik_s` - at `$.liveness` (did you mean"
+        " 'tick_s'?)",
+        "zzz: 1\n": "unknown field `zzz`",
+    }
+    for n, (text, said) in enumerate(cases.items()):
+        path = tmp_path / f"c{n}.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as error:
+            load_config(path)
+        assert str(error.value) == f"{path}: Object contains {said}"
+
+
 def test_flat_keys_of_the_old_layout_move_into_their_sections(tmp_path):
     """A 0.1 config (flat keys) still loads, each key in its section, and the move is logged."""
     old = tmp_path / "old.yaml"
