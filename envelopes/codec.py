@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -100,6 +101,11 @@ _OUT_OF_RANGE = ("Number out of range", "Integer value out of range")
 # What msgspec says of a body that ends too soon; every other syntax error it reports as
 # "JSON is malformed: …", and a body cut short is one too.
 _TRUNCATED = "Input data was truncated"
+# What msgspec says of a version other than 1 (`v` is `Literal[1]` in every envelope).
+_VERSION = re.compile(r"Invalid enum value (.+) - at `\$\.v`")
+_UNKNOWN_VERSION = (
+    'envelope version {} is not spoken here: this is protocol v1, whose envelopes carry "v": 1'
+)
 
 
 class _Pairs(list[tuple[str, Any]]):
@@ -171,6 +177,8 @@ def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str) -> Any:
             raise DecodeError(_truncated(data)) from None
         if message.startswith(_OUT_OF_RANGE) and (path := _out_of_range_at(data)):
             raise DecodeError(message.partition(" - at ")[0], path=path) from None
+        if (version := _VERSION.fullmatch(message)) is not None:
+            raise DecodeError(_UNKNOWN_VERSION.format(version[1]), path="$.v") from None
         raise DecodeError(message) from None
     except RecursionError:
         raise DecodeError("JSON is nested too deeply to decode", path="$") from None

@@ -49,7 +49,7 @@ export function decodeTask(data: Uint8Array): Task {
   r.optional("kind", "task", (v, at) => literal(v, at, ["task"]));
   return {
     kind: "task",
-    v: r.required("v", (v, at) => literal(v, at, [1])) as 1,
+    v: r.required("v", version),
     message_id: r.required("message_id", token),
     trace_id: r.required("trace_id", token),
     topic: r.required("topic", token),
@@ -122,6 +122,14 @@ function literal<T>(value: unknown, at: string, allowed: readonly T[]): T {
     throw new DecodeError(`Invalid enum value ${JSON.stringify(value)} - at \`${at}\``);
   }
   return value as T;
+}
+
+/** The envelope's `v`: 1, the only version spoken here (the Python SDK's words for another). */
+function version(value: unknown, at: string): 1 {
+  if (typeof value === "number" && Number.isInteger(value) && value !== 1) {
+    throw new DecodeError(`envelope version ${value} is not spoken here: this is protocol v1, whose envelopes carry "v": 1 - at \`${at}\``);
+  }
+  return literal(value, at, [1]);
 }
 
 function token(value: unknown, at: string): string {
