@@ -77,10 +77,12 @@ def _run(args: argparse.Namespace) -> int:
         code = asyncio.run(args.command(args))
         sys.stdout.flush()  # a short output is written here, not by print: into the pipe too
         return code
+    except MissingArgument as exc:  # said as argparse says its own: the command, its help
+        prog = args.command_parser.prog
+        print(f"{prog}: error: {exc} (see `{prog} --help`)", file=sys.stderr)
+        return USAGE
     except ReachError as exc:
         print(f"reach: error: {exc}", file=sys.stderr)
-        if isinstance(exc, MissingArgument):
-            return USAGE
         return OUTCOME_UNKNOWN if isinstance(exc, OutcomeUnknown) else FAILED
     except KeyboardInterrupt:
         return INTERRUPTED

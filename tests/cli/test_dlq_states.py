@@ -75,6 +75,10 @@ async def test_resolve_records_what_a_worker_records_once(broker, coordinator, w
     again = await reach(broker, "dlq", "resolve", "by-hand", "--note", "twice")
     opened = await reach(broker, "dlq", "list", "--open")
     assert bare.returncode == 2 and "needs --note" in bare.stderr  # a missing argument
+    # Said as argparse says its own: the command, and where its help is (a fresh reader).
+    assert (
+        bare.stderr.startswith("reach dlq: error: ") and "(see `reach dlq --help`)" in bare.stderr
+    )
     assert done.stdout.startswith("by-hand: resolved (was open), by ")
     assert resolved.detail["note"] == "called the customer" and resolved.detail["by"]
     assert resolved.trace_id == "by-hand" and resolved.topic == "nobody_serves_this"
