@@ -3,8 +3,9 @@
 A signal may move a state machine on to its next step, a task the caller's quota never
 sees, and every signal or cancel costs a read and a write of the instance's record: without
 a charge, a caller held to 5 tasks a second could signal a looping machine into running
-steps as fast as the coordinator writes. Operators' (the bare subjects) are not charged, nor
-a delivery seen before. Over its quota, a signal or cancel is not acted on, and its sender
+steps as fast as the coordinator writes. Operators' (the bare subjects) are not charged; a
+caller's is, once, on its first delivery. Over its quota, a signal or cancel is not acted on
+(delivered again, it stays refused), and its sender
 hears why in an event about the instance (``signal_ignored`` or ``cancel_refused``, with a
 ``rate_limited`` error saying when to send it again) — when the instance is its own: of
 another's, or of none, it hears nothing, as of a signal it may not send."""
