@@ -261,10 +261,9 @@ class Calls:
         waiting.timer = loop.call_at(budget_ends, self._give_up, key, 0)
 
     async def _recheck_after_reconnects(self) -> None:
-        """Replies are core NATS messages: one an agent sent while this connection was away
-        (a server restart) is gone, and the call waited out its budget to say "no result" of
-        a task that had completed. After a reconnect, each call begun before it reads its
-        task's events once a second, as ``ReachClient.invoke`` does."""
+        """Replies are core messages: one sent while this connection was away (a server
+        restart) is gone, and the call said "no result" of a task that had completed. After
+        a reconnect each call begun before reads its task's events once a second."""
         while True:
             await pause(RECHECK_S)
             for key, waiting in list(self._waiting.items()):
@@ -299,10 +298,11 @@ class Calls:
             self._in_background(self._given_up(key, ttl_ms))
 
     async def _given_up(self, key: str, ttl_ms: int) -> None:
-        timer = self._waiting[key].timer
+        if (waiting := self._waiting.get(key)) is None:
+            return  # answered since the timer fired
+        timer = waiting.timer
         if await self._answered_from_events(key) or self._waiting[key].timer is not timer:
             return  # answered, or accepted meanwhile: a new deadline
-        waiting = self._waiting[key]
         requester = self._forget(key)
         if not ttl_ms:
             within = f"its execute budget ({waiting.execute_ms} ms) after an agent accepted it"
