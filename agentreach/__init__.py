@@ -35,6 +35,7 @@ from agentreach.agents import (
     TaskFailed,
     UnexpectedResult,
     UnknownWorkflow,
+    WorkflowActionRefused,
     WorkflowEnded,
 )
 from agentreach.broker import Auth, Broker
@@ -73,5 +74,6 @@ __all__ = [
     "TaskFailed",
     "UnexpectedResult",
     "UnknownWorkflow",
+    "WorkflowActionRefused",
     "WorkflowEnded",
 ]

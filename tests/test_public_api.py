@@ -3,6 +3,7 @@ marker that lets type checkers read its annotations."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -30,6 +31,18 @@ def test_names_the_readme_uses_come_from_the_root():
     }
     assert used <= set(agentreach.__all__)
     assert all(hasattr(agentreach, name) for name in agentreach.__all__)
+
+
+def test_every_error_of_the_sdk_s_error_tree_comes_from_the_root():
+    """docs/python-sdk.md's error tree says they all import from ``agentreach``:
+    WorkflowActionRefused, added to the tree, did not (a fresh reader's ImportError)."""
+    text = (REPO / "docs" / "python-sdk.md").read_text()
+    tree = text.split("### The error tree", 1)[1].split("```")[1]
+    named = re.findall(r"^(?:[│ ]*[├└]── )?([A-Z]\w+)", tree, flags=re.MULTILINE)
+    in_broker = {"BrokerError"}  # agentreach.broker's, as its line says
+    assert len(named) > 20
+    missing = [n for n in named if n not in in_broker and n not in agentreach.__all__]
+    assert missing == []
 
 
 def test_the_package_is_marked_typed():
