@@ -42,7 +42,7 @@ from agentreach.coordinator.workflows.answers import (
     may_act,
     refused_as_taken,
 )
-from agentreach.coordinator.workflows.charges import ControlCharges
+from agentreach.coordinator.workflows.charges import ControlCharges, settled
 from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.definitions import Definitions, warn_of_unused_parts
 from agentreach.coordinator.workflows.nesting import check_nesting
@@ -198,8 +198,10 @@ class WorkflowEngine:
                     event, _, asker = event.partition(".")  # a caller's form names it last
                     sent = Sent(msg.timestamp_ms, msg.stream_seq, seen_before)
                     await self._on_signal(instance_id, event, asker or None, sent)
+                    await settled(self._broker, msg)
                 case "cancel":
                     await self._on_cancel(instance_id, event or None, msg.data, seen_before)
+                    await settled(self._broker, msg)
                 case _:
                     raise DecodeError(f"no workflow message kind {kind!r}", path="subject")
         except DecodeError as exc:

@@ -38,6 +38,12 @@ class RestartableServer:
         if self._server is not None:
             await self._server.stop()
 
+    async def kill(self) -> None:
+        """SIGKILL: what the server had not written to its store yet is lost (its consumers'
+        latest acknowledgements, say)."""
+        if self._server is not None:
+            await self._server.kill()
+
     async def __aenter__(self) -> RestartableServer:
         await self.start()
         return self
