@@ -31,6 +31,7 @@ from agentreach.broker import (
     bind,
     provision,
 )
+from agentreach.broker.failover import until_answered
 from agentreach.broker.record_seal import RecordSeal, headed_buckets
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import consumers
@@ -230,7 +231,7 @@ class Coordinator:
             self.readiness.consumers = consumers
             # Instances of workflows no longer configured are resumed too (each runs on
             # the definition it started with).
-            await self.workflows.resume_all()
+            await until_answered(self.workflows.resume_all, waiting_for="the workflow records")
             await self.broker.flush()  # its subscriptions are on the server before it says so
             self.readiness.serving = True
             log.info(

@@ -10,8 +10,9 @@ from pathlib import Path
 from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker, EmbeddedServer, Names, wait_provisioned
+from agentreach.broker import Broker, BrokerTimeout, EmbeddedServer, Names, wait_provisioned
 from agentreach.coordinator import Coordinator
+from agentreach.coordinator.workflows import WorkflowEngine
 from tests.conftest import FAST
 from tests.support import wait_for_card
 
@@ -197,3 +198,30 @@ async def test_progress_during_a_server_restart_does_not_fail_the_handler(tmp_pa
     assert raised == []
     assert runs[message_id] == 1
     assert completed
+
+
+async def test_a_start_waits_for_the_workflow_records_as_for_its_consumers(
+    broker, monkeypatch
+) -> None:
+    """Restarted after a flood, a coordinator whose read of the workflow records timed out
+    exited (and `reach up` took its server down with it: an outside re-test). It asks again,
+    saying so, as it does for its consumers, and then serves."""
+    calls = 0
+    resume_all = WorkflowEngine.resume_all
+
+    async def slow_at_first(self: WorkflowEngine) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise BrokerTimeout("timed out on 'KV_reach_workflows'")
+        return await resume_all(self)
+
+    monkeypatch.setattr(WorkflowEngine, "resume_all", slow_at_first)
+    with capture_logs() as logs:
+        async with (
+            Broker(broker.url, names=broker.names, name="coordinator") as own,
+            Coordinator(own, FAST).running() as coordinator,
+        ):
+            assert coordinator.readiness.serving
+    assert calls == 2
+    assert any("the workflow records" in str(e.get("waiting_for", e)) for e in logs), logs
