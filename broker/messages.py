@@ -77,11 +77,12 @@ def position_of(msg: Msg) -> Position:
 class Delivery:
     """One delivery of a stored message by a consumer; settle it exactly once."""
 
-    __slots__ = ("_msg", "_position")
+    __slots__ = ("_applied", "_msg", "_position")
 
     def __init__(self, msg: Msg) -> None:
         self._msg = msg
         self._position: Position | None = None
+        self._applied = False  # acknowledged, and the server said it applied that
 
     @property
     def subject(self) -> str:
@@ -129,21 +130,38 @@ class Delivery:
         return self.timestamp_ns // 1_000_000
 
     async def ack(self) -> None:
+        if self._applied:
+            return
         with translated(subject=self.subject):
             await self._msg.ack()
 
+    async def ack_applied(self, timeout_s: float = 5.0) -> None:
+        """Acknowledge, and return once the server has applied it (a work queue's message
+        is then gone): an acknowledgement is sent and forgotten, and a server that dies
+        before it applies one delivers the message again, as new. A settle after this one
+        does nothing."""
+        with translated(subject=self.subject):
+            await self._msg.ack_sync(timeout=timeout_s)
+        self._applied = True
+
     async def nak(self, delay_s: float | None = None) -> None:
         """Give the message back, to be redelivered after ``delay_s`` (at once when None)."""
+        if self._applied:
+            return
         with translated(subject=self.subject):
             await self._msg.nak(delay=delay_s)
 
     async def term(self) -> None:
         """Never deliver this message again."""
+        if self._applied:
+            return
         with translated(subject=self.subject):
             await self._msg.term()
 
     async def in_progress(self) -> None:
         """Still being worked on: restart the ack wait."""
+        if self._applied:
+            return
         with translated(subject=self.subject):
             await self._msg.in_progress()
 

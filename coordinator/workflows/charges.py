@@ -5,7 +5,7 @@ sees, and every signal or cancel costs a read and a write of the instance's reco
 a charge, a caller held to 5 tasks a second could signal a looping machine into running
 steps as fast as the coordinator writes. Operators' (the bare subjects) are not charged; a
 caller's is, once, on its first delivery. Over its quota, a signal or cancel is not acted on
-(and deleted first, so that it never comes back to be), and its sender
+(and its acknowledgement applied first, so that it never comes back to be), and its sender
 hears why in an event about the instance (``signal_ignored`` or ``cancel_refused``, with a
 ``rate_limited`` error saying when to send it again) — when the instance is its own: of
 another's, or of none, it hears nothing, as of a signal it may not send."""
@@ -20,7 +20,6 @@ import structlog
 
 from agentreach.broker import Broker, Bucket, Delivery
 from agentreach.broker.lifecycle import emit, event_for
-from agentreach.broker.streams import delete_message
 from agentreach.coordinator.protection.quotas import CallerQuotas, OverQuota
 from agentreach.coordinator.workflows.answers import may_act
 from agentreach.envelopes import ErrorInfo, WorkflowRecord
@@ -49,12 +48,12 @@ class ControlCharges:
         signal, _, asker = rest.partition(".") if kind == "signal" else ("", "", rest)
         if self._quotas is None or not asker or not self._quotas.limits(asker):
             return False
-        if msg.num_delivered > 1:  # charged once (one refused then was deleted: see settled)
+        if msg.num_delivered > 1:  # charged once (one refused then is gone: see settled)
             return False
         over = await self._quotas.admit(asker)
         if over is None:
             return False
-        await settled(self._broker, msg)  # before its answer: it never comes back to be taken
+        await settled(msg)  # before its answer: it never comes back to be taken
         entry = await (await self._records()).get(instance_id)
         if entry is None or not may_act(entry.value, asker):
             line = f"{kind} refused: its caller is over its quota (the instance is not its own)"
@@ -77,13 +76,13 @@ class ControlCharges:
             log.warning(line, caller=caller, instance_id=instance_id, **more)
 
 
-async def settled(broker: Broker, msg: Delivery) -> None:
-    """Delete a signal or cancel acted on (or refused) before it is acknowledged: a server
-    that crashes loses its consumers' latest acknowledgements (measured: a nats-server
-    killed at once after 1,000 acks kept none of them) and delivers again, as new, what
-    they had settled; a refused signal was taken so after a restart, and one taken would be
-    taken twice. A deleted message is not delivered again."""
-    await delete_message(broker, msg.stream, msg.stream_seq)
+async def settled(msg: Delivery) -> None:
+    """Acknowledge a signal or cancel acted on (or refused), and wait for the server to have
+    applied that: a server that dies before it applies an acknowledgement (a flood's are
+    many) delivers the message again, as new, and a refused signal was taken so after a
+    restart, one taken would be taken twice. Its stream is a work queue: once the
+    acknowledgement is applied, the message is gone."""
+    await msg.ack_applied()
 
 
 def _refusal(record: WorkflowRecord, over: OverQuota) -> dict[str, Any]:

@@ -198,10 +198,10 @@ class WorkflowEngine:
                     event, _, asker = event.partition(".")  # a caller's form names it last
                     sent = Sent(msg.timestamp_ms, msg.stream_seq, seen_before)
                     await self._on_signal(instance_id, event, asker or None, sent)
-                    await settled(self._broker, msg)
+                    await settled(msg)
                 case "cancel":
                     await self._on_cancel(instance_id, event or None, msg.data, seen_before)
-                    await settled(self._broker, msg)
+                    await settled(msg)
                 case _:
                     raise DecodeError(f"no workflow message kind {kind!r}", path="subject")
         except DecodeError as exc:

@@ -6,6 +6,7 @@ import asyncio
 
 import nats.aio.msg
 import nats.errors
+import nats.js.errors
 import pytest
 from nats.js import api
 
@@ -87,6 +88,25 @@ async def test_a_delivery_kept_alive_is_not_delivered_again_until_the_block_ends
     (again,) = await sub.fetch(1, timeout=3)
     assert Delivery(again).num_delivered == 2
     await again.ack()
+
+
+async def test_an_acknowledgement_applied_has_removed_a_work_queue_s_message(broker: Broker):
+    """Once ``ack_applied`` returns, the server has applied it: the work queue's message is
+    gone (an acknowledgement sent and forgotten may still be on its way when a server dies,
+    and the message comes again). What settles it after that does nothing."""
+    config = api.StreamConfig(name="APPLIED", subjects=["applied.>"], retention="workqueue")
+    await broker.js.add_stream(config)
+    stored = await broker.js.publish("applied.work", b"x")
+    sub = await broker.js.pull_subscribe("applied.>", durable="worker", stream="APPLIED")
+    (first,) = await sub.fetch(1, timeout=2)
+    delivery = Delivery(first)
+    await delivery.ack_applied()
+    assert (await broker.js.stream_info("APPLIED")).state.messages == 0
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await broker.js.get_msg("APPLIED", stored.seq)
+    await delivery.ack()
+    await delivery.nak()
+    await delivery.in_progress()
 
 
 async def test_listen_hands_each_message_over_as_it_is_read_until_closed(broker: Broker):

@@ -24,8 +24,8 @@ from tests.e2e.test_workflows import workflows
 async def test_a_refused_signal_is_gone_from_the_stream_before_its_caller_is_told(broker):
     """A server that dies with acknowledgements it had not applied yet (a flood's) delivers
     those messages again, as new: a signal refused for its caller's quota was taken after a
-    restart (a fresh reader, 1 run in 5). It is deleted from REACH_WORKFLOWS, the deletion
-    answered, before the refusal is said: by then it can come back no more."""
+    restart (an outside re-test, 1 run in 5). Its acknowledgement is applied (the work
+    queue's message gone) before the refusal is said: by then it can come back no more."""
     quota = RateLimits(callers={"alice": RateLimit(rate=0.05, burst=2)})
     stream = broker.names.workflows_stream
     left_when_told: list[object] = []
@@ -50,9 +50,9 @@ async def test_a_refused_signal_is_gone_from_the_stream_before_its_caller_is_tol
 async def test_a_signal_taken_before_a_server_crash_is_not_taken_again(tmp_path: Path):
     """The server killed just after the signal `go` moved the machine from `first` to
     `second`: had it not applied the acknowledgement yet, `go` would come again, as new,
-    and move the machine to `done` on one signal. Deleted (the deletion answered) once
-    acted on, it does not: a signal sent after the restart, which no state takes, is
-    answered while the machine still waits in `second`."""
+    and move the machine to `done` on one signal. Acknowledged, and applied, once acted
+    on, it does not: a signal sent after the restart, which no state takes, is answered
+    while the machine still waits in `second`."""
     config = msgspec.structs.replace(FAST, workflows=workflows(steps=STEPS))
     async with (
         RestartableServer(tmp_path / "nats") as server,
