@@ -55,6 +55,23 @@ async def _record(broker, message_id: str, state: str, **fields: object) -> None
     await records.create(envelopes.execution_key("alice", message_id, "bob"), record)
 
 
+async def _running_on_bob(broker, message_id: str, *, lease_ms: int) -> int:  # type: ignore[no-untyped-def]
+    """alice's ``message_id`` granted to bob, delivered to him, and his record of running it
+    under a lease ``lease_ms`` from now: its sequence in his queue."""
+    task = envelopes.Task(
+        v=1, message_id=message_id, trace_id=message_id, topic="echo", caller="alice",
+        to_agent="bob",
+    )  # fmt: skip
+    grant = {GRANT_HEADER: GRANTS.sign(task, "bob") or ""}
+    queue = broker.names.dispatch("bob", "P1")
+    stored = await broker.publish(queue, envelopes.encode(task), headers={**DISPATCHED, **grant})
+    await _delivered(broker, 1, agent="bob")
+    seal = GRANTS.seal("alice", message_id, 1, "bob")
+    lease = envelopes.now_ms() + lease_ms
+    await _record(broker, message_id, "running", lease_until_ms=lease, seal=seal)
+    return stored.seq
+
+
 def _forged(broker, message_id: str) -> envelopes.Task:  # type: ignore[no-untyped-def]
     return envelopes.Task(
         v=1, message_id=message_id, trace_id=message_id, topic="echo", caller="alice",
@@ -115,21 +132,11 @@ async def test_a_task_that_runs_is_not_ended_by_an_advisory(broker, watcher):
     """alice's task, granted to bob, ran on bob under a live lease; an advisory naming its
     sequence (small numbers, soon guessed) ended it, dead-lettered and deleted, while bob ran
     on. A run that goes on was not given up on, whatever says so."""
-    task = envelopes.Task(
-        v=1, message_id="order-44", trace_id="order-44", topic="echo", caller="alice",
-        to_agent="bob",
-    )  # fmt: skip
-    grant = {GRANT_HEADER: GRANTS.sign(task, "bob") or ""}
-    queue = broker.names.dispatch("bob", "P1")
-    stored = await broker.publish(queue, envelopes.encode(task), headers={**DISPATCHED, **grant})
-    await _delivered(broker, 1, agent="bob")
-    lease = envelopes.now_ms() + 60_000
-    seal = GRANTS.seal("alice", "order-44", 1, "bob")
-    await _record(broker, "order-44", "running", lease_until_ms=lease, seal=seal)
+    seq = await _running_on_bob(broker, "order-44", lease_ms=60_000)
     stream = broker.names.dispatch_stream("P1")
-    await _advise(broker, stream, stored.seq, consumer="agent-bob-p1")
+    await _advise(broker, stream, seq, consumer="agent-bob-p1")
     assert not watcher.dead_letters
-    assert await get_message(broker, stream, stored.seq) is not None  # still bob's
+    assert await get_message(broker, stream, seq) is not None  # still bob's
 
 
 async def test_a_task_whose_agent_died_under_its_lease_ends_when_the_lease_runs_out(
@@ -140,26 +147,16 @@ async def test_a_task_whose_agent_died_under_its_lease_ends_when_the_lease_runs_
     the agent's queue to expire at its ttl, "gone silent", where the docs promise
     `retries_exhausted` (a fresh reader). It is looked at again once the lease has run out,
     and dead-lettered then."""
-    task = envelopes.Task(
-        v=1, message_id="order-45", trace_id="order-45", topic="echo", caller="alice",
-        to_agent="bob",
-    )  # fmt: skip
-    grant = {GRANT_HEADER: GRANTS.sign(task, "bob") or ""}
-    queue = broker.names.dispatch("bob", "P1")
-    stored = await broker.publish(queue, envelopes.encode(task), headers={**DISPATCHED, **grant})
-    await _delivered(broker, 1, agent="bob")
-    seal = GRANTS.seal("alice", "order-45", 1, "bob")
-    lease = envelopes.now_ms() + 1_500  # its agent died: nobody renews it
-    await _record(broker, "order-45", "running", lease_until_ms=lease, seal=seal)
+    seq = await _running_on_bob(broker, "order-45", lease_ms=1_500)  # nobody renews it
     stream = broker.names.dispatch_stream("P1")
-    later_s = await _advise(broker, stream, stored.seq, consumer="agent-bob-p1")
+    later_s = await _advise(broker, stream, seq, consumer="agent-bob-p1")
     assert later_s is not None and 1.0 < later_s <= 2.5
     assert not watcher.dead_letters
     await asyncio.sleep(later_s)  # the advisory's redelivery, after the delay it asked for
-    assert await _advise(broker, stream, stored.seq, consumer="agent-bob-p1") is None
+    assert await _advise(broker, stream, seq, consumer="agent-bob-p1") is None
     letter = await watcher.dead_letter("retries_exhausted", message_id="order-45")
     assert letter.error is not None and "never acknowledged" in letter.error.message
-    assert await get_message(broker, stream, stored.seq) is None
+    assert await get_message(broker, stream, seq) is None
 
 
 async def test_advisories_not_acted_on_are_said_a_few_times_a_minute(broker):
