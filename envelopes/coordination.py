@@ -85,6 +85,17 @@ class StepRun(msgspec.Struct, kw_only=True):
         return bool(self.intent and self.message_id) and not not_started
 
 
+class SignalTaken(msgspec.Struct, frozen=True, kw_only=True):
+    """A signal a state of the instance took: its stream sequence, and what its
+    ``signal_taken`` event said (sent again as it was, with the same message id)."""
+
+    seq: int
+    event: str
+    state: str
+    visit: int
+    by: str | None = None
+
+
 class WorkflowRecord(msgspec.Struct, kw_only=True):
     """In ``reach_workflows`` under the instance id (the starting task's message id)."""
 
@@ -113,6 +124,10 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
     current: str | None = None  # state machines: the state now
     path: list[str] = []  # state machines: every state entered, in order
     completed_order: list[str] = []  # the saga undoes these in reverse
+    # The last signals states took (SIGNALS_REMEMBERED), by stream sequence: a server that
+    # dies before it applied a signal's acknowledgement delivers it again, as new, and a
+    # state waiting for the same event would take it twice.
+    signals_taken: list[SignalTaken] = []
     # Visits a later visit of their step replaced that left an effect to undo: done (a
     # state entered again), or stopped while they ran (a step's first run, replaced by its
     # fallback), whose result may still come; by ``<step>@<visit>`` (:func:`visit_key`).

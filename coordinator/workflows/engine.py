@@ -48,8 +48,8 @@ from agentreach.coordinator.workflows.definitions import Definitions, warn_of_un
 from agentreach.coordinator.workflows.nesting import check_nesting
 from agentreach.coordinator.workflows.outbox import Outbox
 from agentreach.coordinator.workflows.payloads import inline_payload
-from agentreach.coordinator.workflows.records import HotRecords
-from agentreach.coordinator.workflows.run import BY_OPERATOR, Run, outgrown_error
+from agentreach.coordinator.workflows.records import HotRecords, outgrown_error
+from agentreach.coordinator.workflows.run import BY_OPERATOR, Run
 from agentreach.coordinator.workflows.signals import Sent, look_again, signal_ignored
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.coordinator.workflows.timers import LATER_S, news_before

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from agentreach.broker import Bucket
 from agentreach.broker.bucket import Entry, Swap
-from agentreach.envelopes import WorkflowRecord, decode_as, encode
+from agentreach.envelopes import ErrorInfo, WorkflowRecord, decode_as, encode
 
 HOT_RECORDS = 4096  # running instances kept; the least recently written goes first
 HOT_BYTES = 32 * 1024 * 1024  # and their encoded records together (step outputs are inline)
@@ -102,3 +102,13 @@ class HotRecords:
         if swap.written and swap.entry is not None:
             self.keep(key, swap.entry.value, swap.entry.revision)
         return swap
+
+
+def outgrown_error(exc: Exception) -> ErrorInfo:
+    """Why an instance ended whose record would not fit in one message any more."""
+    message = (
+        f"the instance's record outgrew what the server stores in one message ({exc}): it"
+        " keeps the input and every step's input and output inline — send and have steps"
+        " return less, or keep large inputs and results elsewhere and pass a reference"
+    )
+    return ErrorInfo(type="record_too_large", message=message, retryable=False)

@@ -28,9 +28,11 @@ from agentreach.coordinator.workflows.actions import (
 from agentreach.coordinator.workflows.joins import join_value, readiness
 from agentreach.coordinator.workflows.saga import LATE
 from agentreach.coordinator.workflows.spec import MAX_STATE_VISITS, Step, WorkflowSpec
+from agentreach.coordinator.workflows.taken import remember, said, taken_before
 from agentreach.coordinator.workflows.templates import MissingPath, render
 from agentreach.coordinator.workflows.visits import Visits
 from agentreach.envelopes import ErrorInfo, StepRun, WorkflowRecord
+from agentreach.envelopes.coordination import SignalTaken
 
 DEADLINE = "_deadline"  # the timer of the whole workflow
 WAITING = ".wait"  # "<state>.wait": the timer of a state's wait for its events (its wait_s)
@@ -119,7 +121,12 @@ class Run(Visits):
     def on_signal(self, event: str, at_ms: int = 0, *, by: str | None = None, seq: int = 0) -> bool:
         """An outside event, stored at ``at_ms`` (sent by the caller ``by``, or an operator);
         it moves a state machine whose state waits for it, and not one whose wait ended
-        before it came (its timer moves it on)."""
+        before it came (its timer moves it on). One taken before (delivered again after a
+        server crash) moves nothing: what it called for is done again, and said again."""
+        if (earlier := taken_before(self.record, seq)) is not None:
+            self.resume()
+            self.actions.append(Note("signal_taken", detail=said(earlier)))
+            return True
         machine, current = self.spec.states, self.record.current
         if machine is None or current is None or self.record.status != "running":
             return False
@@ -133,10 +140,9 @@ class Run(Visits):
                 given = run.input if run.status == "running" else run.output  # no result yet
                 if run.status == "running":
                     self._stop(current, run, "cancelled")
-                # About the instance, which its starter may read (the step's task is not its)
-                taken = {"event": event, "state": current, "visit": run.visit, "signal_seq": seq}
-                taken |= {"by": by} if by else {}
-                self.actions.append(Note("signal_taken", detail=taken))
+                taken = SignalTaken(seq=seq, event=event, state=current, visit=run.visit, by=by)
+                remember(self.record, taken)
+                self.actions.append(Note("signal_taken", detail=said(taken)))
                 self._enter(transition.to, given)
                 return True
         return False
@@ -376,16 +382,6 @@ class Run(Visits):
             self._enter(target, {"timed_out": name})
         else:
             self._fail(error, stopped=stopped)
-
-
-def outgrown_error(exc: Exception) -> ErrorInfo:
-    """Why an instance ended whose record would not fit in one message any more."""
-    message = (
-        f"the instance's record outgrew what the server stores in one message ({exc}): it"
-        " keeps the input and every step's input and output inline — send and have steps"
-        " return less, or keep large inputs and results elsewhere and pass a reference"
-    )
-    return ErrorInfo(type="record_too_large", message=message, retryable=False)
 
 
 def _timeout_error(key: str, timeout_s: float | None, part: str = "step") -> ErrorInfo:

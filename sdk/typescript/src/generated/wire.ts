@@ -1266,6 +1266,21 @@ export interface SignalIgnoredDetail {
 }
 
 /**
+ * A signal a state of the instance took: its stream sequence, and what its
+ * `signal_taken` event said (sent again as it was, with the same message id).
+ */
+export interface SignalTaken {
+  seq: number;
+  event: string;
+  state: string;
+  visit: number;
+  /**
+   * default null
+   */
+  by: string | null;
+}
+
+/**
  * `signal_taken`: the instance's state `state` took the signalled `event` (an
  * event about the instance, in its starter's trace), leaving its `visit` of that state;
  * `by`, the caller that sent it (absent: an operator).
@@ -1606,6 +1621,10 @@ export interface WorkflowRecord {
    * default []
    */
   completed_order: string[];
+  /**
+   * default []
+   */
+  signals_taken: SignalTaken[];
   /**
    * default {}
    */
