@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from agentreach import envelopes
-from agentreach.broker import Broker
+from agentreach.broker import Broker, Delivery
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.record_seal import RECORD_HEADERS
 from agentreach.broker.watch import BucketWatch
@@ -253,3 +253,11 @@ async def events_settled(broker: Broker, consumer: str) -> None:
             if info.num_pending == 0 and info.num_ack_pending == 0:
                 return
             await asyncio.sleep(0.05)  # polling the consumer's state: there is no event for it
+
+
+def delivered_again_as_new(delivery: Delivery) -> Delivery:
+    """``delivery`` as a server that died before it applied the acknowledgement delivers it
+    again: the same message and stream sequence, delivery count 1 (the server answers the
+    acknowledgement of a message gone since all the same)."""
+    msg = delivery._msg
+    return Delivery(Msg(msg._client, msg.subject, msg.reply, msg.data, msg.headers))

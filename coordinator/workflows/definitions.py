@@ -100,10 +100,14 @@ class Definitions:
             return None
 
     def of(self, record: WorkflowRecord) -> WorkflowSpec | None:
-        """The definition ``record``'s instance runs on; None when it cannot be read."""
+        """The definition ``record``'s instance runs on; None when it cannot be read (said)."""
         self.seen(record)
         if not record.definition_id:  # started before records kept their definition
-            return self.current.get(record.workflow)
+            if (spec := self.current.get(record.workflow)) is None:
+                log.error(
+                    "workflow no longer defined; instance left as is", workflow=record.workflow
+                )
+            return spec
         if (spec := self._known.get(record.definition_id)) is None:
             spec = self._read(record)
         return spec

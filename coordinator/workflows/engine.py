@@ -24,6 +24,7 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import (
     Broker,
+    BrokerError,
     Bucket,
     ClaimCheck,
     Delivery,
@@ -321,7 +322,7 @@ class WorkflowEngine:
             runs.clear()
             if record is None:  # maybe a replica behind: said once the leader agrees
                 return None
-            spec = self._spec_of(record)
+            spec = self._definitions.of(record)
             if spec is None:
                 return None
             run = Run(spec, record, self._clock(), self._definitions.children(record))
@@ -338,35 +339,31 @@ class WorkflowEngine:
             return await self._apply(
                 instance_id, lambda r: too_large(r, error), False, outgrown=True
             )
+        except BrokerError:  # the write may have been applied, and its actions not done
+            self._outbox.owe(instance_id)
+            raise
         if swap.entry is None:
             log.warning("message for an unknown workflow instance", instance_id=instance_id)
         if not runs:
             return False
         run = runs[-1]
-        if swap.written:
-            await self._outbox.carry_out(run.record, run.actions)
-            return True
-        if seen_before:  # maybe applied just before a crash: do what it called for
+        # Maybe applied just before a crash, or its actions cut short: do all it calls for.
+        if owed := self._outbox.owes(instance_id) or (seen_before and not swap.written):
             run.resume()
-            await self._outbox.carry_out(run.record, run.actions)
-        return False
-
-    def _spec_of(self, record: WorkflowRecord) -> WorkflowSpec | None:
-        spec = self._definitions.of(record)
-        if spec is None and not record.definition_id:
-            log.error("workflow no longer defined; instance left as is", workflow=record.workflow)
-        return spec
+        if swap.written or owed:
+            await self._outbox.carry_out(run.record, run.actions, settles=owed)
+        return swap.written
 
     async def _records(self) -> Bucket[WorkflowRecord]:
         return await self._broker.bucket(self._broker.names.workflows_bucket, WorkflowRecord)
 
     async def _resume(self, record: WorkflowRecord) -> None:
-        spec = self._spec_of(record)
+        spec = self._definitions.of(record)
         if spec is None:
             return
         run = Run(spec, record, self._clock(), self._definitions.children(record))
         run.resume()
-        await self._outbox.carry_out(record, run.actions)
+        await self._outbox.carry_out(record, run.actions, settles=True)
 
     async def resume_all(self) -> int:
         """Repeat what every unfinished instance calls for (idempotent); how many there were.

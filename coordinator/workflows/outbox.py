@@ -52,8 +52,32 @@ class Outbox:
         self._broker = broker
         self._children = children  # the workflows an instance's steps start as children
         self._clock = clock
+        # Instances whose actions a broker failure cut short after their record's write: a
+        # server that dies so may deliver the message that called for them again as new,
+        # which finds nothing left to change (a step's task never sent, the instance stuck
+        # until its deadline). The next change of the instance does all it calls for.
+        self._owed: set[str] = set()
 
-    async def carry_out(self, record: WorkflowRecord, actions: list[Action]) -> None:
+    def owe(self, instance_id: str) -> None:
+        self._owed.add(instance_id)
+
+    def owes(self, instance_id: str) -> bool:
+        return instance_id in self._owed
+
+    async def carry_out(
+        self, record: WorkflowRecord, actions: list[Action], *, settles: bool = False
+    ) -> None:
+        """Carry ``actions`` out; ``settles``: they are all the record calls for, and pay
+        what the instance was owed."""
+        try:
+            await self._each(record, actions)
+        except BrokerError:
+            self._owed.add(record.instance_id)
+            raise
+        if settles:
+            self._owed.discard(record.instance_id)
+
+    async def _each(self, record: WorkflowRecord, actions: list[Action]) -> None:
         for action in actions:
             match action:
                 case Dispatch(run=run):

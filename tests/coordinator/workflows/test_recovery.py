@@ -11,16 +11,20 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker, Bucket
+from agentreach.broker import Broker, BrokerError, Bucket, Delivery
+from agentreach.coordinator import Coordinator, consumption
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.routing.abandoned import still_wanted
 from agentreach.coordinator.workflows import WorkflowEngine, cancel
 from agentreach.coordinator.workflows.actions import message_id_of
 from agentreach.envelopes import Task, WorkflowRecord
 from tests.e2e.routing_support import fast, serving
+from tests.support import delivered_again_as_new
 
 FLOWS = {"held": wf.chain(wf.step("a", "hold-step"))}
+PAIR = {"pair": wf.chain(wf.step("a", "first-step"), wf.step("b", "second-step"))}
 
 
 class StaleSnapshot:
@@ -161,3 +165,57 @@ async def test_an_instance_a_replica_behind_lacks_is_unknown_only_once_the_leade
         await watcher.event("workflow_completed", message_id="behind-2")
     unknown = [e["instance_id"] for e in logs if "unknown workflow instance" in e["event"]]
     assert unknown == ["never-started"]
+
+
+def echoing() -> Agent:
+    agent = Agent("echo", startup_delay=0)
+
+    @agent.handler("first-step")
+    async def first(ctx: TaskContext, payload: Any) -> Any:
+        return payload
+
+    @agent.handler("second-step")
+    async def second(ctx: TaskContext, payload: Any) -> Any:
+        return payload
+
+    return agent
+
+
+async def test_actions_a_server_crash_cut_short_are_done_when_their_message_comes_as_new(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step `a`'s result was applied (the record says `b` runs), and the server died before
+    `b`'s task went out. A server that dies so delivers `a`'s result again as new (its
+    delivery count lost with the acknowledgement), which finds nothing left to change: `b`
+    was never sent, and the instance waited for its deadline. The replica remembers the
+    instance it owes, and does all its record calls for then."""
+    monkeypatch.setattr(consumption, "RETRY_DELAY_S", 60.0)  # only the delivery as new comes
+    async with Broker(broker.url, names=broker.names, name="coordinator") as own:
+        coordinator = Coordinator(own, fast(workflows=PAIR))
+        handle, results = coordinator.workflows.handle, list[Delivery]()
+
+        async def keeping(msg: Delivery) -> float | None:
+            if isinstance(envelopes.decode_reply(msg.data), envelopes.Result):
+                results.append(msg)
+            return await handle(msg)
+
+        publish, cut_short = own.publish, asyncio.Event()
+
+        async def dying(subject: str, data: bytes, **options: Any) -> Any:
+            if subject == own.names.coordinator_task("second-step") and not cut_short.is_set():
+                cut_short.set()
+                raise BrokerError("the server went away")
+            return await publish(subject, data, **options)
+
+        coordinator.workflows.handle = keeping  # type: ignore[method-assign]
+        monkeypatch.setattr(own, "publish", dying)
+        async with (
+            coordinator.running(),
+            serving(broker, coordinator, echoing()),
+            ReachClient(broker=broker) as client,
+        ):
+            invoked = asyncio.create_task(client.invoke("pair", {"n": 1}, message_id="cut"))
+            await asyncio.wait_for(cut_short.wait(), 10)
+            [first] = results
+            assert await handle(delivered_again_as_new(first)) is None
+            assert await asyncio.wait_for(invoked, 10) == {"n": 1}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
-from nats.aio.msg import Msg
 
 from agentreach.agents import ReachClient
 from agentreach.broker import Broker, Delivery
@@ -19,6 +18,7 @@ from tests.agents.test_workflow_control import STEPS
 from tests.conftest import FAST
 from tests.coordinator.workflows.test_run import dispatched, spec, started
 from tests.e2e.test_workflows import _until_record, workflows
+from tests.support import delivered_again_as_new
 
 LOOP = spec(
     "states: {initial: hold, states: {hold: {intent: check, next: [{event: go, to: hold},"
@@ -76,7 +76,7 @@ async def test_a_signal_delivered_again_as_new_is_not_taken_twice(broker):
             assert (await alice.signal_workflow(instance, "go")).state == "first"
             [go] = [d for d in deliveries if ".signal." in d.subject]
             assert go.num_delivered == 1
-            assert await handle(Delivery(_as_new(go._msg))) is None
+            assert await handle(delivered_again_as_new(go)) is None
             record = await read_record(own, instance)
             assert record is not None and (record.current, record.status) == ("second", "running")
             assert (await alice.signal_workflow(instance, "go")).state == "second"
@@ -87,9 +87,3 @@ async def test_a_signal_delivered_again_as_new_is_not_taken_twice(broker):
     ]
     assert taken[0] == ("first", go.stream_seq) and [s for s, _ in taken] == ["first", "second"]
     assert not [e for e in events if e.event == "signal_ignored"]
-
-
-def _as_new(msg: Msg) -> Msg:
-    """``msg`` as the server delivers it again after a crash: a message nats-py has not
-    seen acknowledged (the server answers an acknowledgement of a gone message all the same)."""
-    return Msg(msg._client, msg.subject, msg.reply, msg.data, msg.headers)
