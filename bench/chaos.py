@@ -1,6 +1,6 @@
 """Chaos at scale: 10,000+ tasks through repeated faults, then an account of every message id.
 
-    .venv/bin/python bench/chaos.py [--tasks 10000] [--rate 120] [--rounds 3] [--keep]
+    .venv/bin/python bench/chaos.py [--tasks 10000] [--rate 120] [--rounds 3] [--flows N] [--keep]
 
 On loopback: a nats-server with a store on a free port, coordinator replicas and three
 recording agents, each a process of its own (`reach coordinator`, `reach agent
@@ -10,8 +10,10 @@ has judged it OFFLINE and moved its queue), kills -9 a coordinator and restarts 
 stops nats-server and starts it again on the same port and store. Then it waits until
 nothing is in flight and prints the accounting table: sent, completed once, run twice (on a
 killed agent, or not), in the DLQ by reason, lost. The exit status is 1 when anything was
-lost, ran twice without a kill, or a service failed. The harness is the chaos suite's own
-(``tests/chaos/``); everything it starts is stopped.
+lost, ran twice without a kill, or a service failed. Beside the tasks it starts ``--flows``
+two-step workflows (default one per 20 tasks), whose steps are tasks of the same agents:
+every instance must end, and each step it sent run once as a task must. The harness is the
+chaos suite's own (``tests/chaos/``); everything it starts is stopped.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def arguments() -> argparse.Namespace:
         help="when a killed agent comes back, round after round: at_once, when_offline",
     )
     parser.add_argument("--coordinators", type=int, default=2)
+    parser.add_argument(
+        "--flows", type=int, default=None, help="two-step workflows beside (default: tasks/20)"
+    )
     parser.add_argument("--work-ms", type=int, default=50, help="each execution's duration")
     parser.add_argument("--outage", type=float, default=6.0, help="seconds nats-server is down")
     parser.add_argument("--settle-timeout", type=float, default=180.0)
@@ -58,6 +63,7 @@ async def main() -> int:
         work_ms=args.work_ms,
         outage_s=args.outage,
         settle_timeout_s=args.settle_timeout,
+        flows=args.tasks // 20 if args.flows is None else args.flows,
     )
     workdir = Path(tempfile.mkdtemp(prefix="reach-chaos-"))
     try:

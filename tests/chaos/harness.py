@@ -1,5 +1,6 @@
-"""A chaos run: publish tasks at a steady rate through a real deployment while killing an
-agent, killing a coordinator and restarting nats-server, then account for every message id.
+"""A chaos run: publish tasks (and start workflows) at a steady rate through a real
+deployment while killing an agent, killing a coordinator and restarting nats-server, then
+account for every message id and every workflow instance.
 
 Shared by ``tests/chaos/test_chaos.py`` (CI-sized) and ``bench/chaos.py`` (10,000+ tasks,
 faults repeated).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from agentreach.broker import BrokerError
 from tests.chaos.accounting import Accounting, account
 from tests.chaos.cluster import ChaosCluster
 from tests.chaos.faults import Chaos
+from tests.chaos.flows import FlowAccounting, account_flows, flow_records
 from tests.chaos.observe import InFlight, Progress, dead_letters
 from tests.chaos.plan import ChaosPlan
 from tests.chaos.processes import UnexpectedExit
@@ -45,6 +48,7 @@ class ChaosReport:
     publish_retries: int
     elapsed_s: float
     workdir: Path
+    flows: FlowAccounting | None = None
 
     def problems(self) -> list[str]:
         a = self.accounting
@@ -62,7 +66,7 @@ class ChaosReport:
         found += self.fault_errors
         if self.unsettled:
             found.append(f"{self.unsettled}; still in flight: {self.in_flight}")
-        return found
+        return found + (self.flows.problems() if self.flows else [])
 
     def render(self) -> str:
         p = self.plan
@@ -74,6 +78,8 @@ class ChaosReport:
         )
         lines = [head, "faults:", *(f"  {entry}" for entry in self.fault_log)]
         lines += ["accounting:", self.accounting.table()]
+        if self.flows:
+            lines += ["workflows:", self.flows.table()]
         if problems := self.problems():
             lines.append("problems:")
             lines += [f"  {line}" for problem in problems for line in problem.splitlines()]
@@ -94,16 +100,24 @@ async def run_chaos(plan: ChaosPlan, workdir: Path, *, say: Say = lambda _: None
                 group.create_task(chaos.run(publisher))
             publish_s = clock.elapsed()
             sent, records_dir = publisher.sent, cluster.records_dir
-            unsettled, still = await settle(client, records_dir, plan, sent, clock, say)
+            unsettled, still = await settle(
+                client, records_dir, plan, sent, clock, say, flows=publisher.flows
+            )
             try:
                 letters = await dead_letters(client.broker)
             except BrokerError as exc:
                 letters = []
                 unsettled = "; ".join(filter(None, [f"REACH_DLQ unreadable: {exc}", unsettled]))
+            instances = await flow_records(client.broker, publisher.flows) or {}
     records = read_records(cluster.records_dir)
+    kills, outages = cluster.kills, cluster.outages
+    flows = account_flows(publisher.flows, instances, records, letters, kills, outages)
+    of_flows = set(publisher.flows) | set(flows.steps.fates)
+    records = [r for r in records if r.message_id not in of_flows]
+    letters = [d for d in letters if d.message_id not in of_flows]
     return ChaosReport(
         plan=plan,
-        accounting=account(publisher.sent, records, letters, cluster.kills, cluster.outages),
+        accounting=account(publisher.sent, records, letters, kills, outages),
         unsent=plan.tasks - len(publisher.sent),
         exits=cluster.exits,
         fault_log=chaos.log,
@@ -114,15 +128,24 @@ async def run_chaos(plan: ChaosPlan, workdir: Path, *, say: Say = lambda _: None
         publish_retries=publisher.retries,
         elapsed_s=clock.elapsed(),
         workdir=workdir,
+        flows=flows if publisher.flows else None,
     )
 
 
 async def settle(
-    client: ReachClient, records_dir: Path, plan: ChaosPlan, sent: list[str], clock: Clock, say: Say
+    client: ReachClient,
+    records_dir: Path,
+    plan: ChaosPlan,
+    sent: list[str],
+    clock: Clock,
+    say: Say,
+    *,
+    flows: Sequence[str] = (),
 ) -> tuple[str | None, InFlight | None]:
-    """Until nothing is in flight for :data:`QUIET_POLLS` polls in a row; returns why it did
-    not settle (None when it did) and the last view of what was in flight."""
-    view = Progress(client.broker, records_dir, sent)
+    """Until nothing is in flight (``flows``: and every instance ended) for
+    :data:`QUIET_POLLS` polls in a row; returns why it did not settle (None when it did)
+    and the last view of what was in flight."""
+    view = Progress(client.broker, records_dir, sent, flows)
     quiet, polls, deadline = 0, 0, time.monotonic() + plan.settle_timeout_s
     while True:
         await view.look()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -13,6 +14,7 @@ import msgspec
 from agentreach import envelopes
 from agentreach.broker import Broker, BucketWatch, read_stream
 from agentreach.envelopes import DeadLetter, Liveness, LivenessState
+from tests.chaos.flows import unended
 from tests.chaos.recorder import Record
 
 InFlight = dict[str, int]
@@ -99,9 +101,12 @@ class Progress:
     """How far a run has settled: ids accounted for (run to the end, or dead-lettered) and
     what is still in flight, looked at again on each :meth:`look`."""
 
-    def __init__(self, broker: Broker, records_dir: Path, sent: list[str]) -> None:
+    def __init__(
+        self, broker: Broker, records_dir: Path, sent: list[str], flows: Sequence[str] = ()
+    ) -> None:
         self._broker = broker
         self._sent = sent
+        self._flows = flows  # workflow instances: in flight until they end
         self._records = RecordsTail(records_dir)
         self._letters: set[str] = set()
         self._letters_counted = -1
@@ -125,6 +130,9 @@ class Progress:
             self._letters = {d.message_id for d in await dead_letters(self._broker)}
             self._letters_counted = size
         self.in_flight = await in_flight(self._broker)
+        running = await unended(self._broker, self._flows)
+        if self.in_flight is not None:
+            self.in_flight = None if running is None else {**self.in_flight, "workflows": running}
         done, letters = self._records.done, self._letters
         self.accounted = sum(1 for m in self._sent if m in done or m in letters)
         flying = sum(self.in_flight.values()) if self.in_flight else float("inf")

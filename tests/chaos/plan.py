@@ -38,6 +38,12 @@ class ChaosPlan:
     # writes made during the outage fail instead of waiting in the reconnect buffer.
     outage_s: float = 6.0
     settle_timeout_s: float = 90.0  # after the last publish
+    flows: int = 0  # workflow instances (two-step chains) started beside the tasks
+
+    @property
+    def flow_every(self) -> int:
+        """Tasks published for each instance started (0: none is)."""
+        return max(1, self.tasks // self.flows) if self.flows else 0
 
     def faults(self) -> list[Fault]:
         """The faults, spread evenly over the publishing (none in its first or last tenth)."""

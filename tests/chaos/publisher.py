@@ -9,6 +9,7 @@ from collections.abc import Callable
 from agentreach import ReachClient
 from agentreach.broker import BrokerError
 from agentreach.envelopes import Task
+from tests.chaos.flows import FLOW
 from tests.chaos.plan import ChaosPlan
 from tests.chaos.recorder import TOPIC
 
@@ -38,7 +39,8 @@ class Publisher:
     def __init__(self, client: ReachClient, plan: ChaosPlan) -> None:
         self._client = client
         self._plan = plan
-        self.sent: list[str] = []
+        self.sent: list[str] = []  # the tasks' message ids
+        self.flows: list[str] = []  # the workflow instances' ids
         self.retries = 0
         self.finished = False
         self._progress = asyncio.Condition()
@@ -56,13 +58,17 @@ class Publisher:
                     await asyncio.sleep(due - loop.time())  # pacing, not a wait for anything
                     payload = {"i": i, "work_ms": plan.work_ms}
                     await self._submit(self._client.task(TOPIC, payload, ttl_ms=plan.ttl_ms))
+                    if plan.flows and i % plan.flow_every == 0 and len(self.flows) < plan.flows:
+                        flow = self._client.task(FLOW, payload, ttl_ms=plan.ttl_ms)
+                        await self._submit(flow, into=self.flows)
         except TimeoutError:
             say(f"[{clock}] publishing gave up after {give_up_s:g} s")
         finally:
             async with self._progress:
                 self.finished = True
                 self._progress.notify_all()
-        say(f"[{clock}] published {len(self.sent):,} tasks ({self.retries} publish retries)")
+        flows = f" and {len(self.flows):,} workflows" if self.flows else ""
+        say(f"[{clock}] published {len(self.sent):,} tasks{flows} ({self.retries} retries)")
 
     async def reached(self, count: int) -> bool:
         """Until ``count`` tasks are published (True) or publishing ended short of it."""
@@ -70,7 +76,7 @@ class Publisher:
             await self._progress.wait_for(lambda: len(self.sent) >= count or self.finished)
             return len(self.sent) >= count
 
-    async def _submit(self, task: Task) -> None:
+    async def _submit(self, task: Task, *, into: list[str] | None = None) -> None:
         while True:
             try:
                 await self._client.submit(task)
@@ -78,6 +84,6 @@ class Publisher:
             except BrokerError:  # the server is away: the client reconnects meanwhile
                 self.retries += 1
                 await asyncio.sleep(PUBLISH_RETRY_S)
-        self.sent.append(task.message_id)
+        (self.sent if into is None else into).append(task.message_id)
         async with self._progress:
             self._progress.notify_all()

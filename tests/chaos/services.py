@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Self
 
 from tests.chaos.accounting import Kill
+from tests.chaos.flows import FLOW_CONFIG
 from tests.chaos.processes import Service, UnexpectedExit
 from tests.chaos.recorder import AGENT_IDS, AGENT_OBJECTS, RECORDS_ENV
 
@@ -40,7 +41,7 @@ class Services:
         for folder in (self.records_dir, self.logs_dir):
             folder.mkdir(parents=True, exist_ok=True)
         self.config_path = workdir / "coordinator.yaml"
-        self.config_path.write_text(COORDINATOR_CONFIG)
+        self.config_path.write_text(COORDINATOR_CONFIG + FLOW_CONFIG)
         self.exits: list[UnexpectedExit] = []
         self.kills: list[Kill] = []
         config = ("--config", str(self.config_path), "--metrics-port", "0")

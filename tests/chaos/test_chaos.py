@@ -11,8 +11,10 @@ from tests.chaos.harness import ChaosPlan, run_chaos
 async def test_every_task_ends_once_through_agent_coordinator_and_server_faults(
     tmp_path, show_at_end
 ):
-    """2,000 tasks through three faults: none lost, none run twice unless its agent was killed."""
-    report = await run_chaos(ChaosPlan(tasks=2_000, rate=60, work_ms=200), tmp_path)
+    """2,000 tasks and 100 two-step workflows through three faults: none lost, none run
+    twice unless its agent was killed, every workflow ended."""
+    plan = ChaosPlan(tasks=2_000, rate=60, work_ms=200, flows=100)
+    report = await run_chaos(plan, tmp_path)
     show_at_end(report.render())
     if report.problems():
         pytest.fail(report.render(), pytrace=False)
