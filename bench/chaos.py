@@ -7,8 +7,9 @@ recording agents, each a process of its own (`reach coordinator`, `reach agent
 tests.chaos.recorder:agent_a`, …). While the tasks are published at a steady rate, each
 round kills -9 an agent and restarts it with the same id (at once, or once the coordinator
 has judged it OFFLINE and moved its queue), kills -9 a coordinator and restarts it, and
-stops nats-server and starts it again on the same port and store. Then it waits until
-nothing is in flight and prints the accounting table: sent, completed once, run twice (on a
+stops nats-server (every second round: kill -9) and starts it again on the same port and
+store. Then it waits until nothing is in flight and prints the accounting table: sent,
+completed once, run twice (on a
 killed agent, or not), in the DLQ by reason, lost. The exit status is 1 when anything was
 lost, ran twice without a kill, or a service failed. Beside the tasks it starts ``--flows``
 two-step workflows (default one per 20 tasks), whose steps are tasks of the same agents:

@@ -93,7 +93,8 @@ def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) ->
     subject = broker.names.event(event.event, event.topic, event.trace_id, event.message_id, sender)
     # Never none: a stored event without headers is taken for a server's answer (no_hdr).
     headers = {"Reach-Kind": "event"}
-    if event.event not in REPEATABLE:
+    ignored_seq = event.detail.get("signal_seq") if event.event == "signal_ignored" else None
+    if event.event not in REPEATABLE or ignored_seq is not None:
         # Dedup is stream-wide: with the sender in the id, nobody can pre-empt another's.
         msg_id = f"{event.message_id}-{event.event}-{event.attempt}-{sender}"
         if sender == COORDINATOR and event.caller:
@@ -106,6 +107,8 @@ def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) ->
             msg_id += f"-{event.detail.get('replayed_as')}"
         if event.event == "signal_taken":  # each visit of a state leaves it once
             msg_id += f"-{event.detail.get('state')}-{event.detail.get('visit')}"
+        if ignored_seq is not None:  # each signal ignored is said once, handled again or not
+            msg_id += f"-{ignored_seq}"
         if event.event == "cancel_refused":  # each cancel refused is said once
             msg_id += f"-{event.detail.get('cancel_seq')}"
         epoch = event.detail.get("epoch")

@@ -32,6 +32,9 @@ class Link:
         self.attempts: FailedAttempts | None = None
         self.client: Client | None = None
         self.reconnects = 0  # how often the connection came back (views may need a grace)
+        # When (monotonic) it last came back from a server that could not be reached, on a
+        # reconnect or a first connect that had to wait; 0: never.
+        self.back_at = 0.0
         # Set once the connection is gone for good without close(): the server closed it for
         # its credentials (revoked, expired), or keeps refusing them on every reconnect.
         # Waiting will not help; a service should stop and say so.
@@ -49,6 +52,12 @@ class Link:
             "reconnected_cb": self._on_reconnected,
             "closed_cb": self._on_closed,
         }
+
+    def connected(self, client: Client, *, waited: bool) -> None:
+        """The first connect made it (``waited``: once the server could be reached)."""
+        self.client = client
+        if waited:
+            self.back_at = time.monotonic()
 
     @property
     def server(self) -> str:
@@ -95,6 +104,7 @@ class Link:
         self._down_since = None
         self._refusals = 0
         self.reconnects += 1
+        self.back_at = time.monotonic()
         log.info("nats reconnected", server=self.server, down_s=round(down_s, 2))
 
     async def _on_closed(self) -> None:

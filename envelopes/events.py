@@ -198,6 +198,9 @@ class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
     waits_for: list[str] | None = None
     by: str | None = None
     signal_seq: int | None = None  # the signal's sequence in REACH_WORKFLOWS: its sender's answer
+    # A later signal of the instance, taken before this one was handled (this one was held
+    # up by a failure, or is delivered again after a server crash): this one is not taken.
+    superseded_by: int | None = None
     ended: str | None = None
     error: ErrorInfo | None = None
 

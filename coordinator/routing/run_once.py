@@ -7,6 +7,7 @@ write, under its own key, a result or a lease for any message)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from agentreach.broker.lifecycle import (
     reply,
 )
 from agentreach.broker.topology import EVENTS_DUPLICATE_WINDOW_S
+from agentreach.broker.urls import RECONNECT_CAP_S
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.envelopes import (
@@ -47,6 +49,12 @@ from agentreach.envelopes.audit import summary_of_task
 log = structlog.get_logger("coordinator.run_once")
 
 WAIT_CAP_S = 1.0
+# A running record whose lease passed counts as running until this long after the
+# connection came back from a server that could not be reached (or this replica first reached
+# it): no lease could be renewed meanwhile, and a live agent reconnects (nats-py's jittered
+# backoff, capped at 5 s) and records the outcome it kept. Without it, a task an agent had
+# just finished when the server was killed ran again on another agent (a chaos run).
+OUTAGE_GRACE_S = RECONNECT_CAP_S + 5.0
 # A lease counts at most this long past the task's ttl and execute budget (the agent's
 # grace to record its outcome, clock skew): a lease of a day would hold the message, and
 # intake, for a day.
@@ -85,7 +93,14 @@ class RunOnce:
     async def verdict(self, task: Task, ttl_end_ms: int | None = None) -> Verdict:
         """What the records say of ``task``: finished, running elsewhere, or free to run
         (``ttl_end_ms``: see :func:`lease_limit`)."""
-        return verdict_of(await self.records(task), until_ms=lease_limit(task, ttl_end_ms))
+        records, until_ms = await self.records(task), lease_limit(task, ttl_end_ms)
+        return verdict_of(records, until_ms=until_ms, grace_until_ms=self._grace_until_ms())
+
+    def _grace_until_ms(self) -> int:
+        """Until when a passed lease still counts after an outage (0: it does not)."""
+        back_at = self._broker.link.back_at
+        left_s = OUTAGE_GRACE_S - (time.monotonic() - back_at) if back_at else 0.0
+        return now_ms() + int(left_s * 1000) if left_s > 0 else 0
 
     async def records(self, task: Task) -> list[Execution]:
         """Every agent's record of ``task``'s message that its seal vouches for."""
@@ -154,15 +169,18 @@ def _keys_of(task: Task) -> str:
     return executions_of(task.caller, task.message_id)
 
 
-def verdict_of(records: list[Execution], *, until_ms: int | None = None) -> Verdict:
-    """Finished (a ``done`` record), running (the longest live lease, counted no later than
-    ``until_ms``), or free to run."""
+def verdict_of(
+    records: list[Execution], *, until_ms: int | None = None, grace_until_ms: int = 0
+) -> Verdict:
+    """Finished (a ``done`` record), running (the longest live lease, each at least until
+    ``grace_until_ms``, counted no later than ``until_ms``), or free to run."""
     now = now_ms()
     running = 0
     for record in records:
         if record.state == "done":
             return RanAlready(record)
-        lease_until_ms = min(record.lease_until_ms, until_ms or record.lease_until_ms)
+        lease_until_ms = max(record.lease_until_ms, grace_until_ms)
+        lease_until_ms = min(lease_until_ms, until_ms or lease_until_ms)
         if record.state == "running" and lease_until_ms > now:
             running = max(running, lease_until_ms - now)
     return Running(running / 1000) if running else None

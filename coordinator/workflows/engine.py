@@ -39,19 +39,16 @@ from agentreach.coordinator.protection.quotas import CallerQuotas
 from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.coordinator.workflows.answers import (
     answer_again,
-    cancelled_by,
-    may_act,
     refused_as_taken,
 )
-from agentreach.coordinator.workflows.charges import ControlCharges, settled
+from agentreach.coordinator.workflows.controls import Controls
 from agentreach.coordinator.workflows.deadline import new_record
 from agentreach.coordinator.workflows.definitions import Definitions, warn_of_unused_parts
 from agentreach.coordinator.workflows.nesting import check_nesting
 from agentreach.coordinator.workflows.outbox import Outbox
 from agentreach.coordinator.workflows.payloads import inline_payload
 from agentreach.coordinator.workflows.records import HotRecords, outgrown_error
-from agentreach.coordinator.workflows.run import BY_OPERATOR, Run
-from agentreach.coordinator.workflows.signals import Sent, look_again, signal_ignored
+from agentreach.coordinator.workflows.run import Run
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.coordinator.workflows.timers import LATER_S, news_before
 from agentreach.coordinator.workflows.unreadable import refuse
@@ -95,7 +92,7 @@ class WorkflowEngine:
         self._claim_check = ClaimCheck(broker)
         self._server_answers = ServerAnswers()
         self._hot = HotRecords()  # what this replica wrote last: the next change reads nothing
-        self._charges = ControlCharges(broker, quotas, self._records)
+        self._controls = Controls(broker, self._apply, self._records, self._definitions, quotas)
         self._outbox = Outbox(broker, self._definitions.children, clock)
 
     def serves(self, topic: str) -> bool:
@@ -182,7 +179,7 @@ class WorkflowEngine:
         """None to acknowledge ``msg``, or seconds until it should come back (a timer)."""
         names = self._broker.names
         kind, _, rest = msg.subject[len(names.prefix) + len(".wf.") :].partition(".")
-        instance_id, _, event = rest.partition(".")
+        instance_id = rest.partition(".")[0]
         seen_before = msg.num_delivered > 1
         try:
             refuse_server_answers(msg.data, msg.headers, msg.subject, headed=True)
@@ -191,18 +188,8 @@ class WorkflowEngine:
                     return await self._on_reply(msg, instance_id, seen_before)
                 case "timer":  # a timer comes back by design: not a sign of a crash
                     return await self._on_timer(instance_id, msg.data)
-                case "signal" | "cancel" if await self._charges.refused(kind, rest, msg):
-                    pass  # over its caller's quota: answered, not acted on
-                case "signal" | "cancel" if await (await self._records()).get(instance_id) is None:
-                    return look_again(msg, kind, instance_id)
-                case "signal":
-                    event, _, asker = event.partition(".")  # a caller's form names it last
-                    sent = Sent(msg.timestamp_ms, msg.stream_seq, seen_before)
-                    await self._on_signal(instance_id, event, asker or None, sent)
-                    await settled(msg)
-                case "cancel":
-                    await self._on_cancel(instance_id, event or None, msg.data, seen_before)
-                    await settled(msg)
+                case "signal" | "cancel":
+                    return await self._controls.handle(msg, kind, rest)
                 case _:
                     raise DecodeError(f"no workflow message kind {kind!r}", path="subject")
         except DecodeError as exc:
@@ -233,65 +220,6 @@ class WorkflowEngine:
             too_large=lambda run, why: run.outgrown_by(message_id, why),
         )
         return None
-
-    async def _on_signal(self, instance_id: str, event: str, asker: str | None, sent: Sent) -> None:
-        """Move the instance's state on ``event``: an operator's signal (the bare subject)
-        any instance, a caller's (its name the subject's last token) only one it started."""
-        refused: list[str] = []
-        outgrown: list[ErrorInfo] = []
-
-        def change(run: Run) -> bool:
-            if may_act(run.record, asker):
-                return run.on_signal(event, sent.at_ms, by=asker, seq=sent.seq)
-            refused.append(run.record.task.caller or "an operator")
-            return False
-
-        def too_large(run: Run, error: ErrorInfo) -> bool:
-            outgrown.append(error)
-            return run.outgrow(error)
-
-        if await self._apply(instance_id, change, sent.again, too_large=too_large):
-            if not outgrown:
-                return
-        elif refused:  # said to nobody else: the instance is not the asker's to know of
-            log.warning(
-                "signal refused: the instance is not the asker's",
-                instance_id=instance_id,
-                asker=asker,
-                started_by=refused[-1],
-            )
-            return
-        if not outgrown:
-            log.warning(
-                "signal not taken: no state waits for it", instance_id=instance_id, signal=event
-            )
-        if (entry := await (await self._records()).get(instance_id)) is not None:
-            spec = self._definitions.of(entry.value)
-            failed = outgrown[-1] if outgrown else None  # failed instead of taking it
-            await signal_ignored(self._broker, entry.value, spec, event, asker, sent.seq, failed)
-
-    async def _on_cancel(
-        self, instance_id: str, asker: str | None, data: bytes, seen_before: bool
-    ) -> None:
-        """Cancel the instance: an operator's (the bare subject) any, a caller's (its name
-        the subject's last token, which permissions make its own) only one it started."""
-        why = cancelled_by(asker, data[:200].decode(errors="replace"), BY_OPERATOR)
-        refused: list[str] = []
-
-        def change(run: Run) -> bool:
-            if may_act(run.record, asker):
-                return run.cancel(why)
-            refused.append(run.record.task.caller or "an operator")
-            return False
-
-        await self._apply(instance_id, change, seen_before)
-        if refused:
-            log.warning(
-                "cancel refused: the instance is not the asker's",
-                instance_id=instance_id,
-                asker=asker,
-                started_by=refused[-1],
-            )
 
     async def _on_timer(self, instance_id: str, data: bytes) -> float | None:
         due = decode_as(data, TimerDue)

@@ -10,7 +10,7 @@ may list them all again.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 import msgspec
@@ -30,7 +30,7 @@ from agentreach.coordinator.workflows.saga import LATE
 from agentreach.coordinator.workflows.spec import MAX_STATE_VISITS, Step, WorkflowSpec
 from agentreach.coordinator.workflows.taken import remember, said, taken_before
 from agentreach.coordinator.workflows.templates import MissingPath, render
-from agentreach.coordinator.workflows.visits import Visits
+from agentreach.coordinator.workflows.visits import Visits, named, timeout_error
 from agentreach.envelopes import ErrorInfo, StepRun, WorkflowRecord
 from agentreach.envelopes.coordination import SignalTaken
 
@@ -118,13 +118,23 @@ class Run(Visits):
         self._timed_out(key, run)
         return True
 
-    def on_signal(self, event: str, at_ms: int = 0, *, by: str | None = None, seq: int = 0) -> bool:
+    def on_signal(
+        self,
+        event: str,
+        at_ms: int = 0,
+        *,
+        by: str | None = None,
+        seq: int = 0,
+        applied: Callable[[int], bool] = lambda seq: False,
+    ) -> bool:
         """An outside event, stored at ``at_ms`` (sent by the caller ``by``, or an operator);
         it moves a state machine whose state waits for it, and not one whose wait ended
         before it came (its timer moves it on). One taken before (delivered again after a
-        server crash) moves nothing: what it called for is done again, and said again."""
+        server crash) moves nothing: what it called for is done again, and said again.
+        ``applied``: whether a signal's acknowledgement is known applied (not kept)."""
         if (earlier := taken_before(self.record, seq)) is not None:
-            self.resume()
+            if not self.record.finished:  # an ended one did all it called for
+                self.resume()
             self.actions.append(Note("signal_taken", detail=said(earlier)))
             return True
         machine, current = self.spec.states, self.record.current
@@ -141,7 +151,7 @@ class Run(Visits):
                 if run.status == "running":
                     self._stop(current, run, "cancelled")
                 taken = SignalTaken(seq=seq, event=event, state=current, visit=run.visit, by=by)
-                remember(self.record, taken)
+                remember(self.record, taken, applied)
                 self.actions.append(Note("signal_taken", detail=said(taken)))
                 self._enter(transition.to, given)
                 return True
@@ -173,7 +183,7 @@ class Run(Visits):
                     break
                 self._settle(run, output=None, error=None)
                 self.record.completed_order.append(key)
-                return self.outgrow(_named(f"step {key!r}'s result", error))
+                return self.outgrow(named(f"step {key!r}'s result", error))
         return self.on_result(message_id, output=None, error=None)
 
     def resume(self) -> None:
@@ -265,7 +275,7 @@ class Run(Visits):
         if self._tolerated(key):
             self._advance()
         else:
-            self._fail(_named(f"step {key!r}", error))
+            self._fail(named(f"step {key!r}", error))
 
     def _completed(self, key: str) -> None:
         """A graph step is done: remember the order (for the saga), start what it unblocks."""
@@ -281,12 +291,12 @@ class Run(Visits):
         if self.spec.states is not None:
             state = self.spec.states.states[key]
             self._stop(key, run, "timed_out")
-            run.error = _timeout_error(key, state.timeout_s, "state")
+            run.error = timeout_error(key, state.timeout_s, "state")
             self.actions.append(Note("step_timed_out", key, {"visit": run.visit}))
             self._state_timed_out(key, run.error, stopped=[key])
             return
         step = self._graph[key]
-        run.error = _timeout_error(key, step.timeout_s)
+        run.error = timeout_error(key, step.timeout_s)
         self.actions.append(Note("step_timed_out", key, {"visit": run.visit}))
         self._stop(key, run, "timed_out")
         if step.on_timeout == "fallback":
@@ -326,7 +336,7 @@ class Run(Visits):
             if state.on_error:
                 self._enter(state.on_error, {"error": msgspec.to_builtins(run.error)})
             else:
-                self._fail(_named(f"state {name!r}", run.error))
+                self._fail(named(f"state {name!r}", run.error))
             return
         self.record.completed_order.append(name)
         if state.terminal:
@@ -382,14 +392,3 @@ class Run(Visits):
             self._enter(target, {"timed_out": name})
         else:
             self._fail(error, stopped=stopped)
-
-
-def _timeout_error(key: str, timeout_s: float | None, part: str = "step") -> ErrorInfo:
-    message = f"{part} {key!r} did not finish within {timeout_s:g} s"
-    return ErrorInfo(type="timeout", message=message, retryable=False)
-
-
-def _named(where: str, error: ErrorInfo) -> ErrorInfo:
-    """A step's error as the instance fails with it: saying which step (a starter reads
-    "step 'charge': no agent serves topic 'charge'", not the bare topic)."""
-    return msgspec.structs.replace(error, message=f"{where}: {error.message}")

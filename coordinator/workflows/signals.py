@@ -51,13 +51,18 @@ async def signal_ignored(
     asker: str | None,
     seq: int,
     failed: ErrorInfo | None = None,
+    *,
+    superseded_by: int | None = None,
 ) -> None:
     """Record ``signal_ignored`` about ``record``'s instance: the signal, who sent it, and
     the events its current state would take (a typo shows); or, ``failed``, the error the
-    instance failed with instead of taking it."""
+    instance failed with instead of taking it; ``superseded_by``, a later signal taken
+    before this one was handled (after a failure), which therefore is not."""
     ignored: dict[str, object] = {"signal": event, "workflow": record.workflow, "signal_seq": seq}
     if asker is not None:
         ignored["by"] = asker
+    if superseded_by is not None:
+        ignored["superseded_by"] = superseded_by
     if failed is not None:
         ignored |= {"ended": "failed", "error": msgspec.to_builtins(failed)}
     elif (waits := events_awaited(record, spec)) is not None:
@@ -66,8 +71,9 @@ async def signal_ignored(
 
 
 def events_awaited(record: WorkflowRecord, spec: WorkflowSpec | None) -> list[str] | None:
-    """The events the instance's current state takes (None: not a machine in a state)."""
-    if spec is None or spec.states is None or record.current is None:
+    """The events the instance's current state takes (None: not a machine in a state, or
+    an instance that ended)."""
+    if spec is None or spec.states is None or record.current is None or record.finished:
         return None
     state = spec.states.states.get(record.current)
     return [t.event for t in state.next if t.event] if state is not None else None

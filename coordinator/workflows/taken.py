@@ -1,17 +1,26 @@
-"""The signals an instance's states took, remembered in its record by stream sequence.
+"""Each signal taken once, and in the order the server stored them.
 
 A server that dies before it applied a signal's acknowledgement delivers the signal again,
-as new (its delivery count 1): a state waiting for the same event, a loop's, would take it
-a second time. A signal comes back among its consumer's unacknowledged messages, soon
-after a restart; the last SIGNALS_REMEMBERED taken cover those of one instance.
+as new (its delivery count 1), and only once the consumer's ack wait has passed: by then
+newer signals of the instance may have been taken (a drill: 40 in 5 s). So the record keeps
+every signal a state took until the server said it applied the acknowledgement (on this
+replica: :class:`Confirmed`; at most SIGNALS_REMEMBERED), and the sequence of the latest
+taken: one that comes again answers as it did, and an older one not taken (ignored before,
+or held up by a failure) is not taken after a newer one was.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
 from agentreach.envelopes import WorkflowRecord
 from agentreach.envelopes.coordination import SignalTaken
 
-SIGNALS_REMEMBERED = 32
+SIGNALS_REMEMBERED = 64  # per instance, taken and not known to be applied
+CONFIRMED_KEPT = 100_000  # signals known applied, per replica, until a record forgets them
 
 
 def taken_before(record: WorkflowRecord, seq: int) -> SignalTaken | None:
@@ -23,9 +32,18 @@ def taken_before(record: WorkflowRecord, seq: int) -> SignalTaken | None:
     return None
 
 
-def remember(record: WorkflowRecord, taken: SignalTaken) -> None:
-    if taken.seq:
-        record.signals_taken = [*record.signals_taken[1 - SIGNALS_REMEMBERED :], taken]
+def superseded(record: WorkflowRecord, seq: int) -> bool:
+    """Whether a signal stored after the one at ``seq`` was taken already."""
+    return 0 < seq < record.last_signal_taken and taken_before(record, seq) is None
+
+
+def remember(record: WorkflowRecord, taken: SignalTaken, applied: Callable[[int], bool]) -> None:
+    """Keep ``taken``, and forget the signals whose acknowledgement was ``applied``."""
+    if not taken.seq:
+        return
+    kept = [t for t in record.signals_taken if not applied(t.seq)]
+    record.signals_taken = [*kept[1 - SIGNALS_REMEMBERED :], taken]
+    record.last_signal_taken = max(record.last_signal_taken, taken.seq)
 
 
 def said(taken: SignalTaken) -> dict[str, object]:
@@ -38,3 +56,41 @@ def said(taken: SignalTaken) -> dict[str, object]:
         "signal_seq": taken.seq,
     }
     return detail | ({"by": taken.by} if taken.by else {})
+
+
+class Confirmed:
+    """The signals whose acknowledgement the server said it applied: they can come back no
+    more, and a record need not keep them."""
+
+    def __init__(self, limit: int = CONFIRMED_KEPT) -> None:
+        self._limit = limit
+        self._seqs: OrderedDict[tuple[str, int], None] = OrderedDict()
+
+    def add(self, instance_id: str, seq: int) -> None:
+        self._seqs[instance_id, seq] = None
+        while len(self._seqs) > self._limit:
+            self._seqs.popitem(last=False)
+
+    def of(self, instance_id: str) -> Callable[[int], bool]:
+        return lambda seq: (instance_id, seq) in self._seqs
+
+
+class InOrder:
+    """One signal or cancel of an instance at a time, in the order they were delivered
+    (stored): the first thing a handling does is wait for its turn, and asyncio's locks
+    serve their waiters first come, first served."""
+
+    def __init__(self) -> None:
+        self._turns: dict[str, asyncio.Lock] = {}
+        self._waiting: Counter[str] = Counter()
+
+    @asynccontextmanager
+    async def turn(self, instance_id: str) -> AsyncIterator[None]:
+        self._waiting[instance_id] += 1
+        try:
+            async with self._turns.setdefault(instance_id, asyncio.Lock()):
+                yield
+        finally:
+            self._waiting[instance_id] -= 1
+            if not self._waiting[instance_id]:
+                del self._waiting[instance_id], self._turns[instance_id]

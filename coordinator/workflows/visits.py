@@ -158,3 +158,14 @@ class Visits(Compensation):
 
     def _expire(self) -> None:
         self._fail(expiry(self.record, self.spec))
+
+
+def timeout_error(key: str, timeout_s: float | None, part: str = "step") -> ErrorInfo:
+    message = f"{part} {key!r} did not finish within {timeout_s:g} s"
+    return ErrorInfo(type="timeout", message=message, retryable=False)
+
+
+def named(where: str, error: ErrorInfo) -> ErrorInfo:
+    """A step's error as the instance fails with it: saying which step (a starter reads
+    "step 'charge': no agent serves topic 'charge'", not the bare topic)."""
+    return msgspec.structs.replace(error, message=f"{where}: {error.message}")

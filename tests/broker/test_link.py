@@ -1,12 +1,17 @@
 """What a connection's callbacks say: the same asynchronous error again and again is one line
-a minute, with how often it came meanwhile."""
+a minute, with how often it came meanwhile; and when it came back from a server it could not
+reach."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from structlog.testing import capture_logs
 
+from agentreach.broker import Broker, EmbeddedServer
+from tests.chaos.processes import free_port
+from tests.e2e.test_startup_and_restarts import RestartableServer
 from tests.support import eventually
 
 
@@ -38,3 +43,25 @@ async def test_a_flood_of_one_error_is_said_once(broker):
     said = [line for line in warnings if line["log_level"] == "warning"]
     assert len(said) == 1, said  # ... and was said once
     assert "slow consumer" in said[0]["error"]
+
+
+async def test_it_knows_when_it_came_back_from_a_server_it_could_not_reach(tmp_path: Path):
+    """Not after a first connect to a server that was up; after one that had to wait for
+    the server, and after each reconnect (a lease that passed meanwhile still counts for a
+    while: no agent could renew one)."""
+    async with RestartableServer(tmp_path / "up") as server, Broker(server.url) as broker:
+        assert broker.link.back_at == 0
+        await server.stop()
+        await server.start()
+        await eventually(lambda: broker.link.back_at > 0, 15)
+    port = free_port()
+    url = f"nats://127.0.0.1:{port}"
+    with capture_logs() as logs:
+        waiting = asyncio.create_task(Broker(url, wait=True).__aenter__())
+        await eventually(lambda: any(line["event"] == "waiting for NATS" for line in logs))
+    async with EmbeddedServer(port=port, store_dir=tmp_path / "late"):
+        broker = await asyncio.wait_for(waiting, 30)
+        try:
+            assert broker.link.back_at > 0
+        finally:
+            await broker.close()

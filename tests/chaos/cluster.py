@@ -34,10 +34,11 @@ class ChaosCluster(Services):
     async def _stop_servers(self) -> None:
         await self.server.stop()
 
-    async def restart_server(self, outage_s: float) -> None:
-        """Stop nats-server, leave it down for ``outage_s``, start it on the same port and store."""
+    async def restart_server(self, outage_s: float, *, kill: bool = False) -> None:
+        """Stop (``kill``: kill -9) nats-server, leave it down for ``outage_s``, start it on
+        the same port and store."""
         began = time.time()
-        await self.server.stop()
+        await (self.server.kill() if kill else self.server.stop())
         await asyncio.sleep(outage_s)  # the outage itself, not a wait for anything
         await self.server.start()
         self.outages.append(Outage(began, time.time()))

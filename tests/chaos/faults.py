@@ -45,9 +45,11 @@ class Chaos:
 
     async def _inflict(self, fault: Fault) -> str:
         cluster = self._cluster
-        if fault.kind == "server":
-            await cluster.restart_server(self._plan.outage_s)
-            return f"nats-server stopped, down {self._plan.outage_s:g} s, restarted"
+        if fault.kind in ("server", "server_kill"):
+            killed = fault.kind == "server_kill"
+            await cluster.restart_server(self._plan.outage_s, kill=killed)
+            how = "killed -9" if killed else "stopped"
+            return f"nats-server {how}, down {self._plan.outage_s:g} s, restarted"
         kill = await cluster.kill(fault.target)
         waited = ""
         if fault.restart == "when_offline":

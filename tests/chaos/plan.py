@@ -7,7 +7,9 @@ from typing import Literal
 
 from tests.chaos.recorder import AGENT_IDS
 
-FaultKind = Literal["agent", "coordinator", "server"]
+# The server is stopped cleanly (it writes its state), or killed -9 every second round (it
+# loses the acknowledgements it had not applied, and delivers those messages again as new).
+FaultKind = Literal["agent", "coordinator", "server", "server_kill"]
 # When a killed agent comes back: at once (its queue is redelivered to the new process), or
 # once the coordinator has judged it OFFLINE (its queue has moved to the other agents).
 Restart = Literal["at_once", "when_offline"]
@@ -29,7 +31,7 @@ class ChaosPlan:
 
     tasks: int = 2_000
     rate: float = 60.0  # tasks published per second
-    rounds: int = 1  # each round: kill -9 an agent, a coordinator, restart nats-server
+    rounds: int = 1  # each round: kill -9 an agent, a coordinator, stop or kill nats-server
     restarts: tuple[Restart, ...] = ("at_once",)  # of the killed agent, round after round
     coordinators: int = 2
     work_ms: int = 100  # each execution's duration: a kill lands mid-task
@@ -52,7 +54,7 @@ class ChaosPlan:
             kinds += [
                 ("agent", AGENT_IDS[r % len(AGENT_IDS)], self.restarts[r % len(self.restarts)]),
                 ("coordinator", f"coordinator-{r % self.coordinators + 1}", "at_once"),
-                ("server", "nats-server", "at_once"),
+                ("server_kill" if r % 2 else "server", "nats-server", "at_once"),
             ]
         span = 0.8 * self.tasks
         return [

@@ -115,6 +115,12 @@ class NatsServer:
             await self._server.stop()
             self._server = None
 
+    async def kill(self) -> None:
+        """kill -9: what it had not written to its store yet is lost."""
+        if self._server is not None:
+            await self._server.kill()
+            self._server = None
+
 
 class Service:
     """A long-running `reach` command: started, awaited until it says it serves, killed."""

@@ -116,3 +116,17 @@ def test_records_of_an_earlier_life_of_the_message_id_do_not_supersede() -> None
     later = [*earlier, record("b", 2, "running")]
     why = superseded(later, "a", 1, received + 2_000, received + 2_001, received)
     assert why == "attempt 2 was dispatched since"
+
+
+def test_a_lease_passed_counts_until_the_grace_after_an_outage_ends() -> None:
+    """No lease could be renewed while the server was away: one that passed counts as
+    running until the grace after the connection came back, still no later than the ttl's
+    limit; a finished run is finished whatever the grace."""
+    now = now_ms()
+    lapsed = msgspec.structs.replace(record("a", 1, "running"), lease_until_ms=now - 5_000)
+    assert verdict_of([lapsed]) is None
+    running = verdict_of([lapsed], grace_until_ms=now + 4_000)
+    assert isinstance(running, Running) and 3.0 < running.left_s <= 4.0
+    assert verdict_of([lapsed], until_ms=now - 1, grace_until_ms=now + 4_000) is None
+    done = record("a", 1, "done")
+    assert verdict_of([done], grace_until_ms=now + 4_000) is not None

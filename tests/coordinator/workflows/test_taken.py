@@ -4,21 +4,39 @@ died before it applied the acknowledgement delivers it as new) is not taken twic
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
+import pytest
 
 from agentreach.agents import ReachClient
-from agentreach.broker import Broker, Delivery
-from agentreach.coordinator import Coordinator
-from agentreach.coordinator.workflows import read_record
+from agentreach.broker import Broker, BrokerError, Delivery
+from agentreach.coordinator import Coordinator, consumption
+from agentreach.coordinator.workflows import controls, read_record
 from agentreach.coordinator.workflows.run import Note, Run
-from agentreach.coordinator.workflows.taken import SIGNALS_REMEMBERED, taken_before
+from agentreach.coordinator.workflows.taken import (
+    SIGNALS_REMEMBERED,
+    InOrder,
+    superseded,
+    taken_before,
+)
 from agentreach.envelopes import new_id
 from tests.agents.test_workflow_control import STEPS
 from tests.conftest import FAST
 from tests.coordinator.workflows.test_run import dispatched, spec, started
 from tests.e2e.test_workflows import _until_record, workflows
 from tests.support import delivered_again_as_new
+
+FLIPPER = """
+states:
+  initial: a
+  states:
+    a: {next: [{event: flip, to: b}, {event: stop, to: done}]}
+    b: {next: [{event: flip, to: a}, {event: flop, to: a}]}
+    done: {terminal: true}
+"""
+Handle = Callable[[Delivery], Awaitable[float | None]]
 
 LOOP = spec(
     "states: {initial: hold, states: {hold: {intent: check, next: [{event: go, to: hold},"
@@ -43,23 +61,56 @@ def test_a_signal_taken_before_moves_nothing_and_is_said_again() -> None:
     assert record.steps["hold"].visit == 3
 
 
-def test_only_the_last_signals_are_remembered_and_a_sequence_unknown_never() -> None:
+def test_a_signal_is_kept_until_its_acknowledgement_is_known_applied() -> None:
+    """Taken signals are kept until the server said it applied their acknowledgement (they
+    can come back no more), however many newer ones are taken meanwhile: the one whose
+    acknowledgement a crash lost came back after 40 newer ones (a drill), and the last 32
+    kept had forgotten it. At most SIGNALS_REMEMBERED are kept; a sequence unknown, never."""
     record, _ = started(LOOP)
-    for seq in range(1, SIGNALS_REMEMBERED + 6):
-        assert Run(LOOP, record, 2_000).on_signal("go", 2_000, seq=seq)
+    lost = 7  # its acknowledgement died with the server
+    Run(LOOP, record, 2_000).on_signal("go", 2_000, seq=lost)
+    applied = lambda seq: seq != lost  # noqa: E731
+    for seq in range(100, 140):
+        assert Run(LOOP, record, 2_000).on_signal("go", 2_000, seq=seq, applied=applied)
+    assert [t.seq for t in record.signals_taken] == [lost, 139]
+    assert record.last_signal_taken == 139
+    again = Run(LOOP, record, 3_000)
+    assert again.on_signal("go", 2_000, seq=lost)
+    assert record.steps["hold"].visit == 42  # 41 signals, 41 moves: `lost` not taken twice
+    record, _ = started(LOOP)  # a fresh one: an instance enters at most 100 states
+    for seq in range(200, 200 + SIGNALS_REMEMBERED + 5):
+        Run(LOOP, record, 2_000).on_signal("go", 2_000, seq=seq)
     assert len(record.signals_taken) == SIGNALS_REMEMBERED
-    assert taken_before(record, 5) is None and taken_before(record, 6) is not None
     assert Run(LOOP, record, 2_000).on_signal("go", 2_000)  # a direct call: no sequence
     assert taken_before(record, 0) is None
-    assert len(record.signals_taken) == SIGNALS_REMEMBERED
 
 
-async def test_a_signal_delivered_again_as_new_is_not_taken_twice(broker):
-    """`go` moved the machine from `first` to `second`, whose state takes `go` too. The
-    server delivers that signal again, as new (delivery count 1, the same sequence), as
-    one does that died before it applied the acknowledgement: it moved the machine on to
-    `done` on one signal. It is known now, and moves nothing; a second `go` does."""
-    config = msgspec.structs.replace(FAST, workflows=workflows(steps=STEPS))
+def test_a_signal_older_than_the_latest_taken_is_superseded_unless_it_was_taken() -> None:
+    record, _ = started(LOOP)
+    Run(LOOP, record, 2_000).on_signal("go", 2_000, seq=10)
+    assert superseded(record, 9) and not superseded(record, 10) and not superseded(record, 11)
+    assert not superseded(record, 0)
+
+
+def test_a_taken_signal_delivered_again_after_its_instance_ended_does_nothing_more() -> None:
+    """`stop` ended the instance; delivered again, it says `signal_taken` again and no
+    more: the ending (its answer, its dead letter) is not repeated (a drill: a failed
+    instance was dead-lettered ten times over, once per signal delivered again)."""
+    record, _ = started(LOOP)
+    Run(LOOP, record, 2_000).on_signal("stop", 2_000, seq=5)
+    assert record.status == "completed"
+    again = Run(LOOP, record, 3_000)
+    assert again.on_signal("stop", 2_000, seq=5)
+    assert [type(a).__name__ for a in again.actions] == ["Note"]
+
+
+@contextlib.asynccontextmanager
+async def keeping_deliveries(
+    broker: Broker, **flows: str
+) -> AsyncIterator[tuple[Handle, list[Delivery], ReachClient]]:
+    """A coordinator of ``flows`` whose workflow deliveries are kept (to be delivered again
+    by hand), its own handler, and alice."""
+    config = msgspec.structs.replace(FAST, workflows=workflows(**flows))
     async with Broker(broker.url, names=broker.names, name="coordinator") as own:
         coordinator = Coordinator(own, config)
         handle, deliveries = coordinator.workflows.handle, list[Delivery]()
@@ -70,20 +121,102 @@ async def test_a_signal_delivered_again_as_new_is_not_taken_twice(broker):
 
         coordinator.workflows.handle = keeping  # type: ignore[method-assign]
         async with coordinator.running(), ReachClient(broker=broker, name="alice") as alice:
-            instance = new_id()
-            invoked = asyncio.create_task(alice.invoke("steps", {}, message_id=instance))
-            await _until_record(broker, instance, lambda r: r.current == "first")
-            assert (await alice.signal_workflow(instance, "go")).state == "first"
-            [go] = [d for d in deliveries if ".signal." in d.subject]
-            assert go.num_delivered == 1
-            assert await handle(delivered_again_as_new(go)) is None
-            record = await read_record(own, instance)
-            assert record is not None and (record.current, record.status) == ("second", "running")
-            assert (await alice.signal_workflow(instance, "go")).state == "second"
-            assert await asyncio.wait_for(invoked, 10) == {"went": 2}
-            events = await alice.status(instance)
+            yield handle, deliveries, alice
+
+
+def signal_of(deliveries: list[Delivery], event: str) -> list[Delivery]:
+    return [d for d in deliveries if ".signal." in d.subject and f".{event}." in d.subject]
+
+
+async def test_a_signal_delivered_again_as_new_is_not_taken_twice(broker):
+    """`go` moved the machine from `first` to `second`, whose state takes `go` too. The
+    server delivers that signal again, as new (delivery count 1, the same sequence), as
+    one does that died before it applied the acknowledgement: it moved the machine on to
+    `done` on one signal. It is known now, and moves nothing; a second `go` does."""
+    async with keeping_deliveries(broker, steps=STEPS) as (handle, deliveries, alice):
+        instance = new_id()
+        invoked = asyncio.create_task(alice.invoke("steps", {}, message_id=instance))
+        await _until_record(broker, instance, lambda r: r.current == "first")
+        assert (await alice.signal_workflow(instance, "go")).state == "first"
+        [go] = signal_of(deliveries, "go")
+        assert go.num_delivered == 1
+        assert await handle(delivered_again_as_new(go)) is None
+        record = await read_record(broker, instance)
+        assert record is not None and (record.current, record.status) == ("second", "running")
+        assert (await alice.signal_workflow(instance, "go")).state == "second"
+        assert await asyncio.wait_for(invoked, 10) == {"went": 2}
+        events = await alice.status(instance)
     taken = [
         (e.detail["state"], e.detail["signal_seq"]) for e in events if e.event == "signal_taken"
     ]
     assert taken[0] == ("first", go.stream_seq) and [s for s, _ in taken] == ["first", "second"]
     assert not [e for e in events if e.event == "signal_ignored"]
+
+
+async def test_a_signal_whose_acknowledgement_was_lost_is_known_after_many_newer(
+    broker, monkeypatch: pytest.MonkeyPatch
+):
+    """A drill: one `flip` taken, the server killed before it applied the acknowledgement,
+    then 40 `flip`s taken at once after the restart; the first came back 5 s later, as
+    new, and flipped the machine a 42nd time on 41 signals (the last 32 taken were kept
+    and it was not among them). Kept until its acknowledgement is applied, it is known."""
+    monkeypatch.setattr(consumption, "RETRY_DELAY_S", 60.0)  # only the delivery by hand comes
+    settled, lost = controls.settled, asyncio.Event()
+
+    async def dying(msg: Delivery) -> None:
+        if not lost.is_set():
+            lost.set()
+            raise BrokerError("the server died before it applied the acknowledgement")
+        await settled(msg)
+
+    monkeypatch.setattr(controls, "settled", dying)
+    async with keeping_deliveries(broker, flipper=FLIPPER) as (handle, deliveries, alice):
+        instance, _ = await alice.publish("flipper", {})
+        await _until_record(broker, instance, lambda r: r.current == "a")
+        assert (await alice.signal_workflow(instance, "flip")).taken
+        for _ in range(40):
+            assert (await alice.signal_workflow(instance, "flip")).taken
+        first = signal_of(deliveries, "flip")[0]
+        assert await handle(delivered_again_as_new(first)) is None
+        record = await read_record(broker, instance)
+        events = await alice.status(instance)
+    assert record is not None and len(record.path) == 42  # a, then one state per signal
+    taken = [e.detail["signal_seq"] for e in events if e.event == "signal_taken"]
+    assert len(taken) == len(set(taken)) == 41
+
+
+async def test_an_older_signal_is_not_taken_after_a_newer_one_was(broker):
+    """`flop`, which state `a` does not take, then `flip`, which moved the machine to `b`.
+    `flop` delivered again (its acknowledgement lost with the server, or its handling
+    failed) was taken by `b`, after the newer `flip` (a drill), and said ignored and taken
+    both. It was stored before `flip` was taken: it is not taken now, and said once."""
+    async with keeping_deliveries(broker, flipper=FLIPPER) as (handle, deliveries, alice):
+        instance, _ = await alice.publish("flipper", {})
+        await _until_record(broker, instance, lambda r: r.current == "a")
+        assert (await alice.signal_workflow(instance, "flop")).waits_for == ("flip", "stop")
+        assert (await alice.signal_workflow(instance, "flip")).state == "a"
+        [flop] = signal_of(deliveries, "flop")
+        assert await handle(delivered_again_as_new(flop)) is None
+        record = await read_record(broker, instance)
+        events = await alice.status(instance)
+    assert record is not None and record.current == "b"
+    about_flop = [e for e in events if e.detail.get("signal_seq") == flop.stream_seq]
+    assert [e.event for e in about_flop] == ["signal_ignored"]
+
+
+async def test_the_signals_of_an_instance_are_handled_in_the_order_delivered() -> None:
+    """The first handling of instance `i` waits; those after it wait their turn, in order
+    (each a task started in delivery order), while another instance's goes on."""
+    in_order, handled, release = InOrder(), list[str](), asyncio.Event()
+
+    async def handling(instance: str, n: int) -> None:
+        async with in_order.turn(instance):
+            if (instance, n) == ("i", 0):
+                await release.wait()
+            handled.append(f"{instance}{n}")
+
+    of_i = [asyncio.create_task(handling("i", n)) for n in range(4)]
+    await asyncio.wait_for(handling("j", 0), 5)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*of_i), 5)
+    assert handled == ["j0", "i0", "i1", "i2", "i3"]

@@ -1258,6 +1258,10 @@ export interface SignalIgnoredDetail {
   /**
    * default null
    */
+  superseded_by: number | null;
+  /**
+   * default null
+   */
   ended: string | null;
   /**
    * default null
@@ -1625,6 +1629,10 @@ export interface WorkflowRecord {
    * default []
    */
   signals_taken: SignalTaken[];
+  /**
+   * default 0
+   */
+  last_signal_taken: number;
   /**
    * default {}
    */

@@ -1,0 +1,143 @@
+"""Signals and cancels of an instance, from ``REACH_WORKFLOWS``: charged to their caller's
+quota (:mod:`charges`), looked at again while their instance has not started, handled one
+at a time per instance in the order the server stored them, and each signal taken once
+(:mod:`taken`). An operator's (the bare subject) may act on any instance; a caller's (its
+name the subject's last token, which permissions make its own) only on one it started."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from agentreach.broker import Broker, Delivery
+from agentreach.coordinator.protection.quotas import CallerQuotas
+from agentreach.coordinator.workflows.answers import cancelled_by, may_act
+from agentreach.coordinator.workflows.charges import ControlCharges, Records, settled
+from agentreach.coordinator.workflows.definitions import Definitions
+from agentreach.coordinator.workflows.run import BY_OPERATOR, Run
+from agentreach.coordinator.workflows.signals import Sent, look_again, signal_ignored
+from agentreach.coordinator.workflows.taken import Confirmed, InOrder, superseded
+from agentreach.envelopes import ErrorInfo
+from agentreach.logs import RepeatedLines
+
+log = structlog.get_logger("coordinator.workflows")
+
+# ``WorkflowEngine._apply``: apply a change to an instance's record, then its actions.
+Apply = Callable[..., Awaitable[bool]]
+NOT_TAKEN_SAID_PER_MINUTE = 5  # per instance: a flood of ignored signals is not a line each
+
+
+class Controls:
+    """Handles the signals and cancels of every instance."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        apply: Apply,
+        records: Records,
+        definitions: Definitions,
+        quotas: CallerQuotas | None,
+    ) -> None:
+        self._broker = broker
+        self._apply = apply
+        self._records = records
+        self._definitions = definitions
+        self._charges = ControlCharges(broker, quotas, records)
+        self._in_order = InOrder()
+        self._confirmed = Confirmed()
+        self._not_taken = RepeatedLines(60.0, burst=NOT_TAKEN_SAID_PER_MINUTE)
+
+    async def handle(self, msg: Delivery, kind: str, about: str) -> float | None:
+        """None once ``msg`` (``kind`` ``signal`` or ``cancel``; ``about``, its subject from
+        the instance id on) is done, or seconds until it is looked at again."""
+        instance_id, _, rest = about.partition(".")
+        async with self._in_order.turn(instance_id):  # first: in the order delivered
+            if await self._charges.refused(kind, about, msg):
+                return None  # over its caller's quota: answered, not acted on
+            if await (await self._records()).get(instance_id) is None:
+                return look_again(msg, kind, instance_id)
+            seen_before = msg.num_delivered > 1
+            if kind == "signal":
+                event, _, asker = rest.partition(".")  # a caller's form names it last
+                sent = Sent(msg.timestamp_ms, msg.stream_seq, seen_before)
+                await self._on_signal(instance_id, event, asker or None, sent)
+            else:
+                await self._on_cancel(instance_id, rest or None, msg.data, seen_before)
+            await settled(msg)
+            self._confirmed.add(instance_id, msg.stream_seq)
+        return None
+
+    async def _on_signal(self, instance_id: str, event: str, asker: str | None, sent: Sent) -> None:
+        """Move the instance's state on ``event``, unless a later signal was taken already."""
+        refused: list[str] = []
+        outgrown: list[ErrorInfo] = []
+        late: list[int] = []
+        applied = self._confirmed.of(instance_id)
+
+        def change(run: Run) -> bool:
+            if not may_act(run.record, asker):
+                refused.append(run.record.task.caller or "an operator")
+                return False
+            if superseded(run.record, sent.seq):
+                late.append(run.record.last_signal_taken)
+                return False
+            return run.on_signal(event, sent.at_ms, by=asker, seq=sent.seq, applied=applied)
+
+        def too_large(run: Run, error: ErrorInfo) -> bool:
+            outgrown.append(error)
+            return run.outgrow(error)
+
+        if await self._apply(instance_id, change, sent.again, too_large=too_large):
+            if not outgrown:
+                return
+        elif refused:  # said to nobody else: the instance is not the asker's to know of
+            log.warning(
+                "signal refused: the instance is not the asker's",
+                instance_id=instance_id,
+                asker=asker,
+                started_by=refused[-1],
+            )
+            return
+        if not outgrown:
+            self._say_not_taken(instance_id, event, late[-1] if late else 0)
+        if (entry := await (await self._records()).get(instance_id)) is not None:
+            spec = self._definitions.of(entry.value)
+            failed = outgrown[-1] if outgrown else None  # failed instead of taking it
+            await signal_ignored(
+                self._broker, entry.value, spec, event, asker, sent.seq, failed,
+                superseded_by=late[-1] if late else None,
+            )  # fmt: skip
+
+    async def _on_cancel(
+        self, instance_id: str, asker: str | None, data: bytes, seen_before: bool
+    ) -> None:
+        why = cancelled_by(asker, data[:200].decode(errors="replace"), BY_OPERATOR)
+        refused: list[str] = []
+
+        def change(run: Run) -> bool:
+            if may_act(run.record, asker):
+                return run.cancel(why)
+            refused.append(run.record.task.caller or "an operator")
+            return False
+
+        await self._apply(instance_id, change, seen_before)
+        if refused:
+            log.warning(
+                "cancel refused: the instance is not the asker's",
+                instance_id=instance_id,
+                asker=asker,
+                started_by=refused[-1],
+            )
+
+    def _say_not_taken(self, instance_id: str, event: str, superseded_by: int) -> None:
+        """A few times a minute per instance, with how many went unsaid since."""
+        if (unsaid := self._not_taken.due(instance_id)) is None:
+            return
+        more = {"more_not_said": unsaid} if unsaid else {}
+        line = "signal not taken: " + (
+            "a later one was taken before it was handled"
+            if superseded_by
+            else "no state waits for it"
+        )
+        log.warning(line, instance_id=instance_id, signal=event, **more)

@@ -1,0 +1,59 @@
+"""A claim whose lease passed while the server was away still counts for a while after it
+came back: the agent could not renew it, and records the outcome it kept once it reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import msgspec
+from structlog.testing import capture_logs
+
+from agentreach.agents import ReachClient
+from agentreach.broker import Broker, Names
+from agentreach.coordinator import Coordinator
+from agentreach.envelopes import Execution, execution_key, now_ms
+from tests.conftest import FAST
+from tests.e2e.test_startup_and_restarts import RestartableServer, counting_agent
+from tests.support import eventually, put_value
+
+
+async def test_a_lease_that_passed_while_the_server_was_away_is_waited_for(tmp_path: Path):
+    """The server went away and came back; agent x's claim of a task lapsed meanwhile (x
+    had finished it just as the server died, and had not reconnected yet). The intake,
+    which took the task in again (its acknowledgement lost with the server), routed it to
+    agent y, which ran it a second time (a chaos run with kill -9 of the server). Now it
+    waits for x's outcome, and answers from it: y never runs the task."""
+    runs = Counter[str]()
+    async with RestartableServer(tmp_path / "nats") as server:
+        url = server.url
+        async with (
+            Broker(url, names=Names(), name="coordinator", wait=True) as own,
+            Coordinator(own, FAST).running(),
+            counting_agent("y", runs).running(url),
+            ReachClient(url, name="alice") as alice,
+        ):
+            reconnects = own.reconnects
+            await server.stop()
+            await server.start()
+            await eventually(lambda: own.reconnects > reconnects, 15)
+            task = alice.task("count", {"n": 1}, ttl_ms=60_000)
+            key = execution_key(alice.caller, task.message_id, "x")
+            claim = Execution(
+                message_id=task.message_id,
+                state="running",
+                agent_id="x",
+                caller=alice.caller,
+                lease_until_ms=now_ms() - 1_000,  # lapsed while the server was away
+            )
+            bucket = own.names.executions_bucket
+            await put_value(own, bucket, key, msgspec.json.encode(claim))
+            with capture_logs() as logs:
+                invoked = alice.invoke_task(task)
+                waiting = asyncio.ensure_future(invoked)
+                await eventually(lambda: any("an agent runs it now" in e["event"] for e in logs))
+            done = msgspec.structs.replace(claim, state="done", result={"n": "from x"})
+            await put_value(own, bucket, key, msgspec.json.encode(done))
+            assert await waiting == {"n": "from x"}
+    assert runs[task.message_id] == 0
