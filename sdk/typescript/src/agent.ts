@@ -7,7 +7,7 @@ import { dirname } from "node:path";
 import { TOKEN } from "./codec.js";
 import { Connection } from "./connection.js";
 import { DEFAULT_CLAIM_CHECK_BYTES } from "./claimcheck.js";
-import { AgentConfigError, AgentIdInUse, ReachError } from "./errors.js";
+import { AgentConfigError, AgentIdInUse, ConnectError, ReachError } from "./errors.js";
 import { checkingPayload } from "./failures.js";
 import { jsonLogger } from "./log.js";
 import type { Logger } from "./log.js";
@@ -230,7 +230,7 @@ export class Agent {
     try {
       await this.startup;
     } catch (err) {
-      await this.stop();
+      await this.shutDown(); // not stop(): run() must tell this failure from a stop asked for
       throw err;
     }
     this.registeredEpoch = this.runtime?.card?.epoch ?? 0;
@@ -238,9 +238,11 @@ export class Agent {
   }
 
   /**
-   * Start, then serve until stop(). Rejects with AgentIdInUse once a newer process of the id
-   * fenced this one out (it was stalled or cut off meanwhile): this one then stopped on its own.
-   * A stop() during the start (Ctrl-C while it connects) is a clean stop: it resolves.
+   * Start, then serve until stop(). Rejects as start() does when the agent cannot start (a
+   * ConnectError for a malformed URL, unusable creds, a server refusing them), and with
+   * AgentIdInUse once a newer process of the id fenced this one out (it was stalled or cut
+   * off meanwhile): this one then stopped on its own. A stop() during the start (Ctrl-C while
+   * it connects) is a clean stop: it resolves.
    */
   async run(servers?: Servers): Promise<void> {
     try {
@@ -259,13 +261,18 @@ export class Agent {
    * Safe to call at any time and more than once; a start under way gives up first.
    */
   stop(): Promise<void> {
-    this.closing ??= this.close();
+    const closing = this.shutDown();
     this.stopAsked.set();
+    return closing;
+  }
+
+  private shutDown(): Promise<void> {
+    this.closing ??= this.close();
     return this.closing;
   }
 
   private async open(servers: Servers): Promise<void> {
-    const creds = this.creds === null ? null : readCreds(this.creds, (m) => new AgentConfigError(m));
+    const creds = this.creds === null ? null : readCreds(this.creds, (m) => new ConnectError(m));
     const options = connectionOptions(servers, `agent:${this.agentId}`, creds);
     const conn = await Connection.open(options, this.names, this.requestTimeoutMs, this.log, this.aborted.signal);
     this.conn = conn;

@@ -15,6 +15,7 @@ import { ConnectError, ReachError } from "./errors.js";
 import { Keys } from "./keys.js";
 import type { Logger } from "./log.js";
 import { Names } from "./names.js";
+import { DEFAULT_SERVER, redacted } from "./servers.js";
 import { sleep } from "./timing.js";
 
 /**
@@ -22,8 +23,9 @@ import { sleep } from "./timing.js";
  * and 10164 from a replicated (R>1) stream; the two mean the same.
  */
 export const WRONG_LAST_SEQUENCE = [10071, 10164];
-// The server is not there (yet): worth waiting for.
-const WAITABLE = new Set<string>([ErrorCode.ConnectionRefused, ErrorCode.ConnectionTimeout, ErrorCode.Timeout]);
+// The server is not there (yet): worth waiting for. A host name that does not resolve is one
+// too (a container's DNS name comes with it), as the Python SDK's agents wait for it.
+const WAITABLE = new Set<string>([ErrorCode.ConnectionRefused, ErrorCode.ConnectionTimeout, ErrorCode.Timeout, "ENOTFOUND", "EAI_AGAIN"]);
 const WAIT_FIRST_MS = 1_000;
 /** Above the slowest election seen (8.6 s), with room for a reconnect (as the Python SDK). */
 const ELECTION_BUDGET_MS = 15_000;
@@ -67,11 +69,11 @@ export class Connection {
       try {
         nc = await connect(options);
       } catch (err) {
+        if (signal.aborted) throw new ReachError("stopped while waiting for NATS");
         const code = (err as NatsError).code;
-        if (!WAITABLE.has(code)) throw err; // a wrong URL or credentials: no use waiting
+        if (!WAITABLE.has(code)) throw cannotConnect(options, err); // credentials refused, say: no use waiting
         const waitMs = backoffMs(tries);
-        const servers = [options.servers ?? "nats://127.0.0.1:4222"].flat().join(",");
-        log.warn("waiting for NATS", { servers, error: String(err), retry_in_s: Math.round(waitMs / 100) / 10 });
+        log.warn("waiting for NATS", { servers: shownServers(options), error: String(err), retry_in_s: Math.round(waitMs / 100) / 10 });
         await sleep(waitMs, signal);
         if (signal.aborted) throw new ReachError("stopped while waiting for NATS");
       }
@@ -85,8 +87,7 @@ export class Connection {
     try {
       nc = await connect(options);
     } catch (err) {
-      const why = err instanceof Error ? err.message : String(err);
-      throw new ConnectError(`cannot connect to NATS at ${String(options.servers)}: ${why}`, { cause: err });
+      throw cannotConnect(options, err);
     }
     return Connection.over(nc, names, requestTimeoutMs);
   }
@@ -222,6 +223,16 @@ export class Connection {
     }
     await this.nc.close();
   }
+}
+
+/** The ConnectError for a connect to `options.servers` that failed with `err`. */
+function cannotConnect(options: ConnectionOptions, err: unknown): ConnectError {
+  const why = err instanceof Error ? err.message : String(err);
+  return new ConnectError(`cannot connect to NATS at ${shownServers(options)}: ${why}`, { cause: err });
+}
+
+function shownServers(options: ConnectionOptions): string {
+  return [options.servers ?? DEFAULT_SERVER].flat().map(redacted).join(",");
 }
 
 export function toHeaders(values: Record<string, string>): MsgHdrs {

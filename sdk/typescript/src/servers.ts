@@ -8,6 +8,7 @@ import { readFileSync } from "node:fs";
 import { credsAuthenticator } from "nats";
 import type { ConnectionOptions } from "nats";
 
+import { ConnectError } from "./errors.js";
 import type { ReachError } from "./errors.js";
 
 /** Where to connect: a URL, a comma-separated list, a list of URLs, or nats.js connection options. */
@@ -15,9 +16,49 @@ export type Servers = string | string[] | ConnectionOptions;
 
 export const DEFAULT_SERVER = "nats://127.0.0.1:4222";
 
-/** `$NATS_URL`, else the local default. */
+// The schemes nats.js speaks from Node (TCP, plain or TLS); ws:// needs another transport.
+const SCHEMES = new Set(["nats:", "tls:"]);
+
+/** `$NATS_URL`, else the local default: set but empty counts as unset, as in the Python SDK. */
 export function defaultServers(): string {
-  return process.env.NATS_URL ?? DEFAULT_SERVER;
+  return process.env.NATS_URL || DEFAULT_SERVER;
+}
+
+/**
+ * `servers` checked and made a list: each a `nats://` or `tls://` URL (a bare `host:port`
+ * taken as `nats://`) with a host and nothing after the port. Throws ConnectError naming the
+ * first entry that is not one (`nats//host:4222` would otherwise be tried as the host
+ * `nats`), as nothing is asked of a server that could help.
+ */
+export function serverList(servers: string | string[]): string[] {
+  const typed = (typeof servers === "string" ? servers.split(",") : servers).map((s) => String(s).trim()).filter(Boolean);
+  if (typed.length === 0) throw new ConnectError(`no NATS server URL given (${JSON.stringify(servers)}): expected nats://host:port`);
+  for (const entry of typed) {
+    const why = malformed(entry.includes("://") ? entry : `nats://${entry}`);
+    if (why !== null) {
+      throw new ConnectError(`'${redacted(entry)}' is not a NATS server URL: ${why} (expected nats://host:port; several are separated by commas)`);
+    }
+  }
+  return typed;
+}
+
+/** Why `url` is no server URL nats.js can reach, or null. */
+function malformed(url: string): string | null {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    return "it cannot be parsed";
+  }
+  if (!SCHEMES.has(parsed.protocol)) return `the scheme '${parsed.protocol.slice(0, -1)}' is not nats or tls`;
+  if (parsed.hostname === "") return "it names no host";
+  if (parsed.pathname !== "" && parsed.pathname !== "/") return `'${parsed.pathname}' follows the host and port`;
+  return null;
+}
+
+/** `url` with a user's password or token hidden, for errors and logs. */
+export function redacted(url: string): string {
+  return url.replace(/\/\/[^/@]*@/, "//***@");
 }
 
 /** A party's connection: reconnecting for ever, with credentials when `creds` is a path. */
@@ -28,8 +69,8 @@ export function connectionOptions(
 ): ConnectionOptions {
   const base: ConnectionOptions =
     typeof servers === "string" || Array.isArray(servers)
-      ? { servers: typeof servers === "string" ? servers.split(",").map((s) => s.trim()) : servers }
-      : servers;
+      ? { servers: serverList(servers) }
+      : { ...servers, ...(servers.servers === undefined ? {} : { servers: serverList(servers.servers) }) };
   // A tls:// URL asks for TLS: nats.js upgrades only when the server requires it, and went on
   // in plain text, creds and all, with a server (or a man in the middle) that offers none.
   const tls = base.tls === undefined && asksForTls(base.servers) ? { tls: {} } : {};
