@@ -389,10 +389,35 @@ describe("ReachClient on an open server", () => {
     const err = await rejection(client.invoke(topic, "second", { ackDeadlineMs: 300, executeDeadlineMs: 20_000, ttlMs: 30_000 }));
     assert.ok(err instanceof NotAcknowledged, String(err));
     assert.match(err.message, /within 300 ms/);
+    assert.match(err.message, /it stays queued and may still run within its ttl: invoke again with messageId '[^']+' to hear how it ends$/);
     release.open();
     assert.equal(await first, "first");
     assert.equal(await client.invoke(topic, "ignored", { messageId: err.messageId, executeDeadlineMs: 20_000 }), "second");
     assert.equal(runs, 2);
+  });
+
+  it("says NotAcknowledged past a ttl shorter than the ack deadline will not start, not that it may still run", async () => {
+    const topic = unique("short-ttl");
+    const release = new Gate();
+    const running = new Gate();
+    await serving(
+      newAgent(unique("ts-short-ttl")).handler(topic, { capacity: 1 }, async () => {
+        running.open();
+        await release.opened;
+        return null;
+      }),
+    );
+    const first = client.invoke(topic, "first");
+    await running.opened;
+    try {
+      const err = await rejection(client.invoke(topic, "second", { ackDeadlineMs: 1_500, ttlMs: 300 }));
+      assert.ok(err instanceof NotAcknowledged, String(err));
+      const hint = `its ttl (300 ms) has passed, so no agent will start it: invoke again with messageId '${err.messageId}' to hear how it ended`;
+      assert.ok(err.message.endsWith(hint), err.message);
+    } finally {
+      release.open();
+      await first;
+    }
   });
 
   it("stops waiting when the signal is aborted (InvokeAborted), while the task goes on", async () => {
