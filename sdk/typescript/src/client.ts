@@ -14,6 +14,7 @@ import { Traces } from "./endings.js";
 import { BacklogFull, InvalidArgument, NotAcknowledged, ReachError } from "./errors.js";
 import { aborted, earlierOutcome, Ending, waitForResult } from "./invocation.js";
 import { lookedUp } from "./lookup.js";
+import type { ResultOptions, StatusOptions } from "./lookup.js";
 import { notStored, refusedPublish } from "./refusals.js";
 import type { OnAck, OnProgress, Outcome } from "./invocation.js";
 import { jsonLogger } from "./log.js";
@@ -24,11 +25,12 @@ import { headersOf, sentByServer } from "./serveranswers.js";
 import { connectionOptions, defaultServers, readCreds } from "./servers.js";
 import type { Servers } from "./servers.js";
 import { Signal, sleep } from "./timing.js";
-import { CLIENT_OPTIONS, INVOKE_OPTIONS, onlyKnown, TASK_OPTIONS } from "./options.js";
+import { CANCEL_WORKFLOW_OPTIONS, CLIENT_OPTIONS, INVOKE_OPTIONS, INVOKE_TASK_OPTIONS, onlyKnown, RESULT_OPTIONS } from "./options.js";
+import { SIGNAL_WORKFLOW_OPTIONS, STATUS_OPTIONS, TASK_OPTIONS } from "./options.js";
 import { normalized } from "./tracecontext.js";
 import type { Budget, Event, Priority, Task } from "./types.js";
 import { cancelWorkflow, signalWorkflow } from "./workflowcontrol.js";
-import type { SignalOutcome, WorkflowEnded } from "./workflowcontrol.js";
+import type { CancelWorkflowOptions, SignalOutcome, SignalWorkflowOptions, WorkflowEnded } from "./workflowcontrol.js";
 
 
 export interface ReachClientOptions {
@@ -70,6 +72,7 @@ export interface TaskOptions {
 }
 
 export type PublishOptions = TaskOptions;
+export type InvokeTaskOptions = Pick<InvokeOptions, "onAck" | "onProgress" | "signal">;
 
 export interface InvokeOptions extends Omit<TaskOptions, "replyTo" | "budget"> {
   /** How long to wait for an agent to accept the task (default 2 000). */
@@ -246,8 +249,9 @@ export class ReachClient {
    * its budget's `ack_ms` and `execute_ms`; its replies come to a reply box of this call's (its
    * `reply_to` is replaced).
    */
-  async invokeTask<R = unknown>(built: Task, options: Pick<InvokeOptions, "onAck" | "onProgress" | "signal"> = {}): Promise<R> {
+  async invokeTask<R = unknown>(built: Task, options: InvokeTaskOptions = {}): Promise<R> {
     this.mustBeOpen();
+    onlyKnown(`invokeTask '${built.topic}'`, options, INVOKE_TASK_OPTIONS, invalidOptions);
     const boxSubject = this.conn.names.replyBox(this.caller, newId());
     const task = { ...built, reply_to: boxSubject };
     if (options.signal?.aborted) throw aborted(task, options.signal, false);
@@ -287,8 +291,9 @@ export class ReachClient {
    * that id, of its trace of that id), oldest first, as the coordinator answers a caller:
    * only this caller's own messages.
    */
-  async status(messageId: string, options: { timeoutMs?: number } = {}): Promise<Event[]> {
+  async status(messageId: string, options: StatusOptions = {}): Promise<Event[]> {
     this.mustBeOpen();
+    onlyKnown("status()", options, STATUS_OPTIONS, invalidOptions);
     try {
       return (await this.traces.ask(messageId, options.timeoutMs)).events;
     } catch (err) {
@@ -308,8 +313,9 @@ export class ReachClient {
    * ended by then (ask again) or no event of it is recorded; InvalidArgument for another
    * caller's message; NotAcknowledged when no coordinator runs.
    */
-  async result<R = unknown>(messageId: string, options: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<R> {
+  async result<R = unknown>(messageId: string, options: ResultOptions = {}): Promise<R> {
     this.mustBeOpen();
+    onlyKnown("result()", options, RESULT_OPTIONS, invalidOptions);
     const withinMs = positive("timeoutMs", options.timeoutMs ?? 30_000);
     const outcome = await lookedUp(this.traces, messageId, withinMs, options.signal, this.closed);
     return (await this.claimCheck.resultOf(...outcome)) as R;
@@ -322,8 +328,9 @@ export class ReachClient {
    * to its error's message. Throws UnknownWorkflow for an id that is no instance of this
    * caller's, DeadlineExceeded when it has not ended within `waitMs` (the cancel was sent).
    */
-  async cancelWorkflow(instanceId: string, options: { why?: string; waitMs?: number } = {}): Promise<WorkflowEnded> {
+  async cancelWorkflow(instanceId: string, options: CancelWorkflowOptions = {}): Promise<WorkflowEnded> {
     this.mustBeOpen();
+    onlyKnown("cancelWorkflow()", options, CANCEL_WORKFLOW_OPTIONS, invalidOptions);
     const eventsOf = (id: string) => this.status(id);
     return await cancelWorkflow(this.conn, this.caller, eventsOf, instanceId, options.why ?? "", options.waitMs ?? 10_000);
   }
@@ -333,8 +340,9 @@ export class ReachClient {
    * (10 000) for whether its state took it (SignalOutcome). Throws UnknownWorkflow for an id
    * that is no instance of this caller's, DeadlineExceeded when the coordinator has not said.
    */
-  async signalWorkflow(instanceId: string, event: string, options: { waitMs?: number } = {}): Promise<SignalOutcome> {
+  async signalWorkflow(instanceId: string, event: string, options: SignalWorkflowOptions = {}): Promise<SignalOutcome> {
     this.mustBeOpen();
+    onlyKnown("signalWorkflow()", options, SIGNAL_WORKFLOW_OPTIONS, invalidOptions);
     const eventsOf = (id: string) => this.status(id);
     return await signalWorkflow(this.conn, this.caller, eventsOf, instanceId, event, options.waitMs ?? 10_000);
   }

@@ -5,7 +5,7 @@ import { performance } from "node:perf_hooks";
 import { nowMs, subTaskId } from "./codec.js";
 import type { Deadline } from "./deadline.js";
 import { InvalidArgument } from "./errors.js";
-import { onlyKnown, SUB_TASK_OPTIONS } from "./options.js";
+import { onlyKnown, SUB_INVOKE_OPTIONS, SUB_TASK_OPTIONS } from "./options.js";
 import { child } from "./tracecontext.js";
 import type { Priority, Task } from "./types.js";
 
@@ -25,6 +25,12 @@ export interface SubTaskOptions {
    * run made, "1", "2", …): a handler run again sends it under the same id, and it runs once.
    */
   key?: string;
+}
+
+/** What `ctx.invoke` takes: a sub-task's options, and how long it may wait to be accepted. */
+export interface SubInvokeOptions extends SubTaskOptions {
+  /** Default: all the time this handler has left. */
+  ackDeadlineMs?: number;
 }
 
 /**
@@ -123,8 +129,9 @@ export class TaskContext {
    * be accepted (default: all the time left). A handler that lets such an error through fails as
    * `sub_task_failed`, which does not count against this agent's health.
    */
-  async invoke<R = unknown>(topic: string, payload: unknown, options: SubTaskOptions & { ackDeadlineMs?: number } = {}): Promise<R> {
+  async invoke<R = unknown>(topic: string, payload: unknown, options: SubInvokeOptions = {}): Promise<R> {
     if (this.hooks.invoke === undefined) throw new Error("this TaskContext cannot invoke (made outside an agent)");
+    onlyKnown(`sub-task '${topic}'`, options, SUB_INVOKE_OPTIONS, (m) => new InvalidArgument(m, "options"));
     const { ackDeadlineMs, ...subTaskOptions } = options;
     const task = this.childTask(topic, payload, subTaskOptions);
     // By default it may wait to be accepted all the time left: a busy agent's queue is no

@@ -16,6 +16,20 @@ import { sleep } from "./timing.js";
 import type { Signal } from "./timing.js";
 import type { Event } from "./types.js";
 
+/** What `ReachClient.status` takes. */
+export interface StatusOptions {
+  /** How long to wait for the coordinator's answer (default: the client's `requestTimeoutMs`). */
+  timeoutMs?: number;
+}
+
+/** What `ReachClient.result` takes. */
+export interface ResultOptions {
+  /** How long to wait for the message to end (default 30 000). */
+  timeoutMs?: number;
+  /** Stop waiting (InvokeAborted); the message goes on. */
+  signal?: AbortSignal;
+}
+
 /**
  * The outcome of `messageId`, read from its events until it ends, for up to `withinMs`;
  * its failure thrown as `invoke` throws it. DeadlineExceeded when it has not ended by then

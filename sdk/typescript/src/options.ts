@@ -5,8 +5,10 @@
  */
 
 import type { AgentOptions, HandlerOptions } from "./agent.js";
-import type { InvokeOptions, ReachClientOptions, TaskOptions } from "./client.js";
-import type { SubTaskOptions } from "./context.js";
+import type { InvokeOptions, InvokeTaskOptions, ReachClientOptions, TaskOptions } from "./client.js";
+import type { SubInvokeOptions, SubTaskOptions } from "./context.js";
+import type { ResultOptions, StatusOptions } from "./lookup.js";
+import type { CancelWorkflowOptions, SignalWorkflowOptions } from "./workflowcontrol.js";
 
 /** Every key of `T`, so that a key added to the interface must be added here too. */
 export type Keys<T> = Record<keyof Required<T>, true>;
@@ -30,7 +32,13 @@ export const INVOKE_OPTIONS: Keys<InvokeOptions> = {
   priority: true, ttlMs: true, traceId: true, messageId: true, headers: true, traceparent: true,
   ackDeadlineMs: true, executeDeadlineMs: true, onAck: true, onProgress: true, signal: true,
 };
+export const INVOKE_TASK_OPTIONS: Keys<InvokeTaskOptions> = { onAck: true, onProgress: true, signal: true };
 export const SUB_TASK_OPTIONS: Keys<SubTaskOptions> = { priority: true, key: true };
+export const SUB_INVOKE_OPTIONS: Keys<SubInvokeOptions> = { priority: true, key: true, ackDeadlineMs: true };
+export const STATUS_OPTIONS: Keys<StatusOptions> = { timeoutMs: true };
+export const RESULT_OPTIONS: Keys<ResultOptions> = { timeoutMs: true, signal: true };
+export const CANCEL_WORKFLOW_OPTIONS: Keys<CancelWorkflowOptions> = { why: true, waitMs: true };
+export const SIGNAL_WORKFLOW_OPTIONS: Keys<SignalWorkflowOptions> = { waitMs: true };
 
 /**
  * Throws `error(message)` when `options` holds a key that is not in `known`, naming it, the

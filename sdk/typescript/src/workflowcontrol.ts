@@ -23,6 +23,20 @@ const START_GRACE_MS = 2_000;
 
 type EventsOf = (messageId: string) => Promise<Event[]>;
 
+/** What `ReachClient.cancelWorkflow` takes. */
+export interface CancelWorkflowOptions {
+  /** Added to the instance's error message (`cancelled by its caller '<you>': <why>`). */
+  why?: string;
+  /** How long to wait for the instance to end (default 10 000). */
+  waitMs?: number;
+}
+
+/** What `ReachClient.signalWorkflow` takes. */
+export interface SignalWorkflowOptions {
+  /** How long to wait for the coordinator to say what became of the signal (default 10 000). */
+  waitMs?: number;
+}
+
 /** How a workflow instance ended. */
 export interface WorkflowEnded {
   instanceId: string;

@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { connect, DiscardPolicy, headers } from "nats";
 import type { Msg } from "nats";
 
-import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, subTaskId, TaskFailed, UnknownWorkflow, WorkflowActionRefused } from "../src/index.js";
+import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, newId, subTaskId, TaskFailed, UnknownWorkflow, WorkflowActionRefused } from "../src/index.js";
 import type { Ack, Progress, Task } from "../src/index.js";
 import { freePort, Gate, provision, Relay, startSecuredStack, startServer, startStack, terminate, Watcher } from "./harness.js";
 import { sleep } from "../src/timing.js";
@@ -360,6 +360,21 @@ describe("ReachClient on an open server", () => {
     const published = await rejection(client.publish(topic, {}, { ackDeadlineMs: 5 } as never));
     assert.ok(published instanceof InvalidArgument, String(published));
     assert.match(published.message, /^task 'typo-\d+-\d+': unknown option 'ackDeadlineMs' \(known: priority, /);
+  });
+
+  it("refuses status, result, invokeTask, cancelWorkflow and signalWorkflow options nobody reads, naming the one meant", async () => {
+    const id = newId();
+    const refused = async (call: Promise<unknown>, message: RegExp) => {
+      const err = await rejection(call);
+      assert.ok(err instanceof InvalidArgument && err.argument === "options", String(err));
+      assert.match(err.message, message);
+    };
+    await refused(client.status(id, { timeOut: 1 } as never), /^status\(\): unknown option 'timeOut': did you mean 'timeoutMs'\?/);
+    // Read, `timeout` would have been ignored for the 30 s default; `timeoutMs: 1` ends it at once.
+    await refused(client.result(id, { timeout: 60_000, timeoutMs: 1 } as never), /^result\(\): unknown option 'timeout': did you mean 'timeoutMs'\?/);
+    await refused(client.invokeTask(client.task(unique("typo"), null), { onack: () => undefined } as never), /unknown option 'onack': did you mean 'onAck'\?/);
+    await refused(client.cancelWorkflow(id, { reason: "typo" } as never), /^cancelWorkflow\(\): unknown option 'reason' \(known: why, waitMs\)$/);
+    await refused(client.signalWorkflow(id, "go", { wait: 1 } as never), /^signalWorkflow\(\): unknown option 'wait': did you mean 'waitMs'\?/);
   });
 
   it("refuses a tls:// URL to a server that offers no TLS rather than go on in plain text", async () => {
