@@ -18,7 +18,7 @@ import type { Claimed, Claims, Hand, Outcome } from "./claims.js";
 import { PayloadUnavailable } from "./claimcheck.js";
 import type { ClaimCheck } from "./claimcheck.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
-import { DeadlineExceeded, errorInfo, failure, sendable, ttlPassedInQueue } from "./failures.js";
+import { DeadlineExceeded, errorInfo, failure, sendable, thrown, ttlPassedInQueue } from "./failures.js";
 import type { Logger } from "./log.js";
 import { ReachClient } from "./client.js";
 import { Latencies } from "./slots.js";
@@ -381,7 +381,7 @@ export class Executor {
       }
       if (!(err instanceof DeadlineExceeded || err instanceof PermanentError)) {
         // Where it raised, for its author (a deadline's stack says nothing; a PermanentError is meant).
-        this.log.warn("handler raised", { message_id: task.message_id, stack: err instanceof Error ? err.stack : String(err) });
+        this.log.warn("handler raised", { message_id: task.message_id, stack: err instanceof Error ? err.stack : thrown(err) });
       }
       return { claim, error: errorInfo(err), durationMs: 0 };
     } finally {

@@ -139,7 +139,7 @@ function subTaskFailed(err: InvokeError): ErrorInfo {
 }
 
 /** A thrown value that is no Error, in words: `{"code":42}` rather than `[object Object]`. */
-function thrown(value: unknown): string {
+export function thrown(value: unknown): string {
   if (typeof value === "object" && value !== null) {
     try {
       const json = JSON.stringify(value);

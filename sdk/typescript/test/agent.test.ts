@@ -312,6 +312,21 @@ describe("payloads", () => {
 });
 
 describe("results", () => {
+  it("logs a thrown value that is no Error in its JSON form, not as [object Object]", async () => {
+    const topic = unique("thrown");
+    const warned: Array<Record<string, unknown>> = [];
+    const logger = { ...quiet, warn: (event: string, fields: Record<string, unknown> = {}) => void (event === "handler raised" && warned.push(fields)) };
+    await started(
+      newAgent(unique("ts-thrown"), { logger }).handler(topic, () => {
+        throw { code: 42 };
+      }),
+    );
+    const replies = await send(stack, task(topic, null));
+    await replies.next((r) => r.kind === "error", 20_000);
+    assert.equal(warned[0]?.stack, '{"code":42}');
+    replies.close();
+  });
+
   it("fails a result JSON cannot carry (a BigInt, a cycle) once, not retried, as invalid_result", async () => {
     const topic = unique("unsendable");
     let calls = 0;
