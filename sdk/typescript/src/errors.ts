@@ -9,7 +9,9 @@
  * ├── PayloadUnavailable    a claim-checked payload is gone or does not match its SHA-256
  * │                         (in claimcheck.ts)
  * ├── InvalidArgument       a ReachClient call got a wrong argument; nothing was sent
- * ├── ConnectError          ReachClient.connect() reached no NATS server (`cause`: why)
+ * ├── ConnectError          no NATS server reached, or none named rightly (`cause`: why)
+ * ├── UnknownWorkflow       cancelWorkflow()/signalWorkflow(): no instance of the caller's
+ * ├── WorkflowActionRefused the coordinator did not act on a cancel or signal (`error`)
  * └── InvokeError           ReachClient.invoke() did not get a result (`messageId`, `traceId`)
  *     ├── NotProvisioned    no stream takes tasks on this server: nothing was sent
  *     ├── BacklogFull       the intake kept no room for the task for its whole ttl: not sent
@@ -42,7 +44,11 @@ export class PermanentError extends ReachError {
   override name = "PermanentError";
 }
 
-/** ReachClient.connect() reached no server; the message names the servers, `cause` the client's error. */
+/**
+ * ReachClient.connect() reached no server, or an agent cannot start (a malformed server URL,
+ * creds that cannot be read or are refused); the message names the servers or the file,
+ * `cause` the client's error.
+ */
 export class ConnectError extends ReachError {
   override name = "ConnectError";
 }
