@@ -33,6 +33,7 @@ from agentreach.envelopes import (
     Progress,
     Result,
     Task,
+    now_ms,
 )
 from agentreach.envelopes.audit import summary_of_task
 from agentreach.logs import get_logger
@@ -217,8 +218,14 @@ def as_type(result: Any, result_type: Any, task: Task) -> Any:
         ) from exc
 
 
-def still_queued(message_id: str) -> str:
-    """What a NotAcknowledged caller may do (no agent took the task yet; it is queued)."""
+def still_queued(message_id: str, task: Task | None = None) -> str:
+    """What a NotAcknowledged caller may do (no agent took the task yet; it is queued,
+    unless its ``task``'s ttl has passed: then no agent will start it)."""
+    if task is not None and now_ms() >= task.created_at + task.ttl_ms:
+        return (
+            f"its ttl ({task.ttl_ms} ms) has passed, so no agent will start it: invoke again"
+            f" with message_id={message_id!r} to hear how it ended"
+        )
     return (
         "it stays queued and may still run within its ttl: invoke again with"
         f" message_id={message_id!r} to hear how it ends"

@@ -182,6 +182,23 @@ async def test_not_acknowledged_with_a_coordinator_blames_no_coordinator(broker,
     )
 
 
+async def test_not_acknowledged_past_the_ttl_says_no_agent_will_start_it(broker):
+    """A ttl shorter than the ack deadline: by the time no agent acknowledged, the ttl has
+    passed, and the task will not "still run within its ttl" (a fresh reader got that
+    hint, and the task ended `expired` 3 s later). No coordinator here: nothing answers
+    the expiry before the deadline."""
+    async with ReachClient(broker=broker) as client:
+        with pytest.raises(NotAcknowledged) as caught:
+            await client.invoke("work", {}, ack_deadline_ms=400, ttl_ms=200)
+    said = str(caught.value)
+    hint = (
+        "its ttl (200 ms) has passed, so no agent will start it: invoke again with"
+        f" message_id={caught.value.message_id!r} to hear how it ended"
+    )
+    assert said.startswith("no agent acknowledged 'work' within 400 ms: no coordinator")
+    assert said.endswith(f"; {hint}")
+
+
 async def test_publish_warns_when_no_coordinator_runs(broker):
     """publish() returns at once, queueing the task; a warning then says that no
     coordinator runs, so the task waits until one starts."""
