@@ -32,6 +32,7 @@ from agentreach.logs import get_logger
 log = get_logger("broker.dead_letters")
 
 HEADROOM = 4096  # for a dead letter's headers and framing under the server's max payload
+TRACE_ENDS = 50  # events kept at each end of a trace too large for its letter even bare
 RAW_KEPT = 65_536  # characters of an oversized raw body a dead letter keeps
 SETTLING = ("replayed", "resolved")  # the events that close a letter, as its state
 
@@ -241,8 +242,12 @@ def _letter_detail(
 
 def _fitted(letter: DeadLetter, limit: int) -> tuple[DeadLetter, bytes]:
     """The letter cut down to ``limit`` bytes, marked ``truncated``: first the details of its
-    trace, then the raw body, then the task's payload (what a large message carries)."""
+    trace, then the raw body, then the task's payload (what a large message carries), then
+    the middle of its trace and at last all of it (a workflow signalled 15,000 times had a
+    trace too large even bare, and its letter failed, and was tried again, for minutes;
+    ``reach trace`` reads the whole)."""
     bare = [msgspec.structs.replace(event, detail={}) for event in letter.trace]
+    ends = bare[:TRACE_ENDS] + bare[-TRACE_ENDS:] if len(bare) > 2 * TRACE_ENDS else bare
     cuts = (
         {"trace": bare},
         {"raw": letter.raw[:RAW_KEPT] + "…" if letter.raw else letter.raw},
@@ -250,6 +255,8 @@ def _fitted(letter: DeadLetter, limit: int) -> tuple[DeadLetter, bytes]:
         if letter.envelope
         else {},
         {"state": None, "headers": {}},
+        {"trace": ends},
+        {"trace": []},
     )
     letter = msgspec.structs.replace(letter, truncated=True)
     for cut in cuts:
