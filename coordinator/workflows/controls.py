@@ -64,8 +64,10 @@ class Controls:
                 await self._on_signal(instance_id, event, asker or None, sent)
             else:
                 await self._on_cancel(instance_id, rest or None, msg.data, seen_before)
-            await settled(msg)
-            self._confirmed.add(instance_id, msg.stream_seq)
+        # Past its turn: the next need not wait for this round trip. Until it is done, a
+        # taken signal stays in the record (a crash before the server applied it loses it).
+        await settled(msg)
+        self._confirmed.add(instance_id, msg.stream_seq)
         return None
 
     async def _on_signal(self, instance_id: str, event: str, asker: str | None, sent: Sent) -> None:
