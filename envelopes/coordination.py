@@ -125,11 +125,11 @@ class WorkflowRecord(msgspec.Struct, kw_only=True):
     path: list[str] = []  # state machines: every state entered, in order
     completed_order: list[str] = []  # the saga undoes these in reverse
     # The signals states took whose acknowledgement may not be applied yet, and the stream
-    # sequence of the latest taken: a server that dies before it applied one delivers it
-    # again, as new, and a state waiting for the same event would take it twice (see
-    # coordinator/workflows/taken.py).
+    # sequence of the latest signal handled (taken or not): a server that dies before it
+    # applied one delivers it again, as new, and a state waiting for the same event would
+    # take it twice (see coordinator/workflows/taken.py).
     signals_taken: list[SignalTaken] = []
-    last_signal_taken: int = 0
+    last_signal_seq: int = 0
     # Visits a later visit of their step replaced that left an effect to undo: done (a
     # state entered again), or stopped while they ran (a step's first run, replaced by its
     # fallback), whose result may still come; by ``<step>@<visit>`` (:func:`visit_key`).

@@ -255,9 +255,12 @@ async def events_settled(broker: Broker, consumer: str) -> None:
             await asyncio.sleep(0.05)  # polling the consumer's state: there is no event for it
 
 
-def delivered_again_as_new(delivery: Delivery) -> Delivery:
+def delivered_again_as_new(delivery: Delivery, count: int = 1) -> Delivery:
     """``delivery`` as a server that died before it applied the acknowledgement delivers it
-    again: the same message and stream sequence, delivery count 1 (the server answers the
-    acknowledgement of a message gone since all the same)."""
+    again: the same message and stream sequence, delivery count 1 (or ``count``: one whose
+    count the server kept; it answers the acknowledgement of a message gone all the same)."""
     msg = delivery._msg
-    return Delivery(Msg(msg._client, msg.subject, msg.reply, msg.data, msg.headers))
+    tokens = (msg.reply or "").split(".")
+    tokens[4] = str(count)  # $JS.ACK.<stream>.<consumer>.<delivered>.…
+    reply = ".".join(tokens)
+    return Delivery(Msg(msg._client, msg.subject, reply, msg.data, msg.headers))

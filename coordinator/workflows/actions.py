@@ -53,7 +53,13 @@ class Abandon:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    """The workflow ended (completed, failed or cancelled): answer its starter."""
+    """The workflow ended (completed, failed or cancelled): answer its starter (and
+    dead-letter a failed one). ``again``: repeated for a record found ended, and skipped
+    once its ending's event is stored (published after the answer): every message of an
+    ended instance delivered again after a crash answered and dead-lettered it again (a
+    drill: 86 times)."""
+
+    again: bool = False
 
 
 Action = Dispatch | Timer | Note | Abandon | Finish

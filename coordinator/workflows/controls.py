@@ -7,6 +7,8 @@ name the subject's last token, which permissions make its own) only on one it st
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import structlog
 
@@ -16,8 +18,8 @@ from agentreach.coordinator.workflows.answers import cancelled_by, may_act
 from agentreach.coordinator.workflows.charges import ControlCharges, Records, settled
 from agentreach.coordinator.workflows.definitions import Definitions
 from agentreach.coordinator.workflows.run import BY_OPERATOR, Run
-from agentreach.coordinator.workflows.signals import Sent, look_again, signal_ignored
-from agentreach.coordinator.workflows.taken import Confirmed, InOrder, superseded
+from agentreach.coordinator.workflows.signals import Sent, look_again, signal_ignored, taken_said
+from agentreach.coordinator.workflows.taken import Confirmed, InOrder, handled_before, judged
 from agentreach.envelopes import ErrorInfo
 from agentreach.logs import RepeatedLines
 
@@ -26,6 +28,15 @@ log = structlog.get_logger("coordinator.workflows")
 # ``WorkflowEngine._apply``: apply a change to an instance's record, then its actions.
 Apply = Callable[..., Awaitable[bool]]
 NOT_TAKEN_SAID_PER_MINUTE = 5  # per instance: a flood of ignored signals is not a line each
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """What a signal came to: ``last`` is the latest signal judged before it came again."""
+
+    kind: Literal["taken", "refused", "judged_before", "ignored"]
+    started_by: str | None = None
+    last: int = 0
 
 
 class Controls:
@@ -71,45 +82,55 @@ class Controls:
         return None
 
     async def _on_signal(self, instance_id: str, event: str, asker: str | None, sent: Sent) -> None:
-        """Move the instance's state on ``event``, unless a later signal was taken already."""
-        refused: list[str] = []
+        """Move the instance's state on ``event``, unless it (or a later signal) was judged
+        already; say what became of it."""
+        verdict: list[_Verdict] = []  # the last try's (a conditional write may try again)
         outgrown: list[ErrorInfo] = []
-        late: list[int] = []
         applied = self._confirmed.of(instance_id)
 
         def change(run: Run) -> bool:
-            if not may_act(run.record, asker):
-                refused.append(run.record.task.caller or "an operator")
+            verdict.clear()
+            record = run.record
+            if not may_act(record, asker):
+                verdict.append(_Verdict("refused", started_by=record.task.caller))
                 return False
-            if superseded(run.record, sent.seq):
-                late.append(run.record.last_signal_taken)
+            if handled_before(record, sent.seq):
+                verdict.append(_Verdict("judged_before", last=record.last_signal_seq))
                 return False
-            return run.on_signal(event, sent.at_ms, by=asker, seq=sent.seq, applied=applied)
+            if run.on_signal(event, sent.at_ms, by=asker, seq=sent.seq, applied=applied):
+                return True
+            verdict.append(_Verdict("ignored"))
+            return judged(record, sent.seq)
 
         def too_large(run: Run, error: ErrorInfo) -> bool:
             outgrown.append(error)
             return run.outgrow(error)
 
-        if await self._apply(instance_id, change, sent.again, too_large=too_large):
-            if not outgrown:
-                return
-        elif refused:  # said to nobody else: the instance is not the asker's to know of
+        written = await self._apply(instance_id, change, sent.again, too_large=too_large)
+        said = verdict[-1] if verdict else _Verdict("taken")
+        if said.kind == "taken" and written and not outgrown:
+            return
+        if said.kind == "refused":  # said to nobody else: not the asker's to know of
             log.warning(
                 "signal refused: the instance is not the asker's",
                 instance_id=instance_id,
                 asker=asker,
-                started_by=refused[-1],
+                started_by=said.started_by or "an operator",
             )
             return
+        if (entry := await (await self._records()).get(instance_id)) is None:
+            return
+        record = entry.value
+        if said.last and await taken_said(self._broker, record, sent.seq):
+            return  # taken before, and said so: delivered again since
         if not outgrown:
-            self._say_not_taken(instance_id, event, late[-1] if late else 0)
-        if (entry := await (await self._records()).get(instance_id)) is not None:
-            spec = self._definitions.of(entry.value)
-            failed = outgrown[-1] if outgrown else None  # failed instead of taking it
-            await signal_ignored(
-                self._broker, entry.value, spec, event, asker, sent.seq, failed,
-                superseded_by=late[-1] if late else None,
-            )  # fmt: skip
+            self._say_not_taken(instance_id, event, said.last)
+        spec = self._definitions.of(record)
+        failed = outgrown[-1] if outgrown else None  # failed instead of taking it
+        later = said.last if said.last != sent.seq else 0  # 0: itself, ignored before
+        await signal_ignored(
+            self._broker, record, spec, event, asker, sent.seq, failed, superseded_by=later or None
+        )
 
     async def _on_cancel(
         self, instance_id: str, asker: str | None, data: bytes, seen_before: bool

@@ -92,8 +92,9 @@ class Outbox:
                     await cancel(self._broker, run.message_id, why=why)
                 case Abandon(key=key, run=run):
                     await self._let_go(record, key, run)
-                case Finish():
-                    await answer(self._broker, record)
+                case Finish(again=again):
+                    if not again or not await self._ending_said(record):
+                        await answer(self._broker, record)
         if any(isinstance(action, Finish) for action in actions):
             # Last: the caller and the ending's event need not wait for it.
             await self._drop_timers(record.instance_id)
@@ -165,6 +166,10 @@ class Outbox:
         if once and await self._sent(subject):
             return
         await self._broker.publish(subject, data, headers=headers)
+
+    async def _ending_said(self, record: WorkflowRecord) -> bool:
+        ending = event_for(record.task, f"workflow_{record.status}")
+        return await self._sent(event_message(self._broker, ending)[0])
 
     async def _sent(self, subject: str) -> bool:
         """Whether an event is stored on ``subject`` (each coordinator event has its own)."""

@@ -193,7 +193,7 @@ class Run(Visits):
             if run.status in ("cancelled", "timed_out"):
                 self.actions.append(Abandon(key, run))
         if record.finished:
-            self.actions.extend((Finish(), ending(record, again=True)))
+            self.actions.extend((Finish(again=True), ending(record, again=True)))
             for key, run in record.compensations.items():  # a completed one's late step
                 if run.status == "running":
                     self.actions.append(Dispatch(f"{key}-undo", run))

@@ -8,7 +8,8 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, Delivery
-from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.direct import messages_on
+from agentreach.broker.lifecycle import emit, event_for, event_message
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import ErrorInfo, WorkflowRecord
 
@@ -68,6 +69,16 @@ async def signal_ignored(
     elif (waits := events_awaited(record, spec)) is not None:
         ignored["waits_for"] = waits
     await emit(broker, event_for(record.task, "signal_ignored", **ignored))
+
+
+async def taken_said(broker: Broker, record: WorkflowRecord, seq: int) -> bool:
+    """Whether a ``signal_taken`` of the signal at ``seq`` is stored (an instance takes
+    at most MAX_STATE_VISITS signals, so its ``signal_taken`` events are few)."""
+    subject = event_message(broker, event_for(record.task, "signal_taken"))[0]
+    for stored in await messages_on(broker, broker.names.events_stream, subject):
+        if msgspec.json.decode(stored.data).get("detail", {}).get("signal_seq") == seq:
+            return True
+    return False
 
 
 def events_awaited(record: WorkflowRecord, spec: WorkflowSpec | None) -> list[str] | None:

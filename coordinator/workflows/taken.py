@@ -1,12 +1,15 @@
-"""Each signal taken once, and in the order the server stored them.
+"""Each signal judged once, and none after a newer one.
 
 A server that dies before it applied a signal's acknowledgement delivers the signal again,
-as new (its delivery count 1), and only once the consumer's ack wait has passed: by then
-newer signals of the instance may have been taken (a drill: 40 in 5 s). So the record keeps
-every signal a state took until the server said it applied the acknowledgement (on this
-replica: :class:`Confirmed`; at most SIGNALS_REMEMBERED), and the sequence of the latest
-taken: one that comes again answers as it did, and an older one not taken (ignored before,
-or held up by a failure) is not taken after a newer one was.
+as new (its delivery count 1), once the consumer's ack wait has passed, or at once beside a
+delivery still being handled: by then newer signals of the instance may have been handled
+(a drill: 40 in 5 s). So the record keeps the sequence of the latest signal handled (taken
+or ignored), and every signal a state took until the server said it applied the
+acknowledgement (on this replica: :class:`Confirmed`; at most SIGNALS_REMEMBERED), whose
+``signal_taken`` may not be published yet. A signal at or below that sequence is not judged
+again: one kept answers again as it did; one taken and forgotten has its answer in the
+instance's events; any other (ignored before, or held up by a failure) is ignored, saying
+``superseded_by``.
 """
 
 from __future__ import annotations
@@ -32,9 +35,19 @@ def taken_before(record: WorkflowRecord, seq: int) -> SignalTaken | None:
     return None
 
 
-def superseded(record: WorkflowRecord, seq: int) -> bool:
-    """Whether a signal stored after the one at ``seq`` was taken already."""
-    return 0 < seq < record.last_signal_taken and taken_before(record, seq) is None
+def handled_before(record: WorkflowRecord, seq: int) -> bool:
+    """Whether the signal at ``seq``, or one stored after it, was judged already (and the
+    record does not keep it: see :func:`taken_before`)."""
+    return 0 < seq <= record.last_signal_seq and taken_before(record, seq) is None
+
+
+def judged(record: WorkflowRecord, seq: int) -> bool:
+    """Note that the signal at ``seq`` was judged (not taken); False: nothing to write (an
+    ended instance takes none: its record is not written for it)."""
+    if record.finished or seq <= record.last_signal_seq:
+        return False
+    record.last_signal_seq = seq
+    return True
 
 
 def remember(record: WorkflowRecord, taken: SignalTaken, applied: Callable[[int], bool]) -> None:
@@ -43,7 +56,7 @@ def remember(record: WorkflowRecord, taken: SignalTaken, applied: Callable[[int]
         return
     kept = [t for t in record.signals_taken if not applied(t.seq)]
     record.signals_taken = [*kept[1 - SIGNALS_REMEMBERED :], taken]
-    record.last_signal_taken = max(record.last_signal_taken, taken.seq)
+    record.last_signal_seq = max(record.last_signal_seq, taken.seq)
 
 
 def said(taken: SignalTaken) -> dict[str, object]:

@@ -23,15 +23,15 @@ async def test_a_lease_that_passed_while_the_server_was_away_is_waited_for(tmp_p
     """The server went away and came back; agent x's claim of a task lapsed meanwhile (x
     had finished it just as the server died, and had not reconnected yet). The intake,
     which took the task in again (its acknowledgement lost with the server), routed it to
-    agent y, which ran it a second time (a chaos run with kill -9 of the server). Now it
-    waits for x's outcome, and answers from it: y never runs the task."""
+    another agent, which ran it a second time (a chaos run with kill -9 of the server). Now
+    it waits for x's outcome, and answers from it: the other agent never runs the task."""
     runs = Counter[str]()
     async with RestartableServer(tmp_path / "nats") as server:
         url = server.url
         async with (
             Broker(url, names=Names(), name="coordinator", wait=True) as own,
             Coordinator(own, FAST).running(),
-            counting_agent("y", runs).running(url),
+            counting_agent("after-outage", runs).running(url),
             ReachClient(url, name="alice") as alice,
         ):
             reconnects = own.reconnects

@@ -18,15 +18,17 @@ from agentreach.coordinator.workflows.run import Note, Run
 from agentreach.coordinator.workflows.taken import (
     SIGNALS_REMEMBERED,
     InOrder,
-    superseded,
+    handled_before,
+    judged,
     taken_before,
 )
+from agentreach.envelopes import headers as h
 from agentreach.envelopes import new_id
 from tests.agents.test_workflow_control import STEPS
 from tests.conftest import FAST
 from tests.coordinator.workflows.test_run import dispatched, spec, started
 from tests.e2e.test_workflows import _until_record, workflows
-from tests.support import delivered_again_as_new
+from tests.support import delivered_again_as_new, eventually
 
 FLIPPER = """
 states:
@@ -73,7 +75,7 @@ def test_a_signal_is_kept_until_its_acknowledgement_is_known_applied() -> None:
     for seq in range(100, 140):
         assert Run(LOOP, record, 2_000).on_signal("go", 2_000, seq=seq, applied=applied)
     assert [t.seq for t in record.signals_taken] == [lost, 139]
-    assert record.last_signal_taken == 139
+    assert record.last_signal_seq == 139
     again = Run(LOOP, record, 3_000)
     assert again.on_signal("go", 2_000, seq=lost)
     assert record.steps["hold"].visit == 42  # 41 signals, 41 moves: `lost` not taken twice
@@ -85,11 +87,19 @@ def test_a_signal_is_kept_until_its_acknowledgement_is_known_applied() -> None:
     assert taken_before(record, 0) is None
 
 
-def test_a_signal_older_than_the_latest_taken_is_superseded_unless_it_was_taken() -> None:
+def test_a_signal_at_or_before_the_latest_judged_is_not_judged_again() -> None:
+    """`go` at 10 taken (and kept: it answers as it did), then `nope` at 12 ignored, which
+    moves the mark: 9, 11 and 12 are not judged again; 13 is; an ended instance's record is
+    not written for a signal it ignores."""
     record, _ = started(LOOP)
     Run(LOOP, record, 2_000).on_signal("go", 2_000, seq=10)
-    assert superseded(record, 9) and not superseded(record, 10) and not superseded(record, 11)
-    assert not superseded(record, 0)
+    assert not handled_before(record, 10) and taken_before(record, 10) is not None
+    assert judged(record, 12) and record.last_signal_seq == 12
+    assert all(handled_before(record, seq) for seq in (9, 11, 12))
+    assert not handled_before(record, 13) and not handled_before(record, 0)
+    assert not judged(record, 12)
+    Run(LOOP, record, 2_000).on_signal("stop", 2_000, seq=13)
+    assert record.finished and not judged(record, 14)
 
 
 def test_a_taken_signal_delivered_again_after_its_instance_ended_does_nothing_more() -> None:
@@ -220,3 +230,58 @@ async def test_the_signals_of_an_instance_are_handled_in_the_order_delivered() -
     release.set()
     await asyncio.wait_for(asyncio.gather(*of_i), 5)
     assert handled == ["j0", "i0", "i1", "i2", "i3"]
+
+
+async def test_a_taken_signal_forgotten_and_delivered_again_is_not_answered_again(broker):
+    """`flip` taken and its acknowledgement applied (the record forgets it at the next
+    write), `flip` again taken; the first delivered again (a server that restarted delivers
+    what it had handed out again, beside a delivery still being handled) was answered
+    "ignored, superseded" after "taken" (a drill: 198 times). Its `signal_taken` is in the
+    instance's events: nothing more is said."""
+    async with keeping_deliveries(broker, flipper=FLIPPER) as (handle, deliveries, alice):
+        instance, _ = await alice.publish("flipper", {})
+        await _until_record(broker, instance, lambda r: r.current == "a")
+        assert (await alice.signal_workflow(instance, "flip")).state == "a"
+        assert (await alice.signal_workflow(instance, "flip")).state == "b"
+        first = signal_of(deliveries, "flip")[0]
+        record = await read_record(broker, instance)
+        assert record is not None and taken_before(record, first.stream_seq) is None
+        assert await handle(delivered_again_as_new(first)) is None
+        record = await read_record(broker, instance)
+        events = await alice.status(instance)
+    assert record is not None and record.current == "a" and len(record.path) == 3
+    about_first = [e.event for e in events if e.detail.get("signal_seq") == first.stream_seq]
+    assert about_first == ["signal_taken"]
+
+
+async def test_an_ended_instance_is_not_answered_again_for_each_message_delivered_again(broker):
+    """`stop` ended the instance. Every message of it delivered again after a crash (here
+    a `flip` sent after the end, delivered a second time) resumed it, and an ended record
+    calls for its answer: the starter was answered again each time (a drill: 2 to 5
+    answers; a failed instance dead-lettered 86 times). Once its ending is said, no more."""
+    async with keeping_deliveries(broker, flipper=FLIPPER) as (handle, deliveries, alice):
+        box = broker.names.reply_box(alice.caller, new_id())
+        task = alice.task("flipper", {}, reply_to=box)
+        instance = task.message_id
+        await alice.submit(task)
+        await _until_record(broker, instance, lambda r: r.current == "a")
+        assert (await alice.signal_workflow(instance, "stop")).taken
+        record = await read_record(broker, instance)
+        assert record is not None and record.status == "completed"
+        answers: list[bytes] = []
+        inbox = await broker.nc.subscribe(f"{box}.*", cb=_kept(answers))
+        late = f"{broker.names.workflow_signal(instance, 'flip')}.{alice.caller}"
+        await broker.publish(late, b"", headers=h.control_headers("signal"))  # after its end
+        await eventually(lambda: bool(signal_of(deliveries, "flip")))
+        [flip] = signal_of(deliveries, "flip")
+        assert await handle(delivered_again_as_new(flip, count=2)) is None
+        await broker.nc.flush()
+        await inbox.unsubscribe()
+    assert answers == []
+
+
+def _kept(answers: list[bytes]):  # type: ignore[no-untyped-def]
+    async def keep(msg) -> None:  # type: ignore[no-untyped-def]
+        answers.append(msg.data)
+
+    return keep

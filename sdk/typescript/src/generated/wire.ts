@@ -1632,7 +1632,7 @@ export interface WorkflowRecord {
   /**
    * default 0
    */
-  last_signal_taken: number;
+  last_signal_seq: number;
   /**
    * default {}
    */
