@@ -23,7 +23,7 @@ from agentreach.envelopes import WorkflowRecord
 from agentreach.envelopes.coordination import SignalTaken
 
 SIGNALS_REMEMBERED = 64  # per instance, taken and not known to be applied
-CONFIRMED_KEPT = 100_000  # signals known applied, per replica, until a record forgets them
+CONFIRMED_KEPT = 20_000  # signals known applied, per replica (a few MB); one evicted stays kept
 
 
 def taken_before(record: WorkflowRecord, seq: int) -> SignalTaken | None:
