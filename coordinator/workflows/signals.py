@@ -12,6 +12,7 @@ from agentreach.broker.direct import messages_on
 from agentreach.broker.lifecycle import emit, event_for, event_message
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import ErrorInfo, WorkflowRecord
+from agentreach.logs import RepeatedLines
 
 log = structlog.get_logger("coordinator.workflows")
 
@@ -22,6 +23,7 @@ log = structlog.get_logger("coordinator.workflows")
 # replies, timers and signals (a security re-test).
 NOT_STARTED_LOOKS = 6
 NOT_STARTED_LOOK_S = 0.5
+_DROPPED_SAID = RepeatedLines(60.0, burst=5)
 
 
 def look_again(msg: Delivery, kind: str, instance_id: str) -> float | None:
@@ -30,7 +32,9 @@ def look_again(msg: Delivery, kind: str, instance_id: str) -> float | None:
     while, and counts as stored then; after that it is dropped, said once."""
     if msg.num_delivered < NOT_STARTED_LOOKS:
         return NOT_STARTED_LOOK_S * 2 ** (msg.num_delivered - 1)
-    log.warning(f"{kind} of no workflow instance; dropped", instance_id=instance_id)
+    if (unsaid := _DROPPED_SAID.due(kind)) is not None:  # not a line each (a drill: 1,500)
+        more = {"more_not_said": unsaid} if unsaid else {}
+        log.warning(f"{kind} of no workflow instance; dropped", instance_id=instance_id, **more)
     return None
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import itertools
 from types import SimpleNamespace
 
-from agentreach.coordinator.workflows.signals import NOT_STARTED_LOOK_S, look_again
+from structlog.testing import capture_logs
+
+from agentreach.coordinator.workflows.signals import (
+    NOT_STARTED_LOOK_S,
+    NOT_STARTED_LOOKS,
+    look_again,
+)
 
 
 def test_a_signal_of_no_instance_is_looked_at_again_less_and_less_often_then_dropped():
@@ -21,3 +27,13 @@ def test_a_signal_of_no_instance_is_looked_at_again_less_and_less_often_then_dro
     assert waits[0] == NOT_STARTED_LOOK_S
     assert all(b == 2 * a for a, b in itertools.pairwise(waits))
     assert 10 <= sum(waits) <= 20 and len(waits) <= 6
+
+
+def test_dropping_many_is_said_a_few_times_a_minute():
+    """1,500 signals to instances never started made 1,500 warnings (a drill)."""
+    last = SimpleNamespace(num_delivered=NOT_STARTED_LOOKS)
+    with capture_logs() as logs:
+        for n in range(50):
+            assert look_again(last, "signal", f"never-{n}") is None  # type: ignore[arg-type]
+    said = [line for line in logs if line["event"] == "signal of no workflow instance; dropped"]
+    assert len(said) <= 5  # some may have been said by an earlier test of this process
