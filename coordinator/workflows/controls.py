@@ -159,7 +159,7 @@ class Controls:
             return
         more = {"more_not_said": unsaid} if unsaid else {}
         line = "signal not taken: " + (
-            "a later one was taken before it was handled"
+            "it, or a later one, was handled before (delivered again after a failure)"
             if superseded_by
             else "no state waits for it"
         )
