@@ -19,7 +19,8 @@ from agentreach.coordinator.workflows.charges import ControlCharges, Records, se
 from agentreach.coordinator.workflows.definitions import Definitions
 from agentreach.coordinator.workflows.run import BY_OPERATOR, Run
 from agentreach.coordinator.workflows.signals import Sent, look_again, signal_ignored, taken_said
-from agentreach.coordinator.workflows.taken import Confirmed, InOrder, handled_before, judged
+from agentreach.coordinator.workflows.taken import Confirmed, handled_before, judged
+from agentreach.coordinator.workflows.turns import Turns
 from agentreach.envelopes import ErrorInfo
 from agentreach.logs import RepeatedLines
 
@@ -55,7 +56,7 @@ class Controls:
         self._records = records
         self._definitions = definitions
         self._charges = ControlCharges(broker, quotas, records)
-        self._in_order = InOrder()
+        self._in_order = Turns()  # a signal's first await: in the order delivered
         self._confirmed = Confirmed()
         self._not_taken = RepeatedLines(60.0, burst=NOT_TAKEN_SAID_PER_MINUTE)
 

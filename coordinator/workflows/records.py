@@ -11,13 +11,13 @@ awaits). Finished instances are not kept: nothing changes them any more.
 
 from __future__ import annotations
 
-import asyncio
 import functools
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable
 
 from agentreach.broker import Bucket
 from agentreach.broker.bucket import Entry, Swap
+from agentreach.coordinator.workflows.turns import Turns
 from agentreach.envelopes import ErrorInfo, WorkflowRecord, decode_as, encode
 
 HOT_RECORDS = 4096  # running instances kept; the least recently written goes first
@@ -37,8 +37,7 @@ class HotRecords:
         # One change of an instance at a time on this replica: changes made together would
         # each lose the race to the one before, and read again (a 300-branch fan-out took
         # 11 s, 124 of its writes losing every race they tried).
-        self._turns: dict[str, asyncio.Lock] = {}
-        self._waiting: Counter[str] = Counter()
+        self._turns = Turns()
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -68,14 +67,8 @@ class HotRecords:
     ) -> Swap[WorkflowRecord]:
         """:meth:`Bucket.cas` that starts from the kept copy when there is one, after the
         changes of the instance this replica began before it."""
-        self._waiting[key] += 1
-        try:
-            async with self._turns.setdefault(key, asyncio.Lock()):
-                return await self._cas(bucket, key, change)
-        finally:
-            self._waiting[key] -= 1
-            if not self._waiting[key]:
-                del self._waiting[key], self._turns[key]
+        async with self._turns.turn(key):
+            return await self._cas(bucket, key, change)
 
     async def _cas(
         self,

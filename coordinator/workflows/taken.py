@@ -14,10 +14,8 @@ instance's events; any other (ignored before, or held up by a failure) is ignore
 
 from __future__ import annotations
 
-import asyncio
-from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections import OrderedDict
+from collections.abc import Callable
 
 from agentreach.envelopes import WorkflowRecord
 from agentreach.envelopes.coordination import SignalTaken
@@ -86,24 +84,3 @@ class Confirmed:
 
     def of(self, instance_id: str) -> Callable[[int], bool]:
         return lambda seq: (instance_id, seq) in self._seqs
-
-
-class InOrder:
-    """One signal or cancel of an instance at a time, in the order they were delivered
-    (stored): the first thing a handling does is wait for its turn, and asyncio's locks
-    serve their waiters first come, first served."""
-
-    def __init__(self) -> None:
-        self._turns: dict[str, asyncio.Lock] = {}
-        self._waiting: Counter[str] = Counter()
-
-    @asynccontextmanager
-    async def turn(self, instance_id: str) -> AsyncIterator[None]:
-        self._waiting[instance_id] += 1
-        try:
-            async with self._turns.setdefault(instance_id, asyncio.Lock()):
-                yield
-        finally:
-            self._waiting[instance_id] -= 1
-            if not self._waiting[instance_id]:
-                del self._waiting[instance_id], self._turns[instance_id]

@@ -17,7 +17,6 @@ from agentreach.coordinator.workflows import controls, read_record
 from agentreach.coordinator.workflows.run import Note, Run
 from agentreach.coordinator.workflows.taken import (
     SIGNALS_REMEMBERED,
-    InOrder,
     handled_before,
     judged,
     taken_before,
@@ -212,24 +211,6 @@ async def test_an_older_signal_is_not_taken_after_a_newer_one_was(broker):
     assert record is not None and record.current == "b"
     about_flop = [e for e in events if e.detail.get("signal_seq") == flop.stream_seq]
     assert [e.event for e in about_flop] == ["signal_ignored"]
-
-
-async def test_the_signals_of_an_instance_are_handled_in_the_order_delivered() -> None:
-    """The first handling of instance `i` waits; those after it wait their turn, in order
-    (each a task started in delivery order), while another instance's goes on."""
-    in_order, handled, release = InOrder(), list[str](), asyncio.Event()
-
-    async def handling(instance: str, n: int) -> None:
-        async with in_order.turn(instance):
-            if (instance, n) == ("i", 0):
-                await release.wait()
-            handled.append(f"{instance}{n}")
-
-    of_i = [asyncio.create_task(handling("i", n)) for n in range(4)]
-    await asyncio.wait_for(handling("j", 0), 5)
-    release.set()
-    await asyncio.wait_for(asyncio.gather(*of_i), 5)
-    assert handled == ["j0", "i0", "i1", "i2", "i3"]
 
 
 async def test_a_taken_signal_forgotten_and_delivered_again_is_not_answered_again(broker):
