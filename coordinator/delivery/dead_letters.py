@@ -47,7 +47,9 @@ async def end_with_error(
         ran=ran,
         attempts=attempts,
     )
-    log.info("dead-lettered", reason=reason, error=error.message)  # said once it is so
+    # Named here: a workflow's ending comes from no intake or outcome that bound its id.
+    ids = {"message_id": task.message_id, "topic": task.topic}
+    log.info("dead-lettered", reason=reason, error=error.message, **ids)  # once it is so
     reply_ = error_reply(task, error, reason, ran=ran, attempts=attempts)
     await reply(broker, task, reply_)
 

@@ -159,3 +159,19 @@ async def test_a_status_request_aimed_at_a_workflow_s_cancel_does_not_cancel_it(
         stored = await read_stream(broker, broker.names.workflows_stream, cancel)
         assert heard == [] and stored == []
         assert await running()
+
+
+async def test_a_task_in_a_sender_s_name_replies_only_to_its_own_box_on_any_server(
+    broker, start_coordinator, watcher
+):
+    """Not only on a secured server: a task on `reach.task.<topic>.<sender>` that names a
+    plain inbox for its replies is dead-lettered as `invalid_envelope`, naming the rule
+    (only the operators' bare form may name an inbox; protocol §10.1)."""
+    headers = {"Nats-Msg-Id": "named-inbox-1", "Reach-Reply-To": "_INBOX.elsewhere"}
+    subject = broker.names.task("echo", "rs-alice")
+    async with start_coordinator(FAST):
+        await broker.publish(subject, b'{"text": "hi"}', headers=headers)
+        letter = await watcher.dead_letter("invalid_envelope", message_id="named-inbox-1")
+    assert letter.error is not None
+    assert "Replies may not go to '_INBOX.elsewhere'" in letter.error.message
+    assert "a sender's replies go to its own box" in letter.error.message

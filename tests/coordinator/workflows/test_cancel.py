@@ -232,14 +232,15 @@ async def test_cancelled_timed_out_and_failed_instances_are_not_retryable(
 ):
     """A step past its `timeout_s`, an operator's cancel, and a step that failed with a
     retryable error all end the instance with `retryable: false`, in the starter's error,
-    the `workflow_*` event and the dead letter; the step keeps its own error as it was."""
+    the `workflow_*` event and the dead letter; the step keeps its own error as it was.
+    The coordinator's "dead-lettered" line names the instance."""
     gate = asyncio.Event()
     async with (
         start_coordinator(fast(workflows=_flows())) as coordinator,
         serving(broker, coordinator, _stalling(gate)),
         ReachClient(broker=broker) as client,
     ):
-        with pytest.raises(TaskFailed) as timed_out:
+        with capture_logs() as logs, pytest.raises(TaskFailed) as timed_out:
             await client.invoke("slow", {"n": 1}, message_id="slow-1")
         letter = await watcher.dead_letter("workflow_failed", message_id="slow-1")
 
@@ -255,6 +256,10 @@ async def test_cancelled_timed_out_and_failed_instances_are_not_retryable(
         broken = await _ended(broker, "broken-1")
         gate.set()
     assert timed_out.value.error.type == "timeout" and not timed_out.value.error.retryable
+    said = {
+        (e["message_id"], e["topic"], e["reason"]) for e in logs if e["event"] == "dead-lettered"
+    }
+    assert ("slow-1", "slow", "workflow_failed") in said  # names the instance
     assert letter.error is not None and not letter.error.retryable
     assert cancelled.value.error.type == "cancelled" and not cancelled.value.error.retryable
     assert cancel_event.detail["error"]["retryable"] is False
