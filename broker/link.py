@@ -39,6 +39,7 @@ class Link:
         # its credentials (revoked, expired), or keeps refusing them on every reconnect.
         # Waiting will not help; a service should stop and say so.
         self.lost = asyncio.Event()
+        self._back = asyncio.Event()  # set on each reconnect (see came_back)
         self.lost_why = ""
         self._down_since: float | None = None
         self._refusals = 0
@@ -105,7 +106,16 @@ class Link:
         self._refusals = 0
         self.reconnects += 1
         self.back_at = time.monotonic()
+        self._back.set()
         log.info("nats reconnected", server=self.server, down_s=round(down_s, 2))
+
+    async def came_back(self, since: int) -> int:
+        """Once the connection has come back more than ``since`` times (``reconnects``):
+        how often it has."""
+        while self.reconnects <= since:
+            self._back.clear()
+            await self._back.wait()
+        return self.reconnects
 
     async def _on_closed(self) -> None:
         if self.client is not None:  # not our own close()

@@ -229,9 +229,9 @@ class Coordinator:
                 consumers.append(consumer)
                 _keep(group, spec.durable, functools.partial(loop, consumer))
             self.readiness.consumers = consumers
-            # Instances of workflows no longer configured are resumed too (each runs on
-            # the definition it started with).
+            # Now and after each outage; a retired workflow's instances on their own definition.
             await until_answered(self.workflows.resume_all, waiting_for="the workflow records")
+            _keep(group, "workflow-resume", self.workflows.resume_after_outages)
             await self.broker.flush()  # its subscriptions are on the server before it says so
             self.readiness.serving = True
             log.info(

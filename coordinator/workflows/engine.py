@@ -32,6 +32,7 @@ from agentreach.broker import (
     ValueTooLarge,
     WrongLastSequence,
 )
+from agentreach.broker.failover import until_answered
 from agentreach.broker.lifecycle import about, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.protection.grants import Grants, reply_vouched
@@ -292,6 +293,17 @@ class WorkflowEngine:
         run = Run(spec, record, self._clock(), self._definitions.children(record))
         run.resume()
         await self._outbox.carry_out(record, run.actions, settles=True)
+
+    async def resume_after_outages(self) -> None:
+        """Each time the connection comes back from the server, resume every unfinished
+        instance, as at a start. What the outage cut short is owed by this replica alone,
+        and a server killed -9 may deliver the message that made the change again as new
+        to another replica, which finds nothing to change: without this the instance
+        waited for its deadline."""
+        seen = self._broker.reconnects
+        while True:
+            seen = await self._broker.link.came_back(seen)
+            await until_answered(self.resume_all, waiting_for="the workflow records")
 
     async def resume_all(self) -> int:
         """Repeat what every unfinished instance calls for (idempotent); how many there were.
