@@ -84,3 +84,31 @@ async def test_a_step_an_outage_kept_from_being_sent_is_sent_once_the_server_is_
             record = await until_true(ended, timeout=20)
     assert record.status == "completed", record.error
     assert record.steps["b"].status == "completed"
+
+
+async def test_after_an_outage_only_the_instances_changed_just_before_it_are_resumed(
+    broker: Broker, start_coordinator
+) -> None:
+    """An instance whose record was last written before the outage's look-back did all
+    its record called for long ago: it is not resumed (its running steps are not sent
+    again past the duplicate window, to be held by the intake till their leases end)."""
+    gate = asyncio.Event()
+    agent = Agent("outage-holder", startup_delay=0)
+
+    @agent.handler("outage-first")
+    async def first(ctx: TaskContext, payload: Any) -> Any:
+        await gate.wait()
+        return payload
+
+    async with (
+        start_coordinator(fast(workflows=PAIR)) as coordinator,
+        agent.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        await client.publish("pair", {"n": 1}, message_id="written-long-ago")
+        record = await until_true(lambda: read_record(broker, "written-long-ago"))
+        engine = coordinator.workflows
+        later_ms = record.started_ms + 3_600_000
+        assert await engine.resume_all(changed_since_ms=later_ms) == 0
+        assert await engine.resume_all(changed_since_ms=record.started_ms - 1_000) >= 1
+        gate.set()
