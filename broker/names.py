@@ -6,6 +6,7 @@ from typing import Final
 
 import msgspec
 
+from agentreach.broker.prefix import prefix_problem
 from agentreach.envelopes import PRIORITIES, Priority
 
 DEFAULT_PREFIX: Final = "reach"
@@ -26,6 +27,10 @@ class Names(msgspec.Struct, frozen=True):
     """Every name Agent-Reach uses on the broker, for one prefix."""
 
     prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if (problem := prefix_problem(self.prefix)) is not None:
+            raise ValueError(problem)
 
     # -- subjects ---------------------------------------------------------------
     # Whatever a party sends names the sender in its subject's last token, so that

@@ -33,12 +33,13 @@ import difflib
 import re
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import structlog
 
 from agentreach.broker import BrokerConfig, Names, Topology
+from agentreach.broker.prefix import PREFIX_PATTERN, prefix_problem
 from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.delivery.unreported import UnreportedConfig
@@ -57,6 +58,7 @@ from agentreach.coordinator.routing.manual import ManualConfig
 from agentreach.coordinator.routing.rules import RoutingConfig
 from agentreach.coordinator.units import Positive, PositiveSeconds
 from agentreach.coordinator.workflows.spec import State, WorkflowSpec, meant
+from agentreach.coordinator.yaml_keys import twice_given
 from agentreach.envelopes.messages import Token, is_token
 from agentreach.errors import ReachError
 
@@ -85,7 +87,7 @@ class DeliveryConfig(RetryConfig, frozen=True, kw_only=True, forbid_unknown_fiel
 class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Tunables of one coordinator replica (every replica should share them)."""
 
-    prefix: str = "reach"
+    prefix: Annotated[str, msgspec.Meta(pattern=PREFIX_PATTERN)] = "reach"
     broker: BrokerConfig = BrokerConfig()  # replicas and placement of streams and buckets
     intake: IntakeConfig = IntakeConfig()
     delivery: DeliveryConfig = DeliveryConfig()
@@ -153,9 +155,13 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
         raise ConfigError(f"cannot read coordinator config {path}: {exc.strerror}") from None
     try:
         document = msgspec.yaml.decode(raw) if raw.strip() else {}
+        if (twice := twice_given(raw)) is not None:
+            raise ConfigError(f"{path}: {twice}")
         return msgspec.convert(_sectioned(document, path), CoordinatorConfig)
     except msgspec.DecodeError as exc:  # ValidationError is one
         said = _meant_field(_one_line(str(exc)))
+        if said.endswith("- at `$.prefix`") and isinstance(document.get("prefix"), str):
+            said = prefix_problem(document["prefix"]) or said
         raise ConfigError(f"{path}: {_with_workflow_named(said, document)}") from None
 
 

@@ -15,6 +15,7 @@ import msgspec
 
 from agentreach import envelopes
 from agentreach.broker import DEFAULT_URL, Auth, Broker, BrokerConfig, Names, parse_replicas
+from agentreach.broker.prefix import prefix_problem
 from agentreach.cli.definitions import raised_by_a_definition, refused_where
 from agentreach.cli.exit_codes import USAGE
 from agentreach.errors import ReachError
@@ -91,7 +92,10 @@ def _common_options() -> argparse.ArgumentParser:
     secured.add_argument("--tls-key", type=Path, help="client key (PEM)")
     secured.add_argument("--tls-first", action="store_true", help="TLS before the NATS handshake")
     common.add_argument(
-        "--prefix", default=None, help="subject, stream and bucket prefix (default reach)"
+        "--prefix",
+        default=None,
+        type=prefix_arg,
+        help="subject, stream and bucket prefix (default reach)",
     )
     common.add_argument(
         "--log-level",
@@ -196,6 +200,12 @@ def _replicas(text: str) -> object:
         return parse_replicas(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def prefix_arg(text: str) -> str:
+    if (problem := prefix_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def broker_config_of(args: argparse.Namespace, config: BrokerConfig) -> BrokerConfig:

@@ -51,6 +51,20 @@ async def test_an_id_no_message_or_agent_can_have_is_refused_before_connecting(c
     assert f"argument id: {bad!r} cannot be an id: ids are 1-128 letters" in refused.stderr
 
 
+@pytest.mark.parametrize("command", [("up",), ("dlq", "list"), ("publish", "notify", "{}")])
+async def test_a_prefix_that_is_not_one_name_token_is_refused_before_connecting(command):
+    """`reach up --prefix a.b` ended in a traceback (`invalid stream name: 'A.B_TASKS'`),
+    `reach publish --prefix 'A B'` in a bare `BadSubjectError`."""
+    for bad in ("a.b", "A B"):
+        argv = (*command, "--prefix", bad, "--nats-url", "nats://127.0.0.1:1")
+        if command == ("up",):
+            argv = (*command, "--prefix", bad, "--port", "1")
+        refused = await run(reach_command(), *argv)
+        assert refused.returncode == 2, refused.stderr
+        said = f"argument --prefix: prefix {bad!r} is not one name token: 1 to 32 letters"
+        assert said in refused.stderr and "Traceback" not in refused.stderr
+
+
 async def test_publish_then_trace_shows_the_lifecycle(broker, coordinator, watcher):
     """`reach publish` returns ids; `reach trace` prints routed, accepted, completed in order."""
     async with worker().running(broker=broker):

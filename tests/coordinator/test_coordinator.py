@@ -19,6 +19,7 @@ from agentreach.coordinator import (
     IntakeConfig,
     load_config,
 )
+from agentreach.coordinator.yaml_keys import twice_given
 from agentreach.envelopes import AgentCard, Intent
 from agentreach.envelopes.messages import DEFAULT_TTL_MS
 from tests.cli.conftest import reach_argv, run
@@ -229,6 +230,43 @@ def test_an_unknown_field_is_said_with_the_one_it_may_have_meant(tmp_path):
         with pytest.raises(ConfigError) as error:
             load_config(path)
         assert str(error.value) == f"{path}: Object contains {said}"
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    """YAML keeps the last of two equal keys: a second workflow `w` (or a second
+    `delivery:` section) replaced the first, and `reach routes check` said nothing."""
+    cases = {
+        "workflows:\n  w: {chain: [{name: a, intent: x}]}\n"
+        "  w: {chain: [{name: b, intent: y}]}\n": (
+            "key 'w' is given twice in one mapping (lines 2 and 3)"
+        ),
+        "delivery: {max_attempts: 3}\nintake: {batch: 2}\ndelivery: {base_s: 1}\n": (
+            "key 'delivery' is given twice in one mapping (lines 1 and 3)"
+        ),
+    }
+    for n, (text, said) in enumerate(cases.items()):
+        path = tmp_path / f"twice{n}.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as error:
+            load_config(path)
+        assert str(error.value).startswith(f"{path}: {said}: the second would replace")
+    merged = b"base: &d {max_attempts: 3}\ndelivery: {<<: *d, <<: *d, base_s: 1}\n"
+    assert twice_given(merged) is None  # merge keys are not keys given twice
+
+
+def test_a_prefix_that_is_not_one_name_token_is_refused_naming_it(tmp_path):
+    """`prefix: a.b` passed `reach routes check`, then `reach up` failed with a traceback
+    (`invalid stream name: 'A.B_TASKS'`)."""
+    path = tmp_path / "prefix.yaml"
+    path.write_text('prefix: "a.b"\n')
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value) == (
+        f"{path}: prefix 'a.b' is not one name token: 1 to 32 letters, digits, '_' or '-'"
+        " (it begins every subject, stream and bucket name)"
+    )
+    with pytest.raises(ValueError, match="prefix 'a b' is not one name token"):
+        Names(prefix="a b")
 
 
 def test_flat_keys_of_the_old_layout_move_into_their_sections(tmp_path):

@@ -11,7 +11,7 @@ import { AgentConfigError, AgentIdInUse, ConnectError, ReachError } from "./erro
 import { checkingPayload } from "./failures.js";
 import { jsonLogger } from "./log.js";
 import type { Logger } from "./log.js";
-import { Names } from "./names.js";
+import { Names, prefixProblem } from "./names.js";
 import { AgentRuntime } from "./runtime.js";
 import { connectionOptions, defaultServers, readCreds } from "./servers.js";
 import type { Servers } from "./servers.js";
@@ -141,6 +141,8 @@ export class Agent {
       throw new AgentConfigError(`maxDeliver must be a whole number of at least 1, got ${this.maxDeliver}`);
     }
     this.rateLimit = options.rateLimit ?? null;
+    const prefixSaid = options.prefix === undefined ? null : prefixProblem(options.prefix);
+    if (prefixSaid !== null) throw new AgentConfigError(prefixSaid);
     this.names = new Names(options.prefix);
     this.creds = options.creds ?? process.env.NATS_CREDS ?? null;
     this.log = options.logger ?? jsonLogger("info");

@@ -19,7 +19,7 @@ import { notStored, refusedPublish } from "./refusals.js";
 import type { OnAck, OnProgress, Outcome } from "./invocation.js";
 import { jsonLogger } from "./log.js";
 import type { Logger } from "./log.js";
-import { Names } from "./names.js";
+import { Names, prefixProblem } from "./names.js";
 import { ReplyBox } from "./replybox.js";
 import { headersOf, sentByServer } from "./serveranswers.js";
 import { connectionOptions, defaultServers, readCreds } from "./servers.js";
@@ -153,6 +153,8 @@ export class ReachClient {
       const argument = creds?.user ? "creds" : "name";
       throw new InvalidArgument(`${argument}: the caller's name '${caller}' must be 1-128 letters, digits, '_' or '-'`, argument);
     }
+    const prefixSaid = options.prefix === undefined ? null : prefixProblem(options.prefix);
+    if (prefixSaid !== null) throw new InvalidArgument(prefixSaid, "prefix");
     const names = new Names(options.prefix);
     const conn = await Connection.connect(connectionOptions(servers, `client:${caller}`, creds), names, requestTimeoutMs);
     return new ReachClient(conn, caller, options.logger ?? jsonLogger("info"), claimCheckBytes);

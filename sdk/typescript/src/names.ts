@@ -6,6 +6,17 @@ export const DEFAULT_PREFIX = "reach";
 /** The sender token of what the coordinator publishes (no party may take it). */
 export const COORDINATOR = "_coordinator";
 
+const PREFIX = /^[A-Za-z0-9_-]{1,32}$/;
+
+/** What is wrong with `prefix` as the prefix of every name, or null. */
+export function prefixProblem(prefix: string): string | null {
+  if (typeof prefix === "string" && PREFIX.test(prefix)) return null;
+  return (
+    `prefix ${JSON.stringify(prefix)} is not one name token: 1 to 32 letters, digits, '_' or '-'` +
+    " (it begins every subject, stream and bucket name)"
+  );
+}
+
 export class Names {
   constructor(readonly prefix: string = DEFAULT_PREFIX) {}
 

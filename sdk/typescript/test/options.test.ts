@@ -37,6 +37,21 @@ describe("options", () => {
     assert.throws(() => agent.handler("echo", { payload: "a schema" } as never, async () => null), /payload of 'echo' must be a function/);
   });
 
+  it("refuses a prefix that is not one name token, before connecting", async () => {
+    const said = /prefix "a\.b" is not one name token: 1 to 32 letters, digits, '_' or '-'/;
+    assert.throws(() => new Agent({ agentId: "opts-3", prefix: "a.b" }), (err: unknown) => {
+      assert.ok(err instanceof AgentConfigError, String(err));
+      assert.match(err.message, said);
+      return true;
+    });
+    await assert.rejects(ReachClient.connect("nats://127.0.0.1:1", { prefix: "a.b" }), (err: unknown) => {
+      assert.ok(err instanceof InvalidArgument, String(err));
+      assert.equal(err.argument, "prefix");
+      assert.match(err.message, said);
+      return true;
+    });
+  });
+
   it("lists every unknown key, and suggests only a close one", () => {
     const error = (m: string) => new Error(m);
     assert.throws(() => onlyKnown("f()", { messageID: "x", colour: 1 }, { messageId: true }, error), {
