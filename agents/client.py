@@ -224,8 +224,8 @@ class ReachClient:
             headers=headers,
             traceparent=traceparent,
         )
-        await self.submit(task)
-        self._warnings.published(topic, task.message_id)
+        taken = await self.submit(task)
+        self._warnings.published(topic, task.message_id, taken=taken)
         return task.message_id, task.trace_id
 
     async def invoke(

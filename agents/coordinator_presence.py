@@ -53,8 +53,17 @@ class PublishWarnings:
         self._asked_at: float | None = None
         self._asking: set[asyncio.Task[None]] = set()
 
-    def published(self, topic: str, message_id: str) -> None:
-        """A task was published: ask, unless asked within the last minute."""
+    def published(self, topic: str, message_id: str, *, taken: bool = True) -> None:
+        """A task was published (``taken``: not as a duplicate of a stored message id): ask,
+        unless asked within the last minute."""
+        if not taken:
+            log.warning(
+                "task not taken in: its message id was stored already (sent within the"
+                " duplicate window, 2 min); nothing new is queued, and the first message's"
+                " outcome is the answer",
+                topic=topic,
+                message_id=message_id,
+            )
         now = asyncio.get_running_loop().time()
         if self._asked_at is not None and now - self._asked_at < WARN_EVERY_S:
             return

@@ -20,6 +20,7 @@ from agentreach.envelopes.codec import decode_json, decode_task
 from agentreach.envelopes.errors import DecodeError
 from agentreach.envelopes.messages import (
     DEFAULT_TTL_MS,
+    MAX_REPLY_SUBJECT,
     MAX_TTL_MS,
     PRIORITIES,
     Priority,
@@ -142,6 +143,11 @@ def _reply_header(headers: Mapping[str, str]) -> str | None:
     raw = headers.get(h.REPLY_TO)
     if not raw:
         return None
+    if len(raw) > MAX_REPLY_SUBJECT:
+        raise DecodeError(
+            f"Expected a subject of at most {MAX_REPLY_SUBJECT} characters, got {len(raw)}",
+            path=f"header {h.REPLY_TO}",
+        )
     if not is_reply_subject(raw):
         raise DecodeError(
             f"Expected one NATS subject (no spaces, wildcards or $), got {raw!r}",

@@ -28,8 +28,10 @@ PositiveMs = Annotated[
 # look-ahead: the pattern is published in the JSON Schema, and RE2 (Go, Rust) has none.
 REPLY_PATTERN = r"^[^.\s*>$][^.\s*>]*(\.[^.\s*>]+)*$"
 _REPLY = re.compile(REPLY_PATTERN)
+MAX_REPLY_SUBJECT = 256
 ReplySubject = Annotated[
-    str, msgspec.Meta(pattern=REPLY_PATTERN, max_length=256, description="a NATS subject")
+    str,
+    msgspec.Meta(pattern=REPLY_PATTERN, max_length=MAX_REPLY_SUBJECT, description="a NATS subject"),
 ]
 
 DEFAULT_TTL_MS = 30_000
@@ -40,7 +42,11 @@ DEFAULT_PRIORITY: Priority = "P1"
 
 def is_reply_subject(value: object) -> bool:
     """Whether ``value`` is a subject replies may be sent to (a literal, non-system one)."""
-    return isinstance(value, str) and len(value) <= 256 and _REPLY.match(value) is not None
+    return (
+        isinstance(value, str)
+        and len(value) <= MAX_REPLY_SUBJECT
+        and _REPLY.match(value) is not None
+    )
 
 
 def is_token(value: object) -> bool:

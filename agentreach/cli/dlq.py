@@ -37,6 +37,7 @@ from agentreach.cli.options import (
     Commands,
     MissingArgument,
     UsageError,
+    a_topic,
     an_id,
     broker_of,
     names_of,
@@ -78,7 +79,7 @@ def register(commands: Commands) -> None:
         help="show, replay, resolve: the id's letter dead-lettered at AT_MS (`dlq list --json`"
         " gives it), when the id has several; default the newest",
     )
-    dlq.add_argument("--to-topic", default=None, help="replay to another topic")
+    dlq.add_argument("--to-topic", default=None, type=a_topic, help="replay to another topic")
     dlq.add_argument(
         "--payload",
         default=None,

@@ -259,6 +259,16 @@ def an_id(text: str) -> str:
     return text
 
 
+def a_topic(text: str) -> str:
+    """argparse type of a topic: one token of the task's subject (`a.b` would be sent on
+    topic `a`, and dead-lettered)."""
+    if not envelopes.is_token(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} cannot be a topic: topics are 1-128 letters, digits, '_' or '-'"
+        )
+    return text
+
+
 def json_text(argument: str) -> str:
     """The JSON an argument gives: itself; ``@FILE``, the file's; ``-``, stdin's (a shell
     caps one argument at 128 KiB, payloads travel up to the server's limit and beyond)."""

@@ -13,7 +13,14 @@ from collections.abc import Callable
 
 from agentreach.agents import DeadlineExceeded, NotAcknowledged, ReachClient, Rejected, TaskFailed
 from agentreach.cli.exit_codes import OK, OutcomeUnknown
-from agentreach.cli.options import Commands, UsageError, broker_of, json_argument, json_text
+from agentreach.cli.options import (
+    Commands,
+    UsageError,
+    a_topic,
+    broker_of,
+    json_argument,
+    json_text,
+)
 from agentreach.cli.status import coordinators
 from agentreach.envelopes import DEAD_LETTER_REASONS, MAX_TTL_MS, Ack, Budget, Progress
 from agentreach.errors import ReachError
@@ -33,6 +40,7 @@ def register(commands: Commands) -> None:
     )
     pub.add_argument(
         "topic",
+        type=a_topic,
         help="the intent, e.g. summarize. The task is sent as a caller, as ReachClient sends"
         " it: on reach.task.TOPIC.client (the caller `client`; with --creds, the name in them),"
         " so that caller's quota (rate_limits.callers) and its backlog bound on the topic apply"
@@ -79,11 +87,12 @@ def register(commands: Commands) -> None:
 
 
 async def cmd_publish(args: argparse.Namespace) -> int:
+    if args.count < 1:
+        raise UsageError(f"--count takes a number of tasks, 1 or more, got {args.count}")
     text = json_text(args.json)
-    numbered = args.count > 1  # {{Count}} is each task's number
 
-    def payload_of(number: int) -> object:
-        return json_argument(text.replace("{{Count}}", str(number)) if numbered else text)
+    def payload_of(number: int) -> object:  # {{Count}}: each task's number, from 1
+        return json_argument(text.replace("{{Count}}", str(number)))
 
     payload = payload_of(1)  # a bad one is refused before anything is sent
     if args.ttl_ms is not None and not 0 < args.ttl_ms <= MAX_TTL_MS:
@@ -95,8 +104,6 @@ async def cmd_publish(args: argparse.Namespace) -> int:
             f"--execute-ms takes a number of ms from 1 to {MAX_TTL_MS} (a day),"
             f" got {args.execute_ms}"
         )
-    if args.count < 1:
-        raise UsageError(f"--count takes a number of tasks, 1 or more, got {args.count}")
     if args.count > 1 and (args.wait or args.message_id):
         raise UsageError("--count sends tasks of their own ids: not with --wait or --message-id")
     async with broker_of(args) as broker, ReachClient(broker=broker) as client:

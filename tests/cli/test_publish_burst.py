@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+import msgspec
+
 from agentreach.agents import Agent, TaskContext
-from agentreach.broker import Topology, provision
+from agentreach.broker import Topology, provision, read_stream
 from agentreach.broker.topology import StorageLimits
 from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast
@@ -64,3 +66,26 @@ async def test_count_is_refused_with_wait_or_a_message_id_and_a_bad_payload_send
     assert zero.returncode != 0 and "--count takes a number of tasks, 1 or more" in zero.stderr
     info = await broker.js.stream_info(broker.names.tasks_stream)
     assert info.state.messages == 0
+
+
+async def test_count_of_one_numbers_its_task_and_a_bad_count_is_said_before_the_payload(broker):
+    """`{"n": {{Count}}}` with --count 1 failed as invalid JSON (the number was put in only
+    above 1), and --count 0 with it said the JSON was bad rather than the count."""
+    one = await run(*reach_argv(broker, "publish", "t", '{"n": {{Count}}}', "--count", "1"))
+    assert one.returncode == 0, one.stderr
+    [stored] = await read_stream(broker, broker.names.tasks_stream, broker.names.tasks_wildcard)
+    assert msgspec.json.decode(stored.data)["payload"] == {"n": 1}
+    zero = await run(*reach_argv(broker, "publish", "t", '{"n": {{Count}}}', "--count", "0"))
+    assert zero.returncode != 0 and "--count takes a number of tasks, 1 or more" in zero.stderr
+
+
+async def test_publish_says_a_message_id_stored_already_was_not_taken_in_again(broker):
+    """The same --message-id again (another payload) printed its id and exited 0 saying
+    nothing, and the second payload never ran: the stream dropped it as a duplicate."""
+    first = await run(*reach_argv(broker, "publish", "t", '{"v": 1}', "--message-id", "dup-1"))
+    again = await run(*reach_argv(broker, "publish", "t", '{"v": 2}', "--message-id", "dup-1"))
+    assert first.returncode == 0 and "not taken in" not in first.stderr, first.stderr
+    assert again.returncode == 0, again.stderr
+    assert "task not taken in: its message id was stored already" in again.stderr
+    stored = await read_stream(broker, broker.names.tasks_stream, broker.names.tasks_wildcard)
+    assert len(stored) == 1

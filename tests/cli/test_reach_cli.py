@@ -65,6 +65,17 @@ async def test_a_prefix_that_is_not_one_name_token_is_refused_before_connecting(
         assert said in refused.stderr and "Traceback" not in refused.stderr
 
 
+@pytest.mark.parametrize(
+    "argv", [("publish", "a.b", "{}"), ("dlq", "replay", "some-id", "--to-topic", "a.b")]
+)
+async def test_a_topic_that_is_not_one_token_is_refused_before_connecting(argv):
+    """`dlq replay --to-topic a.b` marked the letter replayed (a replay spent) and exited 0;
+    the replay, sent on topic `a`, was dead-lettered as `invalid_envelope`."""
+    refused = await run(reach_command(), *argv, "--nats-url", "nats://127.0.0.1:1")
+    assert refused.returncode == 2, refused.stderr
+    assert "'a.b' cannot be a topic: topics are 1-128 letters" in refused.stderr
+
+
 async def test_publish_then_trace_shows_the_lifecycle(broker, coordinator, watcher):
     """`reach publish` returns ids; `reach trace` prints routed, accepted, completed in order."""
     async with worker().running(broker=broker):

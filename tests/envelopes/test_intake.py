@@ -90,6 +90,15 @@ def test_bad_headers_name_the_header(headers, topic, path):
     assert caught.value.path == path
 
 
+def test_a_reply_subject_too_long_is_said_to_be_too_long():
+    """A 300-character box was refused as "not one NATS subject", naming no length."""
+    too_long = "reach.reply.alice." + "b" * 300
+    with pytest.raises(DecodeError) as caught:
+        intake(b"{}", {h.REPLY_TO: too_long})
+    said = "Expected a subject of at most 256 characters, got 318 - at `header Reach-Reply-To`"
+    assert str(caught.value) == said
+
+
 def test_envelope_topic_must_match_subject():
     """An envelope published on another topic's subject is refused at $.topic."""
     with pytest.raises(DecodeError) as caught:
