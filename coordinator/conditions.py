@@ -1,8 +1,9 @@
 """One condition matcher, for routing rules (``where:``) and workflow transitions (``when:``).
 
 A condition is ``field op value``. The value found at ``field`` is compared with
-``value``; a field that is absent matches only ``exists: false``, and values that
-cannot be compared (a number and a string under ``<``) simply do not match.
+``value``; a field that is absent matches only ``exists: false``, and values of two JSON
+types (a number and a string, ``true`` and ``1``) are only ever unequal: they match ``!=``
+and nothing else.
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ class Comparison(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         if self.op == "exists" and not isinstance(self.value, bool | None):
             raise ValueError(f"op 'exists' takes true or false, got {self.value!r}")
 
+    def not_compared(self, found: Any) -> str | None:
+        """Why ``found`` did not match for want of a comparison (a string against a
+        number: ``"5000" >= 1000`` is no match, and says nothing), or None."""
+        if self.op in ("exists", "in") or found is MISSING or found is None:
+            return None
+        if self.value is None or _kind(found) == _kind(self.value):
+            return None
+        return (
+            f"{self.field} is {_shown(found)} ({_kind(found)}), not compared with"
+            f" {_shown(self.value)} ({_kind(self.value)}) by {self.op}"
+        )
+
     def holds_for(self, found: Any) -> bool:
         """Whether the condition holds when ``found`` (or MISSING) stands at its field."""
         if self.op == "exists":
@@ -64,8 +77,26 @@ class Comparison(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         if found is MISSING:
             return False
         if self.op == "in":
-            return isinstance(self.value, list) and found in self.value
+            kind = _kind(found)
+            return isinstance(self.value, list) and any(
+                kind == _kind(v) and found == v for v in self.value
+            )
+        if _kind(found) != _kind(self.value):  # JSON's types: true is not 1, "5" is not 5
+            return self.op == "!="
         try:
             return bool(_COMPARE[self.op](found, self.value))
-        except TypeError:  # "<" between a number and a string: simply not a match
+        except TypeError:  # "<" between two objects: simply not a match
             return False
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "list", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _shown(value: Any) -> str:
+    said = repr(value)
+    return said if len(said) <= 40 else f"{said[:37]}..."

@@ -62,6 +62,8 @@ def _routed(event: Event) -> str:
     passed = d.get("passed_over") or {}
     if passed:
         line += "; passed over " + _grouped(passed)
+    for name, why in (d.get("rules_not_compared") or {}).items():
+        line += f"; rule {name} not taken: {why}"
     return line
 
 

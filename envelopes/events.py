@@ -119,6 +119,9 @@ class RoutedDetail(_Detail, frozen=True, kw_only=True):
     # Attempt 1: the topic it was sent on (a rule, or the resolution, may route it to
     # another), what a caller sending its id again compares its own with (caller.md §9).
     sent_topic: str | None = None
+    # Rules passed over because a condition's value was of another type than the task's
+    # (`"5000" >= 1000`): rule name → why (at most 20).
+    rules_not_compared: dict[str, str] | None = None
 
 
 class RetryScheduledDetail(_Detail, frozen=True, kw_only=True):

@@ -44,4 +44,6 @@ def routed_event(routed: Task, decision: Decision, choice: Choice, *, sent_topic
         detail["needed"] = decision.needed
     if decision.below:
         detail["below"] = True
+    if decision.not_compared:  # rules a value of another type passed over, unsaid otherwise
+        detail["rules_not_compared"] = dict(list(decision.not_compared.items())[:SHOWN])
     return event_for(routed, "routed", agent_id=choice.agent.agent_id, **detail)

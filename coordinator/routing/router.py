@@ -46,8 +46,10 @@ from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce
 from agentreach.coordinator.routing.waits import Waits
 from agentreach.envelopes import ErrorInfo, Routed, Task, now_ms, tracecontext
 from agentreach.envelopes import headers as h
+from agentreach.logs import RepeatedLines
 
 log = structlog.get_logger("coordinator.router")
+_NOT_COMPARED_SAID = RepeatedLines(60.0)  # a line a minute per rule, not one per task
 
 WAIT_CAP_S = 1.0  # the longest wait for a run elsewhere to finish before looking again
 MAX_PICKS = 8  # agents tried for one task before giving up on this pass
@@ -140,6 +142,10 @@ class Router:
         if where == "intake" and (task := await self._resolved(task)) is None:
             return None
         decision = self.routing.decide(task)
+        for rule, why in decision.not_compared.items():  # a mistake in a rule, or a sender's
+            if (unsaid := _NOT_COMPARED_SAID.due(rule)) is not None:
+                log.warning("a rule passed a task over: a value of another type", rule=rule,
+                            why=why, message_id=task.message_id, more_not_said=unsaid)  # fmt: skip
         return await self._route(_Pending(task, left_ms, waited, origin), decision)
 
     async def _resolved(self, task: Task) -> Task | None:

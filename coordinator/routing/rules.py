@@ -33,6 +33,7 @@ table ``intent → destination, confidence, fallback`` reads as written:
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import functools
 import re
@@ -105,6 +106,16 @@ class Match(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
     def holds(self, task: Task) -> bool:
         return _topic_matcher(self.topic)(task.topic) and all(c.holds(task) for c in self.where)
+
+    def not_compared(self, task: Task) -> str | None:
+        """Why ``task``, of a topic this match takes, was not compared by a condition (a
+        value of another type than the condition's), or None."""
+        if not _topic_matcher(self.topic)(task.topic):
+            return None
+        for condition in self.where:
+            if (why := condition.not_compared(_found(task, condition.field))) is not None:
+                return why
+        return None
 
 
 @functools.cache
@@ -214,6 +225,8 @@ class Decision:
     to: Destination
     needed: float
     below: bool = False
+    # Rules before ``rule`` a condition of which could not compare the task's value.
+    not_compared: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def manual_reason(self, task: Task) -> str:
         """Why ``task`` waits for a person, in one line for the queue and the trace."""
@@ -263,16 +276,20 @@ class RoutingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         the first rule that matched. A task whose topic the sender named always has the
         fallback rule: only a resolved one can be too unsure for every rule."""
         unsure: Decision | None = None
+        not_compared: dict[str, str] = {}
         for rule in self.rules:
             if not (rule.fallback or rule.match.holds(task)):
+                if (why := rule.match.not_compared(task)) is not None:
+                    not_compared[rule.name] = why
                 continue
             needed = self.min_confidence if rule.min_confidence is None else rule.min_confidence
             if task.confidence * rule.confidence >= needed or (
                 rule.fallback and task.resolution is None
             ):
-                return Decision(rule, rule.to, needed)
+                return Decision(rule, rule.to, needed, not_compared=not_compared)
             if unsure is None:
-                unsure = Decision(rule, rule.below or self.below, needed, below=True)
+                below = rule.below or self.below
+                unsure = Decision(rule, below, needed, below=True, not_compared=dict(not_compared))
         assert unsure is not None  # the fallback rule matches every task
         return unsure
 

@@ -13,6 +13,7 @@ from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, Rejected, TaskContext
 from agentreach.coordinator import QueueConfig
 from agentreach.envelopes import Liveness
+from agentreach.envelopes.described import described
 from agentreach.envelopes.headers import task_headers
 from tests.e2e.routing_support import (
     all_completed,
@@ -127,6 +128,40 @@ rules:
     assert "rule 'fallback'" in unmatched.error.message  # the low-confidence guess was skipped
     review = next(e for e in routed(watcher) if e.detail["rule"] == "big-to-review")
     assert review.topic == "manual_review" and review.agent_id == "reviewer"
+
+
+async def test_a_rule_a_value_of_another_type_passed_over_is_said_in_the_trace_and_log(
+    broker, start_coordinator, watcher
+):
+    """`{"amount": "5000"}` (a string) against `payload.amount >= 1000` went to the fallback
+    saying `rule fallback`, with nothing to say the big-refunds rule was passed over for
+    want of a comparison (a fresh operator's trial)."""
+    counts: Counter[str] = Counter()
+    fleet = [worker("typed-worker", counts), worker("typed-reviewer", counts, topics=("review",))]
+    rules = table("""
+rules:
+  - name: big-to-review
+    match: {topic: work, where: [{field: payload.amount, op: ">=", value: 1000}]}
+    to: {intent: review}
+  - {name: fallback, fallback: true, to: {}}
+""")
+    async with (
+        start_coordinator(fast(routing=rules)) as coordinator,
+        serving(broker, coordinator, *fleet),
+        ReachClient(broker=broker) as client,
+    ):
+        with capture_logs() as logs:
+            as_text = await client.invoke("work", {"amount": "5000"})
+        as_number = await client.invoke("work", {"amount": 5000})
+    assert as_text == {"by": "typed-worker"} and as_number == {"by": "typed-reviewer"}
+    first, second = routed(watcher)
+    why = "payload.amount is '5000' (string), not compared with 1000 (number) by >="
+    assert first.detail["rule"] == "fallback"
+    assert first.detail["rules_not_compared"] == {"big-to-review": why}
+    assert "rules_not_compared" not in second.detail
+    assert f"; rule big-to-review not taken: {why}" in described(first)
+    [said] = [e for e in logs if e["event"].startswith("a rule passed a task over")]
+    assert said["rule"] == "big-to-review" and said["why"] == why
 
 
 async def test_a_suspect_agent_gets_nothing_and_a_split_shifts_back(

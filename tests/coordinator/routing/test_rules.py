@@ -261,3 +261,32 @@ def test_the_shipped_example_workflows_load() -> None:
     assert [s.name for s in flows["article"].graph()] == ["plan", "write", "review", "publish"]
     assert flows["research"].graph()[-1].join.quorum == 2
     assert flows["order"].is_machine
+
+
+@pytest.mark.parametrize(
+    ("found", "op", "value", "said"),
+    [
+        ("5000", ">=", 1000, "payload.x is '5000' (string), not compared with 1000 (number) by >="),
+        (5000, "==", "5000", "payload.x is 5000 (number), not compared with '5000' (string) by =="),
+        (True, "==", 1, "payload.x is True (boolean), not compared with 1 (number) by =="),
+        (1.5, ">", 1, None),  # int and float are both numbers
+        (None, "==", 1, None),  # null is no value's type: a plain mismatch
+        ("a", "in", [1], None),
+        ("a", "exists", True, None),
+    ],
+)
+def test_a_value_of_another_type_than_the_condition_s_is_said(found, op, value, said) -> None:
+    """A value of another JSON type never matches (`true` matched `== 1`, as in Python)."""
+    condition = Condition(field="payload.x", op=op, value=value)
+    assert not condition.holds(task(payload={"x": found})) or said is None
+    assert condition.not_compared(found) == said
+
+
+def test_json_types_are_kept_apart_by_every_operator() -> None:
+    for op, value, expected in (("==", 1, False), ("!=", 1, True), (">=", 0, False)):
+        assert (
+            Condition(field="payload.x", op=op, value=value).holds(task(payload={"x": True}))
+            is expected
+        ), op
+    assert not Condition(field="payload.x", op="in", value=[1, 2]).holds(task(payload={"x": True}))
+    assert Condition(field="payload.x", op="in", value=[1.0]).holds(task(payload={"x": 1}))

@@ -1226,6 +1226,10 @@ export interface RoutedDetail {
    * default null
    */
   sent_topic: string | null;
+  /**
+   * default null
+   */
+  rules_not_compared: Record<string, string> | null;
 }
 
 /**
