@@ -125,13 +125,17 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
         )
         letters = _readable(stored)
         filtered = args.reason or args.topic
-        there = await _there(broker) if not letters and filtered and args.action == "list" else {}
+        listing = args.action == "list" or (args.action == "resolve" and not args.id)
+        there = await _there(broker) if not letters and filtered and listing else {}
         settled = await _settled(broker) if args.action in ("list", "resolve", "stats") else {}
         if args.action == "show":
             letter = _find(letters, args)
             print_letter(letter, await settling_of(broker, letter))
             return 0
         if args.action == "resolve" and not args.id:
+            if not letters:  # a typo in --reason or --topic: say what there is
+                print_none_matching(args.reason, args.topic, there)
+                return 1
             return await _resolve_open(broker, letters, settled, args.note)
         if args.action == "resolve":
             return await _resolve(broker, _find(letters, args), settled, args.note)

@@ -259,6 +259,17 @@ def an_id(text: str) -> str:
     return text
 
 
+def non_negative_seconds(text: str) -> float:
+    """argparse type of a delay in seconds: 0 or more (a finite number)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 or more seconds")
+    return seconds
+
+
 def a_topic(text: str) -> str:
     """argparse type of a topic: one token of the task's subject (`a.b` would be sent on
     topic `a`, and dead-lettered)."""

@@ -41,6 +41,7 @@ from agentreach.cli.options import (
     embedded_server_options,
     load_target,
     names_of,
+    non_negative_seconds,
     replication_options,
 )
 from agentreach.coordinator import Coordinator, CoordinatorConfig, load_config
@@ -108,7 +109,7 @@ def register(commands: Commands) -> None:
     )
     agent.add_argument(
         "--startup-delay",
-        type=float,
+        type=non_negative_seconds,
         default=None,
         help="upper bound of the random delay before registering (s)",
     )

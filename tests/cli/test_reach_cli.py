@@ -76,6 +76,13 @@ async def test_a_topic_that_is_not_one_token_is_refused_before_connecting(argv):
     assert "'a.b' cannot be a topic: topics are 1-128 letters" in refused.stderr
 
 
+@pytest.mark.parametrize("delay", ["-5", "nan", "soon"])
+async def test_a_startup_delay_below_zero_or_not_a_number_is_refused(delay):
+    """`reach agent … --startup-delay -5` was taken (its log said `delay_s: -4.5`)."""
+    refused = await run(reach_command(), "agent", "x:y", "--startup-delay", delay)
+    assert refused.returncode == 2 and "argument --startup-delay" in refused.stderr
+
+
 async def test_publish_then_trace_shows_the_lifecycle(broker, coordinator, watcher):
     """`reach publish` returns ids; `reach trace` prints routed, accepted, completed in order."""
     async with worker().running(broker=broker):
@@ -281,7 +288,12 @@ async def test_dlq_and_agents_refuse_what_they_would_ignore(broker, coordinator,
     extra = await reach(broker, "dlq", "stats", "lost-4")
     listed = await reach(broker, "agents", "list", "cli-reach-worker")
     misplaced = await reach(broker, "dlq", "stats", "--json")
+    resolved = await reach(broker, "dlq", "resolve", "--open", "--reason", "bogus", "--note", "x")
     assert bogus.returncode == 0 and bogus.stdout.strip() == "no dead letters with reason 'bogus'"
+    # It said "0 open letter(s) resolved" and exited 0 (a fresh operator's typo went unseen).
+    assert resolved.returncode == 1, resolved.stdout
+    assert resolved.stdout.strip() == "no dead letters with reason 'bogus'"
+    assert "the reasons there are: no_route 1" in resolved.stderr
     assert "the reasons there are: no_route 1" in bogus.stderr
     assert "the topics there are: nobody_serves_this 1" in bogus.stderr
     assert extra.returncode == 1 and "reach dlq show lost-4" in extra.stderr
