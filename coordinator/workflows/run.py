@@ -133,8 +133,9 @@ class Run(Visits):
         server crash) moves nothing: what it called for is done again, and said again.
         ``applied``: whether a signal's acknowledgement is known applied (not kept)."""
         if (earlier := taken_before(self.record, seq)) is not None:
-            if not self.record.finished:  # an ended one did all it called for
-                self.resume()
+            # An ended one's ending too: the crash may have come between the record's write
+            # and it (the outbox says it again only when its event is not stored).
+            self.resume()
             self.actions.append(Note("signal_taken", detail=said(earlier)))
             return True
         machine, current = self.spec.states, self.record.current

@@ -101,16 +101,24 @@ def test_a_signal_at_or_before_the_latest_judged_is_not_judged_again() -> None:
     assert record.finished and not judged(record, 14)
 
 
-def test_a_taken_signal_delivered_again_after_its_instance_ended_does_nothing_more() -> None:
-    """`stop` ended the instance; delivered again, it says `signal_taken` again and no
-    more: the ending (its answer, its dead letter) is not repeated (a drill: a failed
-    instance was dead-lettered ten times over, once per signal delivered again)."""
+def test_a_taken_signal_delivered_again_after_its_instance_ended_calls_for_its_ending() -> None:
+    """`stop` ended the instance; delivered again, it says `signal_taken` again and calls
+    for the ending again, which the outbox says only when its event is not stored: a
+    coordinator killed between the record's write and the ending left an instance
+    `completed` with no `workflow_completed` and no answer, for good (a drill, 9 of 25)."""
     record, _ = started(LOOP)
     Run(LOOP, record, 2_000).on_signal("stop", 2_000, seq=5)
     assert record.status == "completed"
     again = Run(LOOP, record, 3_000)
     assert again.on_signal("stop", 2_000, seq=5)
-    assert [type(a).__name__ for a in again.actions] == ["Note"]
+    kinds = [(type(a).__name__, getattr(a, "event", None)) for a in again.actions]
+    assert kinds[-3:] == [
+        ("Finish", None),
+        ("Note", "workflow_completed"),
+        ("Note", "signal_taken"),
+    ]
+    finish, end = again.actions[-3:-1]
+    assert finish.again and end.unless_sent  # type: ignore[union-attr]
 
 
 @contextlib.asynccontextmanager
@@ -266,3 +274,37 @@ def _kept(answers: list[bytes]):  # type: ignore[no-untyped-def]
         answers.append(msg.data)
 
     return keep
+
+
+async def test_an_ending_a_crash_cut_short_is_said_when_its_signal_comes_again(
+    broker, watcher, monkeypatch: pytest.MonkeyPatch
+):
+    """`stop` ended the instance (its record written `completed`), and the coordinator
+    died before the ending was published. Its `stop` came back (unacknowledged), was known
+    as taken, and did nothing more: the instance stayed `completed` with no
+    `workflow_completed` and no answer, for good (a drill: 9 of 25 such kills)."""
+    monkeypatch.setattr(consumption, "RETRY_DELAY_S", 60.0)  # only the hand-made delivery
+    async with keeping_deliveries(broker, flipper=FLIPPER) as (handle, deliveries, alice):
+        engine_broker = handle.__self__._broker  # type: ignore[attr-defined]
+        publish, cut = engine_broker.publish, asyncio.Event()
+
+        async def dying(subject: str, data: bytes, **options):  # type: ignore[no-untyped-def]
+            if ".workflow_completed." in subject and not cut.is_set():
+                cut.set()
+                raise BrokerError("the coordinator died here")
+            return await publish(subject, data, **options)
+
+        monkeypatch.setattr(engine_broker, "publish", dying)
+        task = alice.task("flipper", {})
+        instance = task.message_id
+        await alice.submit(task)
+        await _until_record(broker, instance, lambda r: r.current == "a")
+        subject = f"{broker.names.workflow_signal(instance, 'stop')}.{alice.caller}"
+        await broker.publish(subject, b"", headers=h.control_headers("signal"))
+        await asyncio.wait_for(cut.wait(), 10)
+        record = await _until_record(broker, instance, lambda r: r.finished)
+        handle.__self__._outbox._owed.clear()  # type: ignore[attr-defined]  # died: forgotten
+        [stop] = signal_of(deliveries, "stop")
+        await handle(delivered_again_as_new(stop, count=2))
+        ended = await watcher.event("workflow_completed", message_id=instance)
+    assert record.status == "completed" and ended.detail["path"] == ["a", "done"]
