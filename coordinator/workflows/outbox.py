@@ -158,7 +158,7 @@ class Outbox:
     ) -> None:
         about = record.task
         if key:
-            about = self._step_task(record, record.steps[key])
+            about = self._step_task(record, record.run_of(key))  # a replaced visit: a@1
         detail = {"workflow": record.workflow, **detail}
         if event in _ENDINGS:
             detail["duration_ms"] = record.ended_ms - record.started_ms

@@ -4,7 +4,11 @@ it ended (pure run logic: the actions each event calls for)."""
 
 from __future__ import annotations
 
+import msgspec
+
+from agentreach.broker import read_stream
 from agentreach.cli.workflows import tree
+from agentreach.coordinator.workflows.outbox import Outbox
 from agentreach.coordinator.workflows.run import Finish, Run, Timer
 from agentreach.coordinator.workflows.saga import LATE, LATE_GRACE_MS
 from agentreach.envelopes import ErrorInfo
@@ -293,3 +297,26 @@ def test_a_timed_out_visit_of_a_state_entered_again_is_undone_when_it_completes_
     then = Run(TIMED_LOOP, record, 4_000)
     assert then.on_result(record.compensations["pay@1"].message_id, output=None, error=None)
     assert dispatched(then) == ["pay-undo"]
+
+
+async def test_the_late_outcome_of_a_replaced_visit_is_said_of_that_visit(broker) -> None:
+    """The outbox looked a note's step up among the latest visits only: `pay@1`'s
+    `compensating_late_step` raised KeyError, and the actions after it (the undo's
+    dispatch) were never carried out (an outside drill: instances stuck `compensating`, or
+    `cancelled` with no `workflow_cancelled`, till a restart)."""
+    record, _ = started(TIMED_LOOP)
+    first = record.steps["pay"]
+    assert Run(TIMED_LOOP, record, 2_000).on_timer("pay", 1)
+    assert Run(TIMED_LOOP, record, 2_100).on_signal("again")
+    step(record, TIMED_LOOP, "pay", output={"charge": 2}, now=2_200)
+    assert Run(TIMED_LOOP, record, 3_000).cancel()
+    late = Run(TIMED_LOOP, record, 3_500)
+    assert late.on_result(first.message_id, output={"charge": 1}, error=None)
+    await Outbox(broker, lambda record: {}, lambda: 3_500).carry_out(record, late.actions)
+    names = broker.names
+    said = await read_stream(
+        broker, names.events_stream, names.events_of_kind("compensating_late_step")
+    )
+    undo = await read_stream(broker, names.tasks_stream, names.tasks_wildcard)
+    assert [msgspec.json.decode(m.data)["message_id"] for m in said] == [first.message_id]
+    assert [msgspec.json.decode(m.data)["message_id"] for m in undo] == ["wf1-pay-undo1"]
