@@ -40,7 +40,6 @@ class Link:
         # Waiting will not help; a service should stop and say so.
         self.lost = asyncio.Event()
         self._back = asyncio.Event()  # set on each reconnect (see came_back)
-        self.went_down_ms = 0  # when (wall clock, ms) the connection last went down
         self.lost_why = ""
         self._down_since: float | None = None
         self._refusals = 0
@@ -99,7 +98,6 @@ class Link:
         # Not during the first connect: that one fails with its own error.
         if self.client is not None and self._down_since is None:
             self._down_since = time.monotonic()
-            self.went_down_ms = int(time.time() * 1000)
             log.warning("nats disconnected; reconnecting", url=self.shown_url)
 
     async def _on_reconnected(self) -> None:

@@ -64,6 +64,12 @@ class Outbox:
     def owes(self, instance_id: str) -> bool:
         return instance_id in self._owed
 
+    def owed(self) -> list[str]:
+        return sorted(self._owed)
+
+    def settled(self, instance_id: str) -> None:
+        self._owed.discard(instance_id)
+
     async def carry_out(
         self, record: WorkflowRecord, actions: list[Action], *, settles: bool = False
     ) -> None:
