@@ -308,3 +308,38 @@ async def test_an_ending_a_crash_cut_short_is_said_when_its_signal_comes_again(
         await handle(delivered_again_as_new(stop, count=2))
         ended = await watcher.event("workflow_completed", message_id=instance)
     assert record.status == "completed" and ended.detail["path"] == ["a", "done"]
+
+
+async def test_two_replicas_take_a_burst_of_signals_in_the_order_stored(broker, watcher):
+    """40 `flip`s sent at once to a machine two replicas serve: the replicas share the
+    consumer, and a later flip was often written first, the earlier then ignored as
+    superseded (a drill: 19 of 40; 115 of 453 flips without any fault). Each waits for
+    an earlier one of its instance still being handled: all 40 are taken, in order."""
+    config = msgspec.structs.replace(FAST, workflows=workflows(flipper=FLIPPER))
+    async with (
+        Broker(broker.url, names=broker.names, name="coordinator") as one,
+        Broker(broker.url, names=broker.names, name="coordinator") as two,
+        Coordinator(one, config).running(),
+        Coordinator(two, config).running(),
+        ReachClient(broker=broker, name="alice") as alice,
+    ):
+        instance, _ = await alice.publish("flipper", {})
+        await _until_record(broker, instance, lambda r: r.current == "a")
+        subject = f"{broker.names.workflow_signal(instance, 'flip')}.{alice.caller}"
+        sent = [
+            broker.publish(subject, b"", headers=h.control_headers("signal")) for _ in range(40)
+        ]
+        stored = [ack.seq for ack in await asyncio.gather(*sent)]
+        record = await _until_record(broker, instance, lambda r: r.last_signal_seq == max(stored))
+        await eventually(lambda: len(_about(watcher, "signal_taken", instance)) == 40)
+    assert _about(watcher, "signal_ignored", instance) == []
+    assert len(record.path) == 41
+    visits = {
+        e.detail["signal_seq"]: e.detail["visit"] for e in _about(watcher, "signal_taken", instance)
+    }
+    assert sorted(visits) == sorted(stored)
+    assert [visits[seq] for seq in sorted(stored)] == sorted(visits.values())  # in stored order
+
+
+def _about(watcher, kind: str, instance: str) -> list:  # type: ignore[no-untyped-def]
+    return [e for e in watcher.events if e.event == kind and e.message_id == instance]
