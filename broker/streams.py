@@ -101,6 +101,14 @@ async def leader_message(broker: Broker, stream: str, subject: str) -> StoredMes
     return await _get(broker, stream, subject=subject)
 
 
+async def leader_next_message(
+    broker: Broker, stream: str, subject: str, from_seq: int
+) -> StoredMessage | None:
+    """The first message of ``stream`` on ``subject`` (wildcards allowed) from ``from_seq``,
+    as the stream's leader has it (a replica behind lacks messages stored a moment ago)."""
+    return await _get(broker, stream, seq=from_seq, subject=subject, next=True)
+
+
 async def _get(broker: Broker, stream: str, **where: object) -> StoredMessage | None:
     try:
         raw = await broker.js.get_msg(stream, **where)  # type: ignore[arg-type]
