@@ -89,17 +89,11 @@ class Run(Visits):
                     return True
                 self._step_ended(key, run, output=output, error=error)
                 return True
-            if run.message_id == message_id and key in self.record.awaiting:
-                return self._late_outcome(key, run, output, error)
-            stopped = run.status in ("cancelled", "timed_out")  # its task went on all the same
-            if run.message_id == message_id and stopped and error is None:
-                return self._undo_late(key, run, output)
+            if run.message_id == message_id:
+                return self._outcome_of_stopped(key, run, output, error)
         for key, run in self.record.replaced.items():  # a visit stopped, then replaced
-            if run.message_id == message_id and key in self.record.awaiting:
-                return self._late_outcome(key, run, output, error)
-            stopped = run.status in ("cancelled", "timed_out")
-            if run.message_id == message_id and stopped and error is None:
-                return self._undo_late(key, run, output)
+            if run.message_id == message_id:
+                return self._outcome_of_stopped(key, run, output, error)
         return False
 
     def on_timer(self, key: str, visit: int) -> bool:

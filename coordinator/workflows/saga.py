@@ -93,7 +93,9 @@ class Compensation:
         return [
             key
             for key, run in self.record.replaced.items()
-            if run.status in ("cancelled", "timed_out") and key not in self.record.compensations
+            if run.status in ("cancelled", "timed_out")
+            and run.sent
+            and key not in self.record.compensations
         ]
 
     def _undone_on_its_own(self, key: str) -> bool:
@@ -167,6 +169,24 @@ class Compensation:
     def _late_timers(self) -> list[Timer]:
         runs = [(k, self.record.run_of(k)) for k in self.record.awaiting]
         return [Timer(k + LATE, run.visit, run.deadline_ms) for k, run in runs]
+
+    def _outcome_of_stopped(
+        self, key: str, run: StepRun, output: Any, error: ErrorInfo | None
+    ) -> bool:
+        """The outcome of visit ``key``, stopped while it ran (its task went on all the same),
+        or of a step that ended before (False: nothing changes)."""
+        if key in self.record.awaiting:
+            return self._late_outcome(key, run, output, error)
+        if run.status not in ("cancelled", "timed_out"):
+            return False
+        if error is None:
+            return self._undo_late(key, run, output)
+        if run.status == "timed_out" and key in self.record.steps and self.spec.states is None:
+            return False  # a graph's step timed out with on_timeout partial: its joins count it
+        # Failed or refused: shown so, and nothing waits for it should the instance end badly
+        # (a cancel waited for a replaced visit's outcome that had come, till its deadline).
+        run.status, run.error, run.ended_ms = "failed", error, self.now
+        return True
 
     def _late_outcome(self, key: str, run: StepRun, output: Any, error: ErrorInfo | None) -> bool:
         """The outcome of a stopped step the undoing waits for: done, it is undone first."""

@@ -67,7 +67,9 @@ class Visits(Compensation):
         if not (previous.intent and compensates):
             return
         if previous.status not in ("completed", "cancelled", "timed_out"):
-            return
+            return  # failed, or stopped and then refused: nothing of it to undo
+        if previous.status != "completed" and not previous.sent:
+            return  # stopped before its task went out
         replaced = visit_key(key, previous.visit)
         self.record.replaced[replaced] = previous
         order = self.record.completed_order

@@ -4,15 +4,23 @@ it ended (pure run logic: the actions each event calls for)."""
 
 from __future__ import annotations
 
-import msgspec
+import asyncio
+from typing import Any
 
+import msgspec
+import pytest
+
+from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
 from agentreach.broker import read_stream
 from agentreach.cli.workflows import tree
+from agentreach.coordinator.workflows import read_record
 from agentreach.coordinator.workflows.outbox import Outbox
 from agentreach.coordinator.workflows.run import Finish, Run, Timer
 from agentreach.coordinator.workflows.saga import LATE, LATE_GRACE_MS
 from agentreach.envelopes import ErrorInfo
 from tests.coordinator.workflows.test_run import dispatched, spec, started, step
+from tests.e2e.routing_support import fast, serving
+from tests.e2e.test_workflows import _until_record, workflows
 
 ANY_JOIN = spec(
     "on_failure: compensate\n"
@@ -320,3 +328,116 @@ async def test_the_late_outcome_of_a_replaced_visit_is_said_of_that_visit(broker
     undo = await read_stream(broker, names.tasks_stream, names.tasks_wildcard)
     assert [msgspec.json.decode(m.data)["message_id"] for m in said] == [first.message_id]
     assert [msgspec.json.decode(m.data)["message_id"] for m in undo] == ["wf1-pay-undo1"]
+
+
+SKIPPABLE_LOOP = spec(
+    "on_failure: compensate\n"
+    "states:\n"
+    "  initial: pay\n"
+    "  states:\n"
+    "    pay: {intent: charge, compensate: refund, next: [{event: skip, to: hold}, {to: hold}]}\n"
+    "    hold: {next: [{event: again, to: pay}, {event: stop, to: done}]}\n"
+    "    done: {terminal: true}\n"
+)
+REFUSED = ErrorInfo(type="cancelled", message="not dispatched", retryable=False)
+
+
+def test_a_stopped_visit_refused_before_a_cancel_is_not_waited_for() -> None:
+    """A signal moved pay on while it ran and its task was refused; pay ran again and
+    completed. A cancel then waited for the first visit's outcome until its deadline (an
+    outside drill: 26 s before `gave_up`), though that outcome had come: a refusal."""
+    record, _ = started(SKIPPABLE_LOOP)
+    first = record.steps["pay"]
+    assert Run(SKIPPABLE_LOOP, record, 1_500).on_signal("skip")
+    assert first.status == "cancelled"
+    refused = Run(SKIPPABLE_LOOP, record, 1_600)
+    assert refused.on_result(first.message_id, error=REFUSED)
+    assert first.status == "failed" and first.error == REFUSED
+    assert Run(SKIPPABLE_LOOP, record, 1_700).on_signal("again")
+    step(record, SKIPPABLE_LOOP, "pay", output={"charge": 2}, now=2_000)
+    cancel = Run(SKIPPABLE_LOOP, record, 3_000)
+    assert cancel.cancel()
+    assert record.awaiting == [] and "pay@1" not in record.replaced
+    assert dispatched(cancel) == ["pay-undo"]
+
+
+def test_a_timed_out_visit_refused_before_a_cancel_is_not_waited_for() -> None:
+    """The same with a visit that timed out: its task's refusal is its outcome."""
+    record, _ = started(TIMED_LOOP)
+    first = record.steps["pay"]
+    assert Run(TIMED_LOOP, record, 2_000).on_timer("pay", 1)
+    assert Run(TIMED_LOOP, record, 2_050).on_result(first.message_id, error=REFUSED)
+    assert Run(TIMED_LOOP, record, 2_100).on_signal("again")
+    step(record, TIMED_LOOP, "pay", output={"charge": 2}, now=2_200)
+    cancel = Run(TIMED_LOOP, record, 3_000)
+    assert cancel.cancel()
+    assert record.awaiting == [] and dispatched(cancel) == ["pay-undo"]
+
+
+def test_a_replaced_visit_refused_after_its_replacement_is_not_waited_for() -> None:
+    """h's first run timed out, its fallback ran, and then the first run's task was
+    refused: a failure of the instance undoes at once, waiting for nothing."""
+    record, _ = started(FALLBACK)
+    first = record.steps["h"]
+    assert Run(FALLBACK, record, 2_000).on_timer("h", 1)
+    assert Run(FALLBACK, record, 2_050).on_result(first.message_id, error=REFUSED)
+    assert record.replaced["h@1"].status == "failed"
+    step(record, FALLBACK, "h", output={"via": "fallback"}, now=2_100)
+    failed = ErrorInfo(type="PermanentError", message="no", retryable=False)
+    failing = step(record, FALLBACK, "boom", error=failed, now=2_200)
+    assert record.awaiting == [] and dispatched(failing) == ["h-undo"]
+
+
+SKIP_AND_COME_BACK = """
+on_failure: compensate
+states:
+  initial: pay
+  states:
+    pay: {intent: late-charge, compensate: late-refund, next: [{event: skip, to: hold}, {to: hold}]}
+    hold: {next: [{event: again, to: pay}, {event: stop, to: done}]}
+    done: {terminal: true}
+"""
+
+
+async def test_a_cancel_after_a_refused_visit_undoes_at_once(broker, start_coordinator) -> None:
+    """Through NATS: pay is skipped while it runs, its task then fails, pay runs again and
+    completes; a cancel refunds the second charge at once, waiting for no outcome (the first
+    visit's had come), and the caller hears `cancelled`."""
+    charges: list[int] = []
+    first_may_fail = asyncio.Event()
+    agent = Agent("late-charger", startup_delay=0)
+
+    @agent.handler("late-charge")
+    async def charge(ctx: TaskContext, payload: Any) -> Any:
+        charges.append(len(charges) + 1)
+        if len(charges) == 1:
+            await first_may_fail.wait()
+            raise PermanentError("card declined")
+        return {"charge": len(charges)}
+
+    @agent.handler("late-refund")
+    async def refund(ctx: TaskContext, payload: Any) -> Any:
+        return {"refunded": True}
+
+    config = fast(workflows=workflows(skipper=SKIP_AND_COME_BACK))
+    async with (
+        start_coordinator(config) as coordinator,
+        serving(broker, coordinator, agent),
+        ReachClient(broker=broker, name="skipper-caller") as caller,
+    ):
+        instance = "skipper-1"
+        invoked = asyncio.create_task(caller.invoke("skipper", {}, message_id=instance))
+        await _until_record(broker, instance, lambda r: r.steps["pay"].status == "running")
+        assert (await caller.signal_workflow(instance, "skip")).taken
+        first_may_fail.set()
+        await _until_record(broker, instance, lambda r: r.steps["pay"].status == "failed")
+        assert (await caller.signal_workflow(instance, "again")).taken
+        await _until_record(broker, instance, lambda r: r.current == "hold")
+        ended = await caller.cancel_workflow(instance, wait_s=10)
+        record = await read_record(broker, instance)
+        with pytest.raises(TaskFailed) as heard:
+            await asyncio.wait_for(invoked, 10)
+    assert heard.value.error.type == "cancelled"
+    assert ended.status == "cancelled" and charges == [1, 2]
+    assert record is not None and list(record.compensations) == ["pay"]
+    assert record.compensations["pay"].visit == 2 and record.replaced == {}
