@@ -14,6 +14,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from agentreach import envelopes
+from agentreach.agents import Agent, TaskContext
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.record_seal import RECORD_HEADERS
@@ -23,6 +24,18 @@ from agentreach.envelopes import AgentCard, DeadLetter, Event, Execution, Task, 
 # What a message of a party carries at least (a dispatch, a retry): one with no headers at
 # all is taken for a direct get's answer asking for none (no_hdr), and is nobody's.
 DISPATCHED = {"Reach-Kind": "task"}
+
+
+def echoing(agent_id: str, *topics: str) -> Agent:
+    """An agent whose handler of each of ``topics`` returns its payload."""
+    agent = Agent(agent_id, startup_delay=0)
+
+    async def echo(ctx: TaskContext, payload: Any) -> Any:
+        return payload
+
+    for topic in topics:
+        agent.handler(topic)(echo)
+    return agent
 
 
 async def put_value(broker: Broker, bucket: str, key: str, data: bytes) -> int:

@@ -19,23 +19,9 @@ from agentreach.coordinator.workflows.actions import message_id_of
 from agentreach.envelopes import WorkflowRecord
 from tests.e2e.routing_support import fast
 from tests.e2e.test_startup_and_restarts import RestartableServer
-from tests.support import eventually, until_true
+from tests.support import echoing, eventually, until_true
 
 PAIR = {"pair": wf.chain(wf.step("a", "outage-first"), wf.step("b", "outage-second"))}
-
-
-def echoing() -> Agent:
-    agent = Agent("outage-echo", startup_delay=0)
-
-    @agent.handler("outage-first")
-    async def first(ctx: TaskContext, payload: Any) -> Any:
-        return payload
-
-    @agent.handler("outage-second")
-    async def second(ctx: TaskContext, payload: Any) -> Any:
-        return payload
-
-    return agent
 
 
 def cut_short_once(broker: Broker, subject: str, monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
@@ -68,7 +54,7 @@ async def test_a_step_an_outage_kept_from_being_sent_is_sent_once_the_server_is_
         cut_short = cut_short_once(own, own.names.coordinator_task("outage-second"), monkeypatch)
         async with (
             Coordinator(own, fast(workflows=PAIR)).running(),
-            echoing().running(server.url),
+            echoing("outage-echo", "outage-first", "outage-second").running(server.url),
             ReachClient(server.url, name="outage-alice") as alice,
         ):
             await alice.publish("pair", {"n": 1}, message_id="cut-by-outage")

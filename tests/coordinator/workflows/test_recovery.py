@@ -21,7 +21,7 @@ from agentreach.coordinator.workflows import WorkflowEngine, cancel
 from agentreach.coordinator.workflows.actions import message_id_of
 from agentreach.envelopes import Task, WorkflowRecord
 from tests.e2e.routing_support import fast, serving
-from tests.support import delivered_again_as_new
+from tests.support import delivered_again_as_new, echoing
 
 FLOWS = {"held": wf.chain(wf.step("a", "hold-step"))}
 PAIR = {"pair": wf.chain(wf.step("a", "first-step"), wf.step("b", "second-step"))}
@@ -167,20 +167,6 @@ async def test_an_instance_a_replica_behind_lacks_is_unknown_only_once_the_leade
     assert unknown == ["never-started"]
 
 
-def echoing() -> Agent:
-    agent = Agent("echo", startup_delay=0)
-
-    @agent.handler("first-step")
-    async def first(ctx: TaskContext, payload: Any) -> Any:
-        return payload
-
-    @agent.handler("second-step")
-    async def second(ctx: TaskContext, payload: Any) -> Any:
-        return payload
-
-    return agent
-
-
 async def test_actions_a_server_crash_cut_short_are_done_when_their_message_comes_as_new(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -211,7 +197,7 @@ async def test_actions_a_server_crash_cut_short_are_done_when_their_message_come
         monkeypatch.setattr(own, "publish", dying)
         async with (
             coordinator.running(),
-            serving(broker, coordinator, echoing()),
+            serving(broker, coordinator, echoing("echo", "first-step", "second-step")),
             ReachClient(broker=broker) as client,
         ):
             invoked = asyncio.create_task(client.invoke("pair", {"n": 1}, message_id="cut"))
