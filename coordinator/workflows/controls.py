@@ -128,6 +128,7 @@ class Controls:
             if oldest.stream_seq != earliest:  # progress: the next earlier one is waited for
                 earliest, since = oldest.stream_seq, loop.time()
             elif loop.time() - since > ORDER_WAIT_S:
+                _goes_ahead(instance_id, msg.stream_seq, earliest)
                 return
             if (here := self._held.get(earliest)) is not None:  # this replica's: till done
                 with contextlib.suppress(TimeoutError):
@@ -224,3 +225,17 @@ class Controls:
             else "no state waits for it"
         )
         log.warning(line, instance_id=instance_id, signal=event, **more)
+
+
+def _goes_ahead(instance_id: str, seq: int, earlier: int) -> None:
+    """Said of a signal handled before an earlier one of its instance: that one will be
+    ignored as superseded when it comes back (a replica that died with it, or a handling
+    that stalled past ORDER_WAIT_S, which a drill could then tell apart)."""
+    log.warning(
+        "signal handled before an earlier one of its instance, which did not leave in time:"
+        " the earlier one will be ignored as superseded",
+        instance_id=instance_id,
+        signal_seq=seq,
+        earlier_seq=earlier,
+        waited_s=ORDER_WAIT_S,
+    )

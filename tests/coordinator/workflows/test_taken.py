@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach.agents import ReachClient
 from agentreach.broker import Broker, BrokerError, Delivery, direct
@@ -353,6 +354,44 @@ async def test_two_replicas_take_a_burst_of_signals_in_the_order_stored(
     }
     assert sorted(visits) == sorted(stored)
     assert [visits[seq] for seq in sorted(stored)] == sorted(visits.values())  # in stored order
+
+
+async def test_a_signal_held_up_past_the_order_wait_goes_ahead_and_says_so(
+    broker, watcher, monkeypatch: pytest.MonkeyPatch
+):
+    """The replica holding an earlier flip died with it (here: its first delivery comes
+    back only after a second). The next flip waits ORDER_WAIT_S for it, then is taken, and
+    the log says that it went ahead of which (a drill's 2 superseded of 5,599 left no line
+    to tell a dead replica from a stalled one); the earlier one, back, is ignored as
+    superseded by it."""
+    monkeypatch.setattr(controls, "ORDER_WAIT_S", 0.2)
+    config = msgspec.structs.replace(FAST, workflows=workflows(flipper=FLIPPER))
+    async with Broker(broker.url, names=broker.names, name="coordinator") as own:
+        coordinator = Coordinator(own, config)
+        handle, held_back = coordinator.workflows.handle, asyncio.Event()
+
+        async def dying_with_the_first_flip(msg: Delivery) -> float | None:
+            if ".flip." in msg.subject and not held_back.is_set():
+                held_back.set()
+                return 1.0  # not acknowledged: delivered again in a second
+            return await handle(msg)
+
+        coordinator.workflows.handle = dying_with_the_first_flip  # type: ignore[method-assign]
+        async with coordinator.running(), ReachClient(broker=broker, name="alice") as alice:
+            instance, _ = await alice.publish("flipper", {})
+            await _until_record(broker, instance, lambda r: r.current == "a")
+            subject = f"{broker.names.workflow_signal(instance, 'flip')}.{alice.caller}"
+            with capture_logs() as logs:
+                first = await broker.publish(subject, b"", headers=h.control_headers("signal"))
+                await asyncio.wait_for(held_back.wait(), 10)
+                second = await broker.publish(subject, b"", headers=h.control_headers("signal"))
+                ignored = await watcher.event("signal_ignored", message_id=instance)
+    [ahead] = [e for e in logs if e["event"].startswith("signal handled before an earlier")]
+    assert (ahead["signal_seq"], ahead["earlier_seq"]) == (second.seq, first.seq)
+    [taken] = _about(watcher, "signal_taken", instance)
+    assert taken.detail["signal_seq"] == second.seq
+    assert ignored.detail["signal_seq"] == first.seq
+    assert ignored.detail["superseded_by"] == second.seq
 
 
 def _about(watcher, kind: str, instance: str) -> list:  # type: ignore[no-untyped-def]
