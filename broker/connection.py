@@ -161,7 +161,7 @@ class Broker:
         self._nc.options["max_reconnect_attempts"] = -1
         if self.auth.identity is not None:
             self.headed_buckets.update(headed_buckets(self.names))
-        self.link.connected(self._nc, waited=tries > 0)
+        self.link.connected(self._nc)
         self._js = self._nc.jetstream(timeout=self.request_timeout)
         return self
 

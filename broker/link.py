@@ -32,8 +32,8 @@ class Link:
         self.attempts: FailedAttempts | None = None
         self.client: Client | None = None
         self.reconnects = 0  # how often the connection came back (views may need a grace)
-        # When (monotonic) it last came back from a server that could not be reached, on a
-        # reconnect or a first connect that had to wait; 0: never.
+        # When (monotonic) it last came (back) to the server: a reconnect, or the first
+        # connect (see connected); 0: not yet.
         self.back_at = 0.0
         # Set once the connection is gone for good without close(): the server closed it for
         # its credentials (revoked, expired), or keeps refusing them on every reconnect.
@@ -54,11 +54,13 @@ class Link:
             "closed_cb": self._on_closed,
         }
 
-    def connected(self, client: Client, *, waited: bool) -> None:
-        """The first connect made it (``waited``: once the server could be reached)."""
+    def connected(self, client: Client) -> None:
+        """The first connect made it. It counts as coming back: a process just started
+        cannot tell that the server was away a moment ago, while others are still on their
+        way back (a coordinator started as the server returned took an agent's lease, lapsed
+        meanwhile, for a dead agent's, and ran its steps again elsewhere: a chaos run)."""
         self.client = client
-        if waited:
-            self.back_at = time.monotonic()
+        self.back_at = time.monotonic()
 
     @property
     def server(self) -> str:

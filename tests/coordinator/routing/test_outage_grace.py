@@ -11,7 +11,7 @@ import msgspec
 from structlog.testing import capture_logs
 
 from agentreach.agents import ReachClient
-from agentreach.broker import Broker, Names
+from agentreach.broker import Broker, Names, Topology, provision
 from agentreach.coordinator import Coordinator
 from agentreach.envelopes import Execution, execution_key, now_ms
 from tests.conftest import FAST
@@ -55,5 +55,44 @@ async def test_a_lease_that_passed_while_the_server_was_away_is_waited_for(tmp_p
                 await eventually(lambda: any("an agent runs it now" in e["event"] for e in logs))
             done = msgspec.structs.replace(claim, state="done", result={"n": "from x"})
             await put_value(own, bucket, key, msgspec.json.encode(done))
+            assert await waiting == {"n": "from x"}
+    assert runs[task.message_id] == 0
+
+
+async def test_a_coordinator_started_just_after_an_outage_waits_for_a_lapsed_lease_too(
+    tmp_path: Path,
+):
+    """A coordinator started as the server came back (its first connect found the server
+    up) took agent x's lease, lapsed while the server was away, for a dead agent's, and
+    ran x's finished step again on another agent before x had reconnected (a chaos run: 7
+    workflow steps run twice). A replica just started cannot tell that the server was away
+    a moment ago: it gives the same grace from its first connect."""
+    runs = Counter[str]()
+    async with (
+        RestartableServer(tmp_path / "nats") as server,
+        ReachClient(server.url, name="bob") as bob,
+    ):
+        await provision(bob.broker, Topology.default(bob.broker.names))
+        task = bob.task("count", {"n": 1}, ttl_ms=60_000)
+        key = execution_key(bob.caller, task.message_id, "x")
+        claim = Execution(
+            message_id=task.message_id,
+            state="running",
+            agent_id="x",
+            caller=bob.caller,
+            lease_until_ms=now_ms() - 1_000,  # lapsed while the server was away
+        )
+        bucket = bob.broker.names.executions_bucket
+        await put_value(bob.broker, bucket, key, msgspec.json.encode(claim))
+        async with (
+            Broker(server.url, names=Names(), name="coordinator") as own,
+            Coordinator(own, FAST).running(),
+            counting_agent("fresh-after-outage", runs).running(server.url),
+        ):
+            with capture_logs() as logs:
+                waiting = asyncio.ensure_future(bob.invoke_task(task))
+                await eventually(lambda: any("an agent runs it now" in e["event"] for e in logs))
+            done = msgspec.structs.replace(claim, state="done", result={"n": "from x"})
+            await put_value(bob.broker, bucket, key, msgspec.json.encode(done))
             assert await waiting == {"n": "from x"}
     assert runs[task.message_id] == 0
