@@ -28,8 +28,9 @@ from agentreach.broker.streams import stream_created
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator.liveness.cadence import Cadence
 from agentreach.coordinator.liveness.config import LivenessConfig
+from agentreach.coordinator.liveness.forward import STOPPED, Allowed
 from agentreach.coordinator.liveness.presence_checks import PresenceChecks, QueuedSlots
-from agentreach.coordinator.liveness.reassign import OFFLINE, STOPPED, UNRESPONSIVE, Allowed, Moves
+from agentreach.coordinator.liveness.reassign import OFFLINE, UNRESPONSIVE, Moves
 from agentreach.coordinator.liveness.tracked import Registered, Tracked, track_registered
 from agentreach.coordinator.liveness.verdicts import VerdictWriter
 from agentreach.coordinator.routing.run_once import RunOnce

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import msgspec
 import structlog
@@ -25,20 +25,16 @@ import structlog
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, WrongLastSequence
 from agentreach.broker.dead_letters import dead_letter_stored
-from agentreach.broker.lifecycle import SEAL_HEADER, emit, event_for
+from agentreach.broker.lifecycle import SEAL_HEADER
 from agentreach.broker.streams import StoredMessage, delete_message, next_message
-from agentreach.coordinator.delivery.dead_letters import end_with_error
-from agentreach.coordinator.delivery.retries import RetryConfig
-from agentreach.coordinator.liveness.tracked import Registered, Tracked, untrack
-from agentreach.coordinator.routing.run_once import (
-    REASSIGNED,
-    RanAlready,
-    Running,
-    RunOnce,
-    answer_from_record,
-    lease_limit,
-    verdict_of,
+from agentreach.coordinator.liveness.forward import (
+    Allowed,
+    Gone,
+    default_allowed,
+    forward,
 )
+from agentreach.coordinator.liveness.tracked import Registered, Tracked, untrack
+from agentreach.coordinator.routing.run_once import REASSIGNED, RunOnce
 from agentreach.envelopes import (
     INVALID_TOPIC,
     AgentCard,
@@ -49,22 +45,17 @@ from agentreach.envelopes import (
     execution_key,
     is_expiry_fence,
     now_ms,
-    ttl_left_ms,
 )
-from agentreach.envelopes.headers import task_headers
 from agentreach.envelopes.server_answers import refuse_server_answers
 
 log = structlog.get_logger("coordinator.reassign")
 Queued = Callable[[], Iterable[tuple[str, str]]]  # (agent, priority) with tasks queued
-Allowed = Callable[[Task, str], int]  # the attempts a task taken from an agent gets
 
 OFFLINE = "went OFFLINE"
-STOPPED = "stopped"  # cleanly: what its stop cut short was not the task's doing
 DRAINING = "began to stop"  # its card says draining: it finishes what it runs, nothing more
 UNRESPONSIVE = "stopped answering"  # SUSPECT `unresponsive`: what it runs stays, as DRAINING
 FORGOTTEN = "is no longer registered (forgotten: reach agents forget)"
 NEWER_LOOK_EVERY = 20  # queued tasks between two looks for a newer process of the agent
-MOVED_MIN_LEFT_MS = 100  # less left: expired here (sent on, its letter blamed the peer)
 
 
 class Moves:
@@ -186,7 +177,7 @@ async def reassign_tasks(
     itself. ``run_once`` reads the records (sealed ones, when secured); ``allowed`` says how
     many attempts a task gets (by default the coordinator's default settings)."""
     run_once = run_once or RunOnce(broker)
-    gone = _Gone(agent_id, epoch, why, allowed or _default_allowed)
+    gone = Gone(agent_id, epoch, why, allowed or default_allowed)
     if await _newer_process(broker, agent_id, epoch):
         log.info("a newer process serves the agent; nothing to reassign", agent_id=agent_id)
         return 0
@@ -219,19 +210,6 @@ def _said(agent_id: str, taken: Counter[str]) -> int:
     return taken.total()
 
 
-class _Gone(NamedTuple):
-    """The agent process the tasks are taken from, and why."""
-
-    agent_id: str
-    epoch: int
-    why: str
-    allowed: Allowed
-
-
-def _default_allowed(task: Task, agent_id: str) -> int:
-    return RetryConfig().allowed(task, None)
-
-
 async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
     cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
     card = await cards.get(agent_id)
@@ -239,7 +217,7 @@ async def _newer_process(broker: Broker, agent_id: str, epoch: int) -> bool:
 
 
 async def _move(
-    broker: Broker, stream: str, stored: StoredMessage, gone: _Gone, run_once: RunOnce
+    broker: Broker, stream: str, stored: StoredMessage, gone: Gone, run_once: RunOnce
 ) -> Literal["reassigned", "past_ttl", "kept", "unreadable", "exhausted", "ended"] | None:
     """Send the task through intake again as its next attempt, with the ttl it has left
     (not the router: when no agent can take it now it waits there, not lost with this call)."""
@@ -260,86 +238,7 @@ async def _move(
         return "kept"
     if ran == "ended":  # its dispatch is what is left of a message that has ended
         return "ended"
-    left_ms = ttl_left_ms(task.ttl_ms, stored.timestamp_ms)
-    if left_ms < MOVED_MIN_LEFT_MS:  # said here, of the agent it was with
-        ttl_end_ms = stored.timestamp_ms + task.ttl_ms
-        expired = await _expire(broker, task, agent_id, run_once, why, ttl_end_ms)
-        return "past_ttl" if expired else "kept"
-    counts = ran and why != STOPPED
-    if counts and task.attempts_run >= (allowed := gone.allowed(task, agent_id)):
-        ttl_end_ms = stored.timestamp_ms + task.ttl_ms
-        await _exhaust(broker, task, gone, run_once, allowed, ttl_end_ms)
-        return "exhausted"
-    retry = msgspec.structs.replace(
-        task,
-        attempt=task.attempt + 1,
-        requeued=task.requeued + (0 if counts else 1),
-        to_agent=None,
-        ttl_ms=left_ms,
-    )
-    of = f"{task.caller}." if task.caller else ""  # another caller's, moved, took its id
-    headers = task_headers(retry, msg_id=f"{of}{task.message_id}-{retry.attempt}")
-    # On its own intake subject: an operator's burst on the bare one cannot refuse it.
-    subject = broker.names.coordinator_task(task.topic)
-    await broker.publish(subject, envelopes.encode(retry), headers=headers)
-    # The trace says why attempt + 1 comes (else nothing stands between the two attempts).
-    said = f"{agent_id} {why} " + ("while running it" if ran else "before it ran")
-    error = ErrorInfo(type=REASSIGNED, message=said, retryable=True)
-    scheduled = event_for(
-        task, "retry_scheduled", next_attempt=retry.attempt, delay_ms=0, error=error
-    )
-    await emit(broker, scheduled)
-    return "reassigned"
-
-
-async def _exhaust(
-    broker: Broker, task: Task, gone: _Gone, run_once: RunOnce, allowed: int, ttl_end_ms: int
-) -> None:
-    """End a task whose last allowed attempt's agent went away while running it (a task
-    that kills its agent must not take down one agent after another), unless that run
-    finished after all (its record answers it) or another agent runs it now."""
-    records = await run_once.records(task)
-    match verdict_of(records, until_ms=lease_limit(task, ttl_end_ms)):
-        case RanAlready(record=record):
-            await answer_from_record(broker, task, record)
-        case Running():
-            log.info("its attempts ran out, but another agent runs it now", agent=gone.agent_id)
-        case None:
-            message = (
-                f"{gone.agent_id} {gone.why} while running attempt {task.attempt};"
-                f" {task.attempts_run} of the {allowed} attempts allowed ran"
-            )
-            # Not retryable: sent again, it would take down more agents.
-            error = ErrorInfo(type=REASSIGNED, message=message, retryable=False)
-            await end_with_error(broker, task, "retries_exhausted", error)
-
-
-async def _expire(
-    broker: Broker, task: Task, agent_id: str, run_once: RunOnce, why: str, ttl_end_ms: int
-) -> bool:
-    """Dead-letter the task as expired, unless it ran after all (an agent finished it and
-    its acknowledgement was lost): then its stored result answers. One that another agent
-    runs now is left to that run. False when a process of this very agent holds a live
-    lease of it (a newer one, or one whose fence lost to a renewal): the message then stays
-    in its queue, for that run to acknowledge or a later reassignment to find."""
-    records = await run_once.records(task)
-    match verdict_of(records, until_ms=lease_limit(task, ttl_end_ms)):
-        case RanAlready(record=record):
-            await answer_from_record(broker, task, record)
-        case Running():
-            now = now_ms()
-            mine = (r for r in records if r.agent_id == agent_id and r.state == "running")
-            if any(r.lease_until_ms > now for r in mine):
-                log.info(
-                    "past its ttl, but a process of its agent runs it; kept", agent_id=agent_id
-                )
-                return False
-            log.info("past its ttl, but another agent runs it now", message_id=task.message_id)
-        case None:
-            message = f"ttl {task.ttl_ms} ms ran out with {agent_id}, which {why}"
-            error = ErrorInfo(type="expired", message=message, retryable=False)
-            await end_with_error(broker, task, "expired", error)
-    return True
+    return await forward(broker, task, gone, run_once, ran=ran, dispatched_ms=stored.timestamp_ms)
 
 
 async def _fence(

@@ -14,14 +14,8 @@ from agentreach.broker.lifecycle import GRANT_HEADER, emit, event_for
 from agentreach.broker.streams import delete_message, next_message
 from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.delivery.expiry import fence_expiry
-from agentreach.coordinator.liveness.reassign import (
-    DRAINING,
-    FORGOTTEN,
-    MOVED_MIN_LEFT_MS,
-    STOPPED,
-    Moves,
-    reassign_tasks,
-)
+from agentreach.coordinator.liveness.forward import MOVED_MIN_LEFT_MS, STOPPED
+from agentreach.coordinator.liveness.reassign import DRAINING, FORGOTTEN, Moves, reassign_tasks
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.coordinator.routing.run_once import RunOnce
