@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import pytest
 from nats.aio.msg import Msg
 from nats.js import api
 from structlog.testing import capture_logs
@@ -19,6 +20,7 @@ from agentreach.broker.lifecycle import GRANT_HEADER
 from agentreach.broker.streams import get_message
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.protection.grants import Grants
+from agentreach.coordinator.routing import run_once
 from tests.support import DISPATCHED
 
 GRANTS = Grants(b"k" * 32)
@@ -140,13 +142,15 @@ async def test_a_task_that_runs_is_not_ended_by_an_advisory(broker, watcher):
 
 
 async def test_a_task_whose_agent_died_under_its_lease_ends_when_the_lease_runs_out(
-    broker, watcher
+    broker, watcher, monkeypatch: pytest.MonkeyPatch
 ):
     """An agent with `max_deliver=1` (at most once) killed in a run: JetStream gives up on
     the message under the run's live lease. The advisory was let go, and the task waited in
     the agent's queue to expire at its ttl, "gone silent", where the docs promise
     `retries_exhausted` (a fresh reader). It is looked at again once the lease has run out,
     and dead-lettered then."""
+    # A coordinator up for a while: no grace after its first connect (see test_outage_grace).
+    monkeypatch.setattr(run_once, "OUTAGE_GRACE_S", 0.0)
     seq = await _running_on_bob(broker, "order-45", lease_ms=1_500)  # nobody renews it
     stream = broker.names.dispatch_stream("P1")
     later_s = await _advise(broker, stream, seq, consumer="agent-bob-p1")
