@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from agentreach.envelopes import Execution
+from agentreach.envelopes import REASSIGNED, ErrorInfo, Execution
 
 
 @dataclass(slots=True)
@@ -51,6 +51,14 @@ class Moved:
     judged gone; the next attempt runs elsewhere): not to be run."""
 
     record: Execution
+
+    @property
+    def error(self) -> ErrorInfo:
+        """What the agent reports of it (``failed``): a move cut short after its fence (the
+        coordinator or the server died) is sent on from there; one that went through is
+        left alone."""
+        moved = ErrorInfo(type=REASSIGNED, message="a later attempt ran here", retryable=True)
+        return self.record.error or moved
 
 
 @dataclass(frozen=True, slots=True)

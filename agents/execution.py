@@ -250,10 +250,8 @@ class Executor:
             await self._reports.report(job, "failed", claim.record.error or said)
             return None
         if isinstance(claim, Moved):
-            log.info(
-                "not run: this attempt was moved to another agent while it waited here",
-                by=claim.record.error.message if claim.record.error else None,
-            )
+            log.info("not run: this attempt was moved to another agent while it waited here")
+            await self._reports.report(job, "failed", claim.error)
             return None
         if isinstance(claim, Expired):
             # Past its ttl by the coordinator's clock though not by ours: ours runs behind.

@@ -21,6 +21,7 @@ from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.delivery.dead_letters import end_with_error, unreadable_event
 from agentreach.coordinator.delivery.expiry import EXPIRED, fence_expiry
 from agentreach.coordinator.delivery.retries import RetryConfig
+from agentreach.coordinator.liveness.forward import send_on_cut_short
 from agentreach.coordinator.protection.grants import (
     Grants,
     impersonation,
@@ -31,6 +32,7 @@ from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.routing.run_once import (
+    TAKEN_FROM_ITS_AGENT,
     WAIT_CAP_S,
     RanAlready,
     Running,
@@ -46,6 +48,7 @@ from agentreach.envelopes import (
     DecodeError,
     ErrorInfo,
     Event,
+    Execution,
     ServerAnswer,
     Task,
     refuse_server_answers,
@@ -136,6 +139,8 @@ class Outcomes:
         records = await self._run_once.records(task)
         reported = (event.at_ms, msg.timestamp_ms, task.received_ms, event.event)
         if why := superseded(records, event.agent_id, task.attempt, *reported):
+            if why == TAKEN_FROM_ITS_AGENT and await self._sent_on(event, task, records):
+                return None  # the move that fenced it was cut short before it sent it on
             # A late report of an old run must not start a retry of its own.
             log.info("outcome that no longer counts; left alone", kind=event.event, why=why)
             return None
@@ -167,6 +172,20 @@ class Outcomes:
         if delivered == 1:
             return await self._schedule(event, task, error)
         return await self._retry(event, task, waited=delivered - 2, origin=f"e{msg.stream_seq}")
+
+    async def _sent_on(self, event: Event, task: Task, records: list[Execution]) -> bool:
+        def allowed(task: Task, agent_id: str) -> int:
+            return self._config.allowed(task, self._directory.cards.get(agent_id))
+
+        return await send_on_cut_short(
+            self._broker,
+            task,
+            event.agent_id or "",
+            records,
+            self._run_once,
+            allowed=allowed,
+            dispatched_ms=_dispatched_at_ms(event),
+        )
 
     async def _expired(self, event: Event, task: Task, error: ErrorInfo, *, began: bool) -> None:
         """End the task its agent found expired, unless the coordinator's sweep of the queues

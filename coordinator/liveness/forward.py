@@ -18,7 +18,7 @@ import structlog
 
 from agentreach import envelopes
 from agentreach.broker import Broker
-from agentreach.broker.lifecycle import emit, event_for
+from agentreach.broker.lifecycle import emit, event_for, events_of
 from agentreach.broker.streams import StoredMessage
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.delivery.retries import RetryConfig
@@ -31,7 +31,7 @@ from agentreach.coordinator.routing.run_once import (
     lease_limit,
     verdict_of,
 )
-from agentreach.envelopes import ErrorInfo, Event, Task, now_ms, ttl_left_ms
+from agentreach.envelopes import ErrorInfo, Event, Execution, Task, now_ms, ttl_left_ms
 from agentreach.envelopes.headers import task_headers
 
 log = structlog.get_logger("coordinator.reassign")
@@ -92,6 +92,39 @@ async def forward(
     )
     await emit(broker, scheduled)
     return "reassigned"
+
+
+async def send_on_cut_short(
+    broker: Broker,
+    task: Task,
+    agent_id: str,
+    records: list[Execution],
+    run_once: RunOnce,
+    *,
+    allowed: Allowed,
+    dispatched_ms: int,
+) -> bool:
+    """Send ``task`` on when its move was cut short: ``agent_id``'s record of this attempt is
+    the fence of a move, and nothing shows that the move sent it on. True when it did."""
+    fence = next((r for r in records if _fences(r, agent_id, task.attempt)), None)
+    if fence is None or fence.error is None:
+        return False
+    events = await events_of(broker, task.trace_id, task.message_id)
+    if moved_on(events.run_of(broker.names, task.caller), task.attempt):
+        return False
+    why = fence.error.message.removeprefix("its agent ")
+    log.warning("a move of the task was cut short after its fence; sent on now", agent_id=agent_id)
+    gone = Gone(agent_id, fence.epoch, why, allowed)
+    ran = bool(fence.started_ms)
+    await forward(broker, task, gone, run_once, ran=ran, dispatched_ms=dispatched_ms)
+    return True
+
+
+def _fences(record: Execution, agent_id: str, attempt: int) -> bool:
+    error = record.error
+    return (record.agent_id, record.attempt, record.state) == (agent_id, attempt, "failed") and (
+        error is not None and error.type == REASSIGNED
+    )
 
 
 def moved_on(events: list[tuple[StoredMessage, Event]], attempt: int) -> bool:

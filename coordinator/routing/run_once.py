@@ -63,6 +63,7 @@ LEASE_PAST_TTL_MS = 30_000
 # A later run's report of an attempt made this soon after the first report was stored has
 # the first's Nats-Msg-Id, and the stream drops it (less a margin for the agent's clock).
 REPORTED_AS_ONE_MS = int(EVENTS_DUPLICATE_WINDOW_S * 1000) - 10_000
+TAKEN_FROM_ITS_AGENT = "the attempt was taken from its agent"  # a report that no longer counts
 ALERTS_PER_READ = 5  # records found unsealed in one read that are alerted, the latest
 
 
@@ -236,7 +237,7 @@ def superseded(
         if r.agent_id != agent_id or r.attempt != attempt or r.state != "failed":
             continue
         if r.error is not None and r.error.type == REASSIGNED:
-            return "the attempt was taken from its agent"
+            return TAKEN_FROM_ITS_AGENT
         if kind == "failed" and is_expiry_fence(r, attempt):  # retried, it ran again, ended twice
             return "the coordinator ended the attempt as expired: it was not reported in time"
         if r.finished_at_ms > max(reported_at_ms, stored_ms + REPORTED_AS_ONE_MS):

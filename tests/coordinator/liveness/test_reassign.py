@@ -6,14 +6,17 @@ import asyncio
 from collections import Counter
 
 import msgspec
+import pytest
+from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.agents import Agent, TaskContext
-from agentreach.broker import Topology, provision, read_stream
+from agentreach.broker import BrokerError, Topology, provision, read_stream
 from agentreach.broker.lifecycle import GRANT_HEADER, emit, event_for
 from agentreach.broker.streams import delete_message, next_message
 from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.delivery.expiry import fence_expiry
+from agentreach.coordinator.liveness import reassign
 from agentreach.coordinator.liveness.forward import MOVED_MIN_LEFT_MS, STOPPED
 from agentreach.coordinator.liveness.reassign import DRAINING, FORGOTTEN, Moves, reassign_tasks
 from agentreach.coordinator.observability import MetricsConfig
@@ -271,6 +274,7 @@ async def _in_gone_queue(broker, message_id: str, agent_id: str, attempt: int, *
             broker, message_id, agent_id, "running", attempt=attempt, started_ms=now,
             lease_until_ms=now + 60_000,
         )  # fmt: skip
+    return task
 
 
 async def _moved(broker) -> envelopes.Task:  # type: ignore[no-untyped-def]
@@ -489,3 +493,37 @@ async def test_a_dispatch_without_the_coordinator_s_grant_is_not_moved_on(broker
     moved = await watcher.event("retry_scheduled", message_id="granted-1")
     assert moved.message_id == "granted-1"
     assert not [e for e in watcher.events if e.message_id == "order-42"]
+
+
+async def test_a_move_cut_short_after_its_fence_is_sent_on_when_the_agent_reports_it(
+    broker, coordinator, watcher, monkeypatch
+):
+    """The coordinator fenced gone-10's attempt and died before it sent it on (here: the
+    send fails); gone-10 came back, so the move was not tried again, and its new process
+    left the fenced attempt, acknowledged: lost (a chaos run). Its report of the attempt
+    (`failed`, the fence's error) now sends it on, as the move would have, once; the same
+    report of a move that went through sends nothing."""
+    task = await _in_gone_queue(broker, "cut-1", "gone-10", 1, running=False)
+
+    async def dying(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise BrokerError("the coordinator died here")
+
+    monkeypatch.setattr(reassign, "forward", dying)
+    with pytest.raises(BrokerError):
+        await reassign_tasks(broker, "gone-10")
+    monkeypatch.undo()
+    [fence] = await RunOnce(broker).records(task)
+    assert envelopes.is_reassignment_fence(fence, 1)
+    cards = await broker.bucket(broker.names.agents_bucket, envelopes.AgentCard)
+    await cards.put("gone-10", envelopes.AgentCard(agent_id="gone-10", intents={}, epoch=2))
+    await emit(broker, event_for(task, "routed", agent_id="gone-10"))  # as the router did
+    report = event_for(task, "failed", agent_id="gone-10", task=task, error=fence.error)
+    with capture_logs() as logs:
+        await emit(broker, report, sender="gone-10")
+        scheduled = await watcher.event("retry_scheduled", message_id="cut-1")
+    assert any(line["event"].startswith("a move of the task was cut short") for line in logs)
+    assert scheduled.detail["next_attempt"] == 2
+    assert (await _moved(broker)).attempt == 2
+    await emit(broker, msgspec.structs.replace(report, at_ms=report.at_ms + 1), sender="gone-10")
+    await events_settled(broker, broker.names.coordinator_outcomes)
+    assert watcher.count("retry_scheduled", {"cut-1"}) == 1  # the move went through now
