@@ -233,6 +233,10 @@ export class Executor {
     if (claim.kind === "moved") {
       leave();
       this.log.info("not run: this attempt was moved to another agent while it waited here", { message_id: task.message_id });
+      // Said, so that a move cut short after its fence (the coordinator or the server died)
+      // is sent on from the report; the coordinator leaves alone one that went through.
+      const moved = { type: "reassigned", message: "a later attempt ran here", retryable: true, retry_after_ms: null };
+      await this.reports.report(msg, task, "failed", claim.record.error ?? moved, dispatchedMs);
       return null;
     }
     if (claim.kind === "expired") {
