@@ -29,6 +29,8 @@ import { headersOf, sentByServer } from "./serveranswers.js";
 import type { Capacity, Task } from "./types.js";
 
 const SEAL_HEADER = "Reach-Seal"; // copied into this agent's execution record of the attempt
+const MOVED_ON = { type: "reassigned", message: "a later attempt ran here", retryable: true, retry_after_ms: null };
+const FAILED_BEFORE = { type: "Error", message: "failed (its record says no more)", retryable: true, retry_after_ms: null };
 /** Neither ack nor nak this delivery: another delivery of the message holds its claim and
  * runs it, or this process stopped before the handler ended (the task is delivered again). */
 const LEAVE = Symbol("leave");
@@ -206,8 +208,7 @@ export class Executor {
       return null;
     }
     const windowMs = Math.min(spec.deadlineMs ?? task.budget.execute_ms, task.budget.execute_ms);
-    // Acknowledging while claiming saves a round trip; a duplicate that turns out
-    // to be done already acknowledges, then answers with the stored result.
+    // Acked while claiming (a round trip fewer); a duplicate done already answers from its record.
     const [claim] = await Promise.all([
       this.records.claimWhenFree(task, windowMs + LEASE_GRACE_MS, msg.headers?.get(SEAL_HEADER) || null, () => msg.working(), hand),
       this.reports.accept(msg, task, dispatchedMs, this.capacityFor(task), this.records.epoch),
@@ -226,17 +227,13 @@ export class Executor {
     }
     if (claim.kind === "failed") {
       leave(); // this attempt ran here and failed (its report's ack was lost): said again, not run
-      const said = { type: "Error", message: "failed (its record says no more)", retryable: true, retry_after_ms: null };
-      await this.reports.report(msg, task, "failed", claim.record.error ?? said, dispatchedMs);
+      await this.reports.report(msg, task, "failed", claim.record.error ?? FAILED_BEFORE, dispatchedMs);
       return null;
     }
     if (claim.kind === "moved") {
-      leave();
+      leave(); // reported: a move cut short after its fence is sent on from there (protocol §13)
       this.log.info("not run: this attempt was moved to another agent while it waited here", { message_id: task.message_id });
-      // Said, so that a move cut short after its fence (the coordinator or the server died)
-      // is sent on from the report; the coordinator leaves alone one that went through.
-      const moved = { type: "reassigned", message: "a later attempt ran here", retryable: true, retry_after_ms: null };
-      await this.reports.report(msg, task, "failed", claim.record.error ?? moved, dispatchedMs);
+      await this.reports.report(msg, task, "failed", claim.record.error ?? MOVED_ON, dispatchedMs);
       return null;
     }
     if (claim.kind === "expired") {
@@ -359,8 +356,7 @@ export class Executor {
       submit: (child) => this.submit(child),
       invoke: (child, signal) => this.subTasks.invokeTask(child, { signal }),
     }, claim.resumed);
-    // A handler longer than the ack wait would be redelivered (and count towards
-    // max_deliver) although it runs: tell the server it is still being worked on.
+    // A handler longer than the ack wait would be redelivered (and count towards max_deliver).
     const stopKeeping = this.keepAlive(msg);
     const started = performance.now();
     try {
