@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import structlog
 
@@ -44,7 +45,16 @@ Handler = Callable[[Delivery], Awaitable[float | None]]
 # The task a delivery holds, as its handler would take it in (or None): its sender is
 # answered when the message turns out to be poison.
 TaskOf = Callable[[Delivery], Task | None]
-Fold = Callable[[Delivery], None]
+
+
+class Counter(Protocol):
+    """What a fold counts with (:meth:`Consumption.fold`)."""
+
+    def count(self, delivery: Delivery) -> None: ...
+
+    def caught_up(self) -> None: ...
+
+
 RETRY_DELAY_S = 1.0
 FULL_SAID_EVERY_S = 60.0  # a full stream is said at most this often
 POISON_AFTER = 3  # crashes before a message is dead-lettered as poison
@@ -85,9 +95,10 @@ class Consumption:
         finally:
             await cancel_and_wait(*in_hand)
 
-    async def fold(self, consumer: PullConsumer, batch: int, count: Fold) -> None:
+    async def fold(self, consumer: PullConsumer, batch: int, counter: Counter) -> None:
         """Consume a consumer that acknowledges nothing (its deliveries are done), counting
-        each message as it comes, in order: no task, no ack, no round trip per message.
+        each message as it comes, in order: no task, no ack, no round trip per message;
+        ``counter`` is told when a fetch finds nothing (another replica took the rest).
 
         For folds that only count (the metrics): what a dying replica had fetched and not
         yet counted is lost, less than the counts it had made since it was last scraped.
@@ -95,9 +106,12 @@ class Consumption:
         """
         while True:
             honour_cancellation()
-            for delivery in await consumer.next_batch(batch):
+            deliveries = await consumer.next_batch(batch)
+            if not deliveries and not consumer.failing:
+                counter.caught_up()
+            for delivery in deliveries:
                 try:
-                    count(delivery)
+                    counter.count(delivery)
                 except Exception:
                     log.exception(
                         "a message could not be counted",

@@ -278,7 +278,7 @@ class Coordinator:
     def _loops(self) -> list[tuple[ConsumerSpec, Loop]]:
         names, config, consume = self.broker.names, self.config, self._consume
         fold = functools.partial(
-            self._consumption.fold, batch=config.metrics.batch, count=self.flow.count
+            self._consumption.fold, batch=config.metrics.batch, counter=self.flow
         )
         loops: list[tuple[ConsumerSpec, Loop]] = [
             (

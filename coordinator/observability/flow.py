@@ -314,11 +314,9 @@ class FlowMetrics(Collector):
                 if event.attempt > 1:
                     self._child(self.retries, topic, priority).inc()
             case "accepted":
-                dispatched = _number(detail.get("dispatched_at_ms"))
-                if dispatched:
-                    self._child(self.ack_latency, priority).observe(
-                        _seconds(stored_ms - dispatched)
-                    )
+                if dispatched := _number(detail.get("dispatched_at_ms")):
+                    acked_s = _seconds(stored_ms - dispatched)
+                    self._child(self.ack_latency, priority).observe(acked_s)
             case "completed":
                 self._completed(event, topic, stored_ms)
                 if (duration := _number(detail.get("duration_ms"))) is not None:
@@ -386,10 +384,12 @@ class FlowMetrics(Collector):
         self._child(self.received, self.topic(topic), priority).inc()
         self._child(self.intake_lag, priority).observe(_seconds(now_ms() - stored_ms))
 
+    def caught_up(self) -> None:
+        """A fetch found nothing: other replicas took what was left (a false alert, before)."""
+        self.behind = 0
+
     def _lag_s(self) -> float:
-        if not self.behind or not self.last_stored_ms:
-            return 0.0
-        return _seconds(now_ms() - self.last_stored_ms)
+        return _seconds(now_ms() - self.last_stored_ms) if self.behind else 0.0
 
 
 def _seconds(ms: float) -> float:

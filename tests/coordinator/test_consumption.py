@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 
 import pytest
+from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from agentreach.broker import (
@@ -19,8 +20,9 @@ from agentreach.broker import (
     consumer_state,
 )
 from agentreach.coordinator.consumption import Consumption
+from agentreach.coordinator.observability.flow import FlowMetrics
 from agentreach.envelopes import headers as h
-from tests.support import until_true
+from tests.support import eventually, until_true
 
 
 async def _intake_consumer(broker, durable: str, **settings: float) -> PullConsumer:  # type: ignore[no-untyped-def]
@@ -99,16 +101,20 @@ async def test_a_fold_counts_in_order_acknowledges_nothing_and_says_what_it_coul
     counted: list[bytes] = []
     all_counted = asyncio.Event()
 
-    def count(delivery: Delivery) -> None:
-        if delivery.data == b'"bad"':
-            raise ValueError("cannot count this")
-        counted.append(delivery.data)
-        if len(counted) == 3:
-            all_counted.set()
+    class Counting:
+        def count(self, delivery: Delivery) -> None:
+            if delivery.data == b'"bad"':
+                raise ValueError("cannot count this")
+            counted.append(delivery.data)
+            if len(counted) == 3:
+                all_counted.set()
+
+        def caught_up(self) -> None:
+            pass
 
     consumption = Consumption(broker, Provisioner(broker, Topology.default(names)))
     with capture_logs() as logs:
-        runner = asyncio.create_task(consumption.fold(consumer, 8, count))
+        runner = asyncio.create_task(consumption.fold(consumer, 8, Counting()))
         try:
             for n, body in enumerate([b'"one"', b'"bad"', b'"two"', b'"three"']):
                 await broker.publish(subject, body, headers={h.MSG_ID: f"f-{n}"})
@@ -123,6 +129,41 @@ async def test_a_fold_counts_in_order_acknowledges_nothing_and_says_what_it_coul
     said = [e for e in logs if e["event"] == "a message could not be counted"]
     assert len(said) == 1 and said[0]["subject"] == subject
     assert said[0]["stream_seq"] == 2 and said[0]["exc_info"]
+
+
+async def test_a_replica_says_it_caught_up_once_the_other_took_what_it_left(broker):
+    """Replica A counted an event with two more held after it, and replica B, sharing the
+    consumer, took those two: A's metrics feed lag stayed "behind" till its next event (an
+    outside trial: `ReachMetricsFeedLagging` fired at 455 s, the counters up to date). A
+    fetch that finds nothing says A caught up."""
+    names = broker.names
+    spec = ConsumerSpec(
+        stream=names.events_stream,
+        durable="fold-shared",
+        filter_subjects=(names.events_wildcard,),
+        new_only=True,
+        acknowledged=False,
+    )
+    a, b = await bind(broker, spec), await bind(broker, spec)
+    subject = names.event("completed", "echo", "trace", "m", "agent")
+    for n in range(3):
+        await broker.publish(subject, b"{}", headers={h.MSG_ID: f"shared-{n}"})
+    registry = CollectorRegistry()
+    flow = FlowMetrics(registry, lambda topic: True)
+    [first] = await a.fetch(1)
+    flow.count(first)
+    assert flow.behind == 2
+    assert len(await b.fetch(8)) == 2
+    consumption = Consumption(broker, Provisioner(broker, Topology.default(names)))
+    runner = asyncio.create_task(consumption.fold(a, 8, flow))
+    try:
+        await eventually(lambda: flow.behind == 0)
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await a.close()
+        await b.close()
+    assert registry.get_sample_value("reach_metrics_feed_lag_seconds") == 0.0
 
 
 async def test_a_counting_consumer_made_with_acks_is_made_again_without(broker):
