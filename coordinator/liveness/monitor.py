@@ -164,19 +164,7 @@ class LivenessMonitor:
             self._write_verdicts_again()
         self._verdicts_made = made
         for key, entry in restored.items():
-            record = entry.value
-            self.agents[key] = Tracked(
-                agent_id=key,
-                interval_s=record.interval_s or 15.0,
-                last_seen=time.monotonic(),
-                state=record.state,
-                since_ms=record.since_ms,
-                reason=record.reason,
-                epoch=record.epoch,
-                quarantined=record.quarantined,
-                offline_at_ms=list(record.offline_at_ms),
-                answered_epoch=record.answered_epoch or -1,
-            )
+            self.agents[key] = Tracked.restored(key, entry.value)
 
     async def _on_heartbeat(self, change: Change, *, replayed: bool = False) -> None:
         if change.value is None:  # deleted by an agent that stopped cleanly
@@ -231,6 +219,10 @@ class LivenessMonitor:
         tracked.interval_s, tracked.in_flight = beat.interval_s, beat.in_flight
         if tracked.cadence is None or beat.epoch != tracked.epoch:
             tracked.cadence = Cadence(beat.interval_s, self._config.adaptive_beats)
+        if 0 < tracked.epoch < beat.epoch and tracked.state != "OFFLINE":
+            # Its process died unannounced and another came before it was judged: a crash
+            # too (an outside trial: one killed every 19 s was never OFFLINE, nor quarantined).
+            await self._transition(tracked, "OFFLINE", "restarted")
         tracked.epoch = beat.epoch
         recovered = tracked.state == "SUSPECT"
         if tracked.state != "ONLINE":

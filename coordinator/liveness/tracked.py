@@ -49,6 +49,22 @@ class Tracked:
             return False
         return beat is None or (beat.epoch, beat.seq) <= (self.epoch, self.seq)
 
+    @classmethod
+    def restored(cls, agent_id: str, record: Liveness) -> Tracked:
+        """As its stored verdict says, with a full offline threshold of grace from now."""
+        return cls(
+            agent_id=agent_id,
+            interval_s=record.interval_s or 15.0,
+            last_seen=time.monotonic(),
+            state=record.state,
+            since_ms=record.since_ms,
+            reason=record.reason,
+            epoch=record.epoch,
+            quarantined=record.quarantined,
+            offline_at_ms=list(record.offline_at_ms),
+            answered_epoch=record.answered_epoch or -1,
+        )
+
     def record(self) -> Liveness:
         return Liveness(
             agent_id=self.agent_id,

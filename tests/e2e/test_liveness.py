@@ -557,6 +557,25 @@ async def test_an_agent_that_keeps_going_offline_is_quarantined_until_cleared(br
             assert await client.invoke("noop", {"ok": 1}) == {"ok": 1}
 
 
+async def test_an_agent_killed_and_started_again_before_it_was_judged_went_offline(broker, watcher):
+    """Killed -9 and started again within its heartbeat interval: the coordinator saw a new
+    process's beat, and nothing else. It was never OFFLINE, so an agent crashing every 19 s
+    was never quarantined (an outside trial). A new process whose last one went unannounced
+    is an OFFLINE (`restarted`), counted as one, then ONLINE."""
+    async with lively_coordinator(broker) as coordinator:
+        async with pulse_process(broker, "phoenix", interval_s=5.0) as first:
+            online = await watcher.state("phoenix", "ONLINE")
+            epoch = coordinator.liveness.agents["phoenix"].epoch
+            first.send_signal(signal.SIGKILL)
+            await first.wait()
+        async with pulse_process(broker, "phoenix", epoch=epoch + 1, interval_s=5.0):
+            offline = await watcher.state("phoenix", "OFFLINE", after=online)
+            await watcher.state("phoenix", "ONLINE", after=offline)
+        tracked = coordinator.liveness.agents["phoenix"]
+    assert offline.detail["reason"] == "restarted"
+    assert len(tracked.offline_at_ms) == 1  # toward its quarantine
+
+
 def _state(coordinator, agent_id: str) -> str | None:  # type: ignore[no-untyped-def]
     tracked = coordinator.liveness.agents.get(agent_id)
     return tracked.state if tracked is not None else None
