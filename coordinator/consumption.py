@@ -54,6 +54,8 @@ class Counter(Protocol):
 
     def caught_up(self) -> None: ...
 
+    async def ready(self) -> None: ...
+
 
 RETRY_DELAY_S = 1.0
 FULL_SAID_EVERY_S = 60.0  # a full stream is said at most this often
@@ -97,13 +99,15 @@ class Consumption:
 
     async def fold(self, consumer: PullConsumer, batch: int, counter: Counter) -> None:
         """Consume a consumer that acknowledges nothing (its deliveries are done), counting
-        each message as it comes, in order: no task, no ack, no round trip per message;
-        ``counter`` is told when a fetch finds nothing (another replica took the rest).
+        each message as it comes, in order: no task, no ack, no round trip per message,
+        once ``counter`` is ready; it is told when a fetch finds nothing (another replica
+        took the rest).
 
         For folds that only count (the metrics): what a dying replica had fetched and not
         yet counted is lost, less than the counts it had made since it was last scraped.
         A message that cannot be counted is said, with the reason, and left in its stream.
         """
+        await counter.ready()
         while True:
             honour_cancellation()
             deliveries = await consumer.next_batch(batch)

@@ -48,6 +48,7 @@ from agentreach.coordinator.liveness.control import LivenessControl
 from agentreach.coordinator.liveness.monitor import LivenessMonitor
 from agentreach.coordinator.liveness.queue_expiry import QueueExpiry
 from agentreach.coordinator.observability import (
+    AfterFirstScrape,
     AgentTopics,
     AuditWriter,
     FlowMetrics,
@@ -277,9 +278,8 @@ class Coordinator:
 
     def _loops(self) -> list[tuple[ConsumerSpec, Loop]]:
         names, config, consume = self.broker.names, self.config, self._consume
-        fold = functools.partial(
-            self._consumption.fold, batch=config.metrics.batch, counter=self.flow
-        )
+        after = AfterFirstScrape(self.flow, self.readiness)
+        fold = functools.partial(self._consumption.fold, batch=config.metrics.batch, counter=after)
         loops: list[tuple[ConsumerSpec, Loop]] = [
             (
                 consumers.intake(names, config),

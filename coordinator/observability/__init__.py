@@ -21,7 +21,7 @@ from agentreach.coordinator.observability.config import (
     ClaimCheckConfig,
     MetricsConfig,
 )
-from agentreach.coordinator.observability.endpoint import Readiness, endpoint
+from agentreach.coordinator.observability.endpoint import AfterFirstScrape, Readiness, endpoint
 from agentreach.coordinator.observability.flow import FlowMetrics
 from agentreach.coordinator.observability.http import HttpServer
 from agentreach.coordinator.observability.labels import FOLDED, QUOTA_ANSWERS, AgentTopics
@@ -32,6 +32,7 @@ __all__ = [
     "FOLDED",
     "QUOTA_ANSWERS",
     "TERMINAL",
+    "AfterFirstScrape",
     "AgentTopics",
     "AuditConfig",
     "AuditWriter",
@@ -69,6 +70,7 @@ async def serving(
         yield None
         return
     handler = endpoint(registry, readiness)
+    readiness.scrapeable = True
     async with HttpServer(
         handler,  # type: ignore[arg-type]
         host=config.host,

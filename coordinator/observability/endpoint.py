@@ -4,13 +4,15 @@ answers) and ``/readyz`` (connected, provisioned, consuming) for probes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 
-from agentreach.broker import Broker, PullConsumer
+from agentreach.broker import Broker, Delivery, PullConsumer
+from agentreach.coordinator.observability.flow import FlowMetrics
 from agentreach.coordinator.observability.http import Request, Response
 
 
@@ -22,6 +24,8 @@ class Readiness:
     provisioned: bool = False
     serving: bool = False  # every loop bound and every view loaded
     consumers: Sequence[PullConsumer] = field(default_factory=list)
+    scrapeable: bool = False  # /metrics is served
+    scraped: asyncio.Event = field(default_factory=asyncio.Event)  # it was read once
 
     def why_not(self) -> str | None:
         if not self.broker.connected:
@@ -78,7 +82,9 @@ def endpoint(registry: CollectorRegistry, readiness: Readiness) -> Callable[...,
             return Response.error(405, "only GET is served here")
         match request.path:
             case "/metrics":
-                return Response(200, await scrapes.text(), CONTENT_TYPE_LATEST)
+                text = await scrapes.text()
+                readiness.scraped.set()
+                return Response(200, text, CONTENT_TYPE_LATEST)
             case "/healthz":
                 return Response(200, b"ok\n")
             case "/readyz":
@@ -103,3 +109,30 @@ class _Collected:
 
     def collect(self) -> list[Metric]:
         return self.metrics
+
+
+# Prometheus scrapes every 15 s to 1 min: counting waits at most this long for its first.
+FIRST_SCRAPE_WAIT_S = 60.0
+
+
+@dataclass
+class AfterFirstScrape:
+    """The counters' fold (:class:`~agentreach.coordinator.observability.flow.FlowMetrics`),
+    which starts counting, after a start, once ``/metrics`` was read (at most
+    FIRST_SCRAPE_WAIT_S): Prometheus must see the restarted counters at 0. A backlog
+    counted before its first scrape read as no reset, and ``increase()`` lost what the
+    replica had counted before (an outside trial: 120 then 130 read as +10 where 30 ended)."""
+
+    counter: FlowMetrics
+    readiness: Readiness
+
+    def count(self, delivery: Delivery) -> None:
+        self.counter.count(delivery)
+
+    def caught_up(self) -> None:
+        self.counter.caught_up()
+
+    async def ready(self) -> None:
+        if self.readiness.scrapeable:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.readiness.scraped.wait(), FIRST_SCRAPE_WAIT_S)

@@ -5,11 +5,11 @@ coordinator replica shares (``coordinator-metrics``), so JetStream hands each ev
 replica, which counts it as it arrives: the consumer acknowledges nothing, since an ack per
 event was a sixth of the messages a task costs. Each replica exports what it counted;
 the alert rules add the replicas up (``sum(rate(...))``). A replica that restarts starts
-from 0, which ``rate()`` reads as a counter reset; the consumer resumes where it stopped,
-so events published while no replica ran are counted late, never lost (the lag is
-``reach_metrics_feed_lag_seconds``). What a replica counted but nobody scraped before it
-died is lost with it: at most one scrape interval of that replica's share (and the batch
-it had fetched and not yet counted, a few milliseconds of it).
+from 0, which ``rate()`` reads as a reset once scraped (it counts only after: see
+``AfterFirstScrape``); the consumer resumes where it stopped, so events published while
+no replica ran are counted late, never lost (the lag: ``reach_metrics_feed_lag_seconds``).
+What a replica counted but nobody scraped before it died is lost with it: at most one
+scrape interval of its share (and the batch it had fetched and not yet counted).
 """
 
 from __future__ import annotations

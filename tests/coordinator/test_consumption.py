@@ -20,6 +20,7 @@ from agentreach.broker import (
     consumer_state,
 )
 from agentreach.coordinator.consumption import Consumption
+from agentreach.coordinator.observability.endpoint import AfterFirstScrape, Readiness
 from agentreach.coordinator.observability.flow import FlowMetrics
 from agentreach.envelopes import headers as h
 from tests.support import eventually, until_true
@@ -112,6 +113,9 @@ async def test_a_fold_counts_in_order_acknowledges_nothing_and_says_what_it_coul
         def caught_up(self) -> None:
             pass
 
+        async def ready(self) -> None:
+            pass
+
     consumption = Consumption(broker, Provisioner(broker, Topology.default(names)))
     with capture_logs() as logs:
         runner = asyncio.create_task(consumption.fold(consumer, 8, Counting()))
@@ -155,7 +159,7 @@ async def test_a_replica_says_it_caught_up_once_the_other_took_what_it_left(brok
     assert flow.behind == 2
     assert len(await b.fetch(8)) == 2
     consumption = Consumption(broker, Provisioner(broker, Topology.default(names)))
-    runner = asyncio.create_task(consumption.fold(a, 8, flow))
+    runner = asyncio.create_task(consumption.fold(a, 8, AfterFirstScrape(flow, Readiness(broker))))
     try:
         await eventually(lambda: flow.behind == 0)
     finally:

@@ -106,6 +106,33 @@ async def test_two_replicas_count_each_event_once(broker, watcher: Watcher):
         assert sum(total(f, "reach_lease_held", duty=duty) for f in found) == 1
 
 
+async def test_a_started_replica_counts_once_prometheus_has_read_its_counters_at_0(
+    broker, watcher: Watcher
+):
+    """Events of the time no replica ran were counted before Prometheus's first scrape of
+    the restarted one: the counter went 120 then 130, which `increase()` read as +10 where
+    30 had ended (an outside trial). The first scrape of a started replica reads its
+    counters at 0; what waited is counted after it."""
+    good, _ = agents()
+    async with (
+        replica(broker) as running,
+        good.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        ids = [(await client.publish("double", {"n": i}))[0] for i in range(3)]
+        for message_id in ids:
+            await watcher.event("completed", message_id=message_id)
+        first = await scrape(running.metrics_url)
+
+        async def counted() -> dict | None:
+            found = await scrape(running.metrics_url)
+            return found if total(found, "reach_tasks_finished_total", topic="double") else None
+
+        later = await until_true(counted)
+    assert total(first, "reach_tasks_finished_total", topic="double") == 0
+    assert total(later, "reach_tasks_finished_total", topic="double") == 3
+
+
 async def test_every_replica_exports_how_many_replicas_answer(broker):
     """A rule compares it with the targets scraped: a replica that runs unscraped takes its
     share of the events to the grave of its counters, and the sums read low, silently."""
