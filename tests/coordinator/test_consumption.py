@@ -13,6 +13,7 @@ from agentreach.broker import (
     BrokerError,
     ConsumerSpec,
     Delivery,
+    Names,
     Provisioner,
     PullConsumer,
     Topology,
@@ -90,13 +91,7 @@ async def test_a_fold_counts_in_order_acknowledges_nothing_and_says_what_it_coul
     broker,
 ):
     names = broker.names
-    spec = ConsumerSpec(
-        stream=names.events_stream,
-        durable="fold-test",
-        filter_subjects=(names.events_wildcard,),
-        new_only=True,
-        acknowledged=False,
-    )
+    spec = _counting(names, "fold-test")
     consumer = await bind(broker, spec)
     subject = names.event("completed", "echo", "trace", "m", "agent")
     counted: list[bytes] = []
@@ -141,13 +136,7 @@ async def test_a_replica_says_it_caught_up_once_the_other_took_what_it_left(brok
     outside trial: `ReachMetricsFeedLagging` fired at 455 s, the counters up to date). A
     fetch that finds nothing says A caught up."""
     names = broker.names
-    spec = ConsumerSpec(
-        stream=names.events_stream,
-        durable="fold-shared",
-        filter_subjects=(names.events_wildcard,),
-        new_only=True,
-        acknowledged=False,
-    )
+    spec = _counting(names, "fold-shared")
     a, b = await bind(broker, spec), await bind(broker, spec)
     subject = names.event("completed", "echo", "trace", "m", "agent")
     for n in range(3):
@@ -257,3 +246,14 @@ async def test_a_message_wanted_back_at_its_last_delivery_is_ended_here(broker, 
     assert seen == [1, 2, 3]
     assert letter.error is not None and letter.error.type == "max_deliveries"
     assert "delivered 3 times to consumption-last" in letter.error.message
+
+
+def _counting(names: Names, durable: str) -> ConsumerSpec:
+    """A consumer of every new event that acknowledges nothing, as the metrics' fold is."""
+    return ConsumerSpec(
+        stream=names.events_stream,
+        durable=durable,
+        filter_subjects=(names.events_wildcard,),
+        new_only=True,
+        acknowledged=False,
+    )

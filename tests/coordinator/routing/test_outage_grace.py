@@ -39,14 +39,7 @@ async def test_a_lease_that_passed_while_the_server_was_away_is_waited_for(tmp_p
             await server.start()
             await eventually(lambda: own.reconnects > reconnects, 15)
             task = alice.task("count", {"n": 1}, ttl_ms=60_000)
-            key = execution_key(alice.caller, task.message_id, "x")
-            claim = Execution(
-                message_id=task.message_id,
-                state="running",
-                agent_id="x",
-                caller=alice.caller,
-                lease_until_ms=now_ms() - 1_000,  # lapsed while the server was away
-            )
+            key, claim = _lapsed_claim(alice.caller, task.message_id)
             bucket = own.names.executions_bucket
             await put_value(own, bucket, key, msgspec.json.encode(claim))
             with capture_logs() as logs:
@@ -74,14 +67,7 @@ async def test_a_coordinator_started_just_after_an_outage_waits_for_a_lapsed_lea
     ):
         await provision(bob.broker, Topology.default(bob.broker.names))
         task = bob.task("count", {"n": 1}, ttl_ms=60_000)
-        key = execution_key(bob.caller, task.message_id, "x")
-        claim = Execution(
-            message_id=task.message_id,
-            state="running",
-            agent_id="x",
-            caller=bob.caller,
-            lease_until_ms=now_ms() - 1_000,  # lapsed while the server was away
-        )
+        key, claim = _lapsed_claim(bob.caller, task.message_id)
         bucket = bob.broker.names.executions_bucket
         await put_value(bob.broker, bucket, key, msgspec.json.encode(claim))
         async with (
@@ -96,3 +82,15 @@ async def test_a_coordinator_started_just_after_an_outage_waits_for_a_lapsed_lea
             await put_value(bob.broker, bucket, key, msgspec.json.encode(done))
             assert await waiting == {"n": "from x"}
     assert runs[task.message_id] == 0
+
+
+def _lapsed_claim(caller: str, message_id: str) -> tuple[str, Execution]:
+    """Agent x's claim of the message, its key and value, lapsed while the server was away."""
+    claim = Execution(
+        message_id=message_id,
+        state="running",
+        agent_id="x",
+        caller=caller,
+        lease_until_ms=now_ms() - 1_000,
+    )
+    return execution_key(caller, message_id, "x"), claim
