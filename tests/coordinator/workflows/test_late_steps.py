@@ -404,13 +404,14 @@ async def test_a_cancel_after_a_refused_visit_undoes_at_once(broker, start_coord
     completes; a cancel refunds the second charge at once, waiting for no outcome (the first
     visit's had come), and the caller hears `cancelled`."""
     charges: list[int] = []
-    first_may_fail = asyncio.Event()
+    first_charging, first_may_fail = asyncio.Event(), asyncio.Event()
     agent = Agent("late-charger", startup_delay=0)
 
     @agent.handler("late-charge")
     async def charge(ctx: TaskContext, payload: Any) -> Any:
         charges.append(len(charges) + 1)
         if len(charges) == 1:
+            first_charging.set()
             await first_may_fail.wait()
             raise PermanentError("card declined")
         return {"charge": len(charges)}
@@ -427,7 +428,8 @@ async def test_a_cancel_after_a_refused_visit_undoes_at_once(broker, start_coord
     ):
         instance = "skipper-1"
         invoked = asyncio.create_task(caller.invoke("skipper", {}, message_id=instance))
-        await _until_record(broker, instance, lambda r: r.steps["pay"].status == "running")
+        # the skip must find visit 1 at the agent: one found still queued is refused unrun
+        await asyncio.wait_for(first_charging.wait(), 10)
         assert (await caller.signal_workflow(instance, "skip")).taken
         first_may_fail.set()
         await _until_record(broker, instance, lambda r: r.steps["pay"].status == "failed")
