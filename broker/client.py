@@ -13,6 +13,15 @@ a failed connect can name it. And it does not fall back to plain text when TLS w
 (a ``tls://`` URL, a CA or a client certificate) and the server offers none: nats-py upgrades
 only when the server requires TLS, so a server without it, or one in between that strips it
 from its INFO, got the credentials in the clear.
+
+And a message that waits for an answer (a JetStream write, a request, a read) is never
+held back for a connection that is coming back: its sender times it out on its own clock,
+and nats-py sent what it had buffered whenever it got back, 17 s later in a chaos run,
+where a coordinator's dispatch its caller had given up on ran a task a second time. While
+disconnected, such a publish waits up to ``answer_wait_s`` for the connection, then fails
+with a timeout, sending nothing; those still buffered when the connection broke are dropped
+(their senders time out and write again, under the same ``Nats-Msg-Id``). Messages that
+wait for nothing (acknowledgements, replies) are buffered as nats-py does.
 """
 
 from __future__ import annotations
@@ -25,18 +34,64 @@ from urllib.parse import ParseResult
 import nats.errors
 from nats.aio.client import DEFAULT_BUFFER_SIZE
 from nats.aio.client import Client as _NatsClient
+from nats.aio.msg import Msg
 
 from agentreach.broker.transport import Transport
 from agentreach.envelopes.server_answers import DIRECT_GET_ADDS, STORED_ANSWER
 
 _CRLF = b"\r\n"
 _ADDED_ALL = frozenset(DIRECT_GET_ADDS)
+ANSWER_WAIT_S = 5.0  # the Broker's request timeout
+# nats-py tells no one it is back before its callback, which comes after the first buffered
+# writes: a waiting publish looks again this often.
+RECONNECT_POLL_S = 0.02
 
 
 class Client(_NatsClient):
     """nats-py's client, parsing headers as it does, faster."""
 
     trying: ParseResult | None = None  # the server of the current connect attempt
+    answer_wait_s = ANSWER_WAIT_S
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        reply: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if reply and not self.is_connected:
+            await self.connected_within(self.answer_wait_s)
+        await super().publish(subject, payload, reply, headers)
+
+    async def request(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        timeout: float = 0.5,
+        old_style: bool = False,
+        headers: dict[str, Any] | None = None,
+    ) -> Msg:
+        if not self.is_connected:  # on the request's clock, not answer_wait_s
+            await self.connected_within(timeout)
+        return await super().request(subject, payload, timeout, old_style, headers)
+
+    async def connected_within(self, within_s: float) -> None:
+        """Once the connection is up; raises nats-py's TimeoutError when it is not within
+        ``within_s``, and ConnectionClosedError once it is closed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while not self.is_connected:
+            if self.is_closed:
+                raise nats.errors.ConnectionClosedError
+            if loop.time() >= deadline:
+                raise nats.errors.TimeoutError
+            await asyncio.sleep(RECONNECT_POLL_S)
+
+    async def _attempt_reconnect(self) -> None:
+        kept = [command for command in self._pending if not _awaits_answer(command)]
+        self._pending, self._pending_data_size = kept, sum(map(len, kept))
+        await super()._attempt_reconnect()
 
     async def _connect_to_server(self, s: Any) -> None:
         self.trying = s.uri
@@ -101,6 +156,14 @@ class Client(_NatsClient):
                 out.setdefault(STORED_ANSWER, next(stored_in, "a stream"))
             out[key] = value.strip().decode("utf-8", "replace")
         return out
+
+
+def _awaits_answer(command: bytes) -> bool:
+    """Whether a buffered command is a publish naming a reply subject:
+    ``PUB <subject> <reply> <size>`` or ``HPUB <subject> <reply> <header size> <size>``."""
+    verb, _, rest = command[: command.find(_CRLF)].partition(b" ")
+    fields = len(rest.split())
+    return (verb == b"PUB" and fields == 3) or (verb == b"HPUB" and fields == 4)
 
 
 class TlsNotOffered(nats.errors.Error):

@@ -127,8 +127,7 @@ class Broker:
         # dedup is stream-wide, so whoever may publish into a stream could otherwise
         # suppress a message by publishing its id first (see :meth:`publish`).
         self.dedup_secret: bytes | None = None
-        # Buckets whose records this connection seals and checks (the coordinator's own; see
-        # :mod:`agentreach.broker.record_seal`), by name.
+        # Buckets whose records this connection seals and checks, by name (see record_seal).
         self.record_seals: dict[str, RecordSeal] = {}
         # Buckets whose values without headers are nobody's (record_seal.headed_buckets):
         # a secured party's; a coordinator adds them with its seal key, whatever its creds.
@@ -313,9 +312,8 @@ class Broker:
         self, subject: str, block: bytes, data: bytes, *, timeout_s: float = 5.0
     ) -> int:
         """A JetStream publish with ``block`` as its header block, unchecked (nats-py refuses
-        a name it cannot send, such as ``Bad Key``): what any party's own client can store,
-        for the conformance kit's checks of how an agent reads what its library may refuse.
-        Returns the sequence it was stored at."""
+        a name it cannot send, such as ``Bad Key``), as any party's own client can store it:
+        for the conformance kit. Returns the sequence it was stored at."""
         with translated(subject=subject):
             sub = await self.nc.subscribe(inbox := self.nc.new_inbox(), max_msgs=1)
             try:

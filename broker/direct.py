@@ -302,7 +302,10 @@ class DirectReplies:
         token, reply = await self._inbox.expect(read.take)
         try:
             with translated(subject=subject):
-                await self._broker.nc.publish(subject, msgspec.json.encode(request), reply=reply)
+                nc = self._broker.nc
+                if not nc.is_connected:  # on this read's clock, not the client's
+                    await nc.connected_within(timeout_s)
+                await nc.publish(subject, msgspec.json.encode(request), reply=reply)
             try:
                 async with asyncio.timeout(timeout_s):
                     return await read.done

@@ -101,6 +101,8 @@ class PipelinedPublisher:
 
     async def _send(self, message: Outgoing, timeout_s: float) -> asyncio.Future[api.PubAck]:
         nc = self._broker.nc
+        if not nc.is_connected:  # on this publish's clock (raises as an unanswered one does)
+            await nc.connected_within(timeout_s)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[api.PubAck] = loop.create_future()
         token, reply = await self._inbox.expect(lambda msg: self._on_ack(token, msg))

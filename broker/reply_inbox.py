@@ -53,7 +53,10 @@ class ReplyInbox:
         answer: asyncio.Future[nats.aio.msg.Msg] = asyncio.get_running_loop().create_future()
         token, reply = await self.expect(lambda msg: answer.done() or answer.set_result(msg))
         try:
-            await self._broker.nc.publish(subject, data, reply=reply)
+            nc = self._broker.nc
+            if not nc.is_connected:  # on this ask's clock, not the client's
+                await nc.connected_within(timeout_s)
+            await nc.publish(subject, data, reply=reply)
             async with asyncio.timeout(timeout_s):
                 msg = await answer
         finally:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client as NatsPyClient
 
-from agentreach.broker import Broker, listen
-from agentreach.broker.client import Client
+from agentreach.broker import Broker, BrokerError, listen
+from agentreach.broker.client import Client, _awaits_answer
+from tests.e2e.test_startup_and_restarts import RestartableServer
 
 # Names and values with what trips a parser: white space of every kind (\x1c-\x1f count
 # as white space to Python), colons, non-ASCII and invalid UTF-8, empty parts.
@@ -73,3 +75,47 @@ async def test_a_peer_s_publish_after_a_flush_reaches_every_new_subscription(
     await broker.flush()
     for subscription in subscriptions:
         assert await subscription.next(timeout_s=5)
+
+
+async def test_a_write_given_up_during_an_outage_never_lands_later(tmp_path: Path):
+    """A JetStream write whose caller timed out while the server was away is not sent when
+    the connection comes back (nats-py sent it then: a chaos run's dispatch, 17 s late, ran
+    a task twice). A message that waits for no answer is still sent once it is back."""
+    async with RestartableServer(tmp_path / "nats") as server, Broker(server.url) as broker:
+        await broker.js.add_stream(name="OUTAGE", subjects=["outage.>"])
+        await server.stop()
+        with pytest.raises(BrokerError):
+            await broker.publish("outage.write", b"given up", timeout=0.3)
+        await broker.publish_core("outage.core", b"waits for nothing")
+        await server.start()
+        await asyncio.wait_for(broker.link.came_back(0), 15)
+        await broker.publish("outage.write", b"after")
+        await broker.flush()
+        stored = (await broker.js.stream_info("OUTAGE")).state.messages
+        kept = [(await broker.js.get_msg("OUTAGE", seq)).data for seq in range(1, stored + 1)]
+    assert kept == [b"waits for nothing", b"after"]
+
+
+async def test_a_write_during_a_short_outage_waits_for_the_connection(tmp_path: Path):
+    """A write made while the connection is coming back is sent once it is back, within the
+    write's own timeout: stored once, acknowledged."""
+    async with RestartableServer(tmp_path / "nats") as server, Broker(server.url) as broker:
+        await broker.js.add_stream(name="OUTAGE", subjects=["outage.>"])
+        await server.stop()
+        written = asyncio.create_task(broker.publish("outage.write", b"on time", timeout=15))
+        await server.start()
+        ack = await asyncio.wait_for(written, 20)
+        assert (await broker.js.get_msg("OUTAGE", ack.seq)).data == b"on time"
+        assert (await broker.js.stream_info("OUTAGE")).state.messages == 1
+
+
+def test_only_publishes_naming_a_reply_are_dropped_from_the_reconnect_buffer():
+    """What nats-py buffered when the connection broke: a publish that waits for an answer
+    on this connection (a write, a request, a pull) is dropped; acknowledgements, plain
+    messages and subscriptions are kept."""
+    assert _awaits_answer(b"PUB $JS.API.STREAM.INFO.S _INBOX.abc.1 0\r\n\r\n")
+    assert _awaits_answer(b"HPUB reach.tasks.x _INBOX.abc.2 12 14\r\nNATS/1.0\r\n\r\nhi\r\n")
+    assert not _awaits_answer(b"PUB $JS.ACK.S.C.1.2.3.4.0 4\r\n+ACK\r\n")
+    assert not _awaits_answer(b"HPUB reach.events.x 12 14\r\nNATS/1.0\r\n\r\nhi\r\n")
+    assert not _awaits_answer(b"SUB _INBOX.abc.* 7\r\n")
+    assert not _awaits_answer(b"PONG\r\n")
