@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 import nats.aio.msg
@@ -52,7 +52,8 @@ RETRY_FIRST_S = 0.5
 # A consumer paused by a leader election resumes within this of the new leader (with a 5 s cap
 # a failover's flow came back up to 5.4 s after the elections); a try is one cheap request.
 RETRY_CAP_S = 2.0
-ACK_POLICY_FIXED = 10012  # the server's "ack policy can not be updated"
+# The server's "can not be updated", of an ack or deliver policy, a start sequence.
+NOT_UPDATABLE = 10012
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +72,9 @@ class ConsumerSpec:
     new_only: bool = False
     # False: a delivered message is done (ack policy none), for consumers that only count.
     acknowledged: bool = True
+    # Start at this stream sequence instead (only when first made): a new_only consumer
+    # deleted under a running process is made again where that process left off.
+    start_seq: int = 0
 
     def config(self) -> api.ConsumerConfig:
         return api.ConsumerConfig(
@@ -79,12 +83,18 @@ class ConsumerSpec:
             filter_subject=self.filter_subjects[0] if len(self.filter_subjects) == 1 else None,
             filter_subjects=list(self.filter_subjects) if len(self.filter_subjects) > 1 else None,
             ack_policy=api.AckPolicy.EXPLICIT if self.acknowledged else api.AckPolicy.NONE,
-            deliver_policy=api.DeliverPolicy.NEW if self.new_only else api.DeliverPolicy.ALL,
+            deliver_policy=self._deliver_policy(),
+            opt_start_seq=self.start_seq or None,
             ack_wait=self.ack_wait_s,
             max_ack_pending=self.max_ack_pending,
             max_deliver=self.max_deliver,
             inactive_threshold=self.inactive_threshold_s,
         )
+
+    def _deliver_policy(self) -> api.DeliverPolicy:
+        if self.start_seq:
+            return api.DeliverPolicy.BY_START_SEQUENCE
+        return api.DeliverPolicy.NEW if self.new_only else api.DeliverPolicy.ALL
 
 
 OnMissing = Callable[[str], Awaitable[None]]
@@ -109,6 +119,7 @@ class PullConsumer:
         self._on_missing = on_missing
         self._failing_since: float | None = None
         self._retry_s = RETRY_FIRST_S
+        self._last_seq = 0  # the last stream sequence fetched
         self.spec = spec
 
     @property
@@ -119,7 +130,10 @@ class PullConsumer:
     async def fetch(self, size: int, *, wait_s: float = 1.0) -> list[Delivery]:
         """Up to ``size`` messages as soon as there is one, or none after ``wait_s`` of
         idleness; raises BrokerError."""
-        return [Delivery(m) for m in await self._puller.fetch(size, wait_s)]
+        deliveries = [Delivery(m) for m in await self._puller.fetch(size, wait_s)]
+        if deliveries:
+            self._last_seq = max(self._last_seq, deliveries[-1].stream_seq)
+        return deliveries
 
     async def next_batch(self, size: int, *, wait_s: float = 1.0) -> list[Delivery]:
         """Like :meth:`fetch`, but a failure is handled here: an empty batch after a pause."""
@@ -155,9 +169,15 @@ class PullConsumer:
             await self._rebind()
 
     async def _rebind(self) -> None:
-        """Make the consumer again (it is gone, or its stream is)."""
+        """Make the consumer again (it is gone, or its stream is). One that starts at new
+        messages starts after the last one fetched here: from now, the messages stored
+        since it was deleted (by hand, say) would never be counted, silently. Another
+        process's later fetches may come again (counted twice, fewer than a batch)."""
+        spec = self.spec
+        if spec.new_only and self._last_seq:
+            spec = replace(spec, start_seq=self._last_seq + 1)
         try:
-            puller = await _subscribe(self._broker, self.spec)
+            puller = await _subscribe(self._broker, spec)
         except StreamNotFound:
             if self._on_missing is not None:
                 await self._on_missing(f"stream {self.spec.stream} is gone")
@@ -267,14 +287,26 @@ async def _subscribe(broker: Broker, spec: ConsumerSpec) -> Puller:
         try:
             await broker.js.add_consumer(spec.stream, config=spec.config())
         except nats.js.errors.ServerError as exc:
-            if exc.err_code != ACK_POLICY_FIXED or not spec.new_only:
+            if exc.err_code != NOT_UPDATABLE or not spec.new_only:
                 raise
-            # Made by a version that acknowledged differently. One that starts at new
-            # messages keeps no position worth a refusal: it is made again, from now.
-            log.warning("consumer made again: its ack policy changed", consumer=spec.durable)
-            await broker.js.delete_consumer(spec.stream, spec.durable)
-            await broker.js.add_consumer(spec.stream, config=spec.config())
+            await _made_otherwise(broker, spec)
     return await Puller(broker, spec.stream, spec.durable).open()
+
+
+async def _made_otherwise(broker: Broker, spec: ConsumerSpec) -> None:
+    """A consumer that starts at new messages exists with what cannot be updated set
+    otherwise. Made again where a process left off (see PullConsumer._rebind), it keeps its
+    start and takes the rest. Made by a version that acknowledged differently, it keeps no
+    position worth a refusal: it is made again, from now."""
+    held = (await broker.js.consumer_info(spec.stream, spec.durable)).config
+    config = spec.config()
+    if held.ack_policy == config.ack_policy:
+        config.deliver_policy, config.opt_start_seq = held.deliver_policy, held.opt_start_seq
+        await broker.js.add_consumer(spec.stream, config=config)
+        return
+    log.warning("consumer made again: its ack policy changed", consumer=spec.durable)
+    await broker.js.delete_consumer(spec.stream, spec.durable)
+    await broker.js.add_consumer(spec.stream, config=config)
 
 
 async def follow(
