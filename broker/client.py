@@ -27,6 +27,7 @@ wait for nothing (acknowledgements, replies) are buffered as nats-py does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 from urllib.parse import ParseResult
@@ -42,8 +43,8 @@ from agentreach.envelopes.server_answers import DIRECT_GET_ADDS, STORED_ANSWER
 _CRLF = b"\r\n"
 _ADDED_ALL = frozenset(DIRECT_GET_ADDS)
 ANSWER_WAIT_S = 5.0  # the Broker's request timeout
-# nats-py tells no one it is back before its callback, which comes after the first buffered
-# writes: a waiting publish looks again this often.
+# Between losing the connection and starting to reconnect, a waiting publish looks again
+# this often (a reconnect under way wakes it when it ends).
 RECONNECT_POLL_S = 0.02
 
 
@@ -52,6 +53,7 @@ class Client(_NatsClient):
 
     trying: ParseResult | None = None  # the server of the current connect attempt
     answer_wait_s = ANSWER_WAIT_S
+    _reconnected: asyncio.Event | None = None  # clear while a reconnect runs
 
     async def publish(
         self,
@@ -84,14 +86,25 @@ class Client(_NatsClient):
         while not self.is_connected:
             if self.is_closed:
                 raise nats.errors.ConnectionClosedError
-            if loop.time() >= deadline:
+            if (left := deadline - loop.time()) <= 0:
                 raise nats.errors.TimeoutError
-            await asyncio.sleep(RECONNECT_POLL_S)
+            reconnected = self._reconnected
+            if reconnected is None or reconnected.is_set():  # not started yet
+                await asyncio.sleep(min(left, RECONNECT_POLL_S))
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await reconnected.wait()
 
     async def _attempt_reconnect(self) -> None:
         kept = [command for command in self._pending if not _awaits_answer(command)]
         self._pending, self._pending_data_size = kept, sum(map(len, kept))
-        await super()._attempt_reconnect()
+        reconnected = self._reconnected = self._reconnected or asyncio.Event()
+        reconnected.clear()
+        try:
+            await super()._attempt_reconnect()
+        finally:  # back, closed or given up: either way nobody waits for it any longer
+            reconnected.set()
 
     async def _connect_to_server(self, s: Any) -> None:
         self.trying = s.uri
