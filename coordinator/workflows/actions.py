@@ -1,6 +1,8 @@
 """What moving a workflow instance on asks the engine to do: dispatch a step's task, arm a
 timer, publish a note, let a step go, announce the end. Each is idempotent, so repeating them
-after a crash is safe: a step's message id derives from the instance, the step and the visit."""
+after a crash is safe: a step's message id derives from the instance, the step and the visit.
+(A step's task sent again is dropped as a copy only while the server remembers its id: see
+``Dispatch.unless_routed``.)"""
 
 from __future__ import annotations
 
@@ -16,10 +18,16 @@ from agentreach.envelopes.coordination import step_message_id
 
 @dataclass(frozen=True, slots=True)
 class Dispatch:
-    """Send ``run`` as a task (reply to the workflow's reply subject)."""
+    """Send ``run`` as a task (reply to the workflow's reply subject). ``unless_routed``:
+    not when it was routed already (its ``routed`` event is stored; from there the delivery
+    owns it, reassignment included): a resumed instance's step. The server forgets the ids
+    of consumed messages when it is killed, so a step routed before a kill -9 and sent again
+    after it ran twice (a chaos run: a coordinator that started just after the kill resumed
+    it, and the agent it was first routed to, disconnected meanwhile, ran it when back)."""
 
     key: str
     run: StepRun
+    unless_routed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,8 +86,9 @@ class Outbox:
     async def _each(self, record: WorkflowRecord, actions: list[Action]) -> None:
         for action in actions:
             match action:
-                case Dispatch(run=run):
-                    await self._dispatch(record, run)
+                case Dispatch(run=run, unless_routed=once):
+                    if not once or not await self._routed(record, run):
+                        await self._dispatch(record, run)
                 case Timer(key=key, visit=visit, due_ms=due_ms):
                     await self._arm(record, key, visit, due_ms)
                 case Note(event=event, key=key, detail=detail, unless_sent=once):
@@ -172,6 +173,12 @@ class Outbox:
         if once and await self._sent(subject):
             return
         await self._broker.publish(subject, data, headers=headers)
+
+    async def _routed(self, record: WorkflowRecord, run: StepRun) -> bool:
+        names = self._broker.names
+        return await self._sent(
+            names.events_of_message_of_kind("routed", record.trace_id, run.message_id)
+        )
 
     async def _ending_said(self, record: WorkflowRecord) -> bool:
         ending = event_for(record.task, f"workflow_{record.status}")

@@ -191,19 +191,19 @@ class Run(Visits):
             self.actions.extend((Finish(again=True), ending(record, again=True)))
             for key, run in record.compensations.items():  # a completed one's late step
                 if run.status == "running":
-                    self.actions.append(Dispatch(f"{key}-undo", run))
+                    self.actions.append(Dispatch(f"{key}-undo", run, unless_routed=True))
             return
         self.actions.append(Timer(DEADLINE, 0, record.deadline_ms))
         for key, run in record.steps.items():
             if run.status == "running":
-                self.actions.append(Dispatch(key, run))
+                self.actions.append(Dispatch(key, run, unless_routed=True))
                 if run.deadline_ms:
                     self.actions.append(Timer(key, run.visit, run.deadline_ms))
         if (waiting := self._wait_timer()) is not None:
             self.actions.append(waiting)
         for key, run in record.compensations.items():
             if run.status == "running":
-                self.actions.append(Dispatch(f"{key}-undo", run))
+                self.actions.append(Dispatch(f"{key}-undo", run, unless_routed=True))
         self.actions.extend(self._late_timers())
 
     # -- graphs (chain, fan-out, steps) -------------------------------------------
