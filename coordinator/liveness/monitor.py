@@ -217,12 +217,13 @@ class LivenessMonitor:
             )
         tracked.last_seen = time.monotonic()
         tracked.interval_s, tracked.in_flight = beat.interval_s, beat.in_flight
-        if tracked.cadence is None or beat.epoch != tracked.epoch:
-            tracked.cadence = Cadence(beat.interval_s, self._config.adaptive_beats)
         if 0 < tracked.epoch < beat.epoch and tracked.state != "OFFLINE":
             # Its process died unannounced and another came before it was judged: a crash
             # too (an outside trial: one killed every 19 s was never OFFLINE, nor quarantined).
             await self._transition(tracked, "OFFLINE", "restarted")
+        # After it: the new process's card, tracked meanwhile, starts its tracking afresh.
+        if tracked.cadence is None or beat.epoch != tracked.epoch:
+            tracked.cadence = Cadence(beat.interval_s, self._config.adaptive_beats)
         tracked.epoch = beat.epoch
         recovered = tracked.state == "SUSPECT"
         if tracked.state != "ONLINE":
@@ -364,7 +365,9 @@ class LivenessMonitor:
 
     # -- transitions --------------------------------------------------------------
     async def _transition(self, tracked: Tracked, state: LivenessState, reason: str) -> None:
-        before = tracked.state
+        # The process judged: a new one's card may be tracked while the verdict is written
+        # (a chaos run moved the queue of the new process, which ran its tasks twice).
+        before, epoch = tracked.state, tracked.epoch
         tracked.state, tracked.reason, tracked.since_ms = state, reason, now_ms()
         if state == "OFFLINE" and reason != "stopped":
             self._count_offline(tracked)
@@ -382,7 +385,7 @@ class LivenessMonitor:
             # Written before the queue moves: routing reads it, and must not send tasks back.
             await self._verdicts.written(self._broker.request_timeout)
             why = {"stopped": STOPPED, "unresponsive": UNRESPONSIVE}.get(reason, OFFLINE)
-            await self.moves.move(tracked.agent_id, tracked.epoch, why=why)
+            await self.moves.move(tracked.agent_id, epoch, why=why)
 
     def _count_offline(self, tracked: Tracked) -> None:
         now = now_ms()

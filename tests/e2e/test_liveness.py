@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, AgentIdInUse, ReachClient, TaskContext
 from agentreach.agents.runtime import CARD_LOOK_BEATS
@@ -574,6 +575,47 @@ async def test_an_agent_killed_and_started_again_before_it_was_judged_went_offli
         tracked = coordinator.liveness.agents["phoenix"]
     assert offline.detail["reason"] == "restarted"
     assert len(tracked.offline_at_ms) == 1  # toward its quarantine
+
+
+async def test_a_restart_moves_only_the_queue_of_the_process_that_died(
+    broker, watcher, monkeypatch: pytest.MonkeyPatch
+):
+    """The new process's card was tracked while the `restarted` verdict was written (the
+    sweep runs meanwhile): the queue move took the new process's epoch, moved the tasks it
+    had claimed, and they ran twice (a chaos run); the beat's judge then crashed on the
+    reset tracking. The move is of the epoch judged, which a newer process outranks."""
+    moved: list[tuple[str, int]] = []
+    async with lively_coordinator(broker) as coordinator:
+        liveness = coordinator.liveness
+        move, written = liveness.moves.move, liveness._verdicts.written
+
+        async def recorded(agent_id: str, epoch: int, **options: object) -> None:
+            moved.append((agent_id, epoch))
+            await move(agent_id, epoch, **options)  # type: ignore[arg-type]
+
+        async def swept_meanwhile(timeout_s: float) -> bool:
+            done = await written(timeout_s)
+            # The sweep, between the verdict and the move, once the new card is known.
+            await eventually(lambda: coordinator.directory.cards["phoenix-2"].epoch > epoch)
+            liveness._track_registered()
+            return done
+
+        monkeypatch.setattr(liveness.moves, "move", recorded)
+        async with pulse_process(broker, "phoenix-2", interval_s=5.0) as first:
+            online = await watcher.state("phoenix-2", "ONLINE")
+            epoch = liveness.agents["phoenix-2"].epoch
+            first.send_signal(signal.SIGKILL)
+            await first.wait()
+        monkeypatch.setattr(liveness._verdicts, "written", swept_meanwhile)
+        with capture_logs() as logs:
+            async with pulse_process(broker, "phoenix-2", epoch=epoch + 1, interval_s=5.0):
+                offline = await watcher.state("phoenix-2", "OFFLINE", after=online)
+                await watcher.state("phoenix-2", "ONLINE", after=offline)
+    assert offline.detail["reason"] == "restarted"
+    assert moved == [("phoenix-2", epoch)]
+    assert not [
+        line for line in logs if line["event"] == "a coordinator loop failed; starting it again"
+    ]
 
 
 def _state(coordinator, agent_id: str) -> str | None:  # type: ignore[no-untyped-def]
