@@ -248,7 +248,8 @@ async def _fence(
     running claim, so its late result cannot land; or, never claimed, a fence for the
     attempt, so that a process of the agent that comes back and fetches it from its durable
     queue before it is deleted here does not run it beside the next attempt (it ran twice
-    in the chaos suite). A claim of anyone else stands, and so does a result. False when
+    in the chaos suite). A claim of anyone else stands, and so does a result; a run of a newer
+    process of the agent is kept (None), as it would be sent on beside it. False when
     the attempt never ran: it was not claimed. From a DRAINING or UNRESPONSIVE agent only
     what it never claimed is taken: None when it runs the attempt (claimed, or claiming).
     ``ended``: the attempt was ended as expired, unreported in time (its agent paused, say),
@@ -285,6 +286,7 @@ async def _fence(
         if record.state != "running" or record.agent_id != agent_id:
             return None
         if epoch and record.epoch > epoch:
+            running = True  # a newer process of the agent runs it: its own, kept
             return None
         return msgspec.structs.replace(record, state="failed", error=reassigned)
 

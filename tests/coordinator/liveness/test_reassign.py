@@ -124,6 +124,29 @@ async def test_a_task_past_its_ttl_that_a_newer_process_of_the_agent_runs_stays_
     assert not watcher.dead_letters
 
 
+async def test_a_task_a_newer_process_of_the_agent_runs_is_neither_fenced_nor_sent_on(
+    broker, watcher
+):
+    """The old process (epoch 1) is judged gone while its new one (epoch 2) runs a task of
+    the queue, within its ttl: the run stands, and no next attempt runs beside it (the new
+    process registered while the queue was gone through: a chaos run ran it twice)."""
+    task = await _in_gone_queue(broker, "newer-run", "restarted-2", 1, running=False)
+    now = envelopes.now_ms()
+    await recorded(
+        broker, task.message_id, "restarted-2", "running", epoch=2, started_ms=now,
+        lease_until_ms=now + 60_000,
+    )  # fmt: skip
+    assert await reassign_tasks(broker, "restarted-2", epoch=1) == 0
+    names = broker.names
+    [kept] = await read_stream(
+        broker, names.dispatch_stream("P1"), names.dispatch("restarted-2", "P1")
+    )
+    assert envelopes.decode_task(kept.data).message_id == "newer-run"
+    assert not await read_stream(broker, names.tasks_stream, names.coordinator_task("slow"))
+    run = await _record(broker, "newer-run", "restarted-2")
+    assert (run.state, run.epoch) == ("running", 2)
+
+
 async def test_a_late_failure_of_an_attempt_taken_from_its_agent_starts_no_retry(
     broker, coordinator, watcher
 ):
