@@ -204,10 +204,15 @@ class Intake:
             fallback_id=stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq),
             reply_allowed=self._reply_policy(sender),
         )
-        if sender is None:
-            return task
+        if self._broker.names.task_subject_parts(msg.subject)[1] == COORDINATOR:
+            return task  # sent again by a coordinator: its fields stand
         if why := h.msg_id_differs(msg.headers, task.message_id):
             raise DecodeError(why)
+        # Only the coordinator stamps the intake time: a sender's own would move the task's
+        # ttl, its workflow's deadline and its trace (an outside trial set it 10 min back).
+        task = msgspec.structs.replace(task, received_ms=msg.timestamp_ms)
+        if sender is None:  # the bare form, an operator's
+            return task
         # The subject names the sender; the body's own claims give way. Only the coordinator
         # counts attempts: a sender's would spend its task's retries, or buy it more.
         from_agent = sender if task.from_agent is not None else None

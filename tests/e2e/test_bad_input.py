@@ -11,12 +11,14 @@ from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext, TaskFailed
 from agentreach.broker import ConsumerSpec, Provisioner, Topology, bind, read_stream
 from agentreach.broker.lifecycle import emit, event_for
+from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.consumption import POISON_AFTER, Consumption
 from agentreach.coordinator.routing.router import Router
 from agentreach.envelopes import Event, Task
 from agentreach.envelopes import headers as h
+from tests.e2e.routing_support import fast, serving
 from tests.secured import operators_reply_to
-from tests.support import until_true
+from tests.support import echoing, until_true
 
 # An event as a party sends it carries headers (one with none is a server's answer).
 AS_SENT = {"Nats-Msg-Id": "as-sent"}
@@ -367,3 +369,37 @@ async def test_an_invalid_envelope_is_answered_where_its_body_asks_and_traced_fo
     assert isinstance(answer, envelopes.ErrorReply) and "$.attempt" in answer.error.message
     assert dead.caller == "alice"
     assert answer.attempts == dead.detail["attempts"] == 0  # none began (caller.md §6.2)
+
+
+async def test_an_operators_dedup_header_other_than_its_message_id_is_refused_too(
+    broker, coordinator, watcher
+):
+    """On the bare subject as on a sender's: a full envelope whose `-H Nats-Msg-Id` was
+    another id ran under the body's id while the stream dropped copies by the header's (an
+    outside trial)."""
+    task = Task(v=1, message_id="bare-hdr-1", trace_id="bare-hdr-1", topic="echo")
+    headers = {h.MSG_ID: "bare-hdr-other"}
+    await broker.publish(broker.names.task("echo"), envelopes.encode(task), headers=headers)
+    letter = await watcher.dead_letter("invalid_envelope", message_id="bare-hdr-other")
+    assert letter.error is not None and "Nats-Msg-Id 'bare-hdr-other'" in letter.error.message
+
+
+async def test_a_senders_intake_time_is_the_brokers_not_its_body_s(
+    broker, start_coordinator, watcher
+):
+    """A full envelope's `received_ms` is the coordinator's to stamp. Set 10 minutes back by
+    its sender, the workflow the task started ended at once as expired (its ttl counted
+    from then), and the trace showed that time (an outside trial); set ahead, it would have
+    bought the workflow a later deadline."""
+    flows = {"dated": wf.chain(wf.step("a", "dated-step"))}
+    task = Task(
+        v=1, message_id="dated-1", trace_id="dated-1", topic="dated", payload={"n": 1},
+        ttl_ms=60_000, received_ms=envelopes.now_ms() - 600_000,
+    )  # fmt: skip
+    async with (
+        start_coordinator(fast(workflows=flows)) as coordinator,
+        serving(broker, coordinator, echoing("dated-echo", "dated-step")),
+    ):
+        await broker.publish(broker.names.task("dated", "alice"), envelopes.encode(task))
+        completed = await watcher.event("workflow_completed", message_id="dated-1")
+    assert completed.detail["workflow"] == "dated"
