@@ -11,9 +11,9 @@ from tests.cli.conftest import run, run_in_terminal
 pytestmark = pytest.mark.nats_cli
 
 
-async def nats_pub(nats_cli, broker, topic: str, body: str, *headers: str):  # type: ignore[no-untyped-def]
-    """`nats pub reach.task.<topic> BODY -H Name:value ...`, as an operator types it."""
-    flags = [arg for header in headers for arg in ("-H", header)]
+async def nats_pub(nats_cli, broker, topic: str, body: str, *headers: str, js: bool = False):  # type: ignore[no-untyped-def]
+    """`nats pub [-J] reach.task.<topic> BODY -H Name:value ...`, as an operator types it."""
+    flags = [arg for header in headers for arg in ("-H", header)] + (["-J"] if js else [])
     return await run(
         nats_cli, "--server", broker.url, "pub", broker.names.task(topic), body, *flags
     )
@@ -30,7 +30,8 @@ def summarizer() -> Agent:
 
 
 async def test_nats_pub_reaches_an_agent(nats_cli, broker, coordinator, watcher):
-    """`nats pub reach.task.<topic> '<json>'` with a trace header is executed by an agent."""
+    """`nats pub -J reach.task.<topic> '<json>'` with a trace header (the README's first
+    task) is stored, says so, and is executed by an agent."""
     async with summarizer().running(broker=broker):
         done = await nats_pub(
             nats_cli,
@@ -38,8 +39,10 @@ async def test_nats_pub_reaches_an_agent(nats_cli, broker, coordinator, watcher)
             "summarize",
             '{"text": "three little words"}',
             "Reach-Trace-Id:from-cli",
+            js=True,
         )
         assert done.returncode == 0, done.stderr
+        assert f"Stored in Stream: {broker.names.tasks_stream}" in done.stdout + done.stderr
         completed = await watcher.event("completed", topic="summarize")
     assert completed.trace_id == "from-cli"
     assert completed.detail["result"] == {"words": 3}
