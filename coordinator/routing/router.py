@@ -1,18 +1,17 @@
 """Sending a task to an agent that can take it — or saying, at once, why not.
 
-The first matching rule names the destination. Its pools are searched for an
-agent that is alive, whose breaker allows the call, whose queue is below the
-high watermark and whose token bucket has a token. When none is found:
+The first matching rule names the destination. Its pools are searched for an agent that is
+alive, whose breaker allows the call, whose queue is below the high watermark and whose token
+bucket has a token. When none is found:
 
 - nobody serves the destination: the fallback rule, and after it ``no_route``;
-- every such agent is full: wait for room up to ``queues.full_wait_s`` within the ttl,
-  then ``rejected`` as ``backpressure``;
+- every such agent is full: wait for room (``queues.full_wait_s``), then ``backpressure``;
 - every such agent is rate limited: a short bounded wait, then ``rate_limited``;
 - every such agent's breaker is open: the fallback rule, then ``circuit_open``;
-- they exist but are stopped or not ONLINE: wait within the task's ttl, then
-  ``expired`` (a restarting agent picks it up; nothing waits in a dead queue).
-- a workflow step its instance no longer waits for (cancelled, ended, the step stopped):
-  refused as ``cancelled`` (:mod:`.abandoned`).
+- they exist but are stopped or not ONLINE: wait within the task's ttl, then ``expired`` (a
+  restarting agent picks it up; nothing waits in a dead queue).
+- a step its workflow no longer waits for (cancelled, ended, stopped): ``cancelled``
+  (:mod:`.abandoned`).
 
 A task on a resolve topic (``reach.task.auto``) first gets its intent from its text; when
 that intent is not sure enough for any rule it goes to the ``below`` destination, by default
@@ -124,9 +123,8 @@ class Router:
     ) -> float | None:
         if where == "intake" and waited == 0 and left_ms > 0 and not await self._topic_admits(task):
             return None
-        # Looked at before an expiry too: the ending of a run whose acknowledgement was lost
-        # (a server failing over) comes back after the ack wait, often past the ttl, and
-        # the work it stands for is done.
+        # Looked at before an expiry too: the ending of a run whose ack was lost (a server
+        # failing over) comes back after the ack wait, often past the ttl; its work is done.
         match await self._run_once.verdict(task, now_ms() + left_ms):
             case RanAlready(record=record):
                 await answer_from_record(self._broker, task, record)
@@ -226,6 +224,8 @@ class Router:
         if task.attempt > 1:  # its ttl is what was left when the attempt was scheduled
             left = f"{task.ttl_ms} ms of it were left when attempt {task.attempt} was scheduled"
             said = f"its ttl passed in {where} ({left})"
+            if task.attempt - task.requeued > 1:  # said to a worker that reads only the reason
+                said += "; an earlier attempt began, and its effect may have happened"
         pools = pools_of(self.routing.decide(task).to, task.topic) if waited else ()
         choice = self.fleet.choose(pools, task.priority, {})
         if choice.agent is not None or not choice.passed_over:
@@ -380,8 +380,8 @@ class Router:
 
 
 async def _together(*steps: Coroutine[Any, Any, Any]) -> Any:
-    """Run the steps at once, in order; then raise the last failure (the dispatch is last),
-    or return what the last step returned."""
+    """Run the steps at once, in order; raise the last failure (the dispatch is last), or
+    return what the last step returned."""
     outcomes = await asyncio.gather(*steps, return_exceptions=True)
     for outcome in reversed(outcomes):
         if isinstance(outcome, BaseException):

@@ -183,19 +183,28 @@ async def test_intake_expiry_uses_the_broker_timestamp(broker, watcher):
 
 
 async def test_a_retry_expiring_in_intake_says_what_was_left_of_its_ttl(broker, watcher):
-    """A retry's ttl is what was left when it was scheduled: its expiry says so."""
-    retry = envelopes.Task(
-        v=1, message_id="retried-1", trace_id="t", topic="count", attempt=2, ttl_ms=100
-    )
-    await broker.publish(
-        broker.names.coordinator_task("count"), envelopes.encode(retry), headers=DISPATCHED
-    )
+    """A retry's ttl is what was left when it was scheduled: its expiry says so, and, when
+    an earlier attempt began (not one moved unrun, `requeued`), that its effect may have
+    happened: a task whose agent was killed mid-run expired as if nothing ran (an outside
+    trial), for a compensation worker that reads the reason only."""
+    for message_id, requeued in (("retried-1", 0), ("moved-unrun-1", 1)):
+        retry = envelopes.Task(
+            v=1, message_id=message_id, trace_id="t", topic="count", attempt=2,
+            requeued=requeued, ttl_ms=100,
+        )  # fmt: skip
+        await broker.publish(
+            broker.names.coordinator_task("count"), envelopes.encode(retry), headers=DISPATCHED
+        )
     await asyncio.sleep(0.2)  # the ttl passing is what this test is about
     async with replica(broker):
-        letter = await watcher.dead_letter("expired", message_id="retried-1")
-    assert letter.error is not None and letter.error.message == (
-        "its ttl passed in intake (100 ms of it were left when attempt 2 was scheduled)"
+        began = await watcher.dead_letter("expired", message_id="retried-1")
+        unrun = await watcher.dead_letter("expired", message_id="moved-unrun-1")
+    said = "its ttl passed in intake (100 ms of it were left when attempt 2 was scheduled)"
+    assert began.error is not None and unrun.error is not None
+    assert (
+        began.error.message == f"{said}; an earlier attempt began, and its effect may have happened"
     )
+    assert unrun.error.message == said
 
 
 def test_config_file_errors_name_the_field(tmp_path):
