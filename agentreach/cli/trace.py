@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+from collections import Counter
 from dataclasses import dataclass
 
 from agentreach import envelopes
@@ -144,21 +145,31 @@ def render(some_id: str, steps: list[Step]) -> str:
     """A block per message, a line per event: time, offset, event, agent, details."""
     if not steps:
         return f"no events recorded for {some_id!r} (is it a message_id or trace_id?)"
-    messages: dict[str, list[Step]] = {}
-    for step in steps:
-        messages.setdefault(step.event.message_id, []).append(step)
+    messages, shared = _by_message(steps)
     received = {m: _received(own) for m, own in messages.items()}
     start = min([steps[0].at, *(at for at in received.values() if at is not None)])
     trace_ids = sorted({s.event.trace_id for s in steps})
     lines = [f"trace {', '.join(trace_ids)} · {len(messages)} message(s)"]
-    for message_id, own in messages.items():
-        lines.append(f"message {message_id}  topic {own[0].event.topic}")
-        if (at := received[message_id]) is not None:
+    for (message_id, caller), own in messages.items():
+        by = f"  caller {caller or '(none: the bare subject)'}" if message_id in shared else ""
+        lines.append(f"message {message_id}  topic {own[0].event.topic}{by}")
+        if (at := received[message_id, caller]) is not None:
             clock = at.astimezone().strftime("%H:%M:%S.%f")[:-3]
             lines.append(f"  {clock} {offset_shown((at - start).total_seconds()):>10}  received")
         for step in own:
             lines.append(_line(step, start))
     return "\n".join(lines)
+
+
+def _by_message(steps: list[Step]) -> tuple[dict[tuple[str, str | None], list[Step]], set[str]]:
+    """Each message's steps, by (message id, caller: None for the operators' bare form), and
+    the ids two callers used: each caller's message is its own (shown as one, they read as
+    one message run twice: an outside trial)."""
+    messages: dict[tuple[str, str | None], list[Step]] = {}
+    for step in steps:
+        messages.setdefault((step.event.message_id, step.event.caller), []).append(step)
+    runs = Counter(message_id for message_id, _ in messages)
+    return messages, {message_id for message_id, count in runs.items() if count > 1}
 
 
 def _received(own: list[Step]) -> dt.datetime | None:

@@ -1,0 +1,41 @@
+"""How `reach trace` lays out what it read (pure: the events are given)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from agentreach.cli.trace import Step, render
+from agentreach.envelopes import Event
+
+T0 = dt.datetime(2026, 12, 6, 19, 0, tzinfo=dt.UTC)
+
+
+def step(seq: int, event: str, caller: str | None, agent_id: str | None = "slow-1") -> Step:
+    about = Event(
+        v=1, event=event, message_id="E-2", trace_id="E-2", topic="slow", agent_id=agent_id,
+        caller=caller,
+    )  # fmt: skip
+    return Step(at=T0 + dt.timedelta(seconds=seq), seq=seq, event=about)
+
+
+def test_one_id_sent_by_two_callers_is_two_messages_each_with_its_caller() -> None:
+    """Sent bare, then under the same id by `billing` past the duplicate window: both ran,
+    and the trace showed one message with two runs of attempt 1 (an outside trial)."""
+    steps = [
+        step(1, "routed", None, None), step(2, "accepted", None), step(3, "completed", None),
+        step(301, "routed", "billing", None), step(302, "accepted", "billing"),
+        step(303, "completed", "billing"),
+    ]  # fmt: skip
+    lines = render("E-2", steps).splitlines()
+    assert lines[0] == "trace E-2 · 2 message(s)"
+    headers = [line for line in lines if line.startswith("message ")]
+    assert headers == [
+        "message E-2  topic slow  caller (none: the bare subject)",
+        "message E-2  topic slow  caller billing",
+    ]
+    assert [line.split()[2] for line in lines[2:5]] == ["routed", "accepted", "completed"]
+
+
+def test_a_message_of_one_caller_names_none() -> None:
+    lines = render("E-2", [step(1, "routed", "billing", None)]).splitlines()
+    assert lines[:2] == ["trace E-2 · 1 message(s)", "message E-2  topic slow"]
