@@ -208,17 +208,15 @@ class Intake:
             return task  # sent again by a coordinator: its fields stand
         if why := h.msg_id_differs(msg.headers, task.message_id):
             raise DecodeError(why)
-        # Only the coordinator stamps the intake time: a sender's own would move the task's
-        # ttl, its workflow's deadline and its trace (an outside trial set it 10 min back).
-        task = msgspec.structs.replace(task, received_ms=msg.timestamp_ms)
+        # Only the coordinator stamps the intake time (a sender's own would move the task's
+        # ttl, its workflow's deadline and its trace: an outside trial set it 10 min back)
+        # and counts attempts (a sender's would spend its task's retries, or buy it more).
+        task = msgspec.structs.replace(task, received_ms=msg.timestamp_ms, attempt=1, requeued=0)
         if sender is None:  # the bare form, an operator's
             return task
-        # The subject names the sender; the body's own claims give way. Only the coordinator
-        # counts attempts: a sender's would spend its task's retries, or buy it more.
+        # The subject names the sender; the body's own claims give way.
         from_agent = sender if task.from_agent is not None else None
-        return msgspec.structs.replace(
-            task, caller=sender, from_agent=from_agent, attempt=1, requeued=0
-        )
+        return msgspec.structs.replace(task, caller=sender, from_agent=from_agent)
 
     async def _within_quota(self, task: Task, *, decoded: bool = True) -> bool:
         """Take a token of the caller's quota; False when the task was refused for it: an

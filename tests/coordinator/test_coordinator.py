@@ -310,12 +310,14 @@ def test_the_config_s_limits_and_keep_days_make_its_topology(tmp_path):
 async def test_a_sender_s_count_of_attempts_is_not_taken(broker, coordinator, watcher):
     """A caller's envelope said attempt 5: its task was routed as attempt 5, a retryable
     failure got no retry, and its letter said 5 attempts ran (a walkthrough). Refused at
-    routing, it ran none."""
-    task = envelopes.Task(
-        v=1, message_id="counted-1", trace_id="counted-1", topic="nobody-serves", attempt=5,
-        requeued=3,
-    )  # fmt: skip
-    await broker.publish(broker.names.task("nobody-serves", "alice"), envelopes.encode(task))
-    letter = await watcher.dead_letter("no_route", message_id="counted-1")
-    assert letter.envelope is not None
-    assert (letter.envelope.attempt, letter.envelope.requeued, letter.attempts) == (1, 0, 0)
+    routing, it ran none. The same on the operators' bare subject."""
+    for message_id, sender in (("counted-1", "alice"), ("counted-bare-1", None)):
+        task = envelopes.Task(
+            v=1, message_id=message_id, trace_id=message_id, topic="nobody-serves", attempt=5,
+            requeued=3,
+        )  # fmt: skip
+        subject = broker.names.task("nobody-serves", sender)
+        await broker.publish(subject, envelopes.encode(task))
+        letter = await watcher.dead_letter("no_route", message_id=message_id)
+        assert letter.envelope is not None
+        assert (letter.envelope.attempt, letter.envelope.requeued, letter.attempts) == (1, 0, 0)
