@@ -14,14 +14,14 @@ a failed connect can name it. And it does not fall back to plain text when TLS w
 only when the server requires TLS, so a server without it, or one in between that strips it
 from its INFO, got the credentials in the clear.
 
-And a message that waits for an answer (a JetStream write, a request, a read) is never
-held back for a connection that is coming back: its sender times it out on its own clock,
-and nats-py sent what it had buffered whenever it got back, 17 s later in a chaos run,
-where a coordinator's dispatch its caller had given up on ran a task a second time. While
-disconnected, such a publish waits up to ``answer_wait_s`` for the connection, then fails
-with a timeout, sending nothing; those still buffered when the connection broke are dropped
-(their senders time out and write again, under the same ``Nats-Msg-Id``). Messages that
-wait for nothing (acknowledgements, replies) are buffered as nats-py does.
+And a message that waits for an answer (a JetStream write, a request, a read) is never sent
+after its sender gave up on it. nats-py keeps what it could not send and sends it once the
+connection is back: in a chaos run, a coordinator's dispatch that had timed out went out 17 s
+later and ran a task a second time. While disconnected, such a publish waits for the
+connection (up to its own timeout, or ``answer_wait_s``), then fails with a timeout, sending
+nothing; those still buffered when the connection broke are dropped (their senders time out
+and write again, under the same ``Nats-Msg-Id``). Messages that wait for nothing
+(acknowledgements, replies) are buffered as nats-py does.
 """
 
 from __future__ import annotations
