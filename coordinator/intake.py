@@ -206,14 +206,14 @@ class Intake:
         )
         if self._broker.names.task_subject_parts(msg.subject)[1] == COORDINATOR:
             return task  # sent again by a coordinator: its fields stand
-        if why := h.msg_id_differs(msg.headers, task.message_id):
-            raise DecodeError(why)
         # Only the coordinator stamps the intake time (a sender's own would move the task's
         # ttl, its workflow's deadline and its trace: an outside trial set it 10 min back)
         # and counts attempts (a sender's would spend its task's retries, or buy it more).
         task = msgspec.structs.replace(task, received_ms=msg.timestamp_ms, attempt=1, requeued=0)
-        if sender is None:  # the bare form, an operator's
+        if sender is None:  # the bare form, an operator's: a full envelope's id is its own
             return task
+        if why := h.msg_id_differs(msg.headers, task.message_id):
+            raise DecodeError(why)
         # The subject names the sender; the body's own claims give way.
         from_agent = sender if task.from_agent is not None else None
         return msgspec.structs.replace(task, caller=sender, from_agent=from_agent)

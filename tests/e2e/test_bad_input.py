@@ -371,19 +371,6 @@ async def test_an_invalid_envelope_is_answered_where_its_body_asks_and_traced_fo
     assert answer.attempts == dead.detail["attempts"] == 0  # none began (caller.md §6.2)
 
 
-async def test_an_operators_dedup_header_other_than_its_message_id_is_refused_too(
-    broker, coordinator, watcher
-):
-    """On the bare subject as on a sender's: a full envelope whose `-H Nats-Msg-Id` was
-    another id ran under the body's id while the stream dropped copies by the header's (an
-    outside trial)."""
-    task = Task(v=1, message_id="bare-hdr-1", trace_id="bare-hdr-1", topic="echo")
-    headers = {h.MSG_ID: "bare-hdr-other"}
-    await broker.publish(broker.names.task("echo"), envelopes.encode(task), headers=headers)
-    letter = await watcher.dead_letter("invalid_envelope", message_id="bare-hdr-other")
-    assert letter.error is not None and "Nats-Msg-Id 'bare-hdr-other'" in letter.error.message
-
-
 async def test_a_senders_intake_time_is_the_brokers_not_its_body_s(
     broker, start_coordinator, watcher
 ):
