@@ -139,7 +139,7 @@ class Session:
         """A task for the agent, in a trace of its own, whose replies come to a reply box of
         the kit's (``reach.reply.reach-conformance.<box>``: where an agent may answer even on
         a server with permissions). Its ``received_ms`` is set, as intake would set it, so
-        that the kit can see the agent's events echo it."""
+        that the kit can see the agent's events echo it (submitted, intake sets its own)."""
         message_id = new_id()
         box = self.names.reply_box(CALLER, message_id.replace("-", ""))
         return Task(

@@ -318,6 +318,10 @@ async def event_format(s: Session, c: Checks) -> str:
     its detail shape and its dedup id, and echoes the dispatch's grant."""
     checked = 0
     for ex in s.exchanges.values():
+        # Intake stamps a submitted task's received_ms (the broker's time of storing it): the
+        # agent echoes that one, which the coordinator's `routed` says.
+        stamped = [e.body.received_ms for e in ex.events if e.body.event == "routed"]
+        received_ms = stamped[0] if stamped else ex.task.received_ms
         for seen in ex.events:
             event: Event = seen.body
             if event.event not in AGENT_EVENTS:
@@ -359,8 +363,8 @@ async def event_format(s: Session, c: Checks) -> str:
                 task = ex.task
                 c.should(event.priority == task.priority, f"{where}: priority {event.priority}")
                 c.should(
-                    event.received_ms == task.received_ms,
-                    f"{where}: received_ms {event.received_ms}, not the task's {task.received_ms}",
+                    event.received_ms == received_ms,
+                    f"{where}: received_ms {event.received_ms}, not the task's {received_ms}",
                 )
     c.must(checked > 0, "no agent event seen")
     return f"{checked} agent events: sender, detail shapes, Nats-Msg-Id, grants as specified"
