@@ -217,11 +217,8 @@ class Broker:
         await self.close()
 
     async def close(self) -> None:
-        """Flush what is pending and close; safe to call twice.
-
-        Not ``drain()``: it waits out the server side of every open pull request,
-        which holds a shutdown for the whole drain timeout.
-        """
+        """Flush what is pending and close; safe to call twice. Not ``drain()``: it waits out
+        the server side of every open pull request, holding a shutdown for its timeout."""
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
@@ -260,20 +257,23 @@ class Broker:
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
         seal_id: bool = True,
+        since_break: int | None = None,
     ) -> api.PubAck:
         """JetStream publish; a ``Nats-Msg-Id`` header makes the stream drop duplicates.
 
         While the stream has no leader (an election) the publish is made again, for up to
         ``election_budget_s``; raises NoStreamError at once when no stream listens.
-        ``seal_id=False``: the ``Nats-Msg-Id`` is published as given (someone else's id, as
-        that party would publish it), not sealed with this connection's dedup secret.
-        """
+        ``seal_id=False``: the ``Nats-Msg-Id`` as given (someone else's id), not sealed.
+        ``since_break``: ``link.breaks`` when the decision the write carries was made; once
+        the connection broke after it, ConnectionBroke, unsent."""
         if seal_id:
             headers = self.sealed(headers)
         wait_s = timeout or self.request_timeout
         publisher = self.shared(PipelinedPublisher)
         return await through_elections(
-            lambda: publisher.publish(subject, data, headers=headers, timeout_s=wait_s),
+            lambda: publisher.publish(
+                subject, data, headers=headers, timeout_s=wait_s, since_break=since_break
+            ),
             self,
             subject=subject,
             retry_timeouts=bool(headers and MSG_ID in headers),

@@ -117,6 +117,11 @@ class Unavailable(JetStreamError):
     """JetStream answered 503: nothing serves this stream or consumer right now."""
 
 
+class ConnectionBroke(BrokerError):
+    """Not sent: the connection broke after the decision the write carries was made (its
+    reads may be stale; the caller decides again)."""
+
+
 class TooLarge(BrokerError):
     """A message is larger than the server's max payload."""
 

@@ -32,6 +32,7 @@ class Link:
         self.attempts: FailedAttempts | None = None
         self.client: Client | None = None
         self.reconnects = 0  # how often the connection came back (views may need a grace)
+        self.breaks = 0  # how often it was lost (a write may carry a decision made before)
         # When (monotonic) it last came (back) to the server: a reconnect, or the first
         # connect (see connected); 0: not yet.
         self.back_at = 0.0
@@ -98,6 +99,8 @@ class Link:
 
     async def _on_disconnected(self) -> None:
         # Not during the first connect: that one fails with its own error.
+        if self.client is not None:
+            self.breaks += 1
         if self.client is not None and self._down_since is None:
             self._down_since = time.monotonic()
             log.warning("nats disconnected; reconnecting", url=self.shown_url)

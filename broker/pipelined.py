@@ -26,7 +26,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from agentreach.broker.errors import BrokerError, translate, translated
+from agentreach.broker.errors import BrokerError, ConnectionBroke, translate, translated
 from agentreach.broker.reply_inbox import ReplyInbox
 from agentreach.broker.tasks import cancel_and_wait
 
@@ -66,10 +66,17 @@ class PipelinedPublisher:
         self._reaper: asyncio.Task[None] | None = None
 
     async def publish(
-        self, subject: str, data: bytes, *, headers: dict[str, str] | None, timeout_s: float
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+        since_break: int | None = None,
     ) -> api.PubAck:
-        """One message, stored: its ack, or the error nats-py would raise."""
-        future = await self._send(Outgoing(subject, data, headers), timeout_s)
+        """One message, stored: its ack, or the error nats-py would raise; ConnectionBroke,
+        unsent, once the connection broke after ``since_break`` (``link.breaks`` then)."""
+        future = await self._send(Outgoing(subject, data, headers), timeout_s, since_break)
         return await future
 
     async def publish_all(
@@ -99,10 +106,14 @@ class PipelinedPublisher:
             if future is not None and not future.done():
                 future.set_exception(nats.errors.ConnectionClosedError())
 
-    async def _send(self, message: Outgoing, timeout_s: float) -> asyncio.Future[api.PubAck]:
+    async def _send(
+        self, message: Outgoing, timeout_s: float, since_break: int | None = None
+    ) -> asyncio.Future[api.PubAck]:
         nc = self._broker.nc
         if not nc.is_connected:  # on this publish's clock (raises as an unanswered one does)
             await nc.connected_within(timeout_s)
+        if since_break is not None and self._broker.link.breaks != since_break:
+            raise ConnectionBroke(f"{message.subject}: not sent: the connection broke since")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[api.PubAck] = loop.create_future()
         token, reply = await self._inbox.expect(lambda msg: self._on_ack(token, msg))

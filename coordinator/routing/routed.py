@@ -3,6 +3,10 @@ and its audit record show them."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
 import msgspec
 
 from agentreach.broker.lifecycle import event_for
@@ -47,3 +51,13 @@ def routed_event(routed: Task, decision: Decision, choice: Choice, *, sent_topic
     if decision.not_compared:  # rules a value of another type passed over, unsaid otherwise
         detail["rules_not_compared"] = dict(list(decision.not_compared.items())[:SHOWN])
     return event_for(routed, "routed", agent_id=choice.agent.agent_id, **detail)
+
+
+async def together(*steps: Coroutine[Any, Any, Any]) -> Any:
+    """Run a routing's writes at once, in order (the notice, ``routed``, the dispatch); raise
+    the last failure (the dispatch is last), or return what the last step returned."""
+    outcomes = await asyncio.gather(*steps, return_exceptions=True)
+    for outcome in reversed(outcomes):
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return outcomes[-1]

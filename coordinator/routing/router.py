@@ -21,9 +21,8 @@ a manual-review queue, and never falls back to an agent.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Coroutine
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 import structlog
@@ -38,7 +37,7 @@ from agentreach.coordinator.routing.abandoned import still_wanted
 from agentreach.coordinator.routing.fleet import Choice, Excluded, Fleet
 from agentreach.coordinator.routing.intents.resolver import Resolving, describe, text_of
 from agentreach.coordinator.routing.manual import ManualConfig, ManualQueue
-from agentreach.coordinator.routing.routed import routed_event
+from agentreach.coordinator.routing.routed import routed_event, together
 from agentreach.coordinator.routing.routed_here import RoutedHere
 from agentreach.coordinator.routing.rules import Decision, RoutingConfig, pools_of
 from agentreach.coordinator.routing.run_once import RanAlready, Running, RunOnce, answer_from_record
@@ -125,6 +124,7 @@ class Router:
             return None
         # Looked at before an expiry too: the ending of a run whose ack was lost (a server
         # failing over) comes back after the ack wait, often past the ttl; its work is done.
+        breaks = self._broker.link.breaks  # the dispatch goes only while this read holds
         match await self._run_once.verdict(task, now_ms() + left_ms):
             case RanAlready(record=record):
                 await answer_from_record(self._broker, task, record)
@@ -144,7 +144,7 @@ class Router:
             if (unsaid := _NOT_COMPARED_SAID.due(rule)) is not None:
                 log.warning("a rule passed a task over: a value of another type", rule=rule,
                             why=why, message_id=task.message_id, more_not_said=unsaid)  # fmt: skip
-        return await self._route(_Pending(task, left_ms, waited, origin), decision)
+        return await self._route(_Pending(task, left_ms, waited, origin, breaks), decision)
 
     async def _resolved(self, task: Task) -> Task | None:
         """``task`` with its intent found from its text when it needs that; None when it
@@ -286,10 +286,14 @@ class Router:
             # that order on the wire (one write, one round trip): the sender learns whose
             # replies to expect, and the stream has `routed`, before that agent can say
             # anything. A failure sends the decision round again (the ids deduplicate).
-            stored = await _together(
+            stored = await together(
                 self._notify(routed, card.agent_id),
                 emit(self._broker, routed_event(routed, decision, choice, sent_topic=task.topic)),
-                self._broker.publish(subject, envelopes.encode(routed), headers=headers),
+                # Written across a break of the connection (retried for an election's
+                # length), it ran the task beside another replica's route (a chaos run).
+                self._broker.publish(
+                    subject, envelopes.encode(routed), headers=headers, since_break=pending.breaks
+                ),
             )
         except SubjectFull:
             log.info("agent queue full; trying another", agent_id=card.agent_id)
@@ -379,16 +383,6 @@ class Router:
             await refuse(self._broker, task, error, **detail)
 
 
-async def _together(*steps: Coroutine[Any, Any, Any]) -> Any:
-    """Run the steps at once, in order; raise the last failure (the dispatch is last), or
-    return what the last step returned."""
-    outcomes = await asyncio.gather(*steps, return_exceptions=True)
-    for outcome in reversed(outcomes):
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return outcomes[-1]
-
-
 @dataclass(frozen=True, slots=True)
 class _Pending:
     """One routing decision under way: the task, what is left of its ttl, how often it
@@ -398,3 +392,4 @@ class _Pending:
     left_ms: int
     waited: int
     origin: str
+    breaks: int  # the connection's breaks when the run-once read was made

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client as NatsPyClient
 
-from agentreach.broker import Broker, BrokerError, listen
+from agentreach.broker import Broker, BrokerError, ConnectionBroke, listen
 from agentreach.broker.client import Client, _awaits_answer
 from tests.e2e.test_startup_and_restarts import RestartableServer
 
@@ -107,6 +107,29 @@ async def test_a_write_during_a_short_outage_waits_for_the_connection(tmp_path: 
         ack = await asyncio.wait_for(written, 20)
         assert (await broker.js.get_msg("OUTAGE", ack.seq)).data == b"on time"
         assert (await broker.js.stream_info("OUTAGE")).state.messages == 1
+
+
+async def test_a_write_carrying_a_decision_made_before_a_break_is_not_sent_after_it(
+    tmp_path: Path,
+):
+    """A router decided on a read made before the connection broke; its dispatch, retried
+    until the server came back 17 s later, went out then and ran a task beside another
+    replica's route (a chaos run). Written with ``since_break``, it is refused unsent once
+    the connection broke; one decided after the reconnect goes out."""
+    async with RestartableServer(tmp_path / "nats") as server, Broker(server.url) as broker:
+        await broker.js.add_stream(name="OUTAGE", subjects=["outage.>"])
+        decided = broker.link.breaks
+        await server.stop()
+        written = asyncio.create_task(
+            broker.publish("outage.write", b"stale", timeout=15, since_break=decided)
+        )
+        await server.start()
+        with pytest.raises(ConnectionBroke, match="the connection broke"):
+            await asyncio.wait_for(written, 20)
+        await broker.publish("outage.write", b"fresh", since_break=broker.link.breaks)
+        stored = (await broker.js.stream_info("OUTAGE")).state.messages
+        kept = [(await broker.js.get_msg("OUTAGE", seq)).data for seq in range(1, stored + 1)]
+    assert kept == [b"fresh"]
 
 
 def test_only_publishes_naming_a_reply_are_dropped_from_the_reconnect_buffer():
