@@ -14,6 +14,7 @@ from typing import Any
 from agentreach import envelopes
 from agentreach.broker.connection import Broker
 from agentreach.broker.direct import indexed_messages_on
+from agentreach.broker.errors import translated
 from agentreach.broker.names import COORDINATOR, Names
 from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.runs import owners, runs_of
@@ -81,11 +82,14 @@ def agent_event(agent_id: str, event: str, **detail: Any) -> Event:
     )
 
 
-async def emit(broker: Broker, event: Event, *, sender: str = COORDINATOR) -> None:
+async def emit(
+    broker: Broker, event: Event, *, sender: str = COORDINATOR, since_break: int | None = None
+) -> None:
     """Publish ``event`` as ``sender`` (an agent or worker id; the coordinator by default) to
-    ``reach.event.<event>.<topic>.<trace_id>.<message_id>.<sender>``."""
+    ``reach.event.<event>.<topic>.<trace_id>.<message_id>.<sender>``; ``since_break``: as
+    :meth:`Broker.publish` takes it."""
     subject, data, headers = event_message(broker, event, sender=sender)
-    await broker.publish(subject, data, headers=headers)
+    await broker.publish(subject, data, headers=headers, since_break=since_break)
 
 
 def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) -> Outgoing:
@@ -127,7 +131,12 @@ def event_message(broker: Broker, event: Event, *, sender: str = COORDINATOR) ->
 
 
 async def reply(
-    broker: Broker, task: Task, message: envelopes.Reply, *, sender: str = COORDINATOR
+    broker: Broker,
+    task: Task,
+    message: envelopes.Reply,
+    *,
+    sender: str = COORDINATOR,
+    since_break: int | None = None,
 ) -> None:
     """Send an ack, progress, result, error or routed notice to the task's ``reply_to``, if
     it has one, as ``sender`` (see :meth:`Names.reply_subject`). A workflow's reply subject
@@ -135,7 +144,9 @@ async def reply(
     made again through a leader election (a core publish was lost in one, and the instance
     waited for its deadline with the step's work done). Without a ``Nats-Msg-Id``: the
     stream's dedup is stream-wide, and another agent of the workflow could store a
-    predictable one first, dropping this result; a copy stored twice changes nothing."""
+    predictable one first, dropping this result; a copy stored twice changes nothing.
+    ``since_break``: as :meth:`Broker.publish` takes it (a core one waits for the connection
+    then, and is refused unsent as a write is)."""
     if not task.reply_to:
         return
     final = isinstance(message, Result | ErrorReply)
@@ -146,8 +157,13 @@ async def reply(
     headers = {"Reach-Trace-Id": task.trace_id, "Reach-Kind": kind}
     subject = broker.names.reply_subject(task.reply_to, sender)
     if to_workflow:
-        await broker.publish(subject, envelopes.encode(message), headers=headers)
+        await broker.publish(
+            subject, envelopes.encode(message), headers=headers, since_break=since_break
+        )
         return
+    if since_break is not None:  # not left in nats-py's buffer to go out after the break
+        with translated(subject=subject):
+            await broker.link.unbroken(since_break, subject, broker.request_timeout)
     await broker.publish_core(subject, envelopes.encode(message), headers=headers)
 
 

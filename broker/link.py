@@ -10,6 +10,7 @@ from typing import Any
 
 from agentreach.broker.client import Client
 from agentreach.broker.connect_failure import FailedAttempts, refuses_credentials
+from agentreach.broker.errors import ConnectionBroke
 from agentreach.logs import RepeatedLines, get_logger
 
 log = get_logger("broker")
@@ -121,6 +122,16 @@ class Link:
             self._back.clear()
             await self._back.wait()
         return self.reconnects
+
+    async def unbroken(self, since: int | None, subject: str, within_s: float) -> None:
+        """Once connected (nats-py's TimeoutError when not within ``within_s``);
+        ConnectionBroke when it broke after ``since`` (``breaks`` when the decision a write
+        to ``subject`` carries was made; None: no decision to keep)."""
+        client = self.client
+        if client is not None and not client.is_connected:
+            await client.connected_within(within_s)
+        if since is not None and self.breaks != since:
+            raise ConnectionBroke(f"{subject}: not sent: the connection broke since")
 
     async def _on_closed(self) -> None:
         if self.client is not None:  # not our own close()

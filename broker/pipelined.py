@@ -26,7 +26,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
-from agentreach.broker.errors import BrokerError, ConnectionBroke, translate, translated
+from agentreach.broker.errors import BrokerError, translate, translated
 from agentreach.broker.reply_inbox import ReplyInbox
 from agentreach.broker.tasks import cancel_and_wait
 
@@ -110,10 +110,8 @@ class PipelinedPublisher:
         self, message: Outgoing, timeout_s: float, since_break: int | None = None
     ) -> asyncio.Future[api.PubAck]:
         nc = self._broker.nc
-        if not nc.is_connected:  # on this publish's clock (raises as an unanswered one does)
-            await nc.connected_within(timeout_s)
-        if since_break is not None and self._broker.link.breaks != since_break:
-            raise ConnectionBroke(f"{message.subject}: not sent: the connection broke since")
+        # On this publish's clock (raises as an unanswered one does).
+        await self._broker.link.unbroken(since_break, message.subject, timeout_s)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[api.PubAck] = loop.create_future()
         token, reply = await self._inbox.expect(lambda msg: self._on_ack(token, msg))

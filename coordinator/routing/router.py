@@ -286,13 +286,17 @@ class Router:
             # that order on the wire (one write, one round trip): the sender learns whose
             # replies to expect, and the stream has `routed`, before that agent can say
             # anything. A failure sends the decision round again (the ids deduplicate).
+            # None of them goes out after a break of the connection that followed the
+            # run-once read: the dispatch, retried for an election's length, ran the task
+            # beside another replica's route (a chaos run); the others told of a route
+            # never taken.
+            since_break = pending.breaks
+            event = routed_event(routed, decision, choice, sent_topic=task.topic)
             stored = await together(
-                self._notify(routed, card.agent_id),
-                emit(self._broker, routed_event(routed, decision, choice, sent_topic=task.topic)),
-                # Written across a break of the connection (retried for an election's
-                # length), it ran the task beside another replica's route (a chaos run).
+                self._notify(routed, card.agent_id, since_break),
+                emit(self._broker, event, since_break=since_break),
                 self._broker.publish(
-                    subject, envelopes.encode(routed), headers=headers, since_break=pending.breaks
+                    subject, envelopes.encode(routed), headers=headers, since_break=since_break
                 ),
             )
         except SubjectFull:
@@ -307,9 +311,10 @@ class Router:
         log.debug("routed", agent_id=card.agent_id, rule=decision.rule.name, attempt=task.attempt)
         return int(stored.seq)
 
-    async def _notify(self, routed: Task, agent_id: str) -> None:
+    async def _notify(self, routed: Task, agent_id: str, since_break: int) -> None:
         if routed.reply_to and self._broker.names.signed_reply(routed.reply_to):  # a reply box
-            await reply(self._broker, routed, Routed(**about(routed), agent_id=agent_id))
+            notice = Routed(**about(routed), agent_id=agent_id)
+            await reply(self._broker, routed, notice, since_break=since_break)
 
     async def _unroutable(
         self, pending: _Pending, decision: Decision, choice: Choice

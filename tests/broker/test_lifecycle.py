@@ -4,12 +4,13 @@ and a trace shows only events that are what their subjects say."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import msgspec
 import pytest
 
 from agentreach import envelopes
-from agentreach.broker import NoStreamError
+from agentreach.broker import Broker, ConnectionBroke, NoStreamError, Topology, provision
 from agentreach.broker.direct import messages_on
 from agentreach.broker.lifecycle import (
     about,
@@ -21,7 +22,8 @@ from agentreach.broker.lifecycle import (
     unvouched,
 )
 from agentreach.broker.names import COORDINATOR, Names
-from agentreach.envelopes import Ack, Capacity, Progress, Result, Task, new_id
+from agentreach.envelopes import Ack, Capacity, Progress, Result, Routed, Task, new_id
+from tests.e2e.test_startup_and_restarts import RestartableServer
 from tests.support import until_true
 
 
@@ -96,6 +98,35 @@ async def test_a_caller_is_sent_every_reply(broker):
     async with asyncio.timeout(5):
         await all_three.wait()
     assert kinds == ["ack", "progress", "result"]
+
+
+async def test_a_routing_decided_before_a_break_tells_nobody_after_it(tmp_path: Path):
+    """The router's notice and ``routed`` event, written with the break count of its
+    run-once read, are refused once the connection broke: sent after it (the notice from
+    nats-py's buffer, the event retried through the outage), they told the caller and the
+    trace of a route the refused dispatch never took. Decided after the reconnect, both go."""
+    async with RestartableServer(tmp_path / "nats") as server, Broker(server.url) as broker:
+        await provision(broker, Topology.default(broker.names))
+        task = task_answering_to(broker.names.reply_box("alice", "box-1"))
+        notice = Routed(**about(task), agent_id="worker-1")
+        routed = event_for(task, "routed", agent_id="worker-1")
+        decided = broker.link.breaks
+        await server.stop()
+        told = asyncio.gather(
+            reply(broker, task, notice, since_break=decided),
+            emit(broker, routed, since_break=decided),
+            return_exceptions=True,
+        )
+        await server.start()
+        outcomes = await asyncio.wait_for(told, 30)
+        assert [type(outcome) for outcome in outcomes] == [ConnectionBroke, ConnectionBroke]
+        assert await trace_of(broker, task.message_id) == []
+        heard = await broker.subscribe(f"{task.reply_to}.*")
+        await broker.flush()
+        await reply(broker, task, notice, since_break=broker.link.breaks)
+        await emit(broker, routed, since_break=broker.link.breaks)
+        assert (await heard.next(timeout_s=5)).data == envelopes.encode(notice)
+        assert [event.event for event in await trace_of(broker, task.message_id)] == ["routed"]
 
 
 async def test_an_event_of_another_kind_than_its_subject_is_not_in_the_trace(broker):
