@@ -4,6 +4,7 @@ or a refusal of a caller over its quota."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import msgspec
 import structlog
@@ -49,6 +50,14 @@ ELSEWHERE_S = 0.25
 ELSEWHERE_LOOKS = 40
 
 
+class _Origin(NamedTuple):
+    """Who sent a task, as its subject says."""
+
+    topic: str
+    sender: str | None  # None: the bare form, or a coordinator's (not a new call)
+    resent: bool  # sent again by a coordinator: it keeps its caller and its fields
+
+
 class Intake:
     """Validates or wraps each intake message, then hands it to the router."""
 
@@ -78,9 +87,10 @@ class Intake:
 
     async def handle(self, msg: Delivery) -> float | None:
         """Decide the message's fate: None to acknowledge it, or seconds until it comes back."""
-        topic, sender = self._sender_of(msg.subject)
+        origin = self._origin_of(msg.subject)
+        topic, sender = origin.topic, origin.sender
         try:
-            task = self._taken_in(msg, topic, sender)
+            task = self._taken_in(msg, origin)
         except DecodeError as exc:
             fallback_id = stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq)
             if isinstance(exc, ServerAnswer):  # the subject's caller did not send it
@@ -179,32 +189,31 @@ class Intake:
     def task_of(self, msg: Delivery) -> Task | None:
         """The task ``msg`` holds, as :meth:`handle` takes it in (its sender's claims checked
         against its subject), or None when it holds none."""
-        topic, sender = self._sender_of(msg.subject)
         try:
-            return self._taken_in(msg, topic, sender)
+            return self._taken_in(msg, self._origin_of(msg.subject))
         except DecodeError:
             return None
 
-    def _sender_of(self, subject: str) -> tuple[str, str | None]:
-        """The topic and the sender its subject names; None for the bare form and for the
-        coordinator's own (a task it sends again keeps its caller and is not a new call).
-        No other party may publish as ``_coordinator`` (permissions, and a party's name
-        cannot start with ``_``)."""
+    def _origin_of(self, subject: str) -> _Origin:
+        """What the subject says of who sent the task. No other party may publish as
+        ``_coordinator`` (permissions, and a party's name cannot start with ``_``)."""
         topic, sender = self._broker.names.task_subject_parts(subject)
-        return topic, None if sender == COORDINATOR else sender
+        resent = sender == COORDINATOR
+        return _Origin(topic, None if resent else sender, resent)
 
-    def _taken_in(self, msg: Delivery, topic: str, sender: str | None) -> Task:
-        headed = self._headers_required(msg.subject)
+    def _taken_in(self, msg: Delivery, origin: _Origin) -> Task:
+        sender = origin.sender
+        headed = self._headers_required(origin)
         refuse_server_answers(msg.data, msg.headers, msg.subject, headed=headed)
         task = task_from_intake(
             msg.data,
             msg.headers,
-            topic=topic,
+            topic=origin.topic,
             received_ms=msg.timestamp_ms,
             fallback_id=stable_id(msg.timestamp_ns, msg.stream, msg.stream_seq),
             reply_allowed=self._reply_policy(sender),
         )
-        if self._broker.names.task_subject_parts(msg.subject)[1] == COORDINATOR:
+        if origin.resent:
             return task  # sent again by a coordinator: its fields stand
         # Only the coordinator stamps the intake time (a sender's own would move the task's
         # ttl, its workflow's deadline and its trace: an outside trial set it 10 min back)
@@ -260,12 +269,11 @@ class Intake:
             )
         return False
 
-    def _headers_required(self, subject: str) -> bool:
-        """Whether a task on ``subject`` must carry headers: the coordinator's own always do;
+    def _headers_required(self, origin: _Origin) -> bool:
+        """Whether a task from ``origin`` must carry headers: the coordinator's own always do;
         on a secured deployment every task must (``nats pub -H Nats-Msg-Id:…``), or any
         agent could have the server store one in any caller's name (see NO_HEADERS)."""
-        secured = self._broker.dedup_secret is not None
-        return secured or self._broker.names.task_subject_parts(subject)[1] == COORDINATOR
+        return origin.resent or self._broker.dedup_secret is not None
 
     def _reply_policy(self, sender: str | None) -> ReplyPolicy:
         """Where replies may go: a sender's own reply box only (``reach.reply.<sender>.…``);
