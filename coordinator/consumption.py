@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import structlog
@@ -49,6 +49,9 @@ TaskOf = Callable[[Delivery], Task | None]
 
 class Counter(Protocol):
     """What a fold counts with (:meth:`Consumption.fold`)."""
+
+    async def look_up(self, deliveries: Sequence[Delivery]) -> None:
+        """Read what counting ``deliveries`` needs and this fold has not seen."""
 
     def count(self, delivery: Delivery) -> None: ...
 
@@ -113,6 +116,7 @@ class Consumption:
             deliveries = await consumer.next_batch(batch)
             if not deliveries and not consumer.failing:
                 counter.caught_up()
+            await counter.look_up(deliveries)
             for delivery in deliveries:
                 try:
                     counter.count(delivery)

@@ -15,7 +15,6 @@ from agentreach.agents.letters import SETTLING
 from agentreach.broker import Broker, BrokerError, StreamNotFound, follow
 from agentreach.broker.direct import messages_on
 from agentreach.broker.errors import honour_cancellation, pause
-from agentreach.broker.lifecycle import unvouched
 from agentreach.broker.requests import gather_replies
 from agentreach.broker.streams import per_subject_limit, stream_bounds, stream_size
 from agentreach.broker.tasks import cancel_and_wait
@@ -27,6 +26,7 @@ from agentreach.coordinator.observability import (
     WorkflowCensus,
 )
 from agentreach.coordinator.observability.census import _follow
+from agentreach.coordinator.observability.once import Routes
 from agentreach.coordinator.protection.queues import QueueConfig, QueueDepths
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.dashboard import sections, series
@@ -155,6 +155,9 @@ class Board:
         # Refusals and alerts make no chart here; a caller past its quota can send them by
         # the thousand, so they are not read back over the whole window at every start.
         charted = (kind for kind in FOLDED if kind not in ("rejected", "alert", *QUOTA_ANSWERS))
+        # As the metrics count: an agent's report only of an attempt routed to it (a forged
+        # `completed` of a message never routed made 413 completions of 409 dispatches).
+        routes = Routes(names)
         async for msg in follow(
             self.broker,
             stream=names.events_stream,
@@ -167,7 +170,8 @@ class Board:
                 event = decode_stored_event(msg.data, msg.headers)
             except DecodeError:
                 continue
-            if unvouched(names, msg.subject, event) is None:  # an agent's `dead_lettered`…
+            await routes.look_up(self.broker, (msg,))  # a routing before the window's start
+            if routes.vouch(msg.subject, event):  # not an agent's `dead_lettered`, nor a ghost
                 if event.event == "routed":
                     self._served.add(event.topic)
                 self.history.fold(event, msg.timestamp_ms, served=self._serves)

@@ -126,6 +126,9 @@ class AfterFirstScrape:
     counter: FlowMetrics
     readiness: Readiness
 
+    async def look_up(self, deliveries: Sequence[Delivery]) -> None:
+        await self.counter.routes.look_up(self.readiness.broker, deliveries)
+
     def count(self, delivery: Delivery) -> None:
         self.counter.count(delivery)
 

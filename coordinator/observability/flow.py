@@ -82,7 +82,7 @@ class FlowMetrics(Collector):
         self._primed: set[tuple[str, str]] = {("topic", OTHER_TOPIC)}
         self.last_stored_ms = 0
         self.behind = 0  # events the consumer still holds after the last one taken
-        self._ends, self._routes = Ends(), Routes(names or Names())
+        self._ends, self.routes = Ends(), Routes(names or Names())
         # Each series' child, found once: prometheus_client's labels() costs 1.5 µs a call,
         # a few per event (series are never removed, so a child stays valid).
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
@@ -300,7 +300,7 @@ class FlowMetrics(Collector):
             event = decode_stored_event(msg.data, msg.headers)
         except DecodeError:
             return  # not an event of ours: nothing to count
-        if self._routes.vouch(msg.subject, event):  # not an agent's forgery
+        if self.routes.vouch(msg.subject, event):  # not an agent's forgery
             self.fold(event, stored_ms)
 
     def fold(self, event: Event, stored_ms: int) -> None:

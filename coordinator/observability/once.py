@@ -3,11 +3,16 @@ once), and whom each attempt was routed to (an agent's report of another's is no
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 
+from agentreach.broker import Broker, BrokerError, Delivery
+from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.lifecycle import AGENT_TASK_EVENTS, unvouched
 from agentreach.broker.names import COORDINATOR, Names
-from agentreach.envelopes import Event
+from agentreach.broker.streams import StoredMessage
+from agentreach.envelopes import DecodeError, Event, decode_stored_event
 
 REMEMBERED = 65_536  # ends remembered; the oldest is forgotten first
 
@@ -39,13 +44,63 @@ class Routes:
     coordinator's kind, or naming another agent), and of an agent's report of an attempt,
     only one routed to it (a forged `completed` faked the success ratio and the latency, and
     the real ending was then not counted). The routings of the last ``limit`` messages seen
-    routed and not yet ended are kept; a report of one not seen (routed before this
-    replica's fold began, or forgotten) is counted: the check costs no read."""
+    routed and not yet ended are kept. Those of a report's message not seen here (routed
+    before the fold began, forgotten, or folded by another replica sharing the consumer) are
+    read first (:meth:`look_up`): counted without them, a report of a message never routed
+    (an outside trial's ghosts) faked the counts as before. A report read before its
+    ``routed`` was stored (an election of the events stream between the two) is not counted;
+    one whose routings could not be read is."""
 
     def __init__(self, names: Names, limit: int = REMEMBERED) -> None:
         self._names = names
         self._routed: OrderedDict[str, tuple[tuple[int, str], ...]] = OrderedDict()
         self._limit = limit
+
+    async def look_up(self, broker: Broker, deliveries: Sequence[Delivery]) -> None:
+        """Read the routings of the reports among ``deliveries`` (a batch, in order) whose
+        message's routing this fold has not seen, at most LOOKUPS_AT_ONCE at a time."""
+        wanted = self._unseen(d.subject for d in deliveries)
+        if not wanted:
+            return
+        room = asyncio.Semaphore(LOOKUPS_AT_ONCE)
+
+        async def routings(subject: str) -> tuple[tuple[int, str], ...] | None:
+            async with room:
+                try:
+                    stored = await indexed_messages_on(broker, self._names.events_stream, subject)
+                except BrokerError:
+                    return None  # counted, as before this check
+            return tuple(_routings(self._names, stored))
+
+        found = await asyncio.gather(*(routings(subject) for subject in wanted.values()))
+        for message_id, routed in zip(wanted, found, strict=True):
+            if routed is not None:
+                self._remember(message_id, routed)
+
+    def _unseen(self, subjects: Iterable[str]) -> dict[str, str]:
+        """Of the events on ``subjects``, in order, the agents' reports of messages whose
+        routing is not known here: message id → the subject of its ``routed`` events."""
+        names, routed_here, wanted = self._names, set[str](), dict[str, str]()
+        for subject in subjects:
+            if (ids := _ids_of(subject)) is None:
+                continue
+            trace_id, message_id = ids
+            kind, sender = names.kind_of_event_subject(subject), names.sender_of(subject)
+            if kind == "routed" and sender == COORDINATOR:
+                routed_here.add(message_id)
+            elif (
+                kind in AGENT_TASK_EVENTS
+                and sender != COORDINATOR
+                and message_id not in self._routed
+                and message_id not in routed_here
+            ):
+                wanted[message_id] = names.events_of_message_of_kind("routed", trace_id, message_id)
+        return wanted
+
+    def _remember(self, message_id: str, routed: tuple[tuple[int, str], ...]) -> None:
+        self._routed[message_id] = routed
+        if len(self._routed) > self._limit:
+            self._routed.popitem(last=False)
 
     def vouch(self, subject: str, event: Event) -> bool:
         """Whether ``event``, stored on ``subject``, is counted (remembering a routing)."""
@@ -54,16 +109,37 @@ class Routes:
         sender, kind = self._names.sender_of(subject), event.event
         routed = self._routed.get(event.message_id)
         if kind == "routed" and sender == COORDINATOR and event.agent_id:
-            self._routed[event.message_id] = (*(routed or ()), (event.attempt, event.agent_id))
-            if len(self._routed) > self._limit:
-                self._routed.popitem(last=False)
+            if (event.attempt, event.agent_id) not in (routed or ()):  # not a looked-up one
+                self._remember(event.message_id, (*(routed or ()), (event.attempt, event.agent_id)))
             return True
-        mine = routed is None or (event.attempt, sender) in routed
-        if sender != COORDINATOR and kind in AGENT_TASK_EVENTS and not mine:
-            return False
+        if sender != COORDINATOR and kind in AGENT_TASK_EVENTS:
+            if _ids_of(subject) != (event.trace_id, event.message_id):
+                return False  # its routing was looked up by the subject's ids
+            if routed is not None and (event.attempt, sender) not in routed:
+                return False
         if kind in ENDED:  # the message's routings are needed no more
             self._routed.pop(event.message_id, None)
         return True
 
 
 ENDED = frozenset({"completed", "dead_lettered"})
+LOOKUPS_AT_ONCE = 32  # reads of routings in flight for one batch
+
+
+def _ids_of(subject: str) -> tuple[str, str] | None:
+    """The trace and message ids an event's subject names (None: too few tokens)."""
+    parts = subject.rsplit(".", 3)
+    return (parts[1], parts[2]) if len(parts) == 4 else None
+
+
+def _routings(names: Names, stored: Iterable[StoredMessage]) -> Iterable[tuple[int, str]]:
+    """(attempt, agent) of each of the coordinator's ``routed`` events among ``stored``."""
+    for message in stored:
+        if names.sender_of(message.subject) != COORDINATOR:
+            continue
+        try:
+            event = decode_stored_event(message.data, message.headers)
+        except DecodeError:
+            continue
+        if event.event == "routed" and event.agent_id:
+            yield event.attempt, event.agent_id

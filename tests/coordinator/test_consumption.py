@@ -98,6 +98,9 @@ async def test_a_fold_counts_in_order_acknowledges_nothing_and_says_what_it_coul
     all_counted = asyncio.Event()
 
     class Counting:
+        async def look_up(self, deliveries: object) -> None:
+            pass
+
         def count(self, delivery: Delivery) -> None:
             if delivery.data == b'"bad"':
                 raise ValueError("cannot count this")

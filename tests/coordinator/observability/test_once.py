@@ -42,3 +42,13 @@ def test_a_body_its_subject_does_not_vouch_for_is_not_counted():
     ending = event_for(task, "dead_lettered", agent_id="x", reason="poison")
     assert not routes.vouch(subject("failed", task, "x"), ending)
     assert routes.vouch(subject("dead_lettered", task, COORDINATOR), ending)
+
+
+def test_a_report_whose_body_names_another_message_than_its_subject_is_not_counted():
+    """The routings of a report not seen are read by its subject's ids: a body naming
+    another message would be counted on the strength of the subject's routing."""
+    routes = Routes(NAMES)
+    named, other = (Task(v=1, message_id=m, trace_id=m, topic="t") for m in ("m-3", "m-4"))
+    report = event_for(other, "completed", agent_id="x", duration_ms=1)
+    assert not routes.vouch(subject("completed", named, "x"), report)
+    assert routes.vouch(subject("completed", other, "x"), report)
