@@ -24,6 +24,9 @@ BEATS = 12
 FIRST_BEAT_S = 2.0  # "at once" after the card: what the first heartbeat may take to be stored
 WAKE_PROBES = 25  # pairs of control messages, the second later by one more step each time
 WAKE_STEP_S = 0.0002
+# Back to 0.5 s from the agent's own interval: a beat within half of that (and 3 s) is one
+# not left for the interval; an interval under this is too short to tell.
+REVERSED_FROM_S = 3.0
 JITTER_STDEV_S = 0.025  # ±20 % of 0.5 s spreads gaps far wider; no jitter at all does not
 BAD_HEADER_BEATS = 3  # intervals at the kit's cadence an agent has to beat over a bad header
 # Four heartbeat intervals at the kit's cadence (with jitter), and the agent's own look.
@@ -249,24 +252,51 @@ async def _beats_over_a_bad_header(s: Session) -> None:
 
 async def _wake_during_write(s: Session, restore_s: float) -> None:
     """§8: a new interval that arrives while a beat is being written still gets its beat at
-    once. The kit cannot see the write; it asks for ``CADENCE_S`` (a beat starts) and then,
-    a moment later, for ``restore_s``, at spacings from 0 to a few milliseconds: an agent that
-    clears its wake-up after the write misses one of them, and is silent for ``restore_s``."""
+    once. The kit cannot see the write; it asks for one interval (a beat starts) and then,
+    a moment later, for another, at spacings from 0 to a few milliseconds: an agent that
+    clears its wake-up after the write misses one of them, and is silent for the interval it
+    waits. Both orders: ``CADENCE_S`` then ``restore_s``, and back, since an agent that
+    waits the interval it read before the write is silent only when the second is the
+    shorter (an outside Go agent's mutation passed the first order alone)."""
     for step in range(WAKE_PROBES):
-        start = len(s.beats)
-        await _ask_interval(s, CADENCE_S)
-        await s.broker.flush()  # the first is on its way before the second is sent
-        spacing_s = step * WAKE_STEP_S
-        until = time.perf_counter() + spacing_s
-        while time.perf_counter() < until:  # finer than the event loop's sleep
-            pass
-        await _ask_interval(s, restore_s)
-        await s.until(
-            lambda: _first(s, start, lambda b: b.interval_s == restore_s),  # noqa: B023
-            3.0,
-            f"heartbeat with interval_s {restore_s:g} at once, asked for"
-            f" {spacing_s * 1000:.1f} ms after {CADENCE_S} s (during that beat's write?)",
-        )
+        await _pair(s, CADENCE_S, restore_s, step * WAKE_STEP_S, wait_s=3.0)
+    if restore_s < REVERSED_FROM_S:
+        return
+    start = len(s.beats)
+    await _ask_interval(s, CADENCE_S)
+    await s.until(lambda: _first(s, start, _of(CADENCE_S)), 3.0, f"{CADENCE_S} s again")
+    for step in range(WAKE_PROBES):
+        await _pair(s, restore_s, CADENCE_S, step * WAKE_STEP_S, wait_s=min(3.0, restore_s / 2))
+    start = len(s.beats)
+    await _ask_interval(s, restore_s)
+    await s.until(
+        lambda: _first(s, start, _of(restore_s)),
+        3.0,
+        f"heartbeat with interval_s {restore_s:g} at once, asked for again",
+    )
+
+
+async def _pair(s: Session, first_s: float, then_s: float, spacing_s: float, *, wait_s: float):
+    """Ask for ``first_s`` and, ``spacing_s`` later, for ``then_s``: a beat with ``then_s``
+    must follow the first one with ``first_s`` within ``wait_s``."""
+    start = len(s.beats)
+    await _ask_interval(s, first_s)
+    await s.broker.flush()  # the first is on its way before the second is sent
+    until = time.perf_counter() + spacing_s
+    while time.perf_counter() < until:  # finer than the event loop's sleep
+        pass
+    await _ask_interval(s, then_s)
+
+    def after_the_first() -> float | None:  # both read before the beat began: one beat
+        firsts = [i for i, beat in enumerate(s.beats[start:]) if _interval(beat) == first_s]
+        return _first(s, start + (firsts[-1] + 1 if firsts else 0), _of(then_s))
+
+    await s.until(
+        after_the_first,
+        wait_s,
+        f"heartbeat with interval_s {then_s:g} at once, asked for"
+        f" {spacing_s * 1000:.1f} ms after {first_s:g} s (during that beat's write?)",
+    )
 
 
 async def _ask_interval(s: Session, interval_s: float) -> None:
@@ -274,6 +304,14 @@ async def _ask_interval(s: Session, interval_s: float) -> None:
     await s.broker.publish_core(
         s.names.agent_control(s.agent_id), control, headers={"Reach-Kind": "control"}
     )
+
+
+def _interval(beat: Any) -> float | None:
+    return beat.body.interval_s if isinstance(beat.body, Heartbeat) else None
+
+
+def _of(interval_s: float):  # type: ignore[no-untyped-def]
+    return lambda body: body.interval_s == interval_s
 
 
 def _first(s: Session, start: int, match) -> float | None:  # type: ignore[no-untyped-def]

@@ -227,6 +227,32 @@ async def test_an_agent_that_loses_a_wake_up_fails_the_heartbeat_clause(
     assert "during that beat's write" in verdicts["liveness.heartbeats"].detail
 
 
+async def test_an_agent_that_waits_the_interval_it_read_before_the_write_fails(
+    broker, coordinator, monkeypatch
+):
+    """An outside Go agent's mutation: the wake-up cleared after the write, but the wait
+    is the interval read before it. A shorter interval asked for during the write went
+    unseen for the longer one, and clause 4 passed, asking for the longer one second only."""
+
+    async def run(self):  # type: ignore[no-untyped-def]
+        names = self._broker.names
+        bucket = await self._broker.bucket(names.heartbeats_bucket, sdk_heartbeats.Heartbeat)
+        async with await self._broker.subscribe(
+            names.agent_control(self._agent_id), self._on_control
+        ):
+            while True:
+                interval_s = self.interval_s
+                await self._beat(bucket)
+                self._wake.clear()  # after the write: a wake-up meanwhile is lost
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), sdk_heartbeats.jittered(interval_s))
+
+    monkeypatch.setattr(sdk_heartbeats.Heartbeats, "run", run)
+    verdicts = await judge(broker, conformance_agent("stale-1"), "liveness.heartbeats")
+    assert verdicts["liveness.heartbeats"].status is Status.FAIL
+    assert "0.5 at once" in verdicts["liveness.heartbeats"].detail
+
+
 async def test_without_a_coordinator_the_kit_says_so(broker):
     """No coordinator running: one line naming what to start, exit 1."""
     done = await run(*reach_argv(broker, "conformance", "nobody-1"))
