@@ -58,6 +58,11 @@ def task_from_intake(
     _check_token(topic, "subject topic")
     document = decode_json(data)
     if is_envelope(document):
+        if isinstance(document, dict) and document.get("resolution") is not None:
+            # Only the coordinator resolves: a sender's is dropped whatever its shape, not
+            # judged (a made-up one was dead-lettered as a broken field: an outside trial).
+            del document["resolution"]
+            data = msgspec.json.encode(document)
         task = decode_task(data)
         if task.topic != topic:
             raise DecodeError(

@@ -9,6 +9,7 @@ from agentreach import envelopes
 from agentreach.agents import ManualReview, ManualReviewError, ReachClient
 from agentreach.coordinator.routing.manual import ManualConfig
 from agentreach.envelopes import Progress
+from agentreach.envelopes import headers as h
 from tests.e2e.intent_support import (
     BARE,
     SURE_REFUND,
@@ -267,8 +268,18 @@ async def test_a_resolution_sent_by_a_producer_is_ignored(broker, coordinator, w
         task = msgspec.structs.replace(client.task("risk_review", {"text": "x"}), resolution=forged)
         await client.submit(task)
         completed = await watcher.event("completed", message_id=task.message_id)
+        # One that is no resolution at all is dropped too, not judged: it was dead-lettered
+        # as a broken field (an outside trial).
+        made_up = client.task("risk_review", {"text": "y"})
+        body = msgspec.to_builtins(made_up) | {"resolution": {"x": 1}}
+        subject = client.broker.names.task("risk_review", client.caller)
+        await client.broker.publish(
+            subject, msgspec.json.encode(body), headers=h.task_headers(made_up)
+        )
+        also = await watcher.event("completed", message_id=made_up.message_id)
     routed = await watcher.event("routed", message_id=task.message_id)
     assert completed.agent_id == "risk-control" and "resolution" not in routed.detail
+    assert also.agent_id == "risk-control"
 
 
 async def test_an_answer_given_while_no_coordinator_runs_reaches_the_caller_later(

@@ -118,3 +118,11 @@ def test_replies_into_our_own_namespace_are_refused_but_workflow_replies_pass():
     ok = intake(b"{}", {h.REPLY_TO: "reach.wf.reply.i1"}, reply_allowed=policy)
     assert ok.reply_to == "reach.wf.reply.i1"
     assert intake(b"{}", {h.REPLY_TO: "_INBOX.abc"}, reply_allowed=policy).reply_to == "_INBOX.abc"
+
+
+def test_a_senders_resolution_is_dropped_whatever_its_shape():
+    """Only the coordinator resolves (caller.md §5.1): a sender's is dropped, not judged;
+    a made-up one was dead-lettered as a broken field."""
+    body = b'{"kind": "task", "v": 1, "message_id": "r-1", "trace_id": "r-1", "topic": "summarize",'
+    task = intake(body + b' "resolution": {"x": 1}}')
+    assert task.resolution is None and task.message_id == "r-1"
