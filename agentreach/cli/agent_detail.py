@@ -12,7 +12,14 @@ from agentreach.broker.direct import subject_counts
 from agentreach.cli.agent_rows import Row, as_json, breaker_shown, refused_to, state_of, tripped
 from agentreach.cli.options import UsageError
 from agentreach.cli.terminal import one_line
-from agentreach.envelopes import PRIORITIES, AgentCard, Execution, Heartbeat, Liveness
+from agentreach.envelopes import (
+    PRIORITIES,
+    AgentCard,
+    DecodeError,
+    Execution,
+    Heartbeat,
+    Liveness,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +41,30 @@ async def detail_of(broker: Broker, agent_id: str, *, allowances_enforced: bool)
         key=lambda record: record.started_ms or record.lease_until_ms,
     )
     queued = {priority: await _queued(broker, agent_id, priority) for priority in PRIORITIES}
+    if row is None and (why := await _card_unreadable(broker, agent_id)):
+        # `reach agents` leaves such a card out: "no agent" said it was never there.
+        raise UsageError(
+            f"agent {agent_id!r}: its card is unreadable ({why}); something other than the"
+            " agent wrote its key (a NATS server's answer aimed at it, say): the agent writes"
+            " its card again at its next look, within a few heartbeats"
+        )
     if row is None and not running and not any(queued.values()):
         raise UsageError(
             f"no agent {agent_id!r}: no card, no task running or queued (`reach agents` lists"
             " the registered ones)"
         )
     return Detail(agent_id, row, tuple(running), queued)
+
+
+async def _card_unreadable(broker: Broker, agent_id: str) -> str | None:
+    """Why the value under ``agent_id``'s card key is no card; None when it is one, or none
+    is there."""
+    cards = await broker.bucket(broker.names.agents_bucket, AgentCard)
+    try:
+        await cards.get(agent_id)
+    except DecodeError as exc:
+        return str(exc)
+    return None
 
 
 async def _row(broker: Broker, agent_id: str, allowances_enforced: bool) -> Row | None:

@@ -7,10 +7,11 @@ import json
 
 from agentreach import envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker.direct import subject_counts
 from agentreach.cli.agent_detail import Detail, render
 from agentreach.cli.agent_rows import Row
 from tests.cli.conftest import reach_argv, run
-from tests.support import recorded, wait_for_card
+from tests.support import recorded, until_true, wait_for_card
 
 
 async def reach(broker, *args: str):  # type: ignore[no-untyped-def]
@@ -79,6 +80,25 @@ async def test_show_refuses_an_agent_the_broker_knows_nothing_of_and_a_missing_i
     assert missing.returncode == 2 and "agents show needs an agent's id" in missing.stderr
     assert cleared_watch.returncode == 1
     assert "--watch is for agents list or show, not clear" in cleared_watch.stderr
+
+
+async def test_show_of_a_card_overwritten_by_a_server_answer_says_so(broker):
+    """Anyone may aim a NATS server's answer at a card's key (an outside trial, with a
+    caller's credentials): `reach agents` leaves the unreadable card out, and `show` said
+    "no agent", as if it had never registered."""
+    key = f"$KV.{broker.names.agents_bucket}.scribbled-2"
+    await broker.publish_core("$JS.API.STREAM.NAMES", b"", reply=key)
+    await broker.flush()
+
+    async def overwritten() -> bool:
+        counts, _ = await subject_counts(broker, f"KV_{broker.names.agents_bucket}", key)
+        return bool(counts)
+
+    await until_true(overwritten)
+    shown = await reach(broker, "agents", "show", "scribbled-2")
+    assert shown.returncode == 1
+    assert "agent 'scribbled-2': its card is unreadable (" in shown.stderr
+    assert "the agent writes its card again" in shown.stderr
 
 
 def test_a_run_an_earlier_process_claimed_is_said_to_be_that_process_s():
