@@ -116,7 +116,10 @@ class Consumption:
             deliveries = await consumer.next_batch(batch)
             if not deliveries and not consumer.failing:
                 counter.caught_up()
-            await counter.look_up(deliveries)
+            try:
+                await counter.look_up(deliveries)
+            except Exception:  # counted all the same: a report whose routing was not read counts
+                log.exception("what counting a batch needs could not be read")
             for delivery in deliveries:
                 try:
                     counter.count(delivery)
