@@ -201,11 +201,9 @@ async def test_an_agent_that_cannot_beat_over_a_bad_header_fails_the_heartbeat_c
     assert "Bad Key: x" in verdicts["liveness.heartbeats"].detail
 
 
-async def test_an_agent_that_loses_a_wake_up_fails_the_heartbeat_clause(
-    broker, coordinator, monkeypatch
-):
+def _wake_up_lost_after_the_write(*, interval_read_before: bool):  # type: ignore[no-untyped-def]
     """A heartbeat loop that clears its wake-up signal after the write (the bug both SDKs
-    had) misses a new interval that arrives during a write: clause 4 fails."""
+    had), waiting the interval as it is after the write, or as it was read before it."""
 
     async def run(self):  # type: ignore[no-untyped-def]
         names = self._broker.names
@@ -214,13 +212,22 @@ async def test_an_agent_that_loses_a_wake_up_fails_the_heartbeat_clause(
             names.agent_control(self._agent_id), self._on_control
         ):
             while True:
+                read_before = self.interval_s
                 await self._beat(bucket)
                 self._wake.clear()  # after the write: a wake-up meanwhile is lost
+                interval_s = read_before if interval_read_before else self.interval_s
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._wake.wait(), sdk_heartbeats.jittered(self.interval_s)
-                    )
+                    await asyncio.wait_for(self._wake.wait(), sdk_heartbeats.jittered(interval_s))
 
+    return run
+
+
+async def test_an_agent_that_loses_a_wake_up_fails_the_heartbeat_clause(
+    broker, coordinator, monkeypatch
+):
+    """A heartbeat loop that clears its wake-up signal after the write misses a new
+    interval that arrives during a write: clause 4 fails."""
+    run = _wake_up_lost_after_the_write(interval_read_before=False)
     monkeypatch.setattr(sdk_heartbeats.Heartbeats, "run", run)
     verdicts = await judge(broker, conformance_agent("sleepy-1"), "liveness.heartbeats")
     assert verdicts["liveness.heartbeats"].status is Status.FAIL
@@ -233,20 +240,7 @@ async def test_an_agent_that_waits_the_interval_it_read_before_the_write_fails(
     """An outside Go agent's mutation: the wake-up cleared after the write, but the wait
     is the interval read before it. A shorter interval asked for during the write went
     unseen for the longer one, and clause 4 passed, asking for the longer one second only."""
-
-    async def run(self):  # type: ignore[no-untyped-def]
-        names = self._broker.names
-        bucket = await self._broker.bucket(names.heartbeats_bucket, sdk_heartbeats.Heartbeat)
-        async with await self._broker.subscribe(
-            names.agent_control(self._agent_id), self._on_control
-        ):
-            while True:
-                interval_s = self.interval_s
-                await self._beat(bucket)
-                self._wake.clear()  # after the write: a wake-up meanwhile is lost
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), sdk_heartbeats.jittered(interval_s))
-
+    run = _wake_up_lost_after_the_write(interval_read_before=True)
     monkeypatch.setattr(sdk_heartbeats.Heartbeats, "run", run)
     verdicts = await judge(broker, conformance_agent("stale-1"), "liveness.heartbeats")
     assert verdicts["liveness.heartbeats"].status is Status.FAIL
