@@ -171,10 +171,11 @@ class Board:
             except DecodeError:
                 continue
             await routes.look_up(self.broker, (msg,))  # a routing before the window's start
-            if routes.vouch(msg.subject, event):  # not an agent's `dead_lettered`, nor a ghost
-                if event.event == "routed":
-                    self._served.add(event.topic)
-                self.history.fold(event, msg.timestamp_ms, served=self._serves)
+            # Not an agent's `dead_lettered`, nor a ghost; a report with its routing's times.
+            if (counted := routes.vouched(msg.subject, event)) is not None:
+                if counted.event == "routed":
+                    self._served.add(counted.topic)
+                self.history.fold(counted, msg.timestamp_ms, served=self._serves)
 
     async def _follow_settling(self, ready: asyncio.Event) -> None:
         """Every ``replayed`` and ``resolved`` event REACH_EVENTS keeps, then each new one."""

@@ -300,8 +300,8 @@ class FlowMetrics(Collector):
             event = decode_stored_event(msg.data, msg.headers)
         except DecodeError:
             return  # not an event of ours: nothing to count
-        if self.routes.vouch(msg.subject, event):  # not an agent's forgery
-            self.fold(event, stored_ms)
+        if (counted := self.routes.vouched(msg.subject, event)) is not None:  # no forgery
+            self.fold(counted, stored_ms)
 
     def fold(self, event: Event, stored_ms: int) -> None:
         """Count ``event``, stored by the broker at ``stored_ms``."""

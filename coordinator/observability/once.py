@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
+
+import msgspec
 
 from agentreach.broker import Broker, BrokerError, Delivery
 from agentreach.broker.direct import indexed_messages_on
 from agentreach.broker.lifecycle import AGENT_TASK_EVENTS, unvouched
 from agentreach.broker.names import COORDINATOR, Names
 from agentreach.broker.streams import StoredMessage
-from agentreach.envelopes import DecodeError, Event, decode_stored_event
+from agentreach.envelopes import DecodeError, Event, Priority, decode_stored_event
 
 REMEMBERED = 65_536  # ends remembered; the oldest is forgotten first
 
@@ -49,11 +52,13 @@ class Routes:
     read first (:meth:`look_up`): counted without them, a report of a message never routed
     (an outside trial's ghosts) faked the counts as before. A report read before its
     ``routed`` was stored (an election of the events stream between the two) is not counted;
-    one whose routings could not be read is."""
+    one whose routings could not be read is. A report counted carries its routing's
+    ``received_ms`` and ``priority``, the coordinator's, not what the agent wrote (a latency
+    it made up, a priority label of its choosing)."""
 
     def __init__(self, names: Names, limit: int = REMEMBERED) -> None:
         self._names = names
-        self._routed: OrderedDict[str, tuple[tuple[int, str], ...]] = OrderedDict()
+        self._routed: OrderedDict[str, tuple[Routing, ...]] = OrderedDict()
         self._limit = limit
 
     async def look_up(self, broker: Broker, deliveries: Sequence[Delivery]) -> None:
@@ -64,7 +69,7 @@ class Routes:
             return
         room = asyncio.Semaphore(LOOKUPS_AT_ONCE)
 
-        async def routings(subject: str) -> tuple[tuple[int, str], ...] | None:
+        async def routings(subject: str) -> tuple[Routing, ...] | None:
             async with room:
                 try:
                     stored = await indexed_messages_on(broker, self._names.events_stream, subject)
@@ -97,29 +102,58 @@ class Routes:
                 wanted[message_id] = names.events_of_message_of_kind("routed", trace_id, message_id)
         return wanted
 
-    def _remember(self, message_id: str, routed: tuple[tuple[int, str], ...]) -> None:
+    def _remember(self, message_id: str, routed: tuple[Routing, ...]) -> None:
         self._routed[message_id] = routed
         if len(self._routed) > self._limit:
             self._routed.popitem(last=False)
 
     def vouch(self, subject: str, event: Event) -> bool:
-        """Whether ``event``, stored on ``subject``, is counted (remembering a routing)."""
+        """Whether ``event``, stored on ``subject``, is counted (see :meth:`vouched`)."""
+        return self.vouched(subject, event) is not None
+
+    def vouched(self, subject: str, event: Event) -> Event | None:
+        """``event``, stored on ``subject``, as it is counted; None when it is not
+        (remembering a routing)."""
         if unvouched(self._names, subject, event) is not None:
-            return False
+            return None
         sender, kind = self._names.sender_of(subject), event.event
         routed = self._routed.get(event.message_id)
         if kind == "routed" and sender == COORDINATOR and event.agent_id:
-            if (event.attempt, event.agent_id) not in (routed or ()):  # not a looked-up one
-                self._remember(event.message_id, (*(routed or ()), (event.attempt, event.agent_id)))
-            return True
+            routing = Routing.of(event)
+            if routing not in (routed or ()):  # not a looked-up one
+                self._remember(event.message_id, (*(routed or ()), routing))
+            return event
         if sender != COORDINATOR and kind in AGENT_TASK_EVENTS:
             if _ids_of(subject) != (event.trace_id, event.message_id):
-                return False  # its routing was looked up by the subject's ids
-            if routed is not None and (event.attempt, sender) not in routed:
-                return False
+                return None  # its routing was looked up by the subject's ids
+            if routed is not None:
+                given = [r for r in routed if (r.attempt, r.agent_id) == (event.attempt, sender)]
+                if not given:
+                    return None
+                event = given[0].stamped(event)
         if kind in ENDED:  # the message's routings are needed no more
             self._routed.pop(event.message_id, None)
-        return True
+        return event
+
+
+class Routing(NamedTuple):
+    """An attempt given to an agent, as the coordinator's ``routed`` event says."""
+
+    attempt: int
+    agent_id: str
+    received_ms: int
+    priority: Priority
+
+    @classmethod
+    def of(cls, routed: Event) -> Routing:
+        assert routed.agent_id is not None
+        return cls(routed.attempt, routed.agent_id, routed.received_ms, routed.priority)
+
+    def stamped(self, report: Event) -> Event:
+        """``report`` with the routing's intake time and priority."""
+        if (report.received_ms, report.priority) == (self.received_ms, self.priority):
+            return report
+        return msgspec.structs.replace(report, received_ms=self.received_ms, priority=self.priority)
 
 
 ENDED = frozenset({"completed", "dead_lettered"})
@@ -132,8 +166,8 @@ def _ids_of(subject: str) -> tuple[str, str] | None:
     return (parts[1], parts[2]) if len(parts) == 4 else None
 
 
-def _routings(names: Names, stored: Iterable[StoredMessage]) -> Iterable[tuple[int, str]]:
-    """(attempt, agent) of each of the coordinator's ``routed`` events among ``stored``."""
+def _routings(names: Names, stored: Iterable[StoredMessage]) -> Iterable[Routing]:
+    """The routing of each of the coordinator's ``routed`` events among ``stored``."""
     for message in stored:
         if names.sender_of(message.subject) != COORDINATOR:
             continue
@@ -142,4 +176,4 @@ def _routings(names: Names, stored: Iterable[StoredMessage]) -> Iterable[tuple[i
         except DecodeError:
             continue
         if event.event == "routed" and event.agent_id:
-            yield event.attempt, event.agent_id
+            yield Routing.of(event)

@@ -376,7 +376,8 @@ async def test_a_report_counts_only_when_a_routing_seen_or_read_vouches_for_it(b
     outside trial: three such ghosts put 5.4e9 s in the latency sum, and the success rate
     counted 413 completions of 409 dispatches): a replica could not tell them from reports
     of tasks routed before it started, or folded by the other replica. It reads the
-    routings it has not seen: the ghost's count nothing, a real task's report counts."""
+    routings it has not seen: the ghost's count nothing, a real task's report counts, with
+    the routing's intake time and priority, not the ones its agent wrote."""
     real = Task(v=1, message_id="seen-1", trace_id="seen-1", topic="double", received_ms=now_ms())
     ghost = Task(v=1, message_id="ghost-1", trace_id="ghost-1", topic="double", received_ms=1000)
     async with replica(broker) as first:
@@ -387,11 +388,13 @@ async def test_a_report_counts_only_when_a_routing_seen_or_read_vouches_for_it(b
         await emit(
             broker, event_for(ghost, "failed", agent_id="mallory", error=error), sender="mallory"
         )
-        for task, agent in ((ghost, "mallory"), (real, "metrics-good")):
+        told = msgspec.structs.replace(real, received_ms=1000, priority="P0")  # made up
+        for task, agent in ((ghost, "mallory"), (told, "metrics-good")):
             report = event_for(task, "completed", agent_id=agent, duration_ms=1)
             await emit(broker, report, sender=agent)
         found = await counted(second.metrics_url, "reach_tasks_finished_total")  # ghosts first
     assert total(found, "reach_tasks_finished_total", outcome="completed") == 1
+    assert total(found, "reach_tasks_finished_total", outcome="completed", priority="P1") == 1
     assert total(found, "reach_latency_seconds_count") == 1
     assert total(found, "reach_latency_seconds_sum") < 60
     assert total(found, "reach_attempts_failed_total") == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from agentreach.broker.lifecycle import event_for
 from agentreach.broker.names import COORDINATOR, Names
 from agentreach.coordinator.observability.once import Routes
@@ -52,3 +54,17 @@ def test_a_report_whose_body_names_another_message_than_its_subject_is_not_count
     report = event_for(other, "completed", agent_id="x", duration_ms=1)
     assert not routes.vouch(subject("completed", named, "x"), report)
     assert routes.vouch(subject("completed", other, "x"), report)
+
+
+def test_a_report_counted_carries_its_routings_intake_time_and_priority():
+    """An agent's own `received_ms` and `priority` made its latency and labels up."""
+    routes = Routes(NAMES)
+    task = Task(v=1, message_id="m-5", trace_id="m-5", topic="t", received_ms=5_000)
+    assert routes.vouch(
+        subject("routed", task, COORDINATOR), event_for(task, "routed", agent_id="x")
+    )
+    told = msgspec.structs.replace(task, received_ms=1, priority="P0")
+    counted = routes.vouched(
+        subject("completed", task, "x"), event_for(told, "completed", agent_id="x")
+    )
+    assert counted is not None and (counted.received_ms, counted.priority) == (5_000, "P1")
