@@ -314,6 +314,9 @@ async def record_settling(
         at_ms=now_ms(),
         detail=detail,
         received_ms=letter.envelope.received_ms if letter.envelope else 0,
+        # The letter's caller: its trace shows the settling with that caller's message, and
+        # to that caller (without, a second message of nobody's, run twice: an outside trial).
+        caller=letter.envelope.caller if letter.envelope else None,
     )
     subject, data, headers = event_message(broker, settling, sender=sender)
     kept = broker.names.settled(event, letter.topic, letter.trace_id, letter.message_id, sender)

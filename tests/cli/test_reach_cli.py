@@ -327,10 +327,15 @@ async def test_dlq_replay_sends_the_task_again(broker, coordinator, watcher):
         assert replayed.returncode == 0, replayed.stderr
         new_id = json.loads(replayed.stdout)["message_id"]
         completed = await watcher.event("completed", message_id=new_id)
+        traced = await reach(broker, "trace", "lost-2")
         again = await reach(broker, "dlq", "replay", "lost-2", "--to-topic", "count")
         forced = await reach(broker, "dlq", "replay", "lost-2", "--to-topic", "count", "--force")
         listed = await reach(broker, "dlq", "list")
     assert completed.detail["result"] == {"n": 1}
+    # The letter's message and its replay; the `replayed` event was a third message of
+    # nobody's, under the letter's id (an outside trial).
+    assert "· 2 message(s)" in traced.stdout.splitlines()[0], traced.stdout
+    assert "bare subject" not in traced.stdout
     assert again.returncode == 1
     refusal = "lost-2 (no_route, topic nobody_serves_this) not replayed: it is replayed"
     assert refusal in again.stderr
