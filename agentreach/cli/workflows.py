@@ -13,7 +13,7 @@ import msgspec
 
 from agentreach.agents import DeadlineExceeded, InvalidArgument, ReachClient, UnknownWorkflow
 from agentreach.agents.errors import WorkflowActionRefused
-from agentreach.agents.workflow_control import ENDINGS
+from agentreach.agents.workflow_control import ENDINGS, START_GRACE_S
 from agentreach.broker import Broker, BrokerTimeout, NoResponders
 from agentreach.broker.direct import messages_on
 from agentreach.broker.streams import stream_bounds
@@ -39,6 +39,7 @@ from agentreach.envelopes import (
 )
 
 LONG_AGO_MS = 60_000  # an instance that ended before that was not the one just started
+LISTED = "`reach workflows list` lists them"
 
 
 def register(commands: Commands) -> None:
@@ -102,9 +103,10 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
             records = await all_records(broker)
             print("\n".join(map(as_json, records)) if args.json else table(records))
             return 0
-        record = await read_record(broker, args.id)
-        if record is None:
-            raise UsageError(f"no workflow instance {args.id!r}")
+        acting = args.action in ("cancel", "signal")  # maybe just after the start: waits
+        if (record := await read_record(broker, args.id, within_s=acting * START_GRACE_S)) is None:
+            waited = f" within {START_GRACE_S:g} s (its start may still wait in the intake)"
+            raise UsageError(f"no workflow instance {args.id!r}{waited * acting}; {LISTED}")
         if args.action == "show":
             print(as_json(record) if args.json else tree(record))
             return 0
@@ -217,10 +219,8 @@ def _still(record: WorkflowRecord, wait_s: float) -> str:
 async def _signal(broker: Broker, record: WorkflowRecord, event: str, wait_s: float) -> int:
     """Send ``event`` and say whether a state took it (0) or none waits for it (1)."""
     if record.current is None:  # a chain, fan-out or graph: no state ever waits for one
-        print(
-            f"{record.instance_id}: not sent: {record.workflow!r} is no state machine, and"
-            " only a state machine's states take events"
-        )
+        why = f"{record.workflow!r} is no state machine, and only a state machine's states take"
+        print(f"{record.instance_id}: not sent: {why} events")
         return 1
     # Only what is stored after it answers it: the same event sent a moment before has its own.
     _, sent_after = await stream_bounds(broker, broker.names.events_stream)

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from agentreach.broker import Broker
 from agentreach.envelopes import WorkflowRecord
 from agentreach.envelopes import headers as h
 
 
-async def read_record(broker: Broker, instance_id: str) -> WorkflowRecord | None:
-    """The instance's record in ``reach_workflows``, or None when there is none."""
+async def read_record(
+    broker: Broker, instance_id: str, *, within_s: float = 0.0
+) -> WorkflowRecord | None:
+    """The instance's record in ``reach_workflows``, or None when there is none (still none
+    after ``within_s``: a signal or a cancel sent just after the start, which may still
+    wait in the intake)."""
     records = await broker.bucket(broker.names.workflows_bucket, WorkflowRecord)
-    entry = await records.get(instance_id)
-    return entry.value if entry else None
+    deadline = asyncio.get_running_loop().time() + within_s
+    while (entry := await records.get(instance_id)) is None:
+        if asyncio.get_running_loop().time() >= deadline:
+            return None
+        await asyncio.sleep(RECORD_POLL_S)
+    return entry.value
+
+
+RECORD_POLL_S = 0.2
 
 
 async def all_records(broker: Broker) -> list[WorkflowRecord]:

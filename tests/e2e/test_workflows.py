@@ -22,7 +22,7 @@ from agentreach.agents import (
     TaskContext,
     TaskFailed,
 )
-from agentreach.broker import Broker
+from agentreach.broker import Broker, Bucket
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import cancel, read_record
 from agentreach.coordinator.workflows.nesting import MAX_DEPTH
@@ -789,6 +789,41 @@ async def test_a_signal_stored_before_its_instance_started_is_taken_once_it_has(
         outcome = await client.invoke("approval", {}, message_id=instance)
     assert outcome == {"ok": True}
     assert watcher.count("signal_ignored") == 0
+
+
+async def test_the_cli_waits_a_moment_for_the_instance_it_signals(
+    broker, start_coordinator, monkeypatch
+):
+    """`reach workflows signal` run as the start was published said "no workflow instance"
+    at once and sent nothing (an outside trial), where the docs say a signal sent before
+    its instance exists is looked at again, and the SDKs wait 2 s for the start. It reads
+    the record again for 2 s; one that never comes is said, with where to look."""
+    missed = asyncio.Event()
+    real_get = Bucket.get
+
+    async def get(self, key, **options):  # type: ignore[no-untyped-def]
+        entry = await real_get(self, key, **options)
+        if entry is None:
+            missed.set()
+        return entry
+
+    async with (
+        start_coordinator(fast(workflows=workflows(approval=APPROVAL))) as coordinator,
+        serving(broker, coordinator, approval_checker()),
+        ReachClient(broker=broker) as client,
+    ):
+        instance = envelopes.new_id()
+        monkeypatch.setattr(Bucket, "get", get)
+        reading = asyncio.create_task(read_record(broker, instance, within_s=10))
+        await asyncio.wait_for(missed.wait(), 5)  # not there yet when first read
+        monkeypatch.setattr(Bucket, "get", real_get)
+        await client.publish("approval", {}, message_id=instance)
+        found = await asyncio.wait_for(reading, 15)
+        nothing = await run(*reach_argv(broker, "workflows", "signal", "never-started", "go"))
+    assert found is not None and found.instance_id == instance
+    assert nothing.returncode == 1
+    assert "no workflow instance 'never-started' within 2 s" in nothing.stderr
+    assert "`reach workflows list` lists them" in nothing.stderr
 
 
 async def test_a_signal_no_state_waits_for_is_said_and_not_redelivered(
