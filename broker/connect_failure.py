@@ -26,7 +26,8 @@ _HOSTNAME_MISMATCH = 62  # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH
 class _Kind(Enum):
     TLS = 1
     REFUSED = 2  # the server refused the credentials
-    OTHER = 3
+    NOT_LISTENING = 3  # nothing accepts connections at the address
+    OTHER = 4
 
 
 class FailedAttempts:
@@ -58,6 +59,11 @@ class FailedAttempts:
             return AuthenticationFailed(f"{message} ({_refused_hint(self._auth)})")
         if self._kinds == {_Kind.TLS}:
             return TlsFailed(message)
+        if self._kinds == {_Kind.NOT_LISTENING}:
+            message += (
+                " (nothing listens there: is the NATS server running — `reach up` starts one —"
+                " and is this its address? NATS_URL or --nats-url gives another)"
+            )
         return ConnectError(message)
 
     def timed_out(self, shown_url: str, after_s: float) -> ConnectError:
@@ -79,6 +85,8 @@ def refuses_credentials(exc: BaseException) -> bool:
 def _kind_of(exc: BaseException) -> _Kind:
     if isinstance(exc, ssl.SSLError | TlsNotOffered):
         return _Kind.TLS
+    if isinstance(exc, ConnectionRefusedError):
+        return _Kind.NOT_LISTENING
     return _Kind.REFUSED if refuses_credentials(exc) else _Kind.OTHER
 
 
