@@ -229,7 +229,10 @@ def _answer(
                 raise _refused(instance_id, f"signal {event}", seen)
             waits = tuple(detail.get("waits_for") or ())
             ended = detail.get("ended")  # the instance failed instead of taking it
-            return SignalOutcome(instance_id, event, taken=False, waits_for=waits, ended=ended)
+            state = detail.get("state")  # the state it is in, which did not take it
+            return SignalOutcome(
+                instance_id, event, taken=False, state=state, waits_for=waits, ended=ended
+            )
     # Ended with no word on the signal (an answer lost in a crash): it is taken no more.
     if (ending := _ended(instance_id, events, before_cancel=False)) is not None:
         return SignalOutcome(instance_id, event, taken=False, ended=ending.status)

@@ -189,8 +189,9 @@ class SignalTakenDetail(_Detail, frozen=True, kw_only=True):
 
 class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
     """``signal_ignored``: a workflow signal arrived that no state was waiting for; the
-    instance's ``workflow``, the events its current state takes (``waits_for``; absent when
-    it is in no state), and ``by``, the caller that sent it (absent: an operator). A signal
+    instance's ``workflow``, its current ``state`` and the events that state takes
+    (``waits_for``; both absent when it is in no state), and ``by``, the caller that sent it
+    (absent: an operator). A signal
     whose change would not fit in the instance's record fails the instance instead: then
     ``ended`` is ``failed`` and ``error`` says why (``record_too_large``). A caller's signal
     over its quota is not looked at: ``error`` is ``rate_limited`` (with ``retry_after_ms``),
@@ -198,6 +199,7 @@ class SignalIgnoredDetail(_Detail, frozen=True, kw_only=True):
 
     signal: str
     workflow: str | None = None
+    state: str | None = None
     waits_for: list[str] | None = None
     by: str | None = None
     signal_seq: int | None = None  # the signal's sequence in REACH_WORKFLOWS: its sender's answer

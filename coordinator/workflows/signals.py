@@ -71,7 +71,7 @@ async def signal_ignored(
     if failed is not None:
         ignored |= {"ended": "failed", "error": msgspec.to_builtins(failed)}
     elif (waits := events_awaited(record, spec)) is not None:
-        ignored["waits_for"] = waits
+        ignored |= {"state": record.current, "waits_for": waits}
     await emit(broker, event_for(record.task, "signal_ignored", **ignored))
 
 

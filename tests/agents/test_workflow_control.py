@@ -158,7 +158,9 @@ async def test_a_caller_signals_its_workflow_and_hears_whether_it_was_taken(brok
         assert await asyncio.wait_for(invoked, 10) == {"ok": True}
         after = await alice.signal_workflow(instance, "reject")
         events = await alice.status(instance)
-    assert ignored == SignalOutcome(instance, "nope", taken=False, waits_for=("approve", "reject"))
+    assert ignored == SignalOutcome(
+        instance, "nope", taken=False, state="submitted", waits_for=("approve", "reject")
+    )
     assert taken == SignalOutcome(instance, "approve", taken=True, state="submitted")
     assert after == SignalOutcome(instance, "reject", taken=False, ended="completed")
     [said] = [e for e in events if e.event == "signal_taken"]
@@ -185,7 +187,9 @@ async def test_a_caller_over_its_quota_hears_its_signal_and_cancel_were_not_acte
         await wf_control.signal(broker, instance, "approve")  # an operator's, on the bare form
         assert await asyncio.wait_for(invoked, 10) == {"ok": True}
         events = await alice.status(instance)
-    assert ignored == SignalOutcome(instance, "nope", taken=False, waits_for=("approve", "reject"))
+    assert ignored == SignalOutcome(
+        instance, "nope", taken=False, state="submitted", waits_for=("approve", "reject")
+    )
     for refused, what in ((signal_refused, "signal approve"), (cancel_refused, "cancel")):
         error = refused.value.error
         assert (error.type, error.retryable, refused.value.instance_id) == (

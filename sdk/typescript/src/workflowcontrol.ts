@@ -168,7 +168,8 @@ function answerIn(instanceId: string, event: string, caller: string, events: Eve
       if (detail.error != null && detail.ended == null) throw refused(instanceId, `signal ${event}`, seen);
       const waitsFor = Array.isArray(detail.waits_for) ? (detail.waits_for as string[]) : [];
       const failed = detail.ended === "failed" ? "failed" : null; // the instance failed instead of taking it
-      return { instanceId, event, taken: false, state: null, waitsFor, ended: failed };
+      const state = (detail.state as string | undefined) ?? null; // the one it is in, which did not take it
+      return { instanceId, event, taken: false, state, waitsFor, ended: failed };
     }
   }
   // Ended with no word on the signal (an answer lost in a crash): it is taken no more.

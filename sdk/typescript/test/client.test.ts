@@ -775,7 +775,7 @@ describe("ReachClient signalling a workflow", () => {
       assert.ok(badEvent instanceof InvalidArgument, String(badEvent));
 
       const ignored = await alice.signalWorkflow(instance, "nope");
-      assert.deepEqual(ignored, { instanceId: instance, event: "nope", taken: false, state: null, waitsFor: ["approve", "reject"], ended: null });
+      assert.deepEqual(ignored, { instanceId: instance, event: "nope", taken: false, state: "submitted", waitsFor: ["approve", "reject"], ended: null });
       const taken = await alice.signalWorkflow(instance, "approve");
       assert.deepEqual(taken, { instanceId: instance, event: "approve", taken: true, state: "submitted", waitsFor: [], ended: null });
       assert.deepEqual(await invoked, { ok: true });

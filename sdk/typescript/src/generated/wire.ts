@@ -1234,8 +1234,9 @@ export interface RoutedDetail {
 
 /**
  * `signal_ignored`: a workflow signal arrived that no state was waiting for; the
- * instance's `workflow`, the events its current state takes (`waits_for`; absent when
- * it is in no state), and `by`, the caller that sent it (absent: an operator). A signal
+ * instance's `workflow`, its current `state` and the events that state takes
+ * (`waits_for`; both absent when it is in no state), and `by`, the caller that sent it
+ * (absent: an operator). A signal
  * whose change would not fit in the instance's record fails the instance instead: then
  * `ended` is `failed` and `error` says why (`record_too_large`). A caller's signal
  * over its quota is not looked at: `error` is `rate_limited` (with `retry_after_ms`),
@@ -1247,6 +1248,10 @@ export interface SignalIgnoredDetail {
    * default null
    */
   workflow: string | null;
+  /**
+   * default null
+   */
+  state: string | null;
   /**
    * default null
    */
