@@ -12,7 +12,7 @@ import json
 from agentreach.agents import ReachClient, TaskFailed
 from agentreach.broker import Names
 from agentreach.cli import trace as tracing
-from agentreach.cli import workflows as workflows_view
+from agentreach.cli import workflow_views
 from agentreach.cli.serve import provisioned
 from agentreach.coordinator import Coordinator, CoordinatorConfig
 from agentreach.coordinator import workflow as wf
@@ -56,7 +56,7 @@ async def run_demo(url: str, names: Names) -> int:
             steps = await tracing.collect(broker, trace_id)
             for started in (s.event for s in steps if s.event.event == "workflow_started"):
                 if record := await read_record(broker, started.message_id):
-                    print(workflows_view.tree(record))
+                    print(workflow_views.tree(record))
             print(tracing.render(trace_id, steps), end="\n\n")
     return 0
 

@@ -6,7 +6,14 @@ import argparse
 import sys
 
 from agentreach.broker.requests import gather_replies
-from agentreach.cli.options import Commands, MissingArgument, UsageError, broker_of, operators_only
+from agentreach.cli.options import (
+    Commands,
+    MissingArgument,
+    UsageError,
+    broker_of,
+    non_negative_seconds,
+    operators_only,
+)
 from agentreach.cli.status import NOT_RUNNING
 from agentreach.coordinator import ConfigError, load_config
 from agentreach.coordinator.workflows.nesting import check_nesting
@@ -27,7 +34,10 @@ def register(commands: Commands) -> None:
     )
     routes.add_argument("file", nargs="?", help="the coordinator config to check")
     routes.add_argument(
-        "--wait", type=float, default=1.0, help="seconds to collect replicas' answers (reload)"
+        "--wait",
+        type=non_negative_seconds,
+        default=1.0,
+        help="seconds to collect replicas' answers (reload)",
     )
 
 

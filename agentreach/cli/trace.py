@@ -19,7 +19,7 @@ from agentreach.broker import (
 )
 from agentreach.broker.lifecycle import AGENT_TOPIC, authentic
 from agentreach.broker.names import COORDINATOR, OPERATOR
-from agentreach.cli import workflows
+from agentreach.cli import workflow_views
 from agentreach.cli.exit_codes import OK
 from agentreach.cli.options import ASKING_ROLES, Commands, UsageError, an_id, broker_of
 from agentreach.cli.status import NOT_RUNNING, coordinators
@@ -58,7 +58,7 @@ async def cmd_trace(args: argparse.Namespace) -> int:
         if not steps and not records:
             return await _waiting_in_intake(broker, args.id)
     for record in records:
-        print(workflows.tree(record))
+        print(workflow_views.tree(record))
     print(render(args.id, steps))
     return OK
 

@@ -9,7 +9,7 @@ import json
 import msgspec
 
 from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.cli.workflows import table, tree
+from agentreach.cli.workflow_views import table, tree
 from agentreach.coordinator import workflow as wf
 from agentreach.envelopes import ErrorInfo, StepRun, Task, WorkflowRecord
 from tests.cli.conftest import reach_argv, run

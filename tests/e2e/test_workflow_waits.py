@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import read_stream
-from agentreach.cli.workflows import _clock, tree
+from agentreach.cli.workflow_views import clock, tree
 from agentreach.coordinator.workflows.control import signal
 from agentreach.envelopes import now_ms
 from tests.cli.conftest import reach_argv, run
@@ -68,7 +68,7 @@ async def test_a_state_no_event_came_for_goes_to_its_on_timeout_state(
     assert timed_out.detail["waited_for"] == ["approve"]
     submitted = waits.steps["submitted"]
     assert waits.current == "submitted" and submitted.deadline_ms == submitted.ended_ms + 1000
-    assert f"waits here for a signal until {_clock(submitted.deadline_ms)}" in tree(waits)
+    assert f"waits here for a signal until {clock(submitted.deadline_ms)}" in tree(waits)
 
 
 @contextlib.asynccontextmanager

@@ -28,7 +28,8 @@ from agentreach.broker import (
     provision,
     read_stream,
 )
-from agentreach.cli.workflows import _clock, already
+from agentreach.cli.workflow_views import clock
+from agentreach.cli.workflows import already
 from agentreach.coordinator import Coordinator, RateLimits
 from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows import WorkflowEngine, cancel, read_record
@@ -301,7 +302,7 @@ def test_an_instance_that_ended_long_ago_is_said_to_be_an_id_used_again() -> Non
     """Ended a minute or more ago, it is the instance that ran under an id used again."""
     ended = 1_000_000
     just = already("r", "completed", ended, ended + 5_000)
-    assert just == f"r: already completed at {_clock(ended)}"
+    assert just == f"r: already completed at {clock(ended)}"
     long_ago = already("r", "completed", ended, ended + 60_000)
     assert long_ago.startswith(f"{just}, 1 min ago (if you sent its start again since")
     assert "not run again; send it under a new message id" in long_ago

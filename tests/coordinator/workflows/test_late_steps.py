@@ -12,7 +12,7 @@ import pytest
 
 from agentreach.agents import Agent, PermanentError, ReachClient, TaskContext, TaskFailed
 from agentreach.broker import read_stream
-from agentreach.cli.workflows import tree
+from agentreach.cli.workflow_views import tree
 from agentreach.coordinator.workflows import read_record
 from agentreach.coordinator.workflows.outbox import Outbox
 from agentreach.coordinator.workflows.run import Finish, Run, Timer

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from agentreach.cli.workflows import tree
+from agentreach.cli.workflow_views import tree
 from agentreach.coordinator import ConfigError, load_config
 from agentreach.coordinator.workflows.actions import message_id_of
 from agentreach.coordinator.workflows.deadline import new_record
