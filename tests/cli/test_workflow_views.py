@@ -160,3 +160,9 @@ async def test_a_signal_to_a_chain_is_not_sent(broker, start_coordinator, watche
     assert signalled.returncode == 1
     assert "not sent: 'held' is no state machine" in signalled.stdout
     assert not [e for e in watcher.events if e.event.startswith("signal_")]
+
+
+async def test_a_negative_wait_is_refused(broker):
+    """`--wait -1` was taken silently (an outside trial)."""
+    refused = await run(*reach_argv(broker, "workflows", "signal", "x-1", "go", "--wait", "-1"))
+    assert refused.returncode == 2 and "expected 0 or more seconds" in refused.stderr
