@@ -130,7 +130,7 @@ class Routes:
                 given = [r for r in routed if (r.attempt, r.agent_id) == (event.attempt, sender)]
                 if not given:
                     return None
-                event = given[0].stamped(event)
+                event = given[-1].stamped(event)  # the last: a later life's, when two
         if kind in ENDED:  # the message's routings are needed no more
             self._routed.pop(event.message_id, None)
         return event
