@@ -61,15 +61,18 @@ async def test_a_coordinator_follows_agents_through_a_server_back_on_an_empty_st
         runtime = await stack.enter_async_context(agent.running(first.url, names=names))
         agents, cards = coordinator.liveness.agents, coordinator.directory.cards
         await eventually(lambda: "stays-1" in agents and agents["stays-1"].state == "ONLINE")
-        async with Broker(first.url, names=names) as admin:
-            before = await _seq(admin, "stays-1")
         await first.stop()
         await second.__aenter__()
         admin = await stack.enter_async_context(Broker(second.url, names=names))
         await provision(admin, Topology.default(names))
+        # The agent back: its reconnect backoff may outlast SUSPECT's threshold here (1.5 s),
+        # a silence of its own that this test is not about.
+        await until_true(lambda: _seq_past(admin, 1))
+        await eventually(lambda: agents["stays-1"].state == "ONLINE")
         with capture_logs() as logs:
             # Beats on the new store, well past SUSPECT's 3 silent intervals.
-            await until_true(lambda: _seq_past(admin, before + BEATS_AFTER), timeout=20)
+            back = await _seq(admin, "stays-1")
+            await until_true(lambda: _seq_past(admin, back + BEATS_AFTER), timeout=20)
             state = agents["stays-1"].state
             moved = [e for e in logs if e["event"] == "liveness"]
             # Its verdict is in the new bucket (it read UNKNOWN there until a transition).
