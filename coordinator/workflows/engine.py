@@ -52,6 +52,7 @@ from agentreach.coordinator.workflows.records import HotRecords, outgrown_error
 from agentreach.coordinator.workflows.run import Run
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.coordinator.workflows.timers import LATER_S, news_before
+from agentreach.coordinator.workflows.turns import StoredOrder
 from agentreach.coordinator.workflows.unreadable import refuse
 from agentreach.envelopes import (
     Ack,
@@ -93,6 +94,7 @@ class WorkflowEngine:
         self._claim_check = ClaimCheck(broker)
         self._server_answers = ServerAnswers()
         self._hot = HotRecords()  # what this replica wrote last: the next change reads nothing
+        self._stored_order = StoredOrder()
         self._controls = Controls(broker, self._apply, self._records, self._definitions, quotas)
         self._outbox = Outbox(broker, self._definitions.children, clock)
 
@@ -184,18 +186,24 @@ class WorkflowEngine:
         seen_before = msg.num_delivered > 1
         try:
             refuse_server_answers(msg.data, msg.headers, msg.subject, headed=True)
-            match kind:
-                case "reply":
-                    return await self._on_reply(msg, instance_id, seen_before)
-                case "timer":  # a timer comes back by design: not a sign of a crash
-                    return await self._on_timer(instance_id, msg.data)
-                case "signal" | "cancel":
-                    return await self._controls.handle(msg, kind, rest)
-                case _:
-                    raise DecodeError(f"no workflow message kind {kind!r}", path="subject")
+            async with self._stored_order.after_earlier(instance_id, msg.stream_seq):
+                return await self._handle(msg, kind, instance_id, rest, seen_before)
         except DecodeError as exc:
             await refuse(self._broker, msg, instance_id, exc, self._server_answers)
         return None
+
+    async def _handle(
+        self, msg: Delivery, kind: str, instance_id: str, rest: str, seen_before: bool
+    ) -> float | None:
+        match kind:
+            case "reply":
+                return await self._on_reply(msg, instance_id, seen_before)
+            case "timer":  # a timer comes back by design: not a sign of a crash
+                return await self._on_timer(instance_id, msg.data)
+            case "signal" | "cancel":
+                return await self._controls.handle(msg, kind, rest)
+            case _:
+                raise DecodeError(f"no workflow message kind {kind!r}", path="subject")
 
     async def _on_reply(self, msg: Delivery, instance_id: str, seen_before: bool) -> float | None:
         """None once the reply is applied (or refused), or seconds until it is looked at

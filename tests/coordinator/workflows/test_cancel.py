@@ -310,7 +310,7 @@ def test_an_instance_that_ended_long_ago_is_said_to_be_an_id_used_again() -> Non
 
 async def test_an_operator_s_cancel_that_an_end_overtakes_says_so(broker: Broker) -> None:
     """The cancel is asked of a running instance, and it ends otherwise before a coordinator
-    applies the cancel (replies queued while none ran are applied first after a restart):
+    applies the cancel (another replica applied a result stored before the cancel):
     `reach workflows cancel` says it completed before the cancel, and exits 1."""
     names = broker.names
     flows = _flows()
@@ -471,3 +471,43 @@ async def test_a_step_s_failed_attempt_is_not_retried_after_a_cancel(
         refused = await watcher.event("rejected", message_id=step_id, timeout=20)
     assert refused.detail["error"]["type"] == "cancelled"
     assert runs == [1]
+
+
+async def test_a_cancel_stored_before_a_step_s_result_dispatches_no_further_step(
+    broker, start_coordinator, watcher
+):
+    """No coordinator ran while the instance was cancelled and then its running step `a`
+    finished: after the restart the cancel, stored first, is applied first. The result,
+    read without a round trip, overtook the cancel's reads, and step `b` was dispatched
+    (and refused as cancelled) after the cancel that should have stopped it."""
+    gate, runs = asyncio.Event(), []
+    agent = Agent("chore-stored", startup_delay=0)
+
+    @agent.handler("chore")
+    async def chore(ctx: TaskContext, payload: Any) -> Any:
+        runs.append(ctx.message_id)
+        await gate.wait()
+        return payload
+
+    flows = {"stored": wf.chain(wf.step("a", "chore"), wf.step("b", "chore"))}
+    names = broker.names
+    async with agent.running(broker=broker):
+        async with start_coordinator(fast(workflows=flows)) as coordinator:
+            await eventually(lambda: "chore-stored" in coordinator.directory.cards)
+            async with ReachClient(broker=broker) as client:
+                await client.publish("stored", {"n": 1}, message_id="stored-1")
+            await watcher.event("accepted", message_id=message_id_of("stored-1", "a", 1))
+        await cancel(broker, "stored-1")
+        gate.set()
+
+        async def result_stored() -> bool:
+            replies = names.workflow_reply("stored-1") + ".>"
+            stored = await read_stream(broker, names.workflows_stream, replies)
+            return any(b'"result"' in m.data for m in stored)
+
+        await until_true(result_stored)
+        async with start_coordinator(fast(workflows=flows)):
+            await watcher.event("workflow_cancelled", message_id="stored-1")
+            record = await read_record(broker, "stored-1")
+    assert record is not None and record.status == "cancelled"
+    assert "b" not in record.steps and runs == [message_id_of("stored-1", "a", 1)]
