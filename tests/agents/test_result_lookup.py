@@ -18,7 +18,13 @@ from agentreach.agents import (
     TaskContext,
     TaskFailed,
 )
+from agentreach.broker import Broker, Names, Topology, provision
+from agentreach.broker.lifecycle import events_of_id
+from agentreach.coordinator import Coordinator
 from agentreach.envelopes import Budget
+from tests.conftest import FAST
+from tests.e2e.test_startup_and_restarts import RestartableServer
+from tests.support import until_true
 
 
 class Summary(msgspec.Struct):
@@ -86,3 +92,32 @@ async def test_an_unknown_id_or_another_caller_s_message_is_said_so(broker, coor
         assert await alice.result(message_id) == {"words": 1}
         with pytest.raises(InvalidArgument, match="another caller's message"):
             await bob.result(message_id, timeout_s=1)
+
+
+async def test_a_result_is_waited_for_through_a_server_restart(tmp_path) -> None:
+    """The server goes away and comes back while `result` waits: it keeps reading until
+    the message ends, within its own timeout (the TypeScript client gave up at its first
+    unanswered read, and the task it reported failed completed: an outside trial)."""
+    release = asyncio.Event()
+    names = Names(prefix="lookedup")
+    async with (
+        RestartableServer(tmp_path / "nats") as server,
+        Broker(server.url, names=names, name="coordinator", wait=True) as own,
+    ):
+        await provision(own, Topology.default(names))
+        async with (
+            Coordinator(own, FAST).running(),
+            _agent(release).running(server.url, names=names),
+            ReachClient(server.url, names=names) as client,
+        ):
+            running, _ = await client.publish("slow", {}, budget=Budget(execute_ms=60_000))
+            await until_true(lambda: _accepted(own, running))
+            waiting = asyncio.create_task(client.result(running, timeout_s=60))
+            await server.stop()
+            await server.start()
+            release.set()
+            assert await waiting == {"words": 0}
+
+
+async def _accepted(broker: Broker, message_id: str) -> bool:
+    return any(e.event == "accepted" for e in await events_of_id(broker, message_id))

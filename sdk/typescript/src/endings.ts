@@ -5,10 +5,16 @@
  * which nobody answers.
  */
 
+import { ErrorCode } from "nats";
+import type { NatsError } from "nats";
+
 import { decodeJson, encode } from "./codec.js";
 import type { Connection } from "./connection.js";
 import { isPayloadRef } from "./replybox.js";
 import type { ErrorInfo, Event, PayloadRef, TraceReply, TraceRequest } from "./types.js";
+
+// A trace request nobody answered: none subscribed ("503"), or no answer in time.
+const UNANSWERED = new Set<string>([ErrorCode.NoResponders, ErrorCode.Timeout, ErrorCode.Disconnect]);
 
 /** A result (inline, or where it is kept), or the error and how the message ended. */
 export type Ended =
@@ -89,6 +95,19 @@ export class Traces {
     const reply = await this.ask(messageId, timeoutMs);
     if (reply.others) throw new OthersMessage(`message id '${messageId}' is another caller's message`);
     return reply.events.filter((e) => e.message_id === messageId);
+  }
+
+  /**
+   * `of`, or null when nobody answered (no coordinator yet, a server restarting, the
+   * connection away): for a loop that asks again until its own deadline.
+   */
+  async ofIfAnswered(messageId: string, timeoutMs = this.conn.requestTimeoutMs): Promise<Event[] | null> {
+    try {
+      return await this.of(messageId, timeoutMs);
+    } catch (err) {
+      if (UNANSWERED.has((err as NatsError | null)?.code ?? "")) return null;
+      throw err;
+    }
   }
 
   /** The coordinator's answer as it is: the events of the message, or else of the trace `id`. */

@@ -9,6 +9,7 @@
  */
 
 import type { Connection } from "./connection.js";
+import { NO_COORDINATOR } from "./coordinatorstatus.js";
 import { checkSameRequest, endingOf, OthersMessage } from "./endings.js";
 import type { Ended, Traces } from "./endings.js";
 import {
@@ -204,18 +205,19 @@ export async function earlierOutcome(traces: Traces, task: Task, signal: AbortSi
   const withinMs = task.budget.ack_ms + task.budget.execute_ms;
   const until = performance.now() + withinMs;
   for (let pause = FIRST_PAUSE_MS; ; pause = Math.min(pause * 2, LONGEST_PAUSE_MS)) {
-    let events: Event[];
+    let events: Event[] | null; // null: nobody answered (asked again until the deadline)
     try {
-      events = await traces.of(task.message_id);
-      checkSameRequest(events, task.topic);
+      events = await traces.ofIfAnswered(task.message_id);
+      if (events !== null) checkSameRequest(events, task.topic);
     } catch (err) {
       if (err instanceof OthersMessage) throw othersMessage(err, ids);
       throw new InvokeError(`could not read how message '${task.message_id}' ended: ${String(err)}`, ids, { cause: err });
     }
-    const ended = endingOf(events);
-    if (ended !== null) return outcomeOf(ended, ids, events.some((e) => e.event === "accepted"));
+    const ended = events === null ? null : endingOf(events);
+    if (ended !== null) return outcomeOf(ended, ids, events?.some((e) => e.event === "accepted") ?? false);
     const leftMs = until - performance.now();
     if (leftMs <= 0) {
+      if (events === null) throw new NotAcknowledged(`message '${task.message_id}' (sent before): ${NO_COORDINATOR}; it is not known to have ended`, ids);
       throw new DeadlineExceeded(`message '${task.message_id}' was sent before and did not end within ${withinMs} ms`, ids);
     }
     // Nothing to await: the events are polled.

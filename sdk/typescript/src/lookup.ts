@@ -3,9 +3,6 @@
  * gave up), read from its recorded events as the coordinator answers them; nothing is sent.
  */
 
-import { ErrorCode } from "nats";
-import type { NatsError } from "nats";
-
 import { NO_COORDINATOR } from "./coordinatorstatus.js";
 import { endingOf, OthersMessage } from "./endings.js";
 import type { Traces } from "./endings.js";
@@ -31,10 +28,11 @@ export interface ResultOptions {
 }
 
 /**
- * The outcome of `messageId`, read from its events until it ends, for up to `withinMs`;
- * its failure thrown as `invoke` throws it. DeadlineExceeded when it has not ended by then
- * (or no event of it is recorded), InvalidArgument for another caller's message,
- * NotAcknowledged when no coordinator runs (the message is not known to have ended).
+ * The outcome of `messageId`, read from its events until it ends, for up to `withinMs`
+ * (asked again when nobody answers: a server or coordinator restarting); its failure thrown
+ * as `invoke` throws it. DeadlineExceeded when it has not ended by then (or no event of it
+ * is recorded), InvalidArgument for another caller's message, NotAcknowledged when still
+ * nobody answered (no coordinator runs: the message is not known to have ended).
  */
 export async function lookedUp(traces: Traces, messageId: string, withinMs: number, signal: AbortSignal | undefined, closed: Signal): Promise<Outcome> {
   const ids = { messageId, traceId: messageId };
@@ -42,11 +40,14 @@ export async function lookedUp(traces: Traces, messageId: string, withinMs: numb
   let seen = false;
   for (let pause = FIRST_PAUSE_MS; ; pause = Math.min(pause * 2, LONGEST_PAUSE_MS)) {
     const events = await eventsOf(traces, messageId);
-    const ended = endingOf(events);
-    if (ended !== null) return outcomeOf(ended, ids, events.some((e) => e.event === "accepted"));
-    seen ||= events.length > 0;
+    if (events !== null) {
+      const ended = endingOf(events);
+      if (ended !== null) return outcomeOf(ended, ids, events.some((e) => e.event === "accepted"));
+      seen ||= events.length > 0;
+    }
     const leftMs = until - performance.now();
     if (leftMs <= 0) {
+      if (events === null) throw new NotAcknowledged(`message '${messageId}': ${NO_COORDINATOR}; it is not known to have ended`, ids);
       const why = seen
         ? `did not end within ${withinMs} ms (it may still: ask again)`
         : "has no recorded event (not sent by this caller, or before what REACH_EVENTS keeps)";
@@ -59,15 +60,13 @@ export async function lookedUp(traces: Traces, messageId: string, withinMs: numb
   }
 }
 
-async function eventsOf(traces: Traces, messageId: string): Promise<Event[]> {
+/** Its events, or null when nobody answered. */
+async function eventsOf(traces: Traces, messageId: string): Promise<Event[] | null> {
   const ids = { messageId, traceId: messageId };
   try {
-    return await traces.of(messageId);
+    return await traces.ofIfAnswered(messageId);
   } catch (err) {
     if (err instanceof OthersMessage) throw new InvalidArgument(`messageId '${messageId}': ${err.message}`, "messageId");
-    if ((err as NatsError).code === ErrorCode.NoResponders) {
-      throw new NotAcknowledged(`message '${messageId}': ${NO_COORDINATOR}; it is not known to have ended`, ids);
-    }
     throw new InvokeError(`could not read how message '${messageId}' ended: ${String(err)}`, ids, { cause: err });
   }
 }

@@ -906,6 +906,33 @@ describe("ReachClient across a server restart", () => {
     }
   });
 
+  it("waits in result() through a server away for longer than a request's timeout, until its own timeout", async () => {
+    const topic = unique("looked-up");
+    const release = new Gate();
+    let calls = 0;
+    const agent = newAgent(unique("ts-looked-up")).handler(topic, async (_ctx, p: { n: number }) => {
+      calls += 1;
+      await release.opened;
+      return { n: p.n };
+    });
+    agents.push(agent);
+    await agent.start(stack.url);
+    const client = await ReachClient.connect(relay.url, { logger: quiet, name: "looking", requestTimeoutMs: 500 });
+    try {
+      const sent = await client.publish(topic, { n: 7 });
+      await until(() => calls === 1, 20_000, "the task running");
+      const waiting = client.result(sent.messageId, { timeoutMs: 30_000 });
+      await relay.shut();
+      await sleep(1_500); // the outage: three request timeouts long
+      await relay.open();
+      release.open();
+      assert.deepEqual(await waiting, { n: 7 });
+      assert.equal(calls, 1);
+    } finally {
+      await client.close();
+    }
+  });
+
   it("returns results sent while the caller was away within seconds of its return, not at the ttl or the ack deadline", async () => {
     const topic = unique("slow");
     const release = new Gate();
