@@ -29,7 +29,14 @@ from agentreach.agents.claim_results import (
     Expired,
     Moved,
 )
-from agentreach.broker import BrokerError, Bucket, Entry, ValueTooLarge, WrongLastSequence
+from agentreach.broker import (
+    BrokerError,
+    Bucket,
+    Entry,
+    TooLarge,
+    ValueTooLarge,
+    WrongLastSequence,
+)
 from agentreach.broker.bucket import UNREAD
 from agentreach.broker.errors import pause
 from agentreach.broker.tasks import cancel_and_wait
@@ -264,7 +271,7 @@ class Claims:
                 async with outcome.claim.lock:
                     written = await self._write(task, outcome)
                 break
-            except ValueTooLarge:
+            except (ValueTooLarge, TooLarge):  # over the bucket's, or the server's, limit
                 self._unrecorded.pop(task.message_id, None)
                 raise  # trying again cannot help: see unrecordable()
             except BrokerError as exc:

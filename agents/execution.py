@@ -357,7 +357,7 @@ class Executor:
         delivery, task = job.delivery, job.task
         try:
             recorded = await self._claims.record(task, outcome, still_working=delivery.in_progress)
-        except ValueTooLarge as exc:
+        except (ValueTooLarge, TooLarge) as exc:
             outcome = failed(outcome.claim, unrecordable(outcome, exc).error)
             recorded = await self._claims.record(task, outcome, still_working=delivery.in_progress)
         if outcome.error is not None:

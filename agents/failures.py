@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agentreach import envelopes
 from agentreach.agents.claims import Claimed, Outcome
-from agentreach.broker import ValueTooLarge
+from agentreach.broker import TooLarge, ValueTooLarge
 from agentreach.envelopes import ErrorInfo, Task
 from agentreach.logs import get_logger
 
@@ -28,7 +28,7 @@ def failed(claim: Claimed, error: ErrorInfo | None) -> Outcome:
     return Outcome(claim, error=error)
 
 
-def unrecordable(outcome: Outcome, exc: ValueTooLarge) -> Outcome:
+def unrecordable(outcome: Outcome, exc: ValueTooLarge | TooLarge) -> Outcome:
     """The failure to record instead of ``outcome``, whose result its execution record
     cannot hold: ``result_too_large``, not retryable (every run would end so), saying what
     to do. Only a result makes a record that large; a failure's error is small."""

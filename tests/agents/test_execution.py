@@ -483,10 +483,15 @@ async def test_a_slow_progress_report_does_not_fail_a_thread_handler(broker, coo
     assert notes == ["half way"]
 
 
-async def test_a_result_its_record_cannot_hold_fails_once_saying_so(broker, coordinator, watcher):
+@pytest.mark.parametrize("size", [400_000, 1_100_000])
+async def test_a_result_its_record_cannot_hold_fails_once_saying_so(
+    broker, coordinator, watcher, size
+):
     """An agent that claim-checks nothing (claim_check_bytes above the record limit, as on a
-    secured server) returns 400 KB: its record refuses it (10054). Ran once, rejected as
-    `result_too_large` naming the size, not redelivered to max_deliveries without a word."""
+    secured server) returns 400 KB: its record refuses it (10054); or 1.1 MB, over what the
+    server takes in one message (its record write looped as if the server were away, until
+    the task's ttl: an outside trial). Ran once, rejected as `result_too_large` naming the
+    size, not redelivered to max_deliveries without a word."""
     runs = 0
     agent = Agent("big-result", startup_delay=0, claim_check_bytes=2_000_000)
 
@@ -494,14 +499,14 @@ async def test_a_result_its_record_cannot_hold_fails_once_saying_so(broker, coor
     async def big(ctx: TaskContext, payload: object) -> str:
         nonlocal runs
         runs += 1
-        return "x" * 400_000
+        return "x" * size
 
     async with agent.running(broker=broker), ReachClient(broker=broker) as client:
         with pytest.raises(TaskFailed) as caught:
             await client.invoke("big", {})
     assert caught.value.ending == "rejected" and runs == 1
     assert caught.value.error.type == "result_too_large"
-    assert "the result (400002 bytes of JSON) does not fit its execution record" in str(
+    assert f"the result ({size + 2} bytes of JSON) does not fit its execution record" in str(
         caught.value.error.message
     )
 

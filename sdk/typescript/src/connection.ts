@@ -248,9 +248,13 @@ export function fromHeaders(h: MsgHdrs | undefined): Record<string, string> {
   return out;
 }
 
-/** Whether `err` is JetStream refusing a value over its bucket's limit (10054): trying again cannot help. */
+/**
+ * Whether `err` is JetStream refusing a value over its bucket's limit (10054), or the client
+ * one over the server's max payload: trying again cannot help.
+ */
 export function isValueTooLarge(err: unknown): boolean {
-  return (err as NatsError | undefined)?.api_error?.err_code === 10054;
+  const failure = err as NatsError | undefined;
+  return failure?.api_error?.err_code === 10054 || failure?.code === ErrorCode.MaxPayloadExceeded;
 }
 
 /** Whether `err` is JetStream refusing a conditional write (someone wrote first). */
