@@ -123,8 +123,8 @@ def _same_request(events: list[Event], sent: Sent | None) -> list[Event]:
     if sent is not None and first is not None and (differs := difference(first, sent)):
         raise ReusedId(
             f"message id {first.message_id!r} is of an earlier request of yours, which"
-            f" {differs} (sent again within the duplicate window, it would be answered with"
-            " that one's outcome)"
+            f" {differs}: under this id it would only hear that request's outcome (the stream"
+            " drops a message id it has seen within its duplicate window)"
         )
     return events
 

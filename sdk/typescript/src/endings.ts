@@ -74,8 +74,8 @@ export function checkSameRequest(events: Event[], topic: string): void {
   if (first === undefined || typeof sentTopic !== "string" || sentTopic === topic || first.topic === topic) return;
   throw new ReusedId(
     `message id '${first.message_id}' is of an earlier request of yours, which was sent on topic` +
-      ` '${sentTopic}', this one on '${topic}' (sent again within the duplicate window, it would be` +
-      " answered with that one's outcome)",
+      ` '${sentTopic}', this one on '${topic}': under this id it would only hear that request's outcome` +
+      " (the stream drops a message id it has seen within its duplicate window)",
   );
 }
 
