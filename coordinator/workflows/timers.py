@@ -23,7 +23,9 @@ async def news_before(broker: Broker, instance_id: str, due_ms: int, now_ms: int
     if now_ms - due_ms > NEWS_WAIT_MS:
         return False
     names = broker.names
-    for subject in (names.workflow_reply(instance_id), names.workflow_signal(instance_id, ">")):
+    # Each reply names its sender last (``reach.wf.reply.<instance>.<sender>``).
+    replies = names.workflow_reply(instance_id) + ".>"
+    for subject in (replies, names.workflow_signal(instance_id, ">")):
         oldest = await messages_on(broker, names.workflows_stream, subject, limit=1)
         if oldest and oldest[0].timestamp_ms <= due_ms:
             return True

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import read_stream
 from agentreach.cli.workflow_views import clock, tree
+from agentreach.coordinator import workflow as wf
 from agentreach.coordinator.workflows.control import signal
 from agentreach.envelopes import now_ms
 from tests.cli.conftest import reach_argv, run
@@ -107,6 +108,40 @@ async def test_a_signal_sent_in_time_while_no_coordinator_ran_is_taken(
         async with start_coordinator(fast(workflows=flows)):
             outcome = await waiting
     assert outcome == {"ok": True}
+    assert not [e for e in watcher.events if e.event == "step_timed_out"]
+
+
+async def test_a_step_s_result_stored_before_its_timeout_while_no_coordinator_ran_counts(
+    broker, start_coordinator, watcher
+):
+    """Step `a` (timeout 2 s) finishes within its timeout while no coordinator runs; the
+    coordinator comes back after the timeout. The result, stored in time, goes first: the
+    timer looked for replies on the bare reply subject, where none is (each names its
+    sender), and timed the step out."""
+    gate, runs = asyncio.Event(), list[str]()
+    agent = Agent("chore-in-time", startup_delay=0)
+
+    @agent.handler("chore")
+    async def chore(ctx: TaskContext, payload: object) -> object:
+        runs.append(ctx.message_id)
+        await gate.wait()
+        return payload
+
+    flows = {"timed": wf.chain(wf.step("a", "chore", timeout_s=2))}
+    async with agent.running(broker=broker), ReachClient(broker=broker) as client:
+        async with start_coordinator(fast(workflows=flows)) as coordinator:
+            await eventually(lambda: "chore-in-time" in coordinator.directory.cards)
+            waiting = asyncio.create_task(client.invoke("timed", {"n": 1}, ttl_ms=30_000))
+            step = await watcher.event("accepted", topic="chore")
+            record = await _until_record(broker, step.trace_id, lambda r: "a" in r.steps)
+            due_ms = record.steps["a"].deadline_ms
+        gate.set()
+        await watcher.event("completed", message_id=step.message_id)
+        # What is under test is the clock passing the step's timeout while nobody runs it.
+        await asyncio.sleep(max(0, due_ms - now_ms() + 500) / 1000)
+        async with start_coordinator(fast(workflows=flows)):
+            outcome = await waiting
+    assert outcome == {"n": 1} and len(runs) == 1
     assert not [e for e in watcher.events if e.event == "step_timed_out"]
 
 
