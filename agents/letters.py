@@ -159,7 +159,8 @@ async def replay(
     """Republish a dead letter's task with a new message_id in the same trace, as
     ``sender`` (a worker; the bare operators' form without one), its ``replays`` one more;
     with ``payload`` instead of its own when given (a fix of what it was sent with).
-    Its replies went to a sender long gone, so the replay has none. The new id is the
+    Its replies went to a sender long gone, so the replay has none. Its ttl is ``ttl_ms``,
+    else the letter's task's, at least the default 30 s. The new id is the
     letter's own (:func:`~agentreach.envelopes.replay_id`): replays of one letter that
     race, or one made again after a crash before it was recorded, are one message, run
     once; a forced replay is a message of its own. Refused (:class:`ReplayLimitReached`)
@@ -195,7 +196,8 @@ async def replay(
         topic=to_topic,
         attempt=1,
         to_agent=None,
-        ttl_ms=ttl_ms or envelopes.DEFAULT_TTL_MS,
+        # A sender's long ttl is kept (what the task carried when it was dead-lettered).
+        ttl_ms=ttl_ms or max(original.ttl_ms, envelopes.DEFAULT_TTL_MS),
         budget=envelopes.Budget(),  # the first caller's patience: nobody waits for this one
         replay_of=letter.message_id,
         replays=original.replays + 1,

@@ -44,7 +44,7 @@ from agentreach.cli.options import (
     operators_only,
 )
 from agentreach.cli.status import warn_without_coordinator
-from agentreach.envelopes import DeadLetter, Event
+from agentreach.envelopes import MAX_TTL_MS, DeadLetter, Event
 from agentreach.errors import ReachError
 
 
@@ -85,6 +85,13 @@ def register(commands: Commands) -> None:
         default=None,
         metavar="JSON",
         help="replay with this payload instead of the task's own (a fix of what it was sent with)",
+    )
+    dlq.add_argument(
+        "--ttl-ms",
+        type=int,
+        default=None,
+        help="replay: how long the new task may live (default: the letter's task's ttl, at"
+        " least 30000)",
     )
     dlq.add_argument("--note", default=None, help="resolve: how it was dealt with (required)")
     dlq.add_argument(
@@ -195,9 +202,18 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--payload is for dlq replay, not dlq {args.action}")
     if args.at is not None and args.action not in ("show", "replay", "resolve"):
         raise UsageError(f"--at is for dlq show, replay and resolve, not dlq {args.action}")
-    for given, name in ((args.to_topic, "--to-topic"), (args.max_replays, "--max-replays")):
+    replay_only = (
+        (args.to_topic, "--to-topic"),
+        (args.max_replays, "--max-replays"),
+        (args.ttl_ms, "--ttl-ms"),
+    )
+    for given, name in replay_only:
         if given is not None and args.action != "replay":
             raise UsageError(f"{name} is for dlq replay, not dlq {args.action}")
+    if args.ttl_ms is not None and not 0 < args.ttl_ms <= MAX_TTL_MS:
+        raise UsageError(
+            f"--ttl-ms takes a number of ms from 1 to {MAX_TTL_MS} (a day), got {args.ttl_ms}"
+        )
     if args.max_replays is not None and args.max_replays < 0:
         raise UsageError(f"--max-replays {args.max_replays}: expected 0 or more")
 
@@ -238,6 +254,7 @@ async def _replay(broker: Broker, letter: DeadLetter, args: argparse.Namespace) 
             broker,
             letter,
             topic=args.to_topic,
+            ttl_ms=args.ttl_ms,
             payload=UNCHANGED if args.payload is None else _payload(args.payload),
             max_replays=DEFAULT_MAX_REPLAYS if args.max_replays is None else args.max_replays,
             force=args.force,

@@ -344,3 +344,28 @@ async def test_a_letter_with_no_task_is_replayed_as_its_hint_says(broker):
     for misplaced in (("--to-topic", "x"), ("--max-replays", "2")):
         shown = await reach(broker, "dlq", "show", "deep-1", *misplaced)
         assert shown.returncode != 0 and f"{misplaced[0]} is for dlq replay" in shown.stderr
+
+
+async def test_a_replay_keeps_a_long_ttl_of_its_task_or_takes_ttl_ms(broker):
+    """A letter's task sent with 15 minutes is replayed with 15 minutes, not the default
+    30 s (it expired in intake half a minute later: an outside operator trial); one with
+    less gets 30 s; `--ttl-ms` sets it, and is refused out of range or for other actions."""
+    names = broker.names
+    for message_id, ttl_ms in (("long-lived", 900_000), ("short-lived", 2_000)):
+        task = envelopes.Task(
+            v=1, message_id=message_id, trace_id=message_id, topic="later", ttl_ms=ttl_ms
+        )
+        letter = DeadLetter(
+            v=1, reason="no_route", message_id=message_id, trace_id=message_id, topic="later"
+        )
+        letter = msgspec.structs.replace(letter, envelope=task)
+        data = envelopes.encode(letter)
+        await broker.publish(names.dlq("no_route", "later"), data, headers=LETTERED)
+    for argv in (("long-lived",), ("short-lived",), ("long-lived", "--ttl-ms", "5000", "--force")):
+        replayed = await reach(broker, "dlq", "replay", *argv)
+        assert replayed.returncode == 0, replayed.stderr
+    sent = await read_stream(broker, names.tasks_stream, names.task("later"))
+    assert [envelopes.decode_task(m.data).ttl_ms for m in sent] == [900_000, 30_000, 5000]
+    for argv in (("replay", "short-lived", "--ttl-ms", "0"), ("list", "--ttl-ms", "5000")):
+        refused = await reach(broker, "dlq", *argv)
+        assert refused.returncode == 1 and "--ttl-ms" in refused.stderr, refused.stderr
