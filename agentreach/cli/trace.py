@@ -24,7 +24,7 @@ from agentreach.cli.exit_codes import OK
 from agentreach.cli.options import ASKING_ROLES, Commands, UsageError, an_id, broker_of
 from agentreach.cli.status import NOT_RUNNING, coordinators
 from agentreach.cli.terminal import one_line
-from agentreach.coordinator.delivery.unrouted import LOOKED_AT, unrouted
+from agentreach.coordinator.delivery.unrouted import LOOKED_AT, unrouted, why_unrouted
 from agentreach.coordinator.workflows import read_record
 from agentreach.dashboard.trace import received_ms
 from agentreach.envelopes import Event, TraceReply, TraceRequest, Unrouted
@@ -186,12 +186,7 @@ def render_unrouted(waiting: list[Unrouted], *, coordinator_runs: bool = True) -
 
 def _unrouted_line(task: Unrouted, coordinator_runs: bool) -> str:
     stored = dt.datetime.fromtimestamp(task.stored_ms / 1000, dt.UTC).astimezone()
-    if not coordinator_runs:
-        why = "no coordinator runs: start `reach up` or `reach coordinator`"
-    elif task.held:
-        why = "waiting for an agent that can take it"
-    else:
-        why = "the coordinator has not taken it in yet: tasks stored before it go first"
+    why = why_unrouted(task, coordinator_runs=coordinator_runs)
     return (
         f"{task.message_id}: stored in the intake at {stored:%Y-%m-%d %H:%M:%S %Z}, not routed"
         f" yet (topic {task.topic}, priority {task.priority}; {why})"

@@ -29,7 +29,7 @@ from agentreach.coordinator.observability.http import Request, Response, Streame
 from agentreach.dashboard.access import Access
 from agentreach.dashboard.hosts import AllowedHosts
 from agentreach.dashboard.letter_deltas import LetterDeltas
-from agentreach.dashboard.trace import trace_of
+from agentreach.dashboard.trace import trace_of, waiting_in_intake
 from agentreach.dashboard.views import Board
 from agentreach.envelopes import DeadLetter, DecodeError, decode_dead_letter, is_token
 from agentreach.errors import ReachError
@@ -150,12 +150,19 @@ class DashboardApp:
     async def _trace(self, some_id: str) -> Response:
         if not is_token(some_id):
             return Response.error(400, f"{some_id!r} is not a message id or trace id")
+        broker = self.board.broker
         try:
-            found = await asyncio.wait_for(trace_of(self.board.broker, some_id), 5)
+            found = await asyncio.wait_for(trace_of(broker, some_id), 5)
+            if found is None:  # maybe a task that waits in the intake, not routed yet
+                found = await asyncio.wait_for(waiting_in_intake(broker, some_id), 5)
         except (BrokerError, TimeoutError) as exc:
             return Response.error(503, f"cannot read REACH_EVENTS now: {exc}")
         if found is None:
-            return Response.error(404, f"no events for {some_id!r} in REACH_EVENTS (kept 7 days)")
+            return Response.error(
+                404,
+                f"no events for {some_id!r} in REACH_EVENTS (kept 7 days), nor a task of"
+                " that id waiting in the intake",
+            )
         return Response.of_json(found)
 
     async def _settle(self, request: Request, message_id: str, action: str) -> Response:

@@ -9,6 +9,7 @@ import msgspec
 
 from agentreach.broker import Broker, read_stream
 from agentreach.broker.lifecycle import authentic
+from agentreach.coordinator.delivery.unrouted import unrouted, why_unrouted
 from agentreach.envelopes import Event
 from agentreach.envelopes.described import described
 
@@ -42,6 +43,38 @@ async def trace_of(broker: Broker, some_id: str) -> dict[str, Any] | None:
     messages = [_message(message_id, own) for message_id, own in by_message.items()]
     messages.sort(key=lambda m: m["started_ms"])
     return {"query": some_id, "trace_id": events[0][1].trace_id, "messages": messages}
+
+
+async def waiting_in_intake(broker: Broker, some_id: str) -> dict[str, Any] | None:
+    """No event of ``some_id`` is recorded: its tasks stored in the intake and not routed
+    yet (held for want of an agent, or not reached), as messages of one stage, `received`;
+    None when there are none either. `reach trace` says the same of them."""
+    waiting = await unrouted(broker, some_id)
+    if not waiting:
+        return None
+    messages = [
+        {
+            "message_id": task.message_id,
+            "topic": task.topic,
+            "priority": task.priority,
+            "status": "waiting",
+            "reason": None,
+            "started_ms": task.stored_ms,
+            "ended_ms": None,
+            "stages": [
+                {
+                    "event": "received",
+                    "at_ms": task.stored_ms,
+                    "offset_ms": 0.0,
+                    "attempt": 1,
+                    "agent_id": None,
+                    "note": f"stored by the intake, not routed yet: {why_unrouted(task)}",
+                }
+            ],
+        }
+        for task in waiting[:MAX_MESSAGES]
+    ]
+    return {"query": some_id, "trace_id": waiting[0].trace_id, "messages": messages}
 
 
 async def _events(broker: Broker, subject: str) -> list[tuple[float, Event]]:

@@ -61,3 +61,12 @@ def _described(task: Task, stored_ms: int, *, held: bool) -> Unrouted:
         stored_ms=stored_ms,
         held=held,
     )
+
+
+def why_unrouted(task: Unrouted, *, coordinator_runs: bool = True) -> str:
+    """Why ``task`` is not routed yet, in words."""
+    if not coordinator_runs:
+        return "no coordinator runs: start `reach up` or `reach coordinator`"
+    if task.held:
+        return "waiting for an agent that can take it"
+    return "the coordinator has not taken it in yet: tasks stored before it go first"

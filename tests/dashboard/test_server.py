@@ -13,7 +13,8 @@ from agentreach.broker import Broker
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.coordinator.observability import HttpServer
 from agentreach.dashboard import AllowedHosts, Board, DashboardApp, History
-from agentreach.envelopes import ErrorInfo, Task
+from agentreach.envelopes import ErrorInfo, Task, encode
+from agentreach.envelopes.headers import task_headers
 from tests.dashboard.token import BEARER, TOKEN
 from tests.scrape import http_request
 from tests.support import Watcher
@@ -132,3 +133,27 @@ def test_a_malformed_allowed_name_is_refused_when_built():
     with pytest.raises(ValueError, match="--allow-host 'a b'"):
         AllowedHosts(["a b"])
     assert AllowedHosts(["::1", "Box:8443"]).extra[1].name == "box"
+
+
+async def test_a_task_waiting_in_the_intake_is_found_by_the_trace_lookup(broker: Broker):
+    """No coordinator took it in, so no event of it is recorded: the lookup shows it stored
+    in the intake, not routed yet, as `reach trace` does (it answered 404, as for an id
+    nobody sent: an outside operator trial); an id nobody sent is still 404."""
+    names = broker.names
+    task = Task(v=1, message_id="waits-1", trace_id="wait-trace", topic="slow")
+    await broker.publish(names.task("slow"), encode(task), headers=task_headers(task))
+    async with dashboard(broker) as server:
+        ours = [f"Host: 127.0.0.1:{server.port}", BEARER]
+        status, body = await send(server, "GET", "/api/trace/wait-trace", ours)
+        missing, said = await send(server, "GET", "/api/trace/nobody-sent-this", ours)
+    assert status == 200, body
+    [message] = json.loads(body)["messages"]
+    assert (message["message_id"], message["status"], message["ended_ms"]) == (
+        "waits-1",
+        "waiting",
+        None,
+    )
+    [stage] = message["stages"]
+    assert stage["event"] == "received"
+    assert "not routed yet: the coordinator has not taken it in yet" in stage["note"]
+    assert missing == 404 and "nor a task of that id waiting in the intake" in said
