@@ -29,7 +29,8 @@ from agentreach.coordinator.protection.queues import QueueDepths
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.envelopes import DEAD_LETTER_REASONS, PRIORITIES, BreakerRecord, now_ms
 
-OTHER_REASON = "other"  # a dead letter's reason the protocol does not name
+OTHER_REASON = "other"  # a dead letter's reason the protocol does not name, past the first
+NAMED_OTHER_REASONS = 10  # a routing rule's reasons (`to: {dlq: maintenance}`): most letters first
 
 log = structlog.get_logger("coordinator.metrics")
 
@@ -85,9 +86,13 @@ class Sampled:
         by_reason: dict[str, int] = {}
         start = len(names.prefix) + len(".dlq.")
         for subject, count in counts.items():
-            reason = reason_label(subject[start:].split(".", 1)[0])
+            reason = subject[start:].split(".", 1)[0]
             by_reason[reason] = by_reason.get(reason, 0) + count
-        self.dlq_by_reason = by_reason
+        labels = reason_labels(by_reason)
+        self.dlq_by_reason = {}
+        for reason, count in by_reason.items():
+            label = labels[reason]
+            self.dlq_by_reason[label] = self.dlq_by_reason.get(label, 0) + count
         self.stream_fill = await _fill_of(self._broker, names.limited_streams)
         if self.open_letters is not None:
             await self.open_letters.read()
@@ -250,11 +255,17 @@ class StateCollector(Collector):
         yield from _stream_gauges(self._sampled)
 
 
-def reason_label(reason: str) -> str:
-    """A letter's reason as a label: anyone can have the server store a message on
+def reason_labels(counts: dict[str, int]) -> dict[str, str]:
+    """Each letter reason's label: anyone can have the server store a message on
     ``reach.dlq.<anything>.…`` (a direct get's answer), and 100,000 such reasons made
-    200,000 series; the reasons of the protocol are labels, the rest ``other``."""
-    return reason if reason in DEAD_LETTER_REASONS else OTHER_REASON
+    200,000 series. The reasons of the protocol are labels, and the
+    :data:`NAMED_OTHER_REASONS` others with the most letters (a routing rule's own, such as
+    ``maintenance``, shown as ``other`` before: an outside operator trial); the rest ``other``."""
+    others = sorted(
+        (r for r in counts if r not in DEAD_LETTER_REASONS), key=lambda r: (-counts[r], r)
+    )
+    named = set(others[:NAMED_OTHER_REASONS]) | set(DEAD_LETTER_REASONS)
+    return {reason: reason if reason in named else OTHER_REASON for reason in counts}
 
 
 async def _fill_of(broker: Broker, streams: tuple[str, ...]) -> dict[str, tuple[int, int]]:
@@ -291,7 +302,8 @@ def _open_letter_gauges(sampled: Sampled) -> Iterator[GaugeMetricFamily]:
     # Every reason REACH_DLQ keeps, so a reason whose letters were all dealt with reads 0.
     counts = dict.fromkeys(sampled.dlq_by_reason, 0)
     for reason, count in letters.by_reason().items():
-        counts[reason_label(reason)] = counts.get(reason_label(reason), 0) + count
+        label = reason if reason in counts and reason != OTHER_REASON else OTHER_REASON
+        counts[label] = counts.get(label, 0) + count
     yield _gauge(
         "reach_dlq_open",
         "Dead letters in REACH_DLQ nobody has replayed or resolved yet, by reason.",
