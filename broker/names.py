@@ -59,10 +59,12 @@ class Names(msgspec.Struct, frozen=True):
 
     def task_subject_parts(self, subject: str) -> tuple[str, str | None]:
         """``reach.task.<topic>[.<sender>]`` → (topic, sender or None); a subject with more
-        tokens keeps them in the topic, which then fails the topic's validation."""
+        tokens keeps the others in the topic, which then fails the topic's validation, and
+        its sender is still the last token: its refusal is in that sender's trace (it read
+        as another caller's message: an outside caller trial)."""
         rest = subject[len(self.prefix) + len(".task.") :]
-        topic, dot, sender = rest.partition(".")
-        if dot and sender and "." not in sender:
+        topic, dot, sender = rest.rpartition(".")
+        if dot and sender:
             return topic, sender
         return rest, None
 

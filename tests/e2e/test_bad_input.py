@@ -390,3 +390,22 @@ async def test_a_senders_intake_time_is_the_brokers_not_its_body_s(
         await broker.publish(broker.names.task("dated", "alice"), envelopes.encode(task))
         completed = await watcher.event("workflow_completed", message_id="dated-1")
     assert completed.detail["workflow"] == "dated"
+
+
+async def test_a_task_on_a_subject_of_too_many_tokens_is_in_its_sender_s_trace(
+    broker, coordinator, watcher
+):
+    """`reach.task.echo.extra.bob` is refused as `invalid_envelope` (its topic `echo.extra`
+    is no token), and the refusal names `bob`, the subject's last token, as its caller:
+    bob's trace request finds it. Its caller was none, and bob's own message read as
+    another caller's (`others`: an outside caller trial)."""
+    task = Task(v=1, message_id="too-many-1", trace_id="too-many-1", topic="echo")
+    subject = broker.names.task("echo.extra", "bob")
+    await broker.publish(subject, envelopes.encode(task), headers=h.task_headers(task))
+    refused = await watcher.dead_letter("invalid_envelope", message_id="too-many-1")
+    asked = envelopes.encode(envelopes.TraceRequest(message_id="too-many-1"))
+    answer = await broker.request(broker.names.trace_request("bob"), asked, timeout=5)
+    reply = envelopes.decode_as(answer.data, envelopes.TraceReply)
+    assert refused.error is not None and "subject topic" in refused.error.message
+    assert not reply.others and [e.event for e in reply.events] == ["dead_lettered"]
+    assert reply.events[0].caller == "bob"
