@@ -38,7 +38,7 @@ from agentreach.coordinator.observability.labels import (
     rejection_kind,
     transition_label,
 )
-from agentreach.coordinator.observability.once import Ends, Routes
+from agentreach.coordinator.observability.once import Ends, Redeliveries, Routes
 from agentreach.envelopes import (
     DEAD_LETTER_REASONS,
     PRIORITIES,
@@ -59,12 +59,11 @@ LATENCY_BUCKETS = (
 class FlowMetrics(Collector):
     """The counters and histograms of one replica, and the fold that feeds them.
 
-    Every counter series whose labels can be known before its first event is there at 0
-    as soon as they are: a series that first appears at 1 looks to ``rate()`` like one that
-    was always 1, so its first increase would be lost (every replica's, after every restart).
-    Closed label sets are created at once; those of a topic on an agent's card (``topics``)
-    or of a configured workflow (``workflows``) by the first collection that finds it, the
-    topic's latency and execution histograms included (92 series a topic).
+    Every counter series whose labels can be known before its first event is there at 0 as
+    soon as they are: one that first appears at 1 looks to ``rate()`` like one always 1, its
+    first increase lost. Closed label sets are created at once; a topic's on an agent's card
+    (``topics``) or of a configured workflow (``workflows``) by the first collection that
+    finds it, its latency and execution histograms included (92 series a topic).
     """
 
     def __init__(
@@ -82,9 +81,8 @@ class FlowMetrics(Collector):
         self._primed: set[tuple[str, str]] = {("topic", OTHER_TOPIC)}
         self.last_stored_ms = 0
         self.behind = 0  # events the consumer still holds after the last one taken
-        self._ends, self.routes = Ends(), Routes(names or Names())
-        # Each series' child, found once: prometheus_client's labels() costs 1.5 µs a call,
-        # a few per event (series are never removed, so a child stays valid).
+        self._ends, self.routes, self._handed = Ends(), Routes(names or Names()), Redeliveries()
+        # Each series' child, found once: labels() costs 1.5 µs a call (series stay valid).
         self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
         # The metrics live in a registry of their own, collected through this one, so that
         # each collection can first create the series of topics that became known.
@@ -296,6 +294,8 @@ class FlowMetrics(Collector):
         """The ``coordinator-metrics`` consumer's fold: count one event."""
         stored_ms = msg.timestamp_ms
         self.last_stored_ms, self.behind = stored_ms, msg.pending
+        if self._handed.again(msg.stream_seq, stored_ms):
+            return  # a server killed -9 hands out its last moments again
         try:
             event = decode_stored_event(msg.data, msg.headers)
         except DecodeError:

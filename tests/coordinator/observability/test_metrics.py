@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
+from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker
+from agentreach.broker import Broker, ConsumerSpec, bind
 from agentreach.broker.lifecycle import agent_event, emit, event_for
 from agentreach.cli.retirement import forget
 from agentreach.coordinator import Coordinator, CoordinatorConfig, RateLimits
@@ -607,3 +608,29 @@ async def test_a_topic_whose_agents_were_forgotten_keeps_its_label(broker, watch
 
 def _gone(running: Coordinator, agent_id: str) -> bool:
     return agent_id not in running.directory.cards
+
+
+async def test_events_handed_out_again_are_not_counted_again(broker):
+    """The counting consumer acknowledges nothing, and a nats-server killed -9 forgets how
+    far it had delivered: it hands its last events out again (an outside operator trial
+    counted 101 dispatches of 100 routed). A fold given stored events twice, as two
+    consumers from the stream's start hand them, counts each once, and a later one too."""
+    names = broker.names
+    routed = [Task(v=1, message_id=f"again-{n}", trace_id="again", topic="double") for n in (1, 2)]
+    await emit(broker, event_for(routed[0], "routed", agent_id="metrics-good"))
+    registry = CollectorRegistry()
+    flow = FlowMetrics(registry, lambda topic: True, names=names)
+    for durable in ("handed-1", "handed-2"):  # the second hands out the same events again
+        spec = ConsumerSpec(
+            stream=names.events_stream,
+            durable=durable,
+            filter_subjects=(names.events_of_kind("routed"),),
+            acknowledged=False,
+        )
+        consumer = await bind(broker, spec)
+        if durable == "handed-2":
+            await emit(broker, event_for(routed[1], "routed", agent_id="metrics-good"))
+        for delivery in await consumer.next_batch(8, wait_s=1.0):
+            flow.count(delivery)
+    dispatched = registry.get_sample_value
+    assert dispatched("reach_dispatches_total", {"topic": "double", "priority": "P1"}) == 2
