@@ -58,10 +58,8 @@ class Names(msgspec.Struct, frozen=True):
         return self.task_subject_parts(subject)[0]
 
     def task_subject_parts(self, subject: str) -> tuple[str, str | None]:
-        """``reach.task.<topic>[.<sender>]`` → (topic, sender or None); a subject with more
-        tokens keeps the others in the topic, which then fails the topic's validation, and
-        its sender is still the last token: its refusal is in that sender's trace (it read
-        as another caller's message: an outside caller trial)."""
+        """``reach.task.<topic>[.<sender>]`` → (topic, sender or None); with more tokens the
+        sender is still the last (its refusal in its trace), the rest a topic refused."""
         rest = subject[len(self.prefix) + len(".task.") :]
         topic, dot, sender = rest.rpartition(".")
         if dot and sender:
