@@ -57,6 +57,7 @@ def task_from_intake(
     """
     _check_token(topic, "subject topic")
     document = decode_json(data)
+    _refuse_kindless(document)
     if is_envelope(document):
         if isinstance(document, dict) and document.get("resolution") is not None:
             # Only the coordinator resolves: a sender's is dropped whatever its shape, not
@@ -84,6 +85,19 @@ def task_from_intake(
     )
     _check_reply(task.reply_to, reply_allowed, f"header {h.REPLY_TO}")
     return task
+
+
+def _refuse_kindless(document: object) -> None:
+    """An object with an envelope's ``v`` and ``message_id`` and no ``kind`` is an envelope
+    that forgot it: taken as a bare body, the whole of it was the payload, its reply_to, ttl
+    and ids went unread, and its sender waited for a reply that never came (an outside
+    caller trial). A bare body has not both."""
+    envelope_like = isinstance(document, dict) and {"v", "message_id"} <= document.keys()
+    if envelope_like and "kind" not in document:
+        raise DecodeError(
+            'Object missing required field `kind` ("task"): one with `v` and `message_id`'
+            " is a task envelope (a bare body has not both) - at `$`"
+        )
 
 
 def wrap_body(

@@ -409,3 +409,21 @@ async def test_a_task_on_a_subject_of_too_many_tokens_is_in_its_sender_s_trace(
     assert refused.error is not None and "subject topic" in refused.error.message
     assert not reply.others and [e.event for e in reply.events] == ["dead_lettered"]
     assert reply.events[0].caller == "bob"
+
+
+async def test_an_envelope_without_its_kind_is_dead_lettered_not_run_as_a_payload(
+    broker, coordinator, watcher
+):
+    """A hand-made envelope that forgot `"kind": "task"` ran as a bare body: the whole of it
+    the payload, its ttl, ids and reply_to unread, its sender waiting for nothing (an
+    outside caller trial). It is refused as `invalid_envelope`, naming `kind`."""
+    async with echoing("echo-kindless", "echo").running(broker=broker):
+        body = {"v": 1, "message_id": "kindless-1", "trace_id": "kindless-1", "topic": "echo"}
+        await broker.publish(
+            broker.names.task("echo", "alice"),
+            envelopes.encode(body),
+            headers={h.MSG_ID: "kindless-1"},
+        )
+        letter = await watcher.dead_letter("invalid_envelope", message_id="kindless-1")
+    assert letter.error is not None and "missing required field `kind`" in letter.error.message
+    assert not [e for e in watcher.events if e.event == "routed"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from agentreach.envelopes import DecodeError, task_from_intake
@@ -97,6 +98,18 @@ def test_a_reply_subject_too_long_is_said_to_be_too_long():
         intake(b"{}", {h.REPLY_TO: too_long})
     said = "Expected a subject of at most 256 characters, got 318 - at `header Reach-Reply-To`"
     assert str(caught.value) == said
+
+
+def test_an_envelope_without_its_kind_is_refused_and_a_body_with_one_of_the_two_is_wrapped():
+    """`v` and `message_id` without `kind` is an envelope that forgot it: taken as a bare
+    body, its reply_to and ids went unread and its sender heard nothing (an outside caller
+    trial). A payload with only one of the two is still a bare body."""
+    forgot = b'{"v": 1, "message_id": "e1", "trace_id": "t", "topic": "summarize", "reply_to": "x"}'
+    with pytest.raises(DecodeError) as caught:
+        intake(forgot)
+    assert caught.value.path == "$" and "missing required field `kind`" in str(caught.value)
+    for body in (b'{"v": 2, "text": "hi"}', b'{"message_id": "<a@b>", "text": "hi"}'):
+        assert intake(body).payload == msgspec.json.decode(body)
 
 
 def test_envelope_topic_must_match_subject():

@@ -85,6 +85,14 @@ class Case:
     claimed_id: str | None = None  # the message_id the body claims, if it is a token
     body_verdict: Verdict | None = None  # on the subject and body alone, headers aside
 
+    def __post_init__(self) -> None:
+        # An object with `v` and `message_id` and no `kind` is an envelope that forgot it.
+        if (kindless := kindless_verdict(self.body)).kind == "ok":
+            return
+        object.__setattr__(self, "verdict", combine(self.verdict, kindless))
+        if self.body_verdict is not None:
+            object.__setattr__(self, "body_verdict", combine(self.body_verdict, kindless))
+
     def show(self, limit: int = 160) -> str:
         """A short, copyable description: the body (cut), the headers and the subject."""
         body = self.body if len(self.body) <= limit else self.body[:limit]
@@ -201,6 +209,18 @@ def reply_verdict(value: str, where: str) -> Verdict:
         return either(where, f"reply subject {value[:40]!r} is unusual")
     if "*" in value or ">" in value:
         return either(where, f"reply subject {value[:40]!r} holds a wildcard character")
+    return OK
+
+
+def kindless_verdict(body: bytes) -> Verdict:
+    """An object with both `v` and `message_id` and no `kind` is refused: an envelope that
+    forgot its kind (as a bare body its reply_to and ids went unread)."""
+    try:
+        document = envelopes.decode_json(body)
+    except envelopes.DecodeError:
+        return OK  # the body's own verdict says so
+    if isinstance(document, dict) and {"v", "message_id"} <= document.keys():
+        return OK if "kind" in document else bad("$.kind", "an envelope without its kind")
     return OK
 
 
