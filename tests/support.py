@@ -38,6 +38,20 @@ def echoing(agent_id: str, *topics: str) -> Agent:
     return agent
 
 
+def held(agent_id: str, topic: str) -> tuple[Agent, asyncio.Event, list[str]]:
+    """An agent whose handler of ``topic`` notes each message id it runs, then returns its
+    payload once the event is set: ``(agent, the event, the ids run)``."""
+    agent, gate, runs = Agent(agent_id, startup_delay=0), asyncio.Event(), list[str]()
+
+    @agent.handler(topic)
+    async def hold(ctx: TaskContext, payload: Any) -> Any:
+        runs.append(ctx.message_id)
+        await gate.wait()
+        return payload
+
+    return agent, gate, runs
+
+
 async def put_value(broker: Broker, bucket: str, key: str, data: bytes) -> int:
     """Write ``data`` at ``key`` as every party writes a record, with its header: a secured
     reader takes a value with none for a direct get's bare copy. Returns the revision."""

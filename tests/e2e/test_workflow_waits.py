@@ -16,7 +16,7 @@ from agentreach.envelopes import now_ms
 from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast, serving
 from tests.e2e.test_workflows import _until_record, workflows
-from tests.support import eventually, until_true
+from tests.support import eventually, held, until_true
 
 APPROVAL = """
 states:
@@ -118,15 +118,7 @@ async def test_a_step_s_result_stored_before_its_timeout_while_no_coordinator_ra
     coordinator comes back after the timeout. The result, stored in time, goes first: the
     timer looked for replies on the bare reply subject, where none is (each names its
     sender), and timed the step out."""
-    gate, runs = asyncio.Event(), list[str]()
-    agent = Agent("chore-in-time", startup_delay=0)
-
-    @agent.handler("chore")
-    async def chore(ctx: TaskContext, payload: object) -> object:
-        runs.append(ctx.message_id)
-        await gate.wait()
-        return payload
-
+    agent, gate, runs = held("chore-in-time", "chore")
     flows = {"timed": wf.chain(wf.step("a", "chore", timeout_s=2))}
     async with agent.running(broker=broker), ReachClient(broker=broker) as client:
         async with start_coordinator(fast(workflows=flows)) as coordinator:

@@ -42,7 +42,7 @@ from tests.cli.conftest import reach_argv, reach_command, run
 from tests.conftest import FAST
 from tests.e2e.routing_support import fast, serving
 from tests.secured import SecuredDeployment, secured_server
-from tests.support import eventually, until_true
+from tests.support import eventually, held, until_true
 
 HELD = "held-flow"
 
@@ -480,15 +480,7 @@ async def test_a_cancel_stored_before_a_step_s_result_dispatches_no_further_step
     finished: after the restart the cancel, stored first, is applied first. The result,
     read without a round trip, overtook the cancel's reads, and step `b` was dispatched
     (and refused as cancelled) after the cancel that should have stopped it."""
-    gate, runs = asyncio.Event(), []
-    agent = Agent("chore-stored", startup_delay=0)
-
-    @agent.handler("chore")
-    async def chore(ctx: TaskContext, payload: Any) -> Any:
-        runs.append(ctx.message_id)
-        await gate.wait()
-        return payload
-
+    agent, gate, runs = held("chore-stored", "chore")
     flows = {"stored": wf.chain(wf.step("a", "chore"), wf.step("b", "chore"))}
     names = broker.names
     async with agent.running(broker=broker):
