@@ -154,7 +154,9 @@ class DashboardApp:
         try:
             found = await asyncio.wait_for(trace_of(broker, some_id), 5)
             if found is None:  # maybe a task that waits in the intake, not routed yet
-                found = await asyncio.wait_for(waiting_in_intake(broker, some_id), 5)
+                running = bool(self.board.replicas)  # as the last refresh found them
+                waiting = waiting_in_intake(broker, some_id, coordinator_runs=running)
+                found = await asyncio.wait_for(waiting, 5)
         except (BrokerError, TimeoutError) as exc:
             return Response.error(503, f"cannot read REACH_EVENTS now: {exc}")
         if found is None:

@@ -45,7 +45,9 @@ async def trace_of(broker: Broker, some_id: str) -> dict[str, Any] | None:
     return {"query": some_id, "trace_id": events[0][1].trace_id, "messages": messages}
 
 
-async def waiting_in_intake(broker: Broker, some_id: str) -> dict[str, Any] | None:
+async def waiting_in_intake(
+    broker: Broker, some_id: str, *, coordinator_runs: bool = True
+) -> dict[str, Any] | None:
     """No event of ``some_id`` is recorded: its tasks stored in the intake and not routed
     yet (held for want of an agent, or not reached), as messages of one stage, `received`;
     None when there are none either. `reach trace` says the same of them."""
@@ -68,7 +70,8 @@ async def waiting_in_intake(broker: Broker, some_id: str) -> dict[str, Any] | No
                     "offset_ms": 0.0,
                     "attempt": 1,
                     "agent_id": None,
-                    "note": f"stored by the intake, not routed yet: {why_unrouted(task)}",
+                    "note": "stored by the intake, not routed yet: "
+                    + why_unrouted(task, coordinator_runs=coordinator_runs),
                 }
             ],
         }

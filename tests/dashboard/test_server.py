@@ -155,5 +155,5 @@ async def test_a_task_waiting_in_the_intake_is_found_by_the_trace_lookup(broker:
     )
     [stage] = message["stages"]
     assert stage["event"] == "received"
-    assert "not routed yet: the coordinator has not taken it in yet" in stage["note"]
+    assert "not routed yet: no coordinator runs" in stage["note"]
     assert missing == 404 and "nor a task of that id waiting in the intake" in said
