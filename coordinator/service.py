@@ -153,17 +153,16 @@ class Coordinator:
             self._serves,
             topics=self._agent_topics.shared,
             workflows=lambda: self.workflows.specs,
+            rule_reasons=lambda: self.router.routing.dead_letter_reasons(),
             names=broker.names,
             topic_labels=config.metrics.topic_labels,
         )
         self.census = WorkflowCensus(broker)
         self.readiness = Readiness(broker)
         self._sampled = Sampled(broker, OpenLetters(broker))
-        self._lease = Lease(broker, "liveness", self.replica_id, ttl_s=config.lease_ttl_s)
-        self._manual_lease = Lease(broker, "manual", self.replica_id, ttl_s=config.lease_ttl_s)
-        self._expiry_lease = Lease(
-            broker, "queue_expiry", self.replica_id, ttl_s=config.lease_ttl_s
-        )
+        lease = functools.partial(Lease, broker, holder=self.replica_id, ttl_s=config.lease_ttl_s)
+        self._lease, self._manual_lease = lease("liveness"), lease("manual")
+        self._expiry_lease = lease("queue_expiry")
         views = Views(
             directory=self.directory,
             breakers=lambda: self.breakers.records,

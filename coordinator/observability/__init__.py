@@ -1,7 +1,8 @@
 """What the coordinator tells about itself: Prometheus metrics (flow counted once across
 replicas, state computed from the views), health and readiness, and audit records.
 
-- :mod:`.flow`: counters and histograms, fed by the ``coordinator-metrics`` consumer;
+- :mod:`.flow`: counters and histograms (:mod:`.families`), fed by the ``coordinator-metrics``
+  consumer, their series created at 0 by :mod:`.priming`;
 - :mod:`.state`: gauges computed at scrape time; :mod:`.census`: views they read;
 - :mod:`.endpoint` on :mod:`.http`: ``/metrics``, ``/healthz``, ``/readyz``;
 - :mod:`.audit`: one record per finished message in ``REACH_AUDIT``.

@@ -15,56 +15,34 @@ scrape interval of its share (and the batch it had fetched and not yet counted).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector, Metric
 
 from agentreach.broker import Delivery
 from agentreach.broker.names import Names
+from agentreach.coordinator.observability.families import LATENCY_BUCKETS, FlowFamilies
 from agentreach.coordinator.observability.labels import (
     ALERT_PROBLEMS,
     BREAKER_EVENTS,
-    FOLDED,
     OTHER_PROBLEM,
-    OTHER_TOPIC,
-    QUOTA,
-    REJECTIONS,
-    TRANSITIONS,
     WORKFLOW_ENDS,
-    WORKFLOW_STATUSES,
     TopicLabels,
     rejection_kind,
     transition_label,
 )
 from agentreach.coordinator.observability.once import Ends, Redeliveries, Routes
-from agentreach.envelopes import (
-    DEAD_LETTER_REASONS,
-    PRIORITIES,
-    DecodeError,
-    Event,
-    decode_stored_event,
-    now_ms,
-)
+from agentreach.coordinator.observability.priming import Children, Priming
+from agentreach.envelopes import DecodeError, Event, decode_stored_event, now_ms
 
-LATENCY_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    1.5, 2.0,  # a model's quick answer: a P99 of 1.2 s read 2.4 s interpolated up to 2.5
-    2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-    600.0, 1800.0, 3600.0,  # agents that think for minutes: a P99 past 5 min is seen
-)  # fmt: skip
+__all__ = ["LATENCY_BUCKETS", "FlowMetrics"]
 
 
-class FlowMetrics(Collector):
-    """The counters and histograms of one replica, and the fold that feeds them.
-
-    Every counter series whose labels can be known before its first event is there at 0 as
-    soon as they are: one that first appears at 1 looks to ``rate()`` like one always 1, its
-    first increase lost. Closed label sets are created at once; a topic's on an agent's card
-    (``topics``) or of a configured workflow (``workflows``) by the first collection that
-    finds it, its latency and execution histograms included (92 series a topic).
-    """
+class FlowMetrics(FlowFamilies, Collector):
+    """The counters and histograms of one replica (its families), and the fold that feeds
+    them. Their series are created at 0 as soon as their labels are known (see
+    :mod:`.priming`): ``topics`` on agents' cards, configured ``workflows``, and the
+    ``rule_reasons`` (topic glob, reason) of the routing rules that dead-letter."""
 
     def __init__(
         self,
@@ -73,217 +51,36 @@ class FlowMetrics(Collector):
         *,
         topics: Callable[[], Iterable[str]] = tuple,
         workflows: Callable[[], Iterable[str]] = tuple,
+        rule_reasons: Callable[[], Iterable[tuple[str, str]]] = tuple,
         names: Names | None = None,
         topic_labels: int = 500,
     ) -> None:
+        FlowFamilies.__init__(self)
         self._labels = TopicLabels(known_topic, topic_labels)
-        self._topics, self._workflows = topics, workflows
-        self._primed: set[tuple[str, str]] = {("topic", OTHER_TOPIC)}
         self.last_stored_ms = 0
         self.behind = 0  # events the consumer still holds after the last one taken
         self._ends, self.routes, self._handed = Ends(), Routes(names or Names()), Redeliveries()
-        # Each series' child, found once: labels() costs 1.5 µs a call (series stay valid).
-        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
-        # The metrics live in a registry of their own, collected through this one, so that
-        # each collection can first create the series of topics that became known.
-        r = self._own = CollectorRegistry()
-        self.finished = Counter(
-            "reach_tasks_finished",
-            "Tasks that reached a final state, by outcome (completed, or the dead-letter reason).",
-            ["topic", "priority", "outcome"],
-            registry=r,
-        )
-        self.latency = Histogram(
-            "reach_latency_seconds",
-            "Reach latency: the broker's receipt of the task to its completed event.",
-            ["topic", "priority"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.execution = Histogram(
-            "reach_execution_seconds",
-            "Time inside the agent's handler, as the agent reported it.",
-            ["topic"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.ack_latency = Histogram(
-            "reach_ack_latency_seconds",
-            "Dispatch to the agent's acknowledgement (time queued at the agent).",
-            ["priority"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.dispatches = Counter(
-            "reach_dispatches",
-            "Tasks sent to an agent's queue, retries included.",
-            ["topic", "priority"],
-            registry=r,
-        )
-        self.retries = Counter(
-            "reach_retries",
-            "Dispatches that are retries or reassignments (attempt > 1).",
-            ["topic", "priority"],
-            registry=r,
-        )
-        self.attempts_failed = Counter(
-            "reach_attempts_failed",
-            "Attempts an agent reported as failed.",
-            ["topic", "retryable"],
-            registry=r,
-        )
-        self.dead_letters = Counter(
-            "reach_dead_letters",
-            "Messages written to REACH_DLQ, by reason.",
-            ["reason", "topic"],
-            registry=r,
-        )
-        self.rejections = Counter(
-            "reach_rejections",
-            "Tasks refused by protection: backpressure, rate limits, quotas, open breakers.",
-            ["kind", "topic"],
-            registry=r,
-        )
-        self.alerts = Counter(
-            "reach_alerts",
-            "Alert events the coordinator raised, by problem (see docs/metrics.md).",
-            ["problem"],
-            registry=r,
-        )
-        self.late_results = Counter(
-            "reach_late_results",
-            "Results fenced off because the task was reassigned meanwhile.",
-            ["topic"],
-            registry=r,
-        )
-        self.agent_transitions = Counter(
-            "reach_agent_transitions",
-            "Liveness transitions; a high OFFLINE rate means agents flap.",
-            ["state"],
-            registry=r,
-        )
-        self.breaker_transitions = Counter(
-            "reach_breaker_transitions",
-            "Circuit breaker (scope intent) and isolation (scope agent) transitions.",
-            ["scope", "to"],
-            registry=r,
-        )
-        self.workflows_started = Counter(
-            "reach_workflows_started", "Workflow instances started.", ["workflow"], registry=r
-        )
-        self.workflows_finished = Counter(
-            "reach_workflows_finished",
-            "Workflow instances ended, by status.",
-            ["workflow", "status"],
-            registry=r,
-        )
-        self.workflow_duration = Histogram(
-            "reach_workflow_duration_seconds",
-            "Start to end of a workflow instance.",
-            ["workflow", "status"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.folded = Counter(
-            "reach_events_folded", "Events counted by this replica.", ["event"], registry=r
-        )
-        self.received = Counter(
-            "reach_tasks_received",
-            "Tasks taken in from reach.task.<topic> (first delivery, decoded).",
-            ["topic", "priority"],
-            registry=r,
-        )
-        self.intake_lag = Histogram(
-            "reach_intake_lag_seconds",
-            "How long a task waited in REACH_TASKS before a coordinator looked at it.",
-            ["priority"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.feed_lag = Gauge(
-            "reach_metrics_feed_lag_seconds",
-            "How far the counters are behind REACH_EVENTS (0 while caught up).",
-            registry=r,
+        self._child = Children()
+        self.prime = Priming(
+            self,
+            self._child,
+            self._labels,
+            topics=topics,
+            workflows=workflows,
+            rule_reasons=rule_reasons,
         )
         self.feed_lag.set_function(self._lag_s)
-        self._prime_closed_sets()
-        self._prime_topic(OTHER_TOPIC)
         registry.register(self)
 
-    # -- series at 0 ---------------------------------------------------------------------
     def describe(self) -> Iterable[Metric]:
         """The families, for the registry's check of duplicate names."""
-        return self._own.collect()
+        return self.registry.collect()
 
     def collect(self) -> Iterable[Metric]:
-        """Every series, after creating at 0 those of topics and workflows new since the
-        last collection (a card registered meanwhile)."""
+        """Every series, after creating at 0 those whose labels became known since the last
+        collection (a card registered, rules reloaded)."""
         self.prime()
-        return self._own.collect()
-
-    def prime(self) -> None:
-        """Create at 0 the series of every topic and workflow known now (once each)."""
-        workflows = list(self._workflows())
-        for topic in workflows:  # configured by the operator: never `_other`
-            self._labels.admit(topic, bounded=False)
-            self._prime_topic_once(topic)
-        for topic in self._topics():
-            if ("topic", topic) not in self._primed and self._labels.admit(topic):
-                self._prime_topic_once(topic)
-        for workflow in workflows:
-            if ("workflow", workflow) not in self._primed:
-                self._primed.add(("workflow", workflow))
-                self._prime_workflow(workflow)
-
-    def _prime_topic_once(self, topic: str) -> None:
-        if ("topic", topic) not in self._primed:
-            self._primed.add(("topic", topic))
-            self._prime_topic(topic)
-
-    def _prime_closed_sets(self) -> None:
-        for priority in PRIORITIES:
-            self._child(self.ack_latency, priority)
-            self._child(self.intake_lag, priority)
-        for problem in (*ALERT_PROBLEMS, OTHER_PROBLEM):
-            self._child(self.alerts, problem)
-        for state in TRANSITIONS:
-            self._child(self.agent_transitions, state)
-        for scope_to in dict.fromkeys(BREAKER_EVENTS.values()):
-            self._child(self.breaker_transitions, *scope_to)
-        for kind in FOLDED:
-            self._child(self.folded, kind)
-
-    def _prime_topic(self, topic: str) -> None:
-        for priority in PRIORITIES:
-            for outcome in ("completed", *DEAD_LETTER_REASONS):
-                self._child(self.finished, topic, priority, outcome)
-            for metric in (self.dispatches, self.retries, self.received):
-                self._child(metric, topic, priority)
-        for reason in DEAD_LETTER_REASONS:
-            self._child(self.dead_letters, reason, topic)
-        for kind in (*REJECTIONS, QUOTA):
-            self._child(self.rejections, kind, topic)
-        for retryable in ("true", "false"):
-            self._child(self.attempts_failed, topic, retryable)
-        self._child(self.late_results, topic)
-        # The histograms too: completions before a series' first scrape are lost to rate(),
-        # a whole burst of a new topic's (the P99 alert read 24 ms while tasks took 8 s).
-        for priority in PRIORITIES:
-            self._child(self.latency, topic, priority)
-        self._child(self.execution, topic)
-
-    def _prime_workflow(self, workflow: str) -> None:
-        self._child(self.workflows_started, workflow)
-        for status in WORKFLOW_STATUSES:
-            self._child(self.workflows_finished, workflow, status)
-
-    def _child(self, metric: MetricWrapperBase, *values: str) -> Any:
-        """``metric.labels(*values)``, remembered."""
-        key = (metric, values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
+        return self.registry.collect()
 
     def topic(self, topic: str) -> str:
         """The topic as a label (see :class:`TopicLabels`)."""

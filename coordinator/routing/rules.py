@@ -105,12 +105,12 @@ class Match(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     where: list[Condition] = []
 
     def holds(self, task: Task) -> bool:
-        return _topic_matcher(self.topic)(task.topic) and all(c.holds(task) for c in self.where)
+        return topic_matcher(self.topic)(task.topic) and all(c.holds(task) for c in self.where)
 
     def not_compared(self, task: Task) -> str | None:
         """Why ``task``, of a topic this match takes, was not compared by a condition (a
         value of another type than the condition's), or None."""
-        if not _topic_matcher(self.topic)(task.topic):
+        if not topic_matcher(self.topic)(task.topic):
             return None
         for condition in self.where:
             if (why := condition.not_compared(_found(task, condition.field))) is not None:
@@ -119,7 +119,8 @@ class Match(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 
 @functools.cache
-def _topic_matcher(pattern: str) -> Callable[[str], bool]:
+def topic_matcher(pattern: str) -> Callable[[str], bool]:
+    """A test of whether a topic is one the glob ``pattern`` names."""
     if not any(ch in pattern for ch in "*?["):
         return pattern.__eq__
     if pattern == "*":
@@ -266,6 +267,16 @@ class RoutingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     @property
     def fallback(self) -> Rule:
         return self.rules[-1]
+
+    def dead_letter_reasons(self) -> list[tuple[str, str]]:
+        """``(topic glob, reason)`` for each rule that may dead-letter a task (``dlq`` in its
+        ``to`` or its ``below``), so that the metrics can create those series at 0."""
+        return [
+            (rule.match.topic, destination.dlq)
+            for rule in self.rules
+            for destination in (rule.to, rule.below or self.below)
+            if destination.dlq
+        ]
 
     def first_match(self, task: Task) -> Rule:
         """The rule whose destination (or ``below`` destination) ``task`` goes to."""
