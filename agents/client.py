@@ -12,11 +12,7 @@ import msgspec
 from agentreach import envelopes
 from agentreach.agents import workflow_control
 from agentreach.agents.arguments import budget_of, task_of
-from agentreach.agents.coordinator_presence import (
-    NO_COORDINATOR,
-    PublishWarnings,
-    coordinator_runs,
-)
+from agentreach.agents.coordinator_presence import PublishWarnings
 from agentreach.agents.errors import (
     InvalidArgument,
     NotAcknowledged,
@@ -31,7 +27,7 @@ from agentreach.agents.invocation import (
     as_type,
     earlier_result,
     ended_result,
-    still_queued,
+    unacknowledged,
     wait_for_result,
 )
 from agentreach.agents.workflow_control import SignalOutcome, WorkflowEnded
@@ -312,21 +308,12 @@ class ReachClient:
                     try:
                         result = await wait_for_result(task, replies, on_ack, on_progress, ending)
                     except NotAcknowledged as exc:
-                        raise await self._unacknowledged(exc, task) from None
+                        raise await unacknowledged(exc, task, ending, self.broker) from None
                 else:  # sent before: nobody answers this box, the earlier message's end does
                     result = await self._earlier_result(task)
                 return as_type(await self.claim_check.result_of(*result), result_type, task)
         finally:
             self._waiting.discard(replies)
-
-    async def _unacknowledged(self, exc: NotAcknowledged, task: Task) -> NotAcknowledged:
-        """``exc``, saying so when no coordinator runs: then nothing routes the task, and
-        waiting longer for an agent cannot help. Asked only now, on the failure path."""
-        ids, hint = {"message_id": exc.message_id, "trace_id": exc.trace_id}, still_queued
-        if await coordinator_runs(self.broker) is not False:
-            return NotAcknowledged(f"{exc}; {hint(exc.message_id, task)}", **ids)
-        # Said both: the task waits in the intake, and runs once a coordinator starts.
-        return NotAcknowledged(f"{exc}: {NO_COORDINATOR}; {hint(exc.message_id, task)}", **ids)
 
     async def _earlier_result(self, task: Task) -> tuple[Any, PayloadRef | None]:
         """The outcome of the message already taken in under ``task``'s id, once it ends."""

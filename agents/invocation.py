@@ -56,6 +56,7 @@ class Ending:
         self._reconnects = broker.reconnects
         self.lost = False  # a reply is known lost (the events say what it would have said)
         self.graced = False  # the wait went past the execute deadline for a verdict
+        self.events: list[Event] = []  # as last read
 
     def polled(self) -> bool:
         """Whether to read the events every second: since a reconnect, or a reply known lost."""
@@ -64,10 +65,24 @@ class Ending:
     async def read(self) -> tuple[Ended | None, bool]:
         """How it ended (None: not yet), and whether an agent accepted it."""
         try:
-            events = await self._read()
+            events = self.events = await self._read()
         except (BrokerError, OthersMessage):
             return None, False
         return ending_of(events), any(e.event == "accepted" for e in events)
+
+    def why_unacknowledged(self) -> str:
+        """Where the events last read leave a task no agent acknowledged, in words."""
+        routed = [e for e in self.events if e.event == "routed"]
+        if not routed:
+            return (
+                "not routed yet: no agent serving it may take work now (`reach agents` says"
+                " which), or tasks stored before it wait first"
+            )
+        last = routed[-1]
+        return (
+            f"it waits in the queue of {last.agent_id!r} (attempt {last.attempt}), which has"
+            " not taken it: all its places are busy, or it stopped taking work"
+        )
 
 
 async def wait_for_result(
@@ -216,6 +231,19 @@ def as_type(result: Any, result_type: Any, task: Task) -> Any:
             trace_id=task.trace_id,
             result=result,
         ) from exc
+
+
+async def unacknowledged(
+    exc: NotAcknowledged, task: Task, ending: Ending, broker: Broker
+) -> NotAcknowledged:
+    """``exc``, saying where the task waits, or that no coordinator runs: then nothing routes
+    it, and waiting longer for an agent cannot help. Asked only now, on the failure path."""
+    ids, hint = {"message_id": exc.message_id, "trace_id": exc.trace_id}, still_queued
+    if await coordinator_runs(broker) is not False:
+        why = ending.why_unacknowledged()
+        return NotAcknowledged(f"{exc}: {why}; {hint(exc.message_id, task)}", **ids)
+    # Said both: the task waits in the intake, and runs once a coordinator starts.
+    return NotAcknowledged(f"{exc}: {NO_COORDINATOR}; {hint(exc.message_id, task)}", **ids)
 
 
 def still_queued(message_id: str, task: Task | None = None) -> str:

@@ -157,9 +157,10 @@ async def test_not_acknowledged_says_when_no_coordinator_runs(broker):
     )
 
 
-async def test_not_acknowledged_with_a_coordinator_blames_no_coordinator(broker, coordinator):
-    """When a coordinator runs and the agent is busy, NotAcknowledged says only that no
-    agent acknowledged in time."""
+async def test_not_acknowledged_with_a_coordinator_says_where_the_task_waits(broker, coordinator):
+    """When a coordinator runs and the agent is busy, NotAcknowledged says the task waits in
+    that agent's queue (it said only that no agent acknowledged in time), not that no
+    coordinator runs."""
     gate = asyncio.Event()
     agent = Agent("busy-1", startup_delay=0)
 
@@ -177,8 +178,31 @@ async def test_not_acknowledged_with_a_coordinator_blames_no_coordinator(broker,
         gate.set()
         assert await holding == "done"
     assert str(caught.value) == (
-        "no agent acknowledged 'work' within 300 ms; it stays queued and may still run within"
-        f" its ttl: invoke again with message_id={caught.value.message_id!r} to hear how it ends"
+        "no agent acknowledged 'work' within 300 ms: it waits in the queue of 'busy-1'"
+        " (attempt 1), which has not taken it: all its places are busy, or it stopped taking"
+        " work; it stays queued and may still run within its ttl: invoke again with"
+        f" message_id={caught.value.message_id!r} to hear how it ends"
+    )
+
+
+async def test_not_acknowledged_says_a_task_no_agent_may_take_is_not_routed(broker, coordinator):
+    """The only agent of the topic stopped (its card stays): the task is held in the intake,
+    and NotAcknowledged says it is not routed and where to look."""
+    agent = Agent("gone-1", startup_delay=0)
+
+    @agent.handler("work")
+    async def work(ctx: TaskContext, payload: dict) -> str:
+        return "done"
+
+    async with ReachClient(broker=broker) as client:
+        async with agent.running(broker=broker):
+            assert await client.invoke("work", {}) == "done"
+        with pytest.raises(NotAcknowledged) as caught:
+            await client.invoke("work", {}, ack_deadline_ms=300)
+    assert str(caught.value).startswith(
+        "no agent acknowledged 'work' within 300 ms: not routed yet: no agent serving it may"
+        " take work now (`reach agents` says which), or tasks stored before it wait first;"
+        " it stays queued"
     )
 
 

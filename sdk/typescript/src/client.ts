@@ -276,7 +276,7 @@ export class ReachClient {
         try {
           outcome = await waitForResult(task, box, ending, { ...options, log: this.log });
         } catch (err) {
-          throw err instanceof NotAcknowledged ? await this.unacknowledged(err, task) : err;
+          throw err instanceof NotAcknowledged ? await this.unacknowledged(err, task, ending) : err;
         }
       } else {
         outcome = await earlierOutcome(this.traces, task, options.signal, this.closed); // nobody answers this box
@@ -363,16 +363,17 @@ export class ReachClient {
   }
 
   /**
-   * `err`, saying so when no coordinator runs: then nothing routes the task, and waiting
-   * longer for an agent cannot help. Asked only now, on the failure path.
+   * `err`, saying where the task waits, or that no coordinator runs: then nothing routes it,
+   * and waiting longer for an agent cannot help. Asked only now, on the failure path.
    */
-  private async unacknowledged(err: NotAcknowledged, task: Task): Promise<NotAcknowledged> {
+  private async unacknowledged(err: NotAcknowledged, task: Task, ending: Ending): Promise<NotAcknowledged> {
     // Said with no coordinator too: the task waits in the intake, and runs once one starts.
     const hint =
       nowMs() >= task.created_at + task.ttl_ms
         ? `its ttl (${task.ttl_ms} ms) has passed, so no agent will start it: invoke again with messageId '${err.messageId}' to hear how it ended`
         : `it stays queued and may still run within its ttl: invoke again with messageId '${err.messageId}' to hear how it ends`;
-    if ((await coordinatorRuns(this.conn)) !== false) return new NotAcknowledged(`${err.message}; ${hint}`, err);
+    const why = ending.whyUnacknowledged();
+    if ((await coordinatorRuns(this.conn)) !== false) return new NotAcknowledged(`${err.message}: ${why}; ${hint}`, err);
     return new NotAcknowledged(`${err.message}: ${NO_COORDINATOR}; ${hint}`, err);
   }
 

@@ -53,6 +53,7 @@ export class Ending {
   private readonly reconnectsAtStart: number;
   lost = false; // a reply is known lost (the events say what it would have said)
   graced = false; // the wait went past the execute deadline for a verdict
+  events: Event[] = []; // as last read
 
   constructor(
     private readonly conn: Connection,
@@ -70,11 +71,20 @@ export class Ending {
   /** How it ended (null: not yet, or not known), and whether an agent accepted it. */
   async read(): Promise<[Ended | null, boolean]> {
     try {
-      const events = await this.traces.of(this.messageId);
+      const events = (this.events = await this.traces.of(this.messageId));
       return [endingOf(events), events.some((e) => e.event === "accepted")];
     } catch {
       return [null, false]; // no answer, another caller's id: the replies decide
     }
+  }
+
+  /** Where the events last read leave a task no agent acknowledged, in words. */
+  whyUnacknowledged(): string {
+    const routed = this.events.filter((e) => e.event === "routed").at(-1);
+    if (routed === undefined) {
+      return "not routed yet: no agent serving it may take work now (`reach agents` says which), or tasks stored before it wait first";
+    }
+    return `it waits in the queue of '${routed.agent_id}' (attempt ${routed.attempt}), which has not taken it: all its places are busy, or it stopped taking work`;
   }
 }
 
