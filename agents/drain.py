@@ -34,8 +34,8 @@ async def drain(tasks: list[asyncio.Task[None]], timeout: float, agent_id: str) 
     in_threads = [task for task in pending if task in IN_THREADS]
     if cut := [task for task in pending if task not in IN_THREADS]:
         log.warning(
-            "handlers still running after the drain timeout were cancelled: their tasks come"
-            " back after ack_wait, to this agent's next process or another agent",
+            "handlers still running after the drain timeout were cancelled: the coordinator"
+            " assigns their tasks again (with none running, they come back after ack_wait)",
             agent_id=agent_id,
             cancelled=len(cut),
             drain_timeout_s=timeout,
