@@ -339,13 +339,14 @@ class Broker:
         return Bucket(self, await self.kv(name), kind, name, seal=seal, headed=headed)
 
     async def subscribe(
-        self, subject: str, handler: InboundHandler | None = None, *, queue: str = ""
+        self, subject: str, handler: InboundHandler | None = None, *, queue: str = "", **limit: int
     ) -> Subscription:
         """A core subscription; ``handler`` gets each message (or read them with ``next``).
-        Subscribers sharing a ``queue`` name each get a share of the messages."""
+        Subscribers sharing a ``queue`` name each get a share of the messages. ``limit``:
+        nats-py's ``pending_msgs_limit`` (messages past it are dropped, not queued), say."""
         callback = core_callback(handler) if handler is not None else None
         with translated(subject=subject):
-            return Subscription(await self.nc.subscribe(subject, queue=queue, cb=callback))
+            return Subscription(await self.nc.subscribe(subject, queue, callback, **limit))
 
     async def request(self, subject: str, data: bytes = b"", *, timeout: float) -> Inbound:
         """Ask and wait for one answer: raises NoResponders at once when nobody listens,

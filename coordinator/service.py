@@ -24,7 +24,6 @@ from agentreach.broker import (
     Broker,
     ClaimCheck,
     ConsumerSpec,
-    Inbound,
     Provisioner,
     PullConsumer,
     Unavailable,
@@ -42,6 +41,7 @@ from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import Outcomes
 from agentreach.coordinator.delivery.traces import TraceDesk
 from agentreach.coordinator.delivery.unreported import Unreported
+from agentreach.coordinator.desks import StatusDesk, desk_connection
 from agentreach.coordinator.intake import Intake
 from agentreach.coordinator.lease import Lease
 from agentreach.coordinator.liveness.control import LivenessControl
@@ -74,7 +74,7 @@ from agentreach.coordinator.routing.reload import RouteReloader
 from agentreach.coordinator.routing.router import Router
 from agentreach.coordinator.routing.run_once import RunOnce
 from agentreach.coordinator.workflows.engine import WorkflowEngine
-from agentreach.envelopes import encode, new_id
+from agentreach.envelopes import new_id
 
 log = structlog.get_logger("coordinator")
 Loop = Callable[[PullConsumer], Awaitable[None]]  # consumes one bound consumer until cancelled
@@ -125,6 +125,7 @@ class Coordinator:
             broker.headed_buckets.update(headed_buckets(n))
         # Secured (the seal key): only the intents operators allowed an agent are routed to it.
         self.directory.enforce_allowances = grants.enabled
+        self.desks = desk_connection(broker)  # what anyone may flood, off the main connection
         self.manual = ManualQueue(broker, config.manual)
         self.router = Router(broker, fleet, config.routing, grants, manual=self.manual)
         self.quotas = CallerQuotas(broker, config.rate_limits)  # a caller's tasks, signals
@@ -138,6 +139,7 @@ class Coordinator:
             allowed=lambda task, agent_id: config.delivery.allowed(
                 task, self.directory.cards.get(agent_id)
             ),
+            probes=self.desks,
         )
         # A forgotten agent (its card deleted) is forgotten here too, with no restart.
         self.directory.on_forget(self.liveness.moves.forget, self.breakers.forget)
@@ -176,7 +178,7 @@ class Coordinator:
         self.registry.register(StateCollector(views, self._sampled))
         self.metrics_url: str | None = None
         self.claim_check = ClaimCheck(broker, config.claim_check.threshold_bytes)
-        self._calls = Calls(broker, self.claim_check)
+        self._calls = Calls(self.desks, self.claim_check)
         self._intake = Intake(
             broker,
             self.router,
@@ -199,7 +201,8 @@ class Coordinator:
         """Serve until cancelled; ``ready`` is set once every loop is consuming."""
         # Every stream and bucket, with this config's per-agent queue capacities (the broker
         # enforces them); idempotent, so replicas and restarts may all do it.
-        async with serving(self.config.metrics, self.registry, self.readiness) as http:
+        metrics = serving(self.config.metrics, self.registry, self.readiness)
+        async with self.desks, metrics as http:
             if http is not None:
                 self.metrics_url = http.url
                 log.info("metrics and health served", url=f"{http.url}metrics")
@@ -232,7 +235,8 @@ class Coordinator:
             # Now and after each outage; a retired workflow's instances on their own definition.
             await until_answered(self.workflows.resume_all, waiting_for="the workflow records")
             _keep(group, "workflow-resume", self.workflows.resume_after_outages)
-            await self.broker.flush()  # its subscriptions are on the server before it says so
+            for connection in (self.broker, self.desks):  # its subscriptions are on the server
+                await connection.flush()  # before it says so
             self.readiness.serving = True
             log.info(
                 "coordinator serving",
@@ -264,15 +268,13 @@ class Coordinator:
         _keep(group, "routes", lambda: self.routes.watch(self.config.routing.reload_poll_s))
 
     async def _answer_requests(self) -> None:
-        names = self.broker.names
-        await self.broker.subscribe(
-            names.registrations, self._control.on_register, queue="coordinators"
-        )
-        await self.broker.subscribe(names.clear, self._control.on_clear)  # the judge answers
-        await self.broker.subscribe(names.routes_reload, self.routes.on_request)  # every replica
-        await self.broker.subscribe(names.status, self._on_status)  # every replica
+        names, desks = self.broker.names, self.desks
+        await desks.subscribe(names.registrations, self._control.on_register, queue="coordinators")
+        await desks.subscribe(names.clear, self._control.on_clear)  # the judge answers
+        await desks.subscribe(names.routes_reload, self.routes.on_request)  # every replica
+        await desks.subscribe(names.status, StatusDesk(self.status).on_request)  # every replica
         traces = TraceDesk(self.broker)
-        await self.broker.subscribe(names.trace_requests, traces.on_request, queue="coordinators")
+        await desks.subscribe(names.trace_requests, traces.on_request, queue="coordinators")
         await self._calls.start()  # one replica of the queue group takes each call
 
     def _loops(self) -> list[tuple[ConsumerSpec, Loop]]:
@@ -332,10 +334,6 @@ class Coordinator:
             ("manual", self._manual_lease),
             ("queue_expiry", self._expiry_lease),
         )
-
-    async def _on_status(self, msg: Inbound) -> None:
-        if msg.reply:
-            await msg.respond(encode(self.status()))
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Coordinator]:

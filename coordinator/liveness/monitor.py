@@ -61,8 +61,9 @@ class LivenessMonitor:
         queued: QueuedSlots | None = None,
         run_once: RunOnce | None = None,  # reads execution records (sealed, when secured)
         allowed: Allowed | None = None,  # the attempts a task taken from an agent gets
+        probes: Broker | None = None,  # the connection probes go through (default: broker)
     ) -> None:
-        self._broker = broker
+        self._broker, self._probes = broker, probes or broker
         self._config = config
         self._registered = registered
         self._cards_version = -1  # of the cards last looked through for agents not tracked
@@ -82,6 +83,7 @@ class LivenessMonitor:
             judge=self._transition,
             look_again=self._look_again,
             answered=lambda tracked: self._verdicts.put(tracked.record(), None),
+            probes=self._probes,
         )
         self._verdicts_made: object = None  # when the verdicts' bucket was made, as last seen
         self.active = False  # judging now: this replica holds the liveness lease
@@ -356,7 +358,7 @@ class LivenessMonitor:
         if tracked.state != "SUSPECT":
             return None
         found = await probe(
-            self._broker,
+            self._probes,
             tracked.agent_id,
             connection_s=self._config.probe_connection_s,
             ping_s=self._config.probe_ping_s,

@@ -72,10 +72,26 @@ class _Seen:
     reconnects: int
 
     @classmethod
-    def now(cls, tracked: Tracked, broker: Broker) -> _Seen:
+    def now(cls, tracked: Tracked, links: _Links) -> _Seen:
         return cls(
-            tracked.last_seen, tracked.epoch, tracked.state, tracked.reason, broker.reconnects
+            tracked.last_seen, tracked.epoch, tracked.state, tracked.reason, links.reconnects
         )
+
+
+class _Links:
+    """The connections a check's answer depends on: the coordinator's own, and the one its
+    probes go through (another, where a flood of core messages cannot cut the first)."""
+
+    def __init__(self, *brokers: Broker) -> None:
+        self._brokers = brokers
+
+    @property
+    def connected(self) -> bool:
+        return all(broker.connected for broker in self._brokers)
+
+    @property
+    def reconnects(self) -> int:
+        return sum(broker.reconnects for broker in self._brokers)
 
 
 class PresenceChecks:
@@ -91,8 +107,10 @@ class PresenceChecks:
         judge: Judge,
         look_again: LookAgain,
         answered: Callable[[Tracked], None] = lambda tracked: None,
+        probes: Broker | None = None,
     ) -> None:
-        self._broker = broker
+        self._broker, self._probes = broker, probes or broker
+        self._links = _Links(broker, self._probes)
         self._config = config
         self._agents = agents
         self._judge = judge  # records a transition (and reassigns on OFFLINE)
@@ -102,15 +120,15 @@ class PresenceChecks:
         self._hold_until = 0.0
 
     async def run(self) -> None:
-        broker, reconnects = self._broker, self._broker.reconnects
+        links, reconnects = self._links, self._links.reconnects
         self._hold()  # a judge that just started: agents may be reconnecting to a new server
         async with asyncio.TaskGroup() as checks:
             while True:
                 await pause(self._config.tick_s)  # the checks' own period
-                if not broker.connected:
+                if not links.connected:
                     continue  # our own outage: every "no responders" would be ours
-                if broker.reconnects != reconnects:
-                    reconnects = broker.reconnects
+                if links.reconnects != reconnects:
+                    reconnects = links.reconnects
                     self._hold()
                 if time.monotonic() < self._hold_until:
                     continue
@@ -157,7 +175,7 @@ class PresenceChecks:
         """Ask once; after "no responders", SUSPECT, and ask again once the reconnect window
         has passed. What cannot be settled now (no answer in time, a heartbeat or an outage
         meanwhile, a broker error) is asked again at a later tick."""
-        seen = _Seen.now(tracked, self._broker)
+        seen = _Seen.now(tracked, self._links)
         answered = await self._ask(tracked)
         if self._stale(tracked, seen):
             return
@@ -178,7 +196,7 @@ class PresenceChecks:
                 return
             tracked.connected = False
             await self._judge(tracked, "SUSPECT", NO_CONNECTION)
-            seen = _Seen.now(tracked, self._broker)
+            seen = _Seen.now(tracked, self._links)
         tracked.probe = asyncio.current_task()
         log.info("no connection; asking again", agent_id=tracked.agent_id, after_s=self._retry_s)
         await asyncio.sleep(self._retry_s)  # the reconnect window itself
@@ -207,7 +225,7 @@ class PresenceChecks:
 
     async def _ask(self, tracked: Tracked) -> bool | None:
         timeout_s = self._config.probe_connection_s
-        return await present(self._broker, tracked.agent_id, timeout_s=timeout_s)
+        return await present(self._probes, tracked.agent_id, timeout_s=timeout_s)
 
     async def _answered(self, tracked: Tracked) -> None:
         if tracked.answered_epoch != tracked.epoch:
@@ -236,7 +254,7 @@ class PresenceChecks:
     def _stale(self, tracked: Tracked, seen: _Seen) -> bool:
         """Whether what the check found no longer says anything: a heartbeat came, a new
         process of the agent, another judgement, or this coordinator was away meanwhile."""
-        return _Seen.now(tracked, self._broker) != seen or not self._broker.connected
+        return _Seen.now(tracked, self._links) != seen or not self._links.connected
 
 
 def _last_sign(tracked: Tracked) -> float:

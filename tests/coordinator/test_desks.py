@@ -1,0 +1,60 @@
+"""The coordinator's desks under a flood, against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+
+from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker
+from agentreach.coordinator import Coordinator
+from tests.conftest import FAST, coordinator_auth
+from tests.secured import SECURED
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FLOOD_S = 5.0
+
+
+async def flooded(url: str, subject: str, request: pytest.FixtureRequest) -> asyncio.Task[int]:
+    """A flood of ``subject`` for FLOOD_S, from another process (as a caller, when secured)."""
+    env = dict(os.environ)
+    if SECURED:
+        creds = request.getfixturevalue("deployment").auth("caller", "flooder").creds
+        env["NATS_CREDS"] = str(creds)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.flood", url, subject, str(FLOOD_S), cwd=REPO, env=env
+    )
+    return asyncio.create_task(proc.wait())
+
+
+async def test_a_flood_of_status_requests_leaves_the_coordinators_connection_up(broker, request):
+    """Any caller may ask `reach.ctl.status`: a flood of it made the server cut the
+    coordinator's only connection as a slow consumer, and its leases lapsed (a security
+    trial: 10 million requests in 12 s). The desks have a connection of their own: the one
+    that holds the leases and consumes the streams stays up, and a task sent during the
+    flood completes."""
+    agent = Agent("desk-echo", startup_delay=0)
+
+    @agent.handler("echo")
+    async def echo(ctx: TaskContext, payload: dict) -> dict:
+        return payload
+
+    auth = coordinator_auth(request)
+    async with (
+        Broker(broker.url, names=broker.names, name="coordinator", auth=auth) as own,
+        Coordinator(own, FAST).running() as coordinator,
+        agent.running(broker=broker),
+        ReachClient(broker=broker) as client,
+    ):
+        assert await client.invoke("echo", {"n": 0}) == {"n": 0}
+        reconnects, held = own.reconnects, coordinator.status()["duties"]
+        flood = await flooded(broker.url, broker.names.status, request)
+        during = await client.invoke("echo", {"n": 1}, ack_deadline_ms=60_000, ttl_ms=120_000)
+        assert await flood == 0
+        after = await client.invoke("echo", {"n": 2}, ack_deadline_ms=60_000, ttl_ms=120_000)
+        assert (during, after) == ({"n": 1}, {"n": 2})
+        assert own.reconnects == reconnects  # the coordinator's own connection was not cut
+        assert coordinator.status()["duties"] == held == ["liveness", "manual", "queue_expiry"]
