@@ -7,7 +7,7 @@ import structlog
 from agentreach.broker import Broker, Delivery
 from agentreach.broker.dead_letters import dead_letter_delivery
 from agentreach.coordinator.protection.server_answers import ServerAnswers
-from agentreach.envelopes import DecodeError, ErrorInfo, ServerAnswer, is_token
+from agentreach.envelopes import DecodeError, ErrorInfo, is_token
 
 log = structlog.get_logger("coordinator.workflows")
 
@@ -22,11 +22,16 @@ async def refuse(
     server_answers: ServerAnswers,
 ) -> None:
     """Dead-letter ``msg``, saying what ``exc`` says was wrong with it; a server's answer
-    someone aimed at the subject, one a minute (see :class:`ServerAnswers`)."""
-    if isinstance(exc, ServerAnswer):
-        if (said := server_answers.to_letter(exc, "workflows")) is None:
-            return
-        exc = said
+    someone aimed at the subject, or an unreadable reply of an agent's, one a minute (see
+    :class:`ServerAnswers`): any agent may reply under any instance id, and wrote 300 letters
+    of junk in a security trial, 20 of them a megabyte each."""
+    names = broker.names
+    after = msg.subject.removeprefix(names.workflow_reply(""))  # <id>.<sender> when signed
+    signed = names.workflow_replies(msg.subject) and "." in after
+    by = names.sender_of(msg.subject) if signed else ""
+    if (said := server_answers.judged(exc, msg, "workflow replies", headed=True, by=by)) is None:
+        return
+    exc = said
     log.error("unreadable workflow message", subject=msg.subject, error=str(exc))
     await dead_letter_delivery(
         broker,
