@@ -306,8 +306,8 @@ def _not_routed_to(
     given = routed.get((event.message_id, event.attempt), set())
     if not any(agent == sender for agent, _ in given):
         return (
-            "no routed event gives their attempt to their sender"
-            " (dispatched past the coordinator, or forged)"
+            "no routed event gives their attempt to their sender (not stored yet, after a"
+            " server restart or an election; dispatched past the coordinator; or forged)"
         )
     if event.caller is not None and (sender, event.caller) not in given:
         return "their attempt was given to their sender for another caller"
