@@ -68,8 +68,9 @@ class EmbeddedCluster:
 
     Nodes are numbered from 0 and named ``n1``, ``n2`` …; tagged ``az:a``, ``az:b`` … and
     ``sync:default`` or ``sync:always`` after their ``sync_interval``. ``client_port`` is the
-    first node's client port (the next nodes take the next ports, routes +2000, monitoring
-    +4000); None picks free ports.
+    first node's client port (the next nodes take the next ports), ``route_port`` and
+    ``http_port`` the first route and monitoring ports (default: client +2000 and +4000);
+    None picks free ports.
     """
 
     def __init__(
@@ -78,6 +79,8 @@ class EmbeddedCluster:
         *,
         store_dir: Path | str = DEFAULT_CLUSTER_DIR,
         client_port: int | None = None,
+        route_port: int | None = None,
+        http_port: int | None = None,
         host: str = "127.0.0.1",
         sync_interval: str | Sequence[str] = DEFAULT_SYNC,
         name: str = "reach",
@@ -94,7 +97,7 @@ class EmbeddedCluster:
         self.name = name
         self.ready_timeout = ready_timeout
         self._syncs = syncs
-        self._ports = _ports(size, host, client_port)
+        self._ports = _ports(size, host, client_port, route_port, http_port)
         self._servers: list[EmbeddedServer | None] = [None] * size
         self._entered = False
 
@@ -337,12 +340,34 @@ def _get(url: str) -> str | None:
         return None
 
 
-def _ports(size: int, host: str, first: int | None) -> list[tuple[int, int, int]]:
-    """(client, route, monitoring) per node: from ``first``, or free ones."""
+def _ports(
+    size: int, host: str, first: int | None, routes: int | None, http: int | None
+) -> list[tuple[int, int, int]]:
+    """(client, route, monitoring) per node: from ``first`` (and ``routes``, ``http``), or
+    free ones."""
     if first is not None:
-        return [(first + i, first + ROUTE_OFFSET + i, first + HTTP_OFFSET + i) for i in range(size)]
+        starts = (first, first + ROUTE_OFFSET if routes is None else routes)
+        starts += (first + HTTP_OFFSET if http is None else http,)
+        _check_ranges(size, starts)
+        return [(starts[0] + i, starts[1] + i, starts[2] + i) for i in range(size)]
+    if routes is not None or http is not None:
+        raise EmbeddedServerError("route and monitoring ports need a first client port too")
     chosen = _free_ports(host, size * 3)
     return [tuple(chosen[i * 3 : i * 3 + 3]) for i in range(size)]  # type: ignore[misc]
+
+
+def _check_ranges(size: int, starts: tuple[int, int, int]) -> None:
+    """Each kind of port takes ``size`` ports from its start: in range, and apart."""
+    kinds = ("client", "route", "monitoring")
+    for kind, start in zip(kinds, starts, strict=True):
+        if not 1 <= start <= 65536 - size:
+            raise EmbeddedServerError(f"{kind} ports {start}-{start + size - 1}: out of range")
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        if abs(starts[i] - starts[j]) < size:
+            raise EmbeddedServerError(
+                f"{kinds[i]} ports from {starts[i]} and {kinds[j]} ports from {starts[j]}"
+                f" overlap ({size} nodes take {size} of each)"
+            )
 
 
 def _free_ports(host: str, count: int) -> list[int]:

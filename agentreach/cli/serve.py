@@ -78,7 +78,16 @@ def register(commands: Commands) -> None:
         metavar="N",
         default=None,
         help="start N embedded nats-servers as one JetStream cluster on loopback (client ports"
-        " from --port, routes +2000, monitoring +4000; stores under ./.reach/cluster)",
+        " from --port, routes +2000, monitoring +4000 unless --cluster-ports; stores under"
+        " ./.reach/cluster)",
+    )
+    up.add_argument(
+        "--cluster-ports",
+        type=_port_pair,
+        metavar="ROUTE,MONITORING",
+        default=None,
+        help="with --cluster and --port: the first route and monitoring ports (each node takes"
+        " the next), as 6222,8222",
     )
     up.add_argument(
         "--restart-after",
@@ -136,12 +145,20 @@ async def cmd_up(args: argparse.Namespace) -> int:
         # The stores go under ./.reach/cluster unless --data-dir says where.
         store = CLUSTER_STORE if args.data_dir == NATS_STORE else args.data_dir
         port = None if args.port == -1 else args.port
-        async with EmbeddedCluster(args.cluster, client_port=port, store_dir=store) as cluster:
+        routes, http = args.cluster_ports or (None, None)
+        if args.cluster_ports and port is None:
+            raise UsageError("--cluster-ports needs a --port to start the client ports from")
+        cluster = EmbeddedCluster(
+            args.cluster, client_port=port, route_port=routes, http_port=http, store_dir=store
+        )
+        async with cluster:
             log.warning(DEVELOPMENT, urls=cluster.url)
             print(f"reach: agents and tools: export NATS_URL={cluster.url}", file=sys.stderr)
             async with _kept_up(cluster, args.restart_after):
                 await _coordinate(cluster.url, args, config)
         return 0
+    if args.cluster_ports:
+        raise UsageError("--cluster-ports is for the nodes of --cluster")
     _no_embedded_options_for_a_url(args)
     embedded = nats_server(
         args.nats_url, port=args.port, data_dir=args.data_dir, restart_after_s=args.restart_after
@@ -149,6 +166,14 @@ async def cmd_up(args: argparse.Namespace) -> int:
     async with embedded as url:
         await _coordinate(url, args, config)
     return 0
+
+
+def _port_pair(value: str) -> tuple[int, int]:
+    """``6222,8222`` → (6222, 8222)."""
+    route, sep, http = value.partition(",")
+    if not (sep and route.strip().isdigit() and http.strip().isdigit()):
+        raise argparse.ArgumentTypeError(f"{value!r}: two port numbers, as 6222,8222")
+    return int(route), int(http)
 
 
 def _no_embedded_options_for_a_url(args: argparse.Namespace) -> None:

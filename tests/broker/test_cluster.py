@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,8 +25,10 @@ from agentreach.broker import (
     provision,
 )
 from agentreach.broker.embedded import PID_FILE
+from agentreach.broker.errors import EmbeddedServerError
 from agentreach.broker.watch import BucketWatch
 from agentreach.envelopes import Heartbeat
+from tests.scrape import http_get
 from tests.support import stopped
 
 ELECTION_BOUND_S = 15.0  # elections took 3.5-8.6 s in the probes; a loaded CI machine is slower
@@ -193,3 +197,46 @@ async def test_a_client_leaves_a_frozen_node_for_another(cluster):
         finally:
             os.kill(pid, signal.SIGCONT)
         assert broker.server != frozen
+
+
+def free_runs(count: int, length: int) -> list[int]:
+    """``count`` starts of ``length`` consecutive loopback ports nobody listens on, apart."""
+    starts: list[int] = []
+    for _ in range(1000):
+        start = random.randrange(20_000, 30_000)
+        wanted = range(start, start + length)
+        if any(abs(start - other) < length for other in starts) or not all(map(_free, wanted)):
+            continue
+        starts.append(start)
+        if len(starts) == count:
+            return starts
+    raise AssertionError("no free ports found")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+async def test_route_and_monitoring_ports_can_be_given_apart_from_the_client_ports(tmp_path):
+    """`reach up --cluster 3 --port P` put routes at P+2000 and monitoring at P+4000, out of a
+    port window an operator was given (an outside trial); `--cluster-ports ROUTE,MONITORING`
+    sets them, each node taking the next, and ranges that overlap are refused by name."""
+    client, routes, http = free_runs(3, 3)
+    cluster = EmbeddedCluster(
+        3, store_dir=tmp_path / "c", client_port=client, route_port=routes, http_port=http
+    )
+    async with cluster:
+        assert cluster.urls == [f"nats://127.0.0.1:{client + i}" for i in range(3)]
+        for node in range(3):
+            assert cluster.monitoring_url(node) == f"http://127.0.0.1:{http + node}"
+            status, body = await http_get(f"{cluster.monitoring_url(node)}/varz")
+            assert status == 200 and f": {routes + node}," in body  # its cluster port
+    with pytest.raises(EmbeddedServerError, match="client ports from 4222 and route ports"):
+        EmbeddedCluster(3, client_port=4222, route_port=4224)
+    with pytest.raises(EmbeddedServerError, match="need a first client port"):
+        EmbeddedCluster(3, route_port=6222)

@@ -54,3 +54,22 @@ async def test_a_cluster_of_two_is_warned_to_tolerate_no_failure(tmp_path: Path)
     except TimeoutError:
         os.killpg(process.pid, signal.SIGKILL)
         await process.wait()
+
+
+async def test_cluster_ports_are_refused_where_they_cannot_apply(tmp_path: Path):
+    """`--cluster-ports` without `--cluster`, without a client `--port`, or overlapping the
+    client ports is refused by name before any server starts."""
+    cases = {
+        ("--cluster-ports", "37311,37321"): "--cluster-ports is for the nodes of --cluster",
+        ("--cluster", "3", "--port", "-1", "--cluster-ports", "37311,37321"): "needs a --port",
+        ("--cluster", "3", "--port", "37301", "--cluster-ports", "37302,37321"): "overlap",
+        ("--cluster", "3", "--port", "37301", "--cluster-ports", "37311"): "two port numbers",
+    }
+    for args, said in cases.items():
+        process = await asyncio.create_subprocess_exec(
+            reach_command(), "up", *args, "--data-dir", str(tmp_path / "c"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=ENV,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(process.communicate(), 60)
+        assert process.returncode != 0 and said in err.decode(), (args, err)
+    assert not (tmp_path / "c").exists()  # nothing was started
