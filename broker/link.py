@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from typing import Any
+
+from nats.errors import SlowConsumerError
 
 from agentreach.broker.client import Client
 from agentreach.broker.connect_failure import FailedAttempts, refuses_credentials
@@ -46,6 +49,8 @@ class Link:
         self._down_since: float | None = None
         self._refusals = 0
         self._error_lines = RepeatedLines(ERROR_LINE_EVERY_S)
+        # Told the subscription's subject of each message it dropped, its queue full (a flood).
+        self.on_dropped: Callable[[str], None] | None = None
 
     def callbacks(self) -> dict[str, Any]:
         """nats-py's connect options for these callbacks."""
@@ -72,6 +77,12 @@ class Link:
         return f"{uri.hostname}:{uri.port}" if uri is not None else ""
 
     async def _on_error(self, exc: Exception) -> None:
+        if isinstance(exc, SlowConsumerError):
+            if self.on_dropped is not None and exc.sub is not None:
+                self.on_dropped(exc.sub.subject)
+            # nats-py reads on without yielding while the socket holds data: a flood stalled
+            # the event loop for 10 s at a time. Each dropped message lets the others run.
+            await asyncio.sleep(0)
         if self.client is None:
             if self.attempts is not None:  # the first connect: reported as its ConnectError
                 self.attempts.record(exc)

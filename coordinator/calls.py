@@ -97,11 +97,10 @@ class Calls:
         self._answering: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        names = self._broker.names
-        await self._broker.subscribe(names.calls_wildcard, self._on_call, queue="coordinators")
+        """Begin; the calls come to :meth:`on_call` (the coordinator's calls desk)."""
         self._in_background(self._recheck_after_reconnects())
 
-    async def _on_call(self, msg: Inbound) -> None:
+    async def on_call(self, msg: Inbound) -> None:
         if not msg.reply:
             return  # a publish, not a request: nobody to answer (use reach.task.<topic>)
         if not msg.answerable:

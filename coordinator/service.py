@@ -268,14 +268,16 @@ class Coordinator:
         _keep(group, "routes", lambda: self.routes.watch(self.config.routing.reload_poll_s))
 
     async def _answer_requests(self) -> None:
-        names, desks = self.broker.names, self.desks
-        await desks.subscribe(names.registrations, self._control.on_register, queue="coordinators")
-        await desks.subscribe(names.clear, self._control.on_clear)  # the judge answers
-        await desks.subscribe(names.routes_reload, self.routes.on_request)  # every replica
-        await desks.subscribe(names.status, StatusDesk(self.status).on_request)  # every replica
+        """The desks, each dropped for a while when flooded (see :mod:`.desks`)."""
+        names, desk, control = self.broker.names, self.desks.desk, self._control
+        await desk(names.registrations, control.on_register, per_s=5000, queue="coordinators")
+        await desk(names.clear, control.on_clear, per_s=100)  # the judge answers
+        await desk(names.routes_reload, self.routes.on_request, per_s=100)
+        await desk(names.status, StatusDesk(self.status).on_request, per_s=2000)
         traces = TraceDesk(self.broker)
-        await desks.subscribe(names.trace_requests, traces.on_request, queue="coordinators")
-        await self._calls.start()  # one replica of the queue group takes each call
+        await desk(names.trace_requests, traces.on_request, per_s=2000, queue="coordinators")
+        await desk(names.calls_wildcard, self._calls.on_call, per_s=5000, queue="coordinators")
+        await self._calls.start()
 
     def _loops(self) -> list[tuple[ConsumerSpec, Loop]]:
         names, config, consume = self.broker.names, self.config, self._consume
@@ -353,6 +355,7 @@ class Coordinator:
                 raise task.exception()  # type: ignore[misc]
 
 
+@functools.cache  # it reads the package's metadata files: a millisecond a status answer
 def _version() -> str:
     try:
         return importlib.metadata.version("agentreach")

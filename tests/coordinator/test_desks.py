@@ -7,12 +7,14 @@ import os
 import sys
 
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
-from agentreach.broker import Broker
+from agentreach.broker import Broker, BrokerError
 from agentreach.coordinator import Coordinator
 from tests.conftest import FAST, coordinator_auth
 from tests.secured import SECURED
+from tests.support import until_true
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLOOD_S = 5.0
@@ -34,8 +36,9 @@ async def test_a_flood_of_status_requests_leaves_the_coordinators_connection_up(
     """Any caller may ask `reach.ctl.status`: a flood of it made the server cut the
     coordinator's only connection as a slow consumer, and its leases lapsed (a security
     trial: 10 million requests in 12 s). The desks have a connection of their own: the one
-    that holds the leases and consumes the streams stays up, and a task sent during the
-    flood completes."""
+    that holds the leases and consumes the streams stays up, the flooded desk stops
+    listening for a while, a task sent during the flood completes, and the desk answers
+    again after it."""
     agent = Agent("desk-echo", startup_delay=0)
 
     @agent.handler("echo")
@@ -51,10 +54,25 @@ async def test_a_flood_of_status_requests_leaves_the_coordinators_connection_up(
     ):
         assert await client.invoke("echo", {"n": 0}) == {"n": 0}
         reconnects, held = own.reconnects, coordinator.status()["duties"]
-        flood = await flooded(broker.url, broker.names.status, request)
-        during = await client.invoke("echo", {"n": 1}, ack_deadline_ms=60_000, ttl_ms=120_000)
-        assert await flood == 0
+        with capture_logs() as logs:
+            flood = await flooded(broker.url, broker.names.status, request)
+            during = await client.invoke("echo", {"n": 1}, ack_deadline_ms=60_000, ttl_ms=120_000)
+            assert await flood == 0
+            await until_true(lambda: status_answered(broker), timeout=60)  # listening again
         after = await client.invoke("echo", {"n": 2}, ack_deadline_ms=60_000, ttl_ms=120_000)
         assert (during, after) == ({"n": 1}, {"n": 2})
         assert own.reconnects == reconnects  # the coordinator's own connection was not cut
         assert coordinator.status()["duties"] == held == ["liveness", "manual", "queue_expiry"]
+    # Reading the flood had starved the whole process for 16-26 s in a re-test: the desk now
+    # stops listening, and the server drops the rest.
+    flooded_desks = [e["subject"] for e in logs if e["event"].startswith("a desk flooded")]
+    assert flooded_desks and set(flooded_desks) == {broker.names.status}
+
+
+async def status_answered(broker: Broker) -> bool:
+    """Whether a coordinator answers `reach.ctl.status` now (no responders: it does not)."""
+    try:
+        await broker.request(broker.names.status, b"", timeout=1)
+    except BrokerError:
+        return False
+    return True
