@@ -15,7 +15,10 @@ time), though no lease was lost. So a desk that takes more than its ``per_s`` re
 second stops listening for :data:`COOL_S` (a :class:`GuardedDesk`): without its
 subscription the server drops the flood, and reading what was already sent is a dictionary
 miss per message. Its honest askers meanwhile hear "no responders", as when no coordinator
-runs, and are asked to try again.
+runs, and are asked to try again. Not the registrations: an agent that hears no responders
+registers on its own, and a crowd of 200 retrying its deferred registrations every 20 ms
+tripped the guard and registered at once, past the registration rate; a registration flood
+costs the process its reading.
 """
 
 from __future__ import annotations
