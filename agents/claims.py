@@ -79,6 +79,7 @@ class Outcome:
     error: ErrorInfo | None = None
     duration_ms: int = 0
     result_ref: PayloadRef | None = None  # the result, claim-checked when it was large
+    past_deadline_ms: int | None = None  # the deadline its run went past (it could not stop)
 
 
 class Claims:

@@ -26,6 +26,7 @@ class Deadline:
         self._ends = self.started + self.window_ms / 1000
         self._scope: asyncio.Timeout | None = None
         self._held = 0  # progress reports under way (see held)
+        self.overrun = False  # work that cannot be stopped ran on past it (see handlers)
 
     @property
     def ends(self) -> float:

@@ -346,7 +346,8 @@ class Executor:
         else:
             duration_ms = int((time.monotonic() - started) * 1000)
             self.latency.observe(task.topic, duration_ms)
-            outcome = Outcome(claim, result=result, duration_ms=duration_ms, result_ref=ref)
+            past = deadline.total_ms if deadline.overrun else None
+            outcome = Outcome(claim, result, None, duration_ms, ref, past)
         finally:
             self._reports.forget(task.message_id)
             await progressing.close()
@@ -368,8 +369,7 @@ class Executor:
             log.warning("late result rejected: the task was reassigned or ended meanwhile")
             await self._reports.say(job, "late_result_rejected")
             return
-        result, ref = outcome.result, outcome.result_ref
-        await self._reports.complete(job, result, outcome.duration_ms, ref=ref)
+        await self._reports.complete_run(job, outcome)
 
     async def _submit(self, task: Task) -> None:
         """A sub-task this agent sends, as itself."""

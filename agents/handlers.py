@@ -97,6 +97,7 @@ async def _in_thread(
         if job is not None and running.done():
             IN_THREADS.discard(job)
     log.warning(OVERRUN, deadline_ms=deadline.total_ms)
+    deadline.overrun = True
     async with overrun():
         try:
             return await running

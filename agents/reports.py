@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from agentreach import envelopes
+from agentreach.agents.claims import Outcome
 from agentreach.agents.job import Job
 from agentreach.broker import Broker, BrokerError, Delivery
 from agentreach.broker.dead_letters import reported_raw
@@ -79,13 +80,32 @@ class Reports:
         self._progress_at.pop(message_id, None)
 
     async def complete(
-        self, job: Job, result: Any, duration_ms: int, *, ref: PayloadRef | None = None
+        self,
+        job: Job,
+        result: Any,
+        duration_ms: int,
+        *,
+        ref: PayloadRef | None = None,
+        past_deadline_ms: int | None = None,
     ) -> None:
-        """Answer the sender, then tell the coordinator (the result is already recorded)."""
+        """Answer the sender, then tell the coordinator (the result is already recorded);
+        ``past_deadline_ms``: the deadline a run that could not be stopped went past."""
         answer = Result(**self._about(job.task), result=result, result_ref=ref)
         await reply(self.broker, job.task, answer, sender=self._me)
         shown = {"result_ref": msgspec.to_builtins(ref)} if ref else {"result": result}
+        if past_deadline_ms is not None:
+            shown["past_deadline_ms"] = past_deadline_ms
         await self.say(job, "completed", duration_ms=duration_ms, **shown)
+
+    async def complete_run(self, job: Job, outcome: Outcome) -> None:
+        """:meth:`complete`, with what a run of the handler ended with."""
+        await self.complete(
+            job,
+            outcome.result,
+            outcome.duration_ms,
+            ref=outcome.result_ref,
+            past_deadline_ms=outcome.past_deadline_ms,
+        )
 
     async def report(self, job: Job, event: str, error: ErrorInfo) -> None:
         """Tell the coordinator, which decides between retry and dead letter."""

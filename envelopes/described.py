@@ -18,7 +18,9 @@ def described(event: Event) -> str:
         case "completed":
             by = "answered by a person, " if d.get("answered_by") else ""
             by = "said for its agent (the run recorded it), " if d.get("from_record") else by
-            return f"{by}in {d.get('duration_ms', '?')} ms, result {_result(d)}"
+            late = d.get("past_deadline_ms")
+            late = f" (past its {late} ms deadline: it could not be stopped)" if late else ""
+            return f"{by}in {d.get('duration_ms', '?')} ms{late}, result {_result(d)}"
         case "manual_taken":
             return f"taken in manual-review queue {d.get('queue')!r}"
         case "manual_sent":

@@ -52,11 +52,14 @@ class ProgressDetail(_AboutGrantedTask, frozen=True, kw_only=True):
 class CompletedDetail(_AboutGrantedTask, frozen=True, kw_only=True):
     """``completed``: the result was recorded and sent (``duration_ms`` 0 when a duplicate
     delivery was answered from the execution record). A result too large to travel is in the
-    Object Store: then ``result_ref`` names it instead of ``result``."""
+    Object Store: then ``result_ref`` names it instead of ``result``. ``past_deadline_ms``:
+    the handler's deadline, when work that could not be stopped (a thread) ran past it and
+    its result, late, stands."""
 
     result: Any = None
     result_ref: PayloadRef | None = None
     duration_ms: NonNegative
+    past_deadline_ms: NonNegative | None = None
 
 
 class OutcomeDetail(_AboutGrantedTask, frozen=True, kw_only=True):

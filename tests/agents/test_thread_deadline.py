@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.agents.handlers import OVERRUN
 from agentreach.envelopes import Execution, execution_key, now_ms
+from agentreach.envelopes.described import described
 
 
 class Runs:
@@ -60,8 +61,10 @@ async def test_a_thread_past_its_deadline_runs_once_and_its_late_result_complete
             await asyncio.sleep(1.6)  # past the deadline and the claim's first lease (1.3 s)
             held = await executions.get(execution_key(client.caller, "slow-1", "thread-1"))
             result = await invoking
-            await watcher.event("completed", message_id="slow-1")
+            completed = await watcher.event("completed", message_id="slow-1")
     assert result == {"late": True, "attempt": 1}
+    assert completed.detail["past_deadline_ms"] == 300  # the trace says it ran late
+    assert "(past its 300 ms deadline: it could not be stopped)" in described(completed)
     assert held is not None and held.value.state == "running"
     assert held.value.lease_until_ms > now_ms()
     assert list(runs.spans) == [1]

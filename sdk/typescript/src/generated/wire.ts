@@ -360,7 +360,9 @@ export interface ClockDriftDetail {
 /**
  * `completed`: the result was recorded and sent (`duration_ms` 0 when a duplicate
  * delivery was answered from the execution record). A result too large to travel is in the
- * Object Store: then `result_ref` names it instead of `result`.
+ * Object Store: then `result_ref` names it instead of `result`. `past_deadline_ms`:
+ * the handler's deadline, when work that could not be stopped (a thread) ran past it and
+ * its result, late, stands.
  */
 export interface CompletedDetail {
   /**
@@ -379,6 +381,10 @@ export interface CompletedDetail {
    * >= 0
    */
   duration_ms: number;
+  /**
+   * >= 0, default null
+   */
+  past_deadline_ms: number | null;
 }
 
 /**
