@@ -33,6 +33,7 @@ class LivenessControl:
         self._monitor = monitor
         self._registrations = TokenBucket(config.registration_rate, config.registration_burst)
         self._granted: dict[str, float] = {}  # agent id → when it was last given a slot
+        self._turns_until = 0.0  # the last turn given to a refused agent (monotonic)
 
     def _own_turn(self, agent_id: str) -> float:
         """Seconds until ``agent_id`` may have a slot again: one a second at most, so that an
@@ -41,6 +42,15 @@ class LivenessControl:
         if len(self._granted) > GRANTS_KEPT:  # an agent given a slot long ago is forgotten
             self._granted = {a: t for a, t in self._granted.items() if now - t < AGENT_EVERY_S}
         return max(0.0, self._granted.get(agent_id, -AGENT_EVERY_S) + AGENT_EVERY_S - now)
+
+    def _turn(self, token_in_s: float) -> float:
+        """Seconds until a refused agent's turn: the token after those promised to the agents
+        refused before it. Told when the next token comes, a crowd of 200 came back together
+        every 20 ms (10,000 requests a second for 50 slots)."""
+        now = time.monotonic()
+        turn = max(now + token_in_s, self._turns_until)
+        self._turns_until = turn + 1 / self._registrations.rate
+        return turn - now
 
     async def on_register(self, msg: Inbound) -> None:
         """An agent asks on ``reach.ctl.register.<agent_id>`` as itself; a body naming
@@ -59,9 +69,12 @@ class LivenessControl:
             why = f"the body names agent {request.agent_id!r}, the subject {sender!r}"
             await _refuse(msg, why)
             return
-        wait_s = self._own_turn(request.agent_id) or self._registrations.take()
+        own_s = self._own_turn(request.agent_id)
+        wait_s = own_s or self._registrations.take()
         if wait_s == 0.0:
             self._granted[request.agent_id] = time.monotonic()
+        elif not own_s:
+            wait_s = self._turn(wait_s)
         reply = RegisterReply(ok=wait_s == 0.0, retry_after_ms=int(wait_s * 1000) + 1)
         if not reply.ok:
             log.info("too many registrations; asked to retry", retry_after_ms=reply.retry_after_ms)

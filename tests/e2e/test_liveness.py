@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import time
@@ -27,6 +28,8 @@ from agentreach.envelopes import (
     RegisterReply,
     RegisterRequest,
     Task,
+    decode_as,
+    encode,
     now_ms,
 )
 from tests.cli.conftest import reach_argv, run
@@ -389,6 +392,27 @@ async def test_many_agents_register_together_within_the_rate_limit(broker, watch
     busiest = max(sum(1 for t in started if s <= t < s + 2000) for s in started)
     assert busiest <= 10 + 2 * 50 + 15  # burst + two seconds of refill, and the moment
     assert started[-1] - started[0] >= 2000  # the crowd was spread, not let in at once
+
+
+async def test_agents_refused_a_registration_slot_are_given_turns_one_after_another(broker):
+    """A refused agent was told when the next token comes (20 ms at 50/s): a crowd of 200
+    came back together, every 20 ms, 10,000 requests a second for 50 slots. Each refused one
+    is now given the turn after those given before it."""
+    config = lively(registration_rate=50.0, registration_burst=10)
+    async with lively_coordinator(broker, config):
+        asking = [_register(broker, f"turn-{i:02d}") for i in range(30)]
+        replies = await asyncio.gather(*asking)
+    refused = [reply.retry_after_ms for reply in replies if not reply.ok]
+    assert len(refused) >= 19  # the burst of 10 granted, perhaps one token refilled
+    turns = sorted(refused)
+    assert all(later - earlier >= 19 for earlier, later in itertools.pairwise(turns)), turns
+    assert turns[-1] >= 18 * 20, turns  # the last one's turn is about 19 slots away
+
+
+async def _register(broker: Broker, agent_id: str) -> RegisterReply:
+    request = encode(RegisterRequest(agent_id=agent_id))
+    answer = await broker.request(broker.names.register(agent_id), request, timeout=5)
+    return decode_as(answer.data, RegisterReply)
 
 
 async def _noop(ctx: TaskContext, payload: object) -> object:
