@@ -11,6 +11,7 @@ from typing import Literal
 import msgspec
 
 from agentreach import envelopes
+from agentreach.agents.coordinator_presence import coordinator_runs
 from agentreach.agents.errors import AgentConfigError, AgentIdInUse
 from agentreach.broker import (
     Broker,
@@ -33,7 +34,9 @@ async def await_slot(broker: Broker, agent_id: str) -> float | None:
     """Ask the coordinators for a registration slot until one is given.
 
     Returns the heartbeat interval the coordinator asks for, if any. With no
-    coordinator running at all, the agent registers on its own (and says so).
+    coordinator running at all, the agent registers on its own (and says so). Nobody at the
+    registrations' desk while a coordinator answers ``reach.ctl.status`` is a flooded desk,
+    which does not listen for a few seconds: asked again later, as a deferral is.
     """
     request = envelopes.encode(RegisterRequest(agent_id=agent_id))
     waited = 0
@@ -42,8 +45,11 @@ async def await_slot(broker: Broker, agent_id: str) -> float | None:
             subject = broker.names.register(agent_id)
             answer = await broker.request(subject, request, timeout=SLOT_TIMEOUT_S)
         except NoResponders:
-            log.warning("no coordinator answered the registration; registering directly")
-            return None
+            if await coordinator_runs(broker, none_for_s=0) is not True:
+                log.warning("no coordinator answered the registration; registering directly")
+                return None
+            log.warning("a coordinator runs but its registrations' desk does not listen now")
+            answer = None
         except BrokerTimeout:
             answer = None
         reply = decode_as(answer.data, RegisterReply) if answer is not None else None

@@ -15,10 +15,10 @@ time), though no lease was lost. So a desk that takes more than its ``per_s`` re
 second stops listening for :data:`COOL_S` (a :class:`GuardedDesk`): without its
 subscription the server drops the flood, and reading what was already sent is a dictionary
 miss per message. Its honest askers meanwhile hear "no responders", as when no coordinator
-runs, and are asked to try again. Not the registrations: an agent that hears no responders
-registers on its own, and a crowd of 200 retrying its deferred registrations every 20 ms
-tripped the guard and registered at once, past the registration rate; a registration flood
-costs the process its reading.
+runs, and are asked to try again. The registrations' desk too: an agent that hears no
+responders there asks ``reach.ctl.status`` before it registers on its own (a crowd of 200
+that registered alone at once, past the registration rate, taught that), and the refused
+are given turns one after another (a crowd told "20 ms" each came back as a flood).
 """
 
 from __future__ import annotations

@@ -268,9 +268,9 @@ class Coordinator:
         _keep(group, "routes", lambda: self.routes.watch(self.config.routing.reload_poll_s))
 
     async def _answer_requests(self) -> None:
-        """The desks (see :mod:`.desks`); registrations are never dropped (:mod:`.desks`)."""
+        """The desks (see :mod:`.desks`)."""
         names, desk, control = self.broker.names, self.desks.desk, self._control
-        await self.desks.subscribe(names.registrations, control.on_register, queue="coordinators")
+        await desk(names.registrations, control.on_register, per_s=5000, queue="coordinators")
         await desk(names.clear, control.on_clear, per_s=100)  # the judge answers
         await desk(names.routes_reload, self.routes.on_request, per_s=100)
         await desk(names.status, StatusDesk(self.status).on_request, per_s=2000)

@@ -20,11 +20,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FLOOD_S = 5.0
 
 
-async def flooded(url: str, subject: str, request: pytest.FixtureRequest) -> asyncio.Task[int]:
-    """A flood of ``subject`` for FLOOD_S, from another process (as a caller, when secured)."""
+async def flooded(
+    url: str,
+    subject: str,
+    request: pytest.FixtureRequest,
+    *,
+    role: str = "caller",
+    name: str = "flooder",
+) -> asyncio.Task[int]:
+    """A flood of ``subject`` for FLOOD_S, from another process (as the ``role`` ``name``,
+    when secured)."""
     env = dict(os.environ)
     if SECURED:
-        creds = request.getfixturevalue("deployment").auth("caller", "flooder").creds
+        creds = request.getfixturevalue("deployment").auth(role, name).creds
         env["NATS_CREDS"] = str(creds)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tests.flood", url, subject, str(FLOOD_S), cwd=REPO, env=env
@@ -76,3 +84,35 @@ async def status_answered(broker: Broker) -> bool:
     except BrokerError:
         return False
     return True
+
+
+async def test_an_agent_waits_for_a_flooded_registrations_desk_rather_than_register_alone(
+    broker, coordinator, request
+):
+    """An agent may flood its registration subject: the desk stops listening for a while, as
+    the others do. An agent that starts meanwhile hears no responders there, which meant "no
+    coordinator runs: register on your own". It asks `reach.ctl.status` first: a coordinator
+    answers, so it waits and registers through the desk once it listens again."""
+    names = broker.names
+    latecomer = Agent("desk-latecomer", startup_delay=0)
+    latecomer.handler("echo")(_echo)
+    with capture_logs() as logs:
+        subject = names.register("flooding-agent")
+        flood = await flooded(broker.url, subject, request, role="agent", name="flooding-agent")
+        await until_true(lambda: _desk_flooded(logs, names.registrations), timeout=30)
+        async with latecomer.running(broker=broker):
+            assert await flood == 0
+            cards = await broker.kv(names.agents_bucket)
+            assert (await cards.get("desk-latecomer")) is not None
+    said = [entry["event"] for entry in logs]
+    assert "a coordinator runs but its registrations' desk does not listen now" in said
+    assert "no coordinator answered the registration; registering directly" not in said
+    assert "a flooded desk listens again" in said
+
+
+async def _desk_flooded(logs: list[dict], subject: str) -> bool:
+    return any(e["event"].startswith("a desk flooded") and e["subject"] == subject for e in logs)
+
+
+async def _echo(ctx: TaskContext, payload: dict) -> dict:
+    return payload

@@ -6,6 +6,7 @@ import type { NatsError } from "nats";
 
 import { decodeJson, encode, nowMs } from "./codec.js";
 import { isWrongLastSequence } from "./connection.js";
+import { coordinatorRuns } from "./coordinatorstatus.js";
 import type { Connection } from "./connection.js";
 import { AgentIdInUse, ReachError } from "./errors.js";
 import type { Logger } from "./log.js";
@@ -18,7 +19,9 @@ const MAX_RETRY_MS = 10_000;
 /**
  * Ask the coordinators for a registration slot until one is given. Returns the
  * heartbeat interval (seconds) a coordinator asks for, if any. With no
- * coordinator listening at all, the agent registers on its own (and says so).
+ * coordinator listening at all, the agent registers on its own (and says so). Nobody at the
+ * registrations' desk while a coordinator answers `reach.ctl.status` is a flooded desk, which
+ * does not listen for a few seconds: asked again later, as a deferral is.
  */
 export async function awaitSlot(
   conn: Connection,
@@ -35,10 +38,12 @@ export async function awaitSlot(
     } catch (err) {
       const code = (err as NatsError).code;
       if (code === ErrorCode.NoResponders) {
-        log.warn("no coordinator answered the registration; registering directly");
-        return null;
-      }
-      if (code !== ErrorCode.Timeout) throw err;
+        if ((await coordinatorRuns(conn, undefined, 0)) !== true) {
+          log.warn("no coordinator answered the registration; registering directly");
+          return null;
+        }
+        log.warn("a coordinator runs but its registrations' desk does not listen now");
+      } else if (code !== ErrorCode.Timeout) throw err;
     }
     if (answer?.ok) return answer.heartbeat_interval_s ?? null;
     if (answer?.error) throw new ReachError(`the coordinator refused the registration: ${answer.error}`);
