@@ -26,7 +26,7 @@ from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, WrongLastSequence
 from agentreach.broker.dead_letters import dead_letter_stored
 from agentreach.broker.lifecycle import SEAL_HEADER
-from agentreach.broker.streams import StoredMessage, delete_message, next_message
+from agentreach.broker.streams import StoredMessage, delete_message, next_message, stream_bounds
 from agentreach.coordinator.liveness.forward import (
     Allowed,
     Gone,
@@ -178,20 +178,25 @@ async def reassign_tasks(
     many attempts a task gets (by default the coordinator's default settings)."""
     run_once = run_once or RunOnce(broker)
     gone = Gone(agent_id, epoch, why, allowed or default_allowed)
+    streams = broker.names.dispatch_streams
+    held = {stream: (await stream_bounds(broker, stream))[1] for stream in streams.values()}
     if await _newer_process(broker, agent_id, epoch):
         log.info("a newer process serves the agent; nothing to reassign", agent_id=agent_id)
         return 0
     taken: Counter[str] = Counter()
     looked = 0
-    for priority, stream in broker.names.dispatch_streams.items():
+    for priority, stream in streams.items():
         subject = broker.names.dispatch(agent_id, priority)
         seq = 1
         while (stored := await next_message(broker, stream, subject, from_seq=seq)) is not None:
             # Asked again as the queue is gone through: a process started meanwhile gets its
             # tasks in this very queue, and moving them sent each to and fro, one attempt
-            # after another (a walkthrough: attempt 9, three completions).
+            # after another (a walkthrough: attempt 9, three completions). A dispatch stored
+            # since the move began was routed here by a router that took the agent for live:
+            # asked at each (a stop's move sent a task routed to the next process on twice).
             looked += 1
-            if looked % NEWER_LOOK_EVERY == 0 and await _newer_process(broker, agent_id, epoch):
+            asks = looked % NEWER_LOOK_EVERY == 0 or stored.stream_seq > held[stream]
+            if asks and await _newer_process(broker, agent_id, epoch):
                 log.info("a newer process serves the agent; the rest is its", agent_id=agent_id)
                 return _said(agent_id, taken)
             seq = stored.stream_seq + 1

@@ -494,6 +494,36 @@ async def test_a_sweep_stops_once_a_newer_process_of_the_agent_serves_its_queue(
     assert len(left) == 30 - moved  # for the newer process to take
 
 
+async def test_a_dispatch_stored_after_a_move_began_is_left_to_a_newer_process(broker, monkeypatch):
+    """A stop's move sent its task on (attempt 2), the coordinator routed it to the agent's
+    next process, into this very queue, and the move, still going through it, took it away
+    too, before it ran (attempt 3, then 4: a TypeScript test, one run in three). A dispatch
+    stored since the move began is moved only when no newer process serves the agent."""
+    from agentreach.coordinator.liveness import reassign
+
+    subject = broker.names.dispatch("gone-10", "P1")
+    for n in range(3):
+        task = envelopes.Task(v=1, message_id=f"old-{n}", trace_id=f"old-{n}", topic="slow",
+                              ttl_ms=60_000, to_agent="gone-10")  # fmt: skip
+        await broker.publish(subject, envelopes.encode(task), headers=DISPATCHED)
+    looks: list[int] = []
+
+    async def routed_to_the_next_process_meanwhile(broker, agent_id: str, epoch: int) -> bool:  # type: ignore[no-untyped-def]
+        looks.append(epoch)
+        if len(looks) == 1:  # as the move begins: no newer process yet; one starts now
+            task = envelopes.Task(v=1, message_id="new-0", trace_id="new-0", topic="slow",
+                                  attempt=2, ttl_ms=60_000, to_agent="gone-10")  # fmt: skip
+            await broker.publish(subject, envelopes.encode(task), headers=DISPATCHED)
+            return False
+        return True  # its card: running, a newer epoch
+
+    monkeypatch.setattr(reassign, "_newer_process", routed_to_the_next_process_meanwhile)
+    moved = await reassign_tasks(broker, "gone-10", epoch=1, why=STOPPED)
+    left = await read_stream(broker, broker.names.dispatch_stream("P1"), subject)
+    assert moved == 3 and len(looks) == 2
+    assert [envelopes.decode_task(m.data).message_id for m in left] == ["new-0"]
+
+
 async def test_a_dispatch_without_the_coordinator_s_grant_is_not_moved_on(broker, watcher):
     """With a seal key every dispatch carries the coordinator's grant for its agent. A task
     someone had the server copy onto an agent's queue carries none: moved on, it was the
