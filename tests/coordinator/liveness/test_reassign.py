@@ -474,13 +474,9 @@ async def test_a_sweep_stops_once_a_newer_process_of_the_agent_serves_its_queue(
     that started meanwhile had the tasks routed to it moved away too, to and fro, one attempt
     after another (a cluster walkthrough: attempt 9, three completions). The sweep asks again
     as it goes, and leaves the rest to the newer process's consumer (the same durable)."""
-    from agentreach.coordinator.liveness import reassign
-
     subject = broker.names.dispatch("gone-9", "P1")
     for n in range(30):
-        task = envelopes.Task(v=1, message_id=f"q-{n}", trace_id=f"q-{n}", topic="slow",
-                              ttl_ms=60_000, to_agent="gone-9")  # fmt: skip
-        await broker.publish(subject, envelopes.encode(task), headers=DISPATCHED)
+        await _dispatched(broker, "gone-9", f"q-{n}")
     looks: list[int] = []
 
     async def started_after_the_first_look(broker, agent_id: str, epoch: int) -> bool:  # type: ignore[no-untyped-def]
@@ -499,21 +495,15 @@ async def test_a_dispatch_stored_after_a_move_began_is_left_to_a_newer_process(b
     next process, into this very queue, and the move, still going through it, took it away
     too, before it ran (attempt 3, then 4: a TypeScript test, one run in three). A dispatch
     stored since the move began is moved only when no newer process serves the agent."""
-    from agentreach.coordinator.liveness import reassign
-
     subject = broker.names.dispatch("gone-10", "P1")
     for n in range(3):
-        task = envelopes.Task(v=1, message_id=f"old-{n}", trace_id=f"old-{n}", topic="slow",
-                              ttl_ms=60_000, to_agent="gone-10")  # fmt: skip
-        await broker.publish(subject, envelopes.encode(task), headers=DISPATCHED)
+        await _dispatched(broker, "gone-10", f"old-{n}")
     looks: list[int] = []
 
     async def routed_to_the_next_process_meanwhile(broker, agent_id: str, epoch: int) -> bool:  # type: ignore[no-untyped-def]
         looks.append(epoch)
         if len(looks) == 1:  # as the move begins: no newer process yet; one starts now
-            task = envelopes.Task(v=1, message_id="new-0", trace_id="new-0", topic="slow",
-                                  attempt=2, ttl_ms=60_000, to_agent="gone-10")  # fmt: skip
-            await broker.publish(subject, envelopes.encode(task), headers=DISPATCHED)
+            await _dispatched(broker, "gone-10", "new-0", attempt=2)
             return False
         return True  # its card: running, a newer epoch
 
@@ -522,6 +512,15 @@ async def test_a_dispatch_stored_after_a_move_began_is_left_to_a_newer_process(b
     left = await read_stream(broker, broker.names.dispatch_stream("P1"), subject)
     assert moved == 3 and len(looks) == 2
     assert [envelopes.decode_task(m.data).message_id for m in left] == ["new-0"]
+
+
+async def _dispatched(broker, agent_id: str, message_id: str, *, attempt: int = 1) -> None:  # type: ignore[no-untyped-def]
+    """A task in ``agent_id``'s P1 queue, its ttl far off."""
+    task = envelopes.Task(v=1, message_id=message_id, trace_id=message_id, topic="slow",
+                          attempt=attempt, ttl_ms=60_000, to_agent=agent_id)  # fmt: skip
+    await broker.publish(
+        broker.names.dispatch(agent_id, "P1"), envelopes.encode(task), headers=DISPATCHED
+    )
 
 
 async def test_a_dispatch_without_the_coordinator_s_grant_is_not_moved_on(broker, watcher):
