@@ -46,6 +46,7 @@ ANSWER_WAIT_S = 5.0  # the Broker's request timeout
 # Between losing the connection and starting to reconnect, a waiting publish looks again
 # this often (a reconnect under way wakes it when it ends).
 RECONNECT_POLL_S = 0.02
+CANCELS_UNTIL_ENDED = 100  # 0.05 s apart: a swallowed cancellation is a rare race
 
 
 class Client(_NatsClient):
@@ -54,6 +55,7 @@ class Client(_NatsClient):
     trying: ParseResult | None = None  # the server of the current connect attempt
     answer_wait_s = ANSWER_WAIT_S
     _reconnected: asyncio.Event | None = None  # clear while a reconnect runs
+    _given_up = False  # closed by its owner (not between nats-py's own attempts)
 
     async def publish(
         self,
@@ -77,6 +79,24 @@ class Client(_NatsClient):
         if not self.is_connected:  # on the request's clock, not answer_wait_s
             await self.connected_within(timeout)
         return await super().request(subject, payload, timeout, old_style, headers)
+
+    async def connect(self, *args: Any, **kwargs: Any) -> None:
+        """nats-py's connect, closed when it fails or its caller gives up on it.
+
+        nats-py leaves a failed connect's socket open. And it awaits each step of a connect
+        with ``wait_for``, which on Python 3.11 swallows a cancellation that lands as the
+        step completes: the connect went on, and a service told to stop while it waited for
+        NATS carried on. Here the caller's cancellation is taken at once, and the connect is
+        cancelled until it ends before it is closed."""
+        attempt = asyncio.ensure_future(super().connect(*args, **kwargs))
+        try:
+            await asyncio.wait({attempt})  # never swallows the caller's cancellation
+            attempt.result()
+        except BaseException:
+            await _ended(attempt)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.close(), self.options.get("connect_timeout", 2))
+            raise
 
     async def connected_within(self, within_s: float) -> None:
         """Once the connection is up; raises nats-py's TimeoutError when it is not within
@@ -106,18 +126,37 @@ class Client(_NatsClient):
         finally:  # back, closed or given up: either way nobody waits for it any longer
             reconnected.set()
 
+    async def close(self) -> None:
+        self._given_up = True
+        await super().close()
+
     async def _connect_to_server(self, s: Any) -> None:
+        self._stop_if_given_up()
         self.trying = s.uri
         if s.uri.scheme in ("ws", "wss"):
             await super()._connect_to_server(s)
-            return
-        # nats-py's own steps for TCP, with our transport (it would make its own).
-        s.last_attempt = time.monotonic()
-        if not self._transport:
-            self._transport = Transport()
-        await self._transport.connect(
-            s.uri, buffer_size=DEFAULT_BUFFER_SIZE, connect_timeout=self.options["connect_timeout"]
-        )
+        else:  # nats-py's own steps for TCP, with our transport (it would make its own)
+            s.last_attempt = time.monotonic()
+            if not self._transport:
+                self._transport = Transport()
+            await self._transport.connect(
+                s.uri,
+                buffer_size=DEFAULT_BUFFER_SIZE,
+                connect_timeout=self.options["connect_timeout"],
+            )
+        self._stop_if_given_up()
+
+    def _stop_if_given_up(self) -> None:
+        """End a connect or reconnect loop still running after its client was closed.
+
+        Closing cancels the reconnect loop, but a cancellation that lands as the TCP connect
+        completes is swallowed (see connect): the loop carried on, connecting for ever with
+        nobody to close what it opened (a closed Broker's reconnects went on into later
+        tests). Cancelled here, it stops, as it does on any other cancellation."""
+        if self._given_up:
+            if self._transport is not None:
+                self._transport.close()
+            raise asyncio.CancelledError
 
     async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
         tls_wanted = "tls" in self.options and not self.options["tls_handshake_first"]
@@ -181,3 +220,14 @@ def _awaits_answer(command: bytes) -> bool:
 
 class TlsNotOffered(nats.errors.Error):
     """TLS was asked for and the server offers none."""
+
+
+async def _ended(attempt: asyncio.Future[None]) -> None:
+    """Cancel a connect until it ends (a cancellation may be swallowed, see connect)."""
+    for _ in range(CANCELS_UNTIL_ENDED):
+        if attempt.done():
+            break
+        attempt.cancel()
+        await asyncio.wait({attempt}, timeout=0.05)
+    if attempt.done() and not attempt.cancelled():
+        attempt.exception()  # raised to the caller already, or moot: retrieved, not logged

@@ -194,10 +194,8 @@ class Broker:
                     **options,
                 )
         except TimeoutError:
-            await _abandoned(nc, self._connect_timeout)
             raise attempts.timed_out(self.shown_url, deadline_s) from None
         except Exception as exc:
-            await _abandoned(nc, self._connect_timeout)
             raise attempts.error(self.shown_url, exc) from None
         return nc
 
@@ -391,9 +389,3 @@ class Broker:
     @property
     def lost_why(self) -> str:
         return self.link.lost_why
-
-
-async def _abandoned(nc: NATS, timeout_s: float) -> None:
-    """Close a client whose first connect failed: nats-py leaves its socket open."""
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(nc.close(), timeout_s)
