@@ -21,7 +21,8 @@ class RateLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     per caller.
 
     Over a topic's or an agent's limit a task waits at most ``wait_s``, then is rejected
-    as ``rate_limited``; each coordinator replica keeps its own buckets of those. Callers'
+    as ``rate_limited``; each coordinator replica keeps its own buckets of those, a topic's
+    shared fairly by its callers (:class:`TopicBucket`). Callers'
     quotas (``callers``: ``default`` for everyone not named) are one bucket per caller in
     KV, shared by every replica; a task over its caller's quota is refused at once, and so is
     a workflow signal or cancel of the caller's (each takes a token too).
@@ -53,19 +54,78 @@ class TokenBucket:
         self._tokens = capacity
         self._at = clock()
 
-    def take(self) -> float:
-        """Take a token: 0.0 when granted, else the seconds until one will be there."""
-        wait = self.wait()
+    def take(self, need: float = 1.0) -> float:
+        """Take a token if ``need`` are there: 0.0 when granted, else the seconds until they
+        will be."""
+        wait = self.wait(need)
         if wait == 0.0:
             self._tokens -= 1
         return wait
 
-    def wait(self) -> float:
-        """Seconds until a token is there (0.0: now), taking nothing."""
+    def wait(self, need: float = 1.0) -> float:
+        """Seconds until ``need`` tokens are there (0.0: now), taking nothing."""
         now = self._clock()
         self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.rate)
         self._at = now
-        return 0.0 if self._tokens >= 1 else (1 - self._tokens) / self.rate
+        return 0.0 if self._tokens >= need else (need - self._tokens) / self.rate
+
+
+class TopicBucket:
+    """A topic's token bucket, shared fairly by the callers asking for it at once.
+
+    Alone, a caller may take every token. When several have asked within ``ACTIVE_S``, each
+    has a share of the rate (rate ÷ callers) and of the burst: within its share a caller
+    takes any token; past it, only tokens above a reserve kept for the others (the burst's
+    part that is theirs). So a caller within its quota but over a topic's rate no longer
+    keeps the bucket empty for everyone (a security re-test: 90 tasks/s against a topic's
+    50/s had half of another caller's 20/s refused), and tokens nobody else wants still go
+    to whoever asks: the topic's whole rate is used.
+    """
+
+    ACTIVE_S = 2.0  # a caller that asked within this long shares the topic
+    PRUNE_S = 0.1
+
+    def __init__(self, limit: RateLimit, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._bucket = TokenBucket(limit.rate, limit.burst, clock)
+        self._asked: dict[str | None, float] = {}  # caller → when it last asked
+        self._shares: dict[str | None, TokenBucket] = {}
+        self._pruned = clock()
+
+    def take(self, caller: str | None) -> float:
+        """Take a token for ``caller``: 0.0 when granted, else seconds until one is there."""
+        callers = self._callers(caller)
+        bucket, share = self._bucket, self._share(caller, callers)
+        if callers == 1:  # its share is the whole bucket: spent alike, it is as empty
+            share.take()
+            return bucket.take()
+        if bucket.wait() == 0.0 and share.take() == 0.0:  # within its share
+            return bucket.take()
+        reserve = max(1.0, bucket.capacity * (callers - 1) / callers)
+        within_s = max(bucket.wait(), share.wait())
+        if bucket.capacity < 1 + reserve:  # a burst too small to keep a reserve: shares only
+            return within_s
+        return min(within_s, bucket.take(need=1 + reserve))
+
+    def _callers(self, caller: str | None) -> int:
+        """How many callers asked within ACTIVE_S, ``caller`` now (the others are forgotten,
+        looked for at most every PRUNE_S: a flood under many names costs no scan per task)."""
+        now = self._asked[caller] = self._clock()
+        if now - self._pruned >= self.PRUNE_S:
+            self._pruned = now
+            for gone in [c for c, at in self._asked.items() if now - at > self.ACTIVE_S]:
+                del self._asked[gone]
+                self._shares.pop(gone, None)
+        return len(self._asked)
+
+    def _share(self, caller: str | None, callers: int) -> TokenBucket:
+        share = self._shares.get(caller)
+        rate, burst = self._bucket.rate / callers, max(1.0, self._bucket.capacity / callers)
+        if share is None:
+            share = self._shares[caller] = TokenBucket(rate, burst, self._clock)
+        share.wait()  # refilled at the rate it had until now
+        share.rate, share.capacity = rate, burst
+        return share
 
 
 class RateLimiter:
@@ -74,18 +134,19 @@ class RateLimiter:
     def __init__(self, config: RateLimits, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self._clock = clock
-        self._topics: dict[str, TokenBucket] = {}
+        self._topics: dict[str, TopicBucket] = {}
         self._agents: dict[str, tuple[RateLimit, TokenBucket]] = {}
 
-    def topic_wait(self, topic: str) -> float:
-        """Take a token for ``topic``: 0.0 when granted, else seconds until one is there."""
+    def topic_wait(self, topic: str, caller: str | None = None) -> float:
+        """Take a token of ``topic`` for ``caller`` (None: an operator's bare subject): 0.0
+        when granted, else seconds until one is there."""
         limit = self.config.topics.get(topic)
         if limit is None:
             return 0.0
         bucket = self._topics.get(topic)
         if bucket is None:
-            bucket = self._topics[topic] = TokenBucket(limit.rate, limit.burst, self._clock)
-        return bucket.take()
+            bucket = self._topics[topic] = TopicBucket(limit, self._clock)
+        return bucket.take(caller)
 
     def agent_wait(self, card: AgentCard, *, take: bool) -> float:
         """Seconds until ``card``'s agent may take a task (0.0: now); ``take`` spends the token."""

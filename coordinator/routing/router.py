@@ -355,7 +355,7 @@ class Router:
     async def _topic_admits(self, task: Task) -> bool:
         """Take the topic's token, waiting briefly if need be; False when it was rejected."""
         waited_s = 0.0
-        while (wait_s := self.limiter.topic_wait(task.topic)) > 0:
+        while (wait_s := self.limiter.topic_wait(task.topic, task.caller)) > 0:
             if waited_s + wait_s > self.limiter.config.wait_s:
                 await self.reject(task, "rate_limited", f"topic {task.topic!r} is over its rate")
                 return False

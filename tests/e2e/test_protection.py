@@ -470,6 +470,39 @@ async def test_a_topic_token_bucket_limits_intake(broker, start_coordinator, wat
     assert all(d.error and "topic 'work' is over its rate" in d.error.message for d in rejected)
 
 
+async def test_a_caller_over_a_topics_rate_keeps_no_other_caller_out(
+    broker, start_coordinator, watcher
+):
+    """A caller within its quota sends 5 times a topic's rate; another's invokes, within
+    its share of the rate, are all admitted (one bucket for everyone refused them)."""
+    counts: Counter[str] = Counter()
+    limits = RateLimits(topics={"work": RateLimit(rate=20, burst=4)})
+    async with (
+        start_coordinator(fast(rate_limits=limits)) as coordinator,
+        serving(broker, coordinator, worker("w", counts)),
+        ReachClient(broker=broker, name="flooder") as flooder,
+        ReachClient(broker=broker, name="light") as light,
+    ):
+
+        async def flood() -> None:
+            for _ in range(30):  # 100 tasks a second for 3 s
+                await asyncio.gather(*(flooder.publish("work", {}) for _ in range(10)))
+                await asyncio.sleep(0.1)  # the pace of the flood, not a wait for anything
+
+        flooding = asyncio.create_task(flood())
+        refused: list[str] = []
+        await asyncio.sleep(0.3)  # the flood is under way: the bucket is empty
+        for i in range(12):  # about 6 a second: within a share of 10
+            try:
+                await light.invoke("work", {"i": i})
+            except Rejected as exc:
+                refused.append(exc.error.message)
+            await asyncio.sleep(0.15)
+        await flooding
+    assert refused == []
+    assert counts["w"] >= 12 + 20  # the flood had its share too
+
+
 async def test_two_replicas_share_one_breaker(broker, start_coordinator, watcher):
     """Every replica sees the same breaker, opened by one conditional write."""
     broken, counts = {"x": True}, Counter[str]()
