@@ -107,6 +107,14 @@ class TopicBucket:
             return within_s
         return min(within_s, bucket.take(need=1 + reserve))
 
+    def refusal(self, topic: str) -> str:
+        """Why a task of ``topic`` was refused, for its caller."""
+        rate, burst, callers = self._bucket.rate, self._bucket.capacity, len(self._asked)
+        why = f"topic {topic!r} is over its rate ({rate:g}/s, burst {burst:g})"
+        if callers > 1:
+            why += f", shared by {callers} callers now: {rate / callers:g}/s each"
+        return why
+
     def _callers(self, caller: str | None) -> int:
         """How many callers asked within ACTIVE_S, ``caller`` now (the others are forgotten,
         looked for at most every PRUNE_S: a flood under many names costs no scan per task)."""
@@ -147,6 +155,11 @@ class RateLimiter:
         if bucket is None:
             bucket = self._topics[topic] = TopicBucket(limit, self._clock)
         return bucket.take(caller)
+
+    def topic_refusal(self, topic: str) -> str:
+        """Why a task of ``topic`` was refused after :meth:`topic_wait`."""
+        bucket = self._topics.get(topic)
+        return bucket.refusal(topic) if bucket else f"topic {topic!r} is over its rate"
 
     def agent_wait(self, card: AgentCard, *, take: bool) -> float:
         """Seconds until ``card``'s agent may take a task (0.0: now); ``take`` spends the token."""

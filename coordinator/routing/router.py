@@ -357,7 +357,7 @@ class Router:
         waited_s = 0.0
         while (wait_s := self.limiter.topic_wait(task.topic, task.caller)) > 0:
             if waited_s + wait_s > self.limiter.config.wait_s:
-                await self.reject(task, "rate_limited", f"topic {task.topic!r} is over its rate")
+                await self.reject(task, "rate_limited", self.limiter.topic_refusal(task.topic))
                 return False
             await asyncio.sleep(wait_s)
             waited_s += wait_s

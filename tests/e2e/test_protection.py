@@ -467,7 +467,8 @@ async def test_a_topic_token_bucket_limits_intake(broker, start_coordinator, wat
         await all_completed(watcher, free)
     rejected = _rejected(watcher, sent)
     assert watcher.count("completed", sent) == 3 and len(rejected) == 17
-    assert all(d.error and "topic 'work' is over its rate" in d.error.message for d in rejected)
+    why = "topic 'work' is over its rate (0.1/s, burst 3)"
+    assert all(d.error and d.error.message == why for d in rejected)
 
 
 async def test_a_caller_over_a_topics_rate_keeps_no_other_caller_out(

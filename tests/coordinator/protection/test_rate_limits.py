@@ -109,3 +109,14 @@ def test_a_burst_too_small_for_a_reserve_still_shares():
     granted, refused = admitted({"a": 90, "b": 20}, seconds=10, limit=RateLimit(rate=50, burst=1))
     assert refused["b"] <= 5  # with one token, the two sometimes want it at once
     assert 0 < granted["a"] <= 25 * 10 + 1  # its share at most
+
+
+def test_a_refusal_says_the_rate_and_the_share():
+    clock = Clock()
+    bucket = TopicBucket(RateLimit(rate=20, burst=4), clock)
+    assert bucket.take("a") == 0.0
+    assert bucket.refusal("t") == "topic 't' is over its rate (20/s, burst 4)"
+    bucket.take("b")
+    assert bucket.refusal("t") == (
+        "topic 't' is over its rate (20/s, burst 4), shared by 2 callers now: 10/s each"
+    )
