@@ -3,6 +3,7 @@ configuration of callers' quotas too, which every replica shares (:mod:`.quotas`
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -93,27 +94,41 @@ class TopicBucket:
         self._pruned = clock()
 
     def take(self, caller: str | None) -> float:
-        """Take a token for ``caller``: 0.0 when granted, else seconds until one is there."""
+        """Take a token for ``caller``: 0.0 when granted, else seconds until one is there;
+        ``inf`` when the caller is past its share while others ask: refused at once, its
+        tasks do not wait (and hold the intake) for tokens that are the others'."""
         callers = self._callers(caller)
         bucket, share = self._bucket, self._share(caller, callers)
         if callers == 1:  # its share is the whole bucket: spent alike, it is as empty
             share.take()
             return bucket.take()
-        if bucket.wait() == 0.0 and share.take() == 0.0:  # within its share
-            return bucket.take()
-        reserve = max(1.0, bucket.capacity * (callers - 1) / callers)
-        within_s = max(bucket.wait(), share.wait())
-        if bucket.capacity < 1 + reserve:  # a burst too small to keep a reserve: shares only
-            return within_s
-        return min(within_s, bucket.take(need=1 + reserve))
+        if share.wait() == 0.0:  # within its share
+            if (wait_s := bucket.take()) == 0.0:
+                share.take()
+            return wait_s
+        # Past its share: only the tokens above what the others may need at once.
+        capacity = bucket.capacity
+        reserve = min(max(1.0, capacity * (callers - 1) / callers), capacity - 1)
+        if reserve >= 1.0 and bucket.take(need=1 + reserve) == 0.0:
+            return 0.0
+        return math.inf
 
-    def refusal(self, topic: str) -> str:
-        """Why a task of ``topic`` was refused, for its caller."""
+    def refusal(self, topic: str, caller: str | None) -> tuple[str, int]:
+        """Why a task of ``topic`` from ``caller`` was refused, and in how many ms it may be
+        sent again."""
         rate, burst, callers = self._bucket.rate, self._bucket.capacity, len(self._asked)
-        why = f"topic {topic!r} is over its rate ({rate:g}/s, burst {burst:g})"
-        if callers > 1:
-            why += f", shared by {callers} callers now: {rate / callers:g}/s each"
-        return why
+        limit = f"{rate:g}/s, burst {burst:g}, per coordinator replica"
+        share = self._shares.get(caller)
+        if callers > 1 and share is not None and (wait_s := share.wait()) > 0:
+            who = "the operators' bare subject" if caller is None else f"caller {caller!r}"
+            why = (
+                f"{who} is past its share of topic {topic!r}'s rate ({limit}): shared by"
+                f" {callers} callers now, {rate / callers:g}/s and a burst of"
+                f" {share.capacity:g} each"
+            )
+        else:
+            why, wait_s = f"topic {topic!r} is over its rate ({limit})", self._bucket.wait()
+        return why, max(1, math.ceil(wait_s * 1000))
 
     def _callers(self, caller: str | None) -> int:
         """How many callers asked within ACTIVE_S, ``caller`` now (the others are forgotten,
@@ -156,10 +171,9 @@ class RateLimiter:
             bucket = self._topics[topic] = TopicBucket(limit, self._clock)
         return bucket.take(caller)
 
-    def topic_refusal(self, topic: str) -> str:
-        """Why a task of ``topic`` was refused after :meth:`topic_wait`."""
-        bucket = self._topics.get(topic)
-        return bucket.refusal(topic) if bucket else f"topic {topic!r} is over its rate"
+    def topic_refusal(self, topic: str, caller: str | None) -> tuple[str, int]:
+        """Why :meth:`topic_wait` refused a task, and in how many ms it may be sent again."""
+        return self._topics[topic].refusal(topic, caller)
 
     def agent_wait(self, card: AgentCard, *, take: bool) -> float:
         """Seconds until ``card``'s agent may take a task (0.0: now); ``take`` spends the token."""

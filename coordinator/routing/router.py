@@ -10,8 +10,7 @@ bucket has a token. When none is found:
 - every such agent's breaker is open: the fallback rule, then ``circuit_open``;
 - they exist but are stopped or not ONLINE: wait within the task's ttl, then ``expired`` (a
   restarting agent picks it up; nothing waits in a dead queue).
-- a step its workflow no longer waits for (cancelled, ended, stopped): ``cancelled``
-  (:mod:`.abandoned`).
+- a step its workflow no longer waits for (cancelled, ended): ``cancelled`` (:mod:`.abandoned`).
 
 A task on a resolve topic (``reach.task.auto``) first gets its intent from its text; when
 that intent is not sure enough for any rule it goes to the ``below`` destination, by default
@@ -357,7 +356,8 @@ class Router:
         waited_s = 0.0
         while (wait_s := self.limiter.topic_wait(task.topic, task.caller)) > 0:
             if waited_s + wait_s > self.limiter.config.wait_s:
-                await self.reject(task, "rate_limited", self.limiter.topic_refusal(task.topic))
+                why, retry_ms = self.limiter.topic_refusal(task.topic, task.caller)
+                await self.reject(task, "rate_limited", why, retry_after_ms=retry_ms)
                 return False
             await asyncio.sleep(wait_s)
             waited_s += wait_s

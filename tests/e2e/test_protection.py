@@ -467,8 +467,9 @@ async def test_a_topic_token_bucket_limits_intake(broker, start_coordinator, wat
         await all_completed(watcher, free)
     rejected = _rejected(watcher, sent)
     assert watcher.count("completed", sent) == 3 and len(rejected) == 17
-    why = "topic 'work' is over its rate (0.1/s, burst 3)"
+    why = "topic 'work' is over its rate (0.1/s, burst 3, per coordinator replica)"
     assert all(d.error and d.error.message == why for d in rejected)
+    assert all(d.error and d.error.retry_after_ms for d in rejected)
 
 
 async def test_a_caller_over_a_topics_rate_keeps_no_other_caller_out(

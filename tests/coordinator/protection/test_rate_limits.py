@@ -3,6 +3,8 @@ other caller out, and the rate nobody else wants still goes to whoever asks."""
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import Counter
 from collections.abc import Callable
 
@@ -29,28 +31,37 @@ def admitted(
     limit: RateLimit = TOPIC,
     *,
     named: Callable[[str | None], str | None] = lambda caller: caller,
+    wait_s: float = 0.1,
 ) -> tuple[Counter[str | None], Counter[str | None]]:
-    """Each caller asks at its pace (tasks a second, evenly spaced) for ``seconds``, under the
-    name ``named`` gives it, and takes no for an answer (the intake's ``wait_s`` of 0):
-    (admitted, refused) per caller."""
+    """Each caller asks at its pace (tasks a second, evenly spaced, out of step with the
+    others) for ``seconds``, under the name ``named`` gives it; a task waits as the intake
+    does (for the token, within ``wait_s``). (admitted, refused) per caller."""
     clock = Clock()
-    limiter = RateLimiter(RateLimits(topics={"t": limit}), clock)
+    limiter = RateLimiter(RateLimits(topics={"t": limit}, wait_s=wait_s), clock)
     asks = [
-        (n / pace, caller) for caller, pace in paces.items() for n in range(int(seconds * pace))
+        ((n + k / len(paces)) / pace, n * len(paces) + k, caller, 0.0)
+        for k, (caller, pace) in enumerate(paces.items())
+        for n in range(int(seconds * pace))
     ]
+    heapq.heapify(asks)
     granted, refused = Counter[str | None](), Counter[str | None]()
-    for at, caller in sorted(asks, key=lambda ask: ask[0]):
+    while asks:
+        at, order, caller, waited_s = heapq.heappop(asks)
         clock.now = at
-        if limiter.topic_wait("t", named(caller)) == 0.0:
+        wait_s = limiter.topic_wait("t", named(caller))
+        if wait_s == 0.0:
             granted[caller] += 1
-        else:
+        elif waited_s + wait_s > limiter.config.wait_s:
             refused[caller] += 1
+        else:
+            wait_s = max(wait_s, 0.001)  # the intake's sleep takes at least a while too
+            heapq.heappush(asks, (at + wait_s, order, caller, waited_s + wait_s))
     return granted, refused
 
 
 def test_a_caller_alone_may_take_the_topics_whole_rate():
     granted, _ = admitted({"heavy": 90}, seconds=10)
-    assert granted["heavy"] == pytest.approx(50 * 10 + 10, abs=2)  # the rate and the burst
+    assert granted["heavy"] == pytest.approx(50 * 10 + 10, abs=6)  # the rate and the burst
 
 
 def test_a_caller_over_the_rate_keeps_no_other_caller_out():
@@ -64,8 +75,11 @@ def test_a_caller_over_the_rate_keeps_no_other_caller_out():
 
 def test_one_bucket_for_everyone_refused_the_second_caller():
     """The same shape through one bucket for everyone, as before the shares."""
-    _, refused = admitted({"heavy": 90, "light": 20}, seconds=10, named=lambda _: "everyone")
+    paces = {"heavy": 90.0, "light": 20.0}
+    _, refused = admitted(paces, 10, named=lambda _: "everyone", wait_s=0)
     assert refused["light"] > 50
+    _, refused = admitted(paces, 10, wait_s=0)  # a name each: the same without waiting
+    assert refused["light"] == 0
 
 
 def test_callers_over_the_rate_share_it_equally():
@@ -78,6 +92,16 @@ def test_the_rate_another_caller_leaves_goes_to_whoever_asks():
     """40/s and 5/s against 50/s: both fit, though 40 is over an equal share (25/s)."""
     _, refused = admitted({"a": 40, "b": 5}, seconds=10)
     assert refused == Counter()
+
+
+def test_more_callers_than_the_burst_still_leave_their_unused_rate_to_others():
+    """An outside trial: twelve callers at 0.7/s beside one at 90/s, burst 10. The reserve
+    was the burst's part of the eleven others, more than the burst: the heavy caller was
+    held to its share, and the topic admitted 12.7/s of its 50/s."""
+    paces: dict[str | None, float] = {f"light-{n}": 0.7 for n in range(12)}
+    granted, refused = admitted({**paces, "heavy": 90}, seconds=20)
+    assert sum(refused[c] for c in paces) == 0
+    assert granted["heavy"] / 20 > 35  # 50/s less the others' 8.4/s, less what rounding loses
 
 
 def test_an_operators_bare_subject_is_one_caller_among_the_others():
@@ -111,12 +135,20 @@ def test_a_burst_too_small_for_a_reserve_still_shares():
     assert 0 < granted["a"] <= 25 * 10 + 1  # its share at most
 
 
-def test_a_refusal_says_the_rate_and_the_share():
+def test_a_refusal_says_the_rate_or_the_share_and_when_to_send_again():
     clock = Clock()
     bucket = TopicBucket(RateLimit(rate=20, burst=4), clock)
-    assert bucket.take("a") == 0.0
-    assert bucket.refusal("t") == "topic 't' is over its rate (20/s, burst 4)"
-    bucket.take("b")
-    assert bucket.refusal("t") == (
-        "topic 't' is over its rate (20/s, burst 4), shared by 2 callers now: 10/s each"
+    for _ in range(4):
+        assert bucket.take("a") == 0.0
+    assert bucket.take("a") == pytest.approx(0.05)
+    assert bucket.refusal("t", "a") == (
+        "topic 't' is over its rate (20/s, burst 4, per coordinator replica)",
+        50,
+    )
+    assert bucket.take("b") == pytest.approx(0.05)  # within its share: the topic is empty
+    assert bucket.take("a") == math.inf  # past its share while "b" asks: refused at once
+    assert bucket.refusal("t", "a") == (
+        "caller 'a' is past its share of topic 't''s rate (20/s, burst 4, per coordinator"
+        " replica): shared by 2 callers now, 10/s and a burst of 2 each",
+        100,
     )
