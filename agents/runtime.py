@@ -48,6 +48,8 @@ log = get_logger("agents")
 
 FETCH_WAIT_S = 0.5
 PRESENCE_CHECK_S = 0.5
+# A stop waits this long for a lost connection to come back to mark the card stopped.
+STOP_RECONNECT_S = 1.0
 CARD_CHECK_S = 1.0  # how soon after a reconnect the card is looked for (reconnects are counted)
 CARD_LOOK_BEATS = 4  # and every this many heartbeat intervals: deleted or overwritten by hand
 # Deliveries held per slot: while a handler runs, the next task of its slot is in hand and
@@ -157,8 +159,15 @@ class AgentRuntime:
         await self._announce_drain()
         await drain(list(self._in_flight), self.agent.drain_timeout, self.agent.agent_id)
         await _finish(self._duties, 0)
-        with contextlib.suppress(BrokerError):
-            await self._retire()
+        if await self.broker.connected_within(STOP_RECONNECT_S):
+            with contextlib.suppress(BrokerError):
+                await self._retire()
+        else:  # each write would wait for the connection: a stop took 7 s
+            log.warning(
+                "NATS is unreachable: stopping without marking the card stopped; the"
+                " coordinator will judge this agent gone by its missing heartbeats",
+                agent_id=self.agent.agent_id,
+            )
         if self._presence is not None:
             await self._presence.stop()
         self._closed.set()
@@ -275,7 +284,7 @@ class AgentRuntime:
         """Card ``draining`` while running handlers finish: the coordinator routes nothing
         more here, and moves at once what this process had not started (else it waited in
         the queue for the whole drain)."""
-        if not self._in_flight or self._registered is None:
+        if not self._in_flight or self._registered is None or not self.broker.connected:
             return
         with contextlib.suppress(BrokerError):
             if marked := await mark_card(self.broker, self._registered, "draining"):

@@ -366,6 +366,14 @@ class Broker:
         with translated():
             await self.nc.flush(timeout=timeout)
 
+    async def connected_within(self, within_s: float) -> bool:
+        """Whether the connection is up, or comes back within ``within_s``."""
+        try:
+            await self.nc.connected_within(within_s)
+        except (nats.errors.TimeoutError, nats.errors.ConnectionClosedError):
+            return False
+        return True
+
     @property
     def connected(self) -> bool:
         """Whether the connection is up now (it may be reconnecting)."""

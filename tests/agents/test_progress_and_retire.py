@@ -13,6 +13,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.broker import Broker, EmbeddedServer, Topology, provision
 from agentreach.broker.embedded import PID_FILE
 from agentreach.broker.lifecycle import trace_of
 from agentreach.envelopes import AgentCard, Budget, Execution, Heartbeat, execution_key
@@ -183,6 +184,25 @@ async def test_stop_marks_its_own_card_stopped_and_deletes_its_heartbeat(broker)
     card = await cards.get(agent.agent_id)
     assert card is not None and card.value.status == "stopped"
     assert await beats.get(agent.agent_id) is None
+
+
+async def test_a_stop_while_the_server_is_away_waits_a_second_for_it_not_each_write(tmp_path):
+    """Stopped while its server is away (a SIGTERM during an outage), an agent's last writes
+    (the card stopped, the heartbeat deleted) each waited 5 s for the connection: the stop
+    took 7 s (an outside trial). It now waits a second for the connection, then stops and
+    says why."""
+    agent = Agent("away-1", startup_delay=0)
+    agent.handler("noop")(lambda ctx, payload: None)
+    async with EmbeddedServer(port=-1, store_dir=tmp_path / "nats") as server:
+        async with Broker(server.url, name="provisioner") as own:
+            await provision(own, Topology.default(own.names))
+        async with agent.running(server.url) as runtime:
+            await server.stop()
+            with capture_logs() as logs:
+                async with asyncio.timeout(4):  # 7 s before
+                    await runtime.stop()
+    said = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert any(line.startswith("NATS is unreachable: stopping without marking") for line in said)
 
 
 async def test_a_handler_longer_than_the_ack_wait_is_not_redelivered(broker, coordinator):
