@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import time
@@ -21,6 +22,9 @@ from agentreach.broker.claim_check import DEFAULT_THRESHOLD as DEFAULT_CLAIM_CHE
 from agentreach.broker.connection import connected
 from agentreach.envelopes import AgentCard, Intent, RateLimit, is_token
 from agentreach.envelopes.registry import MAX_HEARTBEAT_INTERVAL_S
+from agentreach.logs import get_logger
+
+log = get_logger("agents")
 
 Handler = Callable[..., Any]
 # The decorated function itself, as declared: `@agent.handler` keeps its type for checkers
@@ -223,12 +227,45 @@ class Agent:
         """Serve until cancelled, or (``on_signals``, in the main thread) until SIGTERM or
         SIGINT, which stop it as ``reach agent`` does: running handlers get ``drain_timeout``
         (a program's own ``asyncio.run(agent.run())`` died mid-handler on SIGTERM, its task
-        expiring). Raises AgentIdInUse when a newer process of the id fenced this one out."""
-        async with self.running(nats_url, auth=auth) as runtime:
-            with stopped_by_signals(runtime.stop, on_signals):
-                await runtime.wait_closed()
+        expiring); one before it serves (while it waits for NATS) ends it too, returning.
+        Raises AgentIdInUse when a newer process of the id fenced this one out."""
+        starting = _Starting()
+        with stopped_by_signals(starting.stop, on_signals):
+            try:
+                async with self.running(nats_url, auth=auth) as runtime:
+                    starting.runtime = runtime
+                    await runtime.wait_closed()
+            except asyncio.CancelledError:
+                if not starting.cancelled():  # not by a signal: the caller's cancellation
+                    raise
+                log.info("stopped before it served", agent_id=self.agent_id)
+                return
         if runtime.replaced.is_set():
             raise runtime.replaced_error()
+
+
+class _Starting:
+    """What a signal stops: the runtime once it serves; before (while it waits for NATS, or
+    registers), the start itself. Ctrl-C then ended a program's ``agent.run()`` with a
+    traceback, and SIGTERM killed it by the signal (an outside trial)."""
+
+    def __init__(self) -> None:
+        self.runtime: AgentRuntime | None = None
+        self._task = asyncio.current_task()
+        self._cancelled = False
+
+    async def stop(self) -> None:
+        if self.runtime is not None:
+            await self.runtime.stop()
+        elif self._task is not None:
+            self._cancelled = True
+            self._task.cancel()
+
+    def cancelled(self) -> bool:
+        """Whether a signal cancelled the start (the cancellation is then taken back)."""
+        if self._cancelled and self._task is not None:
+            self._task.uncancel()
+        return self._cancelled
 
 
 def _checked_tags(tags: Mapping[str, str] | None) -> dict[str, str]:

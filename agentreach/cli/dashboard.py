@@ -36,6 +36,7 @@ def register(commands: Commands) -> None:
             " http://127.0.0.1:8765/?token=…",
             "reach dashboard --access-token-file ~/.reach/dashboard-token  # one token, kept",
         ),
+        serves=True,
     )
     dashboard.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this host)"

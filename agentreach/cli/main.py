@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.metadata
 import os
+import signal
 import sys
+from collections.abc import Iterator
 
 from agentreach.cli import (
     agents,
@@ -24,7 +27,14 @@ from agentreach.cli import (
     trace,
     workflows,
 )
-from agentreach.cli.exit_codes import FAILED, INTERRUPTED, OUTCOME_UNKNOWN, USAGE, OutcomeUnknown
+from agentreach.cli.exit_codes import (
+    FAILED,
+    INTERRUPTED,
+    OK,
+    OUTCOME_UNKNOWN,
+    USAGE,
+    OutcomeUnknown,
+)
 from agentreach.cli.logs import configure_logging
 from agentreach.cli.options import Commands, MissingArgument, OneLineParser
 from agentreach.cli.terminal import shown_output
@@ -74,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        code = asyncio.run(args.command(args))
+        with _terminated_as_interrupted(args.serves):
+            code = asyncio.run(args.command(args))
         sys.stdout.flush()  # a short output is written here, not by print: into the pipe too
         return code
     except MissingArgument as exc:  # said as argparse says its own: the command, its help
@@ -84,8 +95,8 @@ def _run(args: argparse.Namespace) -> int:
     except ReachError as exc:
         print(f"reach: error: {exc}", file=sys.stderr)
         return OUTCOME_UNKNOWN if isinstance(exc, OutcomeUnknown) else FAILED
-    except KeyboardInterrupt:
-        return INTERRUPTED
+    except KeyboardInterrupt:  # before a service took its signals over: it stopped starting
+        return OK if args.serves else INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`reach … | head`): nothing more to say, and no traceback.
         # Python would fail again flushing stdout at exit, so it goes to /dev/null.
@@ -115,3 +126,18 @@ def _version() -> str:
         return importlib.metadata.version("agentreach")
     except importlib.metadata.PackageNotFoundError:
         return "0+unknown"
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted(serves: bool) -> Iterator[None]:
+    """For a service: SIGTERM before it takes its signals over (while it waits for NATS)
+    stops it as Ctrl-C does, unwinding (asyncio.run cancels the command), and it exits 0;
+    the signal's default killed it (143, against the README's 0 once stopped)."""
+    if not serves:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -48,10 +48,17 @@ class Commands:
         self.parsers: dict[str, argparse.ArgumentParser] = {}
 
     def add(
-        self, name: str, run: Command, help: str, *, example: str | tuple[str, ...] = ()
+        self,
+        name: str,
+        run: Command,
+        help: str,
+        *,
+        example: str | tuple[str, ...] = (),
+        serves: bool = False,
     ) -> argparse.ArgumentParser:
         """A command; ``example`` is shown under its --help (tests insist every command has
-        one)."""
+        one). One that ``serves`` runs until stopped, and exits 0 when stopped by a signal,
+        even before it started serving (waiting for NATS)."""
         examples = (example,) if isinstance(example, str) else example
         epilog = None
         if examples:
@@ -66,7 +73,7 @@ class Commands:
             epilog=epilog,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        parser.set_defaults(command=run, command_parser=parser)
+        parser.set_defaults(command=run, command_parser=parser, serves=serves)
         self.parsers[name] = parser
         return parser
 

@@ -70,6 +70,7 @@ def register(commands: Commands) -> None:
         cmd_up,
         "run the coordinator, with an embedded nats-server unless a URL",
         example="reach up --config deploy/coordinator/coordinator.yaml",
+        serves=True,
     )
     embedded_server_options(up, UP_PORT, store=NATS_STORE)
     up.add_argument(
@@ -103,6 +104,7 @@ def register(commands: Commands) -> None:
         cmd_coordinator,
         "run a coordinator replica",
         example="reach coordinator --nats-url nats://10.0.0.5:4222 --metrics-port 9465",
+        serves=True,
     )
     for parser in (up, coordinator):
         coordinator_options(parser)
@@ -112,6 +114,7 @@ def register(commands: Commands) -> None:
         cmd_agent,
         "serve an Agent object: MODULE:OBJECT",
         example="reach agent agentreach.examples.summarize:agent",
+        serves=True,
     )
     agent.add_argument(
         "target", metavar="MODULE:OBJECT", help="the module and the Agent in it (cwd importable)"

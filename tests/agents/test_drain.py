@@ -7,9 +7,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+
+import pytest
 
 from agentreach.agents import ReachClient
 from agentreach.broker import Broker, EmbeddedServer, Topology, provision
@@ -99,3 +102,39 @@ async def test_a_second_signal_ends_a_stop_that_waits(tmp_path: Path) -> None:
         assert process.returncode is None
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 10) == -signal.SIGTERM
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signal_while_waiting_for_nats_ends_run_without_a_traceback(tmp_path, sig):
+    """Before it serves (here: no server yet), a signal ended a program's ``agent.run()``
+    with the signal (SIGTERM) or a KeyboardInterrupt traceback (Ctrl-C): an outside trial.
+    Now ``run()`` returns, and the program goes on to its end."""
+    script = tmp_path / "own.py"
+    script.write_text(SCRIPT)
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        url = f"nats://127.0.0.1:{unused.getsockname()[1]}"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    said: list[bytes] = []
+    try:
+        async with asyncio.timeout(30):
+            while not said or b"waiting for NATS" not in said[-1]:
+                said.append(await process.stdout.readline())
+                assert said[-1], said
+            process.send_signal(sig)
+            said.append(await process.stdout.read())
+            await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    out = b"".join(said).decode()
+    assert process.returncode == 0, out
+    assert "Traceback" not in out and out.rstrip().endswith("EXITED"), out

@@ -974,6 +974,28 @@ async def test_a_coordinator_waiting_for_nats_answers_its_probes():
     assert ready == (503, "not ready: not connected to NATS\n")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("command", ["agent", "coordinator"])
+async def test_a_service_waiting_for_nats_stops_on_a_signal_with_0(command, sig):
+    """The README: `reach agent` and `reach coordinator` exit 0 once stopped by Ctrl-C or
+    SIGTERM. While they waited for NATS (before they took their signals over), an outside
+    trial saw SIGTERM kill them (143) and Ctrl-C end them with 130."""
+    url = f"nats://127.0.0.1:{_free_port()}"
+    argv = {
+        "agent": ("agent", "agentreach.examples.summarize:agent", "--nats-url", url),
+        "coordinator": ("coordinator", "--nats-url", url, "--metrics-port", "-1"),
+    }[command]
+    process = await started_until(reach_command(), *argv, said=b"waiting for NATS")
+    try:
+        process.send_signal(sig)
+        await asyncio.wait_for(process.wait(), 30)
+    finally:
+        if process.returncode is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+    assert process.returncode == 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
