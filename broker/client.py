@@ -53,6 +53,7 @@ class Client(_NatsClient):
     """nats-py's client, parsing headers as it does, faster."""
 
     trying: ParseResult | None = None  # the server of the current connect attempt
+    tcp_taken = False  # and whether it took the attempt's connection
     answer_wait_s = ANSWER_WAIT_S
     _reconnected: asyncio.Event | None = None  # clear while a reconnect runs
     _given_up = False  # closed by its owner (not between nats-py's own attempts)
@@ -132,7 +133,7 @@ class Client(_NatsClient):
 
     async def _connect_to_server(self, s: Any) -> None:
         self._stop_if_given_up()
-        self.trying = s.uri
+        self.trying, self.tcp_taken = s.uri, False
         if s.uri.scheme in ("ws", "wss"):
             await super()._connect_to_server(s)
         else:  # nats-py's own steps for TCP, with our transport (it would make its own)
@@ -144,6 +145,7 @@ class Client(_NatsClient):
                 buffer_size=DEFAULT_BUFFER_SIZE,
                 connect_timeout=self.options["connect_timeout"],
             )
+        self.tcp_taken = True
         self._stop_if_given_up()
 
     def _stop_if_given_up(self) -> None:

@@ -44,6 +44,13 @@ class FailedAttempts:
         """One failed attempt, reported to the error callback while ``client`` connects."""
         trying = self._client.trying
         said = _explained(exc, trying, self._auth)
+        if isinstance(exc, TimeoutError) and self._client.tcp_taken:
+            wait_s = self._client.options.get("connect_timeout", 2)
+            said = (
+                f"the port took the connection but sent no NATS greeting within {wait_s:g} s"
+                " (is it a NATS server's client port, and is that server well? one that wants"
+                " TLS first needs --tls-first)"
+            )
         if self._several and trying is not None:
             said = f"{redacted(trying.geturl())}: {said}"
         if said not in self._said:

@@ -194,6 +194,27 @@ async def test_a_first_connect_names_every_seed_that_failed():
         assert f"('127.0.0.1', {port})" in reason
 
 
+async def test_a_port_that_takes_the_connection_and_says_nothing_is_named_so():
+    """Not a NATS port (another service, a hung server, one that wants TLS first): the error
+    said only `TimeoutError` (an outside trial)."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    listener = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(ConnectError) as raised:
+            async with Broker(f"nats://127.0.0.1:{port}", connect_timeout=0.3):
+                pass
+    finally:
+        listener.close()
+    assert "the port took the connection but sent no NATS greeting within 0.3 s" in str(
+        raised.value
+    )
+
+
 async def test_a_snapshot_taken_at_once_never_misses_values_still_on_their_way(broker):
     """A watch begun beside a busy server: the values it finds pending reach its snapshot,
     even when the server answers 'nothing pending' before its deliveries arrive."""
