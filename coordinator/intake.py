@@ -14,7 +14,8 @@ from agentreach.broker.dead_letters import RAW_KEPT, dead_letter
 from agentreach.broker.lifecycle import reply
 from agentreach.broker.names import COORDINATOR
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
-from agentreach.coordinator.protection.quotas import CallerQuotas, UnheardRefusals
+from agentreach.coordinator.protection.quotas import CallerQuotas
+from agentreach.coordinator.protection.rate_limits import UnheardRefusals
 from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.coordinator.routing.priorities import PriorityAllowances
 from agentreach.coordinator.routing.router import Router
@@ -82,7 +83,7 @@ class Intake:
         self._claim_check = claim_check or ClaimCheck(broker)
         self._priorities = priorities or PriorityAllowances()  # none enforced unless given
         self._shadowing: set[str] = set()  # workflows said to take an intent agents serve
-        self._unheard = UnheardRefusals()
+        self._unheard = UnheardRefusals("its quota")
         self._server_answers = ServerAnswers()
 
     async def handle(self, msg: Delivery) -> float | None:

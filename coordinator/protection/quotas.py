@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,14 +26,12 @@ import msgspec
 import structlog
 
 from agentreach.broker import Broker, Bucket, Contended, Entry
-from agentreach.coordinator.protection.rate_limits import RateLimits, TokenBucket
-from agentreach.envelopes import QuotaRecord, RateLimit, Task, is_token, now_ms
-from agentreach.logs import RepeatedLines
+from agentreach.coordinator.protection.rate_limits import RateLimits
+from agentreach.envelopes import QuotaRecord, RateLimit, is_token, now_ms
 
 log = structlog.get_logger("coordinator.quotas")
 
 KEPT = 10_000  # callers whose record this replica keeps (the least recent go first)
-UNLETTERED_SAID_EVERY_S = 60.0
 
 
 def refilled(record: QuotaRecord | None, limit: RateLimit, at_ms: int) -> QuotaRecord:
@@ -165,39 +162,3 @@ class CallerQuotas:
             names = self._broker.names
             self._bucket = await self._broker.bucket(names.quotas_bucket, QuotaRecord)
         return self._bucket
-
-
-class UnheardRefusals:
-    """Which quota refusals are dead-lettered: those of a task without a reply address,
-    whose caller would hear of the refusal from nobody (fire and forget, `reach publish`,
-    `nats pub`); a caller that waits for a reply hears it, and sends again after
-    ``retry_after_ms``. At most at the quota's own pace per caller and replica: a caller
-    flooding far past its quota must not fill REACH_DLQ, whose room every other letter needs;
-    the refusals past that pace are ``rejected`` events alone, and said once a minute."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._letters: OrderedDict[str, TokenBucket] = OrderedDict()
-        self._said = RepeatedLines(UNLETTERED_SAID_EVERY_S)
-
-    def letter(self, task: Task, limit: RateLimit) -> bool:
-        """Whether ``task``'s refusal is dead-lettered (its caller was over ``limit``)."""
-        if task.reply_to is not None or task.caller is None:
-            return False
-        bucket = self._letters.get(task.caller)
-        if bucket is None:
-            bucket = self._letters[task.caller] = TokenBucket(limit.rate, limit.burst, self._clock)
-            if len(self._letters) > KEPT:
-                self._letters.popitem(last=False)
-        self._letters.move_to_end(task.caller)
-        if bucket.take() == 0.0:
-            return True
-        if (times := self._said.due(task.caller)) is not None:
-            log.warning(
-                "caller floods past its quota without a reply address: its refusals past the"
-                " quota's pace are rejected events only, not dead letters",
-                caller=task.caller,
-                rate=limit.rate,
-                since_last=times,
-            )
-        return False

@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 
 import msgspec
 
 from agentreach.coordinator.units import NonNegativeSeconds
-from agentreach.envelopes import AgentCard, RateLimit
+from agentreach.envelopes import AgentCard, RateLimit, Task
 from agentreach.envelopes.messages import Token
+from agentreach.logs import RepeatedLines, get_logger
+
+log = get_logger("coordinator.rate_limits")
 
 # The quota of every caller not named in ``RateLimits.callers``.
 DEFAULT_CALLER = "default"
+KEPT_LETTER_PACES = 10_000  # callers whose pace of dead letters is kept (least recent go)
+UNLETTERED_SAID_EVERY_S = 60.0
 
 
 class RateLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -159,6 +165,7 @@ class RateLimiter:
         self._clock = clock
         self._topics: dict[str, TopicBucket] = {}
         self._agents: dict[str, tuple[RateLimit, TokenBucket]] = {}
+        self._unheard = UnheardRefusals("a topic's rate", clock)
 
     def topic_wait(self, topic: str, caller: str | None = None) -> float:
         """Take a token of ``topic`` for ``caller`` (None: an operator's bare subject): 0.0
@@ -171,9 +178,11 @@ class RateLimiter:
             bucket = self._topics[topic] = TopicBucket(limit, self._clock)
         return bucket.take(caller)
 
-    def topic_refusal(self, topic: str, caller: str | None) -> tuple[str, int]:
-        """Why :meth:`topic_wait` refused a task, and in how many ms it may be sent again."""
-        return self._topics[topic].refusal(topic, caller)
+    def topic_refusal(self, task: Task) -> tuple[str, int, bool]:
+        """Why :meth:`topic_wait` refused ``task``, in how many ms it may be sent again, and
+        whether the refusal is dead-lettered (see :class:`UnheardRefusals`)."""
+        why, retry_ms = self._topics[task.topic].refusal(task.topic, task.caller)
+        return why, retry_ms, self._unheard.letter(task, self.config.topics[task.topic])
 
     def agent_wait(self, card: AgentCard, *, take: bool) -> float:
         """Seconds until ``card``'s agent may take a task (0.0: now); ``take`` spends the token."""
@@ -188,3 +197,42 @@ class RateLimiter:
             )
         bucket = known[1]
         return bucket.take() if take else bucket.wait()
+
+
+class UnheardRefusals:
+    """Which refusals for a rate (a caller's quota, a topic's rate) are dead-lettered: those
+    of a task without a reply address, whose caller would hear of the refusal from nobody
+    (fire and forget, `reach publish`, `nats pub`); a caller that waits for a reply hears it,
+    and sends again after ``retry_after_ms``. At most at the rate's own pace per caller and
+    replica: a caller flooding far past it must not fill REACH_DLQ, whose room every other
+    letter needs; the refusals past that pace are ``rejected`` events alone, and said once a
+    minute."""
+
+    def __init__(self, over: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._over = over  # what the callers flood past: "its quota", "a topic's rate"
+        self._clock = clock
+        self._letters: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._said = RepeatedLines(UNLETTERED_SAID_EVERY_S)
+
+    def letter(self, task: Task, limit: RateLimit) -> bool:
+        """Whether ``task``'s refusal is dead-lettered (its caller was over ``limit``)."""
+        if task.reply_to is not None:
+            return False
+        caller = task.caller or ""  # the operators' bare subject: one pace for them all
+        bucket = self._letters.get(caller)
+        if bucket is None:
+            bucket = self._letters[caller] = TokenBucket(limit.rate, limit.burst, self._clock)
+            if len(self._letters) > KEPT_LETTER_PACES:
+                self._letters.popitem(last=False)
+        self._letters.move_to_end(caller)
+        if bucket.take() == 0.0:
+            return True
+        if (times := self._said.due(caller)) is not None:
+            log.warning(
+                f"caller floods past {self._over} without a reply address: its refusals past"
+                " that pace are rejected events only, not dead letters",
+                caller=task.caller,
+                rate=limit.rate,
+                since_last=times,
+            )
+        return False

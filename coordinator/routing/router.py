@@ -356,8 +356,8 @@ class Router:
         waited_s = 0.0
         while (wait_s := self.limiter.topic_wait(task.topic, task.caller)) > 0:
             if waited_s + wait_s > self.limiter.config.wait_s:
-                why, retry_ms = self.limiter.topic_refusal(task.topic, task.caller)
-                await self.reject(task, "rate_limited", why, retry_after_ms=retry_ms)
+                why, ms, letter = self.limiter.topic_refusal(task)
+                await self.reject(task, "rate_limited", why, retry_after_ms=ms, dead_letter=letter)
                 return False
             await asyncio.sleep(wait_s)
             waited_s += wait_s
