@@ -131,13 +131,18 @@ def _version() -> str:
 @contextlib.contextmanager
 def _terminated_as_interrupted(serves: bool) -> Iterator[None]:
     """For a service: SIGTERM before it takes its signals over (while it waits for NATS)
-    stops it as Ctrl-C does, unwinding (asyncio.run cancels the command), and it exits 0;
-    the signal's default killed it (143, against the README's 0 once stopped)."""
+    stops it as Ctrl-C does, and it exits 0; the signal's default killed it (143, against
+    the README's 0 once stopped). A KeyboardInterrupt of its own, not a SIGINT raised: a
+    process started with SIGINT ignored (a background job, a test runner's) keeps it so."""
     if not serves:
         yield
         return
-    previous = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    previous = signal.signal(signal.SIGTERM, _interrupted)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -57,10 +57,16 @@ async def run(
 
 
 async def started_until(
-    *argv: str | Path, said: bytes, env: dict[str, str] | None = None, timeout: float = 30.0
+    *argv: str | Path,
+    said: bytes,
+    env: dict[str, str] | None = None,
+    timeout: float = 30.0,
+    as_from_a_terminal: bool = False,
 ) -> asyncio.subprocess.Process:
     """Start a long-running command (its own session) and return once its log said
-    ``said``; the caller stops it (``os.killpg(process.pid, ...)``)."""
+    ``said``; the caller stops it (``os.killpg(process.pid, ...)``). ``as_from_a_terminal``:
+    with SIGINT not ignored, whatever this process's (an xdist worker ignores it, and a
+    child inherits that)."""
     process = await asyncio.create_subprocess_exec(
         *map(str, argv),
         stdin=asyncio.subprocess.DEVNULL,
@@ -68,6 +74,7 @@ async def started_until(
         stderr=asyncio.subprocess.PIPE,
         env=env,
         start_new_session=True,
+        preexec_fn=_sigint_by_default if as_from_a_terminal else None,
     )
     assert process.stderr is not None
     try:
@@ -127,3 +134,7 @@ def reach_argv(broker, *args: str) -> list[str | Path]:  # type: ignore[no-untyp
         "--log-format",
         "json",
     ]
+
+
+def _sigint_by_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -985,7 +985,9 @@ async def test_a_service_waiting_for_nats_stops_on_a_signal_with_0(command, sig)
         "agent": ("agent", "agentreach.examples.summarize:agent", "--nats-url", url),
         "coordinator": ("coordinator", "--nats-url", url, "--metrics-port", "-1"),
     }[command]
-    process = await started_until(reach_command(), *argv, said=b"waiting for NATS")
+    process = await started_until(
+        reach_command(), *argv, said=b"waiting for NATS", as_from_a_terminal=True
+    )
     try:
         process.send_signal(sig)
         await asyncio.wait_for(process.wait(), 30)
