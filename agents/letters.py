@@ -40,6 +40,9 @@ from agentreach.envelopes.audit import summary_of_task
 # A replay that fails the same way is dead-lettered again: a worker replaying the letters of
 # that reason would replay it without end. Three replays give a slow start time to pass.
 DEFAULT_MAX_REPLAYS = 3
+# Dead letters a search reads at most (REACH_DLQ keeps 30 days of them, however many): at
+# the first 10,000 only, silently, newer letters went unfound by `reach dlq` and the dashboard.
+LETTERS_READ = 200_000
 UNCHANGED: Any = object()  # replay(payload=…) not given: the task's own payload
 
 

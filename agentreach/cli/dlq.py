@@ -15,6 +15,7 @@ from agentreach import envelopes
 from agentreach.agents.errors import LetterSettled, ReplayLimitReached
 from agentreach.agents.letters import (
     DEFAULT_MAX_REPLAYS,
+    LETTERS_READ,
     SETTLING,
     UNCHANGED,
     letter_state,
@@ -128,8 +129,17 @@ async def cmd_dlq(args: argparse.Namespace) -> int:
     names = names_of(args)
     async with broker_of(args) as broker:
         stored = await read_stream(
-            broker, names.dlq_stream, names.dlq(args.reason or "*", args.topic or "*")
+            broker,
+            names.dlq_stream,
+            names.dlq(args.reason or "*", args.topic or "*"),
+            limit=LETTERS_READ,
         )
+        if len(stored) >= LETTERS_READ:
+            print(
+                f"reach: only the oldest {LETTERS_READ:,} dead letters were read; narrow the"
+                " search with --reason or --topic",
+                file=sys.stderr,
+            )
         letters = _readable(stored)
         filtered = args.reason or args.topic
         listing = args.action == "list" or (args.action == "resolve" and not args.id)
@@ -335,7 +345,7 @@ async def _settling_in(
     stored: list[StoredMessage] = []
     with contextlib.suppress(StreamNotFound):  # REACH_SETTLED not provisioned yet
         for kind in SETTLING:
-            stored += await read_stream(broker, stream, of_kind(kind))
+            stored += await read_stream(broker, stream, of_kind(kind), limit=LETTERS_READ)
     settled: dict[str, list[Event]] = {}
     for message in sorted(stored, key=lambda m: m.stream_seq):
         with contextlib.suppress(envelopes.DecodeError):

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from agentreach.agents.errors import LetterSettled, NothingToReplay, ReplayLimitReached
-from agentreach.agents.letters import UNCHANGED, replay, resolve
+from agentreach.agents.letters import LETTERS_READ, UNCHANGED, replay, resolve
 from agentreach.broker import BrokerError, read_stream
 from agentreach.coordinator.observability.http import Request, Response, Streamed
 from agentreach.dashboard.access import Access
@@ -240,7 +240,9 @@ class DashboardApp:
     async def _letter(self, message_id: str) -> Any:
         names = self.board.broker.names
         for stored in reversed(
-            await read_stream(self.board.broker, names.dlq_stream, names.dlq_wildcard)
+            await read_stream(
+                self.board.broker, names.dlq_stream, names.dlq_wildcard, limit=LETTERS_READ
+            )
         ):
             try:
                 letter = decode_dead_letter(stored.data, stored.headers, stored=True)

@@ -3,6 +3,7 @@ aligned."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import msgspec
@@ -369,3 +370,35 @@ async def test_a_replay_keeps_a_long_ttl_of_its_task_or_takes_ttl_ms(broker):
     for argv in (("replay", "short-lived", "--ttl-ms", "0"), ("list", "--ttl-ms", "5000")):
         refused = await reach(broker, "dlq", *argv)
         assert refused.returncode == 1 and "--ttl-ms" in refused.stderr, refused.stderr
+
+
+async def test_a_letter_after_the_first_ten_thousand_is_found(broker):
+    """`reach dlq` read the oldest 10,000 letters only, silently: an outside trial's flood
+    left 14,768, and `show` of a newer one said "no dead letter with message_id"."""
+    names = broker.names
+    subject = names.dlq("rejected", "work")
+
+    def letter(message_id: str) -> bytes:
+        error = ErrorInfo(type="rate_limited", message="over its rate", retryable=True)
+        return envelopes.encode(
+            DeadLetter(
+                v=1,
+                reason="rejected",
+                message_id=message_id,
+                trace_id=message_id,
+                topic="work",
+                error=error,
+            )
+        )
+
+    for start in range(0, 10_050, 500):
+        await asyncio.gather(
+            *(
+                broker.publish(subject, letter(f"old-{n}"), headers=LETTERED)
+                for n in range(start, min(10_050, start + 500))
+            )
+        )
+    await broker.publish(subject, letter("newest-1"), headers=LETTERED)
+    shown = await reach(broker, "dlq", "show", "newest-1")
+    assert shown.returncode == 0, shown.stderr
+    assert "newest-1" in shown.stdout
