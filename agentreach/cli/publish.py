@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 
 from agentreach.agents import DeadlineExceeded, NotAcknowledged, ReachClient, Rejected, TaskFailed
+from agentreach.agents.coordinator_presence import NONE_FOR_S
 from agentreach.cli.exit_codes import OK, OutcomeUnknown
 from agentreach.cli.options import (
     Commands,
@@ -107,7 +108,7 @@ async def cmd_publish(args: argparse.Namespace) -> int:
     if args.count > 1 and (args.wait or args.message_id):
         raise UsageError("--count sends tasks of their own ids: not with --wait or --message-id")
     async with broker_of(args) as broker, ReachClient(broker=broker) as client:
-        running = await coordinators(client.broker)
+        running = await coordinators(client.broker, none_for_s=NONE_FOR_S if args.wait else 0)
         if args.count > 1:
             await _burst(client, args, payload_of)
             return _warned(running)
@@ -184,7 +185,8 @@ async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) 
         free = f", {ack.capacity.free_slots} free slots" if ack.capacity else ""
         # Only an agent names itself: the coordinator acknowledges a workflow it started.
         who = ack.from_agent or "the coordinator: a workflow started"
-        print(f"accepted by {who}{free}", file=sys.stderr, flush=True)
+        # The id too: Ctrl-C from here on leaves an operator only `reach trace ID` to follow it.
+        print(f"accepted by {who}{free} (message {ack.message_id})", file=sys.stderr, flush=True)
 
     def progressed(progress: Progress) -> None:
         print(f"progress: {progress.note or '(still working)'}", file=sys.stderr, flush=True)

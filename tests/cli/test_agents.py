@@ -7,6 +7,7 @@ import asyncio
 from structlog.testing import capture_logs
 
 from agentreach.broker import provision
+from agentreach.cli import status
 from agentreach.cli.agent_rows import breaker_shown, collect
 from agentreach.cli.status import coordinators
 from agentreach.coordinator.routing import allowances
@@ -82,3 +83,30 @@ async def test_a_busy_coordinator_is_not_taken_for_none(broker):
         await sub.unsubscribe()
     assert [status["replica"] for status in found] == ["slow-1"]
     assert nobody_s < 2.5  # told at once, not after the 3 s a first answer may take
+
+
+async def test_none_answering_is_believed_only_when_it_lasts(broker, monkeypatch):
+    """Just after a server restart `reach publish --wait` said no coordinator ran, while one
+    was reconnecting and answered a second later (an outside trial). With ``none_for_s`` a
+    coordinator that begins answering meanwhile is found."""
+    asked = asyncio.Event()
+    real = status.gather_replies
+
+    async def observed(*args, **kwargs):  # type: ignore[no-untyped-def]
+        answers = await real(*args, **kwargs)
+        asked.set()
+        return answers
+
+    monkeypatch.setattr(status, "gather_replies", observed)
+    finding = asyncio.create_task(coordinators(broker, none_for_s=3))
+    await asyncio.wait_for(asked.wait(), 5)  # nobody listened at the first ask
+
+    async def answer(msg) -> None:  # type: ignore[no-untyped-def]
+        await msg.respond(b'{"replica": "late-1"}')
+
+    sub = await broker.nc.subscribe(broker.names.status, cb=answer)
+    try:
+        found = await asyncio.wait_for(finding, 10)
+    finally:
+        await sub.unsubscribe()
+    assert [s["replica"] for s in found] == ["late-1"]

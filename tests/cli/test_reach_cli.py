@@ -119,12 +119,16 @@ async def test_a_trace_named_like_an_agent_shows_no_events_of_that_agent(
 
 
 async def test_publish_wait_prints_the_result(broker, coordinator):
-    """`reach publish --wait` prints the handler's result."""
+    """`reach publish --wait` prints the handler's result, and on stderr who accepted which
+    message (an operator's Ctrl-C during the wait then still knows what to follow)."""
     async with worker().running(broker=broker):
-        done = await reach(broker, "publish", "count", '{"items": [1, 2, 3]}', "--wait")
+        done = await reach(
+            broker, "publish", "count", '{"items": [1, 2, 3]}', "--wait", "--message-id", "m-1"
+        )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"n": 3}
-    assert "accepted by cli-reach-worker" in done.stderr
+    assert "accepted by cli-reach-worker, " in done.stderr
+    assert "(message m-1)" in done.stderr
 
 
 async def test_publish_takes_a_payload_larger_than_an_argument_from_a_file_or_stdin(
