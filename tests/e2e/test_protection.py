@@ -502,7 +502,10 @@ async def test_a_caller_over_a_topics_rate_keeps_no_other_caller_out(
 
         flooding = asyncio.create_task(flood())
         refused: list[str] = []
-        await asyncio.sleep(0.3)  # the flood is under way: the bucket is empty
+        await watcher.until(  # the flood emptied the bucket: its tasks are refused
+            lambda: any(e.event in ("rejected", "dead_lettered") for e in watcher.events) or None,
+            "a flood's task refused",
+        )
         for i in range(12):  # about 6 a second: within a share of 10
             try:
                 await light.invoke("work", {"i": i})
