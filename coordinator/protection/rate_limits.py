@@ -112,9 +112,12 @@ class TopicBucket:
             if (wait_s := bucket.take()) == 0.0:
                 share.take()
             return wait_s
-        # Past its share: only the tokens above what the others may need at once.
+        # Past its share: only the tokens above what the others may need at once, kept a
+        # token below the burst (else only a full bucket gave any: refills that came while
+        # it was full were lost, a tenth of the rate with twelve callers, an outside trial).
         capacity = bucket.capacity
-        reserve = min(max(1.0, capacity * (callers - 1) / callers), capacity - 1)
+        room = 2.0 if capacity >= 3 else 1.0
+        reserve = min(max(1.0, capacity * (callers - 1) / callers), capacity - room)
         if reserve >= 1.0 and bucket.take(need=1 + reserve) == 0.0:
             return 0.0
         return math.inf
@@ -128,9 +131,8 @@ class TopicBucket:
         if callers > 1 and share is not None and (wait_s := share.wait()) > 0:
             who = "the operators' bare subject" if caller is None else f"caller {caller!r}"
             why = (
-                f"{who} is past its share of topic {topic!r}'s rate ({limit}): shared by"
-                f" {callers} callers now, {rate / callers:g}/s and a burst of"
-                f" {share.capacity:g} each"
+                f"{who} is past its share of the rate of topic {topic!r} ({limit}): shared"
+                f" by {callers} callers now, {rate / callers:.3g}/s each"
             )
         else:
             why, wait_s = f"topic {topic!r} is over its rate ({limit})", self._bucket.wait()
@@ -148,8 +150,11 @@ class TopicBucket:
         return len(self._asked)
 
     def _share(self, caller: str | None, callers: int) -> TokenBucket:
+        """``caller``'s share: at least 2 tokens of burst, or a caller asking more often than
+        its share refills would lose what came between (a third of it at 10/s, share 4.2/s);
+        the topic's own bucket still bounds them all."""
         share = self._shares.get(caller)
-        rate, burst = self._bucket.rate / callers, max(1.0, self._bucket.capacity / callers)
+        rate, burst = self._bucket.rate / callers, max(2.0, self._bucket.capacity / callers)
         if share is None:
             share = self._shares[caller] = TokenBucket(rate, burst, self._clock)
         share.wait()  # refilled at the rate it had until now
@@ -231,7 +236,7 @@ class UnheardRefusals:
             log.warning(
                 f"caller floods past {self._over} without a reply address: its refusals past"
                 " that pace are rejected events only, not dead letters",
-                caller=task.caller,
+                caller=task.caller if task.caller is not None else "(the bare subject)",
                 rate=limit.rate,
                 since_last=times,
             )
