@@ -242,32 +242,14 @@ class Intake:
             f"caller {over.caller!r} is over its quota {over.quota!r} "
             f"({limit.rate:g}/s, burst {limit.burst}); retry in {over.retry_after_ms} ms"
         )
-        await self._router.reject(
+        await self._router.over_rate(
             task,
-            "rate_limited",
             why,
-            retry_after_ms=over.retry_after_ms,
-            dead_letter=False,
+            over.retry_after_ms,
+            letter=decoded and self._unheard.letter(task, limit),
             caller=over.caller,
             quota={"name": over.quota, "rate": limit.rate, "burst": limit.burst},
         )
-        if decoded and self._unheard.letter(task, limit):
-            error = ErrorInfo(
-                type="rate_limited",
-                message=why,
-                retryable=True,
-                retry_after_ms=over.retry_after_ms,
-            )
-            await dead_letter(
-                self._broker,
-                reason="rejected",
-                task=task,
-                message_id=task.message_id,
-                trace_id=task.trace_id,
-                topic=task.topic,
-                error=error,
-                attempts=0,
-            )
         return False
 
     def _headers_required(self, origin: _Origin) -> bool:

@@ -13,8 +13,13 @@ from agentreach.broker.dead_letters import dead_letter, dead_letter_delivery, st
 from agentreach.broker.lifecycle import about, emit, event_for, reply
 from agentreach.coordinator.protection.server_answers import ServerAnswers
 from agentreach.envelopes import INVALID_TOPIC, DecodeError, ErrorInfo, ErrorReply, Task
+from agentreach.logs import RepeatedLines
 
 log = structlog.get_logger("coordinator")
+
+# A flood's refusals are hundreds a second, each a `rejected` event already: a few lines of
+# each kind and topic every 10 s, saying how many went unsaid.
+_REFUSALS_SAID = RepeatedLines(10.0, burst=5)
 
 
 async def end_with_error(
@@ -66,14 +71,28 @@ async def end_as_stored(broker: Broker, task: Task) -> bool:
     return True
 
 
-async def refuse(broker: Broker, task: Task, error: ErrorInfo, **detail: Any) -> None:
-    """Refuse ``task`` without a dead letter: a ``rejected`` event carrying ``error`` and
-    ``detail``, and ``error`` to its ``reply_to``. For refusals a sender can cause as often
-    as it likes (a caller over its quota), which must not fill the dead-letter stream:
-    nothing there needs anyone to act."""
+async def refuse(
+    broker: Broker, task: Task, error: ErrorInfo, *, letter: bool = False, **detail: Any
+) -> None:
+    """Refuse ``task``: a ``rejected`` event carrying ``error`` and ``detail``, and ``error``
+    to its ``reply_to``. For refusals a sender can cause as often as it likes (over a rate),
+    which must not fill the dead-letter stream: dead-lettered too only when ``letter`` (one
+    nobody would hear of otherwise, at the rate's pace: see ``UnheardRefusals``)."""
     rejected = event_for(task, "rejected", error=msgspec.to_builtins(error), **detail)
     await emit(broker, rejected)
-    log.info("refused", error=error.message)
+    if (unsaid := _REFUSALS_SAID.due(f"{error.type} {task.topic}")) is not None:
+        log.info("refused", error=error.message, refused_unsaid_since_last=unsaid)
+    if letter:
+        await dead_letter(
+            broker,
+            reason="rejected",
+            task=task,
+            message_id=task.message_id,
+            trace_id=task.trace_id,
+            topic=task.topic,
+            error=error,
+            attempts=0,
+        )
     await reply(broker, task, error_reply(task, error, "refused", attempts=0))
 
 

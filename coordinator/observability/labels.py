@@ -64,9 +64,9 @@ def rejection_kind(event: Event) -> str | None:
     """The kind ``event`` counts as in ``reach_rejections_total``, if any: a ``rejected``
     event (``quota`` for a caller over its quota; so is a signal or cancel refused for it,
     said in a :data:`QUOTA_ANSWERS` event), or a ``rejected`` dead letter of one of the
-    :data:`REJECTIONS`. Not a quota refusal's letter (one nobody would have heard of else):
-    its ``rejected`` event counted it already; it is the only ``rate_limited`` letter with a
-    ``retry_after_ms``."""
+    :data:`REJECTIONS`. Not the letter of a refusal over a quota or a topic's rate (one
+    nobody would have heard of else): its ``rejected`` event counted it already; those are
+    the ``rate_limited`` letters with a ``retry_after_ms``."""
     error = event.detail.get("error")
     error = error if isinstance(error, dict) else {}
     kind = error.get("type") if isinstance(error.get("type"), str) else None

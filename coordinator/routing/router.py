@@ -357,7 +357,7 @@ class Router:
         while (wait_s := self.limiter.topic_wait(task.topic, task.caller)) > 0:
             if waited_s + wait_s > self.limiter.config.wait_s:
                 why, ms, letter = self.limiter.topic_refusal(task)
-                await self.reject(task, "rate_limited", why, retry_after_ms=ms, dead_letter=letter)
+                await self.over_rate(task, why, ms, letter=letter)
                 return False
             await asyncio.sleep(wait_s)
             waited_s += wait_s
@@ -369,23 +369,22 @@ class Router:
         await end_with_error(self._broker, task, reason, error, started=False)
 
     async def reject(
-        self,
-        task: Task,
-        kind: str,
-        message: str,
-        *,
-        retry_after_ms: int | None = None,
-        dead_letter: bool = True,
-        **detail: object,
+        self, task: Task, kind: str, message: str, *, retry_after_ms: int | None = None
     ) -> None:
-        """Refuse ``task`` now as ``kind`` (backpressure, rate_limited, …); it may be sent
-        again (after ``retry_after_ms``, when given). It is dead-lettered as ``rejected``;
-        with ``dead_letter=False`` only a ``rejected`` event records it, with ``detail``."""
+        """Refuse ``task`` now as ``kind`` (backpressure, circuit_open, …), dead-lettered as
+        ``rejected``; it may be sent again (after ``retry_after_ms``, when given)."""
         error = ErrorInfo(type=kind, message=message, retryable=True, retry_after_ms=retry_after_ms)
-        if dead_letter:
-            await end_with_error(self._broker, task, "rejected", error, started=False)
-        else:
-            await refuse(self._broker, task, error, **detail)
+        await end_with_error(self._broker, task, "rejected", error, started=False)
+
+    async def over_rate(
+        self, task: Task, why: str, retry_after_ms: int, *, letter: bool, **detail: object
+    ) -> None:
+        """Refuse ``task`` as ``rate_limited``, which its sender may cause at will: a
+        ``rejected`` event (with ``detail``), and a dead letter only when ``letter``."""
+        error = ErrorInfo(
+            type="rate_limited", message=why, retryable=True, retry_after_ms=retry_after_ms
+        )
+        await refuse(self._broker, task, error, letter=letter, **detail)
 
 
 @dataclass(frozen=True, slots=True)

@@ -479,6 +479,9 @@ async def test_a_topic_token_bucket_limits_intake(broker, start_coordinator, wat
     why = "topic 'work' is over its rate (0.1/s, burst 3, per coordinator replica)"
     assert all(error["message"] == why and error["retry_after_ms"] for error in refused().values())
     assert len(_rejected(watcher, sent)) == 3  # the topic's burst of letters, then events only
+    # A `rejected` event records each, the lettered ones too (reach_rejections_total counts
+    # those events: the letters went uncounted).
+    assert {e.message_id for e in watcher.events if e.event == "rejected"} == set(refused())
 
 
 async def test_a_caller_over_a_topics_rate_keeps_no_other_caller_out(
