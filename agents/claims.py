@@ -29,6 +29,7 @@ from agentreach.agents.claim_results import (
     Expired,
     Moved,
 )
+from agentreach.agents.drain import recording
 from agentreach.broker import (
     BrokerError,
     Bucket,
@@ -265,6 +266,7 @@ class Claims:
         the claim was taken away (the task was reassigned) and a result must not be used.
         """
         self._unrecorded[task.message_id] = outcome
+        recording(task.message_id)
         while len(self._unrecorded) > KEPT:
             self._unrecorded.popitem(last=False)
         for attempt in range(RECORD_TRIES):

@@ -1,7 +1,8 @@
 """The drain at a stop: running handlers get ``drain_timeout`` to finish; then those that
 can be stopped are cancelled (their tasks come back after ``ack_wait``), and those that
-cannot, handlers in worker threads, are waited for and their outcomes reported. And the
-signals that start a stop in ``Agent.run``.
+cannot, handlers in worker threads, are waited for and their outcomes reported. Outcomes
+not recorded yet (the server away) get ``drain_timeout`` more. And the signals that start
+a stop in ``Agent.run``.
 
 A cancelled ``def`` handler went on in its thread to its end all the same (the process
 waited for it to exit), its result thrown away: the task came back and ran again, its
@@ -23,16 +24,27 @@ log = get_logger("agents")
 
 # The tasks waiting on a handler's worker thread (see the module).
 IN_THREADS: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+# The tasks whose handler has ended, recording its outcome: their message ids.
+RECORDING: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
+
+
+def recording(message_id: str) -> None:
+    """Say that the running task's handler has ended and its outcome is being recorded: a
+    stop's drain does not cut it with the handlers still running (an outside trial: a run
+    that ended before a SIGTERM during an outage was thrown away, and ran again)."""
+    if (task := asyncio.current_task()) is not None:
+        RECORDING[task] = message_id
 
 
 async def drain(tasks: list[asyncio.Task[None]], timeout: float, agent_id: str) -> None:
-    """Wait up to ``timeout`` for ``tasks``; then cancel the rest but those waiting on a
-    worker thread, which are waited for to their end."""
+    """Wait up to ``timeout`` for ``tasks``; then cancel the running handlers but those in
+    a worker thread, which are waited for to their end; outcomes being recorded get up to
+    ``timeout`` more."""
     if not tasks:
         return
     _, pending = await asyncio.wait(tasks, timeout=timeout)
-    in_threads = [task for task in pending if task in IN_THREADS]
-    if cut := [task for task in pending if task not in IN_THREADS]:
+    in_threads = [task for task in pending if task in IN_THREADS and task not in RECORDING]
+    if cut := [task for task in pending if task not in IN_THREADS and task not in RECORDING]:
         log.warning(
             "handlers still running after the drain timeout were cancelled: the coordinator"
             " assigns their tasks again (with none running, they come back after ack_wait)",
@@ -50,6 +62,29 @@ async def drain(tasks: list[asyncio.Task[None]], timeout: float, agent_id: str) 
             drain_timeout_s=timeout,
         )
         await asyncio.wait(in_threads)
+    if unrecorded := [task for task in pending if task in RECORDING]:
+        await _outcomes_recorded(unrecorded, timeout, agent_id)
+
+
+async def _outcomes_recorded(tasks: list[asyncio.Task[Any]], timeout: float, agent_id: str) -> None:
+    """Give runs whose outcomes are not recorded yet ``timeout`` more (the server may come
+    back); those still unrecorded are given up, their tasks to run again."""
+    log.warning(
+        "runs that ended are still recording their outcomes (is NATS reachable?): waiting"
+        " up to drain_timeout more for them",
+        agent_id=agent_id,
+        recording=len(tasks),
+        drain_timeout_s=timeout,
+    )
+    _, pending = await asyncio.wait(tasks, timeout=timeout)
+    if pending:
+        log.error(
+            "outcomes given up at the stop, never recorded: NATS was unreachable; these"
+            " tasks run again when delivered again",
+            agent_id=agent_id,
+            message_ids=sorted(RECORDING[task] for task in pending),
+        )
+        await cancel_and_wait(*pending)
 
 
 @contextlib.contextmanager
