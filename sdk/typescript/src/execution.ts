@@ -13,11 +13,10 @@ import { isBrokerError, quietly } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { TaskContext } from "./context.js";
 import { DecodeError, PermanentError } from "./errors.js";
-import { BUSY_POLL_MS } from "./claims.js";
-import type { Claimed, Claims, Hand, Outcome } from "./claims.js";
-import { PayloadUnavailable } from "./claimcheck.js";
-import type { ClaimCheck } from "./claimcheck.js";
+import { BUSY_POLL_MS, type Claimed, type Claims, type Hand, type Outcome } from "./claims.js";
+import { PayloadUnavailable, type ClaimCheck } from "./claimcheck.js";
 import { Deadline, LEASE_GRACE_MS } from "./deadline.js";
+import { Recording } from "./drain.js";
 import { DeadlineExceeded, errorInfo, failure, sendable, thrown, ttlPassedInQueue } from "./failures.js";
 import type { Logger } from "./log.js";
 import { ReachClient } from "./client.js";
@@ -72,6 +71,7 @@ export class Executor {
   private readonly log: Logger;
   private readonly subTasks: ReachClient;
   private readonly aborts = new Set<AbortController>();
+  readonly recording = new Recording(); // a stop waits for these outcomes (drain.ts)
   /** Set once the agent stops with handlers still running (their `ctx.signal` aborted). */
   private stoppedWith: Error | null = null;
   /** Deliveries a stop kept from their handlers, nak'd once no fetch is open (fetchesOver). */
@@ -311,7 +311,7 @@ export class Executor {
 
   /** Record the outcome (it survives a broker outage meanwhile), then report it. */
   private async conclude(msg: JsMsg, task: Task, outcome: Outcome, dispatchedMs: number): Promise<void> {
-    const recorded = await this.records.record(task, outcome, () => quietly(() => msg.working()));
+    const recorded = await this.recording.during(task.message_id, () => this.records.record(task, outcome, () => quietly(() => msg.working())));
     if (outcome.error !== undefined) {
       const error = outcome.error;
       this.log.info("handler failed", { message_id: task.message_id, error_type: error.type, error: error.message });

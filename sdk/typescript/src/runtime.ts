@@ -11,7 +11,7 @@ import { encode } from "./codec.js";
 import { isWrongLastSequence, quietly } from "./connection.js";
 import type { Connection } from "./connection.js";
 import { AgentIdInUse, ReachError } from "./errors.js";
-import { LEASE_GRACE_MS } from "./deadline.js";
+import { drain, settleWithin } from "./drain.js";
 import { ClaimCheck } from "./claimcheck.js";
 import { Executor } from "./execution.js";
 import type { HandlerSpec } from "./execution.js";
@@ -205,12 +205,9 @@ export class AgentRuntime {
     // server delivering into a dead inbox, and that message would wait out the ack wait.
     await Promise.all([settleWithin(this.loops, FETCH_EXPIRES_MS * 2), draining]);
     this.executor?.fetchesOver(); // what it kept from its handlers goes back, now no pull is open
-    if (this.inFlight.size > 0) this.log.info("stopping: waiting for running handlers", { running: this.inFlight.size, drain_timeout_ms: this.config.drainTimeoutMs });
-    if (!(await settleWithin([...this.inFlight], this.config.drainTimeoutMs))) {
-      this.log.warn("handlers still running after the drain timeout: their signals aborted", { running: this.inFlight.size });
-      this.executor?.abortAll(new ReachError("the agent is stopping"));
-      await settleWithin([...this.inFlight], LEASE_GRACE_MS);
-    }
+    const executor = this.executor;
+    const abortAll = () => executor?.abortAll(new ReachError("the agent is stopping"));
+    await drain({ inFlight: this.inFlight, recording: executor?.recording, abortAll, drainTimeoutMs: this.config.drainTimeoutMs, log: this.log });
     await this.heartbeats?.stop();
     if (this.card !== null) await this.retire();
     await this.presence.stop();
@@ -382,19 +379,4 @@ export function consumerGone(err: unknown): boolean {
 function serviceVersion(handlers: Map<string, HandlerSpec>): string {
   const versions = [...new Set([...handlers.values()].map((h) => h.version))];
   return versions.length === 1 && /^\d+\.\d+\.\d+$/.test(versions[0]!) ? versions[0]! : "0.0.0";
-}
-
-/** Resolves true when every promise settled within `ms`, false when time ran out. */
-async function settleWithin(promises: Promise<unknown>[], ms: number): Promise<boolean> {
-  if (promises.length === 0) return true;
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<false>((resolve) => {
-    timer = setTimeout(() => resolve(false), ms);
-  });
-  const all = Promise.allSettled(promises).then(() => true);
-  try {
-    return await Promise.race([all, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
 }

@@ -1141,6 +1141,44 @@ describe("registration and liveness", () => {
     events.close();
   });
 
+  it("waits at its stop for an outcome the server keeps it from recording, past the drain timeout (it was thrown away with the running handlers)", async () => {
+    const id = unique("ts-recording");
+    const topic = unique("recording");
+    const running = new Gate();
+    const release = new Gate();
+    const draining = new Gate();
+    const said: string[] = [];
+    const logger = {
+      ...quiet,
+      info: (event: string) => (event.startsWith("stopping: waiting for running handlers") ? draining.open() : undefined),
+      warn: (event: string) => void said.push(event),
+      error: (event: string) => void said.push(event),
+    };
+    let runs = 0;
+    const agent = newAgent(id, { drainTimeoutMs: 2_000, logger }).handler(topic, async () => {
+      runs += 1;
+      running.open();
+      await release.opened;
+      return { done: true };
+    });
+    await started(agent);
+    const t = task(topic, null);
+    const replies = await send(stack, t);
+    await running.opened;
+    const stopping = agent.stop();
+    await draining.opened; // the drain began: the server stops answering for 3 s as the run ends
+    (stack as RestartableStack).pauseServer(3_000);
+    release.open();
+    await within(stopping, 15_000, "the stop");
+    const records = await kv("reach_executions");
+    const record = await kvUntil<Execution>(records, `_.${t.message_id}.${id}`, (r) => r?.state === "done");
+    assert.equal(record?.state, "done");
+    assert.equal(runs, 1);
+    assert.ok(!said.some((event) => event.startsWith("handlers still running")), said.join("\n"));
+    assert.ok(said.some((event) => event.startsWith("runs that ended are still recording")), said.join("\n"));
+    replies.close();
+  });
+
   it("takes no record the NATS server wrote for its own (a forged 'done' record sent its result)", async () => {
     const id = unique("ts-forged");
     const topic = unique("forged");
