@@ -39,6 +39,9 @@ from nats.aio.msg import Msg
 
 from agentreach.broker.transport import Transport
 from agentreach.envelopes.server_answers import DIRECT_GET_ADDS, STORED_ANSWER
+from agentreach.logs import get_logger
+
+log = get_logger("broker")
 
 _CRLF = b"\r\n"
 _ADDED_ALL = frozenset(DIRECT_GET_ADDS)
@@ -170,6 +173,16 @@ class Client(_NatsClient):
                     " or the server's tls block)"
                 )
             info["tls_required"] = True  # the server allows it: nats-py upgrades now
+        if initial_connection and not info.get("jetstream"):
+            # Said once at connecting: every JetStream call after it only times out, and
+            # "waiting for JetStream" read as a cluster electing a leader (an outside trial).
+            log.warning(
+                "this NATS server runs without JetStream, which Agent-Reach needs: start it"
+                " with -js, or a jetstream block in its config (a cluster's other nodes may"
+                " still answer for it)",
+                server=info.get("server_name"),
+                port=info.get("port"),
+            )
         await super()._process_info(info, initial_connection)
 
     async def _send_ping(self, future: asyncio.Future[Any] | None = None) -> None:

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client as NatsPyClient
+from structlog.testing import capture_logs
 
-from agentreach.broker import Broker, BrokerError, ConnectionBroke, listen
+from agentreach.broker import Broker, BrokerError, ConnectionBroke, EmbeddedServer, listen
 from agentreach.broker.client import Client, _awaits_answer
 from tests.e2e.test_startup_and_restarts import RestartableServer
 
@@ -142,3 +143,23 @@ def test_only_publishes_naming_a_reply_are_dropped_from_the_reconnect_buffer():
     assert not _awaits_answer(b"HPUB reach.events.x 12 14\r\nNATS/1.0\r\n\r\nhi\r\n")
     assert not _awaits_answer(b"SUB _INBOX.abc.* 7\r\n")
     assert not _awaits_answer(b"PONG\r\n")
+
+
+async def test_a_server_without_jetstream_is_named_at_connecting(tmp_path: Path):
+    """A nats-server started without -js: every JetStream call only timed out after it, and
+    the services said "waiting for JetStream: the cluster may be electing a leader" (an
+    outside trial, on a single server). Connecting now says what is missing."""
+    config = tmp_path / "plain.conf"
+    async with EmbeddedServer(
+        port=-1, store_dir=tmp_path / "store", config=config, config_text="listen: 127.0.0.1:-1\n"
+    ) as server:
+        with capture_logs() as plain:
+            async with Broker(server.url):
+                pass
+    async with EmbeddedServer(port=-1, store_dir=tmp_path / "js") as server:
+        with capture_logs() as with_jetstream:
+            async with Broker(server.url):
+                pass
+    said = [e["event"] for e in plain if e["log_level"] == "warning"]
+    assert any(line.startswith("this NATS server runs without JetStream") for line in said)
+    assert not [e for e in with_jetstream if "without JetStream" in e["event"]]
