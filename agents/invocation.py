@@ -79,9 +79,13 @@ class Ending:
                 " which), or tasks stored before it wait first"
             )
         last = routed[-1]
+        # An outage said "busy or stopped" of an agent that was only cut off (a trial).
+        broke = self._broker.reconnects != self._reconnects
+        outage = " (this client's own connection broke meanwhile)" if broke else ""
         return (
             f"it waits in the queue of {last.agent_id!r} (attempt {last.attempt}), which has"
-            " not taken it: all its places are busy, or it stopped taking work"
+            " not taken it: all its places are busy, it stopped taking work, or it is cut off"
+            f" from NATS{outage}"
         )
 
 

@@ -179,8 +179,9 @@ async def test_not_acknowledged_with_a_coordinator_says_where_the_task_waits(bro
         assert await holding == "done"
     assert str(caught.value) == (
         "no agent acknowledged 'work' within 300 ms: it waits in the queue of 'busy-1'"
-        " (attempt 1), which has not taken it: all its places are busy, or it stopped taking"
-        " work; it stays queued and may still run within its ttl: invoke again with"
+        " (attempt 1), which has not taken it: all its places are busy, it stopped taking"
+        " work, or it is cut off from NATS; it stays queued and may still run within its"
+        " ttl: invoke again with"
         f" message_id={caught.value.message_id!r} to hear how it ends"
     )
 

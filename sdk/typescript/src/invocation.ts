@@ -84,7 +84,7 @@ export class Ending {
     if (routed === undefined) {
       return "not routed yet: no agent serving it may take work now (`reach agents` says which), or tasks stored before it wait first";
     }
-    return `it waits in the queue of '${routed.agent_id}' (attempt ${routed.attempt}), which has not taken it: all its places are busy, or it stopped taking work`;
+    return `it waits in the queue of '${routed.agent_id}' (attempt ${routed.attempt}), which has not taken it: all its places are busy, it stopped taking work, or it is cut off from NATS`;
   }
 }
 
