@@ -236,6 +236,7 @@ async def _coordinate(url: str, args: argparse.Namespace, config: CoordinatorCon
         coordinator = await stack.enter_async_context(running)
         shown = f"; metrics on {coordinator.metrics_url}metrics" if coordinator.metrics_url else ""
         await until_signal(f"coordinator serving on {broker.shown_url}{shown}", broker)
+    log.info("coordinator stopped")  # after its last writes (a trial: "stopping", then nothing)
 
 
 async def cmd_agent(args: argparse.Namespace) -> int:

@@ -510,6 +510,7 @@ async def test_up_serves_with_embedded_server_and_stops_on_ctrl_c(tmp_path):
     url = line.decode().split("serving on ")[1].split()[0].rstrip(";")
     process.send_signal(signal.SIGINT)
     assert await asyncio.wait_for(process.wait(), 20) == 0
+    assert b"coordinator stopped" in await process.stderr.read()  # not "stopping" alone
     assert (tmp_path / "nats" / "jetstream").is_dir()
     refused = await run(reach_command(), "agents", "--nats-url", url)
     assert "cannot connect" in refused.stderr  # the embedded server stopped with it
