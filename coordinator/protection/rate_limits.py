@@ -132,7 +132,8 @@ class TopicBucket:
             who = "the operators' bare subject" if caller is None else f"caller {caller!r}"
             why = (
                 f"{who} is past its share of the rate of topic {topic!r} ({limit}): shared"
-                f" by {callers} callers now, {rate / callers:.3g}/s each"
+                f" by {callers} callers now, {rate / callers:.3g}/s each and what the others"
+                " leave unused"
             )
         else:
             why, wait_s = f"topic {topic!r} is over its rate ({limit})", self._bucket.wait()
