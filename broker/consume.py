@@ -26,6 +26,7 @@ from agentreach.broker.errors import (
 )
 from agentreach.broker.failover import until_answered
 from agentreach.broker.messages import Delivery
+from agentreach.broker.pauses import Pause
 from agentreach.broker.pull import Puller
 from agentreach.logs import get_logger
 
@@ -117,7 +118,9 @@ class PullConsumer:
         self._broker = broker
         self._puller = puller
         self._on_missing = on_missing
-        self._failing_since: float | None = None
+        self._pause = Pause(
+            broker, "consuming paused; retrying", "consuming again", consumer=spec.durable
+        )
         self._retry_s = RETRY_FIRST_S
         self._last_seq = 0  # the last stream sequence fetched
         self.spec = spec
@@ -125,7 +128,7 @@ class PullConsumer:
     @property
     def failing(self) -> bool:
         """Whether fetching fails now (it is paused and retrying)."""
-        return self._failing_since is not None
+        return self._pause.on
 
     async def fetch(self, size: int, *, wait_s: float = 1.0) -> list[Delivery]:
         """Up to ``size`` messages as soon as there is one, or none after ``wait_s`` of
@@ -142,10 +145,9 @@ class PullConsumer:
         except BrokerError as exc:
             await self._recover(exc)
             return []
-        if self._failing_since is not None:
-            paused_s = asyncio.get_running_loop().time() - self._failing_since
-            log.info("consuming again", consumer=self.spec.durable, paused_s=round(paused_s, 1))
-            self._failing_since, self._retry_s = None, RETRY_FIRST_S
+        if self._pause.on:
+            self._pause.ended()
+            self._retry_s = RETRY_FIRST_S
         return deliveries
 
     async def batches(self, *, size: int, wait_s: float = 1.0) -> AsyncIterator[list[Delivery]]:
@@ -160,9 +162,7 @@ class PullConsumer:
         await self._puller.close()
 
     async def _recover(self, exc: BrokerError) -> None:
-        if self._failing_since is None:
-            self._failing_since = asyncio.get_running_loop().time()
-            log.warning("consuming paused; retrying", consumer=self.spec.durable, error=str(exc))
+        self._pause.failed(exc)
         await pause(self._retry_s)
         self._retry_s = min(RETRY_CAP_S, self._retry_s * 2)
         if isinstance(exc, Unavailable | ConsumerNotFound | StreamNotFound):
@@ -329,15 +329,13 @@ async def follow(
         "deliver_policy": api.DeliverPolicy.BY_START_TIME,
         "opt_start_time": _rfc3339(since_ms),
     }
-    failing = False
+    paused = Pause(broker, "following a stream failed; retrying", "following again", stream=stream)
     while True:
         honour_cancellation()
         puller = None
         try:
             puller = await _follower(broker, stream, filter_subjects, start)
-            if failing:
-                log.info("following again", stream=stream)
-                failing = False
+            paused.ended()
             while True:
                 honour_cancellation()
                 batch = [Delivery(m) for m in await puller.fetch(size, 1.0)]
@@ -350,9 +348,7 @@ async def follow(
                 if caught_up is not None and (not batch or batch[-1].pending == 0):
                     caught_up.set()
         except BrokerError as exc:
-            if not failing:
-                log.warning("following a stream failed; retrying", stream=stream, error=str(exc))
-            failing = True
+            paused.failed(exc)
             await pause(RETRY_FIRST_S * 2)
         finally:
             if puller is not None:

@@ -17,6 +17,7 @@ import structlog
 from agentreach.broker import Broker, BrokerError
 from agentreach.broker.direct import subject_counts
 from agentreach.broker.errors import pause
+from agentreach.broker.pauses import Pause
 from agentreach.broker.topology import DEFAULT_QUEUE_CAPACITY
 from agentreach.coordinator.units import NonNegativeSeconds, Positive, PositiveSeconds, Ratio
 from agentreach.envelopes import PRIORITIES, Event, Priority
@@ -63,6 +64,7 @@ class QueueDepths:
 
     def __init__(self, broker: Broker, config: QueueConfig) -> None:
         self._broker = broker
+        self._pause = Pause(broker, "cannot read queue depths", "reading queue depths again")
         self._config = config
         self._depths: dict[Slot, int] = {}
         # Dispatched by this replica and not yet in a read (or reported back): message id ->
@@ -144,8 +146,9 @@ class QueueDepths:
         while True:
             try:
                 await self.refresh()
+                self._pause.ended()
             except BrokerError as exc:
-                log.warning("cannot read queue depths", error=str(exc))
+                self._pause.failed(exc)
             ready.set()
             await pause(self._config.refresh_s)
 

@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import asyncio
 
-from agentreach.broker import Broker, ConsumerSpec, PullConsumer, bind, consumer_state
+from structlog.testing import capture_logs
+
+from agentreach.broker import (
+    Broker,
+    ConsumerSpec,
+    EmbeddedServer,
+    PullConsumer,
+    Topology,
+    bind,
+    consumer_state,
+    provision,
+)
 from agentreach.envelopes import headers as h
 
 
@@ -58,3 +69,36 @@ async def test_a_counting_consumer_deleted_by_hand_is_made_again_where_it_left_o
     state = await consumer_state(broker, spec.stream, spec.durable)
     assert state is not None and state.deliver_policy == "by_start_sequence"
     assert state.ack_policy == "none"
+
+
+async def test_a_pause_for_an_outage_is_the_connections_to_say_not_each_consumers(tmp_path):
+    """A fetch failing while the connection is down is the outage's, which the connection
+    says ("nats disconnected", "nats reconnected"): each consumer said it again, and again
+    when it was over (a dozen warnings for a 5 s outage, an outside trial). A failure while
+    connected (its consumer deleted) is still a warning."""
+    async with (
+        EmbeddedServer(port=-1, store_dir=tmp_path / "nats") as server,
+        Broker(server.url, name="consuming") as broker,
+    ):
+        await provision(broker, Topology.default(broker.names))
+        spec = counting(broker)
+        consumer = await bind(broker, spec)
+        try:
+            await server.stop()
+            with capture_logs() as outage:
+                assert await consumer.next_batch(8, wait_s=0.2) == []
+                await server.restart()
+                await publish(broker, 1)
+                assert await fetched(consumer) == [b"1"]
+            with capture_logs() as deleted:
+                await broker.js.delete_consumer(spec.stream, spec.durable)
+                await publish(broker, 2)
+                assert await fetched(consumer) == [b"2"]
+        finally:
+            await consumer.close()
+    assert _levels(outage) == {"consuming paused; retrying": "debug", "consuming again": "debug"}
+    assert _levels(deleted) == {"consuming paused; retrying": "warning", "consuming again": "info"}
+
+
+def _levels(logs: list[dict]) -> dict[str, str]:
+    return {e["event"]: e["log_level"] for e in logs if e["event"].startswith("consuming ")}
