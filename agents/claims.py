@@ -286,6 +286,7 @@ class Claims:
                 with contextlib.suppress(BrokerError):
                     await still_working()
         self._unrecorded.pop(task.message_id, None)
+        recording(task.message_id, recorded=True)
         return written
 
     def _take(self, held: Execution | None, mine: Execution) -> Execution | None:

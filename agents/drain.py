@@ -24,16 +24,18 @@ log = get_logger("agents")
 
 # The tasks waiting on a handler's worker thread (see the module).
 IN_THREADS: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
-# The tasks whose handler has ended, recording its outcome: their message ids.
-RECORDING: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = weakref.WeakKeyDictionary()
+# The tasks whose handler has ended: their message ids, and whether the outcome is recorded
+# (it is being reported then).
+ENDED: weakref.WeakKeyDictionary[asyncio.Task[Any], tuple[str, bool]] = weakref.WeakKeyDictionary()
 
 
-def recording(message_id: str) -> None:
-    """Say that the running task's handler has ended and its outcome is being recorded: a
-    stop's drain does not cut it with the handlers still running (an outside trial: a run
-    that ended before a SIGTERM during an outage was thrown away, and ran again)."""
+def recording(message_id: str, *, recorded: bool = False) -> None:
+    """Say that the running task's handler has ended and its outcome is being recorded (or,
+    ``recorded``, reported): a stop's drain does not cut it with the handlers still running
+    (an outside trial: a run that ended before a SIGTERM during an outage was thrown away,
+    and ran again)."""
     if (task := asyncio.current_task()) is not None:
-        RECORDING[task] = message_id
+        ENDED[task] = (message_id, recorded)
 
 
 async def drain(tasks: list[asyncio.Task[None]], timeout: float, agent_id: str) -> None:
@@ -43,8 +45,8 @@ async def drain(tasks: list[asyncio.Task[None]], timeout: float, agent_id: str) 
     if not tasks:
         return
     _, pending = await asyncio.wait(tasks, timeout=timeout)
-    in_threads = [task for task in pending if task in IN_THREADS and task not in RECORDING]
-    if cut := [task for task in pending if task not in IN_THREADS and task not in RECORDING]:
+    in_threads = [task for task in pending if task in IN_THREADS and task not in ENDED]
+    if cut := [task for task in pending if task not in IN_THREADS and task not in ENDED]:
         log.warning(
             "handlers still running after the drain timeout were cancelled: the coordinator"
             " assigns their tasks again (with none running, they come back after ack_wait)",
@@ -62,8 +64,8 @@ async def drain(tasks: list[asyncio.Task[None]], timeout: float, agent_id: str) 
             drain_timeout_s=timeout,
         )
         await asyncio.wait(in_threads)
-    if unrecorded := [task for task in pending if task in RECORDING]:
-        await _outcomes_recorded(unrecorded, timeout, agent_id)
+    if ended := [task for task in pending if task in ENDED]:
+        await _outcomes_recorded(ended, timeout, agent_id)
 
 
 async def _outcomes_recorded(tasks: list[asyncio.Task[Any]], timeout: float, agent_id: str) -> None:
@@ -77,14 +79,21 @@ async def _outcomes_recorded(tasks: list[asyncio.Task[Any]], timeout: float, age
         drain_timeout_s=timeout,
     )
     _, pending = await asyncio.wait(tasks, timeout=timeout)
-    if pending:
+    if unrecorded := sorted(ENDED[task][0] for task in pending if not ENDED[task][1]):
         log.error(
             "outcomes given up at the stop, never recorded: NATS was unreachable; these"
             " tasks run again when delivered again",
             agent_id=agent_id,
-            message_ids=sorted(RECORDING[task] for task in pending),
+            message_ids=unrecorded,
         )
-        await cancel_and_wait(*pending)
+    if unreported := sorted(ENDED[task][0] for task in pending if ENDED[task][1]):
+        log.warning(
+            "outcomes recorded but not reported at the stop: NATS was unreachable; their"
+            " tasks, delivered again, are answered from the records",
+            agent_id=agent_id,
+            message_ids=unreported,
+        )
+    await cancel_and_wait(*pending)
 
 
 @contextlib.contextmanager
