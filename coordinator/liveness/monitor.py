@@ -47,7 +47,8 @@ from agentreach.envelopes.server_answers import CONTROL_HEADERS as CONTROL
 
 log = structlog.get_logger("coordinator.liveness")
 
-HOUR_MS = 3_600_000
+OUTAGE_RESTART_S = 60.0
+RESTARTED_AFTER_OUTAGE = "restarted after an outage"
 
 
 class LivenessMonitor:
@@ -222,7 +223,7 @@ class LivenessMonitor:
         if 0 < tracked.epoch < beat.epoch and tracked.state != "OFFLINE":
             # Its process died unannounced and another came before it was judged: a crash
             # too (an outside trial: one killed every 19 s was never OFFLINE, nor quarantined).
-            await self._transition(tracked, "OFFLINE", "restarted")
+            await self._transition(tracked, "OFFLINE", self._restart_reason())
         # After it: the new process's card, tracked meanwhile, starts its tracking afresh.
         if tracked.cadence is None or beat.epoch != tracked.epoch:
             tracked.cadence = Cadence(beat.interval_s, self._config.adaptive_beats)
@@ -371,8 +372,8 @@ class LivenessMonitor:
         # (a chaos run moved the queue of the new process, which ran its tasks twice).
         before, epoch = tracked.state, tracked.epoch
         tracked.state, tracked.reason, tracked.since_ms = state, reason, now_ms()
-        if state == "OFFLINE" and reason != "stopped":
-            self._count_offline(tracked)
+        if state == "OFFLINE" and reason not in ("stopped", RESTARTED_AFTER_OUTAGE):
+            tracked.went_offline(self._config.flapping_limit)
         log.info("liveness", agent_id=tracked.agent_id, state=state, was=before, reason=reason)
         event = agent_event(
             tracked.agent_id,
@@ -389,8 +390,11 @@ class LivenessMonitor:
             why = {"stopped": STOPPED, "unresponsive": UNRESPONSIVE}.get(reason, OFFLINE)
             await self.moves.move(tracked.agent_id, epoch, why=why)
 
-    def _count_offline(self, tracked: Tracked) -> None:
-        now = now_ms()
-        tracked.offline_at_ms = [t for t in tracked.offline_at_ms if now - t < HOUR_MS] + [now]
-        if len(tracked.offline_at_ms) > self._config.flapping_limit:
-            tracked.quarantined = True
+    def _restart_reason(self) -> str:
+        """A new process whose last one went unannounced: ``restarted``, counted toward its
+        quarantine; not counted within OUTAGE_RESTART_S of this replica's reconnect, as its
+        last process may have stopped in the outage, unable to say so (an outside trial:
+        four SIGTERMs in outages quarantined an agent)."""
+        back_s = time.monotonic() - self._broker.link.back_at
+        after_outage = self._broker.reconnects > 0 and back_s < OUTAGE_RESTART_S
+        return RESTARTED_AFTER_OUTAGE if after_outage else "restarted"

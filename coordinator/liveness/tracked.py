@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from agentreach.coordinator.liveness.cadence import Cadence
-from agentreach.envelopes import AgentCard, Heartbeat, Liveness, LivenessState
+from agentreach.envelopes import AgentCard, Heartbeat, Liveness, LivenessState, now_ms
+
+HOUR_MS = 3_600_000
 
 
 @dataclass
@@ -39,6 +41,13 @@ class Tracked:
     answered_epoch: int = -1
     checking: bool = False
     unanswered_at: float = -1.0  # the last_seen of the last check it did not answer in time
+
+    def went_offline(self, flapping_limit: int) -> None:
+        """Count an OFFLINE: more than ``flapping_limit`` within an hour quarantines it."""
+        now = now_ms()
+        self.offline_at_ms = [t for t in self.offline_at_ms if now - t < HOUR_MS] + [now]
+        if len(self.offline_at_ms) > flapping_limit:
+            self.quarantined = True
 
     def has_seen(self, revision: int, beat: Heartbeat | None) -> bool:
         """Whether the heartbeat at ``revision`` was taken into account already. A later beat

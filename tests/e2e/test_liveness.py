@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, AgentIdInUse, ReachClient, TaskContext
 from agentreach.agents.runtime import CARD_LOOK_BEATS
-from agentreach.broker import Broker, BucketWatch
+from agentreach.broker import Broker, BucketWatch, EmbeddedServer, Topology, provision
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import Coordinator, CoordinatorConfig, DeliveryConfig, LivenessConfig
 from agentreach.envelopes import (
@@ -599,6 +599,34 @@ async def test_an_agent_killed_and_started_again_before_it_was_judged_went_offli
         tracked = coordinator.liveness.agents["phoenix"]
     assert offline.detail["reason"] == "restarted"
     assert len(tracked.offline_at_ms) == 1  # toward its quarantine
+
+
+async def test_a_restart_just_after_an_outage_is_not_counted_toward_quarantine(tmp_path):
+    """Its process ended while the server was away (a SIGTERM in an outage cannot mark its
+    card stopped), and a new one came once it was back: four such restarts in an hour had
+    the agent quarantined (an outside trial). Still OFFLINE, as `restarted after an outage`,
+    not counted."""
+    async with (
+        EmbeddedServer(port=-1, store_dir=tmp_path / "nats") as server,
+        Broker(server.url, name="test") as broker,
+    ):
+        await provision(broker, Topology.default(broker.names))
+        async with lively_coordinator(broker) as coordinator:
+            async with pulse_process(broker, "phoenix-3", interval_s=5.0) as first:
+                await eventually(lambda: _state(coordinator, "phoenix-3") == "ONLINE")
+                epoch = coordinator.liveness.agents["phoenix-3"].epoch
+                await server.stop()
+                first.send_signal(signal.SIGKILL)  # gone in the outage
+                await first.wait()
+            await server.restart()
+            await eventually(lambda: coordinator.broker.reconnects > 0, timeout=15)
+            with capture_logs() as logs:
+                async with pulse_process(broker, "phoenix-3", epoch=epoch + 1, interval_s=5.0):
+                    tracked = coordinator.liveness.agents["phoenix-3"]
+                    await eventually(lambda: tracked.epoch > epoch and tracked.state == "ONLINE")
+    offline = [e["reason"] for e in logs if e["event"] == "liveness" and e["state"] == "OFFLINE"]
+    assert offline == ["restarted after an outage"]
+    assert tracked.offline_at_ms == [] and not tracked.quarantined
 
 
 async def test_a_restart_moves_only_the_queue_of_the_process_that_died(
