@@ -28,6 +28,7 @@ import { PRIORITIES } from "./types.js";
 import type { AgentCard, Priority } from "./types.js";
 
 const FETCH_EXPIRES_MS = 1_000; // the client's minimum for a pull request
+const STOP_RECONNECT_MS = 1_000; // a stop in an outage waits this long for the connection
 const PRESENCE_CHECK_MS = 500;
 const CONSUMER_EXISTS = 10148; // JetStream: a consumer of that name exists with other settings
 const CONSUMER_NOT_FOUND = 10014;
@@ -66,6 +67,8 @@ export class AgentRuntime {
   private readonly stopping = new AbortController();
   private readonly loops: Promise<void>[] = [];
   private readonly inFlight = new Set<Promise<void>>();
+  private disconnected = false; // the connection is down (its status, followed by keepCard)
+  private connectedAgain: (() => void)[] = [];
   private readonly room: Room;
   private readonly presence: Presence;
   private executor: Executor | null = null;
@@ -142,7 +145,12 @@ export class AgentRuntime {
    */
   private async keepCard(): Promise<void> {
     for await (const status of this.conn.nc.status()) {
-      if (this.stopped) return;
+      if (status.type === "disconnect") this.disconnected = true;
+      if (status.type === "reconnect") {
+        this.disconnected = false;
+        for (const back of this.connectedAgain.splice(0)) back();
+      }
+      if (this.stopped) continue; // still following the connection, for stop()
       if (status.type === "disconnect") this.log.warn("nats disconnected; reconnecting", { server: String(status.data) });
       if (status.type === "reconnect") {
         this.log.info("nats reconnected", { server: String(status.data) });
@@ -200,7 +208,7 @@ export class AgentRuntime {
   async stop(): Promise<void> {
     this.stopping.abort();
     // Routed nothing more, and what waits in its queues moves now (a fence keeps a fetch from running it).
-    const draining = this.inFlight.size > 0 ? this.markCard("draining") : null;
+    const draining = this.inFlight.size > 0 && !this.disconnected ? this.markCard("draining") : null;
     // Let each loop finish its current fetch: a pull request cut short would leave the
     // server delivering into a dead inbox, and that message would wait out the ack wait.
     await Promise.all([settleWithin(this.loops, FETCH_EXPIRES_MS * 2), draining]);
@@ -209,9 +217,19 @@ export class AgentRuntime {
     const abortAll = () => executor?.abortAll(new ReachError("the agent is stopping"));
     await drain({ inFlight: this.inFlight, recording: executor?.recording, abortAll, drainTimeoutMs: this.config.drainTimeoutMs, log: this.log });
     await this.heartbeats?.stop();
-    if (this.card !== null) await this.retire();
+    if (this.card !== null && (await this.connectedWithin(STOP_RECONNECT_MS))) await this.retire();
+    else if (this.card !== null) {
+      // Each write would wait for the connection: a stop in an outage took 31 s (a trial).
+      this.log.warn("NATS is unreachable: stopping without marking the card stopped; the coordinator will judge this agent gone by its missing heartbeats");
+    }
     await this.presence.stop();
     this.log.info(this.card !== null ? "agent stopped" : "agent stopped before it registered");
+  }
+
+  /** Whether the connection is up, or comes back within `ms`. */
+  private async connectedWithin(ms: number): Promise<boolean> {
+    if (!this.disconnected) return true;
+    return settleWithin([new Promise<void>((resolve) => this.connectedAgain.push(resolve))], ms);
   }
 
   /**

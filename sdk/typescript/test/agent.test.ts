@@ -1657,6 +1657,39 @@ describe("a dispatch stream that is gone", () => {
   });
 });
 
+describe("a stop while the server is away", () => {
+  it("waits a second for the connection, not each write's timeout, and says why it leaves its card (a trial: 31 s)", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "reach-ts-away-"));
+    const port = await freePort();
+    const url = `nats://127.0.0.1:${port}`;
+    const server = await startServer(port, join(dir, "store"));
+    const gone = new Gate();
+    const said: string[] = [];
+    const logger = {
+      ...quiet,
+      warn: (event: string) => {
+        said.push(event);
+        if (event.startsWith("nats disconnected")) gone.open();
+      },
+    };
+    const agent = newAgent(unique("ts-away"), { logger }).handler(unique("away"), () => null);
+    try {
+      await provision(url);
+      await agent.start(url);
+      await terminate(server);
+      await gone.opened;
+      const began = performance.now();
+      await within(agent.stop(), 10_000, "the stop");
+      const tookMs = performance.now() - began;
+      assert.ok(tookMs < 3_000, `the stop took ${Math.round(tookMs)} ms`);
+      assert.ok(said.some((e) => e.startsWith("NATS is unreachable: stopping without marking the card stopped")), said.join("\n"));
+    } finally {
+      await agent.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe("a server that comes back with an empty store", () => {
   it("has the agent's card written again, with the epoch it serves under, and its consumers made again", async () => {
     const dir = mkdtempSync(join(tmpdir(), "reach-ts-empty-"));
