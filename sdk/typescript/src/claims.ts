@@ -191,7 +191,7 @@ export class Claims {
           continue;
         }
         if (isWrongLastSequence(err) || attempt === RECORD_TRIES - 1) throw err;
-        if (attempt === 0) this.log.warn("outcome not recorded yet; kept and retried", { error: String(err) });
+        if (attempt === 0) this.log.warn("outcome not recorded yet; kept and retried", { message_id: task.message_id, error: String(err) });
         await sleep(RECORD_BACKOFF_MS * 2 ** attempt);
         stillWorking();
       }
