@@ -16,6 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
+from agentreach.agents.runtime import AgentRuntime
 from agentreach.broker import Broker, EmbeddedServer, Topology, provision
 from agentreach.coordinator import Coordinator
 from agentreach.envelopes import Execution, execution_key
@@ -142,23 +143,12 @@ async def test_a_signal_while_waiting_for_nats_ends_run_without_a_traceback(tmp_
     assert "Traceback" not in out and out.rstrip().endswith("EXITED"), out
 
 
-async def test_a_stop_waits_for_an_outcome_the_server_was_away_for(tmp_path):
-    """A handler ends in a stop's drain just as its server goes: the drain no longer cuts
-    the run whose outcome is being recorded with the handlers still running (an outside
-    trial: the outcome was thrown away, and the task ran again once the server was back).
-    The server comes back after the drain timeout, within the time such outcomes get on
-    top of it (the timeout again)."""
-    agent = Agent("recording-1", startup_delay=0, drain_timeout=4.0)
-    runs: list[str] = []
-    go = asyncio.Event()
-
-    @agent.handler("finish")
-    async def finish(ctx: TaskContext, payload: dict) -> dict:
-        runs.append(ctx.message_id)
-        await go.wait()
-        await server.stop()  # gone as the outcome is recorded
-        return {"finished": True}
-
+@contextlib.asynccontextmanager
+async def served(
+    tmp_path: Path, agent: Agent
+) -> AsyncIterator[tuple[EmbeddedServer, Broker, ReachClient, AgentRuntime]]:
+    """A server of this test's own (to stop and start again), a coordinator, a client named
+    `recorder`, and ``agent`` serving."""
     async with (
         EmbeddedServer(port=-1, store_dir=tmp_path / "nats") as server,
         Broker(server.url, name="coordinator") as own,
@@ -169,20 +159,43 @@ async def test_a_stop_waits_for_an_outcome_the_server_was_away_for(tmp_path):
             ReachClient(broker=own, name="recorder") as client,
             agent.running(server.url) as runtime,
         ):
-            message_id, _ = await client.publish("finish", {})
-            await eventually(lambda: runs)
-            with capture_logs() as logs:
-                stopping = asyncio.create_task(runtime.stop())
-                await eventually(lambda: runtime.card.status == "draining")  # the drain began
-                go.set()
-                await asyncio.sleep(4.3)  # the server away past the drain timeout
-                await server.restart()
-                await asyncio.wait_for(stopping, 15)
-            executions = await own.bucket(own.names.executions_bucket, Execution)
-            record = await executions.get(execution_key("recorder", message_id, agent.agent_id))
-    assert record is not None and record.value.state == "done"
-    assert runs == [message_id]
+            yield server, own, client, runtime
+
+
+async def test_a_stop_waits_for_an_outcome_the_server_was_away_for(tmp_path):
+    """A handler ends in a stop's drain just as its server goes: the drain no longer cuts
+    the run whose outcome is being recorded with the handlers still running (an outside
+    trial: the outcome was thrown away, and the task ran again once the server was back).
+    The server comes back after the drain timeout, within the time such outcomes get on
+    top of it (the timeout again)."""
+    # The drain timeout again is the time the server has to come back and be written to,
+    # its reconnect included (4 s was too short on a loaded machine, 1 run in 5).
+    agent = Agent("recording-1", startup_delay=0, drain_timeout=6.0)
+    runs: list[str] = []
+    go = asyncio.Event()
+
+    @agent.handler("finish")
+    async def finish(ctx: TaskContext, payload: dict) -> dict:
+        runs.append(ctx.message_id)
+        await go.wait()
+        await server.stop()  # gone as the outcome is recorded
+        return {"finished": True}
+
+    async with served(tmp_path, agent) as (server, own, client, runtime):
+        message_id, _ = await client.publish("finish", {})
+        await eventually(lambda: runs)
+        with capture_logs() as logs:
+            stopping = asyncio.create_task(runtime.stop())
+            await eventually(lambda: runtime.card.status == "draining")  # the drain began
+            go.set()
+            await asyncio.sleep(6.3)  # the server away past the drain timeout
+            await server.restart()
+            await asyncio.wait_for(stopping, 15)
+        executions = await own.bucket(own.names.executions_bucket, Execution)
+        record = await executions.get(execution_key("recorder", message_id, agent.agent_id))
     said = [e["event"] for e in logs]
+    assert record is not None and record.value.state == "done", logs
+    assert runs == [message_id]
     assert not any(line.startswith("handlers still running") for line in said), said
 
 
@@ -198,20 +211,11 @@ async def test_an_outcome_still_unrecorded_after_the_drain_is_given_up_naming_it
         ended.set()
         return {"finished": True}
 
-    async with (
-        EmbeddedServer(port=-1, store_dir=tmp_path / "nats") as server,
-        Broker(server.url, name="coordinator") as own,
-    ):
-        await provision(own, Topology.default(own.names))
-        async with (
-            Coordinator(own, FAST).running(),
-            ReachClient(broker=own) as client,
-            agent.running(server.url) as runtime,
-        ):
-            message_id, _ = await client.publish("finish", {})
-            await asyncio.wait_for(ended.wait(), 10)
-            with capture_logs() as logs:
-                async with asyncio.timeout(4):  # 0.5 s of drain, 0.5 s more, 1 s for retiring
-                    await runtime.stop()
+    async with served(tmp_path, agent) as (server, _, client, runtime):
+        message_id, _ = await client.publish("finish", {})
+        await asyncio.wait_for(ended.wait(), 10)
+        with capture_logs() as logs:
+            async with asyncio.timeout(4):  # 0.5 s of drain, 0.5 s more, 1 s for retiring
+                await runtime.stop()
     given_up = [e for e in logs if e["event"].startswith("outcomes given up at the stop")]
     assert [e["message_ids"] for e in given_up] == [[message_id]]
