@@ -612,7 +612,7 @@ describe("deadlines and progress", () => {
         attempts.push(ctx.attempt);
         for (let step = 0; step < 3; step++) {
           await new Promise((resolve) => setTimeout(resolve, 100));
-          if (step === 1) (stack as RestartableStack).pauseServer(1_000);
+          if (step === 1) await (stack as RestartableStack).pauseServer(1_000);
           await ctx.progress(`step ${step}`);
         }
         return { steps: 3 };
@@ -1167,7 +1167,7 @@ describe("registration and liveness", () => {
     await running.opened;
     const stopping = agent.stop();
     await draining.opened; // the drain began: the server stops answering for 3 s as the run ends
-    (stack as RestartableStack).pauseServer(3_000);
+    await (stack as RestartableStack).pauseServer(3_000); // stopped before the run ends
     release.open();
     await within(stopping, 15_000, "the stop");
     const records = await kv("reach_executions");

@@ -6,7 +6,7 @@
 
 import { spawn } from "node:child_process";
 import type { ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, connect as netConnect } from "node:net";
 import type { Server as NetServer, Socket } from "node:net";
 import { tmpdir } from "node:os";
@@ -139,8 +139,12 @@ export interface RestartableStack extends Stack {
   port: number;
   /** Stop nats-server and start it again on the same port and store, as `reach up` restarted. */
   restartServer(): Promise<void>;
-  /** Make nats-server stop answering for `ms` (SIGSTOP, then SIGCONT): a server away. */
-  pauseServer(ms: number): void;
+  /**
+   * Make nats-server stop answering for `ms` (SIGSTOP, then SIGCONT): a server away. Resolves
+   * once every thread of it is stopped (a signal is only queued when kill returns: on a busy
+   * machine the server may still answer a request sent just after).
+   */
+  pauseServer(ms: number): Promise<void>;
 }
 
 /** A nats-server, the Python coordinator on it, and a client connection. */
@@ -171,15 +175,28 @@ export async function startStack(): Promise<RestartableStack> {
     await waitForOutput(coordinator.child, "coordinator serving on", 60_000, "reach up");
     nc = await connect({ servers: url, name: "test-client" });
     const jsm = await nc.jetstreamManager();
-    const pauseServer = (ms: number) => {
+    const pauseServer = async (ms: number) => {
       const paused = server;
       paused?.kill("SIGSTOP");
       setTimeout(() => paused?.kill("SIGCONT"), ms);
+      if (paused?.pid !== undefined) await allThreadsStopped(paused.pid);
     };
     return { url, port, nc, jsm, coordinatorLog: coordinator.log, restartServer, pauseServer, stop };
   } catch (err) {
     await stop();
     throw err;
+  }
+}
+
+/** Until every thread of process `pid` is stopped (state T in /proc), for at most 10 s. */
+async function allThreadsStopped(pid: number): Promise<void> {
+  const stopped = () =>
+    readdirSync(`/proc/${pid}/task`).every((tid) => {
+      const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8");
+      return /^[tT]$/.test(stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3));
+    });
+  for (const until = Date.now() + 10_000; !stopped() && Date.now() < until; ) {
+    await new Promise((resolve) => setTimeout(resolve, 5));
   }
 }
 
