@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, BrokerError
-from agentreach.coordinator import Coordinator
+from agentreach.coordinator import Coordinator, desks
 from tests.conftest import FAST, coordinator_auth
 from tests.secured import SECURED
 from tests.support import until_true
@@ -87,12 +87,15 @@ async def status_answered(broker: Broker) -> bool:
 
 
 async def test_an_agent_waits_for_a_flooded_registrations_desk_rather_than_register_alone(
-    broker, coordinator, request
+    broker, coordinator, request, monkeypatch
 ):
     """An agent may flood its registration subject: the desk stops listening for a while, as
     the others do. An agent that starts meanwhile hears no responders there, which meant "no
     coordinator runs: register on your own". It asks `reach.ctl.status` first: a coordinator
     answers, so it waits and registers through the desk once it listens again."""
+    # Deaf for 15 s, not 5: a loaded CI run's agent reached its registration after the desk
+    # listened again, and never met it deaf.
+    monkeypatch.setattr(desks, "COOL_S", 15.0)
     names = broker.names
     latecomer = Agent("desk-latecomer", startup_delay=0)
     latecomer.handler("echo")(_echo)
