@@ -244,10 +244,11 @@ async def test_an_agent_that_waits_the_interval_it_read_before_the_write_fails(
     monkeypatch.setattr(sdk_heartbeats.Heartbeats, "run", run)
     verdicts = await judge(broker, conformance_agent("stale-1"), "liveness.heartbeats")
     assert verdicts["liveness.heartbeats"].status is Status.FAIL
-    # Missed in a pair, or already at the shorter interval's first ask of the reversed order,
-    # when that wake-up too lands during a write (a loaded CI run): the same lost wake-up.
+    # Missed in a reversed pair; on a loaded machine (CI 146, 150) also at the reversed
+    # order's first ask, or in a first-order pair, when that wake-up too lands during a write:
+    # the same lost wake-up. Unloaded, only the reversed order catches it.
     detail = verdicts["liveness.heartbeats"].detail
-    assert "0.5 at once" in detail or detail.startswith("no 0.5 s again"), detail
+    assert " at once" in detail or detail.startswith("no 0.5 s again"), detail
 
 
 async def test_without_a_coordinator_the_kit_says_so(broker):
