@@ -34,9 +34,10 @@ async def await_slot(broker: Broker, agent_id: str) -> float | None:
     """Ask the coordinators for a registration slot until one is given.
 
     Returns the heartbeat interval the coordinator asks for, if any. With no
-    coordinator running at all, the agent registers on its own (and says so). Nobody at the
-    registrations' desk while a coordinator answers ``reach.ctl.status`` is a flooded desk,
-    which does not listen for a few seconds: asked again later, as a deferral is.
+    coordinator running at all (the server says nobody listens on ``reach.ctl.status``), the
+    agent registers on its own (and says so). Nobody at the registrations' desk while a
+    coordinator answers ``reach.ctl.status``, or while that goes unanswered, is a flooded
+    desk, which does not listen for a few seconds: asked again later, as a deferral is.
     """
     request = envelopes.encode(RegisterRequest(agent_id=agent_id))
     waited = 0
@@ -45,10 +46,18 @@ async def await_slot(broker: Broker, agent_id: str) -> float | None:
             subject = broker.names.register(agent_id)
             answer = await broker.request(subject, request, timeout=SLOT_TIMEOUT_S)
         except NoResponders:
-            if await coordinator_runs(broker, none_for_s=0) is not True:
+            runs = await coordinator_runs(broker, timeout_s=SLOT_TIMEOUT_S, none_for_s=0)
+            if runs is False:
                 log.warning("no coordinator answered the registration; registering directly")
                 return None
-            log.warning("a coordinator runs but its registrations' desk does not listen now")
+            # A status desk slow to answer (a flood queued before it on the desks'
+            # connection, a loaded host) is no proof that nobody runs: asked again later.
+            log.warning(
+                "a coordinator runs but its registrations' desk does not listen now"
+                if runs
+                else "the registrations' desk does not listen and reach.ctl.status did not"
+                " answer in time; asking again"
+            )
             answer = None
         except BrokerTimeout:
             answer = None

@@ -108,7 +108,14 @@ async def test_an_agent_waits_for_a_flooded_registrations_desk_rather_than_regis
             cards = await broker.kv(names.agents_bucket)
             assert (await cards.get("desk-latecomer")) is not None
     said = [entry["event"] for entry in logs]
-    assert "a coordinator runs but its registrations' desk does not listen now" in said
+    # A loaded CI run's status desk answered too late (the flood queued before it): that is
+    # no proof that nobody runs, and the agent asks again too.
+    waited = {
+        "a coordinator runs but its registrations' desk does not listen now",
+        "the registrations' desk does not listen and reach.ctl.status did not answer in time;"
+        " asking again",
+    }
+    assert waited & set(said)
     assert "no coordinator answered the registration; registering directly" not in said
     assert "a flooded desk listens again" in said
 

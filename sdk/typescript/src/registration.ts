@@ -19,9 +19,10 @@ const MAX_RETRY_MS = 10_000;
 /**
  * Ask the coordinators for a registration slot until one is given. Returns the
  * heartbeat interval (seconds) a coordinator asks for, if any. With no
- * coordinator listening at all, the agent registers on its own (and says so). Nobody at the
- * registrations' desk while a coordinator answers `reach.ctl.status` is a flooded desk, which
- * does not listen for a few seconds: asked again later, as a deferral is.
+ * coordinator listening at all (nobody listens on `reach.ctl.status`), the agent registers on
+ * its own (and says so). Nobody at the registrations' desk while a coordinator answers
+ * `reach.ctl.status`, or while that goes unanswered, is a flooded desk, which does not listen
+ * for a few seconds: asked again later, as a deferral is.
  */
 export async function awaitSlot(
   conn: Connection,
@@ -38,11 +39,18 @@ export async function awaitSlot(
     } catch (err) {
       const code = (err as NatsError).code;
       if (code === ErrorCode.NoResponders) {
-        if ((await coordinatorRuns(conn, undefined, 0)) !== true) {
+        const runs = await coordinatorRuns(conn, SLOT_TIMEOUT_MS, 0);
+        if (runs === false) {
           log.warn("no coordinator answered the registration; registering directly");
           return null;
         }
-        log.warn("a coordinator runs but its registrations' desk does not listen now");
+        // A status desk slow to answer (a flood queued before it, a loaded host) is no proof
+        // that nobody runs: asked again later.
+        log.warn(
+          runs
+            ? "a coordinator runs but its registrations' desk does not listen now"
+            : "the registrations' desk does not listen and reach.ctl.status did not answer in time; asking again",
+        );
       } else if (code !== ErrorCode.Timeout) throw err;
     }
     if (answer?.ok) return answer.heartbeat_interval_s ?? null;

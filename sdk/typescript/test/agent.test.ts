@@ -1767,7 +1767,12 @@ describe("a flooded registrations' desk", () => {
     const logger = { ...quiet, warn: (event: string) => void said.push(event) };
     const id = unique("ts-latecomer");
     await started(newAgent(id, { logger }).handler(unique("late"), () => null));
-    assert.ok(said.includes("a coordinator runs but its registrations' desk does not listen now"), said.join("; "));
+    // Under load the status desk may answer too late (the flood queued before it): it waits too.
+    const waited = [
+      "a coordinator runs but its registrations' desk does not listen now",
+      "the registrations' desk does not listen and reach.ctl.status did not answer in time; asking again",
+    ];
+    assert.ok(said.some((line) => waited.includes(line)), said.join("; "));
     assert.ok(!said.includes("no coordinator answered the registration; registering directly"), said.join("; "));
     assert.equal((await (await kv("reach_agents")).get(id))!.json<AgentCard>().status, "running");
   });
