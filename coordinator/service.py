@@ -31,11 +31,10 @@ from agentreach.broker import (
     provision,
 )
 from agentreach.broker.failover import until_answered
-from agentreach.broker.record_seal import RecordSeal, headed_buckets
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import consumers
 from agentreach.coordinator.calls import Calls
-from agentreach.coordinator.config import ConfigError, CoordinatorConfig
+from agentreach.coordinator.config import CoordinatorConfig
 from agentreach.coordinator.consumption import Consumption, Handler, TaskOf
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import Outcomes
@@ -62,11 +61,11 @@ from agentreach.coordinator.observability import (
     serving,
 )
 from agentreach.coordinator.protection.breaker_board import BreakerBoard
-from agentreach.coordinator.protection.grants import UNSEALED_ENV, Grants, SecurityConfig
 from agentreach.coordinator.protection.outcome_feed import follow_outcomes
 from agentreach.coordinator.protection.queues import QueueDepths
 from agentreach.coordinator.protection.quotas import CallerQuotas
 from agentreach.coordinator.protection.rate_limits import RateLimiter
+from agentreach.coordinator.protection.sealing import sealed_grants
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.coordinator.routing.fleet import Fleet
 from agentreach.coordinator.routing.manual import ManualQueue
@@ -111,18 +110,7 @@ class Coordinator:
         )
         self.queues = QueueDepths(broker, config.queues)
         fleet = Fleet(self.directory, self.breakers, self.queues, RateLimiter(config.rate_limits))
-        try:
-            grants = Grants.from_config(config.security)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"security.seal_key_file: {exc}") from None
-        if broker.auth.identity is not None and not grants.enabled:
-            _unsealed(config.security)
-        broker.dedup_secret = broker.dedup_secret or grants.key  # replicas share the key
-        if grants.key is not None:  # what only the replicas write is read only as they wrote it
-            n = broker.names
-            sealed = (n.leases_bucket, n.quotas_bucket, n.workflows_bucket)
-            broker.record_seals.update(dict.fromkeys(sealed, RecordSeal(grants.key)))
-            broker.headed_buckets.update(headed_buckets(n))
+        grants = sealed_grants(broker, config.security)
         # Secured (the seal key): only the intents operators allowed an agent are routed to it.
         self.directory.enforce_allowances = grants.enabled
         self.desks = desk_connection(broker)  # what anyone may flood, off the main connection
@@ -382,19 +370,3 @@ def _keep(group: asyncio.TaskGroup, name: str, loop: Callable[[], Awaitable[None
             pause_s = min(RESTART_CAP_S, pause_s * 2)
 
     group.create_task(kept(), name=name)
-
-
-def _unsealed(security: SecurityConfig) -> None:
-    """On a secured server, no seal key fails closed unless the operator said otherwise: a
-    replica without it checks no agent's events, and enforces no allowance."""
-    what = (
-        "agents' events are not checked against their dispatch's grant, intent and priority"
-        " allowances are not enforced, and Nats-Msg-Ids carry no MAC"
-    )
-    if not (security.unsealed or os.environ.get(UNSEALED_ENV) == "1"):
-        raise ConfigError(
-            f"secured server but no security.seal_key_file: without it {what}. Give it the key"
-            " `reach auth init` made (<auth dir>/coordinator.seal; every replica the same),"
-            " or set security.unsealed: true to run so knowingly"
-        )
-    log.warning(f"secured server, running unsealed: {what}")
