@@ -3,31 +3,38 @@
  * `ctx.signal` is aborted and they get a second more; runs that ended but whose outcomes are
  * not recorded yet (the NATS server away) get `drainTimeoutMs` again, for the server to come
  * back (an outside trial of the Python agent: such an outcome was thrown away with the
- * running handlers, and its task ran again).
+ * running handlers, and its task ran again). Runs reporting an outcome already recorded wait
+ * with them, and are not counted among the running handlers.
  */
 
 import { LEASE_GRACE_MS } from "./deadline.js";
 import type { Logger } from "./log.js";
 
-/** The runs whose handler ended, recording their outcomes: their message ids. */
+/** The runs whose handler ended: their message ids, and whether each outcome is recorded yet
+ * (it is being reported then). */
 export class Recording {
-  readonly ids = new Set<string>();
+  readonly ids = new Map<string, boolean>();
   private waiters: (() => void)[] = [];
 
-  /** `record()` for `messageId`, counted among the outcomes being recorded meanwhile. */
-  async during<T>(messageId: string, record: () => Promise<T>): Promise<T> {
-    this.ids.add(messageId);
+  /** `conclude(recorded)` for `messageId`, which calls `recorded()` once its outcome is kept. */
+  async during<T>(messageId: string, conclude: (recorded: () => void) => Promise<T>): Promise<T> {
+    this.ids.set(messageId, false);
     try {
-      return await record();
+      return await conclude(() => this.ids.set(messageId, true));
     } finally {
       this.ids.delete(messageId);
       if (this.ids.size === 0) for (const resolve of this.waiters.splice(0)) resolve();
     }
   }
 
-  /** Until no outcome is being recorded. */
+  /** Until no run is recording or reporting an outcome. */
   async settled(): Promise<void> {
     if (this.ids.size > 0) await new Promise<void>((resolve) => this.waiters.push(resolve));
+  }
+
+  /** The message ids whose outcomes are (`recorded`) or are not recorded yet, sorted. */
+  which(recorded: boolean): string[] {
+    return [...this.ids].filter(([, kept]) => kept === recorded).map(([id]) => id).sort();
   }
 }
 
@@ -54,9 +61,16 @@ export async function drain({ inFlight, recording, abortAll, drainTimeoutMs, log
     recording: recording.ids.size,
     drain_timeout_ms: drainTimeoutMs,
   });
-  if (!(await settleWithin([recording.settled()], drainTimeoutMs))) {
+  if (await settleWithin([recording.settled()], drainTimeoutMs)) return;
+  const [unrecorded, unreported] = [recording.which(false), recording.which(true)];
+  if (unrecorded.length > 0) {
     log.error("outcomes given up at the stop, never recorded: NATS was unreachable; these tasks run again when delivered again", {
-      message_ids: [...recording.ids].sort(),
+      message_ids: unrecorded,
+    });
+  }
+  if (unreported.length > 0) {
+    log.warn("outcomes recorded but not reported at the stop: NATS was unreachable; their tasks, delivered again, are answered from the records", {
+      message_ids: unreported,
     });
   }
 }

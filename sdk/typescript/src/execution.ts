@@ -140,10 +140,7 @@ export class Executor {
     else msg.nak(retryInMs);
   }
 
-  /**
-   * Run `task` at most once; returns when to see it again, null when done, or LEAVE when
-   * this delivery is not to be settled (see LEAVE).
-   */
+  /** Run `task` at most once; returns when to see it again, null when done, or LEAVE (see LEAVE). */
   private async execute(msg: JsMsg, task: Task): Promise<number | null | typeof LEAVE> {
     const agentId = this.agentId;
     const dispatchedMs = Math.floor(msg.info.timestampNanos / 1e6);
@@ -311,20 +308,21 @@ export class Executor {
 
   /** Record the outcome (it survives a broker outage meanwhile), then report it. */
   private async conclude(msg: JsMsg, task: Task, outcome: Outcome, dispatchedMs: number): Promise<void> {
-    const recorded = await this.recording.during(task.message_id, () => this.records.record(task, outcome, () => quietly(() => msg.working())));
-    if (outcome.error !== undefined) {
-      const error = outcome.error;
-      this.log.info("handler failed", { message_id: task.message_id, error_type: error.type, error: error.message });
-      await this.reports.report(msg, task, "failed", error, dispatchedMs);
-      return;
-    }
-    if (!recorded) {
-      // Fenced: the task was reassigned while this ran; the new attempt answers.
-      this.log.warn("late result rejected: the task was reassigned or ended meanwhile", { message_id: task.message_id });
-      await this.reports.say(msg, task, "late_result_rejected");
-      return;
-    }
-    await this.reports.complete(msg, task, outcome.result, outcome.durationMs, outcome.resultRef ?? null);
+    await this.recording.during(task.message_id, async (kept) => {
+      const recorded = await this.records.record(task, outcome, () => quietly(() => msg.working()));
+      kept();
+      if (outcome.error !== undefined) {
+        const { type, message } = outcome.error;
+        this.log.info("handler failed", { message_id: task.message_id, error_type: type, error: message });
+        return this.reports.report(msg, task, "failed", outcome.error, dispatchedMs);
+      }
+      if (!recorded) {
+        // Fenced: the task was reassigned while this ran; the new attempt answers.
+        this.log.warn("late result rejected: the task was reassigned or ended meanwhile", { message_id: task.message_id });
+        return this.reports.say(msg, task, "late_result_rejected");
+      }
+      await this.reports.complete(msg, task, outcome.result, outcome.durationMs, outcome.resultRef ?? null);
+    });
   }
 
   /** Call the handler under its deadline, keeping the message from redelivery meanwhile. */
