@@ -103,7 +103,11 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
         acting = args.action in ("cancel", "signal")  # maybe just after the start: waits
         if (record := await read_record(broker, args.id, within_s=acting * START_GRACE_S)) is None:
             waited = f" within {START_GRACE_S:g} s (its start may still wait in the intake)"
-            raise UsageError(f"no workflow instance {args.id!r}{waited * acting}; {LISTED}")
+            raise UsageError(
+                f"no workflow instance {args.id!r}{waited * acting}; {LISTED}, and"
+                f" `reach trace {args.id}` says what became of a start of that id (one refused"
+                " at intake, say, is dead-lettered)"
+            )
         if args.action == "show":
             print(as_json(record) if args.json else tree(record))
             return 0

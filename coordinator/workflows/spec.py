@@ -49,7 +49,7 @@ from agentreach.coordinator.workflows.precedence import (
     machine_warnings,
 )
 from agentreach.coordinator.workflows.templates import check_template
-from agentreach.envelopes import Priority
+from agentreach.envelopes import MAX_TTL_MS, Priority
 from agentreach.envelopes.messages import Token
 
 StepName = Annotated[
@@ -211,7 +211,8 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
     def warnings(self) -> list[str]:
         """What in the definition can never be used (it works, though not as written): a
         state no path enters, a transition an earlier one pre-empts, a ``compensate:`` in a
-        workflow that never compensates, a timeout or wait the workflow's ttl_s cuts short."""
+        workflow that never compensates, a timeout or wait the workflow's ttl_s cuts short, a
+        ttl_s past the longest ttl a task may have."""
         found = machine_warnings(self.states) if self.states is not None else []
         if self.on_failure != "compensate":
             kind = "state" if self.states is not None else "step"
@@ -226,6 +227,12 @@ class WorkflowSpec(msgspec.Struct, **_Strict):  # type: ignore[misc]
             for name, field, seconds in self._bounds()
             if seconds >= self.ttl_s
         )
+        if self.ttl_s > MAX_TTL_MS / 1000:
+            found.append(
+                f"ttl_s {self.ttl_s:g} s is never reached: the ttl of the task that starts an"
+                f" instance ends it first, and a task's ttl is at most {MAX_TTL_MS // 1000} s"
+                " (a day)"
+            )
         return found
 
     def _bounds(self) -> list[tuple[str, str, float]]:

@@ -824,6 +824,7 @@ async def test_the_cli_waits_a_moment_for_the_instance_it_signals(
     assert nothing.returncode == 1
     assert "no workflow instance 'never-started' within 2 s" in nothing.stderr
     assert "`reach workflows list` lists them" in nothing.stderr
+    assert "`reach trace never-started` says what became of a start" in nothing.stderr
 
 
 async def test_a_signal_no_state_waits_for_is_said_and_not_redelivered(

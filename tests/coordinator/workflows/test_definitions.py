@@ -302,6 +302,16 @@ def test_a_timeout_or_wait_past_the_workflows_ttl_is_warned_about() -> None:
     assert spec("{ttl_s: 100, chain: [{name: a, intent: x, timeout_s: 99}]}").warnings() == []
 
 
+def test_a_ttl_past_the_longest_task_ttl_is_warned_about() -> None:
+    """An instance ends by the ttl of the task that started it too, which is a day at most:
+    `ttl_s: 99999999999` loaded without a word (an outside trial)."""
+    assert spec("{ttl_s: 99999999999, chain: [{name: a, intent: x}]}").warnings() == [
+        "ttl_s 1e+11 s is never reached: the ttl of the task that starts an instance ends it"
+        " first, and a task's ttl is at most 86400 s (a day)"
+    ]
+    assert spec("{ttl_s: 86400, chain: [{name: a, intent: x}]}").warnings() == []
+
+
 def test_a_compensate_never_used_and_a_repeated_event_are_warned_about() -> None:
     """`compensate:` without `on_failure: compensate` never runs; a second transition on an
     event the state already goes on is never taken; a second otherwise is described as one."""
