@@ -159,21 +159,28 @@ class ReachClient:
             fields["traceparent"] = envelopes.tracecontext.normalized(traceparent)
         return task_of(fields)
 
-    async def submit(self, task: Task) -> bool:
+    async def submit(self, task: Task, *, elections_s: float | None = None) -> bool:
         """Publish a built task to ``reach.task.<topic>.<caller>``, as :attr:`caller` (a large
         payload is claim-checked).
 
         While the intake holds as many of this caller's tasks on the topic as it keeps, the
         publish waits for room (backpressure: a burst goes at the pace the coordinator takes
-        it), up to the task's ttl. False when the stream held its message id already (sent
-        within the duplicate window): it is not taken in again, and the earlier message's
-        outcome is the answer."""
+        it), up to the task's ttl. While JetStream does not answer (a restart, an election, a
+        lost majority), it is sent again under its id for up to ``elections_s`` (the broker's
+        ``election_budget_s`` by default), then NotStored. False when the stream held its
+        message id already (sent within the duplicate window): it is not taken in again, and
+        the earlier message's outcome is the answer."""
         task = await self.claim_check.stow_task(task)
         subject = self.broker.names.task(task.topic, self.caller)
         data, headers = envelopes.encode(task), h.task_headers(task)
         try:
             stored = await publish_when_room(
-                self.broker, subject, data, headers=headers, within_s=task.ttl_ms / 1000
+                self.broker,
+                subject,
+                data,
+                headers=headers,
+                within_s=task.ttl_ms / 1000,
+                elections_s=elections_s,
             )
         except NoStreamError as exc:
             raise not_provisioned(task, subject) from exc
@@ -304,7 +311,10 @@ class ReachClient:
         self._waiting.add(replies)
         try:
             async with await listen(self.broker, box.wildcard, box.collect):
-                if await self.submit(task):
+                # A caller that gives an agent longer to accept it gives JetStream as long to
+                # store it (a trial's lost majority: NotStored at 15 s of an ack deadline of 40).
+                elections_s = max(self.broker.election_budget_s, task.budget.ack_ms / 1000)
+                if await self.submit(task, elections_s=elections_s):
                     try:
                         result = await wait_for_result(task, replies, on_ack, on_progress, ending)
                     except NotAcknowledged as exc:

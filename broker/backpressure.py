@@ -26,16 +26,18 @@ async def publish_when_room(
     *,
     headers: dict[str, str] | None,
     within_s: float,
+    elections_s: float | None = None,
 ) -> api.PubAck:
     """Publish, trying again while ``subject`` is full, for up to ``within_s``; raises the
-    last :class:`SubjectFull` when no room came by then (nothing was stored). Any other
+    last :class:`SubjectFull` when no room came by then (nothing was stored). Each try waits
+    through elections for up to ``elections_s`` (the broker's budget by default). Any other
     broker error is raised at once."""
     loop = asyncio.get_running_loop()
     give_up_at, pause_s = loop.time() + within_s, ROOM_PAUSE_FIRST_S
     said = False
     while True:
         try:
-            return await broker.publish(subject, data, headers=headers)
+            return await broker.publish(subject, data, headers=headers, budget_s=elections_s)
         except SubjectFull as exc:
             if loop.time() + pause_s > give_up_at:
                 raise

@@ -256,11 +256,11 @@ class Broker:
         timeout: float | None = None,
         seal_id: bool = True,
         since_break: int | None = None,
+        budget_s: float | None = None,
     ) -> api.PubAck:
         """JetStream publish; a ``Nats-Msg-Id`` header makes the stream drop duplicates.
-
         While the stream has no leader (an election) the publish is made again, for up to
-        ``election_budget_s``; raises NoStreamError at once when no stream listens.
+        ``budget_s`` (``election_budget_s``); NoStreamError at once when no stream listens.
         ``seal_id=False``: the ``Nats-Msg-Id`` as given (someone else's id), not sealed.
         ``since_break``: ``link.breaks`` when the decision the write carries was made; once
         the connection broke after it, ConnectionBroke, unsent."""
@@ -275,6 +275,7 @@ class Broker:
             self,
             subject=subject,
             retry_timeouts=bool(headers and MSG_ID in headers),
+            budget_s=budget_s,
         )
 
     def shared(self, kind: Callable[[Broker], S]) -> S:

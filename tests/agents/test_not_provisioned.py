@@ -3,12 +3,13 @@ error, saying what to do."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 
 import pytest
 
-from agentreach import NotProvisioned, NotStored, ReachClient, ReachError
+from agentreach import Agent, NotProvisioned, NotStored, ReachClient, ReachError, TaskContext
 from agentreach.broker import Broker, BrokerError, NoStreamError, Topology, provision
 from agentreach.broker.embedded import PID_FILE
 from tests.support import stopped
@@ -53,3 +54,34 @@ async def test_a_task_jetstream_does_not_take_in_time_raises_not_stored_with_its
     error = caught.value
     assert isinstance(error, BrokerError) and error.message_id == "unheard-1"
     assert "may not have been stored" in str(error) and "message_id='unheard-1'" in str(error)
+
+
+async def test_invoke_waits_for_jetstream_as_long_as_its_ack_deadline(
+    broker, coordinator, nats_url, tmp_path
+):
+    """A lost majority kept JetStream from answering for 14 s: invoke raised NotStored at the
+    election budget (15 s), though its caller gave an agent 40 s to accept the task (a
+    cluster trial). It sends the task again under its id for as long as its ack deadline,
+    and the task runs once."""
+    pid_file = tmp_path / "nats" / PID_FILE
+    if not pid_file.exists():
+        pytest.skip("stops the test's own nats-server (NATS_URL is set)")
+    pid = int(pid_file.read_text())
+    agent = Agent("patient-store", startup_delay=0)
+    runs: list[int] = []
+
+    @agent.handler("count")
+    async def count(ctx: TaskContext, payload: dict) -> dict:
+        runs.append(payload["n"])
+        return payload
+
+    async with (
+        agent.running(broker=broker),
+        Broker(nats_url, names=broker.names, election_budget_s=0.5, request_timeout=0.3) as own,
+        ReachClient(broker=own) as client,
+    ):
+        await stopped(pid)
+        loop = asyncio.get_running_loop()
+        loop.call_later(2.0, os.kill, pid, signal.SIGCONT)  # the outage: 4 election budgets
+        result = await client.invoke("count", {"n": 1}, ack_deadline_ms=20_000)
+    assert result == {"n": 1} and runs == [1]

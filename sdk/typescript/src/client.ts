@@ -8,7 +8,7 @@ import type { NatsError, Subscription } from "nats";
 import { budgetOf, taskOf } from "./arguments.js";
 import { ClaimCheck, DEFAULT_CLAIM_CHECK_BYTES } from "./claimcheck.js";
 import { encode, MAX_MS, newId, nowMs, taskHeaders, TOKEN } from "./codec.js";
-import { Connection } from "./connection.js";
+import { Connection, ELECTION_BUDGET_MS } from "./connection.js";
 import { coordinatorRuns, NO_COORDINATOR, PublishWarnings } from "./coordinatorstatus.js";
 import { Traces } from "./endings.js";
 import { BacklogFull, InvalidArgument, NotAcknowledged, ReachError } from "./errors.js";
@@ -188,18 +188,18 @@ export class ReachClient {
   /**
    * Publish a built task to `<prefix>.task.<topic>.<caller>` (a large payload is
    * claim-checked). While the intake holds as many of this caller's tasks on the topic as it
-   * keeps, it waits for room (backpressure), up to the task's ttl. False when the stream held
-   * its message id already (sent within the duplicate window): it is not taken in again, and
-   * the earlier message's end is the answer.
+   * keeps, it waits for room (backpressure), up to the task's ttl; while JetStream does not
+   * answer, for up to `electionsMs` (15 s by default), then NotStored. False when the stream
+   * held its message id already (sent within the duplicate window): it is not taken in again.
    */
-  async submit(task: Task): Promise<boolean> {
+  async submit(task: Task, electionsMs?: number): Promise<boolean> {
     this.mustBeOpen();
     const stowed = await this.claimCheck.stowTask(task);
     const subject = this.conn.names.task(stowed.topic, this.caller);
     const giveUpAt = performance.now() + stowed.ttl_ms;
     for (let pauseMs = ROOM_PAUSE_FIRST_MS; ; pauseMs = Math.min(pauseMs * 2, ROOM_PAUSE_CAP_MS)) {
       try {
-        const ack = await this.conn.publish(subject, encode(stowed), taskHeaders(stowed));
+        const ack = await this.conn.publish(subject, encode(stowed), taskHeaders(stowed), electionsMs);
         return !ack.duplicate;
       } catch (err) {
         const refused = refusedPublish(err, stowed, subject, this.caller);
@@ -272,7 +272,8 @@ export class ReachClient {
     this.waiting.add(box);
     try {
       let outcome: Outcome;
-      if (await this.submit(task)) {
+      // As long for JetStream to store it as for an agent to accept it (a lost majority).
+      if (await this.submit(task, Math.max(ELECTION_BUDGET_MS, task.budget.ack_ms))) {
         try {
           outcome = await waitForResult(task, box, ending, { ...options, log: this.log });
         } catch (err) {

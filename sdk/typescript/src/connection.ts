@@ -28,7 +28,7 @@ export const WRONG_LAST_SEQUENCE = [10071, 10164];
 const WAITABLE = new Set<string>([ErrorCode.ConnectionRefused, ErrorCode.ConnectionTimeout, ErrorCode.Timeout, "ENOTFOUND", "EAI_AGAIN"]);
 const WAIT_FIRST_MS = 1_000;
 /** Above the slowest election seen (8.6 s), with room for a reconnect (as the Python SDK). */
-const ELECTION_BUDGET_MS = 15_000;
+export const ELECTION_BUDGET_MS = 15_000;
 const RETRY_FIRST_MS = 100;
 const RETRY_CAP_MS = 1_000;
 const MSG_ID = "Nats-Msg-Id";
@@ -173,11 +173,11 @@ export class Connection {
    * JetStream publish; a `Nats-Msg-Id` header makes the stream drop duplicates (the
    * acknowledgement then says `duplicate`).
    */
-  async publish(subject: string, data: Uint8Array, headers: Record<string, string> = {}): Promise<PubAck> {
+  async publish(subject: string, data: Uint8Array, headers: Record<string, string> = {}, budgetMs = ELECTION_BUDGET_MS): Promise<PubAck> {
     // While a server restarts or the stream's leader is being elected, nobody answers: the
-    // write is made again, for up to ELECTION_BUDGET_MS. One that timed out may have been
-    // stored: made again only with a Nats-Msg-Id, which makes the stream drop the copy.
-    const giveUpAt = performance.now() + ELECTION_BUDGET_MS;
+    // write is made again, for up to budgetMs. One that timed out may have been stored:
+    // made again only with a Nats-Msg-Id, which makes the stream drop the copy.
+    const giveUpAt = performance.now() + budgetMs;
     for (let pauseMs = RETRY_FIRST_MS; ; pauseMs = Math.min(pauseMs * 2, RETRY_CAP_MS)) {
       try {
         return await this.js.publish(subject, data, { headers: toHeaders(headers), timeout: this.requestTimeoutMs });

@@ -907,6 +907,25 @@ describe("ReachClient across a server restart", () => {
     }
   });
 
+  it("sends a task through an outage past the election budget (15 s) while its ack deadline lasts (a lost majority: NotStored at 15 s)", async () => {
+    const topic = unique("stored-late");
+    let runs = 0;
+    const agent = newAgent(unique("ts-stored-late")).handler(topic, (_ctx, p: { n: number }) => ((runs += 1), { n: p.n }));
+    agents.push(agent);
+    await agent.start(stack.url);
+    const client = await ReachClient.connect(relay.url, { logger: quiet, name: "stored-late", requestTimeoutMs: 500 });
+    try {
+      await relay.shut();
+      const invoked = client.invoke(topic, { n: 1 }, { ackDeadlineMs: 30_000 });
+      await sleep(16_000); // the outage: past the election budget
+      await relay.open();
+      assert.deepEqual(await invoked, { n: 1 });
+      assert.equal(runs, 1);
+    } finally {
+      await client.close();
+    }
+  });
+
   it("waits in result() through a server away for longer than a request's timeout, until its own timeout", async () => {
     const topic = unique("looked-up");
     const release = new Gate();
