@@ -22,9 +22,11 @@ from nats.js import api
 from agentreach.broker.topology import Outcome
 
 SETTLE_POLL_S = 0.25
-# Unheard of for this long, a replica is down or cut off, not catching up: the server too
-# stops counting a replica as current after 10 s of silence (its lost-quorum interval).
-SILENT_S = 10.0
+# Unheard of for this long, a replica is down or cut off, not catching up: a leader hears
+# from each replica at least once a second (its heartbeat, measured), while the server goes
+# on counting a killed replica current for 10 s (its lost-quorum interval; a cluster trial's
+# `reach provision` said "catching up" of a node killed 3 s before).
+SILENT_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +48,9 @@ class Provisioned:
     tags: tuple[str, ...]
     leader: str | None
     peers: tuple[str, ...]  # the other replicas
-    current: bool  # every replica has caught up with the leader
+    current: bool  # every replica has caught up with the leader, and is heard from
     lagging: tuple[str, ...] = ()  # replicas not current that the leader hears from
-    away: tuple[str, ...] = ()  # replicas not current that the leader does not hear from
+    away: tuple[str, ...] = ()  # replicas the leader does not hear from
 
     def describe(self) -> str:
         scale = f"R{self.replicas_before}→R{self.replicas}" if self.replicas_before else ""
@@ -128,13 +130,17 @@ def _current(info: api.StreamInfo) -> bool:
     if cluster is None:
         return wanted == 0
     peers = cluster.replicas or []
-    return bool(cluster.leader) and len(peers) == wanted and all(p.current for p in peers)
+    return bool(cluster.leader) and len(peers) == wanted and all(_caught_up(p) for p in peers)
+
+
+def _caught_up(peer: api.PeerInfo) -> bool:
+    return bool(peer.current) and not _away(peer)
 
 
 def _provisioned(name: str, info: api.StreamInfo, change: Change) -> Provisioned:
     config, cluster = info.config, info.cluster
     placement = config.placement
-    behind = [p for p in (cluster.replicas or []) if not p.current] if cluster else []
+    behind = [p for p in (cluster.replicas or []) if not _caught_up(p)] if cluster else []
     return Provisioned(
         name=name,
         outcome=change.outcome,
@@ -152,6 +158,8 @@ def _provisioned(name: str, info: api.StreamInfo, change: Change) -> Provisioned
 
 def _away(peer: api.PeerInfo) -> bool:
     """Not heard from by the leader lately (``active``: how long ago; 0 when never since it
-    became leader), or counted offline: down or cut off, not catching up."""
+    became leader, said only of one not current), or counted offline: down or cut off, not
+    catching up, though the server may still count it current."""
     heard_s = (peer.active or 0) / 1e9  # the server reports nanoseconds
-    return bool(peer.offline) or heard_s == 0 or heard_s > SILENT_S
+    never = heard_s == 0 and not peer.current
+    return bool(peer.offline) or never or heard_s > SILENT_S

@@ -34,18 +34,20 @@ def row(*replicas: dict[str, object]) -> str:
 
 def test_a_replica_heard_from_is_catching_up_and_one_unheard_of_is_said_to_be_away():
     """Not current but heard from a moment ago: catching up. Not heard from since the leader
-    was elected (active 0), for over 10 s, or counted offline: not current, offline or cut
-    off (the server keeps its last lag for it, so a lag alone tells nothing)."""
+    was elected (active 0), for over 3 s (three of the leader's heartbeats, though the
+    server calls it current for 10 s), or counted offline: not current, offline or cut off
+    (the server keeps its last lag for it, so a lag alone tells nothing)."""
     live = {"name": "n2", "current": True, "active": SECOND_NS // 4}
     catching_up = {"name": "n2", "current": False, "active": SECOND_NS // 2, "lag": 120}
     never_heard = {"name": "n3", "current": False, "active": 0, "lag": 2}
     silent = {"name": "n3", "current": False, "active": 40 * SECOND_NS, "lag": 2}
     offline = {"name": "n3", "current": False, "active": SECOND_NS, "offline": True}
+    killed = {"name": "n3", "current": True, "active": 3 * SECOND_NS + SECOND_NS // 2}
     assert row(live, {"name": "n3", "current": True, "active": 1}).endswith("replicas n2 n3")
     assert row(live, {**catching_up, "name": "n3"}).endswith(
         "leader n1, replicas n2 n3 (n3 catching up)"
     )
-    for away in (never_heard, silent, offline):
+    for away in (never_heard, silent, offline, killed):
         assert row(live, away).endswith(
             "leader n1, replicas n2 n3 (n3 not current: offline or cut off?)"
         )
