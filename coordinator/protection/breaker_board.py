@@ -32,6 +32,7 @@ from agentreach.coordinator.protection.circuit import (
     with_trial,
 )
 from agentreach.envelopes import (
+    REASSIGNED,
     SUB_TASK_FAILED,
     BreakerRecord,
     Budget,
@@ -92,8 +93,11 @@ class BreakerBoard:
         started (``expired``; a backlog is the watermarks' business), a handler cut short
         by the sender's own execute budget — unless the intent declares a shorter
         ``deadline_ms`` — or one failed by a task it sent (``sub_task_failed``). One caller's
-        tight limits, or one busy dependency, must not close an agent to everyone."""
+        tight limits, or one busy dependency, must not close an agent to everyone. Nor an
+        attempt moved away from it unrun (``reassigned``): liveness judged that already."""
         if event.event == "expired" or _refused_as_invalid(event) or _dependency_failed(event):
+            return False
+        if _moved_away(event):
             return False
         budget_ms = _cut_short_ms(event)
         if budget_ms is None:
@@ -345,6 +349,14 @@ def _dependency_failed(event: Event) -> bool:
     dependency's health, not its own."""
     error = event.detail.get("error") if event.event == "failed" else None
     return isinstance(error, dict) and error.get("type") == SUB_TASK_FAILED
+
+
+def _moved_away(event: Event) -> bool:
+    """An attempt liveness moved to another agent, which this one reports unrun once back (a
+    trial: a 20 s SIGSTOP made the only agent report its waiting tasks so, which isolated it,
+    and every task after was dead-lettered, none of them run)."""
+    error = event.detail.get("error") if event.event == "failed" else None
+    return isinstance(error, dict) and error.get("type") == REASSIGNED
 
 
 def _cut_short_ms(event: Event) -> int | None:

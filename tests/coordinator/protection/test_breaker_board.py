@@ -50,6 +50,12 @@ def board(declared: int | None) -> BreakerBoard:
         (outcome("failed", deadline()), 1500, False),
         # cut by the deadline the intent declares itself
         (outcome("failed", deadline()), 200, True),
+        # moved to another agent unrun while this one did not answer: liveness's business
+        (
+            outcome("failed", {"type": "reassigned", "message": "moved", "retryable": True}),
+            None,
+            False,
+        ),
     ],
 )
 def test_a_breaker_counts_what_says_something_about_the_agent(
@@ -58,8 +64,8 @@ def test_a_breaker_counts_what_says_something_about_the_agent(
     assert board(declared)._counts(event) is counts
 
 
-def failure(message_id: str) -> Event:
-    error = {"type": "RuntimeError", "message": "down", "retryable": True}
+def failure(message_id: str, kind: str = "RuntimeError") -> Event:
+    error = {"type": kind, "message": "down", "retryable": True}
     return Event(
         v=1,
         message_id=message_id,
@@ -104,3 +110,20 @@ async def test_the_retries_of_one_message_are_one_failure_in_a_row(broker):
         await board.record_outcome(failure(message_id), at_ms=now[0])
     assert board.isolated == ["z"]
     assert board.records["z"].reason == "3 messages failed in a row"
+
+
+async def test_attempts_moved_away_unrun_do_not_isolate_their_agent(broker):
+    """A 20 s SIGSTOP of the only agent (a trial): its waiting tasks were moved, and once back
+    it reported each one `failed`, `reassigned`, unrun. Those isolated it, and every task
+    after was dead-lettered as refused. They are not counted; its own failures still are."""
+    config = BreakerConfig(min_calls=1000, isolation_failures=3)
+    now = [100_000]
+    board = BreakerBoard(broker, config, clock=lambda: now[0])
+    for n in range(6):
+        now[0] += 1000
+        await board.record_outcome(failure(f"moved-{n}", kind="reassigned"), at_ms=now[0])
+    assert board.isolated == [] and board.records == {}
+    for n in range(3):
+        now[0] += 1000
+        await board.record_outcome(failure(f"own-{n}"), at_ms=now[0])
+    assert board.isolated == ["z"]
