@@ -22,6 +22,7 @@ no write to make again, only a question to ask again: :func:`until_answered` ask
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import nats.errors
 import nats.js.errors
+from nats.js import api
 
 from agentreach.broker.errors import (
     BrokerError,
@@ -94,9 +96,10 @@ async def through_elections(
     deadline = loop.time() + budget
     delay = RETRY_FIRST_S
     listens: bool | None = None
+    tried = False
     while True:
         try:
-            return await write()
+            return _own_copy(await write()) if tried else await write()
         except _UNANSWERED as exc:
             # A timeout may mean no stream too: a plain subscriber on the subject (`nats sub`)
             # answers nothing where a missing stream would have said so.
@@ -114,6 +117,7 @@ async def through_elections(
         except nats.errors.Error as exc:
             raise translate(exc, subject=subject) from exc
         honour_cancellation()
+        tried = True
         if loop.time() + delay > deadline:
             why = (
                 "a leader election that does not end: are most of the cluster's nodes down?"
@@ -126,6 +130,14 @@ async def through_elections(
         log.debug("no stream leader yet; writing again", subject=subject, retry_in_s=delay)
         await asyncio.sleep(delay * random.uniform(0.5, 1.0))
         delay = min(RETRY_CAP_S, delay * 2)
+
+
+def _own_copy(answer: T) -> T:
+    """A write made again after an unanswered try: a "duplicate" is that try, stored after
+    all, not an earlier message under the same id (its writer took it for sent before)."""
+    if isinstance(answer, api.PubAck) and answer.duplicate:
+        return dataclasses.replace(answer, duplicate=None)  # type: ignore[return-value]
+    return answer
 
 
 def unanswered(exc: BaseException | None) -> bool:

@@ -26,6 +26,7 @@ import nats.errors
 import nats.js.errors
 from nats.js import api
 
+from agentreach.broker.dedup import MSG_ID
 from agentreach.broker.errors import BrokerError, translate, translated
 from agentreach.broker.reply_inbox import ReplyInbox
 from agentreach.broker.tasks import cancel_and_wait
@@ -63,6 +64,11 @@ class PipelinedPublisher:
         self._inbox = broker.shared(ReplyInbox)
         self._waiting: dict[str, asyncio.Future[api.PubAck]] = {}
         self._deadlines: list[tuple[float, str]] = []
+        # Publishes with a Nats-Msg-Id: the connection's breaks when each was sent. Sent before
+        # a break, its ack went to the connection that broke: once back, it fails as timed out
+        # at once, and is made again (deduplicated), instead of waiting out its timeout (a
+        # trial's rolling restart: a write in flight as a node exited took 5 s).
+        self._resendable: dict[str, int] = {}
         self._reaper: asyncio.Task[None] | None = None
 
     async def publish(
@@ -116,6 +122,8 @@ class PipelinedPublisher:
         future: asyncio.Future[api.PubAck] = loop.create_future()
         token, reply = await self._inbox.expect(lambda msg: self._on_ack(token, msg))
         self._waiting[token] = future
+        if message.headers and MSG_ID in message.headers:
+            self._resendable[token] = self._broker.link.breaks
         heapq.heappush(self._deadlines, (loop.time() + timeout_s, token))
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.create_task(self._reap(), name="publish-acks-reaper")
@@ -130,6 +138,7 @@ class PipelinedPublisher:
 
     def _done_with(self, token: str) -> asyncio.Future[api.PubAck] | None:
         self._inbox.forget(token)
+        self._resendable.pop(token, None)
         return self._waiting.pop(token, None)
 
     def _on_ack(self, token: str, msg: nats.aio.msg.Msg) -> None:
@@ -148,11 +157,17 @@ class PipelinedPublisher:
             await asyncio.sleep(REAP_EVERY_S)
             now = loop.time()
             while self._deadlines and self._deadlines[0][0] <= now:
-                _, token = heapq.heappop(self._deadlines)
-                future = self._done_with(token)
-                if future is not None and not future.done():
-                    future.set_exception(nats.errors.TimeoutError())
+                self._time_up(heapq.heappop(self._deadlines)[1])
+            if self._resendable and self._broker.connected:
+                breaks = self._broker.link.breaks
+                for token in [t for t, sent in self._resendable.items() if sent != breaks]:
+                    self._time_up(token)
         self._deadlines.clear()  # every entry left belongs to an answered publish
+
+    def _time_up(self, token: str) -> None:
+        future = self._done_with(token)
+        if future is not None and not future.done():
+            future.set_exception(nats.errors.TimeoutError())
 
 
 def _ack_of(msg: nats.aio.msg.Msg) -> api.PubAck:

@@ -8,6 +8,7 @@ import asyncio
 import nats.errors
 import nats.js.errors
 import pytest
+from nats.js import api
 from structlog.testing import capture_logs
 
 from agentreach.broker import BrokerTimeout, ProvisionError, StreamNotFound, Unavailable, failover
@@ -132,3 +133,26 @@ async def test_a_command_waits_its_whole_patience_before_giving_up(monkeypatch):
     with pytest.raises(Unavailable):
         await until_answered(never, waiting_for="the list of streams", patience_s=0.3)
     assert len(tries) == 2 and tries[-1] - started >= 0.29
+
+
+async def test_a_write_made_again_is_not_told_a_duplicate_of_its_own_first_try(broker):
+    """A try that timed out may have been stored: made again under its Nats-Msg-Id, the
+    stream answers "duplicate". That is this write's own copy, not an earlier message: a
+    client took its task for one sent before, and warned that it was not taken in."""
+    tries: list[int] = []
+
+    async def write() -> api.PubAck:
+        tries.append(1)
+        if len(tries) == 1:
+            raise nats.errors.TimeoutError
+        return api.PubAck(stream="REACH_TASKS", seq=7, duplicate=True)
+
+    subject = broker.names.task("echo")
+    stored = await failover.through_elections(write, broker, subject=subject, retry_timeouts=True)
+    assert (stored.seq, stored.duplicate, len(tries)) == (7, None, 2)
+
+    async def at_once() -> api.PubAck:
+        return api.PubAck(stream="REACH_TASKS", seq=7, duplicate=True)
+
+    first = await failover.through_elections(at_once, broker, subject=subject, retry_timeouts=True)
+    assert first.duplicate  # an earlier message's, sent before this write

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import nats.aio.msg
 import nats.js.errors
 import pytest
 
-from agentreach.broker import NoStreamError, Outgoing, WrongLastSequence, read_stream
+from agentreach.broker import (
+    Broker,
+    EmbeddedServer,
+    NoStreamError,
+    Outgoing,
+    Topology,
+    WrongLastSequence,
+    provision,
+    read_stream,
+)
+from agentreach.broker.embedded import PID_FILE
 from agentreach.broker.errors import BrokerTimeout
-from agentreach.broker.pipelined import _ack_of
+from agentreach.broker.pipelined import PipelinedPublisher, _ack_of
 from agentreach.envelopes import Liveness
+from tests.support import stopped, until_true
 
 
 def _verdict(agent_id: str) -> Liveness:
@@ -60,3 +73,35 @@ def test_an_ack_of_an_unknown_shape_is_a_refusal_not_a_crash():
         with pytest.raises(nats.js.errors.APIError) as raised:
             _ack_of(msg)
         assert "odd" in str(raised.value) or "not json" in str(raised.value)
+
+
+async def test_a_write_in_flight_as_the_connection_breaks_is_made_again_once_back(tmp_path):
+    """A write whose ack went to a connection that broke (a node that exited in a rolling
+    restart) waited out its whole timeout, 5 s in a trial, before it was made again. Once
+    the connection is back it is made again at once (deduplicated by its Nats-Msg-Id), and
+    stored once."""
+    async with (
+        EmbeddedServer(port=-1, store_dir=tmp_path / "nats") as server,
+        Broker(server.url, request_timeout=20.0) as broker,
+    ):
+        await provision(broker, Topology.default(broker.names))
+        subject = broker.names.task("in-flight")
+        await stopped(int((tmp_path / "nats" / PID_FILE).read_text()))  # answers nothing
+        loop = asyncio.get_running_loop()
+        writing = asyncio.create_task(
+            broker.publish(subject, b"{}", headers={"Nats-Msg-Id": "in-flight-1"})
+        )
+        publisher = broker.shared(PipelinedPublisher)
+        await until_true(lambda: _waiting(publisher), timeout=5)  # sent, not answered
+        await server.kill()  # its ack will never come
+        await server.restart()
+        back_at = loop.time()
+        ack = await asyncio.wait_for(writing, 25)
+        took_s = loop.time() - back_at
+        stored = await read_stream(broker, broker.names.tasks_stream, subject)
+    assert took_s < 10, took_s  # not the 20 s timeout after the reconnect
+    assert not ack.duplicate and len(stored) == 1
+
+
+async def _waiting(publisher: PipelinedPublisher) -> bool:
+    return bool(publisher._waiting)
