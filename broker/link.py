@@ -49,6 +49,7 @@ class Link:
         self._down_since: float | None = None
         self._refusals = 0
         self._error_lines = RepeatedLines(ERROR_LINE_EVERY_S)
+        self._last_server = ""  # the server last connected to: the one an error broke off
         # Told the subscription's subject of each message it dropped, its queue full (a flood).
         self.on_dropped: Callable[[str], None] | None = None
 
@@ -68,6 +69,7 @@ class Link:
         meanwhile, for a dead agent's, and ran its steps again elsewhere: a chaos run)."""
         self.client = client
         self.back_at = time.monotonic()
+        self._last_server = self.server
 
     @property
     def server(self) -> str:
@@ -99,15 +101,14 @@ class Link:
         # The same error again and again (a KV watch re-created twice a second while a
         # cluster has no majority): one line a minute, saying how often it came meanwhile.
         repeated = self._error_lines.due(f"{type(exc).__name__} {_NUMBERS.sub('#', said)}")
+        # server: the one it came from (a reset comes once it is gone); url: the seed list
+        where = {"server": self.server or self._last_server, "url": self.shown_url}
         if repeated is None:
             log.debug("nats error", error=said)
         elif repeated:
-            log.warning(
-                "nats error", error=said, server=self.server, url=self.shown_url,
-                times_since_last=repeated,
-            )  # fmt: skip
-        else:  # server: the one it came from (url: the seed list)
-            log.warning("nats error", error=said, server=self.server, url=self.shown_url)
+            log.warning("nats error", error=said, **where, times_since_last=repeated)
+        else:
+            log.warning("nats error", error=said, **where)
 
     async def _on_disconnected(self) -> None:
         # Not during the first connect: that one fails with its own error.
@@ -123,6 +124,7 @@ class Link:
         self._refusals = 0
         self.reconnects += 1
         self.back_at = time.monotonic()
+        self._last_server = self.server
         self._back.set()
         log.info("nats reconnected", server=self.server, down_s=round(down_s, 2))
 

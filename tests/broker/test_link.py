@@ -66,3 +66,21 @@ async def test_it_knows_when_it_came_back_from_a_server_it_could_not_reach(tmp_p
             assert broker.link.back_at > 0
         finally:
             await broker.close()
+
+
+async def test_an_error_that_broke_the_connection_names_the_server_it_came_from(tmp_path: Path):
+    """A reset comes once the connection is gone: its line said `server=` (empty) and the
+    whole seed list (a cluster trial). It names the server last connected to."""
+    async with EmbeddedServer(port=-1, store_dir=tmp_path / "nats") as server:
+        broker = await Broker(server.url).__aenter__()
+        try:
+            there = broker.link.server
+            await server.kill()
+            await eventually(lambda: not broker.connected)
+            broker.link._down_since = None  # nats-py calls error_cb before disconnected_cb
+            with capture_logs() as logs:
+                await broker.link._on_error(ConnectionResetError(104, "Connection reset by peer"))
+        finally:
+            await broker.close()
+    [said] = errors_in(logs)
+    assert there and said["server"] == there, said
