@@ -341,7 +341,7 @@ export class Executor {
       if (await this.records.renew(task, claim, deadline.leaseMs())) return;
       this.log.warn("claim lost while running: this run's result will be refused", { message_id: task.message_id });
       progressing.end();
-    }, this.log);
+    }, this.log, task.message_id);
     const ctx = new TaskContext(task, this.agentId, deadline, abort.signal, {
       progress: async (note) => {
         const release = deadline.hold(); // the window starts again (at each end of the hold)

@@ -118,6 +118,7 @@ export class Progressing {
   constructor(
     private readonly report: (note: string) => Promise<void>,
     private readonly log: Logger,
+    private readonly messageId: string,
   ) {}
 
   async say(note: string): Promise<void> {
@@ -130,8 +131,9 @@ export class Progressing {
     const first = await Promise.race([failed, late]);
     clearTimeout(timer);
     if (first === "late") {
-      this.log.warn("progress not reported yet; the handler goes on", { wait_ms: PROGRESS_WAIT_MS });
-      void failed.then((err) => err && this.log.warn("progress not reported", { error: String(err) }));
+      const ids = { message_id: this.messageId };
+      this.log.warn("progress not reported yet; the handler goes on", { ...ids, wait_ms: PROGRESS_WAIT_MS });
+      void failed.then((err) => err && this.log.warn("progress not reported", { ...ids, error: String(err) }));
     } else if (first !== null) {
       throw first; // a failure of its own (not the broker's) is the handler's
     }

@@ -183,8 +183,7 @@ export class AgentRuntime {
 
   /**
    * A newer process serves this id (this one was stalled, or cut off, meanwhile): it must take
-   * no more work and stop (§3.4: one live process per id). Its card and heartbeat stand, as
-   * the conditional retire leaves them.
+   * no more work and stop (§3.4). Its card and heartbeat stand, as the conditional retire leaves them.
    */
   private onReplaced(epoch: number): void {
     this.replacedBy = epoch;
@@ -247,7 +246,7 @@ export class AgentRuntime {
   }
 
   private async markCard(status: "draining" | "stopped"): Promise<boolean> {
-    if (this.card === null) return false;
+    if (this.card === null || this.cardRevision < 0) return false; // < 0: a newer process's card
     const card: AgentCard = { ...this.card, status };
     try {
       const kv = await this.conn.kv(this.conn.names.agentsBucket);
@@ -257,6 +256,7 @@ export class AgentRuntime {
       return true;
     } catch (err) {
       if (isWrongLastSequence(err)) {
+        this.cardRevision = -1; // not written again (said once, not at draining and at stopped)
         this.log.warn("a newer process registered this agent id; its card stands");
       } else {
         this.log.warn(`card not marked ${status}`, { error: String(err) });

@@ -6,6 +6,8 @@
  * advertises with its free slots.
  */
 
+import { setMaxListeners } from "node:events";
+
 import type { Priority, Task } from "./types.js";
 
 /** How many deliveries of one priority the agent holds, and a way to wait for room. */
@@ -142,6 +144,9 @@ export class Room {
     private readonly stopping: AbortSignal,
   ) {
     for (const [topic, size] of capacities) this.places.set(topic, new HandlerPlaces(size));
+    // A listener per task waiting for a place: past 10 not a leak, so Node's warning (a trial's
+    // capacity-20 agent printed it under load) is not wanted.
+    setMaxListeners(0, stopping);
     let total = 0;
     for (const size of capacities.values()) total += size;
     this.pools = { P0: new WorkerPool(total), P1: new WorkerPool(total), P2: new WorkerPool(total) };

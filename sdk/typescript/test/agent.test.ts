@@ -1405,17 +1405,35 @@ describe("registration and liveness", () => {
 
   it("leaves the card and heartbeat of a newer process of its id when it stops", async () => {
     const id = unique("ts-replaced");
-    const agent = await started(newAgent(id, { heartbeatIntervalMs: 30_000 }).handler(unique("replaced"), () => null));
+    const said: string[] = [];
+    const logger = { ...quiet, warn: (event: string) => void said.push(event) };
+    const topic = unique("replaced");
+    const running = new Gate();
+    const release = new Gate();
+    const agent = await started(
+      newAgent(id, { heartbeatIntervalMs: 30_000, logger }).handler(topic, async () => {
+        running.open();
+        await release.opened;
+        return null;
+      }),
+    );
+    const replies = await send(stack, task(topic, null)); // running at the stop: draining is marked too
+    await running.opened;
     const cards = await kv("reach_agents");
     const beats = await kv("reach_heartbeats");
     const card = (await cards.get(id))!.json<AgentCard>();
     const newer = { ...card, epoch: card.epoch + 1, pid: 1 };
     await cards.put(id, JSON.stringify(newer));
     await beats.put(id, JSON.stringify({ v: 1, agent_id: id, epoch: newer.epoch, seq: 1, interval_s: 30 }));
-    await agent.stop();
+    const stopping = agent.stop();
+    release.open();
+    await stopping;
+    replies.close();
     const after = (await cards.get(id))!.json<AgentCard>();
     assert.deepEqual([after.status, after.epoch], ["running", newer.epoch]);
     assert.equal((await beats.get(id))!.json<Heartbeat>().epoch, newer.epoch);
+    // Said once (it was at draining and again at stopped, a trial).
+    assert.equal(said.filter((event) => event.startsWith("a newer process registered this agent id")).length, 1, said.join("\n"));
   });
 
   it("stops, its run rejecting, once a newer process of its id heartbeats (a stalled one that resumed)", async () => {

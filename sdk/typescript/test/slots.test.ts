@@ -3,7 +3,8 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { HandlerPlaces, Latencies } from "../src/slots.js";
+import { HandlerPlaces, Latencies, Room } from "../src/slots.js";
+import type { Task } from "../src/types.js";
 
 describe("HandlerPlaces", () => {
   it("never gives P1 or P2 a handler's last place", async () => {
@@ -37,5 +38,27 @@ describe("Latencies", () => {
     assert.equal(latencies.of("fast"), 5);
     assert.equal(latencies.of("never"), 0);
     assert.equal(latencies.estimateMs, 103); // 400, then halfway to 4 (202), to 200 (201), to 6
+  });
+});
+
+describe("Room", () => {
+  it("lets more than 10 tasks wait for a place without Node's MaxListenersExceededWarning (a trial's capacity-20 agent)", async () => {
+    const warnings: string[] = [];
+    const warned = (warning: Error) => void warnings.push(warning.name);
+    process.on("warning", warned);
+    const stopping = new AbortController();
+    const room = new Room(new Map([["busy", 1]]), stopping.signal);
+    const task = { topic: "busy", priority: "P1" } as Task;
+    try {
+      assert.equal(await room.enter(task, () => () => undefined, 60_000), "entered");
+      const waiting = Array.from({ length: 15 }, () => room.enter(task, () => () => undefined, 60_000));
+      await new Promise((resolve) => setImmediate(resolve)); // a warning is emitted on the next tick
+      stopping.abort();
+      assert.deepEqual(new Set(await Promise.all(waiting)), new Set(["stopping"]));
+      await new Promise((resolve) => setImmediate(resolve));
+    } finally {
+      process.off("warning", warned);
+    }
+    assert.ok(!warnings.includes("MaxListenersExceededWarning"), warnings.join(", "));
   });
 });
