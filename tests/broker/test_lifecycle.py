@@ -8,6 +8,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from agentreach import envelopes
 from agentreach.broker import Broker, ConnectionBroke, NoStreamError, Topology, provision
@@ -185,6 +186,26 @@ async def test_an_agents_event_is_of_the_caller_its_attempt_was_routed_for(broke
         ("failed", 2, "mallory", None),  # names no caller: its routing's
         ("accepted", 1, "bob", "alice"),
     ]
+
+
+async def test_an_event_whose_routing_is_not_stored_yet_is_left_out_quietly(broker):
+    """An agent's event whose ``routed`` is not stored yet, after a restart or an election,
+    is left out of the trace; said at debug, as those who act on it look again (a rolling
+    restart made 7 warnings that spoke of forgery). A forged kind is still a warning."""
+    names = broker.names
+    task = task_answering_to(names.reply_box("alice", "box-4"))
+    await emit(broker, event_for(task, "accepted", agent_id="worker-x"), sender="worker-x")
+    forged = event_for(task, "accepted", agent_id="worker-z")
+    await emit(broker, forged, sender="worker-y")
+    with capture_logs() as logs:
+        assert await trace_of(broker, task.message_id) == []
+    said = {
+        (e["log_level"], e["why"].split(" (")[0]) for e in logs if e["event"] == "events left out"
+    }
+    assert said == {
+        ("debug", "no routed event gives their attempt to their sender"),
+        ("warning", "their body names another agent than their sender"),
+    }
 
 
 @pytest.mark.parametrize(
