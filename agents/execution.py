@@ -250,7 +250,7 @@ class Executor:
             await self._reports.report(job, "failed", claim.record.error or said)
             return None
         if isinstance(claim, Moved):
-            log.info("not run: this attempt was moved to another agent while it waited here")
+            log.info("not run: liveness moved this attempt away while it waited here")
             await self._reports.report(job, "failed", claim.error)
             return None
         if isinstance(claim, Expired):

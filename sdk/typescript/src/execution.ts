@@ -229,7 +229,7 @@ export class Executor {
     }
     if (claim.kind === "moved") {
       leave(); // reported: a move cut short after its fence is sent on from there (protocol §13)
-      this.log.info("not run: this attempt was moved to another agent while it waited here", { message_id: task.message_id });
+      this.log.info("not run: liveness moved this attempt away while it waited here", { message_id: task.message_id });
       await this.reports.report(msg, task, "failed", claim.record.error ?? MOVED_ON, dispatchedMs);
       return null;
     }
