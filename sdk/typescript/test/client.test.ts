@@ -926,6 +926,24 @@ describe("ReachClient across a server restart", () => {
     }
   });
 
+  it("makes a write in flight as the connection breaks again once back, not after its timeout (a rolling restart's 5 s)", async () => {
+    const conn = await Connection.connect({ servers: relay.url, reconnectTimeWait: 200 }, new Names(), 20_000);
+    try {
+      const subject = `reach.task.${unique("in-flight")}`;
+      await stack.pauseServer(1_500); // takes the write, answers nothing
+      const writing = conn.publish(subject, new TextEncoder().encode("{}"), { "Nats-Msg-Id": unique("in-flight") });
+      await sleep(200); // the write leaves the process (no event says so)
+      await relay.shut(); // its ack can only go to the connection that broke
+      await relay.open();
+      const cutAt = performance.now();
+      const ack = await writing;
+      assert.ok(performance.now() - cutAt < 10_000, "waited out the 20 s timeout");
+      assert.ok(ack.seq > 0 && !ack.duplicate, "its own first copy was taken for an earlier message");
+    } finally {
+      await conn.close();
+    }
+  });
+
   it("waits in result() through a server away for longer than a request's timeout, until its own timeout", async () => {
     const topic = unique("looked-up");
     const release = new Gate();
