@@ -69,6 +69,7 @@ class PipelinedPublisher:
         # at once, and is made again (deduplicated), instead of waiting out its timeout (a
         # trial's rolling restart: a write in flight as a node exited took 5 s).
         self._resendable: dict[str, int] = {}
+        self._breaks_seen = broker.link.breaks
         self._reaper: asyncio.Task[None] | None = None
 
     async def publish(
@@ -158,8 +159,9 @@ class PipelinedPublisher:
             now = loop.time()
             while self._deadlines and self._deadlines[0][0] <= now:
                 self._time_up(heapq.heappop(self._deadlines)[1])
-            if self._resendable and self._broker.connected:
-                breaks = self._broker.link.breaks
+            breaks = self._broker.link.breaks
+            if breaks != self._breaks_seen and self._broker.connected:  # back: once per break
+                self._breaks_seen = breaks
                 for token in [t for t, sent in self._resendable.items() if sent != breaks]:
                     self._time_up(token)
         self._deadlines.clear()  # every entry left belongs to an answered publish
