@@ -80,7 +80,7 @@ def register(commands: Commands) -> None:
         default=None,
         help="start N embedded nats-servers as one JetStream cluster on loopback (client ports"
         " from --port, routes +2000, monitoring +4000 unless --cluster-ports; stores under"
-        " ./.reach/cluster)",
+        " ./.reach/cluster, or --data-dir, in n1, n2 …)",
     )
     up.add_argument(
         "--cluster-ports",

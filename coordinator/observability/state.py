@@ -129,7 +129,8 @@ class StateCollector(Collector):
         )
         yield _gauge(
             "reach_lease_held",
-            "1 on the replica that runs a duty; the sum over replicas should be 1.",
+            "1 on the replica that runs a duty; the sum over replicas should be 1 (0 for up"
+            " to lease_ttl_s after its holder died, until another replica takes the lease).",
             ["duty"],
             [([duty], held) for duty, held in views.leases_held().items()],
         )
