@@ -2,7 +2,8 @@
 
 A stalled loop writes no heartbeat and answers no ping, so the coordinator will soon
 call the agent SUSPECT; the watchdog's log line with the loop thread's stack tells
-the agent's author why.
+the agent's author why. When the watchdog's own thread stood still as long, the whole
+process was stopped, and it says that instead.
 """
 
 from __future__ import annotations
@@ -47,8 +48,21 @@ class Watchdog:
 
     def _watch(self) -> None:
         stalled = False
+        woke = time.monotonic()
         while not self._stop.wait(self._tick_s):
-            lag = time.monotonic() - self._stamp
+            now = time.monotonic()
+            slept_s, woke = now - woke, now
+            if slept_s > self.threshold_s:
+                # This thread did not run either: the whole process was stopped (SIGSTOP, a
+                # paused VM). Said whether or not the loop stamped first once both resumed;
+                # its stack would blame whatever ran last.
+                self.lags_detected += 1
+                log.warning(
+                    "heartbeat lag: the whole process was stopped", stopped_s=round(slept_s, 3)
+                )
+                stalled = True
+                continue
+            lag = now - self._stamp
             if lag > self.threshold_s and not stalled:
                 stalled = True
                 self.lags_detected += 1

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
+import signal
+import sys
 import time
 
 import pytest
@@ -12,6 +16,7 @@ from structlog.testing import capture_logs
 from agentreach.agents import Agent, AgentConfigError
 from agentreach.agents.heartbeats import jittered
 from agentreach.agents.watchdog import Watchdog
+from tests.support import stopped
 
 
 def test_generated_identity_is_kept_across_restarts(tmp_path):
@@ -56,3 +61,40 @@ async def test_watchdog_reports_a_held_loop_with_its_stack():
     held = [e for e in lags if "test_watchdog_reports_a_held_loop_with_its_stack" in e["stack"]]
     assert len(held) == 1, lags
     assert watchdog.lags_detected == len(lags)
+
+
+WATCHED = """
+import asyncio, json
+from structlog.testing import capture_logs
+from agentreach.agents.watchdog import Watchdog
+
+async def main():
+    watchdog = Watchdog(threshold_s=0.3)
+    with capture_logs() as logs:
+        runner = asyncio.create_task(watchdog.run())
+        print("ready", flush=True)
+        await asyncio.sleep(3)
+        runner.cancel()
+    print(json.dumps([e for e in logs if e["event"].startswith("heartbeat lag")]), flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_watchdog_says_the_whole_process_was_stopped_not_the_loop():
+    """A SIGSTOP of the agent (a re-trial) was logged as a held loop, with a stack that
+    blamed nats-py's ping: the watchdog's own thread stood still as long, so it says the
+    whole process was stopped, with no stack."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WATCHED, stdout=asyncio.subprocess.PIPE
+    )
+    assert child.stdout is not None
+    assert await asyncio.wait_for(child.stdout.readline(), 20) == b"ready\n"
+    await asyncio.sleep(0.5)  # the watchdog's thread runs, stamped by the loop
+    await stopped(child.pid)
+    await asyncio.sleep(1.0)  # the pause itself
+    os.kill(child.pid, signal.SIGCONT)
+    said = json.loads(await asyncio.wait_for(child.stdout.readline(), 20))
+    await child.wait()
+    assert [e["event"] for e in said] == ["heartbeat lag: the whole process was stopped"], said
+    assert "stack" not in said[0] and said[0]["stopped_s"] >= 1.0
