@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -12,6 +13,7 @@ from typing import Any, Self
 import msgspec
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from prometheus_client import CollectorRegistry
 
 from agentreach import envelopes
 from agentreach.agents import Agent, TaskContext
@@ -291,3 +293,10 @@ def delivered_again_as_new(delivery: Delivery, count: int = 1) -> Delivery:
     tokens[4] = str(count)  # $JS.ACK.<stream>.<consumer>.<delivered>.…
     reply = ".".join(tokens)
     return Delivery(Msg(msg._client, msg.subject, reply, msg.data, msg.headers))
+
+
+def scraped(registry: CollectorRegistry) -> Callable[..., float | None]:
+    """The registry's values once a scrape has shown its new series at 0 (what was counted on
+    them shows at the next: see ``coordinator.observability.priming.Children``)."""
+    list(registry.collect())
+    return registry.get_sample_value

@@ -79,8 +79,9 @@ class FlowMetrics(FlowFamilies, Collector):
     def collect(self) -> Iterable[Metric]:
         """Every series, after creating at 0 those whose labels became known since the last
         collection (a card registered, rules reloaded)."""
-        self.prime()
-        return self.registry.collect()
+        with self._child.collecting():
+            self.prime()
+            return list(self.registry.collect())
 
     def topic(self, topic: str) -> str:
         """The topic as a label (see :class:`TopicLabels`)."""

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from prometheus_client import CollectorRegistry
 
+from agentreach import envelopes
+from agentreach.coordinator.observability import priming
 from agentreach.coordinator.observability.flow import FlowMetrics
 from agentreach.coordinator.observability.labels import rejection_kind
 from agentreach.envelopes import Event, now_ms
+from tests.support import scraped
 
 
 def _letter(kind: str, **error: Any) -> Event:
@@ -48,7 +52,7 @@ def test_a_signal_or_cancel_refused_for_its_caller_s_quota_counts_as_a_quota_ref
         said("signal_ignored", signal="go", ended="failed", error=outgrown),
     ):
         flow.fold(event, now_ms())
-    counted = registry.get_sample_value
+    counted = scraped(registry)
     assert counted("reach_rejections_total", {"kind": "quota", "topic": "approval"}) == 2
     assert rejection_kind(said("signal_ignored", signal="go", error=outgrown)) is None
 
@@ -67,7 +71,7 @@ def test_a_new_reason_for_the_same_state_is_no_transition() -> None:
 
     for state, was in (("SUSPECT", "ONLINE"), ("SUSPECT", "SUSPECT"), ("OFFLINE", "SUSPECT")):
         flow.fold(agent_state(state, was), now_ms())
-    counted = registry.get_sample_value
+    counted = scraped(registry)
     assert counted("reach_agent_transitions_total", {"state": "SUSPECT"}) == 1
     assert counted("reach_agent_transitions_total", {"state": "OFFLINE"}) == 1
 
@@ -87,3 +91,30 @@ def test_a_clean_stop_is_counted_as_stopped_not_offline() -> None:
         flow.fold(event, now_ms())
     assert counted("reach_agent_transitions_total", {"state": "STOPPED"}) == 2
     assert counted("reach_agent_transitions_total", {"state": "OFFLINE"}) == 1
+
+
+def test_a_new_series_shows_at_0_before_what_was_counted_on_it(monkeypatch) -> None:
+    """A topic's first burst, counted before any scrape showed its series (its agent had
+    registered between two scrapes), made series born at 70: `rate()` read them as always
+    70, and the success ratio stayed 1 with 70 of 100 dead-lettered (a trial). The first
+    scrape shows them at 0, the next what was counted; with nobody scraping for a minute,
+    counts go straight on."""
+    registry = CollectorRegistry()
+    flow = FlowMetrics(registry, lambda topic: True)
+    counted = registry.get_sample_value
+
+    def refused(topic: str) -> Event:
+        letter = _letter("circuit_open", retry_after_ms=100)
+        return msgspec.structs.replace(letter, topic=topic, message_id=envelopes.new_id())
+
+    labels = {"kind": "circuit_open", "topic": "flaky"}
+    for _ in range(3):
+        flow.fold(refused("flaky"), now_ms())
+    assert counted("reach_rejections_total", labels) == 0  # the first scrape
+    assert counted("reach_rejections_total", labels) == 3  # the next
+    flow.fold(refused("flaky"), now_ms())
+    assert counted("reach_rejections_total", labels) == 4  # shown already: counted at once
+    monkeypatch.setattr(priming, "UNSEEN_FOR_AT_MOST_S", 0.0)  # as if nobody scraped
+    for _ in range(2):
+        flow.fold(refused("lonely"), now_ms())
+    assert counted("reach_rejections_total", {**labels, "topic": "lonely"}) == 2

@@ -34,7 +34,7 @@ from agentreach.envelopes import (
 )
 from tests.conftest import FAST
 from tests.scrape import http_get, scrape, total
-from tests.support import Watcher, events_settled, eventually, until_true
+from tests.support import Watcher, events_settled, eventually, scraped, until_true
 
 WITH_METRICS = msgspec.structs.replace(FAST, metrics=MetricsConfig(port=0))
 
@@ -639,5 +639,5 @@ async def test_events_handed_out_again_are_not_counted_again(broker):
             await emit(broker, event_for(routed[1], "routed", agent_id="metrics-good"))
         for delivery in await consumer.next_batch(8, wait_s=1.0):
             flow.count(delivery)
-    dispatched = registry.get_sample_value
+    dispatched = scraped(registry)
     assert dispatched("reach_dispatches_total", {"topic": "double", "priority": "P1"}) == 2
