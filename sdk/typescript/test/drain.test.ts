@@ -5,13 +5,18 @@ import { describe, it } from "node:test";
 
 import { drain, Recording } from "../src/drain.js";
 
+/** A logger that keeps what was warned or said as an error, with each line's fields. */
+function recorded() {
+  const said: string[] = [];
+  const fields: Record<string, unknown>[] = [];
+  const note = (event: string, extra?: Record<string, unknown>) => void (said.push(event), fields.push(extra ?? {}));
+  return { said, fields, log: { debug: () => undefined, info: () => undefined, warn: note, error: note } };
+}
+
 describe("drain", () => {
   it("counts a run reporting an outcome already recorded as neither running nor unrecorded", async () => {
     const recording = new Recording();
-    const said: string[] = [];
-    const fields: Record<string, unknown>[] = [];
-    const note = (event: string, extra?: Record<string, unknown>) => void (said.push(event), fields.push(extra ?? {}));
-    const log = { debug: () => undefined, info: () => undefined, warn: note, error: note };
+    const { said, fields, log } = recorded();
     let aborted = 0;
     const never = new Promise<void>(() => undefined); // a report the server never answers
     const reporting = recording.during("m-reporting", async (kept) => {
@@ -31,10 +36,7 @@ describe("drain", () => {
 
   it("aborts the handlers still running, and only those", async () => {
     const recording = new Recording();
-    const said: string[] = [];
-    const fields: Record<string, unknown>[] = [];
-    const note = (event: string, extra?: Record<string, unknown>) => void (said.push(event), fields.push(extra ?? {}));
-    const log = { debug: () => undefined, info: () => undefined, warn: note, error: note };
+    const { said, fields, log } = recorded();
     let abort: () => void = () => undefined;
     const handler = new Promise<void>((resolve) => (abort = resolve));
     const reporting = recording.during("m-reporting", (kept) => (kept(), handler));
