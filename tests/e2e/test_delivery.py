@@ -468,8 +468,12 @@ async def test_max_deliveries_become_dead_letters(broker, coordinator, watcher):
         " holds, for a delivery each) (consumer agent-stuck-p1)"
     )
     assert letter.envelope == task
-    info = await broker.js.stream_info(names.dispatch_stream("P1"))
-    assert info.state.messages == 0  # removed only after the dead letter was written
+
+    async def removed() -> bool:  # only after the dead letter was written: a moment later
+        info = await broker.js.stream_info(names.dispatch_stream("P1"))
+        return info.state.messages == 0
+
+    await until_true(removed, timeout=10)
 
 
 async def test_max_deliveries_of_a_task_that_ran_answer_from_its_record(
