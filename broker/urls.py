@@ -18,7 +18,9 @@ DEFAULT_URL = "nats://127.0.0.1:4222"
 _ANY_CREDENTIALS = re.compile(r"[^/@]*@")  # in an entry too malformed to be parsed
 SCHEMES = ("nats", "tls", "ws", "wss")
 RECONNECT_FIRST_S = 0.25
-RECONNECT_CAP_S = 5.0
+# nats-server's clients wait 2 s between reconnects by default; a longer cap held every agent
+# of a restarted server up to 5 s after it was back (4.1 s measured after a 6 s outage).
+RECONNECT_CAP_S = 2.0
 
 
 def resolve_url(url: str | None = None) -> str:

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import msgspec
 
-from agentreach.broker.urls import RECONNECT_CAP_S
 from agentreach.coordinator.units import Positive, PositiveSeconds
 
 # Intervals without a heartbeat after which it is late: more than one interval and its jitter.
@@ -28,8 +27,9 @@ class LivenessConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     probe_connection_s: PositiveSeconds = 3.0
     probe_ping_s: PositiveSeconds = 5.0
     # Before the retry of a probe that found no connection: how long a live client may be
-    # away while it reconnects (nats-py's jittered backoff, capped, plus a connect).
-    probe_retry_s: PositiveSeconds = RECONNECT_CAP_S + 2.0
+    # away while it reconnects. Both SDKs wait at most 2 s between tries, as NATS clients do
+    # by default (nats.go, nats.js); the rest is a connect to a server still starting.
+    probe_retry_s: PositiveSeconds = 7.0
     # Between heartbeats, the presence of each agent holding work (or whose heartbeat is
     # ``late_intervals`` old) is checked this often, at most so many checks started per tick:
     # a killed agent is found within about ``presence_check_s + probe_retry_s``.

@@ -27,7 +27,6 @@ from agentreach.broker.lifecycle import (
     reply,
 )
 from agentreach.broker.topology import EVENTS_DUPLICATE_WINDOW_S
-from agentreach.broker.urls import RECONNECT_CAP_S
 from agentreach.coordinator.delivery.dead_letters import end_with_error
 from agentreach.coordinator.protection.grants import Grants
 from agentreach.envelopes import (
@@ -52,10 +51,10 @@ WAIT_CAP_S = 1.0
 # A running record whose lease passed counts as running until this long after the
 # connection came back from a server that could not be reached, or this replica first
 # reached it (it cannot tell whether the server was away just before): no lease could be
-# renewed meanwhile, and a live agent reconnects (nats-py's jittered backoff, capped at 5 s)
+# renewed meanwhile, and a live agent reconnects (within about 2 s of the server's return)
 # and records the outcome it kept. Without it, a task an agent had just finished when the
 # server was killed ran again on another agent (chaos runs).
-OUTAGE_GRACE_S = RECONNECT_CAP_S + 5.0
+OUTAGE_GRACE_S = 10.0
 # A lease counts at most this long past the task's ttl and execute budget (the agent's
 # grace to record its outcome, clock skew): a lease of a day would hold the message, and
 # intake, for a day.
