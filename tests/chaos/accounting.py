@@ -8,15 +8,16 @@ DLQ by reason, or lost (neither run to the end nor dead-lettered).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agentreach.envelopes import DeadLetter
 from tests.chaos.recorder import Record
 
-# A handler that returned less than this much server up-time before its process was killed
-# may not have had the time to record its outcome (reconnecting after an outage takes part
-# of it): running it again is the kill's doing, not a defect.
+# A handler that returned less than this much connected time of its process before that
+# process was killed may not have had the time to record its outcome: running it again is
+# the kill's doing, not a defect. Time away from the server (its outage, or the process's
+# own reconnect after it) does not count.
 KILL_GRACE_S = 2.0
 SHOWN = 8  # message ids described per problem in a report
 
@@ -32,7 +33,8 @@ class Kill:
 
 @dataclass(frozen=True)
 class Outage:
-    """nats-server was away from ``began`` to ``ended`` (wall clock)."""
+    """nats-server, or one process's connection to it, was away from ``began`` to ``ended``
+    (wall clock)."""
 
     began: float
     ended: float
@@ -88,7 +90,7 @@ class Accounting:
 
     def notes(self) -> list[tuple[str, int]]:
         return [
-            ("ids cut short by a kill (or done < 2 s of up-time before)", self.cut_by_kill),
+            ("ids cut short by a kill (or done < 2 s connected before)", self.cut_by_kill),
             ("ids dead-lettered more than once", self.dead_lettered_twice),
             ("records or letters of ids never sent", self.unknown_ids),
         ]
@@ -110,8 +112,10 @@ def account(
     letters: Iterable[DeadLetter],
     kills: list[Kill],
     outages: Sequence[Outage] = (),
+    away: Mapping[int, Sequence[Outage]] | None = None,
 ) -> Accounting:
-    """Put every id of ``sent`` in its row."""
+    """Put every id of ``sent`` in its row. ``outages`` are the server's, ``away`` each
+    process's own time without a connection, by pid."""
     sent = list(sent)
     fates = {message_id: Fate(message_id) for message_id in sent}
     unknown: set[str] = set()
@@ -127,29 +131,38 @@ def account(
         else:
             fate.letters.append(letter)
     killed_at = {kill.pid: kill.at for kill in kills}
+    down = {pid: [*outages, *(away or {}).get(pid, ())] for pid in killed_at}
     result = Accounting(sent=len(sent), fates=fates, unknown_ids=len(unknown))
     for fate in fates.values():
-        fate.cut_by_kill = any(_cut(fate, start, killed_at, outages) for start in fate.starts)
+        fate.cut_by_kill = any(_cut(fate, start, killed_at, down) for start in fate.starts)
         result.cut_by_kill += fate.cut_by_kill
         result.dead_lettered_twice += len(fate.letters) > 1
         _place(result, fate)
     return result
 
 
-def _cut(fate: Fate, start: Record, killed_at: dict[int, float], outages: Sequence[Outage]) -> bool:
+def _cut(
+    fate: Fate, start: Record, killed_at: dict[int, float], down: dict[int, list[Outage]]
+) -> bool:
     """Did the kill of ``start``'s process interrupt it before its outcome could be recorded?"""
     if start.pid not in killed_at:
         return False
     finished = [d.at for d in fate.dones if d.pid == start.pid and d.at >= start.at]
     if not finished:
         return True
-    return _up_time(min(finished), killed_at[start.pid], outages) < KILL_GRACE_S
+    return _up_time(min(finished), killed_at[start.pid], down[start.pid]) < KILL_GRACE_S
 
 
 def _up_time(began: float, ended: float, outages: Sequence[Outage]) -> float:
-    """Seconds of ``began``..``ended`` while nats-server was up."""
-    down = sum(max(0.0, min(ended, o.ended) - max(began, o.began)) for o in outages)
-    return ended - began - down
+    """Seconds of ``began``..``ended`` outside every one of ``outages`` (which may overlap)."""
+    up, at = 0.0, began
+    for outage in sorted(outages, key=lambda o: o.began):
+        if outage.began > at:
+            up += min(outage.began, ended) - at
+        at = max(at, outage.ended)
+        if at >= ended:
+            return up
+    return up + ended - at
 
 
 def _place(result: Accounting, fate: Fate) -> None:

@@ -6,7 +6,7 @@ said), and every step the instance sent must run to its end once, as a task must
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from agentreach.broker import Broker, BrokerError
@@ -92,6 +92,7 @@ def account_flows(
     letters: Iterable[DeadLetter],
     kills: list[Kill],
     outages: Sequence[Outage] = (),
+    away: Mapping[int, Sequence[Outage]] | None = None,
 ) -> FlowAccounting:
     """Each instance of ``sent`` by how it ended; its sent steps as tasks are accounted."""
     step_ids = [
@@ -101,7 +102,7 @@ def account_flows(
         for run in records[key].steps.values()
         if run.sent
     ]
-    steps = account(step_ids, agent_records, letters, kills, outages)
+    steps = account(step_ids, agent_records, letters, kills, outages, away)
     result = FlowAccounting(sent=len(sent), steps=steps)
     for key in sent:
         record = records.get(key)

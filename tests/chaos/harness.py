@@ -110,14 +110,14 @@ async def run_chaos(plan: ChaosPlan, workdir: Path, *, say: Say = lambda _: None
                 unsettled = "; ".join(filter(None, [f"REACH_DLQ unreadable: {exc}", unsettled]))
             instances = await flow_records(client.broker, publisher.flows) or {}
     records = read_records(cluster.records_dir)
-    kills, outages = cluster.kills, cluster.outages
-    flows = account_flows(publisher.flows, instances, records, letters, kills, outages)
+    kills, outages, away = cluster.kills, cluster.outages, cluster.away
+    flows = account_flows(publisher.flows, instances, records, letters, kills, outages, away)
     of_flows = set(publisher.flows) | set(flows.steps.fates)
     records = [r for r in records if r.message_id not in of_flows]
     letters = [d for d in letters if d.message_id not in of_flows]
     return ChaosReport(
         plan=plan,
-        accounting=account(publisher.sent, records, letters, kills, outages),
+        accounting=account(publisher.sent, records, letters, kills, outages, away),
         unsent=plan.tasks - len(publisher.sent),
         exits=cluster.exits,
         fault_log=chaos.log,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentreach.broker import EmbeddedServer
+from tests.chaos.accounting import Outage
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
@@ -134,6 +135,7 @@ class Service:
         env: dict[str, str],
         log_path: Path,
         exits: list[UnexpectedExit],
+        away: dict[int, list[Outage]],
     ) -> None:
         self.name = name
         self._argv = [str(a) for a in argv]
@@ -141,6 +143,7 @@ class Service:
         self._env = env
         self._log_path = log_path
         self._exits = exits
+        self._away = away  # each process's time without a connection, by pid, from its log
         self._process: asyncio.subprocess.Process | None = None
         self._told: signal.Signals | None = None  # how we asked the current process to end
         self._hung = False  # it did not end when asked to stop
@@ -215,6 +218,7 @@ class Service:
     async def _follow(self, process: asyncio.subprocess.Process) -> None:
         """Copy the output to the log file, see the announcement, note an exit on its own."""
         assert process.stdout is not None
+        away, left = self._away.setdefault(process.pid, []), None
         with self._log_path.open("a") as log:
             log.write(f"=== {self.name} pid {process.pid} started {time.strftime('%X')}\n")
             while line := await process.stdout.readline():
@@ -223,6 +227,13 @@ class Service:
                 self._tail.append(text)
                 if " serving " in text and "(Ctrl-C to stop)" in text:  # a line, or JSON
                     self._ready.set()
+                elif "nats disconnected" in text and left is None:
+                    left = time.time()
+                elif "nats reconnected" in text and left is not None:
+                    away.append(Outage(left, time.time()))
+                    left = None
+            if left is not None:
+                away.append(Outage(left, time.time()))
             returncode = await process.wait()
             log.write(f"=== {self.name} pid {process.pid} exited {returncode}\n")
         if (how := self._judge(returncode)) is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from tests.chaos.accounting import Kill
+from tests.chaos.accounting import Kill, Outage
 from tests.chaos.flows import FLOW_CONFIG
 from tests.chaos.processes import Service, UnexpectedExit
 from tests.chaos.recorder import AGENT_IDS, AGENT_OBJECTS, RECORDS_ENV
@@ -44,6 +44,7 @@ class Services:
         self.config_path.write_text(COORDINATOR_CONFIG + FLOW_CONFIG)
         self.exits: list[UnexpectedExit] = []
         self.kills: list[Kill] = []
+        self.away: dict[int, list[Outage]] = {}
         config = ("--config", str(self.config_path), "--metrics-port", "0")
         self.coordinators = {
             name: self._service(name, "coordinator", *config) for name in coordinator_names
@@ -111,5 +112,11 @@ class Services:
         env = {**os.environ, RECORDS_ENV: str(self.records_dir), "PYTHONUNBUFFERED": "1"}
         env.pop("NATS_URL", None)  # where it connects is the deployment's
         return Service(
-            name, argv, cwd=REPO, env=env, log_path=self.logs_dir / f"{name}.log", exits=self.exits
+            name,
+            argv,
+            cwd=REPO,
+            env=env,
+            log_path=self.logs_dir / f"{name}.log",
+            exits=self.exits,
+            away=self.away,
         )

@@ -71,3 +71,25 @@ def test_a_run_whose_outcome_waited_out_an_outage_until_the_kill_is_excused() ->
     records = [*run("m", KILLED_PID, 40.0, 40.1), *run("m", RESTARTED_PID, 56.0, 56.1)]
     result = account(["m"], records, [], [KILL], [Outage(40.2, 49.5)])
     assert result.duplicated_killed == ["m"]
+
+
+def test_a_run_whose_process_had_not_reconnected_by_the_kill_is_excused() -> None:
+    """The server back 2.7 s before the kill, but the process still reconnecting: its outcome
+    could not be recorded, so the run again is the kill's doing (a chaos run at 61678c8)."""
+    records = [*run("m", KILLED_PID, 40.0, 40.1), *run("m", RESTARTED_PID, 56.0, 56.1)]
+    server_down = [Outage(40.2, 47.3)]
+    assert account(["m"], records, [], [KILL], server_down).duplicated_other == ["m"]
+    reconnecting = {KILLED_PID: [Outage(40.2, 50.0)], LIVE_PID: [Outage(40.2, 41.0)]}
+    result = account(["m"], records, [], [KILL], server_down, reconnecting)
+    assert result.duplicated_killed == ["m"]
+
+
+def test_connected_time_counts_overlapping_outages_once() -> None:
+    """Time away is the union of the server's outage and the process's own: 0.5 s up in all."""
+    records = [*run("m", KILLED_PID, 46.0, 46.5), *run("m", RESTARTED_PID, 56.0, 56.1)]
+    overlapping = {KILLED_PID: [Outage(47.5, 49.0), Outage(47.0, 48.0)]}
+    result = account(["m"], records, [], [KILL], [Outage(48.5, 50.0)], overlapping)
+    assert result.duplicated_killed == ["m"]  # up 46.5-47.0 only
+    apart = {KILLED_PID: [Outage(47.0, 47.5)]}
+    result = account(["m"], records, [], [KILL], [Outage(49.5, 50.0)], apart)
+    assert result.duplicated_other == ["m"]  # up 0.5 + 2.0 s: long enough to record
