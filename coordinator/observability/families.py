@@ -12,7 +12,8 @@ LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
     1.5, 2.0,  # a model's quick answer: a P99 of 1.2 s read 2.4 s interpolated up to 2.5
     2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-    600.0, 1800.0, 3600.0,  # agents that think for minutes: a P99 past 5 min is seen
+    600.0, 900.0, 1200.0,  # a P99 of ~650 s read ~1,500 s with 1,800 next to 600
+    1800.0, 3600.0,  # agents that think for minutes: a P99 past 5 min is seen
 )  # fmt: skip
 
 
