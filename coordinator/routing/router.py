@@ -178,17 +178,16 @@ class Router:
         return not directory.serving(task.topic)
 
     async def _route(self, pending: _Pending, decision: Decision) -> float | None:
-        task, rule = pending.task, decision.rule
+        task, rule = decision.held(pending.task), decision.rule
         if decision.to.dlq:
-            reason = decision.to.dlq
-            await self.end(task, reason, f"rule {rule.name!r} sends {task.topic!r} to the DLQ")
+            await self.end(task, decision.to.dlq, decision.held_reason(task, "the DLQ"))
             return None
         if decision.to.manual:
             await self.manual.enqueue(
                 task,
                 queue=decision.to.manual,
                 rule=rule.name,
-                reason=decision.manual_reason(task),
+                reason=decision.held_reason(task, "manual review"),
                 needed=decision.needed,
             )
             return None

@@ -229,10 +229,20 @@ class Decision:
     # Rules before ``rule`` a condition of which could not compare the task's value.
     not_compared: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    def manual_reason(self, task: Task) -> str:
-        """Why ``task`` waits for a person, in one line for the queue and the trace."""
+    def held(self, task: Task) -> Task:
+        """``task`` as sent to manual review or the DLQ: when not sure enough, on the topic it
+        was sent on (its guess stays in its resolution), so that a replay of its letter, or a
+        person's look at it, starts from what the sender said, not from a rejected guess."""
+        to_agents = not (self.to.dlq or self.to.manual)
+        if to_agents or not self.below or task.resolution is None:
+            return task
+        return msgspec.structs.replace(task, topic=task.resolution.topic)
+
+    def held_reason(self, task: Task, where: str) -> str:
+        """Why ``task`` goes to ``where`` (manual review, the DLQ) and not to an agent, in one
+        line for the queue, the letter and the trace."""
         if not self.below:
-            return f"rule {self.rule.name!r} sends {task.topic!r} to manual review"
+            return f"rule {self.rule.name!r} sends {task.topic!r} to {where}"
         basis = describe(task.resolution) if task.resolution else f"topic {task.topic!r}"
         return f"below {self.needed:.2f} for rule {self.rule.name!r}: {basis}"
 

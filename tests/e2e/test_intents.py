@@ -7,6 +7,7 @@ import msgspec
 
 from agentreach import envelopes
 from agentreach.agents import ManualReview, ManualReviewError, ReachClient
+from agentreach.agents.letters import replay
 from agentreach.coordinator.routing.manual import ManualConfig
 from agentreach.envelopes import Progress
 from agentreach.envelopes import headers as h
@@ -133,6 +134,44 @@ async def test_nobody_answering_in_time_ends_the_task_as_expired(
             assert "expired" in str(exc)
     assert letter.error is not None and "manual-review queue 'review'" in letter.error.message
     assert error.error.type == "expired"  # type: ignore[union-attr]
+
+
+async def test_an_unsure_task_s_letter_keeps_its_topic_so_a_replay_is_resolved_again(
+    broker, start_coordinator, watcher
+):
+    """Not sure enough, dead-lettered (a `below: {dlq: …}` rule, or a review that expired):
+    the letter is on `auto` with the guess in its resolution, so a replay of it waits for a
+    person again instead of delivering the guess the threshold held back."""
+    rules = table("""
+below: {dlq: unsure}
+rules:
+  - name: default
+    fallback: true
+    to: {}
+""")
+    async with (
+        start_coordinator(fast(routing=rules)) as coordinator,
+        serving(broker, coordinator, *overlapping_agents()),
+        ReachClient(broker=broker) as client,
+    ):
+        message_id, _ = await client.publish("auto", {"text": UNSURE})
+        unsure = await watcher.dead_letter("unsure", message_id=message_id)
+    async with (
+        start_coordinator(fast(manual=ManualConfig(ttl_s=0.3))) as coordinator,
+        serving(broker, coordinator, *overlapping_agents()),
+        ReachClient(broker=broker) as client,
+    ):
+        message_id, _ = await client.publish("auto", {"text": UNSURE})
+        expired = await watcher.dead_letter("expired", message_id=message_id)
+        again = await replay(broker, expired)
+        (item,) = await ManualReview(broker).items()
+    for letter in (unsure, expired):
+        assert letter.topic == "auto" and letter.envelope is not None
+        assert letter.envelope.topic == "auto" and letter.envelope.resolution is not None
+    assert unsure.error is not None and "below 0.75 for rule 'default'" in unsure.error.message
+    assert "over" in unsure.error.message  # the confidences, not only the guess
+    assert item.message_id == again.message_id and item.task.topic == "auto"
+    assert not [e for e in watcher.events if e.event == "routed" and e.agent_id]
 
 
 async def test_seed_table_routes_by_resolved_intent_and_confidence(
