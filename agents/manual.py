@@ -1,4 +1,5 @@
-"""``ManualReview``: the people's side of manual-review queues — list, take, answer, send on.
+"""``ManualReview``: the people's side of manual-review queues — list, take, answer, send on,
+reject.
 
     async with ReachClient(url) as client:
         review = ManualReview(client.broker, by="alice")
@@ -25,11 +26,20 @@ from typing import Any
 import msgspec
 
 from agentreach.broker import Broker, Bucket
-from agentreach.envelopes import ManualItem, WorkflowRecord, is_token, new_id, now_ms
+from agentreach.envelopes import (
+    AgentCard,
+    ManualItem,
+    WorkflowRecord,
+    is_token,
+    new_id,
+    now_ms,
+)
 from agentreach.envelopes.coordination import step_abandoned, workflow_step_of
 from agentreach.errors import ReachError
 
 TAKE_S = 15 * 60.0
+MAX_TAKE_S = 7 * 24 * 3600.0  # an item waits at most a week (manual.ttl_s)
+SHOWN_TOPICS = 20  # served topics named when a send is refused
 
 
 class ManualReviewError(ReachError):
@@ -61,10 +71,15 @@ class ManualReview:
         return entry.value
 
     async def take(self, message_id: str, *, take_s: float = TAKE_S) -> ManualItem:
-        """Hold the item for ``take_s`` (again, if this person holds it already)."""
+        """Hold the item for ``take_s`` (again, if this person holds it already), at most
+        until it expires."""
+        if not 0 < take_s <= MAX_TAKE_S:
+            raise ManualReviewError(
+                f"a take holds for more than 0 and at most {MAX_TAKE_S:g} s; got {take_s:g}"
+            )
 
         def take(item: ManualItem, now: int) -> ManualItem:
-            until = now + int(take_s * 1000)
+            until = min(now + int(take_s * 1000), item.deadline_ms)
             return msgspec.structs.replace(
                 item, status="taken", taken_by=self.by, taken_until_ms=until
             )
@@ -82,12 +97,21 @@ class ManualReview:
 
         return await self._change(message_id, answer)
 
-    async def send(self, message_id: str, topic: str) -> ManualItem:
+    async def send(self, message_id: str, topic: str, *, force: bool = False) -> ManualItem:
         """Send the task on to ``topic`` (the person's choice of intent): the coordinator
         publishes it as a new message (``sent_as``) in the same trace, answering the same
-        ``reply_to``."""
+        ``reply_to``. Refused when no registered agent serves ``topic`` (a typo would close
+        the item and dead-letter the task as ``no_route``), unless ``force`` (a routing rule
+        or a workflow may take a topic no agent serves)."""
         if not is_token(topic):
             raise ManualReviewError(f"topic {topic!r}: use 1-128 letters, digits, '_' or '-'")
+        if not force and topic not in (served := await self._served()):
+            listed = ", ".join(sorted(served)[:SHOWN_TOPICS]) or "none"
+            raise ManualReviewError(
+                f"{message_id} not sent: no registered agent serves topic {topic!r}"
+                f" (served: {listed}); send it with force (reach manual send --force) when a"
+                " routing rule or a workflow takes it"
+            )
 
         def send(item: ManualItem, now: int) -> ManualItem:
             return msgspec.structs.replace(
@@ -100,6 +124,20 @@ class ManualReview:
             )
 
         return await self._change(message_id, send)
+
+    async def reject(self, message_id: str, why: str) -> ManualItem:
+        """Refuse the task (out of scope, abusive, …): the coordinator dead-letters it as
+        ``rejected`` with ``why``, where compensation workers see it, and sends its caller
+        that error."""
+        if not why.strip():
+            raise ManualReviewError(f"{message_id} not rejected: say why (it goes to the caller)")
+
+        def reject(item: ManualItem, now: int) -> ManualItem:
+            return msgspec.structs.replace(
+                item, status="rejected", rejected=why, ended_by=self.by, ended_ms=now
+            )
+
+        return await self._change(message_id, reject)
 
     async def _change(
         self, message_id: str, change: Callable[[ManualItem, int], ManualItem]
@@ -148,6 +186,13 @@ class ManualReview:
             await bucket.cas(message_id, lambda old: old and old.withdraw(why, now_ms()))
             raise ManualReviewError(_withdrawn(message_id, why))
 
+    async def _served(self) -> set[str]:
+        """The intents on the cards of the registered agents."""
+        cards = await self._broker.bucket(self._broker.names.agents_bucket, AgentCard)
+        return {
+            intent for entry in (await cards.snapshot()).values() for intent in entry.value.intents
+        }
+
     async def _bucket(self) -> Bucket[ManualItem]:
         return await self._broker.bucket(self._broker.names.manual_bucket, ManualItem)
 
@@ -158,6 +203,8 @@ def _closed(item: ManualItem) -> str:
             return f"{item.message_id} was answered by {item.ended_by}"
         case "sent":
             return f"{item.message_id} was sent on to {item.sent_to!r} by {item.ended_by}"
+        case "rejected":
+            return f"{item.message_id} was rejected by {item.ended_by}: {item.rejected}"
         case "withdrawn":
             return _withdrawn(item.message_id, item.withdrawn)
         case _:

@@ -25,6 +25,8 @@ def described(event: Event) -> str:
             return f"taken in manual-review queue {d.get('queue')!r}"
         case "manual_sent":
             return f"sent on to {d.get('topic')!r} as {d.get('sent_as')}"
+        case "manual_rejected":
+            return f"rejected in manual-review queue {d.get('queue')!r}"
         case "failed" | "expired" | "rejected":
             return _error(d.get("error"))
         case "dead_lettered":

@@ -2,9 +2,10 @@
 
 The coordinator writes it when a task goes to a manual-review queue (its intent was not sure
 enough, or a rule sends it there); people and programs take it, answer it or send it on, each
-step a compare-and-set on the record, so two people never answer the same task. The
-coordinator then carries the step out (the answer to the caller, the task to its new topic)
-and marks it ``delivered_ms``. An item whose task is a workflow step the workflow no longer
+step a compare-and-set on the record, so two people never answer the same task; or reject
+it. The coordinator then carries the step out (the answer to the caller, the task to its new
+topic, a rejection to the DLQ as ``rejected`` and to the caller as its error) and marks it
+``delivered_ms``. An item whose task is a workflow step the workflow no longer
 waits for (cancelled, ended, the step stopped) is ``withdrawn``, saying why: nobody may
 answer it any more.
 """
@@ -17,7 +18,7 @@ import msgspec
 
 from agentreach.envelopes.messages import Task
 
-ManualStatus = Literal["waiting", "taken", "answered", "sent", "expired", "withdrawn"]
+ManualStatus = Literal["waiting", "taken", "answered", "sent", "rejected", "expired", "withdrawn"]
 OPEN: tuple[ManualStatus, ...] = ("waiting", "taken")
 
 
@@ -42,6 +43,7 @@ class ManualItem(msgspec.Struct, frozen=True, kw_only=True):
     ended_ms: int = 0
     delivered_ms: int = 0  # when the coordinator carried out the answer or the send
     withdrawn: str = ""  # why it was withdrawn: its workflow no longer waits for the task
+    rejected: str = ""  # why the person who rejected it did so
 
     @property
     def open(self) -> bool:

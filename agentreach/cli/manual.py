@@ -1,5 +1,5 @@
-"""``reach manual list | show ID | take ID | answer ID JSON | send ID TOPIC``: the tasks
-waiting for a person in the manual-review queues (KV ``reach_manual``)."""
+"""``reach manual list | show ID | take ID | answer ID JSON | send ID TOPIC | reject ID WHY``:
+the tasks waiting for a person in the manual-review queues (KV ``reach_manual``)."""
 
 from __future__ import annotations
 
@@ -21,31 +21,38 @@ from agentreach.cli.options import (
     operators_only,
 )
 from agentreach.cli.terminal import one_line
-from agentreach.envelopes import ManualItem
+from agentreach.envelopes import ManualItem, now_ms
 
-NEEDS = {"show": "ID", "take": "ID", "answer": "ID JSON", "send": "ID TOPIC"}
+NEEDS = {"show": "ID", "take": "ID", "answer": "ID JSON", "send": "ID TOPIC", "reject": "ID WHY"}
 
 
 def register(commands: Commands) -> None:
     manual = commands.add(
         "manual",
         cmd_manual,
-        "tasks waiting for a person: list | show ID | take ID | answer ID JSON | send ID TOPIC",
+        "tasks waiting for a person: list | show ID | take ID | answer ID JSON | send ID TOPIC"
+        " | reject ID WHY",
         example=(
             "reach manual list",
             "reach manual take 01J9Z8X3K4 --as alice",
             """reach manual answer 01J9Z8X3K4 '{"refund": "approved"}'""",
-            "reach manual send 01J9Z8X3K4 refund.process",
+            "reach manual send 01J9Z8X3K4 refund_application",
+            "reach manual reject 01J9Z8X3K4 'not a request we handle'",
         ),
     )
     manual.add_argument(
-        "action", choices=["list", *NEEDS], help="list | show | take | answer | send"
+        "action", choices=["list", *NEEDS], help="list | show | take | answer | send | reject"
     )
     manual.add_argument("id", nargs="?", type=an_id, help="the waiting task's message_id")
-    manual.add_argument("value", nargs="?", help="the answer (JSON) or the topic to send to")
+    manual.add_argument(
+        "value", nargs="?", help="the answer (JSON), the topic to send to, or why it is rejected"
+    )
     manual.add_argument("--queue", default=None, help="only this queue (list)")
     manual.add_argument("--all", action="store_true", help="also answered, sent and expired")
     manual.add_argument("--as", dest="person", default=None, help="who you are (default $USER)")
+    manual.add_argument(
+        "--force", action="store_true", help="send to a topic no registered agent serves"
+    )
     manual.add_argument(
         "--for", dest="take_s", type=float, default=TAKE_S, help="seconds a take holds (900)"
     )
@@ -54,6 +61,8 @@ def register(commands: Commands) -> None:
 async def cmd_manual(args: argparse.Namespace) -> int:
     if args.action in NEEDS and (not args.id or (" " in NEEDS[args.action] and not args.value)):
         raise MissingArgument(f"manual {args.action} needs {NEEDS[args.action]}")
+    if args.force and args.action != "send":
+        raise UsageError("--force is for manual send")
     operators_only(args, "the manual review queue")
     answer = json_argument(args.value) if args.action == "answer" else None
     async with broker_of(args) as broker:
@@ -73,13 +82,18 @@ async def _act(review: ManualReview, args: argparse.Namespace, answer: Any) -> i
             print(json.dumps(msgspec.to_builtins(item), indent=2, ensure_ascii=False))
         case "take":
             item = await review.take(args.id, take_s=args.take_s)
-            print(f"{item.message_id}: taken by {item.taken_by} for {args.take_s:g} s")
+            held_s = (item.taken_until_ms - now_ms()) / 1000
+            until = " (until it expires)" if item.taken_until_ms == item.deadline_ms else ""
+            print(f"{item.message_id}: taken by {item.taken_by} for {held_s:.0f} s{until}")
         case "answer":
             item = await review.answer(args.id, answer)
             print(f"{item.message_id}: answered by {item.ended_by}; it goes to the caller")
         case "send":
-            item = await review.send(args.id, args.value)
+            item = await review.send(args.id, args.value, force=args.force)
             print(json.dumps({"message_id": item.sent_as, "topic": item.sent_to}))
+        case "reject":
+            item = await review.reject(args.id, args.value)
+            print(f"{item.message_id}: rejected by {item.ended_by}; dead-lettered as rejected")
     return 0
 
 

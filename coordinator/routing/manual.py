@@ -1,12 +1,13 @@
 """Manual-review queues: where a task goes when its intent is not sure enough (or a rule
-sends it there), to wait for a person or a program that answers for one.
+sends it there), to wait for a person or a program that answers for one (or rejects it).
 
 An item is a record in KV ``reach_manual`` under the task's message id, so every replica and
 the ``reach manual`` command line share it, and each change a person makes (take, answer,
 send) is a compare-and-set that exactly one party wins. People only change the record; the
 coordinator carries the change out, under a lease so that one replica does it: it announces a
 take, sends an answer to the caller as the task's ``result`` (recorded as ``completed``),
-publishes a task sent on, and expires what waited too long. So a person needs no right to
+publishes a task sent on, dead-letters a rejected one as ``rejected`` (the person's reason
+to the caller), and expires what waited too long. So a person needs no right to
 publish as the coordinator, and the trace holds only what the coordinator recorded. A task
 that is a workflow step is withdrawn once its workflow no longer waits for it (the engine
 withdraws it as it lets the step go; an answer that comes anyway is not carried out).
@@ -146,7 +147,7 @@ class ManualQueue:
             self._announced.add((item.message_id, item.taken_by))
             taken = event_for(task, "manual_taken", by=item.taken_by, queue=item.queue)
             await emit(self._broker, taken)
-        if item.delivered_ms or item.status not in ("answered", "sent", "withdrawn"):
+        if item.delivered_ms or item.status not in ("answered", "sent", "rejected", "withdrawn"):
             return
         if item.status != "withdrawn" and (why := await abandoned(self._broker, task)):
             # Answered (or sent on) for a workflow that no longer waits: not carried out.
@@ -161,6 +162,8 @@ class ManualQueue:
                 await self._answer(item)
             case "sent":
                 await self._send(item)
+            case "rejected":
+                await self._reject(item)
             case _:
                 await self._withdrawn(item)
         # Marked after the deed: a crash in between does it again (its event is deduplicated;
@@ -180,6 +183,13 @@ class ManualQueue:
         await emit(self._broker, completed)
         await reply(self._broker, task, Result(**about(task, result=item.answer)))
         log.info("answered by a person", message_id=task.message_id, by=item.ended_by)
+
+    async def _reject(self, item: ManualItem) -> None:
+        by, queue = item.ended_by, item.queue
+        await emit(self._broker, event_for(item.task, "manual_rejected", by=by, queue=queue))
+        message = f"rejected by {by} in manual-review queue {queue!r}: {item.rejected}"
+        error = ErrorInfo(type="rejected", message=message, retryable=False)
+        await end_with_error(self._broker, item.task, "rejected", error, started=False)
 
     async def _withdrawn(self, item: ManualItem) -> None:
         """Say in the trace that the item was withdrawn (and whose answer was not sent)."""

@@ -5,9 +5,11 @@ two agents with overlapping descriptions, free text on reach.task.auto, the conf
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from agentreach.agents import ReachClient
 from agentreach.envelopes import Result
 from tests.cli.conftest import reach_argv, run
 from tests.cli.test_nats_cli import nats_pub
@@ -54,6 +56,7 @@ async def test_operator_resolves_free_text_and_answers_the_unsure_one(
         await watcher.event("routed", message_id="auto-3")
         refund = await reach(broker, "trace", "auto-1")
         waiting = await reach(broker, "manual", "list")
+        typo = await run(*reach_argv(broker, "manual", "send", "auto-3", "risk_reveiw"))
         taken = await reach(broker, "manual", "take", "auto-3", "--as", "alice")
         answered = await reach(
             broker, "manual", "answer", "auto-3", '{"refunded": true}', "--as", "alice"
@@ -67,8 +70,34 @@ async def test_operator_resolves_free_text_and_answers_the_unsure_one(
     (line,) = [row for row in waiting.splitlines() if row.startswith("auto-3")]
     assert " review " in line and "below 0.75 for rule 'default'" in line and "waiting" in line
     assert not any(row.startswith(("auto-1", "auto-2")) for row in waiting.splitlines())
-    assert "taken by alice" in taken and "answered by alice" in answered
+    assert typo.returncode != 0 and "no registered agent serves topic 'risk_reveiw'" in typo.stderr
+    assert "--force" in typo.stderr
+    assert re.search(r"taken by alice for (899|900) s", taken) and "answered by alice" in answered
     assert isinstance(result, Result) and result.result == {"refunded": True}
     assert "below 0.75: 'risk_review'" in unsure and "→ manual-review queue 'review'" in unsure
     assert "person:alice" in unsure and '{"refunded": true}' in unsure
     assert left.strip() == "no tasks waiting for a person"
+
+
+async def test_operator_rejects_an_unsure_request_and_the_caller_hears_why(
+    broker, coordinator, watcher
+):
+    """`reach manual reject ID WHY` dead-letters the task as rejected, WHY in the caller's
+    error; `take --for 0` and `--force` outside `send` are refused by name."""
+    async with (
+        serving(broker, coordinator, *overlapping_agents()),
+        Caller(broker, broker.names.reply_box("client", "reject")) as caller,
+        ReachClient(broker=broker) as client,
+    ):
+        message_id, _ = await client.publish("auto", {"text": UNSURE}, reply_to=caller.subject)
+        await watcher.event("routed", message_id=message_id)
+        zero = await run(*reach_argv(broker, "manual", "take", message_id, "--for", "0"))
+        misplaced = await run(*reach_argv(broker, "manual", "take", message_id, "--force"))
+        rejected = await reach(broker, "manual", "reject", message_id, "not ours", "--as", "eve")
+        error = await caller.reply(message_id, "error")
+        letter = await watcher.dead_letter("rejected", message_id=message_id)
+    assert zero.returncode != 0 and "more than 0" in zero.stderr
+    assert misplaced.returncode != 0 and "--force is for manual send" in misplaced.stderr
+    assert f"{message_id}: rejected by eve" in rejected
+    said = "rejected by eve in manual-review queue 'review': not ours"
+    assert error.error.message == said and letter.error is not None  # type: ignore[union-attr]

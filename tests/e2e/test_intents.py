@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from agentreach import envelopes
 from agentreach.agents import ManualReview, ManualReviewError, ReachClient
-from agentreach.agents.letters import replay
-from agentreach.coordinator.routing.manual import ManualConfig
 from agentreach.envelopes import Progress
 from agentreach.envelopes import headers as h
 from tests.e2e.intent_support import (
@@ -20,7 +17,6 @@ from tests.e2e.intent_support import (
     overlapping_agents,
 )
 from tests.e2e.routing_support import fast, serving, table
-from tests.secured import operators_reply_to
 
 
 async def test_free_text_reaches_the_described_agent_with_its_confidence(
@@ -112,68 +108,6 @@ async def test_an_unsure_request_waits_for_a_person_whose_answer_the_caller_gets
     assert not [e for e in watcher.events if e.event == "routed" and e.agent_id]
 
 
-async def test_nobody_answering_in_time_ends_the_task_as_expired(
-    broker, start_coordinator, watcher
-):
-    """A manual-review item still open after `manual.ttl_s` is dead-lettered as expired and
-    the caller gets the error; nobody can answer it afterwards."""
-    config = fast(manual=ManualConfig(ttl_s=0.3))
-    async with (
-        start_coordinator(config) as coordinator,
-        serving(broker, coordinator, *overlapping_agents()),
-        ReachClient(broker=broker) as client,
-        Caller(broker, broker.names.reply_box("client", "late")) as caller,
-    ):
-        message_id, _ = await client.publish("auto", {"text": UNSURE}, reply_to=caller.subject)
-        letter = await watcher.dead_letter("expired", message_id=message_id)
-        error = await caller.reply(message_id, "error")
-        try:
-            await ManualReview(broker, by="alice").answer(message_id, {})
-            raise AssertionError("an expired item was answered")
-        except ManualReviewError as exc:
-            assert "expired" in str(exc)
-    assert letter.error is not None and "manual-review queue 'review'" in letter.error.message
-    assert error.error.type == "expired"  # type: ignore[union-attr]
-
-
-async def test_an_unsure_task_s_letter_keeps_its_topic_so_a_replay_is_resolved_again(
-    broker, start_coordinator, watcher
-):
-    """Not sure enough, dead-lettered (a `below: {dlq: …}` rule, or a review that expired):
-    the letter is on `auto` with the guess in its resolution, so a replay of it waits for a
-    person again instead of delivering the guess the threshold held back."""
-    rules = table("""
-below: {dlq: unsure}
-rules:
-  - name: default
-    fallback: true
-    to: {}
-""")
-    async with (
-        start_coordinator(fast(routing=rules)) as coordinator,
-        serving(broker, coordinator, *overlapping_agents()),
-        ReachClient(broker=broker) as client,
-    ):
-        message_id, _ = await client.publish("auto", {"text": UNSURE})
-        unsure = await watcher.dead_letter("unsure", message_id=message_id)
-    async with (
-        start_coordinator(fast(manual=ManualConfig(ttl_s=0.3))) as coordinator,
-        serving(broker, coordinator, *overlapping_agents()),
-        ReachClient(broker=broker) as client,
-    ):
-        message_id, _ = await client.publish("auto", {"text": UNSURE})
-        expired = await watcher.dead_letter("expired", message_id=message_id)
-        again = await replay(broker, expired)
-        (item,) = await ManualReview(broker).items()
-    for letter in (unsure, expired):
-        assert letter.topic == "auto" and letter.envelope is not None
-        assert letter.envelope.topic == "auto" and letter.envelope.resolution is not None
-    assert unsure.error is not None and "below 0.75 for rule 'default'" in unsure.error.message
-    assert "over" in unsure.error.message  # the confidences, not only the guess
-    assert item.message_id == again.message_id and item.task.topic == "auto"
-    assert not [e for e in watcher.events if e.event == "routed" and e.agent_id]
-
-
 async def test_seed_table_routes_by_resolved_intent_and_confidence(
     broker, start_coordinator, watcher
 ):
@@ -210,61 +144,6 @@ rules:
     assert waiting.detail["manual"] == "fraud-desk" and waiting.detail["rule"] == "fraud"
     assert waiting.detail["resolution"]["best"]["intent"] == "risk_review"
     assert item.message_id == unsure and "below 0.90 for rule 'fraud'" in item.reason
-
-
-async def test_a_person_sends_the_task_on_and_the_caller_gets_that_agents_answer(
-    broker, coordinator, watcher
-):
-    """`send` republishes the waiting task on the topic a person chose, in the same trace and
-    to the same caller."""
-    async with (
-        serving(broker, coordinator, *overlapping_agents()),
-        ReachClient(broker=broker) as client,
-        Caller(broker, broker.names.reply_box("client", "sent")) as caller,
-    ):
-        message_id, trace_id = await client.publish(
-            "auto", {"text": UNSURE}, reply_to=caller.subject
-        )
-        await caller.reply(message_id, "ack")
-        item = await ManualReview(broker, by="carol").send(message_id, "risk_review")
-        result = await caller.reply(item.sent_as, "result")
-        sent = await watcher.event("manual_sent", message_id=message_id)
-        completed = await watcher.event("completed", message_id=item.sent_as)
-    assert item.sent_to == "risk_review" and completed.trace_id == trace_id
-    assert result.result == {"frozen": True, "by": "risk-control"}  # type: ignore[union-attr]
-    assert sent.detail["sent_as"] == item.sent_as and sent.detail["by"] == "carol"
-
-
-async def test_a_review_is_not_another_caller_s_under_the_same_message_id(
-    broker, coordinator, watcher
-):
-    """Items are kept by message id: mallory sent a task of her own under the id of alice's
-    answered one, and was sent alice's answer. It is refused as `duplicate_id` now, and
-    alice's answer is hers alone."""
-    async with (
-        serving(broker, coordinator, *overlapping_agents()),
-        ReachClient(broker=broker, name="alice") as alice,
-        ReachClient(broker=broker, name="mallory") as mallory,
-        Caller(broker, broker.names.reply_box("alice", "refund")) as hers,
-        Caller(broker, broker.names.reply_box("mallory", "refund")) as theirs,
-    ):
-        message_id, _ = await alice.publish(
-            "auto", {"text": UNSURE}, message_id="refund-5", reply_to=hers.subject
-        )
-        await hers.reply(message_id, "ack")
-        await ManualReview(broker, by="carol").answer(message_id, {"refund": "ALICE-OK"})
-        answered = await hers.reply(message_id, "result")
-        # With no Nats-Msg-Id: the intake's dedup window would drop it (its id is alice's).
-        own = mallory.task("auto", {"text": UNSURE}, message_id="refund-5")
-        own = msgspec.structs.replace(own, reply_to=theirs.subject)
-        await broker.publish(broker.names.task("auto", "mallory"), envelopes.encode(own))
-        refused = await theirs.reply(message_id, "error")
-        letter = await watcher.dead_letter("rejected", message_id=message_id)
-    assert answered.result == {"refund": "ALICE-OK"}  # type: ignore[union-attr]
-    assert refused.error.type == "duplicate_id"  # type: ignore[union-attr]
-    assert "answered in manual review for another caller's" in refused.error.message  # type: ignore[union-attr]
-    assert not [r for r in theirs.replies if isinstance(r, envelopes.Result)]
-    assert letter.envelope is not None and letter.envelope.caller == "mallory"
 
 
 async def test_no_text_goes_to_a_person_and_unknown_topics_resolve_when_enabled(
@@ -319,27 +198,3 @@ async def test_a_resolution_sent_by_a_producer_is_ignored(broker, coordinator, w
     routed = await watcher.event("routed", message_id=task.message_id)
     assert completed.agent_id == "risk-control" and "resolution" not in routed.detail
     assert also.agent_id == "risk-control"
-
-
-async def test_an_answer_given_while_no_coordinator_runs_reaches_the_caller_later(
-    broker, start_coordinator, watcher
-):
-    """People change only the record: an answer written while every coordinator is down is
-    carried out by the next one to hold the lease."""
-    agents = overlapping_agents()
-    reply_to, _ = operators_reply_to(broker, "restart")  # secured: the operator's own box
-    async with Caller(broker, reply_to) as caller:
-        async with start_coordinator(fast()) as coordinator, serving(broker, coordinator, *agents):
-            await broker.publish(  # the operator's bare form
-                broker.names.task("auto"),
-                msgspec.json.encode({"text": UNSURE}),
-                headers={"Nats-Msg-Id": "restart-1", "Reach-Reply-To": caller.subject},
-            )
-            await caller.reply("restart-1", "progress")
-        await ManualReview(broker, by="dora").answer("restart-1", {"late": True})
-        assert [r for r in caller.replies if type(r).__struct_config__.tag == "result"] == []
-        async with start_coordinator(fast()):
-            result = await caller.reply("restart-1", "result")
-            completed = await watcher.event("completed", message_id="restart-1")
-    assert result.result == {"late": True}  # type: ignore[union-attr]
-    assert completed.detail["answered_by"] == "dora"
