@@ -8,7 +8,7 @@ import msgspec
 
 from agentreach.broker import read_stream
 from agentreach.conformance.report import Checks, Failed, Skipped
-from agentreach.conformance.session import CALLER, Exchange, Session
+from agentreach.conformance.session import CALLER, Exchange, Seen, Session
 from agentreach.envelopes import (
     AGENT_EVENTS,
     Budget,
@@ -19,6 +19,7 @@ from agentreach.envelopes import (
     new_id,
     now_ms,
 )
+from agentreach.envelopes import headers as h
 from agentreach.envelopes.events import AcceptedDetail, CompletedDetail, OutcomeDetail
 
 CLOCKS_APART_MS = 5_000  # how far the agent's clock and the broker's may differ
@@ -91,13 +92,28 @@ async def ack_and_result(s: Session, c: Checks) -> str:
     c.must(record.result == result.result, "the execution record keeps the result")
     c.must((record.agent_id, record.epoch) == (s.agent_id, card.epoch), "record's agent/epoch")
     c.should(record.caller == CALLER, f"the record names the task's caller: {record.caller!r}")
-    headers = next(r.headers for r in ex.replies if r.body is result)
-    c.should(headers.get("Reach-Kind") == "result", "reply header Reach-Kind")
-    c.should(headers.get("Reach-Trace-Id") == ex.task.trace_id, "reply header Reach-Trace-Id")
     await s.quiet()
     c.must(len(ex.replies_of("result")) == 1, "exactly one result reply")
     c.must(not ex.replies_of("error"), "an agent never sends an error reply")
+    for seen in ex.agent_replies():
+        _reply_headers(c, ex, seen)
     return f"ack in {ack_ms:.0f} ms, result on <box>.<agent>, completed, recorded"
+
+
+def _reply_headers(c: Checks, ex: Exchange, seen: Seen) -> None:
+    """§11 (a MUST since revision 33): every reply carries ``Reach-Kind`` and
+    ``Reach-Trace-Id``; one with no headers at all is a server's answer to a caller, who drops
+    it (the Python client logs "reply without headers dropped")."""
+    kind = seen.body.__struct_config__.tag
+    c.must(
+        bool(seen.headers),
+        f"the {kind} reply carries no headers, not Reach-Kind and Reach-Trace-Id (§11,"
+        " revision 33: a caller drops it for a server's answer)",
+    )
+    for name, wanted in ((h.KIND, kind), (h.TRACE_ID, ex.task.trace_id)):
+        got = seen.headers.get(name)
+        said = f"the {kind} reply's header {name} is {got!r}, not {wanted!r} (its headers: "
+        c.must(got == wanted, f"{said}{seen.headers}; §11)")
 
 
 def _dispatched_at(c: Checks, ex: Exchange, accepted: Event) -> None:

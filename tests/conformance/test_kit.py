@@ -10,6 +10,7 @@ import io
 import msgspec
 import pytest
 
+from agentreach import envelopes
 from agentreach.agents import Agent, execution, reports
 from agentreach.agents import claims as sdk_claims
 from agentreach.agents import heartbeats as sdk_heartbeats
@@ -417,3 +418,38 @@ async def test_a_crash_without_takeover_is_put_down_to_the_earlier_epoch_claim()
     assert said.startswith("no accepted of epoch 4: was the message delivered again"), said
     assert "the record is still epoch 3's running claim (its lease runs" in said, said
     assert "does not take over its earlier epoch's running claim at once" in said, said
+
+
+def _replies_with(headers_of):  # type: ignore[no-untyped-def]
+    """The SDK's reply, sent with the headers ``headers_of(task, kind)`` gives."""
+
+    async def reply(broker, task, message, *, sender, since_break=None):  # type: ignore[no-untyped-def]
+        if task.reply_to:
+            kind = type(message).__struct_config__.tag
+            subject = broker.names.reply_subject(task.reply_to, sender)
+            data = envelopes.encode(message)
+            await broker.publish_core(subject, data, headers=headers_of(task, kind))
+
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("headers_of", "said"),
+    [
+        (lambda task, kind: None, "the ack reply carries no headers"),
+        (
+            lambda task, kind: {"Reach-Kind": kind},
+            "the ack reply's header Reach-Trace-Id is None, not ",
+        ),
+    ],
+    ids=["none", "no-trace-id"],
+)
+async def test_an_agent_whose_replies_lack_their_headers_fails_ack_and_result(
+    broker, coordinator, monkeypatch, headers_of, said
+):
+    """§11 (a MUST since revision 33): a reply without Reach-Kind and Reach-Trace-Id fails
+    clause 5 (a caller drops one with no headers at all); it only warned, and an agent whose
+    replies no Python client takes was said to conform."""
+    monkeypatch.setattr(reports, "reply", _replies_with(headers_of))
+    detail = await failed_clause(broker, "headless-1", "task.ack_and_result")
+    assert detail.startswith(said), detail
