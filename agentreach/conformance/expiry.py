@@ -5,8 +5,9 @@ from __future__ import annotations
 import msgspec
 
 from agentreach.broker import consumer_state
+from agentreach.conformance.exchange import Exchange
 from agentreach.conformance.report import Checks, Unjudged
-from agentreach.conformance.session import Exchange, Session
+from agentreach.conformance.session import Session
 from agentreach.conformance.tasks import first, outcome
 
 MAX_FILL = 64  # slots the kit fills to hold a task in the agent's queue

@@ -8,9 +8,10 @@ import contextlib
 
 from agentreach.broker import BrokerTimeout, BucketWatch, NoResponders, consumer_state
 from agentreach.broker.presence import ask
+from agentreach.conformance.exchange import Exchange
 from agentreach.conformance.report import Checks, Failed, Skipped, Unjudged
 from agentreach.conformance.run_once import _result
-from agentreach.conformance.session import Exchange, Session
+from agentreach.conformance.session import Session
 from agentreach.envelopes import PRIORITIES, AgentCard, Heartbeat, Liveness, decode_as, now_ms
 
 START_S = 60.0  # for the agent's process to register (and any startup delay of its own)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -15,6 +14,7 @@ import msgspec
 from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, Bucket, ClaimCheck, Inbound, Subscription
 from agentreach.broker.lifecycle import GRANT_HEADER
+from agentreach.conformance.exchange import Exchange, Seen
 from agentreach.conformance.process import AgentProcess
 from agentreach.conformance.report import Failed
 from agentreach.envelopes import (
@@ -37,44 +37,6 @@ from agentreach.envelopes import headers as h
 T = TypeVar("T")
 QUIET_S = 0.3  # how long "nothing more came" is watched for
 CALLER = "reach-conformance"  # the kit's sender token when it calls as a client
-AGENT_REPLIES = ("ack", "progress", "result", "error")  # not the coordinator's routed notice
-
-
-@dataclass
-class Seen:
-    """A message that came back, with its headers and the kit's time of receipt."""
-
-    body: Any
-    headers: dict[str, str]
-    at: float
-    subject: str = ""
-
-
-@dataclass
-class Exchange:
-    """One task the kit sent: what came back on its reply subject and as its events."""
-
-    task: Task
-    replies: list[Seen] = field(default_factory=list)
-    events: list[Seen] = field(default_factory=list)
-    sent_at: float = 0.0
-    grant: str | None = None  # the Reach-Grant the kit put on its dispatches of the task
-    seqs: list[int] = field(default_factory=list)  # where its dispatches were stored
-
-    def replies_of(self, kind: str) -> list[Any]:
-        return [r.body for r in self.replies if r.body.__struct_config__.tag == kind]
-
-    def agent_replies(self) -> list[Seen]:
-        """What came back on the reply subject, without the coordinator's routed notices."""
-        return [r for r in self.replies if r.body.__struct_config__.tag in AGENT_REPLIES]
-
-    def events_of(self, name: str) -> list[Event]:
-        return [e.body for e in self.events if e.body.event == name]
-
-    def runs(self) -> int:
-        """How many times the handler started (the ``sleep`` op reports ``started`` once
-        per run)."""
-        return sum(p.note == "started" for p in self.replies_of("progress"))
 
 
 class Session:
@@ -267,9 +229,17 @@ class Session:
             body = exc
         await self._add(self.cards, body, msg)
 
-    async def until(self, found: Callable[[], T | None], timeout_s: float, what: str) -> T:
+    async def until(
+        self,
+        found: Callable[[], T | None],
+        timeout_s: float,
+        what: str,
+        *,
+        instead: Callable[[], str] | None = None,
+    ) -> T:
         """What ``found()`` returns once it is not None, re-checked on each arrival; a
-        :class:`Failed` naming ``what`` after ``timeout_s``."""
+        :class:`Failed` naming ``what`` after ``timeout_s``, and what ``instead()`` says the
+        kit saw instead, when given."""
         try:
             async with asyncio.timeout(timeout_s), self._changed:
                 while (hit := found()) is None:
@@ -279,7 +249,27 @@ class Session:
                         await asyncio.wait_for(self._changed.wait(), 0.5)
                 return hit
         except TimeoutError:
-            raise Failed(f"no {what} within {timeout_s:g} s") from None
+            saw = f"; {instead()}" if instead is not None else ""
+            raise Failed(f"no {what} within {timeout_s:g} s{saw}") from None
+
+    async def event_of(
+        self, ex: Exchange, event: str, timeout_s: float, *, at_once: bool = True
+    ) -> Event:
+        """``ex``'s ``event``; a :class:`Failed` saying what the agent did instead: at once
+        when it ended the task otherwise (another outcome, or a result), else after
+        ``timeout_s``. Not ``at_once``: only after ``timeout_s``, saying no more (for a
+        clause that says what it saw in words of its own)."""
+
+        def found() -> Event | str | None:
+            if hit := ex.events_of(event):
+                return hit[0]
+            return ex.ended_otherwise(event) if at_once else None
+
+        instead = ex.said if at_once else None
+        hit = await self.until(found, timeout_s, f"{event} event", instead=instead)
+        if isinstance(hit, str):
+            raise Failed(f"no {event} event: {hit}")
+        return hit
 
     async def poll(
         self, check: Callable[[], Awaitable[T | None]], timeout_s: float, every_s: float = 0.1

@@ -7,8 +7,9 @@ from typing import Any
 import msgspec
 
 from agentreach.broker import read_stream
+from agentreach.conformance.exchange import Exchange, Seen
 from agentreach.conformance.report import Checks, Failed, Skipped
-from agentreach.conformance.session import CALLER, Exchange, Seen, Session
+from agentreach.conformance.session import CALLER, Session
 from agentreach.envelopes import (
     AGENT_EVENTS,
     Budget,
@@ -41,9 +42,12 @@ async def routed_here(s: Session, ex: Exchange) -> None:
         )
 
 
-async def outcome(s: Session, ex: Exchange, event: str, timeout_s: float) -> OutcomeDetail:
-    """The agent's ``failed`` or ``expired`` event, its detail checked."""
-    found: Event = await s.until(lambda: first(ex.events_of(event)), timeout_s, f"{event} event")
+async def outcome(
+    s: Session, ex: Exchange, event: str, timeout_s: float, *, at_once: bool = True
+) -> OutcomeDetail:
+    """The agent's ``failed`` or ``expired`` event, its detail checked (a failure says what
+    the agent did instead: see :meth:`Session.event_of`)."""
+    found = await s.event_of(ex, event, timeout_s, at_once=at_once)
     if found.agent_id != s.agent_id:
         raise Failed(f"{event} event names agent_id {found.agent_id!r}")
     try:

@@ -19,9 +19,9 @@ from agentreach.agents.claims import Claimed
 from agentreach.agents.slots import Room
 from agentreach.broker import BrokerError, ClaimCheck, Delivery, WrongLastSequence
 from agentreach.conformance import CLAUSES, Status, lifecycle, run_conformance
+from agentreach.conformance.exchange import Exchange, Seen
 from agentreach.conformance.expiry import MAX_FILL
-from agentreach.conformance.session import Exchange
-from agentreach.envelopes import AgentCard, Execution, Task, now_ms
+from agentreach.envelopes import AgentCard, Event, Execution, Result, Task, now_ms
 from agentreach.examples import conformance as example
 from tests.cli.conftest import reach_argv, reach_command, run
 from tests.sdk.test_typescript import own_creds, verdicts_but_claim_check
@@ -453,3 +453,39 @@ async def test_an_agent_whose_replies_lack_their_headers_fails_ack_and_result(
     monkeypatch.setattr(reports, "reply", _replies_with(headers_of))
     detail = await failed_clause(broker, "headless-1", "task.ack_and_result")
     assert detail.startswith(said), detail
+
+
+async def test_a_clause_waiting_for_an_event_says_what_the_agent_did_instead(broker, coordinator):
+    """Clause 7 waits for `failed`: an agent that completes the task instead is failed at
+    once, with what it published (it was failed after 10 s with "no failed event" alone)."""
+    agent = Agent("unfailing-1", startup_delay=0)
+
+    @agent.handler("conformance", capacity=8)
+    async def never_fails(ctx, payload):  # type: ignore[no-untyped-def]
+        if payload.get("op") == "fail":
+            return {"attempt": ctx.attempt}
+        return await example.conformance(ctx, payload)
+
+    verdict = (await judge(broker, agent, "task.retryable_error"))["task.retryable_error"]
+    assert verdict.status is Status.FAIL, verdict
+    assert verdict.detail.startswith(
+        "no failed event: the agent published accepted (attempt 1), completed (attempt 1) with"
+        " result {'attempt': 1}"
+    ), verdict.detail  # and, when it came first, the result reply
+    assert verdict.seconds < 5, verdict
+
+
+def test_a_wait_that_times_out_says_what_came_instead():
+    """Without another outcome, the timeout's words say what the agent did say of the task
+    (the result reply it sent too)."""
+    task = Task(v=1, message_id="m-1", trace_id="m-1", topic="conformance")
+    ex = Exchange(task)
+    accepted = Event(v=1, event="accepted", message_id="m-1", trace_id="m-1", topic="c", attempt=2)
+    ex.events.append(Seen(accepted, {}, 0.0, "reach.event.accepted.c.m-1.m-1.a-1"))
+    result = Result(v=1, message_id="m-1", trace_id="m-1", topic="c", result={"x": 1})
+    assert ex.said() == "the agent published accepted (attempt 2)"
+    assert ex.ended_otherwise("expired") is None
+    ex.replies.append(Seen(result, {}, 0.0, "reach.reply.c.b.a-1"))
+    said = "the agent published accepted (attempt 2), and sent the result {'x': 1}"
+    assert ex.said() == said and ex.ended_otherwise("expired") == said
+    assert ex.ended_otherwise("completed") is None
