@@ -138,7 +138,14 @@ class Heartbeats:
                     current = await bucket.get(self._agent_id)
                 except DecodeError:
                     current = None
-                if current is not None and current.value.epoch > self._epoch:
+                if current is not None and current.value.agent_id != self._agent_id:
+                    # Written with this agent's creds, by no process of this id: no fence.
+                    log.warning(
+                        "a heartbeat on this agent's key names another agent; written over",
+                        named=current.value.agent_id,
+                        epoch=current.value.epoch,
+                    )
+                elif current is not None and current.value.epoch > self._epoch:
                     raise Replaced(current.value.epoch) from None
         return await bucket.put(self._agent_id, beat)
 

@@ -299,6 +299,33 @@ async def test_a_heartbeat_of_a_newer_epoch_over_its_own_stops_the_agent(broker)
     assert (await beats.get("fenced-1")).value.epoch == 99  # not written over
 
 
+async def test_a_heartbeat_naming_another_agent_on_its_key_is_written_over(broker):
+    """A value on the agent's key that names another agent (written with the agent's own
+    creds: an outside trial's liar) is no newer process of this id: the agent writes its
+    beat over it and serves on, as the coordinator ignores it."""
+    agent = Agent("fenced-2", startup_delay=0, heartbeat_interval=0.2)
+
+    @agent.handler("fenced")
+    async def fenced(ctx: TaskContext, payload: dict) -> dict:
+        return {}
+
+    beats = await broker.bucket(broker.names.heartbeats_bucket, Heartbeat)
+    async with agent.running(broker=broker) as runtime:
+        await until_true(lambda: beats.get("fenced-2"))
+        with capture_logs() as logs:
+            forged = Heartbeat(agent_id="someone-else", epoch=99, seq=1, interval_s=15.0)
+            await beats.put("fenced-2", forged)
+
+            async def own_again() -> bool:
+                entry = await beats.get("fenced-2")
+                return entry is not None and entry.value.agent_id == "fenced-2"
+
+            await until_true(own_again)
+        assert not runtime.replaced.is_set()
+    said = [line for line in logs if "names another agent" in line["event"]]
+    assert said and said[0]["named"] == "someone-else"
+
+
 async def test_a_control_interval_over_300_s_is_ignored(broker):
     """The coordinator ignores beats of an interval over 300 s (protocol §7): an agent that
     took one from a control message (no coordinator sends it) would look silent."""

@@ -237,14 +237,19 @@ export class Heartbeats {
 
   /**
    * The epoch of the heartbeat the key holds; 0 when it holds none, or none readable, or one
-   * without headers (every process's carry some: a no_hdr copy fenced an agent out).
+   * without headers (every process's carry some: a no_hdr copy fenced an agent out), or one
+   * naming another agent (written with this agent's creds, by no process of this id).
    */
   private async currentEpoch(kv: Keys): Promise<number> {
     const entry = await kv.last(this.agentId);
     if (entry === null || entry.operation !== "PUT" || entry.nobodys || !entry.headed) return 0;
     try {
-      const epoch = (decodeJson(entry.value) as Partial<Heartbeat> | null)?.epoch;
-      return Number.isInteger(epoch) ? (epoch as number) : 0;
+      const beat = decodeJson(entry.value) as Partial<Heartbeat> | null;
+      if (beat?.agent_id !== this.agentId) {
+        this.log.warn("a heartbeat on this agent's key names another agent; written over", { named: beat?.agent_id });
+        return 0;
+      }
+      return Number.isInteger(beat.epoch) ? (beat.epoch as number) : 0;
     } catch {
       return 0;
     }

@@ -1455,6 +1455,10 @@ describe("registration and liveness", () => {
     // no_hdr) onto the key. It fenced the agent out; every process's beat carries headers.
     await beats.put(id, newerBeat);
     await kvUntil<Heartbeat>(beats, id, (b) => b?.epoch === card.epoch); // beaten over, not obeyed
+    // With headers but naming another agent: written with its creds by no process of its id.
+    const elsewhere = { v: 1, agent_id: "someone-else", epoch: newer.epoch, seq: 1, interval_s: 30 };
+    await (await keys("reach_heartbeats")).put(id, new TextEncoder().encode(JSON.stringify(elsewhere)));
+    await kvUntil<Heartbeat>(beats, id, (b) => b?.agent_id === id && b?.epoch === card.epoch);
     await (await keys("reach_heartbeats")).put(id, newerBeat);
     await assert.rejects(within(running, 10_000, "the fenced agent's stop"), (err: unknown) => {
       assert.ok(err instanceof AgentIdInUse);
