@@ -311,6 +311,17 @@ resolver_preload: {{
     def users(self) -> dict[str, dict[str, Any]]:
         return dict(self._registry()["users"])
 
+    def keys_of(self, name: str) -> list[str]:
+        """The public keys issued to ``name``, the newest last (the server logs a user by it)."""
+        return list(self._registry()["users"].get(name, {}).get("keys", []))
+
+    def name_of_key(self, key: str) -> str | None:
+        """Whose public user key ``key`` is (any issued, not only the newest), or None."""
+        for name, user in self._registry()["users"].items():
+            if key in user.get("keys", []):
+                return str(name)
+        return None
+
     def role_of(self, name: str) -> str:
         user = self._registry()["users"].get(name)
         if user is None:

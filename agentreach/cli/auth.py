@@ -38,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -55,6 +56,7 @@ from agentreach.coordinator.routing import allowances as allowed
 from agentreach.envelopes import Priority
 
 ISSUING = ("agent", "caller", "worker", "operator")
+USER_KEY = re.compile(r"U[A-Z2-7]{55}")  # an nkey's public user key, as nats-server logs it
 ACTIONS = ("init", *ISSUING, "allow", "revoke", "push", "show", "list")
 DEFAULT_DIR = "reach-auth"
 
@@ -64,7 +66,7 @@ def register(commands: Commands) -> None:
         "auth",
         cmd_auth,
         "identities and permissions: init | agent ID | caller NAME | worker NAME"
-        " | operator NAME | allow NAME | revoke NAME | push | show NAME | list",
+        " | operator NAME | allow NAME | revoke NAME | push | show NAME|USER_KEY | list",
         example=(
             "reach auth init",
             "reach auth agent refund-agent-1 --intents refund_application --expires 86400",
@@ -158,16 +160,30 @@ async def cmd_auth(args: argparse.Namespace) -> int:
     elif args.action == "revoke":
         directory.revoke(args.name)
         print(f"revoked {args.name}; run `reach auth push` to apply it on the servers")
-    else:  # show
-        role = directory.role_of(args.name)
-        serves = ""
-        if role == "agent":
-            serves = f"; may serve: {allowed.shown(directory.intents_of(args.name))}"
-        if role in SENDERS:
-            serves += f"; may send: {','.join(directory.priorities_of(args.name))}"
-        print(f"{args.name} ({role}{serves}):")
-        print(json.dumps(expanded(role, args.name, directory.names), indent=2))
+    else:
+        _show(directory, args.name)
     return 0
+
+
+def _show(directory: AuthDirectory, name_or_key: str) -> None:
+    """A party's role, allowances, keys and permissions; a user key (from the server's log,
+    `… - Publish Violation - …`) names its party first."""
+    name = name_or_key
+    if USER_KEY.fullmatch(name_or_key):
+        if (name := directory.name_of_key(name_or_key)) is None:
+            raise AuthError(f"no party of {directory.root} was issued the key {name_or_key}")
+        newest = directory.keys_of(name)[-1] == name_or_key
+        print(f"{name_or_key}: {name}'s {'current key' if newest else 'key, issued again since'}")
+    role = directory.role_of(name)
+    serves = ""
+    if role == "agent":
+        serves = f"; may serve: {allowed.shown(directory.intents_of(name))}"
+    if role in SENDERS:
+        serves += f"; may send: {','.join(directory.priorities_of(name))}"
+    keys = directory.keys_of(name)
+    serves += f"; key {keys[-1]}" if keys else ""
+    print(f"{name} ({role}{'; revoked' if directory.revoked(name) else ''}{serves}):")
+    print(json.dumps(expanded(role, name, directory.names), indent=2))
 
 
 def _warn_old_creds_valid(name: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentreach.agents import Agent, AgentConfigError
+from agentreach.auth import AuthDirectory
 from agentreach.broker import (
     Auth,
     AuthConfig,
@@ -98,6 +99,25 @@ async def test_an_incomplete_directory_is_not_told_to_init_again(tmp_path):
     broken = await reach_auth(directory, "agent", "w2")
     assert broken.returncode == 1 and "incomplete auth directory" in broken.stderr
     assert "would make a new operator" in broken.stderr
+
+
+async def test_show_names_the_party_of_a_user_key_from_the_server_s_log(tmp_path):
+    """nats-server logs a violation with the user's public key only: `reach auth show KEY`
+    says whose it is, and whether it was issued again since."""
+    directory = tmp_path / "auth"
+    await reach_auth(directory, "init")
+    await reach_auth(directory, "caller", "billing")
+    (first,) = AuthDirectory(directory).keys_of("billing")
+    await reach_auth(directory, "caller", "billing")
+    second = AuthDirectory(directory).keys_of("billing")[-1]
+    old = await reach_auth(directory, "show", first)
+    new = await reach_auth(directory, "show", second)
+    unknown = await reach_auth(directory, "show", "U" + "A" * 55)
+    assert old.returncode == 0, old.stderr
+    assert old.stdout.startswith(f"{first}: billing's key, issued again since\n")
+    assert f"billing (caller; may send: P1,P2; key {second}):" in old.stdout
+    assert new.stdout.startswith(f"{second}: billing's current key\n")
+    assert unknown.returncode == 1 and f"was issued the key U{'A' * 55}" in unknown.stderr
 
 
 async def test_show_expands_the_template_and_list_names_every_party(tmp_path):
