@@ -119,7 +119,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         admin = dataclasses.replace(auth, creds=directory.creds("operator", ADMIN))
         changed = await push_allowances(directory, args.nats_url, auth=admin)
         for name, allowance in changed.items():
-            print(f"  {name}: {'allowance removed' if allowance == 'revoked' else allowance}")
+            print(f"  {name}: {'revoked, serves nothing' if allowance == 'revoked' else allowance}")
         print(f"pushed the allowances: {len(changed)} changed")
         return 0
     if args.action == "list":
@@ -267,15 +267,18 @@ async def push_allowances(
     directory: AuthDirectory, nats_url: str | None, *, auth: Auth | None = None
 ) -> dict[str, str]:
     """Write every agent's intents and every party's priorities to the allowances bucket
-    (made if missing) as the directory's ``admin`` (or ``auth``), and delete those of
-    revoked parties. Returns what changed, by key (an agent's id, ``priorities.<name>``):
-    what was written, or ``revoked``."""
+    (made if missing) as the directory's ``admin`` (or ``auth``): a revoked agent's as
+    revoked (``reach agents`` says so of its card), a revoked sender's deleted. Returns what
+    changed, by key (an agent's id, ``priorities.<name>``): what was written, or
+    ``revoked``."""
     credentials = auth or Auth(creds=directory.creds("operator", ADMIN))
     now = int(time.time() * 1000)
     wanted: dict[str, allowed.Allowance | allowed.SenderPriorities | None] = {}
     for name, intents in directory.allowances().items():
-        record = allowed.Allowance(agent_id=name, intents=intents or (), set_at=now)
-        wanted[name] = None if intents is None else record
+        revoked = intents is None
+        wanted[name] = allowed.Allowance(
+            agent_id=name, intents=intents or (), set_at=now, revoked=revoked
+        )
     for name, priorities in directory.sender_priorities().items():
         record = allowed.SenderPriorities(sender=name, priorities=priorities or (), set_at=now)
         wanted[allowed.priorities_key(name)] = None if priorities is None else record
@@ -312,7 +315,8 @@ async def _written(
             continue
         await bucket.put(key, record)
         shown = record.intents if isinstance(record, allowed.Allowance) else record.priorities
-        changed[key] = allowed.shown(shown)
+        revoked = isinstance(record, allowed.Allowance) and record.revoked
+        changed[key] = "revoked" if revoked else allowed.shown(shown)
     return changed
 
 

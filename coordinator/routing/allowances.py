@@ -49,6 +49,7 @@ class Allowance(msgspec.Struct, frozen=True, kw_only=True):
     agent_id: str
     intents: tuple[str, ...] = ()
     set_at: int = 0  # ms since epoch, informational
+    revoked: bool = False  # `reach auth revoke`: its creds connect no more, it serves nothing
 
 
 class SenderPriorities(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,6 +129,9 @@ def refused(card: AgentCard, allowance: Allowance | None) -> dict[str, str]:
             f"no intent allowance for {card.agent_id} (an operator runs `reach auth allow"
             f" {card.agent_id} --intents …`, then `reach auth push`)"
         )
+        return dict.fromkeys(card.intents, why)
+    if allowance.revoked:
+        why = f"{card.agent_id} is revoked (`reach auth revoke`): its creds no longer connect"
         return dict.fromkeys(card.intents, why)
     why = f"not allowed by its credentials (it may serve: {shown(allowance.intents)})"
     return {intent: why for intent in card.intents if not allows(allowance.intents, intent)}

@@ -19,7 +19,7 @@ from tests.secured import SecuredDeployment, secured_server
 
 async def test_intents_are_recorded_changed_shown_and_pushed(tmp_path):
     """A new agent without --intents serves nothing; --intents and `allow` set what it
-    serves; re-issuing keeps it; push writes each agent's allowance and drops a revoked one's."""
+    serves; re-issuing keeps it; push writes each agent's allowance, a revoked one's as revoked."""
     deployment = SecuredDeployment(tmp_path / "auth")
     root = deployment.directory.root
     made = await reach_auth(root, "agent", "summarizer-1", "--intents", "summarize, sum*")
@@ -33,7 +33,7 @@ async def test_intents_are_recorded_changed_shown_and_pushed(tmp_path):
     listed = (await reach_auth(root, "list")).stdout
     assert "newcomer  intents: translate" in listed
     assert (
-        "(agent; may serve: summarize,sum*; may send: P0,P1,P2):"
+        "(agent; may serve: summarize,sum*; may send: P0,P1,P2; key U"
         in (await reach_auth(root, "show", "summarizer-1")).stdout
     )
     async with secured_server(deployment, tmp_path / "server") as server:
@@ -42,7 +42,7 @@ async def test_intents_are_recorded_changed_shown_and_pushed(tmp_path):
         assert "pushed the allowances: 5 changed" in pushed.stdout  # 2 intents, 3 priorities
         assert (await reach_auth(root, "revoke", "newcomer")).returncode == 0
         assert (
-            "newcomer: allowance removed"
+            "newcomer: revoked, serves nothing"
             in (await reach_auth(root, "push", "--nats-url", server.url)).stdout
         )
         async with Broker(server.url, auth=deployment.admin) as admin:
@@ -50,8 +50,13 @@ async def test_intents_are_recorded_changed_shown_and_pushed(tmp_path):
             stored = json.loads((await kv.get("summarizer-1")).value)
             assert stored["intents"] == ["summarize", "sum*"]
             name = bucket_name(admin.names)  # by its subject: kv.keys() is racy under load
-            gone = await last_message(admin, f"KV_{name}", f"$KV.{name}.newcomer")
-            assert gone is not None and gone.headers.get("KV-Operation") == "DEL"
+            kept = await last_message(admin, f"KV_{name}", f"$KV.{name}.newcomer")
+            assert kept is not None and json.loads(kept.data)["revoked"] is True
+        card = AgentCard(agent_id="newcomer", intents={"translate": Intent()})
+        revoked = Allowance(**json.loads(kept.data))
+        assert refused(card, revoked) == {
+            "translate": "newcomer is revoked (`reach auth revoke`): its creds no longer connect"
+        }
 
 
 async def test_an_agent_issued_before_allowances_keeps_serving_any_intent(tmp_path):
