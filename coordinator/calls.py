@@ -34,21 +34,18 @@ from agentreach.broker.errors import pause
 from agentreach.broker.lifecycle import events_of_id, own_events
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.broker.tasks import cancel_and_wait
+from agentreach.coordinator.call_bodies import addressed
 from agentreach.envelopes import (
     DEFAULT_TTL_MS,
     MAX_TTL_MS,
     Ack,
-    Budget,
-    DecodeError,
     ErrorInfo,
     ErrorReply,
     Event,
     PayloadRef,
     Reply,
     Result,
-    is_envelope,
     new_id,
-    summarize,
 )
 from agentreach.envelopes import headers as h
 
@@ -83,7 +80,9 @@ class _Waiting:
     execute_ms: int  # the task's execute budget: how long a run may take once accepted
     asked: _Earlier  # its caller, its task's id and what was sent: its events tell its end
     reconnects: int  # the connection's reconnects when it began: a reply may be lost since
-    accepted: bool = False  # an agent accepted the task (or a workflow started)
+    # Who acknowledged the task: an agent's id, or "" for the coordinator (a workflow started,
+    # or it waits for a person in manual review); None: nobody yet.
+    accepted_by: str | None = None
 
 
 class Calls:
@@ -112,7 +111,7 @@ class Calls:
         # replies count only from the agent the coordinator announces (ReplyBox).
         box = ReplyBox(names, sender or BARE_CALLER, f"call{secrets.token_hex(16)}")
         key = box.subject
-        call = _addressed(msg.data, key)
+        call = addressed(msg.data, key)
         refused = call.message_id and h.msg_id_differs(headers, call.message_id)
         if sender is not None and refused:
             # Not taken in (intake refuses it): its sends again under the header's id were
@@ -226,7 +225,7 @@ class Calls:
                 answer = _failure(reply.error, reply.reason)
                 self._in_background(self._answer(requester, answer, error=True))
             case Ack():
-                self._running(key)
+                self._running(key, reply.from_agent or "")
             case _:
                 return  # progress: the requester waits for the end
 
@@ -247,11 +246,11 @@ class Calls:
         self._in_background(waiting.replies.close())
         return waiting.requester
 
-    def _running(self, key: str) -> None:
+    def _running(self, key: str, by: str) -> None:
         """An agent accepted the task (or a workflow started): the wait lasts its execute
         budget from now, when that ends after the ttl (how long it may wait to start)."""
         waiting = self._waiting[key]
-        waiting.accepted = True
+        waiting.accepted_by = by
         loop = asyncio.get_running_loop()
         budget_ends = loop.time() + waiting.execute_ms / 1000 + GRACE_S
         if budget_ends <= waiting.timer.when():
@@ -303,10 +302,11 @@ class Calls:
         if await self._answered_from_events(key) or self._waiting[key].timer is not timer:
             return  # answered, or accepted meanwhile: a new deadline
         requester = self._forget(key)
+        accepted = _accepted(waiting.accepted_by)
         if not ttl_ms:
-            within = f"its execute budget ({waiting.execute_ms} ms) after an agent accepted it"
-        elif waiting.accepted:  # the budget ended first: a retry could still end it in time
-            within = f"the task's ttl ({ttl_ms} ms), though an agent accepted it"
+            within = f"its execute budget ({waiting.execute_ms} ms) after {accepted}"
+        elif waiting.accepted_by is not None:  # the budget ended first: a retry could end it
+            within = f"the task's ttl ({ttl_ms} ms), though {accepted}"
         else:
             within = f"the task's ttl ({ttl_ms} ms); no agent accepted it"
         error = ErrorInfo(type="no_result", message=f"no result within {within}", retryable=False)
@@ -343,57 +343,17 @@ def answer_too_large(message_id: str, size: int, max_payload: int) -> ErrorInfo:
     return ErrorInfo(type="answer_too_large", message=message, retryable=False)
 
 
+def _accepted(by: str | None) -> str:
+    if by:
+        return f"agent {by} accepted it"
+    return (
+        "the coordinator acknowledged it: a workflow started, or it waits for a person in"
+        " manual review (its trace tells which, and how it ends)"
+    )
+
+
 def _failure(error: ErrorInfo, reason: str | None) -> dict[str, object]:
     """A call's error answer: the error, and how the message ended (its dead-letter reason,
     ``refused``, ``duplicate_id`` …) when the coordinator said so; the gateway's own errors
     (``not_published``, ``no_result``, ``payload_unavailable``) end no message and say none."""
     return {"error": error} if reason is None else {"error": error, "reason": reason}
-
-
-@dataclass(frozen=True, slots=True)
-class _Addressed:
-    """A call's body as it is published, and what the call reads of it."""
-
-    data: bytes
-    execute_ms: int  # the task's execute budget
-    message_id: str | None = None  # a full envelope's own
-    ttl_ms: int | None = None  # a full envelope's own
-    sha256: str | None = None  # of its payload (None: not JSON, intake refuses it)
-
-
-def _addressed(data: bytes, reply_to: str) -> _Addressed:
-    """The body a call publishes, with what it reads of it: a full envelope answers to
-    ``reply_to`` and may carry its id, ttl and budget; a bare body gets ``reply_to`` from
-    the header and the defaults, and so does a malformed one (intake refuses it, and
-    answers)."""
-    try:
-        document = envelopes.decode_json(data)
-    except DecodeError:
-        return _Addressed(data, Budget().execute_ms)
-    if not is_envelope(document):
-        return _Addressed(data, Budget().execute_ms, sha256=summarize(document).sha256)
-    document["reply_to"] = reply_to
-    budget = document.get("budget")
-    execute_ms = _ms(budget.get("execute_ms") if isinstance(budget, dict) else None)
-    own_id = document.get("message_id")
-    return _Addressed(
-        envelopes.encode(document),
-        execute_ms or Budget().execute_ms,
-        message_id=own_id if isinstance(own_id, str) else None,
-        ttl_ms=_ms(document.get("ttl_ms")),
-        sha256=_payload_digest(document),
-    )
-
-
-def _payload_digest(envelope: dict[str, Any]) -> str | None:
-    """The SHA-256 of an envelope's payload, as the routed event's ``input`` has it."""
-    ref = envelope.get("payload_ref")
-    if ref is None:
-        return summarize(envelope.get("payload")).sha256
-    digest = ref.get("sha256") if isinstance(ref, dict) else None
-    return digest if isinstance(digest, str) else None
-
-
-def _ms(value: object) -> int | None:
-    """A positive number of ms up to a day, or None."""
-    return value if isinstance(value, int) and 0 < value <= MAX_TTL_MS else None

@@ -183,8 +183,9 @@ async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) 
 
     def acked(ack: Ack) -> None:
         free = f", {ack.capacity.free_slots} free slots" if ack.capacity else ""
-        # Only an agent names itself: the coordinator acknowledges a workflow it started.
-        who = ack.from_agent or "the coordinator: a workflow started"
+        # Only an agent names itself: the coordinator acknowledges a workflow it started, and
+        # a task put in a manual-review queue (a progress line then says so).
+        who = ack.from_agent or "the coordinator (a workflow started, or manual review)"
         # The id too: Ctrl-C from here on leaves an operator only `reach trace ID` to follow it.
         print(f"accepted by {who}{free} (message {ack.message_id})", file=sys.stderr, flush=True)
 

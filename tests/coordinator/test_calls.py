@@ -13,7 +13,8 @@ from agentreach.broker.endings import Sent
 from agentreach.broker.lifecycle import events_of_id
 from agentreach.broker.reply_box import ReplyBox
 from agentreach.coordinator import Coordinator
-from agentreach.coordinator.calls import _Addressed, _addressed, _Requester, _Waiting
+from agentreach.coordinator.call_bodies import Addressed, addressed
+from agentreach.coordinator.calls import _Requester, _Waiting
 from agentreach.envelopes import headers as h
 from tests.conftest import FAST
 from tests.e2e.test_invoke_across_restarts import Gate
@@ -172,17 +173,17 @@ def test_a_call_s_body_is_read_once_for_its_reply_address_its_id_ttl_and_budget(
         ttl_ms=4000,
         budget=envelopes.Budget(execute_ms=1500),
     )
-    call = _addressed(envelopes.encode(task), "reach.reply.c.box")
+    call = addressed(envelopes.encode(task), "reach.reply.c.box")
     assert (call.execute_ms, call.message_id, call.ttl_ms) == (1500, "m-1", 4000)
     assert envelopes.decode_task(call.data).reply_to == "reach.reply.c.box"
     assert call.sha256 == envelopes.summarize(None).sha256  # the payload's, as routed says
     default = envelopes.Budget().execute_ms
     bare = b'{"s":  1}'
-    assert _addressed(bare, "box") == _Addressed(bare, default, sha256=sha256(b'{"s":1}'))
-    assert _addressed(b"not json", "box") == _Addressed(b"not json", default)
+    assert addressed(bare, "box") == Addressed(bare, default, sha256=sha256(b'{"s":1}'))
+    assert addressed(b"not json", "box") == Addressed(b"not json", default)
     odd = b'{"v": 1, "kind": "task", "budget": [1500], "ttl_ms": "x", "message_id": 7}'
-    assert _addressed(odd, "box").execute_ms == default
-    assert (_addressed(odd, "box").ttl_ms, _addressed(odd, "box").message_id) == (None, None)
+    assert addressed(odd, "box").execute_ms == default
+    assert (addressed(odd, "box").ttl_ms, addressed(odd, "box").message_id) == (None, None)
 
 
 async def test_a_callers_call_with_a_full_envelope_and_no_msg_id_is_known_by_its_own_id(
@@ -271,33 +272,35 @@ async def test_a_call_whose_id_header_is_not_its_envelope_s_id_is_refused_at_onc
     assert not coordinator._calls._waiting
 
 
-async def test_a_call_given_up_at_its_ttl_says_whether_an_agent_accepted_it(broker, coordinator):
+async def test_a_call_given_up_says_whether_and_by_whom_its_task_was_accepted(broker, coordinator):
     """The wait lasts the later of the ttl and the execute budget from the latest ack: a
-    call given up at its ttl says whether an agent had accepted the task (an agent then
-    stalled) or none had (nobody took it)."""
+    call given up says whether an agent had accepted the task (an agent then stalled), the
+    coordinator had (a workflow, or a person's review: a trial's caller was told an agent
+    had), or none had (nobody took it)."""
     calls = coordinator._calls
     answers = []
-    for accepted in (False, True):
-        box = broker.names.reply_box("test", f"call-{accepted}")
+    for n, (by, ttl_ms) in enumerate([(None, 6_000), ("worker-1", 6_000), ("", 0)]):
+        box = broker.names.reply_box("test", f"call-{n}")
         inbox = await broker.nc.subscribe(box)
-        requester = _Requester(box, f"id-{accepted}")
+        requester = _Requester(box, f"id-{n}")
         timer = asyncio.get_running_loop().call_later(3600, lambda: None)
         replies = await broker.subscribe(box + ".*", lambda msg: asyncio.sleep(0))
         await broker.flush()  # the coordinator answers on a connection of its own
-        key = f"key-{accepted}"
-        asked = (None, f"id-{accepted}", Sent("nap", None))  # no events: nothing ended it
+        key = f"key-{n}"
+        asked = (None, f"id-{n}", Sent("nap", None))  # no events: nothing ended it
         box = ReplyBox(broker.names, "test", key)
         reconnects = broker.reconnects
-        calls._waiting[key] = _Waiting(
-            requester, timer, box, replies, 500, asked, reconnects, accepted
-        )
-        calls._give_up(key, 6_000)
+        calls._waiting[key] = _Waiting(requester, timer, box, replies, 500, asked, reconnects, by)
+        calls._give_up(key, ttl_ms)
         answer = await inbox.next_msg(timeout=5)
         answers.append(envelopes.decode_json(answer.data)["error"]["message"])
-        assert answer.headers.get(h.MESSAGE_ID) == f"id-{accepted}"
+        assert answer.headers.get(h.MESSAGE_ID) == f"id-{n}"
     assert answers == [
         "no result within the task's ttl (6000 ms); no agent accepted it",
-        "no result within the task's ttl (6000 ms), though an agent accepted it",
+        "no result within the task's ttl (6000 ms), though agent worker-1 accepted it",
+        "no result within its execute budget (500 ms) after the coordinator acknowledged it: a"
+        " workflow started, or it waits for a person in manual review (its trace tells which,"
+        " and how it ends)",
     ]
 
 
