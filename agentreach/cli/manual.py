@@ -54,6 +54,11 @@ def register(commands: Commands) -> None:
         "--force", action="store_true", help="send to a topic no registered agent serves"
     )
     manual.add_argument(
+        "--json",
+        action="store_true",
+        help="list: one JSON object per item and line (for scripts), not the table",
+    )
+    manual.add_argument(
         "--for", dest="take_s", type=float, default=TAKE_S, help="seconds a take holds (900)"
     )
 
@@ -63,6 +68,8 @@ async def cmd_manual(args: argparse.Namespace) -> int:
         raise MissingArgument(f"manual {args.action} needs {NEEDS[args.action]}")
     if args.force and args.action != "send":
         raise UsageError("--force is for manual send")
+    if args.json and args.action != "list":
+        raise UsageError("--json is for manual list (manual show prints JSON already)")
     operators_only(args, "the manual review queue")
     answer = json_argument(args.value) if args.action == "answer" else None
     async with broker_of(args) as broker:
@@ -76,7 +83,12 @@ async def cmd_manual(args: argparse.Namespace) -> int:
 async def _act(review: ManualReview, args: argparse.Namespace, answer: Any) -> int:
     match args.action:
         case "list":
-            print(render(await review.items(queue=args.queue, closed=args.all)))
+            items = await review.items(queue=args.queue, closed=args.all)
+            if args.json:
+                for item in items:
+                    print(json.dumps(msgspec.to_builtins(item), ensure_ascii=False))
+            else:
+                print(render(items))
         case "show":
             item = await review.get(args.id)
             print(json.dumps(msgspec.to_builtins(item), indent=2, ensure_ascii=False))

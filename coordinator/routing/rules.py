@@ -244,6 +244,8 @@ class Decision:
         if not self.below:
             return f"rule {self.rule.name!r} sends {task.topic!r} to {where}"
         basis = describe(task.resolution) if task.resolution else f"topic {task.topic!r}"
+        if task.resolution is not None and task.resolution.best is None:
+            return f"no intent found for rule {self.rule.name!r}: {basis}"  # nothing scored
         return f"below {self.needed:.2f} for rule {self.rule.name!r}: {basis}"
 
 

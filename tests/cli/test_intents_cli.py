@@ -56,6 +56,7 @@ async def test_operator_resolves_free_text_and_answers_the_unsure_one(
         await watcher.event("routed", message_id="auto-3")
         refund = await reach(broker, "trace", "auto-1")
         waiting = await reach(broker, "manual", "list")
+        as_json = await reach(broker, "manual", "list", "--json")
         typo = await run(*reach_argv(broker, "manual", "send", "auto-3", "risk_reveiw"))
         taken = await reach(broker, "manual", "take", "auto-3", "--as", "alice")
         answered = await reach(
@@ -70,6 +71,12 @@ async def test_operator_resolves_free_text_and_answers_the_unsure_one(
     (line,) = [row for row in waiting.splitlines() if row.startswith("auto-3")]
     assert " review " in line and "below 0.75 for rule 'default'" in line and "waiting" in line
     assert not any(row.startswith(("auto-1", "auto-2")) for row in waiting.splitlines())
+    (item,) = [json.loads(row) for row in as_json.splitlines()]
+    assert (item["message_id"], item["status"], item["task"]["topic"]) == (
+        "auto-3",
+        "waiting",
+        "auto",
+    )
     assert typo.returncode != 0 and "no registered agent serves topic 'risk_reveiw'" in typo.stderr
     assert "--force" in typo.stderr
     assert re.search(r"taken by alice for (899|900) s", taken) and "answered by alice" in answered

@@ -165,7 +165,9 @@ async def test_no_text_goes_to_a_person_and_unknown_topics_resolve_when_enabled(
         await watcher.event("routed", message_id=blank)
         (item,) = await ManualReview(broker).items()
     assert guessed == {"frozen": True, "by": "risk-control"}
-    assert item.message_id == blank and "no text to resolve at payload.body.text" in item.reason
+    assert item.message_id == blank and item.reason == (
+        "no intent found for rule 'fallback': no text to resolve at payload.body.text"
+    )
     routed = [e for e in watcher.events if e.event == "routed" and e.agent_id == "risk-control"]
     assert routed[0].detail["resolution"]["topic"] == "please_help"
     assert msgspec.to_builtins(item.task.payload) == {"order": 7}
