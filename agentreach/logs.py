@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Any
 
 import structlog
@@ -82,3 +83,22 @@ class RepeatedLines:
         while len(self._kinds) > _KINDS_REMEMBERED:
             self._kinds.popitem(last=False)
         return unsaid
+
+
+class FirstTimes:
+    """Which things come for the first time: a thing said once is not said again (the
+    ``size`` things seen last are remembered, so a long-lived process stays bounded)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+
+    def first(self, thing: Hashable) -> bool:
+        """True the first time ``thing`` comes (within the last ``size``), then False."""
+        if thing in self._seen:
+            self._seen.move_to_end(thing)
+            return False
+        self._seen[thing] = None
+        if len(self._seen) > self._size:
+            self._seen.popitem(last=False)
+        return True

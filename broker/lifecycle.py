@@ -7,7 +7,6 @@ and does its work again does not record it twice.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +25,7 @@ from agentreach.envelopes import (
     Task,
     now_ms,
 )
-from agentreach.logs import get_logger
+from agentreach.logs import FirstTimes, get_logger
 
 log = get_logger("broker.lifecycle")
 
@@ -58,6 +57,8 @@ SEAL_HEADER = "Reach-Seal"  # copied into the agent's execution record of the at
 AGENT_TOPIC = "_agent"  # the topic of events about an agent rather than a task
 # Events that may come many times for one attempt, each one counting.
 REPEATABLE = frozenset({"progress", "signal_ignored"})
+SHOWN_IDS = 3  # message ids named in an "events left out" line
+_SAID_LEFT_OUT = FirstTimes(4096)  # stored events said left out already
 # What an agent says about a task it was given.
 AGENT_TASK_EVENTS = frozenset(
     {"accepted", "progress", "completed", "failed", "expired", "late_result_rejected"}
@@ -255,14 +256,14 @@ def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMes
     (the sender token of each subject is unforgeable under permissions). Unreadable ones and
     the rest are left out, and said so in the log."""
     decoded: list[tuple[StoredMessage, Event, str]] = []
-    left_out: Counter[str] = Counter()
+    left_out: dict[str, list[tuple[StoredMessage, Event]]] = {}
     for message in stored:
         try:
             event = envelopes.decode_stored_event(message.data, message.headers)
         except envelopes.DecodeError:
             continue
         if (why := unvouched(names, message.subject, event)) is not None:
-            left_out[why] += 1
+            left_out.setdefault(why, []).append((message, event))
             continue
         decoded.append((message, event, names.sender_of(message.subject)))
     routed: dict[tuple[str, int], set[tuple[str, str | None]]] = {}
@@ -275,14 +276,29 @@ def authentic(names: Names, stored: list[StoredMessage]) -> list[tuple[StoredMes
         if (why := _not_routed_to(event, sender, routed)) is None:
             kept.append((message, event))
         else:
-            left_out[why] += 1
-    for why, count in left_out.items():
+            left_out.setdefault(why, []).append((message, event))
+    _say_left_out(left_out)
+    return kept
+
+
+def _say_left_out(left_out: dict[str, list[tuple[StoredMessage, Event]]]) -> None:
+    """Each event left out said once per process, with its message ids: every read of the
+    message's events (each later event, each trace asked for) found it again, and one forged
+    event made seven warnings (a secured trial)."""
+    for why, events in left_out.items():
+        fresh = [event for message, event in events if _SAID_LEFT_OUT.first(_stored_id(message))]
+        if not fresh:
+            continue
         # Not routed yet is what a restart or an election leaves for a moment (a cluster
         # trial: 7 warnings in a rolling restart): those who act on the event look again, and
         # raise an impersonation alert when it never is.
         said = log.debug if why == NOT_ROUTED_YET else log.warning
-        said("events left out", why=why, count=count)
-    return kept
+        ids = sorted({event.message_id for event in fresh})
+        said("events left out", why=why, count=len(fresh), message_ids=ids[:SHOWN_IDS])
+
+
+def _stored_id(message: StoredMessage) -> tuple[int, int]:
+    return message.stream_seq, message.timestamp_ns  # one stored message, whichever server
 
 
 def unvouched(names: Names, subject: str, event: Event) -> str | None:

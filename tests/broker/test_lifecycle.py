@@ -208,6 +208,20 @@ async def test_an_event_whose_routing_is_not_stored_yet_is_left_out_quietly(brok
     }
 
 
+async def test_a_forged_event_is_said_once_with_its_message_id_however_often_it_is_read(broker):
+    """Every read of a message's events finds a forged one again: one forged `completed`
+    made seven warnings, each saying "count 1" (a secured trial). It is said once."""
+    task = task_answering_to(broker.names.reply_box("alice", "box-5"))
+    forged = event_for(task, "completed", agent_id="victim-1")
+    await emit(broker, forged, sender="liar-1")
+    with capture_logs() as logs:
+        for _ in range(3):
+            assert await trace_of(broker, task.message_id) == []
+    said = [e for e in logs if e["event"] == "events left out"]
+    assert len(said) == 1 and said[0]["message_ids"] == [task.message_id]
+    assert said[0]["count"] == 1 and said[0]["log_level"] == "warning"
+
+
 @pytest.mark.parametrize(
     ("kind", "body", "sender", "why"),
     [
