@@ -14,6 +14,8 @@ from agentreach.agents.letters import letter_state
 from agentreach.cli.terminal import one_line
 from agentreach.envelopes import DeadLetter, Event
 
+ERROR_SHOWN = 160  # characters of a letter's error in a row of `reach dlq list`
+
 
 def letter_key(letter: DeadLetter) -> tuple[str, int]:
     return letter.message_id, letter.at_ms
@@ -60,7 +62,7 @@ def print_letters(
             letter.reason,
             letter.topic,
             states[letter_key(letter)],
-            one_line(letter.error.message) if letter.error else "",
+            _cut(one_line(letter.error.message)) if letter.error else "",
         )
         for letter in letters
     ]
@@ -69,6 +71,12 @@ def print_letters(
     for row in [header, *rows]:
         cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
         print("  ".join([*cells, row[5]]).rstrip())
+
+
+def _cut(text: str, width: int = ERROR_SHOWN) -> str:
+    """An error in a row: a payload's deep error once filled the screen (`dlq show` has it
+    whole)."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def print_letter(letter: DeadLetter, settling: list[Event]) -> None:
