@@ -840,7 +840,7 @@ export interface ManualItem {
   /**
    * default "waiting"
    */
-  status: "answered" | "expired" | "sent" | "taken" | "waiting" | "withdrawn";
+  status: "answered" | "expired" | "rejected" | "sent" | "taken" | "waiting" | "withdrawn";
   /**
    * default ""
    */
@@ -877,6 +877,10 @@ export interface ManualItem {
    * default ""
    */
   withdrawn: string;
+  /**
+   * default ""
+   */
+  rejected: string;
 }
 
 /**
