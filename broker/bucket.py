@@ -48,8 +48,7 @@ EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 CAS_TRIES = 20
 LOOK_BACK = 8  # earlier revisions read past unreadable ones (KV history keeps at most 64)
 UNREAD = object()  # cas(known=UNREAD): read the key first (the default)
-# Reads past a copy are said a few times a minute per bucket: every read of a key an agent
-# aimed copies at would say it (a heartbeat is read often).
+# Reads past a copy said a few times a minute per bucket (a heartbeat is read often).
 _READ_PAST = RepeatedLines(60.0, burst=5)
 
 
@@ -202,14 +201,15 @@ class Bucket(Generic[T]):
         anyone may have had the server write its answer to a request onto a key. ``known`` is
         a value already read (or None for "absent"), used for the first try instead of a
         read. ``confirm``: "nothing to change" is decided on the value the stream's leader
-        has, not on one a replica behind answered (a change then lost). After ``tries`` lost
-        races raises :class:`Contended`.
-        """
+        has, not on one a replica behind answered (a change then lost). A lost race reads the
+        leader's (a replica behind gave the old revision again and again: a cluster trial's
+        quota lost 20 races at 20 tasks/s). ``tries`` lost races raise Contended."""
+        lost = False
         for _ in range(tries):
             if known is not UNREAD:
                 current, known = (known if isinstance(known, Entry) else None), UNREAD
             else:
-                current = await self.last(key)
+                current = await self.last(key, leader=lost)
             held = current.value if current else None
             if current is not None and held is None and unreadable is not None:
                 held = unreadable()
@@ -227,7 +227,8 @@ class Bucket(Generic[T]):
                 else:
                     revision = await self.update(key, new, last=current.revision)
             except WrongLastSequence:
-                continue  # someone wrote first: read again, decide again
+                lost = True  # someone wrote first: read again, from the leader; decide again
+                continue
             return Swap(True, Entry(key, new, revision))
         raise Contended(f"{self.name}/{key} changed under us {tries} times in a row")
 
