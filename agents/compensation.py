@@ -177,6 +177,7 @@ class CompensationWorker:
         async with connected(
             broker, nats_url, name=name, names=names, wait=True, auth=auth
         ) as connection:
+            self._check_credentials(connection.auth)
             consumer = await bind(connection, self._consumer(connection.names))
             compensation = Compensation(connection, self.name, max_replays=self.max_replays)
             loop = asyncio.create_task(self._consume(consumer, compensation), name=self.name)
@@ -184,6 +185,16 @@ class CompensationWorker:
                 yield self
             finally:
                 await cancel_and_wait(loop)
+
+    def _check_credentials(self, auth: Auth) -> None:
+        """A worker's creds let it use the consumer of its own name only: another name's
+        creation was refused, and the worker waited for JetStream for ever (a trial)."""
+        if auth.role == "worker" and auth.identity not in (None, self.name):
+            raise AgentConfigError(
+                f"the creds are for worker {auth.identity!r}, but this worker is {self.name!r}:"
+                f" its consumer compensation-{self.name} is not theirs to use; name the worker"
+                f" {auth.identity!r} or give it creds of its own (`reach auth worker {self.name}`)"
+            )
 
     def _consumer(self, names: Names) -> ConsumerSpec:
         subjects = tuple(names.dlq(r, t) for r in self.reasons for t in self.topics)

@@ -11,6 +11,7 @@ from agentreach.agents.errors import AgentConfigError
 from agentreach.broker.consume import consumer_state
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.envelopes import DeadLetter, Task, encode, now_ms
+from tests.secured import SecuredDeployment, secured_server
 from tests.support import until_true
 
 
@@ -95,3 +96,17 @@ async def test_a_letter_the_server_wrote_is_handed_to_no_handler(broker, asked: 
 
 async def _handled(handled: list[str], message_id: str) -> bool:
     return message_id in handled
+
+
+async def test_a_worker_named_otherwise_than_its_creds_is_told_so_at_once(tmp_path):
+    """A worker's creds let it use the consumer of its own name only: with another name it
+    waited "for JetStream: the cluster may be electing a leader" for ever (a trial)."""
+    deployment = SecuredDeployment(tmp_path / "auth")
+    async with secured_server(deployment, tmp_path / "server") as server:
+        worker = CompensationWorker("other", _nothing)
+        with pytest.raises(AgentConfigError) as refused:
+            async with worker.running(server.url, auth=deployment.auth("worker", "fixer")):
+                pass
+    assert str(refused.value).startswith(
+        "the creds are for worker 'fixer', but this worker is 'other'"
+    )
