@@ -87,6 +87,7 @@ class Compensation:
 
 
 FORGOTTEN_AFTER_S = DEAD_LETTERS_KEPT_S + DAY  # a worker's consumer, unused that long
+STILL_RUNNING_S = 60.0  # a handler running this long is said, and again each time as long
 
 
 class CompensationWorker:
@@ -246,7 +247,7 @@ class CompensationWorker:
                 await msg.ack()
                 return
         try:
-            await self.handler(letter, compensation)
+            await self._watched(letter, compensation)
         except ReplayLimitReached as exc:  # trying again later would be refused again
             log.error(
                 "replay refused, the dead letter is left open for a person",
@@ -285,6 +286,23 @@ class CompensationWorker:
             await msg.nak(retry_in_s)
             return
         await msg.ack()
+
+    async def _watched(self, letter: DeadLetter, compensation: Compensation) -> None:
+        """The handler's call, said every STILL_RUNNING_S while it runs: letters are handled
+        one at a time, and one that hung stopped its worker without a word (a trial)."""
+        call = asyncio.ensure_future(self.handler(letter, compensation))
+        running_s = 0.0
+        try:
+            while not (await asyncio.wait({call}, timeout=STILL_RUNNING_S))[0]:
+                running_s += STILL_RUNNING_S
+                log.warning(
+                    "compensation handler still running; this worker's other letters wait",
+                    message_id=letter.message_id,
+                    running_s=running_s,
+                )
+        finally:
+            call.cancel()  # done already, or this worker is stopping
+        call.result()
 
     async def _settled(self, letter: DeadLetter, msg: Delivery, broker: Broker) -> bool:
         """Whether the letter was replayed or resolved already, by another than this worker

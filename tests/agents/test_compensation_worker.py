@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from structlog.testing import capture_logs
 
@@ -12,7 +14,7 @@ from agentreach.broker.consume import consumer_state
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.envelopes import DeadLetter, Task, encode, now_ms
 from tests.secured import SecuredDeployment, secured_server
-from tests.support import until_true
+from tests.support import eventually, until_true
 
 
 async def _nothing(letter, comp) -> None:  # type: ignore[no-untyped-def]
@@ -110,3 +112,34 @@ async def test_a_worker_named_otherwise_than_its_creds_is_told_so_at_once(tmp_pa
     assert str(refused.value).startswith(
         "the creds are for worker 'fixer', but this worker is 'other'"
     )
+
+
+async def test_a_handler_that_runs_on_is_said_while_the_worker_waits_for_it(
+    broker, monkeypatch: pytest.MonkeyPatch
+):
+    """Letters are handled one at a time: a hung handler stopped its worker without a word
+    (a trial). Every STILL_RUNNING_S (here 0.1 s) it is said, naming the letter."""
+    monkeypatch.setattr(compensation, "STILL_RUNNING_S", 0.1)
+    release = asyncio.Event()
+    handled: list[str] = []
+
+    async def slow(letter, comp) -> None:  # type: ignore[no-untyped-def]
+        await release.wait()
+        handled.append(letter.message_id)
+
+    task = Task(v=1, message_id="slow-1", trace_id="slow-1", topic="chores")
+    with capture_logs() as logs:
+        async with CompensationWorker("w-slow", slow, topics=["chores"]).running(broker=broker):
+            await dead_letter(
+                broker, reason="rejected", task=task, message_id="slow-1", trace_id="slow-1",
+                topic="chores",
+            )  # fmt: skip
+
+            def said() -> bool:
+                return any(line["event"].startswith("compensation handler still") for line in logs)
+
+            await eventually(said)
+            release.set()
+            await until_true(lambda: _handled(handled, "slow-1"))
+    line = next(line for line in logs if line["event"].startswith("compensation handler still"))
+    assert line["message_id"] == "slow-1" and line["running_s"] >= 0.1

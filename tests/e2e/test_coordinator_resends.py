@@ -150,7 +150,7 @@ async def test_a_task_a_person_sends_on_that_finds_no_room_in_its_ttl_is_dead_le
         review = ManualReview(broker, by="carol")
         async with intake_paused(broker):
             await burst(broker, names.coordinator_task("work"))
-            item = await review.send(sent_on, "work")
+            item = await review.send(sent_on, "work", force=True)  # nobody serves it here
             letter = await watcher.dead_letter("rejected", message_id=item.sent_as)
             error = await caller.reply(item.sent_as, "error")
             await review.answer(answered, {"by": "a person"})
