@@ -19,6 +19,7 @@ from agentreach.agents.errors import (
     backlog_full,
     not_provisioned,
     not_stored,
+    raise_if_lost,
 )
 from agentreach.agents.invocation import (
     Ending,
@@ -135,8 +136,7 @@ class ReachClient:
         30 s; ``headers`` are free key/values that routing rules can match (``header.<Name>``);
         ``traceparent`` (W3C) joins the task to the caller's OpenTelemetry trace (one that is
         not valid is ignored, as W3C asks). Raises :class:`InvalidArgument` naming a wrong
-        argument, or a payload that has no JSON form.
-        """
+        argument, or a payload that has no JSON form."""
         message_id = new_id() if message_id is None else message_id
         fields: dict[str, Any] = {
             "v": 1,
@@ -163,13 +163,12 @@ class ReachClient:
         """Publish a built task to ``reach.task.<topic>.<caller>``, as :attr:`caller` (a large
         payload is claim-checked).
 
-        While the intake holds as many of this caller's tasks on the topic as it keeps, the
-        publish waits for room (backpressure: a burst goes at the pace the coordinator takes
-        it), up to the task's ttl. While JetStream does not answer (a restart, an election, a
-        lost majority), it is sent again under its id for up to ``elections_s`` (the broker's
-        ``election_budget_s`` by default), then NotStored. False when the stream held its
-        message id already (sent within the duplicate window): it is not taken in again, and
-        the earlier message's outcome is the answer."""
+        While the intake holds as many of this caller's tasks on the topic as it keeps, it
+        waits for room (backpressure), up to the task's ttl. While JetStream does not answer
+        (a restart, an election, a lost majority), it is sent again under its id for up to
+        ``elections_s`` (default ``election_budget_s``), then NotStored. False when the
+        stream held its id already (the duplicate window): the earlier message's outcome is
+        the answer."""
         task = await self.claim_check.stow_task(task)
         subject = self.broker.names.task(task.topic, self.caller)
         data, headers = envelopes.encode(task), h.task_headers(task)
@@ -189,6 +188,7 @@ class ReachClient:
         except BrokerError as exc:
             if unanswered(exc):
                 raise not_stored(task, exc) from exc
+            raise_if_lost(self.broker, exc)
             raise
         return not stored.duplicate
 
@@ -322,6 +322,9 @@ class ReachClient:
                 else:  # sent before: nobody answers this box, the earlier message's end does
                     result = await self._earlier_result(task)
                 return as_type(await self.claim_check.result_of(*result), result_type, task)
+        except BrokerError as exc:
+            raise_if_lost(self.broker, exc)
+            raise
         finally:
             self._waiting.discard(replies)
 

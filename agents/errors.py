@@ -22,7 +22,14 @@ ReachError
 
 from __future__ import annotations
 
-from agentreach.broker import BrokerError, NoStreamError, StreamFull, SubjectFull
+from agentreach.broker import (
+    Broker,
+    BrokerError,
+    ConnectError,
+    NoStreamError,
+    StreamFull,
+    SubjectFull,
+)
 from agentreach.envelopes import ErrorInfo, Task
 from agentreach.errors import ReachError
 
@@ -272,3 +279,14 @@ def backlog_full(task: Task, caller: str, exc: SubjectFull) -> BacklogFull:
         message_id=task.message_id,
         trace_id=task.trace_id,
     )
+
+
+def raise_if_lost(broker: Broker, exc: BrokerError) -> None:
+    """Once the server closed this connection for good (its creds expired or were revoked),
+    a ConnectError saying so instead of ``exc``: each call raised a bare "connection closed"
+    (a trial's caller whose creds expired)."""
+    if broker.lost.is_set():
+        raise ConnectError(
+            f"{broker.lost_why} ({broker.shown_url}): this connection is closed for good"
+            f" ({exc}); connect again with valid creds (reach auth)"
+        ) from exc

@@ -3,12 +3,14 @@ how to get new ones, at connect time and in `reach auth list`."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 
 import pytest
 
-from agentreach.broker import Auth, AuthenticationFailed, Broker, find_server_binary
+from agentreach.agents import ReachClient
+from agentreach.broker import Auth, AuthenticationFailed, Broker, ConnectError, find_server_binary
 from tests.cli.conftest import VENV_BIN, run
 from tests.secured import SecuredDeployment, secured_server
 
@@ -114,3 +116,23 @@ async def test_issuing_a_name_again_warns_that_the_old_creds_stay_valid(deployme
         new = Auth(creds=deployment.directory.creds("caller", "billing"))
         async with Broker(server.url, auth=new) as rotated_in:
             assert rotated_in.connected
+
+
+async def test_a_client_whose_creds_expire_while_connected_says_so_on_each_call(
+    deployment, tmp_path
+):
+    """The server closes a connection whose creds expire; each call after it raised a bare
+    "connection closed" (a secured cluster trial). It says the connection is closed for
+    good, and why."""
+    creds = deployment.directory.issue("caller", "shorty", expires_s=2)
+    async with (
+        secured_server(deployment, tmp_path / "server") as server,
+        ReachClient(server.url, auth=Auth(creds=creds)) as client,
+    ):
+        await asyncio.wait_for(client.broker.lost.wait(), timeout=30)
+        with pytest.raises(ConnectError) as refused:
+            await client.invoke("echo", {}, ack_deadline_ms=1_000)
+        with pytest.raises(ConnectError):
+            await client.publish("echo", {})
+    said = str(refused.value)
+    assert "closed for good" in said and "expired" in said.lower(), said
