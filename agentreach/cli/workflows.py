@@ -94,7 +94,8 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
             if args.action == "signal":
                 return await _signal_own(client, args.id, args.event, args.wait)
             return await _cancel_own(client, args.id, args.event or "", args.wait)
-    operators_only(args, "reading the workflow records")
+    acts = args.action in ("cancel", "signal")  # a caller's own instances only (above)
+    operators_only(args, f"workflows {args.action}" if acts else "reading the workflow records")
     async with broker_of(args) as broker:
         if args.action == "list":
             records = await all_records(broker)

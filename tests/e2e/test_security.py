@@ -1200,6 +1200,9 @@ async def test_a_caller_uses_the_cli_with_its_own_creds(arena: Arena) -> None:
     assert code == 1 and f"needs an operator's creds; {X!r} is an agent" in err, err
     code, out, err = await _reach_as(arena, "agent", X, "coordinator")
     assert code != 0 and f"needs a coordinator's creds; {X!r} is an agent" in err, err
+    # Cancelling is a caller's own or an operator's: said as such, not as a read of records.
+    code, out, err = await _reach_as(arena, "worker", "fixer", "workflows", "cancel", "wf-1")
+    assert code == 1 and "workflows cancel needs an operator's creds; 'fixer' is a worker" in err
 
 
 async def test_an_agent_answers_the_coordinators_probes_and_its_own_check(arena: Arena) -> None:
