@@ -222,6 +222,7 @@ class Outcomes:
                 "expired",
                 f"its ttl runs out before attempt {task.attempt + 1} ({when});"
                 f" attempt {task.attempt} failed: {error.type}: {error.message}",
+                started=True,  # the failed attempt ran: a trial's letter said attempts 1 of 2
             )
             return None
         log.info("retry scheduled", attempt=task.attempt + 1, delay_s=round(delay, 3))

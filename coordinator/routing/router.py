@@ -362,10 +362,11 @@ class Router:
             waited_s += wait_s
         return True
 
-    async def end(self, task: Task, reason: str, message: str) -> None:
-        """End ``task`` for good as ``reason`` (not retryable)."""
+    async def end(self, task: Task, reason: str, message: str, *, started: bool = False) -> None:
+        """End ``task`` for good as ``reason`` (not retryable); ``started``: its present
+        attempt ran (one whose retry falls past the ttl), and counts among its attempts."""
         error = ErrorInfo(type=reason, message=message, retryable=False)
-        await end_with_error(self._broker, task, reason, error, started=False)
+        await end_with_error(self._broker, task, reason, error, started=started)
 
     async def reject(
         self, task: Task, kind: str, message: str, *, retry_after_ms: int | None = None

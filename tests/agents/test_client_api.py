@@ -279,6 +279,7 @@ async def test_a_refusal_after_an_attempt_ran_is_task_failed(broker, coordinator
     assert caught.value.error.type == "expired"
     assert caught.value.ending == "expired"
     assert "attempt 1 failed: ConnectionError: upstream down" in str(caught.value)
+    assert caught.value.attempts == 1  # the attempt that ran counts
 
 
 async def test_an_expiry_before_any_agent_took_it_stays_rejected(broker, coordinator):

@@ -135,6 +135,7 @@ async def test_a_failure_with_no_time_left_for_a_retry_ends_at_once(broker, coor
     assert "attempt 1 failed: ConnectionError: upstream down" in letter.error.message
     assert [e.event for e in letter.trace if e.event == "retry_scheduled"] == []
     assert [e.attempt for e in letter.trace if e.event == "routed"] == [1]
+    assert letter.attempts == 1  # it ran: a TypeScript caller's trial read attempts 1 of 2
 
 
 async def test_progress_beyond_the_ack_wait_prevents_redelivery(broker, coordinator, watcher):
