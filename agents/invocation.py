@@ -41,6 +41,7 @@ from agentreach.logs import get_logger
 log = get_logger("agents")
 
 RECHECK_S = 1.0  # how often a wait looks for a reconnect, and then reads the events
+MIN_READ_S = 1.0  # the least time a read of the events is given, at a deadline too
 VERDICT_GRACE_S = 1.0  # past the execute deadline, for the coordinator's verdict to arrive
 OnAck = Callable[[Ack], Awaitable[None] | None]
 OnProgress = Callable[[Progress], Awaitable[None] | None]
@@ -57,17 +58,23 @@ class Ending:
         self.lost = False  # a reply is known lost (the events say what it would have said)
         self.graced = False  # the wait went past the execute deadline for a verdict
         self.events: list[Event] = []  # as last read
+        self.unread = ""  # why the last read of the events failed ("": it did not)
 
     def polled(self) -> bool:
         """Whether to read the events every second: since a reconnect, or a reply known lost."""
         return self.lost or self._broker.reconnects != self._reconnects
 
-    async def read(self) -> tuple[Ended | None, bool]:
-        """How it ended (None: not yet), and whether an agent accepted it."""
+    async def read(self, within_s: float | None = None) -> tuple[Ended | None, bool]:
+        """How it ended (None: not yet, or not read: ``unread`` says why), and whether an
+        agent accepted it. A read past ``within_s`` is not read: with the server away each
+        read waited 5 s, and a wait ended 6 s past its deadline (a trial)."""
         try:
-            events = self.events = await self._read()
-        except (BrokerError, OthersMessage):
+            async with asyncio.timeout(within_s):
+                events = self.events = await self._read()
+        except (BrokerError, OthersMessage, TimeoutError) as exc:
+            self.unread = str(exc) or f"no answer within {within_s:g} s"
             return None, False
+        self.unread = ""
         return ending_of(events), any(e.event == "accepted" for e in events)
 
     def why_unacknowledged(self) -> str:
@@ -120,7 +127,7 @@ async def wait_for_result(
         except TimeoutError:
             if loop.time() < deadline and not ending.polled():
                 continue  # no reconnect, no reply known lost: the replies still tell it all
-            ended, accepted = await ending.read()
+            ended, accepted = await ending.read(max(MIN_READ_S, deadline - loop.time()))
             if ended is not None:
                 return outcome_of(ended, ids, ran=accepted or done_by is not None)
             if accepted and done_by is None:  # its ack was lost: the execute budget runs
@@ -138,9 +145,10 @@ async def wait_for_result(
                     f"no agent acknowledged {task.topic!r} within {task.budget.ack_ms} ms", **ids
                 ) from None
             late = f"{task.topic!r} did not complete within {task.budget.execute_ms} ms"
+            unread = f" (its events could not be read: {ending.unread})" if ending.unread else ""
             raise DeadlineExceeded(
-                f"{late} nor its ttl of {task.ttl_ms} ms; it may still complete: invoke again"
-                f" with message_id={task.message_id!r} to hear how it ends",
+                f"{late} nor its ttl of {task.ttl_ms} ms{unread}; it may still complete:"
+                f" invoke again with message_id={task.message_id!r} to hear how it ends",
                 **ids,
             ) from None
         match message:

@@ -8,8 +8,9 @@ import asyncio
 import msgspec
 import pytest
 
-from agentreach.agents import Rejected, TaskFailed
+from agentreach.agents import DeadlineExceeded, Rejected, TaskFailed
 from agentreach.agents.invocation import Ending, outcome_of, wait_for_result
+from agentreach.broker import BrokerTimeout
 from agentreach.broker.endings import Ended, ending_of
 from agentreach.envelopes import Ack, Budget, ErrorInfo, ErrorReply, Event, Task
 
@@ -116,6 +117,37 @@ async def test_a_reconnect_mid_wait_reads_the_end_within_seconds_not_at_the_dead
         result = await wait_for_result(SLOW, queue, None, None, ending)
     assert result == ({"n": 8}, None)
     assert loop.time() - started < 2.5
+
+
+async def test_reads_of_the_events_with_the_server_away_end_the_wait_near_its_deadline() -> None:
+    """With the server away each read of the events waited 5 s: a wait whose deadline was
+    9 s ended at 15 s, saying it may still complete (a TypeScript caller's trial; Python's
+    too). Reads are given what is left of the wait (at least 1 s), and the error says they
+    failed."""
+    broker = _Reconnecting()
+    broker.reconnects = 1  # the connection broke: the events are read every second
+    task = Task(
+        v=1,
+        message_id="away-1",
+        trace_id="away-1",
+        topic="slow",
+        ttl_ms=1_000,
+        budget=Budget(ack_ms=500, execute_ms=800),
+    )
+    queue: asyncio.Queue = asyncio.Queue()
+    queue.put_nowait(Ack(v=1, message_id="away-1", trace_id="away-1", topic="slow"))
+
+    async def server_away() -> list[Event]:
+        await asyncio.sleep(5)  # the request's own timeout: what an unanswered read takes
+        raise BrokerTimeout("timed out on 'reach.ctl.trace.c'")
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(DeadlineExceeded) as raised:
+        await wait_for_result(task, queue, None, None, Ending(broker, server_away))  # type: ignore[arg-type]
+    took_s = loop.time() - started
+    assert took_s < 4.5, took_s  # the deadline (1 s), the verdict's grace (1 s), a last read
+    assert "its events could not be read" in str(raised.value)
 
 
 async def test_a_retry_accepted_late_in_the_ttl_is_waited_for_its_whole_budget() -> None:

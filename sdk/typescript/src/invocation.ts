@@ -32,6 +32,7 @@ export const FIRST_PAUSE_MS = 50; // between two reads of an earlier message's e
 export const LONGEST_PAUSE_MS = 1_000;
 const RECHECK_MS = 1_000; // how often a wait looks for a reconnect, and then reads the events
 const VERDICT_GRACE_MS = 1_000; // past the execute deadline, for the coordinator's verdict
+const MIN_READ_MS = 1_000; // the least time a read of the events is given, at a deadline too
 
 export type OnAck = (ack: Ack) => unknown; // awaited when it returns a promise
 export type OnProgress = (progress: Progress) => unknown;
@@ -54,6 +55,7 @@ export class Ending {
   lost = false; // a reply is known lost (the events say what it would have said)
   graced = false; // the wait went past the execute deadline for a verdict
   events: Event[] = []; // as last read
+  unread = ""; // why the last read of the events failed ("": it did not)
 
   constructor(
     private readonly conn: Connection,
@@ -68,13 +70,25 @@ export class Ending {
     return this.lost || this.conn.reconnects !== this.reconnectsAtStart;
   }
 
-  /** How it ended (null: not yet, or not known), and whether an agent accepted it. */
-  async read(): Promise<[Ended | null, boolean]> {
+  /**
+   * How it ended (null: not yet, or not read: `unread` says why), and whether an agent
+   * accepted it. A read past `withinMs` is not read: with the server away each read waited
+   * 5 s, and a wait ended 6 s past its deadline (a trial).
+   */
+  async read(withinMs?: number): Promise<[Ended | null, boolean]> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<never>((_, reject) => {
+      if (withinMs !== undefined) timer = setTimeout(() => reject(new Error(`no answer within ${withinMs} ms`)), withinMs);
+    });
     try {
-      const events = (this.events = await this.traces.of(this.messageId));
+      const events = (this.events = await Promise.race([this.traces.of(this.messageId), late]));
+      this.unread = "";
       return [endingOf(events), events.some((e) => e.event === "accepted")];
-    } catch {
+    } catch (err) {
+      this.unread = err instanceof Error ? err.message : String(err);
       return [null, false]; // no answer, another caller's id: the replies decide
+    } finally {
+      clearTimeout(timer);
     }
   }
 
@@ -105,7 +119,7 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
     if (reply === "closed") throw new InvokeError(`the client was closed while '${task.topic}' ran`, ids);
     if (reply === "timeout") {
       if (performance.now() < deadline && !ending.polled()) continue; // the replies still tell it all
-      const [ended, accepted] = await ending.read();
+      const [ended, accepted] = await ending.read(Math.max(MIN_READ_MS, deadline - performance.now()));
       if (waiting.signal?.aborted) throw aborted(task, waiting.signal);
       if (ended !== null) return outcomeOf(ended, ids, accepted || doneBy !== null);
       if (accepted && doneBy === null) {
@@ -124,8 +138,9 @@ export async function waitForResult(task: Task, box: ReplyBox, ending: Ending, w
       if (doneBy === null) {
         throw new NotAcknowledged(`no agent acknowledged '${task.topic}' within ${task.budget.ack_ms} ms`, ids);
       }
+      const unread = ending.unread ? ` (its events could not be read: ${ending.unread})` : "";
       throw new DeadlineExceeded(
-        `'${task.topic}' did not complete within ${task.budget.execute_ms} ms nor its ttl of ${task.ttl_ms} ms; it may still complete: invoke again with messageId '${task.message_id}' to hear how it ends`,
+        `'${task.topic}' did not complete within ${task.budget.execute_ms} ms nor its ttl of ${task.ttl_ms} ms${unread}; it may still complete: invoke again with messageId '${task.message_id}' to hear how it ends`,
         ids,
       );
     }

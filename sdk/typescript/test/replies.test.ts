@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
 import { endingOf } from "../src/endings.js";
-import { Rejected, TaskFailed } from "../src/errors.js";
+import { DeadlineExceeded, Rejected, TaskFailed } from "../src/errors.js";
 import type { Connection } from "../src/connection.js";
 import type { Traces } from "../src/endings.js";
 import { Ending, outcomeOf, waitForResult } from "../src/invocation.js";
@@ -142,6 +142,25 @@ describe("waitForResult", () => {
       assert.ok(performance.now() - started < 2_500, `took ${Math.round(performance.now() - started)} ms`);
     });
   }
+
+  it("ends near its deadline when the events cannot be read (the server away), and says so", async () => {
+    // Each read waited 5 s: a wait whose deadline was 9 s ended at 15 s (a trial).
+    const task = { ...about, ttl_ms: 1_000, budget: { ack_ms: 500, execute_ms: 800 } } as unknown as Task;
+    const away = () => new Promise<Event[]>((_, reject) => setTimeout(() => reject(new Error("TIMEOUT")), 5_000));
+    const traces = { of: away } as unknown as Traces;
+    const box = new ReplyBox("reach.reply.client.d", "m-1", quiet);
+    const ending = new Ending({ reconnects: 1 } as unknown as Connection, traces, "m-1");
+    (ending as unknown as { reconnectsAtStart: number }).reconnectsAtStart = 0; // it broke: read every second
+    box.collect("reach.reply.client.d._coordinator", enc({ kind: "routed", ...about, attempt: 1, agent_id: "a-1" }));
+    box.collect("reach.reply.client.d.a-1", enc({ kind: "ack", ...about, from_agent: "a-1", attempt: 1 }));
+    const started = performance.now();
+    await assert.rejects(waitForResult(task, box, ending, { signal: AbortSignal.timeout(20_000) }), (err: unknown) => {
+      assert.ok(err instanceof DeadlineExceeded && err.message.includes("its events could not be read"), String(err));
+      return true;
+    });
+    const took = performance.now() - started;
+    assert.ok(took < 4_500, `took ${Math.round(took)} ms`); // the deadline, the verdict's grace, a last read
+  });
 
   it("waits for a retry accepted late in the ttl its whole budget, and hears the verdict after it", async () => {
     // It counted only from the first ack and gave up (DeadlineExceeded) before the verdict.
