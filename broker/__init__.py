@@ -8,7 +8,7 @@ Every nats-py exception is translated into a :class:`BrokerError` here.
 """
 
 from agentreach.broker.auth import Auth, AuthConfig
-from agentreach.broker.bucket import Bucket, Contended, Entry, Swap
+from agentreach.broker.bucket import Bucket, Entry, Swap
 from agentreach.broker.claim_check import ClaimCheck, PayloadUnavailable
 from agentreach.broker.cluster import EmbeddedCluster
 from agentreach.broker.connection import Broker
@@ -30,6 +30,7 @@ from agentreach.broker.errors import (
     ConnectError,
     ConnectionBroke,
     ConsumerNotFound,
+    Contended,
     EmbeddedServerError,
     JetStreamError,
     NoResponders,

@@ -13,6 +13,7 @@ race reads again and asks again. ``change`` returns None to leave the key as it 
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from nats.js.kv import KeyValue
 
 from agentreach.broker.auth import PARTIES
 from agentreach.broker.direct import LastValues, last_of_each, last_per_subject
-from agentreach.broker.errors import StreamNotFound, WrongLastSequence, translate
+from agentreach.broker.errors import Contended, StreamNotFound, WrongLastSequence, translate
 from agentreach.broker.failover import stream_names
 from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.record_seal import (
@@ -46,6 +47,7 @@ log = get_logger("broker.bucket")
 T = TypeVar("T")
 EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 CAS_TRIES = 20
+CAS_PAUSE_S, CAS_PAUSE_CAP_S = 0.001, 0.05  # after a lost race: up to 2, 4, … ms, 50 ms at most
 LOOK_BACK = 8  # earlier revisions read past unreadable ones (KV history keeps at most 64)
 UNREAD = object()  # cas(known=UNREAD): read the key first (the default)
 # Reads past a copy said a few times a minute per bucket (a heartbeat is read often).
@@ -69,10 +71,6 @@ class Swap(Generic[T]):
 
     written: bool
     entry: Entry[T] | None
-
-
-class Contended(WrongLastSequence):
-    """A compare-and-set lost the race every time it tried."""
 
 
 async def bound_kv(broker: Broker, bucket: str) -> KeyValue:
@@ -201,15 +199,16 @@ class Bucket(Generic[T]):
         anyone may have had the server write its answer to a request onto a key. ``known`` is
         a value already read (or None for "absent"), used for the first try instead of a
         read. ``confirm``: "nothing to change" is decided on the value the stream's leader
-        has, not on one a replica behind answered (a change then lost). A lost race reads the
-        leader's (a replica behind gave the old revision again and again: a cluster trial's
-        quota lost 20 races at 20 tasks/s). ``tries`` lost races raise Contended."""
-        lost = False
+        has, not on one a replica behind answered (a change then lost). A lost race waits a
+        random moment, growing, then reads the leader's: a clustered server refuses a
+        conditional write while another to the key is being applied, and two coordinator
+        replicas sharing a quota lost 20 races in a row. ``tries`` lost races: Contended."""
+        lost = 0
         for _ in range(tries):
             if known is not UNREAD:
                 current, known = (known if isinstance(known, Entry) else None), UNREAD
             else:
-                current = await self.last(key, leader=lost)
+                current = await self.last(key, leader=lost > 0)
             held = current.value if current else None
             if current is not None and held is None and unreadable is not None:
                 held = unreadable()
@@ -226,8 +225,9 @@ class Bucket(Generic[T]):
                     revision = await self.create(key, new)
                 else:
                     revision = await self.update(key, new, last=current.revision)
-            except WrongLastSequence:
-                lost = True  # someone wrote first: read again, from the leader; decide again
+            except WrongLastSequence:  # someone wrote first (or writes now): decide again
+                lost += 1
+                await asyncio.sleep(random.uniform(0, min(CAS_PAUSE_CAP_S, CAS_PAUSE_S * 2**lost)))
                 continue
             return Swap(True, Entry(key, new, revision))
         raise Contended(f"{self.name}/{key} changed under us {tries} times in a row")

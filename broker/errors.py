@@ -98,6 +98,10 @@ class WrongLastSequence(JetStreamError):
     """A conditional write lost the race: someone wrote first."""
 
 
+class Contended(WrongLastSequence):
+    """A compare-and-set lost the race every time it tried."""
+
+
 class SubjectFull(JetStreamError):
     """The subject holds as many messages as its limit allows."""
 

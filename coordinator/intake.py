@@ -238,13 +238,9 @@ class Intake:
         if over is None:
             return True
         limit = over.limit
-        why = (
-            f"caller {over.caller!r} is over its quota {over.quota!r} "
-            f"({limit.rate:g}/s, burst {limit.burst}); retry in {over.retry_after_ms} ms"
-        )
         await self._router.over_rate(
             task,
-            why,
+            over.why(),
             over.retry_after_ms,
             letter=decoded and self._unheard.letter(task, limit),
             caller=over.caller,

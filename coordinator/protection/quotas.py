@@ -75,6 +75,19 @@ class OverQuota:
     quota: str
     limit: RateLimit
     retry_after_ms: int
+    contended: bool = False  # not known to be over: its shared record stayed too busy to take
+
+    def why(self) -> str:
+        """The refusal in words, for the caller's error and the log."""
+        limit = f"{self.quota!r} ({self.limit.rate:g}/s, burst {self.limit.burst})"
+        if self.contended:
+            return (
+                f"caller {self.caller!r}'s quota {limit} could not be charged: the coordinator"
+                f" replicas lost every race to update it; retry in {self.retry_after_ms} ms"
+            )
+        return (
+            f"caller {self.caller!r} is over its quota {limit}; retry in {self.retry_after_ms} ms"
+        )
 
 
 @dataclass(slots=True)
@@ -113,7 +126,12 @@ class CallerQuotas:
             return None
         kept = self._keep(caller)
         async with kept.lock:
-            wait = await self._take(caller, quota[1], kept)
+            try:
+                wait = await self._take(caller, quota[1], kept)
+            except Contended:  # other replicas won every race: refused, not said over it
+                kept.entry = None
+                self.refused += 1
+                return OverQuota(caller, *quota, math.ceil(1000 / quota[1].rate), contended=True)
         if not wait:
             self.admitted += 1
             return None
@@ -130,16 +148,12 @@ class CallerQuotas:
         # would hand the caller a full bucket as often as it liked. Go on from the record
         # kept, else from an empty bucket.
         instead = known.value if known else QuotaRecord(tokens=0, at_ms=self._clock())
-        try:
-            swap = await bucket.cas(
-                quota_key(caller),
-                lambda current: taken(current, limit, self._clock()),
-                known=known,  # None: try it as a new caller; a lost race reads the record
-                unreadable=lambda: instead,
-            )
-        except Contended:  # other replicas won every race for this caller: it is busy enough
-            kept.entry = None
-            return math.ceil(1000 / limit.rate)
+        swap = await bucket.cas(
+            quota_key(caller),
+            lambda current: taken(current, limit, self._clock()),
+            known=known,  # None: try it as a new caller; a lost race reads the record
+            unreadable=lambda: instead,
+        )
         entry = swap.entry
         if entry is not None and entry.value is None:  # the unreadable record, left as it was
             entry = Entry(entry.key, instead, entry.revision)

@@ -112,6 +112,31 @@ async def test_a_lost_race_reads_the_leader_not_a_replica_behind(leases, monkeyp
     assert swap.written and seen == ["a", "b"]  # the replica's stale one, then the leader's
 
 
+async def test_a_lost_race_waits_a_growing_random_moment_before_the_next_try(leases, monkeypatch):
+    """A clustered server refuses a conditional write while another to the key is applied: a
+    replica trying again at once met it again and again (a quota lost 20 races in a row).
+    cas pauses up to 2, 4, 8 … ms after each lost race, at most 50 ms."""
+    await leases.create("duty", LeaseRecord("a", 1))
+    real_update, pauses, losses = leases.update, [], [3]
+
+    async def busy(*args: object, **kwargs: object) -> int:
+        if losses[0]:
+            losses[0] -= 1
+            raise WrongLastSequence("wrong last sequence")
+        return await real_update(*args, **kwargs)
+
+    real_uniform = bucket_module.random.uniform
+
+    def noted(low: float, high: float) -> float:
+        pauses.append(high)  # the longest the pause may be
+        return real_uniform(low, high)
+
+    monkeypatch.setattr(leases, "update", busy)
+    monkeypatch.setattr(bucket_module.random, "uniform", noted)
+    swap = await leases.cas("duty", lambda current: LeaseRecord("b", 2))
+    assert swap.written and pauses == [0.002, 0.004, 0.008]
+
+
 async def test_unreadable_values_are_replaced_by_cas_and_left_out_of_snapshots(broker, leases):
     """A value that is not a record: cas sees None (and replaces it), snapshot leaves it out."""
     kv = await broker.kv(broker.names.leases_bucket)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from agentreach.broker import Broker
+from agentreach.broker import Broker, Contended
 from agentreach.coordinator import ConfigError, RateLimits, load_config
 from agentreach.coordinator.protection.quotas import (
     CallerQuotas,
@@ -147,6 +147,23 @@ async def test_a_refusal_says_when_a_token_is_back_and_names_the_quota(broker):
         assert (over.caller, over.quota, over.retry_after_ms) == ("bob", "default", 250)
         clock.ms += 250
         assert await two.admit("bob") is None
+
+
+async def test_a_record_too_busy_to_charge_is_refused_as_such_not_as_over(broker, monkeypatch):
+    """On a cluster, replicas charging one caller lose races the server decides (a write is
+    refused while another to the key is applied); 20 lost in a row said the caller was "over
+    its quota" at half of it (a trial). It is refused, saying the record was too busy."""
+    config = RateLimits(callers={"default": RateLimit(rate=100, burst=200)})
+    async with replicas(broker, config, Clock(), 1) as (one,):
+        records = await one._records()
+
+        async def always_lost(*args: object, **kwargs: object) -> object:
+            raise Contended("reach_quotas/carol changed under us 20 times in a row")
+
+        monkeypatch.setattr(records, "cas", always_lost)
+        over = await one.admit("carol")
+    assert over is not None and over.contended and over.retry_after_ms == 10
+    assert "could not be charged" in over.why() and "over its quota" not in over.why()
 
 
 async def test_callers_are_counted_apart_and_without_a_quota_not_at_all(broker):
