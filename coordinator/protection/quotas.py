@@ -82,8 +82,9 @@ class OverQuota:
         limit = f"{self.quota!r} ({self.limit.rate:g}/s, burst {self.limit.burst})"
         if self.contended:
             return (
-                f"caller {self.caller!r}'s quota {limit} could not be charged: the coordinator"
-                f" replicas lost every race to update it; retry in {self.retry_after_ms} ms"
+                f"the quota {limit} of caller {self.caller!r} could not be charged: the"
+                f" coordinator replicas lost every race to update it; retry in"
+                f" {self.retry_after_ms} ms"
             )
         return (
             f"caller {self.caller!r} is over its quota {limit}; retry in {self.retry_after_ms} ms"
