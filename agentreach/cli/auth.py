@@ -119,7 +119,7 @@ async def cmd_auth(args: argparse.Namespace) -> int:
         admin = dataclasses.replace(auth, creds=directory.creds("operator", ADMIN))
         changed = await push_allowances(directory, args.nats_url, auth=admin)
         for name, allowance in changed.items():
-            print(f"  {name}: {'revoked, serves nothing' if allowance == 'revoked' else allowance}")
+            print(f"  {name}: {allowance}")  # what it may do now, or revoked
         print(f"pushed the allowances: {len(changed)} changed")
         return 0
     if args.action == "list":

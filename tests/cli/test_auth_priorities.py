@@ -33,7 +33,7 @@ async def test_priorities_are_recorded_changed_shown_and_pushed(tmp_path):
     assert "bulk  priorities: P1,P2" in listed
     assert "w-1  intents: x  priorities: P1" in listed
     shown = (await reach_auth(root, "show", "pager")).stdout
-    assert "pager (caller; may send: P0,P1,P2):" in shown
+    assert "pager (caller; may send: P0,P1,P2; key U" in shown
     async with secured_server(deployment, tmp_path / "server") as server:
         pushed = await reach_auth(root, "push", "--nats-url", server.url)
         assert pushed.returncode == 0, pushed.stderr
@@ -43,7 +43,7 @@ async def test_priorities_are_recorded_changed_shown_and_pushed(tmp_path):
         assert "pushed the allowances: 0 changed" in again.stdout  # nothing new: nothing written
         assert (await reach_auth(root, "revoke", "bulk")).returncode == 0
         revoked = await reach_auth(root, "push", "--nats-url", server.url)
-        assert "priorities.bulk: allowance removed" in revoked.stdout
+        assert "priorities.bulk: revoked" in revoked.stdout
         async with Broker(server.url, auth=deployment.admin) as admin:
             kv = await admin.js.key_value(bucket_name(admin.names))
             stored = json.loads((await kv.get("priorities.pager")).value)
