@@ -54,8 +54,8 @@ class ManualReview:
         self.by = by or _user()
 
     async def items(self, *, queue: str | None = None, closed: bool = False) -> list[ManualItem]:
-        """The items waiting (or taken), oldest first; with ``closed`` the answered, sent and
-        expired ones the bucket still keeps too."""
+        """The items waiting (or taken), oldest first; with ``closed`` the answered, sent,
+        rejected and expired ones the bucket still keeps too."""
         found = await (await self._bucket()).snapshot()
         items = [entry.value for entry in found.values()]
         return sorted(

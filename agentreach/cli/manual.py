@@ -48,7 +48,9 @@ def register(commands: Commands) -> None:
         "value", nargs="?", help="the answer (JSON), the topic to send to, or why it is rejected"
     )
     manual.add_argument("--queue", default=None, help="only this queue (list)")
-    manual.add_argument("--all", action="store_true", help="also answered, sent and expired")
+    manual.add_argument(
+        "--all", action="store_true", help="also answered, sent, rejected and expired"
+    )
     manual.add_argument("--as", dest="person", default=None, help="who you are (default $USER)")
     manual.add_argument(
         "--force", action="store_true", help="send to a topic no registered agent serves"
