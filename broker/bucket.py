@@ -200,7 +200,7 @@ class Bucket(Generic[T]):
         a value already read (or None for "absent"), used for the first try instead of a
         read. ``confirm``: "nothing to change" is decided on the value the stream's leader
         has, not on one a replica behind answered (a change then lost). A lost race waits a
-        random moment, growing, then reads the leader's: a clustered server refuses a
+        random moment, growing, before it reads again: a clustered server refuses a
         conditional write while another to the key is being applied, and two coordinator
         replicas sharing a quota lost 20 races in a row. ``tries`` lost races: Contended."""
         lost = 0
@@ -208,7 +208,7 @@ class Bucket(Generic[T]):
             if known is not UNREAD:
                 current, known = (known if isinstance(known, Entry) else None), UNREAD
             else:
-                current = await self.last(key, leader=lost > 0)
+                current = await self.last(key)  # not the leader's: agents may not ask it
             held = current.value if current else None
             if current is not None and held is None and unreadable is not None:
                 held = unreadable()

@@ -87,31 +87,6 @@ async def test_cas_from_a_stale_view_and_contention(leases):
         await leases.cas("duty", note, known=stale, tries=1)
 
 
-async def test_a_lost_race_reads_the_leader_not_a_replica_behind(leases, monkeypatch):
-    """A direct get may be answered by a replica behind, again and again: two coordinator
-    replicas sharing a caller's quota lost 20 races in a row on a cluster (and refused the
-    caller as over its quota). After a lost race cas reads the stream's leader."""
-    written = await leases.create("duty", LeaseRecord("a", 1))
-    stuck = await bucket_module.last_message(
-        leases._broker, leases._kv._stream, f"{leases._kv._pre}duty"
-    )
-    await leases.update("duty", LeaseRecord("b", 2), last=written)
-
-    async def a_replica_behind(*args: object) -> object:
-        return stuck  # the first revision, forever
-
-    monkeypatch.setattr(bucket_module, "last_message", a_replica_behind)
-    seen: list[str] = []
-
-    def note(current: LeaseRecord | None) -> LeaseRecord:
-        assert current is not None
-        seen.append(current.holder)
-        return LeaseRecord("c", 3)
-
-    swap = await leases.cas("duty", note, tries=3)
-    assert swap.written and seen == ["a", "b"]  # the replica's stale one, then the leader's
-
-
 async def test_a_lost_race_waits_a_growing_random_moment_before_the_next_try(leases, monkeypatch):
     """A clustered server refuses a conditional write while another to the key is applied: a
     replica trying again at once met it again and again (a quota lost 20 races in a row).
