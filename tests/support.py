@@ -62,7 +62,10 @@ async def put_value(broker: Broker, bucket: str, key: str, data: bytes) -> int:
 
 
 class Watcher:
-    """Records every event and dead letter published while it is open."""
+    """Records every event and dead letter published while it is open.
+
+    It sees a message when the server routes it, which can be before the stream has stored
+    it: a test that then reads the stream waits until the stream holds it (``until_true``)."""
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker

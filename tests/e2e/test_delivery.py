@@ -64,15 +64,20 @@ def flaky_agent(runs: Counter[str], **options: object) -> Agent:
     return agent
 
 
-async def test_flaky_handler_succeeds_on_the_third_attempt(broker, coordinator, watcher):
+async def test_flaky_handler_succeeds_on_the_third_attempt(broker, coordinator):
     """Two failures then success: one completion, three attempts, growing delays."""
     runs: Counter[str] = Counter()
     async with flaky_agent(runs).running(broker=broker), ReachClient(broker=broker) as client:
         result = await client.invoke("flaky", {}, trace_id="flaky-trace")
         message_id = next(iter(runs))
-        # The result reply comes before the `completed` event is stored: the trace after it.
-        await watcher.event("completed", message_id=message_id)
-        events = await client.status(message_id)
+
+        # The result reply comes before the `completed` event is stored, and the watcher sees
+        # an event before the stream stores it: read the trace once it holds the completion.
+        async def ended() -> list[envelopes.Event] | None:
+            events = await client.status(message_id)
+            return events if events[-1].event == "completed" else None
+
+        events = await until_true(ended, every_s=0.02)
         by_trace = await client.status("flaky-trace")  # the id of the trace works too
     assert result == {"ok": 3}
     assert by_trace == events
