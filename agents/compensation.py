@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
@@ -86,6 +88,14 @@ class Compensation:
         await resolve(self.broker, letter, note, by=self.worker, sender=self.worker)
 
 
+class HandlerTimedOut(Exception):
+    """A handler call ran past the worker's ``handler_timeout_s`` and was cancelled."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the handler ran past handler_timeout_s={timeout_s:g}")
+        self.timeout_s = timeout_s
+
+
 FORGOTTEN_AFTER_S = DEAD_LETTERS_KEPT_S + DAY  # a worker's consumer, unused that long
 STILL_RUNNING_S = 60.0  # a handler running this long is said, and again each time as long
 
@@ -129,14 +139,26 @@ class CompensationWorker:
         include_handled: bool = False,
         include_settled: bool = False,
         max_replays: int = DEFAULT_MAX_REPLAYS,
+        handler_timeout_s: float | None = None,
     ) -> None:
         """``ack_wait``: after it, an entry a dead worker held goes to another (one whose
         handler runs longer is kept alive meanwhile); ``include_handled``: hand over the
         letters of workflow steps whose workflow handles them too; ``include_settled``: hand
         over the letters replayed or resolved already too; ``max_replays``: how
-        many replays may lead to a task ``comp.replay`` replays again."""
+        many replays may lead to a task ``comp.replay`` replays again; ``handler_timeout_s``:
+        a handler call running longer is cancelled and its letter comes back later, as after
+        a failure (by default a call may run for ever, and this worker's other letters wait)."""
         if isinstance(max_replays, bool) or not isinstance(max_replays, int) or max_replays < 0:
             raise AgentConfigError(f"max_replays={max_replays!r}: expected an int ≥ 0")
+        if handler_timeout_s is not None and not (
+            isinstance(handler_timeout_s, int | float)
+            and not isinstance(handler_timeout_s, bool)
+            and 0 < handler_timeout_s < math.inf
+        ):
+            raise AgentConfigError(
+                f"handler_timeout_s={handler_timeout_s!r}: expected seconds > 0, or None"
+            )
+        self.handler_timeout_s = handler_timeout_s
         if not is_token(name):
             raise AgentConfigError(
                 f"worker name {name!r}: use 1-128 letters, digits, '_' or '-' (it names the"
@@ -275,6 +297,17 @@ class CompensationWorker:
             )
             await msg.ack()
             return
+        except HandlerTimedOut as exc:  # as a failure: a later try may end in time
+            retry_in_s = retry_delay_s(msg.num_delivered)
+            log.error(
+                "compensation handler timed out and was cancelled",
+                message_id=letter.message_id,
+                timeout_s=exc.timeout_s,
+                tries=msg.num_delivered,
+                retry_in_s=retry_in_s,
+            )
+            await msg.nak(retry_in_s)
+            return
         except Exception:  # the entry stays; a fix or a later try may succeed
             retry_in_s = retry_delay_s(msg.num_delivered)
             log.exception(
@@ -289,20 +322,28 @@ class CompensationWorker:
 
     async def _watched(self, letter: DeadLetter, compensation: Compensation) -> None:
         """The handler's call, said every STILL_RUNNING_S while it runs: letters are handled
-        one at a time, and one that hung stopped its worker without a word (a trial)."""
+        one at a time, and one that hung stopped its worker without a word (a trial).
+        :class:`HandlerTimedOut` when it ran past ``handler_timeout_s``."""
         call = asyncio.ensure_future(self.handler(letter, compensation))
-        running_s = 0.0
+        limit_s = self.handler_timeout_s if self.handler_timeout_s is not None else math.inf
+        started = time.monotonic()
         try:
-            while not (await asyncio.wait({call}, timeout=STILL_RUNNING_S))[0]:
-                running_s += STILL_RUNNING_S
-                log.warning(
-                    "compensation handler still running; this worker's other letters wait",
-                    message_id=letter.message_id,
-                    running_s=running_s,
-                )
+            while (left_s := limit_s - (time.monotonic() - started)) > 0:
+                if (await asyncio.wait({call}, timeout=min(STILL_RUNNING_S, left_s)))[0]:
+                    call.result()
+                    return
+                if (running_s := time.monotonic() - started) < limit_s:
+                    log.warning(
+                        "compensation handler still running; this worker's other letters wait",
+                        message_id=letter.message_id,
+                        running_s=round(running_s, 1),
+                        handler_timeout_s=self.handler_timeout_s,
+                    )
+            raise HandlerTimedOut(limit_s)
         finally:
-            call.cancel()  # done already, or this worker is stopping
-        call.result()
+            if not call.done():  # timed out, or this worker is stopping
+                call.cancel()  # its clean-up runs before the letter goes back, if it ends
+                await asyncio.wait({call}, timeout=STILL_RUNNING_S)
 
     async def _settled(self, letter: DeadLetter, msg: Delivery, broker: Broker) -> bool:
         """Whether the letter was replayed or resolved already, by another than this worker

@@ -143,3 +143,43 @@ async def test_a_handler_that_runs_on_is_said_while_the_worker_waits_for_it(
             await until_true(lambda: _handled(handled, "slow-1"))
     line = next(line for line in logs if line["event"].startswith("compensation handler still"))
     assert line["message_id"] == "slow-1" and line["running_s"] >= 0.1
+
+
+async def test_a_handler_past_its_timeout_is_cancelled_and_its_letter_comes_back(
+    broker, monkeypatch: pytest.MonkeyPatch
+):
+    """A hung handler held its worker for good: with `handler_timeout_s` (here 0.3 s) it is
+    cancelled, said, and the letter handed over again later, as after a failure."""
+    monkeypatch.setattr(compensation, "RETRY_DELAY_S", 0.1)
+    calls: list[str] = []
+    cleaned_up: list[str] = []
+    handled: list[str] = []
+
+    async def hangs_once(letter, comp) -> None:  # type: ignore[no-untyped-def]
+        calls.append(letter.message_id)
+        if len(calls) == 1:
+            try:
+                await asyncio.Event().wait()  # never set: the first call hangs
+            finally:
+                cleaned_up.append(letter.message_id)
+        handled.append(letter.message_id)
+
+    task = Task(v=1, message_id="hung-1", trace_id="hung-1", topic="chores")
+    worker = CompensationWorker("w-hung", hangs_once, topics=["chores"], handler_timeout_s=0.3)
+    with capture_logs() as logs:
+        async with worker.running(broker=broker):
+            await dead_letter(
+                broker, reason="rejected", task=task, message_id="hung-1", trace_id="hung-1",
+                topic="chores",
+            )  # fmt: skip
+            await until_true(lambda: _handled(handled, "hung-1"))
+    assert calls == ["hung-1", "hung-1"] and cleaned_up == ["hung-1"]
+    [timed_out] = [line for line in logs if line["event"].startswith("compensation handler timed")]
+    assert timed_out["message_id"] == "hung-1" and timed_out["timeout_s"] == 0.3
+    assert timed_out["log_level"] == "error"
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("inf"), "5", True])
+def test_a_handler_timeout_that_is_no_duration_is_refused(timeout):
+    with pytest.raises(AgentConfigError, match=r"handler_timeout_s=.*expected seconds > 0"):
+        CompensationWorker("w", _nothing, handler_timeout_s=timeout)
