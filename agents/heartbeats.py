@@ -78,6 +78,7 @@ class Heartbeats:
         self._wake = asyncio.Event()
         self._last: tuple[float, float] | None = None  # (wall, monotonic) at the last beat
         self._on_replaced = on_replaced
+        self.refused: dict[str, str] = {}  # intents the coordinator said it routes us none of
 
     async def run(self) -> None:
         """Beat until cancelled; a failed write is logged and the next one tried."""
@@ -178,6 +179,14 @@ class Heartbeats:
         except DecodeError as exc:
             log.warning("ignoring unreadable control message", error=str(exc))
             return
+        if control.refused and control.refused != self.refused:
+            self.refused = dict(control.refused)
+            log.warning(
+                "the coordinator routes this agent no task of these intents",
+                agent_id=self._agent_id,
+                refused=self.refused,
+                count=control.refused_count or len(self.refused),
+            )
         interval = control.heartbeat_interval_s
         if interval is not None and interval > MAX_HEARTBEAT_INTERVAL_S:
             # Beats of a longer interval are ignored by the coordinator (protocol §7): the

@@ -140,6 +140,12 @@ class TraceReply(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class AgentControl(msgspec.Struct, frozen=True, kw_only=True):
-    """The coordinator's instructions to one agent on ``reach.ctl.agent.<agent_id>``."""
+    """The coordinator's instructions to one agent on ``reach.ctl.agent.<agent_id>``.
+
+    ``refused``: intents of the agent's card the coordinator routes it no task of, each with
+    why (its allowance, on a secured deployment), at most ten of them; ``refused_count``: how
+    many there are in all."""
 
     heartbeat_interval_s: float | None = None
+    refused: dict[str, str] | None = None
+    refused_count: int | None = None

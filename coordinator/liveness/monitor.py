@@ -19,13 +19,13 @@ from typing import Literal
 
 import structlog
 
-from agentreach import envelopes
 from agentreach.broker import Broker, BrokerError, Change
 from agentreach.broker.errors import honour_cancellation, pause
 from agentreach.broker.lifecycle import agent_event, emit
 from agentreach.broker.presence import ProbeResult, probe
 from agentreach.broker.streams import stream_created
 from agentreach.broker.tasks import cancel_and_wait
+from agentreach.coordinator.liveness.agent_control import tell, tell_refused
 from agentreach.coordinator.liveness.cadence import Cadence
 from agentreach.coordinator.liveness.config import LivenessConfig
 from agentreach.coordinator.liveness.forward import STOPPED, Allowed
@@ -43,7 +43,6 @@ from agentreach.envelopes import (
     decode_as,
     now_ms,
 )
-from agentreach.envelopes.server_answers import CONTROL_HEADERS as CONTROL
 
 log = structlog.get_logger("coordinator.liveness")
 
@@ -227,6 +226,10 @@ class LivenessMonitor:
         # After it: the new process's card, tracked meanwhile, starts its tracking afresh.
         if tracked.cadence is None or beat.epoch != tracked.epoch:
             tracked.cadence = Cadence(beat.interval_s, self._config.adaptive_beats)
+            # Its first beat: it listens to control messages now (not yet at its card write).
+            if self._registered is not None:
+                refusals = self._registered.refused.get(agent_id, {})
+                await tell_refused(self._broker, agent_id, refusals)
         tracked.epoch = beat.epoch
         recovered = tracked.state == "SUSPECT"
         if tracked.state != "ONLINE":
@@ -240,11 +243,7 @@ class LivenessMonitor:
         log.info(
             "asking for a new heartbeat interval", agent_id=tracked.agent_id, interval_s=interval_s
         )
-        control = envelopes.encode(AgentControl(heartbeat_interval_s=interval_s))
-        with contextlib.suppress(BrokerError):
-            await self._broker.publish_core(  # with a header: one without is nobody's
-                self._broker.names.agent_control(tracked.agent_id), control, headers=CONTROL
-            )
+        await tell(self._broker, tracked.agent_id, AgentControl(heartbeat_interval_s=interval_s))
 
     # -- sweeping -----------------------------------------------------------------
     async def _sweep_forever(self) -> None:

@@ -92,6 +92,7 @@ class Registered(Protocol):
     """The agents' cards, as the coordinator follows them (``AgentDirectory``)."""
 
     version: int  # rises with every change of a card
+    refused: Mapping[str, Mapping[str, str]]  # agent → intent of its card → why not routed
 
     @property
     def cards(self) -> Mapping[str, AgentCard]: ...

@@ -32,6 +32,7 @@ import structlog
 from agentreach.broker import Broker, Bucket, BucketWatch, Change, provision
 from agentreach.broker.errors import honour_cancellation
 from agentreach.broker.lifecycle import agent_event, emit
+from agentreach.coordinator.liveness.agent_control import tell_refused
 from agentreach.coordinator.routing import allowances
 from agentreach.coordinator.routing.allowances import Allowance
 from agentreach.coordinator.routing.priorities import PriorityAllowances
@@ -328,6 +329,7 @@ class AgentDirectory:
                 alert, message_id=f"refused-{card.agent_id}-{card.epoch}-{digest}"
             )
             await emit(self._broker, alert)
+            await tell_refused(self._broker, card.agent_id, refusals)  # a process running now
 
     @staticmethod
     async def _signal(watches: list[BucketWatch], ready: asyncio.Event) -> None:

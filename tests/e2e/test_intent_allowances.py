@@ -297,3 +297,25 @@ async def test_a_direct_get_answer_aimed_at_a_priority_grants_nothing(tmp_path):
                 await raw.nc.flush()
             await eventually(lambda: any("not taken for a value" in e["event"] for e in logs))
         assert "P0" not in fleet.coordinator.directory.priorities.of("mallory")
+
+
+async def test_the_agent_is_told_which_of_its_intents_are_refused_and_why(tmp_path):
+    """Only the coordinator's log, an alert and `reach agents` said so: the agent waited for
+    summarize tasks that never came. It is told after its first beat, and again when its
+    allowance is narrowed while it runs."""
+
+    def told() -> list[dict[str, Any]]:
+        return [line for line in logs if line["event"].startswith("the coordinator routes this")]
+
+    with capture_logs() as logs:
+        async with secured_fleet(tmp_path) as fleet:
+            await eventually(told, timeout=10)
+            fleet.deployment.directory.allow(EVIL, ())
+            await push_allowances(fleet.deployment.directory, fleet.url)
+            await eventually(lambda: len(told()) == 2, timeout=10)
+    [at_start, narrowed] = told()
+    assert at_start["agent_id"] == EVIL and at_start["log_level"] == "warning"
+    why = "not allowed by its credentials (it may serve: translate)"
+    assert at_start["refused"] == {"summarize": why} and at_start["count"] == 1
+    assert narrowed["agent_id"] == EVIL
+    assert sorted(narrowed["refused"]) == ["summarize", "translate"] and narrowed["count"] == 2

@@ -125,6 +125,7 @@ export class Heartbeats {
   private last: [number, number] | null = null; // (wall ms, monotonic ms) at the last beat
   private running: Promise<void> | null = null;
   private control: Subscription | null = null;
+  private refused = ""; // the refusals last told (as JSON): each set is logged once
 
   constructor(
     private readonly conn: Connection,
@@ -270,6 +271,14 @@ export class Heartbeats {
     }
   }
 
+  private sayRefused(control: AgentControl): void {
+    const refused = refusalsTold(control);
+    if (refused === null || JSON.stringify(refused) === this.refused) return;
+    this.refused = JSON.stringify(refused);
+    const count = control.refused_count ?? Object.keys(refused).length;
+    this.log.warn("the coordinator routes this agent no task of these intents", { agent_id: this.agentId, refused, count });
+  }
+
   private onControl(data: Uint8Array): void {
     let control: AgentControl;
     try {
@@ -278,6 +287,7 @@ export class Heartbeats {
       this.log.warn("ignoring unreadable control message", { error: String(err) });
       return;
     }
+    this.sayRefused(control);
     const interval = control?.heartbeat_interval_s;
     if (typeof interval === "number" && interval > 300) {
       // Beats of a longer interval are ignored by the coordinator (protocol §7): the agent would
@@ -291,6 +301,12 @@ export class Heartbeats {
       this.wake.set(); // beat now, so the coordinator sees the new interval at once
     }
   }
+}
+
+/** The intents of the card the coordinator routes no task of, with why (protocol §8). */
+function refusalsTold(control: AgentControl): Record<string, string> | null {
+  const refused = control?.refused;
+  return refused && typeof refused === "object" && Object.keys(refused).length > 0 ? refused : null;
 }
 
 /** An event about an agent rather than a task: topic `_agent`, trace = the agent id. */

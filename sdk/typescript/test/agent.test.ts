@@ -1525,6 +1525,26 @@ describe("registration and liveness", () => {
     assert.equal(beat!.interval_s, 0.5);
   });
 
+  it("says once which of its intents the coordinator routes it no task of, and why", async () => {
+    const id = unique("ts-refused");
+    const said: Array<[string, Record<string, unknown>]> = [];
+    const keep = (event: string, fields?: Record<string, unknown>) => void said.push([event, fields ?? {}]);
+    const logger = { debug: keep, info: keep, warn: keep, error: keep };
+    await started(newAgent(id, { logger }).handler(unique("refused"), () => null));
+    const beats = await kv("reach_heartbeats");
+    await kvUntil<Heartbeat>(beats, id, (b) => b !== null);
+    const refused = { summarize: "not allowed by its credentials (it may serve: translate)" };
+    const body = JSON.stringify({ refused, refused_count: 3 });
+    for (let i = 0; i < 2; i += 1) stack.nc.publish(`reach.ctl.agent.${id}`, body, { headers: controlHeaders() });
+    // A third, read after them (one subscription, in order): its interval shows in a beat.
+    const after = JSON.stringify({ heartbeat_interval_s: 0.5 });
+    stack.nc.publish(`reach.ctl.agent.${id}`, after, { headers: controlHeaders() });
+    await kvUntil<Heartbeat>(beats, id, (b) => b?.interval_s === 0.5);
+    const told = said.filter(([event]) => event.startsWith("the coordinator routes this agent"));
+    assert.equal(told.length, 1); // the same refusals again are not said again
+    assert.deepEqual(told[0]![1], { agent_id: id, refused, count: 3 });
+  });
+
   it("stops gracefully: run ends, card stopped, heartbeat deleted, coordinator says OFFLINE stopped", async () => {
     const id = unique("ts-stop");
     const agent = newAgent(id).handler(unique("stop"), () => null);

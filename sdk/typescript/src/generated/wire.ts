@@ -108,12 +108,24 @@ export interface AgentCard {
 
 /**
  * The coordinator's instructions to one agent on `reach.ctl.agent.<agent_id>`.
+ *
+ * `refused`: intents of the agent's card the coordinator routes it no task of, each with
+ * why (its allowance, on a secured deployment), at most ten of them; `refused_count`: how
+ * many there are in all.
  */
 export interface AgentControl {
   /**
    * default null
    */
   heartbeat_interval_s: number | null;
+  /**
+   * default null
+   */
+  refused: Record<string, string> | null;
+  /**
+   * default null
+   */
+  refused_count: number | null;
 }
 
 /**
