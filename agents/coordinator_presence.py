@@ -15,6 +15,10 @@ NO_COORDINATOR = (
     "no coordinator is running (none answered for 3 s; start one: reach up / reach coordinator)"
 )
 ASK_S = 0.5  # a replica answers in milliseconds; "nobody listens" comes back at once
+COORDINATOR_SILENT = (
+    "no coordinator answered whether it runs within 0.5 s (one may be stopped, overloaded or"
+    " cut off), or this client's connection is down"
+)
 # Just after a server restart the coordinators are still reconnecting (each waits 0.5-1.5 s
 # between attempts) while this client may be back already: "nobody listens" is said only
 # when it lasts this long, not of coordinators a second away from answering.

@@ -10,7 +10,11 @@ from typing import Any
 import msgspec
 
 from agentreach import envelopes
-from agentreach.agents.coordinator_presence import NO_COORDINATOR, coordinator_runs
+from agentreach.agents.coordinator_presence import (
+    COORDINATOR_SILENT,
+    NO_COORDINATOR,
+    coordinator_runs,
+)
 from agentreach.agents.errors import (
     REJECTION_REASONS,
     DeadlineExceeded,
@@ -77,9 +81,16 @@ class Ending:
         self.unread = ""
         return ending_of(events), any(e.event == "accepted" for e in events)
 
-    def why_unacknowledged(self) -> str:
-        """Where the events last read leave a task no agent acknowledged, in words."""
+    def why_unacknowledged(self, *, coordinator_answered: bool = True) -> str:
+        """Where the events last read leave a task no agent acknowledged, in words;
+        ``coordinator_answered``: whether a coordinator answered just now."""
         routed = [e for e in self.events if e.event == "routed"]
+        if not routed and not coordinator_answered:
+            # A stopped (SIGSTOP) or overloaded coordinator: the agents were blamed (a trial).
+            return (
+                f"not routed yet: {COORDINATOR_SILENT}, or no agent serving it may take work"
+                " now (`reach agents` says which)"
+            )
         if not routed:
             return (
                 "not routed yet: no agent serving it may take work now (`reach agents` says"
@@ -251,8 +262,8 @@ async def unacknowledged(
     """``exc``, saying where the task waits, or that no coordinator runs: then nothing routes
     it, and waiting longer for an agent cannot help. Asked only now, on the failure path."""
     ids, hint = {"message_id": exc.message_id, "trace_id": exc.trace_id}, still_queued
-    if await coordinator_runs(broker) is not False:
-        why = ending.why_unacknowledged()
+    if (runs := await coordinator_runs(broker)) is not False:
+        why = ending.why_unacknowledged(coordinator_answered=runs is True)
         return NotAcknowledged(f"{exc}: {why}; {hint(exc.message_id, task)}", **ids)
     # Said both: the task waits in the intake, and runs once a coordinator starts.
     return NotAcknowledged(f"{exc}: {NO_COORDINATOR}; {hint(exc.message_id, task)}", **ids)

@@ -157,6 +157,22 @@ async def test_not_acknowledged_says_when_no_coordinator_runs(broker):
     )
 
 
+async def test_not_acknowledged_says_when_the_coordinator_does_not_answer(broker):
+    """A coordinator stopped (SIGSTOP) or overloaded still listens, and answers nothing: the
+    caller was told no agent serving the task may take work, blaming the agents (a trial)."""
+    silent = await broker.nc.subscribe(broker.names.status)  # listens, never answers
+    try:
+        async with ReachClient(broker=broker) as client:
+            with pytest.raises(NotAcknowledged) as caught:
+                await client.invoke("work", {}, ack_deadline_ms=300)
+    finally:
+        await silent.unsubscribe()
+    assert str(caught.value).startswith(
+        "no agent acknowledged 'work' within 300 ms: not routed yet: no coordinator answered"
+        " whether it runs within 0.5 s (one may be stopped, overloaded or cut off)"
+    )
+
+
 async def test_not_acknowledged_with_a_coordinator_says_where_the_task_waits(broker, coordinator):
     """When a coordinator runs and the agent is busy, NotAcknowledged says the task waits in
     that agent's queue (it said only that no agent acknowledged in time), not that no

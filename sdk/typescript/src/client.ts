@@ -373,8 +373,9 @@ export class ReachClient {
       nowMs() >= task.created_at + task.ttl_ms
         ? `its ttl (${task.ttl_ms} ms) has passed, so no agent will start it: invoke again with messageId '${err.messageId}' to hear how it ended`
         : `it stays queued and may still run within its ttl: invoke again with messageId '${err.messageId}' to hear how it ends`;
-    const why = ending.whyUnacknowledged();
-    if ((await coordinatorRuns(this.conn)) !== false) return new NotAcknowledged(`${err.message}: ${why}; ${hint}`, err);
+    const runs = await coordinatorRuns(this.conn);
+    const why = ending.whyUnacknowledged(runs === true);
+    if (runs !== false) return new NotAcknowledged(`${err.message}: ${why}; ${hint}`, err);
     return new NotAcknowledged(`${err.message}: ${NO_COORDINATOR}; ${hint}`, err);
   }
 

@@ -12,6 +12,8 @@ import type { Logger } from "./log.js";
 
 export const NO_COORDINATOR =
   "no coordinator is running (none answered for 3 s; start one: reach up / reach coordinator)";
+export const COORDINATOR_SILENT =
+  "no coordinator answered whether it runs within 0.5 s (one may be stopped, overloaded or cut off), or this client's connection is down";
 const ASK_MS = 500; // a replica answers in milliseconds; "nobody listens" comes back at once
 // Just after a server restart the coordinators are still reconnecting while this client may be
 // back already: "nobody listens" is said only when it lasts this long.

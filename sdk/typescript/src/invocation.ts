@@ -9,7 +9,7 @@
  */
 
 import type { Connection } from "./connection.js";
-import { NO_COORDINATOR } from "./coordinatorstatus.js";
+import { COORDINATOR_SILENT, NO_COORDINATOR } from "./coordinatorstatus.js";
 import { checkSameRequest, endingOf, OthersMessage } from "./endings.js";
 import type { Ended, Traces } from "./endings.js";
 import {
@@ -92,9 +92,13 @@ export class Ending {
     }
   }
 
-  /** Where the events last read leave a task no agent acknowledged, in words. */
-  whyUnacknowledged(): string {
+  /** Where the events last read leave a task no agent acknowledged, in words (`coordinatorAnswered`: just now). */
+  whyUnacknowledged(coordinatorAnswered = true): string {
     const routed = this.events.filter((e) => e.event === "routed").at(-1);
+    if (routed === undefined && !coordinatorAnswered) {
+      // A stopped (SIGSTOP) or overloaded coordinator: the agents were blamed (a trial).
+      return `not routed yet: ${COORDINATOR_SILENT}, or no agent serving it may take work now (\`reach agents\` says which)`;
+    }
     if (routed === undefined) {
       return "not routed yet: no agent serving it may take work now (`reach agents` says which), or tasks stored before it wait first";
     }

@@ -10,7 +10,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { connect, DiscardPolicy, headers } from "nats";
-import type { Msg } from "nats";
+import type { Msg, Subscription } from "nats";
 
 import { Agent, BacklogFull, ConnectError, DeadlineExceeded, InvalidArgument, InvokeAborted, InvokeError, NotAcknowledged, NotProvisioned, PermanentError, ReachClient, ReachError, Rejected, newId, subTaskId, TaskFailed, UnknownWorkflow, WorkflowActionRefused } from "../src/index.js";
 import type { Ack, Progress, Task } from "../src/index.js";
@@ -1176,14 +1176,22 @@ describe("ReachClient with no coordinator", () => {
       assert.ok(alone instanceof NotAcknowledged, String(alone));
       assert.match(alone.message, /within 300 ms: no coordinator is running \(none answered for 3 s; start one.*\); it stays queued and may still run/);
       // A coordinator back (reconnected after a server restart) a second after the deadline.
-      const late = setTimeout(() => nc.subscribe("reach.ctl.status", { callback: (_, msg) => msg.respond("{}") }), 1_300);
+      let answering: Subscription | undefined;
+      const late = setTimeout(() => (answering = nc.subscribe("reach.ctl.status", { callback: (_, msg) => msg.respond("{}") })), 1_300);
       const back = await rejection(client.invoke("nobody", {}, { ackDeadlineMs: 300 }));
       clearTimeout(late);
+      answering?.unsubscribe();
       assert.ok(back instanceof NotAcknowledged, String(back));
       assert.equal(
         back.message,
         `no agent acknowledged 'nobody' within 300 ms: not routed yet: no agent serving it may take work now (\`reach agents\` says which), or tasks stored before it wait first; it stays queued and may still run within its ttl: invoke again with messageId '${back.messageId}' to hear how it ends`,
       );
+      // A coordinator stopped (SIGSTOP) or overloaded listens and answers nothing: not the agents' fault.
+      const silent = nc.subscribe("reach.ctl.status", { callback: () => undefined });
+      const stopped = await rejection(client.invoke("nobody", {}, { ackDeadlineMs: 300 }));
+      silent.unsubscribe();
+      assert.ok(stopped instanceof NotAcknowledged, String(stopped));
+      assert.match(stopped.message, /within 300 ms: not routed yet: no coordinator answered whether it runs within 0\.5 s \(one may be stopped, overloaded or cut off\)/);
       const unreadable = await rejection(client.status("nobody-1"));
       // A ReachError saying why (a raw NatsError 503 before).
       assert.ok(unreadable instanceof ReachError, String(unreadable));
