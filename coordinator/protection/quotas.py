@@ -11,6 +11,11 @@ writes the caller's record, an admission is one KV write; after another did, the
 fails and a read and a write follow. A refusal needs no round trip at all when the kept
 record has no token by now: other replicas only ever take tokens, so the stored bucket
 holds no more than the kept one does. Refills are counted on each replica's wall clock.
+
+On a cluster a charge can lose every race (the server refuses a conditional write while
+another to the key is applied). The token is then taken from the kept record alone, if it
+has one: a replica admits beyond the shared bucket at most what it last read there, refilled
+at the caller's rate, until one of its writes gets through again.
 """
 
 from __future__ import annotations
@@ -114,6 +119,7 @@ class CallerQuotas:
         self._bucket: Bucket[QuotaRecord] | None = None
         self.admitted = 0  # tasks of callers with a quota, since start
         self.refused = 0
+        self.charged_here = 0  # of the admitted: charged to this replica's record alone
 
     def limits(self, caller: str) -> bool:
         """Whether ``caller`` has a quota (its own, or the default)."""
@@ -129,10 +135,12 @@ class CallerQuotas:
         async with kept.lock:
             try:
                 wait = await self._take(caller, quota[1], kept)
-            except Contended:  # other replicas won every race: refused, not said over it
-                kept.entry = None
-                self.refused += 1
-                return OverQuota(caller, *quota, math.ceil(1000 / quota[1].rate), contended=True)
+            except Contended:  # other replicas won every race
+                wait = self._take_here(quota[1], kept)
+                if wait is None:
+                    self.refused += 1
+                    retry_ms = math.ceil(1000 / quota[1].rate)
+                    return OverQuota(caller, *quota, retry_ms, contended=True)
         if not wait:
             self.admitted += 1
             return None
@@ -162,6 +170,25 @@ class CallerQuotas:
         if swap.written:
             return 0
         return max(1, wait_ms(entry.value if entry else None, limit, self._clock()))
+
+    def _take_here(self, limit: RateLimit, kept: _Kept) -> int | None:
+        """After every race was lost: a token taken from the record this replica read last,
+        as it stands refilled to now (0), or the milliseconds until it has one; None when
+        this replica has read none. Refusing dead-lettered tasks of a caller at half its
+        quota (a trial on a cluster). The shared bucket is not charged, so this replica
+        admits beyond it at most what its record held; the next charge reads it again."""
+        known = kept.entry
+        if known is None:
+            return None
+        now = self._clock()
+        record = taken(known.value, limit, now)
+        if record is None:
+            return wait_ms(known.value, limit, now)
+        kept.entry = Entry(known.key, record, known.revision)  # its revision: read again next
+        self.charged_here += 1
+        log.info("quota charged on this replica: the shared record stayed too busy to write",
+                 key=known.key, charged_here=self.charged_here)  # fmt: skip
+        return 0
 
     def _keep(self, caller: str) -> _Kept:
         kept = self._kept.get(caller)

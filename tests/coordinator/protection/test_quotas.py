@@ -166,6 +166,32 @@ async def test_a_record_too_busy_to_charge_is_refused_as_such_not_as_over(broker
     assert "could not be charged" in over.why() and "over its quota" not in over.why()
 
 
+async def test_a_record_too_busy_to_charge_is_charged_to_what_this_replica_read(
+    broker, monkeypatch
+):
+    """Refusing a caller at half its quota dead-lettered its tasks. With every race lost,
+    the token is taken from the record this replica read last, as it stands refilled: it
+    admits beyond the shared bucket at most what that record held, then refuses as over."""
+    clock = Clock()
+    async with replicas(broker, RateLimits(callers={"default": LIMIT}), clock, 1) as (one,):
+        assert await one.admit("dave") is None  # read and written: 2 tokens left
+        records = await one._records()
+
+        async def always_lost(*args: object, **kwargs: object) -> object:
+            raise Contended("reach_quotas/dave changed under us 20 times in a row")
+
+        monkeypatch.setattr(records, "cas", always_lost)
+        assert [await one.admit("dave") for _ in range(2)] == [None, None]
+        over = await one.admit("dave")
+        assert over is not None and not over.contended and over.retry_after_ms == 200
+        clock.ms += 200  # refilled one token here too
+        assert await one.admit("dave") is None
+        monkeypatch.undo()
+        assert one.charged_here == 3 and one.admitted == 4
+        stored = await records.get("dave")
+    assert stored is not None and stored.value.tokens == 2  # the shared bucket was not charged
+
+
 async def test_callers_are_counted_apart_and_without_a_quota_not_at_all(broker):
     """One caller's spending leaves another's bucket full; a caller with no quota is
     never looked up in KV."""
