@@ -210,11 +210,12 @@ async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) 
         said = _PYTHON_ADVICE.sub("", str(exc))  # the CLI's own advice follows
         # Not acknowledged, it may start within its ttl; accepted, it runs (a handler that
         # cannot be stopped, past its execute budget) and may still complete.
-        may = (
-            f"may still run (it may start until its ttl, {ttl_ms} ms)"
-            if isinstance(exc, NotAcknowledged)
-            else "may still complete"
-        )
+        if isinstance(exc, NotAcknowledged) and _TTL_PASSED in said:
+            may = "will not start now"
+        elif isinstance(exc, NotAcknowledged):
+            may = f"may still run (it may start until its ttl, {ttl_ms} ms)"
+        else:
+            may = "may still complete"
         raise OutcomeUnknown(
             f"{said}; {exc.message_id} {may}: follow it with `reach trace {exc.message_id}`;"
             f" to wait for it again, send it with --message-id {exc.message_id} (a new id"
@@ -227,10 +228,13 @@ async def _wait(client: ReachClient, args: argparse.Namespace, payload: object) 
 
 
 # What ReachClient's errors advise in Python terms ("invoke again with message_id=…").
+# The part that "may still run" would say again (exit 3's own line) goes with it.
 _PYTHON_ADVICE = re.compile(
-    r"(: invoke again with message_id=\S+ to hear how it ends|; it may"
-    r" still complete: invoke again with message_id=\S+ to hear how it ends)"
+    r"((; it stays queued and may still run within its ttl)?: invoke again with"
+    r" message_id=\S+ to hear how it end(s|ed)|; it may still complete: invoke again with"
+    r" message_id=\S+ to hear how it ends)"
 )
+_TTL_PASSED = "has passed, so no agent will start it"
 
 
 class TaskEnded(ReachError):

@@ -221,6 +221,7 @@ async def test_publish_wait_that_hears_no_ack_says_the_task_may_still_run(
     assert waited.returncode == 3  # the outcome is unknown, not a failure
     assert "no agent acknowledged 'busy' within 500 ms" in waited.stderr
     assert "busy-2 may still run" in waited.stderr and "--message-id busy-2" in waited.stderr
+    assert waited.stderr.count("may still run") == 1, waited.stderr  # said twice in one line
     assert "invoke again" not in waited.stderr  # the advice is the command's, said once
 
 
