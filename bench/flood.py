@@ -31,9 +31,9 @@ from common import nats_server, percentile
 from agentreach import ReachError, envelopes
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, Names, provision
+from agentreach.broker.limits import DEFAULT_TASKS_PER_SUBJECT, StorageLimits
 from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.streams import consumer_backlog
-from agentreach.broker.topology import DEFAULT_TASKS_PER_SUBJECT, StorageLimits
 from agentreach.cli.logs import configure_logging
 from agentreach.coordinator import Coordinator, CoordinatorConfig, RateLimits
 from agentreach.envelopes import RateLimit

@@ -39,8 +39,8 @@ import msgspec
 import structlog
 
 from agentreach.broker import BrokerConfig, Names, Topology
+from agentreach.broker.limits import StorageLimits
 from agentreach.broker.prefix import PREFIX_PATTERN, prefix_problem
-from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.delivery.retries import RetryConfig
 from agentreach.coordinator.delivery.unreported import UnreportedConfig
 from agentreach.coordinator.liveness.config import LivenessConfig
@@ -154,7 +154,12 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read coordinator config {path}: {exc.strerror}") from None
     try:
-        document = msgspec.yaml.decode(raw) if raw.strip() else {}
+        document = msgspec.yaml.decode(raw) if raw.strip() else None
+        if document is None:  # a file half-written by an editor would reset every rule
+            raise ConfigError(
+                f"{path}: holds no settings (empty, or comments only); to run on the defaults,"
+                " give no config file"
+            )
         if (twice := twice_given(raw)) is not None:
             raise ConfigError(f"{path}: {twice}")
         return msgspec.convert(_sectioned(document, path), CoordinatorConfig)

@@ -10,8 +10,8 @@ from structlog.testing import capture_logs
 
 from agentreach import BacklogFull, InvokeError, ReachClient
 from agentreach.broker import SubjectFull, Topology, provision, read_stream
+from agentreach.broker.limits import StorageLimits
 from agentreach.broker.streams import delete_message
-from agentreach.broker.topology import StorageLimits
 from agentreach.envelopes import decode_task
 
 

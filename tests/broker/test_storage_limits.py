@@ -8,7 +8,7 @@ import pytest
 
 from agentreach.broker import JetStreamError, StreamFull, Topology, provision
 from agentreach.broker.claim_check import DEFAULT_THRESHOLD
-from agentreach.broker.topology import StorageLimits
+from agentreach.broker.limits import StorageLimits
 from agentreach.envelopes import Heartbeat
 
 MESSAGE_TOO_LARGE = 10054  # "message size exceeds maximum allowed"

@@ -11,7 +11,7 @@ import msgspec
 from agentreach import envelopes
 from agentreach.agents import Compensation, CompensationWorker
 from agentreach.broker import Topology, provision, read_stream
-from agentreach.broker.topology import StorageLimits
+from agentreach.broker.limits import StorageLimits
 from agentreach.envelopes import DeadLetter, ErrorInfo, Task, WorkflowStep
 from tests.cli.conftest import reach_argv, run
 from tests.support import eventually, letter_of

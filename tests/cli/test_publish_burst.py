@@ -10,7 +10,7 @@ import msgspec
 
 from agentreach.agents import Agent, TaskContext
 from agentreach.broker import Topology, provision, read_stream
-from agentreach.broker.topology import StorageLimits
+from agentreach.broker.limits import StorageLimits
 from tests.cli.conftest import reach_argv, run
 from tests.e2e.routing_support import fast
 from tests.support import until_true

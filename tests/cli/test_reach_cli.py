@@ -18,7 +18,7 @@ from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import EmbeddedServer, Topology, provision
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.embedded import PID_FILE
-from agentreach.broker.topology import StorageLimits
+from agentreach.broker.limits import StorageLimits
 from agentreach.envelopes import BreakerRecord, Task, now_ms
 from tests.cli.conftest import reach_argv, reach_command, run, started_until
 from tests.support import wait_for_card

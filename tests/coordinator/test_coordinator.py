@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections import Counter
 
 import pytest
@@ -222,6 +223,25 @@ def test_config_file_errors_name_the_field(tmp_path):
     good = tmp_path / "good.yaml"
     good.write_text("intake: {batch: 8}\n")
     assert load_config(good).intake.batch == 8
+
+
+def test_a_config_with_no_settings_or_a_limit_that_is_no_limit_is_refused(tmp_path):
+    """An empty file (an editor's half-written save) was taken as the defaults, and a live
+    reload replaced every rule with a fallback; a limit of 0 or below -1 was taken by the
+    server as none at all (a trial)."""
+    cases = {
+        "": "holds no settings (empty, or comments only)",
+        "# all rules moved\n": "holds no settings (empty, or comments only)",
+        "limits: {events_bytes: -2}\n": "limits.events_bytes = -2: expected -1 (no limit) or 1",
+        "limits: {record_bytes: 0}\n": "limits.record_bytes = 0: expected -1 (no limit) or 1",
+    }
+    for text, said in cases.items():
+        path = tmp_path / "coordinator.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            load_config(path)
+    path.write_text("limits: {events_bytes: -1, record_bytes: 1}\n")
+    assert load_config(path).limits.record_bytes == 1
 
 
 def test_an_unknown_field_is_said_with_the_one_it_may_have_meant(tmp_path):

@@ -18,8 +18,8 @@ from agentreach import envelopes
 from agentreach.agents import Agent, ManualReview, ReachClient, TaskContext
 from agentreach.broker import Broker, Topology, provision, read_stream
 from agentreach.broker.errors import SubjectFull
+from agentreach.broker.limits import StorageLimits
 from agentreach.broker.pipelined import Outgoing
-from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.liveness.reassign import reassign_tasks
 from agentreach.envelopes import Task
 from tests.e2e.intent_support import Caller

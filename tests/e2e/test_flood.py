@@ -9,9 +9,9 @@ from collections import Counter
 from agentreach import envelopes
 from agentreach.broker import Broker, Topology, provision
 from agentreach.broker.errors import SUBJECT_FULL, SubjectFull
+from agentreach.broker.limits import StorageLimits
 from agentreach.broker.pipelined import Outgoing
 from agentreach.broker.streams import subject_counts
-from agentreach.broker.topology import StorageLimits
 from agentreach.envelopes import Task, new_id
 from agentreach.envelopes.headers import task_headers
 from tests.e2e.routing_support import fast, worker

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from agentreach.agents import Agent, ReachClient, TaskContext
 from agentreach.broker import Broker, StreamFull, Topology, provision, read_stream
 from agentreach.broker.dead_letters import RAW_KEPT
-from agentreach.broker.topology import StorageLimits
+from agentreach.broker.limits import StorageLimits
 from agentreach.cli.retirement import forget
 from agentreach.coordinator import Coordinator, DeliveryConfig
 from agentreach.coordinator import workflow as wf

@@ -348,6 +348,22 @@ async def test_a_reload_says_which_changed_sections_wait_for_a_restart(
     assert [e["sections"] for e in said] == [["liveness", "workflows"]]
 
 
+async def test_a_file_emptied_on_the_way_to_a_reload_keeps_the_rules(
+    broker, start_coordinator, tmp_path
+):
+    """A file truncated by a non-atomic save was read as the defaults: every rule replaced by
+    a fallback, and a topic only a rule served dead-lettered `no_route` (a trial)."""
+    path = tmp_path / "coordinator.yaml"
+    path.write_text(RELOADABLE.format(name="to-a", pool="a"))
+    async with start_coordinator(fast(), path) as coordinator:
+        loaded = await broker.nc.request(broker.names.routes_reload, b"", timeout=5)
+        assert b'"ok":true' in loaded.data, loaded.data
+        path.write_text("")
+        answer = await broker.nc.request(broker.names.routes_reload, b"", timeout=5)
+        assert b'"ok":false' in answer.data and b"holds no settings" in answer.data, answer.data
+        assert [r.name for r in coordinator.router.routing.rules] == ["to-a", "fallback"]
+
+
 async def test_the_less_loaded_of_two_is_judged_per_slot(broker, start_coordinator, watcher):
     """An agent of 1 slot beside one of 8: by queue depth alone the small one, running its
     one task, was as loaded as the large one running one, and was picked half the time; its

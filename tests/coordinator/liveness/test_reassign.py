@@ -13,8 +13,8 @@ from agentreach import envelopes
 from agentreach.agents import Agent, TaskContext
 from agentreach.broker import BrokerError, Topology, provision, read_stream
 from agentreach.broker.lifecycle import GRANT_HEADER, emit, event_for
+from agentreach.broker.limits import StorageLimits
 from agentreach.broker.streams import delete_message, next_message
-from agentreach.broker.topology import StorageLimits
 from agentreach.coordinator.delivery.expiry import fence_expiry
 from agentreach.coordinator.liveness import reassign
 from agentreach.coordinator.liveness.forward import MOVED_MIN_LEFT_MS, STOPPED

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from agentreach.broker import Topology, provision
-from agentreach.broker.topology import StorageLimits
+from agentreach.broker.limits import StorageLimits
 from agentreach.coordinator.observability import state
 from tests.coordinator.observability.test_metrics import WITH_METRICS, replica
 from tests.scrape import scrape
