@@ -18,6 +18,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import msgspec
 import structlog
 
 from agentreach.broker import (
@@ -60,6 +61,7 @@ from agentreach.coordinator.observability import (
     new_registry,
     serving,
 )
+from agentreach.coordinator.observability.config_drift import config_digest
 from agentreach.coordinator.protection.breaker_board import BreakerBoard
 from agentreach.coordinator.protection.outcome_feed import follow_outcomes
 from agentreach.coordinator.protection.queues import QueueDepths
@@ -310,7 +312,13 @@ class Coordinator:
             "enforces_allowances": self.directory.enforce_allowances,
             # Another replica configured apart (a rolling restart) leaves their tasks to it.
             "workflows": sorted(self.workflows.specs),
+            "config_sha256": self._config_digest(),
         }
+
+    def _config_digest(self) -> str:
+        """Of the configuration as it runs: its routing as last reloaded."""
+        running = msgspec.structs.replace(self.config, routing=self.router.routing)
+        return config_digest(running)
 
     async def _expire(self) -> None:
         async with asyncio.TaskGroup() as group:

@@ -24,6 +24,7 @@ from agentreach.broker.errors import pause
 from agentreach.broker.requests import gather_replies
 from agentreach.broker.streams import consumer_backlog, stream_fill, subject_counts
 from agentreach.coordinator.observability.census import WorkflowCensus
+from agentreach.coordinator.observability.config_drift import ConfigDrift
 from agentreach.coordinator.observability.open_letters import OpenLetters
 from agentreach.coordinator.protection.queues import QueueDepths
 from agentreach.coordinator.routing.directory import AgentDirectory
@@ -65,6 +66,7 @@ class Sampled:
         self.dlq_by_reason: dict[str, int] = {}
         self.replicas: int | None = None
         self.workflows_elsewhere: frozenset[str] = frozenset()  # what the replicas serve
+        self.drift = ConfigDrift()
         self.open_letters = open_letters
         self.open_letters_read = False
         self.stream_fill: dict[str, tuple[int, int]] = {}  # bytes held, max_bytes
@@ -102,6 +104,7 @@ class Sampled:
         answers = await gather_replies(self._broker, names.status, wait_s=REPLICAS_WAIT_S)
         self.replicas = len(answers)
         self.workflows_elsewhere = frozenset(_workflows_in(answers))
+        self.drift.seen(answers)
 
 
 class StateCollector(Collector):
@@ -244,6 +247,13 @@ class StateCollector(Collector):
                 "Coordinator replicas that answer reach.ctl.status (this one included).",
                 [],
                 [([], self._sampled.replicas)],
+            )
+        if self._sampled.drift.configs:
+            yield _gauge(
+                "reach_coordinator_configs",
+                "Distinct configurations the answering replicas run (1: all alike).",
+                [],
+                [([], self._sampled.drift.configs)],
             )
         yield _gauge(
             "reach_dlq_messages",

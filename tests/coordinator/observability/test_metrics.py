@@ -156,6 +156,33 @@ async def test_every_replica_exports_how_many_replicas_answer(broker):
         assert await until_true(both_seen, timeout=15) == [2, 2]
 
 
+async def test_replicas_running_different_configurations_are_said_and_counted(broker):
+    """Two replicas, one with a caller quota the other lacks: which replica took a task
+    decided its fate, and nothing said so (a trial). Each status names a digest of the
+    configuration it runs; every replica counts them, and each warns once while they differ."""
+    quota = RateLimits(callers={"default": RateLimit(rate=2, burst=2)})
+    other = msgspec.structs.replace(WITH_METRICS, rate_limits=quota)
+    with capture_logs() as logs:
+        async with replica(broker) as first, replica(broker, other) as second:
+            assert first.status()["config_sha256"] != second.status()["config_sha256"]
+            for _ in range(2):
+                await first._sampled.sample()  # what every replica does every 5 s
+            assert total(await scrape(first.metrics_url), "reach_coordinator_configs") == 2
+    said = [line for line in logs if line["event"].startswith("the coordinator replicas run")]
+    assert 1 <= len(said) <= 2, said  # once per replica, though this one sampled twice
+    for line in said:
+        assert line["log_level"] == "warning"
+        assert sorted(line["replicas"]) == sorted([first.replica_id, second.replica_id])
+
+
+async def test_replicas_of_one_configuration_count_one(broker):
+    """The same settings, whatever else differs between the replicas (their names)."""
+    async with replica(broker) as first, replica(broker) as second:
+        assert first.status()["config_sha256"] == second.status()["config_sha256"]
+        await second._sampled.sample()
+        assert total(await scrape(second.metrics_url), "reach_coordinator_configs") == 1
+
+
 async def test_a_restarted_replica_counts_from_zero_and_misses_nothing(broker, watcher):
     """Counters restart at 0 (no history replayed), and events stored while no replica ran
     are counted by the next one."""
