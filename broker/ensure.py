@@ -114,9 +114,16 @@ async def _update_if_changed(
     not its limits (``reach provision`` without a config: the limits, capacities and
     retention a coordinator's config set stand)."""
     existing = info.config
+    note = ""
     # A byte limit below what the stream holds would make the server drop its oldest.
     if 0 < (wanted.max_bytes or 0) < (held := info.state.bytes or 0):
-        log.warning("stream holds more than max_bytes: limit kept", stream=wanted.name, held=held)
+        kept = _shown(existing, "max_bytes")
+        note = (
+            f"max_bytes {wanted.max_bytes} not applied, {kept} kept: the stream holds {held}"
+            " bytes (the config's limits section: raise it above that, or let the stream drain)"
+        )
+        log.warning("stream holds more than max_bytes: limit kept", stream=wanted.name,
+                    held=held, asked=wanted.max_bytes, kept=kept)  # fmt: skip
         wanted.max_bytes = existing.max_bytes
     changed = [f for f in _MANAGED if _norm(existing, f) != _norm(wanted, f)]
     before = existing.num_replicas or 1
@@ -131,7 +138,7 @@ async def _update_if_changed(
         log.info("limits kept as they are (no config given)", stream=wanted.name, fields=kept)
         changed = [f for f in changed if f not in _LIMITS]
     if not changed:
-        return Change(Outcome.UNCHANGED)
+        return Change(Outcome.UNCHANGED, note=note)
     if not may_update:
         log.warning(
             "stream differs from the topology, and these credentials may not update it:"
@@ -139,7 +146,7 @@ async def _update_if_changed(
             stream=wanted.name,
             fields=changed,
         )
-        return Change(Outcome.UNCHANGED)
+        return Change(Outcome.UNCHANGED, note=note)
     for field in _IMMUTABLE:
         if field in changed:
             raise ProvisionError(
@@ -156,7 +163,7 @@ async def _update_if_changed(
     say = log.warning if was else log.info
     say("stream updated", stream=wanted.name, fields=changed, **was)
     scaled = before if "num_replicas" in changed else None
-    return Change(Outcome.UPDATED, scaled)
+    return Change(Outcome.UPDATED, scaled, note=note)
 
 
 def _norm(config: api.StreamConfig, field: str) -> object:

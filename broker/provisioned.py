@@ -35,6 +35,7 @@ class Change:
 
     outcome: Outcome
     replicas_before: int | None = None
+    note: str = ""  # what was asked and not done, and why
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,7 @@ class Provisioned:
     current: bool  # every replica has caught up with the leader, and is heard from
     lagging: tuple[str, ...] = ()  # replicas not current that the leader hears from
     away: tuple[str, ...] = ()  # replicas the leader does not hear from
+    note: str = ""  # what was asked and not done, and why
 
     def describe(self) -> str:
         scale = f"R{self.replicas_before}→R{self.replicas}" if self.replicas_before else ""
@@ -61,6 +63,8 @@ class Provisioned:
             where += f", replicas {' '.join(self.peers)}"
         if not self.current:
             where += self._behind() if self.leader else "no leader yet"
+        if self.note:
+            where += f"{'; ' if where else ''}{self.note}"
         return f"{self.name:<24} {self.outcome:<10} {replicas:<6} {tags:<16} {where}".rstrip()
 
     def _behind(self) -> str:
@@ -120,7 +124,10 @@ async def wait_settled(
         if info is not None and (_current(info) or not waits or loop.time() > deadline):
             return _provisioned(name, info, change)
         if info is None and (not waits or loop.time() > deadline):
-            return Provisioned(name, change.outcome, 0, change.replicas_before, (), None, (), False)
+            return Provisioned(
+                name, change.outcome, 0, change.replicas_before, (), None, (), False,
+                note=change.note,
+            )  # fmt: skip
         await asyncio.sleep(SETTLE_POLL_S)  # polling: no event says "replicas current"
 
 
@@ -153,6 +160,7 @@ def _provisioned(name: str, info: api.StreamInfo, change: Change) -> Provisioned
         current=_current(info),
         lagging=tuple(sorted(p.name or "?" for p in behind if not _away(p))),
         away=tuple(sorted(p.name or "?" for p in behind if _away(p))),
+        note=change.note,
     )
 
 

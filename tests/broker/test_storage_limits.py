@@ -82,11 +82,15 @@ async def test_provisioning_never_lowers_a_limit_under_what_a_stream_holds(broke
             broker.names.dlq("expired", "t"), b"b" * 1_000, headers={"Nats-Msg-Id": f"k-{i}"}
         )
     before = (await broker.js.stream_info(stream)).config.max_bytes
-    await provision(
+    done = await provision(
         broker, Topology.default(broker.names, limits=StorageLimits(dead_letters_bytes=1_000))
     )
     info = await broker.js.stream_info(stream)
     assert info.config.max_bytes == before and info.state.messages == 5
+    # `reach provision` said "unchanged", exit 0; the refusal was a log line alone (a trial).
+    [dlq] = [p for p in done.details if p.name == stream]
+    assert dlq.note.startswith("max_bytes 1000 not applied, unlimited kept: the stream holds")
+    assert dlq.note in dlq.describe()
     await provision(
         broker, Topology.default(broker.names, limits=StorageLimits(dead_letters_bytes=10**6))
     )
