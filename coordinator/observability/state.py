@@ -10,8 +10,10 @@ cannot tell a zero from a truth.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -38,7 +40,12 @@ log = structlog.get_logger("coordinator.metrics")
 LIVENESS_STATES = ("UNKNOWN", "ONLINE", "SUSPECT", "OFFLINE", "STOPPED")
 BREAKER_STATES = ("closed", "open", "half_open")
 SAMPLE_S = 5.0
+# The replicas' status is read more often: a workflow another replica was just started with
+# (a rolling restart) is left to it only once read, and its tasks were dead-lettered
+# `no_route` meanwhile, for up to 5 s (a trial).
+REPLICAS_S = 1.0
 REPLICAS_WAIT_S = 0.5  # how long the status answers of the replicas are gathered
+WORKFLOW_READS_KEPT = 3
 
 
 @dataclass
@@ -66,20 +73,32 @@ class Sampled:
         self.dlq_by_reason: dict[str, int] = {}
         self.replicas: int | None = None
         self.workflows_elsewhere: frozenset[str] = frozenset()  # what the replicas serve
+        self._workflows_read: deque[frozenset[str]] = deque(maxlen=WORKFLOW_READS_KEPT)
         self.drift = ConfigDrift()
         self.open_letters = open_letters
         self.open_letters_read = False
         self.stream_fill: dict[str, tuple[int, int]] = {}  # bytes held, max_bytes
 
     async def run(self) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._every(SAMPLE_S, self.sample_streams, "stream sizes"))
+            group.create_task(self._every(REPLICAS_S, self.read_replicas, "the replicas"))
+
+    @staticmethod
+    async def _every(period_s: float, sample: Callable[[], Awaitable[None]], what: str) -> None:
         while True:
             try:
-                await self.sample()
+                await sample()
             except BrokerError as exc:
-                log.debug("cannot sample stream sizes", error=str(exc))
-            await pause(SAMPLE_S)
+                log.debug("cannot sample", what=what, error=str(exc))
+            await pause(period_s)
 
     async def sample(self) -> None:
+        """Everything, now."""
+        await self.sample_streams()
+        await self.read_replicas()
+
+    async def sample_streams(self) -> None:
         names = self._broker.names
         self.intake_backlog = await consumer_backlog(
             self._broker, names.tasks_stream, names.coordinator_intake
@@ -99,11 +118,16 @@ class Sampled:
         if self.open_letters is not None:
             await self.open_letters.read()
             self.open_letters_read = True
+
+    async def read_replicas(self) -> None:
+        names = self._broker.names
         # Every replica answers a status request; the count lets a rule see a replica that
         # runs but is not scraped (its share of the counters would be missing silently).
         answers = await gather_replies(self._broker, names.status, wait_s=REPLICAS_WAIT_S)
         self.replicas = len(answers)
-        self.workflows_elsewhere = frozenset(_workflows_in(answers))
+        # Of the last few reads: a replica that answered one late keeps its workflows.
+        self._workflows_read.append(frozenset(_workflows_in(answers)))
+        self.workflows_elsewhere = frozenset().union(*self._workflows_read)
         self.drift.seen(answers)
 
 
