@@ -23,6 +23,7 @@ from agentreach.coordinator.workflows.definitions import Definitions, as_stored,
 from agentreach.coordinator.workflows.spec import WorkflowSpec
 from agentreach.envelopes import Result, Task, decode_reply, encode, headers
 from tests.e2e.routing_support import fast
+from tests.support import until_true
 
 FIRST = {"order": wf.chain(wf.step("reserve", "reserve"), wf.step("charge", "charge"))}
 # The step that charges renamed, and a step added after it.
@@ -250,3 +251,19 @@ async def test_a_workflow_one_replica_has_and_another_not_yet_is_left_to_the_fir
     assert runs == {"reserve": 12, "charge": 12}
     assert watcher.dead_letters == [] and "order" not in old.workflows.specs
     assert "order" in new.workflows.specs
+
+
+async def test_a_replica_started_later_with_a_workflow_is_read_by_the_others_within_seconds(
+    broker: Broker, start_coordinator
+) -> None:
+    """The replicas read each other's status every second or so (streams every 5 s): the
+    others dead-lettered a new replica's workflow `no_route` for up to 5 s after it was
+    ready (a trial: 6 tasks)."""
+    async with start_coordinator(fast(workflows={})) as old:
+        assert "order" not in old._sampled.workflows_elsewhere
+        async with start_coordinator(fast(workflows=FIRST)):
+
+            async def read() -> bool:
+                return "order" in old._sampled.workflows_elsewhere
+
+            await until_true(read, timeout=3.5, every_s=0.05)
