@@ -11,6 +11,7 @@ from agentreach.broker.lifecycle import about, reply
 from agentreach.coordinator.delivery.dead_letters import end_with_error, error_reply
 from agentreach.coordinator.workflows.saga import final_error
 from agentreach.envelopes import ErrorInfo, Result, Task, WorkflowRecord
+from agentreach.envelopes.audit import summary_of_task
 
 log = structlog.get_logger("coordinator.workflows")
 
@@ -42,6 +43,12 @@ async def refused_as_taken(broker: Broker, record: WorkflowRecord, task: Task) -
             f"message id {task.message_id!r} is an instance of workflow {record.workflow!r},"
             f" not {task.topic!r}: send it under an id of its own"
         )
+    elif (differs := _other_payload(record.task, task)) is not None:
+        # Past the duplicate window it was answered with the first start's result (a trial).
+        message = (
+            f"message id {task.message_id!r} started workflow {record.workflow!r} with another"
+            f" payload ({differs}): send this one under an id of its own"
+        )
     else:
         return False
     error = ErrorInfo(type="duplicate_id", message=message, retryable=False)
@@ -58,6 +65,15 @@ async def answer_again(broker: Broker, record: WorkflowRecord, task: Task) -> No
         error, ran = _error_of(record), record.steps_began
         await reply(broker, task, error_reply(task, error, _ended_as(record, error), ran=ran))
     log.info("workflow ended already; answered again", instance_id=record.instance_id)
+
+
+def _other_payload(first: Task, again: Task) -> str | None:
+    """How ``again``'s payload differs from the one ``first`` started the instance with; None
+    when it does not, or when one is inline and the other stowed (not compared)."""
+    if (first.payload_ref is None) != (again.payload_ref is None):
+        return None
+    was, now = summary_of_task(first).sha256, summary_of_task(again).sha256
+    return None if was == now else f"SHA-256 {was[:12]}…, this one's {now[:12]}…"
 
 
 def may_act(record: WorkflowRecord, asker: str | None) -> bool:

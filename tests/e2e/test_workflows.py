@@ -149,7 +149,12 @@ async def test_a_workflow_started_again_with_its_id_answers_the_first_result(
 
 
 async def start_past_the_window(
-    broker: Broker, caller: str, topic: str, message_id: str, reply_to: str
+    broker: Broker,
+    caller: str,
+    topic: str,
+    message_id: str,
+    reply_to: str,
+    payload: Any = None,
 ) -> None:
     """``caller``'s start of ``topic`` under ``message_id``, as the stream takes it in once its
     duplicate window has passed (no Nats-Msg-Id)."""
@@ -158,7 +163,7 @@ async def start_past_the_window(
         message_id=message_id,
         trace_id=message_id,
         topic=topic,
-        payload={"topic": "nats"},
+        payload={"topic": "nats"} if payload is None else payload,
         reply_to=reply_to,
     )
     headers = {k: v for k, v in task_headers(task).items() if k != "Nats-Msg-Id"}
@@ -232,6 +237,36 @@ async def test_another_workflow_started_under_an_instance_id_is_told_the_id_is_t
     assert "was sent on topic 'article', this one on 'essay'" in within.value.error.message
     assert isinstance(past, envelopes.ErrorReply) and past.error.type == "duplicate_id"
     assert "an instance of workflow 'article', not 'essay'" in past.error.message
+    assert counts == Counter(plan=1, write=1, review=1, publish=1)
+
+
+async def test_a_start_with_another_payload_past_the_window_is_told_the_id_is_taken(
+    broker, start_coordinator
+):
+    """Past the duplicate window, the same caller's start of the same workflow under a
+    finished instance's id but with another payload got that instance's result, exit 0,
+    nothing run (a trial). It is refused as duplicate_id, naming the digests; nothing runs."""
+    counts: Counter[str] = Counter()
+    names = broker.names
+    heard: asyncio.Queue[envelopes.Reply] = asyncio.Queue()
+
+    async def keep(msg: Any) -> None:
+        await heard.put(envelopes.decode_reply(msg.data))
+
+    async with (
+        start_coordinator(fast(workflows=workflows(article=ARTICLE))) as coordinator,
+        serving(broker, coordinator, newsroom(counts)),
+        ReachClient(broker=broker, name="alice") as alice,
+    ):
+        await alice.invoke("article", {"topic": "nats"}, message_id="article-2")
+        box = names.reply_box("alice", "other")
+        sub = await broker.nc.subscribe(f"{box}.*", cb=keep)
+        other = {"topic": "kafka"}
+        await start_past_the_window(broker, "alice", "article", "article-2", box, other)
+        past = await asyncio.wait_for(heard.get(), timeout=10)
+        await sub.unsubscribe()
+    assert isinstance(past, envelopes.ErrorReply) and past.error.type == "duplicate_id"
+    assert "started workflow 'article' with another payload (SHA-256" in past.error.message
     assert counts == Counter(plan=1, write=1, review=1, publish=1)
 
 
