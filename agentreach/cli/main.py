@@ -36,7 +36,7 @@ from agentreach.cli.exit_codes import (
     OutcomeUnknown,
 )
 from agentreach.cli.logs import configure_logging
-from agentreach.cli.options import Commands, MissingArgument, OneLineParser
+from agentreach.cli.options import Commands, OneLineParser, UnparsedArgument
 from agentreach.cli.terminal import shown_output
 from agentreach.errors import ReachError
 
@@ -88,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
             code = asyncio.run(args.command(args))
         sys.stdout.flush()  # a short output is written here, not by print: into the pipe too
         return code
-    except MissingArgument as exc:  # said as argparse says its own: the command, its help
+    except UnparsedArgument as exc:  # said as argparse says its own: the command, its help
         prog = args.command_parser.prog
         print(f"{prog}: error: {exc} (see `{prog} --help`)", file=sys.stderr)
         return USAGE

@@ -73,7 +73,7 @@ async def cmd_manual(args: argparse.Namespace) -> int:
     if args.json and args.action != "list":
         raise UsageError("--json is for manual list (manual show prints JSON already)")
     operators_only(args, "the manual review queue")
-    answer = json_argument(args.value) if args.action == "answer" else None
+    answer = json_argument(args.value, "the VALUE") if args.action == "answer" else None
     async with broker_of(args) as broker:
         review = ManualReview(broker, by=args.person)
         try:

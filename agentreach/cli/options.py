@@ -27,8 +27,12 @@ class UsageError(ReachError):
     """A mistake in the command line."""
 
 
-class MissingArgument(UsageError):
-    """An argument the command needs was not given: exit 2, as argparse's own."""
+class UnparsedArgument(UsageError):
+    """The command line could not be parsed, found by the command: exit 2, as argparse's own."""
+
+
+class MissingArgument(UnparsedArgument):
+    """An argument the command needs was not given."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -303,8 +307,9 @@ def json_text(argument: str) -> str:
     return argument
 
 
-def json_argument(text: str) -> Any:
+def json_argument(text: str, name: str = "JSON") -> Any:
+    """``text`` decoded; a UsageError naming the argument (``name``) when it is no JSON."""
     try:
         return envelopes.decode_json(text)
     except envelopes.DecodeError as exc:
-        raise UsageError(f"JSON argument is not valid JSON: {exc}") from None
+        raise UsageError(f"{name} argument is not valid JSON: {exc}") from None

@@ -93,7 +93,7 @@ async def cmd_publish(args: argparse.Namespace) -> int:
     text = json_text(args.json)
 
     def payload_of(number: int) -> object:  # {{Count}}: each task's number, from 1
-        return json_argument(text.replace("{{Count}}", str(number)))
+        return json_argument(text.replace("{{Count}}", str(number)), "the PAYLOAD")
 
     payload = payload_of(1)  # a bad one is refused before anything is sent
     if args.ttl_ms is not None and not 0 < args.ttl_ms <= MAX_TTL_MS:

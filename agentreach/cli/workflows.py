@@ -17,6 +17,7 @@ from agentreach.broker.streams import stream_bounds
 from agentreach.cli.options import (
     Commands,
     MissingArgument,
+    UnparsedArgument,
     UsageError,
     an_id,
     auth_of,
@@ -80,7 +81,7 @@ async def cmd_workflows(args: argparse.Namespace) -> int:
     if args.json and args.action not in ("list", "show"):
         raise UsageError("--json is for workflows list and show")
     if args.event and args.action in ("list", "show"):
-        raise UsageError(f"workflows {args.action} takes no argument after the id")
+        raise UnparsedArgument(f"workflows {args.action} takes no argument after the id")
     if args.action == "signal" and not args.event:
         raise MissingArgument("workflows signal needs an event name: workflows signal ID EVENT")
     if args.action == "signal" and not is_token(args.event):

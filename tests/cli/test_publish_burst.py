@@ -61,7 +61,7 @@ async def test_count_is_refused_with_wait_or_a_message_id_and_a_bad_payload_send
         refused = await run(*reach_argv(broker, "publish", "t", "{}", "--count", "2", *extra))
         assert refused.returncode != 0 and "not with --wait or --message-id" in refused.stderr
     bad = await run(*reach_argv(broker, "publish", "t", '{"n": {{Count}}', "--count", "2"))
-    assert bad.returncode != 0 and "JSON argument is not valid JSON" in bad.stderr
+    assert bad.returncode != 0 and "the PAYLOAD argument is not valid JSON" in bad.stderr
     zero = await run(*reach_argv(broker, "publish", "t", "{}", "--count", "0"))
     assert zero.returncode != 0 and "--count takes a number of tasks, 1 or more" in zero.stderr
     info = await broker.js.stream_info(broker.names.tasks_stream)

@@ -411,7 +411,7 @@ async def test_user_mistakes_are_one_line_without_traceback(broker):
     too_long = await reach(broker, "publish", "count", "{}", "--ttl-ms", "999999999999")
     for done, expected in [
         (unreachable, "cannot connect to NATS at nats://127.0.0.1:1"),
-        (bad_json, "JSON argument is not valid JSON"),
+        (bad_json, "the PAYLOAD argument is not valid JSON"),
         (bad_target, "cannot import 'no_such_module'"),
         (no_object, "module 'agentreach.examples.summarize' has no 'nosuch'"),
         (too_long, "--ttl-ms takes a number of ms from 1 to 86400000 (a day)"),
@@ -435,6 +435,10 @@ async def test_a_command_line_mistake_is_one_line_naming_it_and_the_command():
         (("trace", "a", "b"), "reach trace: error: unrecognized arguments: b"),
         (("publish", "t", "{}", "--priority", "P9"), "reach publish: error: argument --priority"),
         (("nosuch",), "reach: error: argument COMMAND: invalid choice: 'nosuch'"),
+        (  # found by the command, not by argparse: exit 1 before (a trial)
+            ("workflows", "show", "ya-1", "extra", "--nats-url", "nats://127.0.0.1:1"),
+            "reach workflows: error: workflows show takes no argument after the id",
+        ),
         (
             ("--nats-url", "nats://127.0.0.1:1", "agents"),
             "reach: error: options come after the command: reach COMMAND --nats-url",
