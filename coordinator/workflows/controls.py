@@ -89,7 +89,7 @@ class Controls:
             if await self._charges.refused(kind, about, msg):
                 return None  # over its caller's quota: answered, not acted on
             if await (await self._records()).get(instance_id) is None:
-                return look_again(msg, kind, instance_id)
+                return await look_again(self._broker, msg, kind, about)
             seen_before = msg.num_delivered > 1
             if kind == "signal":
                 event, _, asker = rest.partition(".")  # a caller's form names it last

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import msgspec
 import structlog
 
-from agentreach.broker import Broker, Delivery
+from agentreach.broker import Broker, BrokerError, Delivery
 from agentreach.broker.direct import messages_on
 from agentreach.broker.lifecycle import emit, event_for, event_message
 from agentreach.coordinator.workflows.spec import WorkflowSpec
-from agentreach.envelopes import ErrorInfo, WorkflowRecord
+from agentreach.envelopes import ErrorInfo, Task, WorkflowRecord
 from agentreach.logs import RepeatedLines
 
 log = structlog.get_logger("coordinator.workflows")
@@ -24,18 +25,54 @@ log = structlog.get_logger("coordinator.workflows")
 NOT_STARTED_LOOKS = 6
 NOT_STARTED_LOOK_S = 0.5
 _DROPPED_SAID = RepeatedLines(60.0, burst=5)
+NO_INSTANCE_TOLD_PER_MINUTE = 5  # per sender: a flood of them does not flood REACH_EVENTS
+WORKFLOW_TOPIC = "_workflow"  # the topic of an event about an instance id that names none
+_NO_INSTANCE_TOLD = RepeatedLines(60.0, burst=NO_INSTANCE_TOLD_PER_MINUTE)
 
 
-def look_again(msg: Delivery, kind: str, instance_id: str) -> float | None:
-    """A signal or cancel of no instance: its start may still wait in the intake (a
-    caller that signals at once after its publish), so it is looked at again for a
-    while, and counts as stored then; after that it is dropped, said once."""
+async def look_again(broker: Broker, msg: Delivery, kind: str, about: str) -> float | None:
+    """A signal or cancel of no instance (``about``: its subject from the instance id on):
+    its start may still wait in the intake (a caller that signals at once after its
+    publish), so it is looked at again for a while, and counts as stored then; after that
+    it is dropped, said in the log once and in the id's trace (:func:`no_instance`)."""
+    instance_id = about.partition(".")[0]
     if msg.num_delivered < NOT_STARTED_LOOKS:
         return NOT_STARTED_LOOK_S * 2 ** (msg.num_delivered - 1)
     if (unsaid := _DROPPED_SAID.due(kind)) is not None:  # not a line each (a drill: 1,500)
         more = {"more_not_said": unsaid} if unsaid else {}
         log.warning(f"{kind} of no workflow instance; dropped", instance_id=instance_id, **more)
+    await no_instance(broker, msg, kind, about)
     return None
+
+
+async def no_instance(broker: Broker, msg: Delivery, kind: str, about: str) -> None:
+    """Record, in the trace of the id it named, that a signal (``signal_ignored``) or cancel
+    (``cancel_refused``) found no instance: a mistyped id on the raw subject vanished with a
+    log line alone, and `reach trace ID` said no event was recorded (a trial). A few a
+    minute per sender."""
+    instance_id, _, rest = about.partition(".")
+    signal, _, asker = rest.partition(".") if kind == "signal" else ("", "", rest)
+    if _NO_INSTANCE_TOLD.due(asker) is None:
+        return
+    error = ErrorInfo(
+        type="no_instance",
+        message=(
+            f"no workflow instance {instance_id!r}: none was started under that id (a mistyped"
+            f" id?), or its record is gone, 7 days after it ended; the {kind} was dropped"
+        ),
+        retryable=False,
+    )
+    detail: dict[str, object] = {"error": msgspec.to_builtins(error)}
+    if signal:
+        event, detail = "signal_ignored", detail | {"signal": signal, "signal_seq": msg.stream_seq}
+    else:
+        event, detail = "cancel_refused", detail | {"cancel_seq": msg.stream_seq}
+    if asker:
+        detail["by"] = asker
+    about_id = Task(v=1, message_id=instance_id, trace_id=instance_id, topic=WORKFLOW_TOPIC,
+                    caller=asker or None)  # fmt: skip
+    with contextlib.suppress(BrokerError):  # said in the log already
+        await emit(broker, event_for(about_id, event, **detail))
 
 
 class Sent(NamedTuple):

@@ -1,4 +1,5 @@
-"""A signal or cancel of an instance not started yet: looked at again, less and less often."""
+"""A signal or cancel of an instance not started yet: looked at again, less and less often,
+then dropped, and said in the trace of the id it named."""
 
 from __future__ import annotations
 
@@ -7,20 +8,29 @@ from types import SimpleNamespace
 
 from structlog.testing import capture_logs
 
+from agentreach.broker import read_stream
 from agentreach.coordinator.workflows.signals import (
+    NO_INSTANCE_TOLD_PER_MINUTE,
     NOT_STARTED_LOOK_S,
     NOT_STARTED_LOOKS,
     look_again,
 )
+from agentreach.envelopes import Event, decode_as
 
 
-def test_a_signal_of_no_instance_is_looked_at_again_less_and_less_often_then_dropped():
+def _delivered(times: int, seq: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(num_delivered=times, stream_seq=seq)
+
+
+async def test_a_signal_of_no_instance_is_looked_at_again_less_and_less_often_then_dropped(
+    broker,
+):
     """Every 0.5 s for 15 s, a caller's 5,000 signals to no instance were 150,000 deliveries
     before every workflow's replies, timers and signals (a security re-test): the first look
     again comes as soon, then each twice as far apart, about 15 s in all."""
     waits = []
     for delivered in range(1, 100):
-        wait = look_again(SimpleNamespace(num_delivered=delivered), "signal", "nope-1")  # type: ignore[arg-type]
+        wait = await look_again(broker, _delivered(delivered), "signal", "nope-1.pay")  # type: ignore[arg-type]
         if wait is None:
             break
         waits.append(wait)
@@ -29,11 +39,30 @@ def test_a_signal_of_no_instance_is_looked_at_again_less_and_less_often_then_dro
     assert 10 <= sum(waits) <= 20 and len(waits) <= 6
 
 
-def test_dropping_many_is_said_a_few_times_a_minute():
+async def test_dropping_many_is_said_a_few_times_a_minute(broker):
     """1,500 signals to instances never started made 1,500 warnings (a drill)."""
-    last = SimpleNamespace(num_delivered=NOT_STARTED_LOOKS)
+    last = _delivered(NOT_STARTED_LOOKS)
     with capture_logs() as logs:
         for n in range(50):
-            assert look_again(last, "signal", f"never-{n}") is None  # type: ignore[arg-type]
+            assert await look_again(broker, last, "signal", f"never-{n}.pay.flooder") is None  # type: ignore[arg-type]
     said = [line for line in logs if line["event"] == "signal of no workflow instance; dropped"]
     assert len(said) <= 5  # some may have been said by an earlier test of this process
+    stored = await read_stream(broker, broker.names.events_stream, f"{broker.names.prefix}.>")
+    told = [decode_as(m.data, Event) for m in stored]
+    assert 1 <= len([e for e in told if e.caller == "flooder"]) <= NO_INSTANCE_TOLD_PER_MINUTE
+
+
+async def test_a_dropped_signal_or_cancel_is_said_in_the_trace_of_the_id_it_named(broker):
+    """A mistyped id on the raw subject vanished with a log line alone, and `reach trace ID`
+    said no event was recorded (a trial). Its sender reads why in that trace."""
+    last = _delivered(NOT_STARTED_LOOKS, seq=41)
+    await look_again(broker, last, "signal", "typo-1.pay.alice")  # type: ignore[arg-type]
+    await look_again(broker, last, "cancel", "typo-2")  # type: ignore[arg-type]
+    stored = await read_stream(broker, broker.names.events_stream, f"{broker.names.prefix}.>")
+    [signal, cancel] = [decode_as(m.data, Event) for m in stored]
+    assert (signal.event, signal.trace_id, signal.caller) == ("signal_ignored", "typo-1", "alice")
+    assert signal.detail["signal"] == "pay" and signal.detail["signal_seq"] == 41
+    assert signal.detail["error"]["type"] == "no_instance"
+    assert "no workflow instance 'typo-1'" in signal.detail["error"]["message"]
+    assert (cancel.event, cancel.trace_id, cancel.caller) == ("cancel_refused", "typo-2", None)
+    assert "the cancel was dropped" in cancel.detail["error"]["message"]
