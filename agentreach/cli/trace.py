@@ -108,6 +108,12 @@ async def _trace_of_own(broker: Broker, message_id: str) -> int:
     return OK
 
 
+ENDINGS = frozenset({"completed", "dead_lettered"})
+# An earlier attempt's event after the message ended (a stopped agent's run, reassigned and
+# completed by another, failing at its deadline once resumed): it read as the task failing.
+LATE = "  (late: an earlier attempt, after the message ended)"
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
     """An event with the broker's time of recording it, and who published it (the sender
@@ -156,8 +162,12 @@ def render(some_id: str, steps: list[Step]) -> str:
         if (at := received[message_id, caller]) is not None:
             clock = at.astimezone().strftime("%H:%M:%S.%f")[:-3]
             lines.append(f"  {clock} {offset_shown((at - start).total_seconds()):>10}  received")
+        ended_at: int | None = None  # the attempt that ended the message, once it did
         for step in own:
-            lines.append(_line(step, start))
+            late = ended_at is not None and step.event.attempt < ended_at
+            lines.append(_line(step, start) + (LATE if late else ""))
+            if step.event.event in ENDINGS:
+                ended_at = step.event.attempt
     return "\n".join(lines)
 
 

@@ -39,3 +39,23 @@ def test_one_id_sent_by_two_callers_is_two_messages_each_with_its_caller() -> No
 def test_a_message_of_one_caller_names_none() -> None:
     lines = render("E-2", [step(1, "routed", "billing", None)]).splitlines()
     assert lines[:2] == ["trace E-2 · 1 message(s)", "message E-2  topic slow"]
+
+
+def test_an_earlier_attempt_s_event_after_the_end_is_said_to_be_late() -> None:
+    """A stopped agent's run was reassigned and completed by another; resumed, the first
+    failed at its deadline, and the trace ended on `failed` as if the task had (a trial)."""
+
+    def of(seq: int, event: str, attempt: int, agent_id: str) -> Step:
+        about = Event(
+            v=1, event=event, message_id="E-3", trace_id="E-3", topic="slow",
+            agent_id=agent_id, attempt=attempt,
+        )  # fmt: skip
+        return Step(at=T0 + dt.timedelta(seconds=seq), seq=seq, event=about)
+
+    steps = [
+        of(1, "accepted", 1, "stq-000"), of(40, "accepted", 2, "prt-000"),
+        of(41, "completed", 2, "prt-000"), of(60, "failed", 1, "stq-000"),
+    ]  # fmt: skip
+    lines = render("E-3", steps).splitlines()
+    assert lines[-1].endswith("(late: an earlier attempt, after the message ended)")
+    assert "failed" in lines[-1] and not any("late:" in line for line in lines[:-1])
