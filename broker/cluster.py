@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -30,6 +28,7 @@ import structlog
 
 from agentreach.broker.embedded import EmbeddedServer
 from agentreach.broker.errors import EmbeddedServerError
+from agentreach.broker.ports import free_ports
 from agentreach.logs import get_logger
 
 log = get_logger("broker.cluster")
@@ -352,7 +351,7 @@ def _ports(
         return [(starts[0] + i, starts[1] + i, starts[2] + i) for i in range(size)]
     if routes is not None or http is not None:
         raise EmbeddedServerError("route and monitoring ports need a first client port too")
-    chosen = _free_ports(host, size * 3)
+    chosen = free_ports(host, size * 3)
     return [tuple(chosen[i * 3 : i * 3 + 3]) for i in range(size)]  # type: ignore[misc]
 
 
@@ -368,28 +367,3 @@ def _check_ranges(size: int, starts: tuple[int, int, int]) -> None:
                 f"{kinds[i]} ports from {starts[i]} and {kinds[j]} ports from {starts[j]}"
                 f" overlap ({size} nodes take {size} of each)"
             )
-
-
-def _free_ports(host: str, count: int) -> list[int]:
-    """Ports nobody listens on, below the ephemeral range: a node that is down for a restart
-    must find its ports free again, and servers started with ``-p -1`` never take these."""
-    low = _ephemeral_low()
-    found: list[int] = []
-    while len(found) < count:
-        port = random.randrange(10_000, low)
-        if port in found:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind((host, port))
-            except OSError:
-                continue
-        found.append(port)
-    return found
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32_768  # Linux's default

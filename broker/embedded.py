@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Self
 
 from agentreach.broker.errors import EmbeddedServerError
+from agentreach.broker.ports import free_ports
 from agentreach.logs import get_logger
 
 log = get_logger("broker.embedded")
@@ -66,7 +67,8 @@ def find_server_binary() -> Path:
 class EmbeddedServer:
     """A local nats-server with JetStream, started on enter and stopped on exit.
 
-    ``port=-1`` picks a free port; :attr:`url` tells which once it is ready. With
+    ``port=-1`` picks a free port below the ephemeral range (:func:`free_ports`), kept for
+    its restarts; :attr:`url` tells which once it is ready. With
     ``config``, the server reads that file instead (listen address, store, cluster and
     all); ``store_dir`` is then only where the store's lock is held. ``config_text``, when
     given, is written to ``config`` at every start, once the store is held: a start refused
@@ -114,6 +116,8 @@ class EmbeddedServer:
                 self.config.write_text(self._config_text)
             args = ["-c", str(self.config)]
         else:
+            if self.port == -1:
+                self.port = free_ports(self.host, 1)[0]
             args = ["-js", "-a", self.host, "-p", str(self.port), "-sd", str(self.store_dir)]
         self._process = await asyncio.create_subprocess_exec(
             str(binary),
