@@ -179,6 +179,20 @@ def _decode(decoder: msgspec.json.Decoder[Any], data: bytes | str) -> Any:
             raise DecodeError(message.partition(" - at ")[0], path=path) from None
         if (version := _VERSION.fullmatch(message)) is not None:
             raise DecodeError(_UNKNOWN_VERSION.format(version[1]), path="$.v") from None
+        if message.startswith("JSON is malformed") and (bad := _not_utf8(data)) is not None:
+            raise DecodeError(bad, path="$") from None  # "invalid character (byte 0)" before
         raise DecodeError(message) from None
     except RecursionError:
         raise DecodeError("JSON is nested too deeply to decode", path="$") from None
+
+
+def _not_utf8(data: bytes | str) -> str | None:
+    """Where a body that is not UTF-8 text stops being so (JSON is text); None when it is."""
+    if isinstance(data, str):
+        return None
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = data[exc.start]
+        return f"the body is not UTF-8 text (JSON must be): byte {exc.start} is 0x{bad:02x}"
+    return None

@@ -137,6 +137,8 @@ def task_json(**overrides: object) -> bytes:
         (task_json(kind="result"), "$.kind", "Invalid value 'result'"),
         (b'{"v": 1, "kind"', "$", "JSON is malformed: truncated (the body ends before"),
         (b"  ", "$", "JSON is malformed: empty (the body holds no value)"),
+        # "JSON is malformed: invalid character (byte 0)" said nothing of the encoding.
+        (b"\xff\xfe", "$", "the body is not UTF-8 text (JSON must be): byte 0 is 0xff"),
     ],
 )
 def test_decode_errors_name_the_field(document, path, text):
