@@ -167,7 +167,8 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
         said = _meant_field(_one_line(str(exc)))
         if said.endswith("- at `$.prefix`") and isinstance(document.get("prefix"), str):
             said = prefix_problem(document["prefix"]) or said
-        raise ConfigError(f"{path}: {_with_workflow_named(said, document)}") from None
+        said = _with_workflow_named(said, document)
+        raise ConfigError(f"{path}: {_with_key_named(said, document)}") from None
 
 
 def _one_line(message: str) -> str:
@@ -215,6 +216,32 @@ def _with_workflow_named(message: str, document: Any) -> str:
             )
             text = text.replace(marker, f"`$.workflows.{name}")
             return f"workflow {name!r}: {meant(_state_named(text, definition))}"
+    return message
+
+
+def _with_key_named(message: str, document: Any) -> str:
+    """Any other dict's ``[...]`` (``rate_limits.callers[...].rate``) made the key whose
+    value is at fault (``rate_limits.callers.default.rate``): which caller was not said."""
+    found = re.search(r"`\$\.([\w.]+)\[\.\.\.\]", message)
+    if found is None:
+        return message
+    section: Any = CoordinatorConfig
+    entries: Any = document
+    for name in found[1].split("."):
+        if not isinstance(section, type):
+            return message
+        section = typing.get_type_hints(section, include_extras=True).get(name)  # with Metas
+        if typing.get_origin(section) is typing.Annotated:
+            section = typing.get_args(section)[0]
+        entries = entries.get(name) if isinstance(entries, dict) else None
+    args = typing.get_args(section)
+    if typing.get_origin(section) is not dict or len(args) != 2 or not isinstance(entries, dict):
+        return message
+    for key, value in entries.items():
+        try:
+            msgspec.convert(value, args[1])
+        except msgspec.ValidationError:
+            return message.replace(f"`$.{found[1]}[...]", f"`$.{found[1]}.{key}", 1)
     return message
 
 

@@ -244,6 +244,21 @@ def test_a_config_with_no_settings_or_a_limit_that_is_no_limit_is_refused(tmp_pa
     assert load_config(path).limits.record_bytes == 1
 
 
+def test_a_mistake_in_a_keyed_section_names_the_key(tmp_path):
+    """msgspec shows a dict's key as `[...]`: which caller's quota was wrong went unsaid (a
+    trial). A workflow's were named already; every other keyed section now is too."""
+    cases = {
+        "rate_limits: {callers: {alice: {rate: 5, burst: 2}, default: {rate: -1, burst: 2}}}":
+            "at `$.rate_limits.callers.default.rate`",
+        "queues: {capacity: {P0: -3}}": "at `$.queues.capacity.P0`",
+    }  # fmt: skip
+    for text, said in cases.items():
+        path = tmp_path / "coordinator.yaml"
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            load_config(path)
+
+
 def test_an_unknown_field_is_said_with_the_one_it_may_have_meant(tmp_path):
     """`routes:` for `routing:` said only that `routes` was unknown (a fresh reader), where a
     workflow's mistakes name what was meant; each section's fields are looked at."""
