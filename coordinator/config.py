@@ -58,7 +58,7 @@ from agentreach.coordinator.routing.manual import ManualConfig
 from agentreach.coordinator.routing.rules import RoutingConfig
 from agentreach.coordinator.units import Positive, PositiveSeconds
 from agentreach.coordinator.workflows.spec import State, WorkflowSpec, meant
-from agentreach.coordinator.yaml_keys import twice_given
+from agentreach.coordinator.yaml_keys import line_of, twice_given
 from agentreach.envelopes.messages import Token, is_token
 from agentreach.errors import ReachError
 
@@ -167,8 +167,8 @@ def load_config(path: Path | str | None) -> CoordinatorConfig:
         said = _meant_field(_one_line(str(exc)))
         if said.endswith("- at `$.prefix`") and isinstance(document.get("prefix"), str):
             said = prefix_problem(document["prefix"]) or said
-        said = _with_workflow_named(said, document)
-        raise ConfigError(f"{path}: {_with_key_named(said, document)}") from None
+        said = _with_key_named(_with_workflow_named(said, document), document)
+        raise ConfigError(f"{path}: {_with_line(said, raw)}") from None
 
 
 def _one_line(message: str) -> str:
@@ -217,6 +217,14 @@ def _with_workflow_named(message: str, document: Any) -> str:
             text = text.replace(marker, f"`$.workflows.{name}")
             return f"workflow {name!r}: {meant(_state_named(text, definition))}"
     return message
+
+
+def _with_line(message: str, raw: bytes) -> str:
+    """``message`` with the line of the value it names (` - at `$.a.b``), when found: a
+    schema error gave a path alone, where a YAML syntax error gives a line (a trial)."""
+    at = re.search(r" - at `(\$[^`]*)`$", message)
+    line = line_of(raw, at[1]) if at else None
+    return f"{message} (line {line})" if line else message
 
 
 def _with_key_named(message: str, document: Any) -> str:

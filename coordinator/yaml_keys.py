@@ -1,8 +1,10 @@
-"""A key given twice in one YAML mapping: the YAML loader keeps the last one silently, so
-a second `workflows:` section (or a second workflow of one name) would replace the first
-without a word."""
+"""Where in the YAML file: a key given twice in one mapping (the YAML loader keeps the last
+one silently, so a second `workflows:` section, or a second workflow of one name, would
+replace the first without a word), and the line of a value a decoder's error names."""
 
 from __future__ import annotations
+
+import re
 
 import yaml
 
@@ -40,4 +42,27 @@ def _repeated(mapping: yaml.MappingNode) -> str | None:
                 f" and {line}): the second would replace the first; keep one"
             )
         first_line[key.value] = line
+    return None
+
+
+def line_of(raw: bytes, path: str) -> int | None:
+    """The line of the value at ``path`` (``$.rate_limits.callers.default.rate``,
+    ``$.routing.rules[2].when``) in the YAML document ``raw``; None when it is not there
+    (a key missing, a ``[...]`` unnamed) or the document does not parse."""
+    try:
+        node = yaml.compose(raw, Loader=_Loader)
+    except yaml.YAMLError:
+        return None
+    for step in re.findall(r"\.([\w-]+)|\[(\d+)\]", path.removeprefix("$")):
+        node = _child(node, *step)
+        if node is None:
+            return None
+    return node.start_mark.line + 1 if node is not None else None
+
+
+def _child(node: yaml.Node | None, key: str, index: str) -> yaml.Node | None:
+    if key and isinstance(node, yaml.MappingNode):
+        return next((v for k, v in node.value if getattr(k, "value", None) == key), None)
+    if index and isinstance(node, yaml.SequenceNode) and int(index) < len(node.value):
+        return node.value[int(index)]
     return None

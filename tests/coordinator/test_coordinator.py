@@ -259,6 +259,15 @@ def test_a_mistake_in_a_keyed_section_names_the_key(tmp_path):
             load_config(path)
 
 
+def test_a_wrong_value_is_said_with_its_line(tmp_path):
+    """A YAML syntax error gave a line; a wrong value only its path (a trial)."""
+    path = tmp_path / "coordinator.yaml"
+    path.write_text("# quotas\nrate_limits:\n  callers:\n    default: {rate: -1, burst: 2}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).endswith("at `$.rate_limits.callers.default.rate` (line 4)")
+
+
 def test_an_unknown_field_is_said_with_the_one_it_may_have_meant(tmp_path):
     """`routes:` for `routing:` said only that `routes` was unknown (a fresh reader), where a
     workflow's mistakes name what was meant; each section's fields are looked at."""

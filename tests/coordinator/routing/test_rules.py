@@ -224,9 +224,9 @@ def test_bad_tables_are_refused_with_the_path(tmp_path, rules: str, message: str
     [
         ("queues: {low_watermark: 0.9}", "low_watermark 0.9 must be below high_watermark 0.8"),
         ("queues: {capacity: {P3: 5}}", "`$.queues.capacity`"),
-        ("queues: {capacity: {P0: 0}}", "`$.queues.capacity[...]`"),
+        ("queues: {capacity: {P0: 0}}", "`$.queues.capacity.P0` (line 1)"),
         ("breakers: {error_ratio: 1.5}", "`$.breakers.error_ratio`"),
-        ("rate_limits: {topics: {t: {rate: 0, burst: 1}}}", "`$.rate_limits.topics[...].rate`"),
+        ("rate_limits: {topics: {t: {rate: 0, burst: 1}}}", "`$.rate_limits.topics.t.rate`"),
     ],
 )
 def test_bad_protection_settings_are_refused(tmp_path, yaml: str, message: str) -> None:
