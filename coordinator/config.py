@@ -39,6 +39,7 @@ import msgspec
 import structlog
 
 from agentreach.broker import BrokerConfig, Names, Topology
+from agentreach.broker.auth import AuthConfig
 from agentreach.broker.limits import StorageLimits
 from agentreach.broker.prefix import PREFIX_PATTERN, prefix_problem
 from agentreach.coordinator.delivery.retries import RetryConfig
@@ -142,6 +143,17 @@ _MOVED = {
     "registration_burst": ("liveness", "registration_burst"),
     "routes_poll_s": ("routing", "reload_poll_s"),
 }
+
+
+def shared_settings(config: CoordinatorConfig) -> CoordinatorConfig:
+    """What every replica should share: ``config`` without where this one listens for
+    scrapes, connects, or reads its creds and seal key (per host: two replicas on one host
+    differ in their metrics port, and were said to run different configurations)."""
+    broker = msgspec.structs.replace(config.broker, url=None, auth=AuthConfig())
+    security = msgspec.structs.replace(config.security, seal_key_file=None)
+    return msgspec.structs.replace(
+        config, metrics=MetricsConfig(), broker=broker, security=security
+    )
 
 
 def load_config(path: Path | str | None) -> CoordinatorConfig:

@@ -35,7 +35,7 @@ from agentreach.broker.failover import until_answered
 from agentreach.broker.tasks import cancel_and_wait
 from agentreach.coordinator import consumers
 from agentreach.coordinator.calls import Calls
-from agentreach.coordinator.config import CoordinatorConfig
+from agentreach.coordinator.config import CoordinatorConfig, shared_settings
 from agentreach.coordinator.consumption import Consumption, Handler, TaskOf
 from agentreach.coordinator.delivery.advisories import Advisories
 from agentreach.coordinator.delivery.outcomes import Outcomes
@@ -316,9 +316,10 @@ class Coordinator:
         }
 
     def _config_digest(self) -> str:
-        """Of the configuration as it runs: its routing as last reloaded."""
+        """Of the settings every replica should share, as they run: the routing as last
+        reloaded."""
         running = msgspec.structs.replace(self.config, routing=self.router.routing)
-        return config_digest(running)
+        return config_digest(shared_settings(running))
 
     async def _expire(self) -> None:
         async with asyncio.TaskGroup() as group:

@@ -17,8 +17,10 @@ from agentreach.broker.lifecycle import agent_event, emit, event_for
 from agentreach.cli.retirement import forget
 from agentreach.coordinator import Coordinator, CoordinatorConfig, RateLimits
 from agentreach.coordinator import workflow as wf
+from agentreach.coordinator.config import shared_settings
 from agentreach.coordinator.observability import FlowMetrics, MetricsConfig
 from agentreach.coordinator.observability import http as http_module
+from agentreach.coordinator.observability.config_drift import config_digest
 from agentreach.coordinator.observability.http import HttpError, HttpServer, Request, Response
 from agentreach.coordinator.observability.labels import TOPICS_PER_AGENT
 from agentreach.coordinator.protection.grants import IMPERSONATIONS_SAID_PER_MINUTE
@@ -176,8 +178,19 @@ async def test_replicas_running_different_configurations_are_said_and_counted(br
 
 
 async def test_replicas_of_one_configuration_count_one(broker):
-    """The same settings, whatever else differs between the replicas (their names)."""
-    async with replica(broker) as first, replica(broker) as second:
+    """The same settings, whatever differs per host: the metrics port (two replicas on one
+    host), the seed list, the creds and seal key paths. With those, they were said to run
+    different configurations for good (a security review)."""
+    here = msgspec.structs.replace(
+        WITH_METRICS,
+        metrics=MetricsConfig(port=0, host="127.0.0.2"),
+        broker=msgspec.structs.replace(WITH_METRICS.broker, url=broker.url),
+    )
+    keyed = msgspec.structs.replace(
+        here, security=msgspec.structs.replace(here.security, seal_key_file="/elsewhere/key")
+    )
+    assert config_digest(shared_settings(keyed)) == config_digest(shared_settings(here))
+    async with replica(broker) as first, replica(broker, here) as second:
         assert first.status()["config_sha256"] == second.status()["config_sha256"]
         await second._sampled.sample()
         assert total(await scrape(second.metrics_url), "reach_coordinator_configs") == 1
