@@ -14,8 +14,8 @@ holds no more than the kept one does. Refills are counted on each replica's wall
 
 On a cluster a charge can lose every race (the server refuses a conditional write while
 another to the key is applied). The token is then taken from the kept record alone, if it
-has one: a replica admits beyond the shared bucket at most what it last read there, refilled
-at the caller's rate, until one of its writes gets through again.
+has one, and owed: the next write that gets through charges it to the shared bucket (below
+zero if need be), so over time a caller gets no more than its quota.
 """
 
 from __future__ import annotations
@@ -51,17 +51,22 @@ def refilled(record: QuotaRecord | None, limit: RateLimit, at_ms: int) -> QuotaR
     return QuotaRecord(tokens=min(float(limit.burst), tokens), at_ms=at)
 
 
-def taken(record: QuotaRecord | None, limit: RateLimit, at_ms: int) -> QuotaRecord | None:
-    """``record`` with one token taken at ``at_ms``; None when it has none."""
+def taken(
+    record: QuotaRecord | None, limit: RateLimit, at_ms: int, owed: int = 0
+) -> QuotaRecord | None:
+    """``record`` with one token taken at ``at_ms``, and the ``owed`` ones taken here
+    before, unwritten (below zero if need be: refilled before anyone's next, so the quota
+    holds over time; at most a burst below); None when it has no token."""
     full = refilled(record, limit, at_ms)
     if full.tokens < 1:
         return None
-    return msgspec.structs.replace(full, tokens=full.tokens - 1)
+    return msgspec.structs.replace(full, tokens=max(full.tokens - 1 - owed, -limit.burst))
 
 
-def wait_ms(record: QuotaRecord | None, limit: RateLimit, at_ms: int) -> int:
-    """Milliseconds from ``at_ms`` until ``record`` has a token (0: it has one)."""
-    tokens = refilled(record, limit, at_ms).tokens
+def wait_ms(record: QuotaRecord | None, limit: RateLimit, at_ms: int, owed: int = 0) -> int:
+    """Milliseconds from ``at_ms`` until ``record`` has a token beyond the ``owed`` ones
+    (0: it has one)."""
+    tokens = refilled(record, limit, at_ms).tokens - owed
     return 0 if tokens >= 1 else math.ceil((1 - tokens) * 1000 / limit.rate)
 
 
@@ -104,6 +109,7 @@ class _Kept:
 
     entry: Entry[QuotaRecord] | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    owed: int = 0  # tokens taken here while every write lost, charged with the next write
 
 
 class CallerQuotas:
@@ -149,7 +155,7 @@ class CallerQuotas:
 
     async def _take(self, caller: str, limit: RateLimit, kept: _Kept) -> int:
         """Take a token: 0 when taken, else the milliseconds until one is there."""
-        known = kept.entry
+        known, owed = kept.entry, kept.owed
         if known is not None and (wait := wait_ms(known.value, limit, self._clock())):
             return wait  # the store has no more tokens than the record we kept
         bucket = await self._records()
@@ -159,7 +165,7 @@ class CallerQuotas:
         instead = known.value if known else QuotaRecord(tokens=0, at_ms=self._clock())
         swap = await bucket.cas(
             quota_key(caller),
-            lambda current: taken(current, limit, self._clock()),
+            lambda current: taken(current, limit, self._clock(), owed),
             known=known,  # None: try it as a new caller; a lost race reads the record
             unreadable=lambda: instead,
         )
@@ -168,26 +174,26 @@ class CallerQuotas:
             entry = Entry(entry.key, instead, entry.revision)
         kept.entry = entry
         if swap.written:
+            kept.owed = 0  # charged with this write
             return 0
         return max(1, wait_ms(entry.value if entry else None, limit, self._clock()))
 
     def _take_here(self, limit: RateLimit, kept: _Kept) -> int | None:
         """After every race was lost: a token taken from the record this replica read last,
-        as it stands refilled to now (0), or the milliseconds until it has one; None when
-        this replica has read none. Refusing dead-lettered tasks of a caller at half its
-        quota (a trial on a cluster). The shared bucket is not charged, so this replica
-        admits beyond it at most what its record held; the next charge reads it again."""
+        as it stands refilled to now, less those taken so already (0), or the milliseconds
+        until it has one; None when this replica has read none. Refusing dead-lettered
+        tasks of a caller at half its quota (a trial on a cluster). They are owed: the next
+        write that gets through charges them to the shared bucket, so the quota holds over
+        time (a replica that stops meanwhile leaves at most its record's tokens unpaid)."""
         known = kept.entry
         if known is None:
             return None
-        now = self._clock()
-        record = taken(known.value, limit, now)
-        if record is None:
-            return wait_ms(known.value, limit, now)
-        kept.entry = Entry(known.key, record, known.revision)  # its revision: read again next
+        if wait := wait_ms(known.value, limit, self._clock(), kept.owed):
+            return wait
+        kept.owed += 1  # charged to the shared record with the next write that gets through
         self.charged_here += 1
-        log.info("quota charged on this replica: the shared record stayed too busy to write",
-                 key=known.key, charged_here=self.charged_here)  # fmt: skip
+        log.debug("quota charged on this replica: the shared record stayed too busy to write",
+                  key=known.key, owed=kept.owed)  # fmt: skip
         return 0
 
     def _keep(self, caller: str) -> _Kept:
