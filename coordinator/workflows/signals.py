@@ -45,14 +45,27 @@ async def look_again(broker: Broker, msg: Delivery, kind: str, about: str) -> fl
     return None
 
 
+async def _recorded(broker: Broker, some_id: str) -> bool:
+    """Whether any event names ``some_id`` as its message or trace id (True when unknown)."""
+    names = broker.names
+    try:
+        for subject in (names.events_of_trace(some_id), names.events_of_message(some_id)):
+            if await messages_on(broker, names.events_stream, subject, limit=1):
+                return True
+    except BrokerError:
+        return True
+    return False
+
+
 async def no_instance(broker: Broker, msg: Delivery, kind: str, about: str) -> None:
     """Record, in the trace of the id it named, that a signal (``signal_ignored``) or cancel
     (``cancel_refused``) found no instance: a mistyped id on the raw subject vanished with a
     log line alone, and `reach trace ID` said no event was recorded (a trial). A few a
-    minute per sender."""
+    minute per sender, and only under an id nothing is recorded of: not in the trace of
+    another caller's message (a review)."""
     instance_id, _, rest = about.partition(".")
     signal, _, asker = rest.partition(".") if kind == "signal" else ("", "", rest)
-    if _NO_INSTANCE_TOLD.due(asker) is None:
+    if _NO_INSTANCE_TOLD.due(asker) is None or await _recorded(broker, instance_id):
         return
     error = ErrorInfo(
         type="no_instance",

@@ -9,13 +9,14 @@ from types import SimpleNamespace
 from structlog.testing import capture_logs
 
 from agentreach.broker import read_stream
+from agentreach.broker.lifecycle import emit, event_for
 from agentreach.coordinator.workflows.signals import (
     NO_INSTANCE_TOLD_PER_MINUTE,
     NOT_STARTED_LOOK_S,
     NOT_STARTED_LOOKS,
     look_again,
 )
-from agentreach.envelopes import Event, decode_as
+from agentreach.envelopes import Event, Task, decode_as
 
 
 def _delivered(times: int, seq: int = 1) -> SimpleNamespace:
@@ -66,3 +67,15 @@ async def test_a_dropped_signal_or_cancel_is_said_in_the_trace_of_the_id_it_name
     assert "no workflow instance 'typo-1'" in signal.detail["error"]["message"]
     assert (cancel.event, cancel.trace_id, cancel.caller) == ("cancel_refused", "typo-2", None)
     assert "the cancel was dropped" in cancel.detail["error"]["message"]
+
+
+async def test_nothing_is_said_in_the_trace_of_an_id_that_has_events(broker):
+    """Mallory signalled alice's task id: "no workflow instance 'alice-order-42' … a
+    mistyped id?" stood in alice's trace, as mallory's (a review). Only an id nothing is
+    recorded of gets the event."""
+    alice = Task(v=1, message_id="alice-order-42", trace_id="alice-order-42", topic="orders",
+                 caller="alice")  # fmt: skip
+    await emit(broker, event_for(alice, "routed", agent_id="a-1"))
+    await look_again(broker, _delivered(NOT_STARTED_LOOKS), "signal", "alice-order-42.pay.mallory")  # type: ignore[arg-type]
+    stored = await read_stream(broker, broker.names.events_stream, f"{broker.names.prefix}.>")
+    assert [decode_as(m.data, Event).event for m in stored] == ["routed"]
