@@ -323,27 +323,33 @@ class CompensationWorker:
     async def _watched(self, letter: DeadLetter, compensation: Compensation) -> None:
         """The handler's call, said every STILL_RUNNING_S while it runs: letters are handled
         one at a time, and one that hung stopped its worker without a word (a trial).
-        :class:`HandlerTimedOut` when it ran past ``handler_timeout_s``."""
+        :class:`HandlerTimedOut` when it ran past ``handler_timeout_s``, once it has ended."""
         call = asyncio.ensure_future(self.handler(letter, compensation))
+        try:
+            if not await self._ended_in_time(call, letter):
+                await _cancelled(call, letter)
+        except asyncio.CancelledError:  # this worker is stopping
+            call.cancel()
+            await asyncio.wait({call}, timeout=STILL_RUNNING_S)
+            raise
+        if call.cancelled():
+            raise HandlerTimedOut(self.handler_timeout_s or math.inf)
+        call.result()  # one that went on and returned dealt with the letter all the same
+
+    async def _ended_in_time(self, call: asyncio.Future[None], letter: DeadLetter) -> bool:
         limit_s = self.handler_timeout_s if self.handler_timeout_s is not None else math.inf
         started = time.monotonic()
-        try:
-            while (left_s := limit_s - (time.monotonic() - started)) > 0:
-                if (await asyncio.wait({call}, timeout=min(STILL_RUNNING_S, left_s)))[0]:
-                    call.result()
-                    return
-                if (running_s := time.monotonic() - started) < limit_s:
-                    log.warning(
-                        "compensation handler still running; this worker's other letters wait",
-                        message_id=letter.message_id,
-                        running_s=round(running_s, 1),
-                        handler_timeout_s=self.handler_timeout_s,
-                    )
-            raise HandlerTimedOut(limit_s)
-        finally:
-            if not call.done():  # timed out, or this worker is stopping
-                call.cancel()  # its clean-up runs before the letter goes back, if it ends
-                await asyncio.wait({call}, timeout=STILL_RUNNING_S)
+        while (left_s := limit_s - (time.monotonic() - started)) > 0:
+            if (await asyncio.wait({call}, timeout=min(STILL_RUNNING_S, left_s)))[0]:
+                return True
+            if (running_s := time.monotonic() - started) < limit_s:
+                log.warning(
+                    "compensation handler still running; this worker's other letters wait",
+                    message_id=letter.message_id,
+                    running_s=round(running_s, 1),
+                    handler_timeout_s=self.handler_timeout_s,
+                )
+        return False
 
     async def _settled(self, letter: DeadLetter, msg: Delivery, broker: Broker) -> bool:
         """Whether the letter was replayed or resolved already, by another than this worker
@@ -372,3 +378,16 @@ class CompensationWorker:
             at_ms=last.at_ms,
         )
         return True
+
+
+async def _cancelled(call: asyncio.Future[None], letter: DeadLetter) -> None:
+    """Cancel ``call`` and wait for it to end: one that goes on (it swallowed the
+    cancellation) keeps its letter, which would else be handed over again while it runs,
+    and its compensation done twice (a review)."""
+    call.cancel()
+    while not (await asyncio.wait({call}, timeout=STILL_RUNNING_S))[0]:
+        log.error(
+            "compensation handler goes on after its cancellation (it must let it through);"
+            " its letter is held until it ends",
+            message_id=letter.message_id,
+        )

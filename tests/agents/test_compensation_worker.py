@@ -183,3 +183,43 @@ async def test_a_handler_past_its_timeout_is_cancelled_and_its_letter_comes_back
 def test_a_handler_timeout_that_is_no_duration_is_refused(timeout):
     with pytest.raises(AgentConfigError, match=r"handler_timeout_s=.*expected seconds > 0"):
         CompensationWorker("w", _nothing, handler_timeout_s=timeout)
+
+
+async def test_a_handler_that_swallows_its_cancellation_keeps_its_letter_until_it_ends(
+    broker, monkeypatch: pytest.MonkeyPatch
+):
+    """Cancelled at its timeout, a handler went on, and its letter was handed over again
+    meanwhile: a refund made twice (a review). The letter is held until the call ends; one
+    that then returns dealt with it, and it is not handed over again."""
+    monkeypatch.setattr(compensation, "STILL_RUNNING_S", 0.1)
+    monkeypatch.setattr(compensation, "RETRY_DELAY_S", 0.1)
+    calls: list[str] = []
+    refunded = asyncio.Event()
+
+    async def stubborn(letter, comp) -> None:  # type: ignore[no-untyped-def]
+        calls.append(letter.message_id)
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.5)  # goes on: the refund is made regardless
+        refunded.set()
+
+    task = Task(v=1, message_id="refund-1", trace_id="refund-1", topic="chores")
+    worker = CompensationWorker("w-stubborn", stubborn, topics=["chores"], handler_timeout_s=0.2)
+    with capture_logs() as logs:
+        async with worker.running(broker=broker):
+            await dead_letter(
+                broker, reason="rejected", task=task, message_id="refund-1", trace_id="refund-1",
+                topic="chores",
+            )  # fmt: skip
+            await asyncio.wait_for(refunded.wait(), timeout=10)
+
+            async def settled() -> bool:
+                durable = "compensation-w-stubborn"
+                state = await consumer_state(broker, broker.names.dlq_stream, durable)
+                return state is not None and state.num_ack_pending == state.num_pending == 0
+
+            await until_true(settled, timeout=10)
+    assert calls == ["refund-1"]  # not handed over while it ran, nor after it returned
+    held = [line for line in logs if line["event"].startswith("compensation handler goes on")]
+    assert held and held[0]["log_level"] == "error" and held[0]["message_id"] == "refund-1"
