@@ -24,6 +24,7 @@ from agentreach.errors import ReachError
 from agentreach.logs import get_logger
 
 log = get_logger("agents.heartbeats")
+REFUSALS_SAID = 10  # of the refused intents a control message names, in its line
 
 JITTER = 0.2
 CLOCK_DRIFT_S = 5.0
@@ -174,6 +175,9 @@ class Heartbeats:
         if not msg.headers:  # the coordinator's carry one: a server's answer (no_hdr) is nobody's
             log.warning("ignoring a control message without headers", why=NO_HEADERS)
             return
+        if msg.headers.get("Reach-Kind") != "control":  # any other headers: not the coordinator's
+            log.warning("ignoring a control message without the header Reach-Kind: control")
+            return
         try:
             control = decode_as(msg.data, AgentControl)
         except DecodeError as exc:
@@ -184,7 +188,7 @@ class Heartbeats:
             log.warning(
                 "the coordinator routes this agent no task of these intents",
                 agent_id=self._agent_id,
-                refused=self.refused,
+                refused=dict(list(self.refused.items())[:REFUSALS_SAID]),  # a line, not a flood
                 count=control.refused_count or len(self.refused),
             )
         interval = control.heartbeat_interval_s

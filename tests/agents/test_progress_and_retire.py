@@ -367,4 +367,9 @@ async def test_a_control_message_without_headers_is_ignored(broker):
             await broker.publish_core(subject, b'{"heartbeat_interval_s": 0.5}')
             said = "ignoring a control message without headers"
             await eventually(lambda: any(e["event"] == said for e in logs))
+            # Headers, but not the coordinator's (a review): ignored too.
+            other = {"Nats-Msg-Id": "x"}
+            await broker.publish_core(subject, b'{"heartbeat_interval_s": 0.5}', headers=other)
+            said = "ignoring a control message without the header Reach-Kind: control"
+            await eventually(lambda: any(e["event"] == said for e in logs))
     assert runtime.heartbeats.interval_s == 1.0

@@ -146,7 +146,13 @@ export class Heartbeats {
   start(): void {
     this.control = this.conn.nc.subscribe(this.conn.names.agentControl(this.agentId), {
       callback: (_err, msg) => {
-        if (sentByServer(msg.data, headersOf(msg), { headed: true }) === null) this.onControl(msg.data); // else nobody's
+        const headers = headersOf(msg);
+        if (sentByServer(msg.data, headers, { headed: true }) !== null) return; // nobody's
+        if (headers?.get("Reach-Kind") !== "control") {
+          this.log.warn("ignoring a control message without the header Reach-Kind: control");
+          return;
+        }
+        this.onControl(msg.data);
       },
     });
     this.running = this.run().catch((err: unknown) => {
@@ -276,7 +282,8 @@ export class Heartbeats {
     if (refused === null || JSON.stringify(refused) === this.refused) return;
     this.refused = JSON.stringify(refused);
     const count = control.refused_count ?? Object.keys(refused).length;
-    this.log.warn("the coordinator routes this agent no task of these intents", { agent_id: this.agentId, refused, count });
+    const said = Object.fromEntries(Object.entries(refused).slice(0, 10)); // a line, not a flood
+    this.log.warn("the coordinator routes this agent no task of these intents", { agent_id: this.agentId, refused: said, count });
   }
 
   private onControl(data: Uint8Array): void {

@@ -1536,12 +1536,16 @@ describe("registration and liveness", () => {
     const refused = { summarize: "not allowed by its credentials (it may serve: translate)" };
     const body = JSON.stringify({ refused, refused_count: 3 });
     for (let i = 0; i < 2; i += 1) stack.nc.publish(`reach.ctl.agent.${id}`, body, { headers: controlHeaders() });
+    const other = headers(); // headers, but not the coordinator's: ignored
+    other.set("Nats-Msg-Id", "x");
+    stack.nc.publish(`reach.ctl.agent.${id}`, JSON.stringify({ refused: { x: "forged" } }), { headers: other });
     // A third, read after them (one subscription, in order): its interval shows in a beat.
     const after = JSON.stringify({ heartbeat_interval_s: 0.5 });
     stack.nc.publish(`reach.ctl.agent.${id}`, after, { headers: controlHeaders() });
     await kvUntil<Heartbeat>(beats, id, (b) => b?.interval_s === 0.5);
     const told = said.filter(([event]) => event.startsWith("the coordinator routes this agent"));
-    assert.equal(told.length, 1); // the same refusals again are not said again
+    assert.equal(told.length, 1); // the same refusals again are not said again, a forged one not at all
+    assert.ok(said.some(([event]) => event === "ignoring a control message without the header Reach-Kind: control"));
     assert.deepEqual(told[0]![1], { agent_id: id, refused, count: 3 });
   });
 
