@@ -43,6 +43,8 @@ export interface Outcome {
   resultRef?: PayloadRef | null;
   error?: ErrorInfo;
   durationMs: number;
+  /** The handler, still running past its deadline: its place is kept until it ends. */
+  running?: Promise<unknown>;
 }
 
 /** One delivery of a message in this process, from its claim to its recorded outcome. */

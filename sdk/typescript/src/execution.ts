@@ -169,8 +169,8 @@ export class Executor {
       return null;
     }
     let inside = true;
-    const leave = () => {
-      if (inside) this.room.leave(task); // recording and reporting the outcome hold no place
+    const leave = (running?: Promise<unknown>) => {
+      if (inside) this.room.leaveAfter(task, running); // recording and reporting hold no place
       inside = false;
     };
     try {
@@ -187,7 +187,7 @@ export class Executor {
     task: Task,
     spec: HandlerSpec,
     dispatchedMs: number,
-    leave: () => void,
+    leave: (running?: Promise<unknown>) => void,
     hand: Hand,
   ): Promise<number | null | typeof LEAVE> {
     const kept = this.records.unrecorded(task.message_id); // another delivery may have run it meanwhile
@@ -244,7 +244,7 @@ export class Executor {
       return LEAVE;
     }
     const outcome = await this.run(msg, task, spec, claim);
-    leave();
+    leave(outcome.running);
     if (this.stoppedWith !== null && outcome.error !== undefined) {
       this.log.warn("the agent stopped before the handler ended: nothing recorded, the task is delivered again", {
         message_id: task.message_id,
@@ -357,13 +357,14 @@ export class Executor {
     // A handler longer than the ack wait would be redelivered (and count towards max_deliver).
     const stopKeeping = this.keepAlive(msg);
     const started = performance.now();
+    let handled: Promise<unknown> | undefined;
     try {
       const passed = new Promise<never>((_, reject) => {
         deadline.enforce(() => reject(new DeadlineExceeded(deadline.totalMs)));
       });
       // A claim-checked payload is fetched first, within the deadline (and inside the race,
       // so that a deadline passing meanwhile is never a rejection nobody handles).
-      const handled = Promise.resolve()
+      handled = Promise.resolve()
         .then(() => this.claimCheck.payloadOf(task))
         .then((payload) => spec.fn(ctx, payload));
       const returned = sendable(await Promise.race([handled, passed]));
@@ -381,7 +382,7 @@ export class Executor {
         // Where it raised, for its author (a deadline's stack says nothing; a PermanentError is meant).
         this.log.warn("handler raised", { message_id: task.message_id, stack: err instanceof Error ? err.stack : thrown(err) });
       }
-      return { claim, error: errorInfo(err), durationMs: 0 };
+      return { claim, error: errorInfo(err), durationMs: 0, running: err instanceof DeadlineExceeded ? handled : undefined };
     } finally {
       deadline.clear();
       stopKeeping();

@@ -207,6 +207,13 @@ export class Room {
     this.place(task.topic).give();
   }
 
+  /** Give the place back once `running` settles: a handler past its deadline that ignores its
+   * abort signal runs on, and `capacity` held no more (a trial saw 4 runs at capacity 1). */
+  leaveAfter(task: Task, running: Promise<unknown> | undefined): void {
+    if (running === undefined) return this.leave(task);
+    void running.then(() => this.leave(task), () => this.leave(task));
+  }
+
   /** A handler registered after the start (not on the card either) gets one place. */
   private place(topic: string): HandlerPlaces {
     let place = this.places.get(topic);

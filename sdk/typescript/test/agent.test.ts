@@ -626,6 +626,35 @@ describe("deadlines and progress", () => {
     replies.close();
   });
 
+  it("keeps a handler's place until a handler past its deadline ends: capacity holds", async () => {
+    // A handler that ignores its abort signal runs on; its place was given back at the
+    // deadline, and a trial saw 4 runs at once of a capacity-1 handler.
+    const topic = unique("stubborn");
+    let running = 0;
+    let most = 0;
+    let ended = 0;
+    let bothEnded!: () => void;
+    const done = new Promise<void>((resolve) => (bothEnded = resolve));
+    await started(
+      newAgent(unique("ts-stubborn")).handler(topic, { capacity: 1, deadlineMs: 200, maxAttempts: 1 }, async () => {
+        running += 1;
+        most = Math.max(most, running);
+        await new Promise((resolve) => setTimeout(resolve, 800)); // ignores ctx.signal
+        running -= 1;
+        if ((ended += 1) === 2) bothEnded();
+      }),
+    );
+    const sent = [task(topic, { n: 1 }), task(topic, { n: 2 })];
+    const replies = await Promise.all(sent.map((t) => send(stack, t)));
+    for (const box of replies) {
+      const ending = await box.next((r) => r.kind === "error", 15_000);
+      assert.equal(ending.kind === "error" && ending.error.type, "deadline_exceeded");
+      box.close();
+    }
+    await within(done, 10_000, "both handlers ended");
+    assert.equal(most, 1);
+  });
+
   it("stops a handler at the execute budget however often it reports progress", async () => {
     const topic = unique("endless");
     await started(
