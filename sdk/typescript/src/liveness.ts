@@ -20,6 +20,7 @@ import { emit, eventFor } from "./lifecycle.js";
 import type { Logger } from "./log.js";
 import { headersOf, sentByServer } from "./serveranswers.js";
 import { jittered, Signal } from "./timing.js";
+import { watchLag } from "./watchdog.js";
 import type { AgentControl, Heartbeat, Task } from "./types.js";
 
 const CLOCK_DRIFT_MS = 5_000;
@@ -125,6 +126,7 @@ export class Heartbeats {
   private last: [number, number] | null = null; // (wall ms, monotonic ms) at the last beat
   private running: Promise<void> | null = null;
   private control: Subscription | null = null;
+  private stopWatching: () => void = () => undefined;
   private refused = ""; // the refusals last told (as JSON): each set is logged once
 
   constructor(
@@ -158,10 +160,12 @@ export class Heartbeats {
     this.running = this.run().catch((err: unknown) => {
       this.log.error("heartbeats stopped", { error: String(err) });
     });
+    this.stopWatching = watchLag(this.log, this.intervalS * 1000);
   }
 
   async stop(): Promise<void> {
     this.stopping = true;
+    this.stopWatching();
     this.wake.set();
     this.control?.unsubscribe();
     await this.running;

@@ -1554,6 +1554,27 @@ describe("registration and liveness", () => {
     assert.equal(beat!.interval_s, 0.5);
   });
 
+  it("says when its event loop stood still longer than its heartbeat interval", async () => {
+    // A 20 s busy loop left no line in the agent's log; only the coordinator saw it (a trial).
+    let lagged!: (fields: Record<string, unknown>) => void;
+    const lag = new Promise<Record<string, unknown>>((resolve) => (lagged = resolve));
+    const keep = (event: string, fields?: Record<string, unknown>) => {
+      if (event.startsWith("heartbeat lag detected")) lagged(fields ?? {});
+    };
+    const logger = { debug: keep, info: keep, warn: keep, error: keep };
+    const topic = unique("busy");
+    await started(newAgent(unique("ts-busy"), { logger }).handler(topic, () => {
+      const until = performance.now() + 1_600; // heartbeatIntervalMs is 1 s here
+      while (performance.now() < until); // blocks the loop
+      return "done";
+    }));
+    const replies = await send(stack, task(topic, null));
+    await replies.next((r) => r.kind === "result", 15_000);
+    replies.close();
+    const fields = await within(lag, 5_000, "heartbeat lag detected");
+    assert.ok((fields.lag_s as number) > 1, JSON.stringify(fields));
+  });
+
   it("says once which of its intents the coordinator routes it no task of, and why", async () => {
     const id = unique("ts-refused");
     const said: Array<[string, Record<string, unknown>]> = [];
