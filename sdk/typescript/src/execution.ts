@@ -147,7 +147,7 @@ export class Executor {
     const kept = this.records.unrecorded(task.message_id);
     if (kept !== undefined) {
       this.log.info("answering a redelivery from an outcome not yet recorded", { message_id: task.message_id });
-      await this.conclude(msg, task, kept, dispatchedMs);
+      await this.conclude(msg, task, kept, dispatchedMs, true);
       return null;
     }
     const spec = this.handlers.get(task.topic);
@@ -194,7 +194,7 @@ export class Executor {
     if (kept !== undefined) {
       leave();
       this.log.info("answering a redelivery from an outcome not yet recorded", { message_id: task.message_id });
-      await this.conclude(msg, task, kept, dispatchedMs);
+      await this.conclude(msg, task, kept, dispatchedMs, true);
       return null;
     }
     // Looked at once in: a task that waited for its handler past its ttl is not run, unless it
@@ -213,7 +213,7 @@ export class Executor {
     if (claim.kind === "kept") {
       leave(); // the delivery it waited for ran it here; its outcome is not recorded yet
       this.log.info("answering from an outcome not yet recorded", { message_id: task.message_id });
-      await this.conclude(msg, task, claim.outcome, dispatchedMs);
+      await this.conclude(msg, task, claim.outcome, dispatchedMs, true);
       return null;
     }
     if (claim.kind === "done") {
@@ -282,7 +282,7 @@ export class Executor {
     const kept = this.records.unrecorded(task.message_id);
     if (kept !== undefined) {
       this.log.info("answering a redelivery from an outcome not yet recorded", { message_id: task.message_id });
-      await this.conclude(msg, task, kept, dispatchedMs);
+      await this.conclude(msg, task, kept, dispatchedMs, true);
       return;
     }
     const done = await this.records.done(task);
@@ -307,13 +307,13 @@ export class Executor {
   }
 
   /** Record the outcome (it survives a broker outage meanwhile), then report it. */
-  private async conclude(msg: JsMsg, task: Task, outcome: Outcome, dispatchedMs: number): Promise<void> {
+  private async conclude(msg: JsMsg, task: Task, outcome: Outcome, dispatchedMs: number, again = false): Promise<void> {
     await this.recording.during(task.message_id, async (kept) => {
       const recorded = await this.records.record(task, outcome, () => quietly(() => msg.working()));
       kept();
       if (outcome.error !== undefined) {
         const { type, message } = outcome.error;
-        this.log.info("handler failed", { message_id: task.message_id, error_type: type, error: message });
+        if (!again) this.log.info("handler failed", { message_id: task.message_id, error_type: type, error: message }); // said once
         return this.reports.report(msg, task, "failed", outcome.error, dispatchedMs);
       }
       if (!recorded) {
