@@ -126,7 +126,7 @@ class Executor:
             ):
                 retry_in_s = await self._execute(Job(delivery, task))
         except BrokerError as exc:
-            log.warning("could not report task outcome, will see it again", error=str(exc))
+            log.warning("task not settled (the server away?): it comes back", error=str(exc))
             retry_in_s = 1.0
         if retry_in_s is ELSEWHERE:
             return  # its ack is the other delivery's to give

@@ -132,7 +132,7 @@ export class Executor {
       retryInMs = await this.execute(msg, task);
     } catch (err) {
       if (!isBrokerError(err)) throw err;
-      this.log.warn("could not report task outcome, will see it again", { message_id: task.message_id, error: String(err) });
+      this.log.warn("task not settled (the server away?): it comes back", { message_id: task.message_id, error: String(err) });
       retryInMs = 1_000;
     }
     if (retryInMs === LEAVE) return; // another delivery settles it, or a later process
