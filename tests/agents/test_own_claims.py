@@ -95,7 +95,7 @@ async def test_a_claim_whose_answer_was_lost_runs_on_its_redelivery_at_once(
     assert completed.detail["result"] == {"n": 1}
     assert runs["lost-2"] == 1 and len(lost) == 1
     said = [e["event"] for e in logs]
-    assert said.count("could not report task outcome, will see it again") == 1
+    assert said.count("task not settled (the server away?): it comes back") == 1
     assert HOLDS not in said
 
 
