@@ -12,7 +12,7 @@ def free_ports(host: str, count: int) -> list[int]:
     restart must find its port free again. In that range a client reconnecting to it may
     be given the server's own port as its source and connect to itself (TCP simultaneous
     open), holding the port: a restart then failed "address already in use" (a trial)."""
-    low = _ephemeral_low()
+    low = ephemeral_low()
     found: list[int] = []
     while len(found) < count:
         port = random.randrange(10_000, low)
@@ -27,7 +27,7 @@ def free_ports(host: str, count: int) -> list[int]:
     return found
 
 
-def _ephemeral_low() -> int:
+def ephemeral_low() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):

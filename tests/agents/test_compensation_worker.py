@@ -168,10 +168,7 @@ async def test_a_handler_past_its_timeout_is_cancelled_and_its_letter_comes_back
     worker = CompensationWorker("w-hung", hangs_once, topics=["chores"], handler_timeout_s=0.3)
     with capture_logs() as logs:
         async with worker.running(broker=broker):
-            await dead_letter(
-                broker, reason="rejected", task=task, message_id="hung-1", trace_id="hung-1",
-                topic="chores",
-            )  # fmt: skip
+            await _rejected(broker, task)
             await until_true(lambda: _handled(handled, "hung-1"))
     assert calls == ["hung-1", "hung-1"] and cleaned_up == ["hung-1"]
     [timed_out] = [line for line in logs if line["event"].startswith("compensation handler timed")]
@@ -208,10 +205,7 @@ async def test_a_handler_that_swallows_its_cancellation_keeps_its_letter_until_i
     worker = CompensationWorker("w-stubborn", stubborn, topics=["chores"], handler_timeout_s=0.2)
     with capture_logs() as logs:
         async with worker.running(broker=broker):
-            await dead_letter(
-                broker, reason="rejected", task=task, message_id="refund-1", trace_id="refund-1",
-                topic="chores",
-            )  # fmt: skip
+            await _rejected(broker, task)
             await asyncio.wait_for(refunded.wait(), timeout=10)
 
             async def settled() -> bool:
@@ -223,3 +217,11 @@ async def test_a_handler_that_swallows_its_cancellation_keeps_its_letter_until_i
     assert calls == ["refund-1"]  # not handed over while it ran, nor after it returned
     held = [line for line in logs if line["event"].startswith("compensation handler goes on")]
     assert held and held[0]["log_level"] == "error" and held[0]["message_id"] == "refund-1"
+
+
+async def _rejected(broker, task: Task) -> None:  # type: ignore[no-untyped-def]
+    """``task``'s dead letter, as the coordinator writes one for a rejected task."""
+    await dead_letter(
+        broker, reason="rejected", task=task, message_id=task.message_id,
+        trace_id=task.trace_id, topic=task.topic,
+    )  # fmt: skip

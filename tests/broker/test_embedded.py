@@ -15,7 +15,7 @@ import pytest
 from agentreach.broker import Broker, EmbeddedServer
 from agentreach.broker.embedded import PID_FILE, find_server_binary
 from agentreach.broker.errors import EmbeddedServerError
-from agentreach.broker.ports import _ephemeral_low
+from agentreach.broker.ports import ephemeral_low
 from tests.support import until_true
 
 # A `reach up` killed with -9 while its embedded server runs.
@@ -152,7 +152,7 @@ async def test_a_free_port_is_below_the_ephemeral_range_and_kept_for_a_restart(t
     """On a port the kernel picked (in its ephemeral range), a client reconnecting during a
     restart may be given that very port as its source and connect to itself, holding it:
     the restart failed "address already in use" (a trial)."""
-    low = _ephemeral_low()
+    low = ephemeral_low()
     server = EmbeddedServer(port=-1, store_dir=tmp_path / "nats")
     async with server:
         port = server.port

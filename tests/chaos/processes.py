@@ -11,9 +11,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
-import random
 import signal
-import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -21,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentreach.broker import EmbeddedServer
+from agentreach.broker.ports import free_ports
 from tests.chaos.accounting import Outage
 
 READY_TIMEOUT_S = 30.0
@@ -65,22 +64,7 @@ class StartFailed(RuntimeError):
 def free_port() -> int:
     """A loopback port nobody listens on now, below the ephemeral range: other servers
     started with ``-p -1`` never take it while this one is down for a restart."""
-    low = _ephemeral_low()
-    while True:
-        port = random.randrange(10_000, low)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32_768  # Linux's default
+    return free_ports("127.0.0.1", 1)[0]
 
 
 def _die_with_parent() -> Callable[[], None] | None:
