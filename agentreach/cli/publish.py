@@ -22,7 +22,7 @@ from agentreach.cli.options import (
     json_argument,
     json_text,
 )
-from agentreach.cli.status import coordinators
+from agentreach.cli.status import coordinators, none_answering
 from agentreach.envelopes import DEAD_LETTER_REASONS, MAX_TTL_MS, Ack, Budget, Progress
 from agentreach.errors import ReachError
 
@@ -109,15 +109,13 @@ async def cmd_publish(args: argparse.Namespace) -> int:
         raise UsageError("--count sends tasks of their own ids: not with --wait or --message-id")
     async with broker_of(args) as broker, ReachClient(broker=broker) as client:
         running = await coordinators(client.broker, none_for_s=NONE_FOR_S if args.wait else 0)
+        why_none = "" if running else await none_answering(client.broker)
         if args.count > 1:
             await _burst(client, args, payload_of)
-            return _warned(running)
+            return _warned(why_none)
         if args.wait:
-            if not running:
-                raise UsageError(
-                    "no coordinator is running, so nothing would route the task: start"
-                    " `reach up` or `reach coordinator` (nothing was published)"
-                )
+            if why_none:
+                raise UsageError(f"{why_none} (so nothing would route the task: not published)")
             return await _wait(client, args, payload)
         message_id, trace_id = await client.publish(
             args.topic,
@@ -129,18 +127,19 @@ async def cmd_publish(args: argparse.Namespace) -> int:
             budget=_budget(args),
         )
     print(json.dumps({"message_id": message_id, "trace_id": trace_id}))
-    return _warned(running)
+    return _warned(why_none)
 
 
 def _budget(args: argparse.Namespace) -> Budget | None:
     return None if args.execute_ms is None else Budget(execute_ms=args.execute_ms)
 
 
-def _warned(running: object) -> int:
-    if not running:
+def _warned(why_none: str) -> int:
+    """0; said on stderr first when no coordinator answered (``why_none``: why)."""
+    if why_none:
         print(
-            "reach: warning: no coordinator is running; the tasks wait in REACH_TASKS until"
-            " one starts (`reach up` or `reach coordinator`), within their ttl",
+            f"reach: warning: {why_none}; the tasks wait in REACH_TASKS until one routes them,"
+            " within their ttl",
             file=sys.stderr,
         )
     return 0

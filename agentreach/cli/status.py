@@ -6,12 +6,22 @@ import asyncio
 import sys
 from typing import Any
 
-from agentreach.agents.coordinator_presence import ASK_AGAIN_S
+from agentreach.agents.coordinator_presence import ASK_AGAIN_S, coordinator_runs
 from agentreach.broker import Broker
 from agentreach.broker.requests import gather_replies
 from agentreach.envelopes import DecodeError, decode_json
 
 NOT_RUNNING = "no coordinator is running: start `reach up` or `reach coordinator`"
+# One listens and answers nothing: SIGSTOPped, overloaded, cut off (it was said not to run).
+SILENT = (
+    "no coordinator answers: one listens but did not answer (stopped with SIGSTOP, overloaded,"
+    " or cut off from NATS); look at its process"
+)
+
+
+async def none_answering(broker: Broker) -> str:
+    """Why no coordinator answered: none runs, or one listens and stays silent."""
+    return SILENT if await coordinator_runs(broker, none_for_s=0) is None else NOT_RUNNING
 
 
 async def coordinators(
@@ -47,5 +57,5 @@ async def warn_without_coordinator(broker: Broker, consequence: str) -> list[dic
     that runs (empty: none)."""
     if running := await coordinators(broker):
         return running
-    print(f"reach: warning: {NOT_RUNNING}; {consequence}", file=sys.stderr)
+    print(f"reach: warning: {await none_answering(broker)}; {consequence}", file=sys.stderr)
     return running

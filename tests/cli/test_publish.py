@@ -134,3 +134,19 @@ def test_one_attempt_is_said_only_of_retries_that_ran_out():
     assert how_it_ended(workflow).startswith("workflow_failed, dead-lettered: failed:")
     assert how_it_ended(exhausted).startswith("retries_exhausted after 1 attempt, dead-lettered")
     assert how_it_ended(retried).startswith("retries_exhausted after 3 attempts, dead-lettered")
+
+
+async def test_a_coordinator_that_listens_and_answers_nothing_is_not_called_gone(broker):
+    """A SIGSTOPped coordinator still listens: `reach publish` said "no coordinator is
+    running" (a re-trial). It says one listens but did not answer, with and without --wait."""
+    silent = await broker.nc.subscribe(broker.names.status)  # listens, never answers
+    try:
+        waited = await run(*reach_argv(broker, "publish", "t", "{}", "--wait"))
+        sent = await run(*reach_argv(broker, "publish", "t", "{}"))
+    finally:
+        await silent.unsubscribe()
+    assert waited.returncode == FAILED, waited.stderr
+    assert "one listens but did not answer (stopped with SIGSTOP" in waited.stderr
+    assert "not published" in waited.stderr and "no coordinator is running" not in waited.stderr
+    assert sent.returncode == OK, sent.stderr
+    assert "reach: warning: no coordinator answers: one listens" in sent.stderr
