@@ -109,9 +109,10 @@ async def _trace_of_own(broker: Broker, message_id: str) -> int:
 
 
 ENDINGS = frozenset({"completed", "dead_lettered"})
-# An earlier attempt's event after the message ended (a stopped agent's run, reassigned and
-# completed by another, failing at its deadline once resumed): it read as the task failing.
-LATE = "  (late: an earlier attempt, after the message ended)"
+RUN_EVENTS = frozenset({"accepted", "progress", "completed", "failed", "expired"})
+# A run's event after the message ended (a stopped agent's run, reassigned and completed by
+# another, or expired, failing at its deadline once resumed): it read as the task failing.
+LATE = "  (late: a run's report after the message ended)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +165,7 @@ def render(some_id: str, steps: list[Step]) -> str:
             lines.append(f"  {clock} {offset_shown((at - start).total_seconds()):>10}  received")
         ended_at: int | None = None  # the attempt that ended the message, once it did
         for step in own:
-            late = ended_at is not None and step.event.attempt < ended_at
+            late = ended_at is not None and _late(step.event, ended_at)
             lines.append(_line(step, start) + (LATE if late else ""))
             if step.event.event in ENDINGS:
                 ended_at = step.event.attempt
@@ -201,6 +202,13 @@ def _unrouted_line(task: Unrouted, coordinator_runs: bool) -> str:
         f"{task.message_id}: stored in the intake at {stored:%Y-%m-%d %H:%M:%S %Z}, not routed"
         f" yet (topic {task.topic}, priority {task.priority}; {why})"
     )
+
+
+def _late(event: Event, ended_at: int) -> bool:
+    """Whether an agent's event about a run comes after the message ended: an earlier
+    attempt's, or the ending attempt's own (a stopped agent's run, resumed after the message
+    expired, reporting `failed`: a re-trial)."""
+    return event.event in RUN_EVENTS and event.attempt <= ended_at
 
 
 def _line(step: Step, start: dt.datetime) -> str:

@@ -57,5 +57,22 @@ def test_an_earlier_attempt_s_event_after_the_end_is_said_to_be_late() -> None:
         of(41, "completed", 2, "prt-000"), of(60, "failed", 1, "stq-000"),
     ]  # fmt: skip
     lines = render("E-3", steps).splitlines()
-    assert lines[-1].endswith("(late: an earlier attempt, after the message ended)")
+    assert lines[-1].endswith("(late: a run's report after the message ended)")
     assert "failed" in lines[-1] and not any("late:" in line for line in lines[:-1])
+
+
+def test_the_ending_attempt_s_own_report_after_a_dead_letter_is_late_too() -> None:
+    """Expired while its agent was stopped, the run resumed and reported `failed` #1 after
+    `dead_lettered` #1: it was not marked (a re-trial). A worker's `replayed` is no run's."""
+
+    def of(seq: int, event: str, agent_id: str | None) -> Step:
+        about = Event(v=1, event=event, message_id="E-4", trace_id="E-4", topic="slow",
+                      agent_id=agent_id)  # fmt: skip
+        return Step(at=T0 + dt.timedelta(seconds=seq), seq=seq, event=about)
+
+    steps = [
+        of(1, "accepted", "a-1"), of(12, "dead_lettered", None), of(23, "failed", "a-1"),
+        of(30, "replayed", None),
+    ]  # fmt: skip
+    lines = render("E-4", steps).splitlines()
+    assert [("(late:" in line) for line in lines[2:]] == [False, False, True, False]
