@@ -235,7 +235,15 @@ def _with_line(message: str, raw: bytes) -> str:
     """``message`` with the line of the value it names (` - at `$.a.b``), when found: a
     schema error gave a path alone, where a YAML syntax error gives a line (a trial)."""
     at = re.search(r" - at `(\$[^`]*)`$", message)
-    line = line_of(raw, at[1]) if at else None
+    if at is None:
+        return message
+    path = at[1]
+    # The key at fault is named before the path, which ends at its mapping.
+    if named := re.match(
+        r"(?:Object contains unknown field `([\w-]+)`|[\w.]*?\.([\w-]+) = )", message
+    ):
+        path = f"{path}.{named[1] or named[2]}"
+    line = line_of(raw, path) or line_of(raw, at[1])
     return f"{message} (line {line})" if line else message
 
 

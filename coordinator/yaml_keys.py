@@ -46,23 +46,29 @@ def _repeated(mapping: yaml.MappingNode) -> str | None:
 
 
 def line_of(raw: bytes, path: str) -> int | None:
-    """The line of the value at ``path`` (``$.rate_limits.callers.default.rate``,
-    ``$.routing.rules[2].when``) in the YAML document ``raw``; None when it is not there
-    (a key missing, a ``[...]`` unnamed) or the document does not parse."""
+    """The line of ``path`` (``$.rate_limits.callers.default.rate``, ``$.routing.rules[2]``)
+    in the YAML document ``raw``: of its key, or of its item in a list; None when it is not
+    there (a key missing, a ``[...]`` unnamed) or the document does not parse."""
     try:
-        node = yaml.compose(raw, Loader=_Loader)
+        node: yaml.Node | None = yaml.compose(raw, Loader=_Loader)
     except yaml.YAMLError:
         return None
+    where = node
     for step in re.findall(r"\.([\w-]+)|\[(\d+)\]", path.removeprefix("$")):
-        node = _child(node, *step)
+        where, node = _child(node, *step)
         if node is None:
             return None
-    return node.start_mark.line + 1 if node is not None else None
+    return where.start_mark.line + 1 if where is not None else None
 
 
-def _child(node: yaml.Node | None, key: str, index: str) -> yaml.Node | None:
+def _child(
+    node: yaml.Node | None, key: str, index: str
+) -> tuple[yaml.Node | None, yaml.Node | None]:
+    """(where ``key`` or ``index`` is written, its value) in ``node``; Nones when it is not."""
     if key and isinstance(node, yaml.MappingNode):
-        return next((v for k, v in node.value if getattr(k, "value", None) == key), None)
+        return next(
+            ((k, v) for k, v in node.value if getattr(k, "value", None) == key), (None, None)
+        )
     if index and isinstance(node, yaml.SequenceNode) and int(index) < len(node.value):
-        return node.value[int(index)]
-    return None
+        return node.value[int(index)], node.value[int(index)]
+    return None, None

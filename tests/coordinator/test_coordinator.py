@@ -266,6 +266,15 @@ def test_a_wrong_value_is_said_with_its_line(tmp_path):
     with pytest.raises(ConfigError) as caught:
         load_config(path)
     assert str(caught.value).endswith("at `$.rate_limits.callers.default.rate` (line 4)")
+    # The key at fault, not the first line of its section (a re-trial).
+    for text, line in [
+        ("limits:\n  events_bytes: -1\n  tasks_bytes: -7\n", 3),
+        ("rate_limits:\n  callers:\n    default:\n      rate: 5\n      burts: 3\n", 5),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ConfigError) as caught:
+            load_config(path)
+        assert str(caught.value).endswith(f"(line {line})"), caught.value
 
 
 def test_an_unknown_field_is_said_with_the_one_it_may_have_meant(tmp_path):
