@@ -327,6 +327,8 @@ class CompensationWorker:
         call = asyncio.ensure_future(self.handler(letter, compensation))
         try:
             if not await self._ended_in_time(call, letter):
+                said = "compensation handler ran past handler_timeout_s: cancelling it"
+                log.warning(said, message_id=letter.message_id, timeout_s=self.handler_timeout_s)
                 await _cancelled(call, letter)
         except asyncio.CancelledError:  # this worker is stopping
             call.cancel()

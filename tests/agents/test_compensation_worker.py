@@ -217,6 +217,9 @@ async def test_a_handler_that_swallows_its_cancellation_keeps_its_letter_until_i
     assert calls == ["refund-1"]  # not handed over while it ran, nor after it returned
     held = [line for line in logs if line["event"].startswith("compensation handler goes on")]
     assert held and held[0]["log_level"] == "error" and held[0]["message_id"] == "refund-1"
+    # Said at the timeout too: one that went on for less than a minute left no line (a re-trial).
+    [cancelling] = [line for line in logs if line["event"].startswith("compensation handler ran")]
+    assert cancelling["message_id"] == "refund-1" and cancelling["timeout_s"] == 0.2
 
 
 async def _rejected(broker, task: Task) -> None:  # type: ignore[no-untyped-def]
