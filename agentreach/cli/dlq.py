@@ -210,6 +210,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--force is for dlq replay, not dlq {args.action}")
     if args.payload is not None and args.action != "replay":
         raise UsageError(f"--payload is for dlq replay, not dlq {args.action}")
+    if args.payload is not None:
+        _payload(args.payload)  # before the letter is looked for: "no dead letter" said less
     if args.at is not None and args.action not in ("show", "replay", "resolve"):
         raise UsageError(f"--at is for dlq show, replay and resolve, not dlq {args.action}")
     replay_only = (

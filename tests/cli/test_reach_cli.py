@@ -367,6 +367,9 @@ async def test_dlq_replay_with_a_payload_sends_the_task_with_it(broker, coordina
     await watcher.dead_letter("no_route", message_id="lost-3")
     bad = await reach(broker, "dlq", "replay", "lost-3", "--payload", '{"items": ')
     assert bad.returncode != 0 and "--payload is not valid JSON" in bad.stderr
+    # Said before the letter is looked for: of no letter, "no dead letter" hid it (a re-trial).
+    none = await reach(broker, "dlq", "replay", "never-was", "--payload", '{"items": ')
+    assert none.returncode != 0 and "--payload is not valid JSON" in none.stderr
     async with worker().running(broker=broker):
         fix = ("--to-topic", "count", "--payload", '{"items": [1, 2, 3]}')
         replayed = await reach(broker, "dlq", "replay", "lost-3", *fix)
