@@ -21,7 +21,9 @@ def config_digest(config: msgspec.Struct) -> str:
 
 class ConfigDrift:
     """The distinct configurations among the replicas' status answers; a warning each time
-    the set of them changes (not when a replica answers late: it would repeat every 5 s)."""
+    the set of them changes (not when a replica answers late: it would repeat every second).
+    A replica that names no digest (an older version, mid-upgrade) counts as one of its own
+    beside those that do: it may run anything (a trial's went unseen, quota and all)."""
 
     def __init__(self) -> None:
         self.configs: int | None = None  # distinct digests; None: no replica named one
@@ -29,29 +31,34 @@ class ConfigDrift:
 
     def seen(self, answers: list[bytes]) -> None:
         by_replica = dict(_digests(answers))
-        digests = set(by_replica.values())
+        named = {digest for digest in by_replica.values() if digest}
+        digests = named | ({UNKNOWN} if named and UNKNOWN in by_replica.values() else set())
         self.configs = len(digests) or None
         if len(digests) > 1 and digests != self._said:
+            self._said = frozenset(digests)  # kept through a read a replica answered late
             log.warning(
                 "the coordinator replicas run different configurations: a task's fate depends"
-                " on which replica takes it; give every replica the same file and restart the"
-                " ones that differ",
-                replicas={replica: digest[:12] for replica, digest in sorted(by_replica.items())},
-            )
-        self._said = frozenset(digests) if len(digests) > 1 else frozenset()
+                " on which replica takes it; give every replica the same file and version, and"
+                " restart the ones that differ",
+                replicas={replica: digest[:12] or "(none: an older version)"
+                          for replica, digest in sorted(by_replica.items())},
+            )  # fmt: skip
+
+
+UNKNOWN = ""  # the digest of a replica that names none
 
 
 def _digests(answers: list[bytes]) -> list[tuple[str, str]]:
-    """(replica, config digest) of each answer that names both (older replicas name none)."""
+    """(replica, config digest) of each answer that names a replica; the digest empty when it
+    names none (an older version)."""
     found = []
     for answer in answers:
         try:
             status = msgspec.json.decode(answer)
         except msgspec.DecodeError:
             continue
-        if not isinstance(status, dict):
+        if not isinstance(status, dict) or not isinstance(replica := status.get("replica"), str):
             continue
-        replica, digest = status.get("replica"), status.get("config_sha256")
-        if isinstance(replica, str) and isinstance(digest, str) and digest:
-            found.append((replica, digest))
+        digest = status.get("config_sha256")
+        found.append((replica, digest if isinstance(digest, str) else UNKNOWN))
     return found
