@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 import structlog
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from agentreach.broker import Broker, BrokerError
@@ -29,6 +29,7 @@ from agentreach.coordinator.observability.census import WorkflowCensus
 from agentreach.coordinator.observability.config_drift import ConfigDrift
 from agentreach.coordinator.observability.open_letters import OpenLetters
 from agentreach.coordinator.protection.queues import QueueDepths
+from agentreach.coordinator.protection.server_answers import DROPPED
 from agentreach.coordinator.routing.directory import AgentDirectory
 from agentreach.envelopes import DEAD_LETTER_REASONS, PRIORITIES, BreakerRecord, now_ms
 
@@ -141,8 +142,17 @@ class StateCollector(Collector):
     def describe(self) -> list[GaugeMetricFamily]:
         return []  # computed at collection: nothing to describe ahead
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         views = self._views
+        dropped = CounterMetricFamily(
+            "reach_messages_dropped",
+            "Unreadable messages and server answers aimed at our subjects, dropped (one a"
+            " minute per kind is dead-lettered instead), by where.",
+            labels=["where"],
+        )
+        for where, count in sorted(DROPPED.items()):
+            dropped.add_metric([where], count)
+        yield dropped
         ready = views.ready()
         yield _gauge(
             "reach_coordinator_ready", "1 when /readyz would answer 200.", [], [([], ready)]

@@ -6,6 +6,8 @@ agent at its own), charged to no quota."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import structlog
 
 from agentreach.broker import Delivery
@@ -16,6 +18,9 @@ log = structlog.get_logger("coordinator.server_answers")
 
 LETTER_EVERY_S = 60.0
 DROPPED_SAID_PER_INTERVAL = 5
+# Dropped since this process started, by where (``reach_messages_dropped_total``): the count
+# a letter carries went out only with the next letter, lost when none came (a trial).
+DROPPED: Counter[str] = Counter()
 
 
 class ServerAnswers:
@@ -47,6 +52,7 @@ class ServerAnswers:
         """``answer`` as its letter says it, or None: dropped, counted in the next letter."""
         since = self._letters.due(where)
         if since is None:
+            DROPPED[where.split(" from ", 1)[0]] += 1  # not by sender: anyone names one
             said = log.warning if self._dropped.due(where) is not None else log.debug
             what = "a server's answer aimed at our subject"
             if not isinstance(answer, ServerAnswer):

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 from agentreach.broker import Broker, EmbeddedServer
 from agentreach.broker.embedded import PID_FILE, find_server_binary
 from agentreach.broker.errors import EmbeddedServerError
-from agentreach.broker.ports import ephemeral_low
+from agentreach.broker.ports import ephemeral_low, free_ports
 from tests.support import until_true
 
 # A `reach up` killed with -9 while its embedded server runs.
@@ -143,9 +142,8 @@ async def test_a_server_refused_for_a_store_in_use_writes_nothing(tmp_path):
 
 
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """Below the ephemeral range: a server restarted on it finds it free (broker.ports)."""
+    return free_ports("127.0.0.1", 1)[0]
 
 
 async def test_a_free_port_is_below_the_ephemeral_range_and_kept_for_a_restart(tmp_path):

@@ -19,6 +19,7 @@ from agentreach.broker import EmbeddedServer, Topology, provision
 from agentreach.broker.dead_letters import dead_letter
 from agentreach.broker.embedded import PID_FILE
 from agentreach.broker.limits import StorageLimits
+from agentreach.broker.ports import free_ports
 from agentreach.envelopes import BreakerRecord, Task, now_ms
 from tests.cli.conftest import reach_argv, reach_command, run, started_until
 from tests.support import wait_for_card
@@ -1012,9 +1013,8 @@ async def test_a_service_waiting_for_nats_stops_on_a_signal_with_0(command, sig)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Below the ephemeral range: a server restarted on it finds it free (broker.ports)."""
+    return free_ports("127.0.0.1", 1)[0]
 
 
 def _get(url: str) -> tuple[int, str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import nats.js.errors
 import pytest
+from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
 from agentreach import envelopes
@@ -238,6 +239,11 @@ async def test_a_server_answer_aimed_at_an_outcome_subject_is_one_letter_a_minut
     letter = await watcher.dead_letter("invalid_envelope")
     assert letter.error is not None and letter.error.message.startswith(INJECTED)
     assert len(watcher.dead_letters) == 1
+    # Counted where monitoring sees them: the count in the next letter was lost when no
+    # other message came, or with a restart (a trial).
+    scraped = generate_latest(coordinator.registry).decode()
+    [line] = [ln for ln in scraped.splitlines() if ln.startswith("reach_messages_dropped_total")]
+    assert 'where="events"' in line and float(line.rsplit(" ", 1)[1]) >= 2
 
 
 async def test_events_copied_without_headers_are_one_letter_a_minute(broker, coordinator, watcher):

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from agentreach.agents import ReachClient
 from agentreach.broker import Broker
+from agentreach.broker.ports import free_ports
 from agentreach.coordinator.observability import MetricsConfig
 from agentreach.examples.failing import agent as failing_agent
 from agentreach.examples.summarize import agent as summarizer
@@ -51,9 +51,8 @@ def test_alert_rules_pass_promtool():
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """Below the ephemeral range: a server restarted on it finds it free (broker.ports)."""
+    return free_ports("127.0.0.1", 1)[0]
 
 
 @contextlib.asynccontextmanager
