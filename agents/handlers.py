@@ -33,6 +33,7 @@ from agentreach.agents.errors import (
     PermanentError,
 )
 from agentreach.envelopes import SUB_TASK_FAILED, ErrorInfo
+from agentreach.envelopes.misfits import first_misfit
 from agentreach.logs import get_logger
 
 if TYPE_CHECKING:
@@ -157,21 +158,15 @@ def typed(payload: Any, declared: Any) -> Any:
 def _keyed(payload: Any, declared: Any) -> str | None:
     """Why ``payload`` does not fit ``declared``, a ``dict[K, V]``, naming the key whose value
     does not (msgspec says only `$[...]`); None when it is no such dict."""
-    args = typing.get_args(declared)
-    if typing.get_origin(declared) is not dict or len(args) != 2 or not isinstance(payload, dict):
+    if (found := first_misfit(payload, declared)) is None:
         return None
-    for key, value in payload.items():
-        try:
-            msgspec.convert(value, args[1])
-        except (msgspec.ValidationError, TypeError) as exc:
-            said = (_keyed(value, args[1]) if "`$[...]" in str(exc) else None) or str(exc)
-            step = (
-                f"$.{key}" if str(key).isidentifier() else f"$[{msgspec.json.encode(key).decode()}]"
-            )
-            if " - at `$" in said:
-                return said.replace(" - at `$", f" - at `{step}", 1)
-            return f"{said} - at `{step}`"
-    return None
+    key, exc = found
+    inner = typing.get_args(declared)[1]
+    said = (_keyed(payload[key], inner) if "`$[...]" in str(exc) else None) or str(exc)
+    step = f"$.{key}" if str(key).isidentifier() else f"$[{msgspec.json.encode(key).decode()}]"
+    if " - at `$" in said:
+        return said.replace(" - at `$", f" - at `{step}", 1)
+    return f"{said} - at `{step}`"
 
 
 def type_name(declared: Any) -> str:

@@ -61,6 +61,7 @@ from agentreach.coordinator.units import Positive, PositiveSeconds
 from agentreach.coordinator.workflows.spec import State, WorkflowSpec, meant
 from agentreach.coordinator.yaml_keys import line_of, twice_given
 from agentreach.envelopes.messages import Token, is_token
+from agentreach.envelopes.misfits import first_misfit
 from agentreach.errors import ReachError
 
 log = structlog.get_logger("coordinator.config")
@@ -262,15 +263,9 @@ def _with_key_named(message: str, document: Any) -> str:
         if typing.get_origin(section) is typing.Annotated:
             section = typing.get_args(section)[0]
         entries = entries.get(name) if isinstance(entries, dict) else None
-    args = typing.get_args(section)
-    if typing.get_origin(section) is not dict or len(args) != 2 or not isinstance(entries, dict):
+    if (misfit := first_misfit(entries, section)) is None:
         return message
-    for key, value in entries.items():
-        try:
-            msgspec.convert(value, args[1])
-        except msgspec.ValidationError:
-            return message.replace(f"`$.{found[1]}[...]", f"`$.{found[1]}.{key}", 1)
-    return message
+    return message.replace(f"`$.{found[1]}[...]", f"`$.{found[1]}.{misfit[0]}", 1)
 
 
 def _state_named(text: str, definition: Any) -> str:
